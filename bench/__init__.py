@@ -1,0 +1,1 @@
+"""obshub bench stage."""

@@ -1,0 +1,1 @@
+"""obshub bpf stage."""

@@ -1,0 +1,141 @@
+"""The ``obshub`` command line (click). Subcommands of other stages are loaded lazily from their own
+packages (see ``LAZY_COMMANDS``) so ``obshub --help`` stays fast and each stage owns its CLI."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from obshub import __version__, stack
+from obshub.config import load_settings
+from obshub.errors import ObshubError
+
+# name -> "module:attribute" of a click command or group, imported only when used.
+LAZY_COMMANDS: dict[str, str] = {
+    "doctor": "obshub.doctor:doctor_command",
+    "setup": "obshub.hostsetup:setup_command",
+}
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands listed in ``LAZY_COMMANDS`` are imported on first use."""
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            mod, attr = LAZY_COMMANDS[name].split(":")
+            return getattr(importlib.import_module(mod), attr)
+        return super().get_command(ctx, name)
+
+
+EPILOG = """\b
+Examples:
+  obshub up                      # install (once) and start the local Kafka broker, create topics
+  obshub status                  # broker health, topics, consumer groups with lag, components
+  obshub status --json           # the same for scripts
+  obshub doctor                  # what this kernel offers and which probes will work
+  obshub down                    # stop everything obshub started
+"""
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="obshub")
+def cli():
+    """obshub: which host, which layer, which step, why.
+
+    An eBPF agent per node, Kafka, a Faust per-step join across nodes and a YAML rule engine that
+    names the straggler of a distributed training job and the layer that made it slow.
+    State lives in $OBSHUB_HOME; the broker listens on 127.0.0.1:$OBSHUB_KAFKA_PORT (default 19092).
+    """
+
+
+def _say(msg: str) -> None:
+    err_console.print(f"[dim]obshub:[/dim] {msg}")
+
+
+@cli.command()
+@click.option("--port", type=int, default=None, help="broker port (default $OBSHUB_KAFKA_PORT or 19092)")
+def up(port):
+    """Install (once, cached) and start the local Apache Kafka broker (KRaft) and create the topics."""
+    s = load_settings(kafka_port=port)
+    res = stack.up(s, progress=_say)
+    if res["already"]:
+        console.print(f"already up: Kafka on {res['bootstrap']} (pid {res['pid']}); log {res['log']}")
+    else:
+        console.print(f"up: Kafka on {res['bootstrap']} (pid {res['pid']}); log {res['log']}")
+
+
+@cli.command()
+def down():
+    """Stop every component obshub started, then the broker. State stays in $OBSHUB_HOME."""
+    s = load_settings()
+    stopped = stack.down(s, progress=_say)
+    console.print("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
+def status(as_json):
+    """Broker health, topics with partitions, consumer groups with lag, running components.
+
+    Exit code 0 when the broker answers, 1 otherwise."""
+    s = load_settings()
+    st = stack.status(s)
+    if as_json:
+        click.echo(json.dumps(st, indent=2, default=str))
+        sys.exit(0 if st["broker"]["up"] else 1)
+    b = st["broker"]
+    if b["up"]:
+        console.print(f"[green]broker up[/green] at {st['bootstrap']} (pid {b['pid'] or 'external'})")
+    else:
+        console.print(f"[red]broker down[/red] at {st['bootstrap']}: {b['error']}")
+    console.print(f"state {st['home']}; logs in {st['logs']} (broker log {b['log']})")
+    if st["topics"]:
+        t = Table("topic", "partitions", "messages", title="topics")
+        for row in st["topics"]:
+            t.add_row(row["name"], str(row["partitions"]), str(row["messages"]))
+        console.print(t)
+    if st["groups"]:
+        t = Table("consumer group", "state", "lag (messages)", title="consumer groups")
+        for g in st["groups"]:
+            t.add_row(g["group"], g["state"], str(g["lag"]))
+        console.print(t)
+    t = Table("component", "pid", "running", "log", title="components")
+    for c in st["components"]:
+        t.add_row(c["name"], str(c["pid"]), "yes" if c["running"] else "[red]no (stale)[/red]", c.get("log", ""))
+    console.print(t)
+    sys.exit(0 if b["up"] else 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``obshub`` console script: runs the CLI, turns ObshubError into
+    ``error:``/``hint:`` lines and exit code 1."""
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except ObshubError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        if exc.hint:
+            err_console.print(f"[yellow]hint:[/yellow] {exc.hint}")
+        sys.exit(1)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""``obshub setup``: the host steps that need obshub itself (run by ``make setup`` after the venv exists):
+the kernel header tree for bcc, tracefs, and the Kafka broker jars. Each step says what it did; a second
+run that has nothing to do is quick."""
+
+from __future__ import annotations
+
+import click
+
+from obshub import kheaders, stack
+from obshub.config import load_settings
+
+
+@click.command("setup")
+@click.option("--no-kafka", is_flag=True, help="skip installing the Kafka broker jars")
+def setup_command(no_kafka):
+    """Prepare this host: kernel header tree for bcc (built in the cache, no system folder edited),
+    tracefs mounted, Apache Kafka jars cached."""
+    settings = load_settings()
+    say = lambda m: click.echo(f"setup: {m}")  # noqa: E731
+    tree = kheaders.find_header_tree(settings)
+    say(f"kernel headers: {tree.source}: {tree.detail}")
+    _mnt, what = kheaders.ensure_tracefs()
+    say(what)
+    if not no_kafka:
+        libs = stack.install_kafka(settings, progress=say)
+        say(f"Apache Kafka {settings.kafka_version} jars cached in {libs}")

@@ -1,0 +1,503 @@
+"""The local stack: a single-node Apache Kafka 4.x broker in KRaft mode, its topics, and the registry of
+obshub components that run beside it.
+
+Steps of ``up``: resolve the broker jars from Maven Central into the cache (once) -> write
+``server.properties`` -> format the KRaft storage (first start only) -> start ``kafka.Kafka`` with logs
+under ``$OBSHUB_HOME/logs`` -> wait until the broker answers metadata requests -> create the topics of
+``TOPICS``. ``down`` stops registered components (SIGTERM, then SIGKILL after a grace period), then the
+broker.
+
+Errors raise :class:`obshub.errors.StackError` with a hint: missing Java or Maven, a busy port, a failed
+download, a broker that exits or does not answer in time (the hint quotes the log's last lines).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from obshub import schema
+from obshub.config import Settings
+from obshub.errors import StackError
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_msg: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic obshub creates: name, partition count, retention (ms) and why those values."""
+
+    name: str
+    partitions: int
+    retention_ms: int
+    why: str
+
+
+_HOUR = 3600 * 1000
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec(schema.TOPIC_EVENTS, 8, 24 * _HOUR,
+              "agent batches keyed by host; 8 partitions = up to 8 stream workers in parallel; 24 h replay window"),
+    TopicSpec(schema.TOPIC_STEPS, 4, 7 * 24 * _HOUR,
+              "per-step summaries keyed by job; 7 days of history for baselines and post-mortems"),
+    TopicSpec(schema.TOPIC_ALERTS, 2, 30 * 24 * _HOUR,
+              "alert state changes keyed by fingerprint; 30 days, the usual incident-review horizon"),
+    TopicSpec(schema.TOPIC_DLQ, 1, 7 * 24 * _HOUR,
+              "undecodable or invalid messages with the reason in headers; one partition keeps them in order"),
+)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Install: the broker's jars from Maven Central
+# ------------------------------------------------------------------------------------------------------
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>obshub.local</groupId><artifactId>kafka-broker</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{v}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{v}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>2.24.3</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>2.24.3</version></dependency>
+  </dependencies>
+</project>
+"""
+
+
+def java_binary() -> str:
+    """Path of ``java`` (``$JAVA_HOME/bin/java`` first). Raises StackError when there is none."""
+    home = os.environ.get("JAVA_HOME")
+    if home and Path(home, "bin", "java").exists():
+        return str(Path(home, "bin", "java"))
+    found = shutil.which("java")
+    if not found:
+        raise StackError("Java was not found (no JAVA_HOME, no `java` on PATH)",
+                         "install a JDK 17+: apt-get install openjdk-17-jre-headless")
+    return found
+
+
+def java_version(java: str | None = None) -> int:
+    """Major version of the Java runtime (17 for '17.0.15'). Raises StackError if it cannot run."""
+    java = java or java_binary()
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except OSError as exc:
+        raise StackError(f"Failed to run {java}: {exc}", "check the JDK installation") from exc
+    for token in out.split():
+        token = token.strip('"')
+        if token[:1].isdigit():
+            head = token.split(".")[0]
+            if head == "1":  # 1.8 style
+                return int(token.split(".")[1])
+            return int(head)
+    raise StackError(f"Failed to read the Java version from: {out.strip()!r}", "install a JDK 17+")
+
+
+def install_kafka(settings: Settings, progress: Progress = _quiet) -> Path:
+    """Make sure the broker jars of ``settings.kafka_version`` are in the cache; return the libs folder.
+
+    Uses Maven (``mvn dependency:copy-dependencies``) so the jars and their dependencies come from Maven
+    Central with checksums verified, and ``~/.m2`` is reused. Raises StackError when Maven is missing or
+    the download fails (the hint names the version and the Maven output).
+    """
+    libs = settings.kafka_libs
+    marker = libs.parent / "complete"
+    if marker.exists() and any(libs.glob("kafka_2.13-*.jar")):
+        return libs
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise StackError("Maven (`mvn`) was not found; it fetches the Kafka broker jars from Maven Central",
+                         "apt-get install maven")
+    progress(f"installing Apache Kafka {settings.kafka_version} jars from Maven Central into {libs}")
+    work = libs.parent
+    if libs.exists():
+        shutil.rmtree(libs)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(_POM.format(v=settings.kafka_version))
+    cmd = [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+           f"-DoutputDirectory={libs}", "-DincludeScope=runtime"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not any(libs.glob("kafka_2.13-*.jar")):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise StackError(f"Failed to download Apache Kafka {settings.kafka_version} from Maven Central:\n{tail}",
+                         "check network access to Maven Central, or set OBSHUB_KAFKA_VERSION to a served version")
+    marker.write_text(settings.kafka_version + "\n")
+    return libs
+
+
+# ------------------------------------------------------------------------------------------------------
+# Config, format, start
+# ------------------------------------------------------------------------------------------------------
+def _server_properties(settings: Settings) -> str:
+    data = settings.kafka_dir / "data"
+    return "\n".join([
+        "# generated by obshub; edits are overwritten by `obshub up`",
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{settings.controller_port}",
+        f"listeners=PLAINTEXT://127.0.0.1:{settings.kafka_port},CONTROLLER://127.0.0.1:{settings.controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{settings.kafka_port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        f"log.dirs={data}",
+        "num.partitions=1",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=8",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "auto.create.topics.enable=true",
+        "log.retention.hours=24",
+        "log.segment.bytes=67108864",
+        "",
+    ])
+
+
+_LOG4J2 = """status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.org.name = org.apache.kafka
+logger.org.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+"""
+
+
+def _cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _classpath(libs: Path) -> str:
+    return str(libs) + "/*"
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child still "exists"; treat it as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------------------
+# Component registry: run/<name>.json
+# ------------------------------------------------------------------------------------------------------
+def register_component(settings: Settings, name: str, pid: int, **info) -> Path:
+    """Record that component ``name`` runs as ``pid`` (for ``obshub status`` and ``obshub down``).
+    ``info`` may carry e.g. the log path. Returns the record's path."""
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.run_dir / f"{name}.json"
+    path.write_text(json.dumps({"name": name, "pid": pid, "started": time.time(), **info}))
+    return path
+
+
+def unregister_component(settings: Settings, name: str) -> None:
+    """Remove ``name``'s record (a component that stops by itself calls this)."""
+    (settings.run_dir / f"{name}.json").unlink(missing_ok=True)
+
+
+def components(settings: Settings) -> list[dict]:
+    """Every registered component with ``running`` true/false; stale records stay listed as not running."""
+    out = []
+    if settings.run_dir.exists():
+        for p in sorted(settings.run_dir.glob("*.json")):
+            try:
+                rec = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            rec["running"] = _pid_alive(int(rec.get("pid", 0)))
+            out.append(rec)
+    return out
+
+
+def broker_pid(settings: Settings) -> int | None:
+    """PID of the local broker when it runs, else None."""
+    for c in components(settings):
+        if c["name"] == "kafka" and c["running"]:
+            return int(c["pid"])
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------
+# up / down
+# ------------------------------------------------------------------------------------------------------
+def up(settings: Settings, progress: Progress = _quiet, timeout_s: float = 90.0) -> dict:
+    """Install (once), start the broker and create the topics. Returns ``{"already": bool, "pid": int,
+    "bootstrap": str, "log": str}``. Idempotent: when the broker already runs, only the topics are checked.
+    Raises StackError (missing Java/Maven, busy port, failed download, broker that does not start)."""
+    pid = broker_pid(settings)
+    log = settings.logs_dir / "kafka.log"
+    if pid:
+        ensure_topics(settings, progress)
+        return {"already": True, "pid": pid, "bootstrap": settings.bootstrap_servers, "log": str(log)}
+    java = java_binary()
+    major = java_version(java)
+    if major < 17:
+        raise StackError(f"Java {major} found at {java}; Apache Kafka 4.x brokers need Java 17 or newer",
+                         "install openjdk-17-jre-headless or set JAVA_HOME to a JDK 17+")
+    for port, what in ((settings.kafka_port, "broker"), (settings.controller_port, "controller")):
+        if port_in_use(port):
+            raise StackError(f"port {port} (Kafka {what} listener) on 127.0.0.1 is already in use by another process",
+                             f"stop that process, or choose another port: OBSHUB_KAFKA_PORT=... obshub up "
+                             f"(`ss -ltnp 'sport = :{port}'` shows who holds it)")
+    libs = install_kafka(settings, progress)
+    for d in (settings.kafka_dir, settings.logs_dir, settings.run_dir, settings.state_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    props = settings.kafka_dir / "server.properties"
+    props.write_text(_server_properties(settings))
+    log4j = settings.kafka_dir / "log4j2.properties"
+    log4j.write_text(_LOG4J2.format(log=log))
+    data = settings.kafka_dir / "data"
+    if not (data / "meta.properties").exists():
+        progress(f"formatting KRaft storage in {data}")
+        data.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(
+            [java, "-cp", _classpath(libs), f"-Dlog4j2.configurationFile={log4j}", "kafka.tools.StorageTool",
+             "format", "-t", _cluster_id(), "-c", str(props), "--ignore-formatted"],
+            capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise StackError(f"Failed to format Kafka storage in {data}: {(proc.stdout + proc.stderr).strip()[-600:]}",
+                             f"remove {data} to start from an empty broker")
+    progress(f"starting Apache Kafka {settings.kafka_version} (KRaft) on 127.0.0.1:{settings.kafka_port}")
+    stdout = open(settings.logs_dir / "kafka.stdout.log", "ab")
+    env = dict(os.environ)
+    env.pop("KAFKA_OPTS", None)
+    proc = subprocess.Popen(
+        [java, f"-Xms{min(256, settings.kafka_heap_mb)}m", f"-Xmx{settings.kafka_heap_mb}m", "-XX:+UseG1GC",
+         "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}",
+         "-cp", _classpath(libs), "kafka.Kafka", str(props)],
+        stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    register_component(settings, "kafka", proc.pid, log=str(log), port=settings.kafka_port,
+                       version=settings.kafka_version)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            unregister_component(settings, "kafka")
+            raise StackError(f"the Kafka broker exited with code {proc.returncode} during start-up:\n"
+                             f"{_tail(settings.logs_dir / 'kafka.stdout.log')}\n{_tail(log)}",
+                             f"read {log}")
+        if port_in_use(settings.kafka_port) and _metadata_ok(settings):
+            break
+        time.sleep(0.3)
+    else:
+        raise StackError(f"the Kafka broker did not answer within {timeout_s:.0f} s", f"read {log}")
+    ensure_topics(settings, progress)
+    return {"already": False, "pid": proc.pid, "bootstrap": settings.bootstrap_servers, "log": str(log)}
+
+
+def _tail(path: Path, n: int = 10) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _admin(settings: Settings):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, "socket.timeout.ms": 5000,
+                        "logger": _NullLogger()})
+
+
+class _NullLogger:
+    """librdkafka log sink that keeps connection-refused noise off the operator's terminal."""
+
+    def log(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, _name):
+        return lambda *a, **k: None
+
+
+def _metadata_ok(settings: Settings) -> bool:
+    try:
+        md = _admin(settings).list_topics(timeout=2)
+        return bool(md.brokers)
+    except Exception:
+        return False
+
+
+def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
+    """Create any topic of ``TOPICS`` that does not exist; return the names created."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = _admin(settings)
+    existing = set(admin.list_topics(timeout=10).topics)
+    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1,
+                    config={"retention.ms": str(t.retention_ms)})
+           for t in TOPICS if t.name not in existing]
+    created = []
+    if new:
+        for name, fut in admin.create_topics(new, operation_timeout=20).items():
+            try:
+                fut.result()
+                created.append(name)
+            except Exception as exc:  # TOPIC_ALREADY_EXISTS from a concurrent `up` is fine
+                if "already exists" not in str(exc).lower():
+                    raise StackError(f"Failed to create topic {name}: {exc}", "read the broker log") from exc
+        progress("created topics " + ", ".join(created))
+    return created
+
+
+def stop_pid(pid: int, grace_s: float = 15.0) -> bool:
+    """SIGTERM ``pid`` (its process group when it leads one), wait up to ``grace_s``, then SIGKILL.
+    Returns True when it had to be killed."""
+    try:
+        target = -pid if os.getpgid(pid) == pid else pid
+    except ProcessLookupError:
+        return False
+    try:
+        os.kill(target, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            _reap(pid)
+            return False
+        time.sleep(0.1)
+    try:
+        os.kill(target, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+    return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def down(settings: Settings, progress: Progress = _quiet) -> list[str]:
+    """Stop every registered component, the broker last. Returns the names stopped."""
+    stopped = []
+    comps = components(settings)
+    order = [c for c in comps if c["name"] != "kafka"] + [c for c in comps if c["name"] == "kafka"]
+    for c in order:
+        if c["running"]:
+            progress(f"stopping {c['name']} (pid {c['pid']})")
+            killed = stop_pid(int(c["pid"]), grace_s=30.0 if c["name"] == "kafka" else 10.0)
+            if killed:
+                progress(f"{c['name']} did not stop in time and was killed")
+            stopped.append(c["name"])
+        unregister_component(settings, c["name"])
+    return stopped
+
+
+# ------------------------------------------------------------------------------------------------------
+# status
+# ------------------------------------------------------------------------------------------------------
+def status(settings: Settings) -> dict:
+    """A snapshot for ``obshub status``: broker health, topics with partitions, consumer groups with lag,
+    components. Shape::
+
+        {"bootstrap": str, "broker": {"up": bool, "pid": int|None, "log": str, "error": str|None},
+         "topics": [{"name", "partitions", "messages"}], "groups": [{"group", "state", "lag"}],
+         "components": [{"name", "pid", "running", ...}], "home": str, "logs": str}
+    """
+    log = settings.logs_dir / "kafka.log"
+    out: dict = {"bootstrap": settings.bootstrap_servers, "home": str(settings.home),
+                 "logs": str(settings.logs_dir),
+                 "broker": {"up": False, "pid": broker_pid(settings), "log": str(log), "error": None},
+                 "topics": [], "groups": [], "components": components(settings)}
+    if not port_in_use(settings.kafka_port) and not settings.bootstrap:
+        out["broker"]["error"] = f"nothing listens on 127.0.0.1:{settings.kafka_port}"
+        return out
+    try:
+        admin = _admin(settings)
+        md = admin.list_topics(timeout=5)
+    except Exception as exc:
+        out["broker"]["error"] = f"metadata request failed: {exc}"
+        return out
+    out["broker"]["up"] = bool(md.brokers)
+    watermarks = _watermarks(settings, md)
+    for name in sorted(md.topics):
+        parts = md.topics[name].partitions
+        msgs = sum(hi - lo for (t, _p), (lo, hi) in watermarks.items() if t == name)
+        out["topics"].append({"name": name, "partitions": len(parts), "messages": msgs})
+    out["groups"] = _group_lag(admin, watermarks)
+    return out
+
+
+def _watermarks(settings: Settings, md) -> dict[tuple[str, int], tuple[int, int]]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "obshub-status",
+                  "enable.auto.commit": False, "logger": _NullLogger()})
+    out = {}
+    try:
+        for name, t in md.topics.items():
+            for p in t.partitions:
+                try:
+                    out[(name, p)] = c.get_watermark_offsets(TopicPartition(name, p), timeout=2)
+                except Exception:
+                    continue
+    finally:
+        c.close()
+    return out
+
+
+def _group_lag(admin, watermarks) -> list[dict]:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    groups = []
+    try:
+        listed = admin.list_consumer_groups(request_timeout=5).result()
+    except Exception:
+        return groups
+    for g in sorted(listed.valid, key=lambda g: g.group_id):
+        if g.group_id == "obshub-status":
+            continue
+        lag = 0
+        try:
+            res = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g.group_id)])
+            offsets = res[g.group_id].result()
+            for tp in offsets.topic_partitions:
+                lo_hi = watermarks.get((tp.topic, tp.partition))
+                if lo_hi and tp.offset >= 0:
+                    lag += max(0, lo_hi[1] - tp.offset)
+        except Exception:
+            lag = -1
+        state = getattr(g.state, "name", str(g.state))
+        groups.append({"group": g.group_id, "state": state, "lag": lag})
+    return groups

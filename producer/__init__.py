@@ -1,0 +1,1 @@
+"""obshub producer stage."""

@@ -1,0 +1,1 @@
+"""obshub rules stage."""

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian machine (root): distribution packages, the virtual environment at
+# .venv, bcc made importable inside it, the kernel header tree for bcc, tracefs, the Kafka broker jars.
+# A second run that has nothing to do finishes in seconds. Each step prints what it does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '\033[2msetup:\033[0m %s\n' "$*"; }
+
+APT_PKGS=(bpfcc-tools python3-bpfcc libbpfcc linux-headers-amd64 systemtap-sdt-dev
+          nftables iproute2 maven openjdk-17-jre-headless gcc make procps)
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: missing Debian packages: ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  say "installing Debian packages: ${missing[*]}"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+else
+  say "Debian packages present (bcc, kernel headers, sys/sdt.h, nftables, maven, java)"
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  say "creating virtual environment .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.obshub-installed
+want=$(cat pyproject.toml $(ls producer/usdt/*.c 2>/dev/null) | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  say "installing obshub and its dependencies into .venv (PyTorch is large: first run takes minutes; pip caches it)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[test,torch]'
+  echo "$want" > "$stamp"
+else
+  say ".venv is up to date"
+fi
+
+# bcc is Debian's python3-bpfcc (not PyPI's `bcc`): expose just that package to the venv through a .pth
+# file and a private folder holding one symlink, so no other Debian module leaks into the venv.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p .venv/obshub-system
+ln -sfn /usr/lib/python3/dist-packages/bcc .venv/obshub-system/bcc
+echo "$(pwd)/.venv/obshub-system" > "$site/obshub-system-bcc.pth"
+.venv/bin/python -c 'import bcc' 2>/dev/null && say "bcc importable in .venv (Debian python3-bpfcc)" \
+  || { echo "setup: bcc is not importable in .venv" >&2; exit 1; }
+
+.venv/bin/obshub setup

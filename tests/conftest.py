@@ -1,0 +1,79 @@
+"""Shared fixtures. The test session starts its own real Apache Kafka broker (the one `obshub up` installs)
+on free ports in a temporary $OBSHUB_HOME, so several test sessions can run side by side, and stops it at
+the end."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from obshub import stack
+from obshub.config import Settings, load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1 both free on 127.0.0.1."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p < 65000 and not stack.port_in_use(p) and not stack.port_in_use(p + 1):
+            return p
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory) -> Settings:
+    """A running broker for the whole session: yields Settings whose ``bootstrap_servers`` reach it.
+    Also exports OBSHUB_HOME / OBSHUB_KAFKA_PORT so `obshub` subprocesses use the same broker."""
+    home = tmp_path_factory.mktemp("obshub-home")
+    port = free_port_pair()
+    os.environ["OBSHUB_HOME"] = str(home)
+    os.environ["OBSHUB_KAFKA_PORT"] = str(port)
+    settings = load_settings(home=home, kafka_port=port)
+    stack.up(settings)
+    yield settings
+    stack.down(settings)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topic, group and job names."""
+    return uuid.uuid4().hex[:10]
+
+
+def consume_all(settings: Settings, topic: str, *, expect: int | None = None, timeout_s: float = 30.0,
+                group: str | None = None) -> list:
+    """Read ``topic`` from the beginning until ``expect`` messages arrived (or it is quiet for 3 s when
+    ``expect`` is None, or ``timeout_s`` passed). Returns confluent_kafka Message objects."""
+    import time
+
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group or f"t-{uuid.uuid4().hex}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe([topic])
+    out, deadline, quiet_since = [], time.monotonic() + timeout_s, time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                if expect is None and out and time.monotonic() - quiet_since > 3:
+                    break
+                continue
+            if m.error():
+                continue
+            out.append(m)
+            quiet_since = time.monotonic()
+            if expect is not None and len(out) >= expect:
+                break
+    finally:
+        c.close()
+    return out
