@@ -1,0 +1,19 @@
+"""Errors of the producer package (node agent: probes, loader, reader, transport). All derive from
+:class:`ProducerError` under :class:`obshub.errors.ObshubError`, so the CLI prints ``error:``/``hint:``."""
+
+from __future__ import annotations
+
+from obshub.errors import ObshubError
+
+
+class ProducerError(ObshubError):
+    """The node agent could not do something an operator asked for."""
+
+
+class ProbeError(ProducerError):
+    """A probe could not be compiled, loaded or configured (never raised for a probe merely missing on
+    this kernel: those are skipped with a reason)."""
+
+
+class TargetError(ProducerError):
+    """The processes to watch could not be resolved (a cgroup path that does not exist, no pids...)."""
