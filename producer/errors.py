@@ -17,3 +17,16 @@ class ProbeError(ProducerError):
 
 class TargetError(ProducerError):
     """The processes to watch could not be resolved (a cgroup path that does not exist, no pids...)."""
+
+
+class SpoolError(ProducerError):
+    """The on-disk spool could not be opened, written or read (a full disk, a folder without write
+    permission, a spool held by another running agent of the same host)."""
+
+
+class TransportError(ProducerError):
+    """The Kafka producer could not be created or configured (bad librdkafka setting, missing SSL file)."""
+
+
+class SourceError(ProducerError):
+    """The agent's event source could not be created (for example the BPF source is not available)."""
