@@ -1,0 +1,30 @@
+"""Durations as written in rule files: ``500ms``, ``30s``, ``5m``, ``2h``, ``1d``, or combinations such as
+``1m30s`` (the Prometheus duration syntax). Values are returned in nanoseconds."""
+
+from __future__ import annotations
+
+import re
+
+_UNIT_NS = {"ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000,
+            "d": 86_400_000_000_000}
+_RE = re.compile(r"^(?:(\d+)(ms|s|m|h|d))+$")
+_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"
+
+
+def parse_duration_ns(text: str) -> int:
+    """``"1m30s"`` -> 90_000_000_000 (ns). Raises ValueError naming the text when it is not a duration."""
+    if not isinstance(text, str) or not _RE.match(text):
+        raise ValueError(f"{text!r} is not a duration (examples: 500ms, 30s, 5m, 1h30m)")
+    return sum(int(n) * _UNIT_NS[u] for n, u in _PART.findall(text))
+
+
+def format_ns(ns: int) -> str:
+    """Short human form of a duration in ns: ``90 s``, ``1.5 ms``, ``20 µs``."""
+    if ns >= 1_000_000_000:
+        return f"{ns / 1e9:g} s"
+    if ns >= 1_000_000:
+        return f"{ns / 1e6:g} ms"
+    if ns >= 1_000:
+        return f"{ns / 1e3:g} µs"
+    return f"{ns} ns"

@@ -1,0 +1,54 @@
+"""Errors of the rule engine, all under :class:`obshub.errors.ObshubError`.
+
+A rule file that does not validate raises :class:`RuleValidationError` carrying every
+:class:`Problem` found (not only the first), each printed as ``file:line:col: rule "id": what``
+(the format of Prometheus' ``promtool check rules``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from obshub.errors import ObshubError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem. ``line``/``col`` are 1-based (0 when unknown); ``rule`` is the rule,
+    macro or list the problem is in, if any."""
+
+    file: str
+    line: int
+    col: int
+    message: str
+    rule: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.col}"
+        what = f'rule "{self.rule}": ' if self.rule else ""
+        return f"{where}: {what}{self.message}"
+
+
+class RulesError(ObshubError):
+    """Base of the rule engine's errors."""
+
+
+class RuleValidationError(RulesError):
+    """One or more rule files are invalid. ``problems`` lists every problem, in file order."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        text = "\n".join(str(p) for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s) in rule files:\n{text}",
+                         "fix the places named above; `obshub rules check FILE` re-checks them")
+
+
+class RuleTestError(RulesError):
+    """A rule unit-test file is malformed (not: a test that fails; that is a result)."""
+
+
+class SinkConfigError(RulesError):
+    """The alerting config (sinks, route, secrets) is invalid or a secret cannot be read."""
+
+
+class SilenceError(RulesError):
+    """A silence is malformed (bad matcher, end before start) or unknown."""

@@ -1,0 +1,317 @@
+"""Load rule files into a :class:`rules.model.RuleSet`, reporting every problem with file:line:column.
+
+Order: files are read in the order given; a directory contributes its ``*.yaml``/``*.yml`` files sorted
+by name (not its subdirectories, so ``builtin/tests/`` is not loaded as rules). Within the order, a later
+file's list or macro of the same name replaces the earlier one; a rule id may be defined once, and later
+files change it with ``overrides`` (append to its condition/labels/annotations/routes, or replace
+severity, enabled, for, window, threshold, ...), as Falco does with ``override:``.
+
+Checks beyond the JSON Schema: CEL syntax (at the position inside the expression), macro cycles, names
+that are not documented fields of the signal (``rules.fields``), unknown event kinds, kinds on a
+non-event signal, ``threshold.of`` missing for a non-count aggregate, correlation key names that differ,
+annotation templates that do not compile or use unknown names.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+from jinja2.sandbox import SandboxedEnvironment
+from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
+
+from rules import fields
+from rules.durations import parse_duration_ns
+from rules.errors import Problem, RuleValidationError
+from rules.expr import Compiled, ExprError, compile_expr, expand, unknown_references
+from rules.model import Correlation, InhibitRule, Rule, RuleSet
+from rules.yamlfile import position, read_rule_file
+
+TEMPLATE_NAMES = {"labels", "value", "count", "other", "rule", "severity", "hits"}
+
+
+def template_env() -> SandboxedEnvironment:
+    """The sandboxed Jinja2 environment of annotation templates, with unit filters: ``us`` (ns -> µs
+    text), ``ms`` (ns -> ms text), ``s`` (ns -> s text)."""
+    env = SandboxedEnvironment(undefined=jinja2.ChainableUndefined, autoescape=False)
+    env.filters["us"] = lambda ns: f"{(ns or 0) / 1e3:.1f}"
+    env.filters["ms"] = lambda ns: f"{(ns or 0) / 1e6:.1f}"
+    env.filters["s"] = lambda ns: f"{(ns or 0) / 1e9:.2f}"
+    return env
+
+
+_ENV = template_env()
+
+
+def expand_paths(paths: list[Path | str]) -> list[Path]:
+    """Rule files named by ``paths`` in load order (directories: their *.yaml/*.yml sorted by name)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
+        else:
+            out.append(p)
+    return out
+
+
+class _Ctx:
+    """Accumulates definitions across files and the problems found."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.lists: dict[str, list] = {}
+        self.macros: dict[str, str] = {}
+        self.macro_at: dict[str, tuple[str, int, int]] = {}
+        self.raw_rules: dict[str, dict] = {}          # id -> {"spec", "file", "doc", "path", "line"}
+        self.inhibit: list[InhibitRule] = []
+
+    def add(self, file: str, line: int, col: int, msg: str, rule: str | None = None) -> None:
+        self.problems.append(Problem(file, line, col, msg, rule))
+
+
+def _expr_pos(doc: Any, path: list, err: ExprError) -> tuple[int, int]:
+    line, col = position(doc, path)
+    node = doc
+    try:
+        for step in path:
+            node = node[step]
+    except (KeyError, IndexError, TypeError):
+        node = None
+    if isinstance(node, (LiteralScalarString, FoldedScalarString)):
+        return line + max(err.line, 1), max(err.col, 1) + 4
+    quote = 1 if getattr(node, "style", None) or type(node).__name__.endswith("QuotedScalarString") else 0
+    return line + max(err.line - 1, 0), col + quote + max(err.col - 1, 0)
+
+
+def _read_files(ctx: _Ctx, files: list[Path]) -> None:
+    for path in files:
+        doc, problems = read_rule_file(path)
+        ctx.problems.extend(problems)
+        if doc is None or problems:
+            continue
+        file = str(path)
+        for name, items in (doc.get("lists") or {}).items():
+            ctx.lists[str(name)] = [i if isinstance(i, (int, float)) else str(i) for i in items]
+        for name, cond in (doc.get("macros") or {}).items():
+            ctx.macros[str(name)] = str(cond)
+            ctx.macro_at[str(name)] = (file, *position(doc, ["macros", name]))
+        for i, spec in enumerate(doc.get("rules") or []):
+            rid = str(spec["id"])
+            line, col = position(doc, ["rules", i, "id"])
+            if rid in ctx.raw_rules:
+                prev = ctx.raw_rules[rid]
+                ctx.add(file, line, col, f"rule id already defined at {prev['file']}:{prev['line']}; "
+                        "change it with `overrides:` instead of redefining it", rid)
+                continue
+            ctx.raw_rules[rid] = {"spec": _plain(spec), "file": file, "doc": doc, "path": ["rules", i],
+                                  "line": line, "cond_at": (file, doc, ["rules", i, "condition"])}
+        for i, ov in enumerate(doc.get("overrides") or []):
+            _apply_override(ctx, file, doc, i, _plain(ov))
+        for inh in doc.get("inhibit") or []:
+            ctx.inhibit.append(InhibitRule({str(k): str(v) for k, v in inh["source"].items()},
+                                           {str(k): str(v) for k, v in inh["target"].items()},
+                                           [str(e) for e in inh["equal"]]))
+
+
+def _plain(node: Any) -> Any:
+    """ruamel containers/scalars -> plain python (dict/list/str/int/float/bool)."""
+    if isinstance(node, dict):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    return str(node)
+
+
+def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
+    rid = ov["rule"]
+    line, col = position(doc, ["overrides", i, "rule"])
+    target = ctx.raw_rules.get(rid)
+    if target is None:
+        ctx.add(file, line, col, "override of a rule that no earlier file defines (check the file order "
+                "and the id)", rid)
+        return
+    spec = copy.deepcopy(target["spec"])
+    app = ov.get("append") or {}
+    if "condition" in app:
+        spec["condition"] = f"{spec['condition'].rstrip()} {app['condition'].strip()}"
+        target["cond_at"] = (file, doc, ["overrides", i, "append", "condition"])
+    for key in ("labels", "annotations"):
+        if key in app:
+            spec[key] = {**spec.get(key, {}), **app[key]}
+    for key in ("routes", "tags"):
+        if key in app:
+            spec[key] = list(spec.get(key, [])) + list(app[key])
+    for key, val in (ov.get("replace") or {}).items():
+        spec[key] = val
+        if key == "condition":
+            target["cond_at"] = (file, doc, ["overrides", i, "replace", "condition"])
+    target["spec"] = spec
+
+
+def _check_macros(ctx: _Ctx) -> None:
+    for name, cond in ctx.macros.items():
+        file, line, col = ctx.macro_at[name]
+        try:
+            compile_expr(cond)
+            expand(name, ctx.macros, ctx.lists)
+        except ExprError as err:
+            ctx.add(file, line, col + max(err.col - 1, 0), f"macro '{name}': {err}")
+
+
+def _compile(ctx: _Ctx, raw: dict, key: str, text: str, allowed: set[str], nested: dict, payload: set[str] | None,
+             extra: set[str] = frozenset()) -> Compiled | None:
+    """Compile one expression of a rule; on error record a problem at its position and return None."""
+    rid = raw["spec"]["id"]
+    if key == "condition":
+        file, doc, path = raw["cond_at"]
+    else:
+        file, doc, path = raw["file"], raw["doc"], raw["path"] + key.split("/")
+    try:
+        compile_expr(text)  # syntax first, on the text as written, for exact positions
+    except ExprError as err:
+        ctx.add(file, *_expr_pos(doc, path, err), f"{key}: {err}", rid)
+        return None
+    names = set(ctx.macros) | set(ctx.lists) | set(extra)
+    for msg in unknown_references(text, allowed, names, nested, payload):
+        ctx.add(file, *position(doc, path), f"{key}: {msg}", rid)
+    try:
+        source = expand(text, ctx.macros, ctx.lists)
+        for msg in unknown_references(source, allowed, set(extra), nested, payload):
+            ctx.add(file, *position(doc, path), f"{key} (after expanding macros): {msg}", rid)
+        return Compiled(source, compile_expr(source))
+    except ExprError as err:
+        ctx.add(file, *position(doc, path), f"{key}: {err}", rid)
+        return None
+
+
+def _kinds(ctx: _Ctx, raw: dict, signal: str, kinds: list[str] | None, where: str) -> frozenset[str]:
+    rid = raw["spec"]["id"]
+    line, col = position(raw["doc"], raw["path"] + where.split("/")[:-1] + ["signal"])
+    if signal == "events" and not kinds:
+        ctx.add(raw["file"], line, col, f"{where}: signal 'events' needs `kinds:` (one or more of schema.Kind)", rid)
+    if signal != "events" and kinds:
+        ctx.add(raw["file"], line, col, f"{where}: `kinds:` only applies to signal 'events'", rid)
+    for k in kinds or []:
+        if k not in fields.KIND_NAMES:
+            ctx.add(raw["file"], *position(raw["doc"], raw["path"] + where.split("/")), f"unknown event kind "
+                    f"'{k}' (known: {', '.join(sorted(fields.KIND_NAMES))})", rid)
+    return frozenset(kinds or [])
+
+
+def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
+    spec, file, doc, path = raw["spec"], raw["file"], raw["doc"], raw["path"]
+    rid, signal = spec["id"], spec["signal"]
+    n_before = len(ctx.problems)
+    kinds = _kinds(ctx, raw, signal, spec.get("kinds"), "kinds")
+    allowed = set(fields.SIGNAL_VARS[signal])
+    nested = fields.NESTED_VARS if signal == "steps" else {}
+    payload = fields.payload_keys(sorted(kinds)) if signal == "events" else None
+    extra = {"item"} if spec.get("foreach") else set()
+    cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra)
+    foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload) if spec.get("foreach") else None
+    group_by = {}
+    for label, text in (spec.get("group_by") or {}).items():
+        group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra)
+    thr = spec.get("threshold") or {}
+    aggregate, at_least = thr.get("aggregate", "count"), float(thr.get("at_least", 1))
+    of = None
+    if aggregate != "count":
+        if not thr.get("of"):
+            ctx.add(file, *position(doc, path + ["threshold"]), f"threshold: aggregate '{aggregate}' needs `of:` "
+                    "(the expression to aggregate, e.g. duration_ns)", rid)
+        else:
+            of = _compile(ctx, raw, "threshold/of", thr["of"], allowed, nested, payload, extra)
+    corr = None
+    if spec.get("correlate"):
+        corr = _build_correlation(ctx, raw, allowed, nested, payload, extra)
+    annotations, sources = {}, {}
+    names = allowed | TEMPLATE_NAMES | extra
+    for name, text in (spec.get("annotations") or {}).items():
+        try:
+            ast = _ENV.parse(text)
+            unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - names)
+            if unknown:
+                ctx.add(file, *position(doc, path + ["annotations", name]),
+                        f"annotations/{name}: unknown name(s) {', '.join(unknown)} in template", rid)
+            annotations[name], sources[name] = _ENV.from_string(text), text
+        except jinja2.TemplateSyntaxError as exc:
+            ctx.add(file, *position(doc, path + ["annotations", name]),
+                    f"annotations/{name}: template syntax error on its line {exc.lineno}: {exc.message}", rid)
+    if len(ctx.problems) > n_before:
+        return None
+    return Rule(
+        id=rid, description=spec["description"], severity=spec["severity"], signal=signal, kinds=kinds,
+        condition=cond, group_by=group_by, window_ns=parse_duration_ns(spec.get("window", "1m")),
+        aggregate=aggregate, of=of, at_least=at_least, for_ns=parse_duration_ns(spec.get("for", "0s")),
+        keep_firing_for_ns=parse_duration_ns(spec.get("keep_firing_for", "0s")),
+        labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()}, annotations=annotations,
+        annotation_sources=sources, foreach=foreach, correlate=corr, runbook=spec.get("runbook", ""),
+        routes=list(spec.get("routes", [])), tags=list(spec.get("tags", [])), enabled=spec.get("enabled", True),
+        file=file, line=raw["line"])
+
+
+def _build_correlation(ctx: _Ctx, raw: dict, allowed: set[str], nested: dict, payload: set[str] | None,
+                       extra: set[str]) -> Correlation | None:
+    spec, rid = raw["spec"]["correlate"], raw["spec"]["id"]
+    osig = spec["signal"]
+    okinds = _kinds(ctx, raw, osig, spec.get("kinds"), "correlate/kinds")
+    o_allowed = set(fields.SIGNAL_VARS[osig])
+    o_nested = fields.NESTED_VARS if osig == "steps" else {}
+    o_payload = fields.payload_keys(sorted(okinds)) if osig == "events" else None
+    if set(spec["this_keys"]) != set(spec["other_keys"]):
+        ctx.add(raw["file"], *position(raw["doc"], raw["path"] + ["correlate", "other_keys"]),
+                f"correlate: this_keys {sorted(spec['this_keys'])} and other_keys {sorted(spec['other_keys'])} "
+                "must name the same keys", rid)
+    cond = _compile(ctx, raw, "correlate/condition", spec["condition"], o_allowed, o_nested, o_payload)
+    this_keys = {k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra)
+                 for k, v in spec["this_keys"].items()}
+    other_keys = {k: _compile(ctx, raw, f"correlate/other_keys/{k}", v, o_allowed, o_nested, o_payload)
+                  for k, v in spec["other_keys"].items()}
+    return Correlation(osig, okinds, cond, this_keys, other_keys, parse_duration_ns(spec["within"]),
+                       spec.get("order", "any"))
+
+
+def load_ruleset(paths: list[Path | str]) -> RuleSet:
+    """Load, validate and compile the rule files of ``paths`` (see the module docstring for the order).
+    Returns the RuleSet of enabled rules. Raises RuleValidationError listing every problem, or when no
+    file was given."""
+    files = expand_paths(paths)
+    ctx = _Ctx()
+    if not files:
+        raise RuleValidationError([Problem(",".join(map(str, paths)) or "(none)", 0, 0, "no rule files found")])
+    _read_files(ctx, files)
+    _check_macros(ctx)
+    rules: dict[str, Rule] = {}
+    for rid, raw in ctx.raw_rules.items():
+        rule = _build_rule(ctx, raw)
+        if rule is not None and rule.enabled:
+            rules[rid] = rule
+    if ctx.problems:
+        raise RuleValidationError(sorted(dict.fromkeys(ctx.problems), key=lambda p: (files_index(files, p.file), p.line, p.col)))
+    return RuleSet(rules, ctx.inhibit, [str(f) for f in files])
+
+
+def files_index(files: list[Path], file: str) -> int:
+    """Position of ``file`` in the load order (for sorting problems)."""
+    names = [str(f) for f in files]
+    return names.index(file) if file in names else len(names)
+
+
+def check_files(paths: list[Path | str]) -> list[Problem]:
+    """Every problem of the given rule files (empty list when all are valid)."""
+    try:
+        load_ruleset(paths)
+    except RuleValidationError as exc:
+        return exc.problems
+    return []
+
+

@@ -1,0 +1,193 @@
+"""Rule unit tests (``obshub rules test FILE...``), in the spirit of ``promtool test rules``.
+
+A test file::
+
+    version: 1
+    rule_files: [../rdma_straggler.yaml]      # relative to the test file
+    tests:
+      - name: slow RDMA completion on the straggler of a stalled step fires
+        input:                                 # records at times relative to the test's start
+          - at: 0s
+            steps: {job: llm, step: 7, stall: true, straggler: {host: node2}}
+          - at: 1s
+            events: {kind: RDMA_CQ_DONE, job: llm, host: node2, step: 7, duration_ns: 45000}
+            repeat: 3                          # optional: the same record 3 times ...
+            every: 1s                          # ... 1 s apart
+        expect:
+          - at: 2s
+            alerts:                            # every alert pending or firing at 2 s; [] = none
+              - rule: rdma_slow_completion_on_straggler
+                state: firing                  # default firing
+                labels: {host: node2, layer: nic}          # these labels must match (others ignored)
+                annotations: {step: "7"}       # these annotations must match exactly
+
+Records are filled in: a step summary gets neutral defaults for every documented field missing, an event
+gets defaults and its derived fields (layer, duration_us, time_ns). Time starts at ``BASE_NS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rules import fields
+from rules.durations import parse_duration_ns
+from rules.engine import Engine
+from rules.errors import Problem, RuleTestError, RuleValidationError
+from rules.loader import _plain, load_ruleset
+from rules.yamlfile import load_yaml, position, yaml11_surprises
+
+BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+_TEST_KEYS = {"name", "input", "expect"}
+_INPUT_KEYS = {"at", "steps", "events", "health", "repeat", "every"}
+_EXPECT_KEYS = {"at", "alerts"}
+_ALERT_KEYS = {"rule", "state", "labels", "annotations"}
+
+
+@dataclass
+class TestResult:
+    """Outcome of one test case: ``failures`` lists 'at T: expected ... got ...' texts (empty = pass)."""
+
+    file: str
+    name: str
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _err(file: str, doc: Any, path: list, msg: str) -> RuleTestError:
+    line, col = position(doc, path)
+    return RuleTestError(f"{Problem(file, line, col, msg)}", "see docs/RULES.md, section 'Testing a rule'")
+
+
+def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], what: str) -> None:
+    if not isinstance(node, dict):
+        raise _err(file, doc, path, f"{what} must be a mapping")
+    for k in node:
+        if k not in allowed:
+            raise _err(file, doc, path + [k], f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _record(signal: str, spec: dict, t_ns: int) -> dict:
+    if signal == "steps":
+        return fields.step_record({**spec, "closed_at_ns": spec.get("closed_at_ns", t_ns)})
+    if signal == "events":
+        rec = fields.event_record_from_test({**spec, "ts_ns": spec.get("ts_ns", t_ns)})
+        return rec
+    return {**fields.health_record(spec.get("topic", ""), spec.get("group", ""), spec.get("lag_messages", 0),
+                                   spec.get("idle_s", -1), spec.get("uptime_s", 0), t_ns), **spec, "time_ns": t_ns}
+
+
+def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
+    """Read and check a test file; returns (rule files, test cases as plain dicts, file name). Raises
+    RuleTestError at file:line:col on a malformed file."""
+    file = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RuleTestError(f"{file}: cannot read: {exc.strerror or exc}", "check the path") from None
+    doc, problems = load_yaml(text, file)
+    problems = problems or (yaml11_surprises(doc, file) if doc is not None else [])
+    if problems:
+        raise RuleTestError("\n".join(map(str, problems)), "fix the test file")
+    _check_keys(file, doc, [], doc, {"version", "rule_files", "tests"}, "a test file")
+    if doc.get("version") != 1:
+        raise _err(file, doc, ["version"], "test files need `version: 1`")
+    rule_files = [(path.parent / str(p)).resolve() for p in doc.get("rule_files") or []]
+    if not rule_files:
+        raise _err(file, doc, [], "`rule_files:` must name at least one rule file")
+    tests = doc.get("tests") or []
+    for i, t in enumerate(tests):
+        _check_keys(file, doc, ["tests", i], t, _TEST_KEYS, "a test")
+        for j, inp in enumerate(t.get("input") or []):
+            _check_keys(file, doc, ["tests", i, "input", j], inp, _INPUT_KEYS, "an input")
+            sigs = [s for s in ("steps", "events", "health") if s in inp]
+            if len(sigs) != 1 or "at" not in inp:
+                raise _err(file, doc, ["tests", i, "input", j], "an input needs `at:` and exactly one of steps, events, health")
+            if sigs[0] == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
+                raise _err(file, doc, ["tests", i, "input", j, "events"], "an event needs a known `kind:`")
+        for j, exp in enumerate(t.get("expect") or []):
+            _check_keys(file, doc, ["tests", i, "expect", j], exp, _EXPECT_KEYS, "an expectation")
+            for k, a in enumerate(exp.get("alerts") or []):
+                _check_keys(file, doc, ["tests", i, "expect", j, "alerts", k], a, _ALERT_KEYS, "an expected alert")
+        for j, node in [(j, n) for j, n in enumerate((t.get("input") or []) + (t.get("expect") or []))]:
+            try:
+                parse_duration_ns(str(node.get("at")))
+                if "every" in node:
+                    parse_duration_ns(str(node["every"]))
+            except ValueError as exc:
+                raise _err(file, doc, ["tests", i], str(exc)) from None
+    return rule_files, _plain(tests), file
+
+
+def _fmt_alert(a: dict) -> str:
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(a.get("labels", {}).items()))
+    ann = a.get("annotations") or {}
+    extra = ("; " + ", ".join(f"{k}={v!r}" for k, v in sorted(ann.items()))) if ann else ""
+    return f"{a.get('rule')} [{a.get('state', 'firing')}] {{{labels}}}{extra}"
+
+
+def _matches(exp: dict, got: dict) -> bool:
+    if exp["rule"] != got["rule"] or exp.get("state", "firing") != got["state"]:
+        return False
+    if any(got["labels"].get(k) != str(v) for k, v in (exp.get("labels") or {}).items()):
+        return False
+    return all(got["annotations"].get(k) == str(v) for k, v in (exp.get("annotations") or {}).items())
+
+
+def _compare(expected: list[dict], got: list[dict]) -> bool:
+    remaining = list(got)
+    for e in expected:
+        for g in remaining:
+            if _matches(e, g):
+                remaining.remove(g)
+                break
+        else:
+            return False
+    return not remaining
+
+
+def run_case(ruleset, case: dict, file: str) -> TestResult:
+    """Run one test case against a fresh engine; returns its result."""
+    res = TestResult(file, case.get("name", "(unnamed)"))
+    engine = Engine(ruleset, notify=lambda _c: None)
+    timeline: list[tuple[int, int, Any]] = []
+    for inp in case.get("input") or []:
+        start, every = parse_duration_ns(inp["at"]), parse_duration_ns(inp.get("every", "1s"))
+        sig = next(s for s in ("steps", "events", "health") if s in inp)
+        for n in range(int(inp.get("repeat", 1))):
+            timeline.append((start + n * every, 0, (sig, inp[sig])))
+    for exp in case.get("expect") or []:
+        timeline.append((parse_duration_ns(exp["at"]), 1, exp))
+    for at, order, item in sorted(timeline, key=lambda x: (x[0], x[1])):
+        now = BASE_NS + at
+        if order == 0:
+            sig, spec = item
+            engine.process(sig, _record(sig, spec, now))
+            continue
+        engine.tick(now)
+        got = [{"rule": i.rule, "state": i.state, "labels": i.labels, "annotations": i.annotations}
+               for i in engine.active()]
+        expected = item.get("alerts") or []
+        if not _compare(expected, got):
+            lines = [f"at {item['at']}:", "  expected:"] + [f"    {_fmt_alert(e)}" for e in expected] or []
+            if not expected:
+                lines.append("    (no alerts)")
+            lines.append("  got:")
+            lines += [f"    {_fmt_alert(g)}" for g in got] or ["    (no alerts)"]
+            res.failures.append("\n".join(lines))
+    return res
+
+
+def run_test_file(path: Path) -> list[TestResult]:
+    """Run every case of one test file. Raises RuleTestError (malformed test file) or
+    RuleValidationError (its rule files are invalid)."""
+    rule_files, cases, file = load_test_file(path)
+    ruleset = load_ruleset(rule_files)
+    return [run_case(ruleset, c, file) for c in cases]
+
+
+__all__ = ["run_test_file", "run_case", "TestResult", "BASE_NS", "RuleValidationError"]
