@@ -1,0 +1,378 @@
+"""``obshub agent``: the node agent's main loop, gluing an event source (BPF probes, or the synthetic
+stream) to the transport (batcher -> Kafka publisher -> spool).
+
+Steps: start the source and print its probe table (attached / skipped + reason) -> apply thresholds ->
+register as component ``agent-<host>`` -> serve Prometheus metrics -> loop { poll the source (blocking at
+most until the open batch is due) -> batcher -> transport; seal batches that are ``max_age_ms`` old;
+serve delivery reports and spool replay; every ``loss_interval_s`` turn the source's in-kernel loss
+counters into AGENT_LOSS events } -> on SIGTERM/SIGINT or ``--duration``: drain the source once more,
+stop it, flush the last batch, deliver what is left for up to ``flush_timeout_s`` -> exit code 0 when
+everything was delivered, :data:`EXIT_UNDELIVERED` (3) when batches stay in the spool (the message says
+how many and where; the next start with the same ``--host`` replays them).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Callable, Protocol
+
+from obshub import schema, stack
+from obshub.config import Settings
+from obshub.schema import Event, Kind
+from producer.batcher import Batcher
+from producer.clock import ClockTracker
+from producer.config import AgentConfig, SaslMechanism, SecurityProtocol
+from producer.spool import Spool
+from producer.transport import Transport
+
+EXIT_OK = 0
+EXIT_UNDELIVERED = 3
+
+log = logging.getLogger("producer.agent")
+
+
+class EventSource(Protocol):
+    """What the agent reads events from (producer/probes.py ``BpfEventSource``, producer/synthetic.py
+    ``SyntheticSource``); see the lead's interface in docs/AGENT.md."""
+
+    def start(self) -> list: ...
+    def poll(self, timeout_ms: int) -> list: ...
+    def lost(self) -> dict[str, int]: ...
+    def set_threshold(self, name: str, value: int) -> None: ...
+    def registrations(self) -> list[dict]: ...
+    def close(self) -> None: ...
+
+
+class Agent:
+    """One agent instance: ``config`` (identity, Kafka, batch and spool bounds), ``source`` (an
+    EventSource, not yet started), ``settings`` (for the component registry; None: do not register),
+    ``thresholds`` applied after start, ``say``: where human-readable lines go (default stderr).
+
+    Counters read by the metrics: ``kind_counts`` (events per kind), ``lost_totals`` (per probe).
+    Raises :class:`producer.errors.SpoolError` when the spool is held by another agent of the same host,
+    :class:`producer.errors.TransportError` for an unusable Kafka configuration.
+    """
+
+    def __init__(self, config: AgentConfig, source: EventSource, *, settings: Settings | None = None,
+                 thresholds: dict[str, int] | None = None, say: Callable[[str], None] | None = None):
+        self.config, self.source, self.settings = config, source, settings
+        self.thresholds = dict(thresholds or {})
+        self.say = say or (lambda msg: print(f"obshub agent: {msg}", file=sys.stderr, flush=True))
+        self.clock = ClockTracker(refresh_s=config.clock_refresh_s)
+        self.batcher = Batcher(config.job, config.host, config.host_id, clock=self.clock.current,
+                               max_bytes=config.batch.max_bytes, max_age_ms=config.batch.max_age_ms)
+        spool = Spool(config.spool.dir, config.spool.max_bytes, config.spool.segment_bytes)
+        try:
+            self.transport = Transport(config.kafka, spool)
+        except Exception:
+            spool.close()
+            raise
+        self.kind_counts: Counter[int] = Counter()
+        self.lost_totals: dict[str, int] = {}
+        self.probe_status: list = []
+        self.metrics_port: int | None = None
+        self._stop = threading.Event()
+        self._metrics_server = None
+        if spool.pending_batches:
+            self.say(f"{spool.pending_batches} batches ({spool.pending_bytes} B) from a previous run wait in "
+                     f"the spool {config.spool.dir}; they are replayed first")
+
+    @property
+    def agent_id(self) -> str:
+        """This instance's id (UUID4), the ``agent_id`` of its batches."""
+        return self.batcher.agent_id
+
+    def stop(self) -> None:
+        """Ask the loop to finish (thread- and signal-safe)."""
+        self._stop.set()
+
+    # -- run -----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until :meth:`stop`, SIGTERM/SIGINT (when called from the main thread) or ``duration_s``.
+        Returns the exit code: 0 when everything was delivered, 3 when batches are left in the spool."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self._stop.set())
+        name = f"agent-{self.config.host}"
+        try:
+            self.probe_status = list(self.source.start())
+            print(probe_table(self.probe_status), flush=True)
+            for pname, value in self.thresholds.items():
+                self.source.set_threshold(pname, value)
+            if self.settings is not None:
+                stack.register_component(self.settings, name, os.getpid(), host=self.config.host,
+                                         job=self.config.job, agent_id=self.agent_id,
+                                         metrics_port=self.config.metrics_port)
+            self._start_metrics()
+            self._loop()
+        finally:
+            undelivered = self._shutdown()
+            if self.settings is not None:
+                stack.unregister_component(self.settings, name)
+        batches, nbytes = undelivered
+        if batches:
+            self.say(f"{batches} batches ({nbytes} B) were not delivered to Kafka "
+                     f"({self.config.kafka.bootstrap}); they are kept in the spool {self.config.spool.dir} and "
+                     f"are replayed when an agent with --host {self.config.host} starts again")
+            return EXIT_UNDELIVERED
+        self.say(f"stopped: {self.batcher.sealed} batches, {self.batcher.events} events, all delivered")
+        return EXIT_OK
+
+    def _start_metrics(self) -> None:
+        if self.config.metrics_port is None:
+            return
+        from prometheus_client import start_http_server
+
+        from producer.agent_metrics import make_registry
+
+        server, _thread = start_http_server(self.config.metrics_port, addr="127.0.0.1",
+                                            registry=make_registry(self))
+        self._metrics_server = server
+        self.metrics_port = server.server_port
+        self.say(f"metrics on http://127.0.0.1:{self.metrics_port}/metrics")
+
+    def _loop(self) -> None:
+        cfg = self.config
+        batcher, transport, source = self.batcher, self.transport, self.source
+        deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else None
+        next_loss = time.monotonic() + cfg.loss_interval_s
+        kind_of = operator.itemgetter(0)
+        while not self._stop.is_set():
+            until_due = batcher.ms_until_due()
+            timeout = 50 if until_due is None else int(min(50.0, until_due))
+            events = source.poll(timeout)
+            if events:
+                self.kind_counts.update(map(kind_of, events))
+                for sealed in batcher.add_many(events):
+                    transport.send(sealed)
+            sealed = batcher.due()
+            if sealed is not None:
+                transport.send(sealed)
+            transport.service(0)
+            now = time.monotonic()
+            if now >= next_loss:
+                self._report_loss()
+                next_loss = now + cfg.loss_interval_s
+            if deadline is not None and now >= deadline:
+                break
+
+    def _report_loss(self) -> None:
+        """Turn increases of the source's cumulative per-probe loss counters into AGENT_LOSS events."""
+        events = []
+        for probe, total in self.source.lost().items():
+            delta = total - self.lost_totals.get(probe, 0)
+            if delta > 0:
+                events.append(Event(Kind.AGENT_LOSS, time.monotonic_ns(), 0, 0, -1, os.getpid(), 0, -1, delta,
+                                    {"probe": probe}))
+                self.lost_totals[probe] = total
+        if events:
+            self.kind_counts.update(e[0] for e in events)
+            for sealed in self.batcher.add_many(events):
+                self.transport.send(sealed)
+
+    def _shutdown(self) -> tuple[int, int]:
+        """Drain and stop the source, flush, deliver. Returns (undelivered batches, bytes)."""
+        try:
+            events = self.source.poll(0)
+            if events:
+                self.kind_counts.update(e[0] for e in events)
+                for sealed in self.batcher.add_many(events):
+                    self.transport.send(sealed)
+        except Exception as exc:  # a broken source must not keep the batches we have from Kafka
+            self.say(f"Failed to drain the event source at shutdown: {exc}")
+        finally:
+            self.source.close()
+        self._report_loss()
+        last = self.batcher.flush()
+        if last is not None:
+            self.transport.send(last)
+        left = self.transport.close(self.config.flush_timeout_s)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        return left
+
+    def stats(self) -> dict:
+        """A snapshot of the counters (for tests and ``--json`` output)."""
+        t, pub, spool = self.transport, self.transport.publisher, self.transport.spool
+        return {"agent_id": self.agent_id, "batches": self.batcher.sealed, "events": self.batcher.events,
+                "events_by_kind": {Kind(k).name: n for k, n in self.kind_counts.items()},
+                "lost": dict(self.lost_totals), "delivered": pub.delivered, "delivery_errors": pub.delivery_errors,
+                "backpressure_waits": pub.backpressure_waits, "spooled": t.spooled, "replayed": t.replayed,
+                "spool_batches": spool.pending_batches, "spool_bytes": spool.pending_bytes,
+                "spool_dropped_batches": spool.dropped_batches, "spool_dropped_bytes": spool.dropped_bytes,
+                "state": t.state}
+
+
+def probe_table(statuses: list) -> str:
+    """The probe table printed at start: one row per probe (name, layer, attached / skipped, reason)."""
+    rows = [("probe", "layer", "status", "reason")]
+    for st in statuses:
+        layer = getattr(st.layer, "value", st.layer)
+        rows.append((st.name, str(layer), "attached" if st.attached else "skipped", st.reason or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip()
+                     for r in rows)
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------
+import click  # noqa: E402  (kept beside the command it serves)
+
+_EPILOG = """\b
+Examples:
+  obshub agent --job bert --registered                      # watch whatever `obshub run` registers
+  obshub agent --job bert --host node3 --cgroup /sys/fs/cgroup/job.slice/rank3.scope
+                                                            # one agent per cgroup, as if node3
+  obshub agent --job bert --pid 4242 --pid 4243 --metrics-port 9464
+                                                            # two pids; metrics on :9464/metrics
+  obshub agent --job bert --registered --threshold rdma_latency_ns=30000 --probes sched,net
+                                                            # a probe subset, a 30 µs RDMA threshold
+  obshub agent --source synthetic --rate 50000 --duration 30
+                                                            # no BPF: 50k synthetic events/s for 30 s
+  obshub agent --registered --bootstrap kafka1:9093 --security-protocol SASL_SSL \\
+      --sasl-mechanism SCRAM-SHA-512 --sasl-username agent --ssl-ca-location /etc/ssl/kafka-ca.pem
+                                                            # a secured cluster; password from
+                                                            # $OBSHUB_SASL_PASSWORD
+\b
+Exit codes: 0 everything delivered; 1 an error (message and hint on stderr); 3 batches left undelivered
+in the spool ($OBSHUB_HOME/spool/<host>), replayed by the next start with the same --host.
+"""
+
+
+def _key_values(option: str, items: tuple[str, ...], *, as_int: bool) -> dict:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=option)
+        if as_int:
+            try:
+                out[name] = int(value, 0)
+            except ValueError:
+                raise click.BadParameter(f"{item!r}: {value!r} is not an integer", param_hint=option) from None
+        else:
+            out[name] = value
+    return out
+
+
+def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str | None):
+    """Build the BPF EventSource of producer/probes.py (the probe engineer's part)."""
+    from producer.errors import SourceError, TargetError
+
+    if sum(bool(x) for x in (cgroup, pids, registered)) != 1:
+        raise TargetError("say which processes to watch: exactly one of --cgroup PATH, --pid PID (repeatable) "
+                          "or --registered", "e.g. obshub agent --registered, or --source synthetic for no BPF")
+    try:
+        import producer.probes as probes_mod
+        impl = getattr(probes_mod, "BpfEventSource", None)
+        if impl is None:
+            import producer.loader as probes_mod  # type: ignore[no-redef]
+            impl = probes_mod.BpfEventSource
+        target_cls, options_cls = probes_mod.Target, probes_mod.ProbeOptions
+    except (ImportError, AttributeError) as exc:
+        raise SourceError(f"the BPF event source is not available in this build ({exc})",
+                          "use --source synthetic, or install obshub with its BPF part") from None
+    from pathlib import Path as _Path
+
+    target = target_cls(cgroup=_Path(cgroup) if cgroup else None, pids=set(pids) if pids else None,
+                        registered=registered)
+    opts = {}
+    if probes:
+        opts["probes"] = frozenset(p.strip() for p in probes.split(",") if p.strip())
+    return impl(settings, target, options_cls(**opts))
+
+
+@click.command("agent", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--job", envvar="OBSHUB_JOB", default="default", show_default=True, help="job name put in every batch")
+@click.option("--host", envvar="OBSHUB_HOST", default=None, help="host name: Kafka key and spool folder "
+              "[default: this machine's host name]")
+@click.option("--host-id", envvar="OBSHUB_HOST_ID", type=click.IntRange(0, 0xFFFF), default=None,
+              help="16-bit host id of the TraceKey [default: crc32(host) & 0xFFFF]")
+@click.option("--cgroup", type=click.Path(exists=True, file_okay=False), help="watch the processes of this cgroup (v2 path)")
+@click.option("--pid", "pids", type=int, multiple=True, help="watch this process and its threads (repeatable)")
+@click.option("--registered", is_flag=True, help="watch whatever process fires the `register` USDT probe (obshub run)")
+@click.option("--source", type=click.Choice(["bpf", "synthetic"]), default="bpf", show_default=True,
+              help="where events come from: the BPF probes, or a synthetic training-shaped stream")
+@click.option("--rate", type=float, default=10_000, show_default=True, help="synthetic source: events per second")
+@click.option("--synthetic-events", type=int, default=None, help="synthetic source: stop after this many events")
+@click.option("--probes", default=None, help="comma-separated subset of probes to attach [default: all]")
+@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
+              help="probe threshold, e.g. rdma_latency_ns=20000 (repeatable; changeable at run time in BPF maps)")
+@click.option("--bootstrap", envvar="OBSHUB_BOOTSTRAP", default=None,
+              help="Kafka bootstrap servers [default: the local broker of `obshub up`]")
+@click.option("--security-protocol", type=click.Choice([p.value for p in SecurityProtocol]), default="PLAINTEXT",
+              show_default=True)
+@click.option("--sasl-mechanism", type=click.Choice([m.value for m in SaslMechanism]), default=None)
+@click.option("--sasl-username", envvar="OBSHUB_SASL_USERNAME", default=None)
+@click.option("--sasl-password", envvar="OBSHUB_SASL_PASSWORD", default=None,
+              help="SASL password (prefer $OBSHUB_SASL_PASSWORD: command lines are visible to every user)")
+@click.option("--ssl-ca-location", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--ssl-certificate-location", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--ssl-key-location", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--ssl-key-password", envvar="OBSHUB_SSL_KEY_PASSWORD", default=None)
+@click.option("--compression", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="lz4",
+              show_default=True)
+@click.option("--kafka-option", "kafka_options", multiple=True, metavar="KEY=VALUE",
+              help="any other librdkafka producer setting (repeatable), e.g. queue.buffering.max.messages=100")
+@click.option("--delivery-timeout-ms", type=int, default=10_000, show_default=True,
+              help="a batch not acknowledged within this goes to the spool")
+@click.option("--batch-max-bytes", type=int, default=256 * 1024, show_default=True, help="batch bound, bytes")
+@click.option("--batch-max-age-ms", type=int, default=200, show_default=True, help="batch bound, ms")
+@click.option("--spool-max-bytes", type=int, default=256 * 1024 * 1024, show_default=True, help="spool bound, bytes")
+@click.option("--spool-segment-bytes", type=int, default=4 * 1024 * 1024, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any free port)")
+@click.option("--duration", type=float, default=None, help="stop after this many seconds (scripted runs)")
+@click.option("--flush-timeout", type=float, default=15.0, show_default=True,
+              help="on stop, seconds to try delivering what is left")
+def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, synthetic_events, probes, thresholds,
+                  bootstrap, security_protocol, sasl_mechanism, sasl_username, sasl_password, ssl_ca_location,
+                  ssl_certificate_location, ssl_key_location, ssl_key_password, compression, kafka_options,
+                  delivery_timeout_ms, batch_max_bytes, batch_max_age_ms, spool_max_bytes, spool_segment_bytes,
+                  metrics_port, duration, flush_timeout):
+    """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
+
+    Prints the probe table (attached, or skipped with the reason), then runs until SIGTERM/SIGINT or
+    --duration. Several agents may run on one machine, each with its own --host and cgroup."""
+    import socket
+    import zlib
+
+    from obshub.config import load_settings
+    from producer.config import agent_config
+
+    logging.basicConfig(level=logging.WARNING, format="obshub agent: %(name)s: %(message)s")
+    logging.getLogger("producer.kafka").setLevel(logging.CRITICAL)  # outages are reported by the transport
+    settings = load_settings()
+    host = host or socket.gethostname().split(".")[0]
+    if host_id is None:
+        host_id = zlib.crc32(host.encode()) & 0xFFFF
+    thr = _key_values("--threshold", thresholds, as_int=True)
+    kafka = dict(bootstrap=bootstrap or settings.bootstrap_servers, security_protocol=security_protocol,
+                 sasl_mechanism=sasl_mechanism, sasl_username=sasl_username, sasl_password=sasl_password,
+                 ssl_ca_location=ssl_ca_location, ssl_certificate_location=ssl_certificate_location,
+                 ssl_key_location=ssl_key_location, ssl_key_password=ssl_key_password, compression=compression,
+                 delivery_timeout_ms=delivery_timeout_ms,
+                 extra=_key_values("--kafka-option", kafka_options, as_int=False))
+    cfg = agent_config(job=job, host=host, host_id=host_id, kafka=kafka,
+                       batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms),
+                       spool=dict(dir=settings.home / "spool" / host, max_bytes=spool_max_bytes,
+                                  segment_bytes=spool_segment_bytes),
+                       metrics_port=metrics_port, duration_s=duration, flush_timeout_s=flush_timeout)
+    if source == "synthetic":
+        from producer.synthetic import SyntheticSource
+
+        src = SyntheticSource(rate, total=synthetic_events, host_id=host_id, job=job)
+    else:
+        src = _bpf_source(settings, cgroup, pids, registered, probes)
+    agent = Agent(cfg, src, settings=settings, thresholds=thr)
+    sys.exit(agent.run())

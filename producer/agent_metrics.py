@@ -1,0 +1,111 @@
+"""Prometheus metrics of one agent (prometheus-client), read from the agent's live counters at scrape time
+(a custom collector: no double bookkeeping in the hot path, one registry per agent so several agents can
+live in one process, as the tests do).
+
+Every metric carries the labels ``job`` and ``host``. Names and meaning (also in docs/AGENT.md
+"Transport"):
+
+======================================================  =======  ==================================================
+obshub_agent_events_total{kind}                         counter  events read from the source, per Kind name
+obshub_agent_lost_events_total{probe}                   counter  events the probes lost (ring buffer full), in-kernel
+obshub_agent_rejected_events_total                      counter  events msgpack could not encode (skipped)
+obshub_agent_batches_total                              counter  batches sealed
+obshub_agent_batches_delivered_total                    counter  batches acknowledged by Kafka (direct + replayed)
+obshub_agent_delivered_bytes_total                      counter  bytes of those batches
+obshub_agent_delivery_errors_total                      counter  delivery reports with an error (purges excluded)
+obshub_agent_backpressure_waits_total                   counter  times the producer queue was full and the agent waited
+obshub_agent_spooled_batches_total                      counter  batches written to the spool
+obshub_agent_replayed_batches_total                     counter  spooled batches delivered
+obshub_agent_spool_bytes                                gauge    bytes waiting in the spool
+obshub_agent_spool_batches                              gauge    batches waiting in the spool
+obshub_agent_spool_dropped_batches_total                counter  spooled batches dropped because the spool was full
+obshub_agent_spool_dropped_bytes_total                  counter  bytes of those
+obshub_agent_clock_offset_ns                            gauge    realtime - monotonic, ns
+obshub_agent_clock_uncertainty_ns                       gauge    ± bound of that offset, ns
+obshub_agent_transport_state{state}                     gauge    1 for the current state (direct/draining/spooling)
+======================================================  =======  ==================================================
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from obshub.schema import Kind
+from producer.transport import DIRECT, DRAINING, SPOOLING
+
+if TYPE_CHECKING:
+    from producer.agent import Agent
+
+
+def _kind_name(k: int) -> str:
+    try:
+        return Kind(k).name
+    except ValueError:
+        return str(k)
+
+
+class AgentCollector(Collector):
+    """Yields the metric families above from ``agent``'s counters on every scrape."""
+
+    def __init__(self, agent: "Agent"):
+        self.agent = agent
+
+    def collect(self):
+        a = self.agent
+        labels = ["job", "host"]
+        base = [a.config.job, a.config.host]
+        t, pub, spool = a.transport, a.transport.publisher, a.transport.spool
+
+        ev = CounterMetricFamily("obshub_agent_events", "events read from the source, per kind",
+                                 labels=labels + ["kind"])
+        for k, n in list(a.kind_counts.items()):
+            ev.add_metric(base + [_kind_name(k)], n)
+        yield ev
+        lost = CounterMetricFamily("obshub_agent_lost_events", "events lost by the probes (ring buffer full)",
+                                   labels=labels + ["probe"])
+        for probe, n in list(a.lost_totals.items()):
+            lost.add_metric(base + [probe], n)
+        yield lost
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            m = CounterMetricFamily(name, doc, labels=labels)
+            m.add_metric(base, value)
+            return m
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            m = GaugeMetricFamily(name, doc, labels=labels)
+            m.add_metric(base, value)
+            return m
+
+        yield counter("obshub_agent_rejected_events", "events msgpack could not encode", a.batcher.rejected)
+        yield counter("obshub_agent_batches", "batches sealed", a.batcher.sealed)
+        yield counter("obshub_agent_batches_delivered", "batches acknowledged by Kafka", pub.delivered)
+        yield counter("obshub_agent_delivered_bytes", "bytes of delivered batches", pub.delivered_bytes)
+        yield counter("obshub_agent_delivery_errors", "delivery reports with an error", pub.delivery_errors)
+        yield counter("obshub_agent_backpressure_waits", "waits on a full producer queue", pub.backpressure_waits)
+        yield counter("obshub_agent_spooled_batches", "batches written to the spool", t.spooled)
+        yield counter("obshub_agent_replayed_batches", "spooled batches delivered", t.replayed)
+        yield gauge("obshub_agent_spool_bytes", "bytes waiting in the spool", spool.pending_bytes)
+        yield gauge("obshub_agent_spool_batches", "batches waiting in the spool", spool.pending_batches)
+        yield counter("obshub_agent_spool_dropped_batches", "spooled batches dropped (spool full)",
+                      spool.dropped_batches)
+        yield counter("obshub_agent_spool_dropped_bytes", "spooled bytes dropped (spool full)", spool.dropped_bytes)
+        clock = a.clock.current()
+        yield gauge("obshub_agent_clock_offset_ns", "CLOCK_REALTIME - CLOCK_MONOTONIC, ns", clock.offset_ns)
+        yield gauge("obshub_agent_clock_uncertainty_ns", "uncertainty of the clock offset, ns", clock.uncertainty_ns)
+        st = GaugeMetricFamily("obshub_agent_transport_state", "1 for the transport's current state",
+                               labels=labels + ["state"])
+        for s in (DIRECT, DRAINING, SPOOLING):
+            st.add_metric(base + [s], 1 if t.state == s else 0)
+        yield st
+
+
+def make_registry(agent: "Agent") -> CollectorRegistry:
+    """A fresh registry holding only ``agent``'s collector."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(AgentCollector(agent))
+    return reg
