@@ -19,6 +19,7 @@ from obshub.errors import ObshubError
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "obshub.doctor:doctor_command",
     "setup": "obshub.hostsetup:setup_command",
+    "agent": "producer.agent:agent_command",
 }
 
 console = Console(highlight=False)
