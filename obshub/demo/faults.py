@@ -1,0 +1,400 @@
+"""Real faults injected into one host of the simulated cluster, each with counters that prove it acts.
+
+=========  ======================================================================  =========  ===========
+kind       what it does                                                            layer      evidence
+=========  ======================================================================  =========  ===========
+net-slow   tc tbf rate limit on both directions of the host's link (eth0 egress     network    tc qdisc
+           inside the namespace, the bridge-side veth egress = the host's ingress)             bytes, drops
+net-loss   nftables table ``inet obshub_fault`` inside the host's namespace drops    network    nft counter,
+           ``numgen random mod 100 < P`` of TCP packets in and out                            TCP RetransSegs
+cpu        noisy neighbour: busy-loop processes in the host's v1 cpu cgroup (same    sched      hog CPU s,
+           CFS group as the training, so it gets a fraction of the group's share)             run-queue wait
+mem        memory.limit_in_bytes of the host's memory cgroup set just above its     memory     failcnt,
+           usage + a process in the cgroup that holds anonymous memory and touches             refaults,
+           a file mapping larger than the room left, so every charge reclaims                  pgmajfault
+none       nothing                                                                 -          -
+=========  ======================================================================  =========  ===========
+
+The noise processes of ``cpu`` and ``mem`` sit in the host's v1 cpu (resp. memory) cgroup, where they
+compete, but in the v2 cgroup ``obshub-demo/noise``, so an agent that filters by the host's v2 cgroup
+does not watch them: a neighbour is not part of the job.
+
+Sources: tc-tbf(8); nft(8) "NUMGEN EXPRESSION"; cgroup v1 docs Documentation/admin-guide/cgroup-v1/
+memory.rst (limit_in_bytes, failcnt, memory.stat) and scheduler/sched-design-CFS.rst (group shares);
+/proc/<pid>/schedstat (proc(5): time on CPU ns, run-queue wait ns, timeslices); /proc/net/snmp Tcp
+RetransSegs (per network namespace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from obshub.demo.cluster import SUBNET, Cluster, Host, cgroup_pids, sh
+from obshub.demo.errors import FaultError
+
+KINDS = ("none", "net-slow", "net-loss", "cpu", "mem")
+LAYER_OF = {"net-slow": "network", "net-loss": "network", "cpu": "sched", "mem": "memory", "none": None}
+NFT_TABLE = "obshub_fault"
+PAGECACHE_DIR = Path("/var/tmp/obshub-demo")  # on disk: tmpfs pages cannot be reclaimed without swap
+
+
+@dataclass
+class Fault:
+    """Base of every fault: ``kind``, the ``layer`` obshub should blame, the target ``host`` and the
+    sizes it uses (``params``). ``inject`` starts it, ``evidence`` reads its counters (a dict of numbers,
+    cumulative since ``prepare``), ``remove`` undoes it (idempotent, never raises for what is gone)."""
+
+    cluster: Cluster
+    host: Host
+    params: dict = field(default_factory=dict)
+    kind: str = "none"
+
+    @property
+    def layer(self) -> str | None:
+        return LAYER_OF[self.kind]
+
+    def prepare(self) -> None:
+        """Work done before t0 that is not the fault itself (e.g. writing a file)."""
+
+    def inject(self) -> None:
+        """Start the fault now."""
+
+    def evidence(self) -> dict:
+        """Counters that show the fault acting."""
+        return {}
+
+    def remove(self) -> None:
+        """Stop the fault."""
+
+    def describe(self) -> str:
+        """One line: kind, host and sizes."""
+        sizes = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.kind} on {self.host.name}" + (f" ({sizes})" if sizes else "")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# network
+# ---------------------------------------------------------------------------------------------------------
+def tcp_retrans_segs(netns: str) -> int:
+    """TCP segments retransmitted in ``netns`` since it was made (/proc/net/snmp ``Tcp: RetransSegs``)."""
+    lines = [ln.split() for ln in sh(["cat", "/proc/net/snmp"], netns=netns).splitlines()
+             if ln.startswith("Tcp:")]
+    header, values = lines[0], lines[1]
+    return int(values[header.index("RetransSegs")])
+
+
+def qdisc_stats(dev: str, netns: str | None = None) -> dict:
+    """The root qdisc of ``dev``: ``{"kind", "bytes", "packets", "drops", "overlimits"}`` (tc -s -j)."""
+    out = json.loads(sh(["tc", "-s", "-j", "qdisc", "show", "dev", dev, "root"], netns=netns) or "[]")
+    if not out:
+        return {}
+    q = out[0]
+    return {"kind": q.get("kind"), "bytes": q.get("bytes", 0), "packets": q.get("packets", 0),
+            "drops": q.get("drops", 0), "overlimits": q.get("overlimits", 0)}
+
+
+@dataclass
+class NetSlow(Fault):
+    """tbf on both directions of the host's link. params: ``rate_mbit`` (default 24), ``burst_kb``
+    (32), ``latency_ms`` (queue bound, 100): packets beyond the queue are dropped, so TCP both queues
+    (RTT up) and retransmits."""
+
+    kind: str = "net-slow"
+
+    def __post_init__(self):
+        self.params = {"rate_mbit": 24, "burst_kb": 32, "latency_ms": 100, **self.params}
+        self._base = 0
+
+    def _tbf(self) -> list[str]:
+        p = self.params
+        return ["root", "tbf", "rate", f"{p['rate_mbit']}mbit", "burst", f"{p['burst_kb']}kb",
+                "latency", f"{p['latency_ms']}ms"]
+
+    def prepare(self) -> None:
+        self._base = tcp_retrans_segs(self.host.netns)
+
+    def inject(self) -> None:
+        sh(["tc", "qdisc", "replace", "dev", self.host.ifname, *self._tbf()], netns=self.host.netns)
+        sh(["tc", "qdisc", "replace", "dev", self.host.veth, *self._tbf()])
+
+    def evidence(self) -> dict:
+        out = {"tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base}
+        for side, (dev, ns) in {"egress": (self.host.ifname, self.host.netns),
+                                "ingress": (self.host.veth, None)}.items():
+            q = qdisc_stats(dev, ns)
+            if q.get("kind") == "tbf":
+                out.update({f"{side}_bytes": q["bytes"], f"{side}_drops": q["drops"],
+                            f"{side}_overlimits": q["overlimits"]})
+        return out
+
+    def remove(self) -> None:
+        sh(["tc", "qdisc", "del", "dev", self.host.ifname, "root"], netns=self.host.netns, check=False)
+        sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
+
+
+@dataclass
+class NetLoss(Fault):
+    """Random TCP drops inside the host's namespace with nftables. params: ``percent`` (default 8) of
+    the packets to and from 10.77.0.0/24, in each direction."""
+
+    kind: str = "net-loss"
+
+    def __post_init__(self):
+        self.params = {"percent": 8, **self.params}
+        self._base = 0
+
+    def ruleset(self) -> str:
+        """The nft script (``nft -f -``): one table, an input and an output chain, one counted rule each."""
+        p, net = int(self.params["percent"]), SUBNET
+        return (f"table inet {NFT_TABLE} {{\n"
+                f"  chain input {{ type filter hook input priority 0; policy accept;\n"
+                f"    ip saddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n"
+                f"  chain output {{ type filter hook output priority 0; policy accept;\n"
+                f"    ip daddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n}}\n")
+
+    def prepare(self) -> None:
+        self._base = tcp_retrans_segs(self.host.netns)
+
+    def inject(self) -> None:
+        proc = subprocess.run(["ip", "netns", "exec", self.host.netns, "nft", "-f", "-"],
+                              input=self.ruleset(), capture_output=True, text=True)
+        if proc.returncode:
+            raise FaultError(f"Failed to load nftables table {NFT_TABLE} in {self.host.netns}: "
+                             f"{proc.stderr.strip()}", "check `nft --version` (1.0+) and the nf_tables module")
+
+    def dropped(self) -> int:
+        """Packets dropped so far by the table's rules (sum of their counters), 0 when it is absent."""
+        out = sh(["nft", "-j", "list", "table", "inet", NFT_TABLE], netns=self.host.netns, check=False)
+        total = 0
+        for item in json.loads(out or '{"nftables": []}').get("nftables", []):
+            for expr in item.get("rule", {}).get("expr", []):
+                if "counter" in expr:
+                    total += expr["counter"]["packets"]
+        return total
+
+    def evidence(self) -> dict:
+        return {"nft_dropped_packets": self.dropped(),
+                "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base}
+
+    def remove(self) -> None:
+        sh(["nft", "delete", "table", "inet", NFT_TABLE], netns=self.host.netns, check=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cpu and memory: noise processes
+# ---------------------------------------------------------------------------------------------------------
+def proc_cpu_ns(pid: int) -> tuple[int, int]:
+    """(time on CPU ns, time waiting on a run queue ns) of every thread of ``pid`` (/proc/<pid>/task/*/
+    schedstat), (0, 0) when it is gone."""
+    run = wait = 0
+    for f in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            a, b, _ = f.read_text().split()
+            run, wait = run + int(a), wait + int(b)
+        except (OSError, ValueError):
+            continue
+    return run, wait
+
+
+class _Noise:
+    """Noise processes started in the host's namespace: given v1 cgroups, v2 cgroup ``obshub-demo/noise``."""
+
+    def __init__(self, cluster: Cluster, host: Host, v1: dict[str, Path]):
+        self.cluster, self.host = cluster, host
+        aux = cluster.aux_cgroups("noise")
+        self.cgroups = {c: v1.get(c, aux[c]) for c in aux}
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, argv: list[str], n: int = 1) -> None:
+        for _ in range(n):
+            self.procs.append(self.cluster.spawn(self.host, argv, cgroups=self.cgroups,
+                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+
+    def check_alive(self) -> None:
+        for p in self.procs:
+            if p.poll() is not None:
+                err = p.stderr.read().decode(errors="replace")[-500:] if p.stderr else ""
+                raise FaultError(f"noise process {p.pid} on {self.host.name} exited {p.returncode}: {err}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            Cluster.stop(p, grace_s=2.0)
+        self.procs = []
+
+
+BUSY_LOOP = "import os\nwhile True:\n    pass\n"
+
+
+@dataclass
+class CpuHog(Fault):
+    """Noisy neighbour in the host's cpu cgroup. params: ``procs`` busy loops (default 3 per CPU of the
+    machine), so the training threads get about 1/(procs+1) of their group's share."""
+
+    kind: str = "cpu"
+
+    def __post_init__(self):
+        self.params = {"procs": 3 * (os.cpu_count() or 1), **self.params}
+        self._noise: _Noise | None = None
+        self._t0 = 0.0
+        self._train_base = (0, 0)
+
+    def _training(self) -> tuple[int, int]:
+        noise = {p.pid for p in self._noise.procs} if self._noise else set()
+        run = wait = 0
+        for pid in cgroup_pids(self.host.cgroup("cpu")) - noise:
+            a, b = proc_cpu_ns(pid)
+            run, wait = run + a, wait + b
+        return run, wait
+
+    def prepare(self) -> None:
+        self._train_base = self._training()
+
+    def inject(self) -> None:
+        self._noise = _Noise(self.cluster, self.host, {"cpu": self.host.cgroup("cpu")})
+        self._t0 = time.monotonic()
+        self._train_base = self._training()
+        self._noise.start([sys.executable, "-c", BUSY_LOOP], int(self.params["procs"]))
+
+    def evidence(self) -> dict:
+        if not self._noise:
+            return {}
+        self._noise.check_alive()
+        wall_ns = max(1, int((time.monotonic() - self._t0) * 1e9))
+        hog_ns = sum(proc_cpu_ns(p.pid)[0] for p in self._noise.procs)
+        run, wait = self._training()
+        return {"hog_cpu_s": round(hog_ns / 1e9, 2),
+                "hog_share_of_machine": round(hog_ns / (wall_ns * (os.cpu_count() or 1)), 3),
+                "training_runq_wait_s": round((wait - self._train_base[1]) / 1e9, 2),
+                "training_cpu_s": round((run - self._train_base[0]) / 1e9, 2)}
+
+    def remove(self) -> None:
+        if self._noise:
+            self._noise.stop()
+
+
+MEM_HOG = """\
+import mmap, os, random, sys, time
+path, anon_mb = sys.argv[1], int(sys.argv[2])
+anon = bytearray(anon_mb << 20)
+for i in range(0, len(anon), 4096):
+    anon[i] = 1
+fd = os.open(path, os.O_RDONLY)
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+pages = len(m) // 4096
+print("ready", flush=True)
+while True:
+    for _ in range(2000):
+        m[random.randrange(pages) * 4096]
+    time.sleep(0.001)
+"""
+
+
+def memory_stat(cgroup: Path) -> dict[str, int]:
+    """memory.stat of a v1 memory cgroup as ints."""
+    return {k: int(v) for k, v in (ln.split() for ln in (cgroup / "memory.stat").read_text().splitlines())}
+
+
+@dataclass
+class MemPressure(Fault):
+    """Memory pressure in the host's memory cgroup. params: ``room_mb`` (default 48) allowed above the
+    cgroup's usage at injection, ``hog_anon_mb`` (24) held by the noise process, ``file_mb`` (256) of a
+    file it maps and reads at random, so its working set never fits and every new charge in the cgroup
+    (the training's page faults included) goes through memcg reclaim; no swap is needed (file pages are
+    reclaimed and refaulted)."""
+
+    kind: str = "mem"
+
+    def __post_init__(self):
+        self.params = {"room_mb": 48, "hog_anon_mb": 24, "file_mb": 256, **self.params}
+        self._noise: _Noise | None = None
+        self._base: dict[str, int] = {}
+        self._limit_before = ""
+        self.file = PAGECACHE_DIR / f"pagecache-h{self.host.index}.bin"
+
+    @property
+    def cg(self) -> Path:
+        return self.host.cgroup("memory")
+
+    def prepare(self) -> None:
+        self.cluster.record_path(PAGECACHE_DIR)
+        PAGECACHE_DIR.mkdir(parents=True, exist_ok=True)
+        size = int(self.params["file_mb"]) << 20
+        if not self.file.exists() or self.file.stat().st_size != size:
+            with open(self.file, "wb") as f:
+                chunk = os.urandom(1 << 20)
+                for _ in range(size >> 20):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+        # drop what writing cached, so the file is read back (and charged) inside the cgroup
+        fd = os.open(self.file, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+    def _counters(self) -> dict[str, int]:
+        st = memory_stat(self.cg)
+        return {"failcnt": int((self.cg / "memory.failcnt").read_text()),
+                "pgmajfault": st.get("pgmajfault", 0),
+                "workingset_refault_file": st.get("workingset_refault_file", 0),
+                "pgpgout": st.get("pgpgout", 0)}
+
+    def inject(self) -> None:
+        self._limit_before = (self.cg / "memory.limit_in_bytes").read_text().strip()
+        usage = int((self.cg / "memory.usage_in_bytes").read_text())
+        limit = usage + (int(self.params["room_mb"]) << 20)
+        self._base = self._counters()
+        try:
+            (self.cg / "memory.limit_in_bytes").write_text(str(limit))
+        except OSError as exc:
+            raise FaultError(f"Failed to set {self.cg}/memory.limit_in_bytes to {limit}: {exc}") from exc
+        self.params["limit_mb"] = limit >> 20
+        self._noise = _Noise(self.cluster, self.host, {"memory": self.cg})
+        self._noise.start([sys.executable, "-c", MEM_HOG, str(self.file), str(self.params["hog_anon_mb"])])
+
+    def evidence(self) -> dict:
+        if not self._noise:
+            return {}
+        self._noise.check_alive()
+        now = self._counters()
+        out = {k: now[k] - self._base.get(k, 0) for k in now}
+        out["usage_mb"] = int((self.cg / "memory.usage_in_bytes").read_text()) >> 20
+        return out
+
+    def remove(self) -> None:
+        if self._noise:
+            self._noise.stop()
+            self._noise = None
+        if self._limit_before and self.cg.exists():
+            try:
+                (self.cg / "memory.limit_in_bytes").write_text("-1")
+            except OSError:
+                pass
+        if self.file.exists():
+            self.file.unlink()
+
+
+@dataclass
+class NoFault(Fault):
+    """The clean run: injects nothing."""
+
+    kind: str = "none"
+
+
+_CLASSES = {"none": NoFault, "net-slow": NetSlow, "net-loss": NetLoss, "cpu": CpuHog, "mem": MemPressure}
+
+
+def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = None) -> Fault:
+    """The fault of ``kind`` (one of ``KINDS``) on host index ``host``. Raises FaultError for an unknown
+    kind or a host outside the cluster."""
+    if kind not in _CLASSES:
+        raise FaultError(f"unknown fault kind {kind!r}", f"use one of {', '.join(KINDS)}")
+    if not 0 <= host < len(cluster.hosts):
+        raise FaultError(f"--fault-host {host} is outside 0..{len(cluster.hosts) - 1}",
+                         "hosts are numbered from 0 (host 0 is the rendezvous host)")
+    return _CLASSES[kind](cluster, cluster.hosts[host], dict(params or {}))
