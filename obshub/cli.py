@@ -19,7 +19,10 @@ from obshub.errors import ObshubError
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "obshub.doctor:doctor_command",
     "setup": "obshub.hostsetup:setup_command",
+    "replay": "obshub.replay.cli:replay_command",
+    "trace": "obshub.export.cli:trace_group",
     "agent": "producer.agent:agent_command",
+    "run": "obshub.run:run_command",
 }
 
 console = Console(highlight=False)

@@ -1,0 +1,1 @@
+"""Small, real training workloads used by tests, demos and benchmarks."""

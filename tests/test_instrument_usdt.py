@@ -1,0 +1,426 @@
+"""In-process instrumentation (issue 3, part A): the USDT extension, `producer.instrument` and
+`obshub run`, observed with a real bcc USDT reader attached to ``producer.usdt.library_path()`` in the
+running kernel, and real torch.distributed (gloo) training in subprocesses.
+
+The reader sees every process that fires the probes on this machine (other test sessions may run
+instrumented programs at the same time), so each test keeps only the processes that registered with its
+own unique job name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from obshub import schema
+from producer import usdt
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+OBSHUB = [PY, "-m", "obshub.cli"]
+PROBES = usdt.PROBES
+
+# One handler per probe; each copies its arguments into one ring-buffer record.
+READER_C = r"""
+struct rec {
+    u32 probe;
+    u32 pid;
+    u32 tid;
+    s32 i32[4];
+    s64 step;
+    u64 key;
+    u64 seq;
+    u64 bytes;
+    char s1[32];
+    char s2[32];
+};
+BPF_RINGBUF_OUTPUT(events, 256);
+
+static __always_inline struct rec *start(u32 probe)
+{
+    struct rec *r = events.ringbuf_reserve(sizeof(struct rec));
+    if (!r)
+        return 0;
+    __builtin_memset(r, 0, sizeof(*r));
+    u64 id = bpf_get_current_pid_tgid();
+    r->probe = probe;
+    r->pid = id >> 32;
+    r->tid = (u32)id;
+    return r;
+}
+
+/* bcc rewrites bpf_usdt_readarg per attached function: each handler reads its own arguments */
+
+int on_register(struct pt_regs *ctx)
+{
+    struct rec *r = start(0);
+    if (!r)
+        return 0;
+    u64 a1 = 0;
+    bpf_usdt_readarg(1, ctx, &a1);
+    bpf_probe_read_user_str(r->s1, sizeof(r->s1), (void *)a1);
+    bpf_usdt_readarg(2, ctx, &r->i32[0]);
+    bpf_usdt_readarg(3, ctx, &r->i32[1]);
+    bpf_usdt_readarg(4, ctx, &r->i32[2]);
+    bpf_usdt_readarg(5, ctx, &r->i32[3]);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+
+int on_tracekey(struct pt_regs *ctx)
+{
+    struct rec *r = start(1);
+    if (!r)
+        return 0;
+    bpf_usdt_readarg(1, ctx, &r->key);
+    bpf_usdt_readarg(2, ctx, &r->step);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+
+int on_step_begin(struct pt_regs *ctx)
+{
+    struct rec *r = start(2);
+    if (!r)
+        return 0;
+    bpf_usdt_readarg(1, ctx, &r->step);
+    bpf_usdt_readarg(2, ctx, &r->key);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+
+int on_step_end(struct pt_regs *ctx)
+{
+    struct rec *r = start(3);
+    if (!r)
+        return 0;
+    bpf_usdt_readarg(1, ctx, &r->step);
+    bpf_usdt_readarg(2, ctx, &r->key);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+
+int on_phase_begin(struct pt_regs *ctx)
+{
+    struct rec *r = start(4);
+    if (!r)
+        return 0;
+    u64 a1 = 0;
+    bpf_usdt_readarg(1, ctx, &a1);
+    bpf_probe_read_user_str(r->s1, sizeof(r->s1), (void *)a1);
+    bpf_usdt_readarg(2, ctx, &r->step);
+    bpf_usdt_readarg(3, ctx, &r->key);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+
+int on_phase_end(struct pt_regs *ctx)
+{
+    struct rec *r = start(5);
+    if (!r)
+        return 0;
+    u64 a1 = 0;
+    bpf_usdt_readarg(1, ctx, &a1);
+    bpf_probe_read_user_str(r->s1, sizeof(r->s1), (void *)a1);
+    bpf_usdt_readarg(2, ctx, &r->step);
+    bpf_usdt_readarg(3, ctx, &r->key);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+
+int on_coll_begin(struct pt_regs *ctx)
+{
+    struct rec *r = start(6);
+    if (!r)
+        return 0;
+    u64 a1 = 0, a3 = 0;
+    bpf_usdt_readarg(1, ctx, &a1);
+    bpf_probe_read_user_str(r->s1, sizeof(r->s1), (void *)a1);
+    bpf_usdt_readarg(2, ctx, &r->seq);
+    bpf_usdt_readarg(3, ctx, &a3);
+    bpf_probe_read_user_str(r->s2, sizeof(r->s2), (void *)a3);
+    bpf_usdt_readarg(4, ctx, &r->bytes);
+    bpf_usdt_readarg(5, ctx, &r->step);
+    bpf_usdt_readarg(6, ctx, &r->key);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+
+int on_coll_end(struct pt_regs *ctx)
+{
+    struct rec *r = start(7);
+    if (!r)
+        return 0;
+    u64 a1 = 0, a3 = 0;
+    bpf_usdt_readarg(1, ctx, &a1);
+    bpf_probe_read_user_str(r->s1, sizeof(r->s1), (void *)a1);
+    bpf_usdt_readarg(2, ctx, &r->seq);
+    bpf_usdt_readarg(3, ctx, &a3);
+    bpf_probe_read_user_str(r->s2, sizeof(r->s2), (void *)a3);
+    bpf_usdt_readarg(4, ctx, &r->bytes);
+    bpf_usdt_readarg(5, ctx, &r->step);
+    bpf_usdt_readarg(6, ctx, &r->key);
+    events.ringbuf_submit(r, 0);
+    return 0;
+}
+"""
+
+
+class Rec(ctypes.Structure):
+    _fields_ = [("probe", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
+                ("i32", ctypes.c_int32 * 4), ("step", ctypes.c_int64), ("key", ctypes.c_uint64),
+                ("seq", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("s1", ctypes.c_char * 32),
+                ("s2", ctypes.c_char * 32)]
+
+
+class UsdtReader:
+    """Collects every obshub USDT probe hit on this machine as dicts, in ring-buffer order."""
+
+    def __init__(self):
+        from bcc import BPF, USDT
+
+        from obshub import kheaders
+        from obshub.config import load_settings
+
+        kheaders.apply_env(load_settings())
+        u = USDT(path=usdt.library_path())
+        for name in PROBES:
+            u.enable_probe(probe=name, fn_name=f"on_{name}")
+        self.bpf = BPF(text=READER_C.encode(), usdt_contexts=[u])
+        self.records: list[dict] = []
+        self._lock = threading.Lock()
+        self.bpf[b"events"].open_ring_buffer(self._on_event)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _on_event(self, ctx, data, size):
+        r = ctypes.cast(data, ctypes.POINTER(Rec)).contents
+        rec = {"probe": PROBES[r.probe], "pid": r.pid, "tid": r.tid, "i32": list(r.i32), "step": r.step,
+               "key": r.key, "seq": r.seq, "bytes": r.bytes, "s1": r.s1.decode(), "s2": r.s2.decode()}
+        with self._lock:
+            self.records.append(rec)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.bpf.ring_buffer_poll(100)
+
+    def of_job(self, job: str) -> list[dict]:
+        """The records of the processes that registered with ``job`` (after a final drain)."""
+        time.sleep(0.3)
+        with self._lock:
+            recs = list(self.records)
+        pids = {r["pid"] for r in recs if r["probe"] == "register" and r["s1"] == job}
+        return [r for r in recs if r["pid"] in pids]
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(5)
+        self.bpf.cleanup()
+
+
+@pytest.fixture(scope="module")
+def reader():
+    if os.geteuid() != 0:
+        pytest.skip("attaching USDT probes needs root (CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN for uprobes)")
+    r = UsdtReader()
+    yield r
+    r.close()
+
+
+def _env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBSHUB_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _by(recs, probe, pid=None):
+    return [r for r in recs if r["probe"] == probe and (pid is None or r["pid"] == pid)]
+
+
+# --------------------------------------------------------------------------------------------------------
+def test_extension_has_stapsdt_notes():
+    out = subprocess.run(["readelf", "-n", usdt.library_path()], capture_output=True, text=True,
+                         check=True).stdout
+    assert "NT_STAPSDT" in out
+    names = {line.split(":", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("Name:")}
+    assert names == set(PROBES)
+    providers = {line.split(":", 1)[1].strip() for line in out.splitlines()
+                 if line.strip().startswith("Provider:")}
+    assert providers == {"obshub"}
+    # no semaphores: every probe site is a plain NOP, attachable by file path
+    sems = [line for line in out.splitlines() if "Semaphore:" in line]
+    assert sems and all(line.rstrip().endswith("0x0000000000000000") for line in sems)
+
+
+def test_probe_functions_check_their_arguments():
+    usdt.coll_begin("0", 1, "all_reduce", 4096, 3, schema.make_trace_key(1, 3, 2))
+    with pytest.raises(TypeError):
+        usdt.phase_begin(b"forward", 0, 0)
+    with pytest.raises(TypeError):
+        usdt.step_begin(1)
+    with pytest.raises(OverflowError):
+        usdt.tracekey(-1, 0)
+    with pytest.raises(OverflowError):
+        usdt.register("job", 2**31, 1, 0, 0)
+
+
+@pytest.mark.bpf
+@pytest.mark.torch
+def test_torchrun_two_ranks_under_obshub_run(reader):
+    job = f"t-{uuid.uuid4().hex[:8]}"
+    steps = 4
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or "torchrun"
+    cmd = [*OBSHUB, "run", "--job", job, "--", torchrun, "--nproc-per-node", "2", "--master-port",
+           str(_free_port()), "-m", "obshub.workloads.ddp_train", "--steps", str(steps), "--hidden", "64",
+           "--batch", "16"]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"^step (\d+) rank (\d+) time_ms [\d.]+$", proc.stdout, re.M)
+    assert sorted(lines) == sorted((str(s), str(r)) for s in range(steps) for r in (0, 1))
+    recs = reader.of_job(job)
+
+    regs = _by(recs, "register")
+    assert sorted(r["i32"][0] for r in regs) == [0, 1]                  # ranks
+    assert all(r["i32"][1] == 2 for r in regs)                          # world size
+    assert sorted((r["i32"][0], r["i32"][2], r["i32"][3]) for r in regs) == [(0, 0, 0), (1, 1, 1)]
+    rank_of = {r["pid"]: r["i32"][0] for r in regs}
+
+    colls = {}
+    for pid, rank in rank_of.items():
+        mine = [r for r in recs if r["pid"] == pid]
+        # steps: every step begins and ends once, in order; one trailing begin (the loop ended)
+        begins = [r["step"] for r in _by(mine, "step_begin")]
+        ends = [r["step"] for r in _by(mine, "step_end")]
+        assert ends == list(range(steps))
+        assert begins == list(range(steps + 1))
+        for r in _by(mine, "step_begin") + _by(mine, "step_end"):
+            assert schema.parse_trace_key(r["key"]) == (rank, r["step"] & 0xFFFF, 0)
+        # phases: forward, backward, optimizer in every step, data from step 1 on; begin/end pair up
+        phases = Counter((r["s1"], r["step"]) for r in _by(mine, "phase_end"))
+        for s in range(steps):
+            for ph in ("forward", "backward", "optimizer"):
+                assert phases[(ph, s)] == 1, (rank, ph, s, phases)
+            assert phases[("data", s)] == (1 if s else 0)
+        assert Counter((r["s1"], r["step"], r["key"]) for r in _by(mine, "phase_begin")) == Counter(
+            (r["s1"], r["step"], r["key"]) for r in _by(mine, "phase_end"))
+        for r in _by(mine, "phase_begin"):
+            host, step16, op = schema.parse_trace_key(r["key"])
+            assert (host, step16) == (rank, r["step"] & 0xFFFF) and op >= 1
+        # order inside a step: forward < backward < optimizer (op sequence numbers)
+        for s in range(steps):
+            ops = {r["s1"]: schema.parse_trace_key(r["key"]).op_seq
+                   for r in _by(mine, "phase_begin") if r["step"] == s}
+            assert ops["forward"] < ops["backward"] < ops["optimizer"]
+        # collectives: every begin has its end; keys carry this step
+        cb, ce = _by(mine, "coll_begin"), _by(mine, "coll_end")
+        assert sorted((r["s1"], r["seq"], r["s2"], r["key"]) for r in cb) == sorted(
+            (r["s1"], r["seq"], r["s2"], r["key"]) for r in ce)
+        for r in cb:
+            host, step16, op = schema.parse_trace_key(r["key"])
+            assert host == rank and op >= 1
+            assert step16 == (r["step"] & 0xFFFF if r["step"] >= 0 else 0xFFFF)
+        colls[rank] = {(r["s1"], r["seq"]): (r["s2"], r["bytes"], r["step"]) for r in cb}
+        # DDP's gradient all-reduce (comm hook) and the logged loss all_reduce, in every step
+        for s in range(steps):
+            in_step = [v for v in colls[rank].values() if v[2] == s]
+            assert sum(1 for op, nbytes, _ in in_step if op == "all_reduce" and nbytes > 4) >= 1
+            assert sum(1 for op, nbytes, _ in in_step if op == "all_reduce" and nbytes == 4) == 1
+        assert any(op == "barrier" for op, _, _ in colls[rank].values())
+        # tracekey: the thread's key follows every phase change
+        tk = {(r["tid"], r["key"]) for r in _by(mine, "tracekey")}
+        for r in _by(mine, "phase_begin"):
+            assert (r["tid"], r["key"]) in tk
+    # the same (pg, coll_seq) names the same collective (op, size, step) on both ranks
+    assert colls[0] and colls[0] == colls[1]
+    seqs = sorted(seq for pg, seq in colls[0] if pg == "0")
+    assert seqs == list(range(len(seqs)))
+
+
+ENABLE_SCRIPT = """
+import obshub.instrument
+obshub.instrument.enable(job={job!r})
+from obshub.workloads import ddp_train
+raise SystemExit(ddp_train.main(["--steps", "3", "--hidden", "32", "--batch", "8"]))
+"""
+
+
+@pytest.mark.bpf
+@pytest.mark.torch
+def test_enable_in_code_with_host_id(reader):
+    job = f"e-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.run([PY, "-c", ENABLE_SCRIPT.format(job=job)], cwd=REPO, timeout=90,
+                          env=_env(OBSHUB_HOST_ID="7"), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = reader.of_job(job)
+    (reg,) = _by(recs, "register")
+    assert reg["i32"] == [0, 1, 7, 0]
+    assert [r["step"] for r in _by(recs, "step_end")] == [0, 1, 2]
+    for r in _by(recs, "step_end") + _by(recs, "phase_end") + _by(recs, "coll_end"):
+        host, step16, _ = schema.parse_trace_key(r["key"])
+        assert host == 7 and step16 == r["step"] & 0xFFFF
+    assert {r["s1"] for r in _by(recs, "phase_end")} == {"forward", "backward", "optimizer", "data"}
+
+
+# --------------------------------------------------------------------------------------------------------
+def test_non_torch_program_runs_and_exit_code_propagates(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("import sys, json\nprint(json.dumps(sys.argv[1:]))\n"
+                      "print('torch' in sys.modules, file=sys.stderr)\nsys.exit(int(sys.argv[1]))\n")
+    proc = subprocess.run([*OBSHUB, "run", "--job", "x", "--", PY, str(script), "3", "--flag"],
+                          env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stdout.strip() == '["3", "--flag"]'
+    assert proc.stderr.strip() == "False"          # the bootstrap imported nothing heavy, said nothing
+
+
+def test_shadowed_sitecustomize_still_runs(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = 'yes'\n")
+    proc = subprocess.run([*OBSHUB, "run", "--", PY, "-c", "import os; print(os.environ.get('SHADOWED_RAN'))"],
+                          env=_env(PYTHONPATH=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "yes"
+
+
+def test_missing_command_is_an_error():
+    proc = subprocess.run([*OBSHUB, "run", "--", "obshub-no-such-command-xyz"], env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "could not start 'obshub-no-such-command-xyz'" in proc.stderr
+
+
+@pytest.mark.parametrize("sig, want", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_signals_reach_the_command(sig, want):
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
+            "print('ready', flush=True)\ntime.sleep(60)\n")
+    proc = subprocess.Popen([*OBSHUB, "run", "--", PY, "-c", code], env=_env(), stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == want
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
