@@ -47,10 +47,12 @@ _CURSOR_EVERY_S = 0.2
 
 
 class SpoolPos(NamedTuple):
-    """Where a record ends: ``segment`` id and ``end`` byte offset in that segment."""
+    """Where a record lies: ``segment`` id, ``end`` byte offset (the next record starts there) and
+    ``start`` byte offset in that segment."""
 
     segment: int
     end: int
+    start: int = 0
 
 
 @dataclass
@@ -195,6 +197,8 @@ class Spool:
         seg = self._segs[-1] if self._segs else None
         if seg is None or (seg.size + rec_len > self.segment_bytes and seg.size > 0):
             seg = self._roll()
+        elif self._writer is None:  # reopened spool: continue its newest segment
+            self._writer = self._open_append(seg)
         head = _HEADER.pack(_MAGIC, len(key), len(value), zlib.crc32(value, zlib.crc32(key)))
         try:
             self._writer.write(head + key + value)
@@ -216,13 +220,17 @@ class Spool:
         next_id = max(self._max_id, self._last_id()) + 1
         self._max_id = next_id
         seg = _Segment(next_id, self.dir / f"{next_id:016d}.seg")
-        try:
-            self._writer = open(seg.path, "ab")
-        except OSError as exc:
-            raise SpoolError(f"Failed to create the spool segment {seg.path}: {exc}",
-                             "check free space and permissions of $OBSHUB_HOME/spool") from exc
+        self._writer = self._open_append(seg)
         self._segs.append(seg)
         return seg
+
+    @staticmethod
+    def _open_append(seg: _Segment):
+        try:
+            return open(seg.path, "ab")
+        except OSError as exc:
+            raise SpoolError(f"Failed to open the spool segment {seg.path} for writing: {exc}",
+                             "check free space and permissions of $OBSHUB_HOME/spool") from exc
 
     def _last_id(self) -> int:
         try:
@@ -276,7 +284,7 @@ class Spool:
             _m, klen, vlen, _c = _HEADER.unpack(self._reader.read(_HEADER.size))
             key = self._reader.read(klen)
             value = self._reader.read(vlen)
-            pos = SpoolPos(seg.id, self._read.end + _HEADER.size + klen + vlen)
+            pos = SpoolPos(seg.id, self._read.end + _HEADER.size + klen + vlen, self._read.end)
             self._read = pos
             return pos, key, value
         return None
@@ -288,11 +296,11 @@ class Spool:
         if not self._segs or pos.segment < self._segs[0].id:
             return
         head = self._segs[0]
-        if pos.segment != head.id or pos.end <= self._cur_off:
+        if pos.segment != head.id or pos.start != self._cur_off:
             raise ValueError(f"spool ack {pos} out of order (oldest unacknowledged record is in segment "
                              f"{head.id} at offset {self._cur_off})")
         self._cur_off, self._cur_acked = pos.end, self._cur_acked + 1
-        if self._cur_off >= head.size and (len(self._segs) > 1 or self._read == pos):
+        if self._cur_off >= head.size:
             self._segs.pop(0)
             self._close_segment_files(head)
             head.path.unlink(missing_ok=True)
