@@ -1,0 +1,73 @@
+"""``obshub trace export``: write a job's steps as a Perfetto / chrome://tracing timeline."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+
+from obshub.export.errors import ExportError
+
+EPILOG = """\b
+Examples:
+  obshub trace export --job dlrm --steps 10 -o dlrm.json          # one step of job "dlrm"
+  obshub trace export --job dlrm --steps 100-120 -o slow.json     # a range of steps
+  obshub trace export --job dlrm --steps 10 -o - | gzip > t.json.gz  # to stdout, compressed
+  # then open the file in https://ui.perfetto.dev (Open trace file) or chrome://tracing
+"""
+
+
+def parse_steps(value: str) -> tuple[int, int]:
+    """``"10"`` -> (10, 10), ``"10-20"`` -> (10, 20). Raises click.BadParameter otherwise."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", value)
+    if not m:
+        raise click.BadParameter(f"{value!r} is not a step or a range A-B (e.g. 10 or 10-20)")
+    a = int(m.group(1))
+    b = int(m.group(2)) if m.group(2) else a
+    if b < a:
+        raise click.BadParameter(f"step range {value!r} ends before it starts")
+    return a, b
+
+
+@click.group("trace", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+def trace_group():
+    """Timelines of what obshub saw (events on Kafka, live or replayed)."""
+
+
+@trace_group.command("export", epilog=EPILOG)
+@click.option("--job", required=True, help="job name (as the agents or `obshub replay` published it)")
+@click.option("--steps", "steps", required=True, help="step or inclusive range A-B")
+@click.option("-o", "--output", required=True, help="output JSON file, or - for stdout")
+@click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
+@click.option("--timeout-s", default=60.0, show_default=True, help="give up reading a topic after this long")
+def export_command(job, steps, output, bootstrap, timeout_s):
+    """Write job JOB's steps as Chrome-trace JSON for ui.perfetto.dev: a process per host, a track
+    per layer, flow arrows joining each collective across hosts, the straggler and blamed layer marked
+    (from the step summaries on obshub.steps.v1)."""
+    from obshub.config import load_settings
+    from obshub.export.perfetto import build_trace
+    from obshub.export.source import read_job
+
+    rng = parse_steps(steps)
+    settings = load_settings(bootstrap=bootstrap)
+    data = read_job(settings.bootstrap_servers, job, rng, timeout_s=timeout_s)
+    if not data.hosts:
+        raise ExportError(f"no events of job {job!r} in steps {rng[0]}-{rng[1]} on {settings.bootstrap_servers} "
+                          f"({data.batches} batches read)",
+                          hint="check the job name and steps (`obshub replay ... --json` prints both)")
+    trace = build_trace(data.hosts, data.summaries, job=job, steps=rng)
+    text = json.dumps(trace, separators=(",", ":"))
+    if output == "-":
+        click.echo(text)
+    else:
+        Path(output).write_text(text)
+        n = sum(len(h.events) for h in data.hosts)
+        o = trace["otherData"]
+        click.echo(f"wrote {output}: {len(data.hosts)} hosts, {n} events, steps {rng[0]}-{rng[1]}, "
+                   f"straggler marked in steps {o['straggler_steps'] or 'none'}"
+                   + (f" (no summary for steps {o['steps_without_summary']})" if o["steps_without_summary"] else ""),
+                   err=True)
+    for n in data.notes:
+        click.echo(f"note: {n}", err=True)

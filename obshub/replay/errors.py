@@ -1,0 +1,14 @@
+"""Errors of the replay package (all under :class:`obshub.errors.ObshubError`)."""
+
+from __future__ import annotations
+
+from obshub.errors import ObshubError
+
+
+class ReplayError(ObshubError):
+    """A replay could not be set up: no trace files, ranks that cannot be told apart, a broker error."""
+
+
+class TraceFormatError(ReplayError):
+    """A trace file is unreadable: not gzip/JSON, truncated, or not a Chrome trace at all. The message
+    names the file and how far reading got."""
