@@ -19,6 +19,8 @@ from obshub.errors import ObshubError
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "obshub.doctor:doctor_command",
     "setup": "obshub.hostsetup:setup_command",
+    "rules": "rules.cli:rules_group",
+    "silence": "rules.cli:silence_group",
     "replay": "obshub.replay.cli:replay_command",
     "trace": "obshub.export.cli:trace_group",
     "agent": "producer.agent:agent_command",

@@ -1,0 +1,169 @@
+"""The alerting config (``obshub rules serve --config alerting.yaml``): sinks, route and delivery,
+validated with pydantic. Secrets are never written in the file: each secret field takes ``*_env`` (an
+environment variable name) or ``*_file`` (a file holding the value, e.g. a Kubernetes secret mount) and is
+held as a pydantic ``SecretStr``, which prints as ``**********``.
+
+Example::
+
+    version: 1
+    route: {group_by: [alertname, job], group_wait: 10s, group_interval: 1m, repeat_interval: 4h}
+    delivery: {max_attempts: 6, max_elapsed: 5m, timeout: 10s}
+    sinks:
+      - {name: oncall-slack, type: slack, url_env: OBSHUB_SLACK_WEBHOOK, min_severity: warning}
+      - {name: pager, type: pagerduty, routing_key_file: /run/secrets/pd_key, min_severity: error}
+      - {name: am, type: alertmanager, url: "http://alertmanager:9093", resend_every: 1m}
+      - {name: hook, type: webhook, url_env: OBSHUB_WEBHOOK_URL}
+      - {name: console, type: console}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from rules.durations import parse_duration_ns
+from rules.errors import SinkConfigError
+from rules.sinks.alertmanager import AlertmanagerSink
+from rules.sinks.base import DeliveryPolicy, Sink
+from rules.sinks.console import ConsoleSink
+from rules.sinks.pagerduty import DEFAULT_URL, PagerDutySink
+from rules.sinks.slack import SlackSink
+from rules.sinks.webhook import WebhookSink
+
+
+def _dur_s(v: str) -> float:
+    return parse_duration_ns(v) / 1e9
+
+
+class Route(BaseModel):
+    """Grouping (Alertmanager's route): alerts with equal ``group_by`` label values form one group;
+    the first notification of a group waits ``group_wait``, later changes are batched every
+    ``group_interval``, and a group still firing is re-notified every ``repeat_interval``."""
+
+    model_config = ConfigDict(extra="forbid")
+    group_by: list[str] = Field(default_factory=lambda: ["alertname", "job"])
+    group_wait: str = "10s"
+    group_interval: str = "1m"
+    repeat_interval: str = "4h"
+
+    @field_validator("group_wait", "group_interval", "repeat_interval")
+    @classmethod
+    def _duration(cls, v: str) -> str:
+        parse_duration_ns(v)
+        return v
+
+
+class Delivery(BaseModel):
+    """Retry settings shared by all sinks (see rules.sinks.base)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_attempts: int = Field(6, ge=1, le=100)
+    max_elapsed: str = "5m"
+    timeout: str = "10s"
+    backoff_initial: str = "1s"
+    backoff_max: str = "1m"
+    retry_after_max: str = "5m"
+
+    def policy(self) -> DeliveryPolicy:
+        return DeliveryPolicy(self.max_attempts, _dur_s(self.max_elapsed), _dur_s(self.timeout),
+                              _dur_s(self.backoff_initial), _dur_s(self.backoff_max), _dur_s(self.retry_after_max))
+
+
+class SinkSpec(BaseModel):
+    """One sink. ``type`` selects the fields that apply; secrets come from ``*_env`` or ``*_file``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+    type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console"]
+    min_severity: Literal["critical", "error", "warning", "info"] = "info"
+    url: str | None = None                 # non-secret URL (alertmanager, pagerduty endpoint)
+    url_env: str | None = None
+    url_file: Path | None = None
+    routing_key_env: str | None = None
+    routing_key_file: Path | None = None
+    resend_every: str = "1m"
+    dedup_prefix: str = "obshub"
+
+
+class AlertingConfig(BaseModel):
+    """The whole alerting config file."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[1] = 1
+    route: Route = Field(default_factory=Route)
+    delivery: Delivery = Field(default_factory=Delivery)
+    sinks: list[SinkSpec] = Field(default_factory=lambda: [SinkSpec(name="console", type="console")])
+    external_url: str = "http://localhost:9099/rules"
+
+
+def read_secret(name: str, env: str | None, file: Path | None, what: str) -> SecretStr:
+    """A secret from the environment variable ``env`` or the file ``file`` (trailing newline stripped).
+    Raises SinkConfigError naming the variable or file, never the value."""
+    if env:
+        val = os.environ.get(env)
+        if not val:
+            raise SinkConfigError(f"sink '{name}': environment variable {env} (its {what}) is not set or empty",
+                                  f"export {env}=... before starting `obshub rules serve`")
+        return SecretStr(val)
+    if file:
+        try:
+            val = Path(file).read_text().strip()
+        except OSError as exc:
+            raise SinkConfigError(f"sink '{name}': cannot read {what} from {file}: {exc.strerror}",
+                                  "check the path and its permissions") from None
+        if not val:
+            raise SinkConfigError(f"sink '{name}': {file} (its {what}) is empty", "write the secret into it")
+        return SecretStr(val)
+    raise SinkConfigError(f"sink '{name}': no {what} given", f"set `{'url' if what == 'webhook URL' else 'routing_key'}"
+                          "_env:` (an environment variable) or `..._file:` (a file) in the sink")
+
+
+def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
+    """Construct the sink of ``spec``, reading its secrets. Raises SinkConfigError."""
+    if spec.type == "slack":
+        return SlackSink(spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"), spec.min_severity)
+    if spec.type == "webhook":
+        return WebhookSink(spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"),
+                           spec.min_severity, external_url)
+    if spec.type == "pagerduty":
+        key = read_secret(spec.name, spec.routing_key_env, spec.routing_key_file, "routing key")
+        return PagerDutySink(spec.name, key, spec.url or DEFAULT_URL, spec.min_severity, spec.dedup_prefix)
+    if spec.type == "alertmanager":
+        if not spec.url:
+            raise SinkConfigError(f"sink '{spec.name}': alertmanager needs `url:` (e.g. http://alertmanager:9093)")
+        return AlertmanagerSink(spec.name, spec.url, spec.min_severity, _dur_s(spec.resend_every))
+    return ConsoleSink(spec.name, spec.min_severity)
+
+
+def load_config(path: Path | None) -> AlertingConfig:
+    """Read the alerting config (YAML); None gives the defaults (console sink only). Raises
+    SinkConfigError with the field path on invalid input."""
+    if path is None:
+        return AlertingConfig()
+    from ruamel.yaml import YAML
+
+    try:
+        raw = YAML(typ="safe").load(Path(path).read_text())
+    except OSError as exc:
+        raise SinkConfigError(f"cannot read alerting config {path}: {exc.strerror}", "check the path") from None
+    except Exception as exc:
+        raise SinkConfigError(f"{path}: invalid YAML: {exc}", "fix the YAML syntax") from None
+    try:
+        return AlertingConfig.model_validate(raw or {})
+    except ValidationError as exc:
+        lines = [f"{path}: {'/'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise SinkConfigError("invalid alerting config:\n" + "\n".join(lines), "see rules/sinks/config.py") from None
+
+
+def build_sinks(cfg: AlertingConfig) -> list[Sink]:
+    """Every sink of ``cfg``; names must be unique. Raises SinkConfigError."""
+    names = [s.name for s in cfg.sinks]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise SinkConfigError(f"sink name(s) used twice: {', '.join(dup)}", "give each sink its own name")
+    return [build_sink(s, cfg.external_url) for s in cfg.sinks]
+
+
