@@ -19,6 +19,7 @@ from obshub.errors import ObshubError
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "obshub.doctor:doctor_command",
     "setup": "obshub.hostsetup:setup_command",
+    "demo": "obshub.demo.cli:demo_command",
     "rules": "rules.cli:rules_group",
     "silence": "rules.cli:silence_group",
     "replay": "obshub.replay.cli:replay_command",

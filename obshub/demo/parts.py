@@ -1,0 +1,127 @@
+"""The parts of obshub the demo integrates, how each is started, and whether this checkout has them.
+
+The demo never fakes a part: ``require()`` raises :class:`PartMissingError` naming every missing one
+("agent not available yet: ...") before anything is started. Each part is started as its own ``obshub``
+subcommand (``python -m obshub.cli <command> ...``), exactly as a user would run it:
+
+=============  ==========================================================================================
+part           command line
+=============  ==========================================================================================
+agent          ``obshub agent --job J --host node-0N --host-id N --cgroup /sys/fs/cgroup/unified/obshub-demo/hN``
+training rank  ``obshub run --job J --host-id N -- python -m obshub.workloads.ddp_train --steps S``
+               inside netns ``obshub-hN`` with RANK=N WORLD_SIZE=H MASTER_ADDR=10.77.0.10
+stream worker  ``obshub streams worker`` (see ``streams_argv``)
+rule engine    ``obshub rules serve`` with the builtin rules and sinks pointing at the local receiver
+=============  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from obshub.demo.cluster import Host
+from obshub.demo.errors import PartMissingError
+
+OBSHUB = [sys.executable, "-m", "obshub.cli"]
+TRAIN_MODULE = "obshub.workloads.ddp_train"
+MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part: ``name`` shown to the user, the ``command`` it needs in ``obshub.cli.LAZY_COMMANDS`` (or
+    None), ``modules`` that must import, and the issue that builds it."""
+
+    name: str
+    command: str | None
+    modules: tuple[str, ...]
+    issue: int
+
+
+PARTS: tuple[Part, ...] = (
+    Part("training workload", None, (TRAIN_MODULE,), 3),
+    Part("obshub run (USDT instrumentation)", "run", ("producer.usdt", "producer._usdt"), 3),
+    Part("agent", "agent", ("producer.agent", "producer.loader"), 3),
+    Part("stream worker", "streams", ("streams",), 4),
+    Part("rule engine", "rules", ("rules.engine",), 5),
+)
+
+
+def _importable(module: str) -> str:
+    try:
+        if importlib.util.find_spec(module) is None:
+            return f"module {module} not found"
+    except (ImportError, ValueError) as exc:
+        return f"module {module}: {exc}"
+    return ""
+
+
+def missing() -> list[str]:
+    """One line per missing part (empty when everything is there), e.g.
+    ``"agent not available yet: module producer.loader not found (issue 3)"``."""
+    from obshub.cli import LAZY_COMMANDS
+
+    out = []
+    for p in PARTS:
+        why = [w for w in (_importable(m) for m in p.modules) if w]
+        if p.command and p.command not in LAZY_COMMANDS:
+            why.append(f"no `obshub {p.command}` command")
+        if why:
+            out.append(f"{p.name} not available yet: {'; '.join(why)} (issue {p.issue})")
+    return out
+
+
+def require() -> None:
+    """Raise PartMissingError listing every missing part; return when all are present."""
+    gone = missing()
+    if gone:
+        raise PartMissingError("; ".join(gone),
+                               "the demo integrates the real agent, stream worker and rule engine and "
+                               "fakes none of them: update the checkout once they have landed")
+
+
+def agent_argv(job: str, host: Host, cgroup: Path) -> list[str]:
+    """The agent of ``host``: watches only the host's v2 cgroup, publishes as ``node-0N``."""
+    return [*OBSHUB, "agent", "--job", job, "--host", host.name, "--host-id", str(host.index),
+            "--cgroup", str(cgroup)]
+
+
+def training_argv(job: str, host: Host, steps: int, hidden: int | None = None) -> list[str]:
+    """One rank of the DDP training under ``obshub run``."""
+    argv = [*OBSHUB, "run", "--job", job, "--host-id", str(host.index), "--",
+            sys.executable, "-m", TRAIN_MODULE, "--steps", str(steps)]
+    if hidden:
+        argv += ["--hidden", str(hidden)]
+    return argv
+
+
+def training_env(base: dict[str, str], host: Host, world: int, master: str) -> dict[str, str]:
+    """The rank's environment: torch.distributed rendezvous on host 0 over the namespace's ``eth0``.
+
+    ``MALLOC_MMAP_THRESHOLD_=131072`` fixes glibc's mmap threshold at 128 KiB (it otherwise grows to
+    32 MiB after the first free), so tensor memory is returned to the kernel and faulted in again each
+    step, as with large activations; every rank gets it, faulty or not."""
+    env = dict(base)
+    env.update({"RANK": str(host.index), "LOCAL_RANK": "0", "WORLD_SIZE": str(world),
+                "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "GLOO_SOCKET_IFNAME": host.ifname,
+                "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def pipeline_argv(settings, job: str, receiver) -> dict[str, list[str]]:
+    """The stream worker and the rule engine, by name (``streams``, ``rules``), in start order.
+
+    Raises PartMissingError while either command is missing from this checkout."""
+    require()
+    raise PartMissingError("stream worker / rule engine command lines are not wired into the demo yet",
+                           "they are added here when `obshub streams worker` and `obshub rules serve` land")
+
+
+def wait_ready(settings, name: str, proc, log: Path, timeout_s: float) -> None:
+    """Wait until the pipeline part ``name`` (started as ``proc``) is ready; raises DemoError when it
+    exits or does not get ready within ``timeout_s``."""
+    raise PartMissingError(f"{name}: readiness check not wired yet")

@@ -1,0 +1,336 @@
+"""Run one demo scenario end to end, or the matrix of every fault kind.
+
+Steps of ``run_demo`` (each shown live by :class:`obshub.demo.view.DemoView`):
+
+1. check that every part exists (``parts.require``): the demo fakes none;
+2. take the cluster lock, clean up after a crashed run, create H hosts (``cluster.Cluster``);
+3. start the local Kafka broker (``obshub.stack.up``; stopped again at the end only if this run started
+   it), the webhook receiver (Slack/PagerDuty/Alertmanager payloads -> ``webhook.jsonl``), an
+   ``obshub.alerts.v1`` reader positioned at the topic's end, the stream worker and the rule engine;
+4. per host an ``obshub agent`` in the root namespace watching the host's v2 cgroup; wait until each has
+   attached its probes (it registers as component ``agent-node-0N``);
+5. per host one rank of ``ddp_train`` under ``obshub run`` inside the host's namespace; wait for the
+   first step on every host (t_warm);
+6. at t_warm + ``fault_at_s`` inject the fault (t0 = CLOCK_REALTIME at injection), sample its evidence
+   every 2 s, show alerts as they arrive;
+7. after ``duration_s`` (or when the ranks finish ``steps``) remove the fault, wait ``settle_s`` for late
+   alerts, stop everything, remove the cluster, and judge (``verdict.judge``).
+
+Everything started is stopped on return, on an exception and on Ctrl-C/SIGTERM (an ExitStack).
+The report (``--json``) is ``{"scenario": {...}, "verdict": {...}, "evidence": {...}, "alerts": [...],
+"steps": {...}, "webhook": {...}, "logs": str}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from obshub import schema, stack
+from obshub.config import Settings
+from obshub.demo import parts
+from obshub.demo.cluster import Cluster
+from obshub.demo.errors import DemoError, PartMissingError
+from obshub.demo.faults import KINDS, LAYER_OF, make_fault
+from obshub.demo.verdict import AlertSeen, Verdict, judge
+from obshub.demo.view import DemoView
+from obshub.demo.webhook import WebhookReceiver
+
+STEP_LINE = re.compile(r"^step (\d+) rank (\d+) time_ms ([\d.]+)")
+
+
+@dataclass
+class DemoOptions:
+    """One scenario. Times in seconds. ``steps`` None: ranks train until ``duration_s`` after warm-up.
+    ``fault_params`` override the fault's sizes (see ``obshub.demo.faults``)."""
+
+    hosts: int = 4
+    fault: str = "net-loss"
+    fault_host: int = 1
+    fault_at_s: float = 15.0
+    duration_s: float = 45.0
+    steps: int | None = None
+    settle_s: float = 8.0
+    hidden: int | None = None
+    fault_params: dict = field(default_factory=dict)
+    keep_stack: bool = False
+    ready_timeout_s: float = 180.0
+
+    def check(self) -> None:
+        """Raise DemoError for inconsistent options."""
+        if self.fault not in KINDS:
+            raise DemoError(f"unknown fault {self.fault!r}", f"use one of {', '.join(KINDS)}")
+        if self.hosts < 2:
+            raise DemoError(f"--hosts {self.hosts}: a straggler needs peers", "use --hosts 2 or more")
+        if not 0 <= self.fault_host < self.hosts:
+            raise DemoError(f"--fault-host {self.fault_host} is outside 0..{self.hosts - 1}",
+                            "hosts are numbered from 0")
+        if self.fault != "none" and self.fault_at_s >= self.duration_s and self.steps is None:
+            raise DemoError(f"--fault-at {self.fault_at_s} s is not before the end ({self.duration_s} s)",
+                            "raise --duration or lower --fault-at")
+
+
+class AlertReader:
+    """Reads ``obshub.alerts.v1`` from its end (positions taken at construction) in a thread and keeps
+    the firing records of ``job`` as :class:`AlertSeen` (``received_ns`` = the Kafka message timestamp,
+    i.e. when the rule engine published the change)."""
+
+    def __init__(self, settings: Settings, job: str, on_alert=None):
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.job, self.on_alert = job, on_alert
+        self.alerts: list[AlertSeen] = []
+        self.records: list[dict] = []
+        self._stop = threading.Event()
+        self._c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"demo-{job}",
+                            "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        md = self._c.list_topics(schema.TOPIC_ALERTS, timeout=10)
+        tps = []
+        for p in md.topics[schema.TOPIC_ALERTS].partitions:
+            _lo, hi = self._c.get_watermark_offsets(TopicPartition(schema.TOPIC_ALERTS, p), timeout=10)
+            tps.append(TopicPartition(schema.TOPIC_ALERTS, p, hi))
+        self._c.assign(tps)
+        self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
+
+    def start(self) -> "AlertReader":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            m = self._c.poll(0.2)
+            if m is None or m.error():
+                continue
+            try:
+                rec = json.loads(m.value())
+            except ValueError:
+                continue
+            labels = rec.get("labels") or {}
+            if labels.get("job", self.job) != self.job:
+                continue
+            ts_type, ts_ms = m.timestamp()
+            received = ts_ms * 1_000_000 if ts_ms > 0 else time.time_ns()
+            rec["received_ns"] = received
+            self.records.append(rec)
+            if rec.get("status") == "firing":
+                a = AlertSeen.from_record(rec, received)
+                self.alerts.append(a)
+                if self.on_alert:
+                    self.on_alert(a)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._c.close()
+
+
+class Rank:
+    """One training rank: its process and the steps it printed (``steps``: list of (step, ms, t_ns))."""
+
+    def __init__(self, host, proc: subprocess.Popen, view: DemoView):
+        self.host, self.proc, self.view = host, proc, view
+        self.steps: list[tuple[int, float, int]] = []
+        self._thread = threading.Thread(target=self._read, name=f"rank-{host.index}", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            m = STEP_LINE.match(raw.decode(errors="replace"))
+            if m:
+                step, ms = int(m.group(1)), float(m.group(3))
+                self.steps.append((step, ms, time.time_ns()))
+                self.view.step(self.host.name, step, ms)
+
+
+def _wait(cond, timeout_s: float, what: str, check=None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if check:
+            check()
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}",
+                            "see the logs of the run (path printed above)")
+        time.sleep(0.2)
+
+
+def _alive(proc: subprocess.Popen, name: str, log: Path) -> None:
+    if proc.poll() is not None:
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+        raise DemoError(f"{name} exited with code {proc.returncode} before the demo was done:\n{tail}",
+                        f"full log: {log}")
+
+
+def _start_logged(es: contextlib.ExitStack, cluster: Cluster, host, argv, log: Path, **kw) -> subprocess.Popen:
+    f = open(log, "ab")
+    proc = cluster.spawn(host, argv, stdout=kw.pop("stdout", f), stderr=f, **kw)
+    es.callback(f.close)
+    es.callback(Cluster.stop, proc)
+    return proc
+
+
+def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Path | None = None) -> dict:
+    """Run one scenario (see the module docstring); returns the report. Raises PartMissingError before
+    starting anything when a part is missing, DemoError/ClusterError/FaultError when a step fails."""
+    opts.check()
+    parts.require()
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
+    job = f"demo-{run_id}"
+    out_dir = out_dir or settings.home / "demo" / run_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    view.say(f"run {run_id}: {opts.hosts} hosts, fault {opts.fault}"
+             + (f" on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s" if opts.fault != "none" else "")
+             + f"; logs in {out_dir}")
+    with contextlib.ExitStack() as es:
+        cluster = es.enter_context(Cluster(opts.hosts, progress=view.say))
+        was_up = stack.broker_pid(settings) is not None
+        stack.up(settings, progress=view.say)
+        if not was_up and not opts.keep_stack:
+            es.callback(stack.down, settings, view.say)
+        receiver = WebhookReceiver(out_dir / "webhook.jsonl").start()
+        es.callback(receiver.stop)
+        view.say(f"webhook receiver on 127.0.0.1:{receiver.port} -> {receiver.path}")
+        expected = (cluster.hosts[opts.fault_host].name, LAYER_OF[opts.fault]) if opts.fault != "none" else None
+
+        def on_alert(a: AlertSeen) -> None:
+            v = judge(opts.fault, *(expected or (None, None)), t0["ns"], [a])
+            view.alert(a, "correct" if v.correct_count else "wrong: " + (v.wrong[0]["why"] if v.wrong else "?"))
+
+        t0: dict = {"ns": None}
+        reader = AlertReader(settings, job, on_alert).start()
+        es.callback(reader.stop)
+        aux = cluster.aux_cgroups("pipeline")
+        for name, argv in parts.pipeline_argv(settings, job, receiver).items():
+            log = out_dir / f"{name}.log"
+            proc = _start_logged(es, cluster, 0, argv, log, netns=False, cgroups=aux)
+            parts.wait_ready(settings, name, proc, log, opts.ready_timeout_s)
+            view.say(f"{name} ready (pid {proc.pid})")
+
+        agents = {}
+        agent_cg = cluster.aux_cgroups("agents")
+        for h in cluster.hosts:
+            log = out_dir / f"agent-{h.name}.log"
+            agents[h.name] = (_start_logged(es, cluster, h, parts.agent_argv(job, h, h.cgroup("unified")), log,
+                                            netns=False, cgroups=agent_cg), log)
+            view.say(f"agent {h.name} starting (pid {agents[h.name][0].pid}), compiling probes")
+
+        def agents_ready() -> bool:
+            regs = {c["name"]: c for c in stack.components(settings) if c.get("running")}
+            return all(regs.get(f"agent-{n}", {}).get("pid") == p.pid for n, (p, _) in agents.items())
+
+        _wait(agents_ready, opts.ready_timeout_s, "the agents to attach their probes",
+              check=lambda: [_alive(p, f"agent {n}", log) for n, (p, log) in agents.items()])
+        view.say("agents attached")
+
+        steps = opts.steps or 1_000_000
+        ranks = []
+        for h in cluster.hosts:
+            log = out_dir / f"rank-{h.index}.log"
+            env = parts.training_env(dict(os.environ), h, opts.hosts, cluster.hosts[0].address)
+            proc = _start_logged(es, cluster, h, parts.training_argv(job, h, steps, opts.hidden), log,
+                                 env=env, stdout=subprocess.PIPE)
+            ranks.append(Rank(h, proc, view))
+        view.say(f"training: {opts.hosts} ranks of ddp_train (gloo) over 10.77.0.0/24, job {job}")
+
+        def check_ranks():
+            for r in ranks:
+                if r.proc.poll() not in (None, 0):
+                    _alive(r.proc, f"rank {r.host.index}", out_dir / f"rank-{r.host.index}.log")
+
+        _wait(lambda: all(r.steps for r in ranks), opts.ready_timeout_s, "the first training step",
+              check=check_ranks)
+        t_warm = time.monotonic()
+        view.say("every rank finished its first step")
+
+        fault = make_fault(opts.fault, cluster, opts.fault_host, opts.fault_params)
+        fault.prepare()
+        es.callback(fault.remove)
+        evidence: dict = {}
+        end_at = t_warm + opts.duration_s
+        injected = False
+        next_sample = 0.0
+        while time.monotonic() < end_at and any(r.proc.poll() is None for r in ranks):
+            check_ranks()
+            now = time.monotonic()
+            if not injected and opts.fault != "none" and now >= t_warm + opts.fault_at_s:
+                fault.inject()
+                t0["ns"] = time.time_ns()
+                injected = True
+                view.fault(f"{fault.describe()} injected (layer {fault.layer})")
+            if injected and now >= next_sample:
+                evidence = fault.evidence()
+                view.set_evidence(evidence)
+                next_sample = now + 2.0
+            time.sleep(0.2)
+        if injected:
+            evidence = fault.evidence()
+            view.set_evidence(evidence)
+        fault.remove()
+        view.say(f"training window over; waiting {opts.settle_s:.0f} s for late alerts")
+        time.sleep(opts.settle_s)
+        view.say("stopping every part and removing the cluster")
+    verdict = judge(opts.fault, *(expected or (None, None)), t0["ns"], reader.alerts)
+    report = {"scenario": {**asdict(opts), "job": job, "run_id": run_id,
+                           "fault_host_name": expected[0] if expected else None},
+              "verdict": verdict.to_dict(), "evidence": evidence,
+              "alerts": [asdict(a) for a in reader.alerts], "alert_records": reader.records,
+              "steps": {r.host.name: {"count": len(r.steps),
+                                      "median_ms": _median([s[1] for s in r.steps])} for r in ranks},
+              "webhook": _webhook_summary(receiver), "logs": str(out_dir)}
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return round(s[len(s) // 2], 1)
+
+
+def _webhook_summary(receiver: WebhookReceiver) -> dict:
+    recs = receiver.records()
+    by: dict[str, int] = {}
+    for r in recs:
+        by[r["service"]] = by.get(r["service"], 0) + 1
+    return {"file": str(receiver.path), "requests": len(recs), "by_service": by,
+            "invalid": [r for r in recs if not r["valid"]]}
+
+
+def matrix_row(report: dict) -> dict:
+    """One row of the matrix table from a report: fault, host, detected host, layer, TTD, wrong alerts."""
+    v, s = report["verdict"], report["scenario"]
+    fc = v.get("first_correct") or {}
+    return {"fault": s["fault"], "host": s.get("fault_host_name") or "-",
+            "detected_host": fc.get("host") or "-", "layer": fc.get("layer") or "-",
+            "ttd_s": v.get("ttd_s"), "wrong_alerts": v.get("wrong_count", 0), "ok": v.get("ok", False),
+            "reason": v.get("reason", "")}
+
+
+def run_matrix(opts: DemoOptions, settings: Settings, view: DemoView, kinds=KINDS) -> list[dict]:
+    """Run ``opts`` once per fault kind (``none`` included) on ``opts.fault_host``. Returns the rows; a
+    scenario that raises is recorded as a failed row with the error, and the matrix goes on."""
+    rows = []
+    was_up = stack.broker_pid(settings) is not None
+    try:
+        for kind in kinds:
+            o = DemoOptions(**{**asdict(opts), "fault": kind, "keep_stack": True})
+            try:
+                rows.append({**matrix_row(run_demo(o, settings, view)), "error": ""})
+            except DemoError as exc:
+                if isinstance(exc, PartMissingError):
+                    raise
+                rows.append({"fault": kind, "host": f"node-{opts.fault_host:02d}", "detected_host": "-",
+                             "layer": "-", "ttd_s": None, "wrong_alerts": 0, "ok": False,
+                             "reason": str(exc), "error": str(exc)})
+    finally:
+        if not was_up and not opts.keep_stack:
+            stack.down(settings, view.say)
+    return rows

@@ -1,0 +1,121 @@
+"""The demo's verdict: did obshub name the host and layer of the injected fault, how fast, and did
+anything wrong fire.
+
+Input: the fault (kind, host name, layer, injection time t0 in CLOCK_REALTIME ns, or no fault) and the
+alert state changes read from ``obshub.alerts.v1`` (records of ``rules.lifecycle.change_record``), each
+with ``received_ns`` added by the demo (when the record reached the demo: Kafka's message timestamp).
+
+Rules of the verdict:
+
+- only ``status == "firing"`` records count (pending, resolved and inactive are lifecycle noise);
+- a **correct** alert names the fault's host (label ``host``) and layer (label ``layer``) and fired at or
+  after t0; the first one gives t1 and the time to detection ``TTD = t1 - t0`` (seconds);
+- every other firing alert is **wrong**: another host, another layer, no host/layer label, or before t0;
+  each distinct alert (fingerprint) is counted once, with the reason;
+- ``ok`` only when a correct alert fired and nothing wrong did; for ``none`` only when nothing fired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class AlertSeen:
+    """One firing alert as the demo shows it. ``received_ns`` CLOCK_REALTIME ns."""
+
+    received_ns: int
+    rule: str
+    host: str
+    layer: str
+    step: str
+    evidence: str
+    summary: str
+    fingerprint: str
+    severity: str = ""
+
+    @classmethod
+    def from_record(cls, rec: dict, received_ns: int) -> "AlertSeen":
+        """From an ``obshub.alerts.v1`` record (labels/annotations as the rule engine writes them)."""
+        labels, ann = rec.get("labels") or {}, rec.get("annotations") or {}
+        return cls(received_ns=received_ns, rule=str(rec.get("rule") or labels.get("alertname", "?")),
+                   host=str(labels.get("host", "")), layer=str(labels.get("layer", "")),
+                   step=str(ann.get("step", "")), evidence=str(ann.get("evidence", "")),
+                   summary=str(ann.get("summary", "")), fingerprint=str(rec.get("fingerprint", "")),
+                   severity=str(rec.get("severity", labels.get("severity", ""))))
+
+
+@dataclass
+class Verdict:
+    """The result. Times: ``t0_ns``/``t1_ns`` CLOCK_REALTIME ns, ``ttd_s`` seconds (None: not detected).
+    ``wrong`` lists ``{"alert": AlertSeen-as-dict, "why": str}``."""
+
+    fault: str
+    host: str | None
+    layer: str | None
+    t0_ns: int | None
+    t1_ns: int | None = None
+    ttd_s: float | None = None
+    first_correct: dict | None = None
+    correct_count: int = 0
+    wrong: list[dict] = field(default_factory=list)
+    ok: bool = False
+    reason: str = ""
+
+    @property
+    def wrong_count(self) -> int:
+        return len(self.wrong)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["wrong_count"] = self.wrong_count
+        return d
+
+
+def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None,
+          alerts: list[AlertSeen]) -> Verdict:
+    """Score ``alerts`` against the fault (see the module docstring). ``fault == "none"`` expects no
+    alert; otherwise ``host``, ``layer`` and ``t0_ns`` must be given (t0 None = the fault never got
+    injected: nothing can be correct)."""
+    v = Verdict(fault=fault, host=host, layer=layer, t0_ns=t0_ns)
+    seen_wrong: set[str] = set()
+    for a in sorted(alerts, key=lambda a: a.received_ns):
+        why = _wrong_because(fault, host, layer, t0_ns, a)
+        if why is None:
+            v.correct_count += 1
+            if v.first_correct is None:
+                v.first_correct = asdict(a)
+                v.t1_ns = a.received_ns
+                v.ttd_s = round((a.received_ns - t0_ns) / 1e9, 3)
+        elif (a.fingerprint or id(a)) not in seen_wrong:
+            seen_wrong.add(a.fingerprint or str(id(a)))
+            v.wrong.append({"alert": asdict(a), "why": why})
+    if fault == "none":
+        v.ok = not v.wrong
+        v.reason = "no alert fired" if v.ok else f"{v.wrong_count} alert(s) fired on a clean run"
+    elif t0_ns is None:
+        v.reason = "the fault was never injected"
+    elif v.first_correct is None:
+        v.reason = f"no alert named {host} in layer {layer}" + (
+            f"; {v.wrong_count} wrong alert(s)" if v.wrong else "")
+    elif v.wrong:
+        v.reason = f"detected after {v.ttd_s} s, but {v.wrong_count} wrong alert(s) fired"
+    else:
+        v.ok = True
+        v.reason = f"{host} / {layer} named {v.ttd_s} s after the fault; nothing wrong fired"
+    return v
+
+
+def _wrong_because(fault: str, host: str | None, layer: str | None, t0_ns: int | None,
+                   a: AlertSeen) -> str | None:
+    if fault == "none":
+        return "an alert on a clean run"
+    if t0_ns is None or a.received_ns < t0_ns:
+        return "fired before the fault was injected"
+    if a.host != host and a.layer != layer:
+        return f"wrong host ({a.host or 'none'}) and layer ({a.layer or 'none'})"
+    if a.host != host:
+        return f"wrong host ({a.host or 'none'}, fault on {host})"
+    if a.layer != layer:
+        return f"wrong layer ({a.layer or 'none'}, fault in {layer})"
+    return None

@@ -1,0 +1,133 @@
+"""What the user sees while the demo runs (rich): set-up steps, steps per host, the fault and its
+evidence counters, alerts as they fire, then the verdict.
+
+On a terminal a live panel is redrawn 4 times a second; otherwise (a pipe, CI, ``--json -``) every event
+is printed as one plain line, and the host steps once every 5 s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from obshub.demo.verdict import AlertSeen, Verdict
+
+
+class DemoView:
+    """Thread-safe sink of demo events. Use as a context manager around the run."""
+
+    def __init__(self, console: Console | None = None, hosts: list[str] | None = None):
+        self.console = console or Console(stderr=True, highlight=False)
+        self.live_mode = self.console.is_terminal
+        self.hosts = list(hosts or [])
+        self.steps: dict[str, tuple[int, float]] = {}
+        self.log: list[str] = []
+        self.alerts: list[tuple[AlertSeen, str]] = []
+        self.fault_line = ""
+        self.evidence: dict = {}
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._last_plain_steps = 0.0
+        self._t_start = time.monotonic()
+
+    # events -------------------------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        """A set-up or tear-down step."""
+        with self._lock:
+            self.log.append(msg)
+            self.log = self.log[-8:]
+        self._plain(f"[dim]demo:[/dim] {msg}")
+
+    def step(self, host: str, step: int, ms: float) -> None:
+        """Host ``host`` finished step ``step`` in ``ms`` milliseconds."""
+        with self._lock:
+            if host not in self.hosts:
+                self.hosts.append(host)
+            self.steps[host] = (step, ms)
+        if not self.live_mode and time.monotonic() - self._last_plain_steps > 5:
+            self._last_plain_steps = time.monotonic()
+            self._plain("[dim]steps:[/dim] " + "  ".join(
+                f"{h} {s[0]} ({s[1]:.0f} ms)" for h, s in sorted(self.steps.items())))
+
+    def fault(self, line: str) -> None:
+        """The fault was injected (or removed)."""
+        with self._lock:
+            self.fault_line = line
+        self._plain(f"[bold yellow]fault:[/bold yellow] {line}")
+
+    def set_evidence(self, evidence: dict) -> None:
+        """Latest counters of the fault."""
+        with self._lock:
+            self.evidence = dict(evidence)
+
+    def alert(self, a: AlertSeen, mark: str) -> None:
+        """An alert fired; ``mark`` is ``correct`` or ``wrong: <why>``."""
+        with self._lock:
+            self.alerts.append((a, mark))
+        colour = "green" if mark == "correct" else "red"
+        self._plain(f"[bold {colour}]alert[/bold {colour}] {a.host} / {a.layer} step {a.step} "
+                    f"rule {a.rule}: {a.evidence or a.summary} [{colour}]({mark})[/{colour}]")
+
+    # rendering ----------------------------------------------------------------------------------------
+    def _plain(self, markup: str) -> None:
+        if self.live_mode and self._live is not None:
+            return
+        self.console.print(markup)
+
+    def render(self) -> Group:
+        """The live panel."""
+        with self._lock:
+            hosts = Table("host", "step", "last step", title="training", expand=False)
+            for h in self.hosts:
+                s = self.steps.get(h)
+                hosts.add_row(h, str(s[0]) if s else "-", f"{s[1]:.0f} ms" if s else "-")
+            parts = [Text("\n".join(self.log), style="dim"), hosts]
+            if self.fault_line:
+                ev = ", ".join(f"{k}={v}" for k, v in self.evidence.items())
+                parts.append(Text(f"fault: {self.fault_line}" + (f"\nevidence: {ev}" if ev else ""),
+                                  style="yellow"))
+            if self.alerts:
+                t = Table("host", "layer", "step", "rule", "evidence", "", title="alerts")
+                for a, mark in self.alerts[-10:]:
+                    t.add_row(a.host, a.layer, a.step, a.rule, (a.evidence or a.summary)[:90],
+                              Text(mark, style="green" if mark == "correct" else "red"))
+                parts.append(t)
+        return Group(*parts)
+
+    def __enter__(self) -> "DemoView":
+        if self.live_mode:
+            self._live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4,
+                              transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def verdict(self, v: Verdict, expected_host: str | None) -> None:
+        """Print the verdict block."""
+        c = self.console
+        if v.fault == "none":
+            c.print(f"[bold]verdict[/bold]: clean run (no fault injected)")
+        else:
+            c.print(f"[bold]verdict[/bold]: fault {v.fault} injected at t0 on {expected_host} in layer "
+                    f"{v.layer}")
+            if v.first_correct:
+                fc = v.first_correct
+                c.print(f"  first correct alert at t1 = t0 + {v.ttd_s:.2f} s: {fc['host']} / {fc['layer']} "
+                        f"step {fc['step']} (rule {fc['rule']})")
+                c.print(f"  [bold]time to detection: {v.ttd_s:.2f} s[/bold]")
+            else:
+                c.print("  [red]no correct alert[/red]")
+        c.print(f"  wrong alerts: {v.wrong_count}")
+        for w in v.wrong:
+            a = w["alert"]
+            c.print(f"    [red]{a['host'] or '?'} / {a['layer'] or '?'}[/red] rule {a['rule']}: {w['why']}")
+        c.print(("[bold green]PASS[/bold green] " if v.ok else "[bold red]FAIL[/bold red] ") + v.reason)
