@@ -1,0 +1,144 @@
+/* obshub BPF common header: the event record shared by every layer and by user space
+ * (producer/reader.py mirrors `struct obs_event` with a precompiled struct.Struct), the maps every
+ * layer shares, and the helpers that tag an event with its thread's TraceKey.
+ *
+ * Compiled by bcc together with the layer files the loader selects (bpf/obshub.c includes them).
+ * Parameters come from the loader as -D flags, never by editing this text:
+ *   OBS_RINGBUF_PAGES     ring buffer size in pages (power of two)
+ *   OBS_NPROBES           number of probe ids (size of the lost-counter array)
+ *   OBS_NTHRESHOLDS       number of thresholds (size of the thresholds array)
+ *   OBS_WATCH_ALL         defined: no target filter (every process is watched)
+ *   OBS_PROBE_<NAME>      probe ids, OBS_THR_<NAME> threshold indices, OBS_KIND_<NAME> event kinds
+ *   OBS_MAX_TIDS          capacity of the per-thread maps
+ */
+#ifndef OBSHUB_COMMON_H
+#define OBSHUB_COMMON_H
+
+#include <uapi/linux/ptrace.h>
+
+#ifndef OBS_RINGBUF_PAGES
+#define OBS_RINGBUF_PAGES 64
+#endif
+#ifndef OBS_MAX_TIDS
+#define OBS_MAX_TIDS 65536
+#endif
+#define OBS_STR0_LEN 64
+#define OBS_STR1_LEN 32
+
+/* One event, 176 bytes. Per-kind meaning of value/arg0..arg3/str0/str1: docs/AGENT.md "Probes". */
+struct obs_event {
+    u64 ts_ns;        /* bpf_ktime_get_ns(): CLOCK_MONOTONIC of this host, ns */
+    u64 duration_ns;  /* per kind, ns (0 when the kind has no duration) */
+    u64 trace_key;    /* TraceKey of the thread when the event happened (0 = none) */
+    s64 step;         /* full step number of the thread (-1 = none) */
+    s64 value;        /* per kind (schema.KIND_INFO[kind].value) */
+    u64 arg0;         /* per kind */
+    u64 arg1;
+    u64 arg2;
+    u32 pid;          /* tgid of the process the event belongs to */
+    u32 tid;          /* thread id (0 when not tied to a thread) */
+    u16 kind;         /* schema.Kind */
+    u16 probe;        /* probe id (producer/probes.py) */
+    u32 arg3;
+    char str0[OBS_STR0_LEN];
+    char str1[OBS_STR1_LEN];
+};
+
+/* The thread's current TraceKey and step, set by the `tracekey` USDT probe (bpf/pytorch.c). */
+struct obs_tk {
+    u64 trace_key;
+    s64 step;
+};
+
+/* Per-process sums of scheduler time of its training threads within the current step
+ * (bpf/sched.c adds, the step_end USDT handler emits SCHED_STEP_SUM and resets). */
+struct obs_sched_acc {
+    u64 offcpu_ns;
+    u64 runq_ns;
+    u64 switches;
+    u64 wakeups;
+};
+
+BPF_RINGBUF_OUTPUT(events, OBS_RINGBUF_PAGES);
+BPF_HASH(tid_key, u32, struct obs_tk, OBS_MAX_TIDS);        /* tid -> TraceKey, step */
+BPF_HASH(watched, u32, u8, 4096);                            /* tgid -> 1: processes to watch */
+BPF_HASH(wtids, u32, u32, OBS_MAX_TIDS);                     /* tid -> tgid of watched threads */
+BPF_ARRAY(lost, u64, OBS_NPROBES);                           /* probe id -> failed reservations */
+BPF_ARRAY(thresholds, u64, OBS_NTHRESHOLDS);                 /* OBS_THR_* -> value (ns, order...) */
+BPF_HASH(sched_acc, u32, struct obs_sched_acc, 4096);        /* tgid -> sums in the current step */
+
+static __always_inline u64 obs_threshold(u32 idx)
+{
+    u64 *v = thresholds.lookup(&idx);
+    return v ? *v : 0;
+}
+
+static __always_inline void obs_count_lost(u32 probe)
+{
+    u64 *v = lost.lookup(&probe);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+}
+
+/* Is the process `tgid` watched? With OBS_WATCH_ALL every process is. */
+static __always_inline int obs_tgid_watched(u32 tgid)
+{
+#ifdef OBS_WATCH_ALL
+    return 1;
+#else
+    return watched.lookup(&tgid) != NULL;
+#endif
+}
+
+/* Is the current task watched? Remembers its tid -> tgid so sched events can filter by tid alone. */
+static __always_inline int obs_current_watched(void)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    if (!obs_tgid_watched(tgid))
+        return 0;
+    if (wtids.lookup(&tid) == NULL)
+        wtids.update(&tid, &tgid);
+    return 1;
+}
+
+/* Reserve an event for `probe`, fill the common fields from thread `tid` of process `tgid` (its
+ * TraceKey and step from tid_key). Returns NULL and counts the loss when the ring buffer is full. */
+static __always_inline struct obs_event *obs_reserve(u32 probe, u16 kind, u32 tgid, u32 tid)
+{
+    struct obs_event *e = events.ringbuf_reserve(sizeof(struct obs_event));
+    if (!e) {
+        obs_count_lost(probe);
+        return NULL;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->ts_ns = bpf_ktime_get_ns();
+    e->kind = kind;
+    e->probe = probe;
+    e->pid = tgid;
+    e->tid = tid;
+    e->step = -1;
+    struct obs_tk *tk = tid ? tid_key.lookup(&tid) : NULL;
+    if (tk) {
+        e->trace_key = tk->trace_key;
+        e->step = tk->step;
+    }
+    return e;
+}
+
+/* The same for the current task. */
+static __always_inline struct obs_event *obs_reserve_current(u32 probe, u16 kind)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    return obs_reserve(probe, kind, id >> 32, (u32)id);
+}
+
+static __always_inline void obs_submit(struct obs_event *e)
+{
+    events.ringbuf_submit(e, 0);
+}
+
+/* Read a tracepoint field at the byte offset the loader found in tracefs (-D TPOFF_...). */
+#define OBS_TP_READ(dst, ctx, off) bpf_probe_read_kernel(&(dst), sizeof(dst), (char *)(ctx) + (off))
+
+#endif /* OBSHUB_COMMON_H */

@@ -1,0 +1,91 @@
+/* obshub memory layer: direct reclaim and compaction stalls and high-order page allocations of the
+ * watched processes.
+ *
+ *   vmscan:mm_vmscan_direct_reclaim_begin/_end -> MEM_RECLAIM (duration = stall, value = nr_reclaimed)
+ *   compaction:mm_compaction_begin/_end        -> MEM_COMPACTION (duration = stall, value = status)
+ *   kmem:mm_page_alloc                         -> PAGE_ALLOC when order >= OBS_THR_PAGE_ORDER
+ *                                                 (value = order, arg0 = gfp flags)
+ * Stalls shorter than OBS_THR_RECLAIM_NS / OBS_THR_COMPACTION_NS are not emitted. Fields are read at
+ * the tracefs offsets the loader passes as -D TPOFF_<EVENT>_<FIELD>.
+ */
+#include "common.h"
+
+BPF_HASH(reclaim_ts, u32, u64, OBS_MAX_TIDS);
+BPF_HASH(compact_ts, u32, u64, OBS_MAX_TIDS);
+
+static __always_inline int obs_stall_begin(int which)
+{
+    if (!obs_current_watched())
+        return 0;
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 now = bpf_ktime_get_ns();
+    if (which == 0)
+        reclaim_ts.update(&tid, &now);
+    else
+        compact_ts.update(&tid, &now);
+    return 0;
+}
+
+int obs_reclaim_begin(void *ctx) { return obs_stall_begin(0); }
+int obs_compaction_begin(void *ctx) { return obs_stall_begin(1); }
+
+int obs_reclaim_end(void *ctx)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 *begin = reclaim_ts.lookup(&tid);
+    if (!begin)
+        return 0;
+    u64 dur = bpf_ktime_get_ns() - *begin;
+    reclaim_ts.delete(&tid);
+    if (dur < obs_threshold(OBS_THR_RECLAIM_NS))
+        return 0;
+    unsigned long nr = 0;
+    OBS_TP_READ(nr, ctx, TPOFF_MM_VMSCAN_DIRECT_RECLAIM_END_NR_RECLAIMED);
+    struct obs_event *e = obs_reserve_current(OBS_PROBE_MEM_RECLAIM, OBS_KIND_MEM_RECLAIM);
+    if (!e)
+        return 0;
+    e->duration_ns = dur;
+    e->value = nr;
+    obs_submit(e);
+    return 0;
+}
+
+int obs_compaction_end(void *ctx)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 *begin = compact_ts.lookup(&tid);
+    if (!begin)
+        return 0;
+    u64 dur = bpf_ktime_get_ns() - *begin;
+    compact_ts.delete(&tid);
+    if (dur < obs_threshold(OBS_THR_COMPACTION_NS))
+        return 0;
+    s32 status = 0;
+    OBS_TP_READ(status, ctx, TPOFF_MM_COMPACTION_END_STATUS);
+    struct obs_event *e = obs_reserve_current(OBS_PROBE_MEM_COMPACTION, OBS_KIND_MEM_COMPACTION);
+    if (!e)
+        return 0;
+    e->duration_ns = dur;
+    e->value = status;
+    obs_submit(e);
+    return 0;
+}
+
+int obs_page_alloc(void *ctx)
+{
+    u32 order = 0;
+    OBS_TP_READ(order, ctx, TPOFF_MM_PAGE_ALLOC_ORDER);
+    if (order < obs_threshold(OBS_THR_PAGE_ORDER))
+        return 0;
+    if (!obs_current_watched())
+        return 0;
+    unsigned long gfp = 0;
+    OBS_TP_READ(gfp, ctx, TPOFF_MM_PAGE_ALLOC_GFP_FLAGS);
+    struct obs_event *e = obs_reserve_current(OBS_PROBE_MEM_PAGE_ALLOC, OBS_KIND_PAGE_ALLOC);
+    if (!e)
+        return 0;
+    e->value = order;
+    e->arg0 = gfp;
+    obs_submit(e);
+    return 0;
+}

@@ -1,0 +1,176 @@
+/* obshub network layer: TCP retransmissions, RTT samples and packet drops of the watched processes.
+ *
+ * Sockets are attributed to a process without reading struct sock (whose layout differs between the
+ * 6.1 headers bcc compiles with and newer kernels):
+ *   - sock:inet_sock_set_state in the process's own context (connect -> SYN_SENT, listen -> LISTEN)
+ *     records socks[skaddr] = tgid and, for a listener, lports[port] = tgid;
+ *   - sockets accepted on a watched listener (state change in softirq, local port = listener's port)
+ *     are recorded from lports;
+ *   - the loader seeds lports with the local ports of sockets the process already had
+ *     (/proc/<pid>/fd + /proc/<pid>/net/tcp{,6}).
+ *
+ *   tcp:tcp_retransmit_skb -> TCP_RETRANSMIT (value 1; arg0/arg1 IPv4 saddr/daddr, str0/str1 IPv6
+ *                             addresses, arg2 = family | state << 16, arg3 = sport << 16 | dport)
+ *   tcp:tcp_probe          -> TCP_RTT at most every OBS_THR_RTT_INTERVAL_NS per socket
+ *                             (duration = smoothed RTT ns; str0/str1 = sockaddr of both ends)
+ *   skb:kfree_skb          -> SKB_DROP in a watched process's context or for a watched receiving
+ *                             socket (value = drop reason code, named by the loader from tracefs)
+ */
+#include "common.h"
+
+#define OBS_TCP_ESTABLISHED 1
+#define OBS_TCP_SYN_SENT 2
+#define OBS_TCP_SYN_RECV 3
+#define OBS_TCP_CLOSE 7
+#define OBS_TCP_LISTEN 10
+#define OBS_IPPROTO_TCP 6
+
+BPF_HASH(socks, u64, u32, 65536);      /* struct sock address -> owner tgid */
+BPF_HASH(lports, u16, u32, 4096);      /* local TCP port (host order) -> owner tgid */
+BPF_HASH(rtt_last, u64, u64, 65536);   /* struct sock address -> ts of the last RTT sample */
+
+int obs_sock_set_state(void *ctx)
+{
+    u64 sk = 0;
+    s32 oldstate = 0, newstate = 0;
+    u16 sport = 0, protocol = 0;
+    OBS_TP_READ(protocol, ctx, TPOFF_INET_SOCK_SET_STATE_PROTOCOL);
+    if (protocol != OBS_IPPROTO_TCP)
+        return 0;
+    OBS_TP_READ(sk, ctx, TPOFF_INET_SOCK_SET_STATE_SKADDR);
+    OBS_TP_READ(oldstate, ctx, TPOFF_INET_SOCK_SET_STATE_OLDSTATE);
+    OBS_TP_READ(newstate, ctx, TPOFF_INET_SOCK_SET_STATE_NEWSTATE);
+    OBS_TP_READ(sport, ctx, TPOFF_INET_SOCK_SET_STATE_SPORT);
+    if (newstate == OBS_TCP_CLOSE) {
+        socks.delete(&sk);
+        rtt_last.delete(&sk);
+        if (oldstate == OBS_TCP_LISTEN)
+            lports.delete(&sport);
+        return 0;
+    }
+    if (newstate == OBS_TCP_SYN_SENT || newstate == OBS_TCP_LISTEN) {
+        /* process context: the caller of connect() / listen() owns the socket */
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (!obs_tgid_watched(tgid))
+            return 0;
+        socks.update(&sk, &tgid);
+        if (newstate == OBS_TCP_LISTEN)
+            lports.update(&sport, &tgid);
+        return 0;
+    }
+    if (newstate == OBS_TCP_SYN_RECV || newstate == OBS_TCP_ESTABLISHED) {
+        u32 *owner = lports.lookup(&sport);
+        if (owner) {
+            u32 tgid = *owner;
+            socks.update(&sk, &tgid);
+        }
+    }
+    return 0;
+}
+
+/* Owner tgid of a socket, 0 when not watched. */
+static __always_inline u32 obs_sock_owner(u64 sk, u16 sport)
+{
+    u32 *owner = socks.lookup(&sk);
+    if (owner)
+        return *owner;
+    owner = lports.lookup(&sport);
+    return owner ? *owner : 0;
+}
+
+int obs_tcp_retransmit(void *ctx)
+{
+    u64 sk = 0;
+    u16 sport = 0, dport = 0, family = 0;
+    s32 state = 0;
+    OBS_TP_READ(sk, ctx, TPOFF_TCP_RETRANSMIT_SKB_SKADDR);
+    OBS_TP_READ(sport, ctx, TPOFF_TCP_RETRANSMIT_SKB_SPORT);
+    u32 tgid = obs_sock_owner(sk, sport);
+    if (!tgid)
+        return 0;
+    OBS_TP_READ(dport, ctx, TPOFF_TCP_RETRANSMIT_SKB_DPORT);
+    OBS_TP_READ(family, ctx, TPOFF_TCP_RETRANSMIT_SKB_FAMILY);
+    OBS_TP_READ(state, ctx, TPOFF_TCP_RETRANSMIT_SKB_STATE);
+    struct obs_event *e = obs_reserve(OBS_PROBE_NET_RETRANSMIT, OBS_KIND_TCP_RETRANSMIT, tgid, 0);
+    if (!e)
+        return 0;
+    e->value = 1;
+    u32 saddr = 0, daddr = 0;
+    OBS_TP_READ(saddr, ctx, TPOFF_TCP_RETRANSMIT_SKB_SADDR);
+    OBS_TP_READ(daddr, ctx, TPOFF_TCP_RETRANSMIT_SKB_DADDR);
+    e->arg0 = saddr;
+    e->arg1 = daddr;
+    e->arg2 = (u64)family | ((u64)(u32)state << 16);
+    e->arg3 = ((u32)sport << 16) | dport;
+    bpf_probe_read_kernel(e->str0, 16, (char *)ctx + TPOFF_TCP_RETRANSMIT_SKB_SADDR_V6);
+    bpf_probe_read_kernel(e->str1, 16, (char *)ctx + TPOFF_TCP_RETRANSMIT_SKB_DADDR_V6);
+    obs_submit(e);
+    return 0;
+}
+
+int obs_tcp_probe(void *ctx)
+{
+    u64 sk = 0;
+    u16 sport = 0;
+    OBS_TP_READ(sk, ctx, TPOFF_TCP_PROBE_SKADDR);
+    OBS_TP_READ(sport, ctx, TPOFF_TCP_PROBE_SPORT);
+    u32 tgid = obs_sock_owner(sk, sport);
+    if (!tgid)
+        return 0;
+    u64 now = bpf_ktime_get_ns();
+    u64 *last = rtt_last.lookup(&sk);
+    if (last && now - *last < obs_threshold(OBS_THR_RTT_INTERVAL_NS))
+        return 0;
+    rtt_last.update(&sk, &now);
+    u32 srtt_us = 0;
+    u16 dport = 0;
+    OBS_TP_READ(srtt_us, ctx, TPOFF_TCP_PROBE_SRTT);
+    OBS_TP_READ(dport, ctx, TPOFF_TCP_PROBE_DPORT);
+    struct obs_event *e = obs_reserve(OBS_PROBE_NET_RTT, OBS_KIND_TCP_RTT, tgid, 0);
+    if (!e)
+        return 0;
+    e->ts_ns = now;
+    e->duration_ns = (u64)srtt_us * 1000;
+    e->arg3 = ((u32)sport << 16) | dport;
+    bpf_probe_read_kernel(e->str0, 28, (char *)ctx + TPOFF_TCP_PROBE_SADDR);
+    bpf_probe_read_kernel(e->str1, 28, (char *)ctx + TPOFF_TCP_PROBE_DADDR);
+    obs_submit(e);
+    return 0;
+}
+
+int obs_kfree_skb(void *ctx)
+{
+    u32 tgid = 0, tid = 0;
+    u64 id = bpf_get_current_pid_tgid();
+    if (obs_tgid_watched(id >> 32)) {
+        tgid = id >> 32;
+        tid = (u32)id;
+    } else {
+#if TPOFF_KFREE_SKB_RX_SK >= 0
+        u64 rx_sk = 0;
+        OBS_TP_READ(rx_sk, ctx, TPOFF_KFREE_SKB_RX_SK);
+        u32 *owner = rx_sk ? socks.lookup(&rx_sk) : NULL;
+        if (!owner)
+            return 0;
+        tgid = *owner;
+#else
+        return 0;
+#endif
+    }
+    struct obs_event *e = obs_reserve(OBS_PROBE_NET_DROP, OBS_KIND_SKB_DROP, tgid, tid);
+    if (!e)
+        return 0;
+#if TPOFF_KFREE_SKB_REASON >= 0
+    u32 reason = 0;
+    OBS_TP_READ(reason, ctx, TPOFF_KFREE_SKB_REASON);
+    e->value = reason;
+#endif
+    u64 location = 0;
+    u16 protocol = 0;
+    OBS_TP_READ(location, ctx, TPOFF_KFREE_SKB_LOCATION);
+    OBS_TP_READ(protocol, ctx, TPOFF_KFREE_SKB_PROTOCOL);
+    e->arg0 = location;
+    e->arg1 = protocol;
+    obs_submit(e);
+    return 0;
+}

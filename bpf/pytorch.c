@@ -1,0 +1,256 @@
+/* obshub PyTorch layer: handlers of the `obshub` USDT probes fired by producer._usdt (or any library
+ * with the same probe names and arguments, see docs/AGENT.md "Probes").
+ *
+ *   register(job, rank, world_size, host_id, local_rank)  -> REGISTER; with OBS_TARGET_REGISTERED the
+ *                                                            process becomes watched, in the kernel
+ *   tracekey(trace_key, step)                             -> tid_key[tid] = (trace_key, step)
+ *   step_begin/step_end(step, trace_key)                  -> STEP_BEGIN, STEP_END (+ SCHED_STEP_SUM)
+ *   phase_begin/phase_end(phase, step, trace_key)         -> PHASE (on end, with its duration)
+ *   coll_begin/coll_end(pg, coll_seq, op, bytes, step, trace_key) -> COLLECTIVE_BEGIN/_END
+ */
+#include "common.h"
+
+struct obs_phase_key {
+    u32 tid;
+    char phase[16];
+};
+
+struct obs_coll_key {
+    u32 tgid;
+    u32 pad;
+    u64 coll_seq;
+    char pg[16];
+};
+
+BPF_HASH(step_begin_ts, u32, u64, OBS_MAX_TIDS);              /* tid -> STEP_BEGIN ts */
+BPF_HASH(phase_begin_ts, struct obs_phase_key, u64, OBS_MAX_TIDS);
+BPF_HASH(coll_begin_ts, struct obs_coll_key, u64, 65536);
+
+static __always_inline int obs_usdt_gate(void)
+{
+    return obs_current_watched();
+}
+
+int obs_usdt_register(struct pt_regs *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+#ifdef OBS_TARGET_REGISTERED
+    u8 one = 1;
+    watched.update(&tgid, &one);
+#endif
+    if (!obs_current_watched())
+        return 0;
+    u64 job = 0;
+    s32 rank = 0, world = 0, host = 0, local = 0;
+    bpf_usdt_readarg(1, ctx, &job);
+    bpf_usdt_readarg(2, ctx, &rank);
+    bpf_usdt_readarg(3, ctx, &world);
+    bpf_usdt_readarg(4, ctx, &host);
+    bpf_usdt_readarg(5, ctx, &local);
+    struct obs_event *e = obs_reserve_current(OBS_PROBE_PYTORCH_REGISTER, OBS_KIND_REGISTER);
+    if (!e)
+        return 0;
+    e->value = rank;
+    e->arg0 = world;
+    e->arg1 = host;
+    e->arg2 = local;
+    bpf_probe_read_user_str(e->str0, sizeof(e->str0), (void *)job);
+    obs_submit(e);
+    return 0;
+}
+
+int obs_usdt_tracekey(struct pt_regs *ctx)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct obs_tk tk = {};
+    bpf_usdt_readarg(1, ctx, &tk.trace_key);
+    bpf_usdt_readarg(2, ctx, &tk.step);
+    tid_key.update(&tid, &tk);
+    return 0;
+}
+
+int obs_usdt_step_begin(struct pt_regs *ctx)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    s64 step = 0;
+    u64 key = 0, now = bpf_ktime_get_ns();
+    bpf_usdt_readarg(1, ctx, &step);
+    bpf_usdt_readarg(2, ctx, &key);
+    step_begin_ts.update(&tid, &now);
+    sched_acc.delete(&tgid);
+    struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_BEGIN, tgid, tid);
+    if (!e)
+        return 0;
+    e->ts_ns = now;
+    e->step = step;
+    e->trace_key = key;
+    e->value = step;
+    obs_submit(e);
+    return 0;
+}
+
+int obs_usdt_step_end(struct pt_regs *ctx)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    s64 step = 0;
+    u64 key = 0, now = bpf_ktime_get_ns(), dur = 0;
+    bpf_usdt_readarg(1, ctx, &step);
+    bpf_usdt_readarg(2, ctx, &key);
+    u64 *begin = step_begin_ts.lookup(&tid);
+    if (begin) {
+        dur = now - *begin;
+        step_begin_ts.delete(&tid);
+    }
+    struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_END, tgid, tid);
+    if (e) {
+        e->ts_ns = now;
+        e->duration_ns = dur;
+        e->step = step;
+        e->trace_key = key;
+        e->value = step;
+        obs_submit(e);
+    }
+    /* the per-step scheduler sums of this process's training threads (bpf/sched.c fills them) */
+    struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
+    if (acc) {
+        struct obs_event *s = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_STEP_SUM, tgid, tid);
+        if (s) {
+            s->ts_ns = now;
+            s->step = step;
+            s->trace_key = key;
+            s->duration_ns = acc->offcpu_ns;
+            s->value = acc->runq_ns;
+            s->arg0 = acc->switches;
+            s->arg1 = acc->wakeups;
+            obs_submit(s);
+        }
+        sched_acc.delete(&tgid);
+    }
+    return 0;
+}
+
+/* bcc generates the argument readers per handler function, so every handler reads its own arguments
+ * (bpf_usdt_readarg must be called in the handler itself) and passes them to the shared code. */
+/* bcc generates the argument readers per handler function, so each handler reads its own arguments
+ * (bpf_usdt_readarg must be called in the handler itself, not in a macro) and passes them on. */
+static __always_inline int obs_phase(int end, u64 phase, s64 step, u64 key)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u64 now = bpf_ktime_get_ns();
+    struct obs_phase_key pk = {};
+    pk.tid = tid;
+    bpf_probe_read_user_str(pk.phase, sizeof(pk.phase), (void *)phase);
+    if (!end) {
+        phase_begin_ts.update(&pk, &now);
+        return 0;
+    }
+    u64 *begin = phase_begin_ts.lookup(&pk);
+    if (!begin)
+        return 0; /* the begin happened before the agent attached */
+    u64 dur = now - *begin;
+    phase_begin_ts.delete(&pk);
+    struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_PHASE, OBS_KIND_PHASE, tgid, tid);
+    if (!e)
+        return 0;
+    e->ts_ns = now;
+    e->duration_ns = dur;
+    e->step = step;
+    e->trace_key = key;
+    __builtin_memcpy(e->str0, pk.phase, sizeof(pk.phase));
+    obs_submit(e);
+    return 0;
+}
+
+int obs_usdt_phase_begin(struct pt_regs *ctx)
+{
+    u64 phase = 0, key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &phase);
+    bpf_usdt_readarg(2, ctx, &step);
+    bpf_usdt_readarg(3, ctx, &key);
+    return obs_phase(0, phase, step, key);
+}
+
+int obs_usdt_phase_end(struct pt_regs *ctx)
+{
+    u64 phase = 0, key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &phase);
+    bpf_usdt_readarg(2, ctx, &step);
+    bpf_usdt_readarg(3, ctx, &key);
+    return obs_phase(1, phase, step, key);
+}
+
+static __always_inline int obs_coll(int end, u64 pg, u64 seq, u64 op, u64 bytes, s64 step, u64 key)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u64 now = bpf_ktime_get_ns(), dur = 0;
+    struct obs_coll_key ck = {};
+    ck.tgid = tgid;
+    ck.coll_seq = seq;
+    bpf_probe_read_user_str(ck.pg, sizeof(ck.pg), (void *)pg);
+    if (!end) {
+        coll_begin_ts.update(&ck, &now);
+    } else {
+        u64 *begin = coll_begin_ts.lookup(&ck);
+        if (begin) {
+            dur = now - *begin;
+            coll_begin_ts.delete(&ck);
+        }
+    }
+    struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_COLLECTIVE,
+                                      end ? OBS_KIND_COLLECTIVE_END : OBS_KIND_COLLECTIVE_BEGIN, tgid, tid);
+    if (!e)
+        return 0;
+    e->ts_ns = now;
+    e->duration_ns = dur;
+    e->step = step;
+    e->trace_key = key;
+    e->value = bytes;
+    e->arg0 = ck.coll_seq;
+    __builtin_memcpy(e->str0, ck.pg, sizeof(ck.pg));
+    bpf_probe_read_user_str(e->str1, sizeof(e->str1), (void *)op);
+    obs_submit(e);
+    return 0;
+}
+
+int obs_usdt_coll_begin(struct pt_regs *ctx)
+{
+    u64 pg = 0, seq = 0, op = 0, bytes = 0, key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &pg);
+    bpf_usdt_readarg(2, ctx, &seq);
+    bpf_usdt_readarg(3, ctx, &op);
+    bpf_usdt_readarg(4, ctx, &bytes);
+    bpf_usdt_readarg(5, ctx, &step);
+    bpf_usdt_readarg(6, ctx, &key);
+    return obs_coll(0, pg, seq, op, bytes, step, key);
+}
+
+int obs_usdt_coll_end(struct pt_regs *ctx)
+{
+    u64 pg = 0, seq = 0, op = 0, bytes = 0, key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &pg);
+    bpf_usdt_readarg(2, ctx, &seq);
+    bpf_usdt_readarg(3, ctx, &op);
+    bpf_usdt_readarg(4, ctx, &bytes);
+    bpf_usdt_readarg(5, ctx, &step);
+    bpf_usdt_readarg(6, ctx, &key);
+    return obs_coll(1, pg, seq, op, bytes, step, key);
+}

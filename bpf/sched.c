@@ -1,0 +1,135 @@
+/* obshub scheduler layer: off-CPU time and run-queue latency of the watched threads.
+ *
+ * Tracepoints sched:sched_switch, sched:sched_wakeup, sched:sched_wakeup_new. Fields are read at the
+ * byte offsets the loader found in tracefs (-D TPOFF_<EVENT>_<FIELD>), so no kernel struct layout is
+ * compiled in (bcc's 6.1 headers do not match newer kernels' task_struct).
+ *
+ * run-queue latency = time from wakeup (or from being preempted while runnable) to running again;
+ * off-CPU time      = time from switching out to switching in again (includes the run-queue wait).
+ * Events above the thresholds OBS_THR_RUNQ_NS / OBS_THR_OFFCPU_NS are emitted as SCHED_RUNQ /
+ * SCHED_OFFCPU; the per-step sums of training threads (threads with a TraceKey) go to sched_acc and are
+ * emitted as SCHED_STEP_SUM by the step_end USDT handler (bpf/pytorch.c).
+ */
+#include "common.h"
+
+struct obs_off {
+    u64 ts_ns;
+    s64 state;
+};
+
+BPF_HASH(wake_ts, u32, u64, OBS_MAX_TIDS);          /* tid -> when it became runnable */
+BPF_HASH(off_ts, u32, struct obs_off, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
+
+static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk)
+{
+    if (tid_key.lookup(&tid) == NULL)
+        return; /* only training threads (those with a TraceKey) are summed per step */
+    struct obs_sched_acc zero = {};
+    struct obs_sched_acc *acc = sched_acc.lookup_or_try_init(&tgid, &zero);
+    if (!acc)
+        return;
+    __sync_fetch_and_add(&acc->offcpu_ns, offcpu);
+    __sync_fetch_and_add(&acc->runq_ns, runq);
+    __sync_fetch_and_add(&acc->switches, sw);
+    __sync_fetch_and_add(&acc->wakeups, wk);
+}
+
+static __always_inline void obs_mark_runnable(u32 tid)
+{
+    u32 *tgid = wtids.lookup(&tid);
+    if (!tgid)
+        return;
+    u64 now = bpf_ktime_get_ns();
+    wake_ts.update(&tid, &now);
+    obs_acc_add(*tgid, tid, 0, 0, 0, 1);
+}
+
+int obs_sched_wakeup(void *ctx)
+{
+    s32 pid = 0;
+    OBS_TP_READ(pid, ctx, TPOFF_SCHED_WAKEUP_PID);
+    obs_mark_runnable((u32)pid);
+    return 0;
+}
+
+int obs_sched_wakeup_new(void *ctx)
+{
+    s32 pid = 0;
+    OBS_TP_READ(pid, ctx, TPOFF_SCHED_WAKEUP_NEW_PID);
+    obs_mark_runnable((u32)pid);
+    return 0;
+}
+
+int obs_sched_switch(void *ctx)
+{
+    s32 prev_pid = 0, next_pid = 0;
+    long prev_state = 0;
+    u64 now = bpf_ktime_get_ns();
+    OBS_TP_READ(prev_pid, ctx, TPOFF_SCHED_SWITCH_PREV_PID);
+    OBS_TP_READ(prev_state, ctx, TPOFF_SCHED_SWITCH_PREV_STATE);
+    OBS_TP_READ(next_pid, ctx, TPOFF_SCHED_SWITCH_NEXT_PID);
+
+    /* 1. the previous task (the current one) leaves the CPU */
+    u32 prev = (u32)prev_pid;
+    if (prev && obs_current_watched()) {
+        struct obs_off off = {.ts_ns = now, .state = prev_state};
+        off_ts.update(&prev, &off);
+        if (prev_state == 0) /* preempted while runnable: it waits in the run queue from now */
+            wake_ts.update(&prev, &now);
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        obs_acc_add(tgid, prev, 0, 0, 1, 0);
+    }
+
+    /* 2. the next task comes on the CPU */
+    u32 next = (u32)next_pid;
+    u32 *tgidp = next ? wtids.lookup(&next) : NULL;
+    if (!tgidp)
+        return 0;
+    u32 tgid = *tgidp;
+    u64 runq = 0, offcpu = 0;
+    s64 state = 0;
+    u64 *wts = wake_ts.lookup(&next);
+    if (wts) {
+        runq = now - *wts;
+        wake_ts.delete(&next);
+    }
+    struct obs_off *o = off_ts.lookup(&next);
+    if (o) {
+        offcpu = now - o->ts_ns;
+        state = o->state;
+        off_ts.delete(&next);
+    }
+    obs_acc_add(tgid, next, offcpu, runq, 0, 0);
+    if (wts && runq >= obs_threshold(OBS_THR_RUNQ_NS)) {
+        struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
+        if (e) {
+            e->ts_ns = now;
+            e->duration_ns = runq;
+            e->value = bpf_get_smp_processor_id();
+            obs_submit(e);
+        }
+    }
+    if (o && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS)) {
+        struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_OFFCPU, tgid, next);
+        if (e) {
+            e->ts_ns = now;
+            e->duration_ns = offcpu;
+            e->value = state;
+            obs_submit(e);
+        }
+    }
+    return 0;
+}
+
+/* sched:sched_process_exit: forget the exiting thread (keeps the per-thread maps small). */
+int obs_sched_exit(void *ctx)
+{
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    if (wtids.lookup(&tid) == NULL)
+        return 0;
+    wtids.delete(&tid);
+    wake_ts.delete(&tid);
+    off_ts.delete(&tid);
+    tid_key.delete(&tid);
+    return 0;
+}

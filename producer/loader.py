@@ -1,0 +1,380 @@
+"""The bcc loader: plan which probes this machine offers, compile bpf/obshub.c with the layers needed,
+attach each probe or skip it with the reason, keep the watched-process maps current, and read the ring
+buffer. Implements the agent's :class:`producer.probes.EventSource` as :class:`BpfEventSource`.
+
+Steps (each failure says "Failed to ..." with the value that was wrong):
+
+1. plan     - per probe: tracepoint in tracefs with its fields? library found, symbol in it? USDT probe
+              in the instrumentation library? -> a :class:`~producer.probes.ProbeStatus` for the skipped;
+2. compile  - bcc compiles bpf/obshub.c with ``-D`` flags (layers, probe ids, thresholds, tracefs field
+              offsets, ring size). A layer that does not compile is skipped, the others are kept;
+3. configure- thresholds, CUDA symbol table, watched processes (Target) into their maps;
+4. attach   - every attach point; a probe whose attach fails is reported skipped with bcc's message;
+5. poll     - ``ring_buffer_poll`` with a timeout, decode records (producer/reader.py), refresh the
+              target every ``target_refresh_ms``, poll sysfs counters every ``sysfs_interval_ms``;
+6. close    - detach everything, free the maps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import time
+from pathlib import Path
+
+from obshub import kheaders
+from obshub.config import Settings
+from obshub.schema import Event, Kind, Layer
+from producer import probes as cat
+from producer.errors import ProbeError
+from producer.probes import ProbeOptions, ProbeStatus, Target, Tracepoint, Uprobe, Usdt
+from producer.reader import EVENT_SIZE, Decoder
+from producer.sysfs_poller import SysfsPoller
+
+
+class _Plan:
+    """What will be compiled and attached: ``probes`` (attachable catalogue entries), ``skipped`` (name ->
+    reason), ``libs`` (lib key -> path), ``usdt_probes`` (names present in the USDT library)."""
+
+    def __init__(self):
+        self.probes: list[cat.Probe] = []
+        self.skipped: dict[str, str] = {}
+        self.libs: dict[str, Path] = {}
+        self.usdt_lib: Path | None = None
+        self.usdt_probes: set[str] = set()
+        self.tp_formats: dict[str, cat.TracepointFormat] = {}
+
+
+def _selected(options: ProbeOptions) -> list[cat.Probe]:
+    if not options.probes:
+        return list(cat.PROBES)
+    want = set(options.probes)
+    unknown = want - set(cat.PROBES_BY_NAME) - {layer.value for layer in Layer}
+    if unknown:
+        raise ProbeError(f"Failed to select probes: unknown name(s) {sorted(unknown)}",
+                         hint=f"use probe names ({', '.join(cat.PROBES_BY_NAME)}) or layer names")
+    return [p for p in cat.PROBES if p.name in want or p.layer.value in want]
+
+
+def plan(options: ProbeOptions, target: Target, tracefs: Path | None) -> _Plan:
+    """Decide, without loading anything, which selected probes this machine offers (step 1)."""
+    pl = _Plan()
+    pids = cat.resolve_pids(target)
+    pl.libs = cat.find_libraries(options, pids)
+    pl.usdt_lib = options.resolved_usdt_library()
+    if pl.usdt_lib is not None and pl.usdt_lib.exists():
+        pl.usdt_probes = cat.usdt_probe_names(pl.usdt_lib)
+    for p in _selected(options):
+        reason = _missing(p, pl, tracefs, options)
+        if reason:
+            pl.skipped[p.name] = reason
+        else:
+            pl.probes.append(p)
+    return pl
+
+
+def _missing(p: cat.Probe, pl: _Plan, tracefs: Path | None, options: ProbeOptions) -> str:
+    """Why probe ``p`` cannot attach here ('' when it can)."""
+    if p.mechanism == "sysfs":
+        return "" if options.sysfs else "sysfs polling disabled (ProbeOptions.sysfs=False)"
+    for ap in p.attach:
+        if isinstance(ap, Tracepoint):
+            if tracefs is None:
+                return "tracefs is not mounted (mount -t tracefs nodev /sys/kernel/tracing)"
+            fmt = cat.tracepoint_format(tracefs, ap.category, ap.event)
+            if fmt is None:
+                return f"tracepoint {ap.name} not offered by kernel {os.uname().release}"
+            lacking = [f for f in ap.fields if f not in fmt.fields]
+            if lacking:
+                return f"tracepoint {ap.name} lacks field(s) {', '.join(lacking)} on this kernel"
+            pl.tp_formats[ap.name] = fmt
+        elif isinstance(ap, Usdt):
+            if pl.usdt_lib is None:
+                return "no instrumentation library (producer._usdt not built; set ProbeOptions.usdt_library)"
+            if not pl.usdt_lib.exists():
+                return f"instrumentation library {pl.usdt_lib} does not exist"
+            if ap.probe not in pl.usdt_probes:
+                return f"USDT probe obshub:{ap.probe} not found in {pl.usdt_lib}"
+        elif isinstance(ap, Uprobe):
+            lib = pl.libs.get(ap.lib)
+            if lib is None:
+                where = ", ".join(str(d) for d in options.lib_dirs) or "(no library dirs)"
+                return f"library {cat.LIBRARIES[ap.lib][0]} not mapped by the target nor found in {where}"
+            sym = options.verbs_symbol(ap) if ap.lib == "verbs" else ap.symbol
+            if not cat.has_symbol(lib, sym):
+                return f"symbol {sym} not found in {lib}"
+    return ""
+
+
+def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -> list[str]:
+    """The -D/-I flags bcc compiles bpf/obshub.c with (step 2). Every tracepoint field of the catalogue
+    gets its tracefs offset, or -1 when this kernel lacks it."""
+    flags = [f"-I{cat.BPF_DIR}", f"-DOBS_RINGBUF_PAGES={options.ringbuf_pages}",
+             f"-DOBS_NPROBES={len(cat.PROBES)}", f"-DOBS_NTHRESHOLDS={len(cat.THRESHOLDS)}",
+             f"-DOBS_PROBE_CUDA_BASE={cat.CUDA_PROBE_BASE}", f"-DOBS_CUDA_NSYMS={cat.CUDA_MAX_SYMBOLS}"]
+    flags += [f"-DOBS_LAYER_{layer}" for layer in sorted(layers)]
+    flags += [f"-D{p.macro}={p.id}" for p in cat.PROBES]
+    flags += [f"-DOBS_THR_{name.upper()}={idx}" for name, (idx, _d, _u) in cat.THRESHOLDS.items()]
+    flags += [f"-DOBS_KIND_{k.name}={int(k)}" for k in Kind]
+    for p in cat.PROBES:
+        for ap in p.attach:
+            if isinstance(ap, Tracepoint):
+                fmt = pl.tp_formats.get(ap.name)
+                for fld in ap.fields + ap.optional:
+                    off = fmt.fields[fld][0] if fmt and fld in fmt.fields else -1
+                    flags.append(f"-D{ap.offset_macro(fld)}={off}")
+    if target.watch_all:
+        flags.append("-DOBS_WATCH_ALL")
+    if target.registered:
+        flags.append("-DOBS_TARGET_REGISTERED")
+    return sorted(set(flags), key=flags.index)
+
+
+def render_source(flags: list[str]) -> str:
+    """The final C text bcc compiles (local includes expanded once each) with the flags, for
+    ``--ebpf`` debugging."""
+    seen: set[str] = set()
+
+    def expand(name: str) -> str:
+        if name in seen:
+            return f"// ({name} already included)"
+        seen.add(name)
+        out = []
+        for line in (cat.BPF_DIR / name).read_text().splitlines():
+            s = line.strip()
+            if s.startswith('#include "') and s.endswith('"'):
+                out += [f"// ---- {s[10:-1]} ----", expand(s[10:-1])]
+            else:
+                out.append(line)
+        return "\n".join(out)
+
+    return "// bcc cflags: " + " ".join(flags) + "\n" + expand("obshub.c")
+
+
+class BpfEventSource:
+    """The agent's event source: BPF probes of every layer plus the sysfs poller.
+
+    ``BpfEventSource(settings, target, options)``; ``start()`` returns one ProbeStatus per catalogue
+    probe selected (attached, or skipped with the reason) and never raises because a probe is missing;
+    it raises :class:`ProbeError` only when nothing at all can be loaded (no BPF support, no privilege).
+    ``poll(timeout_ms)`` returns decoded :class:`obshub.schema.Event` s. Not thread-safe: one thread
+    polls.
+    """
+
+    def __init__(self, settings: Settings, target: Target, options: ProbeOptions | None = None):
+        self.settings = settings
+        self.target = target
+        self.options = options or ProbeOptions()
+        self._bpf = None
+        self._statuses: list[ProbeStatus] = []
+        self._attached: set[str] = set()
+        self._pending: list[Event] = []
+        self._registrations: list[dict] = []
+        self._watched: set[int] = set()
+        self._next_refresh = 0.0
+        self._sysfs: SysfsPoller | None = None
+        self._decoder: Decoder | None = None
+        self._cb = None
+        self.source_text = ""
+        self.flags: list[str] = []
+
+    # -- start: plan, compile, configure, attach ------------------------------------------------------
+    def start(self) -> list[ProbeStatus]:
+        """Plan, compile, configure and attach (steps 1-4). Returns the probe table."""
+        kheaders.apply_env(self.settings)
+        tracefs, _ = kheaders.ensure_tracefs()
+        pl = plan(self.options, self.target, tracefs)
+        skipped = dict(pl.skipped)
+        bpf_probes = [p for p in pl.probes if p.mechanism != "sysfs"]
+        layers = {p.c_layer for p in bpf_probes}
+        if layers:
+            layers = self._compile(pl, layers, skipped)
+        if self._bpf is not None:
+            self._configure(pl)
+            for p in bpf_probes:
+                if p.c_layer in layers and p.name not in skipped:
+                    err = self._attach(p, pl)
+                    if err:
+                        skipped[p.name] = err
+                    else:
+                        self._attached.add(p.name)
+            self._cb = self._bpf["events"].open_ring_buffer(self._on_record)
+        if any(p.mechanism == "sysfs" for p in pl.probes):
+            self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
+            for p in pl.probes:
+                if p.mechanism == "sysfs":
+                    self._attached.add(p.name)
+        self._statuses = [ProbeStatus(p.name, p.layer.value, p.name in self._attached,
+                                      "" if p.name in self._attached else skipped.get(p.name, "not attached"))
+                          for p in _selected(self.options)]
+        self._refresh_target(force=True)
+        return list(self._statuses)
+
+    def _compile(self, pl: _Plan, layers: set[str], skipped: dict[str, str]) -> set[str]:
+        """Compile the layers; when the whole fails, find the layers that fail alone and drop them."""
+        try:
+            self._bpf = self._build(pl, layers)
+            return layers
+        except Exception as exc:  # bcc raises bare Exception on compile errors
+            first_error = str(exc)
+        good = set()
+        for layer in sorted(layers):
+            try:
+                self._build(pl, {layer}, keep=False)
+                good.add(layer)
+            except Exception as exc:
+                for p in pl.probes:
+                    if p.c_layer == layer:
+                        skipped[p.name] = f"Failed to compile bpf/{p.c_file}: {exc}"
+        if not good:
+            print(f"obshub: Failed to compile any BPF layer: {first_error}", file=sys.stderr)
+            return set()
+        self._bpf = self._build(pl, good)
+        return good
+
+    def _build(self, pl: _Plan, layers: set[str], keep: bool = True):
+        from bcc import BPF, USDT
+
+        flags = cflags(pl, self.options, self.target, layers)
+        usdt = []
+        if "PYTORCH" in layers and pl.usdt_lib is not None:
+            u = USDT(path=str(pl.usdt_lib))
+            for p in pl.probes:
+                for ap in p.attach:
+                    if isinstance(ap, Usdt):
+                        u.enable_probe(probe=ap.probe, fn_name=ap.fn)
+            usdt.append(u)
+        if keep:
+            self.flags = flags
+            self.source_text = render_source(flags)
+            if self.options.debug_ebpf:
+                print(self.source_text, file=sys.stderr)
+        # bcc treats only functions of the main file as programs, so the layer files are compiled as one
+        # text: render_source() expands the local includes of bpf/obshub.c (the text --ebpf prints)
+        b = BPF(text=render_source(flags).encode(), cflags=flags, usdt_contexts=usdt)
+        if not keep:
+            b.cleanup()
+        return b
+
+    def _configure(self, pl: _Plan) -> None:
+        thr = self._bpf["thresholds"]
+        for name, (idx, default, _unit) in cat.THRESHOLDS.items():
+            thr[ctypes.c_int(idx)] = ctypes.c_uint64(self.options.thresholds.get(name, default))
+        if "CUDA" in {p.c_layer for p in pl.probes}:
+            with contextlib.suppress(KeyError):
+                table = self._bpf["cuda_sym"]
+                for i, sym in enumerate(cat.CUDA_SYMBOLS):
+                    v = table.Leaf(int(sym.kind), sym.mode, sym.arg, 0)
+                    table[ctypes.c_int(i)] = v
+        reasons = pl.tp_formats.get("skb:kfree_skb")
+        self._decoder = Decoder(reasons.symbols if reasons else {},
+                                {i: s.symbol for i, s in enumerate(cat.CUDA_SYMBOLS)},
+                                self._registrations.append)
+
+    def _attach(self, p: cat.Probe, pl: _Plan) -> str:
+        """Attach every attach point of ``p``; '' or the reason it failed (already-attached points of a
+        failed probe stay attached but emit nothing useful alone)."""
+        b = self._bpf
+        for ap in p.attach:
+            try:
+                if isinstance(ap, Tracepoint):
+                    b.attach_tracepoint(tp=ap.name, fn_name=ap.fn)
+                elif isinstance(ap, Uprobe):
+                    lib = str(pl.libs[ap.lib])
+                    sym = self.options.verbs_symbol(ap) if ap.lib == "verbs" else ap.symbol
+                    if ap.ret:
+                        b.attach_uretprobe(name=lib, sym=sym, fn_name=ap.fn)
+                    else:
+                        b.attach_uprobe(name=lib, sym=sym, fn_name=ap.fn)
+                # USDT probes were attached by bcc when the program was built
+            except Exception as exc:
+                return f"Failed to attach {ap.name}: {exc}"
+        return ""
+
+    # -- target ---------------------------------------------------------------------------------------
+    def _refresh_target(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._bpf is None or (not force and now < self._next_refresh):
+            return
+        self._next_refresh = now + self.options.target_refresh_ms / 1000
+        if self.target.watch_all:
+            return
+        pids = cat.resolve_pids(self.target)
+        watched, wtids = self._bpf["watched"], self._bpf["wtids"]
+        for pid in pids - self._watched:
+            watched[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+        for pid in self._watched - pids:
+            with contextlib.suppress(KeyError):
+                del watched[ctypes.c_uint32(pid)]
+        for pid in pids:
+            for tid in cat.threads(pid):
+                wtids[ctypes.c_uint32(tid)] = ctypes.c_uint32(pid)
+        if "net_retransmit" in self._attached or "net_rtt" in self._attached:
+            lports = self._bpf["lports"]
+            for pid in pids - self._watched:
+                for port in cat.tcp_local_ports(pid):
+                    lports[ctypes.c_uint16(port)] = ctypes.c_uint32(pid)
+        self._watched = pids
+
+    def watch_pid(self, pid: int) -> None:
+        """Watch one more process now (in addition to the Target), with its threads."""
+        self.target = self.target.with_pid(pid)
+        self._refresh_target(force=True)
+
+    # -- EventSource ----------------------------------------------------------------------------------
+    def _on_record(self, _ctx, data, size):
+        if size >= EVENT_SIZE:
+            self._pending.append(self._decoder.decode(ctypes.string_at(data, EVENT_SIZE)))
+        return 0
+
+    def poll(self, timeout_ms: int) -> list[Event]:
+        """Drain the ring buffer (waiting up to ``timeout_ms`` for the first record) and the sysfs
+        poller; return the events in arrival order."""
+        self._refresh_target()
+        if self._sysfs is not None:
+            self._pending.extend(self._sysfs.poll())
+        if self._bpf is not None and self._cb is not False:
+            self._bpf.ring_buffer_poll(0 if self._pending else max(0, int(timeout_ms)))
+            self._bpf.ring_buffer_consume()
+        elif not self._pending and timeout_ms > 0:
+            time.sleep(timeout_ms / 1000)
+        out, self._pending = self._pending, []
+        return out
+
+    def lost(self) -> dict[str, int]:
+        """Failed ring-buffer reservations per attached probe, counted in the kernel since start."""
+        if self._bpf is None:
+            return {}
+        table = self._bpf["lost"]
+        counts = {i: table[ctypes.c_int(i)].value for i in range(len(cat.PROBES))}
+        return {p.name: counts[p.id] for p in cat.PROBES if p.name in self._attached
+                and p.mechanism != "sysfs"}
+
+    def set_threshold(self, name: str, value: int) -> None:
+        """Change a threshold (:data:`producer.probes.THRESHOLDS`) in the running BPF programs."""
+        if name not in cat.THRESHOLDS:
+            raise ProbeError(f"Failed to set threshold {name!r}: unknown",
+                             hint=f"known thresholds: {', '.join(cat.THRESHOLDS)}")
+        if not isinstance(value, int) or value < 0:
+            raise ProbeError(f"Failed to set threshold {name}={value!r}: must be a non-negative int")
+        if self._bpf is None:
+            raise ProbeError(f"Failed to set threshold {name}: no BPF program is loaded",
+                             hint="call start() first; see the probe table for why nothing loaded")
+        self._bpf["thresholds"][ctypes.c_int(cat.THRESHOLDS[name][0])] = ctypes.c_uint64(value)
+
+    def registrations(self) -> list[dict]:
+        """REGISTER events seen so far: dicts with job, rank, world_size, host_id, local_rank, pid."""
+        return list(self._registrations)
+
+    def statuses(self) -> list[ProbeStatus]:
+        """The probe table of the last start()."""
+        return list(self._statuses)
+
+    def close(self) -> None:
+        """Detach every probe and free the BPF program. Idempotent."""
+        if self._bpf is not None:
+            with contextlib.suppress(Exception):
+                self._bpf.cleanup()
+            self._bpf = None

@@ -1,0 +1,134 @@
+"""User-space poller of the hardware counters the kernel only exposes in sysfs (DESIGN.md "PCIe", "NIC").
+
+- NIC: ``<root>/sys/class/infiniband/<dev>/ports/<n>/counters/*`` and ``.../hw_counters/*`` (e.g.
+  ``port_xmit_wait``, ``out_of_sequence``, ``np_cnp_sent``, EFA ``retrans_pkts``) -> one ``NIC_COUNTER``
+  event per counter that changed since the previous poll: value = delta, duration_ns = interval.
+- PCIe link: ``<root>/sys/bus/pci/devices/<BDF>/{current,max}_link_{speed,width}`` -> ``PCIE_LINK`` when
+  the link state changes, and at the first poll for a link that is already downtrained (value 1 when
+  running below its maximum speed or width).
+- PCIe AER counters: ``.../<BDF>/aer_dev_correctable`` -> ``PCIE_AER`` (severity 2 = corrected) when
+  counters grew; status has the bit of each counter that grew (RxErr 0, BadTLP 6, BadDLLP 7,
+  Rollover 8, Timeout 12, ...), payload ``count`` = total increase.
+
+``root`` may point at a fake tree for tests. Timestamps are CLOCK_MONOTONIC ns, like bpf_ktime_get_ns.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from obshub.schema import Event, Kind
+from producer.reader import AER_SEVERITY_CORRECTED, aer_payload
+
+# PCIe base spec, Correctable Error Status register bits; names as the kernel prints them
+AER_CORRECTABLE_BITS = {"RxErr": 0, "BadTLP": 6, "BadDLLP": 7, "Rollover": 8, "Timeout": 12,
+                        "NonFatalErr": 13, "CorrIntErr": 14, "HeaderOF": 15}
+
+
+def _read_int(p: Path) -> int | None:
+    try:
+        return int(p.read_text().split()[0], 0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_str(p: Path) -> str | None:
+    try:
+        return p.read_text().strip()
+    except OSError:
+        return None
+
+
+def _speed_gts(s: str | None) -> float | None:
+    m = re.match(r"\s*([\d.]+)\s*GT/s", s or "")
+    return float(m.group(1)) if m else None
+
+
+class SysfsPoller:
+    """Poll the counters under ``root`` at most every ``interval_ns``; :meth:`poll` returns Events."""
+
+    def __init__(self, root: Path = Path("/"), interval_ns: int = 1_000_000_000):
+        self.root = Path(root)
+        self.interval_ns = interval_ns
+        self._last_ns = 0
+        self._counters: dict[tuple[str, int, str], int] = {}
+        self._links: dict[str, tuple] = {}
+        self._aer: dict[str, dict[str, int]] = {}
+
+    def poll(self, now_ns: int | None = None) -> list[Event]:
+        """Read everything when the interval has passed since the last read; [] otherwise."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        if self._last_ns and now - self._last_ns < self.interval_ns:
+            return []
+        interval = now - self._last_ns if self._last_ns else 0
+        self._last_ns = now
+        return self._nic(now, interval) + self._pcie(now)
+
+    def _nic(self, now: int, interval: int) -> list[Event]:
+        out = []
+        for port_dir in sorted((self.root / "sys/class/infiniband").glob("*/ports/*")):
+            dev, port = port_dir.parent.parent.name, port_dir.name
+            if not port.isdigit():
+                continue
+            for sub in ("counters", "hw_counters"):
+                for f in sorted((port_dir / sub).glob("*")):
+                    v = _read_int(f)
+                    if v is None:
+                        continue
+                    key = (dev, int(port), f.name)
+                    prev = self._counters.get(key)
+                    self._counters[key] = v
+                    if prev is not None and v != prev:
+                        out.append(Event(Kind.NIC_COUNTER, now, interval, value=v - prev,
+                                         payload={"dev": dev, "port": int(port), "counter": f.name}))
+        return out
+
+    def _pcie(self, now: int) -> list[Event]:
+        out = []
+        for d in sorted((self.root / "sys/bus/pci/devices").glob("*")):
+            out += self._link(d, now)
+            out += self._aer_counts(d, now)
+        return out
+
+    def _link(self, d: Path, now: int) -> list[Event]:
+        speed, max_speed = _read_str(d / "current_link_speed"), _read_str(d / "max_link_speed")
+        width, max_width = _read_int(d / "current_link_width"), _read_int(d / "max_link_width")
+        if speed is None or max_speed is None or width is None or max_width is None:
+            return []
+        cur, top = _speed_gts(speed), _speed_gts(max_speed)
+        down = bool((cur is not None and top is not None and cur < top) or (0 < width < max_width))
+        state = (speed, max_speed, width, max_width)
+        prev = self._links.get(d.name)
+        self._links[d.name] = state
+        if prev == state or (prev is None and not down):
+            return []
+        return [Event(Kind.PCIE_LINK, now, value=int(down),
+                      payload={"dev": d.name, "speed": speed, "max_speed": max_speed, "width": width,
+                               "max_width": max_width})]
+
+    def _aer_counts(self, d: Path, now: int) -> list[Event]:
+        text = _read_str(d / "aer_dev_correctable")
+        if text is None:
+            return []
+        counts = {}
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                counts[parts[0]] = int(parts[1])
+        prev = self._aer.get(d.name)
+        self._aer[d.name] = counts
+        if prev is None:
+            return []
+        status, total = 0, 0
+        for name, v in counts.items():
+            delta = v - prev.get(name, 0)
+            if delta > 0 and name in AER_CORRECTABLE_BITS:
+                status |= 1 << AER_CORRECTABLE_BITS[name]
+                total += delta
+        if not status:
+            return []
+        payload = aer_payload(d.name, AER_SEVERITY_CORRECTED, status)
+        payload["count"] = total
+        return [Event(Kind.PCIE_AER, now, value=status, payload=payload)]
