@@ -217,6 +217,7 @@ def _forward_pre_hook(module, args) -> None:
         _tls.fwd_nested = False
         if _st.phase != "forward":      # the loss module after the model: the same forward phase
             _phase_begin_locked("forward")
+            _tls.bwd_hooked = False
 
 
 @_guarded
@@ -225,10 +226,12 @@ def _forward_hook(module, args, output) -> None:
     _tls.fwd_depth = max(depth, 0)
     if depth != 0 or getattr(_tls, "fwd_nested", False):
         return
-    if output is not None and _torch.is_grad_enabled():
+    # one backward-start hook per forward phase: on the first root output that has a graph
+    if output is not None and not _tls.__dict__.get("bwd_hooked") and _torch.is_grad_enabled():
         tensor = _first_grad_tensor(output)
         if tensor is not None:
             tensor.register_hook(_on_backward_start)
+            _tls.bwd_hooked = True
 
 
 def _first_grad_tensor(obj: Any, depth: int = 0):
