@@ -1,0 +1,201 @@
+"""Reduce one decoded batch to per-(step, host) partial accumulators, and merge partials.
+
+The ingest agent does not forward events: it forwards one small accumulator per (job, step, host) per
+batch. Accumulators are plain JSON-able dicts with string keys only (they travel through Kafka as JSON and
+live in changelog-backed tables, which round-trip through JSON), so ``merge`` works on both in-process and
+recovered values. Shape of one host accumulator (units in the names; ``*_rt`` = CLOCK_REALTIME ns, i.e.
+the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
+
+    {"host": str, "host_id": int, "events": int,
+     "step_ns": int | None,          # STEP_END duration_ns (the host's step wall time)
+     "begin_rt": int | None,         # STEP_BEGIN time
+     "end_rt": int | None,           # STEP_END time
+     "unc_ns": int,                  # largest clock uncertainty seen in this host's batches for the step
+     "phases": {phase: ns},          # PHASE durations summed per phase
+     "layers": {layer: [time_ns, count, max_ns]},
+     "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
+     "ringbuf_lost": int}            # AGENT_LOSS values (events the agent's ring buffer dropped)
+
+What counts as a layer's ``time_ns`` and ``count`` per kind is the table ``KIND_RULES`` below, documented
+with reasons in docs/ANALYSIS.md ("Layer time per kind"). The ``pytorch`` layer's time is not summed
+here: it is the host's compute time, derived at close (see ``analysis.compute_ns``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from obshub import schema
+from obshub.schema import Batch, Event, Kind, Layer
+
+# kind -> (layer, time_ns(event), count(event), max candidate(event)); None = structural, handled apart
+Rule = tuple[Layer, Callable[[Event], int], Callable[[Event], int], Callable[[Event], int]]
+
+
+def _dur(e: Event) -> int:
+    return e.duration_ns
+
+
+def _zero(_e: Event) -> int:
+    return 0
+
+
+def _one(_e: Event) -> int:
+    return 1
+
+
+def _value_pos(e: Event) -> int:
+    return max(0, e.value)
+
+
+def _retrans(e: Event) -> int:
+    return max(1, e.value)
+
+
+def _preempted_offcpu(e: Event) -> int:
+    # value = previous task state; 0 = TASK_RUNNING, i.e. preempted while runnable (involuntary wait).
+    # Voluntary sleeps (blocked on a socket, a futex: waiting for a collective) are not the host's fault.
+    return e.duration_ns if e.value == 0 else 0
+
+
+KIND_RULES: dict[Kind, Rule] = {
+    Kind.PYTORCH_OP: (Layer.PYTORCH, _zero, _one, _dur),
+    Kind.PHASE: (Layer.PYTORCH, _zero, _one, _dur),
+    Kind.CUDA_LAUNCH: (Layer.CUDA, _dur, _one, _dur),
+    Kind.CUDA_SYNC: (Layer.CUDA, _dur, _one, _dur),
+    Kind.CUDA_MEMCPY: (Layer.CUDA, _dur, _one, _dur),
+    Kind.NCCL_COLL: (Layer.NCCL, _dur, _one, _dur),
+    Kind.SCHED_OFFCPU: (Layer.SCHED, _preempted_offcpu, _one, _preempted_offcpu),
+    Kind.SCHED_RUNQ: (Layer.SCHED, _dur, _one, _dur),
+    Kind.SCHED_STEP_SUM: (Layer.SCHED, _value_pos, _one, _value_pos),
+    Kind.MEM_RECLAIM: (Layer.MEMORY, _dur, _one, _dur),
+    Kind.MEM_COMPACTION: (Layer.MEMORY, _dur, _one, _dur),
+    Kind.PAGE_ALLOC: (Layer.MEMORY, _zero, _one, _zero),
+    Kind.PAGE_FAULT: (Layer.MEMORY, _zero, _one, _zero),
+    Kind.TCP_RETRANSMIT: (Layer.NETWORK, _zero, _retrans, _zero),
+    Kind.TCP_RTT: (Layer.NETWORK, _zero, _zero, _dur),
+    Kind.SKB_DROP: (Layer.NETWORK, _zero, _one, _zero),
+    Kind.PCIE_AER: (Layer.PCIE, _zero, _one, _zero),
+    Kind.PCIE_LINK: (Layer.PCIE, _zero, _value_pos, _zero),
+    Kind.RDMA_WQE_POST: (Layer.NIC, _dur, _one, _dur),
+    Kind.RDMA_CQ_DONE: (Layer.NIC, _dur, _one, _dur),
+    Kind.NIC_COUNTER: (Layer.NIC, _zero, _value_pos, _zero),
+}
+
+STRUCTURAL = {Kind.REGISTER, Kind.STEP_BEGIN, Kind.STEP_END, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END,
+              Kind.AGENT_LOSS}
+
+
+def new_acc(host: str, host_id: int) -> dict:
+    """An empty host accumulator (shape in the module docstring)."""
+    return {"host": host, "host_id": host_id, "events": 0, "step_ns": None, "begin_rt": None,
+            "end_rt": None, "unc_ns": 0, "phases": {}, "layers": {}, "colls": {}, "ringbuf_lost": 0}
+
+
+def coll_key(pg: str, coll_seq: int) -> str:
+    """The join key of one collective within a job: ``"<pg>#<coll_seq>"`` (DESIGN.md "TraceKey")."""
+    return f"{pg}#{coll_seq}"
+
+
+def add_event(acc: dict, e: Event, offset_ns: int) -> None:
+    """Fold one event into a host accumulator. ``offset_ns`` is the batch's clock offset (monotonic ->
+    realtime). Unknown-to-this-table kinds only count in ``events``."""
+    acc["events"] += 1
+    kind = Kind(e.kind)
+    rt = e.ts_ns + offset_ns
+    if kind == Kind.STEP_END:
+        acc["step_ns"] = max(acc["step_ns"] or 0, e.duration_ns)
+        acc["end_rt"] = rt
+    elif kind == Kind.STEP_BEGIN:
+        acc["begin_rt"] = rt
+    elif kind in (Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END):
+        p = e.payload or {}
+        key = coll_key(str(p.get("pg", "?")), int(p.get("coll_seq", -1)))
+        c = acc["colls"].setdefault(key, [str(p.get("op", "?")), None, None, None])
+        if kind == Kind.COLLECTIVE_BEGIN:
+            c[1] = rt if c[1] is None else min(c[1], rt)
+        else:
+            c[2], c[3] = rt, e.duration_ns
+    elif kind == Kind.AGENT_LOSS:
+        acc["ringbuf_lost"] += max(0, e.value)
+    if kind == Kind.PHASE:
+        ph = str((e.payload or {}).get("phase", "?"))
+        acc["phases"][ph] = acc["phases"].get(ph, 0) + e.duration_ns
+    rule = KIND_RULES.get(kind)
+    if rule is not None:
+        layer, t_fn, c_fn, m_fn = rule
+        slot = acc["layers"].setdefault(layer.value, [0, 0, 0])
+        slot[0] += t_fn(e)
+        slot[1] += c_fn(e)
+        slot[2] = max(slot[2], m_fn(e))
+
+
+def reduce_batch(batch: Batch) -> dict[int, dict]:
+    """Reduce a validated batch to ``{step: host accumulator}`` for every step >= 0 its events belong to.
+
+    Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
+    outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped.
+    """
+    out: dict[int, dict] = {}
+    loose_loss = 0
+    for e in batch.events:
+        if e.step < 0:
+            if e.kind == Kind.AGENT_LOSS:
+                loose_loss += max(0, e.value)
+            continue
+        acc = out.get(e.step)
+        if acc is None:
+            acc = out[e.step] = new_acc(batch.host, batch.host_id)
+            acc["unc_ns"] = batch.clock.uncertainty_ns
+        add_event(acc, e, batch.clock.offset_ns)
+    if loose_loss and out:
+        out[min(out)]["ringbuf_lost"] += loose_loss
+    return out
+
+
+def registrations(batch: Batch) -> list[dict]:
+    """The REGISTER events of a batch as ``{"job", "host", "host_id", "rank", "world_size", "pid"}``."""
+    regs = []
+    for e in batch.events:
+        if e.kind == Kind.REGISTER:
+            p = e.payload or {}
+            regs.append({"job": str(p.get("job") or batch.job), "host": batch.host,
+                         "host_id": int(p.get("host_id", batch.host_id)), "rank": e.value,
+                         "world_size": int(p.get("world_size", 0)), "pid": e.pid})
+    return regs
+
+
+def merge(into: dict, part: dict) -> dict:
+    """Merge host accumulator ``part`` into ``into`` (same host, same step) and return ``into``.
+
+    Sums: events, phases, layer time and count, ring-buffer loss. Maxima: step_ns, layer max, clock
+    uncertainty. Times of one-off events (begin, end, collective arrival) keep the first value seen,
+    except that a missing value is filled in.
+    """
+    into["events"] += part["events"]
+    if part["step_ns"] is not None:
+        into["step_ns"] = max(into["step_ns"] or 0, part["step_ns"])
+    for k in ("begin_rt", "end_rt"):
+        if into[k] is None:
+            into[k] = part[k]
+    into["unc_ns"] = max(into["unc_ns"], part["unc_ns"])
+    for ph, ns in part["phases"].items():
+        into["phases"][ph] = into["phases"].get(ph, 0) + ns
+    for layer, (t, c, m) in part["layers"].items():
+        slot = into["layers"].setdefault(layer, [0, 0, 0])
+        slot[0] += t
+        slot[1] += c
+        slot[2] = max(slot[2], m)
+    for key, c in part["colls"].items():
+        mine = into["colls"].setdefault(key, list(c))
+        if mine is not c:
+            for i in range(1, 4):
+                if mine[i] is None:
+                    mine[i] = c[i]
+    into["ringbuf_lost"] += part["ringbuf_lost"]
+    return into
+
+
+def layer_of(kind: int) -> str:
+    """The layer name of a kind (``schema.event_layer``), for callers that only hold the integer."""
+    return schema.event_layer(kind).value

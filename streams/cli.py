@@ -1,0 +1,190 @@
+"""``obshub streams worker`` (run one stream worker) and ``obshub tail steps`` (watch step summaries)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+from rich.console import Console
+
+from obshub import schema, stack
+from obshub.config import load_settings
+from streams.errors import StreamsError, TopicMissingError
+
+WORKER_EPILOG = """\b
+Examples:
+  obshub streams worker                          # one worker on the local broker, 10 s step window
+  obshub streams worker --window-s 3 --index 2   # a second worker (shares partitions via the group)
+  obshub streams worker --metrics-port 9464      # Prometheus metrics on :9464/metrics
+  obshub streams worker --app-id test-a --input-topic ev-a --output-topic steps-a   # isolated app
+"""
+
+TAIL_EPILOG = """\b
+Examples:
+  obshub tail steps                      # new step summaries as they arrive, one line each
+  obshub tail steps --from-beginning     # everything kept on the topic, then follow
+  obshub tail steps --job llama --json   # one job, raw JSON (one object per line, for jq)
+  obshub tail steps --count 10 --from-beginning   # print 10 summaries and exit
+"""
+
+
+@click.group("streams")
+def streams_group():
+    """The Faust stream application: per-step join across nodes, straggler and layer blame."""
+
+
+def _topic_partitions(bootstrap: str, topic: str) -> int:
+    """Partition count of ``topic``; raises TopicMissingError / StreamsError with a hint."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "logger": stack._NullLogger()})
+    try:
+        md = admin.list_topics(timeout=10)
+    except Exception as exc:
+        raise StreamsError(f"Failed to reach the Kafka broker at {bootstrap}: {exc}",
+                           "start it with `obshub up`, or set OBSHUB_BOOTSTRAP") from exc
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        raise TopicMissingError(f"input topic {topic!r} does not exist on {bootstrap}",
+                                "create it with `obshub up` (the project's topics) or pass --input-topic")
+    return len(t.partitions)
+
+
+def _free_index(settings) -> int:
+    running = {c["name"] for c in stack.components(settings) if c["running"]}
+    n = 1
+    while f"streams-{n}" in running:
+        n += 1
+    return n
+
+
+@streams_group.command("worker", epilog=WORKER_EPILOG)
+@click.option("--app-id", default="obshub-streams", show_default=True,
+              help="Faust app id = consumer group and prefix of internal/changelog topics")
+@click.option("--input-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
+@click.option("--output-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries (JSON)")
+@click.option("--dlq-topic", default=schema.TOPIC_DLQ, show_default=True, help="undecodable messages")
+@click.option("--partitions", default=8, show_default=True, type=click.IntRange(1, 1024),
+              help="partitions of the (job, step) repartition topic and the tables (fixed per app id)")
+@click.option("--window-s", default=10.0, show_default=True, type=click.FloatRange(0.2, 3600),
+              help="a step closes at most this many seconds after its first data arrived")
+@click.option("--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+              help="serve Prometheus metrics on this port (0 = off)")
+@click.option("--index", type=click.IntRange(1, 9999), default=None,
+              help="worker number n (component streams-<n>); default: the first free one")
+@click.option("--log-level", default="warning", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, window_s, metrics_port, index,
+                   log_level):
+    """Run one stream worker until SIGTERM/SIGINT. Start several (any host) to share the partitions.
+
+    State (Faust table data dir) lives under $OBSHUB_HOME/state/<app-id>; tables are recovered from
+    their changelog topics at start, so a restarted worker resumes where the group stopped.
+    """
+    import faust
+
+    from streams.app import WorkerConfig, build_app
+    from streams.metrics import WorkerMetrics
+
+    settings = load_settings()
+    cfg = WorkerConfig(app_id=app_id, bootstrap=settings.bootstrap_servers, input_topic=input_topic,
+                       output_topic=output_topic, dlq_topic=dlq_topic, partitions=partitions, window_s=window_s,
+                       state_dir=settings.state_dir, metrics_port=metrics_port)
+    n_in = _topic_partitions(cfg.bootstrap, input_topic)
+    metrics = WorkerMetrics()
+    try:
+        metrics.serve(metrics_port)
+    except OSError as exc:
+        raise StreamsError(f"Failed to serve metrics on port {metrics_port}: {exc}",
+                           "choose a free port with --metrics-port, or 0 to turn metrics off") from exc
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    app = build_app(cfg, n_in, metrics)
+    name = f"streams-{index or _free_index(settings)}"
+    stack.register_component(settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic,
+                             metrics_port=metrics_port)
+    try:
+        faust.Worker(app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()
+    finally:
+        stack.unregister_component(settings, name)
+
+
+def _line(s: dict) -> str:
+    ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
+    parts = [f"{s['job']} step {s['step']}", f"{s['closed_by']:8}",
+             f"{len(s['hosts'])}/{len(s['expected_hosts']) or len(s['hosts'])} hosts",
+             f"max {ms(s['step_time_max_ns'])}"]
+    if s["missing_hosts"]:
+        parts.append(f"[red]missing {','.join(s['missing_hosts'])}[/red]")
+    st = s["straggler"]
+    if st:
+        parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
+        if s["blame"]:
+            b = s["blame"][0]
+            what = f"+{ms(b['excess_ns'])}" if b["excess_ns"] else f"{b['count']} events"
+            parts.append(f"blame {b['layer']} {what}")
+    else:
+        parts.append("[green]clean[/green]")
+    if s["stall"]:
+        parts.append(f"[red]STALL x{s['stall_ratio']:.2f}[/red]")
+    q = s["quality"]
+    bad = {k: v for k, v in q.items() if v}
+    if bad:
+        parts.append("quality " + " ".join(f"{k}={v}" for k, v in bad.items()))
+    return "  ".join(parts)
+
+
+@click.group("tail")
+def tail_command():
+    """Follow obshub's output topics as they are written."""
+
+
+@tail_command.command("steps", epilog=TAIL_EPILOG)
+@click.option("--topic", default=schema.TOPIC_STEPS, show_default=True)
+@click.option("--job", default=None, help="only this job")
+@click.option("--from-beginning", is_flag=True, help="start at the oldest kept summary")
+@click.option("--count", type=int, default=0, help="exit after this many summaries (0 = follow)")
+@click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
+@click.option("--timeout-s", type=float, default=0.0, help="exit after this many seconds (0 = never)")
+def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
+    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins."""
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    settings = load_settings()
+    console = Console(highlight=False)
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"obshub-tail-{uuid.uuid4().hex[:8]}",
+                  "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False,
+                  "logger": stack._NullLogger()})
+    c.subscribe([topic])
+    seen: set[tuple[str, int]] = set()
+    n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            try:
+                s = json.loads(msg.value())
+                k = (s["job"], int(s["step"]))
+            except (ValueError, KeyError, TypeError):
+                console.print(f"[red]unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}[/red]")
+                continue
+            if k in seen or (job and s["job"] != job):
+                continue
+            seen.add(k)
+            if as_json:
+                sys.stdout.write(json.dumps(s, sort_keys=True) + "\n")
+                sys.stdout.flush()
+            else:
+                console.print(_line(s))
+            n += 1
+            if count and n >= count:
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c.close()
