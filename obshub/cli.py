@@ -19,6 +19,8 @@ from obshub.errors import ObshubError
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "obshub.doctor:doctor_command",
     "setup": "obshub.hostsetup:setup_command",
+    "streams": "streams.cli:streams_group",
+    "tail": "streams.cli:tail_command",
     "demo": "obshub.demo.cli:demo_command",
     "rules": "rules.cli:rules_group",
     "silence": "rules.cli:silence_group",
