@@ -112,16 +112,68 @@ def training_env(base: dict[str, str], host: Host, world: int, master: str) -> d
     return env
 
 
-def pipeline_argv(settings, job: str, receiver) -> dict[str, list[str]]:
-    """The stream worker and the rule engine, by name (``streams``, ``rules``), in start order.
 
-    Raises PartMissingError while either command is missing from this checkout."""
+ALERTING_YAML = """\
+# written by `obshub demo`: every sink type, all pointed at the demo's local receiver
+version: 1
+route: {{group_by: [alertname, job, host], group_wait: 0s, group_interval: 5s, repeat_interval: 4h}}
+delivery: {{max_attempts: 3, max_elapsed: 30s, timeout: 5s}}
+sinks:
+  - {{name: slack, type: slack, url_env: OBSHUB_DEMO_SLACK_URL}}
+  - {{name: pagerduty, type: pagerduty, url: "{pagerduty}", routing_key_env: OBSHUB_DEMO_PD_KEY}}
+  - {{name: alertmanager, type: alertmanager, url: "{alertmanager}"}}
+  - {{name: webhook, type: webhook, url_env: OBSHUB_DEMO_WEBHOOK_URL}}
+"""
+
+
+def alerting_config(receiver, path: Path) -> dict[str, str]:
+    """Write the rule engine's alerting config (Slack, PagerDuty, Alertmanager and webhook sinks, all to
+    the local ``receiver``) to ``path``; returns the environment variables its secrets come from."""
+    base = f"http://127.0.0.1:{receiver.port}"
+    path.write_text(ALERTING_YAML.format(pagerduty=f"{base}/pagerduty", alertmanager=base))
+    return {"OBSHUB_DEMO_SLACK_URL": f"{base}/slack", "OBSHUB_DEMO_PD_KEY": "demo-routing-key",
+            "OBSHUB_DEMO_WEBHOOK_URL": f"{base}/webhook"}
+
+
+@dataclass
+class PipelinePart:
+    """A long-running pipeline process: ``argv``, the stack ``component`` name it registers under once
+    started, and the Kafka consumer ``groups`` that must be Stable before it counts as ready."""
+
+    name: str
+    argv: list[str]
+    component: str
+    groups: tuple[str, ...]
+
+
+def pipeline(job: str, run_id: str, config: Path) -> list[PipelinePart]:
+    """The stream worker and the rule engine, in start order. Raises PartMissingError while a command
+    is missing from this checkout."""
     require()
-    raise PartMissingError("stream worker / rule engine command lines are not wired into the demo yet",
-                           "they are added here when `obshub streams worker` and `obshub rules serve` land")
+    rules_prefix = f"obshub-rules-demo-{run_id}"
+    return [
+        PipelinePart("rules", [*OBSHUB, "rules", "serve", "-c", str(config), "--group-prefix", rules_prefix],
+                     "rules", (f"{rules_prefix}-engine",)),
+    ]
 
 
-def wait_ready(settings, name: str, proc, log: Path, timeout_s: float) -> None:
-    """Wait until the pipeline part ``name`` (started as ``proc``) is ready; raises DemoError when it
-    exits or does not get ready within ``timeout_s``."""
-    raise PartMissingError(f"{name}: readiness check not wired yet")
+def group_stable(settings, group: str) -> bool:
+    """True when Kafka consumer group ``group`` is Stable with at least one member."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    try:
+        desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+    except Exception:
+        return False
+    return getattr(desc.state, "name", str(desc.state)).upper() == "STABLE" and bool(desc.members)
+
+
+def ready(settings, part: PipelinePart, pid: int) -> bool:
+    """Whether ``part`` (started with ``pid``) registered itself and its consumer groups are Stable."""
+    from obshub import stack
+
+    regs = {c["name"]: c for c in stack.components(settings) if c.get("running")}
+    if regs.get(part.component, {}).get("pid") != pid:
+        return False
+    return all(group_stable(settings, g) for g in part.groups)

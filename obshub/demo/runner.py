@@ -207,11 +207,13 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         reader = AlertReader(settings, job, on_alert).start()
         es.callback(reader.stop)
         aux = cluster.aux_cgroups("pipeline")
-        for name, argv in parts.pipeline_argv(settings, job, receiver).items():
-            log = out_dir / f"{name}.log"
-            proc = _start_logged(es, cluster, 0, argv, log, netns=False, cgroups=aux)
-            parts.wait_ready(settings, name, proc, log, opts.ready_timeout_s)
-            view.say(f"{name} ready (pid {proc.pid})")
+        penv = {**os.environ, **parts.alerting_config(receiver, out_dir / "alerting.yaml")}
+        for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
+            log = out_dir / f"{part.name}.log"
+            proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
+            _wait(lambda: parts.ready(settings, part, proc.pid), opts.ready_timeout_s, f"the {part.name} part",
+                  check=lambda: _alive(proc, part.name, log))
+            view.say(f"{part.name} ready (pid {proc.pid})")
 
         agents = {}
         agent_cg = cluster.aux_cgroups("agents")

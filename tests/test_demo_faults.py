@@ -1,0 +1,132 @@
+"""Each demo fault really acts on a real gloo DDP training (obshub.workloads.ddp_train) running across
+three network namespaces: net-loss drops packets (nft counter) and TCP retransmits; net-slow throttles
+(tc overlimits) and the steps slow down; cpu gives the hog CPU time and the training waits on the run
+queue; mem makes the cgroup hit its limit and refault. After each fault the training still runs.
+
+One cluster and one training serve every fault (module fixture), to keep the file near 1 minute."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from obshub.demo import parts
+from obshub.demo.cluster import Cluster, leftovers
+from obshub.demo.faults import make_fault
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, cgroups)"),
+              pytest.mark.torch]
+
+HOSTS = 3
+FAULTY = 2
+
+
+class Training:
+    """ddp_train ranks in the cluster; ``steps[i]`` = list of (monotonic s, step ms) per rank."""
+
+    def __init__(self, cluster: Cluster):
+        self.procs, self.steps = [], {h.index: [] for h in cluster.hosts}
+        for h in cluster.hosts:
+            env = parts.training_env(dict(os.environ), h, HOSTS, cluster.hosts[0].address)
+            p = cluster.spawn(h, [sys.executable, "-m", parts.TRAIN_MODULE, "--steps", "1000000"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self.procs.append(p)
+            threading.Thread(target=self._read, args=(h.index, p), daemon=True).start()
+
+    def _read(self, i, p):
+        for line in p.stdout:
+            parts_ = line.split()
+            if parts_[:1] == [b"step"]:
+                self.steps[i].append((time.monotonic(), float(parts_[5])))
+
+    def count(self, i: int) -> int:
+        return len(self.steps[i])
+
+    def wait_steps(self, n: int, timeout: float = 120.0) -> None:
+        """Wait until every rank made ``n`` more steps."""
+        start = {i: self.count(i) for i in self.steps}
+        deadline = time.monotonic() + timeout
+        while any(self.count(i) < start[i] + n for i in self.steps):
+            assert all(p.poll() is None for p in self.procs), "a training rank exited"
+            assert time.monotonic() < deadline, f"training made no {n} steps in {timeout} s"
+            time.sleep(0.1)
+
+    def median_ms_since(self, t: float) -> float:
+        xs = sorted(ms for ts, ms in self.steps[FAULTY] if ts >= t)
+        return xs[len(xs) // 2] if xs else float("inf")
+
+
+@pytest.fixture(scope="module")
+def training():
+    with Cluster(HOSTS) as c:
+        t = Training(c)
+        t.wait_steps(5)
+        yield c, t
+        for p in t.procs:
+            Cluster.stop(p)
+    assert leftovers() == {"netns": [], "links": [], "cgroups": []}
+
+
+def _apply(cluster, kind, seconds, params=None):
+    f = make_fault(kind, cluster, FAULTY, params)
+    f.prepare()
+    f.inject()
+    try:
+        time.sleep(seconds)
+        return f.evidence()
+    finally:
+        f.remove()
+
+
+def test_net_loss_drops_and_retransmits(training):
+    c, t = training
+    ev = _apply(c, "net-loss", 4)
+    assert ev["nft_dropped_packets"] > 0
+    assert ev["tcp_retrans_segs"] > 0
+    # the table is gone and training goes on
+    out = subprocess.run(["ip", "netns", "exec", c.hosts[FAULTY].netns, "nft", "list", "tables"],
+                         capture_output=True, text=True).stdout
+    assert "obshub_fault" not in out
+    t.wait_steps(3)
+
+
+def test_net_slow_throttles_and_slows_steps(training):
+    c, t = training
+    before_t = time.monotonic()
+    t.wait_steps(10)
+    before = t.median_ms_since(before_t)
+    during_t = time.monotonic()
+    ev = _apply(c, "net-slow", 5, {"rate_mbit": 8})
+    during = t.median_ms_since(during_t)
+    assert ev["egress_overlimits"] > 0 and ev["ingress_overlimits"] > 0
+    assert ev["egress_bytes"] > 0
+    # 8 Mbit/s for a 4.4 MB gradient all-reduce: each step takes seconds instead of tens of ms
+    assert during > 3 * before, (before, during)
+    out = subprocess.run(["tc", "qdisc", "show", "dev", c.hosts[FAULTY].veth], capture_output=True, text=True)
+    assert "tbf" not in out.stdout
+    t.wait_steps(3)
+
+
+def test_cpu_hog_takes_cpu_and_delays_training(training):
+    c, t = training
+    ev = _apply(c, "cpu", 4)
+    assert ev["hog_cpu_s"] > 0.5
+    assert ev["training_runq_wait_s"] > 0.2
+    assert ev["hog_share_of_machine"] > 0.1
+    t.wait_steps(3)
+
+
+def test_mem_pressure_reclaims_in_the_cgroup(training):
+    c, t = training
+    ev = _apply(c, "mem", 5)
+    assert ev["failcnt"] > 0                    # charges hit memory.limit_in_bytes
+    assert ev["workingset_refault_file"] > 0    # reclaimed file pages were faulted back in
+    assert ev["pgpgout"] > 0
+    limit = (c.hosts[FAULTY].cgroup("memory") / "memory.limit_in_bytes").read_text()
+    assert int(limit) > 1 << 60                 # the limit was lifted again
+    t.wait_steps(3)
