@@ -39,7 +39,6 @@ int obs_verbs_post(struct pt_regs *ctx)
     void *wr = (void *)PT_REGS_PARM2(ctx);
     struct obs_wr_key key = {};
     bpf_probe_read_user(&key.qp_num, sizeof(key.qp_num), (char *)qp + OBS_QP_NUM_OFF);
-#pragma unroll
     for (int i = 0; i < OBS_MAX_WR; i++) {
         if (!wr)
             break;
@@ -70,7 +69,6 @@ int obs_verbs_poll_return(struct pt_regs *ctx)
     poll_wc.delete(&tid);
     int n = PT_REGS_RC(ctx);
     u64 now = bpf_ktime_get_ns(), thr = obs_threshold(OBS_THR_RDMA_LATENCY_NS);
-#pragma unroll
     for (int i = 0; i < OBS_MAX_WC; i++) {
         if (i >= n)
             break;

@@ -200,7 +200,7 @@ class BpfEventSource:
                         skipped[p.name] = err
                     else:
                         self._attached.add(p.name)
-            self._cb = self._bpf["events"].open_ring_buffer(self._on_record)
+            self._cb = self._bpf[b"events"].open_ring_buffer(self._on_record)
         if any(p.mechanism == "sysfs" for p in pl.probes):
             self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
             for p in pl.probes:
@@ -259,12 +259,12 @@ class BpfEventSource:
         return b
 
     def _configure(self, pl: _Plan) -> None:
-        thr = self._bpf["thresholds"]
+        thr = self._bpf[b"thresholds"]
         for name, (idx, default, _unit) in cat.THRESHOLDS.items():
             thr[ctypes.c_int(idx)] = ctypes.c_uint64(self.options.thresholds.get(name, default))
         if "CUDA" in {p.c_layer for p in pl.probes}:
             with contextlib.suppress(KeyError):
-                table = self._bpf["cuda_sym"]
+                table = self._bpf[b"cuda_sym"]
                 for i, sym in enumerate(cat.CUDA_SYMBOLS):
                     v = table.Leaf(int(sym.kind), sym.mode, sym.arg, 0)
                     table[ctypes.c_int(i)] = v
@@ -280,14 +280,14 @@ class BpfEventSource:
         for ap in p.attach:
             try:
                 if isinstance(ap, Tracepoint):
-                    b.attach_tracepoint(tp=ap.name, fn_name=ap.fn)
+                    b.attach_tracepoint(tp=ap.name.encode(), fn_name=ap.fn.encode())
                 elif isinstance(ap, Uprobe):
-                    lib = str(pl.libs[ap.lib])
-                    sym = self.options.verbs_symbol(ap) if ap.lib == "verbs" else ap.symbol
+                    lib = str(pl.libs[ap.lib]).encode()
+                    sym = (self.options.verbs_symbol(ap) if ap.lib == "verbs" else ap.symbol).encode()
                     if ap.ret:
-                        b.attach_uretprobe(name=lib, sym=sym, fn_name=ap.fn)
+                        b.attach_uretprobe(name=lib, sym=sym, fn_name=ap.fn.encode())
                     else:
-                        b.attach_uprobe(name=lib, sym=sym, fn_name=ap.fn)
+                        b.attach_uprobe(name=lib, sym=sym, fn_name=ap.fn.encode())
                 # USDT probes were attached by bcc when the program was built
             except Exception as exc:
                 return f"Failed to attach {ap.name}: {exc}"
@@ -302,7 +302,7 @@ class BpfEventSource:
         if self.target.watch_all:
             return
         pids = cat.resolve_pids(self.target)
-        watched, wtids = self._bpf["watched"], self._bpf["wtids"]
+        watched, wtids = self._bpf[b"watched"], self._bpf[b"wtids"]
         for pid in pids - self._watched:
             watched[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         for pid in self._watched - pids:
@@ -312,7 +312,7 @@ class BpfEventSource:
             for tid in cat.threads(pid):
                 wtids[ctypes.c_uint32(tid)] = ctypes.c_uint32(pid)
         if "net_retransmit" in self._attached or "net_rtt" in self._attached:
-            lports = self._bpf["lports"]
+            lports = self._bpf[b"lports"]
             for pid in pids - self._watched:
                 for port in cat.tcp_local_ports(pid):
                     lports[ctypes.c_uint16(port)] = ctypes.c_uint32(pid)
@@ -347,7 +347,7 @@ class BpfEventSource:
         """Failed ring-buffer reservations per attached probe, counted in the kernel since start."""
         if self._bpf is None:
             return {}
-        table = self._bpf["lost"]
+        table = self._bpf[b"lost"]
         counts = {i: table[ctypes.c_int(i)].value for i in range(len(cat.PROBES))}
         return {p.name: counts[p.id] for p in cat.PROBES if p.name in self._attached
                 and p.mechanism != "sysfs"}
@@ -362,7 +362,7 @@ class BpfEventSource:
         if self._bpf is None:
             raise ProbeError(f"Failed to set threshold {name}: no BPF program is loaded",
                              hint="call start() first; see the probe table for why nothing loaded")
-        self._bpf["thresholds"][ctypes.c_int(cat.THRESHOLDS[name][0])] = ctypes.c_uint64(value)
+        self._bpf[b"thresholds"][ctypes.c_int(cat.THRESHOLDS[name][0])] = ctypes.c_uint64(value)
 
     def registrations(self) -> list[dict]:
         """REGISTER events seen so far: dicts with job, rank, world_size, host_id, local_rank, pid."""

@@ -533,7 +533,7 @@ def has_symbol(lib: Path, symbol: str) -> bool:
     from bcc import BPF
 
     try:
-        BPF._check_path_symbol(str(lib), symbol, None, -1)
+        BPF._check_path_symbol(str(lib).encode(), symbol.encode(), None, -1)
         return True
     except Exception:
         return False

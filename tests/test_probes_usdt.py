@@ -1,0 +1,100 @@
+"""USDT handling (issue 3, items 5e and 5f) against tests/fixtures/fakeusdt.c, a library with the same
+`obshub` probes as producer._usdt: every PyTorch-layer event is decoded with its payload; scheduler events
+of a thread inside a step carry that step's TraceKey (all of them); an undersized ring buffer under a
+burst counts exactly what it could not deliver."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
+from obshub.schema import Kind, parse_trace_key, validate_event
+from producer.probes import Target
+
+pytestmark = pytest.mark.bpf
+
+HOST = 7
+FIRST, STEPS, SLEEPS, SLEEP_US = 100, 5, 4, 2000
+
+
+def test_usdt_events_and_sched_tracekey(tmp_path):
+    need_bpf()
+    lib = build_so("fakeusdt", tmp_path)
+    body = ("L.fake_register(b'jobx', 3, 8, %d, 1)\n"
+            "L.fake_phase(b'forward', ctypes.c_int64(99), ctypes.c_uint64(5), 0)\n"
+            "L.fake_phase(b'forward', ctypes.c_int64(99), ctypes.c_uint64(5), 1)\n"
+            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(4096), ctypes.c_int64(99),"
+            " ctypes.c_uint64(6), 0)\n"
+            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(4096), ctypes.c_int64(99),"
+            " ctypes.c_uint64(6), 1)\n"
+            "L.fake_steps(%d, ctypes.c_int64(%d), %d, %d, %d)\n") % (HOST, HOST, FIRST, STEPS, SLEEPS, SLEEP_US)
+    child = ctypes_child(lib, body)
+    try:
+        # registered mode: the register probe itself puts the process under watch, in the kernel
+        with event_source(tmp_path, Target(registered=True), probes=("pytorch", "sched"), usdt_library=lib,
+                          thresholds={"offcpu_ns": 200_000, "runq_ns": 0}) as (src, table):
+            assert all(s.attached for s in table), table
+            child.go()
+            child.wait()
+            events = drain(src, 1.0)
+            regs = src.registrations()
+    finally:
+        child.kill()
+    mine = [e for e in events if e.pid == child.pid]
+    for e in mine:
+        validate_event(list(e))  # every decoded event conforms to the wire schema
+    assert regs == [{"job": "jobx", "world_size": 8, "host_id": HOST, "local_rank": 1, "rank": 3,
+                     "pid": child.pid}]
+    phase = [e for e in mine if e.kind == Kind.PHASE]
+    assert len(phase) == 1 and phase[0].payload == {"phase": "forward"} and phase[0].step == 99
+    assert phase[0].trace_key == 5 and phase[0].duration_ns > 0
+    coll = [e for e in mine if e.kind in (Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END)]
+    assert [e.kind for e in coll] == [Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END]
+    assert all(e.payload == {"pg": "0", "coll_seq": 42, "op": "all_reduce"} and e.value == 4096 for e in coll)
+
+    begins = {e.step: e for e in mine if e.kind == Kind.STEP_BEGIN}
+    ends = {e.step: e for e in mine if e.kind == Kind.STEP_END}
+    assert sorted(begins) == sorted(ends) == list(range(FIRST, FIRST + STEPS))
+    main_tid = begins[FIRST].tid
+    sched = [e for e in mine if e.kind in (Kind.SCHED_OFFCPU, Kind.SCHED_RUNQ) and e.tid == main_tid]
+    inside = 0
+    for s in range(FIRST, FIRST + STEPS):
+        lo, hi = begins[s].ts_ns, ends[s].ts_ns
+        assert ends[s].duration_ns == hi - lo >= SLEEPS * SLEEP_US * 1000
+        in_step = [e for e in sched if lo <= e.ts_ns <= hi]
+        offcpu = [e for e in in_step if e.kind == Kind.SCHED_OFFCPU]
+        assert len(offcpu) >= SLEEPS, (s, in_step)  # each sleep is one off-CPU period >= 200 us
+        for e in in_step:  # 100%: every one carries this step's TraceKey
+            assert e.step == s, e
+            assert parse_trace_key(e.trace_key)[:2] == (HOST, s & 0xFFFF), e
+            assert 1 <= parse_trace_key(e.trace_key).op_seq <= SLEEPS, e
+        inside += len(in_step)
+    assert inside >= STEPS * SLEEPS
+    sums = {e.step: e for e in mine if e.kind == Kind.SCHED_STEP_SUM}
+    assert sorted(sums) == list(range(FIRST, FIRST + STEPS))
+    for s, e in sums.items():
+        assert e.duration_ns >= SLEEPS * SLEEP_US * 1000 * 0.9, e  # off-CPU sum covers the sleeps
+        assert e.payload["switches"] >= SLEEPS and e.payload["wakeups"] >= SLEEPS, e
+        assert e.duration_ns <= ends[s].duration_ns
+
+
+def test_undersized_ring_buffer_counts_every_lost_event(tmp_path):
+    need_bpf()
+    lib = build_so("fakeusdt", tmp_path)
+    produced = 5000
+    child = ctypes_child(lib, f"L.fake_burst(ctypes.c_int64({produced}))")
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step",), usdt_library=lib,
+                          ringbuf_pages=1) as (src, table):
+            assert table[0].attached
+            child.go()
+            child.wait()  # the whole burst happens while nobody reads the ring buffer
+            events = drain(src, 0.5)
+            lost = src.lost()["pytorch_step"]
+    finally:
+        child.kill()
+    delivered = sum(1 for e in events if e.kind == Kind.STEP_BEGIN and e.pid == child.pid)
+    assert lost > 0 and delivered > 0
+    assert lost == produced - delivered, (produced, delivered, lost)
+    # the delivered ones are the first of the burst, in order (a full ring drops the newest)
+    assert [e.step for e in events if e.kind == Kind.STEP_BEGIN][:5] == [0, 1, 2, 3, 4]
