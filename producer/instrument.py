@@ -115,6 +115,15 @@ _tls = threading.local()
 _warned: set[str] = set()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) gets a fresh lock: another thread may have held it at fork."""
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 # --------------------------------------------------------------------------------------------------------
 # TraceKeys and the per-thread current key
 # --------------------------------------------------------------------------------------------------------

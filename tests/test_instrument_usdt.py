@@ -46,7 +46,7 @@ struct rec {
     char s1[32];
     char s2[32];
 };
-BPF_RINGBUF_OUTPUT(events, 256);
+BPF_RINGBUF_OUTPUT(events, 1024);
 
 static __always_inline struct rec *start(u32 probe)
 {
@@ -424,3 +424,118 @@ def test_signals_reach_the_command(sig, want):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+COLLECTIVES_SCRIPT = """
+import os, torch, torch.distributed as dist
+import obshub.instrument
+obshub.instrument.enable(job={job!r})
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+t = torch.ones(1000)
+dist.broadcast(t, src=0)
+out = [torch.zeros(1000) for _ in range(2)]
+dist.all_gather(out, t)
+got = torch.zeros(4)
+dist.all_to_all_single(got, torch.full((4,), float(rank)))
+assert got.tolist() == [0.0, 0.0, 1.0, 1.0]
+dist.all_reduce(t, async_op=True).wait()
+if rank == 0:
+    dist.send(torch.ones(10), dst=1)
+    dist.isend(torch.ones(10), dst=1).wait()
+else:
+    dist.recv(torch.zeros(10), src=0)
+    dist.irecv(torch.zeros(10), src=0).wait()
+sub = dist.new_group([0, 1])
+dist.all_reduce(torch.ones(3), group=sub)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.bpf
+@pytest.mark.torch
+def test_collective_wrappers_two_ranks(reader, tmp_path):
+    job = f"c-{uuid.uuid4().hex[:8]}"
+    port = str(_free_port())
+    procs = [subprocess.Popen([PY, "-c", COLLECTIVES_SCRIPT.format(job=job)], cwd=REPO, stderr=subprocess.PIPE,
+                              text=True, env=_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                                  MASTER_PORT=port, LOCAL_RANK=str(r)))
+             for r in (0, 1)]
+    try:
+        errs = [p.communicate(timeout=90)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], errs
+    recs = reader.of_job(job)
+    rank_of = {r["pid"]: r["i32"][0] for r in _by(recs, "register")}
+    assert sorted(rank_of.values()) == [0, 1]
+    seen = {}
+    for pid, rank in rank_of.items():
+        begins = _by(recs, "coll_begin", pid)
+        assert sorted((r["s1"], r["seq"]) for r in begins) == sorted((r["s1"], r["seq"])
+                                                                   for r in _by(recs, "coll_end", pid))
+        for r in begins:  # outside any step: step -1, key step field 0xFFFF
+            assert r["step"] == -1 and schema.parse_trace_key(r["key"])[:2] == (rank, 0xFFFF)
+        seen[rank] = {(r["s1"], r["seq"]): (r["s2"], r["bytes"]) for r in begins}
+    # group collectives: same (pg, seq) -> same op and size on both ranks, seq contiguous per group
+    group0 = {k: v for k, v in seen[0].items() if ":p2p:" not in k[0]}
+    group1 = {k: v for k, v in seen[1].items() if ":p2p:" not in k[0]}
+    assert group0 == group1
+    ops = [group0[("0", s)] for s in range(sum(1 for pg, _ in group0 if pg == "0"))]
+    assert ops[:4] == [("broadcast", 4000), ("all_gather", 4000), ("all_to_all_single", 16), ("all_reduce", 4000)]
+    assert ops[-1] == ("barrier", 0)
+    subgroups = {pg for pg, _ in group0} - {"0"}
+    assert len(subgroups) == 1 and group0[(subgroups.pop(), 0)] == ("all_reduce", 12)
+    # point-to-point: the sender's and the receiver's op share (pair, seq)
+    assert {k: v[0] for k, v in seen[0].items() if ":p2p:" in k[0]} == {("0:p2p:0-1", 0): "send",
+                                                                       ("0:p2p:0-1", 1): "isend"}
+    assert {k: v[0] for k, v in seen[1].items() if ":p2p:" in k[0]} == {("0:p2p:0-1", 0): "recv",
+                                                                       ("0:p2p:0-1", 1): "irecv"}
+
+
+def test_bootstrap_failure_leaves_the_program_running(tmp_path):
+    # a stand-in "torch" without torch.distributed: the watcher fires on `import torch`, enable() fails,
+    # one obshub line goes to stderr and the program carries on
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("VERSION = 'fake'\n")
+    code = "import torch, sys; print(torch.VERSION); sys.exit(5)"
+    proc = subprocess.run([*OBSHUB, "run", "--", PY, "-c", code], env=_env(PYTHONPATH=str(tmp_path)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 5
+    assert proc.stdout.strip() == "fake"
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("obshub: instrumentation not enabled in pid")
+
+
+@pytest.mark.parametrize("value, want", [(None, (4, False)), ("12", (12, True)), ("65535", (65535, True))])
+def test_host_id_from_environment(monkeypatch, value, want):
+    from producer import instrument
+
+    monkeypatch.setenv("RANK", "4")
+    if value is None:
+        monkeypatch.delenv("OBSHUB_HOST_ID", raising=False)
+    else:
+        monkeypatch.setenv("OBSHUB_HOST_ID", value)
+    assert instrument._host_id_from_env() == want
+
+
+@pytest.mark.parametrize("value", ["-1", "65536", "node3"])
+def test_bad_host_id_is_a_config_error(monkeypatch, value):
+    from obshub.errors import ConfigError
+    from producer import instrument
+
+    monkeypatch.setenv("OBSHUB_HOST_ID", value)
+    with pytest.raises(ConfigError, match="OBSHUB_HOST_ID"):
+        instrument._host_id_from_env()
+
+
+def test_run_rejects_bad_options():
+    proc = subprocess.run([*OBSHUB, "run", "--host-id", "70000", "--", PY, "-c", "pass"], env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "70000" in proc.stderr
+    proc = subprocess.run([*OBSHUB, "run"], env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "COMMAND" in proc.stderr
