@@ -30,7 +30,6 @@ import ijson
 from obshub.replay.errors import TraceFormatError
 
 CHUNK_BYTES = 256 * 1024
-HEADER_KEYS = ("distributedInfo", "baseTimeNanoseconds")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -53,7 +52,7 @@ def open_bytes(path: Path):
 @dataclass
 class KinetoFile:
     """One Kineto trace file. Iterate :meth:`events` for the raw event dicts (as in the file); after a
-    complete iteration :attr:`header` holds the top-level keys of ``HEADER_KEYS`` that were present
+    complete iteration :attr:`header` holds ``distributedInfo`` and ``baseTimeNanoseconds`` when present
     and :attr:`n_events` the number of events.
 
     Raises :class:`TraceFormatError` (during iteration) for a file that is not gzip/JSON, is truncated,
@@ -68,34 +67,41 @@ class KinetoFile:
 
     def events(self) -> Iterator[Any]:
         """Yield every element of ``traceEvents`` (or of a top-level array) in file order. Elements are
-        whatever JSON holds there (normally dicts); validation is the caller's job. The first complete
-        pass also collects :attr:`header` (one extra C-level parse per header key, only on that pass)."""
+        whatever JSON holds there (normally dicts); validation is the caller's job.
+
+        The first complete pass also collects :attr:`header`. To keep that pass at one parse of the
+        file: ``distributedInfo`` is parsed only until the first event appears (Kineto writes it before
+        ``traceEvents``), and ``baseTimeNanoseconds`` (a number Kineto writes after the array) is read
+        from the top-level text before ``"traceEvents"`` or after the array's closing bracket."""
         prefix = "item" if self._array else "traceEvents.item"
         out = ijson.sendable_list()
-        coros = [ijson.items_coro(out, prefix, use_float=True)]
-        hdr = {k: ijson.sendable_list() for k in HEADER_KEYS} if not self._scanned and not self._array else {}
-        # a header coroutine stops being fed once its key was found (distributedInfo comes early)
-        hdr_coros = {k: ijson.items_coro(t, k, use_float=True) for k, t in hdr.items()}
+        coro = ijson.items_coro(out, prefix, use_float=True)
+        first_pass = not self._scanned and not self._array
+        info = ijson.sendable_list()
+        info_coro = ijson.items_coro(info, "distributedInfo", use_float=True) if first_pass else None
         n, consumed = 0, 0
+        head, tail = b"", [b"", b""]
         with open_bytes(self.path) as f:
             try:
                 while True:
                     chunk = f.read(CHUNK_BYTES)
                     if not chunk:
                         break
+                    if not head:
+                        head = chunk
+                    tail = [tail[1], chunk]
                     consumed += len(chunk)
-                    for c in coros:
-                        c.send(chunk)
-                    for k in [k for k in hdr_coros if hdr[k]]:
-                        del hdr_coros[k]
-                    for c in hdr_coros.values():
-                        c.send(chunk)
+                    if info_coro is not None:
+                        if n or info:
+                            info_coro = None  # found, or events began: stop parsing for the header
+                        else:
+                            info_coro.send(chunk)
+                    coro.send(chunk)
                     if out:
                         n += len(out)
                         yield from out
                         del out[:]
-                for c in coros + list(hdr_coros.values()):
-                    c.close()
+                coro.close()
                 if out:
                     n += len(out)
                     yield from out
@@ -105,18 +111,25 @@ class KinetoFile:
                     f"Failed to read {self.path}: gzip stream broken after {consumed} uncompressed bytes "
                     f"and {n} events ({type(exc).__name__}: {exc})",
                     hint="the file is truncated or corrupt; copy it again from where the job wrote it") from None
-            except ijson.IncompleteJSONError as exc:
-                raise TraceFormatError(
-                    f"Failed to parse {self.path}: JSON ends early or is invalid within the first {consumed} "
-                    f"bytes, after {n} events ({str(exc).strip()})",
-                    hint="the file is truncated (the profiler may not have finished writing it) or corrupt; "
-                         "copy it again or re-export the trace") from None
             except ijson.JSONError as exc:
+                text = " ".join(str(exc).split())
+                if "premature EOF" in text or "Incomplete" in text:
+                    raise TraceFormatError(
+                        f"Failed to parse {self.path}: JSON ends early after {consumed} bytes and {n} events "
+                        f"({text})",
+                        hint="the file is truncated (the profiler may not have finished writing it); "
+                             "copy it again or re-export the trace") from None
                 raise TraceFormatError(f"Failed to parse {self.path}: not valid JSON within the first "
-                                       f"{consumed} bytes, after {n} events ({str(exc).strip()})",
-                                       hint="pass Kineto/Chrome-trace JSON files (.json or .json.gz)") from None
-        if hdr:
-            self.header = {k: v[0] for k, v in hdr.items() if v}
+                                       f"{consumed} bytes, after {n} events ({text})",
+                                       hint="pass Kineto/Chrome-trace JSON files (.json or .json.gz) as "
+                                            "torch.profiler wrote them") from None
+        if first_pass:
+            self.header = {}
+            if info:
+                self.header["distributedInfo"] = info[0]
+            base = _top_level_number(head, b"".join(tail), b"baseTimeNanoseconds")
+            if base is not None:
+                self.header["baseTimeNanoseconds"] = base
         self.n_events = n
         if n == 0:
             if not self._array and self._first_byte() == b"[":
@@ -165,6 +178,18 @@ class KinetoFile:
             return None, None
         r, w = d.get("rank"), d.get("world_size")
         return (r if isinstance(r, int) and r >= 0 else None, w if isinstance(w, int) and w > 0 else None)
+
+
+def _top_level_number(head: bytes, tail: bytes, key: bytes) -> int | None:
+    """An integer top-level ``key`` of a Chrome-trace object, found in the text before the
+    ``"traceEvents"`` key (``head``) or after the array's last ``]`` (``tail``); None when absent."""
+    pat = re.compile(rb'"' + re.escape(key) + rb'"\s*:\s*(-?\d+)\s*[,}]')
+    cut = head.find(b'"traceEvents"')
+    for text in (head[:cut] if cut >= 0 else b"", tail[tail.rfind(b"]") + 1:]):
+        m = pat.search(text)
+        if m:
+            return int(m.group(1))
+    return None
 
 
 def sniff(path: Path) -> str | None:

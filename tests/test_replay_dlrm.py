@@ -1,0 +1,133 @@
+"""Replay of the real 8-rank DLRM step (param-dlrm-8rank) checked against numbers computed here,
+independently, from the raw files with nothing but json and gzip.
+
+Independent method (no obshub code): per rank, the step is the ``ProfilerStep#N`` span; the first
+collective is the earliest NCCL kernel on the GPU (``ncclKernel_*``); its start is the rank's arrival
+(all ranks share one host clock); a rank waits there for the last arrival, so
+``wait = max(arrival) - arrival`` and the straggler is the rank that arrived last. Cross-check that
+needs no clock: the NCCL kernel lasts the wait plus the transfer, so ``kernel_dur - min(kernel_dur)``
+must equal the wait within a few µs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+
+from obshub import schema
+from obshub.replay.inputs import discover
+from obshub.replay.publish import publish
+from obshub.replay.report import ReplayReport
+from tests.conftest import REPO, SHARED_DATA, consume_all
+
+DLRM = SHARED_DATA / "traces" / "param-dlrm-8rank"
+
+
+@pytest.fixture(scope="module")
+def independent() -> dict:
+    """rank -> {step, start_us, dur_us, arrival_us, kernel_us, wait_us}; plus "straggler"."""
+    out = {}
+    for f in sorted((DLRM / "dlrm_kineto").glob("*.json.gz")):
+        d = json.load(gzip.open(f))
+        rank = d["distributedInfo"]["rank"]
+        ev = d["traceEvents"]
+        step = [e for e in ev if e.get("name", "").startswith("ProfilerStep#")]
+        assert len(step) == 1
+        k = min((e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")),
+                key=lambda e: e["ts"])
+        out[rank] = {"step": int(step[0]["name"].split("#")[1]), "start_us": step[0]["ts"],
+                     "dur_us": step[0]["dur"], "arrival_us": k["ts"], "kernel_us": k["dur"]}
+    last = max(r["arrival_us"] for r in out.values())
+    kmin = min(r["kernel_us"] for r in out.values())
+    for r in out.values():
+        r["wait_us"] = last - r["arrival_us"]
+        assert abs((r["kernel_us"] - kmin) - r["wait_us"]) <= 5, "the data's own consistency check"
+    out["straggler"] = max((r for r in out if isinstance(r, int)), key=lambda r: out[r]["arrival_us"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def replayed():
+    """(inputs, batches, report) of a replay of the DLRM folder into a list."""
+    inputs = discover([DLRM])
+    batches: list[schema.Batch] = []
+    rep = ReplayReport()
+    publish(inputs, "dlrm", batches.append, observe=rep.observe, max_events=500)
+    return inputs, batches, rep
+
+
+def test_all_ranks_found_with_their_execution_traces(replayed):
+    inputs, _, _ = replayed
+    assert [r.rank for r in inputs.ranks] == list(range(8))
+    assert inputs.coverage() == "8 of 8 ranks present"
+    for r in inputs.ranks:
+        assert r.et is not None and r.et.path.name == f"dlrm_eg_{r.rank}.json.gz"
+        assert r.stats.seq_source == "et"
+
+
+def test_report_matches_independent_numbers(replayed, independent):
+    _, _, rep = replayed
+    (diag,) = rep.steps()
+    assert diag.step == independent[0]["step"] == 10
+    for r in diag.ranks:
+        ind = independent[int(r.host.removeprefix("rank"))]
+        assert r.start_ns == ind["start_us"] * 1000
+        assert r.duration_ns == ind["dur_us"] * 1000
+        assert r.first_coll_arrival_ns == ind["arrival_us"] * 1000
+        assert r.wait_ns == ind["wait_us"] * 1000
+        assert r.first_coll_kernel_ns == ind["kernel_us"] * 1000
+    assert diag.straggler == f"rank{independent['straggler']}" == "rank7"
+    # the first collective is the all_to_all with the ET's process-group sequence number 147
+    assert diag.first_collective == ("0", 147, "all_to_all")
+    skew_us = max(v["arrival_us"] for k, v in independent.items() if k != "straggler") - min(
+        v["arrival_us"] for k, v in independent.items() if k != "straggler")
+    assert diag.skew_ns == skew_us * 1000
+
+
+def test_batches_are_valid_and_one_agent_per_rank(replayed):
+    _, batches, _ = replayed
+    by_host: dict[str, list[schema.Batch]] = {}
+    for b in batches:
+        back = schema.decode_batch(schema.encode_batch(b))  # validates every field
+        assert back.host == b.host and back.host_id == int(b.host[4:])
+        by_host.setdefault(b.host, []).append(back)
+    assert sorted(by_host) == sorted(f"rank{i}" for i in range(8))
+    for host, bs in by_host.items():
+        assert [b.seq for b in bs] == list(range(len(bs)))
+        assert len({b.agent_id for b in bs}) == 1
+        evs = [e for b in bs for e in b.events]
+        reg = [e for e in evs if e.kind == schema.Kind.REGISTER]
+        assert len(reg) == 1 and reg[0].value == int(host[4:]) and reg[0].payload["world_size"] == 8
+        # the step end is the host's last event: nothing of the step arrives after it
+        assert evs[-1].kind == schema.Kind.STEP_END
+        colls = [e for e in evs if e.kind == schema.Kind.COLLECTIVE_BEGIN]
+        assert [c.payload["coll_seq"] for c in colls] == list(range(147, 155))
+        assert [c.payload["op"] for c in colls] == ["all_to_all"] * 4 + ["all_reduce", "all_to_all",
+                                                                          "all_reduce", "all_reduce"]
+        # bytes from the ET/Kineto shapes: the first all_to_all moves 6144 floats
+        assert colls[0].value == 6144 * 4
+
+
+def test_cli_replays_to_kafka_and_prints_the_diagnosis(kafka, unique, independent):
+    job = f"dlrm-{unique}"
+    r = subprocess.run([sys.executable, "-m", "obshub.cli", "replay", str(DLRM), "--job", job, "--json"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["coverage"] == "8 of 8 ranks present"
+    (step,) = out["steps"]
+    assert step["straggler"] == "rank7"
+    waits = {x["host"]: x["wait_ns"] for x in step["ranks"]}
+    assert waits == {f"rank{i}": independent[i]["wait_us"] * 1000 for i in range(8)}
+    n_batches = sum(out["published"]["batches"].values())
+    msgs = consume_all(kafka, schema.TOPIC_EVENTS, timeout_s=60)
+    mine = [schema.decode_batch(m.value()) for m in msgs]
+    mine = [b for b in mine if b.job == job]
+    assert len(mine) == n_batches
+    assert {m.key().decode() for m in msgs if schema.decode_batch(m.value()).job == job} == {
+        f"rank{i}" for i in range(8)}
+    assert sum(len(b.events) for b in mine) == sum(out["published"]["events"].values())
