@@ -235,7 +235,7 @@ Examples:
                                                             # one agent per cgroup, as if node3
   obshub agent --job bert --pid 4242 --pid 4243 --metrics-port 9464
                                                             # two pids; metrics on :9464/metrics
-  obshub agent --job bert --registered --threshold rdma_latency_ns=30000 --probes sched,net
+  obshub agent --job bert --registered --threshold rdma_latency_ns=30000 --probes sched,network
                                                             # a probe subset, a 30 µs RDMA threshold
   obshub agent --source synthetic --rate 50000 --duration 30
                                                             # no BPF: 50k synthetic events/s for 30 s
@@ -265,31 +265,27 @@ def _key_values(option: str, items: tuple[str, ...], *, as_int: bool) -> dict:
     return out
 
 
-def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str | None):
-    """Build the BPF EventSource of producer/probes.py (the probe engineer's part)."""
-    from producer.errors import SourceError, TargetError
-
-    if sum(bool(x) for x in (cgroup, pids, registered)) != 1:
-        raise TargetError("say which processes to watch: exactly one of --cgroup PATH, --pid PID (repeatable) "
-                          "or --registered", "e.g. obshub agent --registered, or --source synthetic for no BPF")
-    try:
-        import producer.probes as probes_mod
-        impl = getattr(probes_mod, "BpfEventSource", None)
-        if impl is None:
-            import producer.loader as probes_mod  # type: ignore[no-redef]
-            impl = probes_mod.BpfEventSource
-        target_cls, options_cls = probes_mod.Target, probes_mod.ProbeOptions
-    except (ImportError, AttributeError) as exc:
-        raise SourceError(f"the BPF event source is not available in this build ({exc})",
-                          "use --source synthetic, or install obshub with its BPF part") from None
+def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str | None,
+                thresholds: dict[str, int], debug_ebpf: bool):
+    """Build the BPF EventSource (producer/loader.py) for the processes to watch."""
     from pathlib import Path as _Path
 
-    target = target_cls(cgroup=_Path(cgroup) if cgroup else None, pids=set(pids) if pids else None,
-                        registered=registered)
-    opts = {}
-    if probes:
-        opts["probes"] = frozenset(p.strip() for p in probes.split(",") if p.strip())
-    return impl(settings, target, options_cls(**opts))
+    from producer.errors import SourceError, TargetError
+
+    if not (cgroup or pids or registered):
+        raise TargetError("say which processes to watch: --cgroup PATH, --pid PID (repeatable) and/or --registered",
+                          "e.g. obshub agent --registered (what `obshub run` starts), or --source synthetic")
+    try:
+        from producer.loader import BpfEventSource
+        from producer.probes import ProbeOptions, Target
+    except ImportError as exc:
+        raise SourceError(f"the BPF event source is not available in this build ({exc})",
+                          "use --source synthetic, or install bcc (python3-bpfcc) and run `make setup`") from None
+    target = Target(cgroup=_Path(cgroup) if cgroup else None, pids=set(pids) if pids else None,
+                    registered=registered)
+    names = tuple(p.strip() for p in (probes or "").split(",") if p.strip())
+    options = ProbeOptions(probes=names, thresholds=dict(thresholds), debug_ebpf=debug_ebpf)
+    return BpfEventSource(settings, target, options)
 
 
 @click.command("agent", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -335,11 +331,12 @@ def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str 
 @click.option("--duration", type=float, default=None, help="stop after this many seconds (scripted runs)")
 @click.option("--flush-timeout", type=float, default=15.0, show_default=True,
               help="on stop, seconds to try delivering what is left")
+@click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags to stderr")
 def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, synthetic_events, probes, thresholds,
                   bootstrap, security_protocol, sasl_mechanism, sasl_username, sasl_password, ssl_ca_location,
                   ssl_certificate_location, ssl_key_location, ssl_key_password, compression, kafka_options,
                   delivery_timeout_ms, batch_max_bytes, batch_max_age_ms, spool_max_bytes, spool_segment_bytes,
-                  metrics_port, duration, flush_timeout):
+                  metrics_port, duration, flush_timeout, debug_ebpf):
     """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
 
     Prints the probe table (attached, or skipped with the reason), then runs until SIGTERM/SIGINT or
@@ -372,7 +369,8 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
         from producer.synthetic import SyntheticSource
 
         src = SyntheticSource(rate, total=synthetic_events, host_id=host_id, job=job)
-    else:
-        src = _bpf_source(settings, cgroup, pids, registered, probes)
-    agent = Agent(cfg, src, settings=settings, thresholds=thr)
+        agent = Agent(cfg, src, settings=settings, thresholds=thr)
+    else:  # thresholds go in at build time, so a layer that did not load cannot fail the start
+        src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf)
+        agent = Agent(cfg, src, settings=settings)
     sys.exit(agent.run())
