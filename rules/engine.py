@@ -21,7 +21,7 @@ from collections import deque
 from typing import Callable
 
 from rules import lifecycle
-from rules.expr import EvalError
+from rules.expr import Activation, EvalError
 from rules.lifecycle import FIRING, INACTIVE, PENDING, RESOLVED, AlertInstance
 from rules.model import Rule, RuleSet
 
@@ -74,28 +74,29 @@ class Engine:
         t = int(record.get("time_ns") or 0)
         self.now_ns = max(self.now_ns, t)
         kind = record.get("kind") if signal == "events" else None
+        shared = Activation(record)  # one CEL conversion of the record for every rule
         for rule in self.ruleset.rules.values():
             if not rule.reads(signal, kind):
                 continue
             if rule.signal == signal and (signal != "events" or kind in rule.kinds):
-                for act in self._activations(rule, record):
+                for act in self._activations(rule, shared):
                     if rule.condition.test(act):
                         self._primary_match(rule, act, t)
             c = rule.correlate
-            if c and c.signal == signal and (signal != "events" or kind in c.kinds) and c.condition.test(record):
-                self._other_match(rule, record, t)
+            if c and c.signal == signal and (signal != "events" or kind in c.kinds) and c.condition.test(shared):
+                self._other_match(rule, shared, t)
 
-    def _activations(self, rule: Rule, record: dict) -> list[dict]:
+    def _activations(self, rule: Rule, shared: Activation) -> list[Activation]:
         if rule.foreach is None:
-            return [record]
+            return [shared]
         try:
-            items = rule.foreach.eval(record)
+            items = rule.foreach.eval(shared)
         except EvalError:
             self.eval_errors += 1
             return []
-        return [{**record, "item": it} for it in (items or [])]
+        return [Activation({**shared.data, "item": it}) for it in (items or [])]
 
-    def _labels(self, rule: Rule, act: dict) -> dict[str, str] | None:
+    def _labels(self, rule: Rule, act: Activation) -> dict[str, str] | None:
         labels = {"alertname": rule.id, "severity": rule.severity, **rule.labels}
         for name, expr in rule.group_by.items():
             try:
@@ -107,38 +108,39 @@ class Engine:
         return labels
 
     @staticmethod
-    def _key(exprs: dict, act: dict) -> str | None:
+    def _key(exprs: dict, act: Activation) -> str | None:
         try:
             return "\x1f".join(f"{k}={exprs[k].eval(act)}" for k in sorted(exprs))
         except EvalError:
             return None
 
-    def _primary_match(self, rule: Rule, act: dict, t: int) -> None:
+    def _primary_match(self, rule: Rule, act: Activation, t: int) -> None:
         labels = self._labels(rule, act)
         if labels is None:
             return
         c = rule.correlate
         if c is None:
-            self._hit(rule, labels, act, t, None)
+            self._hit(rule, labels, act.data, t, None)
             return
         key = self._key(c.this_keys, act)
         if key is None:
             return
         rt = self.runtime[rule.id]
-        entry = [t, labels, act, False]
+        entry = [t, labels, act.data, False]
         for (t_o, other) in reversed(rt.other_buf.get(key, ())):
             if self._in_order(c.order, t, t_o, c.within_ns):
                 entry[3] = True
-                self._hit(rule, labels, act, max(t, t_o), other)
+                self._hit(rule, labels, act.data, max(t, t_o), other)
                 break
         buf = rt.this_buf.setdefault(key, deque(maxlen=MAX_BUFFERED_PER_KEY))
         buf.append(entry)
 
-    def _other_match(self, rule: Rule, record: dict, t: int) -> None:
+    def _other_match(self, rule: Rule, shared: Activation, t: int) -> None:
         c = rule.correlate
-        key = self._key(c.other_keys, record)
+        key = self._key(c.other_keys, shared)
         if key is None:
             return
+        record = shared.data
         rt = self.runtime[rule.id]
         rt.other_buf.setdefault(key, deque(maxlen=MAX_BUFFERED_PER_KEY)).append((t, record))
         for entry in rt.this_buf.get(key, ()):

@@ -124,20 +124,41 @@ class Compiled:
     source: str
     program: cel.Program
 
-    def eval(self, activation: dict[str, Any]) -> Any:
-        """Evaluate; raises ``EvalError`` (never another exception) on a runtime error such as a missing
-        key or a type mismatch."""
+    def eval(self, activation: "dict[str, Any] | Activation") -> Any:
+        """Evaluate on a map or an :class:`Activation`; raises ``EvalError`` (never another exception) on
+        a runtime error such as a missing key or a type mismatch."""
         try:
+            if isinstance(activation, Activation):
+                return self.program.execute(activation.ctx)
             return self.program.execute(activation)
         except Exception as exc:  # cel raises RuntimeError/TypeError/ValueError/KeyError
             raise EvalError(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
 
-    def test(self, activation: dict[str, Any]) -> bool:
+    def test(self, activation: "dict[str, Any] | Activation") -> bool:
         """Evaluate as a condition: true only for the boolean ``true``; errors count as false."""
         try:
             return self.eval(activation) is True
         except EvalError:
             return False
+
+
+class Activation:
+    """One record prepared for evaluation: ``data`` (the map, also used by templates) and a ``cel.Context``
+    built on first use and shared by every expression evaluated on the record. Converting a record to
+    CEL values is most of the cost of an evaluation (measured: ~20-60 µs per record, ~0.3 µs per
+    expression after that; docs/RULES.md), so it is done once per record, not once per expression."""
+
+    __slots__ = ("data", "_ctx")
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+        self._ctx = None
+
+    @property
+    def ctx(self) -> cel.Context:
+        if self._ctx is None:
+            self._ctx = cel.Context(variables=self.data)
+        return self._ctx
 
 
 class EvalError(ValueError):

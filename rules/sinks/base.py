@@ -27,6 +27,32 @@ from pydantic import SecretStr
 from rules.model import SEVERITY_RANK
 
 log = logging.getLogger("obshub.rules.sinks")
+_SECRETS: set[str] = set()
+
+
+class RedactFilter(logging.Filter):
+    """Rewrites log records so no registered secret appears in them. Attached to the loggers of httpx
+    and httpcore (httpx logs every request URL at INFO, and a Slack webhook URL *is* the secret) and of
+    obshub's rule engine."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _SECRETS:
+            msg = record.getMessage()
+            clean = redact(msg, sorted(_SECRETS, key=len, reverse=True))
+            if clean != msg:
+                record.msg, record.args = clean, ()
+        return True
+
+
+def register_secrets(*values: str) -> None:
+    """Remember secret values so ``RedactFilter`` removes them from every log line."""
+    _SECRETS.update(v for v in values if v and len(v) >= 4)
+
+
+_FILTER = RedactFilter()
+for _name in ("httpx", "httpcore", "obshub.rules.sinks", "obshub.rules.dispatch", "obshub.rules.service"):
+    if _FILTER not in logging.getLogger(_name).filters:
+        logging.getLogger(_name).addFilter(_FILTER)
 
 
 @dataclass
@@ -126,6 +152,10 @@ class Sink:
         self.name = name
         self.min_severity = min_severity
         self.resend_every_s = resend_every_s
+
+    def _register(self) -> None:
+        """Subclasses call this once their secrets are set."""
+        register_secrets(*self.secrets)
 
     @property
     def secrets(self) -> list[str]:

@@ -43,6 +43,7 @@ class PagerDutySink(Sink):
                  dedup_prefix: str = "obshub"):
         super().__init__(name, min_severity)
         self._key, self.url, self.dedup_prefix = routing_key, url, dedup_prefix
+        self._register()
 
     @property
     def secrets(self) -> list[str]:

@@ -52,6 +52,7 @@ class SlackSink(Sink):
     def __init__(self, name: str, url: SecretStr, min_severity: str = "info"):
         super().__init__(name, min_severity)
         self._url = url
+        self._register()
 
     @property
     def secrets(self) -> list[str]:

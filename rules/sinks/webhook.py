@@ -28,6 +28,7 @@ class WebhookSink(Sink):
     def __init__(self, name: str, url: SecretStr, min_severity: str = "info", external_url: str = ""):
         super().__init__(name, min_severity)
         self._url, self.external_url = url, external_url
+        self._register()
 
     @property
     def secrets(self) -> list[str]:
