@@ -210,3 +210,20 @@ def test_export_cli_from_kafka(kafka, unique, tmp_path):
     r = subprocess.run([sys.executable, "-m", "obshub.cli", "trace", "export", "--job", "no-such-job",
                         "--steps", "1", "-o", str(out)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 1 and "no events of job 'no-such-job'" in r.stderr
+
+
+def test_live_layers_get_their_own_tracks():
+    K = schema.Kind
+    evs = [schema.Event(K.STEP_BEGIN, 0, 0, 0, 3, 1, 1, -1, 3, {}),
+           schema.Event(K.SCHED_OFFCPU, 1_000, 4_000, 0, 3, 1, 1, -1, 0, None),
+           schema.Event(K.MEM_RECLAIM, 2_000, 3_000, 0, 3, 1, 1, -1, 12, None),
+           schema.Event(K.TCP_RETRANSMIT, 3_000, 0, 0, 3, 1, 1, -1, 1, {"saddr": "10.0.0.1"}),
+           schema.Event(K.NIC_COUNTER, 4_000, 1_000, 0, 3, 0, 0, -1, 9, {"dev": "mlx5_0", "port": 1,
+                                                                         "counter": "out_of_sequence"}),
+           schema.Event(K.PCIE_AER, 5_000, 0, 0, 3, 0, 0, -1, 4096, {"dev": "0000:17:00.0"}),
+           schema.Event(K.STEP_END, 9_000, 9_000, 0, 3, 1, 1, -1, 3, {})]
+    doc = build_trace([HostEvents("node-a", 0, evs)], {}, job="live")
+    assert validate_chrome_trace(doc) == []
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {"steps", "sched", "memory", "network", "nic", "pcie"}
+    assert doc["otherData"]["steps_without_summary"] == [3]

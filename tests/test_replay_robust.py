@@ -156,3 +156,33 @@ def test_memory_stays_bounded_on_a_large_file(tmp_path):
     growth_bytes = (res["peak_kb"] - res["base_kb"]) * 1024
     # json.load of this file alone grows RSS by ~5x its size (~70 MB); streaming needs a small fixed amount
     assert growth_bytes < size / 2, f"peak RSS grew by {growth_bytes / 1e6:.1f} MB on a {size / 1e6:.1f} MB file"
+
+
+def test_recorded_speed_paces_the_replay():
+    """--speed: the replay takes at least the recorded span divided by the speed (a lower bound only,
+    which load on the machine cannot break)."""
+    from obshub.replay.publish import publish
+
+    inputs = discover([SHARED_DATA / "traces" / "param-dlrm-8rank" / "dlrm_kineto"])
+    starts = [r.steps[0].begin_ns for r in inputs.ranks]
+    ends = [r.steps[-1].end_ns for r in inputs.ranks]
+    span_s = (max(ends) - min(starts)) / 1e9  # ~20 ms of recorded time
+    res = publish(inputs, "paced", lambda _b: None, speed=0.05)  # 20x slower than recorded
+    assert res.wall_s >= 0.9 * span_s / 0.05 - 0.05
+    assert sum(res.events.values()) > 8 * 1000
+
+
+def test_execution_trace_that_does_not_match_is_reported(tmp_path):
+    """An ET listing other collectives than the Kineto trace is not trusted for sequence numbers."""
+    kineto = next((SHARED_DATA / "traces" / "param-dlrm-8rank" / "dlrm_kineto").glob("worker0_*.json.gz"))
+    et = tmp_path / "dlrm_eg_0.json"
+    et.write_text(json.dumps({"schema": "1.0.1", "pid": 59811, "nodes": [
+        {"name": "record_param_comms", "id": 5, "rf_id": 5,
+         "inputs": [[1, 2, 0, 16, 4, "cuda:0"], 7, 1234, 0, "allreduce", [], []]}]}))
+    inputs = discover([kineto], [et])
+    (rt,) = inputs.ranks
+    assert rt.et is not None
+    colls = [e for e in map_rank(rt, "t") if e.kind == schema.Kind.COLLECTIVE_BEGIN]
+    assert rt.stats.seq_source == "order"
+    assert [c.payload["coll_seq"] for c in colls] == list(range(8))
+    assert any("do not match" in n for n in rt.stats.notes)

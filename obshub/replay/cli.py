@@ -11,7 +11,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from obshub.replay.errors import ReplayError
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
 from obshub.replay.report import ReplayReport, StepDiagnosis
@@ -143,14 +142,11 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, max_batch_ev
     job = job or _default_job(paths)
     inputs = discover(list(paths), list(et_paths) or None)
     report = ReplayReport()
-    sink = None
+    res = None
     if dry_run:
-        res = publish(inputs, job, lambda b: None, speed=speed_f, max_events=max_batch_events,
-                      observe=report.observe)
-        res = None
+        publish(inputs, job, lambda _b: None, speed=speed_f, max_events=max_batch_events, observe=report.observe)
     else:
-        settings = load_settings(bootstrap=bootstrap)
-        sink = KafkaSink(settings.bootstrap_servers)
+        sink = KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers)
         res = publish(inputs, job, sink, speed=speed_f, max_events=max_batch_events, observe=report.observe)
         sink.close()
     d = summary_dict(job, inputs, report.steps(), res)
@@ -158,5 +154,3 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, max_batch_ev
         click.echo(json.dumps(d, indent=1))
     else:
         _print(Console(highlight=False), d)
-    if not inputs.ranks:
-        raise ReplayError("nothing replayed")
