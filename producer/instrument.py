@@ -27,8 +27,10 @@ hooks and keeps the current TraceKey of every thread.
   their own pair, named ``"<pg>:p2p:<lo>-<hi>"`` (``"<pg>:p2p:any"`` for a recv from any source).
   ``coll_end`` of an ``async_op=True`` call fires when its Work's future completes; of a synchronous call,
   when the call returns (on CPU/gloo that is completion; on CUDA/NCCL it is the enqueue).
-* **registration**: ``register`` fires once ``torch.distributed`` is initialised (wrapped
-  ``init_process_group``, or at ``enable()`` when it already is).
+* **registration**: ``register`` fires once per process, when ``torch.distributed`` is initialised
+  (wrapped ``init_process_group``, or at ``enable()`` when it already is); a process that reaches its
+  first step without it (single-process training) registers then as rank ``$RANK`` (0) of
+  ``$WORLD_SIZE`` (1).
 
 TraceKeys follow ``obshub.schema.make_trace_key(host_id, step, op_seq)``: ``op_seq`` is 0 for the step
 itself and counts every phase and collective of the step from 1. Outside a step (before the first one)
@@ -155,6 +157,8 @@ def _next_op_locked() -> int:
 # steps and phases (callers hold _lock)
 # --------------------------------------------------------------------------------------------------------
 def _begin_step_locked() -> None:
+    if not _st.registered:
+        _register_undistributed_locked()
     _st.step = _st.next_step
     _st.next_step += 1
     _st.op_seq = 0
@@ -429,7 +433,7 @@ def _ensure_ddp_hook(module) -> None:
 def _register() -> None:
     """Fire ``register`` once per process, now that torch.distributed is initialised."""
     with _lock:
-        if _st.registered or not _c10d.is_initialized():
+        if _st.registered or _c10d is None or not _c10d.is_initialized():
             return
         rank, world = _c10d.get_rank(), _c10d.get_world_size()
         if not _st.host_id_explicit:
@@ -438,6 +442,27 @@ def _register() -> None:
         _st.registered = True
         _st.coll_seq.clear()
         usdt.register(_st.job, rank, world, _st.host_id, local_rank)
+
+
+def _register_undistributed_locked() -> None:
+    """At the first step of a process that has not initialised torch.distributed (single-process
+    training): register it anyway, as rank ``$RANK`` (0) of ``$WORLD_SIZE`` (1), so an agent watching
+    "registered" processes sees it. Once per process: a later init_process_group does not register again."""
+    if _st.registered:
+        return
+    if _c10d is not None and _c10d.is_initialized():
+        _register()
+        return
+
+    def env_int(name: str, default: int) -> int:
+        try:
+            return int(os.environ.get(name, default))
+        except ValueError:
+            return default
+
+    rank = env_int("RANK", 0)
+    _st.registered = True
+    usdt.register(_st.job, rank, env_int("WORLD_SIZE", 1), _st.host_id, env_int("LOCAL_RANK", rank))
 
 
 def _wrap_init(orig: Callable) -> Callable:

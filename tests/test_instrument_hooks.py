@@ -77,7 +77,9 @@ def _events(calls, *names):
     return [c for c in calls if c[0] in names]
 
 
-def test_steps_and_phases_with_accumulation_and_checkpointing(probes):
+def test_steps_and_phases_with_accumulation_and_checkpointing(probes, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
     model = Checkpointed()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -95,6 +97,9 @@ def test_steps_and_phases_with_accumulation_and_checkpointing(probes):
     assert seq == ([("step_begin", 0), *fb, *opt_phase, ("step_end", 0), ("step_begin", 1),
                     ("phase_begin", "data"), ("phase_end", "data"), *fb, *opt_phase, ("step_end", 1),
                     ("step_begin", 2), ("phase_begin", "data")])
+    # a process without torch.distributed registers at its first step, as rank 0 of 1
+    assert probes[0] == ("register", "j", 0, 1, 2, 0)
+    assert len(_events(probes, "register")) == 1
     # keys: host 2, the step, op_seq 0 for the step and 1, 2, 3... for its phases
     for step in (0, 1):
         step_keys = {c[2] for c in probes if c[0] in ("step_begin", "step_end") and c[1] == step}
