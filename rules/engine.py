@@ -182,8 +182,8 @@ class Engine:
         inst.value = agg
         inst.annotations = self._render(rule, act, labels, agg, len(hits), other)
         until = _true_until(rule, list(hits))
-        if lifecycle.become_true(inst, t, until) == PENDING:
-            self._emit(inst, PENDING, rule)
+        if lifecycle.become_true(inst, t, until) == PENDING and rule.for_ns > 0:
+            self._emit(inst, PENDING, rule)  # with `for: 0` it fires at once: no pending change published
         self._advance(inst, rule, max(t, self.now_ns))
 
     @staticmethod

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from obshub import schema, stack
 from obshub.config import Settings
@@ -63,6 +63,15 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError) as exc:
         log.error("ignoring unreadable state file %s: %s", path, exc)
         return None
+
+
+def _commit(consumer: Consumer) -> None:
+    """Synchronous commit of the consumed positions; 'nothing to commit' is not an error."""
+    try:
+        consumer.commit(asynchronous=False)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError._NO_OFFSET:
+            raise
 
 
 class OffsetTracker:
@@ -216,16 +225,24 @@ class RuleService:
         except Exception as exc:  # health is best effort
             log.debug("lag measurement failed: %s", exc)
         uptime = time.monotonic() - self.started
-        for topic in (schema.TOPIC_STEPS, schema.TOPIC_EVENTS):
+        for topic in self.input_topics():
             seen = self.last_seen.get(topic)
             idle = time.monotonic() - seen if seen is not None else uptime
             self.engine.process("health", fields.health_record(topic, f"{self.group_prefix}-engine",
                                                                lag.get(topic, 0), idle, uptime, now))
 
+    def input_topics(self) -> list[str]:
+        """The input topics the current rules read (a pack without event rules does not decode events)."""
+        signals = {r.signal for r in self.ruleset.rules.values()}
+        signals |= {r.correlate.signal for r in self.ruleset.rules.values() if r.correlate}
+        topics = [t for sig, t in (("steps", schema.TOPIC_STEPS), ("events", schema.TOPIC_EVENTS)) if sig in signals]
+        return topics or [schema.TOPIC_STEPS]
+
     def run_engine(self) -> None:
         """The engine loop; returns when ``stop`` is set."""
         consumer = self._consumer("engine", "earliest" if self.from_beginning else "latest")
-        consumer.subscribe([schema.TOPIC_STEPS, schema.TOPIC_EVENTS])
+        topics = self.input_topics()
+        consumer.subscribe(topics)
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
                              "linger.ms": 5})
         last_tick = last_health = 0.0
@@ -243,7 +260,10 @@ class RuleService:
                 mono = time.monotonic()
                 if mono - last_tick >= 1.0:
                     self.engine.tick(time.time_ns())
-                    self.maybe_reload()
+                    if self.maybe_reload() and self.input_topics() != topics:
+                        topics = self.input_topics()
+                        _commit(consumer)
+                        consumer.subscribe(topics)
                     last_tick = mono
                 if mono - last_health >= self.health_every_s:
                     self._health(consumer)
@@ -254,7 +274,7 @@ class RuleService:
                     _atomic_write(self.state / "engine.json", self.engine.snapshot())
                     self.engine.dirty = False
                 if msgs:
-                    consumer.commit(asynchronous=False)
+                    _commit(consumer)
         finally:
             if self.outbox:
                 self._publish(producer)

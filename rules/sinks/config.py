@@ -60,7 +60,7 @@ class Delivery(BaseModel):
     """Retry settings shared by all sinks (see rules.sinks.base)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_attempts: int = Field(6, ge=1, le=100)
+    max_attempts: int = Field(6, ge=1, le=100_000)
     max_elapsed: str = "5m"
     timeout: str = "10s"
     backoff_initial: str = "1s"
