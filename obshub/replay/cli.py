@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from obshub import schema
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
 from obshub.replay.report import ReplayReport, StepDiagnosis
@@ -125,10 +126,12 @@ def _print(console: Console, d: dict) -> None:
               help="'fast', 'recorded' (the job's own pace) or a speed-up factor such as 10")
 @click.option("--dry-run", is_flag=True, help="map and diagnose, publish nothing")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
+@click.option("--topic", default=schema.TOPIC_EVENTS, show_default=True,
+              help="events topic to publish to (another one for an isolated stream app)")
 @click.option("--max-batch-events", default=2000, show_default=True, type=click.IntRange(1, 100_000),
               help="events per batch at most")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
-def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, max_batch_events, as_json):
+def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_batch_events, as_json):
     """Replay PyTorch profiler (Kineto) traces, one file per rank, through obshub.
 
     Each rank is published as its own agent (host rank<N>) on the events topic, so `obshub streams
@@ -146,7 +149,7 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, max_batch_ev
     if dry_run:
         publish(inputs, job, lambda _b: None, speed=speed_f, max_events=max_batch_events, observe=report.observe)
     else:
-        sink = KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers)
+        sink = KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers, topic)
         res = publish(inputs, job, sink, speed=speed_f, max_events=max_batch_events, observe=report.observe)
         sink.close()
     d = summary_dict(job, inputs, report.steps(), res)
