@@ -59,19 +59,21 @@ class Engine:
         """Swap in a new (validated) rule set. Alerts of rules that disappeared are resolved; the window
         state of rules that remain is kept."""
         for fp, inst in list(self.instances.items()):
-            if inst.rule not in ruleset.rules and inst.state in (PENDING, FIRING):
-                inst.true_until_ns = min(inst.true_until_ns, self.now_ns)
-                self._emit(inst, RESOLVED if inst.state == FIRING else INACTIVE, None)
-                if inst.state == FIRING:
-                    inst.state, inst.resolved_at_ns = RESOLVED, self.now_ns
-                del self.instances[fp]
+            if inst.rule in ruleset.rules:
+                continue
+            if inst.state == FIRING:
+                inst.state, inst.resolved_at_ns = RESOLVED, self.now_ns
+            elif inst.state == PENDING:
+                inst.state = INACTIVE
+            self._emit(inst, inst.state, None)
+            del self.instances[fp]
         self.runtime = {rid: self.runtime.get(rid, _RuleRuntime()) for rid in ruleset.rules}
         self.ruleset = ruleset
 
     # -- input --------------------------------------------------------------------------------------------
     def process(self, signal: str, record: dict) -> None:
         """Evaluate every rule that reads ``signal`` on ``record`` (a map from ``rules.fields``)."""
-        t = int(record.get("time_ns") or 0)
+        t = int(record.get("time_ns") or 0) or self.now_ns  # a record without a time happens "now"
         self.now_ns = max(self.now_ns, t)
         kind = record.get("kind") if signal == "events" else None
         shared = Activation(record)  # one CEL conversion of the record for every rule
