@@ -133,9 +133,22 @@ static __always_inline struct obs_event *obs_reserve_current(u32 probe, u16 kind
     return obs_reserve(probe, kind, id >> 32, (u32)id);
 }
 
+/* Submit without waking the reader, except every OBS_WAKEUP_EVERY-th event (about a quarter of the
+ * ring): the reader polls on a timer anyway, and a wakeup per event would preempt the watched threads
+ * sharing the reader's CPU (which would then show up in their own scheduler events). */
+#ifndef OBS_WAKEUP_EVERY
+#define OBS_WAKEUP_EVERY ((OBS_RINGBUF_PAGES * 4096 / 4) / (sizeof(struct obs_event) + 8) + 1)
+#endif
+BPF_ARRAY(submitted, u64, 1);
+
 static __always_inline void obs_submit(struct obs_event *e)
 {
-    events.ringbuf_submit(e, 0);
+    u32 zero = 0;
+    u64 flags = BPF_RB_NO_WAKEUP;
+    u64 *n = submitted.lookup(&zero);
+    if (n && __sync_fetch_and_add(n, 1) % OBS_WAKEUP_EVERY == 0)
+        flags = BPF_RB_FORCE_WAKEUP;
+    events.ringbuf_submit(e, flags);
 }
 
 /* Read a tracepoint field at the byte offset the loader found in tracefs (-D TPOFF_...). */
