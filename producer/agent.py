@@ -6,7 +6,8 @@ register as component ``agent-<host>`` -> serve Prometheus metrics -> loop { pol
 most until the open batch is due) -> batcher -> transport; seal batches that are ``max_age_ms`` old;
 serve delivery reports and spool replay; every ``loss_interval_s`` turn the source's in-kernel loss
 counters into AGENT_LOSS events } -> on SIGTERM/SIGINT or ``--duration``: drain the source once more,
-stop it, flush the last batch, deliver what is left for up to ``flush_timeout_s`` -> exit code 0 when
+stop it, flush the last batch, deliver what is left for up to ``flush_timeout_s`` (a second signal cuts
+this short: the rest stays in the spool) -> exit code 0 when
 everything was delivered, :data:`EXIT_UNDELIVERED` (3) when batches stay in the spool (the message says
 how many and where; the next start with the same ``--host`` replays them).
 """
@@ -79,6 +80,7 @@ class Agent:
         self.probe_status: list = []
         self.metrics_port: int | None = None
         self._stop = threading.Event()
+        self._signals = 0
         self._metrics_server = None
         if spool.pending_batches:
             self.say(f"{spool.pending_batches} batches ({spool.pending_bytes} B) from a previous run wait in "
@@ -93,13 +95,19 @@ class Agent:
         """Ask the loop to finish (thread- and signal-safe)."""
         self._stop.set()
 
+    def _on_signal(self, signum, _frame) -> None:
+        self._signals += 1
+        if self._signals == 2:
+            self.say(f"second {signal.Signals(signum).name}: stop waiting for Kafka, keep the rest in the spool")
+        self._stop.set()
+
     # -- run -----------------------------------------------------------------------------------------
     def run(self) -> int:
         """Run until :meth:`stop`, SIGTERM/SIGINT (when called from the main thread) or ``duration_s``.
         Returns the exit code: 0 when everything was delivered, 3 when batches are left in the spool."""
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self._stop.set())
+                signal.signal(sig, self._on_signal)
         name = f"agent-{self.config.host}"
         try:
             self.probe_status = list(self.source.start())
@@ -193,7 +201,7 @@ class Agent:
         last = self.batcher.flush()
         if last is not None:
             self.transport.send(last)
-        left = self.transport.close(self.config.flush_timeout_s)
+        left = self.transport.close(self.config.flush_timeout_s, abort=lambda: self._signals >= 2)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
 from confluent_kafka import KafkaError
 
@@ -117,6 +118,9 @@ class Transport:
             self._broker_down = False
             if self.state == DIRECT:
                 self._enter_draining()
+            elif self.state == SPOOLING and any(r.ok is None for r in self._replay):
+                self._replay_failed = True  # do not wait for the replayed batches to time out
+                self._last_purge = 0.0
         if self.state == DRAINING:
             if self.publisher.outstanding and now - self._last_purge >= _REPURGE_EVERY_S:
                 self.publisher.purge_queued()
@@ -199,12 +203,12 @@ class Transport:
         return (self.state == DIRECT and self.publisher.outstanding == 0 and not self._held
                 and not self._failed and self.spool.pending_batches == 0)
 
-    def close(self, timeout_s: float) -> tuple[int, int]:
-        """Try for up to ``timeout_s`` to deliver everything (spool included); then move whatever is left
-        to the spool and close it. Returns ``(undelivered_batches, undelivered_bytes)``: what stays in the
-        spool for the next start (0, 0 when everything was delivered)."""
+    def close(self, timeout_s: float, abort: Callable[[], bool] = lambda: False) -> tuple[int, int]:
+        """Try for up to ``timeout_s`` (or until ``abort()`` is true) to deliver everything, spool
+        included; then move whatever is left to the spool and close it. Returns ``(undelivered_batches,
+        undelivered_bytes)``: what stays in the spool for the next start (0, 0 when all was delivered)."""
         deadline = time.monotonic() + timeout_s
-        while not self.idle and time.monotonic() < deadline:
+        while not self.idle and time.monotonic() < deadline and not abort():
             self.service(0.05)
         if not self.idle:
             self.publisher.purge_all()
