@@ -26,8 +26,10 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 _COMPREHENSION = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
 _MEMBER = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\.\s*([A-Za-z_]\w*)")
-_RESERVED = {"true", "false", "null", "in", "has", "size", "int", "uint", "double", "string", "bool",
-             "bytes", "type", "duration", "timestamp", "matches", "dyn", "list", "map"}
+# literals and type names that may appear bare (``type(x) == int``); functions are always called, and a
+# call ``name(`` is recognised as such, so ``duration`` alone is a field reference (and unknown)
+_RESERVED = {"true", "false", "null", "in", "int", "uint", "double", "string", "bool", "bytes", "type",
+             "dyn", "list", "map", "null_type"}
 _CEL_POS = re.compile(r"<input>:(\d+):(\d+):\s*(.*)")
 
 
@@ -91,12 +93,20 @@ def compile_expr(expr: str) -> cel.Program:
 
 
 def unknown_references(expr: str, allowed: set[str], names: set[str], nested: dict[str, set[str]],
-                       payload: set[str] | None) -> list[str]:
-    """Messages for every name in ``expr`` that is not a documented field (``allowed``), a macro/list or
-    extra name (``names``), a comprehension variable or a CEL builtin; and for members of documented
-    nested fields (``straggler.hostt``, ``payload.qpp``) that do not exist."""
+                       payload: set[str] | None) -> list[tuple[str, int]]:
+    """``(message, offset in expr)`` for every name in ``expr`` that is not a documented field
+    (``allowed``), a macro/list or extra name (``names``), a comprehension variable or a CEL literal;
+    and for members of documented nested fields (``straggler.hostt``, ``payload.qpp``) that do not
+    exist."""
     bound = set(_COMPREHENSION.findall(expr))
     msgs = []
+    offsets = {}
+    prev = ""
+    for kind, text, off in tokens(expr):
+        if kind == "ident" and prev != ".":
+            offsets.setdefault(text, off)
+        if not text.isspace():
+            prev = text
     for name in dict.fromkeys(identifiers(expr)):
         if name in allowed or name in names or name in bound or name in _RESERVED:
             continue
@@ -104,17 +114,25 @@ def unknown_references(expr: str, allowed: set[str], names: set[str], nested: di
             continue  # a function call (CEL's own functions are checked by the compiler at run time)
         near = difflib.get_close_matches(name, sorted(allowed | names), n=1)
         hint = f"; did you mean '{near[0]}'?" if near else ""
-        msgs.append(f"unknown field '{name}'{hint}")
-    stripped = "".join(t if k != "str" else '""' for k, t, _ in tokens(expr))
-    for base, member in _MEMBER.findall(stripped):
+        msgs.append((f"unknown field '{name}'{hint}", offsets.get(name, 0)))
+    stripped = "".join(t if k != "str" else " " * len(t) for k, t, _ in tokens(expr))  # keeps offsets
+    for m in _MEMBER.finditer(stripped):
+        base, member = m.group(1), m.group(2)
         if base in bound:
             continue
         known = payload if base == "payload" else nested.get(base)
         if known is not None and base in allowed and member not in known and member not in _RESERVED:
             near = difflib.get_close_matches(member, sorted(known), n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
-            msgs.append(f"unknown field '{base}.{member}' (documented: {', '.join(sorted(known)) or 'none'}){hint}")
+            msgs.append((f"unknown field '{base}.{member}' (documented: {', '.join(sorted(known)) or 'none'}){hint}",
+                         m.start()))
     return msgs
+
+
+def line_col(expr: str, offset: int) -> tuple[int, int]:
+    """1-based (line, col) of ``offset`` in ``expr``."""
+    line = expr.count("\n", 0, offset) + 1
+    return line, offset - (expr.rfind("\n", 0, offset) + 1) + 1
 
 
 @dataclass

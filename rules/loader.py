@@ -26,7 +26,7 @@ from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 from rules import fields
 from rules.durations import parse_duration_ns
 from rules.errors import Problem, RuleValidationError
-from rules.expr import Compiled, ExprError, compile_expr, expand, unknown_references
+from rules.expr import Compiled, ExprError, compile_expr, expand, line_col, unknown_references
 from rules.model import Correlation, InhibitRule, Rule, RuleSet
 from rules.yamlfile import position, read_rule_file
 
@@ -72,7 +72,10 @@ class _Ctx:
         self.problems.append(Problem(file, line, col, msg, rule))
 
 
-def _expr_pos(doc: Any, path: list, err: ExprError) -> tuple[int, int]:
+def _expr_pos(doc: Any, path: list, err: ExprError, file: str = "") -> tuple[int, int]:
+    """1-based position in the file of ``err``'s (line, col) inside the expression at ``path``. For a
+    block scalar (``|`` or ``>``; folding joins lines) the expression's text at that point is searched
+    in the file's lines below the key."""
     line, col = position(doc, path)
     node = doc
     try:
@@ -81,8 +84,21 @@ def _expr_pos(doc: Any, path: list, err: ExprError) -> tuple[int, int]:
     except (KeyError, IndexError, TypeError):
         node = None
     if isinstance(node, (LiteralScalarString, FoldedScalarString)):
-        return line + max(err.line, 1), max(err.col, 1) + 4
-    quote = 1 if getattr(node, "style", None) or type(node).__name__.endswith("QuotedScalarString") else 0
+        text = str(node)
+        lines = text.split("\n")
+        at = sum(len(x) + 1 for x in lines[:max(err.line, 1) - 1]) + max(err.col, 1) - 1
+        snippet = text[at:at + 12].split("\n")[0].strip()
+        try:
+            src = Path(file).read_text().splitlines() if file else []
+        except OSError:
+            src = []
+        for i in range(line, min(len(src), line + len(text) + 1)):
+            j = src[i].find(snippet) if snippet else -1
+            if j >= 0:
+                return i + 1, j + 1
+        indent = len(src[line]) - len(src[line].lstrip()) if line < len(src) else col
+        return line + max(err.line, 1), indent + max(err.col, 1)
+    quote = 1 if type(node).__name__.endswith("QuotedScalarString") else 0
     return line + max(err.line - 1, 0), col + quote + max(err.col - 1, 0)
 
 
@@ -178,15 +194,18 @@ def _compile(ctx: _Ctx, raw: dict, key: str, text: str, allowed: set[str], neste
     try:
         compile_expr(text)  # syntax first, on the text as written, for exact positions
     except ExprError as err:
-        ctx.add(file, *_expr_pos(doc, path, err), f"{key}: {err}", rid)
+        ctx.add(file, *_expr_pos(doc, path, err, file), f"{key}: {err}", rid)
         return None
     names = set(ctx.macros) | set(ctx.lists) | set(extra)
-    for msg in unknown_references(text, allowed, names, nested, payload):
-        ctx.add(file, *position(doc, path), f"{key}: {msg}", rid)
+    raw = unknown_references(text, allowed, names, nested, payload)
+    for msg, off in raw:
+        ctx.add(file, *_expr_pos(doc, path, ExprError(msg, *line_col(text, off)), file), f"{key}: {msg}", rid)
     try:
         source = expand(text, ctx.macros, ctx.lists)
-        for msg in unknown_references(source, allowed, set(extra), nested, payload):
-            ctx.add(file, *position(doc, path), f"{key} (after expanding macros): {msg}", rid)
+        seen = {m for m, _ in raw}
+        for msg, _ in unknown_references(source, allowed, set(extra), nested, payload):
+            if msg not in seen:  # a macro uses a field this rule's signal does not have
+                ctx.add(file, *position(doc, path), f"{key} (in a macro it uses): {msg}", rid)
         return Compiled(source, compile_expr(source))
     except ExprError as err:
         ctx.add(file, *position(doc, path), f"{key}: {err}", rid)

@@ -129,3 +129,30 @@ def test_silence_matching(tmp_path):
         store.add(["host=a"], now, now - 1, "a", "c")
     with pytest.raises(SilenceError):
         Matcher.parse("a=~(")
+
+
+def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
+    import re
+
+    from rules.fields import EVENT_VARS, HEALTH_VARS
+    from rules.loader import load_ruleset
+
+    doc = (REPO / "docs" / "RULES.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    team = tmp_path / "team"
+    (team / "tests").mkdir(parents=True)
+    (team / "slow_sync.yaml").write_text(blocks[0])
+    (team / "tests" / "slow_sync_test.yaml").write_text(blocks[1])
+    res = subprocess.run([*OBSHUB, "rules", "test", "team/tests/slow_sync_test.yaml"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0 and "1 passed, 0 failed" in res.stdout, res.stdout + res.stderr
+    (team / "bad.yaml").write_text(blocks[0].replace("condition: duration_ns", "condition: duration"))
+    res = subprocess.run([*OBSHUB, "rules", "check", "team/bad.yaml"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    shown = re.search(r"# (team/slow_sync\.yaml:\d+:\d+: .*)", doc).group(1)
+    assert res.stderr.splitlines()[0] == shown.replace("slow_sync.yaml", "bad.yaml")
+    for rid, rule in load_ruleset([REPO / "rules" / "builtin"]).rules.items():
+        assert f"\n### {rid}\n" in doc, f"docs/RULES.md has no runbook section for {rid}"
+        assert rule.runbook == f"docs/RULES.md#{rid}"
+    for name in list(EVENT_VARS) + list(HEALTH_VARS):
+        assert f"`{name}`" in doc, f"docs/RULES.md does not document field {name}"
