@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -203,6 +202,8 @@ class UsdtReader:
         self._lock = threading.Lock()
         self.bpf[b"events"].open_ring_buffer(self._on_event)
         self._stop = threading.Event()
+        self._drain = threading.Event()
+        self._drained = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -214,12 +215,20 @@ class UsdtReader:
             self.records.append(rec)
 
     def _loop(self):
+        # the only thread touching the ring buffer: polls, and drains it completely on request
         while not self._stop.is_set():
-            self.bpf.ring_buffer_poll(100)
+            self.bpf.ring_buffer_poll(50)
+            if self._drain.is_set():
+                self._drain.clear()
+                self.bpf.ring_buffer_consume()
+                self._drained.set()
 
     def of_job(self, job: str) -> list[dict]:
-        """The records of the processes that registered with ``job`` (after a final drain)."""
-        time.sleep(0.3)
+        """The records of the processes that registered with ``job``. Call it after those processes
+        exited: every record they made is in the ring buffer by then, and it is drained first."""
+        self._drained.clear()
+        self._drain.set()
+        assert self._drained.wait(30), "the ring-buffer reader thread did not drain in 30 s"
         with self._lock:
             recs = list(self.records)
         pids = {r["pid"] for r in recs if r["probe"] == "register" and r["s1"] == job}
