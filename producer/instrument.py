@@ -26,7 +26,8 @@ hooks and keeps the current TraceKey of every thread.
   on every rank because ranks issue collectives of a group in the same order. Point-to-point ops count on
   their own pair, named ``"<pg>:p2p:<lo>-<hi>"`` (``"<pg>:p2p:any"`` for a recv from any source).
   ``coll_end`` of an ``async_op=True`` call fires when its Work's future completes; of a synchronous call,
-  when the call returns (on CPU/gloo that is completion; on CUDA/NCCL it is the enqueue).
+  when the call returns. On CPU/gloo both are completion; on CUDA/NCCL both are the enqueue (PyTorch
+  completes NCCL futures at enqueue; GPU completion is the CUDA/NCCL probes' to see).
 * **registration**: ``register`` fires once per process, when ``torch.distributed`` is initialised
   (wrapped ``init_process_group``, or at ``enable()`` when it already is); a process that reaches its
   first step without it (single-process training) registers then as rank ``$RANK`` (0) of
