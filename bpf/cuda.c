@@ -37,7 +37,7 @@ struct obs_cuda_call {
 };
 
 BPF_ARRAY(cuda_sym, struct obs_cuda_sym, OBS_CUDA_NSYMS);
-BPF_HASH(cuda_calls, struct obs_cuda_key, struct obs_cuda_call, OBS_MAX_TIDS);
+BPF_TABLE("lru_hash", struct obs_cuda_key, struct obs_cuda_call, cuda_calls, OBS_MAX_TIDS);
 
 /* Argument n (1-based) of the probed call. All six are loaded (volatile: in this order) and then selected: a switch would
  * compile to a jump table (an indirect jump BPF lacks) and a conditional load to a modified ctx pointer,

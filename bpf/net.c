@@ -25,9 +25,9 @@
 #define OBS_TCP_LISTEN 10
 #define OBS_IPPROTO_TCP 6
 
-BPF_HASH(socks, u64, u32, 65536);      /* struct sock address -> owner tgid */
+BPF_TABLE("lru_hash", u64, u32, socks, 65536);      /* struct sock address -> owner tgid */
 BPF_HASH(lports, u16, u32, 4096);      /* local TCP port (host order) -> owner tgid */
-BPF_HASH(rtt_last, u64, u64, 65536);   /* struct sock address -> ts of the last RTT sample */
+BPF_TABLE("lru_hash", u64, u64, rtt_last, 65536);   /* struct sock address -> ts of the last RTT sample */
 
 int obs_sock_set_state(void *ctx)
 {

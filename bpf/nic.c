@@ -27,7 +27,7 @@ struct obs_wr_key {
     u32 pad;
 };
 
-BPF_HASH(post_ts, struct obs_wr_key, u64, 65536);
+BPF_TABLE("lru_hash", struct obs_wr_key, u64, post_ts, 65536);
 BPF_HASH(poll_wc, u32, u64, OBS_MAX_TIDS); /* tid -> wc array pointer of the poll in progress */
 
 int obs_verbs_post(struct pt_regs *ctx)

@@ -10,9 +10,19 @@
  */
 #include "common.h"
 
+/* Begin/end pairing keys (docs/AGENT.md "Pairing begin and end"): begin and end may fire on different
+ * threads of the process (autograd device threads, gloo workers), so never pair by tid. */
 struct obs_phase_key {
-    u32 tid;
+    u32 tgid;
+    u32 pad;
+    u64 trace_key;
     char phase[16];
+};
+
+struct obs_step_key {
+    u32 tgid;
+    u32 pad;
+    s64 step;
 };
 
 struct obs_coll_key {
@@ -22,9 +32,9 @@ struct obs_coll_key {
     char pg[16];
 };
 
-BPF_HASH(step_begin_ts, u32, u64, OBS_MAX_TIDS);              /* tid -> STEP_BEGIN ts */
-BPF_HASH(phase_begin_ts, struct obs_phase_key, u64, OBS_MAX_TIDS);
-BPF_HASH(coll_begin_ts, struct obs_coll_key, u64, 65536);
+BPF_TABLE("lru_hash", struct obs_step_key, u64, step_begin_ts, OBS_MAX_TIDS);
+BPF_TABLE("lru_hash", struct obs_phase_key, u64, phase_begin_ts, OBS_MAX_TIDS);
+BPF_TABLE("lru_hash", struct obs_coll_key, u64, coll_begin_ts, 65536);
 
 static __always_inline int obs_usdt_gate(void)
 {
@@ -82,7 +92,8 @@ int obs_usdt_step_begin(struct pt_regs *ctx)
     u64 key = 0, now = bpf_ktime_get_ns();
     bpf_usdt_readarg(1, ctx, &step);
     bpf_usdt_readarg(2, ctx, &key);
-    step_begin_ts.update(&tid, &now);
+    struct obs_step_key sk = {.tgid = tgid, .step = step};
+    step_begin_ts.update(&sk, &now);
     sched_acc.delete(&tgid);
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_BEGIN, tgid, tid);
     if (!e)
@@ -105,10 +116,11 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     u64 key = 0, now = bpf_ktime_get_ns(), dur = 0;
     bpf_usdt_readarg(1, ctx, &step);
     bpf_usdt_readarg(2, ctx, &key);
-    u64 *begin = step_begin_ts.lookup(&tid);
+    struct obs_step_key sk = {.tgid = tgid, .step = step};
+    u64 *begin = step_begin_ts.lookup(&sk);
     if (begin) {
         dur = now - *begin;
-        step_begin_ts.delete(&tid);
+        step_begin_ts.delete(&sk);
     }
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_END, tgid, tid);
     if (e) {
@@ -150,7 +162,8 @@ static __always_inline int obs_phase(int end, u64 phase, s64 step, u64 key)
     u32 tgid = id >> 32, tid = (u32)id;
     u64 now = bpf_ktime_get_ns();
     struct obs_phase_key pk = {};
-    pk.tid = tid;
+    pk.tgid = tgid;
+    pk.trace_key = key;
     bpf_probe_read_user_str(pk.phase, sizeof(pk.phase), (void *)phase);
     if (!end) {
         phase_begin_ts.update(&pk, &now);

@@ -17,8 +17,8 @@ struct obs_off {
     s64 state;
 };
 
-BPF_HASH(wake_ts, u32, u64, OBS_MAX_TIDS);          /* tid -> when it became runnable */
-BPF_HASH(off_ts, u32, struct obs_off, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
+BPF_TABLE("lru_hash", u32, u64, wake_ts, OBS_MAX_TIDS);          /* tid -> when it became runnable */
+BPF_TABLE("lru_hash", u32, struct obs_off, off_ts, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
 
 static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk)
 {

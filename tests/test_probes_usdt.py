@@ -98,3 +98,39 @@ def test_undersized_ring_buffer_counts_every_lost_event(tmp_path):
     assert lost == produced - delivered, (produced, delivered, lost)
     # the delivered ones are the first of the burst, in order (a full ring drops the newest)
     assert [e.step for e in events if e.kind == Kind.STEP_BEGIN][:5] == [0, 1, 2, 3, 4]
+
+
+def test_real_producer_usdt_library(tmp_path):
+    """The handlers decode the real instrumentation library's probes (argument types and order)."""
+    need_bpf()
+    try:
+        from producer import usdt
+    except Exception as exc:  # the extension is built by another part of the project
+        pytest.skip(f"producer._usdt not built: {exc}")
+    from fixtures.probes_util import Child
+
+    code = ("import sys\nfrom producer import usdt as u\nsys.stdin.readline()\n"
+            "u.register('real', 1, 2, 9, 0)\nu.tracekey(77, 5)\nu.step_begin(5, 77)\n"
+            "u.phase_begin('backward', 5, 78)\nu.phase_end('backward', 5, 78)\n"
+            "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"
+            "u.step_end(5, 77)\nprint('done', flush=True)\n")
+    child = Child(code)
+    try:
+        with event_source(tmp_path, Target(registered=True), probes=("pytorch",),
+                          usdt_library=usdt.library_path()) as (src, table):
+            assert all(s.attached for s in table), table
+            child.go()
+            child.wait()
+            events = [e for e in drain(src, 0.5) if e.pid == child.pid]
+    finally:
+        child.kill()
+    kinds = [e.kind for e in events]
+    assert kinds == [Kind.REGISTER, Kind.STEP_BEGIN, Kind.PHASE, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END,
+                     Kind.STEP_END], kinds
+    reg, begin, phase, cb, ce, end = events
+    assert reg.value == 1 and reg.payload == {"job": "real", "world_size": 2, "host_id": 9, "local_rank": 0}
+    assert (begin.step, begin.trace_key, end.step, end.trace_key) == (5, 77, 5, 77)
+    assert end.duration_ns == end.ts_ns - begin.ts_ns
+    assert phase.payload == {"phase": "backward"} and phase.trace_key == 78 and phase.step == 5
+    assert cb.payload == ce.payload == {"pg": "0", "coll_seq": 3, "op": "all_reduce"}
+    assert cb.value == ce.value == 1024 and ce.duration_ns == ce.ts_ns - cb.ts_ns
