@@ -27,6 +27,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "replay": "obshub.replay.cli:replay_command",
     "trace": "obshub.export.cli:trace_group",
     "agent": "producer.agent:agent_command",
+    "probes": "producer.loader:probes_command",
     "run": "obshub.run:run_command",
 }
 

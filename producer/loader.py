@@ -100,7 +100,9 @@ def _missing(p: cat.Probe, pl: _Plan, tracefs: Path | None, options: ProbeOption
         elif isinstance(ap, Uprobe):
             lib = pl.libs.get(ap.lib)
             if lib is None:
-                where = ", ".join(str(d) for d in options.lib_dirs) or "(no library dirs)"
+                dirs = [str(d) for d in options.lib_dirs]
+                where = ", ".join(dirs) if len(dirs) <= 2 else f"{dirs[0]} and {len(dirs) - 1} more lib_dirs"
+                where = where or "(no library dirs)"
                 return f"library {cat.LIBRARIES[ap.lib][0]} not mapped by the target nor found in {where}"
             sym = options.verbs_symbol(ap) if ap.lib == "verbs" else ap.symbol
             if not cat.has_symbol(lib, sym):
@@ -378,3 +380,82 @@ class BpfEventSource:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
             self._bpf = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `obshub probes`: the probe table of this machine
+# ---------------------------------------------------------------------------------------------------------
+_PROBES_EPILOG = """\b
+Examples:
+  obshub probes                         # what this kernel and these libraries offer (nothing loaded)
+  obshub probes --load                  # compile and attach everything for a moment: the real table
+  obshub probes --load --probes sched   # only the scheduler probes
+  obshub probes --json                  # the table for scripts
+  obshub probes --thresholds            # thresholds, their defaults and units
+"""
+
+
+def _probes_command():
+    import json
+
+    import click
+    from rich.console import Console
+    from rich.table import Table
+
+    @click.command("probes", epilog=_PROBES_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--load", is_flag=True, help="compile and attach the probes (root), then detach")
+    @click.option("--probes", "names", default=None, help="comma-separated probe or layer names [default: all]")
+    @click.option("--usdt-library", type=click.Path(dir_okay=False), default=None,
+                  help="library with the obshub USDT probes [default: producer._usdt]")
+    @click.option("--json", "as_json", is_flag=True, help="print JSON")
+    @click.option("--thresholds", "show_thresholds", is_flag=True, help="list the run-time thresholds")
+    @click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags")
+    def probes_command(load, names, usdt_library, as_json, show_thresholds, debug_ebpf):
+        """The probe table: every probe obshub has, its layer and mechanism, and whether it attaches on
+        this machine (or why not). Without --load only the kernel's tracefs and the libraries are
+        inspected; with --load the programs are compiled and attached (needs CAP_BPF, CAP_PERFMON and,
+        for uprobes on other users' processes, CAP_SYS_ADMIN)."""
+        from obshub.config import load_settings
+
+        console = Console(highlight=False)
+        if show_thresholds:
+            rows = [{"name": n, "default": d, "unit": u} for n, (_i, d, u) in cat.THRESHOLDS.items()]
+            if as_json:
+                click.echo(json.dumps(rows, indent=2))
+            else:
+                for r in rows:
+                    console.print(f"{r['name']:<18} {r['default']:>12}  {r['unit']}")
+            return
+        options = ProbeOptions(probes=tuple(n.strip() for n in (names or "").split(",") if n.strip()),
+                               usdt_library=Path(usdt_library) if usdt_library else None,
+                               debug_ebpf=debug_ebpf)
+        target = Target(pids={os.getpid()})
+        if load or debug_ebpf:
+            src = BpfEventSource(load_settings(), target, options)
+            try:
+                statuses = src.start()
+            finally:
+                src.close()
+        else:
+            pl = plan(options, target, kheaders.tracefs_mount())
+            statuses = [ProbeStatus(p.name, p.layer.value, p.name not in pl.skipped,
+                                    pl.skipped.get(p.name, "available (not loaded: use --load)"))
+                        for p in _selected(options)]
+        if as_json:
+            click.echo(json.dumps([s.__dict__ for s in statuses], indent=2))
+            return
+        table = Table("probe", "layer", "mechanism", "status", "reason")
+        for s in statuses:
+            p = cat.PROBES_BY_NAME[s.name]
+            state = "[green]attached[/green]" if s.attached and load else \
+                "[green]available[/green]" if s.attached else "[yellow]skipped[/yellow]"
+            table.add_row(s.name, s.layer, p.mechanism, state, "" if s.attached else s.reason)
+        console.print(table)
+
+    return probes_command
+
+
+def __getattr__(name):  # the click command is built on first use (click/rich imports stay lazy)
+    if name == "probes_command":
+        return _probes_command()
+    raise AttributeError(name)
