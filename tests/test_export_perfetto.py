@@ -23,11 +23,9 @@ import pytest
 
 from obshub import schema
 from obshub.export.perfetto import HostEvents, build_trace
-from obshub.replay.inputs import discover
-from obshub.replay.publish import publish
-from tests.conftest import REPO, SHARED_DATA
+from tests.conftest import REPO
+from tests.test_replay_common import dlrm_batches
 
-DLRM = SHARED_DATA / "traces" / "param-dlrm-8rank"
 META_NAMES = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
 
 
@@ -108,10 +106,8 @@ def validate_chrome_trace(doc) -> list[str]:
 
 
 def _dlrm_hosts() -> list[HostEvents]:
-    batches: list[schema.Batch] = []
-    publish(discover([DLRM]), "dlrm", batches.append)
     hosts: dict[str, HostEvents] = {}
-    for b in batches:
+    for b in dlrm_batches("dlrm"):
         hosts.setdefault(b.host, HostEvents(b.host, b.host_id)).events.extend(b.events)
     return [hosts[f"rank{i}"] for i in range(8)]
 
@@ -191,13 +187,17 @@ def test_steps_option(steps, ok):
 
 
 def test_export_cli_from_kafka(kafka, unique, tmp_path):
-    """Replay to the broker, put the step summary on obshub.steps.v1 (as the stream worker does), export."""
+    """Replayed batches on the broker, the step summary on obshub.steps.v1 (as the stream worker writes
+    it), then `obshub trace export`."""
     from confluent_kafka import Producer
 
+    from obshub.replay.publish import KafkaSink
+
     job = f"dlrm-x-{unique}"
-    r = subprocess.run([sys.executable, "-m", "obshub.cli", "replay", str(DLRM), "--job", job],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert r.returncode == 0, r.stderr
+    sink = KafkaSink(kafka.bootstrap_servers)  # what `obshub replay` does (tested in test_replay_dlrm)
+    for b in dlrm_batches(job):
+        sink(b)
+    sink.close()
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
     p.produce(schema.TOPIC_STEPS, key=job.encode(), value=json.dumps({**SUMMARY, "job": job}).encode())
     assert p.flush(30) == 0

@@ -1,17 +1,8 @@
-"""Replay of the real 8-rank DLRM step (param-dlrm-8rank) checked against numbers computed here,
-independently, from the raw files with nothing but json and gzip.
-
-Independent method (no obshub code): per rank, the step is the ``ProfilerStep#N`` span; the first
-collective is the earliest NCCL kernel on the GPU (``ncclKernel_*``); its start is the rank's arrival
-(all ranks share one host clock); a rank waits there for the last arrival, so
-``wait = max(arrival) - arrival`` and the straggler is the rank that arrived last. Cross-check that
-needs no clock: the NCCL kernel lasts the wait plus the transfer, so ``kernel_dur - min(kernel_dur)``
-must equal the wait within a few µs.
-"""
+"""Replay of the real 8-rank DLRM step (param-dlrm-8rank) checked against numbers computed
+independently from the raw files with json and gzip only (method: tests/test_replay_common.py)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -19,45 +10,19 @@ import sys
 import pytest
 
 from obshub import schema
-from obshub.replay.inputs import discover
-from obshub.replay.publish import publish
-from obshub.replay.report import ReplayReport
-from tests.conftest import REPO, SHARED_DATA, consume_all
-
-DLRM = SHARED_DATA / "traces" / "param-dlrm-8rank"
+from tests.conftest import REPO, consume_all
+from tests.test_replay_common import DLRM, dlrm_replay, raw_dlrm
 
 
 @pytest.fixture(scope="module")
 def independent() -> dict:
-    """rank -> {step, start_us, dur_us, arrival_us, kernel_us, wait_us}; plus "straggler"."""
-    out = {}
-    for f in sorted((DLRM / "dlrm_kineto").glob("*.json.gz")):
-        d = json.load(gzip.open(f))
-        rank = d["distributedInfo"]["rank"]
-        ev = d["traceEvents"]
-        step = [e for e in ev if e.get("name", "").startswith("ProfilerStep#")]
-        assert len(step) == 1
-        k = min((e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")),
-                key=lambda e: e["ts"])
-        out[rank] = {"step": int(step[0]["name"].split("#")[1]), "start_us": step[0]["ts"],
-                     "dur_us": step[0]["dur"], "arrival_us": k["ts"], "kernel_us": k["dur"]}
-    last = max(r["arrival_us"] for r in out.values())
-    kmin = min(r["kernel_us"] for r in out.values())
-    for r in out.values():
-        r["wait_us"] = last - r["arrival_us"]
-        assert abs((r["kernel_us"] - kmin) - r["wait_us"]) <= 5, "the data's own consistency check"
-    out["straggler"] = max((r for r in out if isinstance(r, int)), key=lambda r: out[r]["arrival_us"])
-    return out
+    return raw_dlrm()
 
 
 @pytest.fixture(scope="module")
 def replayed():
     """(inputs, batches, report) of a replay of the DLRM folder into a list."""
-    inputs = discover([DLRM])
-    batches: list[schema.Batch] = []
-    rep = ReplayReport()
-    publish(inputs, "dlrm", batches.append, observe=rep.observe, max_events=500)
-    return inputs, batches, rep
+    return dlrm_replay()
 
 
 def test_all_ranks_found_with_their_execution_traces(replayed):

@@ -1,11 +1,10 @@
 """The stream application diagnoses replayed traces as live data: a real ``obshub streams worker`` on
 its own topics, fed by ``obshub replay``, checked against numbers computed here from the raw DLRM files
-with json and gzip only (see tests/test_replay_dlrm.py for the method) and against the stream
+with json and gzip only (method: tests/test_replay_common.py) and against the stream
 application's offline reference on the same batches."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -13,29 +12,18 @@ import uuid
 
 import pytest
 
-from obshub import schema
-from obshub.replay.inputs import discover
-from obshub.replay.publish import publish
 from streams import offline, testkit
-from tests.conftest import REPO, SHARED_DATA
+from tests.conftest import REPO
+from tests.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
 
-DLRM = SHARED_DATA / "traces" / "param-dlrm-8rank"
-HTA2 = SHARED_DATA / "traces" / "hta-trace-filter-2rank"
 ANALYSIS_FIELDS = ("job", "step", "hosts", "expected_hosts", "missing_hosts", "step_time_ns", "step_time_max_ns",
                    "straggler", "blame", "collectives", "layers")
 
 
 def _raw_dlrm() -> dict[int, dict]:
-    """rank -> step duration (ns), first NCCL kernel start (ns), straight from the files."""
-    out = {}
-    for f in sorted((DLRM / "dlrm_kineto").glob("*.json.gz")):
-        d = json.load(gzip.open(f))
-        ev = d["traceEvents"]
-        (step,) = [e for e in ev if e.get("name", "").startswith("ProfilerStep#")]
-        k = min((e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")),
-                key=lambda e: e["ts"])
-        out[d["distributedInfo"]["rank"]] = {"dur_ns": step["dur"] * 1000, "arrival_ns": k["ts"] * 1000}
-    return out
+    """rank -> step duration (ns), first NCCL kernel start (ns), from the raw files."""
+    return {r: {"dur_ns": v["dur_us"] * 1000, "arrival_ns": v["arrival_us"] * 1000}
+            for r, v in raw_dlrm().items() if isinstance(r, int)}
 
 
 def _check_dlrm_summary(s: dict, job: str, raw: dict[int, dict]) -> None:
@@ -55,9 +43,7 @@ def _check_dlrm_summary(s: dict, job: str, raw: dict[int, dict]) -> None:
 
 
 def test_offline_reference_on_replayed_batches():
-    batches: list[schema.Batch] = []
-    publish(discover([DLRM]), "dlrm-off", batches.append)
-    sums = offline.summarize_batches(batches)
+    sums = offline.summarize_batches(dlrm_batches("dlrm-off"))
     assert list(sums) == [("dlrm-off", 10)]
     _check_dlrm_summary(sums[("dlrm-off", 10)], "dlrm-off", _raw_dlrm())
 
@@ -97,9 +83,7 @@ def test_worker_diagnoses_replayed_dlrm_like_the_raw_files(kafka, worker):
     s = got[10]
     assert s["closed_by"] == "complete"  # every registered rank reported its step end
     _check_dlrm_summary(s, job, _raw_dlrm())
-    batches: list[schema.Batch] = []
-    publish(discover([DLRM]), job, batches.append)
-    ref = offline.summarize_batches(batches)[(job, 10)]
+    ref = offline.summarize_batches(dlrm_batches(job))[(job, 10)]
     assert {k: s[k] for k in ANALYSIS_FIELDS} == {k: ref[k] for k in ANALYSIS_FIELDS}
 
 
