@@ -66,12 +66,14 @@ def _sigterm(*_):
               help="fault size, e.g. percent=8 (net-loss), rate_mbit=24 (net-slow), procs=6 (cpu), "
                    "room_mb=48 (mem)")
 @click.option("--hidden", type=int, default=None, help="ddp_train MLP width (default: its own)")
+@click.option("--step-sleep-ms", type=float, default=50.0, show_default=True,
+              help="ddp_train's simulated data loading per step (leaves the 2-core box some idle time)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the report (or the matrix) as JSON here ('-' = stdout)")
 @click.option("--matrix", is_flag=True, help="run every fault kind plus none on --fault-host")
 @click.option("--keep-stack", is_flag=True, help="leave the Kafka broker running at the end")
 @click.option("--cleanup", is_flag=True, help="only remove leftovers of a previous run, then exit")
-def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, params, hidden, json_path, matrix,
+def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, params, hidden, step_sleep_ms, json_path, matrix,
                  keep_stack, cleanup):
     """Simulate a multi-host training cluster on this machine, inject a real fault on one host, and
     check that obshub names the host and the layer.
@@ -94,7 +96,7 @@ def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, pa
         console.print("removed: " + ", ".join(removed) if removed else "nothing to clean up")
         return
     opts = DemoOptions(hosts=hosts, fault=fault, fault_host=fault_host, fault_at_s=fault_at,
-                       duration_s=duration, steps=steps, settle_s=settle, hidden=hidden,
+                       duration_s=duration, steps=steps, settle_s=settle, hidden=hidden, step_sleep_ms=step_sleep_ms,
                        fault_params=_params(params), keep_stack=keep_stack)
     opts.check()
     old = signal.signal(signal.SIGTERM, _sigterm)

@@ -10,8 +10,8 @@ part           command line
 agent          ``obshub agent --job J --host node-0N --host-id N --cgroup /sys/fs/cgroup/unified/obshub-demo/hN``
 training rank  ``obshub run --job J --host-id N -- python -m obshub.workloads.ddp_train --steps S``
                inside netns ``obshub-hN`` with RANK=N WORLD_SIZE=H MASTER_ADDR=10.77.0.10
-stream worker  ``obshub streams worker`` (see ``streams_argv``)
-rule engine    ``obshub rules serve`` with the builtin rules and sinks pointing at the local receiver
+stream worker  ``obshub streams worker --app-id obshub-demo-streams --window-s 5``
+rule engine    ``obshub rules serve -c alerting.yaml`` (builtin rules; every sink type -> the local receiver)
 =============  ==========================================================================================
 """
 
@@ -29,6 +29,9 @@ from obshub.demo.errors import PartMissingError
 OBSHUB = [sys.executable, "-m", "obshub.cli"]
 TRAIN_MODULE = "obshub.workloads.ddp_train"
 MASTER_PORT = 29500
+# one stable Faust app id for every demo run: its consumer group resumes where the last run stopped,
+# instead of a new group replaying the whole events topic; runs are told apart by their job name
+STREAMS_APP_ID = "obshub-demo-streams"
 
 
 @dataclass(frozen=True)
@@ -90,12 +93,15 @@ def agent_argv(job: str, host: Host, cgroup: Path) -> list[str]:
             "--cgroup", str(cgroup)]
 
 
-def training_argv(job: str, host: Host, steps: int, hidden: int | None = None) -> list[str]:
-    """One rank of the DDP training under ``obshub run``."""
+def training_argv(job: str, host: Host, steps: int, hidden: int | None = None,
+                  step_sleep_ms: float = 0.0) -> list[str]:
+    """One rank of the DDP training under ``obshub run`` (``step_sleep_ms``: simulated data loading)."""
     argv = [*OBSHUB, "run", "--job", job, "--host-id", str(host.index), "--",
             sys.executable, "-m", TRAIN_MODULE, "--steps", str(steps)]
     if hidden:
         argv += ["--hidden", str(hidden)]
+    if step_sleep_ms:
+        argv += ["--step-sleep-ms", str(step_sleep_ms)]
     return argv
 
 
@@ -152,6 +158,8 @@ def pipeline(job: str, run_id: str, config: Path) -> list[PipelinePart]:
     require()
     rules_prefix = f"obshub-rules-demo-{run_id}"
     return [
+        PipelinePart("streams", [*OBSHUB, "streams", "worker", "--app-id", STREAMS_APP_ID, "--window-s", "5"],
+                     "streams", (STREAMS_APP_ID,)),
         PipelinePart("rules", [*OBSHUB, "rules", "serve", "-c", str(config), "--group-prefix", rules_prefix],
                      "rules", (f"{rules_prefix}-engine",)),
     ]
@@ -161,7 +169,7 @@ def group_stable(settings, group: str) -> bool:
     """True when Kafka consumer group ``group`` is Stable with at least one member."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
     try:
         desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
     except Exception:
@@ -173,7 +181,7 @@ def ready(settings, part: PipelinePart, pid: int) -> bool:
     """Whether ``part`` (started with ``pid``) registered itself and its consumer groups are Stable."""
     from obshub import stack
 
-    regs = {c["name"]: c for c in stack.components(settings) if c.get("running")}
-    if regs.get(part.component, {}).get("pid") != pid:
+    if not any(c.get("pid") == pid and (c["name"] == part.component or c["name"].startswith(part.component + "-"))
+               for c in stack.components(settings) if c.get("running")):
         return False
     return all(group_stable(settings, g) for g in part.groups)

@@ -60,6 +60,7 @@ class DemoOptions:
     steps: int | None = None
     settle_s: float = 8.0
     hidden: int | None = None
+    step_sleep_ms: float = 50.0
     fault_params: dict = field(default_factory=dict)
     keep_stack: bool = False
     ready_timeout_s: float = 180.0
@@ -84,19 +85,29 @@ class AlertReader:
     i.e. when the rule engine published the change)."""
 
     def __init__(self, settings: Settings, job: str, on_alert=None):
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         self.job, self.on_alert = job, on_alert
         self.alerts: list[AlertSeen] = []
         self.records: list[dict] = []
         self._stop = threading.Event()
         self._c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"demo-{job}",
-                            "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-        md = self._c.list_topics(schema.TOPIC_ALERTS, timeout=10)
-        tps = []
-        for p in md.topics[schema.TOPIC_ALERTS].partitions:
-            _lo, hi = self._c.get_watermark_offsets(TopicPartition(schema.TOPIC_ALERTS, p), timeout=10)
-            tps.append(TopicPartition(schema.TOPIC_ALERTS, p, hi))
+                            "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0})
+        deadline = time.monotonic() + 30
+        while True:  # right after `up` created the topic its partitions may have no leader yet
+            try:
+                md = self._c.list_topics(schema.TOPIC_ALERTS, timeout=10)
+                tps = [TopicPartition(schema.TOPIC_ALERTS, p,
+                                      self._c.get_watermark_offsets(TopicPartition(schema.TOPIC_ALERTS, p),
+                                                                    timeout=10)[1])
+                       for p in md.topics[schema.TOPIC_ALERTS].partitions]
+                break
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    self._c.close()
+                    raise DemoError(f"Failed to read the end offsets of {schema.TOPIC_ALERTS}: {exc}",
+                                    f"check the broker at {settings.bootstrap_servers} (obshub status)") from exc
+                time.sleep(0.5)
         self._c.assign(tps)
         self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
 
@@ -206,6 +217,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         t0: dict = {"ns": None}
         reader = AlertReader(settings, job, on_alert).start()
         es.callback(reader.stop)
+        watched: list[tuple[subprocess.Popen, str, Path]] = []  # must live until the end
         aux = cluster.aux_cgroups("pipeline")
         penv = {**os.environ, **parts.alerting_config(receiver, out_dir / "alerting.yaml")}
         for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
@@ -214,6 +226,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             _wait(lambda: parts.ready(settings, part, proc.pid), opts.ready_timeout_s, f"the {part.name} part",
                   check=lambda: _alive(proc, part.name, log))
             view.say(f"{part.name} ready (pid {proc.pid})")
+            watched.append((proc, part.name, log))
 
         agents = {}
         agent_cg = cluster.aux_cgroups("agents")
@@ -230,18 +243,21 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         _wait(agents_ready, opts.ready_timeout_s, "the agents to attach their probes",
               check=lambda: [_alive(p, f"agent {n}", log) for n, (p, log) in agents.items()])
         view.say("agents attached")
+        watched += [(p, f"agent {n}", log) for n, (p, log) in agents.items()]
 
         steps = opts.steps or 1_000_000
         ranks = []
         for h in cluster.hosts:
             log = out_dir / f"rank-{h.index}.log"
             env = parts.training_env(dict(os.environ), h, opts.hosts, cluster.hosts[0].address)
-            proc = _start_logged(es, cluster, h, parts.training_argv(job, h, steps, opts.hidden), log,
+            proc = _start_logged(es, cluster, h, parts.training_argv(job, h, steps, opts.hidden, opts.step_sleep_ms), log,
                                  env=env, stdout=subprocess.PIPE)
             ranks.append(Rank(h, proc, view))
         view.say(f"training: {opts.hosts} ranks of ddp_train (gloo) over 10.77.0.0/24, job {job}")
 
         def check_ranks():
+            for proc, name, log in watched:
+                _alive(proc, name, log)
             for r in ranks:
                 if r.proc.poll() not in (None, 0):
                     _alive(r.proc, f"rank {r.host.index}", out_dir / f"rank-{r.host.index}.log")
