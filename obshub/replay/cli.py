@@ -18,7 +18,7 @@ from obshub.replay.report import ReplayReport, StepDiagnosis
 
 EPILOG = """\b
 Examples:
-  obshub replay ./traces/                         # every rank's *.pt.trace.json(.gz) under ./traces, as fast as possible
+  obshub replay ./traces/                         # every rank's trace under ./traces, as fast as possible
   obshub replay ./kineto/ --et ./et/ --job dlrm   # with execution traces (collective sequence ids), job name "dlrm"
   obshub replay ./traces/ --speed recorded        # at the pace the job ran (for rules with `for:` durations)
   obshub replay ./traces/ --speed 10              # ten times faster than recorded

@@ -7,10 +7,15 @@ kernel start: when that rank's GPU got to the collective); a rank waits there fo
 
     wait_ns(rank) = max_r arrival(r) - arrival(rank)
 
-The **straggler** (with at least two ranks) is the rank that arrived last (its wait is 0; the others waited for it). This is how
-Flight Recorder / HTA reason about collectives; it needs comparable clocks, which holds for ranks of
+The **straggler** (with at least two ranks) is the rank that arrived last (its wait is 0; the others
+waited for it). This is how Flight Recorder / HTA reason about collectives; it needs comparable clocks,
+which holds for ranks of
 one host (one CLOCK_REALTIME) and within NTP/PTP error across hosts. The kernel time of the collective
 (``COLLECTIVE_END.duration_ns``) is the same wait plus the transfer, a check that needs no clocks.
+
+This table always names the last arrival. The stream application's summary is stricter: it names a
+straggler only when the last arrival's lead over the *second*-latest exceeds its threshold
+(``streams.analysis.Thresholds``), so a step where several ranks are late together is "clean" there.
 """
 
 from __future__ import annotations
