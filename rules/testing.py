@@ -58,8 +58,8 @@ class TestResult:
         return not self.failures
 
 
-def _err(file: str, doc: Any, path: list, msg: str) -> RuleTestError:
-    line, col = position(doc, path)
+def _err(file: str, doc: Any, path: list, msg: str, *, key: bool = False) -> RuleTestError:
+    line, col = position(doc, path, key=key)
     return RuleTestError(f"{Problem(file, line, col, msg)}", "see docs/RULES.md, section 'Testing a rule'")
 
 
@@ -68,7 +68,8 @@ def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], w
         raise _err(file, doc, path, f"{what} must be a mapping")
     for k in node:
         if k not in allowed:
-            raise _err(file, doc, path + [k], f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})")
+            raise _err(file, doc, path + [k], f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})",
+                       key=True)
 
 
 def _record(signal: str, spec: dict, t_ns: int) -> dict:

@@ -100,20 +100,25 @@ def test_help_has_examples():
     assert res.returncode == 0 and "obshub silence add -m host=node2" in res.stdout
 
 
-def test_silence_cli_add_list_expire(tmp_path):
+def test_silence_cli_add_list_expire(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from obshub.cli import cli
+
     env = {"OBSHUB_HOME": str(tmp_path / "home")}
     res = run("silence", "add", "-m", "host=node2", "-m", "alertname=~.*straggler", "-d", "2h", "-a", "alice",
               "-c", "maintenance OPS-1", "--json", env=env)
     assert res.returncode == 0, res.stderr
     sil = json.loads(res.stdout)
-    listed = run("silence", "list", env=env)
-    assert sil["id"] in listed.stdout and "active" in listed.stdout and "alice" in listed.stdout
-    assert run("silence", "expire", sil["id"], env=env).returncode == 0
-    assert sil["id"] not in run("silence", "list", env=env).stdout
-    assert "expired" in run("silence", "list", "--all", env=env).stdout
     bad = run("silence", "add", "-m", "host", "-a", "a", "-c", "c", env=env)
     assert bad.returncode == 1 and "is not NAME=VALUE" in bad.stderr
-    assert run("silence", "expire", "nope", env=env).returncode == 1
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["silence", "list"], env=env)
+    assert sil["id"] in listed.output and "active" in listed.output and "alice" in listed.output
+    assert runner.invoke(cli, ["silence", "expire", sil["id"]], env=env).exit_code == 0
+    assert sil["id"] not in runner.invoke(cli, ["silence", "list"], env=env).output
+    assert "expired" in runner.invoke(cli, ["silence", "list", "--all"], env=env).output
+    assert isinstance(runner.invoke(cli, ["silence", "expire", "nope"], env=env).exception, SilenceError)
 
 
 def test_silence_matching(tmp_path):
