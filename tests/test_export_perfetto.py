@@ -24,7 +24,7 @@ import pytest
 from obshub import schema
 from obshub.export.perfetto import HostEvents, build_trace
 from tests.conftest import REPO
-from tests.test_replay_common import dlrm_batches
+from tests.test_replay_common import dlrm_batches, raw_dlrm
 
 META_NAMES = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
 
@@ -134,6 +134,11 @@ def _check_dlrm_timeline(doc, job: str) -> None:
     assert {e["name"] for e in starts} == {f"pg 0 seq {s}" for s in range(147, 155)}
     first = [e for e in starts if e["name"] == "pg 0 seq 147"]
     assert {procs[e["pid"]] for e in first} == {"rank7"}  # rank7 arrived last at the first collective
+    waited = {procs[e["pid"]]: e["args"]["waited_for_last_ns"] for e in ev
+              if e["ph"] == "X" and e["name"] == "all_to_all #147"}
+    raw = raw_dlrm()
+    assert waited == {f"rank{r}": raw[r]["wait_us"] * 1000 for r in range(8)}
+    assert len({e["tid"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}) == len(threads)
     # straggler and blame marks
     (mark,) = [e for e in ev if e["ph"] == "i" and e["name"].startswith("straggler:")]
     assert mark["name"] == "straggler: rank7" and procs[mark["pid"]] == "rank7" and mark["s"] == "p"

@@ -5,7 +5,8 @@ Output format: the Chrome Trace Event Format (JSON Object Format) as Perfetto's 
 
 * one **process per host** (``pid`` 1.. in host order; ``process_name`` = host, ``process_labels`` =
   the straggler steps), one **thread track per layer** and source thread (``thread_name`` such as
-  ``pytorch tid 59811``, ``gpu0 stream 7``, ``collectives``, ``sched``); tracks are split into lanes
+  ``pytorch tid 59811``, ``gpu0 stream 7``, ``collectives``, ``sched``; ``tid`` = pid * 10000 + n, unique
+  across processes); tracks are split into lanes
   (``... #2``) wherever slices would overlap without nesting, because the importer requires the complete
   (``"ph": "X"``) slices of one track to nest;
 * events with a duration become ``X`` slices, others thread-scoped instants (``"ph": "i", "s": "t"``);
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from obshub.schema import Event, Kind, Layer, event_layer
 
+TID_STRIDE = 10_000
 _LAYER_ORDER = ["steps", "collectives", Layer.PYTORCH.value, Layer.NCCL.value, Layer.CUDA.value, "gpu",
                 Layer.SCHED.value, Layer.MEMORY.value, Layer.NETWORK.value, Layer.PCIE.value, Layer.NIC.value,
                 Layer.AGENT.value]
@@ -127,10 +129,11 @@ def build_trace(hosts: list[HostEvents], summaries: dict[int, dict], *, job: str
             labels.setdefault(label, group)
         for i, lab in enumerate(sorted(labels, key=lambda x: (_LAYER_ORDER.index(labels[x])
                                                              if labels[x] in _LAYER_ORDER else 99, x)), start=1):
+            i += pi * TID_STRIDE  # thread ids unique across processes: importers key threads by tid
             track_tid[(h.host, lab)] = i
             out.append({"ph": "M", "name": "thread_name", "ts": 0, "pid": pi, "tid": i, "args": {"name": lab}})
             out.append({"ph": "M", "name": "thread_sort_index", "ts": 0, "pid": pi, "tid": i,
-                        "args": {"sort_index": i}})
+                        "args": {"sort_index": i % TID_STRIDE}})
         for start, end, lab, name, args, ev in placed:
             tid = track_tid[(h.host, lab)]
             x = {"ph": "X", "name": name, "cat": labels[lab], "ts": _us(start - origin),
@@ -140,7 +143,7 @@ def build_trace(hosts: list[HostEvents], summaries: dict[int, dict], *, job: str
                 step_slices[(h.host, ev.step)] = x
             if ev is not None and ev.kind == Kind.COLLECTIVE_END and ev.payload:
                 key = (str(ev.payload.get("pg")), int(ev.payload.get("coll_seq", -1)))
-                flows_src[key][h.host] = (start, end, pi, tid)
+                flows_src[key][h.host] = (start, end, pi, tid, x)
         for ts, _, group, label, name, args, _ in instants:
             out.append({"ph": "i", "s": "t", "name": name, "cat": group, "ts": _us(ts - origin), "pid": pi,
                         "tid": track_tid[(h.host, label)], "args": args})
@@ -178,15 +181,18 @@ def _host_slices(h: HostEvents):
 
 
 def _flows(src: dict, origin: int) -> list[dict]:
-    """Flow arrows from the last arriver at each collective to every other host's slice of it."""
+    """Flow arrows from the last arriver at each collective to every other host's slice of it; each
+    collective slice gets ``last_to_arrive`` and ``waited_for_last_ns`` in its args."""
     out, fid = [], 0
     for (pg, seq), by_host in sorted(src.items()):
         if len(by_host) < 2:
             continue
         last = max(by_host, key=lambda hh: (by_host[hh][0], hh))
-        ls, le, lpid, ltid = by_host[last]
+        ls, le, lpid, ltid, _ = by_host[last]
         s_ts = ls + min(1000, (le - ls) // 2)
-        for host, (s, e, pid, tid) in sorted(by_host.items()):
+        for host, (s, e, pid, tid, x) in sorted(by_host.items()):
+            x["args"]["last_to_arrive"] = last
+            x["args"]["waited_for_last_ns"] = ls - s
             if host == last:
                 continue
             fid += 1
