@@ -31,7 +31,7 @@ from producer.batcher import Batcher
 from producer.clock import ClockTracker
 from producer.config import AgentConfig, SaslMechanism, SecurityProtocol
 from producer.spool import Spool
-from producer.transport import Transport
+from producer.transport import DIRECT, DRAINING, SPOOLING, Transport
 
 EXIT_OK = 0
 EXIT_UNDELIVERED = 3
@@ -125,6 +125,10 @@ class Agent:
             if self.settings is not None:
                 stack.unregister_component(self.settings, name)
         batches, nbytes = undelivered
+        spool = self.transport.spool
+        if spool.dropped_batches:
+            self.say(f"the spool {self.config.spool.dir} was full: {spool.dropped_batches} batches "
+                     f"({spool.dropped_bytes} B) were dropped, oldest first (raise --spool-max-bytes)")
         if batches:
             self.say(f"{batches} batches ({nbytes} B) were not delivered to Kafka "
                      f"({self.config.kafka.bootstrap}); they are kept in the spool {self.config.spool.dir} and "
@@ -152,6 +156,7 @@ class Agent:
         deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else None
         next_loss = time.monotonic() + cfg.loss_interval_s
         kind_of = operator.itemgetter(0)
+        state = transport.state
         while not self._stop.is_set():
             until_due = batcher.ms_until_due()
             timeout = 50 if until_due is None else int(min(50.0, until_due))
@@ -164,12 +169,24 @@ class Agent:
             if sealed is not None:
                 transport.send(sealed)
             transport.service(0)
+            if transport.state != state:
+                self._say_state(state, transport.state)
+                state = transport.state
             now = time.monotonic()
             if now >= next_loss:
                 self._report_loss()
                 next_loss = now + cfg.loss_interval_s
             if deadline is not None and now >= deadline:
                 break
+
+    def _say_state(self, old: str, new: str) -> None:
+        t = self.transport
+        if new == DRAINING or (new == SPOOLING and old == DIRECT):
+            why = t.publisher.last_error or "delivery failed"
+            self.say(f"Kafka ({self.config.kafka.bootstrap}) does not take batches ({why}); "
+                     f"spooling to {self.config.spool.dir}")
+        elif new == DIRECT:
+            self.say(f"Kafka is back: the spool is replayed ({t.replayed} batches so far)")
 
     def _report_loss(self) -> None:
         """Turn increases of the source's cumulative per-probe loss counters into AGENT_LOSS events."""

@@ -25,7 +25,13 @@ from obshub import schema
 from producer.config import KafkaConfig
 from producer.errors import TransportError
 
-log = logging.getLogger("producer.kafka")
+log = logging.getLogger("producer.kafka")  # librdkafka's own log lines
+alert = logging.getLogger("producer.publisher")  # errors an operator must fix (auth, TLS, ACLs)
+
+_OPERATOR_ERRORS = {KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED,
+                    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+                    KafkaError._INVALID_ARG}
+_ALERT_EVERY_S = 30.0
 
 DeliveryCallback = Callable[[KafkaError | None], None]
 
@@ -65,12 +71,18 @@ class Publisher:
         self.outstanding = 0
         self.fatal: KafkaError | None = None
         self.last_error: str = ""
+        self._alerted: dict[int, float] = {}
 
     def _error(self, err: KafkaError) -> None:
         self.last_error = err.str()
         if err.fatal():
             self.fatal = err
-            log.error("fatal Kafka producer error: %s", err.str())
+            alert.error("fatal Kafka producer error (the producer is replaced): %s", err.str())
+        elif err.code() in _OPERATOR_ERRORS:
+            now = time.monotonic()
+            if now - self._alerted.get(err.code(), -_ALERT_EVERY_S) >= _ALERT_EVERY_S:
+                self._alerted[err.code()] = now
+                alert.error("Kafka: %s (batches are kept in the spool; check the security options)", err.str())
         if err.code() == KafkaError._ALL_BROKERS_DOWN and self._on_broker_down is not None:
             self._on_broker_down()
 

@@ -139,3 +139,26 @@ def test_undelivered_data_exits_nonzero_and_is_replayed_by_the_next_start(kafka,
     assert counts == [1000, 3000]
     old = next(i for i, bs in by_agent.items() if events_of(bs, DATA_KINDS) == 3000)
     assert len(assert_seq_contiguous(got, old)) == int(m[1]), "every spooled batch arrived, in order"
+
+
+def test_full_spool_drops_the_oldest_batches_counted_exactly(kafka, tmp_path, unique):
+    host = f"full-{unique}"
+    dead = f"127.0.0.1:{free_port_pair()}"
+    small = {"max_bytes": 64 * 1024, "segment_bytes": 16 * 1024}
+    a = make_agent(tmp_path, dead, host=host, rate=50_000, total=20_000, flush_timeout_s=0.5,
+                   kafka={"delivery_timeout_ms": 1_000}, batch={"max_bytes": 2048}, spool=small)
+    run = AgentThread(a)
+    wait_for(lambda: a.source.produced == 20_000, 30, "the synthetic events")
+    assert run.stop() == 3
+    sp = a.transport.spool
+    sealed, dropped = a.batcher.sealed, sp.dropped_batches
+    assert dropped > 0 and sp.dropped_bytes > 0
+    assert dropped + sp.pending_batches == sealed, "every batch is either kept or counted as dropped"
+
+    b = make_agent(tmp_path, kafka.bootstrap_servers, host=host, rate=1_000, total=10, spool=small)
+    run = AgentThread(b)
+    wait_for(lambda: b.transport.spool.pending_batches == 0 and b.source.produced == 10, 60, "the replay")
+    assert run.stop() == 0
+    assert b.transport.replayed == (sealed - dropped) + b.transport.spooled  # its own batch queues behind
+    got = read_batches(kafka.bootstrap_servers, {a.agent_id}, until=lambda bs: len(bs) >= sealed - dropped)
+    assert [x.seq for x in got] == list(range(dropped, sealed)), "the newest batches survive, in order"
