@@ -121,12 +121,16 @@ int obs_sched_switch(void *ctx)
     return 0;
 }
 
-/* sched:sched_process_exit: forget the exiting thread (keeps the per-thread maps small). */
+/* sched:sched_process_exit: forget the exiting thread (keeps the per-thread maps small), and the process
+ * when its main thread exits (a later process with the same pid is not watched by mistake). */
 int obs_sched_exit(void *ctx)
 {
-    u32 tid = (u32)bpf_get_current_pid_tgid();
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = (u32)id, tgid = id >> 32;
     if (wtids.lookup(&tid) == NULL)
         return 0;
+    if (tid == tgid)
+        watched.delete(&tgid);
     wtids.delete(&tid);
     wake_ts.delete(&tid);
     off_ts.delete(&tid);

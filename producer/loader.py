@@ -178,7 +178,7 @@ class BpfEventSource:
         self._next_refresh = 0.0
         self._sysfs: SysfsPoller | None = None
         self._decoder: Decoder | None = None
-        self._cb = None
+        self._ring_open = False
         self.source_text = ""
         self.flags: list[str] = []
 
@@ -202,7 +202,8 @@ class BpfEventSource:
                         skipped[p.name] = err
                     else:
                         self._attached.add(p.name)
-            self._cb = self._bpf[b"events"].open_ring_buffer(self._on_record)
+            self._bpf[b"events"].open_ring_buffer(self._on_record)
+            self._ring_open = True
         if any(p.mechanism == "sysfs" for p in pl.probes):
             self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
             for p in pl.probes:
@@ -229,10 +230,11 @@ class BpfEventSource:
             except Exception as exc:
                 for p in pl.probes:
                     if p.c_layer == layer:
-                        skipped[p.name] = f"Failed to compile bpf/{p.c_file}: {exc}"
+                        skipped[p.name] = f"Failed to build bpf/{p.c_file}: {exc}"
         if not good:
-            print(f"obshub: Failed to compile any BPF layer: {first_error}", file=sys.stderr)
-            return set()
+            raise ProbeError(f"Failed to load any BPF program ({', '.join(sorted(layers))}): {first_error}",
+                             hint="run as root or grant CAP_BPF, CAP_PERFMON (+CAP_SYS_ADMIN for uprobes and "
+                                  "USDT); `obshub doctor` shows what this kernel offers, `--ebpf` the C text")
         self._bpf = self._build(pl, good)
         return good
 
@@ -337,7 +339,7 @@ class BpfEventSource:
         self._refresh_target()
         if self._sysfs is not None:
             self._pending.extend(self._sysfs.poll())
-        if self._bpf is not None and self._cb is not False:
+        if self._ring_open:
             self._bpf.ring_buffer_poll(0 if self._pending else max(0, int(timeout_ms)))
             self._bpf.ring_buffer_consume()
         elif not self._pending and timeout_ms > 0:
@@ -380,6 +382,7 @@ class BpfEventSource:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
             self._bpf = None
+            self._ring_open = False
 
 
 # ---------------------------------------------------------------------------------------------------------
