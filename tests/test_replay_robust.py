@@ -101,6 +101,16 @@ def test_unknown_categories_and_missing_fields_are_skipped_and_counted(tmp_path)
         schema.validate_event(list(e))
 
 
+def test_trace_without_steps_is_flagged(tmp_path):
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 5, "dur": 2}]}))
+    rt, out = _map_all(p)
+    assert rt.rank == 0  # from the file name, there being no distributedInfo
+    assert any("no ProfilerStep" in n for n in rt.stats.notes)
+    assert [e.step for e in out if e.kind == schema.Kind.PYTORCH_OP] == [-1]
+
+
 BIG_SCRIPT = r"""
 import json, resource, sys
 from pathlib import Path

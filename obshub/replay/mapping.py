@@ -268,7 +268,11 @@ def load_rank(path: Path, *, rank: int | None = None) -> RankTrace:
                             st if isinstance(st, int) else 0, c if isinstance(c, int) else None, n, op)
                  for ts, d, dev, st, c, n, op in kernels), key=lambda k: k.ts_ns)
     pid = pids.most_common(1)[0][0] if pids else 0
-    return RankTrace(path, kf, r, world, pid, steps, spans, ks)
+    rt = RankTrace(path, kf, r, world, pid, steps, spans, ks)
+    if not steps:
+        rt.stats.notes.append("no ProfilerStep#N spans: events carry step -1 and cannot be joined per step "
+                              "(call prof.step() once per iteration when profiling)")
+    return rt
 
 
 # ---------------------------------------------------------------------------------------------------------
