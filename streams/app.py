@@ -74,6 +74,60 @@ def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
 
+TABLES = ("agents", "open", "jobs", "closed")
+
+
+def internal_topics(cfg: WorkerConfig, input_partitions: int) -> dict[str, int]:
+    """Names and partition counts of the topics the app owns: the repartition topic, the tables'
+    changelogs (Faust names them ``<app>-<table>-changelog``) and Faust's leader topic."""
+    out = {f"{cfg.app_id}-steps": cfg.partitions, f"{cfg.app_id}-__assignor-__leader": 1}
+    for name in TABLES:
+        out[f"{cfg.app_id}-{name}-changelog"] = input_partitions if name == "agents" else cfg.partitions
+    return out
+
+
+def ensure_internal_topics(cfg: WorkerConfig, input_partitions: int, timeout_s: float = 30.0) -> None:
+    """Create the app's own topics before Faust starts, and wait until the broker's metadata lists them.
+
+    Why: Faust creates them itself at start, but when the first group assignment happens before the new
+    topic is in the consumer's metadata, the topic is left out of the assignment ("Ignoring missing
+    topic") and the fold agent gets no partitions until the next rebalance. Raises StreamsError when a
+    topic exists with a different partition count (a changed ``--partitions`` for an existing app id).
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from obshub import stack
+    from streams.errors import StreamsError
+
+    want = internal_topics(cfg, input_partitions)
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, "logger": stack._NullLogger()})
+    md = admin.list_topics(timeout=10)
+    for name, n in want.items():
+        if name in md.topics and len(md.topics[name].partitions) != n:
+            raise StreamsError(f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker "
+                               f"needs {n}", f"start the worker with the partition count the app id was created "
+                               f"with, or use a new --app-id")
+    compact = {"cleanup.policy": "compact"}
+    new = [NewTopic(name, n, 1, config=compact if name.endswith("-changelog") else {})
+           for name, n in want.items() if name not in md.topics]
+    if new:
+        for name, fut in admin.create_topics(new, operation_timeout=20).items():
+            try:
+                fut.result()
+            except Exception as exc:
+                if "already exists" not in str(exc).lower():
+                    raise StreamsError(f"Failed to create topic {name}: {exc}", "read the broker log") from exc
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        md = admin.list_topics(timeout=10)
+        if all(name in md.topics and len(md.topics[name].partitions) == n and md.topics[name].error is None
+               for name, n in want.items()):
+            return
+        time.sleep(0.2)
+    raise StreamsError(f"the broker did not list topics {sorted(want)} within {timeout_s:.0f} s",
+                       "read the broker log")
+
+
 def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
     """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
     input topic's partition count (the ``agents`` table is co-partitioned with it)."""
@@ -145,6 +199,10 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             agents_t[batch.agent_id] = st
             m.dups.inc()
             return
+        if replay:
+            m.replayed.inc()
+            log.info("replay of %s seq %d (%s[%d]@%d, already processed before a restart)", batch.agent_id,
+                     batch.seq, msg.topic, msg.partition, msg.offset)
         lost = 0 if replay else batch.seq - st["seq"] - 1
         if lost:
             st["lost"] += lost
@@ -287,7 +345,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     # ---------------------------------------------------------------------------------------------------
     requested: dict[str, int] = {}
     last = {"t": time.monotonic(), "events": 0.0}
-    tick_s = max(0.2, min(1.0, cfg.window_s / 4))
+    tick_s = max(0.5, min(1.0, cfg.window_s / 4))
 
     @app.timer(tick_s)
     async def expire():

@@ -11,6 +11,7 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_late_events_total``        events that arrived after their step closed
 - ``obshub_streams_lost_batches_total``       batch sequence gaps (batches never seen)
 - ``obshub_streams_duplicate_batches_total``  batches seen twice (dropped)
+- ``obshub_streams_replayed_batches_total``   batches read again after a restart (not counted as duplicates)
 - ``obshub_streams_dlq_total{field}``         messages sent to the DLQ, by offending field
 - ``obshub_streams_summaries_total{closed_by}`` step summaries emitted
 """
@@ -34,6 +35,7 @@ class WorkerMetrics:
         self.late = Counter("obshub_streams_late_events", "events after their step closed", registry=r)
         self.lost = Counter("obshub_streams_lost_batches", "batch sequence gaps", registry=r)
         self.dups = Counter("obshub_streams_duplicate_batches", "duplicate batches dropped", registry=r)
+        self.replayed = Counter("obshub_streams_replayed_batches", "batches re-read after a restart", registry=r)
         self.dlq = Counter("obshub_streams_dlq", "messages sent to the DLQ", ["field"], registry=r)
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
 

@@ -18,6 +18,8 @@ from typing import Iterable
 from obshub import schema
 from obshub.config import Settings
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 @dataclass
 class Topics:
@@ -83,7 +85,7 @@ class Worker:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env={**os.environ, **(env or {})})
+                                     start_new_session=True, env={**os.environ, **(env or {})}, cwd=REPO)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait until Faust logs "Worker ready". Raises RuntimeError (with the log tail) otherwise."""
