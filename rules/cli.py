@@ -22,6 +22,7 @@ Examples:
   obshub rules test rules/builtin/tests/*.yaml      # run the rule unit tests
   obshub rules serve                                # builtin pack, console sink, local Kafka
   obshub rules serve -r rules/builtin -r team.yaml -c alerting.yaml   # your rules and sinks
+  obshub rules serve --metrics-port 9108            # also Prometheus metrics on 127.0.0.1:9108
   kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
 """
 
@@ -93,8 +94,9 @@ def test_command(files):
               help="alerting config: sinks, route, delivery (default: console sink only)")
 @click.option("--group-prefix", default="obshub-rules", show_default=True, help="Kafka consumer group prefix")
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
+@click.option("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
 @click.option("--log-level", default="INFO", show_default=True)
-def serve_command(rule_paths, config_path, group_prefix, from_beginning, log_level):
+def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, log_level):
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
     deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
     from rules.service import RuleService
@@ -108,7 +110,7 @@ def serve_command(rule_paths, config_path, group_prefix, from_beginning, log_lev
                       from_beginning=from_beginning)
     click.echo(f"rules: {len(svc.ruleset.rules)} rule(s), sinks: "
                f"{', '.join(s.name for s in svc.dispatcher.sinks)}; Kafka {settings.bootstrap_servers}", err=True)
-    svc.serve()
+    svc.serve(metrics_port)
 
 
 def _store():

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from prometheus_client import Counter, Gauge
 
 from obshub import schema, stack
 from obshub.config import Settings
@@ -41,6 +42,13 @@ from rules.sinks.config import AlertingConfig, build_sinks
 
 log = logging.getLogger("obshub.rules.service")
 BUILTIN_DIR = Path(__file__).with_name("builtin")
+
+RECORDS = Counter("obshub_rules_records", "input records evaluated", ["signal"])
+CHANGES = Counter("obshub_rules_alert_changes", "alert state changes published", ["rule", "status"])
+DLQ = Counter("obshub_rules_dlq", "input messages sent to the DLQ (undecodable)", ["topic"])
+ACTIVE = Gauge("obshub_rules_active_alerts", "alerts pending or firing now")
+EVAL_ERRORS = Gauge("obshub_rules_eval_errors", "expression evaluations that failed (counted as no match)")
+RELOADS = Counter("obshub_rules_reloads", "rule reloads by outcome", ["outcome"])
 
 
 def state_dir(settings: Settings) -> Path:
@@ -171,7 +179,9 @@ class RuleService:
         except RuleValidationError as exc:
             for p in exc.problems:
                 log.error("reload rejected, keeping the previous %d rules: %s", len(self.ruleset.rules), p)
+            RELOADS.labels("rejected").inc()
             return False
+        RELOADS.labels("ok").inc()
         self.ruleset = new
         self.engine.replace_rules(new)
         self.dispatcher.inhibit = list(new.inhibit)
@@ -197,6 +207,7 @@ class RuleService:
             return [("events", fields.event_record(batch, ev)) for ev in batch.events]
         except (ValueError, TypeError) as exc:
             self.decode_errors += 1
+            DLQ.labels(topic).inc()
             reason, field = str(exc), getattr(exc, "field", "")
             headers = dict(zip(schema.DLQ_HEADERS, (reason, field, topic, str(msg.partition()), str(msg.offset()))))
             dlq.produce(schema.TOPIC_DLQ, value=msg.value(), key=msg.key(), headers=list(headers.items()))
@@ -206,6 +217,7 @@ class RuleService:
 
     def _publish(self, producer: Producer) -> None:
         for rec in self.outbox:
+            CHANGES.labels(rec["rule"], rec["status"]).inc()
             producer.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
             log.info("alert %s %s %s", rec["status"], rec["rule"], rec["labels"])
         self.outbox.clear()
@@ -256,10 +268,13 @@ class RuleService:
                         continue
                     self.last_seen[m.topic()] = time.monotonic()
                     for signal_name, rec in self._decode(m, producer):
+                        RECORDS.labels(signal_name).inc()
                         self.engine.process(signal_name, rec)
                 mono = time.monotonic()
                 if mono - last_tick >= 1.0:
                     self.engine.tick(time.time_ns())
+                    ACTIVE.set(len(self.engine.active()))
+                    EVAL_ERRORS.set(self.engine.eval_errors)
                     if self.maybe_reload() and self.input_topics() != topics:
                         topics = self.input_topics()
                         _commit(consumer)
@@ -319,9 +334,15 @@ class RuleService:
             _atomic_write(self.state / "dispatch.json", self.dispatcher.snapshot())
             consumer.close()
 
-    def serve(self) -> None:
+    def serve(self, metrics_port: int | None = None) -> None:
         """Run both loops until SIGTERM/SIGINT; SIGHUP reloads the rule files. Registers the component
-        ``rules`` with the local stack while it runs."""
+        ``rules`` with the local stack while it runs. With ``metrics_port``, Prometheus metrics are
+        served on http://127.0.0.1:<port>/metrics (0 = any free port, logged)."""
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            server, _ = start_http_server(metrics_port, addr="127.0.0.1")
+            log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from confluent_kafka import Producer
 
@@ -54,12 +56,12 @@ sinks:
     return p
 
 
-def start(kafka, tmp_path: Path, home: Path, rules: Path, cfg: Path, prefix: str, url: str) -> subprocess.Popen:
+def start(kafka, tmp_path: Path, home: Path, rules: Path, cfg: Path, prefix: str, url: str, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(kafka.kafka_port),
            "TEST_RULES_WEBHOOK": url}
     log = open(tmp_path / "serve.log", "ab")
     return subprocess.Popen([sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "-c", str(cfg),
-                             "--group-prefix", prefix, "--from-beginning"], cwd=REPO, env=env, stdout=log,
+                             "--group-prefix", prefix, "--from-beginning", *extra], cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -132,10 +134,25 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
         assert proc.wait(60) == 0
         assert not (home / "run" / "rules.json").exists()
         n_done = len(mine())
-        proc = start(kafka, tmp_path, home, rules, cfg, f"t-{unique}", url)
+        proc = start(kafka, tmp_path, home, rules, cfg, f"t-{unique}", url, "--metrics-port", "0")
         wait_for(lambda: (home / "run" / "rules.json").exists(), 60, "the second restart", proc, log)
         time.sleep(6)
         assert len(mine()) == n_done, "a delivered change was delivered again after a clean restart"
+        # SIGHUP with a broken file (mtime kept, so only the signal triggers the reload): old rules stay
+        good, st = rules.read_text(), rules.stat()
+        rules.write_text(good.replace("quality.lost_batches > 0", "quality.lost_batches >"))
+        os.utime(rules, ns=(st.st_atime_ns, st.st_mtime_ns))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload rejected" in log.read_text(), 30, "the rejected reload", proc, log)
+        assert f"{rules}:7:" in log.read_text() and "CEL syntax error" in log.read_text()
+        rules.write_text(good.replace("id: test_lost_batches", "id: test_lost_batches_v2"))
+        os.utime(rules, ns=(st.st_atime_ns, st.st_mtime_ns))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded 1 rules" in log.read_text(), 30, "the accepted reload", proc, log)
+        port = int(re.search(r"metrics on http://127.0.0.1:(\d+)/metrics", log.read_text()).group(1))
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'obshub_rules_reloads_total{outcome="rejected"} 1.0' in metrics
+        assert 'obshub_rules_reloads_total{outcome="ok"} 1.0' in metrics
         assert "SECRETTOKEN" not in log.read_text()
     finally:
         if proc.poll() is None:
