@@ -1,0 +1,75 @@
+"""`obshub demo` end to end, shortened: 2 hosts, real agents (BPF), the real stream worker and rule
+engine on the session's broker, real gloo training, a real fault. Runs the CLI as a user would.
+
+What must hold whatever the pipeline concludes (the demo's own job): the run completes and cleans up
+after itself, every host trained and published, the stream worker joined the hosts' steps, the fault
+acted (its counters), every alert that fired reached the webhook receiver in a valid Slack/PagerDuty/
+Alertmanager format, and the exit code is 0 exactly when the verdict passed.
+
+Whether the verdict passes depends on the agent, the stream analysis and the builtin rules (issues 3-5);
+when it does not, the test reports XFAIL with the verdict's reason instead of hiding it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from obshub import schema
+from obshub.demo.cluster import leftovers
+from tests.conftest import consume_all
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, cgroups, BPF)"),
+              pytest.mark.e2e, pytest.mark.kafka, pytest.mark.bpf, pytest.mark.torch]
+
+
+def run_demo(tmp_path, *args: str) -> tuple[int, dict, str]:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault-host", "1",
+                           "--duration", "22", "--fault-at", "8", "--settle", "5", "--json", str(out), *args],
+                          capture_output=True, text=True, timeout=400)
+    assert out.exists(), proc.stderr[-3000:]
+    return proc.returncode, json.loads(out.read_text()), proc.stderr
+
+
+def check_mechanics(kafka, rc: int, report: dict, stderr: str) -> None:
+    assert leftovers() == {"netns": [], "links": [], "cgroups": []}
+    assert rc == (0 if report["verdict"]["ok"] else 1), stderr[-2000:]
+    job = report["scenario"]["job"]
+    for host in ("node-00", "node-01"):
+        assert report["steps"][host]["count"] >= 5, report["steps"]
+    summaries = [json.loads(m.value()) for m in consume_all(kafka, schema.TOPIC_STEPS, timeout_s=20)]
+    ours = [s for s in summaries if s.get("job") == job]
+    assert ours, "the stream worker produced no step summary for the demo's job"
+    assert any(sorted(s["hosts"]) == ["node-00", "node-01"] for s in ours), "no step joined both hosts"
+    hooks = report["webhook"]
+    assert not hooks["invalid"], hooks["invalid"]
+    if report["alerts"]:
+        assert hooks["requests"] > 0, "alerts fired but nothing reached the webhook receiver"
+    for a in report["alerts"]:
+        assert a["host"] and a["layer"] and a["rule"], a
+
+
+def test_clean_run(kafka, tmp_path):
+    rc, report, err = run_demo(tmp_path, "--fault", "none")
+    check_mechanics(kafka, rc, report, err)
+    v = report["verdict"]
+    assert v["ok"] == (not report["alerts"])
+    if not v["ok"]:
+        pytest.xfail(f"pipeline verdict on a clean run: {v['reason']}: "
+                     + "; ".join(f"{w['alert']['host']}/{w['alert']['layer']} {w['alert']['rule']}" for w in v["wrong"]))
+
+
+def test_cpu_fault(kafka, tmp_path):
+    rc, report, err = run_demo(tmp_path, "--fault", "cpu")
+    check_mechanics(kafka, rc, report, err)
+    ev = report["evidence"]
+    assert ev["hog_cpu_s"] > 0.5 and ev["training_runq_wait_s"] > 0, ev
+    v = report["verdict"]
+    assert v["t0_ns"], "the fault was never injected"
+    if not v["ok"]:
+        pytest.xfail(f"pipeline verdict: {v['reason']}")
+    assert v["ttd_s"] is not None and v["first_correct"]["host"] == "node-01"
