@@ -4,8 +4,9 @@
 setup:
 	@bash scripts/setup.sh
 
+# demo: 4 simulated hosts, 8% packet loss on node-01 after 15 s; exit 0 only for the right host and layer
 demo: setup
-	@.venv/bin/obshub up && .venv/bin/obshub status
+	@.venv/bin/obshub demo --hosts 4 --fault net-loss --fault-host 1
 
 test: setup
 	@.venv/bin/python -m pytest -q -ra tests
