@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import time
@@ -22,7 +23,7 @@ from typing import Callable
 from rich.console import Console
 from rich.table import Table
 
-console = Console(highlight=False)
+console = Console(highlight=False, width=max(120, shutil.get_terminal_size((120, 40)).columns))
 
 
 def machine() -> dict:

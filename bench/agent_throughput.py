@@ -1,0 +1,237 @@
+"""Agent throughput: the largest event rate the agent carries from the BPF ring buffer to Kafka on one
+core without loss, its CPU seconds per million events, and the loss at twice that rate.
+
+Source: a real BPF probe. bench/firehose.c fires the USDT probe ``obshub:step_begin`` (the same probe
+``producer._usdt`` has) from a C loop at a controlled rate, pinned to the second CPU; the agent
+(bench/agent_host.py: ``producer.agent.Agent`` with ``BpfEventSource``, only the ``pytorch_step`` probe,
+watching the firehose's pid; 1 MiB ring buffer, the default) is pinned to the first CPU and publishes
+to a private broker. Each USDT hit runs the BPF handler in the firehose's context (uprobe trap), so the
+agent's CPU is only the user-space path: ring-buffer poll -> decode -> msgpack batch -> librdkafka.
+
+Rates rise through ``LEVELS`` for ``LEVEL_S`` seconds each. A level is *lossless* when the kernel's
+ring-buffer loss counter did not move and the agent read every event the firehose fired. Then the
+largest lossless rate is confirmed ``rounds`` times (median, spread) and 2x that rate is offered once.
+Counters come from the agent's Prometheus endpoint; CPU from /proc/<pid>/stat. Target: >= 200,000
+events/s on one core.
+
+    python -m bench.agent_throughput               # LEVELS, 3 confirmation rounds
+    python -m bench.agent_throughput --quick       # two low levels, 1 round
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from rich.table import Table
+
+from bench import common
+from bench.broker import cpu_seconds, free_port, private_stack, stop_group
+
+HERE = Path(__file__).resolve().parent
+LEVELS = (25_000, 50_000, 100_000, 150_000, 200_000, 300_000, 400_000, 600_000, 800_000)
+QUICK_LEVELS = (10_000, 20_000)
+LEVEL_S = 3.0
+QUICK_LEVEL_S = 1.0
+ROUNDS = 3
+TARGET = 200_000
+
+
+def build_firehose(out_dir: Path) -> Path:
+    """Compile bench/firehose.c into ``out_dir/firehose``. Raises RuntimeError with gcc's message."""
+    out = out_dir / "firehose"
+    r = subprocess.run(["gcc", "-O2", "-o", str(out), str(HERE / "firehose.c")], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"Failed to build bench/firehose.c (needs gcc and sys/sdt.h from systemtap-sdt-dev):\n"
+                           f"{r.stderr[-1500:]}")
+    return out
+
+
+def _pin(cpu: int | None):
+    return None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+
+
+class Counters:
+    """Reads the agent's counters: events read (STEP_BEGIN), in-kernel ring-buffer loss, batches sealed and
+    delivered, and the process's CPU seconds."""
+
+    def __init__(self, port: int, pid: int):
+        self.url, self.pid = f"http://127.0.0.1:{port}/metrics", pid
+
+    def read(self) -> dict:
+        text = httpx.get(self.url, timeout=5).text
+        out = {"events": 0.0, "lost": 0.0, "batches": 0.0, "delivered": 0.0}
+        names = {"obshub_agent_events": "events", "obshub_agent_lost_events": "lost",
+                 "obshub_agent_batches": "batches", "obshub_agent_batches_delivered": "delivered"}
+        for fam in text_string_to_metric_families(text):
+            key = names.get(fam.name)
+            if key:
+                out[key] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
+        out["cpu_s"] = cpu_seconds(self.pid)
+        return out
+
+    def settled(self, timeout_s: float = 8.0) -> dict:
+        """Counters once the events counter stopped moving for 0.6 s (the ring buffer is drained)."""
+        last, since, deadline = self.read(), time.monotonic(), time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            cur = self.read()
+            if cur["events"] != last["events"]:
+                last, since = cur, time.monotonic()
+            elif time.monotonic() - since >= 0.6:
+                return cur
+        return last
+
+
+class Rig:
+    """The firehose and the agent, both running; :meth:`level` offers one rate."""
+
+    def __init__(self, tmp: Path):
+        cpus = sorted(os.sched_getaffinity(0))
+        agent_cpu, gen_cpu = (cpus[0], cpus[1]) if len(cpus) > 1 else (None, None)
+        self.cpus = {"agent": agent_cpu, "firehose": gen_cpu}
+        exe = build_firehose(tmp)
+        self.gen = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                    preexec_fn=_pin(gen_cpu), start_new_session=True)
+        port = free_port()
+        cmd = [sys.executable, "-m", "bench.agent_host", "--usdt", str(exe), "--pid", str(self.gen.pid),
+               "--metrics-port", str(port)] + (["--cpu", str(agent_cpu)] if agent_cpu is not None else [])
+        self.log = tmp / "agent.log"
+        self._logf = open(self.log, "w")
+        self.agent = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True,
+                                      cwd=HERE.parent)
+        self.counters = Counters(port, self.agent.pid)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.agent.poll() is not None:
+                raise RuntimeError(f"the agent exited with {self.agent.returncode}:\n{self.log.read_text()[-2000:]}")
+            if "metrics on" in self.log.read_text():
+                break
+            time.sleep(0.3)
+        else:
+            raise RuntimeError(f"the agent did not start in 120 s:\n{self.log.read_text()[-2000:]}")
+        if "pytorch_step" not in self.log.read_text() or " attached" not in self.log.read_text():
+            raise RuntimeError(f"the pytorch_step probe did not attach:\n{self.log.read_text()[-2000:]}")
+
+    def level(self, rate: float, seconds: float) -> dict:
+        """Offer ``rate`` events/s for ``seconds``; returns offered/carried rates, lost, CPU."""
+        before = self.counters.settled()
+        self.gen.stdin.write(f"{rate} {seconds}\n")
+        self.gen.stdin.flush()
+        reply = self.gen.stdout.readline().split()   # fired N in S s
+        fired, elapsed = int(reply[1]), float(reply[3])
+        after = self.counters.settled()
+        ev, lost = after["events"] - before["events"], after["lost"] - before["lost"]
+        cpu = after["cpu_s"] - before["cpu_s"]
+        return {"requested": rate, "fired": fired, "seconds": elapsed, "offered": fired / elapsed,
+                "read": int(ev), "lost": int(lost), "carried": ev / elapsed, "cpu_s": cpu,
+                "cpu_util": cpu / elapsed, "cpu_s_per_M": cpu / ev * 1e6 if ev else float("nan"),
+                "lossless": lost == 0 and ev >= fired}
+
+    def close(self) -> dict:
+        """Stop both; returns the agent's final delivery state and exit code."""
+        final = self.counters.settled()
+        try:
+            self.gen.stdin.write("quit\n")
+            self.gen.stdin.flush()
+        except OSError:
+            pass
+        stop_group(self.gen, 5)
+        rc = stop_group(self.agent, 60)
+        self._logf.close()
+        return {"batches": final["batches"], "delivered": final["delivered"], "exit_code": rc,
+                "tail": self.log.read_text()[-400:]}
+
+
+def _levels_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title, caption=common.describe_machine())
+    for col in ("requested ev/s", "offered ev/s", "carried ev/s", "lost (ring buffer)", "agent CPU",
+                "CPU s / M events", "lossless"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(f"{r['requested']:,.0f}", f"{r['offered']:,.0f}", f"{r['carried']:,.0f}", f"{r['lost']:,}",
+                  f"{r['cpu_util'] * 100:.0f} %", f"{r['cpu_s_per_M']:.2f}",
+                  "[green]yes[/green]" if r["lossless"] else "[red]no[/red]")
+    return t
+
+
+def run(quick: bool = False, rounds: int | None = None) -> dict:
+    """Run the benchmark, print the tables and verdict, save the JSON. Returns the results dict."""
+    rounds = rounds or (1 if quick else ROUNDS)
+    levels, level_s = (QUICK_LEVELS, QUICK_LEVEL_S) if quick else (LEVELS, LEVEL_S)
+    common.console.rule("[bold]2. agent throughput[/bold]: BPF ring buffer -> Kafka on one core")
+    tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-agent-"))
+    rows, confirm, at2x, final = [], [], None, {}
+    try:
+        with private_stack(common.console.print):
+            rig = Rig(tmp)
+            try:
+                rig.level(levels[0], 0.5)                   # warm-up: first batches, connections
+                lossy = 0
+                for rate in levels:
+                    r = rig.level(rate, level_s)
+                    rows.append(r)
+                    common.console.print(f"[dim]  {rate:,} ev/s offered {r['offered']:,.0f}: read {r['read']:,}, "
+                                         f"lost {r['lost']:,}, CPU {r['cpu_util'] * 100:.0f} %[/dim]")
+                    lossy = 0 if r["lossless"] else lossy + 1
+                    if lossy >= 2 or r["offered"] < 0.8 * rate:
+                        break
+                good = [r for r in rows if r["lossless"]]
+                best = max(good, key=lambda r: r["offered"]) if good else None
+                if best is not None:
+                    confirm = [rig.level(best["requested"], level_s) for _ in range(rounds)]
+                    at2x = rig.level(2 * best["requested"], level_s)
+            finally:
+                final = rig.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    common.console.print(_levels_table(rows, f"agent on one CPU ({LEVEL_S if not quick else QUICK_LEVEL_S:.0f} s "
+                                             f"per level; firehose USDT probe on the other CPU)"))
+    result = {"levels": rows, "confirm": confirm, "at_2x": at2x, "final": final, "rounds": rounds,
+              "rev": common.git_rev(), "target": TARGET}
+    if confirm:
+        series = {"carried ev/s": common.Series("carried ev/s", [r["carried"] for r in confirm]),
+                  "CPU s / M events": common.Series("CPU s / M events", [r["cpu_s_per_M"] for r in confirm])}
+        common.console.print(common.table(f"largest lossless rate, {rounds} rounds", series, "per row", fmt="{:,.2f}"))
+        best_rate = series["carried ev/s"].median
+        generator_bound = rows[-1]["lossless"] and rows[-1]["offered"] < 0.8 * rows[-1]["requested"]
+        common.console.print(f"at 2x ({at2x['requested']:,.0f} ev/s requested, {at2x['offered']:,.0f} offered): "
+                             f"lost {at2x['lost']:,} of {at2x['fired']:,} ({at2x['lost'] / max(1, at2x['fired']) * 100:.1f} %), "
+                             f"read {at2x['read']:,}")
+        result.update(best_rate=best_rate, cpu_s_per_M=series["CPU s / M events"].median,
+                      lost_at_2x=at2x["lost"], generator_bound=generator_bound)
+        common.verdict(f">= {TARGET:,} events/s per core without loss", best_rate >= TARGET,
+                       f"{best_rate:,.0f} events/s, {series['CPU s / M events'].median:.2f} CPU s per million events"
+                       + (" (bounded by the firehose, not by the agent)" if generator_bound else ""))
+    else:
+        common.verdict(f">= {TARGET:,} events/s per core without loss", False, "no level was lossless")
+    deliv_ok = final.get("exit_code") == 0 and final.get("batches") == final.get("delivered")
+    common.console.print(f"delivery to Kafka: {final.get('delivered', 0):.0f} of {final.get('batches', 0):.0f} "
+                         f"batches acknowledged, agent exit code {final.get('exit_code')}"
+                         + ("" if deliv_ok else " [red](not everything was delivered)[/red]"))
+    result["delivered_all"] = deliv_ok
+    common.console.print(f"raw results: {common.save('agent_throughput', result)}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m bench.agent_throughput [--quick] [--rounds N]``."""
+    p = argparse.ArgumentParser(prog="python -m bench.agent_throughput", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: two low rates, 1 s each")
+    p.add_argument("--rounds", type=int, default=None, help=f"confirmation rounds (default {ROUNDS})")
+    a = p.parse_args(argv)
+    run(a.quick, a.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

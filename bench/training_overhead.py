@@ -1,0 +1,162 @@
+"""Training overhead, side by side: the step time of a real 2-rank ``torch.distributed`` (gloo, CPU)
+training (``obshub.workloads.ddp_train``) in four configurations, run interleaved A B C D, A B C D, ...:
+
+A. ``plain``: the two ranks as plain Python processes;
+B. ``obshub run``: the same under ``obshub run`` (in-process instrumentation, USDT probes not attached);
+C. ``obshub run + agent``: B while ``obshub agent --registered`` runs with every probe that attaches on
+   this machine (its probe table is saved with the results), shipping to a private Kafka broker;
+D. ``torch.profiler``: the same loop under ``torch.profiler.profile(activities=[CPU])``
+   (bench/profiled_train.py).
+
+One sample = the median step time (ms) over both ranks' steps after ``WARMUP`` steps, read from the
+workload's ``step N rank R time_ms T`` lines. The table gives each configuration's median over the rounds,
+the spread, and the ratio to plain. Target: C within 1 % of A.
+
+    python -m bench.training_overhead                  # ROUNDS rounds of STEPS steps
+    python -m bench.training_overhead --quick          # 1 round of 15 steps (smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+from bench import common
+from bench.broker import free_port, obshub_cmd, private_stack, stop_group
+
+ROUNDS = 3             # interleaved rounds (each runs A, B, C, D once)
+STEPS = 80             # training steps per run
+WARMUP = 8             # first steps of each rank left out (allocator, gloo connections, DDP buckets)
+QUICK_ROUNDS, QUICK_STEPS, QUICK_WARMUP = 1, 15, 3
+TARGET_RATIO = 1.01    # obshub run + agent within 1 % of plain
+STEP_LINE = re.compile(r"^step (\d+) rank (\d+) time_ms ([\d.]+)", re.M)
+WORKLOAD = ["-m", "obshub.workloads.ddp_train"]
+PROFILED = ["-m", "bench.profiled_train"]
+
+
+def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, env_extra: dict | None = None) -> dict:
+    """Start 2 ranks of ``prefix + [python] + module + --steps N`` with the torch.distributed environment,
+    wait for both. Returns ``{"median_ms", "steps": [(rank, step, ms)], "wall_s"}``. Raises RuntimeError
+    with the output tail when a rank fails or prints no step line."""
+    port = free_port()
+    procs = []
+    t0 = time.monotonic()
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(env_extra or {})}
+        procs.append(subprocess.Popen([*prefix, sys.executable, *module, "--steps", str(steps)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            stop_group(p, 5)
+    wall = time.monotonic() - t0
+    times = []
+    for rc, out, err in outs:
+        if rc != 0:
+            raise RuntimeError(f"a rank of {' '.join(prefix + module)} exited with {rc}:\n{err[-2000:]}")
+        times += [(int(r), int(s), float(ms)) for s, r, ms in STEP_LINE.findall(out) if int(s) >= warmup]
+    if not times:
+        raise RuntimeError(f"no step lines after warm-up from {' '.join(prefix + module)}")
+    return {"median_ms": statistics.median(t[2] for t in times), "steps": times, "wall_s": wall}
+
+
+class AgentRun:
+    """``obshub agent --registered`` in its own session for one configuration-C sample: started, waited
+    on until it printed its probe table (all probes compiled and attached), stopped after the run."""
+
+    def __init__(self, job: str):
+        self.proc = subprocess.Popen(obshub_cmd("agent", "--job", job, "--registered", "--host", "bench-node"),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self.table: list[str] = []
+        started = False
+        for line in self.proc.stdout:
+            if line.startswith("probe "):
+                started = True
+            elif started:
+                self.table.append(line.rstrip())
+                if line.startswith("sysfs_pcie") or len(self.table) >= 64:
+                    break
+        if not started:
+            raise RuntimeError("obshub agent exited before printing its probe table (needs root and bcc)")
+        time.sleep(0.5)  # the rest of the table and the first loop turn
+
+    def stop(self) -> str:
+        """Stop the agent; returns its last output line (``stopped: N batches, M events, ...``)."""
+        stop_group(self.proc, 30)
+        rest = self.proc.stdout.read().strip().splitlines()
+        return rest[-1] if rest else ""
+
+
+def run(quick: bool = False, rounds: int | None = None) -> dict:
+    """Run the benchmark, print the table and the verdict, save the JSON. Returns the results dict."""
+    rounds = rounds or (QUICK_ROUNDS if quick else ROUNDS)
+    steps, warmup = (QUICK_STEPS, QUICK_WARMUP) if quick else (STEPS, WARMUP)
+    common.console.rule("[bold]1. training overhead[/bold]: 2-rank gloo DDP, step time in 4 configurations")
+    runs: dict[str, list[dict]] = {}
+    agent_info: dict = {"probe_table": [], "stopped": []}
+    with private_stack(common.console.print):
+        def sample(name: str, prefix: list[str], module: list[str], with_agent: bool = False):
+            def fn() -> float:
+                agent = AgentRun("bench-overhead") if with_agent else None
+                try:
+                    res = run_ranks(prefix, module, steps, warmup)
+                finally:
+                    if agent is not None:
+                        agent_info["stopped"].append(agent.stop())
+                        agent_info["probe_table"] = agent.table
+                runs.setdefault(name, []).append({k: v for k, v in res.items() if k != "steps"})
+                return res["median_ms"]
+            return fn
+
+        run_prefix = obshub_cmd("run", "--job", "bench-overhead", "--")
+        configs = {
+            "A plain": sample("A plain", [], WORKLOAD),
+            "B obshub run": sample("B obshub run", run_prefix, WORKLOAD),
+            "C obshub run + agent": sample("C obshub run + agent", run_prefix, WORKLOAD, with_agent=True),
+            "D torch.profiler (CPU)": sample("D torch.profiler (CPU)", [], PROFILED),
+        }
+        series = common.interleave(configs, rounds)
+    common.console.print(common.table(f"step time, 2 ranks, {steps} steps per run ({warmup} warm-up left out), "
+                                      f"{rounds} interleaved rounds", series, "ms", baseline="A plain", fmt="{:.2f}"))
+    attached = [ln.split()[0] for ln in agent_info["probe_table"] if " attached" in ln]
+    common.console.print(f"agent: {len(attached)} probes attached ({', '.join(attached)}); "
+                         f"{'; '.join(s for s in agent_info['stopped'] if s)}")
+    base = series["A plain"].median
+    ratio = series["C obshub run + agent"].median / base
+    common.verdict("obshub run + agent within 1 % of plain", ratio <= TARGET_RATIO,
+                   f"ratio {ratio:.4f} ({(ratio - 1) * 100:+.2f} %); torch.profiler "
+                   f"{(series['D torch.profiler (CPU)'].median / base - 1) * 100:+.2f} %; 2 cores shared by 2 ranks, "
+                   f"the agent, the broker and other work: run-to-run spread ±{series['A plain'].mad / base * 100:.1f} %")
+    result = {"rounds": rounds, "steps": steps, "warmup": warmup, "rev": common.git_rev(),
+              "samples_ms": {k: v.samples for k, v in series.items()},
+              "ratios": {k: v.median / base for k, v in series.items()}, "runs": runs,
+              "agent": agent_info, "target_ratio": TARGET_RATIO, "target_met": ratio <= TARGET_RATIO}
+    common.console.print(f"raw results: {common.save('training_overhead', result)}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m bench.training_overhead [--quick] [--rounds N]``."""
+    p = argparse.ArgumentParser(prog="python -m bench.training_overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 15 steps")
+    p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
+    a = p.parse_args(argv)
+    run(a.quick, a.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
