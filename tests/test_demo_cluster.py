@@ -93,10 +93,20 @@ def test_crashed_run_is_cleaned_up_by_the_next():
 
 
 def test_name_sweep_without_state_file(tmp_path):
-    """A namespace named obshub-* with no state file (e.g. the file was lost) is still removed."""
-    subprocess.run(["ip", "netns", "add", "obshub-h7"], check=True)
-    subprocess.run(["ip", "link", "add", "obshub-v7", "type", "veth", "peer", "name", "eth0", "netns",
-                    "obshub-h7"], check=True)
-    removed = cl.sweep(tmp_path)
-    assert "netns obshub-h7" in removed
-    assert cl.leftovers()["netns"] == [] and cl.leftovers()["links"] == []
+    """A namespace named like the demo's with no state file (e.g. the file was lost) is still removed,
+    and someone else's obshub-t-* namespace is left alone."""
+    holder = cl.Cluster(2)
+    holder.lock()  # never sweep under a running demo
+    other = f"obshub-t-{os.getpid()}"
+    try:
+        subprocess.run(["ip", "netns", "add", "obshub-h7"], check=True)
+        subprocess.run(["ip", "link", "add", "obshub-v7", "type", "veth", "peer", "name", "eth0", "netns",
+                        "obshub-h7"], check=True)
+        subprocess.run(["ip", "netns", "add", other], check=True)
+        removed = cl.sweep(tmp_path)
+        assert "netns obshub-h7" in removed
+        assert cl.leftovers()["netns"] == [] and cl.leftovers()["links"] == []
+        assert other in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["ip", "netns", "del", other], capture_output=True)
+        holder.unlock()

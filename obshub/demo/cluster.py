@@ -20,8 +20,8 @@ Cleanup: every object made is recorded in a state file (default ``/run/obshub-de
 is made. ``Cluster.destroy`` (called on exit, Ctrl-C and SIGTERM by the runner) and ``sweep`` (called at
 the start of every run, to clean up after a crashed one) kill the processes in the namespaces and
 cgroups, then delete namespaces (which takes their nftables tables and the veth ends inside), links,
-qdiscs and cgroups; ``sweep`` also removes anything named ``obshub-*`` / ``obshub-demo`` that the state
-file missed. A lock (``/run/obshub-demo/lock``, flock) keeps two demos from sweeping each other.
+qdiscs and cgroups; ``sweep`` also removes anything named like them (``obshub-h<N>``, ``obshub-v<N>``,
+``obshub-br0``, cgroups ``obshub-demo``) that the state file missed. A lock (``/run/obshub-demo/lock``, flock) keeps two demos from sweeping each other.
 
 Errors raise :class:`obshub.demo.errors.ClusterError` quoting the command and its stderr.
 """
@@ -32,6 +32,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -433,24 +434,31 @@ def _link_exists(name: str) -> bool:
     return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
 
 
+def _ours(name: str) -> bool:
+    """Names this module makes: ``obshub-h<N>`` (namespaces), ``obshub-v<N>`` (veths), ``obshub-br0``.
+    Other ``obshub-*`` names (e.g. a probe test's ``obshub-t-...`` namespace) belong to someone else."""
+    return name == BRIDGE or re.fullmatch(rf"({re.escape(NETNS_PREFIX)}|{re.escape(VETH_PREFIX)})\d+", name) is not None
+
+
 def leftovers() -> dict[str, list[str]]:
     """What of a demo exists on this machine now, by name: ``{"netns": [...], "links": [...],
-    "cgroups": [...]}`` (namespaces ``obshub-*``, links ``obshub-*``, cgroups ``*/obshub-demo``)."""
+    "cgroups": [...]}`` (namespaces ``obshub-h<N>``, links ``obshub-v<N>`` and ``obshub-br0``, cgroups
+    ``*/obshub-demo``)."""
     links = []
     for line in sh(["ip", "-o", "link", "show"], check=False).splitlines():
         parts = line.split(":")
         if len(parts) > 1:
             name = parts[1].strip().split("@")[0]
-            if name.startswith("obshub-"):
+            if _ours(name):
                 links.append(name)
-    return {"netns": [n for n in _netns_list() if n.startswith("obshub-")],
+    return {"netns": [n for n in _netns_list() if _ours(n)],
             "links": links,
             "cgroups": [str(cgroup_parent(c)) for c in controllers() if cgroup_parent(c).exists()]}
 
 
 def sweep(state_dir: Path = STATE_DIR, progress: Progress = _quiet) -> list[str]:
-    """Remove what a previous (crashed) run left: everything in its state file, then anything named
-    ``obshub-*`` (namespaces, links) or ``obshub-demo`` (cgroups). The caller must hold the lock.
+    """Remove what a previous (crashed) run left: everything in its state file, then anything named as
+    this module names things (``obshub-h<N>``, ``obshub-v<N>``, ``obshub-br0``, cgroups ``obshub-demo``). The caller must hold the lock.
     Returns what was removed."""
     state: dict = {"netns": [], "links": [], "cgroups": [], "pids": [], "paths": []}
     state_file = state_dir / "state.json"

@@ -63,7 +63,7 @@ class DemoOptions:
     step_sleep_ms: float = 50.0
     fault_params: dict = field(default_factory=dict)
     keep_stack: bool = False
-    ready_timeout_s: float = 180.0
+    ready_timeout_s: float = 300.0
 
     def check(self) -> None:
         """Raise DemoError for inconsistent options."""
