@@ -185,13 +185,13 @@ class BpfEventSource:
     # -- start: plan, compile, configure, attach ------------------------------------------------------
     def start(self) -> list[ProbeStatus]:
         """Plan, compile, configure and attach (steps 1-4). Returns the probe table."""
-        kheaders.apply_env(self.settings)
         tracefs, _ = kheaders.ensure_tracefs()
         pl = plan(self.options, self.target, tracefs)
         skipped = dict(pl.skipped)
         bpf_probes = [p for p in pl.probes if p.mechanism != "sysfs"]
         layers = {p.c_layer for p in bpf_probes}
         if layers:
+            kheaders.apply_env(self.settings)  # BCC_KERNEL_SOURCE for this process
             layers = self._compile(pl, layers, skipped)
         if self._bpf is not None:
             self._configure(pl)

@@ -168,3 +168,28 @@ def test_pcie_program_compiles_with_offsets_of_a_kernel_that_has_aer(tmp_path):
         b.load_func(b"obs_aer_event", BPF.TRACEPOINT)  # passes the verifier
     finally:
         b.cleanup()
+
+
+def test_event_source_with_only_the_sysfs_poller(tmp_path):
+    """No BPF program is built when only sysfs probes are selected; poll() returns the poller's events."""
+    from obshub.config import load_settings
+    from producer.loader import BpfEventSource
+
+    port = tmp_path / "sys/class/infiniband/efa_0/ports/1/hw_counters"
+    port.mkdir(parents=True)
+    (port / "retrans_pkts").write_text("5\n")
+    src = BpfEventSource(load_settings(), Target(pids={1}),
+                         ProbeOptions(probes=("sysfs_nic",), sysfs_root=tmp_path, sysfs_interval_ms=1))
+    try:
+        table = src.start()
+        assert [(s.name, s.attached) for s in table] == [("sysfs_nic", True)]
+        assert src.poll(5) == [] and src.lost() == {}
+        (port / "retrans_pkts").write_text("9\n")
+        events = src.poll(5)
+        assert [(e.kind, e.value, e.payload["counter"]) for e in events] == [(Kind.NIC_COUNTER, 4, "retrans_pkts")]
+        with pytest.raises(ProbeError, match="no BPF program"):
+            src.set_threshold("runq_ns", 5)
+        with pytest.raises(ProbeError, match="unknown"):
+            src.set_threshold("nope", 5)
+    finally:
+        src.close()
