@@ -4,8 +4,10 @@
  *   register(job, rank, world_size, host_id, local_rank)  -> REGISTER; with OBS_TARGET_REGISTERED the
  *                                                            process becomes watched, in the kernel
  *   tracekey(trace_key, step)                             -> tid_key[tid] = (trace_key, step)
- *   step_begin/step_end(step, trace_key)                  -> STEP_BEGIN, STEP_END (+ SCHED_STEP_SUM)
- *   phase_begin/phase_end(phase, step, trace_key)         -> PHASE (on end, with its duration)
+ *   step_begin/step_end(step, trace_key)                  -> STEP_BEGIN, STEP_END (+ SCHED_STEP_SUM);
+ *                                                            step_begin also sets tid_key
+ *   phase_begin/phase_end(phase, step, trace_key)         -> PHASE (on end, with its duration);
+ *                                                            phase_begin also sets tid_key
  *   coll_begin/coll_end(pg, coll_seq, op, bytes, step, trace_key) -> COLLECTIVE_BEGIN/_END
  */
 #include "common.h"
@@ -35,6 +37,14 @@ struct obs_coll_key {
 BPF_TABLE("lru_hash", struct obs_step_key, u64, step_begin_ts, OBS_MAX_TIDS);
 BPF_TABLE("lru_hash", struct obs_phase_key, u64, phase_begin_ts, OBS_MAX_TIDS);
 BPF_TABLE("lru_hash", struct obs_coll_key, u64, coll_begin_ts, 65536);
+
+/* step_begin and phase_begin carry the key the calling thread works under from now on: set it here too,
+ * so the map is right from the probe on, whatever order the instrumentation fires `tracekey` in. */
+static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
+{
+    struct obs_tk tk = {.trace_key = key, .step = step};
+    tid_key.update(&tid, &tk);
+}
 
 static __always_inline int obs_usdt_gate(void)
 {
@@ -94,6 +104,7 @@ int obs_usdt_step_begin(struct pt_regs *ctx)
     bpf_usdt_readarg(2, ctx, &key);
     struct obs_step_key sk = {.tgid = tgid, .step = step};
     step_begin_ts.update(&sk, &now);
+    obs_set_key(tid, key, step);
     sched_acc.delete(&tgid);
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_BEGIN, tgid, tid);
     if (!e)
@@ -167,6 +178,7 @@ static __always_inline int obs_phase(int end, u64 phase, s64 step, u64 key)
     bpf_probe_read_user_str(pk.phase, sizeof(pk.phase), (void *)phase);
     if (!end) {
         phase_begin_ts.update(&pk, &now);
+        obs_set_key(tid, key, step);
         return 0;
     }
     u64 *begin = phase_begin_ts.lookup(&pk);
