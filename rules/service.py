@@ -73,6 +73,13 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def _log_assign(loop: str):
+    def on_assign(_consumer, partitions) -> None:
+        log.info("%s: assigned %d partition(s) of %s", loop, len(partitions),
+                 ", ".join(sorted({p.topic for p in partitions})) or "-")
+    return on_assign
+
+
 def _commit(consumer: Consumer) -> None:
     """Synchronous commit of the consumed positions; 'nothing to commit' is not an error."""
     try:
@@ -193,7 +200,7 @@ class RuleService:
         return Consumer({"bootstrap.servers": self.settings.bootstrap_servers,
                          "group.id": f"{self.group_prefix}-{suffix}", "enable.auto.commit": False,
                          "auto.offset.reset": reset, "enable.partition.eof": False,
-                         "session.timeout.ms": 10000, "heartbeat.interval.ms": 1000})
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
 
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
         topic = msg.topic()
@@ -254,7 +261,7 @@ class RuleService:
         """The engine loop; returns when ``stop`` is set."""
         consumer = self._consumer("engine", "earliest" if self.from_beginning else "latest")
         topics = self.input_topics()
-        consumer.subscribe(topics)
+        consumer.subscribe(topics, on_assign=_log_assign("engine"))
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
                              "linger.ms": 5})
         last_tick = last_health = 0.0
@@ -278,7 +285,7 @@ class RuleService:
                     if self.maybe_reload() and self.input_topics() != topics:
                         topics = self.input_topics()
                         _commit(consumer)
-                        consumer.subscribe(topics)
+                        consumer.subscribe(topics, on_assign=_log_assign("engine"))
                     last_tick = mono
                 if mono - last_health >= self.health_every_s:
                     self._health(consumer)
@@ -299,7 +306,8 @@ class RuleService:
     def run_notify(self) -> None:
         """The notify loop; returns when ``stop`` is set."""
         consumer = self._consumer("notify", "earliest")
-        consumer.subscribe([schema.TOPIC_ALERTS], on_revoke=lambda c, p: self.tracker.reset())
+        consumer.subscribe([schema.TOPIC_ALERTS], on_assign=_log_assign("notify"),
+                            on_revoke=lambda c, p: self.tracker.reset())
         last_commit = 0.0
         try:
             while not self.stop.is_set():
