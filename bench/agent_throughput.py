@@ -109,6 +109,15 @@ class Rig:
         self.agent = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True,
                                       cwd=HERE.parent)
         self.counters = Counters(port, self.agent.pid)
+        try:
+            self._wait_started()
+        except BaseException:
+            stop_group(self.gen, 5)
+            stop_group(self.agent, 30)
+            self._logf.close()
+            raise
+
+    def _wait_started(self) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.agent.poll() is not None:
@@ -118,7 +127,7 @@ class Rig:
             time.sleep(0.3)
         else:
             raise RuntimeError(f"the agent did not start in 120 s:\n{self.log.read_text()[-2000:]}")
-        if "pytorch_step" not in self.log.read_text() or " attached" not in self.log.read_text():
+        if not any(ln.startswith("pytorch_step") and " attached" in ln for ln in self.log.read_text().splitlines()):
             raise RuntimeError(f"the pytorch_step probe did not attach:\n{self.log.read_text()[-2000:]}")
 
     def level(self, rate: float, seconds: float) -> dict:

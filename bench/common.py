@@ -107,9 +107,16 @@ def verdict(label: str, ok: bool, detail: str) -> None:
     console.print(f"{label}: {mark} — {detail}")
 
 
+def results_dir() -> Path:
+    """Where raw results go: ``$OBSHUB_BENCH_RESULTS``, else bench/results/."""
+    env = os.environ.get("OBSHUB_BENCH_RESULTS")
+    return Path(env) if env else Path(__file__).resolve().parent / "results"
+
+
 def save(name: str, data: dict) -> Path:
-    """Write a benchmark's raw results to bench/results/<name>.json (with the machine and a timestamp)."""
-    out = Path(__file__).resolve().parent / "results"
+    """Write a benchmark's raw results to bench/results/<name>.json (with the machine and a timestamp);
+    ``$OBSHUB_BENCH_RESULTS`` names another folder (the smoke test uses a temporary one)."""
+    out = results_dir()
     out.mkdir(exist_ok=True)
     path = out / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), "time": time.time(), **data}, indent=2, default=str))

@@ -26,6 +26,12 @@ __attribute__((noinline)) static void fire(int64_t step, uint64_t key)
     DTRACE_PROBE2(obshub, step_begin, step, key);
 }
 
+/* Never called: only defines obshub:step_end, which the agent's pytorch_step probe also attaches to. */
+__attribute__((noinline, used)) void firehose_step_end(int64_t step, uint64_t key)
+{
+    DTRACE_PROBE2(obshub, step_end, step, key);
+}
+
 int main(void)
 {
     char line[128];

@@ -63,13 +63,13 @@ def _pad(batch: Batch, events_per_step: int) -> list[Event]:
 
 
 def build(hosts: int, steps: int, *, job: str = "bench", events_per_step: int = 64, steps_per_batch: int = 3,
-          first_step: int = 0, guilty_steps: tuple[int, ...] = ()) -> Load:
+          first_step: int = 0, guilty_steps: tuple[int, ...] = (), guilty_layer: str = "sched") -> Load:
     """Encode the batches of ``hosts`` agents for ``steps`` steps (see the module docstring). Raises
     ValueError for non-positive sizes."""
     if hosts < 1 or steps < 1 or steps_per_batch < 1:
         raise ValueError(f"hosts={hosts}, steps={steps}, steps_per_batch={steps_per_batch} must be >= 1")
     scn = synthetic.Scenario(job=job, hosts=hosts, steps=steps, first_step=first_step,
-                             straggler=min(2, hosts - 1), guilty_steps=guilty_steps)
+                             straggler=min(2, hosts - 1), guilty_steps=guilty_steps, guilty_layer=guilty_layer)
     per_host: dict[str, list[Batch]] = {}
     for _key, b in synthetic.generate(scn):
         per_host.setdefault(b.host, []).append(b)

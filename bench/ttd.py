@@ -1,0 +1,115 @@
+"""Time to detection: ``obshub demo --matrix`` (every fault kind plus ``none``, on one host of a simulated
+cluster: network namespaces, cgroups, a real gloo training per host, a real agent per host, the real
+stream worker and rule engine) repeated N times; per fault kind the median and worst time from the
+fault's injection (t0, CLOCK_REALTIME) to the first correct alert (its Kafka timestamp), as the demo's
+verdict computes it (docs/DEMO.md). Target: median under 5 s.
+
+Shortened scenarios so that the matrix fits the benchmark budget: ``HOSTS`` hosts, the fault
+``FAULT_AT_S`` after the first step, ``DURATION_S`` of training, ``SETTLE_S`` for late alerts. Needs
+root (namespaces, cgroups, BPF), like the demo.
+
+    python -m bench.ttd                 # N = 1 matrix (make bench)
+    python -m bench.ttd --rounds 3      # N = 3 matrices
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from bench import common
+from bench.broker import obshub_cmd, private_stack
+
+ROUNDS = 1
+HOSTS, FAULT_HOST = 3, 1
+FAULT_AT_S, DURATION_S, SETTLE_S = 8.0, 24.0, 5.0
+TARGET_S = 5.0
+MATRIX_TIMEOUT_S = 1200
+
+
+def run_matrix(out: Path, log: Path) -> list[dict]:
+    """One ``obshub demo --matrix`` run; returns its rows. Raises RuntimeError when it writes no report."""
+    cmd = obshub_cmd("demo", "--matrix", "--hosts", str(HOSTS), "--fault-host", str(FAULT_HOST),
+                     "--fault-at", str(FAULT_AT_S), "--duration", str(DURATION_S), "--settle", str(SETTLE_S),
+                     "--json", str(out))
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=MATRIX_TIMEOUT_S, env={**os.environ,
+                              "COLUMNS": "120"})
+    if not out.exists():
+        raise RuntimeError(f"obshub demo --matrix exited with {proc.returncode} and wrote no report:\n"
+                           f"{log.read_text(errors='replace')[-3000:]}")
+    return json.loads(out.read_text())["matrix"]
+
+
+def run(quick: bool = False, rounds: int | None = None) -> dict:
+    """Run N matrices, print the per-fault table and verdict, save the JSON. Returns the results dict."""
+    rounds = rounds or ROUNDS
+    common.console.rule(f"[bold]5. time to detection[/bold]: obshub demo --matrix x {rounds}")
+    if os.geteuid() != 0:
+        common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
+        return {"skipped": "not root"}
+    matrices: list[list[dict]] = []
+    with private_stack(common.console.print), tempfile.TemporaryDirectory(prefix="obshub-bench-ttd-") as tmp:
+        for r in range(rounds):
+            t0 = time.monotonic()
+            common.console.print(f"[dim]  matrix {r + 1}/{rounds}: {HOSTS} hosts, fault on node-{FAULT_HOST:02d} "
+                                 f"at +{FAULT_AT_S:.0f} s of {DURATION_S:.0f} s[/dim]")
+            rows = run_matrix(Path(tmp) / f"matrix{r}.json", Path(tmp) / f"matrix{r}.log")
+            matrices.append(rows)
+            common.console.print(f"[dim]  matrix {r + 1}: {time.monotonic() - t0:.0f} s, "
+                                 + ", ".join(f"{x['fault']} {'pass' if x['ok'] else 'FAIL'}"
+                                             + (f" {x['ttd_s']:.2f} s" if x.get("ttd_s") is not None else "")
+                                             for x in rows) + "[/dim]")
+    kinds = [row["fault"] for row in matrices[0]]
+    t = Table(title=f"time to detection per fault kind, {rounds} matrix run(s), {HOSTS} hosts",
+              caption=common.describe_machine())
+    for col in ("fault", "runs", "passed", "detected", "median TTD (s)", "worst TTD (s)", "layer named", "failures"):
+        t.add_column(col)
+    per_kind, all_ok = {}, True
+    for kind in kinds:
+        rows = [row for m in matrices for row in m if row["fault"] == kind]
+        ttds = [row["ttd_s"] for row in rows if row.get("ttd_s") is not None]
+        med = statistics.median(ttds) if ttds else None
+        worst = max(ttds) if ttds else None
+        passed = sum(1 for row in rows if row["ok"])
+        reasons = sorted({row.get("reason", "")[:70] for row in rows if not row["ok"]})
+        per_kind[kind] = {"runs": len(rows), "passed": passed, "ttd_s": ttds, "median_s": med, "worst_s": worst,
+                          "layers": sorted({row["layer"] for row in rows}), "reasons": reasons}
+        if kind != "none":
+            all_ok &= med is not None and med < TARGET_S
+        t.add_row(kind, str(len(rows)), str(passed), f"{len(ttds)}/{len(rows)}" if kind != "none" else "-",
+                  f"{med:.2f}" if med is not None else "-", f"{worst:.2f}" if worst is not None else "-",
+                  ", ".join(per_kind[kind]["layers"]), "; ".join(reasons))
+    common.console.print(t)
+    faults = {k: v for k, v in per_kind.items() if k != "none"}
+    detail = ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} not detected"
+                       for k, v in faults.items())
+    common.verdict(f"median time to detection < {TARGET_S:.0f} s for every fault kind", all_ok, detail)
+    result = {"rounds": rounds, "hosts": HOSTS, "fault_at_s": FAULT_AT_S, "duration_s": DURATION_S,
+              "settle_s": SETTLE_S, "matrices": matrices, "per_kind": per_kind, "target_s": TARGET_S,
+              "target_met": all_ok, "rev": common.git_rev()}
+    common.console.print(f"raw results: {common.save('ttd', result)}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m bench.ttd [--rounds N]``."""
+    p = argparse.ArgumentParser(prog="python -m bench.ttd", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="same as the default (one matrix)")
+    p.add_argument("--rounds", type=int, default=None, help=f"matrix runs N (default {ROUNDS})")
+    a = p.parse_args(argv)
+    run(a.quick, a.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
