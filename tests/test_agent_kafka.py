@@ -57,11 +57,11 @@ def test_two_agents_deliver_every_event_exactly(kafka, tmp_path):
 
 
 def test_queue_full_back_pressure_loses_nothing(kafka, tmp_path):
-    a = make_agent(tmp_path, kafka.bootstrap_servers, rate=200_000, total=40_000,
+    a = make_agent(tmp_path, kafka.bootstrap_servers, rate=200_000, total=20_000,
                    kafka={"queue_max_messages": 1, "linger_ms": 0, "max_block_ms": 30_000},
                    batch={"max_bytes": 2048})
     run = AgentThread(a)
-    wait_for(lambda: a.source.produced == 40_000, 60, "the synthetic events")
+    wait_for(lambda: a.source.produced == 20_000, 60, "the synthetic events")
     wait_for(lambda: a.transport.idle and a.batcher.open_events == 0, 60, "delivery")
     assert run.stop() == 0
     pub = a.transport.publisher
@@ -71,7 +71,7 @@ def test_queue_full_back_pressure_loses_nothing(kafka, tmp_path):
     got = read_batches(kafka.bootstrap_servers, {a.agent_id},
                        until=lambda bs: len({b.seq for b in bs}) == a.batcher.sealed)
     assert_seq_contiguous(got, a.agent_id)
-    assert events_of(got, DATA_KINDS) == 40_000
+    assert events_of(got, DATA_KINDS) == 20_000
 
 
 def _agent_cmd(*args: str) -> list[str]:
