@@ -23,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -108,7 +109,7 @@ class Dispatcher:
         for w in self.workers.values():
             w.start()
         self._lock = threading.Lock()
-        self.results: list[DeliveryResult] = []
+        self.results: deque[DeliveryResult] = deque(maxlen=1000)  # recent outcomes, for tests and status
 
     # -- input ---------------------------------------------------------------------------------------------
     def submit(self, change: dict, token: Any, now_ns: int | None = None) -> None:
@@ -233,12 +234,6 @@ class Dispatcher:
         """Load a ``snapshot``."""
         with self._lock:
             self.firing = {k: dict(v) for k, v in (snap.get("firing") or {}).items()}
-
-    def idle(self) -> bool:
-        """True when no group holds unsent changes and no sink queue has work."""
-        with self._lock:
-            pending = any(g.tokens for g in self.groups.values())
-        return not pending and all(w.q.unfinished_tasks == 0 or w.q.empty() for w in self.workers.values())
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the sink workers (work still queued is not acked, so it is re-delivered after a restart)."""

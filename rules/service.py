@@ -42,6 +42,7 @@ from rules.sinks.config import AlertingConfig, build_sinks
 
 log = logging.getLogger("obshub.rules.service")
 BUILTIN_DIR = Path(__file__).with_name("builtin")
+MAX_FUTURE_S = 300
 
 RECORDS = Counter("obshub_rules_records", "input records evaluated", ["signal"])
 CHANGES = Counter("obshub_rules_alert_changes", "alert state changes published", ["rule", "status"])
@@ -162,6 +163,17 @@ class RuleService:
         self.started = time.monotonic()
         self.last_seen: dict[str, float] = {}
         self.decode_errors = 0
+        self.future_records = 0
+        self._check_routes()
+
+    def _check_routes(self) -> None:
+        """Warn about rules routed to sinks that do not exist (their alerts would reach no sink)."""
+        sinks = {s.name for s in self.dispatcher.sinks}
+        for r in self.ruleset.rules.values():
+            missing = sorted(set(r.routes) - sinks)
+            if missing:
+                log.warning("%s:%d: rule %s routes to unknown sink(s) %s (configured: %s)", r.file, r.line, r.id,
+                            ", ".join(missing), ", ".join(sorted(sinks)))
 
     # -- reload ----------------------------------------------------------------------------------------------
     def _rule_mtimes(self) -> dict[str, float]:
@@ -192,6 +204,7 @@ class RuleService:
         self.ruleset = new
         self.engine.replace_rules(new)
         self.dispatcher.inhibit = list(new.inhibit)
+        self._check_routes()
         log.info("reloaded %d rules from %s", len(new.rules), ", ".join(new.files))
         return True
 
@@ -209,9 +222,9 @@ class RuleService:
                 data = json.loads(msg.value())
                 if not isinstance(data, dict):
                     raise ValueError("a step summary is a JSON object")
-                return [("steps", fields.step_record(data))]
+                return [("steps", self._clamp(fields.step_record(data)))]
             batch = schema.decode_batch(msg.value())
-            return [("events", fields.event_record(batch, ev)) for ev in batch.events]
+            return [("events", self._clamp(fields.event_record(batch, ev))) for ev in batch.events]
         except (ValueError, TypeError) as exc:
             self.decode_errors += 1
             DLQ.labels(topic).inc()
@@ -221,6 +234,15 @@ class RuleService:
             log.warning("%s[%d]@%d not decodable, sent to %s: %s", topic, msg.partition(), msg.offset(),
                         schema.TOPIC_DLQ, reason)
             return []
+
+    def _clamp(self, rec: dict) -> dict:
+        """A record time more than ``MAX_FUTURE_S`` ahead of this host's clock (a host with a wrong clock)
+        would move the engine's clock and resolve alerts early: such a record counts as 'now'."""
+        now = time.time_ns()
+        if rec["time_ns"] > now + MAX_FUTURE_S * 1_000_000_000:
+            self.future_records += 1
+            rec["time_ns"] = now
+        return rec
 
     def _publish(self, producer: Producer) -> None:
         for rec in self.outbox:

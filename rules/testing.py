@@ -34,7 +34,7 @@ from typing import Any
 from rules import fields
 from rules.durations import parse_duration_ns
 from rules.engine import Engine
-from rules.errors import Problem, RuleTestError, RuleValidationError
+from rules.errors import Problem, RuleTestError
 from rules.loader import _plain, load_ruleset
 from rules.yamlfile import load_yaml, position, yaml11_surprises
 
@@ -191,4 +191,4 @@ def run_test_file(path: Path) -> list[TestResult]:
     return [run_case(ruleset, c, file) for c in cases]
 
 
-__all__ = ["run_test_file", "run_case", "TestResult", "BASE_NS", "RuleValidationError"]
+__all__ = ["run_test_file", "run_case", "TestResult", "BASE_NS"]

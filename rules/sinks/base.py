@@ -17,7 +17,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -229,10 +229,3 @@ def deliver(client: httpx.Client, url: str, body: Any, policy: DeliveryPolicy, s
 def secret_value(s: SecretStr | None) -> str:
     """The plain value of a SecretStr ('' for None)."""
     return s.get_secret_value() if s is not None else ""
-
-
-@dataclass
-class SinkSet:
-    """Built sinks by name."""
-
-    sinks: dict[str, Sink] = field(default_factory=dict)
