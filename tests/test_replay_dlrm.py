@@ -1,17 +1,13 @@
 """Replay of the real 8-rank DLRM step (param-dlrm-8rank) checked against numbers computed
-independently from the raw files with json and gzip only (method: tests/test_replay_common.py)."""
+independently from the raw files with json and gzip only (method: tests/test_replay_common.py).
+The CLI -> Kafka -> stream worker path is in tests/test_replay_streams.py."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 
 from obshub import schema
-from tests.conftest import REPO, consume_all
-from tests.test_replay_common import DLRM, dlrm_replay, raw_dlrm
+from tests.test_replay_common import dlrm_replay, raw_dlrm
 
 
 @pytest.fixture(scope="module")
@@ -75,24 +71,3 @@ def test_batches_are_valid_and_one_agent_per_rank(replayed):
                                                                           "all_reduce", "all_reduce"]
         # bytes from the ET/Kineto shapes: the first all_to_all moves 6144 floats
         assert colls[0].value == 6144 * 4
-
-
-def test_cli_replays_to_kafka_and_prints_the_diagnosis(kafka, unique, independent):
-    job = f"dlrm-{unique}"
-    r = subprocess.run([sys.executable, "-m", "obshub.cli", "replay", str(DLRM), "--job", job, "--json"],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["coverage"] == "8 of 8 ranks present"
-    (step,) = out["steps"]
-    assert step["straggler"] == "rank7"
-    waits = {x["host"]: x["wait_ns"] for x in step["ranks"]}
-    assert waits == {f"rank{i}": independent[i]["wait_us"] * 1000 for i in range(8)}
-    n_batches = sum(out["published"]["batches"].values())
-    msgs = consume_all(kafka, schema.TOPIC_EVENTS, timeout_s=60)
-    mine = [schema.decode_batch(m.value()) for m in msgs]
-    mine = [b for b in mine if b.job == job]
-    assert len(mine) == n_batches
-    assert {m.key().decode() for m in msgs if schema.decode_batch(m.value()).job == job} == {
-        f"rank{i}" for i in range(8)}
-    assert sum(len(b.events) for b in mine) == sum(out["published"]["events"].values())

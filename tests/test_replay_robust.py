@@ -196,3 +196,54 @@ def test_execution_trace_that_does_not_match_is_reported(tmp_path):
     assert rt.stats.seq_source == "order"
     assert [c.payload["coll_seq"] for c in colls] == list(range(8))
     assert any("do not match" in n for n in rt.stats.notes)
+
+
+
+def _strategies():
+    from hypothesis import strategies as st
+
+    num = st.one_of(st.integers(-10**18, 10**18), st.floats(allow_nan=False, allow_infinity=False), st.none(),
+                    st.text(max_size=3), st.booleans())
+    cat = st.sampled_from(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy",
+                           "gpu_memset", "python_function", "ac2g", "weird", None, 7])
+    name = st.one_of(st.sampled_from(["ProfilerStep#1", "ProfilerStep#99999999999999999999", "record_param_comms",
+                                      "nccl:all_reduce", "ncclKernel_AllReduce_RING_LL_Sum_float",
+                                      "ncclDevKernel_Broadcast_RING_LL", "cudaLaunchKernel",
+                                      "cudaDeviceSynchronize", "cudaMemcpyAsync", "Optimizer.step#SGD.step",
+                                      "## forward ##", "aten::mm"]), st.text(max_size=20), st.none())
+    args = st.one_of(st.none(), st.text(max_size=3), st.fixed_dictionaries({}, optional={
+        "correlation": num, "device": num, "stream": num, "bytes": num, "grid": st.lists(num, max_size=3),
+        "Collective name": st.one_of(st.sampled_from(["allreduce", "wait", "broadcast"]), num),
+        "In msg nelems": num, "dtype": st.sampled_from(["Float", "Long", "weird"]), "Seq": num,
+        "Process Group Name": st.one_of(st.text(max_size=3), num),
+        "Input Dims": st.one_of(st.lists(st.lists(num, max_size=2), max_size=2), num),
+        "Input type": st.one_of(st.lists(st.sampled_from(["float", "int", "x"]), max_size=2), num)}))
+    event = st.one_of(st.fixed_dictionaries({"ph": st.sampled_from(["X", "X", "X", "i", "M", "s", None]),
+                                             "cat": cat, "name": name, "ts": num, "dur": num,
+                                             "pid": num, "tid": num, "args": args}),
+                      num, st.lists(num, max_size=2))
+    return st.lists(event, max_size=25)
+
+
+def test_any_event_content_maps_to_valid_events_or_is_skipped(tmp_path_factory):
+    """Property: whatever valid JSON the events hold, mapping never raises and everything emitted
+    validates against the wire schema."""
+    from hypothesis import HealthCheck, given, settings
+
+    d = tmp_path_factory.mktemp("fuzz")
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(_strategies())
+    def check(evs):
+        base = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 10,
+                 "dur": 1000}]
+        p = d / "rank0.json"
+        p.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": base + evs},
+                                default=str, allow_nan=False))
+        rt, out = _map_all(p)
+        for e in out:
+            schema.validate_event(list(e))
+        batch = schema.Batch("fuzz", "rank0", 0, "a", 0, out)
+        assert schema.decode_batch(schema.encode_batch(batch)).events == out
+
+    check()

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from obshub import schema
 from streams import offline, testkit
 from tests.conftest import REPO
 from tests.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
@@ -76,8 +77,25 @@ def _summaries(kafka, topics, job, steps: set[int]) -> dict[int, dict]:
 
 
 def test_worker_diagnoses_replayed_dlrm_like_the_raw_files(kafka, worker):
+    """`obshub replay` (CLI, real broker) -> real worker -> summary, all checked against the raw files."""
     job = f"dlrm-w-{uuid.uuid4().hex[:6]}"
-    _replay(worker, DLRM, job)
+    out = _replay(worker, DLRM, job)
+    raw = raw_dlrm()
+    # the CLI's own diagnosis
+    assert out["coverage"] == "8 of 8 ranks present"
+    (step,) = out["steps"]
+    assert step["straggler"] == f"rank{raw['straggler']}" == "rank7"
+    assert {x["host"]: x["wait_ns"] for x in step["ranks"]} == {f"rank{i}": raw[i]["wait_us"] * 1000 for i in range(8)}
+    assert {x["host"]: x["start_ns"] for x in step["ranks"]} == {f"rank{i}": raw[i]["start_us"] * 1000
+                                                                  for i in range(8)}
+    # what reached Kafka: every batch, keyed by its host, one agent per rank
+    n = sum(out["published"]["batches"].values())
+    msgs = testkit.collect(kafka, worker.events, until=lambda ms: len(ms) >= n, timeout_s=60)
+    batches = [schema.decode_batch(m.value()) for m in msgs]
+    assert len(batches) == n and all(m.key().decode() == b.host for m, b in zip(msgs, batches))
+    assert {b.host for b in batches} == {f"rank{i}" for i in range(8)}
+    assert sum(len(b.events) for b in batches) == sum(out["published"]["events"].values())
+    # the worker's summary
     got = _summaries(kafka, worker, job, {10})
     assert set(got) == {10}
     s = got[10]

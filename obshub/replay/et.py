@@ -29,7 +29,7 @@ from typing import Any
 import ijson
 
 from obshub.replay.errors import TraceFormatError
-from obshub.replay.kineto import CHUNK_BYTES, open_bytes
+from obshub.replay.kineto import CHUNK_BYTES, is_int, open_bytes
 
 NON_COLLECTIVES = frozenset({"wait", "barrier_wait", ""})
 
@@ -59,7 +59,7 @@ class EtFile:
 def _tensor_bytes(t: Any) -> int:
     """Bytes of an ET tensor input ``[id, storage, offset, numel, elem_bytes, device]`` or a list of
     them; 0 when the shape is not that."""
-    if isinstance(t, list) and len(t) == 6 and isinstance(t[3], int) and isinstance(t[4], int):
+    if isinstance(t, list) and len(t) == 6 and is_int(t[3]) and is_int(t[4]):
         return max(t[3], 0) * max(t[4], 0)
     if isinstance(t, list) and t and all(isinstance(x, list) for x in t):
         return sum(_tensor_bytes(x) for x in t)
@@ -71,9 +71,9 @@ def parse_comms_inputs(inputs: Any) -> tuple[int, Any, str, int] | None:
     layout is not one of the two documented above."""
     if not isinstance(inputs, list) or len(inputs) < 4:
         return None
-    if isinstance(inputs[0], int) and isinstance(inputs[3], str):  # RECORD_PARAM_COMMS
+    if is_int(inputs[0]) and isinstance(inputs[3], str):  # RECORD_PARAM_COMMS
         return inputs[0], inputs[1], inputs[3], 0
-    if len(inputs) >= 5 and isinstance(inputs[1], int) and isinstance(inputs[4], str):  # ..._DATA
+    if len(inputs) >= 5 and is_int(inputs[1]) and isinstance(inputs[4], str):  # ..._DATA
         return inputs[1], inputs[2], inputs[4], _tensor_bytes(inputs[0])
     return None
 
@@ -103,7 +103,7 @@ def read_et(path: Path) -> EtFile:
                             continue
                         seq, pg_ptr, op, nbytes = parsed
                         rf = node.get("rf_id", node.get("id", 0))
-                        nodes.append((seq, rf if isinstance(rf, int) else 0, pg_ptr, op, nbytes))
+                        nodes.append((seq, rf if is_int(rf) else 0, pg_ptr, op, nbytes))
                 del out_nodes[:]
             for c in coros:
                 c.close()
@@ -114,7 +114,7 @@ def read_et(path: Path) -> EtFile:
     except (EOFError, OSError, zlib.error) as exc:
         raise TraceFormatError(f"Failed to read execution trace {path}: {exc}",
                                hint="the file is truncated or corrupt") from None
-    if out_pid and isinstance(out_pid[0], int):
+    if out_pid and is_int(out_pid[0]):
         pid = out_pid[0]
     if n_nodes == 0 and not out_schema:
         raise TraceFormatError(f"{path} is not a PyTorch execution trace (no 'nodes' array)",

@@ -18,6 +18,7 @@ reads a file twice (skeleton, then events).
 from __future__ import annotations
 
 import gzip
+import math
 import re
 import zlib
 from collections.abc import Iterator
@@ -31,6 +32,11 @@ from obshub.replay.errors import TraceFormatError
 
 CHUNK_BYTES = 256 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_int(v: Any) -> bool:
+    """True for a JSON integer (a Python int that is not a bool)."""
+    return type(v) is int
 
 
 def is_gzip(path: Path) -> bool:
@@ -177,7 +183,7 @@ class KinetoFile:
         if not isinstance(d, dict):
             return None, None
         r, w = d.get("rank"), d.get("world_size")
-        return (r if isinstance(r, int) and r >= 0 else None, w if isinstance(w, int) and w > 0 else None)
+        return (r if is_int(r) and r >= 0 else None, w if is_int(w) and w > 0 else None)
 
 
 def _top_level_number(head: bytes, tail: bytes, key: bytes) -> int | None:
@@ -208,22 +214,30 @@ def sniff(path: Path) -> str | None:
     return None
 
 
+I64_MAX = 2**63 - 1
+
+
 def ts_to_ns(ts_us: Any, base_ns: int) -> int:
     """Convert a Chrome-trace ``ts`` (µs, int or float) to ns: ``base_ns + round(ts_us * 1000)``.
-    Raises ValueError for a non-number or a negative result."""
+    Raises ValueError for a non-number, NaN/infinity, or a result outside 0..2**63-1."""
     if isinstance(ts_us, bool) or not isinstance(ts_us, (int, float)):
         raise ValueError(f"ts {ts_us!r} is not a number")
+    if isinstance(ts_us, float) and not math.isfinite(ts_us * 1000):
+        raise ValueError(f"ts {ts_us!r} is not finite in ns")
     ns = base_ns + (ts_us * 1000 if isinstance(ts_us, int) else round(ts_us * 1000))
-    if ns < 0 or ns != ns:
-        raise ValueError(f"ts {ts_us!r} gives a negative or NaN time")
+    if not 0 <= ns <= I64_MAX:
+        raise ValueError(f"ts {ts_us!r} gives a time outside 0..2**63-1 ns")
     return int(ns)
 
 
 def dur_to_ns(dur_us: Any) -> int:
-    """Convert a ``dur`` (µs) to ns; a missing or negative duration counts as 0."""
+    """Convert a ``dur`` (µs) to ns; a missing or negative duration counts as 0, a huge one is capped at
+    2**63-1."""
     if isinstance(dur_us, bool) or not isinstance(dur_us, (int, float)) or not dur_us > 0:
         return 0
-    return int(round(dur_us * 1000))
+    if isinstance(dur_us, float) and not math.isfinite(dur_us * 1000):
+        return I64_MAX
+    return min(int(round(dur_us * 1000)), I64_MAX)
 
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)

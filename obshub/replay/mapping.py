@@ -51,7 +51,7 @@ from typing import Any
 
 from obshub import schema
 from obshub.replay.et import EtFile
-from obshub.replay.kineto import KinetoFile, dur_to_ns, rank_from_filename, ts_to_ns
+from obshub.replay.kineto import I64_MAX, KinetoFile, is_int, dur_to_ns, rank_from_filename, ts_to_ns
 from obshub.schema import Event, Kind
 
 DTYPE_BYTES = {
@@ -98,7 +98,7 @@ def _dims_bytes(dims: Any, types: Any) -> int:
         return 0
     total = 0
     for d, t in zip(dims, types):
-        if isinstance(d, list) and d and all(isinstance(x, int) for x in d) and isinstance(t, str):
+        if isinstance(d, list) and d and all(is_int(x) for x in d) and isinstance(t, str):
             n = 1
             for x in d:
                 n *= max(x, 0)
@@ -175,6 +175,11 @@ class RankTrace:
         return f"rank{self.rank}"
 
 
+def _u32(v: Any, default: int = 0) -> int:
+    """``v`` when it is an integer in 0..2**32-1 (a pid, tid or stream), else ``default``."""
+    return v if is_int(v) and 0 <= v < 2**32 else default
+
+
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -186,16 +191,19 @@ def _collective_span(e: dict, base_ns: int) -> tuple[str, CollSpan] | None:
     name, args = e.get("name"), e.get("args") if isinstance(e.get("args"), dict) else {}
     if e.get("cat") not in ("cpu_op", "user_annotation") or not isinstance(name, str) or not _num(e.get("ts")):
         return None
-    tid = e.get("tid") if isinstance(e.get("tid"), int) else 0
-    ts = ts_to_ns(e["ts"], base_ns)
-    end = ts + dur_to_ns(e.get("dur"))
+    tid = _u32(e.get("tid"))
+    try:
+        ts = ts_to_ns(e["ts"], base_ns)
+    except ValueError:
+        return None
+    end = min(ts + dur_to_ns(e.get("dur")), I64_MAX)
     if name == "record_param_comms" and isinstance(args.get("Collective name"), str):
         op = args["Collective name"]
         if op in NON_COLLECTIVE_OPS:
             return None
-        nel = args.get("In msg nelems") if isinstance(args.get("In msg nelems"), int) else 0
+        nel = min(max(args["In msg nelems"], 0), 2**48) if is_int(args.get("In msg nelems")) else 0
         size = DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
-        seq = args.get("Seq") if isinstance(args.get("Seq"), int) else None
+        seq = args.get("Seq") if is_int(args.get("Seq")) else None
         pg = args.get("Process Group Name")
         return "new", CollSpan(ts, end, tid, normalize_op(op), str(pg) if pg is not None else "0",
                                nel * size, nel, seq)
@@ -206,7 +214,7 @@ def _collective_span(e: dict, base_ns: int) -> tuple[str, CollSpan] | None:
         if isinstance(dims, list) and dims and isinstance(dims[0], list):
             nel = 1
             for x in dims[0]:
-                nel *= x if isinstance(x, int) and x > 0 else 1
+                nel *= x if is_int(x) and x > 0 else 1
         return "old", CollSpan(ts, end, tid, normalize_op(name), "0", nbytes, nel, None)
     return None
 
@@ -226,10 +234,10 @@ def load_rank(path: Path, *, rank: int | None = None) -> RankTrace:
         name, cat = e.get("name"), e.get("cat")
         if not isinstance(name, str):
             continue
-        if cat in ("cpu_op", "user_annotation") and isinstance(e.get("pid"), int):
+        if cat in ("cpu_op", "user_annotation") and _u32(e.get("pid"), -1) >= 0:
             pids[e["pid"]] += 1
         m = _STEP.match(name)
-        if m and cat in ("user_annotation", "cpu_op"):
+        if m and cat in ("user_annotation", "cpu_op") and len(m.group(1)) < 18:
             raw_steps.append((int(m.group(1)), e["ts"], e.get("dur"), e.get("tid")))
             continue
         if cat == "kernel" and (op := kernel_op(name)) is not None:
@@ -254,19 +262,22 @@ def load_rank(path: Path, *, rank: int | None = None) -> RankTrace:
     if r > schema.HOST_ID_MAX:
         raise ReplayError(f"rank {r} of {path} exceeds obshub's 16-bit host id",
                           hint="replay a subset of ranks")
-    steps = sorted((StepSpan(n, ts_to_ns(ts, base), ts_to_ns(ts, base) + dur_to_ns(d),
-                             t if isinstance(t, int) else 0) for n, ts, d, t in raw_steps),
-                   key=lambda s: s.begin_ns)
-    chosen = new_spans or old_spans
+    def ns(ts) -> int | None:
+        try:
+            return ts_to_ns(ts, base)
+        except ValueError:
+            return None
+
+    steps = sorted((StepSpan(n, b, min(b + dur_to_ns(d), I64_MAX), _u32(t))
+                    for n, ts, d, t in raw_steps if (b := ns(ts)) is not None), key=lambda s: s.begin_ns)
     spans = []
-    for ts, sp in sorted(chosen, key=lambda x: x[0]):
-        shift = ts_to_ns(ts, base) - sp.ts_ns
-        sp.ts_ns += shift
-        sp.end_ns += shift
-        spans.append(sp)
-    ks = sorted((NcclKernel(ts_to_ns(ts, base), dur_to_ns(d), dev if isinstance(dev, int) else -1,
-                            st if isinstance(st, int) else 0, c if isinstance(c, int) else None, n, op)
-                 for ts, d, dev, st, c, n, op in kernels), key=lambda k: k.ts_ns)
+    for ts, sp in sorted(new_spans or old_spans, key=lambda x: x[0]):
+        if (b := ns(ts)) is not None:  # the span was built with base 0: shift it onto the real base
+            sp.end_ns, sp.ts_ns = min(b + (sp.end_ns - sp.ts_ns), I64_MAX), b
+            spans.append(sp)
+    ks = sorted((NcclKernel(b, dur_to_ns(d), dev if is_int(dev) and 0 <= dev <= 65535 else -1,
+                            _u32(st), c if is_int(c) else None, n, op)
+                 for ts, d, dev, st, c, n, op in kernels if (b := ns(ts)) is not None), key=lambda k: k.ts_ns)
     pid = pids.most_common(1)[0][0] if pids else 0
     rt = RankTrace(path, kf, r, world, pid, steps, spans, ks)
     if not steps:
@@ -382,7 +393,7 @@ def _map_one(e: Any, base: int, idx: _StepIndex, rt: RankTrace, st: RankStats, n
         return None
     dur = dur_to_ns(e.get("dur"))
     pid, tid = e.get("pid"), e.get("tid")
-    tid = tid if isinstance(tid, int) and 0 <= tid < 2**32 else 0
+    tid = _u32(tid)
     args = e.get("args") if isinstance(e.get("args"), dict) else {}
     short = name[:MAX_NAME]
     if cat in ("cpu_op", "user_annotation", "python_function"):
@@ -409,20 +420,20 @@ def _map_one(e: Any, base: int, idx: _StepIndex, rt: RankTrace, st: RankStats, n
         if cat == "kernel" and kernel_op(name) is not None:
             return None  # an NCCL kernel: part of its collective
         dev = args.get("device")
-        gpu = dev if isinstance(dev, int) and 0 <= dev <= 65535 else (pid if isinstance(pid, int) and
+        gpu = dev if is_int(dev) and 0 <= dev <= 65535 else (pid if is_int(pid) and
                                                                       0 <= pid <= 65535 else 0)
-        stream = args.get("stream") if isinstance(args.get("stream"), int) else tid
+        stream = _u32(args.get("stream"), tid)
         step = idx.gpu(ts)
         if cat == "kernel":
             grid = args.get("grid")
             blocks = 0
-            if isinstance(grid, list) and grid and all(isinstance(g, int) for g in grid):
+            if isinstance(grid, list) and grid and all(is_int(g) for g in grid):
                 blocks = 1
                 for g in grid:
                     blocks *= g
-            return Event(Kind.CUDA_LAUNCH, ts, dur, key(step), step, rt.pid, stream, gpu, blocks,
+            return Event(Kind.CUDA_LAUNCH, ts, dur, key(step), step, rt.pid, stream, gpu, min(blocks, I64_MAX),
                          {"symbol": short, "stream": stream})
-        nbytes = args.get("bytes") if isinstance(args.get("bytes"), int) else 0
+        nbytes = min(max(args["bytes"], 0), I64_MAX) if is_int(args.get("bytes")) else 0
         return Event(Kind.CUDA_MEMCPY, ts, dur, key(step), step, rt.pid, stream, gpu, nbytes,
                      {"symbol": short, "stream": stream})
     st.skipped[f"unknown category {str(cat)[:40]!r}"] += 1
@@ -469,7 +480,7 @@ def _collective_events(rt: RankTrace, launches: dict, idx: _StepIndex, key) -> I
     per_step: Counter = Counter()
     for (sp, k), (pg, seq) in zip(pairs, seqs):
         op = sp.op if sp else k.op
-        nbytes = sp.bytes if sp else 0
+        nbytes = min(max(sp.bytes, 0), I64_MAX) if sp else 0
         step = idx.cpu(sp.ts_ns) if sp else idx.gpu(k.ts_ns)
         per_step[step] += 1
         tk = key(step, per_step[step])
@@ -478,7 +489,7 @@ def _collective_events(rt: RankTrace, launches: dict, idx: _StepIndex, key) -> I
                    "timing": "gpu" if k else "cpu"}
         if sp:
             yield Event(Kind.NCCL_COLL, sp.ts_ns, sp.end_ns - sp.ts_ns, tk, step, rt.pid, sp.tid, -1,
-                        sp.elements, {"symbol": op})
+                        min(sp.elements, I64_MAX), {"symbol": op})
         t0, d = (k.ts_ns, k.dur_ns) if k else (sp.ts_ns, sp.end_ns - sp.ts_ns)
         gpu = k.device if k and k.device >= 0 else -1
         yield Event(Kind.COLLECTIVE_BEGIN, t0, 0, tk, step, rt.pid, tid, gpu, nbytes, payload)
