@@ -174,9 +174,8 @@ def run_case(ruleset, case: dict, file: str) -> TestResult:
                for i in engine.active()]
         expected = item.get("alerts") or []
         if not _compare(expected, got):
-            lines = [f"at {item['at']}:", "  expected:"] + [f"    {_fmt_alert(e)}" for e in expected] or []
-            if not expected:
-                lines.append("    (no alerts)")
+            lines = [f"at {item['at']}:", "  expected:"]
+            lines += [f"    {_fmt_alert(e)}" for e in expected] or ["    (no alerts)"]
             lines.append("  got:")
             lines += [f"    {_fmt_alert(g)}" for g in got] or ["    (no alerts)"]
             res.failures.append("\n".join(lines))

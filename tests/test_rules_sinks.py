@@ -422,3 +422,41 @@ def _wait_for(cond, timeout=10.0):
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert cond()
+
+
+def test_group_interval_repeat_interval_and_dedup():
+    out = io.StringIO()
+    acked: list = []
+    d = Dispatcher([ConsoleSink("console", stream=out)],
+                   Route(group_by=["job"], group_wait="0s", group_interval="5s", repeat_interval="10s"),
+                   [], None, FAST, acked.extend)
+    s = 10**9
+    t0 = 5_000 * s
+    try:
+        a1 = alert()
+        d.submit(a1, 1, now_ns=t0)
+        d.submit(dict(a1), 2, now_ns=t0)            # the same change re-delivered: one notification line
+        d.tick(t0)
+        _wait_for(lambda: acked == [1, 2])
+        assert len(out.getvalue().splitlines()) == 1
+        a2 = alert(rule="sched_contention_on_straggler")
+        d.submit(a2, 3, now_ns=t0 + 1 * s)
+        d.tick(t0 + 2 * s)                            # within group_interval: batched, not sent yet
+        assert len(out.getvalue().splitlines()) == 1 and 3 not in acked
+        d.tick(t0 + 5 * s)
+        _wait_for(lambda: 3 in acked)
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 3 and "sched_contention_on_straggler" in lines[2]  # group re-sent with both
+        d.tick(t0 + 14 * s)
+        assert len(out.getvalue().splitlines()) == 3
+        d.tick(t0 + 15 * s)                           # repeat_interval after the last flush
+        _wait_for(lambda: len(out.getvalue().splitlines()) == 5)
+        d.submit(alert("resolved"), 4, now_ns=t0 + 16 * s)
+        d.tick(t0 + 20 * s)
+        _wait_for(lambda: 4 in acked)
+        assert "[RESOLVED] rdma_slow_completion_on_straggler" in out.getvalue().splitlines()[-2] + \
+            out.getvalue().splitlines()[-1]
+        d.tick(t0 + 40 * s)                           # the resolved alert left the group: only a2 repeats
+        _wait_for(lambda: out.getvalue().splitlines()[-1].startswith("[FIRING] sched_contention"))
+    finally:
+        d.close()
