@@ -347,7 +347,7 @@ def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str 
               help="any other librdkafka producer setting (repeatable), e.g. queue.buffering.max.messages=100")
 @click.option("--delivery-timeout-ms", type=int, default=10_000, show_default=True,
               help="a batch not acknowledged within this goes to the spool")
-@click.option("--batch-max-bytes", type=int, default=256 * 1024, show_default=True, help="batch bound, bytes")
+@click.option("--batch-max-bytes", type=int, default=256 * 1024, show_default=True, help="batch bound, bytes (1 KiB..1 MiB)")
 @click.option("--batch-max-age-ms", type=int, default=200, show_default=True, help="batch bound, ms")
 @click.option("--spool-max-bytes", type=int, default=256 * 1024 * 1024, show_default=True, help="spool bound, bytes")
 @click.option("--spool-segment-bytes", type=int, default=4 * 1024 * 1024, show_default=True)

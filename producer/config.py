@@ -119,7 +119,7 @@ class BatchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_bytes: int = Field(256 * 1024, ge=1024, le=4 * 1024 * 1024)
+    max_bytes: int = Field(256 * 1024, ge=1024, le=1024 * 1024)  # <= Kafka's default max.message.bytes
     max_age_ms: int = Field(200, ge=1, le=60_000)
 
 

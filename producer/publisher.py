@@ -89,7 +89,8 @@ class Publisher:
     def produce(self, key: bytes, value: bytes, on_done: DeliveryCallback) -> bool:
         """Enqueue one message; ``on_done(err)`` is called from a later :meth:`poll` with None on
         delivery or the KafkaError. Waits while the queue is full (back-pressure) up to ``max_block_ms``;
-        returns False when it is still full (nothing was enqueued, ``on_done`` will not be called)."""
+        returns False when it is still full, or when librdkafka refuses the message (a fatal producer
+        error): nothing was enqueued and ``on_done`` will not be called."""
         size = len(value)
 
         def report(err, _msg):
@@ -108,6 +109,12 @@ class Publisher:
         while True:
             try:
                 self._producer.produce(self.topic, value, key, on_delivery=report)
+            except KafkaException as exc:  # a fatal producer state: the caller spools, then replaces us
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is not None and err.fatal():
+                    self.fatal = err
+                self.last_error = str(exc)
+                return False
             except BufferError:
                 self.backpressure_waits += 1
                 now = time.monotonic()
