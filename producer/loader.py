@@ -356,6 +356,21 @@ class BpfEventSource:
         return {p.name: counts[p.id] for p in cat.PROBES if p.name in self._attached
                 and p.mechanism != "sysfs"}
 
+    def misses(self) -> dict[str, int]:
+        """Runs of each attached probe's programs that the kernel skipped (``recursion_misses`` of
+        ``bpf_prog_info``, Linux 5.12+): a tracepoint program that fires while another BPF program runs
+        on the same CPU is not run. Not part of the lead's EventSource protocol; the agent may report it
+        next to :meth:`lost`."""
+        if self._bpf is None:
+            return {}
+        out = {}
+        for p in cat.PROBES:
+            if p.name not in self._attached or p.mechanism == "sysfs":
+                continue
+            fds = {self._bpf.funcs[ap.fn.encode()].fd for ap in p.attach if ap.fn.encode() in self._bpf.funcs}
+            out[p.name] = sum(_recursion_misses(fd) for fd in fds)
+        return out
+
     def set_threshold(self, name: str, value: int) -> None:
         """Change a threshold (:data:`producer.probes.THRESHOLDS`) in the running BPF programs."""
         if name not in cat.THRESHOLDS:
@@ -383,6 +398,23 @@ class BpfEventSource:
                 self._bpf.cleanup()
             self._bpf = None
             self._ring_open = False
+
+
+_PROG_INFO_SIZE = 256
+_RECURSION_MISSES_OFFSET = 208  # struct bpf_prog_info.recursion_misses (include/uapi/linux/bpf.h, 5.12+)
+
+
+def _recursion_misses(fd: int) -> int:
+    """``recursion_misses`` of the BPF program ``fd`` (0 when the kernel does not report it)."""
+    from bcc.libbcc import lib
+
+    fn = lib.bpf_obj_get_info_by_fd
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
+    info = (ctypes.c_uint8 * _PROG_INFO_SIZE)()
+    size = ctypes.c_uint32(_PROG_INFO_SIZE)
+    if fn(fd, ctypes.byref(info), ctypes.byref(size)) != 0 or size.value < _RECURSION_MISSES_OFFSET + 8:
+        return 0
+    return int.from_bytes(bytes(info[_RECURSION_MISSES_OFFSET:_RECURSION_MISSES_OFFSET + 8]), "little")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -87,6 +87,7 @@ def test_cpu_hog_raises_runq_latency_of_its_cpu_only(tmp_path, cgroups):
             a.wait()
             b.wait()
             events += src.poll(0)
+            misses = src.misses()
     finally:
         for p in (a, b):
             p.kill()
@@ -99,6 +100,7 @@ def test_cpu_hog_raises_runq_latency_of_its_cpu_only(tmp_path, cgroups):
         if e.kind == Kind.SCHED_RUNQ:
             runq[e.pid] += e.duration_ns
             count[e.pid] += 1
+    assert set(misses) == {"sched"} and misses["sched"] >= 0  # reported, however rare
     assert set(runq) <= {a.pid, b.pid}, "only the watched processes are reported"
     assert count[a.pid] > 10 and count[b.pid] > 10, count
     # the hog's CPU: most of the window is spent waiting; the other CPU: much less
