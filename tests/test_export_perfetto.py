@@ -191,6 +191,7 @@ def test_steps_option(steps, ok):
             parse_steps(steps)
 
 
+@pytest.mark.kafka
 def test_export_cli_from_kafka(kafka, unique, tmp_path):
     """Replayed batches on the broker, the step summary on obshub.steps.v1 (as the stream worker writes
     it), then `obshub trace export`."""

@@ -17,6 +17,8 @@ from streams import offline, testkit
 from tests.conftest import REPO
 from tests.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
 
+pytestmark = pytest.mark.kafka
+
 ANALYSIS_FIELDS = ("job", "step", "hosts", "expected_hosts", "missing_hosts", "step_time_ns", "step_time_max_ns",
                    "straggler", "blame", "collectives", "layers")
 
