@@ -17,8 +17,6 @@ from streams import offline, testkit
 from tests.conftest import REPO
 from tests.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
 
-pytestmark = pytest.mark.kafka
-
 ANALYSIS_FIELDS = ("job", "step", "hosts", "expected_hosts", "missing_hosts", "step_time_ns", "step_time_max_ns",
                    "straggler", "blame", "collectives", "layers")
 
@@ -78,6 +76,7 @@ def _summaries(kafka, topics, job, steps: set[int]) -> dict[int, dict]:
     return {s["step"]: s for s in testkit.summaries(msgs) if s["job"] == job}
 
 
+@pytest.mark.kafka
 def test_worker_diagnoses_replayed_dlrm_like_the_raw_files(kafka, worker):
     """`obshub replay` (CLI, real broker) -> real worker -> summary, all checked against the raw files."""
     job = f"dlrm-w-{uuid.uuid4().hex[:6]}"
@@ -107,6 +106,7 @@ def test_worker_diagnoses_replayed_dlrm_like_the_raw_files(kafka, worker):
     assert {k: s[k] for k in ANALYSIS_FIELDS} == {k: ref[k] for k in ANALYSIS_FIELDS}
 
 
+@pytest.mark.kafka
 def test_worker_on_partial_rank_set(kafka, worker):
     job = f"hta-w-{uuid.uuid4().hex[:6]}"
     out = _replay(worker, HTA2, job)
