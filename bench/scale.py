@@ -1,7 +1,7 @@
 """Scale projection: from the per-event and per-step costs measured by the other benchmarks, the event
 rate, Kafka bandwidth, agent CPU and number of stream workers that 1,024 GPUs (128 nodes x 8) and 16,384
 GPUs (2,048 nodes x 8) need, with the arithmetic printed; then a check: synthetic batches of 128 hosts
-replayed at a real step rate through one real stream worker, with the backlog sampled all along.
+replayed at a real step rate through real stream workers, with the backlog sampled all along.
 
 Inputs (read from bench/results/*.json of the latest runs; a value not measured yet falls back to the
 stated default and is marked so):
@@ -19,7 +19,8 @@ Formulas: events/s = G x E / T; Kafka bytes/s = events/s x B; messages/s = N x 5
 200 ms, the batcher's age bound); workers = ceil(events/s / W); agent cores per node = 8 x E / T x C / 1e6.
 
 Replay check: 128 hosts, ``REPLAY_EVENTS`` events per host-step, one batch per host per step published at
-the step's time (``REPLAY_STEP_S`` apart) for ``REPLAY_STEPS`` steps into one worker. The backlog
+the step's time (``REPLAY_STEP_S`` apart) for ``REPLAY_STEPS`` steps into as many workers as the
+projection asks for (ceil(events/s / W), at most ``MAX_REPLAY_WORKERS`` on this 2-core box). The backlog
 (events published - events ingested, and the worker's own consumer-lag gauge) is sampled every 0.5 s;
 *bounded* = the backlog at the end of each step never exceeds ``BOUND_STEPS`` steps' worth and every step
 is summarised.
@@ -55,6 +56,7 @@ BATCHES_PER_S = 5             # one batch per agent per 200 ms (producer/batcher
 REPLAY_HOSTS, REPLAY_EVENTS, REPLAY_STEP_S, REPLAY_STEPS = 128, 64, 1.0, 30
 QUICK_REPLAY_STEPS = 8
 BOUND_STEPS = 3
+MAX_REPLAY_WORKERS = 2        # 2 cores: more workers would only share them
 
 
 def _load(name: str) -> dict:
@@ -144,8 +146,9 @@ def print_projection(inputs: dict, b_raw: float, b_lz4: float, rows: list[dict])
     con.print(t)
 
 
-def replay(settings, tmp: Path, steps: int) -> dict:
-    """Publish 128 hosts' batches step by step at REPLAY_STEP_S into one worker; sample the backlog."""
+def replay(settings, tmp: Path, steps: int, workers: int = 1) -> dict:
+    """Publish 128 hosts' batches step by step at REPLAY_STEP_S into ``workers`` workers of one app;
+    sample the backlog."""
     load = loadgen.build(REPLAY_HOSTS, steps, events_per_step=REPLAY_EVENTS, steps_per_batch=1)
     hosts = REPLAY_HOSTS
     # rounds of one message per host: the registrations, then one per step (loadgen's send order)
@@ -153,13 +156,14 @@ def replay(settings, tmp: Path, steps: int) -> dict:
     rounds = [rounds[0] + rounds[1]] + rounds[2:]
     tag = f"scale-{uuid.uuid4().hex[:6]}"
     topics = testkit.make_topics(settings, f"bench-{tag}", partitions=4)
-    port = free_port()
-    worker = testkit.Worker(topics, f"bench-{tag}-app", 1, tmp / "scale-worker.log", window_s=5.0, partitions=4,
-                            metrics_port=port)
+    ports = [free_port() for _ in range(workers)]
+    procs = [testkit.Worker(topics, f"bench-{tag}-app", i + 1, tmp / f"scale-worker{i}.log", window_s=5.0,
+                            partitions=4, metrics_port=ports[i]) for i in range(workers)]
     samples, at_step_end = [], []
     try:
-        worker.wait_ready(120)
-        time.sleep(1.0)
+        for w in procs:
+            w.wait_ready(120)
+        time.sleep(1.0 if workers == 1 else 3.0)
         prod = testkit.producer(settings)
         counts = [sum(len(schema.decode_batch(v).events) for _k, v in batch) for batch in rounds]
         published_events, t0 = 0, time.monotonic()
@@ -171,24 +175,25 @@ def replay(settings, tmp: Path, steps: int) -> dict:
             prod.flush(10)
             deadline = t0 + (s + 1) * REPLAY_STEP_S
             while True:
-                c = worker_counters([port])
+                c = worker_counters(ports)
                 samples.append({"t": time.monotonic() - t0, "published": published_events, "ingested": c["events"],
                                 "summaries": c["summaries"], "backlog": published_events - c["events"],
-                                "lag_gauge": _lag_gauge(port)})
+                                "lag_gauge": sum(_lag_gauge(p) for p in ports)})
                 if time.monotonic() >= deadline - 0.05:
                     break
                 time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             at_step_end.append(samples[-1]["backlog"])
         t_end = time.monotonic()
-        while worker_counters([port])["summaries"] < steps and time.monotonic() - t_end < 20:
+        while worker_counters(ports)["summaries"] < steps and time.monotonic() - t_end < 20:
             time.sleep(0.2)
         drain_s = time.monotonic() - t_end
-        final = worker_counters([port])
+        final = worker_counters(ports)
     finally:
-        worker.stop()
+        for w in procs:
+            w.stop()
     ev_per_step = load.events / steps
     bound = BOUND_STEPS * ev_per_step
-    return {"hosts": REPLAY_HOSTS, "steps": steps, "step_s": REPLAY_STEP_S, "events": load.events,
+    return {"hosts": REPLAY_HOSTS, "steps": steps, "workers": workers, "step_s": REPLAY_STEP_S, "events": load.events,
             "events_per_s": load.events / (steps * REPLAY_STEP_S), "events_per_step": ev_per_step,
             "max_backlog_events": max(at_step_end), "backlog_at_step_end": at_step_end,
             "bound_events": bound, "summaries": final["summaries"], "drain_s": drain_s,
@@ -217,22 +222,27 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     rows = projection(inputs, b_raw, b_lz4)
     print_projection(inputs, b_raw, b_lz4, rows)
     steps = QUICK_REPLAY_STEPS if quick else REPLAY_STEPS
+    need = math.ceil(REPLAY_HOSTS * REPLAY_EVENTS / REPLAY_STEP_S / inputs["W"][0])
+    workers = max(1, min(MAX_REPLAY_WORKERS, need))
+    common.console.print(f"replay: the projection asks for ceil({REPLAY_HOSTS} x {REPLAY_EVENTS} / {REPLAY_STEP_S:.0f} s / "
+                         f"{inputs['W'][0]:,.0f}) = {need} worker(s); running {workers} (at most "
+                         f"{MAX_REPLAY_WORKERS} on this machine)")
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-scale-"))
     try:
         with private_stack(common.console.print) as settings:
-            rep = replay(settings, tmp, steps)
+            rep = replay(settings, tmp, steps, workers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     ends = rep["backlog_at_step_end"]
     common.console.print(f"replay: {rep['hosts']} hosts x {rep['events_per_step'] / rep['hosts']:.0f} events per step, one "
                          f"step every {rep['step_s']:.1f} s for {rep['steps']} steps = {rep['events_per_s']:,.0f} events/s "
-                         f"into 1 worker; backlog at each step's end (events): "
+                         f"into {rep['workers']} worker(s); backlog at each step's end (events): "
                          f"{', '.join(f'{int(x):,}' for x in ends[:12])}{' ...' if len(ends) > 12 else ''}; "
                          f"max {rep['max_backlog_events']:,.0f} (bound {rep['bound_events']:,.0f} = {BOUND_STEPS} steps); "
                          f"{rep['summaries']:.0f}/{rep['steps']} steps summarised, last {rep['drain_s']:.1f} s after the "
                          f"last publish")
     w = inputs["W"][0]
-    common.verdict("128 hosts at a 1 s step through one worker: consumer lag bounded", rep["bounded"],
+    common.verdict(f"128 hosts at a 1 s step through {rep['workers']} worker(s): consumer lag bounded", rep["bounded"],
                    f"max backlog {rep['max_backlog_events']:,.0f} events; one worker saturates near "
                    f"{w / (REPLAY_HOSTS * REPLAY_EVENTS):.2f} steps/s for 128 hosts x {REPLAY_EVENTS} events")
     result = {"inputs": {k: {"value": v[0], "source": v[1]} for k, v in inputs.items()},

@@ -76,7 +76,9 @@ class AgentRun:
     on until it printed its probe table (all probes compiled and attached), stopped after the run."""
 
     def __init__(self, job: str):
-        self.proc = subprocess.Popen(obshub_cmd("agent", "--job", job, "--registered", "--host", "bench-node"),
+        self.port = free_port()
+        self.proc = subprocess.Popen(obshub_cmd("agent", "--job", job, "--registered", "--host", "bench-node",
+                                                "--metrics-port", str(self.port)),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self.table: list[str] = []
@@ -92,8 +94,26 @@ class AgentRun:
             raise RuntimeError("obshub agent exited before printing its probe table (needs root and bcc)")
         time.sleep(0.5)  # the rest of the table and the first loop turn
 
+    def kinds(self) -> dict[str, int]:
+        """Events read so far per kind (the agent's ``obshub_agent_events_total{kind}``)."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out: dict[str, int] = {}
+        try:
+            text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return out
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "obshub_agent_events":
+                for smp in fam.samples:
+                    if smp.name.endswith("_total"):
+                        out[smp.labels.get("kind", "?")] = int(smp.value)
+        return out
+
     def stop(self) -> str:
         """Stop the agent; returns its last output line (``stopped: N batches, M events, ...``)."""
+        self.last_kinds = self.kinds()
         stop_group(self.proc, 30)
         rest = self.proc.stdout.read().strip().splitlines()
         return rest[-1] if rest else ""
@@ -116,6 +136,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                     if agent is not None:
                         agent_info["stopped"].append(agent.stop())
                         agent_info["probe_table"] = agent.table
+                        agent_info.setdefault("kinds", []).append(agent.last_kinds)
                 runs.setdefault(name, []).append({k: v for k, v in res.items() if k != "steps"})
                 return res["median_ms"]
             return fn
@@ -133,6 +154,10 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     attached = [ln.split()[0] for ln in agent_info["probe_table"] if " attached" in ln]
     common.console.print(f"agent: {len(attached)} probes attached ({', '.join(attached)}); "
                          f"{'; '.join(s for s in agent_info['stopped'] if s)}")
+    if agent_info.get("kinds"):
+        k = agent_info["kinds"][-1]
+        common.console.print("agent events by kind (last C run, start-up included): "
+                             + ", ".join(f"{n} {v:,}" for n, v in sorted(k.items(), key=lambda x: -x[1])))
     base = series["A plain"].median
     ratio = series["C obshub run + agent"].median / base
     common.verdict("obshub run + agent within 1 % of plain", ratio <= TARGET_RATIO,

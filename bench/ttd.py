@@ -35,6 +35,34 @@ TARGET_S = 5.0
 MATRIX_TIMEOUT_S = 1200
 
 
+def wait_for_demo_lock(timeout_s: float = 900.0) -> float:
+    """Wait while another ``obshub demo`` holds the machine-wide cluster lock (it refuses to share the
+    namespaces); returns the seconds waited. Raises RuntimeError after ``timeout_s``."""
+    import fcntl
+
+    from obshub.demo.cluster import STATE_DIR
+
+    lock = STATE_DIR / "lock"
+    t0 = time.monotonic()
+    said = False
+    while lock.exists():
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            break
+        except BlockingIOError:
+            if not said:
+                common.console.print("[yellow]  another obshub demo holds the cluster lock; waiting for it[/yellow]")
+                said = True
+            if time.monotonic() - t0 > timeout_s:
+                raise RuntimeError(f"another obshub demo held {lock} for {timeout_s:.0f} s") from None
+            time.sleep(2)
+        finally:
+            os.close(fd)
+    return time.monotonic() - t0
+
+
 def run_matrix(out: Path, log: Path) -> list[dict]:
     """One ``obshub demo --matrix`` run; returns its rows. Raises RuntimeError when it writes no report."""
     cmd = obshub_cmd("demo", "--matrix", "--hosts", str(HOSTS), "--fault-host", str(FAULT_HOST),
@@ -62,6 +90,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
             t0 = time.monotonic()
             common.console.print(f"[dim]  matrix {r + 1}/{rounds}: {HOSTS} hosts, fault on node-{FAULT_HOST:02d} "
                                  f"at +{FAULT_AT_S:.0f} s of {DURATION_S:.0f} s[/dim]")
+            wait_for_demo_lock()
             rows = run_matrix(Path(tmp) / f"matrix{r}.json", Path(tmp) / f"matrix{r}.log")
             matrices.append(rows)
             common.console.print(f"[dim]  matrix {r + 1}: {time.monotonic() - t0:.0f} s, "
