@@ -24,8 +24,9 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Protocol
 
-from obshub.schema import Kind, Layer
+from obshub.schema import Event, Kind, Layer
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 
@@ -414,16 +415,27 @@ class ProbeOptions:
         return self.verbs_symbols[0] if ap.symbol == "ibv_post_send" else self.verbs_symbols[1]
 
 
-class EventSource:
-    """The agent's event source interface (a typing Protocol in spirit; producer/loader.BpfEventSource
-    implements it). See the lead's interface in docs/AGENT.md."""
+class EventSource(Protocol):
+    """What the agent reads events from (fixed by the lead; docs/AGENT.md "Probes").
+    producer.loader.BpfEventSource implements it."""
 
-    def start(self) -> list[ProbeStatus]: ...
-    def poll(self, timeout_ms: int) -> list: ...
-    def lost(self) -> dict[str, int]: ...
-    def set_threshold(self, name: str, value: int) -> None: ...
-    def registrations(self) -> list[dict]: ...
-    def close(self) -> None: ...
+    def start(self) -> list[ProbeStatus]:
+        """Attach what this machine offers; one status per probe, skipped ones with the reason."""
+
+    def poll(self, timeout_ms: int) -> list[Event]:
+        """Drain the ring buffer(s), waiting up to ``timeout_ms``; events per obshub.schema."""
+
+    def lost(self) -> dict[str, int]:
+        """Per-probe ring-buffer reservation failures, counted in the kernel."""
+
+    def set_threshold(self, name: str, value: int) -> None:
+        """Change a threshold of :data:`THRESHOLDS` at run time."""
+
+    def registrations(self) -> list[dict]:
+        """REGISTER events seen: job, rank, world_size, host_id, local_rank, pid."""
+
+    def close(self) -> None:
+        """Detach everything."""
 
 
 def __getattr__(name):  # producer.probes.BpfEventSource, imported lazily (bcc is heavy)
