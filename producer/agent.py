@@ -109,8 +109,10 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
         name = f"agent-{self.config.host}"
+        started = False
         try:
             self.probe_status = list(self.source.start())
+            started = True
             print(probe_table(self.probe_status), flush=True)
             for pname, value in self.thresholds.items():
                 self.source.set_threshold(pname, value)
@@ -121,7 +123,7 @@ class Agent:
             self._start_metrics()
             self._loop()
         finally:
-            undelivered = self._shutdown()
+            undelivered = self._shutdown(drain=started)
             if self.settings is not None:
                 stack.unregister_component(self.settings, name)
         batches, nbytes = undelivered
@@ -202,10 +204,11 @@ class Agent:
             for sealed in self.batcher.add_many(events):
                 self.transport.send(sealed)
 
-    def _shutdown(self) -> tuple[int, int]:
-        """Drain and stop the source, flush, deliver. Returns (undelivered batches, bytes)."""
+    def _shutdown(self, drain: bool = True) -> tuple[int, int]:
+        """Drain (when it started) and stop the source, flush, deliver. Returns (undelivered batches,
+        bytes)."""
         try:
-            events = self.source.poll(0)
+            events = self.source.poll(0) if drain else []
             if events:
                 self.kind_counts.update(e[0] for e in events)
                 for sealed in self.batcher.add_many(events):
