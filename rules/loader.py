@@ -26,7 +26,7 @@ from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 from rules import fields
 from rules.durations import parse_duration_ns
 from rules.errors import Problem, RuleValidationError
-from rules.expr import Compiled, ExprError, compile_expr, expand, line_col, unknown_references
+from rules.expr import Compiled, ExprError, compile_expr, expand, line_col, tokens, unknown_references
 from rules.model import Correlation, InhibitRule, Rule, RuleSet
 from rules.yamlfile import position, read_rule_file
 
@@ -44,6 +44,17 @@ def template_env() -> SandboxedEnvironment:
 
 
 _ENV = template_env()
+
+
+_MEASURE_NAMES = {"value", "step", "trace_key", "op_seq", "tk_step16", "ts_ns", "time_ns", "count", "score",
+                  "stall_ratio", "batch_seq", "lag_messages", "idle_s", "uptime_s"}
+
+
+def measurement_names(expr: str) -> list[str]:
+    """Names in ``expr`` (identifiers and member names) that are measurements or per-step values, which
+    must not become labels (alert identity): durations (``*_ns``, ``*_us``, ``*_ms``), values, steps."""
+    names = [t for k, t, _ in tokens(expr) if k == "ident"]
+    return [n for n in names if n in _MEASURE_NAMES or n.endswith(("_ns", "_us", "_ms"))]
 
 
 def expand_paths(paths: list[Path | str]) -> list[Path]:
@@ -240,6 +251,11 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
     group_by = {}
     for label, text in (spec.get("group_by") or {}).items():
         group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra)
+        measured = measurement_names(text)
+        if measured:
+            ctx.add(file, *position(doc, path + ["group_by", label]),
+                    f"group_by/{label}: '{measured[0]}' is a measurement, not an identity: as a label it would "
+                    "make a new alert for every value; group by host/job/device and show it in annotations", rid)
     thr = spec.get("threshold") or {}
     aggregate, at_least = thr.get("aggregate", "count"), float(thr.get("at_least", 1))
     of = None

@@ -192,3 +192,10 @@ def test_rules_check_cli_exit_codes(tmp_path):
     assert res.returncode == 1
     assert f"{bad}:8:14: " in res.stderr and "FAILED: 1 problem(s)" in res.stderr
     assert run_cli("rules", "check", str(tmp_path / "missing.yaml")).returncode == 1
+
+
+def test_measurements_are_rejected_as_labels(tmp_path):
+    got = problems(write(tmp_path, "g.yaml", GOOD.replace("group_by: {job: job, host: straggler.host}",
+                                                          "group_by: {job: job, step: step, ex: straggler.excess_ns}")))
+    assert any(p.startswith(f"{tmp_path}/g.yaml:10:32: ") and "'step' is a measurement" in p for p in got), got
+    assert any("'excess_ns' is a measurement" in p for p in got), got
