@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.table import Table
 
 from bench import common
-from bench.broker import cpu_seconds, free_port, private_stack, stop_group
+from bench.broker import bpf_unavailable, cpu_seconds, free_port, private_stack, stop_group
 
 HERE = Path(__file__).resolve().parent
 LEVELS = (25_000, 50_000, 100_000, 150_000, 200_000, 300_000, 400_000, 600_000, 800_000)
@@ -177,6 +177,10 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     rounds = rounds or (1 if quick else ROUNDS)
     levels, level_s = (QUICK_LEVELS, QUICK_LEVEL_S) if quick else (LEVELS, LEVEL_S)
     common.console.rule("[bold]2. agent throughput[/bold]: BPF ring buffer -> Kafka on one core")
+    no_bpf = bpf_unavailable()
+    if no_bpf:
+        common.console.print(f"[yellow]skipped: {no_bpf}[/yellow]")
+        return {"skipped": no_bpf}
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-agent-"))
     rows, confirm, at2x, final = [], [], None, {}
     try:

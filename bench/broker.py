@@ -104,3 +104,14 @@ def stop_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> int | None:
 def obshub_cmd(*args: str) -> list[str]:
     """The command line of ``obshub ARGS`` with this interpreter (no dependence on PATH)."""
     return [sys.executable, "-m", "obshub.cli", *args]
+
+
+def bpf_unavailable() -> str:
+    """Why this process cannot load BPF programs ('' when it can): not root, or bcc not importable."""
+    if os.geteuid() != 0:
+        return "BPF needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError as exc:
+        return f"bcc is not importable ({exc}); run `make setup`"
+    return ""
