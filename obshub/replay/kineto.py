@@ -30,7 +30,7 @@ import ijson
 
 from obshub.replay.errors import TraceFormatError
 
-CHUNK_BYTES = 256 * 1024
+CHUNK_BYTES = 64 * 1024  # per open file; a replay holds one chunk (and its parsed events) per rank
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
