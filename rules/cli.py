@@ -23,6 +23,7 @@ Examples:
   obshub rules serve                                # builtin pack, console sink, local Kafka
   obshub rules serve -r rules/builtin -r team.yaml -c alerting.yaml   # your rules and sinks
   obshub rules serve --metrics-port 9108            # also Prometheus metrics on 127.0.0.1:9108
+  obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
   kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
 """
 
@@ -96,18 +97,22 @@ def test_command(files):
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
 @click.option("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
 @click.option("--log-level", default="INFO", show_default=True)
-def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, log_level):
+@click.option("--log-file", type=click.Path(path_type=Path), default=None,
+              help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)")
+def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, log_level, log_file):
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
     deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
     from rules.service import RuleService
     from rules.sinks.config import load_config
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_file:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        **({"filename": str(log_file)} if log_file else {"stream": sys.stderr}))
     logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs request URLs: they can hold secrets
     settings = load_settings()
     svc = RuleService(settings, list(rule_paths), load_config(config_path), group_prefix=group_prefix,
-                      from_beginning=from_beginning)
+                      from_beginning=from_beginning, log_path=str(log_file) if log_file else "stderr")
     click.echo(f"rules: {len(svc.ruleset.rules)} rule(s), sinks: "
                f"{', '.join(s.name for s in svc.dispatcher.sinks)}; Kafka {settings.bootstrap_servers}", err=True)
     svc.serve(metrics_port)

@@ -139,11 +139,12 @@ class RuleService:
 
     def __init__(self, settings: Settings, rule_paths: list[Path], config: AlertingConfig, *,
                  group_prefix: str = "obshub-rules", from_beginning: bool = False, health_every_s: float = 5.0,
-                 max_replay_age_s: float = 3600.0):
+                 max_replay_age_s: float = 3600.0, log_path: str = "stderr"):
         self.settings, self.rule_paths, self.config = settings, list(rule_paths) or [BUILTIN_DIR], config
         self.group_prefix, self.from_beginning = group_prefix, from_beginning
         self.health_every_s, self.max_replay_age_ns = health_every_s, int(max_replay_age_s * 1e9)
         self.state = state_dir(settings)
+        self.log_path = log_path
         self.stop = threading.Event()
         self.reload_requested = threading.Event()
         self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
@@ -377,7 +378,7 @@ class RuleService:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
         stack.register_component(self.settings, "rules", os.getpid(),
-                                 log=str(self.settings.logs_dir / "rules.log"), rules=len(self.ruleset.rules))
+                                 log=self.log_path, rules=len(self.ruleset.rules))
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
         try:
