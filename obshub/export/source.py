@@ -9,6 +9,7 @@ Event times are put on the realtime clock (``ts_ns + clock.offset_ns``, see ``sc
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,10 @@ from dataclasses import dataclass, field
 from obshub import schema
 from obshub.export.errors import ExportError
 from obshub.export.perfetto import HostEvents
+
+QUIET_KAFKA_LOG = logging.getLogger("obshub.export.kafka")  # librdkafka noise; failures raise ExportError
+QUIET_KAFKA_LOG.addHandler(logging.NullHandler())
+QUIET_KAFKA_LOG.propagate = False
 
 
 @dataclass
@@ -36,10 +41,10 @@ def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator[bytes]:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"obshub-export-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": QUIET_KAFKA_LOG})
     try:
         try:
-            md = c.list_topics(topic, timeout=timeout_s)
+            md = c.list_topics(topic, timeout=min(timeout_s, 10.0))
         except KafkaException as exc:
             raise ExportError(f"Failed to reach Kafka at {bootstrap}: {exc}",
                               hint="start the broker with `obshub up` or pass --bootstrap") from None

@@ -143,13 +143,13 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_b
 
     speed_f = parse_speed(speed)
     job = job or _default_job(paths)
+    sink = None if dry_run else KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers, topic)
     inputs = discover(list(paths), list(et_paths) or None)
     report = ReplayReport()
     res = None
-    if dry_run:
+    if sink is None:
         publish(inputs, job, lambda _b: None, speed=speed_f, max_events=max_batch_events, observe=report.observe)
     else:
-        sink = KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers, topic)
         res = publish(inputs, job, sink, speed=speed_f, max_events=max_batch_events, observe=report.observe)
         sink.close()
     d = summary_dict(job, inputs, report.steps(), res)

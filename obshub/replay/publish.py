@@ -17,6 +17,7 @@ under Kafka's default 1 MiB message limit).
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +28,12 @@ from obshub.replay.errors import ReplayError
 from obshub.replay.inputs import ReplayInputs
 from obshub.replay.mapping import RankTrace, map_rank
 from obshub.schema import Batch, Clock, Event
+
+QUIET_KAFKA_LOG = logging.getLogger("obshub.replay.kafka")
+"""librdkafka's own log lines (connection refused, retries) go here, not to the terminal; failures
+surface as ReplayError instead."""
+QUIET_KAFKA_LOG.addHandler(logging.NullHandler())
+QUIET_KAFKA_LOG.propagate = False
 
 Sink = Callable[[Batch], None]
 """Where batches go: ``KafkaSink`` for a real replay, a list's ``append`` in tests."""
@@ -112,18 +119,24 @@ def publish(inputs: ReplayInputs, job: str, sink: Sink, *, speed: float | None =
 
 
 class KafkaSink:
-    """Send batches to ``schema.TOPIC_EVENTS`` (key = host) with confluent-kafka. Call :meth:`close`
-    to flush; it raises ReplayError when any message was not delivered."""
+    """Send batches to ``schema.TOPIC_EVENTS`` (key = host) with confluent-kafka. Raises ReplayError at
+    construction when the broker does not answer within ``connect_timeout_s``. Call :meth:`close` to
+    flush; it raises ReplayError when any message was not delivered."""
 
-    def __init__(self, bootstrap: str, topic: str = schema.TOPIC_EVENTS):
-        from confluent_kafka import Producer
+    def __init__(self, bootstrap: str, topic: str = schema.TOPIC_EVENTS, *, connect_timeout_s: float = 10.0):
+        from confluent_kafka import KafkaException, Producer
 
         self.topic = topic
         self.bootstrap = bootstrap
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "logger": QUIET_KAFKA_LOG,
                                   "compression.type": "lz4", "message.max.bytes": 2 * 1024 * 1024})
         self.failed: list[str] = []
         self.sent = 0
+        try:  # fail fast, before any trace is read, when the broker is not there
+            self.producer.list_topics(timeout=connect_timeout_s)
+        except KafkaException as exc:
+            raise ReplayError(f"Failed to reach Kafka at {bootstrap} within {connect_timeout_s:.0f} s: {exc}",
+                              hint="start the local broker with `obshub up`, or pass --bootstrap") from None
 
     def _done(self, err, _msg) -> None:
         if err is not None:
