@@ -5,7 +5,8 @@ the straggler and blamed layer marked.
 ``validate_chrome_trace`` mirrors what Perfetto's JSON importer (src/trace_processor/importers/json/)
 needs to import a file without errors: an object with a ``traceEvents`` array; numeric ``ts`` and
 integer ``pid``/``tid`` on every event; ``X`` slices with a non-negative ``dur`` that nest within a track
-(a partial overlap is an import error); ``i`` instants with a scope ``s`` in g/p/t; metadata ``M``
+(a partial overlap is an import error); ``i`` instants with a scope ``s`` in g/p/t and, for process and
+thread scope, a non-zero pid / tid (json_trace_parser_impl.cc counts those as parser failures); metadata ``M``
 events with a known name and ``args``; v1 flows where every id has exactly one ``s`` and one ``f``,
 with matching ``cat``/``name``, ``f`` bound to its enclosing slice (``"bp": "e"``) and both ends inside a
 slice of their track.
@@ -62,6 +63,8 @@ def validate_chrome_trace(doc) -> list[str]:
         elif ph == "i":
             if e.get("s") not in ("g", "p", "t"):
                 errs.append(f"{where}: instant scope {e.get('s')!r}")
+            elif (e["s"] == "p" and e["pid"] == 0) or (e["s"] == "t" and e["tid"] == 0):
+                errs.append(f"{where}: a process/thread instant on pid/tid 0 is dropped by the importer")
             used_threads.add(track)
         elif ph == "M":
             if e.get("name") not in META_NAMES or not isinstance(e.get("args"), dict):
@@ -160,11 +163,13 @@ def test_validator_catches_what_perfetto_rejects():
         {"ph": "X", "name": "b", "ts": 5, "dur": 10, "pid": 1, "tid": 1},  # partial overlap
         {"ph": "s", "id": 1, "cat": "c", "name": "n", "ts": 1, "pid": 1, "tid": 1},  # no matching f
         {"ph": "i", "name": "x", "ts": 1, "pid": 1, "tid": 2},  # no scope, unnamed thread
+        {"ph": "i", "s": "t", "name": "y", "ts": 1, "pid": 1, "tid": 0},  # thread instant on tid 0
         {"ph": "X", "name": "c", "dur": 1, "pid": 1, "tid": 1},  # no ts
     ]}
     errs = validate_chrome_trace(bad)
     assert any("overlaps" in e for e in errs) and any("1 starts, 0 ends" in e for e in errs)
     assert any("instant scope" in e for e in errs) and any("missing ts" in e for e in errs)
+    assert any("pid/tid 0" in e for e in errs)
     assert any("no thread_name" in e for e in errs) and any("no process_name" in e for e in errs)
 
 
