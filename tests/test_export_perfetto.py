@@ -198,28 +198,32 @@ def test_steps_option(steps, ok):
 
 @pytest.mark.kafka
 def test_export_cli_from_kafka(kafka, unique, tmp_path):
-    """Replayed batches on the broker, the step summary on obshub.steps.v1 (as the stream worker writes
-    it), then `obshub trace export`."""
+    """Replayed batches on the broker, a step summary on the steps topic (as the stream worker writes
+    it), then `obshub trace export`, on topics of its own."""
     from confluent_kafka import Producer
 
     from obshub.replay.publish import KafkaSink
+    from streams import testkit
 
     job = f"dlrm-x-{unique}"
-    sink = KafkaSink(kafka.bootstrap_servers)  # what `obshub replay` does (tested in test_replay_dlrm)
+    topics = testkit.make_topics(kafka, f"ex-{unique}", partitions=2)  # isolated from other tests' traffic
+    sink = KafkaSink(kafka.bootstrap_servers, topics.events)  # what `obshub replay` does (test_replay_streams)
     for b in dlrm_batches(job):
         sink(b)
     sink.close()
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
-    p.produce(schema.TOPIC_STEPS, key=job.encode(), value=json.dumps({**SUMMARY, "job": job}).encode())
+    p.produce(topics.steps, key=job.encode(), value=json.dumps({**SUMMARY, "job": job}).encode())
     assert p.flush(30) == 0
     out = tmp_path / "t.json"
+    topic_args = ["--events-topic", topics.events, "--steps-topic", topics.steps]
     r = subprocess.run([sys.executable, "-m", "obshub.cli", "trace", "export", "--job", job, "--steps", "9-11",
-                        "-o", str(out)], capture_output=True, text=True, cwd=REPO, timeout=120)
+                        "-o", str(out), *topic_args], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "8 hosts" in r.stderr and "straggler marked in steps [10]" in r.stderr
     _check_dlrm_timeline(json.loads(out.read_text()), job)
     r = subprocess.run([sys.executable, "-m", "obshub.cli", "trace", "export", "--job", "no-such-job",
-                        "--steps", "1", "-o", str(out)], capture_output=True, text=True, cwd=REPO, timeout=120)
+                        "--steps", "1", "-o", str(out), *topic_args], capture_output=True, text=True, cwd=REPO,
+                       timeout=120)
     assert r.returncode == 1 and "no events of job 'no-such-job'" in r.stderr
 
 

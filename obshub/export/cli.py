@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from obshub import schema
 from obshub.export.errors import ExportError
 
 EPILOG = """\b
@@ -42,7 +43,9 @@ def trace_group():
 @click.option("-o", "--output", required=True, help="output JSON file, or - for stdout")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
 @click.option("--timeout-s", default=60.0, show_default=True, help="give up reading a topic after this long")
-def export_command(job, steps, output, bootstrap, timeout_s):
+@click.option("--events-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
+@click.option("--steps-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries")
+def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps_topic):
     """Write job JOB's steps as Chrome-trace JSON for ui.perfetto.dev: a process per host, a track
     per layer, flow arrows joining each collective across hosts, the straggler and blamed layer marked
     (from the step summaries on obshub.steps.v1)."""
@@ -52,7 +55,8 @@ def export_command(job, steps, output, bootstrap, timeout_s):
 
     rng = parse_steps(steps)
     settings = load_settings(bootstrap=bootstrap)
-    data = read_job(settings.bootstrap_servers, job, rng, timeout_s=timeout_s)
+    data = read_job(settings.bootstrap_servers, job, rng, timeout_s=timeout_s, events_topic=events_topic,
+                    steps_topic=steps_topic)
     if not data.hosts:
         raise ExportError(f"no events of job {job!r} in steps {rng[0]}-{rng[1]} on {settings.bootstrap_servers} "
                           f"({data.batches} batches read)",

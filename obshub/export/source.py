@@ -80,13 +80,14 @@ def _host_order(h: HostEvents):
     return (0, int(n), "") if h.host.startswith("rank") and n.isdigit() else (1, 0, h.host)
 
 
-def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: float = 60.0) -> JobData:
+def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: float = 60.0,
+             events_topic: str = schema.TOPIC_EVENTS, steps_topic: str = schema.TOPIC_STEPS) -> JobData:
     """Events of ``job`` whose step is within ``steps`` (inclusive), per host, and the job's step
     summaries in that range. Raises ExportError when the broker cannot be reached."""
     lo, hi = steps
     hosts: dict[str, HostEvents] = {}
     data = JobData([], {})
-    for value in _snapshot(bootstrap, schema.TOPIC_EVENTS, timeout_s):
+    for value in _snapshot(bootstrap, events_topic, timeout_s):
         data.batches += 1
         try:
             b = schema.decode_batch(value)
@@ -99,7 +100,7 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
         for e in b.events:
             if lo <= e.step <= hi:
                 h.events.append(e._replace(ts_ns=schema.to_realtime_ns(e.ts_ns, b.clock)))
-    for value in _snapshot(bootstrap, schema.TOPIC_STEPS, timeout_s):
+    for value in _snapshot(bootstrap, steps_topic, timeout_s):
         try:
             s = json.loads(value)
         except (ValueError, TypeError):
@@ -108,5 +109,5 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
             data.summaries[s["step"]] = s  # the latest summary of a step wins
     data.hosts = sorted((h for h in hosts.values() if h.events), key=_host_order)
     if data.undecodable:
-        data.notes.append(f"{data.undecodable} batch(es) on {schema.TOPIC_EVENTS} did not decode and were skipped")
+        data.notes.append(f"{data.undecodable} batch(es) on {events_topic} did not decode and were skipped")
     return data
