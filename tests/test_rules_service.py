@@ -108,6 +108,9 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
         wait_for(lambda: (home / "run" / "rules.json").exists(), 60, "the service to register", proc, log)
         assert stack.components(load_settings(home=home))[0]["name"] == "rules"
         produce_step(kafka, job, 1, lost=3)
+        bad = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+        bad.produce(schema.TOPIC_STEPS, key=f"bad-{unique}".encode(), value=b"{not json")
+        assert bad.flush(30) == 0
 
         def mine():
             return [r for r in hook.requests if r["json"]["commonLabels"].get("job") == job]
@@ -155,6 +158,12 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
         assert 'obshub_rules_reloads_total{outcome="rejected"} 1.0' in metrics
         assert 'obshub_rules_reloads_total{outcome="ok"} 1.0' in metrics
         assert "SECRETTOKEN" not in log.read_text()
+        # the undecodable step summary went to the DLQ with the reason and its origin in headers
+        dlq = [m for m in consume_all(kafka, schema.TOPIC_DLQ, timeout_s=8) if m.key() == f"bad-{unique}".encode()]
+        assert len(dlq) >= 1 and dlq[0].value() == b"{not json"
+        headers = {k: v.decode() for k, v in dlq[0].headers()}
+        assert set(schema.DLQ_HEADERS) <= set(headers) and headers["obshub.source.topic"] == schema.TOPIC_STEPS
+        assert "Expecting property name" in headers["obshub.reason"]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
