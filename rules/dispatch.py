@@ -104,7 +104,7 @@ class Dispatcher:
         self.group_wait, self.group_interval = _ns(route.group_wait), _ns(route.group_interval)
         self.repeat_interval = _ns(route.repeat_interval)
         self.groups: dict[str, _Group] = {}
-        self.firing: dict[str, dict[str, str]] = {}   # fingerprint -> labels of every firing alert
+        self.firing: dict[str, dict] = {}   # fingerprint -> latest change record of every firing alert
         self.workers = {s.name: _SinkWorker(s, policy) for s in sinks}
         for w in self.workers.values():
             w.start()
@@ -118,7 +118,7 @@ class Dispatcher:
         status, fp = change.get("status"), change.get("fingerprint", "")
         with self._lock:
             if status == "firing":
-                self.firing[fp] = dict(change.get("labels", {}))
+                self.firing[fp] = change
             elif status in ("resolved", "inactive"):
                 self.firing.pop(fp, None)
             if status not in ("firing", "resolved"):
@@ -146,7 +146,8 @@ class Dispatcher:
         for rule in self.inhibit:
             if not all(labels.get(k) == v for k, v in rule.target.items()):
                 continue
-            for src in self.firing.values():
+            for change in self.firing.values():
+                src = change.get("labels", {})
                 if src is labels or src == labels:
                     continue
                 if all(src.get(k) == v for k, v in rule.source.items()) and \
@@ -226,14 +227,24 @@ class Dispatcher:
 
     # -- state -------------------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """JSON-able view of the firing alerts (for inhibition after a restart)."""
+        """JSON-able state: the latest change of every firing alert."""
         with self._lock:
-            return {"v": 1, "firing": dict(self.firing)}
+            return {"v": 2, "firing": dict(self.firing)}
 
-    def restore(self, snap: dict) -> None:
-        """Load a ``snapshot``."""
+    def restore(self, snap: dict, now_ns: int | None = None) -> None:
+        """Load a ``snapshot``: firing alerts are back in their groups as if notified at ``now_ns``, so
+        inhibition holds, ``repeat_interval`` and per-sink re-sends (Alertmanager, which would otherwise
+        expire them) continue after a restart."""
+        now_ns = now_ns or time.time_ns()
         with self._lock:
-            self.firing = {k: dict(v) for k, v in (snap.get("firing") or {}).items()}
+            for fp, change in (snap.get("firing") or {}).items():
+                if "labels" not in change:  # not a change record
+                    continue
+                self.firing[fp] = change
+                g = self._group_for(change, now_ns)
+                g.alerts[fp] = change
+                g.last_flush_ns = now_ns
+                g.last_sent_ns = {s.name: now_ns for s in self.sinks}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the sink workers (work still queued is not acked, so it is re-delivered after a restart)."""

@@ -460,3 +460,26 @@ def test_group_interval_repeat_interval_and_dedup():
         _wait_for(lambda: out.getvalue().splitlines()[-1].startswith("[FIRING] sched_contention"))
     finally:
         d.close()
+
+
+def test_firing_alerts_survive_a_dispatcher_restart(recorder):
+    srv = recorder()
+    sink = AlertmanagerSink("am", srv.url, resend_every_s=0.2)
+    route = Route(group_wait="0s", group_interval="0s", repeat_interval="1h")
+    inhibit = [InhibitRule({"alertname": "host_stopped_reporting"}, {"category": "straggler"}, ["job", "host"])]
+    d = Dispatcher([sink], route, inhibit, None, FAST, lambda t: None)
+    d.submit(alert(rule="host_stopped_reporting"), 1)
+    d.tick()
+    snap = json.loads(json.dumps(d.snapshot()))
+    d.close()
+    d2 = Dispatcher([sink], route, inhibit, None, FAST, lambda t: None)
+    try:
+        d2.restore(snap)
+        straggler = alert(rule="sched_contention_on_straggler")
+        straggler["labels"] = {**straggler["labels"], "category": "straggler"}
+        assert d2._inhibited(straggler["labels"])       # inhibition holds after the restart
+        n = len(srv.requests)
+        _wait_for(lambda: (d2.tick(), len(srv.requests) > n)[1])  # Alertmanager re-sends continue
+        assert srv.requests[-1]["json"][0]["labels"]["alertname"] == "host_stopped_reporting"
+    finally:
+        d2.close()
