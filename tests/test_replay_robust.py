@@ -255,3 +255,14 @@ def test_unreachable_broker_fails_fast_with_a_hint():
     with pytest.raises(ReplayError, match="Failed to reach Kafka at 127.0.0.1:1") as ei:
         KafkaSink("127.0.0.1:1", connect_timeout_s=2)
     assert "obshub up" in ei.value.hint
+
+
+def test_other_json_in_a_trace_folder_is_skipped_but_a_broken_trace_is_not(tmp_path):
+    (tmp_path / "rank0.json.gz").write_bytes(DLRM0.read_bytes())
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    inputs = discover([tmp_path])
+    assert [r.rank for r in inputs.ranks] == [0]
+    assert any("skipped 1 JSON file" in n and "config.json" in n for n in inputs.notes)
+    (tmp_path / "rank1.json").write_text('{"traceEvents": [{"ph": "X"')
+    with pytest.raises(TraceFormatError, match="rank1.json"):
+        discover([tmp_path])

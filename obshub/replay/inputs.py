@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obshub.replay.errors import ReplayError, TraceFormatError
+from obshub.replay.errors import NotAKinetoTraceError, ReplayError
 from obshub.replay.et import EtFile, read_et
 from obshub.replay.kineto import rank_from_filename, sniff
 from obshub.replay.mapping import RankTrace, load_rank
@@ -56,41 +56,47 @@ def compress_ranges(nums: list[int]) -> str:
     return ",".join(out)
 
 
-def expand(paths: list[Path]) -> list[Path]:
-    """Files named by ``paths``; directories are searched recursively for ``*.json(.gz)``. Raises
-    ReplayError for a path that does not exist or a directory without trace files."""
-    files: list[Path] = []
+def expand(paths: list[Path]) -> dict[Path, bool]:
+    """Files named by ``paths`` -> whether each was found in a directory (searched recursively for
+    ``*.json(.gz)``) rather than named. Raises ReplayError for a path that does not exist or a directory
+    without such files."""
+    files: dict[Path, bool] = {}
     for p in paths:
         if p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
             if not found:
                 raise ReplayError(f"no *.json or *.json.gz files under {p}",
                                   hint="point at the folder torch.profiler's trace handler wrote")
-            files += found
+            for f in found:
+                files.setdefault(f, True)
         elif p.is_file():
-            files.append(p)
+            files[p] = False
         else:
             raise ReplayError(f"trace path {p} does not exist", hint="check the path")
-    return list(dict.fromkeys(files))
+    return files
 
 
 def discover(paths: list[Path], et_paths: list[Path] | None = None) -> ReplayInputs:
     """Load the skeleton of every Kineto trace under ``paths`` (execution traces found there are used
-    as such), pair execution traces, and check ranks. Raises ReplayError for two files of one rank or
-    no Kineto trace at all; TraceFormatError for a file that is neither format."""
+    as such), pair execution traces, and check ranks. Other JSON files found in a directory are skipped
+    (noted); named ones are errors. Raises ReplayError for two files of one rank or no Kineto trace at
+    all; TraceFormatError for a named file that is neither format, or any truncated or invalid one."""
     ranks: list[RankTrace] = []
     ets: list[EtFile] = [read_et(p) for p in expand(et_paths)] if et_paths else []
-    for f in expand(paths):
+    skipped: list[str] = []
+    for f, in_dir in expand(paths).items():
         if sniff(f) == "et":
             ets.append(read_et(f))
             continue
         try:
             ranks.append(load_rank(f))
-        except TraceFormatError as exc:
-            if "execution trace" in str(exc):
+        except NotAKinetoTraceError as exc:
+            if exc.is_execution_trace:
                 ets.append(read_et(f))
-                continue
-            raise
+            elif in_dir:  # some other JSON file next to the traces (a config, a summary): not ours
+                skipped.append(f.name)
+            else:
+                raise
     if not ranks:
         raise ReplayError("no Kineto trace among the given files",
                           hint="pass the *.pt.trace.json(.gz) files of torch.profiler")
@@ -101,6 +107,8 @@ def discover(paths: list[Path], et_paths: list[Path] | None = None) -> ReplayInp
                               hint="replay one profiling window at a time (one file per rank)")
     worlds = {r.world_size for r in ranks if r.world_size}
     inputs = ReplayInputs(ranks, max(worlds) if worlds else None)
+    if skipped:
+        inputs.notes.append(f"skipped {len(skipped)} JSON file(s) that hold no trace events: {', '.join(skipped[:5])}")
     if len(worlds) > 1:
         inputs.notes.append(f"ranks disagree on the world size: {sorted(worlds)}")
     _pair_et(inputs, ets)

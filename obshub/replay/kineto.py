@@ -28,7 +28,7 @@ from typing import Any
 
 import ijson
 
-from obshub.replay.errors import TraceFormatError
+from obshub.replay.errors import NotAKinetoTraceError, TraceFormatError
 
 CHUNK_BYTES = 64 * 1024  # per open file; a replay holds one chunk (and its parsed events) per rank
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -143,11 +143,12 @@ class KinetoFile:
                 yield from self.events()
                 return
             if self._is_execution_trace():
-                raise TraceFormatError(f"{self.path} is a PyTorch execution trace, not a Kineto trace",
-                                       hint="pass execution traces with --et, Kineto traces as arguments")
-            raise TraceFormatError(f"{self.path} contains no trace events (no non-empty 'traceEvents' array)",
-                                   hint="pass the files torch.profiler wrote (tensorboard_trace_handler or "
-                                        "export_chrome_trace)")
+                raise NotAKinetoTraceError(f"{self.path} is a PyTorch execution trace, not a Kineto trace",
+                                           hint="pass execution traces with --et, Kineto traces as arguments",
+                                           is_execution_trace=True)
+            raise NotAKinetoTraceError(f"{self.path} contains no trace events (no non-empty 'traceEvents' "
+                                       "array)", hint="pass the files torch.profiler wrote "
+                                                      "(tensorboard_trace_handler or export_chrome_trace)")
         self._scanned = True
 
     def _first_byte(self) -> bytes:
