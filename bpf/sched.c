@@ -12,6 +12,8 @@
  */
 #include "common.h"
 
+#define OBS_TASK_STATE_MASK 0xFF
+
 struct obs_off {
     u64 ts_ns;
     s64 state;
@@ -72,9 +74,12 @@ int obs_sched_switch(void *ctx)
     /* 1. the previous task (the current one) leaves the CPU */
     u32 prev = (u32)prev_pid;
     if (prev && obs_current_watched()) {
-        struct obs_off off = {.ts_ns = now, .state = prev_state};
+        /* the low byte is the task state (TASK_REPORT bits); 0 = runnable ("R", or "R+" when preempted:
+         * the tracepoint then sets TASK_REPORT_MAX, 0x100 since 4.14, above the low byte) */
+        s64 state = prev_state & OBS_TASK_STATE_MASK;
+        struct obs_off off = {.ts_ns = now, .state = state};
         off_ts.update(&prev, &off);
-        if (prev_state == 0) /* preempted while runnable: it waits in the run queue from now */
+        if (state == 0) /* preempted while runnable: it waits in the run queue from now */
             wake_ts.update(&prev, &now);
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
         obs_acc_add(tgid, prev, 0, 0, 1, 0);
