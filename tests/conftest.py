@@ -33,12 +33,21 @@ def free_port_pair() -> int:
 def kafka(tmp_path_factory) -> Settings:
     """A running broker for the whole session: yields Settings whose ``bootstrap_servers`` reach it.
     Also exports OBSHUB_HOME / OBSHUB_KAFKA_PORT so `obshub` subprocesses use the same broker."""
+    from obshub.errors import StackError
+
     home = tmp_path_factory.mktemp("obshub-home")
-    port = free_port_pair()
+    for attempt in range(3):  # another test session may grab the free port between choice and bind
+        port = free_port_pair()
+        settings = load_settings(home=home, kafka_port=port)
+        try:
+            stack.up(settings, timeout_s=180)
+            break
+        except StackError:
+            stack.down(settings)
+            if attempt == 2:
+                raise
     os.environ["OBSHUB_HOME"] = str(home)
     os.environ["OBSHUB_KAFKA_PORT"] = str(port)
-    settings = load_settings(home=home, kafka_port=port)
-    stack.up(settings)
     yield settings
     stack.down(settings)
 
