@@ -184,7 +184,10 @@ class BpfEventSource:
 
     # -- start: plan, compile, configure, attach ------------------------------------------------------
     def start(self) -> list[ProbeStatus]:
-        """Plan, compile, configure and attach (steps 1-4). Returns the probe table."""
+        """Plan, compile, configure and attach (steps 1-4). Returns the probe table. Raises
+        :class:`producer.errors.TargetError` when the target cgroup does not exist."""
+        if self.target.cgroup is not None:
+            cat.cgroup_procs(self.target.cgroup)  # fail early, with the path, when it does not exist
         tracefs, _ = kheaders.ensure_tracefs()
         pl = plan(self.options, self.target, tracefs)
         skipped = dict(pl.skipped)

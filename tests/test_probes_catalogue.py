@@ -193,3 +193,17 @@ def test_event_source_with_only_the_sysfs_poller(tmp_path):
             src.set_threshold("nope", 5)
     finally:
         src.close()
+
+
+def test_target_cgroup_must_exist(tmp_path):
+    from obshub.config import load_settings
+    from producer.errors import TargetError
+    from producer.loader import BpfEventSource
+
+    with pytest.raises(TargetError, match="no-such-cgroup") as info:
+        BpfEventSource(load_settings(), Target(cgroup=tmp_path / "no-such-cgroup"), ProbeOptions()).start()
+    assert "/sys/fs/cgroup" in info.value.hint
+    (tmp_path / "cg" / "child").mkdir(parents=True)  # a cgroup-like tree: procs of children count too
+    (tmp_path / "cg" / "cgroup.procs").write_text("11\n12\n")
+    (tmp_path / "cg" / "child" / "cgroup.procs").write_text("13\n")
+    assert cat.cgroup_procs(tmp_path / "cg") == {11, 12, 13}
