@@ -8,6 +8,7 @@
  *   OBS_NPROBES           number of probe ids (size of the lost-counter array)
  *   OBS_NTHRESHOLDS       number of thresholds (size of the thresholds array)
  *   OBS_WATCH_ALL         defined: no target filter (every process is watched)
+ *   OBS_WATCH_CGROUP_V2   defined: tasks in the cgroups of `wcgroups` are watched on sight
  *   OBS_PROBE_<NAME>      probe ids, OBS_THR_<NAME> threshold indices, OBS_KIND_<NAME> event kinds
  *   OBS_MAX_TIDS          capacity of the per-thread maps
  */
@@ -62,6 +63,7 @@ struct obs_sched_acc {
 BPF_RINGBUF_OUTPUT(events, OBS_RINGBUF_PAGES);
 BPF_HASH(tid_key, u32, struct obs_tk, OBS_MAX_TIDS);        /* tid -> TraceKey, step */
 BPF_HASH(watched, u32, u8, 4096);                            /* tgid -> 1: processes to watch */
+BPF_HASH(wcgroups, u64, u8, 1024);                           /* cgroup v2 id -> 1: cgroups to watch */
 BPF_HASH(wtids, u32, u32, OBS_MAX_TIDS);                     /* tid -> tgid of watched threads */
 BPF_ARRAY(lost, u64, OBS_NPROBES);                           /* probe id -> failed reservations */
 BPF_ARRAY(thresholds, u64, OBS_NTHRESHOLDS);                 /* OBS_THR_* -> value (ns, order...) */
@@ -90,13 +92,24 @@ static __always_inline int obs_tgid_watched(u32 tgid)
 #endif
 }
 
-/* Is the current task watched? Remembers its tid -> tgid so sched events can filter by tid alone. */
+/* Is the current task watched? Remembers its tid -> tgid so sched events can filter by tid alone.
+ * With a cgroup v2 target (OBS_WATCH_CGROUP_V2) a task running in one of the cgroups of `wcgroups` is
+ * watched from its first probe on, without waiting for the loader to re-read cgroup.procs. */
 static __always_inline int obs_current_watched(void)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
-    if (!obs_tgid_watched(tgid))
+    if (!obs_tgid_watched(tgid)) {
+#ifdef OBS_WATCH_CGROUP_V2
+        u64 cgid = bpf_get_current_cgroup_id();
+        if (wcgroups.lookup(&cgid) == NULL)
+            return 0;
+        u8 one = 1;
+        watched.update(&tgid, &one);
+#else
         return 0;
+#endif
+    }
     if (wtids.lookup(&tid) == NULL)
         wtids.update(&tid, &tgid);
     return 1;

@@ -129,6 +129,8 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
                     flags.append(f"-D{ap.offset_macro(fld)}={off}")
     if target.watch_all:
         flags.append("-DOBS_WATCH_ALL")
+    if target.cgroup is not None and cat.cgroup_v2_ids(target.cgroup):
+        flags.append("-DOBS_WATCH_CGROUP_V2")
     if target.registered:
         flags.append("-DOBS_TARGET_REGISTERED")
     return sorted(set(flags), key=flags.index)
@@ -310,6 +312,10 @@ class BpfEventSource:
             return
         pids = cat.resolve_pids(self.target)
         watched, wtids = self._bpf[b"watched"], self._bpf[b"wtids"]
+        if self.target.cgroup is not None:  # cgroup v2: new child cgroups too
+            wcgroups = self._bpf[b"wcgroups"]
+            for cgid in cat.cgroup_v2_ids(self.target.cgroup):
+                wcgroups[ctypes.c_uint64(cgid)] = ctypes.c_uint8(1)
         for pid in pids - self._watched:
             watched[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
         for pid in self._watched - pids:

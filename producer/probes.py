@@ -470,6 +470,21 @@ def cgroup_procs(cgroup: Path) -> set[int]:
     return pids
 
 
+def cgroup_v2_ids(cgroup: Path) -> set[int]:
+    """Cgroup ids (``bpf_get_current_cgroup_id``: the kernfs inode number) of a cgroup v2 directory and
+    its descendants; empty for a v1 cgroup (no ``cgroup.controllers``) or one that does not exist."""
+    cg = Path(cgroup)
+    if not cg.is_absolute():
+        cg = Path("/sys/fs/cgroup/unified") / cg
+    if not (cg / "cgroup.controllers").exists():
+        return set()
+    ids = set()
+    for d in [cg, *(p for p in cg.rglob("*") if p.is_dir())]:
+        with contextlib.suppress(OSError):
+            ids.add(os.stat(d).st_ino)
+    return ids
+
+
 def resolve_pids(target: Target) -> set[int]:
     """The live pids the target names now (registered processes are added in the kernel, not here)."""
     pids = {p for p in (target.pids or ()) if Path(f"/proc/{p}").exists()}

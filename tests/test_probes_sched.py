@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -108,3 +108,47 @@ def test_cpu_hog_raises_runq_latency_of_its_cpu_only(tmp_path, cgroups):
     print(f"runq: sum {dict(runq)} count {dict(count)} mean {mean}")
     assert runq[a.pid] > 0.3 * seconds * 1e9, dict(runq)
     assert mean[a.pid] > 2 * mean[b.pid], mean
+
+
+SLEEPER = """
+import sys, time
+sys.stdin.readline()
+for _ in range(40):
+    time.sleep(0.005)
+print("done", flush=True)
+"""
+
+
+def test_cgroup_v2_target_is_watched_in_the_kernel_at_once(tmp_path):
+    """A process moved into the target cgroup v2 after the agent started is watched from its first
+    context switch, by the kernel (the loader's cgroup.procs re-read is disabled here)."""
+    need_bpf()
+    unified = Path("/sys/fs/cgroup/unified")
+    if not (unified / "cgroup.controllers").exists():
+        pytest.skip("no cgroup v2 hierarchy at /sys/fs/cgroup/unified")
+    cg = unified / f"obshub-test-{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    child = other = None
+    try:
+        with event_source(tmp_path, Target(cgroup=cg), probes=("sched",), target_refresh_ms=3_600_000,
+                          thresholds={"offcpu_ns": 1_000_000}) as (src, table):
+            assert table[0].attached
+            child = Child(SLEEPER)
+            other = Child(SLEEPER)  # same program, not in the cgroup
+            (cg / "cgroup.procs").write_text(str(child.pid))
+            child.go()
+            other.go()
+            child.wait()
+            other.wait()
+            events = drain(src, 0.3)
+    finally:
+        for c in (child, other):
+            if c is not None:
+                c.kill()
+        for pid in (cg / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (unified / "cgroup.procs").write_text(pid)
+        cg.rmdir()
+    offcpu = Counter(e.pid for e in events if e.kind == Kind.SCHED_OFFCPU)
+    assert offcpu[child.pid] >= 30, offcpu  # its 5 ms sleeps
+    assert set(offcpu) == {child.pid}, offcpu
