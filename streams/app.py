@@ -70,6 +70,18 @@ class WorkerConfig:
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
+class _SendErrors(faust.Sensor):
+    """Faust reports a failed produce only to sensors: log it and count it, so no loss is silent."""
+
+    def __init__(self, metrics: WorkerMetrics, **kw) -> None:
+        super().__init__(**kw)
+        self.metrics = metrics
+
+    def on_send_error(self, producer, exc: BaseException, state) -> None:
+        self.metrics.send_errors.inc()
+        log.error("Failed to produce a message: %r", exc)
+
+
 def _broker_urls(bootstrap: str) -> list[str]:
     return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
 
@@ -149,6 +161,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         producer_max_request_size=16 * 1024 * 1024,
         consumer_max_fetch_size=16 * 1024 * 1024,
     )
+    app.sensors.add(_SendErrors(m))
     src = app.topic(cfg.input_topic, key_serializer="raw", value_serializer="raw")
     rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
                     key_serializer="raw", value_serializer="json")
@@ -192,6 +205,8 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         first = st is None
         if first:
             st = {"seq": -1, "partition": msg.partition, "offset": -1, "lost": 0, "dups": 0}
+            log.info("new agent instance %s (job %s, host %s) on %s[%d]@%d", batch.agent_id, batch.job, batch.host,
+                     msg.topic, msg.partition, msg.offset)
         replay = msg.partition == st["partition"] and msg.offset <= st["offset"]
         if not replay and batch.seq <= st["seq"]:
             st["dups"] += 1
@@ -329,6 +344,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         elif t == "close":
             st = open_t.get(v["key"])
             if st is not None and time.time_ns() - st["opened_ns"] >= window_ns:
+                log.info("closing %s by window with hosts %s", v["key"], sorted(st["hosts"]))
                 await close(v["key"], st, p, "window")
 
     @app.agent(rep, name="fold")

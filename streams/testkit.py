@@ -99,6 +99,12 @@ class Worker:
             time.sleep(0.2)
         raise RuntimeError(f"worker not ready in {timeout_s} s:\n{self.log_path.read_text(errors='replace')[-3000:]}")
 
+    def settled(self) -> bool:
+        """True when the worker logged "Worker ready" after its latest partition assignment (Faust can skip
+        input messages fetched while a worker is still finishing a rebalance, docs/STREAMS.md)."""
+        text = self.log_path.read_text(errors="replace")
+        return text.rfind("Worker ready") > text.rfind("Setting newly assigned partitions") >= 0
+
     def kill(self) -> None:
         """SIGKILL the worker (no clean shutdown, no final commit)."""
         if self.proc.poll() is None:

@@ -2,8 +2,9 @@
 worker`` subprocesses, synthetic agent batches with a known answer. Every test uses its own job names,
 and the multi-worker and crash tests their own topics and app ids.
 
-Windows are 2 s so expiry tests stay short; no assertion is on timing (waits are generous upper bounds
-for a loaded 2-core machine)."""
+Step windows are short (WINDOW_S) only where expiry is under test and 60 s elsewhere, so a worker
+starved of CPU on a loaded machine cannot close a step early; no assertion is on timing (waits are
+generous upper bounds)."""
 
 from __future__ import annotations
 
@@ -60,18 +61,36 @@ def _metric(port: int, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def shared(kafka, tmp_path_factory):
-    """One worker on its own topics, shared by the single-worker tests (each uses its own job)."""
-    tag = f"st-{uuid.uuid4().hex[:8]}"
-    topics = testkit.make_topics(kafka, tag, partitions=4)
-    port = _free_port()
-    w = testkit.Worker(topics, f"{tag}-app", 101, tmp_path_factory.mktemp("streams") / "w.log",
-                       window_s=WINDOW_S, metrics_port=port)
+def workers(kafka, tmp_path_factory):
+    """Two single workers on their own topics, shared by the single-worker tests (each test uses its own
+    job): ``long`` (60 s window: steps close when complete, a starved worker on a loaded machine cannot
+    make a step expire early) and ``short`` (WINDOW_S, for the expiry tests). Started in parallel."""
+    out, started = {}, []
     try:
-        w.wait_ready()
-        yield {"topics": topics, "port": port, "worker": w}
+        for name, window in (("long", 60.0), ("short", WINDOW_S)):
+            tag = f"st-{uuid.uuid4().hex[:8]}"
+            topics = testkit.make_topics(kafka, tag, partitions=4)
+            port = _free_port()
+            w = testkit.Worker(topics, f"{tag}-app", 101 + len(started), tmp_path_factory.mktemp("streams") / "w.log",
+                               window_s=window, metrics_port=port)
+            started.append(w)
+            out[name] = {"topics": topics, "port": port, "worker": w}
+        for w in started:
+            w.wait_ready()
+        yield out
     finally:
-        w.stop()
+        for w in started:
+            w.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(workers):
+    return workers["long"]
+
+
+@pytest.fixture(scope="module")
+def short(workers):
+    return workers["short"]
 
 
 def test_straggler_and_guilty_layer_named_exactly(kafka, shared, unique):
@@ -129,10 +148,10 @@ def test_malformed_truncated_wrong_version_and_huge_go_to_dlq(kafka, shared, uni
     assert _metric(shared["port"], "obshub_streams_dlq_total") >= 4
 
 
-def test_host_that_stops_sending_closes_by_window_and_is_missing(kafka, shared, unique):
+def test_host_that_stops_sending_closes_by_window_and_is_missing(kafka, short, unique):
     scn = synthetic.Scenario(job=f"stop-{unique}", hosts=4, steps=8, stop_host=3, stop_after=3)
-    testkit.publish(kafka, shared["topics"].events, synthetic.generate(scn))
-    got = {s["step"]: s for s in _by_job(kafka, shared["topics"].steps, scn.job, 8)}
+    testkit.publish(kafka, short["topics"].events, synthetic.generate(scn))
+    got = {s["step"]: s for s in _by_job(kafka, short["topics"].steps, scn.job, 8)}
     assert sorted(got) == list(range(8))
     for step, s in got.items():
         if step <= 3:
@@ -143,12 +162,12 @@ def test_host_that_stops_sending_closes_by_window_and_is_missing(kafka, shared, 
             assert s["expected_hosts"] == ["node0", "node1", "node2", "node3"]
 
 
-def test_single_event_window_closes_without_more_input(kafka, shared, unique):
+def test_single_event_window_closes_without_more_input(kafka, short, unique):
     job = f"one-{unique}"
     b = Batch(job, "solo", 9, f"{job}/solo", 0, [Event(int(Kind.STEP_BEGIN), 5_000, step=3, value=3)],
               Clock(1_000, 50, 0), 1)
-    testkit.publish(kafka, shared["topics"].events, [(b"solo", b)])
-    got = _by_job(kafka, shared["topics"].steps, job, 1, timeout_s=60)
+    testkit.publish(kafka, short["topics"].events, [(b"solo", b)])
+    got = _by_job(kafka, short["topics"].steps, job, 1, timeout_s=60)
     assert len(got) == 1
     s = got[0]
     assert (s["step"], s["closed_by"], s["hosts"], s["straggler"]) == (3, "window", ["solo"], None)
@@ -190,14 +209,20 @@ def test_two_workers_give_identical_summaries(kafka, tmp_path, unique):
     topics = testkit.make_topics(kafka, tag, partitions=4)
     scn = synthetic.Scenario(job=f"strag-{unique}", hosts=4, steps=50, straggler=1,
                              guilty_steps=(3, 19, 20, 44), guilty_layer="memory", seed=5)
-    ws = [testkit.Worker(topics, f"{tag}-app", 200 + i, tmp_path / f"w{i}.log", window_s=10.0) for i in range(2)]
+    ws = [testkit.Worker(topics, f"{tag}-app", 200 + i, tmp_path / f"w{i}.log", window_s=60.0) for i in range(2)]
     try:
         for w in ws:
             w.wait_ready()
         _wait_group_members(kafka, f"{tag}-app", 2)
+        deadline = time.monotonic() + 60
+        while not all(w.settled() for w in ws) and time.monotonic() < deadline:
+            time.sleep(0.2)
         testkit.publish(kafka, topics.events, synthetic.generate(scn))
         got = _by_job(kafka, topics.steps, scn.job, 50)
         assert sorted(s["step"] for s in got) == list(range(50)), "exactly one summary per step"
+        partial = [(s["step"], s["closed_by"], s["hosts"], s["quality"]) for s in got
+                   if len(s["hosts"]) < 4 or s["quality"]["lost_batches"]]
+        assert not partial, f"steps joined without every host: {partial}"
         assert {s["step"]: _view(s) for s in got} == _reference(scn)
         assert _wait_group_members(kafka, f"{tag}-app", 2) == 2, "both workers stayed in the group"
     finally:
