@@ -34,8 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -70,12 +70,10 @@ def measured_inputs() -> dict:
     """E, W, C, T_toy from the latest results, each with where it came from."""
     out = {k: (v, "default (not measured yet)") for k, v in DEFAULTS.items()}
     to = _load("training_overhead")
-    steps, stopped = to.get("steps"), (to.get("agent") or {}).get("stopped") or []
-    counts = [int(m.group(1)) for s in stopped for m in [re.search(r"(\d+) events", s or "")] if m]
-    if steps and counts:
-        e = sorted(counts)[len(counts) // 2] / (steps * 2)
-        out["E"] = (e, f"training_overhead: agent saw {sorted(counts)[len(counts) // 2]:,} events over {steps} steps x 2 "
-                       f"ranks (start-up included)")
+    per = [x for x in (to.get("agent") or {}).get("steady_events_per_rank_step") or [] if x is not None]
+    if per:
+        out["E"] = (statistics.median(per), f"training_overhead: agent events per rank per step after warm-up, "
+                                            f"every probe attached, median of {len(per)} runs")
     plain = (to.get("samples_ms") or {}).get("A plain")
     if plain:
         med = sorted(plain)[len(plain) // 2] / 1000

@@ -24,13 +24,17 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import common
 from bench.broker import bpf_unavailable, free_port, obshub_cmd, private_stack, stop_group
 
 ROUNDS = 3             # interleaved rounds (each runs A, B, C, D once)
-STEPS = 80             # training steps per run
+STEPS = 60             # training steps per run
 WARMUP = 8             # first steps of each rank left out (allocator, gloo connections, DDP buckets)
 QUICK_ROUNDS, QUICK_STEPS, QUICK_WARMUP = 1, 15, 3
 TARGET_RATIO = 1.01    # obshub run + agent within 1 % of plain
@@ -39,33 +43,46 @@ WORKLOAD = ["-m", "obshub.workloads.ddp_train"]
 PROFILED = ["-m", "bench.profiled_train"]
 
 
-def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, env_extra: dict | None = None) -> dict:
+def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, on_warm=None) -> dict:
     """Start 2 ranks of ``prefix + [python] + module + --steps N`` with the torch.distributed environment,
-    wait for both. Returns ``{"median_ms", "steps": [(rank, step, ms)], "wall_s"}``. Raises RuntimeError
-    with the output tail when a rank fails or prints no step line."""
+    wait for both. ``on_warm()`` is called once, when rank 0 prints step ``warmup`` (the steady state
+    begins). Returns ``{"median_ms", "steps": [(rank, step, ms)], "wall_s"}``. Raises RuntimeError with
+    the output tail when a rank fails or prints no step line."""
     port = free_port()
     procs = []
     t0 = time.monotonic()
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", **(env_extra or {})}
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen([*prefix, sys.executable, *module, "--steps", str(steps)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
-    outs = []
+    outs: list[list[str]] = [[], []]
+    errs: list[str] = ["", ""]
+
+    def read(i: int) -> None:
+        for line in procs[i].stdout:
+            outs[i].append(line)
+            if i == 0 and on_warm is not None and line.startswith(f"step {warmup} "):
+                on_warm()
+        errs[i] = procs[i].stderr.read()
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in (0, 1)]
+    for r in readers:
+        r.start()
     try:
-        for p in procs:
-            out, err = p.communicate(timeout=600)
-            outs.append((p.returncode, out, err))
+        for p, r in zip(procs, readers):
+            p.wait(timeout=600)
+            r.join(30)
     finally:
         for p in procs:
             stop_group(p, 5)
     wall = time.monotonic() - t0
     times = []
-    for rc, out, err in outs:
-        if rc != 0:
-            raise RuntimeError(f"a rank of {' '.join(prefix + module)} exited with {rc}:\n{err[-2000:]}")
-        times += [(int(r), int(s), float(ms)) for s, r, ms in STEP_LINE.findall(out) if int(s) >= warmup]
+    for p, out, err in zip(procs, outs, errs):
+        if p.returncode != 0:
+            raise RuntimeError(f"a rank of {' '.join(prefix + module)} exited with {p.returncode}:\n{err[-2000:]}")
+        times += [(int(r), int(s), float(ms)) for s, r, ms in STEP_LINE.findall("".join(out)) if int(s) >= warmup]
     if not times:
         raise RuntimeError(f"no step lines after warm-up from {' '.join(prefix + module)}")
     return {"median_ms": statistics.median(t[2] for t in times), "steps": times, "wall_s": wall}
@@ -96,9 +113,6 @@ class AgentRun:
 
     def kinds(self) -> dict[str, int]:
         """Events read so far per kind (the agent's ``obshub_agent_events_total{kind}``)."""
-        import httpx
-        from prometheus_client.parser import text_string_to_metric_families
-
         out: dict[str, int] = {}
         try:
             text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
@@ -130,13 +144,21 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         def sample(name: str, prefix: list[str], module: list[str], with_agent: bool = False):
             def fn() -> float:
                 agent = AgentRun("bench-overhead") if with_agent else None
+                warm: dict = {}
                 try:
-                    res = run_ranks(prefix, module, steps, warmup)
+                    res = run_ranks(prefix, module, steps, warmup,
+                                    on_warm=(lambda: warm.update(agent.kinds())) if agent else None)
                 finally:
                     if agent is not None:
                         agent_info["stopped"].append(agent.stop())
                         agent_info["probe_table"] = agent.table
                         agent_info.setdefault("kinds", []).append(agent.last_kinds)
+                        agent_info.setdefault("kinds_at_warm", []).append(warm)
+                        steady = {k: v - warm.get(k, 0) for k, v in agent.last_kinds.items()}
+                        rank_steps = steady.get("STEP_END") or (steps - warmup) * 2   # steps the delta covers
+                        agent_info.setdefault("steady_events_per_rank_step", []).append(
+                            sum(steady.values()) / rank_steps if warm else None)
+                        agent_info.setdefault("steady_kinds", []).append(steady if warm else {})
                 runs.setdefault(name, []).append({k: v for k, v in res.items() if k != "steps"})
                 return res["median_ms"]
             return fn
@@ -162,6 +184,12 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         k = agent_info["kinds"][-1]
         common.console.print("agent events by kind (last C run, start-up included): "
                              + ", ".join(f"{n} {v:,}" for n, v in sorted(k.items(), key=lambda x: -x[1])))
+        st = agent_info["steady_kinds"][-1]
+        per = [x for x in agent_info["steady_events_per_rank_step"] if x is not None]
+        if per:
+            common.console.print(f"steady state (after rank 0's step {warmup}; per rank-step = per STEP_END): "
+                                 f"{statistics.median(per):,.1f} events per rank per step; " + ", ".join(f"{n} {v:,}" for n, v in sorted(st.items(), key=lambda x: -x[1])
+                                                            if v))
     base = series["A plain"].median
     c_name = "C obshub run + agent" if "C obshub run + agent" in series else "B obshub run"
     ratio = series[c_name].median / base
