@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespac
 def run_demo(tmp_path, *args: str) -> tuple[int, dict, str]:
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault-host", "1",
-                           "--duration", "22", "--fault-at", "8", "--settle", "5", "--json", str(out), *args],
-                          capture_output=True, text=True, timeout=400)
+                           "--duration", "22", "--fault-at", "8", "--settle", "5", "--json", str(out),
+                           "--lock-wait", "300", *args],
+                          capture_output=True, text=True, timeout=580)
     assert out.exists(), proc.stderr[-3000:]
     return proc.returncode, json.loads(out.read_text()), proc.stderr
 

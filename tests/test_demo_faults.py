@@ -63,7 +63,7 @@ class Training:
 
 @pytest.fixture(scope="module")
 def training():
-    with Cluster(HOSTS) as c:
+    with Cluster(HOSTS, lock_wait_s=500) as c:  # wait for another demo on this machine
         t = Training(c)
         t.wait_steps(5)
         yield c, t

@@ -72,9 +72,11 @@ def _sigterm(*_):
               help="write the report (or the matrix) as JSON here ('-' = stdout)")
 @click.option("--matrix", is_flag=True, help="run every fault kind plus none on --fault-host")
 @click.option("--keep-stack", is_flag=True, help="leave the Kafka broker running at the end")
+@click.option("--lock-wait", type=float, default=0.0, show_default=True,
+              help="seconds to wait for another demo on this machine to finish (the namespaces are global)")
 @click.option("--cleanup", is_flag=True, help="only remove leftovers of a previous run, then exit")
 def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, params, hidden, step_sleep_ms, json_path, matrix,
-                 keep_stack, cleanup):
+                 keep_stack, lock_wait, cleanup):
     """Simulate a multi-host training cluster on this machine, inject a real fault on one host, and
     check that obshub names the host and the layer.
 
@@ -87,7 +89,7 @@ def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, pa
     settings = load_settings()
     console = Console(stderr=True, highlight=False)
     if cleanup:
-        c = cluster_mod.Cluster(2, progress=lambda m: console.print(f"demo: {m}"))
+        c = cluster_mod.Cluster(2, progress=lambda m: console.print(f"demo: {m}"), lock_wait_s=lock_wait)
         c.lock()
         try:
             removed = cluster_mod.sweep(progress=lambda m: console.print(f"demo: {m}"))
@@ -97,7 +99,8 @@ def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, pa
         return
     opts = DemoOptions(hosts=hosts, fault=fault, fault_host=fault_host, fault_at_s=fault_at,
                        duration_s=duration, steps=steps, settle_s=settle, hidden=hidden, step_sleep_ms=step_sleep_ms,
-                       fault_params=_params(params), keep_stack=keep_stack)
+                       fault_params=_params(params), keep_stack=keep_stack,
+                       lock_wait_s=lock_wait)
     opts.check()
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
@@ -140,8 +143,10 @@ def _print_matrix(console: Console, rows: list[dict]) -> None:
     for r in rows:
         ttd = f"{r['ttd_s']:.2f} s" if r["ttd_s"] is not None else "-"
         t.add_row(r["fault"], r["host"], r["detected_host"], r["layer"], ttd, str(r["wrong_alerts"]),
-                  "[green]pass[/green]" if r["ok"] else f"[red]fail[/red] {r['reason'][:60]}")
+                  "[green]pass[/green]" if r["ok"] else "[red]fail[/red]")
     console.print(t)
+    for r in rows:
+        console.print(f"  {r['fault']}: {r['reason']}")
 
 
 __all__ = ["demo_command", "matrix_row", "DemoError"]

@@ -207,29 +207,41 @@ class Cluster:
     also use their own names, which this class does not support, so it is the global one by default.
     """
 
-    def __init__(self, hosts: int = 4, *, state_dir: Path = STATE_DIR, progress: Progress = _quiet):
+    def __init__(self, hosts: int = 4, *, state_dir: Path = STATE_DIR, progress: Progress = _quiet,
+                 lock_wait_s: float = 0.0):
         if not 1 <= hosts <= 200:
             raise ClusterError(f"--hosts {hosts} is outside 1..200", "use between 2 and 8 hosts")
         self.hosts = [Host(i) for i in range(hosts)]
         self.state_dir = state_dir
         self.state_file = state_dir / "state.json"
         self.progress = progress
+        self.lock_wait_s = lock_wait_s
         self._lock_fd: int | None = None
         self._state: dict = {"pid": os.getpid(), "netns": [], "links": [], "cgroups": [], "pids": [],
                              "paths": []}
 
     # lock ---------------------------------------------------------------------------------------------
-    def lock(self) -> None:
-        """Take the machine-wide demo lock. Raises DemoBusyError when another live demo holds it."""
+    def lock(self, wait_s: float | None = None) -> None:
+        """Take the machine-wide demo lock, waiting up to ``wait_s`` seconds (default: the constructor's
+        ``lock_wait_s``) for another demo to finish. Raises DemoBusyError when it is still held."""
+        wait_s = self.lock_wait_s if wait_s is None else wait_s
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.state_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise DemoBusyError(f"another obshub demo (pid {holder}) is using the cluster namespaces",
-                                "wait for it to finish, or stop it with Ctrl-C") from None
+        deadline, told = time.monotonic() + wait_s, False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise DemoBusyError(f"another obshub demo (pid {holder}) is using the cluster namespaces",
+                                        "wait for it to finish (--lock-wait SECONDS), or stop it") from None
+                if not told:
+                    self.progress(f"waiting up to {wait_s:.0f} s for another demo (pid {holder}) to finish")
+                    told = True
+                time.sleep(1.0)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd

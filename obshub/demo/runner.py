@@ -64,6 +64,7 @@ class DemoOptions:
     fault_params: dict = field(default_factory=dict)
     keep_stack: bool = False
     ready_timeout_s: float = 300.0
+    lock_wait_s: float = 0.0
 
     def check(self) -> None:
         """Raise DemoError for inconsistent options."""
@@ -200,7 +201,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
              + (f" on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s" if opts.fault != "none" else "")
              + f"; logs in {out_dir}")
     with contextlib.ExitStack() as es:
-        cluster = es.enter_context(Cluster(opts.hosts, progress=view.say))
+        cluster = es.enter_context(Cluster(opts.hosts, progress=view.say, lock_wait_s=opts.lock_wait_s))
         was_up = stack.broker_pid(settings) is not None
         stack.up(settings, progress=view.say)
         if not was_up and not opts.keep_stack:
