@@ -1,6 +1,13 @@
-"""The probe catalogue: every probe obshub can attach, its layer, C file, attach points, and what the
-kernel (or the target's libraries) must offer for it. Pure data plus the look-ups that decide whether an
-attach point exists here (tracefs formats, ELF symbols); the loader (producer/loader.py) attaches.
+"""The probe catalogue and the agent's event-source interface.
+
+- the catalogue: every probe obshub can attach, its layer, C file, attach points, and what the kernel (or
+  the target's libraries) must offer for it;
+- the interface fixed by the lead: :class:`EventSource`, :class:`ProbeStatus`, :class:`Target`,
+  :class:`ProbeOptions` (``BpfEventSource`` lives in producer/loader.py and is importable from here);
+- the look-ups that decide whether an attach point exists here (tracefs formats, ELF symbols, USDT notes)
+  and which processes a target names (cgroup.procs, cgroup v2 ids, threads, TCP ports, mapped libraries).
+
+The loader (producer/loader.py) compiles and attaches; nothing here loads BPF.
 
 Shapes
 ------
