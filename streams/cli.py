@@ -181,7 +181,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
                 sys.stdout.write(json.dumps(s, sort_keys=True) + "\n")
                 sys.stdout.flush()
             else:
-                console.print(_line(s))
+                console.print(_line(s), soft_wrap=True)
             n += 1
             if count and n >= count:
                 break

@@ -317,3 +317,25 @@ def test_sigkill_mid_run_and_restart_summarises_every_step_once(kafka, tmp_path,
         assert s["closed_by"] == "complete" and s["hosts"] == ["node0", "node1", "node2", "node3"]
         assert s["quality"] == {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0, "ringbuf_lost": 0}
     assert {s["step"]: _view(s) for s in got} == _reference(scn)
+
+
+def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
+    import json
+    import subprocess
+    import sys
+
+    topics = testkit.make_topics(kafka, f"tail-{unique}", partitions=1)
+    scn = synthetic.Scenario(job=f"tail-{unique}", hosts=3, steps=4, straggler=1, guilty_steps=(2,),
+                             guilty_layer="sched")
+    sums = [s for (_j, _st), s in sorted(offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items())]
+    ordered = sums[:3] + [sums[2]] + sums[3:]  # step 2 twice, before step 3
+    items = [(scn.job.encode(), json.dumps(s).encode()) for s in ordered]
+    testkit.publish(kafka, topics.steps, items)
+    base = [sys.executable, "-m", "obshub.cli", "tail", "steps", "--topic", topics.steps, "--from-beginning",
+            "--timeout-s", "20"]
+    out = subprocess.run(base + ["--json", "--count", "4"], capture_output=True, text=True, timeout=60,
+                         cwd=testkit.REPO).stdout.splitlines()
+    assert [json.loads(x)["step"] for x in out] == [0, 1, 2, 3], "the repeated (job, step) is printed once"
+    text = subprocess.run(base + ["--count", "4"], capture_output=True, text=True, timeout=60,
+                          cwd=testkit.REPO).stdout.splitlines()
+    assert len(text) == 4 and "straggler node1" in text[2] and "blame sched" in text[2] and "clean" in text[0]
