@@ -54,7 +54,8 @@ def _selected(options: ProbeOptions) -> list[cat.Probe]:
     unknown = want - set(cat.PROBES_BY_NAME) - {layer.value for layer in Layer}
     if unknown:
         raise ProbeError(f"Failed to select probes: unknown name(s) {sorted(unknown)}",
-                         hint=f"use probe names ({', '.join(cat.PROBES_BY_NAME)}) or layer names")
+                         hint="use layer names (" + ", ".join(sorted({p.layer.value for p in cat.PROBES}))
+                         + ") or probe names (`obshub probes` lists them)")
     return [p for p in cat.PROBES if p.name in want or p.layer.value in want]
 
 

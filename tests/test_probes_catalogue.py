@@ -207,3 +207,23 @@ def test_target_cgroup_must_exist(tmp_path):
     (tmp_path / "cg" / "cgroup.procs").write_text("11\n12\n")
     (tmp_path / "cg" / "child" / "cgroup.procs").write_text("13\n")
     assert cat.cgroup_procs(tmp_path / "cg") == {11, 12, 13}
+
+
+def test_probes_cli_table_and_thresholds():
+    import json
+
+    from click.testing import CliRunner
+
+    from obshub.cli import cli
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["probes", "--json", "--probes", "network,pcie"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in json.loads(res.output)}
+    assert set(rows) == {p.name for p in cat.PROBES if p.layer.value in ("network", "pcie")}
+    assert all(r["attached"] == (r["reason"].startswith("available")) for r in rows.values())
+    res = runner.invoke(cli, ["probes", "--thresholds", "--json"])
+    assert {r["name"]: r["default"] for r in json.loads(res.output)}["rdma_latency_ns"] == 20_000
+    res = runner.invoke(cli, ["probes", "--probes", "nope"])  # main() prints it as error:/hint:
+    assert isinstance(res.exception, ProbeError) and "unknown name(s) ['nope']" in str(res.exception)
+    assert "obshub probes --load" in runner.invoke(cli, ["probes", "--help"]).output
