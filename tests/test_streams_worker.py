@@ -17,7 +17,7 @@ import httpx
 import msgpack
 import pytest
 
-from obshub import schema
+from obshub import schema, stack
 from obshub.schema import Batch, Clock, Event, Kind
 from streams import offline, synthetic, testkit
 
@@ -100,6 +100,8 @@ def test_straggler_and_guilty_layer_named_exactly(kafka, shared, unique):
     got = _by_job(kafka, shared["topics"].steps, scn.job, 50)
     steps = [s["step"] for s in got]
     assert sorted(steps) == list(range(50)), "exactly one summary per step"
+    comps = {c["name"]: c for c in stack.components(kafka)}
+    assert comps["streams-101"]["running"] and comps["streams-101"]["output"] == shared["topics"].steps
     truth = synthetic.expected(scn)
     for s in got:
         assert set(s) == set(schema.STEP_SUMMARY_FIELDS)
@@ -160,6 +162,18 @@ def test_host_that_stops_sending_closes_by_window_and_is_missing(kafka, short, u
             assert s["closed_by"] == "window" and s["missing_hosts"] == ["node3"]
             assert s["hosts"] == ["node0", "node1", "node2"]
             assert s["expected_hosts"] == ["node0", "node1", "node2", "node3"]
+    # the silent host comes back with step 5 after that step closed: counted late, not mixed in
+    late0 = _metric(short["port"], "obshub_streams_late_events_total")
+    full = synthetic.generate(synthetic.Scenario(job=scn.job, hosts=4, steps=8))
+    key, late = next((k, b) for k, b in full if b.host == "node3" and b.events[0].step == 5)
+    testkit.publish(kafka, short["topics"].events, [(key, late)])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _metric(short["port"], "obshub_streams_late_events_total") == late0:
+        time.sleep(0.2)
+    assert _metric(short["port"], "obshub_streams_late_events_total") - late0 == len(late.events)
+    time.sleep(1.0)
+    again = _by_job(kafka, short["topics"].steps, scn.job, 8)
+    assert len(again) == 8, "no second summary for the closed step"
 
 
 def test_single_event_window_closes_without_more_input(kafka, short, unique):
