@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -29,7 +30,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import common, loadgen
-from bench.broker import free_port, private_stack
+from bench.broker import cpu_seconds, free_port, private_stack
 from bench.plain_loop import PlainLoop
 from streams import testkit
 
@@ -72,6 +73,7 @@ class FaustRun:
         for w in self.workers:
             w.wait_ready(120)
         time.sleep(3.0 if len(self.workers) > 1 else 1.0)   # let the group settle after the last join
+        cpu0 = sum(cpu_seconds(w.proc.pid) for w in self.workers)
         t0 = time.monotonic()
         testkit.publish(self.settings, self.topics.events, load.messages)
         t_pub = time.monotonic() - t0
@@ -81,9 +83,11 @@ class FaustRun:
             time.sleep(0.2)
             c = worker_counters(self.ports)
         secs = time.monotonic() - t0
+        cpu = sum(cpu_seconds(w.proc.pid) for w in self.workers) - cpu0
         done = c["summaries"] >= load.steps
         return {"events": c["events"], "summaries": c["summaries"], "seconds": secs, "publish_s": t_pub,
-                "complete": done, "events_per_s": load.events / secs if done else c["events"] / secs}
+                "complete": done, "events_per_s": load.events / secs if done else c["events"] / secs,
+                "cpu_s": cpu, "events_per_cpu_s": c["events"] / cpu if cpu > 0 else float("nan")}
 
     def stop(self) -> None:
         for w in self.workers:
@@ -135,6 +139,9 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     common.console.print("events/s per worker (process): " + ", ".join(f"{k}: {v:,.0f}" for k, v in pw.items()))
     plain_rate = series["plain confluent-kafka loop"].median
     one = series["faust, 1 worker"].median
+    cpu_eff = {k: statistics.median(d["events_per_cpu_s"] for d in v) for k, v in details.items()}
+    common.console.print("events per CPU second of the worker process(es) (independent of other load on the box): "
+                         + ", ".join(f"{k}: {v:,.0f}" for k, v in cpu_eff.items()))
     common.verdict(f">= {TARGET_PER_WORKER:,} events/s per Faust worker", one >= TARGET_PER_WORKER,
                    f"1 worker {one:,.0f}/s; 2 workers {pw['faust, 2 workers']:,.0f}/s each "
                    f"(2 cores shared with the broker and the publisher)")
@@ -142,7 +149,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                    f"plain loop {plain_rate:,.0f}/s = {plain_rate / one:.2f}x one Faust worker")
     result = {"rounds": rounds, "hosts": hosts, "steps": steps, "events": load.events, "batches": len(load.messages),
               "bytes": load.bytes, "samples": {k: v.samples for k, v in series.items()}, "per_worker": pw,
-              "details": details, "rev": common.git_rev(),
+              "details": details, "events_per_cpu_s": cpu_eff, "rev": common.git_rev(),
               "targets": {"per_worker": TARGET_PER_WORKER, "vs_plain": TARGET_VS_PLAIN}}
     common.console.print(f"raw results: {common.save('stream_throughput', result)}")
     return result
