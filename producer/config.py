@@ -89,6 +89,7 @@ class KafkaConfig(BaseModel):
             "compression.type": self.compression,
             "linger.ms": self.linger_ms,
             "message.timeout.ms": self.delivery_timeout_ms,
+            "request.timeout.ms": min(30_000, self.delivery_timeout_ms),  # in-flight fails within it too
             "queue.buffering.max.messages": self.queue_max_messages,
             "queue.buffering.max.kbytes": self.queue_max_kbytes,
             "message.max.bytes": 8 * 1024 * 1024,

@@ -19,6 +19,13 @@ pytestmark = pytest.mark.kafka
 OUTAGE_S = 20.0
 
 
+def _diag(a) -> str:
+    t, p = a.transport, a.transport.publisher
+    return (f"state={t.state} outstanding={p.outstanding} replay={[(r.pos, r.ok) for r in t._replay][:5]} "
+            f"replay_failed={t._replay_failed} window={t._window} spool={t.spool.pending_batches} "
+            f"last_error={p.last_error!r} fatal={p.fatal} stats={a.stats()}")
+
+
 @pytest.fixture
 def own_broker(tmp_path_factory):
     """A broker this test may stop and start: Settings of its own home and ports."""
@@ -45,8 +52,8 @@ def test_broker_outage_spools_and_replays_everything_in_order(own_broker, tmp_pa
         assert a.transport.state == SPOOLING
         spooled_during_outage = a.transport.spool.pending_batches
         stack.up(own_broker)
-        wait_for(lambda: a.transport.state == DIRECT and a.transport.spool.pending_batches == 0, 90,
-                 "the spool to be replayed")
+        wait_for(lambda: a.transport.state == DIRECT and a.transport.spool.pending_batches == 0, 150,
+                 "the spool to be replayed", diag=lambda: _diag(a))
     finally:
         rc = run.stop()
     assert rc == 0

@@ -54,14 +54,15 @@ class AgentThread:
         return self.rc
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05) -> None:
-    """Poll ``cond`` until true; fail the test saying ``what`` did not happen in time."""
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05,
+             diag: Callable[[], str] | None = None) -> None:
+    """Poll ``cond`` until true; fail the test saying ``what`` did not happen in time (and ``diag()``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(step_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}" + (f": {diag()}" if diag else ""))
 
 
 def read_batches(bootstrap: str, agent_ids: set[str] | None = None, hosts: set[str] | None = None,
