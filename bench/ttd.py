@@ -102,6 +102,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                                  f"at +{FAULT_AT_S:.0f} s of {DURATION_S:.0f} s[/dim]")
             for attempt in range(3):   # a demo started by someone else between our check and our start
                 wait_for_demo_lock()
+                t0 = time.monotonic()
                 rows = run_matrix(Path(tmp) / f"matrix{r}.json", Path(tmp) / f"matrix{r}.log")
                 if not any("another obshub demo" in x.get("reason", "") for x in rows):
                     break
