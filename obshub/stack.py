@@ -159,6 +159,7 @@ def _server_properties(settings: Settings) -> str:
         "offsets.topic.num.partitions=8",
         "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=1",
         "share.coordinator.state.topic.replication.factor=1",
         "share.coordinator.state.topic.min.isr=1",
         "group.initial.rebalance.delay.ms=0",
@@ -187,7 +188,12 @@ logger.state.level = WARN
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id (URL-safe base64 of 16 random bytes). One that starts with '-' would be read as
+    an option by kafka-storage's argument parser, so those are drawn again."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _classpath(libs: Path) -> str:

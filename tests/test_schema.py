@@ -153,3 +153,11 @@ def test_every_kind_documented():
         assert k in schema.KIND_INFO, k
     # the original design's five stages keep their numbers
     assert [Kind.PYTORCH_OP, Kind.CUDA_LAUNCH, Kind.PAGE_ALLOC, Kind.RDMA_WQE_POST, Kind.RDMA_CQ_DONE] == [1, 2, 3, 4, 5]
+
+
+def test_cluster_ids_never_look_like_options():
+    from obshub import stack
+
+    ids = [stack._cluster_id() for _ in range(2000)]
+    assert not any(i.startswith("-") for i in ids)
+    assert all(len(i) == 22 for i in ids)
