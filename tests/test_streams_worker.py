@@ -225,12 +225,9 @@ def test_two_workers_give_identical_summaries(kafka, tmp_path, unique):
                              guilty_steps=(3, 19, 20, 44), guilty_layer="memory", seed=5)
     ws = [testkit.Worker(topics, f"{tag}-app", 200 + i, tmp_path / f"w{i}.log", window_s=60.0) for i in range(2)]
     try:
-        for w in ws:
-            w.wait_ready()
+        _wait_settled(*ws)
         _wait_group_members(kafka, f"{tag}-app", 2)
-        deadline = time.monotonic() + 60
-        while not all(w.settled() for w in ws) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_settled(*ws)
         testkit.publish(kafka, topics.events, synthetic.generate(scn))
         got = _by_job(kafka, topics.steps, scn.job, 50)
         assert sorted(s["step"] for s in got) == list(range(50)), "exactly one summary per step"
@@ -242,6 +239,17 @@ def test_two_workers_give_identical_summaries(kafka, tmp_path, unique):
     finally:
         for w in ws:
             w.stop()
+
+
+def _wait_settled(*ws: testkit.Worker, timeout_s: float = 90.0) -> None:
+    """Wait until every worker is ready after its latest assignment (docs/STREAMS.md: Faust can skip input
+    that arrives while a worker is still finishing a rebalance or its recovery)."""
+    for w in ws:
+        w.wait_ready(timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while not all(w.settled() for w in ws):
+        assert time.monotonic() < deadline, "workers did not settle"
+        time.sleep(0.2)
 
 
 def _wait_group_members(settings, group: str, n: int, timeout_s: float = 60.0) -> int:
@@ -305,17 +313,17 @@ def test_sigkill_mid_run_and_restart_summarises_every_step_once(kafka, tmp_path,
         w1.kill()  # steps 25..29 are open: only the 'open' changelog holds their first half
     # phase 2: a new worker finishes 25..39 and is killed as soon as they are out (offsets not committed:
     # the next worker replays them, which must neither re-emit nor count duplicates or late events)
-    testkit.publish(kafka, topics.events, second)
     w2 = testkit.Worker(topics, app, 302, tmp_path / "w2.log", window_s=60.0)
     try:
-        w2.wait_ready(timeout_s=90)
+        _wait_settled(w2)
+        testkit.publish(kafka, topics.events, second)
         _by_job(kafka, topics.steps, scn.job, 40, timeout_s=120)
     finally:
         w2.kill()
-    testkit.publish(kafka, topics.events, third)
     w3 = testkit.Worker(topics, app, 303, tmp_path / "w3.log", window_s=60.0)
     try:
-        w3.wait_ready(timeout_s=90)
+        _wait_settled(w3)
+        testkit.publish(kafka, topics.events, third)
         got = _by_job(kafka, topics.steps, scn.job, 50, timeout_s=120)
     finally:
         w3.stop()
