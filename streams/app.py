@@ -173,6 +173,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     jobs_t = app.Table("jobs", partitions=cfg.partitions, **kv)
     closed_t = app.Table("closed", partitions=cfg.partitions, **kv)
     window_ns = int(cfg.window_s * 1e9)
+    rate = {"events": 0}  # events ingested by this process, for the events/s gauge
     th = cfg.thresholds
 
     async def broadcast(job: str, value: dict) -> None:
@@ -224,6 +225,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             m.lost.inc(lost)
         m.batches.inc()
         m.events.inc(len(batch.events))
+        rate["events"] += len(batch.events)
         if batch.sent_ns:
             m.lag_s.set(max(0.0, time.time() - batch.sent_ns / 1e9))
         hosts = accumulate.registrations(batch)
@@ -360,7 +362,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     # 3. processing-time expiry and gauges
     # ---------------------------------------------------------------------------------------------------
     requested: dict[str, int] = {}
-    last = {"t": time.monotonic(), "events": 0.0}
+    last = {"t": time.monotonic(), "events": 0}
     tick_s = max(0.5, min(1.0, cfg.window_s / 4))
 
     @app.timer(tick_s)
@@ -379,7 +381,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
             del requested[key]
         m.open_steps.set(n_open)
-        total = m.events._value.get()
+        total = rate["events"]
         dt = time.monotonic() - last["t"]
         if dt >= 1.0:
             m.events_rate.set((total - last["events"]) / dt)

@@ -45,11 +45,13 @@ def _reference(scn: synthetic.Scenario) -> dict[int, dict]:
 
 
 def _by_job(settings, topic, job, n, timeout_s=90.0) -> list[dict]:
-    """Summaries of ``job`` on ``topic`` once ``n`` of them arrived (plus 1 s to catch duplicates)."""
+    """Summaries of ``job`` on ``topic`` once ``n`` of them arrived, re-read 1.5 s later so that a duplicate
+    written just after the n-th would be seen."""
     def enough(msgs):
         return sum(1 for m in msgs if m.key() == job.encode()) >= n
     msgs = testkit.collect(settings, topic, until=enough, timeout_s=timeout_s)
     if enough(msgs):
+        time.sleep(1.5)
         msgs = testkit.collect(settings, topic, until=lambda ms: len(ms) >= len(msgs), timeout_s=timeout_s)
     return [s for s in testkit.summaries(msgs) if s["job"] == job]
 
