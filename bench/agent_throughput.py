@@ -37,7 +37,7 @@ from bench import common
 from bench.broker import bpf_unavailable, cpu_seconds, free_port, private_stack, stop_group
 
 HERE = Path(__file__).resolve().parent
-LEVELS = (25_000, 50_000, 100_000, 150_000, 200_000, 300_000, 400_000, 600_000, 800_000)
+LEVELS = (25_000, 50_000, 100_000, 150_000, 175_000, 200_000, 250_000, 300_000, 400_000, 600_000)
 QUICK_LEVELS = (10_000, 20_000)
 LEVEL_S = 3.0
 QUICK_LEVEL_S = 1.0

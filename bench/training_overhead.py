@@ -31,10 +31,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench import common
-from bench.broker import bpf_unavailable, free_port, obshub_cmd, private_stack, stop_group
+from bench.broker import bpf_unavailable, cpu_seconds, free_port, obshub_cmd, private_stack, stop_group
+from obshub import stack
 
-ROUNDS = 3             # interleaved rounds (each runs A, B, C, D once)
-STEPS = 60             # training steps per run
+ROUNDS = 4             # interleaved rounds (each runs A, B, C, D once)
+STEPS = 150            # training steps per run
 WARMUP = 8             # first steps of each rank left out (allocator, gloo connections, DDP buckets)
 QUICK_ROUNDS, QUICK_STEPS, QUICK_WARMUP = 1, 15, 3
 TARGET_RATIO = 1.01    # obshub run + agent within 1 % of plain
@@ -86,6 +87,15 @@ def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, on_
     if not times:
         raise RuntimeError(f"no step lines after warm-up from {' '.join(prefix + module)}")
     return {"median_ms": statistics.median(t[2] for t in times), "steps": times, "wall_s": wall}
+
+
+def _cpu_snapshot(agent_pid: int, broker_pid: int | None) -> tuple[float, float, float]:
+    """(monotonic s, agent CPU s, broker CPU s) now."""
+    try:
+        b = cpu_seconds(broker_pid) if broker_pid else 0.0
+    except OSError:
+        b = 0.0
+    return time.monotonic(), cpu_seconds(agent_pid), b
 
 
 class AgentRun:
@@ -140,16 +150,28 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     common.console.rule("[bold]1. training overhead[/bold]: 2-rank gloo DDP, step time in 4 configurations")
     runs: dict[str, list[dict]] = {}
     agent_info: dict = {"probe_table": [], "stopped": []}
-    with private_stack(common.console.print):
+    with private_stack(common.console.print) as settings:
+        broker = stack.broker_pid(settings)
+
         def sample(name: str, prefix: list[str], module: list[str], with_agent: bool = False):
             def fn() -> float:
                 agent = AgentRun("bench-overhead") if with_agent else None
                 warm: dict = {}
+                cpu_warm: list = []
+
+                def on_warm() -> None:
+                    cpu_warm.extend(_cpu_snapshot(agent.proc.pid, broker))
+                    warm.update(agent.kinds())
+
                 try:
-                    res = run_ranks(prefix, module, steps, warmup,
-                                    on_warm=(lambda: warm.update(agent.kinds())) if agent else None)
+                    res = run_ranks(prefix, module, steps, warmup, on_warm=on_warm if agent else None)
                 finally:
                     if agent is not None:
+                        cpu_end = _cpu_snapshot(agent.proc.pid, broker)
+                        if cpu_warm:
+                            dt = cpu_end[0] - cpu_warm[0]
+                            agent_info.setdefault("agent_core_share", []).append((cpu_end[1] - cpu_warm[1]) / dt)
+                            agent_info.setdefault("broker_core_share", []).append((cpu_end[2] - cpu_warm[2]) / dt)
                         agent_info["stopped"].append(agent.stop())
                         agent_info["probe_table"] = agent.table
                         agent_info.setdefault("kinds", []).append(agent.last_kinds)
@@ -191,6 +213,11 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                                  f"{statistics.median(per):,.1f} events per rank per step; " + ", ".join(f"{n} {v:,}" for n, v in sorted(st.items(), key=lambda x: -x[1])
                                                             if v))
     base = series["A plain"].median
+    shares = agent_info.get("agent_core_share") or []
+    if shares:
+        common.console.print(f"during the steady-state steps of C the agent used {statistics.median(shares) * 100:.1f} % "
+                             f"of one core and the broker {statistics.median(agent_info['broker_core_share']) * 100:.1f} % "
+                             f"(medians over the C runs): CPU the 2 ranks lose on this 2-core machine")
     c_name = "C obshub run + agent" if "C obshub run + agent" in series else "B obshub run"
     ratio = series[c_name].median / base
     common.verdict(f"{c_name[2:]} within 1 % of plain", ratio <= TARGET_RATIO,
