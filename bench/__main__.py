@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
             common.console.print(f"[red]{name} failed: {type(exc).__name__}: {exc}[/red]")
             common.console.print(f"[dim]{traceback.format_exc()[-2500:]}[/dim]")
         times[name] = time.monotonic() - t0
+    if not a.quick:
+        from bench import summary
+
+        common.console.rule("[bold]targets at a glance[/bold] (python -m bench.summary)")
+        common.console.print(summary.markdown(), markup=False)
     common.console.print("durations: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
                          + f"; total {time.monotonic() - t_all:.0f} s")
     if failed:

@@ -1,0 +1,88 @@
+"""The targets at a glance, from the latest raw results (bench/results/*.json, or ``$OBSHUB_BENCH_RESULTS``):
+one Markdown table (target, measured, met) for docs/BENCHMARKS.md, so the page states exactly what the
+run measured.
+
+    python -m bench.summary            # Markdown table on stdout
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+from bench import common
+
+
+def _load(name: str) -> dict:
+    try:
+        return json.loads((common.results_dir() / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    """(benchmark, target, measured, met) for every target whose results exist."""
+    out = []
+    to = _load("training_overhead")
+    if to:
+        r = to["ratios"]
+        c = r.get("C obshub run + agent")
+        shares = (to.get("agent") or {}).get("agent_core_share") or []
+        extra = f"; agent {statistics.median(shares) * 100:.1f} % of a core" if shares else ""
+        out.append(("1 training overhead", "obshub run + agent within 1 % of plain",
+                    f"{(c - 1) * 100:+.1f} % (obshub run alone {(r['B obshub run'] - 1) * 100:+.1f} %, torch.profiler "
+                    f"{(r['D torch.profiler (CPU)'] - 1) * 100:+.1f} %; {to['rounds']} rounds x {to['steps']} steps{extra})"
+                    if c else "configuration C not run", "yes" if c and c <= to["target_ratio"] else "no"))
+    at = _load("agent_throughput")
+    if at and "best_rate" in at:
+        out.append(("2 agent throughput", ">= 200,000 events/s per core without loss",
+                    f"{at['best_rate']:,.0f} events/s lossless, {at['cpu_s_per_M']:.2f} CPU s per million events; "
+                    f"lost at 2x: {at['lost_at_2x']:,} of {at['at_2x']['fired']:,}",
+                    "yes" if at["best_rate"] >= at["target"] else "no"))
+    st = _load("stream_throughput")
+    if st:
+        s = {k: statistics.median(v) for k, v in st["samples"].items()}
+        one, plain = s["faust, 1 worker"], s["plain confluent-kafka loop"]
+        cpu = st.get("events_per_cpu_s", {})
+        out.append(("3 stream throughput", ">= 50,000 events/s per worker",
+                    f"1 worker {one:,.0f}/s, 2 workers {st['per_worker']['faust, 2 workers']:,.0f}/s each "
+                    f"({cpu.get('faust, 1 worker', float('nan')):,.0f} events per worker CPU-second)",
+                    "yes" if one >= st["targets"]["per_worker"] else "no"))
+        out.append(("3 stream throughput", "within 3x of a plain confluent-kafka loop",
+                    f"plain loop {plain:,.0f}/s = {plain / one:.2f}x (per CPU-second: "
+                    f"{cpu.get('plain confluent-kafka loop', float('nan')) / cpu.get('faust, 1 worker', float('nan')):.2f}x)",
+                    "yes" if one * st["targets"]["vs_plain"] >= plain else "no"))
+    ru = _load("rules_throughput")
+    if ru:
+        rt = ru.get("rates", {})
+        out.append(("4 rule engine", "(no target) rule evaluations/s, builtin pack",
+                    f"step summaries {rt.get('step summaries: rule evaluations/s', 0):,.0f}/s "
+                    f"({rt.get('step summaries: records/s', 0):,.0f} summaries/s); events a rule reads "
+                    f"{rt.get('events a rule reads: rule evaluations/s', 0):,.0f}/s; kind filter "
+                    f"{rt.get('all events (most skipped by kind): records/s', 0):,.0f} events/s", "-"))
+    td = _load("ttd")
+    if td and "per_kind" in td:
+        parts = [f"{k} {v['median_s']:.2f} s (worst {v['worst_s']:.2f} s)" if v["median_s"] is not None
+                 else f"{k} not detected" for k, v in td["per_kind"].items() if k != "none"]
+        out.append(("5 time to detection", "median < 5 s per fault kind",
+                    f"{'; '.join(parts)} over {td['rounds']} matrix run(s)", "yes" if td["target_met"] else "no"))
+    sc = _load("scale")
+    if sc:
+        rep = sc["replay"]
+        out.append(("6 scale", "128 hosts at the real step rate: consumer lag bounded",
+                    f"{rep['events_per_s']:,.0f} events/s into {rep.get('workers', 1)} worker(s): max backlog "
+                    f"{rep['max_backlog_events']:,.0f} events (bound {rep['bound_events']:,.0f}), "
+                    f"{rep['summaries']:.0f}/{rep['steps']} steps summarised", "yes" if rep["bounded"] else "no"))
+    return out
+
+
+def markdown() -> str:
+    """The Markdown table."""
+    lines = ["| benchmark | target | measured | met |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown() + "\n")
