@@ -222,7 +222,8 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         result.update(best_rate=best_rate, cpu_s_per_M=series["CPU s / M events"].median,
                       lost_at_2x=at2x["lost"], generator_bound=generator_bound)
         common.verdict(f">= {TARGET:,} events/s per core without loss", best_rate >= TARGET,
-                       f"{best_rate:,.0f} events/s, {series['CPU s / M events'].median:.2f} CPU s per million events"
+                       f"{best_rate:,.0f} events/s, {series['CPU s / M events'].median:.2f} CPU s per million events "
+                       f"(CPU-bound ceiling 1e6 / that = {1e6 / series['CPU s / M events'].median:,.0f} events/s)"
                        + (" (bounded by the firehose, not by the agent)" if generator_bound else ""))
     else:
         common.verdict(f">= {TARGET:,} events/s per core without loss", False, "no level was lossless")
