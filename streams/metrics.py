@@ -14,6 +14,7 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_replayed_batches_total``   batches read again after a restart (not counted as duplicates)
 - ``obshub_streams_dlq_total{field}``         messages sent to the DLQ, by offending field
 - ``obshub_streams_summaries_total{closed_by}`` step summaries emitted
+- ``obshub_streams_consumer_skips_total``     input offsets Faust's consumer skipped (see app.SkipDetector)
 - ``obshub_streams_send_errors_total``        produce calls that failed (summaries, internal, changelog)
 """
 
@@ -38,6 +39,8 @@ class WorkerMetrics:
         self.dups = Counter("obshub_streams_duplicate_batches", "duplicate batches dropped", registry=r)
         self.replayed = Counter("obshub_streams_replayed_batches", "batches re-read after a restart", registry=r)
         self.dlq = Counter("obshub_streams_dlq", "messages sent to the DLQ", ["field"], registry=r)
+        self.consumer_skips = Counter("obshub_streams_consumer_skips", "input offsets the consumer skipped",
+                                      registry=r)
         self.send_errors = Counter("obshub_streams_send_errors", "failed produce calls", registry=r)
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
 
