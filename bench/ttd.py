@@ -87,6 +87,23 @@ def run_matrix(out: Path, log: Path) -> list[dict]:
     return json.loads(out.read_text())["matrix"]
 
 
+def scenario_alerts(home: Path, seen: set[str]) -> dict[str, list[str]]:
+    """fault -> ``rule@host/layer`` of every alert that fired in the demo reports under ``home/demo`` not in
+    ``seen`` (report paths; updated)."""
+    out: dict[str, list[str]] = {}
+    for rep in sorted((home / "demo").glob("*/report.json"), key=lambda p: p.stat().st_mtime):
+        if str(rep) in seen:
+            continue
+        seen.add(str(rep))
+        try:
+            d = json.loads(rep.read_text())
+        except (OSError, ValueError):
+            continue
+        out.setdefault(d["scenario"]["fault"], []).extend(
+            f"{a['rule']}@{a['host']}/{a['layer']}" for a in d.get("alerts", []))
+    return out
+
+
 def run(quick: bool = False, rounds: int | None = None) -> dict:
     """Run N matrices, print the per-fault table and verdict, save the JSON. Returns the results dict."""
     rounds = rounds or ROUNDS
@@ -95,7 +112,10 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
         return {"skipped": "not root"}
     matrices: list[list[dict]] = []
-    with private_stack(common.console.print), tempfile.TemporaryDirectory(prefix="obshub-bench-ttd-") as tmp:
+    fired: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    with private_stack(common.console.print) as settings, \
+            tempfile.TemporaryDirectory(prefix="obshub-bench-ttd-") as tmp:
         for r in range(rounds):
             t0 = time.monotonic()
             common.console.print(f"[dim]  matrix {r + 1}/{rounds}: {HOSTS} hosts, fault on node-{FAULT_HOST:02d} "
@@ -107,6 +127,8 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                 if not any("another obshub demo" in x.get("reason", "") for x in rows):
                     break
             matrices.append(rows)
+            for fault, alerts in scenario_alerts(settings.home, seen).items():
+                fired.setdefault(fault, []).extend(alerts)
             common.console.print(f"[dim]  matrix {r + 1}: {time.monotonic() - t0:.0f} s, "
                                  + ", ".join(f"{x['fault']} {'pass' if x['ok'] else 'FAIL'}"
                                              + (f" {x['ttd_s']:.2f} s" if x.get("ttd_s") is not None else "")
@@ -132,12 +154,18 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                   f"{med:.2f}" if med is not None else "-", f"{worst:.2f}" if worst is not None else "-",
                   ", ".join(per_kind[kind]["layers"]), "; ".join(reasons))
     common.console.print(t)
+    for kind in kinds:
+        counts: dict[str, int] = {}
+        for x in fired.get(kind, []):
+            counts[x] = counts.get(x, 0) + 1
+        common.console.print(f"alerts fired, {kind}: " + (", ".join(f"{k}" + (f" x{n}" if n > 1 else "")
+                                                                     for k, n in sorted(counts.items())) or "none"))
     faults = {k: v for k, v in per_kind.items() if k != "none"}
     detail = ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} not detected"
                        for k, v in faults.items())
     common.verdict(f"median time to detection < {TARGET_S:.0f} s for every fault kind", all_ok, detail)
     result = {"rounds": rounds, "hosts": HOSTS, "fault_at_s": FAULT_AT_S, "duration_s": DURATION_S,
-              "settle_s": SETTLE_S, "matrices": matrices, "per_kind": per_kind, "target_s": TARGET_S,
+              "settle_s": SETTLE_S, "matrices": matrices, "per_kind": per_kind, "alerts_fired": fired, "target_s": TARGET_S,
               "target_met": all_ok, "rev": common.git_rev()}
     common.console.print(f"raw results: {common.save('ttd', result)}")
     return result
