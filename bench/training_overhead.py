@@ -8,12 +8,14 @@ C. ``obshub run + agent``: B while ``obshub agent --registered`` runs with every
 D. ``torch.profiler``: the same loop under ``torch.profiler.profile(activities=[CPU])``
    (bench/profiled_train.py).
 
-One sample = the median step time (ms) over both ranks' steps after ``WARMUP`` steps, read from the
-workload's ``step N rank R time_ms T`` lines. The table gives each configuration's median over the rounds,
+Rank r is pinned to CPU r (as a launcher binds ranks on a real node); the agent and the broker are not
+pinned. One sample = the median step time (ms) over both ranks' steps after ``WARMUP`` steps, read from
+the workload's ``step N rank R time_ms T`` lines. The table gives each configuration's median over the rounds,
 the spread, and the ratio to plain. Target: C within 1 % of A.
 
     python -m bench.training_overhead                  # ROUNDS rounds of STEPS steps
     python -m bench.training_overhead --quick          # 1 round of 15 steps (smoke run)
+    python -m bench.training_overhead --breakdown      # + E: the agent with only the USDT probes
 """
 
 from __future__ import annotations
@@ -42,22 +44,25 @@ TARGET_RATIO = 1.01    # obshub run + agent within 1 % of plain
 STEP_LINE = re.compile(r"^step (\d+) rank (\d+) time_ms ([\d.]+)", re.M)
 WORKLOAD = ["-m", "obshub.workloads.ddp_train"]
 PROFILED = ["-m", "bench.profiled_train"]
+E_NAME = "E obshub run + agent, pytorch probes only"
 
 
 def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, on_warm=None) -> dict:
     """Start 2 ranks of ``prefix + [python] + module + --steps N`` with the torch.distributed environment,
-    wait for both. ``on_warm()`` is called once, when rank 0 prints step ``warmup`` (the steady state
+    rank r pinned to CPU r, wait for both. ``on_warm()`` is called once, when rank 0 prints step ``warmup`` (the steady state
     begins). Returns ``{"median_ms", "steps": [(rank, step, ms)], "wall_s"}``. Raises RuntimeError with
     the output tail when a rank fails or prints no step line."""
     port = free_port()
     procs = []
+    cpus = sorted(os.sched_getaffinity(0))   # one rank per CPU, as a launcher binds ranks on a real node
     t0 = time.monotonic()
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        cpu = cpus[rank % len(cpus)]
         procs.append(subprocess.Popen([*prefix, sys.executable, *module, "--steps", str(steps)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      start_new_session=True))
+                                      start_new_session=True, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c})))
     outs: list[list[str]] = [[], []]
     errs: list[str] = ["", ""]
 
@@ -102,10 +107,11 @@ class AgentRun:
     """``obshub agent --registered`` in its own session for one configuration-C sample: started, waited
     on until it printed its probe table (all probes compiled and attached), stopped after the run."""
 
-    def __init__(self, job: str):
+    def __init__(self, job: str, probes: str | None = None):
         self.port = free_port()
         self.proc = subprocess.Popen(obshub_cmd("agent", "--job", job, "--registered", "--host", "bench-node",
-                                                "--metrics-port", str(self.port)),
+                                                "--metrics-port", str(self.port),
+                                                *(["--probes", probes] if probes else [])),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self.table: list[str] = []
@@ -114,6 +120,8 @@ class AgentRun:
             if line.startswith("probe "):
                 started = True
             elif started:
+                if not line.strip() or line.startswith("obshub agent:"):
+                    break
                 self.table.append(line.rstrip())
                 if line.startswith("sysfs_pcie") or len(self.table) >= 64:
                     break
@@ -143,19 +151,23 @@ class AgentRun:
         return rest[-1] if rest else ""
 
 
-def run(quick: bool = False, rounds: int | None = None) -> dict:
-    """Run the benchmark, print the table and the verdict, save the JSON. Returns the results dict."""
+def run(quick: bool = False, rounds: int | None = None, breakdown: bool = False) -> dict:
+    """Run the benchmark, print the table and the verdict, save the JSON. Returns the results dict.
+    ``breakdown`` adds configuration E: the agent with only the PyTorch-layer (USDT) probes, which
+    separates the cost of the in-process probes from the kernel probes'."""
     rounds = rounds or (QUICK_ROUNDS if quick else ROUNDS)
     steps, warmup = (QUICK_STEPS, QUICK_WARMUP) if quick else (STEPS, WARMUP)
     common.console.rule("[bold]1. training overhead[/bold]: 2-rank gloo DDP, step time in 4 configurations")
     runs: dict[str, list[dict]] = {}
-    agent_info: dict = {"probe_table": [], "stopped": []}
+    infos: dict[str, dict] = {}   # configuration -> what its agent runs reported
     with private_stack(common.console.print) as settings:
         broker = stack.broker_pid(settings)
 
-        def sample(name: str, prefix: list[str], module: list[str], with_agent: bool = False):
+        def sample(name: str, prefix: list[str], module: list[str], with_agent: bool = False,
+                   probes: str | None = None):
             def fn() -> float:
-                agent = AgentRun("bench-overhead") if with_agent else None
+                agent = AgentRun("bench-overhead", probes) if with_agent else None
+                agent_info = infos.setdefault(name, {"probe_table": [], "stopped": []})
                 warm: dict = {}
                 cpu_warm: list = []
 
@@ -192,13 +204,17 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
             "C obshub run + agent": sample("C obshub run + agent", run_prefix, WORKLOAD, with_agent=True),
             "D torch.profiler (CPU)": sample("D torch.profiler (CPU)", [], PROFILED),
         }
+        if breakdown:
+            configs[E_NAME] = sample(E_NAME, run_prefix, WORKLOAD, with_agent=True, probes="pytorch")
         no_bpf = bpf_unavailable()
         if no_bpf:
-            common.console.print(f"[yellow]configuration C left out: {no_bpf}[/yellow]")
-            del configs["C obshub run + agent"]
+            common.console.print(f"[yellow]configurations with the agent left out: {no_bpf}[/yellow]")
+            configs.pop("C obshub run + agent")
+            configs.pop(E_NAME, None)
         series = common.interleave(configs, rounds)
     common.console.print(common.table(f"step time, 2 ranks, {steps} steps per run ({warmup} warm-up left out), "
                                       f"{rounds} interleaved rounds", series, "ms", baseline="A plain", fmt="{:.2f}"))
+    agent_info = infos.get("C obshub run + agent", {"probe_table": [], "stopped": []})
     attached = [ln.split()[0] for ln in agent_info["probe_table"] if " attached" in ln]
     common.console.print(f"agent: {len(attached)} probes attached ({', '.join(attached)}); "
                          f"{'; '.join(s for s in agent_info['stopped'] if s)}")
@@ -209,15 +225,17 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         st = agent_info["steady_kinds"][-1]
         per = [x for x in agent_info["steady_events_per_rank_step"] if x is not None]
         if per:
+            kinds = ", ".join(f"{n} {v:,}" for n, v in sorted(st.items(), key=lambda x: -x[1]) if v)
             common.console.print(f"steady state (after rank 0's step {warmup}; per rank-step = per STEP_END): "
-                                 f"{statistics.median(per):,.1f} events per rank per step; " + ", ".join(f"{n} {v:,}" for n, v in sorted(st.items(), key=lambda x: -x[1])
-                                                            if v))
+                                 f"{statistics.median(per):,.1f} events per rank per step; {kinds}")
     base = series["A plain"].median
-    shares = agent_info.get("agent_core_share") or []
-    if shares:
-        common.console.print(f"during the steady-state steps of C the agent used {statistics.median(shares) * 100:.1f} % "
-                             f"of one core and the broker {statistics.median(agent_info['broker_core_share']) * 100:.1f} % "
-                             f"(medians over the C runs): CPU the 2 ranks lose on this 2-core machine")
+    for cname, info in infos.items():
+        shares = info.get("agent_core_share") or []
+        if shares:
+            common.console.print(f"during the steady-state steps of {cname[0]} the agent used "
+                                 f"{statistics.median(shares) * 100:.1f} % of one core and the broker "
+                                 f"{statistics.median(info['broker_core_share']) * 100:.1f} % (medians over the runs): "
+                                 f"CPU the 2 ranks lose on this 2-core machine")
     c_name = "C obshub run + agent" if "C obshub run + agent" in series else "B obshub run"
     ratio = series[c_name].median / base
     common.verdict(f"{c_name[2:]} within 1 % of plain", ratio <= TARGET_RATIO,
@@ -227,8 +245,10 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     result = {"rounds": rounds, "steps": steps, "warmup": warmup, "rev": common.git_rev(),
               "samples_ms": {k: v.samples for k, v in series.items()},
               "ratios": {k: v.median / base for k, v in series.items()}, "runs": runs,
-              "agent": agent_info, "target_ratio": TARGET_RATIO, "target_met": ratio <= TARGET_RATIO}
-    common.console.print(f"raw results: {common.save('training_overhead', result)}")
+              "agent": agent_info, "agent_pytorch_only": infos.get(E_NAME), "target_ratio": TARGET_RATIO,
+              "target_met": ratio <= TARGET_RATIO}
+    name = "training_overhead_breakdown" if breakdown else "training_overhead"
+    common.console.print(f"raw results: {common.save(name, result)}")
     return result
 
 
@@ -238,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 15 steps")
     p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
+    p.add_argument("--breakdown", action="store_true",
+                   help="add configuration E: obshub run + agent with only the pytorch (USDT) probes")
     a = p.parse_args(argv)
-    run(a.quick, a.rounds)
+    run(a.quick, a.rounds, a.breakdown)
     return 0
 
 
