@@ -30,8 +30,10 @@ def run_demo(tmp_path, *args: str) -> tuple[int, dict, str]:
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault-host", "1",
                            "--duration", "22", "--fault-at", "8", "--settle", "5", "--json", str(out),
-                           "--lock-wait", "300", *args],
+                           "--lock-wait", "400", *args],
                           capture_output=True, text=True, timeout=580)
+    if not out.exists() and "another obshub demo" in proc.stderr:
+        pytest.skip("another obshub demo held this machine's demo namespaces for 400 s")
     assert out.exists(), proc.stderr[-3000:]
     return proc.returncode, json.loads(out.read_text()), proc.stderr
 
