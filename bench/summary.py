@@ -30,6 +30,8 @@ def rows() -> list[tuple[str, str, str, str]]:
         c = r.get("C obshub run + agent")
         shares = (to.get("agent") or {}).get("agent_core_share") or []
         extra = f"; agent {statistics.median(shares) * 100:.1f} % of a core" if shares else ""
+        p10 = (to.get("p10_ratios") or {}).get("C obshub run + agent")
+        extra += f"; fastest-10 % steps {(p10 - 1) * 100:+.1f} %" if p10 else ""
         out.append(("1 training overhead", "obshub run + agent within 1 % of plain",
                     f"{(c - 1) * 100:+.1f} % (obshub run alone {(r['B obshub run'] - 1) * 100:+.1f} %, torch.profiler "
                     f"{(r['D torch.profiler (CPU)'] - 1) * 100:+.1f} %; {to['rounds']} rounds x {to['steps']} steps{extra})"
