@@ -76,3 +76,31 @@ def test_cpu_fault(kafka, tmp_path):
     if not v["ok"]:
         pytest.xfail(f"pipeline verdict: {v['reason']}")
     assert v["ttd_s"] is not None and v["first_correct"]["host"] == "node-01"
+
+
+def test_sigterm_during_setup_cleans_up(kafka, tmp_path):
+    """SIGTERM (as Ctrl-C) while the demo is starting its parts: it exits 130 and leaves nothing behind,
+    neither namespaces and cgroups nor the processes it had started."""
+    import signal
+    import time
+
+    from obshub.demo.cluster import cgroup_parent, cgroup_pids
+
+    proc = subprocess.Popen([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault", "none",
+                             "--lock-wait", "400"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started: set[int] = set()
+    deadline = time.monotonic() + 450
+    while time.monotonic() < deadline and proc.poll() is None:
+        started = cgroup_pids(cgroup_parent("cpu") / "pipeline")
+        if started:  # the stream worker runs: the cluster, the receiver and the reader exist too
+            break
+        time.sleep(0.2)
+    if not started and "another obshub demo" in (proc.stderr.read() if proc.poll() is not None else ""):
+        pytest.skip("another obshub demo held this machine's demo namespaces")
+    assert started, "the demo never started its stream worker"
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(120)
+    assert rc == 130, proc.stderr.read()[-2000:]
+    assert leftovers() == {"netns": [], "links": [], "cgroups": []}
+    for pid in started:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
