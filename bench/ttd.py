@@ -145,7 +145,8 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                                              + (f" {x['ttd_s']:.2f} s" if x.get("ttd_s") is not None else "")
                                              for x in rows) + "[/dim]")
     kinds = [row["fault"] for row in matrices[0]]
-    t = Table(title=f"time to detection per fault kind, {rounds} {'run' if quick else 'matrix run'}(s), {HOSTS} hosts",
+    runs_word = "run" if quick else "matrix run"
+    t = Table(title=f"time to detection per fault kind, {rounds} {runs_word}(s), {HOSTS} hosts",
               caption=common.describe_machine())
     for col in ("fault", "runs", "passed", "detected", "median TTD (s)", "worst TTD (s)", "layer named", "failures"):
         t.add_column(col)
