@@ -446,6 +446,14 @@ def _link_exists(name: str) -> bool:
     return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
 
 
+def last_lock_holder(state_dir: Path = STATE_DIR) -> int | None:
+    """The pid that last took the demo lock (it stays written after release), None when unknown."""
+    try:
+        return int((state_dir / "lock").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def _ours(name: str) -> bool:
     """Names this module makes: ``obshub-h<N>`` (namespaces), ``obshub-v<N>`` (veths), ``obshub-br0``.
     Other ``obshub-*`` names (e.g. a probe test's ``obshub-t-...`` namespace) belong to someone else."""
