@@ -60,8 +60,8 @@ def _pin(cpu: int | None):
 
 
 class Counters:
-    """Reads the agent's counters: events read (STEP_BEGIN), in-kernel ring-buffer loss, batches sealed and
-    delivered, and the process's CPU seconds."""
+    """Reads the agent's counters: events read (kind STEP_BEGIN), in-kernel ring-buffer loss, batches sealed
+    and delivered, and the process's CPU seconds."""
 
     def __init__(self, port: int, pid: int):
         self.url, self.pid = f"http://127.0.0.1:{port}/metrics", pid
@@ -73,8 +73,9 @@ class Counters:
                  "obshub_agent_batches": "batches", "obshub_agent_batches_delivered": "delivered"}
         for fam in text_string_to_metric_families(text):
             key = names.get(fam.name)
-            if key:
-                out[key] += sum(s.value for s in fam.samples if s.name.endswith("_total"))
+            if key:   # events: only the firehose's kind (AGENT_LOSS reports are events too)
+                out[key] += sum(s.value for s in fam.samples if s.name.endswith("_total")
+                                and (key != "events" or s.labels.get("kind") == "STEP_BEGIN"))
         out["cpu_s"] = cpu_seconds(self.pid)
         return out
 
