@@ -79,3 +79,24 @@ def test_interleave_and_table_shape():
     con.print(common.table("t", series, "ms", baseline="a"))
     text = con.export_text()
     assert "1.5000" in text and "ratio to a" in text
+
+
+def test_loadgen_batches_are_agent_shaped():
+    from collections import Counter
+
+    from bench import loadgen
+    from obshub import schema
+    from streams import offline
+
+    load = loadgen.build(3, 7, events_per_step=40, steps_per_batch=3)
+    batches = [schema.decode_batch(v) for _k, v in load.messages]   # every message is a valid v1 batch
+    assert sum(len(b.events) for b in batches) == load.events
+    seqs: dict[str, list[int]] = {}
+    for (key, _v), b in zip(load.messages, batches):
+        assert key == b.host.encode()
+        seqs.setdefault(b.agent_id, []).append(b.seq)
+    assert all(s == list(range(len(s))) for s in seqs.values()) and len(seqs) == 3   # contiguous per agent
+    per_host_step = Counter((b.host, e.step) for b in batches for e in b.events if e.step >= 0)
+    assert set(per_host_step.values()) == {40} and len(per_host_step) == 3 * 7
+    summaries = offline.summarize_batches(batches)
+    assert len(summaries) == 7 and all(len(s["hosts"]) == 3 for s in summaries.values())
