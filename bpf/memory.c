@@ -2,6 +2,9 @@
  * watched processes.
  *
  *   vmscan:mm_vmscan_direct_reclaim_begin/_end -> MEM_RECLAIM (duration = stall, value = nr_reclaimed)
+ *   vmscan:mm_vmscan_memcg_reclaim_begin/_end  -> MEM_RECLAIM, payload reclaim = "memcg": the stall of a
+ *                                                 task whose cgroup hit its memory limit (the kernel
+ *                                                 reclaims from the cgroup, not through direct reclaim)
  *   compaction:mm_compaction_begin/_end        -> MEM_COMPACTION (duration = stall, value = status)
  *   kmem:mm_page_alloc                         -> PAGE_ALLOC when order >= OBS_THR_PAGE_ORDER
  *                                                 (value = order, arg0 = gfp flags)
@@ -29,7 +32,9 @@ static __always_inline int obs_stall_begin(int which)
 int obs_reclaim_begin(void *ctx) { return obs_stall_begin(0); }
 int obs_compaction_begin(void *ctx) { return obs_stall_begin(1); }
 
-int obs_reclaim_end(void *ctx)
+/* Emit MEM_RECLAIM for a finished stall of the current thread; `memcg` tells a cgroup-limit reclaim
+ * (arg0 = 1) from a global direct reclaim (arg0 = 0). */
+static __always_inline int obs_reclaim_finish(u64 nr, u64 memcg)
 {
     u32 tid = (u32)bpf_get_current_pid_tgid();
     u64 *begin = reclaim_ts.lookup(&tid);
@@ -39,15 +44,31 @@ int obs_reclaim_end(void *ctx)
     reclaim_ts.delete(&tid);
     if (dur < obs_threshold(OBS_THR_RECLAIM_NS))
         return 0;
-    unsigned long nr = 0;
-    OBS_TP_READ(nr, ctx, TPOFF_MM_VMSCAN_DIRECT_RECLAIM_END_NR_RECLAIMED);
-    struct obs_event *e = obs_reserve_current(OBS_PROBE_MEM_RECLAIM, OBS_KIND_MEM_RECLAIM);
+    struct obs_event *e = obs_reserve_current(memcg ? OBS_PROBE_MEM_MEMCG_RECLAIM : OBS_PROBE_MEM_RECLAIM,
+                                              OBS_KIND_MEM_RECLAIM);
     if (!e)
         return 0;
     e->duration_ns = dur;
     e->value = nr;
+    e->arg0 = memcg;
     obs_submit(e);
     return 0;
+}
+
+int obs_reclaim_end(void *ctx)
+{
+    unsigned long nr = 0;
+    OBS_TP_READ(nr, ctx, TPOFF_MM_VMSCAN_DIRECT_RECLAIM_END_NR_RECLAIMED);
+    return obs_reclaim_finish(nr, 0);
+}
+
+int obs_memcg_reclaim_begin(void *ctx) { return obs_stall_begin(0); }
+
+int obs_memcg_reclaim_end(void *ctx)
+{
+    unsigned long nr = 0;
+    OBS_TP_READ(nr, ctx, TPOFF_MM_VMSCAN_MEMCG_RECLAIM_END_NR_RECLAIMED);
+    return obs_reclaim_finish(nr, 1);
 }
 
 int obs_compaction_end(void *ctx)

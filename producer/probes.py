@@ -218,6 +218,11 @@ def _build() -> tuple[Probe, ...]:
         [Tracepoint("vmscan", "mm_vmscan_direct_reclaim_begin", "obs_reclaim_begin"),
          Tracepoint("vmscan", "mm_vmscan_direct_reclaim_end", "obs_reclaim_end", ("nr_reclaimed",))],
         "tracepoints vmscan:mm_vmscan_direct_reclaim_begin/_end", "per reclaim (rare)", "MEMORY")
+    add("mem_memcg_reclaim", Layer.MEMORY, "memory.c", "tracepoint", [Kind.MEM_RECLAIM],
+        [Tracepoint("vmscan", "mm_vmscan_memcg_reclaim_begin", "obs_memcg_reclaim_begin"),
+         Tracepoint("vmscan", "mm_vmscan_memcg_reclaim_end", "obs_memcg_reclaim_end", ("nr_reclaimed",))],
+        "tracepoints vmscan:mm_vmscan_memcg_reclaim_begin/_end", "per cgroup-limit reclaim", "MEMORY",
+        "reclaim stalls of tasks whose memory cgroup hit its limit (payload reclaim=memcg)")
     add("mem_compaction", Layer.MEMORY, "memory.c", "tracepoint", [Kind.MEM_COMPACTION],
         [Tracepoint("compaction", "mm_compaction_begin", "obs_compaction_begin"),
          Tracepoint("compaction", "mm_compaction_end", "obs_compaction_end", ("status",))],

@@ -95,6 +95,8 @@ class Decoder:
             return {"saddr": saddr, "daddr": daddr, "sport": sport, "dport": dport}
         if kind == Kind.SKB_DROP:
             return {"reason": self.drop_reasons.get(value, str(value))}
+        if kind == Kind.MEM_RECLAIM:
+            return {"reclaim": "memcg" if a0 else "direct"}
         if kind == Kind.PCIE_AER:
             return aer_payload(_cstr(s0), a0, value)
         if kind == Kind.PAGE_ALLOC:
