@@ -15,7 +15,8 @@ the spread, and the ratio to plain. Target: C within 1 % of A.
 
     python -m bench.training_overhead                  # ROUNDS rounds of STEPS steps
     python -m bench.training_overhead --quick          # 1 round of 15 steps (smoke run)
-    python -m bench.training_overhead --breakdown      # + E: the agent with only the USDT probes
+    python -m bench.training_overhead --breakdown pytorch --breakdown pytorch,sched,network
+                                                       # + E1, E2: the agent with only these probes
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ TARGET_RATIO = 1.01    # obshub run + agent within 1 % of plain
 STEP_LINE = re.compile(r"^step (\d+) rank (\d+) time_ms ([\d.]+)", re.M)
 WORKLOAD = ["-m", "obshub.workloads.ddp_train"]
 PROFILED = ["-m", "bench.profiled_train"]
-E_NAME = "E obshub run + agent, pytorch probes only"
 
 
 def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, on_warm=None) -> dict:
@@ -152,10 +152,10 @@ class AgentRun:
         return rest[-1] if rest else ""
 
 
-def run(quick: bool = False, rounds: int | None = None, breakdown: bool = False) -> dict:
+def run(quick: bool = False, rounds: int | None = None, breakdown: tuple[str, ...] = ()) -> dict:
     """Run the benchmark, print the table and the verdict, save the JSON. Returns the results dict.
-    ``breakdown`` adds configuration E: the agent with only the PyTorch-layer (USDT) probes, which
-    separates the cost of the in-process probes from the kernel probes'."""
+    ``breakdown``: probe selections (``obshub agent --probes`` values, e.g. ``"pytorch"``); each adds a
+    configuration E<i> with the agent attaching only those probes, to see which probes cost what."""
     rounds = rounds or (QUICK_ROUNDS if quick else ROUNDS)
     steps, warmup = (QUICK_STEPS, QUICK_WARMUP) if quick else (STEPS, WARMUP)
     common.console.rule("[bold]1. training overhead[/bold]: 2-rank gloo DDP, step time in 4 configurations")
@@ -207,13 +207,15 @@ def run(quick: bool = False, rounds: int | None = None, breakdown: bool = False)
             "C obshub run + agent": sample("C obshub run + agent", run_prefix, WORKLOAD, with_agent=True),
             "D torch.profiler (CPU)": sample("D torch.profiler (CPU)", [], PROFILED),
         }
-        if breakdown:
-            configs[E_NAME] = sample(E_NAME, run_prefix, WORKLOAD, with_agent=True, probes="pytorch")
+        e_names = [f"E{i + 1} obshub run + agent, --probes {sel}" for i, sel in enumerate(breakdown)]
+        for e_name, sel in zip(e_names, breakdown):
+            configs[e_name] = sample(e_name, run_prefix, WORKLOAD, with_agent=True, probes=sel)
         no_bpf = bpf_unavailable()
         if no_bpf:
             common.console.print(f"[yellow]configurations with the agent left out: {no_bpf}[/yellow]")
             configs.pop("C obshub run + agent")
-            configs.pop(E_NAME, None)
+            for e_name in e_names:
+                configs.pop(e_name, None)
         series = common.interleave(configs, rounds)
     common.console.print(common.table(f"step time, 2 ranks, {steps} steps per run ({warmup} warm-up left out), "
                                       f"{rounds} interleaved rounds", series, "ms", baseline="A plain", fmt="{:.2f}"))
@@ -238,7 +240,7 @@ def run(quick: bool = False, rounds: int | None = None, breakdown: bool = False)
     for cname, info in infos.items():
         shares = info.get("agent_core_share") or []
         if shares:
-            common.console.print(f"during the steady-state steps of {cname[0]} the agent used "
+            common.console.print(f"during the steady-state steps of {cname.split()[0]} the agent used "
                                  f"{statistics.median(shares) * 100:.1f} % of one core and the broker "
                                  f"{statistics.median(info['broker_core_share']) * 100:.1f} % (medians over the runs): "
                                  f"CPU the 2 ranks lose on this 2-core machine")
@@ -253,7 +255,8 @@ def run(quick: bool = False, rounds: int | None = None, breakdown: bool = False)
               "ratios": {k: v.median / base for k, v in series.items()}, "runs": runs,
               "p10_ms": {k: v.samples for k, v in p10.items()},
               "p10_ratios": {k: v.median / p10["A plain"].median for k, v in p10.items()},
-              "agent": agent_info, "agent_pytorch_only": infos.get(E_NAME), "target_ratio": TARGET_RATIO,
+              "agent": agent_info, "agent_breakdown": {k: v for k, v in infos.items() if k[0] == "E"},
+              "target_ratio": TARGET_RATIO,
               "target_met": ratio <= TARGET_RATIO}
     name = "training_overhead_breakdown" if breakdown else "training_overhead"
     common.console.print(f"raw results: {common.save(name, result)}")
@@ -266,10 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 15 steps")
     p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
-    p.add_argument("--breakdown", action="store_true",
-                   help="add configuration E: obshub run + agent with only the pytorch (USDT) probes")
+    p.add_argument("--breakdown", action="append", default=[], metavar="PROBES",
+                   help="add a configuration: obshub run + agent with only these probes (names or layers, "
+                        "comma-separated, as obshub agent --probes); repeatable")
     a = p.parse_args(argv)
-    run(a.quick, a.rounds, a.breakdown)
+    run(a.quick, a.rounds, tuple(a.breakdown))
     return 0
 
 
