@@ -10,6 +10,9 @@ inputs, side by side for the two signals the engine reads at volume:
   reads (memory stalls, CUDA synchronize, RDMA completions, ...), replicated with shifted times to at
   least ``READ_EVENTS_MIN`` records so their evaluation cost can be timed.
 
+- ``step summaries of 128 hosts``: one job as wide as the scale target's 128 nodes (5 steps, 1 pass), because
+  rules that iterate over a summary's hosts or collectives (``foreach``) cost more per summary as jobs grow.
+
 Inputs are recorded to a JSON-lines file first and read back, so the engine runs on recorded data, as
 ``obshub rules`` would replay it. One sample = one pass of ``rules.engine.Engine.process`` over all
 records of a signal (``tick`` every 100 records, on record time; alert changes go to a counting
@@ -37,6 +40,8 @@ from streams import offline, synthetic
 
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 HOSTS, STEPS, ROUNDS = 8, 300, 5
+WIDE_HOSTS, WIDE_STEPS = 128, 5             # one job as wide as the scale target's 128 nodes (1 pass)
+QUICK_WIDE_HOSTS, QUICK_WIDE_STEPS = 16, 6
 QUICK_STEPS = 30
 GUILTY_EVERY = 10
 READ_EVENTS_MIN = 2_000      # events of kinds a rule reads, replicated to at least this many for timing
@@ -66,6 +71,20 @@ def record_inputs(path: Path, hosts: int, steps: int) -> dict:
                 f.write(json.dumps({"signal": "events", "record": fields.event_record(b, e)}) + "\n")
                 counts["events"] += 1
     return counts
+
+
+def record_wide(path: Path, hosts: int, steps: int) -> int:
+    """Write the step summaries of one ``hosts``-host job (a sched straggler every 5th step) to ``path``;
+    returns their count. Shows how the per-summary cost grows with the hosts of a job."""
+    load = loadgen.build(hosts, steps, job="bench-wide", guilty_steps=tuple(range(2, steps, 5)))
+    start = synthetic.Scenario().start_ns
+    n = 0
+    with path.open("w") as f:
+        for (_job, step), s in sorted(offline.summarize_batches(schema.decode_batch(v) for _k, v in load.messages).items()):
+            s["closed_at_ns"] = start + int((step + 1) * load.step_ms * 1e6)
+            f.write(json.dumps({"signal": "steps", "record": fields.step_record(s)}) + "\n")
+            n += 1
+    return n
 
 
 def load_inputs(path: Path) -> dict[str, list[dict]]:
@@ -124,18 +143,25 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         counts = record_inputs(path, HOSTS, steps)
         size = path.stat().st_size
         inputs = load_inputs(path)
+        wide_hosts, wide_steps = (QUICK_WIDE_HOSTS, QUICK_WIDE_STEPS) if quick else (WIDE_HOSTS, WIDE_STEPS)
+        record_wide(Path(tmp) / "wide.jsonl", wide_hosts, wide_steps)
+        inputs["wide_steps"] = load_inputs(Path(tmp) / "wide.jsonl")["steps"]
     read = [r for r in inputs["events"] if any(rule.reads("events", r["kind"]) for rule in ruleset.rules.values())]
     inputs["read_events"] = replicate(read, READ_EVENTS_MIN)
-    signal_of = {"steps": "steps", "events": "events", "read_events": "events"}
+    signal_of = {"steps": "steps", "events": "events", "read_events": "events", "wide_steps": "steps"}
     evals = {name: evaluations(ruleset, signal_of[name], recs) for name, recs in inputs.items()}
     common.console.print(f"[dim]  recorded {counts['steps']:,} step summaries and {counts['events']:,} events "
                          f"({size / 1e6:.1f} MB JSON lines); {len(ruleset.rules)} builtin rules; {len(read):,} of the "
                          f"events are of kinds a rule reads (replayed {len(inputs['read_events']) // max(1, len(read))}x "
                          f"with shifted times for timing)[/dim]")
-    labels = {"steps": "step summaries", "events": "all events", "read_events": "events a rule reads"}
+    labels = {"steps": "step summaries", "events": "all events", "read_events": "events a rule reads",
+              "wide_steps": f"step summaries of {wide_hosts} hosts"}
     changes: dict[str, list[int]] = {name: [] for name in labels}
     secs = common.interleave({name: (lambda n=name: one_pass(ruleset, signal_of[n], inputs[n], changes[n]))
-                              for name in labels}, rounds)
+                              for name in labels if name != "wide_steps"}, rounds)
+    # the wide job costs seconds per summary: one pass of a few summaries, not one per round
+    secs.update(common.interleave({"wide_steps": lambda: one_pass(ruleset, "steps", inputs["wide_steps"],
+                                                                 changes["wide_steps"])}, 1))
     rows = {
         "steps evals": common.Series("step summaries: rule evaluations/s", [evals["steps"] / x for x in secs["steps"].samples]),
         "steps records": common.Series("step summaries: records/s", [len(inputs["steps"]) / x for x in secs["steps"].samples]),
@@ -145,12 +171,18 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                                       [len(inputs["read_events"]) / x for x in secs["read_events"].samples]),
         "all records": common.Series("all events (most skipped by kind): records/s",
                                      [len(inputs["events"]) / x for x in secs["events"].samples]),
+        "wide evals": common.Series(f"step summaries of {wide_hosts} hosts: rule evaluations/s",
+                                    [evals["wide_steps"] / x for x in secs["wide_steps"].samples]),
+        "wide records": common.Series(f"step summaries of {wide_hosts} hosts: records/s",
+                                      [len(inputs["wide_steps"]) / x for x in secs["wide_steps"].samples]),
     }
     common.console.print(common.table(f"builtin rule pack ({len(ruleset.rules)} rules), {rounds} interleaved passes "
                                       f"per input", rows, "per s", lower_is_better=False, fmt="{:,.0f}"))
     per_eval_ms = 1000 / rows["steps evals"].median if rows["steps evals"].median else float("nan")
+    wide_ms = 1000 / rows["wide records"].median if rows["wide records"].median else float("nan")
     common.console.print(f"a step summary of {HOSTS} hosts costs {per_eval_ms:.2f} ms per rule evaluation "
                          f"({evals['steps'] / max(1, len(inputs['steps'])):.0f} rules read each summary); "
+                         f"one of {wide_hosts} hosts {wide_ms:.1f} ms for the whole pack; "
                          f"alert state changes per pass: " + ", ".join(f"{labels[k]} {v[0] if v else 0}"
                                                                       for k, v in changes.items()))
     result = {"rounds": rounds, "steps": steps, "counts": counts, "evaluations_per_pass": evals,

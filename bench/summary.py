@@ -62,7 +62,9 @@ def rows() -> list[tuple[str, str, str, str]]:
                     f"step summaries {rt.get('step summaries: rule evaluations/s', 0):,.0f}/s "
                     f"({rt.get('step summaries: records/s', 0):,.0f} summaries/s); events a rule reads "
                     f"{rt.get('events a rule reads: rule evaluations/s', 0):,.0f}/s; kind filter "
-                    f"{rt.get('all events (most skipped by kind): records/s', 0):,.0f} events/s", "-"))
+                    f"{rt.get('all events (most skipped by kind): records/s', 0):,.0f} events/s"
+                    + "".join(f"; {k.split(':')[0]} {1 / v:.2f} s each" for k, v in rt.items()
+                              if k.startswith("step summaries of") and k.endswith("records/s") and v), "-"))
     td = _load("ttd")
     if td and "per_kind" in td:
         parts = [f"{k} {v['median_s']:.2f} s (worst {v['worst_s']:.2f} s)" if v["median_s"] is not None
