@@ -82,6 +82,11 @@ def measured_inputs() -> dict:
     one = (st.get("samples") or {}).get("faust, 1 worker")
     if one:
         out["W"] = (sorted(one)[len(one) // 2], "stream_throughput: 1 Faust worker, median")
+    ru = (_load("rules_throughput").get("rates") or {})
+    wide = [(k.split(":")[0], v) for k, v in ru.items()
+            if k.startswith("step summaries of") and k.endswith("records/s") and v]
+    if wide:   # label "step summaries of N hosts"
+        out["R"] = (1 / wide[0][1], f"rules_throughput: the builtin pack on one of the {wide[0][0][15:]}")
     at = _load("agent_throughput")
     if at.get("cpu_s_per_M"):
         out["C"] = (at["cpu_s_per_M"], "agent_throughput: at the largest lossless rate")
@@ -126,6 +131,9 @@ def print_projection(inputs: dict, b_raw: float, b_lz4: float, rows: list[dict])
     con.print(f"  W = {w:,.0f} events/s per stream worker   ({inputs['W'][1]})")
     con.print(f"  C = {c:.2f} agent CPU s per million events   ({inputs['C'][1]})")
     con.print(f"  T = {inputs['T_toy'][0] * 1000:.0f} ms ({inputs['T_toy'][1]}) and 1 s")
+    if "R" in inputs:
+        con.print(f"  R = {inputs['R'][0]:.2f} s of rule-engine CPU per step summary   ({inputs['R'][1]}): one summary "
+                  f"per job per step, so a job of that width with 1 s steps needs {inputs['R'][0]:.1f} engine cores")
     con.print("[bold]arithmetic[/bold]")
     for r in rows:
         con.print(f"  {r['gpus']:,} GPUs ({r['nodes']:,} nodes), {r['step']}: events/s = {r['gpus']:,} x {e:,.1f} / "
