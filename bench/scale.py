@@ -86,7 +86,7 @@ def measured_inputs() -> dict:
     wide = [(k.split(":")[0], v) for k, v in ru.items()
             if k.startswith("step summaries of") and k.endswith("records/s") and v]
     if wide:   # label "step summaries of N hosts"
-        out["R"] = (1 / wide[0][1], f"rules_throughput: the builtin pack on one of the {wide[0][0][15:]}")
+        out["R"] = (1 / wide[0][1], f"rules_throughput: the builtin pack on one step summary {wide[0][0][15:]}")
     at = _load("agent_throughput")
     if at.get("cpu_s_per_M"):
         out["C"] = (at["cpu_s_per_M"], "agent_throughput: at the largest lossless rate")
