@@ -14,7 +14,12 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "phases": {phase: ns},          # PHASE durations summed per phase
      "layers": {layer: [time_ns, count, max_ns]},
      "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
-     "ringbuf_lost": int}            # AGENT_LOSS values (events the agent's ring buffer dropped)
+     "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
+     "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
+             "pairs": {"<a>|<b>": [rtt_samples, retransmits]}}}   # per connection, a < b (IPv4)
+
+``net`` feeds the connection-based network blame (docs/ANALYSIS.md "Network blame by connection"); an
+accumulator without it (written by an older worker) merges as empty.
 
 What counts as a layer's ``time_ns`` and ``count`` per kind is the table ``KIND_RULES`` below, documented
 with reasons in docs/ANALYSIS.md ("Layer time per kind"). The ``pytorch`` layer's time is not summed
@@ -23,6 +28,8 @@ here: it is the host's compute time, derived at close (see ``analysis.compute_ns
 
 from __future__ import annotations
 
+import bisect
+import ipaddress
 from typing import Callable
 
 from obshub import schema
@@ -89,7 +96,36 @@ STRUCTURAL = {Kind.REGISTER, Kind.STEP_BEGIN, Kind.STEP_END, Kind.COLLECTIVE_BEG
 def new_acc(host: str, host_id: int) -> dict:
     """An empty host accumulator (shape in the module docstring)."""
     return {"host": host, "host_id": host_id, "events": 0, "step_ns": None, "begin_rt": None,
-            "end_rt": None, "unc_ns": 0, "phases": {}, "layers": {}, "colls": {}, "ringbuf_lost": 0}
+            "end_rt": None, "unc_ns": 0, "phases": {}, "layers": {}, "colls": {}, "ringbuf_lost": 0,
+            "net": {"addrs": {}, "pairs": {}}}
+
+
+def ipv4(addr: object) -> str | None:
+    """``addr`` as dotted IPv4 text (an IPv4-mapped IPv6 address such as ``::ffff:a4d:a`` unwrapped), or
+    None when it is not an IPv4 address. Loopback is None (it never crosses a link)."""
+    try:
+        ip = ipaddress.ip_address(str(addr))
+    except ValueError:
+        return None
+    if ip.version == 6:
+        ip = ip.ipv4_mapped
+        if ip is None:
+            return None
+    return None if ip.is_loopback else str(ip)
+
+
+def _add_net(acc: dict, kind: Kind, e: Event) -> None:
+    p = e.payload or {}
+    src, dst = ipv4(p.get("saddr")), ipv4(p.get("daddr"))
+    if src is None or dst is None or src == dst:
+        return
+    net = acc.setdefault("net", {"addrs": {}, "pairs": {}})
+    net["addrs"][src] = 1
+    slot = net["pairs"].setdefault("|".join(sorted((src, dst))), [0, 0])
+    if kind == Kind.TCP_RTT:
+        slot[0] += 1
+    else:
+        slot[1] += max(1, e.value)
 
 
 def coll_key(pg: str, coll_seq: int) -> str:
@@ -118,6 +154,8 @@ def add_event(acc: dict, e: Event, offset_ns: int) -> None:
             c[2], c[3] = rt, e.duration_ns
     elif kind == Kind.AGENT_LOSS:
         acc["ringbuf_lost"] += max(0, e.value)
+    elif kind in (Kind.TCP_RTT, Kind.TCP_RETRANSMIT):
+        _add_net(acc, kind, e)
     if kind == Kind.PHASE:
         ph = str((e.payload or {}).get("phase", "?"))
         acc["phases"][ph] = acc["phases"].get(ph, 0) + e.duration_ns
@@ -134,11 +172,18 @@ def reduce_batch(batch: Batch) -> dict[int, dict]:
     """Reduce a validated batch to ``{step: host accumulator}`` for every step >= 0 its events belong to.
 
     Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
-    outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped.
+    outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped. TCP_RTT and
+    TCP_RETRANSMIT events come from softirq and timer context (no TraceKey, step -1): they are charged to
+    the step of the batch's latest stepped event at or before them (else the first after them), i.e. the
+    step the host was in when the packet went out.
     """
     out: dict[int, dict] = {}
     loose_loss = 0
+    stepped = sorted((e.ts_ns, e.step) for e in batch.events if e.step >= 0)
     for e in batch.events:
+        if e.step < 0 and e.kind in (Kind.TCP_RTT, Kind.TCP_RETRANSMIT) and stepped:
+            # softirq/timer context: no TraceKey. Charge it to the step the host was in at that time.
+            e = e._replace(step=_step_at(stepped, e.ts_ns))
         if e.step < 0:
             if e.kind == Kind.AGENT_LOSS:
                 loose_loss += max(0, e.value)
@@ -151,6 +196,13 @@ def reduce_batch(batch: Batch) -> dict[int, dict]:
     if loose_loss and out:
         out[min(out)]["ringbuf_lost"] += loose_loss
     return out
+
+
+def _step_at(stepped: list[tuple[int, int]], ts_ns: int) -> int:
+    """The step of the latest stepped event at or before ``ts_ns`` in ``stepped`` (sorted ``(ts_ns, step)``),
+    else of the first one after it."""
+    i = bisect.bisect_right(stepped, (ts_ns, 1 << 62))
+    return stepped[i - 1][1] if i else stepped[0][1]
 
 
 def registrations(batch: Batch) -> list[dict]:
@@ -168,7 +220,8 @@ def registrations(batch: Batch) -> list[dict]:
 def merge(into: dict, part: dict) -> dict:
     """Merge host accumulator ``part`` into ``into`` (same host, same step) and return ``into``.
 
-    Sums: events, phases, layer time and count, ring-buffer loss. Maxima: step_ns, layer max, clock
+    Sums: events, phases, layer time and count, ring-buffer loss, per-connection RTT samples and
+    retransmits (addresses: union). Maxima: step_ns, layer max, clock
     uncertainty. Times of one-off events (begin, end, collective arrival) keep the first value seen,
     except that a missing value is filled in.
     """
@@ -193,6 +246,14 @@ def merge(into: dict, part: dict) -> dict:
                 if mine[i] is None:
                     mine[i] = c[i]
     into["ringbuf_lost"] += part["ringbuf_lost"]
+    pnet = part.get("net") or {}
+    if pnet.get("addrs") or pnet.get("pairs"):
+        net = into.setdefault("net", {"addrs": {}, "pairs": {}})
+        net["addrs"].update(pnet.get("addrs") or {})
+        for key, (rtt, rx) in (pnet.get("pairs") or {}).items():
+            slot = net["pairs"].setdefault(key, [0, 0])
+            slot[0] += rtt
+            slot[1] += rx
     return into
 
 

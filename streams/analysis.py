@@ -13,6 +13,9 @@ Every formula here is written out in docs/ANALYSIS.md with its reasons; this doc
 - layer blame for the straggler: per layer ``time_ns`` minus the median of the same layer on its peers,
   the ``pytorch`` layer counting only what the lower layers do not explain; count-only layers
   (retransmits, AER, NIC counters) by count;
+- network blame by connection: per host, the fewest retransmits over its busy connections; a host far
+  above the others is blamed for ``network`` even when it is not the straggler (loss on one link slows
+  every rank alike, so nobody arrives late);
 - baseline: median and p99 (nearest rank) of the job's last ``n`` step times before this step; stall.
 
 All inputs and outputs are JSON-able dicts; nothing here touches Kafka or Faust.
@@ -41,6 +44,8 @@ class Thresholds:
       ``count_min`` and at least ``count_factor`` times the peers' median count.
     - ``baseline_n`` / ``baseline_min_n``: the sliding history length, and how many steps it needs before
       ``stall`` may be true.
+    - ``net_busy_rel``: a connection of a host is busy when it has at least this fraction of the RTT
+      samples of the host's busiest connection (``net_blame``).
     """
 
     straggler_min_ns: int = 2_000_000
@@ -51,6 +56,7 @@ class Thresholds:
     count_factor: float = 2.0
     baseline_n: int = 50
     baseline_min_n: int = 10
+    net_busy_rel: float = 0.25
 
 
 def median_int(values: list[int]) -> int:
@@ -215,12 +221,64 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     return timed + [e for _, e in counted]
 
 
+def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
+    """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one entry
+    ``{host, layer: "network", excess_ns: 0, straggler_ns: 0, peer_median_ns, count, max_ns: 0}``.
+
+    Connections (undirected IPv4 address pairs) are summed over every host's accumulator ``net``: RTT
+    samples (traffic) and retransmits. A host's addresses are the source addresses of its own TCP events.
+    A host's *busy* connections go to another host of the step and carry at least ``net_busy_rel`` of the
+    RTT samples of its busiest one; it needs at least 2. ``score(h)`` = the fewest retransmits over its
+    busy connections: loss on h's link hits all of them, loss elsewhere spares at least one, and a
+    neighbour of the faulty host shares only one bad connection. Blamed: the host with the highest score
+    when it is ``>= count_min`` and ``>= count_factor *`` the median score of the other hosts; ``count`` =
+    its score (a count-blame: ``excess_ns`` 0). Needs >= 3 hosts (with 2, both ends share the one link)."""
+    owner: dict[str, str] = {}
+    pairs: dict[str, list[int]] = {}
+    for host, acc in accs.items():
+        net = acc.get("net") or {}
+        for addr in net.get("addrs") or {}:
+            owner.setdefault(addr, host)
+        for key, (rtt, rx) in (net.get("pairs") or {}).items():
+            slot = pairs.setdefault(key, [0, 0])
+            slot[0] += rtt
+            slot[1] += rx
+    conns: dict[str, list[tuple[int, int]]] = {}
+    for key, (rtt, rx) in pairs.items():
+        a, _, b = key.partition("|")
+        ha, hb = owner.get(a), owner.get(b)
+        if ha is None or hb is None or ha == hb:
+            continue
+        conns.setdefault(ha, []).append((rtt, rx))
+        conns.setdefault(hb, []).append((rtt, rx))
+    score: dict[str, int] = {}
+    for host in accs:
+        cs = conns.get(host, [])
+        top = max((rtt for rtt, _ in cs), default=0)
+        busy = [rx for rtt, rx in cs if top > 0 and rtt >= th.net_busy_rel * top]
+        score[host] = min(busy) if len(busy) >= 2 else 0
+    if len(score) < 3:
+        return []
+    host = min(score, key=lambda h: (-score[h], h))
+    peers = median_int([v for h, v in score.items() if h != host])
+    if score[host] < th.count_min or score[host] < th.count_factor * peers:
+        return []
+    return [{"host": host, "layer": Layer.NETWORK.value, "excess_ns": 0, "straggler_ns": 0,
+             "peer_median_ns": 0, "count": score[host], "max_ns": 0}]
+
+
 def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:
     """``{median_ns, p99_ns, n}`` over the last ``baseline_n`` entries ``[step, step_time_max_ns]`` of the
     job's history with a step number below ``step``."""
     prior = sorted((s, t) for s, t in history if s < step)[-th.baseline_n:]
     times = [t for _s, t in prior]
     return {"median_ns": median_int(times), "p99_ns": p99_int(times), "n": len(times)}
+
+
+def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds) -> list[dict]:
+    """``entries`` plus the connection-based network blame, unless that host already has a network entry."""
+    have = {(e["host"], e["layer"]) for e in entries}
+    return entries + [e for e in net_blame(accs, th) if (e["host"], e["layer"]) not in have]
 
 
 def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: list[str], history: list[list[int]],
@@ -247,7 +305,7 @@ def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: lis
         "step_time_ns": step_time,
         "step_time_max_ns": tmax,
         "straggler": strag,
-        "blame": blame(strag["host"], layers, strag["excess_ns"], th) if strag else [],
+        "blame": _with_net(blame(strag["host"], layers, strag["excess_ns"], th) if strag else [], accs, th),
         "collectives": [{k: c[k] for k in ("pg", "coll_seq", "op", "skew_ns", "uncertainty_ns", "last_host")}
                         for c in colls],
         "layers": layers,

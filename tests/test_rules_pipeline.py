@@ -66,10 +66,12 @@ def test_clean_run_fires_nothing():
     assert run_pack(synthetic.Scenario(job="llm", hosts=4, steps=36)) == []
 
 
-@pytest.mark.parametrize("layer", ["sched", "memory", "network"])
+@pytest.mark.parametrize("layer", ["sched", "memory"])
 def test_short_burst_on_one_host_is_not_a_persistent_straggler(layer):
     """6 guilty steps among 36: the host was the straggler in a minority of its window's steps, so no
-    per-layer straggler rule fires (a one-off burst is what scheduling noise looks like)."""
+    per-layer straggler rule fires (a one-off burst is what scheduling noise looks like). Not for
+    network: steps without any retransmit abstain there (docs/RULES.md), so 6 steps of retransmits on one
+    host and none elsewhere are evidence enough."""
     scn = synthetic.Scenario(job="llm", hosts=4, steps=36, straggler=2, guilty_steps=tuple(range(24, 30)),
                              guilty_layer=layer)
     firing = [a for a in run_pack(scn) if a["labels"].get("category") == "straggler"]

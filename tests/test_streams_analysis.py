@@ -147,3 +147,59 @@ def test_count_only_layer_is_blamed_by_count():
     assert s["straggler"]["host"] == "node0"
     net = [b for b in s["blame"] if b["layer"] == "network"]
     assert net and net[0]["count"] == 12 and net[0]["excess_ns"] == 0
+
+
+def _tcp(kind, ts, src, dst, step=-1, value=1):
+    return Event(kind, ts, duration_ns=50_000 if kind == Kind.TCP_RTT else 0, step=step, value=value,
+                 payload={"saddr": src, "daddr": dst, "sport": 1, "dport": 2})
+
+
+def test_stepless_tcp_events_are_charged_to_the_step_the_host_was_in():
+    """Retransmits fire in softirq/timer context without a TraceKey (step -1): they go to the step of the
+    latest stepped event before them; connections are keyed by the sorted IPv4 pair (mapped IPv6
+    unwrapped), and the host's own addresses are the source addresses."""
+    evs = [
+        _tcp(Kind.TCP_RETRANSMIT, 50, "10.0.0.1", "10.0.0.2"),                  # before any step: first step
+        Event(Kind.STEP_BEGIN, 100, step=1),
+        _tcp(Kind.TCP_RTT, 150, "::ffff:a00:1", "::ffff:a00:2"),
+        _tcp(Kind.TCP_RETRANSMIT, 160, "10.0.0.1", "10.0.0.3", value=2),
+        Event(Kind.STEP_BEGIN, 200, step=2),
+        _tcp(Kind.TCP_RETRANSMIT, 250, "10.0.0.1", "10.0.0.2"),
+        _tcp(Kind.TCP_RTT, 260, "127.0.0.1", "127.0.0.1"),                      # loopback: ignored
+    ]
+    parts = accumulate.reduce_batch(_batch(evs))
+    assert parts[1]["net"] == {"addrs": {"10.0.0.1": 1},
+                               "pairs": {"10.0.0.1|10.0.0.2": [1, 1], "10.0.0.1|10.0.0.3": [0, 2]}}
+    assert parts[2]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1]}
+    merged = accumulate.merge(parts[1], parts[2])
+    assert merged["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [1, 2]
+    old = {k: v for k, v in accumulate.new_acc("h0", 0).items() if k != "net"}   # an older worker's value
+    assert accumulate.merge(old, parts[2])["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1]}
+
+
+def _net_acc(host, addr, pairs):
+    a = accumulate.new_acc(host, 0)
+    a["net"] = {"addrs": {addr: 1}, "pairs": {k: list(v) for k, v in pairs.items()}}
+    return a
+
+
+def test_network_blame_names_the_host_whose_every_connection_retransmits():
+    """A 4-host ring 1-2-3-4-1 with loss on host 2's link: its two connections retransmit, and so does
+    one connection of each neighbour (1 and 3). Summed per host, the neighbour that sends into the drops
+    looks as bad; the fewest retransmits over a host's busy connections names host 2 alone."""
+    ip = {f"n{i}": f"10.0.0.{i}" for i in range(1, 5)}
+    p12, p23, p34, p14 = "10.0.0.1|10.0.0.2", "10.0.0.2|10.0.0.3", "10.0.0.3|10.0.0.4", "10.0.0.1|10.0.0.4"
+    accs = {  # each side reports what it sent: host 3 retransmits a lot towards host 2
+        "n1": _net_acc("n1", ip["n1"], {p12: (10, 4), p14: (10, 1)}),
+        "n2": _net_acc("n2", ip["n2"], {p12: (10, 2), p23: (10, 2)}),
+        "n3": _net_acc("n3", ip["n3"], {p23: (10, 30), p34: (10, 0)}),
+        "n4": _net_acc("n4", ip["n4"], {p34: (10, 1), p14: (10, 0)}),
+    }
+    th = analysis.Thresholds()
+    got = analysis.net_blame(accs, th)
+    assert [(e["host"], e["layer"], e["count"], e["excess_ns"]) for e in got] == [("n2", "network", 6, 0)]
+    # loss spread over the ring (every connection alike): nobody stands out
+    even = {h: _net_acc(h, ip[h], {k: (10, 5) for k in a["net"]["pairs"]}) for h, a in accs.items()}
+    assert analysis.net_blame(even, th) == []
+    # 2 hosts: both ends share the one link, no blame
+    assert analysis.net_blame({"n1": accs["n1"], "n2": accs["n2"]}, th) == []
