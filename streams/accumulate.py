@@ -16,7 +16,7 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
      "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
      "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
-             "pairs": {"<a>|<b>": [rtt_samples, retransmits]}}}   # per connection, a < b (IPv4)
+             "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns]}}}  # per connection, a < b
 
 ``net`` feeds the connection-based network blame (docs/ANALYSIS.md "Network blame by connection"); an
 accumulator without it (written by an older worker) merges as empty.
@@ -121,9 +121,10 @@ def _add_net(acc: dict, kind: Kind, e: Event) -> None:
         return
     net = acc.setdefault("net", {"addrs": {}, "pairs": {}})
     net["addrs"][src] = 1
-    slot = net["pairs"].setdefault("|".join(sorted((src, dst))), [0, 0])
+    slot = net["pairs"].setdefault("|".join(sorted((src, dst))), [0, 0, 0])
     if kind == Kind.TCP_RTT:
         slot[0] += 1
+        slot[2] += max(0, e.duration_ns)
     else:
         slot[1] += max(1, e.value)
 
@@ -250,10 +251,10 @@ def merge(into: dict, part: dict) -> dict:
     if pnet.get("addrs") or pnet.get("pairs"):
         net = into.setdefault("net", {"addrs": {}, "pairs": {}})
         net["addrs"].update(pnet.get("addrs") or {})
-        for key, (rtt, rx) in (pnet.get("pairs") or {}).items():
-            slot = net["pairs"].setdefault(key, [0, 0])
-            slot[0] += rtt
-            slot[1] += rx
+        for key, vals in (pnet.get("pairs") or {}).items():
+            slot = net["pairs"].setdefault(key, [0, 0, 0])
+            for i, v in enumerate(vals[:3]):
+                slot[i] += v
     return into
 
 

@@ -45,7 +45,9 @@ class Thresholds:
     - ``baseline_n`` / ``baseline_min_n``: the sliding history length, and how many steps it needs before
       ``stall`` may be true.
     - ``net_busy_rel``: a connection of a host is busy when it has at least this fraction of the RTT
-      samples of the host's busiest connection (``net_blame``).
+      samples of the host's busiest connection; ``net_rtt_min_ns`` / ``net_rtt_factor``: a host is
+      blamed by RTT when its lowest mean RTT over busy connections is at least this and this many times
+      the other hosts' median (``net_blame``).
     """
 
     straggler_min_ns: int = 2_000_000
@@ -57,6 +59,8 @@ class Thresholds:
     baseline_n: int = 50
     baseline_min_n: int = 10
     net_busy_rel: float = 0.25
+    net_rtt_min_ns: int = 5_000_000
+    net_rtt_factor: float = 3.0
 
 
 def median_int(values: list[int]) -> int:
@@ -223,48 +227,62 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
 
 def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
     """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one entry
-    ``{host, layer: "network", excess_ns: 0, straggler_ns: 0, peer_median_ns, count, max_ns: 0}``.
+    ``{host, layer: "network", excess_ns, straggler_ns, peer_median_ns, count, max_ns: 0}``.
 
     Connections (undirected IPv4 address pairs) are summed over every host's accumulator ``net``: RTT
-    samples (traffic) and retransmits. A host's addresses are the source addresses of its own TCP events.
-    A host's *busy* connections go to another host of the step and carry at least ``net_busy_rel`` of the
-    RTT samples of its busiest one; it needs at least 2. ``score(h)`` = the fewest retransmits over its
-    busy connections: loss on h's link hits all of them, loss elsewhere spares at least one, and a
-    neighbour of the faulty host shares only one bad connection. Blamed: the host with the highest score
-    when it is ``>= count_min`` and ``>= count_factor *`` the median score of the other hosts; ``count`` =
-    its score (a count-blame: ``excess_ns`` 0). Needs >= 3 hosts (with 2, both ends share the one link)."""
+    samples (traffic), retransmits, RTT sum. A host's addresses are the source addresses of its own TCP
+    events. A host's *busy* connections go to another host of the step and carry at least
+    ``net_busy_rel`` of the RTT samples of its busiest one; it needs at least 2. Per host, over its busy
+    connections: ``rx(h)`` = the fewest retransmits and ``rtt(h)`` = the lowest mean RTT (ns). A fault
+    on h's link hits all of its connections; a fault elsewhere spares at least one, and a neighbour of
+    the faulty host shares only one bad connection. Blamed, the host with the highest value:
+
+    - by retransmits (``excess_ns`` 0, ``count`` = rx): ``rx >= count_min`` and ``>= count_factor *``
+      the median rx of the other hosts (loss);
+    - else by RTT (``straggler_ns`` = rtt, ``peer_median_ns`` = the others' median, ``excess_ns`` = the
+      difference, ``count`` = rx): ``rtt >= net_rtt_min_ns`` and ``>= net_rtt_factor *`` that median
+      (a slow or congested link).
+
+    Needs >= 3 hosts (with 2, both ends share the one link)."""
     owner: dict[str, str] = {}
     pairs: dict[str, list[int]] = {}
     for host, acc in accs.items():
         net = acc.get("net") or {}
         for addr in net.get("addrs") or {}:
             owner.setdefault(addr, host)
-        for key, (rtt, rx) in (net.get("pairs") or {}).items():
-            slot = pairs.setdefault(key, [0, 0])
-            slot[0] += rtt
-            slot[1] += rx
-    conns: dict[str, list[tuple[int, int]]] = {}
-    for key, (rtt, rx) in pairs.items():
+        for key, vals in (net.get("pairs") or {}).items():
+            slot = pairs.setdefault(key, [0, 0, 0])
+            for i, v in enumerate(vals[:3]):
+                slot[i] += v
+    conns: dict[str, list[list[int]]] = {}
+    for key, vals in pairs.items():
         a, _, b = key.partition("|")
         ha, hb = owner.get(a), owner.get(b)
         if ha is None or hb is None or ha == hb:
             continue
-        conns.setdefault(ha, []).append((rtt, rx))
-        conns.setdefault(hb, []).append((rtt, rx))
-    score: dict[str, int] = {}
+        conns.setdefault(ha, []).append(vals)
+        conns.setdefault(hb, []).append(vals)
+    rx: dict[str, int] = {}
+    rtt: dict[str, int] = {}
     for host in accs:
         cs = conns.get(host, [])
-        top = max((rtt for rtt, _ in cs), default=0)
-        busy = [rx for rtt, rx in cs if top > 0 and rtt >= th.net_busy_rel * top]
-        score[host] = min(busy) if len(busy) >= 2 else 0
-    if len(score) < 3:
+        top = max((c[0] for c in cs), default=0)
+        busy = [c for c in cs if top > 0 and c[0] >= th.net_busy_rel * top]
+        rx[host] = min(c[1] for c in busy) if len(busy) >= 2 else 0
+        rtt[host] = min(c[2] // c[0] for c in busy) if len(busy) >= 2 else 0
+    if len(accs) < 3:
         return []
-    host = min(score, key=lambda h: (-score[h], h))
-    peers = median_int([v for h, v in score.items() if h != host])
-    if score[host] < th.count_min or score[host] < th.count_factor * peers:
-        return []
-    return [{"host": host, "layer": Layer.NETWORK.value, "excess_ns": 0, "straggler_ns": 0,
-             "peer_median_ns": 0, "count": score[host], "max_ns": 0}]
+    host = min(rx, key=lambda h: (-rx[h], h))
+    peers = median_int([v for h, v in rx.items() if h != host])
+    if rx[host] >= th.count_min and rx[host] >= th.count_factor * peers:
+        return [{"host": host, "layer": Layer.NETWORK.value, "excess_ns": 0, "straggler_ns": 0,
+                 "peer_median_ns": 0, "count": rx[host], "max_ns": 0}]
+    host = min(rtt, key=lambda h: (-rtt[h], h))
+    peers = median_int([v for h, v in rtt.items() if h != host])
+    if rtt[host] >= th.net_rtt_min_ns and rtt[host] >= th.net_rtt_factor * peers:
+        return [{"host": host, "layer": Layer.NETWORK.value, "excess_ns": rtt[host] - peers,
+                 "straggler_ns": rtt[host], "peer_median_ns": peers, "count": rx[host], "max_ns": 0}]
+    return []
 
 
 def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:

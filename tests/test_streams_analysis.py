@@ -169,12 +169,12 @@ def test_stepless_tcp_events_are_charged_to_the_step_the_host_was_in():
     ]
     parts = accumulate.reduce_batch(_batch(evs))
     assert parts[1]["net"] == {"addrs": {"10.0.0.1": 1},
-                               "pairs": {"10.0.0.1|10.0.0.2": [1, 1], "10.0.0.1|10.0.0.3": [0, 2]}}
-    assert parts[2]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1]}
+                               "pairs": {"10.0.0.1|10.0.0.2": [1, 1, 50_000], "10.0.0.1|10.0.0.3": [0, 2, 0]}}
+    assert parts[2]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
     merged = accumulate.merge(parts[1], parts[2])
-    assert merged["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [1, 2]
+    assert merged["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [1, 2, 50_000]
     old = {k: v for k, v in accumulate.new_acc("h0", 0).items() if k != "net"}   # an older worker's value
-    assert accumulate.merge(old, parts[2])["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1]}
+    assert accumulate.merge(old, parts[2])["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
 
 
 def _net_acc(host, addr, pairs):
@@ -203,3 +203,20 @@ def test_network_blame_names_the_host_whose_every_connection_retransmits():
     assert analysis.net_blame(even, th) == []
     # 2 hosts: both ends share the one link, no blame
     assert analysis.net_blame({"n1": accs["n1"], "n2": accs["n2"]}, th) == []
+
+
+def test_network_blame_by_rtt_names_the_host_behind_a_slow_link():
+    """A rate-limited link (net-slow: delay, few drops): both connections of host 2 have a mean RTT of
+    30 ms, every other connection 2 ms; no retransmits. Blamed by RTT, with the RTT as evidence."""
+    ms = 1_000_000
+    p12, p23, p34, p14 = "10.0.0.1|10.0.0.2", "10.0.0.2|10.0.0.3", "10.0.0.3|10.0.0.4", "10.0.0.1|10.0.0.4"
+    slow, fast = (10, 0, 10 * 30 * ms), (10, 0, 10 * 2 * ms)
+    accs = {
+        "n1": _net_acc("n1", "10.0.0.1", {p12: slow, p14: fast}),
+        "n2": _net_acc("n2", "10.0.0.2", {p12: slow, p23: slow}),
+        "n3": _net_acc("n3", "10.0.0.3", {p23: slow, p34: fast}),
+        "n4": _net_acc("n4", "10.0.0.4", {p34: fast, p14: fast}),
+    }
+    got = analysis.net_blame(accs, analysis.Thresholds())
+    assert [(e["host"], e["layer"], e["straggler_ns"], e["peer_median_ns"]) for e in got] == [
+        ("n2", "network", 30 * ms, 2 * ms)]   # mean RTT per sample over both ends
