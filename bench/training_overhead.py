@@ -37,8 +37,8 @@ from bench import common
 from bench.broker import bpf_unavailable, cpu_seconds, free_port, obshub_cmd, private_stack, stop_group
 from obshub import stack
 
-ROUNDS = 4             # interleaved rounds (each runs A, B, C, D once)
-STEPS = 150            # training steps per run
+ROUNDS = 3             # interleaved rounds (each runs A, B, C, D once)
+STEPS = 120            # training steps per run
 WARMUP = 8             # first steps of each rank left out (allocator, gloo connections, DDP buckets)
 QUICK_ROUNDS, QUICK_STEPS, QUICK_WARMUP = 1, 15, 3
 TARGET_RATIO = 1.01    # obshub run + agent within 1 % of plain
