@@ -9,7 +9,7 @@ demo: setup
 	@.venv/bin/obshub demo --hosts 4 --fault net-loss --fault-host 1
 
 test: setup
-	@.venv/bin/python -m pytest -q -ra tests
+	@.venv/bin/python -m pytest -q -ra --durations=15 tests
 
 bench: setup
 	@.venv/bin/python -m bench
