@@ -248,6 +248,7 @@ class RuleService:
     def _publish(self, producer: Producer) -> None:
         for rec in self.outbox:
             CHANGES.labels(rec["rule"], rec["status"]).inc()
+            rec["engine"] = self.group_prefix  # which engine's notify loop delivers it (see run_notify)
             producer.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
             log.info("alert %s %s %s", rec["status"], rec["rule"], rec["labels"])
         self.outbox.clear()
@@ -342,6 +343,10 @@ class RuleService:
                         change = json.loads(m.value())
                     except ValueError:
                         log.warning("skipping undecodable alert change at %s[%d]@%d", m.topic(), m.partition(), m.offset())
+                        self.tracker.ack([token])
+                        continue
+                    if change.get("engine", self.group_prefix) != self.group_prefix:
+                        # another rule engine (its own --group-prefix) shares the topic: it delivers its own
                         self.tracker.ack([token])
                         continue
                     if time.time_ns() - int(change.get("updated_at_ns", 0)) > self.max_replay_age_ns:
