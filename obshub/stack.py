@@ -207,6 +207,18 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def free_port_pair() -> int:
+    """A port p with p and p+1 both free on 127.0.0.1 (broker and KRaft controller listeners), for a
+    private broker (tests, benchmarks). Raises StackError when none is found in 50 tries."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        if p < 65000 and not port_in_use(p) and not port_in_use(p + 1):
+            return p
+    raise StackError("no free pair of TCP ports on 127.0.0.1", "stop some local services and retry")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -5,7 +5,6 @@ the end."""
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from pathlib import Path
 
@@ -18,15 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
-def free_port_pair() -> int:
-    """A port p with p and p+1 both free on 127.0.0.1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p < 65000 and not stack.port_in_use(p) and not stack.port_in_use(p + 1):
-            return p
-    raise RuntimeError("no free port pair")
+free_port_pair = stack.free_port_pair  # re-exported for the tests that start brokers of their own
 
 
 @pytest.fixture(scope="session")
