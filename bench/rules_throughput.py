@@ -177,7 +177,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                                       [len(inputs["wide_steps"]) / x for x in secs["wide_steps"].samples]),
     }
     common.console.print(common.table(f"builtin rule pack ({len(ruleset.rules)} rules), {rounds} interleaved passes "
-                                      f"per input", rows, "per s", lower_is_better=False, fmt="{:,.0f}"))
+                                      f"per input", rows, "per s", lower_is_better=False, fmt="{:,.1f}"))
     per_eval_ms = 1000 / rows["steps evals"].median if rows["steps evals"].median else float("nan")
     wide_ms = 1000 / rows["wide records"].median if rows["wide records"].median else float("nan")
     common.console.print(f"a step summary of {HOSTS} hosts costs {per_eval_ms:.2f} ms per rule evaluation "
