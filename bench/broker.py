@@ -29,16 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def free_port_pair() -> int:
-    """A port p with p and p+1 both free on 127.0.0.1 (broker and KRaft controller listeners).
-    Raises RuntimeError when none is found in 50 tries."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p < 65000 and not stack.port_in_use(p) and not stack.port_in_use(p + 1):
-            return p
-    raise RuntimeError("no free pair of TCP ports on 127.0.0.1")
+free_port_pair = stack.free_port_pair
 
 
 def free_port() -> int:
