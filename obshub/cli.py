@@ -9,6 +9,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from obshub import __version__, stack
@@ -32,7 +33,7 @@ LAZY_COMMANDS: dict[str, str] = {
 }
 
 console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, emoji=False)
 
 
 class LazyGroup(click.Group):
@@ -74,7 +75,7 @@ def _say(msg: str) -> None:
 
 
 @cli.command()
-@click.option("--port", type=int, default=None, help="broker port (default $OBSHUB_KAFKA_PORT or 19092)")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="broker port (default $OBSHUB_KAFKA_PORT or 19092)")
 def up(port):
     """Install (once, cached) and start the local Apache Kafka broker (KRaft) and create the topics."""
     s = load_settings(kafka_port=port)
@@ -133,9 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, standalone_mode=False)
     except ObshubError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        # messages quote user input (paths, trace contents): never read them as rich markup
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         if exc.hint:
-            err_console.print(f"[yellow]hint:[/yellow] {exc.hint}")
+            err_console.print(f"[yellow]hint:[/yellow] {escape(exc.hint)}")
         sys.exit(1)
     except click.exceptions.Abort:
         err_console.print("aborted")

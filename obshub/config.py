@@ -77,5 +77,16 @@ class Settings(BaseSettings):
 
 
 def load_settings(**overrides) -> Settings:
-    """Settings from the environment, with explicit overrides (CLI flags) taking precedence."""
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    """Settings from the environment, with explicit overrides (CLI flags) taking precedence.
+    Raises :class:`obshub.errors.ConfigError` naming the setting (and its variable) that is invalid."""
+    from pydantic import ValidationError
+
+    from obshub.errors import ConfigError
+
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        names = ", ".join(f"OBSHUB_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
+        raise ConfigError(f"invalid setting: {problems}",
+                          f"fix the value of {names or 'the setting'} (environment or command-line flag)") from None

@@ -327,7 +327,7 @@ def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str 
 @click.option("--registered", is_flag=True, help="watch whatever process fires the `register` USDT probe (obshub run)")
 @click.option("--source", type=click.Choice(["bpf", "synthetic"]), default="bpf", show_default=True,
               help="where events come from: the BPF probes, or a synthetic training-shaped stream")
-@click.option("--rate", type=float, default=10_000, show_default=True, help="synthetic source: events per second")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1e9), default=10_000, show_default=True, help="synthetic source: events per second")
 @click.option("--synthetic-events", type=int, default=None, help="synthetic source: stop after this many events")
 @click.option("--probes", default=None, help="comma-separated subset of probes to attach [default: all]")
 @click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",

@@ -96,7 +96,8 @@ def test_command(files):
 @click.option("--group-prefix", default="obshub-rules", show_default=True, help="Kafka consumer group prefix")
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
 @click.option("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-file", type=click.Path(path_type=Path), default=None,
               help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)")
 def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, log_level, log_file):
@@ -145,6 +146,10 @@ def silence_add(matchers, duration, start_in, author, comment, as_json):
         end = start + parse_duration_ns(duration)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    max_ns = 10 * 366 * 24 * 3600 * 10**9
+    if end - time.time_ns() > max_ns:
+        raise click.BadParameter("a silence may last at most 10 years (use --duration, e.g. 30d)",
+                                 param_hint="'-d' / '--duration'")
     s = _store().add(list(matchers), start, end, author, comment)
     click.echo(json.dumps(s.__dict__) if as_json else f"silence {s.id} until {rfc3339(s.ends_at_ns)}")
 

@@ -64,6 +64,8 @@ def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
         return None, [Problem(file, line, col, f"YAML: {what}")]
     except YAMLError as exc:
         return None, [Problem(file, 0, 0, f"YAML: {exc}")]
+    except RecursionError:
+        return None, [Problem(file, 1, 1, "YAML: nested too deeply (a rule file needs a few levels, not thousands)")]
     return doc, []
 
 
@@ -201,9 +203,15 @@ def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:
     """Read and structurally validate one rule file. Returns (document or None, problems)."""
     file = str(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         return None, [Problem(file, 0, 0, f"cannot read: {exc.strerror or exc}")]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        return None, [Problem(file, line, col, f"not UTF-8: byte 0x{raw[exc.start]:02x} (save the file as UTF-8)")]
     doc, problems = load_yaml(text, file)
     if doc is None:
         return None, problems

@@ -177,11 +177,18 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             if k in seen or (job and s["job"] != job):
                 continue
             seen.add(k)
+            try:
+                text = json.dumps(s, sort_keys=True) if as_json else _line(s)
+            except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as exc:
+                where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+                console.print(f"unreadable summary at {where}: {type(exc).__name__}: {exc}", markup=False,
+                              style="red")
+                continue
             if as_json:
-                sys.stdout.write(json.dumps(s, sort_keys=True) + "\n")
+                sys.stdout.write(text + "\n")
                 sys.stdout.flush()
             else:
-                console.print(_line(s), soft_wrap=True)
+                console.print(text, soft_wrap=True)
             n += 1
             if count and n >= count:
                 break

@@ -66,7 +66,11 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
     if output == "-":
         click.echo(text)
     else:
-        Path(output).write_text(text)
+        try:
+            Path(output).write_text(text)
+        except OSError as exc:
+            raise ExportError(f"cannot write {output}: {exc.strerror or exc}",
+                              hint="choose a writable path for -o (its folder must exist), or -o - for stdout") from None
         n = sum(len(h.events) for h in data.hosts)
         o = trace["otherData"]
         click.echo(f"wrote {output}: {len(data.hosts)} hosts, {n} events, steps {rng[0]}-{rng[1]}, "
