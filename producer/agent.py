@@ -316,6 +316,13 @@ def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str 
     return BpfEventSource(settings, target, options)
 
 
+def _finite(value: float, name: str) -> float:
+    """Reject NaN (which every range check lets through) for a float option."""
+    if value != value:
+        raise click.BadParameter(f"{value} is not a number", param_hint=f"'{name}'")
+    return value
+
+
 @click.command("agent", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--job", envvar="OBSHUB_JOB", default="default", show_default=True, help="job name put in every batch")
 @click.option("--host", envvar="OBSHUB_HOST", default=None, help="host name: Kafka key and spool folder "
@@ -327,7 +334,8 @@ def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str 
 @click.option("--registered", is_flag=True, help="watch whatever process fires the `register` USDT probe (obshub run)")
 @click.option("--source", type=click.Choice(["bpf", "synthetic"]), default="bpf", show_default=True,
               help="where events come from: the BPF probes, or a synthetic training-shaped stream")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1e9), default=10_000, show_default=True, help="synthetic source: events per second")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1e9), default=10_000,
+              callback=lambda _c, _p, v: _finite(v, "--rate"), show_default=True, help="synthetic source: events per second")
 @click.option("--synthetic-events", type=int, default=None, help="synthetic source: stop after this many events")
 @click.option("--probes", default=None, help="comma-separated subset of probes to attach [default: all]")
 @click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
