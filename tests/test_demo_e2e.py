@@ -68,9 +68,10 @@ def test_clean_run(kafka, tmp_path):
     check_mechanics(kafka, rc, report, err)
     v = report["verdict"]
     assert v["ok"] == (not report["alerts"])
-    if not v["ok"]:
-        pytest.xfail(f"pipeline verdict on a clean run: {v['reason']}: "
+    # a clean run must stay silent: the straggler rules vote over a window, so noise does not fire them
+    assert v["ok"], (f"pipeline verdict on a clean run: {v['reason']}: "
                      + "; ".join(f"{w['alert']['host']}/{w['alert']['layer']} {w['alert']['rule']}" for w in v["wrong"]))
+    assert rc == 0
 
 
 def test_cpu_fault(kafka, tmp_path):
