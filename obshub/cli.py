@@ -74,7 +74,12 @@ def _say(msg: str) -> None:
     err_console.print(f"[dim]obshub:[/dim] {msg}")
 
 
-@cli.command()
+@cli.command(epilog="""\b
+Examples:
+  obshub up                          # broker on 127.0.0.1:19092, state in $OBSHUB_HOME
+  obshub up --port 29092             # another port (a second stack beside the first)
+  OBSHUB_KAFKA_VERSION=4.0.1 obshub up   # another Kafka 4.x version from Maven Central
+""")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="broker port (default $OBSHUB_KAFKA_PORT or 19092)")
 def up(port):
     """Install (once, cached) and start the local Apache Kafka broker (KRaft) and create the topics."""
@@ -86,7 +91,11 @@ def up(port):
         console.print(f"up: Kafka on {res['bootstrap']} (pid {res['pid']}); log {res['log']}")
 
 
-@cli.command()
+@cli.command(epilog="""\b
+Examples:
+  obshub down                        # stop workers, rule engine, agents, then the broker
+  OBSHUB_HOME=/tmp/other obshub down # the stack of another state folder
+""")
 def down():
     """Stop every component obshub started, then the broker. State stays in $OBSHUB_HOME."""
     s = load_settings()
@@ -94,7 +103,11 @@ def down():
     console.print("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
 
 
-@cli.command()
+@cli.command(epilog="""\b
+Examples:
+  obshub status                      # tables: broker, topics, consumer groups with lag, components
+  obshub status --json | jq .groups  # consumer lag for scripts
+""")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 def status(as_json):
     """Broker health, topics with partitions, consumer groups with lag, running components.

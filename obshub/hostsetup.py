@@ -10,7 +10,11 @@ from obshub import kheaders, stack
 from obshub.config import load_settings
 
 
-@click.command("setup")
+@click.command("setup", epilog="""\b
+Examples:
+  obshub setup              # header tree + tracefs + Kafka jars (make setup runs it)
+  obshub setup --no-kafka   # an agent-only node: no broker jars
+""")
 @click.option("--no-kafka", is_flag=True, help="skip installing the Kafka broker jars")
 def setup_command(no_kafka):
     """Prepare this host: kernel header tree for bcc (built in the cache, no system folder edited),
