@@ -287,7 +287,19 @@ def _aggregate(kind: str, values: list[float]) -> float:
         return float(max(values))
     if kind == "min":
         return float(min(values))
+    if kind == "cusum":
+        return cusum(values)
     return float(sum(values) / len(values))
+
+
+def cusum(values: list[float]) -> float:
+    """Page's one-sided CUSUM of ``values`` in order: ``S_0 = 0``, ``S_n = max(0, S_{n-1} + x_n)``, the
+    final ``S``. The drift ``k`` is part of the rule's ``of`` (``x_n = evidence_n - k``); the alarm is
+    ``S >= at_least`` (E. S. Page, "Continuous inspection schemes", Biometrika 41, 1954)."""
+    s = 0.0
+    for v in values:
+        s = max(0.0, s + v)
+    return s
 
 
 def _true_until(rule: Rule, hits: list[tuple[int, float]]) -> int:

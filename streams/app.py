@@ -19,7 +19,13 @@ tables (docs/STREAMS.md has the diagram and the guarantees):
    the timer ``expire`` (every worker, only its active partitions) sends a ``close`` request into the
    step's own partition, so every table write happens inside the fold agent, in partition order.
 3. At close: ``streams.analysis.summarize`` -> JSON on the output topic keyed by job; ``closed`` entry
-   written; the step's time broadcast to every partition's history (the baseline).
+   written; the step's history entry (``analysis.history_entry``: step time, lateness) broadcast to every
+   partition's history (the baseline and the spread of the sequential evidence).
+4. Hangs: while no step closes, the timer ``watch`` checks every open step (``analysis.hang_check``:
+   ranks that never arrived at a collective the others reached and sent nothing since); a hung step
+   gets an interim summary with ``closed_by = "hang"`` and the ``hang`` field every second, and is not
+   closed by its window while it hangs (up to ``Thresholds.hang_hold_ns``). When the rank comes back the
+   step completes as usual and the interim records stop.
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
@@ -198,6 +204,8 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     closed_t = app.Table("closed", partitions=cfg.partitions, **kv)
     window_ns = int(cfg.window_s * 1e9)
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
+    # (job, host) -> CLOCK_REALTIME ns of the host's last data for the job seen by this process (hangs)
+    last_seen: dict[tuple[str, str], int] = {}
     th = cfg.thresholds
 
     async def broadcast(job: str, value: dict) -> None:
@@ -299,14 +307,15 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         quality = {k: st["q"].get(k, 0) + js["pending"].get(k, 0) for k in QUALITY_KEYS}
         summary = analysis.summarize(job, step, st["hosts"], expected_hosts=sorted(js["hosts"]),
                                      history=js["history"], quality=quality, closed_by=closed_by,
-                                     closed_at_ns=time.time_ns(), th=th)
+                                     closed_at_ns=time.time_ns(), th=th, world_size=js["world_size"])
         await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
         closed_t[key] = {"bids": st["bids"], "late": 0}
         del open_t[key]
         js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
         jobs_t[f"{job}@{p}"] = js
         m.summaries.labels(closed_by).inc()
-        await broadcast(job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"]})
+        await broadcast(job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"],
+                              "entry": analysis.history_entry(summary)})
 
     def complete(st: dict, js: dict) -> bool:
         # every rank of the job must have registered (hosts in other input partitions may lag), and every
@@ -341,6 +350,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             return
         st["bids"].append(v["bid"])
         host = v["host"]
+        last_seen[(v["job"], host)] = time.time_ns()
         if host in st["hosts"]:
             accumulate.merge(st["hosts"][host], v["acc"])
         else:
@@ -367,7 +377,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
                 jobs_t[f"{v['job']}@{p}"] = js
         elif t == "hist":
             js = job_state(v["job"], p)
-            hist = [h for h in js["history"] if h[0] != v["step"]] + [[v["step"], v["ns"]]]
+            hist = [h for h in js["history"] if h[0] != v["step"]] + [v.get("entry") or [v["step"], v["ns"]]]
             js["history"] = sorted(hist)[-th.baseline_n * 2:]
             jobs_t[f"{v['job']}@{p}"] = js
         elif t == "close":
@@ -393,6 +403,8 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     # ---------------------------------------------------------------------------------------------------
     requested: dict[str, int] = {}
     last = {"t": time.monotonic(), "events": 0}
+    hung: dict[str, int] = {}       # key of a hung open step -> when its hang was first seen (ns)
+    hang_sent: dict[str, int] = {}  # job -> when its last interim hang record was sent (ns)
     tick_s = max(0.5, min(1.0, cfg.window_s / 4))
 
     @app.timer(tick_s)
@@ -405,6 +417,8 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             if TP(rep.get_topic_name(), p) not in actives:
                 continue
             n_open += 1
+            if key in hung and now - hung[key] < th.hang_hold_ns:
+                continue  # a hung step stays open while it hangs (watch sends its interim records)
             if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns:
                 requested[key] = now
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
@@ -427,6 +441,40 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             m.consumer_lag.set(lag)
         except Exception:  # lag is best effort; never let a metric stop expiry
             pass
+
+    @app.timer(0.5)
+    async def watch():
+        """Hang detection while no step closes (module docstring, 4.)."""
+        actives = app.assignor.assigned_actives()
+        now = time.time_ns()
+        for key, st in list(open_t.items()):
+            p = st["p"]
+            if TP(rep.get_topic_name(), p) not in actives:
+                continue
+            job = st["job"]
+            js = job_state(job, p)
+            seen = {h: t for (j, h), t in last_seen.items() if j == job}
+            found = analysis.hang_check(st["hosts"], sorted(js["hosts"]), seen, st["opened_ns"], js["history"],
+                                        st["step"], now, th)
+            if found is None:
+                hung.pop(key, None)
+                continue
+            hung.setdefault(key, now)
+            if now - hang_sent.get(job, 0) < 1_000_000_000:
+                continue
+            hang_sent[job] = now
+            summary = analysis.summarize(job, st["step"], st["hosts"], expected_hosts=sorted(js["hosts"]),
+                                         history=js["history"], quality={}, closed_by="hang", closed_at_ns=now,
+                                         th=th, world_size=js["world_size"])
+            summary.update(straggler=None, blame=[], hang=found,
+                           evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}})
+            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
+            m.summaries.labels("hang").inc()
+            log.warning("step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)", key,
+                        ", ".join(h["host"] for h in found["hosts"]), found["op"], found["pg"], found["coll_seq"],
+                        len(found["waiting"]))
+        for key in [k for k in hung if k not in open_t]:
+            del hung[key]
 
     app.obshub_tables = {"agents": agents_t, "open": open_t, "jobs": jobs_t, "closed": closed_t}
     return app
