@@ -119,6 +119,10 @@ def _line(s: dict) -> str:
              f"max {ms(s['step_time_max_ns'])}"]
     if s["missing_hosts"]:
         parts.append(f"[red]missing {','.join(s['missing_hosts'])}[/red]")
+    if s.get("hang"):
+        h = s["hang"]
+        parts.append(f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
+                     f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]")
     st = s["straggler"]
     if st:
         parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
@@ -150,7 +154,8 @@ def tail_command():
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=float, default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
-    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins."""
+    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins
+    (the interim records of a hung step, closed_by 'hang', are shown once and do not count)."""
     import uuid
 
     from confluent_kafka import Consumer
@@ -161,7 +166,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
                   "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False,
                   "logger": stack._NullLogger()})
     c.subscribe([topic])
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, int, bool]] = set()
     n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None
     try:
         while deadline is None or time.monotonic() < deadline:
@@ -170,7 +175,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
                 continue
             try:
                 s = json.loads(msg.value())
-                k = (s["job"], int(s["step"]))
+                k = (s["job"], int(s["step"]), s.get("closed_by") == "hang")
             except (ValueError, KeyError, TypeError):
                 console.print(f"[red]unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}[/red]")
                 continue

@@ -23,6 +23,7 @@ Examples:
   obshub demo                                  # 4 hosts, 8% packet loss on node-01 after 15 s, verdict
   obshub demo --fault cpu --fault-host 2       # a noisy neighbour on node-02's CPUs
   obshub demo --fault none --duration 30       # a clean run: passes only when no alert fires
+  obshub demo --fault hang --fault-host 2      # freeze node-02's rank: named, then resolved on thaw
   obshub demo --fault net-slow --param rate_mbit=50   # a 50 Mbit/s link instead of the default
   obshub demo --hosts 3 --json report.json     # also write the machine-readable report
   obshub demo --matrix --json matrix.json      # every fault kind plus none, as a table

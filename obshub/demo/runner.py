@@ -40,7 +40,7 @@ from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
 from obshub.demo.faults import KINDS, LAYER_OF, make_fault
-from obshub.demo.verdict import AlertSeen, Verdict, judge
+from obshub.demo.verdict import AlertSeen, Verdict, check_resolved, judge
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
 
@@ -259,6 +259,8 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         def check_ranks():
             for proc, name, log in watched:
                 _alive(proc, name, log)
+            if injected and opts.fault == "exit":
+                return  # the fault killed a rank: the others may fail with it
             for r in ranks:
                 if r.proc.poll() not in (None, 0):
                     _alive(r.proc, f"rank {r.host.index}", out_dir / f"rank-{r.host.index}.log")
@@ -268,12 +270,12 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         t_warm = time.monotonic()
         view.say("every rank finished its first step")
 
+        injected = False
         fault = make_fault(opts.fault, cluster, opts.fault_host, opts.fault_params)
         fault.prepare()
         es.callback(fault.remove)
         evidence: dict = {}
         end_at = t_warm + opts.duration_s
-        injected = False
         next_sample = 0.0
         while time.monotonic() < end_at and any(r.proc.poll() is None for r in ranks):
             check_ranks()
@@ -292,10 +294,13 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             evidence = fault.evidence()
             view.set_evidence(evidence)
         fault.remove()
+        removed_ns = time.time_ns()
         view.say(f"training window over; waiting {opts.settle_s:.0f} s for late alerts")
         time.sleep(opts.settle_s)
         view.say("stopping every part and removing the cluster")
     verdict = judge(opts.fault, *(expected or (None, None)), t0["ns"], reader.alerts)
+    if opts.fault == "hang":
+        check_resolved(verdict, reader.records, removed_ns)
     report = {"scenario": {**asdict(opts), "job": job, "run_id": run_id,
                            "fault_host_name": expected[0] if expected else None},
               "verdict": verdict.to_dict(), "evidence": evidence,
