@@ -67,6 +67,7 @@ class Thresholds:
       rtt_scale_ns)``).
     - ``hang_min_ns`` / ``hang_factor``: a rank hangs when others arrived at a collective it never reached
       and it sent nothing for at least ``max(hang_min_ns, hang_factor * baseline median step time)``;
+      (the arrived ranks must have waited half of it);
       ``hang_hold_ns``: how long a hung step is kept open (hang records repeat) before the window closes it.
     """
 
@@ -87,7 +88,7 @@ class Thresholds:
     evidence_clip: float = 4.0
     rtt_scale_ns: int = 2_000_000
     hang_min_ns: int = 2_000_000_000
-    hang_factor: float = 4.0
+    hang_factor: float = 2.0
     hang_hold_ns: int = 600_000_000_000
 
 
@@ -422,6 +423,8 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
       time above the median of its peers, counted only as far as it made the host late (a victim is not
       late; a host whose extra layer time delayed nobody is no culprit);
     - pytorch: ``max(0, late(h) - sum of those excesses) / s``: lateness no lower layer explains;
+    - network of a late host: ``(count(h) - m) / sqrt(m + 1)`` of its retransmit count against the median
+      ``m`` of its peers, when ``count(h) >= count_min`` (retransmits carry no time);
     - network (>= 3 hosts, from ``net_stats``): the larger of ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and
       ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)``, ``m_*`` the median over the other hosts: loss or
       delay on every busy connection of the host (its late arrival is not needed: a slow link slows
@@ -450,6 +453,11 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
                 explained += ex
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
+            # retransmits of a late host (no time: by count against its peers' median)
+            rx = layers.get(h, {}).get("network", {}).get("count", 0)
+            m = median_int([layers.get(g, {}).get("network", {}).get("count", 0) for g in peers_of[h]])
+            if rx >= th.count_min:
+                put(h, "network", (rx - m) / math.sqrt(m + 1))
     if len(accs) >= 3:
         rx, rtt = net_stats(accs, th)
         for h in accs:
@@ -458,7 +466,7 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
             m_rtt = median_int([rtt[g] for g in others])
             z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1)
             z_rtt = (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns) if rtt[h] else 0.0
-            put(h, "network", max(z_rx, z_rtt))
+            put(h, "network", max(z_rx, z_rtt, out.get(h, {}).get("network", 0.0)))
     return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
 
 
@@ -532,7 +540,7 @@ def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[s
     COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent nothing
     (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never seen)
     for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of the
-    arrived hosts reached the collective at least ``hang_after`` ago. A missing host that still sends
+    arrived hosts reached the collective at least ``hang_after / 2`` ago. A missing host that still sends
     data is slow, not hung (the sequential evidence judges it).
 
     Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting:
@@ -555,7 +563,7 @@ def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[s
         arrived = {h: a["colls"][key][1] for h, a in accs.items()
                    if key in a["colls"] and a["colls"][key][1] is not None}
         waited = now_ns - max(arrived.values())
-        if waited < after:
+        if waited < after // 2:
             continue
         hung = []
         for h in sorted(expected - set(arrived)):

@@ -204,8 +204,8 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     closed_t = app.Table("closed", partitions=cfg.partitions, **kv)
     window_ns = int(cfg.window_s * 1e9)
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
-    # (job, host) -> CLOCK_REALTIME ns of the host's last data for the job seen by this process (hangs)
-    last_seen: dict[tuple[str, str], int] = {}
+    # job -> host -> CLOCK_REALTIME ns of the host's last data for the job seen by this process (hangs)
+    last_seen: dict[str, dict[str, int]] = {}
     th = cfg.thresholds
 
     async def broadcast(job: str, value: dict) -> None:
@@ -350,7 +350,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             return
         st["bids"].append(v["bid"])
         host = v["host"]
-        last_seen[(v["job"], host)] = time.time_ns()
+        last_seen.setdefault(v["job"], {})[host] = time.time_ns()
         if host in st["hosts"]:
             accumulate.merge(st["hosts"][host], v["acc"])
         else:
@@ -453,7 +453,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
                 continue
             job = st["job"]
             js = job_state(job, p)
-            seen = {h: t for (j, h), t in last_seen.items() if j == job}
+            seen = last_seen.get(job, {})
             found = analysis.hang_check(st["hosts"], sorted(js["hosts"]), seen, st["opened_ns"], js["history"],
                                         st["step"], now, th)
             if found is None:

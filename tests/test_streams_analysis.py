@@ -335,4 +335,4 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
                             {"host": "d", "last_step": 19, "last_phase": "no data in this step", "silent_ns": 4_000 * MS}]
     # a rank that is late but still sends data is slow, not hung; and a short wait is no hang
     assert analysis.hang_check(accs, ["a", "b", "c"], dict(seen, c=now - 100 * MS), now - 4_000 * MS, hist, 20, now) is None
-    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 1_500 * MS) is None
+    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 2_000 * MS) is None

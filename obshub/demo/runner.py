@@ -335,10 +335,11 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             done.append(ep)
         view.say(f"training window over; waiting {opts.settle_s:.0f} s for late alerts")
         time.sleep(opts.settle_s)
+        end_ns = time.time_ns()  # alerts after this come from stopping the ranks one by one: not judged
         view.say("stopping every part and removing the cluster")
-    bounds = [ep["t0_ns"] for ep in done[1:]] + [None]
+    bounds = [ep["t0_ns"] or end_ns for ep in done[1:]] + [end_ns]
     for ep, until in zip(done, bounds):
-        mine = [a for a in reader.alerts if until is None or a.received_ns < until]
+        mine = [a for a in reader.alerts if a.received_ns < until]
         if ep is not done[0]:
             mine = [a for a in mine if a.received_ns >= (ep["t0_ns"] or 0)]
         v = judge(ep["kind"], ep["host"], ep["layer"], ep["t0_ns"], mine)
@@ -350,7 +351,9 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     report = {"scenario": {**asdict(opts), "job": job, "run_id": run_id,
                            "fault_host_name": expected[0] if expected else None},
               "verdict": verdict, "evidence": done[0]["evidence"],
-              "alerts": [asdict(a) for a in reader.alerts], "alert_records": reader.records,
+              "alerts": [asdict(a) for a in reader.alerts if a.received_ns < end_ns],
+              "alerts_after_end": [asdict(a) for a in reader.alerts if a.received_ns >= end_ns],
+              "alert_records": reader.records,
               "steps": {r.host.name: {"count": len(r.steps),
                                       "median_ms": _median([s[1] for s in r.steps])} for r in ranks},
               "webhook": _webhook_summary(receiver), "logs": str(out_dir)}
