@@ -5,7 +5,7 @@ For every expression of the builtin pack (conditions, group_by, threshold ``of``
 after macro/list expansion) it times compile, and evaluation on one representative record of the
 expression's signal. Prints a table and the totals; used for docs/RULES.md.
 
-    python -m rules.celbench            # default: 2000 evaluations per expression
+    python -m bench.celbench            # default: 2000 evaluations per expression
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rules.loader import load_ruleset
 from rules.testing import BASE_NS
 
 N_EVAL = 2000
-BUILTIN = Path(__file__).with_name("builtin")
+BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 
 STEP = fields.step_record({
     "job": "llm", "step": 7, "stall": True, "stall_ratio": 2.5, "closed_at_ns": BASE_NS,

@@ -28,7 +28,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from obshub.config import Settings
+from obshub.core.settings import Settings
 
 
 @dataclass

@@ -36,7 +36,7 @@ import msgpack
 SCHEMA_VERSION = 1
 
 # ---------------------------------------------------------------------------------------------------------
-# Topics (DESIGN.md "Wire format")
+# Topics (docs/SCHEMA.md)
 # ---------------------------------------------------------------------------------------------------------
 TOPIC_EVENTS = "obshub.events.v1"
 TOPIC_STEPS = "obshub.steps.v1"
@@ -44,7 +44,7 @@ TOPIC_ALERTS = "obshub.alerts.v1"
 TOPIC_DLQ = "obshub.dlq.v1"
 
 # ---------------------------------------------------------------------------------------------------------
-# TraceKey (DESIGN.md "TraceKey")
+# TraceKey (docs/SCHEMA.md "TraceKey")
 # ---------------------------------------------------------------------------------------------------------
 HOST_ID_MAX = 0xFFFF
 STEP16_MASK = 0xFFFF
@@ -94,7 +94,7 @@ def parse_trace_key(key: int) -> TraceKeyParts:
 # Event kinds and layers
 # ---------------------------------------------------------------------------------------------------------
 class Layer(str, enum.Enum):
-    """The layers of DESIGN.md; the unit of the stream application's blame."""
+    """The layers of the training stack an event belongs to; the unit of the stream application's blame."""
 
     PYTORCH = "pytorch"
     CUDA = "cuda"
@@ -108,13 +108,14 @@ class Layer(str, enum.Enum):
 
 
 class Kind(enum.IntEnum):
-    """Event kinds. Values 1-5 are the original design's five stages; the rest follow DESIGN.md's layers.
+    """Event kinds. Values 1-5 are the five first kinds (their numbers are fixed); the rest follow
+    :class:`Layer`.
 
     The meaning of ``duration_ns``, ``value`` and ``payload`` per kind is in ``KIND_INFO`` and
     docs/SCHEMA.md.
     """
 
-    # the original design's stages 1-5
+    # the five first kinds; their numbers are part of the wire format
     PYTORCH_OP = 1
     CUDA_LAUNCH = 2
     PAGE_ALLOC = 3

@@ -78,10 +78,10 @@ class Settings(BaseSettings):
 
 def load_settings(**overrides) -> Settings:
     """Settings from the environment, with explicit overrides (CLI flags) taking precedence.
-    Raises :class:`obshub.errors.ConfigError` naming the setting (and its variable) that is invalid."""
+    Raises :class:`obshub.core.errors.ConfigError` naming the setting (and its variable) that is invalid."""
     from pydantic import ValidationError
 
-    from obshub.errors import ConfigError
+    from obshub.core.errors import ConfigError
 
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

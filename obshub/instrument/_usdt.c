@@ -1,10 +1,10 @@
 /*
- * producer._usdt: the USDT probes of obshub's in-process PyTorch instrumentation.
+ * obshub.instrument._usdt: the USDT probes of obshub's in-process PyTorch instrumentation.
  *
  * Each Python function below fires exactly one USDT probe of provider `obshub` (plain sys/sdt.h
  * DTRACE_PROBEn, no semaphores). With no tracer attached a probe site is a single NOP instruction, so the
  * cost of a call is the CPython call plus argument parsing. A tracer (the obshub agent, bcc) attaches to
- * the path of this shared object (producer.usdt.library_path()) and reads the arguments below.
+ * the path of this shared object (obshub.instrument.usdt.library_path()) and reads the arguments below.
  *
  * Probe arguments (docs/AGENT.md, "In-process instrumentation (USDT)"):
  *   register(const char *job, int32 rank, int32 world_size, int32 host_id, int32 local_rank)
@@ -224,7 +224,7 @@ static PyMethodDef usdt_methods[] = {
 };
 
 static struct PyModuleDef usdt_module = {
-    PyModuleDef_HEAD_INIT, "producer._usdt",
+    PyModuleDef_HEAD_INIT, "obshub.instrument._usdt",
     "USDT probes (provider `obshub`) of obshub's in-process PyTorch instrumentation.", -1, usdt_methods,
 };
 

@@ -1,4 +1,4 @@
-"""In-process PyTorch instrumentation: fires obshub's USDT probes (``producer.usdt``) from global PyTorch
+"""In-process PyTorch instrumentation: fires obshub's USDT probes (``obshub.instrument.usdt``) from global PyTorch
 hooks and keeps the current TraceKey of every thread.
 
 ``enable()`` installs, process-wide and without touching the training script:
@@ -33,7 +33,7 @@ hooks and keeps the current TraceKey of every thread.
   first step without it (single-process training) registers then as rank ``$RANK`` (0) of
   ``$WORLD_SIZE`` (1).
 
-TraceKeys follow ``obshub.schema.make_trace_key(host_id, step, op_seq)``: ``op_seq`` is 0 for the step
+TraceKeys follow ``obshub.core.schema.make_trace_key(host_id, step, op_seq)``: ``op_seq`` is 0 for the step
 itself and counts every phase and collective of the step from 1. Outside a step (before the first one)
 ``step`` is -1 and the key's 16-bit step field is 0xFFFF (``-1 & 0xFFFF``). Every change of a thread's
 current key fires ``tracekey(key, step)``, so the agent's BPF map ``tid -> (trace_key, step)`` is exact.
@@ -57,8 +57,8 @@ import os
 import threading
 from typing import Any, Callable
 
-from obshub.errors import ConfigError
-from producer import usdt
+from obshub.core.errors import ConfigError
+from obshub.instrument import usdt
 
 log = logging.getLogger("obshub.instrument")
 
@@ -513,7 +513,7 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
     """Install the hooks and wrappers described in the module docstring, process-wide. Idempotent.
 
     ``job`` defaults to ``$OBSHUB_JOB`` (else ``"default"``), ``host_id`` to ``$OBSHUB_HOST_ID`` (else the
-    rank). Raises :class:`obshub.errors.ConfigError` for a host id outside 0..65535, ``ImportError`` when
+    rank). Raises :class:`obshub.core.errors.ConfigError` for a host id outside 0..65535, ``ImportError`` when
     torch is not installed.
     """
     global _torch, _c10d, _ddp_cls, _orig_register_comm_hook

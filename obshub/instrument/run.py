@@ -1,9 +1,10 @@
 """``obshub run [--job NAME] [--host-id N] -- <command ...>``: run a training command with obshub's
-in-process PyTorch instrumentation (USDT probes), without changing a line of it.
+in-process PyTorch instrumentation (USDT probes), without changing a line of it (the click command is
+:func:`obshub.instrument.cli.run_command`).
 
-How: the bootstrap folder ``producer/usdt/bootstrap`` (a ``sitecustomize``) is prepended to
+How: the bootstrap folder ``obshub/instrument/bootstrap`` (a ``sitecustomize``) is prepended to
 ``PYTHONPATH`` and ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID`` are set; every Python process the command starts
-(``python train.py``, ``torchrun`` and each of its workers) then enables :mod:`producer.instrument` as
+(``python train.py``, ``torchrun`` and each of its workers) then enables :mod:`obshub.instrument` as
 soon as it imports torch. Programs that never import torch are untouched.
 
 The command *replaces* this process (``execvpe``): its pid is the one obshub was started with, so exit
@@ -17,26 +18,15 @@ import os
 import sys
 from pathlib import Path
 
-import click
+from obshub.core.errors import ConfigError, ObshubError
 
-from obshub.errors import ConfigError, ObshubError
-
-BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "producer" / "usdt" / "bootstrap"
-
-EPILOG = """\b
-Examples:
-  obshub run -- python train.py                                   # one process, instrumented
-  obshub run --job llama-7b -- torchrun --nproc-per-node 2 train.py   # every torchrun worker instrumented
-  obshub run --host-id 3 -- torchrun --nproc-per-node 8 -m obshub.workloads.ddp_train  # node 3 of a job
-  OBSHUB_INSTRUMENT=0 obshub run -- python train.py               # same environment, instrumentation off
-"""
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
 
 
 def bootstrap_dir() -> Path:
     """The folder holding the bootstrap ``sitecustomize.py``; raises ObshubError when it is missing."""
-    for candidate in (BOOTSTRAP_DIR, Path(__import__("producer").__file__).parent / "usdt" / "bootstrap"):
-        if (candidate / "sitecustomize.py").is_file():
-            return candidate
+    if (BOOTSTRAP_DIR / "sitecustomize.py").is_file():
+        return BOOTSTRAP_DIR
     raise ObshubError(f"the obshub bootstrap folder {BOOTSTRAP_DIR} is missing",
                       hint="reinstall obshub (`make setup`) from a complete checkout")
 
@@ -55,18 +45,9 @@ def child_env(base: dict[str, str], job: str | None, host_id: int | None) -> dic
     return env
 
 
-@click.command("run", epilog=EPILOG, context_settings={"ignore_unknown_options": True,
-                                                         "allow_interspersed_args": False,
-                                                         "help_option_names": ["-h", "--help"]})
-@click.option("--job", default=None, help="job name carried by the register probe (default $OBSHUB_JOB, "
-              "else 'default')")
-@click.option("--host-id", type=click.IntRange(0, 0xFFFF), default=None,
-              help="this node's host id in TraceKeys, 0..65535 (default $OBSHUB_HOST_ID, else the rank)")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_command(job: str | None, host_id: int | None, command: tuple[str, ...]) -> None:
-    """Run COMMAND with in-process PyTorch instrumentation (USDT), no code change needed.
-
-    COMMAND replaces this process: its exit code and signals are its own. Put `--` before it."""
+def exec_instrumented(command: tuple[str, ...] | list[str], job: str | None, host_id: int | None) -> None:
+    """Replace this process with ``command`` under the instrumentation (never returns on success).
+    Raises ConfigError for an empty ``job`` and ObshubError when the command cannot be started."""
     if job is not None and not job.strip():
         raise ConfigError("--job is empty", hint="give the job a name, e.g. --job llama-7b")
     env = child_env(dict(os.environ), job, host_id)

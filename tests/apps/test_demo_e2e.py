@@ -6,7 +6,7 @@ after itself, every host trained and published, the stream worker joined the hos
 acted (its counters), every alert that fired reached the webhook receiver in a valid Slack/PagerDuty/
 Alertmanager format, and the exit code is 0 exactly when the verdict passed.
 
-Whether the verdict passes depends on the agent, the stream analysis and the builtin rules (issues 3-5);
+Whether the verdict passes depends on the agent, the stream analysis and the builtin rules;
 when it does not, the test reports XFAIL with the verdict's reason instead of hiding it."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from obshub import schema
+from obshub.core import schema
 from obshub.demo.cluster import last_lock_holder, leftovers
 from tests.conftest import consume_all
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from obshub import schema, stack
+from obshub.core import schema, topics
 from tests.conftest import REPO
 
 
@@ -17,7 +17,7 @@ def test_schema_doc_lists_every_kind_and_field():
         assert f"`{f}`" in doc, f"docs/SCHEMA.md does not document event field {f}"
     for f in schema.STEP_SUMMARY_FIELDS:
         assert f"`{f}`" in doc, f"docs/SCHEMA.md does not document step summary field {f}"
-    for t in stack.TOPICS:
+    for t in topics.TOPICS:
         assert re.search(rf"`{re.escape(t.name)}` \|[^\n]*\| {t.partitions} \|", doc), t.name
 
 

@@ -22,10 +22,10 @@ from collections import defaultdict
 
 import pytest
 
-from obshub import schema
+from obshub.core import schema
 from obshub.export.perfetto import HostEvents, build_trace
+from tests.apps.test_replay_common import dlrm_batches, raw_dlrm
 from tests.conftest import REPO
-from tests.test_replay_common import dlrm_batches, raw_dlrm
 
 META_NAMES = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
 
@@ -203,7 +203,7 @@ def test_export_cli_from_kafka(kafka, unique, tmp_path):
     from confluent_kafka import Producer
 
     from obshub.replay.publish import KafkaSink
-    from streams import testkit
+    from tests.support import testkit
 
     job = f"dlrm-x-{unique}"
     topics = testkit.make_topics(kafka, f"ex-{unique}", partitions=2)  # isolated from other tests' traffic

@@ -15,7 +15,7 @@ import functools
 import gzip
 import json
 
-from obshub import schema
+from obshub.core import schema
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import publish
 from obshub.replay.report import ReplayReport

@@ -1,13 +1,13 @@
 """Replay of the real 8-rank DLRM step (param-dlrm-8rank) checked against numbers computed
-independently from the raw files with json and gzip only (method: tests/test_replay_common.py).
-The CLI -> Kafka -> stream worker path is in tests/test_replay_streams.py."""
+independently from the raw files with json and gzip only (method: tests/apps/test_replay_common.py).
+The CLI -> Kafka -> stream worker path is in tests/apps/test_replay_streams.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from obshub import schema
-from tests.test_replay_common import dlrm_replay, raw_dlrm
+from obshub.core import schema
+from tests.apps.test_replay_common import dlrm_replay, raw_dlrm
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import functools
 import gzip
 import json
 
-from obshub import schema
+from obshub.core import schema
 from obshub.replay.inputs import discover
 from obshub.replay.publish import publish
 from obshub.replay.report import ReplayReport

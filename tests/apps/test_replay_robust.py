@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from obshub import schema
+from obshub.core import schema
 from obshub.replay.errors import ReplayError, TraceFormatError
 from obshub.replay.inputs import discover
 from obshub.replay.mapping import map_rank

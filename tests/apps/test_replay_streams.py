@@ -1,6 +1,6 @@
 """The stream application diagnoses replayed traces as live data: a real ``obshub streams worker`` on
 its own topics, fed by ``obshub replay``, checked against numbers computed here from the raw DLRM files
-with json and gzip only (method: tests/test_replay_common.py) and against the stream
+with json and gzip only (method: tests/apps/test_replay_common.py) and against the stream
 application's offline reference on the same batches."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import uuid
 
 import pytest
 
-from obshub import schema
-from streams import offline, testkit
+from obshub.core import schema
+from streams import offline
+from tests.apps.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
 from tests.conftest import REPO
-from tests.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
+from tests.support import testkit
 
 ANALYSIS_FIELDS = ("job", "step", "hosts", "expected_hosts", "missing_hosts", "step_time_ns", "step_time_max_ns",
                    "straggler", "blame", "collectives", "layers")

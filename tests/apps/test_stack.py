@@ -13,8 +13,9 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from obshub import schema, stack
-from obshub.config import load_settings
+from obshub import stack
+from obshub.core import schema, topics
+from obshub.core.settings import load_settings
 from tests.conftest import consume_all, free_port_pair
 
 pytestmark = pytest.mark.kafka
@@ -39,7 +40,7 @@ def test_batch_through_real_broker(kafka, unique):
 def test_topics_created_with_documented_partitions(kafka):
     st = stack.status(kafka)
     parts = {t["name"]: t["partitions"] for t in st["topics"]}
-    for spec in stack.TOPICS:
+    for spec in topics.TOPICS:
         assert parts[spec.name] == spec.partitions
 
 
@@ -56,7 +57,7 @@ def test_up_status_down_as_a_user(tmp_path):
         assert st.returncode == 0, st.stderr
         data = json.loads(st.stdout)
         assert data["broker"]["up"] is True
-        assert {t["name"] for t in data["topics"]} >= {s.name for s in stack.TOPICS}
+        assert {t["name"] for t in data["topics"]} >= {s.name for s in topics.TOPICS}
         assert [c["name"] for c in data["components"] if c["running"]] == ["kafka"]
         assert data["broker"]["log"].startswith(str(tmp_path / "home"))
         human = run(["status"], env)
@@ -101,8 +102,7 @@ def test_doctor_tells_the_truth_about_this_kernel():
     r = subprocess.run(OBSHUB + ["doctor", "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     checks = {c["name"]: c for c in json.loads(r.stdout)}
-    from obshub import kheaders
-
+    from producer import kheaders
     env = {**os.environ, **kheaders.find_header_tree(load_settings()).env()}
     probe = "from bcc import BPF\nb=BPF(text='TRACEPOINT_PROBE(sched, sched_process_fork) { return 0; }')\nprint(b.num_open_tracepoints())"
     tp = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)

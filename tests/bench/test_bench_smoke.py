@@ -1,4 +1,4 @@
-"""Smoke test of the benchmarks (issue 7): ``python -m bench`` runs the cheapest benchmark with
+"""Smoke test of the benchmarks: ``python -m bench`` runs the cheapest benchmark with
 ``--quick`` tiny sizes as a user would and prints its table, verdict lines are well-formed, raw results
 are saved (to a temporary folder, never over bench/results/), and the scale projection's arithmetic holds.
 No timing assertions: the numbers themselves are the benchmarks' business, not the test's."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _bench(tmp_path: Path, *args: str, timeout: int = 50) -> subprocess.CompletedProcess:
@@ -85,7 +85,7 @@ def test_loadgen_batches_are_agent_shaped():
     from collections import Counter
 
     from bench import loadgen
-    from obshub import schema
+    from obshub.core import schema
     from streams import offline
 
     load = loadgen.build(3, 7, events_per_step=40, steps_per_batch=3)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from obshub import schema
-from obshub.schema import Batch, Clock, Event, Kind, SchemaError
+from obshub.core import schema
+from obshub.core.schema import Batch, Clock, Event, Kind, SchemaError
 
 u16 = st.integers(0, 0xFFFF)
 u32 = st.integers(0, 0xFFFF_FFFF)
@@ -151,13 +151,12 @@ def test_fuzz_mutated_valid_batches(data):
 def test_every_kind_documented():
     for k in Kind:
         assert k in schema.KIND_INFO, k
-    # the original design's five stages keep their numbers
+    # the five first kinds keep their numbers
     assert [Kind.PYTORCH_OP, Kind.CUDA_LAUNCH, Kind.PAGE_ALLOC, Kind.RDMA_WQE_POST, Kind.RDMA_CQ_DONE] == [1, 2, 3, 4, 5]
 
 
 def test_cluster_ids_never_look_like_options():
     from obshub import stack
-
     ids = [stack._cluster_id() for _ in range(2000)]
     assert not any(i.startswith("-") for i in ids)
     assert all(len(i) == 22 for i in ids)

@@ -1,8 +1,8 @@
-"""producer.instrument's hook logic in this process, with the probe functions replaced by recorders:
+"""obshub.instrument's hook logic in this process, with the probe functions replaced by recorders:
 step/phase sequencing (gradient accumulation, activation checkpointing, the loss module), TraceKeys,
 the per-thread current key, DDP's comm hook (obshub's, or the user's), and disable().
 
-The real probes and the real kernel are covered by tests/test_instrument_usdt.py; here every call the
+The real probes and the real kernel are covered by tests/instrument/test_instrument_usdt.py; here every call the
 instrumentation makes is seen directly, so the sequencing rules can be asserted exactly and fast.
 """
 
@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
-from obshub import schema
-from producer import usdt
+from obshub.core import schema
+from obshub.instrument import usdt
 
 torch = pytest.importorskip("torch")
 
@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 def probes(monkeypatch):
     """Enable instrumentation (job "j", host id 2) with recording probes; yields the call log, a list of
     ``(probe, *args)``. Disables and restores everything afterwards."""
-    from producer import instrument
+    from obshub.instrument import hooks as instrument
 
     calls: list[tuple] = []
     for name in usdt.PROBES:
@@ -66,7 +66,7 @@ class Checkpointed(torch.nn.Module):
         self.keys_seen: list[tuple[int, int]] = []
 
     def forward(self, x):
-        from producer.instrument import current_trace_key
+        from obshub.instrument import current_trace_key
 
         self.keys_seen.append(current_trace_key())
         h = torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=False)
@@ -155,7 +155,7 @@ def test_a_users_comm_hook_wins(probes, gloo_world_of_one):
 def test_disable_removes_everything(probes, gloo_world_of_one):
     import torch.distributed as dist
 
-    from producer import instrument
+    from obshub.instrument import hooks as instrument
 
     assert getattr(dist.all_reduce, "__obshub_wrapped__", None) is not None
     instrument.disable()

@@ -1,5 +1,5 @@
-"""In-process instrumentation (issue 3, part A): the USDT extension, `producer.instrument` and
-`obshub run`, observed with a real bcc USDT reader attached to ``producer.usdt.library_path()`` in the
+"""In-process instrumentation: the USDT extension, `obshub.instrument` and
+`obshub run`, observed with a real bcc USDT reader attached to ``obshub.instrument.usdt.library_path()`` in the
 running kernel, and real torch.distributed (gloo) training in subprocesses.
 
 The reader sees every process that fires the probes on this machine (other test sessions may run
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from obshub import schema
-from producer import usdt
+from obshub.core import schema
+from obshub.instrument import usdt
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 OBSHUB = [PY, "-m", "obshub.cli"]
 PROBES = usdt.PROBES
@@ -190,8 +190,8 @@ class UsdtReader:
     def __init__(self):
         from bcc import BPF, USDT
 
-        from obshub import kheaders
-        from obshub.config import load_settings
+        from obshub.core.settings import load_settings
+        from producer import kheaders
 
         kheaders.apply_env(load_settings())
         u = USDT(path=usdt.library_path())
@@ -500,7 +500,7 @@ def test_bootstrap_failure_leaves_the_program_running(tmp_path):
 
 @pytest.mark.parametrize("value, want", [(None, (4, False)), ("12", (12, True)), ("65535", (65535, True))])
 def test_host_id_from_environment(monkeypatch, value, want):
-    from producer import instrument
+    from obshub.instrument import hooks as instrument
 
     monkeypatch.setenv("RANK", "4")
     if value is None:
@@ -512,8 +512,8 @@ def test_host_id_from_environment(monkeypatch, value, want):
 
 @pytest.mark.parametrize("value", ["-1", "65536", "node3"])
 def test_bad_host_id_is_a_config_error(monkeypatch, value):
-    from obshub.errors import ConfigError
-    from producer import instrument
+    from obshub.core.errors import ConfigError
+    from obshub.instrument import hooks as instrument
 
     monkeypatch.setenv("OBSHUB_HOST_ID", value)
     with pytest.raises(ConfigError, match="OBSHUB_HOST_ID"):

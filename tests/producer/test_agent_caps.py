@@ -19,10 +19,10 @@ import time
 
 import pytest
 
-from obshub.config import load_settings
-from obshub.schema import Kind
+from obshub.core.schema import Kind
+from obshub.core.settings import load_settings
 from tests.conftest import REPO, free_port_pair
-from tests.transport_helpers import assert_seq_contiguous, read_batches
+from tests.support.transport_helpers import assert_seq_contiguous, read_batches
 
 pytestmark = [pytest.mark.kafka, pytest.mark.bpf]
 

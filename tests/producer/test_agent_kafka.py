@@ -14,11 +14,17 @@ import time
 import httpx
 import pytest
 
-from obshub import schema, stack
-from obshub.schema import Kind
+from obshub.core import registry, schema
+from obshub.core.schema import Kind
 from tests.conftest import REPO, free_port_pair
-from tests.transport_helpers import (AgentThread, assert_seq_contiguous, events_of, make_agent, read_batches,
-                                     wait_for)
+from tests.support.transport_helpers import (
+    AgentThread,
+    assert_seq_contiguous,
+    events_of,
+    make_agent,
+    read_batches,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 DATA_KINDS = {k for k in Kind if k != Kind.AGENT_LOSS}
@@ -91,7 +97,7 @@ def test_sigterm_flushes_and_exits_zero(kafka, tmp_path, unique):
                             env=_env(home), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert "attached" in proc.stdout.readline() + proc.stdout.readline()
-        wait_for(lambda: any(c["name"] == f"agent-{host}" and c["running"] for c in stack.components(settings)),
+        wait_for(lambda: any(c["name"] == f"agent-{host}" and c["running"] for c in registry.components(settings)),
                  20, "the agent's component record")
         time.sleep(1.5)  # the open batch is young: only the SIGTERM flush can deliver it
         proc.send_signal(signal.SIGTERM)
@@ -108,7 +114,7 @@ def test_sigterm_flushes_and_exits_zero(kafka, tmp_path, unique):
     got = read_batches(kafka.bootstrap_servers, hosts={host}, until=lambda bs: len(bs) >= n_batches)
     assert events_of(got, DATA_KINDS) == n_events
     assert_seq_contiguous(got, got[0].agent_id)
-    assert not any(c["name"] == f"agent-{host}" for c in stack.components(settings)), "record removed at exit"
+    assert not any(c["name"] == f"agent-{host}" for c in registry.components(settings)), "record removed at exit"
 
 
 def test_undelivered_data_exits_nonzero_and_is_replayed_by_the_next_start(kafka, tmp_path, unique):

@@ -9,11 +9,18 @@ import time
 import pytest
 
 from obshub import stack
-from obshub.config import load_settings
-from obshub.schema import Kind
+from obshub.core.schema import Kind
+from obshub.core.settings import load_settings
 from producer.transport import DIRECT, SPOOLING
 from tests.conftest import free_port_pair
-from tests.transport_helpers import AgentThread, assert_seq_contiguous, events_of, make_agent, read_batches, wait_for
+from tests.support.transport_helpers import (
+    AgentThread,
+    assert_seq_contiguous,
+    events_of,
+    make_agent,
+    read_batches,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 OUTAGE_S = 20.0

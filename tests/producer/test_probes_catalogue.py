@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from obshub.schema import KIND_INFO, Kind, validate_event
+from obshub.core.schema import KIND_INFO, Kind, validate_event
 from producer import probes as cat
 from producer.errors import ProbeError
 from producer.loader import _Plan, cflags, render_source
@@ -56,7 +56,7 @@ def test_catalogue_is_consistent():
     used = set(re.findall(r"OBS_PROBE_([A-Z_]+)", "".join(f.read_text() for f in cat.BPF_DIR.glob("*.c"))))
     assert used - {"CUDA_BASE"} <= {p.name.upper() for p in cat.PROBES}
     assert len(cat.CUDA_SYMBOLS) <= cat.CUDA_MAX_SYMBOLS
-    assert cat.THRESHOLDS["rdma_latency_ns"][1] == 20_000  # the original design's 20 us default
+    assert cat.THRESHOLDS["rdma_latency_ns"][1] == 20_000  # the 20 us default
 
 
 def test_parse_format_fields_and_symbols():
@@ -67,7 +67,7 @@ def test_parse_format_fields_and_symbols():
 
 
 def test_kfree_skb_reasons_from_this_kernel():
-    from obshub.kheaders import tracefs_mount
+    from producer.kheaders import tracefs_mount
 
     tracefs = tracefs_mount()
     if tracefs is None:
@@ -150,13 +150,13 @@ def test_sysfs_poller_on_a_fake_tree(tmp_path):
 
 def test_pcie_program_compiles_with_offsets_of_a_kernel_that_has_aer(tmp_path):
     """This kernel lacks ras:aer_event, so compile pcie.c against the offsets of the format above."""
-    from fixtures.probes_util import need_bpf
+    from tests.support.probes_util import need_bpf
 
     need_bpf()
     from bcc import BPF
 
-    from obshub import kheaders
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
+    from producer import kheaders
 
     kheaders.apply_env(load_settings())
     pl = _Plan()
@@ -172,7 +172,7 @@ def test_pcie_program_compiles_with_offsets_of_a_kernel_that_has_aer(tmp_path):
 
 def test_event_source_with_only_the_sysfs_poller(tmp_path):
     """No BPF program is built when only sysfs probes are selected; poll() returns the poller's events."""
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
     from producer.loader import BpfEventSource
 
     port = tmp_path / "sys/class/infiniband/efa_0/ports/1/hw_counters"
@@ -196,7 +196,7 @@ def test_event_source_with_only_the_sysfs_poller(tmp_path):
 
 
 def test_target_cgroup_must_exist(tmp_path):
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
     from producer.errors import TargetError
     from producer.loader import BpfEventSource
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.probes_util import Child, drain, event_source, need_bpf
-from obshub.schema import Kind
+from obshub.core.schema import Kind
 from producer.probes import Target
+from tests.support.probes_util import Child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
 

@@ -1,4 +1,4 @@
-"""TCP retransmissions from random drops (issue 3, item 5c): a process in its own network namespace, where
+"""TCP retransmissions from random drops: a process in its own network namespace, where
 nftables drops 20% of incoming TCP packets at random, and the same process in the root namespace without
 drops; both are watched. Retransmissions (and the netfilter drops) appear for the first process only; RTT
 samples appear for both.
@@ -15,9 +15,9 @@ from collections import Counter
 
 import pytest
 
-from fixtures.probes_util import Child, drain, event_source, need_bpf
-from obshub.schema import Kind
+from obshub.core.schema import Kind
 from producer.probes import Target
+from tests.support.probes_util import Child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
 

@@ -1,4 +1,4 @@
-"""The original design's RDMA latency logic (issue 3, item 5d) on a test-only verbs library
+"""RDMA completion latency on a test-only verbs library
 (tests/fixtures/fakeverbs.c: ibv_post_send / ibv_poll_cq shapes, completion after a chosen delay):
 25 us completions are reported, 10 us ones are not (threshold 20 us); a threshold changed at run time
 takes effect at once.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.probes_util import Child, build_so, drain, event_source, need_bpf
-from obshub.schema import Kind
+from obshub.core.schema import Kind
 from producer.probes import Target
+from tests.support.probes_util import Child, build_so, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
 

@@ -1,4 +1,4 @@
-"""CPU contention (issue 3, item 5b): two watched busy-ish workers in their own cgroups (v1 cpu
+"""CPU contention: two watched busy-ish workers in their own cgroups (v1 cpu
 controller), one watched through its cgroup and one by pid, each pinned to its own CPU; a CPU hog pinned to
 the first worker's CPU raises that worker's run-queue latency and not the other's.
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.probes_util import Child, drain, event_source, need_bpf
-from obshub.schema import Kind
+from obshub.core.schema import Kind
 from producer.probes import Target
+from tests.support.probes_util import Child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
 

@@ -1,4 +1,4 @@
-"""Probe table on this kernel (issue 3, item 5a): tracepoint, USDT and uprobe probes attach, none needs
+"""Probe table on this kernel: tracepoint, USDT and uprobe probes attach, none needs
 kprobes; CUDA/NCCL uprobes attach to the libraries of the torch wheel and fire without a GPU; missing
 libraries are reported as skipped with the reason."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
-from obshub.schema import Kind
+from obshub.core.schema import Kind
 from producer import probes as cat
 from producer.probes import ProbeOptions, Target
+from tests.support.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
 

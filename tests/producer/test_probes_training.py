@@ -1,5 +1,5 @@
 """The probes on a real 2-rank DDP training (torch.distributed, gloo) started under `obshub run`
-(issue 3, item 5, first bullet, seen from the event source): both ranks register and are watched in the
+(seen from the event source): both ranks register and are watched in the
 kernel; step begin/end from both; collectives with the same (process group, sequence number) on both
 ranks; every scheduler event of a rank's training thread inside a step carries that step's TraceKey
 (100%); per-step scheduler sums for every step."""
@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import pytest
 
-from fixtures.probes_util import REPO, event_source, need_bpf
-from obshub.schema import Kind, parse_trace_key
+from obshub.core.schema import Kind, parse_trace_key
 from producer.probes import Target
+from tests.support.probes_util import REPO, event_source, need_bpf
 
 pytestmark = [pytest.mark.bpf, pytest.mark.torch]
 STEPS = 4
@@ -27,9 +27,9 @@ def test_two_rank_training_tracekeys(tmp_path):
     need_bpf()
     pytest.importorskip("torch")
     try:
-        from producer import usdt
+        from obshub.instrument import usdt
     except Exception as exc:
-        pytest.skip(f"producer._usdt not built: {exc}")
+        pytest.skip(f"obshub.instrument._usdt not built: {exc}")
     from tests.conftest import free_port_pair
 
     job = f"probes-{uuid.uuid4().hex[:8]}"

@@ -1,5 +1,5 @@
-"""USDT handling (issue 3, items 5e and 5f) against tests/fixtures/fakeusdt.c, a library with the same
-`obshub` probes as producer._usdt: every PyTorch-layer event is decoded with its payload; scheduler events
+"""USDT handling against tests/fixtures/fakeusdt.c, a library with the same
+`obshub` probes as obshub.instrument._usdt: every PyTorch-layer event is decoded with its payload; scheduler events
 of a thread inside a step carry that step's TraceKey (all of them); an undersized ring buffer under a
 burst counts exactly what it could not deliver."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
-from obshub.schema import Kind, parse_trace_key, validate_event
+from obshub.core.schema import Kind, parse_trace_key, validate_event
 from producer.probes import Target
+from tests.support.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
 
@@ -107,12 +107,12 @@ def test_real_producer_usdt_library(tmp_path):
     """The handlers decode the real instrumentation library's probes (argument types and order)."""
     need_bpf()
     try:
-        from producer import usdt
+        from obshub.instrument import usdt
     except Exception as exc:  # the extension is built by another part of the project
-        pytest.skip(f"producer._usdt not built: {exc}")
-    from fixtures.probes_util import Child
+        pytest.skip(f"obshub.instrument._usdt not built: {exc}")
+    from tests.support.probes_util import Child
 
-    code = ("import sys\nfrom producer import usdt as u\nsys.stdin.readline()\n"
+    code = ("import sys\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
             "u.register('real', 1, 2, 9, 0)\nu.tracekey(77, 5)\nu.step_begin(5, 77)\n"
             "u.phase_begin('backward', 5, 78)\nu.phase_end('backward', 5, 78)\n"
             "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"

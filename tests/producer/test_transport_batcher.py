@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from obshub import schema
-from obshub.schema import Event, Kind
+from obshub.core import schema
+from obshub.core.schema import Event, Kind
 from producer.batcher import Batcher
 from producer.clock import ClockTracker, measure, tai_offset_ns
 from producer.synthetic import SyntheticSource

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from obshub.errors import ConfigError
+from obshub.core.errors import ConfigError
 from producer.config import KafkaConfig, agent_config
 from producer.publisher import Publisher
 from tests.conftest import REPO

@@ -15,7 +15,7 @@ import pytest
 from rules.errors import SilenceError
 from rules.silences import Matcher, SilenceStore
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OBSHUB = [sys.executable, "-m", "obshub.cli"]
 
 RULE = """\

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from obshub.config import load_settings
+from obshub.core.settings import load_settings
 from rules import fields
 from rules.engine import Engine
 from rules.lifecycle import fingerprint

@@ -14,7 +14,7 @@ from rules import fields
 from rules.engine import Engine
 from rules.loader import load_ruleset
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 synthetic = pytest.importorskip("streams.synthetic")
 offline = pytest.importorskip("streams.offline")
 

@@ -17,12 +17,12 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
-from obshub import schema, stack
-from obshub.config import load_settings
+from obshub.core import registry, schema
+from obshub.core.settings import load_settings
 from tests.conftest import consume_all
-from tests.test_rules_sinks import HttpRecorder
+from tests.rules.test_rules_sinks import HttpRecorder
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.kafka
 
 
@@ -106,7 +106,7 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
     proc = start(kafka, tmp_path, home, rules, cfg, f"t-{unique}", url)
     try:
         wait_for(lambda: (home / "run" / "rules.json").exists(), 60, "the service to register", proc, log)
-        assert stack.components(load_settings(home=home))[0]["name"] == "rules"
+        assert registry.components(load_settings(home=home))[0]["name"] == "rules"
         produce_step(kafka, job, 1, lost=3)
         bad = Producer({"bootstrap.servers": kafka.bootstrap_servers})
         bad.produce(schema.TOPIC_STEPS, key=f"bad-{unique}".encode(), value=b"{not json")

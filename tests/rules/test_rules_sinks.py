@@ -20,6 +20,7 @@ from pydantic import SecretStr
 
 from rules.dispatch import Dispatcher
 from rules.lifecycle import fingerprint, rfc3339
+from rules.model import InhibitRule
 from rules.silences import SilenceStore
 from rules.sinks.alertmanager import AlertmanagerSink
 from rules.sinks.base import DeliveryPolicy, Notification
@@ -28,7 +29,6 @@ from rules.sinks.console import ConsoleSink
 from rules.sinks.pagerduty import PagerDutySink, dedup_key
 from rules.sinks.slack import SECTION_MAX, SlackSink, escape_truncated
 from rules.sinks.webhook import WebhookSink
-from rules.model import InhibitRule
 
 FAST = DeliveryPolicy(max_attempts=4, max_elapsed_s=20, timeout_s=2, backoff_initial_s=0.01, backoff_max_s=0.05)
 

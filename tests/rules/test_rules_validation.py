@@ -12,7 +12,7 @@ import pytest
 from rules.errors import RuleValidationError
 from rules.loader import load_ruleset
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 OBSHUB = [sys.executable, "-m", "obshub.cli"]
 
 GOOD = """\

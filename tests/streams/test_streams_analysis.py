@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from obshub import schema
-from obshub.schema import Batch, Clock, Event, Kind
+from obshub.core import schema
+from obshub.core.schema import Batch, Clock, Event, Kind
 from streams import accumulate, analysis, offline, synthetic
 
 

@@ -1,6 +1,6 @@
 """Faust (aiokafka) against the broker the project installs (Kafka 4.1.1 by default; OBSHUB_KAFKA_VERSION
 selects another): Faust creates its own changelog topic, joins a consumer group, commits offsets, and a
-restarted worker recovers its table from the changelog (DESIGN.md "Running it")."""
+restarted worker recovers its table from the changelog."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams import testkit
+from tests.support import testkit
 
 pytestmark = pytest.mark.kafka
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(kafka, app_id, topic, out: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streams.compat", "--bootstrap", kafka.bootstrap_servers,
+    return subprocess.Popen([sys.executable, "-m", "tests.support.compat", "--bootstrap", kafka.bootstrap_servers,
                              "--app-id", app_id, "--topic", topic, "--out", str(out),
                              "--state-dir", str(out.parent / "state")],
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)

@@ -17,9 +17,10 @@ import httpx
 import msgpack
 import pytest
 
-from obshub import schema, stack
-from obshub.schema import Batch, Clock, Event, Kind
-from streams import offline, synthetic, testkit
+from obshub.core import registry, schema
+from obshub.core.schema import Batch, Clock, Event, Kind
+from streams import offline, synthetic
+from tests.support import testkit
 
 pytestmark = pytest.mark.kafka
 
@@ -102,7 +103,7 @@ def test_straggler_and_guilty_layer_named_exactly(kafka, shared, unique):
     got = _by_job(kafka, shared["topics"].steps, scn.job, 50)
     steps = [s["step"] for s in got]
     assert sorted(steps) == list(range(50)), "exactly one summary per step"
-    comps = {c["name"]: c for c in stack.components(kafka)}
+    comps = {c["name"]: c for c in registry.components(kafka)}
     assert comps["streams-101"]["running"] and comps["streams-101"]["output"] == shared["topics"].steps
     truth = synthetic.expected(scn)
     for s in got:

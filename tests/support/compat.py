@@ -1,15 +1,15 @@
 """A minimal Faust application that proves Faust (through aiokafka) works with the project's broker
-(DESIGN.md "Running it": Kafka 4.x removed old protocol versions, KIP-896).
+(Kafka 4.x removed old protocol versions, KIP-896).
 
 It exercises exactly what the stream application relies on, with nothing pre-created by obshub: Faust
 creates its own topics (the table changelog, the leader topic), joins a consumer group, commits offsets,
 writes a changelog-backed table and recovers it on the next start. Run::
 
-    python -m streams.compat --bootstrap 127.0.0.1:19092 --app-id compat-1 --topic compat-in --out /tmp/n
+    python -m tests.support.compat --bootstrap 127.0.0.1:19092 --app-id compat-1 --topic compat-in --out /tmp/n
 
 It counts the messages of ``--topic`` in a table and writes the current total to ``--out`` after each
 message (``<total>\\n``). Stop it with SIGTERM; a restart continues the count from the changelog.
-tests/test_streams_faust_kafka.py drives it against the broker of ``obshub up``.
+tests/streams/test_streams_faust_kafka.py drives it against the broker of ``obshub up``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the options and run the worker until SIGTERM/SIGINT."""
     import faust
 
-    ap = argparse.ArgumentParser(prog="python -m streams.compat", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tests.support.compat", description=__doc__.splitlines()[0])
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--app-id", required=True)
     ap.add_argument("--topic", required=True)

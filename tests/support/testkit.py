@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from obshub import schema
-from obshub.config import Settings
+from obshub.core import schema
+from obshub.core.settings import Settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass

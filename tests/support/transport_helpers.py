@@ -11,7 +11,7 @@ from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from obshub import schema
+from obshub.core import schema
 from producer.agent import Agent
 from producer.config import agent_config
 from producer.synthetic import SyntheticSource

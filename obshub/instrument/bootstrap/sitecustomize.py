@@ -2,7 +2,7 @@
 the command (the launcher, each torchrun worker, their children) imports this ``sitecustomize`` at start.
 
 It costs nothing for programs without torch: it only installs a one-shot import watcher. When ``torch``
-is imported, the watcher lets the import finish and then calls ``producer.instrument.enable()`` (job and
+is imported, the watcher lets the import finish and then calls ``obshub.instrument.enable()`` (job and
 host id from ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID``). If that fails (another interpreter without obshub
 installed, a bad setting), one ``obshub:`` line goes to stderr and the program runs uninstrumented.
 A ``sitecustomize`` that this one shadows (later on sys.path) is still run.
@@ -19,7 +19,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _enable_instrumentation():
     try:
-        from producer import instrument
+        from obshub import instrument
 
         instrument.enable()
     except Exception as exc:  # noqa: BLE001 - never break the user's program
