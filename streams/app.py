@@ -21,8 +21,9 @@ tables (docs/STREAMS.md has the diagram and the guarantees):
 3. At close: ``streams.analysis.summarize`` -> JSON on the output topic keyed by job; ``closed`` entry
    written; the step's history entry (``analysis.history_entry``: step time, lateness) broadcast to every
    partition's history (the baseline and the spread of the sequential evidence).
-4. Hangs: while no step closes, the timer ``watch`` checks every open step (``analysis.hang_check``:
-   ranks that never arrived at a collective the others reached and sent nothing since); a hung step
+4. Hangs: while no step closes, the timer ``watch`` checks the latest step of every job (no later step
+   of the job has data or has closed) while it is open (``analysis.hang_check``: ranks that never
+   arrived at a collective the others reached and sent nothing since); a hung step
    gets an interim summary with ``closed_by = "hang"`` and the ``hang`` field every second, and is not
    closed by its window while it hangs (up to ``Thresholds.hang_hold_ns``). When the rank comes back the
    step completes as usual and the interim records stop.
@@ -206,6 +207,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
     # job -> host -> CLOCK_REALTIME ns of the host's last data for the job seen by this process (hangs)
     last_seen: dict[str, dict[str, int]] = {}
+    top_step: dict[str, int] = {}  # job -> highest step this process received data for
     th = cfg.thresholds
 
     async def broadcast(job: str, value: dict) -> None:
@@ -351,6 +353,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         st["bids"].append(v["bid"])
         host = v["host"]
         last_seen.setdefault(v["job"], {})[host] = time.time_ns()
+        top_step[v["job"]] = max(top_step.get(v["job"], -1), v["step"])
         if host in st["hosts"]:
             accumulate.merge(st["hosts"][host], v["acc"])
         else:
@@ -453,6 +456,10 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
                 continue
             job = st["job"]
             js = job_state(job, p)
+            later = max(top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
+            if later > st["step"]:
+                hung.pop(key, None)
+                continue  # the job went on to later steps: a host that stopped sending is not a hang
             seen = last_seen.get(job, {})
             found = analysis.hang_check(st["hosts"], sorted(js["hosts"]), seen, st["opened_ns"], js["history"],
                                         st["step"], now, th)
