@@ -540,8 +540,9 @@ def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[s
     COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent nothing
     (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never seen)
     for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of the
-    arrived hosts reached the collective at least ``hang_after / 2`` ago. A missing host that still sends
-    data is slow, not hung (the sequential evidence judges it).
+    arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not finished
+    the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing host
+    that still sends data is slow, not hung (the sequential evidence judges it).
 
     Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting:
     [host], waited_ns, after_ns}`` (``waiting``: the arrived hosts, ``waited_ns``: now minus the latest of
@@ -563,8 +564,8 @@ def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[s
         arrived = {h: a["colls"][key][1] for h, a in accs.items()
                    if key in a["colls"] and a["colls"][key][1] is not None}
         waited = now_ns - max(arrived.values())
-        if waited < after // 2:
-            continue
+        if waited < after // 2 or all(accs[h]["step_ns"] is not None for h in arrived):
+            continue  # a short wait; or every arrived rank finished its step: nobody waits
         hung = []
         for h in sorted(expected - set(arrived)):
             silent = now_ns - seen_ns.get(h, opened_ns)
