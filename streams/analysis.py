@@ -151,22 +151,25 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
 
 def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds) -> str | None:
     """Why the per-host records ``arr`` (``{host: (arrive_rt, unc_ns, op, end_rt, duration_ns)}``) of
-    collective ``key`` cannot be one collective, or None when they can. Two checks, neither needs the
-    clocks to agree beyond their stated uncertainty: (1) a rank cannot wait longer than its collective
-    lasted: ``arrival(last) - arrival(h) <= duration(h)``; (2) the paired intervals ``[arrival, end]``
-    overlap: ``max arrival <= min end``. Both with a tolerance of the two clocks' uncertainty plus
-    ``pair_slack_ns``. Hosts without a known duration (no COLLECTIVE_END, or duration 0) are not checked."""
+    collective ``key`` cannot be one collective, or None when they can. A host's collective lasted
+    ``end_rt - arrive_rt`` (both on its own clock; the COLLECTIVE_END ``duration_ns`` when the end is
+    unknown). Two checks, neither needs the hosts' clocks to agree beyond their stated uncertainty:
+    (1) a rank cannot wait longer than its collective lasted: ``arrival(last) - arrival(h) <=
+    lasted(h)``; (2) the paired intervals overlap: no host's collective ended before the last one began.
+    Both with a tolerance of the two clocks' uncertainty plus ``pair_slack_ns``. Hosts whose collective has
+    no known end or duration are not checked."""
     last_h = max(arr, key=lambda h: (arr[h][0], h))
     last_t, last_u = arr[last_h][0], arr[last_h][1]
     for h, (t, u, _op, end, dur) in sorted(arr.items()):
-        if h == last_h or not dur or dur <= 0:
+        lasted = end - t if end is not None else dur
+        if h == last_h or not lasted or lasted <= 0:
             continue
         tol = u + last_u + th.pair_slack_ns
-        if last_t - t > dur + tol:
+        if last_t - t > lasted + tol:
+            if end is not None:
+                return f"{h}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
             return (f"{h} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted "
-                    f"{dur / 1e6:.3f} ms")
-        if end is not None and end + tol < last_t:
-            return f"{h}'s collective ended before {last_h}'s began"
+                    f"{lasted / 1e6:.3f} ms")
     return None
 
 
@@ -464,8 +467,11 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
             others = [g for g in accs if g != h]
             m_rx = median_int([rx[g] for g in others])
             m_rtt = median_int([rtt[g] for g in others])
-            z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1)
-            z_rtt = (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns) if rtt[h] else 0.0
+            # the thresholds of net_blame gate each: on a loaded machine a few retransmits and RTT
+            # spikes happen on every host (spurious timeouts), and only a clear outlier is evidence
+            z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.count_min, th.count_factor * m_rx) else 0.0
+            z_rtt = ((rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
+                     if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt) else 0.0)
             put(h, "network", max(z_rx, z_rtt, out.get(h, {}).get("network", 0.0)))
     return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
 

@@ -447,8 +447,19 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
 
     @app.timer(0.5)
     async def watch():
-        """Hang detection while no step closes (module docstring, 4.)."""
+        """Hang detection while no step closes (module docstring, 4.). Skipped while this worker is behind
+        on its input or its internal topic: a host's data waiting in Kafka is no silence."""
         actives = app.assignor.assigned_actives()
+        try:
+            for tp in actives:
+                if tp.topic not in (cfg.input_topic, rep.get_topic_name()):
+                    continue
+                hw = app.consumer.highwater(tp)
+                pos = await app.consumer.position(tp)
+                if hw is not None and pos is not None and hw - pos > 0:
+                    return
+        except Exception:  # the lag is best effort; without it the check runs
+            pass
         now = time.time_ns()
         for key, st in list(open_t.items()):
             p = st["p"]

@@ -246,7 +246,12 @@ def test_pairing_check_reports_impossible_pairs_and_never_blames_them():
                            closed_at_ns=0)
     assert s["straggler"] is None and s["collectives"] == []
     assert s["inconsistent"] == [{"pg": "0", "coll_seq": 0, "op": "all_reduce",
-                                  "why": "a waited 30.000 ms for b but its collective lasted 1.000 ms"}]
+                                  "why": "a's collective ended 29.000 ms before b's began"}]
+    # only a duration known (no end time): the same check on the duration
+    accs["a"]["colls"]["0#0"][2] = None
+    s = analysis.summarize("j", 1, accs, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
+                           closed_at_ns=0)
+    assert s["inconsistent"][0]["why"] == "a waited 30.000 ms for b but its collective lasted 1.000 ms"
     # the same arrivals with a's collective lasting until b came: consistent, b is the straggler
     ok = {"a": _coll_acc("a", 100 * MS, {0: (10 * MS, 31 * MS)}), "b": _coll_acc("b", 100 * MS, {0: (40 * MS, 1 * MS)})}
     s = analysis.summarize("j", 1, ok, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
