@@ -89,7 +89,7 @@ class Thresholds:
     rtt_scale_ns: int = 2_000_000
     hang_min_ns: int = 2_000_000_000
     hang_factor: float = 2.0
-    hang_hold_ns: int = 600_000_000_000
+    hang_hold_ns: int = 300_000_000_000
 
 
 def median_int(values: list[int]) -> int:

@@ -420,7 +420,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             if TP(rep.get_topic_name(), p) not in actives:
                 continue
             n_open += 1
-            if key in hung and now - hung[key] < th.hang_hold_ns:
+            if key in hung and now - st["opened_ns"] < th.hang_hold_ns:
                 continue  # a hung step stays open while it hangs (watch sends its interim records)
             if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns:
                 requested[key] = now
@@ -447,25 +447,30 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
 
     @app.timer(0.5)
     async def watch():
-        """Hang detection while no step closes (module docstring, 4.). Skipped while this worker is behind
-        on its input or its internal topic: a host's data waiting in Kafka is no silence."""
+        """Hang detection while no step closes (module docstring, 4.). No verdict while this worker is
+        behind on its input or its internal topic: a host's data waiting in Kafka is no silence."""
         actives = app.assignor.assigned_actives()
-        try:
-            for tp in actives:
-                if tp.topic not in (cfg.input_topic, rep.get_topic_name()):
-                    continue
-                hw = app.consumer.highwater(tp)
-                pos = await app.consumer.position(tp)
-                if hw is not None and pos is not None and hw - pos > 0:
-                    return
-        except Exception:  # the lag is best effort; without it the check runs
-            pass
         now = time.time_ns()
+
+        async def behind() -> bool:
+            try:
+                for tp in actives:
+                    if tp.topic in (cfg.input_topic, rep.get_topic_name()):
+                        hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
+                        if hw is not None and pos is not None and hw - pos > 0:
+                            return True
+            except Exception:  # the lag is best effort; without it the check runs
+                pass
+            return False
+
         for key, st in list(open_t.items()):
             p = st["p"]
             if TP(rep.get_topic_name(), p) not in actives:
                 continue
             job = st["job"]
+            if now - st["opened_ns"] > th.hang_hold_ns:
+                hung.pop(key, None)
+                continue  # held long enough (or left over from before a restart): the window closes it
             js = job_state(job, p)
             later = max(top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
             if later > st["step"]:
@@ -474,9 +479,10 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
             seen = last_seen.get(job, {})
             found = analysis.hang_check(st["hosts"], sorted(js["hosts"]), seen, st["opened_ns"], js["history"],
                                         st["step"], now, th)
-            if found is None:
+            if found is None or (key not in hung and await behind()):
                 hung.pop(key, None)
                 continue
+            first = key not in hung
             hung.setdefault(key, now)
             if now - hang_sent.get(job, 0) < 1_000_000_000:
                 continue
@@ -488,9 +494,10 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
                            evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}})
             await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
             m.summaries.labels("hang").inc()
-            log.warning("step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)", key,
-                        ", ".join(h["host"] for h in found["hosts"]), found["op"], found["pg"], found["coll_seq"],
-                        len(found["waiting"]))
+            if first:
+                log.warning("step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)", key,
+                            ", ".join(h["host"] for h in found["hosts"]), found["op"], found["pg"],
+                            found["coll_seq"], len(found["waiting"]))
         for key in [k for k in hung if k not in open_t]:
             del hung[key]
 
