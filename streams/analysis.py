@@ -204,10 +204,13 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
 
 
 def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str, int]:
-    """Per host, how late it was in the step (ns, >= 0): the largest ``late`` over the consistent
-    collectives it joined beyond the two clocks' uncertainty (its arrival minus the median arrival);
-    without any consistent collective, its compute time minus the median compute time of its peers."""
-    good = [c for c in colls if c["consistent"]]
+    """Per host, how late it was in the step (ns, >= 0): the largest ``late`` over the collectives it
+    joined beyond the two clocks' uncertainty (its arrival minus the median arrival); without any
+    collective, its compute time minus the median compute time of its peers. Arrivals only: the pairing
+    check is not applied here, because the end of an asynchronous collective may be when it was queued
+    (the DDP comm hook's future), which fails the check although the pairing is right; the sequential
+    test needs the same host late step after step, which a wrong pairing does not give."""
+    good = colls
     out = dict.fromkeys(accs, 0)
     if good:
         for c in good:
@@ -433,7 +436,9 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
       delay on every busy connection of the host (its late arrival is not needed: a slow link slows
       every rank alike).
 
-    Lateness-based values need a baseline (``bl["n"] >= baseline_min_n``): the start of a job is noisy."""
+    A host with connection-based network evidence in the step gets no other evidence in it: its slow
+    link explains its lateness. Lateness-based values need a baseline (``bl["n"] >= baseline_min_n``):
+    the start of a job is noisy."""
     s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
     clip = th.evidence_clip
     peers_of = {h: [g for g in accs if g != h] for h in accs}
@@ -463,6 +468,7 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
                 put(h, "network", (rx - m) / math.sqrt(m + 1))
     if len(accs) >= 3:
         rx, rtt = net_stats(accs, th)
+        net_hosts = set()
         for h in accs:
             others = [g for g in accs if g != h]
             m_rx = median_int([rx[g] for g in others])
@@ -473,6 +479,12 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
             z_rtt = ((rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
                      if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt) else 0.0)
             put(h, "network", max(z_rx, z_rtt, out.get(h, {}).get("network", 0.0)))
+            if max(z_rx, z_rtt) > 0:
+                net_hosts.add(h)
+        for h in net_hosts & set(out):
+            # its connections explain its lateness (a slow link delays its own collectives): no other
+            # layer of it is the culprit in this step
+            out[h] = {layer: (z if layer == "network" else 0.0) for layer, z in out[h].items()}
     return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
 
 
@@ -578,6 +590,8 @@ def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[s
             if silent < after:
                 continue
             acc = accs.get(h)
+            if acc is not None and acc["step_ns"] is not None:
+                continue  # it finished the step: it never joined that collective (a sampled trace), no hang
             phase = "no data in this step"
             if acc is not None:
                 open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
