@@ -1,0 +1,96 @@
+"""The width benchmark (bench/width.py): its synthetic agents send valid agent-shaped batches with a
+straggler the analysis names, its arithmetic holds, and ``python -m bench width --quick`` runs the whole
+pipeline (private broker, stream worker, rule engine) end to end, prints its tables and saves its raw
+results. No timing assertions: the numbers are the benchmark's business, not the test's."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_fleet_batches_are_agent_shaped_and_name_the_straggler():
+    from bench import fleet
+    from obshub import schema
+    from streams import offline
+
+    shape = fleet.Shape(6, 5, job="w", guilty_from=2)
+    f = fleet.Fleet(shape, start_ns=1_790_000_000_000_000_000)
+    steps = f.encode_all()
+    reg = [schema.decode_batch(v) for _k, v in f.register_messages()]
+    batches = reg + [schema.decode_batch(v) for st in steps for msgs, _n in st for _k, v in msgs]
+    assert sum(n for st in steps for _m, n in st) == 6 * 5 * 64          # events reported per slot add up
+    seqs: dict[str, list[int]] = {}
+    for b in batches:
+        seqs.setdefault(b.agent_id, []).append(b.seq)
+    assert all(s == list(range(len(s))) for s in seqs.values()) and len(seqs) == 6   # contiguous from 0
+    per_host_step = Counter((b.host, e.step) for b in batches for e in b.events if e.step >= 0)
+    assert set(per_host_step.values()) == {64} and len(per_host_step) == 6 * 5
+    assert all(len(st) == shape.batches_per_step for st in steps)        # 5 publication slots per step
+    for b in batches[6:]:                                               # TraceKey step bits follow the step
+        for e in b.events:
+            assert schema.parse_trace_key(e.trace_key).step16 == e.step & 0xFFFF
+    begins = sorted({e.ts_ns + b.clock.offset_ns for b in batches if b.host == "node0" for e in b.events
+                     if e.kind == schema.Kind.STEP_BEGIN})
+    assert [round((y - x) / 1e9, 2) for x, y in zip(begins, begins[1:])] == [1.0] * 4   # 1 s steps
+    summaries = offline.summarize_batches(batches)
+    assert len(summaries) == 5
+    for (_job, step), s in summaries.items():
+        if step >= 2:
+            assert s["straggler"]["host"] == "node2" and s["blame"][0]["layer"] == "sched"
+        else:
+            assert s["straggler"] is None
+
+
+def test_growth_exponent():
+    from bench.width import exponent
+
+    assert exponent([128, 512, 2048], [1.0, 4.0, 16.0]) == pytest.approx(1.0)
+    assert exponent([128, 512, 2048], [1.0, 16.0, 256.0]) == pytest.approx(2.0)
+    assert math.isnan(exponent([128], [3.0]))
+    assert math.isnan(exponent([128, 512], [1.0, float("nan")]))
+
+
+def test_topic_classes():
+    from bench.width import topic_class
+
+    assert topic_class("obshub.events.v1", "bench-width-8") == "events (agents)"
+    assert topic_class("bench-width-8-steps", "bench-width-8") == "repartition steps"
+    assert topic_class("bench-width-8-open-changelog", "bench-width-8") == "changelog open"
+    assert topic_class("bench-width-128-open-changelog", "bench-width-8") is None      # another size's app
+    assert topic_class("__consumer_offsets", "bench-width-8") is None
+
+
+@pytest.mark.kafka
+def test_width_quick_runs_the_pipeline(tmp_path):
+    env = {**os.environ, "OBSHUB_BENCH_RESULTS": str(tmp_path), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "bench", "width", "--quick"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-3000:]
+    for text in ("4 hosts", "16 hosts", "summaries behind at each step's end", "last event -> summary",
+                 "CPU per step of each stage", "bytes per step on each topic", "RSS peak of each process"):
+        assert text in out, text
+    saved = json.loads((tmp_path / "width.json").read_text())
+    sizes = {s["hosts"]: s for s in saved["sizes"]}
+    assert set(sizes) == {4, 16}
+    for s in sizes.values():
+        assert not s["ended"], s["ended"]
+        assert s["samples"] and s["publish"], "sampled and published"
+        assert s["cpu_ms_per_step"]["worker"] > 0 and s["cpu_ms_per_step"]["engine"] > 0
+        assert s["bytes_per_step"]["events (agents)"] > 0 and s["rss_peak_mb"]["worker"] > 0
+        assert s["summarize_ms"] > 0
+    small = sizes[4]
+    # the straggler runs from the first step: every summary the worker wrote names node2, blamed for sched
+    assert small["summaries"] and all(v["straggler"] == "node2" and v["layer"] == "sched"
+                                      for v in small["summaries"].values())
+    assert small["pause"] is not None    # run, or skipped with the reason
