@@ -94,3 +94,22 @@ def test_width_quick_runs_the_pipeline(tmp_path):
     assert small["summaries"] and all(v["straggler"] == "node2" and v["layer"] == "sched"
                                       for v in small["summaries"].values())
     assert small["pause"] is not None    # run, or skipped with the reason
+
+
+def test_stage_split_of_sampled_stacks():
+    from bench import stages
+
+    raw = "\n".join([
+        "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);ingest_one (streams/app.py:220) 5",
+        "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_one (streams/app.py:370);"
+        "close (streams/app.py:290);summarize (streams/analysis.py:310) 3",
+        "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_part (streams/app.py:340) 2",
+        "_run_once (asyncio/base_events.py:1);_SelectorSocketTransport.write (asyncio/selector_events.py:1) 10",
+    ])
+    assert stages.parse(raw, "worker") == {"ingest": 5, "close": 3, "fold": 2, "kafka client + faust": 10}
+    eng = "\n".join([
+        "run_engine (rules/service.py:1);_decode (rules/service.py:2);event_record (rules/fields.py:3) 4",
+        "run_engine (rules/service.py:1);Engine.process (rules/engine.py:9);Compiled.eval (celpy/x.py:1) 6",
+        "Thread.run (threading.py:1);RuleService.run_notify (rules/service.py:5) 1",
+    ])
+    assert stages.parse(eng, "engine") == {"decode": 4, "rules": 6, "notify": 1}
