@@ -40,8 +40,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from obshub import schema
-from obshub.schema import Batch, Clock, Kind
+from obshub.core import schema
+from obshub.core.schema import Batch, Kind
 from streams import synthetic
 
 TEMPLATES = 2

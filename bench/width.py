@@ -64,7 +64,8 @@ from rich.table import Table
 from bench import common, fleet
 from bench.stages import Profile, py_spy
 from bench.broker import REPO, cpu_seconds, free_port, obshub_cmd, private_stack, stop_group
-from obshub import schema, stack
+from obshub import stack
+from obshub.core import schema
 
 SIZES = (8, 128, 512, 2048)
 STEPS = {8: 20, 128: 30, 512: 30, 2048: 20}

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_fleet_batches_are_agent_shaped_and_name_the_straggler():
     from bench import fleet
-    from obshub import schema
+    from obshub.core import schema
     from streams import offline
 
     shape = fleet.Shape(6, 5, job="w", guilty_from=2)
