@@ -897,11 +897,16 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
     for role in rss_roles:
         t.add_row(role, *[f"{r.rss_peak_mb.get(role, float('nan')):,.0f}" for r in results])
     say(t)
-    verdicts = {}
+    verdicts, rows = {}, []
+
+    def verdict(key: str, label: str, ok: bool, detail: str) -> None:
+        verdicts[key] = ok
+        rows.append({"target": label, "measured": detail, "met": ok})
+        common.verdict(label, ok, detail)
+
     keep = next((r for r in results if r.hosts == TARGET_KEEPUP_HOSTS), None)
     if keep is not None:
-        verdicts["keep_up_512"] = keep.kept_up
-        common.verdict(f"a {TARGET_KEEPUP_HOSTS}-host job at 1 s steps keeps up end to end", keep.kept_up,
+        verdict("keep_up_512", f"a {TARGET_KEEPUP_HOSTS}-host job at 1 s steps keeps up end to end", keep.kept_up,
                        "bounded lag, every step summarised, straggler alerted" if keep.kept_up
                        else "; ".join(keep.why_not))
     big = next((r for r in results if r.hosts == TARGET_CPU_HOSTS), None)
@@ -916,9 +921,8 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         else:
             fold, what = whole, (f"stream worker {_fmt_ms(whole, wdone)} per step (whole process: ingest + fold + "
                                  f"close; no profile to split it)")
-        verdicts["fold_2048"] = wdone and fold <= TARGET_FOLD_MS
-        common.verdict(f"at {TARGET_CPU_HOSTS:,} hosts the fold costs <= {TARGET_FOLD_MS:.0f} ms CPU per step",
-                       verdicts["fold_2048"], f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}")
+        verdict("fold_2048", f"at {TARGET_CPU_HOSTS:,} hosts the fold costs <= {TARGET_FOLD_MS:.0f} ms CPU per step",
+                wdone and fold <= TARGET_FOLD_MS, f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}")
         e = big.cpu_ms_per_step.get("engine", float("nan"))
         edone = big.cpu_complete.get("engine", False)
         ev = stage_ms(big, "engine", ("rules",))
@@ -927,16 +931,14 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
                                   f"engine's {_fmt_ms(e, edone)}, which also decodes every event)")
         else:
             rules_ms, what = e, f"rule engine process {_fmt_ms(e, edone)} per step summary (no profile to split it)"
-        verdicts["rules_2048"] = edone and rules_ms <= TARGET_RULES_MS
-        common.verdict(f"at {TARGET_CPU_HOSTS:,} hosts the rule pack costs <= {TARGET_RULES_MS:.0f} ms CPU per step",
-                       verdicts["rules_2048"], what)
+        verdict("rules_2048", f"at {TARGET_CPU_HOSTS:,} hosts the rule pack costs <= {TARGET_RULES_MS:.0f} ms CPU per "
+                              f"step", edone and rules_ms <= TARGET_RULES_MS, what)
         own = {k: v for k, v in big.rss_peak_mb.items() if k not in ("broker", "agents")}
         worst = max(own.items(), key=lambda kv: kv[1] if kv[1] == kv[1] else -1, default=("-", float("nan")))
-        verdicts["rss_2048"] = bool(own) and all(v <= TARGET_RSS_MB for v in own.values())
-        common.verdict(f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
-                       verdicts["rss_2048"], ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
+        verdict("rss_2048", f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
+                bool(own) and all(v <= TARGET_RSS_MB for v in own.values()), ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
                        + f" (peak: {worst[0]}; broker JVM {big.rss_peak_mb.get('broker', float('nan')):,.0f} MB)")
-    return {"verdicts": verdicts, "growth": growth, "bytes_growth": bytes_growth}
+    return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth}
 
 
 def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] | None = None,

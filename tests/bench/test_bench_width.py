@@ -113,3 +113,35 @@ def test_stage_split_of_sampled_stacks():
         "Thread.run (threading.py:1);RuleService.run_notify (rules/service.py:5) 1",
     ])
     assert stages.parse(eng, "engine") == {"decode": 4, "rules": 6, "notify": 1}
+
+
+def test_report_judges_the_targets_from_measured_numbers():
+    from rich.console import Console
+
+    from bench.width import SizeResult, report
+
+    def size(hosts, worker_ms, engine_ms, rss, fold_share, rules_share, kept_up=True):
+        r = SizeResult(hosts, 20, hosts * 64, summarize_ms=hosts / 100)
+        r.cpu_ms_per_step = {"worker": worker_ms, "engine": engine_ms, "broker": 5.0}
+        r.cpu_complete = {"worker": True, "engine": True, "broker": True}
+        r.rss_peak_mb = {"worker": rss, "engine": rss / 2, "broker": 900.0}
+        r.profile = {"worker": {"shares": {"fold": fold_share / 2, "close": fold_share / 2, "ingest": 1 - fold_share}},
+                     "engine": {"shares": {"rules": rules_share, "decode": 1 - rules_share}}}
+        r.bytes_per_step = {"events (agents)": hosts * 1600.0}
+        r.kept_up, r.why_not = kept_up, ([] if kept_up else ["summaries up to 9 steps behind"])
+        return r
+
+    con = Console(width=200, record=True)
+    out = report([size(128, 100.0, 20.0, 90.0, 0.1, 0.5), size(512, 400.0, 80.0, 120.0, 0.1, 0.5),
+                  size(2048, 1600.0, 400.0, 600.0, 0.05, 0.1)], say=con.print)
+    v = out["verdicts"]
+    # fold = 5 % of 1,600 ms = 80 ms (met); rules = 10 % of 400 ms = 40 ms (met); worker RSS 600 MB (missed)
+    assert v == {"keep_up_512": True, "fold_2048": True, "rules_2048": True, "rss_2048": False}
+    assert out["growth"]["worker"] == pytest.approx(1.0) and out["growth"]["summarize"] == pytest.approx(1.0)
+    assert out["bytes_growth"]["events (agents)"] == pytest.approx(1.0)
+    assert [r["met"] for r in out["target_rows"]] == [True, True, True, False]
+    text = con.export_text()
+    assert "worker: fold" in text and "events (agents)" in text and "RSS peak" in text
+    slow = report([size(512, 400.0, 80.0, 120.0, 0.1, 0.5, kept_up=False)], say=Console(record=True).print)
+    assert slow["verdicts"] == {"keep_up_512": False}
+    assert "9 steps behind" in slow["target_rows"][0]["measured"]
