@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from obshub import schema
+from obshub.core import schema
 from rules import fields
 
 
