@@ -73,8 +73,8 @@ QUICK_SIZES = (4, 16)
 QUICK_STEPS = 6
 QUICK_GUILTY_FROM = 0     # the straggler from the first step: the alert fires at step 5 of 6
 PAUSE_S, QUICK_PAUSE_S = 60, 3
-PAUSE_UP_TO = 512            # the pause runs at sizes up to this one (where the pipeline kept up)
-DRAIN_MAX_S = 90             # the agents go on publishing this long after SIGCONT at most
+PAUSE_SIZES = (128, 512)     # the pause runs at these sizes (when the pipeline kept up before it)
+DRAIN_MAX_S = 60             # the agents go on publishing this long after SIGCONT at most
 WARMUP = 3                   # steps left out of the steady state
 BOUND_STEPS = 3              # "keeps up": summaries and engine at most this many steps behind
 GRACE_S = 25.0               # after the last publish: time for the last summaries and alerts
@@ -418,6 +418,9 @@ class SizeResult:
     cpu_ms_per_step: dict = field(default_factory=dict)
     cpu_complete: dict = field(default_factory=dict)
     bytes_per_step: dict = field(default_factory=dict)
+    bytes_complete: dict = field(default_factory=dict)
+    work: dict = field(default_factory=dict)
+    cpu_s: dict = field(default_factory=dict)
     kept_up: bool = False
     why_not: list = field(default_factory=list)
     alert: dict | None = None
@@ -433,32 +436,53 @@ def _behind(smp: dict) -> float:
     return max(0.0, smp["due"] - smp["summaries"])
 
 
-def _rates(a: dict, b: dict, eps: int, app_id: str) -> tuple[dict, dict, dict]:
-    """CPU ms per step, whether that stage finished any step, and bytes per step between samples a, b.
-    The unit of work: the worker's = events ingested / events per step; the engine's = step summaries
-    evaluated; the broker's and the agents' = steps published."""
+def _unit(work: dict, role: str, stage: str | None = None) -> float:
+    """Steps of work a process (or one stage of it) finished: the worker's ingest = events ingested / events
+    per step, its fold and close = steps summarised; the engine = step summaries evaluated; the broker and
+    the agents = steps published."""
+    if role.startswith("worker"):
+        return work["summaries"] if stage in ("fold", "close") else work["ingested"]
+    if role == "engine":
+        return work["engine"]
+    return work["published"]
+
+
+def _topic_unit(work: dict, cls: str) -> float:
+    """The steps a topic's bytes are divided by: events per step published, the repartition topic and the
+    per-agent table per step ingested, the fold's tables and summaries per step summarised, alerts per
+    step evaluated."""
+    if cls.startswith("events"):
+        return work["published"]
+    if cls.startswith("repartition") or cls == "changelog agents":
+        return work["ingested"]
+    if cls == "alerts":
+        return work["engine"]
+    return work["summaries"]
+
+
+def _rates(a: dict, b: dict, eps: int, app_id: str) -> dict:
+    """Between samples a and b: ``work`` (steps each stage finished), ``cpu_s`` (CPU seconds per
+    process), ``cpu`` (ms per step of work, see ``_unit``; all of it when none finished, a lower bound),
+    ``done`` (whether any finished), ``bytes`` per step per topic class and ``bytes_done``."""
     work = {"published": b["published_steps"] - a["published_steps"],
             "ingested": (b["ingested"] - a["ingested"]) / eps,
             "summaries": b["summaries"] - a["summaries"],
             "engine": b["engine_steps"] - a["engine_steps"]}
-    unit = lambda role: (work["ingested"] if role.startswith("worker") else  # noqa: E731
-                         work["engine"] if role == "engine" else work["published"])
-    cpu, done = {}, {}
+    cpu_s, cpu, done = {}, {}, {}
     for role in b["cpu"]:
         d = b["cpu"][role] - a["cpu"].get(role, float("nan"))
-        n = unit(role)
-        cpu[role] = d * 1000 / n if n > 0 else d * 1000   # nothing finished: all of it, a lower bound
+        n = _unit(work, role)
+        cpu_s[role] = d
+        cpu[role] = d * 1000 / n if n > 0 else d * 1000
         done[role] = n > 0
-    by: dict[str, float] = {}
+    raw: dict[str, float] = {}
     for topic, n in b["bytes"].items():
         cls = topic_class(topic, app_id)
-        if cls is None:
-            continue
-        d = n - a["bytes"].get(topic, 0)
-        w = work["published"] if cls.startswith("events") else work["summaries"] if cls.startswith("steps") \
-            else work["engine"] if cls == "alerts" else work["ingested"]
-        by[cls] = by.get(cls, 0.0) + (d / w if w > 0 else float(d))
-    return cpu, done, by
+        if cls is not None:
+            raw[cls] = raw.get(cls, 0.0) + n - a["bytes"].get(topic, 0)
+    by = {c: d / _topic_unit(work, c) if _topic_unit(work, c) > 0 else d for c, d in raw.items()}
+    by_done = {c: _topic_unit(work, c) > 0 for c in raw}
+    return {"work": work, "cpu_s": cpu_s, "cpu": cpu, "done": done, "bytes": by, "bytes_done": by_done}
 
 
 class SizeRun:
@@ -633,8 +657,10 @@ class SizeRun:
             r = prof.result()
             if r is not None:
                 res.profile[role] = r
-        res.cpu_ms_per_step, res.cpu_complete, res.bytes_per_step = _rates(steady_a or res.samples[0], steady_b,
-                                                                           self.eps, self.app_id)
+        rt = _rates(steady_a or res.samples[0], steady_b, self.eps, self.app_id)
+        res.work, res.cpu_s = rt["work"], rt["cpu_s"]
+        res.cpu_ms_per_step, res.cpu_complete = rt["cpu"], rt["done"]
+        res.bytes_per_step, res.bytes_complete = rt["bytes"], rt["bytes_done"]
         self.say(f"[dim]  {shape.hosts:,} hosts: {len(res.samples) - 1} step ends sampled, "
                  f"{steady_b['summaries']:.0f} summaries, engine {steady_b['engine_steps']:.0f} steps, agents "
                  f"published {self.agents.published()[0]} steps[/dim]")
@@ -797,14 +823,22 @@ def print_size(r: SizeResult, say) -> None:
     say(f"  {verdict}")
 
 
-def stage_ms(r: SizeResult, role: str, stages: tuple[str, ...]) -> float | None:
-    """CPU ms per step of ``stages`` of process ``role`` (its sampled share x its CPU per step); None
-    without a profile."""
+def stage_ms(r: SizeResult, role: str, stages: tuple[str, ...]) -> tuple[float, bool] | None:
+    """(CPU ms per step, complete) of ``stages`` of process ``role``: each stage's sampled share of the
+    process's CPU seconds divided by the steps that stage finished (``_unit``); when one of them finished
+    none, its share of all the CPU counts and the result is a lower bound (complete False). None without
+    a profile."""
     prof = r.profile.get(role)
-    v = r.cpu_ms_per_step.get(role)
-    if not prof or v is None or v != v:
+    d = r.cpu_s.get(role)
+    if not prof or d is None or d != d:
         return None
-    return v * sum(prof["shares"].get(st, 0.0) for st in stages)
+    total, complete = 0.0, True
+    for st in stages:
+        n = _unit(r.work, role, st)
+        share = prof["shares"].get(st, 0.0)
+        total += share * d * 1000 / n if n > 0 else share * d * 1000
+        complete = complete and n > 0
+    return total, complete
 
 
 def _fit_sizes(results: list[SizeResult]) -> list[SizeResult]:
@@ -860,11 +894,11 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         for role, st in sorted(stage_rows):
             cells, pts = [], []
             for r in results:
-                v = stage_ms(r, role, (st,))
+                sm = stage_ms(r, role, (st,))
                 share = (r.profile.get(role) or {}).get("shares", {}).get(st, 0.0)
-                cells.append("-" if v is None else f"{_fmt_ms(v, r.cpu_complete.get(role, True))} ({share:.0%})")
-                if v is not None and r in fit and r.cpu_complete.get(role, False):
-                    pts.append((r.hosts, v))
+                cells.append("-" if sm is None else f"{_fmt_ms(sm[0], sm[1])} ({share:.0%})")
+                if sm is not None and r in fit and sm[1]:
+                    pts.append((r.hosts, sm[0]))
             k = exponent([p[0] for p in pts], [p[1] for p in pts])
             growth[f"{role}: {st}"] = k
             t.add_row(f"{role}: {st}", *cells, "-" if k != k else f"{k:.2f}")
@@ -883,9 +917,11 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
     t.add_column("k", justify="right")
     bytes_growth = {}
     for c in classes:
-        k = exponent([r.hosts for r in fit], [r.bytes_per_step.get(c, float("nan")) for r in fit])
+        ok = [r for r in fit if r.bytes_complete.get(c, True)]
+        k = exponent([r.hosts for r in ok], [r.bytes_per_step.get(c, float("nan")) for r in ok])
         bytes_growth[c] = k
-        t.add_row(c, *[_fmt_bytes(r.bytes_per_step.get(c, float("nan"))) for r in results], "-" if k != k else f"{k:.2f}")
+        t.add_row(c, *[("" if r.bytes_complete.get(c, True) else "> ") + _fmt_bytes(r.bytes_per_step.get(c, float("nan")))
+                       for r in results], "-" if k != k else f"{k:.2f}")
     say(t)
     rss_roles = []
     for r in results:
@@ -916,19 +952,21 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         whole = sum(big.cpu_ms_per_step[k] for k in wk) if wk else float("nan")
         folds = [stage_ms(big, k, ("fold", "close")) for k in wk]
         if folds and all(f is not None for f in folds):
-            fold, what = sum(folds), (f"fold + close {_fmt_ms(sum(folds), wdone)} per step (sampled share of the "
-                                      f"worker's {_fmt_ms(whole, wdone)}: ingest and the Kafka client are the rest)")
+            fold, fdone = sum(f[0] for f in folds), all(f[1] for f in folds)
+            what = (f"fold + close {_fmt_ms(fold, fdone)} per step summarised (sampled share of the worker's CPU; "
+                    f"the whole worker {_fmt_ms(whole, wdone)} per step ingested)")
         else:
-            fold, what = whole, (f"stream worker {_fmt_ms(whole, wdone)} per step (whole process: ingest + fold + "
-                                 f"close; no profile to split it)")
+            fold, fdone = whole, wdone and big.work.get("summaries", 0) > 0
+            what = (f"stream worker {_fmt_ms(whole, wdone)} per step (whole process: ingest + fold + close; no "
+                    f"profile to split it)")
         verdict("fold_2048", f"at {TARGET_CPU_HOSTS:,} hosts the fold costs <= {TARGET_FOLD_MS:.0f} ms CPU per step",
-                wdone and fold <= TARGET_FOLD_MS, f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}")
+                fdone and fold <= TARGET_FOLD_MS, f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}")
         e = big.cpu_ms_per_step.get("engine", float("nan"))
         edone = big.cpu_complete.get("engine", False)
         ev = stage_ms(big, "engine", ("rules",))
         if ev is not None:
-            rules_ms, what = ev, (f"rule evaluation {_fmt_ms(ev, edone)} per step summary (sampled share of the "
-                                  f"engine's {_fmt_ms(e, edone)}, which also decodes every event)")
+            rules_ms, what = ev[0], (f"rule evaluation {_fmt_ms(ev[0], edone)} per step summary (sampled share of "
+                                     f"the engine's {_fmt_ms(e, edone)}, which also decodes every event)")
         else:
             rules_ms, what = e, f"rule engine process {_fmt_ms(e, edone)} per step summary (no profile to split it)"
         verdict("rules_2048", f"at {TARGET_CPU_HOSTS:,} hosts the rule pack costs <= {TARGET_RULES_MS:.0f} ms CPU per "
@@ -956,7 +994,7 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
     with private_stack(say) as settings:
         for hosts in sizes:
             n = steps or (QUICK_STEPS if quick else STEPS.get(hosts, 20))
-            p = pause_s if hosts <= (sizes[0] if quick else PAUSE_UP_TO) else 0
+            p = pause_s if hosts in ((sizes[0],) if quick else PAUSE_SIZES) else 0
             say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
             try:
                 r = SizeRun(settings, hosts, n, pause_s=p, workers=workers, tmp=tmp, say=say,
