@@ -153,3 +153,15 @@ def test_report_judges_the_targets_from_measured_numbers():
     stuck.cpu_complete = {"worker": True, "engine": False, "broker": True}
     v = report([stuck], say=Console(record=True).print)["verdicts"]
     assert v["fold_2048"] is False and v["rules_2048"] is False
+
+
+def test_stage_split_follows_classes_and_modules():
+    from bench import stages
+
+    raw = "\n".join([
+        "ingest (streams/app.py:188);one (streams/app.py:161);Ingest.handle (streams/ingest.py:50) 4",
+        "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.part (streams/fold.py:200) 3",
+        "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.close (streams/fold.py:250);"
+        "summarize (streams/analysis.py:302) 2",
+    ])
+    assert stages.parse(raw, "worker") == {"ingest": 4, "fold": 3, "close": 2}
