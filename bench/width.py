@@ -25,8 +25,8 @@ A size that does not keep up is reported as such with what it did finish: every 
 benchmark never hangs and never takes the machine's memory.
 
 Reported per size: lag at each step's end (summaries behind, engine behind, input and internal topic
-lags), time from a step's last event in Kafka to its summary (the worker's ``closed_at_ns``) and to the
-straggler alert (the alert change's Kafka timestamp), RSS peak of each process, CPU per step of each
+lags), time from a step's last event in Kafka to its summary and to the straggler alert, each as read
+back from its topic by this process (and the worker's ``closed_at_ns``), RSS peak of each process, CPU per step of each
 stage and its ratio to ``summarize`` of the same step, bytes per step on each topic (events, the worker's
 repartition topic, each table's changelog, steps, alerts), drain time after the pause. Across sizes: the
 growth exponent of each stage (least-squares slope of log cost over log hosts, sizes >= 128).
@@ -268,53 +268,74 @@ def summarize_ms(shape: fleet.Shape, reps: int = 5) -> float:
 
 
 class Lags:
-    """Committed offsets of a consumer group vs high watermarks, per topic (messages not yet consumed)."""
+    """Consumer lags from the broker's view: committed offsets of a group vs the end offsets of a topic,
+    in messages; two admin requests per sample (``refresh``), then ``lag(group, topic)`` per pair."""
 
-    def __init__(self, bootstrap: str):
-        from confluent_kafka import Consumer
+    def __init__(self, bootstrap: str, pairs: list[tuple[str, str]]):
+        from confluent_kafka.admin import AdminClient
 
-        self.bootstrap = bootstrap
-        self.meta = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-width-meta-{uuid.uuid4().hex[:6]}"})
-        self.groups: dict[str, object] = {}
+        from obshub.core.log import NullLogger
+
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, "logger": NullLogger()})
+        self.pairs = pairs
+        self.parts: dict[str, list[int]] = {}
+        self.ends: dict[tuple[str, int], int] = {}
+        self.committed: dict[str, dict[tuple[str, int], int]] = {}
+
+    def refresh(self) -> None:
+        """Read every topic's end offsets and every group's committed offsets (best effort: what fails
+        is left out and its lag reads -1)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        self.ends, self.committed = {}, {}
+        try:
+            missing = [t for _g, t in self.pairs if not self.parts.get(t)]
+            if missing:
+                md = self.admin.list_topics(timeout=5)
+                for t in missing:
+                    if t in md.topics:
+                        self.parts[t] = sorted(md.topics[t].partitions)
+            req = {TopicPartition(t, p): OffsetSpec.latest() for t in {t for _g, t in self.pairs}
+                   for p in self.parts.get(t, [])}
+            for tp, fut in self.admin.list_offsets(req, request_timeout=5).items() if req else []:
+                self.ends[(tp.topic, tp.partition)] = fut.result().offset
+            groups = sorted({g for g, _t in self.pairs})
+            futs = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g) for g in groups],
+                                                          request_timeout=5) if len(groups) == 1 else {}
+            if len(groups) > 1:   # the client takes one group per request
+                for g in groups:
+                    futs.update(self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)],
+                                                                       request_timeout=5))
+            for g, fut in futs.items():
+                self.committed[g] = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
+        except Exception:
+            pass
 
     def lag(self, group: str, topic: str) -> int:
-        """Messages of ``topic`` beyond ``group``'s committed offsets (-1 when it cannot be measured)."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        try:
-            md = self.meta.list_topics(topic, timeout=3)
-            parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
-            if not parts:
-                return -1
-            c = self.groups.get(group)
-            if c is None:
-                c = self.groups[group] = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
-                                                   "enable.auto.commit": False})
-            total = 0
-            for tp in c.committed(parts, timeout=3):
-                lo, hi = self.meta.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=3, cached=False)
-                total += max(0, hi - (tp.offset if tp.offset >= 0 else lo))
-            return total
-        except Exception:
+        """Messages of ``topic`` beyond ``group``'s committed offsets at the last refresh (-1: unknown)."""
+        parts = self.parts.get(topic)
+        com = self.committed.get(group)
+        if not parts or com is None or any((topic, p) not in self.ends for p in parts):
             return -1
+        return sum(max(0, self.ends[(topic, p)] - max(0, com.get((topic, p), 0))) for p in parts)
 
     def close(self) -> None:
-        for c in [self.meta, *self.groups.values()]:
-            with contextlib.suppress(Exception):
-                c.close()
+        pass
 
 
 class Reader:
     """Reads the steps and alerts topics from the beginning in a thread, keeping those of job ``job``:
-    per step the summary's ``closed_at_ns``, straggler and first blamed layer; every alert change with
-    its Kafka timestamp."""
+    per step the time it was read (``recv_ns``), the summary's ``closed_at_ns``, straggler and first
+    blamed layer; every alert change with the time it was read."""
 
     def __init__(self, bootstrap: str, job: str):
         self.job = job
         from confluent_kafka import Consumer
 
         self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-width-{uuid.uuid4().hex[:6]}",
-                           "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                           "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                           "fetch.wait.max.ms": 20})   # a record is seen within ~20 ms of reaching the broker
         self.c.subscribe([schema.TOPIC_STEPS, schema.TOPIC_ALERTS])
         self.summaries: dict[int, dict] = {}
         self.alerts: list[dict] = []
@@ -328,20 +349,21 @@ class Reader:
             m = self.c.poll(0.2)
             if m is None or m.error():
                 continue
+            recv = time.time_ns()
             try:
                 d = json.loads(m.value())
                 if m.topic() == schema.TOPIC_STEPS and d.get("job") == self.job:
                     st = d.get("straggler") or {}
                     blame = d.get("blame") or []
                     self.summaries.setdefault(int(d["step"]), {
-                        "closed_at_ns": int(d["closed_at_ns"]), "closed_by": d.get("closed_by"),
+                        "closed_at_ns": int(d["closed_at_ns"]), "recv_ns": recv, "closed_by": d.get("closed_by"),
                         "straggler": st.get("host"), "layer": blame[0]["layer"] if blame else None,
                         "hosts": len(d.get("hosts") or []), "bytes": len(m.value())})
                 elif m.topic() == schema.TOPIC_ALERTS and (d.get("labels") or {}).get("job") == self.job:
                     ann = d.get("annotations") or {}
                     self.alerts.append({"rule": d.get("rule"), "status": d.get("status"),
                                         "host": (d.get("labels") or {}).get("host"), "step": ann.get("step"),
-                                        "t_ns": m.timestamp()[1] * 1_000_000})
+                                        "t_ns": recv, "kafka_ts_ns": m.timestamp()[1] * 1_000_000})
             except (ValueError, KeyError, TypeError):
                 self.bad += 1
 
@@ -426,6 +448,7 @@ class SizeResult:
     why_not: list = field(default_factory=list)
     alert: dict | None = None
     to_summary_s: list = field(default_factory=list)
+    to_close_s: list = field(default_factory=list)
     pause: dict | None = None
     profile: dict = field(default_factory=dict)
     ended: str = ""
@@ -568,6 +591,7 @@ class SizeRun:
         on_time = not self.agents.steps or self.agents.steps[-1]["late_s"] < 0.5
         due = min(self.agents.total, max(steps_pub, s + 1)) if on_time else steps_pub
         lags = self.lags
+        lags.refresh()
         return {"step_end": s, "due": due, "t": time.monotonic() - self.t0, "published_steps": steps_pub,
                 "published_events": ev_pub, "ingested": wm.get("obshub_streams_events_total", 0.0),
                 "summaries": wm.get("obshub_streams_summaries_total", 0.0),
@@ -607,7 +631,9 @@ class SizeRun:
             res.summarize_ms = summarize_ms(self.shape)
             res.encode_s = self.agents.wait_ready(900)["encode_s"]
             time.sleep(2.0 if len(self.workers()) == 1 else 4.0)   # let the group settle
-            self.lags = Lags(self.settings.bootstrap_servers)
+            self.lags = Lags(self.settings.bootstrap_servers,
+                             [(self.app_id, schema.TOPIC_EVENTS), (self.app_id, f"{self.app_id}-steps"),
+                              (self.engine_group, schema.TOPIC_STEPS), (self.engine_group, schema.TOPIC_EVENTS)])
             self.reader = Reader(self.settings.bootstrap_servers, self.shape.job)
             self.measure()
         finally:
@@ -715,7 +741,8 @@ def _judge(res: SizeResult, shape: fleet.Shape) -> None:
     """Keep-up verdict, latencies and the straggler alert of one size."""
     pub = {d["step"]: d["t_ns"] for d in res.publish}
     measured = [s for s in range(res.steps) if s in pub]
-    res.to_summary_s = [(res.summaries[s]["closed_at_ns"] - pub[s]) / 1e9 for s in measured if s in res.summaries]
+    res.to_summary_s = [(res.summaries[s]["recv_ns"] - pub[s]) / 1e9 for s in measured if s in res.summaries]
+    res.to_close_s = [(res.summaries[s]["closed_at_ns"] - pub[s]) / 1e9 for s in measured if s in res.summaries]
     fired = [a for a in res.alerts if a["rule"] == ALERT_RULE and a["status"] == "firing"]
     if fired:
         a = fired[0]
@@ -799,8 +826,9 @@ def print_size(r: SizeResult, say) -> None:
     say(f"  max lag at a step's end: input {inp:,} messages, repartition topic {internal:,} messages")
     if r.to_summary_s:
         q = sorted(r.to_summary_s)
-        say(f"  last event -> summary: median {statistics.median(q):.2f} s, max {q[-1]:.2f} s "
-            f"({len(q)} of {r.steps} steps)")
+        c = sorted(r.to_close_s)
+        say(f"  last event -> summary on the steps topic: median {statistics.median(q):.2f} s, max {q[-1]:.2f} s "
+            f"({len(q)} of {r.steps} steps; closed by the worker after median {statistics.median(c):.2f} s)")
     named = sum(1 for s, v in r.summaries.items() if shape.guilty_from <= s < r.steps
                 and v["straggler"] == shape.straggler_host and v["layer"] == "sched")
     if r.alert:
