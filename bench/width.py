@@ -69,7 +69,7 @@ from obshub import stack
 from obshub.core import schema
 
 SIZES = (8, 128, 512, 2048)
-STEPS = {8: 20, 128: 30, 512: 30, 2048: 20}
+STEPS = {8: 20, 128: 30, 512: 30, 2048: 30}
 QUICK_SIZES = (4, 16)
 QUICK_STEPS = 6
 QUICK_GUILTY_FROM = 0     # the straggler from the first step: the alert fires at step 5 of 6
@@ -963,6 +963,7 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
     for role in rss_roles:
         t.add_row(role, *[f"{r.rss_peak_mb.get(role, float('nan')):,.0f}" for r in results])
     say(t)
+    proj = projection(results, say)
     verdicts, rows = {}, []
 
     def verdict(key: str, label: str, ok: bool, detail: str) -> None:
@@ -1009,7 +1010,44 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         verdict("rss_2048", f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
                 bool(own) and all(v <= TARGET_RSS_MB for v in own.values()), ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
                        + f" (peak: {worst[0]}; broker JVM {big.rss_peak_mb.get('broker', float('nan')):,.0f} MB)")
-    return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth}
+    return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth,
+            "projection": proj}
+
+
+BUSY = 0.7    # a process is planned at 70 % of a core, the rest is headroom for bursts and rebalances
+
+
+def projection(results: list[SizeResult], say=common.console.print) -> list[dict]:
+    """Cores and Kafka bandwidth one job needs at 1 s steps, from the CPU and bytes per step measured at
+    each size (a stage that finished no step gives a lower bound, marked ">"). Returns the rows."""
+    t = Table(title=f"what one job needs at 1 s steps, from this run (cores of this machine; processes = "
+                    f"ceil(cores / {BUSY}))")
+    for col in ("GPUs (hosts x 8)", "events/s", "stream worker cores", "rule engine cores", "broker cores",
+                "Kafka writes MB/s", "worker processes", "RSS per worker / engine MB"):
+        t.add_column(col, justify="right")
+    rows = []
+    for r in results:
+        step_s = 1.0
+        wk = [k for k in r.cpu_ms_per_step if k.startswith("worker")]
+        if not wk:
+            continue
+        w = sum(r.cpu_ms_per_step[k] for k in wk) / 1000 / step_s
+        wdone = all(r.cpu_complete.get(k, False) for k in wk)
+        e = r.cpu_ms_per_step.get("engine", float("nan")) / 1000 / step_s
+        b = r.cpu_ms_per_step.get("broker", float("nan")) / 1000 / step_s
+        mb = sum(v for v in r.bytes_per_step.values() if v == v) / 1e6 / step_s
+        mdone = all(r.bytes_complete.values()) if r.bytes_complete else False
+        row = {"hosts": r.hosts, "gpus": r.hosts * 8, "events_per_s": r.events_per_step / step_s,
+               "worker_cores": w, "engine_cores": e, "broker_cores": b, "kafka_mb_s": mb,
+               "workers": math.ceil(w / BUSY) if w == w else None, "lower_bound": not (wdone and mdone)}
+        rows.append(row)
+        gt = lambda ok: "" if ok else "> "  # noqa: E731
+        t.add_row(f"{r.hosts * 8:,} ({r.hosts:,})", f"{row['events_per_s']:,.0f}", f"{gt(wdone)}{w:.2f}",
+                  f"{gt(r.cpu_complete.get('engine', False))}{e:.2f}", f"{b:.2f}", f"{gt(mdone)}{mb:,.2f}",
+                  f"{gt(wdone)}{row['workers']}",
+                  f"{r.rss_peak_mb.get(wk[0], float('nan')):,.0f} / {r.rss_peak_mb.get('engine', float('nan')):,.0f}")
+    say(t)
+    return rows
 
 
 def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] | None = None,
