@@ -185,6 +185,12 @@ class Window:
     def from_list(cls, kind: str, maxlen: int, hits: list) -> "Window":
         """Inverse of ``to_list`` (hits in any order)."""
         w = cls(kind, maxlen)
-        for t, v in sorted(((int(h[0]), float(h[1])) for h in hits), key=lambda h: h[0]):
+        pairs = [(int(h[0]), float(h[1])) for h in hits]
+        if all(pairs[i][0] <= pairs[i + 1][0] for i in range(len(pairs) - 1)) and w.extreme is None:
+            w.times.extend(t for t, _ in pairs[-maxlen:])      # in order already (what snapshots hold)
+            w.values.extend(v for _, v in pairs[-maxlen:])
+            w.total = float(sum(w.values))
+            return w
+        for t, v in sorted(pairs, key=lambda h: h[0]):
             w.add(t, v)
         return w
