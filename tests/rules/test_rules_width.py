@@ -19,7 +19,7 @@ from rules.testing import BASE_NS
 from rules.window import Window
 
 S = 1_000_000_000
-BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
+BUILTIN = Path(__file__).resolve().parents[2] / "rules" / "builtin"
 
 RULES = """\
 version: 1
