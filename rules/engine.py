@@ -337,8 +337,9 @@ class Engine:
 
     @staticmethod
     def _key(exprs: dict, act: Activation) -> str | None:
+        """Correlation key: the key values in the unambiguous label encoding (distinct values, distinct keys)."""
         try:
-            return "\x1f".join(f"{k}={exprs[k].eval(act)}" for k in sorted(exprs))
+            return lifecycle.encode_labels({k: exprs[k].eval(act) for k in exprs}).decode("utf-8", "surrogatepass")
         except EvalError:
             return None
 
@@ -443,7 +444,7 @@ class Engine:
             self._emit(inst, state, rule)
             self.dirty = True
         if inst.state in (INACTIVE, RESOLVED):
-            self.instances.pop(inst.fingerprint, None)
+            self.instances.pop(lifecycle.fingerprint(inst.labels), None)
 
     def _emit(self, inst: AlertInstance, status: str, rule: Rule | None) -> None:
         rule = rule or self.ruleset.rules.get(inst.rule)
@@ -501,16 +502,21 @@ class Engine:
         """Load a ``snapshot`` (version 1 or 2); state of rules no longer in the rule set is dropped."""
         columns = snap.get("v", 1) >= 2
         self.now_ns = int(snap.get("now_ns", 0))
+        renamed: dict[str, str] = {}
         for d in snap.get("instances", []):
             inst = AlertInstance.from_dict(d)
             if inst.rule in self.ruleset.rules:
-                self.instances[inst.fingerprint] = inst
+                # indexed by the fingerprint of its labels; an alert saved by a version with another
+                # fingerprint keeps that identity (sinks and dedup keys) until it resolves
+                fp = lifecycle.fingerprint(inst.labels)
+                renamed[inst.fingerprint] = fp
+                self.instances[fp] = inst
         for rid, rt in snap.get("runtime", {}).items():
             if rid not in self.runtime:
                 continue
             r = self.runtime[rid]
             kind = self.ruleset.rules[rid].aggregate
-            r.hits = {fp: Window.from_list(kind, MAX_HITS_PER_GROUP, list(zip(*h)) if columns else h)
+            r.hits = {renamed.get(fp, fp): Window.from_list(kind, MAX_HITS_PER_GROUP, list(zip(*h)) if columns else h)
                       for fp, h in rt["hits"].items()}
             r.this_buf = {k: deque((list(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY) for k, b in rt["this_buf"].items()}
             r.other_buf = {k: deque((tuple(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY)

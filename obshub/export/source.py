@@ -2,13 +2,13 @@
 
 Reads ``schema.TOPIC_EVENTS`` and ``schema.TOPIC_STEPS`` from the beginning up to the end offsets they
 had when the read started (a snapshot: live traffic arriving meanwhile is not waited for), with a
-throw-away consumer group that commits nothing. Batches that do not decode are counted, not fatal.
+throw-away consumer group that commits nothing. Messages that do not decode are counted and the
+first ``MAX_NOTED`` listed in ``JobData.notes`` (topic[partition]@offset: field: problem), never fatal.
 Event times are put on the realtime clock (``ts_ns + clock.offset_ns``, see ``schema.to_realtime_ns``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -19,6 +19,7 @@ from obshub.core import schema
 from obshub.export.errors import ExportError
 from obshub.export.perfetto import HostEvents
 
+MAX_NOTED = 20  # unusable messages listed by location and reason; the rest are counted
 QUIET_KAFKA_LOG = logging.getLogger("obshub.export.kafka")  # librdkafka noise; failures raise ExportError
 QUIET_KAFKA_LOG.addHandler(logging.NullHandler())
 QUIET_KAFKA_LOG.propagate = False
@@ -36,8 +37,8 @@ class JobData:
     notes: list[str] = field(default_factory=list)
 
 
-def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator[bytes]:
-    """Every message value of ``topic`` up to its current end offsets."""
+def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator:
+    """Every message (confluent_kafka Message) of ``topic`` up to its current end offsets."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"obshub-export-{uuid.uuid4().hex[:8]}",
@@ -67,7 +68,7 @@ def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator[bytes]:
                 continue
             if m.offset() + 1 >= ends.get(m.partition(), 0):
                 ends.pop(m.partition(), None)
-            yield m.value()
+            yield m
         if ends:
             raise ExportError(f"Failed to read {topic} to its end within {timeout_s:.0f} s "
                               f"({len(ends)} partition(s) short)", hint="raise --timeout-s")
@@ -87,12 +88,14 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
     lo, hi = steps
     hosts: dict[str, HostEvents] = {}
     data = JobData([], {})
-    for value in _snapshot(bootstrap, events_topic, timeout_s):
+    bad: list[str] = []
+    for m in _snapshot(bootstrap, events_topic, timeout_s):
         data.batches += 1
         try:
-            b = schema.decode_batch(value)
-        except schema.SchemaError:
+            b = schema.decode_batch(m.value())
+        except schema.SchemaError as exc:
             data.undecodable += 1
+            bad.append(f"{m.topic()}[{m.partition()}]@{m.offset()}: {exc}")
             continue
         if b.job != job:
             continue
@@ -100,14 +103,22 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
         for e in b.events:
             if lo <= e.step <= hi:
                 h.events.append(e._replace(ts_ns=schema.to_realtime_ns(e.ts_ns, b.clock)))
-    for value in _snapshot(bootstrap, steps_topic, timeout_s):
+    bad_steps = 0
+    for m in _snapshot(bootstrap, steps_topic, timeout_s):
         try:
-            s = json.loads(value)
-        except (ValueError, TypeError):
+            s = schema.decode_step_summary(m.value())
+        except schema.SchemaError as exc:
+            bad_steps += 1
+            bad.append(f"{m.topic()}[{m.partition()}]@{m.offset()}: {exc}")
             continue
-        if isinstance(s, dict) and s.get("job") == job and isinstance(s.get("step"), int) and lo <= s["step"] <= hi:
+        if s.get("job") == job and isinstance(s.get("step"), int) and lo <= s["step"] <= hi:
             data.summaries[s["step"]] = s  # the latest summary of a step wins
     data.hosts = sorted((h for h in hosts.values() if h.events), key=_host_order)
     if data.undecodable:
         data.notes.append(f"{data.undecodable} batch(es) on {events_topic} did not decode and were skipped")
+    if bad_steps:
+        data.notes.append(f"{bad_steps} step summary(ies) on {steps_topic} did not decode and were skipped")
+    data.notes += [f"skipped {where}" for where in bad[:MAX_NOTED]]
+    if len(bad) > MAX_NOTED:
+        data.notes.append(f"... and {len(bad) - MAX_NOTED} more")
     return data
