@@ -146,11 +146,11 @@ class Agent:
 
         from producer.agent_metrics import make_registry
 
-        server, _thread = start_http_server(self.config.metrics_port, addr="127.0.0.1",
+        server, _thread = start_http_server(self.config.metrics_port, addr=self.config.metrics_addr,
                                             registry=make_registry(self))
         self._metrics_server = server
         self.metrics_port = server.server_port
-        self.say(f"metrics on http://127.0.0.1:{self.metrics_port}/metrics")
+        self.say(f"metrics on http://{self.config.metrics_addr}:{self.metrics_port}/metrics")
 
     def _loop(self) -> None:
         cfg = self.config
@@ -363,7 +363,9 @@ def _finite(value: float, name: str) -> float:
 @click.option("--spool-max-bytes", type=int, default=256 * 1024 * 1024, show_default=True, help="spool bound, bytes")
 @click.option("--spool-segment-bytes", type=int, default=4 * 1024 * 1024, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any free port)")
+              help="serve Prometheus metrics on PORT at /metrics (0: any free port)")
+@click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
+              help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
 @click.option("--duration", type=float, default=None, help="stop after this many seconds (scripted runs)")
 @click.option("--flush-timeout", type=float, default=15.0, show_default=True,
               help="on stop, seconds to try delivering what is left")
@@ -372,7 +374,7 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
                   bootstrap, security_protocol, sasl_mechanism, sasl_username, sasl_password, ssl_ca_location,
                   ssl_certificate_location, ssl_key_location, ssl_key_password, compression, kafka_options,
                   delivery_timeout_ms, batch_max_bytes, batch_max_age_ms, spool_max_bytes, spool_segment_bytes,
-                  metrics_port, duration, flush_timeout, debug_ebpf):
+                  metrics_port, metrics_addr, duration, flush_timeout, debug_ebpf):
     """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
 
     Prints the probe table (attached, or skipped with the reason), then runs until SIGTERM/SIGINT or
@@ -400,7 +402,7 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
                        batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms),
                        spool=dict(dir=settings.home / "spool" / host, max_bytes=spool_max_bytes,
                                   segment_bytes=spool_segment_bytes),
-                       metrics_port=metrics_port, duration_s=duration, flush_timeout_s=flush_timeout)
+                       metrics_port=metrics_port, metrics_addr=metrics_addr, duration_s=duration, flush_timeout_s=flush_timeout)
     if source == "synthetic":
         from producer.synthetic import SyntheticSource
 

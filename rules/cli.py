@@ -95,12 +95,16 @@ def test_command(files):
               help="alerting config: sinks, route, delivery (default: console sink only)")
 @click.option("--group-prefix", default="obshub-rules", show_default=True, help="Kafka consumer group prefix")
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
-@click.option("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="serve Prometheus metrics on PORT (0: any free port, logged)")
+@click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
+              help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-file", type=click.Path(path_type=Path), default=None,
               help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)")
-def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, log_level, log_file):
+def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, metrics_addr, log_level,
+                  log_file):
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
     deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
     from rules.service import RuleService
@@ -116,7 +120,7 @@ def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics
                       from_beginning=from_beginning, log_path=str(log_file) if log_file else "stderr")
     click.echo(f"rules: {len(svc.ruleset.rules)} rule(s), sinks: "
                f"{', '.join(s.name for s in svc.dispatcher.sinks)}; Kafka {settings.bootstrap_servers}", err=True)
-    svc.serve(metrics_port)
+    svc.serve(metrics_port, metrics_addr)
 
 
 def _store():
