@@ -11,14 +11,18 @@ Versions (``TOOLS``):
 - Alertmanager ``v0.27.0``: the last module version whose tree carries the web UI assets it embeds.
 - helm ``v3.22.0``.
 
-Needs the ``go`` command (1.26 or later) and the Go module proxy (``go env GOPROXY``).
+Go itself: the ``go`` on PATH when it is 1.26 or later, else the Go toolchain fetched once from the
+module proxy (module ``golang.org/toolchain``, the same archive ``GOTOOLCHAIN`` downloads) into
+``$OBSHUB_CACHE/go/toolchain``. Needs the Go module proxy (``$GOPROXY``, default proxy.golang.org).
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -40,6 +44,10 @@ TOOLS: dict[str, GoTool] = {t.name: t for t in (
     GoTool("alertmanager", "github.com/prometheus/alertmanager/cmd/alertmanager", "v0.27.0"),
     GoTool("helm", "helm.sh/helm/v3/cmd/helm", "v3.22.0"),
 )}
+
+
+GO_VERSION = "1.26.8"   # the toolchain fetched when no go >= GO_MIN is installed
+GO_MIN = (1, 26)
 
 
 class GoToolError(ObshubError):
@@ -70,6 +78,67 @@ def go_env(cache: Path) -> dict[str, str]:
             "GOFLAGS": "-modcacherw"}
 
 
+def _version(go: str) -> tuple[int, ...]:
+    try:
+        out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    try:
+        return tuple(int(x) for x in out.removeprefix("go").split(".")[:2])
+    except ValueError:
+        return ()
+
+
+def go_command(cache: Path, progress: Callable[[str], None] = lambda _m: None) -> str:
+    """A ``go`` command of at least ``GO_MIN``: the one on PATH, or the toolchain cached (fetched now from
+    the module proxy when missing, ~70 MB). Raises GoToolError when neither works."""
+    on_path = shutil.which("go")
+    if on_path and _version(on_path) >= GO_MIN:
+        return on_path
+    root = go_dir(cache) / "toolchain" / f"go{GO_VERSION}"
+    go = root / "bin" / "go"
+    if go.is_file():
+        return str(go)
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    proxy = next((p for p in os.environ.get("GOPROXY", "https://proxy.golang.org").split(",")
+                  if p.startswith("http")), "https://proxy.golang.org")
+    mod = f"v0.0.1-go{GO_VERSION}.linux-{arch}"
+    url = f"{proxy.rstrip('/')}/golang.org/toolchain/@v/{mod}.zip"
+    progress(f"no go >= {'.'.join(map(str, GO_MIN))} on PATH: fetching Go {GO_VERSION} from {url}")
+    import httpx
+
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    archive = tmp / "go.zip"
+    try:
+        with httpx.stream("GET", url, timeout=120, follow_redirects=True) as r:
+            r.raise_for_status()
+            with open(archive, "wb") as fh:
+                for chunk in r.iter_bytes(1 << 20):
+                    fh.write(chunk)
+    except httpx.HTTPError as exc:
+        raise GoToolError(f"cannot fetch the Go toolchain from {url}: {exc}",
+                          "install Go 1.26 or later, or set GOPROXY to a reachable Go module proxy") from None
+    prefix = f"golang.org/toolchain@{mod}/"
+    with zipfile.ZipFile(archive) as z:
+        for info in z.infolist():
+            if not info.filename.startswith(prefix) or info.is_dir():
+                continue
+            dest = tmp / "go" / info.filename[len(prefix):]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out)
+            mode = info.external_attr >> 16
+            if mode:
+                dest.chmod(mode & 0o777)
+    archive.unlink()
+    shutil.rmtree(root, ignore_errors=True)
+    (tmp / "go").rename(root)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return str(go)
+
+
 def ensure(cache: Path, name: str, progress: Callable[[str], None] = lambda _m: None) -> Path:
     """The binary of tool ``name``: the cached one, or built now with ``go install`` (minutes on first use;
     the build log goes to ``$OBSHUB_CACHE/go/logs/<name>.log``). Raises GoToolError when ``go`` is missing
@@ -78,10 +147,7 @@ def ensure(cache: Path, name: str, progress: Callable[[str], None] = lambda _m: 
     if have:
         return have
     t = TOOLS[name]
-    go = shutil.which("go")
-    if go is None:
-        raise GoToolError(f"cannot build {t.name} {t.version}: the `go` command is not installed",
-                          "install Go 1.26 or later (Debian: golang-go from bookworm-backports, or go.dev/dl)")
+    go = go_command(cache, progress)
     target = binary_path(cache, name)
     logs = go_dir(cache) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
