@@ -369,12 +369,14 @@ def _finite(value: float, name: str) -> float:
 @click.option("--duration", type=float, default=None, help="stop after this many seconds (scripted runs)")
 @click.option("--flush-timeout", type=float, default=15.0, show_default=True,
               help="on stop, seconds to try delivering what is left")
+@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
+              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
 @click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags to stderr")
 def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, synthetic_events, probes, thresholds,
                   bootstrap, security_protocol, sasl_mechanism, sasl_username, sasl_password, ssl_ca_location,
                   ssl_certificate_location, ssl_key_location, ssl_key_password, compression, kafka_options,
                   delivery_timeout_ms, batch_max_bytes, batch_max_age_ms, spool_max_bytes, spool_segment_bytes,
-                  metrics_port, metrics_addr, duration, flush_timeout, debug_ebpf):
+                  metrics_port, metrics_addr, duration, flush_timeout, log_format, debug_ebpf):
     """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
 
     Prints the probe table (attached, or skipped with the reason), then runs until SIGTERM/SIGINT or
@@ -385,7 +387,13 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
     from obshub.config import load_settings
     from producer.config import agent_config
 
-    logging.basicConfig(level=logging.WARNING, format="obshub agent: %(name)s: %(message)s")
+    from obshub import jsonlog
+
+    jsonlog.setup(logging.WARNING, log_format, "agent", "obshub agent: %(name)s: %(message)s")
+    say = None
+    if log_format == "json":  # the agent's progress lines become INFO records of logger obshub.agent
+        logging.getLogger("obshub.agent").setLevel(logging.INFO)
+        say = logging.getLogger("obshub.agent").info
     logging.getLogger("producer.kafka").setLevel(logging.CRITICAL)  # outages are reported by the transport
     settings = load_settings()
     host = host or socket.gethostname().split(".")[0]
@@ -407,8 +415,8 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
         from producer.synthetic import SyntheticSource
 
         src = SyntheticSource(rate, total=synthetic_events, host_id=host_id, job=job)
-        agent = Agent(cfg, src, settings=settings, thresholds=thr)
+        agent = Agent(cfg, src, settings=settings, thresholds=thr, say=say)
     else:  # thresholds go in at build time, so a layer that did not load cannot fail the start
         src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf)
-        agent = Agent(cfg, src, settings=settings)
+        agent = Agent(cfg, src, settings=settings, say=say)
     sys.exit(agent.run())

@@ -43,6 +43,7 @@ from rules.sinks.config import AlertingConfig, build_sinks
 from rules.web import runbook_url
 
 log = logging.getLogger("obshub.rules.service")
+KAFKA_LOG = logging.getLogger("obshub.rules.kafka")  # librdkafka's lines go through logging (JSON logs too)
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 MAX_FUTURE_S = 300
 
@@ -222,7 +223,7 @@ class RuleService:
         return Consumer({"bootstrap.servers": self.settings.bootstrap_servers,
                          "group.id": f"{self.group_prefix}-{suffix}", "enable.auto.commit": False,
                          "auto.offset.reset": reset, "enable.partition.eof": False,
-                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "logger": KAFKA_LOG})
 
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
         topic = msg.topic()
@@ -298,7 +299,7 @@ class RuleService:
         topics = self.input_topics()
         consumer.subscribe(topics, on_assign=_log_assign("engine"))
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
-                             "linger.ms": 5})
+                             "linger.ms": 5, "logger": KAFKA_LOG})
         last_tick = last_health = 0.0
         try:
             while not self.stop.is_set():

@@ -79,8 +79,10 @@ def _free_index(settings) -> int:
               help="worker number n (component streams-<n>); default: the first free one")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
+              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
 def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, window_s, metrics_port, metrics_addr,
-                   index, log_level):
+                   index, log_level, log_format):
     """Run one stream worker until SIGTERM/SIGINT. Start several (any host) to share the partitions.
 
     State (Faust table data dir) lives under $OBSHUB_HOME/state/<app-id>; tables are recovered from
@@ -110,7 +112,13 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     stack.register_component(settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic,
                              metrics_port=metrics_port)
     try:
-        faust.Worker(app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()
+        logging_config = None
+        if log_format == "json":
+            from obshub import jsonlog
+
+            logging_config = jsonlog.dict_config(log_level, name)
+        faust.Worker(app, loglevel=log_level.upper(), quiet=True,
+                     logging_config=logging_config).execute_from_commandline()
     finally:
         stack.unregister_component(settings, name)
 

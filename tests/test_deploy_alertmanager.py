@@ -54,6 +54,13 @@ class Steps(threading.Thread):
         self.targets, self.stop = targets, threading.Event()
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.p.flush(5)
+            del self.p
+
+    def _run(self) -> None:
         step = 0
         while not self.stop.is_set():
             for (job, host), on in list(self.targets.items()):
@@ -97,7 +104,7 @@ sinks:
         wait_http(f"{am_url}/-/ready", am)
         rules = Proc([sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(tmp_path / "rules.yaml"),
                       "-c", str(tmp_path / "alerting.yaml"), "--group-prefix", f"am-{u}",
-                      "--metrics-port", str(rules_port), "--metrics-addr", "127.0.0.1"],
+                      "--metrics-port", str(rules_port), "--metrics-addr", "127.0.0.1", "--log-format", "json"],
                      tmp_path / "rules.log", {"OBSHUB_HOME": str(tmp_path / "home"),
                                               "OBSHUB_BOOTSTRAP": kafka.bootstrap_servers})
         procs.append(rules)
@@ -152,8 +159,16 @@ sinks:
         wait_until(lambda: [r for r in receiver.requests if r["json"]["status"] == "resolved"
                             and r["json"]["groupLabels"].get("job") == jb], 30, "the resolved notification", am)
         assert [x["labels"]["job"] for x in am_alerts()] == [ja, ja]  # A still fires (silenced), B ended
+        text = rules.tail(1_000_000)
+        assert all(line.startswith("{") for line in text.splitlines() if line.strip()), text[-3000:]
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+        assert lines and all({"time", "level", "logger", "message"} <= set(x) for x in lines)
+        assert any(x["logger"] == "obshub.rules.service" and "alert resolved test_am_lost_batches" in x["message"]
+                   for x in lines)
     finally:
         steps.stop.set()
+        if steps.is_alive():
+            steps.join(15)
         for p in reversed(procs):
             p.stop()
         receiver.close()
