@@ -15,7 +15,7 @@ import time
 
 import click
 
-from obshub import schema
+from obshub.core import schema
 
 EPILOG = """\b
 Examples:
@@ -66,7 +66,7 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
     from rich.console import Console
     from rich.table import Table
 
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
     from obshub.export.source import parse_when, snapshot
 
     bounds = {}

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import click
 
-from obshub import gotools, kheaders, stack
-from obshub.config import load_settings
+from obshub import gotools, stack
+from obshub.core.settings import load_settings
+from producer import kheaders
 
 
 @click.command("setup", epilog="""\b

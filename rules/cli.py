@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from obshub.config import load_settings
+from obshub.core.settings import load_settings
 from rules.durations import parse_duration_ns
 from rules.errors import RuleTestError, RuleValidationError
 from rules.lifecycle import rfc3339
@@ -114,7 +114,7 @@ def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics
 
     if log_file:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-    from obshub import jsonlog
+    from obshub.core import log as jsonlog
 
     jsonlog.setup(log_level, log_format, "rules", "%(asctime)s %(levelname)s %(name)s: %(message)s",
                   str(log_file) if log_file else None)
