@@ -77,7 +77,8 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
     settings = load_settings(bootstrap=bootstrap)
-    rows = latest_alerts(snapshot(settings.bootstrap_servers, schema.TOPIC_ALERTS, timeout_s, **bounds),
+    rows = latest_alerts((m.value() for m in snapshot(settings.bootstrap_servers, schema.TOPIC_ALERTS, timeout_s,
+                                                      **bounds)),
                          job=job, host=host, rule=rule, firing_only=firing_only)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -111,8 +111,9 @@ class Engine:
 
     @staticmethod
     def _key(exprs: dict, act: Activation) -> str | None:
+        """Correlation key: the key values in the unambiguous label encoding (distinct values, distinct keys)."""
         try:
-            return "\x1f".join(f"{k}={exprs[k].eval(act)}" for k in sorted(exprs))
+            return lifecycle.encode_labels({k: exprs[k].eval(act) for k in exprs}).decode("utf-8", "surrogatepass")
         except EvalError:
             return None
 
@@ -209,7 +210,7 @@ class Engine:
             self._emit(inst, state, rule)
             self.dirty = True
         if inst.state in (INACTIVE, RESOLVED):
-            self.instances.pop(inst.fingerprint, None)
+            self.instances.pop(lifecycle.fingerprint(inst.labels), None)
 
     def _emit(self, inst: AlertInstance, status: str, rule: Rule | None) -> None:
         rule = rule or self.ruleset.rules.get(inst.rule)
@@ -262,15 +263,21 @@ class Engine:
     def restore(self, snap: dict) -> None:
         """Load a ``snapshot``; state of rules no longer in the rule set is dropped."""
         self.now_ns = int(snap.get("now_ns", 0))
+        renamed: dict[str, str] = {}
         for d in snap.get("instances", []):
             inst = AlertInstance.from_dict(d)
             if inst.rule in self.ruleset.rules:
-                self.instances[inst.fingerprint] = inst
+                # indexed by the fingerprint of its labels; an alert saved by a version with another
+                # fingerprint keeps that identity (sinks and dedup keys) until it resolves
+                fp = lifecycle.fingerprint(inst.labels)
+                renamed[inst.fingerprint] = fp
+                self.instances[fp] = inst
         for rid, rt in snap.get("runtime", {}).items():
             if rid not in self.runtime:
                 continue
             r = self.runtime[rid]
-            r.hits = {fp: deque((tuple(e) for e in h), maxlen=MAX_HITS_PER_GROUP) for fp, h in rt["hits"].items()}
+            r.hits = {renamed.get(fp, fp): deque((tuple(e) for e in h), maxlen=MAX_HITS_PER_GROUP)
+                      for fp, h in rt["hits"].items()}
             r.this_buf = {k: deque((list(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY) for k, b in rt["this_buf"].items()}
             r.other_buf = {k: deque((tuple(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY)
                            for k, b in rt["other_buf"].items()}

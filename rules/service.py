@@ -32,8 +32,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from prometheus_client import Counter, Gauge
 
 from obshub.core import registry, schema
+from obshub.core.log import NullLogger
 from obshub.core.settings import Settings
-from rules import fields
+from rules import fields, intake
 from rules.dispatch import Dispatcher
 from rules.engine import Engine
 from rules.errors import RuleValidationError
@@ -226,24 +227,19 @@ class RuleService:
                          "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "logger": KAFKA_LOG})
 
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
-        topic = msg.topic()
+        """Records of one input message, or ``[]`` after sending it to the DLQ (rules.intake)."""
         try:
-            if topic == schema.TOPIC_STEPS:
-                data = json.loads(msg.value())
-                if not isinstance(data, dict):
-                    raise ValueError("a step summary is a JSON object")
-                return [("steps", self._clamp(fields.step_record(data)))]
-            batch = schema.decode_batch(msg.value())
-            return [("events", self._clamp(fields.event_record(batch, ev))) for ev in batch.events]
-        except (ValueError, TypeError) as exc:
-            self.decode_errors += 1
-            DLQ.labels(topic).inc()
-            reason, field = str(exc), getattr(exc, "field", "")
-            headers = dict(zip(schema.DLQ_HEADERS, (reason, field, topic, str(msg.partition()), str(msg.offset()))))
-            dlq.produce(schema.TOPIC_DLQ, value=msg.value(), key=msg.key(), headers=list(headers.items()))
-            log.warning("%s[%d]@%d not decodable, sent to %s: %s", topic, msg.partition(), msg.offset(),
-                        schema.TOPIC_DLQ, reason)
+            return [(sig, self._clamp(rec)) for sig, rec in intake.decode(msg.topic(), msg.value())]
+        except schema.SchemaError as exc:
+            self._dead_letter(msg, exc, dlq, "engine")
             return []
+
+    def _dead_letter(self, msg, exc: Exception, dlq: Producer, loop: str) -> None:
+        self.decode_errors += 1
+        DLQ.labels(msg.topic()).inc()
+        reason = intake.dead_letter(dlq, msg, exc, f"{self.group_prefix}-{loop}")
+        log.warning("%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(),
+                    schema.TOPIC_DLQ, reason)
 
     def _clamp(self, rec: dict) -> dict:
         """A record time more than ``MAX_FUTURE_S`` ahead of this host's clock (a host with a wrong clock)
@@ -301,6 +297,7 @@ class RuleService:
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
                              "linger.ms": 5, "logger": KAFKA_LOG})
         last_tick = last_health = 0.0
+        dead_flushed = self.decode_errors
         try:
             while not self.stop.is_set():
                 msgs = consumer.consume(num_messages=500, timeout=0.2)
@@ -312,7 +309,13 @@ class RuleService:
                     self.last_seen[m.topic()] = time.monotonic()
                     for signal_name, rec in self._decode(m, producer):
                         RECORDS.labels(signal_name).inc()
-                        self.engine.process(signal_name, rec)
+                        try:
+                            self.engine.process(signal_name, rec)
+                        except Exception as exc:  # a record the checks let through must not stop the engine
+                            log.exception("evaluating %s[%d]@%d failed", m.topic(), m.partition(), m.offset())
+                            self._dead_letter(m, schema.SchemaError(
+                                "", f"rule evaluation failed: {type(exc).__name__}: {exc}"), producer, "engine")
+                            break
                 mono = time.monotonic()
                 if mono - last_tick >= 1.0:
                     self.engine.tick(time.time_ns())
@@ -332,6 +335,10 @@ class RuleService:
                     _atomic_write(self.state / "engine.json", self.engine.snapshot())
                     self.engine.dirty = False
                 if msgs:
+                    if self.decode_errors != dead_flushed:  # dead letters are on the DLQ before we commit past them
+                        if producer.flush(30):
+                            raise RuntimeError("dead letters not acknowledged by Kafka within 30 s")
+                        dead_flushed = self.decode_errors
                     _commit(consumer)
         finally:
             if self.outbox:
@@ -342,6 +349,8 @@ class RuleService:
     def run_notify(self) -> None:
         """The notify loop; returns when ``stop`` is set."""
         consumer = self._consumer("notify", "earliest")
+        dlq = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
+                        "linger.ms": 5, "logger": NullLogger()})
         consumer.subscribe([schema.TOPIC_ALERTS], on_assign=_log_assign("notify"),
                             on_revoke=lambda c, p: self.tracker.reset())
         last_commit = 0.0
@@ -352,9 +361,11 @@ class RuleService:
                         continue
                     token = self.tracker.add(m.topic(), m.partition(), m.offset())
                     try:
-                        change = json.loads(m.value())
-                    except ValueError:
-                        log.warning("skipping undecodable alert change at %s[%d]@%d", m.topic(), m.partition(), m.offset())
+                        change = intake.decode_change(m.value())
+                    except schema.SchemaError as exc:
+                        self._dead_letter(m, exc, dlq, "notify")
+                        if dlq.flush(30):
+                            raise RuntimeError("a dead letter was not acknowledged by Kafka within 30 s") from None
                         self.tracker.ack([token])
                         continue
                     if change.get("engine", self.group_prefix) != self.group_prefix:

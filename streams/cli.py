@@ -169,6 +169,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
 
     settings = load_settings()
     console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
     c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"obshub-tail-{uuid.uuid4().hex[:8]}",
                   "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False,
                   "logger": NullLogger()})
@@ -181,10 +182,12 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             if msg is None or msg.error():
                 continue
             try:
-                s = json.loads(msg.value())
+                s = schema.decode_step_summary(msg.value())
                 k = (s["job"], int(s["step"]))
-            except (ValueError, KeyError, TypeError):
-                console.print(f"[red]unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}[/red]")
+            except (schema.SchemaError, KeyError) as exc:
+                why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                err.print(f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",
+                          markup=False, style="red")
                 continue
             if k in seen or (job and s["job"] != job):
                 continue

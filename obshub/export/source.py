@@ -8,13 +8,13 @@ offsets-for-times lookup on message timestamps) and stops at the first one after
 of the requested steps are read from ``EVENTS_BEFORE_S`` before the first of their summaries was closed
 to ``EVENTS_AFTER_S`` after the last (a step's batches are sent while it runs, its summary closes at most
 a window later); without summaries in range, the whole events topic within ``since``/``until`` is read.
-Batches that do not decode are counted, not fatal.
+Messages that do not decode are counted and the first ``MAX_NOTED`` listed in ``JobData.notes``
+(topic[partition]@offset: field: problem), never fatal.
 Event times are put on the realtime clock (``ts_ns + clock.offset_ns``, see ``schema.to_realtime_ns``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -28,6 +28,7 @@ from obshub.export.perfetto import HostEvents
 QUIET_KAFKA_LOG = logging.getLogger("obshub.export.kafka")  # librdkafka noise; failures raise ExportError
 QUIET_KAFKA_LOG.addHandler(logging.NullHandler())
 QUIET_KAFKA_LOG.propagate = False
+MAX_NOTED = 20  # unusable messages listed by location and reason; the rest are counted
 
 
 @dataclass
@@ -70,8 +71,8 @@ EVENTS_AFTER_S = 60.0
 
 
 def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | None = None,
-             until_ns: int | None = None, log=QUIET_KAFKA_LOG) -> Iterator[bytes]:
-    """Every message value of ``topic`` up to its current end offsets, restricted to messages whose
+             until_ns: int | None = None, log=QUIET_KAFKA_LOG) -> Iterator:
+    """Every message (confluent_kafka Message) of ``topic`` up to its current end offsets, restricted to messages whose
     Kafka timestamp (ms) is within [``since_ns``, ``until_ns``] when given: each partition starts at
     ``offsets_for_times(since)`` and ends at ``offsets_for_times(until)``, so nothing outside is read.
     Raises ExportError when Kafka cannot be reached or the read does not finish within ``timeout_s``."""
@@ -117,7 +118,7 @@ def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | No
                 del ends[m.partition()]
                 c.pause([TopicPartition(topic, m.partition())])
             if m.offset() < end:
-                yield m.value()
+                yield m
         if ends:
             raise ExportError(f"Failed to read {topic} to its end within {timeout_s:.0f} s "
                               f"({len(ends)} partition(s) short)", hint="raise --timeout-s")
@@ -140,12 +141,16 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
     hosts: dict[str, HostEvents] = {}
     data = JobData([], {})
     closed = []
-    for value in snapshot(bootstrap, steps_topic, timeout_s, since_ns=since_ns, until_ns=until_ns):
+    bad: list[str] = []
+    bad_steps = 0
+    for m in snapshot(bootstrap, steps_topic, timeout_s, since_ns=since_ns, until_ns=until_ns):
         try:
-            s = json.loads(value)
-        except (ValueError, TypeError):
+            s = schema.decode_step_summary(m.value())
+        except schema.SchemaError as exc:
+            bad_steps += 1
+            bad.append(f"{m.topic()}[{m.partition()}]@{m.offset()}: {exc}")
             continue
-        if isinstance(s, dict) and s.get("job") == job and isinstance(s.get("step"), int) and lo <= s["step"] <= hi:
+        if s.get("job") == job and isinstance(s.get("step"), int) and lo <= s["step"] <= hi:
             data.summaries[s["step"]] = s  # the latest summary of a step wins
             if isinstance(s.get("closed_at_ns"), int) and s["closed_at_ns"] > 0:
                 closed.append(s["closed_at_ns"])
@@ -153,12 +158,13 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
     if closed and len(data.summaries) == hi - lo + 1:  # every step has a summary: its time bounds the events
         ev_since = max(since_ns or 0, min(closed) - int(EVENTS_BEFORE_S * 1e9))
         ev_until = min(until_ns or (1 << 62), max(closed) + int(EVENTS_AFTER_S * 1e9))
-    for value in snapshot(bootstrap, events_topic, timeout_s, since_ns=ev_since, until_ns=ev_until):
+    for m in snapshot(bootstrap, events_topic, timeout_s, since_ns=ev_since, until_ns=ev_until):
         data.batches += 1
         try:
-            b = schema.decode_batch(value)
-        except schema.SchemaError:
+            b = schema.decode_batch(m.value())
+        except schema.SchemaError as exc:
             data.undecodable += 1
+            bad.append(f"{m.topic()}[{m.partition()}]@{m.offset()}: {exc}")
             continue
         if b.job != job:
             continue
@@ -169,4 +175,9 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
     data.hosts = sorted((h for h in hosts.values() if h.events), key=_host_order)
     if data.undecodable:
         data.notes.append(f"{data.undecodable} batch(es) on {events_topic} did not decode and were skipped")
+    if bad_steps:
+        data.notes.append(f"{bad_steps} step summary(ies) on {steps_topic} did not decode and were skipped")
+    data.notes += [f"skipped {where}" for where in bad[:MAX_NOTED]]
+    if len(bad) > MAX_NOTED:
+        data.notes.append(f"... and {len(bad) - MAX_NOTED} more")
     return data

@@ -71,9 +71,10 @@ def test_snapshot_reads_only_the_time_range(kafka, unique):
     old = [(now - 5 * H + i * 1_000_000_000, f"old{i}".encode()) for i in range(20)]
     new = [(now - H // 60 + i * 1_000_000, f"new{i}".encode()) for i in range(7)]
     _produce(kafka.bootstrap_servers, topics.events, old + new)
-    assert sorted(snapshot(kafka.bootstrap_servers, topics.events, 30, since_ns=now - H)) == sorted(v for _t, v in new)
-    assert sorted(snapshot(kafka.bootstrap_servers, topics.events, 30, until_ns=now - 4 * H)) == \
-        sorted(v for _t, v in old)
+    def values(**kw):
+        return sorted(m.value() for m in snapshot(kafka.bootstrap_servers, topics.events, 30, **kw))
+    assert values(since_ns=now - H) == sorted(v for _t, v in new)
+    assert values(until_ns=now - 4 * H) == sorted(v for _t, v in old)
     assert list(snapshot(kafka.bootstrap_servers, topics.events, 30, since_ns=now + H)) == []
     assert len(list(snapshot(kafka.bootstrap_servers, topics.events, 30))) == 27
     assert abs(parse_when("2h", now) - (now - 2 * H)) == 0
