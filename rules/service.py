@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -40,8 +41,10 @@ from rules.errors import RuleValidationError
 from rules.loader import expand_paths, load_ruleset
 from rules.silences import SilenceStore
 from rules.sinks.config import AlertingConfig, build_sinks
+from rules.web import runbook_url
 
 log = logging.getLogger("obshub.rules.service")
+KAFKA_LOG = logging.getLogger("obshub.rules.kafka")  # librdkafka's lines go through logging (JSON logs too)
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 MAX_FUTURE_S = 300
 
@@ -147,18 +150,24 @@ class RuleService:
         self.state = state_dir(settings)
         self.log_path = log_path
         self.stop = threading.Event()
+        self.running = threading.Event()  # both loops started (the readiness probe)
+        self.http_port: int | None = None
         self.reload_requested = threading.Event()
         self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
         self._mtimes = self._rule_mtimes()
         self.outbox: list[dict] = []
-        self.engine = Engine(self.ruleset, self.outbox.append, external_url=config.external_url)
+        self.engine = Engine(self.ruleset, self.outbox.append,
+                             external_url=(config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules")
         snap = _read_json(self.state / "engine.json")
         if snap:
             self.engine.restore(snap)
         self.tracker = OffsetTracker()
         self.dispatcher = Dispatcher(build_sinks(config), config.route, self.ruleset.inhibit,
                                      SilenceStore(self.state / "silences.json"), config.delivery.policy(),
-                                     self.tracker.ack)
+                                     self.tracker.ack, passthrough=config.mode == "alertmanager")
+        if config.mode == "alertmanager" and self.ruleset.inhibit:
+            log.warning("mode alertmanager: the %d inhibit rule(s) of the rule files are not applied (write them "
+                        "as inhibit_rules in Alertmanager's configuration)", len(self.ruleset.inhibit))
         dsnap = _read_json(self.state / "dispatch.json")
         if dsnap:
             self.dispatcher.restore(dsnap)
@@ -215,7 +224,7 @@ class RuleService:
         return Consumer({"bootstrap.servers": self.settings.bootstrap_servers,
                          "group.id": f"{self.group_prefix}-{suffix}", "enable.auto.commit": False,
                          "auto.offset.reset": reset, "enable.partition.eof": False,
-                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "logger": KAFKA_LOG})
 
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
         """Records of one input message, or ``[]`` after sending it to the DLQ (rules.intake)."""
@@ -245,6 +254,9 @@ class RuleService:
         for rec in self.outbox:
             CHANGES.labels(rec["rule"], rec["status"]).inc()
             rec["engine"] = self.group_prefix  # which engine's notify loop delivers it (see run_notify)
+            link = runbook_url(rec["annotations"].get("runbook", ""), self.config.runbook_base_url)
+            if link:
+                rec["annotations"].setdefault("runbook_url", link)
             producer.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
             log.info("alert %s %s %s", rec["status"], rec["rule"], rec["labels"])
         self.outbox.clear()
@@ -283,7 +295,7 @@ class RuleService:
         topics = self.input_topics()
         consumer.subscribe(topics, on_assign=_log_assign("engine"))
         producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
-                             "linger.ms": 5})
+                             "linger.ms": 5, "logger": KAFKA_LOG})
         last_tick = last_health = 0.0
         dead_flushed = self.decode_errors
         try:
@@ -381,15 +393,19 @@ class RuleService:
             _atomic_write(self.state / "dispatch.json", self.dispatcher.snapshot())
             consumer.close()
 
-    def serve(self, metrics_port: int | None = None) -> None:
+    def serve(self, metrics_port: int | None = None, metrics_addr: str = "0.0.0.0") -> None:
         """Run both loops until SIGTERM/SIGINT; SIGHUP reloads the rule files. Registers the component
         ``rules`` with the local stack while it runs. With ``metrics_port``, Prometheus metrics are
-        served on http://127.0.0.1:<port>/metrics (0 = any free port, logged)."""
+        served on http://<metrics_addr>:<port>/metrics (0 = any free port, logged)."""
         if metrics_port is not None:
-            from prometheus_client import start_http_server
+            from rules import web
 
-            server, _ = start_http_server(metrics_port, addr="127.0.0.1")
-            log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
+            server = web.serve(web.RulesWeb(self, ready=lambda: self.running.is_set()), metrics_port, metrics_addr)
+            self.http_port = server.server_port
+            if not self.config.external_url:
+                self.engine.external_url = f"http://{socket.getfqdn()}:{self.http_port}/rules"
+            log.info("metrics on http://%s:%d/metrics, rules and alerts on /rules (generatorURL %s)", metrics_addr,
+                     self.http_port, self.engine.external_url)
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
@@ -397,6 +413,7 @@ class RuleService:
                                  log=self.log_path, rules=len(self.ruleset.rules))
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
+        self.running.set()
         try:
             self.run_engine()
         finally:
