@@ -79,6 +79,7 @@ DRAIN_MAX_S = 60             # the agents go on publishing this long after SIGCO
 WARMUP = 3                   # steps left out of the steady state
 BOUND_STEPS = 3              # "keeps up": summaries and engine at most this many steps behind
 GRACE_S = 25.0               # after the last publish: time for the last summaries and alerts
+QUICK_GRACE_S = 10.0
 RSS_CAP_MB = 4000            # a process above this ends the size (the machine is shared)
 WORKERS = 1
 PARTITIONS = 8
@@ -514,8 +515,9 @@ class SizeRun:
     """One job size on the shared broker: its processes, samplers and the measurement phases."""
 
     def __init__(self, settings, hosts: int, steps: int, *, pause_s: float, workers: int, tmp: Path, say,
-                 guilty_from: int = 2):
+                 guilty_from: int = 2, grace_s: float = GRACE_S):
         self.settings, self.say, self.steps, self.pause_s = settings, say, steps, pause_s
+        self.grace_s = grace_s
         drain = int(DRAIN_MAX_S) if pause_s > 0 else 0
         self.shape = fleet.Shape(hosts, steps + (int(pause_s) + drain if pause_s > 0 else 0), job=f"wide-{hosts}",
                                  guilty_from=guilty_from)
@@ -657,7 +659,7 @@ class SizeRun:
         self.t0 = time.monotonic() + 1.0
         self.agents.go(time.time() + 1.0)
         res.samples.append(self.sample(-1))
-        limit = self.t0 + steps * shape.step_s + GRACE_S
+        limit = self.t0 + steps * shape.step_s + self.grace_s
         pause = self.pause_s > 0
         s, steady_a, profs = 0, None, None
         # phase 1: the measured steps, then until every one is summarised and evaluated (or the time limit)
@@ -1069,7 +1071,8 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
             say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
             try:
                 r = SizeRun(settings, hosts, n, pause_s=p, workers=workers, tmp=tmp, say=say,
-                            guilty_from=QUICK_GUILTY_FROM if quick else 2).run()
+                            guilty_from=QUICK_GUILTY_FROM if quick else 2,
+                            grace_s=QUICK_GRACE_S if quick else GRACE_S).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
                 r = SizeResult(hosts, n, hosts * 64, ended=f"could not run: {str(exc)[:300]}")
