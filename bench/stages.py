@@ -26,21 +26,33 @@ import subprocess
 import sys
 from pathlib import Path
 
-# (stage, predicate over one frame "function (file:line)"); first match from the root wins
+def _fn(frame: str) -> str:
+    """The function part of a py-spy frame ``function (file:line)``, lower case."""
+    return frame.split(" (")[0].lower()
+
+
+def _in(frame: str, *files: str) -> bool:
+    """Whether the frame's file is one of ``files`` (path fragments such as ``streams/``)."""
+    where = frame.rpartition(" (")[2]
+    return any(f in where for f in files)
+
+
+# (stage, predicate over one frame "function (file:line)"); the first rule that matches any frame of a
+# stack wins, so the more specific stages come first (close runs inside the fold, decode inside the loop)
 _RULES: dict[str, list[tuple[str, callable]]] = {
     "worker": [
-        ("timer", lambda f: "expire" in f and "streams/" in f),
-        ("close", lambda f: ("close" in f.split(" (")[0] or "summarize" in f) and "streams/" in f),
-        ("fold", lambda f: "fold" in f.split(" (")[0] and "streams/" in f),
-        ("ingest", lambda f: "ingest" in f.split(" (")[0] and "streams/" in f),
+        ("timer", lambda f: _in(f, "streams/") and "expire" in _fn(f)),
+        ("close", lambda f: (_in(f, "streams/") and "close" in _fn(f)) or _in(f, "streams/analysis")),
+        ("fold", lambda f: (_in(f, "streams/") and "fold" in _fn(f)) or _in(f, "streams/fold")),
+        ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
     ],
     "engine": [
-        ("notify", lambda f: "run_notify" in f or "rules/dispatch" in f or "rules/sinks" in f),
-        ("decode", lambda f: "_decode" in f and "rules/service" in f),
-        ("state", lambda f: ("_atomic_write" in f or "snapshot" in f) and "rules/" in f),
-        ("publish", lambda f: "_publish" in f and "rules/service" in f),
-        ("rules", lambda f: any(m in f for m in ("rules/engine", "rules/expr", "rules/lifecycle", "rules/model",
-                                                 "rules/windows", "rules/fields"))),
+        ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "rules/dispatch", "rules/sinks")),
+        ("decode", lambda f: _in(f, "rules/service", "rules/intake") and "decode" in _fn(f)),
+        ("state", lambda f: _in(f, "rules/") and ("atomic_write" in _fn(f) or "snapshot" in _fn(f))),
+        ("publish", lambda f: _in(f, "rules/service") and "publish" in _fn(f)),
+        ("rules", lambda f: _in(f, "rules/engine", "rules/expr", "rules/lifecycle", "rules/model", "rules/window",
+                                "rules/fields")),
     ],
 }
 OTHER = {"worker": "kafka client + faust", "engine": "kafka client + loop"}

@@ -13,8 +13,9 @@ Per size, on a fresh private broker (bench/broker.py), with the project's own to
    offsets vs high watermarks) and the bytes on disk of every topic; read every step summary and alert
    change as it is written;
 3. after ``warmup`` steps the steady state: CPU per step of each stage = CPU used / steps that stage
-   finished (the worker: events ingested / events per step; the engine: step summaries evaluated;
-   broker and agents: steps published); bytes per step of each topic the same way;
+   finished (the worker and the engine: events ingested or evaluated / events per step; inside them, the
+   fold and close per step summarised, the rules per step summary evaluated; broker and agents: steps
+   published); bytes per step of each topic the same way;
 4. where the pipeline kept up and a pause is asked for: ``SIGSTOP`` the worker(s) for ``pause_s`` while
    the agents go on publishing, ``SIGCONT``, and time how long until the backlog is gone (summaries at most
    one step behind and the input lag below one step's events, at a step's end).
@@ -24,8 +25,8 @@ A size that does not keep up is reported as such with what it did finish: every 
 benchmark never hangs and never takes the machine's memory.
 
 Reported per size: lag at each step's end (summaries behind, engine behind, input and internal topic
-lags), time from a step's last event in Kafka to its summary (the worker's ``closed_at_ns``) and to the
-straggler alert (the alert change's Kafka timestamp), RSS peak of each process, CPU per step of each
+lags), time from a step's last event in Kafka to its summary and to the straggler alert, each as read
+back from its topic by this process (and the worker's ``closed_at_ns``), RSS peak of each process, CPU per step of each
 stage and its ratio to ``summarize`` of the same step, bytes per step on each topic (events, the worker's
 repartition topic, each table's changelog, steps, alerts), drain time after the pause. Across sizes: the
 growth exponent of each stage (least-squares slope of log cost over log hosts, sizes >= 128).
@@ -68,13 +69,13 @@ from obshub import stack
 from obshub.core import schema
 
 SIZES = (8, 128, 512, 2048)
-STEPS = {8: 20, 128: 30, 512: 30, 2048: 20}
+STEPS = {8: 20, 128: 30, 512: 30, 2048: 30}
 QUICK_SIZES = (4, 16)
 QUICK_STEPS = 6
 QUICK_GUILTY_FROM = 0     # the straggler from the first step: the alert fires at step 5 of 6
 PAUSE_S, QUICK_PAUSE_S = 60, 3
-PAUSE_UP_TO = 512            # the pause runs at sizes up to this one (where the pipeline kept up)
-DRAIN_MAX_S = 90             # the agents go on publishing this long after SIGCONT at most
+PAUSE_SIZES = (128, 512)     # the pause runs at these sizes (when the pipeline kept up before it)
+DRAIN_MAX_S = 60             # the agents go on publishing this long after SIGCONT at most
 WARMUP = 3                   # steps left out of the steady state
 BOUND_STEPS = 3              # "keeps up": summaries and engine at most this many steps behind
 GRACE_S = 25.0               # after the last publish: time for the last summaries and alerts
@@ -267,53 +268,74 @@ def summarize_ms(shape: fleet.Shape, reps: int = 5) -> float:
 
 
 class Lags:
-    """Committed offsets of a consumer group vs high watermarks, per topic (messages not yet consumed)."""
+    """Consumer lags from the broker's view: committed offsets of a group vs the end offsets of a topic,
+    in messages; two admin requests per sample (``refresh``), then ``lag(group, topic)`` per pair."""
 
-    def __init__(self, bootstrap: str):
-        from confluent_kafka import Consumer
+    def __init__(self, bootstrap: str, pairs: list[tuple[str, str]]):
+        from confluent_kafka.admin import AdminClient
 
-        self.bootstrap = bootstrap
-        self.meta = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-width-meta-{uuid.uuid4().hex[:6]}"})
-        self.groups: dict[str, object] = {}
+        from obshub.core.log import NullLogger
+
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, "logger": NullLogger()})
+        self.pairs = pairs
+        self.parts: dict[str, list[int]] = {}
+        self.ends: dict[tuple[str, int], int] = {}
+        self.committed: dict[str, dict[tuple[str, int], int]] = {}
+
+    def refresh(self) -> None:
+        """Read every topic's end offsets and every group's committed offsets (best effort: what fails
+        is left out and its lag reads -1)."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+        from confluent_kafka.admin import OffsetSpec
+
+        self.ends, self.committed = {}, {}
+        try:
+            missing = [t for _g, t in self.pairs if not self.parts.get(t)]
+            if missing:
+                md = self.admin.list_topics(timeout=5)
+                for t in missing:
+                    if t in md.topics:
+                        self.parts[t] = sorted(md.topics[t].partitions)
+            req = {TopicPartition(t, p): OffsetSpec.latest() for t in {t for _g, t in self.pairs}
+                   for p in self.parts.get(t, [])}
+            for tp, fut in self.admin.list_offsets(req, request_timeout=5).items() if req else []:
+                self.ends[(tp.topic, tp.partition)] = fut.result().offset
+            groups = sorted({g for g, _t in self.pairs})
+            futs = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g) for g in groups],
+                                                          request_timeout=5) if len(groups) == 1 else {}
+            if len(groups) > 1:   # the client takes one group per request
+                for g in groups:
+                    futs.update(self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)],
+                                                                       request_timeout=5))
+            for g, fut in futs.items():
+                self.committed[g] = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
+        except Exception:
+            pass
 
     def lag(self, group: str, topic: str) -> int:
-        """Messages of ``topic`` beyond ``group``'s committed offsets (-1 when it cannot be measured)."""
-        from confluent_kafka import Consumer, TopicPartition
-
-        try:
-            md = self.meta.list_topics(topic, timeout=3)
-            parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
-            if not parts:
-                return -1
-            c = self.groups.get(group)
-            if c is None:
-                c = self.groups[group] = Consumer({"bootstrap.servers": self.bootstrap, "group.id": group,
-                                                   "enable.auto.commit": False})
-            total = 0
-            for tp in c.committed(parts, timeout=3):
-                lo, hi = self.meta.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=3, cached=False)
-                total += max(0, hi - (tp.offset if tp.offset >= 0 else lo))
-            return total
-        except Exception:
+        """Messages of ``topic`` beyond ``group``'s committed offsets at the last refresh (-1: unknown)."""
+        parts = self.parts.get(topic)
+        com = self.committed.get(group)
+        if not parts or com is None or any((topic, p) not in self.ends for p in parts):
             return -1
+        return sum(max(0, self.ends[(topic, p)] - max(0, com.get((topic, p), 0))) for p in parts)
 
     def close(self) -> None:
-        for c in [self.meta, *self.groups.values()]:
-            with contextlib.suppress(Exception):
-                c.close()
+        pass
 
 
 class Reader:
     """Reads the steps and alerts topics from the beginning in a thread, keeping those of job ``job``:
-    per step the summary's ``closed_at_ns``, straggler and first blamed layer; every alert change with
-    its Kafka timestamp."""
+    per step the time it was read (``recv_ns``), the summary's ``closed_at_ns``, straggler and first
+    blamed layer; every alert change with the time it was read."""
 
     def __init__(self, bootstrap: str, job: str):
         self.job = job
         from confluent_kafka import Consumer
 
         self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-width-{uuid.uuid4().hex[:6]}",
-                           "auto.offset.reset": "earliest", "enable.auto.commit": False})
+                           "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                           "fetch.wait.max.ms": 20})   # a record is seen within ~20 ms of reaching the broker
         self.c.subscribe([schema.TOPIC_STEPS, schema.TOPIC_ALERTS])
         self.summaries: dict[int, dict] = {}
         self.alerts: list[dict] = []
@@ -327,20 +349,21 @@ class Reader:
             m = self.c.poll(0.2)
             if m is None or m.error():
                 continue
+            recv = time.time_ns()
             try:
                 d = json.loads(m.value())
                 if m.topic() == schema.TOPIC_STEPS and d.get("job") == self.job:
                     st = d.get("straggler") or {}
                     blame = d.get("blame") or []
                     self.summaries.setdefault(int(d["step"]), {
-                        "closed_at_ns": int(d["closed_at_ns"]), "closed_by": d.get("closed_by"),
+                        "closed_at_ns": int(d["closed_at_ns"]), "recv_ns": recv, "closed_by": d.get("closed_by"),
                         "straggler": st.get("host"), "layer": blame[0]["layer"] if blame else None,
                         "hosts": len(d.get("hosts") or []), "bytes": len(m.value())})
                 elif m.topic() == schema.TOPIC_ALERTS and (d.get("labels") or {}).get("job") == self.job:
                     ann = d.get("annotations") or {}
                     self.alerts.append({"rule": d.get("rule"), "status": d.get("status"),
                                         "host": (d.get("labels") or {}).get("host"), "step": ann.get("step"),
-                                        "t_ns": m.timestamp()[1] * 1_000_000})
+                                        "t_ns": recv, "kafka_ts_ns": m.timestamp()[1] * 1_000_000})
             except (ValueError, KeyError, TypeError):
                 self.bad += 1
 
@@ -418,10 +441,14 @@ class SizeResult:
     cpu_ms_per_step: dict = field(default_factory=dict)
     cpu_complete: dict = field(default_factory=dict)
     bytes_per_step: dict = field(default_factory=dict)
+    bytes_complete: dict = field(default_factory=dict)
+    work: dict = field(default_factory=dict)
+    cpu_s: dict = field(default_factory=dict)
     kept_up: bool = False
     why_not: list = field(default_factory=list)
     alert: dict | None = None
     to_summary_s: list = field(default_factory=list)
+    to_close_s: list = field(default_factory=list)
     pause: dict | None = None
     profile: dict = field(default_factory=dict)
     ended: str = ""
@@ -433,32 +460,54 @@ def _behind(smp: dict) -> float:
     return max(0.0, smp["due"] - smp["summaries"])
 
 
-def _rates(a: dict, b: dict, eps: int, app_id: str) -> tuple[dict, dict, dict]:
-    """CPU ms per step, whether that stage finished any step, and bytes per step between samples a, b.
-    The unit of work: the worker's = events ingested / events per step; the engine's = step summaries
-    evaluated; the broker's and the agents' = steps published."""
+def _unit(work: dict, role: str, stage: str | None = None) -> float:
+    """Steps of work a process (or one stage of it) finished: the worker = events ingested / events per step,
+    its fold and close = steps summarised; the engine = events evaluated / events per step (they are most of
+    what it reads), its rules = step summaries evaluated; the broker and the agents = steps published."""
+    if role.startswith("worker"):
+        return work["summaries"] if stage in ("fold", "close") else work["ingested"]
+    if role == "engine":
+        return work["engine"] if stage == "rules" else work["engine_events"]
+    return work["published"]
+
+
+def _topic_unit(work: dict, cls: str) -> float:
+    """The steps a topic's bytes are divided by: events per step published, the repartition topic and the
+    per-agent table per step ingested, the fold's tables and summaries per step summarised, alerts per
+    step evaluated."""
+    if cls.startswith("events"):
+        return work["published"]
+    if cls.startswith("repartition") or cls == "changelog agents":
+        return work["ingested"]
+    if cls == "alerts":
+        return work["engine"]
+    return work["summaries"]
+
+
+def _rates(a: dict, b: dict, eps: int, app_id: str) -> dict:
+    """Between samples a and b: ``work`` (steps each stage finished), ``cpu_s`` (CPU seconds per
+    process), ``cpu`` (ms per step of work, see ``_unit``; all of it when none finished, a lower bound),
+    ``done`` (whether any finished), ``bytes`` per step per topic class and ``bytes_done``."""
     work = {"published": b["published_steps"] - a["published_steps"],
             "ingested": (b["ingested"] - a["ingested"]) / eps,
             "summaries": b["summaries"] - a["summaries"],
-            "engine": b["engine_steps"] - a["engine_steps"]}
-    unit = lambda role: (work["ingested"] if role.startswith("worker") else  # noqa: E731
-                         work["engine"] if role == "engine" else work["published"])
-    cpu, done = {}, {}
+            "engine": b["engine_steps"] - a["engine_steps"],
+            "engine_events": (b["engine_events"] - a["engine_events"]) / eps}
+    cpu_s, cpu, done = {}, {}, {}
     for role in b["cpu"]:
         d = b["cpu"][role] - a["cpu"].get(role, float("nan"))
-        n = unit(role)
-        cpu[role] = d * 1000 / n if n > 0 else d * 1000   # nothing finished: all of it, a lower bound
+        n = _unit(work, role)
+        cpu_s[role] = d
+        cpu[role] = d * 1000 / n if n > 0 else d * 1000
         done[role] = n > 0
-    by: dict[str, float] = {}
+    raw: dict[str, float] = {}
     for topic, n in b["bytes"].items():
         cls = topic_class(topic, app_id)
-        if cls is None:
-            continue
-        d = n - a["bytes"].get(topic, 0)
-        w = work["published"] if cls.startswith("events") else work["summaries"] if cls.startswith("steps") \
-            else work["engine"] if cls == "alerts" else work["ingested"]
-        by[cls] = by.get(cls, 0.0) + (d / w if w > 0 else float(d))
-    return cpu, done, by
+        if cls is not None:
+            raw[cls] = raw.get(cls, 0.0) + n - a["bytes"].get(topic, 0)
+    by = {c: d / _topic_unit(work, c) if _topic_unit(work, c) > 0 else d for c, d in raw.items()}
+    by_done = {c: _topic_unit(work, c) > 0 for c in raw}
+    return {"work": work, "cpu_s": cpu_s, "cpu": cpu, "done": done, "bytes": by, "bytes_done": by_done}
 
 
 class SizeRun:
@@ -542,6 +591,7 @@ class SizeRun:
         on_time = not self.agents.steps or self.agents.steps[-1]["late_s"] < 0.5
         due = min(self.agents.total, max(steps_pub, s + 1)) if on_time else steps_pub
         lags = self.lags
+        lags.refresh()
         return {"step_end": s, "due": due, "t": time.monotonic() - self.t0, "published_steps": steps_pub,
                 "published_events": ev_pub, "ingested": wm.get("obshub_streams_events_total", 0.0),
                 "summaries": wm.get("obshub_streams_summaries_total", 0.0),
@@ -581,7 +631,9 @@ class SizeRun:
             res.summarize_ms = summarize_ms(self.shape)
             res.encode_s = self.agents.wait_ready(900)["encode_s"]
             time.sleep(2.0 if len(self.workers()) == 1 else 4.0)   # let the group settle
-            self.lags = Lags(self.settings.bootstrap_servers)
+            self.lags = Lags(self.settings.bootstrap_servers,
+                             [(self.app_id, schema.TOPIC_EVENTS), (self.app_id, f"{self.app_id}-steps"),
+                              (self.engine_group, schema.TOPIC_STEPS), (self.engine_group, schema.TOPIC_EVENTS)])
             self.reader = Reader(self.settings.bootstrap_servers, self.shape.job)
             self.measure()
         finally:
@@ -633,8 +685,10 @@ class SizeRun:
             r = prof.result()
             if r is not None:
                 res.profile[role] = r
-        res.cpu_ms_per_step, res.cpu_complete, res.bytes_per_step = _rates(steady_a or res.samples[0], steady_b,
-                                                                           self.eps, self.app_id)
+        rt = _rates(steady_a or res.samples[0], steady_b, self.eps, self.app_id)
+        res.work, res.cpu_s = rt["work"], rt["cpu_s"]
+        res.cpu_ms_per_step, res.cpu_complete = rt["cpu"], rt["done"]
+        res.bytes_per_step, res.bytes_complete = rt["bytes"], rt["bytes_done"]
         self.say(f"[dim]  {shape.hosts:,} hosts: {len(res.samples) - 1} step ends sampled, "
                  f"{steady_b['summaries']:.0f} summaries, engine {steady_b['engine_steps']:.0f} steps, agents "
                  f"published {self.agents.published()[0]} steps[/dim]")
@@ -687,7 +741,8 @@ def _judge(res: SizeResult, shape: fleet.Shape) -> None:
     """Keep-up verdict, latencies and the straggler alert of one size."""
     pub = {d["step"]: d["t_ns"] for d in res.publish}
     measured = [s for s in range(res.steps) if s in pub]
-    res.to_summary_s = [(res.summaries[s]["closed_at_ns"] - pub[s]) / 1e9 for s in measured if s in res.summaries]
+    res.to_summary_s = [(res.summaries[s]["recv_ns"] - pub[s]) / 1e9 for s in measured if s in res.summaries]
+    res.to_close_s = [(res.summaries[s]["closed_at_ns"] - pub[s]) / 1e9 for s in measured if s in res.summaries]
     fired = [a for a in res.alerts if a["rule"] == ALERT_RULE and a["status"] == "firing"]
     if fired:
         a = fired[0]
@@ -771,8 +826,9 @@ def print_size(r: SizeResult, say) -> None:
     say(f"  max lag at a step's end: input {inp:,} messages, repartition topic {internal:,} messages")
     if r.to_summary_s:
         q = sorted(r.to_summary_s)
-        say(f"  last event -> summary: median {statistics.median(q):.2f} s, max {q[-1]:.2f} s "
-            f"({len(q)} of {r.steps} steps)")
+        c = sorted(r.to_close_s)
+        say(f"  last event -> summary on the steps topic: median {statistics.median(q):.2f} s, max {q[-1]:.2f} s "
+            f"({len(q)} of {r.steps} steps; closed by the worker after median {statistics.median(c):.2f} s)")
     named = sum(1 for s, v in r.summaries.items() if shape.guilty_from <= s < r.steps
                 and v["straggler"] == shape.straggler_host and v["layer"] == "sched")
     if r.alert:
@@ -797,14 +853,22 @@ def print_size(r: SizeResult, say) -> None:
     say(f"  {verdict}")
 
 
-def stage_ms(r: SizeResult, role: str, stages: tuple[str, ...]) -> float | None:
-    """CPU ms per step of ``stages`` of process ``role`` (its sampled share x its CPU per step); None
-    without a profile."""
+def stage_ms(r: SizeResult, role: str, stages: tuple[str, ...]) -> tuple[float, bool] | None:
+    """(CPU ms per step, complete) of ``stages`` of process ``role``: each stage's sampled share of the
+    process's CPU seconds divided by the steps that stage finished (``_unit``); when one of them finished
+    none, its share of all the CPU counts and the result is a lower bound (complete False). None without
+    a profile."""
     prof = r.profile.get(role)
-    v = r.cpu_ms_per_step.get(role)
-    if not prof or v is None or v != v:
+    d = r.cpu_s.get(role)
+    if not prof or d is None or d != d:
         return None
-    return v * sum(prof["shares"].get(st, 0.0) for st in stages)
+    total, complete = 0.0, True
+    for st in stages:
+        n = _unit(r.work, role, st)
+        share = prof["shares"].get(st, 0.0)
+        total += share * d * 1000 / n if n > 0 else share * d * 1000
+        complete = complete and n > 0
+    return total, complete
 
 
 def _fit_sizes(results: list[SizeResult]) -> list[SizeResult]:
@@ -860,11 +924,11 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         for role, st in sorted(stage_rows):
             cells, pts = [], []
             for r in results:
-                v = stage_ms(r, role, (st,))
+                sm = stage_ms(r, role, (st,))
                 share = (r.profile.get(role) or {}).get("shares", {}).get(st, 0.0)
-                cells.append("-" if v is None else f"{_fmt_ms(v, r.cpu_complete.get(role, True))} ({share:.0%})")
-                if v is not None and r in fit and r.cpu_complete.get(role, False):
-                    pts.append((r.hosts, v))
+                cells.append("-" if sm is None else f"{_fmt_ms(sm[0], sm[1])} ({share:.0%})")
+                if sm is not None and r in fit and sm[1]:
+                    pts.append((r.hosts, sm[0]))
             k = exponent([p[0] for p in pts], [p[1] for p in pts])
             growth[f"{role}: {st}"] = k
             t.add_row(f"{role}: {st}", *cells, "-" if k != k else f"{k:.2f}")
@@ -883,9 +947,11 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
     t.add_column("k", justify="right")
     bytes_growth = {}
     for c in classes:
-        k = exponent([r.hosts for r in fit], [r.bytes_per_step.get(c, float("nan")) for r in fit])
+        ok = [r for r in fit if r.bytes_complete.get(c, True)]
+        k = exponent([r.hosts for r in ok], [r.bytes_per_step.get(c, float("nan")) for r in ok])
         bytes_growth[c] = k
-        t.add_row(c, *[_fmt_bytes(r.bytes_per_step.get(c, float("nan"))) for r in results], "-" if k != k else f"{k:.2f}")
+        t.add_row(c, *[("" if r.bytes_complete.get(c, True) else "> ") + _fmt_bytes(r.bytes_per_step.get(c, float("nan")))
+                       for r in results], "-" if k != k else f"{k:.2f}")
     say(t)
     rss_roles = []
     for r in results:
@@ -897,6 +963,7 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
     for role in rss_roles:
         t.add_row(role, *[f"{r.rss_peak_mb.get(role, float('nan')):,.0f}" for r in results])
     say(t)
+    proj = projection(results, say)
     verdicts, rows = {}, []
 
     def verdict(key: str, label: str, ok: bool, detail: str) -> None:
@@ -916,21 +983,26 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         whole = sum(big.cpu_ms_per_step[k] for k in wk) if wk else float("nan")
         folds = [stage_ms(big, k, ("fold", "close")) for k in wk]
         if folds and all(f is not None for f in folds):
-            fold, what = sum(folds), (f"fold + close {_fmt_ms(sum(folds), wdone)} per step (sampled share of the "
-                                      f"worker's {_fmt_ms(whole, wdone)}: ingest and the Kafka client are the rest)")
+            fold, fdone = sum(f[0] for f in folds), all(f[1] for f in folds)
+            what = (f"fold + close {_fmt_ms(fold, fdone)} per step summarised (sampled share of the worker's CPU; "
+                    f"the whole worker {_fmt_ms(whole, wdone)} per step ingested)")
         else:
-            fold, what = whole, (f"stream worker {_fmt_ms(whole, wdone)} per step (whole process: ingest + fold + "
-                                 f"close; no profile to split it)")
+            fold, fdone = whole, wdone and big.work.get("summaries", 0) > 0
+            what = (f"stream worker {_fmt_ms(whole, wdone)} per step (whole process: ingest + fold + close; no "
+                    f"profile to split it)")
         verdict("fold_2048", f"at {TARGET_CPU_HOSTS:,} hosts the fold costs <= {TARGET_FOLD_MS:.0f} ms CPU per step",
-                wdone and fold <= TARGET_FOLD_MS, f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}")
+                fdone and fold <= TARGET_FOLD_MS, f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}")
         e = big.cpu_ms_per_step.get("engine", float("nan"))
         edone = big.cpu_complete.get("engine", False)
         ev = stage_ms(big, "engine", ("rules",))
         if ev is not None:
-            rules_ms, what = ev, (f"rule evaluation {_fmt_ms(ev, edone)} per step summary (sampled share of the "
-                                  f"engine's {_fmt_ms(e, edone)}, which also decodes every event)")
+            rules_ms, edone = ev
+            what = (f"rule evaluation {_fmt_ms(rules_ms, edone)} per step summary evaluated (sampled share of the "
+                    f"engine's CPU; the whole engine, which also decodes every event, "
+                    f"{_fmt_ms(e, big.cpu_complete.get('engine', False))} per step of events)")
         else:
-            rules_ms, what = e, f"rule engine process {_fmt_ms(e, edone)} per step summary (no profile to split it)"
+            edone = edone and big.work.get("engine", 0) > 0
+            rules_ms, what = e, f"rule engine process {_fmt_ms(e, edone)} per step (no profile to split it)"
         verdict("rules_2048", f"at {TARGET_CPU_HOSTS:,} hosts the rule pack costs <= {TARGET_RULES_MS:.0f} ms CPU per "
                               f"step", edone and rules_ms <= TARGET_RULES_MS, what)
         own = {k: v for k, v in big.rss_peak_mb.items() if k not in ("broker", "agents")}
@@ -938,7 +1010,44 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         verdict("rss_2048", f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
                 bool(own) and all(v <= TARGET_RSS_MB for v in own.values()), ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
                        + f" (peak: {worst[0]}; broker JVM {big.rss_peak_mb.get('broker', float('nan')):,.0f} MB)")
-    return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth}
+    return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth,
+            "projection": proj}
+
+
+BUSY = 0.7    # a process is planned at 70 % of a core, the rest is headroom for bursts and rebalances
+
+
+def projection(results: list[SizeResult], say=common.console.print) -> list[dict]:
+    """Cores and Kafka bandwidth one job needs at 1 s steps, from the CPU and bytes per step measured at
+    each size (a stage that finished no step gives a lower bound, marked ">"). Returns the rows."""
+    t = Table(title=f"what one job needs at 1 s steps, from this run (cores of this machine; processes = "
+                    f"ceil(cores / {BUSY}))")
+    for col in ("GPUs (hosts x 8)", "events/s", "stream worker cores", "rule engine cores", "broker cores",
+                "Kafka writes MB/s", "worker processes", "RSS per worker / engine MB"):
+        t.add_column(col, justify="right")
+    rows = []
+    for r in results:
+        step_s = 1.0
+        wk = [k for k in r.cpu_ms_per_step if k.startswith("worker")]
+        if not wk:
+            continue
+        w = sum(r.cpu_ms_per_step[k] for k in wk) / 1000 / step_s
+        wdone = all(r.cpu_complete.get(k, False) for k in wk)
+        e = r.cpu_ms_per_step.get("engine", float("nan")) / 1000 / step_s
+        b = r.cpu_ms_per_step.get("broker", float("nan")) / 1000 / step_s
+        mb = sum(v for v in r.bytes_per_step.values() if v == v) / 1e6 / step_s
+        mdone = all(r.bytes_complete.values()) if r.bytes_complete else False
+        row = {"hosts": r.hosts, "gpus": r.hosts * 8, "events_per_s": r.events_per_step / step_s,
+               "worker_cores": w, "engine_cores": e, "broker_cores": b, "kafka_mb_s": mb,
+               "workers": math.ceil(w / BUSY) if w == w else None, "lower_bound": not (wdone and mdone)}
+        rows.append(row)
+        gt = lambda ok: "" if ok else "> "  # noqa: E731
+        t.add_row(f"{r.hosts * 8:,} ({r.hosts:,})", f"{row['events_per_s']:,.0f}", f"{gt(wdone)}{w:.2f}",
+                  f"{gt(r.cpu_complete.get('engine', False))}{e:.2f}", f"{b:.2f}", f"{gt(mdone)}{mb:,.2f}",
+                  f"{gt(wdone)}{row['workers']}",
+                  f"{r.rss_peak_mb.get(wk[0], float('nan')):,.0f} / {r.rss_peak_mb.get('engine', float('nan')):,.0f}")
+    say(t)
+    return rows
 
 
 def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] | None = None,
@@ -956,7 +1065,7 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
     with private_stack(say) as settings:
         for hosts in sizes:
             n = steps or (QUICK_STEPS if quick else STEPS.get(hosts, 20))
-            p = pause_s if hosts <= (sizes[0] if quick else PAUSE_UP_TO) else 0
+            p = pause_s if hosts in ((sizes[0],) if quick else PAUSE_SIZES) else 0
             say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
             try:
                 r = SizeRun(settings, hosts, n, pause_s=p, workers=workers, tmp=tmp, say=say,

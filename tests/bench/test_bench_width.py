@@ -124,6 +124,8 @@ def test_report_judges_the_targets_from_measured_numbers():
         r = SizeResult(hosts, 20, hosts * 64, summarize_ms=hosts / 100)
         r.cpu_ms_per_step = {"worker": worker_ms, "engine": engine_ms, "broker": 5.0}
         r.cpu_complete = {"worker": True, "engine": True, "broker": True}
+        r.work = {"published": 20, "ingested": 20, "summaries": 20, "engine": 20, "engine_events": 20}
+        r.cpu_s = {k: v * 20 / 1000 for k, v in r.cpu_ms_per_step.items()}
         r.rss_peak_mb = {"worker": rss, "engine": rss / 2, "broker": 900.0}
         r.profile = {"worker": {"shares": {"fold": fold_share / 2, "close": fold_share / 2, "ingest": 1 - fold_share}},
                      "engine": {"shares": {"rules": rules_share, "decode": 1 - rules_share}}}
@@ -145,3 +147,21 @@ def test_report_judges_the_targets_from_measured_numbers():
     slow = report([size(512, 400.0, 80.0, 120.0, 0.1, 0.5, kept_up=False)], say=Console(record=True).print)
     assert slow["verdicts"] == {"keep_up_512": False}
     assert "9 steps behind" in slow["target_rows"][0]["measured"]
+    # a worker that ingested but summarised nothing has not met the fold target, however small its share
+    stuck = size(2048, 300_000.0, 800.0, 120.0, 0.0, 0.3)
+    stuck.work = {"published": 5, "ingested": 0.1, "summaries": 0, "engine": 0, "engine_events": 4}
+    stuck.cpu_complete = {"worker": True, "engine": True, "broker": True}
+    v = report([stuck], say=Console(record=True).print)["verdicts"]
+    assert v["fold_2048"] is False and v["rules_2048"] is False
+
+
+def test_stage_split_follows_classes_and_modules():
+    from bench import stages
+
+    raw = "\n".join([
+        "ingest (streams/app.py:188);one (streams/app.py:161);Ingest.handle (streams/ingest.py:50) 4",
+        "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.part (streams/fold.py:200) 3",
+        "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.close (streams/fold.py:250);"
+        "summarize (streams/analysis.py:302) 2",
+    ])
+    assert stages.parse(raw, "worker") == {"ingest": 4, "fold": 3, "close": 2}
