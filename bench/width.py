@@ -670,7 +670,8 @@ class SizeRun:
             if s == WARMUP - 1:
                 steady_a = smp
                 profs = {p.role: Profile(p.pid, "engine" if p.role == "engine" else "worker",
-                                         seconds=steps - WARMUP - 1, out=self.tmp / f"profile-{p.role}-{shape.hosts}.txt")
+                                         seconds=steps - WARMUP - 1,
+                                         out=self.tmp / f"profile-{p.role}-{shape.hosts}.txt")
                          for p in self.procs if p.role == "engine" or p.role.startswith("worker")}
             bad = self.check_procs()
             if bad:
@@ -906,7 +907,7 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
             ok = r.cpu_complete.get(role, True)
             ratio = f" x{v / r.summarize_ms:,.0f}" if r.summarize_ms > 0 and v == v else ""
             cells.append(_fmt_ms(v, ok) + ratio)
-        pts = [(r.hosts, r.summarize_ms) if role == "summarize" else (r.hosts, r.cpu_ms_per_step.get(role, float("nan")))
+        pts = [(r.hosts, r.summarize_ms if role == "summarize" else r.cpu_ms_per_step.get(role, float("nan")))
                for r in fit if role == "summarize" or r.cpu_complete.get(role, False)]
         k = exponent([p[0] for p in pts], [p[1] for p in pts])
         growth[role] = k
@@ -952,8 +953,9 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         ok = [r for r in fit if r.bytes_complete.get(c, True)]
         k = exponent([r.hosts for r in ok], [r.bytes_per_step.get(c, float("nan")) for r in ok])
         bytes_growth[c] = k
-        t.add_row(c, *[("" if r.bytes_complete.get(c, True) else "> ") + _fmt_bytes(r.bytes_per_step.get(c, float("nan")))
-                       for r in results], "-" if k != k else f"{k:.2f}")
+        t.add_row(c, *[("" if r.bytes_complete.get(c, True) else "> ")
+                       + _fmt_bytes(r.bytes_per_step.get(c, float("nan"))) for r in results],
+                  "-" if k != k else f"{k:.2f}")
     say(t)
     rss_roles = []
     for r in results:
@@ -1010,7 +1012,8 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         own = {k: v for k, v in big.rss_peak_mb.items() if k not in ("broker", "agents")}
         worst = max(own.items(), key=lambda kv: kv[1] if kv[1] == kv[1] else -1, default=("-", float("nan")))
         verdict("rss_2048", f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
-                bool(own) and all(v <= TARGET_RSS_MB for v in own.values()), ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
+                bool(own) and all(v <= TARGET_RSS_MB for v in own.values()),
+                ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
                        + f" (peak: {worst[0]}; broker JVM {big.rss_peak_mb.get('broker', float('nan')):,.0f} MB)")
     return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth,
             "projection": proj}
