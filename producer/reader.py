@@ -1,8 +1,15 @@
 """Decode ring-buffer records (``struct obs_event`` of bpf/common.h) into :class:`obshub.schema.Event`.
 
-The record layout is mirrored by one precompiled :class:`struct.Struct` (little-endian, 176 bytes); each
-record is unpacked with a single ``unpack_from`` and the per-kind payload is built from its argument
-fields as documented in docs/AGENT.md "Probes" and ``schema.KIND_INFO``.
+Two paths:
+
+- batch (the agent's hot path): the C extension ``producer._ring`` consumes the ring buffer through its
+  own mmap and encodes the records of the kinds in :data:`PACKED_FORMATS` straight into msgpack event
+  arrays, a whole drain at a time; Python sees one :class:`PackedRun` per run of such records (the
+  batcher splices the bytes into batches, ``Batcher.add_packed``) and never touches single events;
+- per record: every other kind (payloads that need tables or formatting: REGISTER, CUDA symbols, TCP
+  addresses, drop reasons, the per-step aggregates) is handed over as its raw 176 bytes and decoded here
+  by :class:`Decoder`: one ``struct.unpack_from`` and the per-kind payload built from its argument fields
+  as documented in docs/AGENT.md "Probes" and ``schema.KIND_INFO``.
 """
 
 from __future__ import annotations
@@ -10,13 +17,57 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+from array import array
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from obshub.schema import Event, Kind
 
 # struct obs_event (bpf/common.h): 8 x u64/s64, 2 x u32, 2 x u16, u32, char[64], char[32]
 EVENT_STRUCT = struct.Struct("<QQQqqQQQIIHHI64s32s")
 EVENT_SIZE = EVENT_STRUCT.size  # 176
+
+
+class PackedRun(NamedTuple):
+    """Consecutive ring-buffer records already encoded as msgpack event arrays (``schema.EVENT_FIELDS``
+    order), exactly the bytes ``msgpack.packb(event)`` gives. ``data``: the arrays back to back;
+    ``ends``: ``array('I')``, the end offset in ``data`` of each event (``len(ends)`` events);
+    ``kinds``: ``{kind: number of events}``."""
+
+    data: bytes
+    ends: array
+    kinds: dict
+
+    def __len__(self) -> int:  # events, not fields
+        return len(self.ends)
+
+
+# format codes of producer/_ring.c: how the C reader encodes each kind's payload (absent: Python decodes)
+FMT_PY, FMT_NIL, FMT_PHASE, FMT_COLL, FMT_SCHEDSUM = range(5)
+PACKED_FORMATS: dict[int, int] = {
+    Kind.STEP_BEGIN: FMT_NIL, Kind.STEP_END: FMT_NIL, Kind.SCHED_RUNQ: FMT_NIL, Kind.SCHED_OFFCPU: FMT_NIL,
+    Kind.PHASE: FMT_PHASE, Kind.COLLECTIVE_BEGIN: FMT_COLL, Kind.COLLECTIVE_END: FMT_COLL,
+}
+
+
+def format_table(formats: Mapping[int, int]) -> bytes:
+    """The 256-byte kind -> format code table ``producer._ring.Ring.drain`` takes."""
+    t = bytearray(256)
+    for kind, fmt in formats.items():
+        t[int(kind)] = fmt
+    return bytes(t)
+
+
+PACKED_TABLE = format_table(PACKED_FORMATS)
+DECODE_ALL_TABLE = bytes(256)   # every record handed to Python (BpfEventSource.poll)
+
+
+def packed_run(item: tuple) -> PackedRun:
+    """A :class:`PackedRun` from one ``(data, ends bytes, kinds)`` tuple of ``Ring.drain``."""
+    ends = array("I")
+    ends.frombytes(item[1])
+    return PackedRun(item[0], ends, item[2])
+
 
 # PCIe AER correctable status bits (PCIe base spec 7.8.4.5; DESIGN.md "PCIe")
 AER_REPLAY_ROLLOVER_BIT = 1 << 8
