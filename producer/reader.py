@@ -75,6 +75,28 @@ AER_REPLAY_TIMEOUT_BIT = 1 << 12
 AER_SEVERITY_CORRECTED = 2
 
 
+_HIST = struct.Struct("<16I")   # the u32[16] histograms of the per-step aggregates (bpf/common.h)
+_U64 = struct.Struct("<Q")
+
+
+def hist_text(b: bytes) -> str:
+    """A 16-bucket histogram (``u32[16]`` little-endian at the start of ``b``) as the payload text:
+    comma-separated counts from bucket 0, trailing empty buckets left out ("" when all are empty)."""
+    counts = list(_HIST.unpack_from(b))
+    while counts and not counts[-1]:
+        counts.pop()
+    return ",".join(map(str, counts))
+
+
+def parse_hist(text: str) -> list[int]:
+    """The 16 bucket counts of a :func:`hist_text` string. Raises ValueError for text that is not
+    comma-separated non-negative integers (at most 16)."""
+    counts = [int(x) for x in text.split(",")] if text else []
+    if len(counts) > 16 or any(c < 0 for c in counts):
+        raise ValueError(f"not a 16-bucket histogram: {text!r}")
+    return counts + [0] * (16 - len(counts))
+
+
 def _cstr(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode("utf-8", "replace")
 
@@ -121,7 +143,12 @@ class Decoder:
         if kind in (Kind.CUDA_LAUNCH, Kind.CUDA_MEMCPY, Kind.CUDA_SYNC, Kind.NCCL_COLL):
             return {"symbol": self.cuda_symbols.get(a1, f"sym{a1}"), "rc": a0 & 0xFFFFFFFF}
         if kind == Kind.SCHED_STEP_SUM:
-            return {"switches": a0, "wakeups": a1}
+            return {"switches": a0, "wakeups": a1, "runq_max_ns": a2,
+                    "offcpu_max_ns": _U64.unpack_from(s1)[0], "runq_hist_us": hist_text(s0)}
+        if kind == Kind.MEM_STEP_SUM:
+            return {"pages": a0, "stalls": a1, "stall_max_ns": a2, "orders": hist_text(s0)}
+        if kind == Kind.CUDA_STEP_SUM:
+            return {"max_ns": a0, "hist_us": hist_text(s0)}
         if kind == Kind.PHASE:
             return {"phase": _cstr(s0)}
         if kind in (Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END):

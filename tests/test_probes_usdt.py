@@ -10,6 +10,7 @@ import pytest
 from fixtures.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
 from obshub.schema import Kind, parse_trace_key, validate_event
 from producer.probes import Target
+from producer.reader import parse_hist
 
 pytestmark = pytest.mark.bpf
 
@@ -79,6 +80,14 @@ def test_usdt_events_and_sched_tracekey(tmp_path):
         assert e.duration_ns >= (SLEEPS - 1) * SLEEP_US * 1000, e  # off-CPU sum covers the sleeps
         assert e.payload["switches"] >= SLEEPS - 1 and e.payload["wakeups"] >= SLEEPS - 1, e
         assert e.duration_ns <= ends[s].duration_ns
+        # maxima and the run-queue histogram (log2 µs): every wait after a wakeup is binned, none is
+        # longer than the maximum, the maximum is part of the sum
+        hist = parse_hist(e.payload["runq_hist_us"])
+        assert SLEEPS - 1 <= sum(hist) <= e.payload["wakeups"] + e.payload["switches"], e
+        assert 0 < e.payload["runq_max_ns"] <= e.value, e
+        top = max(i for i, n in enumerate(hist) if n)
+        assert (1 << top) * 1000 <= max(e.payload["runq_max_ns"], 1000) < (2 << top) * 1000 or top == 15, e
+        assert SLEEP_US * 1000 <= e.payload["offcpu_max_ns"] <= e.duration_ns, e
 
 
 def test_undersized_ring_buffer_counts_every_lost_event(tmp_path):
