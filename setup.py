@@ -1,14 +1,14 @@
-"""Build hook for the C extensions: ``producer._usdt`` (USDT probes via sys/sdt.h from systemtap-sdt-dev)
-and ``producer._ring`` (the agent's batch reader of the BPF ring buffer). Everything else about the
-distribution lives in pyproject.toml."""
+"""Build hook for the C extensions: ``obshub.instrument._usdt`` (USDT probes via sys/sdt.h from
+systemtap-sdt-dev) and ``producer._ring`` (the agent's batch reader of the BPF ring buffer). Everything
+else about the distribution lives in pyproject.toml."""
 
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
         Extension(
-            "producer._usdt",
-            sources=["producer/usdt/_usdt.c"],
+            "obshub.instrument._usdt",
+            sources=["obshub/instrument/_usdt.c"],
             extra_compile_args=["-O2", "-Wall"],
         ),
         Extension(

@@ -2,7 +2,7 @@
 core without loss, its CPU seconds per million events, and the loss at twice that rate.
 
 Source: real BPF records. bench/firehose.c, pinned to the second CPU, offers events at a controlled rate
-in two ways: (1) one hit of the USDT probe ``obshub:step_begin`` per event (the probe ``producer._usdt``
+in two ways: (1) one hit of the USDT probe ``obshub:step_begin`` per event (the probe ``obshub.instrument._usdt``
 has, and the agent's own handler): the real per-event path, but each uprobe trap costs several µs on this
 virtual machine, so one firehose core cannot offer more than ~250,000 events/s; (2) bursts: one call of
 ``fire_burst(first, n)`` per 64 events, where a uprobe handler the bench adds to the agent's BPF program

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from bench import common, loadgen
-from obshub import schema
+from obshub.core import schema
 from rules import fields
 from rules.engine import Engine
 from rules.loader import load_ruleset

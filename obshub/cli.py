@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from obshub import __version__, stack
-from obshub.config import load_settings
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
+from obshub.core.settings import load_settings
 
 # name -> "module:attribute" of a click command or group, imported only when used.
 LAZY_COMMANDS: dict[str, str] = {
@@ -27,9 +27,9 @@ LAZY_COMMANDS: dict[str, str] = {
     "silence": "rules.cli:silence_group",
     "replay": "obshub.replay.cli:replay_command",
     "trace": "obshub.export.cli:trace_group",
-    "agent": "producer.agent:agent_command",
-    "probes": "producer.loader:probes_command",
-    "run": "obshub.run:run_command",
+    "agent": "producer.cli:agent_command",
+    "probes": "producer.cli:probes_command",
+    "run": "obshub.instrument.cli:run_command",
 }
 
 console = Console(highlight=False)

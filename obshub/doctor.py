@@ -19,8 +19,10 @@ from pathlib import Path
 
 import click
 
-from obshub import kheaders, stack
-from obshub.config import Settings, load_settings
+from obshub import stack
+from obshub.core import usdt as usdt_contract
+from obshub.core.settings import Settings, load_settings
+from producer import kheaders
 
 
 @dataclass
@@ -118,14 +120,9 @@ void obshub_doctor_probe(int x) { DTRACE_PROBE1(obshub_doctor, ping, x); }
 def _usdt_target() -> str | None:
     """A shared library with a USDT note to test against: obshub's own probe library when built, else a
     three-line library compiled now with ``sys/sdt.h`` (no semaphore, so no pid is needed)."""
-    try:
-        import producer.usdt as u  # noqa: PLC0415  (exists once the agent issue has landed)
-
-        path = getattr(u, "library_path", lambda: None)()
-        if path:
-            return str(path)
-    except Exception:
-        pass
+    path = usdt_contract.library_path()
+    if path:
+        return str(path)
     import tempfile
 
     work = Path(tempfile.mkdtemp(prefix="obshub-doctor-"))

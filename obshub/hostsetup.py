@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import click
 
-from obshub import kheaders, stack
-from obshub.config import load_settings
+from obshub import stack
+from obshub.core.settings import load_settings
+from producer import kheaders
 
 
 @click.command("setup", epilog="""\b

@@ -28,17 +28,28 @@ obshub_agent_transport_state{state}                     gauge    1 for the curre
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from obshub.schema import Kind
+from obshub.core.schema import Kind
 from producer.transport import DIRECT, DRAINING, SPOOLING
 
-if TYPE_CHECKING:
-    from producer.agent import Agent
+
+class MetricsSource(Protocol):
+    """What the collector reads from a running agent (``producer.agent.Agent`` provides it): identity in
+    ``config``, the ``batcher``, the ``transport`` (publisher, spool, state), ``clock``, ``kind_counts`` and
+    ``lost_totals``."""
+
+    config: Any
+    batcher: Any
+    transport: Any
+    clock: Any
+    kind_counts: Counter[int]
+    lost_totals: dict[str, int]
 
 
 def _kind_name(k: int) -> str:
@@ -51,7 +62,7 @@ def _kind_name(k: int) -> str:
 class AgentCollector(Collector):
     """Yields the metric families above from ``agent``'s counters on every scrape."""
 
-    def __init__(self, agent: "Agent"):
+    def __init__(self, agent: MetricsSource):
         self.agent = agent
 
     def collect(self):
@@ -104,7 +115,7 @@ class AgentCollector(Collector):
         yield st
 
 
-def make_registry(agent: "Agent") -> CollectorRegistry:
+def make_registry(agent: MetricsSource) -> CollectorRegistry:
     """A fresh registry holding only ``agent``'s collector."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(AgentCollector(agent))

@@ -5,7 +5,7 @@ Secrets (SASL password, SSL key password) are ``SecretStr``: they never appear i
 error messages; only :meth:`KafkaConfig.librdkafka_config` reveals them, to hand them to librdkafka.
 
 Errors: building a model from bad values raises ``pydantic.ValidationError``; :func:`agent_config` turns
-that into :class:`obshub.errors.ConfigError` naming the option and what was wrong.
+that into :class:`obshub.core.errors.ConfigError` naming the option and what was wrong.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from obshub.errors import ConfigError
+from obshub.core.errors import ConfigError
 
 
 class SecurityProtocol(str, enum.Enum):

@@ -1,4 +1,4 @@
-"""Decode ring-buffer records (``struct obs_event`` of bpf/common.h) into :class:`obshub.schema.Event`.
+"""Decode ring-buffer records (``struct obs_event`` of bpf/common.h) into :class:`obshub.core.schema.Event`.
 
 Two paths:
 
@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from obshub.schema import Event, Kind
+from obshub.core.schema import Event, Kind
 
 # struct obs_event (bpf/common.h): 8 x u64/s64, 2 x u32, 2 x u16, u32, char[64], char[32]
 EVENT_STRUCT = struct.Struct("<QQQqqQQQIIHHI64s32s")
@@ -69,7 +69,7 @@ def packed_run(item: tuple) -> PackedRun:
     return PackedRun(item[0], ends, item[2])
 
 
-# PCIe AER correctable status bits (PCIe base spec 7.8.4.5; DESIGN.md "PCIe")
+# PCIe AER correctable status bits (PCIe base spec 7.8.4.5)
 AER_REPLAY_ROLLOVER_BIT = 1 << 8
 AER_REPLAY_TIMEOUT_BIT = 1 << 12
 AER_SEVERITY_CORRECTED = 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from obshub.config import load_settings
+from obshub.core.settings import load_settings
 from rules.durations import parse_duration_ns
 from rules.errors import RuleTestError, RuleValidationError
 from rules.lifecycle import rfc3339

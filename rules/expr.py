@@ -3,7 +3,7 @@ evaluation.
 
 Implementation: ``common-expression-language`` (the ``cel`` module, Rust ``cel-interpreter`` bindings),
 chosen over ``cel-python`` (``celpy``) by measurement on the builtin pack: see docs/RULES.md
-"Choice of CEL implementation" and ``python -m rules.celbench``.
+"Choice of CEL implementation" and ``python -m bench.celbench``.
 
 Macros and lists are expanded textually at identifier boundaries (never inside string literals or after
 a ``.``): a macro name becomes ``(its expanded condition)``, a list name becomes a CEL list literal.

@@ -30,8 +30,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from obshub import schema, stack
-from obshub.config import Settings
+from obshub.core import registry, schema
+from obshub.core.settings import Settings
 from rules import fields
 from rules.dispatch import Dispatcher
 from rules.engine import Engine
@@ -382,7 +382,7 @@ class RuleService:
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
-        stack.register_component(self.settings, "rules", os.getpid(),
+        registry.register_component(self.settings, "rules", os.getpid(),
                                  log=self.log_path, rules=len(self.ruleset.rules))
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
@@ -392,4 +392,4 @@ class RuleService:
             self.stop.set()
             notify.join(30)
             self.dispatcher.close()
-            stack.unregister_component(self.settings, "rules")
+            registry.unregister_component(self.settings, "rules")

@@ -4,7 +4,7 @@ Faust has no stream-stream join, so the cross-node join is built from two agents
 tables (docs/STREAMS.md has the diagram and the guarantees):
 
 1. ``ingest`` reads agent batches (input topic, keyed by host). Each message is decoded ONLY with
-   ``obshub.schema.decode_batch``; anything that fails goes to the DLQ unchanged (value and key) with the
+   ``obshub.core.schema.decode_batch``; anything that fails goes to the DLQ unchanged (value and key) with the
    headers of ``schema.DLQ_HEADERS``. Per agent instance, the table ``agents`` tracks the batch sequence
    (gap = lost batches, seen again = duplicate, dropped) and the last input offset (so a replay after a
    crash is recognised and not counted as a duplicate). The batch is reduced to one accumulator per
@@ -38,7 +38,7 @@ from pathlib import Path
 import faust
 from faust.types import TP
 
-from obshub import schema
+from obshub.core import schema
 from streams import accumulate, analysis
 from streams.metrics import WorkerMetrics
 
@@ -132,11 +132,11 @@ def ensure_internal_topics(cfg: WorkerConfig, input_partitions: int, timeout_s: 
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from obshub import stack
+    from obshub.core.log import NullLogger
     from streams.errors import StreamsError
 
     want = internal_topics(cfg, input_partitions)
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, "logger": stack._NullLogger()})
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, "logger": NullLogger()})
     md = admin.list_topics(timeout=10)
     for name, n in want.items():
         if name in md.topics and len(md.topics[name].partitions) != n:

@@ -10,8 +10,9 @@ import time
 import click
 from rich.console import Console
 
-from obshub import schema, stack
-from obshub.config import load_settings
+from obshub.core import registry, schema
+from obshub.core.log import NullLogger
+from obshub.core.settings import load_settings
 from streams.errors import StreamsError, TopicMissingError
 
 WORKER_EPILOG = """\b
@@ -40,7 +41,7 @@ def _topic_partitions(bootstrap: str, topic: str) -> int:
     """Partition count of ``topic``; raises TopicMissingError / StreamsError with a hint."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "logger": stack._NullLogger()})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "logger": NullLogger()})
     try:
         md = admin.list_topics(timeout=10)
     except Exception as exc:
@@ -54,7 +55,7 @@ def _topic_partitions(bootstrap: str, topic: str) -> int:
 
 
 def _free_index(settings) -> int:
-    running = {c["name"] for c in stack.components(settings) if c["running"]}
+    running = {c["name"] for c in registry.components(settings) if c["running"]}
     n = 1
     while f"streams-{n}" in running:
         n += 1
@@ -104,12 +105,12 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(cfg, n_in, metrics)
     name = f"streams-{index or _free_index(settings)}"
-    stack.register_component(settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic,
+    registry.register_component(settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic,
                              metrics_port=metrics_port)
     try:
         faust.Worker(app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()
     finally:
-        stack.unregister_component(settings, name)
+        registry.unregister_component(settings, name)
 
 
 def _line(s: dict) -> str:
@@ -159,7 +160,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     console = Console(highlight=False)
     c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"obshub-tail-{uuid.uuid4().hex[:8]}",
                   "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False,
-                  "logger": stack._NullLogger()})
+                  "logger": NullLogger()})
     c.subscribe([topic])
     seen: set[tuple[str, int]] = set()
     n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from obshub import schema
+from obshub.core import schema
 from obshub.export.errors import ExportError
 
 EPILOG = """\b
@@ -49,7 +49,7 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
     """Write job JOB's steps as Chrome-trace JSON for ui.perfetto.dev: a process per host, a track
     per layer, flow arrows joining each collective across hosts, the straggler and blamed layer marked
     (from the step summaries on obshub.steps.v1)."""
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
     from obshub.export.perfetto import build_trace
     from obshub.export.source import read_job
 

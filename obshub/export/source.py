@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from obshub import schema
+from obshub.core import schema
 from obshub.export.errors import ExportError
 from obshub.export.perfetto import HostEvents
 

@@ -1,0 +1,14 @@
+"""Small logging helpers shared by every stage."""
+
+from __future__ import annotations
+
+
+class NullLogger:
+    """librdkafka log sink (confluent-kafka's ``logger`` setting) that keeps connection-refused noise off
+    the operator's terminal: every logging call is accepted and dropped."""
+
+    def log(self, *args, **kwargs):
+        pass
+
+    def __getattr__(self, _name):
+        return lambda *a, **k: None
