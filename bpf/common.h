@@ -62,7 +62,9 @@ struct obs_tk {
 #define OBS_HIST_BUCKETS 16
 
 /* Scheduler time of the process's training threads within the current step (bpf/sched.c adds; reset at
- * step_begin) -> SCHED_STEP_SUM. The sums include the waits also sent as SCHED_RUNQ/SCHED_OFFCPU. */
+ * step_begin) -> SCHED_STEP_SUM. The sums include the waits also sent as SCHED_RUNQ/SCHED_OFFCPU; at most
+ * OBS_THR_SCHED_SINGLES of those singles are sent per process and step (the first ones above the
+ * thresholds), the rest is only in the sums, maxima and histogram. */
 struct obs_sched_acc {
     u64 offcpu_ns;
     u64 runq_ns;
@@ -70,6 +72,7 @@ struct obs_sched_acc {
     u64 wakeups;
     u64 runq_max_ns;
     u64 offcpu_max_ns;
+    u64 singles;                       /* SCHED_RUNQ/SCHED_OFFCPU records sent in this step */
     u32 runq_hist[OBS_HIST_BUCKETS];   /* run-queue waits */
 };
 

@@ -7,7 +7,7 @@
  * run-queue latency = time from wakeup (or from being preempted while runnable) to running again;
  * off-CPU time      = time from switching out to switching in again (includes the run-queue wait).
  * Events above the thresholds OBS_THR_RUNQ_NS / OBS_THR_OFFCPU_NS are emitted as SCHED_RUNQ /
- * SCHED_OFFCPU; the per-step sums, maxima and run-queue histogram of training threads (threads with a
+ * SCHED_OFFCPU, at most OBS_THR_SCHED_SINGLES per process and step; the per-step sums, maxima and run-queue histogram of training threads (threads with a
  * TraceKey) go to sched_acc and are emitted as SCHED_STEP_SUM by the step_end USDT handler (bpf/pytorch.c).
  */
 #include "common.h"
@@ -41,6 +41,18 @@ static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq,
         u32 b = obs_log2_us(runq);
         __sync_fetch_and_add(&acc->runq_hist[b], 1);
     }
+}
+
+/* May one more single scheduler record be sent for process tgid in this step? (counts it if so) */
+static __always_inline int obs_sched_single_ok(u32 tgid)
+{
+    struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
+    if (!acc)
+        return 1; /* not in a step: nothing to cap against */
+    if (acc->singles >= obs_threshold(OBS_THR_SCHED_SINGLES))
+        return 0;
+    __sync_fetch_and_add(&acc->singles, 1);
+    return 1;
 }
 
 static __always_inline void obs_mark_runnable(u32 tid)
@@ -112,7 +124,7 @@ int obs_sched_switch(void *ctx)
         off_ts.delete(&next);
     }
     obs_acc_add(tgid, next, offcpu, runq, 0, 0, wts != NULL);
-    if (wts && runq >= obs_threshold(OBS_THR_RUNQ_NS)) {
+    if (wts && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
         if (e) {
             e->ts_ns = now;
@@ -121,7 +133,7 @@ int obs_sched_switch(void *ctx)
             obs_submit(e);
         }
     }
-    if (o && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS)) {
+    if (o && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_OFFCPU, tgid, next);
         if (e) {
             e->ts_ns = now;

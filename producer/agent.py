@@ -150,9 +150,12 @@ class Agent:
         next_loss = time.monotonic() + cfg.loss_interval_s
         state = transport.state
         poll = getattr(source, "poll_packed", None) or source.poll
+        # the longest wait for the source: the batch age bound (a full ring wakes the poll earlier, a
+        # signal interrupts it); each turn costs CPU, so an idle agent turns a few times a second only
+        idle_ms = max(50.0, float(cfg.batch.max_age_ms))
         while not self._stop.is_set():
             until_due = batcher.ms_until_due()
-            timeout = 50 if until_due is None else int(min(50.0, until_due))
+            timeout = int(idle_ms if until_due is None else min(idle_ms, until_due))
             events = poll(timeout)
             if events:
                 self._take(events)

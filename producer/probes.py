@@ -136,6 +136,8 @@ THRESHOLDS: dict[str, tuple[int, int, str]] = {
                                  "counted in MEM_STEP_SUM; 11 = never on x86-64)"),
     "cuda_launch_ns": (9, 1_000_000, "ns: a single CUDA_LAUNCH when the launch call takes >= this (the rest "
                                      "is summed in CUDA_STEP_SUM)"),
+    "sched_singles": (10, 4, "count: at most this many SCHED_RUNQ/SCHED_OFFCPU records per process and step "
+                             "(the rest is only in SCHED_STEP_SUM)"),
 }
 
 # ---------------------------------------------------------------------------------------------------------

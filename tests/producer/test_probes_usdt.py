@@ -33,7 +33,7 @@ def test_usdt_events_and_sched_tracekey(tmp_path):
     try:
         # registered mode: the register probe itself puts the process under watch, in the kernel
         with event_source(tmp_path, Target(registered=True), probes=("pytorch", "sched"), usdt_library=lib,
-                          thresholds={"offcpu_ns": 200_000, "runq_ns": 0}) as (src, table):
+                          thresholds={"offcpu_ns": 200_000, "runq_ns": 0, "sched_singles": 1000}) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
             child.wait()
@@ -237,3 +237,29 @@ def test_batch_reader_loss_accounting_is_exact(tmp_path):
     assert lost > 0 and delivered > 0
     assert lost == produced - delivered == produced - consumed, (produced, delivered, consumed, lost)
     assert [e.step for e in evs][:5] == [0, 1, 2, 3, 4]
+
+
+def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_path):
+    """With sched_singles=2 at most two SCHED_RUNQ/SCHED_OFFCPU records flow per process and step, while
+    SCHED_STEP_SUM still sums every switch and wait of the step."""
+    need_bpf()
+    lib = build_so("fakeusdt", tmp_path)
+    child = ctypes_child(lib, "L.fake_steps(7, ctypes.c_int64(0), 4, 6, 1000)")
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step", "pytorch_tracekey", "sched"),
+                          usdt_library=lib, thresholds={"offcpu_ns": 0, "runq_ns": 0, "sched_singles": 2}) as (src, _t):
+            child.go()
+            child.wait()
+            events = drain(src, 1.0)
+    finally:
+        child.kill()
+    mine = [e for e in events if e.pid == child.pid]
+    begins = {e.step: e.ts_ns for e in mine if e.kind == Kind.STEP_BEGIN}
+    ends = {e.step: e.ts_ns for e in mine if e.kind == Kind.STEP_END}
+    sums = {e.step: e for e in mine if e.kind == Kind.SCHED_STEP_SUM}
+    assert sorted(begins) == sorted(ends) == sorted(sums) == [0, 1, 2, 3]
+    for s in range(4):
+        singles = [e for e in mine if e.kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU)
+                   and begins[s] < e.ts_ns <= ends[s]]
+        assert 1 <= len(singles) <= 2, (s, singles)
+        assert sums[s].payload["switches"] >= 5, sums[s]   # six sleeps: far more than two singles' worth
