@@ -39,6 +39,7 @@ def test_usdt_events_and_sched_tracekey(tmp_path):
             child.wait()
             events = drain(src, 1.0)
             regs = src.registrations()
+            misses = src.misses().get("sched", 0)   # runs the kernel's recursion guard skipped
     finally:
         child.kill()
     mine = [e for e in events if e.pid == child.pid]
@@ -58,22 +59,25 @@ def test_usdt_events_and_sched_tracekey(tmp_path):
     assert sorted(begins) == sorted(ends) == list(range(FIRST, FIRST + STEPS))
     main_tid = begins[FIRST].tid
     sched = [e for e in mine if e.kind in (Kind.SCHED_OFFCPU, Kind.SCHED_RUNQ) and e.tid == main_tid]
-    inside = 0
+    inside = missing = 0
     for s in range(FIRST, FIRST + STEPS):
         lo, hi = begins[s].ts_ns, ends[s].ts_ns
         assert ends[s].duration_ns == hi - lo >= SLEEPS * SLEEP_US * 1000
         in_step = [e for e in sched if lo <= e.ts_ns <= hi]
         offcpu = [e for e in in_step if e.kind == Kind.SCHED_OFFCPU]
         # each sleep is one off-CPU period >= 200 us; a tracepoint program is skipped when it fires while
-        # another BPF program runs on that CPU (kernel recursion guard), so allow one miss per step
-        assert len(offcpu) >= SLEEPS - 1, (s, in_step)
+        # another BPF program runs on that CPU (kernel recursion guard, counted in misses), so allow one
+        # miss per step plus those the kernel counted (more BPF programs on a busy machine: more of them)
+        missing += max(0, SLEEPS - len(offcpu))
+        assert len(offcpu) >= 1, (s, in_step)
         for e in in_step:  # 100%: every one carries this step's TraceKey
             assert e.step == s, e
             assert parse_trace_key(e.trace_key)[:2] == (HOST, s & 0xFFFF), e
             # op 0 is the step itself (between step_begin and the first operation's key), 1.. the sleeps
             assert 0 <= parse_trace_key(e.trace_key).op_seq <= SLEEPS, e
         inside += len(in_step)
-    assert inside >= STEPS * SLEEPS
+    assert missing <= STEPS + misses, (missing, misses)
+    assert inside >= STEPS * SLEEPS - misses
     sums = {e.step: e for e in mine if e.kind == Kind.SCHED_STEP_SUM}
     assert sorted(sums) == list(range(FIRST, FIRST + STEPS))
     for s, e in sums.items():
