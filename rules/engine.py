@@ -523,48 +523,15 @@ class Engine:
                            for k, b in rt["other_buf"].items()}
 
 
-<<<<<<< HEAD
-def _aggregate(kind: str, values: list[float]) -> float:
-    if not values:
-        return 0.0
-    if kind == "count":
-        return float(len(values))
-    if kind == "sum":
-        return float(sum(values))
-    if kind == "max":
-        return float(max(values))
-    if kind == "min":
-        return float(min(values))
-    if kind == "cusum":
-        return cusum(values)
-    return float(sum(values) / len(values))
-
-
 def cusum(values: list[float]) -> float:
     """Page's one-sided CUSUM of ``values`` in order: ``S_0 = 0``, ``S_n = max(0, S_{n-1} + x_n)``, the
     final ``S``. The drift ``k`` is part of the rule's ``of`` (``x_n = evidence_n - k``); the alarm is
-    ``S >= at_least`` (E. S. Page, "Continuous inspection schemes", Biometrika 41, 1954)."""
+    ``S >= at_least`` (E. S. Page, "Continuous inspection schemes", Biometrika 41, 1954). The running
+    window (``rules.window``) computes the same."""
     s = 0.0
     for v in values:
         s = max(0.0, s + v)
     return s
 
 
-def _true_until(rule: Rule, hits: list[tuple[int, float]]) -> int:
-    """The time the window aggregate stops reaching the threshold, given the hits known now: the latest
-    ``t + window`` (a hit ageing out) before which the hits still alive reach ``at_least``."""
-    w = rule.window_ns
-    if rule.aggregate == "count":
-        n = max(1, math.ceil(rule.at_least))
-        return hits[-n][0] + w if len(hits) >= n else 0
-    best = 0
-    for c in sorted(t + w for t, _ in hits):
-        alive = [v for t, v in hits if c - w <= t < c]
-        if alive and _aggregate(rule.aggregate, alive) >= rule.at_least:
-            best = c
-    return best
-
-
-=======
->>>>>>> main
 __all__ = ["Engine", "Notify"]

@@ -316,13 +316,9 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
         jobs_t[f"{job}@{p}"] = js
         m.summaries.labels(closed_by).inc()
-<<<<<<< HEAD
+        m.results.observe(summary)
         await broadcast(job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"],
                               "entry": analysis.history_entry(summary)})
-=======
-        m.results.observe(summary)
-        await broadcast(job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"]})
->>>>>>> main
 
     def complete(st: dict, js: dict) -> bool:
         # every rank of the job must have registered (hosts in other input partitions may lag), and every
