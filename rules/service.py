@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from prometheus_client import Counter, Gauge
 
 from obshub.core import registry, schema
-from obshub.core.log import NullLogger
+from obshub.core.reach import BrokerWatch
 from obshub.core.settings import Settings
 from rules import fields, intake
 from rules.dispatch import Dispatcher
@@ -44,6 +44,7 @@ from rules.sinks.config import AlertingConfig, build_sinks
 log = logging.getLogger("obshub.rules.service")
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 MAX_FUTURE_S = 300
+STOP_FLUSH_S = 5.0  # on SIGTERM/SIGINT during a broker outage, how long to wait for acknowledgements
 
 RECORDS = Counter("obshub_rules_records", "input records evaluated", ["signal"])
 CHANGES = Counter("obshub_rules_alert_changes", "alert state changes published", ["rule", "status"])
@@ -75,20 +76,23 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _log_assign(loop: str):
+def _log_assign(loop: str, watch: BrokerWatch | None = None):
     def on_assign(_consumer, partitions) -> None:
+        if watch is not None:
+            watch.up()
         log.info("%s: assigned %d partition(s) of %s", loop, len(partitions),
                  ", ".join(sorted({p.topic for p in partitions})) or "-")
     return on_assign
 
 
 def _commit(consumer: Consumer) -> None:
-    """Synchronous commit of the consumed positions; 'nothing to commit' is not an error."""
+    """Synchronous commit of the consumed positions; 'nothing to commit' is not an error, and a commit
+    that fails while the broker is away is retried with the next one (the input is then at-least-once)."""
     try:
         consumer.commit(asynchronous=False)
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError._NO_OFFSET:
-            raise
+            log.debug("commit failed, retried with the next one: %s", exc)
 
 
 class OffsetTracker:
@@ -124,6 +128,12 @@ class OffsetTracker:
                     self._committed[tp] = nxt
                     out.append(TopicPartition(tp[0], tp[1], nxt))
         return out
+
+    def retry(self, offsets: list[TopicPartition]) -> None:
+        """A commit of ``offsets`` failed: offer them again on the next ``committable``."""
+        with self._lock:
+            for tp in offsets:
+                self._committed.pop((tp.topic, tp.partition), None)
 
     def reset(self) -> None:
         """Forget everything (after a rebalance the consumer restarts from committed offsets)."""
@@ -163,8 +173,10 @@ class RuleService:
         if dsnap:
             self.dispatcher.restore(dsnap)
         self.started = time.monotonic()
+        self.watch = BrokerWatch(settings.bootstrap_servers, log, "the rule engine")
         self.last_seen: dict[str, float] = {}
         self.decode_errors = 0
+        self.undelivered = 0
         self.future_records = 0
         self._check_routes()
 
@@ -215,7 +227,26 @@ class RuleService:
         return Consumer({"bootstrap.servers": self.settings.bootstrap_servers,
                          "group.id": f"{self.group_prefix}-{suffix}", "enable.auto.commit": False,
                          "auto.offset.reset": reset, "enable.partition.eof": False,
-                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, **self.watch.client_conf()})
+
+    def _producer(self) -> Producer:
+        return Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
+                         "linger.ms": 5, **self.watch.client_conf()})
+
+    def _flush(self, producer: Producer) -> int:
+        """Wait until the broker acknowledged everything produced (through outages: the loop pauses, it
+        does not commit past what is not on the broker). Once ``stop`` is set, waits at most
+        ``STOP_FLUSH_S`` more. Returns the number of messages still not acknowledged."""
+        stop_deadline = None
+        while True:
+            left = producer.flush(1.0)
+            if left == 0:
+                self.watch.up()
+                return 0
+            if self.stop.is_set():
+                stop_deadline = stop_deadline or time.monotonic() + STOP_FLUSH_S
+                if time.monotonic() >= stop_deadline:
+                    return left
 
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
         """Records of one input message, or ``[]`` after sending it to the DLQ (rules.intake)."""
@@ -248,9 +279,11 @@ class RuleService:
             producer.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
             log.info("alert %s %s %s", rec["status"], rec["rule"], rec["labels"])
         self.outbox.clear()
-        left = producer.flush(30)
+        left = self._flush(producer)
         if left:
-            raise RuntimeError(f"{left} alert change(s) not acknowledged by Kafka within 30 s")
+            self.undelivered = left
+            log.error("stopping with %d alert change(s) not acknowledged by Kafka; the engine state is not "
+                      "saved, so a restart evaluates their input again", left)
 
     def _health(self, consumer: Consumer) -> None:
         now = time.time_ns()
@@ -281,9 +314,8 @@ class RuleService:
         """The engine loop; returns when ``stop`` is set."""
         consumer = self._consumer("engine", "earliest" if self.from_beginning else "latest")
         topics = self.input_topics()
-        consumer.subscribe(topics, on_assign=_log_assign("engine"))
-        producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
-                             "linger.ms": 5})
+        consumer.subscribe(topics, on_assign=_log_assign("engine", self.watch))
+        producer = self._producer()
         last_tick = last_health = 0.0
         dead_flushed = self.decode_errors
         try:
@@ -312,34 +344,38 @@ class RuleService:
                     if self.maybe_reload() and self.input_topics() != topics:
                         topics = self.input_topics()
                         _commit(consumer)
-                        consumer.subscribe(topics, on_assign=_log_assign("engine"))
+                        consumer.subscribe(topics, on_assign=_log_assign("engine", self.watch))
                     last_tick = mono
                 if mono - last_health >= self.health_every_s:
                     self._health(consumer)
                     last_health = mono
                 if self.outbox:
                     self._publish(producer)
+                if msgs:
+                    self.watch.up()
+                if self.undelivered:
+                    break
                 if msgs or self.engine.dirty:
                     _atomic_write(self.state / "engine.json", self.engine.snapshot())
                     self.engine.dirty = False
                 if msgs:
                     if self.decode_errors != dead_flushed:  # dead letters are on the DLQ before we commit past them
-                        if producer.flush(30):
-                            raise RuntimeError("dead letters not acknowledged by Kafka within 30 s")
+                        if self._flush(producer):
+                            break
                         dead_flushed = self.decode_errors
                     _commit(consumer)
         finally:
             if self.outbox:
                 self._publish(producer)
-            _atomic_write(self.state / "engine.json", self.engine.snapshot())
+            if not self.undelivered:
+                _atomic_write(self.state / "engine.json", self.engine.snapshot())
             consumer.close()
 
     def run_notify(self) -> None:
         """The notify loop; returns when ``stop`` is set."""
         consumer = self._consumer("notify", "earliest")
-        dlq = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
-                        "linger.ms": 5, "logger": NullLogger()})
-        consumer.subscribe([schema.TOPIC_ALERTS], on_assign=_log_assign("notify"),
+        dlq = self._producer()
+        consumer.subscribe([schema.TOPIC_ALERTS], on_assign=_log_assign("notify", self.watch),
                             on_revoke=lambda c, p: self.tracker.reset())
         last_commit = 0.0
         try:
@@ -352,8 +388,8 @@ class RuleService:
                         change = intake.decode_change(m.value())
                     except schema.SchemaError as exc:
                         self._dead_letter(m, exc, dlq, "notify")
-                        if dlq.flush(30):
-                            raise RuntimeError("a dead letter was not acknowledged by Kafka within 30 s") from None
+                        if self._flush(dlq):
+                            break  # stopping during an outage: not acked, so read again after a restart
                         self.tracker.ack([token])
                         continue
                     if change.get("engine", self.group_prefix) != self.group_prefix:
@@ -368,8 +404,12 @@ class RuleService:
                 if time.monotonic() - last_commit >= 0.5:
                     offsets = self.tracker.committable()
                     if offsets:
-                        consumer.commit(offsets=offsets, asynchronous=False)
-                        _atomic_write(self.state / "dispatch.json", self.dispatcher.snapshot())
+                        try:
+                            consumer.commit(offsets=offsets, asynchronous=False)
+                            _atomic_write(self.state / "dispatch.json", self.dispatcher.snapshot())
+                        except KafkaException as exc:
+                            self.tracker.retry(offsets)
+                            log.debug("commit failed, retried: %s", exc)
                     last_commit = time.monotonic()
         finally:
             offsets = self.tracker.committable()
