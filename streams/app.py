@@ -306,6 +306,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
         jobs_t[f"{job}@{p}"] = js
         m.summaries.labels(closed_by).inc()
+        m.results.observe(summary)
         await broadcast(job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"]})
 
     def complete(st: dict, js: dict) -> bool:
