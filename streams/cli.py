@@ -94,7 +94,7 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
                        output_topic=output_topic, dlq_topic=dlq_topic, partitions=partitions, window_s=window_s,
                        state_dir=settings.state_dir, metrics_port=metrics_port)
     n_in = _topic_partitions(cfg.bootstrap, input_topic)
-    ensure_internal_topics(cfg, n_in)
+    ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
     metrics = WorkerMetrics()
     try:
         metrics.serve(metrics_port)
