@@ -29,6 +29,7 @@ here: it is the host's compute time, derived at close (see ``analysis.compute_ns
 from __future__ import annotations
 
 import bisect
+import functools
 import ipaddress
 from typing import Callable
 
@@ -100,11 +101,10 @@ def new_acc(host: str, host_id: int) -> dict:
             "net": {"addrs": {}, "pairs": {}}}
 
 
-def ipv4(addr: object) -> str | None:
-    """``addr`` as dotted IPv4 text (an IPv4-mapped IPv6 address such as ``::ffff:a4d:a`` unwrapped), or
-    None when it is not an IPv4 address. Loopback is None (it never crosses a link)."""
+@functools.lru_cache(maxsize=65536)
+def _ipv4_text(addr: str) -> str | None:
     try:
-        ip = ipaddress.ip_address(str(addr))
+        ip = ipaddress.ip_address(addr)
     except ValueError:
         return None
     if ip.version == 6:
@@ -112,6 +112,12 @@ def ipv4(addr: object) -> str | None:
         if ip is None:
             return None
     return None if ip.is_loopback else str(ip)
+
+
+def ipv4(addr: object) -> str | None:
+    """``addr`` as dotted IPv4 text (an IPv4-mapped IPv6 address such as ``::ffff:a4d:a`` unwrapped), or
+    None when it is not an IPv4 address. Loopback is None (it never crosses a link)."""
+    return _ipv4_text(str(addr))  # parsing is slow (~10 µs) and a host talks to few addresses: cached
 
 
 def _add_net(acc: dict, kind: Kind, e: Event) -> None:

@@ -265,6 +265,12 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
                     key_serializer="raw", value_serializer=wire.MSGPACK)
     fold = Fold(tables, window_ns=int(cfg.window_s * 1e9), th=cfg.thresholds, on_late=m.late.inc,
                 on_summary=lambda by: m.summaries.labels(by).inc())
+
+
+    async def forget() -> None:  # the tables were recovered: recount what the fold derives from them
+        fold.forget()
+
+    tables["parts"].on_recover(forget)
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
     _add_ingest(app, cfg, m, tables, rep, rate)
     _add_fold(app, cfg, m, fold, rep)

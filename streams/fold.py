@@ -11,10 +11,11 @@ State layout (docs/STREAMS.md "State"); one batch part costs one small write, wh
 ``parts``   ``job|step|host`` -> ``{"acc": host accumulator, "bids": [batch ids applied], "q": {quality}}``
             One host's share of one open step. A part from that host merges into it (``accumulate.merge``);
             a part whose batch id is already listed is a replay and changes nothing.
-``steps``   ``job|step`` -> ``{"job", "step", "p", "opened_ns", "ended", "extra"}``
-            The open step: when its first data arrived (processing time, for the window), how many of its
-            hosts have reported STEP_END, and hosts that sent data without being registered. Written when
-            the step opens and when a host ends it: O(1) per part.
+``steps``   ``job|step`` -> ``{"job", "step", "p", "opened_ns", "extra"}``
+            The open step: when its first data arrived (processing time, for the window) and the hosts that
+            sent data without being registered. Written when the step opens (and when such a host appears).
+            How many of its hosts reported STEP_END is derived state, kept in memory (``Fold.ended``) and
+            recounted from ``parts`` after a restart or rebalance (``Fold.forget``).
 ``members`` ``job@p#<b>`` -> ``{host: host_id}`` and ``job@p#r<b>`` -> ``{rank: host}``
             The job's registered hosts and ranks, in 256 buckets by CRC-32 of the host name (``b``) and by
             rank, so a registration rewrites one small bucket and a close reads the used buckets once.
@@ -82,6 +83,26 @@ class Fold:
         self.window_ns, self.th, self.closed_keep = window_ns, th, closed_keep
         self.on_late, self.on_summary, self.clock = on_late, on_summary, clock
         self._digests: dict[str, set[bytes]] = {}  # closed key -> its digests, for repeated replay checks
+        self.ended: dict[str, int] = {}  # open step key -> hosts whose part holds a STEP_END (derived)
+
+    def forget(self) -> None:
+        """Drop the derived in-memory state; call after the tables were recovered (restart, rebalance)."""
+        self.ended.clear()
+        self._digests.clear()
+
+    def _ended(self, sk: str, st: dict, p: int) -> int:
+        """Hosts of open step ``sk`` that reported STEP_END: from memory, or counted once from ``parts``."""
+        n = self.ended.get(sk)
+        if n is None:
+            js = self._job(f"{st['job']}@{p}")
+            names = set(self.expected_hosts(st["job"], p, js)).union(st["extra"])
+            n = 0
+            for h in names:
+                e = self.parts.get(f"{sk}|{h}")
+                if e is not None and e["acc"]["step_ns"] is not None:
+                    n += 1
+            self.ended[sk] = n
+        return n
 
     # ------------------------------------------------------------------------------------------------
     def apply(self, v: dict, p: int) -> list[Emit]:
@@ -96,7 +117,7 @@ class Fold:
         elif t == "close":
             st = self.steps.get(v["key"])
             if st is not None and self.clock() - st["opened_ns"] >= self.window_ns:
-                log.info("closing %s by window (%d hosts ended)", v["key"], st["ended"])
+                log.info("closing %s by window (%d hosts ended)", v["key"], self._ended(v["key"], st, p))
                 return self.close(v["key"], st, p, "window")
         return []
 
@@ -209,8 +230,10 @@ class Fold:
             if step <= js["floor"]:
                 self._late(v, p, sk, None)  # older than every closed record kept here
                 return []
-            st = {"job": job, "step": step, "p": p, "opened_ns": self.clock(), "ended": 0, "extra": []}
+            st = {"job": job, "step": step, "p": p, "opened_ns": self.clock(), "extra": []}
+            self.ended[sk] = 0
             st_dirty = True
+        ended = self._ended(sk, st, p)  # before this part changes anything: a recount must not see it
         q = {k: x for k, x in v["q"].items() if x}
         if entry is None:
             entry = {"acc": v["acc"], "bids": [bid], "q": q}
@@ -225,22 +248,22 @@ class Fold:
             for k, x in q.items():
                 entry["q"][k] = entry["q"].get(k, 0) + x
         self.parts[pk] = entry
-        if not was_ended and entry["acc"]["step_ns"] is not None:
-            st["ended"] += 1
-            st_dirty = True
         if st_dirty:
             self.steps[sk] = st
-        if st["ended"] and self._complete(st, js or self._job(f"{job}@{p}"), p):
-            return self.close(sk, st, p, "complete")
+        if not was_ended and entry["acc"]["step_ns"] is not None:
+            ended += 1
+            self.ended[sk] = ended
+            if self._complete(st, ended, js or self._job(f"{job}@{p}"), p):
+                return self.close(sk, st, p, "complete")
         return []
 
-    def _complete(self, st: dict, js: dict, p: int) -> bool:
+    def _complete(self, st: dict, ended: int, js: dict, p: int) -> bool:
         # every rank of the job must have registered (hosts in other input partitions may lag), and every
         # known host (registered, or sending data unregistered) must have reported STEP_END
         if js["n_ranks"] < js["world_size"]:
             return False
         need = js["n_hosts"] + sum(1 for h in st["extra"] if not self.registered(st["job"], p, h))
-        return st["ended"] >= need
+        return ended >= need
 
     def close(self, sk: str, st: dict, p: int, closed_by: str) -> list[Emit]:
         """Summarise the open step ``sk`` from its hosts' parts, drop them, record the step as closed."""
@@ -266,6 +289,7 @@ class Fold:
                                      quality=quality, closed_by=closed_by, closed_at_ns=self.clock(), th=self.th)
         self.closed[sk] = {"p": p, "bids": b"".join(digests), "late": 0}
         del self.steps[sk]
+        self.ended.pop(sk, None)
         js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
         js["closed"].append(step)
         while len(js["closed"]) > self.closed_keep:

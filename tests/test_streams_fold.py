@@ -104,3 +104,14 @@ def test_one_part_is_one_small_write_whatever_the_width():
     records_ratio = per_step[64][1] / per_step[8][1]
     assert bytes_ratio < 8 * 1.3 and records_ratio < 8 * 1.3, per_step  # linear: 8x the hosts, ~8x the bytes
     assert fold_mod.bucket_of("node-1") == fold_mod.bucket_of("node-1") < fold_mod.BUCKETS
+
+
+def test_derived_counts_recounted_after_a_rebalance():
+    scn, msgs = _scenario(steps=20)
+    pipe = InProcess(partitions=2)
+    for i, v in enumerate(msgs):
+        pipe.feed(v)
+        if i % 3 == 0:
+            pipe.fold.forget()  # what a rebalance does once the tables are recovered
+    assert {s["step"]: _view(s) for s in pipe.summaries} == _reference(scn)
+    assert len(pipe.summaries) == scn.steps
