@@ -4,7 +4,7 @@ behind ``obshub agent``) reading a real :class:`producer.loader.BpfEventSource` 
 one pid, publishing to the broker of ``$OBSHUB_HOME``/``$OBSHUB_KAFKA_PORT``.
 
 It exists because ``obshub agent`` has no option to point the USDT probes at another binary than
-``producer._usdt``; everything else (batcher, transport, metrics, shutdown) is the agent's own code.
+``obshub.instrument._usdt``; everything else (batcher, transport, metrics, shutdown) is the agent's own code.
 It pins itself to one CPU (``--cpu``), serves Prometheus metrics on ``--metrics-port`` and runs until
 SIGTERM; exit code as ``obshub agent`` (0: everything delivered).
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
 
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
     from producer.agent import Agent
     from producer.config import agent_config
     from producer.loader import BpfEventSource

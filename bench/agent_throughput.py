@@ -2,7 +2,7 @@
 core without loss, its CPU seconds per million events, and the loss at twice that rate.
 
 Source: a real BPF probe. bench/firehose.c fires the USDT probe ``obshub:step_begin`` (the same probe
-``producer._usdt`` has) from a C loop at a controlled rate, pinned to the second CPU; the agent
+``obshub.instrument._usdt`` has) from a C loop at a controlled rate, pinned to the second CPU; the agent
 (bench/agent_host.py: ``producer.agent.Agent`` with ``BpfEventSource``, only the ``pytorch_step`` probe,
 watching the firehose's pid; 1 MiB ring buffer, the default) is pinned to the first CPU and publishes
 to a private broker. Each USDT hit runs the BPF handler in the firehose's context (uprobe trap), so the

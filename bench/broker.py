@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from obshub import stack
-from obshub.config import Settings, load_settings
+from obshub.core.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -43,7 +43,7 @@ def free_port() -> int:
 def private_stack(say=print) -> Iterator[Settings]:
     """Start a broker in a temporary home on free ports; yield its Settings; stop it and remove the home.
     ``OBSHUB_HOME`` and ``OBSHUB_KAFKA_PORT`` are exported while inside (and restored after), so
-    ``obshub`` subprocesses reach the same broker. Raises :class:`obshub.errors.StackError` when the broker
+    ``obshub`` subprocesses reach the same broker. Raises :class:`obshub.core.errors.StackError` when the broker
     does not start (no Java, no cached jars and no network, ...)."""
     home = Path(tempfile.mkdtemp(prefix="obshub-bench-"))
     port = free_port_pair()

@@ -33,7 +33,7 @@ import struct
 import sys
 from pathlib import Path
 
-from obshub import schema
+from obshub.core import schema
 from obshub.demo.faults import LAYER_OF
 from obshub.demo.verdict import AlertSeen, judge
 from rules import fields

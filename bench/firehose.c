@@ -1,5 +1,5 @@
 /* A controlled-rate source of real BPF events for bench/agent_throughput.py: fires obshub's USDT probe
- * obshub:step_begin (same provider, name and argument types as producer/usdt/_usdt.c: int64 step,
+ * obshub:step_begin (same provider, name and argument types as obshub/instrument/_usdt.c: int64 step,
  * uint64 trace_key; plain sys/sdt.h, no semaphore) from a C loop, so the rate does not depend on Python.
  *
  * Protocol on stdin/stdout, one line each:

@@ -33,7 +33,7 @@ import time
 from rich.table import Table
 
 from bench import common, loadgen
-from obshub import schema
+from obshub.core import schema
 from streams import accumulate, analysis, fold, wire
 from streams.inproc import InProcess
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from obshub import schema
-from obshub.schema import Batch, Event, Kind, make_trace_key, parse_trace_key
+from obshub.core import schema
+from obshub.core.schema import Batch, Event, Kind, make_trace_key, parse_trace_key
 from streams import synthetic
 
 RUNQ_NS = 20_000    # 20 µs run-queue waits: accumulated by the worker, far below any blame threshold

@@ -19,7 +19,7 @@ import uuid
 
 from confluent_kafka import Consumer, Producer
 
-from obshub import schema
+from obshub.core import schema
 from streams import accumulate, analysis
 
 

@@ -46,8 +46,8 @@ from rich.table import Table
 from bench import common, loadgen
 from bench.broker import free_port, private_stack
 from bench.stream_throughput import worker_counters
-from obshub import schema
-from streams import testkit
+from obshub.core import schema
+from tests.support import testkit
 
 GPUS_PER_NODE = 8
 CLUSTERS = (1_024, 16_384)

@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench import common, loadgen
 from bench.broker import cpu_seconds, free_port, private_stack
 from bench.plain_loop import PlainLoop
-from streams import testkit
+from tests.support import testkit
 
 HOSTS, STEPS, ROUNDS = 8, 400, 2
 QUICK_HOSTS, QUICK_STEPS = 4, 30

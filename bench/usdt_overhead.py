@@ -16,7 +16,7 @@ import argparse
 import time
 
 from bench import common
-from producer import _usdt, usdt
+from obshub.instrument import _usdt, usdt
 
 CALLS = 200_000          # calls per sample
 ROUNDS = 7               # samples per configuration
@@ -52,8 +52,8 @@ def attach_coll_begin():
     """A minimal bcc program on obshub:coll_begin (counts hits). Returns the BPF object (keep it alive)."""
     from bcc import BPF, USDT
 
-    from obshub import kheaders
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
+    from producer import kheaders
 
     kheaders.apply_env(load_settings())
     u = USDT(path=usdt.library_path())
@@ -63,10 +63,10 @@ def attach_coll_begin():
 
 
 def step_configs() -> dict:
-    """name -> sampler (µs per training step) with and without producer.instrument.enable()."""
+    """name -> sampler (µs per training step) with and without obshub.instrument.enable()."""
     import torch
 
-    from producer import instrument
+    from obshub import instrument
 
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))

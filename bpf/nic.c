@@ -1,4 +1,4 @@
-/* obshub NIC layer: the original design's RDMA logic on the user-space verbs data path.
+/* obshub NIC layer: RDMA completion latency on the user-space verbs data path.
  *
  * uprobe on the post function  (qp, wr, bad_wr)  shaped like ibv_post_send: for each work request of
  *   the chain (up to OBS_MAX_WR), post_ts[(qp_num, wr_id)] = now.

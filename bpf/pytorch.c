@@ -1,4 +1,4 @@
-/* obshub PyTorch layer: handlers of the `obshub` USDT probes fired by producer._usdt (or any library
+/* obshub PyTorch layer: handlers of the `obshub` USDT probes fired by obshub.instrument._usdt (or any library
  * with the same probe names and arguments, see docs/AGENT.md "Probes").
  *
  *   register(job, rank, world_size, host_id, local_rank)  -> REGISTER; with OBS_TARGET_REGISTERED the

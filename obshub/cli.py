@@ -7,18 +7,23 @@ import importlib
 import json
 import sys
 
-import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+try:
+    import click
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+except ModuleNotFoundError as _exc:  # an install with only the instrumentation (no extra)
+    sys.exit(f"obshub: the command line needs the Python package {_exc.name!r}, which this install lacks: "
+             "pip install 'obshub[all]' (or the extra of one role: obshub[agent], obshub[streams], obshub[rules])")
 
 from obshub import __version__, stack
-from obshub.config import load_settings
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
+from obshub.core.settings import load_settings
 
 # name -> "module:attribute" of a click command or group, imported only when used.
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "obshub.doctor:doctor_command",
+    "alerts": "obshub.alerts:alerts_command",
     "setup": "obshub.hostsetup:setup_command",
     "streams": "streams.cli:streams_group",
     "tail": "streams.cli:tail_command",
@@ -27,9 +32,9 @@ LAZY_COMMANDS: dict[str, str] = {
     "silence": "rules.cli:silence_group",
     "replay": "obshub.replay.cli:replay_command",
     "trace": "obshub.export.cli:trace_group",
-    "agent": "producer.agent:agent_command",
-    "probes": "producer.loader:probes_command",
-    "run": "obshub.run:run_command",
+    "agent": "producer.cli:agent_command",
+    "probes": "producer.cli:probes_command",
+    "run": "obshub.instrument.cli:run_command",
 }
 
 console = Console(highlight=False)
@@ -45,7 +50,15 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name in LAZY_COMMANDS:
             mod, attr = LAZY_COMMANDS[name].split(":")
-            return getattr(importlib.import_module(mod), attr)
+            try:
+                return getattr(importlib.import_module(mod), attr)
+            except ModuleNotFoundError as exc:
+                if exc.name and exc.name.split(".")[0] in ("obshub", "producer", "streams", "rules"):
+                    raise
+                role = {"agent": "agent", "probes": "agent", "streams": "streams", "tail": "streams",
+                        "rules": "rules", "silence": "rules", "alerts": "rules"}.get(name, "all")
+                raise click.UsageError(f"`obshub {name}` needs the Python package {exc.name!r}, which this install "
+                                       f"lacks: pip install 'obshub[{role}]'") from None
         return super().get_command(ctx, name)
 
 

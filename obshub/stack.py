@@ -1,5 +1,5 @@
-"""The local stack: a single-node Apache Kafka 4.x broker in KRaft mode, its topics, and the registry of
-obshub components that run beside it.
+"""The local stack: a single-node Apache Kafka 4.x broker in KRaft mode with obshub's topics
+(:data:`obshub.core.topics.TOPICS`); ``down`` stops the components of :mod:`obshub.core.registry`.
 
 Steps of ``up``: resolve the broker jars from Maven Central into the cache (once) -> write
 ``server.properties`` -> format the KRaft storage (first start only) -> start ``kafka.Kafka`` with logs
@@ -7,14 +7,13 @@ under ``$OBSHUB_HOME/logs`` -> wait until the broker answers metadata requests -
 ``TOPICS``. ``down`` stops registered components (SIGTERM, then SIGKILL after a grace period), then the
 broker.
 
-Errors raise :class:`obshub.errors.StackError` with a hint: missing Java or Maven, a busy port, a failed
+Errors raise :class:`obshub.core.errors.StackError` with a hint: missing Java or Maven, a busy port, a failed
 download, a broker that exits or does not answer in time (the hint quotes the log's last lines).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import shutil
 import signal
@@ -22,42 +21,20 @@ import socket
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from obshub import schema
-from obshub.config import Settings
-from obshub.errors import StackError
+from obshub.core.errors import StackError
+from obshub.core.log import NullLogger
+from obshub.core.registry import components, pid_alive, register_component, unregister_component
+from obshub.core.settings import Settings
+from obshub.core.topics import TOPICS
 
 Progress = Callable[[str], None]
 
 
 def _quiet(_msg: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    """A topic obshub creates: name, partition count, retention (ms) and why those values."""
-
-    name: str
-    partitions: int
-    retention_ms: int
-    why: str
-
-
-_HOUR = 3600 * 1000
-TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec(schema.TOPIC_EVENTS, 8, 24 * _HOUR,
-              "agent batches keyed by host; 8 partitions = up to 8 stream workers in parallel; 24 h replay window"),
-    TopicSpec(schema.TOPIC_STEPS, 4, 7 * 24 * _HOUR,
-              "per-step summaries keyed by job; 7 days of history for baselines and post-mortems"),
-    TopicSpec(schema.TOPIC_ALERTS, 2, 30 * 24 * _HOUR,
-              "alert state changes keyed by fingerprint; 30 days, the usual incident-review horizon"),
-    TopicSpec(schema.TOPIC_DLQ, 1, 7 * 24 * _HOUR,
-              "undecodable or invalid messages with the reason in headers; one partition keeps them in order"),
-)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -219,52 +196,9 @@ def free_port_pair() -> int:
     raise StackError("no free pair of TCP ports on 127.0.0.1", "stop some local services and retry")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child still "exists"; treat it as dead
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
-
-
 # ------------------------------------------------------------------------------------------------------
-# Component registry: run/<name>.json
+# The broker's record in the component registry
 # ------------------------------------------------------------------------------------------------------
-def register_component(settings: Settings, name: str, pid: int, **info) -> Path:
-    """Record that component ``name`` runs as ``pid`` (for ``obshub status`` and ``obshub down``).
-    ``info`` may carry e.g. the log path. Returns the record's path."""
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.run_dir / f"{name}.json"
-    path.write_text(json.dumps({"name": name, "pid": pid, "started": time.time(), **info}))
-    return path
-
-
-def unregister_component(settings: Settings, name: str) -> None:
-    """Remove ``name``'s record (a component that stops by itself calls this)."""
-    (settings.run_dir / f"{name}.json").unlink(missing_ok=True)
-
-
-def components(settings: Settings) -> list[dict]:
-    """Every registered component with ``running`` true/false; stale records stay listed as not running."""
-    out = []
-    if settings.run_dir.exists():
-        for p in sorted(settings.run_dir.glob("*.json")):
-            try:
-                rec = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-            rec["running"] = _pid_alive(int(rec.get("pid", 0)))
-            out.append(rec)
-    return out
-
-
 def broker_pid(settings: Settings) -> int | None:
     """PID of the local broker when it runs, else None."""
     for c in components(settings):
@@ -351,17 +285,7 @@ def _admin(settings: Settings):
     from confluent_kafka.admin import AdminClient
 
     return AdminClient({"bootstrap.servers": settings.bootstrap_servers, "socket.timeout.ms": 5000,
-                        "logger": _NullLogger()})
-
-
-class _NullLogger:
-    """librdkafka log sink that keeps connection-refused noise off the operator's terminal."""
-
-    def log(self, *args, **kwargs):
-        pass
-
-    def __getattr__(self, _name):
-        return lambda *a, **k: None
+                        "logger": NullLogger()})
 
 
 def _metadata_ok(settings: Settings) -> bool:
@@ -407,7 +331,7 @@ def stop_pid(pid: int, grace_s: float = 15.0) -> bool:
         return False
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             _reap(pid)
             return False
         time.sleep(0.1)
@@ -481,7 +405,7 @@ def _watermarks(settings: Settings, md) -> dict[tuple[str, int], tuple[int, int]
     from confluent_kafka import Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "obshub-status",
-                  "enable.auto.commit": False, "logger": _NullLogger()})
+                  "enable.auto.commit": False, "logger": NullLogger()})
     out = {}
     try:
         for name, t in md.topics.items():

@@ -22,14 +22,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from typing import Callable, Protocol
+from typing import Callable
 
-from obshub import schema, stack
-from obshub.config import Settings
-from obshub.schema import Event, Kind
+from obshub.core import registry
+from obshub.core.schema import Event, Kind
+from obshub.core.settings import Settings
 from producer.batcher import Batcher
 from producer.clock import ClockTracker
-from producer.config import AgentConfig, SaslMechanism, SecurityProtocol
+from producer.config import AgentConfig
+from producer.source import EventSource
 from producer.spool import Spool
 from producer.transport import DIRECT, DRAINING, SPOOLING, Transport
 
@@ -37,18 +38,6 @@ EXIT_OK = 0
 EXIT_UNDELIVERED = 3
 
 log = logging.getLogger("producer.agent")
-
-
-class EventSource(Protocol):
-    """What the agent reads events from (producer/probes.py ``BpfEventSource``, producer/synthetic.py
-    ``SyntheticSource``); see the lead's interface in docs/AGENT.md."""
-
-    def start(self) -> list: ...
-    def poll(self, timeout_ms: int) -> list: ...
-    def lost(self) -> dict[str, int]: ...
-    def set_threshold(self, name: str, value: int) -> None: ...
-    def registrations(self) -> list[dict]: ...
-    def close(self) -> None: ...
 
 
 class Agent:
@@ -117,7 +106,7 @@ class Agent:
             for pname, value in self.thresholds.items():
                 self.source.set_threshold(pname, value)
             if self.settings is not None:
-                stack.register_component(self.settings, name, os.getpid(), host=self.config.host,
+                registry.register_component(self.settings, name, os.getpid(), host=self.config.host,
                                          job=self.config.job, agent_id=self.agent_id,
                                          metrics_port=self.config.metrics_port)
             self._start_metrics()
@@ -125,7 +114,7 @@ class Agent:
         finally:
             undelivered = self._shutdown(drain=started)
             if self.settings is not None:
-                stack.unregister_component(self.settings, name)
+                registry.unregister_component(self.settings, name)
         batches, nbytes = undelivered
         spool = self.transport.spool
         if spool.dropped_batches:
@@ -146,11 +135,11 @@ class Agent:
 
         from producer.agent_metrics import make_registry
 
-        server, _thread = start_http_server(self.config.metrics_port, addr="127.0.0.1",
+        server, _thread = start_http_server(self.config.metrics_port, addr=self.config.metrics_addr,
                                             registry=make_registry(self))
         self._metrics_server = server
         self.metrics_port = server.server_port
-        self.say(f"metrics on http://127.0.0.1:{self.metrics_port}/metrics")
+        self.say(f"metrics on http://{self.config.metrics_addr}:{self.metrics_port}/metrics")
 
     def _loop(self) -> None:
         cfg = self.config
@@ -248,165 +237,3 @@ def probe_table(statuses: list) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip()
                      for r in rows)
-
-
-
-# ---------------------------------------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------------------------------------
-import click  # noqa: E402  (kept beside the command it serves)
-
-_EPILOG = """\b
-Examples:
-  obshub agent --job bert --registered                      # watch whatever `obshub run` registers
-  obshub agent --job bert --host node3 --cgroup /sys/fs/cgroup/job.slice/rank3.scope
-                                                            # one agent per cgroup, as if node3
-  obshub agent --job bert --pid 4242 --pid 4243 --metrics-port 9464
-                                                            # two pids; metrics on :9464/metrics
-  obshub agent --job bert --registered --threshold rdma_latency_ns=30000 --probes sched,network
-                                                            # a probe subset, a 30 µs RDMA threshold
-  obshub agent --source synthetic --rate 50000 --duration 30
-                                                            # no BPF: 50k synthetic events/s for 30 s
-  obshub agent --registered --bootstrap kafka1:9093 --security-protocol SASL_SSL \\
-      --sasl-mechanism SCRAM-SHA-512 --sasl-username agent --ssl-ca-location /etc/ssl/kafka-ca.pem
-                                                            # a secured cluster; password from
-                                                            # $OBSHUB_SASL_PASSWORD
-\b
-Exit codes: 0 everything delivered; 1 an error (message and hint on stderr); 3 batches left undelivered
-in the spool ($OBSHUB_HOME/spool/<host>), replayed by the next start with the same --host.
-"""
-
-
-def _key_values(option: str, items: tuple[str, ...], *, as_int: bool) -> dict:
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE", param_hint=option)
-        if as_int:
-            try:
-                out[name] = int(value, 0)
-            except ValueError:
-                raise click.BadParameter(f"{item!r}: {value!r} is not an integer", param_hint=option) from None
-        else:
-            out[name] = value
-    return out
-
-
-def _bpf_source(settings: Settings, cgroup, pids, registered: bool, probes: str | None,
-                thresholds: dict[str, int], debug_ebpf: bool):
-    """Build the BPF EventSource (producer/loader.py) for the processes to watch."""
-    from pathlib import Path as _Path
-
-    from producer.errors import SourceError, TargetError
-
-    if not (cgroup or pids or registered):
-        raise TargetError("say which processes to watch: --cgroup PATH, --pid PID (repeatable) and/or --registered",
-                          "e.g. obshub agent --registered (what `obshub run` starts), or --source synthetic")
-    try:
-        from producer.loader import BpfEventSource
-        from producer.probes import ProbeOptions, Target
-    except ImportError as exc:
-        raise SourceError(f"the BPF event source is not available in this build ({exc})",
-                          "use --source synthetic, or install bcc (python3-bpfcc) and run `make setup`") from None
-    target = Target(cgroup=_Path(cgroup) if cgroup else None, pids=set(pids) if pids else None,
-                    registered=registered)
-    names = tuple(p.strip() for p in (probes or "").split(",") if p.strip())
-    options = ProbeOptions(probes=names, thresholds=dict(thresholds), debug_ebpf=debug_ebpf)
-    return BpfEventSource(settings, target, options)
-
-
-def _finite(value: float, name: str) -> float:
-    """Reject NaN (which every range check lets through) for a float option."""
-    if value != value:
-        raise click.BadParameter(f"{value} is not a number", param_hint=f"'{name}'")
-    return value
-
-
-@click.command("agent", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--job", envvar="OBSHUB_JOB", default="default", show_default=True, help="job name put in every batch")
-@click.option("--host", envvar="OBSHUB_HOST", default=None, help="host name: Kafka key and spool folder "
-              "[default: this machine's host name]")
-@click.option("--host-id", envvar="OBSHUB_HOST_ID", type=click.IntRange(0, 0xFFFF), default=None,
-              help="16-bit host id of the TraceKey [default: crc32(host) & 0xFFFF]")
-@click.option("--cgroup", type=click.Path(exists=True, file_okay=False), help="watch the processes of this cgroup (v2 path)")
-@click.option("--pid", "pids", type=int, multiple=True, help="watch this process and its threads (repeatable)")
-@click.option("--registered", is_flag=True, help="watch whatever process fires the `register` USDT probe (obshub run)")
-@click.option("--source", type=click.Choice(["bpf", "synthetic"]), default="bpf", show_default=True,
-              help="where events come from: the BPF probes, or a synthetic training-shaped stream")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True, max=1e9), default=10_000,
-              callback=lambda _c, _p, v: _finite(v, "--rate"), show_default=True, help="synthetic source: events per second")
-@click.option("--synthetic-events", type=int, default=None, help="synthetic source: stop after this many events")
-@click.option("--probes", default=None, help="comma-separated subset of probes to attach [default: all]")
-@click.option("--threshold", "thresholds", multiple=True, metavar="NAME=VALUE",
-              help="probe threshold, e.g. rdma_latency_ns=20000 (repeatable; changeable at run time in BPF maps)")
-@click.option("--bootstrap", envvar="OBSHUB_BOOTSTRAP", default=None,
-              help="Kafka bootstrap servers [default: the local broker of `obshub up`]")
-@click.option("--security-protocol", type=click.Choice([p.value for p in SecurityProtocol]), default="PLAINTEXT",
-              show_default=True)
-@click.option("--sasl-mechanism", type=click.Choice([m.value for m in SaslMechanism]), default=None)
-@click.option("--sasl-username", envvar="OBSHUB_SASL_USERNAME", default=None)
-@click.option("--sasl-password", envvar="OBSHUB_SASL_PASSWORD", default=None,
-              help="SASL password (prefer $OBSHUB_SASL_PASSWORD: command lines are visible to every user)")
-@click.option("--ssl-ca-location", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--ssl-certificate-location", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--ssl-key-location", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--ssl-key-password", envvar="OBSHUB_SSL_KEY_PASSWORD", default=None)
-@click.option("--compression", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="lz4",
-              show_default=True)
-@click.option("--kafka-option", "kafka_options", multiple=True, metavar="KEY=VALUE",
-              help="any other librdkafka producer setting (repeatable), e.g. queue.buffering.max.messages=100")
-@click.option("--delivery-timeout-ms", type=int, default=10_000, show_default=True,
-              help="a batch not acknowledged within this goes to the spool")
-@click.option("--batch-max-bytes", type=int, default=256 * 1024, show_default=True, help="batch bound, bytes (1 KiB..1 MiB)")
-@click.option("--batch-max-age-ms", type=int, default=200, show_default=True, help="batch bound, ms")
-@click.option("--spool-max-bytes", type=int, default=256 * 1024 * 1024, show_default=True, help="spool bound, bytes")
-@click.option("--spool-segment-bytes", type=int, default=4 * 1024 * 1024, show_default=True)
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any free port)")
-@click.option("--duration", type=float, default=None, help="stop after this many seconds (scripted runs)")
-@click.option("--flush-timeout", type=float, default=15.0, show_default=True,
-              help="on stop, seconds to try delivering what is left")
-@click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags to stderr")
-def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, synthetic_events, probes, thresholds,
-                  bootstrap, security_protocol, sasl_mechanism, sasl_username, sasl_password, ssl_ca_location,
-                  ssl_certificate_location, ssl_key_location, ssl_key_password, compression, kafka_options,
-                  delivery_timeout_ms, batch_max_bytes, batch_max_age_ms, spool_max_bytes, spool_segment_bytes,
-                  metrics_port, duration, flush_timeout, debug_ebpf):
-    """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
-
-    Prints the probe table (attached, or skipped with the reason), then runs until SIGTERM/SIGINT or
-    --duration. Several agents may run on one machine, each with its own --host and cgroup."""
-    import socket
-    import zlib
-
-    from obshub.config import load_settings
-    from producer.config import agent_config
-
-    logging.basicConfig(level=logging.WARNING, format="obshub agent: %(name)s: %(message)s")
-    logging.getLogger("producer.kafka").setLevel(logging.CRITICAL)  # outages are reported by the transport
-    settings = load_settings()
-    host = host or socket.gethostname().split(".")[0]
-    if host_id is None:
-        host_id = zlib.crc32(host.encode()) & 0xFFFF
-    thr = _key_values("--threshold", thresholds, as_int=True)
-    kafka = dict(bootstrap=bootstrap or settings.bootstrap_servers, security_protocol=security_protocol,
-                 sasl_mechanism=sasl_mechanism, sasl_username=sasl_username, sasl_password=sasl_password,
-                 ssl_ca_location=ssl_ca_location, ssl_certificate_location=ssl_certificate_location,
-                 ssl_key_location=ssl_key_location, ssl_key_password=ssl_key_password, compression=compression,
-                 delivery_timeout_ms=delivery_timeout_ms,
-                 extra=_key_values("--kafka-option", kafka_options, as_int=False))
-    cfg = agent_config(job=job, host=host, host_id=host_id, kafka=kafka,
-                       batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms),
-                       spool=dict(dir=settings.home / "spool" / host, max_bytes=spool_max_bytes,
-                                  segment_bytes=spool_segment_bytes),
-                       metrics_port=metrics_port, duration_s=duration, flush_timeout_s=flush_timeout)
-    if source == "synthetic":
-        from producer.synthetic import SyntheticSource
-
-        src = SyntheticSource(rate, total=synthetic_events, host_id=host_id, job=job)
-        agent = Agent(cfg, src, settings=settings, thresholds=thr)
-    else:  # thresholds go in at build time, so a layer that did not load cannot fail the start
-        src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf)
-        agent = Agent(cfg, src, settings=settings)
-    sys.exit(agent.run())

@@ -2,8 +2,9 @@
 (a custom collector: no double bookkeeping in the hot path, one registry per agent so several agents can
 live in one process, as the tests do).
 
-Every metric carries the labels ``job`` and ``host``. Names and meaning (also in docs/AGENT.md
-"Transport"):
+Every metric carries the labels ``training_job`` and ``host`` (not ``job``: that is the label Prometheus
+gives every scraped series itself, so an exported ``job`` would be renamed ``exported_job``). Names and
+meaning (also in docs/METRICS.md):
 
 ======================================================  =======  ==================================================
 obshub_agent_events_total{kind}                         counter  events read from the source, per Kind name
@@ -20,25 +21,36 @@ obshub_agent_spool_bytes                                gauge    bytes waiting i
 obshub_agent_spool_batches                              gauge    batches waiting in the spool
 obshub_agent_spool_dropped_batches_total                counter  spooled batches dropped because the spool was full
 obshub_agent_spool_dropped_bytes_total                  counter  bytes of those
-obshub_agent_clock_offset_ns                            gauge    realtime - monotonic, ns
-obshub_agent_clock_uncertainty_ns                       gauge    ± bound of that offset, ns
+obshub_agent_clock_offset_seconds                       gauge    CLOCK_REALTIME - CLOCK_MONOTONIC, s
+obshub_agent_clock_uncertainty_seconds                  gauge    ± bound of that offset, s
 obshub_agent_transport_state{state}                     gauge    1 for the current state (direct/draining/spooling)
 ======================================================  =======  ==================================================
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from obshub.schema import Kind
+from obshub.core.schema import Kind
 from producer.transport import DIRECT, DRAINING, SPOOLING
 
-if TYPE_CHECKING:
-    from producer.agent import Agent
+
+class MetricsSource(Protocol):
+    """What the collector reads from a running agent (``producer.agent.Agent`` provides it): identity in
+    ``config``, the ``batcher``, the ``transport`` (publisher, spool, state), ``clock``, ``kind_counts`` and
+    ``lost_totals``."""
+
+    config: Any
+    batcher: Any
+    transport: Any
+    clock: Any
+    kind_counts: Counter[int]
+    lost_totals: dict[str, int]
 
 
 def _kind_name(k: int) -> str:
@@ -51,12 +63,12 @@ def _kind_name(k: int) -> str:
 class AgentCollector(Collector):
     """Yields the metric families above from ``agent``'s counters on every scrape."""
 
-    def __init__(self, agent: "Agent"):
+    def __init__(self, agent: MetricsSource):
         self.agent = agent
 
     def collect(self):
         a = self.agent
-        labels = ["job", "host"]
+        labels = ["training_job", "host"]
         base = [a.config.job, a.config.host]
         t, pub, spool = a.transport, a.transport.publisher, a.transport.spool
 
@@ -95,8 +107,9 @@ class AgentCollector(Collector):
                       spool.dropped_batches)
         yield counter("obshub_agent_spool_dropped_bytes", "spooled bytes dropped (spool full)", spool.dropped_bytes)
         clock = a.clock.current()
-        yield gauge("obshub_agent_clock_offset_ns", "CLOCK_REALTIME - CLOCK_MONOTONIC, ns", clock.offset_ns)
-        yield gauge("obshub_agent_clock_uncertainty_ns", "uncertainty of the clock offset, ns", clock.uncertainty_ns)
+        yield gauge("obshub_agent_clock_offset_seconds", "CLOCK_REALTIME - CLOCK_MONOTONIC, s", clock.offset_ns / 1e9)
+        yield gauge("obshub_agent_clock_uncertainty_seconds", "uncertainty of the clock offset, s",
+                    clock.uncertainty_ns / 1e9)
         st = GaugeMetricFamily("obshub_agent_transport_state", "1 for the transport's current state",
                                labels=labels + ["state"])
         for s in (DIRECT, DRAINING, SPOOLING):
@@ -104,7 +117,7 @@ class AgentCollector(Collector):
         yield st
 
 
-def make_registry(agent: "Agent") -> CollectorRegistry:
+def make_registry(agent: MetricsSource) -> CollectorRegistry:
     """A fresh registry holding only ``agent``'s collector."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(AgentCollector(agent))

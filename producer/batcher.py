@@ -1,5 +1,5 @@
 """Batch builder: turns a stream of events into sealed ``obshub.events.v1`` messages (msgpack batches of
-obshub/schema.py), bounded by encoded bytes and by age, numbered per agent instance without gaps.
+obshub/core/schema.py), bounded by encoded bytes and by age, numbered per agent instance without gaps.
 
 Hot path: each event (a ``schema.Event`` or any 10-tuple in ``schema.EVENT_FIELDS`` order) is packed once,
 by msgpack's C packer, into bytes that are kept until the batch is sealed; the batch is then the envelope
@@ -22,7 +22,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import msgpack
 
-from obshub import schema
+from obshub.core import schema
 
 _EVENTS_KEY_AND_HEADER_MAX = 1 + len("events") + 5  # fixstr key + array32 header
 _ENVELOPE_SLACK = 160  # ints and the clock map at their largest encodings

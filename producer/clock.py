@@ -1,5 +1,5 @@
 """The agent's clock relation: CLOCK_MONOTONIC (what ``bpf_ktime_get_ns()`` returns) to CLOCK_REALTIME,
-with an uncertainty, and TAI - UTC where the host knows it (DESIGN.md "Clocks").
+with an uncertainty, and TAI - UTC where the host knows it (docs/ARCHITECTURE.md "Clocks").
 
 Method (the bracket method of e.g. chrony's ``PHC`` reading and Linux's ``PTP_SYS_OFFSET``): read
 CLOCK_MONOTONIC, CLOCK_REALTIME, CLOCK_MONOTONIC; the realtime reading happened somewhere inside the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from obshub.schema import Clock
+from obshub.core.schema import Clock
 
 _NS_PER_S = 1_000_000_000
 

@@ -5,7 +5,7 @@ Secrets (SASL password, SSL key password) are ``SecretStr``: they never appear i
 error messages; only :meth:`KafkaConfig.librdkafka_config` reveals them, to hand them to librdkafka.
 
 Errors: building a model from bad values raises ``pydantic.ValidationError``; :func:`agent_config` turns
-that into :class:`obshub.errors.ConfigError` naming the option and what was wrong.
+that into :class:`obshub.core.errors.ConfigError` naming the option and what was wrong.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from obshub.errors import ConfigError
+from obshub.core.errors import ConfigError
 
 
 class SecurityProtocol(str, enum.Enum):
@@ -161,6 +161,7 @@ class AgentConfig(BaseModel):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     spool: SpoolConfig
     metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_addr: str = "0.0.0.0"
     duration_s: float | None = Field(None, gt=0)
     loss_interval_s: float = Field(1.0, gt=0)
     flush_timeout_s: float = Field(15.0, ge=0)

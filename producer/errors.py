@@ -1,9 +1,9 @@
 """Errors of the producer package (node agent: probes, loader, reader, transport). All derive from
-:class:`ProducerError` under :class:`obshub.errors.ObshubError`, so the CLI prints ``error:``/``hint:``."""
+:class:`ProducerError` under :class:`obshub.core.errors.ObshubError`, so the CLI prints ``error:``/``hint:``."""
 
 from __future__ import annotations
 
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
 
 
 class ProducerError(ObshubError):

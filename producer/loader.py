@@ -1,6 +1,6 @@
 """The bcc loader: plan which probes this machine offers, compile bpf/obshub.c with the layers needed,
 attach each probe or skip it with the reason, keep the watched-process maps current, and read the ring
-buffer. Implements the agent's :class:`producer.probes.EventSource` as :class:`BpfEventSource`.
+buffer. Implements the agent's :class:`producer.source.EventSource` as :class:`BpfEventSource`.
 
 Steps (each failure says "Failed to ..." with the value that was wrong):
 
@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from obshub import kheaders
-from obshub.config import Settings
-from obshub.schema import Event, Kind, Layer
+from obshub.core.schema import Event, Kind, Layer
+from obshub.core.settings import Settings
+from producer import kheaders
 from producer import probes as cat
 from producer.errors import ProbeError
 from producer.probes import ProbeOptions, ProbeStatus, Target, Tracepoint, Uprobe, Usdt
@@ -47,7 +47,7 @@ class _Plan:
         self.tp_formats: dict[str, cat.TracepointFormat] = {}
 
 
-def _selected(options: ProbeOptions) -> list[cat.Probe]:
+def selected_probes(options: ProbeOptions) -> list[cat.Probe]:
     if not options.probes:
         return list(cat.PROBES)
     want = set(options.probes)
@@ -67,7 +67,7 @@ def plan(options: ProbeOptions, target: Target, tracefs: Path | None) -> _Plan:
     pl.usdt_lib = options.resolved_usdt_library()
     if pl.usdt_lib is not None and pl.usdt_lib.exists():
         pl.usdt_probes = cat.usdt_probe_names(pl.usdt_lib)
-    for p in _selected(options):
+    for p in selected_probes(options):
         reason = _missing(p, pl, tracefs, options)
         if reason:
             pl.skipped[p.name] = reason
@@ -93,7 +93,7 @@ def _missing(p: cat.Probe, pl: _Plan, tracefs: Path | None, options: ProbeOption
             pl.tp_formats[ap.name] = fmt
         elif isinstance(ap, Usdt):
             if pl.usdt_lib is None:
-                return "no instrumentation library (producer._usdt not built; set ProbeOptions.usdt_library)"
+                return "no instrumentation library (obshub.instrument._usdt not built; set ProbeOptions.usdt_library)"
             if not pl.usdt_lib.exists():
                 return f"instrumentation library {pl.usdt_lib} does not exist"
             if ap.probe not in pl.usdt_probes:
@@ -164,7 +164,7 @@ class BpfEventSource:
     ``BpfEventSource(settings, target, options)``; ``start()`` returns one ProbeStatus per catalogue
     probe selected (attached, or skipped with the reason) and never raises because a probe is missing;
     it raises :class:`ProbeError` only when nothing at all can be loaded (no BPF support, no privilege).
-    ``poll(timeout_ms)`` returns decoded :class:`obshub.schema.Event` s. Not thread-safe: one thread
+    ``poll(timeout_ms)`` returns decoded :class:`obshub.core.schema.Event` s. Not thread-safe: one thread
     polls.
     """
 
@@ -217,7 +217,7 @@ class BpfEventSource:
                     self._attached.add(p.name)
         self._statuses = [ProbeStatus(p.name, p.layer.value, p.name in self._attached,
                                       "" if p.name in self._attached else skipped.get(p.name, "not attached"))
-                          for p in _selected(self.options)]
+                          for p in selected_probes(self.options)]
         self._refresh_target(force=True)
         return list(self._statuses)
 
@@ -369,7 +369,7 @@ class BpfEventSource:
     def misses(self) -> dict[str, int]:
         """Runs of each attached probe's programs that the kernel skipped (``recursion_misses`` of
         ``bpf_prog_info``, Linux 5.12+): a tracepoint program that fires while another BPF program runs
-        on the same CPU is not run. Not part of the lead's EventSource protocol; the agent may report it
+        on the same CPU is not run. Not part of the EventSource protocol; the agent may report it
         next to :meth:`lost`."""
         if self._bpf is None:
             return {}
@@ -425,82 +425,3 @@ def _recursion_misses(fd: int) -> int:
     if fn(fd, ctypes.byref(info), ctypes.byref(size)) != 0 or size.value < _RECURSION_MISSES_OFFSET + 8:
         return 0
     return int.from_bytes(bytes(info[_RECURSION_MISSES_OFFSET:_RECURSION_MISSES_OFFSET + 8]), "little")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# `obshub probes`: the probe table of this machine
-# ---------------------------------------------------------------------------------------------------------
-_PROBES_EPILOG = """\b
-Examples:
-  obshub probes                         # what this kernel and these libraries offer (nothing loaded)
-  obshub probes --load                  # compile and attach everything for a moment: the real table
-  obshub probes --load --probes sched   # only the scheduler probes
-  obshub probes --json                  # the table for scripts
-  obshub probes --thresholds            # thresholds, their defaults and units
-"""
-
-
-def _probes_command():
-    import json
-
-    import click
-    from rich.console import Console
-    from rich.table import Table
-
-    @click.command("probes", epilog=_PROBES_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-    @click.option("--load", is_flag=True, help="compile and attach the probes (root), then detach")
-    @click.option("--probes", "names", default=None, help="comma-separated probe or layer names [default: all]")
-    @click.option("--usdt-library", type=click.Path(dir_okay=False), default=None,
-                  help="library with the obshub USDT probes [default: producer._usdt]")
-    @click.option("--json", "as_json", is_flag=True, help="print JSON")
-    @click.option("--thresholds", "show_thresholds", is_flag=True, help="list the run-time thresholds")
-    @click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags")
-    def probes_command(load, names, usdt_library, as_json, show_thresholds, debug_ebpf):
-        """The probe table: every probe obshub has, its layer and mechanism, and whether it attaches on
-        this machine (or why not). Without --load only the kernel's tracefs and the libraries are
-        inspected; with --load the programs are compiled and attached (needs CAP_BPF, CAP_PERFMON and,
-        for uprobes on other users' processes, CAP_SYS_ADMIN)."""
-        from obshub.config import load_settings
-
-        console = Console(highlight=False)
-        if show_thresholds:
-            rows = [{"name": n, "default": d, "unit": u} for n, (_i, d, u) in cat.THRESHOLDS.items()]
-            if as_json:
-                click.echo(json.dumps(rows, indent=2))
-            else:
-                for r in rows:
-                    console.print(f"{r['name']:<18} {r['default']:>12}  {r['unit']}")
-            return
-        options = ProbeOptions(probes=tuple(n.strip() for n in (names or "").split(",") if n.strip()),
-                               usdt_library=Path(usdt_library) if usdt_library else None,
-                               debug_ebpf=debug_ebpf)
-        target = Target(pids={os.getpid()})
-        if load or debug_ebpf:
-            src = BpfEventSource(load_settings(), target, options)
-            try:
-                statuses = src.start()
-            finally:
-                src.close()
-        else:
-            pl = plan(options, target, kheaders.tracefs_mount())
-            statuses = [ProbeStatus(p.name, p.layer.value, p.name not in pl.skipped,
-                                    pl.skipped.get(p.name, "available (not loaded: use --load)"))
-                        for p in _selected(options)]
-        if as_json:
-            click.echo(json.dumps([s.__dict__ for s in statuses], indent=2))
-            return
-        table = Table("probe", "layer", "mechanism", "status", "reason")
-        for s in statuses:
-            p = cat.PROBES_BY_NAME[s.name]
-            state = "[green]attached[/green]" if s.attached and load else \
-                "[green]available[/green]" if s.attached else "[yellow]skipped[/yellow]"
-            table.add_row(s.name, s.layer, p.mechanism, state, "" if s.attached else s.reason)
-        console.print(table)
-
-    return probes_command
-
-
-def __getattr__(name):  # the click command is built on first use (click/rich imports stay lazy)
-    if name == "probes_command":
-        return _probes_command()
-    raise AttributeError(name)

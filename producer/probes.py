@@ -1,9 +1,10 @@
-"""The probe catalogue and the agent's event-source interface.
+"""The probe catalogue and the inputs of the BPF event source.
 
 - the catalogue: every probe obshub can attach, its layer, C file, attach points, and what the kernel (or
   the target's libraries) must offer for it;
-- the interface fixed by the lead: :class:`EventSource`, :class:`ProbeStatus`, :class:`Target`,
-  :class:`ProbeOptions` (``BpfEventSource`` lives in producer/loader.py and is importable from here);
+- what the BPF event source (producer/loader.py ``BpfEventSource``, an
+  :class:`producer.source.EventSource`) is given and reports: :class:`ProbeStatus`, :class:`Target`,
+  :class:`ProbeOptions`;
 - the look-ups that decide whether an attach point exists here (tracefs formats, ELF symbols, USDT notes)
   and which processes a target names (cgroup.procs, cgroup v2 ids, threads, TCP ports, mapped libraries).
 
@@ -31,9 +32,9 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
 
-from obshub.schema import Event, Kind, Layer
+from obshub.core import usdt as usdt_contract
+from obshub.core.schema import Kind, Layer
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 
@@ -331,7 +332,7 @@ def probe(name: str) -> Probe:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The EventSource interface (fixed by the lead) and its inputs
+# What the BPF event source is given and reports
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -380,7 +381,7 @@ class ProbeOptions:
     """How the probes are built and run.
 
     ``probes``: names or layer names to enable (empty = all); ``usdt_library``: the .so with the obshub
-    USDT probes (default ``producer.usdt.library_path()`` when built); ``lib_dirs``: where CUDA/NCCL/verbs
+    USDT probes (default ``obshub.instrument.usdt.library_path()`` when built); ``lib_dirs``: where CUDA/NCCL/verbs
     libraries are looked for when the target has not mapped them; ``verbs_library`` and
     ``verbs_symbols`` (post, poll): the verbs data path to probe; ``thresholds``: overrides of
     :data:`THRESHOLDS`; ``ringbuf_pages``: ring buffer size in 4 KiB pages (a power of two);
@@ -412,50 +413,15 @@ class ProbeOptions:
                 raise ProbeError(f"unknown threshold {name!r}", hint=f"known: {', '.join(THRESHOLDS)}")
 
     def resolved_usdt_library(self) -> Path | None:
-        """The USDT library: the configured one, else the built ``producer._usdt`` if importable."""
+        """The USDT library: the configured one, else the built ``obshub.instrument._usdt`` when it is
+        on disk (:func:`obshub.core.usdt.library_path`), else None."""
         if self.usdt_library is not None:
             return Path(self.usdt_library)
-        try:
-            from producer import usdt  # built by the instrumentation part (issue 3 part A)
-
-            return Path(usdt.library_path())
-        except Exception:
-            return None
+        return usdt_contract.library_path()
 
     def verbs_symbol(self, ap: Uprobe) -> str:
         """The configured symbol for a catalogue verbs attach point (post or poll)."""
         return self.verbs_symbols[0] if ap.symbol == "ibv_post_send" else self.verbs_symbols[1]
-
-
-class EventSource(Protocol):
-    """What the agent reads events from (fixed by the lead; docs/AGENT.md "Probes").
-    producer.loader.BpfEventSource implements it."""
-
-    def start(self) -> list[ProbeStatus]:
-        """Attach what this machine offers; one status per probe, skipped ones with the reason."""
-
-    def poll(self, timeout_ms: int) -> list[Event]:
-        """Drain the ring buffer(s), waiting up to ``timeout_ms``; events per obshub.schema."""
-
-    def lost(self) -> dict[str, int]:
-        """Per-probe ring-buffer reservation failures, counted in the kernel."""
-
-    def set_threshold(self, name: str, value: int) -> None:
-        """Change a threshold of :data:`THRESHOLDS` at run time."""
-
-    def registrations(self) -> list[dict]:
-        """REGISTER events seen: job, rank, world_size, host_id, local_rank, pid."""
-
-    def close(self) -> None:
-        """Detach everything."""
-
-
-def __getattr__(name):  # producer.probes.BpfEventSource, imported lazily (bcc is heavy)
-    if name == "BpfEventSource":
-        from producer.loader import BpfEventSource
-
-        return BpfEventSource
-    raise AttributeError(name)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from obshub import schema
+from obshub.core import schema
 from producer.config import KafkaConfig
 from producer.errors import TransportError
 

@@ -1,4 +1,4 @@
-"""Decode ring-buffer records (``struct obs_event`` of bpf/common.h) into :class:`obshub.schema.Event`.
+"""Decode ring-buffer records (``struct obs_event`` of bpf/common.h) into :class:`obshub.core.schema.Event`.
 
 The record layout is mirrored by one precompiled :class:`struct.Struct` (little-endian, 176 bytes); each
 record is unpacked with a single ``unpack_from`` and the per-kind payload is built from its argument
@@ -12,13 +12,13 @@ import socket
 import struct
 from collections.abc import Callable, Mapping
 
-from obshub.schema import Event, Kind
+from obshub.core.schema import Event, Kind
 
 # struct obs_event (bpf/common.h): 8 x u64/s64, 2 x u32, 2 x u16, u32, char[64], char[32]
 EVENT_STRUCT = struct.Struct("<QQQqqQQQIIHHI64s32s")
 EVENT_SIZE = EVENT_STRUCT.size  # 176
 
-# PCIe AER correctable status bits (PCIe base spec 7.8.4.5; DESIGN.md "PCIe")
+# PCIe AER correctable status bits (PCIe base spec 7.8.4.5)
 AER_REPLAY_ROLLOVER_BIT = 1 << 8
 AER_REPLAY_TIMEOUT_BIT = 1 << 12
 AER_SEVERITY_CORRECTED = 2

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from obshub.schema import Event, Kind, Layer, make_trace_key
+from obshub.core.schema import Event, Kind, Layer, make_trace_key
 
 try:  # the probe side defines ProbeStatus; the synthetic source must not depend on bcc being importable
     from producer.probes import ProbeStatus  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""User-space poller of the hardware counters the kernel only exposes in sysfs (DESIGN.md "PCIe", "NIC").
+"""User-space poller of the hardware counters the kernel only exposes in sysfs.
 
 - NIC: ``<root>/sys/class/infiniband/<dev>/ports/<n>/counters/*`` and ``.../hw_counters/*`` (e.g.
   ``port_xmit_wait``, ``out_of_sequence``, ``np_cnp_sent``, EFA ``retrans_pkts``) -> one ``NIC_COUNTER``
@@ -19,7 +19,7 @@ import re
 import time
 from pathlib import Path
 
-from obshub.schema import Event, Kind
+from obshub.core.schema import Event, Kind
 from producer.reader import AER_SEVERITY_CORRECTED, aer_payload
 
 # PCIe base spec, Correctable Error Status register bits; names as the kernel prints them

@@ -30,7 +30,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaError
 
-from obshub import schema
+from obshub.core import schema
 from producer.batcher import SealedBatch
 from producer.config import KafkaConfig
 from producer.publisher import Publisher

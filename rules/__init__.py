@@ -1,4 +1,4 @@
-"""obshub's rule engine and alerting (DESIGN.md "Rules and alerts"; user guide: docs/RULES.md).
+"""obshub's rule engine and alerting (user guide: docs/RULES.md).
 
 Modules, in the order data flows through them:
 

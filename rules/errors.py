@@ -1,4 +1,4 @@
-"""Errors of the rule engine, all under :class:`obshub.errors.ObshubError`.
+"""Errors of the rule engine, all under :class:`obshub.core.errors.ObshubError`.
 
 A rule file that does not validate raises :class:`RuleValidationError` carrying every
 :class:`Problem` found (not only the first), each printed as ``file:line:col: rule "id": what``
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
 
 
 @dataclass(frozen=True)

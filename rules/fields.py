@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from obshub import schema
+from obshub.core import schema
 
 EVENT_VARS: dict[str, str] = {
     "kind": "event kind name, e.g. 'RDMA_CQ_DONE' (schema.Kind)",

@@ -33,8 +33,8 @@ import functools
 import ipaddress
 from typing import Callable
 
-from obshub import schema
-from obshub.schema import Batch, Event, Kind, Layer
+from obshub.core import schema
+from obshub.core.schema import Batch, Event, Kind, Layer
 
 # kind -> (layer, time_ns(event), count(event), max candidate(event)); None = structural, handled apart
 Rule = tuple[Layer, Callable[[Event], int], Callable[[Event], int], Callable[[Event], int]]
@@ -136,7 +136,7 @@ def _add_net(acc: dict, kind: Kind, e: Event) -> None:
 
 
 def coll_key(pg: str, coll_seq: int) -> str:
-    """The join key of one collective within a job: ``"<pg>#<coll_seq>"`` (DESIGN.md "TraceKey")."""
+    """The join key of one collective within a job: ``"<pg>#<coll_seq>"`` (docs/SCHEMA.md "TraceKey")."""
     return f"{pg}#{coll_seq}"
 
 

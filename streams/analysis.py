@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from obshub import schema
-from obshub.schema import Layer
+from obshub.core import schema
+from obshub.core.schema import Layer
 
 TIME_LAYERS = tuple(layer.value for layer in Layer if layer is not Layer.AGENT)
 

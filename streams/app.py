@@ -33,7 +33,7 @@ from pathlib import Path
 import faust
 from faust.types import TP
 
-from obshub import schema
+from obshub.core import schema
 from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
@@ -143,7 +143,7 @@ def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes,
     headers = [("obshub.reason", str(exc).encode()), ("obshub.field", (exc.field or "").encode()),
                ("obshub.source.topic", msg.topic.encode()),
                ("obshub.source.partition", str(msg.partition).encode()),
-               ("obshub.source.offset", str(msg.offset).encode())]
+               ("obshub.source.offset", str(msg.offset).encode()), ("obshub.consumer", cfg.app_id.encode())]
     if len(value) > cfg.dlq_max_bytes:
         headers.append(("obshub.truncated", str(len(value)).encode()))
         value = value[:cfg.dlq_max_bytes]
@@ -208,6 +208,7 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None
                 for what, job, value in fold.apply(event.value, event.message.partition):
                     if what == "summary":
                         await out.send(key=job.encode(), value=json.dumps(value, sort_keys=True).encode())
+                        m.results.observe(value)
                     else:
                         for p in range(cfg.partitions):
                             await rep.send(key=job.encode(), value=value, partition=p)

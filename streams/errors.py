@@ -1,9 +1,9 @@
-"""Errors of the streams stage, all under :class:`obshub.errors.ObshubError` (the CLI prints the message
+"""Errors of the streams stage, all under :class:`obshub.core.errors.ObshubError` (the CLI prints the message
 and the hint, never a traceback)."""
 
 from __future__ import annotations
 
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
 
 
 class StreamsError(ObshubError):

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, MutableMapping
 
-from obshub import schema
+from obshub.core import schema
 from streams import accumulate, wire
 
 log = logging.getLogger("obshub.streams")

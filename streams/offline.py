@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from obshub.schema import Batch
+from obshub.core.schema import Batch
 from streams import accumulate, analysis
 
 

@@ -3,7 +3,7 @@
 Used by the streams tests, the demo and the benchmarks: the ground truth (which host, which layer, which
 steps) is known, so the stream application's answer can be checked exactly.
 
-Model of one step (synchronous data parallelism, DESIGN.md "TraceKey"): every host begins the step,
+Model of one step (synchronous data parallelism, docs/SCHEMA.md "TraceKey"): every host begins the step,
 runs forward, then ``colls_per_step`` backward buckets each followed by a blocking all_reduce on process
 group "0"; a collective starts when the last host arrives and lasts ``coll_ms``; then the optimizer. So
 every host has (nearly) the same step time, and only the collective arrival skew shows who was late. At a
@@ -30,8 +30,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from obshub import schema
-from obshub.schema import Batch, Clock, Event, Kind
+from obshub.core import schema
+from obshub.core.schema import Batch, Clock, Event, Kind
 
 MS = 1_000_000
 GUILTY_KINDS = {"sched": Kind.SCHED_RUNQ, "memory": Kind.MEM_RECLAIM, "cuda": Kind.CUDA_SYNC,

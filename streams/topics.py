@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from obshub import stack
+from obshub.core.log import NullLogger
 from streams.errors import StreamsError
 
 # table name -> partitioned like the input topic ("input") or like the repartition topic ("internal")
@@ -35,7 +35,7 @@ def ensure_internal_topics(bootstrap: str, app_id: str, partitions: int, input_p
     from confluent_kafka.admin import AdminClient, NewTopic
 
     want = internal_topics(app_id, partitions, input_partitions)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": stack._NullLogger()})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": NullLogger()})
     md = admin.list_topics(timeout=10)
     for name, n in want.items():
         if name in md.topics and len(md.topics[name].partitions) != n:

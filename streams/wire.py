@@ -2,9 +2,9 @@
 
 Agent batches (the input topic). :func:`decode_batch` is the worker's decoder: one msgspec pass that
 unpacks and type-checks the whole version-1 envelope and every event in C, with the limits of
-``obshub.schema`` (string lengths, event count, integer ranges, known kinds, payload shape). A message it
+``obshub.core.schema`` (string lengths, event count, integer ranges, known kinds, payload shape). A message it
 rejects is decoded again by ``schema.decode_batch``, the project's reference decoder, whose
-:class:`~obshub.schema.SchemaError` names the field for the dead-letter record; so the error a user sees is
+:class:`~obshub.core.schema.SchemaError` names the field for the dead-letter record; so the error a user sees is
 the same as everywhere else in the project, and the fast path never accepts a batch the reference would
 refuse (tests/test_streams_wire.py checks both directions). The decoded batch has the attribute names of
 ``schema.Batch`` / ``schema.Event`` (``events`` are named tuples, ``kind`` a ``schema.Kind``), which is all
@@ -25,8 +25,8 @@ import msgspec
 from faust.serializers import codecs
 from msgspec import Meta
 
-from obshub import schema
-from obshub.schema import Kind
+from obshub.core import schema
+from obshub.core.schema import Kind
 
 _I64_MAX = 2**63 - 1
 _Str = Annotated[str, Meta(min_length=1, max_length=schema.MAX_STR_LEN)]

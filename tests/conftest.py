@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from obshub import stack
-from obshub.config import Settings, load_settings
+from obshub.core.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -24,7 +24,7 @@ free_port_pair = stack.free_port_pair  # re-exported for the tests that start br
 def kafka(tmp_path_factory) -> Settings:
     """A running broker for the whole session: yields Settings whose ``bootstrap_servers`` reach it.
     Also exports OBSHUB_HOME / OBSHUB_KAFKA_PORT so `obshub` subprocesses use the same broker."""
-    from obshub.errors import StackError
+    from obshub.core.errors import StackError
 
     home = tmp_path_factory.mktemp("obshub-home")
     for attempt in range(3):  # another test session may grab the free port between choice and bind

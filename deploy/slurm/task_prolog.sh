@@ -5,4 +5,4 @@
 OBSHUB=/opt/obshub
 echo "export OBSHUB_JOB=${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID}"
 echo "export OBSHUB_HOST_ID=${SLURM_NODEID:-0}"
-echo "export PYTHONPATH=${OBSHUB}/producer/usdt/bootstrap${PYTHONPATH:+:$PYTHONPATH}"
+echo "export PYTHONPATH=${OBSHUB}/obshub/instrument/bootstrap${PYTHONPATH:+:$PYTHONPATH}"

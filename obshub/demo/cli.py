@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from obshub.config import load_settings
+from obshub.core.settings import load_settings
 from obshub.demo import cluster as cluster_mod
 from obshub.demo.errors import DemoError
 from obshub.demo.faults import KINDS

@@ -1,9 +1,9 @@
-"""Errors of ``obshub demo``. Every one is an :class:`obshub.errors.ObshubError`, so the CLI prints
+"""Errors of ``obshub demo``. Every one is an :class:`obshub.core.errors.ObshubError`, so the CLI prints
 ``error:`` and ``hint:`` lines and exits 1 instead of a traceback."""
 
 from __future__ import annotations
 
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
 
 
 class DemoError(ObshubError):

@@ -1,7 +1,7 @@
 """The parts of obshub the demo integrates, how each is started, and whether this checkout has them.
 
 The demo never fakes a part: ``require()`` raises :class:`PartMissingError` naming every missing one
-("agent not available yet: ...") before anything is started. Each part is started as its own ``obshub``
+("agent not available: ...") before anything is started. Each part is started as its own ``obshub``
 subcommand (``python -m obshub.cli <command> ...``), exactly as a user would run it:
 
 =============  ==========================================================================================
@@ -36,21 +36,21 @@ STREAMS_APP_ID = "obshub-demo-streams"
 
 @dataclass(frozen=True)
 class Part:
-    """A part: ``name`` shown to the user, the ``command`` it needs in ``obshub.cli.LAZY_COMMANDS`` (or
-    None), ``modules`` that must import, and the issue that builds it."""
+    """A part: ``name`` shown to the user, the ``obshub`` subcommand that starts it (or None) and the
+    ``modules`` that must import (the command's own module among them)."""
 
     name: str
     command: str | None
     modules: tuple[str, ...]
-    issue: int
 
 
 PARTS: tuple[Part, ...] = (
-    Part("training workload", None, (TRAIN_MODULE,), 3),
-    Part("obshub run (USDT instrumentation)", "run", ("producer.usdt", "producer._usdt"), 3),
-    Part("agent", "agent", ("producer.agent", "producer.loader"), 3),
-    Part("stream worker", "streams", ("streams",), 4),
-    Part("rule engine", "rules", ("rules.engine",), 5),
+    Part("training workload", None, (TRAIN_MODULE,)),
+    Part("obshub run (USDT instrumentation)", "run",
+         ("obshub.instrument.cli", "obshub.instrument.usdt", "obshub.instrument._usdt")),
+    Part("agent", "agent", ("producer.cli", "producer.agent", "producer.loader")),
+    Part("stream worker", "streams", ("streams.cli", "streams")),
+    Part("rule engine", "rules", ("rules.cli", "rules.engine")),
 )
 
 
@@ -65,16 +65,12 @@ def _importable(module: str) -> str:
 
 def missing() -> list[str]:
     """One line per missing part (empty when everything is there), e.g.
-    ``"agent not available yet: module producer.loader not found (issue 3)"``."""
-    from obshub.cli import LAZY_COMMANDS
-
+    ``"agent not available: module producer.loader not found"``."""
     out = []
     for p in PARTS:
         why = [w for w in (_importable(m) for m in p.modules) if w]
-        if p.command and p.command not in LAZY_COMMANDS:
-            why.append(f"no `obshub {p.command}` command")
         if why:
-            out.append(f"{p.name} not available yet: {'; '.join(why)} (issue {p.issue})")
+            out.append(f"{p.name} not available: {'; '.join(why)}")
     return out
 
 
@@ -84,7 +80,7 @@ def require() -> None:
     if gone:
         raise PartMissingError("; ".join(gone),
                                "the demo integrates the real agent, stream worker and rule engine and "
-                               "fakes none of them: update the checkout once they have landed")
+                               "fakes none of them: install a complete checkout")
 
 
 def agent_argv(job: str, host: Host, cgroup: Path) -> list[str]:
@@ -179,9 +175,8 @@ def group_stable(settings, group: str) -> bool:
 
 def ready(settings, part: PipelinePart, pid: int) -> bool:
     """Whether ``part`` (started with ``pid``) registered itself and its consumer groups are Stable."""
-    from obshub import stack
-
+    from obshub.core import registry
     if not any(c.get("pid") == pid and (c["name"] == part.component or c["name"].startswith(part.component + "-"))
-               for c in stack.components(settings) if c.get("running")):
+               for c in registry.components(settings) if c.get("running")):
         return False
     return all(group_stable(settings, g) for g in part.groups)

@@ -34,8 +34,9 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from obshub import schema, stack
-from obshub.config import Settings
+from obshub import stack
+from obshub.core import registry, schema
+from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
@@ -238,7 +239,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             view.say(f"agent {h.name} starting (pid {agents[h.name][0].pid}), compiling probes")
 
         def agents_ready() -> bool:
-            regs = {c["name"]: c for c in stack.components(settings) if c.get("running")}
+            regs = {c["name"]: c for c in registry.components(settings) if c.get("running")}
             return all(regs.get(f"agent-{n}", {}).get("pid") == p.pid for n, (p, _) in agents.items())
 
         _wait(agents_ready, opts.ready_timeout_s, "the agents to attach their probes",

@@ -1,8 +1,8 @@
-"""Errors of the export package (under :class:`obshub.errors.ObshubError`)."""
+"""Errors of the export package (under :class:`obshub.core.errors.ObshubError`)."""
 
 from __future__ import annotations
 
-from obshub.errors import ObshubError
+from obshub.core.errors import ObshubError
 
 
 class ExportError(ObshubError):

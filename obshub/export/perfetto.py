@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from obshub.schema import Event, Kind, Layer, event_layer
+from obshub.core.schema import Event, Kind, Layer, event_layer
 
 TID_STRIDE = 10_000
 _LAYER_ORDER = ["steps", "collectives", Layer.PYTORCH.value, Layer.NCCL.value, Layer.CUDA.value, "gpu",

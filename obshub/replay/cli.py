@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from obshub import schema
+from obshub.core import schema
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
 from obshub.replay.report import ReplayReport, StepDiagnosis
@@ -139,7 +139,7 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_b
     per-rank table: step start and duration, arrival and wait at the first collective, the straggler.
     A rank set smaller than the job's world size is reported ("2 of 128 ranks present").
     """
-    from obshub.config import load_settings
+    from obshub.core.settings import load_settings
 
     speed_f = parse_speed(speed)
     job = job or _default_job(paths)

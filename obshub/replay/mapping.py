@@ -9,7 +9,7 @@ events:
    kernel launches seen on the way tie each kernel to its collective; the collectives and the step ends
    come last (so a stream worker never sees an event of a step after that step's end).
 
-Mapping (Kineto ``cat`` / name -> :class:`obshub.schema.Kind`):
+Mapping (Kineto ``cat`` / name -> :class:`obshub.core.schema.Kind`):
 
 ============================================  ==============================================================
 ``ProfilerStep#N``                            STEP_BEGIN (ts = begin) and STEP_END (ts = end, duration)
@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from obshub import schema
+from obshub.core import schema
+from obshub.core.schema import Event, Kind
 from obshub.replay.et import EtFile
-from obshub.replay.kineto import I64_MAX, KinetoFile, is_int, dur_to_ns, rank_from_filename, ts_to_ns
-from obshub.schema import Event, Kind
+from obshub.replay.kineto import I64_MAX, KinetoFile, dur_to_ns, is_int, rank_from_filename, ts_to_ns
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "double": 8, "float64": 8, "c10::half": 2, "half": 2, "float16": 2,

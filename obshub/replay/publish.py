@@ -23,11 +23,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from obshub import schema
+from obshub.core import schema
+from obshub.core.schema import Batch, Clock, Event
 from obshub.replay.errors import ReplayError
 from obshub.replay.inputs import ReplayInputs
 from obshub.replay.mapping import RankTrace, map_rank
-from obshub.schema import Batch, Clock, Event
 
 QUIET_KAFKA_LOG = logging.getLogger("obshub.replay.kafka")
 """librdkafka's own log lines (connection refused, retries) go here, not to the terminal; failures

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from obshub.schema import Event, Kind
+from obshub.core.schema import Event, Kind
 
 
 @dataclass

@@ -1,0 +1,59 @@
+"""The component registry: one JSON record per running obshub component under ``$OBSHUB_HOME/run``
+(``run/<name>.json`` with ``name``, ``pid``, ``started`` and free-form details such as the log path).
+
+Every long-running component (agent, stream worker, rule engine, the broker) registers itself at start
+and unregisters at exit; ``obshub status`` lists the records and ``obshub down`` stops their pids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from obshub.core.settings import Settings
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child still "exists"; treat it as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def register_component(settings: Settings, name: str, pid: int, **info) -> Path:
+    """Record that component ``name`` runs as ``pid`` (for ``obshub status`` and ``obshub down``).
+    ``info`` may carry e.g. the log path. Returns the record's path."""
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.run_dir / f"{name}.json"
+    path.write_text(json.dumps({"name": name, "pid": pid, "started": time.time(), **info}))
+    return path
+
+
+def unregister_component(settings: Settings, name: str) -> None:
+    """Remove ``name``'s record (a component that stops by itself calls this)."""
+    (settings.run_dir / f"{name}.json").unlink(missing_ok=True)
+
+
+def components(settings: Settings) -> list[dict]:
+    """Every registered component with ``running`` true/false; stale records stay listed as not running."""
+    out = []
+    if settings.run_dir.exists():
+        for p in sorted(settings.run_dir.glob("*.json")):
+            try:
+                rec = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            rec["running"] = pid_alive(int(rec.get("pid", 0)))
+            out.append(rec)
+    return out

@@ -1,0 +1,713 @@
+"""obshub wire schema, version 1: the TraceKey, event kinds, the batch envelope and its msgpack codec.
+
+This is the one module every stage agrees on (agent, stream workers, rule engine, replay). docs/SCHEMA.md
+documents every field with its unit; this module is the executable version of that page.
+
+Shapes
+------
+A **batch** is one Kafka message on ``obshub.events.v1`` (key = host name). It is a msgpack map::
+
+    {"v": 1, "job": str, "host": str, "host_id": int, "agent_id": str, "seq": int,
+     "sent_ns": int, "clock": {"offset_ns": int, "uncertainty_ns": int, "tai_offset_ns": int},
+     "events": [event, ...]}
+
+An **event** is a msgpack array of ``len(EVENT_FIELDS)`` positional fields, cheap to encode in the agent's
+hot path::
+
+    [kind, ts_ns, duration_ns, trace_key, step, pid, tid, gpu, value, payload]
+
+``ts_ns`` is CLOCK_MONOTONIC of the emitting host (``bpf_ktime_get_ns``); add ``clock.offset_ns`` to get
+CLOCK_REALTIME ns (see ``to_realtime_ns``).
+
+Errors
+------
+``decode_batch`` raises only :class:`SchemaError` (a ``ValueError``), whatever the bytes: truncated,
+wrong types, an unknown version, oversized lengths. The error names the field that was wrong.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgpack
+
+SCHEMA_VERSION = 1
+
+# ---------------------------------------------------------------------------------------------------------
+# Topics (docs/SCHEMA.md)
+# ---------------------------------------------------------------------------------------------------------
+TOPIC_EVENTS = "obshub.events.v1"
+TOPIC_STEPS = "obshub.steps.v1"
+TOPIC_ALERTS = "obshub.alerts.v1"
+TOPIC_DLQ = "obshub.dlq.v1"
+
+# ---------------------------------------------------------------------------------------------------------
+# TraceKey (docs/SCHEMA.md "TraceKey")
+# ---------------------------------------------------------------------------------------------------------
+HOST_ID_MAX = 0xFFFF
+STEP16_MASK = 0xFFFF
+OP_SEQ_MAX = 0xFFFF_FFFF
+U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+
+
+class TraceKeyParts(NamedTuple):
+    """The three fields packed into a TraceKey: ``host_id`` (16 bit), ``step16`` (step mod 2**16) and
+    ``op_seq`` (32 bit operation sequence number within the step)."""
+
+    host_id: int
+    step16: int
+    op_seq: int
+
+
+def make_trace_key(host_id: int, step: int, op_seq: int) -> int:
+    """Pack a TraceKey: ``(host_id << 48) | ((step & 0xFFFF) << 32) | op_seq`` as an unsigned 64-bit int.
+
+    ``step`` may be any non-negative integer; only its low 16 bits are kept (the full step travels in the
+    event's ``step`` field). Raises ``ValueError`` for a host id outside 0..65535, an op sequence outside
+    0..2**32-1, a negative step, or a non-integer argument.
+    """
+    for name, val in (("host_id", host_id), ("step", step), ("op_seq", op_seq)):
+        if not isinstance(val, int) or isinstance(val, bool):
+            raise ValueError(f"{name} must be an int, got {type(val).__name__}")
+    if not 0 <= host_id <= HOST_ID_MAX:
+        raise ValueError(f"host_id {host_id} outside 0..{HOST_ID_MAX}")
+    if step < 0:
+        raise ValueError(f"step {step} is negative")
+    if not 0 <= op_seq <= OP_SEQ_MAX:
+        raise ValueError(f"op_seq {op_seq} outside 0..{OP_SEQ_MAX}")
+    return (host_id << 48) | ((step & STEP16_MASK) << 32) | op_seq
+
+
+def parse_trace_key(key: int) -> TraceKeyParts:
+    """Unpack a TraceKey into ``TraceKeyParts(host_id, step16, op_seq)``.
+
+    Raises ``ValueError`` when ``key`` is not an int in 0..2**64-1.
+    """
+    if not isinstance(key, int) or isinstance(key, bool) or not 0 <= key <= U64_MAX:
+        raise ValueError(f"trace_key {key!r} is not an unsigned 64-bit integer")
+    return TraceKeyParts(key >> 48, (key >> 32) & STEP16_MASK, key & OP_SEQ_MAX)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Event kinds and layers
+# ---------------------------------------------------------------------------------------------------------
+class Layer(str, enum.Enum):
+    """The layers of the training stack an event belongs to; the unit of the stream application's blame."""
+
+    PYTORCH = "pytorch"
+    CUDA = "cuda"
+    NCCL = "nccl"
+    SCHED = "sched"
+    MEMORY = "memory"
+    NETWORK = "network"
+    PCIE = "pcie"
+    NIC = "nic"
+    AGENT = "agent"
+
+
+class Kind(enum.IntEnum):
+    """Event kinds. Values 1-5 are the five first kinds (their numbers are fixed); the rest follow
+    :class:`Layer`.
+
+    The meaning of ``duration_ns``, ``value`` and ``payload`` per kind is in ``KIND_INFO`` and
+    docs/SCHEMA.md.
+    """
+
+    # the five first kinds; their numbers are part of the wire format
+    PYTORCH_OP = 1
+    CUDA_LAUNCH = 2
+    PAGE_ALLOC = 3
+    RDMA_WQE_POST = 4
+    RDMA_CQ_DONE = 5
+    # PyTorch layer (USDT)
+    REGISTER = 10
+    STEP_BEGIN = 11
+    STEP_END = 12
+    PHASE = 13
+    COLLECTIVE_BEGIN = 14
+    COLLECTIVE_END = 15
+    # kernel scheduler
+    SCHED_OFFCPU = 20
+    SCHED_RUNQ = 21
+    SCHED_STEP_SUM = 22
+    # kernel memory
+    MEM_RECLAIM = 30
+    MEM_COMPACTION = 31
+    PAGE_FAULT = 32
+    # kernel network
+    TCP_RETRANSMIT = 40
+    TCP_RTT = 41
+    SKB_DROP = 42
+    # PCIe
+    PCIE_AER = 50
+    PCIE_LINK = 51
+    # CUDA runtime/driver
+    CUDA_SYNC = 60
+    CUDA_MEMCPY = 61
+    # NCCL
+    NCCL_COLL = 70
+    # NIC
+    NIC_COUNTER = 80
+    # obshub's own health
+    AGENT_LOSS = 90
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """Documentation of one kind: its layer, what ``duration_ns`` and ``value`` mean, and the payload keys
+    (name -> python type) it may carry."""
+
+    layer: Layer
+    duration: str
+    value: str
+    payload: dict[str, type] = field(default_factory=dict)
+
+
+KIND_INFO: dict[Kind, KindInfo] = {
+    Kind.PYTORCH_OP: KindInfo(Layer.PYTORCH, "op wall time, ns", "unused (0)", {"op": str}),
+    Kind.CUDA_LAUNCH: KindInfo(Layer.CUDA, "launch call time, ns", "grid size (blocks), 0 if unknown",
+                               {"symbol": str}),
+    Kind.PAGE_ALLOC: KindInfo(Layer.MEMORY, "0", "allocation order (pages = 2**order)", {"gfp": int}),
+    Kind.RDMA_WQE_POST: KindInfo(Layer.NIC, "post call time, ns", "work request id", {"qp": int}),
+    Kind.RDMA_CQ_DONE: KindInfo(Layer.NIC, "post -> completion latency, ns", "work request id",
+                                {"qp": int, "status": int}),
+    Kind.REGISTER: KindInfo(Layer.PYTORCH, "0", "rank",
+                            {"world_size": int, "job": str, "host_id": int, "local_rank": int}),
+    Kind.STEP_BEGIN: KindInfo(Layer.PYTORCH, "0", "step number (also in `step`)", {}),
+    Kind.STEP_END: KindInfo(Layer.PYTORCH, "step wall time, ns", "step number (also in `step`)", {}),
+    Kind.PHASE: KindInfo(Layer.PYTORCH, "phase wall time, ns", "0",
+                         {"phase": str}),
+    Kind.COLLECTIVE_BEGIN: KindInfo(Layer.PYTORCH, "0", "bytes",
+                                    {"pg": str, "coll_seq": int, "op": str}),
+    Kind.COLLECTIVE_END: KindInfo(Layer.PYTORCH, "collective wall time, ns", "bytes",
+                                  {"pg": str, "coll_seq": int, "op": str}),
+    Kind.SCHED_OFFCPU: KindInfo(Layer.SCHED, "time off CPU, ns", "previous state (0 = preempted)", {}),
+    Kind.SCHED_RUNQ: KindInfo(Layer.SCHED, "run-queue latency (wakeup -> on CPU), ns", "cpu", {}),
+    Kind.SCHED_STEP_SUM: KindInfo(Layer.SCHED, "sum of off-CPU time in the step, ns",
+                                  "sum of run-queue latency in the step, ns",
+                                  {"switches": int, "wakeups": int}),
+    Kind.MEM_RECLAIM: KindInfo(Layer.MEMORY, "reclaim stall (direct or memory-cgroup limit), ns", "pages reclaimed",
+                               {"reclaim": str}),
+    Kind.MEM_COMPACTION: KindInfo(Layer.MEMORY, "compaction stall, ns", "compaction result", {}),
+    Kind.PAGE_FAULT: KindInfo(Layer.MEMORY, "0", "faulting address", {"error_code": int}),
+    Kind.TCP_RETRANSMIT: KindInfo(Layer.NETWORK, "0", "1 per retransmitted segment",
+                                  {"saddr": str, "daddr": str, "sport": int, "dport": int, "state": int}),
+    Kind.TCP_RTT: KindInfo(Layer.NETWORK, "smoothed RTT, ns", "rtt variance, ns",
+                           {"saddr": str, "daddr": str, "sport": int, "dport": int}),
+    Kind.SKB_DROP: KindInfo(Layer.NETWORK, "0", "drop reason code", {"reason": str}),
+    Kind.PCIE_AER: KindInfo(Layer.PCIE, "0", "status bits",
+                            {"dev": str, "severity": int, "replay_rollover": bool, "replay_timeout": bool}),
+    Kind.PCIE_LINK: KindInfo(Layer.PCIE, "0", "1 when the link is downtrained",
+                             {"dev": str, "speed": str, "max_speed": str, "width": int, "max_width": int}),
+    Kind.CUDA_SYNC: KindInfo(Layer.CUDA, "synchronize call time, ns", "0", {"symbol": str}),
+    Kind.CUDA_MEMCPY: KindInfo(Layer.CUDA, "copy call time, ns", "bytes", {"symbol": str}),
+    Kind.NCCL_COLL: KindInfo(Layer.NCCL, "enqueue call time, ns", "element count", {"symbol": str}),
+    Kind.NIC_COUNTER: KindInfo(Layer.NIC, "counter interval, ns", "counter delta over the interval",
+                               {"dev": str, "port": int, "counter": str}),
+    Kind.AGENT_LOSS: KindInfo(Layer.AGENT, "0", "events lost since the previous report",
+                              {"probe": str}),
+}
+
+PHASES = ("forward", "backward", "optimizer", "data", "step")
+
+# ---------------------------------------------------------------------------------------------------------
+# Event and batch
+# ---------------------------------------------------------------------------------------------------------
+EVENT_FIELDS = ("kind", "ts_ns", "duration_ns", "trace_key", "step", "pid", "tid", "gpu", "value", "payload")
+_N_FIELDS = len(EVENT_FIELDS)
+
+# Hard bounds that keep a hostile message from exhausting memory in a decoder.
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+MAX_EVENTS_PER_BATCH = 200_000
+MAX_STR_LEN = 4096
+MAX_PAYLOAD_KEYS = 32
+
+
+class SchemaError(ValueError):
+    """A batch or event does not conform to the wire schema. ``field`` names the offending field
+    (``events[3].trace_key``, ``v``, ...); ``reason`` says what was wrong."""
+
+    def __init__(self, field: str, reason: str):
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+
+class Event(NamedTuple):
+    """One observation. Units: ``ts_ns`` CLOCK_MONOTONIC ns of the emitting host, ``duration_ns`` ns;
+    ``step`` the full step number (-1 when not within a step); ``gpu`` -1 when not tied to a GPU;
+    ``value`` and ``payload`` as documented per kind in ``KIND_INFO``."""
+
+    kind: int
+    ts_ns: int
+    duration_ns: int = 0
+    trace_key: int = 0
+    step: int = -1
+    pid: int = 0
+    tid: int = 0
+    gpu: int = -1
+    value: int = 0
+    payload: dict | None = None
+
+
+@dataclass
+class Clock:
+    """The agent's clock relation: ``realtime_ns = monotonic_ns + offset_ns`` within ``± uncertainty_ns``;
+    ``tai_offset_ns`` is TAI - UTC in ns (37 s since 2017) when the host knows it, else 0."""
+
+    offset_ns: int = 0
+    uncertainty_ns: int = 0
+    tai_offset_ns: int = 0
+
+
+@dataclass
+class Batch:
+    """One Kafka message from one agent. ``seq`` counts batches of one ``agent_id`` from 0 without gaps;
+    a gap downstream means lost batches."""
+
+    job: str
+    host: str
+    host_id: int
+    agent_id: str
+    seq: int
+    events: list[Event]
+    clock: Clock = field(default_factory=Clock)
+    sent_ns: int = 0
+    v: int = SCHEMA_VERSION
+
+
+def to_realtime_ns(ts_ns: int, clock: Clock) -> int:
+    """Convert a monotonic timestamp of the batch's host to CLOCK_REALTIME ns."""
+    return ts_ns + clock.offset_ns
+
+
+def encode_batch(batch: Batch) -> bytes:
+    """Encode a batch to msgpack bytes (the Kafka message value). Does not validate: call
+    ``validate_batch`` first where the input is untrusted."""
+    return msgpack.packb(
+        {
+            "v": batch.v,
+            "job": batch.job,
+            "host": batch.host,
+            "host_id": batch.host_id,
+            "agent_id": batch.agent_id,
+            "seq": batch.seq,
+            "sent_ns": batch.sent_ns,
+            "clock": {
+                "offset_ns": batch.clock.offset_ns,
+                "uncertainty_ns": batch.clock.uncertainty_ns,
+                "tai_offset_ns": batch.clock.tai_offset_ns,
+            },
+            "events": [list(e) for e in batch.events],
+        },
+        use_bin_type=True,
+    )
+
+
+def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise SchemaError(name, f"expected an integer, got {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise SchemaError(name, f"{v} outside {lo}..{hi}")
+    return v
+
+
+def _check_str(name: str, v: Any, *, empty_ok: bool = False) -> str:
+    if not isinstance(v, str):
+        raise SchemaError(name, f"expected a string, got {type(v).__name__}")
+    if not v and not empty_ok:
+        raise SchemaError(name, "must not be empty")
+    if len(v) > MAX_STR_LEN:
+        raise SchemaError(name, f"string of {len(v)} characters exceeds {MAX_STR_LEN}")
+    return v
+
+
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def validate_event(raw: Any, where: str = "event") -> Event:
+    """Validate one decoded event array and return it as an :class:`Event`. Raises SchemaError naming
+    the field (``events[i].kind``...). Unknown kinds are rejected: a producer newer than this schema must
+    bump the version."""
+    if not isinstance(raw, (list, tuple)):
+        raise SchemaError(where, f"expected an array of {_N_FIELDS} fields, got {type(raw).__name__}")
+    if len(raw) != _N_FIELDS:
+        raise SchemaError(where, f"expected {_N_FIELDS} fields {EVENT_FIELDS}, got {len(raw)}")
+    kind, ts, dur, tk, step, pid, tid, gpu, value, payload = raw
+    _check_int(f"{where}.kind", kind, 0, 255)
+    try:
+        Kind(kind)
+    except ValueError:
+        raise SchemaError(f"{where}.kind", f"unknown event kind {kind}") from None
+    _check_int(f"{where}.ts_ns", ts, 0, _I64[1])
+    _check_int(f"{where}.duration_ns", dur, 0, _I64[1])
+    _check_int(f"{where}.trace_key", tk, 0, U64_MAX)
+    _check_int(f"{where}.step", step, -1, _I64[1])
+    _check_int(f"{where}.pid", pid, 0, 2**32 - 1)
+    _check_int(f"{where}.tid", tid, 0, 2**32 - 1)
+    _check_int(f"{where}.gpu", gpu, -1, 65535)
+    _check_int(f"{where}.value", value, *_I64)
+    if payload is not None:
+        if not isinstance(payload, dict):
+            raise SchemaError(f"{where}.payload", f"expected a map or nil, got {type(payload).__name__}")
+        if len(payload) > MAX_PAYLOAD_KEYS:
+            raise SchemaError(f"{where}.payload", f"{len(payload)} keys exceed {MAX_PAYLOAD_KEYS}")
+        for k, v in payload.items():
+            if not isinstance(k, str):
+                raise SchemaError(f"{where}.payload", f"key {k!r} is not a string")
+            if isinstance(v, str) and len(v) > MAX_STR_LEN:
+                raise SchemaError(f"{where}.payload.{k}", f"string exceeds {MAX_STR_LEN} characters")
+            if not isinstance(v, (str, int, float, bool)) and v is not None:
+                raise SchemaError(f"{where}.payload.{k}", f"unsupported value type {type(v).__name__}")
+    return Event(kind, ts, dur, tk, step, pid, tid, gpu, value, payload)
+
+
+_ENVELOPE_KEYS = {"v", "job", "host", "host_id", "agent_id", "seq", "sent_ns", "clock", "events"}
+
+
+def validate_batch(raw: Any) -> Batch:
+    """Validate a decoded msgpack object as a version-1 batch. Raises SchemaError naming the field."""
+    if not isinstance(raw, dict):
+        raise SchemaError("batch", f"expected a map, got {type(raw).__name__}")
+    if "v" not in raw:
+        raise SchemaError("v", "missing schema version")
+    v = raw["v"]
+    if v != SCHEMA_VERSION or isinstance(v, bool):
+        raise SchemaError("v", f"unsupported schema version {v!r} (this build reads {SCHEMA_VERSION})")
+    for k in raw:
+        if not isinstance(k, str):
+            raise SchemaError("batch", f"map key {k!r} is {type(k).__name__}, not a string")
+    missing = sorted(_ENVELOPE_KEYS - raw.keys())
+    if missing:
+        raise SchemaError(missing[0], "missing field")
+    extra = sorted(str(k) for k in raw.keys() - _ENVELOPE_KEYS)
+    if extra:
+        raise SchemaError(extra[0], "unknown field")
+    job = _check_str("job", raw["job"])
+    host = _check_str("host", raw["host"])
+    host_id = _check_int("host_id", raw["host_id"], 0, HOST_ID_MAX)
+    agent_id = _check_str("agent_id", raw["agent_id"])
+    seq = _check_int("seq", raw["seq"], 0, _I64[1])
+    sent_ns = _check_int("sent_ns", raw["sent_ns"], 0, _I64[1])
+    c = raw["clock"]
+    if not isinstance(c, dict):
+        raise SchemaError("clock", f"expected a map, got {type(c).__name__}")
+    for k in c:
+        if not isinstance(k, str):
+            raise SchemaError("clock", f"map key {k!r} is {type(k).__name__}, not a string")
+    for k in ("offset_ns", "uncertainty_ns"):
+        if k not in c:
+            raise SchemaError(f"clock.{k}", "missing field")
+    clock = Clock(
+        _check_int("clock.offset_ns", c["offset_ns"], *_I64),
+        _check_int("clock.uncertainty_ns", c["uncertainty_ns"], 0, _I64[1]),
+        _check_int("clock.tai_offset_ns", c.get("tai_offset_ns", 0), *_I64),
+    )
+    evs = raw["events"]
+    if not isinstance(evs, list):
+        raise SchemaError("events", f"expected an array, got {type(evs).__name__}")
+    if len(evs) > MAX_EVENTS_PER_BATCH:
+        raise SchemaError("events", f"{len(evs)} events exceed {MAX_EVENTS_PER_BATCH}")
+    events = [validate_event(e, f"events[{i}]") for i, e in enumerate(evs)]
+    return Batch(job, host, host_id, agent_id, seq, events, clock, sent_ns, v)
+
+
+def decode_batch(data: bytes) -> Batch:
+    """Decode and validate one Kafka message value. Raises only :class:`SchemaError`, for any input.
+
+    Length limits are applied while unpacking (``MAX_BATCH_BYTES``, ``MAX_EVENTS_PER_BATCH``,
+    ``MAX_STR_LEN``) so a hostile length prefix cannot allocate gigabytes.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SchemaError("message", f"expected bytes, got {type(data).__name__}")
+    if len(data) == 0:
+        raise SchemaError("message", "empty message")
+    if len(data) > MAX_BATCH_BYTES:
+        raise SchemaError("message", f"{len(data)} bytes exceed {MAX_BATCH_BYTES}")
+    try:
+        raw = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,  # non-string keys are reported by validate_batch, naming the map
+            max_str_len=MAX_STR_LEN,
+            max_bin_len=MAX_STR_LEN,
+            max_array_len=MAX_EVENTS_PER_BATCH,
+            max_map_len=1024,
+            max_ext_len=0,
+        )
+    except msgpack.ExtraData as exc:
+        raise SchemaError("message", _extra_data_reason(data, exc)) from None
+    except msgpack.StackError:
+        raise SchemaError("message", f"not a batch: msgpack nested deeper than {MSGPACK_MAX_DEPTH} levels") from None
+    except msgpack.FormatError:
+        raise SchemaError("message", f"not valid msgpack: reserved format byte 0xc1 ({len(data)} bytes)") from None
+    except TypeError as exc:
+        if "unhashable" in str(exc):
+            raise SchemaError("message", "a map key is an array or a map (map keys must be strings)") from None
+        raise SchemaError("message", f"not valid msgpack: {type(exc).__name__}: {exc}") from None
+    except (ValueError, msgpack.UnpackException, RecursionError, OverflowError) as exc:
+        raise SchemaError("message", f"not valid msgpack: {_describe(exc)}") from None
+    except Exception as exc:  # msgpack may raise other errors on hostile input; never let them escape
+        raise SchemaError("message", f"not valid msgpack: {_describe(exc)}") from None
+    return validate_batch(raw)
+
+
+MSGPACK_MAX_DEPTH = 1024  # msgpack's C unpacker refuses deeper nesting (StackError)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _extra_data_reason(data: bytes, exc: msgpack.ExtraData) -> str:
+    """Why a message is not one msgpack value: JSON, or foreign bytes whose first byte happens to be a
+    complete msgpack value (a random byte usually is: any byte below 0x80 is a small integer)."""
+    head = bytes(data[:1])
+    if head in (b"{", b"["):
+        try:
+            json.loads(bytes(data))
+            return "the message is JSON, not a msgpack batch (this topic carries msgpack)"
+        except (ValueError, RecursionError):
+            pass
+    if isinstance(exc.unpacked, dict):
+        return f"{len(exc.extra)} trailing byte(s) after the batch map"
+    first = type(exc.unpacked).__name__ if exc.unpacked is not None else "nil"
+    return (f"not a msgpack batch: the first {len(data) - len(exc.extra)} byte(s) decode as a msgpack {first}, "
+            f"followed by {len(exc.extra)} byte(s) that are not part of it (random or foreign data?)")
+
+
+def peek_version(data: bytes) -> int | None:
+    """Best-effort schema version of a message, for DLQ reasons; None when it cannot be read."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, max_str_len=MAX_STR_LEN, max_array_len=MAX_EVENTS_PER_BATCH)
+    except Exception:
+        return None
+    v = raw.get("v") if isinstance(raw, dict) else None
+    return v if isinstance(v, int) else None
+
+
+def event_layer(kind: int) -> Layer:
+    """The layer a kind belongs to. Raises ValueError for an unknown kind."""
+    return KIND_INFO[Kind(kind)].layer
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Step summaries (topic obshub.steps.v1) and DLQ records: JSON, so operators can read them with any tool.
+# ---------------------------------------------------------------------------------------------------------
+STEP_SUMMARY_FIELDS: dict[str, str] = {
+    "v": "schema version (int, 1)",
+    "job": "job name",
+    "step": "full step number",
+    "closed_by": "'complete' (every known host reported its end) or 'window' (the window expired)",
+    "closed_at_ns": "CLOCK_REALTIME ns when the worker closed the step",
+    "hosts": "hosts that reported any event for this step (list of host names)",
+    "expected_hosts": "hosts the job is known to have (from registrations)",
+    "missing_hosts": "expected hosts that reported nothing for this step",
+    "step_time_ns": "map host -> step wall time ns (STEP_END duration)",
+    "step_time_max_ns": "largest step time over hosts, ns",
+    "straggler": "null, or {host, score, excess_ns, reason}: the host that kept the others waiting",
+    "blame": "list of {host, layer, excess_ns, straggler_ns, peer_median_ns, count, max_ns}, largest first",
+    "collectives": "list of {pg, coll_seq, op, skew_ns, uncertainty_ns, last_host}",
+    "layers": "map host -> layer -> {time_ns, count, max_ns}",
+    "baseline": "{median_ns, p99_ns, n}: the job's recent step-time history before this step",
+    "stall": "true when step_time_max_ns exceeds the baseline p99 (and the baseline has enough steps)",
+    "stall_ratio": "step_time_max_ns / baseline median_ns (0 when no baseline)",
+    "quality": "{lost_batches, duplicate_batches, late_events, ringbuf_lost}: data-quality counters",
+}
+
+DLQ_HEADERS = ("obshub.reason", "obshub.field", "obshub.source.topic", "obshub.source.partition",
+               "obshub.source.offset", "obshub.consumer")
+"""A DLQ record keeps the original message value and key unchanged and adds these Kafka headers
+(UTF-8 strings): the error text, the offending field, where the message came from, and the consumer
+group that could not use it (one message unusable by two consumers is in the DLQ once per consumer)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checking JSON records (step summaries, alert changes): every problem a SchemaError naming the field.
+# Accepted: numbers finite and within the signed 64-bit range (integers where an integer is documented:
+# a float with no fraction counts as one), map keys strings, strings at most MAX_STR_LEN characters,
+# nesting at most MAX_JSON_DEPTH levels below a field, at most MAX_JSON_ITEMS items per list or map.
+# ---------------------------------------------------------------------------------------------------------
+MAX_JSON_BYTES = MAX_BATCH_BYTES
+MAX_JSON_DEPTH = 6
+MAX_JSON_ITEMS = 65_536
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+
+# documented shape of each step-summary field: int, number, str, bool, [str], {str: int}, map, [map] ...
+_STEP_SHAPE: dict[str, str] = {
+    "v": "int", "job": "str", "step": "int", "closed_by": "str", "closed_at_ns": "int",
+    "hosts": "list[str]", "expected_hosts": "list[str]", "missing_hosts": "list[str]",
+    "step_time_ns": "map[int]", "step_time_max_ns": "int", "straggler": "map?", "blame": "list[map]",
+    "collectives": "list[map]", "layers": "map[map]", "baseline": "map", "stall": "bool",
+    "stall_ratio": "number", "quality": "map",
+}
+_NONNEG = {"closed_at_ns", "step_time_max_ns"}
+STEP_REQUIRED = ("job", "step")  # a summary without them belongs to no step
+
+
+def _type(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _number(where: str, v: Any) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SchemaError(where, f"expected a number, got {_type(v)} {_short(v)}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise SchemaError(where, f"number {v} is not finite")
+    if not I64_MIN <= v <= I64_MAX:
+        raise SchemaError(where, f"number {_short(v)} outside the signed 64-bit range")
+    return v
+
+
+def _int(where: str, v: Any, lo: int = I64_MIN) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SchemaError(where, f"expected an integer, got {_type(v)} {_short(v)}")
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise SchemaError(where, f"expected an integer, got {v}")
+        if not v.is_integer():
+            raise SchemaError(where, f"expected an integer, got {v}")
+    if not lo <= v <= I64_MAX:
+        raise SchemaError(where, f"{_short(v)} outside {lo}..{I64_MAX}")
+    return int(v)
+
+
+def check_json_str(where: str, v: Any) -> str:
+    """``v`` as a string of at most MAX_STR_LEN characters; SchemaError naming ``where`` otherwise."""
+    if not isinstance(v, str):
+        raise SchemaError(where, f"expected a string, got {_type(v)} {_short(v)}")
+    if len(v) > MAX_STR_LEN:
+        raise SchemaError(where, f"string of {len(v)} characters exceeds {MAX_STR_LEN}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SchemaError(where, f"not valid Unicode: lone surrogate {v[exc.start]!r} at character {exc.start}") from None
+    return v
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _value(where: str, v: Any, depth: int) -> Any:
+    """Any JSON value below a documented field: bounded depth, string keys, finite in-range numbers."""
+    if depth > MAX_JSON_DEPTH:
+        raise SchemaError(where, f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return _number(where, v)
+    if isinstance(v, str):
+        return check_json_str(where, v)
+    if isinstance(v, list):
+        if len(v) > MAX_JSON_ITEMS:
+            raise SchemaError(where, f"list of {len(v)} items exceeds {MAX_JSON_ITEMS}")
+        return [_value(f"{where}[{i}]", x, depth + 1) for i, x in enumerate(v)]
+    if isinstance(v, dict):
+        if len(v) > MAX_JSON_ITEMS:
+            raise SchemaError(where, f"map of {len(v)} keys exceeds {MAX_JSON_ITEMS}")
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise SchemaError(where, f"map key {_short(k)} is {_type(k)}, not a string")
+            check_json_str(f"{where} (key)", k)
+            _value(f"{where}.{k}", x, depth + 1)
+        return v
+    raise SchemaError(where, f"unsupported value type {_type(v)}")
+
+
+def check_shape(name: str, shape: str, v: Any) -> Any:
+    """Check the JSON value ``v`` of field ``name`` against ``shape``: ``int``, ``number``, ``str``,
+    ``bool``, ``map``, ``list[str]``, ``list[map]``, ``map[int]``, ``map[map]``, with a trailing ``?``
+    for "or null". Returns ``v`` (an integral float as an int). Raises SchemaError naming the field."""
+    if shape.endswith("?"):
+        if v is None:
+            return None
+        shape = shape[:-1]
+    if shape == "int":
+        return _int(name, v, 0 if name in _NONNEG else (-1 if name == "step" else I64_MIN))
+    if shape == "number":
+        return _number(name, v)
+    if shape == "str":
+        return check_json_str(name, v)
+    if shape == "bool":
+        if not isinstance(v, bool):
+            raise SchemaError(name, f"expected true or false, got {_type(v)} {_short(v)}")
+        return v
+    outer, _, inner = shape.partition("[")
+    inner = inner.rstrip("]")
+    if outer == "list":
+        if not isinstance(v, list):
+            raise SchemaError(name, f"expected a list, got {_type(v)} {_short(v)}")
+        if len(v) > MAX_JSON_ITEMS:
+            raise SchemaError(name, f"list of {len(v)} items exceeds {MAX_JSON_ITEMS}")
+        items = v
+        keys = [f"{name}[{i}]" for i in range(len(v))]
+    else:
+        if not isinstance(v, dict):
+            raise SchemaError(name, f"expected a map, got {_type(v)} {_short(v)}")
+        _value(name, v, 0)  # keys, depth, numbers of the whole map
+        items = list(v.values())
+        keys = [f"{name}.{k}" for k in v]
+    for where, x in zip(keys, items):
+        if inner == "str":
+            check_json_str(where, x)
+        elif inner == "int":
+            _int(where, x)
+        elif inner == "map":
+            if not isinstance(x, dict):
+                raise SchemaError(where, f"expected a map, got {_type(x)} {_short(x)}")
+            _value(where, x, 1)
+    return v
+
+
+def decode_json(value: bytes | None, what: str) -> Any:
+    """Parse one JSON message value; SchemaError names what was wrong (not JSON, not UTF-8, too deep)."""
+    if value is None or len(value) == 0:
+        raise SchemaError("message", "empty message (a tombstone or a message without a value)")
+    if len(value) > MAX_JSON_BYTES:
+        raise SchemaError("message", f"{len(value)} bytes exceed {MAX_JSON_BYTES}")
+    first = value[0]
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        hint = " (it looks like msgpack; this topic carries JSON)" if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF) \
+            else ""
+        raise SchemaError("message", f"not UTF-8 text: byte 0x{value[exc.start]:02x} at offset {exc.start}{hint}") from None
+
+    def constant(name: str) -> float:
+        raise SchemaError("message", f"{name} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=constant)
+    except SchemaError:
+        raise
+    except RecursionError:
+        raise SchemaError("message", f"{what} nested too deeply for the JSON parser") from None
+    except json.JSONDecodeError as exc:
+        raise SchemaError("message", f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # e.g. an integer literal of more than 4300 digits
+        raise SchemaError("message", f"not usable JSON: {exc}") from None
+
+
+def decode_step_summary(value: bytes | None) -> dict:
+    """Decode and check one ``obshub.steps.v1`` message value (JSON). Returns the summary as a dict whose
+    documented fields (``STEP_SUMMARY_FIELDS``) have their documented shape and ``STEP_REQUIRED`` are
+    present; undocumented fields are left as they are. Raises only :class:`SchemaError` (field, reason), for any input."""
+    data = decode_json(value, "step summary")
+    if not isinstance(data, dict):
+        raise SchemaError("message", f"a step summary is a JSON object, got {_type(data)}")
+    for name in STEP_REQUIRED:
+        if name not in data:
+            raise SchemaError(name, "missing field")
+    for name, shape in _STEP_SHAPE.items():
+        if name in data:
+            data[name] = check_shape(name, shape, data[name])
+    if "job" in data and not data["job"]:
+        raise SchemaError("job", "must not be empty")
+    return data

@@ -1,0 +1,35 @@
+"""The Kafka topics obshub creates: name, partition count, retention and why those values.
+
+Topic names are part of the wire contract (:mod:`obshub.core.schema`); this module says how each topic
+is laid out on the broker. ``obshub up`` (:func:`obshub.stack.ensure_topics`) creates every topic of
+:data:`TOPICS` that does not exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from obshub.core import schema
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic obshub creates: name, partition count, retention (ms) and why those values."""
+
+    name: str
+    partitions: int
+    retention_ms: int
+    why: str
+
+
+_HOUR = 3600 * 1000
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec(schema.TOPIC_EVENTS, 8, 24 * _HOUR,
+              "agent batches keyed by host; 8 partitions = up to 8 stream workers in parallel; 24 h replay window"),
+    TopicSpec(schema.TOPIC_STEPS, 4, 7 * 24 * _HOUR,
+              "per-step summaries keyed by job; 7 days of history for baselines and post-mortems"),
+    TopicSpec(schema.TOPIC_ALERTS, 2, 30 * 24 * _HOUR,
+              "alert state changes keyed by fingerprint; 30 days, the usual incident-review horizon"),
+    TopicSpec(schema.TOPIC_DLQ, 1, 7 * 24 * _HOUR,
+              "undecodable or invalid messages with the reason in headers; one partition keeps them in order"),
+)

@@ -1,0 +1,44 @@
+"""The USDT probe contract between the in-process instrumentation (:mod:`obshub.instrument`, which fires
+the probes) and the node agent (``producer/``, which attaches to them), and where the agent finds the file
+that holds them, without importing the instrumentation package.
+
+Provider ``obshub``; probe arguments, in order (units: ``step`` a training step number, -1 outside a
+step; ``trace_key`` the 64-bit TraceKey of :func:`obshub.core.schema.make_trace_key`; ``bytes`` bytes):
+
+==============  ====================================================================================
+register        job: str, rank: int32, world_size: int32, host_id: int32, local_rank: int32
+tracekey        trace_key: uint64, step: int64   (the calling thread's current TraceKey changed)
+step_begin      step: int64, trace_key: uint64
+step_end        step: int64, trace_key: uint64
+phase_begin     phase: str (forward|backward|optimizer|data), step: int64, trace_key: uint64
+phase_end       same as phase_begin
+coll_begin      pg: str, coll_seq: uint64, op: str, bytes: uint64, step: int64, trace_key: uint64
+coll_end        same as coll_begin
+==============  ====================================================================================
+
+The probes are defined in the C extension ``obshub.instrument._usdt`` (``obshub/instrument/_usdt.c``);
+bpf/pytorch.c reads the arguments in this order.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+from pathlib import Path
+
+PROVIDER = "obshub"
+PROBES = ("register", "tracekey", "step_begin", "step_end", "phase_begin", "phase_end", "coll_begin",
+          "coll_end")
+
+#: the folder of the instrumentation package, where the built extension lies
+INSTRUMENT_DIR = Path(__file__).resolve().parent.parent / "instrument"
+EXTENSION_NAME = "_usdt"
+
+
+def library_path() -> Path | None:
+    """Absolute path of the built ``obshub.instrument._usdt`` shared object (the file a tracer attaches
+    the ``obshub:*`` USDT probes to), found on disk without importing it; None when it is not built."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = INSTRUMENT_DIR / f"{EXTENSION_NAME}{suffix}"
+        if candidate.is_file():
+            return candidate.resolve()
+    return None

@@ -1,0 +1,235 @@
+/*
+ * obshub.instrument._usdt: the USDT probes of obshub's in-process PyTorch instrumentation.
+ *
+ * Each Python function below fires exactly one USDT probe of provider `obshub` (plain sys/sdt.h
+ * DTRACE_PROBEn, no semaphores). With no tracer attached a probe site is a single NOP instruction, so the
+ * cost of a call is the CPython call plus argument parsing. A tracer (the obshub agent, bcc) attaches to
+ * the path of this shared object (obshub.instrument.usdt.library_path()) and reads the arguments below.
+ *
+ * Probe arguments (docs/AGENT.md, "In-process instrumentation (USDT)"):
+ *   register(const char *job, int32 rank, int32 world_size, int32 host_id, int32 local_rank)
+ *   tracekey(uint64 trace_key, int64 step)
+ *   step_begin(int64 step, uint64 trace_key)         step_end(int64 step, uint64 trace_key)
+ *   phase_begin(const char *phase, int64 step, uint64 trace_key)          phase_end(same)
+ *   coll_begin(const char *pg, uint64 coll_seq, const char *op, uint64 bytes, int64 step,
+ *              uint64 trace_key)                                           coll_end(same)
+ *
+ * Python signatures take the same arguments in the same order; integers are range-checked by CPython
+ * (OverflowError when out of range), strings must be str (UTF-8 is passed to the probe).
+ * `_baseline(...)` parses coll_begin's arguments and fires nothing: bench/usdt_overhead.py uses it to
+ * show the cost of the probe site itself.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <sys/sdt.h>
+
+/* Argument helpers: small, inlined, no allocation. Each returns 0 on success, -1 with an exception set. */
+static int
+arg_count(const char *fn, Py_ssize_t nargs, Py_ssize_t want)
+{
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s() takes exactly %zd arguments (%zd given)", fn, want, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+arg_i64(PyObject *o, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int
+arg_u64(PyObject *o, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int
+arg_i32(PyObject *o, int32_t *out)
+{
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < INT32_MIN || v > INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "value %ld does not fit a 32-bit probe argument", v);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int
+arg_str(PyObject *o, const char **out)
+{
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "expected str, got %s", Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *out = PyUnicode_AsUTF8(o); /* cached in the str object: no allocation after the first call */
+    return *out ? 0 : -1;
+}
+
+static PyObject *
+usdt_register(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *job;
+    int32_t rank, world_size, host_id, local_rank;
+    if (arg_count("register", nargs, 5) || arg_str(args[0], &job) || arg_i32(args[1], &rank) ||
+        arg_i32(args[2], &world_size) || arg_i32(args[3], &host_id) || arg_i32(args[4], &local_rank))
+        return NULL;
+    DTRACE_PROBE5(obshub, register, job, rank, world_size, host_id, local_rank);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_tracekey(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t key;
+    int64_t step;
+    if (arg_count("tracekey", nargs, 2) || arg_u64(args[0], &key) || arg_i64(args[1], &step))
+        return NULL;
+    DTRACE_PROBE2(obshub, tracekey, key, step);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_step_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t step;
+    uint64_t key;
+    if (arg_count("step_begin", nargs, 2) || arg_i64(args[0], &step) || arg_u64(args[1], &key))
+        return NULL;
+    DTRACE_PROBE2(obshub, step_begin, step, key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_step_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t step;
+    uint64_t key;
+    if (arg_count("step_end", nargs, 2) || arg_i64(args[0], &step) || arg_u64(args[1], &key))
+        return NULL;
+    DTRACE_PROBE2(obshub, step_end, step, key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_phase_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *phase;
+    int64_t step;
+    uint64_t key;
+    if (arg_count("phase_begin", nargs, 3) || arg_str(args[0], &phase) || arg_i64(args[1], &step) ||
+        arg_u64(args[2], &key))
+        return NULL;
+    DTRACE_PROBE3(obshub, phase_begin, phase, step, key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_phase_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *phase;
+    int64_t step;
+    uint64_t key;
+    if (arg_count("phase_end", nargs, 3) || arg_str(args[0], &phase) || arg_i64(args[1], &step) ||
+        arg_u64(args[2], &key))
+        return NULL;
+    DTRACE_PROBE3(obshub, phase_end, phase, step, key);
+    Py_RETURN_NONE;
+}
+
+/* coll_begin / coll_end / _baseline share one parser. */
+struct coll_args {
+    const char *pg, *op;
+    uint64_t seq, bytes, key;
+    int64_t step;
+};
+
+static int
+parse_coll(const char *fn, PyObject *const *args, Py_ssize_t nargs, struct coll_args *a)
+{
+    if (arg_count(fn, nargs, 6) || arg_str(args[0], &a->pg) || arg_u64(args[1], &a->seq) ||
+        arg_str(args[2], &a->op) || arg_u64(args[3], &a->bytes) || arg_i64(args[4], &a->step) ||
+        arg_u64(args[5], &a->key))
+        return -1;
+    return 0;
+}
+
+static PyObject *
+usdt_coll_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct coll_args a;
+    if (parse_coll("coll_begin", args, nargs, &a))
+        return NULL;
+    DTRACE_PROBE6(obshub, coll_begin, a.pg, a.seq, a.op, a.bytes, a.step, a.key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_coll_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct coll_args a;
+    if (parse_coll("coll_end", args, nargs, &a))
+        return NULL;
+    DTRACE_PROBE6(obshub, coll_end, a.pg, a.seq, a.op, a.bytes, a.step, a.key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_baseline(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct coll_args a;
+    if (parse_coll("_baseline", args, nargs, &a))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef usdt_methods[] = {
+    {"register", (PyCFunction)(void (*)(void))usdt_register, METH_FASTCALL,
+     "register(job: str, rank: int, world_size: int, host_id: int, local_rank: int) -> None\n"
+     "Fire obshub:register (once per process)."},
+    {"tracekey", (PyCFunction)(void (*)(void))usdt_tracekey, METH_FASTCALL,
+     "tracekey(trace_key: int, step: int) -> None\nFire obshub:tracekey (the thread's TraceKey changed)."},
+    {"step_begin", (PyCFunction)(void (*)(void))usdt_step_begin, METH_FASTCALL,
+     "step_begin(step: int, trace_key: int) -> None\nFire obshub:step_begin."},
+    {"step_end", (PyCFunction)(void (*)(void))usdt_step_end, METH_FASTCALL,
+     "step_end(step: int, trace_key: int) -> None\nFire obshub:step_end."},
+    {"phase_begin", (PyCFunction)(void (*)(void))usdt_phase_begin, METH_FASTCALL,
+     "phase_begin(phase: str, step: int, trace_key: int) -> None\nFire obshub:phase_begin."},
+    {"phase_end", (PyCFunction)(void (*)(void))usdt_phase_end, METH_FASTCALL,
+     "phase_end(phase: str, step: int, trace_key: int) -> None\nFire obshub:phase_end."},
+    {"coll_begin", (PyCFunction)(void (*)(void))usdt_coll_begin, METH_FASTCALL,
+     "coll_begin(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int) -> None\n"
+     "Fire obshub:coll_begin."},
+    {"coll_end", (PyCFunction)(void (*)(void))usdt_coll_end, METH_FASTCALL,
+     "coll_end(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int) -> None\n"
+     "Fire obshub:coll_end."},
+    {"_baseline", (PyCFunction)(void (*)(void))usdt_baseline, METH_FASTCALL,
+     "_baseline(pg, coll_seq, op, bytes, step, trace_key) -> None\n"
+     "Parse coll_begin's arguments and fire nothing (benchmark baseline)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef usdt_module = {
+    PyModuleDef_HEAD_INIT, "obshub.instrument._usdt",
+    "USDT probes (provider `obshub`) of obshub's in-process PyTorch instrumentation.", -1, usdt_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__usdt(void)
+{
+    return PyModule_Create(&usdt_module);
+}

@@ -1,0 +1,69 @@
+"""obshub run's bootstrap: ``obshub run`` prepends this folder to PYTHONPATH, so every Python process of
+the command (the launcher, each torchrun worker, their children) imports this ``sitecustomize`` at start.
+
+It costs nothing for programs without torch: it only installs a one-shot import watcher. When ``torch``
+is imported, the watcher lets the import finish and then calls ``obshub.instrument.enable()`` (job and
+host id from ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID``). If that fails (another interpreter without obshub
+installed, a bad setting), one ``obshub:`` line goes to stderr and the program runs uninstrumented.
+A ``sitecustomize`` that this one shadows (later on sys.path) is still run.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _enable_instrumentation():
+    try:
+        from obshub import instrument
+
+        instrument.enable()
+    except Exception as exc:  # noqa: BLE001 - never break the user's program
+        print(f"obshub: instrumentation not enabled in pid {os.getpid()}: {exc}", file=sys.stderr)
+
+
+class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: on the first ``import torch`` it wraps torch's loader so that
+    instrumentation is enabled right after torch's own ``__init__`` ran."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        orig_exec = loader.exec_module
+
+        def exec_module(module):
+            orig_exec(module)
+            _enable_instrumentation()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _chain_shadowed_sitecustomize():
+    """Run the ``sitecustomize`` this module hides, if any (a venv's or the distribution's)."""
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the same tolerance site.py shows
+        print(f"obshub: the shadowed sitecustomize {spec.origin} failed: {exc}", file=sys.stderr)
+
+
+if os.environ.get("OBSHUB_INSTRUMENT", "1") != "0":
+    if "torch" in sys.modules:
+        _enable_instrumentation()
+    else:
+        sys.meta_path.insert(0, _TorchImportWatcher())
+_chain_shadowed_sitecustomize()

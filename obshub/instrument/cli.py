@@ -1,0 +1,30 @@
+"""``obshub run``: the command line of the in-process instrumentation (:mod:`obshub.instrument.run`)."""
+
+from __future__ import annotations
+
+import click
+
+from obshub.instrument.run import exec_instrumented
+
+EPILOG = """\b
+Examples:
+  obshub run -- python train.py                                   # one process, instrumented
+  obshub run --job llama-7b -- torchrun --nproc-per-node 2 train.py   # every torchrun worker instrumented
+  obshub run --host-id 3 -- torchrun --nproc-per-node 8 -m obshub.workloads.ddp_train  # node 3 of a job
+  OBSHUB_INSTRUMENT=0 obshub run -- python train.py               # same environment, instrumentation off
+"""
+
+
+@click.command("run", epilog=EPILOG, context_settings={"ignore_unknown_options": True,
+                                                         "allow_interspersed_args": False,
+                                                         "help_option_names": ["-h", "--help"]})
+@click.option("--job", default=None, help="job name carried by the register probe (default $OBSHUB_JOB, "
+              "else 'default')")
+@click.option("--host-id", type=click.IntRange(0, 0xFFFF), default=None,
+              help="this node's host id in TraceKeys, 0..65535 (default $OBSHUB_HOST_ID, else the rank)")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run_command(job: str | None, host_id: int | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND with in-process PyTorch instrumentation (USDT), no code change needed.
+
+    COMMAND replaces this process: its exit code and signals are its own. Put `--` before it."""
+    exec_instrumented(command, job, host_id)

@@ -1,0 +1,60 @@
+"""``obshub run [--job NAME] [--host-id N] -- <command ...>``: run a training command with obshub's
+in-process PyTorch instrumentation (USDT probes), without changing a line of it (the click command is
+:func:`obshub.instrument.cli.run_command`).
+
+How: the bootstrap folder ``obshub/instrument/bootstrap`` (a ``sitecustomize``) is prepended to
+``PYTHONPATH`` and ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID`` are set; every Python process the command starts
+(``python train.py``, ``torchrun`` and each of its workers) then enables :mod:`obshub.instrument` as
+soon as it imports torch. Programs that never import torch are untouched.
+
+The command *replaces* this process (``execvpe``): its pid is the one obshub was started with, so exit
+codes, SIGINT and SIGTERM reach it exactly as they would without obshub (a signal sent to ``obshub run``'s
+pid is a signal to the command). If the command cannot be started, obshub exits 1 with an error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from obshub.core.errors import ConfigError, ObshubError
+
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
+
+
+def bootstrap_dir() -> Path:
+    """The folder holding the bootstrap ``sitecustomize.py``; raises ObshubError when it is missing."""
+    if (BOOTSTRAP_DIR / "sitecustomize.py").is_file():
+        return BOOTSTRAP_DIR
+    raise ObshubError(f"the obshub bootstrap folder {BOOTSTRAP_DIR} is missing",
+                      hint="reinstall obshub (`make setup`) from a complete checkout")
+
+
+def child_env(base: dict[str, str], job: str | None, host_id: int | None) -> dict[str, str]:
+    """The environment of the command: ``base`` with the bootstrap folder first on PYTHONPATH and
+    ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID`` set when given (kept from ``base`` otherwise)."""
+    env = dict(base)
+    boot = str(bootstrap_dir())
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
+    env["PYTHONPATH"] = os.pathsep.join([boot, *parts])
+    if job is not None:
+        env["OBSHUB_JOB"] = job
+    if host_id is not None:
+        env["OBSHUB_HOST_ID"] = str(host_id)
+    return env
+
+
+def exec_instrumented(command: tuple[str, ...] | list[str], job: str | None, host_id: int | None) -> None:
+    """Replace this process with ``command`` under the instrumentation (never returns on success).
+    Raises ConfigError for an empty ``job`` and ObshubError when the command cannot be started."""
+    if job is not None and not job.strip():
+        raise ConfigError("--job is empty", hint="give the job a name, e.g. --job llama-7b")
+    env = child_env(dict(os.environ), job, host_id)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as exc:
+        raise ObshubError(f"could not start {command[0]!r}: {exc.strerror}",
+                          hint="check the command name and that it is on PATH and executable") from exc

@@ -1,0 +1,37 @@
+"""The interface between the agent and what it reads events from: :class:`EventSource`.
+
+Two implementations: :class:`producer.loader.BpfEventSource` (the BPF probes) and
+:class:`producer.synthetic.SyntheticSource` (a generated stream, no BPF). docs/AGENT.md "Probes" describes
+the interface.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from obshub.core.schema import Event
+    from producer.probes import ProbeStatus
+
+
+class EventSource(Protocol):
+    """What the agent reads events from (producer/loader.py ``BpfEventSource``, producer/synthetic.py
+    ``SyntheticSource``)."""
+
+    def start(self) -> list[ProbeStatus]:
+        """Attach what this machine offers; one status per probe, skipped ones with the reason."""
+
+    def poll(self, timeout_ms: int) -> list[Event]:
+        """Drain the ring buffer(s), waiting up to ``timeout_ms``; events per obshub.core.schema."""
+
+    def lost(self) -> dict[str, int]:
+        """Per-probe ring-buffer reservation failures, counted in the kernel."""
+
+    def set_threshold(self, name: str, value: int) -> None:
+        """Change a threshold of :data:`THRESHOLDS` at run time."""
+
+    def registrations(self) -> list[dict]:
+        """REGISTER events seen: job, rank, world_size, host_id, local_rank, pid."""
+
+    def close(self) -> None:
+        """Detach everything."""

@@ -1,0 +1,122 @@
+"""`obshub demo` end to end, shortened: 2 hosts, real agents (BPF), the real stream worker and rule
+engine on the session's broker, real gloo training, a real fault. Runs the CLI as a user would.
+
+What must hold whatever the pipeline concludes (the demo's own job): the run completes and cleans up
+after itself, every host trained and published, the stream worker joined the hosts' steps, the fault
+acted (its counters), every alert that fired reached the webhook receiver in a valid Slack/PagerDuty/
+Alertmanager format, and the exit code is 0 exactly when the verdict passed.
+
+Whether the verdict passes depends on the agent, the stream analysis and the builtin rules;
+when it does not, the test reports XFAIL with the verdict's reason instead of hiding it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from obshub.core import schema
+from obshub.demo.cluster import last_lock_holder, leftovers
+from tests.conftest import consume_all
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, cgroups, BPF)"),
+              pytest.mark.e2e, pytest.mark.kafka, pytest.mark.bpf, pytest.mark.torch]
+
+
+def run_demo(tmp_path, *args: str) -> tuple[int, dict, str]:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault-host", "1",
+                           "--duration", "22", "--fault-at", "8", "--settle", "5", "--json", str(out),
+                           "--lock-wait", "400", *args],
+                          capture_output=True, text=True, timeout=580)
+    if not out.exists() and "another obshub demo" in proc.stderr:
+        pytest.skip("another obshub demo held this machine's demo namespaces for 400 s")
+    assert out.exists(), proc.stderr[-3000:]
+    return proc.returncode, json.loads(out.read_text()), proc.stderr
+
+
+def assert_cleaned_up() -> None:
+    """Nothing of the demo is left, unless another demo took the machine's lock since (same names)."""
+    left = leftovers()
+    holder = last_lock_holder()
+    assert left == {"netns": [], "links": [], "cgroups": []} or (holder and os.path.exists(f"/proc/{holder}")), left
+
+
+def check_mechanics(kafka, rc: int, report: dict, stderr: str) -> None:
+    assert_cleaned_up()
+    assert rc == (0 if report["verdict"]["ok"] else 1), stderr[-2000:]
+    job = report["scenario"]["job"]
+    for host in ("node-00", "node-01"):
+        assert report["steps"][host]["count"] >= 5, report["steps"]
+    summaries = [json.loads(m.value()) for m in consume_all(kafka, schema.TOPIC_STEPS, timeout_s=20)]
+    ours = [s for s in summaries if s.get("job") == job]
+    assert ours, "the stream worker produced no step summary for the demo's job"
+    assert any(sorted(s["hosts"]) == ["node-00", "node-01"] for s in ours), "no step joined both hosts"
+    hooks = report["webhook"]
+    assert not hooks["invalid"], hooks["invalid"]
+    if report["alerts"]:
+        assert hooks["requests"] > 0, "alerts fired but nothing reached the webhook receiver"
+    for a in report["alerts"]:
+        assert a["host"] and a["layer"] and a["rule"], a
+
+
+def test_clean_run(kafka, tmp_path):
+    rc, report, err = run_demo(tmp_path, "--fault", "none")
+    check_mechanics(kafka, rc, report, err)
+    v = report["verdict"]
+    assert v["ok"] == (not report["alerts"])
+    # a clean run must stay silent: the straggler rules vote over a window, so noise does not fire them
+    assert v["ok"], (f"pipeline verdict on a clean run: {v['reason']}: "
+                     + "; ".join(f"{w['alert']['host']}/{w['alert']['layer']} {w['alert']['rule']}" for w in v["wrong"]))
+    assert rc == 0
+
+
+def test_cpu_fault(kafka, tmp_path):
+    rc, report, err = run_demo(tmp_path, "--fault", "cpu")
+    check_mechanics(kafka, rc, report, err)
+    ev = report["evidence"]
+    assert ev["hog_cpu_s"] > 0.5 and ev["training_runq_wait_s"] > 0, ev
+    v = report["verdict"]
+    assert v["t0_ns"], "the fault was never injected"
+    if not v["ok"]:
+        pytest.xfail(f"pipeline verdict: {v['reason']}")
+    assert v["ttd_s"] is not None and v["first_correct"]["host"] == "node-01"
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_sigterm_during_setup_cleans_up(kafka, tmp_path):
+    """SIGTERM (as Ctrl-C) while the demo is starting its parts: it exits 130 and leaves nothing behind,
+    neither namespaces and cgroups nor the processes it had started."""
+    import signal
+    import time
+
+    from obshub.demo.cluster import cgroup_parent, cgroup_pids
+
+    proc = subprocess.Popen([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault", "none",
+                             "--lock-wait", "400"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started: set[int] = set()
+    deadline = time.monotonic() + 450
+    while time.monotonic() < deadline and proc.poll() is None:
+        # only our demo's children count: another demo on the machine uses the same cgroup names
+        started = {p for p in cgroup_pids(cgroup_parent("cpu") / "pipeline") if _ppid(p) == proc.pid}
+        if started:  # the stream worker runs: the cluster, the receiver and the reader exist too
+            break
+        time.sleep(0.2)
+    if not started and "another obshub demo" in (proc.stderr.read() if proc.poll() is not None else ""):
+        pytest.skip("another obshub demo held this machine's demo namespaces")
+    assert started, "the demo never started its stream worker"
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(120)
+    assert rc == 130, proc.stderr.read()[-2000:]
+    assert_cleaned_up()
+    for pid in started:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"

@@ -1,0 +1,169 @@
+"""obshub.instrument's hook logic in this process, with the probe functions replaced by recorders:
+step/phase sequencing (gradient accumulation, activation checkpointing, the loss module), TraceKeys,
+the per-thread current key, DDP's comm hook (obshub's, or the user's), and disable().
+
+The real probes and the real kernel are covered by tests/instrument/test_instrument_usdt.py; here every call the
+instrumentation makes is seen directly, so the sequencing rules can be asserted exactly and fast.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from obshub.core import schema
+from obshub.instrument import usdt
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Enable instrumentation (job "j", host id 2) with recording probes; yields the call log, a list of
+    ``(probe, *args)``. Disables and restores everything afterwards."""
+    from obshub.instrument import hooks as instrument
+
+    calls: list[tuple] = []
+    for name in usdt.PROBES:
+        monkeypatch.setattr(usdt, name, lambda *a, _n=name: calls.append((_n, *a)))
+    torch.set_num_threads(1)
+    instrument.enable(job="j", host_id=2)
+    try:
+        yield calls
+    finally:
+        instrument.disable()
+        # counters are process-wide: start the next test from a clean state
+        instrument._st.__init__()
+        instrument._tls.__dict__.clear()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gloo_world_of_one(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    yield dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class Checkpointed(torch.nn.Module):
+    """Linear -> ReLU -> Linear with the first layer under activation checkpointing (recomputed during
+    backward, which must not open a forward phase)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 2)
+        self.keys_seen: list[tuple[int, int]] = []
+
+    def forward(self, x):
+        from obshub.instrument import current_trace_key
+
+        self.keys_seen.append(current_trace_key())
+        h = torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=False)
+        return self.b(torch.relu(h))
+
+
+def _events(calls, *names):
+    return [c for c in calls if c[0] in names]
+
+
+def test_steps_and_phases_with_accumulation_and_checkpointing(probes, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    model = Checkpointed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+    for _ in range(2):
+        for _micro in range(2):                       # gradient accumulation: 2 forward/backward per step
+            loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    seq = [(c[0], c[1]) for c in _events(probes, "step_begin", "step_end", "phase_begin", "phase_end")]
+    fb = [("phase_begin", "forward"), ("phase_end", "forward"), ("phase_begin", "backward"),
+          ("phase_end", "backward")] * 2
+    opt_phase = [("phase_begin", "optimizer"), ("phase_end", "optimizer")]
+    assert seq == ([("step_begin", 0), *fb, *opt_phase, ("step_end", 0), ("step_begin", 1),
+                    ("phase_begin", "data"), ("phase_end", "data"), *fb, *opt_phase, ("step_end", 1),
+                    ("step_begin", 2), ("phase_begin", "data")])
+    # a process without torch.distributed registers at its first step, as rank 0 of 1
+    assert probes[0] == ("register", "j", 0, 1, 2, 0)
+    assert len(_events(probes, "register")) == 1
+    # keys: host 2, the step, op_seq 0 for the step and 1, 2, 3... for its phases
+    for step in (0, 1):
+        step_keys = {c[2] for c in probes if c[0] in ("step_begin", "step_end") and c[1] == step}
+        assert step_keys == {schema.make_trace_key(2, step, 0)}
+        ops = [schema.parse_trace_key(c[3]) for c in _events(probes, "phase_begin") if c[2] == step]
+        assert [(o.host_id, o.step16) for o in ops] == [(2, step)] * len(ops)
+        assert [o.op_seq for o in ops] == list(range(1, len(ops) + 1))
+    # every phase end carries its begin's key; the thread's key inside forward is the forward phase's
+    begins = {(c[1], c[3]) for c in _events(probes, "phase_begin")}
+    assert {(c[1], c[3]) for c in _events(probes, "phase_end")} <= begins
+    forward_keys = [(c[3], c[2]) for c in _events(probes, "phase_begin") if c[1] == "forward"]
+    assert model.keys_seen == forward_keys
+    # tracekey fired for each change, never twice in a row with the same key
+    tk = [c[1] for c in _events(probes, "tracekey")]
+    assert all(a != b for a, b in zip(tk, tk[1:]))
+
+
+def test_ddp_gradient_all_reduce_is_seen_through_obshubs_comm_hook(probes, gloo_world_of_one):
+    dist = gloo_world_of_one
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    (reg,) = _events(probes, "register")
+    assert reg == ("register", "j", 0, 1, 2, 0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(3, 16)).sum().backward()
+        opt.step()
+    colls = _events(probes, "coll_begin")
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert [(c[1], c[2], c[3], c[4], c[5]) for c in colls] == [("0", 0, "all_reduce", grad_bytes, 0),
+                                                              ("0", 1, "all_reduce", grad_bytes, 1)]
+    ends = _events(probes, "coll_end")
+    assert sorted(c[1:] for c in ends) == sorted(c[1:] for c in colls)
+    # the collective's key is issued inside the backward phase of its step
+    for c in colls:
+        host, step16, op = schema.parse_trace_key(c[6])
+        assert (host, step16) == (2, c[5]) and op >= 1
+
+
+def test_a_users_comm_hook_wins(probes, gloo_world_of_one):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    dist = gloo_world_of_one
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    model.register_comm_hook(None, allreduce_hook)      # must not clash with obshub's
+    model(torch.randn(3, 16)).sum().backward()
+    # the user's hook calls dist.all_reduce: seen through the torch.distributed wrapper
+    assert [(c[1], c[2], c[3]) for c in _events(probes, "coll_begin")] == [("0", 0, "all_reduce")]
+    assert len(_events(probes, "coll_end")) == 1
+
+
+def test_disable_removes_everything(probes, gloo_world_of_one):
+    import torch.distributed as dist
+
+    from obshub.instrument import hooks as instrument
+
+    assert getattr(dist.all_reduce, "__obshub_wrapped__", None) is not None
+    instrument.disable()
+    assert not hasattr(dist.all_reduce, "__obshub_wrapped__")
+    assert not hasattr(dist.init_process_group, "__obshub_wrapped__")
+    before = len(probes)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert len(probes) == before

@@ -1,0 +1,114 @@
+"""Memory layer: transparent huge pages faulted in by a watched process are order-9 page allocations
+(PAGE_ALLOC above the order threshold) attributed to that process; order-0 pages are not reported."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from obshub.core.schema import Kind
+from producer.probes import Target
+from tests.support.probes_util import Child, drain, event_source, need_bpf
+
+pytestmark = pytest.mark.bpf
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+TOUCH = """
+import mmap, sys
+sys.stdin.readline()
+m = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+m.madvise(mmap.MADV_HUGEPAGE)
+for i in range(0, 16 << 20, 4096):
+    m[i] = 1
+huge = [l for l in open("/proc/self/smaps_rollup") if l.startswith("AnonHugePages")][0].split()[1]
+print(int(huge) // 2048, flush=True)
+"""
+
+
+def test_huge_page_faults_are_high_order_allocations(tmp_path):
+    need_bpf()
+    if not THP.exists() or "[never]" in THP.read_text():
+        pytest.skip("transparent huge pages are disabled")
+    child = Child(TOUCH)
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("memory",),
+                          thresholds={"page_order": 9}) as (src, table):
+            assert all(s.attached for s in table), table
+            child.go()
+            huge_pages = int(child.wait())
+            events = drain(src, 0.5)
+    finally:
+        child.kill()
+    if huge_pages == 0:
+        pytest.skip("the kernel gave no huge page (memory fragmented or THP defrag off)")
+    allocs = [e for e in events if e.kind == Kind.PAGE_ALLOC]
+    assert allocs and {e.pid for e in allocs} == {child.pid}
+    assert all(e.value >= 9 for e in allocs)  # the order threshold holds in the kernel
+    assert sum(1 for e in allocs if e.value == 9) >= huge_pages, (huge_pages, len(allocs))
+    assert all(isinstance(e.payload["gfp"], int) and e.tid == child.pid for e in allocs)
+
+
+CGROUP_V1_MEM = Path("/sys/fs/cgroup/memory")
+FILL = """
+import os, sys
+path = sys.argv[1]
+sys.stdin.readline()
+# Read a file twice the cgroup's limit: its page cache is charged to the cgroup, so once the limit is
+# reached every new page must first be reclaimed from the cgroup (clean file pages: no swap needed).
+for _ in range(2):
+    with open(path, "rb", buffering=0) as f:
+        while f.read(1 << 20):
+            pass
+print("done", flush=True)
+"""
+
+
+def test_memory_cgroup_limit_reclaim_is_seen(tmp_path):
+    """A process whose memory cgroup hits its limit stalls in memcg reclaim (not direct reclaim): the
+    mem_memcg_reclaim probe reports it as MEM_RECLAIM with payload reclaim=memcg, for that process only."""
+    need_bpf()
+    if not (CGROUP_V1_MEM / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory controller at /sys/fs/cgroup/memory")
+    cg = CGROUP_V1_MEM / f"obshub-t-memcg-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(48 << 20))
+        swap = cg / "memory.memsw.limit_in_bytes"
+        data = tmp_path / "data.bin"
+        with open(data, "wb") as f:
+            for _ in range(96):
+                f.write(os.urandom(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+        fd = os.open(data, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # drop it from the cache: reads must charge
+        os.close(fd)
+        child = Child(FILL.replace("sys.argv[1]", repr(str(data))), env={**os.environ})
+        (cg / "cgroup.procs").write_text(str(child.pid))
+        try:
+            with event_source(tmp_path, Target(pids={child.pid}), probes=("mem_memcg_reclaim",),
+                              thresholds={"reclaim_ns": 0}) as (src, table):
+                assert all(s.attached for s in table), table
+                child.go()
+                child.wait()
+                events = drain(src, 0.5)
+        finally:
+            child.kill()
+        failcnt = int((cg / "memory.failcnt").read_text())
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)
+    assert failcnt > 0, "the cgroup never hit its limit"
+    stalls = [e for e in events if e.kind == Kind.MEM_RECLAIM]
+    assert stalls, f"no MEM_RECLAIM although the cgroup hit its limit {failcnt} times"
+    assert {e.pid for e in stalls} == {child.pid}
+    assert all(e.payload == {"reclaim": "memcg"} and e.duration_ns > 0 for e in stalls)
+    assert swap  # noqa: B018 - documents that swap limits are left alone (no swap on test machines)

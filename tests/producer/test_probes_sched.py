@@ -1,0 +1,154 @@
+"""CPU contention: two watched busy-ish workers in their own cgroups (v1 cpu
+controller), one watched through its cgroup and one by pid, each pinned to its own CPU; a CPU hog pinned to
+the first worker's CPU raises that worker's run-queue latency and not the other's.
+
+Other engineers load this 2-core machine too, and the load balancer moves their tasks away from the hog's
+CPU onto the other worker's CPU. So each worker's cgroup and the hog's get the maximum cpu.shares: the
+hog's CPU is split between the hog and its worker, while the other worker's group outweighs everything
+else on its CPU. The comparison is the mean run-queue wait per switch-in, with a generous ratio."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from obshub.core.schema import Kind
+from producer.probes import Target
+from tests.support.probes_util import Child, drain, event_source, need_bpf
+
+pytestmark = pytest.mark.bpf
+
+WORKER = """
+import os, sys, time
+seconds = float(sys.stdin.readline())  # wait for go first, then start the clock
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    t = time.monotonic() + 0.02
+    while time.monotonic() < t:
+        pass
+    time.sleep(0.0005)
+"""
+CPU_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+MAX_SHARES = 262144  # cpu.shares upper bound (kernel/sched/core.c MAX_SHARES)
+
+
+@pytest.fixture
+def cgroups():
+    """A factory of fresh v1 cpu cgroups with maximum shares; removed (processes moved out) at the end."""
+    if not (CPU_CGROUP_V1 / "cgroup.procs").exists():
+        pytest.skip("cgroup v1 cpu controller not mounted at /sys/fs/cgroup/cpu")
+    made = []
+
+    def make(pid: int) -> Path:
+        path = CPU_CGROUP_V1 / f"obshub-test-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        made.append(path)
+        (path / "cpu.shares").write_text(str(MAX_SHARES))
+        (path / "cgroup.procs").write_text(str(pid))
+        return path
+
+    yield make
+    for path in made:
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CPU_CGROUP_V1 / "cgroup.procs").write_text(pid)
+        path.rmdir()
+
+
+def test_cpu_hog_raises_runq_latency_of_its_cpu_only(tmp_path, cgroups):
+    need_bpf()
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    cpu_a, cpu_b = sorted(os.sched_getaffinity(0))[:2]
+    seconds = 2.0
+    a = Child(WORKER, prefix=["taskset", "-c", str(cpu_a)])
+    b = Child(WORKER, prefix=["taskset", "-c", str(cpu_b)])
+    hog = None
+    try:
+        cg_a = cgroups(a.pid)
+        cgroups(b.pid)
+        hog = subprocess.Popen(["taskset", "-c", str(cpu_a), sys.executable, "-c", "while True: pass"])
+        cgroups(hog.pid)
+        with event_source(tmp_path, Target(cgroup=cg_a, pids={b.pid}), probes=("sched",),
+                          thresholds={"runq_ns": 0, "offcpu_ns": 0}) as (src, table):
+            assert table[0].attached, table
+            for w in (a, b):
+                w.go(str(seconds))
+            events = drain(src, seconds + 0.5)
+            a.wait()
+            b.wait()
+            events += src.poll(0)
+            misses = src.misses()
+    finally:
+        for p in (a, b):
+            p.kill()
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    runq = defaultdict(int)
+    count = defaultdict(int)
+    for e in events:
+        if e.kind == Kind.SCHED_RUNQ:
+            runq[e.pid] += e.duration_ns
+            count[e.pid] += 1
+    assert set(misses) == {"sched"} and misses["sched"] >= 0  # reported, however rare
+    assert set(runq) <= {a.pid, b.pid}, "only the watched processes are reported"
+    assert count[a.pid] > 10 and count[b.pid] > 10, count
+    # the hog's CPU: most of the window is spent waiting; the other CPU: much less
+    mean = {pid: runq[pid] / count[pid] for pid in (a.pid, b.pid)}
+    print(f"runq: sum {dict(runq)} count {dict(count)} mean {mean}")
+    assert runq[a.pid] > 0.3 * seconds * 1e9, dict(runq)
+    assert mean[a.pid] > 2 * mean[b.pid], mean
+
+
+SLEEPER = """
+import sys, time
+sys.stdin.readline()
+for _ in range(40):
+    time.sleep(0.005)
+print("done", flush=True)
+"""
+
+
+def test_cgroup_v2_target_is_watched_in_the_kernel_at_once(tmp_path):
+    """A process moved into the target cgroup v2 after the agent started is watched from its first
+    context switch, by the kernel (the loader's cgroup.procs re-read is disabled here)."""
+    need_bpf()
+    unified = Path("/sys/fs/cgroup/unified")
+    if not (unified / "cgroup.controllers").exists():
+        pytest.skip("no cgroup v2 hierarchy at /sys/fs/cgroup/unified")
+    cg = unified / f"obshub-test-{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    child = other = None
+    try:
+        with event_source(tmp_path, Target(cgroup=cg), probes=("sched",), target_refresh_ms=3_600_000,
+                          thresholds={"offcpu_ns": 1_000_000}) as (src, table):
+            assert table[0].attached
+            child = Child(SLEEPER)
+            other = Child(SLEEPER)  # same program, not in the cgroup
+            (cg / "cgroup.procs").write_text(str(child.pid))
+            child.go()
+            other.go()
+            child.wait()
+            other.wait()
+            events = drain(src, 0.3)
+    finally:
+        for c in (child, other):
+            if c is not None:
+                c.kill()
+        for pid in (cg / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (unified / "cgroup.procs").write_text(pid)
+        cg.rmdir()
+    offcpu = Counter(e.pid for e in events if e.kind == Kind.SCHED_OFFCPU)
+    assert offcpu[child.pid] >= 30, offcpu  # its 5 ms sleeps
+    assert set(offcpu) == {child.pid}, offcpu

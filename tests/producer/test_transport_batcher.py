@@ -1,0 +1,119 @@
+"""Batcher, clock and synthetic source: no broker needed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from obshub.core import schema
+from obshub.core.schema import Event, Kind
+from producer.batcher import Batcher
+from producer.clock import ClockTracker, measure, tai_offset_ns
+from producer.synthetic import SyntheticSource
+
+
+def _events(n: int, start: int = 0) -> list[Event]:
+    return [Event(Kind.SCHED_RUNQ, 1_000 + i, 5_000 + i, (7 << 48) | i, i // 100, 10, 11, -1, i, None)
+            for i in range(start, start + n)]
+
+
+def test_batches_bounded_by_size_seq_contiguous_and_lossless():
+    b = Batcher("job", "host-a", 7, max_bytes=16 * 1024, max_age_ms=10_000)
+    evs = _events(20_000)
+    sealed = b.add_many(evs[:7_000]) + b.add_many(evs[7_000:])
+    last = b.flush()
+    assert last is not None and b.flush() is None
+    sealed.append(last)
+    assert len(sealed) > 10
+    assert [s.seq for s in sealed] == list(range(len(sealed)))
+    got = []
+    one_event = len(__import__("msgpack").packb(list(evs[-1])))
+    for s in sealed:
+        assert len(s.value) <= 16 * 1024
+        d = schema.decode_batch(s.value)
+        assert (d.job, d.host, d.host_id, d.agent_id, d.seq) == ("job", "host-a", 7, b.agent_id, s.seq)
+        assert s.key == b"host-a" and s.n_events == len(d.events)
+        got.extend(d.events)
+    for s in sealed[:-1]:  # full batches: one more event would not have fitted
+        assert len(s.value) + one_event > 16 * 1024 - 400
+    assert got == evs
+    assert b.sealed == len(sealed) and b.events == 20_000 and b.rejected == 0
+
+
+def test_batch_bounded_by_age():
+    b = Batcher("job", "h", 1, max_bytes=256 * 1024, max_age_ms=200)
+    assert b.due() is None and b.ms_until_due() is None
+    b.add_many(_events(3))
+    t0 = b._first_ns
+    assert b.due(now_ns=t0 + 199_000_000) is None
+    assert b.ms_until_due(now_ns=t0 + 150_000_000) == pytest.approx(50.0)
+    s = b.due(now_ns=t0 + 200_000_000)
+    assert s is not None and s.n_events == 3 and s.seq == 0
+    assert b.due(now_ns=t0 + 10**12) is None
+    b.add_many(_events(1))
+    time.sleep(0.25)
+    assert b.due().seq == 1
+
+
+def test_encoding_is_byte_identical_to_the_schema_codec():
+    clock = schema.Clock(123, 45, 37_000_000_000)
+    b = Batcher("j", "h", 3, clock=lambda: clock)
+    evs = _events(5) + [Event(Kind.PHASE, 9, 1, 2, 3, 4, 5, 0, 0, {"phase": "forward"})]
+    b.add_many(evs)
+    s = b.flush()
+    d = schema.decode_batch(s.value)
+    assert d.clock == clock
+    again = schema.encode_batch(schema.Batch("j", "h", 3, b.agent_id, 0, evs, clock, d.sent_ns))
+    assert again == s.value
+    assert abs(d.sent_ns - time.time_ns()) < 10 * 10**9
+
+
+def test_unencodable_events_are_skipped_and_counted():
+    b = Batcher("j", "h", 3)
+    bad = [Event(Kind.PHASE, 1, 0, 0, 0, 0, 0, -1, 2**70, None), Event(Kind.PHASE, 1, payload={"x": object()})]
+    b.add_many(_events(2) + bad + _events(2, 2))
+    d = schema.decode_batch(b.flush().value)
+    assert len(d.events) == 4 and b.rejected == 2 and b.events == 4
+
+
+def test_clock_offset_and_uncertainty():
+    c = measure(16)
+    direct = time.time_ns() - time.monotonic_ns()
+    assert abs(c.offset_ns - direct) < 5_000_000  # both read the same two clocks, ms apart at most
+    assert 0 < c.uncertainty_ns < 5_000_000
+    assert c.tai_offset_ns % 1_000_000_000 == 0 and c.tai_offset_ns == tai_offset_ns()
+    now = [0.0]
+    t = ClockTracker(refresh_s=10, now=lambda: now[0])
+    assert t.refreshes == 1
+    t.current()
+    now[0] = 9.9
+    t.current()
+    assert t.refreshes == 1
+    now[0] = 10.0
+    t.current()
+    assert t.refreshes == 2
+    with pytest.raises(ValueError):
+        measure(0)
+
+
+def test_synthetic_source_stream_is_valid_and_bounded():
+    src = SyntheticSource(1_000_000, total=5_000, host_id=9, events_per_step=20)
+    st = src.start()
+    assert st[0].attached
+    got = []
+    deadline = time.monotonic() + 30
+    while len(got) < 5_000 and time.monotonic() < deadline:
+        got.extend(src.poll(20))
+    assert len(got) == 5_000 and src.poll(0) == [] and src.produced == 5_000
+    for e in got:
+        schema.validate_event(list(e))
+    kinds = [e.kind for e in got]
+    assert kinds.count(Kind.STEP_BEGIN) == kinds.count(Kind.STEP_END) == 250
+    ends = [e for e in got if e.kind == Kind.COLLECTIVE_END]
+    assert [e.payload["coll_seq"] for e in ends] == list(range(250))
+    for e in got:
+        parts = schema.parse_trace_key(e.trace_key)
+        assert parts.host_id == 9 and parts.step16 == e.step & 0xFFFF
+    src.add_loss(5, "sched")
+    assert src.lost()["sched"] == 5

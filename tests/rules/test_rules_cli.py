@@ -1,0 +1,163 @@
+"""`obshub rules test` and `obshub silence` as a user runs them: exit codes, PASS/FAIL lines, expected
+vs got on failure; the builtin pack's own unit tests pass; silences add/list/expire and matching."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rules.errors import SilenceError
+from rules.silences import Matcher, SilenceStore
+
+REPO = Path(__file__).resolve().parents[2]
+OBSHUB = [sys.executable, "-m", "obshub.cli"]
+
+RULE = """\
+version: 1
+rules:
+  - id: lost_batches
+    description: batches lost
+    severity: error
+    signal: steps
+    condition: quality.lost_batches > 0
+    group_by: {job: job}
+    annotations: {summary: "{{ quality.lost_batches }} lost in {{ job }}"}
+"""
+
+TEST_OK = """\
+version: 1
+rule_files: [rules.yaml]
+tests:
+  - name: loss fires
+    input:
+      - at: 0s
+        steps: {job: llm, step: 1, quality: {lost_batches: 2}}
+    expect:
+      - at: 1s
+        alerts:
+          - rule: lost_batches
+            labels: {job: llm}
+            annotations: {summary: "2 lost in llm"}
+      - at: 5m
+        alerts: []
+"""
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*OBSHUB, *args], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+def test_builtin_pack_tests_pass_via_cli():
+    files = sorted(str(p) for p in (REPO / "rules" / "builtin" / "tests").glob("*.yaml"))
+    assert len(files) >= 3
+    res = run("rules", "test", *files)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "FAIL" not in res.stdout and " 0 failed" in res.stdout
+    assert res.stdout.count("PASS ") >= 10
+
+
+def test_rules_test_pass_and_fail_with_expected_vs_got(tmp_path):
+    (tmp_path / "rules.yaml").write_text(RULE)
+    ok = tmp_path / "ok_test.yaml"
+    ok.write_text(TEST_OK)
+    res = run("rules", "test", str(ok))
+    assert res.returncode == 0 and "PASS" in res.stdout and "1 passed, 0 failed" in res.stdout, res.stdout
+    bad = tmp_path / "bad_test.yaml"
+    bad.write_text(TEST_OK.replace('labels: {job: llm}', 'labels: {job: other}').replace("at: 5m", "at: 10s"))
+    res = run("rules", "test", str(bad))
+    assert res.returncode == 1
+    out = res.stdout
+    assert "FAIL" in out and "0 passed, 1 failed" in out
+    assert "expected:\n      lost_batches [firing] {job=other}" in out, out
+    assert "got:\n      lost_batches [firing] {alertname=lost_batches, job=llm, severity=error}" in out, out
+    # at 10 s the alert still fires although "no alerts" was expected
+    assert "at 10s:" in out and "(no alerts)" in out
+
+
+def test_rules_test_reports_malformed_test_file_and_broken_rules(tmp_path):
+    (tmp_path / "rules.yaml").write_text(RULE.replace("severity: error", "severity: error\n    foo: 1"))
+    t = tmp_path / "t_test.yaml"
+    t.write_text(TEST_OK)
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "unknown field 'foo'" in res.stderr and "rules.yaml:6:5" in res.stderr
+    (tmp_path / "rules.yaml").write_text(RULE)
+    t.write_text(TEST_OK.replace("    input:", "    inputs:"))
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "unknown field 'inputs'" in res.stderr and "t_test.yaml:5:5" in res.stderr
+
+
+def test_help_has_examples():
+    res = run("rules", "--help")
+    assert res.returncode == 0 and "obshub rules check rules/builtin" in res.stdout and "#" in res.stdout
+    res = run("silence", "add", "--help")
+    assert res.returncode == 0 and "obshub silence add -m host=node2" in res.stdout
+
+
+def test_silence_cli_add_list_expire(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from obshub.cli import cli
+
+    env = {"OBSHUB_HOME": str(tmp_path / "home")}
+    res = run("silence", "add", "-m", "host=node2", "-m", "alertname=~.*straggler", "-d", "2h", "-a", "alice",
+              "-c", "maintenance OPS-1", "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    sil = json.loads(res.stdout)
+    bad = run("silence", "add", "-m", "host", "-a", "a", "-c", "c", env=env)
+    assert bad.returncode == 1 and "is not NAME=VALUE" in bad.stderr
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["silence", "list"], env=env)
+    assert sil["id"] in listed.output and "active" in listed.output and "alice" in listed.output
+    assert runner.invoke(cli, ["silence", "expire", sil["id"]], env=env).exit_code == 0
+    assert sil["id"] not in runner.invoke(cli, ["silence", "list"], env=env).output
+    assert "expired" in runner.invoke(cli, ["silence", "list", "--all"], env=env).output
+    assert isinstance(runner.invoke(cli, ["silence", "expire", "nope"], env=env).exception, SilenceError)
+
+
+def test_silence_matching(tmp_path):
+    store = SilenceStore(tmp_path / "s.json")
+    now = time.time_ns()
+    s = store.add(["host=node2", "alertname=~.*straggler", "job!=scratch"], now - 1, now + 10**12, "a", "c")
+    assert store.muted_by({"host": "node2", "alertname": "sched_straggler", "job": "llm"}, now) == [s.id]
+    assert store.muted_by({"host": "node3", "alertname": "sched_straggler", "job": "llm"}, now) == []
+    assert store.muted_by({"host": "node2", "alertname": "sched_straggler", "job": "scratch"}, now) == []
+    assert store.muted_by({"host": "node2", "alertname": "sched_straggler", "job": "llm"}, now + 2 * 10**12) == []
+    assert not Matcher.parse("a!~x.*").matches({"a": "xyz"})
+    with pytest.raises(SilenceError):
+        store.add(["host=a"], now, now - 1, "a", "c")
+    with pytest.raises(SilenceError):
+        Matcher.parse("a=~(")
+
+
+def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
+    import re
+
+    from rules.fields import EVENT_VARS, HEALTH_VARS
+    from rules.loader import load_ruleset
+
+    doc = (REPO / "docs" / "RULES.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    team = tmp_path / "team"
+    (team / "tests").mkdir(parents=True)
+    (team / "slow_sync.yaml").write_text(blocks[0])
+    (team / "tests" / "slow_sync_test.yaml").write_text(blocks[1])
+    res = subprocess.run([*OBSHUB, "rules", "test", "team/tests/slow_sync_test.yaml"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 0 and "1 passed, 0 failed" in res.stdout, res.stdout + res.stderr
+    (team / "bad.yaml").write_text(blocks[0].replace("condition: duration_ns", "condition: duration"))
+    res = subprocess.run([*OBSHUB, "rules", "check", "team/bad.yaml"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    shown = re.search(r"# (team/slow_sync\.yaml:\d+:\d+: .*)", doc).group(1)
+    assert res.stderr.splitlines()[0] == shown.replace("slow_sync.yaml", "bad.yaml")
+    for rid, rule in load_ruleset([REPO / "rules" / "builtin"]).rules.items():
+        assert f"\n### {rid}\n" in doc, f"docs/RULES.md has no runbook section for {rid}"
+        assert rule.runbook == f"docs/RULES.md#{rid}"
+    for name in list(EVENT_VARS) + list(HEALTH_VARS):
+        assert f"`{name}`" in doc, f"docs/RULES.md does not document field {name}"

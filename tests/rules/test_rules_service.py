@@ -1,0 +1,174 @@
+"""`obshub rules serve` against the real broker: a step summary in, an alert change on obshub.alerts.v1
+(keyed by fingerprint), delivery to a webhook that is down, a crash (SIGKILL), the webhook back, a
+restart: the alert is delivered (at-least-once) and the engine does not re-fire it (state recovered)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from confluent_kafka import Producer
+
+from obshub.core import registry, schema
+from obshub.core.settings import load_settings
+from tests.conftest import consume_all
+from tests.rules.test_rules_sinks import HttpRecorder
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.kafka
+
+
+def rules_file(tmp_path: Path, job: str) -> Path:
+    p = tmp_path / "rules.yaml"
+    p.write_text(f"""\
+version: 1
+rules:
+  - id: test_lost_batches
+    description: batches lost (test rule, only for job {job})
+    severity: error
+    signal: steps
+    condition: job == '{job}' && quality.lost_batches > 0
+    group_by: {{job: job}}
+    window: 10m
+    labels: {{layer: agent}}
+    annotations: {{summary: "{{{{ quality.lost_batches }}}} batches lost in step {{{{ step }}}}"}}
+""")
+    return p
+
+
+def config_file(tmp_path: Path) -> Path:
+    p = tmp_path / "alerting.yaml"
+    p.write_text("""\
+version: 1
+route: {group_by: [alertname, job], group_wait: 0s, group_interval: 1s, repeat_interval: 1h}
+delivery: {max_attempts: 1000, max_elapsed: 10m, timeout: 2s, backoff_initial: 100ms, backoff_max: 300ms}
+sinks:
+  - {name: hook, type: webhook, url_env: TEST_RULES_WEBHOOK}
+""")
+    return p
+
+
+def start(kafka, tmp_path: Path, home: Path, rules: Path, cfg: Path, prefix: str, url: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(kafka.kafka_port),
+           "TEST_RULES_WEBHOOK": url}
+    log = open(tmp_path / "serve.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "-c", str(cfg),
+                             "--group-prefix", prefix, "--from-beginning", *extra], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(cond, timeout: float, what: str, proc=None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    tail = log.read_text()[-3000:] if log and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+
+
+def produce_step(kafka, job: str, step: int, lost: int) -> None:
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    summary = {"v": 1, "job": job, "step": step, "closed_by": "complete", "closed_at_ns": time.time_ns(),
+               "hosts": ["a"], "expected_hosts": ["a"], "missing_hosts": [], "quality": {"lost_batches": lost}}
+    p.produce(schema.TOPIC_STEPS, key=job, value=json.dumps(summary).encode())
+    assert p.flush(30) == 0
+
+
+def my_changes(kafka, job: str) -> list[dict]:
+    msgs = consume_all(kafka, schema.TOPIC_ALERTS, timeout_s=8)
+    out = []
+    for m in msgs:
+        rec = json.loads(m.value())
+        if rec.get("labels", {}).get("job") == job:
+            assert m.key().decode() == rec["fingerprint"]
+            out.append(rec)
+    return out
+
+
+def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path):
+    job = f"job-{unique}"
+    home = tmp_path / "home"
+    rules, cfg = rules_file(tmp_path, job), config_file(tmp_path)
+    hook = HttpRecorder(default=(503, {}, 0.0))
+    log = tmp_path / "serve.log"
+    url = hook.url + "/hook/SECRETTOKEN"
+    proc = start(kafka, tmp_path, home, rules, cfg, f"t-{unique}", url)
+    try:
+        wait_for(lambda: (home / "run" / "rules.json").exists(), 60, "the service to register", proc, log)
+        assert registry.components(load_settings(home=home))[0]["name"] == "rules"
+        produce_step(kafka, job, 1, lost=3)
+        bad = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+        bad.produce(schema.TOPIC_STEPS, key=f"bad-{unique}".encode(), value=b"{not json")
+        assert bad.flush(30) == 0
+
+        def mine():
+            return [r for r in hook.requests if r["json"]["commonLabels"].get("job") == job]
+
+        wait_for(lambda: len(mine()) >= 2, 90, "delivery attempts to the down webhook", proc, log)
+        changes = my_changes(kafka, job)
+        assert [c["status"] for c in changes] == ["firing"], changes
+        assert changes[0]["annotations"]["summary"] == "3 batches lost in step 1"
+        # crash while the webhook is down: the change is not delivered, so its offset is not committed
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        n_before = len(mine())
+        hook.default = (200, {}, 0.0)
+        proc = start(kafka, tmp_path, home, rules, cfg, f"t-{unique}", url)
+        wait_for(lambda: any(r for r in mine()[n_before:]), 90, "re-delivery after the restart", proc, log)
+        delivered = mine()[-1]["json"]
+        assert delivered["status"] == "firing" and delivered["alerts"][0]["labels"]["alertname"] == "test_lost_batches"
+        # the engine recovered its state: the alert was not fired a second time
+        time.sleep(2)
+        assert [c["status"] for c in my_changes(kafka, job)] == ["firing"]
+        # after a clean stop and another start, nothing is re-delivered (offsets were committed)
+        time.sleep(1.5)  # > the 0.5 s commit period
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        assert not (home / "run" / "rules.json").exists()
+        n_done = len(mine())
+        proc = start(kafka, tmp_path, home, rules, cfg, f"t-{unique}", url, "--metrics-port", "0")
+        n_assigned = log.read_text().count("notify: assigned")
+        wait_for(lambda: log.read_text().count("notify: assigned") > n_assigned, 60, "the second restart", proc, log)
+        time.sleep(3)  # time to (wrongly) re-deliver, had the offsets not been committed
+        assert len(mine()) == n_done, "a delivered change was delivered again after a clean restart"
+        # SIGHUP with a broken file (mtime kept, so only the signal triggers the reload): old rules stay
+        good, st = rules.read_text(), rules.stat()
+        rules.write_text(good.replace("quality.lost_batches > 0", "quality.lost_batches >"))
+        os.utime(rules, ns=(st.st_atime_ns, st.st_mtime_ns))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload rejected" in log.read_text(), 30, "the rejected reload", proc, log)
+        assert f"{rules}:7:" in log.read_text() and "CEL syntax error" in log.read_text()
+        rules.write_text(good.replace("id: test_lost_batches", "id: test_lost_batches_v2"))
+        os.utime(rules, ns=(st.st_atime_ns, st.st_mtime_ns))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reloaded 1 rules" in log.read_text(), 30, "the accepted reload", proc, log)
+        port = int(re.search(r"metrics on http://[^:/]+:(\d+)/metrics", log.read_text()).group(1))
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert 'obshub_rules_reloads_total{outcome="rejected"} 1.0' in metrics
+        assert 'obshub_rules_reloads_total{outcome="ok"} 1.0' in metrics
+        assert "SECRETTOKEN" not in log.read_text()
+        # the undecodable step summary went to the DLQ with the reason and its origin in headers
+        dlq = [m for m in consume_all(kafka, schema.TOPIC_DLQ, timeout_s=8) if m.key() == f"bad-{unique}".encode()]
+        assert len(dlq) >= 1 and dlq[0].value() == b"{not json"
+        headers = {k: v.decode() for k, v in dlq[0].headers()}
+        assert set(schema.DLQ_HEADERS) <= set(headers) and headers["obshub.source.topic"] == schema.TOPIC_STEPS
+        assert "Expecting property name" in headers["obshub.reason"]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        hook.close()

@@ -1,0 +1,485 @@
+"""Every sink against a local HTTP server that checks the real service's documented payload field by
+field (Slack Block Kit webhook, PagerDuty Events API v2, Alertmanager API v2, Alertmanager-format
+webhook) and answers 429 with Retry-After, 500, slow responses and 4xx on demand. Also: escaping,
+dedup keys, secrets never in logs, and one sink's outage not blocking another."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import threading
+import time
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from rules.dispatch import Dispatcher
+from rules.lifecycle import fingerprint, rfc3339
+from rules.model import InhibitRule
+from rules.silences import SilenceStore
+from rules.sinks.alertmanager import AlertmanagerSink
+from rules.sinks.base import DeliveryPolicy, Notification
+from rules.sinks.config import AlertingConfig, Route, build_sinks
+from rules.sinks.console import ConsoleSink
+from rules.sinks.pagerduty import PagerDutySink, dedup_key
+from rules.sinks.slack import SECTION_MAX, SlackSink, escape_truncated
+from rules.sinks.webhook import WebhookSink
+
+FAST = DeliveryPolicy(max_attempts=4, max_elapsed_s=20, timeout_s=2, backoff_initial_s=0.01, backoff_max_s=0.05)
+
+
+class HttpRecorder:
+    """A local HTTP server: records every POST (path, headers, JSON body) and answers from a plan of
+    ``(status, headers, delay_s)`` entries, then with ``default``."""
+
+    def __init__(self, default=(200, {}, 0.0), body: str = "ok"):
+        self.requests: list[dict] = []
+        self.plan: list[tuple[int, dict, float]] = []
+        self.default, self.body = default, body
+        self.validator = None   # callable(path, json) raising AssertionError on a malformed payload
+        self.errors: list[str] = []
+        rec = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(raw)
+                rec.requests.append({"path": self.path, "headers": dict(self.headers), "json": body,
+                                     "t": time.monotonic()})
+                if rec.validator:
+                    try:
+                        rec.validator(self.path, body)
+                    except AssertionError as exc:
+                        rec.errors.append(str(exc))
+                        self._answer(400, {}, f"invalid payload: {exc}")
+                        return
+                status, headers, delay = rec.plan.pop(0) if rec.plan else rec.default
+                time.sleep(delay)
+                self._answer(status, headers, rec.body if status < 400 else f"error at {self.path}")
+
+            def _answer(self, status, headers, text):
+                data = text.encode()
+                try:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recorder():
+    servers = []
+
+    def make(**kw) -> HttpRecorder:
+        s = HttpRecorder(**kw)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def alert(status="firing", rule="rdma_slow_completion_on_straggler", severity="critical", **ann) -> dict:
+    labels = {"alertname": rule, "severity": severity, "job": "llm", "host": "node2", "layer": "nic"}
+    now = 1_767_225_600_000_000_000
+    return {"v": 1, "fingerprint": fingerprint(labels), "rule": rule, "status": status, "severity": severity,
+            "labels": labels, "annotations": {"summary": "node2 held back step 7", "step": "7", **ann},
+            "starts_at": rfc3339(now), "ends_at": rfc3339(now + 60 * 10**9) if status == "resolved" else "",
+            "starts_at_ns": now, "ends_at_ns": now + 60 * 10**9 if status == "resolved" else 0,
+            "updated_at_ns": now, "value": 1.0, "routes": [], "generator_url": "http://localhost:9099/rules#x"}
+
+
+def notif(*alerts) -> Notification:
+    return Notification("g1", {"alertname": alerts[0]["rule"], "job": "llm"}, list(alerts))
+
+
+def is_rfc3339(s: str) -> bool:
+    return bool(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", s)) and \
+        datetime.fromisoformat(s.replace("Z", "+00:00")) is not None
+
+
+# ---------------------------------------------------------------------------------------------- Slack
+def check_slack(path: str, body: dict) -> None:
+    """Slack incoming webhook + Block Kit: text fallback, blocks <= 50, header plain_text <= 150,
+    section mrkdwn <= 3000, context elements; no unescaped control characters from events."""
+    assert set(body) == {"text", "blocks"}, body.keys()
+    assert isinstance(body["text"], str) and body["text"]
+    blocks = body["blocks"]
+    assert 1 <= len(blocks) <= 50
+    assert blocks[0]["type"] == "header" and blocks[0]["text"]["type"] == "plain_text"
+    assert len(blocks[0]["text"]["text"]) <= 150
+    for b in blocks[1:]:
+        assert b["type"] in ("section", "context", "divider")
+        if b["type"] == "section":
+            assert b["text"]["type"] == "mrkdwn" and 0 < len(b["text"]["text"]) <= 3000
+        if b["type"] == "context":
+            assert 1 <= len(b["elements"]) <= 10 and all(e["type"] == "mrkdwn" for e in b["elements"])
+    texts = [body["text"]] + [b["text"]["text"] for b in blocks if b["type"] == "section"]
+    for t in texts:
+        assert "<" not in t and ">" not in t, t
+        assert not re.search(r"&(?!amp;|lt;|gt;)", t), f"bare or cut entity in {t!r}"
+
+
+def test_slack_payload_and_escaping(recorder):
+    srv = recorder()
+    srv.validator = check_slack
+    sink = SlackSink("slack", SecretStr(srv.url + "/services/T000/B000/XXXX"))
+    evil = alert(evidence="process <!channel> & <@U123> <http://evil|click> " + "&" * 5000)
+    res = sink.send(httpx.Client(), notif(evil, alert("resolved", severity="critical")), FAST)
+    assert res.ok and res.attempts == 1, (res, srv.errors)
+    body = srv.requests[0]["json"]
+    assert srv.requests[0]["path"] == "/services/T000/B000/XXXX"
+    section = body["blocks"][1]["text"]["text"]
+    assert "&lt;!channel&gt; &amp; &lt;@U123&gt; &lt;http://evil|click&gt;" in section
+    assert body["blocks"][0]["text"]["text"].startswith("FIRING: rdma_slow_completion_on_straggler")
+    assert "resolved at" in body["blocks"][2]["text"]["text"]
+
+
+def test_escape_truncated_never_cuts_an_entity():
+    out = escape_truncated("<" * 100, 22)
+    assert out == "&lt;" * 5 + "…" and len(out) <= 22
+    assert escape_truncated("a&b", 10) == "a&amp;b"
+    long = escape_truncated("x&" * 4000, SECTION_MAX)
+    assert len(long) <= SECTION_MAX and long.endswith("…") and not re.search(r"&(?!amp;)", long[:-1])
+
+
+# ------------------------------------------------------------------------------------------ PagerDuty
+def check_pagerduty(path: str, body: dict) -> None:
+    """Events API v2: routing_key, event_action, dedup_key <= 255; trigger needs payload.summary
+    (<= 1024), source, severity in the four levels; resolve carries no payload."""
+    assert path == "/v2/enqueue"
+    assert body["routing_key"] == "R0UT1NGKEY000000000000000000000X"
+    assert body["event_action"] in ("trigger", "resolve")
+    assert 0 < len(body["dedup_key"]) <= 255
+    if body["event_action"] == "resolve":
+        assert set(body) == {"routing_key", "event_action", "dedup_key"}
+        return
+    p = body["payload"]
+    assert 0 < len(p["summary"]) <= 1024 and p["source"] and p["severity"] in ("critical", "error", "warning", "info")
+    assert is_rfc3339(p["timestamp"])
+    assert set(p) <= {"summary", "source", "severity", "timestamp", "component", "group", "class", "custom_details"}
+    assert set(body) <= {"routing_key", "event_action", "dedup_key", "payload", "client", "client_url", "links", "images"}
+
+
+def test_pagerduty_trigger_resolve_same_key(recorder):
+    srv = recorder(default=(202, {"Content-Type": "application/json"}, 0.0),
+                   body='{"status":"success","message":"Event processed","dedup_key":"x"}')
+    srv.validator = check_pagerduty
+    sink = PagerDutySink("pd", SecretStr("R0UT1NGKEY000000000000000000000X"), url=srv.url + "/v2/enqueue")
+    a = alert(summary="s" * 3000, runbook="https://runbooks.example/rdma")
+    assert sink.send(httpx.Client(), notif(a), FAST).ok, srv.errors
+    assert sink.send(httpx.Client(), notif(alert("resolved")), FAST).ok, srv.errors
+    trig, res = srv.requests[0]["json"], srv.requests[1]["json"]
+    assert trig["event_action"] == "trigger" and res["event_action"] == "resolve"
+    assert trig["dedup_key"] == res["dedup_key"] == f"obshub/{a['rule']}/{a['fingerprint']}"
+    assert trig["payload"]["severity"] == "critical" and trig["payload"]["source"] == "node2"
+    assert trig["payload"]["component"] == "nic" and trig["payload"]["group"] == "llm"
+    assert len(trig["payload"]["summary"]) == 1024 and trig["links"][0]["href"] == "https://runbooks.example/rdma"
+    for sev in ("error", "warning", "info"):
+        assert sink.event(alert(severity=sev))["payload"]["severity"] == sev
+
+
+def test_dedup_keys_stable_and_bounded():
+    a = alert()
+    assert dedup_key(a) == dedup_key(dict(a)) == dedup_key(alert())
+    long = dedup_key({**a, "rule": "r" * 400})
+    assert len(long) <= 255 and long == dedup_key({**a, "rule": "r" * 400})
+    assert dedup_key({**a, "rule": "r" * 400}, prefix="p" * 300) != long and len(dedup_key(a, "p" * 300)) <= 255
+    # the fingerprint depends on labels only, not their order nor the annotations
+    assert fingerprint({"a": "1", "b": "2"}) == fingerprint({"b": "2", "a": "1"})
+
+
+# ------------------------------------------------------------------------------------- Alertmanager
+def check_alertmanager(path: str, body) -> None:
+    """POST /api/v2/alerts: an array of postableAlert {labels (alertname required), annotations,
+    startsAt, endsAt, generatorURL}, timestamps RFC 3339."""
+    assert path == "/api/v2/alerts"
+    assert isinstance(body, list) and body
+    for a in body:
+        assert set(a) <= {"labels", "annotations", "startsAt", "endsAt", "generatorURL"}
+        assert a["labels"]["alertname"] and all(isinstance(v, str) for v in a["labels"].values())
+        assert all(isinstance(v, str) for v in a["annotations"].values())
+        assert is_rfc3339(a["startsAt"]) and is_rfc3339(a["endsAt"])
+        assert a["generatorURL"].startswith("http")
+
+
+def test_alertmanager_resends_while_firing_and_ends_on_resolve(recorder):
+    srv = recorder()
+    srv.validator = check_alertmanager
+    sink = AlertmanagerSink("am", srv.url, resend_every_s=0.2)
+    acked: list = []
+    d = Dispatcher([sink], Route(group_wait="0s", group_interval="0s", repeat_interval="1h"), [], None, FAST,
+                   acked.extend)
+    try:
+        d.submit(alert(), "t1")
+        deadline = time.monotonic() + 10
+        while len(srv.requests) < 3 and time.monotonic() < deadline:
+            d.tick()
+            time.sleep(0.05)
+        assert len(srv.requests) >= 3, "firing alerts are re-sent to Alertmanager"
+        assert acked == ["t1"]
+        first = srv.requests[0]["json"][0]
+        assert first["labels"]["host"] == "node2" and first["startsAt"] == alert()["starts_at"]
+        assert datetime.fromisoformat(first["endsAt"].replace("Z", "+00:00")).timestamp() > time.time()
+        d.submit(alert("resolved"), "t2")
+        n = len(srv.requests)
+        deadline = time.monotonic() + 10
+        while "t2" not in acked and time.monotonic() < deadline:
+            d.tick()
+            time.sleep(0.05)
+        last = [r for r in srv.requests[n:] if r["json"][0]["endsAt"] == alert("resolved")["ends_at"]]
+        assert last, "resolved alert carries its endsAt"
+        assert srv.errors == []
+    finally:
+        d.close()
+
+
+# ---------------------------------------------------------------------------------------- webhook
+def check_webhook(path: str, body: dict) -> None:
+    """Alertmanager webhook format version 4."""
+    assert body["version"] == "4" and body["status"] in ("firing", "resolved")
+    for k in ("groupKey", "receiver", "groupLabels", "commonLabels", "commonAnnotations", "externalURL", "alerts"):
+        assert k in body, k
+    for a in body["alerts"]:
+        assert set(a) == {"status", "labels", "annotations", "startsAt", "endsAt", "generatorURL", "fingerprint"}
+        assert is_rfc3339(a["startsAt"]) and re.fullmatch(r"[0-9a-f]{16}", a["fingerprint"])
+
+
+def test_webhook_payload(recorder):
+    srv = recorder()
+    srv.validator = check_webhook
+    sink = WebhookSink("hook", SecretStr(srv.url + "/hook?token=s3cr3t-token"), external_url="http://obshub")
+    assert sink.send(httpx.Client(), notif(alert(), alert("resolved", rule="other")), FAST).ok, srv.errors
+    body = srv.requests[0]["json"]
+    assert body["status"] == "firing" and body["commonLabels"]["job"] == "llm" and "alertname" not in body["commonLabels"]
+    assert body["alerts"][1]["endsAt"] == alert("resolved")["ends_at"]
+
+
+# -------------------------------------------------------------------------------- retries and errors
+def test_429_honours_retry_after_then_delivers(recorder):
+    srv = recorder()
+    srv.plan = [(429, {"Retry-After": "1"}, 0.0)]
+    sink = WebhookSink("hook", SecretStr(srv.url + "/h"))
+    res = sink.send(httpx.Client(), notif(alert()), FAST)
+    assert res.ok and res.attempts == 2
+    assert srv.requests[1]["t"] - srv.requests[0]["t"] >= 0.9  # waited Retry-After, not the 10 ms backoff
+
+
+def test_500_retried_with_backoff_then_delivers(recorder):
+    srv = recorder()
+    srv.plan = [(500, {}, 0.0), (503, {}, 0.0)]
+    res = WebhookSink("hook", SecretStr(srv.url + "/h")).send(httpx.Client(), notif(alert()), FAST)
+    assert res.ok and res.attempts == 3 and len(srv.requests) == 3
+
+
+def test_4xx_not_retried_and_reported(recorder, caplog):
+    srv = recorder()
+    srv.plan = [(400, {}, 0.0)]
+    with caplog.at_level(logging.WARNING):
+        res = WebhookSink("hook", SecretStr(srv.url + "/h")).send(httpx.Client(), notif(alert()), FAST)
+    assert not res.ok and res.attempts == 1 and len(srv.requests) == 1
+    assert "HTTP 400 (not retried)" in res.error and "gave up" in caplog.text
+
+
+def test_timeouts_retried_then_given_up(recorder):
+    srv = recorder(default=(200, {}, 1.5))
+    policy = DeliveryPolicy(max_attempts=2, max_elapsed_s=20, timeout_s=0.3, backoff_initial_s=0.01, backoff_max_s=0.02)
+    res = WebhookSink("hook", SecretStr(srv.url + "/h")).send(httpx.Client(), notif(alert()), policy)
+    assert not res.ok and res.attempts == 2 and "timeout" in res.error
+
+
+def test_secrets_never_logged(recorder, caplog, capsys, monkeypatch):
+    secret_url_tail = "T0SECRET/B0SECRET/zzSECRETzz"
+    srv = recorder()
+    srv.plan = [(404, {}, 0.0)]  # the server echoes the path (with the secret) in its error body
+    monkeypatch.setenv("TEST_SLACK_URL", f"{srv.url}/services/{secret_url_tail}")
+    monkeypatch.setenv("TEST_PD_KEY", "PDKEYSECRET0123456789")
+    cfg = AlertingConfig.model_validate({"sinks": [
+        {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL"},
+        {"name": "pd", "type": "pagerduty", "routing_key_env": "TEST_PD_KEY", "url": "http://127.0.0.1:9/v2/enqueue"},
+    ]})
+    sinks = build_sinks(cfg)
+    with caplog.at_level(logging.DEBUG):
+        results = [s.send(httpx.Client(), notif(alert()), FAST) for s in sinks]
+        logging.getLogger("test").info("sinks %r config %r", sinks, cfg)
+    assert not any(r.ok for r in results)
+    text = caplog.text + capsys.readouterr().err + " ".join(r.error for r in results) + repr(cfg) + str(sinks)
+    assert "SECRET" not in text, text
+    assert "<redacted>" in results[0].error and "HTTP 404" in results[0].error
+
+
+def test_missing_secret_is_a_clear_error(monkeypatch, tmp_path):
+    from rules.errors import SinkConfigError
+
+    monkeypatch.delenv("NOPE_URL", raising=False)
+    with pytest.raises(SinkConfigError, match="NOPE_URL"):
+        build_sinks(AlertingConfig.model_validate({"sinks": [{"name": "s", "type": "slack", "url_env": "NOPE_URL"}]}))
+    f = tmp_path / "key"
+    f.write_text("FILESECRET\n")
+    pd = build_sinks(AlertingConfig.model_validate({"sinks": [{"name": "p", "type": "pagerduty", "routing_key_file": str(f)}]}))[0]
+    assert pd.event(alert())["routing_key"] == "FILESECRET"
+
+
+# ---------------------------------------------------------------------- dispatcher: isolation, muting
+def test_one_sink_outage_does_not_block_another_and_is_not_acked(recorder):
+    down = recorder(default=(503, {}, 0.0))
+    up = recorder()
+    slow_policy = DeliveryPolicy(max_attempts=100, max_elapsed_s=60, timeout_s=1, backoff_initial_s=0.1, backoff_max_s=0.2)
+    acked: list = []
+    d = Dispatcher([WebhookSink("down", SecretStr(down.url + "/d")), WebhookSink("up", SecretStr(up.url + "/u"))],
+                   Route(group_wait="0s", group_interval="0s"), [], None, slow_policy, acked.extend)
+    try:
+        d.submit(alert(), "tok")
+        d.tick()
+        deadline = time.monotonic() + 10
+        while not up.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert up.requests, "the healthy sink got its notification while the other is down"
+        assert len(down.requests) >= 1 and acked == []  # not acked: the down sink has not delivered
+        down.default = (200, {}, 0.0)                    # the outage ends
+        deadline = time.monotonic() + 10
+        while not acked and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert acked == ["tok"]
+    finally:
+        d.close()
+
+
+def test_grouping_min_severity_silence_and_inhibition(tmp_path):
+    out = io.StringIO()
+    console = ConsoleSink("console", stream=out)
+    pager = ConsoleSink("pager", min_severity="critical", stream=io.StringIO())
+    store = SilenceStore(tmp_path / "silences.json")
+    inhibit = [InhibitRule({"alertname": "host_stopped_reporting"}, {"category": "straggler"}, ["job", "host"])]
+    acked: list = []
+    d = Dispatcher([console, pager], Route(group_by=["alertname"], group_wait="10s", group_interval="1m",
+                                           repeat_interval="1h"), inhibit, store, FAST, acked.extend)
+    t0 = 1_000 * 10**9
+    try:
+        warn = {**alert(severity="warning", rule="sched_contention_on_straggler")}
+        warn["labels"] = {**warn["labels"], "category": "straggler", "severity": "warning"}
+        warn["fingerprint"] = fingerprint(warn["labels"])
+        d.submit(warn, "a", now_ns=t0)
+        other = {**warn, "labels": {**warn["labels"], "host": "node7"}}
+        other["fingerprint"] = fingerprint(other["labels"])
+        d.submit(other, "b", now_ns=t0 + 10**9)
+        d.submit({**alert(), "status": "pending"}, "p", now_ns=t0)
+        assert acked == ["p"]                       # pending needs no delivery
+        d.tick(t0 + 5 * 10**9)
+        assert out.getvalue() == ""                  # group_wait 10 s
+        d.tick(t0 + 11 * 10**9)
+        _wait_for(lambda: set(acked) == {"p", "a", "b"})
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 2 and all("sched_contention_on_straggler" in ln for ln in lines)  # one group
+        assert pager.stream.getvalue() == ""         # below the pager's min severity
+        # a host-down alert inhibits that host's straggler alerts
+        down = alert(rule="host_stopped_reporting")
+        d.submit(down, "c", now_ns=t0 + 20 * 10**9)
+        d.submit({**warn}, "d", now_ns=t0 + 20 * 10**9)  # node2 straggler again
+        d.tick(t0 + 80 * 10**9)
+        _wait_for(lambda: {"c", "d"} <= set(acked))
+        new = out.getvalue().splitlines()[2:]
+        assert any("host_stopped_reporting" in ln for ln in new)
+        assert not any("sched_contention" in ln and "host=node2" in ln for ln in new), new
+        # a silence mutes node7
+        store.add(["host=node7"], t0, t0 + 10**15, "alice", "maintenance")
+        d.submit({**other}, "e", now_ns=t0 + 200 * 10**9)
+        d.tick(t0 + 300 * 10**9)
+        _wait_for(lambda: "e" in acked)
+        assert not any("node7" in ln for ln in out.getvalue().splitlines()[len(lines) + len(new):])
+    finally:
+        d.close()
+
+
+def _wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cond()
+
+
+def test_group_interval_repeat_interval_and_dedup():
+    out = io.StringIO()
+    acked: list = []
+    d = Dispatcher([ConsoleSink("console", stream=out)],
+                   Route(group_by=["job"], group_wait="0s", group_interval="5s", repeat_interval="10s"),
+                   [], None, FAST, acked.extend)
+    s = 10**9
+    t0 = 5_000 * s
+    try:
+        a1 = alert()
+        d.submit(a1, 1, now_ns=t0)
+        d.submit(dict(a1), 2, now_ns=t0)            # the same change re-delivered: one notification line
+        d.tick(t0)
+        _wait_for(lambda: acked == [1, 2])
+        assert len(out.getvalue().splitlines()) == 1
+        a2 = alert(rule="sched_contention_on_straggler")
+        d.submit(a2, 3, now_ns=t0 + 1 * s)
+        d.tick(t0 + 2 * s)                            # within group_interval: batched, not sent yet
+        assert len(out.getvalue().splitlines()) == 1 and 3 not in acked
+        d.tick(t0 + 5 * s)
+        _wait_for(lambda: 3 in acked)
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 3 and "sched_contention_on_straggler" in lines[2]  # group re-sent with both
+        d.tick(t0 + 14 * s)
+        assert len(out.getvalue().splitlines()) == 3
+        d.tick(t0 + 15 * s)                           # repeat_interval after the last flush
+        _wait_for(lambda: len(out.getvalue().splitlines()) == 5)
+        d.submit(alert("resolved"), 4, now_ns=t0 + 16 * s)
+        d.tick(t0 + 20 * s)
+        _wait_for(lambda: 4 in acked)
+        assert "[RESOLVED] rdma_slow_completion_on_straggler" in out.getvalue().splitlines()[-2] + \
+            out.getvalue().splitlines()[-1]
+        d.tick(t0 + 40 * s)                           # the resolved alert left the group: only a2 repeats
+        _wait_for(lambda: out.getvalue().splitlines()[-1].startswith("[FIRING] sched_contention"))
+    finally:
+        d.close()
+
+
+def test_firing_alerts_survive_a_dispatcher_restart(recorder):
+    srv = recorder()
+    sink = AlertmanagerSink("am", srv.url, resend_every_s=0.2)
+    route = Route(group_wait="0s", group_interval="0s", repeat_interval="1h")
+    inhibit = [InhibitRule({"alertname": "host_stopped_reporting"}, {"category": "straggler"}, ["job", "host"])]
+    d = Dispatcher([sink], route, inhibit, None, FAST, lambda t: None)
+    d.submit(alert(rule="host_stopped_reporting"), 1)
+    d.tick()
+    snap = json.loads(json.dumps(d.snapshot()))
+    d.close()
+    d2 = Dispatcher([sink], route, inhibit, None, FAST, lambda t: None)
+    try:
+        d2.restore(snap)
+        straggler = alert(rule="sched_contention_on_straggler")
+        straggler["labels"] = {**straggler["labels"], "category": "straggler"}
+        assert d2._inhibited(straggler["labels"])       # inhibition holds after the restart
+        n = len(srv.requests)
+        _wait_for(lambda: (d2.tick(), len(srv.requests) > n)[1])  # Alertmanager re-sends continue
+        assert srv.requests[-1]["json"][0]["labels"]["alertname"] == "host_stopped_reporting"
+    finally:
+        d2.close()

@@ -1,0 +1,201 @@
+"""Rule files: strict YAML (positions, duplicate keys, YAML 1.1 surprises), JSON Schema, CEL syntax and
+field references, macro cycles, overrides and file order; `obshub rules check` as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rules.errors import RuleValidationError
+from rules.loader import load_ruleset
+
+REPO = Path(__file__).resolve().parents[2]
+OBSHUB = [sys.executable, "-m", "obshub.cli"]
+
+GOOD = """\
+version: 1
+macros:
+  stalled: stall == true && straggler != null
+rules:
+  - id: slow_step
+    description: a stalled step
+    severity: warning
+    signal: steps
+    condition: stalled
+    group_by: {job: job, host: straggler.host}
+    annotations: {step: "{{ step }}"}
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def problems(*paths: Path) -> list[str]:
+    with pytest.raises(RuleValidationError) as exc:
+        load_ruleset(list(paths))
+    return [str(p) for p in exc.value.problems]
+
+
+def test_good_file_loads(tmp_path):
+    rs = load_ruleset([write(tmp_path, "a.yaml", GOOD)])
+    assert list(rs.rules) == ["slow_step"]
+    assert rs.rules["slow_step"].condition.source == "(stall == true && straggler != null)"
+
+
+def test_yaml11_surprises_rejected_with_position(tmp_path):
+    text = GOOD.replace("severity: warning", "severity: warning\n    labels: {team: no, mode: 0755, at: 1:30}")
+    f = write(tmp_path, "s.yaml", text)
+    got = problems(f)
+    assert any(p.startswith(f"{f}:8:20: ") and "'no' is a boolean in YAML 1.1" in p for p in got), got
+    assert any(p.startswith(f"{f}:8:30: ") and "leading zero (0755)" in p for p in got), got
+    assert any(p.startswith(f"{f}:8:40: ") and "base-60" in p for p in got), got
+    # quoted, the same values are fine
+    ok = GOOD.replace("severity: warning", "severity: warning\n    labels: {team: 'no', mode: '0755', at: '1:30'}")
+    load_ruleset([write(tmp_path, "q.yaml", ok)])
+
+
+def test_yes_where_a_boolean_is_expected_is_rejected(tmp_path):
+    f = write(tmp_path, "b.yaml", GOOD.replace("severity: warning", "severity: warning\n    enabled: yes"))
+    got = problems(f)
+    assert any(p.startswith(f"{f}:8:14: ") and "true/false" in p for p in got), got
+
+
+def test_duplicate_key_reported_at_second_occurrence(tmp_path):
+    f = write(tmp_path, "d.yaml", GOOD.replace("    signal: steps\n", "    signal: steps\n    signal: events\n"))
+    got = problems(f)
+    assert len(got) == 1 and got[0].startswith(f"{f}:9:5: ") and "duplicate key" in got[0], got
+
+
+def test_unknown_field_wrong_type_and_every_error_at_once(tmp_path):
+    text = GOOD.replace("severity: warning", "severity: loud\n    colour: red\n    window: 5")
+    f = write(tmp_path, "u.yaml", text)
+    got = problems(f)
+    assert any(p.startswith(f"{f}:7:15: ") and "'loud' is not one of" in p for p in got), got
+    assert any(p.startswith(f"{f}:8:5: ") and "unknown field 'colour'" in p and 'rule "slow_step"' in p for p in got)
+    assert any(p.startswith(f"{f}:9:13: ") and "expected string, got int" in p for p in got), got
+
+
+def test_missing_version_and_wrong_version(tmp_path):
+    assert any("version" in p for p in problems(write(tmp_path, "v.yaml", GOOD.replace("version: 1\n", ""))))
+    assert any("must be 1" in p for p in problems(write(tmp_path, "w.yaml", GOOD.replace("version: 1", "version: 2"))))
+
+
+def test_cel_syntax_error_points_into_the_expression(tmp_path):
+    f = write(tmp_path, "c.yaml", GOOD.replace("condition: stalled", "condition: stalled &&"))
+    got = problems(f)
+    assert len(got) == 1 and "CEL syntax error" in got[0], got
+    assert got[0].startswith(f"{f}:9:"), got
+
+
+def test_unknown_fields_in_conditions_are_rejected_with_suggestions(tmp_path):
+    text = GOOD.replace("condition: stalled", "condition: stalled && straggler.hots == 'x' && stall_ration > 1.0")
+    got = problems(write(tmp_path, "f.yaml", text))
+    assert any("unknown field 'straggler.hots'" in p and "did you mean 'host'" in p for p in got), got
+    assert any("unknown field 'stall_ration'" in p and "did you mean 'stall_ratio'" in p for p in got), got
+
+
+def test_event_fields_and_payload_keys_are_checked_per_kind(tmp_path):
+    text = """\
+version: 1
+rules:
+  - id: slow_rdma
+    description: x
+    severity: info
+    signal: events
+    kinds: [RDMA_CQ_DONE, NOT_A_KIND]
+    condition: duration_us > 20.0 && payload.qpp == 1 && straggler.host == 'x'
+"""
+    got = problems(write(tmp_path, "e.yaml", text))
+    assert any("unknown event kind 'NOT_A_KIND'" in p for p in got), got
+    assert any("payload.qpp" in p and "did you mean 'qp'" in p for p in got), got
+    assert any("unknown field 'straggler'" in p for p in got), got
+
+
+def test_macro_cycle_detected(tmp_path):
+    text = GOOD.replace("  stalled: stall == true && straggler != null",
+                        "  stalled: stall == true && again\n  again: stalled || stall")
+    got = problems(write(tmp_path, "m.yaml", text))
+    assert any("macro cycle: again -> stalled -> again" in p or "macro cycle: stalled -> again -> stalled" in p
+               for p in got), got
+
+
+def test_lists_expand_and_events_need_kinds(tmp_path):
+    text = """\
+version: 1
+lists:
+  busy_hosts: [node1, node2]
+rules:
+  - id: busy
+    description: x
+    severity: info
+    signal: events
+    condition: host in busy_hosts
+"""
+    got = problems(write(tmp_path, "l.yaml", text))
+    assert any("needs `kinds:`" in p for p in got), got
+    rs = load_ruleset([write(tmp_path, "l2.yaml", text.replace("signal: events", "signal: events\n    kinds: [SCHED_RUNQ]"))])
+    assert rs.rules["busy"].condition.source == 'host in ["node1", "node2"]'
+
+
+def test_overrides_append_and_replace_in_file_order(tmp_path):
+    a = write(tmp_path, "a.yaml", GOOD)
+    b = write(tmp_path, "b.yaml", """\
+version: 1
+overrides:
+  - rule: slow_step
+    append: {condition: "&& job != 'scratch'", labels: {team: ml}}
+    replace: {severity: critical}
+""")
+    rs = load_ruleset([a, b])
+    r = rs.rules["slow_step"]
+    assert r.severity == "critical" and r.labels == {"team": "ml"}
+    assert r.condition.source.endswith("&& job != 'scratch'")
+    # in the other order the override has nothing to override: reported at the override
+    got = problems(b, a)
+    assert any(p.startswith(f"{b}:3:11: ") and "no earlier file defines" in p for p in got), got
+    # redefining a rule instead of overriding it is an error
+    got = problems(a, write(tmp_path, "c.yaml", GOOD))
+    assert any("already defined" in p for p in got), got
+    # disabling by override removes the rule
+    d = write(tmp_path, "d.yaml", "version: 1\noverrides:\n  - rule: slow_step\n    replace: {enabled: false}\n")
+    assert load_ruleset([a, d]).rules == {}
+
+
+def test_annotation_templates_checked(tmp_path):
+    got = problems(write(tmp_path, "t.yaml", GOOD.replace('{step: "{{ step }}"}', '{step: "{{ stepp }}", x: "{% if %}"}')))
+    assert any("unknown name(s) stepp" in p for p in got), got
+    assert any("template syntax error" in p for p in got), got
+
+
+def test_builtin_pack_is_valid():
+    rs = load_ruleset([REPO / "rules" / "builtin"])
+    assert "rdma_slow_completion_on_straggler" in rs.rules and len(rs.rules) >= 10
+    assert rs.inhibit and rs.inhibit[0].equal == ["job", "host"]
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([*OBSHUB, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_rules_check_cli_exit_codes(tmp_path):
+    ok = run_cli("rules", "check", "rules/builtin")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("OK: ")
+    bad = write(tmp_path, "bad.yaml", GOOD.replace("severity: warning", "severity: warning\n    enabled: no"))
+    res = run_cli("rules", "check", "rules/builtin", str(bad))
+    assert res.returncode == 1
+    assert f"{bad}:8:14: " in res.stderr and "FAILED: 1 problem(s)" in res.stderr
+    assert run_cli("rules", "check", str(tmp_path / "missing.yaml")).returncode == 1
+
+
+def test_measurements_are_rejected_as_labels(tmp_path):
+    got = problems(write(tmp_path, "g.yaml", GOOD.replace("group_by: {job: job, host: straggler.host}",
+                                                          "group_by: {job: job, step: step, ex: straggler.excess_ns}")))
+    assert any(p.startswith(f"{tmp_path}/g.yaml:10:32: ") and "'step' is a measurement" in p for p in got), got
+    assert any("'excess_ns' is a measurement" in p for p in got), got

@@ -1,0 +1,222 @@
+"""Unit tests of the pure parts of the streams stage: batch reduction, merging, the analysis formulas
+and the synthetic generator's ground truth (no Kafka, no Faust)."""
+
+from __future__ import annotations
+
+import pytest
+
+from obshub.core import schema
+from obshub.core.schema import Batch, Clock, Event, Kind
+from streams import accumulate, analysis, offline, synthetic
+
+
+def _batch(events, host="h0", host_id=0, seq=0, offset=1_000, unc=10):
+    return Batch("job", host, host_id, f"{host}-a", seq, events, Clock(offset, unc, 0), 1)
+
+
+def test_reduce_batch_splits_steps_and_applies_kind_rules():
+    evs = [
+        Event(Kind.REGISTER, 5, value=0, payload={"world_size": 2, "job": "job", "host_id": 0, "local_rank": 0}),
+        Event(Kind.STEP_BEGIN, 100, step=1),
+        Event(Kind.SCHED_OFFCPU, 110, duration_ns=500, step=1, value=0),   # preempted: counts
+        Event(Kind.SCHED_OFFCPU, 120, duration_ns=9_000, step=1, value=1),  # voluntary sleep: time 0
+        Event(Kind.SCHED_RUNQ, 130, duration_ns=40, step=1),
+        Event(Kind.TCP_RETRANSMIT, 140, step=1, value=3),
+        Event(Kind.TCP_RTT, 150, duration_ns=70_000, step=1),
+        Event(Kind.COLLECTIVE_BEGIN, 200, step=1, payload={"pg": "0", "coll_seq": 4, "op": "all_reduce"}),
+        Event(Kind.COLLECTIVE_END, 260, duration_ns=60, step=1, payload={"pg": "0", "coll_seq": 4, "op": "all_reduce"}),
+        Event(Kind.STEP_END, 300, duration_ns=200, step=1),
+        Event(Kind.MEM_RECLAIM, 400, duration_ns=77, step=2),
+        Event(Kind.AGENT_LOSS, 410, value=6),                                 # outside a step: lowest step
+    ]
+    parts = accumulate.reduce_batch(_batch(evs))
+    assert sorted(parts) == [1, 2]
+    a = parts[1]
+    assert a["step_ns"] == 200 and a["begin_rt"] == 1_100 and a["end_rt"] == 1_300
+    assert a["layers"]["sched"] == [540, 3, 500]
+    assert a["layers"]["network"] == [0, 3, 70_000]
+    assert a["colls"]["0#4"] == ["all_reduce", 1_200, 1_260, 60]
+    assert a["ringbuf_lost"] == 6 and a["events"] == 9 and a["unc_ns"] == 10
+    assert parts[2]["layers"]["memory"] == [77, 1, 77]
+    assert accumulate.registrations(_batch(evs)) == [
+        {"job": "job", "host": "h0", "host_id": 0, "rank": 0, "world_size": 2, "pid": 0}]
+
+
+def test_merge_sums_counts_and_keeps_first_times():
+    a = accumulate.reduce_batch(_batch([Event(Kind.SCHED_RUNQ, 10, 5, step=0), Event(Kind.STEP_BEGIN, 1, step=0)]))[0]
+    b = accumulate.reduce_batch(_batch([Event(Kind.SCHED_RUNQ, 20, 9, step=0), Event(Kind.STEP_END, 50, 49, step=0)],
+                                       seq=1))[0]
+    m = accumulate.merge(a, b)
+    assert m["layers"]["sched"] == [14, 2, 9] and m["step_ns"] == 49 and m["begin_rt"] == 1_001
+    assert m["events"] == 4
+
+
+def test_medians_percentile_and_union():
+    assert analysis.median_int([]) == 0 and analysis.median_int([5, 1, 3]) == 3
+    assert analysis.median_int([1, 2, 3, 10]) == 2
+    assert analysis.p99_int(list(range(1, 101))) == 99 and analysis.p99_int([7]) == 7
+    assert analysis.union_ns([(0, 10), (5, 20), (30, 40)]) == 30
+    assert analysis.union_ns([]) == 0
+
+
+def _acc(host, step_ns, arrivals, unc=1_000, layers=None, coll_ns=0):
+    a = accumulate.new_acc(host, 0)
+    a["step_ns"], a["unc_ns"] = step_ns, unc
+    for i, t in enumerate(arrivals):
+        a["colls"][f"0#{i}"] = ["all_reduce", t, t + coll_ns, coll_ns]
+    a["layers"] = {k: list(v) for k, v in (layers or {}).items()}
+    return a
+
+
+def test_collective_skew_last_arriver_and_uncertainty():
+    accs = {"a": _acc("a", 100, [1_000, 5_000], unc=10), "b": _acc("b", 100, [4_000, 5_100], unc=20),
+            "c": _acc("c", 100, [1_500, 5_050], unc=5)}
+    colls = analysis.collectives(accs)
+    assert [(c["coll_seq"], c["skew_ns"], c["last_host"], c["uncertainty_ns"]) for c in colls] == [
+        (0, 3_000, "b", 30), (1, 100, "b", 30)]
+    assert colls[0]["lead_ns"] == 2_500 and colls[0]["lead_uncertainty_ns"] == 25
+
+
+def test_straggler_named_only_above_threshold():
+    th = analysis.Thresholds()
+    ms = 1_000_000
+    late = {"a": _acc("a", 100 * ms, [10 * ms]), "b": _acc("b", 100 * ms, [10 * ms + 200_000]),
+            "c": _acc("c", 100 * ms, [40 * ms])}
+    layers = analysis.layer_table(late)
+    s = analysis.find_straggler(late, analysis.collectives(late), layers, th)
+    assert s["host"] == "c" and s["excess_ns"] == 40 * ms - (10 * ms + 200_000)
+    assert s["score"] == round(s["excess_ns"] / (100 * ms), 3)
+    clean = {"a": _acc("a", 100 * ms, [10 * ms]), "b": _acc("b", 100 * ms, [11 * ms])}
+    # 1 ms lead < max(2 ms, 5% of 100 ms): clean
+    assert analysis.find_straggler(clean, analysis.collectives(clean), analysis.layer_table(clean), th) is None
+    # lead inside the clock uncertainty never counts
+    fuzzy = {"a": _acc("a", 100 * ms, [10 * ms], unc=30 * ms), "b": _acc("b", 100 * ms, [50 * ms], unc=30 * ms)}
+    assert analysis.find_straggler(fuzzy, analysis.collectives(fuzzy), analysis.layer_table(fuzzy), th) is None
+
+
+def test_blame_subtracts_lower_layers_from_compute_and_ranks_counts_after_time():
+    th = analysis.Thresholds()
+    ms = 1_000_000
+    layers = {
+        "s": {"pytorch": {"time_ns": 90 * ms, "count": 3, "max_ns": 0}, "sched": {"time_ns": 31 * ms, "count": 5, "max_ns": 8 * ms},
+              "network": {"time_ns": 0, "count": 9, "max_ns": 0}},
+        "p1": {"pytorch": {"time_ns": 60 * ms, "count": 3, "max_ns": 0}, "sched": {"time_ns": 1 * ms, "count": 1, "max_ns": 0},
+               "network": {"time_ns": 0, "count": 1, "max_ns": 0}},
+        "p2": {"pytorch": {"time_ns": 59 * ms, "count": 3, "max_ns": 0}, "sched": {"time_ns": 1 * ms, "count": 1, "max_ns": 0}},
+    }
+    out = analysis.blame("s", layers, 30 * ms, th)
+    assert [(b["layer"], b["excess_ns"]) for b in out] == [("sched", 30 * ms), ("network", 0)]
+    assert out[0]["peer_median_ns"] == 1 * ms and out[0]["count"] == 5 and out[0]["max_ns"] == 8 * ms
+    # the compute excess (90 - 59.5 = 30.5 ms) is explained by sched (30 ms): 0.5 ms residual, not blamed
+    assert all(b["layer"] != "pytorch" for b in out)
+
+
+def test_baseline_and_stall():
+    th = analysis.Thresholds(baseline_min_n=3)
+    hist = [[s, 100] for s in range(10)] + [[20, 999]]
+    b = analysis.baseline(hist, 10, th)
+    assert b == {"median_ns": 100, "p99_ns": 100, "n": 10}
+    accs = {"a": _acc("a", 150, [])}
+    s = analysis.summarize("j", 10, accs, expected_hosts=["a", "b"], history=hist, quality={}, closed_by="window",
+                           closed_at_ns=1, th=th)
+    assert s["stall"] is True and s["stall_ratio"] == 1.5 and s["missing_hosts"] == ["b"]
+    assert set(s) == set(schema.STEP_SUMMARY_FIELDS)
+
+
+@pytest.mark.parametrize("layer", ["sched", "memory", "cuda", "nic", "pytorch"])
+def test_offline_analysis_finds_synthetic_ground_truth(layer):
+    scn = synthetic.Scenario(job="j", steps=30, guilty_steps=(4, 17), guilty_layer=layer, straggler=1, seed=3)
+    batches = [b for _k, b in synthetic.generate(scn)]
+    for b in batches:  # the generator's output is valid on the wire
+        assert schema.decode_batch(schema.encode_batch(b)) == b
+    res = offline.summarize_batches(batches)
+    truth = synthetic.expected(scn)
+    for (_job, step), s in res.items():
+        if step in truth:
+            assert s["straggler"]["host"] == truth[step][0]
+            assert s["blame"][0]["layer"] == truth[step][1]
+            assert s["blame"][0]["excess_ns"] > 30_000_000
+        else:
+            assert s["straggler"] is None and s["blame"] == [], step
+
+
+def test_count_only_layer_is_blamed_by_count():
+    scn = synthetic.Scenario(job="j", steps=5, guilty_steps=(2,), guilty_layer="network", straggler=0)
+    res = offline.summarize_batches([b for _k, b in synthetic.generate(scn)])
+    s = res[("j", 2)]
+    assert s["straggler"]["host"] == "node0"
+    net = [b for b in s["blame"] if b["layer"] == "network"]
+    assert net and net[0]["count"] == 12 and net[0]["excess_ns"] == 0
+
+
+def _tcp(kind, ts, src, dst, step=-1, value=1):
+    return Event(kind, ts, duration_ns=50_000 if kind == Kind.TCP_RTT else 0, step=step, value=value,
+                 payload={"saddr": src, "daddr": dst, "sport": 1, "dport": 2})
+
+
+def test_stepless_tcp_events_are_charged_to_the_step_the_host_was_in():
+    """Retransmits fire in softirq/timer context without a TraceKey (step -1): they go to the step of the
+    latest stepped event before them; connections are keyed by the sorted IPv4 pair (mapped IPv6
+    unwrapped), and the host's own addresses are the source addresses."""
+    evs = [
+        _tcp(Kind.TCP_RETRANSMIT, 50, "10.0.0.1", "10.0.0.2"),                  # before any step: first step
+        Event(Kind.STEP_BEGIN, 100, step=1),
+        _tcp(Kind.TCP_RTT, 150, "::ffff:a00:1", "::ffff:a00:2"),
+        _tcp(Kind.TCP_RETRANSMIT, 160, "10.0.0.1", "10.0.0.3", value=2),
+        Event(Kind.STEP_BEGIN, 200, step=2),
+        _tcp(Kind.TCP_RETRANSMIT, 250, "10.0.0.1", "10.0.0.2"),
+        _tcp(Kind.TCP_RTT, 260, "127.0.0.1", "127.0.0.1"),                      # loopback: ignored
+    ]
+    parts = accumulate.reduce_batch(_batch(evs))
+    assert parts[1]["net"] == {"addrs": {"10.0.0.1": 1},
+                               "pairs": {"10.0.0.1|10.0.0.2": [1, 1, 50_000], "10.0.0.1|10.0.0.3": [0, 2, 0]}}
+    assert parts[2]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
+    merged = accumulate.merge(parts[1], parts[2])
+    assert merged["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [1, 2, 50_000]
+    old = {k: v for k, v in accumulate.new_acc("h0", 0).items() if k != "net"}   # an older worker's value
+    assert accumulate.merge(old, parts[2])["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
+
+
+def _net_acc(host, addr, pairs):
+    a = accumulate.new_acc(host, 0)
+    a["net"] = {"addrs": {addr: 1}, "pairs": {k: list(v) for k, v in pairs.items()}}
+    return a
+
+
+def test_network_blame_names_the_host_whose_every_connection_retransmits():
+    """A 4-host ring 1-2-3-4-1 with loss on host 2's link: its two connections retransmit, and so does
+    one connection of each neighbour (1 and 3). Summed per host, the neighbour that sends into the drops
+    looks as bad; the fewest retransmits over a host's busy connections names host 2 alone."""
+    ip = {f"n{i}": f"10.0.0.{i}" for i in range(1, 5)}
+    p12, p23, p34, p14 = "10.0.0.1|10.0.0.2", "10.0.0.2|10.0.0.3", "10.0.0.3|10.0.0.4", "10.0.0.1|10.0.0.4"
+    accs = {  # each side reports what it sent: host 3 retransmits a lot towards host 2
+        "n1": _net_acc("n1", ip["n1"], {p12: (10, 4), p14: (10, 1)}),
+        "n2": _net_acc("n2", ip["n2"], {p12: (10, 2), p23: (10, 2)}),
+        "n3": _net_acc("n3", ip["n3"], {p23: (10, 30), p34: (10, 0)}),
+        "n4": _net_acc("n4", ip["n4"], {p34: (10, 1), p14: (10, 0)}),
+    }
+    th = analysis.Thresholds()
+    got = analysis.net_blame(accs, th)
+    assert [(e["host"], e["layer"], e["count"], e["excess_ns"]) for e in got] == [("n2", "network", 6, 0)]
+    # loss spread over the ring (every connection alike): nobody stands out
+    even = {h: _net_acc(h, ip[h], {k: (10, 5) for k in a["net"]["pairs"]}) for h, a in accs.items()}
+    assert analysis.net_blame(even, th) == []
+    # 2 hosts: both ends share the one link, no blame
+    assert analysis.net_blame({"n1": accs["n1"], "n2": accs["n2"]}, th) == []
+
+
+def test_network_blame_by_rtt_names_the_host_behind_a_slow_link():
+    """A rate-limited link (net-slow: delay, few drops): both connections of host 2 have a mean RTT of
+    30 ms, every other connection 2 ms; no retransmits. Blamed by RTT, with the RTT as evidence."""
+    ms = 1_000_000
+    p12, p23, p34, p14 = "10.0.0.1|10.0.0.2", "10.0.0.2|10.0.0.3", "10.0.0.3|10.0.0.4", "10.0.0.1|10.0.0.4"
+    slow, fast = (10, 0, 10 * 30 * ms), (10, 0, 10 * 2 * ms)
+    accs = {
+        "n1": _net_acc("n1", "10.0.0.1", {p12: slow, p14: fast}),
+        "n2": _net_acc("n2", "10.0.0.2", {p12: slow, p23: slow}),
+        "n3": _net_acc("n3", "10.0.0.3", {p23: slow, p34: fast}),
+        "n4": _net_acc("n4", "10.0.0.4", {p34: fast, p14: fast}),
+    }
+    got = analysis.net_blame(accs, analysis.Thresholds())
+    assert [(e["host"], e["layer"], e["straggler_ns"], e["peer_median_ns"]) for e in got] == [
+        ("n2", "network", 30 * ms, 2 * ms)]   # mean RTT per sample over both ends
