@@ -109,6 +109,21 @@ def flush(prod: Producer, stop: threading.Event, watch: BrokerWatch | None = Non
                 return left
 
 
+def wait_for_broker(bootstrap: str, stop: threading.Event, watch: BrokerWatch) -> bool:
+    """Block until the broker answers (True) or ``stop`` is set (False); ``watch`` says once that it is
+    away and once that it is back. For set-up steps that need the broker (topic metadata)."""
+    from obshub.core.reach import BrokerUnreachable, require_broker, tcp_reason
+
+    while not stop.is_set():
+        try:
+            if require_broker(bootstrap, 1.0, stop=stop):
+                watch.up()
+                return True
+        except BrokerUnreachable:
+            watch.down(tcp_reason(bootstrap, 1.0) or "no answer")
+    return False
+
+
 def consumer(settings: Settings, group: str, reset: str, watch: BrokerWatch | None = None) -> Consumer:
     """A consumer of group ``group`` that commits only explicitly; ``reset``: where a new group starts."""
     return Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group,

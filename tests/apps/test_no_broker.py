@@ -77,6 +77,7 @@ def test_commands_exit_nonzero_with_one_message(env):
 SERVICES = {
     "rules serve": (["rules", "serve"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
     "streams worker": (["streams", "worker"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
+    "rules serve --scale-out": (["rules", "serve", "--scale-out"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
     "agent": (["agent", "--source", "synthetic", "--rate", "200", "--host", "nobroker"],
               "Kafka (127.0.0.1:{port}) does not take batches"),
 }
