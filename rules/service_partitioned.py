@@ -39,7 +39,7 @@ from obshub.core.log import NullLogger
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet
-from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, KAFKA_LOG, RECORDS, log
+from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, log, wait_for_broker
 from rules.service_engine import MAX_FUTURE_S
 from rules.web import runbook_url
 
@@ -210,7 +210,7 @@ class PartitionedEngineLoop:
         prod = Producer({"bootstrap.servers": self._bootstrap(), "transactional.id": f"{self.svc.group_prefix}-engine-{p}",
                          "enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4",
                          "message.max.bytes": STATE_MAX_BYTES, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                         "logger": KAFKA_LOG})
+                         **self.svc.watch.client_conf()})
         prod.init_transactions(60)  # fences the previous owner of p and aborts its open transaction
         return prod
 
@@ -441,9 +441,11 @@ class PartitionedEngineLoop:
     def run_engine(self) -> None:
         """The engine loop; returns when the service's ``stop`` is set (committing what it owns)."""
         svc = self.svc
+        if not wait_for_broker(svc.settings.bootstrap_servers, svc.stop, svc.watch):
+            return  # stopped before the broker ever answered
         self._ensure_state_topic()
         common = {"bootstrap.servers": self._bootstrap(), "enable.auto.commit": False, "enable.partition.eof": False,
-                  "isolation.level": "read_committed", "logger": KAFKA_LOG,
+                  "isolation.level": "read_committed", **self.svc.watch.client_conf(),
                   "auto.offset.reset": "earliest" if svc.from_beginning else "latest"}
         self._events_config = {**common, "group.id": f"{svc.group_prefix}-engine-events-{uuid.uuid4().hex}"}
         if self.reads_events():
@@ -454,7 +456,7 @@ class PartitionedEngineLoop:
         cons.subscribe([schema.TOPIC_STEPS], on_assign=self._on_assign, on_revoke=self._on_revoke,
                        on_lost=self._on_revoke)
         health = Producer({"bootstrap.servers": self._bootstrap(), "enable.idempotence": True, "linger.ms": 5,
-                           "logger": KAFKA_LOG})
+                           **self.svc.watch.client_conf()})
         last_tick = last_health = 0.0
         try:
             while not svc.stop.is_set():
