@@ -448,6 +448,8 @@ def _profiler_traces(trace_dir: Path) -> dict:
 
 def _report(samples: dict[str, list[dict]], probe_tables: dict, prof: dict, rounds: int, steps: int,
             warmup: int) -> dict:
+    common.save("training_overhead", {"rounds": rounds, "steps": steps, "warmup": warmup, "samples": samples,
+                                      "probe_tables": probe_tables, "profiler": prof, "partial": True})
     base = "B obshub run"
     t = Table(title=f"2 ranks, {steps} steps per run ({warmup} warm-up left out), {rounds} interleaved rounds; "
                     f"per run: ranks' CPU per step (schedstat, all threads) and median wall step time",
