@@ -176,6 +176,10 @@ def _line(s: dict) -> str:
              f"max {ms(s['step_time_max_ns'])}"]
     if s["missing_hosts"]:
         parts.append(f"[red]missing {','.join(s['missing_hosts'])}[/red]")
+    if s.get("hang"):
+        h = s["hang"]
+        parts.append(f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
+                     f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]")
     st = s["straggler"]
     if st:
         parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
@@ -207,7 +211,8 @@ def tail_command():
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=float, default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
-    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins.
+    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins (the
+    interim records of a hung step, closed_by 'hang', are shown once and do not count).
 
     Exits 1 with one message when the broker cannot be reached within 10 s at start; a broker that goes
     away later is reported once and waited for. Ctrl-C ends it (exit 0)."""
@@ -249,7 +254,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             watch.up()
             try:
                 s = schema.decode_step_summary(msg.value())
-                k = (s["job"], int(s["step"]))
+                k = (s["job"], int(s["step"]), s.get("closed_by") == "hang")
             except (schema.SchemaError, KeyError) as exc:
                 why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                 err.print(f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",
