@@ -537,4 +537,15 @@ class Engine:
                            for k, b in rt["other_buf"].items()}
 
 
+def cusum(values: list[float]) -> float:
+    """Page's one-sided CUSUM of ``values`` in order: ``S_0 = 0``, ``S_n = max(0, S_{n-1} + x_n)``, the
+    final ``S``. The drift ``k`` is part of the rule's ``of`` (``x_n = evidence_n - k``); the alarm is
+    ``S >= at_least`` (E. S. Page, "Continuous inspection schemes", Biometrika 41, 1954). The running
+    window (``rules.window``) computes the same."""
+    s = 0.0
+    for v in values:
+        s = max(0.0, s + v)
+    return s
+
+
 __all__ = ["Engine", "Notify"]

@@ -6,8 +6,9 @@ a monotonic queue (the candidates for the extreme, front = current extreme; the 
 of Lemire, "Streaming maximum-minimum filter using no more than three comparisons per element", 2006).
 Adding a hit and pruning cost O(1) amortised instead of a pass over every hit of the window.
 
-Aggregates: ``count`` (number of hits), ``sum``, ``avg``, ``max``, ``min`` of the values; 0.0 for an
-empty window. A running float sum can differ from a fresh sum in the last bits; ``value`` and
+Aggregates: ``count`` (number of hits), ``sum``, ``avg``, ``max``, ``min`` of the values, ``cusum`` (Page's
+one-sided CUSUM of the values in time order, ``rules.engine.cusum``: recomputed over the window's hits,
+which a rule's window keeps to a few dozen); 0.0 for an empty window. A running float sum can differ from a fresh sum in the last bits; ``value`` and
 ``true_until`` recompute exactly (Python's ``sum`` over the hits in time order) whenever a running
 value lies within ``EXACT_BAND`` of the threshold, so a threshold decision never depends on rounding.
 """
@@ -138,6 +139,8 @@ class Window:
             return float(n)
         if k in ("max", "min"):
             return float(self.extreme[0][1])
+        if k == "cusum":
+            return _cusum(self.values)
         v = self.total if k == "sum" else self.total / n
         if not math.isfinite(v) or abs(v - at_least) <= EXACT_BAND * max(1.0, abs(at_least)):
             return self._exact()
@@ -155,6 +158,16 @@ class Window:
         if k == "count":
             need = max(1, math.ceil(at_least))
             return times[-need] + window_ns if n >= need else 0
+        if k == "cusum":
+            vals = list(values)
+            i = n - 1
+            while i >= 0:
+                t = times[i]
+                while i >= 0 and times[i] == t:
+                    i -= 1
+                if _cusum(vals[i + 1:]) >= at_least:
+                    return t + window_ns
+            return 0
         s, c, ext = 0.0, 0, None
         i = n - 1
         while i >= 0:
@@ -194,3 +207,11 @@ class Window:
         for t, v in sorted(pairs, key=lambda h: h[0]):
             w.add(t, v)
         return w
+
+
+def _cusum(values) -> float:
+    """Page's one-sided CUSUM of ``values`` in order: ``S = max(0, S + v)``, the final ``S``."""
+    acc = 0.0
+    for v in values:
+        acc = max(0.0, acc + v)
+    return acc

@@ -15,6 +15,10 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
 3. ``expire`` (timer, every worker, its active partitions only) sends a ``close`` request into the
    partition of every step open longer than the window, so every table write happens inside the fold
    agent, in partition order.
+4. ``watch`` (timer, every 0.5 s): hangs (``Fold.hangs``, docs/ANALYSIS.md "Hangs"): a hung step gets an
+   interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
+   it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
+   input or internal topic (a host's data waiting in Kafka is no silence).
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
@@ -233,6 +237,8 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             if TP(rep.get_topic_name(), p) not in actives:
                 continue
             n_open += 1
+            if key in fold.hung and now - st["opened_ns"] < cfg.thresholds.hang_hold_ns:
+                continue  # a hung step stays open while it hangs (the watch timer reports it)
             if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns:
                 requested[key] = now
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
@@ -256,6 +262,44 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             pass
 
 
+def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
+    """The ``watch`` timer: interim records of hung steps (module docstring, 4.)."""
+    out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
+    sent: dict[str, int] = {}  # job -> when its last interim record was sent (ns)
+
+    async def behind(actives) -> bool:
+        try:
+            for tp in actives:
+                if tp.topic in (cfg.input_topic, rep.get_topic_name()):
+                    hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
+                    if hw is not None and pos is not None and hw - pos > 0:
+                        return True
+        except Exception:  # the lag is best effort; without it the check runs
+            pass
+        return False
+
+    @app.timer(0.5)
+    async def watch():
+        actives = app.assignor.assigned_actives()
+        mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
+        now = time.time_ns()
+        for sk, summary, first in fold.hangs(mine):
+            job = summary["job"]
+            if first and await behind(actives):
+                fold.hung.pop(sk, None)
+                continue
+            if now - sent.get(job, 0) < 1_000_000_000:
+                continue
+            sent[job] = now
+            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
+            m.summaries.labels("hang").inc()
+            if first:
+                h = summary["hang"]
+                log.warning("step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)", sk,
+                            ", ".join(x["host"] for x in h["hosts"]), h["op"], h["pg"], h["coll_seq"],
+                            len(h["waiting"]))
+
+
 def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
     """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
     input topic's partition count (the ``agents`` table is co-partitioned with it)."""
@@ -276,5 +320,6 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     _add_ingest(app, cfg, m, tables, rep, rate)
     _add_fold(app, cfg, m, fold, rep)
     _add_expiry(app, cfg, m, fold, rep, rate)
+    _add_watch(app, cfg, m, fold, rep)
     app.obshub_tables = tables
     return app

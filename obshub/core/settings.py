@@ -26,7 +26,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """obshub settings. Environment: ``OBSHUB_HOME``, ``OBSHUB_CACHE``, ``OBSHUB_KAFKA_PORT``,
     ``OBSHUB_KAFKA_CONTROLLER_PORT``, ``OBSHUB_KAFKA_VERSION``, ``OBSHUB_KAFKA_HEAP_MB``,
-    ``OBSHUB_BOOTSTRAP`` (an existing cluster's bootstrap servers; default: the local broker)."""
+    ``OBSHUB_BOOTSTRAP`` (an existing cluster's bootstrap servers; default: the local broker),
+    ``OBSHUB_EVENTS_PARTITIONS`` / ``OBSHUB_STEPS_PARTITIONS`` (partitions ``obshub up`` gives the events and
+    step-summary topics when it creates them), ``OBSHUB_STREAMS_PARTITIONS`` (default ``--partitions`` of
+    ``obshub streams worker``: its repartition topic and tables)."""
 
     model_config = SettingsConfigDict(env_prefix="OBSHUB_", extra="ignore")
 
@@ -37,6 +40,10 @@ class Settings(BaseSettings):
     kafka_version: str = "4.1.1"
     kafka_heap_mb: int = Field(512, ge=128)
     bootstrap: str | None = None
+    # partition counts: the parallelism of each stage (docs/STREAMS.md "Sizing"); fixed once a topic exists
+    events_partitions: int = Field(8, ge=1, le=4096)     # obshub.events.v1: stream workers that can ingest
+    steps_partitions: int = Field(4, ge=1, le=4096)      # obshub.steps.v1: consumers of the summaries
+    streams_partitions: int = Field(8, ge=1, le=1024)    # a stream app's <app>-steps topic and its tables
 
     @field_validator("home", "cache")
     @classmethod

@@ -2,12 +2,12 @@
 
 Topic names are part of the wire contract (:mod:`obshub.core.schema`); this module says how each topic
 is laid out on the broker. ``obshub up`` (:func:`obshub.stack.ensure_topics`) creates every topic of
-:data:`TOPICS` that does not exist.
+:data:`TOPICS` that does not exist, with the partition counts of the settings (:func:`topic_specs`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from obshub.core import schema
 
@@ -33,3 +33,10 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(schema.TOPIC_DLQ, 1, 7 * 24 * _HOUR,
               "undecodable or invalid messages with the reason in headers; one partition keeps them in order"),
 )
+
+
+def topic_specs(settings) -> tuple[TopicSpec, ...]:
+    """:data:`TOPICS` with the partition counts of ``settings`` (``events_partitions``,
+    ``steps_partitions``): what ``obshub up`` creates. Partition counts are fixed once a topic exists."""
+    counts = {schema.TOPIC_EVENTS: settings.events_partitions, schema.TOPIC_STEPS: settings.steps_partitions}
+    return tuple(replace(t, partitions=counts.get(t.name, t.partitions)) for t in TOPICS)
