@@ -87,8 +87,8 @@ class Thresholds:
     spread_rel: float = 0.02
     evidence_clip: float = 4.0
     rtt_scale_ns: int = 2_000_000
-    hang_min_ns: int = 2_000_000_000
-    hang_factor: float = 2.0
+    hang_min_ns: int = 3_000_000_000
+    hang_factor: float = 3.0
     hang_hold_ns: int = 300_000_000_000
 
 

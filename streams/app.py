@@ -133,12 +133,44 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
     return app
 
 
-def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int) -> dict:
+class _Table(faust.Table):
+    """A table whose recovery skips changelog records that do not decode (``wire.Undecodable`` key or
+    value): each is logged with its position and counted (``obshub_streams_changelog_skipped_total``),
+    and recovery goes on, so one damaged record cannot keep the worker from becoming ready."""
+
+    obshub_metrics: WorkerMetrics | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Faust writes and reads changelog records as JSON; the same format, read without raising
+        self.key_serializer = self.value_serializer = wire.CHANGELOG_JSON
+
+    def apply_changelog_batch(self, batch) -> None:
+        good = []
+        for event in batch:
+            bad = next((x for x in (event.key, event.value) if isinstance(x, wire.Undecodable)), None)
+            if bad is None:
+                good.append(event)
+                continue
+            msg = event.message
+            log.error("skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
+                      self.name, msg.topic, msg.partition, msg.offset,
+                      "key" if bad is event.key else "value", bad.reason)
+            if self.obshub_metrics is not None:
+                self.obshub_metrics.changelog_skips.labels(self.name).inc()
+        super().apply_changelog_batch(good)
+
+
+def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics) -> dict:
     """The app's tables (``streams.topics.TABLES``), keys UTF-8 text, values msgpack."""
     schema_ = faust.Schema(key_serializer=wire.STR, value_serializer=wire.MSGPACK)
-    return {name: app.Table(name, partitions=input_partitions if like == "input" else cfg.partitions,
-                            schema=schema_)
-            for name, like in TABLES.items()}
+    out = {}
+    for name, like in TABLES.items():
+        table = _Table(app, name=name, beacon=app.tables.beacon, schema=schema_,
+                       partitions=input_partitions if like == "input" else cfg.partitions)
+        table.obshub_metrics = metrics
+        out[name] = app.tables.add(table)
+    return out
 
 
 def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
@@ -305,7 +337,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     input topic's partition count (the ``agents`` table is co-partitioned with it)."""
     m = metrics or WorkerMetrics()
     app = _faust_app(cfg, m)
-    tables = _tables(app, cfg, input_partitions)
+    tables = _tables(app, cfg, input_partitions, m)
     rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
                     key_serializer="raw", value_serializer=wire.MSGPACK)
     fold = Fold(tables, window_ns=int(cfg.window_s * 1e9), th=cfg.thresholds, on_late=m.late.inc,

@@ -334,7 +334,7 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
     seen = {"a": now - 2_900 * MS, "b": now - 2_800 * MS, "c": now - 3_400 * MS}
     got = analysis.hang_check(accs, ["a", "b", "c", "d"], seen, now - 4_000 * MS, hist, 20, now)
     assert (got["pg"], got["coll_seq"], got["waiting"]) == ("0", 7, ["a", "b"])
-    assert got["after_ns"] == 2_000 * MS and got["waited_ns"] == 2_900 * MS
+    assert got["after_ns"] == 3_000 * MS and got["waited_ns"] == 2_900 * MS
     # c is inside the previous all-reduce; d sent nothing in this step (silent since the step opened)
     assert got["hosts"] == [{"host": "c", "last_step": 20, "last_phase": "in all_reduce pg=0 seq=6", "silent_ns": 3_400 * MS},
                             {"host": "d", "last_step": 19, "last_phase": "no data in this step", "silent_ns": 4_000 * MS}]
