@@ -680,8 +680,15 @@ class SizeRun:
                 break
             s += 1
             if s >= steps:
-                if pause:   # the load goes on: the pause phase starts now
-                    break
+                if pause and s == steps:
+                    behind = [_behind(x) for x in res.samples[WARMUP + 1:]]
+                    if behind and max(behind) <= BOUND_STEPS:
+                        break   # kept up: the load goes on and the pause phase starts now
+                    # did not keep up: no pause; the agents stop and the grace period lets the stages finish
+                    res.pause = {"skipped": f"the pipeline did not keep up before it (up to {max(behind or [0]):.0f} "
+                                            f"steps behind)"}
+                    self.agents.proc.popen.send_signal(signal.SIGTERM)
+                    pause = False
                 if (smp["summaries"] >= steps and smp["engine_steps"] >= steps) or time.monotonic() >= limit:
                     break
         steady_b = res.samples[-1]
@@ -699,12 +706,6 @@ class SizeRun:
         if res.ended or not pause:
             return
         # phase 2: the pause (only when the measured steps kept up: otherwise the backlog never drains)
-        behind = [_behind(x) for x in res.samples[WARMUP + 1:]]
-        if not behind or max(behind) > BOUND_STEPS:
-            res.pause = {"skipped": f"the pipeline did not keep up before it (up to {max(behind or [0]):.0f} "
-                                    f"steps behind)"}
-            self.agents.proc.popen.send_signal(signal.SIGTERM)
-            return
         for p in self.workers():
             os.killpg(p.pid, signal.SIGSTOP)
         self.stopped = True
