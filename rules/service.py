@@ -30,8 +30,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from obshub.core import registry, schema
-from obshub.core.settings import Settings
+from obshub.core import kafka, registry, schema
+from obshub.core.settings import RULES, Settings
 from rules import fields
 from rules.dispatch import Dispatcher
 from rules.engine import Engine
@@ -138,8 +138,9 @@ class RuleService:
     ``max_replay_age_s``: changes older than this, read by a new notify group, are not delivered."""
 
     def __init__(self, settings: Settings, rule_paths: list[Path], config: AlertingConfig, *,
-                 group_prefix: str = "obshub-rules", from_beginning: bool = False, health_every_s: float = 5.0,
-                 max_replay_age_s: float = 3600.0, log_path: str = "stderr"):
+                 group_prefix: str = RULES.group_prefix, from_beginning: bool = False,
+                 health_every_s: float = RULES.health_every_s, max_replay_age_s: float = RULES.max_replay_age_s,
+                 log_path: str = "stderr"):
         self.settings, self.rule_paths, self.config = settings, list(rule_paths) or [BUILTIN_DIR], config
         self.group_prefix, self.from_beginning = group_prefix, from_beginning
         self.health_every_s, self.max_replay_age_ns = health_every_s, int(max_replay_age_s * 1e9)
@@ -211,10 +212,9 @@ class RuleService:
 
     # -- kafka -------------------------------------------------------------------------------------------------
     def _consumer(self, suffix: str, reset: str) -> Consumer:
-        return Consumer({"bootstrap.servers": self.settings.bootstrap_servers,
-                         "group.id": f"{self.group_prefix}-{suffix}", "enable.auto.commit": False,
-                         "auto.offset.reset": reset, "enable.partition.eof": False,
-                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000})
+        return Consumer(kafka.consumer_config(kafka.connection(self.settings), f"{self.group_prefix}-{suffix}", {
+            "enable.auto.commit": False, "auto.offset.reset": reset, "enable.partition.eof": False,
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}))
 
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
         topic = msg.topic()
@@ -286,8 +286,8 @@ class RuleService:
         consumer = self._consumer("engine", "earliest" if self.from_beginning else "latest")
         topics = self.input_topics()
         consumer.subscribe(topics, on_assign=_log_assign("engine"))
-        producer = Producer({"bootstrap.servers": self.settings.bootstrap_servers, "enable.idempotence": True,
-                             "linger.ms": 5})
+        producer = Producer(kafka.producer_config(kafka.connection(self.settings),
+                                                  {"enable.idempotence": True, "linger.ms": 5}))
         last_tick = last_health = 0.0
         try:
             while not self.stop.is_set():

@@ -38,7 +38,8 @@ from pathlib import Path
 import faust
 from faust.types import TP
 
-from obshub.core import schema
+from obshub.core import kafka, schema
+from obshub.core.settings import STREAMS
 from streams import accumulate, analysis
 from streams.metrics import WorkerMetrics
 
@@ -57,16 +58,16 @@ class WorkerConfig:
     values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
     """
 
-    app_id: str = "obshub-streams"
-    bootstrap: str = "127.0.0.1:19092"
+    app_id: str = STREAMS.app_id
+    bootstrap: str = STREAMS.bootstrap
     input_topic: str = schema.TOPIC_EVENTS
     output_topic: str = schema.TOPIC_STEPS
     dlq_topic: str = schema.TOPIC_DLQ
-    partitions: int = 8
-    window_s: float = 10.0
+    partitions: int = STREAMS.partitions
+    window_s: float = STREAMS.window_s
     state_dir: Path = Path("state")
-    metrics_port: int = 0
-    dlq_max_bytes: int = 900_000
+    metrics_port: int = STREAMS.metrics_port
+    dlq_max_bytes: int = STREAMS.dlq_max_bytes
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
@@ -106,10 +107,6 @@ class SkipDetector:
             self.last[tp] = (msg.offset, gen)
 
 
-def _broker_urls(bootstrap: str) -> list[str]:
-    return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
-
-
 TABLES = ("agents", "open", "jobs", "closed")
 
 
@@ -132,17 +129,16 @@ def ensure_internal_topics(cfg: WorkerConfig, input_partitions: int, timeout_s: 
     """
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from obshub.core.log import NullLogger
     from streams.errors import StreamsError
 
     want = internal_topics(cfg, input_partitions)
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, "logger": NullLogger()})
+    admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=cfg.bootstrap), quiet=True))
     md = admin.list_topics(timeout=10)
     for name, n in want.items():
         if name in md.topics and len(md.topics[name].partitions) != n:
             raise StreamsError(f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker "
-                               f"needs {n}", f"start the worker with the partition count the app id was created "
-                               f"with, or use a new --app-id")
+                               f"needs {n}", "start the worker with the partition count the app id was created "
+                               "with, or use a new --app-id")
     compact = {"cleanup.policy": "compact"}
     new = [NewTopic(name, n, 1, config=compact if name.endswith("-changelog") else {})
            for name, n in want.items() if name not in md.topics]
@@ -170,7 +166,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     m = metrics or WorkerMetrics()
     app = faust.App(
         cfg.app_id,
-        broker=_broker_urls(cfg.bootstrap),
+        **kafka.faust_kwargs(kafka.KafkaConnection(bootstrap=cfg.bootstrap)),
         store="memory://",
         datadir=str(cfg.state_dir / cfg.app_id),
         topic_partitions=cfg.partitions,

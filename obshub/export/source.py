@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.export.errors import ExportError
 from obshub.export.perfetto import HostEvents
 
@@ -40,8 +40,9 @@ def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator[bytes]:
     """Every message value of ``topic`` up to its current end offsets."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"obshub-export-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": QUIET_KAFKA_LOG})
+    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap),
+                                       f"obshub-export-{uuid.uuid4().hex[:8]}", {
+        "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": QUIET_KAFKA_LOG}))
     try:
         try:
             md = c.list_topics(topic, timeout=min(timeout_s, 10.0))
