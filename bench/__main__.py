@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "stream_throughput": "events/s per Faust worker (1 and 2 workers) vs a plain confluent-kafka loop",
     "rules_throughput": "rule evaluations/s of the builtin pack on recorded summaries and events",
     "ttd": "time to detection per fault kind over N runs of obshub demo --matrix",
+    "width": "one job of 8-2,048 hosts at 1 s steps through broker, stream worker and rule engine",
     "scale": "events/s, Kafka bandwidth, workers for 1,024 and 16,384 GPUs; 128-host replay check",
 }
 

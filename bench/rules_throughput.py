@@ -11,7 +11,9 @@ inputs, side by side for the two signals the engine reads at volume:
   least ``READ_EVENTS_MIN`` records so their evaluation cost can be timed.
 
 - ``step summaries of 128 hosts``: one job as wide as the scale target's 128 nodes (5 steps, 1 pass), because
-  rules that iterate over a summary's hosts or collectives (``foreach``) cost more per summary as jobs grow.
+  rules that iterate over a summary's hosts or collectives (``foreach``) cost more per summary as jobs grow;
+  then ``bench.rules_width``: the CPU per summary at 8 to 2,048 hosts next to ``summarize`` of the same
+  step, with the growth exponent (8 and 32 hosts with ``--quick``).
 
 Inputs are recorded to a JSON-lines file first and read back, so the engine runs on recorded data, as
 ``obshub rules`` would replay it. One sample = one pass of ``rules.engine.Engine.process`` over all
@@ -191,6 +193,9 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
               "records_per_s": {v.name: v.median for k, v in rows.items() if "records" in k},
               "rev": common.git_rev()}
     common.console.print(f"raw results: {common.save('rules_throughput', result)}")
+    from bench import rules_width
+
+    result["width"] = rules_width.run(quick, widths=rules_width.SMOKE_WIDTHS if quick else None)
     return result
 
 

@@ -71,6 +71,9 @@ def rows() -> list[tuple[str, str, str, str]]:
                  else f"{k} not detected" for k, v in td["per_kind"].items() if k != "none"]
         out.append(("5 time to detection", "median < 5 s per fault kind",
                     f"{'; '.join(parts)} over {td['rounds']} matrix run(s)", "yes" if td["target_met"] else "no"))
+    wd = _load("width")
+    for row in wd.get("target_rows") or []:
+        out.append(("7 width", row["target"], row["measured"], "yes" if row["met"] else "no"))
     sc = _load("scale")
     if sc:
         rep = sc["replay"]

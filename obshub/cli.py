@@ -19,6 +19,7 @@ from obshub.core.settings import load_settings
 # name -> "module:attribute" of a click command or group, imported only when used.
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "obshub.doctor:doctor_command",
+    "alerts": "obshub.alerts:alerts_command",
     "setup": "obshub.hostsetup:setup_command",
     "streams": "streams.cli:streams_group",
     "tail": "streams.cli:tail_command",

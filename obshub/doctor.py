@@ -4,6 +4,14 @@ It tries rather than guesses: every BPF line loads (and attaches) a tiny program
 running kernel and reports the kernel's answer. Each failed line says what it costs (which probes are
 lost) and how to fix it. Checks run in a child process per BPF program kind, so one that crashes or hangs
 inside libbcc cannot take the report down.
+
+Exit status: 0 when every check that the chosen roles need passed (``--role``, default ``agent``), 1
+when one of them failed (the report names it), so ``obshub doctor`` can gate a deployment (an init
+container, a CI step). Checks no role needs (BTF, kprobe, fentry, ...) only inform.
+
+Roles and the checks they need: ``agent``: capabilities, tracefs, kernel headers, bcc import, bpf:
+compile, bpf: tracepoint; ``broker`` (the local broker of ``obshub up``): java, and maven while the
+Kafka jars are not cached; ``kafka``: the Kafka broker answers.
 """
 
 from __future__ import annotations
@@ -35,6 +43,17 @@ class Check:
     found: str
     costs: str = ""
     fix: str = ""
+    needed_by: str = ""   # the role that needs this check to pass ("" = informational)
+
+
+ROLES = ("agent", "broker", "kafka")
+_NEEDED = {"capabilities": "agent", "tracefs": "agent", "kernel headers": "agent", "bcc import": "agent",
+           "bpf: compile": "agent", "bpf: tracepoint": "agent", "java": "broker", "kafka broker": "kafka"}
+
+
+def failed_needs(checks: list[Check], roles: tuple[str, ...]) -> list[Check]:
+    """The checks that one of ``roles`` needs and that failed."""
+    return [c for c in checks if c.needed_by in roles and c.ok is False]
 
 
 # Tiny BPF programs, one per attach type, compiled by bcc in a child process. Each prints "ok" or raises.
@@ -221,25 +240,39 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
                          "install openjdk-17-jre-headless"))
     except Exception as exc:
         out.append(Check("java", False, str(exc), "the local Kafka broker", "install openjdk-17-jre-headless"))
+    jars = settings.kafka_libs.is_dir() and any(settings.kafka_libs.glob("kafka_*.jar"))
     out.append(Check("maven", shutil.which("mvn") is not None, shutil.which("mvn") or "not found",
-                     "the first install of the Kafka broker jars", "apt-get install maven"))
-    up = stack.port_in_use(settings.kafka_port) and stack._metadata_ok(settings)
+                     "the first install of the Kafka broker jars", "apt-get install maven",
+                     needed_by="" if jars else "broker"))
+    local = settings.bootstrap is None
+    up = (not local or stack.port_in_use(settings.kafka_port)) and stack._metadata_ok(settings)
     out.append(Check("kafka broker", up, f"{settings.bootstrap_servers} {'answers' if up else 'does not answer'}",
-                     "" if up else "agents spool to disk, streams and rules cannot run", "" if up else "obshub up"))
+                     "" if up else "agents spool to disk, streams and rules cannot run",
+                     "" if up else ("obshub up" if local else "check $OBSHUB_BOOTSTRAP and the broker")))
+    for c in out:
+        if not c.needed_by:
+            c.needed_by = _NEEDED.get(c.name, "")
     return out
 
 
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--no-bpf", is_flag=True, help="skip loading test programs (fast, but guesses)")
-def doctor_command(as_json, no_bpf):
+@click.option("--role", "roles", multiple=True, type=click.Choice(ROLES), default=("agent",), show_default=True,
+              help="what this host must be able to do (repeatable): the exit status is 1 when a check it "
+                   "needs fails")
+def doctor_command(as_json, no_bpf, roles):
     """Report what this host offers (kernel, BTF, tracefs, headers, bcc, each BPF program kind loaded for
     real, capabilities, Java, Kafka) and what each missing piece costs.
 
+    Exit status 0 when every check the roles need passed, 1 when one failed.
+
     \b
     Examples:
-      obshub doctor            # the full report, loads one tiny program per kind
-      obshub doctor --json     # for scripts and bug reports
+      obshub doctor                          # the full report, loads one tiny program per kind
+      obshub doctor --json                   # for scripts and bug reports
+      obshub doctor --role agent --role kafka   # gate an agent's start: probes work AND Kafka answers
+      obshub doctor --no-bpf --role broker   # can this machine run the local broker (obshub up)?
     """
     from rich.console import Console
     from rich.table import Table
@@ -247,12 +280,18 @@ def doctor_command(as_json, no_bpf):
     settings = load_settings()
     kheaders.apply_env(settings)
     checks = run_checks(settings, bpf=not no_bpf)
+    failed = failed_needs(checks, tuple(roles))
     if as_json:
         click.echo(json.dumps([asdict(c) for c in checks], indent=2))
-        return
+        sys.exit(1 if failed else 0)
     t = Table("check", "", "found", "costs / fix", title="obshub doctor", show_lines=False)
     for c in checks:
         mark = {True: "[green]ok[/green]", False: "[red]no[/red]", None: "[dim]--[/dim]"}[c.ok]
         extra = "" if c.ok in (True, None) else f"loses: {c.costs}\nfix: {c.fix}"
         t.add_row(c.name, mark, c.found, extra)
     Console(highlight=False).print(t)
+    if failed:
+        click.echo(f"doctor: {len(failed)} check(s) that {'/'.join(roles)} need(s) failed: "
+                   + ", ".join(c.name for c in failed), err=True)
+        sys.exit(1)
+    click.echo(f"doctor: everything {'/'.join(roles)} need(s) works", err=True)

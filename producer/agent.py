@@ -134,11 +134,11 @@ class Agent:
 
         from producer.agent_metrics import make_registry
 
-        server, _thread = start_http_server(self.config.metrics_port, addr="127.0.0.1",
+        server, _thread = start_http_server(self.config.metrics_port, addr=self.config.metrics_addr,
                                             registry=make_registry(self))
         self._metrics_server = server
         self.metrics_port = server.server_port
-        self.say(f"metrics on http://127.0.0.1:{self.metrics_port}/metrics")
+        self.say(f"metrics on http://{self.config.metrics_addr}:{self.metrics_port}/metrics")
 
     def _loop(self) -> None:
         cfg = self.config

@@ -2,8 +2,9 @@
 (a custom collector: no double bookkeeping in the hot path, one registry per agent so several agents can
 live in one process, as the tests do).
 
-Every metric carries the labels ``job`` and ``host``. Names and meaning (also in docs/AGENT.md
-"Transport"):
+Every metric carries the labels ``training_job`` and ``host`` (not ``job``: that is the label Prometheus
+gives every scraped series itself, so an exported ``job`` would be renamed ``exported_job``). Names and
+meaning (also in docs/METRICS.md):
 
 ======================================================  =======  ==================================================
 obshub_agent_events_total{kind}                         counter  events read from the source, per Kind name
@@ -20,8 +21,8 @@ obshub_agent_spool_bytes                                gauge    bytes waiting i
 obshub_agent_spool_batches                              gauge    batches waiting in the spool
 obshub_agent_spool_dropped_batches_total                counter  spooled batches dropped because the spool was full
 obshub_agent_spool_dropped_bytes_total                  counter  bytes of those
-obshub_agent_clock_offset_ns                            gauge    realtime - monotonic, ns
-obshub_agent_clock_uncertainty_ns                       gauge    ± bound of that offset, ns
+obshub_agent_clock_offset_seconds                       gauge    CLOCK_REALTIME - CLOCK_MONOTONIC, s
+obshub_agent_clock_uncertainty_seconds                  gauge    ± bound of that offset, s
 obshub_agent_transport_state{state}                     gauge    1 for the current state (direct/draining/spooling)
 ======================================================  =======  ==================================================
 """
@@ -67,7 +68,7 @@ class AgentCollector(Collector):
 
     def collect(self):
         a = self.agent
-        labels = ["job", "host"]
+        labels = ["training_job", "host"]
         base = [a.config.job, a.config.host]
         t, pub, spool = a.transport, a.transport.publisher, a.transport.spool
 
@@ -106,8 +107,9 @@ class AgentCollector(Collector):
                       spool.dropped_batches)
         yield counter("obshub_agent_spool_dropped_bytes", "spooled bytes dropped (spool full)", spool.dropped_bytes)
         clock = a.clock.current()
-        yield gauge("obshub_agent_clock_offset_ns", "CLOCK_REALTIME - CLOCK_MONOTONIC, ns", clock.offset_ns)
-        yield gauge("obshub_agent_clock_uncertainty_ns", "uncertainty of the clock offset, ns", clock.uncertainty_ns)
+        yield gauge("obshub_agent_clock_offset_seconds", "CLOCK_REALTIME - CLOCK_MONOTONIC, s", clock.offset_ns / 1e9)
+        yield gauge("obshub_agent_clock_uncertainty_seconds", "uncertainty of the clock offset, s",
+                    clock.uncertainty_ns / 1e9)
         st = GaugeMetricFamily("obshub_agent_transport_state", "1 for the transport's current state",
                                labels=labels + ["state"])
         for s in (DIRECT, DRAINING, SPOOLING):

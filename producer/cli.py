@@ -129,16 +129,20 @@ def _finite(value: float, name: str) -> float:
 @click.option("--spool-max-bytes", type=int, default=SPOOL_MAX_BYTES, show_default=True, help="spool bound, bytes")
 @click.option("--spool-segment-bytes", type=int, default=SPOOL_SEGMENT_BYTES, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any free port)")
+              help="serve Prometheus metrics on PORT at /metrics (0: any free port)")
+@click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
+              help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
 @click.option("--duration", type=float, default=None, help="stop after this many seconds (scripted runs)")
 @click.option("--flush-timeout", type=float, default=15.0, show_default=True,
               help="on stop, seconds to try delivering what is left")
+@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
+              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
 @click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags to stderr")
 def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, synthetic_events, probes, thresholds,
                   bootstrap, security_protocol, sasl_mechanism, sasl_username, sasl_password, ssl_ca_location,
                   ssl_certificate_location, ssl_key_location, ssl_key_password, compression, kafka_options,
                   delivery_timeout_ms, batch_max_bytes, batch_max_age_ms, spool_max_bytes, spool_segment_bytes,
-                  metrics_port, duration, flush_timeout, debug_ebpf):
+                  metrics_port, metrics_addr, duration, flush_timeout, log_format, debug_ebpf):
     """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
 
     Prints the probe table (attached, or skipped with the reason), then runs until SIGTERM/SIGINT or
@@ -146,9 +150,14 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
     import socket
     import zlib
 
+    from obshub.core import log as jsonlog
     from obshub.core.settings import agent_config, load_settings
 
-    logging.basicConfig(level=logging.WARNING, format="obshub agent: %(name)s: %(message)s")
+    jsonlog.setup(logging.WARNING, log_format, "agent", "obshub agent: %(name)s: %(message)s")
+    say = None
+    if log_format == "json":  # the agent's progress lines become INFO records of logger obshub.agent
+        logging.getLogger("obshub.agent").setLevel(logging.INFO)
+        say = logging.getLogger("obshub.agent").info
     logging.getLogger("producer.kafka").setLevel(logging.CRITICAL)  # outages are reported by the transport
     settings = load_settings()
     host = host or socket.gethostname().split(".")[0]
@@ -165,15 +174,16 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
                        batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms),
                        spool=dict(dir=settings.home / "spool" / host, max_bytes=spool_max_bytes,
                                   segment_bytes=spool_segment_bytes),
-                       metrics_port=metrics_port, duration_s=duration, flush_timeout_s=flush_timeout)
+                       metrics_port=metrics_port, metrics_addr=metrics_addr, duration_s=duration,
+                       flush_timeout_s=flush_timeout)
     if source == "synthetic":
         from producer.synthetic import SyntheticSource
 
         src = SyntheticSource(rate, total=synthetic_events, host_id=host_id, job=job)
-        agent = Agent(cfg, src, settings=settings, thresholds=thr)
+        agent = Agent(cfg, src, settings=settings, thresholds=thr, say=say)
     else:  # thresholds go in at build time, so a layer that did not load cannot fail the start
         src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf)
-        agent = Agent(cfg, src, settings=settings)
+        agent = Agent(cfg, src, settings=settings, say=say)
     sys.exit(agent.run())
 
 
@@ -197,6 +207,8 @@ Examples:
               help="library with the obshub USDT probes [default: obshub.instrument._usdt when built]")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 @click.option("--thresholds", "show_thresholds", is_flag=True, help="list the run-time thresholds")
+@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
+              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
 @click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags")
 def probes_command(load, names, usdt_library, as_json, show_thresholds, debug_ebpf):
     """The probe table: every probe obshub has, its layer and mechanism, and whether it attaches on

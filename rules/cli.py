@@ -95,12 +95,18 @@ def test_command(files):
               help="alerting config: sinks, route, delivery (default: console sink only)")
 @click.option("--group-prefix", default=RULES.group_prefix, show_default=True, help="Kafka consumer group prefix")
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
-@click.option("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="serve Prometheus metrics on PORT (0: any free port, logged)")
+@click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
+              help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-file", type=click.Path(path_type=Path), default=None,
               help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)")
-def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, log_level, log_file):
+@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
+              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
+def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, metrics_addr, log_level,
+                  log_file, log_format):
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
     deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
     from rules.service import RuleService
@@ -108,15 +114,21 @@ def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics
 
     if log_file:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        **({"filename": str(log_file)} if log_file else {"stream": sys.stderr}))
+    from obshub.core import log as jsonlog
+
+    jsonlog.setup(log_level, log_format, "rules", "%(asctime)s %(levelname)s %(name)s: %(message)s",
+                  str(log_file) if log_file else None)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs request URLs: they can hold secrets
     settings = load_settings()
     svc = RuleService(settings, list(rule_paths), load_config(config_path), group_prefix=group_prefix,
                       from_beginning=from_beginning, log_path=str(log_file) if log_file else "stderr")
-    click.echo(f"rules: {len(svc.ruleset.rules)} rule(s), sinks: "
-               f"{', '.join(s.name for s in svc.dispatcher.sinks)}; Kafka {settings.bootstrap_servers}", err=True)
-    svc.serve(metrics_port)
+    started = (f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "
+               f"Kafka {settings.bootstrap_servers}")
+    if log_format == "json":
+        logging.getLogger("obshub.rules.service").info(started)
+    else:
+        click.echo(started, err=True)
+    svc.serve(metrics_port, metrics_addr)
 
 
 def _store():

@@ -11,6 +11,10 @@ Flow of one change record (as read from ``obshub.alerts.v1``; ``token`` identifi
               -> one job per sink queue (one worker thread per sink: an outage blocks only that sink)
     job done on every sink (delivered or given up) -> ``on_ack(tokens)``
 
+Alertmanager-first (``passthrough``): one group for everything, no waits, no silences, no inhibition:
+every firing/resolved change is sent at the next tick, firing alerts are re-sent every ``resend_every``
+of the sink, and Alertmanager does the grouping, inhibition and silencing.
+
 The service commits Kafka offsets only below the oldest token not yet acked, so a crash or restart
 re-delivers every change that had not reached all its sinks (duplicates are possible; sinks dedup by
 fingerprint / dedup_key)."""
@@ -95,14 +99,19 @@ def _ns(d: str) -> int:
 
 class Dispatcher:
     """Groups changes and delivers them. ``on_ack(tokens)`` is called (from any thread) with the tokens
-    whose changes reached every sink (or were muted or needed no delivery)."""
+    whose changes reached every sink (or were muted or needed no delivery). ``passthrough``: the
+    Alertmanager-first mode (module docstring): ``route``, ``inhibit`` and ``silences`` are ignored."""
 
     def __init__(self, sinks: list[Sink], route: Route, inhibit: list[InhibitRule], silences: SilenceStore | None,
-                 policy: DeliveryPolicy, on_ack: Callable[[list[Any]], None]):
+                 policy: DeliveryPolicy, on_ack: Callable[[list[Any]], None], passthrough: bool = False):
         self.sinks, self.route, self.inhibit, self.silences = sinks, route, list(inhibit), silences
-        self.on_ack = on_ack
+        self.on_ack, self.passthrough = on_ack, passthrough
         self.group_wait, self.group_interval = _ns(route.group_wait), _ns(route.group_interval)
         self.repeat_interval = _ns(route.repeat_interval)
+        if passthrough:
+            self.group_wait = self.group_interval = 0
+            self.repeat_interval = 1 << 62  # re-sends come from each sink's resend_every
+            self.silences = None
         self.groups: dict[str, _Group] = {}
         self.firing: dict[str, dict] = {}   # fingerprint -> latest change record of every firing alert
         self.workers = {s.name: _SinkWorker(s, policy) for s in sinks}
@@ -134,7 +143,7 @@ class Dispatcher:
 
     def _group_for(self, change: dict, now_ns: int) -> _Group:
         labels = change.get("labels", {})
-        glabels = {k: labels.get(k, "") for k in self.route.group_by}
+        glabels = {} if self.passthrough else {k: labels.get(k, "") for k in self.route.group_by}
         key = hashlib.sha256(json.dumps(glabels, sort_keys=True).encode()).hexdigest()[:16]
         g = self.groups.get(key)
         if g is None:
@@ -156,6 +165,8 @@ class Dispatcher:
         return False
 
     def _muted(self, alert: dict, now_ns: int) -> str | None:
+        if self.passthrough:
+            return None
         labels = alert.get("labels", {})
         if self.silences is not None:
             try:

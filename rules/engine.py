@@ -16,28 +16,90 @@ to the passage of time happen in ``tick(now_ns)``.
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import cel
 
 from rules import lifecycle
-from rules.expr import Activation, EvalError
+from rules.expr import Activation, Compiled, EvalError, compile_expr, identifiers, item_invariant, string_literals
 from rules.lifecycle import FIRING, INACTIVE, PENDING, RESOLVED, AlertInstance
 from rules.model import Rule, RuleSet
+from rules.window import Window
 
 log = logging.getLogger("obshub.rules.engine")
 Notify = Callable[[dict], None]
 MAX_HITS_PER_GROUP = 10_000
 MAX_BUFFERED_PER_KEY = 1_000
+MAX_FINGERPRINTS = 200_000       # cached group -> fingerprint entries per rule before the cache restarts
+_SKIP, _ERROR = "skip", "error"  # per-item outcomes: condition not true / an expression failed (counted)
+_EMIT, _MARK = "obshub_emit__", "obshub_mark__"   # CEL functions of the one-pass foreach (see _ForeachPlan)
 
 
 class _RuleRuntime:
-    """Window hits and correlation buffers of one rule."""
+    """Window hits, correlation buffers and cached fingerprints of one rule."""
 
     def __init__(self) -> None:
-        self.hits: dict[str, deque] = {}          # fingerprint -> deque[(t_ns, value)]
+        self.hits: dict[str, Window] = {}         # fingerprint -> hits of the group in the window
         self.this_buf: dict[str, deque] = {}      # correlation key -> deque[(t_ns, labels, activation, used)]
         self.other_buf: dict[str, deque] = {}     # correlation key -> deque[(t_ns, activation)]
+        self.fps: dict[tuple, tuple[str, dict[str, str]]] = {}   # group-by values -> (fingerprint, labels)
+
+
+@dataclass
+class _ForeachPlan:
+    """How a ``foreach`` rule is evaluated without converting the record once per item.
+
+    ``combined``: ``(condition) ? [true, group_by..., of] : [false]``, evaluated per item on a small
+    context holding only ``body_names`` (the fields the rule's per-item expressions read) and ``item``.
+    ``invariant``: every per-item expression is item-invariant (``expr.item_invariant``; a group-by that
+    is just ``item`` takes the item's value): one evaluation for a sentinel item serves every item that
+    none of the record's strings in ``body_names`` nor the expressions' literals mention; mentioned items
+    are evaluated one by one. Otherwise ``one_pass`` walks the items once inside CEL on the record's
+    shared context, handing each item's result to Python (``obshub_emit__``)."""
+
+    combined: Compiled
+    one_pass: Compiled
+    body_names: frozenset[str]
+    literals: frozenset[str]
+    invariant: bool
+    identity: tuple[bool, ...]
+
+
+def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
+    if rule.foreach is None or rule.correlate is not None:
+        return None
+    parts = [rule.condition.source] + [e.source for e in rule.group_by.values()] + \
+        ([rule.of.source] if rule.of is not None else [])
+    identity = tuple(e.source.strip() == "item" for e in rule.group_by.values())
+    body = " ".join(parts)
+    per_item = [rule.condition.source] + [e.source for e, ident in zip(rule.group_by.values(), identity)
+                                          if not ident] + ([rule.of.source] if rule.of is not None else [])
+    combined = "(" + parts[0] + ") ? [true" + "".join(f", ({p})" for p in parts[1:]) + "] : [false]"
+    one_pass = f"({rule.foreach.source}).exists(item, {_MARK}() || {_EMIT}({combined}))"
+    try:
+        plan = _ForeachPlan(Compiled(combined, compile_expr(combined)), Compiled(one_pass, compile_expr(one_pass)),
+                            frozenset(identifiers(body)) - {"item"},
+                            frozenset().union(*(string_literals(p) for p in parts)),
+                            all(item_invariant(p) for p in per_item), identity)
+    except ValueError as exc:  # cannot happen for validated rules; the per-item path still works
+        log.warning("rule %s: per-item evaluation (%s)", rule.id, exc)
+        return None
+    return plan
+
+
+def _names(rule: Rule) -> set[str]:
+    """Top-level names any expression of ``rule`` may read."""
+    exprs = [rule.condition, rule.foreach, rule.of, *rule.group_by.values()]
+    if rule.correlate:
+        c = rule.correlate
+        exprs += [c.condition, *c.this_keys.values(), *c.other_keys.values()]
+    out: set[str] = set()
+    for e in exprs:
+        if e is not None:
+            out.update(identifiers(e.source))
+    return out
 
 
 class Engine:
@@ -53,6 +115,33 @@ class Engine:
         self.now_ns = 0
         self.eval_errors = 0
         self.dirty = False
+        self._emitted: list = []
+        self._marks = 0
+        self._functions = {_EMIT: self._emit_item, _MARK: self._mark_item}
+        self._compile_plans()
+
+    def _emit_item(self, result: Any) -> bool:
+        self._emitted.append(result)
+        return False
+
+    def _mark_item(self) -> bool:
+        self._marks += 1
+        return False
+
+    def _compile_plans(self) -> None:
+        self._plans = {rid: _foreach_plan(r) for rid, r in self.ruleset.rules.items()}
+        self._rule_names = {rid: frozenset(_names(r)) for rid, r in self.ruleset.rules.items()}
+        self._reading: dict[tuple[str, str | None], tuple[list[Rule], frozenset[str]]] = {}
+
+    def _reads(self, signal: str, kind: str | None) -> tuple[list[Rule], frozenset[str]]:
+        """The rules that read ``signal``/``kind`` and the fields they reference (cached)."""
+        key = (signal, kind)
+        got = self._reading.get(key)
+        if got is None:
+            rules = [r for r in self.ruleset.rules.values() if r.reads(signal, kind)]
+            names = frozenset().union(*(self._rule_names[r.id] for r in rules))
+            got = self._reading[key] = (rules, names)
+        return got
 
     # -- rule set ---------------------------------------------------------------------------------------
     def replace_rules(self, ruleset: RuleSet) -> None:
@@ -67,52 +156,190 @@ class Engine:
                 inst.state = INACTIVE
             self._emit(inst, inst.state, None)
             del self.instances[fp]
-        self.runtime = {rid: self.runtime.get(rid, _RuleRuntime()) for rid in ruleset.rules}
+        runtime = {}
+        for rid, rule in ruleset.rules.items():
+            rt = runtime[rid] = self.runtime.get(rid, _RuleRuntime())
+            rt.fps = {}  # labels (severity, static labels) may have changed
+            for fp, w in list(rt.hits.items()):
+                if w.kind != rule.aggregate:
+                    rt.hits[fp] = Window.from_list(rule.aggregate, MAX_HITS_PER_GROUP, w.to_list())
+        self.runtime = runtime
         self.ruleset = ruleset
+        self._compile_plans()
 
     # -- input --------------------------------------------------------------------------------------------
     def process(self, signal: str, record: dict) -> None:
-        """Evaluate every rule that reads ``signal`` on ``record`` (a map from ``rules.fields``)."""
+        """Evaluate every rule that reads ``signal`` on ``record`` (a map from ``rules.fields``).
+
+        The record is converted to CEL values once, and only the fields the rules reading it reference;
+        a ``foreach`` rule does not convert it again per item (``_ForeachPlan``), so the cost grows with
+        the items, not with items x record size."""
         t = int(record.get("time_ns") or 0) or self.now_ns  # a record without a time happens "now"
         self.now_ns = max(self.now_ns, t)
         kind = record.get("kind") if signal == "events" else None
-        shared = Activation(record)  # one CEL conversion of the record for every rule
-        for rule in self.ruleset.rules.values():
-            if not rule.reads(signal, kind):
-                continue
+        rules, names = self._reads(signal, kind)
+        if not rules:
+            return
+        shared = Activation(record, names, self._functions)  # one CEL conversion for every rule
+        for rule in rules:
             if rule.signal == signal and (signal != "events" or kind in rule.kinds):
-                for act in self._activations(rule, shared):
-                    if rule.condition.test(act):
-                        self._primary_match(rule, act, t)
+                if rule.foreach is None:
+                    if rule.condition.test(shared):
+                        self._primary_match(rule, shared, t)
+                else:
+                    self._foreach(rule, shared, t)
             c = rule.correlate
             if c and c.signal == signal and (signal != "events" or kind in c.kinds) and c.condition.test(shared):
                 self._other_match(rule, shared, t)
 
     def _activations(self, rule: Rule, shared: Activation) -> list[Activation]:
-        if rule.foreach is None:
-            return [shared]
+        """One activation per ``foreach`` item, each a full conversion (only correlated foreach rules)."""
         try:
             items = rule.foreach.eval(shared)
         except EvalError:
             self.eval_errors += 1
             return []
-        return [Activation({**shared.data, "item": it}) for it in (items or [])]
+        names = self._rule_names[rule.id] | {"item"}
+        return [Activation({**shared.data, "item": it}, names) for it in (items or [])]
+
+    def _foreach(self, rule: Rule, shared: Activation, t: int) -> None:
+        plan = self._plans[rule.id]
+        if plan is None:
+            for act in self._activations(rule, shared):
+                if rule.condition.test(act):
+                    self._primary_match(rule, act, t)
+            return
+        try:
+            items = rule.foreach.eval(shared)
+        except EvalError:
+            self.eval_errors += 1
+            return
+        items = list(items or [])
+        if not items:
+            return
+        if plan.invariant and all(type(it) is str for it in items):
+            mentioned = set(plan.literals)
+            for name in plan.body_names:
+                mentioned |= shared.strings(name)
+            sentinel = "\x00obshub:item"
+            while sentinel in mentioned:
+                sentinel += "\x00"
+            common = None
+            outcomes = []
+            for it in items:
+                if it in mentioned:
+                    outcomes.append((it, self._eval_item(rule, plan, shared, it), False))
+                else:
+                    if common is None:
+                        common = self._eval_item(rule, plan, shared, sentinel)
+                    outcomes.append((it, common, True))
+            self._apply(rule, plan, outcomes, shared, t)
+            return
+        self._emitted, self._marks = [], 0
+        try:
+            plan.one_pass.eval(shared)
+        except EvalError:
+            pass  # the item being evaluated failed: it and the rest go one by one below
+        results = self._emitted
+        done = len(results) if len(results) == self._marks else self._marks - 1
+        self._apply(rule, plan, [(it, self._result(rule, plan, results[i]) if i < done
+                                  else self._eval_item(rule, plan, shared, it), False)
+                                 for i, it in enumerate(items)], shared, t)
+
+    @staticmethod
+    def _result(rule: Rule, plan: _ForeachPlan, out: Any) -> Any:
+        if not isinstance(out, list) or not out or out[0] is not True:
+            return _SKIP
+        n = len(rule.group_by)
+        return out[1:1 + n], (out[1 + n] if rule.of is not None else 1.0)
+
+    def _eval_item(self, rule: Rule, plan: _ForeachPlan, shared: Activation, item: Any) -> Any:
+        """``(group_by values, of value)`` of one item, or _SKIP / _ERROR, on a context of the rule's
+        per-item fields only."""
+        data = shared.data
+        ctx = cel.Context(variables={**{k: data[k] for k in plan.body_names if k in data}, "item": item})
+        try:
+            return self._result(rule, plan, plan.combined.eval(ctx))
+        except EvalError:
+            pass
+        # which part failed decides the outcome: a condition error is no match, a group-by or `of` error counts
+        if not rule.condition.test(ctx):
+            return _SKIP
+        try:
+            vals = [e.eval(ctx) for e in rule.group_by.values()]
+            value = rule.of.eval(ctx) if rule.of is not None else 1.0
+        except EvalError:
+            return _ERROR
+        return vals, value
+
+    def _apply(self, rule: Rule, plan: _ForeachPlan, outcomes: list[tuple[Any, Any, bool]], shared: Activation,
+               t: int) -> None:
+        """Record the items' outcomes ``(item, outcome, substitute)``: a hit of the item's group
+        (``substitute``: the outcome was computed for the sentinel item; group-bys that are just ``item``
+        take this item). The per-item path of a wide foreach: kept to dictionary look-ups and one window
+        update per item."""
+        rt = self.runtime[rule.id]
+        fps, hits = rt.fps, rt.hits
+        subst = [i for i, ident in enumerate(plan.identity) if ident]
+        has_of, at_least = rule.of is not None, rule.at_least
+        horizon = max(t, self.now_ns) - rule.window_ns
+        for item, res, substitute in outcomes:
+            if res is _SKIP:
+                continue
+            if res is _ERROR:
+                self.eval_errors += 1
+                continue
+            vals, value = res
+            if substitute and subst:
+                key = list(vals)
+                for i in subst:
+                    key[i] = item
+                key = tuple(key)
+            else:
+                key = tuple(vals)
+            got = fps.get(key) or self._fingerprint(rule, key)
+            if has_of:
+                try:
+                    value = float(value)
+                except (TypeError, ValueError):
+                    self.eval_errors += 1
+                    continue
+            fp = got[0]
+            w = hits.get(fp)
+            if w is None:
+                w = hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
+            self.dirty = True
+            if w.push(t, value, horizon, at_least) >= at_least:
+                self._reached(rule, fp, got[1], t, w, lambda it=item: {**shared.data, "item": it}, None)
+
+    def _fingerprint(self, rule: Rule, key: tuple) -> tuple[str, dict[str, str]]:
+        """``(fingerprint, labels)`` of the group whose group-by values are ``key`` (cached per rule)."""
+        fps = self.runtime[rule.id].fps
+        got = fps.get(key)
+        if got is None:
+            if len(fps) >= MAX_FINGERPRINTS:
+                fps.clear()
+            labels = {"alertname": rule.id, "severity": rule.severity, **rule.labels}
+            for name, v in zip(rule.group_by, key):
+                labels[name] = "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+            got = fps[key] = (lifecycle.fingerprint(labels), labels)
+        return got
 
     def _labels(self, rule: Rule, act: Activation) -> dict[str, str] | None:
-        labels = {"alertname": rule.id, "severity": rule.severity, **rule.labels}
-        for name, expr in rule.group_by.items():
+        vals = []
+        for expr in rule.group_by.values():
             try:
-                v = expr.eval(act)
+                vals.append(expr.eval(act))
             except EvalError:
                 self.eval_errors += 1
                 return None
-            labels[name] = "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-        return labels
+        return self._fingerprint(rule, tuple(vals))[1]
 
     @staticmethod
     def _key(exprs: dict, act: Activation) -> str | None:
+        """Correlation key: the key values in the unambiguous label encoding (distinct values, distinct keys)."""
         try:
-            return "\x1f".join(f"{k}={exprs[k].eval(act)}" for k in sorted(exprs))
+            return lifecycle.encode_labels({k: exprs[k].eval(act) for k in exprs}).decode("utf-8", "surrogatepass")
         except EvalError:
             return None
 
@@ -162,8 +389,10 @@ class Engine:
         return True
 
     # -- windows and lifecycle ---------------------------------------------------------------------------
-    def _hit(self, rule: Rule, labels: dict[str, str], act: dict, t: int, other: dict | None) -> None:
-        fp = lifecycle.fingerprint(labels)
+    def _hit(self, rule: Rule, labels: dict[str, str], act: "Activation | dict", t: int, other: dict | None) -> None:
+        """A hit of the group ``labels`` at ``t``; ``act`` is the matching record (its ``of`` is evaluated)."""
+        if not isinstance(act, Activation):
+            act = Activation(act, self._rule_names[rule.id])
         value = 1.0
         if rule.of is not None:
             try:
@@ -171,27 +400,33 @@ class Engine:
             except (EvalError, TypeError, ValueError):
                 self.eval_errors += 1
                 return
-        hits = self.runtime[rule.id].hits.setdefault(fp, deque(maxlen=MAX_HITS_PER_GROUP))
-        hits.append((t, value))
-        self._prune(hits, max(t, self.now_ns) - rule.window_ns)
-        agg = _aggregate(rule.aggregate, [v for _, v in hits])
+        fp = lifecycle.fingerprint(labels)
+        self._add_hit(rule, fp, labels, t, value, lambda: act.data, other)
+
+    def _add_hit(self, rule: Rule, fp: str, labels: dict[str, str], t: int, value: float,
+                 data: Callable[[], dict], other: dict | None) -> None:
+        """Add ``(t, value)`` to the group's window and update the alert when the aggregate reaches the
+        threshold (annotations rendered from ``data()``, the record as templates see it)."""
+        hits = self.runtime[rule.id].hits.get(fp)
+        if hits is None:
+            hits = self.runtime[rule.id].hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
         self.dirty = True
-        if agg < rule.at_least:
-            return
+        if hits.push(t, value, max(t, self.now_ns) - rule.window_ns, rule.at_least) >= rule.at_least:
+            self._reached(rule, fp, labels, t, hits, data, other)
+
+    def _reached(self, rule: Rule, fp: str, labels: dict[str, str], t: int, hits: Window,
+                 data: Callable[[], dict], other: dict | None) -> None:
+        """The group's aggregate reaches the threshold at ``t``: the alert becomes (or stays) true."""
+        agg = hits.value(rule.at_least)
         inst = self.instances.get(fp)
         if inst is None:
-            inst = self.instances[fp] = AlertInstance(fp, rule.id, labels, rule.severity)
+            inst = self.instances[fp] = AlertInstance(fp, rule.id, dict(labels), rule.severity)
         inst.value = agg
-        inst.annotations = self._render(rule, act, labels, agg, len(hits), other)
-        until = _true_until(rule, list(hits))
+        inst.annotations = self._render(rule, data(), labels, agg, len(hits), other)
+        until = hits.true_until(rule.at_least, rule.window_ns)
         if lifecycle.become_true(inst, t, until) == PENDING and rule.for_ns > 0:
             self._emit(inst, PENDING, rule)  # with `for: 0` it fires at once: no pending change published
         self._advance(inst, rule, max(t, self.now_ns))
-
-    @staticmethod
-    def _prune(hits: deque, horizon: int) -> None:
-        while hits and hits[0][0] <= horizon:
-            hits.popleft()
 
     def _render(self, rule: Rule, act: dict, labels: dict, value: float, count: int, other: dict | None) -> dict:
         ctx = {**act, "labels": labels, "value": value, "count": count, "other": other or {}, "rule": rule.id,
@@ -209,7 +444,7 @@ class Engine:
             self._emit(inst, state, rule)
             self.dirty = True
         if inst.state in (INACTIVE, RESOLVED):
-            self.instances.pop(inst.fingerprint, None)
+            self.instances.pop(lifecycle.fingerprint(inst.labels), None)
 
     def _emit(self, inst: AlertInstance, status: str, rule: Rule | None) -> None:
         rule = rule or self.ruleset.rules.get(inst.rule)
@@ -229,9 +464,11 @@ class Engine:
                 self._advance(inst, rule, self.now_ns)
         for rid, rt in self.runtime.items():
             rule = self.ruleset.rules[rid]
-            for fp in list(rt.hits):
-                self._prune(rt.hits[fp], self.now_ns - rule.window_ns)
-                if not rt.hits[fp]:
+            horizon = self.now_ns - rule.window_ns
+            for fp, w in list(rt.hits.items()):
+                if w.times and w.times[0] <= horizon:
+                    w.prune(horizon)
+                if not w.times:
                     del rt.hits[fp]
             if rule.correlate:
                 horizon = self.now_ns - rule.correlate.within_ns
@@ -249,60 +486,41 @@ class Engine:
 
     # -- persistence --------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """JSON-able state: alert instances, window hits and correlation buffers, and the clock."""
+        """JSON-able (and msgpack-able) state: alert instances, window hits and correlation buffers, and
+        the clock. Version 2 holds a group's hits as two columns ``[[t_ns...], [value...]]`` (a wide job
+        has thousands of groups of a few dozen hits each: columns encode and decode in bulk)."""
         return {
-            "v": 1, "now_ns": self.now_ns,
+            "v": 2, "now_ns": self.now_ns,
             "instances": [i.to_dict() for i in self.instances.values()],
-            "runtime": {rid: {"hits": {fp: list(map(list, h)) for fp, h in rt.hits.items()},
+            "runtime": {rid: {"hits": {fp: [list(w.times), list(w.values)] for fp, w in rt.hits.items()},
                               "this_buf": {k: [list(e) for e in b] for k, b in rt.this_buf.items()},
                               "other_buf": {k: [list(e) for e in b] for k, b in rt.other_buf.items()}}
                         for rid, rt in self.runtime.items()},
         }
 
     def restore(self, snap: dict) -> None:
-        """Load a ``snapshot``; state of rules no longer in the rule set is dropped."""
+        """Load a ``snapshot`` (version 1 or 2); state of rules no longer in the rule set is dropped."""
+        columns = snap.get("v", 1) >= 2
         self.now_ns = int(snap.get("now_ns", 0))
+        renamed: dict[str, str] = {}
         for d in snap.get("instances", []):
             inst = AlertInstance.from_dict(d)
             if inst.rule in self.ruleset.rules:
-                self.instances[inst.fingerprint] = inst
+                # indexed by the fingerprint of its labels; an alert saved by a version with another
+                # fingerprint keeps that identity (sinks and dedup keys) until it resolves
+                fp = lifecycle.fingerprint(inst.labels)
+                renamed[inst.fingerprint] = fp
+                self.instances[fp] = inst
         for rid, rt in snap.get("runtime", {}).items():
             if rid not in self.runtime:
                 continue
             r = self.runtime[rid]
-            r.hits = {fp: deque((tuple(e) for e in h), maxlen=MAX_HITS_PER_GROUP) for fp, h in rt["hits"].items()}
+            kind = self.ruleset.rules[rid].aggregate
+            r.hits = {renamed.get(fp, fp): Window.from_list(kind, MAX_HITS_PER_GROUP, list(zip(*h)) if columns else h)
+                      for fp, h in rt["hits"].items()}
             r.this_buf = {k: deque((list(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY) for k, b in rt["this_buf"].items()}
             r.other_buf = {k: deque((tuple(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY)
                            for k, b in rt["other_buf"].items()}
-
-
-def _aggregate(kind: str, values: list[float]) -> float:
-    if not values:
-        return 0.0
-    if kind == "count":
-        return float(len(values))
-    if kind == "sum":
-        return float(sum(values))
-    if kind == "max":
-        return float(max(values))
-    if kind == "min":
-        return float(min(values))
-    return float(sum(values) / len(values))
-
-
-def _true_until(rule: Rule, hits: list[tuple[int, float]]) -> int:
-    """The time the window aggregate stops reaching the threshold, given the hits known now: the latest
-    ``t + window`` (a hit ageing out) before which the hits still alive reach ``at_least``."""
-    w = rule.window_ns
-    if rule.aggregate == "count":
-        n = max(1, math.ceil(rule.at_least))
-        return hits[-n][0] + w if len(hits) >= n else 0
-    best = 0
-    for c in sorted(t + w for t, _ in hits):
-        alive = [v for t, v in hits if c - w <= t < c]
-        if alive and _aggregate(rule.aggregate, alive) >= rule.at_least:
-            best = c
-    return best
 
 
 __all__ = ["Engine", "Notify"]

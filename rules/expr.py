@@ -163,20 +163,169 @@ class Compiled:
 class Activation:
     """One record prepared for evaluation: ``data`` (the map, also used by templates) and a ``cel.Context``
     built on first use and shared by every expression evaluated on the record. Converting a record to
-    CEL values is most of the cost of an evaluation (measured: ~20-60 µs per record, ~0.3 µs per
-    expression after that; docs/RULES.md), so it is done once per record, not once per expression."""
+    CEL values is most of the cost of an evaluation (measured: ~20-60 µs per record of 8 hosts, ~0.3 µs
+    per expression after that; docs/RULES.md), so it is done once per record, not once per expression.
 
-    __slots__ = ("data", "_ctx")
+    ``names``: when given, only these top-level fields are converted (the fields the rules that read
+    the record reference; a wide step summary's per-host tables cost milliseconds to convert and most
+    rules never read them). ``functions``: extra CEL functions (name -> Python callable) of the context."""
 
-    def __init__(self, data: dict[str, Any]):
+    __slots__ = ("data", "names", "functions", "_ctx", "_strings")
+
+    def __init__(self, data: dict[str, Any], names: "frozenset[str] | None" = None,
+                 functions: "dict[str, Any] | None" = None):
         self.data = data
+        self.names = names
+        self.functions = functions
         self._ctx = None
+        self._strings: dict[str, frozenset[str]] = {}
 
     @property
     def ctx(self) -> cel.Context:
         if self._ctx is None:
-            self._ctx = cel.Context(variables=self.data)
+            data = self.data if self.names is None else {k: self.data[k] for k in self.names if k in self.data}
+            self._ctx = cel.Context(variables=data, functions=self.functions) if self.functions \
+                else cel.Context(variables=data)
         return self._ctx
+
+    def strings(self, name: str) -> frozenset[str]:
+        """Every string (values and map keys, at any depth) of the field ``name`` (memoised)."""
+        out = self._strings.get(name)
+        if out is None:
+            out = self._strings[name] = frozenset(_strings_in(self.data.get(name)))
+        return out
+
+
+def _strings_in(value: Any, out: "set[str] | None" = None) -> set[str]:
+    out = set() if out is None else out
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.add(v)
+        elif isinstance(v, dict):
+            out.update(k for k in v if isinstance(k, str))
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return out
+
+
+# -- item invariance ----------------------------------------------------------------------------------
+# A `foreach` rule evaluates its expressions once per item. When an expression uses ``item`` only as an
+# operand of ``==``, ``!=`` or ``in`` against a field path or a literal (and builds no new strings), its
+# value is the same for every item that equals none of the strings the record and the expression hold:
+# each comparison with ``item`` is then false (``!=`` true) whatever the item is. The engine evaluates such
+# an expression once for a sentinel item and only the "mentioned" items separately (docs/RULES.md,
+# "Cost of foreach").
+_LEX = re.compile(r"""
+    (?P<str>[rRbB]*("""+'"""'+r"""[\s\S]*?"""+'"""'+r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
+  | (?P<num>\d+(\.\d*)?([eE][+-]?\d+)?[uU]?|0[xX][0-9a-fA-F]+[uU]?|\.\d+([eE][+-]?\d+)?)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<op>==|!=|<=|>=|&&|\|\|)
+  | (?P<space>\s+)
+  | (?P<other>[\s\S])
+""", re.VERBOSE)
+_LOW = {"", "(", "&&", "||", "?", ":", ",", "["}          # tokens that bind looser than a relation
+_END = {"", ")", "&&", "||", "?", ":", ",", "]"}
+_BOOL_CALLS = {"exists", "all", "exists_one", "filter", "size", "has", "int", "uint", "double", "startsWith",
+               "endsWith", "contains", "matches"}            # calls that build no new string
+
+
+def _lex(expr: str) -> list[tuple[str, str]]:
+    return [(m.lastgroup or "other", m.group()) for m in _LEX.finditer(expr) if m.lastgroup != "space"]
+
+
+def _operand_after(toks: list[tuple[str, str]], i: int) -> int:
+    """Index just past a field path / literal / list of literals starting at ``i``; -1 if none there."""
+    if i >= len(toks):
+        return -1
+    kind, text = toks[i]
+    if kind in ("str", "num"):
+        return i + 1
+    if text == "[":
+        j = i + 1
+        while j < len(toks) and toks[j][0] in ("str", "num"):
+            j += 1
+            if j < len(toks) and toks[j][1] == ",":
+                j += 1
+        return j + 1 if j < len(toks) and toks[j][1] == "]" else -1
+    if kind != "ident":
+        return -1
+    j = i + 1
+    while j < len(toks):
+        if toks[j][1] == "." and j + 1 < len(toks) and toks[j + 1][0] == "ident" \
+                and not (j + 2 < len(toks) and toks[j + 2][1] == "("):
+            j += 2
+        elif toks[j][1] == "[" and j + 2 < len(toks) and toks[j + 1][0] in ("str", "num") and toks[j + 2][1] == "]":
+            j += 3
+        else:
+            break
+    return j
+
+
+def _operand_before(toks: list[tuple[str, str]], i: int) -> int:
+    """Index of the first token of a field path / literal ending at ``i`` (inclusive); -1 if none."""
+    if i < 0:
+        return -1
+    kind, text = toks[i]
+    if kind in ("str", "num"):
+        return i
+    j = i
+    while j >= 0:
+        if toks[j][0] == "ident":
+            if j >= 2 and toks[j - 1][1] == ".":
+                j -= 2
+                continue
+            return j
+        if toks[j][1] == "]" and j >= 3 and toks[j - 1][0] in ("str", "num") and toks[j - 2][1] == "[":
+            j -= 3
+            continue
+        return -1
+    return -1
+
+
+def item_invariant(expr: str, var: str = "item") -> bool:
+    """True when ``expr`` uses ``var`` only in comparisons ``var ==|!=|in P`` / ``P ==|!= var`` with P a
+    field path or literal, binds no comprehension variable of that name, and calls nothing that can
+    build a new string (no ``+``, only the calls in ``_BOOL_CALLS``). Then every ``var`` outside the
+    strings of the record and of ``expr`` gives the same value (or the same error)."""
+    toks = _lex(expr)
+    texts = [t for _, t in toks]
+    if "+" in texts or re.search(rf"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*{var}\s*,", expr):
+        return False
+    for i, (kind, text) in enumerate(toks):
+        if kind == "ident" and i + 1 < len(toks) and texts[i + 1] == "(" and text not in _BOOL_CALLS:
+            return False
+        if kind != "ident" or text != var or (i > 0 and texts[i - 1] == "."):
+            continue
+        prev = texts[i - 1] if i > 0 else ""
+        nxt = texts[i + 1] if i + 1 < len(toks) else ""
+        if nxt in ("==", "!=", "in") and prev in _LOW:
+            end = _operand_after(toks, i + 2)
+            if end < 0 or (texts[end] if end < len(toks) else "") not in _END:
+                return False
+        elif prev in ("==", "!=") and nxt in _END:
+            start = _operand_before(toks, i - 2)
+            if start < 0 or (texts[start - 1] if start > 0 else "") not in _LOW:
+                return False
+        else:
+            return False
+    return True
+
+
+def string_literals(expr: str) -> frozenset[str]:
+    """The values of the string literals of ``expr`` (escapes resolved by the CEL implementation)."""
+    out = set()
+    for kind, text in _lex(expr):
+        if kind == "str" and not text.lower().startswith(("b", "rb", "br")):
+            try:
+                v = cel.compile(text).execute({})
+            except Exception:  # not a literal the implementation accepts: the compile of expr rejects it too
+                continue
+            if isinstance(v, str):
+                out.add(v)
+    return frozenset(out)
 
 
 class EvalError(ValueError):

@@ -1,8 +1,11 @@
 """Alert identity and lifecycle: fingerprint, pending -> firing -> resolved, and the state-change record
 published to ``obshub.alerts.v1``.
 
-Identity: ``fingerprint(labels)`` = first 16 hex digits of SHA-256 over the sorted ``name=value`` lines
-of the labels, which always include ``alertname`` (the rule id). Label values must be identities (host,
+Identity: ``fingerprint(labels)`` = first 16 hex digits of SHA-256 over ``encode_labels(labels)``, an
+unambiguous encoding of the label set (netstrings, below), which always includes ``alertname`` (the rule
+id). Two different label sets never share the encoding, whatever their names and values contain
+(newlines, ``=``, separators); the fingerprint is stable across restarts and versions (the encoding is
+part of the documented format, docs/RULES.md). Label values must be identities (host,
 layer, job), never measurements: measured values go to annotations, so one problem keeps one identity.
 
 Lifecycle of one alert instance (each transition a small function, the engine calls ``advance``)::
@@ -24,10 +27,23 @@ from datetime import datetime, timezone
 INACTIVE, PENDING, FIRING, RESOLVED = "inactive", "pending", "firing", "resolved"
 
 
+def _netstring(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogatepass")
+    return b"%d:%s," % (len(raw), raw)
+
+
+def encode_labels(labels: dict[str, str]) -> bytes:
+    """The label set as bytes, injective: for each label in order of its name's UTF-8 bytes, the name and
+    then the value as netstrings (``<byte length>:<UTF-8 bytes>,``). Example: ``{"host": "a=b"}`` ->
+    ``b"4:host,3:a=b,"``. Values are taken as ``str(value)``."""
+    items = sorted(((k.encode("utf-8", "surrogatepass"), k, str(v)) for k, v in labels.items()))
+    return b"".join(_netstring(k) + _netstring(v) for _, k, v in items)
+
+
 def fingerprint(labels: dict[str, str]) -> str:
-    """Stable 16-hex-digit identity of an alert from its labels (order-independent)."""
-    text = "\n".join(f"{k}={labels[k]}" for k in sorted(labels))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """Stable 16-hex-digit identity of an alert from its labels (order-independent): the first 16 hex
+    digits of SHA-256 over ``encode_labels(labels)``."""
+    return hashlib.sha256(encode_labels(labels)).hexdigest()[:16]
 
 
 def rfc3339(ns: int) -> str:

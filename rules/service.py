@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -32,15 +33,17 @@ from prometheus_client import Counter, Gauge
 
 from obshub.core import kafka, registry, schema
 from obshub.core.settings import RULES, Settings
-from rules import fields
+from rules import fields, intake
 from rules.dispatch import Dispatcher
 from rules.engine import Engine
 from rules.errors import RuleValidationError
 from rules.loader import expand_paths, load_ruleset
 from rules.silences import SilenceStore
 from rules.sinks.config import AlertingConfig, build_sinks
+from rules.web import runbook_url
 
 log = logging.getLogger("obshub.rules.service")
+KAFKA_LOG = logging.getLogger("obshub.rules.kafka")  # librdkafka's lines go through logging (JSON logs too)
 BUILTIN_DIR = Path(__file__).with_name("builtin")
 MAX_FUTURE_S = 300
 
@@ -147,18 +150,24 @@ class RuleService:
         self.state = state_dir(settings)
         self.log_path = log_path
         self.stop = threading.Event()
+        self.running = threading.Event()  # both loops started (the readiness probe)
+        self.http_port: int | None = None
         self.reload_requested = threading.Event()
         self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
         self._mtimes = self._rule_mtimes()
         self.outbox: list[dict] = []
-        self.engine = Engine(self.ruleset, self.outbox.append, external_url=config.external_url)
+        self.engine = Engine(self.ruleset, self.outbox.append,
+                             external_url=(config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules")
         snap = _read_json(self.state / "engine.json")
         if snap:
             self.engine.restore(snap)
         self.tracker = OffsetTracker()
         self.dispatcher = Dispatcher(build_sinks(config), config.route, self.ruleset.inhibit,
                                      SilenceStore(self.state / "silences.json"), config.delivery.policy(),
-                                     self.tracker.ack)
+                                     self.tracker.ack, passthrough=config.mode == "alertmanager")
+        if config.mode == "alertmanager" and self.ruleset.inhibit:
+            log.warning("mode alertmanager: the %d inhibit rule(s) of the rule files are not applied (write them "
+                        "as inhibit_rules in Alertmanager's configuration)", len(self.ruleset.inhibit))
         dsnap = _read_json(self.state / "dispatch.json")
         if dsnap:
             self.dispatcher.restore(dsnap)
@@ -214,27 +223,22 @@ class RuleService:
     def _consumer(self, suffix: str, reset: str) -> Consumer:
         return Consumer(kafka.consumer_config(kafka.connection(self.settings), f"{self.group_prefix}-{suffix}", {
             "enable.auto.commit": False, "auto.offset.reset": reset, "enable.partition.eof": False,
-            "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}))
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "logger": KAFKA_LOG}))
 
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
-        topic = msg.topic()
+        """Records of one input message, or ``[]`` after sending it to the DLQ (rules.intake)."""
         try:
-            if topic == schema.TOPIC_STEPS:
-                data = json.loads(msg.value())
-                if not isinstance(data, dict):
-                    raise ValueError("a step summary is a JSON object")
-                return [("steps", self._clamp(fields.step_record(data)))]
-            batch = schema.decode_batch(msg.value())
-            return [("events", self._clamp(fields.event_record(batch, ev))) for ev in batch.events]
-        except (ValueError, TypeError) as exc:
-            self.decode_errors += 1
-            DLQ.labels(topic).inc()
-            reason, field = str(exc), getattr(exc, "field", "")
-            headers = dict(zip(schema.DLQ_HEADERS, (reason, field, topic, str(msg.partition()), str(msg.offset()))))
-            dlq.produce(schema.TOPIC_DLQ, value=msg.value(), key=msg.key(), headers=list(headers.items()))
-            log.warning("%s[%d]@%d not decodable, sent to %s: %s", topic, msg.partition(), msg.offset(),
-                        schema.TOPIC_DLQ, reason)
+            return [(sig, self._clamp(rec)) for sig, rec in intake.decode(msg.topic(), msg.value())]
+        except schema.SchemaError as exc:
+            self._dead_letter(msg, exc, dlq, "engine")
             return []
+
+    def _dead_letter(self, msg, exc: Exception, dlq: Producer, loop: str) -> None:
+        self.decode_errors += 1
+        DLQ.labels(msg.topic()).inc()
+        reason = intake.dead_letter(dlq, msg, exc, f"{self.group_prefix}-{loop}")
+        log.warning("%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(),
+                    schema.TOPIC_DLQ, reason)
 
     def _clamp(self, rec: dict) -> dict:
         """A record time more than ``MAX_FUTURE_S`` ahead of this host's clock (a host with a wrong clock)
@@ -249,6 +253,9 @@ class RuleService:
         for rec in self.outbox:
             CHANGES.labels(rec["rule"], rec["status"]).inc()
             rec["engine"] = self.group_prefix  # which engine's notify loop delivers it (see run_notify)
+            link = runbook_url(rec["annotations"].get("runbook", ""), self.config.runbook_base_url)
+            if link:
+                rec["annotations"].setdefault("runbook_url", link)
             producer.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
             log.info("alert %s %s %s", rec["status"], rec["rule"], rec["labels"])
         self.outbox.clear()
@@ -287,8 +294,9 @@ class RuleService:
         topics = self.input_topics()
         consumer.subscribe(topics, on_assign=_log_assign("engine"))
         producer = Producer(kafka.producer_config(kafka.connection(self.settings),
-                                                  {"enable.idempotence": True, "linger.ms": 5}))
+                                                  {"enable.idempotence": True, "linger.ms": 5, "logger": KAFKA_LOG}))
         last_tick = last_health = 0.0
+        dead_flushed = self.decode_errors
         try:
             while not self.stop.is_set():
                 msgs = consumer.consume(num_messages=500, timeout=0.2)
@@ -300,7 +308,13 @@ class RuleService:
                     self.last_seen[m.topic()] = time.monotonic()
                     for signal_name, rec in self._decode(m, producer):
                         RECORDS.labels(signal_name).inc()
-                        self.engine.process(signal_name, rec)
+                        try:
+                            self.engine.process(signal_name, rec)
+                        except Exception as exc:  # a record the checks let through must not stop the engine
+                            log.exception("evaluating %s[%d]@%d failed", m.topic(), m.partition(), m.offset())
+                            self._dead_letter(m, schema.SchemaError(
+                                "", f"rule evaluation failed: {type(exc).__name__}: {exc}"), producer, "engine")
+                            break
                 mono = time.monotonic()
                 if mono - last_tick >= 1.0:
                     self.engine.tick(time.time_ns())
@@ -320,6 +334,10 @@ class RuleService:
                     _atomic_write(self.state / "engine.json", self.engine.snapshot())
                     self.engine.dirty = False
                 if msgs:
+                    if self.decode_errors != dead_flushed:  # dead letters are on the DLQ before we commit past them
+                        if producer.flush(30):
+                            raise RuntimeError("dead letters not acknowledged by Kafka within 30 s")
+                        dead_flushed = self.decode_errors
                     _commit(consumer)
         finally:
             if self.outbox:
@@ -330,6 +348,8 @@ class RuleService:
     def run_notify(self) -> None:
         """The notify loop; returns when ``stop`` is set."""
         consumer = self._consumer("notify", "earliest")
+        dlq = Producer(kafka.producer_config(kafka.connection(self.settings),
+                                             {"enable.idempotence": True, "linger.ms": 5}, quiet=True))
         consumer.subscribe([schema.TOPIC_ALERTS], on_assign=_log_assign("notify"),
                             on_revoke=lambda c, p: self.tracker.reset())
         last_commit = 0.0
@@ -340,9 +360,11 @@ class RuleService:
                         continue
                     token = self.tracker.add(m.topic(), m.partition(), m.offset())
                     try:
-                        change = json.loads(m.value())
-                    except ValueError:
-                        log.warning("skipping undecodable alert change at %s[%d]@%d", m.topic(), m.partition(), m.offset())
+                        change = intake.decode_change(m.value())
+                    except schema.SchemaError as exc:
+                        self._dead_letter(m, exc, dlq, "notify")
+                        if dlq.flush(30):
+                            raise RuntimeError("a dead letter was not acknowledged by Kafka within 30 s") from None
                         self.tracker.ack([token])
                         continue
                     if change.get("engine", self.group_prefix) != self.group_prefix:
@@ -370,15 +392,19 @@ class RuleService:
             _atomic_write(self.state / "dispatch.json", self.dispatcher.snapshot())
             consumer.close()
 
-    def serve(self, metrics_port: int | None = None) -> None:
+    def serve(self, metrics_port: int | None = None, metrics_addr: str = "0.0.0.0") -> None:
         """Run both loops until SIGTERM/SIGINT; SIGHUP reloads the rule files. Registers the component
         ``rules`` with the local stack while it runs. With ``metrics_port``, Prometheus metrics are
-        served on http://127.0.0.1:<port>/metrics (0 = any free port, logged)."""
+        served on http://<metrics_addr>:<port>/metrics (0 = any free port, logged)."""
         if metrics_port is not None:
-            from prometheus_client import start_http_server
+            from rules import web
 
-            server, _ = start_http_server(metrics_port, addr="127.0.0.1")
-            log.info("metrics on http://127.0.0.1:%d/metrics", server.server_port)
+            server = web.serve(web.RulesWeb(self, ready=lambda: self.running.is_set()), metrics_port, metrics_addr)
+            self.http_port = server.server_port
+            if not self.config.external_url:
+                self.engine.external_url = f"http://{socket.getfqdn()}:{self.http_port}/rules"
+            log.info("metrics on http://%s:%d/metrics, rules and alerts on /rules (generatorURL %s)", metrics_addr,
+                     self.http_port, self.engine.external_url)
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
@@ -386,6 +412,7 @@ class RuleService:
                                  log=self.log_path, rules=len(self.ruleset.rules))
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
+        self.running.set()
         try:
             self.run_engine()
         finally:

@@ -208,7 +208,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         headers = [("obshub.reason", str(exc).encode()), ("obshub.field", (exc.field or "").encode()),
                    ("obshub.source.topic", msg.topic.encode()),
                    ("obshub.source.partition", str(msg.partition).encode()),
-                   ("obshub.source.offset", str(msg.offset).encode())]
+                   ("obshub.source.offset", str(msg.offset).encode()), ("obshub.consumer", cfg.app_id.encode())]
         if len(value) > cfg.dlq_max_bytes:
             headers.append(("obshub.truncated", str(len(value)).encode()))
             value = value[:cfg.dlq_max_bytes]
@@ -302,6 +302,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
         jobs_t[f"{job}@{p}"] = js
         m.summaries.labels(closed_by).inc()
+        m.results.observe(summary)
         await broadcast(job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"]})
 
     def complete(st: dict, js: dict) -> bool:

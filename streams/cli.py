@@ -74,12 +74,16 @@ def _free_index(settings) -> int:
               help="a step closes at most this many seconds after its first data arrived")
 @click.option("--metrics-port", default=STREAMS.metrics_port, show_default=True, type=click.IntRange(0, 65535),
               help="serve Prometheus metrics on this port (0 = off)")
+@click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
+              help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
 @click.option("--index", type=click.IntRange(1, 9999), default=None,
               help="worker number n (component streams-<n>); default: the first free one")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, window_s, metrics_port, index,
-                   log_level):
+@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
+              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
+def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, window_s, metrics_port, metrics_addr,
+                   index, log_level, log_format):
     """Run one stream worker until SIGTERM/SIGINT. Start several (any host) to share the partitions.
 
     State (Faust table data dir) lives under $OBSHUB_HOME/state/<app-id>; tables are recovered from
@@ -98,17 +102,24 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     ensure_internal_topics(cfg, n_in)
     metrics = WorkerMetrics()
     try:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, metrics_addr)
     except OSError as exc:
-        raise StreamsError(f"Failed to serve metrics on port {metrics_port}: {exc}",
-                           "choose a free port with --metrics-port, or 0 to turn metrics off") from exc
+        raise StreamsError(f"Failed to serve metrics on {metrics_addr}:{metrics_port}: {exc}",
+                           "choose a free port with --metrics-port (0 turns metrics off) or another "
+                           "--metrics-addr") from exc
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(cfg, n_in, metrics)
     name = f"streams-{index or _free_index(settings)}"
     registry.register_component(settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic,
                              metrics_port=metrics_port)
     try:
-        faust.Worker(app, loglevel=log_level.upper(), quiet=True).execute_from_commandline()
+        logging_config = None
+        if log_format == "json":
+            from obshub.core import log as jsonlog
+
+            logging_config = jsonlog.dict_config(log_level, name)
+        faust.Worker(app, loglevel=log_level.upper(), quiet=True,
+                     logging_config=logging_config).execute_from_commandline()
     finally:
         registry.unregister_component(settings, name)
 
@@ -158,6 +169,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
 
     settings = load_settings()
     console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
     c = Consumer(kafka.consumer_config(kafka.connection(settings), f"obshub-tail-{uuid.uuid4().hex[:8]}", {
         "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False}, quiet=True))
     c.subscribe([topic])
@@ -169,10 +181,12 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             if msg is None or msg.error():
                 continue
             try:
-                s = json.loads(msg.value())
+                s = schema.decode_step_summary(msg.value())
                 k = (s["job"], int(s["step"]))
-            except (ValueError, KeyError, TypeError):
-                console.print(f"[red]unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}[/red]")
+            except (schema.SchemaError, KeyError) as exc:
+                why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                err.print(f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",
+                          markup=False, style="red")
                 continue
             if k in seen or (job and s["job"] != job):
                 continue

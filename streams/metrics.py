@@ -16,11 +16,125 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_summaries_total{closed_by}`` step summaries emitted
 - ``obshub_streams_consumer_skips_total``     input offsets Faust's consumer skipped (see app.SkipDetector)
 - ``obshub_streams_send_errors_total``        produce calls that failed (summaries, internal, changelog)
+
+Results of the analysis (``StepResultMetrics``, one observation per step summary this worker emits; the
+label ``training_job`` names the training job, because ``job`` is Prometheus's own target label):
+
+- ``obshub_step_duration_seconds{training_job,host}``        histogram of each host's step time
+- ``obshub_step_max_duration_seconds{training_job}``         the slowest host's time at the latest step
+- ``obshub_last_step{training_job}``                         number of the latest step summarised
+- ``obshub_steps_total{training_job,closed_by}``             step summaries (complete / window)
+- ``obshub_stalled_steps_total{training_job}``               steps slower than the job's p99 baseline
+- ``obshub_straggler_steps_total{training_job,host}``        steps that named ``host`` the straggler
+- ``obshub_straggler_excess_seconds_total{training_job,host}`` time the peers lost waiting for ``host``
+- ``obshub_straggler_last_step{training_job,host}``          the latest step that named ``host``
+- ``obshub_blamed_steps_total{training_job,host,layer}``     steps whose blame names ``layer`` on ``host``
+- ``obshub_blame_excess_seconds_total{training_job,host,layer}`` that layer's excess over the peer median
+- ``obshub_blame_last_step{training_job,host,layer}``        the latest step with that blame
+- ``obshub_collective_skew_seconds{training_job}``           histogram of arrival skew per collective
+- ``obshub_missing_host_steps_total{training_job,host}``     steps closed without data from ``host``
+- ``obshub_step_lost_batches_total{training_job}``           agent batches lost (sequence gaps)
+- ``obshub_step_duplicate_batches_total{training_job}``      duplicate batches dropped
+- ``obshub_step_late_events_total{training_job}``            events that arrived after their step closed
+- ``obshub_step_ringbuf_lost_events_total{training_job}``    events the probes lost in the kernel
+
+A training job whose summaries stop for ``idle_s`` (default 1 h) has its series removed, so finished
+jobs do not stay in every scrape.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+STEP_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+SKEW_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class StepResultMetrics:
+    """The analysis results as Prometheus series (names in the module docstring), fed one step summary
+    (``schema.STEP_SUMMARY_FIELDS``, times in ns) at a time by ``observe``. Thread-safe. Series of a
+    training job are removed once no summary of it arrived for ``idle_s`` seconds."""
+
+    def __init__(self, registry: CollectorRegistry, idle_s: float = 3600.0) -> None:
+        r, J, H, L = registry, "training_job", "host", "layer"
+        self.step_time = Histogram("obshub_step_duration_seconds", "step time of each host", [J, H],
+                                   buckets=STEP_BUCKETS_S, registry=r)
+        self.step_max = Gauge("obshub_step_max_duration_seconds", "slowest host's step time, latest step", [J],
+                              registry=r)
+        self.last_step = Gauge("obshub_last_step", "number of the latest step summarised", [J], registry=r)
+        self.steps = Counter("obshub_steps", "step summaries by how the step closed", [J, "closed_by"], registry=r)
+        self.stalled = Counter("obshub_stalled_steps", "steps slower than the job's p99 baseline", [J], registry=r)
+        self.strag = Counter("obshub_straggler_steps", "steps that named this host the straggler", [J, H], registry=r)
+        self.strag_s = Counter("obshub_straggler_excess_seconds", "time the peers lost waiting for this host",
+                               [J, H], registry=r)
+        self.strag_last = Gauge("obshub_straggler_last_step", "latest step that named this host the straggler",
+                                [J, H], registry=r)
+        self.blamed = Counter("obshub_blamed_steps", "steps whose blame names this layer on this host", [J, H, L],
+                              registry=r)
+        self.blame_s = Counter("obshub_blame_excess_seconds", "excess of the layer over the peer median", [J, H, L],
+                               registry=r)
+        self.blame_last = Gauge("obshub_blame_last_step", "latest step with this blame", [J, H, L], registry=r)
+        self.skew = Histogram("obshub_collective_skew_seconds", "arrival skew of each collective", [J],
+                              buckets=SKEW_BUCKETS_S, registry=r)
+        self.missing = Counter("obshub_missing_host_steps", "steps closed without data from this host", [J, H],
+                               registry=r)
+        self.lost = Counter("obshub_step_lost_batches", "agent batches lost (sequence gaps)", [J], registry=r)
+        self.dups = Counter("obshub_step_duplicate_batches", "duplicate agent batches dropped", [J], registry=r)
+        self.late = Counter("obshub_step_late_events", "events that arrived after their step closed", [J],
+                            registry=r)
+        self.ringbuf = Counter("obshub_step_ringbuf_lost_events", "events the probes lost in the kernel", [J],
+                               registry=r)
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._seen: dict[str, float] = {}                      # training job -> monotonic time of last summary
+        self._labels: dict[str, set[tuple[object, tuple[str, ...]]]] = {}  # job -> (metric, labels) to remove
+
+    def _touch(self, job: str, metric, *labels: str):
+        self._labels.setdefault(job, set()).add((metric, (job, *labels)))
+        return metric.labels(job, *labels)
+
+    def observe(self, s: dict) -> None:
+        """Add one step summary. Malformed fields are skipped (the summary came from this worker)."""
+        job = str(s.get("job", ""))
+        with self._lock:
+            now = time.monotonic()
+            self._seen[job] = now
+            t = self._touch
+            for host, ns in (s.get("step_time_ns") or {}).items():
+                t(job, self.step_time, host).observe(ns / 1e9)
+            t(job, self.step_max).set(s.get("step_time_max_ns", 0) / 1e9)
+            t(job, self.last_step).set(s.get("step", 0))
+            t(job, self.steps, s.get("closed_by", "")).inc()
+            t(job, self.stalled).inc(1 if s.get("stall") else 0)
+            strag = s.get("straggler")
+            if strag:
+                h = strag["host"]
+                t(job, self.strag, h).inc()
+                t(job, self.strag_s, h).inc(strag.get("excess_ns", 0) / 1e9)
+                t(job, self.strag_last, h).set(s.get("step", 0))
+            for b in s.get("blame") or []:
+                t(job, self.blamed, b["host"], b["layer"]).inc()
+                t(job, self.blame_s, b["host"], b["layer"]).inc(max(0, b.get("excess_ns", 0)) / 1e9)
+                t(job, self.blame_last, b["host"], b["layer"]).set(s.get("step", 0))
+            for c in s.get("collectives") or []:
+                t(job, self.skew).observe(max(0, c.get("skew_ns", 0)) / 1e9)
+            for h in s.get("missing_hosts") or []:
+                t(job, self.missing, h).inc()
+            q = s.get("quality") or {}
+            t(job, self.lost).inc(q.get("lost_batches", 0))
+            t(job, self.dups).inc(q.get("duplicate_batches", 0))
+            t(job, self.late).inc(q.get("late_events", 0))
+            t(job, self.ringbuf).inc(q.get("ringbuf_lost", 0))
+            for old in [j for j, seen in self._seen.items() if now - seen > self.idle_s]:
+                for metric, labels in self._labels.pop(old, ()):
+                    try:
+                        metric.remove(*labels)
+                    except KeyError:
+                        pass
+                del self._seen[old]
 
 
 class WorkerMetrics:
@@ -43,8 +157,10 @@ class WorkerMetrics:
                                       registry=r)
         self.send_errors = Counter("obshub_streams_send_errors", "failed produce calls", registry=r)
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
+        self.results = StepResultMetrics(r)
 
-    def serve(self, port: int) -> None:
-        """Serve ``/metrics`` on 0.0.0.0:``port`` in a daemon thread (no-op for port 0)."""
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve ``/metrics`` on ``addr``:``port`` in a daemon thread (no-op for port 0). Raises OSError
+        when the address cannot be bound."""
         if port:
-            start_http_server(port, registry=self.registry)
+            start_http_server(port, addr=addr, registry=self.registry)

@@ -28,6 +28,8 @@ wrong types, an unknown version, oversized lengths. The error names the field th
 from __future__ import annotations
 
 import enum
+import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -417,6 +419,9 @@ def validate_batch(raw: Any) -> Batch:
     v = raw["v"]
     if v != SCHEMA_VERSION or isinstance(v, bool):
         raise SchemaError("v", f"unsupported schema version {v!r} (this build reads {SCHEMA_VERSION})")
+    for k in raw:
+        if not isinstance(k, str):
+            raise SchemaError("batch", f"map key {k!r} is {type(k).__name__}, not a string")
     missing = sorted(_ENVELOPE_KEYS - raw.keys())
     if missing:
         raise SchemaError(missing[0], "missing field")
@@ -432,6 +437,9 @@ def validate_batch(raw: Any) -> Batch:
     c = raw["clock"]
     if not isinstance(c, dict):
         raise SchemaError("clock", f"expected a map, got {type(c).__name__}")
+    for k in c:
+        if not isinstance(k, str):
+            raise SchemaError("clock", f"map key {k!r} is {type(k).__name__}, not a string")
     for k in ("offset_ns", "uncertainty_ns"):
         if k not in c:
             raise SchemaError(f"clock.{k}", "missing field")
@@ -465,20 +473,53 @@ def decode_batch(data: bytes) -> Batch:
         raw = msgpack.unpackb(
             data,
             raw=False,
-            strict_map_key=True,
+            strict_map_key=False,  # non-string keys are reported by validate_batch, naming the map
             max_str_len=MAX_STR_LEN,
             max_bin_len=MAX_STR_LEN,
             max_array_len=MAX_EVENTS_PER_BATCH,
             max_map_len=1024,
             max_ext_len=0,
         )
-    except msgpack.ExtraData:
-        raise SchemaError("message", "trailing bytes after the batch") from None
-    except (ValueError, TypeError, msgpack.UnpackException, RecursionError, OverflowError) as exc:
+    except msgpack.ExtraData as exc:
+        raise SchemaError("message", _extra_data_reason(data, exc)) from None
+    except msgpack.StackError:
+        raise SchemaError("message", f"not a batch: msgpack nested deeper than {MSGPACK_MAX_DEPTH} levels") from None
+    except msgpack.FormatError:
+        raise SchemaError("message", f"not valid msgpack: reserved format byte 0xc1 ({len(data)} bytes)") from None
+    except TypeError as exc:
+        if "unhashable" in str(exc):
+            raise SchemaError("message", "a map key is an array or a map (map keys must be strings)") from None
         raise SchemaError("message", f"not valid msgpack: {type(exc).__name__}: {exc}") from None
+    except (ValueError, msgpack.UnpackException, RecursionError, OverflowError) as exc:
+        raise SchemaError("message", f"not valid msgpack: {_describe(exc)}") from None
     except Exception as exc:  # msgpack may raise other errors on hostile input; never let them escape
-        raise SchemaError("message", f"not valid msgpack: {type(exc).__name__}: {exc}") from None
+        raise SchemaError("message", f"not valid msgpack: {_describe(exc)}") from None
     return validate_batch(raw)
+
+
+MSGPACK_MAX_DEPTH = 1024  # msgpack's C unpacker refuses deeper nesting (StackError)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _extra_data_reason(data: bytes, exc: msgpack.ExtraData) -> str:
+    """Why a message is not one msgpack value: JSON, or foreign bytes whose first byte happens to be a
+    complete msgpack value (a random byte usually is: any byte below 0x80 is a small integer)."""
+    head = bytes(data[:1])
+    if head in (b"{", b"["):
+        try:
+            json.loads(bytes(data))
+            return "the message is JSON, not a msgpack batch (this topic carries msgpack)"
+        except (ValueError, RecursionError):
+            pass
+    if isinstance(exc.unpacked, dict):
+        return f"{len(exc.extra)} trailing byte(s) after the batch map"
+    first = type(exc.unpacked).__name__ if exc.unpacked is not None else "nil"
+    return (f"not a msgpack batch: the first {len(data) - len(exc.extra)} byte(s) decode as a msgpack {first}, "
+            f"followed by {len(exc.extra)} byte(s) that are not part of it (random or foreign data?)")
 
 
 def peek_version(data: bytes) -> int | None:
@@ -521,6 +562,193 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
 }
 
 DLQ_HEADERS = ("obshub.reason", "obshub.field", "obshub.source.topic", "obshub.source.partition",
-               "obshub.source.offset")
+               "obshub.source.offset", "obshub.consumer")
 """A DLQ record keeps the original message value and key unchanged and adds these Kafka headers
-(UTF-8 strings): the error text, the offending field, and where the message came from."""
+(UTF-8 strings): the error text, the offending field, where the message came from, and the consumer
+group that could not use it (one message unusable by two consumers is in the DLQ once per consumer)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checking JSON records (step summaries, alert changes): every problem a SchemaError naming the field.
+# Accepted: numbers finite and within the signed 64-bit range (integers where an integer is documented:
+# a float with no fraction counts as one), map keys strings, strings at most MAX_STR_LEN characters,
+# nesting at most MAX_JSON_DEPTH levels below a field, at most MAX_JSON_ITEMS items per list or map.
+# ---------------------------------------------------------------------------------------------------------
+MAX_JSON_BYTES = MAX_BATCH_BYTES
+MAX_JSON_DEPTH = 6
+MAX_JSON_ITEMS = 65_536
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+
+# documented shape of each step-summary field: int, number, str, bool, [str], {str: int}, map, [map] ...
+_STEP_SHAPE: dict[str, str] = {
+    "v": "int", "job": "str", "step": "int", "closed_by": "str", "closed_at_ns": "int",
+    "hosts": "list[str]", "expected_hosts": "list[str]", "missing_hosts": "list[str]",
+    "step_time_ns": "map[int]", "step_time_max_ns": "int", "straggler": "map?", "blame": "list[map]",
+    "collectives": "list[map]", "layers": "map[map]", "baseline": "map", "stall": "bool",
+    "stall_ratio": "number", "quality": "map",
+}
+_NONNEG = {"closed_at_ns", "step_time_max_ns"}
+STEP_REQUIRED = ("job", "step")  # a summary without them belongs to no step
+
+
+def _type(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _number(where: str, v: Any) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SchemaError(where, f"expected a number, got {_type(v)} {_short(v)}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise SchemaError(where, f"number {v} is not finite")
+    if not I64_MIN <= v <= I64_MAX:
+        raise SchemaError(where, f"number {_short(v)} outside the signed 64-bit range")
+    return v
+
+
+def _int(where: str, v: Any, lo: int = I64_MIN) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SchemaError(where, f"expected an integer, got {_type(v)} {_short(v)}")
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise SchemaError(where, f"expected an integer, got {v}")
+        if not v.is_integer():
+            raise SchemaError(where, f"expected an integer, got {v}")
+    if not lo <= v <= I64_MAX:
+        raise SchemaError(where, f"{_short(v)} outside {lo}..{I64_MAX}")
+    return int(v)
+
+
+def check_json_str(where: str, v: Any) -> str:
+    """``v`` as a string of at most MAX_STR_LEN characters; SchemaError naming ``where`` otherwise."""
+    if not isinstance(v, str):
+        raise SchemaError(where, f"expected a string, got {_type(v)} {_short(v)}")
+    if len(v) > MAX_STR_LEN:
+        raise SchemaError(where, f"string of {len(v)} characters exceeds {MAX_STR_LEN}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SchemaError(where, f"not valid Unicode: lone surrogate {v[exc.start]!r} at character {exc.start}") from None
+    return v
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _value(where: str, v: Any, depth: int) -> Any:
+    """Any JSON value below a documented field: bounded depth, string keys, finite in-range numbers."""
+    if depth > MAX_JSON_DEPTH:
+        raise SchemaError(where, f"nested deeper than {MAX_JSON_DEPTH} levels")
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return _number(where, v)
+    if isinstance(v, str):
+        return check_json_str(where, v)
+    if isinstance(v, list):
+        if len(v) > MAX_JSON_ITEMS:
+            raise SchemaError(where, f"list of {len(v)} items exceeds {MAX_JSON_ITEMS}")
+        return [_value(f"{where}[{i}]", x, depth + 1) for i, x in enumerate(v)]
+    if isinstance(v, dict):
+        if len(v) > MAX_JSON_ITEMS:
+            raise SchemaError(where, f"map of {len(v)} keys exceeds {MAX_JSON_ITEMS}")
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise SchemaError(where, f"map key {_short(k)} is {_type(k)}, not a string")
+            check_json_str(f"{where} (key)", k)
+            _value(f"{where}.{k}", x, depth + 1)
+        return v
+    raise SchemaError(where, f"unsupported value type {_type(v)}")
+
+
+def check_shape(name: str, shape: str, v: Any) -> Any:
+    """Check the JSON value ``v`` of field ``name`` against ``shape``: ``int``, ``number``, ``str``,
+    ``bool``, ``map``, ``list[str]``, ``list[map]``, ``map[int]``, ``map[map]``, with a trailing ``?``
+    for "or null". Returns ``v`` (an integral float as an int). Raises SchemaError naming the field."""
+    if shape.endswith("?"):
+        if v is None:
+            return None
+        shape = shape[:-1]
+    if shape == "int":
+        return _int(name, v, 0 if name in _NONNEG else (-1 if name == "step" else I64_MIN))
+    if shape == "number":
+        return _number(name, v)
+    if shape == "str":
+        return check_json_str(name, v)
+    if shape == "bool":
+        if not isinstance(v, bool):
+            raise SchemaError(name, f"expected true or false, got {_type(v)} {_short(v)}")
+        return v
+    outer, _, inner = shape.partition("[")
+    inner = inner.rstrip("]")
+    if outer == "list":
+        if not isinstance(v, list):
+            raise SchemaError(name, f"expected a list, got {_type(v)} {_short(v)}")
+        if len(v) > MAX_JSON_ITEMS:
+            raise SchemaError(name, f"list of {len(v)} items exceeds {MAX_JSON_ITEMS}")
+        items = v
+        keys = [f"{name}[{i}]" for i in range(len(v))]
+    else:
+        if not isinstance(v, dict):
+            raise SchemaError(name, f"expected a map, got {_type(v)} {_short(v)}")
+        _value(name, v, 0)  # keys, depth, numbers of the whole map
+        items = list(v.values())
+        keys = [f"{name}.{k}" for k in v]
+    for where, x in zip(keys, items):
+        if inner == "str":
+            check_json_str(where, x)
+        elif inner == "int":
+            _int(where, x)
+        elif inner == "map":
+            if not isinstance(x, dict):
+                raise SchemaError(where, f"expected a map, got {_type(x)} {_short(x)}")
+            _value(where, x, 1)
+    return v
+
+
+def decode_json(value: bytes | None, what: str) -> Any:
+    """Parse one JSON message value; SchemaError names what was wrong (not JSON, not UTF-8, too deep)."""
+    if value is None or len(value) == 0:
+        raise SchemaError("message", "empty message (a tombstone or a message without a value)")
+    if len(value) > MAX_JSON_BYTES:
+        raise SchemaError("message", f"{len(value)} bytes exceed {MAX_JSON_BYTES}")
+    first = value[0]
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        hint = " (it looks like msgpack; this topic carries JSON)" if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF) \
+            else ""
+        raise SchemaError("message", f"not UTF-8 text: byte 0x{value[exc.start]:02x} at offset {exc.start}{hint}") from None
+
+    def constant(name: str) -> float:
+        raise SchemaError("message", f"{name} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=constant)
+    except SchemaError:
+        raise
+    except RecursionError:
+        raise SchemaError("message", f"{what} nested too deeply for the JSON parser") from None
+    except json.JSONDecodeError as exc:
+        raise SchemaError("message", f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # e.g. an integer literal of more than 4300 digits
+        raise SchemaError("message", f"not usable JSON: {exc}") from None
+
+
+def decode_step_summary(value: bytes | None) -> dict:
+    """Decode and check one ``obshub.steps.v1`` message value (JSON). Returns the summary as a dict whose
+    documented fields (``STEP_SUMMARY_FIELDS``) have their documented shape and ``STEP_REQUIRED`` are
+    present; undocumented fields are left as they are. Raises only :class:`SchemaError` (field, reason), for any input."""
+    data = decode_json(value, "step summary")
+    if not isinstance(data, dict):
+        raise SchemaError("message", f"a step summary is a JSON object, got {_type(data)}")
+    for name in STEP_REQUIRED:
+        if name not in data:
+            raise SchemaError(name, "missing field")
+    for name, shape in _STEP_SHAPE.items():
+        if name in data:
+            data[name] = check_shape(name, shape, data[name])
+    if "job" in data and not data["job"]:
+        raise SchemaError("job", "must not be empty")
+    return data

@@ -210,6 +210,7 @@ class AgentConfig(BaseModel):
     batch: BatchConfig = Field(default_factory=BatchConfig)
     spool: SpoolConfig
     metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_addr: str = "0.0.0.0"
     duration_s: float | None = Field(None, gt=0)
     loss_interval_s: float = Field(1.0, gt=0)
     flush_timeout_s: float = Field(15.0, ge=0)

@@ -16,6 +16,7 @@ Examples:
   obshub trace export --job dlrm --steps 10 -o dlrm.json          # one step of job "dlrm"
   obshub trace export --job dlrm --steps 100-120 -o slow.json     # a range of steps
   obshub trace export --job dlrm --steps 10 -o - | gzip > t.json.gz  # to stdout, compressed
+  obshub trace export --job dlrm --steps 5000-5010 --since 2h -o t.json  # read only the last 2 hours
   # then open the file in https://ui.perfetto.dev (Open trace file) or chrome://tracing
 """
 
@@ -45,18 +46,27 @@ def trace_group():
 @click.option("--timeout-s", default=60.0, show_default=True, help="give up reading a topic after this long")
 @click.option("--events-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
 @click.option("--steps-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries")
-def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps_topic):
+@click.option("--since", default=None, help="read only messages from this time on: 2h (ago) or 2026-12-01T02:00:00Z")
+@click.option("--until", default=None, help="read only messages up to this time (same forms as --since)")
+def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps_topic, since, until):
     """Write job JOB's steps as Chrome-trace JSON for ui.perfetto.dev: a process per host, a track
     per layer, flow arrows joining each collective across hosts, the straggler and blamed layer marked
     (from the step summaries on obshub.steps.v1)."""
     from obshub.core.settings import load_settings
     from obshub.export.perfetto import build_trace
-    from obshub.export.source import read_job
+    from obshub.export.source import parse_when, read_job
 
     rng = parse_steps(steps)
+    bounds = {}
+    for name, value in (("since", since), ("until", until)):
+        if value is not None:
+            try:
+                bounds[f"{name}_ns"] = parse_when(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
     settings = load_settings(bootstrap=bootstrap)
     data = read_job(settings.bootstrap_servers, job, rng, timeout_s=timeout_s, events_topic=events_topic,
-                    steps_topic=steps_topic)
+                    steps_topic=steps_topic, **bounds)
     if not data.hosts:
         raise ExportError(f"no events of job {job!r} in steps {rng[0]}-{rng[1]} on {settings.bootstrap_servers} "
                           f"({data.batches} batches read)",

@@ -1,14 +1,20 @@
 """Read one job's events and step summaries back from Kafka for export.
 
-Reads ``schema.TOPIC_EVENTS`` and ``schema.TOPIC_STEPS`` from the beginning up to the end offsets they
-had when the read started (a snapshot: live traffic arriving meanwhile is not waited for), with a
-throw-away consumer group that commits nothing. Batches that do not decode are counted, not fatal.
+Reads ``schema.TOPIC_STEPS`` and then ``schema.TOPIC_EVENTS`` up to the end offsets they had when the
+read started (a snapshot: live traffic arriving meanwhile is not waited for), with a throw-away consumer
+group that commits nothing. Neither topic is read from its oldest message when a time range is known:
+``snapshot`` starts each partition at the offset of the first message at or after ``since`` (Kafka's
+offsets-for-times lookup on message timestamps) and stops at the first one after ``until``. The events
+of the requested steps are read from ``EVENTS_BEFORE_S`` before the first of their summaries was closed
+to ``EVENTS_AFTER_S`` after the last (a step's batches are sent while it runs, its summary closes at most
+a window later); without summaries in range, the whole events topic within ``since``/``until`` is read.
+Messages that do not decode are counted and the first ``MAX_NOTED`` listed in ``JobData.notes``
+(topic[partition]@offset: field: problem), never fatal.
 Event times are put on the realtime clock (``ts_ns + clock.offset_ns``, see ``schema.to_realtime_ns``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -22,6 +28,7 @@ from obshub.export.perfetto import HostEvents
 QUIET_KAFKA_LOG = logging.getLogger("obshub.export.kafka")  # librdkafka noise; failures raise ExportError
 QUIET_KAFKA_LOG.addHandler(logging.NullHandler())
 QUIET_KAFKA_LOG.propagate = False
+MAX_NOTED = 20  # unusable messages listed by location and reason; the rest are counted
 
 
 @dataclass
@@ -36,13 +43,44 @@ class JobData:
     notes: list[str] = field(default_factory=list)
 
 
-def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator[bytes]:
-    """Every message value of ``topic`` up to its current end offsets."""
+def parse_when(text: str, now_ns: int | None = None) -> int:
+    """A point in time for ``--since``/``--until``: a duration ago (``30m``, ``2h``, ``1d``, as in rule
+    files) or an ISO 8601 / RFC 3339 time (``2026-12-01T02:00:00Z``; no zone = UTC). Returns
+    CLOCK_REALTIME ns. Raises ValueError naming the text."""
+    from datetime import datetime, timezone
+
+    from rules.durations import parse_duration_ns
+
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    try:
+        return now_ns - parse_duration_ns(text)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a duration ago (30m, 2h, 1d) nor a time "
+                         "(2026-12-01T02:00:00Z)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return int(dt.timestamp() * 1e9)
+
+
+EVENTS_BEFORE_S = 600.0
+EVENTS_AFTER_S = 60.0
+
+
+def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | None = None,
+             until_ns: int | None = None, log=QUIET_KAFKA_LOG) -> Iterator:
+    """Every message (confluent_kafka Message) of ``topic`` up to its current end offsets, restricted to messages whose
+    Kafka timestamp (ms) is within [``since_ns``, ``until_ns``] when given: each partition starts at
+    ``offsets_for_times(since)`` and ends at ``offsets_for_times(until)``, so nothing outside is read.
+    Raises ExportError when Kafka cannot be reached or the read does not finish within ``timeout_s``."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap),
                                        f"obshub-export-{uuid.uuid4().hex[:8]}", {
-        "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": QUIET_KAFKA_LOG}))
+        "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": log}))
     try:
         try:
             md = c.list_topics(topic, timeout=min(timeout_s, 10.0))
@@ -52,9 +90,19 @@ def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator[bytes]:
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None or not tmd.partitions:
             return
-        ends, parts = {}, []
+        bounds = {}
         for p in tmd.partitions:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            bounds[p] = list(c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s))
+        for ns, idx in ((since_ns, 0), (until_ns, 1)):
+            if ns is None:
+                continue
+            ms = max(0, ns // 1_000_000 + (1 if idx == 1 else 0))  # until: first message strictly after
+            found = c.offsets_for_times([TopicPartition(topic, p, ms) for p in bounds], timeout=timeout_s)
+            for tp in found:
+                lo_hi = bounds[tp.partition]
+                lo_hi[idx] = tp.offset if tp.offset >= 0 else lo_hi[1]  # -1: no message that late
+        ends, parts = {}, []
+        for p, (lo, hi) in bounds.items():
             if hi > lo:
                 ends[p] = hi
                 parts.append(TopicPartition(topic, p, lo))
@@ -64,11 +112,14 @@ def _snapshot(bootstrap: str, topic: str, timeout_s: float) -> Iterator[bytes]:
         deadline = time.monotonic() + timeout_s
         while ends and time.monotonic() < deadline:
             m = c.poll(0.5)
-            if m is None or m.error():
+            if m is None or m.error() or m.partition() not in ends:
                 continue
-            if m.offset() + 1 >= ends.get(m.partition(), 0):
-                ends.pop(m.partition(), None)
-            yield m.value()
+            end = ends[m.partition()]
+            if m.offset() + 1 >= end:
+                del ends[m.partition()]
+                c.pause([TopicPartition(topic, m.partition())])
+            if m.offset() < end:
+                yield m
         if ends:
             raise ExportError(f"Failed to read {topic} to its end within {timeout_s:.0f} s "
                               f"({len(ends)} partition(s) short)", hint="raise --timeout-s")
@@ -82,18 +133,39 @@ def _host_order(h: HostEvents):
 
 
 def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: float = 60.0,
-             events_topic: str = schema.TOPIC_EVENTS, steps_topic: str = schema.TOPIC_STEPS) -> JobData:
+             events_topic: str = schema.TOPIC_EVENTS, steps_topic: str = schema.TOPIC_STEPS,
+             since_ns: int | None = None, until_ns: int | None = None) -> JobData:
     """Events of ``job`` whose step is within ``steps`` (inclusive), per host, and the job's step
-    summaries in that range. Raises ExportError when the broker cannot be reached."""
+    summaries in that range; ``since_ns``/``until_ns`` (CLOCK_REALTIME ns) bound the Kafka timestamps
+    read. Raises ExportError when the broker cannot be reached."""
     lo, hi = steps
     hosts: dict[str, HostEvents] = {}
     data = JobData([], {})
-    for value in _snapshot(bootstrap, events_topic, timeout_s):
+    closed = []
+    bad: list[str] = []
+    bad_steps = 0
+    for m in snapshot(bootstrap, steps_topic, timeout_s, since_ns=since_ns, until_ns=until_ns):
+        try:
+            s = schema.decode_step_summary(m.value())
+        except schema.SchemaError as exc:
+            bad_steps += 1
+            bad.append(f"{m.topic()}[{m.partition()}]@{m.offset()}: {exc}")
+            continue
+        if s.get("job") == job and isinstance(s.get("step"), int) and lo <= s["step"] <= hi:
+            data.summaries[s["step"]] = s  # the latest summary of a step wins
+            if isinstance(s.get("closed_at_ns"), int) and s["closed_at_ns"] > 0:
+                closed.append(s["closed_at_ns"])
+    ev_since, ev_until = since_ns, until_ns
+    if closed and len(data.summaries) == hi - lo + 1:  # every step has a summary: its time bounds the events
+        ev_since = max(since_ns or 0, min(closed) - int(EVENTS_BEFORE_S * 1e9))
+        ev_until = min(until_ns or (1 << 62), max(closed) + int(EVENTS_AFTER_S * 1e9))
+    for m in snapshot(bootstrap, events_topic, timeout_s, since_ns=ev_since, until_ns=ev_until):
         data.batches += 1
         try:
-            b = schema.decode_batch(value)
-        except schema.SchemaError:
+            b = schema.decode_batch(m.value())
+        except schema.SchemaError as exc:
             data.undecodable += 1
+            bad.append(f"{m.topic()}[{m.partition()}]@{m.offset()}: {exc}")
             continue
         if b.job != job:
             continue
@@ -101,14 +173,12 @@ def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: flo
         for e in b.events:
             if lo <= e.step <= hi:
                 h.events.append(e._replace(ts_ns=schema.to_realtime_ns(e.ts_ns, b.clock)))
-    for value in _snapshot(bootstrap, steps_topic, timeout_s):
-        try:
-            s = json.loads(value)
-        except (ValueError, TypeError):
-            continue
-        if isinstance(s, dict) and s.get("job") == job and isinstance(s.get("step"), int) and lo <= s["step"] <= hi:
-            data.summaries[s["step"]] = s  # the latest summary of a step wins
     data.hosts = sorted((h for h in hosts.values() if h.events), key=_host_order)
     if data.undecodable:
         data.notes.append(f"{data.undecodable} batch(es) on {events_topic} did not decode and were skipped")
+    if bad_steps:
+        data.notes.append(f"{bad_steps} step summary(ies) on {steps_topic} did not decode and were skipped")
+    data.notes += [f"skipped {where}" for where in bad[:MAX_NOTED]]
+    if len(bad) > MAX_NOTED:
+        data.notes.append(f"... and {len(bad) - MAX_NOTED} more")
     return data

@@ -4,7 +4,8 @@ Body: a JSON array of ``{"labels", "annotations", "startsAt", "endsAt", "generat
 RFC 3339. Alertmanager expects clients to re-send firing alerts (every 30 s to 3 min): the dispatcher
 re-sends to this sink every ``resend_every`` while an alert fires, and, as Prometheus does, a firing
 alert carries ``endsAt = now + 4 * resend_every`` so Alertmanager resolves it by itself if obshub dies.
-A resolved alert carries its real ``endsAt``."""
+A resolved alert carries its real ``endsAt``. Requests carry at most ``MAX_BATCH`` alerts (as Prometheus
+sends them). ``annotations.runbook_url`` is the rule's runbook link when the engine could make one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 
 from rules.lifecycle import rfc3339
 from rules.sinks.base import Notification, Sink
+
+MAX_BATCH = 64
 
 
 class AlertmanagerSink(Sink):
@@ -39,4 +42,5 @@ class AlertmanagerSink(Sink):
         return out
 
     def requests(self, n: Notification) -> list[tuple[str, Any]]:
-        return [(self.url, [self.alert(a) for a in n.alerts])]
+        alerts = [self.alert(a) for a in n.alerts]
+        return [(self.url, alerts[i:i + MAX_BATCH]) for i in range(0, len(alerts), MAX_BATCH)]

@@ -14,6 +14,19 @@ Example::
       - {name: am, type: alertmanager, url: "http://alertmanager:9093", resend_every: 1m}
       - {name: hook, type: webhook, url_env: OBSHUB_WEBHOOK_URL}
       - {name: console, type: console}
+
+Alertmanager-first (``mode: alertmanager``): obshub does no grouping, inhibition or silencing of its
+own; every firing and resolved change goes straight to the Alertmanager sinks (firing alerts re-sent
+every ``resend_every``), and the team's Alertmanager groups, inhibits, silences and routes them to its
+receivers. Only ``alertmanager`` and ``console`` sinks are allowed in this mode; ``route`` and rule
+``inhibit`` entries are not applied (a warning says so)::
+
+    version: 1
+    mode: alertmanager
+    external_url: http://obshub-rules.monitoring:9108      # where generatorURL links lead (/rules#<rule>)
+    runbook_base_url: https://git.example.com/obshub/blob/main/   # runbook_url = base + rule's runbook path
+    sinks:
+      - {name: am, type: alertmanager, url: "http://alertmanager:9093", resend_every: 1m}
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from rules.durations import parse_duration_ns
 from rules.errors import SinkConfigError
@@ -89,14 +102,38 @@ class SinkSpec(BaseModel):
 
 
 class AlertingConfig(BaseModel):
-    """The whole alerting config file."""
+    """The whole alerting config file. ``mode``: ``obshub`` (obshub groups, inhibits and silences, then
+    delivers to every sink) or ``alertmanager`` (Alertmanager-first, see the module docstring).
+    ``external_url``: the base URL under which the rule engine's HTTP port is reachable (its ``/rules``
+    page is every alert's ``generatorURL``); empty = ``http://<this host's name>:<metrics port>``.
+    ``runbook_base_url``: prefix that turns a rule's runbook path into the ``runbook_url`` annotation."""
 
     model_config = ConfigDict(extra="forbid")
     version: Literal[1] = 1
+    mode: Literal["obshub", "alertmanager"] = "obshub"
     route: Route = Field(default_factory=Route)
     delivery: Delivery = Field(default_factory=Delivery)
     sinks: list[SinkSpec] = Field(default_factory=lambda: [SinkSpec(name="console", type="console")])
-    external_url: str = "http://localhost:9099/rules"
+    external_url: str = ""
+    runbook_base_url: str = ""
+
+    @field_validator("external_url", "runbook_base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _alertmanager_first(self) -> "AlertingConfig":
+        if self.mode == "alertmanager":
+            other = [f"{s.name} ({s.type})" for s in self.sinks if s.type not in ("alertmanager", "console")]
+            if other:
+                raise ValueError(f"mode alertmanager sends every alert to Alertmanager only; sinks {', '.join(other)} "
+                                 "belong in Alertmanager's receivers")
+            if not any(s.type == "alertmanager" for s in self.sinks):
+                raise ValueError("mode alertmanager needs at least one sink of type alertmanager")
+        return self
 
 
 def read_secret(name: str, env: str | None, file: Path | None, what: str) -> SecretStr:
@@ -154,7 +191,7 @@ def load_config(path: Path | None) -> AlertingConfig:
     try:
         return AlertingConfig.model_validate(raw or {})
     except ValidationError as exc:
-        lines = [f"{path}: {'/'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        lines = [f"{path}: {'/'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
         raise SinkConfigError("invalid alerting config:\n" + "\n".join(lines), "see rules/sinks/config.py") from None
 
 

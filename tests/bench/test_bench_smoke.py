@@ -27,7 +27,7 @@ def test_list_names_every_benchmark(tmp_path):
     assert proc.returncode == 0, proc.stderr
     names = [ln.split()[0] for ln in proc.stdout.splitlines() if ln.strip()]
     assert names == ["training_overhead", "agent_throughput", "stream_throughput", "rules_throughput", "ttd",
-                     "scale"]
+                     "width", "scale"]
 
 
 def test_unknown_benchmark_is_refused(tmp_path):

@@ -41,10 +41,10 @@ def test_two_agents_deliver_every_event_exactly(kafka, tmp_path):
     wait_for(lambda: agents[0].lost_totals.get("sched") == 17, 10, "the loss report")
     wait_for(lambda: agents[0].transport.idle and agents[0].batcher.open_events == 0, 20, "delivery")
     body = httpx.get(f"http://127.0.0.1:{agents[0].metrics_port}/metrics", timeout=10).text
-    assert re.search(r'obshub_agent_events_total\{host="[^"]+",job="tjob",kind="STEP_BEGIN"\} (\d+)', body)
-    assert re.search(r'obshub_agent_lost_events_total\{[^}]*probe="sched"\} 17\.0', body)
+    assert re.search(r'obshub_agent_events_total\{host="[^"]+",kind="STEP_BEGIN",training_job="tjob"\} (\d+)', body)
+    assert re.search(r'obshub_agent_lost_events_total\{[^}]*probe="sched"[^}]*\} 17\.0', body)
     assert re.search(r"obshub_agent_batches_delivered_total\{[^}]*\} [1-9]", body)
-    for name in ("obshub_agent_spool_bytes", "obshub_agent_clock_offset_ns", "obshub_agent_delivery_errors_total"):
+    for name in ("obshub_agent_spool_bytes", "obshub_agent_clock_offset_seconds", "obshub_agent_delivery_errors_total"):
         assert name in body
     assert [r.stop() for r in runs] == [0, 0]
 

@@ -153,7 +153,7 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
         os.utime(rules, ns=(st.st_atime_ns, st.st_mtime_ns))
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: "reloaded 1 rules" in log.read_text(), 30, "the accepted reload", proc, log)
-        port = int(re.search(r"metrics on http://127.0.0.1:(\d+)/metrics", log.read_text()).group(1))
+        port = int(re.search(r"metrics on http://[^:/]+:(\d+)/metrics", log.read_text()).group(1))
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         assert 'obshub_rules_reloads_total{outcome="rejected"} 1.0' in metrics
         assert 'obshub_rules_reloads_total{outcome="ok"} 1.0' in metrics

@@ -1,0 +1,276 @@
+"""Synthetic agents of one wide job, cheap enough for 2,048 hosts at 1 s steps (131,072 events/s): the
+batches of every host are built and msgpack-encoded *before* the run from a few template steps of
+``streams.synthetic`` (known straggler and guilty layer), then published on a wall-clock schedule by one
+confluent-kafka producer, the way ``obshub agent`` would send them.
+
+Shape of the load (``Shape``):
+
+- ``hosts`` agents of job ``job``, one rank each; ``events_per_step`` events per host and step (default
+  64, the stream benchmark's shape: the scenario's ~13 structural events plus SCHED_RUNQ filler, see
+  bench/loadgen.py);
+- steps of ``step_s`` seconds (wall clock and event time alike): compute ~0.74 s, then idle;
+- ``batches_per_step`` batches per host and step: the agent seals a batch every 200 ms, so a 1 s step
+  reaches Kafka as 5 batches per host (a batch holds the events of its 200 ms; an empty one is not sent);
+  the batch of slot ``j`` of step ``s`` is published at ``T0 + (s + (j + 1) / batches_per_step) * step_s``;
+- from step ``guilty_from`` on, host ``straggler`` (``node2``) is slower by ``extra_ms`` each step,
+  spent waiting for a CPU (run-queue events): the stream app must name it, blamed for ``sched``, and the
+  builtin rule ``sched_contention_on_straggler`` must fire for it.
+
+Templates: ``TEMPLATES`` clean steps and as many guilty ones (so jitter differs between steps); step ``s``
+is a copy of a template with its times shifted to ``start_ns + s * step_s`` and its step number, TraceKey
+step bits, step markers and collective sequence numbers rewritten. Every batch is a valid v1 batch
+(``obshub.schema``), ``seq`` contiguous per agent from the REGISTER batch (seq 0).
+
+Run as a process (what ``bench.width`` does)::
+
+    python -m bench.fleet --bootstrap 127.0.0.1:9092 --hosts 512 --steps 90
+    # stdout, JSON lines: {"ready": ...} once encoded; then, after "go <epoch_s>" on stdin,
+    # {"step": s, "t_ns": ..., "events": ..., "messages": ..., "late_s": ...} after each step's last batch
+
+``t_ns`` is the wall time at which every batch of the step was acknowledged by the broker (the step's
+last event is in Kafka); ``late_s`` how far behind schedule the producer was (0 when it kept up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from obshub.core import kafka, schema
+from obshub.core.schema import Batch, Kind
+from streams import synthetic
+
+TEMPLATES = 2
+RUNQ_NS = 20_000    # filler run-queue waits: accumulated by the worker, far below any blame threshold
+STEP16 = 0xFFFF << 32
+_MARKERS = (int(Kind.STEP_BEGIN), int(Kind.STEP_END))
+_COLLS = (int(Kind.COLLECTIVE_BEGIN), int(Kind.COLLECTIVE_END))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One job's load. Times: ``step_s`` seconds, ``extra_ms`` ms. See the module docstring."""
+
+    hosts: int
+    steps: int
+    job: str = "wide"
+    events_per_step: int = 64
+    batches_per_step: int = 5
+    step_s: float = 1.0
+    guilty_from: int = 2
+    extra_ms: float = 200.0
+
+    @property
+    def straggler(self) -> int:
+        """Index of the slow host (``node2``, or the last host of a smaller job)."""
+        return min(2, self.hosts - 1)
+
+    @property
+    def straggler_host(self) -> str:
+        return f"node{self.straggler}"
+
+    @property
+    def events_per_step_total(self) -> int:
+        return self.hosts * self.events_per_step
+
+
+def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
+    """The ``streams.synthetic`` scenario whose steps are the templates: ``TEMPLATES`` clean steps, then
+    ``TEMPLATES`` guilty ones; a clean step lasts ~0.74 s, a guilty one ``extra_ms`` more (both < 1 s)."""
+    return synthetic.Scenario(job=shape.job, hosts=shape.hosts, steps=2 * TEMPLATES, straggler=shape.straggler,
+                              guilty_steps=tuple(range(TEMPLATES, 2 * TEMPLATES)), guilty_layer="sched",
+                              forward_ms=560.0, bucket_ms=40.0, coll_ms=10.0, optimizer_ms=30.0,
+                              extra_ms=shape.extra_ms, start_ns=start_ns)
+
+
+def _pad(batch: Batch, events_per_step: int) -> list[list]:
+    """The events of a one-step batch (as lists) plus SCHED_RUNQ filler up to ``events_per_step``, spread
+    evenly over the step, sorted by time (bench/loadgen.py's shape, without its per-event checks)."""
+    evs = [list(e) for e in batch.events]
+    n = events_per_step - len(evs)
+    if n > 0:
+        e0 = evs[0]
+        begin = min(e[1] for e in evs)
+        span = max(1, max(e[1] + e[2] for e in evs) - begin)
+        tk = (batch.host_id << 48) | ((e0[4] & 0xFFFF) << 32)
+        evs += [[int(Kind.SCHED_RUNQ), begin + span * (j + 1) // (n + 1), RUNQ_NS, tk | (1 + j % 8), e0[4], e0[5],
+                 e0[6], -1, 0, None] for j in range(n)]
+    evs.sort(key=lambda e: e[1])
+    return evs
+
+
+class Fleet:
+    """Templates of ``shape`` and the encoder of any step from them. ``start_ns``: realtime of step 0."""
+
+    def __init__(self, shape: Shape, start_ns: int):
+        if shape.hosts < 1 or shape.steps < 1 or shape.batches_per_step < 1:
+            raise ValueError(f"hosts={shape.hosts}, steps={shape.steps}, batches_per_step={shape.batches_per_step} "
+                             f"must be >= 1")
+        self.shape, self.start_ns = shape, start_ns
+        scn = scenario(shape, start_ns)
+        self.step_ns = int(shape.step_s * 1e9)
+        pairs = synthetic.generate(scn)
+        self.register = [b for _k, b in pairs[:shape.hosts]]
+        # tmpl[t][i] = list of batch slots, each a list of (event list, collective index or -1)
+        self.tmpl: list[list[list[list[tuple[list, int]]]]] = [[[] for _ in range(shape.hosts)]
+                                                                for _ in range(2 * TEMPLATES)]
+        self.clock = {b.host_id: b.clock for b in self.register}
+        begin_rt: dict[int, int] = {}   # realtime of each template step's begin: its earliest event
+        for _k, b in pairs[shape.hosts:]:
+            t = b.events[0].step
+            rt = min(e.ts_ns for e in b.events) + b.clock.offset_ns
+            begin_rt[t] = min(begin_rt.get(t, rt), rt)
+        for _k, b in pairs[shape.hosts:]:
+            evs = _pad(b, shape.events_per_step)
+            t = b.events[0].step
+            rt0 = b.clock.offset_ns
+            slots: list[list[tuple[list, int]]] = [[] for _ in range(shape.batches_per_step)]
+            for e in evs:
+                j = min(shape.batches_per_step - 1,
+                        max(0, (e[1] + rt0 - begin_rt[t]) * shape.batches_per_step // self.step_ns))
+                k = e[9]["coll_seq"] - t * scn.colls_per_step if e[0] in _COLLS else -1
+                slots[j].append((e, k))
+            self.tmpl[t][b.host_id] = slots
+        self.begin_rt = begin_rt
+        self.colls = scn.colls_per_step
+
+    def template_of(self, step: int) -> int:
+        """Template index of run step ``step``: clean before ``guilty_from``, guilty from it on."""
+        return step % TEMPLATES + (TEMPLATES if step >= self.shape.guilty_from else 0)
+
+    def register_messages(self) -> list[tuple[bytes, bytes]]:
+        """The REGISTER batch (seq 0) of every host."""
+        out = []
+        for b in self.register:
+            b2 = Batch(b.job, b.host, b.host_id, b.agent_id, 0, b.events, b.clock, self.start_ns)
+            out.append((b.host.encode(), schema.encode_batch(b2)))
+        return out
+
+    def step_slots(self, step: int, seqs: list[int]) -> list[tuple[list[tuple[bytes, bytes]], int]]:
+        """The batches of ``step``: one list of ``(key, value)`` per publication slot (empty batches left
+        out), with the slot's event count. ``seqs[i]`` is host i's next batch seq (advanced here)."""
+        t = self.template_of(step)
+        shift = self.start_ns + step * self.step_ns - self.begin_rt[t]
+        tk_step = (step & 0xFFFF) << 32
+        base_coll = step * self.colls
+        slot_ns = self.step_ns // self.shape.batches_per_step
+        job = self.shape.job
+        out = []
+        for j in range(self.shape.batches_per_step):
+            msgs, n = [], 0
+            sent = self.start_ns + step * self.step_ns + (j + 1) * slot_ns
+            for b in self.register:
+                i = b.host_id
+                slot = self.tmpl[t][i][j]
+                if not slot:
+                    continue
+                evs = []
+                for e, k in slot:
+                    kind = e[0]
+                    p = e[9]
+                    if k >= 0:
+                        p = {**p, "coll_seq": base_coll + k}
+                    evs.append([kind, e[1] + shift, e[2], (e[3] & ~STEP16) | tk_step, step if e[4] >= 0 else e[4],
+                                e[5], e[6], e[7], step if kind in _MARKERS else e[8], p])
+                batch = Batch(job, b.host, i, b.agent_id, seqs[i], evs, b.clock, sent)
+                seqs[i] += 1
+                msgs.append((b.host.encode(), schema.encode_batch(batch)))
+                n += len(evs)
+            out.append((msgs, n))
+        return out
+
+    def encode_all(self) -> list[list[tuple[list[tuple[bytes, bytes]], int]]]:
+        """Every step of the shape, encoded: ``[step][slot] = (messages, events)``."""
+        seqs = [1] * self.shape.hosts
+        return [self.step_slots(s, seqs) for s in range(self.shape.steps)]
+
+
+def one_step_batches(shape: Shape, step: int) -> list[Batch]:
+    """The decoded batches of one run step (for measuring ``streams.analysis.summarize`` on the very data
+    the pipeline gets)."""
+    f = Fleet(Shape(**{**shape.__dict__, "steps": step + 1}), time.time_ns())
+    seqs = [1] * shape.hosts
+    return [schema.decode_batch(v) for msgs, _n in f.step_slots(step, seqs) for _k, v in msgs]
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def publish(bootstrap: str, topic: str, shape: Shape, *, compression: str = "lz4") -> int:
+    """Encode every step, report ready, wait for ``go <epoch_s>`` on stdin, publish on schedule (see the
+    module docstring). Returns 0; SIGTERM stops after the current slot."""
+    from confluent_kafka import Producer
+
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
+    t0 = time.perf_counter()
+    # event time of step 0: now, so events trail the wall clock by the encoding time (never lead it: a
+    # record time ahead of the wall clock would move the rule engine's clock past the step summaries')
+    start_ns = time.time_ns()
+    fleet = Fleet(shape, start_ns)
+    steps = fleet.encode_all()
+    reg = fleet.register_messages()
+    size = sum(len(v) for st in steps for msgs, _n in st for _k, v in msgs)
+    _emit({"ready": True, "encode_s": time.perf_counter() - t0, "bytes": size,
+           "messages": sum(len(msgs) for st in steps for msgs, _n in st)})
+    line = sys.stdin.readline().split()
+    if len(line) != 2 or line[0] != "go":
+        return 2
+    go = float(line[1])
+    prod = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=bootstrap), {
+        "compression.type": compression, "linger.ms": 20, "enable.idempotence": True, "message.max.bytes": 16 << 20,
+        "queue.buffering.max.messages": 1_000_000}))
+    for k, v in reg:
+        prod.produce(topic, key=k, value=v)
+    prod.flush(30)
+    events = messages = 0
+    slot_s = shape.step_s / shape.batches_per_step
+    for s, slots in enumerate(steps):
+        late = 0.0
+        for j, (msgs, n) in enumerate(slots):
+            due = go + s * shape.step_s + (j + 1) * slot_s
+            wait = due - time.time()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                late = max(late, -wait)
+            if stop["now"]:
+                prod.flush(10)
+                return 0
+            for k, v in msgs:
+                prod.produce(topic, key=k, value=v)
+            prod.flush(30)
+            events += n
+            messages += len(msgs)
+        _emit({"step": s, "t_ns": time.time_ns(), "events": events, "messages": messages, "late_s": late})
+    prod.flush(30)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line of the publishing process (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", default=schema.TOPIC_EVENTS)
+    p.add_argument("--hosts", type=int, required=True)
+    p.add_argument("--job", default="wide")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--events-per-step", type=int, default=64)
+    p.add_argument("--batches-per-step", type=int, default=5)
+    p.add_argument("--step-s", type=float, default=1.0)
+    p.add_argument("--guilty-from", type=int, default=2)
+    a = p.parse_args(argv)
+    shape = Shape(a.hosts, a.steps, job=a.job, events_per_step=a.events_per_step, batches_per_step=a.batches_per_step,
+                  step_s=a.step_s, guilty_from=a.guilty_from)
+    return publish(a.bootstrap, a.topic, shape)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

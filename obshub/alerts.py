@@ -1,0 +1,100 @@
+"""``obshub alerts``: the alerts that are firing and that fired recently, read back from the alerts topic
+(``obshub.alerts.v1``, one record per state change, see rules/lifecycle.py ``change_record``).
+
+Only the time range asked for is read (``--since``, default 24 h): each partition is entered at the
+offset of its first record at or after that time (Kafka's offsets-for-times), never at its oldest
+message. Per alert (fingerprint) the latest change wins: ``firing`` means still firing when the read
+started; ``resolved`` ended within the range. Filters: training job, host, rule; ``--firing`` keeps the
+firing ones only. Exit status: 0, or 1 when Kafka cannot be read (with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from obshub.core import schema
+
+EPILOG = """\b
+Examples:
+  obshub alerts                              # firing and recent (24 h) alerts, newest first
+  obshub alerts --firing                     # only what fires now
+  obshub alerts --job llm-70b --since 2h     # one training job, the last two hours
+  obshub alerts --host node17 --rule tcp_retransmits_on_straggler
+  obshub alerts --since 2026-12-01T00:00:00Z --until 2026-12-01T06:00:00Z --json   # a window, for scripts
+"""
+
+
+def latest_alerts(values, *, job: str | None = None, host: str | None = None, rule: str | None = None,
+                  firing_only: bool = False) -> list[dict]:
+    """The latest firing/resolved change of each alert among ``values`` (JSON change records as bytes),
+    filtered by the ``job``/``host`` labels and the ``rule``; sorted firing first, then newest first.
+    Undecodable records are skipped."""
+    latest: dict[str, dict] = {}
+    for v in values:
+        try:
+            rec = json.loads(v)
+        except (ValueError, TypeError):
+            continue
+        if not isinstance(rec, dict) or rec.get("status") not in ("firing", "resolved"):
+            continue
+        labels = rec.get("labels") or {}
+        if (job and labels.get("job") != job) or (host and labels.get("host") != host) \
+                or (rule and rec.get("rule") != rule):
+            continue
+        fp = rec.get("fingerprint", "")
+        if fp not in latest or int(rec.get("updated_at_ns", 0)) >= int(latest[fp].get("updated_at_ns", 0)):
+            latest[fp] = rec
+    out = [r for r in latest.values() if not firing_only or r["status"] == "firing"]
+    return sorted(out, key=lambda r: (r["status"] != "firing", -int(r.get("updated_at_ns", 0))))
+
+
+@click.command("alerts", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--since", default="24h", show_default=True, help="from this time: 2h (ago) or 2026-12-01T02:00:00Z")
+@click.option("--until", default=None, help="up to this time (same forms as --since) [default: now]")
+@click.option("--job", default=None, help="only alerts of this training job (label job)")
+@click.option("--host", default=None, help="only alerts of this host (label host)")
+@click.option("--rule", default=None, help="only alerts of this rule id (label alertname)")
+@click.option("--firing", "firing_only", is_flag=True, help="only alerts still firing")
+@click.option("--json", "as_json", is_flag=True, help="one JSON array of the latest change records")
+@click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
+@click.option("--timeout-s", default=60.0, show_default=True, help="give up reading after this long")
+def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstrap, timeout_s):
+    """List the alerts firing now and those that fired recently, by job, host and rule."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from obshub.core.settings import load_settings
+    from obshub.export.source import parse_when, snapshot
+
+    bounds = {}
+    for name, value in (("since", since), ("until", until)):
+        if value is not None:
+            try:
+                bounds[f"{name}_ns"] = parse_when(value)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
+    settings = load_settings(bootstrap=bootstrap)
+    rows = latest_alerts((m.value() for m in snapshot(settings.bootstrap_servers, schema.TOPIC_ALERTS, timeout_s,
+                                                      **bounds)),
+                         job=job, host=host, rule=rule, firing_only=firing_only)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"no {'firing ' if firing_only else ''}alerts since {since}"
+                   + (f" for job {job}" if job else "") + (f" on host {host}" if host else ""))
+        return
+    now = time.time_ns()
+    t = Table("status", "since", "rule", "job", "host", "layer", "severity", "summary",
+              title=f"alerts since {since} ({sum(r['status'] == 'firing' for r in rows)} firing)")
+    for r in rows:
+        lab = r.get("labels") or {}
+        at = r.get("ends_at_ns") if r["status"] == "resolved" else r.get("starts_at_ns")
+        ago = f"{(now - int(at)) / 60e9:.0f} min ago" if at else ""
+        t.add_row("[red]firing[/red]" if r["status"] == "firing" else "[green]resolved[/green]", ago, r.get("rule", ""),
+                  lab.get("job", ""), lab.get("host", ""), lab.get("layer", ""), r.get("severity", ""),
+                  str((r.get("annotations") or {}).get("summary", "")))
+    Console(highlight=False, width=200).print(t)

@@ -1,0 +1,196 @@
+"""The hits of one alert group within a rule's ``window``, with running aggregates.
+
+A hit is ``(t_ns, value)``. The window keeps its hits ordered by time (an out-of-order hit is inserted
+in place) and maintains, as hits arrive and age out, the running sum and count, and for ``max``/``min``
+a monotonic queue (the candidates for the extreme, front = current extreme; the sliding-window maximum
+of Lemire, "Streaming maximum-minimum filter using no more than three comparisons per element", 2006).
+Adding a hit and pruning cost O(1) amortised instead of a pass over every hit of the window.
+
+Aggregates: ``count`` (number of hits), ``sum``, ``avg``, ``max``, ``min`` of the values; 0.0 for an
+empty window. A running float sum can differ from a fresh sum in the last bits; ``value`` and
+``true_until`` recompute exactly (Python's ``sum`` over the hits in time order) whenever a running
+value lies within ``EXACT_BAND`` of the threshold, so a threshold decision never depends on rounding.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+EXACT_BAND = 1e-9        # relative distance to the threshold below which sums are recomputed exactly
+
+
+class Window:
+    """Hits of one group; ``kind`` is the rule's aggregate. ``maxlen`` bounds the hits kept (oldest
+    dropped first, like a bounded deque)."""
+
+    __slots__ = ("kind", "maxlen", "times", "values", "total", "extreme")
+
+    def __init__(self, kind: str, maxlen: int) -> None:
+        self.kind, self.maxlen = kind, maxlen
+        self.times: deque[int] = deque()
+        self.values: deque[float] = deque()
+        self.total = 0.0
+        self.extreme: deque[tuple[int, float]] | None = deque() if kind in ("max", "min") else None
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def _better(self, a: float, b: float) -> bool:
+        # strict: equal values stay queued, so dropping the oldest hit finds its own entry at the front
+        return a > b if self.kind == "max" else a < b
+
+    def add(self, t: int, v: float) -> None:
+        """Add the hit ``(t, v)``."""
+        times = self.times
+        if times and t < times[-1]:
+            self._insert(t, v)
+        else:
+            times.append(t)
+            self.values.append(v)
+            self.total += v
+            ext = self.extreme
+            if ext is not None:
+                while ext and self._better(v, ext[-1][1]):
+                    ext.pop()
+                ext.append((t, v))
+        if len(times) > self.maxlen:
+            self._pop_oldest()
+
+    def _insert(self, t: int, v: float) -> None:
+        i = bisect.bisect_right(self.times, t)
+        self.times.insert(i, t)
+        self.values.insert(i, v)
+        self.total += v
+        if self.extreme is not None:
+            self._rebuild_extreme()
+
+    def _rebuild_extreme(self) -> None:
+        ext = self.extreme = deque()
+        for t, v in zip(self.times, self.values):
+            while ext and self._better(v, ext[-1][1]):
+                ext.pop()
+            ext.append((t, v))
+
+    def _pop_oldest(self) -> None:
+        t = self.times.popleft()
+        v = self.values.popleft()
+        self.total -= v
+        ext = self.extreme
+        if ext is not None and ext and ext[0][0] == t and ext[0][1] == v:
+            ext.popleft()
+        if not self.times:
+            self.total = 0.0
+
+    def prune(self, horizon: int) -> None:
+        """Drop the hits at or before ``horizon`` (ns)."""
+        times = self.times
+        while times and times[0] <= horizon:
+            self._pop_oldest()
+
+    def push(self, t: int, v: float, horizon: int, at_least: float) -> float:
+        """``add(t, v)``, ``prune(horizon)`` and ``value(at_least)`` in one call (the engine's per-hit path)."""
+        times, values = self.times, self.values
+        if self.extreme is None and (not times or t >= times[-1]):
+            times.append(t)
+            values.append(v)
+            self.total += v
+            if len(times) > self.maxlen:
+                self._pop_oldest()
+        else:
+            self.add(t, v)
+        while times and times[0] <= horizon:
+            times.popleft()
+            self.total -= values.popleft()
+            if self.extreme is not None:
+                ext = self.extreme
+                if ext and ext[0][0] <= horizon:
+                    ext.popleft()
+        n = len(times)
+        if not n:
+            self.total = 0.0
+            return 0.0
+        kind = self.kind
+        if kind == "count":
+            return float(n)
+        if kind == "sum":
+            agg = self.total
+            if abs(agg - at_least) > EXACT_BAND * max(1.0, abs(at_least)) and math.isfinite(agg):
+                return agg
+        return self.value(at_least)
+
+    def _exact(self) -> float:
+        vals = list(self.values)
+        if not vals:
+            return 0.0
+        if self.kind == "sum":
+            return float(sum(vals))
+        return float(sum(vals) / len(vals))
+
+    def value(self, at_least: float = math.nan) -> float:
+        """The aggregate of the hits (0.0 when empty); exact near ``at_least`` (see the module docstring)."""
+        n = len(self.times)
+        if not n:
+            return 0.0
+        k = self.kind
+        if k == "count":
+            return float(n)
+        if k in ("max", "min"):
+            return float(self.extreme[0][1])
+        v = self.total if k == "sum" else self.total / n
+        if not math.isfinite(v) or abs(v - at_least) <= EXACT_BAND * max(1.0, abs(at_least)):
+            return self._exact()
+        return float(v)
+
+    def true_until(self, at_least: float, window_ns: int) -> int:
+        """The time the aggregate stops reaching ``at_least`` given the hits known now: the latest
+        ``t + window_ns`` over the hits ``t`` such that the hits at or after ``t`` (those still alive just
+        before ``t`` ages out) reach ``at_least``; 0 when none does. Scans from the newest hit and stops
+        at the first time that qualifies."""
+        times, values, n = self.times, self.values, len(self.times)
+        if not n:
+            return 0
+        k = self.kind
+        if k == "count":
+            need = max(1, math.ceil(at_least))
+            return times[-need] + window_ns if n >= need else 0
+        s, c, ext = 0.0, 0, None
+        i = n - 1
+        while i >= 0:
+            t = times[i]
+            while i >= 0 and times[i] == t:      # every hit at the same time ages out together
+                v = values[i]
+                s += v
+                c += 1
+                if ext is None or (v > ext if k == "max" else v < ext):
+                    ext = v
+                i -= 1
+            if k in ("max", "min"):
+                agg = ext
+            else:
+                agg = s if k == "sum" else s / c
+                if not math.isfinite(agg) or abs(agg - at_least) <= EXACT_BAND * max(1.0, abs(at_least)):
+                    tail = [values[j] for j in range(i + 1, n)]
+                    agg = float(sum(tail)) if k == "sum" else float(sum(tail) / len(tail))
+            if agg >= at_least:
+                return t + window_ns
+        return 0
+
+    def to_list(self) -> list[list]:
+        """``[[t, v], ...]`` in time order (for the state file)."""
+        return [[t, v] for t, v in zip(self.times, self.values)]
+
+    @classmethod
+    def from_list(cls, kind: str, maxlen: int, hits: list) -> "Window":
+        """Inverse of ``to_list`` (hits in any order)."""
+        w = cls(kind, maxlen)
+        pairs = [(int(h[0]), float(h[1])) for h in hits]
+        if all(pairs[i][0] <= pairs[i + 1][0] for i in range(len(pairs) - 1)) and w.extreme is None:
+            w.times.extend(t for t, _ in pairs[-maxlen:])      # in order already (what snapshots hold)
+            w.values.extend(v for _, v in pairs[-maxlen:])
+            w.total = float(sum(w.values))
+            return w
+        for t, v in sorted(pairs, key=lambda h: h[0]):
+            w.add(t, v)
+        return w
