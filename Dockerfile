@@ -18,7 +18,7 @@ COPY bpf bpf
 COPY bench bench
 RUN python3 -m venv .venv \
     && .venv/bin/pip install --no-cache-dir --upgrade pip \
-    && .venv/bin/pip install --no-cache-dir '.[agent,streams,rules]'
+    && .venv/bin/pip install --no-cache-dir '.[all]'
 
 FROM debian:bookworm-slim
 RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \

@@ -7,10 +7,14 @@ import importlib
 import json
 import sys
 
-import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+try:
+    import click
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+except ModuleNotFoundError as _exc:  # an install with only the instrumentation (no extra)
+    sys.exit(f"obshub: the command line needs the Python package {_exc.name!r}, which this install lacks: "
+             "pip install 'obshub[all]' (or the extra of one role: obshub[agent], obshub[streams], obshub[rules])")
 
 from obshub import __version__, stack
 from obshub.core.errors import ObshubError
@@ -46,7 +50,15 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name in LAZY_COMMANDS:
             mod, attr = LAZY_COMMANDS[name].split(":")
-            return getattr(importlib.import_module(mod), attr)
+            try:
+                return getattr(importlib.import_module(mod), attr)
+            except ModuleNotFoundError as exc:
+                if exc.name and exc.name.split(".")[0] in ("obshub", "producer", "streams", "rules"):
+                    raise
+                role = {"agent": "agent", "probes": "agent", "streams": "streams", "tail": "streams",
+                        "rules": "rules", "silence": "rules", "alerts": "rules"}.get(name, "all")
+                raise click.UsageError(f"`obshub {name}` needs the Python package {exc.name!r}, which this install "
+                                       f"lacks: pip install 'obshub[{role}]'") from None
         return super().get_command(ctx, name)
 
 

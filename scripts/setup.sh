@@ -34,7 +34,7 @@ want=$(cat pyproject.toml $(ls obshub/instrument/*.c 2>/dev/null) | sha256sum | 
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "installing obshub and its dependencies into .venv (PyTorch is large: first run takes minutes; pip caches it)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test,torch]'
+  .venv/bin/pip install -q -e '.[all,test,bench,torch]'
   echo "$want" > "$stamp"
 else
   say ".venv is up to date"

@@ -66,9 +66,24 @@ def _preempted_offcpu(e: Event) -> int:
     return e.duration_ns if e.value == 0 else 0
 
 
+def _mem_step_count(e: Event) -> int:
+    # allocations + the short stalls summed with them: the count the single records would have given
+    return max(0, e.value) + max(0, int((e.payload or {}).get("stalls", 0) or 0))
+
+
+def _mem_step_max(e: Event) -> int:
+    return max(0, int((e.payload or {}).get("stall_max_ns", 0) or 0))
+
+
+def _cuda_step_max(e: Event) -> int:
+    return max(0, int((e.payload or {}).get("max_ns", 0) or 0))
+
+
 #: rule name (:data:`obshub.core.schema.STEP_RULES`) -> function of an event
-_RULE_FNS: dict[str, Callable[[Event], int]] = {"zero": _zero, "one": _one, "duration": _dur, "value": _value_pos,
-                                                "retransmits": _retrans, "preempted": _preempted_offcpu}
+_RULE_FNS: dict[str, Callable[[Event], int]] = {
+    "zero": _zero, "one": _one, "duration": _dur, "value": _value_pos, "retransmits": _retrans,
+    "preempted": _preempted_offcpu, "mem_step_count": _mem_step_count, "mem_step_max": _mem_step_max,
+    "cuda_step_max": _cuda_step_max}
 
 #: per kind: its layer and how it counts, derived from the kinds table ``schema.KIND_INFO``
 KIND_RULES: dict[Kind, Rule] = {

@@ -138,6 +138,7 @@ class Kind(enum.IntEnum):
     MEM_RECLAIM = 30
     MEM_COMPACTION = 31
     PAGE_FAULT = 32
+    MEM_STEP_SUM = 33
     # kernel network
     TCP_RETRANSMIT = 40
     TCP_RTT = 41
@@ -148,6 +149,7 @@ class Kind(enum.IntEnum):
     # CUDA runtime/driver
     CUDA_SYNC = 60
     CUDA_MEMCPY = 61
+    CUDA_STEP_SUM = 62
     # NCCL
     NCCL_COLL = 70
     # NIC
@@ -180,8 +182,11 @@ class KindInfo:
 
 #: names a kind's ``step`` rules may use: ``zero``, ``one``, ``duration`` (duration_ns), ``value``
 #: (max(0, value)), ``retransmits`` (max(1, value)), ``preempted`` (duration_ns when value == 0, i.e. the
-#: task was preempted while runnable; voluntary sleeps are not the host's fault)
-STEP_RULES = ("zero", "one", "duration", "value", "retransmits", "preempted")
+#: task was preempted while runnable; voluntary sleeps are not the host's fault); for the kernel's per-step
+#: aggregates: ``mem_step_count`` (allocations + the short stalls summed with them), ``mem_step_max``
+#: (payload ``stall_max_ns``), ``cuda_step_max`` (payload ``max_ns``)
+STEP_RULES = ("zero", "one", "duration", "value", "retransmits", "preempted", "mem_step_count", "mem_step_max",
+              "cuda_step_max")
 
 
 KIND_INFO: dict[Kind, KindInfo] = {
@@ -217,8 +222,17 @@ KIND_INFO: dict[Kind, KindInfo] = {
                               step=("duration", "one", "duration")),
     Kind.SCHED_STEP_SUM: KindInfo(Layer.SCHED, "sum of off-CPU time in the step, ns",
                                   "sum of run-queue latency in the step, ns",
-                                  {"switches": int, "wakeups": int},
+                                  {"switches": int, "wakeups": int, "runq_max_ns": int, "offcpu_max_ns": int,
+                                   "runq_hist_us": str},
                                   step=("value", "one", "value"), record="sched_sum"),
+    Kind.MEM_STEP_SUM: KindInfo(Layer.MEMORY, "reclaim + compaction stall time not sent as single records, ns",
+                                "page allocations (order >= page_order) not sent as PAGE_ALLOC",
+                                {"pages": int, "stalls": int, "stall_max_ns": int, "orders": str},
+                                step=("duration", "mem_step_count", "mem_step_max"), record="mem_step_sum"),
+    Kind.CUDA_STEP_SUM: KindInfo(Layer.CUDA, "kernel-launch call time summed, ns",
+                                 "kernel launches not sent as single CUDA_LAUNCH records",
+                                 {"max_ns": int, "hist_us": str},
+                                 step=("duration", "value", "cuda_step_max"), record="cuda_step_sum"),
     Kind.MEM_RECLAIM: KindInfo(Layer.MEMORY, "reclaim stall (direct or memory-cgroup limit), ns", "pages reclaimed",
                                {"reclaim": str},
                                step=("duration", "one", "duration"), record="reclaim"),
