@@ -19,7 +19,7 @@ Shape of the load (``Shape``):
 Templates: ``TEMPLATES`` clean steps and as many guilty ones (so jitter differs between steps); step ``s``
 is a copy of a template with its times shifted to ``start_ns + s * step_s`` and its step number, TraceKey
 step bits, step markers and collective sequence numbers rewritten. Every batch is a valid v1 batch
-(``obshub.schema``), ``seq`` contiguous per agent from the REGISTER batch (seq 0).
+(``obshub.core.schema``), ``seq`` contiguous per agent from the REGISTER batch (seq 0).
 
 Run as a process (what ``bench.width`` does)::
 
