@@ -129,8 +129,8 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     import faust
 
     from streams.app import WorkerConfig, build_app
-    from streams.topics import ensure_internal_topics
     from streams.metrics import WorkerMetrics
+    from streams.topics import ensure_internal_topics
 
     settings = load_settings()
     _wait_for_broker(settings.bootstrap_servers)
