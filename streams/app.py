@@ -19,6 +19,10 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
    interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
    it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
    input or internal topic (a host's data waiting in Kafka is no silence).
+5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
+   ``read`` message to every partition of the internal topic. A step closes by its window only when every
+   input partition was read past the window's end, so a worker failover (unread partitions) lists no live
+   host as missing (``Fold.input_read_past``).
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
