@@ -46,7 +46,7 @@ from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
 from streams.metrics import WorkerMetrics
-from streams.topics import TABLES, ensure_internal_topics, internal_topics  # noqa: F401 (re-exported)
+from streams.topics import TABLES
 
 log = logging.getLogger("obshub.streams")
 

@@ -128,7 +128,8 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     """
     import faust
 
-    from streams.app import WorkerConfig, build_app, ensure_internal_topics
+    from streams.app import WorkerConfig, build_app
+    from streams.topics import ensure_internal_topics
     from streams.metrics import WorkerMetrics
 
     settings = load_settings()
