@@ -9,8 +9,8 @@ import time
 import pytest
 
 from streams import synthetic
-from tests.support import testkit
 from tests.streams.test_streams_worker import _by_job, _wait_group_members, _wait_settled
+from tests.support import testkit
 
 pytestmark = pytest.mark.kafka
 
