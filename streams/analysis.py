@@ -192,7 +192,7 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
             continue
         pg, _, seq = key.rpartition("#")
         order = sorted(arr.items(), key=lambda kv: (kv[1][0], kv[0]))
-        (first_h, first), (second_h, second), (last_h, last) = order[0], order[-2], order[-1]
+        (_first_h, first), (_second_h, second), (last_h, last) = order[0], order[-2], order[-1]
         med = median_int([v[0] for v in arr.values()])
         why = _pair_check(key, arr, th)
         out.append({"pg": pg, "coll_seq": int(seq), "op": last[2],
