@@ -41,7 +41,7 @@ from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
 from obshub.demo.faults import KINDS, LAYER_OF, make_fault
-from obshub.demo.verdict import AlertSeen, Verdict, check_resolved, judge
+from obshub.demo.verdict import AlertSeen, check_resolved, judge
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
 
@@ -249,8 +249,10 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
             log = out_dir / f"{part.name}.log"
             proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
-            _wait(lambda: parts.ready(settings, part, proc.pid), opts.ready_timeout_s, f"the {part.name} part",
-                  check=lambda: _alive(proc, part.name, log))
+            # the lambdas run inside this iteration (_wait returns before the loop moves on)
+            _wait(lambda: parts.ready(settings, part, proc.pid),  # noqa: B023
+                  opts.ready_timeout_s, f"the {part.name} part",
+                  check=lambda: _alive(proc, part.name, log))  # noqa: B023
             view.say(f"{part.name} ready (pid {proc.pid})")
             watched.append((proc, part.name, log))
 
