@@ -8,7 +8,11 @@ It exists because ``obshub agent`` has no option to point the USDT probes at ano
 It pins itself to one CPU (``--cpu``), serves Prometheus metrics on ``--metrics-port`` and runs until
 SIGTERM; exit code as ``obshub agent`` (0: everything delivered).
 
-    python -m bench.agent_host --usdt /tmp/firehose --pid 1234 --cpu 0 --metrics-port 9464
+With ``--burst`` it also attaches bench/firehose_burst.c (appended to the agent's BPF program) to the
+executable's ``fire_burst``: one uprobe hit emits up to 64 ``STEP_BEGIN`` records through the same ring
+buffer, reservation and loss counter as the USDT handler.
+
+    python -m bench.agent_host --usdt /tmp/firehose --pid 1234 --cpu 0 --metrics-port 9464 [--burst]
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pid", required=True, type=int, help="process to watch")
     p.add_argument("--cpu", type=int, default=None, help="pin this process to this CPU")
     p.add_argument("--metrics-port", type=int, required=True)
-    p.add_argument("--ringbuf-pages", type=int, default=256, help="ring buffer size, 4 KiB pages (default 1 MiB)")
+    p.add_argument("--ringbuf-pages", type=int, default=4096, help="ring buffer size, 4 KiB pages (default 16 MiB, the agent's)")
+    p.add_argument("--burst", action="store_true",
+                   help="also attach bench/firehose_burst.c to the executable's fire_burst (n records per call)")
     a = p.parse_args(argv)
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
@@ -43,9 +49,18 @@ def main(argv: list[str] | None = None) -> int:
                        kafka=dict(bootstrap=settings.bootstrap_servers),
                        spool=dict(dir=settings.home / "spool" / "bench-firehose"),
                        metrics_port=a.metrics_port, flush_timeout_s=30.0)
-    src = BpfEventSource(settings, Target(pids={a.pid}),
-                         ProbeOptions(probes=("pytorch_step",), usdt_library=a.usdt, sysfs=False,
-                                      ringbuf_pages=a.ringbuf_pages))
+    class Source(BpfEventSource):
+        def start(self):
+            table = super().start()
+            if a.burst:
+                self.attach_uprobe(a.usdt, "fire_burst", "obs_bench_burst")
+            return table
+
+    src = Source(settings, Target(pids={a.pid}),
+                 ProbeOptions(probes=("pytorch_step",), usdt_library=a.usdt, sysfs=False,
+                              ringbuf_pages=a.ringbuf_pages))
+    if a.burst:
+        src.extra_source = (Path(__file__).resolve().parent / "firehose_burst.c").read_text()
     return Agent(cfg, src, settings=settings).run()
 
 

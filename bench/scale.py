@@ -70,13 +70,14 @@ def measured_inputs() -> dict:
     """E, W, C, T_toy from the latest results, each with where it came from."""
     out = {k: (v, "default (not measured yet)") for k, v in DEFAULTS.items()}
     to = _load("training_overhead")
-    per = [x for x in (to.get("agent") or {}).get("steady_events_per_rank_step") or [] if x is not None]
+    c_runs = (to.get("samples") or {}).get("C + agent (every probe)") or []
+    per = [r["events_per_rank_step"] for r in c_runs if r.get("events_per_rank_step") is not None]
     if per:
         out["E"] = (statistics.median(per), f"training_overhead: agent events per rank per step after warm-up, "
                                             f"every probe attached, median of {len(per)} runs")
-    plain = (to.get("samples_ms") or {}).get("A plain")
+    plain = [r["median_ms"] for r in (to.get("samples") or {}).get("A plain") or []]
     if plain:
-        med = sorted(plain)[len(plain) // 2] / 1000
+        med = statistics.median(plain) / 1000
         out["T_toy"] = (med, "training_overhead: median plain step time")
     st = _load("stream_throughput")
     one = (st.get("samples") or {}).get("faust, 1 worker")

@@ -11,6 +11,9 @@
  *   OBS_WATCH_CGROUP_V2   defined: tasks in the cgroups of `wcgroups` are watched on sight
  *   OBS_PROBE_<NAME>      probe ids, OBS_THR_<NAME> threshold indices, OBS_KIND_<NAME> event kinds
  *   OBS_MAX_TIDS          capacity of the per-thread maps
+ *
+ * Maps: see the BPF_* lines below; the per-step aggregates (sched_acc, mem_acc, cuda_acc) and what each
+ * record kind carries are described in docs/AGENT.md "Aggregation in the kernel".
  */
 #ifndef OBSHUB_COMMON_H
 #define OBSHUB_COMMON_H
@@ -51,13 +54,47 @@ struct obs_tk {
     s64 step;
 };
 
-/* Per-process sums of scheduler time of its training threads within the current step
- * (bpf/sched.c adds, the step_end USDT handler emits SCHED_STEP_SUM and resets). */
+/* Per-step aggregates, one per process (a training rank), kept in the kernel and shipped as one record
+ * per process and step by the step_end USDT handler (bpf/pytorch.c), which then resets them. Histograms
+ * are log2 buckets of microseconds (bucket i: [2^i, 2^(i+1)) µs, bucket 0 also below 1 µs, bucket 15
+ * everything from 2^15 µs). Maxima are plain stores: under updates from several CPUs at once one may be
+ * missed (the counts and sums are atomic). */
+#define OBS_HIST_BUCKETS 16
+
+/* Scheduler time of the process's training threads within the current step (bpf/sched.c adds; reset at
+ * step_begin) -> SCHED_STEP_SUM. The sums include the waits also sent as SCHED_RUNQ/SCHED_OFFCPU; at most
+ * OBS_THR_SCHED_SINGLES of those singles are sent per process and step (the first ones above the
+ * thresholds), the rest is only in the sums, maxima and histogram. */
 struct obs_sched_acc {
     u64 offcpu_ns;
     u64 runq_ns;
     u64 switches;
     u64 wakeups;
+    u64 runq_max_ns;
+    u64 offcpu_max_ns;
+    u64 singles;                       /* SCHED_RUNQ/SCHED_OFFCPU records sent in this step */
+    u32 runq_hist[OBS_HIST_BUCKETS];   /* run-queue waits */
+};
+
+/* Memory activity since the process's previous step_end (bpf/memory.c adds) -> MEM_STEP_SUM. Holds only
+ * what was not sent as a single record (PAGE_ALLOC of order >= OBS_THR_PAGE_ORDER_SINGLE, MEM_RECLAIM and
+ * MEM_COMPACTION stalls >= their thresholds), so singles and aggregate never count the same thing twice. */
+struct obs_mem_acc {
+    u64 allocs;        /* page allocations of order >= OBS_THR_PAGE_ORDER */
+    u64 pages;         /* their pages (sum of 2^order) */
+    u64 stall_ns;      /* reclaim + compaction stall time */
+    u64 stalls;
+    u64 stall_max_ns;
+    u32 orders[OBS_HIST_BUCKETS]; /* allocations per order (15: order >= 15) */
+};
+
+/* CUDA kernel launches since the process's previous step_end (bpf/cuda.c adds) -> CUDA_STEP_SUM: the
+ * launches shorter than OBS_THR_CUDA_LAUNCH_NS (longer ones are sent as single CUDA_LAUNCH records). */
+struct obs_cuda_acc {
+    u64 launches;
+    u64 sum_ns;
+    u64 max_ns;
+    u32 hist[OBS_HIST_BUCKETS];
 };
 
 BPF_RINGBUF_OUTPUT(events, OBS_RINGBUF_PAGES);
@@ -68,6 +105,28 @@ BPF_HASH(wtids, u32, u32, OBS_MAX_TIDS);                     /* tid -> tgid of w
 BPF_ARRAY(lost, u64, OBS_NPROBES);                           /* probe id -> failed reservations */
 BPF_ARRAY(thresholds, u64, OBS_NTHRESHOLDS);                 /* OBS_THR_* -> value (ns, order...) */
 BPF_HASH(sched_acc, u32, struct obs_sched_acc, 4096);        /* tgid -> sums in the current step */
+BPF_HASH(mem_acc, u32, struct obs_mem_acc, 4096);            /* tgid -> memory aggregate of the step */
+BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA launch aggregate of the step */
+
+/* log2 bucket of a duration in µs, 0..OBS_HIST_BUCKETS-1 (branches, no loop: verifier-friendly). */
+static __always_inline u32 obs_log2_us(u64 ns)
+{
+    u64 v = ns / 1000;
+    u32 b = 0;
+    if (v >> 32) { v >>= 32; b += 32; }
+    if (v >> 16) { v >>= 16; b += 16; }
+    if (v >> 8) { v >>= 8; b += 8; }
+    if (v >> 4) { v >>= 4; b += 4; }
+    if (v >> 2) { v >>= 2; b += 2; }
+    if (v >> 1) { b += 1; }
+    return b < OBS_HIST_BUCKETS ? b : OBS_HIST_BUCKETS - 1;
+}
+
+static __always_inline void obs_max(u64 *slot, u64 v)
+{
+    if (v > *slot)
+        *slot = v;
+}
 
 static __always_inline u64 obs_threshold(u32 idx)
 {

@@ -7,6 +7,8 @@
  * The entry saves (ts, value) per (tid, symbol); the return emits the event with the call time as
  * duration_ns (enqueue time for NCCL: the collective itself completes later on the GPU), arg0 = the
  * return code, arg1 = symbol index (the reader names it). Calls shorter than OBS_THR_CUDA_NS are dropped.
+ * Kernel launches shorter than OBS_THR_CUDA_LAUNCH_NS are not sent alone: they are counted, summed and
+ * binned in cuda_acc, which the step_end handler ships as one CUDA_STEP_SUM per process and step.
  */
 #include "common.h"
 
@@ -80,7 +82,23 @@ static __always_inline int obs_cuda_return(struct pt_regs *ctx, u32 sym)
     u64 now = bpf_ktime_get_ns(), dur = now - call->ts_ns, value = call->value;
     cuda_calls.delete(&key);
     struct obs_cuda_sym *info = cuda_sym.lookup(&sym);
-    if (!info || dur < obs_threshold(OBS_THR_CUDA_NS))
+    if (!info)
+        return 0;
+    if (info->kind == OBS_KIND_CUDA_LAUNCH && dur < obs_threshold(OBS_THR_CUDA_LAUNCH_NS)) {
+        /* an ordinary launch: into the per-step aggregate (CUDA_STEP_SUM), not a record of its own */
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        struct obs_cuda_acc zero = {};
+        struct obs_cuda_acc *acc = cuda_acc.lookup_or_try_init(&tgid, &zero);
+        if (!acc)
+            return 0;
+        __sync_fetch_and_add(&acc->launches, 1);
+        __sync_fetch_and_add(&acc->sum_ns, dur);
+        obs_max(&acc->max_ns, dur);
+        u32 b = obs_log2_us(dur);
+        __sync_fetch_and_add(&acc->hist[b], 1);
+        return 0;
+    }
+    if (dur < obs_threshold(OBS_THR_CUDA_NS))
         return 0;
     struct obs_event *e = obs_reserve_current(OBS_PROBE_CUDA_BASE + sym, info->kind);
     if (!e)

@@ -6,10 +6,12 @@
  *                                                 task whose cgroup hit its memory limit (the kernel
  *                                                 reclaims from the cgroup, not through direct reclaim)
  *   compaction:mm_compaction_begin/_end        -> MEM_COMPACTION (duration = stall, value = status)
- *   kmem:mm_page_alloc                         -> PAGE_ALLOC when order >= OBS_THR_PAGE_ORDER
- *                                                 (value = order, arg0 = gfp flags)
- * Stalls shorter than OBS_THR_RECLAIM_NS / OBS_THR_COMPACTION_NS are not emitted. Fields are read at
- * the tracefs offsets the loader passes as -D TPOFF_<EVENT>_<FIELD>.
+ *   kmem:mm_page_alloc                         -> counted in mem_acc when order >= OBS_THR_PAGE_ORDER;
+ *                                                 a single PAGE_ALLOC (value = order, arg0 = gfp flags)
+ *                                                 only when order >= OBS_THR_PAGE_ORDER_SINGLE
+ * Stalls shorter than OBS_THR_RECLAIM_NS / OBS_THR_COMPACTION_NS are not sent alone: they are summed in
+ * mem_acc, which the step_end handler ships as MEM_STEP_SUM. Fields are read at the tracefs offsets the
+ * loader passes as -D TPOFF_<EVENT>_<FIELD>.
  */
 #include "common.h"
 
@@ -29,6 +31,18 @@ static __always_inline int obs_stall_begin(int which)
     return 0;
 }
 
+/* Add what was not sent alone to the process's memory aggregate. */
+static __always_inline void obs_mem_stall(u32 tgid, u64 dur)
+{
+    struct obs_mem_acc zero = {};
+    struct obs_mem_acc *acc = mem_acc.lookup_or_try_init(&tgid, &zero);
+    if (!acc)
+        return;
+    __sync_fetch_and_add(&acc->stall_ns, dur);
+    __sync_fetch_and_add(&acc->stalls, 1);
+    obs_max(&acc->stall_max_ns, dur);
+}
+
 int obs_reclaim_begin(void *ctx) { return obs_stall_begin(0); }
 int obs_compaction_begin(void *ctx) { return obs_stall_begin(1); }
 
@@ -42,8 +56,10 @@ static __always_inline int obs_reclaim_finish(u64 nr, u64 memcg)
         return 0;
     u64 dur = bpf_ktime_get_ns() - *begin;
     reclaim_ts.delete(&tid);
-    if (dur < obs_threshold(OBS_THR_RECLAIM_NS))
+    if (dur < obs_threshold(OBS_THR_RECLAIM_NS)) {
+        obs_mem_stall(bpf_get_current_pid_tgid() >> 32, dur);
         return 0;
+    }
     struct obs_event *e = obs_reserve_current(memcg ? OBS_PROBE_MEM_MEMCG_RECLAIM : OBS_PROBE_MEM_RECLAIM,
                                               OBS_KIND_MEM_RECLAIM);
     if (!e)
@@ -79,8 +95,10 @@ int obs_compaction_end(void *ctx)
         return 0;
     u64 dur = bpf_ktime_get_ns() - *begin;
     compact_ts.delete(&tid);
-    if (dur < obs_threshold(OBS_THR_COMPACTION_NS))
+    if (dur < obs_threshold(OBS_THR_COMPACTION_NS)) {
+        obs_mem_stall(bpf_get_current_pid_tgid() >> 32, dur);
         return 0;
+    }
     s32 status = 0;
     OBS_TP_READ(status, ctx, TPOFF_MM_COMPACTION_END_STATUS);
     struct obs_event *e = obs_reserve_current(OBS_PROBE_MEM_COMPACTION, OBS_KIND_MEM_COMPACTION);
@@ -100,6 +118,18 @@ int obs_page_alloc(void *ctx)
         return 0;
     if (!obs_current_watched())
         return 0;
+    if (order < obs_threshold(OBS_THR_PAGE_ORDER_SINGLE)) {
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        struct obs_mem_acc zero = {};
+        struct obs_mem_acc *acc = mem_acc.lookup_or_try_init(&tgid, &zero);
+        if (!acc)
+            return 0;
+        __sync_fetch_and_add(&acc->allocs, 1);
+        __sync_fetch_and_add(&acc->pages, 1ull << (order & 31));
+        u32 b = order < OBS_HIST_BUCKETS ? order : OBS_HIST_BUCKETS - 1;
+        __sync_fetch_and_add(&acc->orders[b], 1);
+        return 0;
+    }
     unsigned long gfp = 0;
     OBS_TP_READ(gfp, ctx, TPOFF_MM_PAGE_ALLOC_GFP_FLAGS);
     struct obs_event *e = obs_reserve_current(OBS_PROBE_MEM_PAGE_ALLOC, OBS_KIND_PAGE_ALLOC);

@@ -4,7 +4,9 @@
  *   register(job, rank, world_size, host_id, local_rank)  -> REGISTER; with OBS_TARGET_REGISTERED the
  *                                                            process becomes watched, in the kernel
  *   tracekey(trace_key, step)                             -> tid_key[tid] = (trace_key, step)
- *   step_begin/step_end(step, trace_key)                  -> STEP_BEGIN, STEP_END (+ SCHED_STEP_SUM);
+ *   step_begin/step_end(step, trace_key)                  -> STEP_BEGIN, STEP_END (+ the per-step
+ *                                                            aggregates SCHED_STEP_SUM, MEM_STEP_SUM,
+ *                                                            CUDA_STEP_SUM of the process);
  *                                                            step_begin also sets tid_key
  *   phase_begin/phase_end(phase, step, trace_key)         -> PHASE (on end, with its duration);
  *                                                            phase_begin also sets tid_key
@@ -117,6 +119,51 @@ int obs_usdt_step_begin(struct pt_regs *ctx)
     return 0;
 }
 
+/* MEM_STEP_SUM for process tgid (when it has memory activity since its previous step_end), then reset:
+ * duration = stall time, value = allocations, arg0 = pages, arg1 = stalls, arg2 = longest stall,
+ * str0 = allocations per order (16 x u32). */
+static __always_inline void obs_emit_mem_acc(u32 tgid, u32 tid, s64 step, u64 key, u64 now)
+{
+    struct obs_mem_acc *acc = mem_acc.lookup(&tgid);
+    if (!acc)
+        return;
+    struct obs_event *e = obs_reserve(OBS_PROBE_MEM_PAGE_ALLOC, OBS_KIND_MEM_STEP_SUM, tgid, tid);
+    if (e) {
+        e->ts_ns = now;
+        e->step = step;
+        e->trace_key = key;
+        e->duration_ns = acc->stall_ns;
+        e->value = acc->allocs;
+        e->arg0 = acc->pages;
+        e->arg1 = acc->stalls;
+        e->arg2 = acc->stall_max_ns;
+        __builtin_memcpy(e->str0, acc->orders, sizeof(acc->orders));
+        obs_submit(e);
+    }
+    mem_acc.delete(&tgid);
+}
+
+/* CUDA_STEP_SUM for process tgid, then reset: duration = launch call time summed, value = launches,
+ * arg0 = longest launch call, str0 = log2 µs histogram of the launch call times (16 x u32). */
+static __always_inline void obs_emit_cuda_acc(u32 tgid, u32 tid, s64 step, u64 key, u64 now)
+{
+    struct obs_cuda_acc *acc = cuda_acc.lookup(&tgid);
+    if (!acc)
+        return;
+    struct obs_event *e = obs_reserve(OBS_PROBE_CUDA_BASE, OBS_KIND_CUDA_STEP_SUM, tgid, tid);
+    if (e) {
+        e->ts_ns = now;
+        e->step = step;
+        e->trace_key = key;
+        e->duration_ns = acc->sum_ns;
+        e->value = acc->launches;
+        e->arg0 = acc->max_ns;
+        __builtin_memcpy(e->str0, acc->hist, sizeof(acc->hist));
+        obs_submit(e);
+    }
+    cuda_acc.delete(&tgid);
+}
+
 int obs_usdt_step_end(struct pt_regs *ctx)
 {
     if (!obs_usdt_gate())
@@ -154,10 +201,15 @@ int obs_usdt_step_end(struct pt_regs *ctx)
             s->value = acc->runq_ns;
             s->arg0 = acc->switches;
             s->arg1 = acc->wakeups;
+            s->arg2 = acc->runq_max_ns;
+            __builtin_memcpy(s->str0, acc->runq_hist, sizeof(acc->runq_hist));
+            __builtin_memcpy(s->str1, &acc->offcpu_max_ns, sizeof(u64));
             obs_submit(s);
         }
         sched_acc.delete(&tgid);
     }
+    obs_emit_mem_acc(tgid, tid, step, key, now);
+    obs_emit_cuda_acc(tgid, tid, step, key, now);
     return 0;
 }
 

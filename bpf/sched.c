@@ -7,8 +7,8 @@
  * run-queue latency = time from wakeup (or from being preempted while runnable) to running again;
  * off-CPU time      = time from switching out to switching in again (includes the run-queue wait).
  * Events above the thresholds OBS_THR_RUNQ_NS / OBS_THR_OFFCPU_NS are emitted as SCHED_RUNQ /
- * SCHED_OFFCPU; the per-step sums of training threads (threads with a TraceKey) go to sched_acc and are
- * emitted as SCHED_STEP_SUM by the step_end USDT handler (bpf/pytorch.c).
+ * SCHED_OFFCPU, at most OBS_THR_SCHED_SINGLES per process and step; the per-step sums, maxima and run-queue histogram of training threads (threads with a
+ * TraceKey) go to sched_acc and are emitted as SCHED_STEP_SUM by the step_end USDT handler (bpf/pytorch.c).
  */
 #include "common.h"
 
@@ -22,7 +22,8 @@ struct obs_off {
 BPF_TABLE("lru_hash", u32, u64, wake_ts, OBS_MAX_TIDS);          /* tid -> when it became runnable */
 BPF_TABLE("lru_hash", u32, struct obs_off, off_ts, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
 
-static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk)
+/* `waited`: a run-queue wait ended now (runq is its length; it goes to the maximum and the histogram). */
+static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk, int waited)
 {
     if (tid_key.lookup(&tid) == NULL)
         return; /* only training threads (those with a TraceKey) are summed per step */
@@ -34,6 +35,24 @@ static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq,
     __sync_fetch_and_add(&acc->runq_ns, runq);
     __sync_fetch_and_add(&acc->switches, sw);
     __sync_fetch_and_add(&acc->wakeups, wk);
+    obs_max(&acc->offcpu_max_ns, offcpu);
+    if (waited) {
+        obs_max(&acc->runq_max_ns, runq);
+        u32 b = obs_log2_us(runq);
+        __sync_fetch_and_add(&acc->runq_hist[b], 1);
+    }
+}
+
+/* May one more single scheduler record be sent for process tgid in this step? (counts it if so) */
+static __always_inline int obs_sched_single_ok(u32 tgid)
+{
+    struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
+    if (!acc)
+        return 1; /* not in a step: nothing to cap against */
+    if (acc->singles >= obs_threshold(OBS_THR_SCHED_SINGLES))
+        return 0;
+    __sync_fetch_and_add(&acc->singles, 1);
+    return 1;
 }
 
 static __always_inline void obs_mark_runnable(u32 tid)
@@ -43,7 +62,7 @@ static __always_inline void obs_mark_runnable(u32 tid)
         return;
     u64 now = bpf_ktime_get_ns();
     wake_ts.update(&tid, &now);
-    obs_acc_add(*tgid, tid, 0, 0, 0, 1);
+    obs_acc_add(*tgid, tid, 0, 0, 0, 1, 0);
 }
 
 int obs_sched_wakeup(void *ctx)
@@ -82,7 +101,7 @@ int obs_sched_switch(void *ctx)
         if (state == 0) /* preempted while runnable: it waits in the run queue from now */
             wake_ts.update(&prev, &now);
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
-        obs_acc_add(tgid, prev, 0, 0, 1, 0);
+        obs_acc_add(tgid, prev, 0, 0, 1, 0, 0);
     }
 
     /* 2. the next task comes on the CPU */
@@ -104,8 +123,8 @@ int obs_sched_switch(void *ctx)
         state = o->state;
         off_ts.delete(&next);
     }
-    obs_acc_add(tgid, next, offcpu, runq, 0, 0);
-    if (wts && runq >= obs_threshold(OBS_THR_RUNQ_NS)) {
+    obs_acc_add(tgid, next, offcpu, runq, 0, 0, wts != NULL);
+    if (wts && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
         if (e) {
             e->ts_ns = now;
@@ -114,7 +133,7 @@ int obs_sched_switch(void *ctx)
             obs_submit(e);
         }
     }
-    if (o && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS)) {
+    if (o && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_OFFCPU, tgid, next);
         if (e) {
             e->ts_ns = now;
@@ -134,8 +153,12 @@ int obs_sched_exit(void *ctx)
     u32 tid = (u32)id, tgid = id >> 32;
     if (wtids.lookup(&tid) == NULL)
         return 0;
-    if (tid == tgid)
+    if (tid == tgid) {
         watched.delete(&tgid);
+        sched_acc.delete(&tgid);
+        mem_acc.delete(&tgid);
+        cuda_acc.delete(&tgid);
+    }
     wtids.delete(&tid);
     wake_ts.delete(&tid);
     off_ts.delete(&tid);

@@ -30,6 +30,7 @@ from obshub.core.settings import Settings
 from producer.batcher import Batcher
 from producer.clock import ClockTracker
 from producer.config import AgentConfig
+from producer.reader import PackedRun
 from producer.source import EventSource
 from producer.spool import Spool
 from producer.transport import DIRECT, DRAINING, SPOOLING, Transport
@@ -38,6 +39,7 @@ EXIT_OK = 0
 EXIT_UNDELIVERED = 3
 
 log = logging.getLogger("producer.agent")
+_kind_of = operator.itemgetter(0)
 
 
 class Agent:
@@ -146,16 +148,17 @@ class Agent:
         batcher, transport, source = self.batcher, self.transport, self.source
         deadline = time.monotonic() + cfg.duration_s if cfg.duration_s else None
         next_loss = time.monotonic() + cfg.loss_interval_s
-        kind_of = operator.itemgetter(0)
         state = transport.state
+        poll = getattr(source, "poll_packed", None) or source.poll
+        # the longest wait for the source: the batch age bound (a full ring wakes the poll earlier, a
+        # signal interrupts it); each turn costs CPU, so an idle agent turns a few times a second only
+        idle_ms = max(50.0, float(cfg.batch.max_age_ms))
         while not self._stop.is_set():
             until_due = batcher.ms_until_due()
-            timeout = 50 if until_due is None else int(min(50.0, until_due))
-            events = source.poll(timeout)
+            timeout = int(idle_ms if until_due is None else min(idle_ms, until_due))
+            events = poll(timeout)
             if events:
-                self.kind_counts.update(map(kind_of, events))
-                for sealed in batcher.add_many(events):
-                    transport.send(sealed)
+                self._take(events)
             sealed = batcher.due()
             if sealed is not None:
                 transport.send(sealed)
@@ -169,6 +172,33 @@ class Agent:
                 next_loss = now + cfg.loss_interval_s
             if deadline is not None and now >= deadline:
                 break
+
+    def _take(self, items: list) -> None:
+        """Count, batch and send what the source returned: Events (10-tuples) and, from a source with
+        ``poll_packed``, :class:`producer.reader.PackedRun` s (added whole, counted by their kinds)."""
+        batcher, send, counts = self.batcher, self.transport.send, self.kind_counts
+        if not hasattr(self.source, "poll_packed"):   # Events only: no per-item type check
+            counts.update(map(_kind_of, items))
+            for sealed in batcher.add_many(items):
+                send(sealed)
+            return
+        plain: list = []
+        for item in items:
+            if type(item) is PackedRun:
+                if plain:
+                    counts.update(map(_kind_of, plain))
+                    for sealed in batcher.add_many(plain):
+                        send(sealed)
+                    plain = []
+                counts.update(item.kinds)
+                for sealed in batcher.add_packed(item.data, item.ends):
+                    send(sealed)
+            else:
+                plain.append(item)
+        if plain:
+            counts.update(map(_kind_of, plain))
+            for sealed in batcher.add_many(plain):
+                send(sealed)
 
     def _say_state(self, old: str, new: str) -> None:
         t = self.transport
@@ -197,11 +227,10 @@ class Agent:
         """Drain (when it started) and stop the source, flush, deliver. Returns (undelivered batches,
         bytes)."""
         try:
-            events = self.source.poll(0) if drain else []
+            poll = getattr(self.source, "poll_packed", None) or self.source.poll
+            events = poll(0) if drain else []
             if events:
-                self.kind_counts.update(e[0] for e in events)
-                for sealed in self.batcher.add_many(events):
-                    self.transport.send(sealed)
+                self._take(events)
         except Exception as exc:  # a broken source must not keep the batches we have from Kafka
             self.say(f"Failed to drain the event source at shutdown: {exc}")
         finally:

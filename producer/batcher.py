@@ -8,6 +8,11 @@ Python object is built and nothing is encoded twice. The bytes are exactly what
 ``schema.encode_batch`` produces for the same batch (keys in the same order), and
 ``schema.decode_batch`` reads them.
 
+Events already encoded elsewhere (the C ring-buffer reader, ``producer.reader.PackedRun``: msgpack event
+arrays back to back with their end offsets) go in with :meth:`Batcher.add_packed`, which cuts the run at
+the bounds with a binary search over the end offsets and keeps whole slices: O(1) Python work per run,
+none per event.
+
 Bounds: a batch is sealed *before* adding an event would make its encoded size pass ``max_bytes``, when
 it holds ``schema.MAX_EVENTS_PER_BATCH`` events, or when its first event is ``max_age_ms`` old (checked
 by :meth:`Batcher.due`, which the agent calls every loop turn). An event that alone passes ``max_bytes``
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from bisect import bisect_right
 from typing import Callable, Iterable, NamedTuple
 
 import msgpack
@@ -67,7 +73,8 @@ class Batcher:
         self._limit = max_bytes - overhead - _ENVELOPE_SLACK
         if self._limit < 64:
             raise ValueError(f"max_bytes {max_bytes} leaves no room for events after the {overhead} B envelope")
-        self._parts: list[bytes] = []
+        self._parts: list[bytes] = []   # encoded events, or slices of packed runs (several events each)
+        self._n = 0                      # events in the open batch
         self._size = 0
         self._first_ns = 0
         self.sealed = 0
@@ -84,6 +91,7 @@ class Batcher:
         limit = self._limit
         size = self._size
         cap = schema.MAX_EVENTS_PER_BATCH
+        count = self._n
         accepted = 0
         for ev in events:
             try:
@@ -93,18 +101,50 @@ class Batcher:
                 self.rejected += 1
                 continue
             n = len(b)
-            if parts and (size + n > limit or len(parts) >= cap):
-                self._size = size
+            if count and (size + n > limit or count >= cap):
+                self._size, self._n = size, count
                 sealed.append(self._seal())
                 parts = self._parts
-                size = 0
-            if not parts:
+                size = count = 0
+            if not count:
                 self._first_ns = time.monotonic_ns()
             parts.append(b)
             size += n
+            count += 1
             accepted += 1
-        self._size = size
+        self._size, self._n = size, count
         self.events += accepted
+        return sealed
+
+    def add_packed(self, data: bytes, ends) -> list[SealedBatch]:
+        """Append events already encoded as msgpack arrays: ``data`` holds them back to back, ``ends[i]``
+        is the end offset of event i (a sequence of ints, e.g. ``array('I')``; increasing). Same bounds
+        as :meth:`add_many`; returns the batches sealed. The caller vouches for the encoding (the C
+        reader makes exactly what ``msgpack.packb`` makes); nothing is re-checked here."""
+        sealed: list[SealedBatch] = []
+        total = len(ends)
+        view = memoryview(data)
+        pos = off = 0
+        cap = schema.MAX_EVENTS_PER_BATCH
+        while pos < total:
+            room_n = cap - self._n
+            # the events that still fit: end offset within the byte room and at most room_n of them
+            j = bisect_right(ends, off + self._limit - self._size, pos, min(total, pos + room_n))
+            if j == pos:
+                if self._n:
+                    sealed.append(self._seal())
+                    continue
+                j = pos + 1   # one event larger than the whole bound goes alone
+            if not self._n:
+                self._first_ns = time.monotonic_ns()
+            end = ends[j - 1]
+            self._parts.append(view[off:end])   # joined into the batch at seal time
+            self._size += end - off
+            self._n += j - pos
+            self.events += j - pos
+            pos, off = j, end
+            if pos < total:
+                sealed.append(self._seal())
         return sealed
 
     def add(self, event: tuple) -> list[SealedBatch]:
@@ -131,12 +171,12 @@ class Batcher:
 
     def flush(self) -> SealedBatch | None:
         """Seal the open batch whatever its age; None when it is empty."""
-        return self._seal() if self._parts else None
+        return self._seal() if self._n else None
 
     @property
     def open_events(self) -> int:
         """Events in the open (not yet sealed) batch."""
-        return len(self._parts)
+        return self._n
 
     # -- encoding ------------------------------------------------------------------------------------
     def _envelope(self, seq: int, sent_ns: int, clock: schema.Clock, n_events: int) -> bytes:
@@ -153,12 +193,13 @@ class Batcher:
         return b"".join(out)
 
     def _seal(self) -> SealedBatch:
-        parts = self._parts
-        head = self._envelope(self.next_seq, time.time_ns(), self._clock(), len(parts))
+        parts, n = self._parts, self._n
+        head = self._envelope(self.next_seq, time.time_ns(), self._clock(), n)
         value = head + b"".join(parts)
-        batch = SealedBatch(self.next_seq, self.key, value, len(parts), self._first_ns)
+        batch = SealedBatch(self.next_seq, self.key, value, n, self._first_ns)
         self.next_seq += 1
         self.sealed += 1
         self._parts = []
         self._size = 0
+        self._n = 0
         return batch

@@ -212,12 +212,15 @@ Examples:
 @click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
               show_default=True, help="json: one JSON object per line (time, level, logger, message)")
 @click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags")
-def probes_command(load, names, usdt_library, as_json, show_thresholds, debug_ebpf):
+def probes_command(load, names, usdt_library, as_json, show_thresholds, log_format, debug_ebpf):
     """The probe table: every probe obshub has, its layer and mechanism, and whether it attaches on
     this machine (or why not). Without --load only the kernel's tracefs and the libraries are
     inspected; with --load the programs are compiled and attached (needs CAP_BPF, CAP_PERFMON and,
     for uprobes on other users' processes, CAP_SYS_ADMIN)."""
+    from obshub.core import log as jsonlog
     from obshub.core.settings import load_settings
+
+    jsonlog.setup(logging.WARNING, log_format, "probes", "obshub probes: %(name)s: %(message)s")
     from producer.loader import BpfEventSource, plan, selected_probes
 
     console = Console(highlight=False)

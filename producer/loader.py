@@ -10,8 +10,10 @@ Steps (each failure says "Failed to ..." with the value that was wrong):
               offsets, ring size). A layer that does not compile is skipped, the others are kept;
 3. configure- thresholds, CUDA symbol table, watched processes (Target) into their maps;
 4. attach   - every attach point; a probe whose attach fails is reported skipped with bcc's message;
-5. poll     - ``ring_buffer_poll`` with a timeout, decode records (producer/reader.py), refresh the
-              target every ``target_refresh_ms``, poll sysfs counters every ``sysfs_interval_ms``;
+5. poll     - drain the ring buffer in batches (``producer._ring``: its own mmap of the ring, records
+              encoded to msgpack in C, the rest decoded by producer/reader.py), wait on its fd with a
+              timeout when it is empty, refresh the target every ``target_refresh_ms``, poll sysfs
+              counters every ``sysfs_interval_ms``;
 6. close    - detach everything, free the maps.
 """
 
@@ -30,7 +32,7 @@ from producer import kheaders
 from producer import probes as cat
 from producer.errors import ProbeError
 from producer.probes import ProbeOptions, ProbeStatus, Target, Tracepoint, Uprobe, Usdt
-from producer.reader import EVENT_SIZE, Decoder
+from producer.reader import DECODE_ALL_TABLE, PACKED_TABLE, Decoder, packed_run
 from producer.sysfs_poller import SysfsPoller
 
 
@@ -181,9 +183,10 @@ class BpfEventSource:
         self._next_refresh = 0.0
         self._sysfs: SysfsPoller | None = None
         self._decoder: Decoder | None = None
-        self._ring_open = False
+        self._ring = None
         self.source_text = ""
         self.flags: list[str] = []
+        self.extra_source = ""   # C appended to bpf/obshub.c (benchmarks' own handlers; they see common.h)
 
     # -- start: plan, compile, configure, attach ------------------------------------------------------
     def start(self) -> list[ProbeStatus]:
@@ -208,8 +211,9 @@ class BpfEventSource:
                         skipped[p.name] = err
                     else:
                         self._attached.add(p.name)
-            self._bpf[b"events"].open_ring_buffer(self._on_record)
-            self._ring_open = True
+            from producer._ring import Ring
+
+            self._ring = Ring(self._bpf[b"events"].map_fd, self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
         if any(p.mechanism == "sysfs" for p in pl.probes):
             self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
             for p in pl.probes:
@@ -263,7 +267,8 @@ class BpfEventSource:
                 print(self.source_text, file=sys.stderr)
         # bcc treats only functions of the main file as programs, so the layer files are compiled as one
         # text: render_source() expands the local includes of bpf/obshub.c (the text --ebpf prints)
-        b = BPF(text=render_source(flags).encode(), cflags=flags, usdt_contexts=usdt)
+        text = render_source(flags) + ("\n" + self.extra_source if self.extra_source else "")
+        b = BPF(text=text.encode(), cflags=flags, usdt_contexts=usdt)
         if not keep:
             b.cleanup()
         return b
@@ -332,30 +337,58 @@ class BpfEventSource:
                     lports[ctypes.c_uint16(port)] = ctypes.c_uint32(pid)
         self._watched = pids
 
+    def attach_uprobe(self, path: str | Path, symbol: str, fn_name: str) -> None:
+        """Attach handler ``fn_name`` (from :attr:`extra_source`) to ``symbol`` of ``path`` as a uprobe.
+        Raises :class:`ProbeError` when nothing is loaded or bcc refuses."""
+        if self._bpf is None:
+            raise ProbeError(f"Failed to attach {fn_name} to {path}:{symbol}: no BPF program is loaded")
+        try:
+            self._bpf.attach_uprobe(name=str(path).encode(), sym=symbol.encode(), fn_name=fn_name.encode())
+        except Exception as exc:
+            raise ProbeError(f"Failed to attach {fn_name} to {path}:{symbol}: {exc}") from None
+
     def watch_pid(self, pid: int) -> None:
         """Watch one more process now (in addition to the Target), with its threads."""
         self.target = self.target.with_pid(pid)
         self._refresh_target(force=True)
 
     # -- EventSource ----------------------------------------------------------------------------------
-    def _on_record(self, _ctx, data, size):
-        if size >= EVENT_SIZE:
-            self._pending.append(self._decoder.decode(ctypes.string_at(data, EVENT_SIZE)))
-        return 0
+    def _drain(self, timeout_ms: int, table: bytes) -> list:
+        """Sysfs events, then what the ring buffer holds (waiting up to ``timeout_ms`` when both are
+        empty): Events, and PackedRun s for the kinds ``table`` lets the C reader encode."""
+        self._refresh_target()
+        out = self._pending
+        self._pending = []
+        if self._sysfs is not None:
+            out.extend(self._sysfs.poll())
+        if self._ring is None:
+            if not out and timeout_ms > 0:
+                time.sleep(timeout_ms / 1000)
+            return out
+        items = self._ring.drain(table, _DRAIN_MAX)
+        if not items and not out and timeout_ms > 0:
+            self._ring.wait(int(timeout_ms))
+            items = self._ring.drain(table, _DRAIN_MAX)
+        decode = self._decoder.decode
+        for it in items:
+            out.append(decode(it) if type(it) is bytes else packed_run(it))
+        return out
 
     def poll(self, timeout_ms: int) -> list[Event]:
         """Drain the ring buffer (waiting up to ``timeout_ms`` for the first record) and the sysfs
-        poller; return the events in arrival order."""
-        self._refresh_target()
-        if self._sysfs is not None:
-            self._pending.extend(self._sysfs.poll())
-        if self._ring_open:
-            self._bpf.ring_buffer_poll(0 if self._pending else max(0, int(timeout_ms)))
-            self._bpf.ring_buffer_consume()
-        elif not self._pending and timeout_ms > 0:
-            time.sleep(timeout_ms / 1000)
-        out, self._pending = self._pending, []
-        return out
+        poller; return the events in arrival order, every one decoded to an :class:`Event`."""
+        return self._drain(timeout_ms, DECODE_ALL_TABLE)
+
+    def poll_packed(self, timeout_ms: int) -> list:
+        """As :meth:`poll`, but runs of records of the kinds in ``producer.reader.PACKED_FORMATS`` come as
+        :class:`producer.reader.PackedRun` (msgpack bytes made in C, no Python object per event); the
+        agent's hot path (``Batcher.add_packed``)."""
+        return self._drain(timeout_ms, PACKED_TABLE)
+
+    def consumed(self) -> int:
+        """Records taken from the ring buffer since start (the ``delivered`` of lost = produced -
+        delivered)."""
+        return self._ring.consumed if self._ring is not None else 0
 
     def lost(self) -> dict[str, int]:
         """Failed ring-buffer reservations per attached probe, counted in the kernel since start."""
@@ -403,13 +436,16 @@ class BpfEventSource:
 
     def close(self) -> None:
         """Detach every probe and free the BPF program. Idempotent."""
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         if self._bpf is not None:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
             self._bpf = None
-            self._ring_open = False
 
 
+_DRAIN_MAX = 65536     # records per drain: bounds the memory of one poll, not the rate (the agent polls again)
 _PROG_INFO_SIZE = 256
 _RECURSION_MISSES_OFFSET = 208  # struct bpf_prog_info.recursion_misses (include/uapi/linux/bpf.h, 5.12+)
 

@@ -1,8 +1,15 @@
 """Decode ring-buffer records (``struct obs_event`` of bpf/common.h) into :class:`obshub.core.schema.Event`.
 
-The record layout is mirrored by one precompiled :class:`struct.Struct` (little-endian, 176 bytes); each
-record is unpacked with a single ``unpack_from`` and the per-kind payload is built from its argument
-fields as documented in docs/AGENT.md "Probes" and ``schema.KIND_INFO``.
+Two paths:
+
+- batch (the agent's hot path): the C extension ``producer._ring`` consumes the ring buffer through its
+  own mmap and encodes the records of the kinds in :data:`PACKED_FORMATS` straight into msgpack event
+  arrays, a whole drain at a time; Python sees one :class:`PackedRun` per run of such records (the
+  batcher splices the bytes into batches, ``Batcher.add_packed``) and never touches single events;
+- per record: every other kind (payloads that need tables or formatting: REGISTER, CUDA symbols, TCP
+  addresses, drop reasons, the per-step aggregates) is handed over as its raw 176 bytes and decoded here
+  by :class:`Decoder`: one ``struct.unpack_from`` and the per-kind payload built from its argument fields
+  as documented in docs/AGENT.md "Probes" and ``schema.KIND_INFO``.
 """
 
 from __future__ import annotations
@@ -10,7 +17,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+from array import array
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from obshub.core.schema import Event, Kind
 
@@ -18,10 +27,74 @@ from obshub.core.schema import Event, Kind
 EVENT_STRUCT = struct.Struct("<QQQqqQQQIIHHI64s32s")
 EVENT_SIZE = EVENT_STRUCT.size  # 176
 
+
+class PackedRun(NamedTuple):
+    """Consecutive ring-buffer records already encoded as msgpack event arrays (``schema.EVENT_FIELDS``
+    order), exactly the bytes ``msgpack.packb(event)`` gives. ``data``: the arrays back to back;
+    ``ends``: ``array('I')``, the end offset in ``data`` of each event (``len(ends)`` events);
+    ``kinds``: ``{kind: number of events}``."""
+
+    data: bytes
+    ends: array
+    kinds: dict
+
+    def __len__(self) -> int:  # events, not fields
+        return len(self.ends)
+
+
+# format codes of producer/_ring.c: how the C reader encodes each kind's payload (absent: Python decodes)
+FMT_PY, FMT_NIL, FMT_PHASE, FMT_COLL, FMT_SCHEDSUM = range(5)
+PACKED_FORMATS: dict[int, int] = {
+    Kind.STEP_BEGIN: FMT_NIL, Kind.STEP_END: FMT_NIL, Kind.SCHED_RUNQ: FMT_NIL, Kind.SCHED_OFFCPU: FMT_NIL,
+    Kind.PHASE: FMT_PHASE, Kind.COLLECTIVE_BEGIN: FMT_COLL, Kind.COLLECTIVE_END: FMT_COLL,
+}
+
+
+def format_table(formats: Mapping[int, int]) -> bytes:
+    """The 256-byte kind -> format code table ``producer._ring.Ring.drain`` takes."""
+    t = bytearray(256)
+    for kind, fmt in formats.items():
+        t[int(kind)] = fmt
+    return bytes(t)
+
+
+PACKED_TABLE = format_table(PACKED_FORMATS)
+DECODE_ALL_TABLE = bytes(256)   # every record handed to Python (BpfEventSource.poll)
+
+
+def packed_run(item: tuple) -> PackedRun:
+    """A :class:`PackedRun` from one ``(data, ends bytes, kinds)`` tuple of ``Ring.drain``."""
+    ends = array("I")
+    ends.frombytes(item[1])
+    return PackedRun(item[0], ends, item[2])
+
+
 # PCIe AER correctable status bits (PCIe base spec 7.8.4.5)
 AER_REPLAY_ROLLOVER_BIT = 1 << 8
 AER_REPLAY_TIMEOUT_BIT = 1 << 12
 AER_SEVERITY_CORRECTED = 2
+
+
+_HIST = struct.Struct("<16I")   # the u32[16] histograms of the per-step aggregates (bpf/common.h)
+_U64 = struct.Struct("<Q")
+
+
+def hist_text(b: bytes) -> str:
+    """A 16-bucket histogram (``u32[16]`` little-endian at the start of ``b``) as the payload text:
+    comma-separated counts from bucket 0, trailing empty buckets left out ("" when all are empty)."""
+    counts = list(_HIST.unpack_from(b))
+    while counts and not counts[-1]:
+        counts.pop()
+    return ",".join(map(str, counts))
+
+
+def parse_hist(text: str) -> list[int]:
+    """The 16 bucket counts of a :func:`hist_text` string. Raises ValueError for text that is not
+    comma-separated non-negative integers (at most 16)."""
+    counts = [int(x) for x in text.split(",")] if text else []
+    if len(counts) > 16 or any(c < 0 for c in counts):
+        raise ValueError(f"not a 16-bucket histogram: {text!r}")
+    return counts + [0] * (16 - len(counts))
 
 
 def _cstr(b: bytes) -> str:
@@ -70,7 +143,12 @@ class Decoder:
         if kind in (Kind.CUDA_LAUNCH, Kind.CUDA_MEMCPY, Kind.CUDA_SYNC, Kind.NCCL_COLL):
             return {"symbol": self.cuda_symbols.get(a1, f"sym{a1}"), "rc": a0 & 0xFFFFFFFF}
         if kind == Kind.SCHED_STEP_SUM:
-            return {"switches": a0, "wakeups": a1}
+            return {"switches": a0, "wakeups": a1, "runq_max_ns": a2,
+                    "offcpu_max_ns": _U64.unpack_from(s1)[0], "runq_hist_us": hist_text(s0)}
+        if kind == Kind.MEM_STEP_SUM:
+            return {"pages": a0, "stalls": a1, "stall_max_ns": a2, "orders": hist_text(s0)}
+        if kind == Kind.CUDA_STEP_SUM:
+            return {"max_ns": a0, "hist_us": hist_text(s0)}
         if kind == Kind.PHASE:
             return {"phase": _cstr(s0)}
         if kind in (Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END):

@@ -27,6 +27,10 @@ class EventSource(Protocol):
     def lost(self) -> dict[str, int]:
         """Per-probe ring-buffer reservation failures, counted in the kernel."""
 
+    # Optional: ``poll_packed(timeout_ms) -> list`` as ``poll`` but runs of records may come already
+    # encoded (:class:`producer.reader.PackedRun`); the agent uses it when the source has it
+    # (producer/loader.py ``BpfEventSource`` does: the batch reader of the ring buffer).
+
     def set_threshold(self, name: str, value: int) -> None:
         """Change a threshold of :data:`THRESHOLDS` at run time."""
 

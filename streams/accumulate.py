@@ -65,6 +65,19 @@ def _preempted_offcpu(e: Event) -> int:
     return e.duration_ns if e.value == 0 else 0
 
 
+def _mem_step_count(e: Event) -> int:
+    # allocations + the short stalls summed with them: the count the single records would have given
+    return max(0, e.value) + max(0, int((e.payload or {}).get("stalls", 0) or 0))
+
+
+def _mem_step_max(e: Event) -> int:
+    return max(0, int((e.payload or {}).get("stall_max_ns", 0) or 0))
+
+
+def _cuda_step_max(e: Event) -> int:
+    return max(0, int((e.payload or {}).get("max_ns", 0) or 0))
+
+
 KIND_RULES: dict[Kind, Rule] = {
     Kind.PYTORCH_OP: (Layer.PYTORCH, _zero, _one, _dur),
     Kind.PHASE: (Layer.PYTORCH, _zero, _one, _dur),
@@ -79,6 +92,9 @@ KIND_RULES: dict[Kind, Rule] = {
     Kind.MEM_COMPACTION: (Layer.MEMORY, _dur, _one, _dur),
     Kind.PAGE_ALLOC: (Layer.MEMORY, _zero, _one, _zero),
     Kind.PAGE_FAULT: (Layer.MEMORY, _zero, _one, _zero),
+    # per-step aggregates of the kernel: they hold only what was not also sent as single records
+    Kind.MEM_STEP_SUM: (Layer.MEMORY, _dur, _mem_step_count, _mem_step_max),
+    Kind.CUDA_STEP_SUM: (Layer.CUDA, _dur, _value_pos, _cuda_step_max),
     Kind.TCP_RETRANSMIT: (Layer.NETWORK, _zero, _retrans, _zero),
     Kind.TCP_RTT: (Layer.NETWORK, _zero, _zero, _dur),
     Kind.SKB_DROP: (Layer.NETWORK, _zero, _one, _zero),

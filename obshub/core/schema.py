@@ -138,6 +138,7 @@ class Kind(enum.IntEnum):
     MEM_RECLAIM = 30
     MEM_COMPACTION = 31
     PAGE_FAULT = 32
+    MEM_STEP_SUM = 33
     # kernel network
     TCP_RETRANSMIT = 40
     TCP_RTT = 41
@@ -148,6 +149,7 @@ class Kind(enum.IntEnum):
     # CUDA runtime/driver
     CUDA_SYNC = 60
     CUDA_MEMCPY = 61
+    CUDA_STEP_SUM = 62
     # NCCL
     NCCL_COLL = 70
     # NIC
@@ -189,7 +191,14 @@ KIND_INFO: dict[Kind, KindInfo] = {
     Kind.SCHED_RUNQ: KindInfo(Layer.SCHED, "run-queue latency (wakeup -> on CPU), ns", "cpu", {}),
     Kind.SCHED_STEP_SUM: KindInfo(Layer.SCHED, "sum of off-CPU time in the step, ns",
                                   "sum of run-queue latency in the step, ns",
-                                  {"switches": int, "wakeups": int}),
+                                  {"switches": int, "wakeups": int, "runq_max_ns": int, "offcpu_max_ns": int,
+                                   "runq_hist_us": str}),
+    Kind.MEM_STEP_SUM: KindInfo(Layer.MEMORY, "reclaim + compaction stall time not sent as single records, ns",
+                                "page allocations (order >= page_order) not sent as PAGE_ALLOC",
+                                {"pages": int, "stalls": int, "stall_max_ns": int, "orders": str}),
+    Kind.CUDA_STEP_SUM: KindInfo(Layer.CUDA, "kernel-launch call time summed, ns",
+                                 "kernel launches not sent as single CUDA_LAUNCH records",
+                                 {"max_ns": int, "hist_us": str}),
     Kind.MEM_RECLAIM: KindInfo(Layer.MEMORY, "reclaim stall (direct or memory-cgroup limit), ns", "pages reclaimed",
                                {"reclaim": str}),
     Kind.MEM_COMPACTION: KindInfo(Layer.MEMORY, "compaction stall, ns", "compaction result", {}),

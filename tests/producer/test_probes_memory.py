@@ -1,5 +1,6 @@
-"""Memory layer: transparent huge pages faulted in by a watched process are order-9 page allocations
-(PAGE_ALLOC above the order threshold) attributed to that process; order-0 pages are not reported."""
+"""Memory layer: transparent huge pages faulted in by a watched process are order-9 page allocations,
+counted per step in the kernel (one MEM_STEP_SUM at the process's step_end) or, above the single-record
+order, sent one by one (PAGE_ALLOC) attributed to that process; order-0 pages are not reported."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from obshub.core.schema import Kind
 from producer.probes import Target
-from tests.support.probes_util import Child, drain, event_source, need_bpf
+from producer.reader import parse_hist
+from tests.support.probes_util import Child, build_so, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
 
@@ -34,7 +36,7 @@ def test_huge_page_faults_are_high_order_allocations(tmp_path):
     child = Child(TOUCH)
     try:
         with event_source(tmp_path, Target(pids={child.pid}), probes=("memory",),
-                          thresholds={"page_order": 9}) as (src, table):
+                          thresholds={"page_order": 9, "page_order_single": 9}) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
             huge_pages = int(child.wait())
@@ -48,6 +50,41 @@ def test_huge_page_faults_are_high_order_allocations(tmp_path):
     assert all(e.value >= 9 for e in allocs)  # the order threshold holds in the kernel
     assert sum(1 for e in allocs if e.value == 9) >= huge_pages, (huge_pages, len(allocs))
     assert all(isinstance(e.payload["gfp"], int) and e.tid == child.pid for e in allocs)
+
+
+def test_page_allocations_are_aggregated_per_step_in_the_kernel(tmp_path):
+    """Default thresholds: no PAGE_ALLOC record; the step's allocations arrive as one MEM_STEP_SUM at the
+    step_end of the process, with the order histogram (the huge pages in bucket 9)."""
+    need_bpf()
+    if not THP.exists() or "[never]" in THP.read_text():
+        pytest.skip("transparent huge pages are disabled")
+    lib = build_so("fakeusdt", tmp_path)
+    code = TOUCH.replace("sys.stdin.readline()\n",
+                         f"sys.stdin.readline()\nimport ctypes\nL = ctypes.CDLL({str(lib)!r})\n"
+                         "L.fake_step_begin(ctypes.c_int64(41), ctypes.c_uint64(9))\n", 1)
+    code = code.replace("print(int(huge)", "L.fake_step_end(ctypes.c_int64(41), ctypes.c_uint64(9))\nprint(int(huge)")
+    child = Child(code)
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("memory", "pytorch_step"),
+                          usdt_library=lib, thresholds={"page_order": 9}) as (src, table):
+            assert all(s.attached for s in table), table
+            child.go()
+            huge_pages = int(child.wait())
+            events = drain(src, 0.5)
+    finally:
+        child.kill()
+    if huge_pages == 0:
+        pytest.skip("the kernel gave no huge page (memory fragmented or THP defrag off)")
+    assert not [e for e in events if e.kind == Kind.PAGE_ALLOC]
+    sums = [e for e in events if e.kind == Kind.MEM_STEP_SUM]
+    assert len(sums) == 1, sums
+    agg = sums[0]
+    assert agg.pid == child.pid and agg.step == 41 and agg.trace_key == 9
+    orders = parse_hist(agg.payload["orders"])
+    assert agg.value == sum(orders) >= huge_pages and orders[9] >= huge_pages and sum(orders[:9]) == 0
+    assert agg.payload["pages"] == sum(n << i for i, n in enumerate(orders))
+    end = [e for e in events if e.kind == Kind.STEP_END]
+    assert len(end) == 1 and end[0].ts_ns == agg.ts_ns   # shipped by the step_end handler
 
 
 CGROUP_V1_MEM = Path("/sys/fs/cgroup/memory")

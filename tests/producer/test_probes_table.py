@@ -11,6 +11,7 @@ import pytest
 from obshub.core.schema import Kind
 from producer import probes as cat
 from producer.probes import ProbeOptions, Target
+from producer.reader import parse_hist
 from tests.support.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
@@ -31,6 +32,7 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
         pytest.skip("the torch wheel's libcudart/libnccl are not installed")
     usdt = build_so("fakeusdt", tmp_path)
     body = ("C = ctypes.CDLL(%r)\nN = ctypes.CDLL(%r)\nn = ctypes.c_int(0)\n"
+            "L.fake_step_begin(ctypes.c_int64(5), ctypes.c_uint64(77))\n"
             "print('count rc', C.cudaGetDeviceCount(ctypes.byref(n)), flush=True)\n"
             "for _ in range(3):\n    C.cudaDeviceSynchronize()\n"
             "C.cudaStreamSynchronize(None)\nC.cudaMemcpy(None, None, ctypes.c_size_t(4096), 0)\n"
@@ -39,10 +41,15 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
             "    _fields_ = [('x', ctypes.c_uint), ('y', ctypes.c_uint), ('z', ctypes.c_uint)]\n"
             "C.cudaLaunchKernel.argtypes = [ctypes.c_void_p, dim3, dim3, ctypes.c_void_p, ctypes.c_size_t,"
             " ctypes.c_void_p]\n"
+            "for _ in range(4):\n"
+            "    C.cudaLaunchKernel(None, dim3(4, 2, 3), dim3(32, 1, 1), None, 0, None)\n"
+            "L.fake_step_end(ctypes.c_int64(5), ctypes.c_uint64(77))\n"
+            "sys.stdin.readline()\n"   # the single-record threshold is lowered now
             "C.cudaLaunchKernel(None, dim3(4, 2, 3), dim3(32, 1, 1), None, 0, None)\n") % (str(cudart), str(nccl))
     child = ctypes_child(usdt, body)
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), usdt_library=usdt, sysfs=True) as (src, table):
+        with event_source(tmp_path, Target(pids={child.pid}), usdt_library=usdt, sysfs=True,
+                          thresholds={"cuda_launch_ns": 10**12}) as (src, table):
             by_name = {s.name: s for s in table}
             # every catalogue probe has a row; the attached ones have no reason, the skipped ones have one
             assert set(by_name) == {p.name for p in cat.PROBES}
@@ -63,7 +70,11 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
                 assert not by_name["cuda_cuLaunchKernel"].attached
                 assert "libcuda.so" in by_name["cuda_cuLaunchKernel"].reason
             child.go()
-            events = drain(src, 20, until=lambda ev: any(e.kind == Kind.CUDA_LAUNCH for e in ev))
+            # first the launches of step 5 are counted in the kernel: one CUDA_STEP_SUM at its step_end
+            events = drain(src, 20, until=lambda ev: any(e.kind == Kind.CUDA_STEP_SUM for e in ev))
+            src.set_threshold("cuda_launch_ns", 0)   # every launch is an outlier now: a single record
+            child.go()
+            events += drain(src, 20, until=lambda ev: any(e.kind == Kind.CUDA_LAUNCH for e in ev))
             child.wait()
     finally:
         child.kill()
@@ -75,6 +86,10 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
     assert memcpy and memcpy[0].value == 4096 and memcpy[0].payload["symbol"] == "cudaMemcpy"
     assert all(e.duration_ns > 0 and e.tid for e in mine if e.kind == Kind.CUDA_SYNC)
     # without a GPU the runtime returns an error (35: insufficient driver here), but the probes saw the call
+    agg = [e for e in mine if e.kind == Kind.CUDA_STEP_SUM]
+    assert len(agg) == 1 and agg[0].step == 5 and agg[0].trace_key == 77 and agg[0].value == 4, agg
+    assert sum(parse_hist(agg[0].payload["hist_us"])) == 4
+    assert 0 < agg[0].payload["max_ns"] <= agg[0].duration_ns
     launch = [e for e in mine if e.kind == Kind.CUDA_LAUNCH]
     assert len(launch) == 1 and launch[0].value == 4 * 2 * 3, launch  # grid blocks from the dim3 by value
     assert launch[0].payload["symbol"] == "cudaLaunchKernel" and launch[0].payload["rc"] != 0

@@ -9,6 +9,7 @@ import pytest
 
 from obshub.core.schema import Kind, parse_trace_key, validate_event
 from producer.probes import Target
+from producer.reader import parse_hist
 from tests.support.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
@@ -32,12 +33,13 @@ def test_usdt_events_and_sched_tracekey(tmp_path):
     try:
         # registered mode: the register probe itself puts the process under watch, in the kernel
         with event_source(tmp_path, Target(registered=True), probes=("pytorch", "sched"), usdt_library=lib,
-                          thresholds={"offcpu_ns": 200_000, "runq_ns": 0}) as (src, table):
+                          thresholds={"offcpu_ns": 200_000, "runq_ns": 0, "sched_singles": 1000}) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
             child.wait()
             events = drain(src, 1.0)
             regs = src.registrations()
+            misses = src.misses().get("sched", 0)   # runs the kernel's recursion guard skipped
     finally:
         child.kill()
     mine = [e for e in events if e.pid == child.pid]
@@ -57,28 +59,39 @@ def test_usdt_events_and_sched_tracekey(tmp_path):
     assert sorted(begins) == sorted(ends) == list(range(FIRST, FIRST + STEPS))
     main_tid = begins[FIRST].tid
     sched = [e for e in mine if e.kind in (Kind.SCHED_OFFCPU, Kind.SCHED_RUNQ) and e.tid == main_tid]
-    inside = 0
+    inside = missing = 0
     for s in range(FIRST, FIRST + STEPS):
         lo, hi = begins[s].ts_ns, ends[s].ts_ns
         assert ends[s].duration_ns == hi - lo >= SLEEPS * SLEEP_US * 1000
         in_step = [e for e in sched if lo <= e.ts_ns <= hi]
         offcpu = [e for e in in_step if e.kind == Kind.SCHED_OFFCPU]
         # each sleep is one off-CPU period >= 200 us; a tracepoint program is skipped when it fires while
-        # another BPF program runs on that CPU (kernel recursion guard), so allow one miss per step
-        assert len(offcpu) >= SLEEPS - 1, (s, in_step)
+        # another BPF program runs on that CPU (kernel recursion guard, counted in misses), so allow one
+        # miss per step plus those the kernel counted (more BPF programs on a busy machine: more of them)
+        missing += max(0, SLEEPS - len(offcpu))
+        assert len(offcpu) >= 1, (s, in_step)
         for e in in_step:  # 100%: every one carries this step's TraceKey
             assert e.step == s, e
             assert parse_trace_key(e.trace_key)[:2] == (HOST, s & 0xFFFF), e
             # op 0 is the step itself (between step_begin and the first operation's key), 1.. the sleeps
             assert 0 <= parse_trace_key(e.trace_key).op_seq <= SLEEPS, e
         inside += len(in_step)
-    assert inside >= STEPS * SLEEPS
+    assert missing <= STEPS + misses, (missing, misses)
+    assert inside >= STEPS * SLEEPS - misses
     sums = {e.step: e for e in mine if e.kind == Kind.SCHED_STEP_SUM}
     assert sorted(sums) == list(range(FIRST, FIRST + STEPS))
     for s, e in sums.items():
         assert e.duration_ns >= (SLEEPS - 1) * SLEEP_US * 1000, e  # off-CPU sum covers the sleeps
         assert e.payload["switches"] >= SLEEPS - 1 and e.payload["wakeups"] >= SLEEPS - 1, e
         assert e.duration_ns <= ends[s].duration_ns
+        # maxima and the run-queue histogram (log2 µs): every wait after a wakeup is binned, none is
+        # longer than the maximum, the maximum is part of the sum
+        hist = parse_hist(e.payload["runq_hist_us"])
+        assert SLEEPS - 1 <= sum(hist) <= e.payload["wakeups"] + e.payload["switches"], e
+        assert 0 < e.payload["runq_max_ns"] <= e.value, e
+        top = max(i for i, n in enumerate(hist) if n)
+        assert (1 << top) * 1000 <= max(e.payload["runq_max_ns"], 1000) < (2 << top) * 1000 or top == 15, e
+        assert SLEEP_US * 1000 <= e.payload["offcpu_max_ns"] <= e.duration_ns, e
 
 
 def test_undersized_ring_buffer_counts_every_lost_event(tmp_path):
@@ -137,3 +150,120 @@ def test_real_producer_usdt_library(tmp_path):
     assert phase.payload == {"phase": "backward"} and phase.trace_key == 78 and phase.step == 5
     assert cb.payload == ce.payload == {"pg": "0", "coll_seq": 3, "op": "all_reduce"}
     assert cb.value == ce.value == 1024 and ce.duration_ns == ce.ts_ns - cb.ts_ns
+
+
+def _unpacked(items) -> list:
+    """Events of a poll_packed() result: PackedRun s unpacked (each event's bytes re-packed must be
+    identical: the C encoder writes what msgpack writes), Events as they are."""
+    import msgpack
+
+    from obshub.core.schema import Event
+    from producer.reader import PackedRun
+
+    out = []
+    for it in items:
+        if isinstance(it, PackedRun):
+            start = 0
+            for end in it.ends:
+                raw = bytes(it.data[start:end])
+                fields = msgpack.unpackb(raw, raw=False)
+                assert msgpack.packb(fields, use_bin_type=True) == raw, fields
+                out.append(Event(*fields))
+                start = end
+            assert sum(it.kinds.values()) == len(it.ends)
+        else:
+            out.append(it)
+    return out
+
+
+def test_batch_reader_encodes_like_the_decoder(tmp_path):
+    """The C batch reader (poll_packed) yields the same events as the per-record decoder, in order:
+    ASCII phases and collectives packed in C, a non-ASCII phase and REGISTER decoded in Python."""
+    need_bpf()
+    lib = build_so("fakeusdt", tmp_path)
+    body = ("L.fake_register(b'jobx', 3, 8, 7, 1)\n"
+            "for ph in (b'forward', 'vorw\\u00e4rts'.encode(), b'backward'):\n"
+            "    L.fake_phase(ph, ctypes.c_int64(99), ctypes.c_uint64(5), 0)\n"
+            "    L.fake_phase(ph, ctypes.c_int64(99), ctypes.c_uint64(5), 1)\n"
+            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(1 << 40), ctypes.c_int64(99),"
+            " ctypes.c_uint64(6), 0)\n"
+            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(1 << 40), ctypes.c_int64(99),"
+            " ctypes.c_uint64(6), 1)\n"
+            "L.fake_steps(7, ctypes.c_int64(2**40), 3, 0, 0)\n")
+    child = ctypes_child(lib, body)
+    items = []
+    try:
+        with event_source(tmp_path, Target(registered=True), probes=("pytorch",), usdt_library=lib) as (src, _t):
+            child.go()
+            child.wait()
+            deadline = __import__("time").monotonic() + 1.0
+            while __import__("time").monotonic() < deadline:
+                items += src.poll_packed(50)
+            items += src.poll_packed(0)
+            consumed = src.consumed()
+    finally:
+        child.kill()
+    evs = [e for e in _unpacked(items) if e.pid == child.pid]
+    for e in evs:
+        validate_event(list(e))
+    assert [e.kind for e in evs] == ([Kind.REGISTER] + [Kind.PHASE] * 3 + [Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END]
+                                     + [Kind.STEP_BEGIN, Kind.STEP_END] * 3)
+    assert [e.payload for e in evs[1:4]] == [{"phase": "forward"}, {"phase": "vorwärts"}, {"phase": "backward"}]
+    assert evs[4].payload == {"pg": "0", "coll_seq": 42, "op": "all_reduce"} and evs[4].value == 1 << 40
+    assert [e.step for e in evs[6:]] == [2**40, 2**40, 2**40 + 1, 2**40 + 1, 2**40 + 2, 2**40 + 2]
+    assert all(e.gpu == -1 and e.tid > 0 for e in evs)
+    assert consumed >= len(evs)
+    from producer.reader import PackedRun
+    assert sum(len(it.ends) for it in items if isinstance(it, PackedRun)) >= 8   # most of them went the C way
+
+
+def test_batch_reader_loss_accounting_is_exact(tmp_path):
+    """Through the batch reader too: lost (kernel counter) == produced - delivered == produced - consumed."""
+    need_bpf()
+    lib = build_so("fakeusdt", tmp_path)
+    produced = 5000
+    child = ctypes_child(lib, f"L.fake_burst(ctypes.c_int64({produced}))")
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step",), usdt_library=lib,
+                          ringbuf_pages=1) as (src, table):
+            assert table[0].attached
+            child.go()
+            child.wait()
+            items = []
+            for _ in range(5):
+                items += src.poll_packed(50)
+            lost = src.lost()["pytorch_step"]
+            consumed = src.consumed()
+    finally:
+        child.kill()
+    evs = _unpacked(items)
+    delivered = sum(1 for e in evs if e.kind == Kind.STEP_BEGIN and e.pid == child.pid)
+    assert lost > 0 and delivered > 0
+    assert lost == produced - delivered == produced - consumed, (produced, delivered, consumed, lost)
+    assert [e.step for e in evs][:5] == [0, 1, 2, 3, 4]
+
+
+def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_path):
+    """With sched_singles=2 at most two SCHED_RUNQ/SCHED_OFFCPU records flow per process and step, while
+    SCHED_STEP_SUM still sums every switch and wait of the step."""
+    need_bpf()
+    lib = build_so("fakeusdt", tmp_path)
+    child = ctypes_child(lib, "L.fake_steps(7, ctypes.c_int64(0), 4, 6, 1000)")
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step", "pytorch_tracekey", "sched"),
+                          usdt_library=lib, thresholds={"offcpu_ns": 0, "runq_ns": 0, "sched_singles": 2}) as (src, _t):
+            child.go()
+            child.wait()
+            events = drain(src, 1.0)
+    finally:
+        child.kill()
+    mine = [e for e in events if e.pid == child.pid]
+    begins = {e.step: e.ts_ns for e in mine if e.kind == Kind.STEP_BEGIN}
+    ends = {e.step: e.ts_ns for e in mine if e.kind == Kind.STEP_END}
+    sums = {e.step: e for e in mine if e.kind == Kind.SCHED_STEP_SUM}
+    assert sorted(begins) == sorted(ends) == sorted(sums) == [0, 1, 2, 3]
+    for s in range(4):
+        singles = [e for e in mine if e.kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU)
+                   and begins[s] < e.ts_ns <= ends[s]]
+        assert 1 <= len(singles) <= 2, (s, singles)
+        assert sums[s].payload["switches"] >= 5, sums[s]   # six sleeps: far more than two singles' worth

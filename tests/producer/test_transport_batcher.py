@@ -117,3 +117,42 @@ def test_synthetic_source_stream_is_valid_and_bounded():
         assert parts.host_id == 9 and parts.step16 == e.step & 0xFFFF
     src.add_loss(5, "sched")
     assert src.lost()["sched"] == 5
+
+
+def _packed(evs) -> tuple[bytes, "array"]:
+    from array import array
+
+    import msgpack
+
+    data, ends = b"", array("I")
+    for e in evs:
+        data += msgpack.packb(list(e), use_bin_type=True)
+        ends.append(len(data))
+    return data, ends
+
+
+def test_packed_runs_give_the_same_batches_as_single_events():
+    """add_packed (the C reader's runs) cuts at the same bounds as add_many and makes identical bytes."""
+    clock = schema.Clock(5, 6, 7)
+    evs = _events(9_000) + [Event(Kind.PHASE, 9, 1, 2, 3, 4, 5, -1, 0, {"phase": "x" * 40})] + _events(3_000, 9_000)
+    one = Batcher("j", "h", 3, agent_id="a", clock=lambda: clock, max_bytes=16 * 1024)
+    two = Batcher("j", "h", 3, agent_id="a", clock=lambda: clock, max_bytes=16 * 1024)
+    singles = one.add_many(evs[:5_000]) + one.add_many(evs[5_000:]) + [one.flush()]
+    d1, e1 = _packed(evs[:5_000])
+    d2, e2 = _packed(evs[5_000:])
+    runs = two.add_packed(d1, e1) + two.add_packed(d2, e2) + [two.flush()]
+    assert len(runs) == len(singles) > 10 and two.events == one.events == len(evs)
+    for a, b in zip(singles, runs):
+        assert (a.seq, a.n_events) == (b.seq, b.n_events)
+        da, db = schema.decode_batch(a.value), schema.decode_batch(b.value)
+        assert da.events == db.events and len(b.value) <= 16 * 1024
+        assert a.value[-2000:] == b.value[-2000:]   # the event bytes (the envelope differs only in sent_ns)
+
+
+def test_packed_event_larger_than_the_bound_goes_alone():
+    big = Event(Kind.PHASE, 1, 0, 0, 0, 0, 0, -1, 0, {"phase": "p" * 3000})
+    b = Batcher("j", "h", 3, max_bytes=2048)
+    data, ends = _packed(_events(2) + [big] + _events(2, 2))
+    sealed = b.add_packed(data, ends) + [b.flush()]
+    assert [s.n_events for s in sealed] == [2, 1, 2]
+    assert [e.payload for e in schema.decode_batch(sealed[1].value).events] == [big.payload]

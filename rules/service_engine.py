@@ -1,0 +1,187 @@
+"""The engine loop of ``obshub rules serve`` (main thread), consumer group ``<prefix>-engine``.
+
+Consume ``obshub.steps.v1`` (JSON) and ``obshub.events.v1`` (msgpack batches) -> ``Engine.process`` ->
+state changes produced to ``obshub.alerts.v1`` (key = fingerprint) and flushed at once. At most every
+``checkpoint_every_s`` (and when stopping): save the engine state (``engine.msgpack``), then commit the
+input offsets, so a restart resumes from a state that covers everything committed (at-least-once: what
+was evaluated after the last checkpoint is evaluated again). Unusable input goes to ``obshub.dlq.v1``
+with the reason in the DLQ headers (``rules.intake``), flushed before the offsets move past it. Every
+second ``Engine.tick(now)`` and a rule-file reload check; every ``health_every_s`` a ``health`` record
+per input topic (own lag and idle time).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, KafkaError, Producer
+
+from obshub.core import schema
+from rules import fields, intake
+from rules.engine import Engine
+from rules.service_common import (ACTIVE, CHANGES, DLQ, EVAL_ERRORS, KAFKA_LOG, RECORDS, atomic_write, commit,
+                                  consumer, log, log_assign, read_state)
+from rules.web import runbook_url
+
+if TYPE_CHECKING:
+    from rules.service import RuleService
+
+MAX_FUTURE_S = 300
+STATE_FILE = "engine.msgpack"
+OLD_STATE_FILE = "engine.json"       # written by earlier versions; read once when no msgpack state exists
+
+
+class EngineLoop:
+    """Evaluation: the ``Engine`` of the service ``svc`` fed from Kafka (see the module docstring)."""
+
+    def __init__(self, svc: "RuleService", engine: Engine, checkpoint_every_s: float = 1.0):
+        self.svc, self.engine, self.checkpoint_every_s = svc, engine, checkpoint_every_s
+        self.outbox: list[dict] = []
+        self.started = time.monotonic()
+        self.last_seen: dict[str, float] = {}
+        self.decode_errors = 0
+        self.future_records = 0
+        snap = read_state(svc.state / STATE_FILE) or read_state(svc.state / OLD_STATE_FILE)
+        if snap:
+            engine.restore(snap)
+
+    def write_snapshot(self) -> None:
+        """Write the engine's snapshot to the state folder (atomically)."""
+        atomic_write(self.svc.state / STATE_FILE, self.engine.snapshot())
+        (self.svc.state / OLD_STATE_FILE).unlink(missing_ok=True)
+        self.engine.dirty = False
+
+    # -- input -----------------------------------------------------------------------------------------------
+    def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
+        """Records of one input message, or ``[]`` after sending it to the DLQ (rules.intake)."""
+        try:
+            return [(sig, self._clamp(rec)) for sig, rec in intake.decode(msg.topic(), msg.value())]
+        except schema.SchemaError as exc:
+            self._dead_letter(msg, exc, dlq)
+            return []
+
+    def _dead_letter(self, msg, exc: Exception, dlq: Producer) -> None:
+        self.decode_errors += 1
+        DLQ.labels(msg.topic()).inc()
+        reason = intake.dead_letter(dlq, msg, exc, f"{self.svc.group_prefix}-engine")
+        log.warning("%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(),
+                    schema.TOPIC_DLQ, reason)
+
+    def _clamp(self, rec: dict) -> dict:
+        """A record time more than ``MAX_FUTURE_S`` ahead of this host's clock (a host with a wrong clock)
+        would move the engine's clock and resolve alerts early: such a record counts as 'now'."""
+        now = time.time_ns()
+        if rec["time_ns"] > now + MAX_FUTURE_S * 1_000_000_000:
+            self.future_records += 1
+            rec["time_ns"] = now
+        return rec
+
+    # -- output ----------------------------------------------------------------------------------------------
+    def _publish(self, producer: Producer) -> None:
+        for rec in self.outbox:
+            CHANGES.labels(rec["rule"], rec["status"]).inc()
+            rec["engine"] = self.svc.group_prefix  # which engine's notify loop delivers it (see run_notify)
+            link = runbook_url(rec["annotations"].get("runbook", ""), self.svc.config.runbook_base_url)
+            if link:
+                rec["annotations"].setdefault("runbook_url", link)
+            producer.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
+            log.info("alert %s %s %s", rec["status"], rec["rule"], rec["labels"])
+        self.outbox.clear()
+        left = producer.flush(30)
+        if left:
+            raise RuntimeError(f"{left} alert change(s) not acknowledged by Kafka within 30 s")
+
+    def _health(self, cons: Consumer) -> None:
+        now = time.time_ns()
+        lag: dict[str, int] = {}
+        try:
+            assigned = cons.assignment()
+            for tp in cons.position(assigned):
+                lo, hi = cons.get_watermark_offsets(tp, timeout=2, cached=False)
+                pos = tp.offset if tp.offset >= 0 else lo
+                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, hi - pos)
+        except Exception as exc:  # health is best effort
+            log.debug("lag measurement failed: %s", exc)
+        uptime = time.monotonic() - self.started
+        for topic in self.input_topics():
+            seen = self.last_seen.get(topic)
+            idle = time.monotonic() - seen if seen is not None else uptime
+            self.engine.process("health", fields.health_record(topic, f"{self.svc.group_prefix}-engine",
+                                                               lag.get(topic, 0), idle, uptime, now))
+
+    def input_topics(self) -> list[str]:
+        """The input topics the current rules read (a pack without event rules does not decode events)."""
+        rules = self.svc.ruleset.rules.values()
+        signals = {r.signal for r in rules} | {r.correlate.signal for r in rules if r.correlate}
+        topics = [t for sig, t in (("steps", schema.TOPIC_STEPS), ("events", schema.TOPIC_EVENTS)) if sig in signals]
+        return topics or [schema.TOPIC_STEPS]
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    def run_engine(self) -> None:
+        """The engine loop; returns when the service's ``stop`` is set."""
+        svc = self.svc
+        cons = consumer(svc.settings, f"{svc.group_prefix}-engine", "earliest" if svc.from_beginning else "latest")
+        topics = self.input_topics()
+        cons.subscribe(topics, on_assign=log_assign("engine"))
+        producer = Producer({"bootstrap.servers": svc.settings.bootstrap_servers, "enable.idempotence": True,
+                             "linger.ms": 5, "logger": KAFKA_LOG})
+        last_tick = last_health = last_checkpoint = 0.0
+        uncommitted = False
+        dead_flushed = self.decode_errors
+        try:
+            while not svc.stop.is_set():
+                msgs = cons.consume(num_messages=500, timeout=0.2)
+                for m in msgs:
+                    if m.error():
+                        if m.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("consumer error: %s", m.error())
+                        continue
+                    uncommitted = True
+                    self.last_seen[m.topic()] = time.monotonic()
+                    for signal_name, rec in self._decode(m, producer):
+                        RECORDS.labels(signal_name).inc()
+                        try:
+                            self.engine.process(signal_name, rec)
+                        except Exception as exc:  # a record the checks let through must not stop the engine
+                            log.exception("evaluating %s[%d]@%d failed", m.topic(), m.partition(), m.offset())
+                            self._dead_letter(m, schema.SchemaError(
+                                "", f"rule evaluation failed: {type(exc).__name__}: {exc}"), producer)
+                            break
+                mono = time.monotonic()
+                if mono - last_tick >= 1.0:
+                    self.engine.tick(time.time_ns())
+                    ACTIVE.set(len(self.engine.active()))
+                    EVAL_ERRORS.set(self.engine.eval_errors)
+                    if svc.maybe_reload() and self.input_topics() != topics:
+                        topics = self.input_topics()
+                        self.write_snapshot()
+                        commit(cons)
+                        cons.subscribe(topics, on_assign=log_assign("engine"))
+                    last_tick = mono
+                if mono - last_health >= svc.health_every_s:
+                    self._health(cons)
+                    last_health = mono
+                if self.outbox:
+                    self._publish(producer)
+                if (uncommitted or self.engine.dirty) and mono - last_checkpoint >= self.checkpoint_every_s:
+                    self.write_snapshot()
+                    if uncommitted:
+                        if self.decode_errors != dead_flushed:  # dead letters are on the DLQ before we commit past them
+                            if producer.flush(30):
+                                raise RuntimeError("dead letters not acknowledged by Kafka within 30 s")
+                            dead_flushed = self.decode_errors
+                        commit(cons)
+                        uncommitted = False
+                    last_checkpoint = mono
+        finally:
+            if self.outbox:
+                self._publish(producer)
+            self.write_snapshot()
+            if uncommitted and not producer.flush(30):
+                try:
+                    commit(cons)
+                except Exception as exc:
+                    log.warning("final commit failed (the last records will be evaluated again): %s", exc)
+            cons.close()
