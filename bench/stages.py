@@ -47,7 +47,8 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
         ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
     ],
     "engine": [
-        ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "rules/dispatch", "rules/sinks")),
+        ("notify", lambda f: "run_notify" in _fn(f)
+         or _in(f, "rules/dispatch", "rules/sinks", "rules/service_notify")),
         ("decode", lambda f: _in(f, "rules/service", "rules/intake") and "decode" in _fn(f)),
         ("state", lambda f: _in(f, "rules/") and ("atomic_write" in _fn(f) or "snapshot" in _fn(f))),
         ("publish", lambda f: _in(f, "rules/service") and "publish" in _fn(f)),

@@ -79,6 +79,7 @@ DRAIN_MAX_S = 60             # the agents go on publishing this long after SIGCO
 WARMUP = 3                   # steps left out of the steady state
 BOUND_STEPS = 3              # "keeps up": summaries and engine at most this many steps behind
 GRACE_S = 25.0               # after the last publish: time for the last summaries and alerts
+QUICK_GRACE_S = 10.0
 RSS_CAP_MB = 4000            # a process above this ends the size (the machine is shared)
 WORKERS = 1
 PARTITIONS = 8
@@ -514,8 +515,9 @@ class SizeRun:
     """One job size on the shared broker: its processes, samplers and the measurement phases."""
 
     def __init__(self, settings, hosts: int, steps: int, *, pause_s: float, workers: int, tmp: Path, say,
-                 guilty_from: int = 2):
+                 guilty_from: int = 2, grace_s: float = GRACE_S):
         self.settings, self.say, self.steps, self.pause_s = settings, say, steps, pause_s
+        self.grace_s = grace_s
         drain = int(DRAIN_MAX_S) if pause_s > 0 else 0
         self.shape = fleet.Shape(hosts, steps + (int(pause_s) + drain if pause_s > 0 else 0), job=f"wide-{hosts}",
                                  guilty_from=guilty_from)
@@ -657,7 +659,7 @@ class SizeRun:
         self.t0 = time.monotonic() + 1.0
         self.agents.go(time.time() + 1.0)
         res.samples.append(self.sample(-1))
-        limit = self.t0 + steps * shape.step_s + GRACE_S
+        limit = self.t0 + steps * shape.step_s + self.grace_s
         pause = self.pause_s > 0
         s, steady_a, profs = 0, None, None
         # phase 1: the measured steps, then until every one is summarised and evaluated (or the time limit)
@@ -668,7 +670,8 @@ class SizeRun:
             if s == WARMUP - 1:
                 steady_a = smp
                 profs = {p.role: Profile(p.pid, "engine" if p.role == "engine" else "worker",
-                                         seconds=steps - WARMUP - 1, out=self.tmp / f"profile-{p.role}-{shape.hosts}.txt")
+                                         seconds=steps - WARMUP - 1,
+                                         out=self.tmp / f"profile-{p.role}-{shape.hosts}.txt")
                          for p in self.procs if p.role == "engine" or p.role.startswith("worker")}
             bad = self.check_procs()
             if bad:
@@ -904,7 +907,7 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
             ok = r.cpu_complete.get(role, True)
             ratio = f" x{v / r.summarize_ms:,.0f}" if r.summarize_ms > 0 and v == v else ""
             cells.append(_fmt_ms(v, ok) + ratio)
-        pts = [(r.hosts, r.summarize_ms) if role == "summarize" else (r.hosts, r.cpu_ms_per_step.get(role, float("nan")))
+        pts = [(r.hosts, r.summarize_ms if role == "summarize" else r.cpu_ms_per_step.get(role, float("nan")))
                for r in fit if role == "summarize" or r.cpu_complete.get(role, False)]
         k = exponent([p[0] for p in pts], [p[1] for p in pts])
         growth[role] = k
@@ -950,8 +953,9 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         ok = [r for r in fit if r.bytes_complete.get(c, True)]
         k = exponent([r.hosts for r in ok], [r.bytes_per_step.get(c, float("nan")) for r in ok])
         bytes_growth[c] = k
-        t.add_row(c, *[("" if r.bytes_complete.get(c, True) else "> ") + _fmt_bytes(r.bytes_per_step.get(c, float("nan")))
-                       for r in results], "-" if k != k else f"{k:.2f}")
+        t.add_row(c, *[("" if r.bytes_complete.get(c, True) else "> ")
+                       + _fmt_bytes(r.bytes_per_step.get(c, float("nan"))) for r in results],
+                  "-" if k != k else f"{k:.2f}")
     say(t)
     rss_roles = []
     for r in results:
@@ -1008,7 +1012,8 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         own = {k: v for k, v in big.rss_peak_mb.items() if k not in ("broker", "agents")}
         worst = max(own.items(), key=lambda kv: kv[1] if kv[1] == kv[1] else -1, default=("-", float("nan")))
         verdict("rss_2048", f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
-                bool(own) and all(v <= TARGET_RSS_MB for v in own.values()), ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
+                bool(own) and all(v <= TARGET_RSS_MB for v in own.values()),
+                ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
                        + f" (peak: {worst[0]}; broker JVM {big.rss_peak_mb.get('broker', float('nan')):,.0f} MB)")
     return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth,
             "projection": proj}
@@ -1069,7 +1074,8 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
             say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
             try:
                 r = SizeRun(settings, hosts, n, pause_s=p, workers=workers, tmp=tmp, say=say,
-                            guilty_from=QUICK_GUILTY_FROM if quick else 2).run()
+                            guilty_from=QUICK_GUILTY_FROM if quick else 2,
+                            grace_s=QUICK_GRACE_S if quick else GRACE_S).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
                 r = SizeResult(hosts, n, hosts * 64, ended=f"could not run: {str(exc)[:300]}")

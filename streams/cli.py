@@ -99,7 +99,7 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
                        output_topic=output_topic, dlq_topic=dlq_topic, partitions=partitions, window_s=window_s,
                        state_dir=settings.state_dir, metrics_port=metrics_port)
     n_in = _topic_partitions(cfg.bootstrap, input_topic)
-    ensure_internal_topics(cfg, n_in)
+    ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
     metrics = WorkerMetrics()
     try:
         metrics.serve(metrics_port, metrics_addr)
@@ -118,8 +118,12 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
             from obshub.core import log as jsonlog
 
             logging_config = jsonlog.dict_config(log_level, name)
-        faust.Worker(app, loglevel=log_level.upper(), quiet=True,
-                     logging_config=logging_config).execute_from_commandline()
+        worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, logging_config=logging_config)
+        # Faust's terminal spinner sets the root logger to DEBUG at levels >= WARNING so that it can spin
+        # on every record: every debug call of aiokafka and Faust then builds a record (a third of the
+        # worker's CPU on the stream benchmark). No spinner: the root logger keeps the chosen level.
+        worker.spinner = None
+        worker.execute_from_commandline()
     finally:
         registry.unregister_component(settings, name)
 
