@@ -24,6 +24,7 @@ Examples:
   obshub rules serve -r rules/builtin -r team.yaml -c alerting.yaml   # your rules and sinks
   obshub rules serve --metrics-port 9108            # also Prometheus metrics on 127.0.0.1:9108
   obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
+  obshub rules serve --scale-out --group-prefix prod   # one of several engines sharing the jobs (run N)
   kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
 """
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from obshub.core import registry
+from obshub.core.reach import BrokerWatch
 from obshub.core.settings import Settings
 from rules.dispatch import Dispatcher
 from rules.engine import Engine
@@ -66,6 +67,7 @@ class RuleService:
         self.state = state_dir(settings)
         self.log_path = log_path
         self.stop = threading.Event()
+        self.watch = BrokerWatch(settings.bootstrap_servers, log, "the rule engine")
         self.running = threading.Event()  # both loops started (the readiness probe)
         self.http_port: int | None = None
         self.reload_requested = threading.Event()

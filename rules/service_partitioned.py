@@ -39,7 +39,7 @@ from obshub.core.log import NullLogger
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet
-from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, KAFKA_LOG, RECORDS, log
+from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, log, wait_for_broker
 from rules.service_engine import MAX_FUTURE_S
 from rules.web import runbook_url
 
@@ -175,10 +175,18 @@ class PartitionedEngineLoop:
 
     def _ensure_state_topic(self) -> None:
         admin = AdminClient({"bootstrap.servers": self._bootstrap(), "logger": NullLogger()})
-        md = admin.list_topics(timeout=10)
-        steps = md.topics.get(schema.TOPIC_STEPS)
-        if steps is None or steps.error is not None or not steps.partitions:
-            raise RuntimeError(f"topic {schema.TOPIC_STEPS} does not exist (run `obshub up` or start a stream worker)")
+        waited = 0.0
+        while True:
+            md = admin.list_topics(timeout=10)
+            steps = md.topics.get(schema.TOPIC_STEPS)
+            if steps is not None and steps.error is None and steps.partitions:
+                break
+            if self.svc.stop.is_set():
+                raise RuntimeError("stopped while waiting for the steps topic")
+            if waited % 30 == 0:
+                log.warning("engine: topic %s does not exist yet (`obshub up` creates it); waiting", schema.TOPIC_STEPS)
+            time.sleep(1.0)
+            waited += 1.0
         self.n_steps = len(steps.partitions)
         events = md.topics.get(schema.TOPIC_EVENTS)
         self.n_events = len(events.partitions) if events is not None and events.error is None else 0
@@ -202,7 +210,7 @@ class PartitionedEngineLoop:
         prod = Producer({"bootstrap.servers": self._bootstrap(), "transactional.id": f"{self.svc.group_prefix}-engine-{p}",
                          "enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4",
                          "message.max.bytes": STATE_MAX_BYTES, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                         "logger": KAFKA_LOG})
+                         **self.svc.watch.client_conf()})
         prod.init_transactions(60)  # fences the previous owner of p and aborts its open transaction
         return prod
 
@@ -269,6 +277,16 @@ class PartitionedEngineLoop:
                 log.warning("engine: final commit of partition %d failed: %s", part.p, exc)
             part.producer.flush(10)
             log.info("engine: gave up partition %d of %s", part.p, schema.TOPIC_STEPS)
+        self._assign_events()
+
+    def _start_events(self) -> None:
+        """Start reading events (rules that read them were loaded): every owned partition from now."""
+        self._events = Consumer(self._events_config)
+        for part in self.parts.values():
+            for q in range(self.n_events):
+                if q not in part.events:
+                    part.events[q] = self._events.get_watermark_offsets(TopicPartition(schema.TOPIC_EVENTS, q),
+                                                                        timeout=10, cached=False)[1]
         self._assign_events()
 
     def _assign_events(self) -> None:
@@ -423,19 +441,22 @@ class PartitionedEngineLoop:
     def run_engine(self) -> None:
         """The engine loop; returns when the service's ``stop`` is set (committing what it owns)."""
         svc = self.svc
+        if not wait_for_broker(svc.settings.bootstrap_servers, svc.stop, svc.watch):
+            return  # stopped before the broker ever answered
         self._ensure_state_topic()
         common = {"bootstrap.servers": self._bootstrap(), "enable.auto.commit": False, "enable.partition.eof": False,
-                  "isolation.level": "read_committed", "logger": KAFKA_LOG,
+                  "isolation.level": "read_committed", **self.svc.watch.client_conf(),
                   "auto.offset.reset": "earliest" if svc.from_beginning else "latest"}
+        self._events_config = {**common, "group.id": f"{svc.group_prefix}-engine-events-{uuid.uuid4().hex}"}
         if self.reads_events():
-            self._events = Consumer({**common, "group.id": f"{svc.group_prefix}-engine-events-{uuid.uuid4().hex}"})
+            self._events = Consumer(self._events_config)
         cons = self._cons = Consumer({**common, "group.id": f"{svc.group_prefix}-engine",
                                       "partition.assignment.strategy": "range", "session.timeout.ms": 6000,
                                       "heartbeat.interval.ms": 1000})
         cons.subscribe([schema.TOPIC_STEPS], on_assign=self._on_assign, on_revoke=self._on_revoke,
                        on_lost=self._on_revoke)
         health = Producer({"bootstrap.servers": self._bootstrap(), "enable.idempotence": True, "linger.ms": 5,
-                           "logger": KAFKA_LOG})
+                           **self.svc.watch.client_conf()})
         last_tick = last_health = 0.0
         try:
             while not svc.stop.is_set():
@@ -459,7 +480,8 @@ class PartitionedEngineLoop:
                         e.tick(now)
                     ACTIVE.set(len(self.engine.active()))
                     EVAL_ERRORS.set(sum(e.eval_errors for e in self.engines()))
-                    svc.maybe_reload()
+                    if svc.maybe_reload() and self._events is None and self.reads_events():
+                        self._start_events()
                     last_tick = mono
                 if mono - last_health >= svc.health_every_s:
                     self._health()

@@ -37,6 +37,38 @@ def streams_group():
     """The Faust stream application: per-step join across nodes, straggler and layer blame."""
 
 
+def _wait_for_broker(bootstrap: str) -> None:
+    """A service waits for its broker: one message once it could not be reached for 10 s, then quiet
+    retries until it answers. SIGINT/SIGTERM end the wait: exit 0, no traceback."""
+    import signal
+    import threading
+
+    from obshub.core.reach import CONNECT_TIMEOUT_S, HINT, BrokerUnreachable, require_broker
+
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    said, since = False, time.monotonic()
+    try:
+        while not stop.is_set():
+            try:
+                if not require_broker(bootstrap, timeout_s=1.0, stop=stop):
+                    continue  # stopped
+            except BrokerUnreachable as exc:
+                if not said and time.monotonic() - since >= CONNECT_TIMEOUT_S:
+                    msg = str(exc).replace(" within 1 s", f" for {CONNECT_TIMEOUT_S:.0f} s")
+                    click.echo(f"obshub streams worker: {msg}; retrying quietly until it answers (Ctrl-C to "
+                               f"stop). hint: {HINT}", err=True)
+                    said = True
+                continue
+            if said:
+                click.echo(f"obshub streams worker: reached the Kafka broker at {bootstrap}", err=True)
+            return
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    raise click.exceptions.Exit(0)
+
+
 def _topic_partitions(bootstrap: str, topic: str) -> int:
     """Partition count of ``topic``; raises TopicMissingError / StreamsError with a hint."""
     from confluent_kafka.admin import AdminClient
@@ -98,6 +130,7 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     cfg = WorkerConfig(app_id=app_id, bootstrap=settings.bootstrap_servers, input_topic=input_topic,
                        output_topic=output_topic, dlq_topic=dlq_topic, partitions=partitions, window_s=window_s,
                        state_dir=settings.state_dir, metrics_port=metrics_port)
+    _wait_for_broker(cfg.bootstrap)
     n_in = _topic_partitions(cfg.bootstrap, input_topic)
     ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
     metrics = WorkerMetrics()
@@ -166,25 +199,46 @@ def tail_command():
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=float, default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
-    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins."""
+    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins.
+
+    Exits 1 with one message when the broker cannot be reached within 10 s at start; a broker that goes
+    away later is reported once and waited for. Ctrl-C ends it (exit 0)."""
+    import logging
+    import signal
+    import threading
     import uuid
 
     from confluent_kafka import Consumer
 
+    from obshub.core.reach import BrokerWatch, require_broker
+
     settings = load_settings()
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if not require_broker(settings.bootstrap_servers, stop=stop):
+        return
+    say = logging.getLogger("obshub.tail")
+    if not say.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("obshub tail: %(message)s"))
+        say.addHandler(handler)
+        say.propagate = False
+    watch = BrokerWatch(settings.bootstrap_servers, say, "tail")
     c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"obshub-tail-{uuid.uuid4().hex[:8]}",
                   "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False,
-                  "logger": NullLogger()})
-    c.subscribe([topic])
+                  **watch.client_conf()})
+    c.subscribe([topic], on_assign=lambda *_: watch.up())
     seen: set[tuple[str, int]] = set()
     n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None
     try:
-        while deadline is None or time.monotonic() < deadline:
-            msg = c.poll(0.5)
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            msg = c.poll(0.2)
             if msg is None or msg.error():
                 continue
+            watch.up()
             try:
                 s = schema.decode_step_summary(msg.value())
                 k = (s["job"], int(s["step"]))
@@ -211,7 +265,5 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             n += 1
             if count and n >= count:
                 break
-    except KeyboardInterrupt:
-        pass
     finally:
         c.close()

@@ -124,19 +124,20 @@ class KafkaSink:
     flush; it raises ReplayError when any message was not delivered."""
 
     def __init__(self, bootstrap: str, topic: str = schema.TOPIC_EVENTS, *, connect_timeout_s: float = 10.0):
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import Producer
 
+        from obshub.core.reach import BrokerUnreachable, require_broker
+
+        try:  # fail fast, before any trace is read, when the broker is not there
+            require_broker(bootstrap, connect_timeout_s)
+        except BrokerUnreachable as exc:
+            raise ReplayError(str(exc), hint=exc.hint) from None
         self.topic = topic
         self.bootstrap = bootstrap
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "logger": QUIET_KAFKA_LOG,
                                   "compression.type": "lz4", "message.max.bytes": 2 * 1024 * 1024})
         self.failed: list[str] = []
         self.sent = 0
-        try:  # fail fast, before any trace is read, when the broker is not there
-            self.producer.list_topics(timeout=connect_timeout_s)
-        except KafkaException as exc:
-            raise ReplayError(f"Failed to reach Kafka at {bootstrap} within {connect_timeout_s:.0f} s: {exc}",
-                              hint="start the local broker with `obshub up`, or pass --bootstrap") from None
 
     def _done(self, err, _msg) -> None:
         if err is not None:

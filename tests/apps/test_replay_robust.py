@@ -252,7 +252,7 @@ def test_any_event_content_maps_to_valid_events_or_is_skipped(tmp_path_factory):
 def test_unreachable_broker_fails_fast_with_a_hint():
     from obshub.replay.publish import KafkaSink
 
-    with pytest.raises(ReplayError, match="Failed to reach Kafka at 127.0.0.1:1") as ei:
+    with pytest.raises(ReplayError, match="cannot reach the Kafka broker at 127.0.0.1:1") as ei:
         KafkaSink("127.0.0.1:1", connect_timeout_s=2)
     assert "obshub up" in ei.value.hint
 
