@@ -19,7 +19,7 @@ Shape of the load (``Shape``):
 Templates: ``TEMPLATES`` clean steps and as many guilty ones (so jitter differs between steps); step ``s``
 is a copy of a template with its times shifted to ``start_ns + s * step_s`` and its step number, TraceKey
 step bits, step markers and collective sequence numbers rewritten. Every batch is a valid v1 batch
-(``obshub.schema``), ``seq`` contiguous per agent from the REGISTER batch (seq 0).
+(``obshub.core.schema``), ``seq`` contiguous per agent from the REGISTER batch (seq 0).
 
 Run as a process (what ``bench.width`` does)::
 
@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.core.schema import Batch, Kind
 from streams import synthetic
 
@@ -223,9 +223,9 @@ def publish(bootstrap: str, topic: str, shape: Shape, *, compression: str = "lz4
     if len(line) != 2 or line[0] != "go":
         return 2
     go = float(line[1])
-    prod = Producer({"bootstrap.servers": bootstrap, "compression.type": compression, "linger.ms": 20,
-                     "enable.idempotence": True, "message.max.bytes": 16 << 20,
-                     "queue.buffering.max.messages": 1_000_000})
+    prod = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=bootstrap), {
+        "compression.type": compression, "linger.ms": 20, "enable.idempotence": True, "message.max.bytes": 16 << 20,
+        "queue.buffering.max.messages": 1_000_000}))
     for k, v in reg:
         prod.produce(topic, key=k, value=v)
     prod.flush(30)

@@ -130,7 +130,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
             t0 = time.monotonic()
             common.console.print(f"[dim]  run {r + 1}/{rounds}: {HOSTS} hosts, fault on node-{FAULT_HOST:02d} "
                                  f"at +{FAULT_AT_S:.0f} s of {DURATION_S:.0f} s[/dim]")
-            for attempt in range(3):   # a demo started by someone else between our check and our start
+            for _attempt in range(3):   # a demo started by someone else between our check and our start
                 wait_for_demo_lock()
                 t0 = time.monotonic()
                 rows = run_matrix(Path(tmp) / f"matrix{r}.json", Path(tmp) / f"matrix{r}.log",

@@ -63,10 +63,10 @@ from pathlib import Path
 from rich.table import Table
 
 from bench import common, fleet
-from bench.stages import Profile, py_spy
 from bench.broker import REPO, cpu_seconds, free_port, obshub_cmd, private_stack, stop_group
+from bench.stages import Profile, py_spy
 from obshub import stack
-from obshub.core import schema
+from obshub.core import kafka, schema
 
 SIZES = (8, 128, 512, 2048)
 STEPS = {8: 20, 128: 30, 512: 30, 2048: 30}
@@ -217,11 +217,9 @@ def topic_class(topic: str, app_id: str) -> str | None:
 def precommit(bootstrap: str, group: str, topics: list[str]) -> None:
     """Commit the current end of every partition of ``topics`` for consumer group ``group``, so a new
     consumer of that group (a worker, an engine of the next size) starts after the earlier sizes' data."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from confluent_kafka import KafkaException
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), group, {"enable.auto.commit": False}))
     try:
         for attempt in range(30):   # a broker that just started may not have elected every leader yet
             try:
@@ -275,9 +273,7 @@ class Lags:
     def __init__(self, bootstrap: str, pairs: list[tuple[str, str]]):
         from confluent_kafka.admin import AdminClient
 
-        from obshub.core.log import NullLogger
-
-        self.admin = AdminClient({"bootstrap.servers": bootstrap, "logger": NullLogger()})
+        self.admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), quiet=True))
         self.pairs = pairs
         self.parts: dict[str, list[int]] = {}
         self.ends: dict[tuple[str, int], int] = {}
@@ -334,9 +330,10 @@ class Reader:
         self.job = job
         from confluent_kafka import Consumer
 
-        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-width-{uuid.uuid4().hex[:6]}",
-                           "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                           "fetch.wait.max.ms": 20})   # a record is seen within ~20 ms of reaching the broker
+        self.c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap),
+                                                f"bench-width-{uuid.uuid4().hex[:6]}", {
+            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "fetch.wait.max.ms": 20}))   # a record is seen within ~20 ms of reaching the broker
         self.c.subscribe([schema.TOPIC_STEPS, schema.TOPIC_ALERTS])
         self.summaries: dict[int, dict] = {}
         self.alerts: list[dict] = []

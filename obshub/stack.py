@@ -24,8 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from obshub.core import kafka
 from obshub.core.errors import StackError
-from obshub.core.log import NullLogger
 from obshub.core.registry import components, pid_alive, register_component, unregister_component
 from obshub.core.settings import Settings
 from obshub.core.topics import TOPICS
@@ -284,8 +284,7 @@ def _tail(path: Path, n: int = 10) -> str:
 def _admin(settings: Settings):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, "socket.timeout.ms": 5000,
-                        "logger": NullLogger()})
+    return AdminClient(kafka.admin_config(kafka.connection(settings), {"socket.timeout.ms": 5000}, quiet=True))
 
 
 def _metadata_ok(settings: Settings) -> bool:
@@ -404,8 +403,8 @@ def status(settings: Settings) -> dict:
 def _watermarks(settings: Settings, md) -> dict[tuple[str, int], tuple[int, int]]:
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "obshub-status",
-                  "enable.auto.commit": False, "logger": NullLogger()})
+    c = Consumer(kafka.consumer_config(kafka.connection(settings), "obshub-status", {"enable.auto.commit": False},
+                                       quiet=True))
     out = {}
     try:
         for name, t in md.topics.items():

@@ -13,11 +13,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from obshub.core.settings import Settings
+from obshub.core.kafka import SaslMechanism, SecurityProtocol
+from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_MAX_BYTES, SPOOL_MAX_BYTES, SPOOL_SEGMENT_BYTES, Settings
 from producer import kheaders
 from producer import probes as cat
 from producer.agent import Agent
-from producer.config import SaslMechanism, SecurityProtocol
 from producer.probes import ProbeOptions, ProbeStatus, Target
 
 # ---------------------------------------------------------------------------------------------------------
@@ -124,10 +124,10 @@ def _finite(value: float, name: str) -> float:
               help="any other librdkafka producer setting (repeatable), e.g. queue.buffering.max.messages=100")
 @click.option("--delivery-timeout-ms", type=int, default=10_000, show_default=True,
               help="a batch not acknowledged within this goes to the spool")
-@click.option("--batch-max-bytes", type=int, default=256 * 1024, show_default=True, help="batch bound, bytes (1 KiB..1 MiB)")
-@click.option("--batch-max-age-ms", type=int, default=200, show_default=True, help="batch bound, ms")
-@click.option("--spool-max-bytes", type=int, default=256 * 1024 * 1024, show_default=True, help="spool bound, bytes")
-@click.option("--spool-segment-bytes", type=int, default=4 * 1024 * 1024, show_default=True)
+@click.option("--batch-max-bytes", type=int, default=BATCH_MAX_BYTES, show_default=True, help="batch bound, bytes (1 KiB..1 MiB)")
+@click.option("--batch-max-age-ms", type=int, default=BATCH_MAX_AGE_MS, show_default=True, help="batch bound, ms")
+@click.option("--spool-max-bytes", type=int, default=SPOOL_MAX_BYTES, show_default=True, help="spool bound, bytes")
+@click.option("--spool-segment-bytes", type=int, default=SPOOL_SEGMENT_BYTES, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="serve Prometheus metrics on PORT at /metrics (0: any free port)")
 @click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
@@ -150,10 +150,8 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
     import socket
     import zlib
 
-    from obshub.core.settings import load_settings
-    from producer.config import agent_config
-
     from obshub.core import log as jsonlog
+    from obshub.core.settings import agent_config, load_settings
 
     jsonlog.setup(logging.WARNING, log_format, "agent", "obshub agent: %(name)s: %(message)s")
     say = None

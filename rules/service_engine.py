@@ -21,8 +21,21 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from obshub.core import schema
 from rules import fields, intake
 from rules.engine import Engine
-from rules.service_common import (ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, atomic_write, commit, consumer,
-                                  flush, log, log_assign, producer, read_state)
+from rules.service_common import (
+    ACTIVE,
+    CHANGES,
+    DLQ,
+    EVAL_ERRORS,
+    RECORDS,
+    atomic_write,
+    commit,
+    consumer,
+    flush,
+    log,
+    log_assign,
+    producer,
+    read_state,
+)
 from rules.web import runbook_url
 
 if TYPE_CHECKING:
@@ -194,7 +207,7 @@ class EngineLoop:
                 self._publish(prod)
             if self.undelivered:
                 cons.close()
-                return
+                return  # noqa: B012 - undelivered changes end the loop without a snapshot (a loop exception is dropped here)
             self.write_snapshot()
             if uncommitted and self._flush(prod):
                 try:

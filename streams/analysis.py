@@ -136,7 +136,7 @@ def collectives(accs: dict[str, dict]) -> list[dict]:
             continue
         pg, _, seq = key.rpartition("#")
         order = sorted(arr.items(), key=lambda kv: (kv[1][0], kv[0]))
-        (first_h, first), (second_h, second), (last_h, last) = order[0], order[-2], order[-1]
+        (_first_h, first), (_second_h, second), (last_h, last) = order[0], order[-2], order[-1]
         out.append({"pg": pg, "coll_seq": int(seq), "op": last[2],
                     "skew_ns": last[0] - first[0], "uncertainty_ns": last[1] + first[1], "last_host": last_h,
                     "lead_ns": last[0] - second[0], "lead_uncertainty_ns": last[1] + second[1]})

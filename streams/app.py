@@ -33,7 +33,8 @@ from pathlib import Path
 import faust
 from faust.types import TP
 
-from obshub.core import schema
+from obshub.core import kafka, schema
+from obshub.core.settings import STREAMS
 from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
@@ -53,16 +54,16 @@ class WorkerConfig:
     values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
     """
 
-    app_id: str = "obshub-streams"
-    bootstrap: str = "127.0.0.1:19092"
+    app_id: str = STREAMS.app_id
+    bootstrap: str = STREAMS.bootstrap
     input_topic: str = schema.TOPIC_EVENTS
     output_topic: str = schema.TOPIC_STEPS
     dlq_topic: str = schema.TOPIC_DLQ
-    partitions: int = 8
-    window_s: float = 10.0
+    partitions: int = STREAMS.partitions
+    window_s: float = STREAMS.window_s
     state_dir: Path = Path("state")
-    metrics_port: int = 0
-    dlq_max_bytes: int = 900_000
+    metrics_port: int = STREAMS.metrics_port
+    dlq_max_bytes: int = STREAMS.dlq_max_bytes
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
@@ -102,15 +103,11 @@ class SkipDetector:
             self.last[tp] = (msg.offset, gen)
 
 
-def _broker_urls(bootstrap: str) -> list[str]:
-    return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
-
-
 def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
     """The Faust app object: in-memory tables recovered from compacted changelogs, no web server."""
     app = faust.App(
         cfg.app_id,
-        broker=_broker_urls(cfg.bootstrap),
+        **kafka.faust_kwargs(kafka.KafkaConnection(bootstrap=cfg.bootstrap)),
         store="memory://",
         datadir=str(cfg.state_dir / cfg.app_id),
         topic_partitions=cfg.partitions,

@@ -16,7 +16,9 @@ import logging
 import socket
 import threading
 import time
+from typing import Any
 
+from obshub.core import kafka
 from obshub.core.errors import ObshubError
 from obshub.core.log import NullLogger
 
@@ -77,8 +79,7 @@ def require_broker(bootstrap: str, timeout_s: float = CONNECT_TIMEOUT_S, *, extr
     from confluent_kafka.admin import AdminClient
 
     deadline = time.monotonic() + timeout_s
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": NullLogger(), "socket.timeout.ms": 2000,
-                         **(extra_conf or {})})
+    admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})}))
     reason = "no answer"
     while True:
         left = deadline - time.monotonic()
@@ -113,7 +114,7 @@ class BrokerWatch:
         """``logger`` and ``error_cb`` settings for a confluent-kafka client."""
         return {"logger": NullLogger(), "error_cb": self.on_error}
 
-    def on_error(self, err) -> None:
+    def on_error(self, err: Any) -> None:
         """confluent-kafka ``error_cb``: connection-type errors mark the broker down; others are logged at
         debug level (the client retries them itself)."""
         from confluent_kafka import KafkaError

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.core.schema import Batch, Clock, Event
 from obshub.replay.errors import ReplayError
 from obshub.replay.inputs import ReplayInputs
@@ -134,8 +134,9 @@ class KafkaSink:
             raise ReplayError(str(exc), hint=exc.hint) from None
         self.topic = topic
         self.bootstrap = bootstrap
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "logger": QUIET_KAFKA_LOG,
-                                  "compression.type": "lz4", "message.max.bytes": 2 * 1024 * 1024})
+        self.producer = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=bootstrap), {
+            "linger.ms": 20, "logger": QUIET_KAFKA_LOG, "compression.type": "lz4",
+            "message.max.bytes": 2 * 1024 * 1024}))
         self.failed: list[str] = []
         self.sent = 0
 

@@ -22,8 +22,8 @@ import pytest
 from confluent_kafka import Producer
 
 from obshub.core import schema
-from tests.support.gotools import Proc, free_port, tool, wait_http, wait_until
 from tests.rules.test_rules_sinks import HttpRecorder
+from tests.support.gotools import Proc, free_port, tool, wait_http, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 

@@ -105,7 +105,7 @@ def test_chart_renders_valid_kubernetes_objects(tmp_path, name, values):
 def test_secured_values_reference_secrets_and_mount_certificates(tmp_path):
     objs = objects(tmp_path, SECURED)
     text = yaml.safe_dump_all(objs)
-    for o, tmpl in pod_specs(objs):
+    for _o, tmpl in pod_specs(objs):
         c = tmpl["spec"]["containers"][0]
         env = {e["name"]: e for e in c["env"]}
         assert env["OBSHUB_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
