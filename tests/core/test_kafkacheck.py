@@ -34,3 +34,39 @@ def test_refused_client_certificate_names_the_certificate_settings():
 
 def test_nothing_to_explain():
     assert explain([("_ALL_BROKERS_DOWN", "1/1 brokers are down")], CONF) is None
+
+
+def test_replication_factor_and_partitions_are_settings(monkeypatch):
+    import pytest
+
+    from obshub.core import topics
+    from obshub.core.errors import ConfigError
+
+    events = next(t for t in topics.TOPICS if t.name == "obshub.events.v1")
+    assert topics.replication_factor() == 1 and topics.partitions(events) == events.partitions
+    monkeypatch.setenv("OBSHUB_KAFKA_REPLICATION_FACTOR", "3")
+    monkeypatch.setenv("OBSHUB_KAFKA_PARTITIONS", "obshub.events.v1=64, obshub.steps.v1=16")
+    assert topics.replication_factor() == 3 and topics.partitions(events) == 64
+    monkeypatch.setenv("OBSHUB_KAFKA_PARTITIONS", "obshub.events.v1:64")
+    with pytest.raises(ConfigError, match="OBSHUB_KAFKA_PARTITIONS"):
+        topics.partitions(events)
+    monkeypatch.setenv("OBSHUB_KAFKA_REPLICATION_FACTOR", "zero")
+    with pytest.raises(ConfigError, match="OBSHUB_KAFKA_REPLICATION_FACTOR"):
+        topics.replication_factor()
+
+
+def test_security_settings_come_from_the_environment(monkeypatch, tmp_path):
+    from obshub.core import kafka
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    for k, v in {"OBSHUB_KAFKA_SECURITY_PROTOCOL": "sasl_ssl", "OBSHUB_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                 "OBSHUB_KAFKA_SASL_USERNAME": "obshub", "OBSHUB_KAFKA_SASL_PASSWORD": "pw-12345",
+                 "OBSHUB_KAFKA_SSL_CA_LOCATION": str(ca)}.items():
+        monkeypatch.setenv(k, v)
+    conn = kafka.KafkaConnection(bootstrap="k1:9093")
+    conf = kafka.consumer_config(conn, "g")
+    assert (conf["security.protocol"], conf["sasl.mechanism"], conf["sasl.password"], conf["ssl.ca.location"]) == \
+        ("SASL_SSL", "SCRAM-SHA-512", "pw-12345", str(ca))
+    assert "pw-12345" not in repr(conn) and "pw-12345" not in str(conn)
+    assert kafka.KafkaConnection(bootstrap="k1:9093", security_protocol="PLAINTEXT").security_protocol.value == "PLAINTEXT"

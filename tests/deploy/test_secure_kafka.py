@@ -55,6 +55,7 @@ def test_every_component_through_sasl_ssl_and_mtls(broker, tmp_path, monkeypatch
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("OBSHUB_KAFKA_PORT", raising=False)
+    monkeypatch.setenv("OBSHUB_KAFKA_PARTITIONS", "obshub.dlq.v1=3")  # a partition count as a setting
     settings = load_settings()
     stack.ensure_topics(settings)  # obshub's own admin client, through SASL_SSL
     u = uuid.uuid4().hex[:8]
@@ -107,6 +108,7 @@ rules:
         status = json.loads(st.stdout)
         assert status["security"]["protocol"] == "SASL_SSL" and status["security"]["sasl_username"] == "obshub"
         assert any(t["name"] == schema.TOPIC_STEPS and t["messages"] > 0 for t in status["topics"])
+        assert [t["partitions"] for t in status["topics"] if t["name"] == schema.TOPIC_DLQ] == [3]
 
         # mutual TLS: the agent with a client certificate on the SSL listener
         mtls = {"OBSHUB_HOME": str(tmp_path / "home2"), "OBSHUB_BOOTSTRAP": broker.mtls,
