@@ -109,6 +109,8 @@ rules:
         assert status["security"]["protocol"] == "SASL_SSL" and status["security"]["sasl_username"] == "obshub"
         assert any(t["name"] == schema.TOPIC_STEPS and t["messages"] > 0 for t in status["topics"])
         assert [t["partitions"] for t in status["topics"] if t["name"] == schema.TOPIC_DLQ] == [3]
+        st_text = run(env, "status")
+        assert st_text.returncode == 0 and "Kafka security: SASL_SSL, SASL SCRAM-SHA-512 as obshub" in st_text.stdout
 
         # mutual TLS: the agent with a client certificate on the SSL listener
         mtls = {"OBSHUB_HOME": str(tmp_path / "home2"), "OBSHUB_BOOTSTRAP": broker.mtls,
@@ -122,7 +124,7 @@ rules:
         for pr in reversed(procs):
             pr.stop()
     texts = [pr.log.read_text(errors="replace") for pr in procs]
-    texts += [agent.stdout, agent.stderr, tail.stderr, exp.stderr, st.stdout, st.stderr, agent2.stderr]
+    texts += [agent.stdout, agent.stderr, tail.stderr, exp.stderr, st.stdout, st.stderr, st_text.stdout, agent2.stderr]
     assert not [t for t in texts if broker.password in t], "the SASL password leaked into a log or output"
 
 
