@@ -80,6 +80,7 @@ WARMUP = 3                   # steps left out of the steady state
 BOUND_STEPS = 3              # "keeps up": summaries and engine at most this many steps behind
 GRACE_S = 25.0               # after the last publish: time for the last summaries and alerts
 QUICK_GRACE_S = 10.0
+WIDE_GRACE_S = 60.0          # from 2,048 hosts: a worker that fell behind gets time to finish some steps
 RSS_CAP_MB = 4000            # a process above this ends the size (the machine is shared)
 WORKERS = 1
 PARTITIONS = 8
@@ -1072,7 +1073,7 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
             try:
                 r = SizeRun(settings, hosts, n, pause_s=p, workers=workers, tmp=tmp, say=say,
                             guilty_from=QUICK_GUILTY_FROM if quick else 2,
-                            grace_s=QUICK_GRACE_S if quick else GRACE_S).run()
+                            grace_s=QUICK_GRACE_S if quick else WIDE_GRACE_S if hosts >= 2048 else GRACE_S).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
                 r = SizeResult(hosts, n, hosts * 64, ended=f"could not run: {str(exc)[:300]}")

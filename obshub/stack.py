@@ -28,7 +28,7 @@ from obshub.core import kafka
 from obshub.core.errors import StackError
 from obshub.core.registry import components, pid_alive, register_component, unregister_component
 from obshub.core.settings import Settings
-from obshub.core.topics import TOPICS
+from obshub.core.topics import topic_specs
 
 Progress = Callable[[str], None]
 
@@ -296,7 +296,8 @@ def _metadata_ok(settings: Settings) -> bool:
 
 
 def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
-    """Create any topic of ``TOPICS`` that does not exist; return the names created."""
+    """Create any topic of ``TOPICS`` that does not exist, with the settings' partition counts
+    (``topic_specs``); return the names created."""
     from confluent_kafka.admin import NewTopic
 
     admin = _admin(settings)
@@ -305,7 +306,7 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
 
     new = [NewTopic(t.name, num_partitions=partitions(t), replication_factor=replication_factor(),
                     config={"retention.ms": str(t.retention_ms)})
-           for t in TOPICS if t.name not in existing]
+           for t in topic_specs(settings) if t.name not in existing]
     created = []
     if new:
         for name, fut in admin.create_topics(new, operation_timeout=20).items():

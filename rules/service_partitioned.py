@@ -307,6 +307,7 @@ class PartitionedEngineLoop:
         if not force and not part.outbox and time.monotonic() - part.last_commit < self.checkpoint_every_s:
             return
         prod = part.producer
+        t0 = time.monotonic()
         try:
             self._begin(part)
             for rec in part.outbox:
@@ -330,6 +331,9 @@ class PartitionedEngineLoop:
                 return
             raise
         part.in_txn, part.dirty, part.last_commit = False, False, time.monotonic()
+        if part.last_commit - t0 > 1.0:
+            log.warning("engine: the transaction of partition %d took %.1f s (evaluation waits meanwhile)", part.p,
+                        part.last_commit - t0)
 
     def _reload(self, part: _Part, cons: Consumer) -> None:
         """After an aborted transaction: back to the last committed state and offsets of ``part``."""

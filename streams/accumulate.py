@@ -15,6 +15,7 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "layers": {layer: [time_ns, count, max_ns]},
      "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
      "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
+     "last_phase": [end_rt, phase],  # the latest PHASE to end (absent before the first one)
      "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
              "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns]}}}  # per connection, a < b
 
@@ -168,6 +169,9 @@ def add_event(acc: dict, e: Event, offset_ns: int) -> None:
     if kind == Kind.PHASE:
         ph = str((e.payload or {}).get("phase", "?"))
         acc["phases"][ph] = acc["phases"].get(ph, 0) + e.duration_ns
+        lp = acc.get("last_phase")
+        if lp is None or rt >= lp[0]:
+            acc["last_phase"] = [rt, ph]
     rule = KIND_RULES.get(kind)
     if rule is not None:
         layer, t_fn, c_fn, m_fn = rule
@@ -302,6 +306,9 @@ def merge(into: dict, part: dict) -> dict:
                 if mine[i] is None:
                     mine[i] = c[i]
     into["ringbuf_lost"] += part["ringbuf_lost"]
+    lp = part.get("last_phase")
+    if lp and (not into.get("last_phase") or lp[0] >= into["last_phase"][0]):
+        into["last_phase"] = list(lp)
     pnet = part.get("net") or {}
     if pnet.get("addrs") or pnet.get("pairs"):
         net = into.setdefault("net", {"addrs": {}, "pairs": {}})

@@ -15,6 +15,10 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
 3. ``expire`` (timer, every worker, its active partitions only) sends a ``close`` request into the
    partition of every step open longer than the window, so every table write happens inside the fold
    agent, in partition order.
+4. ``watch`` (timer, every 0.5 s): hangs (``Fold.hangs``, docs/ANALYSIS.md "Hangs"): a hung step gets an
+   interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
+   it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
+   input or internal topic (a host's data waiting in Kafka is no silence).
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
@@ -40,7 +44,7 @@ from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
 from streams.metrics import WorkerMetrics
-from streams.topics import TABLES, ensure_internal_topics, internal_topics  # noqa: F401 (re-exported)
+from streams.topics import TABLES
 
 log = logging.getLogger("obshub.streams")
 
@@ -127,12 +131,44 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
     return app
 
 
-def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int) -> dict:
+class _Table(faust.Table):
+    """A table whose recovery skips changelog records that do not decode (``wire.Undecodable`` key or
+    value): each is logged with its position and counted (``obshub_streams_changelog_skipped_total``),
+    and recovery goes on, so one damaged record cannot keep the worker from becoming ready."""
+
+    obshub_metrics: WorkerMetrics | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Faust writes and reads changelog records as JSON; the same format, read without raising
+        self.key_serializer = self.value_serializer = wire.CHANGELOG_JSON
+
+    def apply_changelog_batch(self, batch) -> None:
+        good = []
+        for event in batch:
+            bad = next((x for x in (event.key, event.value) if isinstance(x, wire.Undecodable)), None)
+            if bad is None:
+                good.append(event)
+                continue
+            msg = event.message
+            log.error("skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
+                      self.name, msg.topic, msg.partition, msg.offset,
+                      "key" if bad is event.key else "value", bad.reason)
+            if self.obshub_metrics is not None:
+                self.obshub_metrics.changelog_skips.labels(self.name).inc()
+        super().apply_changelog_batch(good)
+
+
+def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics) -> dict:
     """The app's tables (``streams.topics.TABLES``), keys UTF-8 text, values msgpack."""
     schema_ = faust.Schema(key_serializer=wire.STR, value_serializer=wire.MSGPACK)
-    return {name: app.Table(name, partitions=input_partitions if like == "input" else cfg.partitions,
-                            schema=schema_)
-            for name, like in TABLES.items()}
+    out = {}
+    for name, like in TABLES.items():
+        table = _Table(app, name=name, beacon=app.tables.beacon, schema=schema_,
+                       partitions=input_partitions if like == "input" else cfg.partitions)
+        table.obshub_metrics = metrics
+        out[name] = app.tables.add(table)
+    return out
 
 
 def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
@@ -231,6 +267,8 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             if TP(rep.get_topic_name(), p) not in actives:
                 continue
             n_open += 1
+            if key in fold.hung and now - st["opened_ns"] < cfg.thresholds.hang_hold_ns:
+                continue  # a hung step stays open while it hangs (the watch timer reports it)
             if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns:
                 requested[key] = now
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
@@ -254,12 +292,50 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             pass
 
 
+def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
+    """The ``watch`` timer: interim records of hung steps (module docstring, 4.)."""
+    out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
+    sent: dict[str, int] = {}  # job -> when its last interim record was sent (ns)
+
+    async def behind(actives) -> bool:
+        try:
+            for tp in actives:
+                if tp.topic in (cfg.input_topic, rep.get_topic_name()):
+                    hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
+                    if hw is not None and pos is not None and hw - pos > 0:
+                        return True
+        except Exception:  # the lag is best effort; without it the check runs
+            pass
+        return False
+
+    @app.timer(0.5)
+    async def watch():
+        actives = app.assignor.assigned_actives()
+        mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
+        now = time.time_ns()
+        for sk, summary, first in fold.hangs(mine):
+            job = summary["job"]
+            if first and await behind(actives):
+                fold.hung.pop(sk, None)
+                continue
+            if now - sent.get(job, 0) < 1_000_000_000:
+                continue
+            sent[job] = now
+            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
+            m.summaries.labels("hang").inc()
+            if first:
+                h = summary["hang"]
+                log.warning("step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)", sk,
+                            ", ".join(x["host"] for x in h["hosts"]), h["op"], h["pg"], h["coll_seq"],
+                            len(h["waiting"]))
+
+
 def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
     """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
     input topic's partition count (the ``agents`` table is co-partitioned with it)."""
     m = metrics or WorkerMetrics()
     app = _faust_app(cfg, m)
-    tables = _tables(app, cfg, input_partitions)
+    tables = _tables(app, cfg, input_partitions, m)
     rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
                     key_serializer="raw", value_serializer=wire.MSGPACK)
     fold = Fold(tables, window_ns=int(cfg.window_s * 1e9), th=cfg.thresholds, on_late=m.late.inc,
@@ -274,5 +350,6 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     _add_ingest(app, cfg, m, tables, rep, rate)
     _add_fold(app, cfg, m, fold, rep)
     _add_expiry(app, cfg, m, fold, rep, rate)
+    _add_watch(app, cfg, m, fold, rep)
     app.obshub_tables = tables
     return app

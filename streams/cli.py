@@ -20,6 +20,7 @@ Examples:
   obshub streams worker                          # one worker on the local broker, 10 s step window
   obshub streams worker --window-s 3 --index 2   # a second worker (shares partitions via the group)
   obshub streams worker --metrics-port 9464      # Prometheus metrics on :9464/metrics
+  obshub streams worker --partitions 32          # a new app's join over 32 partitions (up to 32 workers)
   obshub streams worker --app-id test-a --input-topic ev-a --output-topic steps-a   # isolated app
 """
 
@@ -69,8 +70,9 @@ def _wait_for_broker(bootstrap: str) -> None:
     raise click.exceptions.Exit(0)
 
 
-def _topic_partitions(bootstrap: str, topic: str) -> int:
-    """Partition count of ``topic``; raises TopicMissingError / StreamsError with a hint."""
+def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int | None]:
+    """Partition counts of the input ``topic`` and of the app's ``<app_id>-steps`` topic (None when the app
+    is new); raises TopicMissingError / StreamsError with a hint."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"socket.timeout.ms": 5000, "logger": NullLogger()}))
@@ -83,7 +85,8 @@ def _topic_partitions(bootstrap: str, topic: str) -> int:
     if t is None or t.error is not None:
         raise TopicMissingError(f"input topic {topic!r} does not exist on {bootstrap}",
                                 "create it with `obshub up` (the project's topics) or pass --input-topic")
-    return len(t.partitions)
+    own = md.topics.get(f"{app_id}-steps")
+    return len(t.partitions), (len(own.partitions) if own is not None and own.error is None else None)
 
 
 def _free_index(settings) -> int:
@@ -100,8 +103,10 @@ def _free_index(settings) -> int:
 @click.option("--input-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
 @click.option("--output-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries (JSON)")
 @click.option("--dlq-topic", default=schema.TOPIC_DLQ, show_default=True, help="undecodable messages")
-@click.option("--partitions", default=STREAMS.partitions, show_default=True, type=click.IntRange(1, 1024),
-              help="partitions of the (job, step) repartition topic and the tables (fixed per app id)")
+@click.option("--partitions", default=None, type=click.IntRange(1, 1024),
+              help="partitions of the (job, step) repartition topic and the tables, fixed per app id "
+                   "[default: the app's existing count, else OBSHUB_STREAMS_PARTITIONS, else 8]; sizing "
+                   "in docs/STREAMS.md")
 @click.option("--window-s", default=STREAMS.window_s, show_default=True, type=click.FloatRange(0.2, 3600),
               help="a step closes at most this many seconds after its first data arrived")
 @click.option("--metrics-port", default=STREAMS.metrics_port, show_default=True, type=click.IntRange(0, 65535),
@@ -123,15 +128,19 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     """
     import faust
 
-    from streams.app import WorkerConfig, build_app, ensure_internal_topics
+    from streams.app import WorkerConfig, build_app
     from streams.metrics import WorkerMetrics
+    from streams.topics import ensure_internal_topics
 
     settings = load_settings()
+    _wait_for_broker(settings.bootstrap_servers)
+    n_in, existing = _topic_partitions(settings.bootstrap_servers, input_topic, app_id)
+    # an existing app keeps the count it was created with unless --partitions says otherwise (then the
+    # mismatch is an error below); a new app takes OBSHUB_STREAMS_PARTITIONS
+    partitions = partitions or existing or settings.streams_partitions
     cfg = WorkerConfig(app_id=app_id, bootstrap=settings.bootstrap_servers, input_topic=input_topic,
                        output_topic=output_topic, dlq_topic=dlq_topic, partitions=partitions, window_s=window_s,
                        state_dir=settings.state_dir, metrics_port=metrics_port)
-    _wait_for_broker(cfg.bootstrap)
-    n_in = _topic_partitions(cfg.bootstrap, input_topic)
     ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
     metrics = WorkerMetrics()
     try:
@@ -168,6 +177,10 @@ def _line(s: dict) -> str:
              f"max {ms(s['step_time_max_ns'])}"]
     if s["missing_hosts"]:
         parts.append(f"[red]missing {','.join(s['missing_hosts'])}[/red]")
+    if s.get("hang"):
+        h = s["hang"]
+        parts.append(f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
+                     f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]")
     st = s["straggler"]
     if st:
         parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
@@ -199,7 +212,8 @@ def tail_command():
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=float, default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
-    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins.
+    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins (the
+    interim records of a hung step, closed_by 'hang', are shown once and do not count).
 
     Exits 1 with one message when the broker cannot be reached within 10 s at start; a broker that goes
     away later is reported once and waited for. Ctrl-C ends it (exit 0)."""
@@ -239,7 +253,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             watch.up()
             try:
                 s = schema.decode_step_summary(msg.value())
-                k = (s["job"], int(s["step"]))
+                k = (s["job"], int(s["step"]), s.get("closed_by") == "hang")
             except (schema.SchemaError, KeyError) as exc:
                 why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                 err.print(f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",

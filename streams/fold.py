@@ -26,6 +26,11 @@ State layout (docs/STREAMS.md "State"); one batch part costs one small write, wh
 ``closed``  ``job|step`` -> ``{"p", "bids": 8-byte BLAKE2b digests of the batch ids summarised, "late"}``
             The step was summarised; a later part is a replay (digest known) or late data (counted).
 
+Hangs (docs/ANALYSIS.md "Hangs"): :meth:`hangs` checks the latest open step of every job with
+``analysis.hang_check`` from in-memory derived state (when each host last sent data for the job, the
+highest step seen) and returns an interim summary (``closed_by = "hang"``) for each hung step; a hung step
+is not closed by its window for ``Thresholds.hang_hold_ns`` after it opened.
+
 A step is complete when every rank of ``world_size`` registered and the number of hosts that ended it
 equals the registered hosts plus the unregistered ones that sent data. Closing reads each host's part
 once, deletes it, and writes the ``closed`` record: the changelog bytes of a step grow linearly with its
@@ -84,6 +89,9 @@ class Fold:
         self.on_late, self.on_summary, self.clock = on_late, on_summary, clock
         self._digests: dict[str, set[bytes]] = {}  # closed key -> its digests, for repeated replay checks
         self.ended: dict[str, int] = {}  # open step key -> hosts whose part holds a STEP_END (derived)
+        self.last_seen: dict[str, dict[str, int]] = {}  # job -> host -> clock() of its last part (hangs)
+        self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
+        self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
 
     def forget(self) -> None:
         """Drop the derived in-memory state; call after the tables were recovered (restart, rebalance)."""
@@ -116,6 +124,8 @@ class Fold:
             self.hist(v, p)
         elif t == "close":
             st = self.steps.get(v["key"])
+            if st is not None and v["key"] in self.hung and self.clock() - st["opened_ns"] < self.th.hang_hold_ns:
+                return []  # a hung step stays open while it hangs (``hangs`` sends its interim records)
             if st is not None and self.clock() - st["opened_ns"] >= self.window_ns:
                 log.info("closing %s by window (%d hosts ended)", v["key"], self._ended(v["key"], st, p))
                 return self.close(v["key"], st, p, "window")
@@ -175,10 +185,11 @@ class Fold:
             self.jobs[jk] = js
 
     def hist(self, v: dict, p: int) -> None:
-        """A closed step's time ``{job, step, ns}`` for the baseline history of every partition."""
+        """A closed step's time ``{job, step, ns, entry}`` for the baseline history of every partition
+        (``entry``: ``analysis.history_entry``, with the step's lateness; absent from older workers)."""
         jk = f"{v['job']}@{p}"
         js = self._job(jk)
-        hist = [h for h in js["history"] if h[0] != v["step"]] + [[v["step"], v["ns"]]]
+        hist = [h for h in js["history"] if h[0] != v["step"]] + [v.get("entry") or [v["step"], v["ns"]]]
         js["history"] = sorted(hist)[-self.th.baseline_n * 2:]
         self.jobs[jk] = js
 
@@ -213,6 +224,9 @@ class Fold:
         a write to ``steps`` when the step opens or this host ends it; closes the step when complete."""
         job, step, host, bid = v["job"], v["step"], v["host"], v["bid"]
         sk = f"{job}|{step}"
+        self.last_seen.setdefault(job, {})[host] = self.clock()
+        if step > self.top_step.get(job, -1):
+            self.top_step[job] = step
         done = self.closed.get(sk)
         if done is not None:
             if not self._is_replay(sk, done, bid):
@@ -286,7 +300,9 @@ class Fold:
                 quality[k] = quality.get(k, 0) + x
             del self.parts[pk]
         summary = analysis.summarize(job, step, accs, expected_hosts=expected, history=js["history"],
-                                     quality=quality, closed_by=closed_by, closed_at_ns=self.clock(), th=self.th)
+                                     quality=quality, closed_by=closed_by, closed_at_ns=self.clock(), th=self.th,
+                                     world_size=js["world_size"])
+        self.hung.pop(sk, None)
         self.closed[sk] = {"p": p, "bids": b"".join(digests), "late": 0}
         del self.steps[sk]
         self.ended.pop(sk, None)
@@ -302,4 +318,46 @@ class Fold:
         self.jobs[jk] = js
         self.on_summary(closed_by)
         return [("summary", job, summary),
-                ("broadcast", job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"]})]
+                ("broadcast", job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"],
+                                    "entry": analysis.history_entry(summary)})]
+
+    # ------------------------------------------------------------------------------------------------
+    def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:
+        """Check the open steps (of ``partitions``; all when None) for hangs. Returns ``(step key, interim
+        summary, first)`` per hung step (``first``: newly hung); forgets steps that no longer hang. Reads
+        only (no table write): safe from a timer. A step is checked only while it is its job's latest
+        (no later step has data or closed here) and younger than ``hang_hold_ns``."""
+        now = self.clock()
+        out = []
+        for sk, st in self.open_steps():
+            p = st["p"]
+            if partitions is not None and p not in partitions:
+                continue
+            job = st["job"]
+            js = self._job(f"{job}@{p}")
+            later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
+            if now - st["opened_ns"] > self.th.hang_hold_ns or later > st["step"]:
+                self.hung.pop(sk, None)
+                continue
+            expected = self.expected_hosts(job, p, js)
+            accs = {}
+            for h in sorted(set(expected).union(st["extra"])):
+                e = self.parts.get(f"{sk}|{h}")
+                if e is not None:
+                    accs[h] = e["acc"]
+            found = analysis.hang_check(accs, expected, self.last_seen.get(job, {}), st["opened_ns"],
+                                        js["history"], st["step"], now, self.th)
+            if found is None:
+                self.hung.pop(sk, None)
+                continue
+            first = sk not in self.hung
+            self.hung.setdefault(sk, now)
+            summary = analysis.summarize(job, st["step"], accs, expected_hosts=expected, history=js["history"],
+                                         quality={}, closed_by="hang", closed_at_ns=now, th=self.th,
+                                         world_size=js["world_size"])
+            summary.update(straggler=None, blame=[], hang=found,
+                           evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}})
+            out.append((sk, summary, first))
+        for sk in [k for k in self.hung if self.steps.get(k) is None]:
+            del self.hung[sk]
+        return out

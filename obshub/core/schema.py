@@ -558,18 +558,26 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "v": "schema version (int, 1)",
     "job": "job name",
     "step": "full step number",
-    "closed_by": "'complete' (every known host reported its end) or 'window' (the window expired)",
+    "closed_by": "'complete' (every known host reported its end), 'window' (the window expired) or 'hang' "
+                 "(the step is still open and hangs: a repeated interim record, see hang)",
     "closed_at_ns": "CLOCK_REALTIME ns when the worker closed the step",
     "hosts": "hosts that reported any event for this step (list of host names)",
     "expected_hosts": "hosts the job is known to have (from registrations)",
     "missing_hosts": "expected hosts that reported nothing for this step",
+    "world_size": "ranks of the job (registered world size; the expected hosts when none registered)",
     "step_time_ns": "map host -> step wall time ns (STEP_END duration)",
     "step_time_max_ns": "largest step time over hosts, ns",
-    "straggler": "null, or {host, score, excess_ns, reason}: the host that kept the others waiting",
+    "straggler": "null, or {host, score, excess_ns, reason, group}: the host that kept the others waiting; "
+                 "group = [{host, late_ns}] every rank as late at its collective (the late group)",
     "blame": "list of {host, layer, excess_ns, straggler_ns, peer_median_ns, count, max_ns}, largest first",
-    "collectives": "list of {pg, coll_seq, op, skew_ns, uncertainty_ns, last_host}",
+    "collectives": "list of {pg, coll_seq, op, skew_ns, uncertainty_ns, last_host} (pairing-consistent ones)",
+    "inconsistent": "list of {pg, coll_seq, op, why}: collectives whose pairing fails the check (never blamed)",
+    "late_max_ns": "the largest lateness of any host in the step, ns (arrival minus the median arrival)",
+    "evidence": "{spread_ns, hosts: {host: {layer: z}}}: per-step evidence for the sequential rules",
+    "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting, "
+            "waited_ns, after_ns}: ranks that never arrived at a collective the others wait at",
     "layers": "map host -> layer -> {time_ns, count, max_ns}",
-    "baseline": "{median_ns, p99_ns, n}: the job's recent step-time history before this step",
+    "baseline": "{median_ns, p99_ns, n, spread_ns}: the job's recent step-time history before this step",
     "stall": "true when step_time_max_ns exceeds the baseline p99 (and the baseline has enough steps)",
     "stall_ratio": "step_time_max_ns / baseline median_ns (0 when no baseline)",
     "quality": "{lost_batches, duplicate_batches, late_events, ringbuf_lost}: data-quality counters",
@@ -599,7 +607,8 @@ _STEP_SHAPE: dict[str, str] = {
     "hosts": "list[str]", "expected_hosts": "list[str]", "missing_hosts": "list[str]",
     "step_time_ns": "map[int]", "step_time_max_ns": "int", "straggler": "map?", "blame": "list[map]",
     "collectives": "list[map]", "layers": "map[map]", "baseline": "map", "stall": "bool",
-    "stall_ratio": "number", "quality": "map",
+    "stall_ratio": "number", "quality": "map", "world_size": "int", "inconsistent": "list[map]",
+    "late_max_ns": "int", "evidence": "map", "hang": "map?",
 }
 _NONNEG = {"closed_at_ns", "step_time_max_ns"}
 STEP_REQUIRED = ("job", "step")  # a summary without them belongs to no step

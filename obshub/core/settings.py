@@ -38,17 +38,23 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from obshub.core.errors import ConfigError
 from obshub.core.kafka import KafkaConnection
+from obshub.core.topics import EVENTS_PARTITIONS, STEPS_PARTITIONS
 
 #: the local broker's port (``obshub up``) when ``OBSHUB_KAFKA_PORT`` does not say otherwise
 DEFAULT_KAFKA_PORT = 19092
 #: bootstrap servers of the local broker on its default port
 LOCAL_BOOTSTRAP = f"127.0.0.1:{DEFAULT_KAFKA_PORT}"
+#: partitions of a stream app's repartition topic and tables (``OBSHUB_STREAMS_PARTITIONS``)
+STREAMS_PARTITIONS = 8
 
 
 class Settings(BaseSettings):
     """obshub settings. Environment: ``OBSHUB_HOME``, ``OBSHUB_CACHE``, ``OBSHUB_KAFKA_PORT``,
     ``OBSHUB_KAFKA_CONTROLLER_PORT``, ``OBSHUB_KAFKA_VERSION``, ``OBSHUB_KAFKA_HEAP_MB``,
-    ``OBSHUB_BOOTSTRAP`` (an existing cluster's bootstrap servers; default: the local broker)."""
+    ``OBSHUB_BOOTSTRAP`` (an existing cluster's bootstrap servers; default: the local broker),
+    ``OBSHUB_EVENTS_PARTITIONS`` / ``OBSHUB_STEPS_PARTITIONS`` (partitions ``obshub up`` gives the events and
+    step-summary topics when it creates them), ``OBSHUB_STREAMS_PARTITIONS`` (default ``--partitions`` of
+    ``obshub streams worker``: its repartition topic and tables)."""
 
     model_config = SettingsConfigDict(env_prefix="OBSHUB_", extra="ignore")
 
@@ -59,6 +65,10 @@ class Settings(BaseSettings):
     kafka_version: str = "4.1.1"
     kafka_heap_mb: int = Field(512, ge=128)
     bootstrap: str | None = None
+    # partition counts: the parallelism of each stage (docs/STREAMS.md "Sizing"); fixed once a topic exists
+    events_partitions: int = Field(EVENTS_PARTITIONS, ge=1, le=4096)  # obshub.events.v1: stream workers that can ingest
+    steps_partitions: int = Field(STEPS_PARTITIONS, ge=1, le=4096)    # obshub.steps.v1: consumers of the summaries
+    streams_partitions: int = Field(STREAMS_PARTITIONS, ge=1, le=1024)  # a stream app's <app>-steps topic and tables
 
     @field_validator("home", "cache")
     @classmethod
@@ -253,7 +263,7 @@ class StreamsSettings(BaseModel):
 
     app_id: str = "obshub-streams"
     bootstrap: str = LOCAL_BOOTSTRAP
-    partitions: int = Field(8, ge=1, le=1024)
+    partitions: int = Field(STREAMS_PARTITIONS, ge=1, le=1024)
     window_s: float = Field(10.0, gt=0)
     metrics_port: int = Field(0, ge=0, le=65535)
     dlq_max_bytes: int = Field(900_000, ge=1)
