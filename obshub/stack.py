@@ -28,7 +28,7 @@ from obshub.core import kafka
 from obshub.core.errors import StackError
 from obshub.core.registry import components, pid_alive, register_component, unregister_component
 from obshub.core.settings import Settings
-from obshub.core.topics import topic_specs
+from obshub.core.topics import partitions, replication_factor, topic_specs
 
 Progress = Callable[[str], None]
 
@@ -302,8 +302,6 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
 
     admin = _admin(settings)
     existing = set(admin.list_topics(timeout=10).topics)
-    from obshub.core.topics import partitions, replication_factor
-
     new = [NewTopic(t.name, num_partitions=partitions(t), replication_factor=replication_factor(),
                     config={"retention.ms": str(t.retention_ms)})
            for t in topic_specs(settings) if t.name not in existing]

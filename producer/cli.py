@@ -173,7 +173,8 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
                     ssl_certificate_location=ssl_certificate_location, ssl_key_location=ssl_key_location,
                     ssl_key_password=ssl_key_password)
     kafka = dict(bootstrap=bootstrap or settings.bootstrap_servers, compression=compression,
-                 delivery_timeout_ms=delivery_timeout_ms, extra=_key_values("--kafka-option", kafka_options, as_int=False),
+                 delivery_timeout_ms=delivery_timeout_ms,
+                 extra=_key_values("--kafka-option", kafka_options, as_int=False),
                  **{k: v for k, v in security.items() if v is not None})  # the rest from OBSHUB_KAFKA_*
     cfg = agent_config(job=job, host=host, host_id=host_id, kafka=kafka,
                        batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms),

@@ -35,8 +35,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from obshub.core import kafka, schema
-from obshub.core.topics import replication_factor
 from obshub.core.log import NullLogger
+from obshub.core.topics import replication_factor
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet

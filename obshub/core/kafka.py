@@ -31,7 +31,7 @@ import enum
 import os
 import ssl
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -70,7 +70,7 @@ ENV = {"security_protocol": "OBSHUB_KAFKA_SECURITY_PROTOCOL", "sasl_mechanism": 
        "ssl_key_location": "OBSHUB_KAFKA_SSL_KEY_LOCATION", "ssl_key_password": "OBSHUB_KAFKA_SSL_KEY_PASSWORD"}
 
 
-def _env(field: str):
+def _env(field: str) -> Callable[[], Any]:
     return lambda: os.environ.get(ENV[field]) or None
 
 

@@ -84,8 +84,10 @@ def require_broker(bootstrap: str, timeout_s: float = CONNECT_TIMEOUT_S, *, extr
 
     deadline = time.monotonic() + timeout_s
     errors: list[tuple[str, str]] = []
-    conf = kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})})
-    admin = AdminClient({**conf, "error_cb": lambda e: errors.append((e.name(), e.str()))})
+    conf = kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap),
+                              {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})})
+    client_conf: dict[str, Any] = {**conf, "error_cb": lambda e: errors.append((e.name(), e.str()))}
+    admin = AdminClient(client_conf)
     reason = "no answer"
     while True:
         left = deadline - time.monotonic()
