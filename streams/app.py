@@ -19,6 +19,10 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
    interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
    it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
    input or internal topic (a host's data waiting in Kafka is no silence).
+5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
+   ``read`` message to every partition of the internal topic. A step closes by its window only when every
+   input partition was read past the window's end, so a worker failover (unread partitions) lists no live
+   host as missing (``Fold.input_read_past``).
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
@@ -47,6 +51,8 @@ from streams.metrics import WorkerMetrics
 from streams.topics import TABLES
 
 log = logging.getLogger("obshub.streams")
+
+READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
 
 
 @dataclass
@@ -218,6 +224,8 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             else:
                 await rep.send(key=key.encode(), value=value)
 
+    done: dict = {}  # input TP -> next offset after the last message fully processed by this process
+
     @app.agent(src, name="ingest")
     async def ingest(stream):
         async for event in stream.events():
@@ -227,6 +235,29 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             except Exception:  # a bug must not stop the worker; the message is logged with its position
                 log.exception("ingest failed on %s[%d]@%d", event.message.topic, event.message.partition,
                               event.message.offset)
+            done[event.message.tp] = event.message.offset + 1
+
+    @app.timer(0.5)
+    async def progress():
+        # Which input partitions this worker has read to their end, and when (docs/STREAMS.md, "What a
+        # worker failover does"): broadcast to every fold partition, so a step is closed by its window
+        # with hosts missing only once every input partition was read past the window's end.
+        now = time.time_ns() - READ_MARGIN_NS  # the high-water mark is as old as the last fetch response
+        read = []
+        try:
+            for tp in app.assignor.assigned_actives():
+                if tp.topic != cfg.input_topic:
+                    continue
+                hw = app.consumer.highwater(tp)
+                pos = max(done.get(tp, 0), app.consumer._committed_offset.get(tp) or 0)
+                if hw is not None and pos >= hw:
+                    read.append([tp.partition, now])
+        except Exception:  # best effort: without a report the fold holds window closes a little longer
+            log.debug("input progress unavailable", exc_info=True)
+            return
+        if read:
+            for p in range(cfg.partitions):
+                await rep.send(key=b"read", value={"t": "read", "read": read}, partition=p)
 
 
 def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
@@ -269,7 +300,8 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             n_open += 1
             if key in fold.hung and now - st["opened_ns"] < cfg.thresholds.hang_hold_ns:
                 continue  # a hung step stays open while it hangs (the watch timer reports it)
-            if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns:
+            if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns \
+                    and fold.input_read_past(st):
                 requested[key] = now
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
@@ -315,7 +347,7 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
         now = time.time_ns()
         for sk, summary, first in fold.hangs(mine):
             job = summary["job"]
-            if first and await behind(actives):
+            if first and (not fold.input_read_since(now - 3 * READ_MARGIN_NS) or await behind(actives)):
                 fold.hung.pop(sk, None)
                 continue
             if now - sent.get(job, 0) < 1_000_000_000:
@@ -339,7 +371,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
                     key_serializer="raw", value_serializer=wire.MSGPACK)
     fold = Fold(tables, window_ns=int(cfg.window_s * 1e9), th=cfg.thresholds, on_late=m.late.inc,
-                on_summary=lambda by: m.summaries.labels(by).inc())
+                on_summary=lambda by: m.summaries.labels(by).inc(), input_partitions=input_partitions)
 
 
     async def forget() -> None:  # the tables were recovered: recount what the fold derives from them
