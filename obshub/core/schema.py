@@ -589,6 +589,11 @@ DLQ_HEADERS = ("obshub.reason", "obshub.field", "obshub.source.topic", "obshub.s
 (UTF-8 strings): the error text, the offending field, where the message came from, and the consumer
 group that could not use it (one message unusable by two consumers is in the DLQ once per consumer)."""
 
+#: a DLQ record keeps the original value up to this many bytes (below the broker's default
+#: max.message.bytes, 1 MB, with room for headers); a longer one is cut and gets the header
+#: ``obshub.truncated`` with its full length, so a huge message cannot block the DLQ
+DLQ_MAX_BYTES = 900_000
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Checking JSON records (step summaries, alert changes): every problem a SchemaError naming the field.

@@ -38,6 +38,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from obshub.core.errors import ConfigError
 from obshub.core.kafka import KafkaConnection
+from obshub.core.schema import DLQ_MAX_BYTES
 from obshub.core.topics import EVENTS_PARTITIONS, STEPS_PARTITIONS
 
 #: the local broker's port (``obshub up``) when ``OBSHUB_KAFKA_PORT`` does not say otherwise
@@ -266,7 +267,7 @@ class StreamsSettings(BaseModel):
     partitions: int = Field(STREAMS_PARTITIONS, ge=1, le=1024)
     window_s: float = Field(10.0, gt=0)
     metrics_port: int = Field(0, ge=0, le=65535)
-    dlq_max_bytes: int = Field(900_000, ge=1)
+    dlq_max_bytes: int = Field(DLQ_MAX_BYTES, ge=1)
 
 
 STREAMS = StreamsSettings()

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 
+
+@pytest.mark.slow
 def test_changelog_bytes_linear_and_previous_layout_quadratic(tmp_path, monkeypatch):
     monkeypatch.setenv("OBSHUB_BENCH_RESULTS", str(tmp_path))
     from bench import fold_width
