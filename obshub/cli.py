@@ -137,6 +137,12 @@ def status(as_json):
     else:
         console.print(f"[red]broker down[/red] at {st['bootstrap']}: {b['error']}")
     console.print(f"state {st['home']}; logs in {st['logs']} (broker log {b['log']})")
+    sec = st.get("security") or {}
+    if sec.get("protocol") not in (None, "PLAINTEXT"):
+        who = f", SASL {sec['sasl_mechanism']} as {sec['sasl_username']}" if sec.get("sasl_mechanism") else ""
+        tls = f", CA {sec['ssl_ca_location']}" if sec.get("ssl_ca_location") else ""
+        cert = f", client certificate {sec['ssl_certificate_location']}" if sec.get("ssl_certificate_location") else ""
+        console.print(escape(f"Kafka security: {sec['protocol']}{who}{tls}{cert}"))
     if st["topics"]:
         t = Table("topic", "partitions", "messages", title="topics")
         for row in st["topics"]:

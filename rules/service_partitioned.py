@@ -36,6 +36,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from obshub.core import kafka, schema
 from obshub.core.log import NullLogger
+from obshub.core.topics import replication_factor
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet
@@ -196,7 +197,7 @@ class PartitionedEngineLoop:
                 raise RuntimeError(f"{self.state_topic} has {len(have.partitions)} partitions, {schema.TOPIC_STEPS} "
                                    f"{self.n_steps}: the engine state is per steps partition (delete it to start over)")
             return
-        fut = admin.create_topics([NewTopic(self.state_topic, num_partitions=self.n_steps, replication_factor=1,
+        fut = admin.create_topics([NewTopic(self.state_topic, num_partitions=self.n_steps, replication_factor=replication_factor(),
                                             config={"cleanup.policy": "compact",
                                                     "max.message.bytes": str(STATE_MAX_BYTES),
                                                     "segment.ms": "600000"})])[self.state_topic]

@@ -43,6 +43,7 @@ from faust.types import TP
 
 from obshub.core import kafka, schema
 from obshub.core.settings import STREAMS
+from obshub.core.topics import replication_factor
 from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
@@ -121,7 +122,7 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
         store="memory://",
         datadir=str(cfg.state_dir / cfg.app_id),
         topic_partitions=cfg.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replication_factor(),
         table_standby_replicas=0,
         web_enabled=False,
         autodiscover=False,

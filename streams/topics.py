@@ -44,7 +44,9 @@ def ensure_internal_topics(bootstrap: str, app_id: str, partitions: int, input_p
                                f"needs {n}", "start the worker with the partition count the app id was created "
                                "with, or use a new --app-id")
     compact = {"cleanup.policy": "compact"}
-    new = [NewTopic(name, n, 1, config=compact if name.endswith("-changelog") else {})
+    from obshub.core.topics import replication_factor
+
+    new = [NewTopic(name, n, replication_factor(), config=compact if name.endswith("-changelog") else {})
            for name, n in want.items() if name not in md.topics]
     if new:
         for name, fut in admin.create_topics(new, operation_timeout=20).items():

@@ -14,16 +14,24 @@ function per client kind turns it into that client's configuration:
 
 Each takes ``extra``: librdkafka settings of that one client (``group.id`` style keys), applied last.
 Secrets are ``SecretStr``: they never appear in ``repr``, logs or error messages; only these functions
-reveal them, to hand them to the client library. :func:`connection` builds the connection of
+reveal them, to hand them to the client library.
+
+Security settings not given explicitly come from the environment, so every client of every component
+(agent, stream workers, rule engine, replay, export, tail, status, alerts, demo) reaches a secured
+cluster with the same variables (also what the Helm chart sets): ``OBSHUB_KAFKA_SECURITY_PROTOCOL``
+(PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), ``OBSHUB_KAFKA_SASL_MECHANISM``, ``OBSHUB_KAFKA_SASL_USERNAME``,
+``OBSHUB_KAFKA_SASL_PASSWORD``, ``OBSHUB_KAFKA_SSL_CA_LOCATION``, ``OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION``,
+``OBSHUB_KAFKA_SSL_KEY_LOCATION``, ``OBSHUB_KAFKA_SSL_KEY_PASSWORD`` (``ENV``). :func:`connection` builds the connection of
 :class:`obshub.core.settings.Settings`.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import ssl
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -54,23 +62,46 @@ class SaslMechanism(str, enum.Enum):
     SCRAM_SHA_512 = "SCRAM-SHA-512"
 
 
+#: field of KafkaConnection -> the environment variable that gives it when not set explicitly
+ENV = {"security_protocol": "OBSHUB_KAFKA_SECURITY_PROTOCOL", "sasl_mechanism": "OBSHUB_KAFKA_SASL_MECHANISM",
+       "sasl_username": "OBSHUB_KAFKA_SASL_USERNAME", "sasl_password": "OBSHUB_KAFKA_SASL_PASSWORD",
+       "ssl_ca_location": "OBSHUB_KAFKA_SSL_CA_LOCATION",
+       "ssl_certificate_location": "OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION",
+       "ssl_key_location": "OBSHUB_KAFKA_SSL_KEY_LOCATION", "ssl_key_password": "OBSHUB_KAFKA_SSL_KEY_PASSWORD"}
+
+
+def _env(field: str) -> Callable[[], Any]:
+    return lambda: os.environ.get(ENV[field]) or None
+
+
+def _env_protocol() -> "SecurityProtocol":
+    value = (os.environ.get(ENV["security_protocol"]) or "PLAINTEXT").upper()
+    try:
+        return SecurityProtocol(value)
+    except ValueError:
+        from obshub.core.errors import ConfigError
+
+        raise ConfigError(f"{ENV['security_protocol']}={value!r} is not a Kafka security protocol",
+                          "use one of " + ", ".join(p.value for p in SecurityProtocol)) from None
+
+
 class KafkaConnection(BaseModel):
     """How a client reaches the cluster. ``bootstrap``: comma-separated ``host:port`` list.
     Validation (``pydantic.ValidationError``): a SASL protocol needs mechanism, user name and password;
     a TLS file that is given must exist."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     bootstrap: str = Field(min_length=1)
     client_id: str | None = None
-    security_protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
-    sasl_mechanism: SaslMechanism | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_ca_location: Path | None = None
-    ssl_certificate_location: Path | None = None
-    ssl_key_location: Path | None = None
-    ssl_key_password: SecretStr | None = None
+    security_protocol: SecurityProtocol = Field(default_factory=_env_protocol)
+    sasl_mechanism: SaslMechanism | None = Field(default_factory=_env("sasl_mechanism"))
+    sasl_username: str | None = Field(default_factory=_env("sasl_username"))
+    sasl_password: SecretStr | None = Field(default_factory=_env("sasl_password"))
+    ssl_ca_location: Path | None = Field(default_factory=_env("ssl_ca_location"))
+    ssl_certificate_location: Path | None = Field(default_factory=_env("ssl_certificate_location"))
+    ssl_key_location: Path | None = Field(default_factory=_env("ssl_key_location"))
+    ssl_key_password: SecretStr | None = Field(default_factory=_env("ssl_key_password"))
 
     @model_validator(mode="after")
     def _security_complete(self) -> "KafkaConnection":
@@ -78,11 +109,11 @@ class KafkaConnection(BaseModel):
             missing = [n for n in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, n) is None]
             if missing:
                 raise ValueError(f"security protocol {self.security_protocol.value} needs "
-                                 + ", ".join("--" + m.replace("_", "-") for m in missing))
+                                 + ", ".join(f"{ENV[m]} (or --{m.replace('_', '-')})" for m in missing))
         for name in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
             p = getattr(self, name)
             if p is not None and not p.exists():
-                raise ValueError(f"--{name.replace('_', '-')} {p} does not exist")
+                raise ValueError(f"{ENV[name]} (--{name.replace('_', '-')}) {p} does not exist")
         return self
 
     def librdkafka_common(self) -> dict[str, Any]:

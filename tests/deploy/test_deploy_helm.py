@@ -83,6 +83,8 @@ def test_chart_renders_valid_kubernetes_objects(tmp_path, name, values):
             assert int(ann["prometheus.io/port"]) in ports, where
             env = {e["name"]: e for e in c["env"]}
             assert env["OBSHUB_METRICS_ADDR"]["value"] == "0.0.0.0"
+            assert env["OBSHUB_KAFKA_REPLICATION_FACTOR"]["value"] == "3"
+            assert "obshub.events.v1=64" in env["OBSHUB_KAFKA_PARTITIONS"]["value"]
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     agent = next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
