@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+
 def _fn(frame: str) -> str:
     """The function part of a py-spy frame ``function (file:line)``, lower case."""
     return frame.split(" (")[0].lower()
@@ -47,7 +48,8 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
         ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
     ],
     "engine": [
-        ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "rules/dispatch", "rules/sinks")),
+        ("notify", lambda f: "run_notify" in _fn(f)
+         or _in(f, "rules/dispatch", "rules/sinks", "rules/service_notify")),
         ("decode", lambda f: _in(f, "rules/service", "rules/intake") and "decode" in _fn(f)),
         ("state", lambda f: _in(f, "rules/") and ("atomic_write" in _fn(f) or "snapshot" in _fn(f))),
         ("publish", lambda f: _in(f, "rules/service") and "publish" in _fn(f)),

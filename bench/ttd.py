@@ -1,16 +1,24 @@
-"""Time to detection: ``obshub demo --matrix`` (every fault kind plus ``none``, on one host of a simulated
-cluster: network namespaces, cgroups, a real gloo training per host, a real agent per host, the real
-stream worker and rule engine) repeated N times; per fault kind the median and worst time from the
-fault's injection (t0, CLOCK_REALTIME) to the first correct alert (its Kafka timestamp), as the demo's
-verdict computes it (docs/DEMO.md). Target: median under 5 s.
+"""Accuracy and time to detection: every fault kind on every host of a 4-host ``obshub demo`` cluster
+(network namespaces, cgroups, a real gloo training per host, a real agent per host, the real stream
+worker and rule engine with the builtin rules), in several rounds, plus clean training.
 
-Shortened scenarios so that the matrix fits the benchmark budget: ``HOSTS`` hosts, the fault
-``FAULT_AT_S`` after the first step, ``DURATION_S`` of training, ``SETTLE_S`` for late alerts. Needs
-root (namespaces, cgroups, BPF), like the demo.
+One demo run per host H (set-up, with BPF compilation for 4 agents, takes minutes on a loaded 2-core
+machine, so the rounds share a run): ``obshub demo --hosts 4 --sequence net-slow@H,cpu@H,net-loss@H,
+mem@H,hang@H`` repeated ``rounds`` times, then ``exit@H`` (last: the rank is gone, so ``exit`` gets one
+episode per host). After ``CLEAN_S`` of clean training each fault is injected for ``FAULT_FOR_S``,
+removed, and the next one follows ``GAP_S`` later once no alert of the job fires; no two kinds of one
+layer follow each other, so a late alert of one counts as wrong in the next. Each episode is
+judged by the demo's verdict (docs/DEMO.md): the first alert naming the right host AND layer gives the
+time to detection (injection, CLOCK_REALTIME, to the alert record's Kafka timestamp); any other alert in
+the episode is wrong; ``hang`` must also resolve once the rank is thawed. The first ``CLEAN_S`` of every
+run are the clean runs: every alert there is a false alarm (alerts per hour of clean training).
 
-    python -m bench.ttd                 # N = 1 matrix (make bench)
-    python -m bench.ttd --rounds 3      # N = 3 matrices
-    python -m bench.ttd --quick         # one scenario (cpu fault), not the matrix
+Targets: every fault named with the right host and layer, no wrong alert, no alert on the clean runs,
+median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, like the demo.
+
+    python -m bench ttd                 # 4 runs: 2 rounds of 5 kinds + exit per host, 4 x 150 s clean (~40 min)
+    python -m bench ttd --rounds 3      # 3 rounds
+    python -m bench ttd --quick         # one run: cpu and hang on node-01 after 30 s clean
 """
 
 from __future__ import annotations
@@ -29,12 +37,14 @@ from rich.table import Table
 from bench import common
 from bench.broker import obshub_cmd, private_stack
 
-ROUNDS = 1
-QUICK_FAULT = "cpu"           # --quick: this one scenario instead of the matrix
-HOSTS, FAULT_HOST = 3, 1
-FAULT_AT_S, DURATION_S, SETTLE_S = 8.0, 24.0, 5.0
-TARGET_S = 5.0
-MATRIX_TIMEOUT_S = 1200
+ROUNDS = 2
+HOSTS = 4
+KINDS = ("net-slow", "cpu", "net-loss", "mem", "hang", "exit")  # no two kinds of one layer in a row
+QUICK = (("cpu", "hang"), (1,), 30.0)     # --quick: kinds, hosts, clean seconds (one round)
+CLEAN_S = 150.0                            # clean training before the first fault of every run
+FAULT_FOR_S, GAP_S, SETTLE_S = 10.0, 8.0, 6.0
+TARGET_MEDIAN_S, TARGET_WORST_S = 3.0, 5.0
+RUN_TIMEOUT_S = 900
 
 
 def wait_for_demo_lock(timeout_s: float = 900.0) -> float:
@@ -75,120 +85,124 @@ def wait_for_demo_lock(timeout_s: float = 900.0) -> float:
     return time.monotonic() - t0
 
 
-def run_matrix(out: Path, log: Path, only: str | None = None) -> list[dict]:
-    """One ``obshub demo --matrix`` run (``only``: a single ``obshub demo --fault ONLY`` scenario instead);
-    returns its rows. Raises RuntimeError when it writes no report."""
-    scenario = ["--fault", only] if only else ["--matrix"]
-    cmd = obshub_cmd("demo", *scenario, "--hosts", str(HOSTS), "--fault-host", str(FAULT_HOST),
-                     "--fault-at", str(FAULT_AT_S), "--duration", str(DURATION_S), "--settle", str(SETTLE_S),
-                     "--json", str(out))
+def run_sequence(kinds: tuple[str, ...], host: int, clean_s: float, out: Path, log: Path) -> dict:
+    """One ``obshub demo --sequence`` run of ``kinds`` on host index ``host`` after ``clean_s`` of clean
+    training; returns its report. Raises RuntimeError when it writes no report."""
+    seq = ",".join(f"{k}@{host}" for k in kinds)
+    duration = clean_s + len(kinds) * (FAULT_FOR_S + GAP_S + 10) + 5
+    cmd = obshub_cmd("demo", "--hosts", str(HOSTS), "--sequence", seq, "--fault-at", str(clean_s),
+                     "--fault-for", str(FAULT_FOR_S), "--gap", str(GAP_S), "--duration", str(duration),
+                     "--settle", str(SETTLE_S), "--json", str(out), "--lock-wait", "600")
     with log.open("w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=MATRIX_TIMEOUT_S, env={**os.environ,
-                              "COLUMNS": "120"})
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S,
+                              env={**os.environ, "COLUMNS": "120"})
     if not out.exists():
-        raise RuntimeError(f"obshub demo --matrix exited with {proc.returncode} and wrote no report:\n"
+        raise RuntimeError(f"obshub demo --sequence {seq} exited with {proc.returncode} and wrote no report:\n"
                            f"{log.read_text(errors='replace')[-3000:]}")
-    data = json.loads(out.read_text())
-    if only:
-        from obshub.demo.runner import matrix_row
-
-        return [{**matrix_row(data), "error": ""}]
-    return data["matrix"]
+    return json.loads(out.read_text())
 
 
-def scenario_alerts(home: Path, seen: set[str]) -> dict[str, list[str]]:
-    """fault -> ``rule@host/layer`` of every alert that fired in the demo reports under ``home/demo`` not in
-    ``seen`` (report paths; updated)."""
-    out: dict[str, list[str]] = {}
-    for rep in sorted((home / "demo").glob("*/report.json"), key=lambda p: p.stat().st_mtime):
-        if str(rep) in seen:
-            continue
-        seen.add(str(rep))
-        try:
-            d = json.loads(rep.read_text())
-        except (OSError, ValueError):
-            continue
-        out.setdefault(d["scenario"]["fault"], []).extend(
-            f"{a['rule']}@{a['host']}/{a['layer']}" for a in d.get("alerts", []))
-    return out
+def clean_alerts(report: dict) -> tuple[float, list[str]]:
+    """(seconds of clean training, alerts fired in it) of a run: from its first training step (the demo's
+    warm-up end, estimated as the first step line's time) to the first injection."""
+    eps = report.get("episodes") or [{"t0_ns": report["verdict"].get("t0_ns")}]
+    t0 = eps[0]["t0_ns"]
+    fired = [f"{a['rule']}@{a['host']}/{a['layer']}" for a in report["alerts"] if t0 is None or a["received_ns"] < t0]
+    return float(report["scenario"]["fault_at_s"]), fired
 
 
 def run(quick: bool = False, rounds: int | None = None) -> dict:
-    """Run N matrices, print the per-fault table and verdict, save the JSON. Returns the results dict."""
-    rounds = rounds or ROUNDS
-    what = f"obshub demo --fault {QUICK_FAULT}" if quick else "obshub demo --matrix"
-    common.console.rule(f"[bold]5. time to detection[/bold]: {what} x {rounds}")
+    """Run the campaign, print per kind accuracy and time to detection and the clean-run alert rate,
+    save the JSON. Returns the results dict."""
+    rounds = 1 if quick else (rounds or ROUNDS)
+    kinds, hosts, clean_s = QUICK if quick else (KINDS, tuple(range(HOSTS)), CLEAN_S)
+    common.console.rule(f"[bold]5. accuracy and time to detection[/bold]: {len(kinds)} fault kinds x "
+                        f"{len(hosts)} host(s) x {rounds} round(s), {HOSTS}-host demo cluster")
     if os.geteuid() != 0:
         common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
         return {"skipped": "not root"}
-    matrices: list[list[dict]] = []
-    fired: dict[str, list[str]] = {}
-    seen: set[str] = set()
-    with private_stack(common.console.print) as settings, \
+    episodes: list[dict] = []
+    clean = {"seconds": 0.0, "alerts": []}
+    runs: list[dict] = []
+    t_start = time.monotonic()
+    with private_stack(common.console.print) as _settings, \
             tempfile.TemporaryDirectory(prefix="obshub-bench-ttd-") as tmp:
-        for r in range(rounds):
-            t0 = time.monotonic()
-            common.console.print(f"[dim]  run {r + 1}/{rounds}: {HOSTS} hosts, fault on node-{FAULT_HOST:02d} "
-                                 f"at +{FAULT_AT_S:.0f} s of {DURATION_S:.0f} s[/dim]")
-            for attempt in range(3):   # a demo started by someone else between our check and our start
+        seq = tuple(k for k in kinds if k != "exit") * rounds + (("exit",) if "exit" in kinds else ())
+        for r in (0,):  # one run per host holds every round (set-up costs minutes)
+            for h in hosts:
                 wait_for_demo_lock()
                 t0 = time.monotonic()
-                rows = run_matrix(Path(tmp) / f"matrix{r}.json", Path(tmp) / f"matrix{r}.log",
-                                  only=QUICK_FAULT if quick else None)
-                if not any("another obshub demo" in x.get("reason", "") for x in rows):
-                    break
-            matrices.append(rows)
-            for fault, alerts in scenario_alerts(settings.home, seen).items():
-                fired.setdefault(fault, []).extend(alerts)
-            common.console.print(f"[dim]  run {r + 1}: {time.monotonic() - t0:.0f} s, "
-                                 + ", ".join(f"{x['fault']} {'pass' if x['ok'] else 'FAIL'}"
-                                             + (f" {x['ttd_s']:.2f} s" if x.get("ttd_s") is not None else "")
-                                             for x in rows) + "[/dim]")
-    kinds = [row["fault"] for row in matrices[0]]
-    runs_word = "run" if quick else "matrix run"
-    t = Table(title=f"time to detection per fault kind, {rounds} {runs_word}(s), {HOSTS} hosts",
+                rep = run_sequence(seq, h, clean_s, Path(tmp) / f"h{h}.json", Path(tmp) / f"h{h}.log")
+                secs, fired = clean_alerts(rep)
+                clean["seconds"] += secs
+                clean["alerts"] += fired
+                eps = rep.get("episodes") or []
+                for ep in eps:
+                    episodes.append({"round": r, "kind": ep["kind"], "host": ep["host"], **ep["verdict"]})
+                runs.append({"round": r, "host": h, "job": rep["scenario"]["job"], "clean_alerts": fired,
+                             "wall_s": round(time.monotonic() - t0)})
+                common.console.print(
+                    f"[dim]  node-{h:02d}: {time.monotonic() - t0:.0f} s; "
+                    + ", ".join(f"{ep['kind']} {'pass' if ep['verdict']['ok'] else 'FAIL'}"
+                                + (f" {ep['verdict']['ttd_s']:.2f} s" if ep["verdict"].get("ttd_s") is not None else "")
+                                for ep in eps)
+                    + (f"; clean: {len(fired)} alert(s)" if fired else "; clean: no alert") + "[/dim]")
+    t = Table(title=f"accuracy and time to detection, {rounds} round(s) of each kind (exit: 1) on each of "
+                    f"{len(hosts)} host(s), {HOSTS}-host cluster",
               caption=common.describe_machine())
-    for col in ("fault", "runs", "passed", "detected", "median TTD (s)", "worst TTD (s)", "layer named", "failures"):
+    for col in ("fault", "episodes", "right host+layer", "wrong alerts", "median TTD (s)", "worst TTD (s)",
+                "passed", "failures"):
         t.add_column(col)
-    per_kind, all_ok = {}, True
+    per_kind = {}
     for kind in kinds:
-        rows = [row for m in matrices for row in m if row["fault"] == kind]
-        ttds = [row["ttd_s"] for row in rows if row.get("ttd_s") is not None]
+        rows = [e for e in episodes if e["kind"] == kind]
+        ttds = [e["ttd_s"] for e in rows if e.get("ttd_s") is not None]
         med = statistics.median(ttds) if ttds else None
-        worst = max(ttds) if ttds else None
-        passed = sum(1 for row in rows if row["ok"])
-        reasons = sorted({row.get("reason", "")[:70] for row in rows if not row["ok"]})
-        per_kind[kind] = {"runs": len(rows), "passed": passed, "ttd_s": ttds, "median_s": med, "worst_s": worst,
-                          "layers": sorted({row["layer"] for row in rows}), "reasons": reasons}
-        if kind != "none":
-            all_ok &= med is not None and med < TARGET_S
-        t.add_row(kind, str(len(rows)), str(passed), f"{len(ttds)}/{len(rows)}" if kind != "none" else "-",
-                  f"{med:.2f}" if med is not None else "-", f"{worst:.2f}" if worst is not None else "-",
-                  ", ".join(per_kind[kind]["layers"]), "; ".join(reasons))
+        worst = max(ttds) if len(ttds) == len(rows) and ttds else None
+        wrong = sum(e["wrong_count"] for e in rows)
+        reasons = sorted({f"{e['host']}: {e['reason'][:80]}" for e in rows if not e["ok"]})
+        per_kind[kind] = {"episodes": len(rows), "named": len(ttds), "wrong": wrong, "ttd_s": ttds, "median_s": med,
+                          "worst_s": worst, "passed": sum(1 for e in rows if e["ok"]), "reasons": reasons}
+        t.add_row(kind, str(len(rows)), f"{len(ttds)}/{len(rows)}", str(wrong),
+                  f"{med:.2f}" if med is not None else "-",
+                  f"{worst:.2f}" if worst is not None else ("-" if not ttds else f">{max(ttds):.2f} (missed)"),
+                  f"{per_kind[kind]['passed']}/{len(rows)}", "; ".join(reasons)[:200])
     common.console.print(t)
-    for kind in kinds:
-        counts: dict[str, int] = {}
-        for x in fired.get(kind, []):
-            counts[x] = counts.get(x, 0) + 1
-        common.console.print(f"alerts fired, {kind}: " + (", ".join(f"{k}" + (f" x{n}" if n > 1 else "")
-                                                                     for k, n in sorted(counts.items())) or "none"))
-    faults = {k: v for k, v in per_kind.items() if k != "none"}
-    detail = ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} not detected"
-                       for k, v in faults.items())
-    common.verdict(f"median time to detection < {TARGET_S:.0f} s for every fault kind", all_ok, detail)
-    result = {"rounds": rounds, "hosts": HOSTS, "fault_at_s": FAULT_AT_S, "duration_s": DURATION_S,
-              "settle_s": SETTLE_S, "matrices": matrices, "per_kind": per_kind, "alerts_fired": fired, "target_s": TARGET_S,
-              "target_met": all_ok, "rev": common.git_rev()}
+    per_hour = len(clean["alerts"]) / clean["seconds"] * 3600 if clean["seconds"] else 0.0
+    common.console.print(f"clean training: {clean['seconds'] / 60:.1f} min over {len(runs)} runs, "
+                         f"{len(clean['alerts'])} alert(s) ({per_hour:.1f} per hour)"
+                         + (": " + ", ".join(clean["alerts"]) if clean["alerts"] else ""))
+    all_named = all(v["named"] == v["episodes"] for v in per_kind.values())
+    no_wrong = all(v["wrong"] == 0 for v in per_kind.values())
+    fast = all(v["median_s"] is not None and v["median_s"] <= TARGET_MEDIAN_S for v in per_kind.values())
+    worst_ok = all(v["worst_s"] is not None and v["worst_s"] <= TARGET_WORST_S for v in per_kind.values())
+    common.verdict("every fault named with the right host and layer", all_named,
+                   ", ".join(f"{k} {v['named']}/{v['episodes']}" for k, v in per_kind.items()))
+    common.verdict("no wrong alert", no_wrong, ", ".join(f"{k} {v['wrong']}" for k, v in per_kind.items()))
+    common.verdict("no alert on clean training", not clean["alerts"],
+                   f"{len(clean['alerts'])} in {clean['seconds'] / 60:.1f} min")
+    common.verdict(f"median time to detection <= {TARGET_MEDIAN_S:.0f} s for every kind", fast,
+                   ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} -"
+                             for k, v in per_kind.items()))
+    common.verdict(f"worst time to detection <= {TARGET_WORST_S:.0f} s for every kind", worst_ok,
+                   ", ".join(f"{k} {v['worst_s']:.2f} s" if v["worst_s"] is not None else f"{k} missed"
+                             for k, v in per_kind.items()))
+    result = {"rounds": rounds, "hosts": HOSTS, "kinds": list(kinds), "fault_for_s": FAULT_FOR_S, "gap_s": GAP_S,
+              "clean_s_per_run": clean_s, "episodes": episodes, "runs": runs, "per_kind": per_kind,
+              "clean": {**clean, "per_hour": per_hour}, "target_median_s": TARGET_MEDIAN_S,
+              "target_worst_s": TARGET_WORST_S,
+              "target_met": all_named and no_wrong and fast and worst_ok and not clean["alerts"],
+              "wall_s": round(time.monotonic() - t_start), "rev": common.git_rev()}
     common.console.print(f"raw results: {common.save('ttd', result)}")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m bench.ttd [--rounds N]``."""
+    """Command line: ``python -m bench.ttd [--rounds N] [--quick]``."""
     p = argparse.ArgumentParser(prog="python -m bench.ttd", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"one scenario (--fault {QUICK_FAULT}) instead of the matrix")
-    p.add_argument("--rounds", type=int, default=None, help=f"matrix runs N (default {ROUNDS})")
+    p.add_argument("--quick", action="store_true", help="one run: cpu and hang on node-01 after 30 s clean")
+    p.add_argument("--rounds", type=int, default=None, help=f"rounds over every host (default {ROUNDS})")
     a = p.parse_args(argv)
     run(a.quick, a.rounds)
     return 0

@@ -28,17 +28,24 @@ Examples:
 
 
 def latest_alerts(values, *, job: str | None = None, host: str | None = None, rule: str | None = None,
-                  firing_only: bool = False) -> list[dict]:
-    """The latest firing/resolved change of each alert among ``values`` (JSON change records as bytes),
-    filtered by the ``job``/``host`` labels and the ``rule``; sorted firing first, then newest first.
-    Undecodable records are skipped."""
+                  firing_only: bool = False, skipped: list[str] | None = None) -> list[dict]:
+    """The latest firing/resolved change of each alert among ``values`` (JSON change records as bytes,
+    or confluent_kafka Messages), filtered by the ``job``/``host`` labels and the ``rule``; sorted firing
+    first, then newest first. Records that are not change records (``rules.intake.decode_change``) are
+    skipped; with ``skipped``, each is appended there as ``topic[partition]@offset: field: problem``."""
+    from rules.intake import decode_change
+
     latest: dict[str, dict] = {}
     for v in values:
+        msg = v if callable(getattr(v, "value", None)) else None
         try:
-            rec = json.loads(v)
-        except (ValueError, TypeError):
+            rec = decode_change(msg.value() if msg is not None else v)
+        except schema.SchemaError as exc:
+            if skipped is not None:
+                where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}: " if msg is not None else ""
+                skipped.append(f"{where}{exc}")
             continue
-        if not isinstance(rec, dict) or rec.get("status") not in ("firing", "resolved"):
+        if rec["status"] not in ("firing", "resolved"):
             continue
         labels = rec.get("labels") or {}
         if (job and labels.get("job") != job) or (host and labels.get("host") != host) \
@@ -65,6 +72,7 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
     """List the alerts firing now and those that fired recently, by job, host and rule."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from obshub.core.settings import load_settings
     from obshub.export.source import parse_when, snapshot
@@ -77,9 +85,13 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
     settings = load_settings(bootstrap=bootstrap)
-    rows = latest_alerts((m.value() for m in snapshot(settings.bootstrap_servers, schema.TOPIC_ALERTS, timeout_s,
-                                                      **bounds)),
-                         job=job, host=host, rule=rule, firing_only=firing_only)
+    skipped: list[str] = []
+    rows = latest_alerts(snapshot(settings.bootstrap_servers, schema.TOPIC_ALERTS, timeout_s, **bounds),
+                         job=job, host=host, rule=rule, firing_only=firing_only, skipped=skipped)
+    for text in skipped[:20]:
+        click.echo(f"skipped unreadable alert change at {text}", err=True)
+    if len(skipped) > 20:
+        click.echo(f"... and {len(skipped) - 20} more unreadable alert changes", err=True)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -94,7 +106,8 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
         lab = r.get("labels") or {}
         at = r.get("ends_at_ns") if r["status"] == "resolved" else r.get("starts_at_ns")
         ago = f"{(now - int(at)) / 60e9:.0f} min ago" if at else ""
-        t.add_row("[red]firing[/red]" if r["status"] == "firing" else "[green]resolved[/green]", ago, r.get("rule", ""),
-                  lab.get("job", ""), lab.get("host", ""), lab.get("layer", ""), r.get("severity", ""),
-                  str((r.get("annotations") or {}).get("summary", "")))
+        text = [Text(str(x)) for x in (r.get("rule", ""), lab.get("job", ""), lab.get("host", ""),  # never markup
+                                       lab.get("layer", ""), r.get("severity", ""),
+                                       (r.get("annotations") or {}).get("summary", ""))]
+        t.add_row("[red]firing[/red]" if r["status"] == "firing" else "[green]resolved[/green]", ago, *text)
     Console(highlight=False, width=200).print(t)

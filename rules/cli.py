@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from obshub.core.settings import load_settings
+from obshub.core.settings import RULES, load_settings
 from rules.durations import parse_duration_ns
 from rules.errors import RuleTestError, RuleValidationError
 from rules.lifecycle import rfc3339
@@ -24,6 +24,7 @@ Examples:
   obshub rules serve -r rules/builtin -r team.yaml -c alerting.yaml   # your rules and sinks
   obshub rules serve --metrics-port 9108            # also Prometheus metrics on 127.0.0.1:9108
   obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
+  obshub rules serve --scale-out --group-prefix prod   # one of several engines sharing the jobs (run N)
   kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
 """
 
@@ -93,8 +94,11 @@ def test_command(files):
               help="rule file or directory (repeatable; default: the builtin pack)")
 @click.option("-c", "--config", "config_path", type=click.Path(path_type=Path), default=None,
               help="alerting config: sinks, route, delivery (default: console sink only)")
-@click.option("--group-prefix", default="obshub-rules", show_default=True, help="Kafka consumer group prefix")
+@click.option("--group-prefix", default=RULES.group_prefix, show_default=True, help="Kafka consumer group prefix")
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
+@click.option("--scale-out", is_flag=True,
+              help="run as one of several engines of the group: jobs split between them, state kept in Kafka, "
+                   "alert changes published exactly once (docs/RULES.md 'Scaling out')")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="serve Prometheus metrics on PORT (0: any free port, logged)")
 @click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
@@ -105,8 +109,8 @@ def test_command(files):
               help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)")
 @click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
               show_default=True, help="json: one JSON object per line (time, level, logger, message)")
-def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics_port, metrics_addr, log_level,
-                  log_file, log_format):
+def serve_command(rule_paths, config_path, group_prefix, from_beginning, scale_out, metrics_port, metrics_addr,
+                  log_level, log_file, log_format):
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
     deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
     from rules.service import RuleService
@@ -121,7 +125,8 @@ def serve_command(rule_paths, config_path, group_prefix, from_beginning, metrics
     logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs request URLs: they can hold secrets
     settings = load_settings()
     svc = RuleService(settings, list(rule_paths), load_config(config_path), group_prefix=group_prefix,
-                      from_beginning=from_beginning, log_path=str(log_file) if log_file else "stderr")
+                      from_beginning=from_beginning, log_path=str(log_file) if log_file else "stderr",
+                      scale_out=scale_out)
     started = (f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "
                f"Kafka {settings.bootstrap_servers}")
     if log_format == "json":

@@ -60,8 +60,10 @@ SIGNAL_VARS: dict[str, dict[str, str]] = {"steps": STEP_VARS, "events": EVENT_VA
 
 # documented members of nested step-summary fields (from STEP_SUMMARY_FIELDS' descriptions)
 NESTED_VARS: dict[str, set[str]] = {
-    "straggler": {"host", "score", "excess_ns", "reason"},
-    "baseline": {"median_ns", "p99_ns", "n"},
+    "straggler": {"host", "score", "excess_ns", "reason", "group"},
+    "baseline": {"median_ns", "p99_ns", "n", "spread_ns"},
+    "evidence": {"spread_ns", "hosts"},
+    "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waited_ns", "after_ns"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }
 
@@ -76,9 +78,10 @@ def payload_keys(kinds: list[str] | None) -> set[str]:
 
 _STEP_DEFAULTS: dict[str, Any] = {
     "v": 1, "job": "", "step": -1, "closed_by": "complete", "closed_at_ns": 0, "hosts": [],
-    "expected_hosts": [], "missing_hosts": [], "step_time_ns": {}, "step_time_max_ns": 0,
-    "straggler": None, "blame": [], "collectives": [], "layers": {},
-    "baseline": {"median_ns": 0, "p99_ns": 0, "n": 0}, "stall": False, "stall_ratio": 0.0,
+    "expected_hosts": [], "missing_hosts": [], "world_size": 0, "step_time_ns": {}, "step_time_max_ns": 0,
+    "straggler": None, "blame": [], "collectives": [], "inconsistent": [], "late_max_ns": 0,
+    "evidence": {"spread_ns": 0, "hosts": {}}, "hang": None, "layers": {},
+    "baseline": {"median_ns": 0, "p99_ns": 0, "n": 0, "spread_ns": 0}, "stall": False, "stall_ratio": 0.0,
     "quality": {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0, "ringbuf_lost": 0},
 }
 
@@ -88,7 +91,7 @@ def step_record(summary: dict) -> dict:
     ones get neutral defaults: empty lists, 0, null straggler), plus ``time_ns``. ``stall_ratio`` is a
     double. Unknown extra fields are dropped so a rule cannot depend on undocumented output."""
     rec = {k: summary.get(k, _STEP_DEFAULTS[k]) for k in _STEP_DEFAULTS}
-    for k in ("baseline", "quality"):
+    for k in ("baseline", "quality", "evidence"):
         rec[k] = {**_STEP_DEFAULTS[k], **(rec[k] or {})}
     rec["stall_ratio"] = float(rec["stall_ratio"] or 0.0)
     rec["time_ns"] = int(rec["closed_at_ns"] or 0)

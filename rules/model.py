@@ -29,7 +29,8 @@ class Correlation:
 @dataclass
 class Rule:
     """One compiled rule. Durations in ns. ``aggregate`` over the hits of a group within ``window_ns``
-    must reach ``at_least`` (count: number of hits; sum/max/min/avg: of the ``of`` expression)."""
+    must reach ``at_least`` (count: number of hits; sum/max/min/avg/cusum: of the ``of`` expression; cusum:
+    Page's one-sided CUSUM of the values in time order, ``engine.cusum``)."""
 
     id: str
     description: str

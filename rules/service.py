@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from obshub.core import registry
-from obshub.core.settings import Settings
+from obshub.core.reach import BrokerWatch
+from obshub.core.settings import RULES, Settings
 from rules.dispatch import Dispatcher
 from rules.engine import Engine
 from rules.errors import RuleValidationError
@@ -46,7 +47,9 @@ class RuleService:
     makes a new consumer group start at the earliest offsets (default: latest for inputs).
     ``max_replay_age_s``: changes older than this, read by a new notify group, are not delivered.
     ``checkpoint_every_s``: the engine state is saved, and the input offsets committed, at most this
-    often (a wide job's state takes milliseconds to encode; a restart evaluates at most this much again)."""
+    often (a wide job's state takes milliseconds to encode; a restart evaluates at most this much again).
+    ``scale_out``: several services in one group split the jobs, state in Kafka, changes published
+    exactly once (``rules.service_partitioned``)."""
 
     # the loops' parts, for the web pages, the CLI and tests
     engine = property(lambda self: self.engine_loop.engine)
@@ -55,22 +58,30 @@ class RuleService:
     outbox = property(lambda self: self.engine_loop.outbox)      # changes not yet published
 
     def __init__(self, settings: Settings, rule_paths: list[Path], config: AlertingConfig, *,
-                 group_prefix: str = "obshub-rules", from_beginning: bool = False, health_every_s: float = 5.0,
-                 max_replay_age_s: float = 3600.0, log_path: str = "stderr", checkpoint_every_s: float = 1.0):
+                 group_prefix: str = RULES.group_prefix, from_beginning: bool = False,
+                 health_every_s: float = RULES.health_every_s, max_replay_age_s: float = RULES.max_replay_age_s, log_path: str = "stderr", checkpoint_every_s: float = 1.0,
+                 scale_out: bool = False):
         self.settings, self.rule_paths, self.config = settings, list(rule_paths) or [BUILTIN_DIR], config
         self.group_prefix, self.from_beginning = group_prefix, from_beginning
         self.health_every_s = health_every_s
         self.state = state_dir(settings)
         self.log_path = log_path
         self.stop = threading.Event()
+        self.watch = BrokerWatch(settings.bootstrap_servers, log, "the rule engine")
         self.running = threading.Event()  # both loops started (the readiness probe)
         self.http_port: int | None = None
         self.reload_requested = threading.Event()
         self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
         self._mtimes = self._rule_mtimes()
-        engine = Engine(self.ruleset, lambda change: self.engine_loop.outbox.append(change),
-                        external_url=(config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules")
-        self.engine_loop = EngineLoop(self, engine, checkpoint_every_s)
+        external_url = (config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules"
+        if scale_out:
+            from rules.service_partitioned import PartitionedEngineLoop
+
+            self.engine_loop = PartitionedEngineLoop(self, external_url, checkpoint_every_s)
+        else:
+            engine = Engine(self.ruleset, lambda change: self.engine_loop.outbox.append(change),
+                            external_url=external_url)
+            self.engine_loop = EngineLoop(self, engine, checkpoint_every_s)
         self.notify_loop = NotifyLoop(self, lambda on_ack: Dispatcher(
             build_sinks(config), config.route, self.ruleset.inhibit, SilenceStore(self.state / "silences.json"),
             config.delivery.policy(), on_ack, passthrough=config.mode == "alertmanager"), max_replay_age_s)

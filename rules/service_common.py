@@ -1,22 +1,28 @@
 """What the two loops of ``obshub rules serve`` share: the state folder and its atomic files, the Kafka
-consumer settings, offset commits and the service's Prometheus metrics."""
+client settings (with the service's ``BrokerWatch``: one warning per broker outage, no raw client log
+lines), offset commits, flushes that wait out an outage, and the service's Prometheus metrics."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import msgpack
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from prometheus_client import Counter, Gauge
 
+from obshub.core import kafka
+from obshub.core.reach import BrokerWatch
 from obshub.core.settings import Settings
 
 log = logging.getLogger("obshub.rules.service")
 KAFKA_LOG = logging.getLogger("obshub.rules.kafka")  # librdkafka's lines go through logging (JSON logs too)
+STOP_FLUSH_S = 5.0  # on SIGTERM/SIGINT during a broker outage, how long to wait for acknowledgements
 
 RECORDS = Counter("obshub_rules_records", "input records evaluated", ["signal"])
 CHANGES = Counter("obshub_rules_alert_changes", "alert state changes published", ["rule", "status"])
@@ -56,25 +62,68 @@ def read_state(path: Path) -> Any | None:
         return None
 
 
-def log_assign(loop: str):
-    """An ``on_assign`` callback that logs the partitions a loop was given."""
+def log_assign(loop: str, watch: BrokerWatch | None = None):
+    """An ``on_assign`` callback that logs the partitions a loop was given (and tells ``watch`` the
+    broker answers)."""
     def on_assign(_consumer, partitions) -> None:
+        if watch is not None:
+            watch.up()
         log.info("%s: assigned %d partition(s) of %s", loop, len(partitions),
                  ", ".join(sorted({p.topic for p in partitions})) or "-")
     return on_assign
 
 
 def commit(consumer: Consumer) -> None:
-    """Synchronous commit of the consumed positions; 'nothing to commit' is not an error."""
+    """Synchronous commit of the consumed positions; 'nothing to commit' is not an error, and a commit
+    that fails while the broker is away is retried with the next one (the input is then at-least-once)."""
     try:
         consumer.commit(asynchronous=False)
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError._NO_OFFSET:
-            raise
+            log.debug("commit failed, retried with the next one: %s", exc)
 
 
-def consumer(settings: Settings, group: str, reset: str) -> Consumer:
+def _client_log(watch: BrokerWatch | None) -> dict:
+    return watch.client_conf() if watch is not None else {"logger": KAFKA_LOG}
+
+
+def producer(settings: Settings, watch: BrokerWatch | None = None) -> Producer:
+    """The idempotent producer of a loop (alert changes, dead letters)."""
+    return Producer(kafka.producer_config(kafka.connection(settings), {"enable.idempotence": True, "linger.ms": 5, **_client_log(watch)}))
+
+
+def flush(prod: Producer, stop: threading.Event, watch: BrokerWatch | None = None) -> int:
+    """Wait until the broker acknowledged everything ``prod`` produced, through outages (the loop pauses;
+    it never commits past what is not on the broker). Once ``stop`` is set, waits at most
+    ``STOP_FLUSH_S`` more. Returns how many messages are still not acknowledged (0 = all)."""
+    stop_deadline = None
+    while True:
+        left = prod.flush(1.0)
+        if left == 0:
+            if watch is not None:
+                watch.up()
+            return 0
+        if stop.is_set():
+            stop_deadline = stop_deadline or time.monotonic() + STOP_FLUSH_S
+            if time.monotonic() >= stop_deadline:
+                return left
+
+
+def wait_for_broker(bootstrap: str, stop: threading.Event, watch: BrokerWatch) -> bool:
+    """Block until the broker answers (True) or ``stop`` is set (False); ``watch`` says once that it is
+    away and once that it is back. For set-up steps that need the broker (topic metadata)."""
+    from obshub.core.reach import BrokerUnreachable, require_broker, tcp_reason
+
+    while not stop.is_set():
+        try:
+            if require_broker(bootstrap, 1.0, stop=stop):
+                watch.up()
+                return True
+        except BrokerUnreachable:
+            watch.down(tcp_reason(bootstrap, 1.0) or "no answer")
+    return False
+
+
+def consumer(settings: Settings, group: str, reset: str, watch: BrokerWatch | None = None) -> Consumer:
     """A consumer of group ``group`` that commits only explicitly; ``reset``: where a new group starts."""
-    return Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group,
-                     "enable.auto.commit": False, "auto.offset.reset": reset, "enable.partition.eof": False,
-                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "logger": KAFKA_LOG})
+    return Consumer(kafka.consumer_config(kafka.connection(settings), group, {"enable.auto.commit": False, "auto.offset.reset": reset, "enable.partition.eof": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, **_client_log(watch)}))

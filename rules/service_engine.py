@@ -21,8 +21,21 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from obshub.core import schema
 from rules import fields, intake
 from rules.engine import Engine
-from rules.service_common import (ACTIVE, CHANGES, DLQ, EVAL_ERRORS, KAFKA_LOG, RECORDS, atomic_write, commit,
-                                  consumer, log, log_assign, read_state)
+from rules.service_common import (
+    ACTIVE,
+    CHANGES,
+    DLQ,
+    EVAL_ERRORS,
+    RECORDS,
+    atomic_write,
+    commit,
+    consumer,
+    flush,
+    log,
+    log_assign,
+    producer,
+    read_state,
+)
 from rules.web import runbook_url
 
 if TYPE_CHECKING:
@@ -43,6 +56,7 @@ class EngineLoop:
         self.last_seen: dict[str, float] = {}
         self.decode_errors = 0
         self.future_records = 0
+        self.undelivered = 0  # alert changes or dead letters not acknowledged when stopping in an outage
         snap = read_state(svc.state / STATE_FILE) or read_state(svc.state / OLD_STATE_FILE)
         if snap:
             engine.restore(snap)
@@ -79,19 +93,28 @@ class EngineLoop:
         return rec
 
     # -- output ----------------------------------------------------------------------------------------------
-    def _publish(self, producer: Producer) -> None:
+    def _publish(self, prod: Producer) -> None:
         for rec in self.outbox:
             CHANGES.labels(rec["rule"], rec["status"]).inc()
             rec["engine"] = self.svc.group_prefix  # which engine's notify loop delivers it (see run_notify)
             link = runbook_url(rec["annotations"].get("runbook", ""), self.svc.config.runbook_base_url)
             if link:
                 rec["annotations"].setdefault("runbook_url", link)
-            producer.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
+            prod.produce(schema.TOPIC_ALERTS, key=rec["fingerprint"], value=json.dumps(rec).encode())
             log.info("alert %s %s %s", rec["status"], rec["rule"], rec["labels"])
         self.outbox.clear()
-        left = producer.flush(30)
+        self._flush(prod)
+
+    def _flush(self, prod: Producer) -> bool:
+        """Wait for the broker's acknowledgements (through an outage); False when stopping with some
+        still missing: then neither the state is saved nor offsets committed, so a restart evaluates
+        their input again."""
+        left = flush(prod, self.svc.stop, self.svc.watch)
         if left:
-            raise RuntimeError(f"{left} alert change(s) not acknowledged by Kafka within 30 s")
+            self.undelivered = left
+            log.error("stopping with %d message(s) not acknowledged by Kafka (broker unreachable); the engine "
+                      "state is not saved, a restart evaluates their input again", left)
+        return not left
 
     def _health(self, cons: Consumer) -> None:
         now = time.time_ns()
@@ -122,11 +145,11 @@ class EngineLoop:
     def run_engine(self) -> None:
         """The engine loop; returns when the service's ``stop`` is set."""
         svc = self.svc
-        cons = consumer(svc.settings, f"{svc.group_prefix}-engine", "earliest" if svc.from_beginning else "latest")
+        cons = consumer(svc.settings, f"{svc.group_prefix}-engine", "earliest" if svc.from_beginning else "latest",
+                        svc.watch)
         topics = self.input_topics()
-        cons.subscribe(topics, on_assign=log_assign("engine"))
-        producer = Producer({"bootstrap.servers": svc.settings.bootstrap_servers, "enable.idempotence": True,
-                             "linger.ms": 5, "logger": KAFKA_LOG})
+        cons.subscribe(topics, on_assign=log_assign("engine", svc.watch))
+        prod = producer(svc.settings, svc.watch)
         last_tick = last_health = last_checkpoint = 0.0
         uncommitted = False
         dead_flushed = self.decode_errors
@@ -140,14 +163,14 @@ class EngineLoop:
                         continue
                     uncommitted = True
                     self.last_seen[m.topic()] = time.monotonic()
-                    for signal_name, rec in self._decode(m, producer):
+                    for signal_name, rec in self._decode(m, prod):
                         RECORDS.labels(signal_name).inc()
                         try:
                             self.engine.process(signal_name, rec)
                         except Exception as exc:  # a record the checks let through must not stop the engine
                             log.exception("evaluating %s[%d]@%d failed", m.topic(), m.partition(), m.offset())
                             self._dead_letter(m, schema.SchemaError(
-                                "", f"rule evaluation failed: {type(exc).__name__}: {exc}"), producer)
+                                "", f"rule evaluation failed: {type(exc).__name__}: {exc}"), prod)
                             break
                 mono = time.monotonic()
                 if mono - last_tick >= 1.0:
@@ -158,28 +181,35 @@ class EngineLoop:
                         topics = self.input_topics()
                         self.write_snapshot()
                         commit(cons)
-                        cons.subscribe(topics, on_assign=log_assign("engine"))
+                        cons.subscribe(topics, on_assign=log_assign("engine", svc.watch))
                     last_tick = mono
                 if mono - last_health >= svc.health_every_s:
                     self._health(cons)
                     last_health = mono
+                if msgs:
+                    svc.watch.up()
                 if self.outbox:
-                    self._publish(producer)
+                    self._publish(prod)
+                if self.undelivered:
+                    break
                 if (uncommitted or self.engine.dirty) and mono - last_checkpoint >= self.checkpoint_every_s:
                     self.write_snapshot()
                     if uncommitted:
                         if self.decode_errors != dead_flushed:  # dead letters are on the DLQ before we commit past them
-                            if producer.flush(30):
-                                raise RuntimeError("dead letters not acknowledged by Kafka within 30 s")
+                            if not self._flush(prod):
+                                break
                             dead_flushed = self.decode_errors
                         commit(cons)
                         uncommitted = False
                     last_checkpoint = mono
         finally:
-            if self.outbox:
-                self._publish(producer)
+            if self.outbox and not self.undelivered:
+                self._publish(prod)
+            if self.undelivered:
+                cons.close()
+                return  # noqa: B012 - undelivered changes end the loop without a snapshot (a loop exception is dropped here)
             self.write_snapshot()
-            if uncommitted and not producer.flush(30):
+            if uncommitted and self._flush(prod):
                 try:
                     commit(cons)
                 except Exception as exc:

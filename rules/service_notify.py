@@ -12,13 +12,13 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from obshub.core import schema
-from obshub.core.log import NullLogger
+from obshub.core.settings import RULES
 from rules import intake
 from rules.dispatch import Dispatcher
-from rules.service_common import DLQ, atomic_write, consumer, log, log_assign, read_state
+from rules.service_common import DLQ, atomic_write, consumer, flush, log, log_assign, producer, read_state
 
 if TYPE_CHECKING:
     from rules.service import RuleService
@@ -60,6 +60,12 @@ class OffsetTracker:
                     out.append(TopicPartition(tp[0], tp[1], nxt))
         return out
 
+    def retry(self, offsets: list[TopicPartition]) -> None:
+        """A commit of ``offsets`` failed: offer them again on the next ``committable``."""
+        with self._lock:
+            for tp in offsets:
+                self._committed.pop((tp.topic, tp.partition), None)
+
     def reset(self) -> None:
         """Forget everything (after a rebalance the consumer restarts from committed offsets)."""
         with self._lock:
@@ -72,7 +78,7 @@ class NotifyLoop:
     """Delivery: the service's alert changes through a ``Dispatcher`` to the sinks (module docstring).
     ``dispatcher_factory(on_ack)`` builds the dispatcher (sinks, route, inhibition, silences)."""
 
-    def __init__(self, svc: "RuleService", dispatcher_factory, max_replay_age_s: float = 3600.0):
+    def __init__(self, svc: "RuleService", dispatcher_factory, max_replay_age_s: float = RULES.max_replay_age_s):
         self.svc = svc
         self.max_replay_age_ns = int(max_replay_age_s * 1e9)
         self.tracker = OffsetTracker()
@@ -92,10 +98,9 @@ class NotifyLoop:
     def run_notify(self) -> None:
         """The notify loop; returns when the service's ``stop`` is set."""
         svc = self.svc
-        cons = consumer(svc.settings, f"{svc.group_prefix}-notify", "earliest")
-        dlq = Producer({"bootstrap.servers": svc.settings.bootstrap_servers, "enable.idempotence": True,
-                        "linger.ms": 5, "logger": NullLogger()})
-        cons.subscribe([schema.TOPIC_ALERTS], on_assign=log_assign("notify"),
+        cons = consumer(svc.settings, f"{svc.group_prefix}-notify", "earliest", svc.watch)
+        dlq = producer(svc.settings, svc.watch)
+        cons.subscribe([schema.TOPIC_ALERTS], on_assign=log_assign("notify", svc.watch),
                        on_revoke=lambda c, p: self.tracker.reset())
         last_commit = 0.0
         try:
@@ -108,8 +113,8 @@ class NotifyLoop:
                         change = intake.decode_change(m.value())
                     except schema.SchemaError as exc:
                         self._dead_letter(m, exc, dlq)
-                        if dlq.flush(30):
-                            raise RuntimeError("a dead letter was not acknowledged by Kafka within 30 s") from None
+                        if flush(dlq, svc.stop, svc.watch):
+                            break  # stopping during an outage: not acked, so read again after a restart
                         self.tracker.ack([token])
                         continue
                     if change.get("engine", svc.group_prefix) != svc.group_prefix:
@@ -124,8 +129,12 @@ class NotifyLoop:
                 if time.monotonic() - last_commit >= 0.5:
                     offsets = self.tracker.committable()
                     if offsets:
-                        cons.commit(offsets=offsets, asynchronous=False)
-                        atomic_write(svc.state / DISPATCH_FILE, self.dispatcher.snapshot())
+                        try:
+                            cons.commit(offsets=offsets, asynchronous=False)
+                            atomic_write(svc.state / DISPATCH_FILE, self.dispatcher.snapshot())
+                        except KafkaException as exc:  # broker away: offer the same offsets again next time
+                            self.tracker.retry(offsets)
+                            log.debug("commit failed, retried: %s", exc)
                     last_commit = time.monotonic()
         finally:
             offsets = self.tracker.committable()

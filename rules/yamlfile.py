@@ -50,11 +50,35 @@ def _yaml() -> YAML:
     return y
 
 
+_TAB_TOKEN = "found character '\\t' that cannot start any token"
+
+
+def _load_tolerating_tabs(text: str) -> Any:
+    """ruamel.yaml's scanner rejects a tab between a value and its comment (``key: 1\t# why``), which
+    YAML 1.2 allows (tabs are separation white space there). Where the scanner stops on such a tab, and
+    only there (never inside a scalar), the tabs before the ``#`` become spaces, one for one, so every
+    line:col stays the same; then it parses again."""
+    for _ in range(1000):
+        try:
+            return _yaml().load(text)
+        except MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            if mark is None or _TAB_TOKEN not in str(exc.problem or "") or not 0 <= mark.index < len(text):
+                raise
+            end = mark.index
+            while end < len(text) and text[end] in " \t":
+                end += 1
+            if end >= len(text) or text[end] != "#" or text[mark.index] != "\t":
+                raise
+            text = text[:mark.index] + text[mark.index:end].replace("\t", " ") + text[end:]
+    return _yaml().load(text)
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
     """Parse ``text`` (named ``file`` in messages). Returns ``(document, problems)``; the document is
     None when the YAML itself is broken (syntax error, duplicate key), with one problem at the mark."""
     try:
-        doc = _yaml().load(text)
+        doc = _load_tolerating_tabs(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)

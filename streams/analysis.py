@@ -16,13 +16,24 @@ Every formula here is written out in docs/ANALYSIS.md with its reasons; this doc
 - network blame by connection: per host, the fewest retransmits over its busy connections; a host far
   above the others is blamed for ``network`` even when it is not the straggler (loss on one link slows
   every rank alike, so nobody arrives late);
-- baseline: median and p99 (nearest rank) of the job's last ``n`` step times before this step; stall.
+- baseline: median and p99 (nearest rank) of the job's last ``n`` step times before this step; stall;
+- pairing check (no clocks needed): a rank cannot wait at a collective longer than its own collective
+  lasted, and the paired intervals must overlap; a collective that fails either is reported in
+  ``inconsistent`` and never used to blame a host;
+- single-step straggler without a baseline: the last arriver, when its lateness over the median arrival
+  is large relative to the step, with the late group (every rank that late, with its lateness);
+- sequential evidence: per (host, layer) the excess of the host's own layer that made it late, divided by
+  the job's recent spread of lateness (``evidence``), for the rules' CUSUM (docs/ANALYSIS.md
+  "Sequential detection");
+- hangs: a rank that never arrived at a collective the others reached, silent for long enough
+  (``hang_check``, called by the worker's timer while no step closes).
 
 All inputs and outputs are JSON-able dicts; nothing here touches Kafka or Faust.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -48,6 +59,17 @@ class Thresholds:
       samples of the host's busiest connection; ``net_rtt_min_ns`` / ``net_rtt_factor``: a host is
       blamed by RTT when its lowest mean RTT over busy connections is at least this and this many times
       the other hosts' median (``net_blame``).
+    - ``pair_slack_ns``: tolerance (beyond both clocks' uncertainty) of the pairing check of a collective.
+    - ``spread_min_ns`` / ``spread_rel``: floor of the job's recent spread of lateness (``spread``):
+      ``max(spread_min_ns, spread_rel * baseline median step time)``.
+    - ``evidence_clip``: one step's evidence is clipped to ``[0, evidence_clip]`` spreads, so that a
+      single freak step cannot cross the rules' CUSUM threshold alone (docs/ANALYSIS.md).
+    - ``rtt_scale_ns``: the smallest RTT scale of the network evidence (``(rtt - peers) / max(peers,
+      rtt_scale_ns)``).
+    - ``hang_min_ns`` / ``hang_factor``: a rank hangs when others arrived at a collective it never reached
+      and it sent nothing for at least ``max(hang_min_ns, hang_factor * baseline median step time)``;
+      (the arrived ranks must have waited half of it);
+      ``hang_hold_ns``: how long a hung step is kept open (hang records repeat) before the window closes it.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -61,6 +83,14 @@ class Thresholds:
     net_busy_rel: float = 0.25
     net_rtt_min_ns: int = 5_000_000
     net_rtt_factor: float = 3.0
+    pair_slack_ns: int = 100_000
+    spread_min_ns: int = 2_000_000
+    spread_rel: float = 0.02
+    evidence_clip: float = 4.0
+    rtt_scale_ns: int = 2_000_000
+    hang_min_ns: int = 3_000_000_000
+    hang_factor: float = 3.0
+    hang_hold_ns: int = 300_000_000_000
 
 
 def median_int(values: list[int]) -> int:
@@ -70,6 +100,34 @@ def median_int(values: list[int]) -> int:
     s = sorted(values)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) // 2
+
+
+class LeaveOneOut:
+    """Medians of a per-host value over every host but one (the ``peer median`` of each host), after one
+    sort: ``median_without(v)`` equals ``median_int`` of the values with one occurrence of ``v`` removed,
+    in O(log n) instead of O(n log n), so all hosts' peer medians of a step cost O(n log n), not O(n^2).
+
+    ``values``: the value of every host (ints, any order). ``median_without(v)`` needs ``v`` to be one of
+    them (raises ``ValueError`` otherwise)."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, values):
+        self._s = sorted(values)
+
+    def median_without(self, v: int) -> int:
+        s = self._s
+        n = len(s) - 1
+        i = bisect.bisect_left(s, v)
+        if i == len(s) or s[i] != v:
+            raise ValueError(f"{v!r} is not one of the values")
+        if n <= 0:
+            return 0
+
+        def at(k: int) -> int:  # the k-th smallest once s[i] is left out
+            return s[k] if k < i else s[k + 1]
+
+        return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) // 2
 
 
 def p99_int(values: list[int]) -> int:
@@ -120,71 +178,154 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
-def collectives(accs: dict[str, dict]) -> list[dict]:
+def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds) -> str | None:
+    """Why the per-host records ``arr`` (``{host: (arrive_rt, unc_ns, op, end_rt, duration_ns)}``) of
+    collective ``key`` cannot be one collective, or None when they can. A host's collective lasted
+    ``end_rt - arrive_rt`` (both on its own clock; the COLLECTIVE_END ``duration_ns`` when the end is
+    unknown). Two checks, neither needs the hosts' clocks to agree beyond their stated uncertainty:
+    (1) a rank cannot wait longer than its collective lasted: ``arrival(last) - arrival(h) <=
+    lasted(h)``; (2) the paired intervals overlap: no host's collective ended before the last one began.
+    Both with a tolerance of the two clocks' uncertainty plus ``pair_slack_ns``. Hosts whose collective has
+    no known end or duration are not checked."""
+    last_h = max(arr, key=lambda h: (arr[h][0], h))
+    last_t, last_u = arr[last_h][0], arr[last_h][1]
+    for h, (t, u, _op, end, dur) in sorted(arr.items()):
+        lasted = end - t if end is not None else dur
+        if h == last_h or not lasted or lasted <= 0:
+            continue
+        tol = u + last_u + th.pair_slack_ns
+        if last_t - t > lasted + tol:
+            if end is not None:
+                return f"{h}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
+            return (f"{h} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted "
+                    f"{lasted / 1e6:.3f} ms")
+    return None
+
+
+def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[dict]:
     """Per collective seen (COLLECTIVE_BEGIN) by at least two hosts: ``{pg, coll_seq, op, skew_ns,
-    uncertainty_ns, last_host, lead_ns, lead_uncertainty_ns}`` sorted by (pg, coll_seq). ``lead_ns`` is the
-    last arriver's lead over the second-latest arrival (how long it alone kept the others waiting) and
-    ``lead_uncertainty_ns`` the summed uncertainty of those two clocks. Ties break by host name."""
-    by_key: dict[str, dict[str, tuple[int, int, str]]] = {}
+    uncertainty_ns, last_host, lead_ns, lead_uncertainty_ns, late, consistent, why}`` sorted by (pg,
+    coll_seq). ``lead_ns`` is the last arriver's lead over the second-latest arrival (how long it alone kept
+    the others waiting) and ``lead_uncertainty_ns`` the summed uncertainty of those two clocks. ``late`` maps
+    each host to its arrival minus the median arrival (ns, >= 0 only for the later half). ``consistent``
+    is False (and ``why`` says why) when the pairing check (``_pair_check``) fails. Ties break by host
+    name."""
+    by_key: dict[str, dict[str, tuple]] = {}
     for host, acc in accs.items():
-        for key, (op, arrive, _end, _dur) in acc["colls"].items():
+        for key, (op, arrive, end, dur) in acc["colls"].items():
             if arrive is not None:
-                by_key.setdefault(key, {})[host] = (arrive, acc["unc_ns"], op)
+                by_key.setdefault(key, {})[host] = (arrive, acc["unc_ns"], op, end, dur)
     out = []
     for key, arr in by_key.items():
         if len(arr) < 2:
             continue
         pg, _, seq = key.rpartition("#")
         order = sorted(arr.items(), key=lambda kv: (kv[1][0], kv[0]))
-        (first_h, first), (second_h, second), (last_h, last) = order[0], order[-2], order[-1]
+        (_first_h, first), (_second_h, second), (last_h, last) = order[0], order[-2], order[-1]
+        med = median_int([v[0] for v in arr.values()])
+        why = _pair_check(key, arr, th)
         out.append({"pg": pg, "coll_seq": int(seq), "op": last[2],
                     "skew_ns": last[0] - first[0], "uncertainty_ns": last[1] + first[1], "last_host": last_h,
-                    "lead_ns": last[0] - second[0], "lead_uncertainty_ns": last[1] + second[1]})
+                    "lead_ns": last[0] - second[0], "lead_uncertainty_ns": last[1] + second[1],
+                    "late": {h: v[0] - med for h, v in arr.items()}, "consistent": why is None, "why": why})
     out.sort(key=lambda c: (c["pg"], c["coll_seq"]))
+    return out
+
+
+def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str, int]:
+    """Per host, how late it was in the step (ns, >= 0): the largest ``late`` over the collectives it
+    joined beyond the two clocks' uncertainty (its arrival minus the median arrival); without any
+    collective, its compute time minus the median compute time of its peers. Arrivals only: the pairing
+    check is not applied here, because the end of an asynchronous collective may be when it was queued
+    (the DDP comm hook's future), which fails the check although the pairing is right; the sequential
+    test needs the same host late step after step, which a wrong pairing does not give."""
+    good = colls
+    out = dict.fromkeys(accs, 0)
+    if good:
+        for c in good:
+            for h, late in c["late"].items():
+                if late > c["uncertainty_ns"]:
+                    out[h] = max(out[h], late)
+        return out
+    comp = {h: layers.get(h, {}).get("pytorch", {}).get("time_ns") for h in accs}
+    known = {h: v for h, v in comp.items() if v is not None}
+    if len(known) >= 2:
+        peers = LeaveOneOut(known.values())
+        for h, v in known.items():
+            out[h] = max(0, v - peers.median_without(v))
     return out
 
 
 def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: Thresholds) -> dict | None:
     """The host that kept the others waiting, or None on a clean step (shape ``{host, score, excess_ns,
-    reason}``). ``excess_ns`` = the largest lead (over the second-latest arrival) among the collectives it
-    arrived last at with a lead beyond the clock uncertainty; without any collective joined across hosts,
-    its compute time minus the median compute time of its peers. ``score`` = excess / median host step
-    time, rounded to 3 places (the fraction of a step the others lost)."""
+    reason, group}``). Only collectives that pass the pairing check count.
+
+    1. ``excess_ns`` = the largest lead (over the second-latest arrival) among the collectives it arrived
+       last at with a lead beyond the clock uncertainty;
+    2. else (no single host leads: several ranks late together) the last arriver of the collective with the
+       largest lateness over the median arrival, that lateness as ``excess_ns``;
+    3. without any collective joined across hosts, its compute time minus the median compute time of its
+       peers.
+
+    Named when ``excess_ns >= max(straggler_min_ns, straggler_rel * median host step time)``; no baseline
+    is needed. ``group`` lists every host at least that late at the straggler's collective (itself
+    included) as ``{host, late_ns}``, latest first (one entry when it was late alone). ``score`` = excess
+    / median host step time, rounded to 3 places (the fraction of a step the others lost)."""
     if len(accs) < 2:
         return None
     step_times = [a["step_ns"] for a in accs.values() if a["step_ns"] is not None]
     ref = median_int(step_times) if step_times else median_int(
         [layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
+    floor = max(th.straggler_min_ns, th.straggler_rel * ref)
     comp = {h: layers[h].get("pytorch", {}).get("time_ns") for h in accs}
+    good = [c for c in colls if c["consistent"]]
     lead: dict[str, int] = {}
     last_n: dict[str, int] = {}
-    for c in colls:
+    for c in good:
         if c["lead_ns"] > c["lead_uncertainty_ns"]:
             h = c["last_host"]
             lead[h] = max(lead.get(h, 0), c["lead_ns"])
             last_n[h] = last_n.get(h, 0) + 1
-    if colls:
-        if not lead:
+    group: list[dict] = []
+    if good:
+        host = min(lead, key=lambda h: (-lead[h], h)) if lead else None
+        if host is not None and lead[host] >= floor:
+            excess = lead[host]
+            at = max((c for c in good if c["last_host"] == host), key=lambda c: c["lead_ns"])
+            reason = (f"last at {last_n[host]}/{len(good)} collectives, kept peers waiting up to "
+                      f"{excess / 1e6:.3f} ms")
+        else:
+            at = max(good, key=lambda c: (c["late"][c["last_host"]], -c["coll_seq"]))
+            host, excess = at["last_host"], at["late"][at["last_host"]]
+            if excess <= at["uncertainty_ns"]:
+                return None
+            reason = (f"last at {at['op']} pg={at['pg']} seq={at['coll_seq']}, "
+                      f"{excess / 1e6:.3f} ms after the median arrival")
+        if excess < floor:
             return None
-        host = min(lead, key=lambda h: (-lead[h], h))
-        excess = lead[host]
-        reason = f"last at {last_n[host]}/{len(colls)} collectives, kept peers waiting up to {excess / 1e6:.3f} ms"
+        group = sorted(({"host": h, "late_ns": v} for h, v in at["late"].items() if v >= floor),
+                       key=lambda g: (-g["late_ns"], g["host"]))
+        if len(group) > 1:
+            reason += f"; late group of {len(group)}: " + ", ".join(
+                f"{g['host']} +{g['late_ns'] / 1e6:.3f} ms" for g in group)
     else:
         known = {h: v for h, v in comp.items() if v is not None}
         if len(known) < 2:
             return None
-        excesses = {h: v - median_int([w for g, w in known.items() if g != h]) for h, v in known.items()}
+        loo = LeaveOneOut(known.values())
+        excesses = {h: v - loo.median_without(v) for h, v in known.items()}
         host = min(excesses, key=lambda h: (-excesses[h], h))
         excess = excesses[host]
         reason = f"no collectives joined; compute {excess / 1e6:.3f} ms over the peer median"
-    if excess < max(th.straggler_min_ns, th.straggler_rel * ref):
-        return None
+        if excess < floor:
+            return None
     if comp.get(host) is not None:
         peers = [v for h, v in comp.items() if h != host and v is not None]
-        if peers and colls:
+        if peers and good:
             reason += f"; compute {(comp[host] - median_int(peers)) / 1e6:+.3f} ms vs peer median"
     score = round(excess / ref, 3) if ref > 0 else 0.0
-    return {"host": host, "score": score, "excess_ns": excess, "reason": reason}
+    return {"host": host, "score": score, "excess_ns": excess, "reason": reason,
+            "group": group or [{"host": host, "late_ns": excess}]}
 
 
 def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th: Thresholds) -> list[dict]:
@@ -225,25 +366,9 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     return timed + [e for _, e in counted]
 
 
-def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
-    """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one entry
-    ``{host, layer: "network", excess_ns, straggler_ns, peer_median_ns, count, max_ns: 0}``.
-
-    Connections (undirected IPv4 address pairs) are summed over every host's accumulator ``net``: RTT
-    samples (traffic), retransmits, RTT sum. A host's addresses are the source addresses of its own TCP
-    events. A host's *busy* connections go to another host of the step and carry at least
-    ``net_busy_rel`` of the RTT samples of its busiest one; it needs at least 2. Per host, over its busy
-    connections: ``rx(h)`` = the fewest retransmits and ``rtt(h)`` = the lowest mean RTT (ns). A fault
-    on h's link hits all of its connections; a fault elsewhere spares at least one, and a neighbour of
-    the faulty host shares only one bad connection. Blamed, the host with the highest value:
-
-    - by retransmits (``excess_ns`` 0, ``count`` = rx): ``rx >= count_min`` and ``>= count_factor *``
-      the median rx of the other hosts (loss);
-    - else by RTT (``straggler_ns`` = rtt, ``peer_median_ns`` = the others' median, ``excess_ns`` = the
-      difference, ``count`` = rx): ``rtt >= net_rtt_min_ns`` and ``>= net_rtt_factor *`` that median
-      (a slow or congested link).
-
-    Needs >= 3 hosts (with 2, both ends share the one link)."""
+def net_stats(accs: dict[str, dict], th: Thresholds) -> tuple[dict[str, int], dict[str, int]]:
+    """Per host ``(rx, rtt)``: the fewest retransmits and the lowest mean RTT (ns) over its busy
+    connections (0 with fewer than 2 busy connections); definitions in ``net_blame``."""
     owner: dict[str, str] = {}
     pairs: dict[str, list[int]] = {}
     for host, acc in accs.items():
@@ -270,8 +395,31 @@ def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
         busy = [c for c in cs if top > 0 and c[0] >= th.net_busy_rel * top]
         rx[host] = min(c[1] for c in busy) if len(busy) >= 2 else 0
         rtt[host] = min(c[2] // c[0] for c in busy) if len(busy) >= 2 else 0
+    return rx, rtt
+
+
+def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
+    """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one entry
+    ``{host, layer: "network", excess_ns, straggler_ns, peer_median_ns, count, max_ns: 0}``.
+
+    Connections (undirected IPv4 address pairs) are summed over every host's accumulator ``net``: RTT
+    samples (traffic), retransmits, RTT sum. A host's addresses are the source addresses of its own TCP
+    events. A host's *busy* connections go to another host of the step and carry at least
+    ``net_busy_rel`` of the RTT samples of its busiest one; it needs at least 2. Per host, over its busy
+    connections: ``rx(h)`` = the fewest retransmits and ``rtt(h)`` = the lowest mean RTT (ns). A fault
+    on h's link hits all of its connections; a fault elsewhere spares at least one, and a neighbour of
+    the faulty host shares only one bad connection. Blamed, the host with the highest value:
+
+    - by retransmits (``excess_ns`` 0, ``count`` = rx): ``rx >= count_min`` and ``>= count_factor *``
+      the median rx of the other hosts (loss);
+    - else by RTT (``straggler_ns`` = rtt, ``peer_median_ns`` = the others' median, ``excess_ns`` = the
+      difference, ``count`` = rx): ``rtt >= net_rtt_min_ns`` and ``>= net_rtt_factor *`` that median
+      (a slow or congested link).
+
+    Needs >= 3 hosts (with 2, both ends share the one link)."""
     if len(accs) < 3:
         return []
+    rx, rtt = net_stats(accs, th)
     host = min(rx, key=lambda h: (-rx[h], h))
     peers = median_int([v for h, v in rx.items() if h != host])
     if rx[host] >= th.count_min and rx[host] >= th.count_factor * peers:
@@ -286,11 +434,100 @@ def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
 
 
 def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:
-    """``{median_ns, p99_ns, n}`` over the last ``baseline_n`` entries ``[step, step_time_max_ns]`` of the
-    job's history with a step number below ``step``."""
-    prior = sorted((s, t) for s, t in history if s < step)[-th.baseline_n:]
-    times = [t for _s, t in prior]
-    return {"median_ns": median_int(times), "p99_ns": p99_int(times), "n": len(times)}
+    """``{median_ns, p99_ns, n, spread_ns}`` over the last ``baseline_n`` entries ``[step,
+    step_time_max_ns, late_max_ns]`` of the job's history with a step number below ``step`` (entries
+    of two values, written by an older worker, have no lateness). ``spread_ns`` is the job's recent spread
+    of lateness: ``max(spread_min_ns, spread_rel * median_ns, median of late_max_ns)``."""
+    prior = sorted((e[0], e[1], e[2] if len(e) > 2 else None) for e in history if e[0] < step)[-th.baseline_n:]
+    times = [t for _s, t, _l in prior]
+    med = median_int(times)
+    lates = [x for _s, _t, x in prior if x is not None]
+    spread = max(th.spread_min_ns, int(th.spread_rel * med), median_int(lates))
+    return {"median_ns": med, "p99_ns": p99_int(times), "n": len(times), "spread_ns": spread}
+
+
+EVIDENCE_LAYERS = ("sched", "memory", "cuda", "nic", "network", "pytorch")
+"""Layers the sequential evidence covers (``evidence``); each host entry carries all of them."""
+
+
+def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict, th: Thresholds) -> dict:
+    """Per-step evidence for the rules' sequential test (docs/ANALYSIS.md "Sequential detection"):
+    ``{"spread_ns": s, "hosts": {host: {layer: z}}}`` with ``z`` in units of the job's recent spread
+    ``s`` (``bl["spread_ns"]``), clipped to ``[0, evidence_clip]``, rounded to 3 places; a host appears
+    only when one of its values is above 0.
+
+    - time layers L (sched, memory, cuda, nic): ``min(late(h), excess(h, L)) / s``: the host's own layer
+      time above the median of its peers, counted only as far as it made the host late (a victim is not
+      late; a host whose extra layer time delayed nobody is no culprit);
+    - pytorch: ``max(0, late(h) - sum of those excesses) / s``: lateness no lower layer explains;
+    - network of a late host: ``(count(h) - m) / sqrt(m + 1)`` of its retransmit count against the median
+      ``m`` of its peers, when ``count(h) >= count_min`` (retransmits carry no time);
+    - network (>= 3 hosts, from ``net_stats``): the larger of ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and
+      ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)``, ``m_*`` the median over the other hosts: loss or
+      delay on every busy connection of the host (its late arrival is not needed: a slow link slows
+      every rank alike).
+
+    A host with connection-based network evidence in the step gets no other evidence in it: its slow
+    link explains its lateness. Lateness-based values need a baseline (``bl["n"] >= baseline_min_n``):
+    the start of a job is noisy."""
+    s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
+    clip = th.evidence_clip
+    def layer_value(g: str, layer: str, field: str) -> int:
+        return layers.get(g, {}).get(layer, {}).get(field, 0)
+
+    out: dict[str, dict[str, float]] = {}
+
+    def put(h: str, layer: str, z: float) -> None:
+        z = round(min(clip, max(0.0, z)), 3)
+        if z > 0:
+            out.setdefault(h, dict.fromkeys(EVIDENCE_LAYERS, 0.0))[layer] = z
+
+    if bl.get("n", 0) >= th.baseline_min_n and len(accs) >= 2:
+        peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs)
+                     for layer in ("sched", "memory", "cuda", "nic")}
+        peer_count = LeaveOneOut(layer_value(g, "network", "count") for g in accs)
+        for h, lt in late.items():
+            if lt <= 0:
+                continue
+            explained = 0
+            for layer in ("sched", "memory", "cuda", "nic"):
+                mine = layer_value(h, layer, "time_ns")
+                peer = peer_time[layer].median_without(mine)
+                ex = max(0, mine - peer)
+                explained += ex
+                put(h, layer, min(lt, ex) / s)
+            put(h, "pytorch", (lt - explained) / s)
+            # retransmits of a late host (no time: by count against its peers' median)
+            rx = layer_value(h, "network", "count")
+            m = peer_count.median_without(rx)
+            if rx >= th.count_min:
+                put(h, "network", (rx - m) / math.sqrt(m + 1))
+    if len(accs) >= 3:
+        rx, rtt = net_stats(accs, th)
+        net_hosts = set()
+        loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
+        for h in accs:
+            m_rx = loo_rx.median_without(rx[h])
+            m_rtt = loo_rtt.median_without(rtt[h])
+            # the thresholds of net_blame gate each: on a loaded machine a few retransmits and RTT
+            # spikes happen on every host (spurious timeouts), and only a clear outlier is evidence
+            z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.count_min, th.count_factor * m_rx) else 0.0
+            z_rtt = ((rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
+                     if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt) else 0.0)
+            put(h, "network", max(z_rx, z_rtt, out.get(h, {}).get("network", 0.0)))
+            if max(z_rx, z_rtt) > 0:
+                net_hosts.add(h)
+        for h in net_hosts & set(out):
+            # its connections explain its lateness (a slow link delays its own collectives): no other
+            # layer of it is the culprit in this step
+            out[h] = {layer: (z if layer == "network" else 0.0) for layer, z in out[h].items()}
+    return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
+
+
+def history_entry(summary: dict) -> list[int]:
+    """The job-history entry of a closed step: ``[step, step_time_max_ns, late_max_ns]`` (the largest
+    lateness of any host in the step, the sample of the job's spread of lateness)."""
+    return [summary["step"], summary["step_time_max_ns"], int(summary.get("late_max_ns") or 0)]
 
 
 def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds) -> list[dict]:
@@ -300,17 +537,21 @@ def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds) -> lis
 
 
 def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: list[str], history: list[list[int]],
-              quality: dict, closed_by: str, closed_at_ns: int, th: Thresholds = Thresholds()) -> dict:
+              quality: dict, closed_by: str, closed_at_ns: int, th: Thresholds = Thresholds(),
+              world_size: int = 0) -> dict:
     """The step summary (exactly the keys of ``schema.STEP_SUMMARY_FIELDS``) of ``job``/``step`` from its
-    host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns], ...]``;
-    ``quality`` holds ``lost_batches``, ``duplicate_batches``, ``late_events`` (``ringbuf_lost`` is
-    summed here from the accumulators). Deterministic: the same inputs give the same output."""
+    host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
+    late_max_ns], ...]`` (``history_entry``); ``quality`` holds ``lost_batches``, ``duplicate_batches``,
+    ``late_events`` (``ringbuf_lost`` is summed here from the accumulators); ``world_size`` the job's
+    registered world size (0 unknown: then the number of expected hosts). Deterministic: the same inputs
+    give the same output."""
     layers = layer_table(accs)
-    colls = collectives(accs)
+    colls = collectives(accs, th)
     step_time = {h: a["step_ns"] for h, a in sorted(accs.items()) if a["step_ns"] is not None}
     tmax = max(step_time.values(), default=0)
     strag = find_straggler(accs, colls, layers, th)
     bl = baseline(history, step, th)
+    late = lateness(accs, colls, layers)
     out = {
         "v": schema.SCHEMA_VERSION,
         "job": job,
@@ -320,12 +561,18 @@ def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: lis
         "hosts": sorted(accs),
         "expected_hosts": sorted(expected_hosts),
         "missing_hosts": sorted(set(expected_hosts) - set(accs)),
+        "world_size": int(world_size) or len(set(expected_hosts) | set(accs)),
         "step_time_ns": step_time,
         "step_time_max_ns": tmax,
         "straggler": strag,
         "blame": _with_net(blame(strag["host"], layers, strag["excess_ns"], th) if strag else [], accs, th),
         "collectives": [{k: c[k] for k in ("pg", "coll_seq", "op", "skew_ns", "uncertainty_ns", "last_host")}
-                        for c in colls],
+                        for c in colls if c["consistent"]],
+        "inconsistent": [{"pg": c["pg"], "coll_seq": c["coll_seq"], "op": c["op"], "why": c["why"]}
+                         for c in colls if not c["consistent"]],
+        "late_max_ns": max(late.values(), default=0),
+        "evidence": evidence(accs, late, layers, bl, th),
+        "hang": None,
         "layers": layers,
         "baseline": bl,
         "stall": bool(bl["n"] >= th.baseline_min_n and tmax > bl["p99_ns"]),
@@ -337,3 +584,63 @@ def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: lis
     }
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
     return out
+
+
+def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[str, int], opened_ns: int,
+               history: list[list[int]], step: int, now_ns: int, th: Thresholds = Thresholds()) -> dict | None:
+    """Whether an open step hangs on a rank that never arrived at a collective (docs/ANALYSIS.md "Hangs").
+
+    For each process group, the highest sequence number any host reached in this step: the hosts with a
+    COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent nothing
+    (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never seen)
+    for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of the
+    arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not finished
+    the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing host
+    that still sends data is slow, not hung (the sequential evidence judges it).
+
+    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting:
+    [host], waited_ns, after_ns}`` (``waiting``: the arrived hosts, ``waited_ns``: now minus the latest of
+    their arrivals; ``last_phase``: the last phase the hung host finished, or the collective it is in)."""
+    bl = baseline(history, step, th)
+    after = max(th.hang_min_ns, int(th.hang_factor * bl["median_ns"]))
+    expected = set(expected_hosts) | set(accs)
+    if len(expected) < 2:
+        return None
+    top: dict[str, int] = {}
+    for acc in accs.values():
+        for key, c in acc["colls"].items():
+            if c[1] is not None:
+                pg, _, seq = key.rpartition("#")
+                top[pg] = max(top.get(pg, -1), int(seq))
+    best = None
+    for pg, seq in sorted(top.items()):
+        key = f"{pg}#{seq}"
+        arrived = {h: a["colls"][key][1] for h, a in accs.items()
+                   if key in a["colls"] and a["colls"][key][1] is not None}
+        waited = now_ns - max(arrived.values())
+        if waited < after // 2 or all(accs[h]["step_ns"] is not None for h in arrived):
+            continue  # a short wait; or every arrived rank finished its step: nobody waits
+        hung = []
+        for h in sorted(expected - set(arrived)):
+            silent = now_ns - seen_ns.get(h, opened_ns)
+            if silent < after:
+                continue
+            acc = accs.get(h)
+            if acc is not None and acc["step_ns"] is not None:
+                continue  # it finished the step: it never joined that collective (a sampled trace), no hang
+            phase = "no data in this step"
+            if acc is not None:
+                open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
+                lp = acc.get("last_phase")
+                if open_colls:
+                    t, k, op = max(open_colls)
+                    phase = f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
+                elif lp:
+                    phase = f"after {lp[1]}"
+            hung.append({"host": h, "last_step": step if acc is not None else step - 1, "last_phase": phase,
+                         "silent_ns": silent})
+        if hung and (best is None or waited > best["waited_ns"]):
+            op = accs[next(iter(arrived))]["colls"][key][0]
+            best = {"pg": pg, "coll_seq": seq, "op": op, "hosts": hung, "waiting": sorted(arrived),
+                    "waited_ns": waited, "after_ns": after}
+    return best

@@ -1,25 +1,28 @@
 """The Faust application: ingest -> repartition by (job, step) -> fold per host -> close -> summary.
 
 Faust has no stream-stream join, so the cross-node join is built from two agents and changelog-backed
-tables (docs/STREAMS.md has the diagram and the guarantees):
+tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
 
-1. ``ingest`` reads agent batches (input topic, keyed by host). Each message is decoded ONLY with
-   ``obshub.core.schema.decode_batch``; anything that fails goes to the DLQ unchanged (value and key) with the
-   headers of ``schema.DLQ_HEADERS``. Per agent instance, the table ``agents`` tracks the batch sequence
-   (gap = lost batches, seen again = duplicate, dropped) and the last input offset (so a replay after a
-   crash is recognised and not counted as a duplicate). The batch is reduced to one accumulator per
-   (job, step, host) (``streams.accumulate``) and forwarded to the internal topic ``<app>-steps`` keyed
-   by ``job|step``. Hosts of a job (REGISTER events, and the first batch of every agent instance) are
-   broadcast to every partition of the internal topic.
-2. ``fold`` reads ``<app>-steps``. Table ``open`` (key ``job|step``) holds per-host accumulators and the
-   batch ids already applied (idempotent under replay); ``jobs`` (key ``job@partition``) holds the job's
-   hosts, its step-time history and pending data-quality counters; ``closed`` (key ``job|step``) is the
-   emitted-summary table: presence = summary emitted, plus the batch ids it included and late events.
-   A step closes when every expected host has reported STEP_END, or by processing-time window expiry:
-   the timer ``expire`` (every worker, only its active partitions) sends a ``close`` request into the
-   step's own partition, so every table write happens inside the fold agent, in partition order.
-3. At close: ``streams.analysis.summarize`` -> JSON on the output topic keyed by job; ``closed`` entry
-   written; the step's time broadcast to every partition's history (the baseline).
+1. ``ingest`` reads agent batches (input topic, keyed by host): ``streams.ingest.Ingest`` decodes
+   (``streams.wire``), tracks sequences in the ``agents`` table and reduces the batch to one accumulator
+   per (job, step, host), sent to the internal topic ``<app>-steps`` keyed by ``job|step``. Hosts of a job
+   are broadcast to every partition of the internal topic. Undecodable input goes to the DLQ unchanged
+   (value and key) with the headers of ``schema.DLQ_HEADERS``.
+2. ``fold`` reads ``<app>-steps``: ``streams.fold.Fold`` keeps each host's share of an open step under its
+   own key, closes a step when every expected host reported STEP_END, summarises it
+   (``streams.analysis.summarize``, JSON on the output topic keyed by job) and broadcasts the step time
+   to every partition's history (the baseline).
+3. ``expire`` (timer, every worker, its active partitions only) sends a ``close`` request into the
+   partition of every step open longer than the window, so every table write happens inside the fold
+   agent, in partition order.
+4. ``watch`` (timer, every 0.5 s): hangs (``Fold.hangs``, docs/ANALYSIS.md "Hangs"): a hung step gets an
+   interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
+   it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
+   input or internal topic (a host's data waiting in Kafka is no silence).
+5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
+   ``read`` message to every partition of the internal topic. A step closes by its window only when every
+   input partition was read past the window's end, so a worker failover (unread partitions) lists no live
+   host as missing (``Fold.input_read_past``).
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
@@ -38,13 +41,18 @@ from pathlib import Path
 import faust
 from faust.types import TP
 
-from obshub.core import schema
-from streams import accumulate, analysis
+from obshub.core import kafka, schema
+from obshub.core.settings import STREAMS
+from obshub.core.topics import replication_factor
+from streams import analysis, wire
+from streams.fold import Fold
+from streams.ingest import Ingest
 from streams.metrics import WorkerMetrics
+from streams.topics import TABLES
 
 log = logging.getLogger("obshub.streams")
 
-QUALITY_KEYS = ("lost_batches", "duplicate_batches", "late_events")
+READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
 
 
 @dataclass
@@ -57,16 +65,16 @@ class WorkerConfig:
     values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
     """
 
-    app_id: str = "obshub-streams"
-    bootstrap: str = "127.0.0.1:19092"
+    app_id: str = STREAMS.app_id
+    bootstrap: str = STREAMS.bootstrap
     input_topic: str = schema.TOPIC_EVENTS
     output_topic: str = schema.TOPIC_STEPS
     dlq_topic: str = schema.TOPIC_DLQ
-    partitions: int = 8
-    window_s: float = 10.0
+    partitions: int = STREAMS.partitions
+    window_s: float = STREAMS.window_s
     state_dir: Path = Path("state")
-    metrics_port: int = 0
-    dlq_max_bytes: int = 900_000
+    metrics_port: int = STREAMS.metrics_port
+    dlq_max_bytes: int = STREAMS.dlq_max_bytes
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
@@ -106,75 +114,15 @@ class SkipDetector:
             self.last[tp] = (msg.offset, gen)
 
 
-def _broker_urls(bootstrap: str) -> list[str]:
-    return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
-
-
-TABLES = ("agents", "open", "jobs", "closed")
-
-
-def internal_topics(cfg: WorkerConfig, input_partitions: int) -> dict[str, int]:
-    """Names and partition counts of the topics the app owns: the repartition topic, the tables'
-    changelogs (Faust names them ``<app>-<table>-changelog``) and Faust's leader topic."""
-    out = {f"{cfg.app_id}-steps": cfg.partitions, f"{cfg.app_id}-__assignor-__leader": 1}
-    for name in TABLES:
-        out[f"{cfg.app_id}-{name}-changelog"] = input_partitions if name == "agents" else cfg.partitions
-    return out
-
-
-def ensure_internal_topics(cfg: WorkerConfig, input_partitions: int, timeout_s: float = 30.0) -> None:
-    """Create the app's own topics before Faust starts, and wait until the broker's metadata lists them.
-
-    Why: Faust creates them itself at start, but when the first group assignment happens before the new
-    topic is in the consumer's metadata, the topic is left out of the assignment ("Ignoring missing
-    topic") and the fold agent gets no partitions until the next rebalance. Raises StreamsError when a
-    topic exists with a different partition count (a changed ``--partitions`` for an existing app id).
-    """
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from obshub.core.log import NullLogger
-    from streams.errors import StreamsError
-
-    want = internal_topics(cfg, input_partitions)
-    admin = AdminClient({"bootstrap.servers": cfg.bootstrap, "logger": NullLogger()})
-    md = admin.list_topics(timeout=10)
-    for name, n in want.items():
-        if name in md.topics and len(md.topics[name].partitions) != n:
-            raise StreamsError(f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker "
-                               f"needs {n}", f"start the worker with the partition count the app id was created "
-                               f"with, or use a new --app-id")
-    compact = {"cleanup.policy": "compact"}
-    new = [NewTopic(name, n, 1, config=compact if name.endswith("-changelog") else {})
-           for name, n in want.items() if name not in md.topics]
-    if new:
-        for name, fut in admin.create_topics(new, operation_timeout=20).items():
-            try:
-                fut.result()
-            except Exception as exc:
-                if "already exists" not in str(exc).lower():
-                    raise StreamsError(f"Failed to create topic {name}: {exc}", "read the broker log") from exc
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        md = admin.list_topics(timeout=10)
-        if all(name in md.topics and len(md.topics[name].partitions) == n and md.topics[name].error is None
-               for name, n in want.items()):
-            return
-        time.sleep(0.2)
-    raise StreamsError(f"the broker did not list topics {sorted(want)} within {timeout_s:.0f} s",
-                       "read the broker log")
-
-
-def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
-    """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
-    input topic's partition count (the ``agents`` table is co-partitioned with it)."""
-    m = metrics or WorkerMetrics()
+def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
+    """The Faust app object: in-memory tables recovered from compacted changelogs, no web server."""
     app = faust.App(
         cfg.app_id,
-        broker=_broker_urls(cfg.bootstrap),
+        **kafka.faust_kwargs(kafka.KafkaConnection(bootstrap=cfg.bootstrap)),
         store="memory://",
         datadir=str(cfg.state_dir / cfg.app_id),
         topic_partitions=cfg.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replication_factor(),
         table_standby_replicas=0,
         web_enabled=False,
         autodiscover=False,
@@ -185,238 +133,184 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         producer_max_request_size=16 * 1024 * 1024,
         consumer_max_fetch_size=16 * 1024 * 1024,
     )
-    app.sensors.add(_SendErrors(m))
+    app.sensors.add(_SendErrors(metrics))
+    return app
+
+
+class _Table(faust.Table):
+    """A table whose recovery skips changelog records that do not decode (``wire.Undecodable`` key or
+    value): each is logged with its position and counted (``obshub_streams_changelog_skipped_total``),
+    and recovery goes on, so one damaged record cannot keep the worker from becoming ready."""
+
+    obshub_metrics: WorkerMetrics | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Faust writes and reads changelog records as JSON; the same format, read without raising
+        self.key_serializer = self.value_serializer = wire.CHANGELOG_JSON
+
+    def apply_changelog_batch(self, batch) -> None:
+        good = []
+        for event in batch:
+            bad = next((x for x in (event.key, event.value) if isinstance(x, wire.Undecodable)), None)
+            if bad is None:
+                good.append(event)
+                continue
+            msg = event.message
+            log.error("skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
+                      self.name, msg.topic, msg.partition, msg.offset,
+                      "key" if bad is event.key else "value", bad.reason)
+            if self.obshub_metrics is not None:
+                self.obshub_metrics.changelog_skips.labels(self.name).inc()
+        super().apply_changelog_batch(good)
+
+
+def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics) -> dict:
+    """The app's tables (``streams.topics.TABLES``), keys UTF-8 text, values msgpack."""
+    schema_ = faust.Schema(key_serializer=wire.STR, value_serializer=wire.MSGPACK)
+    out = {}
+    for name, like in TABLES.items():
+        table = _Table(app, name=name, beacon=app.tables.beacon, schema=schema_,
+                       partitions=input_partitions if like == "input" else cfg.partitions)
+        table.obshub_metrics = metrics
+        out[name] = app.tables.add(table)
+    return out
+
+
+def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
+    """The DLQ value (the original, cut at ``dlq_max_bytes``) and headers for an unusable message."""
+    value = msg.value or b""
+    headers = [("obshub.reason", str(exc).encode()), ("obshub.field", (exc.field or "").encode()),
+               ("obshub.source.topic", msg.topic.encode()),
+               ("obshub.source.partition", str(msg.partition).encode()),
+               ("obshub.source.offset", str(msg.offset).encode()), ("obshub.consumer", cfg.app_id.encode())]
+    if len(value) > cfg.dlq_max_bytes:
+        headers.append(("obshub.truncated", str(len(value)).encode()))
+        value = value[:cfg.dlq_max_bytes]
+    return value, headers
+
+
+def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rate: dict) -> None:
+    """The ``ingest`` agent: input topic -> ``Ingest`` -> internal topic (and the DLQ)."""
     src = app.topic(cfg.input_topic, key_serializer="raw", value_serializer="raw")
-    rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
-                    key_serializer="raw", value_serializer="json")
-    out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
     dlq = app.topic(cfg.dlq_topic, key_serializer="raw", value_serializer="raw")
-    kv = {"schema": faust.Schema(key_serializer="json", value_serializer="json")}
-    agents_t = app.Table("agents", partitions=input_partitions, **kv)
-    open_t = app.Table("open", partitions=cfg.partitions, **kv)
-    jobs_t = app.Table("jobs", partitions=cfg.partitions, **kv)
-    closed_t = app.Table("closed", partitions=cfg.partitions, **kv)
-    window_ns = int(cfg.window_s * 1e9)
-    rate = {"events": 0}  # events ingested by this process, for the events/s gauge
-    th = cfg.thresholds
+    ing = Ingest(tables["agents"])
+    skips = SkipDetector(m, "ingest")
 
-    async def broadcast(job: str, value: dict) -> None:
-        for p in range(cfg.partitions):
-            await rep.send(key=job.encode(), value=value, partition=p)
-
-    # ---------------------------------------------------------------------------------------------------
-    # 1. ingest
-    # ---------------------------------------------------------------------------------------------------
-    async def to_dlq(msg, exc: schema.SchemaError) -> None:
-        value = msg.value or b""
-        headers = [("obshub.reason", str(exc).encode()), ("obshub.field", (exc.field or "").encode()),
-                   ("obshub.source.topic", msg.topic.encode()),
-                   ("obshub.source.partition", str(msg.partition).encode()),
-                   ("obshub.source.offset", str(msg.offset).encode()), ("obshub.consumer", cfg.app_id.encode())]
-        if len(value) > cfg.dlq_max_bytes:
-            headers.append(("obshub.truncated", str(len(value)).encode()))
-            value = value[:cfg.dlq_max_bytes]
-        await dlq.send(key=msg.key, value=value, headers=headers)
-        m.dlq.labels(exc.field or "message").inc()
-        log.warning("DLQ %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, exc)
-
-    async def ingest_one(msg) -> None:
-        try:
-            batch = schema.decode_batch(msg.value)
-        except schema.SchemaError as exc:
-            await to_dlq(msg, exc)
+    async def one(msg) -> None:
+        r = ing.handle(msg.value, msg.topic, msg.partition, msg.offset)
+        if r.error is not None:
+            value, headers = _dlq_record(cfg, msg, r.error)
+            await dlq.send(key=msg.key, value=value, headers=headers)
+            m.dlq.labels(r.error.field or "message").inc()
+            log.warning("DLQ %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, r.error)
             return
-        st = agents_t.get(batch.agent_id)
-        first = st is None
-        if first:
-            st = {"seq": -1, "partition": msg.partition, "offset": -1, "lost": 0, "dups": 0}
-            log.info("new agent instance %s (job %s, host %s) on %s[%d]@%d", batch.agent_id, batch.job, batch.host,
-                     msg.topic, msg.partition, msg.offset)
-        replay = msg.partition == st["partition"] and msg.offset <= st["offset"]
-        if not replay and batch.seq <= st["seq"]:
-            st["dups"] += 1
-            st["offset"], st["partition"] = msg.offset, msg.partition
-            agents_t[batch.agent_id] = st
+        if r.dup:
             m.dups.inc()
             return
-        if replay:
+        if r.replay:
             m.replayed.inc()
-            log.info("replay of %s seq %d (%s[%d]@%d, already processed before a restart)", batch.agent_id,
-                     batch.seq, msg.topic, msg.partition, msg.offset)
-        lost = 0 if replay else batch.seq - st["seq"] - 1
-        if lost:
-            st["lost"] += lost
-            m.lost.inc(lost)
+        if r.lost:
+            m.lost.inc(r.lost)
         m.batches.inc()
-        m.events.inc(len(batch.events))
-        rate["events"] += len(batch.events)
-        if batch.sent_ns:
-            m.lag_s.set(max(0.0, time.time() - batch.sent_ns / 1e9))
-        hosts = accumulate.registrations(batch)
-        if first and not hosts:
-            hosts = [{"job": batch.job, "host": batch.host, "host_id": batch.host_id}]
-        for reg in hosts:
-            await broadcast(reg["job"], {"t": "host", "job": reg["job"], "host": reg["host"],
-                                         "host_id": reg["host_id"], "rank": reg.get("rank"),
-                                         "world_size": reg.get("world_size", 0)})
-        parts = accumulate.reduce_batch(batch)
-        bid = f"{batch.agent_id}:{batch.seq}"
-        for i, (step, acc) in enumerate(sorted(parts.items())):
-            q = {}
-            if i == 0 and not replay:
-                q = {"lost_batches": st["lost"], "duplicate_batches": st["dups"]}
-                st["lost"] = st["dups"] = 0
-            await rep.send(key=f"{batch.job}|{step}".encode(),
-                           value={"t": "part", "job": batch.job, "step": step, "host": batch.host,
-                                  "bid": bid, "acc": acc, "q": q})
-        if not replay:
-            st["seq"], st["offset"], st["partition"] = batch.seq, msg.offset, msg.partition
-            agents_t[batch.agent_id] = st
+        m.events.inc(r.events)
+        rate["events"] += r.events
+        if r.sent_ns:
+            m.lag_s.set(max(0.0, time.time() - r.sent_ns / 1e9))
+        for what, key, value in r.sends:
+            if what == "broadcast":
+                for p in range(cfg.partitions):
+                    await rep.send(key=key.encode(), value=value, partition=p)
+            else:
+                await rep.send(key=key.encode(), value=value)
 
-    ingest_skips = SkipDetector(m, "ingest")
+    done: dict = {}  # input TP -> next offset after the last message fully processed by this process
 
     @app.agent(src, name="ingest")
     async def ingest(stream):
         async for event in stream.events():
             try:
-                ingest_skips.check(event.message)
-                await ingest_one(event.message)
+                skips.check(event.message)
+                await one(event.message)
             except Exception:  # a bug must not stop the worker; the message is logged with its position
                 log.exception("ingest failed on %s[%d]@%d", event.message.topic, event.message.partition,
                               event.message.offset)
+            done[event.message.tp] = event.message.offset + 1
 
-    # ---------------------------------------------------------------------------------------------------
-    # 2. fold and close
-    # ---------------------------------------------------------------------------------------------------
-    def job_state(job: str, p: int) -> dict:
-        js = jobs_t.get(f"{job}@{p}")
-        return js if js is not None else {"hosts": {}, "ranks": {}, "world_size": 0, "history": [],
-                                          "pending": dict.fromkeys(QUALITY_KEYS, 0)}
-
-    async def close(key: str, st: dict, p: int, closed_by: str) -> None:
-        job, step = st["job"], st["step"]
-        js = job_state(job, p)
-        quality = {k: st["q"].get(k, 0) + js["pending"].get(k, 0) for k in QUALITY_KEYS}
-        summary = analysis.summarize(job, step, st["hosts"], expected_hosts=sorted(js["hosts"]),
-                                     history=js["history"], quality=quality, closed_by=closed_by,
-                                     closed_at_ns=time.time_ns(), th=th)
-        await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
-        closed_t[key] = {"bids": st["bids"], "late": 0}
-        del open_t[key]
-        js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
-        jobs_t[f"{job}@{p}"] = js
-        m.summaries.labels(closed_by).inc()
-        m.results.observe(summary)
-        await broadcast(job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"]})
-
-    def complete(st: dict, js: dict) -> bool:
-        # every rank of the job must have registered (hosts in other input partitions may lag), and every
-        # known host must have reported STEP_END
-        if len(js["ranks"]) < js["world_size"]:
-            return False
-        expected = set(js["hosts"]) | set(st["hosts"])
-        return all(st["hosts"].get(h, {}).get("step_ns") is not None for h in expected)
-
-    async def fold_part(v: dict, p: int) -> None:
-        key = f"{v['job']}|{v['step']}"
-        done = closed_t.get(key)
-        if done is not None:
-            if v["bid"] in done["bids"]:
-                return  # replay of data already in the summary
-            n = v["acc"]["events"]
-            done["late"] += n
-            done["bids"].append(v["bid"])
-            closed_t[key] = done
-            js = job_state(v["job"], p)
-            js["pending"]["late_events"] += n
-            for k, x in v["q"].items():
-                js["pending"][k] = js["pending"].get(k, 0) + x
-            jobs_t[f"{v['job']}@{p}"] = js
-            m.late.inc(n)
+    @app.timer(0.5)
+    async def progress():
+        # Which input partitions this worker has read to their end, and when (docs/STREAMS.md, "What a
+        # worker failover does"): broadcast to every fold partition, so a step is closed by its window
+        # with hosts missing only once every input partition was read past the window's end.
+        now = time.time_ns() - READ_MARGIN_NS  # the high-water mark is as old as the last fetch response
+        read = []
+        try:
+            for tp in app.assignor.assigned_actives():
+                if tp.topic != cfg.input_topic:
+                    continue
+                hw = app.consumer.highwater(tp)
+                pos = max(done.get(tp, 0), app.consumer._committed_offset.get(tp) or 0)
+                if hw is not None and pos >= hw:
+                    read.append([tp.partition, now])
+        except Exception:  # best effort: without a report the fold holds window closes a little longer
+            log.debug("input progress unavailable", exc_info=True)
             return
-        st = open_t.get(key)
-        if st is None:
-            st = {"job": v["job"], "step": v["step"], "p": p, "opened_ns": time.time_ns(), "hosts": {},
-                  "bids": [], "q": dict.fromkeys(QUALITY_KEYS, 0)}
-        if v["bid"] in st["bids"]:
-            return
-        st["bids"].append(v["bid"])
-        host = v["host"]
-        if host in st["hosts"]:
-            accumulate.merge(st["hosts"][host], v["acc"])
-        else:
-            st["hosts"][host] = v["acc"]
-        for k, x in v["q"].items():
-            st["q"][k] = st["q"].get(k, 0) + x
-        open_t[key] = st
-        if complete(st, job_state(v["job"], p)):
-            await close(key, st, p, "complete")
+        if read:
+            for p in range(cfg.partitions):
+                await rep.send(key=b"read", value={"t": "read", "read": read}, partition=p)
 
-    async def fold_one(v: dict, p: int) -> None:
-        t = v.get("t")
-        if t == "part":
-            await fold_part(v, p)
-        elif t == "host":
-            js = job_state(v["job"], p)
-            rank, world = v.get("rank"), v.get("world_size") or 0
-            if v["host"] not in js["hosts"] or (rank is not None and str(rank) not in js["ranks"]) \
-                    or world > js["world_size"]:
-                js["hosts"][v["host"]] = v["host_id"]
-                if rank is not None:
-                    js["ranks"][str(rank)] = v["host"]
-                js["world_size"] = max(js["world_size"], world)
-                jobs_t[f"{v['job']}@{p}"] = js
-        elif t == "hist":
-            js = job_state(v["job"], p)
-            hist = [h for h in js["history"] if h[0] != v["step"]] + [[v["step"], v["ns"]]]
-            js["history"] = sorted(hist)[-th.baseline_n * 2:]
-            jobs_t[f"{v['job']}@{p}"] = js
-        elif t == "close":
-            st = open_t.get(v["key"])
-            if st is not None and time.time_ns() - st["opened_ns"] >= window_ns:
-                log.info("closing %s by window with hosts %s", v["key"], sorted(st["hosts"]))
-                await close(v["key"], st, p, "window")
 
-    fold_skips = SkipDetector(m, "fold")
+def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
+    """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts."""
+    out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
+    skips = SkipDetector(m, "fold")
 
     @app.agent(rep, name="fold")
-    async def fold(stream):
+    async def fold_agent(stream):
         async for event in stream.events():
             try:
-                fold_skips.check(event.message)
-                await fold_one(event.value, event.message.partition)
+                skips.check(event.message)
+                for what, job, value in fold.apply(event.value, event.message.partition):
+                    if what == "summary":
+                        await out.send(key=job.encode(), value=json.dumps(value, sort_keys=True).encode())
+                        m.results.observe(value)
+                    else:
+                        for p in range(cfg.partitions):
+                            await rep.send(key=job.encode(), value=value, partition=p)
             except Exception:
                 log.exception("fold failed on %s[%d]@%d", event.message.topic, event.message.partition,
                               event.message.offset)
 
-    # ---------------------------------------------------------------------------------------------------
-    # 3. processing-time expiry and gauges
-    # ---------------------------------------------------------------------------------------------------
+
+def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
+    """The ``expire`` timer: close requests for steps past the window, and the gauges."""
+    window_ns = int(cfg.window_s * 1e9)
     requested: dict[str, int] = {}
     last = {"t": time.monotonic(), "events": 0}
-    tick_s = max(0.5, min(1.0, cfg.window_s / 4))
 
-    @app.timer(tick_s)
+    @app.timer(max(0.5, min(1.0, cfg.window_s / 4)))
     async def expire():
         actives = app.assignor.assigned_actives()
         now = time.time_ns()
         n_open = 0
-        for key, st in list(open_t.items()):
+        for key, st in fold.open_steps():
             p = st["p"]
             if TP(rep.get_topic_name(), p) not in actives:
                 continue
             n_open += 1
-            if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns:
+            if key in fold.hung and now - st["opened_ns"] < cfg.thresholds.hang_hold_ns:
+                continue  # a hung step stays open while it hangs (the watch timer reports it)
+            if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns \
+                    and fold.input_read_past(st):
                 requested[key] = now
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
             del requested[key]
         m.open_steps.set(n_open)
-        total = rate["events"]
         dt = time.monotonic() - last["t"]
         if dt >= 1.0:
-            m.events_rate.set((total - last["events"]) / dt)
-            last["t"], last["events"] = time.monotonic(), total
+            m.events_rate.set((rate["events"] - last["events"]) / dt)
+            last["t"], last["events"] = time.monotonic(), rate["events"]
         try:
             lag = 0
             for tp in actives:
@@ -429,5 +323,65 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         except Exception:  # lag is best effort; never let a metric stop expiry
             pass
 
-    app.obshub_tables = {"agents": agents_t, "open": open_t, "jobs": jobs_t, "closed": closed_t}
+
+def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
+    """The ``watch`` timer: interim records of hung steps (module docstring, 4.)."""
+    out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
+    sent: dict[str, int] = {}  # job -> when its last interim record was sent (ns)
+
+    async def behind(actives) -> bool:
+        try:
+            for tp in actives:
+                if tp.topic in (cfg.input_topic, rep.get_topic_name()):
+                    hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
+                    if hw is not None and pos is not None and hw - pos > 0:
+                        return True
+        except Exception:  # the lag is best effort; without it the check runs
+            pass
+        return False
+
+    @app.timer(0.5)
+    async def watch():
+        actives = app.assignor.assigned_actives()
+        mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
+        now = time.time_ns()
+        for sk, summary, first in fold.hangs(mine):
+            job = summary["job"]
+            if first and (not fold.input_read_since(now - 3 * READ_MARGIN_NS) or await behind(actives)):
+                fold.hung.pop(sk, None)
+                continue
+            if now - sent.get(job, 0) < 1_000_000_000:
+                continue
+            sent[job] = now
+            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
+            m.summaries.labels("hang").inc()
+            if first:
+                h = summary["hang"]
+                log.warning("step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)", sk,
+                            ", ".join(x["host"] for x in h["hosts"]), h["op"], h["pg"], h["coll_seq"],
+                            len(h["waiting"]))
+
+
+def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
+    """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
+    input topic's partition count (the ``agents`` table is co-partitioned with it)."""
+    m = metrics or WorkerMetrics()
+    app = _faust_app(cfg, m)
+    tables = _tables(app, cfg, input_partitions, m)
+    rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
+                    key_serializer="raw", value_serializer=wire.MSGPACK)
+    fold = Fold(tables, window_ns=int(cfg.window_s * 1e9), th=cfg.thresholds, on_late=m.late.inc,
+                on_summary=lambda by: m.summaries.labels(by).inc(), input_partitions=input_partitions)
+
+
+    async def forget() -> None:  # the tables were recovered: recount what the fold derives from them
+        fold.forget()
+
+    tables["parts"].on_recover(forget)
+    rate = {"events": 0}  # events ingested by this process, for the events/s gauge
+    _add_ingest(app, cfg, m, tables, rep, rate)
+    _add_fold(app, cfg, m, fold, rep)
+    _add_expiry(app, cfg, m, fold, rep, rate)
+    _add_watch(app, cfg, m, fold, rep)
+    app.obshub_tables = tables
     return app

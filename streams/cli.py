@@ -10,9 +10,9 @@ import time
 import click
 from rich.console import Console
 
-from obshub.core import registry, schema
+from obshub.core import kafka, registry, schema
 from obshub.core.log import NullLogger
-from obshub.core.settings import load_settings
+from obshub.core.settings import STREAMS, load_settings
 from streams.errors import StreamsError, TopicMissingError
 
 WORKER_EPILOG = """\b
@@ -20,6 +20,7 @@ Examples:
   obshub streams worker                          # one worker on the local broker, 10 s step window
   obshub streams worker --window-s 3 --index 2   # a second worker (shares partitions via the group)
   obshub streams worker --metrics-port 9464      # Prometheus metrics on :9464/metrics
+  obshub streams worker --partitions 32          # a new app's join over 32 partitions (up to 32 workers)
   obshub streams worker --app-id test-a --input-topic ev-a --output-topic steps-a   # isolated app
 """
 
@@ -37,11 +38,44 @@ def streams_group():
     """The Faust stream application: per-step join across nodes, straggler and layer blame."""
 
 
-def _topic_partitions(bootstrap: str, topic: str) -> int:
-    """Partition count of ``topic``; raises TopicMissingError / StreamsError with a hint."""
+def _wait_for_broker(bootstrap: str) -> None:
+    """A service waits for its broker: one message once it could not be reached for 10 s, then quiet
+    retries until it answers. SIGINT/SIGTERM end the wait: exit 0, no traceback."""
+    import signal
+    import threading
+
+    from obshub.core.reach import CONNECT_TIMEOUT_S, HINT, BrokerUnreachable, require_broker
+
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    said, since = False, time.monotonic()
+    try:
+        while not stop.is_set():
+            try:
+                if not require_broker(bootstrap, timeout_s=1.0, stop=stop):
+                    continue  # stopped
+            except BrokerUnreachable as exc:
+                if not said and time.monotonic() - since >= CONNECT_TIMEOUT_S:
+                    msg = str(exc).replace(" within 1 s", f" for {CONNECT_TIMEOUT_S:.0f} s")
+                    click.echo(f"obshub streams worker: {msg}; retrying quietly until it answers (Ctrl-C to "
+                               f"stop). hint: {HINT}", err=True)
+                    said = True
+                continue
+            if said:
+                click.echo(f"obshub streams worker: reached the Kafka broker at {bootstrap}", err=True)
+            return
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    raise click.exceptions.Exit(0)
+
+
+def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int | None]:
+    """Partition counts of the input ``topic`` and of the app's ``<app_id>-steps`` topic (None when the app
+    is new); raises TopicMissingError / StreamsError with a hint."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "logger": NullLogger()})
+    admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"socket.timeout.ms": 5000, "logger": NullLogger()}))
     try:
         md = admin.list_topics(timeout=10)
     except Exception as exc:
@@ -51,7 +85,8 @@ def _topic_partitions(bootstrap: str, topic: str) -> int:
     if t is None or t.error is not None:
         raise TopicMissingError(f"input topic {topic!r} does not exist on {bootstrap}",
                                 "create it with `obshub up` (the project's topics) or pass --input-topic")
-    return len(t.partitions)
+    own = md.topics.get(f"{app_id}-steps")
+    return len(t.partitions), (len(own.partitions) if own is not None and own.error is None else None)
 
 
 def _free_index(settings) -> int:
@@ -63,16 +98,18 @@ def _free_index(settings) -> int:
 
 
 @streams_group.command("worker", epilog=WORKER_EPILOG)
-@click.option("--app-id", default="obshub-streams", show_default=True,
+@click.option("--app-id", default=STREAMS.app_id, show_default=True,
               help="Faust app id = consumer group and prefix of internal/changelog topics")
 @click.option("--input-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
 @click.option("--output-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries (JSON)")
 @click.option("--dlq-topic", default=schema.TOPIC_DLQ, show_default=True, help="undecodable messages")
-@click.option("--partitions", default=8, show_default=True, type=click.IntRange(1, 1024),
-              help="partitions of the (job, step) repartition topic and the tables (fixed per app id)")
-@click.option("--window-s", default=10.0, show_default=True, type=click.FloatRange(0.2, 3600),
+@click.option("--partitions", default=None, type=click.IntRange(1, 1024),
+              help="partitions of the (job, step) repartition topic and the tables, fixed per app id "
+                   "[default: the app's existing count, else OBSHUB_STREAMS_PARTITIONS, else 8]; sizing "
+                   "in docs/STREAMS.md")
+@click.option("--window-s", default=STREAMS.window_s, show_default=True, type=click.FloatRange(0.2, 3600),
               help="a step closes at most this many seconds after its first data arrived")
-@click.option("--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--metrics-port", default=STREAMS.metrics_port, show_default=True, type=click.IntRange(0, 65535),
               help="serve Prometheus metrics on this port (0 = off)")
 @click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
               help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
@@ -91,15 +128,20 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     """
     import faust
 
-    from streams.app import WorkerConfig, build_app, ensure_internal_topics
+    from streams.app import WorkerConfig, build_app
     from streams.metrics import WorkerMetrics
+    from streams.topics import ensure_internal_topics
 
     settings = load_settings()
+    _wait_for_broker(settings.bootstrap_servers)
+    n_in, existing = _topic_partitions(settings.bootstrap_servers, input_topic, app_id)
+    # an existing app keeps the count it was created with unless --partitions says otherwise (then the
+    # mismatch is an error below); a new app takes OBSHUB_STREAMS_PARTITIONS
+    partitions = partitions or existing or settings.streams_partitions
     cfg = WorkerConfig(app_id=app_id, bootstrap=settings.bootstrap_servers, input_topic=input_topic,
                        output_topic=output_topic, dlq_topic=dlq_topic, partitions=partitions, window_s=window_s,
                        state_dir=settings.state_dir, metrics_port=metrics_port)
-    n_in = _topic_partitions(cfg.bootstrap, input_topic)
-    ensure_internal_topics(cfg, n_in)
+    ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
     metrics = WorkerMetrics()
     try:
         metrics.serve(metrics_port, metrics_addr)
@@ -118,8 +160,12 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
             from obshub.core import log as jsonlog
 
             logging_config = jsonlog.dict_config(log_level, name)
-        faust.Worker(app, loglevel=log_level.upper(), quiet=True,
-                     logging_config=logging_config).execute_from_commandline()
+        worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, logging_config=logging_config)
+        # Faust's terminal spinner sets the root logger to DEBUG at levels >= WARNING so that it can spin
+        # on every record: every debug call of aiokafka and Faust then builds a record (a third of the
+        # worker's CPU on the stream benchmark). No spinner: the root logger keeps the chosen level.
+        worker.spinner = None
+        worker.execute_from_commandline()
     finally:
         registry.unregister_component(settings, name)
 
@@ -131,6 +177,10 @@ def _line(s: dict) -> str:
              f"max {ms(s['step_time_max_ns'])}"]
     if s["missing_hosts"]:
         parts.append(f"[red]missing {','.join(s['missing_hosts'])}[/red]")
+    if s.get("hang"):
+        h = s["hang"]
+        parts.append(f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
+                     f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]")
     st = s["straggler"]
     if st:
         parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
@@ -162,28 +212,48 @@ def tail_command():
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=float, default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
-    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins."""
+    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins (the
+    interim records of a hung step, closed_by 'hang', are shown once and do not count).
+
+    Exits 1 with one message when the broker cannot be reached within 10 s at start; a broker that goes
+    away later is reported once and waited for. Ctrl-C ends it (exit 0)."""
+    import logging
+    import signal
+    import threading
     import uuid
 
     from confluent_kafka import Consumer
 
+    from obshub.core.reach import BrokerWatch, require_broker
+
     settings = load_settings()
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"obshub-tail-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False,
-                  "logger": NullLogger()})
-    c.subscribe([topic])
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if not require_broker(settings.bootstrap_servers, stop=stop):
+        return
+    say = logging.getLogger("obshub.tail")
+    if not say.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("obshub tail: %(message)s"))
+        say.addHandler(handler)
+        say.propagate = False
+    watch = BrokerWatch(settings.bootstrap_servers, say, "tail")
+    c = Consumer(kafka.consumer_config(kafka.connection(settings), f"obshub-tail-{uuid.uuid4().hex[:8]}", {"auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False, **watch.client_conf()}))
+    c.subscribe([topic], on_assign=lambda *_: watch.up())
     seen: set[tuple[str, int]] = set()
     n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None
     try:
-        while deadline is None or time.monotonic() < deadline:
-            msg = c.poll(0.5)
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            msg = c.poll(0.2)
             if msg is None or msg.error():
                 continue
+            watch.up()
             try:
                 s = schema.decode_step_summary(msg.value())
-                k = (s["job"], int(s["step"]))
+                k = (s["job"], int(s["step"]), s.get("closed_by") == "hang")
             except (schema.SchemaError, KeyError) as exc:
                 why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                 err.print(f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",
@@ -207,7 +277,5 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             n += 1
             if count and n >= count:
                 break
-    except KeyboardInterrupt:
-        pass
     finally:
         c.close()

@@ -34,6 +34,6 @@ def summarize_batches(batches: Iterable[Batch], th: analysis.Thresholds = analys
         s = analysis.summarize(job, step, steps[(job, step)], expected_hosts=sorted(hosts[job]),
                                history=history.get(job, []), quality={}, closed_by="complete",
                                closed_at_ns=0, th=th)
-        history.setdefault(job, []).append([step, s["step_time_max_ns"]])
+        history.setdefault(job, []).append(analysis.history_entry(s))
         out[(job, step)] = s
     return out

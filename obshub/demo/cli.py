@@ -23,9 +23,12 @@ Examples:
   obshub demo                                  # 4 hosts, 8% packet loss on node-01 after 15 s, verdict
   obshub demo --fault cpu --fault-host 2       # a noisy neighbour on node-02's CPUs
   obshub demo --fault none --duration 30       # a clean run: passes only when no alert fires
+  obshub demo --fault hang --fault-host 2      # freeze node-02's rank: named, then resolved on thaw
   obshub demo --fault net-slow --param rate_mbit=50   # a 50 Mbit/s link instead of the default
   obshub demo --hosts 3 --json report.json     # also write the machine-readable report
   obshub demo --matrix --json matrix.json      # every fault kind plus none, as a table
+  obshub demo --sequence cpu@1,mem@2,hang@3,exit@0 --fault-for 12 --gap 12
+                                               # several faults on one training, one verdict each
   obshub demo --cleanup                        # only remove what a crashed run left behind
 """
 
@@ -71,12 +74,18 @@ def _sigterm(*_):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the report (or the matrix) as JSON here ('-' = stdout)")
 @click.option("--matrix", is_flag=True, help="run every fault kind plus none on --fault-host")
+@click.option("--sequence", default="", metavar="KIND@HOST,...",
+              help="several faults one after the other on one training (exit only last), e.g. cpu@1,hang@2")
+@click.option("--fault-for", type=float, default=12.0, show_default=True,
+              help="with --sequence: seconds each fault stays injected")
+@click.option("--gap", type=float, default=12.0, show_default=True,
+              help="with --sequence: seconds between a fault's removal and the next one")
 @click.option("--keep-stack", is_flag=True, help="leave the Kafka broker running at the end")
 @click.option("--lock-wait", type=float, default=0.0, show_default=True,
               help="seconds to wait for another demo on this machine to finish (the namespaces are global)")
 @click.option("--cleanup", is_flag=True, help="only remove leftovers of a previous run, then exit")
 def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, params, hidden, step_sleep_ms, json_path, matrix,
-                 keep_stack, lock_wait, cleanup):
+                 sequence, fault_for, gap, keep_stack, lock_wait, cleanup):
     """Simulate a multi-host training cluster on this machine, inject a real fault on one host, and
     check that obshub names the host and the layer.
 
@@ -100,7 +109,7 @@ def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, pa
     opts = DemoOptions(hosts=hosts, fault=fault, fault_host=fault_host, fault_at_s=fault_at,
                        duration_s=duration, steps=steps, settle_s=settle, hidden=hidden, step_sleep_ms=step_sleep_ms,
                        fault_params=_params(params), keep_stack=keep_stack,
-                       lock_wait_s=lock_wait)
+                       lock_wait_s=lock_wait, sequence=_sequence(sequence), fault_for_s=fault_for, gap_s=gap)
     opts.check()
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
@@ -115,6 +124,10 @@ def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, pa
             sys.exit(0 if rows and all(r["ok"] for r in rows) else 1)
         from obshub.demo.verdict import Verdict
 
+        if "episodes" in report:
+            _print_episodes(console, report["episodes"])
+            _write(json_path, report)
+            sys.exit(0 if all(ep["verdict"]["ok"] for ep in report["episodes"]) else 1)
         v = Verdict(**{k: val for k, val in report["verdict"].items() if k != "wrong_count"})
         view.verdict(v, report["scenario"]["fault_host_name"])
         w = report["webhook"]
@@ -135,6 +148,31 @@ def _write(path: Path | None, obj) -> None:
         click.echo(text)
     else:
         path.write_text(text + "\n")
+
+
+def _sequence(text: str) -> list[tuple[str, int]]:
+    """``"cpu@1,hang@2"`` -> ``[("cpu", 1), ("hang", 2)]``; raises click.BadParameter naming the bad item."""
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        kind, _, host = item.partition("@")
+        if not host.isdigit():
+            raise click.BadParameter(f"{item!r}: expected KIND@HOST, e.g. cpu@1", param_hint="--sequence")
+        out.append((kind, int(host)))
+    return out
+
+
+def _print_episodes(console: Console, eps: list[dict]) -> None:
+    t = Table("fault", "host", "detected host", "layer", "time to detection", "wrong alerts", "result",
+              title="obshub demo --sequence")
+    for ep in eps:
+        v = ep["verdict"]
+        fc = v.get("first_correct") or {}
+        ttd = f"{v['ttd_s']:.2f} s" if v.get("ttd_s") is not None else "-"
+        t.add_row(ep["kind"], ep["host"] or "-", fc.get("host") or "-", fc.get("layer") or "-", ttd,
+                  str(v["wrong_count"]), "[green]pass[/green]" if v["ok"] else "[red]fail[/red]")
+    console.print(t)
+    for ep in eps:
+        console.print(f"  {ep['kind']} on {ep['host']}: {ep['verdict']['reason']}")
 
 
 def _print_matrix(console: Console, rows: list[dict]) -> None:

@@ -12,6 +12,9 @@ cpu        noisy neighbour: busy-loop processes in the host's v1 cpu cgroup (sam
 mem        memory.limit_in_bytes of the host's memory cgroup set just above its     memory     failcnt,
            usage + a process in the cgroup that holds anonymous memory and touches             refaults,
            a file mapping larger than the room left, so every charge reclaims                  pgmajfault
+hang       the host's training processes frozen with the cgroup v2 freezer          process    cgroup.events
+           (``cgroup.freeze`` of the host's v2 cgroup); removing the fault thaws them          frozen, pids
+exit       the host's training processes killed (SIGKILL): the rank is gone         process    pids killed
 none       nothing                                                                 -          -
 =========  ======================================================================  =========  ===========
 
@@ -22,7 +25,12 @@ does not watch them: a neighbour is not part of the job.
 Sources: tc-tbf(8); nft(8) "NUMGEN EXPRESSION"; cgroup v1 docs Documentation/admin-guide/cgroup-v1/
 memory.rst (limit_in_bytes, failcnt, memory.stat) and scheduler/sched-design-CFS.rst (group shares);
 /proc/<pid>/schedstat (proc(5): time on CPU ns, run-queue wait ns, timeslices); /proc/net/snmp Tcp
-RetransSegs (per network namespace).
+RetransSegs (per network namespace); Documentation/admin-guide/cgroup-v2.rst (cgroup.freeze,
+cgroup.events).
+
+A TCP segment is retransmitted by its sender: with loss on one host's link, most retransmits are counted
+in the namespaces of its peers (they send into the drops), so the network faults report retransmits of
+the faulty host and of the whole cluster.
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ from pathlib import Path
 from obshub.demo.cluster import SUBNET, Cluster, Host, cgroup_pids, sh
 from obshub.demo.errors import FaultError
 
-KINDS = ("none", "net-slow", "net-loss", "cpu", "mem")
-LAYER_OF = {"net-slow": "network", "net-loss": "network", "cpu": "sched", "mem": "memory", "none": None}
+KINDS = ("none", "net-slow", "net-loss", "cpu", "mem", "hang", "exit")
+LAYER_OF = {"net-slow": "network", "net-loss": "network", "cpu": "sched", "mem": "memory", "hang": "process",
+            "exit": "process", "none": None}
 NFT_TABLE = "obshub_fault"
 PAGECACHE_DIR = Path("/var/tmp/obshub-demo")  # on disk: tmpfs pages cannot be reclaimed without swap
 
@@ -81,6 +90,11 @@ class Fault:
 # ---------------------------------------------------------------------------------------------------------
 # network
 # ---------------------------------------------------------------------------------------------------------
+def cluster_retrans_segs(cluster: Cluster) -> int:
+    """TCP segments retransmitted in every host namespace of ``cluster`` (sum of ``tcp_retrans_segs``)."""
+    return sum(tcp_retrans_segs(h.netns) for h in cluster.hosts)
+
+
 def tcp_retrans_segs(netns: str) -> int:
     """TCP segments retransmitted in ``netns`` since it was made (/proc/net/snmp ``Tcp: RetransSegs``)."""
     lines = [ln.split() for ln in sh(["cat", "/proc/net/snmp"], netns=netns).splitlines()
@@ -118,13 +132,15 @@ class NetSlow(Fault):
 
     def prepare(self) -> None:
         self._base = tcp_retrans_segs(self.host.netns)
+        self._base_all = cluster_retrans_segs(self.cluster)
 
     def inject(self) -> None:
         sh(["tc", "qdisc", "replace", "dev", self.host.ifname, *self._tbf()], netns=self.host.netns)
         sh(["tc", "qdisc", "replace", "dev", self.host.veth, *self._tbf()])
 
     def evidence(self) -> dict:
-        out = {"tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base}
+        out = {"tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
+               "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all}
         for side, (dev, ns) in {"egress": (self.host.ifname, self.host.netns),
                                 "ingress": (self.host.veth, None)}.items():
             q = qdisc_stats(dev, ns)
@@ -160,6 +176,7 @@ class NetLoss(Fault):
 
     def prepare(self) -> None:
         self._base = tcp_retrans_segs(self.host.netns)
+        self._base_all = cluster_retrans_segs(self.cluster)
 
     def inject(self) -> None:
         proc = subprocess.run(["ip", "netns", "exec", self.host.netns, "nft", "-f", "-"],
@@ -180,7 +197,8 @@ class NetLoss(Fault):
 
     def evidence(self) -> dict:
         return {"nft_dropped_packets": self.dropped(),
-                "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base}
+                "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
+                "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all}
 
     def remove(self) -> None:
         sh(["nft", "delete", "table", "inet", NFT_TABLE], netns=self.host.netns, check=False)
@@ -379,6 +397,77 @@ class MemPressure(Fault):
             self.file.unlink()
 
 
+# ---------------------------------------------------------------------------------------------------------
+# the rank itself: frozen or gone
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Hang(Fault):
+    """The host's training processes frozen (cgroup v2 freezer: ``cgroup.freeze`` = 1 on the host's v2
+    cgroup, which holds the rank and nothing else); the other ranks block in their next collective.
+    ``remove`` thaws them and training resumes."""
+
+    kind: str = "hang"
+
+    def __post_init__(self):
+        self._t0 = 0.0
+        self._frozen = False
+
+    @property
+    def cg(self) -> Path:
+        return self.host.cgroup("unified")
+
+    def inject(self) -> None:
+        try:
+            (self.cg / "cgroup.freeze").write_text("1")
+        except OSError as exc:
+            raise FaultError(f"Failed to freeze {self.cg}: {exc}",
+                             "the cgroup v2 freezer needs Linux 5.2+ (cgroup.freeze)") from exc
+        self._t0, self._frozen = time.monotonic(), True
+
+    def evidence(self) -> dict:
+        if not self._frozen:
+            return {}
+        events = dict(ln.split() for ln in (self.cg / "cgroup.events").read_text().splitlines() if ln.strip())
+        return {"frozen": int(events.get("frozen", 0)), "frozen_pids": len(cgroup_pids(self.cg)),
+                "frozen_s": round(time.monotonic() - self._t0, 1)}
+
+    def remove(self) -> None:
+        if self._frozen and (self.cg / "cgroup.freeze").exists():
+            try:
+                (self.cg / "cgroup.freeze").write_text("0")
+            except OSError:
+                pass
+        self._frozen = False
+
+
+@dataclass
+class Exit(Fault):
+    """Every process of the host's v2 cgroup (the rank and its ``obshub run`` wrapper) killed with
+    SIGKILL: the rank is gone; the other ranks fail or block at their next collective with it."""
+
+    kind: str = "exit"
+
+    def __post_init__(self):
+        self._killed: list[int] = []
+
+    def inject(self) -> None:
+        import signal
+
+        for pid in sorted(cgroup_pids(self.host.cgroup("unified"))):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                self._killed.append(pid)
+            except ProcessLookupError:
+                continue
+        if not self._killed:
+            raise FaultError(f"no process to kill in {self.host.cgroup('unified')}",
+                             "the rank of this host is not running")
+
+    def evidence(self) -> dict:
+        return {"killed_pids": len(self._killed),
+                "alive": sum(1 for p in self._killed if Path(f"/proc/{p}").exists())}
+
+
 @dataclass
 class NoFault(Fault):
     """The clean run: injects nothing."""
@@ -386,7 +475,8 @@ class NoFault(Fault):
     kind: str = "none"
 
 
-_CLASSES = {"none": NoFault, "net-slow": NetSlow, "net-loss": NetLoss, "cpu": CpuHog, "mem": MemPressure}
+_CLASSES = {"none": NoFault, "net-slow": NetSlow, "net-loss": NetLoss, "cpu": CpuHog, "mem": MemPressure,
+            "hang": Hang, "exit": Exit}
 
 
 def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = None) -> Fault:

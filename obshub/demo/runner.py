@@ -35,13 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from obshub import stack
-from obshub.core import registry, schema
+from obshub.core import kafka, registry, schema
 from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
 from obshub.demo.faults import KINDS, LAYER_OF, make_fault
-from obshub.demo.verdict import AlertSeen, Verdict, judge
+from obshub.demo.verdict import AlertSeen, check_resolved, judge
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
 
@@ -51,7 +51,10 @@ STEP_LINE = re.compile(r"^step (\d+) rank (\d+) time_ms ([\d.]+)")
 @dataclass
 class DemoOptions:
     """One scenario. Times in seconds. ``steps`` None: ranks train until ``duration_s`` after warm-up.
-    ``fault_params`` override the fault's sizes (see ``obshub.demo.faults``)."""
+    ``fault_params`` override the fault's sizes (see ``obshub.demo.faults``). ``sequence``: instead of
+    one fault, episodes ``[(kind, host index), ...]`` on one training: each injected for ``fault_for_s``,
+    then removed, then ``gap_s`` (and until no alert of the job fires) before the next; ``exit`` only
+    last (the rank is gone). Each episode is judged on the alerts from its injection to the next one."""
 
     hosts: int = 4
     fault: str = "net-loss"
@@ -63,12 +66,33 @@ class DemoOptions:
     hidden: int | None = None
     step_sleep_ms: float = 50.0
     fault_params: dict = field(default_factory=dict)
+    sequence: list[tuple[str, int]] = field(default_factory=list)
+    fault_for_s: float = 12.0
+    gap_s: float = 12.0
     keep_stack: bool = False
     ready_timeout_s: float = 300.0
     lock_wait_s: float = 0.0
 
+    def plan(self) -> list[tuple[str, int, float, float]]:
+        """The episodes as ``(kind, host index, inject at s, remove at s)`` after warm-up (later episodes
+        may start later: see ``sequence``)."""
+        if not self.sequence:
+            return [(self.fault, self.fault_host, self.fault_at_s, self.duration_s)]
+        out, t = [], self.fault_at_s
+        for kind, host in self.sequence:
+            out.append((kind, host, t, t + self.fault_for_s))
+            t += self.fault_for_s + self.gap_s
+        return out
+
     def check(self) -> None:
         """Raise DemoError for inconsistent options."""
+        for i, (kind, host) in enumerate(self.sequence):
+            if kind not in KINDS or kind == "none":
+                raise DemoError(f"--sequence: unknown fault {kind!r}", f"use {', '.join(k for k in KINDS if k != 'none')}")
+            if not 0 <= host < self.hosts:
+                raise DemoError(f"--sequence: host {host} of {kind} is outside 0..{self.hosts - 1}")
+            if kind == "exit" and i != len(self.sequence) - 1:
+                raise DemoError("--sequence: exit must be the last episode", "the killed rank does not come back")
         if self.fault not in KINDS:
             raise DemoError(f"unknown fault {self.fault!r}", f"use one of {', '.join(KINDS)}")
         if self.hosts < 2:
@@ -93,8 +117,7 @@ class AlertReader:
         self.alerts: list[AlertSeen] = []
         self.records: list[dict] = []
         self._stop = threading.Event()
-        self._c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"demo-{job}",
-                            "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0})
+        self._c = Consumer(kafka.consumer_config(kafka.connection(settings), f"demo-{job}", {"enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0}))
         deadline = time.monotonic() + 30
         while True:  # right after `up` created the topic its partitions may have no leader yet
             try:
@@ -213,10 +236,10 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         expected = (cluster.hosts[opts.fault_host].name, LAYER_OF[opts.fault]) if opts.fault != "none" else None
 
         def on_alert(a: AlertSeen) -> None:
-            v = judge(opts.fault, *(expected or (None, None)), t0["ns"], [a])
+            v = judge(t0["kind"], *(expected or (None, None)), t0["ns"], [a])
             view.alert(a, "correct" if v.correct_count else "wrong: " + (v.wrong[0]["why"] if v.wrong else "?"))
 
-        t0: dict = {"ns": None}
+        t0: dict = {"ns": None, "kind": opts.fault}  # the current episode (for the live view)
         reader = AlertReader(settings, job, on_alert).start()
         es.callback(reader.stop)
         watched: list[tuple[subprocess.Popen, str, Path]] = []  # must live until the end
@@ -225,8 +248,10 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
             log = out_dir / f"{part.name}.log"
             proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
-            _wait(lambda: parts.ready(settings, part, proc.pid), opts.ready_timeout_s, f"the {part.name} part",
-                  check=lambda: _alive(proc, part.name, log))
+            # the lambdas run inside this iteration (_wait returns before the loop moves on)
+            _wait(lambda: parts.ready(settings, part, proc.pid),  # noqa: B023
+                  opts.ready_timeout_s, f"the {part.name} part",
+                  check=lambda: _alive(proc, part.name, log))  # noqa: B023
             view.say(f"{part.name} ready (pid {proc.pid})")
             watched.append((proc, part.name, log))
 
@@ -257,9 +282,13 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             ranks.append(Rank(h, proc, view))
         view.say(f"training: {opts.hosts} ranks of ddp_train (gloo) over 10.77.0.0/24, job {job}")
 
+        killed = False  # an exit fault killed a rank: the others may fail with it
+
         def check_ranks():
             for proc, name, log in watched:
                 _alive(proc, name, log)
+            if killed:
+                return  # the fault killed a rank: the others may fail with it
             for r in ranks:
                 if r.proc.poll() not in (None, 0):
                     _alive(r.proc, f"rank {r.host.index}", out_dir / f"rank-{r.host.index}.log")
@@ -269,43 +298,85 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         t_warm = time.monotonic()
         view.say("every rank finished its first step")
 
-        fault = make_fault(opts.fault, cluster, opts.fault_host, opts.fault_params)
-        fault.prepare()
-        es.callback(fault.remove)
+        episodes = opts.plan()
+        done: list[dict] = []   # per episode: kind, host, t0_ns, removed_ns, evidence
         evidence: dict = {}
-        end_at = t_warm + opts.duration_s
-        injected = False
-        next_sample = 0.0
-        while time.monotonic() < end_at and any(r.proc.poll() is None for r in ranks):
-            check_ranks()
-            now = time.monotonic()
-            if not injected and opts.fault != "none" and now >= t_warm + opts.fault_at_s:
-                fault.inject()
-                t0["ns"] = time.time_ns()
-                injected = True
-                view.fault(f"{fault.describe()} injected (layer {fault.layer})")
-            if injected and now >= next_sample:
-                evidence = fault.evidence()
+        for i, (kind, host_i, start_s, stop_s) in enumerate(episodes):
+            fault = make_fault(kind, cluster, host_i, opts.fault_params)
+            fault.prepare()
+            es.callback(fault.remove)
+            expected = (cluster.hosts[host_i].name, LAYER_OF[kind]) if kind != "none" else None
+            ep = {"kind": kind, "host": expected[0] if expected else None, "layer": LAYER_OF[kind],
+                  "t0_ns": None, "removed_ns": None, "evidence": {}}
+            if i > 0:  # start each later episode with no alert of the job firing (at most 30 s more)
+                _wait_quiet(reader, 30.0, check_ranks)
+                start_s = max(start_s, time.monotonic() - t_warm)
+                stop_s = start_s + opts.fault_for_s
+            t0.update(ns=None, kind=kind)
+            next_sample = 0.0
+            while time.monotonic() < t_warm + stop_s and any(r.proc.poll() is None for r in ranks):
+                check_ranks()
+                now = time.monotonic()
+                if ep["t0_ns"] is None and kind != "none" and now >= t_warm + start_s:
+                    fault.inject()
+                    t0["ns"] = ep["t0_ns"] = time.time_ns()
+                    killed = killed or kind == "exit"
+                    view.fault(f"{fault.describe()} injected (layer {fault.layer})")
+                if ep["t0_ns"] is not None and now >= next_sample:
+                    ep["evidence"] = evidence = fault.evidence()
+                    view.set_evidence(evidence)
+                    next_sample = now + 2.0
+                time.sleep(0.2)
+            if ep["t0_ns"] is not None:
+                ep["evidence"] = evidence = fault.evidence()
                 view.set_evidence(evidence)
-                next_sample = now + 2.0
-            time.sleep(0.2)
-        if injected:
-            evidence = fault.evidence()
-            view.set_evidence(evidence)
-        fault.remove()
+            fault.remove()
+            ep["removed_ns"] = time.time_ns()
+            if len(episodes) > 1:
+                view.say(f"{kind} on {ep['host']} removed")
+            done.append(ep)
         view.say(f"training window over; waiting {opts.settle_s:.0f} s for late alerts")
         time.sleep(opts.settle_s)
+        end_ns = time.time_ns()  # alerts after this come from stopping the ranks one by one: not judged
         view.say("stopping every part and removing the cluster")
-    verdict = judge(opts.fault, *(expected or (None, None)), t0["ns"], reader.alerts)
+    bounds = [ep["t0_ns"] or end_ns for ep in done[1:]] + [end_ns]
+    for ep, until in zip(done, bounds):
+        mine = [a for a in reader.alerts if a.received_ns < until]
+        if ep is not done[0]:
+            mine = [a for a in mine if a.received_ns >= (ep["t0_ns"] or 0)]
+        v = judge(ep["kind"], ep["host"], ep["layer"], ep["t0_ns"], mine)
+        if ep["kind"] == "hang":
+            check_resolved(v, reader.records, ep["removed_ns"])
+        ep["verdict"] = v.to_dict()
+    verdict = done[0]["verdict"]
+    expected = (done[0]["host"], done[0]["layer"]) if done[0]["kind"] != "none" else None
     report = {"scenario": {**asdict(opts), "job": job, "run_id": run_id,
                            "fault_host_name": expected[0] if expected else None},
-              "verdict": verdict.to_dict(), "evidence": evidence,
-              "alerts": [asdict(a) for a in reader.alerts], "alert_records": reader.records,
+              "verdict": verdict, "evidence": done[0]["evidence"],
+              "alerts": [asdict(a) for a in reader.alerts if a.received_ns < end_ns],
+              "alerts_after_end": [asdict(a) for a in reader.alerts if a.received_ns >= end_ns],
+              "alert_records": reader.records,
               "steps": {r.host.name: {"count": len(r.steps),
                                       "median_ms": _median([s[1] for s in r.steps])} for r in ranks},
               "webhook": _webhook_summary(receiver), "logs": str(out_dir)}
+    if len(done) > 1:
+        report["episodes"] = done
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+def _wait_quiet(reader: "AlertReader", timeout_s: float, check) -> None:
+    """Wait until no alert of the reader's job is firing (by its state-change records), at most
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        check()
+        state: dict[str, str] = {}
+        for r in list(reader.records):
+            state[r.get("fingerprint", "")] = r.get("status", "")
+        if not any(st == "firing" for st in state.values()):
+            return
+        time.sleep(0.5)
 
 
 def _median(xs: list[float]) -> float | None:

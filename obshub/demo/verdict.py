@@ -12,7 +12,9 @@ Rules of the verdict:
   after t0; the first one gives t1 and the time to detection ``TTD = t1 - t0`` (seconds);
 - every other firing alert is **wrong**: another host, another layer, no host/layer label, or before t0;
   each distinct alert (fingerprint) is counted once, with the reason;
-- ``ok`` only when a correct alert fired and nothing wrong did; for ``none`` only when nothing fired.
+- ``ok`` only when a correct alert fired and nothing wrong did; for ``none`` only when nothing fired;
+- ``hang`` (the rank is frozen, then thawed): the correct alert must also resolve after the rank was
+  thawed (``check_resolved``): an alert that outlives the hang would page for a healthy job.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Verdict:
     wrong: list[dict] = field(default_factory=list)
     ok: bool = False
     reason: str = ""
+    resolved_s: float | None = None
 
     @property
     def wrong_count(self) -> int:
@@ -119,3 +122,23 @@ def _wrong_because(fault: str, host: str | None, layer: str | None, t0_ns: int |
     if a.layer != layer:
         return f"wrong layer ({a.layer or 'none'}, fault in {layer})"
     return None
+
+
+def check_resolved(v: Verdict, records: list[dict], removed_ns: int) -> Verdict:
+    """For a fault that ends (``hang``: thawed at ``removed_ns``, CLOCK_REALTIME ns): the first correct
+    alert must have a ``resolved`` record (same fingerprint) received after ``removed_ns``. Sets
+    ``resolved_s`` (seconds from removal to that record) or clears ``ok`` with the reason. ``records``:
+    every alert state change the demo read (``received_ns`` added)."""
+    if v.first_correct is None:
+        return v
+    fp = v.first_correct["fingerprint"]
+    done = sorted(r["received_ns"] for r in records
+                  if r.get("fingerprint") == fp and r.get("status") == "resolved" and r["received_ns"] >= removed_ns)
+    if done:
+        v.resolved_s = round((done[0] - removed_ns) / 1e9, 3)
+        if v.ok:
+            v.reason += f"; resolved {v.resolved_s} s after training resumed"
+    else:
+        v.ok = False
+        v.reason += "; the alert did not resolve after training resumed"
+    return v

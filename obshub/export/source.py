@@ -21,14 +21,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.export.errors import ExportError
 from obshub.export.perfetto import HostEvents
 
+CONNECT_TIMEOUT_S = 10.0  # an unreachable broker is reported after this long
+MAX_NOTED = 20  # unusable messages listed by location and reason; the rest are counted
 QUIET_KAFKA_LOG = logging.getLogger("obshub.export.kafka")  # librdkafka noise; failures raise ExportError
 QUIET_KAFKA_LOG.addHandler(logging.NullHandler())
 QUIET_KAFKA_LOG.propagate = False
-MAX_NOTED = 20  # unusable messages listed by location and reason; the rest are counted
 
 
 @dataclass
@@ -78,8 +79,13 @@ def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | No
     Raises ExportError when Kafka cannot be reached or the read does not finish within ``timeout_s``."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"obshub-export-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": log})
+    from obshub.core.reach import BrokerUnreachable, require_broker
+
+    try:
+        require_broker(bootstrap, min(timeout_s, CONNECT_TIMEOUT_S))
+    except BrokerUnreachable as exc:
+        raise ExportError(str(exc), hint=exc.hint) from None
+    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), f"obshub-export-{uuid.uuid4().hex[:8]}", {"enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": log}))
     try:
         try:
             md = c.list_topics(topic, timeout=min(timeout_s, 10.0))

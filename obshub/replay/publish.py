@@ -23,8 +23,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.core.schema import Batch, Clock, Event
+from obshub.core.settings import BATCH_MAX_BYTES
 from obshub.replay.errors import ReplayError
 from obshub.replay.inputs import ReplayInputs
 from obshub.replay.mapping import RankTrace, map_rank
@@ -86,7 +87,7 @@ def _gated(rt: RankTrace, job: str, idx: int) -> Iterator[tuple[int, int, int, E
 
 
 def publish(inputs: ReplayInputs, job: str, sink: Sink, *, speed: float | None = None,
-            max_events: int = 2000, max_bytes: int = 256 * 1024,
+            max_events: int = 2000, max_bytes: int = BATCH_MAX_BYTES,
             observe: Callable[[str, Event], None] | None = None) -> PublishResult:
     """Map and send every rank of ``inputs`` as job ``job``. ``speed`` None = as fast as possible, else
     the replay-time factor (1.0 = recorded speed, 10 = ten times faster). ``observe(host, event)`` sees
@@ -124,19 +125,21 @@ class KafkaSink:
     flush; it raises ReplayError when any message was not delivered."""
 
     def __init__(self, bootstrap: str, topic: str = schema.TOPIC_EVENTS, *, connect_timeout_s: float = 10.0):
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import Producer
 
+        from obshub.core.reach import BrokerUnreachable, require_broker
+
+        try:  # fail fast, before any trace is read, when the broker is not there
+            require_broker(bootstrap, connect_timeout_s)
+        except BrokerUnreachable as exc:
+            raise ReplayError(str(exc), hint=exc.hint) from None
         self.topic = topic
         self.bootstrap = bootstrap
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "logger": QUIET_KAFKA_LOG,
-                                  "compression.type": "lz4", "message.max.bytes": 2 * 1024 * 1024})
+        self.producer = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=bootstrap), {
+            "linger.ms": 20, "logger": QUIET_KAFKA_LOG, "compression.type": "lz4",
+            "message.max.bytes": 2 * 1024 * 1024}))
         self.failed: list[str] = []
         self.sent = 0
-        try:  # fail fast, before any trace is read, when the broker is not there
-            self.producer.list_topics(timeout=connect_timeout_s)
-        except KafkaException as exc:
-            raise ReplayError(f"Failed to reach Kafka at {bootstrap} within {connect_timeout_s:.0f} s: {exc}",
-                              hint="start the local broker with `obshub up`, or pass --bootstrap") from None
 
     def _done(self, err, _msg) -> None:
         if err is not None:

@@ -85,11 +85,14 @@ class Delivery(BaseModel):
                               _dur_s(self.backoff_initial), _dur_s(self.backoff_max), _dur_s(self.retry_after_max))
 
 
+SINK_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"  # rule files' `routes` accept the same (rules/schema.json sink_name)
+
+
 class SinkSpec(BaseModel):
     """One sink. ``type`` selects the fields that apply; secrets come from ``*_env`` or ``*_file``."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$")
+    name: str = Field(pattern=SINK_NAME_PATTERN)
     type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console"]
     min_severity: Literal["critical", "error", "warning", "info"] = "info"
     url: str | None = None                 # non-secret URL (alertmanager, pagerduty endpoint)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from obshub.demo.verdict import AlertSeen, judge
+from obshub.demo.verdict import AlertSeen, check_resolved, judge
 from obshub.demo.webhook import WebhookReceiver, check_alertmanager, check_pagerduty, check_slack
 
 T0 = 1_000_000_000_000
@@ -124,3 +124,16 @@ def _notification(sink, change):
 
     return Notification(group_key="g", group_labels={"alertname": change["rule"]}, alerts=[change],
                         receiver=sink.name)
+
+
+def test_hang_verdict_needs_the_alert_to_resolve_after_the_thaw():
+    a = alert(host="node-02", layer="process", at_s=3.0, rule="rank_hang")
+    thawed = T0 + 15_000_000_000
+    recs = [{"fingerprint": a.fingerprint, "status": "firing", "received_ns": a.received_ns},
+            {"fingerprint": a.fingerprint, "status": "resolved", "received_ns": thawed + 3_500_000_000}]
+    v = check_resolved(judge("hang", "node-02", "process", T0, [a]), recs, thawed)
+    assert v.ok and v.resolved_s == 3.5 and v.ttd_s == 3.0
+    # still firing after the thaw (or resolved only before it): the verdict fails
+    early = [recs[0], {**recs[1], "received_ns": thawed - 1}]
+    v = check_resolved(judge("hang", "node-02", "process", T0, [a]), early, thawed)
+    assert not v.ok and v.resolved_s is None and "did not resolve" in v.reason

@@ -26,8 +26,8 @@ def test_list_names_every_benchmark(tmp_path):
     proc = _bench(tmp_path, "--list")
     assert proc.returncode == 0, proc.stderr
     names = [ln.split()[0] for ln in proc.stdout.splitlines() if ln.strip()]
-    assert names == ["training_overhead", "agent_throughput", "stream_throughput", "rules_throughput", "ttd",
-                     "width", "scale"]
+    assert names == ["training_overhead", "agent_throughput", "stream_throughput", "fold_width", "rules_throughput",
+                     "ttd", "width", "scale"]
 
 
 def test_unknown_benchmark_is_refused(tmp_path):
@@ -36,6 +36,7 @@ def test_unknown_benchmark_is_refused(tmp_path):
     assert "unknown benchmark(s) no_such_bench" in proc.stderr
 
 
+@pytest.mark.slow
 def test_rules_quick_prints_table_and_saves(tmp_path):
     proc = _bench(tmp_path, "rules_throughput", "--quick")
     out = proc.stdout

@@ -4,6 +4,8 @@ and the synthetic generator's ground truth (no Kafka, no Faust)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from obshub.core import schema
 from obshub.core.schema import Batch, Clock, Event, Kind
@@ -115,7 +117,7 @@ def test_baseline_and_stall():
     th = analysis.Thresholds(baseline_min_n=3)
     hist = [[s, 100] for s in range(10)] + [[20, 999]]
     b = analysis.baseline(hist, 10, th)
-    assert b == {"median_ns": 100, "p99_ns": 100, "n": 10}
+    assert b == {"median_ns": 100, "p99_ns": 100, "n": 10, "spread_ns": th.spread_min_ns}
     accs = {"a": _acc("a", 150, [])}
     s = analysis.summarize("j", 10, accs, expected_hosts=["a", "b"], history=hist, quality={}, closed_by="window",
                            closed_at_ns=1, th=th)
@@ -220,3 +222,137 @@ def test_network_blame_by_rtt_names_the_host_behind_a_slow_link():
     got = analysis.net_blame(accs, analysis.Thresholds())
     assert [(e["host"], e["layer"], e["straggler_ns"], e["peer_median_ns"]) for e in got] == [
         ("n2", "network", 30 * ms, 2 * ms)]   # mean RTT per sample over both ends
+
+
+def _coll_acc(host, step_ns, colls, unc=0, layers=None, seen_phase=None):
+    """A host accumulator with collectives ``{seq: (arrive, duration_ns | None)}`` on process group 0."""
+    a = accumulate.new_acc(host, 0)
+    a["step_ns"], a["unc_ns"] = step_ns, unc
+    for seq, (t, dur) in colls.items():
+        a["colls"][f"0#{seq}"] = ["all_reduce", t, None if dur is None else t + dur, dur]
+    a["layers"] = {k: list(v) for k, v in (layers or {}).items()}
+    if seen_phase:
+        a["last_phase"] = list(seen_phase)
+    return a
+
+
+MS = 1_000_000
+
+
+def test_pairing_check_reports_impossible_pairs_and_never_blames_them():
+    """A rank cannot wait longer than its collective lasted, and paired intervals must overlap: such a
+    collective is listed in ``inconsistent`` and does not name a straggler."""
+    # a waits 30 ms for b, but a's all-reduce lasted 1 ms: not the same collective
+    accs = {"a": _coll_acc("a", 100 * MS, {0: (10 * MS, 1 * MS)}), "b": _coll_acc("b", 100 * MS, {0: (40 * MS, 1 * MS)})}
+    s = analysis.summarize("j", 1, accs, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
+                           closed_at_ns=0)
+    assert s["straggler"] is None and s["collectives"] == []
+    assert s["inconsistent"] == [{"pg": "0", "coll_seq": 0, "op": "all_reduce",
+                                  "why": "a's collective ended 29.000 ms before b's began"}]
+    # only a duration known (no end time): the same check on the duration
+    accs["a"]["colls"]["0#0"][2] = None
+    s = analysis.summarize("j", 1, accs, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
+                           closed_at_ns=0)
+    assert s["inconsistent"][0]["why"] == "a waited 30.000 ms for b but its collective lasted 1.000 ms"
+    # the same arrivals with a's collective lasting until b came: consistent, b is the straggler
+    ok = {"a": _coll_acc("a", 100 * MS, {0: (10 * MS, 31 * MS)}), "b": _coll_acc("b", 100 * MS, {0: (40 * MS, 1 * MS)})}
+    s = analysis.summarize("j", 1, ok, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
+                           closed_at_ns=0)
+    assert s["inconsistent"] == [] and s["straggler"]["host"] == "b"
+    assert s["world_size"] == 2
+
+
+def test_late_group_names_the_last_arriver_with_each_late_rank():
+    """Three of eight ranks arrive 7 ms late within 0.5 ms of each other (no single leader): the last is
+    the step's straggler, without a baseline, and the group lists each one's lateness."""
+    arrive = {f"r{i}": t for i, t in enumerate([0, 100_000, 200_000, 300_000, 400_000, 7_000_000, 7_200_000, 7_500_000])}
+    end = 7_600_000
+    accs = {h: _coll_acc(h, 20 * MS, {0: (t, end - t)}) for h, t in arrive.items()}
+    s = analysis.summarize("j", 3, accs, expected_hosts=sorted(accs), history=[], quality={}, closed_by="complete",
+                           closed_at_ns=0, world_size=128)
+    st = s["straggler"]
+    assert st["host"] == "r7" and st["excess_ns"] == 7_500_000 - 350_000
+    assert [(g["host"], g["late_ns"]) for g in st["group"]] == [("r7", 7_150_000), ("r6", 6_850_000),
+                                                                ("r5", 6_650_000)]
+    assert "late group of 3" in st["reason"]
+    assert s["world_size"] == 128 and s["baseline"]["n"] == 0
+
+
+def test_dlrm_trace_names_its_straggler_with_the_late_group():
+    """The real 8-rank DLRM step: rank7 reaches the first all_to_all 7.6 ms after rank1 in a ~16 ms step,
+    with ranks 2 and 6 within 0.5 ms of it. The summary names rank7 and the late group."""
+    from tests.apps.test_replay_common import dlrm_batches
+
+    s = offline.summarize_batches(dlrm_batches("dlrm-u"))[("dlrm-u", 10)]
+    assert s["straggler"]["host"] == "rank7"
+    assert [g["host"] for g in s["straggler"]["group"]] == ["rank7", "rank6", "rank2"]
+    assert s["inconsistent"] == [] and s["world_size"] == 8
+
+
+def test_evidence_counts_a_lower_layer_only_as_far_as_it_made_the_host_late():
+    th = analysis.Thresholds()
+    hist = [[s, 100 * MS, 4 * MS] for s in range(20)]
+    sched = {"sched": [60 * MS, 10, 5 * MS]}
+    quiet = {"sched": [1 * MS, 10, 1 * MS]}
+    # c is 40 ms late and has 59 ms of extra run-queue time: sched evidence = min(40, 59) / 4 ms, clipped to 4
+    accs = {"a": _coll_acc("a", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
+            "b": _coll_acc("b", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
+            "c": _coll_acc("c", 100 * MS, {0: (50 * MS, 1 * MS)}, layers=sched)}
+    s = analysis.summarize("j", 20, accs, expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete",
+                           closed_at_ns=0, th=th)
+    assert s["baseline"]["spread_ns"] == 4 * MS and s["late_max_ns"] == 40 * MS
+    assert s["evidence"]["hosts"] == {"c": {"sched": 4.0, "memory": 0.0, "cuda": 0.0, "nic": 0.0, "network": 0.0,
+                                            "pytorch": 0.0}}
+    # a victim with the same run-queue excess that arrived on time: no evidence against it
+    victim = dict(accs, a=_coll_acc("a", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=sched))
+    s = analysis.summarize("j", 20, victim, expected_hosts=sorted(accs), history=hist, quality={},
+                           closed_by="complete", closed_at_ns=0, th=th)
+    assert "a" not in s["evidence"]["hosts"] and s["evidence"]["hosts"]["c"]["sched"] == 4.0
+    # without a baseline the lateness-based evidence is off (start-up steps are noisy)
+    s = analysis.summarize("j", 20, accs, expected_hosts=sorted(accs), history=hist[:3], quality={},
+                           closed_by="complete", closed_at_ns=0, th=th)
+    assert s["evidence"]["hosts"] == {}
+    assert analysis.history_entry(s) == [20, 100 * MS, 40 * MS]
+
+
+def test_network_evidence_names_the_host_behind_a_slow_link():
+    p12, p23, p34, p14 = "10.0.0.1|10.0.0.2", "10.0.0.2|10.0.0.3", "10.0.0.3|10.0.0.4", "10.0.0.1|10.0.0.4"
+    slow, fast = (10, 0, 10 * 30 * MS), (10, 0, 10 * 2 * MS)
+    accs = {"n1": _net_acc("n1", "10.0.0.1", {p12: slow, p14: fast}),
+            "n2": _net_acc("n2", "10.0.0.2", {p12: slow, p23: slow}),
+            "n3": _net_acc("n3", "10.0.0.3", {p23: slow, p34: fast}),
+            "n4": _net_acc("n4", "10.0.0.4", {p34: fast, p14: fast})}
+    ev = analysis.evidence(accs, dict.fromkeys(accs, 0), analysis.layer_table(accs), {"n": 0, "spread_ns": MS},
+                           analysis.Thresholds())
+    assert list(ev["hosts"]) == ["n2"] and ev["hosts"]["n2"]["network"] == 4.0
+
+
+def test_hang_check_names_the_silent_rank_that_never_arrived():
+    now = 100_000 * MS
+    hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
+    accs = {"a": _coll_acc("a", None, {7: (now - 3_000 * MS, None)}),
+            "b": _coll_acc("b", None, {7: (now - 2_900 * MS, None)}),
+            "c": _coll_acc("c", None, {6: (now - 3_500 * MS, None)}, seen_phase=(now - 3_600 * MS, "backward"))}
+    seen = {"a": now - 2_900 * MS, "b": now - 2_800 * MS, "c": now - 3_400 * MS}
+    got = analysis.hang_check(accs, ["a", "b", "c", "d"], seen, now - 4_000 * MS, hist, 20, now)
+    assert (got["pg"], got["coll_seq"], got["waiting"]) == ("0", 7, ["a", "b"])
+    assert got["after_ns"] == 3_000 * MS and got["waited_ns"] == 2_900 * MS
+    # c is inside the previous all-reduce; d sent nothing in this step (silent since the step opened)
+    assert got["hosts"] == [{"host": "c", "last_step": 20, "last_phase": "in all_reduce pg=0 seq=6", "silent_ns": 3_400 * MS},
+                            {"host": "d", "last_step": 19, "last_phase": "no data in this step", "silent_ns": 4_000 * MS}]
+    # a rank that is late but still sends data is slow, not hung; and a short wait is no hang
+    assert analysis.hang_check(accs, ["a", "b", "c"], dict(seen, c=now - 100 * MS), now - 4_000 * MS, hist, 20, now) is None
+    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 2_000 * MS) is None
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=40), st.data())
+def test_leave_one_out_median_equals_the_median_of_the_others(values, data):
+    """The peer median of each host from one sort equals ``median_int`` of the other hosts' values."""
+    i = data.draw(st.integers(min_value=0, max_value=len(values) - 1))
+    others = values[:i] + values[i + 1:]
+    assert analysis.LeaveOneOut(values).median_without(values[i]) == analysis.median_int(others)
+
+
+def test_leave_one_out_rejects_a_value_not_among_them():
+    with pytest.raises(ValueError, match="not one of the values"):
+        analysis.LeaveOneOut([1, 2, 3]).median_without(7)

@@ -1,0 +1,154 @@
+"""Broker reachability, said once and clearly, for every command and service.
+
+Commands (``tail``, ``trace export``, ``replay``, ``streams worker`` start-up checks) call
+``require_broker``: it returns as soon as the broker answers a metadata request, or raises
+:class:`BrokerUnreachable` after ``timeout_s`` (``CONNECT_TIMEOUT_S`` by default) with one message naming
+the address, the reason (connection refused, name not resolved, timed out) and what to check.
+
+Services (``rules serve``, ``streams worker``) keep running and retrying: a :class:`BrokerWatch` passed to
+their confluent-kafka clients (``watch.client_conf()``) drops librdkafka's own log lines and reports the
+state once per change: one warning when the broker cannot be reached, one line when it is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from obshub.core import kafka
+from obshub.core.errors import ObshubError
+from obshub.core.log import NullLogger
+
+CONNECT_TIMEOUT_S = 10.0
+HINT = ("start the local broker with `obshub up` (`obshub status` shows it), or set OBSHUB_BOOTSTRAP "
+        "(or --bootstrap where a command has it) to your cluster")
+
+
+class BrokerUnreachable(ObshubError):
+    """No broker of ``bootstrap`` answered within the time allowed."""
+
+
+def _endpoints(bootstrap: str) -> list[tuple[str, int]]:
+    out = []
+    for part in bootstrap.split(","):
+        part = part.strip()
+        if "://" in part:
+            part = part.split("://", 1)[1]
+        host, _, port = part.rpartition(":")
+        host = host.strip("[]") or "localhost"
+        try:
+            out.append((host, int(port)))
+        except ValueError:
+            out.append((part, 9092))
+    return out
+
+
+def tcp_reason(bootstrap: str, timeout_s: float = 2.0) -> str | None:
+    """None when some bootstrap address accepts a TCP connection, else why none does (for messages):
+    ``connection refused``, ``name not resolved``, ``timed out``..."""
+    reasons = []
+    for host, port in _endpoints(bootstrap):
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return None
+        except socket.gaierror:
+            reasons.append(f"{host}: name not resolved")
+        except ConnectionRefusedError:
+            reasons.append(f"{host}:{port}: connection refused")
+        except TimeoutError:
+            reasons.append(f"{host}:{port}: no answer within {timeout_s:.0f} s")
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or exc}")
+    return "; ".join(reasons) or "no address given"
+
+
+def unreachable_message(bootstrap: str, reason: str, waited_s: float | None = None) -> str:
+    """The one sentence every component uses."""
+    within = f" within {waited_s:.0f} s" if waited_s else ""
+    return f"cannot reach the Kafka broker at {bootstrap}{within} ({reason})"
+
+
+def require_broker(bootstrap: str, timeout_s: float = CONNECT_TIMEOUT_S, *, extra_conf: dict | None = None,
+                   stop: threading.Event | None = None) -> bool:
+    """Return True once the broker answers a metadata request; raise BrokerUnreachable after
+    ``timeout_s`` seconds (the whole wait, connection attempts included). ``extra_conf``: more client
+    settings (security). Returns False as soon as ``stop`` is set (checked every 0.5 s at most). Raises
+    :class:`obshub.core.kafkacheck.KafkaConnectError` at once, naming the setting, when the broker answers
+    but rejects the SASL credentials or the client certificate, or its certificate is not trusted."""
+    from confluent_kafka.admin import AdminClient
+
+    from obshub.core.kafkacheck import explain
+
+    deadline = time.monotonic() + timeout_s
+    errors: list[tuple[str, str]] = []
+    conf = kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap),
+                              {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})})
+    client_conf: dict[str, Any] = {**conf, "error_cb": lambda e: errors.append((e.name(), e.str()))}
+    admin = AdminClient(client_conf)
+    reason = "no answer"
+    while True:
+        left = deadline - time.monotonic()
+        if stop is not None and stop.is_set():
+            return False
+        if left <= 0:
+            break
+        try:
+            admin.list_topics(timeout=min(0.5, left))
+            return True
+        except Exception as exc:  # KafkaException (transport, timeout): retried until the deadline
+            reason = str(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc)
+        admin.poll(0)
+        wrong = explain(errors, conf)  # rejected credentials or certificates: retrying cannot help
+        if wrong is not None:
+            raise wrong
+    tcp = tcp_reason(bootstrap, 1.0)
+    raise BrokerUnreachable(unreachable_message(bootstrap, tcp or reason, timeout_s), HINT)
+
+
+class BrokerWatch:
+    """Broker state for a long-running service: ``client_conf()`` goes into every confluent-kafka client
+    of the service (no librdkafka log lines; errors to ``on_error``). ``down(reason)`` logs one warning
+    per outage, ``up()`` one line when the broker is back (call it on any sign of life: a message, an
+    assignment, a delivered flush)."""
+
+    _DOWN_CODES = ("_ALL_BROKERS_DOWN", "_TRANSPORT", "_RESOLVE")
+
+    def __init__(self, bootstrap: str, log: logging.Logger, component: str):
+        self.bootstrap, self.log, self.component = bootstrap, log, component
+        self.is_down = False
+        self.outages = 0
+        self._lock = threading.Lock()
+
+    def client_conf(self) -> dict:
+        """``logger`` and ``error_cb`` settings for a confluent-kafka client."""
+        return {"logger": NullLogger(), "error_cb": self.on_error}
+
+    def on_error(self, err: Any) -> None:
+        """confluent-kafka ``error_cb``: connection-type errors mark the broker down; others are logged at
+        debug level (the client retries them itself)."""
+        from confluent_kafka import KafkaError
+
+        codes = {getattr(KafkaError, c) for c in self._DOWN_CODES}
+        if err.code() in codes:
+            self.down(tcp_reason(self.bootstrap, 1.0) or err.str())
+        else:
+            self.log.debug("kafka client: %s", err)
+
+    def down(self, reason: str) -> None:
+        with self._lock:
+            if self.is_down:
+                return
+            self.is_down = True
+            self.outages += 1
+        self.log.warning("%s; %s keeps retrying quietly: %s", unreachable_message(self.bootstrap, reason),
+                         self.component, HINT)
+
+    def up(self) -> None:
+        with self._lock:
+            if not self.is_down:
+                return
+            self.is_down = False
+        self.log.warning("reached the Kafka broker at %s again; %s resumes", self.bootstrap, self.component)

@@ -1,0 +1,396 @@
+"""The per-step join across hosts: fold host accumulators into open steps, close a step, summarise it.
+
+This is the state machine of the worker's ``fold`` agent, written against five changelog-backed tables
+(any mapping with ``get``, item assignment and ``del``; the worker passes Faust tables, the fold
+benchmark plain dicts that encode every write). All five are partitioned like the internal topic: every
+key below belongs to the partition ``p`` of the step or job it names, and every write happens while the
+fold agent processes a message of that partition.
+
+State layout (docs/STREAMS.md "State"); one batch part costs one small write, whatever the job's width:
+
+``parts``   ``job|step|host`` -> ``{"acc": host accumulator, "bids": [batch ids applied], "q": {quality}}``
+            One host's share of one open step. A part from that host merges into it (``accumulate.merge``);
+            a part whose batch id is already listed is a replay and changes nothing.
+``steps``   ``job|step`` -> ``{"job", "step", "p", "opened_ns", "extra"}``
+            The open step: when its first data arrived (processing time, for the window) and the hosts that
+            sent data without being registered. Written when the step opens (and when such a host appears).
+            How many of its hosts reported STEP_END is derived state, kept in memory (``Fold.ended``) and
+            recounted from ``parts`` after a restart or rebalance (``Fold.forget``).
+``members`` ``job@p#<b>`` -> ``{host: host_id}`` and ``job@p#r<b>`` -> ``{rank: host}``
+            The job's registered hosts and ranks, in 256 buckets by CRC-32 of the host name (``b``) and by
+            rank, so a registration rewrites one small bucket and a close reads the used buckets once.
+``jobs``    ``job@p`` -> ``{"n_hosts", "n_ranks", "world_size", "buckets", "history", "pending", "closed",
+            "floor"}``: counts for the completeness test, the baseline history, quality counters waiting
+            for the next summary, the last ``CLOSED_KEEP`` steps closed here and ``floor`` (the highest
+            step whose closed record was dropped).
+``closed``  ``job|step`` -> ``{"p", "bids": 8-byte BLAKE2b digests of the batch ids summarised, "late"}``
+            The step was summarised; a later part is a replay (digest known) or late data (counted).
+
+Hangs (docs/ANALYSIS.md "Hangs"): :meth:`hangs` checks the latest open step of every job with
+``analysis.hang_check`` from in-memory derived state (when each host last sent data for the job, the
+highest step seen) and returns an interim summary (``closed_by = "hang"``) for each hung step; a hung step
+is not closed by its window for ``Thresholds.hang_hold_ns`` after it opened.
+
+A step is complete when every rank of ``world_size`` registered and the number of hosts that ended it
+equals the registered hosts plus the unregistered ones that sent data. Closing reads each host's part
+once, deletes it, and writes the ``closed`` record: the changelog bytes of a step grow linearly with its
+hosts (bench/fold_width.py measures it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import zlib
+from typing import Any, Callable, Iterator, MutableMapping
+
+from streams import accumulate, analysis
+
+log = logging.getLogger("obshub.streams")
+
+QUALITY_KEYS = ("lost_batches", "duplicate_batches", "late_events")
+BUCKETS = 256
+CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
+
+Emit = tuple[str, str, Any]  # ("summary", job, summary dict) | ("broadcast", job, internal message)
+
+
+def bucket_of(host: str) -> int:
+    """Bucket of ``host`` in the ``members`` table: CRC-32 of its UTF-8 name mod ``BUCKETS``."""
+    return zlib.crc32(host.encode()) % BUCKETS
+
+
+def bid_digest(bid: str) -> bytes:
+    """The 8-byte BLAKE2b digest of a batch id ``"<agent_id>:<seq>"`` (as kept in ``closed``)."""
+    return hashlib.blake2b(bid.encode(), digest_size=8).digest()
+
+
+def _new_job() -> dict:
+    return {"n_hosts": 0, "n_ranks": 0, "world_size": 0, "buckets": [], "history": [],
+            "pending": dict.fromkeys(QUALITY_KEYS, 0), "closed": [], "floor": -1}
+
+
+class Fold:
+    """The fold agent's logic over its tables. :meth:`apply` takes one internal message (a dict with
+    ``t`` = ``part`` | ``host`` | ``hist`` | ``close`` | ``read``, shapes in docs/STREAMS.md) of partition ``p`` and
+    returns what to send: step summaries (to the output topic) and broadcasts (to every partition).
+
+    ``window_ns``: a ``close`` request closes a step only when it has been open that long.
+    ``on_late(n)`` / ``on_summary(closed_by)``: metric callbacks. ``clock``: CLOCK_REALTIME ns."""
+
+    def __init__(self, tables: dict[str, MutableMapping], *, window_ns: int,
+                 th: analysis.Thresholds = analysis.Thresholds(), closed_keep: int = CLOSED_KEEP,
+                 on_late: Callable[[int], None] = lambda n: None,
+                 on_summary: Callable[[str], None] = lambda by: None, clock: Callable[[], int] = time.time_ns,
+                 input_partitions: int = 0, hold_max_ns: int | None = None):
+        self.parts, self.steps = tables["parts"], tables["steps"]
+        self.members, self.jobs, self.closed = tables["members"], tables["jobs"], tables["closed"]
+        self.window_ns, self.th, self.closed_keep = window_ns, th, closed_keep
+        self.on_late, self.on_summary, self.clock = on_late, on_summary, clock
+        self._digests: dict[str, set[bytes]] = {}  # closed key -> its digests, for repeated replay checks
+        self.ended: dict[str, int] = {}  # open step key -> hosts whose part holds a STEP_END (derived)
+        self.last_seen: dict[str, dict[str, int]] = {}  # job -> host -> clock() of its last part (hangs)
+        self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
+        self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
+        self.input_partitions = input_partitions
+        self.hold_max_ns = hold_max_ns if hold_max_ns is not None else max(10 * window_ns, 60_000_000_000)
+        self.read_ns: dict[int, int] = {}  # input partition -> clock() up to which it was read (derived)
+        self._held: set[str] = set()  # open steps whose window close waits for input (logged once)
+
+    def input_read_past(self, st: dict) -> bool:
+        """True when step record ``st`` may close by its window: every input partition was read to its end
+        at or after the window's end (so a host without data really sent none: its agent stopped, not the
+        worker that reads it), or the step has been held ``hold_max_ns`` (an input that never catches up
+        must not keep steps open for ever). Always true without ``input_partitions`` (one process)."""
+        if self.input_read_since(st["opened_ns"] + self.window_ns):
+            return True
+        return self.clock() - st["opened_ns"] >= self.hold_max_ns
+
+    def input_read_since(self, ns: int) -> bool:
+        """True when every input partition was reported read to its end at or after ``ns`` (clock() ns);
+        always true without ``input_partitions``."""
+        return all(self.read_ns.get(ip, 0) >= ns for ip in range(self.input_partitions))
+
+    def forget(self) -> None:
+        """Drop the derived in-memory state; call after the tables were recovered (restart, rebalance)."""
+        self.ended.clear()
+        self._digests.clear()
+
+    def _ended(self, sk: str, st: dict, p: int) -> int:
+        """Hosts of open step ``sk`` that reported STEP_END: from memory, or counted once from ``parts``."""
+        n = self.ended.get(sk)
+        if n is None:
+            js = self._job(f"{st['job']}@{p}")
+            names = set(self.expected_hosts(st["job"], p, js)).union(st["extra"])
+            n = 0
+            for h in names:
+                e = self.parts.get(f"{sk}|{h}")
+                if e is not None and e["acc"]["step_ns"] is not None:
+                    n += 1
+            self.ended[sk] = n
+        return n
+
+    # ------------------------------------------------------------------------------------------------
+    def apply(self, v: dict, p: int) -> list[Emit]:
+        """Apply one internal message of partition ``p``. Unknown message types are ignored."""
+        t = v.get("t")
+        if t == "part":
+            return self.part(v, p)
+        if t == "host":
+            self.host(v, p)
+        elif t == "hist":
+            self.hist(v, p)
+        elif t == "read":
+            for ip, ns in v["read"]:
+                if ns > self.read_ns.get(ip, 0):
+                    self.read_ns[ip] = ns
+        elif t == "close":
+            st = self.steps.get(v["key"])
+            if st is not None and v["key"] in self.hung and self.clock() - st["opened_ns"] < self.th.hang_hold_ns:
+                return []  # a hung step stays open while it hangs (``hangs`` sends its interim records)
+            if st is not None and self.clock() - st["opened_ns"] >= self.window_ns and not self.input_read_past(st):
+                if v["key"] not in self._held:
+                    self._held.add(v["key"])
+                    late = sorted(ip for ip in range(self.input_partitions)
+                                  if self.read_ns.get(ip, 0) < st["opened_ns"] + self.window_ns)
+                    log.info("holding %s past its window: input partitions %s not read that far yet "
+                             "(a worker failover or a backlog)", v["key"], late)
+                return []
+            if st is not None and self.clock() - st["opened_ns"] >= self.window_ns:
+                self._held.discard(v["key"])
+                log.info("closing %s by window (%d hosts ended)", v["key"], self._ended(v["key"], st, p))
+                return self.close(v["key"], st, p, "window")
+        return []
+
+    def open_steps(self) -> Iterator[tuple[str, dict]]:
+        """``(job|step, step record)`` of every open step held by this process (all its partitions)."""
+        return iter(list(self.steps.items()))
+
+    # ------------------------------------------------------------------------------------------------
+    def _job(self, jk: str) -> dict:
+        js = self.jobs.get(jk)
+        return js if js is not None else _new_job()
+
+    def registered(self, job: str, p: int, host: str) -> bool:
+        """True when ``host`` registered for ``job`` in partition ``p``."""
+        b = self.members.get(f"{job}@{p}#{bucket_of(host)}")
+        return b is not None and host in b
+
+    def expected_hosts(self, job: str, p: int, js: dict) -> list[str]:
+        """The registered hosts of ``job`` (partition ``p``), sorted: one read per used bucket."""
+        out: list[str] = []
+        for b in js["buckets"]:
+            out.extend(self.members.get(f"{job}@{p}#{b}") or ())
+        return sorted(out)
+
+    def host(self, v: dict, p: int) -> None:
+        """A registration ``{job, host, host_id, rank, world_size}``: one bucket write when it is news."""
+        job, host = v["job"], v["host"]
+        jk = f"{job}@{p}"
+        js = self._job(jk)
+        changed = False
+        b = bucket_of(host)
+        mk = f"{job}@{p}#{b}"
+        bucket = self.members.get(mk) or {}
+        if host not in bucket:
+            bucket[host] = v["host_id"]
+            self.members[mk] = bucket
+            js["n_hosts"] += 1
+            if b not in js["buckets"]:
+                js["buckets"] = sorted(js["buckets"] + [b])
+            changed = True
+        rank = v.get("rank")
+        if rank is not None:
+            rk = f"{job}@{p}#r{int(rank) % BUCKETS}"
+            ranks = self.members.get(rk) or {}
+            if str(rank) not in ranks:
+                ranks[str(rank)] = host
+                self.members[rk] = ranks
+                js["n_ranks"] += 1
+                changed = True
+        world = v.get("world_size") or 0
+        if world > js["world_size"]:
+            js["world_size"] = world
+            changed = True
+        if changed:
+            self.jobs[jk] = js
+
+    def hist(self, v: dict, p: int) -> None:
+        """A closed step's time ``{job, step, ns, entry}`` for the baseline history of every partition
+        (``entry``: ``analysis.history_entry``, with the step's lateness; absent from older workers)."""
+        jk = f"{v['job']}@{p}"
+        js = self._job(jk)
+        hist = [h for h in js["history"] if h[0] != v["step"]] + [v.get("entry") or [v["step"], v["ns"]]]
+        js["history"] = sorted(hist)[-self.th.baseline_n * 2:]
+        self.jobs[jk] = js
+
+    # ------------------------------------------------------------------------------------------------
+    def _is_replay(self, sk: str, done: dict, bid: str) -> bool:
+        digests = self._digests.get(sk)
+        if digests is None:
+            blob = done["bids"]
+            digests = {blob[i:i + 8] for i in range(0, len(blob), 8)}
+            if len(self._digests) > 64:
+                self._digests.clear()
+            self._digests[sk] = digests
+        return bid_digest(bid) in digests
+
+    def _late(self, v: dict, p: int, sk: str, done: dict | None) -> None:
+        n = v["acc"]["events"]
+        if done is not None:
+            done["late"] += n
+            done["bids"] = done["bids"] + bid_digest(v["bid"])
+            self._digests.pop(sk, None)
+            self.closed[sk] = done
+        jk = f"{v['job']}@{p}"
+        js = self._job(jk)
+        js["pending"]["late_events"] += n
+        for k, x in v["q"].items():
+            js["pending"][k] = js["pending"].get(k, 0) + x
+        self.jobs[jk] = js
+        self.on_late(n)
+
+    def part(self, v: dict, p: int) -> list[Emit]:
+        """One host's accumulator for one step ``{job, step, host, bid, acc, q}``: one write to ``parts``,
+        a write to ``steps`` when the step opens or this host ends it; closes the step when complete."""
+        job, step, host, bid = v["job"], v["step"], v["host"], v["bid"]
+        sk = f"{job}|{step}"
+        self.last_seen.setdefault(job, {})[host] = self.clock()
+        if step > self.top_step.get(job, -1):
+            self.top_step[job] = step
+        done = self.closed.get(sk)
+        if done is not None:
+            if not self._is_replay(sk, done, bid):
+                self._late(v, p, sk, done)
+            return []
+        st = self.steps.get(sk)
+        pk = f"{sk}|{host}"
+        entry = self.parts.get(pk) if st is not None else None
+        if entry is not None and bid in entry["bids"]:
+            return []  # replay of a batch already folded in
+        js = None
+        st_dirty = False
+        if st is None:
+            js = self._job(f"{job}@{p}")
+            if step <= js["floor"]:
+                self._late(v, p, sk, None)  # older than every closed record kept here
+                return []
+            st = {"job": job, "step": step, "p": p, "opened_ns": self.clock(), "extra": []}
+            self.ended[sk] = 0
+            st_dirty = True
+        ended = self._ended(sk, st, p)  # before this part changes anything: a recount must not see it
+        q = {k: x for k, x in v["q"].items() if x}
+        if entry is None:
+            entry = {"acc": v["acc"], "bids": [bid], "q": q}
+            was_ended = False
+            if not self.registered(job, p, host):
+                st["extra"].append(host)
+                st_dirty = True
+        else:
+            was_ended = entry["acc"]["step_ns"] is not None
+            accumulate.merge(entry["acc"], v["acc"])
+            entry["bids"].append(bid)
+            for k, x in q.items():
+                entry["q"][k] = entry["q"].get(k, 0) + x
+        self.parts[pk] = entry
+        if st_dirty:
+            self.steps[sk] = st
+        if not was_ended and entry["acc"]["step_ns"] is not None:
+            ended += 1
+            self.ended[sk] = ended
+            if self._complete(st, ended, js or self._job(f"{job}@{p}"), p):
+                return self.close(sk, st, p, "complete")
+        return []
+
+    def _complete(self, st: dict, ended: int, js: dict, p: int) -> bool:
+        # every rank of the job must have registered (hosts in other input partitions may lag), and every
+        # known host (registered, or sending data unregistered) must have reported STEP_END
+        if js["n_ranks"] < js["world_size"]:
+            return False
+        need = js["n_hosts"] + sum(1 for h in st["extra"] if not self.registered(st["job"], p, h))
+        return ended >= need
+
+    def close(self, sk: str, st: dict, p: int, closed_by: str) -> list[Emit]:
+        """Summarise the open step ``sk`` from its hosts' parts, drop them, record the step as closed."""
+        job, step = st["job"], st["step"]
+        jk = f"{job}@{p}"
+        js = self._job(jk)
+        expected = self.expected_hosts(job, p, js)
+        names = sorted(set(expected).union(st["extra"]))
+        accs: dict[str, dict] = {}
+        quality = dict(js["pending"])
+        digests = []
+        for h in names:
+            pk = f"{sk}|{h}"
+            entry = self.parts.get(pk)
+            if entry is None:
+                continue
+            accs[h] = entry["acc"]
+            digests.extend(bid_digest(b) for b in entry["bids"])
+            for k, x in entry["q"].items():
+                quality[k] = quality.get(k, 0) + x
+            del self.parts[pk]
+        summary = analysis.summarize(job, step, accs, expected_hosts=expected, history=js["history"],
+                                     quality=quality, closed_by=closed_by, closed_at_ns=self.clock(), th=self.th,
+                                     world_size=js["world_size"])
+        self.hung.pop(sk, None)
+        self._held.discard(sk)
+        self.closed[sk] = {"p": p, "bids": b"".join(digests), "late": 0}
+        del self.steps[sk]
+        self.ended.pop(sk, None)
+        js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
+        js["closed"].append(step)
+        while len(js["closed"]) > self.closed_keep:
+            old = js["closed"].pop(0)
+            ok = f"{job}|{old}"
+            if self.closed.get(ok) is not None:
+                del self.closed[ok]
+                self._digests.pop(ok, None)
+            js["floor"] = max(js["floor"], old)
+        self.jobs[jk] = js
+        self.on_summary(closed_by)
+        return [("summary", job, summary),
+                ("broadcast", job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"],
+                                    "entry": analysis.history_entry(summary)})]
+
+    # ------------------------------------------------------------------------------------------------
+    def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:
+        """Check the open steps (of ``partitions``; all when None) for hangs. Returns ``(step key, interim
+        summary, first)`` per hung step (``first``: newly hung); forgets steps that no longer hang. Reads
+        only (no table write): safe from a timer. A step is checked only while it is its job's latest
+        (no later step has data or closed here) and younger than ``hang_hold_ns``."""
+        now = self.clock()
+        out = []
+        for sk, st in self.open_steps():
+            p = st["p"]
+            if partitions is not None and p not in partitions:
+                continue
+            job = st["job"]
+            js = self._job(f"{job}@{p}")
+            later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
+            if now - st["opened_ns"] > self.th.hang_hold_ns or later > st["step"]:
+                self.hung.pop(sk, None)
+                continue
+            expected = self.expected_hosts(job, p, js)
+            accs = {}
+            for h in sorted(set(expected).union(st["extra"])):
+                e = self.parts.get(f"{sk}|{h}")
+                if e is not None:
+                    accs[h] = e["acc"]
+            found = analysis.hang_check(accs, expected, self.last_seen.get(job, {}), st["opened_ns"],
+                                        js["history"], st["step"], now, self.th)
+            if found is None:
+                self.hung.pop(sk, None)
+                continue
+            first = sk not in self.hung
+            self.hung.setdefault(sk, now)
+            summary = analysis.summarize(job, st["step"], accs, expected_hosts=expected, history=js["history"],
+                                         quality={}, closed_by="hang", closed_at_ns=now, th=self.th,
+                                         world_size=js["world_size"])
+            summary.update(straggler=None, blame=[], hang=found,
+                           evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}})
+            out.append((sk, summary, first))
+        for sk in [k for k in self.hung if self.steps.get(k) is None]:
+            del self.hung[sk]
+        return out

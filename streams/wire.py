@@ -1,0 +1,168 @@
+"""The stream worker's codecs: agent batches in, and the compact msgpack of its own topics and tables.
+
+Agent batches (the input topic). :func:`decode_batch` is the worker's decoder: one msgspec pass that
+unpacks and type-checks the whole version-1 envelope and every event in C, with the limits of
+``obshub.core.schema`` (string lengths, event count, integer ranges, known kinds, payload shape). A message it
+rejects is decoded again by ``schema.decode_batch``, the project's reference decoder, whose
+:class:`~obshub.core.schema.SchemaError` names the field for the dead-letter record; so the error a user sees is
+the same as everywhere else in the project, and the fast path never accepts a batch the reference would
+refuse (tests/test_streams_wire.py checks both directions). The decoded batch has the attribute names of
+``schema.Batch`` / ``schema.Event`` (``events`` are named tuples, ``kind`` a ``schema.Kind``), which is all
+``streams.accumulate`` reads.
+
+The worker's own data (the repartition topic ``<app>-steps`` and every table's changelog) is msgpack,
+written by msgspec: keys are UTF-8 text (codec ``obshub-str``), values msgpack (codec ``obshub-msgpack``).
+Both are registered with Faust's codec registry on import. Values are the plain dicts/lists/ints/strings
+of ``streams.accumulate`` and ``streams.fold``; msgpack arrays come back as lists, exactly like JSON did,
+so values recovered from a changelog merge like in-process ones.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
+
+import msgspec
+from faust.serializers import codecs
+from msgspec import Meta
+
+from obshub.core import schema
+from obshub.core.schema import Kind
+
+_I64_MAX = 2**63 - 1
+_Str = Annotated[str, Meta(min_length=1, max_length=schema.MAX_STR_LEN)]
+_Text = Annotated[str, Meta(max_length=schema.MAX_STR_LEN)]
+_U63 = Annotated[int, Meta(ge=0, le=_I64_MAX)]
+_I64 = Annotated[int, Meta(ge=-(2**63), le=_I64_MAX)]
+_U32 = Annotated[int, Meta(ge=0, le=2**32 - 1)]
+_Payload = Annotated[dict[_Text, Union[_Text, int, float, bool, None]], Meta(max_length=schema.MAX_PAYLOAD_KEYS)]
+
+
+class WireEvent(NamedTuple):
+    """One event as decoded by the worker: the fields of ``schema.Event`` (same names, order, ranges)."""
+
+    kind: Kind
+    ts_ns: _U63
+    duration_ns: _U63
+    trace_key: Annotated[int, Meta(ge=0)]  # msgpack integers end at 2**64 - 1 = schema.U64_MAX
+    step: Annotated[int, Meta(ge=-1, le=_I64_MAX)]
+    pid: _U32
+    tid: _U32
+    gpu: Annotated[int, Meta(ge=-1, le=65535)]
+    value: _I64
+    payload: Optional[_Payload]
+
+
+class WireClock(msgspec.Struct, forbid_unknown_fields=True):
+    """``schema.Clock``. Unknown keys are rejected here (msgspec would skip them unchecked); the reference
+    decoder then decides, and accepts them."""
+
+    offset_ns: _I64
+    uncertainty_ns: _U63
+    tai_offset_ns: _I64 = 0
+
+
+class WireBatch(msgspec.Struct, forbid_unknown_fields=True):
+    """``schema.Batch`` of schema version 1 (unknown envelope keys rejected, like the reference)."""
+
+    v: Literal[1]
+    job: _Str
+    host: _Str
+    host_id: Annotated[int, Meta(ge=0, le=schema.HOST_ID_MAX)]
+    agent_id: _Str
+    seq: _U63
+    sent_ns: _U63
+    clock: WireClock
+    events: Annotated[list[WireEvent], Meta(max_length=schema.MAX_EVENTS_PER_BATCH)]
+
+
+_batch_decoder = msgspec.msgpack.Decoder(WireBatch)
+
+
+def decode_batch(data: bytes) -> WireBatch | schema.Batch:
+    """Decode and validate one input message. Returns an object with ``schema.Batch``'s attributes.
+
+    Raises only ``schema.SchemaError`` (from the reference decoder, naming the field) for any input the
+    reference decoder rejects; ``data`` longer than ``schema.MAX_BATCH_BYTES`` is rejected unread.
+    """
+    if isinstance(data, (bytes, bytearray, memoryview)) and 0 < len(data) <= schema.MAX_BATCH_BYTES:
+        try:
+            return _batch_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+    return schema.decode_batch(data)  # the reference names what is wrong (or, in a corner, accepts it)
+
+
+class Undecodable:
+    """What a codec returns for bytes it cannot decode (a damaged or foreign changelog record), instead
+    of raising inside Faust's recovery, which would retry the same record forever and never become ready.
+    ``raw`` keeps the bytes and ``reason`` the decoder's error; tables skip such records
+    (``streams.app``)."""
+
+    __slots__ = ("raw", "reason")
+
+    def __init__(self, raw: bytes, reason: str):
+        self.raw, self.reason = raw, reason
+
+    def __repr__(self) -> str:
+        return f"Undecodable({self.raw[:32]!r}..., {self.reason})"
+
+
+class _MsgpackCodec(codecs.Codec):
+    """Faust codec: any msgpack-able value <-> msgpack bytes (msgspec). Undecodable bytes load as
+    :class:`Undecodable`."""
+
+    _enc = msgspec.msgpack.Encoder()
+    _dec = msgspec.msgpack.Decoder()
+
+    def _dumps(self, obj: Any) -> bytes:
+        return self._enc.encode(obj)
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return self._dec.decode(s)
+        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+            return Undecodable(bytes(s), f"not msgpack: {exc}")
+
+
+class _StrCodec(codecs.Codec):
+    """Faust codec: ``str`` <-> UTF-8 bytes (table keys that come back as ``str`` after recovery).
+    Bytes that are not UTF-8 load as :class:`Undecodable`."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return obj.encode() if isinstance(obj, str) else bytes(obj)
+
+    def _loads(self, s: bytes) -> Any:
+        if not isinstance(s, (bytes, bytearray)):
+            return s
+        try:
+            return s.decode()
+        except UnicodeDecodeError as exc:
+            return Undecodable(bytes(s), f"not UTF-8: byte 0x{s[exc.start]:02x} at offset {exc.start}")
+
+
+class _ChangelogJsonCodec(codecs.json):
+    """Faust's JSON codec (the format of the tables' changelog records, unchanged), except that bytes it
+    cannot decode (not UTF-8, not JSON) load as :class:`Undecodable` instead of raising."""
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return super()._loads(s)
+        except UnicodeDecodeError as exc:
+            return Undecodable(bytes(s), f"not UTF-8: byte 0x{s[exc.start]:02x} at offset {exc.start}")
+        except (ValueError, TypeError, RecursionError) as exc:
+            return Undecodable(bytes(s), f"not JSON: {type(exc).__name__}: {exc}")
+
+
+MSGPACK = "obshub-msgpack"
+STR = "obshub-str"
+CHANGELOG_JSON = "obshub-changelog-json"
+codecs.register(MSGPACK, _MsgpackCodec())
+codecs.register(STR, _StrCodec())
+codecs.register(CHANGELOG_JSON, _ChangelogJsonCodec())
+
+_enc = msgspec.msgpack.Encoder()
+
+
+def packb(obj: Any) -> bytes:
+    """``obj`` as msgpack bytes, exactly as the worker writes it to its topics and changelogs."""
+    return _enc.encode(obj)

@@ -1,0 +1,112 @@
+"""No broker: every command says once which broker it cannot reach and what to do, and exits non-zero
+within its documented time (10 s of trying, plus start-up); every service says it once, keeps retrying
+quietly and stops cleanly on Ctrl-C. Never a raw librdkafka line, never a traceback. Nothing listens on
+the port these processes are pointed at."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHARED_DATA
+
+pytestmark = pytest.mark.slow  # each test runs obshub commands and services in subprocesses
+
+REPO = Path(__file__).resolve().parents[2]
+TRACES = SHARED_DATA / "traces" / "param-dlrm-8rank" / "dlrm_kineto"
+COMMAND_LIMIT_S = 30  # 10 s of trying + interpreter start-up on a loaded 2-core machine
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    home = tmp_path_factory.mktemp("nobroker")
+    port = closed_port()
+    e = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    e.pop("OBSHUB_BOOTSTRAP", None)
+    return e
+
+
+def start(env: dict, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "obshub.cli", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def clean(out: str) -> None:
+    assert "%3|" not in out and "%4|" not in out and "%7|" not in out, f"raw librdkafka log lines:\n{out[:2000]}"
+    assert "Traceback" not in out, out[-3000:]
+
+
+COMMANDS = {
+    "tail steps": ["tail", "steps"],
+    "trace export": ["trace", "export", "--job", "j", "--steps", "1", "-o", "/dev/null"],
+    "replay": ["replay", str(TRACES)],
+    "status": ["status"],
+}
+
+
+def test_commands_exit_nonzero_with_one_message(env):
+    port = env["OBSHUB_KAFKA_PORT"]
+    if not TRACES.is_dir():
+        pytest.skip(f"shared traces missing: {TRACES}")
+    t0 = time.monotonic()
+    procs = {name: start(env, *args) for name, args in COMMANDS.items()}
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=COMMAND_LIMIT_S + 30)
+        took = time.monotonic() - t0
+        assert p.returncode == 1, (name, p.returncode, err[-2000:])
+        assert took < COMMAND_LIMIT_S, f"{name} took {took:.1f} s"
+        clean(out + err)
+        if name == "status":
+            assert f"broker down at 127.0.0.1:{port}" in out
+            continue
+        assert err.count(f"cannot reach the Kafka broker at 127.0.0.1:{port}") == 1, (name, err)
+        assert "connection refused" in err and "obshub up" in err, (name, err)
+
+
+SERVICES = {
+    "rules serve": (["rules", "serve"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
+    "streams worker": (["streams", "worker"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
+    "rules serve --scale-out": (["rules", "serve", "--scale-out"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
+    "agent": (["agent", "--source", "synthetic", "--rate", "200", "--host", "nobroker"],
+              "Kafka (127.0.0.1:{port}) does not take batches"),
+}
+
+
+def test_services_say_it_once_keep_retrying_and_stop_on_ctrl_c(env):
+    port = env["OBSHUB_KAFKA_PORT"]
+    procs = {name: start(env, *args) for name, (args, _) in SERVICES.items()}
+    time.sleep(18)  # past the 10 s after which the streams worker speaks, with start-up on a busy machine
+    for name, p in procs.items():
+        assert p.poll() is None, f"{name} exited without a broker: {p.communicate()[1][-2000:]}"
+        os.killpg(p.pid, signal.SIGINT)
+    for name, p in procs.items():
+        t = time.monotonic()
+        out, err = p.communicate(timeout=30)
+        assert time.monotonic() - t < 15, f"{name} took too long to stop on Ctrl-C"
+        # the agent's documented exit code 3: batches stayed in its spool (replayed by the next agent)
+        assert p.returncode == (3 if name == "agent" else 0), (name, p.returncode, err[-2000:])
+        clean(out + err)
+        said = SERVICES[name][1].format(port=port)
+        assert (out + err).count(said) == 1, (name, out + err)
+
+
+def test_tail_stops_on_ctrl_c_while_waiting(env):
+    p = start(env, "tail", "steps")
+    time.sleep(4)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=15)
+    assert p.returncode == 0, err
+    clean(out + err)
