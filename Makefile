@@ -1,5 +1,5 @@
 # The two commands of the README. Each does every set-up step it needs (scripts/setup.sh, idempotent).
-.PHONY: demo test setup bench clean
+.PHONY: demo test test-fast lint setup bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -8,8 +8,18 @@ setup:
 demo: setup
 	@.venv/bin/obshub demo --hosts 4 --fault net-loss --fault-host 1
 
-test: setup
+# lint: the layer contracts (import-linter, [tool.importlinter] in pyproject.toml), ruff, mypy on the ground floor
+lint: setup
+	@.venv/bin/lint-imports
+	@.venv/bin/ruff check .
+	@.venv/bin/mypy
+
+test: lint
 	@.venv/bin/python -m pytest -q -ra --durations=15 tests
+
+# test-fast: the unit tests alone (no broker, no BPF, no torch), in under a minute
+test-fast: setup
+	@.venv/bin/python -m pytest -q -m "not kafka and not bpf and not torch and not e2e and not slow" tests
 
 bench: setup
 	@.venv/bin/python -m bench

@@ -38,9 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
 
-    from obshub.core.settings import load_settings
+    from obshub.core.settings import agent_config, load_settings
     from producer.agent import Agent
-    from producer.config import agent_config
     from producer.loader import BpfEventSource
     from producer.probes import ProbeOptions, Target
 

@@ -33,7 +33,7 @@ import struct
 import sys
 from pathlib import Path
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.demo.faults import LAYER_OF
 from obshub.demo.verdict import AlertSeen, judge
 from rules import fields
@@ -62,8 +62,8 @@ def fetch_batches(bootstrap: str, jobs: set[str], cache: Path) -> None:
     ``cache/<job>.batches`` (4-byte big-endian length + raw msgpack value, per message)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "diagnosis-replay", "enable.auto.commit": False,
-                  "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), "diagnosis-replay", {
+        "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True}))
     md = c.list_topics(schema.TOPIC_EVENTS, timeout=10)
     parts = [TopicPartition(schema.TOPIC_EVENTS, p, 0) for p in md.topics[schema.TOPIC_EVENTS].partitions]
     c.assign(parts)

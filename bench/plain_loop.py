@@ -19,7 +19,7 @@ import uuid
 
 from confluent_kafka import Consumer, Producer
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from streams import accumulate, analysis
 
 
@@ -28,10 +28,10 @@ class PlainLoop:
 
     def __init__(self, bootstrap: str, input_topic: str, output_topic: str):
         self.input_topic, self.output_topic = input_topic, output_topic
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-plain-{uuid.uuid4().hex}",
-                                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                                  "fetch.message.max.bytes": 16 << 20})
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+        conn = kafka.KafkaConnection(bootstrap=bootstrap)
+        self.consumer = Consumer(kafka.consumer_config(conn, f"bench-plain-{uuid.uuid4().hex}", {
+            "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.message.max.bytes": 16 << 20}))
+        self.producer = Producer(kafka.producer_config(conn, {"linger.ms": 20}))
         self.th = analysis.Thresholds()
 
     def run(self, expect_steps: int, timeout_s: float = 300.0) -> dict:

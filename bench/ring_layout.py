@@ -27,7 +27,6 @@ import select
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from rich.table import Table

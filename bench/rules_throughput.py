@@ -56,7 +56,7 @@ def record_inputs(path: Path, hosts: int, steps: int) -> dict:
     Returns counts per signal."""
     third = max(1, steps // len(GUILTY_LAYERS))
     batches, step_ms = [], 0.0
-    for i, layer in enumerate(GUILTY_LAYERS):   # one job per guilty layer, so each has its own baseline
+    for layer in GUILTY_LAYERS:   # one job per guilty layer, so each has its own baseline
         load = loadgen.build(hosts, third, job=f"bench-{layer}",
                              guilty_steps=tuple(range(3, third, GUILTY_EVERY)), guilty_layer=layer)
         batches += [schema.decode_batch(v) for _k, v in load.messages]

@@ -3,7 +3,7 @@ summaries of one job of 8, 128, 512 and 2,048 hosts, side by side with ``streams
 the same step (the floor: the analysis that produced the summary), with the growth exponent of each.
 
 Inputs: ``bench.loadgen`` batches of one job (64 events per host and step, every step's straggler
-guilty of CPU scheduling, so the persistence rules fire on that host and render their alerts), joined
+guilty of CPU scheduling; the table shows which alerts the pack fired), joined
 per host like the stream worker does (``streams.accumulate``) and summarised by ``streams.analysis``.
 ``REAL_STEPS`` real steps are built; the summaries are then repeated with shifted step numbers and 1 s
 apart (a job at 1 s steps) to ``STEADY_STEPS`` summaries, so every window of the pack (20 s) is full and

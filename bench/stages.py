@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+
 def _fn(frame: str) -> str:
     """The function part of a py-spy frame ``function (file:line)``, lower case."""
     return frame.split(" (")[0].lower()

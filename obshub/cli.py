@@ -18,7 +18,7 @@ except ModuleNotFoundError as _exc:  # an install with only the instrumentation 
 
 from obshub import __version__, stack
 from obshub.core.errors import ObshubError
-from obshub.core.settings import load_settings
+from obshub.core.settings import DEFAULT_KAFKA_PORT, load_settings
 
 # name -> "module:attribute" of a click command or group, imported only when used.
 LAZY_COMMANDS: dict[str, str] = {
@@ -93,7 +93,7 @@ Examples:
   obshub up --port 29092             # another port (a second stack beside the first)
   OBSHUB_KAFKA_VERSION=4.0.1 obshub up   # another Kafka 4.x version from Maven Central
 """)
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="broker port (default $OBSHUB_KAFKA_PORT or 19092)")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help=f"broker port (default $OBSHUB_KAFKA_PORT or {DEFAULT_KAFKA_PORT})")
 def up(port):
     """Install (once, cached) and start the local Apache Kafka broker (KRaft) and create the topics."""
     s = load_settings(kafka_port=port)
@@ -137,6 +137,12 @@ def status(as_json):
     else:
         console.print(f"[red]broker down[/red] at {st['bootstrap']}: {b['error']}")
     console.print(f"state {st['home']}; logs in {st['logs']} (broker log {b['log']})")
+    sec = st.get("security") or {}
+    if sec.get("protocol") not in (None, "PLAINTEXT"):
+        who = f", SASL {sec['sasl_mechanism']} as {sec['sasl_username']}" if sec.get("sasl_mechanism") else ""
+        tls = f", CA {sec['ssl_ca_location']}" if sec.get("ssl_ca_location") else ""
+        cert = f", client certificate {sec['ssl_certificate_location']}" if sec.get("ssl_certificate_location") else ""
+        console.print(escape(f"Kafka security: {sec['protocol']}{who}{tls}{cert}"))
     if st["topics"]:
         t = Table("topic", "partitions", "messages", title="topics")
         for row in st["topics"]:

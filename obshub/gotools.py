@@ -6,8 +6,10 @@ the first set-up takes minutes and every later one takes milliseconds.
 Versions (``TOOLS``):
 
 - Prometheus ``v0.316.0``: the Go module versions of Prometheus 3.x are ``v0.3xx.y``; this one's go.mod
-  has no ``replace``/``exclude`` directive, which ``go install pkg@version`` refuses. Built without the
-  ``builtinassets`` tag: the HTTP API works, the web UI pages do not (nothing here needs them).
+  has no ``replace``/``exclude`` directive, which ``go install pkg@version`` refuses. Built with the tag
+  ``remove_all_sd`` (static and file service discovery stay; the cloud and Kubernetes discovery plugins,
+  most of the build time, are left out) and without ``builtinassets`` (the HTTP API works, the web UI
+  pages do not; nothing here needs them).
 - Alertmanager ``v0.27.0``: the last module version whose tree carries the web UI assets it embeds.
 - helm ``v3.22.0``.
 
@@ -37,10 +39,11 @@ class GoTool:
     name: str
     package: str
     version: str
+    tags: str = ""   # Go build tags (``go install -tags``)
 
 
 TOOLS: dict[str, GoTool] = {t.name: t for t in (
-    GoTool("prometheus", "github.com/prometheus/prometheus/cmd/prometheus", "v0.316.0"),
+    GoTool("prometheus", "github.com/prometheus/prometheus/cmd/prometheus", "v0.316.0", tags="remove_all_sd"),
     GoTool("alertmanager", "github.com/prometheus/alertmanager/cmd/alertmanager", "v0.27.0"),
     GoTool("helm", "helm.sh/helm/v3/cmd/helm", "v3.22.0"),
 )}
@@ -157,8 +160,10 @@ def ensure(cache: Path, name: str, progress: Callable[[str], None] = lambda _m: 
     tmp = target.parent.with_name(target.parent.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     with open(log_path, "wb") as log:
-        rc = subprocess.run([go, "install", f"{t.package}@{t.version}"], env={**go_env(cache), "GOBIN": str(tmp)},
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        tags = [f"-tags={t.tags}"] if t.tags else []
+        rc = subprocess.run([go, "install", *tags, f"{t.package}@{t.version}"],
+                            env={**go_env(cache), "GOBIN": str(tmp)}, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL).returncode
     if rc != 0 or not (tmp / t.name).is_file():
         tail = log_path.read_text(errors="replace")[-2000:]
         raise GoToolError(f"`go install {t.package}@{t.version}` failed (exit {rc}):\n{tail}",

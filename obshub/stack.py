@@ -24,11 +24,11 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from obshub.core import kafka
 from obshub.core.errors import StackError
-from obshub.core.log import NullLogger
 from obshub.core.registry import components, pid_alive, register_component, unregister_component
 from obshub.core.settings import Settings
-from obshub.core.topics import topic_specs
+from obshub.core.topics import partitions, replication_factor, topic_specs
 
 Progress = Callable[[str], None]
 
@@ -284,8 +284,7 @@ def _tail(path: Path, n: int = 10) -> str:
 def _admin(settings: Settings):
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, "socket.timeout.ms": 5000,
-                        "logger": NullLogger()})
+    return AdminClient(kafka.admin_config(kafka.connection(settings), {"socket.timeout.ms": 5000}, quiet=True))
 
 
 def _metadata_ok(settings: Settings) -> bool:
@@ -303,7 +302,7 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
 
     admin = _admin(settings)
     existing = set(admin.list_topics(timeout=10).topics)
-    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=1,
+    new = [NewTopic(t.name, num_partitions=partitions(t), replication_factor=replication_factor(),
                     config={"retention.ms": str(t.retention_ms)})
            for t in topic_specs(settings) if t.name not in existing]
     created = []
@@ -386,9 +385,22 @@ def status(settings: Settings) -> dict:
     if not port_in_use(settings.kafka_port) and not settings.bootstrap:
         out["broker"]["error"] = f"nothing listens on 127.0.0.1:{settings.kafka_port}"
         return out
+    from obshub.core.kafkacheck import KafkaConnectError, check
+
+    conn = kafka.connection(settings)
+    out["security"] = {"protocol": conn.security_protocol.value,  # never the password
+                       "sasl_mechanism": conn.sasl_mechanism.value if conn.sasl_mechanism else None,
+                       "sasl_username": conn.sasl_username,
+                       "ssl_ca_location": str(conn.ssl_ca_location) if conn.ssl_ca_location else None,
+                       "ssl_certificate_location": str(conn.ssl_certificate_location)
+                       if conn.ssl_certificate_location else None}
     try:
+        check(kafka.admin_config(conn), timeout_s=8.0)
         admin = _admin(settings)
         md = admin.list_topics(timeout=5)
+    except KafkaConnectError as exc:
+        out["broker"]["error"] = f"{exc}; {exc.hint}"
+        return out
     except Exception as exc:
         out["broker"]["error"] = f"metadata request failed: {exc}"
         return out
@@ -405,8 +417,8 @@ def status(settings: Settings) -> dict:
 def _watermarks(settings: Settings, md) -> dict[tuple[str, int], tuple[int, int]]:
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "obshub-status",
-                  "enable.auto.commit": False, "logger": NullLogger()})
+    c = Consumer(kafka.consumer_config(kafka.connection(settings), "obshub-status", {"enable.auto.commit": False},
+                                       quiet=True))
     out = {}
     try:
         for name, t in md.topics.items():

@@ -10,7 +10,7 @@
  *
  * Records are `struct obs_event` (bpf/common.h, 176 bytes). Per kind a table says how a record becomes an
  * obshub event (the msgpack array [kind, ts_ns, duration_ns, trace_key, step, pid, tid, gpu, value,
- * payload] of obshub/schema.py):
+ * payload] of obshub/core/schema.py):
  *   FMT_PY      (0)  - not here: the raw record is handed to Python (producer/reader.py Decoder);
  *   FMT_NIL     (1)  - payload nil;
  *   FMT_PHASE   (2)  - payload {"phase": str0};
@@ -18,7 +18,7 @@
  *   FMT_SCHEDSUM(4)  - payload {"switches": arg0, "wakeups": arg1}.
  * Strings must be ASCII here (any other byte sends the record to Python, which decodes UTF-8 with
  * replacement). The bytes are exactly msgpack-python's (smallest int encoding, str8 for use_bin_type), so
- * a batch built from them equals obshub.schema.encode_batch of the decoded events.
+ * a batch built from them equals obshub.core.schema.encode_batch of the decoded events.
  *
  * Ring(map_fd, data_size)      map the ring (data_size: the map's max_entries, a power-of-2 multiple of
  *                              the page size); raises OSError.

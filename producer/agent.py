@@ -26,10 +26,9 @@ from typing import Callable
 
 from obshub.core import registry
 from obshub.core.schema import Event, Kind
-from obshub.core.settings import Settings
+from obshub.core.settings import AgentConfig, Settings
 from producer.batcher import Batcher
 from producer.clock import ClockTracker
-from producer.config import AgentConfig
 from producer.reader import PackedRun
 from producer.source import EventSource
 from producer.spool import Spool

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, NamedTuple
 import msgpack
 
 from obshub.core import schema
+from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_MAX_BYTES
 
 _EVENTS_KEY_AND_HEADER_MAX = 1 + len("events") + 5  # fixstr key + array32 header
 _ENVELOPE_SLACK = 160  # ints and the clock map at their largest encodings
@@ -59,8 +60,8 @@ class Batcher:
     """
 
     def __init__(self, job: str, host: str, host_id: int, *, agent_id: str | None = None,
-                 clock: Callable[[], schema.Clock] = schema.Clock, max_bytes: int = 256 * 1024,
-                 max_age_ms: float = 200.0, first_seq: int = 0):
+                 clock: Callable[[], schema.Clock] = schema.Clock, max_bytes: int = BATCH_MAX_BYTES,
+                 max_age_ms: float = BATCH_MAX_AGE_MS, first_seq: int = 0):
         self.job, self.host, self.host_id = job, host, host_id
         self.agent_id = agent_id or str(uuid.uuid4())
         self.key = host.encode()

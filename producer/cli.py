@@ -13,11 +13,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from obshub.core.settings import Settings
+from obshub.core.kafka import SaslMechanism, SecurityProtocol
+from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_MAX_BYTES, SPOOL_MAX_BYTES, SPOOL_SEGMENT_BYTES, Settings
 from producer import kheaders
 from producer import probes as cat
 from producer.agent import Agent
-from producer.config import SaslMechanism, SecurityProtocol
 from producer.probes import ProbeOptions, ProbeStatus, Target
 
 # ---------------------------------------------------------------------------------------------------------
@@ -108,26 +108,30 @@ def _finite(value: float, name: str) -> float:
               help="probe threshold, e.g. rdma_latency_ns=20000 (repeatable; changeable at run time in BPF maps)")
 @click.option("--bootstrap", envvar="OBSHUB_BOOTSTRAP", default=None,
               help="Kafka bootstrap servers [default: the local broker of `obshub up`]")
-@click.option("--security-protocol", type=click.Choice([p.value for p in SecurityProtocol]), default="PLAINTEXT",
-              show_default=True)
-@click.option("--sasl-mechanism", type=click.Choice([m.value for m in SaslMechanism]), default=None)
-@click.option("--sasl-username", envvar="OBSHUB_SASL_USERNAME", default=None)
-@click.option("--sasl-password", envvar="OBSHUB_SASL_PASSWORD", default=None,
-              help="SASL password (prefer $OBSHUB_SASL_PASSWORD: command lines are visible to every user)")
-@click.option("--ssl-ca-location", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--ssl-certificate-location", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--ssl-key-location", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--ssl-key-password", envvar="OBSHUB_SSL_KEY_PASSWORD", default=None)
+@click.option("--security-protocol", type=click.Choice([p.value for p in SecurityProtocol]), default=None,
+              help="[default: $OBSHUB_KAFKA_SECURITY_PROTOCOL, else PLAINTEXT]")
+@click.option("--sasl-mechanism", type=click.Choice([m.value for m in SaslMechanism]), default=None,
+              help="[default: $OBSHUB_KAFKA_SASL_MECHANISM]")
+@click.option("--sasl-username", envvar=["OBSHUB_KAFKA_SASL_USERNAME", "OBSHUB_SASL_USERNAME"], default=None)
+@click.option("--sasl-password", envvar=["OBSHUB_KAFKA_SASL_PASSWORD", "OBSHUB_SASL_PASSWORD"], default=None,
+              help="SASL password (prefer $OBSHUB_KAFKA_SASL_PASSWORD: command lines are visible to every user)")
+@click.option("--ssl-ca-location", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="[default: $OBSHUB_KAFKA_SSL_CA_LOCATION]")
+@click.option("--ssl-certificate-location", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="[default: $OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION]")
+@click.option("--ssl-key-location", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="[default: $OBSHUB_KAFKA_SSL_KEY_LOCATION]")
+@click.option("--ssl-key-password", envvar=["OBSHUB_KAFKA_SSL_KEY_PASSWORD", "OBSHUB_SSL_KEY_PASSWORD"], default=None)
 @click.option("--compression", type=click.Choice(["none", "gzip", "snappy", "lz4", "zstd"]), default="lz4",
               show_default=True)
 @click.option("--kafka-option", "kafka_options", multiple=True, metavar="KEY=VALUE",
               help="any other librdkafka producer setting (repeatable), e.g. queue.buffering.max.messages=100")
 @click.option("--delivery-timeout-ms", type=int, default=10_000, show_default=True,
               help="a batch not acknowledged within this goes to the spool")
-@click.option("--batch-max-bytes", type=int, default=256 * 1024, show_default=True, help="batch bound, bytes (1 KiB..1 MiB)")
-@click.option("--batch-max-age-ms", type=int, default=200, show_default=True, help="batch bound, ms")
-@click.option("--spool-max-bytes", type=int, default=256 * 1024 * 1024, show_default=True, help="spool bound, bytes")
-@click.option("--spool-segment-bytes", type=int, default=4 * 1024 * 1024, show_default=True)
+@click.option("--batch-max-bytes", type=int, default=BATCH_MAX_BYTES, show_default=True, help="batch bound, bytes (1 KiB..1 MiB)")
+@click.option("--batch-max-age-ms", type=int, default=BATCH_MAX_AGE_MS, show_default=True, help="batch bound, ms")
+@click.option("--spool-max-bytes", type=int, default=SPOOL_MAX_BYTES, show_default=True, help="spool bound, bytes")
+@click.option("--spool-segment-bytes", type=int, default=SPOOL_SEGMENT_BYTES, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="serve Prometheus metrics on PORT at /metrics (0: any free port)")
 @click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
@@ -150,10 +154,8 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
     import socket
     import zlib
 
-    from obshub.core.settings import load_settings
-    from producer.config import agent_config
-
     from obshub.core import log as jsonlog
+    from obshub.core.settings import agent_config, load_settings
 
     jsonlog.setup(logging.WARNING, log_format, "agent", "obshub agent: %(name)s: %(message)s")
     say = None
@@ -166,12 +168,14 @@ def agent_command(job, host, host_id, cgroup, pids, registered, source, rate, sy
     if host_id is None:
         host_id = zlib.crc32(host.encode()) & 0xFFFF
     thr = _key_values("--threshold", thresholds, as_int=True)
-    kafka = dict(bootstrap=bootstrap or settings.bootstrap_servers, security_protocol=security_protocol,
-                 sasl_mechanism=sasl_mechanism, sasl_username=sasl_username, sasl_password=sasl_password,
-                 ssl_ca_location=ssl_ca_location, ssl_certificate_location=ssl_certificate_location,
-                 ssl_key_location=ssl_key_location, ssl_key_password=ssl_key_password, compression=compression,
+    security = dict(security_protocol=security_protocol, sasl_mechanism=sasl_mechanism, sasl_username=sasl_username,
+                    sasl_password=sasl_password, ssl_ca_location=ssl_ca_location,
+                    ssl_certificate_location=ssl_certificate_location, ssl_key_location=ssl_key_location,
+                    ssl_key_password=ssl_key_password)
+    kafka = dict(bootstrap=bootstrap or settings.bootstrap_servers, compression=compression,
                  delivery_timeout_ms=delivery_timeout_ms,
-                 extra=_key_values("--kafka-option", kafka_options, as_int=False))
+                 extra=_key_values("--kafka-option", kafka_options, as_int=False),
+                 **{k: v for k, v in security.items() if v is not None})  # the rest from OBSHUB_KAFKA_*
     cfg = agent_config(job=job, host=host, host_id=host_id, kafka=kafka,
                        batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms),
                        spool=dict(dir=settings.home / "spool" / host, max_bytes=spool_max_bytes,

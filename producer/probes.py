@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from obshub.core import usdt as usdt_contract
-from obshub.core.schema import Kind, Layer
+from obshub.core.schema import KIND_INFO, Kind, Layer
 
 BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
 
@@ -286,7 +286,17 @@ def _build() -> tuple[Probe, ...]:
     return tuple(P)
 
 
-PROBES: tuple[Probe, ...] = _build()
+def _check_layers(probes: tuple[Probe, ...]) -> tuple[Probe, ...]:
+    """A probe belongs to the layer of the kinds it emits (the kinds table ``schema.KIND_INFO``); raises
+    ValueError naming the probe and the kinds of another layer."""
+    for p in probes:
+        other = [k.name for k in p.kinds if KIND_INFO[k].layer != p.layer]
+        if other:
+            raise ValueError(f"probe {p.name} ({p.layer.value}) emits kinds of another layer: {', '.join(other)}")
+    return probes
+
+
+PROBES: tuple[Probe, ...] = _check_layers(_build())
 PROBES_BY_NAME: dict[str, Probe] = {p.name: p for p in PROBES}
 CUDA_PROBE_BASE = next(p.id for p in PROBES if p.c_layer == "CUDA")
 C_LAYERS = ("PYTORCH", "SCHED", "MEMORY", "NET", "PCIE", "CUDA", "NIC")

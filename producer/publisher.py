@@ -1,7 +1,7 @@
 """Kafka publisher: one confluent-kafka (librdkafka) idempotent producer, its delivery reports and its
 back-pressure. It knows nothing about spools or ordering policy: :mod:`producer.transport` drives it.
 
-Producer settings (see :meth:`producer.config.KafkaConfig.librdkafka_config`): ``enable.idempotence``
+Producer settings (see :meth:`obshub.core.settings.KafkaConfig.librdkafka_config`): ``enable.idempotence``
 (librdkafka: no duplicates from its own retries, ordering kept per partition, ``acks=all``), compression
 (lz4 by default), ``linger.ms``, ``message.timeout.ms`` = the delivery timeout, bounded in-memory queue.
 
@@ -22,7 +22,7 @@ from typing import Callable
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from obshub.core import schema
-from producer.config import KafkaConfig
+from obshub.core.settings import KafkaConfig
 from producer.errors import TransportError
 
 log = logging.getLogger("producer.kafka")  # librdkafka's own log lines

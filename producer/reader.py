@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from obshub.core.schema import Event, Kind
+from obshub.core.schema import KIND_INFO, Event, Kind
 
 # struct obs_event (bpf/common.h): 8 x u64/s64, 2 x u32, 2 x u16, u32, char[64], char[32]
 EVENT_STRUCT = struct.Struct("<QQQqqQQQIIHHI64s32s")
@@ -137,49 +137,69 @@ class Decoder:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         return Event(kind, ts, dur, tk, step, pid, tid, -1, value, payload)
 
-    def _payload(self, kind, value, a0, a1, a2, a3, s0, s1, pid):  # noqa: C901 - one branch per kind
-        if kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU, Kind.STEP_BEGIN, Kind.STEP_END):
-            return None
-        if kind in (Kind.CUDA_LAUNCH, Kind.CUDA_MEMCPY, Kind.CUDA_SYNC, Kind.NCCL_COLL):
-            return {"symbol": self.cuda_symbols.get(a1, f"sym{a1}"), "rc": a0 & 0xFFFFFFFF}
-        if kind == Kind.SCHED_STEP_SUM:
-            return {"switches": a0, "wakeups": a1, "runq_max_ns": a2,
-                    "offcpu_max_ns": _U64.unpack_from(s1)[0], "runq_hist_us": hist_text(s0)}
-        if kind == Kind.MEM_STEP_SUM:
-            return {"pages": a0, "stalls": a1, "stall_max_ns": a2, "orders": hist_text(s0)}
-        if kind == Kind.CUDA_STEP_SUM:
-            return {"max_ns": a0, "hist_us": hist_text(s0)}
-        if kind == Kind.PHASE:
-            return {"phase": _cstr(s0)}
-        if kind in (Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END):
-            return {"pg": _cstr(s0), "coll_seq": a0, "op": _cstr(s1)}
-        if kind == Kind.RDMA_CQ_DONE:
-            return {"qp": a0, "status": a1}
-        if kind == Kind.REGISTER:
-            p = {"job": _cstr(s0), "world_size": a0, "host_id": a1, "local_rank": a2}
-            if self.on_register:
-                self.on_register({**p, "rank": value, "pid": pid})
-            return p
-        if kind == Kind.TCP_RETRANSMIT:
-            family, state = a2 & 0xFFFF, (a2 >> 16) & 0xFFFFFFFF
-            if family == socket.AF_INET6:
-                saddr, daddr = str(ipaddress.IPv6Address(s0[:16])), str(ipaddress.IPv6Address(s1[:16]))
-            else:
-                saddr, daddr = _ipv4(a0), _ipv4(a1)
-            return {"saddr": saddr, "daddr": daddr, "sport": a3 >> 16, "dport": a3 & 0xFFFF, "state": state}
-        if kind == Kind.TCP_RTT:
-            saddr, sport = _sockaddr(s0)
-            daddr, dport = _sockaddr(s1)
-            return {"saddr": saddr, "daddr": daddr, "sport": sport, "dport": dport}
-        if kind == Kind.SKB_DROP:
-            return {"reason": self.drop_reasons.get(value, str(value))}
-        if kind == Kind.MEM_RECLAIM:
-            return {"reclaim": "memcg" if a0 else "direct"}
-        if kind == Kind.PCIE_AER:
-            return aer_payload(_cstr(s0), a0, value)
-        if kind == Kind.PAGE_ALLOC:
-            return {"gfp": a0}
-        return None
+    def _payload(self, kind, value, a0, a1, a2, a3, s0, s1, pid):
+        layout = _LAYOUT_OF_KIND.get(kind)
+        return layout(self, value, a0, a1, a2, a3, s0, s1, pid) if layout else None
+
+    # -- one function per record layout (``KindInfo.record``) --------------------------------------------
+    def _symbol(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"symbol": self.cuda_symbols.get(a1, f"sym{a1}"), "rc": a0 & 0xFFFFFFFF}
+
+    def _sched_sum(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"switches": a0, "wakeups": a1, "runq_max_ns": a2,
+                "offcpu_max_ns": _U64.unpack_from(s1)[0], "runq_hist_us": hist_text(s0)}
+
+    def _mem_step_sum(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"pages": a0, "stalls": a1, "stall_max_ns": a2, "orders": hist_text(s0)}
+
+    def _cuda_step_sum(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"max_ns": a0, "hist_us": hist_text(s0)}
+
+    def _phase(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"phase": _cstr(s0)}
+
+    def _collective(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"pg": _cstr(s0), "coll_seq": a0, "op": _cstr(s1)}
+
+    def _rdma_cq(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"qp": a0, "status": a1}
+
+    def _register(self, value, a0, a1, a2, a3, s0, s1, pid):
+        p = {"job": _cstr(s0), "world_size": a0, "host_id": a1, "local_rank": a2}
+        if self.on_register:
+            self.on_register({**p, "rank": value, "pid": pid})
+        return p
+
+    def _tcp_retransmit(self, value, a0, a1, a2, a3, s0, s1, pid):
+        family, state = a2 & 0xFFFF, (a2 >> 16) & 0xFFFFFFFF
+        if family == socket.AF_INET6:
+            saddr, daddr = str(ipaddress.IPv6Address(s0[:16])), str(ipaddress.IPv6Address(s1[:16]))
+        else:
+            saddr, daddr = _ipv4(a0), _ipv4(a1)
+        return {"saddr": saddr, "daddr": daddr, "sport": a3 >> 16, "dport": a3 & 0xFFFF, "state": state}
+
+    def _tcp_rtt(self, value, a0, a1, a2, a3, s0, s1, pid):
+        saddr, sport = _sockaddr(s0)
+        daddr, dport = _sockaddr(s1)
+        return {"saddr": saddr, "daddr": daddr, "sport": sport, "dport": dport}
+
+    def _skb_drop(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"reason": self.drop_reasons.get(value, str(value))}
+
+    def _reclaim(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"reclaim": "memcg" if a0 else "direct"}
+
+    def _aer(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return aer_payload(_cstr(s0), a0, value)
+
+    def _page_alloc(self, value, a0, a1, a2, a3, s0, s1, pid):
+        return {"gfp": a0}
+
+
+#: kind number -> the Decoder method for its record layout, derived from the kinds table
+#: ``schema.KIND_INFO`` (``record``); kinds without a layout carry no payload
+_LAYOUT_OF_KIND = {int(kind): getattr(Decoder, f"_{info.record}")
+                   for kind, info in KIND_INFO.items() if info.record}
 
 
 def aer_payload(dev: str, severity: int, status: int) -> dict:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from obshub.core.settings import SPOOL_MAX_BYTES, SPOOL_SEGMENT_BYTES
 from producer.errors import SpoolError
 
 _HEADER = struct.Struct("<HHII")
@@ -71,7 +72,7 @@ class Spool:
     process holds it), cuts a torn tail, and resumes from the saved cursor.
     """
 
-    def __init__(self, directory: Path, max_bytes: int = 256 * 1024 * 1024, segment_bytes: int = 4 * 1024 * 1024):
+    def __init__(self, directory: Path, max_bytes: int = SPOOL_MAX_BYTES, segment_bytes: int = SPOOL_SEGMENT_BYTES):
         if segment_bytes > max_bytes:
             raise ValueError(f"segment_bytes {segment_bytes} exceeds max_bytes {max_bytes}")
         self.dir = Path(directory)

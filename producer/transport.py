@@ -31,8 +31,8 @@ from typing import Callable
 from confluent_kafka import KafkaError
 
 from obshub.core import schema
+from obshub.core.settings import KafkaConfig
 from producer.batcher import SealedBatch
-from producer.config import KafkaConfig
 from producer.publisher import Publisher
 from producer.spool import Spool, SpoolPos
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from obshub.core.settings import load_settings
+from obshub.core.settings import RULES, load_settings
 from rules.durations import parse_duration_ns
 from rules.errors import RuleTestError, RuleValidationError
 from rules.lifecycle import rfc3339
@@ -94,7 +94,7 @@ def test_command(files):
               help="rule file or directory (repeatable; default: the builtin pack)")
 @click.option("-c", "--config", "config_path", type=click.Path(path_type=Path), default=None,
               help="alerting config: sinks, route, delivery (default: console sink only)")
-@click.option("--group-prefix", default="obshub-rules", show_default=True, help="Kafka consumer group prefix")
+@click.option("--group-prefix", default=RULES.group_prefix, show_default=True, help="Kafka consumer group prefix")
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
 @click.option("--scale-out", is_flag=True,
               help="run as one of several engines of the group: jobs split between them, state kept in Kafka, "

@@ -34,11 +34,11 @@ from typing import Any, Callable
 import httpx
 from prometheus_client import Counter
 
+from rules.durations import parse_duration_ns
 from rules.model import InhibitRule
 from rules.silences import SilenceStore
 from rules.sinks.base import DeliveryPolicy, DeliveryResult, Notification, Sink
 from rules.sinks.config import Route
-from rules.durations import parse_duration_ns
 
 log = logging.getLogger("obshub.rules.dispatch")
 DELIVERIES = Counter("obshub_rules_deliveries", "notification deliveries by sink and outcome", ["sink", "outcome"])

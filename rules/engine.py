@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Callable
 
 import cel

@@ -286,10 +286,11 @@ def _operand_before(toks: list[tuple[str, str]], i: int) -> int:
 
 
 def item_invariant(expr: str, var: str = "item") -> bool:
-    """True when ``expr`` uses ``var`` only in comparisons ``var ==|!=|in P`` / ``P ==|!= var`` with P a
-    field path or literal, binds no comprehension variable of that name, and calls nothing that can
-    build a new string (no ``+``, only the calls in ``_BOOL_CALLS``). Then every ``var`` outside the
-    strings of the record and of ``expr`` gives the same value (or the same error)."""
+    """True when ``expr`` uses ``var`` only in comparisons ``var ==|!=|in P`` / ``P ==|!= var`` and as a
+    key ``P[var]``, with P a field path or literal, binds no comprehension variable of that name, and
+    calls nothing that can build a new string (no ``+``, only the calls in ``_BOOL_CALLS``). Then every
+    ``var`` outside the strings of the record (values and map keys) and of ``expr`` gives the same value
+    (or the same error)."""
     toks = _lex(expr)
     texts = [t for _, t in toks]
     if "+" in texts or re.search(rf"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*{var}\s*,", expr):
@@ -309,6 +310,11 @@ def item_invariant(expr: str, var: str = "item") -> bool:
             start = _operand_before(toks, i - 2)
             if start < 0 or (texts[start - 1] if start > 0 else "") not in _LOW:
                 return False
+        elif prev == "[" and nxt == "]" and i >= 2 and _operand_before(toks, i - 2) >= 0 \
+                and toks[i - 2][0] not in ("str", "num") and texts[i - 2] not in _RESERVED:
+            # ``P[var]``: for a var that is no key of P (P's keys are among the record's strings) the
+            # look-up fails the same way whatever the var is
+            continue
         else:
             return False
     return True

@@ -85,7 +85,7 @@ def decode_change(value: bytes | None) -> dict:
     return data
 
 
-DLQ_MAX_BYTES = 900_000  # below the broker's default max.message.bytes (1 MB) with room for headers
+DLQ_MAX_BYTES = schema.DLQ_MAX_BYTES
 
 
 def dead_letter(producer: Any, msg: Any, exc: BaseException, consumer: str, dlq_topic: str = schema.TOPIC_DLQ) -> str:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from obshub.core import registry
 from obshub.core.reach import BrokerWatch
-from obshub.core.settings import Settings
+from obshub.core.settings import RULES, Settings
 from rules.dispatch import Dispatcher
 from rules.engine import Engine
 from rules.errors import RuleValidationError
@@ -58,8 +58,8 @@ class RuleService:
     outbox = property(lambda self: self.engine_loop.outbox)      # changes not yet published
 
     def __init__(self, settings: Settings, rule_paths: list[Path], config: AlertingConfig, *,
-                 group_prefix: str = "obshub-rules", from_beginning: bool = False, health_every_s: float = 5.0,
-                 max_replay_age_s: float = 3600.0, log_path: str = "stderr", checkpoint_every_s: float = 1.0,
+                 group_prefix: str = RULES.group_prefix, from_beginning: bool = False,
+                 health_every_s: float = RULES.health_every_s, max_replay_age_s: float = RULES.max_replay_age_s, log_path: str = "stderr", checkpoint_every_s: float = 1.0,
                  scale_out: bool = False):
         self.settings, self.rule_paths, self.config = settings, list(rule_paths) or [BUILTIN_DIR], config
         self.group_prefix, self.from_beginning = group_prefix, from_beginning

@@ -16,6 +16,7 @@ import msgpack
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from prometheus_client import Counter, Gauge
 
+from obshub.core import kafka
 from obshub.core.reach import BrokerWatch
 from obshub.core.settings import Settings
 
@@ -88,8 +89,7 @@ def _client_log(watch: BrokerWatch | None) -> dict:
 
 def producer(settings: Settings, watch: BrokerWatch | None = None) -> Producer:
     """The idempotent producer of a loop (alert changes, dead letters)."""
-    return Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True,
-                     "linger.ms": 5, **_client_log(watch)})
+    return Producer(kafka.producer_config(kafka.connection(settings), {"enable.idempotence": True, "linger.ms": 5, **_client_log(watch)}))
 
 
 def flush(prod: Producer, stop: threading.Event, watch: BrokerWatch | None = None) -> int:
@@ -126,6 +126,4 @@ def wait_for_broker(bootstrap: str, stop: threading.Event, watch: BrokerWatch) -
 
 def consumer(settings: Settings, group: str, reset: str, watch: BrokerWatch | None = None) -> Consumer:
     """A consumer of group ``group`` that commits only explicitly; ``reset``: where a new group starts."""
-    return Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group,
-                     "enable.auto.commit": False, "auto.offset.reset": reset, "enable.partition.eof": False,
-                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, **_client_log(watch)})
+    return Consumer(kafka.consumer_config(kafka.connection(settings), group, {"enable.auto.commit": False, "auto.offset.reset": reset, "enable.partition.eof": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, **_client_log(watch)}))

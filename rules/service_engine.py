@@ -21,8 +21,21 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from obshub.core import schema
 from rules import fields, intake
 from rules.engine import Engine
-from rules.service_common import (ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, atomic_write, commit, consumer,
-                                  flush, log, log_assign, producer, read_state)
+from rules.service_common import (
+    ACTIVE,
+    CHANGES,
+    DLQ,
+    EVAL_ERRORS,
+    RECORDS,
+    atomic_write,
+    commit,
+    consumer,
+    flush,
+    log,
+    log_assign,
+    producer,
+    read_state,
+)
 from rules.web import runbook_url
 
 if TYPE_CHECKING:
@@ -192,13 +205,11 @@ class EngineLoop:
         finally:
             if self.outbox and not self.undelivered:
                 self._publish(prod)
-            if self.undelivered:
-                cons.close()
-                return
-            self.write_snapshot()
-            if uncommitted and self._flush(prod):
-                try:
-                    commit(cons)
-                except Exception as exc:
-                    log.warning("final commit failed (the last records will be evaluated again): %s", exc)
+            if not self.undelivered:  # undelivered changes end the loop without a snapshot or a commit
+                self.write_snapshot()
+                if uncommitted and self._flush(prod):
+                    try:
+                        commit(cons)
+                    except Exception as exc:
+                        log.warning("final commit failed (the last records will be evaluated again): %s", exc)
             cons.close()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from obshub.core import schema
+from obshub.core.settings import RULES
 from rules import intake
 from rules.dispatch import Dispatcher
 from rules.service_common import DLQ, atomic_write, consumer, flush, log, log_assign, producer, read_state
@@ -77,7 +78,7 @@ class NotifyLoop:
     """Delivery: the service's alert changes through a ``Dispatcher`` to the sinks (module docstring).
     ``dispatcher_factory(on_ack)`` builds the dispatcher (sinks, route, inhibition, silences)."""
 
-    def __init__(self, svc: "RuleService", dispatcher_factory, max_replay_age_s: float = 3600.0):
+    def __init__(self, svc: "RuleService", dispatcher_factory, max_replay_age_s: float = RULES.max_replay_age_s):
         self.svc = svc
         self.max_replay_age_ns = int(max_replay_age_s * 1e9)
         self.tracker = OffsetTracker()

@@ -34,8 +34,9 @@ import msgpack
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.core.log import NullLogger
+from obshub.core.topics import replication_factor
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet
@@ -174,7 +175,7 @@ class PartitionedEngineLoop:
         return self.svc.settings.bootstrap_servers
 
     def _ensure_state_topic(self) -> None:
-        admin = AdminClient({"bootstrap.servers": self._bootstrap(), "logger": NullLogger()})
+        admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"logger": NullLogger()}))
         waited = 0.0
         while True:
             md = admin.list_topics(timeout=10)
@@ -196,7 +197,7 @@ class PartitionedEngineLoop:
                 raise RuntimeError(f"{self.state_topic} has {len(have.partitions)} partitions, {schema.TOPIC_STEPS} "
                                    f"{self.n_steps}: the engine state is per steps partition (delete it to start over)")
             return
-        fut = admin.create_topics([NewTopic(self.state_topic, num_partitions=self.n_steps, replication_factor=1,
+        fut = admin.create_topics([NewTopic(self.state_topic, num_partitions=self.n_steps, replication_factor=replication_factor(),
                                             config={"cleanup.policy": "compact",
                                                     "max.message.bytes": str(STATE_MAX_BYTES),
                                                     "segment.ms": "600000"})])[self.state_topic]
@@ -207,18 +208,13 @@ class PartitionedEngineLoop:
                 raise
 
     def _producer(self, p: int) -> Producer:
-        prod = Producer({"bootstrap.servers": self._bootstrap(), "transactional.id": f"{self.svc.group_prefix}-engine-{p}",
-                         "enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4",
-                         "message.max.bytes": STATE_MAX_BYTES, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                         **self.svc.watch.client_conf()})
+        prod = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"transactional.id": f"{self.svc.group_prefix}-engine-{p}", "enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4", "message.max.bytes": STATE_MAX_BYTES, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **self.svc.watch.client_conf()}))
         prod.init_transactions(60)  # fences the previous owner of p and aborts its open transaction
         return prod
 
     def _load_state(self, p: int) -> dict | None:
         """The last committed snapshot of partition ``p`` (read_committed), or None."""
-        c = Consumer({"bootstrap.servers": self._bootstrap(), "group.id": f"{self.svc.group_prefix}-state-{uuid.uuid4().hex}",
-                      "enable.auto.commit": False, "isolation.level": "read_committed", "logger": NullLogger(),
-                      "fetch.message.max.bytes": STATE_MAX_BYTES, "receive.message.max.bytes": STATE_MAX_BYTES + 65536})
+        c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), f"{self.svc.group_prefix}-state-{uuid.uuid4().hex}", {"enable.auto.commit": False, "isolation.level": "read_committed", "logger": NullLogger(), "fetch.message.max.bytes": STATE_MAX_BYTES, "receive.message.max.bytes": STATE_MAX_BYTES + 65536}))
         try:
             lo, hi = c.get_watermark_offsets(TopicPartition(self.state_topic, p), timeout=10, cached=False)
             if hi <= lo:
@@ -311,6 +307,7 @@ class PartitionedEngineLoop:
         if not force and not part.outbox and time.monotonic() - part.last_commit < self.checkpoint_every_s:
             return
         prod = part.producer
+        t0 = time.monotonic()
         try:
             self._begin(part)
             for rec in part.outbox:
@@ -334,6 +331,9 @@ class PartitionedEngineLoop:
                 return
             raise
         part.in_txn, part.dirty, part.last_commit = False, False, time.monotonic()
+        if part.last_commit - t0 > 1.0:
+            log.warning("engine: the transaction of partition %d took %.1f s (evaluation waits meanwhile)", part.p,
+                        part.last_commit - t0)
 
     def _reload(self, part: _Part, cons: Consumer) -> None:
         """After an aborted transaction: back to the last committed state and offsets of ``part``."""
@@ -444,7 +444,8 @@ class PartitionedEngineLoop:
         if not wait_for_broker(svc.settings.bootstrap_servers, svc.stop, svc.watch):
             return  # stopped before the broker ever answered
         self._ensure_state_topic()
-        common = {"bootstrap.servers": self._bootstrap(), "enable.auto.commit": False, "enable.partition.eof": False,
+        common = {**kafka.KafkaConnection(bootstrap=self._bootstrap()).librdkafka_common(),
+                  "enable.auto.commit": False, "enable.partition.eof": False,
                   "isolation.level": "read_committed", **self.svc.watch.client_conf(),
                   "auto.offset.reset": "earliest" if svc.from_beginning else "latest"}
         self._events_config = {**common, "group.id": f"{svc.group_prefix}-engine-events-{uuid.uuid4().hex}"}
@@ -455,8 +456,7 @@ class PartitionedEngineLoop:
                                       "heartbeat.interval.ms": 1000})
         cons.subscribe([schema.TOPIC_STEPS], on_assign=self._on_assign, on_revoke=self._on_revoke,
                        on_lost=self._on_revoke)
-        health = Producer({"bootstrap.servers": self._bootstrap(), "enable.idempotence": True, "linger.ms": 5,
-                           **self.svc.watch.client_conf()})
+        health = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"enable.idempotence": True, "linger.ms": 5, **self.svc.watch.client_conf()}))
         last_tick = last_health = 0.0
         try:
             while not svc.stop.is_set():

@@ -114,7 +114,7 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
             _check_keys(file, doc, ["tests", i, "expect", j], exp, _EXPECT_KEYS, "an expectation")
             for k, a in enumerate(exp.get("alerts") or []):
                 _check_keys(file, doc, ["tests", i, "expect", j, "alerts", k], a, _ALERT_KEYS, "an expected alert")
-        for j, node in [(j, n) for j, n in enumerate((t.get("input") or []) + (t.get("expect") or []))]:
+        for _j, node in [(j, n) for j, n in enumerate((t.get("input") or []) + (t.get("expect") or []))]:
             try:
                 parse_duration_ns(str(node.get("at")))
                 if "every" in node:

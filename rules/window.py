@@ -7,8 +7,10 @@ of Lemire, "Streaming maximum-minimum filter using no more than three comparison
 Adding a hit and pruning cost O(1) amortised instead of a pass over every hit of the window.
 
 Aggregates: ``count`` (number of hits), ``sum``, ``avg``, ``max``, ``min`` of the values, ``cusum`` (Page's
-one-sided CUSUM of the values in time order, ``rules.engine.cusum``: recomputed over the window's hits,
-which a rule's window keeps to a few dozen); 0.0 for an empty window. A running float sum can differ from a fresh sum in the last bits; ``value`` and
+one-sided CUSUM of the values in time order, ``rules.engine.cusum``); 0.0 for an empty window. The
+CUSUM of the hits ``a..n`` equals ``P_n - min(P_{a-1}, ..., P_n)`` with ``P`` the running sum of the
+values (Lindley's recursion unrolled), so the window keeps the prefix sums of its hits, the prefix sum
+before its first hit, and a monotonic queue of the smallest prefix sums: O(1) amortised per hit. A running float sum can differ from a fresh sum in the last bits; ``value`` and
 ``true_until`` recompute exactly (Python's ``sum`` over the hits in time order) whenever a running
 value lies within ``EXACT_BAND`` of the threshold, so a threshold decision never depends on rounding.
 """
@@ -26,7 +28,7 @@ class Window:
     """Hits of one group; ``kind`` is the rule's aggregate. ``maxlen`` bounds the hits kept (oldest
     dropped first, like a bounded deque)."""
 
-    __slots__ = ("kind", "maxlen", "times", "values", "total", "extreme")
+    __slots__ = ("kind", "maxlen", "times", "values", "total", "extreme", "prefixes", "prefix", "base", "pmins")
 
     def __init__(self, kind: str, maxlen: int) -> None:
         self.kind, self.maxlen = kind, maxlen
@@ -34,6 +36,10 @@ class Window:
         self.values: deque[float] = deque()
         self.total = 0.0
         self.extreme: deque[tuple[int, float]] | None = deque() if kind in ("max", "min") else None
+        # cusum: prefix sum after each hit, the last one, the one before the first hit, queue of minima
+        self.prefixes: deque[float] | None = deque() if kind == "cusum" else None
+        self.prefix = self.base = 0.0
+        self.pmins: deque[float] = deque()
 
     def __len__(self) -> int:
         return len(self.times)
@@ -56,6 +62,8 @@ class Window:
                 while ext and self._better(v, ext[-1][1]):
                     ext.pop()
                 ext.append((t, v))
+            if self.prefixes is not None:
+                self._push_prefix(v)
         if len(times) > self.maxlen:
             self._pop_oldest()
 
@@ -66,6 +74,35 @@ class Window:
         self.total += v
         if self.extreme is not None:
             self._rebuild_extreme()
+        if self.prefixes is not None:
+            self._rebuild_prefixes()
+
+    def _push_prefix(self, v: float) -> None:
+        p = self.prefix = self.prefix + v
+        self.prefixes.append(p)
+        mins = self.pmins
+        while mins and mins[-1] > p:   # strict, as in the extreme queue
+            mins.pop()
+        mins.append(p)
+        if abs(p) > 1e6:   # keep the running sums small (and exact enough): rebase on the window's start
+            self._rebuild_prefixes()
+
+    def _rebuild_prefixes(self) -> None:
+        self.prefix = self.base = 0.0
+        self.prefixes, self.pmins = deque(), deque()
+        for v in self.values:
+            p = self.prefix = self.prefix + v
+            self.prefixes.append(p)
+            while self.pmins and self.pmins[-1] > p:
+                self.pmins.pop()
+            self.pmins.append(p)
+
+    def _cusum_value(self, at_least: float) -> float:
+        low = min(self.base, self.pmins[0]) if self.pmins else self.base
+        v = self.prefix - low
+        if not math.isfinite(v) or abs(v - at_least) <= EXACT_BAND * max(1.0, abs(at_least)):
+            return _cusum(self.values)
+        return v
 
     def _rebuild_extreme(self) -> None:
         ext = self.extreme = deque()
@@ -78,6 +115,10 @@ class Window:
         t = self.times.popleft()
         v = self.values.popleft()
         self.total -= v
+        if self.prefixes is not None:
+            p = self.base = self.prefixes.popleft()
+            if self.pmins and self.pmins[0] == p:
+                self.pmins.popleft()
         ext = self.extreme
         if ext is not None and ext and ext[0][0] == t and ext[0][1] == v:
             ext.popleft()
@@ -93,7 +134,7 @@ class Window:
     def push(self, t: int, v: float, horizon: int, at_least: float) -> float:
         """``add(t, v)``, ``prune(horizon)`` and ``value(at_least)`` in one call (the engine's per-hit path)."""
         times, values = self.times, self.values
-        if self.extreme is None and (not times or t >= times[-1]):
+        if self.extreme is None and self.prefixes is None and (not times or t >= times[-1]):
             times.append(t)
             values.append(v)
             self.total += v
@@ -102,12 +143,7 @@ class Window:
         else:
             self.add(t, v)
         while times and times[0] <= horizon:
-            times.popleft()
-            self.total -= values.popleft()
-            if self.extreme is not None:
-                ext = self.extreme
-                if ext and ext[0][0] <= horizon:
-                    ext.popleft()
+            self._pop_oldest()
         n = len(times)
         if not n:
             self.total = 0.0
@@ -140,7 +176,7 @@ class Window:
         if k in ("max", "min"):
             return float(self.extreme[0][1])
         if k == "cusum":
-            return _cusum(self.values)
+            return self._cusum_value(at_least)
         v = self.total if k == "sum" else self.total / n
         if not math.isfinite(v) or abs(v - at_least) <= EXACT_BAND * max(1.0, abs(at_least)):
             return self._exact()
@@ -203,6 +239,8 @@ class Window:
             w.times.extend(t for t, _ in pairs[-maxlen:])      # in order already (what snapshots hold)
             w.values.extend(v for _, v in pairs[-maxlen:])
             w.total = float(sum(w.values))
+            if w.prefixes is not None:
+                w._rebuild_prefixes()
             return w
         for t, v in sorted(pairs, key=lambda h: h[0]):
             w.add(t, v)

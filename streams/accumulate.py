@@ -22,7 +22,8 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
 ``net`` feeds the connection-based network blame (docs/ANALYSIS.md "Network blame by connection"); an
 accumulator without it (written by an older worker) merges as empty.
 
-What counts as a layer's ``time_ns`` and ``count`` per kind is the table ``KIND_RULES`` below, documented
+What counts as a layer's ``time_ns`` and ``count`` per kind is ``KIND_RULES`` below, derived from the kinds
+table ``schema.KIND_INFO`` (its ``step`` rules) and documented
 with reasons in docs/ANALYSIS.md ("Layer time per kind"). The ``pytorch`` layer's time is not summed
 here: it is the host's compute time, derived at close (see ``analysis.compute_ns``).
 """
@@ -80,35 +81,20 @@ def _cuda_step_max(e: Event) -> int:
     return max(0, int((e.payload or {}).get("max_ns", 0) or 0))
 
 
+#: rule name (:data:`obshub.core.schema.STEP_RULES`) -> function of an event
+_RULE_FNS: dict[str, Callable[[Event], int]] = {
+    "zero": _zero, "one": _one, "duration": _dur, "value": _value_pos, "retransmits": _retrans,
+    "preempted": _preempted_offcpu, "mem_step_count": _mem_step_count, "mem_step_max": _mem_step_max,
+    "cuda_step_max": _cuda_step_max}
+
+#: per kind: its layer and how it counts, derived from the kinds table ``schema.KIND_INFO``
 KIND_RULES: dict[Kind, Rule] = {
-    Kind.PYTORCH_OP: (Layer.PYTORCH, _zero, _one, _dur),
-    Kind.PHASE: (Layer.PYTORCH, _zero, _one, _dur),
-    Kind.CUDA_LAUNCH: (Layer.CUDA, _dur, _one, _dur),
-    Kind.CUDA_SYNC: (Layer.CUDA, _dur, _one, _dur),
-    Kind.CUDA_MEMCPY: (Layer.CUDA, _dur, _one, _dur),
-    Kind.NCCL_COLL: (Layer.NCCL, _dur, _one, _dur),
-    Kind.SCHED_OFFCPU: (Layer.SCHED, _preempted_offcpu, _one, _preempted_offcpu),
-    Kind.SCHED_RUNQ: (Layer.SCHED, _dur, _one, _dur),
-    Kind.SCHED_STEP_SUM: (Layer.SCHED, _value_pos, _one, _value_pos),
-    Kind.MEM_RECLAIM: (Layer.MEMORY, _dur, _one, _dur),
-    Kind.MEM_COMPACTION: (Layer.MEMORY, _dur, _one, _dur),
-    Kind.PAGE_ALLOC: (Layer.MEMORY, _zero, _one, _zero),
-    Kind.PAGE_FAULT: (Layer.MEMORY, _zero, _one, _zero),
-    # per-step aggregates of the kernel: they hold only what was not also sent as single records
-    Kind.MEM_STEP_SUM: (Layer.MEMORY, _dur, _mem_step_count, _mem_step_max),
-    Kind.CUDA_STEP_SUM: (Layer.CUDA, _dur, _value_pos, _cuda_step_max),
-    Kind.TCP_RETRANSMIT: (Layer.NETWORK, _zero, _retrans, _zero),
-    Kind.TCP_RTT: (Layer.NETWORK, _zero, _zero, _dur),
-    Kind.SKB_DROP: (Layer.NETWORK, _zero, _one, _zero),
-    Kind.PCIE_AER: (Layer.PCIE, _zero, _one, _zero),
-    Kind.PCIE_LINK: (Layer.PCIE, _zero, _value_pos, _zero),
-    Kind.RDMA_WQE_POST: (Layer.NIC, _dur, _one, _dur),
-    Kind.RDMA_CQ_DONE: (Layer.NIC, _dur, _one, _dur),
-    Kind.NIC_COUNTER: (Layer.NIC, _zero, _value_pos, _zero),
+    kind: (info.layer, _RULE_FNS[info.step[0]], _RULE_FNS[info.step[1]], _RULE_FNS[info.step[2]])
+    for kind, info in schema.KIND_INFO.items() if info.step is not None
 }
 
-STRUCTURAL = {Kind.REGISTER, Kind.STEP_BEGIN, Kind.STEP_END, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END,
-              Kind.AGENT_LOSS}
+#: kinds handled apart (step and collective boundaries, registrations, agent loss)
+STRUCTURAL = {kind for kind, info in schema.KIND_INFO.items() if info.step is None}
 
 
 def new_acc(host: str, host_id: int) -> dict:

@@ -33,6 +33,7 @@ All inputs and outputs are JSON-able dicts; nothing here touches Kafka or Faust.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -99,6 +100,34 @@ def median_int(values: list[int]) -> int:
     s = sorted(values)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) // 2
+
+
+class LeaveOneOut:
+    """Medians of a per-host value over every host but one (the ``peer median`` of each host), after one
+    sort: ``median_without(v)`` equals ``median_int`` of the values with one occurrence of ``v`` removed,
+    in O(log n) instead of O(n log n), so all hosts' peer medians of a step cost O(n log n), not O(n^2).
+
+    ``values``: the value of every host (ints, any order). ``median_without(v)`` needs ``v`` to be one of
+    them (raises ``ValueError`` otherwise)."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, values):
+        self._s = sorted(values)
+
+    def median_without(self, v: int) -> int:
+        s = self._s
+        n = len(s) - 1
+        i = bisect.bisect_left(s, v)
+        if i == len(s) or s[i] != v:
+            raise ValueError(f"{v!r} is not one of the values")
+        if n <= 0:
+            return 0
+
+        def at(k: int) -> int:  # the k-th smallest once s[i] is left out
+            return s[k] if k < i else s[k + 1]
+
+        return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) // 2
 
 
 def p99_int(values: list[int]) -> int:
@@ -192,7 +221,7 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
             continue
         pg, _, seq = key.rpartition("#")
         order = sorted(arr.items(), key=lambda kv: (kv[1][0], kv[0]))
-        (first_h, first), (second_h, second), (last_h, last) = order[0], order[-2], order[-1]
+        (_first_h, first), (_second_h, second), (last_h, last) = order[0], order[-2], order[-1]
         med = median_int([v[0] for v in arr.values()])
         why = _pair_check(key, arr, th)
         out.append({"pg": pg, "coll_seq": int(seq), "op": last[2],
@@ -221,8 +250,9 @@ def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str
     comp = {h: layers.get(h, {}).get("pytorch", {}).get("time_ns") for h in accs}
     known = {h: v for h, v in comp.items() if v is not None}
     if len(known) >= 2:
+        peers = LeaveOneOut(known.values())
         for h, v in known.items():
-            out[h] = max(0, v - median_int([w for g, w in known.items() if g != h]))
+            out[h] = max(0, v - peers.median_without(v))
     return out
 
 
@@ -282,7 +312,8 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
         known = {h: v for h, v in comp.items() if v is not None}
         if len(known) < 2:
             return None
-        excesses = {h: v - median_int([w for g, w in known.items() if g != h]) for h, v in known.items()}
+        loo = LeaveOneOut(known.values())
+        excesses = {h: v - loo.median_without(v) for h, v in known.items()}
         host = min(excesses, key=lambda h: (-excesses[h], h))
         excess = excesses[host]
         reason = f"no collectives joined; compute {excess / 1e6:.3f} ms over the peer median"
@@ -441,7 +472,9 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
     the start of a job is noisy."""
     s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
     clip = th.evidence_clip
-    peers_of = {h: [g for g in accs if g != h] for h in accs}
+    def layer_value(g: str, layer: str, field: str) -> int:
+        return layers.get(g, {}).get(layer, {}).get(field, 0)
+
     out: dict[str, dict[str, float]] = {}
 
     def put(h: str, layer: str, z: float) -> None:
@@ -450,29 +483,32 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
             out.setdefault(h, dict.fromkeys(EVIDENCE_LAYERS, 0.0))[layer] = z
 
     if bl.get("n", 0) >= th.baseline_min_n and len(accs) >= 2:
+        peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs)
+                     for layer in ("sched", "memory", "cuda", "nic")}
+        peer_count = LeaveOneOut(layer_value(g, "network", "count") for g in accs)
         for h, lt in late.items():
             if lt <= 0:
                 continue
             explained = 0
             for layer in ("sched", "memory", "cuda", "nic"):
-                mine = layers.get(h, {}).get(layer, {}).get("time_ns", 0)
-                peer = median_int([layers.get(g, {}).get(layer, {}).get("time_ns", 0) for g in peers_of[h]])
+                mine = layer_value(h, layer, "time_ns")
+                peer = peer_time[layer].median_without(mine)
                 ex = max(0, mine - peer)
                 explained += ex
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
             # retransmits of a late host (no time: by count against its peers' median)
-            rx = layers.get(h, {}).get("network", {}).get("count", 0)
-            m = median_int([layers.get(g, {}).get("network", {}).get("count", 0) for g in peers_of[h]])
+            rx = layer_value(h, "network", "count")
+            m = peer_count.median_without(rx)
             if rx >= th.count_min:
                 put(h, "network", (rx - m) / math.sqrt(m + 1))
     if len(accs) >= 3:
         rx, rtt = net_stats(accs, th)
         net_hosts = set()
+        loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
         for h in accs:
-            others = [g for g in accs if g != h]
-            m_rx = median_int([rx[g] for g in others])
-            m_rtt = median_int([rtt[g] for g in others])
+            m_rx = loo_rx.median_without(rx[h])
+            m_rtt = loo_rtt.median_without(rtt[h])
             # the thresholds of net_blame gate each: on a loaded machine a few retransmits and RTT
             # spikes happen on every host (spurious timeouts), and only a clear outlier is evidence
             z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.count_min, th.count_factor * m_rx) else 0.0

@@ -19,6 +19,10 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
    interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
    it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
    input or internal topic (a host's data waiting in Kafka is no silence).
+5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
+   ``read`` message to every partition of the internal topic. A step closes by its window only when every
+   input partition was read past the window's end, so a worker failover (unread partitions) lists no live
+   host as missing (``Fold.input_read_past``).
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
@@ -37,14 +41,18 @@ from pathlib import Path
 import faust
 from faust.types import TP
 
-from obshub.core import schema
+from obshub.core import kafka, schema
+from obshub.core.settings import STREAMS
+from obshub.core.topics import replication_factor
 from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
 from streams.metrics import WorkerMetrics
-from streams.topics import TABLES, ensure_internal_topics, internal_topics  # noqa: F401 (re-exported)
+from streams.topics import TABLES
 
 log = logging.getLogger("obshub.streams")
+
+READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
 
 
 @dataclass
@@ -57,16 +65,16 @@ class WorkerConfig:
     values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
     """
 
-    app_id: str = "obshub-streams"
-    bootstrap: str = "127.0.0.1:19092"
+    app_id: str = STREAMS.app_id
+    bootstrap: str = STREAMS.bootstrap
     input_topic: str = schema.TOPIC_EVENTS
     output_topic: str = schema.TOPIC_STEPS
     dlq_topic: str = schema.TOPIC_DLQ
-    partitions: int = 8
-    window_s: float = 10.0
+    partitions: int = STREAMS.partitions
+    window_s: float = STREAMS.window_s
     state_dir: Path = Path("state")
-    metrics_port: int = 0
-    dlq_max_bytes: int = 900_000
+    metrics_port: int = STREAMS.metrics_port
+    dlq_max_bytes: int = STREAMS.dlq_max_bytes
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
@@ -106,19 +114,15 @@ class SkipDetector:
             self.last[tp] = (msg.offset, gen)
 
 
-def _broker_urls(bootstrap: str) -> list[str]:
-    return [f"kafka://{h.strip()}" for h in bootstrap.split(",") if h.strip()]
-
-
 def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
     """The Faust app object: in-memory tables recovered from compacted changelogs, no web server."""
     app = faust.App(
         cfg.app_id,
-        broker=_broker_urls(cfg.bootstrap),
+        **kafka.faust_kwargs(kafka.KafkaConnection(bootstrap=cfg.bootstrap)),
         store="memory://",
         datadir=str(cfg.state_dir / cfg.app_id),
         topic_partitions=cfg.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=replication_factor(),
         table_standby_replicas=0,
         web_enabled=False,
         autodiscover=False,
@@ -133,12 +137,44 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
     return app
 
 
-def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int) -> dict:
+class _Table(faust.Table):
+    """A table whose recovery skips changelog records that do not decode (``wire.Undecodable`` key or
+    value): each is logged with its position and counted (``obshub_streams_changelog_skipped_total``),
+    and recovery goes on, so one damaged record cannot keep the worker from becoming ready."""
+
+    obshub_metrics: WorkerMetrics | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Faust writes and reads changelog records as JSON; the same format, read without raising
+        self.key_serializer = self.value_serializer = wire.CHANGELOG_JSON
+
+    def apply_changelog_batch(self, batch) -> None:
+        good = []
+        for event in batch:
+            bad = next((x for x in (event.key, event.value) if isinstance(x, wire.Undecodable)), None)
+            if bad is None:
+                good.append(event)
+                continue
+            msg = event.message
+            log.error("skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
+                      self.name, msg.topic, msg.partition, msg.offset,
+                      "key" if bad is event.key else "value", bad.reason)
+            if self.obshub_metrics is not None:
+                self.obshub_metrics.changelog_skips.labels(self.name).inc()
+        super().apply_changelog_batch(good)
+
+
+def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics) -> dict:
     """The app's tables (``streams.topics.TABLES``), keys UTF-8 text, values msgpack."""
     schema_ = faust.Schema(key_serializer=wire.STR, value_serializer=wire.MSGPACK)
-    return {name: app.Table(name, partitions=input_partitions if like == "input" else cfg.partitions,
-                            schema=schema_)
-            for name, like in TABLES.items()}
+    out = {}
+    for name, like in TABLES.items():
+        table = _Table(app, name=name, beacon=app.tables.beacon, schema=schema_,
+                       partitions=input_partitions if like == "input" else cfg.partitions)
+        table.obshub_metrics = metrics
+        out[name] = app.tables.add(table)
+    return out
 
 
 def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
@@ -188,6 +224,8 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             else:
                 await rep.send(key=key.encode(), value=value)
 
+    done: dict = {}  # input TP -> next offset after the last message fully processed by this process
+
     @app.agent(src, name="ingest")
     async def ingest(stream):
         async for event in stream.events():
@@ -197,6 +235,29 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             except Exception:  # a bug must not stop the worker; the message is logged with its position
                 log.exception("ingest failed on %s[%d]@%d", event.message.topic, event.message.partition,
                               event.message.offset)
+            done[event.message.tp] = event.message.offset + 1
+
+    @app.timer(0.5)
+    async def progress():
+        # Which input partitions this worker has read to their end, and when (docs/STREAMS.md, "What a
+        # worker failover does"): broadcast to every fold partition, so a step is closed by its window
+        # with hosts missing only once every input partition was read past the window's end.
+        now = time.time_ns() - READ_MARGIN_NS  # the high-water mark is as old as the last fetch response
+        read = []
+        try:
+            for tp in app.assignor.assigned_actives():
+                if tp.topic != cfg.input_topic:
+                    continue
+                hw = app.consumer.highwater(tp)
+                pos = max(done.get(tp, 0), app.consumer._committed_offset.get(tp) or 0)
+                if hw is not None and pos >= hw:
+                    read.append([tp.partition, now])
+        except Exception:  # best effort: without a report the fold holds window closes a little longer
+            log.debug("input progress unavailable", exc_info=True)
+            return
+        if read:
+            for p in range(cfg.partitions):
+                await rep.send(key=b"read", value={"t": "read", "read": read}, partition=p)
 
 
 def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
@@ -239,7 +300,8 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             n_open += 1
             if key in fold.hung and now - st["opened_ns"] < cfg.thresholds.hang_hold_ns:
                 continue  # a hung step stays open while it hangs (the watch timer reports it)
-            if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns:
+            if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns \
+                    and fold.input_read_past(st):
                 requested[key] = now
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
@@ -285,7 +347,7 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
         now = time.time_ns()
         for sk, summary, first in fold.hangs(mine):
             job = summary["job"]
-            if first and await behind(actives):
+            if first and (not fold.input_read_since(now - 3 * READ_MARGIN_NS) or await behind(actives)):
                 fold.hung.pop(sk, None)
                 continue
             if now - sent.get(job, 0) < 1_000_000_000:
@@ -305,11 +367,11 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     input topic's partition count (the ``agents`` table is co-partitioned with it)."""
     m = metrics or WorkerMetrics()
     app = _faust_app(cfg, m)
-    tables = _tables(app, cfg, input_partitions)
+    tables = _tables(app, cfg, input_partitions, m)
     rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
                     key_serializer="raw", value_serializer=wire.MSGPACK)
     fold = Fold(tables, window_ns=int(cfg.window_s * 1e9), th=cfg.thresholds, on_late=m.late.inc,
-                on_summary=lambda by: m.summaries.labels(by).inc())
+                on_summary=lambda by: m.summaries.labels(by).inc(), input_partitions=input_partitions)
 
 
     async def forget() -> None:  # the tables were recovered: recount what the fold derives from them

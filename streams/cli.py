@@ -10,9 +10,9 @@ import time
 import click
 from rich.console import Console
 
-from obshub.core import registry, schema
+from obshub.core import kafka, registry, schema
 from obshub.core.log import NullLogger
-from obshub.core.settings import load_settings
+from obshub.core.settings import STREAMS, load_settings
 from streams.errors import StreamsError, TopicMissingError
 
 WORKER_EPILOG = """\b
@@ -75,7 +75,7 @@ def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int
     is new); raises TopicMissingError / StreamsError with a hint."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "logger": NullLogger()})
+    admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"socket.timeout.ms": 5000, "logger": NullLogger()}))
     try:
         md = admin.list_topics(timeout=10)
     except Exception as exc:
@@ -98,7 +98,7 @@ def _free_index(settings) -> int:
 
 
 @streams_group.command("worker", epilog=WORKER_EPILOG)
-@click.option("--app-id", default="obshub-streams", show_default=True,
+@click.option("--app-id", default=STREAMS.app_id, show_default=True,
               help="Faust app id = consumer group and prefix of internal/changelog topics")
 @click.option("--input-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
 @click.option("--output-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries (JSON)")
@@ -107,9 +107,9 @@ def _free_index(settings) -> int:
               help="partitions of the (job, step) repartition topic and the tables, fixed per app id "
                    "[default: the app's existing count, else OBSHUB_STREAMS_PARTITIONS, else 8]; sizing "
                    "in docs/STREAMS.md")
-@click.option("--window-s", default=10.0, show_default=True, type=click.FloatRange(0.2, 3600),
+@click.option("--window-s", default=STREAMS.window_s, show_default=True, type=click.FloatRange(0.2, 3600),
               help="a step closes at most this many seconds after its first data arrived")
-@click.option("--metrics-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--metrics-port", default=STREAMS.metrics_port, show_default=True, type=click.IntRange(0, 65535),
               help="serve Prometheus metrics on this port (0 = off)")
 @click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
               help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
@@ -128,8 +128,9 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     """
     import faust
 
-    from streams.app import WorkerConfig, build_app, ensure_internal_topics
+    from streams.app import WorkerConfig, build_app
     from streams.metrics import WorkerMetrics
+    from streams.topics import ensure_internal_topics
 
     settings = load_settings()
     _wait_for_broker(settings.bootstrap_servers)
@@ -240,9 +241,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
         say.addHandler(handler)
         say.propagate = False
     watch = BrokerWatch(settings.bootstrap_servers, say, "tail")
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"obshub-tail-{uuid.uuid4().hex[:8]}",
-                  "auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False,
-                  **watch.client_conf()})
+    c = Consumer(kafka.consumer_config(kafka.connection(settings), f"obshub-tail-{uuid.uuid4().hex[:8]}", {"auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False, **watch.client_conf()}))
     c.subscribe([topic], on_assign=lambda *_: watch.up())
     seen: set[tuple[str, int]] = set()
     n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None

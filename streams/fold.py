@@ -73,7 +73,7 @@ def _new_job() -> dict:
 
 class Fold:
     """The fold agent's logic over its tables. :meth:`apply` takes one internal message (a dict with
-    ``t`` = ``part`` | ``host`` | ``hist`` | ``close``, shapes in docs/STREAMS.md) of partition ``p`` and
+    ``t`` = ``part`` | ``host`` | ``hist`` | ``close`` | ``read``, shapes in docs/STREAMS.md) of partition ``p`` and
     returns what to send: step summaries (to the output topic) and broadcasts (to every partition).
 
     ``window_ns``: a ``close`` request closes a step only when it has been open that long.
@@ -82,7 +82,8 @@ class Fold:
     def __init__(self, tables: dict[str, MutableMapping], *, window_ns: int,
                  th: analysis.Thresholds = analysis.Thresholds(), closed_keep: int = CLOSED_KEEP,
                  on_late: Callable[[int], None] = lambda n: None,
-                 on_summary: Callable[[str], None] = lambda by: None, clock: Callable[[], int] = time.time_ns):
+                 on_summary: Callable[[str], None] = lambda by: None, clock: Callable[[], int] = time.time_ns,
+                 input_partitions: int = 0, hold_max_ns: int | None = None):
         self.parts, self.steps = tables["parts"], tables["steps"]
         self.members, self.jobs, self.closed = tables["members"], tables["jobs"], tables["closed"]
         self.window_ns, self.th, self.closed_keep = window_ns, th, closed_keep
@@ -92,6 +93,24 @@ class Fold:
         self.last_seen: dict[str, dict[str, int]] = {}  # job -> host -> clock() of its last part (hangs)
         self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
+        self.input_partitions = input_partitions
+        self.hold_max_ns = hold_max_ns if hold_max_ns is not None else max(10 * window_ns, 60_000_000_000)
+        self.read_ns: dict[int, int] = {}  # input partition -> clock() up to which it was read (derived)
+        self._held: set[str] = set()  # open steps whose window close waits for input (logged once)
+
+    def input_read_past(self, st: dict) -> bool:
+        """True when step record ``st`` may close by its window: every input partition was read to its end
+        at or after the window's end (so a host without data really sent none: its agent stopped, not the
+        worker that reads it), or the step has been held ``hold_max_ns`` (an input that never catches up
+        must not keep steps open for ever). Always true without ``input_partitions`` (one process)."""
+        if self.input_read_since(st["opened_ns"] + self.window_ns):
+            return True
+        return self.clock() - st["opened_ns"] >= self.hold_max_ns
+
+    def input_read_since(self, ns: int) -> bool:
+        """True when every input partition was reported read to its end at or after ``ns`` (clock() ns);
+        always true without ``input_partitions``."""
+        return all(self.read_ns.get(ip, 0) >= ns for ip in range(self.input_partitions))
 
     def forget(self) -> None:
         """Drop the derived in-memory state; call after the tables were recovered (restart, rebalance)."""
@@ -122,11 +141,24 @@ class Fold:
             self.host(v, p)
         elif t == "hist":
             self.hist(v, p)
+        elif t == "read":
+            for ip, ns in v["read"]:
+                if ns > self.read_ns.get(ip, 0):
+                    self.read_ns[ip] = ns
         elif t == "close":
             st = self.steps.get(v["key"])
             if st is not None and v["key"] in self.hung and self.clock() - st["opened_ns"] < self.th.hang_hold_ns:
                 return []  # a hung step stays open while it hangs (``hangs`` sends its interim records)
+            if st is not None and self.clock() - st["opened_ns"] >= self.window_ns and not self.input_read_past(st):
+                if v["key"] not in self._held:
+                    self._held.add(v["key"])
+                    late = sorted(ip for ip in range(self.input_partitions)
+                                  if self.read_ns.get(ip, 0) < st["opened_ns"] + self.window_ns)
+                    log.info("holding %s past its window: input partitions %s not read that far yet "
+                             "(a worker failover or a backlog)", v["key"], late)
+                return []
             if st is not None and self.clock() - st["opened_ns"] >= self.window_ns:
+                self._held.discard(v["key"])
                 log.info("closing %s by window (%d hosts ended)", v["key"], self._ended(v["key"], st, p))
                 return self.close(v["key"], st, p, "window")
         return []
@@ -303,6 +335,7 @@ class Fold:
                                      quality=quality, closed_by=closed_by, closed_at_ns=self.clock(), th=self.th,
                                      world_size=js["world_size"])
         self.hung.pop(sk, None)
+        self._held.discard(sk)
         self.closed[sk] = {"p": p, "bids": b"".join(digests), "late": 0}
         del self.steps[sk]
         self.ended.pop(sk, None)

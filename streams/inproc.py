@@ -87,7 +87,7 @@ class InProcess:
 
     def _apply(self, value: dict, p: int) -> None:
         self.internal += 1
-        for what, job, v in self.fold.apply(value, p):
+        for what, _job, v in self.fold.apply(value, p):
             if what == "summary":
                 self.summaries.append(v)
             else:

@@ -155,6 +155,8 @@ class WorkerMetrics:
         self.dlq = Counter("obshub_streams_dlq", "messages sent to the DLQ", ["field"], registry=r)
         self.consumer_skips = Counter("obshub_streams_consumer_skips", "input offsets the consumer skipped",
                                       registry=r)
+        self.changelog_skips = Counter("obshub_streams_changelog_skipped", "table changelog records that did not "
+                                       "decode, skipped during recovery", ["table"], registry=r)
         self.send_errors = Counter("obshub_streams_send_errors", "failed produce calls", registry=r)
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
         self.results = StepResultMetrics(r)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from obshub.core import kafka
 from obshub.core.log import NullLogger
 from streams.errors import StreamsError
 
@@ -35,7 +36,7 @@ def ensure_internal_topics(bootstrap: str, app_id: str, partitions: int, input_p
     from confluent_kafka.admin import AdminClient, NewTopic
 
     want = internal_topics(app_id, partitions, input_partitions)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": NullLogger()})
+    admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"logger": NullLogger()}))
     md = admin.list_topics(timeout=10)
     for name, n in want.items():
         if name in md.topics and len(md.topics[name].partitions) != n:
@@ -43,7 +44,9 @@ def ensure_internal_topics(bootstrap: str, app_id: str, partitions: int, input_p
                                f"needs {n}", "start the worker with the partition count the app id was created "
                                "with, or use a new --app-id")
     compact = {"cleanup.policy": "compact"}
-    new = [NewTopic(name, n, 1, config=compact if name.endswith("-changelog") else {})
+    from obshub.core.topics import replication_factor
+
+    new = [NewTopic(name, n, replication_factor(), config=compact if name.endswith("-changelog") else {})
            for name, n in want.items() if name not in md.topics]
     if new:
         for name, fut in admin.create_topics(new, operation_timeout=20).items():

@@ -92,8 +92,24 @@ def decode_batch(data: bytes) -> WireBatch | schema.Batch:
     return schema.decode_batch(data)  # the reference names what is wrong (or, in a corner, accepts it)
 
 
+class Undecodable:
+    """What a codec returns for bytes it cannot decode (a damaged or foreign changelog record), instead
+    of raising inside Faust's recovery, which would retry the same record forever and never become ready.
+    ``raw`` keeps the bytes and ``reason`` the decoder's error; tables skip such records
+    (``streams.app``)."""
+
+    __slots__ = ("raw", "reason")
+
+    def __init__(self, raw: bytes, reason: str):
+        self.raw, self.reason = raw, reason
+
+    def __repr__(self) -> str:
+        return f"Undecodable({self.raw[:32]!r}..., {self.reason})"
+
+
 class _MsgpackCodec(codecs.Codec):
-    """Faust codec: any msgpack-able value <-> msgpack bytes (msgspec)."""
+    """Faust codec: any msgpack-able value <-> msgpack bytes (msgspec). Undecodable bytes load as
+    :class:`Undecodable`."""
 
     _enc = msgspec.msgpack.Encoder()
     _dec = msgspec.msgpack.Decoder()
@@ -102,23 +118,47 @@ class _MsgpackCodec(codecs.Codec):
         return self._enc.encode(obj)
 
     def _loads(self, s: bytes) -> Any:
-        return self._dec.decode(s)
+        try:
+            return self._dec.decode(s)
+        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+            return Undecodable(bytes(s), f"not msgpack: {exc}")
 
 
 class _StrCodec(codecs.Codec):
-    """Faust codec: ``str`` <-> UTF-8 bytes (table keys that come back as ``str`` after recovery)."""
+    """Faust codec: ``str`` <-> UTF-8 bytes (table keys that come back as ``str`` after recovery).
+    Bytes that are not UTF-8 load as :class:`Undecodable`."""
 
     def _dumps(self, obj: Any) -> bytes:
         return obj.encode() if isinstance(obj, str) else bytes(obj)
 
     def _loads(self, s: bytes) -> Any:
-        return s.decode() if isinstance(s, (bytes, bytearray)) else s
+        if not isinstance(s, (bytes, bytearray)):
+            return s
+        try:
+            return s.decode()
+        except UnicodeDecodeError as exc:
+            return Undecodable(bytes(s), f"not UTF-8: byte 0x{s[exc.start]:02x} at offset {exc.start}")
+
+
+class _ChangelogJsonCodec(codecs.json):
+    """Faust's JSON codec (the format of the tables' changelog records, unchanged), except that bytes it
+    cannot decode (not UTF-8, not JSON) load as :class:`Undecodable` instead of raising."""
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return super()._loads(s)
+        except UnicodeDecodeError as exc:
+            return Undecodable(bytes(s), f"not UTF-8: byte 0x{s[exc.start]:02x} at offset {exc.start}")
+        except (ValueError, TypeError, RecursionError) as exc:
+            return Undecodable(bytes(s), f"not JSON: {type(exc).__name__}: {exc}")
 
 
 MSGPACK = "obshub-msgpack"
 STR = "obshub-str"
+CHANGELOG_JSON = "obshub-changelog-json"
 codecs.register(MSGPACK, _MsgpackCodec())
 codecs.register(STR, _StrCodec())
+codecs.register(CHANGELOG_JSON, _ChangelogJsonCodec())
 
 _enc = msgspec.msgpack.Encoder()
 

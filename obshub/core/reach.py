@@ -16,7 +16,9 @@ import logging
 import socket
 import threading
 import time
+from typing import Any
 
+from obshub.core import kafka
 from obshub.core.errors import ObshubError
 from obshub.core.log import NullLogger
 
@@ -73,12 +75,19 @@ def require_broker(bootstrap: str, timeout_s: float = CONNECT_TIMEOUT_S, *, extr
                    stop: threading.Event | None = None) -> bool:
     """Return True once the broker answers a metadata request; raise BrokerUnreachable after
     ``timeout_s`` seconds (the whole wait, connection attempts included). ``extra_conf``: more client
-    settings (security). Returns False as soon as ``stop`` is set (checked every 0.5 s at most)."""
+    settings (security). Returns False as soon as ``stop`` is set (checked every 0.5 s at most). Raises
+    :class:`obshub.core.kafkacheck.KafkaConnectError` at once, naming the setting, when the broker answers
+    but rejects the SASL credentials or the client certificate, or its certificate is not trusted."""
     from confluent_kafka.admin import AdminClient
 
+    from obshub.core.kafkacheck import explain
+
     deadline = time.monotonic() + timeout_s
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": NullLogger(), "socket.timeout.ms": 2000,
-                         **(extra_conf or {})})
+    errors: list[tuple[str, str]] = []
+    conf = kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap),
+                              {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})})
+    client_conf: dict[str, Any] = {**conf, "error_cb": lambda e: errors.append((e.name(), e.str()))}
+    admin = AdminClient(client_conf)
     reason = "no answer"
     while True:
         left = deadline - time.monotonic()
@@ -91,6 +100,10 @@ def require_broker(bootstrap: str, timeout_s: float = CONNECT_TIMEOUT_S, *, extr
             return True
         except Exception as exc:  # KafkaException (transport, timeout): retried until the deadline
             reason = str(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc)
+        admin.poll(0)
+        wrong = explain(errors, conf)  # rejected credentials or certificates: retrying cannot help
+        if wrong is not None:
+            raise wrong
     tcp = tcp_reason(bootstrap, 1.0)
     raise BrokerUnreachable(unreachable_message(bootstrap, tcp or reason, timeout_s), HINT)
 
@@ -113,7 +126,7 @@ class BrokerWatch:
         """``logger`` and ``error_cb`` settings for a confluent-kafka client."""
         return {"logger": NullLogger(), "error_cb": self.on_error}
 
-    def on_error(self, err) -> None:
+    def on_error(self, err: Any) -> None:
         """confluent-kafka ``error_cb``: connection-type errors mark the broker down; others are logged at
         debug level (the client retries them itself)."""
         from confluent_kafka import KafkaError

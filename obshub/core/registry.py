@@ -11,6 +11,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from obshub.core.settings import Settings
 
@@ -31,7 +32,7 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def register_component(settings: Settings, name: str, pid: int, **info) -> Path:
+def register_component(settings: Settings, name: str, pid: int, **info: Any) -> Path:
     """Record that component ``name`` runs as ``pid`` (for ``obshub status`` and ``obshub down``).
     ``info`` may carry e.g. the log path. Returns the record's path."""
     settings.run_dir.mkdir(parents=True, exist_ok=True)

@@ -160,63 +160,109 @@ class Kind(enum.IntEnum):
 
 @dataclass(frozen=True)
 class KindInfo:
-    """Documentation of one kind: its layer, what ``duration_ns`` and ``value`` mean, and the payload keys
-    (name -> python type) it may carry."""
+    """Everything a stage needs to know about one kind (the one table of kinds; the agent's reader, the
+    stream accumulator and the probe catalogue derive from it, docs/SCHEMA.md documents it):
+
+    - ``layer``: the layer it belongs to (a probe emitting it belongs to the same layer);
+    - ``duration`` / ``value``: what ``duration_ns`` and ``value`` mean;
+    - ``payload``: the payload keys (name -> python type) it may carry;
+    - ``step``: how one event counts in its layer's per-step summary, as (time_ns, count, peak) rule
+      names of :data:`STEP_RULES`; None for the structural kinds (step and collective boundaries,
+      registrations, agent loss) that the accumulator handles apart;
+    - ``record``: which layout of the agent's raw BPF record carries its payload ("" = no payload).
+    """
 
     layer: Layer
     duration: str
     value: str
     payload: dict[str, type] = field(default_factory=dict)
+    step: tuple[str, str, str] | None = None
+    record: str = ""
+
+
+#: names a kind's ``step`` rules may use: ``zero``, ``one``, ``duration`` (duration_ns), ``value``
+#: (max(0, value)), ``retransmits`` (max(1, value)), ``preempted`` (duration_ns when value == 0, i.e. the
+#: task was preempted while runnable; voluntary sleeps are not the host's fault); for the kernel's per-step
+#: aggregates: ``mem_step_count`` (allocations + the short stalls summed with them), ``mem_step_max``
+#: (payload ``stall_max_ns``), ``cuda_step_max`` (payload ``max_ns``)
+STEP_RULES = ("zero", "one", "duration", "value", "retransmits", "preempted", "mem_step_count", "mem_step_max",
+              "cuda_step_max")
 
 
 KIND_INFO: dict[Kind, KindInfo] = {
-    Kind.PYTORCH_OP: KindInfo(Layer.PYTORCH, "op wall time, ns", "unused (0)", {"op": str}),
+    Kind.PYTORCH_OP: KindInfo(Layer.PYTORCH, "op wall time, ns", "unused (0)", {"op": str},
+                              step=("zero", "one", "duration")),
     Kind.CUDA_LAUNCH: KindInfo(Layer.CUDA, "launch call time, ns", "grid size (blocks), 0 if unknown",
-                               {"symbol": str}),
-    Kind.PAGE_ALLOC: KindInfo(Layer.MEMORY, "0", "allocation order (pages = 2**order)", {"gfp": int}),
-    Kind.RDMA_WQE_POST: KindInfo(Layer.NIC, "post call time, ns", "work request id", {"qp": int}),
+                               {"symbol": str},
+                               step=("duration", "one", "duration"), record="symbol"),
+    Kind.PAGE_ALLOC: KindInfo(Layer.MEMORY, "0", "allocation order (pages = 2**order)", {"gfp": int},
+                              step=("zero", "one", "zero"), record="page_alloc"),
+    Kind.RDMA_WQE_POST: KindInfo(Layer.NIC, "post call time, ns", "work request id", {"qp": int},
+                                 step=("duration", "one", "duration")),
     Kind.RDMA_CQ_DONE: KindInfo(Layer.NIC, "post -> completion latency, ns", "work request id",
-                                {"qp": int, "status": int}),
+                                {"qp": int, "status": int},
+                                step=("duration", "one", "duration"), record="rdma_cq"),
     Kind.REGISTER: KindInfo(Layer.PYTORCH, "0", "rank",
-                            {"world_size": int, "job": str, "host_id": int, "local_rank": int}),
+                            {"world_size": int, "job": str, "host_id": int, "local_rank": int},
+                            record="register"),
     Kind.STEP_BEGIN: KindInfo(Layer.PYTORCH, "0", "step number (also in `step`)", {}),
     Kind.STEP_END: KindInfo(Layer.PYTORCH, "step wall time, ns", "step number (also in `step`)", {}),
     Kind.PHASE: KindInfo(Layer.PYTORCH, "phase wall time, ns", "0",
-                         {"phase": str}),
+                         {"phase": str},
+                         step=("zero", "one", "duration"), record="phase"),
     Kind.COLLECTIVE_BEGIN: KindInfo(Layer.PYTORCH, "0", "bytes",
-                                    {"pg": str, "coll_seq": int, "op": str}),
+                                    {"pg": str, "coll_seq": int, "op": str},
+                                    record="collective"),
     Kind.COLLECTIVE_END: KindInfo(Layer.PYTORCH, "collective wall time, ns", "bytes",
-                                  {"pg": str, "coll_seq": int, "op": str}),
-    Kind.SCHED_OFFCPU: KindInfo(Layer.SCHED, "time off CPU, ns", "previous state (0 = preempted)", {}),
-    Kind.SCHED_RUNQ: KindInfo(Layer.SCHED, "run-queue latency (wakeup -> on CPU), ns", "cpu", {}),
+                                  {"pg": str, "coll_seq": int, "op": str},
+                                  record="collective"),
+    Kind.SCHED_OFFCPU: KindInfo(Layer.SCHED, "time off CPU, ns", "previous state (0 = preempted)", {},
+                                step=("preempted", "one", "preempted")),
+    Kind.SCHED_RUNQ: KindInfo(Layer.SCHED, "run-queue latency (wakeup -> on CPU), ns", "cpu", {},
+                              step=("duration", "one", "duration")),
     Kind.SCHED_STEP_SUM: KindInfo(Layer.SCHED, "sum of off-CPU time in the step, ns",
                                   "sum of run-queue latency in the step, ns",
                                   {"switches": int, "wakeups": int, "runq_max_ns": int, "offcpu_max_ns": int,
-                                   "runq_hist_us": str}),
+                                   "runq_hist_us": str},
+                                  step=("value", "one", "value"), record="sched_sum"),
     Kind.MEM_STEP_SUM: KindInfo(Layer.MEMORY, "reclaim + compaction stall time not sent as single records, ns",
                                 "page allocations (order >= page_order) not sent as PAGE_ALLOC",
-                                {"pages": int, "stalls": int, "stall_max_ns": int, "orders": str}),
+                                {"pages": int, "stalls": int, "stall_max_ns": int, "orders": str},
+                                step=("duration", "mem_step_count", "mem_step_max"), record="mem_step_sum"),
     Kind.CUDA_STEP_SUM: KindInfo(Layer.CUDA, "kernel-launch call time summed, ns",
                                  "kernel launches not sent as single CUDA_LAUNCH records",
-                                 {"max_ns": int, "hist_us": str}),
+                                 {"max_ns": int, "hist_us": str},
+                                 step=("duration", "value", "cuda_step_max"), record="cuda_step_sum"),
     Kind.MEM_RECLAIM: KindInfo(Layer.MEMORY, "reclaim stall (direct or memory-cgroup limit), ns", "pages reclaimed",
-                               {"reclaim": str}),
-    Kind.MEM_COMPACTION: KindInfo(Layer.MEMORY, "compaction stall, ns", "compaction result", {}),
-    Kind.PAGE_FAULT: KindInfo(Layer.MEMORY, "0", "faulting address", {"error_code": int}),
+                               {"reclaim": str},
+                               step=("duration", "one", "duration"), record="reclaim"),
+    Kind.MEM_COMPACTION: KindInfo(Layer.MEMORY, "compaction stall, ns", "compaction result", {},
+                                  step=("duration", "one", "duration")),
+    Kind.PAGE_FAULT: KindInfo(Layer.MEMORY, "0", "faulting address", {"error_code": int},
+                              step=("zero", "one", "zero")),
     Kind.TCP_RETRANSMIT: KindInfo(Layer.NETWORK, "0", "1 per retransmitted segment",
-                                  {"saddr": str, "daddr": str, "sport": int, "dport": int, "state": int}),
+                                  {"saddr": str, "daddr": str, "sport": int, "dport": int, "state": int},
+                                  step=("zero", "retransmits", "zero"), record="tcp_retransmit"),
     Kind.TCP_RTT: KindInfo(Layer.NETWORK, "smoothed RTT, ns", "rtt variance, ns",
-                           {"saddr": str, "daddr": str, "sport": int, "dport": int}),
-    Kind.SKB_DROP: KindInfo(Layer.NETWORK, "0", "drop reason code", {"reason": str}),
+                           {"saddr": str, "daddr": str, "sport": int, "dport": int},
+                           step=("zero", "zero", "duration"), record="tcp_rtt"),
+    Kind.SKB_DROP: KindInfo(Layer.NETWORK, "0", "drop reason code", {"reason": str},
+                            step=("zero", "one", "zero"), record="skb_drop"),
     Kind.PCIE_AER: KindInfo(Layer.PCIE, "0", "status bits",
-                            {"dev": str, "severity": int, "replay_rollover": bool, "replay_timeout": bool}),
+                            {"dev": str, "severity": int, "replay_rollover": bool, "replay_timeout": bool},
+                            step=("zero", "one", "zero"), record="aer"),
     Kind.PCIE_LINK: KindInfo(Layer.PCIE, "0", "1 when the link is downtrained",
-                             {"dev": str, "speed": str, "max_speed": str, "width": int, "max_width": int}),
-    Kind.CUDA_SYNC: KindInfo(Layer.CUDA, "synchronize call time, ns", "0", {"symbol": str}),
-    Kind.CUDA_MEMCPY: KindInfo(Layer.CUDA, "copy call time, ns", "bytes", {"symbol": str}),
-    Kind.NCCL_COLL: KindInfo(Layer.NCCL, "enqueue call time, ns", "element count", {"symbol": str}),
+                             {"dev": str, "speed": str, "max_speed": str, "width": int, "max_width": int},
+                             step=("zero", "value", "zero")),
+    Kind.CUDA_SYNC: KindInfo(Layer.CUDA, "synchronize call time, ns", "0", {"symbol": str},
+                             step=("duration", "one", "duration"), record="symbol"),
+    Kind.CUDA_MEMCPY: KindInfo(Layer.CUDA, "copy call time, ns", "bytes", {"symbol": str},
+                               step=("duration", "one", "duration"), record="symbol"),
+    Kind.NCCL_COLL: KindInfo(Layer.NCCL, "enqueue call time, ns", "element count", {"symbol": str},
+                             step=("duration", "one", "duration"), record="symbol"),
     Kind.NIC_COUNTER: KindInfo(Layer.NIC, "counter interval, ns", "counter delta over the interval",
-                               {"dev": str, "port": int, "counter": str}),
+                               {"dev": str, "port": int, "counter": str},
+                               step=("zero", "value", "zero")),
     Kind.AGENT_LOSS: KindInfo(Layer.AGENT, "0", "events lost since the previous report",
                               {"probe": str}),
 }
@@ -542,6 +588,11 @@ DLQ_HEADERS = ("obshub.reason", "obshub.field", "obshub.source.topic", "obshub.s
 """A DLQ record keeps the original message value and key unchanged and adds these Kafka headers
 (UTF-8 strings): the error text, the offending field, where the message came from, and the consumer
 group that could not use it (one message unusable by two consumers is in the DLQ once per consumer)."""
+
+#: a DLQ record keeps the original value up to this many bytes (below the broker's default
+#: max.message.bytes, 1 MB, with room for headers); a longer one is cut and gets the header
+#: ``obshub.truncated`` with its full length, so a huge message cannot block the DLQ
+DLQ_MAX_BYTES = 900_000
 
 
 # ---------------------------------------------------------------------------------------------------------

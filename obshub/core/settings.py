@@ -1,5 +1,17 @@
-"""Settings in one typed place (pydantic-settings): every value has a default, an ``OBSHUB_*`` environment
-variable, and is validated before anything starts.
+"""Settings in one typed place: one pydantic model per role, every default written once.
+
+=========================  ==================================================================================
+role                       model
+=========================  ==================================================================================
+common / local broker      :class:`Settings` (pydantic-settings: ``OBSHUB_*`` environment variables)
+Kafka connection           :class:`obshub.core.kafka.KafkaConnection` (built by :func:`obshub.core.kafka.connection`)
+agent                      :class:`AgentConfig` with :class:`KafkaConfig`, :class:`BatchConfig`, :class:`SpoolConfig`
+stream worker              :class:`StreamsSettings` (defaults of ``streams.app.WorkerConfig`` and its CLI)
+rule engine                :class:`RulesSettings` (defaults of ``rules.service.RuleService`` and its CLI)
+=========================  ==================================================================================
+
+Every value is validated before anything starts; command-line defaults refer to these models, never to a
+second copy of a number.
 
 Layout of the state directory (``$OBSHUB_HOME``, default ``platformdirs.user_data_dir("obshub")``)::
 
@@ -16,11 +28,25 @@ Downloads are cached outside the state dir, in ``$OBSHUB_CACHE`` (default
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from obshub.core.errors import ConfigError
+from obshub.core.kafka import KafkaConnection
+from obshub.core.schema import DLQ_MAX_BYTES
+from obshub.core.topics import EVENTS_PARTITIONS, STEPS_PARTITIONS
+
+#: the local broker's port (``obshub up``) when ``OBSHUB_KAFKA_PORT`` does not say otherwise
+DEFAULT_KAFKA_PORT = 19092
+#: bootstrap servers of the local broker on its default port
+LOCAL_BOOTSTRAP = f"127.0.0.1:{DEFAULT_KAFKA_PORT}"
+#: partitions of a stream app's repartition topic and tables (``OBSHUB_STREAMS_PARTITIONS``)
+STREAMS_PARTITIONS = 8
 
 
 class Settings(BaseSettings):
@@ -35,15 +61,15 @@ class Settings(BaseSettings):
 
     home: Path = Field(default_factory=lambda: Path(platformdirs.user_data_dir("obshub")))
     cache: Path = Field(default_factory=lambda: Path(platformdirs.user_cache_dir("obshub")))
-    kafka_port: int = Field(19092, ge=1, le=65535)
+    kafka_port: int = Field(DEFAULT_KAFKA_PORT, ge=1, le=65535)
     kafka_controller_port: int | None = Field(None, ge=1, le=65535)
     kafka_version: str = "4.1.1"
     kafka_heap_mb: int = Field(512, ge=128)
     bootstrap: str | None = None
     # partition counts: the parallelism of each stage (docs/STREAMS.md "Sizing"); fixed once a topic exists
-    events_partitions: int = Field(8, ge=1, le=4096)     # obshub.events.v1: stream workers that can ingest
-    steps_partitions: int = Field(4, ge=1, le=4096)      # obshub.steps.v1: consumers of the summaries
-    streams_partitions: int = Field(8, ge=1, le=1024)    # a stream app's <app>-steps topic and its tables
+    events_partitions: int = Field(EVENTS_PARTITIONS, ge=1, le=4096)  # obshub.events.v1: stream workers that can ingest
+    steps_partitions: int = Field(STEPS_PARTITIONS, ge=1, le=4096)    # obshub.steps.v1: consumers of the summaries
+    streams_partitions: int = Field(STREAMS_PARTITIONS, ge=1, le=1024)  # a stream app's <app>-steps topic and tables
 
     @field_validator("home", "cache")
     @classmethod
@@ -83,13 +109,9 @@ class Settings(BaseSettings):
         return self.cache / "kafka" / self.kafka_version / "libs"
 
 
-def load_settings(**overrides) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Settings from the environment, with explicit overrides (CLI flags) taking precedence.
     Raises :class:`obshub.core.errors.ConfigError` naming the setting (and its variable) that is invalid."""
-    from pydantic import ValidationError
-
-    from obshub.core.errors import ConfigError
-
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
@@ -97,3 +119,175 @@ def load_settings(**overrides) -> Settings:
         names = ", ".join(f"OBSHUB_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
         raise ConfigError(f"invalid setting: {problems}",
                           f"fix the value of {names or 'the setting'} (environment or command-line flag)") from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Agent (``obshub agent``, producer/)
+# ---------------------------------------------------------------------------------------------------------
+#: batch bounds: encoded size of one Kafka message (bytes) and age of its first event (ms)
+BATCH_MAX_BYTES = 256 * 1024
+BATCH_MAX_AGE_MS = 200
+#: spool bounds: all segment files together, and one segment (bytes)
+SPOOL_MAX_BYTES = 256 * 1024 * 1024
+SPOOL_SEGMENT_BYTES = 4 * 1024 * 1024
+
+
+class KafkaConfig(KafkaConnection):
+    """How the agent talks to Kafka: the connection (:class:`obshub.core.kafka.KafkaConnection`) plus the
+    agent producer's tuning.
+
+    ``delivery_timeout_ms`` is librdkafka's ``message.timeout.ms``: a batch not acknowledged within it is
+    reported failed and goes to the spool (so it is short compared with librdkafka's 300 s default: the
+    spool, not librdkafka's memory queue, is where batches wait out an outage). ``queue_max_messages`` /
+    ``queue_max_kbytes`` bound librdkafka's in-memory queue; when it is full the publisher waits
+    (back-pressure) up to ``max_block_ms`` and then spools.
+    """
+
+    compression: str = Field("lz4", pattern="^(none|gzip|snappy|lz4|zstd)$")
+    linger_ms: int = Field(20, ge=0, le=60_000)
+    delivery_timeout_ms: int = Field(10_000, ge=1_000, le=3_600_000)
+    queue_max_messages: int = Field(10_000, ge=1)
+    queue_max_kbytes: int = Field(256 * 1024, ge=1)
+    max_block_ms: int = Field(2_000, ge=0)
+    extra: dict[str, str] = Field(default_factory=dict)
+
+    def librdkafka_config(self) -> dict[str, object]:
+        """The confluent-kafka producer configuration (:func:`obshub.core.kafka.producer_config`):
+        idempotent (``enable.idempotence``, which implies ``acks=all`` and at most 5 in-flight requests
+        per connection, ordered), compressed, with the security settings; secrets revealed here only.
+        ``extra`` entries override."""
+        from obshub.core.kafka import producer_config
+
+        return producer_config(self, {
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": self.compression,
+            "linger.ms": self.linger_ms,
+            "message.timeout.ms": self.delivery_timeout_ms,
+            "request.timeout.ms": min(30_000, self.delivery_timeout_ms),  # in-flight fails within it too
+            "queue.buffering.max.messages": self.queue_max_messages,
+            "queue.buffering.max.kbytes": self.queue_max_kbytes,
+            "message.max.bytes": 8 * 1024 * 1024,
+            "reconnect.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 1000,
+            **self.extra,
+        })
+
+
+class BatchConfig(BaseModel):
+    """Batch bounds: a batch is sealed when its encoded size would pass ``max_bytes`` (bytes of the msgpack
+    message) or its first event is ``max_age_ms`` old, whichever comes first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_bytes: int = Field(BATCH_MAX_BYTES, ge=1024, le=1024 * 1024)  # <= Kafka's default max.message.bytes
+    max_age_ms: int = Field(BATCH_MAX_AGE_MS, ge=1, le=60_000)
+
+
+class SpoolConfig(BaseModel):
+    """On-disk spool bounds: at most ``max_bytes`` of segment files, each up to ``segment_bytes``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dir: Path
+    max_bytes: int = Field(SPOOL_MAX_BYTES, ge=64 * 1024)
+    segment_bytes: int = Field(SPOOL_SEGMENT_BYTES, ge=16 * 1024)
+
+    @model_validator(mode="after")
+    def _segments_fit(self) -> "SpoolConfig":
+        if self.segment_bytes * 4 > self.max_bytes:
+            raise ValueError(f"spool segment size {self.segment_bytes} B must be at most a quarter of the "
+                             f"spool size {self.max_bytes} B (the oldest segment is dropped when it is full)")
+        return self
+
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+class AgentConfig(BaseModel):
+    """Everything ``obshub agent`` needs besides the event source.
+
+    ``loss_interval_s``: how often ring-buffer loss counters are turned into AGENT_LOSS events.
+    ``flush_timeout_s``: on SIGTERM, how long to try to deliver what is left before exiting.
+    ``clock_refresh_s``: how often the monotonic -> realtime offset is measured again.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str = Field(min_length=1, max_length=256)
+    host: str
+    host_id: int = Field(ge=0, le=0xFFFF)
+    kafka: KafkaConfig
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    spool: SpoolConfig
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_addr: str = "0.0.0.0"
+    duration_s: float | None = Field(None, gt=0)
+    loss_interval_s: float = Field(1.0, gt=0)
+    flush_timeout_s: float = Field(15.0, ge=0)
+    clock_refresh_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _host_name(self) -> "AgentConfig":
+        if not _HOST_RE.match(self.host):
+            raise ValueError(f"host name {self.host!r} must be letters, digits, '.', '_' or '-' "
+                             "(it names the Kafka key and the spool folder)")
+        return self
+
+
+def agent_config(**values: Any) -> AgentConfig:
+    """Build an :class:`AgentConfig`, turning validation errors into one ConfigError that lists each
+    wrong option and why."""
+    try:
+        return AgentConfig(**values)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            loc = ".".join(str(p) for p in e["loc"]) or "agent"
+            lines.append(f"{loc}: {e['msg']}")
+        raise ConfigError("invalid agent settings: " + "; ".join(lines),
+                          "see `obshub agent --help` for the options and their ranges") from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Stream worker (``obshub streams worker``, streams/)
+# ---------------------------------------------------------------------------------------------------------
+class StreamsSettings(BaseModel):
+    """Defaults of a stream worker (``streams.app.WorkerConfig`` and ``obshub streams worker``).
+
+    ``partitions``: partitions of the internal ``<app_id>-steps`` topic and of the fold tables (the
+    parallelism of the join). ``window_s``: a step closes at most this long after its first data arrived
+    (processing time), seconds. ``dlq_max_bytes``: a DLQ record keeps the original value up to this size.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    app_id: str = "obshub-streams"
+    bootstrap: str = LOCAL_BOOTSTRAP
+    partitions: int = Field(STREAMS_PARTITIONS, ge=1, le=1024)
+    window_s: float = Field(10.0, gt=0)
+    metrics_port: int = Field(0, ge=0, le=65535)
+    dlq_max_bytes: int = Field(DLQ_MAX_BYTES, ge=1)
+
+
+STREAMS = StreamsSettings()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rule engine (``obshub rules serve``, rules/)
+# ---------------------------------------------------------------------------------------------------------
+class RulesSettings(BaseModel):
+    """Defaults of the rule service (``rules.service.RuleService`` and ``obshub rules serve``).
+
+    ``group_prefix``: prefix of its Kafka consumer groups. ``health_every_s``: seconds between health
+    records. ``max_replay_age_s``: alert changes older than this, read by a new notify group, are not
+    delivered (seconds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group_prefix: str = "obshub-rules"
+    health_every_s: float = Field(5.0, gt=0)
+    max_replay_age_s: float = Field(3600.0, gt=0)
+
+
+RULES = RulesSettings()

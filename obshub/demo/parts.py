@@ -165,7 +165,9 @@ def group_stable(settings, group: str) -> bool:
     """True when Kafka consumer group ``group`` is Stable with at least one member."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers, "log_level": 0})
+    from obshub.core import kafka
+
+    admin = AdminClient(kafka.admin_config(kafka.connection(settings), {"log_level": 0}))
     try:
         desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
     except Exception:

@@ -35,13 +35,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from obshub import stack
-from obshub.core import registry, schema
+from obshub.core import kafka, registry, schema
 from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
 from obshub.demo.faults import KINDS, LAYER_OF, make_fault
-from obshub.demo.verdict import AlertSeen, Verdict, check_resolved, judge
+from obshub.demo.verdict import AlertSeen, check_resolved, judge
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
 
@@ -117,8 +117,7 @@ class AlertReader:
         self.alerts: list[AlertSeen] = []
         self.records: list[dict] = []
         self._stop = threading.Event()
-        self._c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"demo-{job}",
-                            "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0})
+        self._c = Consumer(kafka.consumer_config(kafka.connection(settings), f"demo-{job}", {"enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0}))
         deadline = time.monotonic() + 30
         while True:  # right after `up` created the topic its partitions may have no leader yet
             try:
@@ -249,8 +248,10 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
             log = out_dir / f"{part.name}.log"
             proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
-            _wait(lambda: parts.ready(settings, part, proc.pid), opts.ready_timeout_s, f"the {part.name} part",
-                  check=lambda: _alive(proc, part.name, log))
+            # the lambdas run inside this iteration (_wait returns before the loop moves on)
+            _wait(lambda: parts.ready(settings, part, proc.pid),  # noqa: B023
+                  opts.ready_timeout_s, f"the {part.name} part",
+                  check=lambda: _alive(proc, part.name, log))  # noqa: B023
             view.say(f"{part.name} ready (pid {proc.pid})")
             watched.append((proc, part.name, log))
 

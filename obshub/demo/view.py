@@ -115,7 +115,7 @@ class DemoView:
         """Print the verdict block."""
         c = self.console
         if v.fault == "none":
-            c.print(f"[bold]verdict[/bold]: clean run (no fault injected)")
+            c.print("[bold]verdict[/bold]: clean run (no fault injected)")
         else:
             c.print(f"[bold]verdict[/bold]: fault {v.fault} injected at t0 on {expected_host} in layer "
                     f"{v.layer}")

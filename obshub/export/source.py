@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.export.errors import ExportError
 from obshub.export.perfetto import HostEvents
 
@@ -85,8 +85,7 @@ def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | No
         require_broker(bootstrap, min(timeout_s, CONNECT_TIMEOUT_S))
     except BrokerUnreachable as exc:
         raise ExportError(str(exc), hint=exc.hint) from None
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"obshub-export-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": log})
+    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), f"obshub-export-{uuid.uuid4().hex[:8]}", {"enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": log}))
     try:
         try:
             md = c.list_topics(topic, timeout=min(timeout_s, 10.0))

@@ -23,8 +23,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from obshub.core import schema
+from obshub.core import kafka, schema
 from obshub.core.schema import Batch, Clock, Event
+from obshub.core.settings import BATCH_MAX_BYTES
 from obshub.replay.errors import ReplayError
 from obshub.replay.inputs import ReplayInputs
 from obshub.replay.mapping import RankTrace, map_rank
@@ -86,7 +87,7 @@ def _gated(rt: RankTrace, job: str, idx: int) -> Iterator[tuple[int, int, int, E
 
 
 def publish(inputs: ReplayInputs, job: str, sink: Sink, *, speed: float | None = None,
-            max_events: int = 2000, max_bytes: int = 256 * 1024,
+            max_events: int = 2000, max_bytes: int = BATCH_MAX_BYTES,
             observe: Callable[[str, Event], None] | None = None) -> PublishResult:
     """Map and send every rank of ``inputs`` as job ``job``. ``speed`` None = as fast as possible, else
     the replay-time factor (1.0 = recorded speed, 10 = ten times faster). ``observe(host, event)`` sees
@@ -134,8 +135,9 @@ class KafkaSink:
             raise ReplayError(str(exc), hint=exc.hint) from None
         self.topic = topic
         self.bootstrap = bootstrap
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "logger": QUIET_KAFKA_LOG,
-                                  "compression.type": "lz4", "message.max.bytes": 2 * 1024 * 1024})
+        self.producer = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=bootstrap), {
+            "linger.ms": 20, "logger": QUIET_KAFKA_LOG, "compression.type": "lz4",
+            "message.max.bytes": 2 * 1024 * 1024}))
         self.failed: list[str] = []
         self.sent = 0
 

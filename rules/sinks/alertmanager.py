@@ -15,7 +15,6 @@ from typing import Any
 from rules.lifecycle import rfc3339
 from rules.sinks.base import Notification, Sink
 
-
 MAX_BATCH = 64
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,6 +18,7 @@ def _change(i: int, **over) -> bytes:
     return json.dumps({**valid_change(), "fingerprint": f"{i:016x}", "updated_at_ns": 10 + i, **over}).encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(field=st.sampled_from(sorted(valid_change())), value=HOSTILE, junk=st.binary(max_size=40))

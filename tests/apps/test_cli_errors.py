@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs the obshub command line in a subprocess
+
 OBSHUB = [sys.executable, "-m", "obshub.cli"]
 
 

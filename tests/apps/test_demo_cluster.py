@@ -16,7 +16,8 @@ import pytest
 from obshub.demo import cluster as cl
 from obshub.demo.errors import DemoBusyError
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, cgroups)")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, cgroups)"),
+              pytest.mark.slow]
 
 # the namespaces are machine-wide: wait for a demo someone else runs (e.g. the TTD benchmark) to finish
 LOCK_WAIT_S = 500

@@ -152,6 +152,7 @@ def _check_dlrm_timeline(doc, job: str) -> None:
     assert doc["otherData"]["job"] == job and doc["otherData"]["straggler_steps"] == [10]
 
 
+@pytest.mark.slow
 def test_timeline_from_replayed_events_is_valid_and_marked():
     doc = json.loads(json.dumps(build_trace(_dlrm_hosts(), {10: SUMMARY}, job="dlrm", steps=(10, 10))))
     _check_dlrm_timeline(doc, "dlrm")

@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import SHARED_DATA
 
+pytestmark = pytest.mark.slow  # each test runs obshub commands and services in subprocesses
+
 REPO = Path(__file__).resolve().parents[2]
 TRACES = SHARED_DATA / "traces" / "param-dlrm-8rank" / "dlrm_kineto"
 COMMAND_LIMIT_S = 30  # 10 s of trying + interpreter start-up on a loaded 2-core machine

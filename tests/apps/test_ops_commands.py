@@ -15,8 +15,8 @@ from confluent_kafka import Producer
 from obshub.core import schema
 from obshub.export.source import parse_when, read_job, snapshot
 from streams import synthetic
-from tests.support import testkit
 from tests.conftest import REPO
+from tests.support import testkit
 
 pytestmark = pytest.mark.kafka
 OBSHUB = [sys.executable, "-m", "obshub.cli"]

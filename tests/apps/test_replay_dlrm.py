@@ -9,6 +9,8 @@ import pytest
 from obshub.core import schema
 from tests.apps.test_replay_common import dlrm_replay, raw_dlrm
 
+pytestmark = pytest.mark.slow  # replays a real multi-rank DLRM trace set (seconds of parsing)
+
 
 @pytest.fixture(scope="module")
 def independent() -> dict:

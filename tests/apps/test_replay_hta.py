@@ -7,6 +7,8 @@ import functools
 import gzip
 import json
 
+import pytest
+
 from obshub.core import schema
 from obshub.replay.inputs import discover
 from obshub.replay.publish import publish
@@ -36,6 +38,7 @@ def _raw_steps(path) -> tuple[dict[int, tuple], int]:
             if e.get("name", "").startswith("ProfilerStep#")}, d.get("baseTimeNanoseconds", 0)
 
 
+@pytest.mark.slow
 def test_two_of_128_ranks_load_and_are_reported_incomplete():
     folder = TRACES / "hta-trace-filter-2rank"
     inputs, batches, rep = _replay(folder)
@@ -81,6 +84,7 @@ def test_printed_report_says_the_rank_set_is_incomplete():
     assert "step 551" in text and "step 552" in text and "straggler" in text
 
 
+@pytest.mark.slow
 def test_newer_format_base_time_and_collective_metadata():
     folder = TRACES / "hta-nccl-metadata-rank0"
     inputs, batches, rep = _replay(folder)

@@ -152,6 +152,7 @@ def _write_big(path, n_steps: int, per_step: int) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_on_a_large_file(tmp_path):
     p = tmp_path / "big_rank0.json"
     n = _write_big(p, n_steps=10, per_step=3_000)
@@ -168,6 +169,7 @@ def test_memory_stays_bounded_on_a_large_file(tmp_path):
     assert growth_bytes < size / 2, f"peak RSS grew by {growth_bytes / 1e6:.1f} MB on a {size / 1e6:.1f} MB file"
 
 
+@pytest.mark.slow
 def test_recorded_speed_paces_the_replay():
     """--speed: the replay takes at least the recorded span divided by the speed (a lower bound only,
     which load on the machine cannot break)."""

@@ -46,6 +46,7 @@ def _check_dlrm_summary(s: dict, job: str, raw: dict[int, dict]) -> None:
     assert s["world_size"] == 8 and s["inconsistent"] == []
 
 
+@pytest.mark.slow
 def test_offline_reference_on_replayed_batches():
     sums = offline.summarize_batches(dlrm_batches("dlrm-off"))
     assert list(sums) == [("dlrm-off", 10)]

@@ -36,6 +36,7 @@ def test_unknown_benchmark_is_refused(tmp_path):
     assert "unknown benchmark(s) no_such_bench" in proc.stderr
 
 
+@pytest.mark.slow
 def test_rules_quick_prints_table_and_saves(tmp_path):
     proc = _bench(tmp_path, "rules_throughput", "--quick")
     out = proc.stdout

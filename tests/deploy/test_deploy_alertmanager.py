@@ -22,8 +22,8 @@ import pytest
 from confluent_kafka import Producer
 
 from obshub.core import schema
-from tests.support.gotools import Proc, free_port, tool, wait_http, wait_until
 from tests.rules.test_rules_sinks import HttpRecorder
+from tests.support.gotools import Proc, free_port, tool, wait_http, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
@@ -122,7 +122,8 @@ sinks:
         assert {(a["labels"]["job"], a["labels"]["host"]) for a in alerts} == set(targets)
         for a in alerts:
             assert a["labels"]["alertname"] == "test_am_lost_batches"
-            assert a["annotations"]["runbook_url"] == "https://runbooks.example/obshub/docs/RULES.md#obshub_lost_batches"
+            assert a["annotations"]["runbook_url"] == \
+                "https://runbooks.example/obshub/docs/RULES.md#obshub_lost_batches"
             gen = a["generatorURL"]
             assert gen.endswith("/rules#test_am_lost_batches")
             page = httpx.get(gen.replace(gen.split("/rules")[0], f"http://127.0.0.1:{rules_port}"), timeout=5).text
@@ -148,8 +149,10 @@ sinks:
             "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat(),
             "createdBy": "test", "comment": "maintenance"}, timeout=5)
         assert sil.status_code == 200, sil.text
-        muted = wait_until(lambda: (lambda a: a if a and all(x["status"]["state"] == "suppressed" for x in a) else None)(
-            [x for x in am_alerts() if x["labels"]["job"] == ja]), 20, "job A suppressed", am)
+        def suppressed():
+            a = [x for x in am_alerts() if x["labels"]["job"] == ja]
+            return a if a and all(x["status"]["state"] == "suppressed" for x in a) else None
+        muted = wait_until(suppressed, 20, "job A suppressed", am)
         assert all(sil.json()["silenceID"] in x["status"]["silencedBy"] for x in muted)
         assert [x["labels"]["job"] for x in am_alerts(silenced="false")] == [jb]
 

@@ -83,6 +83,8 @@ def test_chart_renders_valid_kubernetes_objects(tmp_path, name, values):
             assert int(ann["prometheus.io/port"]) in ports, where
             env = {e["name"]: e for e in c["env"]}
             assert env["OBSHUB_METRICS_ADDR"]["value"] == "0.0.0.0"
+            assert env["OBSHUB_KAFKA_REPLICATION_FACTOR"]["value"] == "3"
+            assert "obshub.events.v1=64" in env["OBSHUB_KAFKA_PARTITIONS"]["value"]
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
             assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     agent = next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
@@ -105,7 +107,7 @@ def test_chart_renders_valid_kubernetes_objects(tmp_path, name, values):
 def test_secured_values_reference_secrets_and_mount_certificates(tmp_path):
     objs = objects(tmp_path, SECURED)
     text = yaml.safe_dump_all(objs)
-    for o, tmpl in pod_specs(objs):
+    for _o, tmpl in pod_specs(objs):
         c = tmpl["spec"]["containers"][0]
         env = {e["name"]: e for e in c["env"]}
         assert env["OBSHUB_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"

@@ -16,6 +16,7 @@ from obshub.core import schema
 from obshub.instrument import usdt
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
 
 
 @pytest.fixture

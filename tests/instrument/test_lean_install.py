@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # builds a bare virtual environment
+
 CHECK = r"""
 import json, sys
 before = set(sys.modules)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import defaultdict
 
 import pytest
 

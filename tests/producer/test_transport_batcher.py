@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from array import array
 
 import pytest
 
@@ -119,9 +120,7 @@ def test_synthetic_source_stream_is_valid_and_bounded():
     assert src.lost()["sched"] == 5
 
 
-def _packed(evs) -> tuple[bytes, "array"]:
-    from array import array
-
+def _packed(evs) -> tuple[bytes, array]:
     import msgpack
 
     data, ends = b"", array("I")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from obshub.core.errors import ConfigError
-from producer.config import KafkaConfig, agent_config
+from obshub.core.settings import KafkaConfig, agent_config
 from producer.publisher import Publisher
 from tests.conftest import REPO
 

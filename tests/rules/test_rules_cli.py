@@ -15,6 +15,8 @@ import pytest
 from rules.errors import SilenceError
 from rules.silences import Matcher, SilenceStore
 
+pytestmark = pytest.mark.slow  # each test runs the obshub command line in a subprocess
+
 REPO = Path(__file__).resolve().parents[2]
 OBSHUB = [sys.executable, "-m", "obshub.cli"]
 

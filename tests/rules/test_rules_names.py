@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rules.loader import load_ruleset
 from rules.errors import RuleValidationError
+from rules.loader import load_ruleset
 from rules.sinks.config import SINK_NAME_PATTERN, SinkSpec
 from rules.yamlfile import load_yaml
 

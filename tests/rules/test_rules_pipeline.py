@@ -38,6 +38,7 @@ def run_pack(scn) -> list[dict]:
     return [c for c in changes if c["status"] == "firing"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer,rule", [
     ("sched", "sched_contention_on_straggler"),
     ("memory", "memory_stall_on_straggler"),

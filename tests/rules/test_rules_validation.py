@@ -183,6 +183,7 @@ def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([*OBSHUB, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
+@pytest.mark.slow
 def test_rules_check_cli_exit_codes(tmp_path):
     ok = run_cli("rules", "check", "rules/builtin")
     assert ok.returncode == 0, ok.stderr

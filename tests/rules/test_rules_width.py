@@ -149,7 +149,13 @@ def naive(kind: str, hits: list[tuple[int, float]], at_least: float, w: int) -> 
     def agg(vals):
         if not vals:
             return 0.0
+        if kind == "cusum":
+            s = 0.0
+            for v in vals:
+                s = max(0.0, s + v)
+            return s
         return {"count": len(vals), "sum": sum(vals), "max": max(vals), "min": min(vals)}.get(kind, sum(vals) / len(vals))
+    hits = sorted(hits, key=lambda h: h[0])   # time order (stable: equal times keep their arrival order)
     best = 0
     for c in sorted(t + w for t, _ in hits):
         alive = [v for t, v in hits if c - w <= t < c]
@@ -161,7 +167,7 @@ def naive(kind: str, hits: list[tuple[int, float]], at_least: float, w: int) -> 
     return float(agg([v for _, v in hits])), best
 
 
-@pytest.mark.parametrize("kind", ["count", "sum", "avg", "max", "min"])
+@pytest.mark.parametrize("kind", ["count", "sum", "avg", "max", "min", "cusum"])
 def test_running_window_aggregates_equal_a_fresh_computation(kind):
     rnd = random.Random(kind)
     w_ns, at_least = 10, 3.0

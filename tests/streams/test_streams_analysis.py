@@ -4,6 +4,8 @@ and the synthetic generator's ground truth (no Kafka, no Faust)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from obshub.core import schema
 from obshub.core.schema import Batch, Clock, Event, Kind
@@ -341,3 +343,16 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
     # a rank that is late but still sends data is slow, not hung; and a short wait is no hang
     assert analysis.hang_check(accs, ["a", "b", "c"], dict(seen, c=now - 100 * MS), now - 4_000 * MS, hist, 20, now) is None
     assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 2_000 * MS) is None
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=40), st.data())
+def test_leave_one_out_median_equals_the_median_of_the_others(values, data):
+    """The peer median of each host from one sort equals ``median_int`` of the other hosts' values."""
+    i = data.draw(st.integers(min_value=0, max_value=len(values) - 1))
+    others = values[:i] + values[i + 1:]
+    assert analysis.LeaveOneOut(values).median_without(values[i]) == analysis.median_int(others)
+
+
+def test_leave_one_out_rejects_a_value_not_among_them():
+    with pytest.raises(ValueError, match="not one of the values"):
+        analysis.LeaveOneOut([1, 2, 3]).median_without(7)

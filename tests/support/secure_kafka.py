@@ -152,7 +152,8 @@ def start(home: Path, timeout_s: float = 120.0) -> SecureBroker:
         "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
         "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL",
         "sasl.enabled.mechanisms=SCRAM-SHA-512",
-        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;",
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
+        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
         "ssl.client.auth=none", "listener.name.ssl.ssl.client.auth=required",
         f"log.dirs={data}", "num.partitions=1", "offsets.topic.replication.factor=1",
         "offsets.topic.num.partitions=4", "transaction.state.log.replication.factor=1",

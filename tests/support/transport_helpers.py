@@ -12,8 +12,8 @@ from typing import Callable
 from confluent_kafka import Consumer, TopicPartition
 
 from obshub.core import schema
+from obshub.core.settings import agent_config
 from producer.agent import Agent
-from producer.config import agent_config
 from producer.synthetic import SyntheticSource
 
 

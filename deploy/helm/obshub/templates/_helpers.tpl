@@ -50,6 +50,8 @@ prometheus.io/path: /metrics
   value: {{ .Values.kafka.securityProtocol | quote }}
 - name: OBSHUB_KAFKA_REPLICATION_FACTOR
   value: {{ .Values.kafka.replicationFactor | quote }}
+- name: OBSHUB_KAFKA_PARTITIONS
+  value: {{ printf "obshub.events.v1=%d,obshub.steps.v1=%d,obshub.alerts.v1=%d,obshub.dlq.v1=%d" (int .Values.kafka.partitions.events) (int .Values.kafka.partitions.steps) (int .Values.kafka.partitions.alerts) (int .Values.kafka.partitions.dlq) | quote }}
 {{- if hasPrefix "SASL" .Values.kafka.securityProtocol }}
 - name: OBSHUB_KAFKA_SASL_MECHANISM
   value: {{ .Values.kafka.sasl.mechanism | quote }}
