@@ -77,9 +77,10 @@ class Counters:
 
     def read(self) -> dict:
         text = httpx.get(self.url, timeout=5).text
-        out = {"events": 0.0, "lost": 0.0, "batches": 0.0, "delivered": 0.0}
+        out = {"events": 0.0, "lost": 0.0, "batches": 0.0, "delivered": 0.0, "waits": 0.0, "spooled": 0.0}
         names = {"obshub_agent_events": "events", "obshub_agent_lost_events": "lost",
-                 "obshub_agent_batches": "batches", "obshub_agent_batches_delivered": "delivered"}
+                 "obshub_agent_batches": "batches", "obshub_agent_batches_delivered": "delivered",
+                 "obshub_agent_backpressure_waits": "waits", "obshub_agent_spooled_batches": "spooled"}
         for fam in text_string_to_metric_families(text):
             key = names.get(fam.name)
             if key:   # events: only the firehose's kind (AGENT_LOSS reports are events too)
@@ -153,7 +154,8 @@ class Rig:
         ev, lost = after["events"] - before["events"], after["lost"] - before["lost"]
         cpu = after["cpu_s"] - before["cpu_s"]
         return {"requested": rate, "burst": burst, "fired": fired, "seconds": elapsed, "offered": fired / elapsed,
-                "firehose_cpu_util": gen_cpu / elapsed,
+                "firehose_cpu_util": gen_cpu / elapsed, "kafka_waits": int(after["waits"] - before["waits"]),
+                "spooled": int(after["spooled"] - before["spooled"]),
                 "read": int(ev), "lost": int(lost), "carried": ev / elapsed, "cpu_s": cpu,
                 "cpu_util": cpu / elapsed, "cpu_s_per_M": cpu / ev * 1e6 if ev else float("nan"),
                 "lossless": lost == 0 and ev >= fired}
@@ -176,11 +178,11 @@ class Rig:
 def _levels_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title, caption=common.describe_machine())
     for col in ("requested ev/s", "offered ev/s", "carried ev/s", "lost (ring buffer)", "agent CPU",
-                "CPU s / M events", "lossless"):
+                "CPU s / M events", "waits on a full Kafka queue", "lossless"):
         t.add_column(col)
     for r in rows:
         t.add_row(f"{r['requested']:,.0f}", f"{r['offered']:,.0f}", f"{r['carried']:,.0f}", f"{r['lost']:,}",
-                  f"{r['cpu_util'] * 100:.0f} %", f"{r['cpu_s_per_M']:.2f}",
+                  f"{r['cpu_util'] * 100:.0f} %", f"{r['cpu_s_per_M']:.2f}", f"{r.get('kafka_waits', 0):,}",
                   "[green]yes[/green]" if r["lossless"] else "[red]no[/red]")
     return t
 

@@ -12,7 +12,7 @@ Shape of the load (``Shape``):
 - ``batches_per_step`` batches per host and step: the agent seals a batch every 200 ms, so a 1 s step
   reaches Kafka as 5 batches per host (a batch holds the events of its 200 ms; an empty one is not sent);
   the batch of slot ``j`` of step ``s`` is published at ``T0 + (s + (j + 1) / batches_per_step) * step_s``;
-- from step ``guilty_from`` on, host ``straggler`` (``node2``) is slower by ``extra_ms`` each step,
+- from step ``guilty_from`` (10) on, host ``straggler`` (``node2``) is slower by ``extra_ms`` each step,
   spent waiting for a CPU (run-queue events): the stream app must name it, blamed for ``sched``, and the
   builtin rule ``sched_contention_on_straggler`` must fire for it.
 
@@ -61,7 +61,7 @@ class Shape:
     events_per_step: int = 64
     batches_per_step: int = 5
     step_s: float = 1.0
-    guilty_from: int = 2
+    guilty_from: int = 10
     extra_ms: float = 200.0
 
     @property
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events-per-step", type=int, default=64)
     p.add_argument("--batches-per-step", type=int, default=5)
     p.add_argument("--step-s", type=float, default=1.0)
-    p.add_argument("--guilty-from", type=int, default=2)
+    p.add_argument("--guilty-from", type=int, default=10)
     a = p.parse_args(argv)
     shape = Shape(a.hosts, a.steps, job=a.job, events_per_step=a.events_per_step, batches_per_step=a.batches_per_step,
                   step_s=a.step_s, guilty_from=a.guilty_from)

@@ -1,7 +1,7 @@
 """The whole pipeline at width: one job of 8, 128, 512 and 2,048 hosts at 1 s steps through the real
 broker, real ``obshub streams worker`` process(es) and the real rule engine (``obshub rules serve`` with
 the builtin pack), fed by synthetic agents (bench/fleet.py: 64 events per host-step in 5 batches per
-host-step, a sched straggler on ``node2`` from step 2 on).
+host-step, a sched straggler on ``node2`` from step 10 on).
 
 Per size, on a fresh private broker (bench/broker.py), with the project's own topics:
 
@@ -37,7 +37,7 @@ alerted); at 2,048 hosts the fold <= 100 ms and the rule pack <= 50 ms of CPU pe
 obshub process <= 500 MB RSS. The worker's CPU is one number for ingest + fold + close (one process).
 
     python -m bench.width                  # 8, 128, 512, 2,048 hosts (about 15 minutes)
-    python -m bench.width --quick          # 4 and 16 hosts, 6 steps, a 3 s pause at 4 (about 1 minute)
+    python -m bench.width --quick          # 4 and 16 hosts, 12 steps, a 3 s pause at 4 (about 1 minute)
     python -m bench.width --sizes 8,128 --steps 20 --pause-s 0
 """
 
@@ -71,12 +71,12 @@ from obshub.core import kafka, schema
 SIZES = (8, 128, 512, 2048)
 STEPS = {8: 20, 128: 30, 512: 30, 2048: 30}
 QUICK_SIZES = (4, 16)
-QUICK_STEPS = 6
-QUICK_GUILTY_FROM = 0     # the straggler from the first step: the alert fires at step 5 of 6
+QUICK_STEPS = 12
 PAUSE_S, QUICK_PAUSE_S = 60, 3
 PAUSE_SIZES = (128, 512)     # the pause runs at these sizes (when the pipeline kept up before it)
 DRAIN_MAX_S = 60             # the agents go on publishing this long after SIGCONT at most
 WARMUP = 3                   # steps left out of the steady state
+GUILTY_FROM = 10             # the straggler starts once the job has the 10 clean steps its baseline needs
 BOUND_STEPS = 3              # "keeps up": summaries and engine at most this many steps behind
 GRACE_S = 25.0               # after the last publish: time for the last summaries and alerts
 QUICK_GRACE_S = 10.0
@@ -429,7 +429,7 @@ class SizeResult:
     hosts: int
     steps: int
     events_per_step: int
-    guilty_from: int = 2
+    guilty_from: int = GUILTY_FROM
     summarize_ms: float = float("nan")
     encode_s: float = 0.0
     samples: list[dict] = field(default_factory=list)
@@ -513,7 +513,7 @@ class SizeRun:
     """One job size on the shared broker: its processes, samplers and the measurement phases."""
 
     def __init__(self, settings, hosts: int, steps: int, *, pause_s: float, workers: int, tmp: Path, say,
-                 guilty_from: int = 2, grace_s: float = GRACE_S):
+                 guilty_from: int = GUILTY_FROM, grace_s: float = GRACE_S):
         self.settings, self.say, self.steps, self.pause_s = settings, say, steps, pause_s
         self.grace_s = grace_s
         drain = int(DRAIN_MAX_S) if pause_s > 0 else 0
@@ -677,8 +677,15 @@ class SizeRun:
                 break
             s += 1
             if s >= steps:
-                if pause:   # the load goes on: the pause phase starts now
-                    break
+                if pause and s == steps:
+                    behind = [_behind(x) for x in res.samples[WARMUP + 1:]]
+                    if behind and max(behind) <= BOUND_STEPS:
+                        break   # kept up: the load goes on and the pause phase starts now
+                    # did not keep up: no pause; the agents stop and the grace period lets the stages finish
+                    res.pause = {"skipped": f"the pipeline did not keep up before it (up to {max(behind or [0]):.0f} "
+                                            f"steps behind)"}
+                    self.agents.proc.popen.send_signal(signal.SIGTERM)
+                    pause = False
                 if (smp["summaries"] >= steps and smp["engine_steps"] >= steps) or time.monotonic() >= limit:
                     break
         steady_b = res.samples[-1]
@@ -696,12 +703,6 @@ class SizeRun:
         if res.ended or not pause:
             return
         # phase 2: the pause (only when the measured steps kept up: otherwise the backlog never drains)
-        behind = [_behind(x) for x in res.samples[WARMUP + 1:]]
-        if not behind or max(behind) > BOUND_STEPS:
-            res.pause = {"skipped": f"the pipeline did not keep up before it (up to {max(behind or [0]):.0f} "
-                                    f"steps behind)"}
-            self.agents.proc.popen.send_signal(signal.SIGTERM)
-            return
         for p in self.workers():
             os.killpg(p.pid, signal.SIGSTOP)
         self.stopped = True
@@ -1072,7 +1073,7 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
             say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
             try:
                 r = SizeRun(settings, hosts, n, pause_s=p, workers=workers, tmp=tmp, say=say,
-                            guilty_from=QUICK_GUILTY_FROM if quick else 2,
+                            guilty_from=GUILTY_FROM,
                             grace_s=QUICK_GRACE_S if quick else WIDE_GRACE_S if hosts >= 2048 else GRACE_S).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
@@ -1092,7 +1093,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.width [--quick] [--sizes 8,128] [--steps N] [--pause-s S]``."""
     p = argparse.ArgumentParser(prog="python -m bench.width", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: 4 and 16 hosts, 6 steps, a 3 s pause at 4 hosts")
+    p.add_argument("--quick", action="store_true", help="smoke run: 4 and 16 hosts, 12 steps, a 3 s pause at 4 hosts")
     p.add_argument("--sizes", default=None, help="comma-separated host counts (default 8,128,512,2048)")
     p.add_argument("--steps", type=int, default=None, help="steps per size (default: per size, 20-30)")
     p.add_argument("--pause-s", type=float, default=None, help=f"worker pause under load (default {PAUSE_S}; 0 = none)")

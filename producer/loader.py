@@ -439,6 +439,8 @@ class BpfEventSource:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._sysfs is not None:
+            self._sysfs.close()
         if self._bpf is not None:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()

@@ -11,10 +11,16 @@
   Rollover 8, Timeout 12, ...), payload ``count`` = total increase.
 
 ``root`` may point at a fake tree for tests. Timestamps are CLOCK_MONOTONIC ns, like bpf_ktime_get_ns.
+
+Cost: the directories are listed again every ``rescan_ns`` (60 s: hot-plugged devices), not at every
+poll; each attribute file is opened once and re-read with ``pread`` at offset 0 (sysfs regenerates the
+text on every read from offset 0), so a poll is one system call per file; a file that was missing is
+not looked for again before the next scan.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -27,20 +33,6 @@ AER_CORRECTABLE_BITS = {"RxErr": 0, "BadTLP": 6, "BadDLLP": 7, "Rollover": 8, "T
                         "NonFatalErr": 13, "CorrIntErr": 14, "HeaderOF": 15}
 
 
-def _read_int(p: Path) -> int | None:
-    try:
-        return int(p.read_text().split()[0], 0)
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _read_str(p: Path) -> str | None:
-    try:
-        return p.read_text().strip()
-    except OSError:
-        return None
-
-
 def _speed_gts(s: str | None) -> float | None:
     m = re.match(r"\s*([\d.]+)\s*GT/s", s or "")
     return float(m.group(1)) if m else None
@@ -49,13 +41,64 @@ def _speed_gts(s: str | None) -> float | None:
 class SysfsPoller:
     """Poll the counters under ``root`` at most every ``interval_ns``; :meth:`poll` returns Events."""
 
-    def __init__(self, root: Path = Path("/"), interval_ns: int = 1_000_000_000):
+    def __init__(self, root: Path = Path("/"), interval_ns: int = 1_000_000_000, rescan_ns: int = 60_000_000_000):
         self.root = Path(root)
         self.interval_ns = interval_ns
+        self.rescan_ns = rescan_ns
         self._last_ns = 0
+        self._scan_ns = 0
         self._counters: dict[tuple[str, int, str], int] = {}
         self._links: dict[str, tuple] = {}
         self._aer: dict[str, dict[str, int]] = {}
+        self._fds: dict[Path, int] = {}
+        self._missing: set[Path] = set()
+        self._ports: list[Path] = []
+        self._nic_files: dict[Path, list[Path]] = {}
+        self._devices: list[Path] = []
+
+    def _text(self, p: Path) -> str | None:
+        """The attribute's text now (None when it does not exist or cannot be read)."""
+        fd = self._fds.get(p)
+        if fd is None:
+            if p in self._missing:
+                return None   # not there at the last scan (a device without a PCIe link, no AER)
+            try:
+                fd = self._fds[p] = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._missing.add(p)
+                return None
+        try:
+            return os.pread(fd, 65536, 0).decode(errors="replace")
+        except OSError:
+            os.close(self._fds.pop(p))
+            return None
+
+    def _int(self, p: Path) -> int | None:
+        try:
+            return int((self._text(p) or "").split()[0], 0)
+        except (ValueError, IndexError):
+            return None
+
+    def _str(self, p: Path) -> str | None:
+        t = self._text(p)
+        return None if t is None else t.strip()
+
+    def _rescan(self, now: int) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._missing.clear()
+        self._ports = [d for d in sorted((self.root / "sys/class/infiniband").glob("*/ports/*")) if d.name.isdigit()]
+        self._nic_files = {d: [f for sub in ("counters", "hw_counters") for f in sorted((d / sub).glob("*"))]
+                           for d in self._ports}
+        self._devices = sorted((self.root / "sys/bus/pci/devices").glob("*"))
+        self._scan_ns = now
+
+    def close(self) -> None:
+        """Close the attribute files held open."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
     def poll(self, now_ns: int | None = None) -> list[Event]:
         """Read everything when the interval has passed since the last read; [] otherwise."""
@@ -64,17 +107,17 @@ class SysfsPoller:
             return []
         interval = now - self._last_ns if self._last_ns else 0
         self._last_ns = now
+        if not self._scan_ns or now - self._scan_ns >= self.rescan_ns:
+            self._rescan(now)
         return self._nic(now, interval) + self._pcie(now)
 
     def _nic(self, now: int, interval: int) -> list[Event]:
         out = []
-        for port_dir in sorted((self.root / "sys/class/infiniband").glob("*/ports/*")):
+        for port_dir in self._ports:
             dev, port = port_dir.parent.parent.name, port_dir.name
-            if not port.isdigit():
-                continue
-            for sub in ("counters", "hw_counters"):
-                for f in sorted((port_dir / sub).glob("*")):
-                    v = _read_int(f)
+            for sub_files in (self._nic_files.get(port_dir, ()),):
+                for f in sub_files:
+                    v = self._int(f)
                     if v is None:
                         continue
                     key = (dev, int(port), f.name)
@@ -87,14 +130,14 @@ class SysfsPoller:
 
     def _pcie(self, now: int) -> list[Event]:
         out = []
-        for d in sorted((self.root / "sys/bus/pci/devices").glob("*")):
+        for d in self._devices:
             out += self._link(d, now)
             out += self._aer_counts(d, now)
         return out
 
     def _link(self, d: Path, now: int) -> list[Event]:
-        speed, max_speed = _read_str(d / "current_link_speed"), _read_str(d / "max_link_speed")
-        width, max_width = _read_int(d / "current_link_width"), _read_int(d / "max_link_width")
+        speed, max_speed = self._str(d / "current_link_speed"), self._str(d / "max_link_speed")
+        width, max_width = self._int(d / "current_link_width"), self._int(d / "max_link_width")
         if speed is None or max_speed is None or width is None or max_width is None:
             return []
         cur, top = _speed_gts(speed), _speed_gts(max_speed)
@@ -109,7 +152,7 @@ class SysfsPoller:
                                "max_width": max_width})]
 
     def _aer_counts(self, d: Path, now: int) -> list[Event]:
-        text = _read_str(d / "aer_dev_correctable")
+        text = self._str(d / "aer_dev_correctable")
         if text is None:
             return []
         counts = {}

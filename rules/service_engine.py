@@ -205,13 +205,11 @@ class EngineLoop:
         finally:
             if self.outbox and not self.undelivered:
                 self._publish(prod)
-            if self.undelivered:
-                cons.close()
-                return  # noqa: B012 - undelivered changes end the loop without a snapshot (a loop exception is dropped here)
-            self.write_snapshot()
-            if uncommitted and self._flush(prod):
-                try:
-                    commit(cons)
-                except Exception as exc:
-                    log.warning("final commit failed (the last records will be evaluated again): %s", exc)
+            if not self.undelivered:  # undelivered changes end the loop without a snapshot or a commit
+                self.write_snapshot()
+                if uncommitted and self._flush(prod):
+                    try:
+                        commit(cons)
+                    except Exception as exc:
+                        log.warning("final commit failed (the last records will be evaluated again): %s", exc)
             cons.close()

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from obshub import stack
-from obshub.core import registry, schema
+from obshub.core import kafka, registry, schema
 from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
@@ -117,8 +117,7 @@ class AlertReader:
         self.alerts: list[AlertSeen] = []
         self.records: list[dict] = []
         self._stop = threading.Event()
-        self._c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"demo-{job}",
-                            "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0})
+        self._c = Consumer(kafka.consumer_config(kafka.connection(settings), f"demo-{job}", {"enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0}))
         deadline = time.monotonic() + 30
         while True:  # right after `up` created the topic its partitions may have no leader yet
             try:
