@@ -22,7 +22,7 @@ label ``training_job`` names the training job, because ``job`` is Prometheus's o
 
 - ``obshub_step_duration_seconds{training_job,host}``        histogram of each host's step time
 - ``obshub_step_max_duration_seconds{training_job}``         the slowest host's time at the latest step
-- ``obshub_last_step{training_job}``                         number of the latest step summarised
+- ``obshub_last_step{training_job}``                         number of the latest (highest) step summarised
 - ``obshub_steps_total{training_job,closed_by}``             step summaries (complete / window)
 - ``obshub_stalled_steps_total{training_job}``               steps slower than the job's p99 baseline
 - ``obshub_straggler_steps_total{training_job,host}``        steps that named ``host`` the straggler
@@ -91,10 +91,18 @@ class StepResultMetrics:
         self._lock = threading.Lock()
         self._seen: dict[str, float] = {}                      # training job -> monotonic time of last summary
         self._labels: dict[str, set[tuple[object, tuple[str, ...]]]] = {}  # job -> (metric, labels) to remove
+        self._steps: dict[tuple, int] = {}                     # (gauge, job, labels...) -> highest step set
 
     def _touch(self, job: str, metric, *labels: str):
         self._labels.setdefault(job, set()).add((metric, (job, *labels)))
         return metric.labels(job, *labels)
+
+    def _latest(self, job: str, metric, step: int, *labels: str) -> None:
+        # steps close out of order (by window, on several partitions): a "latest step" gauge only grows
+        key = (id(metric), job, *labels)
+        if step >= self._steps.get(key, -1):
+            self._steps[key] = step
+            self._touch(job, metric, *labels).set(step)
 
     def observe(self, s: dict) -> None:
         """Add one step summary. Malformed fields are skipped (the summary came from this worker)."""
@@ -106,7 +114,8 @@ class StepResultMetrics:
             for host, ns in (s.get("step_time_ns") or {}).items():
                 t(job, self.step_time, host).observe(ns / 1e9)
             t(job, self.step_max).set(s.get("step_time_max_ns", 0) / 1e9)
-            t(job, self.last_step).set(s.get("step", 0))
+            step = s.get("step", 0)
+            self._latest(job, self.last_step, step)
             t(job, self.steps, s.get("closed_by", "")).inc()
             t(job, self.stalled).inc(1 if s.get("stall") else 0)
             strag = s.get("straggler")
@@ -114,11 +123,11 @@ class StepResultMetrics:
                 h = strag["host"]
                 t(job, self.strag, h).inc()
                 t(job, self.strag_s, h).inc(strag.get("excess_ns", 0) / 1e9)
-                t(job, self.strag_last, h).set(s.get("step", 0))
+                self._latest(job, self.strag_last, step, h)
             for b in s.get("blame") or []:
                 t(job, self.blamed, b["host"], b["layer"]).inc()
                 t(job, self.blame_s, b["host"], b["layer"]).inc(max(0, b.get("excess_ns", 0)) / 1e9)
-                t(job, self.blame_last, b["host"], b["layer"]).set(s.get("step", 0))
+                self._latest(job, self.blame_last, step, b["host"], b["layer"])
             for c in s.get("collectives") or []:
                 t(job, self.skew).observe(max(0, c.get("skew_ns", 0)) / 1e9)
             for h in s.get("missing_hosts") or []:
@@ -135,6 +144,7 @@ class StepResultMetrics:
                     except KeyError:
                         pass
                 del self._seen[old]
+                self._steps = {k: v for k, v in self._steps.items() if k[1] != old}
 
 
 class WorkerMetrics:

@@ -57,3 +57,15 @@ def test_missing_hosts_and_idle_jobs_expire():
     m.observe({"job": "other", "step": 1, "closed_by": "complete", "step_time_ns": {"a": 1}})
     left = {dict(labels).get("training_job") for _n, labels in _samples(reg)}
     assert "m2" not in left and "other" in left
+
+
+def test_latest_step_gauges_only_grow_when_steps_close_out_of_order():
+    reg = CollectorRegistry()
+    m = StepResultMetrics(reg)
+    strag = {"host": "n1", "excess_ns": 5_000_000}
+    for step in (25, 28, 26, 29, 27):
+        m.observe({"job": "o", "step": step, "closed_by": "window", "step_time_ns": {"n1": 1},
+                   "straggler": strag if step in (26, 27) else None})
+    got = _samples(reg)
+    assert got[("obshub_last_step", frozenset({("training_job", "o")}))] == 29
+    assert got[("obshub_straggler_last_step", frozenset({("training_job", "o"), ("host", "n1")}))] == 27
