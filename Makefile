@@ -5,8 +5,9 @@ setup:
 	@bash scripts/setup.sh
 
 # demo: 4 simulated hosts, 8% packet loss on node-01 after 15 s; exit 0 only for the right host and layer
+# (waits up to 15 min for another demo on this machine to finish: the cluster namespaces are machine-wide)
 demo: setup
-	@.venv/bin/obshub demo --hosts 4 --fault net-loss --fault-host 1
+	@.venv/bin/obshub demo --hosts 4 --fault net-loss --fault-host 1 --lock-wait 900
 
 # lint: the layer contracts (import-linter, [tool.importlinter] in pyproject.toml), ruff, mypy on the ground floor
 lint: setup
