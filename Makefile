@@ -9,10 +9,11 @@ setup:
 demo: setup
 	@.venv/bin/obshub demo --hosts 4 --fault net-loss --fault-host 1 --lock-wait 900
 
-# lint: the layer contracts (import-linter, [tool.importlinter] in pyproject.toml), ruff, mypy on the ground floor
+# lint: the layer contracts (import-linter, [tool.importlinter] in pyproject.toml), ruff lint + format check, mypy on the ground floor
 lint: setup
 	@.venv/bin/lint-imports
 	@.venv/bin/ruff check .
+	@.venv/bin/ruff format --check .
 	@.venv/bin/mypy
 
 test: lint

@@ -37,8 +37,9 @@ BENCHMARKS: dict[str, str] = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run the named benchmarks (all by default); returns 0 when every one completed."""
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)}")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, one round")
     p.add_argument("--rounds", type=int, default=None, help="rounds per benchmark (default: each one's own)")
@@ -52,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
     names = [n for n in BENCHMARKS if n in a.names] if a.names else list(BENCHMARKS)
-    common.console.print(f"[bold]obshub benchmarks[/bold] at {common.git_rev()}: {', '.join(names)}"
-                         f"{' (quick)' if a.quick else ''}\n{common.describe_machine()}")
+    common.console.print(
+        f"[bold]obshub benchmarks[/bold] at {common.git_rev()}: {', '.join(names)}"
+        f"{' (quick)' if a.quick else ''}\n{common.describe_machine()}"
+    )
     failed, times = [], {}
     t_all = time.monotonic()
     for name in names:
@@ -73,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
 
         common.console.rule("[bold]targets at a glance[/bold] (python -m bench.summary)")
         common.console.print(summary.markdown(), markup=False)
-    common.console.print("durations: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
-                         + f"; total {time.monotonic() - t_all:.0f} s")
+    common.console.print(
+        "durations: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
+        + f"; total {time.monotonic() - t_all:.0f} s"
+    )
     if failed:
         common.console.print(f"[red]failed: {', '.join(failed)}[/red]")
         return 1

@@ -25,15 +25,21 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     """Build and run the agent; returns its exit code."""
-    p = argparse.ArgumentParser(prog="python -m bench.agent_host", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.agent_host", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--usdt", required=True, type=Path, help="executable or library with the obshub USDT probes")
     p.add_argument("--pid", required=True, type=int, help="process to watch")
     p.add_argument("--cpu", type=int, default=None, help="pin this process to this CPU")
     p.add_argument("--metrics-port", type=int, required=True)
-    p.add_argument("--ringbuf-pages", type=int, default=4096, help="ring buffer size, 4 KiB pages (default 16 MiB, the agent's)")
-    p.add_argument("--burst", action="store_true",
-                   help="also attach bench/firehose_burst.c to the executable's fire_burst (n records per call)")
+    p.add_argument(
+        "--ringbuf-pages", type=int, default=4096, help="ring buffer size, 4 KiB pages (default 16 MiB, the agent's)"
+    )
+    p.add_argument(
+        "--burst",
+        action="store_true",
+        help="also attach bench/firehose_burst.c to the executable's fire_burst (n records per call)",
+    )
     a = p.parse_args(argv)
     if a.cpu is not None:
         os.sched_setaffinity(0, {a.cpu})
@@ -44,10 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     from producer.probes import ProbeOptions, Target
 
     settings = load_settings()
-    cfg = agent_config(job="bench-agent", host="bench-firehose", host_id=7,
-                       kafka=dict(bootstrap=settings.bootstrap_servers),
-                       spool=dict(dir=settings.home / "spool" / "bench-firehose"),
-                       metrics_port=a.metrics_port, flush_timeout_s=30.0)
+    cfg = agent_config(
+        job="bench-agent",
+        host="bench-firehose",
+        host_id=7,
+        kafka=dict(bootstrap=settings.bootstrap_servers),
+        spool=dict(dir=settings.home / "spool" / "bench-firehose"),
+        metrics_port=a.metrics_port,
+        flush_timeout_s=30.0,
+    )
+
     class Source(BpfEventSource):
         def start(self):
             table = super().start()
@@ -55,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
                 self.attach_uprobe(a.usdt, "fire_burst", "obs_bench_burst")
             return table
 
-    src = Source(settings, Target(pids={a.pid}),
-                 ProbeOptions(probes=("pytorch_step",), usdt_library=a.usdt, sysfs=False,
-                              ringbuf_pages=a.ringbuf_pages))
+    src = Source(
+        settings,
+        Target(pids={a.pid}),
+        ProbeOptions(probes=("pytorch_step",), usdt_library=a.usdt, sysfs=False, ringbuf_pages=a.ringbuf_pages),
+    )
     if a.burst:
         src.extra_source = (Path(__file__).resolve().parent / "firehose_burst.c").read_text()
     return Agent(cfg, src, settings=settings).run()

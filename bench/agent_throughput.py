@@ -45,13 +45,13 @@ from bench.broker import bpf_unavailable, cpu_seconds, free_port, private_stack,
 HERE = Path(__file__).resolve().parent
 LEVELS = (100_000, 250_000, 500_000, 750_000, 1_000_000, 1_250_000, 1_500_000, 2_000_000, 3_000_000)
 QUICK_LEVELS = (20_000, 200_000)
-USDT_LEVELS = (50_000, 100_000, 200_000, 300_000)   # one USDT hit per event (bounded by the trap cost)
+USDT_LEVELS = (50_000, 100_000, 200_000, 300_000)  # one USDT hit per event (bounded by the trap cost)
 BURST = 64
 LEVEL_S = 3.0
 QUICK_LEVEL_S = 1.0
 ROUNDS = 3
-TARGET = 1_000_000        # events/s lossless on one agent core
-TARGET_CPU_PER_M = 1.0    # agent CPU seconds per million events
+TARGET = 1_000_000  # events/s lossless on one agent core
+TARGET_CPU_PER_M = 1.0  # agent CPU seconds per million events
 
 
 def build_firehose(out_dir: Path) -> Path:
@@ -59,8 +59,9 @@ def build_firehose(out_dir: Path) -> Path:
     out = out_dir / "firehose"
     r = subprocess.run(["gcc", "-O2", "-o", str(out), str(HERE / "firehose.c")], capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"Failed to build bench/firehose.c (needs gcc and sys/sdt.h from systemtap-sdt-dev):\n"
-                           f"{r.stderr[-1500:]}")
+        raise RuntimeError(
+            f"Failed to build bench/firehose.c (needs gcc and sys/sdt.h from systemtap-sdt-dev):\n{r.stderr[-1500:]}"
+        )
     return out
 
 
@@ -78,14 +79,22 @@ class Counters:
     def read(self) -> dict:
         text = httpx.get(self.url, timeout=5).text
         out = {"events": 0.0, "lost": 0.0, "batches": 0.0, "delivered": 0.0, "waits": 0.0, "spooled": 0.0}
-        names = {"obshub_agent_events": "events", "obshub_agent_lost_events": "lost",
-                 "obshub_agent_batches": "batches", "obshub_agent_batches_delivered": "delivered",
-                 "obshub_agent_backpressure_waits": "waits", "obshub_agent_spooled_batches": "spooled"}
+        names = {
+            "obshub_agent_events": "events",
+            "obshub_agent_lost_events": "lost",
+            "obshub_agent_batches": "batches",
+            "obshub_agent_batches_delivered": "delivered",
+            "obshub_agent_backpressure_waits": "waits",
+            "obshub_agent_spooled_batches": "spooled",
+        }
         for fam in text_string_to_metric_families(text):
             key = names.get(fam.name)
-            if key:   # events: only the firehose's kind (AGENT_LOSS reports are events too)
-                out[key] += sum(s.value for s in fam.samples if s.name.endswith("_total")
-                                and (key != "events" or s.labels.get("kind") == "STEP_BEGIN"))
+            if key:  # events: only the firehose's kind (AGENT_LOSS reports are events too)
+                out[key] += sum(
+                    s.value
+                    for s in fam.samples
+                    if s.name.endswith("_total") and (key != "events" or s.labels.get("kind") == "STEP_BEGIN")
+                )
         out["cpu_s"] = cpu_seconds(self.pid)
         return out
 
@@ -110,16 +119,35 @@ class Rig:
         agent_cpu, gen_cpu = (cpus[0], cpus[1]) if len(cpus) > 1 else (None, None)
         self.cpus = {"agent": agent_cpu, "firehose": gen_cpu}
         exe = build_firehose(tmp)
-        self.gen = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                    preexec_fn=_pin(gen_cpu), start_new_session=True)
+        self.gen = subprocess.Popen(
+            [str(exe)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=_pin(gen_cpu),
+            start_new_session=True,
+        )
         port = free_port()
-        cmd = [sys.executable, "-m", "bench.agent_host", "--usdt", str(exe), "--pid", str(self.gen.pid),
-               "--metrics-port", str(port)] + (["--cpu", str(agent_cpu)] if agent_cpu is not None else []) \
+        cmd = (
+            [
+                sys.executable,
+                "-m",
+                "bench.agent_host",
+                "--usdt",
+                str(exe),
+                "--pid",
+                str(self.gen.pid),
+                "--metrics-port",
+                str(port),
+            ]
+            + (["--cpu", str(agent_cpu)] if agent_cpu is not None else [])
             + (["--burst"] if burst else [])
+        )
         self.log = tmp / "agent.log"
         self._logf = open(self.log, "w")
-        self.agent = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True,
-                                      cwd=HERE.parent)
+        self.agent = subprocess.Popen(
+            cmd, stdout=self._logf, stderr=subprocess.STDOUT, start_new_session=True, cwd=HERE.parent
+        )
         self.counters = Counters(port, self.agent.pid)
         try:
             self._wait_started()
@@ -148,17 +176,28 @@ class Rig:
         before = self.counters.settled()
         self.gen.stdin.write(f"{rate} {seconds} {burst}\n")
         self.gen.stdin.flush()
-        reply = self.gen.stdout.readline().split()   # fired N in S s cpu C
+        reply = self.gen.stdout.readline().split()  # fired N in S s cpu C
         fired, elapsed, gen_cpu = int(reply[1]), float(reply[3]), float(reply[6])
         after = self.counters.settled()
         ev, lost = after["events"] - before["events"], after["lost"] - before["lost"]
         cpu = after["cpu_s"] - before["cpu_s"]
-        return {"requested": rate, "burst": burst, "fired": fired, "seconds": elapsed, "offered": fired / elapsed,
-                "firehose_cpu_util": gen_cpu / elapsed, "kafka_waits": int(after["waits"] - before["waits"]),
-                "spooled": int(after["spooled"] - before["spooled"]),
-                "read": int(ev), "lost": int(lost), "carried": ev / elapsed, "cpu_s": cpu,
-                "cpu_util": cpu / elapsed, "cpu_s_per_M": cpu / ev * 1e6 if ev else float("nan"),
-                "lossless": lost == 0 and ev >= fired}
+        return {
+            "requested": rate,
+            "burst": burst,
+            "fired": fired,
+            "seconds": elapsed,
+            "offered": fired / elapsed,
+            "firehose_cpu_util": gen_cpu / elapsed,
+            "kafka_waits": int(after["waits"] - before["waits"]),
+            "spooled": int(after["spooled"] - before["spooled"]),
+            "read": int(ev),
+            "lost": int(lost),
+            "carried": ev / elapsed,
+            "cpu_s": cpu,
+            "cpu_util": cpu / elapsed,
+            "cpu_s_per_M": cpu / ev * 1e6 if ev else float("nan"),
+            "lossless": lost == 0 and ev >= fired,
+        }
 
     def close(self) -> dict:
         """Stop both; returns the agent's final delivery state and exit code."""
@@ -171,19 +210,38 @@ class Rig:
         stop_group(self.gen, 5)
         rc = stop_group(self.agent, 60)
         self._logf.close()
-        return {"batches": final["batches"], "delivered": final["delivered"], "exit_code": rc,
-                "tail": self.log.read_text()[-400:]}
+        return {
+            "batches": final["batches"],
+            "delivered": final["delivered"],
+            "exit_code": rc,
+            "tail": self.log.read_text()[-400:],
+        }
 
 
 def _levels_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title, caption=common.describe_machine())
-    for col in ("requested ev/s", "offered ev/s", "carried ev/s", "lost (ring buffer)", "agent CPU",
-                "CPU s / M events", "waits on a full Kafka queue", "lossless"):
+    for col in (
+        "requested ev/s",
+        "offered ev/s",
+        "carried ev/s",
+        "lost (ring buffer)",
+        "agent CPU",
+        "CPU s / M events",
+        "waits on a full Kafka queue",
+        "lossless",
+    ):
         t.add_column(col)
     for r in rows:
-        t.add_row(f"{r['requested']:,.0f}", f"{r['offered']:,.0f}", f"{r['carried']:,.0f}", f"{r['lost']:,}",
-                  f"{r['cpu_util'] * 100:.0f} %", f"{r['cpu_s_per_M']:.2f}", f"{r.get('kafka_waits', 0):,}",
-                  "[green]yes[/green]" if r["lossless"] else "[red]no[/red]")
+        t.add_row(
+            f"{r['requested']:,.0f}",
+            f"{r['offered']:,.0f}",
+            f"{r['carried']:,.0f}",
+            f"{r['lost']:,}",
+            f"{r['cpu_util'] * 100:.0f} %",
+            f"{r['cpu_s_per_M']:.2f}",
+            f"{r.get('kafka_waits', 0):,}",
+            "[green]yes[/green]" if r["lossless"] else "[red]no[/red]",
+        )
     return t
 
 
@@ -198,23 +256,27 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         return {"skipped": no_bpf}
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-agent-"))
     rows, usdt_rows, confirm, at2x, final = [], [], [], None, {}
-    rejected: list[list[dict]] = []   # confirmation repeats of levels that were not lossless every time
+    rejected: list[list[dict]] = []  # confirmation repeats of levels that were not lossless every time
     try:
         with private_stack(common.console.print):
             rig = Rig(tmp)
             try:
-                rig.level(levels[0], 0.5)                   # warm-up: first batches, connections
-                for rate in (USDT_LEVELS[:1] if quick else USDT_LEVELS):   # one USDT hit per event
+                rig.level(levels[0], 0.5)  # warm-up: first batches, connections
+                for rate in USDT_LEVELS[:1] if quick else USDT_LEVELS:  # one USDT hit per event
                     r = rig.level(rate, level_s, burst=0)
                     usdt_rows.append(r)
-                    common.console.print(f"[dim]  USDT {rate:,} ev/s offered {r['offered']:,.0f}: read {r['read']:,}, "
-                                         f"lost {r['lost']:,}, CPU {r['cpu_util'] * 100:.0f} %[/dim]")
+                    common.console.print(
+                        f"[dim]  USDT {rate:,} ev/s offered {r['offered']:,.0f}: read {r['read']:,}, "
+                        f"lost {r['lost']:,}, CPU {r['cpu_util'] * 100:.0f} %[/dim]"
+                    )
                 lossy = 0
                 for rate in levels:
                     r = rig.level(rate, level_s)
                     rows.append(r)
-                    common.console.print(f"[dim]  {rate:,} ev/s offered {r['offered']:,.0f}: read {r['read']:,}, "
-                                         f"lost {r['lost']:,}, CPU {r['cpu_util'] * 100:.0f} %[/dim]")
+                    common.console.print(
+                        f"[dim]  {rate:,} ev/s offered {r['offered']:,.0f}: read {r['read']:,}, "
+                        f"lost {r['lost']:,}, CPU {r['cpu_util'] * 100:.0f} %[/dim]"
+                    )
                     lossy = 0 if r["lossless"] else lossy + 1
                     if lossy >= 2 or r["offered"] < 0.8 * rate:
                         break
@@ -225,9 +287,11 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                         confirm = tries
                         break
                     rejected.append(tries)
-                    common.console.print(f"[dim]  {cand['requested']:,} ev/s lost events in "
-                                         f"{sum(not t['lossless'] for t in tries)} of {rounds} repeats: "
-                                         f"stepping down[/dim]")
+                    common.console.print(
+                        f"[dim]  {cand['requested']:,} ev/s lost events in "
+                        f"{sum(not t['lossless'] for t in tries)} of {rounds} repeats: "
+                        f"stepping down[/dim]"
+                    )
                 if confirm:
                     at2x = rig.level(2 * confirm[0]["requested"], level_s)
             finally:
@@ -235,40 +299,81 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     secs = QUICK_LEVEL_S if quick else LEVEL_S
-    common.console.print(_levels_table(usdt_rows, f"agent on one CPU, one USDT hit per event ({secs:.0f} s per level; "
-                                                  f"firehose on the other CPU: the uprobe trap bounds what it offers)"))
-    common.console.print(_levels_table(rows, f"agent on one CPU, bursts of {BURST} records per uprobe hit ({secs:.0f} s "
-                                             f"per level; firehose on the other CPU)"))
-    result = {"usdt_levels": usdt_rows, "levels": rows, "confirm": confirm, "rejected_confirmations": rejected, "at_2x": at2x, "final": final, "rounds": rounds,
-              "rev": common.git_rev(), "target": TARGET,
-              "target_cpu_s_per_M": TARGET_CPU_PER_M}
+    common.console.print(
+        _levels_table(
+            usdt_rows,
+            f"agent on one CPU, one USDT hit per event ({secs:.0f} s per level; "
+            f"firehose on the other CPU: the uprobe trap bounds what it offers)",
+        )
+    )
+    common.console.print(
+        _levels_table(
+            rows,
+            f"agent on one CPU, bursts of {BURST} records per uprobe hit ({secs:.0f} s "
+            f"per level; firehose on the other CPU)",
+        )
+    )
+    result = {
+        "usdt_levels": usdt_rows,
+        "levels": rows,
+        "confirm": confirm,
+        "rejected_confirmations": rejected,
+        "at_2x": at2x,
+        "final": final,
+        "rounds": rounds,
+        "rev": common.git_rev(),
+        "target": TARGET,
+        "target_cpu_s_per_M": TARGET_CPU_PER_M,
+    }
     if confirm:
-        series = {"carried ev/s": common.Series("carried ev/s", [r["carried"] for r in confirm]),
-                  "CPU s / M events": common.Series("CPU s / M events", [r["cpu_s_per_M"] for r in confirm])}
-        common.console.print(common.table(f"largest rate lossless in {rounds} of {rounds} repeats "
-                                          f"({confirm[0]['requested']:,.0f} ev/s requested)", series, "per row",
-                                          fmt="{:,.2f}"))
+        series = {
+            "carried ev/s": common.Series("carried ev/s", [r["carried"] for r in confirm]),
+            "CPU s / M events": common.Series("CPU s / M events", [r["cpu_s_per_M"] for r in confirm]),
+        }
+        common.console.print(
+            common.table(
+                f"largest rate lossless in {rounds} of {rounds} repeats "
+                f"({confirm[0]['requested']:,.0f} ev/s requested)",
+                series,
+                "per row",
+                fmt="{:,.2f}",
+            )
+        )
         best_rate = series["carried ev/s"].median
         generator_bound = rows[-1]["lossless"] and rows[-1]["offered"] < 0.8 * rows[-1]["requested"]
-        common.console.print(f"at 2x ({at2x['requested']:,.0f} ev/s requested, {at2x['offered']:,.0f} offered): "
-                             f"lost {at2x['lost']:,} of {at2x['fired']:,} ({at2x['lost'] / max(1, at2x['fired']) * 100:.1f} %), "
-                             f"read {at2x['read']:,}")
-        result.update(best_rate=best_rate, cpu_s_per_M=series["CPU s / M events"].median,
-                      lost_at_2x=at2x["lost"], generator_bound=generator_bound)
+        common.console.print(
+            f"at 2x ({at2x['requested']:,.0f} ev/s requested, {at2x['offered']:,.0f} offered): "
+            f"lost {at2x['lost']:,} of {at2x['fired']:,} ({at2x['lost'] / max(1, at2x['fired']) * 100:.1f} %), "
+            f"read {at2x['read']:,}"
+        )
+        result.update(
+            best_rate=best_rate,
+            cpu_s_per_M=series["CPU s / M events"].median,
+            lost_at_2x=at2x["lost"],
+            generator_bound=generator_bound,
+        )
         cpu_m = series["CPU s / M events"].median
-        common.verdict(f">= {TARGET:,} events/s per core without loss", best_rate >= TARGET,
-                       f"{best_rate:,.0f} events/s (CPU-bound ceiling 1e6 / CPU s per M = {1e6 / cpu_m:,.0f} events/s)"
-                       + (" (bounded by the firehose, not by the agent)" if generator_bound else ""))
-        common.verdict(f"<= {TARGET_CPU_PER_M:g} CPU s per million events", cpu_m <= TARGET_CPU_PER_M,
-                       f"{cpu_m:.3f} CPU s per million events at the accepted level")
+        common.verdict(
+            f">= {TARGET:,} events/s per core without loss",
+            best_rate >= TARGET,
+            f"{best_rate:,.0f} events/s (CPU-bound ceiling 1e6 / CPU s per M = {1e6 / cpu_m:,.0f} events/s)"
+            + (" (bounded by the firehose, not by the agent)" if generator_bound else ""),
+        )
+        common.verdict(
+            f"<= {TARGET_CPU_PER_M:g} CPU s per million events",
+            cpu_m <= TARGET_CPU_PER_M,
+            f"{cpu_m:.3f} CPU s per million events at the accepted level",
+        )
         result.update(target_met=best_rate >= TARGET and cpu_m <= TARGET_CPU_PER_M)
     else:
         common.verdict(f">= {TARGET:,} events/s per core without loss", False, "no level was lossless")
         result.update(target_met=False)
     deliv_ok = final.get("exit_code") == 0 and final.get("batches") == final.get("delivered")
-    common.console.print(f"delivery to Kafka: {final.get('delivered', 0):.0f} of {final.get('batches', 0):.0f} "
-                         f"batches acknowledged, agent exit code {final.get('exit_code')}"
-                         + ("" if deliv_ok else " [red](not everything was delivered)[/red]"))
+    common.console.print(
+        f"delivery to Kafka: {final.get('delivered', 0):.0f} of {final.get('batches', 0):.0f} "
+        f"batches acknowledged, agent exit code {final.get('exit_code')}"
+        + ("" if deliv_ok else " [red](not everything was delivered)[/red]")
+    )
     result["delivered_all"] = deliv_ok
     common.console.print(f"raw results: {common.save('agent_throughput', result)}")
     return result
@@ -276,8 +381,11 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.agent_throughput [--quick] [--rounds N]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.agent_throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.agent_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: two low rates, 1 s each")
     p.add_argument("--rounds", type=int, default=None, help=f"confirmation rounds (default {ROUNDS})")
     a = p.parse_args(argv)

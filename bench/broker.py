@@ -55,8 +55,10 @@ def private_stack(say=print) -> Iterator[Settings]:
     t0 = time.monotonic()
     try:
         stack.up(settings)
-        say(f"[dim]  private broker on {settings.bootstrap_servers} ({time.monotonic() - t0:.0f} s to start), "
-            f"home {home}[/dim]")
+        say(
+            f"[dim]  private broker on {settings.bootstrap_servers} ({time.monotonic() - t0:.0f} s to start), "
+            f"home {home}[/dim]"
+        )
         yield settings
     finally:
         try:
@@ -74,7 +76,7 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds used so far by process ``pid`` (all its threads), from /proc/<pid>/stat.
     Raises OSError when the process is gone."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK   # utime, stime (fields 14, 15 of proc(5))
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15 of proc(5))
 
 
 def stop_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> int | None:

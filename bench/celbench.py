@@ -24,17 +24,49 @@ from rules.testing import BASE_NS
 N_EVAL = 2000
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 
-STEP = fields.step_record({
-    "job": "llm", "step": 7, "stall": True, "stall_ratio": 2.5, "closed_at_ns": BASE_NS,
-    "straggler": {"host": "node2", "score": 3.0, "excess_ns": 150_000_000, "reason": "slow"},
-    "blame": [{"host": "node2", "layer": "sched", "excess_ns": 8e7, "straggler_ns": 9e7, "peer_median_ns": 1e7,
-               "count": 4, "max_ns": 9e6}],
-    "collectives": [{"pg": "0", "coll_seq": 1, "op": "all_reduce", "skew_ns": 80_000_000, "uncertainty_ns": 1,
-                     "last_host": "node5"}],
-    "missing_hosts": ["node3"], "quality": {"lost_batches": 1, "ringbuf_lost": 3}})
-EVENT = fields.event_record_from_test({"kind": "RDMA_CQ_DONE", "job": "llm", "host": "node2", "step": 7,
-                                       "duration_ns": 45000, "payload": {"qp": 1, "status": 0, "dev": "x",
-                                                                         "severity": 2, "probe": "p"}})
+STEP = fields.step_record(
+    {
+        "job": "llm",
+        "step": 7,
+        "stall": True,
+        "stall_ratio": 2.5,
+        "closed_at_ns": BASE_NS,
+        "straggler": {"host": "node2", "score": 3.0, "excess_ns": 150_000_000, "reason": "slow"},
+        "blame": [
+            {
+                "host": "node2",
+                "layer": "sched",
+                "excess_ns": 8e7,
+                "straggler_ns": 9e7,
+                "peer_median_ns": 1e7,
+                "count": 4,
+                "max_ns": 9e6,
+            }
+        ],
+        "collectives": [
+            {
+                "pg": "0",
+                "coll_seq": 1,
+                "op": "all_reduce",
+                "skew_ns": 80_000_000,
+                "uncertainty_ns": 1,
+                "last_host": "node5",
+            }
+        ],
+        "missing_hosts": ["node3"],
+        "quality": {"lost_batches": 1, "ringbuf_lost": 3},
+    }
+)
+EVENT = fields.event_record_from_test(
+    {
+        "kind": "RDMA_CQ_DONE",
+        "job": "llm",
+        "host": "node2",
+        "step": 7,
+        "duration_ns": 45000,
+        "payload": {"qp": 1, "status": 0, "dev": "x", "severity": 2, "probe": "p"},
+    }
+)
 HEALTH = fields.health_record("obshub.steps.v1", "g", 5, 1.0, 10.0, BASE_NS)
 RECORDS = {"steps": STEP, "events": EVENT, "health": HEALTH}
 
@@ -43,7 +75,9 @@ def expressions() -> list[tuple[str, str, str]]:
     """(rule id, signal, expanded source) of every expression in the builtin pack."""
     out = []
     for r in load_ruleset([BUILTIN]).rules.values():
-        exprs = [r.condition] + list(r.group_by.values()) + ([r.of] if r.of else []) + ([r.foreach] if r.foreach else [])
+        exprs = (
+            [r.condition] + list(r.group_by.values()) + ([r.of] if r.of else []) + ([r.foreach] if r.foreach else [])
+        )
         out += [(r.id, r.signal, e.source) for e in exprs]
         if r.correlate:
             out += [(r.id, r.correlate.signal, r.correlate.condition.source)]
@@ -62,8 +96,10 @@ def _activation(signal: str, source: str) -> dict:
 def bench(n_eval: int = N_EVAL) -> dict[str, dict[str, float]]:
     """Total compile seconds and mean eval µs per implementation over the pack's expressions."""
     env = celpy.Environment()
-    totals = {"cel (Rust)": {"compile_s": 0.0, "eval_us": 0.0, "errors": 0},
-              "celpy": {"compile_s": 0.0, "eval_us": 0.0, "errors": 0}}
+    totals = {
+        "cel (Rust)": {"compile_s": 0.0, "eval_us": 0.0, "errors": 0},
+        "celpy": {"compile_s": 0.0, "eval_us": 0.0, "errors": 0},
+    }
     exprs = expressions()
     for _rid, signal, src in exprs:
         act = _activation(signal, src)

@@ -43,8 +43,14 @@ def machine() -> dict:
                 mem_gib = int(ln.split()[1]) / 1024 / 1024
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "mem_gib": round(mem_gib, 1), "kernel": platform.release(),
-            "python": platform.python_version(), "loadavg": os.getloadavg()}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem_gib, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg": os.getloadavg(),
+    }
 
 
 def describe_machine() -> str:
@@ -86,8 +92,14 @@ def interleave(configs: dict[str, Callable[[], float]], rounds: int, progress: b
     return out
 
 
-def table(title: str, series: dict[str, Series], unit: str, baseline: str | None = None,
-          lower_is_better: bool = True, fmt: str = "{:.3f}") -> Table:
+def table(
+    title: str,
+    series: dict[str, Series],
+    unit: str,
+    baseline: str | None = None,
+    lower_is_better: bool = True,
+    fmt: str = "{:.3f}",
+) -> Table:
     """A rich table: configuration, n, median, spread (min..max, ±MAD), ratio to the baseline median."""
     base = series[baseline].median if baseline else None
     t = Table(title=title, caption=describe_machine())
@@ -95,9 +107,14 @@ def table(title: str, series: dict[str, Series], unit: str, baseline: str | None
         t.add_column(col)
     for s in series.values():
         ratio = "" if base in (None, 0) else f"{s.median / base:.4f}"
-        t.add_row(s.name, str(len(s.samples)), fmt.format(s.median),
-                  f"{fmt.format(min(s.samples))} .. {fmt.format(max(s.samples))}" if s.samples else "",
-                  fmt.format(s.mad), ratio)
+        t.add_row(
+            s.name,
+            str(len(s.samples)),
+            fmt.format(s.median),
+            f"{fmt.format(min(s.samples))} .. {fmt.format(max(s.samples))}" if s.samples else "",
+            fmt.format(s.mad),
+            ratio,
+        )
     return t
 
 
@@ -126,7 +143,8 @@ def save(name: str, data: dict) -> Path:
 def git_rev() -> str:
     """Short commit id of the tree being measured."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent
+        ).stdout.strip()
     except OSError:
         return "?"

@@ -51,9 +51,16 @@ def read_runs(runs_dir: Path) -> list[dict]:
     for rep in sorted(runs_dir.glob("*/report.json")):
         r = json.loads(rep.read_text())
         s, v = r["scenario"], r.get("verdict") or {}
-        out.append({"run_id": s["run_id"], "job": s["job"], "fault": s["fault"], "hosts": s["hosts"],
-                    "host": s.get("fault_host_name") if s["fault"] != "none" else None,
-                    "t0_ns": v.get("t0_ns")})
+        out.append(
+            {
+                "run_id": s["run_id"],
+                "job": s["job"],
+                "fault": s["fault"],
+                "hosts": s["hosts"],
+                "host": s.get("fault_host_name") if s["fault"] != "none" else None,
+                "t0_ns": v.get("t0_ns"),
+            }
+        )
     return out
 
 
@@ -62,8 +69,13 @@ def fetch_batches(bootstrap: str, jobs: set[str], cache: Path) -> None:
     ``cache/<job>.batches`` (4-byte big-endian length + raw msgpack value, per message)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), "diagnosis-replay", {
-        "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True}))
+    c = Consumer(
+        kafka.consumer_config(
+            kafka.KafkaConnection(bootstrap=bootstrap),
+            "diagnosis-replay",
+            {"enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": True},
+        )
+    )
     md = c.list_topics(schema.TOPIC_EVENTS, timeout=10)
     parts = [TopicPartition(schema.TOPIC_EVENTS, p, 0) for p in md.topics[schema.TOPIC_EVENTS].partitions]
     c.assign(parts)
@@ -97,14 +109,15 @@ def load_batches(cache: Path, job: str) -> list[schema.Batch]:
         return []
     data, out, i = path.read_bytes(), [], 0
     while i < len(data):
-        (n,) = struct.unpack(">I", data[i:i + 4])
-        out.append(schema.decode_batch(data[i + 4:i + 4 + n]))
+        (n,) = struct.unpack(">I", data[i : i + 4])
+        out.append(schema.decode_batch(data[i + 4 : i + 4 + n]))
         i += 4 + n
     return out
 
 
-def replay(batches: list[schema.Batch], rule_paths: list[Path], th: analysis.Thresholds = analysis.Thresholds()
-           ) -> tuple[dict, list[AlertSeen]]:
+def replay(
+    batches: list[schema.Batch], rule_paths: list[Path], th: analysis.Thresholds = analysis.Thresholds()
+) -> tuple[dict, list[AlertSeen]]:
     """Summaries (``{(job, step): summary}``) and the firing alerts of one run's batches."""
     summaries = offline.summarize_batches(batches, th)
     end_rt: dict[tuple[str, int], int] = {}
@@ -121,8 +134,10 @@ def replay(batches: list[schema.Batch], rule_paths: list[Path], th: analysis.Thr
             timeline.append((end_rt[key], 1, "steps", fields.step_record({**s, "closed_at_ns": end_rt[key]})))
     timeline.sort(key=lambda x: (x[0], x[1]))
     fired: list[AlertSeen] = []
-    engine = Engine(load_ruleset(rule_paths), notify=lambda ch: fired.append(
-        AlertSeen.from_record(ch, engine.now_ns)) if ch["status"] == "firing" else None)
+    engine = Engine(
+        load_ruleset(rule_paths),
+        notify=lambda ch: fired.append(AlertSeen.from_record(ch, engine.now_ns)) if ch["status"] == "firing" else None,
+    )
     last_tick = 0
     for t, _o, sig, rec in timeline:
         if t - last_tick >= 1_000_000_000:
@@ -168,13 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         v = judge(r["fault"], r["host"], layer, r["t0_ns"], fired)
         det = f"{v.first_correct['host']}/{v.first_correct['layer']}" if v.first_correct else "-"
         all_ok &= v.ok
-        print(f"{r['run_id']:22} {r['fault']:8} {r['host'] or '-':8} {len(summaries):5} {det:18} "
-              f"{v.ttd_s if v.ttd_s is not None else '-':>6} {v.wrong_count:5}  {straggler_profile(summaries)}")
+        print(
+            f"{r['run_id']:22} {r['fault']:8} {r['host'] or '-':8} {len(summaries):5} {det:18} "
+            f"{v.ttd_s if v.ttd_s is not None else '-':>6} {v.wrong_count:5}  {straggler_profile(summaries)}"
+        )
         if a.verbose:
             t0 = r["t0_ns"] or 0
             for al in fired:
-                print(f"    {(al.received_ns - t0) / 1e9 if t0 else 0:+8.1f}s {al.rule:32} {al.host:8} "
-                      f"{al.layer:8} step {al.step:5} {al.evidence[:90]}")
+                print(
+                    f"    {(al.received_ns - t0) / 1e9 if t0 else 0:+8.1f}s {al.rule:32} {al.host:8} "
+                    f"{al.layer:8} step {al.step:5} {al.evidence[:90]}"
+                )
     return 0 if all_ok else 1
 
 

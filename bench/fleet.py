@@ -45,7 +45,7 @@ from obshub.core.schema import Batch, Kind
 from streams import synthetic
 
 TEMPLATES = 2
-RUNQ_NS = 20_000    # filler run-queue waits: accumulated by the worker, far below any blame threshold
+RUNQ_NS = 20_000  # filler run-queue waits: accumulated by the worker, far below any blame threshold
 STEP16 = 0xFFFF << 32
 _MARKERS = (int(Kind.STEP_BEGIN), int(Kind.STEP_END))
 _COLLS = (int(Kind.COLLECTIVE_BEGIN), int(Kind.COLLECTIVE_END))
@@ -81,10 +81,20 @@ class Shape:
 def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
     """The ``streams.synthetic`` scenario whose steps are the templates: ``TEMPLATES`` clean steps, then
     ``TEMPLATES`` guilty ones; a clean step lasts ~0.74 s, a guilty one ``extra_ms`` more (both < 1 s)."""
-    return synthetic.Scenario(job=shape.job, hosts=shape.hosts, steps=2 * TEMPLATES, straggler=shape.straggler,
-                              guilty_steps=tuple(range(TEMPLATES, 2 * TEMPLATES)), guilty_layer="sched",
-                              forward_ms=560.0, bucket_ms=40.0, coll_ms=10.0, optimizer_ms=30.0,
-                              extra_ms=shape.extra_ms, start_ns=start_ns)
+    return synthetic.Scenario(
+        job=shape.job,
+        hosts=shape.hosts,
+        steps=2 * TEMPLATES,
+        straggler=shape.straggler,
+        guilty_steps=tuple(range(TEMPLATES, 2 * TEMPLATES)),
+        guilty_layer="sched",
+        forward_ms=560.0,
+        bucket_ms=40.0,
+        coll_ms=10.0,
+        optimizer_ms=30.0,
+        extra_ms=shape.extra_ms,
+        start_ns=start_ns,
+    )
 
 
 def _pad(batch: Batch, events_per_step: int) -> list[list]:
@@ -97,8 +107,21 @@ def _pad(batch: Batch, events_per_step: int) -> list[list]:
         begin = min(e[1] for e in evs)
         span = max(1, max(e[1] + e[2] for e in evs) - begin)
         tk = (batch.host_id << 48) | ((e0[4] & 0xFFFF) << 32)
-        evs += [[int(Kind.SCHED_RUNQ), begin + span * (j + 1) // (n + 1), RUNQ_NS, tk | (1 + j % 8), e0[4], e0[5],
-                 e0[6], -1, 0, None] for j in range(n)]
+        evs += [
+            [
+                int(Kind.SCHED_RUNQ),
+                begin + span * (j + 1) // (n + 1),
+                RUNQ_NS,
+                tk | (1 + j % 8),
+                e0[4],
+                e0[5],
+                e0[6],
+                -1,
+                0,
+                None,
+            ]
+            for j in range(n)
+        ]
     evs.sort(key=lambda e: e[1])
     return evs
 
@@ -108,30 +131,34 @@ class Fleet:
 
     def __init__(self, shape: Shape, start_ns: int):
         if shape.hosts < 1 or shape.steps < 1 or shape.batches_per_step < 1:
-            raise ValueError(f"hosts={shape.hosts}, steps={shape.steps}, batches_per_step={shape.batches_per_step} "
-                             f"must be >= 1")
+            raise ValueError(
+                f"hosts={shape.hosts}, steps={shape.steps}, batches_per_step={shape.batches_per_step} must be >= 1"
+            )
         self.shape, self.start_ns = shape, start_ns
         scn = scenario(shape, start_ns)
         self.step_ns = int(shape.step_s * 1e9)
         pairs = synthetic.generate(scn)
-        self.register = [b for _k, b in pairs[:shape.hosts]]
+        self.register = [b for _k, b in pairs[: shape.hosts]]
         # tmpl[t][i] = list of batch slots, each a list of (event list, collective index or -1)
-        self.tmpl: list[list[list[list[tuple[list, int]]]]] = [[[] for _ in range(shape.hosts)]
-                                                                for _ in range(2 * TEMPLATES)]
+        self.tmpl: list[list[list[list[tuple[list, int]]]]] = [
+            [[] for _ in range(shape.hosts)] for _ in range(2 * TEMPLATES)
+        ]
         self.clock = {b.host_id: b.clock for b in self.register}
-        begin_rt: dict[int, int] = {}   # realtime of each template step's begin: its earliest event
-        for _k, b in pairs[shape.hosts:]:
+        begin_rt: dict[int, int] = {}  # realtime of each template step's begin: its earliest event
+        for _k, b in pairs[shape.hosts :]:
             t = b.events[0].step
             rt = min(e.ts_ns for e in b.events) + b.clock.offset_ns
             begin_rt[t] = min(begin_rt.get(t, rt), rt)
-        for _k, b in pairs[shape.hosts:]:
+        for _k, b in pairs[shape.hosts :]:
             evs = _pad(b, shape.events_per_step)
             t = b.events[0].step
             rt0 = b.clock.offset_ns
             slots: list[list[tuple[list, int]]] = [[] for _ in range(shape.batches_per_step)]
             for e in evs:
-                j = min(shape.batches_per_step - 1,
-                        max(0, (e[1] + rt0 - begin_rt[t]) * shape.batches_per_step // self.step_ns))
+                j = min(
+                    shape.batches_per_step - 1,
+                    max(0, (e[1] + rt0 - begin_rt[t]) * shape.batches_per_step // self.step_ns),
+                )
                 k = e[9]["coll_seq"] - t * scn.colls_per_step if e[0] in _COLLS else -1
                 slots[j].append((e, k))
             self.tmpl[t][b.host_id] = slots
@@ -174,8 +201,20 @@ class Fleet:
                     p = e[9]
                     if k >= 0:
                         p = {**p, "coll_seq": base_coll + k}
-                    evs.append([kind, e[1] + shift, e[2], (e[3] & ~STEP16) | tk_step, step if e[4] >= 0 else e[4],
-                                e[5], e[6], e[7], step if kind in _MARKERS else e[8], p])
+                    evs.append(
+                        [
+                            kind,
+                            e[1] + shift,
+                            e[2],
+                            (e[3] & ~STEP16) | tk_step,
+                            step if e[4] >= 0 else e[4],
+                            e[5],
+                            e[6],
+                            e[7],
+                            step if kind in _MARKERS else e[8],
+                            p,
+                        ]
+                    )
                 batch = Batch(job, b.host, i, b.agent_id, seqs[i], evs, b.clock, sent)
                 seqs[i] += 1
                 msgs.append((b.host.encode(), schema.encode_batch(batch)))
@@ -217,15 +256,30 @@ def publish(bootstrap: str, topic: str, shape: Shape, *, compression: str = "lz4
     steps = fleet.encode_all()
     reg = fleet.register_messages()
     size = sum(len(v) for st in steps for msgs, _n in st for _k, v in msgs)
-    _emit({"ready": True, "encode_s": time.perf_counter() - t0, "bytes": size,
-           "messages": sum(len(msgs) for st in steps for msgs, _n in st)})
+    _emit(
+        {
+            "ready": True,
+            "encode_s": time.perf_counter() - t0,
+            "bytes": size,
+            "messages": sum(len(msgs) for st in steps for msgs, _n in st),
+        }
+    )
     line = sys.stdin.readline().split()
     if len(line) != 2 or line[0] != "go":
         return 2
     go = float(line[1])
-    prod = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=bootstrap), {
-        "compression.type": compression, "linger.ms": 20, "enable.idempotence": True, "message.max.bytes": 16 << 20,
-        "queue.buffering.max.messages": 1_000_000}))
+    prod = Producer(
+        kafka.producer_config(
+            kafka.KafkaConnection(bootstrap=bootstrap),
+            {
+                "compression.type": compression,
+                "linger.ms": 20,
+                "enable.idempotence": True,
+                "message.max.bytes": 16 << 20,
+                "queue.buffering.max.messages": 1_000_000,
+            },
+        )
+    )
     for k, v in reg:
         prod.produce(topic, key=k, value=v)
     prod.flush(30)
@@ -255,8 +309,9 @@ def publish(bootstrap: str, topic: str, shape: Shape, *, compression: str = "lz4
 
 def main(argv: list[str] | None = None) -> int:
     """Command line of the publishing process (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.fleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", default=schema.TOPIC_EVENTS)
     p.add_argument("--hosts", type=int, required=True)
@@ -267,8 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-s", type=float, default=1.0)
     p.add_argument("--guilty-from", type=int, default=10)
     a = p.parse_args(argv)
-    shape = Shape(a.hosts, a.steps, job=a.job, events_per_step=a.events_per_step, batches_per_step=a.batches_per_step,
-                  step_s=a.step_s, guilty_from=a.guilty_from)
+    shape = Shape(
+        a.hosts,
+        a.steps,
+        job=a.job,
+        events_per_step=a.events_per_step,
+        batches_per_step=a.batches_per_step,
+        step_s=a.step_s,
+        guilty_from=a.guilty_from,
+    )
     return publish(a.bootstrap, a.topic, shape)
 
 

@@ -62,6 +62,7 @@ def _timed_summarize(acc_s: list[float]):
             return real(*a, **kw)
         finally:
             acc_s.append(time.process_time() - t0)
+
     return wrapper
 
 
@@ -94,10 +95,15 @@ def measure_new(load: loadgen.Load, partitions: int = 8) -> dict:
         fold.analysis.summarize = analysis.summarize
     steps = load.steps - WARMUP_STEPS
     assert len(pipe.summaries) == load.steps, f"{len(pipe.summaries)} of {steps} steps summarised"
-    return {"ingest_s": t_ingest / steps, "fold_s": t_fold / steps, "summarize_s": sum(summ) / steps,
-            "changelog_bytes": (pipe.changelog_bytes - b0) / steps,
-            "changelog_records": (sum(t.records for t in pipe.tables.values()) - r0) / steps,
-            "internal_msgs": (pipe.internal - n0) / steps, "internal_bytes": internal_bytes / steps}
+    return {
+        "ingest_s": t_ingest / steps,
+        "fold_s": t_fold / steps,
+        "summarize_s": sum(summ) / steps,
+        "changelog_bytes": (pipe.changelog_bytes - b0) / steps,
+        "changelog_records": (sum(t.records for t in pipe.tables.values()) - r0) / steps,
+        "internal_msgs": (pipe.internal - n0) / steps,
+        "internal_bytes": internal_bytes / steps,
+    }
 
 
 def measure_old(load: loadgen.Load) -> dict:
@@ -115,8 +121,15 @@ def measure_old(load: loadgen.Load) -> dict:
         key = f"{v['job']}|{v['step']}"
         st = open_t.get(key)
         if st is None:
-            st = open_t[key] = {"job": v["job"], "step": v["step"], "p": 0, "opened_ns": 0, "hosts": {},
-                                "bids": [], "q": dict.fromkeys(fold.QUALITY_KEYS, 0)}
+            st = open_t[key] = {
+                "job": v["job"],
+                "step": v["step"],
+                "p": 0,
+                "opened_ns": 0,
+                "hosts": {},
+                "bids": [],
+                "q": dict.fromkeys(fold.QUALITY_KEYS, 0),
+            }
         st["bids"].append(v["bid"])
         if v["host"] in st["hosts"]:
             accumulate.merge(st["hosts"][v["host"]], v["acc"])
@@ -139,8 +152,9 @@ def exponent(xs: list[float], ys: list[float]) -> float:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den
 
 
-def run(quick: bool = False, rounds: int | None = None, widths: tuple[int, ...] | None = None,
-        old_max: int = OLD_MAX) -> dict:
+def run(
+    quick: bool = False, rounds: int | None = None, widths: tuple[int, ...] | None = None, old_max: int = OLD_MAX
+) -> dict:
     """Measure, print the table, the exponents and the verdicts, save the JSON. Returns the results."""
     rounds = rounds or (1 if quick else ROUNDS)
     widths = tuple(widths or (QUICK_WIDTHS if quick else WIDTHS))
@@ -156,45 +170,82 @@ def run(quick: bool = False, rounds: int | None = None, widths: tuple[int, ...] 
         if hosts <= old_max:
             row["old"] = measure_old(load)
         rows[hosts] = row
-    t = Table(title=f"per step of a job (64 events per host-step; median of {rounds} round(s))",
-              caption=common.describe_machine())
-    for col in ("hosts", "ingest ms", "fold ms", "summarize ms", "fold / summarize", "changelog KB",
-                "records", "internal KB", "previous layout: fold ms", "previous: changelog KB"):
+    t = Table(
+        title=f"per step of a job (64 events per host-step; median of {rounds} round(s))",
+        caption=common.describe_machine(),
+    )
+    for col in (
+        "hosts",
+        "ingest ms",
+        "fold ms",
+        "summarize ms",
+        "fold / summarize",
+        "changelog KB",
+        "records",
+        "internal KB",
+        "previous layout: fold ms",
+        "previous: changelog KB",
+    ):
         t.add_column(col, justify="right")
     for hosts, r in rows.items():
         old = r.get("old")
-        t.add_row(f"{hosts:,}", f"{r['ingest_s'] * 1e3:.2f}", f"{r['fold_s'] * 1e3:.2f}",
-                  f"{r['summarize_s'] * 1e3:.2f}", f"{r['fold_s'] / r['summarize_s']:.1f}" if r["summarize_s"] else "",
-                  f"{r['changelog_bytes'] / 1e3:,.1f}", f"{r['changelog_records']:,.0f}",
-                  f"{r['internal_bytes'] / 1e3:,.1f}",
-                  f"{old['fold_s'] * 1e3:,.1f}" if old else "-", f"{old['changelog_bytes'] / 1e3:,.0f}" if old else "-")
+        t.add_row(
+            f"{hosts:,}",
+            f"{r['ingest_s'] * 1e3:.2f}",
+            f"{r['fold_s'] * 1e3:.2f}",
+            f"{r['summarize_s'] * 1e3:.2f}",
+            f"{r['fold_s'] / r['summarize_s']:.1f}" if r["summarize_s"] else "",
+            f"{r['changelog_bytes'] / 1e3:,.1f}",
+            f"{r['changelog_records']:,.0f}",
+            f"{r['internal_bytes'] / 1e3:,.1f}",
+            f"{old['fold_s'] * 1e3:,.1f}" if old else "-",
+            f"{old['changelog_bytes'] / 1e3:,.0f}" if old else "-",
+        )
     common.console.print(t)
     hs = list(rows)
-    exps = {k: exponent(hs, [rows[h][k] for h in hs])
-            for k in ("ingest_s", "fold_s", "summarize_s", "changelog_bytes", "changelog_records")}
+    exps = {
+        k: exponent(hs, [rows[h][k] for h in hs])
+        for k in ("ingest_s", "fold_s", "summarize_s", "changelog_bytes", "changelog_records")
+    }
     olds = [h for h in hs if "old" in rows[h]]
     exps_old = {k: exponent(olds, [rows[h]["old"][k] for h in olds]) for k in ("fold_s", "changelog_bytes")}
-    common.console.print("growth exponents (1 = linear): " + ", ".join(f"{k} {v:.2f}" for k, v in exps.items())
-                         + "; previous layout: " + ", ".join(f"{k} {v:.2f}" for k, v in exps_old.items()))
+    common.console.print(
+        "growth exponents (1 = linear): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in exps.items())
+        + "; previous layout: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in exps_old.items())
+    )
     big = max(hs)
-    common.verdict("fold and changelog linear in hosts",
-                   exps["fold_s"] <= TARGET_EXPONENT and exps["changelog_bytes"] <= TARGET_EXPONENT,
-                   f"exponents fold {exps['fold_s']:.2f}, changelog bytes {exps['changelog_bytes']:.2f} "
-                   f"(target <= {TARGET_EXPONENT})")
+    common.verdict(
+        "fold and changelog linear in hosts",
+        exps["fold_s"] <= TARGET_EXPONENT and exps["changelog_bytes"] <= TARGET_EXPONENT,
+        f"exponents fold {exps['fold_s']:.2f}, changelog bytes {exps['changelog_bytes']:.2f} "
+        f"(target <= {TARGET_EXPONENT})",
+    )
     if big >= 2048:
         ms = rows[big]["fold_s"] * 1e3
-        common.verdict(f"fold <= {TARGET_FOLD_MS_2048:.0f} ms CPU per step at {big:,} hosts",
-                       ms <= TARGET_FOLD_MS_2048, f"{ms:.1f} ms (summarize alone {rows[big]['summarize_s'] * 1e3:.1f} ms)")
-    result = {"rounds": rounds, "steps": STEPS, "rows": {str(h): r for h, r in rows.items()}, "exponents": exps,
-              "exponents_previous_layout": exps_old, "rev": common.git_rev()}
+        common.verdict(
+            f"fold <= {TARGET_FOLD_MS_2048:.0f} ms CPU per step at {big:,} hosts",
+            ms <= TARGET_FOLD_MS_2048,
+            f"{ms:.1f} ms (summarize alone {rows[big]['summarize_s'] * 1e3:.1f} ms)",
+        )
+    result = {
+        "rounds": rounds,
+        "steps": STEPS,
+        "rows": {str(h): r for h, r in rows.items()},
+        "exponents": exps,
+        "exponents_previous_layout": exps_old,
+        "rev": common.git_rev(),
+    }
     common.console.print(f"raw results: {common.save('fold_width', result)}")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.fold_width [--quick] [--rounds N] [--hosts H ...] [--old-max H]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.fold_width", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.fold_width", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 8 .. 256 hosts, 1 round")
     p.add_argument("--rounds", type=int, default=None, help=f"rounds per width (default {ROUNDS})")
     p.add_argument("--hosts", type=int, nargs="+", default=None, help="widths to measure")

@@ -21,7 +21,7 @@ from obshub.core import schema
 from obshub.core.schema import Batch, Event, Kind, make_trace_key, parse_trace_key
 from streams import synthetic
 
-RUNQ_NS = 20_000    # 20 µs run-queue waits: accumulated by the worker, far below any blame threshold
+RUNQ_NS = 20_000  # 20 µs run-queue waits: accumulated by the worker, far below any blame threshold
 
 
 @dataclass
@@ -56,20 +56,48 @@ def _pad(batch: Batch, events_per_step: int) -> list[Event]:
         span = max(1, end - begin)
         for j in range(n):
             ts = begin + span * (j + 1) // (n + 1)
-            out.append(Event(int(Kind.SCHED_RUNQ), ts, RUNQ_NS, make_trace_key(host_id, step, 1 + j % 8), step,
-                             evs[0].pid, evs[0].tid or evs[0].pid, -1, 0, None))
+            out.append(
+                Event(
+                    int(Kind.SCHED_RUNQ),
+                    ts,
+                    RUNQ_NS,
+                    make_trace_key(host_id, step, 1 + j % 8),
+                    step,
+                    evs[0].pid,
+                    evs[0].tid or evs[0].pid,
+                    -1,
+                    0,
+                    None,
+                )
+            )
     out.sort(key=lambda e: e.ts_ns)
     return out
 
 
-def build(hosts: int, steps: int, *, job: str = "bench", events_per_step: int = 64, steps_per_batch: int = 3,
-          first_step: int = 0, guilty_steps: tuple[int, ...] = (), guilty_layer: str = "sched") -> Load:
+def build(
+    hosts: int,
+    steps: int,
+    *,
+    job: str = "bench",
+    events_per_step: int = 64,
+    steps_per_batch: int = 3,
+    first_step: int = 0,
+    guilty_steps: tuple[int, ...] = (),
+    guilty_layer: str = "sched",
+) -> Load:
     """Encode the batches of ``hosts`` agents for ``steps`` steps (see the module docstring). Raises
     ValueError for non-positive sizes."""
     if hosts < 1 or steps < 1 or steps_per_batch < 1:
         raise ValueError(f"hosts={hosts}, steps={steps}, steps_per_batch={steps_per_batch} must be >= 1")
-    scn = synthetic.Scenario(job=job, hosts=hosts, steps=steps, first_step=first_step,
-                             straggler=min(2, hosts - 1), guilty_steps=guilty_steps, guilty_layer=guilty_layer)
+    scn = synthetic.Scenario(
+        job=job,
+        hosts=hosts,
+        steps=steps,
+        first_step=first_step,
+        straggler=min(2, hosts - 1),
+        guilty_steps=guilty_steps,
+        guilty_layer=guilty_layer,
+    )
     per_host: dict[str, list[Batch]] = {}
     for _key, b in synthetic.generate(scn):
         per_host.setdefault(b.host, []).append(b)
@@ -78,7 +106,7 @@ def build(hosts: int, steps: int, *, job: str = "bench", events_per_step: int = 
     for host, batches in per_host.items():
         seq = 0
         for i in range(0, len(batches), steps_per_batch):
-            group = batches[i:i + steps_per_batch]
+            group = batches[i : i + steps_per_batch]
             events = [e for b in group for e in _pad(b, events_per_step)]
             merged = replace(group[-1], events=events, seq=seq)
             seq += 1

@@ -29,8 +29,13 @@ class PlainLoop:
     def __init__(self, bootstrap: str, input_topic: str, output_topic: str):
         self.input_topic, self.output_topic = input_topic, output_topic
         conn = kafka.KafkaConnection(bootstrap=bootstrap)
-        self.consumer = Consumer(kafka.consumer_config(conn, f"bench-plain-{uuid.uuid4().hex}", {
-            "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.message.max.bytes": 16 << 20}))
+        self.consumer = Consumer(
+            kafka.consumer_config(
+                conn,
+                f"bench-plain-{uuid.uuid4().hex}",
+                {"auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.message.max.bytes": 16 << 20},
+            )
+        )
         self.producer = Producer(kafka.producer_config(conn, {"linger.ms": 20}))
         self.th = analysis.Thresholds()
 
@@ -73,10 +78,17 @@ class PlainLoop:
                         else:
                             accs[b.host] = part
                         if job_hosts <= accs.keys() and all(a["end_rt"] is not None for a in accs.values()):
-                            s = analysis.summarize(b.job, step, open_steps.pop((b.job, step)),
-                                                   expected_hosts=sorted(job_hosts), history=history.get(b.job, []),
-                                                   quality={}, closed_by="complete", closed_at_ns=time.time_ns(),
-                                                   th=self.th)
+                            s = analysis.summarize(
+                                b.job,
+                                step,
+                                open_steps.pop((b.job, step)),
+                                expected_hosts=sorted(job_hosts),
+                                history=history.get(b.job, []),
+                                quality={},
+                                closed_by="complete",
+                                closed_at_ns=time.time_ns(),
+                                th=self.th,
+                            )
                             history.setdefault(b.job, []).append([step, s["step_time_max_ns"]])
                             p.produce(self.output_topic, key=b.job.encode(), value=json.dumps(s).encode())
                             p.poll(0)
@@ -86,6 +98,11 @@ class PlainLoop:
             c.close()
         seconds = (time.monotonic() - t_first) if t_first else float("nan")
         cpu = time.process_time() - cpu0 if cpu0 is not None else float("nan")
-        return {"events": events, "steps": steps, "seconds": seconds, "cpu_s": cpu,
-                "events_per_s": events / seconds if t_first and seconds > 0 else 0.0,
-                "events_per_cpu_s": events / cpu if cpu and cpu > 0 else float("nan")}
+        return {
+            "events": events,
+            "steps": steps,
+            "seconds": seconds,
+            "cpu_s": cpu,
+            "events_per_s": events / seconds if t_first and seconds > 0 else 0.0,
+            "events_per_cpu_s": events / cpu if cpu and cpu > 0 else float("nan"),
+        }

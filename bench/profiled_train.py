@@ -32,10 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     if "--trace-dir" in argv:
         i = argv.index("--trace-dir")
         trace_dir = argv[i + 1]
-        del argv[i:i + 2]
+        del argv[i : i + 2]
     out = Path(trace_dir or tempfile.mkdtemp(prefix="obshub-profiler-"))
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(**SCHEDULE),
-                 on_trace_ready=tensorboard_trace_handler(str(out))) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(**SCHEDULE),
+        on_trace_ready=tensorboard_trace_handler(str(out)),
+    ) as prof:
         handle = register_optimizer_step_post_hook(lambda _opt, _args, _kwargs: prof.step())
         try:
             rc = ddp_train.main(argv)

@@ -35,7 +35,7 @@ from bench import common
 from bench.agent_throughput import build_firehose
 from bench.broker import bpf_unavailable
 
-RATE = 600_000          # records/s offered per producer
+RATE = 600_000  # records/s offered per producer
 BURST = 64
 SECONDS, QUICK_SECONDS = 2.0, 1.0
 ROUNDS, QUICK_ROUNDS = 3, 1
@@ -89,12 +89,21 @@ def _source(nrings: int, pages: int) -> str:
         submit = "ring0.ringbuf_submit(e, BPF_RB_NO_WAKEUP)"
     else:
         rings = "\n".join(f"BPF_RINGBUF_OUTPUT(ring{i}, {pages});" for i in range(nrings))
-        reserve = "(" + " : ".join(f"ring == {i} ? ring{i}.ringbuf_reserve(sizeof(struct rec))"
-                                   for i in range(nrings - 1)) + f" : ring{nrings - 1}.ringbuf_reserve(sizeof(struct rec)))"
-        submit = "; ".join(f"if (ring == {i}) ring{i}.ringbuf_submit(e, BPF_RB_NO_WAKEUP)" for i in range(nrings - 1)) \
+        reserve = (
+            "("
+            + " : ".join(f"ring == {i} ? ring{i}.ringbuf_reserve(sizeof(struct rec))" for i in range(nrings - 1))
+            + f" : ring{nrings - 1}.ringbuf_reserve(sizeof(struct rec)))"
+        )
+        submit = (
+            "; ".join(f"if (ring == {i}) ring{i}.ringbuf_submit(e, BPF_RB_NO_WAKEUP)" for i in range(nrings - 1))
             + f"; if (ring == {nrings - 1}) ring{nrings - 1}.ringbuf_submit(e, BPF_RB_NO_WAKEUP)"
-    return (_PROGRAM.replace("NRINGS", str(nrings)).replace("RINGS", rings, 1).replace("RESERVE", reserve)
-            .replace("SUBMIT", submit))
+        )
+    return (
+        _PROGRAM.replace("NRINGS", str(nrings))
+        .replace("RINGS", rings, 1)
+        .replace("RESERVE", reserve)
+        .replace("SUBMIT", submit)
+    )
 
 
 def measure(exe: Path, nrings: int, producers: list[int], seconds: float, consumer_cpu: int) -> dict:
@@ -108,24 +117,32 @@ def measure(exe: Path, nrings: int, producers: list[int], seconds: float, consum
     from producer import kheaders
     from producer._ring import Ring
 
-    kheaders.apply_env(load_settings())   # BCC_KERNEL_SOURCE: the kernel headers bcc compiles with
+    kheaders.apply_env(load_settings())  # BCC_KERNEL_SOURCE: the kernel headers bcc compiles with
 
     page = os.sysconf("SC_PAGE_SIZE")
     pages = 4096 // nrings
-    gens = [subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             preexec_fn=lambda c=c: os.sched_setaffinity(0, {c})) for c in producers]
+    gens = [
+        subprocess.Popen(
+            [str(exe)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda c=c: os.sched_setaffinity(0, {c}),
+        )
+        for c in producers
+    ]
     b = BPF(text=_source(nrings, pages))
     try:
         b.attach_uprobe(name=str(exe), sym="fire_burst", fn_name="burst")
         rings = [Ring(b[f"ring{i}".encode()].map_fd, pages * page) for i in range(nrings)]
-        table = bytes([1]) * 256    # every record packed in C (nil payload): the cheapest consumer
+        table = bytes([1]) * 256  # every record packed in C (nil payload): the cheapest consumer
         os.sched_setaffinity(0, {consumer_cpu})
         for g in gens:
             g.stdin.write(f"{RATE} {seconds} {BURST}\n")
             g.stdin.flush()
         got = 0
         replies: dict[int, list[str]] = {}
-        while len(replies) < len(gens):   # drain until every producer answered "fired N in S s cpu C"
+        while len(replies) < len(gens):  # drain until every producer answered "fired N in S s cpu C"
             n = 0
             for r in rings:
                 for item in r.drain(table, 1 << 16):
@@ -154,9 +171,18 @@ def measure(exe: Path, nrings: int, producers: list[int], seconds: float, consum
                 pass
             g.wait(5)
         b.cleanup()
-    return {"rings": nrings, "producers": len(producers), "fired": fired, "delivered": got, "lost": lost,
-            "seconds": elapsed, "delivered_per_s": got / elapsed, "offered_per_s": fired / elapsed,
-            "producer_ns_per_record": gen_cpu * 1e9 / max(fired, 1), "exact": got + lost == fired}
+    return {
+        "rings": nrings,
+        "producers": len(producers),
+        "fired": fired,
+        "delivered": got,
+        "lost": lost,
+        "seconds": elapsed,
+        "delivered_per_s": got / elapsed,
+        "offered_per_s": fired / elapsed,
+        "producer_ns_per_record": gen_cpu * 1e9 / max(fired, 1),
+        "exact": got + lost == fired,
+    }
 
 
 def run(quick: bool = False) -> dict:
@@ -171,8 +197,12 @@ def run(quick: bool = False) -> dict:
         common.console.print("[yellow]skipped: needs 2 CPUs[/yellow]")
         return {"skipped": "needs 2 CPUs"}
     seconds, rounds = (QUICK_SECONDS, QUICK_ROUNDS) if quick else (SECONDS, ROUNDS)
-    configs = {"shared ring, 1 producer": (1, [cpus[1]]), "shared ring, 2 producers": (1, cpus[:2]),
-               "ring per CPU, 1 producer": (2, [cpus[1]]), "ring per CPU, 2 producers": (2, cpus[:2])}
+    configs = {
+        "shared ring, 1 producer": (1, [cpus[1]]),
+        "shared ring, 2 producers": (1, cpus[:2]),
+        "ring per CPU, 1 producer": (2, [cpus[1]]),
+        "ring per CPU, 2 producers": (2, cpus[:2]),
+    }
     rows: dict[str, list[dict]] = {k: [] for k in configs}
     with tempfile.TemporaryDirectory(prefix="obshub-bench-ring-") as tmp:
         exe = build_firehose(Path(tmp))
@@ -180,25 +210,40 @@ def run(quick: bool = False) -> dict:
             for name, (nrings, prods) in configs.items():
                 r = measure(exe, nrings, prods, seconds, cpus[0])
                 rows[name].append(r)
-                common.console.print(f"[dim]  {name}: {r['delivered_per_s']:,.0f} records/s delivered, lost "
-                                     f"{r['lost']:,}, producers {r['producer_ns_per_record']:.0f} ns/record[/dim]")
-    t = Table(title=f"producers offer {RATE:,} records/s each in bursts of {BURST}; consumer: producer._ring on "
-                    f"CPU {cpus[0]}; {rounds} rounds of {seconds:.0f} s (medians)", caption=common.describe_machine())
+                common.console.print(
+                    f"[dim]  {name}: {r['delivered_per_s']:,.0f} records/s delivered, lost "
+                    f"{r['lost']:,}, producers {r['producer_ns_per_record']:.0f} ns/record[/dim]"
+                )
+    t = Table(
+        title=f"producers offer {RATE:,} records/s each in bursts of {BURST}; consumer: producer._ring on "
+        f"CPU {cpus[0]}; {rounds} rounds of {seconds:.0f} s (medians)",
+        caption=common.describe_machine(),
+    )
     for col in ("layout", "offered/s", "delivered/s", "lost", "producer ns per record", "lost + delivered = fired"):
         t.add_column(col)
     summary = {}
     for name, rs in rows.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in ("offered_per_s", "delivered_per_s", "lost",
-                                                                "producer_ns_per_record")}
+        med = {
+            k: statistics.median(r[k] for r in rs)
+            for k in ("offered_per_s", "delivered_per_s", "lost", "producer_ns_per_record")
+        }
         summary[name] = med
-        t.add_row(name, f"{med['offered_per_s']:,.0f}", f"{med['delivered_per_s']:,.0f}", f"{med['lost']:,.0f}",
-                  f"{med['producer_ns_per_record']:.0f}", "yes" if all(r["exact"] for r in rs) else "no")
+        t.add_row(
+            name,
+            f"{med['offered_per_s']:,.0f}",
+            f"{med['delivered_per_s']:,.0f}",
+            f"{med['lost']:,.0f}",
+            f"{med['producer_ns_per_record']:.0f}",
+            "yes" if all(r["exact"] for r in rs) else "no",
+        )
     common.console.print(t)
     s1, s2 = summary["shared ring, 1 producer"], summary["shared ring, 2 producers"]
     p1, p2 = summary["ring per CPU, 1 producer"], summary["ring per CPU, 2 producers"]
-    common.console.print(f"contention: a second producer on the shared ring changes the cost per record by "
-                         f"{(s2['producer_ns_per_record'] / s1['producer_ns_per_record'] - 1) * 100:+.1f} %, "
-                         f"with a ring per CPU by {(p2['producer_ns_per_record'] / p1['producer_ns_per_record'] - 1) * 100:+.1f} %")
+    common.console.print(
+        f"contention: a second producer on the shared ring changes the cost per record by "
+        f"{(s2['producer_ns_per_record'] / s1['producer_ns_per_record'] - 1) * 100:+.1f} %, "
+        f"with a ring per CPU by {(p2['producer_ns_per_record'] / p1['producer_ns_per_record'] - 1) * 100:+.1f} %"
+    )
     result = {"rows": rows, "medians": summary, "rate_per_producer": RATE, "burst": BURST, "rev": common.git_rev()}
     common.console.print(f"raw results: {common.save('ring_layout', result)}")
     return result
@@ -206,8 +251,9 @@ def run(quick: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.ring_layout [--quick]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.ring_layout", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.ring_layout", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="1 round of 1 s per configuration")
     run(p.parse_args(argv).quick)
     return 0

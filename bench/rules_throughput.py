@@ -42,13 +42,13 @@ from streams import offline, synthetic
 
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 HOSTS, STEPS, ROUNDS = 8, 300, 5
-WIDE_HOSTS, WIDE_STEPS = 128, 5             # one job as wide as the scale target's 128 nodes (1 pass)
+WIDE_HOSTS, WIDE_STEPS = 128, 5  # one job as wide as the scale target's 128 nodes (1 pass)
 QUICK_WIDE_HOSTS, QUICK_WIDE_STEPS = 16, 6
 QUICK_STEPS = 30
 GUILTY_EVERY = 10
-READ_EVENTS_MIN = 2_000      # events of kinds a rule reads, replicated to at least this many for timing
-REPLICA_GAP_NS = 1_000_000_000   # copies 1 s apart: the originals' matching events once per second
-GUILTY_LAYERS = ("memory", "cuda", "nic")   # layers whose events the builtin pack's event rules read
+READ_EVENTS_MIN = 2_000  # events of kinds a rule reads, replicated to at least this many for timing
+REPLICA_GAP_NS = 1_000_000_000  # copies 1 s apart: the originals' matching events once per second
+GUILTY_LAYERS = ("memory", "cuda", "nic")  # layers whose events the builtin pack's event rules read
 
 
 def record_inputs(path: Path, hosts: int, steps: int) -> dict:
@@ -56,9 +56,10 @@ def record_inputs(path: Path, hosts: int, steps: int) -> dict:
     Returns counts per signal."""
     third = max(1, steps // len(GUILTY_LAYERS))
     batches, step_ms = [], 0.0
-    for layer in GUILTY_LAYERS:   # one job per guilty layer, so each has its own baseline
-        load = loadgen.build(hosts, third, job=f"bench-{layer}",
-                             guilty_steps=tuple(range(3, third, GUILTY_EVERY)), guilty_layer=layer)
+    for layer in GUILTY_LAYERS:  # one job per guilty layer, so each has its own baseline
+        load = loadgen.build(
+            hosts, third, job=f"bench-{layer}", guilty_steps=tuple(range(3, third, GUILTY_EVERY)), guilty_layer=layer
+        )
         batches += [schema.decode_batch(v) for _k, v in load.messages]
         step_ms = load.step_ms
     start = synthetic.Scenario().start_ns
@@ -82,7 +83,9 @@ def record_wide(path: Path, hosts: int, steps: int) -> int:
     start = synthetic.Scenario().start_ns
     n = 0
     with path.open("w") as f:
-        for (_job, step), s in sorted(offline.summarize_batches(schema.decode_batch(v) for _k, v in load.messages).items()):
+        for (_job, step), s in sorted(
+            offline.summarize_batches(schema.decode_batch(v) for _k, v in load.messages).items()
+        ):
             s["closed_at_ns"] = start + int((step + 1) * load.step_ms * 1e6)
             f.write(json.dumps({"signal": "steps", "record": fields.step_record(s)}) + "\n")
             n += 1
@@ -116,8 +119,10 @@ def replicate(records: list[dict], at_least: int) -> list[dict]:
 
 def evaluations(ruleset, signal: str, records: list[dict]) -> int:
     """Rule evaluations one pass over ``records`` makes: per record, the rules that read it."""
-    return sum(sum(1 for r in ruleset.rules.values() if r.reads(signal, rec.get("kind") if signal == "events" else None))
-               for rec in records)
+    return sum(
+        sum(1 for r in ruleset.rules.values() if r.reads(signal, rec.get("kind") if signal == "events" else None))
+        for rec in records
+    )
 
 
 def one_pass(ruleset, signal: str, records: list[dict], changes: list[int]) -> float:
@@ -152,46 +157,87 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     inputs["read_events"] = replicate(read, READ_EVENTS_MIN)
     signal_of = {"steps": "steps", "events": "events", "read_events": "events", "wide_steps": "steps"}
     evals = {name: evaluations(ruleset, signal_of[name], recs) for name, recs in inputs.items()}
-    common.console.print(f"[dim]  recorded {counts['steps']:,} step summaries and {counts['events']:,} events "
-                         f"({size / 1e6:.1f} MB JSON lines); {len(ruleset.rules)} builtin rules; {len(read):,} of the "
-                         f"events are of kinds a rule reads (replayed {len(inputs['read_events']) // max(1, len(read))}x "
-                         f"with shifted times for timing)[/dim]")
-    labels = {"steps": "step summaries", "events": "all events", "read_events": "events a rule reads",
-              "wide_steps": f"step summaries of {wide_hosts} hosts"}
-    changes: dict[str, list[int]] = {name: [] for name in labels}
-    secs = common.interleave({name: (lambda n=name: one_pass(ruleset, signal_of[n], inputs[n], changes[n]))
-                              for name in labels if name != "wide_steps"}, rounds)
-    # the wide job costs seconds per summary: one pass of a few summaries, not one per round
-    secs.update(common.interleave({"wide_steps": lambda: one_pass(ruleset, "steps", inputs["wide_steps"],
-                                                                 changes["wide_steps"])}, 1))
-    rows = {
-        "steps evals": common.Series("step summaries: rule evaluations/s", [evals["steps"] / x for x in secs["steps"].samples]),
-        "steps records": common.Series("step summaries: records/s", [len(inputs["steps"]) / x for x in secs["steps"].samples]),
-        "read evals": common.Series("events a rule reads: rule evaluations/s",
-                                    [evals["read_events"] / x for x in secs["read_events"].samples]),
-        "read records": common.Series("events a rule reads: records/s",
-                                      [len(inputs["read_events"]) / x for x in secs["read_events"].samples]),
-        "all records": common.Series("all events (most skipped by kind): records/s",
-                                     [len(inputs["events"]) / x for x in secs["events"].samples]),
-        "wide evals": common.Series(f"step summaries of {wide_hosts} hosts: rule evaluations/s",
-                                    [evals["wide_steps"] / x for x in secs["wide_steps"].samples]),
-        "wide records": common.Series(f"step summaries of {wide_hosts} hosts: records/s",
-                                      [len(inputs["wide_steps"]) / x for x in secs["wide_steps"].samples]),
+    common.console.print(
+        f"[dim]  recorded {counts['steps']:,} step summaries and {counts['events']:,} events "
+        f"({size / 1e6:.1f} MB JSON lines); {len(ruleset.rules)} builtin rules; {len(read):,} of the "
+        f"events are of kinds a rule reads (replayed {len(inputs['read_events']) // max(1, len(read))}x "
+        f"with shifted times for timing)[/dim]"
+    )
+    labels = {
+        "steps": "step summaries",
+        "events": "all events",
+        "read_events": "events a rule reads",
+        "wide_steps": f"step summaries of {wide_hosts} hosts",
     }
-    common.console.print(common.table(f"builtin rule pack ({len(ruleset.rules)} rules), {rounds} interleaved passes "
-                                      f"per input", rows, "per s", lower_is_better=False, fmt="{:,.1f}"))
+    changes: dict[str, list[int]] = {name: [] for name in labels}
+    secs = common.interleave(
+        {
+            name: (lambda n=name: one_pass(ruleset, signal_of[n], inputs[n], changes[n]))
+            for name in labels
+            if name != "wide_steps"
+        },
+        rounds,
+    )
+    # the wide job costs seconds per summary: one pass of a few summaries, not one per round
+    secs.update(
+        common.interleave(
+            {"wide_steps": lambda: one_pass(ruleset, "steps", inputs["wide_steps"], changes["wide_steps"])}, 1
+        )
+    )
+    rows = {
+        "steps evals": common.Series(
+            "step summaries: rule evaluations/s", [evals["steps"] / x for x in secs["steps"].samples]
+        ),
+        "steps records": common.Series(
+            "step summaries: records/s", [len(inputs["steps"]) / x for x in secs["steps"].samples]
+        ),
+        "read evals": common.Series(
+            "events a rule reads: rule evaluations/s", [evals["read_events"] / x for x in secs["read_events"].samples]
+        ),
+        "read records": common.Series(
+            "events a rule reads: records/s", [len(inputs["read_events"]) / x for x in secs["read_events"].samples]
+        ),
+        "all records": common.Series(
+            "all events (most skipped by kind): records/s", [len(inputs["events"]) / x for x in secs["events"].samples]
+        ),
+        "wide evals": common.Series(
+            f"step summaries of {wide_hosts} hosts: rule evaluations/s",
+            [evals["wide_steps"] / x for x in secs["wide_steps"].samples],
+        ),
+        "wide records": common.Series(
+            f"step summaries of {wide_hosts} hosts: records/s",
+            [len(inputs["wide_steps"]) / x for x in secs["wide_steps"].samples],
+        ),
+    }
+    common.console.print(
+        common.table(
+            f"builtin rule pack ({len(ruleset.rules)} rules), {rounds} interleaved passes per input",
+            rows,
+            "per s",
+            lower_is_better=False,
+            fmt="{:,.1f}",
+        )
+    )
     per_eval_ms = 1000 / rows["steps evals"].median if rows["steps evals"].median else float("nan")
     wide_ms = 1000 / rows["wide records"].median if rows["wide records"].median else float("nan")
-    common.console.print(f"a step summary of {HOSTS} hosts costs {per_eval_ms:.2f} ms per rule evaluation "
-                         f"({evals['steps'] / max(1, len(inputs['steps'])):.0f} rules read each summary); "
-                         f"one of {wide_hosts} hosts {wide_ms:.1f} ms for the whole pack; "
-                         f"alert state changes per pass: " + ", ".join(f"{labels[k]} {v[0] if v else 0}"
-                                                                      for k, v in changes.items()))
-    result = {"rounds": rounds, "steps": steps, "counts": counts, "evaluations_per_pass": evals,
-              "rules": sorted(ruleset.rules), "seconds": {k: v.samples for k, v in secs.items()},
-              "rates": {v.name: v.median for v in rows.values()}, "alert_changes": changes,
-              "records_per_s": {v.name: v.median for k, v in rows.items() if "records" in k},
-              "rev": common.git_rev()}
+    common.console.print(
+        f"a step summary of {HOSTS} hosts costs {per_eval_ms:.2f} ms per rule evaluation "
+        f"({evals['steps'] / max(1, len(inputs['steps'])):.0f} rules read each summary); "
+        f"one of {wide_hosts} hosts {wide_ms:.1f} ms for the whole pack; "
+        f"alert state changes per pass: " + ", ".join(f"{labels[k]} {v[0] if v else 0}" for k, v in changes.items())
+    )
+    result = {
+        "rounds": rounds,
+        "steps": steps,
+        "counts": counts,
+        "evaluations_per_pass": evals,
+        "rules": sorted(ruleset.rules),
+        "seconds": {k: v.samples for k, v in secs.items()},
+        "rates": {v.name: v.median for v in rows.values()},
+        "alert_changes": changes,
+        "records_per_s": {v.name: v.median for k, v in rows.items() if "records" in k},
+        "rev": common.git_rev(),
+    }
     common.console.print(f"raw results: {common.save('rules_throughput', result)}")
     from bench import rules_width
 
@@ -201,8 +247,11 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.rules_throughput [--quick] [--rounds N]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.rules_throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.rules_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 30 steps, 1 round")
     p.add_argument("--rounds", type=int, default=None, help=f"interleaved passes (default {ROUNDS})")
     a = p.parse_args(argv)

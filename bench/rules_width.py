@@ -40,14 +40,14 @@ from streams import accumulate, analysis, synthetic
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 WIDTHS = (8, 128, 512, 2048)
 QUICK_WIDTHS = (8, 128, 512)
-SMOKE_WIDTHS = (8, 32)     # what ``python -m bench rules_throughput --quick`` runs
-REAL_STEPS = 4             # real steps built per width (the loadgen's first steps have no baseline)
-STEADY_STEPS = 40          # summaries fed to the engine (window 20 s at 1 s steps: the last 20 are steady)
+SMOKE_WIDTHS = (8, 32)  # what ``python -m bench rules_throughput --quick`` runs
+REAL_STEPS = 4  # real steps built per width (the loadgen's first steps have no baseline)
+STEADY_STEPS = 40  # summaries fed to the engine (window 20 s at 1 s steps: the last 20 are steady)
 QUICK_STEADY_STEPS = 26
-WARM = 20                  # summaries not measured (windows filling)
-STEP_NS = 1_000_000_000    # a job at 1 s steps
+WARM = 20  # summaries not measured (windows filling)
+STEP_NS = 1_000_000_000  # a job at 1 s steps
 SUMMARIZE_REPEATS = 5
-TARGET_MS_2048 = 50.0      # the pack's CPU per step summary at 2,048 hosts
+TARGET_MS_2048 = 50.0  # the pack's CPU per step summary at 2,048 hosts
 
 
 def build(hosts: int, steps: int = REAL_STEPS) -> tuple[list[dict], dict, list[str], list[list[int]]]:
@@ -67,8 +67,16 @@ def build(hosts: int, steps: int = REAL_STEPS) -> tuple[list[dict], dict, list[s
                 accs[b.host] = part
     summaries, history = [], []
     for step in sorted(per_step):
-        s = analysis.summarize(load.job, step, per_step[step], expected_hosts=sorted(expected),
-                               history=list(history), quality={}, closed_by="complete", closed_at_ns=0)
+        s = analysis.summarize(
+            load.job,
+            step,
+            per_step[step],
+            expected_hosts=sorted(expected),
+            history=list(history),
+            quality={},
+            closed_by="complete",
+            closed_at_ns=0,
+        )
         summaries.append(s)
         last_history = list(history)
         history.append([step, s["step_time_max_ns"]])
@@ -116,14 +124,30 @@ def measure(hosts: int, ruleset, steady_steps: int) -> dict:
     summ = []
     for _ in range(SUMMARIZE_REPEATS):
         c0 = time.process_time()
-        analysis.summarize(summaries[-1]["job"], summaries[-1]["step"], accs, expected_hosts=expected,
-                           history=history, quality={}, closed_by="complete", closed_at_ns=0)
+        analysis.summarize(
+            summaries[-1]["job"],
+            summaries[-1]["step"],
+            accs,
+            expected_hosts=expected,
+            history=history,
+            quality={},
+            closed_by="complete",
+            closed_at_ns=0,
+        )
         summ.append(time.process_time() - c0)
     fired = sorted({(c["rule"], c["labels"].get("host", "")) for c in changes if c["status"] == "firing"})
-    return {"hosts": hosts, "rules_ms": statistics.median(per) * 1e3, "rules_ms_min": min(per) * 1e3,
-            "rules_ms_max": max(per) * 1e3, "samples": len(per), "summarize_ms": statistics.median(summ) * 1e3,
-            "summary_kb": len(json.dumps(summaries[-1]).encode()) / 1e3, "rss_growth_mb": rss1 - rss0,
-            "fired": [f"{r} {h}" for r, h in fired], "eval_errors": eng.eval_errors}
+    return {
+        "hosts": hosts,
+        "rules_ms": statistics.median(per) * 1e3,
+        "rules_ms_min": min(per) * 1e3,
+        "rules_ms_max": max(per) * 1e3,
+        "samples": len(per),
+        "summarize_ms": statistics.median(summ) * 1e3,
+        "summary_kb": len(json.dumps(summaries[-1]).encode()) / 1e3,
+        "rss_growth_mb": rss1 - rss0,
+        "fired": [f"{r} {h}" for r, h in fired],
+        "eval_errors": eng.eval_errors,
+    }
 
 
 def exponent(points: list[tuple[float, float]]) -> float:
@@ -149,38 +173,72 @@ def run(quick: bool = False, rounds: int | None = None, widths: tuple[int, ...] 
     for h in widths:
         common.console.print(f"[dim]  {h} hosts: building {REAL_STEPS} steps, feeding {steady_steps} summaries[/dim]")
         rows.append(measure(h, ruleset, steady_steps))
-    t = Table(title=f"builtin rule pack ({len(ruleset.rules)} rules) per step summary, CPU ms (median of "
-                    f"{rows[0]['samples']} steady-state summaries)", caption=common.describe_machine())
-    for col in ("hosts", "rule pack ms", "min .. max", "summarize ms", "ratio pack/summarize", "summary KB",
-                "RSS growth MB", "alerts fired"):
+    t = Table(
+        title=f"builtin rule pack ({len(ruleset.rules)} rules) per step summary, CPU ms (median of "
+        f"{rows[0]['samples']} steady-state summaries)",
+        caption=common.describe_machine(),
+    )
+    for col in (
+        "hosts",
+        "rule pack ms",
+        "min .. max",
+        "summarize ms",
+        "ratio pack/summarize",
+        "summary KB",
+        "RSS growth MB",
+        "alerts fired",
+    ):
         t.add_column(col)
     for r in rows:
-        t.add_row(f"{r['hosts']:,}", f"{r['rules_ms']:.2f}", f"{r['rules_ms_min']:.2f} .. {r['rules_ms_max']:.2f}",
-                  f"{r['summarize_ms']:.2f}", f"{r['rules_ms'] / r['summarize_ms']:.2f}" if r["summarize_ms"] else "-",
-                  f"{r['summary_kb']:.0f}", f"{r['rss_growth_mb']:.1f}", "; ".join(r["fired"]) or "none")
+        t.add_row(
+            f"{r['hosts']:,}",
+            f"{r['rules_ms']:.2f}",
+            f"{r['rules_ms_min']:.2f} .. {r['rules_ms_max']:.2f}",
+            f"{r['summarize_ms']:.2f}",
+            f"{r['rules_ms'] / r['summarize_ms']:.2f}" if r["summarize_ms"] else "-",
+            f"{r['summary_kb']:.0f}",
+            f"{r['rss_growth_mb']:.1f}",
+            "; ".join(r["fired"]) or "none",
+        )
     common.console.print(t)
     exp_rules = exponent([(r["hosts"], r["rules_ms"]) for r in rows])
     exp_summ = exponent([(r["hosts"], r["summarize_ms"]) for r in rows])
-    common.console.print(f"growth exponent over {', '.join(str(r['hosts']) for r in rows)} hosts: rule pack "
-                         f"{exp_rules:.2f}, summarize {exp_summ:.2f} (1 = linear, 2 = quadratic)")
+    common.console.print(
+        f"growth exponent over {', '.join(str(r['hosts']) for r in rows)} hosts: rule pack "
+        f"{exp_rules:.2f}, summarize {exp_summ:.2f} (1 = linear, 2 = quadratic)"
+    )
     widest = rows[-1]
     if widest["hosts"] >= 2048:
-        common.verdict(f"rule pack at {widest['hosts']:,} hosts <= {TARGET_MS_2048:.0f} ms CPU per step summary",
-                       widest["rules_ms"] <= TARGET_MS_2048, f"{widest['rules_ms']:.1f} ms")
-    result = {"widths": list(widths), "steady_steps": steady_steps, "rows": rows, "exponent_rules": exp_rules,
-              "exponent_summarize": exp_summ, "rev": common.git_rev()}
+        common.verdict(
+            f"rule pack at {widest['hosts']:,} hosts <= {TARGET_MS_2048:.0f} ms CPU per step summary",
+            widest["rules_ms"] <= TARGET_MS_2048,
+            f"{widest['rules_ms']:.1f} ms",
+        )
+    result = {
+        "widths": list(widths),
+        "steady_steps": steady_steps,
+        "rows": rows,
+        "exponent_rules": exp_rules,
+        "exponent_summarize": exp_summ,
+        "rev": common.git_rev(),
+    }
     common.console.print(f"raw results: {common.save('rules_width', result)}")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.rules_width [--quick] [--hosts N ...]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.rules_width", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"smoke run: {', '.join(map(str, QUICK_WIDTHS))} hosts, "
-                                                        f"{QUICK_STEADY_STEPS} summaries each")
-    p.add_argument("--hosts", type=int, nargs="+", metavar="N", help="widths to measure (default: "
-                                                                      f"{', '.join(map(str, WIDTHS))})")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.rules_width", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: {', '.join(map(str, QUICK_WIDTHS))} hosts, {QUICK_STEADY_STEPS} summaries each",
+    )
+    p.add_argument(
+        "--hosts", type=int, nargs="+", metavar="N", help=f"widths to measure (default: {', '.join(map(str, WIDTHS))})"
+    )
     a = p.parse_args(argv)
     if a.hosts and min(a.hosts) < 2:
         p.error("--hosts: a job needs at least 2 hosts")

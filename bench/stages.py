@@ -48,13 +48,16 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
         ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
     ],
     "engine": [
-        ("notify", lambda f: "run_notify" in _fn(f)
-         or _in(f, "rules/dispatch", "rules/sinks", "rules/service_notify")),
+        ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "rules/dispatch", "rules/sinks", "rules/service_notify")),
         ("decode", lambda f: _in(f, "rules/service", "rules/intake") and "decode" in _fn(f)),
         ("state", lambda f: _in(f, "rules/") and ("atomic_write" in _fn(f) or "snapshot" in _fn(f))),
         ("publish", lambda f: _in(f, "rules/service") and "publish" in _fn(f)),
-        ("rules", lambda f: _in(f, "rules/engine", "rules/expr", "rules/lifecycle", "rules/model", "rules/window",
-                                "rules/fields")),
+        (
+            "rules",
+            lambda f: _in(
+                f, "rules/engine", "rules/expr", "rules/lifecycle", "rules/model", "rules/window", "rules/fields"
+            ),
+        ),
     ],
 }
 OTHER = {"worker": "kafka client + faust", "engine": "kafka client + loop"}
@@ -96,9 +99,26 @@ class Profile:
         self.proc = None
         if exe is None or seconds < 1:
             return
-        self.proc = subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", str(rate),
-                                      "--nonblocking", "-f", "raw", "-o", str(out)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "record",
+                "-p",
+                str(pid),
+                "-d",
+                str(max(1, int(seconds))),
+                "-r",
+                str(rate),
+                "--nonblocking",
+                "-f",
+                "raw",
+                "-o",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def result(self, timeout_s: float = 30.0) -> dict | None:
         """``{"samples": {stage: n}, "shares": {stage: fraction}}`` once py-spy is done; None without

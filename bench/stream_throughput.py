@@ -65,14 +65,24 @@ class FaustRun:
         self.topics = testkit.make_topics(settings, f"bench-{tag}", partitions=PARTITIONS)
         app = f"bench-{tag}-app"
         self.ports = [free_port() for _ in range(n)]
-        self.workers = [testkit.Worker(self.topics, app, i + 1, tmp / f"{tag}-{i}.log", window_s=5.0,
-                                       partitions=PARTITIONS, metrics_port=self.ports[i]) for i in range(n)]
+        self.workers = [
+            testkit.Worker(
+                self.topics,
+                app,
+                i + 1,
+                tmp / f"{tag}-{i}.log",
+                window_s=5.0,
+                partitions=PARTITIONS,
+                metrics_port=self.ports[i],
+            )
+            for i in range(n)
+        ]
 
     def measure(self, load: loadgen.Load, timeout_s: float = 300.0) -> dict:
         """Wait until the workers are ready, publish, wait for every summary. Returns events/s."""
         for w in self.workers:
             w.wait_ready(120)
-        time.sleep(3.0 if len(self.workers) > 1 else 1.0)   # let the group settle after the last join
+        time.sleep(3.0 if len(self.workers) > 1 else 1.0)  # let the group settle after the last join
         cpu0 = sum(cpu_seconds(w.proc.pid) for w in self.workers)
         t0 = time.monotonic()
         testkit.publish(self.settings, self.topics.events, load.messages)
@@ -85,9 +95,16 @@ class FaustRun:
         secs = time.monotonic() - t0
         cpu = sum(cpu_seconds(w.proc.pid) for w in self.workers) - cpu0
         done = c["summaries"] >= load.steps
-        return {"events": c["events"], "summaries": c["summaries"], "seconds": secs, "publish_s": t_pub,
-                "complete": done, "events_per_s": load.events / secs if done else c["events"] / secs,
-                "cpu_s": cpu, "events_per_cpu_s": c["events"] / cpu if cpu > 0 else float("nan")}
+        return {
+            "events": c["events"],
+            "summaries": c["summaries"],
+            "seconds": secs,
+            "publish_s": t_pub,
+            "complete": done,
+            "events_per_s": load.events / secs if done else c["events"] / secs,
+            "cpu_s": cpu,
+            "events_per_cpu_s": c["events"] / cpu if cpu > 0 else float("nan"),
+        }
 
     def stop(self) -> None:
         for w in self.workers:
@@ -100,13 +117,16 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     hosts, steps = (QUICK_HOSTS, QUICK_STEPS) if quick else (HOSTS, STEPS)
     common.console.rule("[bold]3. stream throughput[/bold]: Faust workers vs a plain confluent-kafka loop")
     load = loadgen.build(hosts, steps)
-    common.console.print(f"[dim]  load: {hosts} hosts x {steps} steps = {load.events:,} events in "
-                         f"{len(load.messages):,} batches ({load.bytes / 1e6:.1f} MB msgpack)[/dim]")
+    common.console.print(
+        f"[dim]  load: {hosts} hosts x {steps} steps = {load.events:,} events in "
+        f"{len(load.messages):,} batches ({load.bytes / 1e6:.1f} MB msgpack)[/dim]"
+    )
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-streams-"))
     details: dict[str, list[dict]] = {}
     last_topic: list[str] = []
     try:
         with private_stack(common.console.print) as settings:
+
             def faust(n: int):
                 def fn() -> float:
                     r = FaustRun(settings, tmp, n, f"w{n}-{uuid.uuid4().hex[:6]}")
@@ -117,9 +137,11 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                     last_topic[:] = [r.topics.events, r.topics.steps]
                     details.setdefault(f"faust, {n} worker{'s' if n > 1 else ''}", []).append(res)
                     if not res["complete"]:
-                        common.console.print(f"[red]  {n} worker(s): only {res['summaries']:.0f} of {load.steps} "
-                                             f"summaries in time[/red]")
+                        common.console.print(
+                            f"[red]  {n} worker(s): only {res['summaries']:.0f} of {load.steps} summaries in time[/red]"
+                        )
                     return res["events_per_s"]
+
                 return fn
 
             def plain() -> float:
@@ -127,38 +149,68 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                 details.setdefault("plain confluent-kafka loop", []).append(res)
                 return res["events_per_s"]
 
-            series = common.interleave({"faust, 1 worker": faust(1), "faust, 2 workers": faust(2),
-                                        "plain confluent-kafka loop": plain}, rounds)
+            series = common.interleave(
+                {"faust, 1 worker": faust(1), "faust, 2 workers": faust(2), "plain confluent-kafka loop": plain}, rounds
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     per_worker = {"faust, 1 worker": 1, "faust, 2 workers": 2, "plain confluent-kafka loop": 1}
-    common.console.print(common.table(f"events/s through ingest + join + summaries ({load.events:,} events, "
-                                      f"{rounds} interleaved rounds; ratio = to the plain loop)", series, "events/s",
-                                      baseline="plain confluent-kafka loop", lower_is_better=False, fmt="{:,.0f}"))
+    common.console.print(
+        common.table(
+            f"events/s through ingest + join + summaries ({load.events:,} events, "
+            f"{rounds} interleaved rounds; ratio = to the plain loop)",
+            series,
+            "events/s",
+            baseline="plain confluent-kafka loop",
+            lower_is_better=False,
+            fmt="{:,.0f}",
+        )
+    )
     pw = {k: v.median / per_worker[k] for k, v in series.items()}
     common.console.print("events/s per worker (process): " + ", ".join(f"{k}: {v:,.0f}" for k, v in pw.items()))
     plain_rate = series["plain confluent-kafka loop"].median
     one = series["faust, 1 worker"].median
     cpu_eff = {k: statistics.median(d["events_per_cpu_s"] for d in v) for k, v in details.items()}
-    common.console.print("events per CPU second of the worker process(es) (independent of other load on the box): "
-                         + ", ".join(f"{k}: {v:,.0f}" for k, v in cpu_eff.items()))
-    common.verdict(f">= {TARGET_PER_WORKER:,} events/s per Faust worker", one >= TARGET_PER_WORKER,
-                   f"1 worker {one:,.0f}/s; 2 workers {pw['faust, 2 workers']:,.0f}/s each "
-                   f"(2 cores shared with the broker and the publisher)")
-    common.verdict("Faust within 3x of the plain loop", one * TARGET_VS_PLAIN >= plain_rate,
-                   f"plain loop {plain_rate:,.0f}/s = {plain_rate / one:.2f}x one Faust worker")
-    result = {"rounds": rounds, "hosts": hosts, "steps": steps, "events": load.events, "batches": len(load.messages),
-              "bytes": load.bytes, "samples": {k: v.samples for k, v in series.items()}, "per_worker": pw,
-              "details": details, "events_per_cpu_s": cpu_eff, "rev": common.git_rev(),
-              "targets": {"per_worker": TARGET_PER_WORKER, "vs_plain": TARGET_VS_PLAIN}}
+    common.console.print(
+        "events per CPU second of the worker process(es) (independent of other load on the box): "
+        + ", ".join(f"{k}: {v:,.0f}" for k, v in cpu_eff.items())
+    )
+    common.verdict(
+        f">= {TARGET_PER_WORKER:,} events/s per Faust worker",
+        one >= TARGET_PER_WORKER,
+        f"1 worker {one:,.0f}/s; 2 workers {pw['faust, 2 workers']:,.0f}/s each "
+        f"(2 cores shared with the broker and the publisher)",
+    )
+    common.verdict(
+        "Faust within 3x of the plain loop",
+        one * TARGET_VS_PLAIN >= plain_rate,
+        f"plain loop {plain_rate:,.0f}/s = {plain_rate / one:.2f}x one Faust worker",
+    )
+    result = {
+        "rounds": rounds,
+        "hosts": hosts,
+        "steps": steps,
+        "events": load.events,
+        "batches": len(load.messages),
+        "bytes": load.bytes,
+        "samples": {k: v.samples for k, v in series.items()},
+        "per_worker": pw,
+        "details": details,
+        "events_per_cpu_s": cpu_eff,
+        "rev": common.git_rev(),
+        "targets": {"per_worker": TARGET_PER_WORKER, "vs_plain": TARGET_VS_PLAIN},
+    }
     common.console.print(f"raw results: {common.save('stream_throughput', result)}")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.stream_throughput [--quick] [--rounds N]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.stream_throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.stream_throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, a few thousand events")
     p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
     a = p.parse_args(argv)

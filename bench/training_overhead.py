@@ -57,11 +57,11 @@ from rich.table import Table
 from bench import common
 from bench.broker import bpf_unavailable, free_port, obshub_cmd, private_stack, stop_group
 
-ROUNDS = 12            # interleaved rounds (each runs every configuration once, in a random order)
-STEPS = 80             # training steps per run
-WARMUP = 10            # first steps of each run left out (allocator, gloo connections, DDP buckets)
+ROUNDS = 12  # interleaved rounds (each runs every configuration once, in a random order)
+STEPS = 80  # training steps per run
+WARMUP = 10  # first steps of each run left out (allocator, gloo connections, DDP buckets)
 QUICK_ROUNDS, QUICK_STEPS, QUICK_WARMUP = 2, 20, 5
-TARGET = 0.01          # upper bound of the 95 % interval of the agent's CPU overhead
+TARGET = 0.01  # upper bound of the 95 % interval of the agent's CPU overhead
 BOOTSTRAP = 2000
 STEP_LINE = re.compile(r"^step (\d+) rank (\d+) time_ms ([\d.]+)", re.M)
 WORKLOAD = ["-m", "obshub.workloads.ddp_train"]
@@ -76,12 +76,19 @@ def task_cpu_ns(pid: int) -> int:
         try:
             total += int(Path(task.path, "schedstat").read_text().split()[0])
         except (OSError, ValueError, IndexError):
-            continue   # the thread exited between the listing and the read
+            continue  # the thread exited between the listing and the read
     return total
 
 
-def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, on_warm=None, on_last=None,
-              extra: list[str] | None = None) -> dict:
+def run_ranks(
+    prefix: list[str],
+    module: list[str],
+    steps: int,
+    warmup: int,
+    on_warm=None,
+    on_last=None,
+    extra: list[str] | None = None,
+) -> dict:
     """Start 2 ranks of ``prefix + [python] + module + --steps N`` with the torch.distributed environment,
     rank r pinned to CPU r, wait for both. ``on_warm()`` / ``on_last()`` are called when rank 0 prints
     step ``warmup`` / its last step. Returns ``{"median_ms", "steps": [(rank, step, ms)], "cpu_ns_per_step",
@@ -89,15 +96,30 @@ def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, on_
     those two lines. Raises RuntimeError with the output tail when a rank fails or prints no step line."""
     port = free_port()
     procs = []
-    cpus = sorted(os.sched_getaffinity(0))   # one rank per CPU, as a launcher binds ranks on a real node
+    cpus = sorted(os.sched_getaffinity(0))  # one rank per CPU, as a launcher binds ranks on a real node
     t0 = time.monotonic()
     for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
         cpu = cpus[rank % len(cpus)]
-        procs.append(subprocess.Popen([*prefix, sys.executable, *module, "--steps", str(steps), *(extra or [])],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      start_new_session=True, preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c})))
+        procs.append(
+            subprocess.Popen(
+                [*prefix, sys.executable, *module, "--steps", str(steps), *(extra or [])],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}),
+            )
+        )
     outs: list[list[str]] = [[], []]
     errs: list[str] = ["", ""]
     marks: dict[str, int] = {}
@@ -140,12 +162,18 @@ def run_ranks(prefix: list[str], module: list[str], steps: int, warmup: int, on_
         raise RuntimeError(f"no step lines after warm-up from {' '.join(prefix + module)}")
     window = steps - 1 - warmup
     ms = sorted(t[2] for t in times)
-    return {"median_ms": statistics.median(ms), "mean_ms": statistics.fmean(ms), "steps": times,
-            "cpu_ns_per_step": (marks["last"] - marks["warm"]) / window, "window_steps": window, "wall_s": wall,
-            "stderr_tail": errs[0][-600:]}
+    return {
+        "median_ms": statistics.median(ms),
+        "mean_ms": statistics.fmean(ms),
+        "steps": times,
+        "cpu_ns_per_step": (marks["last"] - marks["warm"]) / window,
+        "window_steps": window,
+        "wall_s": wall,
+        "stderr_tail": errs[0][-600:],
+    }
 
 
-_PROG_INFO_SIZE = 232     # struct bpf_prog_info up to recursion_misses (include/uapi/linux/bpf.h)
+_PROG_INFO_SIZE = 232  # struct bpf_prog_info up to recursion_misses (include/uapi/linux/bpf.h)
 _NAME_OFF, _RUN_TIME_OFF, _RUN_CNT_OFF = 64, 192, 200
 
 
@@ -198,11 +226,11 @@ class BpfStats:
                 if lib.bpf_obj_get_info_by_fd(fd, ct.byref(info), ct.byref(size)) != 0:
                     continue
                 raw = bytes(info)
-                name = raw[_NAME_OFF:_NAME_OFF + 16].split(b"\0", 1)[0].decode(errors="replace")
+                name = raw[_NAME_OFF : _NAME_OFF + 16].split(b"\0", 1)[0].decode(errors="replace")
                 if not name.startswith("obs_"):
                     continue
-                t = int.from_bytes(raw[_RUN_TIME_OFF:_RUN_TIME_OFF + 8], "little")
-                n = int.from_bytes(raw[_RUN_CNT_OFF:_RUN_CNT_OFF + 8], "little")
+                t = int.from_bytes(raw[_RUN_TIME_OFF : _RUN_TIME_OFF + 8], "little")
+                n = int.from_bytes(raw[_RUN_CNT_OFF : _RUN_CNT_OFF + 8], "little")
                 a, b = out.get(name, (0, 0))
                 out[name] = (a + t, b + n)
             finally:
@@ -240,11 +268,23 @@ class AgentRun:
 
     def __init__(self, job: str, probes: str | None = None):
         self.port = free_port()
-        self.proc = subprocess.Popen(obshub_cmd("agent", "--job", job, "--registered", "--host", "bench-node",
-                                                "--metrics-port", str(self.port),
-                                                *(["--probes", probes] if probes else [])),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            obshub_cmd(
+                "agent",
+                "--job",
+                job,
+                "--registered",
+                "--host",
+                "bench-node",
+                "--metrics-port",
+                str(self.port),
+                *(["--probes", probes] if probes else []),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.table: list[str] = []
         self.last_kinds: dict[str, int] = {}
         started = False
@@ -283,7 +323,9 @@ class AgentRun:
         return stop_group(self.proc, 30)
 
 
-def bootstrap_ratio(num: list[float], den: list[float], n: int = BOOTSTRAP, seed: int = 1) -> tuple[float, float, float]:
+def bootstrap_ratio(
+    num: list[float], den: list[float], n: int = BOOTSTRAP, seed: int = 1
+) -> tuple[float, float, float]:
     """Ratio of means ``mean(num) / mean(den)`` of paired rounds and its 95 % percentile bootstrap interval
     (rounds resampled with replacement, ``n`` resamples). Returns (ratio, low, high). Raises ValueError
     for fewer than 2 rounds or unequal lengths."""
@@ -318,31 +360,55 @@ def _accounted(samples: dict[str, list[dict]]) -> dict:
         attached = [s["usdt_call_ns_attached"] for s in ss if "usdt_call_ns_attached" in s]
         trap = max(0.0, statistics.median(attached) - statistics.median(detached)) if attached else 0.0
         per = [s["bpf_ns_per_step"] + s["usdt_hits_per_step"] * trap + s["agent_cpu_ns_per_step"] for s in ss]
-        den = [b["cpu_ns_per_step"] for b in base][:len(per)]
-        per = per[:len(den)]
+        den = [b["cpu_ns_per_step"] for b in base][: len(per)]
+        per = per[: len(den)]
         share = bootstrap_ratio(per, den) if len(per) >= 2 else (per[0] / den[0],) * 3
-        out[name] = {"trap_ns": trap, "per_step_ns": per, "overhead": share,
-                     "bpf_ns_per_step": statistics.median(s["bpf_ns_per_step"] for s in ss),
-                     "usdt_hits_per_step": statistics.median(s["usdt_hits_per_step"] for s in ss),
-                     "agent_cpu_ns_per_step": statistics.median(s["agent_cpu_ns_per_step"] for s in ss)}
+        out[name] = {
+            "trap_ns": trap,
+            "per_step_ns": per,
+            "overhead": share,
+            "bpf_ns_per_step": statistics.median(s["bpf_ns_per_step"] for s in ss),
+            "usdt_hits_per_step": statistics.median(s["usdt_hits_per_step"] for s in ss),
+            "agent_cpu_ns_per_step": statistics.median(s["agent_cpu_ns_per_step"] for s in ss),
+        }
     if out:
-        t = Table(title="the agent's cost per step, counted: BPF run time (kernel statistics) + USDT traps + the "
-                        "agent process; share of the ranks' CPU per step in B of the same round")
-        for col in ("configuration", "BPF µs/step", "USDT hits/step", "trap ns", "agent µs/step",
-                    "total µs/step", "share of ranks' CPU [95 % CI]"):
+        t = Table(
+            title="the agent's cost per step, counted: BPF run time (kernel statistics) + USDT traps + the "
+            "agent process; share of the ranks' CPU per step in B of the same round"
+        )
+        for col in (
+            "configuration",
+            "BPF µs/step",
+            "USDT hits/step",
+            "trap ns",
+            "agent µs/step",
+            "total µs/step",
+            "share of ranks' CPU [95 % CI]",
+        ):
             t.add_column(col)
         for name, a in out.items():
-            t.add_row(name, f"{a['bpf_ns_per_step'] / 1e3:.1f}", f"{a['usdt_hits_per_step']:.1f}",
-                      f"{a['trap_ns']:.0f}", f"{a['agent_cpu_ns_per_step'] / 1e3:.1f}",
-                      f"{statistics.median(a['per_step_ns']) / 1e3:.1f}", _fmt_frac(a["overhead"]))
+            t.add_row(
+                name,
+                f"{a['bpf_ns_per_step'] / 1e3:.1f}",
+                f"{a['usdt_hits_per_step']:.1f}",
+                f"{a['trap_ns']:.0f}",
+                f"{a['agent_cpu_ns_per_step'] / 1e3:.1f}",
+                f"{statistics.median(a['per_step_ns']) / 1e3:.1f}",
+                _fmt_frac(a["overhead"]),
+            )
         common.console.print(t)
         top = {}
         for s in samples.get("C + agent (every probe)", []):
             for k, (tns, _n) in s.get("bpf_programs", {}).items():
                 top.setdefault(k, []).append(tns)
         if top:
-            common.console.print("BPF run time per step by program (C, medians): " + ", ".join(
-                f"{k} {statistics.median(v) / 1e3:.1f} µs" for k, v in sorted(top.items(), key=lambda x: -statistics.median(x[1]))[:8]))
+            common.console.print(
+                "BPF run time per step by program (C, medians): "
+                + ", ".join(
+                    f"{k} {statistics.median(v) / 1e3:.1f} µs"
+                    for k, v in sorted(top.items(), key=lambda x: -statistics.median(x[1]))[:8]
+                )
+            )
     return out
 
 
@@ -399,7 +465,7 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
                 try:
                     res = run_ranks(cfg["prefix"], cfg["module"], steps, warmup, on_warm, on_last, cfg.get("extra"))
                     if agent is not None and with_trap:
-                        trap = usdt_trap_ns()   # the agent is attached: every probe site traps
+                        trap = usdt_trap_ns()  # the agent is attached: every probe site traps
                 finally:
                     rc = agent.stop() if agent is not None else None
                 s = {k: v for k, v in res.items() if k != "steps"}
@@ -412,22 +478,33 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
                     bpf = stats_delta(win.get("b0", {}), win.get("b1", {}))
                     w = res["window_steps"]
                     usdt_runs = sum(n for k, (_t, n) in bpf.items() if k.startswith("obs_usdt_"))
-                    s.update(agent_exit=rc, agent_cpu_ns_per_step=(win["a1"] - win["a0"]) / w,
-                             events_per_rank_step=ev / rank_steps, steady_kinds=steady, events=ev,
-                             agent_cpu_s=(win["a1"] - win["a0"]) / 1e9,
-                             bpf_ns_per_step=sum(t for t, _n in bpf.values()) / w,
-                             bpf_programs={k: (t / w, n / w) for k, (t, n) in bpf.items()},
-                             usdt_hits_per_step=usdt_runs / w)
+                    s.update(
+                        agent_exit=rc,
+                        agent_cpu_ns_per_step=(win["a1"] - win["a0"]) / w,
+                        events_per_rank_step=ev / rank_steps,
+                        steady_kinds=steady,
+                        events=ev,
+                        agent_cpu_s=(win["a1"] - win["a0"]) / 1e9,
+                        bpf_ns_per_step=sum(t for t, _n in bpf.values()) / w,
+                        bpf_programs={k: (t / w, n / w) for k, (t, n) in bpf.items()},
+                        usdt_hits_per_step=usdt_runs / w,
+                    )
                 if trap is not None:
                     s["usdt_call_ns_attached"] = trap
                 elif name == "B obshub run" and with_trap:
                     s["usdt_call_ns_detached"] = usdt_trap_ns()
                 samples[name].append(s)
-                common.console.print(f"[dim]  round {rnd + 1}/{rounds} {name}: median step {s['median_ms']:.2f} ms, "
-                                     f"ranks' CPU {s['cpu_ns_per_step'] / 1e6:.2f} ms/step"
-                                     + (f", agent {s['agent_cpu_ns_per_step'] / 1e6:.3f} ms/step, "
-                                        f"{s['events_per_rank_step']:.1f} events/rank-step" if agent else "")
-                                     + "[/dim]")
+                common.console.print(
+                    f"[dim]  round {rnd + 1}/{rounds} {name}: median step {s['median_ms']:.2f} ms, "
+                    f"ranks' CPU {s['cpu_ns_per_step'] / 1e6:.2f} ms/step"
+                    + (
+                        f", agent {s['agent_cpu_ns_per_step'] / 1e6:.3f} ms/step, "
+                        f"{s['events_per_rank_step']:.1f} events/rank-step"
+                        if agent
+                        else ""
+                    )
+                    + "[/dim]"
+                )
     if stats is not None:
         stats.close()
     prof = _profiler_traces(trace_dir)
@@ -446,19 +523,48 @@ def _profiler_traces(trace_dir: Path) -> dict:
     return out
 
 
-def _report(samples: dict[str, list[dict]], probe_tables: dict, prof: dict, rounds: int, steps: int,
-            warmup: int) -> dict:
-    common.save("training_overhead", {"rounds": rounds, "steps": steps, "warmup": warmup, "samples": samples,
-                                      "probe_tables": probe_tables, "profiler": prof, "partial": True})
+def _report(
+    samples: dict[str, list[dict]], probe_tables: dict, prof: dict, rounds: int, steps: int, warmup: int
+) -> dict:
+    common.save(
+        "training_overhead",
+        {
+            "rounds": rounds,
+            "steps": steps,
+            "warmup": warmup,
+            "samples": samples,
+            "probe_tables": probe_tables,
+            "profiler": prof,
+            "partial": True,
+        },
+    )
     base = "B obshub run"
-    t = Table(title=f"2 ranks, {steps} steps per run ({warmup} warm-up left out), {rounds} interleaved rounds; "
-                    f"per run: ranks' CPU per step (schedstat, all threads) and median wall step time",
-              caption=common.describe_machine())
-    for col in ("configuration", "n", "ranks' CPU ms/step (median)", "agent CPU ms/step", "CPU vs B [95 % CI]",
-                "wall ms/step (median)", "wall vs B [95 % CI]", "events/rank-step"):
+    t = Table(
+        title=f"2 ranks, {steps} steps per run ({warmup} warm-up left out), {rounds} interleaved rounds; "
+        f"per run: ranks' CPU per step (schedstat, all threads) and median wall step time",
+        caption=common.describe_machine(),
+    )
+    for col in (
+        "configuration",
+        "n",
+        "ranks' CPU ms/step (median)",
+        "agent CPU ms/step",
+        "CPU vs B [95 % CI]",
+        "wall ms/step (median)",
+        "wall vs B [95 % CI]",
+        "events/rank-step",
+    ):
         t.add_column(col)
-    result: dict = {"rounds": rounds, "steps": steps, "warmup": warmup, "rev": common.git_rev(), "samples": samples,
-                    "probe_tables": probe_tables, "profiler": prof, "target_upper": TARGET}
+    result: dict = {
+        "rounds": rounds,
+        "steps": steps,
+        "warmup": warmup,
+        "rev": common.git_rev(),
+        "samples": samples,
+        "probe_tables": probe_tables,
+        "profiler": prof,
+        "target_upper": TARGET,
+    }
     ratios: dict[str, dict] = {}
     b_cpu = [s["cpu_ns_per_step"] for s in samples[base]]
     b_wall = [s["mean_ms"] for s in samples[base]]
@@ -470,10 +576,16 @@ def _report(samples: dict[str, list[dict]], probe_tables: dict, prof: dict, roun
         ratios[name] = {"cpu": rc, "wall": rw}
         agent = [s["agent_cpu_ns_per_step"] for s in ss if "agent_cpu_ns_per_step" in s]
         evs = [s["events_per_rank_step"] for s in ss if "events_per_rank_step" in s]
-        t.add_row(name, str(len(ss)), f"{statistics.median(s['cpu_ns_per_step'] for s in ss) / 1e6:.3f}",
-                  f"{statistics.median(agent) / 1e6:.3f}" if agent else "-", _fmt_pct(rc),
-                  f"{statistics.median(s['median_ms'] for s in ss):.2f}", _fmt_pct(rw),
-                  f"{statistics.median(evs):.1f}" if evs else "-")
+        t.add_row(
+            name,
+            str(len(ss)),
+            f"{statistics.median(s['cpu_ns_per_step'] for s in ss) / 1e6:.3f}",
+            f"{statistics.median(agent) / 1e6:.3f}" if agent else "-",
+            _fmt_pct(rc),
+            f"{statistics.median(s['median_ms'] for s in ss):.2f}",
+            _fmt_pct(rw),
+            f"{statistics.median(evs):.1f}" if evs else "-",
+        )
     common.console.print(t)
     result["ratios_vs_B"] = ratios
     if probe_tables:
@@ -491,15 +603,19 @@ def _report(samples: dict[str, list[dict]], probe_tables: dict, prof: dict, roun
                 kinds[k] = kinds.get(k, 0) + v
         rank_steps = sum(2 * s["window_steps"] for s in ss)
         per = ", ".join(f"{k} {v / rank_steps:.2f}" for k, v in sorted(kinds.items(), key=lambda x: -x[1]) if v)
-        common.console.print(f"{name[:1]}: steady state {ev / rank_steps:.1f} events per rank-step ({per}); agent "
-                             f"CPU {cpu_s * 1e6 / max(ev, 1):.1f} µs per event read, "
-                             f"{statistics.median(s['agent_cpu_ns_per_step'] for s in ss) / 1e6:.3f} ms per step")
+        common.console.print(
+            f"{name[:1]}: steady state {ev / rank_steps:.1f} events per rank-step ({per}); agent "
+            f"CPU {cpu_s * 1e6 / max(ev, 1):.1f} µs per event read, "
+            f"{statistics.median(s['agent_cpu_ns_per_step'] for s in ss) / 1e6:.3f} ms per step"
+        )
         result.setdefault("events_per_rank_step", {})[name] = ev / rank_steps
         result.setdefault("steady_kinds_per_rank_step", {})[name] = {k: v / rank_steps for k, v in kinds.items()}
     if prof:
-        common.console.print(f"torch.profiler (D): {prof['trace_files']} traces exported "
-                             f"({prof['bytes'] / 1e6:.1f} MB), {prof['profiler_steps_in_last']} ProfilerStep "
-                             f"events in the last")
+        common.console.print(
+            f"torch.profiler (D): {prof['trace_files']} traces exported "
+            f"({prof['bytes'] / 1e6:.1f} MB), {prof['profiler_steps_in_last']} ProfilerStep "
+            f"events in the last"
+        )
     accounted = _accounted(samples)
     result["accounted"] = accounted
     c = accounted.get("C + agent (every probe)")
@@ -507,27 +623,35 @@ def _report(samples: dict[str, list[dict]], probe_tables: dict, prof: dict, roun
     if c:
         ok = c["overhead"][2] <= TARGET
         rc, ru = ratios["C + agent (every probe)"], ratios.get("U + agent (USDT probes only)")
-        common.verdict("agent overhead (every probe): upper bound of the 95 % interval <= 1 %", ok,
-                       f"{_fmt_frac(c['overhead'])} of the ranks' CPU (BPF programs + USDT traps + the agent "
-                       f"process, per step); USDT probes alone {_fmt_frac(u['overhead']) if u else '-'}. "
-                       f"Direct A/B of the ranks' + agent CPU: every probe {_fmt_pct(rc['cpu'])}, USDT alone "
-                       f"{_fmt_pct(ru['cpu']) if ru else '-'}; wall time {_fmt_pct(rc['wall'])}")
+        common.verdict(
+            "agent overhead (every probe): upper bound of the 95 % interval <= 1 %",
+            ok,
+            f"{_fmt_frac(c['overhead'])} of the ranks' CPU (BPF programs + USDT traps + the agent "
+            f"process, per step); USDT probes alone {_fmt_frac(u['overhead']) if u else '-'}. "
+            f"Direct A/B of the ranks' + agent CPU: every probe {_fmt_pct(rc['cpu'])}, USDT alone "
+            f"{_fmt_pct(ru['cpu']) if ru else '-'}; wall time {_fmt_pct(rc['wall'])}",
+        )
         result["target_met"] = ok
     else:
         common.verdict("agent overhead (every probe) <= 1 %", False, "not measured (no BPF)")
         result["target_met"] = False
     d = ratios.get("D torch.profiler")
     if d:
-        common.console.print(f"torch.profiler vs B: CPU {_fmt_pct(d['cpu'])}, wall {_fmt_pct(d['wall'])}; "
-                             f"plain (A) vs B: CPU {_fmt_pct(ratios['A plain']['cpu'])}")
+        common.console.print(
+            f"torch.profiler vs B: CPU {_fmt_pct(d['cpu'])}, wall {_fmt_pct(d['wall'])}; "
+            f"plain (A) vs B: CPU {_fmt_pct(ratios['A plain']['cpu'])}"
+        )
     common.console.print(f"raw results: {common.save('training_overhead', result)}")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.training_overhead [--quick] [--rounds N] [--steps N]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.training_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.training_overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 20 steps")
     p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
     p.add_argument("--steps", type=int, default=None, help=f"steps per run (default {STEPS})")

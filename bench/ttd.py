@@ -40,8 +40,8 @@ from bench.broker import obshub_cmd, private_stack
 ROUNDS = 2
 HOSTS = 4
 KINDS = ("net-slow", "cpu", "net-loss", "mem", "hang", "exit")  # no two kinds of one layer in a row
-QUICK = (("cpu", "hang"), (1,), 30.0)     # --quick: kinds, hosts, clean seconds (one round)
-CLEAN_S = 150.0                            # clean training before the first fault of every run
+QUICK = (("cpu", "hang"), (1,), 30.0)  # --quick: kinds, hosts, clean seconds (one round)
+CLEAN_S = 150.0  # clean training before the first fault of every run
 FAULT_FOR_S, GAP_S, SETTLE_S = 10.0, 8.0, 6.0
 TARGET_MEDIAN_S, TARGET_WORST_S = 3.0, 5.0
 RUN_TIMEOUT_S = 900
@@ -90,15 +90,36 @@ def run_sequence(kinds: tuple[str, ...], host: int, clean_s: float, out: Path, l
     training; returns its report. Raises RuntimeError when it writes no report."""
     seq = ",".join(f"{k}@{host}" for k in kinds)
     duration = clean_s + len(kinds) * (FAULT_FOR_S + GAP_S + 10) + 5
-    cmd = obshub_cmd("demo", "--hosts", str(HOSTS), "--sequence", seq, "--fault-at", str(clean_s),
-                     "--fault-for", str(FAULT_FOR_S), "--gap", str(GAP_S), "--duration", str(duration),
-                     "--settle", str(SETTLE_S), "--json", str(out), "--lock-wait", "600")
+    cmd = obshub_cmd(
+        "demo",
+        "--hosts",
+        str(HOSTS),
+        "--sequence",
+        seq,
+        "--fault-at",
+        str(clean_s),
+        "--fault-for",
+        str(FAULT_FOR_S),
+        "--gap",
+        str(GAP_S),
+        "--duration",
+        str(duration),
+        "--settle",
+        str(SETTLE_S),
+        "--json",
+        str(out),
+        "--lock-wait",
+        "600",
+    )
     with log.open("w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S,
-                              env={**os.environ, "COLUMNS": "120"})
+        proc = subprocess.run(
+            cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S, env={**os.environ, "COLUMNS": "120"}
+        )
     if not out.exists():
-        raise RuntimeError(f"obshub demo --sequence {seq} exited with {proc.returncode} and wrote no report:\n"
-                           f"{log.read_text(errors='replace')[-3000:]}")
+        raise RuntimeError(
+            f"obshub demo --sequence {seq} exited with {proc.returncode} and wrote no report:\n"
+            f"{log.read_text(errors='replace')[-3000:]}"
+        )
     return json.loads(out.read_text())
 
 
@@ -116,8 +137,10 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     save the JSON. Returns the results dict."""
     rounds = 1 if quick else (rounds or ROUNDS)
     kinds, hosts, clean_s = QUICK if quick else (KINDS, tuple(range(HOSTS)), CLEAN_S)
-    common.console.rule(f"[bold]5. accuracy and time to detection[/bold]: {len(kinds)} fault kinds x "
-                        f"{len(hosts)} host(s) x {rounds} round(s), {HOSTS}-host demo cluster")
+    common.console.rule(
+        f"[bold]5. accuracy and time to detection[/bold]: {len(kinds)} fault kinds x "
+        f"{len(hosts)} host(s) x {rounds} round(s), {HOSTS}-host demo cluster"
+    )
     if os.geteuid() != 0:
         common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
         return {"skipped": "not root"}
@@ -125,8 +148,10 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     clean = {"seconds": 0.0, "alerts": []}
     runs: list[dict] = []
     t_start = time.monotonic()
-    with private_stack(common.console.print) as _settings, \
-            tempfile.TemporaryDirectory(prefix="obshub-bench-ttd-") as tmp:
+    with (
+        private_stack(common.console.print) as _settings,
+        tempfile.TemporaryDirectory(prefix="obshub-bench-ttd-") as tmp,
+    ):
         seq = tuple(k for k in kinds if k != "exit") * rounds + (("exit",) if "exit" in kinds else ())
         for r in (0,):  # one run per host holds every round (set-up costs minutes)
             for h in hosts:
@@ -139,19 +164,40 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                 eps = rep.get("episodes") or []
                 for ep in eps:
                     episodes.append({"round": r, "kind": ep["kind"], "host": ep["host"], **ep["verdict"]})
-                runs.append({"round": r, "host": h, "job": rep["scenario"]["job"], "clean_alerts": fired,
-                             "wall_s": round(time.monotonic() - t0)})
+                runs.append(
+                    {
+                        "round": r,
+                        "host": h,
+                        "job": rep["scenario"]["job"],
+                        "clean_alerts": fired,
+                        "wall_s": round(time.monotonic() - t0),
+                    }
+                )
                 common.console.print(
                     f"[dim]  node-{h:02d}: {time.monotonic() - t0:.0f} s; "
-                    + ", ".join(f"{ep['kind']} {'pass' if ep['verdict']['ok'] else 'FAIL'}"
-                                + (f" {ep['verdict']['ttd_s']:.2f} s" if ep["verdict"].get("ttd_s") is not None else "")
-                                for ep in eps)
-                    + (f"; clean: {len(fired)} alert(s)" if fired else "; clean: no alert") + "[/dim]")
-    t = Table(title=f"accuracy and time to detection, {rounds} round(s) of each kind (exit: 1) on each of "
-                    f"{len(hosts)} host(s), {HOSTS}-host cluster",
-              caption=common.describe_machine())
-    for col in ("fault", "episodes", "right host+layer", "wrong alerts", "median TTD (s)", "worst TTD (s)",
-                "passed", "failures"):
+                    + ", ".join(
+                        f"{ep['kind']} {'pass' if ep['verdict']['ok'] else 'FAIL'}"
+                        + (f" {ep['verdict']['ttd_s']:.2f} s" if ep["verdict"].get("ttd_s") is not None else "")
+                        for ep in eps
+                    )
+                    + (f"; clean: {len(fired)} alert(s)" if fired else "; clean: no alert")
+                    + "[/dim]"
+                )
+    t = Table(
+        title=f"accuracy and time to detection, {rounds} round(s) of each kind (exit: 1) on each of "
+        f"{len(hosts)} host(s), {HOSTS}-host cluster",
+        caption=common.describe_machine(),
+    )
+    for col in (
+        "fault",
+        "episodes",
+        "right host+layer",
+        "wrong alerts",
+        "median TTD (s)",
+        "worst TTD (s)",
+        "passed",
+        "failures",
+    ):
         t.add_column(col)
     per_kind = {}
     for kind in kinds:
@@ -161,46 +207,84 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         worst = max(ttds) if len(ttds) == len(rows) and ttds else None
         wrong = sum(e["wrong_count"] for e in rows)
         reasons = sorted({f"{e['host']}: {e['reason'][:80]}" for e in rows if not e["ok"]})
-        per_kind[kind] = {"episodes": len(rows), "named": len(ttds), "wrong": wrong, "ttd_s": ttds, "median_s": med,
-                          "worst_s": worst, "passed": sum(1 for e in rows if e["ok"]), "reasons": reasons}
-        t.add_row(kind, str(len(rows)), f"{len(ttds)}/{len(rows)}", str(wrong),
-                  f"{med:.2f}" if med is not None else "-",
-                  f"{worst:.2f}" if worst is not None else ("-" if not ttds else f">{max(ttds):.2f} (missed)"),
-                  f"{per_kind[kind]['passed']}/{len(rows)}", "; ".join(reasons)[:200])
+        per_kind[kind] = {
+            "episodes": len(rows),
+            "named": len(ttds),
+            "wrong": wrong,
+            "ttd_s": ttds,
+            "median_s": med,
+            "worst_s": worst,
+            "passed": sum(1 for e in rows if e["ok"]),
+            "reasons": reasons,
+        }
+        t.add_row(
+            kind,
+            str(len(rows)),
+            f"{len(ttds)}/{len(rows)}",
+            str(wrong),
+            f"{med:.2f}" if med is not None else "-",
+            f"{worst:.2f}" if worst is not None else ("-" if not ttds else f">{max(ttds):.2f} (missed)"),
+            f"{per_kind[kind]['passed']}/{len(rows)}",
+            "; ".join(reasons)[:200],
+        )
     common.console.print(t)
     per_hour = len(clean["alerts"]) / clean["seconds"] * 3600 if clean["seconds"] else 0.0
-    common.console.print(f"clean training: {clean['seconds'] / 60:.1f} min over {len(runs)} runs, "
-                         f"{len(clean['alerts'])} alert(s) ({per_hour:.1f} per hour)"
-                         + (": " + ", ".join(clean["alerts"]) if clean["alerts"] else ""))
+    common.console.print(
+        f"clean training: {clean['seconds'] / 60:.1f} min over {len(runs)} runs, "
+        f"{len(clean['alerts'])} alert(s) ({per_hour:.1f} per hour)"
+        + (": " + ", ".join(clean["alerts"]) if clean["alerts"] else "")
+    )
     all_named = all(v["named"] == v["episodes"] for v in per_kind.values())
     no_wrong = all(v["wrong"] == 0 for v in per_kind.values())
     fast = all(v["median_s"] is not None and v["median_s"] <= TARGET_MEDIAN_S for v in per_kind.values())
     worst_ok = all(v["worst_s"] is not None and v["worst_s"] <= TARGET_WORST_S for v in per_kind.values())
-    common.verdict("every fault named with the right host and layer", all_named,
-                   ", ".join(f"{k} {v['named']}/{v['episodes']}" for k, v in per_kind.items()))
+    common.verdict(
+        "every fault named with the right host and layer",
+        all_named,
+        ", ".join(f"{k} {v['named']}/{v['episodes']}" for k, v in per_kind.items()),
+    )
     common.verdict("no wrong alert", no_wrong, ", ".join(f"{k} {v['wrong']}" for k, v in per_kind.items()))
-    common.verdict("no alert on clean training", not clean["alerts"],
-                   f"{len(clean['alerts'])} in {clean['seconds'] / 60:.1f} min")
-    common.verdict(f"median time to detection <= {TARGET_MEDIAN_S:.0f} s for every kind", fast,
-                   ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} -"
-                             for k, v in per_kind.items()))
-    common.verdict(f"worst time to detection <= {TARGET_WORST_S:.0f} s for every kind", worst_ok,
-                   ", ".join(f"{k} {v['worst_s']:.2f} s" if v["worst_s"] is not None else f"{k} missed"
-                             for k, v in per_kind.items()))
-    result = {"rounds": rounds, "hosts": HOSTS, "kinds": list(kinds), "fault_for_s": FAULT_FOR_S, "gap_s": GAP_S,
-              "clean_s_per_run": clean_s, "episodes": episodes, "runs": runs, "per_kind": per_kind,
-              "clean": {**clean, "per_hour": per_hour}, "target_median_s": TARGET_MEDIAN_S,
-              "target_worst_s": TARGET_WORST_S,
-              "target_met": all_named and no_wrong and fast and worst_ok and not clean["alerts"],
-              "wall_s": round(time.monotonic() - t_start), "rev": common.git_rev()}
+    common.verdict(
+        "no alert on clean training", not clean["alerts"], f"{len(clean['alerts'])} in {clean['seconds'] / 60:.1f} min"
+    )
+    common.verdict(
+        f"median time to detection <= {TARGET_MEDIAN_S:.0f} s for every kind",
+        fast,
+        ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} -" for k, v in per_kind.items()),
+    )
+    common.verdict(
+        f"worst time to detection <= {TARGET_WORST_S:.0f} s for every kind",
+        worst_ok,
+        ", ".join(
+            f"{k} {v['worst_s']:.2f} s" if v["worst_s"] is not None else f"{k} missed" for k, v in per_kind.items()
+        ),
+    )
+    result = {
+        "rounds": rounds,
+        "hosts": HOSTS,
+        "kinds": list(kinds),
+        "fault_for_s": FAULT_FOR_S,
+        "gap_s": GAP_S,
+        "clean_s_per_run": clean_s,
+        "episodes": episodes,
+        "runs": runs,
+        "per_kind": per_kind,
+        "clean": {**clean, "per_hour": per_hour},
+        "target_median_s": TARGET_MEDIAN_S,
+        "target_worst_s": TARGET_WORST_S,
+        "target_met": all_named and no_wrong and fast and worst_ok and not clean["alerts"],
+        "wall_s": round(time.monotonic() - t_start),
+        "rev": common.git_rev(),
+    }
     common.console.print(f"raw results: {common.save('ttd', result)}")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.ttd [--rounds N] [--quick]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.ttd", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.ttd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="one run: cpu and hang on node-01 after 30 s clean")
     p.add_argument("--rounds", type=int, default=None, help=f"rounds over every host (default {ROUNDS})")
     a = p.parse_args(argv)

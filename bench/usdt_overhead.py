@@ -18,9 +18,9 @@ import time
 from bench import common
 from obshub.instrument import _usdt, usdt
 
-CALLS = 200_000          # calls per sample
-ROUNDS = 7               # samples per configuration
-STEPS = 200              # training steps per sample (--per-step)
+CALLS = 200_000  # calls per sample
+ROUNDS = 7  # samples per configuration
+STEPS = 200  # training steps per sample (--per-step)
 KEY = (1 << 48) | (3 << 32) | 7
 
 
@@ -83,14 +83,17 @@ def step_configs() -> dict:
             opt.step()
         return (time.perf_counter_ns() - t0) / STEPS / 1000
 
-    return {"training step, no instrumentation": lambda: run(False),
-            "training step, enable() (probes NOP)": lambda: run(True)}
+    return {
+        "training step, no instrumentation": lambda: run(False),
+        "training step, enable() (probes NOP)": lambda: run(True),
+    }
 
 
 def main(argv=None) -> int:
     """Run the benchmark and print the tables."""
-    p = argparse.ArgumentParser(prog="python -m bench.usdt_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.usdt_overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--attached", action="store_true", help="also measure with a bcc program attached (root)")
     p.add_argument("--per-step", action="store_true", help="also measure µs per training step (imports torch)")
     args = p.parse_args(argv)
@@ -101,18 +104,31 @@ def main(argv=None) -> int:
     if args.attached:
         bpf = attach_coll_begin()
         coll = ("0", 12, "all_reduce", 4096, 3, KEY)
-        attached = common.interleave({"C coll_begin: probe with bcc attached (uprobe trap)":
-                                      lambda: _per_call(usdt.coll_begin, *coll)}, ROUNDS, progress=False)
+        attached = common.interleave(
+            {"C coll_begin: probe with bcc attached (uprobe trap)": lambda: _per_call(usdt.coll_begin, *coll)},
+            ROUNDS,
+            progress=False,
+        )
         calls.update(attached)
         result["attached"] = {k: v.samples for k, v in attached.items()}
         bpf.cleanup()
-    common.console.print(common.table("USDT probe cost per call", calls, "ns/call",
-                                      baseline="C _baseline: parse 6 args, no probe", fmt="{:.1f}"))
+    common.console.print(
+        common.table(
+            "USDT probe cost per call", calls, "ns/call", baseline="C _baseline: parse 6 args, no probe", fmt="{:.1f}"
+        )
+    )
     if args.per_step:
         steps = common.interleave(step_configs(), ROUNDS, progress=False)
         result["per_step"] = {k: v.samples for k, v in steps.items()}
-        common.console.print(common.table("instrumentation cost per training step", steps, "µs/step",
-                                          baseline="training step, no instrumentation", fmt="{:.1f}"))
+        common.console.print(
+            common.table(
+                "instrumentation cost per training step",
+                steps,
+                "µs/step",
+                baseline="training step, no instrumentation",
+                fmt="{:.1f}",
+            )
+        )
     common.console.print(f"raw results: {common.save('usdt_overhead', result)}")
     return 0
 

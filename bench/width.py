@@ -73,15 +73,15 @@ STEPS = {8: 20, 128: 30, 512: 30, 2048: 30}
 QUICK_SIZES = (4, 16)
 QUICK_STEPS = 12
 PAUSE_S, QUICK_PAUSE_S = 60, 3
-PAUSE_SIZES = (128, 512)     # the pause runs at these sizes (when the pipeline kept up before it)
-DRAIN_MAX_S = 60             # the agents go on publishing this long after SIGCONT at most
-WARMUP = 3                   # steps left out of the steady state
-GUILTY_FROM = 10             # the straggler starts once the job has the 10 clean steps its baseline needs
-BOUND_STEPS = 3              # "keeps up": summaries and engine at most this many steps behind
-GRACE_S = 25.0               # after the last publish: time for the last summaries and alerts
+PAUSE_SIZES = (128, 512)  # the pause runs at these sizes (when the pipeline kept up before it)
+DRAIN_MAX_S = 60  # the agents go on publishing this long after SIGCONT at most
+WARMUP = 3  # steps left out of the steady state
+GUILTY_FROM = 10  # the straggler starts once the job has the 10 clean steps its baseline needs
+BOUND_STEPS = 3  # "keeps up": summaries and engine at most this many steps behind
+GRACE_S = 25.0  # after the last publish: time for the last summaries and alerts
 QUICK_GRACE_S = 10.0
-WIDE_GRACE_S = 60.0          # from 2,048 hosts: a worker that fell behind gets time to finish some steps
-RSS_CAP_MB = 4000            # a process above this ends the size (the machine is shared)
+WIDE_GRACE_S = 60.0  # from 2,048 hosts: a worker that fell behind gets time to finish some steps
+RSS_CAP_MB = 4000  # a process above this ends the size (the machine is shared)
 WORKERS = 1
 PARTITIONS = 8
 WINDOW_S = 10.0
@@ -135,11 +135,17 @@ class Proc:
             return ""
 
 
-def _start(role: str, args: list[str], log: Path, metrics_port: int = 0, stdin=subprocess.DEVNULL,
-           stdout=None) -> Proc:
+def _start(role: str, args: list[str], log: Path, metrics_port: int = 0, stdin=subprocess.DEVNULL, stdout=None) -> Proc:
     fh = open(log, "ab")
-    p = subprocess.Popen(args, stdout=stdout or fh, stderr=fh, stdin=stdin, start_new_session=True, cwd=REPO,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    p = subprocess.Popen(
+        args,
+        stdout=stdout or fh,
+        stderr=fh,
+        stdin=stdin,
+        start_new_session=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     fh.close()
     return Proc(role, p.pid, p, log, metrics_port)
 
@@ -206,9 +212,9 @@ def topic_class(topic: str, app_id: str) -> str | None:
     if topic == schema.TOPIC_DLQ:
         return "dlq"
     if topic.startswith(app_id + "-"):
-        rest = topic[len(app_id) + 1:]
+        rest = topic[len(app_id) + 1 :]
         if rest.endswith("-changelog"):
-            return f"changelog {rest[:-len('-changelog')]}"
+            return f"changelog {rest[: -len('-changelog')]}"
         if "__assignor" in rest:
             return None
         return f"repartition {rest}"
@@ -220,9 +226,11 @@ def precommit(bootstrap: str, group: str, topics: list[str]) -> None:
     consumer of that group (a worker, an engine of the next size) starts after the earlier sizes' data."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), group, {"enable.auto.commit": False}))
+    c = Consumer(
+        kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), group, {"enable.auto.commit": False})
+    )
     try:
-        for attempt in range(30):   # a broker that just started may not have elected every leader yet
+        for attempt in range(30):  # a broker that just started may not have elected every leader yet
             try:
                 offs = []
                 for t in topics:
@@ -261,8 +269,16 @@ def summarize_ms(shape: fleet.Shape, reps: int = 5) -> float:
     samples = []
     for _ in range(reps):
         t0 = time.process_time()
-        analysis.summarize(shape.job, step, accs, expected_hosts=hosts, history=hist, quality={},
-                           closed_by="complete", closed_at_ns=time.time_ns())
+        analysis.summarize(
+            shape.job,
+            step,
+            accs,
+            expected_hosts=hosts,
+            history=hist,
+            quality={},
+            closed_by="complete",
+            closed_at_ns=time.time_ns(),
+        )
         samples.append((time.process_time() - t0) * 1000)
     return statistics.median(samples)
 
@@ -294,17 +310,26 @@ class Lags:
                 for t in missing:
                     if t in md.topics:
                         self.parts[t] = sorted(md.topics[t].partitions)
-            req = {TopicPartition(t, p): OffsetSpec.latest() for t in {t for _g, t in self.pairs}
-                   for p in self.parts.get(t, [])}
+            req = {
+                TopicPartition(t, p): OffsetSpec.latest()
+                for t in {t for _g, t in self.pairs}
+                for p in self.parts.get(t, [])
+            }
             for tp, fut in self.admin.list_offsets(req, request_timeout=5).items() if req else []:
                 self.ends[(tp.topic, tp.partition)] = fut.result().offset
             groups = sorted({g for g, _t in self.pairs})
-            futs = self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g) for g in groups],
-                                                          request_timeout=5) if len(groups) == 1 else {}
-            if len(groups) > 1:   # the client takes one group per request
+            futs = (
+                self.admin.list_consumer_group_offsets(
+                    [ConsumerGroupTopicPartitions(g) for g in groups], request_timeout=5
+                )
+                if len(groups) == 1
+                else {}
+            )
+            if len(groups) > 1:  # the client takes one group per request
                 for g in groups:
-                    futs.update(self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)],
-                                                                       request_timeout=5))
+                    futs.update(
+                        self.admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)], request_timeout=5)
+                    )
             for g, fut in futs.items():
                 self.committed[g] = {(tp.topic, tp.partition): tp.offset for tp in fut.result().topic_partitions}
         except Exception:
@@ -331,10 +356,13 @@ class Reader:
         self.job = job
         from confluent_kafka import Consumer
 
-        self.c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap),
-                                                f"bench-width-{uuid.uuid4().hex[:6]}", {
-            "auto.offset.reset": "earliest", "enable.auto.commit": False,
-            "fetch.wait.max.ms": 20}))   # a record is seen within ~20 ms of reaching the broker
+        self.c = Consumer(
+            kafka.consumer_config(
+                kafka.KafkaConnection(bootstrap=bootstrap),
+                f"bench-width-{uuid.uuid4().hex[:6]}",
+                {"auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 20},
+            )
+        )  # a record is seen within ~20 ms of reaching the broker
         self.c.subscribe([schema.TOPIC_STEPS, schema.TOPIC_ALERTS])
         self.summaries: dict[int, dict] = {}
         self.alerts: list[dict] = []
@@ -354,15 +382,30 @@ class Reader:
                 if m.topic() == schema.TOPIC_STEPS and d.get("job") == self.job:
                     st = d.get("straggler") or {}
                     blame = d.get("blame") or []
-                    self.summaries.setdefault(int(d["step"]), {
-                        "closed_at_ns": int(d["closed_at_ns"]), "recv_ns": recv, "closed_by": d.get("closed_by"),
-                        "straggler": st.get("host"), "layer": blame[0]["layer"] if blame else None,
-                        "hosts": len(d.get("hosts") or []), "bytes": len(m.value())})
+                    self.summaries.setdefault(
+                        int(d["step"]),
+                        {
+                            "closed_at_ns": int(d["closed_at_ns"]),
+                            "recv_ns": recv,
+                            "closed_by": d.get("closed_by"),
+                            "straggler": st.get("host"),
+                            "layer": blame[0]["layer"] if blame else None,
+                            "hosts": len(d.get("hosts") or []),
+                            "bytes": len(m.value()),
+                        },
+                    )
                 elif m.topic() == schema.TOPIC_ALERTS and (d.get("labels") or {}).get("job") == self.job:
                     ann = d.get("annotations") or {}
-                    self.alerts.append({"rule": d.get("rule"), "status": d.get("status"),
-                                        "host": (d.get("labels") or {}).get("host"), "step": ann.get("step"),
-                                        "t_ns": recv, "kafka_ts_ns": m.timestamp()[1] * 1_000_000})
+                    self.alerts.append(
+                        {
+                            "rule": d.get("rule"),
+                            "status": d.get("status"),
+                            "host": (d.get("labels") or {}).get("host"),
+                            "step": ann.get("step"),
+                            "t_ns": recv,
+                            "kafka_ts_ns": m.timestamp()[1] * 1_000_000,
+                        }
+                    )
             except (ValueError, KeyError, TypeError):
                 self.bad += 1
 
@@ -377,10 +420,27 @@ class Agents:
     """The agents' process (bench/fleet.py): reads its JSON lines in a thread."""
 
     def __init__(self, settings, shape: fleet.Shape, log: Path):
-        args = [sys.executable, "-m", "bench.fleet", "--bootstrap", settings.bootstrap_servers,
-                "--hosts", str(shape.hosts), "--job", shape.job, "--steps", str(shape.steps), "--events-per-step",
-                str(shape.events_per_step), "--batches-per-step", str(shape.batches_per_step),
-                "--step-s", str(shape.step_s), "--guilty-from", str(shape.guilty_from)]
+        args = [
+            sys.executable,
+            "-m",
+            "bench.fleet",
+            "--bootstrap",
+            settings.bootstrap_servers,
+            "--hosts",
+            str(shape.hosts),
+            "--job",
+            shape.job,
+            "--steps",
+            str(shape.steps),
+            "--events-per-step",
+            str(shape.events_per_step),
+            "--batches-per-step",
+            str(shape.batches_per_step),
+            "--step-s",
+            str(shape.step_s),
+            "--guilty-from",
+            str(shape.guilty_from),
+        ]
         self.proc = _start("agents", args, log, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.ready: dict | None = None
         self.total = shape.steps
@@ -487,11 +547,13 @@ def _rates(a: dict, b: dict, eps: int, app_id: str) -> dict:
     """Between samples a and b: ``work`` (steps each stage finished), ``cpu_s`` (CPU seconds per
     process), ``cpu`` (ms per step of work, see ``_unit``; all of it when none finished, a lower bound),
     ``done`` (whether any finished), ``bytes`` per step per topic class and ``bytes_done``."""
-    work = {"published": b["published_steps"] - a["published_steps"],
-            "ingested": (b["ingested"] - a["ingested"]) / eps,
-            "summaries": b["summaries"] - a["summaries"],
-            "engine": b["engine_steps"] - a["engine_steps"],
-            "engine_events": (b["engine_events"] - a["engine_events"]) / eps}
+    work = {
+        "published": b["published_steps"] - a["published_steps"],
+        "ingested": (b["ingested"] - a["ingested"]) / eps,
+        "summaries": b["summaries"] - a["summaries"],
+        "engine": b["engine_steps"] - a["engine_steps"],
+        "engine_events": (b["engine_events"] - a["engine_events"]) / eps,
+    }
     cpu_s, cpu, done = {}, {}, {}
     for role in b["cpu"]:
         d = b["cpu"][role] - a["cpu"].get(role, float("nan"))
@@ -512,13 +574,25 @@ def _rates(a: dict, b: dict, eps: int, app_id: str) -> dict:
 class SizeRun:
     """One job size on the shared broker: its processes, samplers and the measurement phases."""
 
-    def __init__(self, settings, hosts: int, steps: int, *, pause_s: float, workers: int, tmp: Path, say,
-                 guilty_from: int = GUILTY_FROM, grace_s: float = GRACE_S):
+    def __init__(
+        self,
+        settings,
+        hosts: int,
+        steps: int,
+        *,
+        pause_s: float,
+        workers: int,
+        tmp: Path,
+        say,
+        guilty_from: int = GUILTY_FROM,
+        grace_s: float = GRACE_S,
+    ):
         self.settings, self.say, self.steps, self.pause_s = settings, say, steps, pause_s
         self.grace_s = grace_s
         drain = int(DRAIN_MAX_S) if pause_s > 0 else 0
-        self.shape = fleet.Shape(hosts, steps + (int(pause_s) + drain if pause_s > 0 else 0), job=f"wide-{hosts}",
-                                 guilty_from=guilty_from)
+        self.shape = fleet.Shape(
+            hosts, steps + (int(pause_s) + drain if pause_s > 0 else 0), job=f"wide-{hosts}", guilty_from=guilty_from
+        )
         self.eps = self.shape.events_per_step_total
         self.app_id = f"{APP_ID}-{hosts}"
         self.rules_prefix = f"{APP_ID}-rules-{hosts}"
@@ -546,7 +620,7 @@ class SizeRun:
                     os.killpg(p.pid, signal.SIGCONT)
         for p in self.procs:
             if p.popen is not None:
-                stop_group(p.popen, 5)   # SIGKILL after 5 s: a clean shutdown is not measured
+                stop_group(p.popen, 5)  # SIGKILL after 5 s: a clean shutdown is not measured
 
     def start(self, workers: int, tmp: Path) -> None:
         """Start the agents (encoding begins at once), the worker(s) and the engine, each consumer group
@@ -558,18 +632,50 @@ class SizeRun:
         precommit(boot, self.app_id, [schema.TOPIC_EVENTS])
         precommit(boot, self.engine_group, [schema.TOPIC_STEPS, schema.TOPIC_EVENTS])
         precommit(boot, f"{self.rules_prefix}-notify", [schema.TOPIC_ALERTS])
-        shutil.rmtree(self.settings.state_dir / "rules", ignore_errors=True)   # no earlier engine's alerts
+        shutil.rmtree(self.settings.state_dir / "rules", ignore_errors=True)  # no earlier engine's alerts
         for i in range(workers):
             port = free_port()
-            self.procs.append(_start(
-                f"worker{i + 1}" if workers > 1 else "worker",
-                obshub_cmd("streams", "worker", "--app-id", self.app_id, "--partitions", str(PARTITIONS),
-                           "--window-s", str(WINDOW_S), "--index", str(i + 1), "--metrics-port", str(port),
-                           "--log-level", "info"), tmp / f"worker{i + 1}-{hosts}.log", port))
+            self.procs.append(
+                _start(
+                    f"worker{i + 1}" if workers > 1 else "worker",
+                    obshub_cmd(
+                        "streams",
+                        "worker",
+                        "--app-id",
+                        self.app_id,
+                        "--partitions",
+                        str(PARTITIONS),
+                        "--window-s",
+                        str(WINDOW_S),
+                        "--index",
+                        str(i + 1),
+                        "--metrics-port",
+                        str(port),
+                        "--log-level",
+                        "info",
+                    ),
+                    tmp / f"worker{i + 1}-{hosts}.log",
+                    port,
+                )
+            )
         port = free_port()
-        self.procs.append(_start("engine", obshub_cmd("rules", "serve", "--group-prefix", self.rules_prefix,
-                                                      "--metrics-port", str(port), "--log-level", "INFO"),
-                                 tmp / f"engine-{hosts}.log", port))
+        self.procs.append(
+            _start(
+                "engine",
+                obshub_cmd(
+                    "rules",
+                    "serve",
+                    "--group-prefix",
+                    self.rules_prefix,
+                    "--metrics-port",
+                    str(port),
+                    "--log-level",
+                    "INFO",
+                ),
+                tmp / f"engine-{hosts}.log",
+                port,
+            )
+        )
         bpid = stack.broker_pid(self.settings)
         if bpid:
             self.procs.append(Proc("broker", bpid))
@@ -580,7 +686,7 @@ class SizeRun:
     def sample(self, s: int) -> dict:
         """One sample at the end of step ``s`` (see the module docstring)."""
         steps_pub, ev_pub = self.agents.published()
-        if not self.stopped:   # a stopped worker cannot answer: keep its last counters
+        if not self.stopped:  # a stopped worker cannot answer: keep its last counters
             wm: dict[str, float] = {}
             for p in self.workers():
                 for k, v in _metrics(p.metrics_port).items():
@@ -592,17 +698,24 @@ class SizeRun:
         due = min(self.agents.total, max(steps_pub, s + 1)) if on_time else steps_pub
         lags = self.lags
         lags.refresh()
-        return {"step_end": s, "due": due, "t": time.monotonic() - self.t0, "published_steps": steps_pub,
-                "published_events": ev_pub, "ingested": wm.get("obshub_streams_events_total", 0.0),
-                "summaries": wm.get("obshub_streams_summaries_total", 0.0),
-                "engine_steps": em.get("obshub_rules_records_total{steps}", 0.0),
-                "engine_events": em.get("obshub_rules_records_total{events}", 0.0),
-                "input_lag": lags.lag(self.app_id, schema.TOPIC_EVENTS),
-                "internal_lag": lags.lag(self.app_id, f"{self.app_id}-steps"),
-                "engine_lag_steps_topic": lags.lag(self.engine_group, schema.TOPIC_STEPS),
-                "engine_lag_events_topic": lags.lag(self.engine_group, schema.TOPIC_EVENTS),
-                "cpu": {p.role: p.cpu() for p in self.procs}, "rss": {p.role: p.rss_mb()[0] for p in self.procs},
-                "bytes": topic_bytes(self.data_dir)}
+        return {
+            "step_end": s,
+            "due": due,
+            "t": time.monotonic() - self.t0,
+            "published_steps": steps_pub,
+            "published_events": ev_pub,
+            "ingested": wm.get("obshub_streams_events_total", 0.0),
+            "summaries": wm.get("obshub_streams_summaries_total", 0.0),
+            "engine_steps": em.get("obshub_rules_records_total{steps}", 0.0),
+            "engine_events": em.get("obshub_rules_records_total{events}", 0.0),
+            "input_lag": lags.lag(self.app_id, schema.TOPIC_EVENTS),
+            "internal_lag": lags.lag(self.app_id, f"{self.app_id}-steps"),
+            "engine_lag_steps_topic": lags.lag(self.engine_group, schema.TOPIC_STEPS),
+            "engine_lag_events_topic": lags.lag(self.engine_group, schema.TOPIC_EVENTS),
+            "cpu": {p.role: p.cpu() for p in self.procs},
+            "rss": {p.role: p.rss_mb()[0] for p in self.procs},
+            "bytes": topic_bytes(self.data_dir),
+        }
 
     def check_procs(self) -> str:
         """Why the size must end now ('' when every process runs and is below the RSS cap)."""
@@ -630,10 +743,16 @@ class SizeRun:
             _wait_log(next(p for p in self.procs if p.role == "engine"), "engine: assigned", 60)
             res.summarize_ms = summarize_ms(self.shape)
             res.encode_s = self.agents.wait_ready(900)["encode_s"]
-            time.sleep(2.0 if len(self.workers()) == 1 else 4.0)   # let the group settle
-            self.lags = Lags(self.settings.bootstrap_servers,
-                             [(self.app_id, schema.TOPIC_EVENTS), (self.app_id, f"{self.app_id}-steps"),
-                              (self.engine_group, schema.TOPIC_STEPS), (self.engine_group, schema.TOPIC_EVENTS)])
+            time.sleep(2.0 if len(self.workers()) == 1 else 4.0)  # let the group settle
+            self.lags = Lags(
+                self.settings.bootstrap_servers,
+                [
+                    (self.app_id, schema.TOPIC_EVENTS),
+                    (self.app_id, f"{self.app_id}-steps"),
+                    (self.engine_group, schema.TOPIC_STEPS),
+                    (self.engine_group, schema.TOPIC_EVENTS),
+                ],
+            )
             self.reader = Reader(self.settings.bootstrap_servers, self.shape.job)
             self.measure()
         finally:
@@ -667,10 +786,16 @@ class SizeRun:
             res.samples.append(smp)
             if s == WARMUP - 1:
                 steady_a = smp
-                profs = {p.role: Profile(p.pid, "engine" if p.role == "engine" else "worker",
-                                         seconds=steps - WARMUP - 1,
-                                         out=self.tmp / f"profile-{p.role}-{shape.hosts}.txt")
-                         for p in self.procs if p.role == "engine" or p.role.startswith("worker")}
+                profs = {
+                    p.role: Profile(
+                        p.pid,
+                        "engine" if p.role == "engine" else "worker",
+                        seconds=steps - WARMUP - 1,
+                        out=self.tmp / f"profile-{p.role}-{shape.hosts}.txt",
+                    )
+                    for p in self.procs
+                    if p.role == "engine" or p.role.startswith("worker")
+                }
             bad = self.check_procs()
             if bad:
                 res.ended = bad
@@ -678,12 +803,14 @@ class SizeRun:
             s += 1
             if s >= steps:
                 if pause and s == steps:
-                    behind = [_behind(x) for x in res.samples[WARMUP + 1:]]
+                    behind = [_behind(x) for x in res.samples[WARMUP + 1 :]]
                     if behind and max(behind) <= BOUND_STEPS:
-                        break   # kept up: the load goes on and the pause phase starts now
+                        break  # kept up: the load goes on and the pause phase starts now
                     # did not keep up: no pause; the agents stop and the grace period lets the stages finish
-                    res.pause = {"skipped": f"the pipeline did not keep up before it (up to {max(behind or [0]):.0f} "
-                                            f"steps behind)"}
+                    res.pause = {
+                        "skipped": f"the pipeline did not keep up before it (up to {max(behind or [0]):.0f} "
+                        f"steps behind)"
+                    }
                     self.agents.proc.popen.send_signal(signal.SIGTERM)
                     pause = False
                 if (smp["summaries"] >= steps and smp["engine_steps"] >= steps) or time.monotonic() >= limit:
@@ -697,9 +824,11 @@ class SizeRun:
         res.work, res.cpu_s = rt["work"], rt["cpu_s"]
         res.cpu_ms_per_step, res.cpu_complete = rt["cpu"], rt["done"]
         res.bytes_per_step, res.bytes_complete = rt["bytes"], rt["bytes_done"]
-        self.say(f"[dim]  {shape.hosts:,} hosts: {len(res.samples) - 1} step ends sampled, "
-                 f"{steady_b['summaries']:.0f} summaries, engine {steady_b['engine_steps']:.0f} steps, agents "
-                 f"published {self.agents.published()[0]} steps[/dim]")
+        self.say(
+            f"[dim]  {shape.hosts:,} hosts: {len(res.samples) - 1} step ends sampled, "
+            f"{steady_b['summaries']:.0f} summaries, engine {steady_b['engine_steps']:.0f} steps, agents "
+            f"published {self.agents.published()[0]} steps[/dim]"
+        )
         if res.ended or not pause:
             return
         # phase 2: the pause (only when the measured steps kept up: otherwise the backlog never drains)
@@ -707,8 +836,7 @@ class SizeRun:
             os.killpg(p.pid, signal.SIGSTOP)
         self.stopped = True
         t_stop = time.monotonic()
-        self.say(f"[dim]  {shape.hosts:,} hosts: worker(s) stopped (SIGSTOP) for {self.pause_s:.0f} s under "
-                 f"load[/dim]")
+        self.say(f"[dim]  {shape.hosts:,} hosts: worker(s) stopped (SIGSTOP) for {self.pause_s:.0f} s under load[/dim]")
         samples = []
         while time.monotonic() < t_stop + self.pause_s:
             self.wait_step_end(s)
@@ -733,10 +861,15 @@ class SizeRun:
                 drained = time.monotonic() - t_cont
                 break
         self.agents.proc.popen.send_signal(signal.SIGTERM)
-        res.pause = {"pause_s": self.pause_s, "backlog_steps_at_resume": _behind(at_resume),
-                     "backlog_events_at_resume": at_resume["published_events"] + shape.hosts - at_resume["ingested"],
-                     "drain_s": drained, "limit_s": DRAIN_MAX_S,
-                     "max_internal_lag": max((x["internal_lag"] for x in samples), default=0), "samples": samples}
+        res.pause = {
+            "pause_s": self.pause_s,
+            "backlog_steps_at_resume": _behind(at_resume),
+            "backlog_events_at_resume": at_resume["published_events"] + shape.hosts - at_resume["ingested"],
+            "drain_s": drained,
+            "limit_s": DRAIN_MAX_S,
+            "max_internal_lag": max((x["internal_lag"] for x in samples), default=0),
+            "samples": samples,
+        }
 
 
 def _judge(res: SizeResult, shape: fleet.Shape) -> None:
@@ -752,10 +885,13 @@ def _judge(res: SizeResult, shape: fleet.Shape) -> None:
             st = int(a["step"])
         except (TypeError, ValueError):
             st = -1
-        res.alert = {"host": a["host"], "step": st, "t_ns": a["t_ns"],
-                     "after_last_event_s": (a["t_ns"] - pub[st]) / 1e9 if st in pub else None,
-                     "after_first_guilty_s": (a["t_ns"] - pub[shape.guilty_from]) / 1e9
-                     if shape.guilty_from in pub else None}
+        res.alert = {
+            "host": a["host"],
+            "step": st,
+            "t_ns": a["t_ns"],
+            "after_last_event_s": (a["t_ns"] - pub[st]) / 1e9 if st in pub else None,
+            "after_first_guilty_s": (a["t_ns"] - pub[shape.guilty_from]) / 1e9 if shape.guilty_from in pub else None,
+        }
     steady = [x for x in res.samples[1:] if WARMUP <= x["step_end"] < res.steps]
     behind = [_behind(x) for x in steady]
     eng_behind = [x["summaries"] - x["engine_steps"] for x in steady]
@@ -764,7 +900,7 @@ def _judge(res: SizeResult, shape: fleet.Shape) -> None:
         why.append(res.ended)
     if len(pub) < res.steps:
         why.append(f"agents published {len(pub)} of {res.steps} steps")
-    late = max((d["late_s"] for d in res.publish[:res.steps]), default=0.0)
+    late = max((d["late_s"] for d in res.publish[: res.steps]), default=0.0)
     if late > 0.5:
         why.append(f"agents up to {late:.1f} s behind schedule (the machine was saturated)")
     if behind and max(behind) > BOUND_STEPS:
@@ -774,8 +910,11 @@ def _judge(res: SizeResult, shape: fleet.Shape) -> None:
     n_sum = sum(1 for s in range(res.steps) if s in res.summaries)
     if n_sum < res.steps:
         why.append(f"{n_sum} of {res.steps} steps summarised")
-    named = sum(1 for s in range(shape.guilty_from, res.steps)
-                if res.summaries.get(s, {}).get("straggler") == shape.straggler_host)
+    named = sum(
+        1
+        for s in range(shape.guilty_from, res.steps)
+        if res.summaries.get(s, {}).get("straggler") == shape.straggler_host
+    )
     if named < n_sum - shape.guilty_from - 1:
         why.append(f"straggler named in {named} summaries only")
     if res.alert is None or res.alert["host"] != shape.straggler_host:
@@ -820,25 +959,34 @@ def print_size(r: SizeResult, say) -> None:
     eng = " ".join(f"{max(0.0, x['summaries'] - x['engine_steps']):.0f}" for x in steady)
     inp = max((x["input_lag"] for x in steady), default=-1)
     internal = max((x["internal_lag"] for x in steady), default=-1)
-    late = max((d["late_s"] for d in r.publish[:r.steps]), default=0.0)
-    say(f"[bold]{r.hosts:,} hosts[/bold] ({r.events_per_step:,} events/s in {r.hosts * 5:,} batches/s; "
-        f"{r.steps} steps; batches encoded up front in {r.encode_s:.1f} s; agents at most {late:.2f} s late)")
+    late = max((d["late_s"] for d in r.publish[: r.steps]), default=0.0)
+    say(
+        f"[bold]{r.hosts:,} hosts[/bold] ({r.events_per_step:,} events/s in {r.hosts * 5:,} batches/s; "
+        f"{r.steps} steps; batches encoded up front in {r.encode_s:.1f} s; agents at most {late:.2f} s late)"
+    )
     say(f"  summaries behind at each step's end (steps): {behind or '-'}")
     say(f"  engine behind the summaries (steps):         {eng or '-'}")
     say(f"  max lag at a step's end: input {inp:,} messages, repartition topic {internal:,} messages")
     if r.to_summary_s:
         q = sorted(r.to_summary_s)
         c = sorted(r.to_close_s)
-        say(f"  last event -> summary on the steps topic: median {statistics.median(q):.2f} s, max {q[-1]:.2f} s "
-            f"({len(q)} of {r.steps} steps; closed by the worker after median {statistics.median(c):.2f} s)")
-    named = sum(1 for s, v in r.summaries.items() if shape.guilty_from <= s < r.steps
-                and v["straggler"] == shape.straggler_host and v["layer"] == "sched")
+        say(
+            f"  last event -> summary on the steps topic: median {statistics.median(q):.2f} s, max {q[-1]:.2f} s "
+            f"({len(q)} of {r.steps} steps; closed by the worker after median {statistics.median(c):.2f} s)"
+        )
+    named = sum(
+        1
+        for s, v in r.summaries.items()
+        if shape.guilty_from <= s < r.steps and v["straggler"] == shape.straggler_host and v["layer"] == "sched"
+    )
     if r.alert:
         a = r.alert
         extra = f"{a['after_last_event_s']:.2f} s after its last event" if a["after_last_event_s"] is not None else ""
-        say(f"  straggler {shape.straggler_host} named (sched) in {named} summaries; alert {ALERT_RULE} "
+        say(
+            f"  straggler {shape.straggler_host} named (sched) in {named} summaries; alert {ALERT_RULE} "
             f"{a['host']} fired at step {a['step']}, {extra}"
-            + (f", {a['after_first_guilty_s']:.1f} s after the first slow step" if a["after_first_guilty_s"] else ""))
+            + (f", {a['after_first_guilty_s']:.1f} s after the first slow step" if a["after_first_guilty_s"] else "")
+        )
     else:
         say(f"  straggler {shape.straggler_host} named (sched) in {named} summaries; [red]no {ALERT_RULE} alert[/red]")
     if r.pause:
@@ -846,11 +994,16 @@ def print_size(r: SizeResult, say) -> None:
         if "skipped" in p:
             say(f"  pause: not run: {p['skipped']}")
         else:
-            d = f"drained in {p['drain_s']:.1f} s" if p["drain_s"] is not None else \
-                f"[red]not drained within {p['limit_s']} s[/red]"
-            say(f"  pause: worker(s) stopped {p['pause_s']:.0f} s under load; backlog at resume "
+            d = (
+                f"drained in {p['drain_s']:.1f} s"
+                if p["drain_s"] is not None
+                else f"[red]not drained within {p['limit_s']} s[/red]"
+            )
+            say(
+                f"  pause: worker(s) stopped {p['pause_s']:.0f} s under load; backlog at resume "
                 f"{p['backlog_steps_at_resume']:.0f} steps ({p['backlog_events_at_resume']:,.0f} events); {d} "
-                f"(max repartition lag {p['max_internal_lag']:,} messages)")
+                f"(max repartition lag {p['max_internal_lag']:,} messages)"
+            )
     verdict = "[green]kept up[/green]" if r.kept_up else f"[red]did not keep up[/red]: {'; '.join(r.why_not)}"
     say(f"  {verdict}")
 
@@ -888,9 +1041,12 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
     roles = ["summarize"]
     for r in results:
         roles += [k for k in r.cpu_ms_per_step if k not in roles]
-    t = Table(title="CPU per step of each stage, steady state (x = ratio to summarize of the same step; "
-                    "> = a lower bound: the stage finished no step); k = growth exponent, cost ~ hosts^k "
-                    f"(least squares over {fit_txt} hosts)", caption=common.describe_machine())
+    t = Table(
+        title="CPU per step of each stage, steady state (x = ratio to summarize of the same step; "
+        "> = a lower bound: the stage finished no step); k = growth exponent, cost ~ hosts^k "
+        f"(least squares over {fit_txt} hosts)",
+        caption=common.describe_machine(),
+    )
     t.add_column("stage")
     for r in results:
         t.add_column(f"{r.hosts:,} hosts", justify="right")
@@ -906,8 +1062,11 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
             ok = r.cpu_complete.get(role, True)
             ratio = f" x{v / r.summarize_ms:,.0f}" if r.summarize_ms > 0 and v == v else ""
             cells.append(_fmt_ms(v, ok) + ratio)
-        pts = [(r.hosts, r.summarize_ms if role == "summarize" else r.cpu_ms_per_step.get(role, float("nan")))
-               for r in fit if role == "summarize" or r.cpu_complete.get(role, False)]
+        pts = [
+            (r.hosts, r.summarize_ms if role == "summarize" else r.cpu_ms_per_step.get(role, float("nan")))
+            for r in fit
+            if role == "summarize" or r.cpu_complete.get(role, False)
+        ]
         k = exponent([p[0] for p in pts], [p[1] for p in pts])
         growth[role] = k
         t.add_row(role, *cells, "-" if k != k else f"{k:.2f}")
@@ -917,8 +1076,10 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         for role, prof in r.profile.items():
             stage_rows += [(role, st) for st in prof["shares"] if (role, st) not in stage_rows]
     if stage_rows:
-        t = Table(title="where the CPU of a step goes inside each process (py-spy samples x the process's CPU per "
-                        "step; ms and share); k = growth exponent")
+        t = Table(
+            title="where the CPU of a step goes inside each process (py-spy samples x the process's CPU per "
+            "step; ms and share); k = growth exponent"
+        )
         t.add_column("process: stage")
         for r in results:
             t.add_column(f"{r.hosts:,} hosts", justify="right")
@@ -952,9 +1113,14 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         ok = [r for r in fit if r.bytes_complete.get(c, True)]
         k = exponent([r.hosts for r in ok], [r.bytes_per_step.get(c, float("nan")) for r in ok])
         bytes_growth[c] = k
-        t.add_row(c, *[("" if r.bytes_complete.get(c, True) else "> ")
-                       + _fmt_bytes(r.bytes_per_step.get(c, float("nan"))) for r in results],
-                  "-" if k != k else f"{k:.2f}")
+        t.add_row(
+            c,
+            *[
+                ("" if r.bytes_complete.get(c, True) else "> ") + _fmt_bytes(r.bytes_per_step.get(c, float("nan")))
+                for r in results
+            ],
+            "-" if k != k else f"{k:.2f}",
+        )
     say(t)
     rss_roles = []
     for r in results:
@@ -976,9 +1142,12 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
 
     keep = next((r for r in results if r.hosts == TARGET_KEEPUP_HOSTS), None)
     if keep is not None:
-        verdict("keep_up_512", f"a {TARGET_KEEPUP_HOSTS}-host job at 1 s steps keeps up end to end", keep.kept_up,
-                       "bounded lag, every step summarised, straggler alerted" if keep.kept_up
-                       else "; ".join(keep.why_not))
+        verdict(
+            "keep_up_512",
+            f"a {TARGET_KEEPUP_HOSTS}-host job at 1 s steps keeps up end to end",
+            keep.kept_up,
+            "bounded lag, every step summarised, straggler alerted" if keep.kept_up else "; ".join(keep.why_not),
+        )
     big = next((r for r in results if r.hosts == TARGET_CPU_HOSTS), None)
     if big is not None:
         wk = [k for k in big.cpu_ms_per_step if k.startswith("worker")]
@@ -987,47 +1156,79 @@ def report(results: list[SizeResult], say=common.console.print) -> dict:
         folds = [stage_ms(big, k, ("fold", "close")) for k in wk]
         if folds and all(f is not None for f in folds):
             fold, fdone = sum(f[0] for f in folds), all(f[1] for f in folds)
-            what = (f"fold + close {_fmt_ms(fold, fdone)} per step summarised (sampled share of the worker's CPU; "
-                    f"the whole worker {_fmt_ms(whole, wdone)} per step ingested)")
+            what = (
+                f"fold + close {_fmt_ms(fold, fdone)} per step summarised (sampled share of the worker's CPU; "
+                f"the whole worker {_fmt_ms(whole, wdone)} per step ingested)"
+            )
         else:
             fold, fdone = whole, wdone and big.work.get("summaries", 0) > 0
-            what = (f"stream worker {_fmt_ms(whole, wdone)} per step (whole process: ingest + fold + close; no "
-                    f"profile to split it)")
-        verdict("fold_2048", f"at {TARGET_CPU_HOSTS:,} hosts the fold costs <= {TARGET_FOLD_MS:.0f} ms CPU per step",
-                fdone and fold <= TARGET_FOLD_MS, f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}")
+            what = (
+                f"stream worker {_fmt_ms(whole, wdone)} per step (whole process: ingest + fold + close; no "
+                f"profile to split it)"
+            )
+        verdict(
+            "fold_2048",
+            f"at {TARGET_CPU_HOSTS:,} hosts the fold costs <= {TARGET_FOLD_MS:.0f} ms CPU per step",
+            fdone and fold <= TARGET_FOLD_MS,
+            f"{what}; summarize alone {_fmt_ms(big.summarize_ms)}",
+        )
         e = big.cpu_ms_per_step.get("engine", float("nan"))
         edone = big.cpu_complete.get("engine", False)
         ev = stage_ms(big, "engine", ("rules",))
         if ev is not None:
             rules_ms, edone = ev
-            what = (f"rule evaluation {_fmt_ms(rules_ms, edone)} per step summary evaluated (sampled share of the "
-                    f"engine's CPU; the whole engine, which also decodes every event, "
-                    f"{_fmt_ms(e, big.cpu_complete.get('engine', False))} per step of events)")
+            what = (
+                f"rule evaluation {_fmt_ms(rules_ms, edone)} per step summary evaluated (sampled share of the "
+                f"engine's CPU; the whole engine, which also decodes every event, "
+                f"{_fmt_ms(e, big.cpu_complete.get('engine', False))} per step of events)"
+            )
         else:
             edone = edone and big.work.get("engine", 0) > 0
             rules_ms, what = e, f"rule engine process {_fmt_ms(e, edone)} per step (no profile to split it)"
-        verdict("rules_2048", f"at {TARGET_CPU_HOSTS:,} hosts the rule pack costs <= {TARGET_RULES_MS:.0f} ms CPU per "
-                              f"step", edone and rules_ms <= TARGET_RULES_MS, what)
+        verdict(
+            "rules_2048",
+            f"at {TARGET_CPU_HOSTS:,} hosts the rule pack costs <= {TARGET_RULES_MS:.0f} ms CPU per step",
+            edone and rules_ms <= TARGET_RULES_MS,
+            what,
+        )
         own = {k: v for k, v in big.rss_peak_mb.items() if k not in ("broker", "agents")}
         worst = max(own.items(), key=lambda kv: kv[1] if kv[1] == kv[1] else -1, default=("-", float("nan")))
-        verdict("rss_2048", f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
-                bool(own) and all(v <= TARGET_RSS_MB for v in own.values()),
-                ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
-                       + f" (peak: {worst[0]}; broker JVM {big.rss_peak_mb.get('broker', float('nan')):,.0f} MB)")
-    return {"verdicts": verdicts, "target_rows": rows, "growth": growth, "bytes_growth": bytes_growth,
-            "projection": proj}
+        verdict(
+            "rss_2048",
+            f"at {TARGET_CPU_HOSTS:,} hosts RSS of each obshub process <= {TARGET_RSS_MB:.0f} MB",
+            bool(own) and all(v <= TARGET_RSS_MB for v in own.values()),
+            ", ".join(f"{k} {v:,.0f} MB" for k, v in own.items())
+            + f" (peak: {worst[0]}; broker JVM {big.rss_peak_mb.get('broker', float('nan')):,.0f} MB)",
+        )
+    return {
+        "verdicts": verdicts,
+        "target_rows": rows,
+        "growth": growth,
+        "bytes_growth": bytes_growth,
+        "projection": proj,
+    }
 
 
-BUSY = 0.7    # a process is planned at 70 % of a core, the rest is headroom for bursts and rebalances
+BUSY = 0.7  # a process is planned at 70 % of a core, the rest is headroom for bursts and rebalances
 
 
 def projection(results: list[SizeResult], say=common.console.print) -> list[dict]:
     """Cores and Kafka bandwidth one job needs at 1 s steps, from the CPU and bytes per step measured at
     each size (a stage that finished no step gives a lower bound, marked ">"). Returns the rows."""
-    t = Table(title=f"what one job needs at 1 s steps, from this run (cores of this machine; processes = "
-                    f"ceil(cores / {BUSY}))")
-    for col in ("GPUs (hosts x 8)", "events/s", "stream worker cores", "rule engine cores", "broker cores",
-                "Kafka writes MB/s", "worker processes", "RSS per worker / engine MB"):
+    t = Table(
+        title=f"what one job needs at 1 s steps, from this run (cores of this machine; processes = "
+        f"ceil(cores / {BUSY}))"
+    )
+    for col in (
+        "GPUs (hosts x 8)",
+        "events/s",
+        "stream worker cores",
+        "rule engine cores",
+        "broker cores",
+        "Kafka writes MB/s",
+        "worker processes",
+        "RSS per worker / engine MB",
+    ):
         t.add_column(col, justify="right")
     rows = []
     for r in results:
@@ -1041,28 +1242,51 @@ def projection(results: list[SizeResult], say=common.console.print) -> list[dict
         b = r.cpu_ms_per_step.get("broker", float("nan")) / 1000 / step_s
         mb = sum(v for v in r.bytes_per_step.values() if v == v) / 1e6 / step_s
         mdone = all(r.bytes_complete.values()) if r.bytes_complete else False
-        row = {"hosts": r.hosts, "gpus": r.hosts * 8, "events_per_s": r.events_per_step / step_s,
-               "worker_cores": w, "engine_cores": e, "broker_cores": b, "kafka_mb_s": mb,
-               "workers": math.ceil(w / BUSY) if w == w else None, "lower_bound": not (wdone and mdone)}
+        row = {
+            "hosts": r.hosts,
+            "gpus": r.hosts * 8,
+            "events_per_s": r.events_per_step / step_s,
+            "worker_cores": w,
+            "engine_cores": e,
+            "broker_cores": b,
+            "kafka_mb_s": mb,
+            "workers": math.ceil(w / BUSY) if w == w else None,
+            "lower_bound": not (wdone and mdone),
+        }
         rows.append(row)
         gt = lambda ok: "" if ok else "> "  # noqa: E731
-        t.add_row(f"{r.hosts * 8:,} ({r.hosts:,})", f"{row['events_per_s']:,.0f}", f"{gt(wdone)}{w:.2f}",
-                  f"{gt(r.cpu_complete.get('engine', False))}{e:.2f}", f"{b:.2f}", f"{gt(mdone)}{mb:,.2f}",
-                  f"{gt(wdone)}{row['workers']}",
-                  f"{r.rss_peak_mb.get(wk[0], float('nan')):,.0f} / {r.rss_peak_mb.get('engine', float('nan')):,.0f}")
+        t.add_row(
+            f"{r.hosts * 8:,} ({r.hosts:,})",
+            f"{row['events_per_s']:,.0f}",
+            f"{gt(wdone)}{w:.2f}",
+            f"{gt(r.cpu_complete.get('engine', False))}{e:.2f}",
+            f"{b:.2f}",
+            f"{gt(mdone)}{mb:,.2f}",
+            f"{gt(wdone)}{row['workers']}",
+            f"{r.rss_peak_mb.get(wk[0], float('nan')):,.0f} / {r.rss_peak_mb.get('engine', float('nan')):,.0f}",
+        )
     say(t)
     return rows
 
 
-def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] | None = None,
-        steps: int | None = None, pause_s: float | None = None, workers: int = WORKERS) -> dict:
+def run(
+    quick: bool = False,
+    rounds: int | None = None,
+    sizes: tuple[int, ...] | None = None,
+    steps: int | None = None,
+    pause_s: float | None = None,
+    workers: int = WORKERS,
+) -> dict:
     """Run every size, print the blocks, tables and verdicts, save the JSON. ``rounds`` is unused (one
     pass: each size takes minutes). Returns the results dict."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     pause_s = (QUICK_PAUSE_S if quick else PAUSE_S) if pause_s is None else pause_s
     say = common.console.print
-    common.console.rule("[bold]7. width[/bold]: one job of "
-                        + ", ".join(f"{h:,}" for h in sizes) + " hosts through broker, worker, rule engine")
+    common.console.rule(
+        "[bold]7. width[/bold]: one job of "
+        + ", ".join(f"{h:,}" for h in sizes)
+        + " hosts through broker, worker, rule engine"
+    )
     results: list[SizeResult] = []
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-width-"))
     t_all = time.monotonic()
@@ -1072,9 +1296,17 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
             p = pause_s if hosts in ((sizes[0],) if quick else PAUSE_SIZES) else 0
             say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
             try:
-                r = SizeRun(settings, hosts, n, pause_s=p, workers=workers, tmp=tmp, say=say,
-                            guilty_from=GUILTY_FROM,
-                            grace_s=QUICK_GRACE_S if quick else WIDE_GRACE_S if hosts >= 2048 else GRACE_S).run()
+                r = SizeRun(
+                    settings,
+                    hosts,
+                    n,
+                    pause_s=p,
+                    workers=workers,
+                    tmp=tmp,
+                    say=say,
+                    guilty_from=GUILTY_FROM,
+                    grace_s=QUICK_GRACE_S if quick else WIDE_GRACE_S if hosts >= 2048 else GRACE_S,
+                ).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
                 r = SizeResult(hosts, n, hosts * 64, ended=f"could not run: {str(exc)[:300]}")
@@ -1083,16 +1315,23 @@ def run(quick: bool = False, rounds: int | None = None, sizes: tuple[int, ...] |
             print_size(r, say)
     out = report(results, say)
     say(f"width: {time.monotonic() - t_all:.0f} s in all; process logs in {tmp}")
-    data = {"sizes": [{k: v for k, v in r.__dict__.items()} for r in results], **out, "rev": common.git_rev(),
-            "workers": workers, "partitions": PARTITIONS, "window_s": WINDOW_S}
+    data = {
+        "sizes": [{k: v for k, v in r.__dict__.items()} for r in results],
+        **out,
+        "rev": common.git_rev(),
+        "workers": workers,
+        "partitions": PARTITIONS,
+        "window_s": WINDOW_S,
+    }
     say(f"raw results: {common.save('width', data)}")
     return data
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.width [--quick] [--sizes 8,128] [--steps N] [--pause-s S]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.width", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.width", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 4 and 16 hosts, 12 steps, a 3 s pause at 4 hosts")
     p.add_argument("--sizes", default=None, help="comma-separated host counts (default 8,128,512,2048)")
     p.add_argument("--steps", type=int, default=None, help="steps per size (default: per size, 20-30)")

@@ -27,18 +27,31 @@ from bench.broker import cpu_seconds, free_port, private_stack
 from bench.stream_throughput import worker_counters
 
 # innermost frame first: (category, fragment of the frame's file)
-OWN = (("decode (streams.wire, msgspec)", "streams/wire"), ("decode (reference schema)", "core/schema"),
-       ("reduce + merge (streams.accumulate)", "streams/accumulate"), ("summarize (streams.analysis)", "streams/analysis"),
-       ("JSON of the summary", "json/"), ("Faust table writes (changelog records)", "faust/tables"),
-       ("Prometheus metrics", "prometheus_client"), ("fold + ingest logic (streams.fold, streams.ingest)", "streams/fold"),
-       ("fold + ingest logic (streams.fold, streams.ingest)", "streams/ingest"))
+OWN = (
+    ("decode (streams.wire, msgspec)", "streams/wire"),
+    ("decode (reference schema)", "core/schema"),
+    ("reduce + merge (streams.accumulate)", "streams/accumulate"),
+    ("summarize (streams.analysis)", "streams/analysis"),
+    ("JSON of the summary", "json/"),
+    ("Faust table writes (changelog records)", "faust/tables"),
+    ("Prometheus metrics", "prometheus_client"),
+    ("fold + ingest logic (streams.fold, streams.ingest)", "streams/fold"),
+    ("fold + ingest logic (streams.fold, streams.ingest)", "streams/ingest"),
+)
 # anywhere on the stack, in this order
-MACHINERY = (("Faust commit", ("commit",)),
-             ("produce path (Faust topics/producer, aiokafka producer)", ("aiokafka/producer", "faust/transport/producer",
-                                                                          "faust/topics", "faust/channels")),
-             ("consume path (Faust consumer/streams, aiokafka consumer)", ("aiokafka/consumer", "faust/transport/consumer",
-                                                                           "faust/streams", "conductor")),
-             ("aiokafka connection and protocol", ("aiokafka",)), ("asyncio event loop", ("asyncio",)))
+MACHINERY = (
+    ("Faust commit", ("commit",)),
+    (
+        "produce path (Faust topics/producer, aiokafka producer)",
+        ("aiokafka/producer", "faust/transport/producer", "faust/topics", "faust/channels"),
+    ),
+    (
+        "consume path (Faust consumer/streams, aiokafka consumer)",
+        ("aiokafka/consumer", "faust/transport/consumer", "faust/streams", "conductor"),
+    ),
+    ("aiokafka connection and protocol", ("aiokafka",)),
+    ("asyncio event loop", ("asyncio",)),
+)
 
 
 def category(frames: list[str]) -> str:
@@ -88,8 +101,11 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
             w.wait_ready(120)
             time.sleep(1.0)
             spy_out = tmp / "spy.txt"
-            spy = subprocess.Popen([exe, "record", "-p", str(w.proc.pid), "-r", "200", "--nonblocking", "-f", "raw",
-                                    "-o", str(spy_out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [exe, "record", "-p", str(w.proc.pid), "-r", "200", "--nonblocking", "-f", "raw", "-o", str(spy_out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             cpu0, t0 = cpu_seconds(w.proc.pid), time.monotonic()
             testkit.publish(settings, topics.events, load.messages)
             c = worker_counters([port])
@@ -105,26 +121,38 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     total = sum(samples.values()) or 1
     from rich.table import Table
 
-    t = Table(title=f"one worker, {load.events:,} events ({hosts} hosts x {steps} steps); py-spy samples by category",
-              caption=common.describe_machine())
+    t = Table(
+        title=f"one worker, {load.events:,} events ({hosts} hosts x {steps} steps); py-spy samples by category",
+        caption=common.describe_machine(),
+    )
     for col in ("category", "samples", "share"):
         t.add_column(col, justify="right" if col != "category" else "left")
     for name, n in sorted(samples.items(), key=lambda kv: -kv[1]):
         t.add_row(name, f"{n:,}", f"{100 * n / total:.1f} %")
     common.console.print(t)
     rate = c["events"] / cpu if cpu > 0 else float("nan")
-    common.console.print(f"events per CPU-second of the worker: {rate:,.0f} ({c['events']:,.0f} events, {cpu:.2f} CPU s, "
-                         f"{c['summaries']:.0f} of {load.steps} summaries)")
-    result = {"hosts": hosts, "steps": steps, "events": c["events"], "cpu_s": cpu, "events_per_cpu_s": rate,
-              "samples": samples, "rev": common.git_rev()}
+    common.console.print(
+        f"events per CPU-second of the worker: {rate:,.0f} ({c['events']:,.0f} events, {cpu:.2f} CPU s, "
+        f"{c['summaries']:.0f} of {load.steps} summaries)"
+    )
+    result = {
+        "hosts": hosts,
+        "steps": steps,
+        "events": c["events"],
+        "cpu_s": cpu,
+        "events_per_cpu_s": rate,
+        "samples": samples,
+        "rev": common.git_rev(),
+    }
     common.console.print(f"raw results: {common.save('worker_profile', result)}")
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.worker_profile [--quick]``."""
-    p = argparse.ArgumentParser(prog="python -m bench.worker_profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.worker_profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="4 hosts x 60 steps")
     a = p.parse_args(argv)
     run(a.quick)

@@ -27,8 +27,15 @@ Examples:
 """
 
 
-def latest_alerts(values, *, job: str | None = None, host: str | None = None, rule: str | None = None,
-                  firing_only: bool = False, skipped: list[str] | None = None) -> list[dict]:
+def latest_alerts(
+    values,
+    *,
+    job: str | None = None,
+    host: str | None = None,
+    rule: str | None = None,
+    firing_only: bool = False,
+    skipped: list[str] | None = None,
+) -> list[dict]:
     """The latest firing/resolved change of each alert among ``values`` (JSON change records as bytes,
     or confluent_kafka Messages), filtered by the ``job``/``host`` labels and the ``rule``; sorted firing
     first, then newest first. Records that are not change records (``rules.intake.decode_change``) are
@@ -48,8 +55,11 @@ def latest_alerts(values, *, job: str | None = None, host: str | None = None, ru
         if rec["status"] not in ("firing", "resolved"):
             continue
         labels = rec.get("labels") or {}
-        if (job and labels.get("job") != job) or (host and labels.get("host") != host) \
-                or (rule and rec.get("rule") != rule):
+        if (
+            (job and labels.get("job") != job)
+            or (host and labels.get("host") != host)
+            or (rule and rec.get("rule") != rule)
+        ):
             continue
         fp = rec.get("fingerprint", "")
         if fp not in latest or int(rec.get("updated_at_ns", 0)) >= int(latest[fp].get("updated_at_ns", 0)):
@@ -86,8 +96,14 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
                 raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
     settings = load_settings(bootstrap=bootstrap)
     skipped: list[str] = []
-    rows = latest_alerts(snapshot(settings.bootstrap_servers, schema.TOPIC_ALERTS, timeout_s, **bounds),
-                         job=job, host=host, rule=rule, firing_only=firing_only, skipped=skipped)
+    rows = latest_alerts(
+        snapshot(settings.bootstrap_servers, schema.TOPIC_ALERTS, timeout_s, **bounds),
+        job=job,
+        host=host,
+        rule=rule,
+        firing_only=firing_only,
+        skipped=skipped,
+    )
     for text in skipped[:20]:
         click.echo(f"skipped unreadable alert change at {text}", err=True)
     if len(skipped) > 20:
@@ -96,18 +112,38 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo(f"no {'firing ' if firing_only else ''}alerts since {since}"
-                   + (f" for job {job}" if job else "") + (f" on host {host}" if host else ""))
+        click.echo(
+            f"no {'firing ' if firing_only else ''}alerts since {since}"
+            + (f" for job {job}" if job else "")
+            + (f" on host {host}" if host else "")
+        )
         return
     now = time.time_ns()
-    t = Table("status", "since", "rule", "job", "host", "layer", "severity", "summary",
-              title=f"alerts since {since} ({sum(r['status'] == 'firing' for r in rows)} firing)")
+    t = Table(
+        "status",
+        "since",
+        "rule",
+        "job",
+        "host",
+        "layer",
+        "severity",
+        "summary",
+        title=f"alerts since {since} ({sum(r['status'] == 'firing' for r in rows)} firing)",
+    )
     for r in rows:
         lab = r.get("labels") or {}
         at = r.get("ends_at_ns") if r["status"] == "resolved" else r.get("starts_at_ns")
         ago = f"{(now - int(at)) / 60e9:.0f} min ago" if at else ""
-        text = [Text(str(x)) for x in (r.get("rule", ""), lab.get("job", ""), lab.get("host", ""),  # never markup
-                                       lab.get("layer", ""), r.get("severity", ""),
-                                       (r.get("annotations") or {}).get("summary", ""))]
+        text = [
+            Text(str(x))
+            for x in (
+                r.get("rule", ""),
+                lab.get("job", ""),
+                lab.get("host", ""),  # never markup
+                lab.get("layer", ""),
+                r.get("severity", ""),
+                (r.get("annotations") or {}).get("summary", ""),
+            )
+        ]
         t.add_row("[red]firing[/red]" if r["status"] == "firing" else "[green]resolved[/green]", ago, *text)
     Console(highlight=False, width=200).print(t)

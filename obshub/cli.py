@@ -13,8 +13,10 @@ try:
     from rich.markup import escape
     from rich.table import Table
 except ModuleNotFoundError as _exc:  # an install with only the instrumentation (no extra)
-    sys.exit(f"obshub: the command line needs the Python package {_exc.name!r}, which this install lacks: "
-             "pip install 'obshub[all]' (or the extra of one role: obshub[agent], obshub[streams], obshub[rules])")
+    sys.exit(
+        f"obshub: the command line needs the Python package {_exc.name!r}, which this install lacks: "
+        "pip install 'obshub[all]' (or the extra of one role: obshub[agent], obshub[streams], obshub[rules])"
+    )
 
 from obshub import __version__, stack
 from obshub.core.errors import ObshubError
@@ -55,10 +57,19 @@ class LazyGroup(click.Group):
             except ModuleNotFoundError as exc:
                 if exc.name and exc.name.split(".")[0] in ("obshub", "producer", "streams", "rules"):
                     raise
-                role = {"agent": "agent", "probes": "agent", "streams": "streams", "tail": "streams",
-                        "rules": "rules", "silence": "rules", "alerts": "rules"}.get(name, "all")
-                raise click.UsageError(f"`obshub {name}` needs the Python package {exc.name!r}, which this install "
-                                       f"lacks: pip install 'obshub[{role}]'") from None
+                role = {
+                    "agent": "agent",
+                    "probes": "agent",
+                    "streams": "streams",
+                    "tail": "streams",
+                    "rules": "rules",
+                    "silence": "rules",
+                    "alerts": "rules",
+                }.get(name, "all")
+                raise click.UsageError(
+                    f"`obshub {name}` needs the Python package {exc.name!r}, which this install "
+                    f"lacks: pip install 'obshub[{role}]'"
+                ) from None
         return super().get_command(ctx, name)
 
 
@@ -87,13 +98,20 @@ def _say(msg: str) -> None:
     err_console.print(f"[dim]obshub:[/dim] {msg}")
 
 
-@cli.command(epilog="""\b
+@cli.command(
+    epilog="""\b
 Examples:
   obshub up                          # broker on 127.0.0.1:19092, state in $OBSHUB_HOME
   obshub up --port 29092             # another port (a second stack beside the first)
   OBSHUB_KAFKA_VERSION=4.0.1 obshub up   # another Kafka 4.x version from Maven Central
-""")
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help=f"broker port (default $OBSHUB_KAFKA_PORT or {DEFAULT_KAFKA_PORT})")
+"""
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help=f"broker port (default $OBSHUB_KAFKA_PORT or {DEFAULT_KAFKA_PORT})",
+)
 def up(port):
     """Install (once, cached) and start the local Apache Kafka broker (KRaft) and create the topics."""
     s = load_settings(kafka_port=port)
@@ -104,11 +122,13 @@ def up(port):
         console.print(f"up: Kafka on {res['bootstrap']} (pid {res['pid']}); log {res['log']}")
 
 
-@cli.command(epilog="""\b
+@cli.command(
+    epilog="""\b
 Examples:
   obshub down                        # stop workers, rule engine, agents, then the broker
   OBSHUB_HOME=/tmp/other obshub down # the stack of another state folder
-""")
+"""
+)
 def down():
     """Stop every component obshub started, then the broker. State stays in $OBSHUB_HOME."""
     s = load_settings()
@@ -116,11 +136,13 @@ def down():
     console.print("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
 
 
-@cli.command(epilog="""\b
+@cli.command(
+    epilog="""\b
 Examples:
   obshub status                      # tables: broker, topics, consumer groups with lag, components
   obshub status --json | jq .groups  # consumer lag for scripts
-""")
+"""
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 def status(as_json):
     """Broker health, topics with partitions, consumer groups with lag, running components.

@@ -43,12 +43,20 @@ class Check:
     found: str
     costs: str = ""
     fix: str = ""
-    needed_by: str = ""   # the role that needs this check to pass ("" = informational)
+    needed_by: str = ""  # the role that needs this check to pass ("" = informational)
 
 
 ROLES = ("agent", "broker", "kafka")
-_NEEDED = {"capabilities": "agent", "tracefs": "agent", "kernel headers": "agent", "bcc import": "agent",
-           "bpf: compile": "agent", "bpf: tracepoint": "agent", "java": "broker", "kafka broker": "kafka"}
+_NEEDED = {
+    "capabilities": "agent",
+    "tracefs": "agent",
+    "kernel headers": "agent",
+    "bcc import": "agent",
+    "bpf: compile": "agent",
+    "bpf: tracepoint": "agent",
+    "java": "broker",
+    "kafka broker": "kafka",
+}
 
 
 def failed_needs(checks: list[Check], roles: tuple[str, ...]) -> list[Check]:
@@ -118,14 +126,38 @@ print("ok")
 }
 
 _COSTS = {
-    "compile": ("every probe: bcc cannot compile BPF C", "apt-get install bpfcc-tools python3-bpfcc linux-headers-amd64; run `make setup`"),
-    "tracepoint": ("scheduler, memory, TCP and PCIe AER probes", "mount tracefs (`mount -t tracefs nodev /sys/kernel/tracing`) and run as root or with CAP_BPF+CAP_PERFMON"),
-    "raw_tracepoint": ("raw-tracepoint fallbacks of tracepoints whose structs do not compile", "kernel 4.17+ with CONFIG_BPF_EVENTS"),
-    "uprobe": ("CUDA, NCCL and verbs (NIC) probes", "kernel with CONFIG_UPROBE_EVENTS; root or CAP_SYS_ADMIN for other users' processes"),
-    "usdt": ("PyTorch step/phase/collective probes and TraceKey propagation", "kernel with CONFIG_UPROBE_EVENTS; build the USDT extension (`make setup`)"),
-    "kprobe": ("nothing: obshub uses tracepoints, raw tracepoints and uprobes only", "optional: a kernel with CONFIG_KPROBES (only in-kernel RDMA consumers would be visible)"),
-    "fentry": ("nothing: obshub does not need fentry/fexit", "optional: kernel with BTF and CONFIG_DEBUG_INFO_BTF; not refused by a security policy"),
-    "perf_event": ("sampling profiles (not used by the default probe set)", "kernel.perf_event_paranoid <= 1 or CAP_PERFMON"),
+    "compile": (
+        "every probe: bcc cannot compile BPF C",
+        "apt-get install bpfcc-tools python3-bpfcc linux-headers-amd64; run `make setup`",
+    ),
+    "tracepoint": (
+        "scheduler, memory, TCP and PCIe AER probes",
+        "mount tracefs (`mount -t tracefs nodev /sys/kernel/tracing`) and run as root or with CAP_BPF+CAP_PERFMON",
+    ),
+    "raw_tracepoint": (
+        "raw-tracepoint fallbacks of tracepoints whose structs do not compile",
+        "kernel 4.17+ with CONFIG_BPF_EVENTS",
+    ),
+    "uprobe": (
+        "CUDA, NCCL and verbs (NIC) probes",
+        "kernel with CONFIG_UPROBE_EVENTS; root or CAP_SYS_ADMIN for other users' processes",
+    ),
+    "usdt": (
+        "PyTorch step/phase/collective probes and TraceKey propagation",
+        "kernel with CONFIG_UPROBE_EVENTS; build the USDT extension (`make setup`)",
+    ),
+    "kprobe": (
+        "nothing: obshub uses tracepoints, raw tracepoints and uprobes only",
+        "optional: a kernel with CONFIG_KPROBES (only in-kernel RDMA consumers would be visible)",
+    ),
+    "fentry": (
+        "nothing: obshub does not need fentry/fexit",
+        "optional: kernel with BTF and CONFIG_DEBUG_INFO_BTF; not refused by a security policy",
+    ),
+    "perf_event": (
+        "sampling profiles (not used by the default probe set)",
+        "kernel.perf_event_paranoid <= 1 or CAP_PERFMON",
+    ),
     "ringbuf": ("the BPF ring buffer: the agent falls back to a perf buffer per CPU", "kernel 5.8+"),
 }
 
@@ -146,8 +178,11 @@ def _usdt_target() -> str | None:
 
     work = Path(tempfile.mkdtemp(prefix="obshub-doctor-"))
     (work / "p.c").write_text(_USDT_C)
-    proc = subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", str(work / "libp.so"), str(work / "p.c")],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["cc", "-shared", "-fPIC", "-O1", "-o", str(work / "libp.so"), str(work / "p.c")],
+        capture_output=True,
+        text=True,
+    )
     return str(work / "libp.so") if proc.returncode == 0 else None
 
 
@@ -203,29 +238,63 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
     out: list[Check] = []
     out.append(Check("kernel", None, f"{platform.release()} ({platform.machine()})"))
     btf = Path("/sys/kernel/btf/vmlinux")
-    out.append(Check("BTF", btf.exists(), str(btf) if btf.exists() else "no /sys/kernel/btf/vmlinux",
-                     "CO-RE and fentry would be unavailable (bcc does not need BTF)", "kernel with CONFIG_DEBUG_INFO_BTF"))
+    out.append(
+        Check(
+            "BTF",
+            btf.exists(),
+            str(btf) if btf.exists() else "no /sys/kernel/btf/vmlinux",
+            "CO-RE and fentry would be unavailable (bcc does not need BTF)",
+            "kernel with CONFIG_DEBUG_INFO_BTF",
+        )
+    )
     caps = _caps()
-    out.append(Check("capabilities", caps["CAP_BPF"] and caps["CAP_PERFMON"] or caps["CAP_SYS_ADMIN"],
-                     ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in caps.items()),
-                     "no probe can be loaded", "run as root, or grant CAP_BPF,CAP_PERFMON (+CAP_SYS_ADMIN for uprobes on other users' processes)"))
+    out.append(
+        Check(
+            "capabilities",
+            caps["CAP_BPF"] and caps["CAP_PERFMON"] or caps["CAP_SYS_ADMIN"],
+            ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in caps.items()),
+            "no probe can be loaded",
+            "run as root, or grant CAP_BPF,CAP_PERFMON (+CAP_SYS_ADMIN for uprobes on other users' processes)",
+        )
+    )
     tfs = kheaders.tracefs_mount()
-    out.append(Check("tracefs", tfs is not None, str(tfs) if tfs else "not mounted",
-                     "tracepoints, uprobes and USDT (bcc attaches through tracefs)",
-                     "`make setup` mounts it, or: mount -t tracefs nodev /sys/kernel/tracing"))
+    out.append(
+        Check(
+            "tracefs",
+            tfs is not None,
+            str(tfs) if tfs else "not mounted",
+            "tracepoints, uprobes and USDT (bcc attaches through tracefs)",
+            "`make setup` mounts it, or: mount -t tracefs nodev /sys/kernel/tracing",
+        )
+    )
     tree = kheaders.find_header_tree(settings, create=False)
     built = tree.path is None or (tree.path / ".obshub-merged").exists()
-    out.append(Check("kernel headers", tree.source != "none" and built, f"{tree.source}: {tree.detail}"
-                     + ("" if built else " (not built yet)"),
-                     "bcc cannot compile any probe", "apt-get install linux-headers-amd64; then `obshub setup`"))
+    out.append(
+        Check(
+            "kernel headers",
+            tree.source != "none" and built,
+            f"{tree.source}: {tree.detail}" + ("" if built else " (not built yet)"),
+            "bcc cannot compile any probe",
+            "apt-get install linux-headers-amd64; then `obshub setup`",
+        )
+    )
     try:
         import bcc  # noqa: F401
 
-        out.append(Check("bcc import", True, f"bcc {getattr(bcc, '__version__', '?')} from {Path(bcc.__file__).parent}"))
+        out.append(
+            Check("bcc import", True, f"bcc {getattr(bcc, '__version__', '?')} from {Path(bcc.__file__).parent}")
+        )
         has_bcc = True
     except Exception as exc:
-        out.append(Check("bcc import", False, f"{type(exc).__name__}: {exc}", "every BPF probe",
-                         "apt-get install python3-bpfcc; `make setup` links it into .venv"))
+        out.append(
+            Check(
+                "bcc import",
+                False,
+                f"{type(exc).__name__}: {exc}",
+                "every BPF probe",
+                "apt-get install python3-bpfcc; `make setup` links it into .venv",
+            )
+        )
         has_bcc = False
     if bpf and has_bcc:
         env = tree.env()
@@ -236,19 +305,39 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
     try:
         java = stack.java_binary()
         major = stack.java_version(java)
-        out.append(Check("java", major >= 17, f"Java {major} at {java}", "the local Kafka broker",
-                         "install openjdk-17-jre-headless"))
+        out.append(
+            Check(
+                "java",
+                major >= 17,
+                f"Java {major} at {java}",
+                "the local Kafka broker",
+                "install openjdk-17-jre-headless",
+            )
+        )
     except Exception as exc:
         out.append(Check("java", False, str(exc), "the local Kafka broker", "install openjdk-17-jre-headless"))
     jars = settings.kafka_libs.is_dir() and any(settings.kafka_libs.glob("kafka_*.jar"))
-    out.append(Check("maven", shutil.which("mvn") is not None, shutil.which("mvn") or "not found",
-                     "the first install of the Kafka broker jars", "apt-get install maven",
-                     needed_by="" if jars else "broker"))
+    out.append(
+        Check(
+            "maven",
+            shutil.which("mvn") is not None,
+            shutil.which("mvn") or "not found",
+            "the first install of the Kafka broker jars",
+            "apt-get install maven",
+            needed_by="" if jars else "broker",
+        )
+    )
     local = settings.bootstrap is None
     up = (not local or stack.port_in_use(settings.kafka_port)) and stack._metadata_ok(settings)
-    out.append(Check("kafka broker", up, f"{settings.bootstrap_servers} {'answers' if up else 'does not answer'}",
-                     "" if up else "agents spool to disk, streams and rules cannot run",
-                     "" if up else ("obshub up" if local else "check $OBSHUB_BOOTSTRAP and the broker")))
+    out.append(
+        Check(
+            "kafka broker",
+            up,
+            f"{settings.bootstrap_servers} {'answers' if up else 'does not answer'}",
+            "" if up else "agents spool to disk, streams and rules cannot run",
+            "" if up else ("obshub up" if local else "check $OBSHUB_BOOTSTRAP and the broker"),
+        )
+    )
     for c in out:
         if not c.needed_by:
             c.needed_by = _NEEDED.get(c.name, "")
@@ -258,9 +347,15 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
 @click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON")
 @click.option("--no-bpf", is_flag=True, help="skip loading test programs (fast, but guesses)")
-@click.option("--role", "roles", multiple=True, type=click.Choice(ROLES), default=("agent",), show_default=True,
-              help="what this host must be able to do (repeatable): the exit status is 1 when a check it "
-                   "needs fails")
+@click.option(
+    "--role",
+    "roles",
+    multiple=True,
+    type=click.Choice(ROLES),
+    default=("agent",),
+    show_default=True,
+    help="what this host must be able to do (repeatable): the exit status is 1 when a check it needs fails",
+)
 def doctor_command(as_json, no_bpf, roles):
     """Report what this host offers (kernel, BTF, tracefs, headers, bcc, each BPF program kind loaded for
     real, capabilities, Java, Kafka) and what each missing piece costs.
@@ -291,7 +386,10 @@ def doctor_command(as_json, no_bpf, roles):
         t.add_row(c.name, mark, c.found, extra)
     Console(highlight=False).print(t)
     if failed:
-        click.echo(f"doctor: {len(failed)} check(s) that {'/'.join(roles)} need(s) failed: "
-                   + ", ".join(c.name for c in failed), err=True)
+        click.echo(
+            f"doctor: {len(failed)} check(s) that {'/'.join(roles)} need(s) failed: "
+            + ", ".join(c.name for c in failed),
+            err=True,
+        )
         sys.exit(1)
     click.echo(f"doctor: everything {'/'.join(roles)} need(s) works", err=True)

@@ -39,17 +39,20 @@ class GoTool:
     name: str
     package: str
     version: str
-    tags: str = ""   # Go build tags (``go install -tags``)
+    tags: str = ""  # Go build tags (``go install -tags``)
 
 
-TOOLS: dict[str, GoTool] = {t.name: t for t in (
-    GoTool("prometheus", "github.com/prometheus/prometheus/cmd/prometheus", "v0.316.0", tags="remove_all_sd"),
-    GoTool("alertmanager", "github.com/prometheus/alertmanager/cmd/alertmanager", "v0.27.0"),
-    GoTool("helm", "helm.sh/helm/v3/cmd/helm", "v3.22.0"),
-)}
+TOOLS: dict[str, GoTool] = {
+    t.name: t
+    for t in (
+        GoTool("prometheus", "github.com/prometheus/prometheus/cmd/prometheus", "v0.316.0", tags="remove_all_sd"),
+        GoTool("alertmanager", "github.com/prometheus/alertmanager/cmd/alertmanager", "v0.27.0"),
+        GoTool("helm", "helm.sh/helm/v3/cmd/helm", "v3.22.0"),
+    )
+}
 
 
-GO_VERSION = "1.26.8"   # the toolchain fetched when no go >= GO_MIN is installed
+GO_VERSION = "1.26.8"  # the toolchain fetched when no go >= GO_MIN is installed
 GO_MIN = (1, 26)
 
 
@@ -77,8 +80,13 @@ def cached(cache: Path, name: str) -> Path | None:
 def go_env(cache: Path) -> dict[str, str]:
     """The environment of ``go install``: module and build caches under ``cache``, no toolchain download."""
     d = go_dir(cache)
-    return {**os.environ, "GOMODCACHE": str(d / "mod"), "GOCACHE": str(d / "build"), "GOTOOLCHAIN": "local",
-            "GOFLAGS": "-modcacherw"}
+    return {
+        **os.environ,
+        "GOMODCACHE": str(d / "mod"),
+        "GOCACHE": str(d / "build"),
+        "GOTOOLCHAIN": "local",
+        "GOFLAGS": "-modcacherw",
+    }
 
 
 def _version(go: str) -> tuple[int, ...]:
@@ -103,8 +111,10 @@ def go_command(cache: Path, progress: Callable[[str], None] = lambda _m: None) -
     if go.is_file():
         return str(go)
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    proxy = next((p for p in os.environ.get("GOPROXY", "https://proxy.golang.org").split(",")
-                  if p.startswith("http")), "https://proxy.golang.org")
+    proxy = next(
+        (p for p in os.environ.get("GOPROXY", "https://proxy.golang.org").split(",") if p.startswith("http")),
+        "https://proxy.golang.org",
+    )
     mod = f"v0.0.1-go{GO_VERSION}.linux-{arch}"
     url = f"{proxy.rstrip('/')}/golang.org/toolchain/@v/{mod}.zip"
     progress(f"no go >= {'.'.join(map(str, GO_MIN))} on PATH: fetching Go {GO_VERSION} from {url}")
@@ -121,14 +131,16 @@ def go_command(cache: Path, progress: Callable[[str], None] = lambda _m: None) -
                 for chunk in r.iter_bytes(1 << 20):
                     fh.write(chunk)
     except httpx.HTTPError as exc:
-        raise GoToolError(f"cannot fetch the Go toolchain from {url}: {exc}",
-                          "install Go 1.26 or later, or set GOPROXY to a reachable Go module proxy") from None
+        raise GoToolError(
+            f"cannot fetch the Go toolchain from {url}: {exc}",
+            "install Go 1.26 or later, or set GOPROXY to a reachable Go module proxy",
+        ) from None
     prefix = f"golang.org/toolchain@{mod}/"
     with zipfile.ZipFile(archive) as z:
         for info in z.infolist():
             if not info.filename.startswith(prefix) or info.is_dir():
                 continue
-            dest = tmp / "go" / info.filename[len(prefix):]
+            dest = tmp / "go" / info.filename[len(prefix) :]
             dest.parent.mkdir(parents=True, exist_ok=True)
             with z.open(info) as src, open(dest, "wb") as out:
                 shutil.copyfileobj(src, out)
@@ -155,19 +167,27 @@ def ensure(cache: Path, name: str, progress: Callable[[str], None] = lambda _m: 
     logs = go_dir(cache) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{t.name}.log"
-    progress(f"building {t.name} {t.version} with `go install {t.package}@{t.version}` "
-             f"(first time only: several minutes; log {log_path})")
+    progress(
+        f"building {t.name} {t.version} with `go install {t.package}@{t.version}` "
+        f"(first time only: several minutes; log {log_path})"
+    )
     tmp = target.parent.with_name(target.parent.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     with open(log_path, "wb") as log:
         tags = [f"-tags={t.tags}"] if t.tags else []
-        rc = subprocess.run([go, "install", *tags, f"{t.package}@{t.version}"],
-                            env={**go_env(cache), "GOBIN": str(tmp)}, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL).returncode
+        rc = subprocess.run(
+            [go, "install", *tags, f"{t.package}@{t.version}"],
+            env={**go_env(cache), "GOBIN": str(tmp)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        ).returncode
     if rc != 0 or not (tmp / t.name).is_file():
         tail = log_path.read_text(errors="replace")[-2000:]
-        raise GoToolError(f"`go install {t.package}@{t.version}` failed (exit {rc}):\n{tail}",
-                          f"check `go env GOPROXY` reaches the module proxy; full log in {log_path}")
+        raise GoToolError(
+            f"`go install {t.package}@{t.version}` failed (exit {rc}):\n{tail}",
+            f"check `go env GOPROXY` reaches the module proxy; full log in {log_path}",
+        )
     shutil.rmtree(target.parent, ignore_errors=True)
     tmp.rename(target.parent)
     progress(f"{t.name} {t.version} built: {target}")

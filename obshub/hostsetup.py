@@ -12,12 +12,15 @@ from obshub.core.settings import load_settings
 from producer import kheaders
 
 
-@click.command("setup", epilog="""\b
+@click.command(
+    "setup",
+    epilog="""\b
 Examples:
   obshub setup              # header tree + tracefs + Kafka jars (make setup runs it)
   obshub setup --no-kafka   # an agent-only node: no broker jars
   obshub setup --no-go-tools   # skip Prometheus, Alertmanager and helm (only the deployment tests use them)
-""")
+""",
+)
 @click.option("--no-kafka", is_flag=True, help="skip installing the Kafka broker jars")
 @click.option("--no-go-tools", is_flag=True, help="skip building Prometheus, Alertmanager and helm")
 def setup_command(no_kafka, no_go_tools):

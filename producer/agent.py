@@ -51,14 +51,27 @@ class Agent:
     :class:`producer.errors.TransportError` for an unusable Kafka configuration.
     """
 
-    def __init__(self, config: AgentConfig, source: EventSource, *, settings: Settings | None = None,
-                 thresholds: dict[str, int] | None = None, say: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        config: AgentConfig,
+        source: EventSource,
+        *,
+        settings: Settings | None = None,
+        thresholds: dict[str, int] | None = None,
+        say: Callable[[str], None] | None = None,
+    ):
         self.config, self.source, self.settings = config, source, settings
         self.thresholds = dict(thresholds or {})
         self.say = say or (lambda msg: print(f"obshub agent: {msg}", file=sys.stderr, flush=True))
         self.clock = ClockTracker(refresh_s=config.clock_refresh_s)
-        self.batcher = Batcher(config.job, config.host, config.host_id, clock=self.clock.current,
-                               max_bytes=config.batch.max_bytes, max_age_ms=config.batch.max_age_ms)
+        self.batcher = Batcher(
+            config.job,
+            config.host,
+            config.host_id,
+            clock=self.clock.current,
+            max_bytes=config.batch.max_bytes,
+            max_age_ms=config.batch.max_age_ms,
+        )
         spool = Spool(config.spool.dir, config.spool.max_bytes, config.spool.segment_bytes)
         try:
             self.transport = Transport(config.kafka, spool)
@@ -73,8 +86,10 @@ class Agent:
         self._signals = 0
         self._metrics_server = None
         if spool.pending_batches:
-            self.say(f"{spool.pending_batches} batches ({spool.pending_bytes} B) from a previous run wait in "
-                     f"the spool {config.spool.dir}; they are replayed first")
+            self.say(
+                f"{spool.pending_batches} batches ({spool.pending_bytes} B) from a previous run wait in "
+                f"the spool {config.spool.dir}; they are replayed first"
+            )
 
     @property
     def agent_id(self) -> str:
@@ -107,9 +122,15 @@ class Agent:
             for pname, value in self.thresholds.items():
                 self.source.set_threshold(pname, value)
             if self.settings is not None:
-                registry.register_component(self.settings, name, os.getpid(), host=self.config.host,
-                                         job=self.config.job, agent_id=self.agent_id,
-                                         metrics_port=self.config.metrics_port)
+                registry.register_component(
+                    self.settings,
+                    name,
+                    os.getpid(),
+                    host=self.config.host,
+                    job=self.config.job,
+                    agent_id=self.agent_id,
+                    metrics_port=self.config.metrics_port,
+                )
             self._start_metrics()
             self._loop()
         finally:
@@ -119,12 +140,16 @@ class Agent:
         batches, nbytes = undelivered
         spool = self.transport.spool
         if spool.dropped_batches:
-            self.say(f"the spool {self.config.spool.dir} was full: {spool.dropped_batches} batches "
-                     f"({spool.dropped_bytes} B) were dropped, oldest first (raise --spool-max-bytes)")
+            self.say(
+                f"the spool {self.config.spool.dir} was full: {spool.dropped_batches} batches "
+                f"({spool.dropped_bytes} B) were dropped, oldest first (raise --spool-max-bytes)"
+            )
         if batches:
-            self.say(f"{batches} batches ({nbytes} B) were not delivered to Kafka "
-                     f"({self.config.kafka.bootstrap}); they are kept in the spool {self.config.spool.dir} and "
-                     f"are replayed when an agent with --host {self.config.host} starts again")
+            self.say(
+                f"{batches} batches ({nbytes} B) were not delivered to Kafka "
+                f"({self.config.kafka.bootstrap}); they are kept in the spool {self.config.spool.dir} and "
+                f"are replayed when an agent with --host {self.config.host} starts again"
+            )
             return EXIT_UNDELIVERED
         self.say(f"stopped: {self.batcher.sealed} batches, {self.batcher.events} events, all delivered")
         return EXIT_OK
@@ -136,8 +161,9 @@ class Agent:
 
         from producer.agent_metrics import make_registry
 
-        server, _thread = start_http_server(self.config.metrics_port, addr=self.config.metrics_addr,
-                                            registry=make_registry(self))
+        server, _thread = start_http_server(
+            self.config.metrics_port, addr=self.config.metrics_addr, registry=make_registry(self)
+        )
         self._metrics_server = server
         self.metrics_port = server.server_port
         self.say(f"metrics on http://{self.config.metrics_addr}:{self.metrics_port}/metrics")
@@ -176,7 +202,7 @@ class Agent:
         """Count, batch and send what the source returned: Events (10-tuples) and, from a source with
         ``poll_packed``, :class:`producer.reader.PackedRun` s (added whole, counted by their kinds)."""
         batcher, send, counts = self.batcher, self.transport.send, self.kind_counts
-        if not hasattr(self.source, "poll_packed"):   # Events only: no per-item type check
+        if not hasattr(self.source, "poll_packed"):  # Events only: no per-item type check
             counts.update(map(_kind_of, items))
             for sealed in batcher.add_many(items):
                 send(sealed)
@@ -203,8 +229,10 @@ class Agent:
         t = self.transport
         if new == DRAINING or (new == SPOOLING and old == DIRECT):
             why = t.publisher.last_error or "delivery failed"
-            self.say(f"Kafka ({self.config.kafka.bootstrap}) does not take batches ({why}); "
-                     f"spooling to {self.config.spool.dir}")
+            self.say(
+                f"Kafka ({self.config.kafka.bootstrap}) does not take batches ({why}); "
+                f"spooling to {self.config.spool.dir}"
+            )
         elif new == DIRECT:
             self.say(f"Kafka is back: the spool is replayed ({t.replayed} batches so far)")
 
@@ -214,8 +242,9 @@ class Agent:
         for probe, total in self.source.lost().items():
             delta = total - self.lost_totals.get(probe, 0)
             if delta > 0:
-                events.append(Event(Kind.AGENT_LOSS, time.monotonic_ns(), 0, 0, -1, os.getpid(), 0, -1, delta,
-                                    {"probe": probe}))
+                events.append(
+                    Event(Kind.AGENT_LOSS, time.monotonic_ns(), 0, 0, -1, os.getpid(), 0, -1, delta, {"probe": probe})
+                )
                 self.lost_totals[probe] = total
         if events:
             self.kind_counts.update(e[0] for e in events)
@@ -247,13 +276,23 @@ class Agent:
     def stats(self) -> dict:
         """A snapshot of the counters (for tests and ``--json`` output)."""
         t, pub, spool = self.transport, self.transport.publisher, self.transport.spool
-        return {"agent_id": self.agent_id, "batches": self.batcher.sealed, "events": self.batcher.events,
-                "events_by_kind": {Kind(k).name: n for k, n in self.kind_counts.items()},
-                "lost": dict(self.lost_totals), "delivered": pub.delivered, "delivery_errors": pub.delivery_errors,
-                "backpressure_waits": pub.backpressure_waits, "spooled": t.spooled, "replayed": t.replayed,
-                "spool_batches": spool.pending_batches, "spool_bytes": spool.pending_bytes,
-                "spool_dropped_batches": spool.dropped_batches, "spool_dropped_bytes": spool.dropped_bytes,
-                "state": t.state}
+        return {
+            "agent_id": self.agent_id,
+            "batches": self.batcher.sealed,
+            "events": self.batcher.events,
+            "events_by_kind": {Kind(k).name: n for k, n in self.kind_counts.items()},
+            "lost": dict(self.lost_totals),
+            "delivered": pub.delivered,
+            "delivery_errors": pub.delivery_errors,
+            "backpressure_waits": pub.backpressure_waits,
+            "spooled": t.spooled,
+            "replayed": t.replayed,
+            "spool_batches": spool.pending_batches,
+            "spool_bytes": spool.pending_bytes,
+            "spool_dropped_batches": spool.dropped_batches,
+            "spool_dropped_bytes": spool.dropped_bytes,
+            "state": t.state,
+        }
 
 
 def probe_table(statuses: list) -> str:
@@ -263,5 +302,4 @@ def probe_table(statuses: list) -> str:
         layer = getattr(st.layer, "value", st.layer)
         rows.append((st.name, str(layer), "attached" if st.attached else "skipped", st.reason or ""))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip()
-                     for r in rows)
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows)

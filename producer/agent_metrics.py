@@ -72,13 +72,15 @@ class AgentCollector(Collector):
         base = [a.config.job, a.config.host]
         t, pub, spool = a.transport, a.transport.publisher, a.transport.spool
 
-        ev = CounterMetricFamily("obshub_agent_events", "events read from the source, per kind",
-                                 labels=labels + ["kind"])
+        ev = CounterMetricFamily(
+            "obshub_agent_events", "events read from the source, per kind", labels=labels + ["kind"]
+        )
         for k, n in list(a.kind_counts.items()):
             ev.add_metric(base + [_kind_name(k)], n)
         yield ev
-        lost = CounterMetricFamily("obshub_agent_lost_events", "events lost by the probes (ring buffer full)",
-                                   labels=labels + ["probe"])
+        lost = CounterMetricFamily(
+            "obshub_agent_lost_events", "events lost by the probes (ring buffer full)", labels=labels + ["probe"]
+        )
         for probe, n in list(a.lost_totals.items()):
             lost.add_metric(base + [probe], n)
         yield lost
@@ -103,15 +105,18 @@ class AgentCollector(Collector):
         yield counter("obshub_agent_replayed_batches", "spooled batches delivered", t.replayed)
         yield gauge("obshub_agent_spool_bytes", "bytes waiting in the spool", spool.pending_bytes)
         yield gauge("obshub_agent_spool_batches", "batches waiting in the spool", spool.pending_batches)
-        yield counter("obshub_agent_spool_dropped_batches", "spooled batches dropped (spool full)",
-                      spool.dropped_batches)
+        yield counter(
+            "obshub_agent_spool_dropped_batches", "spooled batches dropped (spool full)", spool.dropped_batches
+        )
         yield counter("obshub_agent_spool_dropped_bytes", "spooled bytes dropped (spool full)", spool.dropped_bytes)
         clock = a.clock.current()
         yield gauge("obshub_agent_clock_offset_seconds", "CLOCK_REALTIME - CLOCK_MONOTONIC, s", clock.offset_ns / 1e9)
-        yield gauge("obshub_agent_clock_uncertainty_seconds", "uncertainty of the clock offset, s",
-                    clock.uncertainty_ns / 1e9)
-        st = GaugeMetricFamily("obshub_agent_transport_state", "1 for the transport's current state",
-                               labels=labels + ["state"])
+        yield gauge(
+            "obshub_agent_clock_uncertainty_seconds", "uncertainty of the clock offset, s", clock.uncertainty_ns / 1e9
+        )
+        st = GaugeMetricFamily(
+            "obshub_agent_transport_state", "1 for the transport's current state", labels=labels + ["state"]
+        )
         for s in (DIRECT, DRAINING, SPOOLING):
             st.add_metric(base + [s], 1 if t.state == s else 0)
         yield st

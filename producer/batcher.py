@@ -59,9 +59,18 @@ class Batcher:
     encode: an int outside 64 bits or a payload value of an unsupported type; they are skipped).
     """
 
-    def __init__(self, job: str, host: str, host_id: int, *, agent_id: str | None = None,
-                 clock: Callable[[], schema.Clock] = schema.Clock, max_bytes: int = BATCH_MAX_BYTES,
-                 max_age_ms: float = BATCH_MAX_AGE_MS, first_seq: int = 0):
+    def __init__(
+        self,
+        job: str,
+        host: str,
+        host_id: int,
+        *,
+        agent_id: str | None = None,
+        clock: Callable[[], schema.Clock] = schema.Clock,
+        max_bytes: int = BATCH_MAX_BYTES,
+        max_age_ms: float = BATCH_MAX_AGE_MS,
+        first_seq: int = 0,
+    ):
         self.job, self.host, self.host_id = job, host, host_id
         self.agent_id = agent_id or str(uuid.uuid4())
         self.key = host.encode()
@@ -74,8 +83,8 @@ class Batcher:
         self._limit = max_bytes - overhead - _ENVELOPE_SLACK
         if self._limit < 64:
             raise ValueError(f"max_bytes {max_bytes} leaves no room for events after the {overhead} B envelope")
-        self._parts: list[bytes] = []   # encoded events, or slices of packed runs (several events each)
-        self._n = 0                      # events in the open batch
+        self._parts: list[bytes] = []  # encoded events, or slices of packed runs (several events each)
+        self._n = 0  # events in the open batch
         self._size = 0
         self._first_ns = 0
         self.sealed = 0
@@ -135,11 +144,11 @@ class Batcher:
                 if self._n:
                     sealed.append(self._seal())
                     continue
-                j = pos + 1   # one event larger than the whole bound goes alone
+                j = pos + 1  # one event larger than the whole bound goes alone
             if not self._n:
                 self._first_ns = time.monotonic_ns()
             end = ends[j - 1]
-            self._parts.append(view[off:end])   # joined into the batch at seal time
+            self._parts.append(view[off:end])  # joined into the batch at seal time
             self._size += end - off
             self._n += j - pos
             self.events += j - pos
@@ -183,10 +192,23 @@ class Batcher:
     def _envelope(self, seq: int, sent_ns: int, clock: schema.Clock, n_events: int) -> bytes:
         p = msgpack.Packer(use_bin_type=True)
         out = [p.pack_map_header(9)]
-        for k, v in (("v", schema.SCHEMA_VERSION), ("job", self.job), ("host", self.host),
-                     ("host_id", self.host_id), ("agent_id", self.agent_id), ("seq", seq), ("sent_ns", sent_ns),
-                     ("clock", {"offset_ns": clock.offset_ns, "uncertainty_ns": clock.uncertainty_ns,
-                                "tai_offset_ns": clock.tai_offset_ns})):
+        for k, v in (
+            ("v", schema.SCHEMA_VERSION),
+            ("job", self.job),
+            ("host", self.host),
+            ("host_id", self.host_id),
+            ("agent_id", self.agent_id),
+            ("seq", seq),
+            ("sent_ns", sent_ns),
+            (
+                "clock",
+                {
+                    "offset_ns": clock.offset_ns,
+                    "uncertainty_ns": clock.uncertainty_ns,
+                    "tai_offset_ns": clock.tai_offset_ns,
+                },
+            ),
+        ):
             out.append(p.pack(k))
             out.append(p.pack(v))
         out.append(p.pack("events"))

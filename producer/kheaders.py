@@ -58,7 +58,7 @@ def _debian_pairs(usr_src: Path = Path("/usr/src")) -> list[tuple[str, Path, Pat
     if not usr_src.exists():
         return out
     for arch_dir in usr_src.glob("linux-headers-*"):
-        name = arch_dir.name[len("linux-headers-"):]
+        name = arch_dir.name[len("linux-headers-") :]
         if name.endswith("-common") or not (arch_dir / ".config").exists():
             continue
         base = name.rsplit("-", 1)[0]  # 6.1.0-56-amd64 -> 6.1.0-56
@@ -80,9 +80,8 @@ def merge_tree(arch_dir: Path, common_dir: Path, dest: Path) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    for src in ([common_dir, arch_dir] if common_dir != arch_dir else [arch_dir]):
-        subprocess.run(["cp", "-rs", "--remove-destination", f"{src}/.", str(tmp)], check=True,
-                       capture_output=True)
+    for src in [common_dir, arch_dir] if common_dir != arch_dir else [arch_dir]:
+        subprocess.run(["cp", "-rs", "--remove-destination", f"{src}/.", str(tmp)], check=True, capture_output=True)
     (tmp / ".obshub-merged").write_text(f"arch={arch_dir}\ncommon={common_dir}\n")
     if dest.exists():
         shutil.rmtree(dest)
@@ -101,14 +100,19 @@ def find_header_tree(settings: Settings, create: bool = True) -> HeaderTree:
         return HeaderTree(None, "kheaders", release, "/sys/kernel/kheaders.tar.xz (CONFIG_IKHEADERS)")
     pairs = _debian_pairs()
     if not pairs:
-        return HeaderTree(None, "none", "", f"no headers for {release} and none under /usr/src "
-                          "(apt-get install linux-headers-amd64)")
+        return HeaderTree(
+            None, "none", "", f"no headers for {release} and none under /usr/src (apt-get install linux-headers-amd64)"
+        )
     name, arch_dir, common = pairs[0]
     dest = settings.cache / "kheaders" / name
     if create:
         merge_tree(arch_dir, common, dest)
-    return HeaderTree(dest, "distribution", name,
-                      f"merged {arch_dir} + {common} into {dest} (kernel {release} has no headers of its own)")
+    return HeaderTree(
+        dest,
+        "distribution",
+        name,
+        f"merged {arch_dir} + {common} into {dest} (kernel {release} has no headers of its own)",
+    )
 
 
 def apply_env(settings: Settings) -> HeaderTree:

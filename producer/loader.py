@@ -55,9 +55,12 @@ def selected_probes(options: ProbeOptions) -> list[cat.Probe]:
     want = set(options.probes)
     unknown = want - set(cat.PROBES_BY_NAME) - {layer.value for layer in Layer}
     if unknown:
-        raise ProbeError(f"Failed to select probes: unknown name(s) {sorted(unknown)}",
-                         hint="use layer names (" + ", ".join(sorted({p.layer.value for p in cat.PROBES}))
-                         + ") or probe names (`obshub probes` lists them)")
+        raise ProbeError(
+            f"Failed to select probes: unknown name(s) {sorted(unknown)}",
+            hint="use layer names ("
+            + ", ".join(sorted({p.layer.value for p in cat.PROBES}))
+            + ") or probe names (`obshub probes` lists them)",
+        )
     return [p for p in cat.PROBES if p.name in want or p.layer.value in want]
 
 
@@ -116,9 +119,14 @@ def _missing(p: cat.Probe, pl: _Plan, tracefs: Path | None, options: ProbeOption
 def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -> list[str]:
     """The -D/-I flags bcc compiles bpf/obshub.c with (step 2). Every tracepoint field of the catalogue
     gets its tracefs offset, or -1 when this kernel lacks it."""
-    flags = [f"-I{cat.BPF_DIR}", f"-DOBS_RINGBUF_PAGES={options.ringbuf_pages}",
-             f"-DOBS_NPROBES={len(cat.PROBES)}", f"-DOBS_NTHRESHOLDS={len(cat.THRESHOLDS)}",
-             f"-DOBS_PROBE_CUDA_BASE={cat.CUDA_PROBE_BASE}", f"-DOBS_CUDA_NSYMS={cat.CUDA_MAX_SYMBOLS}"]
+    flags = [
+        f"-I{cat.BPF_DIR}",
+        f"-DOBS_RINGBUF_PAGES={options.ringbuf_pages}",
+        f"-DOBS_NPROBES={len(cat.PROBES)}",
+        f"-DOBS_NTHRESHOLDS={len(cat.THRESHOLDS)}",
+        f"-DOBS_PROBE_CUDA_BASE={cat.CUDA_PROBE_BASE}",
+        f"-DOBS_CUDA_NSYMS={cat.CUDA_MAX_SYMBOLS}",
+    ]
     flags += [f"-DOBS_LAYER_{layer}" for layer in sorted(layers)]
     flags += [f"-D{p.macro}={p.id}" for p in cat.PROBES]
     flags += [f"-DOBS_THR_{name.upper()}={idx}" for name, (idx, _d, _u) in cat.THRESHOLDS.items()]
@@ -186,7 +194,7 @@ class BpfEventSource:
         self._ring = None
         self.source_text = ""
         self.flags: list[str] = []
-        self.extra_source = ""   # C appended to bpf/obshub.c (benchmarks' own handlers; they see common.h)
+        self.extra_source = ""  # C appended to bpf/obshub.c (benchmarks' own handlers; they see common.h)
 
     # -- start: plan, compile, configure, attach ------------------------------------------------------
     def start(self) -> list[ProbeStatus]:
@@ -219,9 +227,15 @@ class BpfEventSource:
             for p in pl.probes:
                 if p.mechanism == "sysfs":
                     self._attached.add(p.name)
-        self._statuses = [ProbeStatus(p.name, p.layer.value, p.name in self._attached,
-                                      "" if p.name in self._attached else skipped.get(p.name, "not attached"))
-                          for p in selected_probes(self.options)]
+        self._statuses = [
+            ProbeStatus(
+                p.name,
+                p.layer.value,
+                p.name in self._attached,
+                "" if p.name in self._attached else skipped.get(p.name, "not attached"),
+            )
+            for p in selected_probes(self.options)
+        ]
         self._refresh_target(force=True)
         return list(self._statuses)
 
@@ -242,9 +256,11 @@ class BpfEventSource:
                     if p.c_layer == layer:
                         skipped[p.name] = f"Failed to build bpf/{p.c_file}: {exc}"
         if not good:
-            raise ProbeError(f"Failed to load any BPF program ({', '.join(sorted(layers))}): {first_error}",
-                             hint="run as root or grant CAP_BPF, CAP_PERFMON (+CAP_SYS_ADMIN for uprobes and "
-                                  "USDT); `obshub doctor` shows what this kernel offers, `--ebpf` the C text")
+            raise ProbeError(
+                f"Failed to load any BPF program ({', '.join(sorted(layers))}): {first_error}",
+                hint="run as root or grant CAP_BPF, CAP_PERFMON (+CAP_SYS_ADMIN for uprobes and "
+                "USDT); `obshub doctor` shows what this kernel offers, `--ebpf` the C text",
+            )
         self._bpf = self._build(pl, good)
         return good
 
@@ -284,9 +300,11 @@ class BpfEventSource:
                     v = table.Leaf(int(sym.kind), sym.mode, sym.arg, 0)
                     table[ctypes.c_int(i)] = v
         reasons = pl.tp_formats.get("skb:kfree_skb")
-        self._decoder = Decoder(reasons.symbols if reasons else {},
-                                {i: s.symbol for i, s in enumerate(cat.CUDA_SYMBOLS)},
-                                self._registrations.append)
+        self._decoder = Decoder(
+            reasons.symbols if reasons else {},
+            {i: s.symbol for i, s in enumerate(cat.CUDA_SYMBOLS)},
+            self._registrations.append,
+        )
 
     def _attach(self, p: cat.Probe, pl: _Plan) -> str:
         """Attach every attach point of ``p``; '' or the reason it failed (already-attached points of a
@@ -396,8 +414,7 @@ class BpfEventSource:
             return {}
         table = self._bpf[b"lost"]
         counts = {i: table[ctypes.c_int(i)].value for i in range(len(cat.PROBES))}
-        return {p.name: counts[p.id] for p in cat.PROBES if p.name in self._attached
-                and p.mechanism != "sysfs"}
+        return {p.name: counts[p.id] for p in cat.PROBES if p.name in self._attached and p.mechanism != "sysfs"}
 
     def misses(self) -> dict[str, int]:
         """Runs of each attached probe's programs that the kernel skipped (``recursion_misses`` of
@@ -417,13 +434,16 @@ class BpfEventSource:
     def set_threshold(self, name: str, value: int) -> None:
         """Change a threshold (:data:`producer.probes.THRESHOLDS`) in the running BPF programs."""
         if name not in cat.THRESHOLDS:
-            raise ProbeError(f"Failed to set threshold {name!r}: unknown",
-                             hint=f"known thresholds: {', '.join(cat.THRESHOLDS)}")
+            raise ProbeError(
+                f"Failed to set threshold {name!r}: unknown", hint=f"known thresholds: {', '.join(cat.THRESHOLDS)}"
+            )
         if not isinstance(value, int) or value < 0:
             raise ProbeError(f"Failed to set threshold {name}={value!r}: must be a non-negative int")
         if self._bpf is None:
-            raise ProbeError(f"Failed to set threshold {name}: no BPF program is loaded",
-                             hint="call start() first; see the probe table for why nothing loaded")
+            raise ProbeError(
+                f"Failed to set threshold {name}: no BPF program is loaded",
+                hint="call start() first; see the probe table for why nothing loaded",
+            )
         self._bpf[b"thresholds"][ctypes.c_int(cat.THRESHOLDS[name][0])] = ctypes.c_uint64(value)
 
     def registrations(self) -> list[dict]:
@@ -447,7 +467,7 @@ class BpfEventSource:
             self._bpf = None
 
 
-_DRAIN_MAX = 65536     # records per drain: bounds the memory of one poll, not the rate (the agent polls again)
+_DRAIN_MAX = 65536  # records per drain: bounds the memory of one poll, not the rate (the agent polls again)
 _PROG_INFO_SIZE = 256
 _RECURSION_MISSES_OFFSET = 208  # struct bpf_prog_info.recursion_misses (include/uapi/linux/bpf.h, 5.12+)
 
@@ -462,4 +482,4 @@ def _recursion_misses(fd: int) -> int:
     size = ctypes.c_uint32(_PROG_INFO_SIZE)
     if fn(fd, ctypes.byref(info), ctypes.byref(size)) != 0 or size.value < _RECURSION_MISSES_OFFSET + 8:
         return 0
-    return int.from_bytes(bytes(info[_RECURSION_MISSES_OFFSET:_RECURSION_MISSES_OFFSET + 8]), "little")
+    return int.from_bytes(bytes(info[_RECURSION_MISSES_OFFSET : _RECURSION_MISSES_OFFSET + 8]), "little")

@@ -126,18 +126,35 @@ THRESHOLDS: dict[str, tuple[int, int, str]] = {
     "offcpu_ns": (1, 10_000_000, "ns: SCHED_OFFCPU emitted when off-CPU time >= this"),
     "rdma_latency_ns": (2, 20_000, "ns: RDMA_CQ_DONE emitted when post->completion latency > this"),
     "page_order": (3, 3, "order: allocations of order >= this are counted (MEM_STEP_SUM)"),
-    "reclaim_ns": (4, 1_000_000, "ns: MEM_RECLAIM emitted when the reclaim stall >= this (shorter ones are "
-                                 "summed in MEM_STEP_SUM)"),
-    "compaction_ns": (5, 1_000_000, "ns: MEM_COMPACTION emitted when the compaction stall >= this (shorter "
-                                    "ones are summed in MEM_STEP_SUM)"),
+    "reclaim_ns": (
+        4,
+        1_000_000,
+        "ns: MEM_RECLAIM emitted when the reclaim stall >= this (shorter ones are summed in MEM_STEP_SUM)",
+    ),
+    "compaction_ns": (
+        5,
+        1_000_000,
+        "ns: MEM_COMPACTION emitted when the compaction stall >= this (shorter ones are summed in MEM_STEP_SUM)",
+    ),
     "cuda_ns": (6, 0, "ns: CUDA/NCCL call events emitted when the call time >= this"),
     "rtt_interval_ns": (7, 100_000_000, "ns: at most one TCP_RTT sample per socket per interval"),
-    "page_order_single": (8, 11, "order: a single PAGE_ALLOC for allocations of order >= this (the rest is "
-                                 "counted in MEM_STEP_SUM; 11 = never on x86-64)"),
-    "cuda_launch_ns": (9, 1_000_000, "ns: a single CUDA_LAUNCH when the launch call takes >= this (the rest "
-                                     "is summed in CUDA_STEP_SUM)"),
-    "sched_singles": (10, 4, "count: at most this many SCHED_RUNQ/SCHED_OFFCPU records per process and step "
-                             "(the rest is only in SCHED_STEP_SUM)"),
+    "page_order_single": (
+        8,
+        11,
+        "order: a single PAGE_ALLOC for allocations of order >= this (the rest is "
+        "counted in MEM_STEP_SUM; 11 = never on x86-64)",
+    ),
+    "cuda_launch_ns": (
+        9,
+        1_000_000,
+        "ns: a single CUDA_LAUNCH when the launch call takes >= this (the rest is summed in CUDA_STEP_SUM)",
+    ),
+    "sched_singles": (
+        10,
+        4,
+        "count: at most this many SCHED_RUNQ/SCHED_OFFCPU records per process and step "
+        "(the rest is only in SCHED_STEP_SUM)",
+    ),
 }
 
 # ---------------------------------------------------------------------------------------------------------
@@ -196,93 +213,266 @@ def _build() -> tuple[Probe, ...]:
     P = []
 
     def add(name, layer, c_file, mech, kinds, attach, requires, cost, c_layer, doc=""):
-        P.append(Probe(len(P), name, layer, c_file, mech, tuple(kinds), tuple(attach), requires, cost,
-                       c_layer, doc))
+        P.append(Probe(len(P), name, layer, c_file, mech, tuple(kinds), tuple(attach), requires, cost, c_layer, doc))
 
     usdt_req = "uprobes (CONFIG_UPROBE_EVENTS), the instrumentation library built with sys/sdt.h"
-    add("pytorch_register", Layer.PYTORCH, "pytorch.c", "usdt", [Kind.REGISTER],
-        [Usdt("register", "obs_usdt_register")], usdt_req, "once per process", "PYTORCH")
-    add("pytorch_tracekey", Layer.PYTORCH, "pytorch.c", "usdt", [],
-        [Usdt("tracekey", "obs_usdt_tracekey")], usdt_req, "one map update per TraceKey change", "PYTORCH",
-        "maintains tid -> (TraceKey, step); emits nothing")
-    add("pytorch_step", Layer.PYTORCH, "pytorch.c", "usdt", [Kind.STEP_BEGIN, Kind.STEP_END],
-        [Usdt("step_begin", "obs_usdt_step_begin"), Usdt("step_end", "obs_usdt_step_end")], usdt_req,
-        "two events per step", "PYTORCH")
-    add("pytorch_phase", Layer.PYTORCH, "pytorch.c", "usdt", [Kind.PHASE],
-        [Usdt("phase_begin", "obs_usdt_phase_begin"), Usdt("phase_end", "obs_usdt_phase_end")], usdt_req,
-        "one event per phase", "PYTORCH")
-    add("pytorch_collective", Layer.PYTORCH, "pytorch.c", "usdt",
+    add(
+        "pytorch_register",
+        Layer.PYTORCH,
+        "pytorch.c",
+        "usdt",
+        [Kind.REGISTER],
+        [Usdt("register", "obs_usdt_register")],
+        usdt_req,
+        "once per process",
+        "PYTORCH",
+    )
+    add(
+        "pytorch_tracekey",
+        Layer.PYTORCH,
+        "pytorch.c",
+        "usdt",
+        [],
+        [Usdt("tracekey", "obs_usdt_tracekey")],
+        usdt_req,
+        "one map update per TraceKey change",
+        "PYTORCH",
+        "maintains tid -> (TraceKey, step); emits nothing",
+    )
+    add(
+        "pytorch_step",
+        Layer.PYTORCH,
+        "pytorch.c",
+        "usdt",
+        [Kind.STEP_BEGIN, Kind.STEP_END],
+        [Usdt("step_begin", "obs_usdt_step_begin"), Usdt("step_end", "obs_usdt_step_end")],
+        usdt_req,
+        "two events per step",
+        "PYTORCH",
+    )
+    add(
+        "pytorch_phase",
+        Layer.PYTORCH,
+        "pytorch.c",
+        "usdt",
+        [Kind.PHASE],
+        [Usdt("phase_begin", "obs_usdt_phase_begin"), Usdt("phase_end", "obs_usdt_phase_end")],
+        usdt_req,
+        "one event per phase",
+        "PYTORCH",
+    )
+    add(
+        "pytorch_collective",
+        Layer.PYTORCH,
+        "pytorch.c",
+        "usdt",
         [Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END],
-        [Usdt("coll_begin", "obs_usdt_coll_begin"), Usdt("coll_end", "obs_usdt_coll_end")], usdt_req,
-        "two events per collective", "PYTORCH")
-    add("sched", Layer.SCHED, "sched.c", "tracepoint", [Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU,
-                                                        Kind.SCHED_STEP_SUM],
-        [Tracepoint("sched", "sched_switch", "obs_sched_switch", ("prev_pid", "prev_state", "next_pid")),
-         Tracepoint("sched", "sched_wakeup", "obs_sched_wakeup", ("pid",)),
-         Tracepoint("sched", "sched_wakeup_new", "obs_sched_wakeup_new", ("pid",)),
-         Tracepoint("sched", "sched_process_exit", "obs_sched_exit")],
+        [Usdt("coll_begin", "obs_usdt_coll_begin"), Usdt("coll_end", "obs_usdt_coll_end")],
+        usdt_req,
+        "two events per collective",
+        "PYTORCH",
+    )
+    add(
+        "sched",
+        Layer.SCHED,
+        "sched.c",
+        "tracepoint",
+        [Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU, Kind.SCHED_STEP_SUM],
+        [
+            Tracepoint("sched", "sched_switch", "obs_sched_switch", ("prev_pid", "prev_state", "next_pid")),
+            Tracepoint("sched", "sched_wakeup", "obs_sched_wakeup", ("pid",)),
+            Tracepoint("sched", "sched_wakeup_new", "obs_sched_wakeup_new", ("pid",)),
+            Tracepoint("sched", "sched_process_exit", "obs_sched_exit"),
+        ],
         "tracepoints sched:sched_switch, sched_wakeup, sched_wakeup_new, sched_process_exit",
-        _TP_SCHED_COST, "SCHED")
-    add("mem_reclaim", Layer.MEMORY, "memory.c", "tracepoint", [Kind.MEM_RECLAIM],
-        [Tracepoint("vmscan", "mm_vmscan_direct_reclaim_begin", "obs_reclaim_begin"),
-         Tracepoint("vmscan", "mm_vmscan_direct_reclaim_end", "obs_reclaim_end", ("nr_reclaimed",))],
-        "tracepoints vmscan:mm_vmscan_direct_reclaim_begin/_end", "per reclaim (rare)", "MEMORY")
-    add("mem_memcg_reclaim", Layer.MEMORY, "memory.c", "tracepoint", [Kind.MEM_RECLAIM],
-        [Tracepoint("vmscan", "mm_vmscan_memcg_reclaim_begin", "obs_memcg_reclaim_begin"),
-         Tracepoint("vmscan", "mm_vmscan_memcg_reclaim_end", "obs_memcg_reclaim_end", ("nr_reclaimed",))],
-        "tracepoints vmscan:mm_vmscan_memcg_reclaim_begin/_end", "per cgroup-limit reclaim", "MEMORY",
-        "reclaim stalls of tasks whose memory cgroup hit its limit (payload reclaim=memcg)")
-    add("mem_compaction", Layer.MEMORY, "memory.c", "tracepoint", [Kind.MEM_COMPACTION],
-        [Tracepoint("compaction", "mm_compaction_begin", "obs_compaction_begin"),
-         Tracepoint("compaction", "mm_compaction_end", "obs_compaction_end", ("status",))],
-        "tracepoints compaction:mm_compaction_begin/_end (CONFIG_COMPACTION)", "per compaction (rare)",
-        "MEMORY")
-    add("mem_page_alloc", Layer.MEMORY, "memory.c", "tracepoint", [Kind.MEM_STEP_SUM, Kind.PAGE_ALLOC],
+        _TP_SCHED_COST,
+        "SCHED",
+    )
+    add(
+        "mem_reclaim",
+        Layer.MEMORY,
+        "memory.c",
+        "tracepoint",
+        [Kind.MEM_RECLAIM],
+        [
+            Tracepoint("vmscan", "mm_vmscan_direct_reclaim_begin", "obs_reclaim_begin"),
+            Tracepoint("vmscan", "mm_vmscan_direct_reclaim_end", "obs_reclaim_end", ("nr_reclaimed",)),
+        ],
+        "tracepoints vmscan:mm_vmscan_direct_reclaim_begin/_end",
+        "per reclaim (rare)",
+        "MEMORY",
+    )
+    add(
+        "mem_memcg_reclaim",
+        Layer.MEMORY,
+        "memory.c",
+        "tracepoint",
+        [Kind.MEM_RECLAIM],
+        [
+            Tracepoint("vmscan", "mm_vmscan_memcg_reclaim_begin", "obs_memcg_reclaim_begin"),
+            Tracepoint("vmscan", "mm_vmscan_memcg_reclaim_end", "obs_memcg_reclaim_end", ("nr_reclaimed",)),
+        ],
+        "tracepoints vmscan:mm_vmscan_memcg_reclaim_begin/_end",
+        "per cgroup-limit reclaim",
+        "MEMORY",
+        "reclaim stalls of tasks whose memory cgroup hit its limit (payload reclaim=memcg)",
+    )
+    add(
+        "mem_compaction",
+        Layer.MEMORY,
+        "memory.c",
+        "tracepoint",
+        [Kind.MEM_COMPACTION],
+        [
+            Tracepoint("compaction", "mm_compaction_begin", "obs_compaction_begin"),
+            Tracepoint("compaction", "mm_compaction_end", "obs_compaction_end", ("status",)),
+        ],
+        "tracepoints compaction:mm_compaction_begin/_end (CONFIG_COMPACTION)",
+        "per compaction (rare)",
+        "MEMORY",
+    )
+    add(
+        "mem_page_alloc",
+        Layer.MEMORY,
+        "memory.c",
+        "tracepoint",
+        [Kind.MEM_STEP_SUM, Kind.PAGE_ALLOC],
         [Tracepoint("kmem", "mm_page_alloc", "obs_page_alloc", ("order", "gfp_flags"))],
-        "tracepoint kmem:mm_page_alloc", "one field read per page allocation system-wide (hot path); a map "
-        "update per watched one", "MEMORY", "counts allocations per process and step in the kernel "
-        "(MEM_STEP_SUM at step_end, with the short reclaim/compaction stalls)")
-    add("net_sock_state", Layer.NETWORK, "net.c", "tracepoint", [],
-        [Tracepoint("sock", "inet_sock_set_state", "obs_sock_set_state",
-                    ("skaddr", "oldstate", "newstate", "sport", "protocol"))],
-        "tracepoint sock:inet_sock_set_state (4.16+)", "per TCP state change", "NET",
-        "attributes TCP sockets to watched processes; emits nothing")
-    add("net_retransmit", Layer.NETWORK, "net.c", "tracepoint", [Kind.TCP_RETRANSMIT],
-        [Tracepoint("tcp", "tcp_retransmit_skb", "obs_tcp_retransmit",
-                    ("skaddr", "sport", "dport", "family", "state", "saddr", "daddr", "saddr_v6", "daddr_v6"))],
-        "tracepoint tcp:tcp_retransmit_skb", "per retransmitted segment", "NET")
-    add("net_rtt", Layer.NETWORK, "net.c", "tracepoint", [Kind.TCP_RTT],
-        [Tracepoint("tcp", "tcp_probe", "obs_tcp_probe", ("skaddr", "sport", "dport", "srtt", "saddr",
-                                                         "daddr"))],
-        "tracepoint tcp:tcp_probe with skaddr (5.x+)", "one lookup per received ACK", "NET")
-    add("net_drop", Layer.NETWORK, "net.c", "tracepoint", [Kind.SKB_DROP],
-        [Tracepoint("skb", "kfree_skb", "obs_kfree_skb", ("location", "protocol"), ("reason", "rx_sk"),
-                    macro="kfree_skb")],
-        "tracepoint skb:kfree_skb (reason field 5.17+, rx_sk 6.11+)", "one lookup per dropped skb", "NET")
-    add("pcie_aer", Layer.PCIE, "pcie.c", "tracepoint", [Kind.PCIE_AER],
-        [Tracepoint("ras", "aer_event", "obs_aer_event", ("dev_name", "status", "severity"),
-                    ("tlp_header_valid",))],
-        "tracepoint ras:aer_event (CONFIG_PCIEAER + CONFIG_RAS)", "per AER error (rare)", "PCIE")
+        "tracepoint kmem:mm_page_alloc",
+        "one field read per page allocation system-wide (hot path); a map update per watched one",
+        "MEMORY",
+        "counts allocations per process and step in the kernel "
+        "(MEM_STEP_SUM at step_end, with the short reclaim/compaction stalls)",
+    )
+    add(
+        "net_sock_state",
+        Layer.NETWORK,
+        "net.c",
+        "tracepoint",
+        [],
+        [
+            Tracepoint(
+                "sock",
+                "inet_sock_set_state",
+                "obs_sock_set_state",
+                ("skaddr", "oldstate", "newstate", "sport", "protocol"),
+            )
+        ],
+        "tracepoint sock:inet_sock_set_state (4.16+)",
+        "per TCP state change",
+        "NET",
+        "attributes TCP sockets to watched processes; emits nothing",
+    )
+    add(
+        "net_retransmit",
+        Layer.NETWORK,
+        "net.c",
+        "tracepoint",
+        [Kind.TCP_RETRANSMIT],
+        [
+            Tracepoint(
+                "tcp",
+                "tcp_retransmit_skb",
+                "obs_tcp_retransmit",
+                ("skaddr", "sport", "dport", "family", "state", "saddr", "daddr", "saddr_v6", "daddr_v6"),
+            )
+        ],
+        "tracepoint tcp:tcp_retransmit_skb",
+        "per retransmitted segment",
+        "NET",
+    )
+    add(
+        "net_rtt",
+        Layer.NETWORK,
+        "net.c",
+        "tracepoint",
+        [Kind.TCP_RTT],
+        [Tracepoint("tcp", "tcp_probe", "obs_tcp_probe", ("skaddr", "sport", "dport", "srtt", "saddr", "daddr"))],
+        "tracepoint tcp:tcp_probe with skaddr (5.x+)",
+        "one lookup per received ACK",
+        "NET",
+    )
+    add(
+        "net_drop",
+        Layer.NETWORK,
+        "net.c",
+        "tracepoint",
+        [Kind.SKB_DROP],
+        [
+            Tracepoint(
+                "skb", "kfree_skb", "obs_kfree_skb", ("location", "protocol"), ("reason", "rx_sk"), macro="kfree_skb"
+            )
+        ],
+        "tracepoint skb:kfree_skb (reason field 5.17+, rx_sk 6.11+)",
+        "one lookup per dropped skb",
+        "NET",
+    )
+    add(
+        "pcie_aer",
+        Layer.PCIE,
+        "pcie.c",
+        "tracepoint",
+        [Kind.PCIE_AER],
+        [Tracepoint("ras", "aer_event", "obs_aer_event", ("dev_name", "status", "severity"), ("tlp_header_valid",))],
+        "tracepoint ras:aer_event (CONFIG_PCIEAER + CONFIG_RAS)",
+        "per AER error (rare)",
+        "PCIE",
+    )
     for sym in CUDA_SYMBOLS:
         i = sum(1 for p in P if p.mechanism == "uprobe" and p.c_layer == "CUDA")
         layer = Layer.NCCL if sym.lib == "nccl" else Layer.CUDA
         kinds = [sym.kind, Kind.CUDA_STEP_SUM] if sym.kind == Kind.CUDA_LAUNCH else [sym.kind]
-        add(f"cuda_{sym.symbol}", layer, "cuda.c", "uprobe", kinds,
-            [Uprobe(sym.lib, sym.symbol, f"obs_cuda_entry_{i}"),
-             Uprobe(sym.lib, sym.symbol, f"obs_cuda_return_{i}", ret=True)],
+        add(
+            f"cuda_{sym.symbol}",
+            layer,
+            "cuda.c",
+            "uprobe",
+            kinds,
+            [
+                Uprobe(sym.lib, sym.symbol, f"obs_cuda_entry_{i}"),
+                Uprobe(sym.lib, sym.symbol, f"obs_cuda_return_{i}", ret=True),
+            ],
             f"uprobes; {LIBRARIES[sym.lib][0]} in the target or a library dir",
-            "two traps (~1-3 us) per call: use only on launch-light workloads or raise cuda_ns", "CUDA")
-    add("nic_verbs", Layer.NIC, "nic.c", "uprobe", [Kind.RDMA_CQ_DONE],
-        [Uprobe("verbs", "ibv_post_send", "obs_verbs_post"),
-         Uprobe("verbs", "ibv_poll_cq", "obs_verbs_poll_entry"),
-         Uprobe("verbs", "ibv_poll_cq", "obs_verbs_poll_return", ret=True)],
+            "two traps (~1-3 us) per call: use only on launch-light workloads or raise cuda_ns",
+            "CUDA",
+        )
+    add(
+        "nic_verbs",
+        Layer.NIC,
+        "nic.c",
+        "uprobe",
+        [Kind.RDMA_CQ_DONE],
+        [
+            Uprobe("verbs", "ibv_post_send", "obs_verbs_post"),
+            Uprobe("verbs", "ibv_poll_cq", "obs_verbs_poll_entry"),
+            Uprobe("verbs", "ibv_poll_cq", "obs_verbs_poll_return", ret=True),
+        ],
         "uprobes; a verbs library exporting post/poll functions (see ProbeOptions.verbs_symbols)",
-        "one trap per post, two per poll", "NIC")
-    add("sysfs_nic", Layer.NIC, "producer/sysfs_poller.py", "sysfs", [Kind.NIC_COUNTER], [],
-        "/sys/class/infiniband/<dev>/ports/<n>/{counters,hw_counters}", "one read per file per interval", "")
-    add("sysfs_pcie", Layer.PCIE, "producer/sysfs_poller.py", "sysfs", [Kind.PCIE_LINK, Kind.PCIE_AER], [],
+        "one trap per post, two per poll",
+        "NIC",
+    )
+    add(
+        "sysfs_nic",
+        Layer.NIC,
+        "producer/sysfs_poller.py",
+        "sysfs",
+        [Kind.NIC_COUNTER],
+        [],
+        "/sys/class/infiniband/<dev>/ports/<n>/{counters,hw_counters}",
+        "one read per file per interval",
+        "",
+    )
+    add(
+        "sysfs_pcie",
+        Layer.PCIE,
+        "producer/sysfs_poller.py",
+        "sysfs",
+        [Kind.PCIE_LINK, Kind.PCIE_AER],
+        [],
         "/sys/bus/pci/devices/<BDF>/{current,max}_link_{speed,width}, aer_dev_correctable",
-        "one read per file per interval", "")
+        "one read per file per interval",
+        "",
+    )
     return tuple(P)
 
 
@@ -459,9 +649,10 @@ def cgroup_procs(cgroup: Path) -> set[int]:
     if not cg.is_absolute():
         cg = Path("/sys/fs/cgroup/unified") / cg
     if not (cg / "cgroup.procs").exists():
-        raise TargetError(f"cgroup {cgroup} not found (no {cg / 'cgroup.procs'})",
-                          hint="give the cgroup directory, e.g. /sys/fs/cgroup/cpu/myjob (v1) or "
-                               "/sys/fs/cgroup/unified/myjob (v2)")
+        raise TargetError(
+            f"cgroup {cgroup} not found (no {cg / 'cgroup.procs'})",
+            hint="give the cgroup directory, e.g. /sys/fs/cgroup/cpu/myjob (v1) or /sys/fs/cgroup/unified/myjob (v2)",
+        )
     pids: set[int] = set()
     for procs in cg.rglob("cgroup.procs"):
         with contextlib.suppress(OSError):
@@ -570,8 +761,10 @@ def usdt_probe_names(lib: Path) -> set[str]:
     from bcc import USDT
 
     try:
-        return {p.name.decode() if isinstance(p.name, bytes) else p.name
-                for p in USDT(path=str(lib)).enumerate_probes()
-                if (p.provider.decode() if isinstance(p.provider, bytes) else p.provider) == "obshub"}
+        return {
+            p.name.decode() if isinstance(p.name, bytes) else p.name
+            for p in USDT(path=str(lib)).enumerate_probes()
+            if (p.provider.decode() if isinstance(p.provider, bytes) else p.provider) == "obshub"
+        }
     except Exception:
         return set()

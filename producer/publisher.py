@@ -28,9 +28,14 @@ from producer.errors import TransportError
 log = logging.getLogger("producer.kafka")  # librdkafka's own log lines
 alert = logging.getLogger("producer.publisher")  # errors an operator must fix (auth, TLS, ACLs)
 
-_OPERATOR_ERRORS = {KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED,
-                    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-                    KafkaError._INVALID_ARG}
+_OPERATOR_ERRORS = {
+    KafkaError._AUTHENTICATION,
+    KafkaError._SSL,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError._INVALID_ARG,
+}
 _ALERT_EVERY_S = 30.0
 
 DeliveryCallback = Callable[[KafkaError | None], None]
@@ -49,8 +54,9 @@ class Publisher:
     producer must then be replaced).
     """
 
-    def __init__(self, kafka: KafkaConfig, topic: str = schema.TOPIC_EVENTS,
-                 on_broker_down: Callable[[], None] | None = None):
+    def __init__(
+        self, kafka: KafkaConfig, topic: str = schema.TOPIC_EVENTS, on_broker_down: Callable[[], None] | None = None
+    ):
         self.topic = topic
         self.max_block_s = kafka.max_block_ms / 1000
         self._on_broker_down = on_broker_down
@@ -60,8 +66,10 @@ class Publisher:
         try:
             self._producer = Producer(conf)
         except (KafkaException, ValueError, TypeError) as exc:
-            raise TransportError(f"Failed to create the Kafka producer for {kafka.bootstrap}: {exc}",
-                                 "check the --bootstrap and security options (librdkafka CONFIGURATION.md)") from exc
+            raise TransportError(
+                f"Failed to create the Kafka producer for {kafka.bootstrap}: {exc}",
+                "check the --bootstrap and security options (librdkafka CONFIGURATION.md)",
+            ) from exc
         self.produced = 0
         self.delivered = 0
         self.delivered_bytes = 0

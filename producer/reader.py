@@ -45,8 +45,13 @@ class PackedRun(NamedTuple):
 # format codes of producer/_ring.c: how the C reader encodes each kind's payload (absent: Python decodes)
 FMT_PY, FMT_NIL, FMT_PHASE, FMT_COLL, FMT_SCHEDSUM = range(5)
 PACKED_FORMATS: dict[int, int] = {
-    Kind.STEP_BEGIN: FMT_NIL, Kind.STEP_END: FMT_NIL, Kind.SCHED_RUNQ: FMT_NIL, Kind.SCHED_OFFCPU: FMT_NIL,
-    Kind.PHASE: FMT_PHASE, Kind.COLLECTIVE_BEGIN: FMT_COLL, Kind.COLLECTIVE_END: FMT_COLL,
+    Kind.STEP_BEGIN: FMT_NIL,
+    Kind.STEP_END: FMT_NIL,
+    Kind.SCHED_RUNQ: FMT_NIL,
+    Kind.SCHED_OFFCPU: FMT_NIL,
+    Kind.PHASE: FMT_PHASE,
+    Kind.COLLECTIVE_BEGIN: FMT_COLL,
+    Kind.COLLECTIVE_END: FMT_COLL,
 }
 
 
@@ -59,7 +64,7 @@ def format_table(formats: Mapping[int, int]) -> bytes:
 
 
 PACKED_TABLE = format_table(PACKED_FORMATS)
-DECODE_ALL_TABLE = bytes(256)   # every record handed to Python (BpfEventSource.poll)
+DECODE_ALL_TABLE = bytes(256)  # every record handed to Python (BpfEventSource.poll)
 
 
 def packed_run(item: tuple) -> PackedRun:
@@ -75,7 +80,7 @@ AER_REPLAY_TIMEOUT_BIT = 1 << 12
 AER_SEVERITY_CORRECTED = 2
 
 
-_HIST = struct.Struct("<16I")   # the u32[16] histograms of the per-step aggregates (bpf/common.h)
+_HIST = struct.Struct("<16I")  # the u32[16] histograms of the per-step aggregates (bpf/common.h)
 _U64 = struct.Struct("<Q")
 
 
@@ -122,8 +127,12 @@ class Decoder:
     kfree_skb tracefs format); ``cuda_symbols`` maps symbol index -> name; ``probe_names`` maps probe id
     -> catalogue name. ``on_register`` is called with each REGISTER event's payload dict."""
 
-    def __init__(self, drop_reasons: Mapping[int, str], cuda_symbols: Mapping[int, str],
-                 on_register: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        drop_reasons: Mapping[int, str],
+        cuda_symbols: Mapping[int, str],
+        on_register: Callable[[dict], None] | None = None,
+    ):
         self.drop_reasons = dict(drop_reasons)
         self.cuda_symbols = dict(cuda_symbols)
         self.on_register = on_register
@@ -131,8 +140,7 @@ class Decoder:
 
     def decode(self, data: bytes | memoryview) -> Event:
         """Decode one record. Raises ``struct.error`` when it is shorter than :data:`EVENT_SIZE`."""
-        (ts, dur, tk, step, value, a0, a1, a2, pid, tid, kind, _probe, a3, s0, s1) = \
-            EVENT_STRUCT.unpack_from(data)
+        (ts, dur, tk, step, value, a0, a1, a2, pid, tid, kind, _probe, a3, s0, s1) = EVENT_STRUCT.unpack_from(data)
         payload = self._payload(kind, value, a0, a1, a2, a3, s0, s1, pid)
         self.counts[kind] = self.counts.get(kind, 0) + 1
         return Event(kind, ts, dur, tk, step, pid, tid, -1, value, payload)
@@ -146,8 +154,13 @@ class Decoder:
         return {"symbol": self.cuda_symbols.get(a1, f"sym{a1}"), "rc": a0 & 0xFFFFFFFF}
 
     def _sched_sum(self, value, a0, a1, a2, a3, s0, s1, pid):
-        return {"switches": a0, "wakeups": a1, "runq_max_ns": a2,
-                "offcpu_max_ns": _U64.unpack_from(s1)[0], "runq_hist_us": hist_text(s0)}
+        return {
+            "switches": a0,
+            "wakeups": a1,
+            "runq_max_ns": a2,
+            "offcpu_max_ns": _U64.unpack_from(s1)[0],
+            "runq_hist_us": hist_text(s0),
+        }
 
     def _mem_step_sum(self, value, a0, a1, a2, a3, s0, s1, pid):
         return {"pages": a0, "stalls": a1, "stall_max_ns": a2, "orders": hist_text(s0)}
@@ -198,14 +211,16 @@ class Decoder:
 
 #: kind number -> the Decoder method for its record layout, derived from the kinds table
 #: ``schema.KIND_INFO`` (``record``); kinds without a layout carry no payload
-_LAYOUT_OF_KIND = {int(kind): getattr(Decoder, f"_{info.record}")
-                   for kind, info in KIND_INFO.items() if info.record}
+_LAYOUT_OF_KIND = {int(kind): getattr(Decoder, f"_{info.record}") for kind, info in KIND_INFO.items() if info.record}
 
 
 def aer_payload(dev: str, severity: int, status: int) -> dict:
     """The PCIE_AER payload: device, severity, and the replay bits named (only for corrected errors,
     where bits 8 and 12 mean replay-number rollover and replay-timer timeout)."""
     corrected = severity == AER_SEVERITY_CORRECTED
-    return {"dev": dev, "severity": severity,
-            "replay_rollover": bool(corrected and status & AER_REPLAY_ROLLOVER_BIT),
-            "replay_timeout": bool(corrected and status & AER_REPLAY_TIMEOUT_BIT)}
+    return {
+        "dev": dev,
+        "severity": severity,
+        "replay_rollover": bool(corrected and status & AER_REPLAY_ROLLOVER_BIT),
+        "replay_timeout": bool(corrected and status & AER_REPLAY_TIMEOUT_BIT),
+    }

@@ -81,16 +81,20 @@ class Spool:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock = open(self.dir / "lock", "a+")
         except OSError as exc:
-            raise SpoolError(f"Failed to open the spool folder {self.dir}: {exc}",
-                             "check that $OBSHUB_HOME is writable by the agent's user") from exc
+            raise SpoolError(
+                f"Failed to open the spool folder {self.dir}: {exc}",
+                "check that $OBSHUB_HOME is writable by the agent's user",
+            ) from exc
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self._lock.seek(0)
             holder = self._lock.read().strip() or "?"
             self._lock.close()
-            raise SpoolError(f"the spool {self.dir} is in use by another running agent (pid {holder})",
-                             "run each agent with its own --host, or stop the other agent first") from None
+            raise SpoolError(
+                f"the spool {self.dir} is in use by another running agent (pid {holder})",
+                "run each agent with its own --host, or stop the other agent first",
+            ) from None
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(str(os.getpid()))
@@ -125,8 +129,9 @@ class Spool:
             seg_id, offset = int(cur["segment"]), int(cur["offset"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        while self._segs and (self._segs[0].id < seg_id
-                              or (self._segs[0].id == seg_id and offset >= self._segs[0].size)):
+        while self._segs and (
+            self._segs[0].id < seg_id or (self._segs[0].id == seg_id and offset >= self._segs[0].size)
+        ):
             self._segs.pop(0).path.unlink(missing_ok=True)
         self._cur_off, self._cur_acked = 0, 0
         if self._segs and self._segs[0].id == seg_id and offset > 0:
@@ -141,7 +146,7 @@ class Spool:
         while off + _HEADER.size <= len(data):
             magic, klen, vlen, crc = _HEADER.unpack_from(data, off)
             end = off + _HEADER.size + klen + vlen
-            if magic != _MAGIC or end > len(data) or zlib.crc32(data[off + _HEADER.size:end]) != crc:
+            if magic != _MAGIC or end > len(data) or zlib.crc32(data[off + _HEADER.size : end]) != crc:
                 break
             off = end
             seg.count += 1
@@ -205,8 +210,9 @@ class Spool:
             self._writer.write(head + key + value)
             self._writer.flush()
         except OSError as exc:
-            raise SpoolError(f"Failed to write to the spool segment {seg.path}: {exc}",
-                             "free disk space or lower --spool-max-bytes") from exc
+            raise SpoolError(
+                f"Failed to write to the spool segment {seg.path}: {exc}", "free disk space or lower --spool-max-bytes"
+            ) from exc
         seg.size += rec_len
         seg.count += 1
         self.appended += 1
@@ -230,8 +236,10 @@ class Spool:
         try:
             return open(seg.path, "ab")
         except OSError as exc:
-            raise SpoolError(f"Failed to open the spool segment {seg.path} for writing: {exc}",
-                             "check free space and permissions of $OBSHUB_HOME/spool") from exc
+            raise SpoolError(
+                f"Failed to open the spool segment {seg.path} for writing: {exc}",
+                "check free space and permissions of $OBSHUB_HOME/spool",
+            ) from exc
 
     def _last_id(self) -> int:
         try:
@@ -298,8 +306,10 @@ class Spool:
             return
         head = self._segs[0]
         if pos.segment != head.id or pos.start != self._cur_off:
-            raise ValueError(f"spool ack {pos} out of order (oldest unacknowledged record is in segment "
-                             f"{head.id} at offset {self._cur_off})")
+            raise ValueError(
+                f"spool ack {pos} out of order (oldest unacknowledged record is in segment "
+                f"{head.id} at offset {self._cur_off})"
+            )
         self._cur_off, self._cur_acked = pos.end, self._cur_acked + 1
         if self._cur_off >= head.size:
             self._segs.pop(0)

@@ -22,6 +22,7 @@ from obshub.core.schema import Event, Kind, Layer, make_trace_key
 try:  # the probe side defines ProbeStatus; the synthetic source must not depend on bcc being importable
     from producer.probes import ProbeStatus  # type: ignore[attr-defined]
 except Exception:  # pragma: no cover - exercised only before/without producer/probes.py
+
     class ProbeStatus(NamedTuple):  # type: ignore[no-redef]
         """One probe's attach result: ``name``, ``layer``, ``attached``, ``reason`` (why skipped)."""
 
@@ -29,6 +30,7 @@ except Exception:  # pragma: no cover - exercised only before/without producer/p
         layer: str
         attached: bool
         reason: str = ""
+
 
 _SCHED_PROBE = "synthetic"
 
@@ -45,9 +47,19 @@ class SyntheticSource:
     Raises ValueError for a non-positive rate or fewer than 10 events per step.
     """
 
-    def __init__(self, rate: float = 10_000.0, *, total: int | None = None, host_id: int = 0, rank: int = 0,
-                 world_size: int = 1, job: str = "synthetic", pid: int | None = None, events_per_step: int = 64,
-                 max_per_poll: int = 65_536):
+    def __init__(
+        self,
+        rate: float = 10_000.0,
+        *,
+        total: int | None = None,
+        host_id: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        job: str = "synthetic",
+        pid: int | None = None,
+        events_per_step: int = 64,
+        max_per_poll: int = 65_536,
+    ):
         if rate <= 0:
             raise ValueError(f"rate must be positive, got {rate}")
         if events_per_step < 10:
@@ -71,9 +83,15 @@ class SyntheticSource:
     def start(self) -> list[ProbeStatus]:
         """Start generating (the rate clock starts now). Returns one attached pseudo-probe."""
         self._t0 = time.monotonic()
-        return [ProbeStatus("synthetic", Layer.AGENT.value, True,
-                            f"synthetic stream, {self.rate:g} events/s"
-                            + (f", {self.total} events" if self.total is not None else ""))]
+        return [
+            ProbeStatus(
+                "synthetic",
+                Layer.AGENT.value,
+                True,
+                f"synthetic stream, {self.rate:g} events/s"
+                + (f", {self.total} events" if self.total is not None else ""),
+            )
+        ]
 
     def poll(self, timeout_ms: int) -> list[Event]:
         """Events due by now at the configured rate; when none is due, waits up to ``timeout_ms`` for the
@@ -115,8 +133,15 @@ class SyntheticSource:
 
     def registrations(self) -> list[dict]:
         """The one registration this stream pretends to have seen."""
-        return [{"job": self.job, "rank": self.rank, "world_size": self.world_size, "host_id": self.host_id,
-                 "pid": self.pid}]
+        return [
+            {
+                "job": self.job,
+                "rank": self.rank,
+                "world_size": self.world_size,
+                "host_id": self.host_id,
+                "pid": self.pid,
+            }
+        ]
 
     def close(self) -> None:
         """Stop generating."""
@@ -149,8 +174,20 @@ class SyntheticSource:
                     op_seq += 1
                     tk = make_trace_key(host, step, op_seq)
                 kind = Kind.COLLECTIVE_BEGIN if pos == per - 5 else Kind.COLLECTIVE_END
-                append(Event(kind, ts, 0 if kind == Kind.COLLECTIVE_BEGIN else 50_000, tk, step, pid, tid, -1,
-                             4096, {"pg": "0", "coll_seq": self._coll_seq, "op": "all_reduce"}))
+                append(
+                    Event(
+                        kind,
+                        ts,
+                        0 if kind == Kind.COLLECTIVE_BEGIN else 50_000,
+                        tk,
+                        step,
+                        pid,
+                        tid,
+                        -1,
+                        4096,
+                        {"pg": "0", "coll_seq": self._coll_seq, "op": "all_reduce"},
+                    )
+                )
                 if kind == Kind.COLLECTIVE_END:
                     self._coll_seq += 1
             elif pos & 1:

@@ -29,8 +29,16 @@ from obshub.core.schema import Event, Kind
 from producer.reader import AER_SEVERITY_CORRECTED, aer_payload
 
 # PCIe base spec, Correctable Error Status register bits; names as the kernel prints them
-AER_CORRECTABLE_BITS = {"RxErr": 0, "BadTLP": 6, "BadDLLP": 7, "Rollover": 8, "Timeout": 12,
-                        "NonFatalErr": 13, "CorrIntErr": 14, "HeaderOF": 15}
+AER_CORRECTABLE_BITS = {
+    "RxErr": 0,
+    "BadTLP": 6,
+    "BadDLLP": 7,
+    "Rollover": 8,
+    "Timeout": 12,
+    "NonFatalErr": 13,
+    "CorrIntErr": 14,
+    "HeaderOF": 15,
+}
 
 
 def _speed_gts(s: str | None) -> float | None:
@@ -61,7 +69,7 @@ class SysfsPoller:
         fd = self._fds.get(p)
         if fd is None:
             if p in self._missing:
-                return None   # not there at the last scan (a device without a PCIe link, no AER)
+                return None  # not there at the last scan (a device without a PCIe link, no AER)
             try:
                 fd = self._fds[p] = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
@@ -89,8 +97,9 @@ class SysfsPoller:
         self._fds.clear()
         self._missing.clear()
         self._ports = [d for d in sorted((self.root / "sys/class/infiniband").glob("*/ports/*")) if d.name.isdigit()]
-        self._nic_files = {d: [f for sub in ("counters", "hw_counters") for f in sorted((d / sub).glob("*"))]
-                           for d in self._ports}
+        self._nic_files = {
+            d: [f for sub in ("counters", "hw_counters") for f in sorted((d / sub).glob("*"))] for d in self._ports
+        }
         self._devices = sorted((self.root / "sys/bus/pci/devices").glob("*"))
         self._scan_ns = now
 
@@ -124,8 +133,15 @@ class SysfsPoller:
                     prev = self._counters.get(key)
                     self._counters[key] = v
                     if prev is not None and v != prev:
-                        out.append(Event(Kind.NIC_COUNTER, now, interval, value=v - prev,
-                                         payload={"dev": dev, "port": int(port), "counter": f.name}))
+                        out.append(
+                            Event(
+                                Kind.NIC_COUNTER,
+                                now,
+                                interval,
+                                value=v - prev,
+                                payload={"dev": dev, "port": int(port), "counter": f.name},
+                            )
+                        )
         return out
 
     def _pcie(self, now: int) -> list[Event]:
@@ -147,9 +163,14 @@ class SysfsPoller:
         self._links[d.name] = state
         if prev == state or (prev is None and not down):
             return []
-        return [Event(Kind.PCIE_LINK, now, value=int(down),
-                      payload={"dev": d.name, "speed": speed, "max_speed": max_speed, "width": width,
-                               "max_width": max_width})]
+        return [
+            Event(
+                Kind.PCIE_LINK,
+                now,
+                value=int(down),
+                payload={"dev": d.name, "speed": speed, "max_speed": max_speed, "width": width, "max_width": max_width},
+            )
+        ]
 
     def _aer_counts(self, d: Path, now: int) -> list[Event]:
         text = self._str(d / "aer_dev_correctable")

@@ -99,6 +99,7 @@ class Transport:
                 self._failed.append(batch)
                 if self.state == DIRECT:
                     self._enter_draining()
+
         return done
 
     def _spool(self, key: bytes, value: bytes) -> None:
@@ -194,14 +195,20 @@ class Transport:
             else:
                 self._replay_failed = True
                 self._last_purge = 0.0
+
         return done
 
     # -- end -----------------------------------------------------------------------------------------
     @property
     def idle(self) -> bool:
         """True when nothing is outstanding, held or spooled: everything handed in was delivered."""
-        return (self.state == DIRECT and self.publisher.outstanding == 0 and not self._held
-                and not self._failed and self.spool.pending_batches == 0)
+        return (
+            self.state == DIRECT
+            and self.publisher.outstanding == 0
+            and not self._held
+            and not self._failed
+            and self.spool.pending_batches == 0
+        )
 
     def close(self, timeout_s: float, abort: Callable[[], bool] = lambda: False) -> tuple[int, int]:
         """Try for up to ``timeout_s`` (or until ``abort()`` is true) to deliver everything, spool

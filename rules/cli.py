@@ -90,27 +90,75 @@ def test_command(files):
 
 
 @rules_group.command("serve", epilog=RULES_EPILOG)
-@click.option("-r", "--rules", "rule_paths", multiple=True, type=click.Path(path_type=Path),
-              help="rule file or directory (repeatable; default: the builtin pack)")
-@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path), default=None,
-              help="alerting config: sinks, route, delivery (default: console sink only)")
+@click.option(
+    "-r",
+    "--rules",
+    "rule_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="rule file or directory (repeatable; default: the builtin pack)",
+)
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="alerting config: sinks, route, delivery (default: console sink only)",
+)
 @click.option("--group-prefix", default=RULES.group_prefix, show_default=True, help="Kafka consumer group prefix")
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
-@click.option("--scale-out", is_flag=True,
-              help="run as one of several engines of the group: jobs split between them, state kept in Kafka, "
-                   "alert changes published exactly once (docs/RULES.md 'Scaling out')")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="serve Prometheus metrics on PORT (0: any free port, logged)")
-@click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
-              help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
-@click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-@click.option("--log-file", type=click.Path(path_type=Path), default=None,
-              help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)")
-@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
-              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
-def serve_command(rule_paths, config_path, group_prefix, from_beginning, scale_out, metrics_port, metrics_addr,
-                  log_level, log_file, log_format):
+@click.option(
+    "--scale-out",
+    is_flag=True,
+    help="run as one of several engines of the group: jobs split between them, state kept in Kafka, "
+    "alert changes published exactly once (docs/RULES.md 'Scaling out')",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="serve Prometheus metrics on PORT (0: any free port, logged)",
+)
+@click.option(
+    "--metrics-addr",
+    envvar="OBSHUB_METRICS_ADDR",
+    default="0.0.0.0",
+    show_default=True,
+    help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="OBSHUB_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (time, level, logger, message)",
+)
+def serve_command(
+    rule_paths,
+    config_path,
+    group_prefix,
+    from_beginning,
+    scale_out,
+    metrics_port,
+    metrics_addr,
+    log_level,
+    log_file,
+    log_format,
+):
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
     deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
     from rules.service import RuleService
@@ -120,15 +168,28 @@ def serve_command(rule_paths, config_path, group_prefix, from_beginning, scale_o
         log_file.parent.mkdir(parents=True, exist_ok=True)
     from obshub.core import log as jsonlog
 
-    jsonlog.setup(log_level, log_format, "rules", "%(asctime)s %(levelname)s %(name)s: %(message)s",
-                  str(log_file) if log_file else None)
+    jsonlog.setup(
+        log_level,
+        log_format,
+        "rules",
+        "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        str(log_file) if log_file else None,
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs request URLs: they can hold secrets
     settings = load_settings()
-    svc = RuleService(settings, list(rule_paths), load_config(config_path), group_prefix=group_prefix,
-                      from_beginning=from_beginning, log_path=str(log_file) if log_file else "stderr",
-                      scale_out=scale_out)
-    started = (f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "
-               f"Kafka {settings.bootstrap_servers}")
+    svc = RuleService(
+        settings,
+        list(rule_paths),
+        load_config(config_path),
+        group_prefix=group_prefix,
+        from_beginning=from_beginning,
+        log_path=str(log_file) if log_file else "stderr",
+        scale_out=scale_out,
+    )
+    started = (
+        f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "
+        f"Kafka {settings.bootstrap_servers}"
+    )
     if log_format == "json":
         logging.getLogger("obshub.rules.service").info(started)
     else:
@@ -149,8 +210,14 @@ def silence_group():
 
 
 @silence_group.command("add", epilog=SILENCE_EPILOG)
-@click.option("-m", "--matcher", "matchers", multiple=True, required=True,
-              help="NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX (repeatable; all must match)")
+@click.option(
+    "-m",
+    "--matcher",
+    "matchers",
+    multiple=True,
+    required=True,
+    help="NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX (repeatable; all must match)",
+)
 @click.option("-d", "--duration", default="1h", show_default=True, help="how long, e.g. 30m, 2h")
 @click.option("--start-in", default="0s", show_default=True, help="start later, e.g. 10m")
 @click.option("-a", "--author", required=True, help="who silences")
@@ -165,8 +232,9 @@ def silence_add(matchers, duration, start_in, author, comment, as_json):
         raise click.BadParameter(str(exc)) from None
     max_ns = 10 * 366 * 24 * 3600 * 10**9
     if end - time.time_ns() > max_ns:
-        raise click.BadParameter("a silence may last at most 10 years (use --duration, e.g. 30d)",
-                                 param_hint="'-d' / '--duration'")
+        raise click.BadParameter(
+            "a silence may last at most 10 years (use --duration, e.g. 30d)", param_hint="'-d' / '--duration'"
+        )
     s = _store().add(list(matchers), start, end, author, comment)
     click.echo(json.dumps(s.__dict__) if as_json else f"silence {s.id} until {rfc3339(s.ends_at_ns)}")
 
@@ -183,8 +251,10 @@ def silence_list(show_all, as_json):
         return
     for s in items:
         state = "active" if s.active(now) else ("pending" if s.starts_at_ns > now else "expired")
-        click.echo(f"{s.id}  {state:8} {rfc3339(s.starts_at_ns)} .. {rfc3339(s.ends_at_ns)}  "
-                   f"{' '.join(s.matchers)}  by {s.author}: {s.comment}")
+        click.echo(
+            f"{s.id}  {state:8} {rfc3339(s.starts_at_ns)} .. {rfc3339(s.ends_at_ns)}  "
+            f"{' '.join(s.matchers)}  by {s.author}: {s.comment}"
+        )
     if not items:
         click.echo("no silences")
 

@@ -50,8 +50,8 @@ class _Group:
     key: str
     labels: dict[str, str]
     created_ns: int
-    alerts: dict[str, dict] = field(default_factory=dict)     # fingerprint -> latest change
-    tokens: list[Any] = field(default_factory=list)           # messages absorbed since the last flush
+    alerts: dict[str, dict] = field(default_factory=dict)  # fingerprint -> latest change
+    tokens: list[Any] = field(default_factory=list)  # messages absorbed since the last flush
     changed: bool = False
     last_flush_ns: int = 0
     last_sent_ns: dict[str, int] = field(default_factory=dict)  # sink -> time
@@ -102,8 +102,16 @@ class Dispatcher:
     whose changes reached every sink (or were muted or needed no delivery). ``passthrough``: the
     Alertmanager-first mode (module docstring): ``route``, ``inhibit`` and ``silences`` are ignored."""
 
-    def __init__(self, sinks: list[Sink], route: Route, inhibit: list[InhibitRule], silences: SilenceStore | None,
-                 policy: DeliveryPolicy, on_ack: Callable[[list[Any]], None], passthrough: bool = False):
+    def __init__(
+        self,
+        sinks: list[Sink],
+        route: Route,
+        inhibit: list[InhibitRule],
+        silences: SilenceStore | None,
+        policy: DeliveryPolicy,
+        on_ack: Callable[[list[Any]], None],
+        passthrough: bool = False,
+    ):
         self.sinks, self.route, self.inhibit, self.silences = sinks, route, list(inhibit), silences
         self.on_ack, self.passthrough = on_ack, passthrough
         self.group_wait, self.group_interval = _ns(route.group_wait), _ns(route.group_interval)
@@ -113,7 +121,7 @@ class Dispatcher:
             self.repeat_interval = 1 << 62  # re-sends come from each sink's resend_every
             self.silences = None
         self.groups: dict[str, _Group] = {}
-        self.firing: dict[str, dict] = {}   # fingerprint -> latest change record of every firing alert
+        self.firing: dict[str, dict] = {}  # fingerprint -> latest change record of every firing alert
         self.workers = {s.name: _SinkWorker(s, policy) for s in sinks}
         for w in self.workers.values():
             w.start()
@@ -159,8 +167,9 @@ class Dispatcher:
                 src = change.get("labels", {})
                 if src is labels or src == labels:
                     continue
-                if all(src.get(k) == v for k, v in rule.source.items()) and \
-                        all(src.get(e, "") == labels.get(e, "") for e in rule.equal):
+                if all(src.get(k) == v for k, v in rule.source.items()) and all(
+                    src.get(e, "") == labels.get(e, "") for e in rule.equal
+                ):
                     return True
         return False
 
@@ -189,15 +198,19 @@ class Dispatcher:
     def _maybe_flush(self, g: _Group, now_ns: int) -> None:
         firing = any(a["status"] == "firing" for a in g.alerts.values())
         if g.changed:
-            due = now_ns >= (g.created_ns + self.group_wait if g.last_flush_ns == 0
-                             else g.last_flush_ns + self.group_interval)
+            due = now_ns >= (
+                g.created_ns + self.group_wait if g.last_flush_ns == 0 else g.last_flush_ns + self.group_interval
+            )
             if due:
                 self._flush(g, now_ns, [s for s in self.sinks])
         elif firing and now_ns >= g.last_flush_ns + self.repeat_interval:
             self._flush(g, now_ns, [s for s in self.sinks])
         elif firing:
-            resend = [s for s in self.sinks if s.resend_every_s > 0
-                      and now_ns >= g.last_sent_ns.get(s.name, 0) + int(s.resend_every_s * 1e9)]
+            resend = [
+                s
+                for s in self.sinks
+                if s.resend_every_s > 0 and now_ns >= g.last_sent_ns.get(s.name, 0) + int(s.resend_every_s * 1e9)
+            ]
             if resend:
                 self._flush(g, now_ns, resend, repeat_only=True)
         if not g.alerts and not g.tokens:

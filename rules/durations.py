@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 
-_UNIT_NS = {"ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000,
-            "d": 86_400_000_000_000}
+_UNIT_NS = {"ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000, "d": 86_400_000_000_000}
 _RE = re.compile(r"^(?:(\d+)(ms|s|m|h|d))+$")
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"

@@ -33,19 +33,19 @@ log = logging.getLogger("obshub.rules.engine")
 Notify = Callable[[dict], None]
 MAX_HITS_PER_GROUP = 10_000
 MAX_BUFFERED_PER_KEY = 1_000
-MAX_FINGERPRINTS = 200_000       # cached group -> fingerprint entries per rule before the cache restarts
+MAX_FINGERPRINTS = 200_000  # cached group -> fingerprint entries per rule before the cache restarts
 _SKIP, _ERROR = "skip", "error"  # per-item outcomes: condition not true / an expression failed (counted)
-_EMIT, _MARK = "obshub_emit__", "obshub_mark__"   # CEL functions of the one-pass foreach (see _ForeachPlan)
+_EMIT, _MARK = "obshub_emit__", "obshub_mark__"  # CEL functions of the one-pass foreach (see _ForeachPlan)
 
 
 class _RuleRuntime:
     """Window hits, correlation buffers and cached fingerprints of one rule."""
 
     def __init__(self) -> None:
-        self.hits: dict[str, Window] = {}         # fingerprint -> hits of the group in the window
-        self.this_buf: dict[str, deque] = {}      # correlation key -> deque[(t_ns, labels, activation, used)]
-        self.other_buf: dict[str, deque] = {}     # correlation key -> deque[(t_ns, activation)]
-        self.fps: dict[tuple, tuple[str, dict[str, str]]] = {}   # group-by values -> (fingerprint, labels)
+        self.hits: dict[str, Window] = {}  # fingerprint -> hits of the group in the window
+        self.this_buf: dict[str, deque] = {}  # correlation key -> deque[(t_ns, labels, activation, used)]
+        self.other_buf: dict[str, deque] = {}  # correlation key -> deque[(t_ns, activation)]
+        self.fps: dict[tuple, tuple[str, dict[str, str]]] = {}  # group-by values -> (fingerprint, labels)
 
 
 @dataclass
@@ -71,19 +71,29 @@ class _ForeachPlan:
 def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
     if rule.foreach is None or rule.correlate is not None:
         return None
-    parts = [rule.condition.source] + [e.source for e in rule.group_by.values()] + \
-        ([rule.of.source] if rule.of is not None else [])
+    parts = (
+        [rule.condition.source]
+        + [e.source for e in rule.group_by.values()]
+        + ([rule.of.source] if rule.of is not None else [])
+    )
     identity = tuple(e.source.strip() == "item" for e in rule.group_by.values())
     body = " ".join(parts)
-    per_item = [rule.condition.source] + [e.source for e, ident in zip(rule.group_by.values(), identity)
-                                          if not ident] + ([rule.of.source] if rule.of is not None else [])
+    per_item = (
+        [rule.condition.source]
+        + [e.source for e, ident in zip(rule.group_by.values(), identity) if not ident]
+        + ([rule.of.source] if rule.of is not None else [])
+    )
     combined = "(" + parts[0] + ") ? [true" + "".join(f", ({p})" for p in parts[1:]) + "] : [false]"
     one_pass = f"({rule.foreach.source}).exists(item, {_MARK}() || {_EMIT}({combined}))"
     try:
-        plan = _ForeachPlan(Compiled(combined, compile_expr(combined)), Compiled(one_pass, compile_expr(one_pass)),
-                            frozenset(identifiers(body)) - {"item"},
-                            frozenset().union(*(string_literals(p) for p in parts)),
-                            all(item_invariant(p) for p in per_item), identity)
+        plan = _ForeachPlan(
+            Compiled(combined, compile_expr(combined)),
+            Compiled(one_pass, compile_expr(one_pass)),
+            frozenset(identifiers(body)) - {"item"},
+            frozenset().union(*(string_literals(p) for p in parts)),
+            all(item_invariant(p) for p in per_item),
+            identity,
+        )
     except ValueError as exc:  # cannot happen for validated rules; the per-item path still works
         log.warning("rule %s: per-item evaluation (%s)", rule.id, exc)
         return None
@@ -243,16 +253,27 @@ class Engine:
             pass  # the item being evaluated failed: it and the rest go one by one below
         results = self._emitted
         done = len(results) if len(results) == self._marks else self._marks - 1
-        self._apply(rule, plan, [(it, self._result(rule, plan, results[i]) if i < done
-                                  else self._eval_item(rule, plan, shared, it), False)
-                                 for i, it in enumerate(items)], shared, t)
+        self._apply(
+            rule,
+            plan,
+            [
+                (
+                    it,
+                    self._result(rule, plan, results[i]) if i < done else self._eval_item(rule, plan, shared, it),
+                    False,
+                )
+                for i, it in enumerate(items)
+            ],
+            shared,
+            t,
+        )
 
     @staticmethod
     def _result(rule: Rule, plan: _ForeachPlan, out: Any) -> Any:
         if not isinstance(out, list) or not out or out[0] is not True:
             return _SKIP
         n = len(rule.group_by)
-        return out[1:1 + n], (out[1 + n] if rule.of is not None else 1.0)
+        return out[1 : 1 + n], (out[1 + n] if rule.of is not None else 1.0)
 
     def _eval_item(self, rule: Rule, plan: _ForeachPlan, shared: Activation, item: Any) -> Any:
         """``(group_by values, of value)`` of one item, or _SKIP / _ERROR, on a context of the rule's
@@ -273,8 +294,9 @@ class Engine:
             return _ERROR
         return vals, value
 
-    def _apply(self, rule: Rule, plan: _ForeachPlan, outcomes: list[tuple[Any, Any, bool]], shared: Activation,
-               t: int) -> None:
+    def _apply(
+        self, rule: Rule, plan: _ForeachPlan, outcomes: list[tuple[Any, Any, bool]], shared: Activation, t: int
+    ) -> None:
         """Record the items' outcomes ``(item, outcome, substitute)``: a hit of the item's group
         (``substitute``: the outcome was computed for the sentinel item; group-bys that are just ``item``
         take this item). The per-item path of a wide foreach: kept to dictionary look-ups and one window
@@ -357,7 +379,7 @@ class Engine:
             return
         rt = self.runtime[rule.id]
         entry = [t, labels, act.data, False]
-        for (t_o, other) in reversed(rt.other_buf.get(key, ())):
+        for t_o, other in reversed(rt.other_buf.get(key, ())):
             if self._in_order(c.order, t, t_o, c.within_ns):
                 entry[3] = True
                 self._hit(rule, labels, act.data, max(t, t_o), other)
@@ -404,8 +426,16 @@ class Engine:
         fp = lifecycle.fingerprint(labels)
         self._add_hit(rule, fp, labels, t, value, lambda: act.data, other)
 
-    def _add_hit(self, rule: Rule, fp: str, labels: dict[str, str], t: int, value: float,
-                 data: Callable[[], dict], other: dict | None) -> None:
+    def _add_hit(
+        self,
+        rule: Rule,
+        fp: str,
+        labels: dict[str, str],
+        t: int,
+        value: float,
+        data: Callable[[], dict],
+        other: dict | None,
+    ) -> None:
         """Add ``(t, value)`` to the group's window and update the alert when the aggregate reaches the
         threshold (annotations rendered from ``data()``, the record as templates see it)."""
         hits = self.runtime[rule.id].hits.get(fp)
@@ -415,8 +445,16 @@ class Engine:
         if hits.push(t, value, max(t, self.now_ns) - rule.window_ns, rule.at_least) >= rule.at_least:
             self._reached(rule, fp, labels, t, hits, data, other)
 
-    def _reached(self, rule: Rule, fp: str, labels: dict[str, str], t: int, hits: Window,
-                 data: Callable[[], dict], other: dict | None) -> None:
+    def _reached(
+        self,
+        rule: Rule,
+        fp: str,
+        labels: dict[str, str],
+        t: int,
+        hits: Window,
+        data: Callable[[], dict],
+        other: dict | None,
+    ) -> None:
         """The group's aggregate reaches the threshold at ``t``: the alert becomes (or stays) true."""
         agg = hits.value(rule.at_least)
         inst = self.instances.get(fp)
@@ -430,8 +468,16 @@ class Engine:
         self._advance(inst, rule, max(t, self.now_ns))
 
     def _render(self, rule: Rule, act: dict, labels: dict, value: float, count: int, other: dict | None) -> dict:
-        ctx = {**act, "labels": labels, "value": value, "count": count, "other": other or {}, "rule": rule.id,
-               "severity": rule.severity, "hits": count}
+        ctx = {
+            **act,
+            "labels": labels,
+            "value": value,
+            "count": count,
+            "other": other or {},
+            "rule": rule.id,
+            "severity": rule.severity,
+            "hits": count,
+        }
         out = {}
         for name, tmpl in rule.annotations.items():
             try:
@@ -450,9 +496,14 @@ class Engine:
     def _emit(self, inst: AlertInstance, status: str, rule: Rule | None) -> None:
         rule = rule or self.ruleset.rules.get(inst.rule)
         rec = lifecycle.change_record(
-            inst, status, self.now_ns, description=rule.description if rule else "",
-            runbook=rule.runbook if rule else "", routes=rule.routes if rule else [],
-            generator_url=f"{self.external_url}#{inst.rule}")
+            inst,
+            status,
+            self.now_ns,
+            description=rule.description if rule else "",
+            runbook=rule.runbook if rule else "",
+            routes=rule.routes if rule else [],
+            generator_url=f"{self.external_url}#{inst.rule}",
+        )
         self.notify(rec)
 
     def tick(self, now_ns: int) -> None:
@@ -482,8 +533,10 @@ class Engine:
 
     def active(self) -> list[AlertInstance]:
         """Alerts pending or firing now, sorted by rule and labels."""
-        return sorted((i for i in self.instances.values() if i.state in (PENDING, FIRING)),
-                      key=lambda i: (i.rule, sorted(i.labels.items())))
+        return sorted(
+            (i for i in self.instances.values() if i.state in (PENDING, FIRING)),
+            key=lambda i: (i.rule, sorted(i.labels.items())),
+        )
 
     # -- persistence --------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -496,13 +549,19 @@ class Engine:
         for rid, rt in self.runtime.items():
             ws = list(rt.hits.values())
             runtime[rid] = {
-                "fps": list(rt.hits), "n": [len(w.times) for w in ws],
+                "fps": list(rt.hits),
+                "n": [len(w.times) for w in ws],
                 "t": list(chain.from_iterable(w.times for w in ws)),
                 "v": list(chain.from_iterable(w.values for w in ws)),
                 "this_buf": {k: [list(e) for e in b] for k, b in rt.this_buf.items()},
-                "other_buf": {k: [list(e) for e in b] for k, b in rt.other_buf.items()}}
-        return {"v": 3, "now_ns": self.now_ns, "instances": [i.to_dict() for i in self.instances.values()],
-                "runtime": runtime}
+                "other_buf": {k: [list(e) for e in b] for k, b in rt.other_buf.items()},
+            }
+        return {
+            "v": 3,
+            "now_ns": self.now_ns,
+            "instances": [i.to_dict() for i in self.instances.values()],
+            "runtime": runtime,
+        }
 
     def restore(self, snap: dict) -> None:
         """Load a ``snapshot`` (versions 1 to 3); state of rules no longer in the rule set is dropped."""
@@ -522,19 +581,25 @@ class Engine:
                 continue
             r = self.runtime[rid]
             kind = self.ruleset.rules[rid].aggregate
-            if "fps" in rt:     # version 3: flat columns
+            if "fps" in rt:  # version 3: flat columns
                 r.hits, i = {}, 0
                 times, values = rt["t"], rt["v"]
                 for fp, n in zip(rt["fps"], rt["n"]):
-                    r.hits[renamed.get(fp, fp)] = Window.from_list(kind, MAX_HITS_PER_GROUP,
-                                                                   list(zip(times[i:i + n], values[i:i + n])))
+                    r.hits[renamed.get(fp, fp)] = Window.from_list(
+                        kind, MAX_HITS_PER_GROUP, list(zip(times[i : i + n], values[i : i + n]))
+                    )
                     i += n
             else:
-                r.hits = {renamed.get(fp, fp): Window.from_list(kind, MAX_HITS_PER_GROUP, list(zip(*h)) if columns else h)
-                          for fp, h in rt["hits"].items()}
-            r.this_buf = {k: deque((list(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY) for k, b in rt["this_buf"].items()}
-            r.other_buf = {k: deque((tuple(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY)
-                           for k, b in rt["other_buf"].items()}
+                r.hits = {
+                    renamed.get(fp, fp): Window.from_list(kind, MAX_HITS_PER_GROUP, list(zip(*h)) if columns else h)
+                    for fp, h in rt["hits"].items()
+                }
+            r.this_buf = {
+                k: deque((list(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY) for k, b in rt["this_buf"].items()
+            }
+            r.other_buf = {
+                k: deque((tuple(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY) for k, b in rt["other_buf"].items()
+            }
 
 
 def cusum(values: list[float]) -> float:

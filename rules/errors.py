@@ -38,8 +38,10 @@ class RuleValidationError(RulesError):
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)
         text = "\n".join(str(p) for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in rule files:\n{text}",
-                         "fix the places named above; `obshub rules check FILE` re-checks them")
+        super().__init__(
+            f"{len(self.problems)} problem(s) in rule files:\n{text}",
+            "fix the places named above; `obshub rules check FILE` re-checks them",
+        )
 
 
 class RuleTestError(RulesError):

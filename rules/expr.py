@@ -19,17 +19,39 @@ from typing import Any
 
 import cel
 
-_TOKEN = re.compile(r"""
-    (?P<str>[rRbB]*("""+'"""'+r"""[\s\S]*?"""+'"""'+r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
+_TOKEN = re.compile(
+    r"""
+    (?P<str>[rRbB]*("""
+    + '"""'
+    + r"""[\s\S]*?"""
+    + '"""'
+    + r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<other>[\s\S])
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 _COMPREHENSION = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
 _MEMBER = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\.\s*([A-Za-z_]\w*)")
 # literals and type names that may appear bare (``type(x) == int``); functions are always called, and a
 # call ``name(`` is recognised as such, so ``duration`` alone is a field reference (and unknown)
-_RESERVED = {"true", "false", "null", "in", "int", "uint", "double", "string", "bool", "bytes", "type",
-             "dyn", "list", "map", "null_type"}
+_RESERVED = {
+    "true",
+    "false",
+    "null",
+    "in",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bool",
+    "bytes",
+    "type",
+    "dyn",
+    "list",
+    "map",
+    "null_type",
+}
 _CEL_POS = re.compile(r"<input>:(\d+):(\d+):\s*(.*)")
 
 
@@ -69,7 +91,7 @@ def expand(expr: str, macros: dict[str, str], lists: dict[str, list], _stack: tu
         if kind == "ident" and prev != ".":
             if text in macros:
                 if text in _stack:
-                    cycle = " -> ".join(_stack[_stack.index(text):] + (text,))
+                    cycle = " -> ".join(_stack[_stack.index(text) :] + (text,))
                     raise ExprError(f"macro cycle: {cycle}")
                 text = "(" + expand(macros[text], macros, lists, _stack + (text,)) + ")"
             elif text in lists:
@@ -92,8 +114,9 @@ def compile_expr(expr: str) -> cel.Program:
         raise ExprError(f"CEL syntax error: {text.splitlines()[0]}") from None
 
 
-def unknown_references(expr: str, allowed: set[str], names: set[str], nested: dict[str, set[str]],
-                       payload: set[str] | None) -> list[tuple[str, int]]:
+def unknown_references(
+    expr: str, allowed: set[str], names: set[str], nested: dict[str, set[str]], payload: set[str] | None
+) -> list[tuple[str, int]]:
     """``(message, offset in expr)`` for every name in ``expr`` that is not a documented field
     (``allowed``), a macro/list or extra name (``names``), a comprehension variable or a CEL literal;
     and for members of documented nested fields (``straggler.hostt``, ``payload.qpp``) that do not
@@ -124,8 +147,9 @@ def unknown_references(expr: str, allowed: set[str], names: set[str], nested: di
         if known is not None and base in allowed and member not in known and member not in _RESERVED:
             near = difflib.get_close_matches(member, sorted(known), n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
-            msgs.append((f"unknown field '{base}.{member}' (documented: {', '.join(sorted(known)) or 'none'}){hint}",
-                         m.start()))
+            msgs.append(
+                (f"unknown field '{base}.{member}' (documented: {', '.join(sorted(known)) or 'none'}){hint}", m.start())
+            )
     return msgs
 
 
@@ -172,8 +196,9 @@ class Activation:
 
     __slots__ = ("data", "names", "functions", "_ctx", "_strings")
 
-    def __init__(self, data: dict[str, Any], names: "frozenset[str] | None" = None,
-                 functions: "dict[str, Any] | None" = None):
+    def __init__(
+        self, data: dict[str, Any], names: "frozenset[str] | None" = None, functions: "dict[str, Any] | None" = None
+    ):
         self.data = data
         self.names = names
         self.functions = functions
@@ -184,8 +209,9 @@ class Activation:
     def ctx(self) -> cel.Context:
         if self._ctx is None:
             data = self.data if self.names is None else {k: self.data[k] for k in self.names if k in self.data}
-            self._ctx = cel.Context(variables=data, functions=self.functions) if self.functions \
-                else cel.Context(variables=data)
+            self._ctx = (
+                cel.Context(variables=data, functions=self.functions) if self.functions else cel.Context(variables=data)
+            )
         return self._ctx
 
     def strings(self, name: str) -> frozenset[str]:
@@ -218,18 +244,38 @@ def _strings_in(value: Any, out: "set[str] | None" = None) -> set[str]:
 # each comparison with ``item`` is then false (``!=`` true) whatever the item is. The engine evaluates such
 # an expression once for a sentinel item and only the "mentioned" items separately (docs/RULES.md,
 # "Cost of foreach").
-_LEX = re.compile(r"""
-    (?P<str>[rRbB]*("""+'"""'+r"""[\s\S]*?"""+'"""'+r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
+_LEX = re.compile(
+    r"""
+    (?P<str>[rRbB]*("""
+    + '"""'
+    + r"""[\s\S]*?"""
+    + '"""'
+    + r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
   | (?P<num>\d+(\.\d*)?([eE][+-]?\d+)?[uU]?|0[xX][0-9a-fA-F]+[uU]?|\.\d+([eE][+-]?\d+)?)
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op>==|!=|<=|>=|&&|\|\|)
   | (?P<space>\s+)
   | (?P<other>[\s\S])
-""", re.VERBOSE)
-_LOW = {"", "(", "&&", "||", "?", ":", ",", "["}          # tokens that bind looser than a relation
+""",
+    re.VERBOSE,
+)
+_LOW = {"", "(", "&&", "||", "?", ":", ",", "["}  # tokens that bind looser than a relation
 _END = {"", ")", "&&", "||", "?", ":", ",", "]"}
-_BOOL_CALLS = {"exists", "all", "exists_one", "filter", "size", "has", "int", "uint", "double", "startsWith",
-               "endsWith", "contains", "matches"}            # calls that build no new string
+_BOOL_CALLS = {
+    "exists",
+    "all",
+    "exists_one",
+    "filter",
+    "size",
+    "has",
+    "int",
+    "uint",
+    "double",
+    "startsWith",
+    "endsWith",
+    "contains",
+    "matches",
+}  # calls that build no new string
 
 
 def _lex(expr: str) -> list[tuple[str, str]]:
@@ -254,8 +300,12 @@ def _operand_after(toks: list[tuple[str, str]], i: int) -> int:
         return -1
     j = i + 1
     while j < len(toks):
-        if toks[j][1] == "." and j + 1 < len(toks) and toks[j + 1][0] == "ident" \
-                and not (j + 2 < len(toks) and toks[j + 2][1] == "("):
+        if (
+            toks[j][1] == "."
+            and j + 1 < len(toks)
+            and toks[j + 1][0] == "ident"
+            and not (j + 2 < len(toks) and toks[j + 2][1] == "(")
+        ):
             j += 2
         elif toks[j][1] == "[" and j + 2 < len(toks) and toks[j + 1][0] in ("str", "num") and toks[j + 2][1] == "]":
             j += 3
@@ -310,8 +360,14 @@ def item_invariant(expr: str, var: str = "item") -> bool:
             start = _operand_before(toks, i - 2)
             if start < 0 or (texts[start - 1] if start > 0 else "") not in _LOW:
                 return False
-        elif prev == "[" and nxt == "]" and i >= 2 and _operand_before(toks, i - 2) >= 0 \
-                and toks[i - 2][0] not in ("str", "num") and texts[i - 2] not in _RESERVED:
+        elif (
+            prev == "["
+            and nxt == "]"
+            and i >= 2
+            and _operand_before(toks, i - 2) >= 0
+            and toks[i - 2][0] not in ("str", "num")
+            and texts[i - 2] not in _RESERVED
+        ):
             # ``P[var]``: for a var that is no key of P (P's keys are among the record's strings) the
             # look-up fails the same way whatever the var is
             continue

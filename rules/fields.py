@@ -43,8 +43,10 @@ EVENT_VARS: dict[str, str] = {
     "payload": "per-kind map (keys per kind: schema.KIND_INFO)",
 }
 
-STEP_VARS: dict[str, str] = {**schema.STEP_SUMMARY_FIELDS,
-                             "time_ns": "closed_at_ns: CLOCK_REALTIME ns, the record's time for windows"}
+STEP_VARS: dict[str, str] = {
+    **schema.STEP_SUMMARY_FIELDS,
+    "time_ns": "closed_at_ns: CLOCK_REALTIME ns, the record's time for windows",
+}
 
 HEALTH_VARS: dict[str, str] = {
     "component": "always 'rules' (the engine measuring its own inputs)",
@@ -77,11 +79,28 @@ def payload_keys(kinds: list[str] | None) -> set[str]:
 
 
 _STEP_DEFAULTS: dict[str, Any] = {
-    "v": 1, "job": "", "step": -1, "closed_by": "complete", "closed_at_ns": 0, "hosts": [],
-    "expected_hosts": [], "missing_hosts": [], "world_size": 0, "step_time_ns": {}, "step_time_max_ns": 0,
-    "straggler": None, "blame": [], "collectives": [], "inconsistent": [], "late_max_ns": 0,
-    "evidence": {"spread_ns": 0, "hosts": {}}, "hang": None, "layers": {},
-    "baseline": {"median_ns": 0, "p99_ns": 0, "n": 0, "spread_ns": 0}, "stall": False, "stall_ratio": 0.0,
+    "v": 1,
+    "job": "",
+    "step": -1,
+    "closed_by": "complete",
+    "closed_at_ns": 0,
+    "hosts": [],
+    "expected_hosts": [],
+    "missing_hosts": [],
+    "world_size": 0,
+    "step_time_ns": {},
+    "step_time_max_ns": 0,
+    "straggler": None,
+    "blame": [],
+    "collectives": [],
+    "inconsistent": [],
+    "late_max_ns": 0,
+    "evidence": {"spread_ns": 0, "hosts": {}},
+    "hang": None,
+    "layers": {},
+    "baseline": {"median_ns": 0, "p99_ns": 0, "n": 0, "spread_ns": 0},
+    "stall": False,
+    "stall_ratio": 0.0,
     "quality": {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0, "ringbuf_lost": 0},
 }
 
@@ -103,12 +122,28 @@ def event_record(batch: schema.Batch, ev: schema.Event) -> dict:
     kind = schema.Kind(ev.kind)
     tk = schema.parse_trace_key(ev.trace_key)
     return {
-        "kind": kind.name, "kind_id": int(kind), "layer": schema.KIND_INFO[kind].layer.value,
-        "job": batch.job, "host": batch.host, "host_id": batch.host_id, "agent_id": batch.agent_id,
-        "batch_seq": batch.seq, "ts_ns": ev.ts_ns, "time_ns": schema.to_realtime_ns(ev.ts_ns, batch.clock),
-        "duration_ns": ev.duration_ns, "duration_us": ev.duration_ns / 1e3, "duration_ms": ev.duration_ns / 1e6,
-        "value": ev.value, "trace_key": ev.trace_key, "tk_host_id": tk.host_id, "tk_step16": tk.step16,
-        "op_seq": tk.op_seq, "step": ev.step, "pid": ev.pid, "tid": ev.tid, "gpu": ev.gpu,
+        "kind": kind.name,
+        "kind_id": int(kind),
+        "layer": schema.KIND_INFO[kind].layer.value,
+        "job": batch.job,
+        "host": batch.host,
+        "host_id": batch.host_id,
+        "agent_id": batch.agent_id,
+        "batch_seq": batch.seq,
+        "ts_ns": ev.ts_ns,
+        "time_ns": schema.to_realtime_ns(ev.ts_ns, batch.clock),
+        "duration_ns": ev.duration_ns,
+        "duration_us": ev.duration_ns / 1e3,
+        "duration_ms": ev.duration_ns / 1e6,
+        "value": ev.value,
+        "trace_key": ev.trace_key,
+        "tk_host_id": tk.host_id,
+        "tk_step16": tk.step16,
+        "op_seq": tk.op_seq,
+        "step": ev.step,
+        "pid": ev.pid,
+        "tid": ev.tid,
+        "gpu": ev.gpu,
         "payload": dict(ev.payload or {}),
     }
 
@@ -117,17 +152,37 @@ def event_record_from_test(spec: dict) -> dict:
     """An event record from a rule unit test's short form (``kind`` name plus any EVENT_VARS); the rest
     gets defaults and derived fields (layer, duration_us) are computed. Raises KeyError on unknown kind."""
     kind = schema.Kind[spec["kind"]]
-    batch = schema.Batch(job=spec.get("job", "job"), host=spec.get("host", "host"),
-                         host_id=int(spec.get("host_id", 0)), agent_id=spec.get("agent_id", "test"),
-                         seq=int(spec.get("batch_seq", 0)), events=[])
-    ev = schema.Event(int(kind), int(spec.get("ts_ns", 0)), int(spec.get("duration_ns", 0)),
-                      int(spec.get("trace_key", 0)), int(spec.get("step", -1)), int(spec.get("pid", 0)),
-                      int(spec.get("tid", 0)), int(spec.get("gpu", -1)), int(spec.get("value", 0)),
-                      dict(spec.get("payload") or {}))
+    batch = schema.Batch(
+        job=spec.get("job", "job"),
+        host=spec.get("host", "host"),
+        host_id=int(spec.get("host_id", 0)),
+        agent_id=spec.get("agent_id", "test"),
+        seq=int(spec.get("batch_seq", 0)),
+        events=[],
+    )
+    ev = schema.Event(
+        int(kind),
+        int(spec.get("ts_ns", 0)),
+        int(spec.get("duration_ns", 0)),
+        int(spec.get("trace_key", 0)),
+        int(spec.get("step", -1)),
+        int(spec.get("pid", 0)),
+        int(spec.get("tid", 0)),
+        int(spec.get("gpu", -1)),
+        int(spec.get("value", 0)),
+        dict(spec.get("payload") or {}),
+    )
     return event_record(batch, ev)
 
 
 def health_record(topic: str, group: str, lag: int, idle_s: float, uptime_s: float, now_ns: int) -> dict:
     """One health measurement as the map rules see (``HEALTH_VARS``)."""
-    return {"component": "rules", "topic": topic, "group": group, "lag_messages": int(lag),
-            "idle_s": float(idle_s), "uptime_s": float(uptime_s), "time_ns": int(now_ns)}
+    return {
+        "component": "rules",
+        "topic": topic,
+        "group": group,
+        "lag_messages": int(lag),
+        "idle_s": float(idle_s),
+        "uptime_s": float(uptime_s),
+        "time_ns": int(now_ns),
+    }

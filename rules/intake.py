@@ -36,7 +36,9 @@ def decode_events(value: bytes | None) -> list[dict]:
     for i, ev in enumerate(batch.events):
         rt = schema.to_realtime_ns(ev.ts_ns, batch.clock)
         if not 0 <= rt <= schema.I64_MAX:
-            raise schema.SchemaError(f"events[{i}].ts_ns", f"ts_ns + clock.offset_ns = {rt} is outside 0..{schema.I64_MAX}")
+            raise schema.SchemaError(
+                f"events[{i}].ts_ns", f"ts_ns + clock.offset_ns = {rt} is outside 0..{schema.I64_MAX}"
+            )
         out.append(fields.event_record(batch, ev))
     return out
 
@@ -50,9 +52,18 @@ def decode(topic: str, value: bytes | None) -> list[tuple[str, dict]]:
 
 
 _CHANGE_SHAPE: dict[str, str] = {
-    "fingerprint": "str", "rule": "str", "severity": "str", "starts_at": "str", "ends_at": "str",
-    "starts_at_ns": "int", "ends_at_ns": "int", "updated_at_ns": "int", "value": "number",
-    "routes": "list[str]", "generator_url": "str", "engine": "str",
+    "fingerprint": "str",
+    "rule": "str",
+    "severity": "str",
+    "starts_at": "str",
+    "ends_at": "str",
+    "starts_at_ns": "int",
+    "ends_at_ns": "int",
+    "updated_at_ns": "int",
+    "value": "number",
+    "routes": "list[str]",
+    "generator_url": "str",
+    "engine": "str",
 }
 CHANGE_STATUSES = ("pending", "firing", "resolved", "inactive")
 

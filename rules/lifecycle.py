@@ -91,8 +91,11 @@ def become_true(inst: AlertInstance, now_ns: int, true_until_ns: int) -> str | N
 
 def maybe_fire(inst: AlertInstance, now_ns: int, for_ns: int) -> str | None:
     """Pending whose condition held for ``for_ns`` -> firing (at the time it crossed, not later)."""
-    if inst.state == PENDING and inst.true_until_ns > inst.active_since_ns + for_ns - 1 \
-            and now_ns >= inst.active_since_ns + for_ns:
+    if (
+        inst.state == PENDING
+        and inst.true_until_ns > inst.active_since_ns + for_ns - 1
+        and now_ns >= inst.active_since_ns + for_ns
+    ):
         inst.state, inst.fired_at_ns = FIRING, inst.active_since_ns + for_ns
         return FIRING
     return None
@@ -118,16 +121,27 @@ def maybe_resolve(inst: AlertInstance, now_ns: int, keep_firing_for_ns: int) -> 
 def advance(inst: AlertInstance, now_ns: int, for_ns: int, keep_firing_for_ns: int) -> list[str]:
     """Apply every time-driven transition due at ``now_ns``; returns the states entered, in order."""
     out = []
-    for step in (lambda: maybe_fire(inst, now_ns, for_ns), lambda: maybe_drop(inst, now_ns),
-                 lambda: maybe_resolve(inst, now_ns, keep_firing_for_ns)):
+    for step in (
+        lambda: maybe_fire(inst, now_ns, for_ns),
+        lambda: maybe_drop(inst, now_ns),
+        lambda: maybe_resolve(inst, now_ns, keep_firing_for_ns),
+    ):
         s = step()
         if s:
             out.append(s)
     return out
 
 
-def change_record(inst: AlertInstance, status: str, now_ns: int, *, description: str = "", runbook: str = "",
-                  routes: list[str] | None = None, generator_url: str = "") -> dict:
+def change_record(
+    inst: AlertInstance,
+    status: str,
+    now_ns: int,
+    *,
+    description: str = "",
+    runbook: str = "",
+    routes: list[str] | None = None,
+    generator_url: str = "",
+) -> dict:
     """The JSON record of one state change (value of an ``obshub.alerts.v1`` message, key = fingerprint).
 
     Fields: ``v`` (1), ``fingerprint``, ``rule``, ``status`` (pending|firing|resolved|inactive),
@@ -142,9 +156,19 @@ def change_record(inst: AlertInstance, status: str, now_ns: int, *, description:
     if runbook:
         ann.setdefault("runbook", runbook)
     return {
-        "v": 1, "fingerprint": inst.fingerprint, "rule": inst.rule, "status": status, "severity": inst.severity,
-        "labels": dict(inst.labels), "annotations": ann, "starts_at": rfc3339(starts) if starts else "",
-        "ends_at": rfc3339(ends) if ends else "", "starts_at_ns": starts, "ends_at_ns": ends,
-        "updated_at_ns": now_ns, "value": inst.value, "routes": list(routes or []),
+        "v": 1,
+        "fingerprint": inst.fingerprint,
+        "rule": inst.rule,
+        "status": status,
+        "severity": inst.severity,
+        "labels": dict(inst.labels),
+        "annotations": ann,
+        "starts_at": rfc3339(starts) if starts else "",
+        "ends_at": rfc3339(ends) if ends else "",
+        "starts_at_ns": starts,
+        "ends_at_ns": ends,
+        "updated_at_ns": now_ns,
+        "value": inst.value,
+        "routes": list(routes or []),
         "generator_url": generator_url,
     }

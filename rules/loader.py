@@ -46,8 +46,22 @@ def template_env() -> SandboxedEnvironment:
 _ENV = template_env()
 
 
-_MEASURE_NAMES = {"value", "step", "trace_key", "op_seq", "tk_step16", "ts_ns", "time_ns", "count", "score",
-                  "stall_ratio", "batch_seq", "lag_messages", "idle_s", "uptime_s"}
+_MEASURE_NAMES = {
+    "value",
+    "step",
+    "trace_key",
+    "op_seq",
+    "tk_step16",
+    "ts_ns",
+    "time_ns",
+    "count",
+    "score",
+    "stall_ratio",
+    "batch_seq",
+    "lag_messages",
+    "idle_s",
+    "uptime_s",
+}
 
 
 def measurement_names(expr: str) -> list[str]:
@@ -76,7 +90,7 @@ class _Ctx:
         self.lists: dict[str, list] = {}
         self.macros: dict[str, str] = {}
         self.macro_at: dict[str, tuple[str, int, int]] = {}
-        self.raw_rules: dict[str, dict] = {}          # id -> {"spec", "file", "doc", "path", "line"}
+        self.raw_rules: dict[str, dict] = {}  # id -> {"spec", "file", "doc", "path", "line"}
         self.inhibit: list[InhibitRule] = []
 
     def add(self, file: str, line: int, col: int, msg: str, rule: str | None = None) -> None:
@@ -97,8 +111,8 @@ def _expr_pos(doc: Any, path: list, err: ExprError, file: str = "") -> tuple[int
     if isinstance(node, (LiteralScalarString, FoldedScalarString)):
         text = str(node)
         lines = text.split("\n")
-        at = sum(len(x) + 1 for x in lines[:max(err.line, 1) - 1]) + max(err.col, 1) - 1
-        snippet = text[at:at + 12].split("\n")[0].strip()
+        at = sum(len(x) + 1 for x in lines[: max(err.line, 1) - 1]) + max(err.col, 1) - 1
+        snippet = text[at : at + 12].split("\n")[0].strip()
         try:
             src = Path(file).read_text().splitlines() if file else []
         except OSError:
@@ -130,17 +144,33 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
             line, col = position(doc, ["rules", i, "id"])
             if rid in ctx.raw_rules:
                 prev = ctx.raw_rules[rid]
-                ctx.add(file, line, col, f"rule id already defined at {prev['file']}:{prev['line']}; "
-                        "change it with `overrides:` instead of redefining it", rid)
+                ctx.add(
+                    file,
+                    line,
+                    col,
+                    f"rule id already defined at {prev['file']}:{prev['line']}; "
+                    "change it with `overrides:` instead of redefining it",
+                    rid,
+                )
                 continue
-            ctx.raw_rules[rid] = {"spec": _plain(spec), "file": file, "doc": doc, "path": ["rules", i],
-                                  "line": line, "cond_at": (file, doc, ["rules", i, "condition"])}
+            ctx.raw_rules[rid] = {
+                "spec": _plain(spec),
+                "file": file,
+                "doc": doc,
+                "path": ["rules", i],
+                "line": line,
+                "cond_at": (file, doc, ["rules", i, "condition"]),
+            }
         for i, ov in enumerate(doc.get("overrides") or []):
             _apply_override(ctx, file, doc, i, _plain(ov))
         for inh in doc.get("inhibit") or []:
-            ctx.inhibit.append(InhibitRule({str(k): str(v) for k, v in inh["source"].items()},
-                                           {str(k): str(v) for k, v in inh["target"].items()},
-                                           [str(e) for e in inh["equal"]]))
+            ctx.inhibit.append(
+                InhibitRule(
+                    {str(k): str(v) for k, v in inh["source"].items()},
+                    {str(k): str(v) for k, v in inh["target"].items()},
+                    [str(e) for e in inh["equal"]],
+                )
+            )
 
 
 def _plain(node: Any) -> Any:
@@ -163,8 +193,9 @@ def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
     line, col = position(doc, ["overrides", i, "rule"])
     target = ctx.raw_rules.get(rid)
     if target is None:
-        ctx.add(file, line, col, "override of a rule that no earlier file defines (check the file order "
-                "and the id)", rid)
+        ctx.add(
+            file, line, col, "override of a rule that no earlier file defines (check the file order and the id)", rid
+        )
         return
     spec = copy.deepcopy(target["spec"])
     app = ov.get("append") or {}
@@ -194,8 +225,16 @@ def _check_macros(ctx: _Ctx) -> None:
             ctx.add(file, line, col + max(err.col - 1, 0), f"macro '{name}': {err}")
 
 
-def _compile(ctx: _Ctx, raw: dict, key: str, text: str, allowed: set[str], nested: dict, payload: set[str] | None,
-             extra: set[str] = frozenset()) -> Compiled | None:
+def _compile(
+    ctx: _Ctx,
+    raw: dict,
+    key: str,
+    text: str,
+    allowed: set[str],
+    nested: dict,
+    payload: set[str] | None,
+    extra: set[str] = frozenset(),
+) -> Compiled | None:
     """Compile one expression of a rule; on error record a problem at its position and return None."""
     rid = raw["spec"]["id"]
     if key == "condition":
@@ -232,8 +271,12 @@ def _kinds(ctx: _Ctx, raw: dict, signal: str, kinds: list[str] | None, where: st
         ctx.add(raw["file"], line, col, f"{where}: `kinds:` only applies to signal 'events'", rid)
     for k in kinds or []:
         if k not in fields.KIND_NAMES:
-            ctx.add(raw["file"], *position(raw["doc"], raw["path"] + where.split("/")), f"unknown event kind "
-                    f"'{k}' (known: {', '.join(sorted(fields.KIND_NAMES))})", rid)
+            ctx.add(
+                raw["file"],
+                *position(raw["doc"], raw["path"] + where.split("/")),
+                f"unknown event kind '{k}' (known: {', '.join(sorted(fields.KIND_NAMES))})",
+                rid,
+            )
     return frozenset(kinds or [])
 
 
@@ -253,16 +296,24 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra)
         measured = measurement_names(text)
         if measured:
-            ctx.add(file, *position(doc, path + ["group_by", label]),
-                    f"group_by/{label}: '{measured[0]}' is a measurement, not an identity: as a label it would "
-                    "make a new alert for every value; group by host/job/device and show it in annotations", rid)
+            ctx.add(
+                file,
+                *position(doc, path + ["group_by", label]),
+                f"group_by/{label}: '{measured[0]}' is a measurement, not an identity: as a label it would "
+                "make a new alert for every value; group by host/job/device and show it in annotations",
+                rid,
+            )
     thr = spec.get("threshold") or {}
     aggregate, at_least = thr.get("aggregate", "count"), float(thr.get("at_least", 1))
     of = None
     if aggregate != "count":
         if not thr.get("of"):
-            ctx.add(file, *position(doc, path + ["threshold"]), f"threshold: aggregate '{aggregate}' needs `of:` "
-                    "(the expression to aggregate, e.g. duration_ns)", rid)
+            ctx.add(
+                file,
+                *position(doc, path + ["threshold"]),
+                f"threshold: aggregate '{aggregate}' needs `of:` (the expression to aggregate, e.g. duration_ns)",
+                rid,
+            )
         else:
             of = _compile(ctx, raw, "threshold/of", thr["of"], allowed, nested, payload, extra)
     corr = None
@@ -275,27 +326,53 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             ast = _ENV.parse(text)
             unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - names)
             if unknown:
-                ctx.add(file, *position(doc, path + ["annotations", name]),
-                        f"annotations/{name}: unknown name(s) {', '.join(unknown)} in template", rid)
+                ctx.add(
+                    file,
+                    *position(doc, path + ["annotations", name]),
+                    f"annotations/{name}: unknown name(s) {', '.join(unknown)} in template",
+                    rid,
+                )
             annotations[name], sources[name] = _ENV.from_string(text), text
         except jinja2.TemplateSyntaxError as exc:
-            ctx.add(file, *position(doc, path + ["annotations", name]),
-                    f"annotations/{name}: template syntax error on its line {exc.lineno}: {exc.message}", rid)
+            ctx.add(
+                file,
+                *position(doc, path + ["annotations", name]),
+                f"annotations/{name}: template syntax error on its line {exc.lineno}: {exc.message}",
+                rid,
+            )
     if len(ctx.problems) > n_before:
         return None
     return Rule(
-        id=rid, description=spec["description"], severity=spec["severity"], signal=signal, kinds=kinds,
-        condition=cond, group_by=group_by, window_ns=parse_duration_ns(spec.get("window", "1m")),
-        aggregate=aggregate, of=of, at_least=at_least, for_ns=parse_duration_ns(spec.get("for", "0s")),
+        id=rid,
+        description=spec["description"],
+        severity=spec["severity"],
+        signal=signal,
+        kinds=kinds,
+        condition=cond,
+        group_by=group_by,
+        window_ns=parse_duration_ns(spec.get("window", "1m")),
+        aggregate=aggregate,
+        of=of,
+        at_least=at_least,
+        for_ns=parse_duration_ns(spec.get("for", "0s")),
         keep_firing_for_ns=parse_duration_ns(spec.get("keep_firing_for", "0s")),
-        labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()}, annotations=annotations,
-        annotation_sources=sources, foreach=foreach, correlate=corr, runbook=spec.get("runbook", ""),
-        routes=list(spec.get("routes", [])), tags=list(spec.get("tags", [])), enabled=spec.get("enabled", True),
-        file=file, line=raw["line"])
+        labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
+        annotations=annotations,
+        annotation_sources=sources,
+        foreach=foreach,
+        correlate=corr,
+        runbook=spec.get("runbook", ""),
+        routes=list(spec.get("routes", [])),
+        tags=list(spec.get("tags", [])),
+        enabled=spec.get("enabled", True),
+        file=file,
+        line=raw["line"],
+    )
 
 
-def _build_correlation(ctx: _Ctx, raw: dict, allowed: set[str], nested: dict, payload: set[str] | None,
-                       extra: set[str]) -> Correlation | None:
+def _build_correlation(
+    ctx: _Ctx, raw: dict, allowed: set[str], nested: dict, payload: set[str] | None, extra: set[str]
+) -> Correlation | None:
     spec, rid = raw["spec"]["correlate"], raw["spec"]["id"]
     osig = spec["signal"]
     okinds = _kinds(ctx, raw, osig, spec.get("kinds"), "correlate/kinds")
@@ -303,16 +380,25 @@ def _build_correlation(ctx: _Ctx, raw: dict, allowed: set[str], nested: dict, pa
     o_nested = fields.NESTED_VARS if osig == "steps" else {}
     o_payload = fields.payload_keys(sorted(okinds)) if osig == "events" else None
     if set(spec["this_keys"]) != set(spec["other_keys"]):
-        ctx.add(raw["file"], *position(raw["doc"], raw["path"] + ["correlate", "other_keys"]),
-                f"correlate: this_keys {sorted(spec['this_keys'])} and other_keys {sorted(spec['other_keys'])} "
-                "must name the same keys", rid)
+        ctx.add(
+            raw["file"],
+            *position(raw["doc"], raw["path"] + ["correlate", "other_keys"]),
+            f"correlate: this_keys {sorted(spec['this_keys'])} and other_keys {sorted(spec['other_keys'])} "
+            "must name the same keys",
+            rid,
+        )
     cond = _compile(ctx, raw, "correlate/condition", spec["condition"], o_allowed, o_nested, o_payload)
-    this_keys = {k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra)
-                 for k, v in spec["this_keys"].items()}
-    other_keys = {k: _compile(ctx, raw, f"correlate/other_keys/{k}", v, o_allowed, o_nested, o_payload)
-                  for k, v in spec["other_keys"].items()}
-    return Correlation(osig, okinds, cond, this_keys, other_keys, parse_duration_ns(spec["within"]),
-                       spec.get("order", "any"))
+    this_keys = {
+        k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra)
+        for k, v in spec["this_keys"].items()
+    }
+    other_keys = {
+        k: _compile(ctx, raw, f"correlate/other_keys/{k}", v, o_allowed, o_nested, o_payload)
+        for k, v in spec["other_keys"].items()
+    }
+    return Correlation(
+        osig, okinds, cond, this_keys, other_keys, parse_duration_ns(spec["within"]), spec.get("order", "any")
+    )
 
 
 def load_ruleset(paths: list[Path | str]) -> RuleSet:
@@ -331,7 +417,9 @@ def load_ruleset(paths: list[Path | str]) -> RuleSet:
         if rule is not None and rule.enabled:
             rules[rid] = rule
     if ctx.problems:
-        raise RuleValidationError(sorted(dict.fromkeys(ctx.problems), key=lambda p: (files_index(files, p.file), p.line, p.col)))
+        raise RuleValidationError(
+            sorted(dict.fromkeys(ctx.problems), key=lambda p: (files_index(files, p.file), p.line, p.col))
+        )
     return RuleSet(rules, ctx.inhibit, [str(f) for f in files])
 
 
@@ -348,5 +436,3 @@ def check_files(paths: list[Path | str]) -> list[Problem]:
     except RuleValidationError as exc:
         return exc.problems
     return []
-
-

@@ -46,7 +46,7 @@ class Rule:
     for_ns: int
     keep_firing_for_ns: int
     labels: dict[str, str]
-    annotations: dict[str, Any]          # name -> jinja2 Template
+    annotations: dict[str, Any]  # name -> jinja2 Template
     annotation_sources: dict[str, str]
     foreach: Compiled | None = None
     correlate: Correlation | None = None

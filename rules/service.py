@@ -55,12 +55,22 @@ class RuleService:
     engine = property(lambda self: self.engine_loop.engine)
     dispatcher = property(lambda self: self.notify_loop.dispatcher)
     tracker = property(lambda self: self.notify_loop.tracker)
-    outbox = property(lambda self: self.engine_loop.outbox)      # changes not yet published
+    outbox = property(lambda self: self.engine_loop.outbox)  # changes not yet published
 
-    def __init__(self, settings: Settings, rule_paths: list[Path], config: AlertingConfig, *,
-                 group_prefix: str = RULES.group_prefix, from_beginning: bool = False,
-                 health_every_s: float = RULES.health_every_s, max_replay_age_s: float = RULES.max_replay_age_s, log_path: str = "stderr", checkpoint_every_s: float = 1.0,
-                 scale_out: bool = False):
+    def __init__(
+        self,
+        settings: Settings,
+        rule_paths: list[Path],
+        config: AlertingConfig,
+        *,
+        group_prefix: str = RULES.group_prefix,
+        from_beginning: bool = False,
+        health_every_s: float = RULES.health_every_s,
+        max_replay_age_s: float = RULES.max_replay_age_s,
+        log_path: str = "stderr",
+        checkpoint_every_s: float = 1.0,
+        scale_out: bool = False,
+    ):
         self.settings, self.rule_paths, self.config = settings, list(rule_paths) or [BUILTIN_DIR], config
         self.group_prefix, self.from_beginning = group_prefix, from_beginning
         self.health_every_s = health_every_s
@@ -79,15 +89,29 @@ class RuleService:
 
             self.engine_loop = PartitionedEngineLoop(self, external_url, checkpoint_every_s)
         else:
-            engine = Engine(self.ruleset, lambda change: self.engine_loop.outbox.append(change),
-                            external_url=external_url)
+            engine = Engine(
+                self.ruleset, lambda change: self.engine_loop.outbox.append(change), external_url=external_url
+            )
             self.engine_loop = EngineLoop(self, engine, checkpoint_every_s)
-        self.notify_loop = NotifyLoop(self, lambda on_ack: Dispatcher(
-            build_sinks(config), config.route, self.ruleset.inhibit, SilenceStore(self.state / "silences.json"),
-            config.delivery.policy(), on_ack, passthrough=config.mode == "alertmanager"), max_replay_age_s)
+        self.notify_loop = NotifyLoop(
+            self,
+            lambda on_ack: Dispatcher(
+                build_sinks(config),
+                config.route,
+                self.ruleset.inhibit,
+                SilenceStore(self.state / "silences.json"),
+                config.delivery.policy(),
+                on_ack,
+                passthrough=config.mode == "alertmanager",
+            ),
+            max_replay_age_s,
+        )
         if config.mode == "alertmanager" and self.ruleset.inhibit:
-            log.warning("mode alertmanager: the %d inhibit rule(s) of the rule files are not applied (write them "
-                        "as inhibit_rules in Alertmanager's configuration)", len(self.ruleset.inhibit))
+            log.warning(
+                "mode alertmanager: the %d inhibit rule(s) of the rule files are not applied (write them "
+                "as inhibit_rules in Alertmanager's configuration)",
+                len(self.ruleset.inhibit),
+            )
         self.started = time.monotonic()
         self._check_routes()
 
@@ -97,8 +121,14 @@ class RuleService:
         for r in self.ruleset.rules.values():
             missing = sorted(set(r.routes) - sinks)
             if missing:
-                log.warning("%s:%d: rule %s routes to unknown sink(s) %s (configured: %s)", r.file, r.line, r.id,
-                            ", ".join(missing), ", ".join(sorted(sinks)))
+                log.warning(
+                    "%s:%d: rule %s routes to unknown sink(s) %s (configured: %s)",
+                    r.file,
+                    r.line,
+                    r.id,
+                    ", ".join(missing),
+                    ", ".join(sorted(sinks)),
+                )
 
     # -- reload ----------------------------------------------------------------------------------------------
     def _rule_mtimes(self) -> dict[str, float]:
@@ -153,13 +183,18 @@ class RuleService:
             self.http_port = server.server_port
             if not self.config.external_url:
                 self.engine.external_url = f"http://{socket.getfqdn()}:{self.http_port}/rules"
-            log.info("metrics on http://%s:%d/metrics, rules and alerts on /rules (generatorURL %s)", metrics_addr,
-                     self.http_port, self.engine.external_url)
+            log.info(
+                "metrics on http://%s:%d/metrics, rules and alerts on /rules (generatorURL %s)",
+                metrics_addr,
+                self.http_port,
+                self.engine.external_url,
+            )
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
-        registry.register_component(self.settings, "rules", os.getpid(),
-                                 log=self.log_path, rules=len(self.ruleset.rules))
+        registry.register_component(
+            self.settings, "rules", os.getpid(), log=self.log_path, rules=len(self.ruleset.rules)
+        )
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
         self.running.set()

@@ -65,11 +65,17 @@ def read_state(path: Path) -> Any | None:
 def log_assign(loop: str, watch: BrokerWatch | None = None):
     """An ``on_assign`` callback that logs the partitions a loop was given (and tells ``watch`` the
     broker answers)."""
+
     def on_assign(_consumer, partitions) -> None:
         if watch is not None:
             watch.up()
-        log.info("%s: assigned %d partition(s) of %s", loop, len(partitions),
-                 ", ".join(sorted({p.topic for p in partitions})) or "-")
+        log.info(
+            "%s: assigned %d partition(s) of %s",
+            loop,
+            len(partitions),
+            ", ".join(sorted({p.topic for p in partitions})) or "-",
+        )
+
     return on_assign
 
 
@@ -89,7 +95,11 @@ def _client_log(watch: BrokerWatch | None) -> dict:
 
 def producer(settings: Settings, watch: BrokerWatch | None = None) -> Producer:
     """The idempotent producer of a loop (alert changes, dead letters)."""
-    return Producer(kafka.producer_config(kafka.connection(settings), {"enable.idempotence": True, "linger.ms": 5, **_client_log(watch)}))
+    return Producer(
+        kafka.producer_config(
+            kafka.connection(settings), {"enable.idempotence": True, "linger.ms": 5, **_client_log(watch)}
+        )
+    )
 
 
 def flush(prod: Producer, stop: threading.Event, watch: BrokerWatch | None = None) -> int:
@@ -126,4 +136,17 @@ def wait_for_broker(bootstrap: str, stop: threading.Event, watch: BrokerWatch) -
 
 def consumer(settings: Settings, group: str, reset: str, watch: BrokerWatch | None = None) -> Consumer:
     """A consumer of group ``group`` that commits only explicitly; ``reset``: where a new group starts."""
-    return Consumer(kafka.consumer_config(kafka.connection(settings), group, {"enable.auto.commit": False, "auto.offset.reset": reset, "enable.partition.eof": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, **_client_log(watch)}))
+    return Consumer(
+        kafka.consumer_config(
+            kafka.connection(settings),
+            group,
+            {
+                "enable.auto.commit": False,
+                "auto.offset.reset": reset,
+                "enable.partition.eof": False,
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+                **_client_log(watch),
+            },
+        )
+    )

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 MAX_FUTURE_S = 300
 STATE_FILE = "engine.msgpack"
-OLD_STATE_FILE = "engine.json"       # written by earlier versions; read once when no msgpack state exists
+OLD_STATE_FILE = "engine.json"  # written by earlier versions; read once when no msgpack state exists
 
 
 class EngineLoop:
@@ -80,8 +80,9 @@ class EngineLoop:
         self.decode_errors += 1
         DLQ.labels(msg.topic()).inc()
         reason = intake.dead_letter(dlq, msg, exc, f"{self.svc.group_prefix}-engine")
-        log.warning("%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(),
-                    schema.TOPIC_DLQ, reason)
+        log.warning(
+            "%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(), schema.TOPIC_DLQ, reason
+        )
 
     def _clamp(self, rec: dict) -> dict:
         """A record time more than ``MAX_FUTURE_S`` ahead of this host's clock (a host with a wrong clock)
@@ -112,8 +113,11 @@ class EngineLoop:
         left = flush(prod, self.svc.stop, self.svc.watch)
         if left:
             self.undelivered = left
-            log.error("stopping with %d message(s) not acknowledged by Kafka (broker unreachable); the engine "
-                      "state is not saved, a restart evaluates their input again", left)
+            log.error(
+                "stopping with %d message(s) not acknowledged by Kafka (broker unreachable); the engine "
+                "state is not saved, a restart evaluates their input again",
+                left,
+            )
         return not left
 
     def _health(self, cons: Consumer) -> None:
@@ -131,8 +135,10 @@ class EngineLoop:
         for topic in self.input_topics():
             seen = self.last_seen.get(topic)
             idle = time.monotonic() - seen if seen is not None else uptime
-            self.engine.process("health", fields.health_record(topic, f"{self.svc.group_prefix}-engine",
-                                                               lag.get(topic, 0), idle, uptime, now))
+            self.engine.process(
+                "health",
+                fields.health_record(topic, f"{self.svc.group_prefix}-engine", lag.get(topic, 0), idle, uptime, now),
+            )
 
     def input_topics(self) -> list[str]:
         """The input topics the current rules read (a pack without event rules does not decode events)."""
@@ -145,8 +151,9 @@ class EngineLoop:
     def run_engine(self) -> None:
         """The engine loop; returns when the service's ``stop`` is set."""
         svc = self.svc
-        cons = consumer(svc.settings, f"{svc.group_prefix}-engine", "earliest" if svc.from_beginning else "latest",
-                        svc.watch)
+        cons = consumer(
+            svc.settings, f"{svc.group_prefix}-engine", "earliest" if svc.from_beginning else "latest", svc.watch
+        )
         topics = self.input_topics()
         cons.subscribe(topics, on_assign=log_assign("engine", svc.watch))
         prod = producer(svc.settings, svc.watch)
@@ -169,8 +176,9 @@ class EngineLoop:
                             self.engine.process(signal_name, rec)
                         except Exception as exc:  # a record the checks let through must not stop the engine
                             log.exception("evaluating %s[%d]@%d failed", m.topic(), m.partition(), m.offset())
-                            self._dead_letter(m, schema.SchemaError(
-                                "", f"rule evaluation failed: {type(exc).__name__}: {exc}"), prod)
+                            self._dead_letter(
+                                m, schema.SchemaError("", f"rule evaluation failed: {type(exc).__name__}: {exc}"), prod
+                            )
                             break
                 mono = time.monotonic()
                 if mono - last_tick >= 1.0:

@@ -92,16 +92,20 @@ class NotifyLoop:
         self.decode_errors += 1
         DLQ.labels(msg.topic()).inc()
         reason = intake.dead_letter(dlq, msg, exc, f"{self.svc.group_prefix}-notify")
-        log.warning("%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(),
-                    schema.TOPIC_DLQ, reason)
+        log.warning(
+            "%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(), schema.TOPIC_DLQ, reason
+        )
 
     def run_notify(self) -> None:
         """The notify loop; returns when the service's ``stop`` is set."""
         svc = self.svc
         cons = consumer(svc.settings, f"{svc.group_prefix}-notify", "earliest", svc.watch)
         dlq = producer(svc.settings, svc.watch)
-        cons.subscribe([schema.TOPIC_ALERTS], on_assign=log_assign("notify", svc.watch),
-                       on_revoke=lambda c, p: self.tracker.reset())
+        cons.subscribe(
+            [schema.TOPIC_ALERTS],
+            on_assign=log_assign("notify", svc.watch),
+            on_revoke=lambda c, p: self.tracker.reset(),
+        )
         last_commit = 0.0
         try:
             while not svc.stop.is_set():
@@ -145,4 +149,3 @@ class NotifyLoop:
                     log.warning("final commit failed (changes will be re-delivered): %s", exc)
             atomic_write(svc.state / DISPATCH_FILE, self.dispatcher.snapshot())
             cons.close()
-

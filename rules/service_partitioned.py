@@ -47,8 +47,8 @@ from rules.web import runbook_url
 if TYPE_CHECKING:
     from rules.service import RuleService
 
-STATE_MAX_BYTES = 64 * 1024 * 1024      # a 2,048-host job's windows are ~3 MB of msgpack before compression
-TRANSACTION_TIMEOUT_MS = 10_000         # how long a dead owner's open transaction can hold readers back
+STATE_MAX_BYTES = 64 * 1024 * 1024  # a 2,048-host job's windows are ~3 MB of msgpack before compression
+TRANSACTION_TIMEOUT_MS = 10_000  # how long a dead owner's open transaction can hold readers back
 
 
 def murmur2(data: bytes) -> int:
@@ -88,8 +88,8 @@ class _Part:
     producer: Producer
     engine: Engine
     outbox: list[dict]
-    events: dict[int, int] = field(default_factory=dict)   # events partition -> next offset to read
-    next_offset: int | None = None                         # steps offset to commit
+    events: dict[int, int] = field(default_factory=dict)  # events partition -> next offset to read
+    next_offset: int | None = None  # steps offset to commit
     dirty: bool = False
     in_txn: bool = False
     last_commit: float = 0.0
@@ -145,7 +145,7 @@ class PartitionedEngineLoop:
         self.health_outbox: list[dict] = []
         self.health_engine = Engine(_split(svc.ruleset)[1], self.health_outbox.append, external_url=external_url)
         self.engine = _Engines(self)
-        self.outbox: list[dict] = []    # (RuleService.outbox: changes of the health engine not yet published)
+        self.outbox: list[dict] = []  # (RuleService.outbox: changes of the health engine not yet published)
         self.state_topic = f"{svc.group_prefix}-state"
         self.started = time.monotonic()
         self.last_seen: dict[str, float] = {}
@@ -175,7 +175,9 @@ class PartitionedEngineLoop:
         return self.svc.settings.bootstrap_servers
 
     def _ensure_state_topic(self) -> None:
-        admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"logger": NullLogger()}))
+        admin = AdminClient(
+            kafka.admin_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"logger": NullLogger()})
+        )
         waited = 0.0
         while True:
             md = admin.list_topics(timeout=10)
@@ -194,13 +196,25 @@ class PartitionedEngineLoop:
         have = md.topics.get(self.state_topic)
         if have is not None and have.error is None and have.partitions:
             if len(have.partitions) != self.n_steps:
-                raise RuntimeError(f"{self.state_topic} has {len(have.partitions)} partitions, {schema.TOPIC_STEPS} "
-                                   f"{self.n_steps}: the engine state is per steps partition (delete it to start over)")
+                raise RuntimeError(
+                    f"{self.state_topic} has {len(have.partitions)} partitions, {schema.TOPIC_STEPS} "
+                    f"{self.n_steps}: the engine state is per steps partition (delete it to start over)"
+                )
             return
-        fut = admin.create_topics([NewTopic(self.state_topic, num_partitions=self.n_steps, replication_factor=replication_factor(),
-                                            config={"cleanup.policy": "compact",
-                                                    "max.message.bytes": str(STATE_MAX_BYTES),
-                                                    "segment.ms": "600000"})])[self.state_topic]
+        fut = admin.create_topics(
+            [
+                NewTopic(
+                    self.state_topic,
+                    num_partitions=self.n_steps,
+                    replication_factor=replication_factor(),
+                    config={
+                        "cleanup.policy": "compact",
+                        "max.message.bytes": str(STATE_MAX_BYTES),
+                        "segment.ms": "600000",
+                    },
+                )
+            ]
+        )[self.state_topic]
         try:
             fut.result(30)
         except KafkaException as exc:
@@ -208,13 +222,38 @@ class PartitionedEngineLoop:
                 raise
 
     def _producer(self, p: int) -> Producer:
-        prod = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"transactional.id": f"{self.svc.group_prefix}-engine-{p}", "enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4", "message.max.bytes": STATE_MAX_BYTES, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS, **self.svc.watch.client_conf()}))
+        prod = Producer(
+            kafka.producer_config(
+                kafka.KafkaConnection(bootstrap=self._bootstrap()),
+                {
+                    "transactional.id": f"{self.svc.group_prefix}-engine-{p}",
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    "compression.type": "lz4",
+                    "message.max.bytes": STATE_MAX_BYTES,
+                    "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                    **self.svc.watch.client_conf(),
+                },
+            )
+        )
         prod.init_transactions(60)  # fences the previous owner of p and aborts its open transaction
         return prod
 
     def _load_state(self, p: int) -> dict | None:
         """The last committed snapshot of partition ``p`` (read_committed), or None."""
-        c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), f"{self.svc.group_prefix}-state-{uuid.uuid4().hex}", {"enable.auto.commit": False, "isolation.level": "read_committed", "logger": NullLogger(), "fetch.message.max.bytes": STATE_MAX_BYTES, "receive.message.max.bytes": STATE_MAX_BYTES + 65536}))
+        c = Consumer(
+            kafka.consumer_config(
+                kafka.KafkaConnection(bootstrap=self._bootstrap()),
+                f"{self.svc.group_prefix}-state-{uuid.uuid4().hex}",
+                {
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "logger": NullLogger(),
+                    "fetch.message.max.bytes": STATE_MAX_BYTES,
+                    "receive.message.max.bytes": STATE_MAX_BYTES + 65536,
+                },
+            )
+        )
         try:
             lo, hi = c.get_watermark_offsets(TopicPartition(self.state_topic, p), timeout=10, cached=False)
             if hi <= lo:
@@ -240,8 +279,12 @@ class PartitionedEngineLoop:
     # -- rebalance -----------------------------------------------------------------------------------------
     def _open(self, p: int) -> None:
         outbox: list[dict] = []
-        part = _Part(p, self._producer(p), Engine(_split(self.svc.ruleset)[0], outbox.append,
-                                                  external_url=self.external_url), outbox)
+        part = _Part(
+            p,
+            self._producer(p),
+            Engine(_split(self.svc.ruleset)[0], outbox.append, external_url=self.external_url),
+            outbox,
+        )
         state = self._load_state(p)
         if state:
             part.engine.restore(state["engine"])
@@ -249,12 +292,17 @@ class PartitionedEngineLoop:
         if self._events is not None:
             for q in range(self.n_events):
                 if q not in part.events:
-                    lo, hi = self._events.get_watermark_offsets(TopicPartition(schema.TOPIC_EVENTS, q), timeout=10,
-                                                                cached=False)
+                    lo, hi = self._events.get_watermark_offsets(
+                        TopicPartition(schema.TOPIC_EVENTS, q), timeout=10, cached=False
+                    )
                     part.events[q] = lo if self.svc.from_beginning else hi
         self.parts[p] = part
-        log.info("engine: took over partition %d of %s (%s)", p, schema.TOPIC_STEPS,
-                 f"state of {len(part.engine.instances)} alert(s) restored" if state else "no saved state")
+        log.info(
+            "engine: took over partition %d of %s (%s)",
+            p,
+            schema.TOPIC_STEPS,
+            f"state of {len(part.engine.instances)} alert(s) restored" if state else "no saved state",
+        )
 
     def _on_assign(self, cons: Consumer, partitions) -> None:
         for tp in partitions:
@@ -281,8 +329,9 @@ class PartitionedEngineLoop:
         for part in self.parts.values():
             for q in range(self.n_events):
                 if q not in part.events:
-                    part.events[q] = self._events.get_watermark_offsets(TopicPartition(schema.TOPIC_EVENTS, q),
-                                                                        timeout=10, cached=False)[1]
+                    part.events[q] = self._events.get_watermark_offsets(
+                        TopicPartition(schema.TOPIC_EVENTS, q), timeout=10, cached=False
+                    )[1]
         self._assign_events()
 
     def _assign_events(self) -> None:
@@ -313,13 +362,22 @@ class PartitionedEngineLoop:
             for rec in part.outbox:
                 self._produce_change(prod, rec)
             part.outbox.clear()
-            state = {"v": 1, "partition": part.p, "engine": part.engine.snapshot(),
-                     "events": {str(q): o for q, o in part.events.items()}}
-            prod.produce(self.state_topic, key=str(part.p).encode(), partition=part.p,
-                         value=msgpack.packb(state, use_bin_type=True))
+            state = {
+                "v": 1,
+                "partition": part.p,
+                "engine": part.engine.snapshot(),
+                "events": {str(q): o for q, o in part.events.items()},
+            }
+            prod.produce(
+                self.state_topic,
+                key=str(part.p).encode(),
+                partition=part.p,
+                value=msgpack.packb(state, use_bin_type=True),
+            )
             if part.next_offset is not None:
-                prod.send_offsets_to_transaction([TopicPartition(schema.TOPIC_STEPS, part.p, part.next_offset)],
-                                                 cons.consumer_group_metadata(), 30)
+                prod.send_offsets_to_transaction(
+                    [TopicPartition(schema.TOPIC_STEPS, part.p, part.next_offset)], cons.consumer_group_metadata(), 30
+                )
             prod.commit_transaction(30)
         except KafkaException as exc:
             err = exc.args[0]
@@ -332,8 +390,11 @@ class PartitionedEngineLoop:
             raise
         part.in_txn, part.dirty, part.last_commit = False, False, time.monotonic()
         if part.last_commit - t0 > 1.0:
-            log.warning("engine: the transaction of partition %d took %.1f s (evaluation waits meanwhile)", part.p,
-                        part.last_commit - t0)
+            log.warning(
+                "engine: the transaction of partition %d took %.1f s (evaluation waits meanwhile)",
+                part.p,
+                part.last_commit - t0,
+            )
 
     def _reload(self, part: _Part, cons: Consumer) -> None:
         """After an aborted transaction: back to the last committed state and offsets of ``part``."""
@@ -361,8 +422,9 @@ class PartitionedEngineLoop:
         self._begin(part)
         reason = intake.dead_letter(part.producer, msg, exc, f"{self.svc.group_prefix}-engine")
         part.dirty = True
-        log.warning("%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(),
-                    schema.TOPIC_DLQ, reason)
+        log.warning(
+            "%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(), schema.TOPIC_DLQ, reason
+        )
 
     def _evaluate(self, part: _Part, msg, records: list[tuple[str, dict]]) -> None:
         limit = time.time_ns() + MAX_FUTURE_S * 1_000_000_000
@@ -374,7 +436,9 @@ class PartitionedEngineLoop:
                 part.engine.process(signal_name, rec)
             except Exception as exc:  # a record the checks let through must not stop the engine
                 log.exception("evaluating %s[%d]@%d failed", msg.topic(), msg.partition(), msg.offset())
-                self._dead_letter(part, msg, schema.SchemaError("", f"rule evaluation failed: {type(exc).__name__}: {exc}"))
+                self._dead_letter(
+                    part, msg, schema.SchemaError("", f"rule evaluation failed: {type(exc).__name__}: {exc}")
+                )
                 break
         part.dirty = True
 
@@ -400,7 +464,7 @@ class PartitionedEngineLoop:
         try:
             records = intake.decode(m.topic(), m.value())
         except schema.SchemaError as exc:
-            owner = self.parts.get(q % self.n_steps)   # one engine dead-letters an undecodable batch
+            owner = self.parts.get(q % self.n_steps)  # one engine dead-letters an undecodable batch
             if owner is not None and owner in want:
                 self._dead_letter(owner, m, exc)
             return
@@ -427,8 +491,10 @@ class PartitionedEngineLoop:
         for topic in topics:
             seen = self.last_seen.get(topic)
             idle = time.monotonic() - seen if seen is not None else uptime
-            self.health_engine.process("health", fields.health_record(topic, f"{self.svc.group_prefix}-engine",
-                                                                      lag.get(topic, 0), idle, uptime, now))
+            self.health_engine.process(
+                "health",
+                fields.health_record(topic, f"{self.svc.group_prefix}-engine", lag.get(topic, 0), idle, uptime, now),
+            )
 
     def _publish_health(self, prod: Producer) -> None:
         for rec in self.health_outbox:
@@ -444,19 +510,35 @@ class PartitionedEngineLoop:
         if not wait_for_broker(svc.settings.bootstrap_servers, svc.stop, svc.watch):
             return  # stopped before the broker ever answered
         self._ensure_state_topic()
-        common = {**kafka.KafkaConnection(bootstrap=self._bootstrap()).librdkafka_common(),
-                  "enable.auto.commit": False, "enable.partition.eof": False,
-                  "isolation.level": "read_committed", **self.svc.watch.client_conf(),
-                  "auto.offset.reset": "earliest" if svc.from_beginning else "latest"}
+        common = {
+            **kafka.KafkaConnection(bootstrap=self._bootstrap()).librdkafka_common(),
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "isolation.level": "read_committed",
+            **self.svc.watch.client_conf(),
+            "auto.offset.reset": "earliest" if svc.from_beginning else "latest",
+        }
         self._events_config = {**common, "group.id": f"{svc.group_prefix}-engine-events-{uuid.uuid4().hex}"}
         if self.reads_events():
             self._events = Consumer(self._events_config)
-        cons = self._cons = Consumer({**common, "group.id": f"{svc.group_prefix}-engine",
-                                      "partition.assignment.strategy": "range", "session.timeout.ms": 6000,
-                                      "heartbeat.interval.ms": 1000})
-        cons.subscribe([schema.TOPIC_STEPS], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                       on_lost=self._on_revoke)
-        health = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"enable.idempotence": True, "linger.ms": 5, **self.svc.watch.client_conf()}))
+        cons = self._cons = Consumer(
+            {
+                **common,
+                "group.id": f"{svc.group_prefix}-engine",
+                "partition.assignment.strategy": "range",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+            }
+        )
+        cons.subscribe(
+            [schema.TOPIC_STEPS], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
+        health = Producer(
+            kafka.producer_config(
+                kafka.KafkaConnection(bootstrap=self._bootstrap()),
+                {"enable.idempotence": True, "linger.ms": 5, **self.svc.watch.client_conf()},
+            )
+        )
         last_tick = last_health = 0.0
         try:
             while not svc.stop.is_set():
@@ -503,4 +585,3 @@ class PartitionedEngineLoop:
             cons.close()
             if self._events is not None:
                 self._events.close()
-

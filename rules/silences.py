@@ -36,8 +36,10 @@ class Matcher:
         """``'host=node2'`` -> Matcher. Raises SilenceError on a malformed matcher or regex."""
         m = _MATCHER.match(text)
         if not m:
-            raise SilenceError(f"matcher {text!r} is not NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX",
-                               "example: --matcher host=node2 --matcher alertname=~'.*straggler'")
+            raise SilenceError(
+                f"matcher {text!r} is not NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX",
+                "example: --matcher host=node2 --matcher alertname=~'.*straggler'",
+            )
         name, op, value = m.groups()
         value = value.strip("\"'")
         if op in ("=~", "!~"):
@@ -122,8 +124,10 @@ class SilenceStore:
         if ends_at_ns <= starts_at_ns:
             raise SilenceError("the silence ends before it starts", "give a positive --duration or a later --end")
         if not author.strip() or not comment.strip():
-            raise SilenceError("a silence needs an author and a comment (why it is muted)",
-                               "--author you@example.com --comment 'node2 in maintenance, TICKET-123'")
+            raise SilenceError(
+                "a silence needs an author and a comment (why it is muted)",
+                "--author you@example.com --comment 'node2 in maintenance, TICKET-123'",
+            )
         s = Silence(uuid.uuid4().hex[:12], list(matchers), starts_at_ns, ends_at_ns, author, comment)
         with self._locked():
             items = self._read()

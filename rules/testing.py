@@ -68,8 +68,13 @@ def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], w
         raise _err(file, doc, path, f"{what} must be a mapping")
     for k in node:
         if k not in allowed:
-            raise _err(file, doc, path + [k], f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})",
-                       key=True)
+            raise _err(
+                file,
+                doc,
+                path + [k],
+                f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})",
+                key=True,
+            )
 
 
 def _record(signal: str, spec: dict, t_ns: int) -> dict:
@@ -78,8 +83,18 @@ def _record(signal: str, spec: dict, t_ns: int) -> dict:
     if signal == "events":
         rec = fields.event_record_from_test({**spec, "ts_ns": spec.get("ts_ns", t_ns)})
         return rec
-    return {**fields.health_record(spec.get("topic", ""), spec.get("group", ""), spec.get("lag_messages", 0),
-                                   spec.get("idle_s", -1), spec.get("uptime_s", 0), t_ns), **spec, "time_ns": t_ns}
+    return {
+        **fields.health_record(
+            spec.get("topic", ""),
+            spec.get("group", ""),
+            spec.get("lag_messages", 0),
+            spec.get("idle_s", -1),
+            spec.get("uptime_s", 0),
+            t_ns,
+        ),
+        **spec,
+        "time_ns": t_ns,
+    }
 
 
 def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
@@ -107,7 +122,9 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
             _check_keys(file, doc, ["tests", i, "input", j], inp, _INPUT_KEYS, "an input")
             sigs = [s for s in ("steps", "events", "health") if s in inp]
             if len(sigs) != 1 or "at" not in inp:
-                raise _err(file, doc, ["tests", i, "input", j], "an input needs `at:` and exactly one of steps, events, health")
+                raise _err(
+                    file, doc, ["tests", i, "input", j], "an input needs `at:` and exactly one of steps, events, health"
+                )
             if sigs[0] == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
                 raise _err(file, doc, ["tests", i, "input", j, "events"], "an event needs a known `kind:`")
         for j, exp in enumerate(t.get("expect") or []):
@@ -170,8 +187,10 @@ def run_case(ruleset, case: dict, file: str) -> TestResult:
             engine.process(sig, _record(sig, spec, now))
             continue
         engine.tick(now)
-        got = [{"rule": i.rule, "state": i.state, "labels": i.labels, "annotations": i.annotations}
-               for i in engine.active()]
+        got = [
+            {"rule": i.rule, "state": i.state, "labels": i.labels, "annotations": i.annotations}
+            for i in engine.active()
+        ]
         expected = item.get("alerts") or []
         if not _compare(expected, got):
             lines = [f"at {item['at']}:", "  expected:"]

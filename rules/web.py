@@ -61,14 +61,22 @@ class RulesWeb:
             return self._send(start_response, "200 OK", "text/plain", "ok\n")
         if path == "/-/ready":
             ok = self.ready()
-            return self._send(start_response, "200 OK" if ok else "503 Service Unavailable", "text/plain",
-                              "ready\n" if ok else "starting\n")
+            return self._send(
+                start_response,
+                "200 OK" if ok else "503 Service Unavailable",
+                "text/plain",
+                "ready\n" if ok else "starting\n",
+            )
         if path == "/api/v1/alerts":
             return self._send(start_response, "200 OK", "application/json", json.dumps({"alerts": self.alerts()}))
         if path in ("/", "/rules"):
             return self._send(start_response, "200 OK", "text/html; charset=utf-8", self.page())
-        return self._send(start_response, "404 Not Found", "text/plain", "not found: /metrics, /rules, "
-                                                                         "/api/v1/alerts, /-/healthy, /-/ready\n")
+        return self._send(
+            start_response,
+            "404 Not Found",
+            "text/plain",
+            "not found: /metrics, /rules, /api/v1/alerts, /-/healthy, /-/ready\n",
+        )
 
     @staticmethod
     def _send(start_response, status: str, ctype: str, body: str):
@@ -80,9 +88,16 @@ class RulesWeb:
         """Alerts pending or firing now, JSON-able."""
         out = []
         for i in list(self.svc.engine.active()):
-            out.append({"rule": i.rule, "state": i.state, "labels": i.labels, "annotations": i.annotations,
-                        "active_since": rfc3339(i.active_since_ns) if i.active_since_ns else "",
-                        "fired_at": rfc3339(i.fired_at_ns) if i.fired_at_ns else ""})
+            out.append(
+                {
+                    "rule": i.rule,
+                    "state": i.state,
+                    "labels": i.labels,
+                    "annotations": i.annotations,
+                    "active_since": rfc3339(i.active_since_ns) if i.active_since_ns else "",
+                    "fired_at": rfc3339(i.fired_at_ns) if i.fired_at_ns else "",
+                }
+            )
         return out
 
     def page(self) -> str:
@@ -92,27 +107,33 @@ class RulesWeb:
         for a in self.alerts():
             active.setdefault(a["rule"], []).append(a)
         base = getattr(self.svc.config, "runbook_base_url", "")
-        parts = ["<!doctype html><html><head><meta charset='utf-8'><title>obshub rules</title>",
-                 "<style>body{font-family:sans-serif;max-width:70em;margin:auto}h2{margin-top:2em}"
-                 "td,th{padding:2px 8px;text-align:left;vertical-align:top}.firing{color:#b00}</style></head><body>",
-                 f"<h1>obshub rule engine: {len(self.svc.ruleset.rules)} rules, "
-                 f"{sum(len(v) for v in active.values())} active alerts</h1>"]
+        parts = [
+            "<!doctype html><html><head><meta charset='utf-8'><title>obshub rules</title>",
+            "<style>body{font-family:sans-serif;max-width:70em;margin:auto}h2{margin-top:2em}"
+            "td,th{padding:2px 8px;text-align:left;vertical-align:top}.firing{color:#b00}</style></head><body>",
+            f"<h1>obshub rule engine: {len(self.svc.ruleset.rules)} rules, "
+            f"{sum(len(v) for v in active.values())} active alerts</h1>",
+        ]
         for rid, r in sorted(self.svc.ruleset.rules.items()):
             link = runbook_url(r.runbook, base)
             rb = (f"<a href='{e(link)}'>{e(r.runbook)}</a>" if link else e(r.runbook)) or "-"
-            parts.append(f"<h2 id='{e(rid)}'>{e(rid)}</h2><p>{e(r.description)}</p>"
-                         f"<table><tr><th>severity</th><td>{e(r.severity)}</td></tr>"
-                         f"<tr><th>signal</th><td>{e(r.signal)}</td></tr>"
-                         f"<tr><th>runbook</th><td>{rb}</td></tr>"
-                         f"<tr><th>file</th><td>{e(str(r.file))}:{r.line}</td></tr></table>")
+            parts.append(
+                f"<h2 id='{e(rid)}'>{e(rid)}</h2><p>{e(r.description)}</p>"
+                f"<table><tr><th>severity</th><td>{e(r.severity)}</td></tr>"
+                f"<tr><th>signal</th><td>{e(r.signal)}</td></tr>"
+                f"<tr><th>runbook</th><td>{rb}</td></tr>"
+                f"<tr><th>file</th><td>{e(str(r.file))}:{r.line}</td></tr></table>"
+            )
             rows = active.get(rid, [])
             if rows:
                 parts.append("<table><tr><th>state</th><th>labels</th><th>since</th><th>summary</th></tr>")
                 for a in rows:
                     labels = ", ".join(f"{k}={v}" for k, v in sorted(a["labels"].items()))
-                    parts.append(f"<tr class='{e(a['state'])}'><td>{e(a['state'])}</td><td>{e(labels)}</td>"
-                                 f"<td>{e(a['fired_at'] or a['active_since'])}</td>"
-                                 f"<td>{e(str(a['annotations'].get('summary', '')))}</td></tr>")
+                    parts.append(
+                        f"<tr class='{e(a['state'])}'><td>{e(a['state'])}</td><td>{e(labels)}</td>"
+                        f"<td>{e(a['fired_at'] or a['active_since'])}</td>"
+                        f"<td>{e(str(a['annotations'].get('summary', '')))}</td></tr>"
+                    )
                 parts.append("</table>")
             else:
                 parts.append("<p>no active alerts</p>")

@@ -21,7 +21,7 @@ import bisect
 import math
 from collections import deque
 
-EXACT_BAND = 1e-9        # relative distance to the threshold below which sums are recomputed exactly
+EXACT_BAND = 1e-9  # relative distance to the threshold below which sums are recomputed exactly
 
 
 class Window:
@@ -81,10 +81,10 @@ class Window:
         p = self.prefix = self.prefix + v
         self.prefixes.append(p)
         mins = self.pmins
-        while mins and mins[-1] > p:   # strict, as in the extreme queue
+        while mins and mins[-1] > p:  # strict, as in the extreme queue
             mins.pop()
         mins.append(p)
-        if abs(p) > 1e6:   # keep the running sums small (and exact enough): rebase on the window's start
+        if abs(p) > 1e6:  # keep the running sums small (and exact enough): rebase on the window's start
             self._rebuild_prefixes()
 
     def _rebuild_prefixes(self) -> None:
@@ -201,14 +201,14 @@ class Window:
                 t = times[i]
                 while i >= 0 and times[i] == t:
                     i -= 1
-                if _cusum(vals[i + 1:]) >= at_least:
+                if _cusum(vals[i + 1 :]) >= at_least:
                     return t + window_ns
             return 0
         s, c, ext = 0.0, 0, None
         i = n - 1
         while i >= 0:
             t = times[i]
-            while i >= 0 and times[i] == t:      # every hit at the same time ages out together
+            while i >= 0 and times[i] == t:  # every hit at the same time ages out together
                 v = values[i]
                 s += v
                 c += 1
@@ -236,7 +236,7 @@ class Window:
         w = cls(kind, maxlen)
         pairs = [(int(h[0]), float(h[1])) for h in hits]
         if all(pairs[i][0] <= pairs[i + 1][0] for i in range(len(pairs) - 1)) and w.extreme is None:
-            w.times.extend(t for t, _ in pairs[-maxlen:])      # in order already (what snapshots hold)
+            w.times.extend(t for t, _ in pairs[-maxlen:])  # in order already (what snapshots hold)
             w.values.extend(v for _, v in pairs[-maxlen:])
             w.total = float(sum(w.values))
             if w.prefixes is not None:

@@ -70,7 +70,7 @@ def _load_tolerating_tabs(text: str) -> Any:
                 end += 1
             if end >= len(text) or text[end] != "#" or text[mark.index] != "\t":
                 raise
-            text = text[:mark.index] + text[mark.index:end].replace("\t", " ") + text[end:]
+            text = text[: mark.index] + text[mark.index : end].replace("\t", " ") + text[end:]
     return _yaml().load(text)
 
 
@@ -138,13 +138,17 @@ def _surprise(value: Any) -> str | None:
         width = getattr(value, "_width", None)
         digits = str(abs(int(value)))
         if width and width > len(digits) and not getattr(value, "_underscore", None):
-            return (f"number with a leading zero ({'0' * (width - len(digits))}{digits}) is octal in YAML 1.1 "
-                    f"and decimal in YAML 1.2; write {digits} or quote it")
+            return (
+                f"number with a leading zero ({'0' * (width - len(digits))}{digits}) is octal in YAML 1.1 "
+                f"and decimal in YAML 1.2; write {digits} or quote it"
+            )
         return None
     if type(value) is str:
         if _BOOL11.match(value):
-            return (f"unquoted '{value}' is a boolean in YAML 1.1 (PyYAML and many tools) but a string in "
-                    f"YAML 1.2; quote it ('{value}') for a string, or write true/false for a boolean")
+            return (
+                f"unquoted '{value}' is a boolean in YAML 1.1 (PyYAML and many tools) but a string in "
+                f"YAML 1.2; quote it ('{value}') for a string, or write true/false for a boolean"
+            )
         if _SEXAGESIMAL.match(value):
             return f"unquoted '{value}' is a base-60 number in YAML 1.1; quote it"
     return None

@@ -83,14 +83,22 @@ def _cuda_step_max(e: Event) -> int:
 
 #: rule name (:data:`obshub.core.schema.STEP_RULES`) -> function of an event
 _RULE_FNS: dict[str, Callable[[Event], int]] = {
-    "zero": _zero, "one": _one, "duration": _dur, "value": _value_pos, "retransmits": _retrans,
-    "preempted": _preempted_offcpu, "mem_step_count": _mem_step_count, "mem_step_max": _mem_step_max,
-    "cuda_step_max": _cuda_step_max}
+    "zero": _zero,
+    "one": _one,
+    "duration": _dur,
+    "value": _value_pos,
+    "retransmits": _retrans,
+    "preempted": _preempted_offcpu,
+    "mem_step_count": _mem_step_count,
+    "mem_step_max": _mem_step_max,
+    "cuda_step_max": _cuda_step_max,
+}
 
 #: per kind: its layer and how it counts, derived from the kinds table ``schema.KIND_INFO``
 KIND_RULES: dict[Kind, Rule] = {
     kind: (info.layer, _RULE_FNS[info.step[0]], _RULE_FNS[info.step[1]], _RULE_FNS[info.step[2]])
-    for kind, info in schema.KIND_INFO.items() if info.step is not None
+    for kind, info in schema.KIND_INFO.items()
+    if info.step is not None
 }
 
 #: kinds handled apart (step and collective boundaries, registrations, agent loss)
@@ -99,9 +107,20 @@ STRUCTURAL = {kind for kind, info in schema.KIND_INFO.items() if info.step is No
 
 def new_acc(host: str, host_id: int) -> dict:
     """An empty host accumulator (shape in the module docstring)."""
-    return {"host": host, "host_id": host_id, "events": 0, "step_ns": None, "begin_rt": None,
-            "end_rt": None, "unc_ns": 0, "phases": {}, "layers": {}, "colls": {}, "ringbuf_lost": 0,
-            "net": {"addrs": {}, "pairs": {}}}
+    return {
+        "host": host,
+        "host_id": host_id,
+        "events": 0,
+        "step_ns": None,
+        "begin_rt": None,
+        "end_rt": None,
+        "unc_ns": 0,
+        "phases": {},
+        "layers": {},
+        "colls": {},
+        "ringbuf_lost": 0,
+        "net": {"addrs": {}, "pairs": {}},
+    }
 
 
 @functools.lru_cache(maxsize=65536)
@@ -271,9 +290,16 @@ def registrations(batch: Batch) -> list[dict]:
     for e in batch.events:
         if e.kind == Kind.REGISTER:
             p = e.payload or {}
-            regs.append({"job": str(p.get("job") or batch.job), "host": batch.host,
-                         "host_id": int(p.get("host_id", batch.host_id)), "rank": e.value,
-                         "world_size": int(p.get("world_size", 0)), "pid": e.pid})
+            regs.append(
+                {
+                    "job": str(p.get("job") or batch.job),
+                    "host": batch.host,
+                    "host_id": int(p.get("host_id", batch.host_id)),
+                    "rank": e.value,
+                    "world_size": int(p.get("world_size", 0)),
+                    "pid": e.pid,
+                }
+            )
     return regs
 
 

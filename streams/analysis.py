@@ -197,8 +197,9 @@ def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds) -> str | None:
         if last_t - t > lasted + tol:
             if end is not None:
                 return f"{h}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
-            return (f"{h} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted "
-                    f"{lasted / 1e6:.3f} ms")
+            return (
+                f"{h} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted {lasted / 1e6:.3f} ms"
+            )
     return None
 
 
@@ -224,10 +225,21 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
         (_first_h, first), (_second_h, second), (last_h, last) = order[0], order[-2], order[-1]
         med = median_int([v[0] for v in arr.values()])
         why = _pair_check(key, arr, th)
-        out.append({"pg": pg, "coll_seq": int(seq), "op": last[2],
-                    "skew_ns": last[0] - first[0], "uncertainty_ns": last[1] + first[1], "last_host": last_h,
-                    "lead_ns": last[0] - second[0], "lead_uncertainty_ns": last[1] + second[1],
-                    "late": {h: v[0] - med for h, v in arr.items()}, "consistent": why is None, "why": why})
+        out.append(
+            {
+                "pg": pg,
+                "coll_seq": int(seq),
+                "op": last[2],
+                "skew_ns": last[0] - first[0],
+                "uncertainty_ns": last[1] + first[1],
+                "last_host": last_h,
+                "lead_ns": last[0] - second[0],
+                "lead_uncertainty_ns": last[1] + second[1],
+                "late": {h: v[0] - med for h, v in arr.items()},
+                "consistent": why is None,
+                "why": why,
+            }
+        )
     out.sort(key=lambda c: (c["pg"], c["coll_seq"]))
     return out
 
@@ -274,8 +286,11 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
     if len(accs) < 2:
         return None
     step_times = [a["step_ns"] for a in accs.values() if a["step_ns"] is not None]
-    ref = median_int(step_times) if step_times else median_int(
-        [layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
+    ref = (
+        median_int(step_times)
+        if step_times
+        else median_int([layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
+    )
     floor = max(th.straggler_min_ns, th.straggler_rel * ref)
     comp = {h: layers[h].get("pytorch", {}).get("time_ns") for h in accs}
     good = [c for c in colls if c["consistent"]]
@@ -292,22 +307,25 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
         if host is not None and lead[host] >= floor:
             excess = lead[host]
             at = max((c for c in good if c["last_host"] == host), key=lambda c: c["lead_ns"])
-            reason = (f"last at {last_n[host]}/{len(good)} collectives, kept peers waiting up to "
-                      f"{excess / 1e6:.3f} ms")
+            reason = f"last at {last_n[host]}/{len(good)} collectives, kept peers waiting up to {excess / 1e6:.3f} ms"
         else:
             at = max(good, key=lambda c: (c["late"][c["last_host"]], -c["coll_seq"]))
             host, excess = at["last_host"], at["late"][at["last_host"]]
             if excess <= at["uncertainty_ns"]:
                 return None
-            reason = (f"last at {at['op']} pg={at['pg']} seq={at['coll_seq']}, "
-                      f"{excess / 1e6:.3f} ms after the median arrival")
+            reason = (
+                f"last at {at['op']} pg={at['pg']} seq={at['coll_seq']}, {excess / 1e6:.3f} ms after the median arrival"
+            )
         if excess < floor:
             return None
-        group = sorted(({"host": h, "late_ns": v} for h, v in at["late"].items() if v >= floor),
-                       key=lambda g: (-g["late_ns"], g["host"]))
+        group = sorted(
+            ({"host": h, "late_ns": v} for h, v in at["late"].items() if v >= floor),
+            key=lambda g: (-g["late_ns"], g["host"]),
+        )
         if len(group) > 1:
             reason += f"; late group of {len(group)}: " + ", ".join(
-                f"{g['host']} +{g['late_ns'] / 1e6:.3f} ms" for g in group)
+                f"{g['host']} +{g['late_ns'] / 1e6:.3f} ms" for g in group
+            )
     else:
         known = {h: v for h, v in comp.items() if v is not None}
         if len(known) < 2:
@@ -324,8 +342,13 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
         if peers and good:
             reason += f"; compute {(comp[host] - median_int(peers)) / 1e6:+.3f} ms vs peer median"
     score = round(excess / ref, 3) if ref > 0 else 0.0
-    return {"host": host, "score": score, "excess_ns": excess, "reason": reason,
-            "group": group or [{"host": host, "late_ns": excess}]}
+    return {
+        "host": host,
+        "score": score,
+        "excess_ns": excess,
+        "reason": reason,
+        "group": group or [{"host": host, "late_ns": excess}],
+    }
 
 
 def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th: Thresholds) -> list[dict]:
@@ -355,8 +378,15 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     for name, (m, pt, pc, ex) in stats.items():
         if name == Layer.PYTORCH.value:
             ex = max(0, ex - lower)
-        entry = {"host": straggler, "layer": name, "excess_ns": ex, "straggler_ns": m["time_ns"],
-                 "peer_median_ns": pt, "count": m["count"], "max_ns": m["max_ns"]}
+        entry = {
+            "host": straggler,
+            "layer": name,
+            "excess_ns": ex,
+            "straggler_ns": m["time_ns"],
+            "peer_median_ns": pt,
+            "count": m["count"],
+            "max_ns": m["max_ns"],
+        }
         if ex >= floor:
             timed.append(entry)
         elif m["count"] >= th.count_min and m["count"] >= th.count_factor * pc:
@@ -423,13 +453,31 @@ def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
     host = min(rx, key=lambda h: (-rx[h], h))
     peers = median_int([v for h, v in rx.items() if h != host])
     if rx[host] >= th.count_min and rx[host] >= th.count_factor * peers:
-        return [{"host": host, "layer": Layer.NETWORK.value, "excess_ns": 0, "straggler_ns": 0,
-                 "peer_median_ns": 0, "count": rx[host], "max_ns": 0}]
+        return [
+            {
+                "host": host,
+                "layer": Layer.NETWORK.value,
+                "excess_ns": 0,
+                "straggler_ns": 0,
+                "peer_median_ns": 0,
+                "count": rx[host],
+                "max_ns": 0,
+            }
+        ]
     host = min(rtt, key=lambda h: (-rtt[h], h))
     peers = median_int([v for h, v in rtt.items() if h != host])
     if rtt[host] >= th.net_rtt_min_ns and rtt[host] >= th.net_rtt_factor * peers:
-        return [{"host": host, "layer": Layer.NETWORK.value, "excess_ns": rtt[host] - peers,
-                 "straggler_ns": rtt[host], "peer_median_ns": peers, "count": rx[host], "max_ns": 0}]
+        return [
+            {
+                "host": host,
+                "layer": Layer.NETWORK.value,
+                "excess_ns": rtt[host] - peers,
+                "straggler_ns": rtt[host],
+                "peer_median_ns": peers,
+                "count": rx[host],
+                "max_ns": 0,
+            }
+        ]
     return []
 
 
@@ -438,7 +486,7 @@ def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:
     step_time_max_ns, late_max_ns]`` of the job's history with a step number below ``step`` (entries
     of two values, written by an older worker, have no lateness). ``spread_ns`` is the job's recent spread
     of lateness: ``max(spread_min_ns, spread_rel * median_ns, median of late_max_ns)``."""
-    prior = sorted((e[0], e[1], e[2] if len(e) > 2 else None) for e in history if e[0] < step)[-th.baseline_n:]
+    prior = sorted((e[0], e[1], e[2] if len(e) > 2 else None) for e in history if e[0] < step)[-th.baseline_n :]
     times = [t for _s, t, _l in prior]
     med = median_int(times)
     lates = [x for _s, _t, x in prior if x is not None]
@@ -472,6 +520,7 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
     the start of a job is noisy."""
     s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
     clip = th.evidence_clip
+
     def layer_value(g: str, layer: str, field: str) -> int:
         return layers.get(g, {}).get(layer, {}).get(field, 0)
 
@@ -483,8 +532,10 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
             out.setdefault(h, dict.fromkeys(EVIDENCE_LAYERS, 0.0))[layer] = z
 
     if bl.get("n", 0) >= th.baseline_min_n and len(accs) >= 2:
-        peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs)
-                     for layer in ("sched", "memory", "cuda", "nic")}
+        peer_time = {
+            layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs)
+            for layer in ("sched", "memory", "cuda", "nic")
+        }
         peer_count = LeaveOneOut(layer_value(g, "network", "count") for g in accs)
         for h, lt in late.items():
             if lt <= 0:
@@ -512,8 +563,11 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
             # the thresholds of net_blame gate each: on a loaded machine a few retransmits and RTT
             # spikes happen on every host (spurious timeouts), and only a clear outlier is evidence
             z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.count_min, th.count_factor * m_rx) else 0.0
-            z_rtt = ((rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
-                     if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt) else 0.0)
+            z_rtt = (
+                (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
+                if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt)
+                else 0.0
+            )
             put(h, "network", max(z_rx, z_rtt, out.get(h, {}).get("network", 0.0)))
             if max(z_rx, z_rtt) > 0:
                 net_hosts.add(h)
@@ -536,9 +590,19 @@ def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds) -> lis
     return entries + [e for e in net_blame(accs, th) if (e["host"], e["layer"]) not in have]
 
 
-def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: list[str], history: list[list[int]],
-              quality: dict, closed_by: str, closed_at_ns: int, th: Thresholds = Thresholds(),
-              world_size: int = 0) -> dict:
+def summarize(
+    job: str,
+    step: int,
+    accs: dict[str, dict],
+    *,
+    expected_hosts: list[str],
+    history: list[list[int]],
+    quality: dict,
+    closed_by: str,
+    closed_at_ns: int,
+    th: Thresholds = Thresholds(),
+    world_size: int = 0,
+) -> dict:
     """The step summary (exactly the keys of ``schema.STEP_SUMMARY_FIELDS``) of ``job``/``step`` from its
     host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
     late_max_ns], ...]`` (``history_entry``); ``quality`` holds ``lost_batches``, ``duplicate_batches``,
@@ -566,10 +630,16 @@ def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: lis
         "step_time_max_ns": tmax,
         "straggler": strag,
         "blame": _with_net(blame(strag["host"], layers, strag["excess_ns"], th) if strag else [], accs, th),
-        "collectives": [{k: c[k] for k in ("pg", "coll_seq", "op", "skew_ns", "uncertainty_ns", "last_host")}
-                        for c in colls if c["consistent"]],
-        "inconsistent": [{"pg": c["pg"], "coll_seq": c["coll_seq"], "op": c["op"], "why": c["why"]}
-                         for c in colls if not c["consistent"]],
+        "collectives": [
+            {k: c[k] for k in ("pg", "coll_seq", "op", "skew_ns", "uncertainty_ns", "last_host")}
+            for c in colls
+            if c["consistent"]
+        ],
+        "inconsistent": [
+            {"pg": c["pg"], "coll_seq": c["coll_seq"], "op": c["op"], "why": c["why"]}
+            for c in colls
+            if not c["consistent"]
+        ],
         "late_max_ns": max(late.values(), default=0),
         "evidence": evidence(accs, late, layers, bl, th),
         "hang": None,
@@ -577,17 +647,27 @@ def summarize(job: str, step: int, accs: dict[str, dict], *, expected_hosts: lis
         "baseline": bl,
         "stall": bool(bl["n"] >= th.baseline_min_n and tmax > bl["p99_ns"]),
         "stall_ratio": round(tmax / bl["median_ns"], 3) if bl["median_ns"] > 0 else 0.0,
-        "quality": {"lost_batches": int(quality.get("lost_batches", 0)),
-                    "duplicate_batches": int(quality.get("duplicate_batches", 0)),
-                    "late_events": int(quality.get("late_events", 0)),
-                    "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values())},
+        "quality": {
+            "lost_batches": int(quality.get("lost_batches", 0)),
+            "duplicate_batches": int(quality.get("duplicate_batches", 0)),
+            "late_events": int(quality.get("late_events", 0)),
+            "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
+        },
     }
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
     return out
 
 
-def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[str, int], opened_ns: int,
-               history: list[list[int]], step: int, now_ns: int, th: Thresholds = Thresholds()) -> dict | None:
+def hang_check(
+    accs: dict[str, dict],
+    expected_hosts: list[str],
+    seen_ns: dict[str, int],
+    opened_ns: int,
+    history: list[list[int]],
+    step: int,
+    now_ns: int,
+    th: Thresholds = Thresholds(),
+) -> dict | None:
     """Whether an open step hangs on a rank that never arrived at a collective (docs/ANALYSIS.md "Hangs").
 
     For each process group, the highest sequence number any host reached in this step: the hosts with a
@@ -615,8 +695,9 @@ def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[s
     best = None
     for pg, seq in sorted(top.items()):
         key = f"{pg}#{seq}"
-        arrived = {h: a["colls"][key][1] for h, a in accs.items()
-                   if key in a["colls"] and a["colls"][key][1] is not None}
+        arrived = {
+            h: a["colls"][key][1] for h, a in accs.items() if key in a["colls"] and a["colls"][key][1] is not None
+        }
         waited = now_ns - max(arrived.values())
         if waited < after // 2 or all(accs[h]["step_ns"] is not None for h in arrived):
             continue  # a short wait; or every arrived rank finished its step: nobody waits
@@ -637,10 +718,23 @@ def hang_check(accs: dict[str, dict], expected_hosts: list[str], seen_ns: dict[s
                     phase = f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
                 elif lp:
                     phase = f"after {lp[1]}"
-            hung.append({"host": h, "last_step": step if acc is not None else step - 1, "last_phase": phase,
-                         "silent_ns": silent})
+            hung.append(
+                {
+                    "host": h,
+                    "last_step": step if acc is not None else step - 1,
+                    "last_phase": phase,
+                    "silent_ns": silent,
+                }
+            )
         if hung and (best is None or waited > best["waited_ns"]):
             op = accs[next(iter(arrived))]["colls"][key][0]
-            best = {"pg": pg, "coll_seq": seq, "op": op, "hosts": hung, "waiting": sorted(arrived),
-                    "waited_ns": waited, "after_ns": after}
+            best = {
+                "pg": pg,
+                "coll_seq": seq,
+                "op": op,
+                "hosts": hung,
+                "waiting": sorted(arrived),
+                "waited_ns": waited,
+                "after_ns": after,
+            }
     return best

@@ -108,8 +108,14 @@ class SkipDetector:
         last = self.last.get(tp)
         if last is not None and last[1] == gen and msg.offset > last[0] + 1:
             self.metrics.consumer_skips.inc(msg.offset - last[0] - 1)
-            log.warning("%s: offsets %d..%d of %s[%d] were skipped by the Faust consumer", self.name,
-                        last[0] + 1, msg.offset - 1, tp.topic, tp.partition)
+            log.warning(
+                "%s: offsets %d..%d of %s[%d] were skipped by the Faust consumer",
+                self.name,
+                last[0] + 1,
+                msg.offset - 1,
+                tp.topic,
+                tp.partition,
+            )
         if last is None or last[1] != gen or msg.offset > last[0]:
             self.last[tp] = (msg.offset, gen)
 
@@ -157,9 +163,15 @@ class _Table(faust.Table):
                 good.append(event)
                 continue
             msg = event.message
-            log.error("skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
-                      self.name, msg.topic, msg.partition, msg.offset,
-                      "key" if bad is event.key else "value", bad.reason)
+            log.error(
+                "skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
+                self.name,
+                msg.topic,
+                msg.partition,
+                msg.offset,
+                "key" if bad is event.key else "value",
+                bad.reason,
+            )
             if self.obshub_metrics is not None:
                 self.obshub_metrics.changelog_skips.labels(self.name).inc()
         super().apply_changelog_batch(good)
@@ -170,8 +182,13 @@ def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: W
     schema_ = faust.Schema(key_serializer=wire.STR, value_serializer=wire.MSGPACK)
     out = {}
     for name, like in TABLES.items():
-        table = _Table(app, name=name, beacon=app.tables.beacon, schema=schema_,
-                       partitions=input_partitions if like == "input" else cfg.partitions)
+        table = _Table(
+            app,
+            name=name,
+            beacon=app.tables.beacon,
+            schema=schema_,
+            partitions=input_partitions if like == "input" else cfg.partitions,
+        )
         table.obshub_metrics = metrics
         out[name] = app.tables.add(table)
     return out
@@ -180,13 +197,17 @@ def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: W
 def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
     """The DLQ value (the original, cut at ``dlq_max_bytes``) and headers for an unusable message."""
     value = msg.value or b""
-    headers = [("obshub.reason", str(exc).encode()), ("obshub.field", (exc.field or "").encode()),
-               ("obshub.source.topic", msg.topic.encode()),
-               ("obshub.source.partition", str(msg.partition).encode()),
-               ("obshub.source.offset", str(msg.offset).encode()), ("obshub.consumer", cfg.app_id.encode())]
+    headers = [
+        ("obshub.reason", str(exc).encode()),
+        ("obshub.field", (exc.field or "").encode()),
+        ("obshub.source.topic", msg.topic.encode()),
+        ("obshub.source.partition", str(msg.partition).encode()),
+        ("obshub.source.offset", str(msg.offset).encode()),
+        ("obshub.consumer", cfg.app_id.encode()),
+    ]
     if len(value) > cfg.dlq_max_bytes:
         headers.append(("obshub.truncated", str(len(value)).encode()))
-        value = value[:cfg.dlq_max_bytes]
+        value = value[: cfg.dlq_max_bytes]
     return value, headers
 
 
@@ -233,8 +254,9 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 skips.check(event.message)
                 await one(event.message)
             except Exception:  # a bug must not stop the worker; the message is logged with its position
-                log.exception("ingest failed on %s[%d]@%d", event.message.topic, event.message.partition,
-                              event.message.offset)
+                log.exception(
+                    "ingest failed on %s[%d]@%d", event.message.topic, event.message.partition, event.message.offset
+                )
             done[event.message.tp] = event.message.offset + 1
 
     @app.timer(0.5)
@@ -278,8 +300,9 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None
                         for p in range(cfg.partitions):
                             await rep.send(key=job.encode(), value=value, partition=p)
             except Exception:
-                log.exception("fold failed on %s[%d]@%d", event.message.topic, event.message.partition,
-                              event.message.offset)
+                log.exception(
+                    "fold failed on %s[%d]@%d", event.message.topic, event.message.partition, event.message.offset
+                )
 
 
 def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
@@ -300,8 +323,11 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             n_open += 1
             if key in fold.hung and now - st["opened_ns"] < cfg.thresholds.hang_hold_ns:
                 continue  # a hung step stays open while it hangs (the watch timer reports it)
-            if now - st["opened_ns"] >= window_ns and now - requested.get(key, 0) >= window_ns \
-                    and fold.input_read_past(st):
+            if (
+                now - st["opened_ns"] >= window_ns
+                and now - requested.get(key, 0) >= window_ns
+                and fold.input_read_past(st)
+            ):
                 requested[key] = now
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
@@ -357,9 +383,15 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
             m.summaries.labels("hang").inc()
             if first:
                 h = summary["hang"]
-                log.warning("step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)", sk,
-                            ", ".join(x["host"] for x in h["hosts"]), h["op"], h["pg"], h["coll_seq"],
-                            len(h["waiting"]))
+                log.warning(
+                    "step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)",
+                    sk,
+                    ", ".join(x["host"] for x in h["hosts"]),
+                    h["op"],
+                    h["pg"],
+                    h["coll_seq"],
+                    len(h["waiting"]),
+                )
 
 
 def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
@@ -368,11 +400,21 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     m = metrics or WorkerMetrics()
     app = _faust_app(cfg, m)
     tables = _tables(app, cfg, input_partitions, m)
-    rep = app.topic(f"{cfg.app_id}-steps", partitions=cfg.partitions, internal=True,
-                    key_serializer="raw", value_serializer=wire.MSGPACK)
-    fold = Fold(tables, window_ns=int(cfg.window_s * 1e9), th=cfg.thresholds, on_late=m.late.inc,
-                on_summary=lambda by: m.summaries.labels(by).inc(), input_partitions=input_partitions)
-
+    rep = app.topic(
+        f"{cfg.app_id}-steps",
+        partitions=cfg.partitions,
+        internal=True,
+        key_serializer="raw",
+        value_serializer=wire.MSGPACK,
+    )
+    fold = Fold(
+        tables,
+        window_ns=int(cfg.window_s * 1e9),
+        th=cfg.thresholds,
+        on_late=m.late.inc,
+        on_summary=lambda by: m.summaries.labels(by).inc(),
+        input_partitions=input_partitions,
+    )
 
     async def forget() -> None:  # the tables were recovered: recount what the fold derives from them
         fold.forget()

@@ -57,8 +57,11 @@ def _wait_for_broker(bootstrap: str) -> None:
             except BrokerUnreachable as exc:
                 if not said and time.monotonic() - since >= CONNECT_TIMEOUT_S:
                     msg = str(exc).replace(" within 1 s", f" for {CONNECT_TIMEOUT_S:.0f} s")
-                    click.echo(f"obshub streams worker: {msg}; retrying quietly until it answers (Ctrl-C to "
-                               f"stop). hint: {HINT}", err=True)
+                    click.echo(
+                        f"obshub streams worker: {msg}; retrying quietly until it answers (Ctrl-C to "
+                        f"stop). hint: {HINT}",
+                        err=True,
+                    )
                     said = True
                 continue
             if said:
@@ -75,16 +78,24 @@ def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int
     is new); raises TopicMissingError / StreamsError with a hint."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"socket.timeout.ms": 5000, "logger": NullLogger()}))
+    admin = AdminClient(
+        kafka.admin_config(
+            kafka.KafkaConnection(bootstrap=bootstrap), {"socket.timeout.ms": 5000, "logger": NullLogger()}
+        )
+    )
     try:
         md = admin.list_topics(timeout=10)
     except Exception as exc:
-        raise StreamsError(f"Failed to reach the Kafka broker at {bootstrap}: {exc}",
-                           "start it with `obshub up`, or set OBSHUB_BOOTSTRAP") from exc
+        raise StreamsError(
+            f"Failed to reach the Kafka broker at {bootstrap}: {exc}",
+            "start it with `obshub up`, or set OBSHUB_BOOTSTRAP",
+        ) from exc
     t = md.topics.get(topic)
     if t is None or t.error is not None:
-        raise TopicMissingError(f"input topic {topic!r} does not exist on {bootstrap}",
-                                "create it with `obshub up` (the project's topics) or pass --input-topic")
+        raise TopicMissingError(
+            f"input topic {topic!r} does not exist on {bootstrap}",
+            "create it with `obshub up` (the project's topics) or pass --input-topic",
+        )
     own = md.topics.get(f"{app_id}-steps")
     return len(t.partitions), (len(own.partitions) if own is not None and own.error is None else None)
 
@@ -98,29 +109,74 @@ def _free_index(settings) -> int:
 
 
 @streams_group.command("worker", epilog=WORKER_EPILOG)
-@click.option("--app-id", default=STREAMS.app_id, show_default=True,
-              help="Faust app id = consumer group and prefix of internal/changelog topics")
+@click.option(
+    "--app-id",
+    default=STREAMS.app_id,
+    show_default=True,
+    help="Faust app id = consumer group and prefix of internal/changelog topics",
+)
 @click.option("--input-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
 @click.option("--output-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries (JSON)")
 @click.option("--dlq-topic", default=schema.TOPIC_DLQ, show_default=True, help="undecodable messages")
-@click.option("--partitions", default=None, type=click.IntRange(1, 1024),
-              help="partitions of the (job, step) repartition topic and the tables, fixed per app id "
-                   "[default: the app's existing count, else OBSHUB_STREAMS_PARTITIONS, else 8]; sizing "
-                   "in docs/STREAMS.md")
-@click.option("--window-s", default=STREAMS.window_s, show_default=True, type=click.FloatRange(0.2, 3600),
-              help="a step closes at most this many seconds after its first data arrived")
-@click.option("--metrics-port", default=STREAMS.metrics_port, show_default=True, type=click.IntRange(0, 65535),
-              help="serve Prometheus metrics on this port (0 = off)")
-@click.option("--metrics-addr", envvar="OBSHUB_METRICS_ADDR", default="0.0.0.0", show_default=True,
-              help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]")
-@click.option("--index", type=click.IntRange(1, 9999), default=None,
-              help="worker number n (component streams-<n>); default: the first free one")
-@click.option("--log-level", default="warning", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--log-format", type=click.Choice(["text", "json"]), envvar="OBSHUB_LOG_FORMAT", default="text",
-              show_default=True, help="json: one JSON object per line (time, level, logger, message)")
-def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, window_s, metrics_port, metrics_addr,
-                   index, log_level, log_format):
+@click.option(
+    "--partitions",
+    default=None,
+    type=click.IntRange(1, 1024),
+    help="partitions of the (job, step) repartition topic and the tables, fixed per app id "
+    "[default: the app's existing count, else OBSHUB_STREAMS_PARTITIONS, else 8]; sizing "
+    "in docs/STREAMS.md",
+)
+@click.option(
+    "--window-s",
+    default=STREAMS.window_s,
+    show_default=True,
+    type=click.FloatRange(0.2, 3600),
+    help="a step closes at most this many seconds after its first data arrived",
+)
+@click.option(
+    "--metrics-port",
+    default=STREAMS.metrics_port,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="serve Prometheus metrics on this port (0 = off)",
+)
+@click.option(
+    "--metrics-addr",
+    envvar="OBSHUB_METRICS_ADDR",
+    default="0.0.0.0",
+    show_default=True,
+    help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]",
+)
+@click.option(
+    "--index",
+    type=click.IntRange(1, 9999),
+    default=None,
+    help="worker number n (component streams-<n>); default: the first free one",
+)
+@click.option(
+    "--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="OBSHUB_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (time, level, logger, message)",
+)
+def worker_command(
+    app_id,
+    input_topic,
+    output_topic,
+    dlq_topic,
+    partitions,
+    window_s,
+    metrics_port,
+    metrics_addr,
+    index,
+    log_level,
+    log_format,
+):
     """Run one stream worker until SIGTERM/SIGINT. Start several (any host) to share the partitions.
 
     State (Faust table data dir) lives under $OBSHUB_HOME/state/<app-id>; tables are recovered from
@@ -138,22 +194,32 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
     # an existing app keeps the count it was created with unless --partitions says otherwise (then the
     # mismatch is an error below); a new app takes OBSHUB_STREAMS_PARTITIONS
     partitions = partitions or existing or settings.streams_partitions
-    cfg = WorkerConfig(app_id=app_id, bootstrap=settings.bootstrap_servers, input_topic=input_topic,
-                       output_topic=output_topic, dlq_topic=dlq_topic, partitions=partitions, window_s=window_s,
-                       state_dir=settings.state_dir, metrics_port=metrics_port)
+    cfg = WorkerConfig(
+        app_id=app_id,
+        bootstrap=settings.bootstrap_servers,
+        input_topic=input_topic,
+        output_topic=output_topic,
+        dlq_topic=dlq_topic,
+        partitions=partitions,
+        window_s=window_s,
+        state_dir=settings.state_dir,
+        metrics_port=metrics_port,
+    )
     ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
     metrics = WorkerMetrics()
     try:
         metrics.serve(metrics_port, metrics_addr)
     except OSError as exc:
-        raise StreamsError(f"Failed to serve metrics on {metrics_addr}:{metrics_port}: {exc}",
-                           "choose a free port with --metrics-port (0 turns metrics off) or another "
-                           "--metrics-addr") from exc
+        raise StreamsError(
+            f"Failed to serve metrics on {metrics_addr}:{metrics_port}: {exc}",
+            "choose a free port with --metrics-port (0 turns metrics off) or another --metrics-addr",
+        ) from exc
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(cfg, n_in, metrics)
     name = f"streams-{index or _free_index(settings)}"
-    registry.register_component(settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic,
-                             metrics_port=metrics_port)
+    registry.register_component(
+        settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic, metrics_port=metrics_port
+    )
     try:
         logging_config = None
         if log_format == "json":
@@ -172,15 +238,20 @@ def worker_command(app_id, input_topic, output_topic, dlq_topic, partitions, win
 
 def _line(s: dict) -> str:
     ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
-    parts = [f"{s['job']} step {s['step']}", f"{s['closed_by']:8}",
-             f"{len(s['hosts'])}/{len(s['expected_hosts']) or len(s['hosts'])} hosts",
-             f"max {ms(s['step_time_max_ns'])}"]
+    parts = [
+        f"{s['job']} step {s['step']}",
+        f"{s['closed_by']:8}",
+        f"{len(s['hosts'])}/{len(s['expected_hosts']) or len(s['hosts'])} hosts",
+        f"max {ms(s['step_time_max_ns'])}",
+    ]
     if s["missing_hosts"]:
         parts.append(f"[red]missing {','.join(s['missing_hosts'])}[/red]")
     if s.get("hang"):
         h = s["hang"]
-        parts.append(f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
-                     f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]")
+        parts.append(
+            f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
+            f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]"
+        )
     st = s["straggler"]
     if st:
         parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
@@ -241,7 +312,17 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
         say.addHandler(handler)
         say.propagate = False
     watch = BrokerWatch(settings.bootstrap_servers, say, "tail")
-    c = Consumer(kafka.consumer_config(kafka.connection(settings), f"obshub-tail-{uuid.uuid4().hex[:8]}", {"auto.offset.reset": "earliest" if from_beginning else "latest", "enable.auto.commit": False, **watch.client_conf()}))
+    c = Consumer(
+        kafka.consumer_config(
+            kafka.connection(settings),
+            f"obshub-tail-{uuid.uuid4().hex[:8]}",
+            {
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "enable.auto.commit": False,
+                **watch.client_conf(),
+            },
+        )
+    )
     c.subscribe([topic], on_assign=lambda *_: watch.up())
     seen: set[tuple[str, int]] = set()
     n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None
@@ -256,8 +337,11 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
                 k = (s["job"], int(s["step"]), s.get("closed_by") == "hang")
             except (schema.SchemaError, KeyError) as exc:
                 why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-                err.print(f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",
-                          markup=False, style="red")
+                err.print(
+                    f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",
+                    markup=False,
+                    style="red",
+                )
                 continue
             if k in seen or (job and s["job"] != job):
                 continue
@@ -266,8 +350,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
                 text = json.dumps(s, sort_keys=True) if as_json else _line(s)
             except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as exc:
                 where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
-                console.print(f"unreadable summary at {where}: {type(exc).__name__}: {exc}", markup=False,
-                              style="red")
+                console.print(f"unreadable summary at {where}: {type(exc).__name__}: {exc}", markup=False, style="red")
                 continue
             if as_json:
                 sys.stdout.write(text + "\n")

@@ -67,8 +67,16 @@ def bid_digest(bid: str) -> bytes:
 
 
 def _new_job() -> dict:
-    return {"n_hosts": 0, "n_ranks": 0, "world_size": 0, "buckets": [], "history": [],
-            "pending": dict.fromkeys(QUALITY_KEYS, 0), "closed": [], "floor": -1}
+    return {
+        "n_hosts": 0,
+        "n_ranks": 0,
+        "world_size": 0,
+        "buckets": [],
+        "history": [],
+        "pending": dict.fromkeys(QUALITY_KEYS, 0),
+        "closed": [],
+        "floor": -1,
+    }
 
 
 class Fold:
@@ -79,11 +87,19 @@ class Fold:
     ``window_ns``: a ``close`` request closes a step only when it has been open that long.
     ``on_late(n)`` / ``on_summary(closed_by)``: metric callbacks. ``clock``: CLOCK_REALTIME ns."""
 
-    def __init__(self, tables: dict[str, MutableMapping], *, window_ns: int,
-                 th: analysis.Thresholds = analysis.Thresholds(), closed_keep: int = CLOSED_KEEP,
-                 on_late: Callable[[int], None] = lambda n: None,
-                 on_summary: Callable[[str], None] = lambda by: None, clock: Callable[[], int] = time.time_ns,
-                 input_partitions: int = 0, hold_max_ns: int | None = None):
+    def __init__(
+        self,
+        tables: dict[str, MutableMapping],
+        *,
+        window_ns: int,
+        th: analysis.Thresholds = analysis.Thresholds(),
+        closed_keep: int = CLOSED_KEEP,
+        on_late: Callable[[int], None] = lambda n: None,
+        on_summary: Callable[[str], None] = lambda by: None,
+        clock: Callable[[], int] = time.time_ns,
+        input_partitions: int = 0,
+        hold_max_ns: int | None = None,
+    ):
         self.parts, self.steps = tables["parts"], tables["steps"]
         self.members, self.jobs, self.closed = tables["members"], tables["jobs"], tables["closed"]
         self.window_ns, self.th, self.closed_keep = window_ns, th, closed_keep
@@ -152,10 +168,17 @@ class Fold:
             if st is not None and self.clock() - st["opened_ns"] >= self.window_ns and not self.input_read_past(st):
                 if v["key"] not in self._held:
                     self._held.add(v["key"])
-                    late = sorted(ip for ip in range(self.input_partitions)
-                                  if self.read_ns.get(ip, 0) < st["opened_ns"] + self.window_ns)
-                    log.info("holding %s past its window: input partitions %s not read that far yet "
-                             "(a worker failover or a backlog)", v["key"], late)
+                    late = sorted(
+                        ip
+                        for ip in range(self.input_partitions)
+                        if self.read_ns.get(ip, 0) < st["opened_ns"] + self.window_ns
+                    )
+                    log.info(
+                        "holding %s past its window: input partitions %s not read that far yet "
+                        "(a worker failover or a backlog)",
+                        v["key"],
+                        late,
+                    )
                 return []
             if st is not None and self.clock() - st["opened_ns"] >= self.window_ns:
                 self._held.discard(v["key"])
@@ -222,7 +245,7 @@ class Fold:
         jk = f"{v['job']}@{p}"
         js = self._job(jk)
         hist = [h for h in js["history"] if h[0] != v["step"]] + [v.get("entry") or [v["step"], v["ns"]]]
-        js["history"] = sorted(hist)[-self.th.baseline_n * 2:]
+        js["history"] = sorted(hist)[-self.th.baseline_n * 2 :]
         self.jobs[jk] = js
 
     # ------------------------------------------------------------------------------------------------
@@ -230,7 +253,7 @@ class Fold:
         digests = self._digests.get(sk)
         if digests is None:
             blob = done["bids"]
-            digests = {blob[i:i + 8] for i in range(0, len(blob), 8)}
+            digests = {blob[i : i + 8] for i in range(0, len(blob), 8)}
             if len(self._digests) > 64:
                 self._digests.clear()
             self._digests[sk] = digests
@@ -331,9 +354,18 @@ class Fold:
             for k, x in entry["q"].items():
                 quality[k] = quality.get(k, 0) + x
             del self.parts[pk]
-        summary = analysis.summarize(job, step, accs, expected_hosts=expected, history=js["history"],
-                                     quality=quality, closed_by=closed_by, closed_at_ns=self.clock(), th=self.th,
-                                     world_size=js["world_size"])
+        summary = analysis.summarize(
+            job,
+            step,
+            accs,
+            expected_hosts=expected,
+            history=js["history"],
+            quality=quality,
+            closed_by=closed_by,
+            closed_at_ns=self.clock(),
+            th=self.th,
+            world_size=js["world_size"],
+        )
         self.hung.pop(sk, None)
         self._held.discard(sk)
         self.closed[sk] = {"p": p, "bids": b"".join(digests), "late": 0}
@@ -350,9 +382,20 @@ class Fold:
             js["floor"] = max(js["floor"], old)
         self.jobs[jk] = js
         self.on_summary(closed_by)
-        return [("summary", job, summary),
-                ("broadcast", job, {"t": "hist", "job": job, "step": step, "ns": summary["step_time_max_ns"],
-                                    "entry": analysis.history_entry(summary)})]
+        return [
+            ("summary", job, summary),
+            (
+                "broadcast",
+                job,
+                {
+                    "t": "hist",
+                    "job": job,
+                    "step": step,
+                    "ns": summary["step_time_max_ns"],
+                    "entry": analysis.history_entry(summary),
+                },
+            ),
+        ]
 
     # ------------------------------------------------------------------------------------------------
     def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:
@@ -378,18 +421,32 @@ class Fold:
                 e = self.parts.get(f"{sk}|{h}")
                 if e is not None:
                     accs[h] = e["acc"]
-            found = analysis.hang_check(accs, expected, self.last_seen.get(job, {}), st["opened_ns"],
-                                        js["history"], st["step"], now, self.th)
+            found = analysis.hang_check(
+                accs, expected, self.last_seen.get(job, {}), st["opened_ns"], js["history"], st["step"], now, self.th
+            )
             if found is None:
                 self.hung.pop(sk, None)
                 continue
             first = sk not in self.hung
             self.hung.setdefault(sk, now)
-            summary = analysis.summarize(job, st["step"], accs, expected_hosts=expected, history=js["history"],
-                                         quality={}, closed_by="hang", closed_at_ns=now, th=self.th,
-                                         world_size=js["world_size"])
-            summary.update(straggler=None, blame=[], hang=found,
-                           evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}})
+            summary = analysis.summarize(
+                job,
+                st["step"],
+                accs,
+                expected_hosts=expected,
+                history=js["history"],
+                quality={},
+                closed_by="hang",
+                closed_at_ns=now,
+                th=self.th,
+                world_size=js["world_size"],
+            )
+            summary.update(
+                straggler=None,
+                blame=[],
+                hang=found,
+                evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}},
+            )
             out.append((sk, summary, first))
         for sk in [k for k in self.hung if self.steps.get(k) is None]:
             del self.hung[sk]

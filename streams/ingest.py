@@ -55,8 +55,15 @@ class Ingest:
         first = st is None
         if first:
             st = {"seq": -1, "partition": partition, "offset": -1, "lost": 0, "dups": 0}
-            log.info("new agent instance %s (job %s, host %s) on %s[%d]@%d", batch.agent_id, batch.job, batch.host,
-                     topic, partition, offset)
+            log.info(
+                "new agent instance %s (job %s, host %s) on %s[%d]@%d",
+                batch.agent_id,
+                batch.job,
+                batch.host,
+                topic,
+                partition,
+                offset,
+            )
         replay = partition == st["partition"] and offset <= st["offset"]
         if not replay and batch.seq <= st["seq"]:
             st["dups"] += 1
@@ -64,8 +71,14 @@ class Ingest:
             self.agents[batch.agent_id] = st
             return IngestResult(dup=True)
         if replay:
-            log.info("replay of %s seq %d (%s[%d]@%d, already processed before a restart)", batch.agent_id,
-                     batch.seq, topic, partition, offset)
+            log.info(
+                "replay of %s seq %d (%s[%d]@%d, already processed before a restart)",
+                batch.agent_id,
+                batch.seq,
+                topic,
+                partition,
+                offset,
+            )
         lost = 0 if replay else batch.seq - st["seq"] - 1
         if lost:
             st["lost"] += lost
@@ -74,9 +87,20 @@ class Ingest:
         if first and not hosts:
             hosts = [{"job": batch.job, "host": batch.host, "host_id": batch.host_id}]
         for reg in hosts:
-            res.sends.append(("broadcast", reg["job"], {"t": "host", "job": reg["job"], "host": reg["host"],
-                                                         "host_id": reg["host_id"], "rank": reg.get("rank"),
-                                                         "world_size": reg.get("world_size", 0)}))
+            res.sends.append(
+                (
+                    "broadcast",
+                    reg["job"],
+                    {
+                        "t": "host",
+                        "job": reg["job"],
+                        "host": reg["host"],
+                        "host_id": reg["host_id"],
+                        "rank": reg.get("rank"),
+                        "world_size": reg.get("world_size", 0),
+                    },
+                )
+            )
         parts = accumulate.reduce_batch(batch)
         bid = f"{batch.agent_id}:{batch.seq}"
         for i, (step, acc) in enumerate(sorted(parts.items())):
@@ -84,8 +108,13 @@ class Ingest:
             if i == 0 and not replay:
                 q = {"lost_batches": st["lost"], "duplicate_batches": st["dups"]}
                 st["lost"] = st["dups"] = 0
-            res.sends.append(("part", f"{batch.job}|{step}", {"t": "part", "job": batch.job, "step": step,
-                                                              "host": batch.host, "bid": bid, "acc": acc, "q": q}))
+            res.sends.append(
+                (
+                    "part",
+                    f"{batch.job}|{step}",
+                    {"t": "part", "job": batch.job, "step": step, "host": batch.host, "bid": bid, "acc": acc, "q": q},
+                )
+            )
         if not replay:
             st["seq"], st["offset"], st["partition"] = batch.seq, offset, partition
             self.agents[batch.agent_id] = st

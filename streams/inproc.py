@@ -2,7 +2,7 @@
 tables that encode every write with the worker's codec, like Faust writes a changelog record.
 
 Used by the fold benchmark (bench/fold_width.py: CPU and changelog bytes per step against the number of
-hosts) and by the unit tests of the state layout (tests/test_streams_fold.py: replays, recovery from the
+hosts) and by the unit tests of the state layout (tests/streams/test_streams_fold.py: replays, recovery from the
 changelog, late data). What it leaves out: the transport (consumer, producer, commits), the window timer.
 
     pipe = InProcess(partitions=4)
@@ -63,8 +63,14 @@ class InProcess:
     """Ingest + fold of one worker that owns every partition. ``partitions``: of the internal topic (a
     part goes to CRC-32 of its key mod ``partitions``; the input is one partition). ``clock``: ns."""
 
-    def __init__(self, partitions: int = 4, th: analysis.Thresholds = analysis.Thresholds(), window_ns: int = 10**10,
-                 clock=None, tables: dict[str, ChangelogDict] | None = None):
+    def __init__(
+        self,
+        partitions: int = 4,
+        th: analysis.Thresholds = analysis.Thresholds(),
+        window_ns: int = 10**10,
+        clock=None,
+        tables: dict[str, ChangelogDict] | None = None,
+    ):
         self.partitions = partitions
         self.tables = tables or {name: ChangelogDict() for name in TABLES}
         kw = {"clock": clock} if clock is not None else {}
@@ -80,8 +86,12 @@ class InProcess:
 
     def restarted(self) -> "InProcess":
         """A new worker whose tables are recovered from this one's changelogs (input offsets kept)."""
-        new = InProcess(self.partitions, self.fold.th, self.fold.window_ns,
-                        tables={k: t.recovered() for k, t in self.tables.items()})
+        new = InProcess(
+            self.partitions,
+            self.fold.th,
+            self.fold.window_ns,
+            tables={k: t.recovered() for k, t in self.tables.items()},
+        )
         new.offset = self.offset
         return new
 
@@ -114,5 +124,4 @@ class InProcess:
     def close_all(self) -> None:
         """Close every open step (as the window would)."""
         for key, st in self.fold.open_steps():
-            self.summaries.extend(v for what, _j, v in self.fold.close(key, st, st["p"], "window")
-                                  if what == "summary")
+            self.summaries.extend(v for what, _j, v in self.fold.close(key, st, st["p"], "window") if what == "summary")

@@ -60,38 +60,46 @@ class StepResultMetrics:
 
     def __init__(self, registry: CollectorRegistry, idle_s: float = 3600.0) -> None:
         r, J, H, L = registry, "training_job", "host", "layer"
-        self.step_time = Histogram("obshub_step_duration_seconds", "step time of each host", [J, H],
-                                   buckets=STEP_BUCKETS_S, registry=r)
-        self.step_max = Gauge("obshub_step_max_duration_seconds", "slowest host's step time, latest step", [J],
-                              registry=r)
+        self.step_time = Histogram(
+            "obshub_step_duration_seconds", "step time of each host", [J, H], buckets=STEP_BUCKETS_S, registry=r
+        )
+        self.step_max = Gauge(
+            "obshub_step_max_duration_seconds", "slowest host's step time, latest step", [J], registry=r
+        )
         self.last_step = Gauge("obshub_last_step", "number of the latest step summarised", [J], registry=r)
         self.steps = Counter("obshub_steps", "step summaries by how the step closed", [J, "closed_by"], registry=r)
         self.stalled = Counter("obshub_stalled_steps", "steps slower than the job's p99 baseline", [J], registry=r)
         self.strag = Counter("obshub_straggler_steps", "steps that named this host the straggler", [J, H], registry=r)
-        self.strag_s = Counter("obshub_straggler_excess_seconds", "time the peers lost waiting for this host",
-                               [J, H], registry=r)
-        self.strag_last = Gauge("obshub_straggler_last_step", "latest step that named this host the straggler",
-                                [J, H], registry=r)
-        self.blamed = Counter("obshub_blamed_steps", "steps whose blame names this layer on this host", [J, H, L],
-                              registry=r)
-        self.blame_s = Counter("obshub_blame_excess_seconds", "excess of the layer over the peer median", [J, H, L],
-                               registry=r)
+        self.strag_s = Counter(
+            "obshub_straggler_excess_seconds", "time the peers lost waiting for this host", [J, H], registry=r
+        )
+        self.strag_last = Gauge(
+            "obshub_straggler_last_step", "latest step that named this host the straggler", [J, H], registry=r
+        )
+        self.blamed = Counter(
+            "obshub_blamed_steps", "steps whose blame names this layer on this host", [J, H, L], registry=r
+        )
+        self.blame_s = Counter(
+            "obshub_blame_excess_seconds", "excess of the layer over the peer median", [J, H, L], registry=r
+        )
         self.blame_last = Gauge("obshub_blame_last_step", "latest step with this blame", [J, H, L], registry=r)
-        self.skew = Histogram("obshub_collective_skew_seconds", "arrival skew of each collective", [J],
-                              buckets=SKEW_BUCKETS_S, registry=r)
-        self.missing = Counter("obshub_missing_host_steps", "steps closed without data from this host", [J, H],
-                               registry=r)
+        self.skew = Histogram(
+            "obshub_collective_skew_seconds", "arrival skew of each collective", [J], buckets=SKEW_BUCKETS_S, registry=r
+        )
+        self.missing = Counter(
+            "obshub_missing_host_steps", "steps closed without data from this host", [J, H], registry=r
+        )
         self.lost = Counter("obshub_step_lost_batches", "agent batches lost (sequence gaps)", [J], registry=r)
         self.dups = Counter("obshub_step_duplicate_batches", "duplicate agent batches dropped", [J], registry=r)
-        self.late = Counter("obshub_step_late_events", "events that arrived after their step closed", [J],
-                            registry=r)
-        self.ringbuf = Counter("obshub_step_ringbuf_lost_events", "events the probes lost in the kernel", [J],
-                               registry=r)
+        self.late = Counter("obshub_step_late_events", "events that arrived after their step closed", [J], registry=r)
+        self.ringbuf = Counter(
+            "obshub_step_ringbuf_lost_events", "events the probes lost in the kernel", [J], registry=r
+        )
         self.idle_s = idle_s
         self._lock = threading.Lock()
-        self._seen: dict[str, float] = {}                      # training job -> monotonic time of last summary
+        self._seen: dict[str, float] = {}  # training job -> monotonic time of last summary
         self._labels: dict[str, set[tuple[object, tuple[str, ...]]]] = {}  # job -> (metric, labels) to remove
-        self._steps: dict[tuple, int] = {}                     # (gauge, job, labels...) -> highest step set
+        self._steps: dict[tuple, int] = {}  # (gauge, job, labels...) -> highest step set
 
     def _touch(self, job: str, metric, *labels: str):
         self._labels.setdefault(job, set()).add((metric, (job, *labels)))
@@ -163,10 +171,13 @@ class WorkerMetrics:
         self.dups = Counter("obshub_streams_duplicate_batches", "duplicate batches dropped", registry=r)
         self.replayed = Counter("obshub_streams_replayed_batches", "batches re-read after a restart", registry=r)
         self.dlq = Counter("obshub_streams_dlq", "messages sent to the DLQ", ["field"], registry=r)
-        self.consumer_skips = Counter("obshub_streams_consumer_skips", "input offsets the consumer skipped",
-                                      registry=r)
-        self.changelog_skips = Counter("obshub_streams_changelog_skipped", "table changelog records that did not "
-                                       "decode, skipped during recovery", ["table"], registry=r)
+        self.consumer_skips = Counter("obshub_streams_consumer_skips", "input offsets the consumer skipped", registry=r)
+        self.changelog_skips = Counter(
+            "obshub_streams_changelog_skipped",
+            "table changelog records that did not decode, skipped during recovery",
+            ["table"],
+            registry=r,
+        )
         self.send_errors = Counter("obshub_streams_send_errors", "failed produce calls", registry=r)
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
         self.results = StepResultMetrics(r)

@@ -14,7 +14,9 @@ from obshub.core.schema import Batch
 from streams import accumulate, analysis
 
 
-def summarize_batches(batches: Iterable[Batch], th: analysis.Thresholds = analysis.Thresholds()) -> dict[tuple[str, int], dict]:
+def summarize_batches(
+    batches: Iterable[Batch], th: analysis.Thresholds = analysis.Thresholds()
+) -> dict[tuple[str, int], dict]:
     """``{(job, step): summary}`` for every step in ``batches``. Expected hosts of a job = hosts that
     registered or sent any batch (the live application's rule); the baseline uses every earlier step of
     the job (the live application may see fewer when steps close out of order)."""
@@ -30,10 +32,18 @@ def summarize_batches(batches: Iterable[Batch], th: analysis.Thresholds = analys
                 accs[b.host] = part
     out: dict[tuple[str, int], dict] = {}
     history: dict[str, list[list[int]]] = {}
-    for (job, step) in sorted(steps):
-        s = analysis.summarize(job, step, steps[(job, step)], expected_hosts=sorted(hosts[job]),
-                               history=history.get(job, []), quality={}, closed_by="complete",
-                               closed_at_ns=0, th=th)
+    for job, step in sorted(steps):
+        s = analysis.summarize(
+            job,
+            step,
+            steps[(job, step)],
+            expected_hosts=sorted(hosts[job]),
+            history=history.get(job, []),
+            quality={},
+            closed_by="complete",
+            closed_at_ns=0,
+            th=th,
+        )
         history.setdefault(job, []).append(analysis.history_entry(s))
         out[(job, step)] = s
     return out

@@ -34,8 +34,14 @@ from obshub.core import schema
 from obshub.core.schema import Batch, Clock, Event, Kind
 
 MS = 1_000_000
-GUILTY_KINDS = {"sched": Kind.SCHED_RUNQ, "memory": Kind.MEM_RECLAIM, "cuda": Kind.CUDA_SYNC,
-                "nic": Kind.RDMA_CQ_DONE, "network": Kind.TCP_RETRANSMIT, "pytorch": None}
+GUILTY_KINDS = {
+    "sched": Kind.SCHED_RUNQ,
+    "memory": Kind.MEM_RECLAIM,
+    "cuda": Kind.CUDA_SYNC,
+    "nic": Kind.RDMA_CQ_DONE,
+    "network": Kind.TCP_RETRANSMIT,
+    "pytorch": None,
+}
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,18 @@ def _offset(i: int) -> int:
 
 def _ev(kind: Kind, rt: int, i: int, step: int, op_seq: int, **kw) -> Event:
     tk = schema.make_trace_key(i, max(step, 0), op_seq)
-    return Event(int(kind), rt - _offset(i), kw.pop("dur", 0), tk, step, 1000 + i, 1000 + i,
-                 kw.pop("gpu", 0), kw.pop("value", 0), kw.pop("payload", None))
+    return Event(
+        int(kind),
+        rt - _offset(i),
+        kw.pop("dur", 0),
+        tk,
+        step,
+        1000 + i,
+        1000 + i,
+        kw.pop("gpu", 0),
+        kw.pop("value", 0),
+        kw.pop("payload", None),
+    )
 
 
 def _guilty_events(scn: Scenario, i: int, step: int, start_rt: int, extra_ns: int) -> list[Event]:
@@ -93,13 +109,33 @@ def _guilty_events(scn: Scenario, i: int, step: int, start_rt: int, extra_ns: in
     if kind is None:
         return []
     if kind == Kind.TCP_RETRANSMIT:
-        return [_ev(kind, start_rt + k * 1000, i, step, 1, value=1,
-                    payload={"saddr": "10.0.0.%d" % i, "daddr": "10.0.0.9", "sport": 40000, "dport": 29500,
-                             "state": 1}) for k in range(12)]
+        return [
+            _ev(
+                kind,
+                start_rt + k * 1000,
+                i,
+                step,
+                1,
+                value=1,
+                payload={"saddr": "10.0.0.%d" % i, "daddr": "10.0.0.9", "sport": 40000, "dport": 29500, "state": 1},
+            )
+            for k in range(12)
+        ]
     part = extra_ns // 4
     pay = {"symbol": "cudaDeviceSynchronize"} if kind == Kind.CUDA_SYNC else None
-    return [_ev(kind, start_rt + (k + 1) * part, i, step, 1, dur=part, value=0 if kind != Kind.RDMA_CQ_DONE else k,
-                payload=pay if kind != Kind.RDMA_CQ_DONE else {"qp": 7, "status": 0}) for k in range(4)]
+    return [
+        _ev(
+            kind,
+            start_rt + (k + 1) * part,
+            i,
+            step,
+            1,
+            dur=part,
+            value=0 if kind != Kind.RDMA_CQ_DONE else k,
+            payload=pay if kind != Kind.RDMA_CQ_DONE else {"qp": 7, "status": 0},
+        )
+        for k in range(4)
+    ]
 
 
 def generate(scn: Scenario) -> list[tuple[bytes, Batch]]:
@@ -112,14 +148,31 @@ def generate(scn: Scenario) -> list[tuple[bytes, Batch]]:
     clock = lambda i: Clock(_offset(i), scn.clock_uncertainty_ns, 37_000_000_000)  # noqa: E731
 
     def emit(i: int, events: list[Event], sent_rt: int) -> None:
-        out.append((scn.host_name(i).encode(), Batch(scn.job, scn.host_name(i), i, scn.agent_id(i), seq[i],
-                                                     events, clock(i), sent_rt)))
+        out.append(
+            (
+                scn.host_name(i).encode(),
+                Batch(scn.job, scn.host_name(i), i, scn.agent_id(i), seq[i], events, clock(i), sent_rt),
+            )
+        )
         seq[i] += 1
 
     t = scn.start_ns
     for i in range(scn.hosts):
-        emit(i, [_ev(Kind.REGISTER, t, i, -1, 0, value=i, payload={"world_size": scn.hosts, "job": scn.job,
-                                                                   "host_id": i, "local_rank": 0})], t)
+        emit(
+            i,
+            [
+                _ev(
+                    Kind.REGISTER,
+                    t,
+                    i,
+                    -1,
+                    0,
+                    value=i,
+                    payload={"world_size": scn.hosts, "job": scn.job, "host_id": i, "local_rank": 0},
+                )
+            ],
+            t,
+        )
     for step in range(scn.first_step, scn.first_step + scn.steps):
         guilty = step in scn.guilty_steps
         evs: list[list[Event]] = [[] for _ in range(scn.hosts)]
@@ -131,9 +184,18 @@ def generate(scn: Scenario) -> list[tuple[bytes, Batch]]:
             evs[i].append(_ev(Kind.STEP_BEGIN, begin[i], i, step, 0, value=step))
             evs[i].append(_ev(Kind.PHASE, begin[i] + fwd, i, step, 1, dur=fwd, payload={"phase": "forward"}))
             evs[i].append(_ev(Kind.SCHED_RUNQ, begin[i] + 1000, i, step, 1, dur=15_000 + jit() // 100, value=i))
-            evs[i].append(_ev(Kind.TCP_RTT, begin[i] + 2000, i, step, 1, dur=80_000, value=10_000,
-                              payload={"saddr": "10.0.0.%d" % i, "daddr": "10.0.0.9", "sport": 40000,
-                                       "dport": 29500}))
+            evs[i].append(
+                _ev(
+                    Kind.TCP_RTT,
+                    begin[i] + 2000,
+                    i,
+                    step,
+                    1,
+                    dur=80_000,
+                    value=10_000,
+                    payload={"saddr": "10.0.0.%d" % i, "daddr": "10.0.0.9", "sport": 40000, "dport": 29500},
+                )
+            )
             if extra:
                 evs[i] += _guilty_events(scn, i, step, begin[i], extra)
             arrive.append(begin[i] + fwd)
@@ -145,15 +207,17 @@ def generate(scn: Scenario) -> list[tuple[bytes, Batch]]:
             pay = {"pg": "0", "coll_seq": coll_seq, "op": "all_reduce"}
             for i in range(scn.hosts):
                 evs[i].append(_ev(Kind.COLLECTIVE_BEGIN, arrive[i], i, step, 2 + 2 * k, value=4 << 20, payload=pay))
-                evs[i].append(_ev(Kind.COLLECTIVE_END, end, i, step, 3 + 2 * k, dur=end - arrive[i],
-                                  value=4 << 20, payload=pay))
+                evs[i].append(
+                    _ev(Kind.COLLECTIVE_END, end, i, step, 3 + 2 * k, dur=end - arrive[i], value=4 << 20, payload=pay)
+                )
             arrive = [end] * scn.hosts
         ends = []
         for i in range(scn.hosts):
             opt = int(scn.optimizer_ms * MS) + jit()
             bwd_start = evs[i][1].ts_ns + _offset(i)
-            evs[i].append(_ev(Kind.PHASE, arrive[i], i, step, 90, dur=arrive[i] - bwd_start,
-                              payload={"phase": "backward"}))
+            evs[i].append(
+                _ev(Kind.PHASE, arrive[i], i, step, 90, dur=arrive[i] - bwd_start, payload={"phase": "backward"})
+            )
             end_i = arrive[i] + opt
             evs[i].append(_ev(Kind.PHASE, end_i, i, step, 91, dur=opt, payload={"phase": "optimizer"}))
             evs[i].append(_ev(Kind.STEP_END, end_i, i, step, 92, dur=end_i - begin[i], value=step))

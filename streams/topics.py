@@ -10,8 +10,14 @@ from obshub.core.log import NullLogger
 from streams.errors import StreamsError
 
 # table name -> partitioned like the input topic ("input") or like the repartition topic ("internal")
-TABLES = {"agents": "input", "parts": "internal", "steps": "internal", "members": "internal", "jobs": "internal",
-          "closed": "internal"}
+TABLES = {
+    "agents": "input",
+    "parts": "internal",
+    "steps": "internal",
+    "members": "internal",
+    "jobs": "internal",
+    "closed": "internal",
+}
 
 
 def internal_topics(app_id: str, partitions: int, input_partitions: int) -> dict[str, int]:
@@ -23,8 +29,9 @@ def internal_topics(app_id: str, partitions: int, input_partitions: int) -> dict
     return out
 
 
-def ensure_internal_topics(bootstrap: str, app_id: str, partitions: int, input_partitions: int,
-                           timeout_s: float = 30.0) -> None:
+def ensure_internal_topics(
+    bootstrap: str, app_id: str, partitions: int, input_partitions: int, timeout_s: float = 30.0
+) -> None:
     """Create the app's own topics before Faust starts, and wait until the broker's metadata lists them.
 
     Why: Faust creates them itself at start, but when the first group assignment happens before the new
@@ -40,14 +47,18 @@ def ensure_internal_topics(bootstrap: str, app_id: str, partitions: int, input_p
     md = admin.list_topics(timeout=10)
     for name, n in want.items():
         if name in md.topics and len(md.topics[name].partitions) != n:
-            raise StreamsError(f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker "
-                               f"needs {n}", "start the worker with the partition count the app id was created "
-                               "with, or use a new --app-id")
+            raise StreamsError(
+                f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker needs {n}",
+                "start the worker with the partition count the app id was created with, or use a new --app-id",
+            )
     compact = {"cleanup.policy": "compact"}
     from obshub.core.topics import replication_factor
 
-    new = [NewTopic(name, n, replication_factor(), config=compact if name.endswith("-changelog") else {})
-           for name, n in want.items() if name not in md.topics]
+    new = [
+        NewTopic(name, n, replication_factor(), config=compact if name.endswith("-changelog") else {})
+        for name, n in want.items()
+        if name not in md.topics
+    ]
     if new:
         for name, fut in admin.create_topics(new, operation_timeout=20).items():
             try:
@@ -58,9 +69,10 @@ def ensure_internal_topics(bootstrap: str, app_id: str, partitions: int, input_p
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         md = admin.list_topics(timeout=10)
-        if all(name in md.topics and len(md.topics[name].partitions) == n and md.topics[name].error is None
-               for name, n in want.items()):
+        if all(
+            name in md.topics and len(md.topics[name].partitions) == n and md.topics[name].error is None
+            for name, n in want.items()
+        ):
             return
         time.sleep(0.2)
-    raise StreamsError(f"the broker did not list topics {sorted(want)} within {timeout_s:.0f} s",
-                       "read the broker log")
+    raise StreamsError(f"the broker did not list topics {sorted(want)} within {timeout_s:.0f} s", "read the broker log")

@@ -6,7 +6,7 @@ unpacks and type-checks the whole version-1 envelope and every event in C, with 
 rejects is decoded again by ``schema.decode_batch``, the project's reference decoder, whose
 :class:`~obshub.core.schema.SchemaError` names the field for the dead-letter record; so the error a user sees is
 the same as everywhere else in the project, and the fast path never accepts a batch the reference would
-refuse (tests/test_streams_wire.py checks both directions). The decoded batch has the attribute names of
+refuse (tests/streams/test_streams_wire.py checks both directions). The decoded batch has the attribute names of
 ``schema.Batch`` / ``schema.Event`` (``events`` are named tuples, ``kind`` a ``schema.Kind``), which is all
 ``streams.accumulate`` reads.
 

@@ -49,16 +49,23 @@ def unique() -> str:
     return uuid.uuid4().hex[:10]
 
 
-def consume_all(settings: Settings, topic: str, *, expect: int | None = None, timeout_s: float = 30.0,
-                group: str | None = None) -> list:
+def consume_all(
+    settings: Settings, topic: str, *, expect: int | None = None, timeout_s: float = 30.0, group: str | None = None
+) -> list:
     """Read ``topic`` from the beginning until ``expect`` messages arrived (or it is quiet for 3 s when
     ``expect`` is None, or ``timeout_s`` passed). Returns confluent_kafka Message objects."""
     import time
 
     from confluent_kafka import Consumer
 
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group or f"t-{uuid.uuid4().hex}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": group or f"t-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     out, deadline, quiet_since = [], time.monotonic() + timeout_s, time.monotonic()
     try:

@@ -63,11 +63,16 @@ class SaslMechanism(str, enum.Enum):
 
 
 #: field of KafkaConnection -> the environment variable that gives it when not set explicitly
-ENV = {"security_protocol": "OBSHUB_KAFKA_SECURITY_PROTOCOL", "sasl_mechanism": "OBSHUB_KAFKA_SASL_MECHANISM",
-       "sasl_username": "OBSHUB_KAFKA_SASL_USERNAME", "sasl_password": "OBSHUB_KAFKA_SASL_PASSWORD",
-       "ssl_ca_location": "OBSHUB_KAFKA_SSL_CA_LOCATION",
-       "ssl_certificate_location": "OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION",
-       "ssl_key_location": "OBSHUB_KAFKA_SSL_KEY_LOCATION", "ssl_key_password": "OBSHUB_KAFKA_SSL_KEY_PASSWORD"}
+ENV = {
+    "security_protocol": "OBSHUB_KAFKA_SECURITY_PROTOCOL",
+    "sasl_mechanism": "OBSHUB_KAFKA_SASL_MECHANISM",
+    "sasl_username": "OBSHUB_KAFKA_SASL_USERNAME",
+    "sasl_password": "OBSHUB_KAFKA_SASL_PASSWORD",
+    "ssl_ca_location": "OBSHUB_KAFKA_SSL_CA_LOCATION",
+    "ssl_certificate_location": "OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION",
+    "ssl_key_location": "OBSHUB_KAFKA_SSL_KEY_LOCATION",
+    "ssl_key_password": "OBSHUB_KAFKA_SSL_KEY_PASSWORD",
+}
 
 
 def _env(field: str) -> Callable[[], Any]:
@@ -81,8 +86,10 @@ def _env_protocol() -> "SecurityProtocol":
     except ValueError:
         from obshub.core.errors import ConfigError
 
-        raise ConfigError(f"{ENV['security_protocol']}={value!r} is not a Kafka security protocol",
-                          "use one of " + ", ".join(p.value for p in SecurityProtocol)) from None
+        raise ConfigError(
+            f"{ENV['security_protocol']}={value!r} is not a Kafka security protocol",
+            "use one of " + ", ".join(p.value for p in SecurityProtocol),
+        ) from None
 
 
 class KafkaConnection(BaseModel):
@@ -108,8 +115,10 @@ class KafkaConnection(BaseModel):
         if self.security_protocol in (SecurityProtocol.SASL_SSL, SecurityProtocol.SASL_PLAINTEXT):
             missing = [n for n in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, n) is None]
             if missing:
-                raise ValueError(f"security protocol {self.security_protocol.value} needs "
-                                 + ", ".join(f"{ENV[m]} (or --{m.replace('_', '-')})" for m in missing))
+                raise ValueError(
+                    f"security protocol {self.security_protocol.value} needs "
+                    + ", ".join(f"{ENV[m]} (or --{m.replace('_', '-')})" for m in missing)
+                )
         for name in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
             p = getattr(self, name)
             if p is not None and not p.exists():
@@ -119,8 +128,7 @@ class KafkaConnection(BaseModel):
     def librdkafka_common(self) -> dict[str, Any]:
         """The settings every confluent-kafka client shares: bootstrap, client id, security (secrets
         revealed here)."""
-        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap,
-                                "security.protocol": self.security_protocol.value}
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "security.protocol": self.security_protocol.value}
         if self.client_id is not None:
             conf["client.id"] = self.client_id
         if self.sasl_mechanism is not None:
@@ -129,9 +137,11 @@ class KafkaConnection(BaseModel):
             conf["sasl.username"] = self.sasl_username
         if self.sasl_password is not None:
             conf["sasl.password"] = self.sasl_password.get_secret_value()
-        for name, key in (("ssl_ca_location", "ssl.ca.location"),
-                          ("ssl_certificate_location", "ssl.certificate.location"),
-                          ("ssl_key_location", "ssl.key.location")):
+        for name, key in (
+            ("ssl_ca_location", "ssl.ca.location"),
+            ("ssl_certificate_location", "ssl.certificate.location"),
+            ("ssl_key_location", "ssl.key.location"),
+        ):
             if getattr(self, name) is not None:
                 conf[key] = str(getattr(self, name))
         if self.ssl_key_password is not None:
@@ -151,23 +161,24 @@ def _with(conf: dict[str, Any], quiet: bool, extra: dict[str, Any] | None) -> di
     return conf
 
 
-def producer_config(conn: KafkaConnection, extra: dict[str, Any] | None = None, *,
-                    quiet: bool = False) -> dict[str, Any]:
+def producer_config(
+    conn: KafkaConnection, extra: dict[str, Any] | None = None, *, quiet: bool = False
+) -> dict[str, Any]:
     """A confluent-kafka ``Producer`` configuration. ``quiet``: librdkafka's own log lines are dropped
     (failures still reach the caller through delivery reports and exceptions)."""
     return _with(conn.librdkafka_common(), quiet, extra)
 
 
-def consumer_config(conn: KafkaConnection, group_id: str, extra: dict[str, Any] | None = None, *,
-                    quiet: bool = False) -> dict[str, Any]:
+def consumer_config(
+    conn: KafkaConnection, group_id: str, extra: dict[str, Any] | None = None, *, quiet: bool = False
+) -> dict[str, Any]:
     """A confluent-kafka ``Consumer`` configuration in consumer group ``group_id``."""
     conf = conn.librdkafka_common()
     conf["group.id"] = group_id
     return _with(conf, quiet, extra)
 
 
-def admin_config(conn: KafkaConnection, extra: dict[str, Any] | None = None, *,
-                 quiet: bool = False) -> dict[str, Any]:
+def admin_config(conn: KafkaConnection, extra: dict[str, Any] | None = None, *, quiet: bool = False) -> dict[str, Any]:
     """A confluent-kafka ``AdminClient`` configuration."""
     return _with(conn.librdkafka_common(), quiet, extra)
 
@@ -188,8 +199,11 @@ def faust_kwargs(conn: KafkaConnection) -> dict[str, Any]:
     ssl_context = _ssl_context(conn)
     if conn.sasl_mechanism is not None:
         kw["broker_credentials"] = faust.SASLCredentials(
-            username=conn.sasl_username, password=_reveal(conn.sasl_password),
-            mechanism=conn.sasl_mechanism.value, ssl_context=ssl_context)
+            username=conn.sasl_username,
+            password=_reveal(conn.sasl_password),
+            mechanism=conn.sasl_mechanism.value,
+            ssl_context=ssl_context,
+        )
     else:
         kw["broker_credentials"] = faust.SSLCredentials(ssl_context)
     return kw
@@ -201,8 +215,11 @@ def aiokafka_kwargs(conn: KafkaConnection) -> dict[str, Any]:
     if conn.client_id is not None:
         kw["client_id"] = conn.client_id
     if conn.sasl_mechanism is not None:
-        kw.update(sasl_mechanism=conn.sasl_mechanism.value, sasl_plain_username=conn.sasl_username,
-                  sasl_plain_password=_reveal(conn.sasl_password))
+        kw.update(
+            sasl_mechanism=conn.sasl_mechanism.value,
+            sasl_plain_username=conn.sasl_username,
+            sasl_plain_password=_reveal(conn.sasl_password),
+        )
     if conn.security_protocol in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL):
         kw["ssl_context"] = _ssl_context(conn)
     return kw
@@ -219,7 +236,9 @@ def _ssl_context(conn: KafkaConnection) -> ssl.SSLContext | None:
         return None
     ctx = ssl.create_default_context(cafile=str(conn.ssl_ca_location) if conn.ssl_ca_location else None)
     if conn.ssl_certificate_location is not None:
-        ctx.load_cert_chain(str(conn.ssl_certificate_location),
-                            str(conn.ssl_key_location) if conn.ssl_key_location else None,
-                            _reveal(conn.ssl_key_password))
+        ctx.load_cert_chain(
+            str(conn.ssl_certificate_location),
+            str(conn.ssl_key_location) if conn.ssl_key_location else None,
+            _reveal(conn.ssl_key_password),
+        )
     return ctx

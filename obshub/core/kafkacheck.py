@@ -46,23 +46,27 @@ def explain(errors: list[tuple[str, str]], conf: dict[str, Any]) -> KafkaConnect
                 f"Kafka at {bootstrap} rejected the SASL credentials of user {conf.get('sasl.username')!r} "
                 f"(mechanism {conf.get('sasl.mechanism')})",
                 f"check {SETTING['username']} and {SETTING['password']} (and {SETTING['mechanism']}: the broker "
-                "must have a SCRAM credential of that mechanism for the user)")
+                "must have a SCRAM credential of that mechanism for the user)",
+            )
         if "certificate verify failed" in low or "broker certificate could not be verified" in low:
             ca = conf.get("ssl.ca.location")
             return KafkaConnectError(
                 f"the TLS certificate of Kafka at {bootstrap} is not trusted: it is not signed by "
                 + (f"the CA in {ca}" if ca else "a CA of the system store"),
-                f"set {SETTING['ca']} to the PEM file of the CA that signed the brokers' certificates")
+                f"set {SETTING['ca']} to the PEM file of the CA that signed the brokers' certificates",
+            )
         if "bad certificate" in low or "certificate required" in low or "unknown ca" in low:
             return KafkaConnectError(
                 f"Kafka at {bootstrap} refused this client's TLS certificate"
                 + ("" if conf.get("ssl.certificate.location") else " (none was given)"),
                 f"set {SETTING['cert']} and {SETTING['key']} to a client certificate and key signed by a CA "
-                "the broker trusts (mutual TLS)")
+                "the broker trusts (mutual TLS)",
+            )
         if "ssl handshake failed" in low or ("disconnected" in low and protocol == "PLAINTEXT"):
             return KafkaConnectError(
                 f"the TLS handshake with Kafka at {bootstrap} failed ({text.split(': ', 1)[-1][:200]})",
-                f"check {SETTING['protocol']} ({protocol}) against the listener of {bootstrap}")
+                f"check {SETTING['protocol']} ({protocol}) against the listener of {bootstrap}",
+            )
     return None
 
 
@@ -91,4 +95,5 @@ def check(conf: dict[str, Any], timeout_s: float = 10.0) -> None:
     raise KafkaConnectError(
         f"no Kafka broker answered at {conf.get('bootstrap.servers')} within {timeout_s:.0f} s "
         f"(security protocol {protocol})",
-        f"check {SETTING['bootstrap']} (host:port of a listener that speaks {protocol}) and that the broker runs")
+        f"check {SETTING['bootstrap']} (host:port of a listener that speaks {protocol}) and that the broker runs",
+    )

@@ -39,8 +39,12 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         t = time.gmtime(record.created)
-        out = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
-               "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        out = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if self.component:
             out["component"] = self.component
         if record.exc_info:
@@ -71,7 +75,10 @@ def setup(level: int | str, fmt: str, component: str, text_format: str, filename
 def dict_config(level: str, component: str) -> dict:
     """A ``logging.config.dictConfig`` dict with the JSON formatter on stderr (for Faust's worker, which
     configures logging itself)."""
-    return {"version": 1, "disable_existing_loggers": False,
-            "formatters": {"json": {"()": JsonFormatter, "component": component}},
-            "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
-            "root": {"level": level.upper(), "handlers": ["stderr"]}}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter, "component": component}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
+        "root": {"level": level.upper(), "handlers": ["stderr"]},
+    }

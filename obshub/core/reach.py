@@ -23,8 +23,10 @@ from obshub.core.errors import ObshubError
 from obshub.core.log import NullLogger
 
 CONNECT_TIMEOUT_S = 10.0
-HINT = ("start the local broker with `obshub up` (`obshub status` shows it), or set OBSHUB_BOOTSTRAP "
-        "(or --bootstrap where a command has it) to your cluster")
+HINT = (
+    "start the local broker with `obshub up` (`obshub status` shows it), or set OBSHUB_BOOTSTRAP "
+    "(or --bootstrap where a command has it) to your cluster"
+)
 
 
 class BrokerUnreachable(ObshubError):
@@ -71,8 +73,13 @@ def unreachable_message(bootstrap: str, reason: str, waited_s: float | None = No
     return f"cannot reach the Kafka broker at {bootstrap}{within} ({reason})"
 
 
-def require_broker(bootstrap: str, timeout_s: float = CONNECT_TIMEOUT_S, *, extra_conf: dict | None = None,
-                   stop: threading.Event | None = None) -> bool:
+def require_broker(
+    bootstrap: str,
+    timeout_s: float = CONNECT_TIMEOUT_S,
+    *,
+    extra_conf: dict | None = None,
+    stop: threading.Event | None = None,
+) -> bool:
     """Return True once the broker answers a metadata request; raise BrokerUnreachable after
     ``timeout_s`` seconds (the whole wait, connection attempts included). ``extra_conf``: more client
     settings (security). Returns False as soon as ``stop`` is set (checked every 0.5 s at most). Raises
@@ -84,8 +91,10 @@ def require_broker(bootstrap: str, timeout_s: float = CONNECT_TIMEOUT_S, *, extr
 
     deadline = time.monotonic() + timeout_s
     errors: list[tuple[str, str]] = []
-    conf = kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap),
-                              {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})})
+    conf = kafka.admin_config(
+        kafka.KafkaConnection(bootstrap=bootstrap),
+        {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})},
+    )
     client_conf: dict[str, Any] = {**conf, "error_cb": lambda e: errors.append((e.name(), e.str()))}
     admin = AdminClient(client_conf)
     reason = "no answer"
@@ -143,8 +152,9 @@ class BrokerWatch:
                 return
             self.is_down = True
             self.outages += 1
-        self.log.warning("%s; %s keeps retrying quietly: %s", unreachable_message(self.bootstrap, reason),
-                         self.component, HINT)
+        self.log.warning(
+            "%s; %s keeps retrying quietly: %s", unreachable_message(self.bootstrap, reason), self.component, HINT
+        )
 
     def up(self) -> None:
         with self._lock:

@@ -185,86 +185,176 @@ class KindInfo:
 #: task was preempted while runnable; voluntary sleeps are not the host's fault); for the kernel's per-step
 #: aggregates: ``mem_step_count`` (allocations + the short stalls summed with them), ``mem_step_max``
 #: (payload ``stall_max_ns``), ``cuda_step_max`` (payload ``max_ns``)
-STEP_RULES = ("zero", "one", "duration", "value", "retransmits", "preempted", "mem_step_count", "mem_step_max",
-              "cuda_step_max")
+STEP_RULES = (
+    "zero",
+    "one",
+    "duration",
+    "value",
+    "retransmits",
+    "preempted",
+    "mem_step_count",
+    "mem_step_max",
+    "cuda_step_max",
+)
 
 
 KIND_INFO: dict[Kind, KindInfo] = {
-    Kind.PYTORCH_OP: KindInfo(Layer.PYTORCH, "op wall time, ns", "unused (0)", {"op": str},
-                              step=("zero", "one", "duration")),
-    Kind.CUDA_LAUNCH: KindInfo(Layer.CUDA, "launch call time, ns", "grid size (blocks), 0 if unknown",
-                               {"symbol": str},
-                               step=("duration", "one", "duration"), record="symbol"),
-    Kind.PAGE_ALLOC: KindInfo(Layer.MEMORY, "0", "allocation order (pages = 2**order)", {"gfp": int},
-                              step=("zero", "one", "zero"), record="page_alloc"),
-    Kind.RDMA_WQE_POST: KindInfo(Layer.NIC, "post call time, ns", "work request id", {"qp": int},
-                                 step=("duration", "one", "duration")),
-    Kind.RDMA_CQ_DONE: KindInfo(Layer.NIC, "post -> completion latency, ns", "work request id",
-                                {"qp": int, "status": int},
-                                step=("duration", "one", "duration"), record="rdma_cq"),
-    Kind.REGISTER: KindInfo(Layer.PYTORCH, "0", "rank",
-                            {"world_size": int, "job": str, "host_id": int, "local_rank": int},
-                            record="register"),
+    Kind.PYTORCH_OP: KindInfo(
+        Layer.PYTORCH, "op wall time, ns", "unused (0)", {"op": str}, step=("zero", "one", "duration")
+    ),
+    Kind.CUDA_LAUNCH: KindInfo(
+        Layer.CUDA,
+        "launch call time, ns",
+        "grid size (blocks), 0 if unknown",
+        {"symbol": str},
+        step=("duration", "one", "duration"),
+        record="symbol",
+    ),
+    Kind.PAGE_ALLOC: KindInfo(
+        Layer.MEMORY,
+        "0",
+        "allocation order (pages = 2**order)",
+        {"gfp": int},
+        step=("zero", "one", "zero"),
+        record="page_alloc",
+    ),
+    Kind.RDMA_WQE_POST: KindInfo(
+        Layer.NIC, "post call time, ns", "work request id", {"qp": int}, step=("duration", "one", "duration")
+    ),
+    Kind.RDMA_CQ_DONE: KindInfo(
+        Layer.NIC,
+        "post -> completion latency, ns",
+        "work request id",
+        {"qp": int, "status": int},
+        step=("duration", "one", "duration"),
+        record="rdma_cq",
+    ),
+    Kind.REGISTER: KindInfo(
+        Layer.PYTORCH,
+        "0",
+        "rank",
+        {"world_size": int, "job": str, "host_id": int, "local_rank": int},
+        record="register",
+    ),
     Kind.STEP_BEGIN: KindInfo(Layer.PYTORCH, "0", "step number (also in `step`)", {}),
     Kind.STEP_END: KindInfo(Layer.PYTORCH, "step wall time, ns", "step number (also in `step`)", {}),
-    Kind.PHASE: KindInfo(Layer.PYTORCH, "phase wall time, ns", "0",
-                         {"phase": str},
-                         step=("zero", "one", "duration"), record="phase"),
-    Kind.COLLECTIVE_BEGIN: KindInfo(Layer.PYTORCH, "0", "bytes",
-                                    {"pg": str, "coll_seq": int, "op": str},
-                                    record="collective"),
-    Kind.COLLECTIVE_END: KindInfo(Layer.PYTORCH, "collective wall time, ns", "bytes",
-                                  {"pg": str, "coll_seq": int, "op": str},
-                                  record="collective"),
-    Kind.SCHED_OFFCPU: KindInfo(Layer.SCHED, "time off CPU, ns", "previous state (0 = preempted)", {},
-                                step=("preempted", "one", "preempted")),
-    Kind.SCHED_RUNQ: KindInfo(Layer.SCHED, "run-queue latency (wakeup -> on CPU), ns", "cpu", {},
-                              step=("duration", "one", "duration")),
-    Kind.SCHED_STEP_SUM: KindInfo(Layer.SCHED, "sum of off-CPU time in the step, ns",
-                                  "sum of run-queue latency in the step, ns",
-                                  {"switches": int, "wakeups": int, "runq_max_ns": int, "offcpu_max_ns": int,
-                                   "runq_hist_us": str},
-                                  step=("value", "one", "value"), record="sched_sum"),
-    Kind.MEM_STEP_SUM: KindInfo(Layer.MEMORY, "reclaim + compaction stall time not sent as single records, ns",
-                                "page allocations (order >= page_order) not sent as PAGE_ALLOC",
-                                {"pages": int, "stalls": int, "stall_max_ns": int, "orders": str},
-                                step=("duration", "mem_step_count", "mem_step_max"), record="mem_step_sum"),
-    Kind.CUDA_STEP_SUM: KindInfo(Layer.CUDA, "kernel-launch call time summed, ns",
-                                 "kernel launches not sent as single CUDA_LAUNCH records",
-                                 {"max_ns": int, "hist_us": str},
-                                 step=("duration", "value", "cuda_step_max"), record="cuda_step_sum"),
-    Kind.MEM_RECLAIM: KindInfo(Layer.MEMORY, "reclaim stall (direct or memory-cgroup limit), ns", "pages reclaimed",
-                               {"reclaim": str},
-                               step=("duration", "one", "duration"), record="reclaim"),
-    Kind.MEM_COMPACTION: KindInfo(Layer.MEMORY, "compaction stall, ns", "compaction result", {},
-                                  step=("duration", "one", "duration")),
-    Kind.PAGE_FAULT: KindInfo(Layer.MEMORY, "0", "faulting address", {"error_code": int},
-                              step=("zero", "one", "zero")),
-    Kind.TCP_RETRANSMIT: KindInfo(Layer.NETWORK, "0", "1 per retransmitted segment",
-                                  {"saddr": str, "daddr": str, "sport": int, "dport": int, "state": int},
-                                  step=("zero", "retransmits", "zero"), record="tcp_retransmit"),
-    Kind.TCP_RTT: KindInfo(Layer.NETWORK, "smoothed RTT, ns", "rtt variance, ns",
-                           {"saddr": str, "daddr": str, "sport": int, "dport": int},
-                           step=("zero", "zero", "duration"), record="tcp_rtt"),
-    Kind.SKB_DROP: KindInfo(Layer.NETWORK, "0", "drop reason code", {"reason": str},
-                            step=("zero", "one", "zero"), record="skb_drop"),
-    Kind.PCIE_AER: KindInfo(Layer.PCIE, "0", "status bits",
-                            {"dev": str, "severity": int, "replay_rollover": bool, "replay_timeout": bool},
-                            step=("zero", "one", "zero"), record="aer"),
-    Kind.PCIE_LINK: KindInfo(Layer.PCIE, "0", "1 when the link is downtrained",
-                             {"dev": str, "speed": str, "max_speed": str, "width": int, "max_width": int},
-                             step=("zero", "value", "zero")),
-    Kind.CUDA_SYNC: KindInfo(Layer.CUDA, "synchronize call time, ns", "0", {"symbol": str},
-                             step=("duration", "one", "duration"), record="symbol"),
-    Kind.CUDA_MEMCPY: KindInfo(Layer.CUDA, "copy call time, ns", "bytes", {"symbol": str},
-                               step=("duration", "one", "duration"), record="symbol"),
-    Kind.NCCL_COLL: KindInfo(Layer.NCCL, "enqueue call time, ns", "element count", {"symbol": str},
-                             step=("duration", "one", "duration"), record="symbol"),
-    Kind.NIC_COUNTER: KindInfo(Layer.NIC, "counter interval, ns", "counter delta over the interval",
-                               {"dev": str, "port": int, "counter": str},
-                               step=("zero", "value", "zero")),
-    Kind.AGENT_LOSS: KindInfo(Layer.AGENT, "0", "events lost since the previous report",
-                              {"probe": str}),
+    Kind.PHASE: KindInfo(
+        Layer.PYTORCH, "phase wall time, ns", "0", {"phase": str}, step=("zero", "one", "duration"), record="phase"
+    ),
+    Kind.COLLECTIVE_BEGIN: KindInfo(
+        Layer.PYTORCH, "0", "bytes", {"pg": str, "coll_seq": int, "op": str}, record="collective"
+    ),
+    Kind.COLLECTIVE_END: KindInfo(
+        Layer.PYTORCH, "collective wall time, ns", "bytes", {"pg": str, "coll_seq": int, "op": str}, record="collective"
+    ),
+    Kind.SCHED_OFFCPU: KindInfo(
+        Layer.SCHED, "time off CPU, ns", "previous state (0 = preempted)", {}, step=("preempted", "one", "preempted")
+    ),
+    Kind.SCHED_RUNQ: KindInfo(
+        Layer.SCHED, "run-queue latency (wakeup -> on CPU), ns", "cpu", {}, step=("duration", "one", "duration")
+    ),
+    Kind.SCHED_STEP_SUM: KindInfo(
+        Layer.SCHED,
+        "sum of off-CPU time in the step, ns",
+        "sum of run-queue latency in the step, ns",
+        {"switches": int, "wakeups": int, "runq_max_ns": int, "offcpu_max_ns": int, "runq_hist_us": str},
+        step=("value", "one", "value"),
+        record="sched_sum",
+    ),
+    Kind.MEM_STEP_SUM: KindInfo(
+        Layer.MEMORY,
+        "reclaim + compaction stall time not sent as single records, ns",
+        "page allocations (order >= page_order) not sent as PAGE_ALLOC",
+        {"pages": int, "stalls": int, "stall_max_ns": int, "orders": str},
+        step=("duration", "mem_step_count", "mem_step_max"),
+        record="mem_step_sum",
+    ),
+    Kind.CUDA_STEP_SUM: KindInfo(
+        Layer.CUDA,
+        "kernel-launch call time summed, ns",
+        "kernel launches not sent as single CUDA_LAUNCH records",
+        {"max_ns": int, "hist_us": str},
+        step=("duration", "value", "cuda_step_max"),
+        record="cuda_step_sum",
+    ),
+    Kind.MEM_RECLAIM: KindInfo(
+        Layer.MEMORY,
+        "reclaim stall (direct or memory-cgroup limit), ns",
+        "pages reclaimed",
+        {"reclaim": str},
+        step=("duration", "one", "duration"),
+        record="reclaim",
+    ),
+    Kind.MEM_COMPACTION: KindInfo(
+        Layer.MEMORY, "compaction stall, ns", "compaction result", {}, step=("duration", "one", "duration")
+    ),
+    Kind.PAGE_FAULT: KindInfo(Layer.MEMORY, "0", "faulting address", {"error_code": int}, step=("zero", "one", "zero")),
+    Kind.TCP_RETRANSMIT: KindInfo(
+        Layer.NETWORK,
+        "0",
+        "1 per retransmitted segment",
+        {"saddr": str, "daddr": str, "sport": int, "dport": int, "state": int},
+        step=("zero", "retransmits", "zero"),
+        record="tcp_retransmit",
+    ),
+    Kind.TCP_RTT: KindInfo(
+        Layer.NETWORK,
+        "smoothed RTT, ns",
+        "rtt variance, ns",
+        {"saddr": str, "daddr": str, "sport": int, "dport": int},
+        step=("zero", "zero", "duration"),
+        record="tcp_rtt",
+    ),
+    Kind.SKB_DROP: KindInfo(
+        Layer.NETWORK, "0", "drop reason code", {"reason": str}, step=("zero", "one", "zero"), record="skb_drop"
+    ),
+    Kind.PCIE_AER: KindInfo(
+        Layer.PCIE,
+        "0",
+        "status bits",
+        {"dev": str, "severity": int, "replay_rollover": bool, "replay_timeout": bool},
+        step=("zero", "one", "zero"),
+        record="aer",
+    ),
+    Kind.PCIE_LINK: KindInfo(
+        Layer.PCIE,
+        "0",
+        "1 when the link is downtrained",
+        {"dev": str, "speed": str, "max_speed": str, "width": int, "max_width": int},
+        step=("zero", "value", "zero"),
+    ),
+    Kind.CUDA_SYNC: KindInfo(
+        Layer.CUDA,
+        "synchronize call time, ns",
+        "0",
+        {"symbol": str},
+        step=("duration", "one", "duration"),
+        record="symbol",
+    ),
+    Kind.CUDA_MEMCPY: KindInfo(
+        Layer.CUDA,
+        "copy call time, ns",
+        "bytes",
+        {"symbol": str},
+        step=("duration", "one", "duration"),
+        record="symbol",
+    ),
+    Kind.NCCL_COLL: KindInfo(
+        Layer.NCCL,
+        "enqueue call time, ns",
+        "element count",
+        {"symbol": str},
+        step=("duration", "one", "duration"),
+        record="symbol",
+    ),
+    Kind.NIC_COUNTER: KindInfo(
+        Layer.NIC,
+        "counter interval, ns",
+        "counter delta over the interval",
+        {"dev": str, "port": int, "counter": str},
+        step=("zero", "value", "zero"),
+    ),
+    Kind.AGENT_LOSS: KindInfo(Layer.AGENT, "0", "events lost since the previous report", {"probe": str}),
 }
 
 PHASES = ("forward", "backward", "optimizer", "data", "step")
@@ -532,8 +622,10 @@ def _extra_data_reason(data: bytes, exc: msgpack.ExtraData) -> str:
     if isinstance(exc.unpacked, dict):
         return f"{len(exc.extra)} trailing byte(s) after the batch map"
     first = type(exc.unpacked).__name__ if exc.unpacked is not None else "nil"
-    return (f"not a msgpack batch: the first {len(data) - len(exc.extra)} byte(s) decode as a msgpack {first}, "
-            f"followed by {len(exc.extra)} byte(s) that are not part of it (random or foreign data?)")
+    return (
+        f"not a msgpack batch: the first {len(data) - len(exc.extra)} byte(s) decode as a msgpack {first}, "
+        f"followed by {len(exc.extra)} byte(s) that are not part of it (random or foreign data?)"
+    )
 
 
 def peek_version(data: bytes) -> int | None:
@@ -559,7 +651,7 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "job": "job name",
     "step": "full step number",
     "closed_by": "'complete' (every known host reported its end), 'window' (the window expired) or 'hang' "
-                 "(the step is still open and hangs: a repeated interim record, see hang)",
+    "(the step is still open and hangs: a repeated interim record, see hang)",
     "closed_at_ns": "CLOCK_REALTIME ns when the worker closed the step",
     "hosts": "hosts that reported any event for this step (list of host names)",
     "expected_hosts": "hosts the job is known to have (from registrations)",
@@ -568,14 +660,14 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "step_time_ns": "map host -> step wall time ns (STEP_END duration)",
     "step_time_max_ns": "largest step time over hosts, ns",
     "straggler": "null, or {host, score, excess_ns, reason, group}: the host that kept the others waiting; "
-                 "group = [{host, late_ns}] every rank as late at its collective (the late group)",
+    "group = [{host, late_ns}] every rank as late at its collective (the late group)",
     "blame": "list of {host, layer, excess_ns, straggler_ns, peer_median_ns, count, max_ns}, largest first",
     "collectives": "list of {pg, coll_seq, op, skew_ns, uncertainty_ns, last_host} (pairing-consistent ones)",
     "inconsistent": "list of {pg, coll_seq, op, why}: collectives whose pairing fails the check (never blamed)",
     "late_max_ns": "the largest lateness of any host in the step, ns (arrival minus the median arrival)",
     "evidence": "{spread_ns, hosts: {host: {layer: z}}}: per-step evidence for the sequential rules",
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting, "
-            "waited_ns, after_ns}: ranks that never arrived at a collective the others wait at",
+    "waited_ns, after_ns}: ranks that never arrived at a collective the others wait at",
     "layers": "map host -> layer -> {time_ns, count, max_ns}",
     "baseline": "{median_ns, p99_ns, n, spread_ns}: the job's recent step-time history before this step",
     "stall": "true when step_time_max_ns exceeds the baseline p99 (and the baseline has enough steps)",
@@ -583,8 +675,14 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "quality": "{lost_batches, duplicate_batches, late_events, ringbuf_lost}: data-quality counters",
 }
 
-DLQ_HEADERS = ("obshub.reason", "obshub.field", "obshub.source.topic", "obshub.source.partition",
-               "obshub.source.offset", "obshub.consumer")
+DLQ_HEADERS = (
+    "obshub.reason",
+    "obshub.field",
+    "obshub.source.topic",
+    "obshub.source.partition",
+    "obshub.source.offset",
+    "obshub.consumer",
+)
 """A DLQ record keeps the original message value and key unchanged and adds these Kafka headers
 (UTF-8 strings): the error text, the offending field, where the message came from, and the consumer
 group that could not use it (one message unusable by two consumers is in the DLQ once per consumer)."""
@@ -608,12 +706,29 @@ I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 
 # documented shape of each step-summary field: int, number, str, bool, [str], {str: int}, map, [map] ...
 _STEP_SHAPE: dict[str, str] = {
-    "v": "int", "job": "str", "step": "int", "closed_by": "str", "closed_at_ns": "int",
-    "hosts": "list[str]", "expected_hosts": "list[str]", "missing_hosts": "list[str]",
-    "step_time_ns": "map[int]", "step_time_max_ns": "int", "straggler": "map?", "blame": "list[map]",
-    "collectives": "list[map]", "layers": "map[map]", "baseline": "map", "stall": "bool",
-    "stall_ratio": "number", "quality": "map", "world_size": "int", "inconsistent": "list[map]",
-    "late_max_ns": "int", "evidence": "map", "hang": "map?",
+    "v": "int",
+    "job": "str",
+    "step": "int",
+    "closed_by": "str",
+    "closed_at_ns": "int",
+    "hosts": "list[str]",
+    "expected_hosts": "list[str]",
+    "missing_hosts": "list[str]",
+    "step_time_ns": "map[int]",
+    "step_time_max_ns": "int",
+    "straggler": "map?",
+    "blame": "list[map]",
+    "collectives": "list[map]",
+    "layers": "map[map]",
+    "baseline": "map",
+    "stall": "bool",
+    "stall_ratio": "number",
+    "quality": "map",
+    "world_size": "int",
+    "inconsistent": "list[map]",
+    "late_max_ns": "int",
+    "evidence": "map",
+    "hang": "map?",
 }
 _NONNEG = {"closed_at_ns", "step_time_max_ns"}
 STEP_REQUIRED = ("job", "step")  # a summary without them belongs to no step
@@ -655,7 +770,9 @@ def check_json_str(where: str, v: Any) -> str:
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise SchemaError(where, f"not valid Unicode: lone surrogate {v[exc.start]!r} at character {exc.start}") from None
+        raise SchemaError(
+            where, f"not valid Unicode: lone surrogate {v[exc.start]!r} at character {exc.start}"
+        ) from None
     return v
 
 
@@ -745,9 +862,14 @@ def decode_json(value: bytes | None, what: str) -> Any:
     try:
         text = bytes(value).decode("utf-8")
     except UnicodeDecodeError as exc:
-        hint = " (it looks like msgpack; this topic carries JSON)" if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF) \
+        hint = (
+            " (it looks like msgpack; this topic carries JSON)"
+            if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF)
             else ""
-        raise SchemaError("message", f"not UTF-8 text: byte 0x{value[exc.start]:02x} at offset {exc.start}{hint}") from None
+        )
+        raise SchemaError(
+            "message", f"not UTF-8 text: byte 0x{value[exc.start]:02x} at offset {exc.start}{hint}"
+        ) from None
 
     def constant(name: str) -> float:
         raise SchemaError("message", f"{name} is not a JSON number")

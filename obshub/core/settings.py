@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     bootstrap: str | None = None
     # partition counts: the parallelism of each stage (docs/STREAMS.md "Sizing"); fixed once a topic exists
     events_partitions: int = Field(EVENTS_PARTITIONS, ge=1, le=4096)  # obshub.events.v1: stream workers that can ingest
-    steps_partitions: int = Field(STEPS_PARTITIONS, ge=1, le=4096)    # obshub.steps.v1: consumers of the summaries
+    steps_partitions: int = Field(STEPS_PARTITIONS, ge=1, le=4096)  # obshub.steps.v1: consumers of the summaries
     streams_partitions: int = Field(STREAMS_PARTITIONS, ge=1, le=1024)  # a stream app's <app>-steps topic and tables
 
     @field_validator("home", "cache")
@@ -117,8 +117,10 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
         names = ", ".join(f"OBSHUB_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
-        raise ConfigError(f"invalid setting: {problems}",
-                          f"fix the value of {names or 'the setting'} (environment or command-line flag)") from None
+        raise ConfigError(
+            f"invalid setting: {problems}",
+            f"fix the value of {names or 'the setting'} (environment or command-line flag)",
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -158,20 +160,23 @@ class KafkaConfig(KafkaConnection):
         ``extra`` entries override."""
         from obshub.core.kafka import producer_config
 
-        return producer_config(self, {
-            "enable.idempotence": True,
-            "acks": "all",
-            "compression.type": self.compression,
-            "linger.ms": self.linger_ms,
-            "message.timeout.ms": self.delivery_timeout_ms,
-            "request.timeout.ms": min(30_000, self.delivery_timeout_ms),  # in-flight fails within it too
-            "queue.buffering.max.messages": self.queue_max_messages,
-            "queue.buffering.max.kbytes": self.queue_max_kbytes,
-            "message.max.bytes": 8 * 1024 * 1024,
-            "reconnect.backoff.ms": 100,
-            "reconnect.backoff.max.ms": 1000,
-            **self.extra,
-        })
+        return producer_config(
+            self,
+            {
+                "enable.idempotence": True,
+                "acks": "all",
+                "compression.type": self.compression,
+                "linger.ms": self.linger_ms,
+                "message.timeout.ms": self.delivery_timeout_ms,
+                "request.timeout.ms": min(30_000, self.delivery_timeout_ms),  # in-flight fails within it too
+                "queue.buffering.max.messages": self.queue_max_messages,
+                "queue.buffering.max.kbytes": self.queue_max_kbytes,
+                "message.max.bytes": 8 * 1024 * 1024,
+                "reconnect.backoff.ms": 100,
+                "reconnect.backoff.max.ms": 1000,
+                **self.extra,
+            },
+        )
 
 
 class BatchConfig(BaseModel):
@@ -196,8 +201,10 @@ class SpoolConfig(BaseModel):
     @model_validator(mode="after")
     def _segments_fit(self) -> "SpoolConfig":
         if self.segment_bytes * 4 > self.max_bytes:
-            raise ValueError(f"spool segment size {self.segment_bytes} B must be at most a quarter of the "
-                             f"spool size {self.max_bytes} B (the oldest segment is dropped when it is full)")
+            raise ValueError(
+                f"spool segment size {self.segment_bytes} B must be at most a quarter of the "
+                f"spool size {self.max_bytes} B (the oldest segment is dropped when it is full)"
+            )
         return self
 
 
@@ -230,8 +237,10 @@ class AgentConfig(BaseModel):
     @model_validator(mode="after")
     def _host_name(self) -> "AgentConfig":
         if not _HOST_RE.match(self.host):
-            raise ValueError(f"host name {self.host!r} must be letters, digits, '.', '_' or '-' "
-                             "(it names the Kafka key and the spool folder)")
+            raise ValueError(
+                f"host name {self.host!r} must be letters, digits, '.', '_' or '-' "
+                "(it names the Kafka key and the spool folder)"
+            )
         return self
 
 
@@ -245,8 +254,9 @@ def agent_config(**values: Any) -> AgentConfig:
         for e in exc.errors():
             loc = ".".join(str(p) for p in e["loc"]) or "agent"
             lines.append(f"{loc}: {e['msg']}")
-        raise ConfigError("invalid agent settings: " + "; ".join(lines),
-                          "see `obshub agent --help` for the options and their ranges") from None
+        raise ConfigError(
+            "invalid agent settings: " + "; ".join(lines), "see `obshub agent --help` for the options and their ranges"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------------------

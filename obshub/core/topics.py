@@ -37,14 +37,30 @@ _HOUR = 3600 * 1000
 EVENTS_PARTITIONS = 8
 STEPS_PARTITIONS = 4
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec(schema.TOPIC_EVENTS, EVENTS_PARTITIONS, 24 * _HOUR,
-              "agent batches keyed by host; 8 partitions = up to 8 stream workers in parallel; 24 h replay window"),
-    TopicSpec(schema.TOPIC_STEPS, STEPS_PARTITIONS, 7 * 24 * _HOUR,
-              "per-step summaries keyed by job; 7 days of history for baselines and post-mortems"),
-    TopicSpec(schema.TOPIC_ALERTS, 2, 30 * 24 * _HOUR,
-              "alert state changes keyed by fingerprint; 30 days, the usual incident-review horizon"),
-    TopicSpec(schema.TOPIC_DLQ, 1, 7 * 24 * _HOUR,
-              "undecodable or invalid messages with the reason in headers; one partition keeps them in order"),
+    TopicSpec(
+        schema.TOPIC_EVENTS,
+        EVENTS_PARTITIONS,
+        24 * _HOUR,
+        "agent batches keyed by host; 8 partitions = up to 8 stream workers in parallel; 24 h replay window",
+    ),
+    TopicSpec(
+        schema.TOPIC_STEPS,
+        STEPS_PARTITIONS,
+        7 * 24 * _HOUR,
+        "per-step summaries keyed by job; 7 days of history for baselines and post-mortems",
+    ),
+    TopicSpec(
+        schema.TOPIC_ALERTS,
+        2,
+        30 * 24 * _HOUR,
+        "alert state changes keyed by fingerprint; 30 days, the usual incident-review horizon",
+    ),
+    TopicSpec(
+        schema.TOPIC_DLQ,
+        1,
+        7 * 24 * _HOUR,
+        "undecodable or invalid messages with the reason in headers; one partition keeps them in order",
+    ),
 )
 
 
@@ -66,9 +82,11 @@ def replication_factor() -> int:
     except ValueError:
         from obshub.core.errors import ConfigError
 
-        raise ConfigError(f"OBSHUB_KAFKA_REPLICATION_FACTOR={raw!r} is not a positive integer",
-                          "set it to the number of brokers that hold a copy of each partition (3 on most "
-                          "clusters, 1 for the local broker)") from None
+        raise ConfigError(
+            f"OBSHUB_KAFKA_REPLICATION_FACTOR={raw!r} is not a positive integer",
+            "set it to the number of brokers that hold a copy of each partition (3 on most "
+            "clusters, 1 for the local broker)",
+        ) from None
     return n
 
 
@@ -81,8 +99,10 @@ def partitions(spec: TopicSpec) -> int:
         if not sep or not count.strip().isdigit() or int(count) < 1:
             from obshub.core.errors import ConfigError
 
-            raise ConfigError(f"OBSHUB_KAFKA_PARTITIONS: {item!r} is not topic=count",
-                              "e.g. OBSHUB_KAFKA_PARTITIONS=obshub.events.v1=64,obshub.steps.v1=16")
+            raise ConfigError(
+                f"OBSHUB_KAFKA_PARTITIONS: {item!r} is not topic=count",
+                "e.g. OBSHUB_KAFKA_PARTITIONS=obshub.events.v1=64,obshub.steps.v1=16",
+            )
         if name.strip() == spec.name:
             return int(count)
     return spec.partitions

@@ -26,8 +26,7 @@ import importlib.machinery
 from pathlib import Path
 
 PROVIDER = "obshub"
-PROBES = ("register", "tracekey", "step_begin", "step_end", "phase_begin", "phase_end", "coll_begin",
-          "coll_end")
+PROBES = ("register", "tracekey", "step_begin", "step_end", "phase_begin", "phase_end", "coll_begin", "coll_end")
 
 #: the folder of the instrumentation package, where the built extension lies
 INSTRUMENT_DIR = Path(__file__).resolve().parent.parent / "instrument"

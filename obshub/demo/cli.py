@@ -55,37 +55,100 @@ def _sigterm(*_):
 
 @click.command("demo", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--hosts", type=click.IntRange(2, 16), default=4, show_default=True, help="simulated hosts")
-@click.option("--fault", type=click.Choice(KINDS), default="net-loss", show_default=True,
-              help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem)")
+@click.option(
+    "--fault",
+    type=click.Choice(KINDS),
+    default="net-loss",
+    show_default=True,
+    help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem)",
+)
 @click.option("--fault-host", type=int, default=1, show_default=True, help="host index that gets the fault")
-@click.option("--fault-at", type=float, default=15.0, show_default=True,
-              help="seconds after the first training step on every host")
-@click.option("--duration", type=float, default=45.0, show_default=True,
-              help="seconds of training after the first step")
+@click.option(
+    "--fault-at",
+    type=float,
+    default=15.0,
+    show_default=True,
+    help="seconds after the first training step on every host",
+)
+@click.option(
+    "--duration", type=float, default=45.0, show_default=True, help="seconds of training after the first step"
+)
 @click.option("--steps", type=int, default=None, help="stop the ranks after this many steps instead")
-@click.option("--settle", type=float, default=8.0, show_default=True,
-              help="seconds to wait for late alerts after training")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="fault size, e.g. percent=8 (net-loss), rate_mbit=24 (net-slow), procs=6 (cpu), "
-                   "room_mb=48 (mem)")
+@click.option(
+    "--settle", type=float, default=8.0, show_default=True, help="seconds to wait for late alerts after training"
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="fault size, e.g. percent=8 (net-loss), rate_mbit=24 (net-slow), procs=6 (cpu), room_mb=48 (mem)",
+)
 @click.option("--hidden", type=int, default=None, help="ddp_train MLP width (default: its own)")
-@click.option("--step-sleep-ms", type=float, default=50.0, show_default=True,
-              help="ddp_train's simulated data loading per step (leaves the 2-core box some idle time)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write the report (or the matrix) as JSON here ('-' = stdout)")
+@click.option(
+    "--step-sleep-ms",
+    type=float,
+    default=50.0,
+    show_default=True,
+    help="ddp_train's simulated data loading per step (leaves the 2-core box some idle time)",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write the report (or the matrix) as JSON here ('-' = stdout)",
+)
 @click.option("--matrix", is_flag=True, help="run every fault kind plus none on --fault-host")
-@click.option("--sequence", default="", metavar="KIND@HOST,...",
-              help="several faults one after the other on one training (exit only last), e.g. cpu@1,hang@2")
-@click.option("--fault-for", type=float, default=12.0, show_default=True,
-              help="with --sequence: seconds each fault stays injected")
-@click.option("--gap", type=float, default=12.0, show_default=True,
-              help="with --sequence: seconds between a fault's removal and the next one")
+@click.option(
+    "--sequence",
+    default="",
+    metavar="KIND@HOST,...",
+    help="several faults one after the other on one training (exit only last), e.g. cpu@1,hang@2",
+)
+@click.option(
+    "--fault-for",
+    type=float,
+    default=12.0,
+    show_default=True,
+    help="with --sequence: seconds each fault stays injected",
+)
+@click.option(
+    "--gap",
+    type=float,
+    default=12.0,
+    show_default=True,
+    help="with --sequence: seconds between a fault's removal and the next one",
+)
 @click.option("--keep-stack", is_flag=True, help="leave the Kafka broker running at the end")
-@click.option("--lock-wait", type=float, default=0.0, show_default=True,
-              help="seconds to wait for another demo on this machine to finish (the namespaces are global)")
+@click.option(
+    "--lock-wait",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="seconds to wait for another demo on this machine to finish (the namespaces are global)",
+)
 @click.option("--cleanup", is_flag=True, help="only remove leftovers of a previous run, then exit")
-def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, params, hidden, step_sleep_ms, json_path, matrix,
-                 sequence, fault_for, gap, keep_stack, lock_wait, cleanup):
+def demo_command(
+    hosts,
+    fault,
+    fault_host,
+    fault_at,
+    duration,
+    steps,
+    settle,
+    params,
+    hidden,
+    step_sleep_ms,
+    json_path,
+    matrix,
+    sequence,
+    fault_for,
+    gap,
+    keep_stack,
+    lock_wait,
+    cleanup,
+):
     """Simulate a multi-host training cluster on this machine, inject a real fault on one host, and
     check that obshub names the host and the layer.
 
@@ -106,10 +169,23 @@ def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, pa
             c.unlock()
         console.print("removed: " + ", ".join(removed) if removed else "nothing to clean up")
         return
-    opts = DemoOptions(hosts=hosts, fault=fault, fault_host=fault_host, fault_at_s=fault_at,
-                       duration_s=duration, steps=steps, settle_s=settle, hidden=hidden, step_sleep_ms=step_sleep_ms,
-                       fault_params=_params(params), keep_stack=keep_stack,
-                       lock_wait_s=lock_wait, sequence=_sequence(sequence), fault_for_s=fault_for, gap_s=gap)
+    opts = DemoOptions(
+        hosts=hosts,
+        fault=fault,
+        fault_host=fault_host,
+        fault_at_s=fault_at,
+        duration_s=duration,
+        steps=steps,
+        settle_s=settle,
+        hidden=hidden,
+        step_sleep_ms=step_sleep_ms,
+        fault_params=_params(params),
+        keep_stack=keep_stack,
+        lock_wait_s=lock_wait,
+        sequence=_sequence(sequence),
+        fault_for_s=fault_for,
+        gap_s=gap,
+    )
     opts.check()
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
@@ -131,8 +207,10 @@ def demo_command(hosts, fault, fault_host, fault_at, duration, steps, settle, pa
         v = Verdict(**{k: val for k, val in report["verdict"].items() if k != "wrong_count"})
         view.verdict(v, report["scenario"]["fault_host_name"])
         w = report["webhook"]
-        console.print(f"  webhook receiver: {w['requests']} requests {w['by_service']} -> {w['file']}"
-                      + (f", [red]{len(w['invalid'])} invalid[/red]" if w["invalid"] else ""))
+        console.print(
+            f"  webhook receiver: {w['requests']} requests {w['by_service']} -> {w['file']}"
+            + (f", [red]{len(w['invalid'])} invalid[/red]" if w["invalid"] else "")
+        )
         console.print(f"  logs and report: {report['logs']}")
         _write(json_path, report)
         sys.exit(0 if v.ok else 1)
@@ -162,26 +240,56 @@ def _sequence(text: str) -> list[tuple[str, int]]:
 
 
 def _print_episodes(console: Console, eps: list[dict]) -> None:
-    t = Table("fault", "host", "detected host", "layer", "time to detection", "wrong alerts", "result",
-              title="obshub demo --sequence")
+    t = Table(
+        "fault",
+        "host",
+        "detected host",
+        "layer",
+        "time to detection",
+        "wrong alerts",
+        "result",
+        title="obshub demo --sequence",
+    )
     for ep in eps:
         v = ep["verdict"]
         fc = v.get("first_correct") or {}
         ttd = f"{v['ttd_s']:.2f} s" if v.get("ttd_s") is not None else "-"
-        t.add_row(ep["kind"], ep["host"] or "-", fc.get("host") or "-", fc.get("layer") or "-", ttd,
-                  str(v["wrong_count"]), "[green]pass[/green]" if v["ok"] else "[red]fail[/red]")
+        t.add_row(
+            ep["kind"],
+            ep["host"] or "-",
+            fc.get("host") or "-",
+            fc.get("layer") or "-",
+            ttd,
+            str(v["wrong_count"]),
+            "[green]pass[/green]" if v["ok"] else "[red]fail[/red]",
+        )
     console.print(t)
     for ep in eps:
         console.print(f"  {ep['kind']} on {ep['host']}: {ep['verdict']['reason']}")
 
 
 def _print_matrix(console: Console, rows: list[dict]) -> None:
-    t = Table("fault", "host", "detected host", "layer", "time to detection", "wrong alerts", "result",
-              title="obshub demo --matrix")
+    t = Table(
+        "fault",
+        "host",
+        "detected host",
+        "layer",
+        "time to detection",
+        "wrong alerts",
+        "result",
+        title="obshub demo --matrix",
+    )
     for r in rows:
         ttd = f"{r['ttd_s']:.2f} s" if r["ttd_s"] is not None else "-"
-        t.add_row(r["fault"], r["host"], r["detected_host"], r["layer"], ttd, str(r["wrong_alerts"]),
-                  "[green]pass[/green]" if r["ok"] else "[red]fail[/red]")
+        t.add_row(
+            r["fault"],
+            r["host"],
+            r["detected_host"],
+            r["layer"],
+            ttd,
+            str(r["wrong_alerts"]),
+            "[green]pass[/green]" if r["ok"] else "[red]fail[/red]",
+        )
     console.print(t)
     for r in rows:
         console.print(f"  {r['fault']}: {r['reason']}")

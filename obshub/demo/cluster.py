@@ -71,13 +71,16 @@ def sh(argv: list[str], *, check: bool = True, timeout: float = 30.0, netns: str
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError as exc:
-        raise ClusterError(f"Failed to run {argv[0]}: not installed",
-                           "run `make setup` (installs iproute2 and nftables)") from exc
+        raise ClusterError(
+            f"Failed to run {argv[0]}: not installed", "run `make setup` (installs iproute2 and nftables)"
+        ) from exc
     except subprocess.TimeoutExpired as exc:
         raise ClusterError(f"`{shlex.join(argv)}` did not finish in {timeout:.0f} s") from exc
     if check and proc.returncode != 0:
-        raise ClusterError(f"Failed: `{shlex.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()}",
-                           "run as root on a kernel with network namespaces and cgroups (obshub doctor)")
+        raise ClusterError(
+            f"Failed: `{shlex.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()}",
+            "run as root on a kernel with network namespaces and cgroups (obshub doctor)",
+        )
     return proc.stdout
 
 
@@ -194,8 +197,9 @@ def remove_cgroup_tree(path: Path) -> None:
             except OSError:  # EBUSY while the last tasks exit
                 time.sleep(0.1)
         else:
-            raise ClusterError(f"Failed to remove cgroup {d}: still busy",
-                               f"list what is inside with `cat {d}/cgroup.procs`")
+            raise ClusterError(
+                f"Failed to remove cgroup {d}: still busy", f"list what is inside with `cat {d}/cgroup.procs`"
+            )
 
 
 class Cluster:
@@ -207,8 +211,9 @@ class Cluster:
     also use their own names, which this class does not support, so it is the global one by default.
     """
 
-    def __init__(self, hosts: int = 4, *, state_dir: Path = STATE_DIR, progress: Progress = _quiet,
-                 lock_wait_s: float = 0.0):
+    def __init__(
+        self, hosts: int = 4, *, state_dir: Path = STATE_DIR, progress: Progress = _quiet, lock_wait_s: float = 0.0
+    ):
         if not 1 <= hosts <= 200:
             raise ClusterError(f"--hosts {hosts} is outside 1..200", "use between 2 and 8 hosts")
         self.hosts = [Host(i) for i in range(hosts)]
@@ -217,8 +222,7 @@ class Cluster:
         self.progress = progress
         self.lock_wait_s = lock_wait_s
         self._lock_fd: int | None = None
-        self._state: dict = {"pid": os.getpid(), "netns": [], "links": [], "cgroups": [], "pids": [],
-                             "paths": []}
+        self._state: dict = {"pid": os.getpid(), "netns": [], "links": [], "cgroups": [], "pids": [], "paths": []}
 
     # lock ---------------------------------------------------------------------------------------------
     def lock(self, wait_s: float | None = None) -> None:
@@ -236,8 +240,10 @@ class Cluster:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise DemoBusyError(f"another obshub demo (pid {holder}) is using the cluster namespaces",
-                                        "wait for it to finish (--lock-wait SECONDS), or stop it") from None
+                    raise DemoBusyError(
+                        f"another obshub demo (pid {holder}) is using the cluster namespaces",
+                        "wait for it to finish (--lock-wait SECONDS), or stop it",
+                    ) from None
                 if not told:
                     self.progress(f"waiting up to {wait_s:.0f} s for another demo (pid {holder}) to finish")
                     told = True
@@ -290,23 +296,37 @@ class Cluster:
         """Wait until host 0 answers a TCP SYN (with a RST: port 9 is closed) from every other host; the
         bridge forwards a moment after its ports come up. No ``ping`` needed."""
         deadline = time.monotonic() + timeout_s
-        probe = ("import socket,sys\ntry: socket.create_connection((sys.argv[1], 9), 1)\n"
-                 "except ConnectionRefusedError: sys.exit(0)\nexcept OSError: sys.exit(1)")
+        probe = (
+            "import socket,sys\ntry: socket.create_connection((sys.argv[1], 9), 1)\n"
+            "except ConnectionRefusedError: sys.exit(0)\nexcept OSError: sys.exit(1)"
+        )
         for h in self.hosts[1:]:
             while True:
-                out = subprocess.run(["ip", "netns", "exec", h.netns, sys.executable, "-c", probe,
-                                      self.hosts[0].address], capture_output=True)
+                out = subprocess.run(
+                    ["ip", "netns", "exec", h.netns, sys.executable, "-c", probe, self.hosts[0].address],
+                    capture_output=True,
+                )
                 if out.returncode == 0:
                     break
                 if time.monotonic() > deadline:
-                    raise ClusterError(f"{h.name} cannot reach {self.hosts[0].address} over {BRIDGE}",
-                                       "check `ip link show master obshub-br0` and bridge-nf settings")
+                    raise ClusterError(
+                        f"{h.name} cannot reach {self.hosts[0].address} over {BRIDGE}",
+                        "check `ip link show master obshub-br0` and bridge-nf settings",
+                    )
                 time.sleep(0.2)
 
     # processes ----------------------------------------------------------------------------------------
-    def spawn(self, host: Host | int, argv: list[str], *, env: dict[str, str] | None = None,
-              stdout=None, stderr=None, cgroups: dict[str, Path] | None = None,
-              netns: bool = True) -> subprocess.Popen:
+    def spawn(
+        self,
+        host: Host | int,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        stdout=None,
+        stderr=None,
+        cgroups: dict[str, Path] | None = None,
+        netns: bool = True,
+    ) -> subprocess.Popen:
         """Start ``argv`` inside ``host``'s namespace (``netns=False``: in the root namespace) and cgroups.
 
         ``cgroups`` overrides the cgroup per hierarchy (``{"cpu": path, "unified": path, ...}``; a
@@ -316,12 +336,12 @@ class Cluster:
         h = self.hosts[host] if isinstance(host, int) else host
         targets = {c: h.cgroup(c) for c in controllers()}
         targets.update(cgroups or {})
-        writes = " ".join(f"echo $$ > {shlex.quote(str(p / 'cgroup.procs'))} &&"
-                          for p in targets.values() if p is not None)
+        writes = " ".join(
+            f"echo $$ > {shlex.quote(str(p / 'cgroup.procs'))} &&" for p in targets.values() if p is not None
+        )
         inner = (["ip", "netns", "exec", h.netns] if netns else []) + argv
         script = f"{writes} exec {shlex.join(inner)}"
-        proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=stdout, stderr=stderr,
-                                start_new_session=True)
+        proc = subprocess.Popen(["sh", "-c", script], env=env, stdout=stdout, stderr=stderr, start_new_session=True)
         self._record("pids", [proc.pid, start_time(proc.pid)])
         return proc
 
@@ -471,9 +491,11 @@ def leftovers() -> dict[str, list[str]]:
             name = parts[1].strip().split("@")[0]
             if _ours(name):
                 links.append(name)
-    return {"netns": [n for n in _netns_list() if _ours(n)],
-            "links": links,
-            "cgroups": [str(cgroup_parent(c)) for c in controllers() if cgroup_parent(c).exists()]}
+    return {
+        "netns": [n for n in _netns_list() if _ours(n)],
+        "links": links,
+        "cgroups": [str(cgroup_parent(c)) for c in controllers() if cgroup_parent(c).exists()],
+    }
 
 
 def sweep(state_dir: Path = STATE_DIR, progress: Progress = _quiet) -> list[str]:

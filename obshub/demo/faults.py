@@ -47,8 +47,15 @@ from obshub.demo.cluster import SUBNET, Cluster, Host, cgroup_pids, sh
 from obshub.demo.errors import FaultError
 
 KINDS = ("none", "net-slow", "net-loss", "cpu", "mem", "hang", "exit")
-LAYER_OF = {"net-slow": "network", "net-loss": "network", "cpu": "sched", "mem": "memory", "hang": "process",
-            "exit": "process", "none": None}
+LAYER_OF = {
+    "net-slow": "network",
+    "net-loss": "network",
+    "cpu": "sched",
+    "mem": "memory",
+    "hang": "process",
+    "exit": "process",
+    "none": None,
+}
 NFT_TABLE = "obshub_fault"
 PAGECACHE_DIR = Path("/var/tmp/obshub-demo")  # on disk: tmpfs pages cannot be reclaimed without swap
 
@@ -97,8 +104,7 @@ def cluster_retrans_segs(cluster: Cluster) -> int:
 
 def tcp_retrans_segs(netns: str) -> int:
     """TCP segments retransmitted in ``netns`` since it was made (/proc/net/snmp ``Tcp: RetransSegs``)."""
-    lines = [ln.split() for ln in sh(["cat", "/proc/net/snmp"], netns=netns).splitlines()
-             if ln.startswith("Tcp:")]
+    lines = [ln.split() for ln in sh(["cat", "/proc/net/snmp"], netns=netns).splitlines() if ln.startswith("Tcp:")]
     header, values = lines[0], lines[1]
     return int(values[header.index("RetransSegs")])
 
@@ -109,8 +115,13 @@ def qdisc_stats(dev: str, netns: str | None = None) -> dict:
     if not out:
         return {}
     q = out[0]
-    return {"kind": q.get("kind"), "bytes": q.get("bytes", 0), "packets": q.get("packets", 0),
-            "drops": q.get("drops", 0), "overlimits": q.get("overlimits", 0)}
+    return {
+        "kind": q.get("kind"),
+        "bytes": q.get("bytes", 0),
+        "packets": q.get("packets", 0),
+        "drops": q.get("drops", 0),
+        "overlimits": q.get("overlimits", 0),
+    }
 
 
 @dataclass
@@ -127,8 +138,16 @@ class NetSlow(Fault):
 
     def _tbf(self) -> list[str]:
         p = self.params
-        return ["root", "tbf", "rate", f"{p['rate_mbit']}mbit", "burst", f"{p['burst_kb']}kb",
-                "latency", f"{p['latency_ms']}ms"]
+        return [
+            "root",
+            "tbf",
+            "rate",
+            f"{p['rate_mbit']}mbit",
+            "burst",
+            f"{p['burst_kb']}kb",
+            "latency",
+            f"{p['latency_ms']}ms",
+        ]
 
     def prepare(self) -> None:
         self._base = tcp_retrans_segs(self.host.netns)
@@ -139,14 +158,19 @@ class NetSlow(Fault):
         sh(["tc", "qdisc", "replace", "dev", self.host.veth, *self._tbf()])
 
     def evidence(self) -> dict:
-        out = {"tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
-               "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all}
-        for side, (dev, ns) in {"egress": (self.host.ifname, self.host.netns),
-                                "ingress": (self.host.veth, None)}.items():
+        out = {
+            "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
+            "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all,
+        }
+        for side, (dev, ns) in {
+            "egress": (self.host.ifname, self.host.netns),
+            "ingress": (self.host.veth, None),
+        }.items():
             q = qdisc_stats(dev, ns)
             if q.get("kind") == "tbf":
-                out.update({f"{side}_bytes": q["bytes"], f"{side}_drops": q["drops"],
-                            f"{side}_overlimits": q["overlimits"]})
+                out.update(
+                    {f"{side}_bytes": q["bytes"], f"{side}_drops": q["drops"], f"{side}_overlimits": q["overlimits"]}
+                )
         return out
 
     def remove(self) -> None:
@@ -168,22 +192,30 @@ class NetLoss(Fault):
     def ruleset(self) -> str:
         """The nft script (``nft -f -``): one table, an input and an output chain, one counted rule each."""
         p, net = int(self.params["percent"]), SUBNET
-        return (f"table inet {NFT_TABLE} {{\n"
-                f"  chain input {{ type filter hook input priority 0; policy accept;\n"
-                f"    ip saddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n"
-                f"  chain output {{ type filter hook output priority 0; policy accept;\n"
-                f"    ip daddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n}}\n")
+        return (
+            f"table inet {NFT_TABLE} {{\n"
+            f"  chain input {{ type filter hook input priority 0; policy accept;\n"
+            f"    ip saddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n"
+            f"  chain output {{ type filter hook output priority 0; policy accept;\n"
+            f"    ip daddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n}}\n"
+        )
 
     def prepare(self) -> None:
         self._base = tcp_retrans_segs(self.host.netns)
         self._base_all = cluster_retrans_segs(self.cluster)
 
     def inject(self) -> None:
-        proc = subprocess.run(["ip", "netns", "exec", self.host.netns, "nft", "-f", "-"],
-                              input=self.ruleset(), capture_output=True, text=True)
+        proc = subprocess.run(
+            ["ip", "netns", "exec", self.host.netns, "nft", "-f", "-"],
+            input=self.ruleset(),
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
-            raise FaultError(f"Failed to load nftables table {NFT_TABLE} in {self.host.netns}: "
-                             f"{proc.stderr.strip()}", "check `nft --version` (1.0+) and the nf_tables module")
+            raise FaultError(
+                f"Failed to load nftables table {NFT_TABLE} in {self.host.netns}: {proc.stderr.strip()}",
+                "check `nft --version` (1.0+) and the nf_tables module",
+            )
 
     def dropped(self) -> int:
         """Packets dropped so far by the table's rules (sum of their counters), 0 when it is absent."""
@@ -196,9 +228,11 @@ class NetLoss(Fault):
         return total
 
     def evidence(self) -> dict:
-        return {"nft_dropped_packets": self.dropped(),
-                "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
-                "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all}
+        return {
+            "nft_dropped_packets": self.dropped(),
+            "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
+            "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all,
+        }
 
     def remove(self) -> None:
         sh(["nft", "delete", "table", "inet", NFT_TABLE], netns=self.host.netns, check=False)
@@ -231,8 +265,11 @@ class _Noise:
 
     def start(self, argv: list[str], n: int = 1) -> None:
         for _ in range(n):
-            self.procs.append(self.cluster.spawn(self.host, argv, cgroups=self.cgroups,
-                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            self.procs.append(
+                self.cluster.spawn(
+                    self.host, argv, cgroups=self.cgroups, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                )
+            )
 
     def check_alive(self) -> None:
         for p in self.procs:
@@ -286,10 +323,12 @@ class CpuHog(Fault):
         wall_ns = max(1, int((time.monotonic() - self._t0) * 1e9))
         hog_ns = sum(proc_cpu_ns(p.pid)[0] for p in self._noise.procs)
         run, wait = self._training()
-        return {"hog_cpu_s": round(hog_ns / 1e9, 2),
-                "hog_share_of_machine": round(hog_ns / (wall_ns * (os.cpu_count() or 1)), 3),
-                "training_runq_wait_s": round((wait - self._train_base[1]) / 1e9, 2),
-                "training_cpu_s": round((run - self._train_base[0]) / 1e9, 2)}
+        return {
+            "hog_cpu_s": round(hog_ns / 1e9, 2),
+            "hog_share_of_machine": round(hog_ns / (wall_ns * (os.cpu_count() or 1)), 3),
+            "training_runq_wait_s": round((wait - self._train_base[1]) / 1e9, 2),
+            "training_cpu_s": round((run - self._train_base[0]) / 1e9, 2),
+        }
 
     def remove(self) -> None:
         if self._noise:
@@ -357,10 +396,12 @@ class MemPressure(Fault):
 
     def _counters(self) -> dict[str, int]:
         st = memory_stat(self.cg)
-        return {"failcnt": int((self.cg / "memory.failcnt").read_text()),
-                "pgmajfault": st.get("pgmajfault", 0),
-                "workingset_refault_file": st.get("workingset_refault_file", 0),
-                "pgpgout": st.get("pgpgout", 0)}
+        return {
+            "failcnt": int((self.cg / "memory.failcnt").read_text()),
+            "pgmajfault": st.get("pgmajfault", 0),
+            "workingset_refault_file": st.get("workingset_refault_file", 0),
+            "pgpgout": st.get("pgpgout", 0),
+        }
 
     def inject(self) -> None:
         self._limit_before = (self.cg / "memory.limit_in_bytes").read_text().strip()
@@ -420,16 +461,20 @@ class Hang(Fault):
         try:
             (self.cg / "cgroup.freeze").write_text("1")
         except OSError as exc:
-            raise FaultError(f"Failed to freeze {self.cg}: {exc}",
-                             "the cgroup v2 freezer needs Linux 5.2+ (cgroup.freeze)") from exc
+            raise FaultError(
+                f"Failed to freeze {self.cg}: {exc}", "the cgroup v2 freezer needs Linux 5.2+ (cgroup.freeze)"
+            ) from exc
         self._t0, self._frozen = time.monotonic(), True
 
     def evidence(self) -> dict:
         if not self._frozen:
             return {}
         events = dict(ln.split() for ln in (self.cg / "cgroup.events").read_text().splitlines() if ln.strip())
-        return {"frozen": int(events.get("frozen", 0)), "frozen_pids": len(cgroup_pids(self.cg)),
-                "frozen_s": round(time.monotonic() - self._t0, 1)}
+        return {
+            "frozen": int(events.get("frozen", 0)),
+            "frozen_pids": len(cgroup_pids(self.cg)),
+            "frozen_s": round(time.monotonic() - self._t0, 1),
+        }
 
     def remove(self) -> None:
         if self._frozen and (self.cg / "cgroup.freeze").exists():
@@ -460,12 +505,12 @@ class Exit(Fault):
             except ProcessLookupError:
                 continue
         if not self._killed:
-            raise FaultError(f"no process to kill in {self.host.cgroup('unified')}",
-                             "the rank of this host is not running")
+            raise FaultError(
+                f"no process to kill in {self.host.cgroup('unified')}", "the rank of this host is not running"
+            )
 
     def evidence(self) -> dict:
-        return {"killed_pids": len(self._killed),
-                "alive": sum(1 for p in self._killed if Path(f"/proc/{p}").exists())}
+        return {"killed_pids": len(self._killed), "alive": sum(1 for p in self._killed if Path(f"/proc/{p}").exists())}
 
 
 @dataclass
@@ -475,8 +520,15 @@ class NoFault(Fault):
     kind: str = "none"
 
 
-_CLASSES = {"none": NoFault, "net-slow": NetSlow, "net-loss": NetLoss, "cpu": CpuHog, "mem": MemPressure,
-            "hang": Hang, "exit": Exit}
+_CLASSES = {
+    "none": NoFault,
+    "net-slow": NetSlow,
+    "net-loss": NetLoss,
+    "cpu": CpuHog,
+    "mem": MemPressure,
+    "hang": Hang,
+    "exit": Exit,
+}
 
 
 def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = None) -> Fault:
@@ -485,6 +537,8 @@ def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = Non
     if kind not in _CLASSES:
         raise FaultError(f"unknown fault kind {kind!r}", f"use one of {', '.join(KINDS)}")
     if not 0 <= host < len(cluster.hosts):
-        raise FaultError(f"--fault-host {host} is outside 0..{len(cluster.hosts) - 1}",
-                         "hosts are numbered from 0 (host 0 is the rendezvous host)")
+        raise FaultError(
+            f"--fault-host {host} is outside 0..{len(cluster.hosts) - 1}",
+            "hosts are numbered from 0 (host 0 is the rendezvous host)",
+        )
     return _CLASSES[kind](cluster, cluster.hosts[host], dict(params or {}))

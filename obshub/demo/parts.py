@@ -46,8 +46,11 @@ class Part:
 
 PARTS: tuple[Part, ...] = (
     Part("training workload", None, (TRAIN_MODULE,)),
-    Part("obshub run (USDT instrumentation)", "run",
-         ("obshub.instrument.cli", "obshub.instrument.usdt", "obshub.instrument._usdt")),
+    Part(
+        "obshub run (USDT instrumentation)",
+        "run",
+        ("obshub.instrument.cli", "obshub.instrument.usdt", "obshub.instrument._usdt"),
+    ),
     Part("agent", "agent", ("producer.cli", "producer.agent", "producer.loader")),
     Part("stream worker", "streams", ("streams.cli", "streams")),
     Part("rule engine", "rules", ("rules.cli", "rules.engine")),
@@ -78,22 +81,34 @@ def require() -> None:
     """Raise PartMissingError listing every missing part; return when all are present."""
     gone = missing()
     if gone:
-        raise PartMissingError("; ".join(gone),
-                               "the demo integrates the real agent, stream worker and rule engine and "
-                               "fakes none of them: install a complete checkout")
+        raise PartMissingError(
+            "; ".join(gone),
+            "the demo integrates the real agent, stream worker and rule engine and "
+            "fakes none of them: install a complete checkout",
+        )
 
 
 def agent_argv(job: str, host: Host, cgroup: Path) -> list[str]:
     """The agent of ``host``: watches only the host's v2 cgroup, publishes as ``node-0N``."""
-    return [*OBSHUB, "agent", "--job", job, "--host", host.name, "--host-id", str(host.index),
-            "--cgroup", str(cgroup)]
+    return [*OBSHUB, "agent", "--job", job, "--host", host.name, "--host-id", str(host.index), "--cgroup", str(cgroup)]
 
 
-def training_argv(job: str, host: Host, steps: int, hidden: int | None = None,
-                  step_sleep_ms: float = 0.0) -> list[str]:
+def training_argv(job: str, host: Host, steps: int, hidden: int | None = None, step_sleep_ms: float = 0.0) -> list[str]:
     """One rank of the DDP training under ``obshub run`` (``step_sleep_ms``: simulated data loading)."""
-    argv = [*OBSHUB, "run", "--job", job, "--host-id", str(host.index), "--",
-            sys.executable, "-m", TRAIN_MODULE, "--steps", str(steps)]
+    argv = [
+        *OBSHUB,
+        "run",
+        "--job",
+        job,
+        "--host-id",
+        str(host.index),
+        "--",
+        sys.executable,
+        "-m",
+        TRAIN_MODULE,
+        "--steps",
+        str(steps),
+    ]
     if hidden:
         argv += ["--hidden", str(hidden)]
     if step_sleep_ms:
@@ -108,11 +123,20 @@ def training_env(base: dict[str, str], host: Host, world: int, master: str) -> d
     32 MiB after the first free), so tensor memory is returned to the kernel and faulted in again each
     step, as with large activations; every rank gets it, faulty or not."""
     env = dict(base)
-    env.update({"RANK": str(host.index), "LOCAL_RANK": "0", "WORLD_SIZE": str(world),
-                "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT), "GLOO_SOCKET_IFNAME": host.ifname,
-                "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "RANK": str(host.index),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": master,
+            "MASTER_PORT": str(MASTER_PORT),
+            "GLOO_SOCKET_IFNAME": host.ifname,
+            "OMP_NUM_THREADS": "1",
+            "MALLOC_MMAP_THRESHOLD_": "131072",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
-
 
 
 ALERTING_YAML = """\
@@ -133,8 +157,11 @@ def alerting_config(receiver, path: Path) -> dict[str, str]:
     the local ``receiver``) to ``path``; returns the environment variables its secrets come from."""
     base = f"http://127.0.0.1:{receiver.port}"
     path.write_text(ALERTING_YAML.format(pagerduty=f"{base}/pagerduty", alertmanager=base))
-    return {"OBSHUB_DEMO_SLACK_URL": f"{base}/slack", "OBSHUB_DEMO_PD_KEY": "demo-routing-key",
-            "OBSHUB_DEMO_WEBHOOK_URL": f"{base}/webhook"}
+    return {
+        "OBSHUB_DEMO_SLACK_URL": f"{base}/slack",
+        "OBSHUB_DEMO_PD_KEY": "demo-routing-key",
+        "OBSHUB_DEMO_WEBHOOK_URL": f"{base}/webhook",
+    }
 
 
 @dataclass
@@ -154,10 +181,18 @@ def pipeline(job: str, run_id: str, config: Path) -> list[PipelinePart]:
     require()
     rules_prefix = f"obshub-rules-demo-{run_id}"
     return [
-        PipelinePart("streams", [*OBSHUB, "streams", "worker", "--app-id", STREAMS_APP_ID, "--window-s", "5"],
-                     "streams", (STREAMS_APP_ID,)),
-        PipelinePart("rules", [*OBSHUB, "rules", "serve", "-c", str(config), "--group-prefix", rules_prefix],
-                     "rules", (f"{rules_prefix}-engine",)),
+        PipelinePart(
+            "streams",
+            [*OBSHUB, "streams", "worker", "--app-id", STREAMS_APP_ID, "--window-s", "5"],
+            "streams",
+            (STREAMS_APP_ID,),
+        ),
+        PipelinePart(
+            "rules",
+            [*OBSHUB, "rules", "serve", "-c", str(config), "--group-prefix", rules_prefix],
+            "rules",
+            (f"{rules_prefix}-engine",),
+        ),
     ]
 
 
@@ -178,7 +213,11 @@ def group_stable(settings, group: str) -> bool:
 def ready(settings, part: PipelinePart, pid: int) -> bool:
     """Whether ``part`` (started with ``pid``) registered itself and its consumer groups are Stable."""
     from obshub.core import registry
-    if not any(c.get("pid") == pid and (c["name"] == part.component or c["name"].startswith(part.component + "-"))
-               for c in registry.components(settings) if c.get("running")):
+
+    if not any(
+        c.get("pid") == pid and (c["name"] == part.component or c["name"].startswith(part.component + "-"))
+        for c in registry.components(settings)
+        if c.get("running")
+    ):
         return False
     return all(group_stable(settings, g) for g in part.groups)

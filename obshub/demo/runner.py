@@ -88,7 +88,9 @@ class DemoOptions:
         """Raise DemoError for inconsistent options."""
         for i, (kind, host) in enumerate(self.sequence):
             if kind not in KINDS or kind == "none":
-                raise DemoError(f"--sequence: unknown fault {kind!r}", f"use {', '.join(k for k in KINDS if k != 'none')}")
+                raise DemoError(
+                    f"--sequence: unknown fault {kind!r}", f"use {', '.join(k for k in KINDS if k != 'none')}"
+                )
             if not 0 <= host < self.hosts:
                 raise DemoError(f"--sequence: host {host} of {kind} is outside 0..{self.hosts - 1}")
             if kind == "exit" and i != len(self.sequence) - 1:
@@ -98,11 +100,14 @@ class DemoOptions:
         if self.hosts < 2:
             raise DemoError(f"--hosts {self.hosts}: a straggler needs peers", "use --hosts 2 or more")
         if not 0 <= self.fault_host < self.hosts:
-            raise DemoError(f"--fault-host {self.fault_host} is outside 0..{self.hosts - 1}",
-                            "hosts are numbered from 0")
+            raise DemoError(
+                f"--fault-host {self.fault_host} is outside 0..{self.hosts - 1}", "hosts are numbered from 0"
+            )
         if self.fault != "none" and self.fault_at_s >= self.duration_s and self.steps is None:
-            raise DemoError(f"--fault-at {self.fault_at_s} s is not before the end ({self.duration_s} s)",
-                            "raise --duration or lower --fault-at")
+            raise DemoError(
+                f"--fault-at {self.fault_at_s} s is not before the end ({self.duration_s} s)",
+                "raise --duration or lower --fault-at",
+            )
 
 
 class AlertReader:
@@ -117,21 +122,33 @@ class AlertReader:
         self.alerts: list[AlertSeen] = []
         self.records: list[dict] = []
         self._stop = threading.Event()
-        self._c = Consumer(kafka.consumer_config(kafka.connection(settings), f"demo-{job}", {"enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0}))
+        self._c = Consumer(
+            kafka.consumer_config(
+                kafka.connection(settings),
+                f"demo-{job}",
+                {"enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0},
+            )
+        )
         deadline = time.monotonic() + 30
         while True:  # right after `up` created the topic its partitions may have no leader yet
             try:
                 md = self._c.list_topics(schema.TOPIC_ALERTS, timeout=10)
-                tps = [TopicPartition(schema.TOPIC_ALERTS, p,
-                                      self._c.get_watermark_offsets(TopicPartition(schema.TOPIC_ALERTS, p),
-                                                                    timeout=10)[1])
-                       for p in md.topics[schema.TOPIC_ALERTS].partitions]
+                tps = [
+                    TopicPartition(
+                        schema.TOPIC_ALERTS,
+                        p,
+                        self._c.get_watermark_offsets(TopicPartition(schema.TOPIC_ALERTS, p), timeout=10)[1],
+                    )
+                    for p in md.topics[schema.TOPIC_ALERTS].partitions
+                ]
                 break
             except KafkaException as exc:
                 if time.monotonic() > deadline:
                     self._c.close()
-                    raise DemoError(f"Failed to read the end offsets of {schema.TOPIC_ALERTS}: {exc}",
-                                    f"check the broker at {settings.bootstrap_servers} (obshub status)") from exc
+                    raise DemoError(
+                        f"Failed to read the end offsets of {schema.TOPIC_ALERTS}: {exc}",
+                        f"check the broker at {settings.bootstrap_servers} (obshub status)",
+                    ) from exc
                 time.sleep(0.5)
         self._c.assign(tps)
         self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
@@ -192,16 +209,18 @@ def _wait(cond, timeout_s: float, what: str, check=None) -> None:
         if check:
             check()
         if time.monotonic() > deadline:
-            raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}",
-                            "see the logs of the run (path printed above)")
+            raise DemoError(
+                f"timed out after {timeout_s:.0f} s waiting for {what}", "see the logs of the run (path printed above)"
+            )
         time.sleep(0.2)
 
 
 def _alive(proc: subprocess.Popen, name: str, log: Path) -> None:
     if proc.poll() is not None:
         tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
-        raise DemoError(f"{name} exited with code {proc.returncode} before the demo was done:\n{tail}",
-                        f"full log: {log}")
+        raise DemoError(
+            f"{name} exited with code {proc.returncode} before the demo was done:\n{tail}", f"full log: {log}"
+        )
 
 
 def _start_logged(es: contextlib.ExitStack, cluster: Cluster, host, argv, log: Path, **kw) -> subprocess.Popen:
@@ -221,9 +240,11 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     job = f"demo-{run_id}"
     out_dir = out_dir or settings.home / "demo" / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
-    view.say(f"run {run_id}: {opts.hosts} hosts, fault {opts.fault}"
-             + (f" on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s" if opts.fault != "none" else "")
-             + f"; logs in {out_dir}")
+    view.say(
+        f"run {run_id}: {opts.hosts} hosts, fault {opts.fault}"
+        + (f" on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s" if opts.fault != "none" else "")
+        + f"; logs in {out_dir}"
+    )
     with contextlib.ExitStack() as es:
         cluster = es.enter_context(Cluster(opts.hosts, progress=view.say, lock_wait_s=opts.lock_wait_s))
         was_up = stack.broker_pid(settings) is not None
@@ -248,10 +269,12 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
             log = out_dir / f"{part.name}.log"
             proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
-            # the lambdas run inside this iteration (_wait returns before the loop moves on)
-            _wait(lambda: parts.ready(settings, part, proc.pid),  # noqa: B023
-                  opts.ready_timeout_s, f"the {part.name} part",
-                  check=lambda: _alive(proc, part.name, log))  # noqa: B023
+            _wait(
+                lambda part=part, proc=proc: parts.ready(settings, part, proc.pid),
+                opts.ready_timeout_s,
+                f"the {part.name} part",
+                check=lambda part=part, proc=proc, log=log: _alive(proc, part.name, log),
+            )
             view.say(f"{part.name} ready (pid {proc.pid})")
             watched.append((proc, part.name, log))
 
@@ -259,16 +282,24 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         agent_cg = cluster.aux_cgroups("agents")
         for h in cluster.hosts:
             log = out_dir / f"agent-{h.name}.log"
-            agents[h.name] = (_start_logged(es, cluster, h, parts.agent_argv(job, h, h.cgroup("unified")), log,
-                                            netns=False, cgroups=agent_cg), log)
+            agents[h.name] = (
+                _start_logged(
+                    es, cluster, h, parts.agent_argv(job, h, h.cgroup("unified")), log, netns=False, cgroups=agent_cg
+                ),
+                log,
+            )
             view.say(f"agent {h.name} starting (pid {agents[h.name][0].pid}), compiling probes")
 
         def agents_ready() -> bool:
             regs = {c["name"]: c for c in registry.components(settings) if c.get("running")}
             return all(regs.get(f"agent-{n}", {}).get("pid") == p.pid for n, (p, _) in agents.items())
 
-        _wait(agents_ready, opts.ready_timeout_s, "the agents to attach their probes",
-              check=lambda: [_alive(p, f"agent {n}", log) for n, (p, log) in agents.items()])
+        _wait(
+            agents_ready,
+            opts.ready_timeout_s,
+            "the agents to attach their probes",
+            check=lambda: [_alive(p, f"agent {n}", log) for n, (p, log) in agents.items()],
+        )
         view.say("agents attached")
         watched += [(p, f"agent {n}", log) for n, (p, log) in agents.items()]
 
@@ -277,8 +308,15 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for h in cluster.hosts:
             log = out_dir / f"rank-{h.index}.log"
             env = parts.training_env(dict(os.environ), h, opts.hosts, cluster.hosts[0].address)
-            proc = _start_logged(es, cluster, h, parts.training_argv(job, h, steps, opts.hidden, opts.step_sleep_ms), log,
-                                 env=env, stdout=subprocess.PIPE)
+            proc = _start_logged(
+                es,
+                cluster,
+                h,
+                parts.training_argv(job, h, steps, opts.hidden, opts.step_sleep_ms),
+                log,
+                env=env,
+                stdout=subprocess.PIPE,
+            )
             ranks.append(Rank(h, proc, view))
         view.say(f"training: {opts.hosts} ranks of ddp_train (gloo) over 10.77.0.0/24, job {job}")
 
@@ -293,21 +331,26 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 if r.proc.poll() not in (None, 0):
                     _alive(r.proc, f"rank {r.host.index}", out_dir / f"rank-{r.host.index}.log")
 
-        _wait(lambda: all(r.steps for r in ranks), opts.ready_timeout_s, "the first training step",
-              check=check_ranks)
+        _wait(lambda: all(r.steps for r in ranks), opts.ready_timeout_s, "the first training step", check=check_ranks)
         t_warm = time.monotonic()
         view.say("every rank finished its first step")
 
         episodes = opts.plan()
-        done: list[dict] = []   # per episode: kind, host, t0_ns, removed_ns, evidence
+        done: list[dict] = []  # per episode: kind, host, t0_ns, removed_ns, evidence
         evidence: dict = {}
         for i, (kind, host_i, start_s, stop_s) in enumerate(episodes):
             fault = make_fault(kind, cluster, host_i, opts.fault_params)
             fault.prepare()
             es.callback(fault.remove)
             expected = (cluster.hosts[host_i].name, LAYER_OF[kind]) if kind != "none" else None
-            ep = {"kind": kind, "host": expected[0] if expected else None, "layer": LAYER_OF[kind],
-                  "t0_ns": None, "removed_ns": None, "evidence": {}}
+            ep = {
+                "kind": kind,
+                "host": expected[0] if expected else None,
+                "layer": LAYER_OF[kind],
+                "t0_ns": None,
+                "removed_ns": None,
+                "evidence": {},
+            }
             if i > 0:  # start each later episode with no alert of the job firing (at most 30 s more)
                 _wait_quiet(reader, 30.0, check_ranks)
                 start_s = max(start_s, time.monotonic() - t_warm)
@@ -350,15 +393,22 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         ep["verdict"] = v.to_dict()
     verdict = done[0]["verdict"]
     expected = (done[0]["host"], done[0]["layer"]) if done[0]["kind"] != "none" else None
-    report = {"scenario": {**asdict(opts), "job": job, "run_id": run_id,
-                           "fault_host_name": expected[0] if expected else None},
-              "verdict": verdict, "evidence": done[0]["evidence"],
-              "alerts": [asdict(a) for a in reader.alerts if a.received_ns < end_ns],
-              "alerts_after_end": [asdict(a) for a in reader.alerts if a.received_ns >= end_ns],
-              "alert_records": reader.records,
-              "steps": {r.host.name: {"count": len(r.steps),
-                                      "median_ms": _median([s[1] for s in r.steps])} for r in ranks},
-              "webhook": _webhook_summary(receiver), "logs": str(out_dir)}
+    report = {
+        "scenario": {
+            **asdict(opts),
+            "job": job,
+            "run_id": run_id,
+            "fault_host_name": expected[0] if expected else None,
+        },
+        "verdict": verdict,
+        "evidence": done[0]["evidence"],
+        "alerts": [asdict(a) for a in reader.alerts if a.received_ns < end_ns],
+        "alerts_after_end": [asdict(a) for a in reader.alerts if a.received_ns >= end_ns],
+        "alert_records": reader.records,
+        "steps": {r.host.name: {"count": len(r.steps), "median_ms": _median([s[1] for s in r.steps])} for r in ranks},
+        "webhook": _webhook_summary(receiver),
+        "logs": str(out_dir),
+    }
     if len(done) > 1:
         report["episodes"] = done
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
@@ -391,18 +441,28 @@ def _webhook_summary(receiver: WebhookReceiver) -> dict:
     by: dict[str, int] = {}
     for r in recs:
         by[r["service"]] = by.get(r["service"], 0) + 1
-    return {"file": str(receiver.path), "requests": len(recs), "by_service": by,
-            "invalid": [r for r in recs if not r["valid"]]}
+    return {
+        "file": str(receiver.path),
+        "requests": len(recs),
+        "by_service": by,
+        "invalid": [r for r in recs if not r["valid"]],
+    }
 
 
 def matrix_row(report: dict) -> dict:
     """One row of the matrix table from a report: fault, host, detected host, layer, TTD, wrong alerts."""
     v, s = report["verdict"], report["scenario"]
     fc = v.get("first_correct") or {}
-    return {"fault": s["fault"], "host": s.get("fault_host_name") or "-",
-            "detected_host": fc.get("host") or "-", "layer": fc.get("layer") or "-",
-            "ttd_s": v.get("ttd_s"), "wrong_alerts": v.get("wrong_count", 0), "ok": v.get("ok", False),
-            "reason": v.get("reason", "")}
+    return {
+        "fault": s["fault"],
+        "host": s.get("fault_host_name") or "-",
+        "detected_host": fc.get("host") or "-",
+        "layer": fc.get("layer") or "-",
+        "ttd_s": v.get("ttd_s"),
+        "wrong_alerts": v.get("wrong_count", 0),
+        "ok": v.get("ok", False),
+        "reason": v.get("reason", ""),
+    }
 
 
 def run_matrix(opts: DemoOptions, settings: Settings, view: DemoView, kinds=KINDS) -> list[dict]:
@@ -418,9 +478,19 @@ def run_matrix(opts: DemoOptions, settings: Settings, view: DemoView, kinds=KIND
             except DemoError as exc:
                 if isinstance(exc, PartMissingError):
                     raise
-                rows.append({"fault": kind, "host": f"node-{opts.fault_host:02d}", "detected_host": "-",
-                             "layer": "-", "ttd_s": None, "wrong_alerts": 0, "ok": False,
-                             "reason": str(exc), "error": str(exc)})
+                rows.append(
+                    {
+                        "fault": kind,
+                        "host": f"node-{opts.fault_host:02d}",
+                        "detected_host": "-",
+                        "layer": "-",
+                        "ttd_s": None,
+                        "wrong_alerts": 0,
+                        "ok": False,
+                        "reason": str(exc),
+                        "error": str(exc),
+                    }
+                )
     finally:
         if not was_up and not opts.keep_stack:
             stack.down(settings, view.say)

@@ -40,11 +40,17 @@ class AlertSeen:
     def from_record(cls, rec: dict, received_ns: int) -> "AlertSeen":
         """From an ``obshub.alerts.v1`` record (labels/annotations as the rule engine writes them)."""
         labels, ann = rec.get("labels") or {}, rec.get("annotations") or {}
-        return cls(received_ns=received_ns, rule=str(rec.get("rule") or labels.get("alertname", "?")),
-                   host=str(labels.get("host", "")), layer=str(labels.get("layer", "")),
-                   step=str(ann.get("step", "")), evidence=str(ann.get("evidence", "")),
-                   summary=str(ann.get("summary", "")), fingerprint=str(rec.get("fingerprint", "")),
-                   severity=str(rec.get("severity", labels.get("severity", ""))))
+        return cls(
+            received_ns=received_ns,
+            rule=str(rec.get("rule") or labels.get("alertname", "?")),
+            host=str(labels.get("host", "")),
+            layer=str(labels.get("layer", "")),
+            step=str(ann.get("step", "")),
+            evidence=str(ann.get("evidence", "")),
+            summary=str(ann.get("summary", "")),
+            fingerprint=str(rec.get("fingerprint", "")),
+            severity=str(rec.get("severity", labels.get("severity", ""))),
+        )
 
 
 @dataclass
@@ -75,8 +81,7 @@ class Verdict:
         return d
 
 
-def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None,
-          alerts: list[AlertSeen]) -> Verdict:
+def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None, alerts: list[AlertSeen]) -> Verdict:
     """Score ``alerts`` against the fault (see the module docstring). ``fault == "none"`` expects no
     alert; otherwise ``host``, ``layer`` and ``t0_ns`` must be given (t0 None = the fault never got
     injected: nothing can be correct)."""
@@ -99,8 +104,7 @@ def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None,
     elif t0_ns is None:
         v.reason = "the fault was never injected"
     elif v.first_correct is None:
-        v.reason = f"no alert named {host} in layer {layer}" + (
-            f"; {v.wrong_count} wrong alert(s)" if v.wrong else "")
+        v.reason = f"no alert named {host} in layer {layer}" + (f"; {v.wrong_count} wrong alert(s)" if v.wrong else "")
     elif v.wrong:
         v.reason = f"detected after {v.ttd_s} s, but {v.wrong_count} wrong alert(s) fired"
     else:
@@ -109,8 +113,7 @@ def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None,
     return v
 
 
-def _wrong_because(fault: str, host: str | None, layer: str | None, t0_ns: int | None,
-                   a: AlertSeen) -> str | None:
+def _wrong_because(fault: str, host: str | None, layer: str | None, t0_ns: int | None, a: AlertSeen) -> str | None:
     if fault == "none":
         return "an alert on a clean run"
     if t0_ns is None or a.received_ns < t0_ns:
@@ -132,8 +135,11 @@ def check_resolved(v: Verdict, records: list[dict], removed_ns: int) -> Verdict:
     if v.first_correct is None:
         return v
     fp = v.first_correct["fingerprint"]
-    done = sorted(r["received_ns"] for r in records
-                  if r.get("fingerprint") == fp and r.get("status") == "resolved" and r["received_ns"] >= removed_ns)
+    done = sorted(
+        r["received_ns"]
+        for r in records
+        if r.get("fingerprint") == fp and r.get("status") == "resolved" and r["received_ns"] >= removed_ns
+    )
     if done:
         v.resolved_s = round((done[0] - removed_ns) / 1e9, 3)
         if v.ok:

@@ -51,8 +51,9 @@ class DemoView:
             self.steps[host] = (step, ms)
         if not self.live_mode and time.monotonic() - self._last_plain_steps > 5:
             self._last_plain_steps = time.monotonic()
-            self._plain("[dim]steps:[/dim] " + "  ".join(
-                f"{h} {s[0]} ({s[1]:.0f} ms)" for h, s in sorted(self.steps.items())))
+            self._plain(
+                "[dim]steps:[/dim] " + "  ".join(f"{h} {s[0]} ({s[1]:.0f} ms)" for h, s in sorted(self.steps.items()))
+            )
 
     def fault(self, line: str) -> None:
         """The fault was injected (or removed)."""
@@ -70,8 +71,10 @@ class DemoView:
         with self._lock:
             self.alerts.append((a, mark))
         colour = "green" if mark == "correct" else "red"
-        self._plain(f"[bold {colour}]alert[/bold {colour}] {a.host} / {a.layer} step {a.step} "
-                    f"rule {a.rule}: {a.evidence or a.summary} [{colour}]({mark})[/{colour}]")
+        self._plain(
+            f"[bold {colour}]alert[/bold {colour}] {a.host} / {a.layer} step {a.step} "
+            f"rule {a.rule}: {a.evidence or a.summary} [{colour}]({mark})[/{colour}]"
+        )
 
     # rendering ----------------------------------------------------------------------------------------
     def _plain(self, markup: str) -> None:
@@ -89,20 +92,24 @@ class DemoView:
             parts = [Text("\n".join(self.log), style="dim"), hosts]
             if self.fault_line:
                 ev = ", ".join(f"{k}={v}" for k, v in self.evidence.items())
-                parts.append(Text(f"fault: {self.fault_line}" + (f"\nevidence: {ev}" if ev else ""),
-                                  style="yellow"))
+                parts.append(Text(f"fault: {self.fault_line}" + (f"\nevidence: {ev}" if ev else ""), style="yellow"))
             if self.alerts:
                 t = Table("host", "layer", "step", "rule", "evidence", "", title="alerts")
                 for a, mark in self.alerts[-10:]:
-                    t.add_row(a.host, a.layer, a.step, a.rule, (a.evidence or a.summary)[:90],
-                              Text(mark, style="green" if mark == "correct" else "red"))
+                    t.add_row(
+                        a.host,
+                        a.layer,
+                        a.step,
+                        a.rule,
+                        (a.evidence or a.summary)[:90],
+                        Text(mark, style="green" if mark == "correct" else "red"),
+                    )
                 parts.append(t)
         return Group(*parts)
 
     def __enter__(self) -> "DemoView":
         if self.live_mode:
-            self._live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4,
-                              transient=False)
+            self._live = Live(get_renderable=self.render, console=self.console, refresh_per_second=4, transient=False)
             self._live.__enter__()
         return self
 
@@ -117,12 +124,13 @@ class DemoView:
         if v.fault == "none":
             c.print("[bold]verdict[/bold]: clean run (no fault injected)")
         else:
-            c.print(f"[bold]verdict[/bold]: fault {v.fault} injected at t0 on {expected_host} in layer "
-                    f"{v.layer}")
+            c.print(f"[bold]verdict[/bold]: fault {v.fault} injected at t0 on {expected_host} in layer {v.layer}")
             if v.first_correct:
                 fc = v.first_correct
-                c.print(f"  first correct alert at t1 = t0 + {v.ttd_s:.2f} s: {fc['host']} / {fc['layer']} "
-                        f"step {fc['step']} (rule {fc['rule']})")
+                c.print(
+                    f"  first correct alert at t1 = t0 + {v.ttd_s:.2f} s: {fc['host']} / {fc['layer']} "
+                    f"step {fc['step']} (rule {fc['rule']})"
+                )
                 c.print(f"  [bold]time to detection: {v.ttd_s:.2f} s[/bold]")
             else:
                 c.print("  [red]no correct alert[/red]")

@@ -74,9 +74,13 @@ def check_alertmanager(body) -> str:
     return ""
 
 
-ROUTES = {"/slack": ("slack", check_slack), "/pagerduty": ("pagerduty", check_pagerduty),
-          "/v2/enqueue": ("pagerduty", check_pagerduty), "/alertmanager": ("alertmanager", check_alertmanager),
-          "/api/v2/alerts": ("alertmanager", check_alertmanager)}
+ROUTES = {
+    "/slack": ("slack", check_slack),
+    "/pagerduty": ("pagerduty", check_pagerduty),
+    "/v2/enqueue": ("pagerduty", check_pagerduty),
+    "/alertmanager": ("alertmanager", check_alertmanager),
+    "/api/v2/alerts": ("alertmanager", check_alertmanager),
+}
 
 
 class WebhookReceiver:
@@ -133,8 +137,16 @@ class WebhookReceiver:
         self.server.server_close()
 
     def _append(self, path: str, service: str, valid: bool, problem: str, body) -> None:
-        line = json.dumps({"received_ns": time.time_ns(), "path": path, "service": service, "valid": valid,
-                           "problem": problem, "body": body})
+        line = json.dumps(
+            {
+                "received_ns": time.time_ns(),
+                "path": path,
+                "service": service,
+                "valid": valid,
+                "problem": problem,
+                "body": body,
+            }
+        )
         with self._lock, open(self.path, "a") as f:
             f.write(line + "\n")
 

@@ -65,12 +65,21 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
     settings = load_settings(bootstrap=bootstrap)
-    data = read_job(settings.bootstrap_servers, job, rng, timeout_s=timeout_s, events_topic=events_topic,
-                    steps_topic=steps_topic, **bounds)
+    data = read_job(
+        settings.bootstrap_servers,
+        job,
+        rng,
+        timeout_s=timeout_s,
+        events_topic=events_topic,
+        steps_topic=steps_topic,
+        **bounds,
+    )
     if not data.hosts:
-        raise ExportError(f"no events of job {job!r} in steps {rng[0]}-{rng[1]} on {settings.bootstrap_servers} "
-                          f"({data.batches} batches read)",
-                          hint="check the job name and steps (`obshub replay ... --json` prints both)")
+        raise ExportError(
+            f"no events of job {job!r} in steps {rng[0]}-{rng[1]} on {settings.bootstrap_servers} "
+            f"({data.batches} batches read)",
+            hint="check the job name and steps (`obshub replay ... --json` prints both)",
+        )
     trace = build_trace(data.hosts, data.summaries, job=job, steps=rng)
     text = json.dumps(trace, separators=(",", ":"))
     if output == "-":
@@ -79,13 +88,17 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
         try:
             Path(output).write_text(text)
         except OSError as exc:
-            raise ExportError(f"cannot write {output}: {exc.strerror or exc}",
-                              hint="choose a writable path for -o (its folder must exist), or -o - for stdout") from None
+            raise ExportError(
+                f"cannot write {output}: {exc.strerror or exc}",
+                hint="choose a writable path for -o (its folder must exist), or -o - for stdout",
+            ) from None
         n = sum(len(h.events) for h in data.hosts)
         o = trace["otherData"]
-        click.echo(f"wrote {output}: {len(data.hosts)} hosts, {n} events, steps {rng[0]}-{rng[1]}, "
-                   f"straggler marked in steps {o['straggler_steps'] or 'none'}"
-                   + (f" (no summary for steps {o['steps_without_summary']})" if o["steps_without_summary"] else ""),
-                   err=True)
+        click.echo(
+            f"wrote {output}: {len(data.hosts)} hosts, {n} events, steps {rng[0]}-{rng[1]}, "
+            f"straggler marked in steps {o['straggler_steps'] or 'none'}"
+            + (f" (no summary for steps {o['steps_without_summary']})" if o["steps_without_summary"] else ""),
+            err=True,
+        )
     for n in data.notes:
         click.echo(f"note: {n}", err=True)

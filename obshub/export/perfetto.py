@@ -28,9 +28,20 @@ from dataclasses import dataclass, field
 from obshub.core.schema import Event, Kind, Layer, event_layer
 
 TID_STRIDE = 10_000
-_LAYER_ORDER = ["steps", "collectives", Layer.PYTORCH.value, Layer.NCCL.value, Layer.CUDA.value, "gpu",
-                Layer.SCHED.value, Layer.MEMORY.value, Layer.NETWORK.value, Layer.PCIE.value, Layer.NIC.value,
-                Layer.AGENT.value]
+_LAYER_ORDER = [
+    "steps",
+    "collectives",
+    Layer.PYTORCH.value,
+    Layer.NCCL.value,
+    Layer.CUDA.value,
+    "gpu",
+    Layer.SCHED.value,
+    Layer.MEMORY.value,
+    Layer.NETWORK.value,
+    Layer.PCIE.value,
+    Layer.NIC.value,
+    Layer.AGENT.value,
+]
 
 
 @dataclass
@@ -100,13 +111,17 @@ def _us(ns: int) -> float:
     return round(ns / 1000.0, 3)
 
 
-def build_trace(hosts: list[HostEvents], summaries: dict[int, dict], *, job: str,
-                steps: tuple[int, int] | None = None) -> dict:
+def build_trace(
+    hosts: list[HostEvents], summaries: dict[int, dict], *, job: str, steps: tuple[int, int] | None = None
+) -> dict:
     """The Chrome-trace JSON object for ``hosts`` (sorted as given) and the step ``summaries`` (step ->
     summary dict as on ``obshub.steps.v1``). Returns ``{"traceEvents": [...], "displayTimeUnit": "ms",
     "otherData": {...}}``; ``json.dump`` it. Hosts without events still get a process."""
-    all_ts = [e.ts_ns - (e.duration_ns if e.kind in (Kind.STEP_END, Kind.COLLECTIVE_END) else 0)
-              for h in hosts for e in h.events]
+    all_ts = [
+        e.ts_ns - (e.duration_ns if e.kind in (Kind.STEP_END, Kind.COLLECTIVE_END) else 0)
+        for h in hosts
+        for e in h.events
+    ]
     origin = min(all_ts) if all_ts else 0
     out: list[dict] = []
     flows_src: dict[tuple[str, int], dict[str, tuple[int, int, int, int]]] = defaultdict(dict)
@@ -114,8 +129,7 @@ def build_trace(hosts: list[HostEvents], summaries: dict[int, dict], *, job: str
     track_tid: dict[tuple[str, str], int] = {}  # (host, lane label) -> tid
     for pi, h in enumerate(hosts, start=1):
         out.append({"ph": "M", "name": "process_name", "ts": 0, "pid": pi, "tid": 0, "args": {"name": h.host}})
-        out.append({"ph": "M", "name": "process_sort_index", "ts": 0, "pid": pi, "tid": 0,
-                    "args": {"sort_index": pi}})
+        out.append({"ph": "M", "name": "process_sort_index", "ts": 0, "pid": pi, "tid": 0, "args": {"sort_index": pi}})
         slices, instants = _host_slices(h)
         lanes: dict[str, _Lanes] = defaultdict(_Lanes)
         labels: dict[str, str] = {}
@@ -127,17 +141,35 @@ def build_trace(hosts: list[HostEvents], summaries: dict[int, dict], *, job: str
             placed.append((start, end, lab, name, args, ev))
         for _, _, group, label, _, _, _ in instants:
             labels.setdefault(label, group)
-        for i, lab in enumerate(sorted(labels, key=lambda x: (_LAYER_ORDER.index(labels[x])
-                                                             if labels[x] in _LAYER_ORDER else 99, x)), start=1):
+        for i, lab in enumerate(
+            sorted(labels, key=lambda x: (_LAYER_ORDER.index(labels[x]) if labels[x] in _LAYER_ORDER else 99, x)),
+            start=1,
+        ):
             i += pi * TID_STRIDE  # thread ids unique across processes: importers key threads by tid
             track_tid[(h.host, lab)] = i
             out.append({"ph": "M", "name": "thread_name", "ts": 0, "pid": pi, "tid": i, "args": {"name": lab}})
-            out.append({"ph": "M", "name": "thread_sort_index", "ts": 0, "pid": pi, "tid": i,
-                        "args": {"sort_index": i % TID_STRIDE}})
+            out.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "ts": 0,
+                    "pid": pi,
+                    "tid": i,
+                    "args": {"sort_index": i % TID_STRIDE},
+                }
+            )
         for start, end, lab, name, args, ev in placed:
             tid = track_tid[(h.host, lab)]
-            x = {"ph": "X", "name": name, "cat": labels[lab], "ts": _us(start - origin),
-                 "dur": _us(end - start), "pid": pi, "tid": tid, "args": args}
+            x = {
+                "ph": "X",
+                "name": name,
+                "cat": labels[lab],
+                "ts": _us(start - origin),
+                "dur": _us(end - start),
+                "pid": pi,
+                "tid": tid,
+                "args": args,
+            }
             out.append(x)
             if ev is not None and ev.kind == Kind.STEP_END:
                 step_slices[(h.host, ev.step)] = x
@@ -145,15 +177,30 @@ def build_trace(hosts: list[HostEvents], summaries: dict[int, dict], *, job: str
                 key = (str(ev.payload.get("pg")), int(ev.payload.get("coll_seq", -1)))
                 flows_src[key][h.host] = (start, end, pi, tid, x)
         for ts, _, group, label, name, args, _ in instants:
-            out.append({"ph": "i", "s": "t", "name": name, "cat": group, "ts": _us(ts - origin), "pid": pi,
-                        "tid": track_tid[(h.host, label)], "args": args})
+            out.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": name,
+                    "cat": group,
+                    "ts": _us(ts - origin),
+                    "pid": pi,
+                    "tid": track_tid[(h.host, label)],
+                    "args": args,
+                }
+            )
     out += _flows(flows_src, origin)
     pids = {h.host: i for i, h in enumerate(hosts, start=1)}
     marked = _mark_stragglers(out, summaries, pids, step_slices, track_tid, origin)
-    other = {"job": job, "generator": "obshub trace export", "origin_unix_ns": origin,
-             "steps": f"{steps[0]}-{steps[1]}" if steps else "all", "hosts": [h.host for h in hosts],
-             "straggler_steps": marked,
-             "steps_without_summary": sorted({s for (_, s) in step_slices} - set(summaries))}
+    other = {
+        "job": job,
+        "generator": "obshub trace export",
+        "origin_unix_ns": origin,
+        "steps": f"{steps[0]}-{steps[1]}" if steps else "all",
+        "hosts": [h.host for h in hosts],
+        "straggler_steps": marked,
+        "steps_without_summary": sorted({s for (_, s) in step_slices} - set(summaries)),
+    }
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": other}
 
 
@@ -203,8 +250,9 @@ def _flows(src: dict, origin: int) -> list[dict]:
     return out
 
 
-def _mark_stragglers(out: list[dict], summaries: dict[int, dict], pids: dict[str, int],
-                     step_slices: dict, track_tid: dict, origin: int) -> list[int]:
+def _mark_stragglers(
+    out: list[dict], summaries: dict[int, dict], pids: dict[str, int], step_slices: dict, track_tid: dict, origin: int
+) -> list[int]:
     """Add straggler / blame marks for every summary naming a straggler among the exported hosts."""
     marked = []
     labels_for: dict[int, list[str]] = defaultdict(list)
@@ -218,24 +266,61 @@ def _mark_stragglers(out: list[dict], summaries: dict[int, dict], pids: dict[str
         ts = sl["ts"] + sl["dur"] if sl else _us(int(sm.get("closed_at_ns", origin)) - origin)
         tid = sl["tid"] if sl else track_tid.get((host, "steps"), 0)
         blame = [b for b in sm.get("blame") or [] if isinstance(b, dict)]
-        args = {"step": step, "host": host, "reason": st.get("reason"), "score": st.get("score"),
-                "excess_ms": round((st.get("excess_ns") or 0) / 1e6, 3), "blame": blame}
-        out.append({"ph": "i", "s": "p", "name": f"straggler: {host}", "cat": "diagnosis", "ts": ts,
-                    "pid": pid, "tid": tid, "args": args})
+        args = {
+            "step": step,
+            "host": host,
+            "reason": st.get("reason"),
+            "score": st.get("score"),
+            "excess_ms": round((st.get("excess_ns") or 0) / 1e6, 3),
+            "blame": blame,
+        }
+        out.append(
+            {
+                "ph": "i",
+                "s": "p",
+                "name": f"straggler: {host}",
+                "cat": "diagnosis",
+                "ts": ts,
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        )
         if sl:
             sl["name"] = f"step {step} (straggler)"
-            sl["args"] = {**sl["args"], "straggler": True, "straggler_reason": st.get("reason"),
-                          "blamed_layer": blame[0].get("layer") if blame else None}
+            sl["args"] = {
+                **sl["args"],
+                "straggler": True,
+                "straggler_reason": st.get("reason"),
+                "blamed_layer": blame[0].get("layer") if blame else None,
+            }
         if blame:
             b = blame[0]
             layer = str(b.get("layer"))
-            lt = next((t for (hh, lab), t in sorted(track_tid.items(), key=lambda kv: kv[1])
-                       if hh == host and (lab == layer or lab.startswith(layer + " "))), tid)
-            out.append({"ph": "i", "s": "t", "name": f"blamed: {layer} +{(b.get('excess_ns') or 0) / 1e6:.3f} ms",
-                        "cat": "diagnosis", "ts": ts, "pid": pid, "tid": lt, "args": b})
+            lt = next(
+                (
+                    t
+                    for (hh, lab), t in sorted(track_tid.items(), key=lambda kv: kv[1])
+                    if hh == host and (lab == layer or lab.startswith(layer + " "))
+                ),
+                tid,
+            )
+            out.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": f"blamed: {layer} +{(b.get('excess_ns') or 0) / 1e6:.3f} ms",
+                    "cat": "diagnosis",
+                    "ts": ts,
+                    "pid": pid,
+                    "tid": lt,
+                    "args": b,
+                }
+            )
         labels_for[pid].append(f"straggler at step {step}")
         marked.append(step)
     for pid, labels in labels_for.items():
-        out.append({"ph": "M", "name": "process_labels", "ts": 0, "pid": pid, "tid": 0,
-                    "args": {"labels": ", ".join(labels)}})
+        out.append(
+            {"ph": "M", "name": "process_labels", "ts": 0, "pid": pid, "tid": 0, "args": {"labels": ", ".join(labels)}}
+        )
     return marked

@@ -60,8 +60,9 @@ def parse_when(text: str, now_ns: int | None = None) -> int:
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{text!r} is neither a duration ago (30m, 2h, 1d) nor a time "
-                         "(2026-12-01T02:00:00Z)") from None
+        raise ValueError(
+            f"{text!r} is neither a duration ago (30m, 2h, 1d) nor a time (2026-12-01T02:00:00Z)"
+        ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return int(dt.timestamp() * 1e9)
@@ -71,8 +72,15 @@ EVENTS_BEFORE_S = 600.0
 EVENTS_AFTER_S = 60.0
 
 
-def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | None = None,
-             until_ns: int | None = None, log=QUIET_KAFKA_LOG) -> Iterator:
+def snapshot(
+    bootstrap: str,
+    topic: str,
+    timeout_s: float,
+    *,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    log=QUIET_KAFKA_LOG,
+) -> Iterator:
     """Every message (confluent_kafka Message) of ``topic`` up to its current end offsets, restricted to messages whose
     Kafka timestamp (ms) is within [``since_ns``, ``until_ns``] when given: each partition starts at
     ``offsets_for_times(since)`` and ends at ``offsets_for_times(until)``, so nothing outside is read.
@@ -85,13 +93,21 @@ def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | No
         require_broker(bootstrap, min(timeout_s, CONNECT_TIMEOUT_S))
     except BrokerUnreachable as exc:
         raise ExportError(str(exc), hint=exc.hint) from None
-    c = Consumer(kafka.consumer_config(kafka.KafkaConnection(bootstrap=bootstrap), f"obshub-export-{uuid.uuid4().hex[:8]}", {"enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": log}))
+    c = Consumer(
+        kafka.consumer_config(
+            kafka.KafkaConnection(bootstrap=bootstrap),
+            f"obshub-export-{uuid.uuid4().hex[:8]}",
+            {"enable.auto.commit": False, "auto.offset.reset": "earliest", "logger": log},
+        )
+    )
     try:
         try:
             md = c.list_topics(topic, timeout=min(timeout_s, 10.0))
         except KafkaException as exc:
-            raise ExportError(f"Failed to reach Kafka at {bootstrap}: {exc}",
-                              hint="start the broker with `obshub up` or pass --bootstrap") from None
+            raise ExportError(
+                f"Failed to reach Kafka at {bootstrap}: {exc}",
+                hint="start the broker with `obshub up` or pass --bootstrap",
+            ) from None
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None or not tmd.partitions:
             return
@@ -126,8 +142,10 @@ def snapshot(bootstrap: str, topic: str, timeout_s: float, *, since_ns: int | No
             if m.offset() < end:
                 yield m
         if ends:
-            raise ExportError(f"Failed to read {topic} to its end within {timeout_s:.0f} s "
-                              f"({len(ends)} partition(s) short)", hint="raise --timeout-s")
+            raise ExportError(
+                f"Failed to read {topic} to its end within {timeout_s:.0f} s ({len(ends)} partition(s) short)",
+                hint="raise --timeout-s",
+            )
     finally:
         c.close()
 
@@ -137,9 +155,17 @@ def _host_order(h: HostEvents):
     return (0, int(n), "") if h.host.startswith("rank") and n.isdigit() else (1, 0, h.host)
 
 
-def read_job(bootstrap: str, job: str, steps: tuple[int, int], *, timeout_s: float = 60.0,
-             events_topic: str = schema.TOPIC_EVENTS, steps_topic: str = schema.TOPIC_STEPS,
-             since_ns: int | None = None, until_ns: int | None = None) -> JobData:
+def read_job(
+    bootstrap: str,
+    job: str,
+    steps: tuple[int, int],
+    *,
+    timeout_s: float = 60.0,
+    events_topic: str = schema.TOPIC_EVENTS,
+    steps_topic: str = schema.TOPIC_STEPS,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+) -> JobData:
     """Events of ``job`` whose step is within ``steps`` (inclusive), per host, and the job's step
     summaries in that range; ``since_ns``/``until_ns`` (CLOCK_REALTIME ns) bound the Kafka timestamps
     read. Raises ExportError when the broker cannot be reached."""

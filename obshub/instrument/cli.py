@@ -15,13 +15,24 @@ Examples:
 """
 
 
-@click.command("run", epilog=EPILOG, context_settings={"ignore_unknown_options": True,
-                                                         "allow_interspersed_args": False,
-                                                         "help_option_names": ["-h", "--help"]})
-@click.option("--job", default=None, help="job name carried by the register probe (default $OBSHUB_JOB, "
-              "else 'default')")
-@click.option("--host-id", type=click.IntRange(0, 0xFFFF), default=None,
-              help="this node's host id in TraceKeys, 0..65535 (default $OBSHUB_HOST_ID, else the rank)")
+@click.command(
+    "run",
+    epilog=EPILOG,
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+        "help_option_names": ["-h", "--help"],
+    },
+)
+@click.option(
+    "--job", default=None, help="job name carried by the register probe (default $OBSHUB_JOB, else 'default')"
+)
+@click.option(
+    "--host-id",
+    type=click.IntRange(0, 0xFFFF),
+    default=None,
+    help="this node's host id in TraceKeys, 0..65535 (default $OBSHUB_HOST_ID, else the rank)",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_command(job: str | None, host_id: int | None, command: tuple[str, ...]) -> None:
     """Run COMMAND with in-process PyTorch instrumentation (USDT), no code change needed.

@@ -102,14 +102,14 @@ class _State:
         self.host_id = 0
         self.host_id_explicit = False
         self.registered = False
-        self.step = -1          # the open step, -1 when none
+        self.step = -1  # the open step, -1 when none
         self.next_step = 0
         self.op_seq = 0
         self.step_key = 0
         self.phase: str | None = None
         self.phase_key = 0
         self.coll_seq: dict[str, int] = {}
-        self.undo: list[Callable[[], None]] = []   # what disable() runs, in reverse order
+        self.undo: list[Callable[[], None]] = []  # what disable() runs, in reverse order
 
 
 _lock = threading.RLock()
@@ -206,8 +206,7 @@ def _guarded(fn: Callable) -> Callable:
         except Exception:  # noqa: BLE001 - instrumentation must not break training
             if fn.__name__ not in _warned:
                 _warned.add(fn.__name__)
-                log.exception("obshub instrumentation hook %s failed; it keeps running without it",
-                              fn.__name__)
+                log.exception("obshub instrumentation hook %s failed; it keeps running without it", fn.__name__)
             return None
 
     return wrapper
@@ -226,10 +225,10 @@ def _forward_pre_hook(module, args) -> None:
         _ensure_ddp_hook(module)
     with _lock:
         if _st.phase in ("backward", "optimizer"):
-            _tls.fwd_nested = True   # recomputation or an optimizer closure: stays in that phase
+            _tls.fwd_nested = True  # recomputation or an optimizer closure: stays in that phase
             return
         _tls.fwd_nested = False
-        if _st.phase != "forward":      # the loss module after the model: the same forward phase
+        if _st.phase != "forward":  # the loss module after the model: the same forward phase
             _phase_begin_locked("forward")
             _tls.bwd_hooked = False
 
@@ -388,8 +387,9 @@ def _wrap_collective(name: str, orig: Callable) -> Callable:
         finally:
             _tls.in_coll = 0
             _set_thread_key(*prev)
-        if result is not None and (bound.arguments.get("async_op") or name in ("isend", "irecv")
-                                   or isinstance(result, _torch.futures.Future)):
+        if result is not None and (
+            bound.arguments.get("async_op") or name in ("isend", "irecv") or isinstance(result, _torch.futures.Future)
+        ):
             _end_when_done(result, token)
         else:
             _coll_end(token)
@@ -498,8 +498,10 @@ def _host_id_from_env() -> tuple[int, bool]:
     except ValueError:
         value = -1
     if not 0 <= value <= 0xFFFF:
-        raise ConfigError(f"OBSHUB_HOST_ID={raw!r} is not an integer in 0..65535",
-                          hint="set OBSHUB_HOST_ID (or `obshub run --host-id N`) to this node's number")
+        raise ConfigError(
+            f"OBSHUB_HOST_ID={raw!r} is not an integer in 0..65535",
+            hint="set OBSHUB_HOST_ID (or `obshub run --host-id N`) to this node's number",
+        )
     return value, True
 
 
@@ -530,8 +532,9 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
         elif isinstance(host_id, int) and 0 <= host_id <= 0xFFFF:
             _st.host_id, _st.host_id_explicit = host_id, True
         else:
-            raise ConfigError(f"host_id {host_id!r} is not an integer in 0..65535",
-                              hint="pass the node's number, 0..65535")
+            raise ConfigError(
+                f"host_id {host_id!r} is not an integer in 0..65535", hint="pass the node's number, 0..65535"
+            )
         _st.job = job or os.environ.get("OBSHUB_JOB") or "default"
         _torch = torch
         undo = _st.undo
@@ -558,8 +561,7 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
             _patch(c10d, "init_process_group", init)
             _orig_register_comm_hook = DDP.register_comm_hook
             _patch(DDP, "register_comm_hook", _user_comm_hook(DDP.register_comm_hook))
-            _patch(DDP, "_register_builtin_comm_hook",
-                   _user_comm_hook(DDP._register_builtin_comm_hook))
+            _patch(DDP, "_register_builtin_comm_hook", _user_comm_hook(DDP._register_builtin_comm_hook))
         _st.enabled = True
     if _c10d is not None:
         _register()

@@ -27,8 +27,10 @@ def bootstrap_dir() -> Path:
     """The folder holding the bootstrap ``sitecustomize.py``; raises ObshubError when it is missing."""
     if (BOOTSTRAP_DIR / "sitecustomize.py").is_file():
         return BOOTSTRAP_DIR
-    raise ObshubError(f"the obshub bootstrap folder {BOOTSTRAP_DIR} is missing",
-                      hint="reinstall obshub (`make setup`) from a complete checkout")
+    raise ObshubError(
+        f"the obshub bootstrap folder {BOOTSTRAP_DIR} is missing",
+        hint="reinstall obshub (`make setup`) from a complete checkout",
+    )
 
 
 def child_env(base: dict[str, str], job: str | None, host_id: int | None) -> dict[str, str]:
@@ -56,5 +58,7 @@ def exec_instrumented(command: tuple[str, ...] | list[str], job: str | None, hos
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:
-        raise ObshubError(f"could not start {command[0]!r}: {exc.strerror}",
-                          hint="check the command name and that it is on PATH and executable") from exc
+        raise ObshubError(
+            f"could not start {command[0]!r}: {exc.strerror}",
+            hint="check the command name and that it is on PATH and executable",
+        ) from exc

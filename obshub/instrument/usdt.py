@@ -28,8 +28,19 @@ except ImportError as exc:  # pragma: no cover - only when the package was not b
 
 from obshub.core.usdt import PROBES, PROVIDER  # noqa: E402  (the contract, after the extension check)
 
-__all__ = ["PROBES", "PROVIDER", "coll_begin", "coll_end", "library_path", "phase_begin", "phase_end",
-           "register", "step_begin", "step_end", "tracekey"]
+__all__ = [
+    "PROBES",
+    "PROVIDER",
+    "coll_begin",
+    "coll_end",
+    "library_path",
+    "phase_begin",
+    "phase_end",
+    "register",
+    "step_begin",
+    "step_end",
+    "tracekey",
+]
 
 register = _usdt.register
 tracekey = _usdt.tracekey

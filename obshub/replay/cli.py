@@ -67,14 +67,33 @@ def summary_dict(job: str, inputs: ReplayInputs, steps: list[StepDiagnosis], res
         "ranks_present": [r.rank for r in inputs.ranks],
         "missing_ranks": inputs.missing_ranks,
         "notes": inputs.notes,
-        "ranks": [{"rank": r.rank, "host": r.host, "file": str(r.path), "pid": r.pid,
-                   "et": str(r.et.path) if r.et else None, "seq_source": r.stats.seq_source,
-                   "emitted": dict(r.stats.emitted), "skipped": dict(r.stats.skipped), "notes": r.stats.notes}
-                  for r in inputs.ranks],
-        "steps": [{"step": s.step, "first_collective": s.first_collective, "straggler": s.straggler,
-                   "skew_ns": s.skew_ns, "ranks": [dataclasses.asdict(r) for r in s.ranks]} for s in steps],
-        "published": None if res is None else {"events": res.events, "batches": res.batches,
-                                               "wall_s": round(res.wall_s, 3)},
+        "ranks": [
+            {
+                "rank": r.rank,
+                "host": r.host,
+                "file": str(r.path),
+                "pid": r.pid,
+                "et": str(r.et.path) if r.et else None,
+                "seq_source": r.stats.seq_source,
+                "emitted": dict(r.stats.emitted),
+                "skipped": dict(r.stats.skipped),
+                "notes": r.stats.notes,
+            }
+            for r in inputs.ranks
+        ],
+        "steps": [
+            {
+                "step": s.step,
+                "first_collective": s.first_collective,
+                "straggler": s.straggler,
+                "skew_ns": s.skew_ns,
+                "ranks": [dataclasses.asdict(r) for r in s.ranks],
+            }
+            for s in steps
+        ],
+        "published": None
+        if res is None
+        else {"events": res.events, "batches": res.batches, "wall_s": round(res.wall_s, 3)},
     }
 
 
@@ -85,8 +104,9 @@ def _print(console: Console, d: dict) -> None:
     t = Table("rank", "file", "events", "skipped", "coll_seq from", title="traces")
     for r in d["ranks"]:
         skipped = sum(r["skipped"].values())
-        t.add_row(str(r["rank"]), Path(r["file"]).name, str(sum(r["emitted"].values())), str(skipped),
-                  r["seq_source"] or "-")
+        t.add_row(
+            str(r["rank"]), Path(r["file"]).name, str(sum(r["emitted"].values())), str(skipped), r["seq_source"] or "-"
+        )
     console.print(t)
     for r in d["ranks"]:
         for n in r["notes"]:
@@ -104,32 +124,60 @@ def _print(console: Console, d: dict) -> None:
         first = min((r["first_coll_arrival_ns"] for r in s["ranks"] if r["first_coll_arrival_ns"]), default=None)
         for r in s["ranks"]:
             arr = r["first_coll_arrival_ns"]
-            t.add_row(r["host"], _iso(r["start_ns"]), _ms(r["duration_ns"]),
-                      _ms(arr - first) if arr is not None and first is not None else "-", _ms(r["wait_ns"]),
-                      _ms(r["first_coll_kernel_ns"]), "[red]straggler[/red]" if r["straggler"] else "")
+            t.add_row(
+                r["host"],
+                _iso(r["start_ns"]),
+                _ms(r["duration_ns"]),
+                _ms(arr - first) if arr is not None and first is not None else "-",
+                _ms(r["wait_ns"]),
+                _ms(r["first_coll_kernel_ns"]),
+                "[red]straggler[/red]" if r["straggler"] else "",
+            )
         console.print(t)
         if s["straggler"]:
-            console.print(f"step {s['step']}: straggler [bold]{s['straggler']}[/bold] arrived last at the first "
-                          f"collective, {_ms(s['skew_ns'])} ms after the first rank")
+            console.print(
+                f"step {s['step']}: straggler [bold]{s['straggler']}[/bold] arrived last at the first "
+                f"collective, {_ms(s['skew_ns'])} ms after the first rank"
+            )
     if d["published"]:
         p = d["published"]
-        console.print(f"published {sum(p['events'].values())} events in {sum(p['batches'].values())} batches "
-                      f"from {len(p['events'])} agents in {p['wall_s']} s")
+        console.print(
+            f"published {sum(p['events'].values())} events in {sum(p['batches'].values())} batches "
+            f"from {len(p['events'])} agents in {p['wall_s']} s"
+        )
 
 
 @click.command("replay", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--et", "et_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="execution trace file or folder (repeatable); ETs among PATHS are found by content too")
+@click.option(
+    "--et",
+    "et_paths",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="execution trace file or folder (repeatable); ETs among PATHS are found by content too",
+)
 @click.option("--job", default=None, help="job name to publish under (default: the trace folder's name)")
-@click.option("--speed", default="fast", show_default=True,
-              help="'fast', 'recorded' (the job's own pace) or a speed-up factor such as 10")
+@click.option(
+    "--speed",
+    default="fast",
+    show_default=True,
+    help="'fast', 'recorded' (the job's own pace) or a speed-up factor such as 10",
+)
 @click.option("--dry-run", is_flag=True, help="map and diagnose, publish nothing")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
-@click.option("--topic", default=schema.TOPIC_EVENTS, show_default=True,
-              help="events topic to publish to (another one for an isolated stream app)")
-@click.option("--max-batch-events", default=2000, show_default=True, type=click.IntRange(1, 100_000),
-              help="events per batch at most")
+@click.option(
+    "--topic",
+    default=schema.TOPIC_EVENTS,
+    show_default=True,
+    help="events topic to publish to (another one for an isolated stream app)",
+)
+@click.option(
+    "--max-batch-events",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="events per batch at most",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of tables")
 def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_batch_events, as_json):
     """Replay PyTorch profiler (Kineto) traces, one file per rank, through obshub.

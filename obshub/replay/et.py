@@ -108,17 +108,21 @@ def read_et(path: Path) -> EtFile:
             for c in coros:
                 c.close()
     except ijson.JSONError as exc:
-        raise TraceFormatError(f"Failed to parse execution trace {path}: {str(exc).strip()}",
-                               hint="the file is truncated or not JSON; pass the .json(.gz) that "
-                                    "ExecutionTraceObserver wrote") from None
+        raise TraceFormatError(
+            f"Failed to parse execution trace {path}: {str(exc).strip()}",
+            hint="the file is truncated or not JSON; pass the .json(.gz) that ExecutionTraceObserver wrote",
+        ) from None
     except (EOFError, OSError, zlib.error) as exc:
-        raise TraceFormatError(f"Failed to read execution trace {path}: {exc}",
-                               hint="the file is truncated or corrupt") from None
+        raise TraceFormatError(
+            f"Failed to read execution trace {path}: {exc}", hint="the file is truncated or corrupt"
+        ) from None
     if out_pid and is_int(out_pid[0]):
         pid = out_pid[0]
     if n_nodes == 0 and not out_schema:
-        raise TraceFormatError(f"{path} is not a PyTorch execution trace (no 'nodes' array)",
-                               hint="pass Kineto traces as arguments and execution traces with --et")
+        raise TraceFormatError(
+            f"{path} is not a PyTorch execution trace (no 'nodes' array)",
+            hint="pass Kineto traces as arguments and execution traces with --et",
+        )
     nodes.sort(key=lambda n: (n[1], n[0]))
     pg_names: dict[Any, str] = {}
     out = []

@@ -65,8 +65,10 @@ def expand(paths: list[Path]) -> dict[Path, bool]:
         if p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
             if not found:
-                raise ReplayError(f"no *.json or *.json.gz files under {p}",
-                                  hint="point at the folder torch.profiler's trace handler wrote")
+                raise ReplayError(
+                    f"no *.json or *.json.gz files under {p}",
+                    hint="point at the folder torch.profiler's trace handler wrote",
+                )
             for f in found:
                 files.setdefault(f, True)
         elif p.is_file():
@@ -98,13 +100,16 @@ def discover(paths: list[Path], et_paths: list[Path] | None = None) -> ReplayInp
             else:
                 raise
     if not ranks:
-        raise ReplayError("no Kineto trace among the given files",
-                          hint="pass the *.pt.trace.json(.gz) files of torch.profiler")
+        raise ReplayError(
+            "no Kineto trace among the given files", hint="pass the *.pt.trace.json(.gz) files of torch.profiler"
+        )
     ranks.sort(key=lambda r: r.rank)
     for a, b in zip(ranks, ranks[1:]):
         if a.rank == b.rank:
-            raise ReplayError(f"two traces claim rank {a.rank}: {a.path} and {b.path}",
-                              hint="replay one profiling window at a time (one file per rank)")
+            raise ReplayError(
+                f"two traces claim rank {a.rank}: {a.path} and {b.path}",
+                hint="replay one profiling window at a time (one file per rank)",
+            )
     worlds = {r.world_size for r in ranks if r.world_size}
     inputs = ReplayInputs(ranks, max(worlds) if worlds else None)
     if skipped:

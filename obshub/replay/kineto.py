@@ -51,8 +51,9 @@ def open_bytes(path: Path):
     try:
         return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
     except OSError as exc:
-        raise TraceFormatError(f"Failed to open trace file {path}: {exc}",
-                               hint="check the path and its permissions") from None
+        raise TraceFormatError(
+            f"Failed to open trace file {path}: {exc}", hint="check the path and its permissions"
+        ) from None
 
 
 @dataclass
@@ -116,19 +117,21 @@ class KinetoFile:
                 raise TraceFormatError(
                     f"Failed to read {self.path}: gzip stream broken after {consumed} uncompressed bytes "
                     f"and {n} events ({type(exc).__name__}: {exc})",
-                    hint="the file is truncated or corrupt; copy it again from where the job wrote it") from None
+                    hint="the file is truncated or corrupt; copy it again from where the job wrote it",
+                ) from None
             except ijson.JSONError as exc:
                 text = " ".join(str(exc).split())
                 if "premature EOF" in text or "Incomplete" in text:
                     raise TraceFormatError(
-                        f"Failed to parse {self.path}: JSON ends early after {consumed} bytes and {n} events "
-                        f"({text})",
+                        f"Failed to parse {self.path}: JSON ends early after {consumed} bytes and {n} events ({text})",
                         hint="the file is truncated (the profiler may not have finished writing it); "
-                             "copy it again or re-export the trace") from None
-                raise TraceFormatError(f"Failed to parse {self.path}: not valid JSON within the first "
-                                       f"{consumed} bytes, after {n} events ({text})",
-                                       hint="pass Kineto/Chrome-trace JSON files (.json or .json.gz) as "
-                                            "torch.profiler wrote them") from None
+                        "copy it again or re-export the trace",
+                    ) from None
+                raise TraceFormatError(
+                    f"Failed to parse {self.path}: not valid JSON within the first "
+                    f"{consumed} bytes, after {n} events ({text})",
+                    hint="pass Kineto/Chrome-trace JSON files (.json or .json.gz) as torch.profiler wrote them",
+                ) from None
         if first_pass:
             self.header = {}
             if info:
@@ -143,12 +146,15 @@ class KinetoFile:
                 yield from self.events()
                 return
             if self._is_execution_trace():
-                raise NotAKinetoTraceError(f"{self.path} is a PyTorch execution trace, not a Kineto trace",
-                                           hint="pass execution traces with --et, Kineto traces as arguments",
-                                           is_execution_trace=True)
-            raise NotAKinetoTraceError(f"{self.path} contains no trace events (no non-empty 'traceEvents' "
-                                       "array)", hint="pass the files torch.profiler wrote "
-                                                      "(tensorboard_trace_handler or export_chrome_trace)")
+                raise NotAKinetoTraceError(
+                    f"{self.path} is a PyTorch execution trace, not a Kineto trace",
+                    hint="pass execution traces with --et, Kineto traces as arguments",
+                    is_execution_trace=True,
+                )
+            raise NotAKinetoTraceError(
+                f"{self.path} contains no trace events (no non-empty 'traceEvents' array)",
+                hint="pass the files torch.profiler wrote (tensorboard_trace_handler or export_chrome_trace)",
+            )
         self._scanned = True
 
     def _first_byte(self) -> bytes:
@@ -192,7 +198,7 @@ def _top_level_number(head: bytes, tail: bytes, key: bytes) -> int | None:
     ``"traceEvents"`` key (``head``) or after the array's last ``]`` (``tail``); None when absent."""
     pat = re.compile(rb'"' + re.escape(key) + rb'"\s*:\s*(-?\d+)\s*[,}]')
     cut = head.find(b'"traceEvents"')
-    for text in (head[:cut] if cut >= 0 else b"", tail[tail.rfind(b"]") + 1:]):
+    for text in (head[:cut] if cut >= 0 else b"", tail[tail.rfind(b"]") + 1 :]):
         m = pat.search(text)
         if m:
             return int(m.group(1))

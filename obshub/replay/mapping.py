@@ -55,19 +55,50 @@ from obshub.replay.et import EtFile
 from obshub.replay.kineto import I64_MAX, KinetoFile, dur_to_ns, is_int, rank_from_filename, ts_to_ns
 
 DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "c10::half": 2, "half": 2, "float16": 2,
-    "c10::bfloat16": 2, "bfloat16": 2, "long int": 8, "long": 8, "int64": 8, "int": 4, "int32": 4,
-    "short int": 2, "short": 2, "signed char": 1, "unsigned char": 1, "byte": 1, "char": 1, "bool": 1,
-    "uint8": 1, "int8": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1,
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "c10::half": 2,
+    "half": 2,
+    "float16": 2,
+    "c10::bfloat16": 2,
+    "bfloat16": 2,
+    "long int": 8,
+    "long": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "short int": 2,
+    "short": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "byte": 1,
+    "char": 1,
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1,
 }
 _OP_ALIASES = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "all_reduce_coalesced": "all_reduce",
-    "allgather": "all_gather", "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
-    "all_gather_into_tensor": "all_gather", "all_gather_base": "all_gather",
-    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_base": "reduce_scatter", "reducescatter": "reduce_scatter",
-    "alltoall": "all_to_all", "all_to_allv": "all_to_all", "alltoall_base": "all_to_all",
-    "all_to_all_single": "all_to_all", "sendrecv": "send_recv",
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_base": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_base": "reduce_scatter",
+    "reducescatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "all_to_allv": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "sendrecv": "send_recv",
 }
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -205,8 +236,7 @@ def _collective_span(e: dict, base_ns: int) -> tuple[str, CollSpan] | None:
         size = DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
         seq = args.get("Seq") if is_int(args.get("Seq")) else None
         pg = args.get("Process Group Name")
-        return "new", CollSpan(ts, end, tid, normalize_op(op), str(pg) if pg is not None else "0",
-                               nel * size, nel, seq)
+        return "new", CollSpan(ts, end, tid, normalize_op(op), str(pg) if pg is not None else "0", nel * size, nel, seq)
     if name.startswith(("nccl:", "gloo:")) and e.get("cat") in ("user_annotation", "cpu_op"):
         nbytes = _dims_bytes(args.get("Input Dims"), args.get("Input type"))
         dims = args.get("Input Dims")
@@ -244,8 +274,9 @@ def load_rank(path: Path, *, rank: int | None = None) -> RankTrace:
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
             if isinstance(args.get("Collective name"), str):
                 op = normalize_op(args["Collective name"])
-            kernels.append((e["ts"], e.get("dur"), args.get("device"), args.get("stream"),
-                            args.get("correlation"), name, op))
+            kernels.append(
+                (e["ts"], e.get("dur"), args.get("device"), args.get("stream"), args.get("correlation"), name, op)
+            )
             continue
         sp = _collective_span(e, 0)
         if sp is not None:
@@ -257,32 +288,55 @@ def load_rank(path: Path, *, rank: int | None = None) -> RankTrace:
     if r is None:
         r = rank_from_filename(path)
         if r is None:
-            raise ReplayError(f"Failed to tell the rank of {path}: no distributedInfo.rank and no rank "
-                              "in the file name", hint="name files rank<N>.json or pass one file per --rank")
+            raise ReplayError(
+                f"Failed to tell the rank of {path}: no distributedInfo.rank and no rank in the file name",
+                hint="name files rank<N>.json or pass one file per --rank",
+            )
     if r > schema.HOST_ID_MAX:
-        raise ReplayError(f"rank {r} of {path} exceeds obshub's 16-bit host id",
-                          hint="replay a subset of ranks")
+        raise ReplayError(f"rank {r} of {path} exceeds obshub's 16-bit host id", hint="replay a subset of ranks")
+
     def ns(ts) -> int | None:
         try:
             return ts_to_ns(ts, base)
         except ValueError:
             return None
 
-    steps = sorted((StepSpan(n, b, min(b + dur_to_ns(d), I64_MAX), _u32(t))
-                    for n, ts, d, t in raw_steps if (b := ns(ts)) is not None), key=lambda s: s.begin_ns)
+    steps = sorted(
+        (
+            StepSpan(n, b, min(b + dur_to_ns(d), I64_MAX), _u32(t))
+            for n, ts, d, t in raw_steps
+            if (b := ns(ts)) is not None
+        ),
+        key=lambda s: s.begin_ns,
+    )
     spans = []
     for ts, sp in sorted(new_spans or old_spans, key=lambda x: x[0]):
         if (b := ns(ts)) is not None:  # the span was built with base 0: shift it onto the real base
             sp.end_ns, sp.ts_ns = min(b + (sp.end_ns - sp.ts_ns), I64_MAX), b
             spans.append(sp)
-    ks = sorted((NcclKernel(b, dur_to_ns(d), dev if is_int(dev) and 0 <= dev <= 65535 else -1,
-                            _u32(st), c if is_int(c) else None, n, op)
-                 for ts, d, dev, st, c, n, op in kernels if (b := ns(ts)) is not None), key=lambda k: k.ts_ns)
+    ks = sorted(
+        (
+            NcclKernel(
+                b,
+                dur_to_ns(d),
+                dev if is_int(dev) and 0 <= dev <= 65535 else -1,
+                _u32(st),
+                c if is_int(c) else None,
+                n,
+                op,
+            )
+            for ts, d, dev, st, c, n, op in kernels
+            if (b := ns(ts)) is not None
+        ),
+        key=lambda k: k.ts_ns,
+    )
     pid = pids.most_common(1)[0][0] if pids else 0
     rt = RankTrace(path, kf, r, world, pid, steps, spans, ks)
     if not steps:
-        rt.stats.notes.append("no ProfilerStep#N spans: events carry step -1 and cannot be joined per step "
-                              "(call prof.step() once per iteration when profiling)")
+        rt.stats.notes.append(
+            "no ProfilerStep#N spans: events carry step -1 and cannot be joined per step "
+            "(call prof.step() once per iteration when profiling)"
+        )
     return rt
 
 
@@ -311,8 +365,12 @@ class _StepIndex:
         return s.number
 
 
-_SKIP_QUIET = {"ac2g": "flow event (ac2g)", "fwdbwd": "flow event (fwdbwd)", "Trace": "profiler span",
-               "gpu_user_annotation": "GPU-side annotation (duplicate of the CPU one)"}
+_SKIP_QUIET = {
+    "ac2g": "flow event (ac2g)",
+    "fwdbwd": "flow event (fwdbwd)",
+    "Trace": "profiler span",
+    "gpu_user_annotation": "GPU-side annotation (duplicate of the CPU one)",
+}
 
 
 def _runtime_kind(name: str) -> Kind | None:
@@ -350,8 +408,20 @@ def map_rank(rt: RankTrace, job: str) -> Iterator[Event]:
     def key(step: int, op_seq: int = 0) -> int:
         return schema.make_trace_key(host_id, step, op_seq) if step >= 0 else 0
 
-    yield out(Event(Kind.REGISTER, rt.steps[0].begin_ns if rt.steps else 0, 0, 0, -1, rt.pid, rt.pid, -1,
-                    rt.rank, {"world_size": world, "job": job, "host_id": host_id, "local_rank": -1}))
+    yield out(
+        Event(
+            Kind.REGISTER,
+            rt.steps[0].begin_ns if rt.steps else 0,
+            0,
+            0,
+            -1,
+            rt.pid,
+            rt.pid,
+            -1,
+            rt.rank,
+            {"world_size": world, "job": job, "host_id": host_id, "local_rank": -1},
+        )
+    )
     for s in rt.steps:
         yield out(Event(Kind.STEP_BEGIN, s.begin_ns, 0, key(s.number), s.number, rt.pid, s.tid, -1, s.number, {}))
     nccl_corr = {k.correlation: k for k in rt.kernels if k.correlation is not None}
@@ -363,12 +433,16 @@ def map_rank(rt: RankTrace, job: str) -> Iterator[Event]:
     for ev in _collective_events(rt, launches, idx, key):
         yield out(ev)
     for s in rt.steps:
-        yield out(Event(Kind.STEP_END, s.end_ns, s.end_ns - s.begin_ns, key(s.number), s.number, rt.pid, s.tid,
-                        -1, s.number, {}))
+        yield out(
+            Event(
+                Kind.STEP_END, s.end_ns, s.end_ns - s.begin_ns, key(s.number), s.number, rt.pid, s.tid, -1, s.number, {}
+            )
+        )
 
 
-def _map_one(e: Any, base: int, idx: _StepIndex, rt: RankTrace, st: RankStats, nccl_corr: dict,
-             launches: dict, key) -> Event | None:
+def _map_one(
+    e: Any, base: int, idx: _StepIndex, rt: RankTrace, st: RankStats, nccl_corr: dict, launches: dict, key
+) -> Event | None:
     """Map one raw event; None (and a count in ``st.skipped``) when it is skipped."""
     if not isinstance(e, dict):
         st.skipped["not a JSON object"] += 1
@@ -420,8 +494,7 @@ def _map_one(e: Any, base: int, idx: _StepIndex, rt: RankTrace, st: RankStats, n
         if cat == "kernel" and kernel_op(name) is not None:
             return None  # an NCCL kernel: part of its collective
         dev = args.get("device")
-        gpu = dev if is_int(dev) and 0 <= dev <= 65535 else (pid if is_int(pid) and
-                                                                      0 <= pid <= 65535 else 0)
+        gpu = dev if is_int(dev) and 0 <= dev <= 65535 else (pid if is_int(pid) and 0 <= pid <= 65535 else 0)
         stream = _u32(args.get("stream"), tid)
         step = idx.gpu(ts)
         if cat == "kernel":
@@ -431,11 +504,22 @@ def _map_one(e: Any, base: int, idx: _StepIndex, rt: RankTrace, st: RankStats, n
                 blocks = 1
                 for g in grid:
                     blocks *= g
-            return Event(Kind.CUDA_LAUNCH, ts, dur, key(step), step, rt.pid, stream, gpu, min(blocks, I64_MAX),
-                         {"symbol": short, "stream": stream})
+            return Event(
+                Kind.CUDA_LAUNCH,
+                ts,
+                dur,
+                key(step),
+                step,
+                rt.pid,
+                stream,
+                gpu,
+                min(blocks, I64_MAX),
+                {"symbol": short, "stream": stream},
+            )
         nbytes = min(max(args["bytes"], 0), I64_MAX) if is_int(args.get("bytes")) else 0
-        return Event(Kind.CUDA_MEMCPY, ts, dur, key(step), step, rt.pid, stream, gpu, nbytes,
-                     {"symbol": short, "stream": stream})
+        return Event(
+            Kind.CUDA_MEMCPY, ts, dur, key(step), step, rt.pid, stream, gpu, nbytes, {"symbol": short, "stream": stream}
+        )
     st.skipped[f"unknown category {str(cat)[:40]!r}"] += 1
     return None
 
@@ -472,8 +556,10 @@ def _collective_events(rt: RankTrace, launches: dict, idx: _StepIndex, key) -> I
             pairs[si] = (pairs[si][0], rt.kernels[ki])
         spare_kernels = []
     elif spare_spans or spare_kernels:
-        st.notes.append(f"{len(spare_spans)} collective(s) without an NCCL kernel (timed on the CPU), "
-                        f"{len(spare_kernels)} NCCL kernel(s) without a CPU record")
+        st.notes.append(
+            f"{len(spare_spans)} collective(s) without an NCCL kernel (timed on the CPU), "
+            f"{len(spare_kernels)} NCCL kernel(s) without a CPU record"
+        )
     pairs += [(None, rt.kernels[i]) for i in spare_kernels]
     pairs.sort(key=lambda p: p[0].ts_ns if p[0] else p[1].ts_ns)
     seqs = _assign_seqs(rt, pairs)
@@ -485,11 +571,20 @@ def _collective_events(rt: RankTrace, launches: dict, idx: _StepIndex, key) -> I
         per_step[step] += 1
         tk = key(step, per_step[step])
         tid = sp.tid if sp else (k.stream if k else 0)
-        payload = {"pg": pg, "coll_seq": seq, "op": op, "seq_source": st.seq_source,
-                   "timing": "gpu" if k else "cpu"}
+        payload = {"pg": pg, "coll_seq": seq, "op": op, "seq_source": st.seq_source, "timing": "gpu" if k else "cpu"}
         if sp:
-            yield Event(Kind.NCCL_COLL, sp.ts_ns, sp.end_ns - sp.ts_ns, tk, step, rt.pid, sp.tid, -1,
-                        min(sp.elements, I64_MAX), {"symbol": op})
+            yield Event(
+                Kind.NCCL_COLL,
+                sp.ts_ns,
+                sp.end_ns - sp.ts_ns,
+                tk,
+                step,
+                rt.pid,
+                sp.tid,
+                -1,
+                min(sp.elements, I64_MAX),
+                {"symbol": op},
+            )
         t0, d = (k.ts_ns, k.dur_ns) if k else (sp.ts_ns, sp.end_ns - sp.ts_ns)
         gpu = k.device if k and k.device >= 0 else -1
         yield Event(Kind.COLLECTIVE_BEGIN, t0, 0, tk, step, rt.pid, tid, gpu, nbytes, payload)
@@ -509,8 +604,10 @@ def _assign_seqs(rt: RankTrace, pairs: list) -> list[tuple[str, int]]:
         if et_ops == tr_ops:
             st.seq_source = "et"
             return [(sp.pg if sp.pg != "0" else c.pg, c.seq) for sp, c in zip(spans, rt.et.collectives)]
-        st.notes.append(f"execution trace {rt.et.path.name} lists {len(et_ops)} collectives that do not match "
-                        f"the {len(tr_ops)} of the Kineto trace in order; sequence numbers by order instead")
+        st.notes.append(
+            f"execution trace {rt.et.path.name} lists {len(et_ops)} collectives that do not match "
+            f"the {len(tr_ops)} of the Kineto trace in order; sequence numbers by order instead"
+        )
     st.seq_source = "order"
     counters: Counter = Counter()
     out = []

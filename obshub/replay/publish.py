@@ -70,8 +70,9 @@ class _RankBatcher:
     def flush(self) -> None:
         if not self.pending:
             return
-        b = Batch(self.job, self.rt.host, self.rt.rank, self.agent_id, self.seq, self.pending,
-                  Clock(0, 0, 0), time.time_ns())
+        b = Batch(
+            self.job, self.rt.host, self.rt.rank, self.agent_id, self.seq, self.pending, Clock(0, 0, 0), time.time_ns()
+        )
         self.sink(b)
         self.seq += 1
         self.sent_events += len(self.pending)
@@ -86,9 +87,16 @@ def _gated(rt: RankTrace, job: str, idx: int) -> Iterator[tuple[int, int, int, E
         yield gate, idx, n, ev
 
 
-def publish(inputs: ReplayInputs, job: str, sink: Sink, *, speed: float | None = None,
-            max_events: int = 2000, max_bytes: int = BATCH_MAX_BYTES,
-            observe: Callable[[str, Event], None] | None = None) -> PublishResult:
+def publish(
+    inputs: ReplayInputs,
+    job: str,
+    sink: Sink,
+    *,
+    speed: float | None = None,
+    max_events: int = 2000,
+    max_bytes: int = BATCH_MAX_BYTES,
+    observe: Callable[[str, Event], None] | None = None,
+) -> PublishResult:
     """Map and send every rank of ``inputs`` as job ``job``. ``speed`` None = as fast as possible, else
     the replay-time factor (1.0 = recorded speed, 10 = ten times faster). ``observe(host, event)`` sees
     every event (for the local report). Raises ReplayError for a bad job name or speed;
@@ -115,8 +123,9 @@ def publish(inputs: ReplayInputs, job: str, sink: Sink, *, speed: float | None =
         batchers[idx].add(ev)
     for b in batchers:
         b.flush()
-    return PublishResult({b.rt.host: b.sent_events for b in batchers}, {b.rt.host: b.seq for b in batchers},
-                         time.monotonic() - start)
+    return PublishResult(
+        {b.rt.host: b.sent_events for b in batchers}, {b.rt.host: b.seq for b in batchers}, time.monotonic() - start
+    )
 
 
 class KafkaSink:
@@ -135,9 +144,17 @@ class KafkaSink:
             raise ReplayError(str(exc), hint=exc.hint) from None
         self.topic = topic
         self.bootstrap = bootstrap
-        self.producer = Producer(kafka.producer_config(kafka.KafkaConnection(bootstrap=bootstrap), {
-            "linger.ms": 20, "logger": QUIET_KAFKA_LOG, "compression.type": "lz4",
-            "message.max.bytes": 2 * 1024 * 1024}))
+        self.producer = Producer(
+            kafka.producer_config(
+                kafka.KafkaConnection(bootstrap=bootstrap),
+                {
+                    "linger.ms": 20,
+                    "logger": QUIET_KAFKA_LOG,
+                    "compression.type": "lz4",
+                    "message.max.bytes": 2 * 1024 * 1024,
+                },
+            )
+        )
         self.failed: list[str] = []
         self.sent = 0
 
@@ -160,8 +177,13 @@ class KafkaSink:
         """Wait for delivery. Raises ReplayError naming the first failure."""
         left = self.producer.flush(timeout_s)
         if left:
-            raise ReplayError(f"Failed to deliver {left} of {self.sent} batches to {self.bootstrap} "
-                              f"within {timeout_s:.0f} s", hint="is the broker up? run `obshub status`")
+            raise ReplayError(
+                f"Failed to deliver {left} of {self.sent} batches to {self.bootstrap} within {timeout_s:.0f} s",
+                hint="is the broker up? run `obshub status`",
+            )
         if self.failed:
-            raise ReplayError(f"Failed to deliver {len(self.failed)} batches to topic {self.topic} at "
-                              f"{self.bootstrap}: {self.failed[0]}", hint="check `obshub status` and the broker log")
+            raise ReplayError(
+                f"Failed to deliver {len(self.failed)} batches to topic {self.topic} at "
+                f"{self.bootstrap}: {self.failed[0]}",
+                hint="check `obshub status` and the broker log",
+            )

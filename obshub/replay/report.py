@@ -86,8 +86,11 @@ class ReplayReport:
             ranks = sorted((rs for (s, _), rs in self._rs.items() if s == step), key=_host_order)
             hosts = {r.host for r in ranks}
             first, straggler, skew = None, None, None
-            shared = [(key, by_host) for key, by_host in self._coll.get(step, {}).items()
-                      if hosts <= set(by_host) and all(v[0] is not None for v in by_host.values())]
+            shared = [
+                (key, by_host)
+                for key, by_host in self._coll.get(step, {}).items()
+                if hosts <= set(by_host) and all(v[0] is not None for v in by_host.values())
+            ]
             if shared:
                 key, by_host = min(shared, key=lambda kv: (kv[0][1], kv[0][0]))
                 first = (key[0], key[1], next(iter(by_host.values()))[2])

@@ -42,20 +42,25 @@ def _free_port() -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m obshub.workloads.ddp_train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m obshub.workloads.ddp_train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS})")
     p.add_argument("--hidden", type=int, default=HIDDEN, help=f"MLP hidden width (default {HIDDEN})")
     p.add_argument("--batch", type=int, default=BATCH, help=f"samples per step per rank (default {BATCH})")
-    p.add_argument("--step-sleep-ms", type=float, default=0.0,
-                   help="simulated data-loading time per step, ms (default 0)")
+    p.add_argument(
+        "--step-sleep-ms", type=float, default=0.0, help="simulated data-loading time per step, ms (default 0)"
+    )
     return p.parse_args(argv)
 
 
 def build_model(hidden: int) -> nn.Module:
     """A 3-layer MLP, FEATURES -> hidden -> hidden -> CLASSES."""
-    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, CLASSES))
+    return nn.Sequential(
+        nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,11 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(1234)                       # same initial weights everywhere (DDP broadcasts anyway)
+    torch.manual_seed(1234)  # same initial weights everywhere (DDP broadcasts anyway)
     model = DDP(build_model(args.hidden))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
-    gen = torch.Generator().manual_seed(rank)     # each rank its own data shard
+    gen = torch.Generator().manual_seed(rank)  # each rank its own data shard
     for step in range(args.steps):
         t0 = time.perf_counter()
         if args.step_sleep_ms:
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         loss = loss_fn(model(x), y)
         loss.backward()
         logged = loss.detach().clone()
-        dist.all_reduce(logged)                   # global loss for logging: a plain collective
+        dist.all_reduce(logged)  # global loss for logging: a plain collective
         opt.step()
         # one write per line, so the lines of ranks sharing a pipe never interleave
         sys.stdout.write(f"step {step} rank {rank} time_ms {(time.perf_counter() - t0) * 1000:.1f}\n")

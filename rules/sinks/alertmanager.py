@@ -34,13 +34,16 @@ class AlertmanagerSink(Sink):
             ends = a.get("ends_at") or rfc3339(now_ns)
         else:
             ends = rfc3339(now_ns + int(4 * self.resend_every_s * 1e9))
-        out = {"labels": {k: str(v) for k, v in a["labels"].items()},
-               "annotations": {k: str(v) for k, v in a.get("annotations", {}).items()},
-               "startsAt": a.get("starts_at") or rfc3339(now_ns), "endsAt": ends}
+        out = {
+            "labels": {k: str(v) for k, v in a["labels"].items()},
+            "annotations": {k: str(v) for k, v in a.get("annotations", {}).items()},
+            "startsAt": a.get("starts_at") or rfc3339(now_ns),
+            "endsAt": ends,
+        }
         if a.get("generator_url"):
             out["generatorURL"] = a["generator_url"]
         return out
 
     def requests(self, n: Notification) -> list[tuple[str, Any]]:
         alerts = [self.alert(a) for a in n.alerts]
-        return [(self.url, alerts[i:i + MAX_BATCH]) for i in range(0, len(alerts), MAX_BATCH)]
+        return [(self.url, alerts[i : i + MAX_BATCH]) for i in range(0, len(alerts), MAX_BATCH)]

@@ -215,7 +215,10 @@ def deliver(client: httpx.Client, url: str, body: Any, policy: DeliveryPolicy, s
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(policy.max_attempts) | tenacity.stop_after_delay(policy.max_elapsed_s),
-        wait=_wait(policy), retry=tenacity.retry_if_exception_type(Retryable), reraise=True)
+        wait=_wait(policy),
+        retry=tenacity.retry_if_exception_type(Retryable),
+        reraise=True,
+    )
     try:
         retrying(attempt)
         return counter["n"], ""

@@ -81,8 +81,14 @@ class Delivery(BaseModel):
     retry_after_max: str = "5m"
 
     def policy(self) -> DeliveryPolicy:
-        return DeliveryPolicy(self.max_attempts, _dur_s(self.max_elapsed), _dur_s(self.timeout),
-                              _dur_s(self.backoff_initial), _dur_s(self.backoff_max), _dur_s(self.retry_after_max))
+        return DeliveryPolicy(
+            self.max_attempts,
+            _dur_s(self.max_elapsed),
+            _dur_s(self.timeout),
+            _dur_s(self.backoff_initial),
+            _dur_s(self.backoff_max),
+            _dur_s(self.retry_after_max),
+        )
 
 
 SINK_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"  # rule files' `routes` accept the same (rules/schema.json sink_name)
@@ -95,7 +101,7 @@ class SinkSpec(BaseModel):
     name: str = Field(pattern=SINK_NAME_PATTERN)
     type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console"]
     min_severity: Literal["critical", "error", "warning", "info"] = "info"
-    url: str | None = None                 # non-secret URL (alertmanager, pagerduty endpoint)
+    url: str | None = None  # non-secret URL (alertmanager, pagerduty endpoint)
     url_env: str | None = None
     url_file: Path | None = None
     routing_key_env: str | None = None
@@ -132,8 +138,10 @@ class AlertingConfig(BaseModel):
         if self.mode == "alertmanager":
             other = [f"{s.name} ({s.type})" for s in self.sinks if s.type not in ("alertmanager", "console")]
             if other:
-                raise ValueError(f"mode alertmanager sends every alert to Alertmanager only; sinks {', '.join(other)} "
-                                 "belong in Alertmanager's receivers")
+                raise ValueError(
+                    f"mode alertmanager sends every alert to Alertmanager only; sinks {', '.join(other)} "
+                    "belong in Alertmanager's receivers"
+                )
             if not any(s.type == "alertmanager" for s in self.sinks):
                 raise ValueError("mode alertmanager needs at least one sink of type alertmanager")
         return self
@@ -145,29 +153,41 @@ def read_secret(name: str, env: str | None, file: Path | None, what: str) -> Sec
     if env:
         val = os.environ.get(env)
         if not val:
-            raise SinkConfigError(f"sink '{name}': environment variable {env} (its {what}) is not set or empty",
-                                  f"export {env}=... before starting `obshub rules serve`")
+            raise SinkConfigError(
+                f"sink '{name}': environment variable {env} (its {what}) is not set or empty",
+                f"export {env}=... before starting `obshub rules serve`",
+            )
         return SecretStr(val)
     if file:
         try:
             val = Path(file).read_text().strip()
         except OSError as exc:
-            raise SinkConfigError(f"sink '{name}': cannot read {what} from {file}: {exc.strerror}",
-                                  "check the path and its permissions") from None
+            raise SinkConfigError(
+                f"sink '{name}': cannot read {what} from {file}: {exc.strerror}", "check the path and its permissions"
+            ) from None
         if not val:
             raise SinkConfigError(f"sink '{name}': {file} (its {what}) is empty", "write the secret into it")
         return SecretStr(val)
-    raise SinkConfigError(f"sink '{name}': no {what} given", f"set `{'url' if what == 'webhook URL' else 'routing_key'}"
-                          "_env:` (an environment variable) or `..._file:` (a file) in the sink")
+    raise SinkConfigError(
+        f"sink '{name}': no {what} given",
+        f"set `{'url' if what == 'webhook URL' else 'routing_key'}"
+        "_env:` (an environment variable) or `..._file:` (a file) in the sink",
+    )
 
 
 def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
     """Construct the sink of ``spec``, reading its secrets. Raises SinkConfigError."""
     if spec.type == "slack":
-        return SlackSink(spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"), spec.min_severity)
+        return SlackSink(
+            spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"), spec.min_severity
+        )
     if spec.type == "webhook":
-        return WebhookSink(spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"),
-                           spec.min_severity, external_url)
+        return WebhookSink(
+            spec.name,
+            read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"),
+            spec.min_severity,
+            external_url,
+        )
     if spec.type == "pagerduty":
         key = read_secret(spec.name, spec.routing_key_env, spec.routing_key_file, "routing key")
         return PagerDutySink(spec.name, key, spec.url or DEFAULT_URL, spec.min_severity, spec.dedup_prefix)
@@ -205,5 +225,3 @@ def build_sinks(cfg: AlertingConfig) -> list[Sink]:
     if dup:
         raise SinkConfigError(f"sink name(s) used twice: {', '.join(dup)}", "give each sink its own name")
     return [build_sink(s, cfg.external_url) for s in cfg.sinks]
-
-

@@ -39,8 +39,14 @@ class PagerDutySink(Sink):
 
     kind = "pagerduty"
 
-    def __init__(self, name: str, routing_key: SecretStr, url: str = DEFAULT_URL, min_severity: str = "info",
-                 dedup_prefix: str = "obshub"):
+    def __init__(
+        self,
+        name: str,
+        routing_key: SecretStr,
+        url: str = DEFAULT_URL,
+        min_severity: str = "info",
+        dedup_prefix: str = "obshub",
+    ):
         super().__init__(name, min_severity)
         self._key, self.url, self.dedup_prefix = routing_key, url, dedup_prefix
         self._register()
@@ -58,14 +64,21 @@ class PagerDutySink(Sink):
         ann, labels = a.get("annotations", {}), a.get("labels", {})
         summary = ann.get("summary") or f"{a['rule']} {labels}"
         body: dict[str, Any] = {
-            "routing_key": key, "event_action": "trigger", "dedup_key": dk,
+            "routing_key": key,
+            "event_action": "trigger",
+            "dedup_key": dk,
             "payload": {
-                "summary": summary[:SUMMARY_MAX], "source": labels.get("host") or labels.get("job") or "obshub",
-                "severity": SEVERITY_MAP[a["severity"]], "timestamp": a.get("starts_at") or None,
-                "component": labels.get("layer", ""), "group": labels.get("job", ""), "class": a["rule"],
+                "summary": summary[:SUMMARY_MAX],
+                "source": labels.get("host") or labels.get("job") or "obshub",
+                "severity": SEVERITY_MAP[a["severity"]],
+                "timestamp": a.get("starts_at") or None,
+                "component": labels.get("layer", ""),
+                "group": labels.get("job", ""),
+                "class": a["rule"],
                 "custom_details": {"labels": labels, "annotations": ann, "value": a.get("value")},
             },
-            "client": "obshub", "client_url": a.get("generator_url") or None,
+            "client": "obshub",
+            "client_url": a.get("generator_url") or None,
         }
         if str(ann.get("runbook", "")).startswith(("http://", "https://")):
             body["links"] = [{"href": ann["runbook"], "text": "runbook"}]

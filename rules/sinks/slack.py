@@ -63,8 +63,9 @@ class SlackSink(Sink):
         firing = [a for a in n.alerts if a["status"] == "firing"]
         resolved = [a for a in n.alerts if a["status"] == "resolved"]
         rule = n.alerts[0]["rule"] if n.alerts else "obshub"
-        head = f"{n.status.upper()}: {rule}" + (f" ({len(firing)} firing, {len(resolved)} resolved)"
-                                                 if len(n.alerts) > 1 else "")
+        head = f"{n.status.upper()}: {rule}" + (
+            f" ({len(firing)} firing, {len(resolved)} resolved)" if len(n.alerts) > 1 else ""
+        )
         blocks: list[dict] = [{"type": "header", "text": {"type": "plain_text", "text": head[:HEADER_MAX]}}]
         for a in n.alerts[:MAX_ALERTS_SHOWN]:
             blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": self._alert_text(a)}})
@@ -81,8 +82,10 @@ class SlackSink(Sink):
     def _alert_text(a: dict) -> str:
         ann = a.get("annotations", {})
         icon = _ICON.get(a["status"], "")
-        parts = [f"{icon} *{escape_truncated(ann.get('summary', a['rule']), 500)}*",
-                 f"*severity* {a['severity']} · *labels* {escape_truncated(_labels(a['labels']), 600)}"]
+        parts = [
+            f"{icon} *{escape_truncated(ann.get('summary', a['rule']), 500)}*",
+            f"*severity* {a['severity']} · *labels* {escape_truncated(_labels(a['labels']), 600)}",
+        ]
         if ann.get("evidence"):
             parts.append(f"*evidence* {escape_truncated(ann['evidence'], 1200)}")
         if ann.get("runbook"):

@@ -36,15 +36,30 @@ class WebhookSink(Sink):
 
     def payload(self, n: Notification) -> dict[str, Any]:
         """The webhook body for ``n``."""
-        alerts = [{"status": a["status"], "labels": a["labels"], "annotations": a.get("annotations", {}),
-                   "startsAt": a.get("starts_at", ""), "endsAt": a.get("ends_at") or "0001-01-01T00:00:00Z",
-                   "generatorURL": a.get("generator_url", ""), "fingerprint": a["fingerprint"]}
-                  for a in n.alerts]
-        return {"version": "4", "groupKey": n.group_key, "truncatedAlerts": 0, "status": n.status,
-                "receiver": self.name, "groupLabels": n.group_labels,
-                "commonLabels": _common([a["labels"] for a in n.alerts]),
-                "commonAnnotations": _common([a.get("annotations", {}) for a in n.alerts]),
-                "externalURL": self.external_url, "alerts": alerts}
+        alerts = [
+            {
+                "status": a["status"],
+                "labels": a["labels"],
+                "annotations": a.get("annotations", {}),
+                "startsAt": a.get("starts_at", ""),
+                "endsAt": a.get("ends_at") or "0001-01-01T00:00:00Z",
+                "generatorURL": a.get("generator_url", ""),
+                "fingerprint": a["fingerprint"],
+            }
+            for a in n.alerts
+        ]
+        return {
+            "version": "4",
+            "groupKey": n.group_key,
+            "truncatedAlerts": 0,
+            "status": n.status,
+            "receiver": self.name,
+            "groupLabels": n.group_labels,
+            "commonLabels": _common([a["labels"] for a in n.alerts]),
+            "commonAnnotations": _common([a.get("annotations", {}) for a in n.alerts]),
+            "externalURL": self.external_url,
+            "alerts": alerts,
+        }
 
     def requests(self, n: Notification) -> list[tuple[str, Any]]:
         return [(secret_value(self._url), self.payload(n))]

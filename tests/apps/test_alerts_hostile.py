@@ -19,8 +19,12 @@ def _change(i: int, **over) -> bytes:
 
 
 @pytest.mark.slow
-@settings(max_examples=200, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(field=st.sampled_from(sorted(valid_change())), value=HOSTILE, junk=st.binary(max_size=40))
 def test_hostile_changes_are_skipped_with_a_reason(field, value, junk):
     hostile = json.dumps({**valid_change(), "fingerprint": "f" * 16, field: value}).encode("utf-8", "surrogatepass")

@@ -16,8 +16,10 @@ import pytest
 from obshub.demo import cluster as cl
 from obshub.demo.errors import DemoBusyError
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, cgroups)"),
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, cgroups)"),
+    pytest.mark.slow,
+]
 
 # the namespaces are machine-wide: wait for a demo someone else runs (e.g. the TTD benchmark) to finish
 LOCK_WAIT_S = 500
@@ -28,7 +30,8 @@ def assert_clean() -> None:
     took the lock since: it uses the same names."""
     left, holder = cl.leftovers(), cl.last_lock_holder()
     assert left == {"netns": [], "links": [], "cgroups": []} or (
-        holder not in (None, os.getpid()) and os.path.exists(f"/proc/{holder}")), left
+        holder not in (None, os.getpid()) and os.path.exists(f"/proc/{holder}")
+    ), left
 
 
 def _netns_exec(ns: str, *argv: str) -> subprocess.CompletedProcess:
@@ -42,15 +45,26 @@ def test_create_spawn_destroy():
         addr = _netns_exec(h1.netns, "ip", "-4", "-o", "addr", "show", "dev", "eth0").stdout
         assert "10.77.0.11/24" in addr
         # a TCP connection from host 1 to host 0 over the bridge
-        srv = c.spawn(h0, [sys.executable, "-c", textwrap.dedent("""
+        srv = c.spawn(
+            h0,
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent("""
             import socket
             s = socket.socket(); s.bind(("10.77.0.10", 24999)); s.listen(1)
             conn, peer = s.accept(); conn.sendall(peer[0].encode()); conn.close()
-        """)], stdout=subprocess.PIPE)
+        """),
+            ],
+            stdout=subprocess.PIPE,
+        )
         time.sleep(0.5)
-        cli = _netns_exec(h1.netns, sys.executable, "-c",
-                          "import socket; s = socket.create_connection(('10.77.0.10', 24999), 5); "
-                          "print(s.recv(100).decode())")
+        cli = _netns_exec(
+            h1.netns,
+            sys.executable,
+            "-c",
+            "import socket; s = socket.create_connection(('10.77.0.10', 24999), 5); print(s.recv(100).decode())",
+        )
         assert cli.stdout.strip() == "10.77.0.11", cli.stderr
         srv.wait(10)
         # the spawned process sits in the host's cgroups (v1 cpu, memory and v2)
@@ -82,7 +96,9 @@ def test_crashed_run_is_cleaned_up_by_the_next():
     try:
         sleeper = int(crash.stdout.readline())
         assert cl.leftovers()["netns"] == ["obshub-h0", "obshub-h1"] or set(cl.leftovers()["netns"]) == {
-            "obshub-h0", "obshub-h1"}
+            "obshub-h0",
+            "obshub-h1",
+        }
         # while the crashing run holds the lock, a second one must refuse rather than sweep it
         with pytest.raises(DemoBusyError):
             cl.Cluster(2).lock()
@@ -94,8 +110,12 @@ def test_crashed_run_is_cleaned_up_by_the_next():
     assert left["netns"] and left["links"] and left["cgroups"]
     assert Path(f"/proc/{sleeper}").exists()
     # the next run (here: `obshub demo --cleanup`) removes all of it
-    out = subprocess.run([sys.executable, "-m", "obshub.cli", "demo", "--cleanup", "--lock-wait", str(LOCK_WAIT_S)],
-                         capture_output=True, text=True, timeout=LOCK_WAIT_S + 60)
+    out = subprocess.run(
+        [sys.executable, "-m", "obshub.cli", "demo", "--cleanup", "--lock-wait", str(LOCK_WAIT_S)],
+        capture_output=True,
+        text=True,
+        timeout=LOCK_WAIT_S + 60,
+    )
     assert out.returncode == 0, out.stderr
     assert_clean()
     deadline = time.monotonic() + 5
@@ -112,8 +132,9 @@ def test_name_sweep_without_state_file(tmp_path):
     other = f"obshub-t-{os.getpid()}"
     try:
         subprocess.run(["ip", "netns", "add", "obshub-h7"], check=True)
-        subprocess.run(["ip", "link", "add", "obshub-v7", "type", "veth", "peer", "name", "eth0", "netns",
-                        "obshub-h7"], check=True)
+        subprocess.run(
+            ["ip", "link", "add", "obshub-v7", "type", "veth", "peer", "name", "eth0", "netns", "obshub-h7"], check=True
+        )
         subprocess.run(["ip", "netns", "add", other], check=True)
         removed = cl.sweep(tmp_path)
         assert "netns obshub-h7" in removed

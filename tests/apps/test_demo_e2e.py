@@ -23,16 +23,43 @@ from obshub.core import schema
 from obshub.demo.cluster import last_lock_holder, leftovers
 from tests.conftest import consume_all
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, cgroups, BPF)"),
-              pytest.mark.e2e, pytest.mark.kafka, pytest.mark.bpf, pytest.mark.torch]
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, cgroups, BPF)"),
+    pytest.mark.e2e,
+    pytest.mark.kafka,
+    pytest.mark.bpf,
+    pytest.mark.torch,
+]
 
 
 def run_demo(tmp_path, *args: str) -> tuple[int, dict, str]:
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault-host", "1",
-                           "--duration", "22", "--fault-at", "8", "--settle", "5", "--json", str(out),
-                           "--lock-wait", "400", *args],
-                          capture_output=True, text=True, timeout=580)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "obshub.cli",
+            "demo",
+            "--hosts",
+            "2",
+            "--fault-host",
+            "1",
+            "--duration",
+            "22",
+            "--fault-at",
+            "8",
+            "--settle",
+            "5",
+            "--json",
+            str(out),
+            "--lock-wait",
+            "400",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
     if not out.exists() and "another obshub demo" in proc.stderr:
         pytest.skip("another obshub demo held this machine's demo namespaces for 400 s")
     assert out.exists(), proc.stderr[-3000:]
@@ -70,8 +97,9 @@ def test_clean_run(kafka, tmp_path):
     v = report["verdict"]
     assert v["ok"] == (not report["alerts"])
     # a clean run must stay silent: the straggler rules vote over a window, so noise does not fire them
-    assert v["ok"], (f"pipeline verdict on a clean run: {v['reason']}: "
-                     + "; ".join(f"{w['alert']['host']}/{w['alert']['layer']} {w['alert']['rule']}" for w in v["wrong"]))
+    assert v["ok"], f"pipeline verdict on a clean run: {v['reason']}: " + "; ".join(
+        f"{w['alert']['host']}/{w['alert']['layer']} {w['alert']['rule']}" for w in v["wrong"]
+    )
     assert rc == 0
 
 
@@ -121,8 +149,12 @@ def test_sigterm_during_setup_cleans_up(kafka, tmp_path):
 
     from obshub.demo.cluster import cgroup_parent, cgroup_pids
 
-    proc = subprocess.Popen([sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault", "none",
-                             "--lock-wait", "400"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "obshub.cli", "demo", "--hosts", "2", "--fault", "none", "--lock-wait", "400"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     started: set[int] = set()
     deadline = time.monotonic() + 450
     while time.monotonic() < deadline and proc.poll() is None:

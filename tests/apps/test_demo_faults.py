@@ -19,8 +19,10 @@ from obshub.demo import parts
 from obshub.demo.cluster import Cluster, last_lock_holder, leftovers
 from obshub.demo.faults import make_fault
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, cgroups)"),
-              pytest.mark.torch]
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, cgroups)"),
+    pytest.mark.torch,
+]
 
 HOSTS = 3
 FAULTY = 2
@@ -33,8 +35,13 @@ class Training:
         self.procs, self.steps = [], {h.index: [] for h in cluster.hosts}
         for h in cluster.hosts:
             env = parts.training_env(dict(os.environ), h, HOSTS, cluster.hosts[0].address)
-            p = cluster.spawn(h, [sys.executable, "-m", parts.TRAIN_MODULE, "--steps", "1000000"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            p = cluster.spawn(
+                h,
+                [sys.executable, "-m", parts.TRAIN_MODULE, "--steps", "1000000"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
             self.procs.append(p)
             threading.Thread(target=self._read, args=(h.index, p), daemon=True).start()
 
@@ -75,7 +82,8 @@ def training():
             Cluster.stop(p)
     holder = last_lock_holder()
     assert leftovers() == {"netns": [], "links": [], "cgroups": []} or (
-        holder not in (None, os.getpid()) and os.path.exists(f"/proc/{holder}"))
+        holder not in (None, os.getpid()) and os.path.exists(f"/proc/{holder}")
+    )
 
 
 def _apply(cluster, kind, seconds, params=None):
@@ -105,8 +113,9 @@ def test_net_loss_drops_and_retransmits(training):
     assert after - before > 0, (ev, before, after)
     assert ev["cluster_tcp_retrans_segs"] >= ev["tcp_retrans_segs"]
     # the table is gone and training goes on
-    out = subprocess.run(["ip", "netns", "exec", c.hosts[FAULTY].netns, "nft", "list", "tables"],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ip", "netns", "exec", c.hosts[FAULTY].netns, "nft", "list", "tables"], capture_output=True, text=True
+    ).stdout
     assert "obshub_fault" not in out
     t.wait_steps(3)
 
@@ -161,9 +170,9 @@ def test_hang_freezes_the_rank_and_training_resumes(training):
 def test_mem_pressure_reclaims_in_the_cgroup(training):
     c, t = training
     ev = _apply(c, "mem", 5)
-    assert ev["failcnt"] > 0                    # charges hit memory.limit_in_bytes
-    assert ev["workingset_refault_file"] > 0    # reclaimed file pages were faulted back in
+    assert ev["failcnt"] > 0  # charges hit memory.limit_in_bytes
+    assert ev["workingset_refault_file"] > 0  # reclaimed file pages were faulted back in
     assert ev["pgpgout"] > 0
     limit = (c.hosts[FAULTY].cgroup("memory") / "memory.limit_in_bytes").read_text()
-    assert int(limit) > 1 << 60                 # the limit was lifted again
+    assert int(limit) > 1 << 60  # the limit was lifted again
     t.wait_steps(3)

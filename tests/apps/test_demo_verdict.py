@@ -13,8 +13,16 @@ T0 = 1_000_000_000_000
 
 
 def alert(host="node-01", layer="network", at_s=3.0, fp=None, rule="tcp_retransmits_on_straggler"):
-    return AlertSeen(received_ns=T0 + int(at_s * 1e9), rule=rule, host=host, layer=layer, step="42",
-                     evidence="e", summary="s", fingerprint=fp or f"{host}-{layer}-{rule}")
+    return AlertSeen(
+        received_ns=T0 + int(at_s * 1e9),
+        rule=rule,
+        host=host,
+        layer=layer,
+        step="42",
+        evidence="e",
+        summary="s",
+        fingerprint=fp or f"{host}-{layer}-{rule}",
+    )
 
 
 def test_correct_alert_gives_ttd_and_passes():
@@ -24,12 +32,15 @@ def test_correct_alert_gives_ttd_and_passes():
     assert v.first_correct["step"] == "42"
 
 
-@pytest.mark.parametrize("bad, why", [
-    (alert(host="node-02"), "wrong host"),
-    (alert(layer="sched", rule="sched_contention_on_straggler"), "wrong layer"),
-    (alert(host="node-00", layer="nccl", rule="nccl_collective_skew"), "wrong host (node-00) and layer"),
-    (alert(at_s=-1.0), "before the fault"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (alert(host="node-02"), "wrong host"),
+        (alert(layer="sched", rule="sched_contention_on_straggler"), "wrong layer"),
+        (alert(host="node-00", layer="nccl", rule="nccl_collective_skew"), "wrong host (node-00) and layer"),
+        (alert(at_s=-1.0), "before the fault"),
+    ],
+)
 def test_wrong_alert_fails_even_with_a_correct_one(bad, why):
     v = judge("net-loss", "node-01", "network", T0, [alert(), bad])
     assert not v.ok and v.ttd_s == 3.0 and v.wrong_count == 1
@@ -53,19 +64,34 @@ def test_fault_never_injected_is_a_failure():
 
 
 def test_from_record_reads_the_rule_engine_fields():
-    rec = {"fingerprint": "ab", "rule": "memory_reclaim_stall", "status": "firing", "severity": "warning",
-           "labels": {"alertname": "memory_reclaim_stall", "host": "node-03", "layer": "memory", "job": "j"},
-           "annotations": {"step": "7", "evidence": "3 stalls", "summary": "sum"}}
+    rec = {
+        "fingerprint": "ab",
+        "rule": "memory_reclaim_stall",
+        "status": "firing",
+        "severity": "warning",
+        "labels": {"alertname": "memory_reclaim_stall", "host": "node-03", "layer": "memory", "job": "j"},
+        "annotations": {"step": "7", "evidence": "3 stalls", "summary": "sum"},
+    }
     a = AlertSeen.from_record(rec, 5)
-    assert (a.host, a.layer, a.step, a.evidence, a.rule, a.received_ns) == ("node-03", "memory", "7", "3 stalls",
-                                                                            "memory_reclaim_stall", 5)
+    assert (a.host, a.layer, a.step, a.evidence, a.rule, a.received_ns) == (
+        "node-03",
+        "memory",
+        "7",
+        "3 stalls",
+        "memory_reclaim_stall",
+        5,
+    )
 
 
 def test_payload_checks():
     assert check_slack({"text": "hi"}) == "" and check_slack({"blocks": [{}]}) == ""
     assert "text" in check_slack({"attachments": []})
-    trigger = {"routing_key": "k", "event_action": "trigger", "dedup_key": "d",
-               "payload": {"summary": "s", "source": "node-01", "severity": "warning"}}
+    trigger = {
+        "routing_key": "k",
+        "event_action": "trigger",
+        "dedup_key": "d",
+        "payload": {"summary": "s", "source": "node-01", "severity": "warning"},
+    }
     assert check_pagerduty(trigger) == ""
     assert "severity" in check_pagerduty({**trigger, "payload": {**trigger["payload"], "severity": "high"}})
     assert "dedup_key" in check_pagerduty({"routing_key": "k", "event_action": "resolve"})
@@ -78,10 +104,17 @@ def test_receiver_records_and_checks_real_requests(tmp_path):
     try:
         with httpx.Client(timeout=5) as c:
             assert c.post(rx.url("slack"), json={"text": "node-01 held back step 3"}).status_code == 200
-            assert c.post(rx.url("pagerduty"), json={"routing_key": "k", "event_action": "trigger",
-                                                     "payload": {"summary": "s"}}).status_code == 202
-            assert c.post(f"http://127.0.0.1:{rx.port}/api/v2/alerts",
-                          json=[{"labels": {"alertname": "a"}}]).status_code == 200
+            assert (
+                c.post(
+                    rx.url("pagerduty"),
+                    json={"routing_key": "k", "event_action": "trigger", "payload": {"summary": "s"}},
+                ).status_code
+                == 202
+            )
+            assert (
+                c.post(f"http://127.0.0.1:{rx.port}/api/v2/alerts", json=[{"labels": {"alertname": "a"}}]).status_code
+                == 200
+            )
             assert c.post(rx.url("webhook"), content=b"not json").status_code == 400
     finally:
         rx.stop()
@@ -99,15 +132,33 @@ def test_rule_engine_sinks_send_valid_payloads(tmp_path):
     from rules.sinks.slack import SlackSink
 
     rx = WebhookReceiver(tmp_path / "hooks.jsonl").start()
-    change = {"fingerprint": "f1", "rule": "tcp_retransmits_on_straggler", "status": "firing",
-              "severity": "warning", "labels": {"alertname": "tcp_retransmits_on_straggler", "host": "node-01",
-                                                "layer": "network", "job": "j", "severity": "warning"},
-              "annotations": {"summary": "node-01 held back step 3", "step": "3", "evidence": "12 retransmits"},
-              "starts_at": "2026-11-29T09:00:00.000Z", "ends_at": "", "starts_at_ns": T0, "ends_at_ns": 0,
-              "updated_at_ns": T0, "value": 1.0, "routes": [], "generator_url": ""}
+    change = {
+        "fingerprint": "f1",
+        "rule": "tcp_retransmits_on_straggler",
+        "status": "firing",
+        "severity": "warning",
+        "labels": {
+            "alertname": "tcp_retransmits_on_straggler",
+            "host": "node-01",
+            "layer": "network",
+            "job": "j",
+            "severity": "warning",
+        },
+        "annotations": {"summary": "node-01 held back step 3", "step": "3", "evidence": "12 retransmits"},
+        "starts_at": "2026-11-29T09:00:00.000Z",
+        "ends_at": "",
+        "starts_at_ns": T0,
+        "ends_at_ns": 0,
+        "updated_at_ns": T0,
+        "value": 1.0,
+        "routes": [],
+        "generator_url": "",
+    }
     try:
-        for sink in (SlackSink("slack", SecretStr(rx.url("slack"))),
-                     PagerDutySink("pd", SecretStr("key"), rx.url("pagerduty"))):
+        for sink in (
+            SlackSink("slack", SecretStr(rx.url("slack"))),
+            PagerDutySink("pd", SecretStr("key"), rx.url("pagerduty")),
+        ):
             notification = _notification(sink, change)
             with httpx.Client(timeout=5) as c:
                 for url, body in sink.requests(notification):
@@ -122,15 +173,16 @@ def test_rule_engine_sinks_send_valid_payloads(tmp_path):
 def _notification(sink, change):
     from rules.sinks.base import Notification
 
-    return Notification(group_key="g", group_labels={"alertname": change["rule"]}, alerts=[change],
-                        receiver=sink.name)
+    return Notification(group_key="g", group_labels={"alertname": change["rule"]}, alerts=[change], receiver=sink.name)
 
 
 def test_hang_verdict_needs_the_alert_to_resolve_after_the_thaw():
     a = alert(host="node-02", layer="process", at_s=3.0, rule="rank_hang")
     thawed = T0 + 15_000_000_000
-    recs = [{"fingerprint": a.fingerprint, "status": "firing", "received_ns": a.received_ns},
-            {"fingerprint": a.fingerprint, "status": "resolved", "received_ns": thawed + 3_500_000_000}]
+    recs = [
+        {"fingerprint": a.fingerprint, "status": "firing", "received_ns": a.received_ns},
+        {"fingerprint": a.fingerprint, "status": "resolved", "received_ns": thawed + 3_500_000_000},
+    ]
     v = check_resolved(judge("hang", "node-02", "process", T0, [a]), recs, thawed)
     assert v.ok and v.resolved_s == 3.5 and v.ttd_s == 3.0
     # still firing after the thaw (or resolved only before it): the verdict fails

@@ -23,7 +23,7 @@ def test_schema_doc_lists_every_kind_and_field():
 
 def test_readme_starts_with_the_two_commands():
     lines = [ln for ln in (REPO / "README.md").read_text().splitlines() if ln.strip()]
-    block = lines[lines.index("```sh") + 1: lines.index("```sh") + 3]
+    block = lines[lines.index("```sh") + 1 : lines.index("```sh") + 3]
     assert block[0].startswith("make demo") and block[1].startswith("make test")
 
 

@@ -115,10 +115,23 @@ def _dlrm_hosts() -> list[HostEvents]:
     return [hosts[f"rank{i}"] for i in range(8)]
 
 
-SUMMARY = {"v": 1, "job": "dlrm", "step": 10, "straggler": {"host": "rank7", "score": 0.5, "excess_ns": 7_624_000,
-                                                           "reason": "last at 1/8 collectives"},
-           "blame": [{"host": "rank7", "layer": "cuda", "excess_ns": 3_000_000, "straggler_ns": 9_000_000,
-                      "peer_median_ns": 6_000_000, "count": 40, "max_ns": 500_000}]}
+SUMMARY = {
+    "v": 1,
+    "job": "dlrm",
+    "step": 10,
+    "straggler": {"host": "rank7", "score": 0.5, "excess_ns": 7_624_000, "reason": "last at 1/8 collectives"},
+    "blame": [
+        {
+            "host": "rank7",
+            "layer": "cuda",
+            "excess_ns": 3_000_000,
+            "straggler_ns": 9_000_000,
+            "peer_median_ns": 6_000_000,
+            "count": 40,
+            "max_ns": 500_000,
+        }
+    ],
+}
 
 
 def _check_dlrm_timeline(doc, job: str) -> None:
@@ -137,8 +150,11 @@ def _check_dlrm_timeline(doc, job: str) -> None:
     assert {e["name"] for e in starts} == {f"pg 0 seq {s}" for s in range(147, 155)}
     first = [e for e in starts if e["name"] == "pg 0 seq 147"]
     assert {procs[e["pid"]] for e in first} == {"rank7"}  # rank7 arrived last at the first collective
-    waited = {procs[e["pid"]]: e["args"]["waited_for_last_ns"] for e in ev
-              if e["ph"] == "X" and e["name"] == "all_to_all #147"}
+    waited = {
+        procs[e["pid"]]: e["args"]["waited_for_last_ns"]
+        for e in ev
+        if e["ph"] == "X" and e["name"] == "all_to_all #147"
+    }
     raw = raw_dlrm()
     assert waited == {f"rank{r}": raw[r]["wait_us"] * 1000 for r in range(8)}
     assert len({e["tid"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}) == len(threads)
@@ -159,14 +175,16 @@ def test_timeline_from_replayed_events_is_valid_and_marked():
 
 
 def test_validator_catches_what_perfetto_rejects():
-    bad = {"traceEvents": [
-        {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
-        {"ph": "X", "name": "b", "ts": 5, "dur": 10, "pid": 1, "tid": 1},  # partial overlap
-        {"ph": "s", "id": 1, "cat": "c", "name": "n", "ts": 1, "pid": 1, "tid": 1},  # no matching f
-        {"ph": "i", "name": "x", "ts": 1, "pid": 1, "tid": 2},  # no scope, unnamed thread
-        {"ph": "i", "s": "t", "name": "y", "ts": 1, "pid": 1, "tid": 0},  # thread instant on tid 0
-        {"ph": "X", "name": "c", "dur": 1, "pid": 1, "tid": 1},  # no ts
-    ]}
+    bad = {
+        "traceEvents": [
+            {"ph": "X", "name": "a", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+            {"ph": "X", "name": "b", "ts": 5, "dur": 10, "pid": 1, "tid": 1},  # partial overlap
+            {"ph": "s", "id": 1, "cat": "c", "name": "n", "ts": 1, "pid": 1, "tid": 1},  # no matching f
+            {"ph": "i", "name": "x", "ts": 1, "pid": 1, "tid": 2},  # no scope, unnamed thread
+            {"ph": "i", "s": "t", "name": "y", "ts": 1, "pid": 1, "tid": 0},  # thread instant on tid 0
+            {"ph": "X", "name": "c", "dur": 1, "pid": 1, "tid": 1},  # no ts
+        ]
+    }
     errs = validate_chrome_trace(bad)
     assert any("overlaps" in e for e in errs) and any("1 starts, 0 ends" in e for e in errs)
     assert any("instant scope" in e for e in errs) and any("missing ts" in e for e in errs)
@@ -175,9 +193,11 @@ def test_validator_catches_what_perfetto_rejects():
 
 
 def test_overlapping_slices_are_split_into_lanes():
-    evs = [schema.Event(schema.Kind.PYTORCH_OP, 1_000, 10_000, 0, 1, 1, 5, -1, 0, {"op": "a"}),
-           schema.Event(schema.Kind.PYTORCH_OP, 5_000, 10_000, 0, 1, 1, 5, -1, 0, {"op": "b"}),
-           schema.Event(schema.Kind.PYTORCH_OP, 6_000, 1_000, 0, 1, 1, 5, -1, 0, {"op": "c"})]
+    evs = [
+        schema.Event(schema.Kind.PYTORCH_OP, 1_000, 10_000, 0, 1, 1, 5, -1, 0, {"op": "a"}),
+        schema.Event(schema.Kind.PYTORCH_OP, 5_000, 10_000, 0, 1, 1, 5, -1, 0, {"op": "b"}),
+        schema.Event(schema.Kind.PYTORCH_OP, 6_000, 1_000, 0, 1, 1, 5, -1, 0, {"op": "c"}),
+    ]
     doc = build_trace([HostEvents("h", 0, evs)], {}, job="j")
     assert validate_chrome_trace(doc) == []
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -189,6 +209,7 @@ def test_steps_option(steps, ok):
     from click import BadParameter
 
     from obshub.export.cli import parse_steps
+
     if ok:
         a, b = parse_steps(steps)
         assert a <= 10 <= b
@@ -217,27 +238,65 @@ def test_export_cli_from_kafka(kafka, unique, tmp_path):
     assert p.flush(30) == 0
     out = tmp_path / "t.json"
     topic_args = ["--events-topic", topics.events, "--steps-topic", topics.steps]
-    r = subprocess.run([sys.executable, "-m", "obshub.cli", "trace", "export", "--job", job, "--steps", "9-11",
-                        "-o", str(out), *topic_args], capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "obshub.cli",
+            "trace",
+            "export",
+            "--job",
+            job,
+            "--steps",
+            "9-11",
+            "-o",
+            str(out),
+            *topic_args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "8 hosts" in r.stderr and "straggler marked in steps [10]" in r.stderr
     _check_dlrm_timeline(json.loads(out.read_text()), job)
-    r = subprocess.run([sys.executable, "-m", "obshub.cli", "trace", "export", "--job", "no-such-job",
-                        "--steps", "1", "-o", str(out), *topic_args], capture_output=True, text=True, cwd=REPO,
-                       timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "obshub.cli",
+            "trace",
+            "export",
+            "--job",
+            "no-such-job",
+            "--steps",
+            "1",
+            "-o",
+            str(out),
+            *topic_args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert r.returncode == 1 and "no events of job 'no-such-job'" in r.stderr
 
 
 def test_live_layers_get_their_own_tracks():
     K = schema.Kind
-    evs = [schema.Event(K.STEP_BEGIN, 0, 0, 0, 3, 1, 1, -1, 3, {}),
-           schema.Event(K.SCHED_OFFCPU, 1_000, 4_000, 0, 3, 1, 1, -1, 0, None),
-           schema.Event(K.MEM_RECLAIM, 2_000, 3_000, 0, 3, 1, 1, -1, 12, None),
-           schema.Event(K.TCP_RETRANSMIT, 3_000, 0, 0, 3, 1, 1, -1, 1, {"saddr": "10.0.0.1"}),
-           schema.Event(K.NIC_COUNTER, 4_000, 1_000, 0, 3, 0, 0, -1, 9, {"dev": "mlx5_0", "port": 1,
-                                                                         "counter": "out_of_sequence"}),
-           schema.Event(K.PCIE_AER, 5_000, 0, 0, 3, 0, 0, -1, 4096, {"dev": "0000:17:00.0"}),
-           schema.Event(K.STEP_END, 9_000, 9_000, 0, 3, 1, 1, -1, 3, {})]
+    evs = [
+        schema.Event(K.STEP_BEGIN, 0, 0, 0, 3, 1, 1, -1, 3, {}),
+        schema.Event(K.SCHED_OFFCPU, 1_000, 4_000, 0, 3, 1, 1, -1, 0, None),
+        schema.Event(K.MEM_RECLAIM, 2_000, 3_000, 0, 3, 1, 1, -1, 12, None),
+        schema.Event(K.TCP_RETRANSMIT, 3_000, 0, 0, 3, 1, 1, -1, 1, {"saddr": "10.0.0.1"}),
+        schema.Event(
+            K.NIC_COUNTER, 4_000, 1_000, 0, 3, 0, 0, -1, 9, {"dev": "mlx5_0", "port": 1, "counter": "out_of_sequence"}
+        ),
+        schema.Event(K.PCIE_AER, 5_000, 0, 0, 3, 0, 0, -1, 4096, {"dev": "0000:17:00.0"}),
+        schema.Event(K.STEP_END, 9_000, 9_000, 0, 3, 1, 1, -1, 3, {}),
+    ]
     doc = build_trace([HostEvents("node-a", 0, evs)], {}, job="live")
     assert validate_chrome_trace(doc) == []
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}

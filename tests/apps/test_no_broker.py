@@ -40,8 +40,15 @@ def env(tmp_path_factory) -> dict:
 
 
 def start(env: dict, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "obshub.cli", *args], cwd=REPO, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "obshub.cli", *args],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def clean(out: str) -> None:
@@ -80,8 +87,10 @@ SERVICES = {
     "rules serve": (["rules", "serve"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
     "streams worker": (["streams", "worker"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
     "rules serve --scale-out": (["rules", "serve", "--scale-out"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
-    "agent": (["agent", "--source", "synthetic", "--rate", "200", "--host", "nobroker"],
-              "Kafka (127.0.0.1:{port}) does not take batches"),
+    "agent": (
+        ["agent", "--source", "synthetic", "--rate", "200", "--host", "nobroker"],
+        "Kafka (127.0.0.1:{port}) does not take batches",
+    ),
 }
 
 

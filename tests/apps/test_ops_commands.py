@@ -25,10 +25,19 @@ H = 3_600_000_000_000  # one hour, ns
 
 def _change(job: str, host: str, rule: str, status: str, t_ns: int) -> dict:
     fp = f"{job}-{host}-{rule}"[-16:]
-    return {"v": 1, "fingerprint": fp, "rule": rule, "status": status, "severity": "warning",
-            "labels": {"alertname": rule, "job": job, "host": host, "layer": "network", "severity": "warning"},
-            "annotations": {"summary": f"{rule} on {host}"}, "starts_at_ns": t_ns, "ends_at_ns": 0,
-            "updated_at_ns": t_ns, "value": 1.0}
+    return {
+        "v": 1,
+        "fingerprint": fp,
+        "rule": rule,
+        "status": status,
+        "severity": "warning",
+        "labels": {"alertname": rule, "job": job, "host": host, "layer": "network", "severity": "warning"},
+        "annotations": {"summary": f"{rule} on {host}"},
+        "starts_at_ns": t_ns,
+        "ends_at_ns": 0,
+        "updated_at_ns": t_ns,
+        "value": 1.0,
+    }
 
 
 def _produce(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> None:
@@ -40,16 +49,19 @@ def _produce(bootstrap: str, topic: str, items: list[tuple[int, bytes]]) -> None
 
 def test_alerts_lists_the_latest_change_per_alert_within_the_time_range(kafka, unique):
     job, now = f"ops-{unique}", time.time_ns()
-    recs = [_change(job, "n1", "old_rule", "firing", now - 48 * H),           # outside the default 24 h
-            _change(job, "n2", "tcp_rule", "firing", now - 2 * H),
-            {**_change(job, "n2", "tcp_rule", "resolved", now - H), "ends_at_ns": now - H},
-            _change(job, "n3", "mem_rule", "firing", now - H // 6),
-            _change(f"other-{unique}", "n9", "mem_rule", "firing", now - H // 6)]
+    recs = [
+        _change(job, "n1", "old_rule", "firing", now - 48 * H),  # outside the default 24 h
+        _change(job, "n2", "tcp_rule", "firing", now - 2 * H),
+        {**_change(job, "n2", "tcp_rule", "resolved", now - H), "ends_at_ns": now - H},
+        _change(job, "n3", "mem_rule", "firing", now - H // 6),
+        _change(f"other-{unique}", "n9", "mem_rule", "firing", now - H // 6),
+    ]
     _produce(kafka.bootstrap_servers, schema.TOPIC_ALERTS, [(r["updated_at_ns"], json.dumps(r).encode()) for r in recs])
 
     def run(*args):
-        r = subprocess.run(OBSHUB + ["alerts", "--job", job, *args], capture_output=True, text=True, cwd=REPO,
-                           timeout=120)
+        r = subprocess.run(
+            OBSHUB + ["alerts", "--job", job, *args], capture_output=True, text=True, cwd=REPO, timeout=120
+        )
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -60,8 +72,9 @@ def test_alerts_lists_the_latest_change_per_alert_within_the_time_range(kafka, u
     assert [r["labels"]["host"] for r in json.loads(run("--json", "--since", "3d", "--rule", "old_rule"))] == ["n1"]
     table = run("--host", "n3")
     assert "mem_rule" in table and "firing" in table and "tcp_rule" not in table
-    r = subprocess.run(OBSHUB + ["alerts", "--since", "yesterday"], capture_output=True, text=True, cwd=REPO,
-                       timeout=60)
+    r = subprocess.run(
+        OBSHUB + ["alerts", "--since", "yesterday"], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
     assert r.returncode == 2 and "'yesterday' is neither a duration" in r.stderr
 
 
@@ -71,8 +84,10 @@ def test_snapshot_reads_only_the_time_range(kafka, unique):
     old = [(now - 5 * H + i * 1_000_000_000, f"old{i}".encode()) for i in range(20)]
     new = [(now - H // 60 + i * 1_000_000, f"new{i}".encode()) for i in range(7)]
     _produce(kafka.bootstrap_servers, topics.events, old + new)
+
     def values(**kw):
         return sorted(m.value() for m in snapshot(kafka.bootstrap_servers, topics.events, 30, **kw))
+
     assert values(since_ns=now - H) == sorted(v for _t, v in new)
     assert values(until_ns=now - 4 * H) == sorted(v for _t, v in old)
     assert list(snapshot(kafka.bootstrap_servers, topics.events, 30, since_ns=now + H)) == []
@@ -87,35 +102,94 @@ def test_export_reads_events_near_the_summaries_of_its_steps(kafka, unique, tmp_
     scn = synthetic.Scenario(job=job, hosts=2, steps=6, straggler=1, guilty_steps=(3,))
     batches = synthetic.generate(scn)
     # the same job's batches two days ago (an earlier run under the same name) and now
-    _produce(kafka.bootstrap_servers, topics.events,
-             [(now - 48 * H, schema.encode_batch(b)) for _k, b in batches]
-             + [(now, schema.encode_batch(b)) for _k, b in batches])
-    summaries = [{"v": 1, "job": job, "step": s, "closed_at_ns": now, "straggler": None, "blame": []}
-                 for s in range(2, 5)]
+    _produce(
+        kafka.bootstrap_servers,
+        topics.events,
+        [(now - 48 * H, schema.encode_batch(b)) for _k, b in batches]
+        + [(now, schema.encode_batch(b)) for _k, b in batches],
+    )
+    summaries = [
+        {"v": 1, "job": job, "step": s, "closed_at_ns": now, "straggler": None, "blame": []} for s in range(2, 5)
+    ]
     _produce(kafka.bootstrap_servers, topics.steps, [(now, json.dumps(s).encode()) for s in summaries])
-    data = read_job(kafka.bootstrap_servers, job, (2, 4), timeout_s=30, events_topic=topics.events,
-                    steps_topic=topics.steps)
+    data = read_job(
+        kafka.bootstrap_servers, job, (2, 4), timeout_s=30, events_topic=topics.events, steps_topic=topics.steps
+    )
     assert data.batches == len(batches)  # only the recent copy was read
     assert sorted(data.summaries) == [2, 3, 4] and [h.host for h in data.hosts] == ["node0", "node1"]
     out = tmp_path / "t.json"
-    r = subprocess.run(OBSHUB + ["trace", "export", "--job", job, "--steps", "0-5", "--since", "1h", "-o", str(out),
-                                 "--events-topic", topics.events, "--steps-topic", topics.steps],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = subprocess.run(
+        OBSHUB
+        + [
+            "trace",
+            "export",
+            "--job",
+            job,
+            "--steps",
+            "0-5",
+            "--since",
+            "1h",
+            "-o",
+            str(out),
+            "--events-topic",
+            topics.events,
+            "--steps-topic",
+            topics.steps,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
-    r = subprocess.run(OBSHUB + ["trace", "export", "--job", job, "--steps", "0-5", "--until", "1d", "--since", "3d",
-                                 "-o", str(out), "--events-topic", topics.events, "--steps-topic", topics.steps],
-                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = subprocess.run(
+        OBSHUB
+        + [
+            "trace",
+            "export",
+            "--job",
+            job,
+            "--steps",
+            "0-5",
+            "--until",
+            "1d",
+            "--since",
+            "3d",
+            "-o",
+            str(out),
+            "--events-topic",
+            topics.events,
+            "--steps-topic",
+            topics.steps,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert r.returncode == 0 and "2 hosts" in r.stderr, r.stderr
 
 
 def test_doctor_exit_status_follows_the_checks_a_role_needs(kafka, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "OBSHUB_HOME": str(tmp_path / "h"), "HOME": str(tmp_path)}
-    ok = subprocess.run(OBSHUB + ["doctor", "--no-bpf", "--json", "--role", "kafka"], capture_output=True, text=True,
-                        cwd=REPO, timeout=120, env={**env, "OBSHUB_BOOTSTRAP": kafka.bootstrap_servers})
+    ok = subprocess.run(
+        OBSHUB + ["doctor", "--no-bpf", "--json", "--role", "kafka"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**env, "OBSHUB_BOOTSTRAP": kafka.bootstrap_servers},
+    )
     assert ok.returncode == 0, ok.stderr
     checks = {c["name"]: c for c in json.loads(ok.stdout)}
     assert checks["kafka broker"]["ok"] is True and checks["kafka broker"]["needed_by"] == "kafka"
-    bad = subprocess.run(OBSHUB + ["doctor", "--no-bpf", "--role", "kafka"], capture_output=True, text=True, cwd=REPO,
-                         timeout=120, env={**env, "OBSHUB_BOOTSTRAP": "127.0.0.1:9"})
+    bad = subprocess.run(
+        OBSHUB + ["doctor", "--no-bpf", "--role", "kafka"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={**env, "OBSHUB_BOOTSTRAP": "127.0.0.1:9"},
+    )
     assert bad.returncode == 1
     assert "check(s) that kafka need(s) failed: kafka broker" in bad.stderr

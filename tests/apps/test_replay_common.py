@@ -35,10 +35,16 @@ def raw_dlrm() -> dict:
         d = json.load(gzip.open(f))
         ev = d["traceEvents"]
         (step,) = [e for e in ev if e.get("name", "").startswith("ProfilerStep#")]
-        k = min((e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")),
-                key=lambda e: e["ts"])
-        out[d["distributedInfo"]["rank"]] = {"step": int(step["name"].split("#")[1]), "start_us": step["ts"],
-                                             "dur_us": step["dur"], "arrival_us": k["ts"], "kernel_us": k["dur"]}
+        k = min(
+            (e for e in ev if e.get("cat") == "kernel" and e["name"].startswith("ncclKernel")), key=lambda e: e["ts"]
+        )
+        out[d["distributedInfo"]["rank"]] = {
+            "step": int(step["name"].split("#")[1]),
+            "start_us": step["ts"],
+            "dur_us": step["dur"],
+            "arrival_us": k["ts"],
+            "kernel_us": k["dur"],
+        }
     last = max(r["arrival_us"] for r in out.values())
     kmin = min(r["kernel_us"] for r in out.values())
     for r in out.values():

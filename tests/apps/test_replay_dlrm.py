@@ -47,7 +47,8 @@ def test_report_matches_independent_numbers(replayed, independent):
     # the first collective is the all_to_all with the ET's process-group sequence number 147
     assert diag.first_collective == ("0", 147, "all_to_all")
     skew_us = max(v["arrival_us"] for k, v in independent.items() if k != "straggler") - min(
-        v["arrival_us"] for k, v in independent.items() if k != "straggler")
+        v["arrival_us"] for k, v in independent.items() if k != "straggler"
+    )
     assert diag.skew_ns == skew_us * 1000
 
 
@@ -69,7 +70,11 @@ def test_batches_are_valid_and_one_agent_per_rank(replayed):
         assert evs[-1].kind == schema.Kind.STEP_END
         colls = [e for e in evs if e.kind == schema.Kind.COLLECTIVE_BEGIN]
         assert [c.payload["coll_seq"] for c in colls] == list(range(147, 155))
-        assert [c.payload["op"] for c in colls] == ["all_to_all"] * 4 + ["all_reduce", "all_to_all",
-                                                                          "all_reduce", "all_reduce"]
+        assert [c.payload["op"] for c in colls] == ["all_to_all"] * 4 + [
+            "all_reduce",
+            "all_to_all",
+            "all_reduce",
+            "all_reduce",
+        ]
         # bytes from the ET/Kineto shapes: the first all_to_all moves 6144 floats
         assert colls[0].value == 6144 * 4

@@ -34,8 +34,11 @@ def _raw(path) -> dict:
 def _raw_steps(path) -> tuple[dict[int, tuple], int]:
     """step -> (ts µs, dur µs) of the ProfilerStep spans, and baseTimeNanoseconds (0 when absent)."""
     d = _raw(path)
-    return {int(e["name"].split("#")[1]): (e["ts"], e["dur"]) for e in d["traceEvents"]
-            if e.get("name", "").startswith("ProfilerStep#")}, d.get("baseTimeNanoseconds", 0)
+    return {
+        int(e["name"].split("#")[1]): (e["ts"], e["dur"])
+        for e in d["traceEvents"]
+        if e.get("name", "").startswith("ProfilerStep#")
+    }, d.get("baseTimeNanoseconds", 0)
 
 
 @pytest.mark.slow
@@ -58,8 +61,14 @@ def test_two_of_128_ranks_load_and_are_reported_incomplete():
     for d in diags:  # both ranks share every collective of a step; one of them arrived last
         assert d.first_collective is not None and d.straggler in ("rank0", "rank1")
     kinds = {schema.Kind(e.kind) for b in batches for e in b.events}
-    assert {schema.Kind.PYTORCH_OP, schema.Kind.CUDA_LAUNCH, schema.Kind.CUDA_MEMCPY,
-            schema.Kind.COLLECTIVE_BEGIN, schema.Kind.COLLECTIVE_END, schema.Kind.NCCL_COLL} <= kinds
+    assert {
+        schema.Kind.PYTORCH_OP,
+        schema.Kind.CUDA_LAUNCH,
+        schema.Kind.CUDA_MEMCPY,
+        schema.Kind.COLLECTIVE_BEGIN,
+        schema.Kind.COLLECTIVE_END,
+        schema.Kind.NCCL_COLL,
+    } <= kinds
     # every mapped event of a step lies in the step's wall time on the CPU, or runs on the GPU after it began
     for b in batches:
         raw, _ = _raw_steps(folder / f"sampled_rank-{b.host_id}.json.gz")
@@ -103,8 +112,14 @@ def test_newer_format_base_time_and_collective_metadata():
     assert 1716422400e9 < diags[0].ranks[0].start_ns < 1716508800e9
     colls = [e for b in batches for e in b.events if e.kind == schema.Kind.COLLECTIVE_END]
     d = _raw(folder / "nccl_data.json.gz")
-    rpc = sorted((e for e in d["traceEvents"] if e.get("name") == "record_param_comms"
-                  and e["args"].get("Collective name") not in (None, "wait")), key=lambda e: e["ts"])
+    rpc = sorted(
+        (
+            e
+            for e in d["traceEvents"]
+            if e.get("name") == "record_param_comms" and e["args"].get("Collective name") not in (None, "wait")
+        ),
+        key=lambda e: e["ts"],
+    )
     assert len(colls) == len(rpc) == 21
     for c, e in zip(sorted(colls, key=lambda c: c.ts_ns), rpc):
         size = {"Float": 4, "Long": 8, "Int": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Byte": 1}[e["args"]["dtype"]]

@@ -45,11 +45,14 @@ def test_truncated_gzip_stream_is_a_clear_error(tmp_path):
         discover([p])
 
 
-@pytest.mark.parametrize("text, expect", [
-    ('{"traceEvents": [{"ph": "X",, }]}', "not valid JSON"),
-    ('{"foo": 1}', "contains no trace events"),
-    ('{"schema": "1.0.1", "pid": 7, "nodes": []}', "no Kineto trace"),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ('{"traceEvents": [{"ph": "X",, }]}', "not valid JSON"),
+        ('{"foo": 1}', "contains no trace events"),
+        ('{"schema": "1.0.1", "pid": 7, "nodes": []}', "no Kineto trace"),
+    ],
+)
 def test_invalid_files(tmp_path, text, expect):
     p = tmp_path / "x.json"
     p.write_text(text)
@@ -60,8 +63,13 @@ def test_invalid_files(tmp_path, text, expect):
 def test_cli_error_is_operator_readable(tmp_path):
     p = tmp_path / "rank3.json"
     p.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1')
-    r = subprocess.run([sys.executable, "-m", "obshub.cli", "replay", str(p), "--dry-run"],
-                       capture_output=True, text=True, cwd=REPO, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "obshub.cli", "replay", str(p), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert r.returncode == 1
     assert "error:" in r.stderr and "hint:" in r.stderr and "rank3.json" in r.stderr
     assert "Traceback" not in r.stderr
@@ -77,10 +85,26 @@ def test_unknown_categories_and_missing_fields_are_skipped_and_counted(tmp_path)
         {"ph": "X", "cat": "weird_cat", "name": "x", "pid": 1, "tid": 1, "ts": 300, "dur": 1},
         {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "ts": 300, "dur": 1},  # no name
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaGetDevice", "pid": 1, "tid": 1, "ts": 310, "dur": 1},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 320, "dur": 3,
-         "args": {"correlation": 5}},
-        {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 330, "dur": 20,
-         "args": {"device": 0, "stream": 7, "correlation": 5, "grid": [2, 3, 1]}},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 1,
+            "tid": 1,
+            "ts": 320,
+            "dur": 3,
+            "args": {"correlation": 5},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "gemm",
+            "pid": 0,
+            "tid": 7,
+            "ts": 330,
+            "dur": 20,
+            "args": {"device": 0, "stream": 7, "correlation": 5, "grid": [2, 3, 1]},
+        },
         {"ph": "B", "cat": "cpu_op", "name": "open", "pid": 1, "tid": 1, "ts": 400},
     ]
     p = tmp_path / "messy.json"
@@ -103,8 +127,11 @@ def test_unknown_categories_and_missing_fields_are_skipped_and_counted(tmp_path)
 
 def test_trace_without_steps_is_flagged(tmp_path):
     p = tmp_path / "rank0.json"
-    p.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 5, "dur": 2}]}))
+    p.write_text(
+        json.dumps(
+            {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 5, "dur": 2}]}
+        )
+    )
     rt, out = _map_all(p)
     assert rt.rank == 0  # from the file name, there being no distributedInfo
     assert any("no ProfilerStep" in n for n in rt.stats.notes)
@@ -132,18 +159,34 @@ def _write_big(path, n_steps: int, per_step: int) -> int:
         f.write('{"schemaVersion": 1, "distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": [\n')
         ts = 1_000_000
         for s in range(n_steps):
-            f.write(json.dumps({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 9,
-                                "tid": 9, "ts": ts, "dur": per_step * 10}) + ",\n")
+            f.write(
+                json.dumps(
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": f"ProfilerStep#{s}",
+                        "pid": 9,
+                        "tid": 9,
+                        "ts": ts,
+                        "dur": per_step * 10,
+                    }
+                )
+                + ",\n"
+            )
             chunk = []
             for i in range(per_step):
                 t = ts + i * 10
-                chunk.append(f'{{"ph": "X", "cat": "cpu_op", "name": "aten::op_{i % 97}_with_a_long_name_'
-                             f'like_real_ones", "pid": 9, "tid": 9, "ts": {t}, "dur": 5, "args": '
-                             f'{{"External id": {n + i}, "Input Dims": [[64, 128], [128]], "Input type": '
-                             f'["float", "float"]}}}},\n')
-                chunk.append(f'{{"ph": "X", "cat": "kernel", "name": "void gemm_kernel<{i % 13}>(float*)", '
-                             f'"pid": 0, "tid": 7, "ts": {t + 3}, "dur": 4, "args": {{"device": 0, "stream": 7, '
-                             f'"correlation": {n + i}, "grid": [4, 1, 1]}}}},\n')
+                chunk.append(
+                    f'{{"ph": "X", "cat": "cpu_op", "name": "aten::op_{i % 97}_with_a_long_name_'
+                    f'like_real_ones", "pid": 9, "tid": 9, "ts": {t}, "dur": 5, "args": '
+                    f'{{"External id": {n + i}, "Input Dims": [[64, 128], [128]], "Input type": '
+                    f'["float", "float"]}}}},\n'
+                )
+                chunk.append(
+                    f'{{"ph": "X", "cat": "kernel", "name": "void gemm_kernel<{i % 13}>(float*)", '
+                    f'"pid": 0, "tid": 7, "ts": {t + 3}, "dur": 4, "args": {{"device": 0, "stream": 7, '
+                    f'"correlation": {n + i}, "grid": [4, 1, 1]}}}},\n'
+                )
             f.write("".join(chunk))
             n += per_step * 2
             ts += per_step * 10 + 100
@@ -158,8 +201,9 @@ def test_memory_stays_bounded_on_a_large_file(tmp_path):
     n = _write_big(p, n_steps=10, per_step=3_000)
     size = p.stat().st_size
     assert size > 12e6
-    r = subprocess.run([sys.executable, "-c", BIG_SCRIPT, str(p)], capture_output=True, text=True, cwd=REPO,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", BIG_SCRIPT, str(p)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     # REGISTER + 10 STEP_BEGIN + 10 STEP_END + every op and kernel
@@ -188,9 +232,22 @@ def test_execution_trace_that_does_not_match_is_reported(tmp_path):
     """An ET listing other collectives than the Kineto trace is not trusted for sequence numbers."""
     kineto = next((SHARED_DATA / "traces" / "param-dlrm-8rank" / "dlrm_kineto").glob("worker0_*.json.gz"))
     et = tmp_path / "dlrm_eg_0.json"
-    et.write_text(json.dumps({"schema": "1.0.1", "pid": 59811, "nodes": [
-        {"name": "record_param_comms", "id": 5, "rf_id": 5,
-         "inputs": [[1, 2, 0, 16, 4, "cuda:0"], 7, 1234, 0, "allreduce", [], []]}]}))
+    et.write_text(
+        json.dumps(
+            {
+                "schema": "1.0.1",
+                "pid": 59811,
+                "nodes": [
+                    {
+                        "name": "record_param_comms",
+                        "id": 5,
+                        "rf_id": 5,
+                        "inputs": [[1, 2, 0, 16, 4, "cuda:0"], 7, 1234, 0, "allreduce", [], []],
+                    }
+                ],
+            }
+        )
+    )
     inputs = discover([kineto], [et])
     (rt,) = inputs.ranks
     assert rt.et is not None
@@ -200,30 +257,89 @@ def test_execution_trace_that_does_not_match_is_reported(tmp_path):
     assert any("do not match" in n for n in rt.stats.notes)
 
 
-
 def _strategies():
     from hypothesis import strategies as st
 
-    num = st.one_of(st.integers(-10**18, 10**18), st.floats(allow_nan=False, allow_infinity=False), st.none(),
-                    st.text(max_size=3), st.booleans())
-    cat = st.sampled_from(["cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy",
-                           "gpu_memset", "python_function", "ac2g", "weird", None, 7])
-    name = st.one_of(st.sampled_from(["ProfilerStep#1", "ProfilerStep#99999999999999999999", "record_param_comms",
-                                      "nccl:all_reduce", "ncclKernel_AllReduce_RING_LL_Sum_float",
-                                      "ncclDevKernel_Broadcast_RING_LL", "cudaLaunchKernel",
-                                      "cudaDeviceSynchronize", "cudaMemcpyAsync", "Optimizer.step#SGD.step",
-                                      "## forward ##", "aten::mm"]), st.text(max_size=20), st.none())
-    args = st.one_of(st.none(), st.text(max_size=3), st.fixed_dictionaries({}, optional={
-        "correlation": num, "device": num, "stream": num, "bytes": num, "grid": st.lists(num, max_size=3),
-        "Collective name": st.one_of(st.sampled_from(["allreduce", "wait", "broadcast"]), num),
-        "In msg nelems": num, "dtype": st.sampled_from(["Float", "Long", "weird"]), "Seq": num,
-        "Process Group Name": st.one_of(st.text(max_size=3), num),
-        "Input Dims": st.one_of(st.lists(st.lists(num, max_size=2), max_size=2), num),
-        "Input type": st.one_of(st.lists(st.sampled_from(["float", "int", "x"]), max_size=2), num)}))
-    event = st.one_of(st.fixed_dictionaries({"ph": st.sampled_from(["X", "X", "X", "i", "M", "s", None]),
-                                             "cat": cat, "name": name, "ts": num, "dur": num,
-                                             "pid": num, "tid": num, "args": args}),
-                      num, st.lists(num, max_size=2))
+    num = st.one_of(
+        st.integers(-(10**18), 10**18),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.none(),
+        st.text(max_size=3),
+        st.booleans(),
+    )
+    cat = st.sampled_from(
+        [
+            "cpu_op",
+            "user_annotation",
+            "cuda_runtime",
+            "cuda_driver",
+            "kernel",
+            "gpu_memcpy",
+            "gpu_memset",
+            "python_function",
+            "ac2g",
+            "weird",
+            None,
+            7,
+        ]
+    )
+    name = st.one_of(
+        st.sampled_from(
+            [
+                "ProfilerStep#1",
+                "ProfilerStep#99999999999999999999",
+                "record_param_comms",
+                "nccl:all_reduce",
+                "ncclKernel_AllReduce_RING_LL_Sum_float",
+                "ncclDevKernel_Broadcast_RING_LL",
+                "cudaLaunchKernel",
+                "cudaDeviceSynchronize",
+                "cudaMemcpyAsync",
+                "Optimizer.step#SGD.step",
+                "## forward ##",
+                "aten::mm",
+            ]
+        ),
+        st.text(max_size=20),
+        st.none(),
+    )
+    args = st.one_of(
+        st.none(),
+        st.text(max_size=3),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "correlation": num,
+                "device": num,
+                "stream": num,
+                "bytes": num,
+                "grid": st.lists(num, max_size=3),
+                "Collective name": st.one_of(st.sampled_from(["allreduce", "wait", "broadcast"]), num),
+                "In msg nelems": num,
+                "dtype": st.sampled_from(["Float", "Long", "weird"]),
+                "Seq": num,
+                "Process Group Name": st.one_of(st.text(max_size=3), num),
+                "Input Dims": st.one_of(st.lists(st.lists(num, max_size=2), max_size=2), num),
+                "Input type": st.one_of(st.lists(st.sampled_from(["float", "int", "x"]), max_size=2), num),
+            },
+        ),
+    )
+    event = st.one_of(
+        st.fixed_dictionaries(
+            {
+                "ph": st.sampled_from(["X", "X", "X", "i", "M", "s", None]),
+                "cat": cat,
+                "name": name,
+                "ts": num,
+                "dur": num,
+                "pid": num,
+                "tid": num,
+                "args": args,
+            }
+        ),
+        num,
+        st.lists(num, max_size=2),
+    )
     return st.lists(event, max_size=25)
 
 
@@ -237,11 +353,17 @@ def test_any_event_content_maps_to_valid_events_or_is_skipped(tmp_path_factory):
     @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
     @given(_strategies())
     def check(evs):
-        base = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 10,
-                 "dur": 1000}]
+        base = [
+            {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 10, "dur": 1000}
+        ]
         p = d / "rank0.json"
-        p.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": base + evs},
-                                default=str, allow_nan=False))
+        p.write_text(
+            json.dumps(
+                {"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": base + evs},
+                default=str,
+                allow_nan=False,
+            )
+        )
         rt, out = _map_all(p)
         for e in out:
             schema.validate_event(list(e))

@@ -18,14 +18,28 @@ from tests.apps.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
 from tests.conftest import REPO
 from tests.support import testkit
 
-ANALYSIS_FIELDS = ("job", "step", "hosts", "expected_hosts", "missing_hosts", "step_time_ns", "step_time_max_ns",
-                   "straggler", "blame", "collectives", "layers")
+ANALYSIS_FIELDS = (
+    "job",
+    "step",
+    "hosts",
+    "expected_hosts",
+    "missing_hosts",
+    "step_time_ns",
+    "step_time_max_ns",
+    "straggler",
+    "blame",
+    "collectives",
+    "layers",
+)
 
 
 def _raw_dlrm() -> dict[int, dict]:
     """rank -> step duration (ns), first NCCL kernel start (ns), from the raw files."""
-    return {r: {"dur_ns": v["dur_us"] * 1000, "arrival_ns": v["arrival_us"] * 1000}
-            for r, v in raw_dlrm().items() if isinstance(r, int)}
+    return {
+        r: {"dur_ns": v["dur_us"] * 1000, "arrival_ns": v["arrival_us"] * 1000}
+        for r, v in raw_dlrm().items()
+        if isinstance(r, int)
+    }
 
 
 def _check_dlrm_summary(s: dict, job: str, raw: dict[int, dict]) -> None:
@@ -67,8 +81,13 @@ def worker(kafka, tmp_path_factory):
 
 def _replay(topics, folder, job) -> dict:
     """``obshub replay --json`` into the worker's input topic (the broker from the ``kafka`` fixture's env)."""
-    r = subprocess.run([sys.executable, "-m", "obshub.cli", "replay", str(folder), "--job", job, "--topic",
-                        topics.events, "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "obshub.cli", "replay", str(folder), "--job", job, "--topic", topics.events, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -76,6 +95,7 @@ def _replay(topics, folder, job) -> dict:
 def _summaries(kafka, topics, job, steps: set[int]) -> dict[int, dict]:
     def done(msgs):
         return steps <= {s["step"] for s in testkit.summaries(msgs) if s["job"] == job and s["closed_by"] != "hang"}
+
     msgs = testkit.collect(kafka, topics.steps, until=done, timeout_s=90)
     return {s["step"]: s for s in testkit.summaries(msgs) if s["job"] == job and s["closed_by"] != "hang"}
 
@@ -91,8 +111,9 @@ def test_worker_diagnoses_replayed_dlrm_like_the_raw_files(kafka, worker):
     (step,) = out["steps"]
     assert step["straggler"] == f"rank{raw['straggler']}" == "rank7"
     assert {x["host"]: x["wait_ns"] for x in step["ranks"]} == {f"rank{i}": raw[i]["wait_us"] * 1000 for i in range(8)}
-    assert {x["host"]: x["start_ns"] for x in step["ranks"]} == {f"rank{i}": raw[i]["start_us"] * 1000
-                                                                  for i in range(8)}
+    assert {x["host"]: x["start_ns"] for x in step["ranks"]} == {
+        f"rank{i}": raw[i]["start_us"] * 1000 for i in range(8)
+    }
     # what reached Kafka: every batch, keyed by its host, one agent per rank
     n = sum(out["published"]["batches"].values())
     msgs = testkit.collect(kafka, worker.events, until=lambda ms: len(ms) >= n, timeout_s=60)

@@ -83,15 +83,25 @@ def test_busy_port_is_a_clear_error(tmp_path):
 
 
 def test_missing_java_is_a_clear_error(tmp_path):
-    env = {**os.environ, "OBSHUB_HOME": str(tmp_path), "OBSHUB_KAFKA_PORT": str(free_port_pair()),
-           "PATH": "/nonexistent", "JAVA_HOME": ""}
+    env = {
+        **os.environ,
+        "OBSHUB_HOME": str(tmp_path),
+        "OBSHUB_KAFKA_PORT": str(free_port_pair()),
+        "PATH": "/nonexistent",
+        "JAVA_HOME": "",
+    }
     r = run(["up"], env)
     assert r.returncode == 1 and "Java was not found" in r.stderr and "openjdk" in r.stderr
 
 
 def test_failed_download_is_a_clear_error(tmp_path):
-    env = {**os.environ, "OBSHUB_HOME": str(tmp_path / "h"), "OBSHUB_CACHE": str(tmp_path / "c"),
-           "OBSHUB_KAFKA_PORT": str(free_port_pair()), "OBSHUB_KAFKA_VERSION": "0.0.0-does-not-exist"}
+    env = {
+        **os.environ,
+        "OBSHUB_HOME": str(tmp_path / "h"),
+        "OBSHUB_CACHE": str(tmp_path / "c"),
+        "OBSHUB_KAFKA_PORT": str(free_port_pair()),
+        "OBSHUB_KAFKA_VERSION": "0.0.0-does-not-exist",
+    }
     r = run(["up"], env, timeout=300)
     assert r.returncode == 1
     assert "Failed to download Apache Kafka 0.0.0-does-not-exist" in r.stderr
@@ -103,14 +113,23 @@ def test_doctor_tells_the_truth_about_this_kernel():
     assert r.returncode == 0, r.stderr
     checks = {c["name"]: c for c in json.loads(r.stdout)}
     from producer import kheaders
+
     env = {**os.environ, **kheaders.find_header_tree(load_settings()).env()}
     probe = "from bcc import BPF\nb=BPF(text='TRACEPOINT_PROBE(sched, sched_process_fork) { return 0; }')\nprint(b.num_open_tracepoints())"
     tp = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert checks["bpf: tracepoint"]["ok"] == (tp.returncode == 0 and tp.stdout.strip() == "1")
-    kp = subprocess.run([sys.executable, "-c",
-                         "from bcc import BPF\nb=BPF(text='int f(void*c){return 0;}')\n"
-                         "b.attach_kprobe(event=b.get_syscall_fnname('getpid'), fn_name='f')"],
-                        capture_output=True, text=True, env=env, timeout=120)
+    kp = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from bcc import BPF\nb=BPF(text='int f(void*c){return 0;}')\n"
+            "b.attach_kprobe(event=b.get_syscall_fnname('getpid'), fn_name='f')",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert checks["bpf: kprobe"]["ok"] == (kp.returncode == 0)
     for name, c in checks.items():
         if c["ok"] is False:

@@ -18,16 +18,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _bench(tmp_path: Path, *args: str, timeout: int = 50) -> subprocess.CompletedProcess:
     env = {**os.environ, "OBSHUB_BENCH_RESULTS": str(tmp_path), "COLUMNS": "160"}
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_list_names_every_benchmark(tmp_path):
     proc = _bench(tmp_path, "--list")
     assert proc.returncode == 0, proc.stderr
     names = [ln.split()[0] for ln in proc.stdout.splitlines() if ln.strip()]
-    assert names == ["training_overhead", "agent_throughput", "stream_throughput", "fold_width", "rules_throughput",
-                     "ttd", "width", "scale"]
+    assert names == [
+        "training_overhead",
+        "agent_throughput",
+        "stream_throughput",
+        "fold_width",
+        "rules_throughput",
+        "ttd",
+        "width",
+        "scale",
+    ]
 
 
 def test_unknown_benchmark_is_refused(tmp_path):
@@ -42,8 +51,8 @@ def test_rules_quick_prints_table_and_saves(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "builtin rule pack" in out and "rule evaluations/s" in out and "records/s" in out
-    assert "┏" in out and "median (per s)" in out          # the rich table, with its header
-    assert "cores" in out and "Linux" in out               # the machine line
+    assert "┏" in out and "median (per s)" in out  # the rich table, with its header
+    assert "cores" in out and "Linux" in out  # the machine line
     saved = json.loads((tmp_path / "rules_throughput.json").read_text())
     assert saved["machine"]["cores"] == os.cpu_count()
     assert saved["counts"]["steps"] > 0 and saved["counts"]["events"] > 0
@@ -58,10 +67,10 @@ def test_scale_projection_arithmetic():
     inputs = {"E": (100.0, "t"), "W": (10_000.0, "t"), "C": (4.0, "t"), "T_toy": (0.05, "t")}
     rows = scale.projection(inputs, b_raw=40.0, b_lz4=10.0)
     assert [(r["gpus"], r["T_s"]) for r in rows] == [(1024, 0.05), (1024, 1.0), (16384, 0.05), (16384, 1.0)]
-    r = rows[1]                                             # 1,024 GPUs, 1 s steps
+    r = rows[1]  # 1,024 GPUs, 1 s steps
     assert r["nodes"] == 128 and r["events_per_s"] == pytest.approx(102_400)
     assert r["mb_per_s_lz4"] == pytest.approx(1.024) and r["mb_per_s_raw"] == pytest.approx(4.096)
-    assert r["workers"] == 11                               # ceil(102,400 / 10,000)
+    assert r["workers"] == 11  # ceil(102,400 / 10,000)
     assert r["messages_per_s"] == 128 * 5
     assert r["agent_cores_per_node"] == pytest.approx(8 * 100 * 4 / 1e6)
 
@@ -72,9 +81,10 @@ def test_interleave_and_table_shape():
     from bench import common
 
     order = []
-    series = common.interleave({"a": lambda: order.append("a") or 2.0, "b": lambda: order.append("b") or 3.0},
-                               rounds=3, progress=False)
-    assert order == ["a", "b"] * 3                          # interleaved, not a a a b b b
+    series = common.interleave(
+        {"a": lambda: order.append("a") or 2.0, "b": lambda: order.append("b") or 3.0}, rounds=3, progress=False
+    )
+    assert order == ["a", "b"] * 3  # interleaved, not a a a b b b
     assert series["b"].median == 3.0 and series["a"].mad == 0.0
     con = Console(width=200, record=True)
     con.print(common.table("t", series, "ms", baseline="a"))
@@ -90,13 +100,13 @@ def test_loadgen_batches_are_agent_shaped():
     from streams import offline
 
     load = loadgen.build(3, 7, events_per_step=40, steps_per_batch=3)
-    batches = [schema.decode_batch(v) for _k, v in load.messages]   # every message is a valid v1 batch
+    batches = [schema.decode_batch(v) for _k, v in load.messages]  # every message is a valid v1 batch
     assert sum(len(b.events) for b in batches) == load.events
     seqs: dict[str, list[int]] = {}
     for (key, _v), b in zip(load.messages, batches):
         assert key == b.host.encode()
         seqs.setdefault(b.agent_id, []).append(b.seq)
-    assert all(s == list(range(len(s))) for s in seqs.values()) and len(seqs) == 3   # contiguous per agent
+    assert all(s == list(range(len(s))) for s in seqs.values()) and len(seqs) == 3  # contiguous per agent
     per_host_step = Counter((b.host, e.step) for b in batches for e in b.events if e.step >= 0)
     assert set(per_host_step.values()) == {40} and len(per_host_step) == 3 * 7
     summaries = offline.summarize_batches(batches)

@@ -28,20 +28,27 @@ def test_fleet_batches_are_agent_shaped_and_name_the_straggler():
     steps = f.encode_all()
     reg = [schema.decode_batch(v) for _k, v in f.register_messages()]
     batches = reg + [schema.decode_batch(v) for st in steps for msgs, _n in st for _k, v in msgs]
-    assert sum(n for st in steps for _m, n in st) == 6 * 5 * 64          # events reported per slot add up
+    assert sum(n for st in steps for _m, n in st) == 6 * 5 * 64  # events reported per slot add up
     seqs: dict[str, list[int]] = {}
     for b in batches:
         seqs.setdefault(b.agent_id, []).append(b.seq)
-    assert all(s == list(range(len(s))) for s in seqs.values()) and len(seqs) == 6   # contiguous from 0
+    assert all(s == list(range(len(s))) for s in seqs.values()) and len(seqs) == 6  # contiguous from 0
     per_host_step = Counter((b.host, e.step) for b in batches for e in b.events if e.step >= 0)
     assert set(per_host_step.values()) == {64} and len(per_host_step) == 6 * 5
-    assert all(len(st) == shape.batches_per_step for st in steps)        # 5 publication slots per step
-    for b in batches[6:]:                                               # TraceKey step bits follow the step
+    assert all(len(st) == shape.batches_per_step for st in steps)  # 5 publication slots per step
+    for b in batches[6:]:  # TraceKey step bits follow the step
         for e in b.events:
             assert schema.parse_trace_key(e.trace_key).step16 == e.step & 0xFFFF
-    begins = sorted({e.ts_ns + b.clock.offset_ns for b in batches if b.host == "node0" for e in b.events
-                     if e.kind == schema.Kind.STEP_BEGIN})
-    assert [round((y - x) / 1e9, 2) for x, y in zip(begins, begins[1:])] == [1.0] * 4   # 1 s steps
+    begins = sorted(
+        {
+            e.ts_ns + b.clock.offset_ns
+            for b in batches
+            if b.host == "node0"
+            for e in b.events
+            if e.kind == schema.Kind.STEP_BEGIN
+        }
+    )
+    assert [round((y - x) / 1e9, 2) for x, y in zip(begins, begins[1:])] == [1.0] * 4  # 1 s steps
     summaries = offline.summarize_batches(batches)
     assert len(summaries) == 5
     for (_job, step), s in summaries.items():
@@ -66,19 +73,32 @@ def test_topic_classes():
     assert topic_class("obshub.events.v1", "bench-width-8") == "events (agents)"
     assert topic_class("bench-width-8-steps", "bench-width-8") == "repartition steps"
     assert topic_class("bench-width-8-open-changelog", "bench-width-8") == "changelog open"
-    assert topic_class("bench-width-128-open-changelog", "bench-width-8") is None      # another size's app
+    assert topic_class("bench-width-128-open-changelog", "bench-width-8") is None  # another size's app
     assert topic_class("__consumer_offsets", "bench-width-8") is None
 
 
 @pytest.mark.kafka
 def test_width_quick_runs_the_pipeline(tmp_path):
     env = {**os.environ, "OBSHUB_BENCH_RESULTS": str(tmp_path), "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "bench", "width", "--quick"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "width", "--quick"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-3000:]
-    for text in ("4 hosts", "16 hosts", "summaries behind at each step's end", "last event -> summary",
-                 "CPU per step of each stage", "bytes per step on each topic", "RSS peak of each process"):
+    for text in (
+        "4 hosts",
+        "16 hosts",
+        "summaries behind at each step's end",
+        "last event -> summary",
+        "CPU per step of each stage",
+        "bytes per step on each topic",
+        "RSS peak of each process",
+    ):
         assert text in out, text
     saved = json.loads((tmp_path / "width.json").read_text())
     sizes = {s["hosts"]: s for s in saved["sizes"]}
@@ -91,29 +111,33 @@ def test_width_quick_runs_the_pipeline(tmp_path):
         assert s["summarize_ms"] > 0
     small = sizes[4]
     last = small["samples"][-1]
-    assert last["summaries"] > 0 and last["engine_steps"] > 0 and last["ingested"] > 0   # metrics wired
+    assert last["summaries"] > 0 and last["engine_steps"] > 0 and last["ingested"] > 0  # metrics wired
     # the straggler runs from step 10 on: every summary of a later step names node2, blamed for sched
     slow = {int(k): v for k, v in small["summaries"].items() if int(k) >= small["guilty_from"]}
     assert slow and all(v["straggler"] == "node2" and v["layer"] == "sched" for v in slow.values())
-    assert small["pause"] is not None    # run, or skipped with the reason
+    assert small["pause"] is not None  # run, or skipped with the reason
 
 
 def test_stage_split_of_sampled_stacks():
     from bench import stages
 
-    raw = "\n".join([
-        "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);ingest_one (streams/app.py:220) 5",
-        "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_one (streams/app.py:370);"
-        "close (streams/app.py:290);summarize (streams/analysis.py:310) 3",
-        "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_part (streams/app.py:340) 2",
-        "_run_once (asyncio/base_events.py:1);_SelectorSocketTransport.write (asyncio/selector_events.py:1) 10",
-    ])
+    raw = "\n".join(
+        [
+            "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);ingest_one (streams/app.py:220) 5",
+            "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_one (streams/app.py:370);"
+            "close (streams/app.py:290);summarize (streams/analysis.py:310) 3",
+            "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_part (streams/app.py:340) 2",
+            "_run_once (asyncio/base_events.py:1);_SelectorSocketTransport.write (asyncio/selector_events.py:1) 10",
+        ]
+    )
     assert stages.parse(raw, "worker") == {"ingest": 5, "close": 3, "fold": 2, "kafka client + faust": 10}
-    eng = "\n".join([
-        "run_engine (rules/service.py:1);_decode (rules/service.py:2);event_record (rules/fields.py:3) 4",
-        "run_engine (rules/service.py:1);Engine.process (rules/engine.py:9);Compiled.eval (celpy/x.py:1) 6",
-        "Thread.run (threading.py:1);RuleService.run_notify (rules/service.py:5) 1",
-    ])
+    eng = "\n".join(
+        [
+            "run_engine (rules/service.py:1);_decode (rules/service.py:2);event_record (rules/fields.py:3) 4",
+            "run_engine (rules/service.py:1);Engine.process (rules/engine.py:9);Compiled.eval (celpy/x.py:1) 6",
+            "Thread.run (threading.py:1);RuleService.run_notify (rules/service.py:5) 1",
+        ]
+    )
     assert stages.parse(eng, "engine") == {"decode": 4, "rules": 6, "notify": 1}
 
 
@@ -129,15 +153,23 @@ def test_report_judges_the_targets_from_measured_numbers():
         r.work = {"published": 20, "ingested": 20, "summaries": 20, "engine": 20, "engine_events": 20}
         r.cpu_s = {k: v * 20 / 1000 for k, v in r.cpu_ms_per_step.items()}
         r.rss_peak_mb = {"worker": rss, "engine": rss / 2, "broker": 900.0}
-        r.profile = {"worker": {"shares": {"fold": fold_share / 2, "close": fold_share / 2, "ingest": 1 - fold_share}},
-                     "engine": {"shares": {"rules": rules_share, "decode": 1 - rules_share}}}
+        r.profile = {
+            "worker": {"shares": {"fold": fold_share / 2, "close": fold_share / 2, "ingest": 1 - fold_share}},
+            "engine": {"shares": {"rules": rules_share, "decode": 1 - rules_share}},
+        }
         r.bytes_per_step = {"events (agents)": hosts * 1600.0}
         r.kept_up, r.why_not = kept_up, ([] if kept_up else ["summaries up to 9 steps behind"])
         return r
 
     con = Console(width=200, record=True)
-    out = report([size(128, 100.0, 20.0, 90.0, 0.1, 0.5), size(512, 400.0, 80.0, 120.0, 0.1, 0.5),
-                  size(2048, 1600.0, 400.0, 600.0, 0.05, 0.1)], say=con.print)
+    out = report(
+        [
+            size(128, 100.0, 20.0, 90.0, 0.1, 0.5),
+            size(512, 400.0, 80.0, 120.0, 0.1, 0.5),
+            size(2048, 1600.0, 400.0, 600.0, 0.05, 0.1),
+        ],
+        say=con.print,
+    )
     v = out["verdicts"]
     # fold = 5 % of 1,600 ms = 80 ms (met); rules = 10 % of 400 ms = 40 ms (met); worker RSS 600 MB (missed)
     assert v == {"keep_up_512": True, "fold_2048": True, "rules_2048": True, "rss_2048": False}
@@ -160,10 +192,12 @@ def test_report_judges_the_targets_from_measured_numbers():
 def test_stage_split_follows_classes_and_modules():
     from bench import stages
 
-    raw = "\n".join([
-        "ingest (streams/app.py:188);one (streams/app.py:161);Ingest.handle (streams/ingest.py:50) 4",
-        "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.part (streams/fold.py:200) 3",
-        "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.close (streams/fold.py:250);"
-        "summarize (streams/analysis.py:302) 2",
-    ])
+    raw = "\n".join(
+        [
+            "ingest (streams/app.py:188);one (streams/app.py:161);Ingest.handle (streams/ingest.py:50) 4",
+            "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.part (streams/fold.py:200) 3",
+            "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.close (streams/fold.py:250);"
+            "summarize (streams/analysis.py:302) 2",
+        ]
+    )
     assert stages.parse(raw, "worker") == {"ingest": 4, "fold": 3, "close": 2}

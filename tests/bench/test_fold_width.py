@@ -15,7 +15,9 @@ def test_changelog_bytes_linear_and_previous_layout_quadratic(tmp_path, monkeypa
     from bench import fold_width
 
     res = fold_width.run(quick=True, widths=(8, 16, 32, 64), old_max=64)
-    assert res["exponents"]["changelog_bytes"] <= 1.15  # linear or better (fixed per-step records weigh less as H grows)
+    assert (
+        res["exponents"]["changelog_bytes"] <= 1.15
+    )  # linear or better (fixed per-step records weigh less as H grows)
     assert res["exponents_previous_layout"]["changelog_bytes"] >= 1.7
     rows = json.loads((tmp_path / "fold_width.json").read_text())["rows"]
     assert set(rows) == {"8", "16", "32", "64"}

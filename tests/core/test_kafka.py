@@ -11,16 +11,26 @@ from obshub.core.settings import KafkaConfig, load_settings
 
 
 def _sasl() -> kafka.KafkaConnection:
-    return kafka.KafkaConnection(bootstrap="k1:9093,k2:9093", client_id="obshub-test",
-                                 security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
-                                 sasl_username="agent", sasl_password="s3cret")
+    return kafka.KafkaConnection(
+        bootstrap="k1:9093,k2:9093",
+        client_id="obshub-test",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="agent",
+        sasl_password="s3cret",
+    )
 
 
 def test_every_client_kind_carries_the_connection():
     conn = _sasl()
-    common = {"bootstrap.servers": "k1:9093,k2:9093", "client.id": "obshub-test",
-              "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
-              "sasl.username": "agent", "sasl.password": "s3cret"}
+    common = {
+        "bootstrap.servers": "k1:9093,k2:9093",
+        "client.id": "obshub-test",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "agent",
+        "sasl.password": "s3cret",
+    }
     for conf in (kafka.producer_config(conn), kafka.consumer_config(conn, "g"), kafka.admin_config(conn)):
         assert common.items() <= conf.items()
     assert kafka.consumer_config(conn, "g", {"enable.auto.commit": False})["group.id"] == "g"
@@ -41,8 +51,7 @@ def test_secrets_stay_out_of_repr_and_plaintext_needs_no_credentials():
 
 def test_incomplete_sasl_is_refused_naming_what_is_missing():
     with pytest.raises(ValidationError, match="--sasl-password"):
-        kafka.KafkaConnection(bootstrap="k:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
-                              sasl_username="u")
+        kafka.KafkaConnection(bootstrap="k:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="u")
 
 
 def test_agent_producer_config_is_built_on_the_connection():

@@ -12,8 +12,14 @@ def test_every_kind_is_in_the_table_with_known_rules():
     for kind, info in KIND_INFO.items():
         assert info.step is None or (len(info.step) == 3 and set(info.step) <= set(STEP_RULES)), kind
     structural = {k for k, i in KIND_INFO.items() if i.step is None}
-    assert structural == {Kind.REGISTER, Kind.STEP_BEGIN, Kind.STEP_END, Kind.COLLECTIVE_BEGIN,
-                          Kind.COLLECTIVE_END, Kind.AGENT_LOSS}
+    assert structural == {
+        Kind.REGISTER,
+        Kind.STEP_BEGIN,
+        Kind.STEP_END,
+        Kind.COLLECTIVE_BEGIN,
+        Kind.COLLECTIVE_END,
+        Kind.AGENT_LOSS,
+    }
 
 
 def test_accumulator_rules_follow_the_table():

@@ -37,8 +37,9 @@ def test_trace_key_bit_layout():
     assert schema.make_trace_key(0, 65536 + 5, 0) == 5 << 32  # the step wraps
 
 
-@pytest.mark.parametrize("args", [(-1, 0, 0), (65536, 0, 0), (0, -1, 0), (0, 0, -1), (0, 0, 2**32), (True, 0, 0),
-                                  (0, 1.5, 0)])
+@pytest.mark.parametrize(
+    "args", [(-1, 0, 0), (65536, 0, 0), (0, -1, 0), (0, 0, -1), (0, 0, 2**32), (True, 0, 0), (0, 1.5, 0)]
+)
 def test_trace_key_rejects(args):
     with pytest.raises(ValueError):
         schema.make_trace_key(*args)
@@ -52,8 +53,16 @@ def test_parse_trace_key_rejects(key):
 
 def _batch(**kw) -> Batch:
     ev = Event(Kind.STEP_END, 1000, 500, schema.make_trace_key(3, 7, 1), 7, 42, 43, -1, 7, {"phase": "x"})
-    base = dict(job="j", host="node-003", host_id=3, agent_id="a1", seq=0, events=[ev],
-                clock=Clock(10, 2, 37_000_000_000), sent_ns=5)
+    base = dict(
+        job="j",
+        host="node-003",
+        host_id=3,
+        agent_id="a1",
+        seq=0,
+        events=[ev],
+        clock=Clock(10, 2, 37_000_000_000),
+        sent_ns=5,
+    )
     base.update(kw)
     return Batch(**base)
 
@@ -69,20 +78,23 @@ def _raw(b: Batch) -> dict:
     return msgpack.unpackb(schema.encode_batch(b))
 
 
-@pytest.mark.parametrize("mutate,field", [
-    (lambda r: r.update(v=2), "v"),
-    (lambda r: r.pop("v"), "v"),
-    (lambda r: r.update(host_id=70000), "host_id"),
-    (lambda r: r.update(job=5), "job"),
-    (lambda r: r.update(seq=-1), "seq"),
-    (lambda r: r.pop("clock"), "clock"),
-    (lambda r: r.update(extra=1), "extra"),
-    (lambda r: r["events"][0].__setitem__(0, 250), "events[0].kind"),
-    (lambda r: r["events"][0].__setitem__(3, -5), "events[0].trace_key"),
-    (lambda r: r["events"][0].__setitem__(1, "x"), "events[0].ts_ns"),
-    (lambda r: r["events"][0].pop(), "events[0]"),
-    (lambda r: r["events"][0].__setitem__(9, [1]), "events[0].payload"),
-])
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda r: r.update(v=2), "v"),
+        (lambda r: r.pop("v"), "v"),
+        (lambda r: r.update(host_id=70000), "host_id"),
+        (lambda r: r.update(job=5), "job"),
+        (lambda r: r.update(seq=-1), "seq"),
+        (lambda r: r.pop("clock"), "clock"),
+        (lambda r: r.update(extra=1), "extra"),
+        (lambda r: r["events"][0].__setitem__(0, 250), "events[0].kind"),
+        (lambda r: r["events"][0].__setitem__(3, -5), "events[0].trace_key"),
+        (lambda r: r["events"][0].__setitem__(1, "x"), "events[0].ts_ns"),
+        (lambda r: r["events"][0].pop(), "events[0]"),
+        (lambda r: r["events"][0].__setitem__(9, [1]), "events[0].payload"),
+    ],
+)
 def test_validation_names_the_field(mutate, field):
     raw = _raw(_batch())
     mutate(raw)
@@ -98,11 +110,19 @@ def test_unknown_version_is_clear():
         schema.decode_batch(msgpack.packb(raw))
 
 
-@pytest.mark.parametrize("data", [
-    b"", b"\xc1", b"\x81", b"\xdd\xff\xff\xff\xff",  # array32 claiming 4G elements
-    b"\xdb\x7f\xff\xff\xff" + b"a" * 10,  # str32 claiming 2 GiB
-    b"\xc6\xff\xff\xff\xff", msgpack.packb([1, 2, 3]), msgpack.packb({1: 2}),
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xc1",
+        b"\x81",
+        b"\xdd\xff\xff\xff\xff",  # array32 claiming 4G elements
+        b"\xdb\x7f\xff\xff\xff" + b"a" * 10,  # str32 claiming 2 GiB
+        b"\xc6\xff\xff\xff\xff",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({1: 2}),
+    ],
+)
 def test_hostile_bytes_raise_schema_error_only(data):
     with pytest.raises(SchemaError):
         schema.decode_batch(data)
@@ -152,11 +172,18 @@ def test_every_kind_documented():
     for k in Kind:
         assert k in schema.KIND_INFO, k
     # the five first kinds keep their numbers
-    assert [Kind.PYTORCH_OP, Kind.CUDA_LAUNCH, Kind.PAGE_ALLOC, Kind.RDMA_WQE_POST, Kind.RDMA_CQ_DONE] == [1, 2, 3, 4, 5]
+    assert [Kind.PYTORCH_OP, Kind.CUDA_LAUNCH, Kind.PAGE_ALLOC, Kind.RDMA_WQE_POST, Kind.RDMA_CQ_DONE] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
 
 
 def test_cluster_ids_never_look_like_options():
     from obshub import stack
+
     ids = [stack._cluster_id() for _ in range(2000)]
     assert not any(i.startswith("-") for i in ids)
     assert all(len(i) == 22 for i in ids)

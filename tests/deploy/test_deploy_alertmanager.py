@@ -65,9 +65,17 @@ class Steps(threading.Thread):
         while not self.stop.is_set():
             for (job, host), on in list(self.targets.items()):
                 if on:
-                    s = {"v": 1, "job": job, "step": step, "closed_by": "complete", "closed_at_ns": time.time_ns(),
-                         "hosts": [host], "expected_hosts": [host], "missing_hosts": [],
-                         "quality": {"lost_batches": 2}}
+                    s = {
+                        "v": 1,
+                        "job": job,
+                        "step": step,
+                        "closed_by": "complete",
+                        "closed_at_ns": time.time_ns(),
+                        "hosts": [host],
+                        "expected_hosts": [host],
+                        "missing_hosts": [],
+                        "quality": {"lost_batches": 2},
+                    }
                     self.p.produce(schema.TOPIC_STEPS, key=job, value=json.dumps(s).encode())
             self.p.flush(10)
             step += 1
@@ -81,10 +89,22 @@ def test_alertmanager_first_groups_silences_and_resolves(kafka, tmp_path):
     receiver = HttpRecorder()
     am_port, rules_port = free_port(), free_port()
     am_url = f"http://127.0.0.1:{am_port}"
-    (tmp_path / "am.yml").write_text(json.dumps({
-        "route": {"receiver": "hook", "group_by": ["alertname", "job"], "group_wait": "1s", "group_interval": "1s",
-                  "repeat_interval": "1h"},
-        "receivers": [{"name": "hook", "webhook_configs": [{"url": f"{receiver.url}/am", "send_resolved": True}]}]}))
+    (tmp_path / "am.yml").write_text(
+        json.dumps(
+            {
+                "route": {
+                    "receiver": "hook",
+                    "group_by": ["alertname", "job"],
+                    "group_wait": "1s",
+                    "group_interval": "1s",
+                    "repeat_interval": "1h",
+                },
+                "receivers": [
+                    {"name": "hook", "webhook_configs": [{"url": f"{receiver.url}/am", "send_resolved": True}]}
+                ],
+            }
+        )
+    )
     _rules(tmp_path / "rules.yaml", (ja, jb))
     (tmp_path / "alerting.yaml").write_text(f"""\
 version: 1
@@ -97,16 +117,43 @@ sinks:
     steps = Steps(kafka.bootstrap_servers, targets)
     procs: list[Proc] = []
     try:
-        am = Proc([str(am_bin), f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am-data'}",
-                   f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=", "--log.level=warn"],
-                  tmp_path / "am.log", cwd=tmp_path)
+        am = Proc(
+            [
+                str(am_bin),
+                f"--config.file={tmp_path / 'am.yml'}",
+                f"--storage.path={tmp_path / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{am_port}",
+                "--cluster.listen-address=",
+                "--log.level=warn",
+            ],
+            tmp_path / "am.log",
+            cwd=tmp_path,
+        )
         procs.append(am)
         wait_http(f"{am_url}/-/ready", am)
-        rules = Proc([sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(tmp_path / "rules.yaml"),
-                      "-c", str(tmp_path / "alerting.yaml"), "--group-prefix", f"am-{u}",
-                      "--metrics-port", str(rules_port), "--metrics-addr", "127.0.0.1", "--log-format", "json"],
-                     tmp_path / "rules.log", {"OBSHUB_HOME": str(tmp_path / "home"),
-                                              "OBSHUB_BOOTSTRAP": kafka.bootstrap_servers})
+        rules = Proc(
+            [
+                sys.executable,
+                "-m",
+                "obshub.cli",
+                "rules",
+                "serve",
+                "-r",
+                str(tmp_path / "rules.yaml"),
+                "-c",
+                str(tmp_path / "alerting.yaml"),
+                "--group-prefix",
+                f"am-{u}",
+                "--metrics-port",
+                str(rules_port),
+                "--metrics-addr",
+                "127.0.0.1",
+                "--log-format",
+                "json",
+            ],
+            tmp_path / "rules.log",
+            {"OBSHUB_HOME": str(tmp_path / "home"), "OBSHUB_BOOTSTRAP": kafka.bootstrap_servers},
+        )
         procs.append(rules)
         wait_http(f"http://127.0.0.1:{rules_port}/-/ready", rules, timeout_s=90)
         time.sleep(2)  # the engine's consumer group starts at the latest offset: let it join first
@@ -117,13 +164,15 @@ sinks:
             r.raise_for_status()
             return [a for a in r.json() if a["labels"].get("job") in (ja, jb)]
 
-        alerts = wait_until(lambda: (lambda a: a if len(a) == 3 else None)(am_alerts()), 60,
-                            "three alerts in Alertmanager", rules, am)
+        alerts = wait_until(
+            lambda: (lambda a: a if len(a) == 3 else None)(am_alerts()), 60, "three alerts in Alertmanager", rules, am
+        )
         assert {(a["labels"]["job"], a["labels"]["host"]) for a in alerts} == set(targets)
         for a in alerts:
             assert a["labels"]["alertname"] == "test_am_lost_batches"
-            assert a["annotations"]["runbook_url"] == \
-                "https://runbooks.example/obshub/docs/RULES.md#obshub_lost_batches"
+            assert (
+                a["annotations"]["runbook_url"] == "https://runbooks.example/obshub/docs/RULES.md#obshub_lost_batches"
+            )
             gen = a["generatorURL"]
             assert gen.endswith("/rules#test_am_lost_batches")
             page = httpx.get(gen.replace(gen.split("/rules")[0], f"http://127.0.0.1:{rules_port}"), timeout=5).text
@@ -132,26 +181,47 @@ sinks:
         # grouping is Alertmanager's: by (alertname, job), as its route says
         def groups():
             r = httpx.get(f"{am_url}/api/v2/alerts/groups", timeout=5).json()
-            return {g["labels"]["job"]: sorted(a["labels"]["host"] for a in g["alerts"]) for g in r
-                    if g["labels"].get("job") in (ja, jb)}
-        assert wait_until(lambda: (lambda g: g if g == {ja: ["h1", "h2"], jb: ["h3"]} else None)(groups()), 20,
-                          "two groups", am)
-        notified = wait_until(lambda: {r["json"]["groupLabels"].get("job") for r in receiver.requests
-                                       if r["json"]["status"] == "firing"} >= {ja, jb} and receiver.requests, 30,
-                              "firing notifications of both groups", am)
+            return {
+                g["labels"]["job"]: sorted(a["labels"]["host"] for a in g["alerts"])
+                for g in r
+                if g["labels"].get("job") in (ja, jb)
+            }
+
+        assert wait_until(
+            lambda: (lambda g: g if g == {ja: ["h1", "h2"], jb: ["h3"]} else None)(groups()), 20, "two groups", am
+        )
+        notified = wait_until(
+            lambda: (
+                {r["json"]["groupLabels"].get("job") for r in receiver.requests if r["json"]["status"] == "firing"}
+                >= {ja, jb}
+                and receiver.requests
+            ),
+            30,
+            "firing notifications of both groups",
+            am,
+        )
         for r in notified:
             assert set(r["json"]["groupLabels"]) == {"alertname", "job"}
 
         # a silence made through Alertmanager's API mutes job A
         now = datetime.now(timezone.utc)
-        sil = httpx.post(f"{am_url}/api/v2/silences", json={
-            "matchers": [{"name": "job", "value": ja, "isRegex": False, "isEqual": True}],
-            "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=1)).isoformat(),
-            "createdBy": "test", "comment": "maintenance"}, timeout=5)
+        sil = httpx.post(
+            f"{am_url}/api/v2/silences",
+            json={
+                "matchers": [{"name": "job", "value": ja, "isRegex": False, "isEqual": True}],
+                "startsAt": now.isoformat(),
+                "endsAt": (now + timedelta(hours=1)).isoformat(),
+                "createdBy": "test",
+                "comment": "maintenance",
+            },
+            timeout=5,
+        )
         assert sil.status_code == 200, sil.text
+
         def suppressed():
             a = [x for x in am_alerts() if x["labels"]["job"] == ja]
             return a if a and all(x["status"]["state"] == "suppressed" for x in a) else None
+
         muted = wait_until(suppressed, 20, "job A suppressed", am)
         assert all(sil.json()["silenceID"] in x["status"]["silencedBy"] for x in muted)
         assert [x["labels"]["job"] for x in am_alerts(silenced="false")] == [jb]
@@ -159,15 +229,25 @@ sinks:
         # job B's condition ends: obshub resolves it, Alertmanager ends it and notifies "resolved"
         targets[(jb, "h3")] = False
         wait_until(lambda: not [x for x in am_alerts() if x["labels"]["job"] == jb], 45, "job B resolved", rules, am)
-        wait_until(lambda: [r for r in receiver.requests if r["json"]["status"] == "resolved"
-                            and r["json"]["groupLabels"].get("job") == jb], 30, "the resolved notification", am)
+        wait_until(
+            lambda: [
+                r
+                for r in receiver.requests
+                if r["json"]["status"] == "resolved" and r["json"]["groupLabels"].get("job") == jb
+            ],
+            30,
+            "the resolved notification",
+            am,
+        )
         assert [x["labels"]["job"] for x in am_alerts()] == [ja, ja]  # A still fires (silenced), B ended
         text = rules.tail(1_000_000)
         assert all(line.startswith("{") for line in text.splitlines() if line.strip()), text[-3000:]
         lines = [json.loads(line) for line in text.splitlines() if line.strip()]
         assert lines and all({"time", "level", "logger", "message"} <= set(x) for x in lines)
-        assert any(x["logger"] == "obshub.rules.service" and "alert resolved test_am_lost_batches" in x["message"]
-                   for x in lines)
+        assert any(
+            x["logger"] == "obshub.rules.service" and "alert resolved test_am_lost_batches" in x["message"]
+            for x in lines
+        )
     finally:
         steps.stop.set()
         if steps.is_alive():

@@ -44,10 +44,21 @@ def render(tmp_path, values: dict | None = None) -> subprocess.CompletedProcess:
         d[leaf] = v
     vf = tmp_path / "values.yaml"
     vf.write_text(yaml.safe_dump(nested))
-    args = [str(tool("helm")), "template", "obshub", str(CHART), "--namespace", "monitoring", "--kube-version", K8S,
-            "-f", str(vf)]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120,
-                          env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    args = [
+        str(tool("helm")),
+        "template",
+        "obshub",
+        str(CHART),
+        "--namespace",
+        "monitoring",
+        "--kube-version",
+        K8S,
+        "-f",
+        str(vf),
+    ]
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=120, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    )
 
 
 def objects(tmp_path, values=None) -> list[dict]:
@@ -66,8 +77,17 @@ def pod_specs(objs):
 def test_chart_renders_valid_kubernetes_objects(tmp_path, name, values):
     objs = objects(tmp_path, values)
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == ["ConfigMap", "ConfigMap", "DaemonSet", "Deployment", "Deployment", "PersistentVolumeClaim",
-                     "Service", "Service", "ServiceAccount"]
+    assert kinds == [
+        "ConfigMap",
+        "ConfigMap",
+        "DaemonSet",
+        "Deployment",
+        "Deployment",
+        "PersistentVolumeClaim",
+        "Service",
+        "Service",
+        "ServiceAccount",
+    ]
     for o in objs:
         kubernetes_validate.validate(o, K8S, strict=True)  # raises ValidationError naming the field
 
@@ -100,8 +120,9 @@ def test_chart_renders_valid_kubernetes_objects(tmp_path, name, values):
     cfg = AlertingConfig.model_validate(yaml.safe_load(cm["data"]["alerting.yaml"]))
     assert cfg.mode == "alertmanager" and cfg.external_url.startswith("http")
     dash = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard"))
-    assert json.loads(dash["data"]["obshub-dashboard.json"]) == \
-        json.loads((REPO / "deploy" / "grafana" / "obshub-dashboard.json").read_text())
+    assert json.loads(dash["data"]["obshub-dashboard.json"]) == json.loads(
+        (REPO / "deploy" / "grafana" / "obshub-dashboard.json").read_text()
+    )
 
 
 def test_secured_values_reference_secrets_and_mount_certificates(tmp_path):
@@ -111,8 +132,10 @@ def test_secured_values_reference_secrets_and_mount_certificates(tmp_path):
         c = tmpl["spec"]["containers"][0]
         env = {e["name"]: e for e in c["env"]}
         assert env["OBSHUB_KAFKA_SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
-        assert env["OBSHUB_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == \
-            {"name": "obshub-kafka-password", "key": "password"}
+        assert env["OBSHUB_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+            "name": "obshub-kafka-password",
+            "key": "password",
+        }
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         volumes = {v["name"]: v for v in tmpl["spec"]["volumes"]}
         ca = env["OBSHUB_KAFKA_SSL_CA_LOCATION"]["value"]

@@ -38,16 +38,23 @@ def broker(tmp_path_factory):
 
 
 def sasl_env(b, home) -> dict[str, str]:
-    return {"OBSHUB_HOME": str(home), "OBSHUB_BOOTSTRAP": b.sasl_ssl, "OBSHUB_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-            "OBSHUB_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "OBSHUB_KAFKA_SASL_USERNAME": secure_kafka.USER,
-            "OBSHUB_KAFKA_SASL_PASSWORD": b.password, "OBSHUB_KAFKA_SSL_CA_LOCATION": str(b.certs.ca),
-            "OBSHUB_METRICS_ADDR": "127.0.0.1"}
+    return {
+        "OBSHUB_HOME": str(home),
+        "OBSHUB_BOOTSTRAP": b.sasl_ssl,
+        "OBSHUB_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "OBSHUB_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "OBSHUB_KAFKA_SASL_USERNAME": secure_kafka.USER,
+        "OBSHUB_KAFKA_SASL_PASSWORD": b.password,
+        "OBSHUB_KAFKA_SSL_CA_LOCATION": str(b.certs.ca),
+        "OBSHUB_METRICS_ADDR": "127.0.0.1",
+    }
 
 
 def run(env, *args, timeout=120) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OBSHUB_")}
-    return subprocess.run(OBSHUB + list(args), capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                          env={**clean, **env})
+    return subprocess.run(
+        OBSHUB + list(args), capture_output=True, text=True, cwd=REPO, timeout=timeout, env={**clean, **env}
+    )
 
 
 def test_every_component_through_sasl_ssl_and_mtls(broker, tmp_path, monkeypatch):
@@ -73,14 +80,49 @@ rules:
 """)
     procs = []
     try:
-        worker = Proc(OBSHUB + ["streams", "worker", "--app-id", f"sec-app-{u}", "--window-s", "4", "--partitions", "2",
-                                "--index", "81", "--log-level", "info"], tmp_path / "worker.log", env)
+        worker = Proc(
+            OBSHUB
+            + [
+                "streams",
+                "worker",
+                "--app-id",
+                f"sec-app-{u}",
+                "--window-s",
+                "4",
+                "--partitions",
+                "2",
+                "--index",
+                "81",
+                "--log-level",
+                "info",
+            ],
+            tmp_path / "worker.log",
+            env,
+        )
         procs.append(worker)
-        rules = Proc(OBSHUB + ["rules", "serve", "-r", str(tmp_path / "rules.yaml"), "--group-prefix", f"sec-{u}",
-                               "--from-beginning"], tmp_path / "rules.log", env)
+        rules = Proc(
+            OBSHUB
+            + ["rules", "serve", "-r", str(tmp_path / "rules.yaml"), "--group-prefix", f"sec-{u}", "--from-beginning"],
+            tmp_path / "rules.log",
+            env,
+        )
         procs.append(rules)
-        agent = run(env, "agent", "--source", "synthetic", "--rate", "2000", "--synthetic-events", "2000",
-                    "--job", f"{job}-agent", "--host", f"a-{u}", "--duration", "20")
+        agent = run(
+            env,
+            "agent",
+            "--source",
+            "synthetic",
+            "--rate",
+            "2000",
+            "--synthetic-events",
+            "2000",
+            "--job",
+            f"{job}-agent",
+            "--host",
+            f"a-{u}",
+            "--duration",
+            "20",
+        )
         assert agent.returncode == 0, agent.stderr[-2000:]
         assert "all delivered" in agent.stderr
         wait_until(lambda: "Worker ready" in worker.tail(200_000), 120, "the stream worker", worker)
@@ -89,8 +131,20 @@ rules:
         for key, b in synthetic.generate(scn):
             p.produce(schema.TOPIC_EVENTS, key=key, value=schema.encode_batch(b))
         assert p.flush(30) == 0
-        tail = run(env, "tail", "steps", "--job", job, "--from-beginning", "--count", "8", "--json", "--timeout-s", "90",
-                   timeout=150)
+        tail = run(
+            env,
+            "tail",
+            "steps",
+            "--job",
+            job,
+            "--from-beginning",
+            "--count",
+            "8",
+            "--json",
+            "--timeout-s",
+            "90",
+            timeout=150,
+        )
         assert tail.returncode == 0, tail.stderr[-2000:]
         steps = [json.loads(line) for line in tail.stdout.splitlines() if line.startswith("{")]
         assert {s["step"] for s in steps} == set(range(8))
@@ -99,6 +153,7 @@ rules:
         def fired():
             r = run(env, "alerts", "--job", job, "--json", "--since", "1h")
             return r.returncode == 0 and [a for a in json.loads(r.stdout) if a["status"] == "firing"]
+
         wait_until(fired, 60, "the alert through SASL_SSL", rules)
         out = tmp_path / "t.json"
         exp = run(env, "trace", "export", "--job", job, "--steps", "2-4", "-o", str(out), "--since", "1h")
@@ -113,12 +168,30 @@ rules:
         assert st_text.returncode == 0 and "Kafka security: SASL_SSL, SASL SCRAM-SHA-512 as obshub" in st_text.stdout
 
         # mutual TLS: the agent with a client certificate on the SSL listener
-        mtls = {"OBSHUB_HOME": str(tmp_path / "home2"), "OBSHUB_BOOTSTRAP": broker.mtls,
-                "OBSHUB_KAFKA_SECURITY_PROTOCOL": "SSL", "OBSHUB_KAFKA_SSL_CA_LOCATION": str(broker.certs.ca),
-                "OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION": str(broker.certs.client_cert),
-                "OBSHUB_KAFKA_SSL_KEY_LOCATION": str(broker.certs.client_key)}
-        agent2 = run(mtls, "agent", "--source", "synthetic", "--rate", "2000", "--synthetic-events", "1000",
-                     "--job", f"{job}-mtls", "--host", f"m-{u}", "--duration", "20")
+        mtls = {
+            "OBSHUB_HOME": str(tmp_path / "home2"),
+            "OBSHUB_BOOTSTRAP": broker.mtls,
+            "OBSHUB_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "OBSHUB_KAFKA_SSL_CA_LOCATION": str(broker.certs.ca),
+            "OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION": str(broker.certs.client_cert),
+            "OBSHUB_KAFKA_SSL_KEY_LOCATION": str(broker.certs.client_key),
+        }
+        agent2 = run(
+            mtls,
+            "agent",
+            "--source",
+            "synthetic",
+            "--rate",
+            "2000",
+            "--synthetic-events",
+            "1000",
+            "--job",
+            f"{job}-mtls",
+            "--host",
+            f"m-{u}",
+            "--duration",
+            "20",
+        )
         assert agent2.returncode == 0 and "all delivered" in agent2.stderr, agent2.stderr[-2000:]
     finally:
         for pr in reversed(procs):
@@ -144,7 +217,11 @@ def test_wrong_password_and_untrusted_ca_name_the_setting(broker, tmp_path):
     r = run(untrusted, "trace", "export", "--job", "x", "--steps", "1", "-o", str(tmp_path / "x.json"))
     assert r.returncode == 1
     assert "is not trusted" in r.stderr and "OBSHUB_KAFKA_SSL_CA_LOCATION" in r.stderr, r.stderr[-2000:]
-    no_cert = {"OBSHUB_HOME": str(tmp_path / "h3"), "OBSHUB_BOOTSTRAP": broker.mtls,
-               "OBSHUB_KAFKA_SECURITY_PROTOCOL": "SSL", "OBSHUB_KAFKA_SSL_CA_LOCATION": str(broker.certs.ca)}
+    no_cert = {
+        "OBSHUB_HOME": str(tmp_path / "h3"),
+        "OBSHUB_BOOTSTRAP": broker.mtls,
+        "OBSHUB_KAFKA_SECURITY_PROTOCOL": "SSL",
+        "OBSHUB_KAFKA_SSL_CA_LOCATION": str(broker.certs.ca),
+    }
     r = run(no_cert, "alerts", "--since", "1h")
     assert r.returncode == 1 and "OBSHUB_KAFKA_SSL_CERTIFICATE_LOCATION" in r.stderr, r.stderr[-2000:]

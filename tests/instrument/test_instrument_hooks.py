@@ -86,18 +86,35 @@ def test_steps_and_phases_with_accumulation_and_checkpointing(probes, monkeypatc
     loss_fn = torch.nn.CrossEntropyLoss()
     x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
     for _ in range(2):
-        for _micro in range(2):                       # gradient accumulation: 2 forward/backward per step
+        for _micro in range(2):  # gradient accumulation: 2 forward/backward per step
             loss_fn(model(x), y).backward()
         opt.step()
         opt.zero_grad()
 
     seq = [(c[0], c[1]) for c in _events(probes, "step_begin", "step_end", "phase_begin", "phase_end")]
-    fb = [("phase_begin", "forward"), ("phase_end", "forward"), ("phase_begin", "backward"),
-          ("phase_end", "backward")] * 2
+    fb = [
+        ("phase_begin", "forward"),
+        ("phase_end", "forward"),
+        ("phase_begin", "backward"),
+        ("phase_end", "backward"),
+    ] * 2
     opt_phase = [("phase_begin", "optimizer"), ("phase_end", "optimizer")]
-    assert seq == ([("step_begin", 0), *fb, *opt_phase, ("step_end", 0), ("step_begin", 1),
-                    ("phase_begin", "data"), ("phase_end", "data"), *fb, *opt_phase, ("step_end", 1),
-                    ("step_begin", 2), ("phase_begin", "data")])
+    assert seq == (
+        [
+            ("step_begin", 0),
+            *fb,
+            *opt_phase,
+            ("step_end", 0),
+            ("step_begin", 1),
+            ("phase_begin", "data"),
+            ("phase_end", "data"),
+            *fb,
+            *opt_phase,
+            ("step_end", 1),
+            ("step_begin", 2),
+            ("phase_begin", "data"),
+        ]
+    )
     # a process without torch.distributed registers at its first step, as rank 0 of 1
     assert probes[0] == ("register", "j", 0, 1, 2, 0)
     assert len(_events(probes, "register")) == 1
@@ -130,8 +147,10 @@ def test_ddp_gradient_all_reduce_is_seen_through_obshubs_comm_hook(probes, gloo_
         opt.step()
     colls = _events(probes, "coll_begin")
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert [(c[1], c[2], c[3], c[4], c[5]) for c in colls] == [("0", 0, "all_reduce", grad_bytes, 0),
-                                                              ("0", 1, "all_reduce", grad_bytes, 1)]
+    assert [(c[1], c[2], c[3], c[4], c[5]) for c in colls] == [
+        ("0", 0, "all_reduce", grad_bytes, 0),
+        ("0", 1, "all_reduce", grad_bytes, 1),
+    ]
     ends = _events(probes, "coll_end")
     assert sorted(c[1:] for c in ends) == sorted(c[1:] for c in colls)
     # the collective's key is issued inside the backward phase of its step
@@ -146,7 +165,7 @@ def test_a_users_comm_hook_wins(probes, gloo_world_of_one):
     dist = gloo_world_of_one
     dist.init_process_group("gloo", rank=0, world_size=1)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
-    model.register_comm_hook(None, allreduce_hook)      # must not clash with obshub's
+    model.register_comm_hook(None, allreduce_hook)  # must not clash with obshub's
     model(torch.randn(3, 16)).sum().backward()
     # the user's hook calls dist.all_reduce: seen through the torch.distributed wrapper
     assert [(c[1], c[2], c[3]) for c in _events(probes, "coll_begin")] == [("0", 0, "all_reduce")]

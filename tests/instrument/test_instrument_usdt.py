@@ -178,10 +178,18 @@ int on_coll_end(struct pt_regs *ctx)
 
 
 class Rec(ctypes.Structure):
-    _fields_ = [("probe", ctypes.c_uint32), ("pid", ctypes.c_uint32), ("tid", ctypes.c_uint32),
-                ("i32", ctypes.c_int32 * 4), ("step", ctypes.c_int64), ("key", ctypes.c_uint64),
-                ("seq", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("s1", ctypes.c_char * 32),
-                ("s2", ctypes.c_char * 32)]
+    _fields_ = [
+        ("probe", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("tid", ctypes.c_uint32),
+        ("i32", ctypes.c_int32 * 4),
+        ("step", ctypes.c_int64),
+        ("key", ctypes.c_uint64),
+        ("seq", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("s1", ctypes.c_char * 32),
+        ("s2", ctypes.c_char * 32),
+    ]
 
 
 class UsdtReader:
@@ -209,8 +217,18 @@ class UsdtReader:
 
     def _on_event(self, ctx, data, size):
         r = ctypes.cast(data, ctypes.POINTER(Rec)).contents
-        rec = {"probe": PROBES[r.probe], "pid": r.pid, "tid": r.tid, "i32": list(r.i32), "step": r.step,
-               "key": r.key, "seq": r.seq, "bytes": r.bytes, "s1": r.s1.decode(), "s2": r.s2.decode()}
+        rec = {
+            "probe": PROBES[r.probe],
+            "pid": r.pid,
+            "tid": r.tid,
+            "i32": list(r.i32),
+            "step": r.step,
+            "key": r.key,
+            "seq": r.seq,
+            "bytes": r.bytes,
+            "s1": r.s1.decode(),
+            "s2": r.s2.decode(),
+        }
         with self._lock:
             self.records.append(rec)
 
@@ -270,13 +288,11 @@ def _by(recs, probe, pid=None):
 
 # --------------------------------------------------------------------------------------------------------
 def test_extension_has_stapsdt_notes():
-    out = subprocess.run(["readelf", "-n", usdt.library_path()], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["readelf", "-n", usdt.library_path()], capture_output=True, text=True, check=True).stdout
     assert "NT_STAPSDT" in out
     names = {line.split(":", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("Name:")}
     assert names == set(PROBES)
-    providers = {line.split(":", 1)[1].strip() for line in out.splitlines()
-                 if line.strip().startswith("Provider:")}
+    providers = {line.split(":", 1)[1].strip() for line in out.splitlines() if line.strip().startswith("Provider:")}
     assert providers == {"obshub"}
     # no semaphores: every probe site is a plain NOP, attachable by file path
     sems = [line for line in out.splitlines() if "Semaphore:" in line]
@@ -301,9 +317,26 @@ def test_torchrun_two_ranks_under_obshub_run(reader):
     job = f"t-{uuid.uuid4().hex[:8]}"
     steps = 4
     torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or "torchrun"
-    cmd = [*OBSHUB, "run", "--job", job, "--", torchrun, "--nproc-per-node", "2", "--master-port",
-           str(_free_port()), "-m", "obshub.workloads.ddp_train", "--steps", str(steps), "--hidden", "64",
-           "--batch", "16"]
+    cmd = [
+        *OBSHUB,
+        "run",
+        "--job",
+        job,
+        "--",
+        torchrun,
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "obshub.workloads.ddp_train",
+        "--steps",
+        str(steps),
+        "--hidden",
+        "64",
+        "--batch",
+        "16",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = re.findall(r"^step (\d+) rank (\d+) time_ms [\d.]+$", proc.stdout, re.M)
@@ -311,8 +344,8 @@ def test_torchrun_two_ranks_under_obshub_run(reader):
     recs = reader.of_job(job)
 
     regs = _by(recs, "register")
-    assert sorted(r["i32"][0] for r in regs) == [0, 1]                  # ranks
-    assert all(r["i32"][1] == 2 for r in regs)                          # world size
+    assert sorted(r["i32"][0] for r in regs) == [0, 1]  # ranks
+    assert all(r["i32"][1] == 2 for r in regs)  # world size
     assert sorted((r["i32"][0], r["i32"][2], r["i32"][3]) for r in regs) == [(0, 0, 0), (1, 1, 1)]
     rank_of = {r["pid"]: r["i32"][0] for r in regs}
 
@@ -333,19 +366,20 @@ def test_torchrun_two_ranks_under_obshub_run(reader):
                 assert phases[(ph, s)] == 1, (rank, ph, s, phases)
             assert phases[("data", s)] == (1 if s else 0)
         assert Counter((r["s1"], r["step"], r["key"]) for r in _by(mine, "phase_begin")) == Counter(
-            (r["s1"], r["step"], r["key"]) for r in _by(mine, "phase_end"))
+            (r["s1"], r["step"], r["key"]) for r in _by(mine, "phase_end")
+        )
         for r in _by(mine, "phase_begin"):
             host, step16, op = schema.parse_trace_key(r["key"])
             assert (host, step16) == (rank, r["step"] & 0xFFFF) and op >= 1
         # order inside a step: forward < backward < optimizer (op sequence numbers)
         for s in range(steps):
-            ops = {r["s1"]: schema.parse_trace_key(r["key"]).op_seq
-                   for r in _by(mine, "phase_begin") if r["step"] == s}
+            ops = {r["s1"]: schema.parse_trace_key(r["key"]).op_seq for r in _by(mine, "phase_begin") if r["step"] == s}
             assert ops["forward"] < ops["backward"] < ops["optimizer"]
         # collectives: every begin has its end; keys carry this step
         cb, ce = _by(mine, "coll_begin"), _by(mine, "coll_end")
         assert sorted((r["s1"], r["seq"], r["s2"], r["key"]) for r in cb) == sorted(
-            (r["s1"], r["seq"], r["s2"], r["key"]) for r in ce)
+            (r["s1"], r["seq"], r["s2"], r["key"]) for r in ce
+        )
         for r in cb:
             host, step16, op = schema.parse_trace_key(r["key"])
             assert host == rank and op >= 1
@@ -370,37 +404,51 @@ def test_torchrun_two_ranks_under_obshub_run(reader):
 # --------------------------------------------------------------------------------------------------------
 def test_non_torch_program_runs_and_exit_code_propagates(tmp_path):
     script = tmp_path / "plain.py"
-    script.write_text("import sys, json\nprint(json.dumps(sys.argv[1:]))\n"
-                      "print('torch' in sys.modules, file=sys.stderr)\nsys.exit(int(sys.argv[1]))\n")
-    proc = subprocess.run([*OBSHUB, "run", "--job", "x", "--", PY, str(script), "3", "--flag"],
-                          env=_env(), capture_output=True, text=True, timeout=60)
+    script.write_text(
+        "import sys, json\nprint(json.dumps(sys.argv[1:]))\n"
+        "print('torch' in sys.modules, file=sys.stderr)\nsys.exit(int(sys.argv[1]))\n"
+    )
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--job", "x", "--", PY, str(script), "3", "--flag"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 3
     assert proc.stdout.strip() == '["3", "--flag"]'
-    assert proc.stderr.strip() == "False"          # the bootstrap imported nothing heavy, said nothing
+    assert proc.stderr.strip() == "False"  # the bootstrap imported nothing heavy, said nothing
 
 
 def test_shadowed_sitecustomize_still_runs(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = 'yes'\n")
-    proc = subprocess.run([*OBSHUB, "run", "--", PY, "-c", "import os; print(os.environ.get('SHADOWED_RAN'))"],
-                          env=_env(PYTHONPATH=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--", PY, "-c", "import os; print(os.environ.get('SHADOWED_RAN'))"],
+        env=_env(PYTHONPATH=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "yes"
 
 
 def test_missing_command_is_an_error():
-    proc = subprocess.run([*OBSHUB, "run", "--", "obshub-no-such-command-xyz"], env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--", "obshub-no-such-command-xyz"], env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 1
     assert "could not start 'obshub-no-such-command-xyz'" in proc.stderr
 
 
 @pytest.mark.parametrize("sig, want", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
 def test_signals_reach_the_command(sig, want):
-    code = ("import signal, sys, time\n"
-            "signal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
-            "print('ready', flush=True)\ntime.sleep(60)\n")
-    proc = subprocess.Popen([*OBSHUB, "run", "--", PY, "-c", code], env=_env(), stdout=subprocess.PIPE,
-                            text=True)
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: sys.exit(130))\n"
+        "print('ready', flush=True)\ntime.sleep(60)\n"
+    )
+    proc = subprocess.Popen([*OBSHUB, "run", "--", PY, "-c", code], env=_env(), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(sig)
@@ -443,10 +491,23 @@ dist.destroy_process_group()
 def test_enable_in_code_collective_wrappers_two_ranks(reader):
     job = f"c-{uuid.uuid4().hex[:8]}"
     port = str(_free_port())
-    procs = [subprocess.Popen([PY, "-c", COLLECTIVES_SCRIPT.format(job=job)], cwd=REPO, stderr=subprocess.PIPE,
-                              text=True, env=_env(RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                                  MASTER_PORT=port, LOCAL_RANK=str(r), OBSHUB_HOST_ID="7"))
-             for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [PY, "-c", COLLECTIVES_SCRIPT.format(job=job)],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(
+                RANK=str(r),
+                WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                LOCAL_RANK=str(r),
+                OBSHUB_HOST_ID="7",
+            ),
+        )
+        for r in (0, 1)
+    ]
     try:
         errs = [p.communicate(timeout=90)[1] for p in procs]
     finally:
@@ -463,8 +524,9 @@ def test_enable_in_code_collective_wrappers_two_ranks(reader):
     seen = {}
     for pid, rank in rank_of.items():
         begins = _by(recs, "coll_begin", pid)
-        assert sorted((r["s1"], r["seq"]) for r in begins) == sorted((r["s1"], r["seq"])
-                                                                   for r in _by(recs, "coll_end", pid))
+        assert sorted((r["s1"], r["seq"]) for r in begins) == sorted(
+            (r["s1"], r["seq"]) for r in _by(recs, "coll_end", pid)
+        )
         for r in begins:  # outside any step: step -1, key step field 0xFFFF
             assert r["step"] == -1 and schema.parse_trace_key(r["key"])[:2] == (7, 0xFFFF)
         seen[rank] = {(r["s1"], r["seq"]): (r["s2"], r["bytes"]) for r in begins}
@@ -478,10 +540,14 @@ def test_enable_in_code_collective_wrappers_two_ranks(reader):
     subgroups = {pg for pg, _ in group0} - {"0"}
     assert len(subgroups) == 1 and group0[(subgroups.pop(), 0)] == ("all_reduce", 12)
     # point-to-point: the sender's and the receiver's op share (pair, seq)
-    assert {k: v[0] for k, v in seen[0].items() if ":p2p:" in k[0]} == {("0:p2p:0-1", 0): "send",
-                                                                       ("0:p2p:0-1", 1): "isend"}
-    assert {k: v[0] for k, v in seen[1].items() if ":p2p:" in k[0]} == {("0:p2p:0-1", 0): "recv",
-                                                                       ("0:p2p:0-1", 1): "irecv"}
+    assert {k: v[0] for k, v in seen[0].items() if ":p2p:" in k[0]} == {
+        ("0:p2p:0-1", 0): "send",
+        ("0:p2p:0-1", 1): "isend",
+    }
+    assert {k: v[0] for k, v in seen[1].items() if ":p2p:" in k[0]} == {
+        ("0:p2p:0-1", 0): "recv",
+        ("0:p2p:0-1", 1): "irecv",
+    }
 
 
 def test_bootstrap_failure_leaves_the_program_running(tmp_path):
@@ -490,8 +556,13 @@ def test_bootstrap_failure_leaves_the_program_running(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("VERSION = 'fake'\n")
     code = "import torch, sys; print(torch.VERSION); sys.exit(5)"
-    proc = subprocess.run([*OBSHUB, "run", "--", PY, "-c", code], env=_env(PYTHONPATH=str(tmp_path)),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--", PY, "-c", code],
+        env=_env(PYTHONPATH=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 5
     assert proc.stdout.strip() == "fake"
     lines = proc.stderr.strip().splitlines()
@@ -521,8 +592,13 @@ def test_bad_host_id_is_a_config_error(monkeypatch, value):
 
 
 def test_run_rejects_bad_options():
-    proc = subprocess.run([*OBSHUB, "run", "--host-id", "70000", "--", PY, "-c", "pass"], env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--host-id", "70000", "--", PY, "-c", "pass"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "70000" in proc.stderr
     proc = subprocess.run([*OBSHUB, "run"], env=_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "COMMAND" in proc.stderr

@@ -35,8 +35,12 @@ print(json.dumps({"third_party": third, "lib": usdt.library_path(), "enabled": i
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                        str(REPO)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return next(out.glob("obshub-*.whl"))
 
@@ -45,18 +49,29 @@ def test_instrumentation_runs_in_a_bare_virtualenv(wheel, tmp_path):
     env_dir = tmp_path / "bare"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-index", str(wheel)],
-                       capture_output=True, text=True, timeout=300)  # no index: a dependency would fail here
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-index", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # no index: a dependency would fail here
     assert r.returncode == 0, r.stderr[-3000:]
-    listed = subprocess.run([py, "-c", "import importlib.metadata as m; print(sorted(d.metadata['Name'] for d in "
-                             "m.distributions()))"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    listed = subprocess.run(
+        [py, "-c", "import importlib.metadata as m; print(sorted(d.metadata['Name'] for d in m.distributions()))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert listed.stdout.strip() == "['obshub']", listed.stdout
     r = subprocess.run([py, "-c", CHECK], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert got["third_party"] == [] and got["enabled"] is False
     assert got["lib"].startswith(str(env_dir)) and got["lib"].endswith(".so")
-    cli = subprocess.run([env_dir / "bin" / "obshub", "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    cli = subprocess.run(
+        [env_dir / "bin" / "obshub", "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert cli.returncode == 1 and "pip install 'obshub[all]'" in cli.stderr
 
 

@@ -39,8 +39,10 @@ def _have_bcc() -> bool:
     return True
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not _have_bcc(),
-                                reason="needs root (to drop to nobody), setpriv and bcc")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv") or not _have_bcc(),
+    reason="needs root (to drop to nobody), setpriv and bcc",
+)
 
 
 @pytest.fixture
@@ -60,14 +62,38 @@ class CappedAgent:
 
     def __init__(self, caps: list[str], home: str, kafka, host: str, job: str, probes: str):
         capset = ",".join(["-all"] + ["+" + c for c in caps])
-        cmd = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", f"--inh-caps={capset}",
-               f"--ambient-caps={capset}", f"--bounding-set={capset}", "--",
-               sys.executable, "-m", "obshub.cli", "agent", "--registered", "--probes", probes,
-               "--host", host, "--job", job, "--bootstrap", kafka.bootstrap_servers]
-        self.env = {**os.environ, "OBSHUB_HOME": home, "OBSHUB_CACHE": str(load_settings().cache),
-                    "PYTHONPATH": str(REPO)}
-        self.proc = subprocess.Popen(cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+        cmd = [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            f"--inh-caps={capset}",
+            f"--ambient-caps={capset}",
+            f"--bounding-set={capset}",
+            "--",
+            sys.executable,
+            "-m",
+            "obshub.cli",
+            "agent",
+            "--registered",
+            "--probes",
+            probes,
+            "--host",
+            host,
+            "--job",
+            job,
+            "--bootstrap",
+            kafka.bootstrap_servers,
+        ]
+        self.env = {
+            **os.environ,
+            "OBSHUB_HOME": home,
+            "OBSHUB_CACHE": str(load_settings().cache),
+            "PYTHONPATH": str(REPO),
+        }
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.cap_eff = self._cap_eff()
         self.table: dict[str, str] = {}
         self.n_rows = len([p for p in probes.split(",") if p])
@@ -118,14 +144,40 @@ def test_agent_with_only_the_documented_capabilities_delivers_a_trainings_steps(
     agent = CappedAgent(caps, world_home, kafka, host, job, "pytorch,sched")
     try:
         assert agent.cap_eff == _mask(caps), f"CapEff {agent.cap_eff:#x}"
-        table = agent.read_table({"pytorch_register", "pytorch_tracekey", "pytorch_step", "pytorch_phase",
-                                  "pytorch_collective", "sched"})
+        table = agent.read_table(
+            {"pytorch_register", "pytorch_tracekey", "pytorch_step", "pytorch_phase", "pytorch_collective", "sched"}
+        )
         assert set(table.values()) == {"attached"}, table
-        wl_env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
-                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port_pair())}
-        wl = subprocess.run([sys.executable, "-m", "obshub.cli", "run", "--job", job, "--", sys.executable, "-m",
-                             "obshub.workloads.ddp_train", "--steps", str(STEPS)],
-                            env=wl_env, cwd=REPO, capture_output=True, text=True, timeout=180)
+        wl_env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port_pair()),
+        }
+        wl = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "obshub.cli",
+                "run",
+                "--job",
+                job,
+                "--",
+                sys.executable,
+                "-m",
+                "obshub.workloads.ddp_train",
+                "--steps",
+                str(STEPS),
+            ],
+            env=wl_env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert wl.returncode == 0, wl.stderr[-2000:]
     finally:
         rc, err = agent.stop()

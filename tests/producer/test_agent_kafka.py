@@ -32,8 +32,18 @@ DATA_KINDS = {k for k in Kind if k != Kind.AGENT_LOSS}
 
 def test_two_agents_deliver_every_event_exactly(kafka, tmp_path):
     bootstrap = kafka.bootstrap_servers
-    agents = [make_agent(tmp_path, bootstrap, rate=40_000, total=30_000, host_id=i + 1, metrics_port=0,
-                         batch={"max_bytes": 32 * 1024}) for i in range(2)]
+    agents = [
+        make_agent(
+            tmp_path,
+            bootstrap,
+            rate=40_000,
+            total=30_000,
+            host_id=i + 1,
+            metrics_port=0,
+            batch={"max_bytes": 32 * 1024},
+        )
+        for i in range(2)
+    ]
     runs = [AgentThread(a) for a in agents]
     for a in agents:
         wait_for(lambda a=a: a.source.produced == 30_000, 30, "the synthetic events")
@@ -50,7 +60,9 @@ def test_two_agents_deliver_every_event_exactly(kafka, tmp_path):
 
     ids = {a.agent_id for a in agents}
     total_batches = {a.agent_id: a.batcher.sealed for a in agents}
-    got = read_batches(bootstrap, ids, until=lambda bs: len({(b.agent_id, b.seq) for b in bs}) == sum(total_batches.values()))
+    got = read_batches(
+        bootstrap, ids, until=lambda bs: len({(b.agent_id, b.seq) for b in bs}) == sum(total_batches.values())
+    )
     for a in agents:
         mine = [b for b in got if b.agent_id == a.agent_id]
         assert assert_seq_contiguous(got, a.agent_id) == list(range(a.batcher.sealed))
@@ -63,9 +75,14 @@ def test_two_agents_deliver_every_event_exactly(kafka, tmp_path):
 
 
 def test_queue_full_back_pressure_loses_nothing(kafka, tmp_path):
-    a = make_agent(tmp_path, kafka.bootstrap_servers, rate=200_000, total=20_000,
-                   kafka={"queue_max_messages": 1, "linger_ms": 0, "max_block_ms": 30_000},
-                   batch={"max_bytes": 2048})
+    a = make_agent(
+        tmp_path,
+        kafka.bootstrap_servers,
+        rate=200_000,
+        total=20_000,
+        kafka={"queue_max_messages": 1, "linger_ms": 0, "max_block_ms": 30_000},
+        batch={"max_bytes": 2048},
+    )
     run = AgentThread(a)
     wait_for(lambda: a.source.produced == 20_000, 60, "the synthetic events")
     wait_for(lambda: a.transport.idle and a.batcher.open_events == 0, 60, "delivery")
@@ -74,8 +91,9 @@ def test_queue_full_back_pressure_loses_nothing(kafka, tmp_path):
     assert pub.backpressure_waits > 0, "a one-message queue must have pushed back"
     assert a.transport.spooled == 0 and pub.delivery_errors == 0
     assert pub.delivered == a.batcher.sealed > 100
-    got = read_batches(kafka.bootstrap_servers, {a.agent_id},
-                       until=lambda bs: len({b.seq for b in bs}) == a.batcher.sealed)
+    got = read_batches(
+        kafka.bootstrap_servers, {a.agent_id}, until=lambda bs: len({b.seq for b in bs}) == a.batcher.sealed
+    )
     assert_seq_contiguous(got, a.agent_id)
     assert events_of(got, DATA_KINDS) == 20_000
 
@@ -92,13 +110,23 @@ def test_sigterm_flushes_and_exits_zero(kafka, tmp_path, unique):
     host = f"sig-{unique}"
     home = tmp_path / "home"
     settings = kafka.model_copy(update={"home": home})
-    proc = subprocess.Popen(_agent_cmd("--host", host, "--rate", "5000", "--batch-max-age-ms", "60000",
-                                       "--bootstrap", kafka.bootstrap_servers),
-                            env=_env(home), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _agent_cmd(
+            "--host", host, "--rate", "5000", "--batch-max-age-ms", "60000", "--bootstrap", kafka.bootstrap_servers
+        ),
+        env=_env(home),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "attached" in proc.stdout.readline() + proc.stdout.readline()
-        wait_for(lambda: any(c["name"] == f"agent-{host}" and c["running"] for c in registry.components(settings)),
-                 20, "the agent's component record")
+        wait_for(
+            lambda: any(c["name"] == f"agent-{host}" and c["running"] for c in registry.components(settings)),
+            20,
+            "the agent's component record",
+        )
         time.sleep(1.5)  # the open batch is young: only the SIGTERM flush can deliver it
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=60)
@@ -121,23 +149,61 @@ def test_undelivered_data_exits_nonzero_and_is_replayed_by_the_next_start(kafka,
     host = f"und-{unique}"
     home = tmp_path / "home"
     dead = f"127.0.0.1:{free_port_pair()}"
-    first = subprocess.run(_agent_cmd("--host", host, "--rate", "20000", "--synthetic-events", "3000",
-                                      "--duration", "1.5", "--flush-timeout", "1", "--delivery-timeout-ms", "1000",
-                                      "--bootstrap", dead),
-                           env=_env(home), cwd=REPO, capture_output=True, text=True, timeout=60)
+    first = subprocess.run(
+        _agent_cmd(
+            "--host",
+            host,
+            "--rate",
+            "20000",
+            "--synthetic-events",
+            "3000",
+            "--duration",
+            "1.5",
+            "--flush-timeout",
+            "1",
+            "--delivery-timeout-ms",
+            "1000",
+            "--bootstrap",
+            dead,
+        ),
+        env=_env(home),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert first.returncode == 3, first.stderr
     m = re.search(r"(\d+) batches \((\d+) B\) were not delivered to Kafka", first.stderr)
     assert m and int(m[1]) > 0, first.stderr
     assert str(home / "spool" / host) in first.stderr
     assert "Traceback" not in first.stderr
 
-    second = subprocess.run(_agent_cmd("--host", host, "--rate", "20000", "--synthetic-events", "1000",
-                                       "--duration", "2", "--bootstrap", kafka.bootstrap_servers),
-                            env=_env(home), cwd=REPO, capture_output=True, text=True, timeout=90)
+    second = subprocess.run(
+        _agent_cmd(
+            "--host",
+            host,
+            "--rate",
+            "20000",
+            "--synthetic-events",
+            "1000",
+            "--duration",
+            "2",
+            "--bootstrap",
+            kafka.bootstrap_servers,
+        ),
+        env=_env(home),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert second.returncode == 0, second.stderr
     assert "from a previous run wait in the spool" in second.stderr
-    got = read_batches(kafka.bootstrap_servers, hosts={host},
-                       until=lambda bs: events_of(bs, DATA_KINDS) >= 4000 and len({b.agent_id for b in bs}) == 2)
+    got = read_batches(
+        kafka.bootstrap_servers,
+        hosts={host},
+        until=lambda bs: events_of(bs, DATA_KINDS) >= 4000 and len({b.agent_id for b in bs}) == 2,
+    )
     by_agent: dict[str, list[schema.Batch]] = {}
     for b in got:
         by_agent.setdefault(b.agent_id, []).append(b)
@@ -151,8 +217,17 @@ def test_full_spool_drops_the_oldest_batches_counted_exactly(kafka, tmp_path, un
     host = f"full-{unique}"
     dead = f"127.0.0.1:{free_port_pair()}"
     small = {"max_bytes": 64 * 1024, "segment_bytes": 16 * 1024}
-    a = make_agent(tmp_path, dead, host=host, rate=50_000, total=20_000, flush_timeout_s=0.5,
-                   kafka={"delivery_timeout_ms": 1_000}, batch={"max_bytes": 2048}, spool=small)
+    a = make_agent(
+        tmp_path,
+        dead,
+        host=host,
+        rate=50_000,
+        total=20_000,
+        flush_timeout_s=0.5,
+        kafka={"delivery_timeout_ms": 1_000},
+        batch={"max_bytes": 2048},
+        spool=small,
+    )
     run = AgentThread(a)
     wait_for(lambda: a.source.produced == 20_000, 30, "the synthetic events")
     assert run.stop() == 3

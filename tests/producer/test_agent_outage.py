@@ -28,9 +28,11 @@ OUTAGE_S = 20.0
 
 def _diag(a) -> str:
     t, p = a.transport, a.transport.publisher
-    return (f"state={t.state} outstanding={p.outstanding} replay={[(r.pos, r.ok) for r in t._replay][:5]} "
-            f"replay_failed={t._replay_failed} window={t._window} spool={t.spool.pending_batches} "
-            f"last_error={p.last_error!r} fatal={p.fatal} stats={a.stats()}")
+    return (
+        f"state={t.state} outstanding={p.outstanding} replay={[(r.pos, r.ok) for r in t._replay][:5]} "
+        f"replay_failed={t._replay_failed} window={t._window} spool={t.spool.pending_batches} "
+        f"last_error={p.last_error!r} fatal={p.fatal} stats={a.stats()}"
+    )
 
 
 @pytest.fixture
@@ -46,21 +48,27 @@ def own_broker(tmp_path_factory):
 
 def test_broker_outage_spools_and_replays_everything_in_order(own_broker, tmp_path):
     bootstrap = own_broker.bootstrap_servers
-    a = make_agent(tmp_path, bootstrap, rate=3_000, kafka={"delivery_timeout_ms": 3_000},
-                   batch={"max_bytes": 16 * 1024})
+    a = make_agent(
+        tmp_path, bootstrap, rate=3_000, kafka={"delivery_timeout_ms": 3_000}, batch={"max_bytes": 16 * 1024}
+    )
     run = AgentThread(a)
     try:
         wait_for(lambda: a.transport.publisher.delivered >= 5, 30, "the first deliveries")
         down_at = time.monotonic()
         stack.down(own_broker)
-        wait_for(lambda: a.transport.state == SPOOLING and a.transport.spool.pending_batches > 0, 30,
-                 "the agent to spool")
+        wait_for(
+            lambda: a.transport.state == SPOOLING and a.transport.spool.pending_batches > 0, 30, "the agent to spool"
+        )
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
         assert a.transport.state == SPOOLING
         spooled_during_outage = a.transport.spool.pending_batches
         stack.up(own_broker)
-        wait_for(lambda: a.transport.state == DIRECT and a.transport.spool.pending_batches == 0, 150,
-                 "the spool to be replayed", diag=lambda: _diag(a))
+        wait_for(
+            lambda: a.transport.state == DIRECT and a.transport.spool.pending_batches == 0,
+            150,
+            "the spool to be replayed",
+            diag=lambda: _diag(a),
+        )
     finally:
         rc = run.stop()
     assert rc == 0
@@ -68,9 +76,11 @@ def test_broker_outage_spools_and_replays_everything_in_order(own_broker, tmp_pa
     assert spooled_during_outage > 20 and t.replayed >= spooled_during_outage
     assert t.spool.dropped_batches == 0
     produced = a.source.produced
-    got = read_batches(bootstrap, {a.agent_id}, until=lambda bs: len({b.seq for b in bs}) == a.batcher.sealed,
-                       timeout_s=60)
+    got = read_batches(
+        bootstrap, {a.agent_id}, until=lambda bs: len({b.seq for b in bs}) == a.batcher.sealed, timeout_s=60
+    )
     assert_seq_contiguous(got, a.agent_id)
-    print("outage stats:", a.stats(), "duplicates:", len(got) - len({b.seq for b in got}),
-          "fatal resets:", t.fatal_resets)
+    print(
+        "outage stats:", a.stats(), "duplicates:", len(got) - len({b.seq for b in got}), "fatal resets:", t.fatal_resets
+    )
     assert events_of(got, {k for k in Kind if k != Kind.AGENT_LOSS}) == produced

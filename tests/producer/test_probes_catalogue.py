@@ -120,8 +120,12 @@ def test_sysfs_poller_on_a_fake_tree(tmp_path):
     (port / "hw_counters/out_of_sequence").write_text("0\n")
     dev = tmp_path / "sys/bus/pci/devices/0000:3b:00.0"
     dev.mkdir(parents=True)
-    for name, val in (("current_link_speed", "16.0 GT/s PCIe"), ("max_link_speed", "16.0 GT/s PCIe"),
-                      ("current_link_width", "16"), ("max_link_width", "16")):
+    for name, val in (
+        ("current_link_speed", "16.0 GT/s PCIe"),
+        ("max_link_speed", "16.0 GT/s PCIe"),
+        ("current_link_width", "16"),
+        ("max_link_width", "16"),
+    ):
         (dev / name).write_text(val + "\n")
     (dev / "aer_dev_correctable").write_text("RxErr 0\nBadTLP 0\nRollover 0\nTimeout 0\nTOTAL_ERR_COR 0\n")
     poller = SysfsPoller(tmp_path, interval_ns=1_000)
@@ -140,8 +144,13 @@ def test_sysfs_poller_on_a_fake_tree(tmp_path):
     assert link.value == 1 and link.payload["width"] == 8 and link.payload["max_width"] == 16
     aer = by[(Kind.PCIE_AER, None)]
     assert aer.value == (1 << 6) | (1 << 8) | (1 << 12)
-    assert aer.payload == {"dev": "0000:3b:00.0", "severity": 2, "replay_rollover": True,
-                           "replay_timeout": True, "count": 7}
+    assert aer.payload == {
+        "dev": "0000:3b:00.0",
+        "severity": 2,
+        "replay_rollover": True,
+        "replay_timeout": True,
+        "count": 7,
+    }
     for e in events:
         validate_event(list(e))
     (dev / "current_link_width").write_text("16\n")  # back to full width: one event, value 0
@@ -178,8 +187,9 @@ def test_event_source_with_only_the_sysfs_poller(tmp_path):
     port = tmp_path / "sys/class/infiniband/efa_0/ports/1/hw_counters"
     port.mkdir(parents=True)
     (port / "retrans_pkts").write_text("5\n")
-    src = BpfEventSource(load_settings(), Target(pids={1}),
-                         ProbeOptions(probes=("sysfs_nic",), sysfs_root=tmp_path, sysfs_interval_ms=1))
+    src = BpfEventSource(
+        load_settings(), Target(pids={1}), ProbeOptions(probes=("sysfs_nic",), sysfs_root=tmp_path, sysfs_interval_ms=1)
+    )
     try:
         table = src.start()
         assert [(s.name, s.attached) for s in table] == [("sysfs_nic", True)]

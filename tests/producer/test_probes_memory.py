@@ -35,8 +35,9 @@ def test_huge_page_faults_are_high_order_allocations(tmp_path):
         pytest.skip("transparent huge pages are disabled")
     child = Child(TOUCH)
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), probes=("memory",),
-                          thresholds={"page_order": 9, "page_order_single": 9}) as (src, table):
+        with event_source(
+            tmp_path, Target(pids={child.pid}), probes=("memory",), thresholds={"page_order": 9, "page_order_single": 9}
+        ) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
             huge_pages = int(child.wait())
@@ -59,14 +60,22 @@ def test_page_allocations_are_aggregated_per_step_in_the_kernel(tmp_path):
     if not THP.exists() or "[never]" in THP.read_text():
         pytest.skip("transparent huge pages are disabled")
     lib = build_so("fakeusdt", tmp_path)
-    code = TOUCH.replace("sys.stdin.readline()\n",
-                         f"sys.stdin.readline()\nimport ctypes\nL = ctypes.CDLL({str(lib)!r})\n"
-                         "L.fake_step_begin(ctypes.c_int64(41), ctypes.c_uint64(9))\n", 1)
+    code = TOUCH.replace(
+        "sys.stdin.readline()\n",
+        f"sys.stdin.readline()\nimport ctypes\nL = ctypes.CDLL({str(lib)!r})\n"
+        "L.fake_step_begin(ctypes.c_int64(41), ctypes.c_uint64(9))\n",
+        1,
+    )
     code = code.replace("print(int(huge)", "L.fake_step_end(ctypes.c_int64(41), ctypes.c_uint64(9))\nprint(int(huge)")
     child = Child(code)
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), probes=("memory", "pytorch_step"),
-                          usdt_library=lib, thresholds={"page_order": 9}) as (src, table):
+        with event_source(
+            tmp_path,
+            Target(pids={child.pid}),
+            probes=("memory", "pytorch_step"),
+            usdt_library=lib,
+            thresholds={"page_order": 9},
+        ) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
             huge_pages = int(child.wait())
@@ -84,7 +93,7 @@ def test_page_allocations_are_aggregated_per_step_in_the_kernel(tmp_path):
     assert agg.value == sum(orders) >= huge_pages and orders[9] >= huge_pages and sum(orders[:9]) == 0
     assert agg.payload["pages"] == sum(n << i for i, n in enumerate(orders))
     end = [e for e in events if e.kind == Kind.STEP_END]
-    assert len(end) == 1 and end[0].ts_ns == agg.ts_ns   # shipped by the step_end handler
+    assert len(end) == 1 and end[0].ts_ns == agg.ts_ns  # shipped by the step_end handler
 
 
 CGROUP_V1_MEM = Path("/sys/fs/cgroup/memory")
@@ -125,8 +134,9 @@ def test_memory_cgroup_limit_reclaim_is_seen(tmp_path):
         child = Child(FILL.replace("sys.argv[1]", repr(str(data))), env={**os.environ})
         (cg / "cgroup.procs").write_text(str(child.pid))
         try:
-            with event_source(tmp_path, Target(pids={child.pid}), probes=("mem_memcg_reclaim",),
-                              thresholds={"reclaim_ns": 0}) as (src, table):
+            with event_source(
+                tmp_path, Target(pids={child.pid}), probes=("mem_memcg_reclaim",), thresholds={"reclaim_ns": 0}
+            ) as (src, table):
                 assert all(s.attached for s in table), table
                 child.go()
                 child.wait()

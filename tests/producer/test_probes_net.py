@@ -103,8 +103,9 @@ def lossy_netns():
     subprocess.run([ip, "netns", "add", name], check=True, capture_output=True)
     try:
         subprocess.run([ip, "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
-        subprocess.run([ip, "netns", "exec", name, nft, "-f", "-"], input=RULES, text=True, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [ip, "netns", "exec", name, nft, "-f", "-"], input=RULES, text=True, check=True, capture_output=True
+        )
         yield [ip, "netns", "exec", name]
     finally:
         subprocess.run([ip, "netns", "del", name], capture_output=True)

@@ -40,17 +40,16 @@ def test_rdma_completion_latency_threshold(tmp_path):
     lib = build_so("fakeverbs", tmp_path)
     child = Child(CODE.format(lib=str(lib), n=N))
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), probes=("nic_verbs",),
-                          verbs_library=lib) as (src, table):
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("nic_verbs",), verbs_library=lib) as (src, table):
             assert [s.attached for s in table] == [True], table
-            slow = _run(child, src, 7, 25_000, 1000)      # 25 us > 20 us default: every one reported
+            slow = _run(child, src, 7, 25_000, 1000)  # 25 us > 20 us default: every one reported
             assert sorted(e.value for e in slow) == list(range(1000, 1000 + N))
             assert all(e.duration_ns >= 25_000 and e.pid == child.pid and e.tid for e in slow)
             assert all(e.payload["status"] == 0 for e in slow)
-            fast = _run(child, src, 8, 10_000, 2000)      # 10 us < 20 us: not reported
+            fast = _run(child, src, 8, 10_000, 2000)  # 10 us < 20 us: not reported
             assert len(fast) < N * 0.2, sorted(e.duration_ns for e in fast)[:20]
 
-            src.set_threshold("rdma_latency_ns", 5_000)   # lower at run time: 10 us now reported, all
+            src.set_threshold("rdma_latency_ns", 5_000)  # lower at run time: 10 us now reported, all
             fast_low = _run(child, src, 9, 10_000, 3000)
             assert sorted(e.value for e in fast_low) == list(range(3000, 3000 + N))
 

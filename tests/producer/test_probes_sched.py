@@ -78,8 +78,9 @@ def test_cpu_hog_raises_runq_latency_of_its_cpu_only(tmp_path, cgroups):
         cgroups(b.pid)
         hog = subprocess.Popen(["taskset", "-c", str(cpu_a), sys.executable, "-c", "while True: pass"])
         cgroups(hog.pid)
-        with event_source(tmp_path, Target(cgroup=cg_a, pids={b.pid}), probes=("sched",),
-                          thresholds={"runq_ns": 0, "offcpu_ns": 0}) as (src, table):
+        with event_source(
+            tmp_path, Target(cgroup=cg_a, pids={b.pid}), probes=("sched",), thresholds={"runq_ns": 0, "offcpu_ns": 0}
+        ) as (src, table):
             assert table[0].attached, table
             for w in (a, b):
                 w.go(str(seconds))
@@ -130,8 +131,13 @@ def test_cgroup_v2_target_is_watched_in_the_kernel_at_once(tmp_path):
     cg.mkdir()
     child = other = None
     try:
-        with event_source(tmp_path, Target(cgroup=cg), probes=("sched",), target_refresh_ms=3_600_000,
-                          thresholds={"offcpu_ns": 1_000_000}) as (src, table):
+        with event_source(
+            tmp_path,
+            Target(cgroup=cg),
+            probes=("sched",),
+            target_refresh_ms=3_600_000,
+            thresholds={"offcpu_ns": 1_000_000},
+        ) as (src, table):
             assert table[0].attached
             child = Child(SLEEPER)
             other = Child(SLEEPER)  # same program, not in the cgroup

@@ -31,25 +31,28 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
     if cudart is None or nccl is None:
         pytest.skip("the torch wheel's libcudart/libnccl are not installed")
     usdt = build_so("fakeusdt", tmp_path)
-    body = ("C = ctypes.CDLL(%r)\nN = ctypes.CDLL(%r)\nn = ctypes.c_int(0)\n"
-            "L.fake_step_begin(ctypes.c_int64(5), ctypes.c_uint64(77))\n"
-            "print('count rc', C.cudaGetDeviceCount(ctypes.byref(n)), flush=True)\n"
-            "for _ in range(3):\n    C.cudaDeviceSynchronize()\n"
-            "C.cudaStreamSynchronize(None)\nC.cudaMemcpy(None, None, ctypes.c_size_t(4096), 0)\n"
-            "N.ncclGroupEnd()\n"
-            "class dim3(ctypes.Structure):\n"
-            "    _fields_ = [('x', ctypes.c_uint), ('y', ctypes.c_uint), ('z', ctypes.c_uint)]\n"
-            "C.cudaLaunchKernel.argtypes = [ctypes.c_void_p, dim3, dim3, ctypes.c_void_p, ctypes.c_size_t,"
-            " ctypes.c_void_p]\n"
-            "for _ in range(4):\n"
-            "    C.cudaLaunchKernel(None, dim3(4, 2, 3), dim3(32, 1, 1), None, 0, None)\n"
-            "L.fake_step_end(ctypes.c_int64(5), ctypes.c_uint64(77))\n"
-            "sys.stdin.readline()\n"   # the single-record threshold is lowered now
-            "C.cudaLaunchKernel(None, dim3(4, 2, 3), dim3(32, 1, 1), None, 0, None)\n") % (str(cudart), str(nccl))
+    body = (
+        "C = ctypes.CDLL(%r)\nN = ctypes.CDLL(%r)\nn = ctypes.c_int(0)\n"
+        "L.fake_step_begin(ctypes.c_int64(5), ctypes.c_uint64(77))\n"
+        "print('count rc', C.cudaGetDeviceCount(ctypes.byref(n)), flush=True)\n"
+        "for _ in range(3):\n    C.cudaDeviceSynchronize()\n"
+        "C.cudaStreamSynchronize(None)\nC.cudaMemcpy(None, None, ctypes.c_size_t(4096), 0)\n"
+        "N.ncclGroupEnd()\n"
+        "class dim3(ctypes.Structure):\n"
+        "    _fields_ = [('x', ctypes.c_uint), ('y', ctypes.c_uint), ('z', ctypes.c_uint)]\n"
+        "C.cudaLaunchKernel.argtypes = [ctypes.c_void_p, dim3, dim3, ctypes.c_void_p, ctypes.c_size_t,"
+        " ctypes.c_void_p]\n"
+        "for _ in range(4):\n"
+        "    C.cudaLaunchKernel(None, dim3(4, 2, 3), dim3(32, 1, 1), None, 0, None)\n"
+        "L.fake_step_end(ctypes.c_int64(5), ctypes.c_uint64(77))\n"
+        "sys.stdin.readline()\n"  # the single-record threshold is lowered now
+        "C.cudaLaunchKernel(None, dim3(4, 2, 3), dim3(32, 1, 1), None, 0, None)\n"
+    ) % (str(cudart), str(nccl))
     child = ctypes_child(usdt, body)
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), usdt_library=usdt, sysfs=True,
-                          thresholds={"cuda_launch_ns": 10**12}) as (src, table):
+        with event_source(
+            tmp_path, Target(pids={child.pid}), usdt_library=usdt, sysfs=True, thresholds={"cuda_launch_ns": 10**12}
+        ) as (src, table):
             by_name = {s.name: s for s in table}
             # every catalogue probe has a row; the attached ones have no reason, the skipped ones have one
             assert set(by_name) == {p.name for p in cat.PROBES}
@@ -57,11 +60,28 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
                 assert s.attached == (s.reason == ""), s
             # no probe of the catalogue needs kprobes (this kernel has none)
             assert {p.mechanism for p in cat.PROBES} <= {"tracepoint", "usdt", "uprobe", "sysfs"}
-            for name in ("sched", "mem_reclaim", "mem_compaction", "mem_page_alloc", "net_sock_state",
-                         "net_retransmit", "net_rtt", "net_drop", "pytorch_register", "pytorch_tracekey",
-                         "pytorch_step", "pytorch_phase", "pytorch_collective", "cuda_cudaLaunchKernel",
-                         "cuda_cudaDeviceSynchronize", "cuda_cudaMemcpy", "cuda_ncclAllReduce",
-                         "cuda_ncclGroupEnd", "sysfs_nic", "sysfs_pcie"):
+            for name in (
+                "sched",
+                "mem_reclaim",
+                "mem_compaction",
+                "mem_page_alloc",
+                "net_sock_state",
+                "net_retransmit",
+                "net_rtt",
+                "net_drop",
+                "pytorch_register",
+                "pytorch_tracekey",
+                "pytorch_step",
+                "pytorch_phase",
+                "pytorch_collective",
+                "cuda_cudaLaunchKernel",
+                "cuda_cudaDeviceSynchronize",
+                "cuda_cudaMemcpy",
+                "cuda_ncclAllReduce",
+                "cuda_ncclGroupEnd",
+                "sysfs_nic",
+                "sysfs_pcie",
+            ):
                 assert by_name[name].attached, by_name[name]
             aer = by_name["pcie_aer"]
             if not Path("/sys/kernel/tracing/events/ras/aer_event").exists():
@@ -72,7 +92,7 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
             child.go()
             # first the launches of step 5 are counted in the kernel: one CUDA_STEP_SUM at its step_end
             events = drain(src, 20, until=lambda ev: any(e.kind == Kind.CUDA_STEP_SUM for e in ev))
-            src.set_threshold("cuda_launch_ns", 0)   # every launch is an outlier now: a single record
+            src.set_threshold("cuda_launch_ns", 0)  # every launch is an outlier now: a single record
             child.go()
             events += drain(src, 20, until=lambda ev: any(e.kind == Kind.CUDA_LAUNCH for e in ev))
             child.wait()
@@ -98,8 +118,9 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
 def test_missing_libraries_are_skipped_with_reason(tmp_path):
     need_bpf()
     missing = tmp_path / "no-such-dir"
-    with event_source(tmp_path, Target(pids={1}), probes=("cuda", "nccl", "nic"), lib_dirs=(missing,),
-                      usdt_library=missing / "x.so") as (src, table):
+    with event_source(
+        tmp_path, Target(pids={1}), probes=("cuda", "nccl", "nic"), lib_dirs=(missing,), usdt_library=missing / "x.so"
+    ) as (src, table):
         table = [s for s in table if not s.name.startswith("sysfs_")]
         assert table and all(not s.attached for s in table)
         for s in table:

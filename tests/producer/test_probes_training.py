@@ -32,15 +32,43 @@ def test_two_rank_training_tracekeys(tmp_path):
     from tests.conftest import free_port_pair
 
     job = f"probes-{uuid.uuid4().hex[:8]}"
-    cmd = [sys.executable, "-m", "obshub.cli", "run", "--job", job, "--", sys.executable, "-m",
-           "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port_pair()),
-           "-m", "obshub.workloads.ddp_train", "--steps", str(STEPS)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "obshub.cli",
+        "run",
+        "--job",
+        job,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port_pair()),
+        "-m",
+        "obshub.workloads.ddp_train",
+        "--steps",
+        str(STEPS),
+    ]
     events = []
-    with event_source(tmp_path, Target(registered=True), probes=("pytorch", "sched"),
-                      usdt_library=usdt.library_path(), thresholds={"runq_ns": 0, "offcpu_ns": 0}) as (src, table):
+    with event_source(
+        tmp_path,
+        Target(registered=True),
+        probes=("pytorch", "sched"),
+        usdt_library=usdt.library_path(),
+        thresholds={"runq_ns": 0, "offcpu_ns": 0},
+    ) as (src, table):
         assert all(s.attached for s in table), table
-        wl = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wl = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 240
             while wl.poll() is None and time.monotonic() < deadline:

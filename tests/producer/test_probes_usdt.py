@@ -21,32 +21,38 @@ FIRST, STEPS, SLEEPS, SLEEP_US = 100, 5, 4, 2000
 def test_usdt_events_and_sched_tracekey(tmp_path):
     need_bpf()
     lib = build_so("fakeusdt", tmp_path)
-    body = ("L.fake_register(b'jobx', 3, 8, %d, 1)\n"
-            "L.fake_phase(b'forward', ctypes.c_int64(99), ctypes.c_uint64(5), 0)\n"
-            "L.fake_phase(b'forward', ctypes.c_int64(99), ctypes.c_uint64(5), 1)\n"
-            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(4096), ctypes.c_int64(99),"
-            " ctypes.c_uint64(6), 0)\n"
-            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(4096), ctypes.c_int64(99),"
-            " ctypes.c_uint64(6), 1)\n"
-            "L.fake_steps(%d, ctypes.c_int64(%d), %d, %d, %d)\n") % (HOST, HOST, FIRST, STEPS, SLEEPS, SLEEP_US)
+    body = (
+        "L.fake_register(b'jobx', 3, 8, %d, 1)\n"
+        "L.fake_phase(b'forward', ctypes.c_int64(99), ctypes.c_uint64(5), 0)\n"
+        "L.fake_phase(b'forward', ctypes.c_int64(99), ctypes.c_uint64(5), 1)\n"
+        "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(4096), ctypes.c_int64(99),"
+        " ctypes.c_uint64(6), 0)\n"
+        "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(4096), ctypes.c_int64(99),"
+        " ctypes.c_uint64(6), 1)\n"
+        "L.fake_steps(%d, ctypes.c_int64(%d), %d, %d, %d)\n"
+    ) % (HOST, HOST, FIRST, STEPS, SLEEPS, SLEEP_US)
     child = ctypes_child(lib, body)
     try:
         # registered mode: the register probe itself puts the process under watch, in the kernel
-        with event_source(tmp_path, Target(registered=True), probes=("pytorch", "sched"), usdt_library=lib,
-                          thresholds={"offcpu_ns": 200_000, "runq_ns": 0, "sched_singles": 1000}) as (src, table):
+        with event_source(
+            tmp_path,
+            Target(registered=True),
+            probes=("pytorch", "sched"),
+            usdt_library=lib,
+            thresholds={"offcpu_ns": 200_000, "runq_ns": 0, "sched_singles": 1000},
+        ) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
             child.wait()
             events = drain(src, 1.0)
             regs = src.registrations()
-            misses = src.misses().get("sched", 0)   # runs the kernel's recursion guard skipped
+            misses = src.misses().get("sched", 0)  # runs the kernel's recursion guard skipped
     finally:
         child.kill()
     mine = [e for e in events if e.pid == child.pid]
     for e in mine:
         validate_event(list(e))  # every decoded event conforms to the wire schema
-    assert regs == [{"job": "jobx", "world_size": 8, "host_id": HOST, "local_rank": 1, "rank": 3,
-                     "pid": child.pid}]
+    assert regs == [{"job": "jobx", "world_size": 8, "host_id": HOST, "local_rank": 1, "rank": 3, "pid": child.pid}]
     phase = [e for e in mine if e.kind == Kind.PHASE]
     assert len(phase) == 1 and phase[0].payload == {"phase": "forward"} and phase[0].step == 99
     assert phase[0].trace_key == 5 and phase[0].duration_ns > 0
@@ -100,8 +106,9 @@ def test_undersized_ring_buffer_counts_every_lost_event(tmp_path):
     produced = 5000
     child = ctypes_child(lib, f"L.fake_burst(ctypes.c_int64({produced}))")
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step",), usdt_library=lib,
-                          ringbuf_pages=1) as (src, table):
+        with event_source(
+            tmp_path, Target(pids={child.pid}), probes=("pytorch_step",), usdt_library=lib, ringbuf_pages=1
+        ) as (src, table):
             assert table[0].attached
             child.go()
             child.wait()  # the whole burst happens while nobody reads the ring buffer
@@ -125,15 +132,19 @@ def test_real_producer_usdt_library(tmp_path):
         pytest.skip(f"obshub.instrument._usdt not built: {exc}")
     from tests.support.probes_util import Child
 
-    code = ("import sys\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
-            "u.register('real', 1, 2, 9, 0)\nu.tracekey(77, 5)\nu.step_begin(5, 77)\n"
-            "u.phase_begin('backward', 5, 78)\nu.phase_end('backward', 5, 78)\n"
-            "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"
-            "u.step_end(5, 77)\nprint('done', flush=True)\n")
+    code = (
+        "import sys\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
+        "u.register('real', 1, 2, 9, 0)\nu.tracekey(77, 5)\nu.step_begin(5, 77)\n"
+        "u.phase_begin('backward', 5, 78)\nu.phase_end('backward', 5, 78)\n"
+        "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"
+        "u.step_end(5, 77)\nprint('done', flush=True)\n"
+    )
     child = Child(code)
     try:
-        with event_source(tmp_path, Target(registered=True), probes=("pytorch",),
-                          usdt_library=usdt.library_path()) as (src, table):
+        with event_source(tmp_path, Target(registered=True), probes=("pytorch",), usdt_library=usdt.library_path()) as (
+            src,
+            table,
+        ):
             assert all(s.attached for s in table), table
             child.go()
             child.wait()
@@ -141,8 +152,14 @@ def test_real_producer_usdt_library(tmp_path):
     finally:
         child.kill()
     kinds = [e.kind for e in events]
-    assert kinds == [Kind.REGISTER, Kind.STEP_BEGIN, Kind.PHASE, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END,
-                     Kind.STEP_END], kinds
+    assert kinds == [
+        Kind.REGISTER,
+        Kind.STEP_BEGIN,
+        Kind.PHASE,
+        Kind.COLLECTIVE_BEGIN,
+        Kind.COLLECTIVE_END,
+        Kind.STEP_END,
+    ], kinds
     reg, begin, phase, cb, ce, end = events
     assert reg.value == 1 and reg.payload == {"job": "real", "world_size": 2, "host_id": 9, "local_rank": 0}
     assert (begin.step, begin.trace_key, end.step, end.trace_key) == (5, 77, 5, 77)
@@ -181,15 +198,17 @@ def test_batch_reader_encodes_like_the_decoder(tmp_path):
     ASCII phases and collectives packed in C, a non-ASCII phase and REGISTER decoded in Python."""
     need_bpf()
     lib = build_so("fakeusdt", tmp_path)
-    body = ("L.fake_register(b'jobx', 3, 8, 7, 1)\n"
-            "for ph in (b'forward', 'vorw\\u00e4rts'.encode(), b'backward'):\n"
-            "    L.fake_phase(ph, ctypes.c_int64(99), ctypes.c_uint64(5), 0)\n"
-            "    L.fake_phase(ph, ctypes.c_int64(99), ctypes.c_uint64(5), 1)\n"
-            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(1 << 40), ctypes.c_int64(99),"
-            " ctypes.c_uint64(6), 0)\n"
-            "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(1 << 40), ctypes.c_int64(99),"
-            " ctypes.c_uint64(6), 1)\n"
-            "L.fake_steps(7, ctypes.c_int64(2**40), 3, 0, 0)\n")
+    body = (
+        "L.fake_register(b'jobx', 3, 8, 7, 1)\n"
+        "for ph in (b'forward', 'vorw\\u00e4rts'.encode(), b'backward'):\n"
+        "    L.fake_phase(ph, ctypes.c_int64(99), ctypes.c_uint64(5), 0)\n"
+        "    L.fake_phase(ph, ctypes.c_int64(99), ctypes.c_uint64(5), 1)\n"
+        "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(1 << 40), ctypes.c_int64(99),"
+        " ctypes.c_uint64(6), 0)\n"
+        "L.fake_coll(b'0', ctypes.c_uint64(42), b'all_reduce', ctypes.c_uint64(1 << 40), ctypes.c_int64(99),"
+        " ctypes.c_uint64(6), 1)\n"
+        "L.fake_steps(7, ctypes.c_int64(2**40), 3, 0, 0)\n"
+    )
     child = ctypes_child(lib, body)
     items = []
     try:
@@ -206,15 +225,20 @@ def test_batch_reader_encodes_like_the_decoder(tmp_path):
     evs = [e for e in _unpacked(items) if e.pid == child.pid]
     for e in evs:
         validate_event(list(e))
-    assert [e.kind for e in evs] == ([Kind.REGISTER] + [Kind.PHASE] * 3 + [Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END]
-                                     + [Kind.STEP_BEGIN, Kind.STEP_END] * 3)
+    assert [e.kind for e in evs] == (
+        [Kind.REGISTER]
+        + [Kind.PHASE] * 3
+        + [Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END]
+        + [Kind.STEP_BEGIN, Kind.STEP_END] * 3
+    )
     assert [e.payload for e in evs[1:4]] == [{"phase": "forward"}, {"phase": "vorwärts"}, {"phase": "backward"}]
     assert evs[4].payload == {"pg": "0", "coll_seq": 42, "op": "all_reduce"} and evs[4].value == 1 << 40
     assert [e.step for e in evs[6:]] == [2**40, 2**40, 2**40 + 1, 2**40 + 1, 2**40 + 2, 2**40 + 2]
     assert all(e.gpu == -1 and e.tid > 0 for e in evs)
     assert consumed >= len(evs)
     from producer.reader import PackedRun
-    assert sum(len(it.ends) for it in items if isinstance(it, PackedRun)) >= 8   # most of them went the C way
+
+    assert sum(len(it.ends) for it in items if isinstance(it, PackedRun)) >= 8  # most of them went the C way
 
 
 def test_batch_reader_loss_accounting_is_exact(tmp_path):
@@ -224,8 +248,9 @@ def test_batch_reader_loss_accounting_is_exact(tmp_path):
     produced = 5000
     child = ctypes_child(lib, f"L.fake_burst(ctypes.c_int64({produced}))")
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step",), usdt_library=lib,
-                          ringbuf_pages=1) as (src, table):
+        with event_source(
+            tmp_path, Target(pids={child.pid}), probes=("pytorch_step",), usdt_library=lib, ringbuf_pages=1
+        ) as (src, table):
             assert table[0].attached
             child.go()
             child.wait()
@@ -250,8 +275,13 @@ def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_
     lib = build_so("fakeusdt", tmp_path)
     child = ctypes_child(lib, "L.fake_steps(7, ctypes.c_int64(0), 4, 6, 1000)")
     try:
-        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step", "pytorch_tracekey", "sched"),
-                          usdt_library=lib, thresholds={"offcpu_ns": 0, "runq_ns": 0, "sched_singles": 2}) as (src, _t):
+        with event_source(
+            tmp_path,
+            Target(pids={child.pid}),
+            probes=("pytorch_step", "pytorch_tracekey", "sched"),
+            usdt_library=lib,
+            thresholds={"offcpu_ns": 0, "runq_ns": 0, "sched_singles": 2},
+        ) as (src, _t):
             child.go()
             child.wait()
             events = drain(src, 1.0)
@@ -263,7 +293,6 @@ def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_
     sums = {e.step: e for e in mine if e.kind == Kind.SCHED_STEP_SUM}
     assert sorted(begins) == sorted(ends) == sorted(sums) == [0, 1, 2, 3]
     for s in range(4):
-        singles = [e for e in mine if e.kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU)
-                   and begins[s] < e.ts_ns <= ends[s]]
+        singles = [e for e in mine if e.kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU) and begins[s] < e.ts_ns <= ends[s]]
         assert 1 <= len(singles) <= 2, (s, singles)
-        assert sums[s].payload["switches"] >= 5, sums[s]   # six sleeps: far more than two singles' worth
+        assert sums[s].payload["switches"] >= 5, sums[s]  # six sleeps: far more than two singles' worth

@@ -15,8 +15,10 @@ from producer.synthetic import SyntheticSource
 
 
 def _events(n: int, start: int = 0) -> list[Event]:
-    return [Event(Kind.SCHED_RUNQ, 1_000 + i, 5_000 + i, (7 << 48) | i, i // 100, 10, 11, -1, i, None)
-            for i in range(start, start + n)]
+    return [
+        Event(Kind.SCHED_RUNQ, 1_000 + i, 5_000 + i, (7 << 48) | i, i // 100, 10, 11, -1, i, None)
+        for i in range(start, start + n)
+    ]
 
 
 def test_batches_bounded_by_size_seq_contiguous_and_lossless():
@@ -145,7 +147,7 @@ def test_packed_runs_give_the_same_batches_as_single_events():
         assert (a.seq, a.n_events) == (b.seq, b.n_events)
         da, db = schema.decode_batch(a.value), schema.decode_batch(b.value)
         assert da.events == db.events and len(b.value) <= 16 * 1024
-        assert a.value[-2000:] == b.value[-2000:]   # the event bytes (the envelope differs only in sent_ns)
+        assert a.value[-2000:] == b.value[-2000:]  # the event bytes (the envelope differs only in sent_ns)
 
 
 def test_packed_event_larger_than_the_bound_goes_alone():

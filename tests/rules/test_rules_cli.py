@@ -52,8 +52,9 @@ tests:
 
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*OBSHUB, *args], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*OBSHUB, *args], capture_output=True, text=True, cwd=REPO, timeout=120, env={**os.environ, **(env or {})}
+    )
 
 
 def test_builtin_pack_tests_pass_via_cli():
@@ -72,7 +73,7 @@ def test_rules_test_pass_and_fail_with_expected_vs_got(tmp_path):
     res = run("rules", "test", str(ok))
     assert res.returncode == 0 and "PASS" in res.stdout and "1 passed, 0 failed" in res.stdout, res.stdout
     bad = tmp_path / "bad_test.yaml"
-    bad.write_text(TEST_OK.replace('labels: {job: llm}', 'labels: {job: other}').replace("at: 5m", "at: 10s"))
+    bad.write_text(TEST_OK.replace("labels: {job: llm}", "labels: {job: other}").replace("at: 5m", "at: 10s"))
     res = run("rules", "test", str(bad))
     assert res.returncode == 1
     out = res.stdout
@@ -108,8 +109,22 @@ def test_silence_cli_add_list_expire(tmp_path, monkeypatch):
     from obshub.cli import cli
 
     env = {"OBSHUB_HOME": str(tmp_path / "home")}
-    res = run("silence", "add", "-m", "host=node2", "-m", "alertname=~.*straggler", "-d", "2h", "-a", "alice",
-              "-c", "maintenance OPS-1", "--json", env=env)
+    res = run(
+        "silence",
+        "add",
+        "-m",
+        "host=node2",
+        "-m",
+        "alertname=~.*straggler",
+        "-d",
+        "2h",
+        "-a",
+        "alice",
+        "-c",
+        "maintenance OPS-1",
+        "--json",
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     sil = json.loads(res.stdout)
     bad = run("silence", "add", "-m", "host", "-a", "a", "-c", "c", env=env)
@@ -150,12 +165,18 @@ def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
     (team / "tests").mkdir(parents=True)
     (team / "slow_sync.yaml").write_text(blocks[0])
     (team / "tests" / "slow_sync_test.yaml").write_text(blocks[1])
-    res = subprocess.run([*OBSHUB, "rules", "test", "team/tests/slow_sync_test.yaml"], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=120)
+    res = subprocess.run(
+        [*OBSHUB, "rules", "test", "team/tests/slow_sync_test.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert res.returncode == 0 and "1 passed, 0 failed" in res.stdout, res.stdout + res.stderr
     (team / "bad.yaml").write_text(blocks[0].replace("condition: duration_ns", "condition: duration"))
-    res = subprocess.run([*OBSHUB, "rules", "check", "team/bad.yaml"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120)
+    res = subprocess.run(
+        [*OBSHUB, "rules", "check", "team/bad.yaml"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     shown = re.search(r"# (team/slow_sync\.yaml:\d+:\d+: .*)", doc).group(1)
     assert res.stderr.splitlines()[0] == shown.replace("slow_sync.yaml", "bad.yaml")
     for rid, rule in load_ruleset([REPO / "rules" / "builtin"]).rules.items():

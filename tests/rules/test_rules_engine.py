@@ -75,12 +75,12 @@ def test_threshold_for_and_keep_firing_for(tmp_path):
     eng, changes = make(tmp_path)
     for t in (0, 1):
         eng.process("events", ev("CUDA_SYNC", t, host="a", duration_ns=5000))
-    eng.process("events", ev("CUDA_SYNC", 1.5, host="b", duration_ns=5000))   # other group
-    eng.process("events", ev("CUDA_SYNC", 1.6, host="a", duration_ns=10))     # condition false
+    eng.process("events", ev("CUDA_SYNC", 1.5, host="b", duration_ns=5000))  # other group
+    eng.process("events", ev("CUDA_SYNC", 1.6, host="a", duration_ns=10))  # condition false
     assert changes == []
-    eng.process("events", ev("CUDA_SYNC", 2, host="a", duration_ns=5000))     # third hit: pending
+    eng.process("events", ev("CUDA_SYNC", 2, host="a", duration_ns=5000))  # third hit: pending
     assert states(changes) == [("slow_sync", "pending")]
-    eng.tick(BASE_NS + 6 * S)                                                   # for 5 s not yet over
+    eng.tick(BASE_NS + 6 * S)  # for 5 s not yet over
     assert len(changes) == 1
     eng.tick(BASE_NS + 7 * S)
     assert states(changes)[-1] == ("slow_sync", "firing")
@@ -115,7 +115,7 @@ def test_correlation_respects_keys_window_and_order(tmp_path):
     eng.process("events", ev("RDMA_CQ_DONE", 0, host="n2", step=5, duration_ns=45_000))
     eng.process("events", ev("RDMA_CQ_DONE", 0, host="n3", step=5, duration_ns=45_000))
     eng.process("events", ev("RDMA_CQ_DONE", 0, host="n2", step=6, duration_ns=10_000))  # fast: no match
-    eng.process("steps", step(1, step=6, stall=True, straggler={"host": "n2"}))          # other step
+    eng.process("steps", step(1, step=6, stall=True, straggler={"host": "n2"}))  # other step
     assert changes == []
     eng.process("steps", step(2, step=5, stall=True, straggler={"host": "n2"}))
     assert states(changes) == [("rdma_on_straggler", "firing")]  # for: 0 -> no pending change
@@ -160,6 +160,7 @@ def test_hot_reload_keeps_old_rules_when_new_files_are_broken(tmp_path, caplog):
         assert set(svc.ruleset.rules) == {"slow_sync", "rdma_on_straggler"}
         rules.write_text(RULES.replace("condition: duration_ns > 1000", "condition: duration_ns >"))
         import os
+
         os.utime(rules, (1, 1))  # make sure the mtime differs even on coarse clocks
         with caplog.at_level(logging.ERROR, logger="obshub.rules.service"):
             assert svc.maybe_reload() is False

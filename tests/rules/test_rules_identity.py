@@ -23,8 +23,9 @@ def test_different_label_sets_never_share_an_encoding(a, b):
     assert (encode_labels(a) == encode_labels(b)) == (a == b)
     if a != b:
         assert fingerprint(a) != fingerprint(b)
-        assert dedup_key({"rule": "r", "fingerprint": fingerprint(a)}) != \
-            dedup_key({"rule": "r", "fingerprint": fingerprint(b)})
+        assert dedup_key({"rule": "r", "fingerprint": fingerprint(a)}) != dedup_key(
+            {"rule": "r", "fingerprint": fingerprint(b)}
+        )
 
 
 @HYP
@@ -45,8 +46,7 @@ def test_encoding_and_fingerprint_are_pinned():
     """The documented format (docs/RULES.md); a change here breaks every open incident's dedup key."""
     assert encode_labels({"host": "a=b", "alertname": "x"}) == b"9:alertname,1:x,4:host,3:a=b,"
     assert encode_labels({"é": "1"}) == "2:é,1:1,".encode()
-    assert fingerprint({"alertname": "host_stopped_reporting", "host": "node7", "job": "llm"}) == \
-        "91c6e5c6d005a1af"
+    assert fingerprint({"alertname": "host_stopped_reporting", "host": "node7", "job": "llm"}) == "91c6e5c6d005a1af"
 
 
 def test_correlation_keys_do_not_merge_different_values(tmp_path):
@@ -94,10 +94,24 @@ rules:
     eng = Engine(load_ruleset([rules]), out.append)
     labels = {"alertname": "lost", "severity": "warning", "job": "j"}
     t0 = 1_764_000_000_000_000_000
-    eng.restore({"now_ns": t0, "instances": [{
-        "fingerprint": "0ld0ld0ld0ld0ld0", "rule": "lost", "labels": labels, "severity": "warning",
-        "state": "firing", "active_since_ns": t0, "fired_at_ns": t0, "true_until_ns": t0 + 10**10}],
-        "runtime": {"lost": {"hits": {"0ld0ld0ld0ld0ld0": [[t0, 1.0]]}, "this_buf": {}, "other_buf": {}}}})
+    eng.restore(
+        {
+            "now_ns": t0,
+            "instances": [
+                {
+                    "fingerprint": "0ld0ld0ld0ld0ld0",
+                    "rule": "lost",
+                    "labels": labels,
+                    "severity": "warning",
+                    "state": "firing",
+                    "active_since_ns": t0,
+                    "fired_at_ns": t0,
+                    "true_until_ns": t0 + 10**10,
+                }
+            ],
+            "runtime": {"lost": {"hits": {"0ld0ld0ld0ld0ld0": [[t0, 1.0]]}, "this_buf": {}, "other_buf": {}}},
+        }
+    )
     assert list(eng.instances) == [fingerprint(labels)]
     assert list(eng.runtime["lost"].hits) == [fingerprint(labels)]
     eng.tick(t0 + 60 * 10**9)

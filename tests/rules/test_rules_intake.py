@@ -19,26 +19,57 @@ from rules.loader import load_ruleset
 from rules.service import BUILTIN_DIR
 
 NOW = 1_764_000_000_000_000_000
-HYP = settings(max_examples=300, deadline=None, derandomize=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+HYP = settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def valid_summary(job: str = "job", step: int = 7) -> dict:
     """A step summary as the stream worker writes it (two hosts, a straggler, one blamed layer)."""
     return {
-        "v": 1, "job": job, "step": step, "closed_by": "complete", "closed_at_ns": NOW,
-        "hosts": ["h0", "h1"], "expected_hosts": ["h0", "h1"], "missing_hosts": [],
-        "step_time_ns": {"h0": 100_000_000, "h1": 160_000_000}, "step_time_max_ns": 160_000_000,
+        "v": 1,
+        "job": job,
+        "step": step,
+        "closed_by": "complete",
+        "closed_at_ns": NOW,
+        "hosts": ["h0", "h1"],
+        "expected_hosts": ["h0", "h1"],
+        "missing_hosts": [],
+        "step_time_ns": {"h0": 100_000_000, "h1": 160_000_000},
+        "step_time_max_ns": 160_000_000,
         "straggler": {"host": "h1", "score": 1.6, "excess_ns": 60_000_000, "reason": "last at 3/3 collectives"},
-        "blame": [{"host": "h1", "layer": "sched", "excess_ns": 50_000_000, "straggler_ns": 55_000_000,
-                   "peer_median_ns": 5_000_000, "count": 40, "max_ns": 9_000_000}],
-        "collectives": [{"pg": "0", "coll_seq": 1, "op": "allreduce", "skew_ns": 60_000_000,
-                         "uncertainty_ns": 1000, "last_host": "h1"}],
-        "layers": {"h0": {"sched": {"time_ns": 5_000_000, "count": 3, "max_ns": 2_000_000}},
-                   "h1": {"sched": {"time_ns": 55_000_000, "count": 40, "max_ns": 9_000_000}}},
-        "baseline": {"median_ns": 100_000_000.0, "p99_ns": 110_000_000, "n": 20}, "stall": True,
-        "stall_ratio": 1.6, "quality": {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0,
-                                        "ringbuf_lost": 0},
+        "blame": [
+            {
+                "host": "h1",
+                "layer": "sched",
+                "excess_ns": 50_000_000,
+                "straggler_ns": 55_000_000,
+                "peer_median_ns": 5_000_000,
+                "count": 40,
+                "max_ns": 9_000_000,
+            }
+        ],
+        "collectives": [
+            {
+                "pg": "0",
+                "coll_seq": 1,
+                "op": "allreduce",
+                "skew_ns": 60_000_000,
+                "uncertainty_ns": 1000,
+                "last_host": "h1",
+            }
+        ],
+        "layers": {
+            "h0": {"sched": {"time_ns": 5_000_000, "count": 3, "max_ns": 2_000_000}},
+            "h1": {"sched": {"time_ns": 55_000_000, "count": 40, "max_ns": 9_000_000}},
+        },
+        "baseline": {"median_ns": 100_000_000.0, "p99_ns": 110_000_000, "n": 20},
+        "stall": True,
+        "stall_ratio": 1.6,
+        "quality": {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0, "ringbuf_lost": 0},
     }
 
 
@@ -49,12 +80,19 @@ def engine() -> Engine:
 
 # values a hostile producer may put in any field
 HOSTILE_SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80),
-    st.floats(allow_nan=False, allow_infinity=False), st.sampled_from([1e300, -1e300, 2.0**63, 0.5]),
-    st.text(max_size=20), st.sampled_from(["x" * 5000, "\ud800", "é" * 4097]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e300, -1e300, 2.0**63, 0.5]),
+    st.text(max_size=20),
+    st.sampled_from(["x" * 5000, "\ud800", "é" * 4097]),
 )
-HOSTILE = st.recursive(HOSTILE_SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+HOSTILE = st.recursive(
+    HOSTILE_SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def deep(n: int) -> object:
@@ -79,7 +117,7 @@ def check_step(value: bytes, engine: Engine) -> schema.SchemaError | None:
 
 @HYP
 @given(field=st.sampled_from(sorted(schema.STEP_SUMMARY_FIELDS)), value=HOSTILE)
-@example(field="closed_at_ns", value=1e300)   # a float too large to be an integer, in a time field
+@example(field="closed_at_ns", value=1e300)  # a float too large to be an integer, in a time field
 @example(field="closed_at_ns", value=float("inf"))
 @example(field="step", value=2.5)
 @example(field="layers", value={"h0": {"sched": {"time_ns": deep(10)}}})
@@ -124,15 +162,18 @@ def test_valid_summary_is_accepted_unchanged():
     assert rec["time_ns"] == NOW and rec["blame"][0]["layer"] == "sched"
 
 
-@pytest.mark.parametrize("field,value,field_named,words", [
-    ("closed_at_ns", 1e300, "closed_at_ns", "outside"),
-    ("step", "7", "step", "expected an integer, got str"),
-    ("hosts", ["h0", 3], "hosts[1]", "expected a string"),
-    ("layers", {"h0": {"sched": {"time_ns": deep(10)}}}, "layers.h0.sched.time_ns", "nested deeper"),
-    ("step_time_ns", {"h0": "slow"}, "step_time_ns.h0", "expected an integer"),
-    ("stall", "yes", "stall", "true or false"),
-    ("job", "", "job", "must not be empty"),
-])
+@pytest.mark.parametrize(
+    "field,value,field_named,words",
+    [
+        ("closed_at_ns", 1e300, "closed_at_ns", "outside"),
+        ("step", "7", "step", "expected an integer, got str"),
+        ("hosts", ["h0", 3], "hosts[1]", "expected a string"),
+        ("layers", {"h0": {"sched": {"time_ns": deep(10)}}}, "layers.h0.sched.time_ns", "nested deeper"),
+        ("step_time_ns", {"h0": "slow"}, "step_time_ns.h0", "expected an integer"),
+        ("stall", "yes", "stall", "true or false"),
+        ("job", "", "job", "must not be empty"),
+    ],
+)
 def test_reasons_name_the_field_and_the_problem(field, value, field_named, words):
     rec = valid_summary()
     rec[field] = value
@@ -142,9 +183,14 @@ def test_reasons_name_the_field_and_the_problem(field, value, field_named, words
 
 
 def test_json_level_reasons():
-    cases = {b"[" * 100_000: "nested too deeply", b'{"closed_at_ns": Infinity}': "Infinity is not a JSON number",
-             b"\x85\xa1v\x01": "looks like msgpack", b"{not json": "not JSON", b"": "empty message",
-             b"[1, 2]": "a step summary is a JSON object, got list"}
+    cases = {
+        b"[" * 100_000: "nested too deeply",
+        b'{"closed_at_ns": Infinity}': "Infinity is not a JSON number",
+        b"\x85\xa1v\x01": "looks like msgpack",
+        b"{not json": "not JSON",
+        b"": "empty message",
+        b"[1, 2]": "a step summary is a JSON object, got list",
+    }
     for raw, words in cases.items():
         with pytest.raises(schema.SchemaError) as ei:
             intake.decode(schema.TOPIC_STEPS, raw)
@@ -152,9 +198,17 @@ def test_json_level_reasons():
 
 
 def _batch(**over) -> dict:
-    b = {"v": 1, "job": "j", "host": "h", "host_id": 1, "agent_id": "a", "seq": 0, "sent_ns": 1,
-         "clock": {"offset_ns": 0, "uncertainty_ns": 0, "tai_offset_ns": 0},
-         "events": [[int(schema.Kind.CUDA_SYNC), 5, 10, 0, 1, 1, 1, 0, 0, None]]}
+    b = {
+        "v": 1,
+        "job": "j",
+        "host": "h",
+        "host_id": 1,
+        "agent_id": "a",
+        "seq": 0,
+        "sent_ns": 1,
+        "clock": {"offset_ns": 0, "uncertainty_ns": 0, "tai_offset_ns": 0},
+        "events": [[int(schema.Kind.CUDA_SYNC), 5, 10, 0, 1, 1, 1, 0, 0, None]],
+    }
     b.update(over)
     return b
 
@@ -191,10 +245,24 @@ def test_event_realtime_out_of_range_is_refused():
 
 
 def valid_change() -> dict:
-    return {"v": 1, "fingerprint": "0123456789abcdef", "rule": "r", "status": "firing", "severity": "warning",
-            "labels": {"alertname": "r", "host": "h"}, "annotations": {"summary": "s"}, "starts_at": "",
-            "ends_at": "", "starts_at_ns": 1, "ends_at_ns": 0, "updated_at_ns": 2, "value": 1.0, "routes": [],
-            "generator_url": "", "engine": "e"}
+    return {
+        "v": 1,
+        "fingerprint": "0123456789abcdef",
+        "rule": "r",
+        "status": "firing",
+        "severity": "warning",
+        "labels": {"alertname": "r", "host": "h"},
+        "annotations": {"summary": "s"},
+        "starts_at": "",
+        "ends_at": "",
+        "starts_at_ns": 1,
+        "ends_at_ns": 0,
+        "updated_at_ns": 2,
+        "value": 1.0,
+        "routes": [],
+        "generator_url": "",
+        "engine": "e",
+    }
 
 
 @HYP
@@ -211,8 +279,11 @@ def test_alert_change_refused_naming_the_field_or_usable(field, value):
 
 
 def test_alert_change_reasons():
-    for over, field in (({"labels": {"h": 1}}, "labels.h"), ({"status": "burning"}, "status"),
-                        ({"routes": "slack"}, "routes")):
+    for over, field in (
+        ({"labels": {"h": 1}}, "labels.h"),
+        ({"status": "burning"}, "status"),
+        ({"routes": "slack"}, "routes"),
+    ):
         with pytest.raises(schema.SchemaError) as ei:
             intake.decode_change(json.dumps({**valid_change(), **over}).encode())
         assert ei.value.field == field

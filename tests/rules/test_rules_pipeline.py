@@ -39,25 +39,32 @@ def run_pack(scn) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layer,rule", [
-    ("sched", "sched_contention_on_straggler"),
-    ("memory", "memory_stall_on_straggler"),
-    ("network", "tcp_retransmits_on_straggler"),
-    ("nic", "rdma_slow_completion_on_straggler"),
-])
+@pytest.mark.parametrize(
+    "layer,rule",
+    [
+        ("sched", "sched_contention_on_straggler"),
+        ("memory", "memory_stall_on_straggler"),
+        ("network", "tcp_retransmits_on_straggler"),
+        ("nic", "rdma_slow_completion_on_straggler"),
+    ],
+)
 def test_pack_names_host_and_layer(layer, rule):
     # a persistent fault: node2 is the guilty straggler from step 20 on. The per-layer straggler rules
     # run a CUSUM over the per-step evidence (docs/RULES.md "Sequential straggler rules")
-    scn = synthetic.Scenario(job="llm", hosts=4, steps=60, straggler=2, guilty_steps=tuple(range(20, 60)),
-                             guilty_layer=layer)
+    scn = synthetic.Scenario(
+        job="llm", hosts=4, steps=60, straggler=2, guilty_steps=tuple(range(20, 60)), guilty_layer=layer
+    )
     firing = run_pack(scn)
     hits = [a for a in firing if a["rule"] == rule]
     assert hits, f"{rule} did not fire; fired: {[(a['rule'], a['labels']) for a in firing]}"
     a = hits[0]
     assert a["labels"]["host"] == "node2" and a["labels"]["layer"] == layer and a["labels"]["job"] == "llm"
     assert int(a["annotations"]["step"]) in scn.guilty_steps and a["annotations"]["evidence"]
-    wrong = [(x["rule"], x["labels"]) for x in firing
-             if x["labels"].get("host") != "node2" or x["labels"].get("layer") not in (layer, "pytorch")]
+    wrong = [
+        (x["rule"], x["labels"])
+        for x in firing
+        if x["labels"].get("host") != "node2" or x["labels"].get("layer") not in (layer, "pytorch")
+    ]
     assert not wrong, wrong
 
 
@@ -75,7 +82,8 @@ def test_one_freak_step_does_not_fire_but_two_strong_steps_do(layer):
     scn = synthetic.Scenario(job="llm", hosts=4, steps=36, straggler=2, guilty_steps=(24, 25), guilty_layer=layer)
     firing = [a for a in run_pack(scn) if a["labels"].get("category") == "straggler"]
     assert [(a["labels"]["host"], a["labels"]["layer"], a["annotations"]["step"]) for a in firing] == [
-        ("node2", layer, "25")]
+        ("node2", layer, "25")
+    ]
 
 
 def test_stopped_host_is_named():

@@ -33,8 +33,14 @@ class Recorder:
     """Reads the DLQ and alert-change topics from the start in a thread and keeps every message."""
 
     def __init__(self, bootstrap: str):
-        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"rec-{uuid.uuid4().hex}",
-                           "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        self.c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"rec-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         self.c.subscribe([schema.TOPIC_DLQ, schema.TOPIC_ALERTS])
         self.dlq: list = []
         self.alerts: list[dict] = []
@@ -56,8 +62,11 @@ class Recorder:
                     pass
 
     def dead(self, consumer: str, topic: str) -> list[tuple[int, int]]:
-        return [(int(h["obshub.source.partition"]), int(h["obshub.source.offset"])) for h in list(self.dlq)
-                if h.get("obshub.consumer") == consumer and h.get("obshub.source.topic") == topic]
+        return [
+            (int(h["obshub.source.partition"]), int(h["obshub.source.offset"]))
+            for h in list(self.dlq)
+            if h.get("obshub.consumer") == consumer and h.get("obshub.source.topic") == topic
+        ]
 
     def close(self) -> None:
         self.stop.set()
@@ -85,19 +94,26 @@ def refused(raw: bytes, decode) -> bool:
 
 def _mutated(base: dict):
     return st.tuples(st.sampled_from(sorted(base)), HOSTILE).map(
-        lambda fv: json.dumps({**base, fv[0]: fv[1]}).encode("utf-8", "surrogatepass"))
+        lambda fv: json.dumps({**base, fv[0]: fv[1]}).encode("utf-8", "surrogatepass")
+    )
 
 
 HOSTILE_STEPS = st.one_of(
     _mutated(valid_summary("poison")),
     st.binary(max_size=64),
-    st.sampled_from([json.dumps({**valid_summary("poison"), "closed_at_ns": 1e300}).encode(),
-                     b"[" * 50_000, b'{"job": "poison", "step": 1, "closed_at_ns": NaN}',
-                     json.dumps({"job": "poison"}).encode(),
-                     json.dumps({**valid_summary("poison"), "layers": {"h": deep(20)}}).encode()]),
+    st.sampled_from(
+        [
+            json.dumps({**valid_summary("poison"), "closed_at_ns": 1e300}).encode(),
+            b"[" * 50_000,
+            b'{"job": "poison", "step": 1, "closed_at_ns": NaN}',
+            json.dumps({"job": "poison"}).encode(),
+            json.dumps({**valid_summary("poison"), "layers": {"h": deep(20)}}).encode(),
+        ]
+    ),
 ).filter(lambda raw: refused(raw, intake.decode_step))
 HOSTILE_CHANGES = st.one_of(_mutated(valid_change()), st.binary(max_size=64)).filter(
-    lambda raw: refused(raw, intake.decode_change))
+    lambda raw: refused(raw, intake.decode_change)
+)
 
 
 @pytest.fixture(scope="module")
@@ -121,23 +137,28 @@ rules:
     env = {**os.environ, "OBSHUB_HOME": str(tmp / "home"), "OBSHUB_KAFKA_PORT": str(kafka.kafka_port)}
 
     def start() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules),
-                                 "--group-prefix", prefix], cwd=REPO, env=env, stdout=open(log, "ab"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "--group-prefix", prefix],
+            cwd=REPO,
+            env=env,
+            stdout=open(log, "ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     rec = Recorder(kafka.bootstrap_servers)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
     proc = start()
     # the engine starts at the latest offsets: wait until it has joined (a first valid step is evaluated)
-    ctx = {"job": job, "prefix": prefix, "log": log, "rec": rec, "producer": producer, "start": start,
-           "next_step": 0}
+    ctx = {"job": job, "prefix": prefix, "log": log, "rec": rec, "producer": producer, "start": start, "next_step": 0}
     deadline = time.monotonic() + 120
     while not any(a.get("labels", {}).get("job", "").startswith(job) for a in rec.alerts):
         if time.monotonic() > deadline or proc.poll() is not None:
             rec.close()
             raise AssertionError(log.read_text()[-6000:])
-        producer.produce(schema.TOPIC_STEPS, json.dumps({**valid_summary(f"{job}-0", 0),
-                                                         "closed_at_ns": time.time_ns()}).encode())
+        producer.produce(
+            schema.TOPIC_STEPS, json.dumps({**valid_summary(f"{job}-0", 0), "closed_at_ns": time.time_ns()}).encode()
+        )
         producer.flush(10)
         time.sleep(1.0)
     ctx["next_step"] = 1
@@ -164,10 +185,20 @@ def _produce(producer: Producer, topic: str, values: list[bytes]) -> list[tuple[
     return where
 
 
-@settings(max_examples=3, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
-@given(steps=st.lists(HOSTILE_STEPS, min_size=4, max_size=10), changes=st.lists(HOSTILE_CHANGES, min_size=2, max_size=6))
+@settings(
+    max_examples=3,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(
+    steps=st.lists(HOSTILE_STEPS, min_size=4, max_size=10), changes=st.lists(HOSTILE_CHANGES, min_size=2, max_size=6)
+)
 def test_hostile_records_between_valid_ones(served, steps, changes):
     job, prefix, rec, proc, log = served["job"], served["prefix"], served["rec"], served["proc"], served["log"]
     first = served["next_step"]
@@ -184,18 +215,38 @@ def test_hostile_records_between_valid_ones(served, steps, changes):
     bad_changes = _produce(served["producer"], schema.TOPIC_ALERTS, changes)
 
     def fired() -> set[int]:
-        return {int(a["labels"]["job"].rsplit("-", 1)[1]) for a in list(rec.alerts)
-                if a.get("labels", {}).get("job", "").startswith(f"{job}-") and a.get("status") == "firing"}
+        return {
+            int(a["labels"]["job"].rsplit("-", 1)[1])
+            for a in list(rec.alerts)
+            if a.get("labels", {}).get("job", "").startswith(f"{job}-") and a.get("status") == "firing"
+        }
 
     wait_for(lambda: set(valid) <= fired(), 60, f"alerts for valid steps {valid}", proc, log)
-    wait_for(lambda: set(bad_steps) <= set(rec.dead(f"{prefix}-engine", schema.TOPIC_STEPS)), 30,
-             "the hostile step summaries on the DLQ", proc, log)
-    wait_for(lambda: set(bad_changes) <= set(rec.dead(f"{prefix}-notify", schema.TOPIC_ALERTS)), 30,
-             "the hostile alert changes on the DLQ", proc, log)
-    wait_for(lambda: all(f"valid step {s} of {job}-{s}" in log.read_text() for s in valid), 30,
-             "the console sink delivering every valid alert", proc, log)
-    for consumer, topic, bad in ((f"{prefix}-engine", schema.TOPIC_STEPS, bad_steps),
-                                 (f"{prefix}-notify", schema.TOPIC_ALERTS, bad_changes)):
+    wait_for(
+        lambda: set(bad_steps) <= set(rec.dead(f"{prefix}-engine", schema.TOPIC_STEPS)),
+        30,
+        "the hostile step summaries on the DLQ",
+        proc,
+        log,
+    )
+    wait_for(
+        lambda: set(bad_changes) <= set(rec.dead(f"{prefix}-notify", schema.TOPIC_ALERTS)),
+        30,
+        "the hostile alert changes on the DLQ",
+        proc,
+        log,
+    )
+    wait_for(
+        lambda: all(f"valid step {s} of {job}-{s}" in log.read_text() for s in valid),
+        30,
+        "the console sink delivering every valid alert",
+        proc,
+        log,
+    )
+    for consumer, topic, bad in (
+        (f"{prefix}-engine", schema.TOPIC_STEPS, bad_steps),
+        (f"{prefix}-notify", schema.TOPIC_ALERTS, bad_changes),
+    ):
         dead = rec.dead(consumer, topic)
         assert all(dead.count(w) == 1 for w in bad), "each hostile record is on the DLQ once"
     for h in rec.dlq:
@@ -209,8 +260,13 @@ def test_restart_does_not_meet_dead_letters_again(served):
     rec, prefix, log = served["rec"], served["prefix"], served["log"]
     # one dead letter of its own, so the test holds alone too (not only after the property test)
     bad = _produce(served["producer"], schema.TOPIC_STEPS, [b"\x00 not a step summary"])
-    wait_for(lambda: set(bad) <= set(rec.dead(f"{prefix}-engine", schema.TOPIC_STEPS)), 30,
-             "the hostile step summary on the DLQ", served["proc"], log)
+    wait_for(
+        lambda: set(bad) <= set(rec.dead(f"{prefix}-engine", schema.TOPIC_STEPS)),
+        30,
+        "the hostile step summary on the DLQ",
+        served["proc"],
+        log,
+    )
     before = len(rec.dead(f"{prefix}-engine", schema.TOPIC_STEPS))
     assert before > 0
     os.killpg(served["proc"].pid, signal.SIGTERM)
@@ -226,8 +282,9 @@ def test_restart_does_not_meet_dead_letters_again(served):
         step = served["next_step"]
         served["next_step"] += 1
         sent.append(f"{served['job']}-{step}")
-        served["producer"].produce(schema.TOPIC_STEPS, json.dumps({**valid_summary(sent[-1], step),
-                                                                   "closed_at_ns": time.time_ns()}).encode())
+        served["producer"].produce(
+            schema.TOPIC_STEPS, json.dumps({**valid_summary(sent[-1], step), "closed_at_ns": time.time_ns()}).encode()
+        )
         served["producer"].flush(10)
         time.sleep(1.0)
     time.sleep(1.0)

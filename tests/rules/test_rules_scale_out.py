@@ -30,9 +30,14 @@ pytestmark = pytest.mark.kafka
 
 def test_murmur2_is_kafkas_default_partitioner():
     # reference values of the Java client's Utils.murmur2 (its own unit test)
-    cases = {"21": -973932308, "foobar": -790332482, "a-little-bit-long-string": -985981536,
-             "a-little-bit-longer-string": -1486304829, "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
-             "abc": 479470107}
+    cases = {
+        "21": -973932308,
+        "foobar": -790332482,
+        "a-little-bit-long-string": -985981536,
+        "a-little-bit-longer-string": -1486304829,
+        "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+        "abc": 479470107,
+    }
     for key, want in cases.items():
         assert murmur2(key.encode()) == want & 0xFFFFFFFF, key
     assert partition_for("foobar", 4) == (-790332482 & 0x7FFFFFFF) % 4
@@ -40,12 +45,34 @@ def test_murmur2_is_kafkas_default_partitioner():
 
 def _start(kafka, tmp_path: Path, name: str, rules: Path, cfg: Path, prefix: str, url: str) -> subprocess.Popen:
     home = tmp_path / name
-    env = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(kafka.kafka_port),
-           "TEST_RULES_WEBHOOK": url}
+    env = {
+        **os.environ,
+        "OBSHUB_HOME": str(home),
+        "OBSHUB_KAFKA_PORT": str(kafka.kafka_port),
+        "TEST_RULES_WEBHOOK": url,
+    }
     log = open(tmp_path / f"{name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "-c", str(cfg),
-                             "--group-prefix", prefix, "--scale-out"], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "obshub.cli",
+            "rules",
+            "serve",
+            "-r",
+            str(rules),
+            "-c",
+            str(cfg),
+            "--group-prefix",
+            prefix,
+            "--scale-out",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _wait(cond, timeout: float, what: str, logs: list[Path]) -> None:
@@ -70,8 +97,10 @@ def _owned(log: Path) -> set[int]:
 def _committed(kafka, group: str, parts: list[int]) -> dict[int, int]:
     c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
     try:
-        return {tp.partition: tp.offset for tp in c.committed([TopicPartition(schema.TOPIC_STEPS, p) for p in parts],
-                                                              timeout=10)}
+        return {
+            tp.partition: tp.offset
+            for tp in c.committed([TopicPartition(schema.TOPIC_STEPS, p) for p in parts], timeout=10)
+        }
     finally:
         c.close()
 
@@ -141,16 +170,33 @@ sinks:
 
     def send(step: int) -> None:
         for job in jobs.values():
-            summary = {"v": 1, "job": job, "step": step, "closed_by": "complete", "closed_at_ns": time.time_ns(),
-                       "hosts": ["h"], "expected_hosts": ["h"], "missing_hosts": [], "quality": {"lost_batches": 1}}
+            summary = {
+                "v": 1,
+                "job": job,
+                "step": step,
+                "closed_by": "complete",
+                "closed_at_ns": time.time_ns(),
+                "hosts": ["h"],
+                "expected_hosts": ["h"],
+                "missing_hosts": [],
+                "quality": {"lost_batches": 1},
+            }
             producer.produce(schema.TOPIC_STEPS, key=job, value=json.dumps(summary).encode())
         assert producer.flush(30) == 0
 
     try:
         _wait(lambda: len(_owned(logs[0])) == n, 90, "engine a to own every steps partition", logs)
         procs["b"] = _start(kafka, tmp_path, "b", rules, cfg, prefix, url)
-        _wait(lambda: _owned(logs[1]) and len(_owned(logs[0])) + len(_owned(logs[1])) == n
-              and not _owned(logs[0]) & _owned(logs[1]), 90, "the two engines to split the partitions", logs)
+        _wait(
+            lambda: (
+                _owned(logs[1])
+                and len(_owned(logs[0])) + len(_owned(logs[1])) == n
+                and not _owned(logs[0]) & _owned(logs[1])
+            ),
+            90,
+            "the two engines to split the partitions",
+            logs,
+        )
         a_jobs = [j for p, j in jobs.items() if p in _owned(logs[0])]
         b_jobs = [j for p, j in jobs.items() if p in _owned(logs[1])]
         assert a_jobs and b_jobs, (a_jobs, b_jobs)
@@ -158,10 +204,14 @@ sinks:
         send(1)
         send(2)
         parts = sorted(jobs)
-        _wait(lambda: all(_committed(kafka, f"{prefix}-engine", parts)[p] >= _ends(kafka, parts)[p] for p in parts),
-              60, "both engines to commit steps 1 and 2", logs)
-        time.sleep(2.5)   # > the 1 s checkpoint: the first event's window hit is committed too
-        os.killpg(procs["a"].pid, signal.SIGKILL)   # engine a dies holding the window state of its jobs
+        _wait(
+            lambda: all(_committed(kafka, f"{prefix}-engine", parts)[p] >= _ends(kafka, parts)[p] for p in parts),
+            60,
+            "both engines to commit steps 1 and 2",
+            logs,
+        )
+        time.sleep(2.5)  # > the 1 s checkpoint: the first event's window hit is committed too
+        os.killpg(procs["a"].pid, signal.SIGKILL)  # engine a dies holding the window state of its jobs
         procs["a"].wait(30)
         send(3)
         send_event(1)
@@ -178,14 +228,18 @@ sinks:
             return out
 
         _wait(lambda: set(want) <= set(fired()), 120, "every job's alerts to be delivered", logs)
-        time.sleep(4)   # room for a (wrong) second firing or delivery
+        time.sleep(4)  # room for a (wrong) second firing or delivery
         assert {k: c for k, c in fired().items() if k in want} == want
         changes = [json.loads(m.value()) for m in consume_all(kafka, schema.TOPIC_ALERTS, timeout_s=8)]
         mine = [c for c in changes if c["labels"].get("job") in jobs.values()]
-        assert sorted((c["rule"], c["labels"]["job"], c["status"]) for c in mine) == \
-            sorted((rule, job, "firing") for rule, job in want)
-        assert all(c["annotations"]["summary"] == "lost batches in 3 steps, last 3" for c in mine
-                   if c["rule"] == "lost_three_times")
+        assert sorted((c["rule"], c["labels"]["job"], c["status"]) for c in mine) == sorted(
+            (rule, job, "firing") for rule, job in want
+        )
+        assert all(
+            c["annotations"]["summary"] == "lost batches in 3 steps, last 3"
+            for c in mine
+            if c["rule"] == "lost_three_times"
+        )
         assert set(_owned(logs[1])) == set(range(n)), "the survivor owns every partition"
     finally:
         for proc in procs.values():

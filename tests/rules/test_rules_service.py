@@ -56,13 +56,38 @@ sinks:
     return p
 
 
-def start(kafka, tmp_path: Path, home: Path, rules: Path, cfg: Path, prefix: str, url: str, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(kafka.kafka_port),
-           "TEST_RULES_WEBHOOK": url}
+def start(
+    kafka, tmp_path: Path, home: Path, rules: Path, cfg: Path, prefix: str, url: str, *extra: str
+) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "OBSHUB_HOME": str(home),
+        "OBSHUB_KAFKA_PORT": str(kafka.kafka_port),
+        "TEST_RULES_WEBHOOK": url,
+    }
     log = open(tmp_path / "serve.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "-c", str(cfg),
-                             "--group-prefix", prefix, "--from-beginning", *extra], cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "obshub.cli",
+            "rules",
+            "serve",
+            "-r",
+            str(rules),
+            "-c",
+            str(cfg),
+            "--group-prefix",
+            prefix,
+            "--from-beginning",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_for(cond, timeout: float, what: str, proc=None, log: Path | None = None):
@@ -79,8 +104,17 @@ def wait_for(cond, timeout: float, what: str, proc=None, log: Path | None = None
 
 def produce_step(kafka, job: str, step: int, lost: int) -> None:
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
-    summary = {"v": 1, "job": job, "step": step, "closed_by": "complete", "closed_at_ns": time.time_ns(),
-               "hosts": ["a"], "expected_hosts": ["a"], "missing_hosts": [], "quality": {"lost_batches": lost}}
+    summary = {
+        "v": 1,
+        "job": job,
+        "step": step,
+        "closed_by": "complete",
+        "closed_at_ns": time.time_ns(),
+        "hosts": ["a"],
+        "expected_hosts": ["a"],
+        "missing_hosts": [],
+        "quality": {"lost_batches": lost},
+    }
     p.produce(schema.TOPIC_STEPS, key=job, value=json.dumps(summary).encode())
     assert p.flush(30) == 0
 

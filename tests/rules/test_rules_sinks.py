@@ -41,7 +41,7 @@ class HttpRecorder:
         self.requests: list[dict] = []
         self.plan: list[tuple[int, dict, float]] = []
         self.default, self.body = default, body
-        self.validator = None   # callable(path, json) raising AssertionError on a malformed payload
+        self.validator = None  # callable(path, json) raising AssertionError on a malformed payload
         self.errors: list[str] = []
         rec = self
 
@@ -49,8 +49,9 @@ class HttpRecorder:
             def do_POST(self):  # noqa: N802
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 body = json.loads(raw)
-                rec.requests.append({"path": self.path, "headers": dict(self.headers), "json": body,
-                                     "t": time.monotonic()})
+                rec.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "json": body, "t": time.monotonic()}
+                )
                 if rec.validator:
                     try:
                         rec.validator(self.path, body)
@@ -108,11 +109,23 @@ def recorder():
 def alert(status="firing", rule="rdma_slow_completion_on_straggler", severity="critical", **ann) -> dict:
     labels = {"alertname": rule, "severity": severity, "job": "llm", "host": "node2", "layer": "nic"}
     now = 1_767_225_600_000_000_000
-    return {"v": 1, "fingerprint": fingerprint(labels), "rule": rule, "status": status, "severity": severity,
-            "labels": labels, "annotations": {"summary": "node2 held back step 7", "step": "7", **ann},
-            "starts_at": rfc3339(now), "ends_at": rfc3339(now + 60 * 10**9) if status == "resolved" else "",
-            "starts_at_ns": now, "ends_at_ns": now + 60 * 10**9 if status == "resolved" else 0,
-            "updated_at_ns": now, "value": 1.0, "routes": [], "generator_url": "http://localhost:9099/rules#x"}
+    return {
+        "v": 1,
+        "fingerprint": fingerprint(labels),
+        "rule": rule,
+        "status": status,
+        "severity": severity,
+        "labels": labels,
+        "annotations": {"summary": "node2 held back step 7", "step": "7", **ann},
+        "starts_at": rfc3339(now),
+        "ends_at": rfc3339(now + 60 * 10**9) if status == "resolved" else "",
+        "starts_at_ns": now,
+        "ends_at_ns": now + 60 * 10**9 if status == "resolved" else 0,
+        "updated_at_ns": now,
+        "value": 1.0,
+        "routes": [],
+        "generator_url": "http://localhost:9099/rules#x",
+    }
 
 
 def notif(*alerts) -> Notification:
@@ -120,8 +133,10 @@ def notif(*alerts) -> Notification:
 
 
 def is_rfc3339(s: str) -> bool:
-    return bool(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", s)) and \
-        datetime.fromisoformat(s.replace("Z", "+00:00")) is not None
+    return (
+        bool(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", s))
+        and datetime.fromisoformat(s.replace("Z", "+00:00")) is not None
+    )
 
 
 # ---------------------------------------------------------------------------------------------- Slack
@@ -184,12 +199,23 @@ def check_pagerduty(path: str, body: dict) -> None:
     assert 0 < len(p["summary"]) <= 1024 and p["source"] and p["severity"] in ("critical", "error", "warning", "info")
     assert is_rfc3339(p["timestamp"])
     assert set(p) <= {"summary", "source", "severity", "timestamp", "component", "group", "class", "custom_details"}
-    assert set(body) <= {"routing_key", "event_action", "dedup_key", "payload", "client", "client_url", "links", "images"}
+    assert set(body) <= {
+        "routing_key",
+        "event_action",
+        "dedup_key",
+        "payload",
+        "client",
+        "client_url",
+        "links",
+        "images",
+    }
 
 
 def test_pagerduty_trigger_resolve_same_key(recorder):
-    srv = recorder(default=(202, {"Content-Type": "application/json"}, 0.0),
-                   body='{"status":"success","message":"Event processed","dedup_key":"x"}')
+    srv = recorder(
+        default=(202, {"Content-Type": "application/json"}, 0.0),
+        body='{"status":"success","message":"Event processed","dedup_key":"x"}',
+    )
     srv.validator = check_pagerduty
     sink = PagerDutySink("pd", SecretStr("R0UT1NGKEY000000000000000000000X"), url=srv.url + "/v2/enqueue")
     a = alert(summary="s" * 3000, runbook="https://runbooks.example/rdma")
@@ -234,8 +260,9 @@ def test_alertmanager_resends_while_firing_and_ends_on_resolve(recorder):
     srv.validator = check_alertmanager
     sink = AlertmanagerSink("am", srv.url, resend_every_s=0.2)
     acked: list = []
-    d = Dispatcher([sink], Route(group_wait="0s", group_interval="0s", repeat_interval="1h"), [], None, FAST,
-                   acked.extend)
+    d = Dispatcher(
+        [sink], Route(group_wait="0s", group_interval="0s", repeat_interval="1h"), [], None, FAST, acked.extend
+    )
     try:
         d.submit(alert(), "t1")
         deadline = time.monotonic() + 10
@@ -277,7 +304,9 @@ def test_webhook_payload(recorder):
     sink = WebhookSink("hook", SecretStr(srv.url + "/hook?token=s3cr3t-token"), external_url="http://obshub")
     assert sink.send(httpx.Client(), notif(alert(), alert("resolved", rule="other")), FAST).ok, srv.errors
     body = srv.requests[0]["json"]
-    assert body["status"] == "firing" and body["commonLabels"]["job"] == "llm" and "alertname" not in body["commonLabels"]
+    assert (
+        body["status"] == "firing" and body["commonLabels"]["job"] == "llm" and "alertname" not in body["commonLabels"]
+    )
     assert body["alerts"][1]["endsAt"] == alert("resolved")["ends_at"]
 
 
@@ -320,10 +349,19 @@ def test_secrets_never_logged(recorder, caplog, capsys, monkeypatch):
     srv.plan = [(404, {}, 0.0)]  # the server echoes the path (with the secret) in its error body
     monkeypatch.setenv("TEST_SLACK_URL", f"{srv.url}/services/{secret_url_tail}")
     monkeypatch.setenv("TEST_PD_KEY", "PDKEYSECRET0123456789")
-    cfg = AlertingConfig.model_validate({"sinks": [
-        {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL"},
-        {"name": "pd", "type": "pagerduty", "routing_key_env": "TEST_PD_KEY", "url": "http://127.0.0.1:9/v2/enqueue"},
-    ]})
+    cfg = AlertingConfig.model_validate(
+        {
+            "sinks": [
+                {"name": "slack", "type": "slack", "url_env": "TEST_SLACK_URL"},
+                {
+                    "name": "pd",
+                    "type": "pagerduty",
+                    "routing_key_env": "TEST_PD_KEY",
+                    "url": "http://127.0.0.1:9/v2/enqueue",
+                },
+            ]
+        }
+    )
     sinks = build_sinks(cfg)
     with caplog.at_level(logging.DEBUG):
         results = [s.send(httpx.Client(), notif(alert()), FAST) for s in sinks]
@@ -342,7 +380,9 @@ def test_missing_secret_is_a_clear_error(monkeypatch, tmp_path):
         build_sinks(AlertingConfig.model_validate({"sinks": [{"name": "s", "type": "slack", "url_env": "NOPE_URL"}]}))
     f = tmp_path / "key"
     f.write_text("FILESECRET\n")
-    pd = build_sinks(AlertingConfig.model_validate({"sinks": [{"name": "p", "type": "pagerduty", "routing_key_file": str(f)}]}))[0]
+    pd = build_sinks(
+        AlertingConfig.model_validate({"sinks": [{"name": "p", "type": "pagerduty", "routing_key_file": str(f)}]})
+    )[0]
     assert pd.event(alert())["routing_key"] == "FILESECRET"
 
 
@@ -350,10 +390,18 @@ def test_missing_secret_is_a_clear_error(monkeypatch, tmp_path):
 def test_one_sink_outage_does_not_block_another_and_is_not_acked(recorder):
     down = recorder(default=(503, {}, 0.0))
     up = recorder()
-    slow_policy = DeliveryPolicy(max_attempts=100, max_elapsed_s=60, timeout_s=1, backoff_initial_s=0.1, backoff_max_s=0.2)
+    slow_policy = DeliveryPolicy(
+        max_attempts=100, max_elapsed_s=60, timeout_s=1, backoff_initial_s=0.1, backoff_max_s=0.2
+    )
     acked: list = []
-    d = Dispatcher([WebhookSink("down", SecretStr(down.url + "/d")), WebhookSink("up", SecretStr(up.url + "/u"))],
-                   Route(group_wait="0s", group_interval="0s"), [], None, slow_policy, acked.extend)
+    d = Dispatcher(
+        [WebhookSink("down", SecretStr(down.url + "/d")), WebhookSink("up", SecretStr(up.url + "/u"))],
+        Route(group_wait="0s", group_interval="0s"),
+        [],
+        None,
+        slow_policy,
+        acked.extend,
+    )
     try:
         d.submit(alert(), "tok")
         d.tick()
@@ -362,7 +410,7 @@ def test_one_sink_outage_does_not_block_another_and_is_not_acked(recorder):
             time.sleep(0.05)
         assert up.requests, "the healthy sink got its notification while the other is down"
         assert len(down.requests) >= 1 and acked == []  # not acked: the down sink has not delivered
-        down.default = (200, {}, 0.0)                    # the outage ends
+        down.default = (200, {}, 0.0)  # the outage ends
         deadline = time.monotonic() + 10
         while not acked and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -378,8 +426,14 @@ def test_grouping_min_severity_silence_and_inhibition(tmp_path):
     store = SilenceStore(tmp_path / "silences.json")
     inhibit = [InhibitRule({"alertname": "host_stopped_reporting"}, {"category": "straggler"}, ["job", "host"])]
     acked: list = []
-    d = Dispatcher([console, pager], Route(group_by=["alertname"], group_wait="10s", group_interval="1m",
-                                           repeat_interval="1h"), inhibit, store, FAST, acked.extend)
+    d = Dispatcher(
+        [console, pager],
+        Route(group_by=["alertname"], group_wait="10s", group_interval="1m", repeat_interval="1h"),
+        inhibit,
+        store,
+        FAST,
+        acked.extend,
+    )
     t0 = 1_000 * 10**9
     try:
         warn = {**alert(severity="warning", rule="sched_contention_on_straggler")}
@@ -390,14 +444,14 @@ def test_grouping_min_severity_silence_and_inhibition(tmp_path):
         other["fingerprint"] = fingerprint(other["labels"])
         d.submit(other, "b", now_ns=t0 + 10**9)
         d.submit({**alert(), "status": "pending"}, "p", now_ns=t0)
-        assert acked == ["p"]                       # pending needs no delivery
+        assert acked == ["p"]  # pending needs no delivery
         d.tick(t0 + 5 * 10**9)
-        assert out.getvalue() == ""                  # group_wait 10 s
+        assert out.getvalue() == ""  # group_wait 10 s
         d.tick(t0 + 11 * 10**9)
         _wait_for(lambda: set(acked) == {"p", "a", "b"})
         lines = out.getvalue().splitlines()
         assert len(lines) == 2 and all("sched_contention_on_straggler" in ln for ln in lines)  # one group
-        assert pager.stream.getvalue() == ""         # below the pager's min severity
+        assert pager.stream.getvalue() == ""  # below the pager's min severity
         # a host-down alert inhibits that host's straggler alerts
         down = alert(rule="host_stopped_reporting")
         d.submit(down, "c", now_ns=t0 + 20 * 10**9)
@@ -412,7 +466,7 @@ def test_grouping_min_severity_silence_and_inhibition(tmp_path):
         d.submit({**other}, "e", now_ns=t0 + 200 * 10**9)
         d.tick(t0 + 300 * 10**9)
         _wait_for(lambda: "e" in acked)
-        assert not any("node7" in ln for ln in out.getvalue().splitlines()[len(lines) + len(new):])
+        assert not any("node7" in ln for ln in out.getvalue().splitlines()[len(lines) + len(new) :])
     finally:
         d.close()
 
@@ -427,21 +481,26 @@ def _wait_for(cond, timeout=10.0):
 def test_group_interval_repeat_interval_and_dedup():
     out = io.StringIO()
     acked: list = []
-    d = Dispatcher([ConsoleSink("console", stream=out)],
-                   Route(group_by=["job"], group_wait="0s", group_interval="5s", repeat_interval="10s"),
-                   [], None, FAST, acked.extend)
+    d = Dispatcher(
+        [ConsoleSink("console", stream=out)],
+        Route(group_by=["job"], group_wait="0s", group_interval="5s", repeat_interval="10s"),
+        [],
+        None,
+        FAST,
+        acked.extend,
+    )
     s = 10**9
     t0 = 5_000 * s
     try:
         a1 = alert()
         d.submit(a1, 1, now_ns=t0)
-        d.submit(dict(a1), 2, now_ns=t0)            # the same change re-delivered: one notification line
+        d.submit(dict(a1), 2, now_ns=t0)  # the same change re-delivered: one notification line
         d.tick(t0)
         _wait_for(lambda: acked == [1, 2])
         assert len(out.getvalue().splitlines()) == 1
         a2 = alert(rule="sched_contention_on_straggler")
         d.submit(a2, 3, now_ns=t0 + 1 * s)
-        d.tick(t0 + 2 * s)                            # within group_interval: batched, not sent yet
+        d.tick(t0 + 2 * s)  # within group_interval: batched, not sent yet
         assert len(out.getvalue().splitlines()) == 1 and 3 not in acked
         d.tick(t0 + 5 * s)
         _wait_for(lambda: 3 in acked)
@@ -449,14 +508,16 @@ def test_group_interval_repeat_interval_and_dedup():
         assert len(lines) == 3 and "sched_contention_on_straggler" in lines[2]  # group re-sent with both
         d.tick(t0 + 14 * s)
         assert len(out.getvalue().splitlines()) == 3
-        d.tick(t0 + 15 * s)                           # repeat_interval after the last flush
+        d.tick(t0 + 15 * s)  # repeat_interval after the last flush
         _wait_for(lambda: len(out.getvalue().splitlines()) == 5)
         d.submit(alert("resolved"), 4, now_ns=t0 + 16 * s)
         d.tick(t0 + 20 * s)
         _wait_for(lambda: 4 in acked)
-        assert "[RESOLVED] rdma_slow_completion_on_straggler" in out.getvalue().splitlines()[-2] + \
-            out.getvalue().splitlines()[-1]
-        d.tick(t0 + 40 * s)                           # the resolved alert left the group: only a2 repeats
+        assert (
+            "[RESOLVED] rdma_slow_completion_on_straggler"
+            in out.getvalue().splitlines()[-2] + out.getvalue().splitlines()[-1]
+        )
+        d.tick(t0 + 40 * s)  # the resolved alert left the group: only a2 repeats
         _wait_for(lambda: out.getvalue().splitlines()[-1].startswith("[FIRING] sched_contention"))
     finally:
         d.close()
@@ -477,7 +538,7 @@ def test_firing_alerts_survive_a_dispatcher_restart(recorder):
         d2.restore(snap)
         straggler = alert(rule="sched_contention_on_straggler")
         straggler["labels"] = {**straggler["labels"], "category": "straggler"}
-        assert d2._inhibited(straggler["labels"])       # inhibition holds after the restart
+        assert d2._inhibited(straggler["labels"])  # inhibition holds after the restart
         n = len(srv.requests)
         _wait_for(lambda: (d2.tick(), len(srv.requests) > n)[1])  # Alertmanager re-sends continue
         assert srv.requests[-1]["json"][0]["labels"]["alertname"] == "host_stopped_reporting"

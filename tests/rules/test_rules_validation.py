@@ -118,11 +118,13 @@ rules:
 
 
 def test_macro_cycle_detected(tmp_path):
-    text = GOOD.replace("  stalled: stall == true && straggler != null",
-                        "  stalled: stall == true && again\n  again: stalled || stall")
+    text = GOOD.replace(
+        "  stalled: stall == true && straggler != null", "  stalled: stall == true && again\n  again: stalled || stall"
+    )
     got = problems(write(tmp_path, "m.yaml", text))
-    assert any("macro cycle: again -> stalled -> again" in p or "macro cycle: stalled -> again -> stalled" in p
-               for p in got), got
+    assert any(
+        "macro cycle: again -> stalled -> again" in p or "macro cycle: stalled -> again -> stalled" in p for p in got
+    ), got
 
 
 def test_lists_expand_and_events_need_kinds(tmp_path):
@@ -139,19 +141,25 @@ rules:
 """
     got = problems(write(tmp_path, "l.yaml", text))
     assert any("needs `kinds:`" in p for p in got), got
-    rs = load_ruleset([write(tmp_path, "l2.yaml", text.replace("signal: events", "signal: events\n    kinds: [SCHED_RUNQ]"))])
+    rs = load_ruleset(
+        [write(tmp_path, "l2.yaml", text.replace("signal: events", "signal: events\n    kinds: [SCHED_RUNQ]"))]
+    )
     assert rs.rules["busy"].condition.source == 'host in ["node1", "node2"]'
 
 
 def test_overrides_append_and_replace_in_file_order(tmp_path):
     a = write(tmp_path, "a.yaml", GOOD)
-    b = write(tmp_path, "b.yaml", """\
+    b = write(
+        tmp_path,
+        "b.yaml",
+        """\
 version: 1
 overrides:
   - rule: slow_step
     append: {condition: "&& job != 'scratch'", labels: {team: ml}}
     replace: {severity: critical}
-""")
+""",
+    )
     rs = load_ruleset([a, b])
     r = rs.rules["slow_step"]
     assert r.severity == "critical" and r.labels == {"team": "ml"}
@@ -168,7 +176,9 @@ overrides:
 
 
 def test_annotation_templates_checked(tmp_path):
-    got = problems(write(tmp_path, "t.yaml", GOOD.replace('{step: "{{ step }}"}', '{step: "{{ stepp }}", x: "{% if %}"}')))
+    got = problems(
+        write(tmp_path, "t.yaml", GOOD.replace('{step: "{{ step }}"}', '{step: "{{ stepp }}", x: "{% if %}"}'))
+    )
     assert any("unknown name(s) stepp" in p for p in got), got
     assert any("template syntax error" in p for p in got), got
 
@@ -196,7 +206,15 @@ def test_rules_check_cli_exit_codes(tmp_path):
 
 
 def test_measurements_are_rejected_as_labels(tmp_path):
-    got = problems(write(tmp_path, "g.yaml", GOOD.replace("group_by: {job: job, host: straggler.host}",
-                                                          "group_by: {job: job, step: step, ex: straggler.excess_ns}")))
+    got = problems(
+        write(
+            tmp_path,
+            "g.yaml",
+            GOOD.replace(
+                "group_by: {job: job, host: straggler.host}",
+                "group_by: {job: job, step: step, ex: straggler.excess_ns}",
+            ),
+        )
+    )
     assert any(p.startswith(f"{tmp_path}/g.yaml:10:32: ") and "'step' is a measurement" in p for p in got), got
     assert any("'excess_ns' is a measurement" in p for p in got), got

@@ -94,19 +94,60 @@ def summaries(seed: int, n: int) -> list[dict]:
             culprit = rnd.choice(HOSTS)
         missing = rnd.sample(HOSTS, rnd.choice([0, 0, 1, 2]))
         hosts = [h for h in HOSTS if h not in missing]
-        strag = {"host": culprit, "score": rnd.choice([0.05, 0.3, 1.2]), "excess_ns": rnd.randint(0, 10 ** 8),
-                 "reason": "slow"} if rnd.random() < 0.8 else None
-        blame = [{"host": rnd.choice([culprit] * 3 + hosts), "layer": rnd.choice(LAYERS),
-                  "excess_ns": rnd.choice([0, 5, 30, 80]), "straggler_ns": 9, "peer_median_ns": 1, "count": 3,
-                  "max_ns": 2} for _ in range(rnd.randint(0, 3))]
-        colls = [{"pg": "0", "coll_seq": j, "op": "all_reduce", "skew_ns": rnd.choice([10, 6 * 10 ** 7]),
-                  "uncertainty_ns": 1, "last_host": rnd.choice([culprit] + hosts)} for j in range(rnd.randint(0, 2))]
+        strag = (
+            {
+                "host": culprit,
+                "score": rnd.choice([0.05, 0.3, 1.2]),
+                "excess_ns": rnd.randint(0, 10**8),
+                "reason": "slow",
+            }
+            if rnd.random() < 0.8
+            else None
+        )
+        blame = [
+            {
+                "host": rnd.choice([culprit] * 3 + hosts),
+                "layer": rnd.choice(LAYERS),
+                "excess_ns": rnd.choice([0, 5, 30, 80]),
+                "straggler_ns": 9,
+                "peer_median_ns": 1,
+                "count": 3,
+                "max_ns": 2,
+            }
+            for _ in range(rnd.randint(0, 3))
+        ]
+        colls = [
+            {
+                "pg": "0",
+                "coll_seq": j,
+                "op": "all_reduce",
+                "skew_ns": rnd.choice([10, 6 * 10**7]),
+                "uncertainty_ns": 1,
+                "last_host": rnd.choice([culprit] + hosts),
+            }
+            for j in range(rnd.randint(0, 2))
+        ]
         times = {h: rnd.randint(10, 100) for h in hosts if rnd.random() < 0.8}
-        out.append(fields.step_record({
-            "job": "j", "step": i, "closed_at_ns": BASE_NS + (i + 1) * S, "hosts": hosts, "expected_hosts": HOSTS,
-            "missing_hosts": missing, "step_time_ns": times, "step_time_max_ns": max(times.values(), default=0),
-            "straggler": strag, "blame": blame, "collectives": colls, "stall": strag is not None,
-            "stall_ratio": 1.5, "quality": {"ringbuf_lost": rnd.choice([0, 0, 0, 4])}}))
+        out.append(
+            fields.step_record(
+                {
+                    "job": "j",
+                    "step": i,
+                    "closed_at_ns": BASE_NS + (i + 1) * S,
+                    "hosts": hosts,
+                    "expected_hosts": HOSTS,
+                    "missing_hosts": missing,
+                    "step_time_ns": times,
+                    "step_time_max_ns": max(times.values(), default=0),
+                    "straggler": strag,
+                    "blame": blame,
+                    "collectives": colls,
+                    "stall": strag is not None,
+                    "stall_ratio": 1.5,
+                    "quality": {"ringbuf_lost": rnd.choice([0, 0, 0, 4])},
+                }
+            )
+        )
     return out
 
 
@@ -130,7 +171,7 @@ def test_foreach_fast_paths_equal_per_item_evaluation(tmp_path, seed):
     fast, fast_errors, fast_state = run(ruleset, records, per_item=False)
     ref, ref_errors, ref_state = run(ruleset, records, per_item=True)
     assert fast == ref
-    assert fast_errors == ref_errors and ref_errors > 0   # the error paths were exercised
+    assert fast_errors == ref_errors and ref_errors > 0  # the error paths were exercised
     assert fast_state == ref_state
     fired = {c["rule"] for c in ref if c["status"] == "firing"}
     assert {"vote", "timed", "named", "blamed", "grouperr"} <= fired, fired
@@ -139,13 +180,23 @@ def test_foreach_fast_paths_equal_per_item_evaluation(tmp_path, seed):
 def test_item_invariance_is_recognised_only_where_it_holds():
     assert item_invariant("straggler != null && straggler.host == item && blame.exists(b, b.host == item)")
     assert item_invariant("item in ['a', 'b'] || m[0].host != item")
-    for expr in ("item", "size(item) > 2", "item == b.host + 'x'", "string(x) == item", "item.startsWith('a')",
-                 "x.map(item, item == 1)", "a == item == b", "item == f(x)", "item < 'b'"):
+    for expr in (
+        "item",
+        "size(item) > 2",
+        "item == b.host + 'x'",
+        "string(x) == item",
+        "item.startsWith('a')",
+        "x.map(item, item == 1)",
+        "a == item == b",
+        "item == f(x)",
+        "item < 'b'",
+    ):
         assert not item_invariant(expr), expr
 
 
 def naive(kind: str, hits: list[tuple[int, float]], at_least: float, w: int) -> tuple[float, int]:
     """The window aggregate and the time the condition stops holding, computed afresh from the hits."""
+
     def agg(vals):
         if not vals:
             return 0.0
@@ -154,8 +205,11 @@ def naive(kind: str, hits: list[tuple[int, float]], at_least: float, w: int) -> 
             for v in vals:
                 s = max(0.0, s + v)
             return s
-        return {"count": len(vals), "sum": sum(vals), "max": max(vals), "min": min(vals)}.get(kind, sum(vals) / len(vals))
-    hits = sorted(hits, key=lambda h: h[0])   # time order (stable: equal times keep their arrival order)
+        return {"count": len(vals), "sum": sum(vals), "max": max(vals), "min": min(vals)}.get(
+            kind, sum(vals) / len(vals)
+        )
+
+    hits = sorted(hits, key=lambda h: h[0])  # time order (stable: equal times keep their arrival order)
     best = 0
     for c in sorted(t + w for t, _ in hits):
         alive = [v for t, v in hits if c - w <= t < c]
@@ -174,7 +228,7 @@ def test_running_window_aggregates_equal_a_fresh_computation(kind):
     win, hits, now = Window(kind, 10_000), [], 0
     for _ in range(400):
         now += rnd.choice([0, 1, 1, 2])
-        t = now - rnd.choice([0, 0, 0, 0, 1, 3])        # some hits arrive out of order
+        t = now - rnd.choice([0, 0, 0, 0, 1, 3])  # some hits arrive out of order
         v = float(rnd.choice([-1, 0, 1, 1, 2, 5]))
         win.add(t, v)
         hits.append((t, v))
@@ -202,7 +256,7 @@ def test_snapshots_of_every_version_restore_the_same_windows(tmp_path):
         for rid, rt in snap["runtime"].items():
             hits, i = {}, 0
             for fp, n in zip(rt["fps"], rt["n"]):
-                ts, vs = rt["t"][i:i + n], rt["v"][i:i + n]
+                ts, vs = rt["t"][i : i + n], rt["v"][i : i + n]
                 hits[fp] = [list(ts), list(vs)] if version == 2 else [[t, v] for t, v in zip(ts, vs)]
                 i += n
             rt_out[rid] = {"hits": hits, "this_buf": rt["this_buf"], "other_buf": rt["other_buf"]}

@@ -20,7 +20,7 @@ def test_reduce_batch_splits_steps_and_applies_kind_rules():
     evs = [
         Event(Kind.REGISTER, 5, value=0, payload={"world_size": 2, "job": "job", "host_id": 0, "local_rank": 0}),
         Event(Kind.STEP_BEGIN, 100, step=1),
-        Event(Kind.SCHED_OFFCPU, 110, duration_ns=500, step=1, value=0),   # preempted: counts
+        Event(Kind.SCHED_OFFCPU, 110, duration_ns=500, step=1, value=0),  # preempted: counts
         Event(Kind.SCHED_OFFCPU, 120, duration_ns=9_000, step=1, value=1),  # voluntary sleep: time 0
         Event(Kind.SCHED_RUNQ, 130, duration_ns=40, step=1),
         Event(Kind.TCP_RETRANSMIT, 140, step=1, value=3),
@@ -29,7 +29,7 @@ def test_reduce_batch_splits_steps_and_applies_kind_rules():
         Event(Kind.COLLECTIVE_END, 260, duration_ns=60, step=1, payload={"pg": "0", "coll_seq": 4, "op": "all_reduce"}),
         Event(Kind.STEP_END, 300, duration_ns=200, step=1),
         Event(Kind.MEM_RECLAIM, 400, duration_ns=77, step=2),
-        Event(Kind.AGENT_LOSS, 410, value=6),                                 # outside a step: lowest step
+        Event(Kind.AGENT_LOSS, 410, value=6),  # outside a step: lowest step
     ]
     parts = accumulate.reduce_batch(_batch(evs))
     assert sorted(parts) == [1, 2]
@@ -41,13 +41,15 @@ def test_reduce_batch_splits_steps_and_applies_kind_rules():
     assert a["ringbuf_lost"] == 6 and a["events"] == 9 and a["unc_ns"] == 10
     assert parts[2]["layers"]["memory"] == [77, 1, 77]
     assert accumulate.registrations(_batch(evs)) == [
-        {"job": "job", "host": "h0", "host_id": 0, "rank": 0, "world_size": 2, "pid": 0}]
+        {"job": "job", "host": "h0", "host_id": 0, "rank": 0, "world_size": 2, "pid": 0}
+    ]
 
 
 def test_merge_sums_counts_and_keeps_first_times():
     a = accumulate.reduce_batch(_batch([Event(Kind.SCHED_RUNQ, 10, 5, step=0), Event(Kind.STEP_BEGIN, 1, step=0)]))[0]
-    b = accumulate.reduce_batch(_batch([Event(Kind.SCHED_RUNQ, 20, 9, step=0), Event(Kind.STEP_END, 50, 49, step=0)],
-                                       seq=1))[0]
+    b = accumulate.reduce_batch(
+        _batch([Event(Kind.SCHED_RUNQ, 20, 9, step=0), Event(Kind.STEP_END, 50, 49, step=0)], seq=1)
+    )[0]
     m = accumulate.merge(a, b)
     assert m["layers"]["sched"] == [14, 2, 9] and m["step_ns"] == 49 and m["begin_rt"] == 1_001
     assert m["events"] == 4
@@ -71,19 +73,27 @@ def _acc(host, step_ns, arrivals, unc=1_000, layers=None, coll_ns=0):
 
 
 def test_collective_skew_last_arriver_and_uncertainty():
-    accs = {"a": _acc("a", 100, [1_000, 5_000], unc=10), "b": _acc("b", 100, [4_000, 5_100], unc=20),
-            "c": _acc("c", 100, [1_500, 5_050], unc=5)}
+    accs = {
+        "a": _acc("a", 100, [1_000, 5_000], unc=10),
+        "b": _acc("b", 100, [4_000, 5_100], unc=20),
+        "c": _acc("c", 100, [1_500, 5_050], unc=5),
+    }
     colls = analysis.collectives(accs)
     assert [(c["coll_seq"], c["skew_ns"], c["last_host"], c["uncertainty_ns"]) for c in colls] == [
-        (0, 3_000, "b", 30), (1, 100, "b", 30)]
+        (0, 3_000, "b", 30),
+        (1, 100, "b", 30),
+    ]
     assert colls[0]["lead_ns"] == 2_500 and colls[0]["lead_uncertainty_ns"] == 25
 
 
 def test_straggler_named_only_above_threshold():
     th = analysis.Thresholds()
     ms = 1_000_000
-    late = {"a": _acc("a", 100 * ms, [10 * ms]), "b": _acc("b", 100 * ms, [10 * ms + 200_000]),
-            "c": _acc("c", 100 * ms, [40 * ms])}
+    late = {
+        "a": _acc("a", 100 * ms, [10 * ms]),
+        "b": _acc("b", 100 * ms, [10 * ms + 200_000]),
+        "c": _acc("c", 100 * ms, [40 * ms]),
+    }
     layers = analysis.layer_table(late)
     s = analysis.find_straggler(late, analysis.collectives(late), layers, th)
     assert s["host"] == "c" and s["excess_ns"] == 40 * ms - (10 * ms + 200_000)
@@ -100,11 +110,20 @@ def test_blame_subtracts_lower_layers_from_compute_and_ranks_counts_after_time()
     th = analysis.Thresholds()
     ms = 1_000_000
     layers = {
-        "s": {"pytorch": {"time_ns": 90 * ms, "count": 3, "max_ns": 0}, "sched": {"time_ns": 31 * ms, "count": 5, "max_ns": 8 * ms},
-              "network": {"time_ns": 0, "count": 9, "max_ns": 0}},
-        "p1": {"pytorch": {"time_ns": 60 * ms, "count": 3, "max_ns": 0}, "sched": {"time_ns": 1 * ms, "count": 1, "max_ns": 0},
-               "network": {"time_ns": 0, "count": 1, "max_ns": 0}},
-        "p2": {"pytorch": {"time_ns": 59 * ms, "count": 3, "max_ns": 0}, "sched": {"time_ns": 1 * ms, "count": 1, "max_ns": 0}},
+        "s": {
+            "pytorch": {"time_ns": 90 * ms, "count": 3, "max_ns": 0},
+            "sched": {"time_ns": 31 * ms, "count": 5, "max_ns": 8 * ms},
+            "network": {"time_ns": 0, "count": 9, "max_ns": 0},
+        },
+        "p1": {
+            "pytorch": {"time_ns": 60 * ms, "count": 3, "max_ns": 0},
+            "sched": {"time_ns": 1 * ms, "count": 1, "max_ns": 0},
+            "network": {"time_ns": 0, "count": 1, "max_ns": 0},
+        },
+        "p2": {
+            "pytorch": {"time_ns": 59 * ms, "count": 3, "max_ns": 0},
+            "sched": {"time_ns": 1 * ms, "count": 1, "max_ns": 0},
+        },
     }
     out = analysis.blame("s", layers, 30 * ms, th)
     assert [(b["layer"], b["excess_ns"]) for b in out] == [("sched", 30 * ms), ("network", 0)]
@@ -119,8 +138,9 @@ def test_baseline_and_stall():
     b = analysis.baseline(hist, 10, th)
     assert b == {"median_ns": 100, "p99_ns": 100, "n": 10, "spread_ns": th.spread_min_ns}
     accs = {"a": _acc("a", 150, [])}
-    s = analysis.summarize("j", 10, accs, expected_hosts=["a", "b"], history=hist, quality={}, closed_by="window",
-                           closed_at_ns=1, th=th)
+    s = analysis.summarize(
+        "j", 10, accs, expected_hosts=["a", "b"], history=hist, quality={}, closed_by="window", closed_at_ns=1, th=th
+    )
     assert s["stall"] is True and s["stall_ratio"] == 1.5 and s["missing_hosts"] == ["b"]
     assert set(s) == set(schema.STEP_SUMMARY_FIELDS)
 
@@ -152,8 +172,14 @@ def test_count_only_layer_is_blamed_by_count():
 
 
 def _tcp(kind, ts, src, dst, step=-1, value=1):
-    return Event(kind, ts, duration_ns=50_000 if kind == Kind.TCP_RTT else 0, step=step, value=value,
-                 payload={"saddr": src, "daddr": dst, "sport": 1, "dport": 2})
+    return Event(
+        kind,
+        ts,
+        duration_ns=50_000 if kind == Kind.TCP_RTT else 0,
+        step=step,
+        value=value,
+        payload={"saddr": src, "daddr": dst, "sport": 1, "dport": 2},
+    )
 
 
 def test_stepless_tcp_events_are_charged_to_the_step_the_host_was_in():
@@ -161,21 +187,23 @@ def test_stepless_tcp_events_are_charged_to_the_step_the_host_was_in():
     latest stepped event before them; connections are keyed by the sorted IPv4 pair (mapped IPv6
     unwrapped), and the host's own addresses are the source addresses."""
     evs = [
-        _tcp(Kind.TCP_RETRANSMIT, 50, "10.0.0.1", "10.0.0.2"),                  # before any step: first step
+        _tcp(Kind.TCP_RETRANSMIT, 50, "10.0.0.1", "10.0.0.2"),  # before any step: first step
         Event(Kind.STEP_BEGIN, 100, step=1),
         _tcp(Kind.TCP_RTT, 150, "::ffff:a00:1", "::ffff:a00:2"),
         _tcp(Kind.TCP_RETRANSMIT, 160, "10.0.0.1", "10.0.0.3", value=2),
         Event(Kind.STEP_BEGIN, 200, step=2),
         _tcp(Kind.TCP_RETRANSMIT, 250, "10.0.0.1", "10.0.0.2"),
-        _tcp(Kind.TCP_RTT, 260, "127.0.0.1", "127.0.0.1"),                      # loopback: ignored
+        _tcp(Kind.TCP_RTT, 260, "127.0.0.1", "127.0.0.1"),  # loopback: ignored
     ]
     parts = accumulate.reduce_batch(_batch(evs))
-    assert parts[1]["net"] == {"addrs": {"10.0.0.1": 1},
-                               "pairs": {"10.0.0.1|10.0.0.2": [1, 1, 50_000], "10.0.0.1|10.0.0.3": [0, 2, 0]}}
+    assert parts[1]["net"] == {
+        "addrs": {"10.0.0.1": 1},
+        "pairs": {"10.0.0.1|10.0.0.2": [1, 1, 50_000], "10.0.0.1|10.0.0.3": [0, 2, 0]},
+    }
     assert parts[2]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
     merged = accumulate.merge(parts[1], parts[2])
     assert merged["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [1, 2, 50_000]
-    old = {k: v for k, v in accumulate.new_acc("h0", 0).items() if k != "net"}   # an older worker's value
+    old = {k: v for k, v in accumulate.new_acc("h0", 0).items() if k != "net"}  # an older worker's value
     assert accumulate.merge(old, parts[2])["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
 
 
@@ -221,7 +249,8 @@ def test_network_blame_by_rtt_names_the_host_behind_a_slow_link():
     }
     got = analysis.net_blame(accs, analysis.Thresholds())
     assert [(e["host"], e["layer"], e["straggler_ns"], e["peer_median_ns"]) for e in got] == [
-        ("n2", "network", 30 * ms, 2 * ms)]   # mean RTT per sample over both ends
+        ("n2", "network", 30 * ms, 2 * ms)
+    ]  # mean RTT per sample over both ends
 
 
 def _coll_acc(host, step_ns, colls, unc=0, layers=None, seen_phase=None):
@@ -243,21 +272,28 @@ def test_pairing_check_reports_impossible_pairs_and_never_blames_them():
     """A rank cannot wait longer than its collective lasted, and paired intervals must overlap: such a
     collective is listed in ``inconsistent`` and does not name a straggler."""
     # a waits 30 ms for b, but a's all-reduce lasted 1 ms: not the same collective
-    accs = {"a": _coll_acc("a", 100 * MS, {0: (10 * MS, 1 * MS)}), "b": _coll_acc("b", 100 * MS, {0: (40 * MS, 1 * MS)})}
-    s = analysis.summarize("j", 1, accs, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
-                           closed_at_ns=0)
+    accs = {
+        "a": _coll_acc("a", 100 * MS, {0: (10 * MS, 1 * MS)}),
+        "b": _coll_acc("b", 100 * MS, {0: (40 * MS, 1 * MS)}),
+    }
+    s = analysis.summarize(
+        "j", 1, accs, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete", closed_at_ns=0
+    )
     assert s["straggler"] is None and s["collectives"] == []
-    assert s["inconsistent"] == [{"pg": "0", "coll_seq": 0, "op": "all_reduce",
-                                  "why": "a's collective ended 29.000 ms before b's began"}]
+    assert s["inconsistent"] == [
+        {"pg": "0", "coll_seq": 0, "op": "all_reduce", "why": "a's collective ended 29.000 ms before b's began"}
+    ]
     # only a duration known (no end time): the same check on the duration
     accs["a"]["colls"]["0#0"][2] = None
-    s = analysis.summarize("j", 1, accs, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
-                           closed_at_ns=0)
+    s = analysis.summarize(
+        "j", 1, accs, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete", closed_at_ns=0
+    )
     assert s["inconsistent"][0]["why"] == "a waited 30.000 ms for b but its collective lasted 1.000 ms"
     # the same arrivals with a's collective lasting until b came: consistent, b is the straggler
     ok = {"a": _coll_acc("a", 100 * MS, {0: (10 * MS, 31 * MS)}), "b": _coll_acc("b", 100 * MS, {0: (40 * MS, 1 * MS)})}
-    s = analysis.summarize("j", 1, ok, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete",
-                           closed_at_ns=0)
+    s = analysis.summarize(
+        "j", 1, ok, expected_hosts=["a", "b"], history=[], quality={}, closed_by="complete", closed_at_ns=0
+    )
     assert s["inconsistent"] == [] and s["straggler"]["host"] == "b"
     assert s["world_size"] == 2
 
@@ -265,15 +301,25 @@ def test_pairing_check_reports_impossible_pairs_and_never_blames_them():
 def test_late_group_names_the_last_arriver_with_each_late_rank():
     """Three of eight ranks arrive 7 ms late within 0.5 ms of each other (no single leader): the last is
     the step's straggler, without a baseline, and the group lists each one's lateness."""
-    arrive = {f"r{i}": t for i, t in enumerate([0, 100_000, 200_000, 300_000, 400_000, 7_000_000, 7_200_000, 7_500_000])}
+    arrive = {
+        f"r{i}": t for i, t in enumerate([0, 100_000, 200_000, 300_000, 400_000, 7_000_000, 7_200_000, 7_500_000])
+    }
     end = 7_600_000
     accs = {h: _coll_acc(h, 20 * MS, {0: (t, end - t)}) for h, t in arrive.items()}
-    s = analysis.summarize("j", 3, accs, expected_hosts=sorted(accs), history=[], quality={}, closed_by="complete",
-                           closed_at_ns=0, world_size=128)
+    s = analysis.summarize(
+        "j",
+        3,
+        accs,
+        expected_hosts=sorted(accs),
+        history=[],
+        quality={},
+        closed_by="complete",
+        closed_at_ns=0,
+        world_size=128,
+    )
     st = s["straggler"]
     assert st["host"] == "r7" and st["excess_ns"] == 7_500_000 - 350_000
-    assert [(g["host"], g["late_ns"]) for g in st["group"]] == [("r7", 7_150_000), ("r6", 6_850_000),
-                                                                ("r5", 6_650_000)]
+    assert [(g["host"], g["late_ns"]) for g in st["group"]] == [("r7", 7_150_000), ("r6", 6_850_000), ("r5", 6_650_000)]
     assert "late group of 3" in st["reason"]
     assert s["world_size"] == 128 and s["baseline"]["n"] == 0
 
@@ -295,22 +341,52 @@ def test_evidence_counts_a_lower_layer_only_as_far_as_it_made_the_host_late():
     sched = {"sched": [60 * MS, 10, 5 * MS]}
     quiet = {"sched": [1 * MS, 10, 1 * MS]}
     # c is 40 ms late and has 59 ms of extra run-queue time: sched evidence = min(40, 59) / 4 ms, clipped to 4
-    accs = {"a": _coll_acc("a", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
-            "b": _coll_acc("b", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
-            "c": _coll_acc("c", 100 * MS, {0: (50 * MS, 1 * MS)}, layers=sched)}
-    s = analysis.summarize("j", 20, accs, expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete",
-                           closed_at_ns=0, th=th)
+    accs = {
+        "a": _coll_acc("a", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
+        "b": _coll_acc("b", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
+        "c": _coll_acc("c", 100 * MS, {0: (50 * MS, 1 * MS)}, layers=sched),
+    }
+    s = analysis.summarize(
+        "j",
+        20,
+        accs,
+        expected_hosts=sorted(accs),
+        history=hist,
+        quality={},
+        closed_by="complete",
+        closed_at_ns=0,
+        th=th,
+    )
     assert s["baseline"]["spread_ns"] == 4 * MS and s["late_max_ns"] == 40 * MS
-    assert s["evidence"]["hosts"] == {"c": {"sched": 4.0, "memory": 0.0, "cuda": 0.0, "nic": 0.0, "network": 0.0,
-                                            "pytorch": 0.0}}
+    assert s["evidence"]["hosts"] == {
+        "c": {"sched": 4.0, "memory": 0.0, "cuda": 0.0, "nic": 0.0, "network": 0.0, "pytorch": 0.0}
+    }
     # a victim with the same run-queue excess that arrived on time: no evidence against it
     victim = dict(accs, a=_coll_acc("a", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=sched))
-    s = analysis.summarize("j", 20, victim, expected_hosts=sorted(accs), history=hist, quality={},
-                           closed_by="complete", closed_at_ns=0, th=th)
+    s = analysis.summarize(
+        "j",
+        20,
+        victim,
+        expected_hosts=sorted(accs),
+        history=hist,
+        quality={},
+        closed_by="complete",
+        closed_at_ns=0,
+        th=th,
+    )
     assert "a" not in s["evidence"]["hosts"] and s["evidence"]["hosts"]["c"]["sched"] == 4.0
     # without a baseline the lateness-based evidence is off (start-up steps are noisy)
-    s = analysis.summarize("j", 20, accs, expected_hosts=sorted(accs), history=hist[:3], quality={},
-                           closed_by="complete", closed_at_ns=0, th=th)
+    s = analysis.summarize(
+        "j",
+        20,
+        accs,
+        expected_hosts=sorted(accs),
+        history=hist[:3],
+        quality={},
+        closed_by="complete",
+        closed_at_ns=0,
+        th=th,
+    )
     assert s["evidence"]["hosts"] == {}
     assert analysis.history_entry(s) == [20, 100 * MS, 40 * MS]
 
@@ -318,30 +394,40 @@ def test_evidence_counts_a_lower_layer_only_as_far_as_it_made_the_host_late():
 def test_network_evidence_names_the_host_behind_a_slow_link():
     p12, p23, p34, p14 = "10.0.0.1|10.0.0.2", "10.0.0.2|10.0.0.3", "10.0.0.3|10.0.0.4", "10.0.0.1|10.0.0.4"
     slow, fast = (10, 0, 10 * 30 * MS), (10, 0, 10 * 2 * MS)
-    accs = {"n1": _net_acc("n1", "10.0.0.1", {p12: slow, p14: fast}),
-            "n2": _net_acc("n2", "10.0.0.2", {p12: slow, p23: slow}),
-            "n3": _net_acc("n3", "10.0.0.3", {p23: slow, p34: fast}),
-            "n4": _net_acc("n4", "10.0.0.4", {p34: fast, p14: fast})}
-    ev = analysis.evidence(accs, dict.fromkeys(accs, 0), analysis.layer_table(accs), {"n": 0, "spread_ns": MS},
-                           analysis.Thresholds())
+    accs = {
+        "n1": _net_acc("n1", "10.0.0.1", {p12: slow, p14: fast}),
+        "n2": _net_acc("n2", "10.0.0.2", {p12: slow, p23: slow}),
+        "n3": _net_acc("n3", "10.0.0.3", {p23: slow, p34: fast}),
+        "n4": _net_acc("n4", "10.0.0.4", {p34: fast, p14: fast}),
+    }
+    ev = analysis.evidence(
+        accs, dict.fromkeys(accs, 0), analysis.layer_table(accs), {"n": 0, "spread_ns": MS}, analysis.Thresholds()
+    )
     assert list(ev["hosts"]) == ["n2"] and ev["hosts"]["n2"]["network"] == 4.0
 
 
 def test_hang_check_names_the_silent_rank_that_never_arrived():
     now = 100_000 * MS
     hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
-    accs = {"a": _coll_acc("a", None, {7: (now - 3_000 * MS, None)}),
-            "b": _coll_acc("b", None, {7: (now - 2_900 * MS, None)}),
-            "c": _coll_acc("c", None, {6: (now - 3_500 * MS, None)}, seen_phase=(now - 3_600 * MS, "backward"))}
+    accs = {
+        "a": _coll_acc("a", None, {7: (now - 3_000 * MS, None)}),
+        "b": _coll_acc("b", None, {7: (now - 2_900 * MS, None)}),
+        "c": _coll_acc("c", None, {6: (now - 3_500 * MS, None)}, seen_phase=(now - 3_600 * MS, "backward")),
+    }
     seen = {"a": now - 2_900 * MS, "b": now - 2_800 * MS, "c": now - 3_400 * MS}
     got = analysis.hang_check(accs, ["a", "b", "c", "d"], seen, now - 4_000 * MS, hist, 20, now)
     assert (got["pg"], got["coll_seq"], got["waiting"]) == ("0", 7, ["a", "b"])
     assert got["after_ns"] == 3_000 * MS and got["waited_ns"] == 2_900 * MS
     # c is inside the previous all-reduce; d sent nothing in this step (silent since the step opened)
-    assert got["hosts"] == [{"host": "c", "last_step": 20, "last_phase": "in all_reduce pg=0 seq=6", "silent_ns": 3_400 * MS},
-                            {"host": "d", "last_step": 19, "last_phase": "no data in this step", "silent_ns": 4_000 * MS}]
+    assert got["hosts"] == [
+        {"host": "c", "last_step": 20, "last_phase": "in all_reduce pg=0 seq=6", "silent_ns": 3_400 * MS},
+        {"host": "d", "last_step": 19, "last_phase": "no data in this step", "silent_ns": 4_000 * MS},
+    ]
     # a rank that is late but still sends data is slow, not hung; and a short wait is no hang
-    assert analysis.hang_check(accs, ["a", "b", "c"], dict(seen, c=now - 100 * MS), now - 4_000 * MS, hist, 20, now) is None
+    assert (
+        analysis.hang_check(accs, ["a", "b", "c"], dict(seen, c=now - 100 * MS), now - 4_000 * MS, hist, 20, now)
+        is None
+    )
     assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 2_000 * MS) is None
 
 
@@ -349,7 +435,7 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
 def test_leave_one_out_median_equals_the_median_of_the_others(values, data):
     """The peer median of each host from one sort equals ``median_int`` of the other hosts' values."""
     i = data.draw(st.integers(min_value=0, max_value=len(values) - 1))
-    others = values[:i] + values[i + 1:]
+    others = values[:i] + values[i + 1 :]
     assert analysis.LeaveOneOut(values).median_without(values[i]) == analysis.median_int(others)
 
 

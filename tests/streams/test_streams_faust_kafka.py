@@ -21,10 +21,27 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(kafka, app_id, topic, out: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.support.compat", "--bootstrap", kafka.bootstrap_servers,
-                             "--app-id", app_id, "--topic", topic, "--out", str(out),
-                             "--state-dir", str(out.parent / "state")],
-                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.compat",
+            "--bootstrap",
+            kafka.bootstrap_servers,
+            "--app-id",
+            app_id,
+            "--topic",
+            topic,
+            "--out",
+            str(out),
+            "--state-dir",
+            str(out.parent / "state"),
+        ],
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        start_new_session=True,
+    )
 
 
 def _wait_count(out: Path, n: int, proc: subprocess.Popen, log: Path, timeout_s: float = 90.0) -> None:

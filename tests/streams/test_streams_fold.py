@@ -10,8 +10,20 @@ from streams import fold as fold_mod
 from streams import offline, synthetic
 from streams.inproc import InProcess
 
-FIELDS = ("job", "step", "hosts", "expected_hosts", "missing_hosts", "step_time_ns", "step_time_max_ns",
-          "straggler", "blame", "collectives", "layers", "closed_by")
+FIELDS = (
+    "job",
+    "step",
+    "hosts",
+    "expected_hosts",
+    "missing_hosts",
+    "step_time_ns",
+    "step_time_max_ns",
+    "straggler",
+    "blame",
+    "collectives",
+    "layers",
+    "closed_by",
+)
 
 
 def _view(s: dict) -> dict:
@@ -19,13 +31,25 @@ def _view(s: dict) -> dict:
 
 
 def _scenario(**kw) -> tuple[synthetic.Scenario, list[bytes]]:
-    scn = synthetic.Scenario(**{"job": "j", "hosts": 6, "steps": 30, "straggler": 2, "guilty_steps": (4, 9, 17),
-                                "guilty_layer": "sched", "seed": 3, **kw})
+    scn = synthetic.Scenario(
+        **{
+            "job": "j",
+            "hosts": 6,
+            "steps": 30,
+            "straggler": 2,
+            "guilty_steps": (4, 9, 17),
+            "guilty_layer": "sched",
+            "seed": 3,
+            **kw,
+        }
+    )
     return scn, [schema.encode_batch(b) for _k, b in synthetic.generate(scn)]
 
 
 def _reference(scn) -> dict[int, dict]:
-    return {step: _view(s) for (_j, step), s in offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items()}
+    return {
+        step: _view(s) for (_j, step), s in offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items()
+    }
 
 
 def test_same_summaries_as_the_offline_reference():
@@ -35,8 +59,10 @@ def test_same_summaries_as_the_offline_reference():
         pipe.feed(v)
     got = {s["step"]: s for s in pipe.summaries}
     assert len(pipe.summaries) == scn.steps and {k: _view(s) for k, s in got.items()} == _reference(scn)
-    assert all(s["quality"] == {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0, "ringbuf_lost": 0}
-               for s in got.values())
+    assert all(
+        s["quality"] == {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0, "ringbuf_lost": 0}
+        for s in got.values()
+    )
     assert not pipe.tables["parts"] and not pipe.tables["steps"], "closed steps leave no open state"
 
 
@@ -60,13 +86,18 @@ def test_recovered_worker_finishes_every_step_exactly_once():
     first = list(pipe.summaries)
     assert pipe.tables["parts"], "some steps are open at the crash"
     again = pipe.restarted()
-    for i, v in enumerate(msgs[cut - 20:], start=cut - 20):  # the last 20 messages were not committed
+    for i, v in enumerate(msgs[cut - 20 :], start=cut - 20):  # the last 20 messages were not committed
         again.feed(v, offset=i)
     steps = [s["step"] for s in first + again.summaries]
     assert sorted(steps) == list(range(scn.steps)), "every step once"
     assert {s["step"]: _view(s) for s in first + again.summaries} == _reference(scn)
-    assert sum(s["quality"]["late_events"] + s["quality"]["duplicate_batches"] + s["quality"]["lost_batches"]
-               for s in first + again.summaries) == 0
+    assert (
+        sum(
+            s["quality"]["late_events"] + s["quality"]["duplicate_batches"] + s["quality"]["lost_batches"]
+            for s in first + again.summaries
+        )
+        == 0
+    )
 
 
 def test_late_data_counted_and_closed_records_bounded():
@@ -82,7 +113,9 @@ def test_late_data_counted_and_closed_records_bounded():
         raw.agent_id += "-2"
         pipe.feed(schema.encode_batch(raw))
     js = pipe.tables["jobs"]["j@0"]
-    late = sum(len(schema.decode_batch(v).events) for v in msgs if any(e.step >= 0 for e in schema.decode_batch(v).events))
+    late = sum(
+        len(schema.decode_batch(v).events) for v in msgs if any(e.step >= 0 for e in schema.decode_batch(v).events)
+    )
     assert js["pending"]["late_events"] == late
     assert len(pipe.summaries) == scn.steps, "no step summarised twice"
 

@@ -28,8 +28,8 @@ def _free_port() -> int:
 def _summaries(kafka, topic: str, job: str, n: int) -> list[dict]:
     def enough(msgs):
         return sum(1 for m in msgs if m.key() == job.encode()) >= n
-    return [s for s in testkit.summaries(testkit.collect(kafka, topic, until=enough, timeout_s=90))
-            if s["job"] == job]
+
+    return [s for s in testkit.summaries(testkit.collect(kafka, topic, until=enough, timeout_s=90)) if s["job"] == job]
 
 
 def test_undecodable_changelog_records_are_skipped_and_the_worker_becomes_ready(kafka, tmp_path):
@@ -40,9 +40,11 @@ def test_undecodable_changelog_records_are_skipped_and_the_worker_becomes_ready(
     app = f"{tag}-app"
     ensure_internal_topics(kafka.bootstrap_servers, app, 2, 2)
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
-    bad = [(f"{app}-parts-changelog", b"\xff\xfenot utf-8", b'{"a": 1}'),
-           (f"{app}-steps-changelog", b'"job|1"', b"not json at all"),
-           (f"{app}-agents-changelog", b"\x80\x81", b"\xc1")]
+    bad = [
+        (f"{app}-parts-changelog", b"\xff\xfenot utf-8", b'{"a": 1}'),
+        (f"{app}-steps-changelog", b'"job|1"', b"not json at all"),
+        (f"{app}-agents-changelog", b"\x80\x81", b"\xc1"),
+    ]
     for topic, key, value in bad:
         for part in range(2):
             p.produce(topic, key=key, value=value, partition=part)
@@ -60,8 +62,9 @@ def test_undecodable_changelog_records_are_skipped_and_the_worker_becomes_ready(
         assert text.count("skipped a changelog record") == 2 * len(bad), text[-3000:]
         assert "key (not UTF-8: byte 0xff" in text and "value (not JSON" in text
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        skipped = sum(float(v) for v in re.findall(r"^obshub_streams_changelog_skipped_total\{[^}]*\} (\S+)$",
-                                                    metrics, re.M))
+        skipped = sum(
+            float(v) for v in re.findall(r"^obshub_streams_changelog_skipped_total\{[^}]*\} (\S+)$", metrics, re.M)
+        )
         assert skipped == 2 * len(bad)
     finally:
         w.stop()

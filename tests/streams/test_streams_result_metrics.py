@@ -39,8 +39,10 @@ def test_results_as_series_in_base_units_with_training_job_label():
     assert got[("obshub_straggler_last_step", frozenset({J, ("host", "node1")}))] == 7
     assert got[("obshub_blamed_steps_total", frozenset({J, ("host", "node1"), ("layer", "memory")}))] == 2
     excess = sum(b["excess_ns"] for s in sums for b in s["blame"] if b["layer"] == "memory") / 1e9
-    assert abs(got[("obshub_blame_excess_seconds_total",
-                    frozenset({J, ("host", "node1"), ("layer", "memory")}))] - excess) < 1e-6
+    assert (
+        abs(got[("obshub_blame_excess_seconds_total", frozenset({J, ("host", "node1"), ("layer", "memory")}))] - excess)
+        < 1e-6
+    )
     assert got[("obshub_last_step", frozenset({J}))] == 11
     assert got[("obshub_collective_skew_seconds_count", frozenset({J}))] == sum(len(s["collectives"]) for s in sums)
     assert not any(n.endswith("_ns") or ("job", "m1") in labels for n, labels in got)
@@ -64,8 +66,15 @@ def test_latest_step_gauges_only_grow_when_steps_close_out_of_order():
     m = StepResultMetrics(reg)
     strag = {"host": "n1", "excess_ns": 5_000_000}
     for step in (25, 28, 26, 29, 27):
-        m.observe({"job": "o", "step": step, "closed_by": "window", "step_time_ns": {"n1": 1},
-                   "straggler": strag if step in (26, 27) else None})
+        m.observe(
+            {
+                "job": "o",
+                "step": step,
+                "closed_by": "window",
+                "step_time_ns": {"n1": 1},
+                "straggler": strag if step in (26, 27) else None,
+            }
+        )
     got = _samples(reg)
     assert got[("obshub_last_step", frozenset({("training_job", "o")}))] == 29
     assert got[("obshub_straggler_last_step", frozenset({("training_job", "o"), ("host", "n1")}))] == 27

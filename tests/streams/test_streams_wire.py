@@ -18,26 +18,39 @@ from streams import accumulate, synthetic, wire
 
 def _batch(**kw) -> Batch:
     ev = Event(Kind.STEP_END, 1000, 500, schema.make_trace_key(3, 7, 1), 7, 42, 43, -1, 7, {"phase": "x"})
-    base = dict(job="j", host="node-003", host_id=3, agent_id="a1", seq=0, events=[ev],
-                clock=Clock(10, 2, 37_000_000_000), sent_ns=5)
+    base = dict(
+        job="j",
+        host="node-003",
+        host_id=3,
+        agent_id="a1",
+        seq=0,
+        events=[ev],
+        clock=Clock(10, 2, 37_000_000_000),
+        sent_ns=5,
+    )
     base.update(kw)
     return Batch(**base)
 
 
 def _same(fast, ref: Batch) -> bool:
-    return ((fast.job, fast.host, fast.host_id, fast.agent_id, fast.seq, fast.sent_ns, fast.v)
-            == (ref.job, ref.host, ref.host_id, ref.agent_id, ref.seq, ref.sent_ns, ref.v)
-            and (fast.clock.offset_ns, fast.clock.uncertainty_ns, fast.clock.tai_offset_ns)
-            == (ref.clock.offset_ns, ref.clock.uncertainty_ns, ref.clock.tai_offset_ns)
-            and [tuple(e) for e in fast.events] == [tuple(e) for e in ref.events])
+    return (
+        (fast.job, fast.host, fast.host_id, fast.agent_id, fast.seq, fast.sent_ns, fast.v)
+        == (ref.job, ref.host, ref.host_id, ref.agent_id, ref.seq, ref.sent_ns, ref.v)
+        and (fast.clock.offset_ns, fast.clock.uncertainty_ns, fast.clock.tai_offset_ns)
+        == (ref.clock.offset_ns, ref.clock.uncertainty_ns, ref.clock.tai_offset_ns)
+        and [tuple(e) for e in fast.events] == [tuple(e) for e in ref.events]
+    )
 
 
 def _both(data: bytes):
     """(the worker's decoder's result or exception, the reference's result or exception). Checks on the way
     that whatever the msgspec pass accepts, the reference accepts too."""
     out = []
-    for fn in (lambda: wire._batch_decoder.decode(data), lambda: wire.decode_batch(data),
-               lambda: schema.decode_batch(data)):
+    for fn in (
+        lambda: wire._batch_decoder.decode(data),
+        lambda: wire.decode_batch(data),
+        lambda: schema.decode_batch(data),
+    ):
         try:
             out.append(fn())
         except Exception as exc:  # noqa: BLE001 - what is raised is the point
@@ -56,24 +69,42 @@ def _agree(worker, ref) -> None:
 
 
 MUTATIONS = [
-    lambda r: r.update(v=2), lambda r: r.update(v=True), lambda r: r.pop("v"), lambda r: r.update(host_id=70000),
-    lambda r: r.update(host_id=-1), lambda r: r.update(job=5), lambda r: r.update(job=""),
-    lambda r: r.update(host="x" * (schema.MAX_STR_LEN + 1)), lambda r: r.update(seq=-1), lambda r: r.pop("clock"),
-    lambda r: r.update(extra=1), lambda r: r.update(clock={"offset_ns": 1}),
+    lambda r: r.update(v=2),
+    lambda r: r.update(v=True),
+    lambda r: r.pop("v"),
+    lambda r: r.update(host_id=70000),
+    lambda r: r.update(host_id=-1),
+    lambda r: r.update(job=5),
+    lambda r: r.update(job=""),
+    lambda r: r.update(host="x" * (schema.MAX_STR_LEN + 1)),
+    lambda r: r.update(seq=-1),
+    lambda r: r.pop("clock"),
+    lambda r: r.update(extra=1),
+    lambda r: r.update(clock={"offset_ns": 1}),
     lambda r: r.update(clock={"offset_ns": 1, "uncertainty_ns": -1}),
     lambda r: r.update(clock={"offset_ns": 1, "uncertainty_ns": 1, "other": 3}),  # accepted by both
-    lambda r: r.update(events={}), lambda r: r.update(sent_ns=1.5), lambda r: r.update(seq=True),
-    lambda r: r["events"][0].__setitem__(0, 250), lambda r: r["events"][0].__setitem__(0, True),
-    lambda r: r["events"][0].__setitem__(3, -5), lambda r: r["events"][0].__setitem__(1, "x"),
-    lambda r: r["events"][0].pop(), lambda r: r["events"][0].append(1),
-    lambda r: r["events"][0].__setitem__(9, [1]), lambda r: r["events"][0].__setitem__(9, None),
+    lambda r: r.update(events={}),
+    lambda r: r.update(sent_ns=1.5),
+    lambda r: r.update(seq=True),
+    lambda r: r["events"][0].__setitem__(0, 250),
+    lambda r: r["events"][0].__setitem__(0, True),
+    lambda r: r["events"][0].__setitem__(3, -5),
+    lambda r: r["events"][0].__setitem__(1, "x"),
+    lambda r: r["events"][0].pop(),
+    lambda r: r["events"][0].append(1),
+    lambda r: r["events"][0].__setitem__(9, [1]),
+    lambda r: r["events"][0].__setitem__(9, None),
     lambda r: r["events"][0].__setitem__(9, {str(i): i for i in range(schema.MAX_PAYLOAD_KEYS + 1)}),
-    lambda r: r["events"][0].__setitem__(9, {"k": b"bytes"}), lambda r: r["events"][0].__setitem__(9, {"k": 1.5}),
+    lambda r: r["events"][0].__setitem__(9, {"k": b"bytes"}),
+    lambda r: r["events"][0].__setitem__(9, {"k": 1.5}),
     lambda r: r["events"][0].__setitem__(9, {"k": "v" * (schema.MAX_STR_LEN + 1)}),
     lambda r: r["events"][0].__setitem__(9, {"k" * (schema.MAX_STR_LEN + 1): 1}),
-    lambda r: r["events"][0].__setitem__(4, -2), lambda r: r["events"][0].__setitem__(7, 65536),
-    lambda r: r["events"][0].__setitem__(8, -(2**63)), lambda r: r["events"][0].__setitem__(6, 2**32),
-    lambda r: r["events"][0].__setitem__(3, 2**64 - 1), lambda r: r["events"][0].__setitem__(2, 2**63),
+    lambda r: r["events"][0].__setitem__(4, -2),
+    lambda r: r["events"][0].__setitem__(7, 65536),
+    lambda r: r["events"][0].__setitem__(8, -(2**63)),
+    lambda r: r["events"][0].__setitem__(6, 2**32),
+    lambda r: r["events"][0].__setitem__(3, 2**64 - 1),
+    lambda r: r["events"][0].__setitem__(2, 2**63),
 ]
 
 
@@ -85,9 +116,20 @@ def test_fast_decoder_accepts_exactly_what_the_reference_accepts(i):
     _agree(*_both(data))
 
 
-@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x81", b"\xdd\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff",
-                                  msgpack.packb([1, 2, 3]), msgpack.packb({1: 2}),
-                                  schema.encode_batch(_batch()) + b"\x00", b"x" * (schema.MAX_BATCH_BYTES + 1)])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xc1",
+        b"\x81",
+        b"\xdd\xff\xff\xff\xff",
+        b"\xc6\xff\xff\xff\xff",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({1: 2}),
+        schema.encode_batch(_batch()) + b"\x00",
+        b"x" * (schema.MAX_BATCH_BYTES + 1),
+    ],
+)
 def test_hostile_bytes_get_the_reference_error(data):
     with pytest.raises(SchemaError) as ei:
         wire.decode_batch(data)
@@ -109,7 +151,7 @@ def test_every_single_byte_mutation_agrees():
     raw = schema.encode_batch(_batch())
     for i in range(len(raw)):
         for v in range(0, 256, 3):
-            _agree(*_both(raw[:i] + bytes([v]) + raw[i + 1:]))
+            _agree(*_both(raw[:i] + bytes([v]) + raw[i + 1 :]))
 
 
 def _random_batch(rng: random.Random) -> Batch:
@@ -125,8 +167,20 @@ def _random_batch(rng: random.Random) -> Batch:
             payload = {"pg": "0", "coll_seq": rng.randrange(4), "op": "allreduce"}
         elif kind == Kind.PHASE:
             payload = {"phase": rng.choice(schema.PHASES)}
-        events.append(Event(int(kind), rng.randrange(1, 10**9), rng.randrange(0, 10**6), 0, step, 1, 1, -1,
-                            rng.randrange(-3, 5), payload))
+        events.append(
+            Event(
+                int(kind),
+                rng.randrange(1, 10**9),
+                rng.randrange(0, 10**6),
+                0,
+                step,
+                1,
+                1,
+                -1,
+                rng.randrange(-3, 5),
+                payload,
+            )
+        )
     return Batch("j", "h", 1, "a", 0, events, Clock(rng.randrange(10**6), 5, 0), 1)
 
 
@@ -177,5 +231,6 @@ def test_codecs_round_trip_and_are_compact():
     blob = codecs.dumps(wire.MSGPACK, value)
     assert codecs.loads(wire.MSGPACK, blob) == msgpack.unpackb(msgpack.packb(value), strict_map_key=False)
     import json
+
     assert len(blob) < 0.8 * len(json.dumps(value).encode())
     assert codecs.loads(wire.STR, codecs.dumps(wire.STR, "job|7|node-1")) == "job|7|node-1"

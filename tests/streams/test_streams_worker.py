@@ -27,8 +27,20 @@ pytestmark = pytest.mark.kafka
 WINDOW_S = 3.0
 # what must be identical between the workers' output and the offline reference (closed_at_ns is wall
 # time; baseline/stall depend on the order steps closed in; quality.late_events is 0 in the reference)
-ANALYSIS_FIELDS = ("job", "step", "hosts", "expected_hosts", "missing_hosts", "step_time_ns", "step_time_max_ns",
-                   "straggler", "blame", "collectives", "layers", "closed_by")
+ANALYSIS_FIELDS = (
+    "job",
+    "step",
+    "hosts",
+    "expected_hosts",
+    "missing_hosts",
+    "step_time_ns",
+    "step_time_max_ns",
+    "straggler",
+    "blame",
+    "collectives",
+    "layers",
+    "closed_by",
+)
 
 
 def _free_port() -> int:
@@ -42,14 +54,18 @@ def _view(s: dict) -> dict:
 
 
 def _reference(scn: synthetic.Scenario) -> dict[int, dict]:
-    return {step: _view(s) for (_j, step), s in offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items()}
+    return {
+        step: _view(s) for (_j, step), s in offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items()
+    }
 
 
 def _by_job(settings, topic, job, n, timeout_s=90.0) -> list[dict]:
     """Summaries of ``job`` on ``topic`` once ``n`` of them arrived, re-read 1.5 s later so that a duplicate
     written just after the n-th would be seen."""
+
     def enough(msgs):
         return sum(1 for m in msgs if m.key() == job.encode()) >= n
+
     msgs = testkit.collect(settings, topic, until=enough, timeout_s=timeout_s)
     if enough(msgs):
         time.sleep(1.5)
@@ -74,8 +90,14 @@ def workers(kafka, tmp_path_factory):
             tag = f"st-{uuid.uuid4().hex[:8]}"
             topics = testkit.make_topics(kafka, tag, partitions=4)
             port = _free_port()
-            w = testkit.Worker(topics, f"{tag}-app", 101 + len(started), tmp_path_factory.mktemp("streams") / "w.log",
-                               window_s=window, metrics_port=port)
+            w = testkit.Worker(
+                topics,
+                f"{tag}-app",
+                101 + len(started),
+                tmp_path_factory.mktemp("streams") / "w.log",
+                window_s=window,
+                metrics_port=port,
+            )
             started.append(w)
             out[name] = {"topics": topics, "port": port, "worker": w}
         for w in started:
@@ -97,8 +119,15 @@ def short(workers):
 
 
 def test_straggler_and_guilty_layer_named_exactly(kafka, shared, unique):
-    scn = synthetic.Scenario(job=f"strag-{unique}", hosts=4, steps=50, straggler=2,
-                             guilty_steps=(7, 8, 23, 41), guilty_layer="sched", seed=11)
+    scn = synthetic.Scenario(
+        job=f"strag-{unique}",
+        hosts=4,
+        steps=50,
+        straggler=2,
+        guilty_steps=(7, 8, 23, 41),
+        guilty_layer="sched",
+        seed=11,
+    )
     testkit.publish(kafka, shared["topics"].events, synthetic.generate(scn))
     got = _by_job(kafka, shared["topics"].steps, scn.job, 50)
     steps = [s["step"] for s in got]
@@ -124,16 +153,19 @@ def test_malformed_truncated_wrong_version_and_huge_go_to_dlq(kafka, shared, uni
     wrong_v = msgpack.unpackb(valid)
     wrong_v["v"] = 2
     huge = b"\x92" + b"x" * (schema.MAX_BATCH_BYTES + 1024)
-    bad = {f"{unique}-malformed".encode(): b"\xc1\xc1 not msgpack",
-           f"{unique}-truncated".encode(): valid[: len(valid) // 2],
-           f"{unique}-version".encode(): msgpack.packb(wrong_v),
-           f"{unique}-huge".encode(): huge}
+    bad = {
+        f"{unique}-malformed".encode(): b"\xc1\xc1 not msgpack",
+        f"{unique}-truncated".encode(): valid[: len(valid) // 2],
+        f"{unique}-version".encode(): msgpack.packb(wrong_v),
+        f"{unique}-huge".encode(): huge,
+    }
     items = [(k, v) for k, v in bad.items()] + synthetic.generate(good)
     testkit.publish(kafka, shared["topics"].events, items)
     got = _by_job(kafka, shared["topics"].steps, good.job, 3)
     assert sorted(s["step"] for s in got) == [0, 1, 2], "the valid batches are still processed"
-    msgs = testkit.collect(kafka, shared["topics"].dlq,
-                           until=lambda ms: {m.key() for m in ms} >= set(bad), timeout_s=60)
+    msgs = testkit.collect(
+        kafka, shared["topics"].dlq, until=lambda ms: {m.key() for m in ms} >= set(bad), timeout_s=60
+    )
     recs = {m.key(): m for m in msgs if m.key() in bad}
     assert set(recs) == set(bad)
     for key, m in recs.items():
@@ -181,8 +213,9 @@ def test_host_that_stops_sending_closes_by_window_and_is_missing(kafka, short, u
 
 def test_single_event_window_closes_without_more_input(kafka, short, unique):
     job = f"one-{unique}"
-    b = Batch(job, "solo", 9, f"{job}/solo", 0, [Event(int(Kind.STEP_BEGIN), 5_000, step=3, value=3)],
-              Clock(1_000, 50, 0), 1)
+    b = Batch(
+        job, "solo", 9, f"{job}/solo", 0, [Event(int(Kind.STEP_BEGIN), 5_000, step=3, value=3)], Clock(1_000, 50, 0), 1
+    )
     testkit.publish(kafka, short["topics"].events, [(b"solo", b)])
     got = _by_job(kafka, short["topics"].steps, job, 1, timeout_s=60)
     assert len(got) == 1
@@ -224,8 +257,15 @@ def test_sequence_gaps_and_duplicates_counted_exactly(kafka, shared, unique):
 def test_two_workers_give_identical_summaries(kafka, tmp_path, unique):
     tag = f"two-{unique}"
     topics = testkit.make_topics(kafka, tag, partitions=4)
-    scn = synthetic.Scenario(job=f"strag-{unique}", hosts=4, steps=50, straggler=1,
-                             guilty_steps=(3, 19, 20, 44), guilty_layer="memory", seed=5)
+    scn = synthetic.Scenario(
+        job=f"strag-{unique}",
+        hosts=4,
+        steps=50,
+        straggler=1,
+        guilty_steps=(3, 19, 20, 44),
+        guilty_layer="memory",
+        seed=5,
+    )
     ws = [testkit.Worker(topics, f"{tag}-app", 200 + i, tmp_path / f"w{i}.log", window_s=60.0) for i in range(2)]
     try:
         _wait_settled(*ws)
@@ -234,8 +274,11 @@ def test_two_workers_give_identical_summaries(kafka, tmp_path, unique):
         testkit.publish(kafka, topics.events, synthetic.generate(scn))
         got = _by_job(kafka, topics.steps, scn.job, 50)
         assert sorted(s["step"] for s in got) == list(range(50)), "exactly one summary per step"
-        partial = [(s["step"], s["closed_by"], s["hosts"], s["quality"]) for s in got
-                   if len(s["hosts"]) < 4 or s["quality"]["lost_batches"]]
+        partial = [
+            (s["step"], s["closed_by"], s["hosts"], s["quality"])
+            for s in got
+            if len(s["hosts"]) < 4 or s["quality"]["lost_batches"]
+        ]
         assert not partial, f"steps joined without every host: {partial}"
         assert {s["step"]: _view(s) for s in got} == _reference(scn)
         assert _wait_group_members(kafka, f"{tag}-app", 2) == 2, "both workers stayed in the group"
@@ -295,8 +338,9 @@ def _committed_everything(settings, group: str, topic: str, timeout_s: float = 6
 def test_sigkill_mid_run_and_restart_summarises_every_step_once(kafka, tmp_path, unique):
     tag = f"kill-{unique}"
     topics = testkit.make_topics(kafka, tag, partitions=4)
-    scn = synthetic.Scenario(job=f"kill-{unique}", hosts=4, steps=50, straggler=3,
-                             guilty_steps=(12, 27, 33, 45), guilty_layer="cuda", seed=9)
+    scn = synthetic.Scenario(
+        job=f"kill-{unique}", hosts=4, steps=50, straggler=3, guilty_steps=(12, 27, 33, 45), guilty_layer="cuda", seed=9
+    )
     batches = synthetic.generate(scn)
     step_of = lambda kb: kb[1].events[0].step  # noqa: E731
     # phase 1: registrations + steps 0..24 complete, steps 25..29 from hosts 0 and 1 only (left open)
@@ -350,17 +394,30 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
     import sys
 
     topics = testkit.make_topics(kafka, f"tail-{unique}", partitions=1)
-    scn = synthetic.Scenario(job=f"tail-{unique}", hosts=3, steps=4, straggler=1, guilty_steps=(2,),
-                             guilty_layer="sched")
+    scn = synthetic.Scenario(
+        job=f"tail-{unique}", hosts=3, steps=4, straggler=1, guilty_steps=(2,), guilty_layer="sched"
+    )
     sums = [s for (_j, _st), s in sorted(offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items())]
     ordered = sums[:3] + [sums[2]] + sums[3:]  # step 2 twice, before step 3
     items = [(scn.job.encode(), json.dumps(s).encode()) for s in ordered]
     testkit.publish(kafka, topics.steps, items)
-    base = [sys.executable, "-m", "obshub.cli", "tail", "steps", "--topic", topics.steps, "--from-beginning",
-            "--timeout-s", "20"]
-    out = subprocess.run(base + ["--json", "--count", "4"], capture_output=True, text=True, timeout=60,
-                         cwd=testkit.REPO).stdout.splitlines()
+    base = [
+        sys.executable,
+        "-m",
+        "obshub.cli",
+        "tail",
+        "steps",
+        "--topic",
+        topics.steps,
+        "--from-beginning",
+        "--timeout-s",
+        "20",
+    ]
+    out = subprocess.run(
+        base + ["--json", "--count", "4"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
+    ).stdout.splitlines()
     assert [json.loads(x)["step"] for x in out] == [0, 1, 2, 3], "the repeated (job, step) is printed once"
-    text = subprocess.run(base + ["--count", "4"], capture_output=True, text=True, timeout=60,
-                          cwd=testkit.REPO).stdout.splitlines()
+    text = subprocess.run(
+        base + ["--count", "4"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
+    ).stdout.splitlines()
     assert len(text) == 4 and "straggler node1" in text[2] and "blame sched" in text[2] and "clean" in text[0]

@@ -29,9 +29,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--state-dir", default="/tmp/obshub-compat")
     a = ap.parse_args(argv)
-    app = faust.App(a.app_id, broker=f"kafka://{a.bootstrap}", store="memory://", datadir=a.state_dir,
-                    topic_partitions=1, topic_replication_factor=1, web_enabled=False, autodiscover=False,
-                    broker_session_timeout=6.0, broker_heartbeat_interval=1.0, broker_commit_interval=0.5)
+    app = faust.App(
+        a.app_id,
+        broker=f"kafka://{a.bootstrap}",
+        store="memory://",
+        datadir=a.state_dir,
+        topic_partitions=1,
+        topic_replication_factor=1,
+        web_enabled=False,
+        autodiscover=False,
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=0.5,
+    )
     src = app.topic(a.topic, key_serializer="raw", value_serializer="raw", partitions=1)
     counts = app.Table("counts", default=int, partitions=1)
 

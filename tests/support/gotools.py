@@ -38,8 +38,15 @@ class Proc:
     def __init__(self, cmd: list[str], log: Path, env: dict | None = None, cwd: Path = REPO):
         self.cmd, self.log = cmd, log
         self._fh = open(log, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env={**os.environ, **(env or {})}, cwd=cwd)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+        )
 
     def tail(self, n: int = 3000) -> str:
         """The last ``n`` characters of the log."""

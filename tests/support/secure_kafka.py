@@ -42,18 +42,25 @@ def _name(cn: str) -> x509.Name:
 
 def _cert(subject_key, cn: str, issuer_key, issuer_cn: str, *, ca: bool, sans=()) -> x509.Certificate:
     now = dt.datetime.now(dt.timezone.utc)
-    b = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(issuer_cn))
-         .public_key(subject_key.public_key()).serial_number(x509.random_serial_number())
-         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=2))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(issuer_cn))
+        .public_key(subject_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if sans:
         b = b.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
     return b.sign(issuer_key, hashes.SHA256())
 
 
 def _pem_key(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _pem_cert(cert) -> bytes:
@@ -79,12 +86,23 @@ def make_certs(folder: Path) -> Certs:
     ca_key, other_key, srv_key, cli_key = _key(), _key(), _key(), _key()
     ca = _cert(ca_key, "obshub test CA", ca_key, "obshub test CA", ca=True)
     other = _cert(other_key, "unrelated CA", other_key, "unrelated CA", ca=True)
-    srv = _cert(srv_key, "127.0.0.1", ca_key, "obshub test CA", ca=False,
-                sans=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")])
+    srv = _cert(
+        srv_key,
+        "127.0.0.1",
+        ca_key,
+        "obshub test CA",
+        ca=False,
+        sans=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
+    )
     cli = _cert(cli_key, "obshub-client", ca_key, "obshub test CA", ca=False)
-    files = {"ca": _pem_cert(ca), "other_ca": _pem_cert(other), "client_cert": _pem_cert(cli),
-             "client_key": _pem_key(cli_key), "server_chain": _pem_cert(srv) + _pem_cert(ca),
-             "server_key": _pem_key(srv_key)}
+    files = {
+        "ca": _pem_cert(ca),
+        "other_ca": _pem_cert(other),
+        "client_cert": _pem_cert(cli),
+        "client_key": _pem_key(cli_key),
+        "server_chain": _pem_cert(srv) + _pem_cert(ca),
+        "server_key": _pem_key(srv_key),
+    }
     out = {}
     for name, data in files.items():
         p = folder / f"{name}.pem"
@@ -144,45 +162,83 @@ def start(home: Path, timeout_s: float = 120.0) -> SecureBroker:
     props = home / "server.properties"
     # PEM keystore and truststore given inline, per listener
     lines = [
-        "process.roles=broker,controller", "node.id=1",
+        "process.roles=broker,controller",
+        "node.id=1",
         f"controller.quorum.voters=1@127.0.0.1:{ctrl}",
         f"listeners=PLAINTEXT://127.0.0.1:{plain},CONTROLLER://127.0.0.1:{ctrl},SASL_SSL://127.0.0.1:{sasl},"
         f"SSL://127.0.0.1:{mtls}",
         f"advertised.listeners=PLAINTEXT://127.0.0.1:{plain},SASL_SSL://127.0.0.1:{sasl},SSL://127.0.0.1:{mtls}",
-        "controller.listener.names=CONTROLLER", "inter.broker.listener.name=PLAINTEXT",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
         "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL",
         "sasl.enabled.mechanisms=SCRAM-SHA-512",
         "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config="
         "org.apache.kafka.common.security.scram.ScramLoginModule required;",
-        "ssl.client.auth=none", "listener.name.ssl.ssl.client.auth=required",
-        f"log.dirs={data}", "num.partitions=1", "offsets.topic.replication.factor=1",
-        "offsets.topic.num.partitions=4", "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1", "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1", "group.initial.rebalance.delay.ms=0",
+        "ssl.client.auth=none",
+        "listener.name.ssl.ssl.client.auth=required",
+        f"log.dirs={data}",
+        "num.partitions=1",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=4",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
         "auto.create.topics.enable=true",
     ]
     for lst in ("sasl_ssl", "ssl"):
-        lines += [f"listener.name.{lst}.ssl.keystore.type=PEM",
-                  f"listener.name.{lst}.ssl.keystore.certificate.chain={_inline(certs.server_chain)}",
-                  f"listener.name.{lst}.ssl.keystore.key={_inline(certs.server_key)}",
-                  f"listener.name.{lst}.ssl.truststore.type=PEM",
-                  f"listener.name.{lst}.ssl.truststore.certificates={_inline(certs.ca)}"]
+        lines += [
+            f"listener.name.{lst}.ssl.keystore.type=PEM",
+            f"listener.name.{lst}.ssl.keystore.certificate.chain={_inline(certs.server_chain)}",
+            f"listener.name.{lst}.ssl.keystore.key={_inline(certs.server_key)}",
+            f"listener.name.{lst}.ssl.truststore.type=PEM",
+            f"listener.name.{lst}.ssl.truststore.certificates={_inline(certs.ca)}",
+        ]
     home.mkdir(parents=True, exist_ok=True)
     props.write_text("\n".join(lines) + "\n")
     log4j = home / "log4j2.properties"
     log4j.write_text(stack._LOG4J2.format(log=log))
     data.mkdir(parents=True, exist_ok=True)
-    fmt = subprocess.run([java, "-cp", stack._classpath(libs), f"-Dlog4j2.configurationFile={log4j}",
-                          "kafka.tools.StorageTool", "format", "-t", stack._cluster_id(), "-c", str(props),
-                          "--add-scram", f"SCRAM-SHA-512=[name={USER},password={password}]"],
-                         capture_output=True, text=True)
+    fmt = subprocess.run(
+        [
+            java,
+            "-cp",
+            stack._classpath(libs),
+            f"-Dlog4j2.configurationFile={log4j}",
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            stack._cluster_id(),
+            "-c",
+            str(props),
+            "--add-scram",
+            f"SCRAM-SHA-512=[name={USER},password={password}]",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if fmt.returncode != 0:
         raise RuntimeError(f"kafka storage format failed: {(fmt.stdout + fmt.stderr)[-1500:]}")
     out = open(home / "kafka.stdout.log", "ab")
-    proc = subprocess.Popen([java, "-Xms128m", "-Xmx384m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
-                             f"-Dlog4j2.configurationFile={log4j}", "-cp", stack._classpath(libs), "kafka.Kafka",
-                             str(props)], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            java,
+            "-Xms128m",
+            "-Xmx384m",
+            "-XX:+UseG1GC",
+            "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={log4j}",
+            "-cp",
+            stack._classpath(libs),
+            "kafka.Kafka",
+            str(props),
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     broker = SecureBroker(f"127.0.0.1:{sasl}", f"127.0.0.1:{mtls}", f"127.0.0.1:{plain}", password, certs, proc, home)
     deadline = time.monotonic() + timeout_s
     plain_settings = load_settings(bootstrap=broker.plaintext)
@@ -193,8 +249,9 @@ def start(home: Path, timeout_s: float = 120.0) -> SecureBroker:
             return broker
         time.sleep(0.5)
     broker.stop()
-    tail = (home / "kafka.stdout.log").read_text(errors="replace")[-2000:] + (log.read_text(errors="replace")[-2000:]
-                                                                             if log.exists() else "")
+    tail = (home / "kafka.stdout.log").read_text(errors="replace")[-2000:] + (
+        log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    )
     raise RuntimeError(f"the secured broker did not come up within {timeout_s:.0f} s:\n{tail}")
 
 

@@ -38,8 +38,14 @@ def make_topics(settings: Settings, prefix: str, partitions: int = 4, max_messag
     t = Topics(f"{prefix}-events", f"{prefix}-steps", f"{prefix}-dlq")
     cfg = {"max.message.bytes": str(max_message_bytes)}
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    futs = admin.create_topics([NewTopic(t.events, partitions, 1, config=cfg), NewTopic(t.steps, 2, 1, config=cfg),
-                                NewTopic(t.dlq, 1, 1, config=cfg)], operation_timeout=20)
+    futs = admin.create_topics(
+        [
+            NewTopic(t.events, partitions, 1, config=cfg),
+            NewTopic(t.steps, 2, 1, config=cfg),
+            NewTopic(t.dlq, 1, 1, config=cfg),
+        ],
+        operation_timeout=20,
+    )
     for name, f in futs.items():
         try:
             f.result()
@@ -53,8 +59,7 @@ def producer(settings: Settings):
     """A confluent-kafka producer that accepts messages up to 16 MiB."""
     from confluent_kafka import Producer
 
-    return Producer({"bootstrap.servers": settings.bootstrap_servers, "message.max.bytes": 16 << 20,
-                     "linger.ms": 5})
+    return Producer({"bootstrap.servers": settings.bootstrap_servers, "message.max.bytes": 16 << 20, "linger.ms": 5})
 
 
 def publish(settings: Settings, topic: str, items: Iterable[tuple[bytes, bytes | schema.Batch]]) -> int:
@@ -76,16 +81,54 @@ def publish(settings: Settings, topic: str, items: Iterable[tuple[bytes, bytes |
 class Worker:
     """One ``obshub streams worker`` subprocess (its own session, so it can be killed as a group)."""
 
-    def __init__(self, topics: Topics, app_id: str, index: int, log_path: Path, *, window_s: float = 2.0,
-                 partitions: int = 4, metrics_port: int = 0, env: dict | None = None):
-        cmd = [sys.executable, "-m", "obshub.cli", "streams", "worker", "--app-id", app_id,
-               "--input-topic", topics.events, "--output-topic", topics.steps, "--dlq-topic", topics.dlq,
-               "--partitions", str(partitions), "--window-s", str(window_s), "--index", str(index),
-               "--metrics-port", str(metrics_port), "--log-level", "info"]
+    def __init__(
+        self,
+        topics: Topics,
+        app_id: str,
+        index: int,
+        log_path: Path,
+        *,
+        window_s: float = 2.0,
+        partitions: int = 4,
+        metrics_port: int = 0,
+        env: dict | None = None,
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "obshub.cli",
+            "streams",
+            "worker",
+            "--app-id",
+            app_id,
+            "--input-topic",
+            topics.events,
+            "--output-topic",
+            topics.steps,
+            "--dlq-topic",
+            topics.dlq,
+            "--partitions",
+            str(partitions),
+            "--window-s",
+            str(window_s),
+            "--index",
+            str(index),
+            "--metrics-port",
+            str(metrics_port),
+            "--log-level",
+            "info",
+        ]
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, env={**os.environ, **(env or {})}, cwd=REPO)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+        )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait until Faust logs "Worker ready". Raises RuntimeError (with the log tail) otherwise."""
@@ -131,9 +174,15 @@ def collect(settings: Settings, topic: str, *, until, timeout_s: float = 60.0) -
 
     from confluent_kafka import Consumer
 
-    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"kit-{uuid.uuid4().hex}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                  "fetch.message.max.bytes": 16 << 20})
+    c = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"kit-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "fetch.message.max.bytes": 16 << 20,
+        }
+    )
     c.subscribe([topic])
     out: list = []
     deadline = time.monotonic() + timeout_s

@@ -1,4 +1,4 @@
-"""Helpers of the agent-transport tests (tests/test_agent_*.py, tests/test_transport_*.py): build an
+"""Helpers of the agent-transport tests (tests/producer/test_agent_*.py, tests/producer/test_transport_*.py): build an
 in-process agent, read back the batches one or more agents published."""
 
 from __future__ import annotations
@@ -17,14 +17,29 @@ from producer.agent import Agent
 from producer.synthetic import SyntheticSource
 
 
-def make_agent(tmp_path: Path, bootstrap: str, *, host: str | None = None, rate: float = 20_000,
-               total: int | None = None, kafka: dict | None = None, batch: dict | None = None,
-               spool: dict | None = None, **cfg) -> Agent:
+def make_agent(
+    tmp_path: Path,
+    bootstrap: str,
+    *,
+    host: str | None = None,
+    rate: float = 20_000,
+    total: int | None = None,
+    kafka: dict | None = None,
+    batch: dict | None = None,
+    spool: dict | None = None,
+    **cfg,
+) -> Agent:
     """An Agent with a SyntheticSource, its spool under ``tmp_path``; not registered in any stack."""
     host = host or f"h-{uuid.uuid4().hex[:8]}"
-    config = agent_config(job=cfg.pop("job", "tjob"), host=host, host_id=cfg.pop("host_id", 7),
-                          kafka={"bootstrap": bootstrap, **(kafka or {})}, batch=batch or {},
-                          spool={"dir": tmp_path / "spool" / host, **(spool or {})}, **cfg)
+    config = agent_config(
+        job=cfg.pop("job", "tjob"),
+        host=host,
+        host_id=cfg.pop("host_id", 7),
+        kafka={"bootstrap": bootstrap, **(kafka or {})},
+        batch=batch or {},
+        spool={"dir": tmp_path / "spool" / host, **(spool or {})},
+        **cfg,
+    )
     src = SyntheticSource(rate, total=total, host_id=config.host_id, job=config.job)
     return Agent(config, src, say=lambda _m: None)
 
@@ -54,8 +69,9 @@ class AgentThread:
         return self.rc
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05,
-             diag: Callable[[], str] | None = None) -> None:
+def wait_for(
+    cond: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05, diag: Callable[[], str] | None = None
+) -> None:
     """Poll ``cond`` until true; fail the test saying ``what`` did not happen in time (and ``diag()``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -65,8 +81,14 @@ def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, step_s: floa
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}" + (f": {diag()}" if diag else ""))
 
 
-def read_batches(bootstrap: str, agent_ids: set[str] | None = None, hosts: set[str] | None = None,
-                 *, until: Callable[[list[schema.Batch]], bool], timeout_s: float = 60.0) -> list[schema.Batch]:
+def read_batches(
+    bootstrap: str,
+    agent_ids: set[str] | None = None,
+    hosts: set[str] | None = None,
+    *,
+    until: Callable[[list[schema.Batch]], bool],
+    timeout_s: float = 60.0,
+) -> list[schema.Batch]:
     """Read ``obshub.events.v1`` from the beginning of every partition, keep the batches of ``agent_ids``
     (or of ``hosts``), in arrival order, until ``until(batches)`` is true. Fails the test on a timeout."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}", "enable.auto.commit": False})
