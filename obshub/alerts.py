@@ -35,11 +35,14 @@ def latest_alerts(
     rule: str | None = None,
     firing_only: bool = False,
     skipped: list[str] | None = None,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
 ) -> list[dict]:
     """The latest firing/resolved change of each alert among ``values`` (JSON change records as bytes,
     or confluent_kafka Messages), filtered by the ``job``/``host`` labels and the ``rule``; sorted firing
     first, then newest first. Records that are not change records (``rules.intake.decode_change``) are
-    skipped; with ``skipped``, each is appended there as ``topic[partition]@offset: field: problem``."""
+    skipped; with ``skipped``, each is appended there as ``topic[partition]@offset: field: problem``.
+    ``since_ns``/``until_ns`` (epoch ns, inclusive) keep only changes whose ``updated_at_ns`` is in range."""
     from rules.intake import decode_change
 
     latest: dict[str, dict] = {}
@@ -53,6 +56,11 @@ def latest_alerts(
                 skipped.append(f"{where}{exc}")
             continue
         if rec["status"] not in ("firing", "resolved"):
+            continue
+        # a seek by time lands on the first message at or after ``since``, but a partition's timestamps
+        # are not ordered, so a change from before the range can follow it: the record's own time decides
+        updated = int(rec.get("updated_at_ns", 0))
+        if (since_ns is not None and updated < since_ns) or (until_ns is not None and updated > until_ns):
             continue
         labels = rec.get("labels") or {}
         if (
@@ -103,6 +111,8 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
         rule=rule,
         firing_only=firing_only,
         skipped=skipped,
+        since_ns=bounds.get("since_ns"),
+        until_ns=bounds.get("until_ns"),
     )
     for text in skipped[:20]:
         click.echo(f"skipped unreadable alert change at {text}", err=True)

@@ -170,6 +170,24 @@ rules:
     rec.close()
     producer.flush(10)
     ctx.clear()  # the last reference to the producer: it closes now, while the broker is still up
+    _truncate(kafka.bootstrap_servers, (schema.TOPIC_STEPS, schema.TOPIC_ALERTS))
+
+
+def _truncate(bootstrap: str, topics) -> None:
+    """Delete every record of ``topics`` on the session broker, so the hostile records written here are
+    not read by later tests' consumers that start at the beginning of a topic."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    md = admin.list_topics(timeout=10)
+    parts = [
+        TopicPartition(t, p, -1)  # OFFSET_END: up to the high watermark
+        for t in topics
+        for p in md.topics[t].partitions
+    ]
+    for fut in admin.delete_records(parts, request_timeout=30).values():
+        fut.result(30)
 
 
 def _produce(producer: Producer, topic: str, values: list[bytes]) -> list[tuple[int, int]]:
