@@ -4,6 +4,7 @@ skipped with their reason, never stop it, and user text never becomes terminal m
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -13,9 +14,11 @@ from hypothesis import strategies as st
 from obshub import alerts
 from tests.rules.test_rules_intake import HOSTILE, valid_change
 
+RECENT_NS = time.time_ns() - 60 * 10**9  # inside any --since range the tests give
+
 
 def _change(i: int, **over) -> bytes:
-    return json.dumps({**valid_change(), "fingerprint": f"{i:016x}", "updated_at_ns": 10 + i, **over}).encode()
+    return json.dumps({**valid_change(), "fingerprint": f"{i:016x}", "updated_at_ns": RECENT_NS + i, **over}).encode()
 
 
 @pytest.mark.slow
