@@ -126,6 +126,7 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
         f"-DOBS_NTHRESHOLDS={len(cat.THRESHOLDS)}",
         f"-DOBS_PROBE_CUDA_BASE={cat.CUDA_PROBE_BASE}",
         f"-DOBS_CUDA_NSYMS={cat.CUDA_MAX_SYMBOLS}",
+        f"-DOBS_PID_LIMIT={_pid_limit()}",
     ]
     flags += [f"-DOBS_LAYER_{layer}" for layer in sorted(layers)]
     flags += [f"-D{p.macro}={p.id}" for p in cat.PROBES]
@@ -188,6 +189,7 @@ class BpfEventSource:
         self._pending: list[Event] = []
         self._registrations: list[dict] = []
         self._watched: set[int] = set()
+        self._tids: dict[int, set[int]] = {}  # watched pid -> its threads already written to wtids
         self._next_refresh = 0.0
         self._sysfs: SysfsPoller | None = None
         self._decoder: Decoder | None = None
@@ -340,14 +342,21 @@ class BpfEventSource:
             wcgroups = self._bpf[b"wcgroups"]
             for cgid in cat.cgroup_v2_ids(self.target.cgroup):
                 wcgroups[ctypes.c_uint64(cgid)] = ctypes.c_uint8(1)
+        bits = _Bits(self._bpf[b"wtgid_bits"], self._bpf[b"wtid_bits"])
         for pid in pids - self._watched:
             watched[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+            bits.set_tgid(pid)
         for pid in self._watched - pids:
             with contextlib.suppress(KeyError):
                 del watched[ctypes.c_uint32(pid)]
-        for pid in pids:
-            for tid in cat.threads(pid):
+            bits.clear_tgid(pid)
+            self._tids.pop(pid, None)
+        for pid in pids:  # only threads not seen before: one map write per new thread, not per refresh
+            now_tids = set(cat.threads(pid))
+            for tid in now_tids - self._tids.get(pid, set()):
                 wtids[ctypes.c_uint32(tid)] = ctypes.c_uint32(pid)
+                bits.set_tid(tid)
+            self._tids[pid] = now_tids
         if "net_retransmit" in self._attached or "net_rtt" in self._attached:
             lports = self._bpf[b"lports"]
             for pid in pids - self._watched:
@@ -412,9 +421,12 @@ class BpfEventSource:
         """Failed ring-buffer reservations per attached probe, counted in the kernel since start."""
         if self._bpf is None:
             return {}
-        table = self._bpf[b"lost"]
-        counts = {i: table[ctypes.c_int(i)].value for i in range(len(cat.PROBES))}
-        return {p.name: counts[p.id] for p in cat.PROBES if p.name in self._attached and p.mechanism != "sysfs"}
+        table = self._bpf[b"lost"]  # one map read (a syscall) per attached probe, not per catalogue entry
+        return {
+            p.name: table[ctypes.c_int(p.id)].value
+            for p in cat.PROBES
+            if p.name in self._attached and p.mechanism != "sysfs"
+        }
 
     def misses(self) -> dict[str, int]:
         """Runs of each attached probe's programs that the kernel skipped (``recursion_misses`` of
@@ -465,6 +477,42 @@ class BpfEventSource:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
             self._bpf = None
+
+
+def _pid_limit() -> int:
+    """``kernel.pid_max``: the size of the watched-task bitmaps of bpf/common.h (4,194,304 when unreadable)."""
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 4_194_304
+
+
+class _Bits:
+    """Sets and clears bits of the watched-task bitmaps (``wtgid_bits``, ``wtid_bits`` of bpf/common.h,
+    u64 words): read-modify-write of one word; a bit the kernel sets in the same word meanwhile can be
+    lost, and the kernel sets it again on the thread's next probe (the bitmaps are pre-filters only)."""
+
+    def __init__(self, tgid_bits, tid_bits):
+        self.tgid_bits, self.tid_bits = tgid_bits, tid_bits
+
+    @staticmethod
+    def _update(table, n: int, on: bool) -> None:
+        key = ctypes.c_int(n >> 6)
+        try:
+            word = table[key].value
+        except (KeyError, IndexError):
+            return  # beyond the bitmap (pid_max raised after the start): the hash maps answer
+        bit = 1 << (n & 63)
+        table[key] = ctypes.c_uint64(word | bit if on else word & ~bit)
+
+    def set_tgid(self, pid: int) -> None:
+        self._update(self.tgid_bits, pid, True)
+
+    def clear_tgid(self, pid: int) -> None:
+        self._update(self.tgid_bits, pid, False)
+
+    def set_tid(self, tid: int) -> None:
+        self._update(self.tid_bits, tid, True)
 
 
 _DRAIN_MAX = 65536  # records per drain: bounds the memory of one poll, not the rate (the agent polls again)
