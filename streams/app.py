@@ -23,6 +23,8 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
    ``read`` message to every partition of the internal topic. A step closes by its window only when every
    input partition was read past the window's end, so a worker failover (unread partitions) lists no live
    host as missing (``Fold.input_read_past``).
+6. Both agents check every record's offset against the next one expected (``streams.reread``): a range
+   the Faust consumer skipped is read again and processed before the record that revealed it.
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window

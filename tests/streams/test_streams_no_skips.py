@@ -14,11 +14,9 @@ import uuid
 
 import pytest
 
-from streams import synthetic
+from streams import reread, synthetic
 from tests.streams.test_streams_worker import _by_job, _committed_everything, _reference, _view, _wait_settled
 from tests.support import testkit
-
-pytestmark = pytest.mark.kafka
 
 STEP_GAP_S = 0.2  # the job's step time while the group changes
 
@@ -57,6 +55,41 @@ def _commit_past(settings, group: str, topic: str, partition: int, offset: int, 
         c.close()
 
 
+class _TP:
+    def __init__(self, partition: int) -> None:
+        self.topic, self.partition = "in", partition
+
+
+def test_next_input_offset_is_one_past_the_highest_processed_offset_of_the_partition():
+    agents = {
+        "a": {"partition": 0, "offset": 7},
+        "b": {"partition": 0, "offset": 3},
+        "c": {"partition": 1, "offset": 50},
+    }
+    assert reread.next_input_offset(agents, {}, 0) == 8
+    assert reread.next_input_offset(agents, {"0": 12}, 0) == 12  # a dead letter after the last batch
+    assert reread.next_input_offset(agents, {"0": 5}, 0) == 8
+    assert reread.next_input_offset(agents, {}, 2) == 0  # nothing processed there
+
+
+def test_offset_guard_reports_exactly_the_skipped_ranges():
+    skipped: list[int] = []
+    tp = _TP(0)
+    table = {0: 10}  # what the tables say was processed (next offset per partition)
+    g = reread.OffsetGuard("t", skipped.append, start=table.__getitem__)
+    assert g.check(tp, 14, 1) == (10, 14)  # first record of a generation past the recorded next offset
+    assert g.check(tp, 15, 1) is None
+    assert g.check(tp, 18, 1) == (16, 18)  # a jump within the generation
+    table[0] = 19
+    assert g.check(tp, 12, 2) is None  # new generation starting below: a replay, nothing skipped
+    assert g.check(tp, 13, 2) is None
+    assert g.check(tp, 13, 2) is None  # the same record again
+    assert skipped == [4, 2]
+    within = reread.OffsetGuard("t", skipped.append)  # no start: the first record of a generation is accepted
+    assert within.check(tp, 100, 1) is None and within.check(tp, 102, 1) == (101, 102)
+
+
+@pytest.mark.kafka
 def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, unique):
     tag = f"sk-{unique}"
     topics = testkit.make_topics(kafka, tag, partitions=4)
