@@ -294,7 +294,9 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None
                 skips.check(event.message)
                 for what, job, value in fold.apply(event.value, event.message.partition):
                     if what == "summary":
-                        await out.send(key=job.encode(), value=json.dumps(value, sort_keys=True).encode())
+                        await out.send(
+                            key=job.encode(), value=json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+                        )
                         m.results.observe(value)
                     else:
                         for p in range(cfg.partitions):
@@ -379,7 +381,7 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
             if now - sent.get(job, 0) < 1_000_000_000:
                 continue
             sent[job] = now
-            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
+            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True, separators=(",", ":")).encode())
             m.summaries.labels("hang").inc()
             if first:
                 h = summary["hang"]
