@@ -274,7 +274,7 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None
     async def one(value, partition: int) -> None:
         for what, job, v in fold.apply(value, partition):
             if what == "summary":
-                await out.send(key=job.encode(), value=json.dumps(v, sort_keys=True).encode())
+                await out.send(key=job.encode(), value=json.dumps(v, sort_keys=True, separators=(",", ":")).encode())
                 m.results.observe(v)
             else:
                 for p in range(cfg.partitions):
@@ -372,7 +372,7 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
             if now - sent.get(job, 0) < 1_000_000_000:
                 continue
             sent[job] = now
-            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True).encode())
+            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True, separators=(",", ":")).encode())
             m.summaries.labels("hang").inc()
             if first:
                 h = summary["hang"]
