@@ -19,8 +19,10 @@ struct obs_off {
     s64 state;
 };
 
-BPF_TABLE("lru_hash", u32, u64, wake_ts, OBS_MAX_TIDS);          /* tid -> when it became runnable */
-BPF_TABLE("lru_hash", u32, struct obs_off, off_ts, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
+/* Plain hashes (an LRU hash costs more per update): entries exist only for watched threads, are deleted when
+ * the thread runs again and at its exit (obs_sched_exit), so they do not outgrow the live watched threads. */
+BPF_HASH(wake_ts, u32, u64, OBS_MAX_TIDS);          /* tid -> when it became runnable */
+BPF_HASH(off_ts, u32, struct obs_off, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
 
 /* `waited`: a run-queue wait ended now (runq is its length; it goes to the maximum and the histogram). */
 static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk, int waited)

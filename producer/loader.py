@@ -189,6 +189,7 @@ class BpfEventSource:
         self._pending: list[Event] = []
         self._registrations: list[dict] = []
         self._watched: set[int] = set()
+        self._trickle = False  # the last drain took records without filling up (see _drain)
         self._tids: dict[int, set[int]] = {}  # watched pid -> its threads already written to wtids
         self._next_refresh = 0.0
         self._sysfs: SysfsPoller | None = None
@@ -382,7 +383,10 @@ class BpfEventSource:
     # -- EventSource ----------------------------------------------------------------------------------
     def _drain(self, timeout_ms: int, table: bytes) -> list:
         """Sysfs events, then what the ring buffer holds (waiting up to ``timeout_ms`` when both are
-        empty): Events, and PackedRun s for the kinds ``table`` lets the C reader encode."""
+        empty, or, when the previous drain took records without filling up, first waiting up to
+        ``timeout_ms`` for more to gather): Events, and PackedRun s for the kinds ``table`` lets the C
+        reader encode. A record waits in the ring at most about one ``timeout_ms`` (the agent passes the
+        time until its open batch is due, at most the batch age bound)."""
         self._refresh_target()
         out = self._pending
         self._pending = []
@@ -392,10 +396,20 @@ class BpfEventSource:
             if not out and timeout_ms > 0:
                 time.sleep(timeout_ms / 1000)
             return out
-        items = self._ring.drain(table, _DRAIN_MAX)
-        if not items and not out and timeout_ms > 0:
-            self._ring.wait(int(timeout_ms))
-            items = self._ring.drain(table, _DRAIN_MAX)
+        ring = self._ring
+        waited = False
+        if self._trickle and not out and timeout_ms > 0:
+            # the previous drain found records without filling up: they trickle in (no wakeup per record).
+            # Let them gather until the timeout or the kernel's wakeup (4 MiB pending) instead of turning
+            # the loop for a few records at a time: each turn costs the agent ~0.1 ms of CPU
+            ring.wait(int(timeout_ms))
+            waited = True
+        before = ring.consumed
+        items = ring.drain(table, _DRAIN_MAX)
+        if not items and not out and timeout_ms > 0 and not waited:
+            ring.wait(int(timeout_ms))
+            items = ring.drain(table, _DRAIN_MAX)
+        self._trickle = 0 < ring.consumed - before < _DRAIN_MAX
         decode = self._decoder.decode
         for it in items:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
