@@ -32,7 +32,7 @@ from producer import kheaders
 from producer import probes as cat
 from producer.errors import ProbeError
 from producer.probes import ProbeOptions, ProbeStatus, Target, Tracepoint, Uprobe, Usdt
-from producer.reader import DECODE_ALL_TABLE, PACKED_TABLE, Decoder, packed_run
+from producer.reader import DECODE_ALL_TABLE, EVENT_SIZE, PACKED_TABLE, Decoder, packed_run
 from producer.sysfs_poller import SysfsPoller
 
 
@@ -190,6 +190,9 @@ class BpfEventSource:
         self._registrations: list[dict] = []
         self._watched: set[int] = set()
         self._trickle = False  # the last drain took records without filling up (see _drain)
+        self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
+        self._last_drain = 0.0
+        self._ring_records = 1  # records the ring holds (set at start)
         self._tids: dict[int, set[int]] = {}  # watched pid -> its threads already written to wtids
         self._next_refresh = 0.0
         self._sysfs: SysfsPoller | None = None
@@ -224,7 +227,9 @@ class BpfEventSource:
                         self._attached.add(p.name)
             from producer._ring import Ring
 
-            self._ring = Ring(self._bpf[b"events"].map_fd, self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
+            size = self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE")
+            self._ring = Ring(self._bpf[b"events"].map_fd, size)
+            self._ring_records = max(1, size // (EVENT_SIZE + 8))  # 8-byte record header
         if any(p.mechanism == "sysfs" for p in pl.probes):
             self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
             for p in pl.probes:
@@ -401,15 +406,21 @@ class BpfEventSource:
         if self._trickle and not out and timeout_ms > 0:
             # the previous drain found records without filling up: they trickle in (no wakeup per record).
             # Let them gather until the timeout or the kernel's wakeup (4 MiB pending) instead of turning
-            # the loop for a few records at a time: each turn costs the agent ~0.1 ms of CPU
-            ring.wait(int(timeout_ms))
+            # the loop for a few records at a time (each turn costs the agent ~0.1 ms of CPU), but never
+            # longer than a quarter of the ring takes to fill at the last drain's rate
+            ring.wait(min(int(timeout_ms), self._trickle_ms))
             waited = True
-        before = ring.consumed
+        before, t0 = ring.consumed, time.monotonic()
         items = ring.drain(table, _DRAIN_MAX)
         if not items and not out and timeout_ms > 0 and not waited:
             ring.wait(int(timeout_ms))
             items = ring.drain(table, _DRAIN_MAX)
-        self._trickle = 0 < ring.consumed - before < _DRAIN_MAX
+        taken = ring.consumed - before
+        self._trickle = 0 < taken < _DRAIN_MAX
+        if self._trickle:
+            rate = taken / max(1e-3, t0 - self._last_drain)  # records/s since the previous drain
+            self._trickle_ms = max(1, int(self._ring_records / 4 / rate * 1000))
+        self._last_drain = t0
         decode = self._decoder.decode
         for it in items:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
