@@ -23,6 +23,8 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
    ``read`` message to every partition of the internal topic. A step closes by its window only when every
    input partition was read past the window's end, so a worker failover (unread partitions) lists no live
    host as missing (``Fold.input_read_past``).
+6. Both agents check every record's offset against the next one expected (``streams.reread``): a range
+   the Faust consumer skipped is read again and processed before the record that revealed it.
 
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
@@ -46,7 +48,7 @@ from faust.types import TP
 from obshub.core import kafka, schema
 from obshub.core.settings import STREAMS
 from obshub.core.topics import replication_factor
-from streams import analysis, wire
+from streams import analysis, reread, wire
 from streams.fold import Fold, WriteBack
 from streams.ingest import Ingest
 from streams.metrics import WorkerMetrics
@@ -140,36 +142,6 @@ class _SendErrors(faust.Sensor):
     def on_send_error(self, producer, exc: BaseException, state) -> None:
         self.metrics.send_errors.inc()
         log.error("Failed to produce a message: %r", exc)
-
-
-class SkipDetector:
-    """Detects input that the consumer skipped. Faust 0.15.3 can drop messages fetched while a worker
-    finishes a rebalance and commit past them (docs/STREAMS.md). This worker processes every message it
-    is given (bad ones go to the DLQ), so within one consumer generation the offsets it sees in a
-    partition are consecutive: a forward jump means skipped messages. They are logged and counted
-    (``obshub_streams_consumer_skips_total``); on the input topic they also show as lost batches. A seek
-    back was tried and does not help: Faust's in-flight buffer moves its read position forward again."""
-
-    def __init__(self, metrics: WorkerMetrics, name: str) -> None:
-        self.metrics, self.name = metrics, name
-        self.last: dict = {}
-
-    def check(self, msg) -> None:
-        """Record ``msg``'s offset; log and count a forward jump within the same generation."""
-        tp, gen = msg.tp, msg.generation_id
-        last = self.last.get(tp)
-        if last is not None and last[1] == gen and msg.offset > last[0] + 1:
-            self.metrics.consumer_skips.inc(msg.offset - last[0] - 1)
-            log.warning(
-                "%s: offsets %d..%d of %s[%d] were skipped by the Faust consumer",
-                self.name,
-                last[0] + 1,
-                msg.offset - 1,
-                tp.topic,
-                tp.partition,
-            )
-        if last is None or last[1] != gen or msg.offset > last[0]:
-            self.last[tp] = (msg.offset, gen)
 
 
 def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
@@ -268,11 +240,17 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
     src = app.topic(cfg.input_topic, key_serializer="raw", value_serializer="raw")
     dlq = app.topic(cfg.dlq_topic, key_serializer="raw", value_serializer="raw")
     ing = Ingest(tables["agents"])
-    skips = SkipDetector(m, "ingest")
+    conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
+    guard = reread.OffsetGuard(
+        "ingest",
+        m.consumer_skips.inc,
+        lambda p: reread.next_input_offset(tables["agents"], tables["inputs"], p),
+    )
 
     async def one(msg, box: _Outbox) -> None:
         r = ing.handle(msg.value, msg.topic, msg.partition, msg.offset)
         if r.error is not None:
+            tables["inputs"][str(msg.partition)] = msg.offset + 1  # what was processed, for OffsetGuard
             value, headers = _dlq_record(cfg, msg, r.error)
             await dlq.send(key=msg.key, value=value, headers=headers)
             m.dlq.labels(r.error.field or "message").inc()
@@ -312,7 +290,13 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 msg = event.message
                 last[msg.partition] = event
                 try:
-                    skips.check(msg)
+                    _as_current(event)  # the inputs table's writes go to this record's partition
+                    gap = guard.check(msg.tp, msg.offset, msg.generation_id)
+                    if gap is not None:  # skipped by the consumer: processed first (streams/reread.py)
+                        for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
+                            _as_current(event)
+                            await one(rec, box)
+                    _as_current(event)
                     await one(msg, box)
                 except Exception:  # a bug must not stop the worker; the message is logged with its position
                     log.exception("ingest failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
@@ -351,7 +335,18 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
 def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
     """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts."""
     out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
-    skips = SkipDetector(m, "fold")
+    conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
+    guard = reread.OffsetGuard("fold", m.consumer_skips.inc)  # within a consumer generation
+    codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
+
+    async def one(value, event, box: _Outbox) -> None:
+        _as_current(event)  # the fold's table writes go to this message's partition
+        for what, job, v in fold.apply(value, event.message.partition):
+            if what == "summary":
+                await out.send(key=job.encode(), value=json.dumps(v, sort_keys=True, separators=(",", ":")).encode())
+                m.results.observe(v)
+            else:
+                box.broadcast(v)
 
     @app.agent(rep, name="fold")
     async def fold_agent(stream):
@@ -362,16 +357,13 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None
             for event in events:
                 msg = event.message
                 try:
-                    skips.check(msg)
-                    _as_current(event)
-                    emits = fold.apply(event.value, msg.partition)
-                    for what, job, value in emits:
-                        if what == "summary":
-                            data = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-                            await out.send(key=job.encode(), value=data)
-                            m.results.observe(value)
-                        else:
-                            box.broadcast(value)
+                    gap = guard.check(msg.tp, msg.offset, msg.generation_id)
+                    if gap is not None:
+                        for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
+                            value = codec.loads(rec.value)
+                            if isinstance(value, dict):
+                                await one(value, event, box)
+                    await one(event.value, event, box)
                 except Exception:
                     log.exception("fold failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
             await box.send(rep)

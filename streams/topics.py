@@ -14,6 +14,7 @@ from streams.errors import StreamsError
 # table name -> partitioned like the input topic ("input") or like the repartition topic ("internal")
 TABLES = {
     "agents": "input",
+    "inputs": "input",
     "parts": "internal",
     "steps": "internal",
     "members": "internal",
