@@ -15,6 +15,9 @@ partition moved. The worker cannot prevent it inside Faust, so it checks every r
 - at the first record of a partition in a consumer generation, from ``start(partition)`` when given: for
   the input topic :func:`next_input_offset`, the changelog-backed record of what any worker of the app
   processed (so a commit that passed unprocessed records is caught after a rebalance too);
+- for the internal topic (no per-partition record in the tables), from :func:`track_seeks`: the
+  committed offset the consumer sought to when the partition was assigned, so a jump at the start of a
+  generation inside this worker is caught, not a previous owner's commit across a gap;
 - within a generation, the previous record's offset + 1.
 
 A record beyond that reveals a skipped range ``[expected, offset)``; the agent reads it again with
@@ -50,13 +53,41 @@ def next_input_offset(agents: Mapping[str, Any], inputs: Mapping[str, Any], part
     return best
 
 
+def track_seeks(app: Any) -> dict:
+    """``{TP: offset}``, kept current: the committed offset Faust's consumer sought each assigned
+    partition to at its latest seek to the committed offsets (Faust does it after every assignment,
+    before any record of the new generation is delivered; a partition without a committed offset is
+    absent). Faust exposes no hook for it: the consumer's ``perform_seek`` is wrapped at the first
+    assignment (``app.on_partitions_assigned``, sent before the seek) and its ``_committed_offset``
+    mapping read right after."""
+    seeks: dict = {}
+
+    async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        consumer = app.consumer
+        if getattr(consumer, "_obshub_seeks", None) is seeks:
+            return
+        seek = consumer.perform_seek
+
+        async def perform_seek() -> None:
+            await seek()
+            seeks.update((tp, off) for tp, off in consumer._committed_offset.items() if off is not None)
+
+        consumer.perform_seek = perform_seek
+        consumer._obshub_seeks = seeks
+
+    app.on_partitions_assigned.connect(on_assigned)  # a strong reference (mode's default)
+    return seeks
+
+
 class OffsetGuard:
     """Per partition of one topic, the next offset this worker must process; :meth:`check` tells when a
     record given to the agent lies beyond it. ``on_skip(n)`` is called with the count of skipped offsets
     (the worker counts them in ``obshub_streams_consumer_skips_total``). ``start(partition)``: the next
     offset at the first record of a partition in a consumer generation (None: accept that record)."""
 
-    def __init__(self, name: str, on_skip: Callable[[int], None], start: Callable[[int], int] | None = None) -> None:
+    def __init__(
+        self, name: str, on_skip: Callable[[int], None], start: Callable[[int], int | None] | None = None
+    ) -> None:
         self.name, self.on_skip, self.start = name, on_skip, start
         self.expected: dict[Any, tuple[int, Any]] = {}  # TP -> (next offset, consumer generation)
 
