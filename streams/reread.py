@@ -16,8 +16,9 @@ partition moved. The worker cannot prevent it inside Faust, so it checks every r
   the input topic :func:`next_input_offset`, the changelog-backed record of what any worker of the app
   processed (so a commit that passed unprocessed records is caught after a rebalance too);
 - for the internal topic (no per-partition record in the tables), from :func:`track_seeks`: the
-  committed offset the consumer sought to when the partition was assigned, so a jump at the start of a
-  generation inside this worker is caught, not a previous owner's commit across a gap;
+  committed offset the consumer sought to in this generation when that seek came before the record, so
+  a jump at the start of a generation inside this worker is caught, not a previous owner's commit
+  across a gap;
 - within a generation, the previous record's offset + 1.
 
 A record beyond that reveals a skipped range ``[expected, offset)``; the agent reads it again with
@@ -53,14 +54,14 @@ def next_input_offset(agents: Mapping[str, Any], inputs: Mapping[str, Any], part
     return best
 
 
-def track_seeks(app: Any) -> dict:
-    """``{TP: offset}``, kept current: the committed offset Faust's consumer sought each assigned
-    partition to at its latest seek to the committed offsets (Faust does it after every assignment,
-    before any record of the new generation is delivered; a partition without a committed offset is
-    absent). Faust exposes no hook for it: the consumer's ``perform_seek`` is wrapped at the first
-    assignment (``app.on_partitions_assigned``, sent before the seek) and its ``_committed_offset``
-    mapping read right after."""
-    seeks: dict = {}
+def track_seeks(app: Any) -> Callable[[Any], int | None]:
+    """A function ``TP -> offset | None``: the committed offset Faust's consumer sought ``TP`` to in the
+    current consumer generation (Faust seeks every assigned partition to its committed offset after each
+    assignment, normally before delivering a record of the new generation); None when that seek has not
+    happened yet in this generation or the partition has no committed offset. Faust exposes no hook for
+    it: the consumer's ``perform_seek`` is wrapped at the first assignment (``app.on_partitions_assigned``)
+    and its ``_committed_offset`` mapping read right after, tagged with the generation."""
+    seeks: dict = {}  # TP -> (offset, generation)
 
     async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         consumer = app.consumer
@@ -70,13 +71,19 @@ def track_seeks(app: Any) -> dict:
 
         async def perform_seek() -> None:
             await seek()
-            seeks.update((tp, off) for tp, off in consumer._committed_offset.items() if off is not None)
+            gen = app.consumer_generation_id
+            seeks.update((tp, (off, gen)) for tp, off in consumer._committed_offset.items() if off is not None)
 
         consumer.perform_seek = perform_seek
         consumer._obshub_seeks = seeks
 
     app.on_partitions_assigned.connect(on_assigned)  # a strong reference (mode's default)
-    return seeks
+
+    def committed_at_seek(tp: Any) -> int | None:
+        off, gen = seeks.get(tp, (None, None))
+        return off if gen == app.consumer_generation_id else None
+
+    return committed_at_seek
 
 
 class OffsetGuard:
