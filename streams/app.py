@@ -336,7 +336,8 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None
     """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts."""
     out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
     conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
-    guard = reread.OffsetGuard("fold", m.consumer_skips.inc)  # within a consumer generation
+    sought = reread.track_seeks(app)
+    guard = reread.OffsetGuard("fold", m.consumer_skips.inc, lambda p: sought(TP(rep.get_topic_name(), p)))
     codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
 
     async def one(value, event, box: _Outbox) -> None:
