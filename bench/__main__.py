@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "agent_throughput": "largest lossless ring buffer -> Kafka event rate of the agent on one core",
     "stream_throughput": "events/s per Faust worker (1 and 2 workers) vs a plain confluent-kafka loop",
     "fold_width": "stream join CPU and changelog bytes per step vs hosts (8-2,048), beside summarize",
+    "summary_size": "bytes of one step summary at 128-4,096 hosts vs the broker's 1 MB message limit",
     "rules_throughput": "rule evaluations/s of the builtin pack on recorded summaries and events",
     "ttd": "time to detection per fault kind over N runs of obshub demo --matrix",
     "width": "one job of 8-2,048 hosts at 1 s steps through broker, stream worker and rule engine",

@@ -85,7 +85,13 @@ def latest_alerts(
 @click.option("--firing", "firing_only", is_flag=True, help="only alerts still firing")
 @click.option("--json", "as_json", is_flag=True, help="one JSON array of the latest change records")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
-@click.option("--timeout-s", default=60.0, show_default=True, help="give up reading after this long")
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="give up reading after this many seconds (> 0)",
+)
 def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstrap, timeout_s):
     """List the alerts firing now and those that fired recently, by job, host and rule."""
     from rich.console import Console

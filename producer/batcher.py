@@ -47,11 +47,22 @@ class SealedBatch(NamedTuple):
     first_ts_ns: int
 
 
+class SeqCounter:
+    """The next batch sequence number of one agent instance (``value``), shared by its batchers."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, first: int = 0):
+        self.value = first
+
+
 class Batcher:
-    """Builds batches for one agent instance.
+    """Builds batches of one job for one agent instance.
 
     ``agent_id``: the instance id (default: a fresh UUID4). ``first_seq``: the first sequence number
-    (0). ``clock``: returns the ``schema.Clock`` stamped on each batch when it is sealed.
+    (0). ``seq``: a :class:`SeqCounter` shared with the other batchers of the same agent instance (one
+    per job, :class:`JobBatchers`), so the instance's batches are numbered without gaps whatever job
+    they carry (default: a counter of its own starting at ``first_seq``). ``clock``: returns the ``schema.Clock`` stamped on each batch when it is sealed.
     ``max_bytes``: bound on the encoded message size, bytes. ``max_age_ms``: bound on the age of the
     oldest event in an open batch, ms. Raises ValueError for a bound too small to hold the envelope.
 
@@ -70,14 +81,15 @@ class Batcher:
         max_bytes: int = BATCH_MAX_BYTES,
         max_age_ms: float = BATCH_MAX_AGE_MS,
         first_seq: int = 0,
+        seq: SeqCounter | None = None,
     ):
         self.job, self.host, self.host_id = job, host, host_id
+        self._seq = seq if seq is not None else SeqCounter(first_seq)
         self.agent_id = agent_id or str(uuid.uuid4())
         self.key = host.encode()
         self._clock = clock
         self.max_bytes = max_bytes
         self.max_age_ns = int(max_age_ms * 1_000_000)
-        self.next_seq = first_seq
         self._packer = msgpack.Packer(use_bin_type=True)
         overhead = len(self._envelope(2**63 - 1, 2**63 - 1, schema.Clock(-(2**63), 2**63 - 1, -(2**63)), 0))
         self._limit = max_bytes - overhead - _ENVELOPE_SLACK
@@ -90,6 +102,11 @@ class Batcher:
         self.sealed = 0
         self.events = 0
         self.rejected = 0
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next sealed batch gets."""
+        return self._seq.value
 
     # -- hot path ------------------------------------------------------------------------------------
     def add_many(self, events: Iterable[tuple]) -> list[SealedBatch]:
@@ -217,12 +234,123 @@ class Batcher:
 
     def _seal(self) -> SealedBatch:
         parts, n = self._parts, self._n
-        head = self._envelope(self.next_seq, time.time_ns(), self._clock(), n)
+        seq = self._seq.value
+        self._seq.value = seq + 1
+        head = self._envelope(seq, time.time_ns(), self._clock(), n)
         value = head + b"".join(parts)
-        batch = SealedBatch(self.next_seq, self.key, value, n, self._first_ns)
-        self.next_seq += 1
+        batch = SealedBatch(seq, self.key, value, n, self._first_ns)
         self.sealed += 1
         self._parts = []
         self._size = 0
         self._n = 0
         return batch
+
+
+class JobBatchers:
+    """The batchers of one agent instance, one per job: a batch never mixes jobs (the stream application
+    files a batch's events under the batch's ``job``). They share ``agent_id`` and one
+    :class:`SeqCounter`, so the instance's sequence stays gapless across jobs (the stream worker counts a
+    gap per ``agent_id`` as lost batches). Every batch is keyed by the host name, whatever its job.
+
+    ``fallback_job``: the job of events that no registered process claims (the agent's ``--job``);
+    the other arguments are :class:`Batcher`'s, applied to every job's batcher. Raises ValueError as
+    :class:`Batcher` does.
+
+    Counters (sums over the jobs): ``sealed``, ``events``, ``rejected``, ``open_events``.
+    """
+
+    def __init__(
+        self,
+        fallback_job: str,
+        host: str,
+        host_id: int,
+        *,
+        agent_id: str | None = None,
+        clock: Callable[[], schema.Clock] = schema.Clock,
+        max_bytes: int = BATCH_MAX_BYTES,
+        max_age_ms: float = BATCH_MAX_AGE_MS,
+        first_seq: int = 0,
+    ):
+        self.fallback_job, self.host, self.host_id = fallback_job, host, host_id
+        self.agent_id = agent_id or str(uuid.uuid4())
+        self._clock, self._max_bytes, self._max_age_ms = clock, max_bytes, max_age_ms
+        self._seq = SeqCounter(first_seq)
+        self.by_job: dict[str, Batcher] = {}
+        self._sealed_gone = self._events_gone = self._rejected_gone = 0  # of batchers forgotten
+        self.fallback = self.of(fallback_job)
+
+    def of(self, job: str) -> Batcher:
+        """The batcher of ``job`` (made on first use)."""
+        b = self.by_job.get(job)
+        if b is None:
+            b = Batcher(
+                job,
+                self.host,
+                self.host_id,
+                agent_id=self.agent_id,
+                clock=self._clock,
+                max_bytes=self._max_bytes,
+                max_age_ms=self._max_age_ms,
+                seq=self._seq,
+            )
+            self.by_job[job] = b
+        return b
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next sealed batch gets, whatever its job."""
+        return self._seq.value
+
+    def due(self, now_ns: int | None = None) -> list[SealedBatch]:
+        """Seal and return every open batch whose first event is ``max_age_ms`` old (oldest first)."""
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        if len(self.by_job) == 1:
+            one = self.fallback.due(now_ns)
+            return [one] if one is not None else []
+        out = []
+        for b in sorted(self.by_job.values(), key=lambda b: b._first_ns if b._n else 1 << 63):
+            sealed = b.due(now_ns)
+            if sealed is not None:
+                out.append(sealed)
+        return out
+
+    def ms_until_due(self, now_ns: int | None = None) -> float | None:
+        """Milliseconds until the first open batch is due (0 when overdue), None when none is open."""
+        if len(self.by_job) == 1:
+            return self.fallback.ms_until_due(now_ns)
+        waits = [w for b in self.by_job.values() if (w := b.ms_until_due(now_ns)) is not None]
+        return min(waits) if waits else None
+
+    def flush(self) -> list[SealedBatch]:
+        """Seal every open batch whatever its age."""
+        return [s for b in self.by_job.values() if (s := b.flush()) is not None]
+
+    def forget(self, job: str) -> SealedBatch | None:
+        """Drop the batcher of ``job`` (its processes are gone), returning its last batch (None when
+        empty). The fallback job's batcher stays."""
+        if job == self.fallback_job:
+            return None
+        b = self.by_job.pop(job, None)
+        if b is None:
+            return None
+        last = b.flush()
+        self._sealed_gone += b.sealed
+        self._events_gone += b.events
+        self._rejected_gone += b.rejected
+        return last
+
+    @property
+    def sealed(self) -> int:
+        return self._sealed_gone + sum(b.sealed for b in self.by_job.values())
+
+    @property
+    def events(self) -> int:
+        return self._events_gone + sum(b.events for b in self.by_job.values())
+
+    @property
+    def rejected(self) -> int:
+        return self._rejected_gone + sum(b.rejected for b in self.by_job.values())
+
+    @property
+    def open_events(self) -> int:
+        return sum(b.open_events for b in self.by_job.values())

@@ -94,7 +94,13 @@ def _finite(value: float, name: str) -> float:
 
 
 @click.command("agent", epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--job", envvar="OBSHUB_JOB", default="default", show_default=True, help="job name put in every batch")
+@click.option(
+    "--job",
+    envvar="OBSHUB_JOB",
+    default="default",
+    show_default=True,
+    help="job of the events of processes that never registered (a registered process names its own job)",
+)
 @click.option(
     "--host",
     envvar="OBSHUB_HOST",

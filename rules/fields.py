@@ -98,6 +98,8 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "evidence": {"spread_ns": 0, "hosts": {}},
     "hang": None,
     "layers": {},
+    "layer_stats": {},
+    "layers_omitted": 0,
     "baseline": {"median_ns": 0, "p99_ns": 0, "n": 0, "spread_ns": 0},
     "stall": False,
     "stall_ratio": 0.0,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import Counter, Gauge
 
 from obshub.core import kafka
@@ -62,13 +63,52 @@ def read_state(path: Path) -> Any | None:
         return None
 
 
-def log_assign(loop: str, watch: BrokerWatch | None = None):
-    """An ``on_assign`` callback that logs the partitions a loop was given (and tells ``watch`` the
-    broker answers)."""
+def pin_start(
+    consumer: Consumer, partitions: list[TopicPartition], settings: Settings, earliest: bool
+) -> list[TopicPartition]:
+    """Fix where each newly assigned partition starts, at assignment time, and assign them.
 
-    def on_assign(_consumer, partitions) -> None:
+    A partition with a committed offset starts there. One without (a new group, or a partition the group
+    never committed) starts at its beginning when ``earliest``, else at its last stable offset *now*
+    (``ListOffsets`` with ``read_committed``, the isolation level the loops read with). Left to
+    ``auto.offset.reset``, librdkafka resolves "latest" lazily at the first fetch, so records produced
+    between the assignment and that fetch (a summary written while the engine was starting) would be
+    skipped. Call from an ``on_assign`` callback. Returns the partitions with their start offsets; on a
+    broker error the partitions are assigned as given (the lazy reset applies) and the error is logged."""
+    try:
+        committed = consumer.committed(partitions, timeout=10)
+        todo = [tp for tp in committed if tp.offset < 0]
+        if todo:
+            admin = AdminClient(kafka.admin_config(kafka.connection(settings), quiet=True))
+            spec = OffsetSpec.earliest() if earliest else OffsetSpec.latest()
+            futs = admin.list_offsets(
+                {TopicPartition(tp.topic, tp.partition): spec for tp in todo},
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=10,
+            )
+            starts = {(tp.topic, tp.partition): fut.result(10).offset for tp, fut in futs.items()}
+            for tp in todo:
+                tp.offset = starts[(tp.topic, tp.partition)]
+        partitions = committed
+    except KafkaException as exc:
+        log.warning(
+            "could not resolve start offsets at assignment (records produced meanwhile may be skipped): %s", exc
+        )
+    consumer.assign(partitions)
+    return partitions
+
+
+def log_assign(
+    loop: str, watch: BrokerWatch | None = None, *, settings: Settings | None = None, earliest: bool = False
+):
+    """An ``on_assign`` callback that logs the partitions a loop was given (and tells ``watch`` the
+    broker answers). With ``settings``, it also fixes each partition's start offset (``pin_start``)."""
+
+    def on_assign(consumer, partitions) -> None:
         if watch is not None:
             watch.up()
+        if settings is not None and partitions:
+            pin_start(consumer, partitions, settings, earliest)
         log.info(
             "%s: assigned %d partition(s) of %s",
             loop,

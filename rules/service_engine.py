@@ -155,7 +155,9 @@ class EngineLoop:
             svc.settings, f"{svc.group_prefix}-engine", "earliest" if svc.from_beginning else "latest", svc.watch
         )
         topics = self.input_topics()
-        cons.subscribe(topics, on_assign=log_assign("engine", svc.watch))
+        cons.subscribe(
+            topics, on_assign=log_assign("engine", svc.watch, settings=svc.settings, earliest=svc.from_beginning)
+        )
         prod = producer(svc.settings, svc.watch)
         last_tick = last_health = last_checkpoint = 0.0
         uncommitted = False
@@ -189,7 +191,12 @@ class EngineLoop:
                         topics = self.input_topics()
                         self.write_snapshot()
                         commit(cons)
-                        cons.subscribe(topics, on_assign=log_assign("engine", svc.watch))
+                        cons.subscribe(
+                            topics,
+                            on_assign=log_assign(
+                                "engine", svc.watch, settings=svc.settings, earliest=svc.from_beginning
+                            ),
+                        )
                     last_tick = mono
                 if mono - last_health >= svc.health_every_s:
                     self._health(cons)

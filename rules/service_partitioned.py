@@ -40,7 +40,7 @@ from obshub.core.topics import replication_factor
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet
-from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, log, wait_for_broker
+from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, log, pin_start, wait_for_broker
 from rules.service_engine import MAX_FUTURE_S
 from rules.web import runbook_url
 
@@ -305,6 +305,8 @@ class PartitionedEngineLoop:
         )
 
     def _on_assign(self, cons: Consumer, partitions) -> None:
+        if partitions:
+            pin_start(cons, partitions, self.svc.settings, self.svc.from_beginning)
         for tp in partitions:
             if tp.topic == schema.TOPIC_STEPS and tp.partition not in self.parts:
                 self._open(tp.partition)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from obshub.core import schema
 from obshub.core.schema import Layer
+from streams import compact
 
 TIME_LAYERS = tuple(layer.value for layer in Layer if layer is not Layer.AGENT)
 
@@ -665,6 +666,7 @@ def summarize(
             "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
         },
     }
+    compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
     return out
 

@@ -281,7 +281,7 @@ def tail_command():
 @click.option("--from-beginning", is_flag=True, help="start at the oldest kept summary")
 @click.option("--count", type=int, default=0, help="exit after this many summaries (0 = follow)")
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
-@click.option("--timeout-s", type=float, default=0.0, help="exit after this many seconds (0 = never)")
+@click.option("--timeout-s", type=click.FloatRange(min=0), default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins (the
     interim records of a hung step, closed_by 'hang', are shown once and do not count).

@@ -14,7 +14,7 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_replayed_batches_total``   batches read again after a restart (not counted as duplicates)
 - ``obshub_streams_dlq_total{field}``         messages sent to the DLQ, by offending field
 - ``obshub_streams_summaries_total{closed_by}`` step summaries emitted
-- ``obshub_streams_consumer_skips_total``     input offsets Faust's consumer skipped (see app.SkipDetector)
+- ``obshub_streams_consumer_skips_total``     offsets Faust's consumer skipped, read again (streams.reread)
 - ``obshub_streams_send_errors_total``        produce calls that failed (summaries, internal, changelog)
 
 Results of the analysis (``StepResultMetrics``, one observation per step summary this worker emits; the

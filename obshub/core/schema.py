@@ -668,7 +668,12 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "evidence": "{spread_ns, hosts: {host: {layer: z}}}: per-step evidence for the sequential rules",
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting, "
     "waited_ns, after_ns}: ranks that never arrived at a collective the others wait at",
-    "layers": "map host -> layer -> {time_ns, count, max_ns}",
+    "layers": "map host -> layer -> {time_ns, count, max_ns}: every host of a step of at most 64 hosts; in a "
+    "wider step only the outlier hosts (straggler and late group, blame and evidence hosts, last arrivals, the 8 "
+    "largest per layer time, per layer count and by step time; layers_omitted counts the others)",
+    "layer_stats": "map layer -> {hosts, time_p50_ns, time_p90_ns, time_p99_ns, time_max_ns, max_host, count_p50, "
+    "count_p90, count_p99, count_max}: nearest-rank quantiles over every host that reported the layer",
+    "layers_omitted": "hosts whose row layers leaves out (0 in a step of at most 64 hosts)",
     "baseline": "{median_ns, p99_ns, n, spread_ns}: the job's recent step-time history before this step",
     "stall": "true when step_time_max_ns exceeds the baseline p99 (and the baseline has enough steps)",
     "stall_ratio": "step_time_max_ns / baseline median_ns (0 when no baseline)",
@@ -720,6 +725,8 @@ _STEP_SHAPE: dict[str, str] = {
     "blame": "list[map]",
     "collectives": "list[map]",
     "layers": "map[map]",
+    "layer_stats": "map[map]",
+    "layers_omitted": "int",
     "baseline": "map",
     "stall": "bool",
     "stall_ratio": "number",

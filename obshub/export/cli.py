@@ -43,7 +43,13 @@ def trace_group():
 @click.option("--steps", "steps", required=True, help="step or inclusive range A-B")
 @click.option("-o", "--output", required=True, help="output JSON file, or - for stdout")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
-@click.option("--timeout-s", default=60.0, show_default=True, help="give up reading a topic after this long")
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="give up reading a topic after this many seconds (> 0)",
+)
 @click.option("--events-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
 @click.option("--steps-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries")
 @click.option("--since", default=None, help="read only messages from this time on: 2h (ago) or 2026-12-01T02:00:00Z")

@@ -25,7 +25,9 @@ Examples:
     },
 )
 @click.option(
-    "--job", default=None, help="job name carried by the register probe (default $OBSHUB_JOB, else 'default')"
+    "--job",
+    default=None,
+    help="job name carried by the register probe (default: $OBSHUB_JOB, the Slurm job, the torchrun run, a pod label, else 'default')",
 )
 @click.option(
     "--host-id",

@@ -39,7 +39,10 @@ itself and counts every phase and collective of the step from 1. Outside a step 
 current key fires ``tracekey(key, step)``, so the agent's BPF map ``tid -> (trace_key, step)`` is exact.
 
 Host id: ``OBSHUB_HOST_ID`` (0..65535) if set, else the rank (known at registration; ``$RANK`` or 0 before
-it). Job: ``OBSHUB_JOB``, else ``"default"``.
+it). Job: the ``job`` given to ``enable()``, else what the workload's environment names when the process
+registers (:func:`obshub.core.workload.resolve_job`: ``OBSHUB_JOB``, the Slurm job, the torchrun run, a pod
+label, else ``"default"``); the register probe carries it, and the node agent files every event of the
+process under it.
 
 Limits: one ``optimizer.step()`` per training iteration is assumed (two optimizers stepped one after the
 other make two steps); the last ``step_begin`` of a process has no ``step_end`` (the loop ended in its data
@@ -57,6 +60,7 @@ import os
 import threading
 from typing import Any, Callable
 
+from obshub.core import workload
 from obshub.core.errors import ConfigError
 from obshub.instrument import usdt
 
@@ -98,7 +102,7 @@ class _State:
 
     def __init__(self) -> None:
         self.enabled = False
-        self.job = "default"
+        self.job = ""  # "" = resolved from the environment at registration
         self.host_id = 0
         self.host_id_explicit = False
         self.registered = False
@@ -442,7 +446,7 @@ def _register() -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         _st.registered = True
         _st.coll_seq.clear()
-        usdt.register(_st.job, rank, world, _st.host_id, local_rank)
+        usdt.register(_job_locked(), rank, world, _st.host_id, local_rank)
 
 
 def _register_undistributed_locked() -> None:
@@ -463,7 +467,16 @@ def _register_undistributed_locked() -> None:
 
     rank = env_int("RANK", 0)
     _st.registered = True
-    usdt.register(_st.job, rank, env_int("WORLD_SIZE", 1), _st.host_id, env_int("LOCAL_RANK", rank))
+    usdt.register(_job_locked(), rank, env_int("WORLD_SIZE", 1), _st.host_id, env_int("LOCAL_RANK", rank))
+
+
+def _job_locked() -> str:
+    """The job the register probe carries: ``enable(job=...)``, else resolved from the environment now
+    (:func:`obshub.core.workload.resolve_job`), so a script may still set ``OBSHUB_JOB`` before it
+    initialises torch.distributed."""
+    if not _st.job:
+        _st.job = workload.resolve_job(os.environ)[0]
+    return _st.job
 
 
 def _wrap_init(orig: Callable) -> Callable:
@@ -514,8 +527,10 @@ def _patch(module, name: str, new) -> None:
 def enable(job: str | None = None, host_id: int | None = None) -> None:
     """Install the hooks and wrappers described in the module docstring, process-wide. Idempotent.
 
-    ``job`` defaults to ``$OBSHUB_JOB`` (else ``"default"``), ``host_id`` to ``$OBSHUB_HOST_ID`` (else the
-    rank). Raises :class:`obshub.core.errors.ConfigError` for a host id outside 0..65535, ``ImportError`` when
+    ``job`` defaults to what the environment names when the process registers
+    (:func:`obshub.core.workload.resolve_job`: ``$OBSHUB_JOB``, Slurm, torchrun, a pod label, else
+    ``"default"``); an explicit name is cut to 63 bytes of UTF-8. ``host_id`` defaults to
+    ``$OBSHUB_HOST_ID`` (else the rank). Raises :class:`obshub.core.errors.ConfigError` for a host id outside 0..65535, ``ImportError`` when
     torch is not installed.
     """
     global _torch, _c10d, _ddp_cls, _orig_register_comm_hook
@@ -535,7 +550,7 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
             raise ConfigError(
                 f"host_id {host_id!r} is not an integer in 0..65535", hint="pass the node's number, 0..65535"
             )
-        _st.job = job or os.environ.get("OBSHUB_JOB") or "default"
+        _st.job = workload.clean_job(job) if job else ""
         _torch = torch
         undo = _st.undo
         undo.append(nn_module.register_module_forward_pre_hook(_forward_pre_hook).remove)

@@ -56,3 +56,9 @@ def test_rule_file_not_utf8_and_too_deep(tmp_path):
 def test_agent_rate_validated(tmp_path, rate):
     r = run(["agent", "--source", "synthetic", "--rate", rate, "--duration", "1"], tmp_path)
     assert r.returncode == 2 and "--rate" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", [["alerts"], ["trace", "export", "-o", "out.json"]])
+def test_reading_commands_refuse_a_timeout_that_is_not_positive(tmp_path, cmd):
+    r = run([*cmd, "--timeout-s", "-1"], tmp_path)
+    assert r.returncode == 2 and "--timeout-s" in r.stderr and "x>0" in r.stderr and "Traceback" not in r.stderr

@@ -32,6 +32,7 @@ def test_list_names_every_benchmark(tmp_path):
         "agent_throughput",
         "stream_throughput",
         "fold_width",
+        "summary_size",
         "rules_throughput",
         "ttd",
         "width",

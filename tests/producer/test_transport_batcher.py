@@ -1,4 +1,4 @@
-"""Batcher, clock and synthetic source: no broker needed."""
+"""Batcher (one job and one per job), clock and synthetic source: no broker needed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from obshub.core import schema
 from obshub.core.schema import Event, Kind
-from producer.batcher import Batcher
+from producer.batcher import Batcher, JobBatchers
 from producer.clock import ClockTracker, measure, tai_offset_ns
 from producer.synthetic import SyntheticSource
 
@@ -157,3 +157,28 @@ def test_packed_event_larger_than_the_bound_goes_alone():
     sealed = b.add_packed(data, ends) + [b.flush()]
     assert [s.n_events for s in sealed] == [2, 1, 2]
     assert [e.payload for e in schema.decode_batch(sealed[1].value).events] == [big.payload]
+
+
+def test_job_batchers_one_job_per_batch_one_gapless_sequence():
+    jb = JobBatchers("fallback", "host-a", 7, max_bytes=8 * 1024, max_age_ms=50)
+    evs = _events(3_000)
+    sealed = []
+    for i in range(0, 3_000, 500):  # interleaved jobs
+        sealed += jb.of("a" if i % 1000 else "b").add_many(evs[i : i + 500])
+    sealed += jb.fallback.add_many(evs[:10])
+    assert jb.ms_until_due() is not None and jb.open_events > 0
+    sealed += jb.due(time.monotonic_ns() + 10**9)  # all three open batches are due
+    assert jb.open_events == 0 and jb.flush() == []
+    assert sorted(s.seq for s in sealed) == list(range(len(sealed))) and jb.next_seq == len(sealed)
+    per_job: dict[str, int] = {}
+    for s in sealed:
+        d = schema.decode_batch(s.value)
+        assert d.agent_id == jb.agent_id and s.key == b"host-a"
+        per_job[d.job] = per_job.get(d.job, 0) + len(d.events)
+    assert per_job == {"a": 1_500, "b": 1_500, "fallback": 10}
+    events, batches = jb.events, jb.sealed
+    jb.of("a").add_many(evs[:3])
+    last = jb.forget("a")  # its processes are gone: the last batch is sealed, the counters kept
+    assert last is not None and last.seq == len(sealed) and schema.decode_batch(last.value).job == "a"
+    assert (jb.events, jb.sealed) == (events + 3, batches + 1) and "a" not in jb.by_job
+    assert jb.forget("fallback") is None and "fallback" in jb.by_job

@@ -113,10 +113,6 @@ def _ends(kafka, parts: list[int]) -> dict[int, int]:
         c.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="timed out on a fresh-clone run of the whole suite (both engines committing steps 1 and 2), passes alone",
-)
 def test_two_engines_split_jobs_and_survive_a_kill(kafka, unique, tmp_path):
     md = AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10)
     n = len(md.topics[schema.TOPIC_STEPS].partitions)

@@ -1,0 +1,104 @@
+"""Wide step summaries: the per-host layer table only for the hosts that matter, quantiles for all.
+
+A step summary's ``layers`` field (``{host: {layer: {time_ns, count, max_ns}}}``) is about 200 bytes of
+JSON per host: at 4,096 hosts it alone would be some 800 KB, close to the broker's default 1 MB message
+limit. :func:`compact` keeps that field's rows for every host of a narrow step (at most ``full_rows``
+hosts) and, in a wider one, only for the outlier hosts:
+
+- the straggler and every host of its late group, every host named in ``blame`` and in
+  ``evidence.hosts`` (what the detection rules read),
+- the last host to arrive at each collective (``collectives[*].last_host``),
+- per layer, the ``top`` hosts with the largest ``time_ns`` and the ``top`` with the largest ``count``
+  (so a count-only layer such as TCP retransmits shows its worst hosts too),
+- the ``top`` hosts with the longest step time.
+
+Two fields describe every host whatever the width: ``layer_stats`` (per layer: how many hosts reported
+it and the nearest-rank p50/p90/p99/max of ``time_ns`` and of ``count`` over those hosts, the host with the
+largest ``time_ns``) and ``layers_omitted`` (how many hosts' rows ``layers`` leaves out; 0 in a narrow
+step). The other per-host fields (``hosts``, ``expected_hosts``, ``step_time_ns``) stay complete: about
+60 bytes per host, 250 KB at 4,096 hosts. Every event behind a left-out row stays on the events topic,
+where rules with ``signal: events`` and ``obshub trace export`` read it (docs/STREAMS.md "Wide steps").
+"""
+
+from __future__ import annotations
+
+import math
+
+FULL_ROWS = 64  # a step of at most this many hosts keeps every host's layer row
+TOP = 8  # per layer (by time and by count) and by step time: the outlier hosts kept in a wider step
+QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
+
+
+def _rank(values: list[int], q: float) -> int:
+    """Nearest-rank quantile ``q`` (0 < q <= 1) of the sorted non-empty ``values``."""
+    return values[max(0, math.ceil(q * len(values)) - 1)]
+
+
+def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """``{layer: {hosts, time_p50_ns, time_p90_ns, time_p99_ns, time_max_ns, max_host, count_p50,
+    count_p90, count_p99, count_max}}`` over every host of ``layers`` (``summary["layers"]``) that has a
+    row for the layer. Quantiles are nearest-rank (the smallest value with at least q of the hosts at or
+    below it); ``max_host`` is the host with the largest ``time_ns`` (the first by name on a tie). Times in
+    ns, counts in events. O(hosts x layers x log hosts)."""
+    times: dict[str, list[tuple[int, str]]] = {}
+    counts: dict[str, list[int]] = {}
+    for host, row in layers.items():
+        for layer, cell in row.items():
+            times.setdefault(layer, []).append((int(cell["time_ns"]), host))
+            counts.setdefault(layer, []).append(int(cell["count"]))
+    out: dict[str, dict] = {}
+    for layer in sorted(times):
+        t = sorted(x for x, _h in times[layer])
+        c = sorted(counts[layer])
+        top_t = max(x for x, _h in times[layer])
+        st: dict = {"hosts": len(t)}
+        for name, q in QUANTILES:
+            st[f"time_{name}_ns"] = _rank(t, q)
+        st["time_max_ns"] = top_t
+        st["max_host"] = min(h for x, h in times[layer] if x == top_t)
+        for name, q in QUANTILES:
+            st[f"count_{name}"] = _rank(c, q)
+        st["count_max"] = c[-1]
+        out[layer] = st
+    return out
+
+
+def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
+    """The hosts whose layer rows a wide ``summary`` keeps (module docstring): named by the analysis
+    (straggler, late group, blame, evidence, last arrivals) plus the ``top`` largest per layer time, per
+    layer count and by step time."""
+    keep: set[str] = set()
+    strag = summary.get("straggler")
+    if strag:
+        keep.add(strag["host"])
+        keep.update(g["host"] for g in strag.get("group") or ())
+    keep.update(b["host"] for b in summary.get("blame") or ())
+    keep.update((summary.get("evidence") or {}).get("hosts") or {})
+    keep.update(c["last_host"] for c in summary.get("collectives") or () if c.get("last_host"))
+    layers = summary.get("layers") or {}
+    by_layer: dict[str, list[tuple[int, int, str]]] = {}
+    for host, row in layers.items():
+        for layer, cell in row.items():
+            by_layer.setdefault(layer, []).append((int(cell["time_ns"]), int(cell["count"]), host))
+    for rows in by_layer.values():
+        keep.update(h for _t, _c, h in sorted(rows, key=lambda r: (-r[0], r[2]))[:top])
+        keep.update(h for _t, _c, h in sorted(rows, key=lambda r: (-r[1], r[2]))[:top])
+    st = summary.get("step_time_ns") or {}
+    keep.update(h for h, _ns in sorted(st.items(), key=lambda kv: (-kv[1], kv[0]))[:top])
+    return keep & set(layers)
+
+
+def compact(summary: dict, full_rows: int = FULL_ROWS, top: int = TOP) -> dict:
+    """``summary`` (from ``streams.analysis.summarize``, with every host's ``layers`` row) made wide-safe,
+    in place and returned: adds ``layer_stats`` (:func:`layer_stats`, over all hosts) and
+    ``layers_omitted``, and when ``layers`` has more than ``full_rows`` hosts keeps only the rows of
+    :func:`outlier_hosts`. Deterministic; O(hosts x layers x log hosts)."""
+    layers = summary.get("layers") or {}
+    summary["layer_stats"] = layer_stats(layers)
+    if len(layers) <= full_rows:
+        summary["layers_omitted"] = 0
+        return summary
+    keep = outlier_hosts(summary, top)
+    summary["layers"] = {h: layers[h] for h in sorted(keep)}
+    summary["layers_omitted"] = len(layers) - len(keep)
+    return summary

@@ -1,0 +1,102 @@
+"""The agent follows a training process into its own mount namespace (a container): the process runs
+under `unshare --mount` with its own copy of the instrumentation package on a tmpfs that only its
+namespace sees, so the probes the agent attached to its own copy never fire there. The event source
+(only `--registered`) finds the copy in the process's /proc/<pid>/maps, opens it through
+/proc/<pid>/root, attaches the same USDT handlers, and then sees the process register with the job it
+named itself and every one of its steps."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from obshub.core.schema import Kind
+from producer.probes import Target
+from tests.support.probes_util import REPO, Child, drain, event_source, need_bpf
+
+pytestmark = pytest.mark.bpf
+STEPS = 6
+
+# runs in its own mount namespace: a tmpfs at PRIVATE (visible only there) gets a copy of the
+# instrumentation package, which is imported from it
+CHILD = (
+    """
+import os, shutil, subprocess, sys, time
+PRIVATE, REPO = sys.argv[1], sys.argv[2]
+subprocess.run(["mount", "-t", "tmpfs", "obshub-private", PRIVATE], check=True)
+skip = shutil.ignore_patterns("__pycache__")
+os.makedirs(PRIVATE + "/obshub")
+shutil.copy(REPO + "/obshub/__init__.py", PRIVATE + "/obshub/")
+for sub in ("core", "instrument"):
+    shutil.copytree(REPO + "/obshub/" + sub, PRIVATE + "/obshub/" + sub, ignore=skip)
+sys.path.insert(0, PRIVATE)
+from obshub.core.workload import resolve_job
+from obshub.instrument import usdt
+print("ready", usdt.library_path(), flush=True)
+sys.stdin.readline()
+usdt.register(resolve_job()[0], 0, 1, 5, 0)
+for step in range(%d):
+    usdt.step_begin(step, step + 1)
+    time.sleep(0.02)
+    usdt.step_end(step, step + 1)
+print("done", flush=True)
+"""
+    % STEPS
+)
+
+
+def wait_for_followed(src, pid: int, timeout_s: float):
+    """Poll the source (which scans for library copies as it polls) until it followed a copy that
+    process ``pid`` maps; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        src.poll(50)
+        hit = [f for f in src.followed if f.pid == pid]
+        if hit:
+            return hit[0]
+    raise AssertionError(f"no library copy of pid {pid} followed in {timeout_s} s: {src.followed}")
+
+
+def test_training_process_in_its_own_mount_namespace(tmp_path):
+    need_bpf()
+    from obshub.core.usdt import library_path
+
+    if library_path() is None:
+        pytest.skip("obshub.instrument._usdt is not built")
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    private = tmp_path / "private"
+    private.mkdir()
+    child = Child(
+        CHILD.replace("sys.argv[1], sys.argv[2]", f"{str(private)!r}, {str(REPO)!r}"),
+        prefix=["unshare", "--mount", "--propagation", "private"],
+        env={"OBSHUB_JOB": "mntns-job", "PYTHONPATH": ""},
+    )
+    try:
+        with event_source(
+            tmp_path,
+            Target(registered=True),
+            probes=("pytorch",),
+            usdt_library=library_path(),
+            follow_scan_ms=100,
+        ) as (src, table):
+            assert all(s.attached for s in table), table
+            line = child.proc.stdout.readline().split()
+            assert line[:1] == ["ready"], (line, child.proc.stderr.read() if child.proc.poll() is not None else "")
+            inside = line[1]
+            assert inside.startswith(str(private)) and not list(private.iterdir())  # invisible from here
+            followed = wait_for_followed(src, child.pid, 20)
+            assert followed.attached and followed.key == "usdt", followed
+            assert followed.path == inside and followed.host_path == f"/proc/{child.pid}/root{inside}"
+            child.go()
+            events = drain(src, 20, until=lambda evs: sum(e.kind == Kind.STEP_END for e in evs) >= STEPS)
+            assert child.wait().split() == ["done"]
+            regs = src.registrations()
+    finally:
+        child.kill()
+    mine = [e for e in events if e.pid == child.pid]
+    assert [r["job"] for r in regs if r["pid"] == child.pid] == ["mntns-job"]
+    assert sorted(e.step for e in mine if e.kind == Kind.STEP_BEGIN) == list(range(STEPS))
+    assert sorted(e.step for e in mine if e.kind == Kind.STEP_END) == list(range(STEPS))
