@@ -64,8 +64,9 @@ class Thresholds:
     - ``spread_min_ns`` / ``spread_rel`` / ``spread_q``: the job's recent spread of lateness is the
       ``spread_q`` quantile (nearest rank) of the largest lateness per step over the baseline's steps,
       at least ``max(spread_min_ns, spread_rel * baseline median step time)`` (``baseline``).
-    - ``evidence_clip``: one step's evidence is clipped to ``[0, evidence_clip]`` spreads, so that a
-      single freak step cannot cross the rules' CUSUM threshold alone (docs/ANALYSIS.md).
+    - ``evidence_clip``: one step's evidence is clipped to ``[0, evidence_clip]`` spreads: with the
+      rules' CUSUM (drift 1.5, threshold 5) a step fires alone only from 6.5 spreads, and the clip bounds
+      what one step can add (docs/ANALYSIS.md "The test: Page's CUSUM").
     - ``rtt_scale_ns``: the smallest RTT scale of the network evidence (``(rtt - peers) / max(peers,
       rtt_scale_ns)``).
     - ``hang_min_ns`` / ``hang_factor``: a rank hangs when others arrived at a collective it never reached
@@ -89,7 +90,7 @@ class Thresholds:
     spread_min_ns: int = 2_000_000
     spread_rel: float = 0.02
     spread_q: float = 0.9
-    evidence_clip: float = 4.0
+    evidence_clip: float = 7.0
     rtt_scale_ns: int = 2_000_000
     hang_min_ns: int = 3_000_000_000
     hang_factor: float = 3.0

@@ -340,7 +340,7 @@ def test_evidence_counts_a_lower_layer_only_as_far_as_it_made_the_host_late():
     hist = [[s, 100 * MS, 4 * MS] for s in range(20)]
     sched = {"sched": [60 * MS, 10, 5 * MS]}
     quiet = {"sched": [1 * MS, 10, 1 * MS]}
-    # c is 40 ms late and has 59 ms of extra run-queue time: sched evidence = min(40, 59) / 4 ms, clipped to 4
+    # c is 40 ms late and has 59 ms of extra run-queue time: sched evidence = min(40, 59) / 4 ms, clipped to 7
     accs = {
         "a": _coll_acc("a", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
         "b": _coll_acc("b", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=quiet),
@@ -359,7 +359,7 @@ def test_evidence_counts_a_lower_layer_only_as_far_as_it_made_the_host_late():
     )
     assert s["baseline"]["spread_ns"] == 4 * MS and s["late_max_ns"] == 40 * MS
     assert s["evidence"]["hosts"] == {
-        "c": {"sched": 4.0, "memory": 0.0, "cuda": 0.0, "nic": 0.0, "network": 0.0, "pytorch": 0.0}
+        "c": {"sched": 7.0, "memory": 0.0, "cuda": 0.0, "nic": 0.0, "network": 0.0, "pytorch": 0.0}
     }
     # a victim with the same run-queue excess that arrived on time: no evidence against it
     victim = dict(accs, a=_coll_acc("a", 100 * MS, {0: (10 * MS, 41 * MS)}, layers=sched))
@@ -374,7 +374,7 @@ def test_evidence_counts_a_lower_layer_only_as_far_as_it_made_the_host_late():
         closed_at_ns=0,
         th=th,
     )
-    assert "a" not in s["evidence"]["hosts"] and s["evidence"]["hosts"]["c"]["sched"] == 4.0
+    assert "a" not in s["evidence"]["hosts"] and s["evidence"]["hosts"]["c"]["sched"] == 7.0
     # without a baseline the lateness-based evidence is off (start-up steps are noisy)
     s = analysis.summarize(
         "j",
@@ -403,7 +403,7 @@ def test_network_evidence_names_the_host_behind_a_slow_link():
     ev = analysis.evidence(
         accs, dict.fromkeys(accs, 0), analysis.layer_table(accs), {"n": 0, "spread_ns": MS}, analysis.Thresholds()
     )
-    assert list(ev["hosts"]) == ["n2"] and ev["hosts"]["n2"]["network"] == 4.0
+    assert list(ev["hosts"]) == ["n2"] and ev["hosts"]["n2"]["network"] == 7.0
 
 
 def test_spread_is_a_high_quantile_of_the_lateness_so_heavy_tailed_noise_stays_below_it():
@@ -482,7 +482,7 @@ def test_a_host_late_from_its_own_cpu_keeps_sched_evidence_when_its_connections_
     assert ev["hosts"]["n2"]["sched"] == 3.0 and ev["hosts"]["n2"]["network"] == 0.0
     behind_slow_link = accs_with(6 * MS)  # 1 ms over its peers: 0.1 spread of sched
     ev = analysis.evidence(behind_slow_link, late, analysis.layer_table(behind_slow_link), bl, th)
-    assert ev["hosts"]["n2"]["network"] == 4.0 and ev["hosts"]["n2"]["sched"] == 0.0
+    assert ev["hosts"]["n2"]["network"] == 7.0 and ev["hosts"]["n2"]["sched"] == 0.0
 
 
 def test_hang_check_names_the_silent_rank_that_never_arrived():
