@@ -30,6 +30,7 @@ sequences, the fold ignores batch ids it already merged (docs/STREAMS.md, "Guara
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -140,6 +141,8 @@ async def read_range(
     within ``timeout_s``, returns what was read and logs an error naming the offsets that stay unread."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    if first >= end:
+        return []
     c = AIOKafkaConsumer(
         **kafka.aiokafka_kwargs(conn),
         group_id=None,
@@ -163,7 +166,13 @@ async def read_range(
             got = await c.getmany(tp, timeout_ms=500)
             out.extend(r for r in got.get(tp, ()) if first <= r.offset < end)
     finally:
-        await c.stop()
+        try:
+            await c.stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled (the worker stops)
+            # else aiokafka's own: stop() can re-raise the cancellation of its internal no-group task
     if pos < end:
         log.error(
             "could not read offsets %d..%d of %s[%d] again within %.0f s: they stay unprocessed",

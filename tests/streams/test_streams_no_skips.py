@@ -96,6 +96,20 @@ def test_offset_guard_reports_exactly_the_skipped_ranges():
 
 
 @pytest.mark.kafka
+def test_read_range_returns_exactly_the_offsets_asked_for(kafka, unique):
+    import asyncio
+
+    from obshub.core import kafka as kafka_conf
+
+    topic = testkit.make_topics(kafka, f"rr-{unique}", partitions=1).events
+    testkit.publish(kafka, topic, [(b"k", f"v{i}".encode()) for i in range(10)])
+    conn = kafka_conf.KafkaConnection(bootstrap=kafka.bootstrap_servers)
+    for first, end in ((3, 7), (0, 10), (9, 10), (5, 5)):  # each read by a consumer of its own
+        got = asyncio.run(reread.read_range(conn, topic, 0, first, end))
+        assert [(r.offset, r.value) for r in got] == [(i, f"v{i}".encode()) for i in range(first, end)]
+
+
+@pytest.mark.kafka
 def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, unique):
     tag = f"sk-{unique}"
     topics = testkit.make_topics(kafka, tag, partitions=4)
