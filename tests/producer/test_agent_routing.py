@@ -9,11 +9,13 @@ from __future__ import annotations
 from array import array
 
 import msgpack
+from prometheus_client import generate_latest
 
 from obshub.core import schema
 from obshub.core.schema import Event, Kind
 from obshub.core.settings import agent_config
 from producer.agent import HOST_KINDS, Agent
+from producer.agent_metrics import make_registry
 from producer.reader import PackedRun
 from producer.synthetic import SyntheticSource
 
@@ -61,6 +63,9 @@ def test_events_are_filed_under_the_job_of_their_process(tmp_path):
         )
         assert agent.job_of_pid == {A: "job-a", B: "job-b"}
         assert _open(agent) == {"fallback": 3, "job-a": 4, "job-b": 3}
+        metrics = generate_latest(make_registry(agent)).decode()
+        for job in ("job-a", "job-b"):
+            assert f'obshub_agent_job_processes{{host="h-route",training_job="{job}"}} 1.0' in metrics
 
         evs = [_ev(Kind.STEP_END, p) for p in (A, A, B, OTHER, A)]
         packed = [msgpack.packb(list(e)) for e in evs]
