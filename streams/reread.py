@@ -15,10 +15,9 @@ partition moved. The worker cannot prevent it inside Faust, so it checks every r
 - at the first record of a partition in a consumer generation, from ``start(partition)`` when given: for
   the input topic :func:`next_input_offset`, the changelog-backed record of what any worker of the app
   processed (so a commit that passed unprocessed records is caught after a rebalance too);
-- for the internal topic (no per-partition record in the tables), from :func:`track_seeks`: the
-  committed offset the consumer sought to in this generation when that seek came before the record, so
-  a jump at the start of a generation inside this worker is caught, not a previous owner's commit
-  across a gap;
+- for the internal topic, the ``folded`` table (per partition, the offset after the last record the
+  fold processed); for a partition without that record yet, :func:`track_seeks`: the committed offset
+  the consumer sought to in this generation when that seek came before the record;
 - within a generation, the previous record's offset + 1.
 
 A record beyond that reveals a skipped range ``[expected, offset)``; the agent reads it again with

@@ -3,7 +3,9 @@ rebalances), then the app scales to zero while the job goes on and the group's c
 input partition is moved past records no worker processed (what a consumer that skipped them and
 committed across the gap leaves behind, docs/STREAMS.md "No silent skips"). The restarted worker must
 notice the range from its changelog-backed tables, read it again and summarise every step exactly once
-with every batch counted (real broker, real ``obshub streams worker`` processes)."""
+with every batch counted. On the internal topic the committed offset is moved past copies of records
+the fold already processed: the worker must read them again and still summarise nothing twice (real
+broker, real ``obshub streams worker`` processes)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,30 @@ def _commit_past(settings, group: str, topic: str, partition: int, offset: int, 
 class _TP:
     def __init__(self, partition: int) -> None:
         self.topic, self.partition = "in", partition
+
+
+def _append_copies(settings, topic: str, partition: int, n: int) -> tuple[int, int]:
+    """Append copies of the last ``n`` records of ``topic[partition]`` to it (records the fold already
+    processed). Returns the partition's end offset before and after."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"cp-{uuid.uuid4().hex}"})
+    try:
+        end = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
+        c.assign([TopicPartition(topic, partition, end - n)])
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m)
+    finally:
+        c.close()
+    p = testkit.producer(settings)
+    for m in got:
+        p.produce(topic, key=m.key(), value=m.value(), partition=partition)
+    assert p.flush(30) == 0 and len(got) == n
+    return end, end + n
 
 
 def test_next_input_offset_is_one_past_the_highest_processed_offset_of_the_partition():
@@ -162,6 +188,10 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
     skipped = (after[p] - before[p]) // 2
     assert skipped >= 2, f"too few new records in partition {p}: {before} -> {after}"
     _commit_past(kafka, app, topics.events, p, before[p] + skipped)
+    # the same on the internal topic: its commit passes copies of records the fold already processed
+    internal = f"{app}-steps"
+    folded_end, copied_end = _append_copies(kafka, internal, 0, 6)
+    _commit_past(kafka, app, internal, 0, copied_end)
     w2 = testkit.Worker(topics, app, 422, tmp_path / "w2.log", window_s=60.0)
     try:
         _wait_settled(w2)
@@ -181,3 +211,5 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
         rf"read (\d+) records of {re.escape(topics.events)}\[{p}\] again \(offsets (\d+)\.\.(\d+)\)", log
     )
     assert (str(skipped), str(before[p]), str(before[p] + skipped - 1)) in reread, log[-3000:]
+    again = re.findall(rf"read (\d+) records of {re.escape(internal)}\[0\] again \(offsets (\d+)\.\.(\d+)\)", log)
+    assert any(int(n) >= 6 and int(a) <= folded_end and int(b) == copied_end - 1 for n, a, b in again), log[-3000:]
