@@ -13,7 +13,9 @@ Steps (each failure says "Failed to ..." with the value that was wrong):
 5. poll     - drain the ring buffer in batches (``producer._ring``: its own mmap of the ring, records
               encoded to msgpack in C, the rest decoded by producer/reader.py), wait on its fd with a
               timeout when it is empty, refresh the target every ``target_refresh_ms``, poll sysfs
-              counters every ``sysfs_interval_ms``;
+              counters every ``sysfs_interval_ms``, follow copies of the instrumentation and of the
+              probed libraries that processes map elsewhere (another mount namespace, another
+              install) every ``follow_scan_ms`` (:meth:`BpfEventSource.follow`);
 6. close    - detach everything, free the maps.
 """
 
@@ -21,19 +23,37 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from obshub.core.schema import Event, Kind, Layer
 from obshub.core.settings import Settings
-from producer import kheaders
+from producer import discovery, kheaders
 from producer import probes as cat
 from producer.errors import ProbeError
 from producer.probes import ProbeOptions, ProbeStatus, Target, Tracepoint, Uprobe, Usdt
 from producer.reader import DECODE_ALL_TABLE, EVENT_SIZE, PACKED_TABLE, Decoder, packed_run
 from producer.sysfs_poller import SysfsPoller
+
+log = logging.getLogger("obshub.agent")
+
+
+@dataclass(frozen=True)
+class Followed:
+    """A copy of the instrumentation library (``key`` "usdt") or of a probed library (a
+    :data:`producer.probes.LIBRARIES` key) found mapped by process ``pid`` at ``path`` (in its mount
+    namespace) and opened by the agent at ``host_path``: ``attached``, or not and ``reason``."""
+
+    key: str
+    pid: int
+    path: str
+    host_path: str
+    attached: bool
+    reason: str
 
 
 class _Plan:
@@ -198,6 +218,12 @@ class BpfEventSource:
         self._sysfs: SysfsPoller | None = None
         self._decoder: Decoder | None = None
         self._ring = None
+        self._usdt_text = ""  # the argument readers bcc generated for the USDT probes
+        self._usdt_fns: list[tuple[str, str]] = []  # (probe, handler) enabled
+        self._scanner: discovery.LibraryScanner | None = None
+        self._next_follow = 0.0
+        self.followed: list[Followed] = []
+        self.libs: dict[str, Path] = {}  # lib key -> the path the uprobes were attached to at start
         self.source_text = ""
         self.flags: list[str] = []
         self.extra_source = ""  # C appended to bpf/obshub.c (benchmarks' own handlers; they see common.h)
@@ -210,6 +236,7 @@ class BpfEventSource:
             cat.cgroup_procs(self.target.cgroup)  # fail early, with the path, when it does not exist
         tracefs, _ = kheaders.ensure_tracefs()
         pl = plan(self.options, self.target, tracefs)
+        self.libs = dict(pl.libs)
         skipped = dict(pl.skipped)
         bpf_probes = [p for p in pl.probes if p.mechanism != "sysfs"]
         layers = {p.c_layer for p in bpf_probes}
@@ -245,7 +272,94 @@ class BpfEventSource:
             for p in selected_probes(self.options)
         ]
         self._refresh_target(force=True)
+        self._start_follow(pl)
         return list(self._statuses)
+
+    # -- following copies of the libraries -----------------------------------------------------------
+    def _start_follow(self, pl: _Plan) -> None:
+        """Set up the scanner for copies of the attached USDT library and uprobe libraries."""
+        if self._bpf is None or not self.options.follow_scan_ms:
+            return
+        patterns: dict[str, tuple[str, ...]] = {}
+        known = []
+        if self._usdt_fns and pl.usdt_lib is not None:
+            patterns["usdt"] = tuple({pl.usdt_lib.name, "_usdt*.so"})
+            known.append(discovery.file_identity(pl.usdt_lib))
+        for p in cat.PROBES:
+            if p.name in self._attached:
+                for ap in p.attach:
+                    if isinstance(ap, Uprobe) and ap.lib != "verbs":
+                        patterns[ap.lib] = cat.LIBRARIES[ap.lib]
+                        known.append(discovery.file_identity(pl.libs[ap.lib]))
+        if not patterns:
+            return
+        t = self.target
+        pids = None if t.watch_all or t.registered else (lambda: cat.resolve_pids(self.target))
+        self._scanner = discovery.LibraryScanner(
+            patterns, [k for k in known if k is not None], pids=pids, settle_key="usdt" if "usdt" in patterns else None
+        )
+        self.follow()
+
+    def follow(self) -> list[Followed]:
+        """Scan the processes (all of them for ``--registered``, else the target's) for copies of the
+        instrumentation library or of a probed library that the probes do not cover yet (a container's
+        own install: a path in another mount namespace, opened through ``/proc/<pid>/root``; or another
+        install on this host) and attach the same handlers to each. A USDT copy is attached only when
+        bcc generates the same argument readers for it (the same probes with the same argument
+        locations), else it is reported with the reason. Called by the poll every ``follow_scan_ms``;
+        returns what this call found (also appended to :attr:`followed` and logged)."""
+        if self._scanner is None or self._bpf is None:
+            return []
+        self._next_follow = time.monotonic() + self.options.follow_scan_ms / 1000
+        found = []
+        for key, m in self._scanner.scan():
+            reason = self._attach_copy(key, m)
+            f = Followed(key, m.pid, m.path, str(m.host_path), not reason, reason)
+            found.append(f)
+            if reason:
+                log.warning("not following %s of pid %d (%s): %s", key, m.pid, m.path, reason)
+            else:
+                log.info("following %s of pid %d: %s (as %s)", key, m.pid, m.path, m.host_path)
+        self.followed.extend(found)
+        return found
+
+    def _attach_copy(self, key: str, m: discovery.Mapped) -> str:
+        """Attach the handlers of ``key`` to the copy ``m``; '' or why not."""
+        b = self._bpf
+        path = str(m.host_path)
+        if key == "usdt":
+            from bcc import USDT
+
+            try:
+                u = USDT(path=path)
+                for probe, fn in self._usdt_fns:
+                    u.enable_probe(probe=probe, fn_name=fn)
+                if u.get_text() != self._usdt_text:
+                    return "its USDT probes read their arguments from other places (another build)"
+                for binpath, fn, addr, _pid in u.enumerate_active_probes():
+                    b.attach_uprobe(name=binpath, fn_name=fn, addr=addr, pid=-1)
+            except Exception as exc:
+                return f"Failed to attach the USDT probes: {exc}"
+            return ""
+        attached, failed = 0, []
+        for p in cat.PROBES:
+            if p.name not in self._attached:
+                continue
+            for ap in p.attach:
+                if not (isinstance(ap, Uprobe) and ap.lib == key):
+                    continue
+                if not cat.has_symbol(m.host_path, ap.symbol):  # another version of the library
+                    failed.append(f"{ap.symbol} not in it")
+                    continue
+                try:
+                    attach = b.attach_uretprobe if ap.ret else b.attach_uprobe
+                    attach(name=path.encode(), sym=ap.symbol.encode(), fn_name=ap.fn.encode())
+                    attached += 1
+                except Exception as exc:
+                    failed.append(f"Failed to attach {ap.name}: {exc}")
+        if failed:
+            log.warning("library %s of pid %d: %s", m.path, m.pid, "; ".join(failed))
+        return "" if attached else "; ".join(failed) or "no attached probe uses it"
 
     def _compile(self, pl: _Plan, layers: set[str], skipped: dict[str, str]) -> set[str]:
         """Compile the layers; when the whole fails, find the layers that fail alone and drop them."""
@@ -279,11 +393,12 @@ class BpfEventSource:
         usdt = []
         if "PYTORCH" in layers and pl.usdt_lib is not None:
             u = USDT(path=str(pl.usdt_lib))
-            for p in pl.probes:
-                for ap in p.attach:
-                    if isinstance(ap, Usdt):
-                        u.enable_probe(probe=ap.probe, fn_name=ap.fn)
+            fns = [(ap.probe, ap.fn) for p in pl.probes for ap in p.attach if isinstance(ap, Usdt)]
+            for probe, fn in fns:
+                u.enable_probe(probe=probe, fn_name=fn)
             usdt.append(u)
+            if keep:
+                self._usdt_text, self._usdt_fns = u.get_text(), fns
         if keep:
             self.flags = flags
             self.source_text = render_source(flags)
@@ -393,6 +508,8 @@ class BpfEventSource:
         reader encode. A record waits in the ring at most about one ``timeout_ms`` (the agent passes the
         time until its open batch is due, at most the batch age bound)."""
         self._refresh_target()
+        if self._scanner is not None and time.monotonic() >= self._next_follow:
+            self.follow()
         out = self._pending
         self._pending = []
         if self._sysfs is not None:

@@ -598,7 +598,9 @@ class ProbeOptions:
     about 365,000 records: 365 ms of a 1,000,000 events/s burst while the agent's thread waits for a CPU;
     16 MiB lost events at that rate on a busy 2-core machine, bench/agent_throughput.py);
     ``sysfs_root``/``sysfs_interval_ms``: the sysfs poller; ``target_refresh_ms``: how often the cgroup's
-    processes are re-read; ``debug_ebpf``: print the final C and flags to stderr.
+    processes are re-read; ``follow_scan_ms``: how often processes are scanned for copies of the
+    instrumentation and probed libraries in other mount namespaces or paths (producer/discovery.py; 0 =
+    never); ``debug_ebpf``: print the final C and flags to stderr.
     Raises :class:`producer.errors.ProbeError` for an invalid value."""
 
     probes: tuple[str, ...] = ()
@@ -612,6 +614,7 @@ class ProbeOptions:
     sysfs_root: Path = Path("/")
     sysfs_interval_ms: int = 1000
     target_refresh_ms: int = 500
+    follow_scan_ms: int = 1000
     debug_ebpf: bool = False
 
     def __post_init__(self):
@@ -726,9 +729,14 @@ def mapped_files(pid: int) -> set[str]:
 
 
 def find_libraries(options: ProbeOptions, pids: set[int]) -> dict[str, Path]:
-    """lib key (:data:`LIBRARIES`) -> path: first what the target processes have mapped, then the first
-    match in ``options.lib_dirs``; ``options.verbs_library`` wins for ``verbs``."""
-    mapped = set().union(*(mapped_files(p) for p in pids)) if pids else set()
+    """lib key (:data:`LIBRARIES`) -> path: first what the target processes have mapped (a process in
+    another mount namespace: through ``/proc/<pid>/root``), then the first match in ``options.lib_dirs``;
+    ``options.verbs_library`` wins for ``verbs``."""
+    from producer.discovery import agent_path, mount_ns
+
+    own = mount_ns()
+    # a path as the process sees it -> where the agent opens it (through /proc/<pid>/root in a container)
+    mapped = {m: agent_path(p, m, own) for p in sorted(pids or ()) for m in mapped_files(p)}
     out: dict[str, Path] = {}
     for key, patterns in LIBRARIES.items():
         if key == "verbs" and options.verbs_library is not None:
@@ -736,7 +744,7 @@ def find_libraries(options: ProbeOptions, pids: set[int]) -> dict[str, Path]:
             continue
         hit = sorted(m for m in mapped if any(fnmatch.fnmatch(os.path.basename(m), pat) for pat in patterns))
         if hit:
-            out[key] = Path(hit[0])
+            out[key] = mapped[hit[0]]
             continue
         for d in options.lib_dirs:
             found = sorted(q for pat in patterns for q in Path(d).glob(pat) if q.is_file())

@@ -37,24 +37,76 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import faust
+import faust.streams
 from faust.types import TP
 
 from obshub.core import kafka, schema
 from obshub.core.settings import STREAMS
 from obshub.core.topics import replication_factor
 from streams import analysis, reread, wire
-from streams.fold import Fold
+from streams.fold import Fold, WriteBack
 from streams.ingest import Ingest
 from streams.metrics import WorkerMetrics
-from streams.topics import TABLES
+from streams.topics import TABLES, partition_of
 
 log = logging.getLogger("obshub.streams")
 
 READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
+TAKE_MAX = 256  # messages an agent takes from its stream per round
+TAKE_WITHIN_S = 0.05  # ... or what arrived within this long
+BATCH_MAX_BYTES = 512 * 1024  # one internal batch message at most (the topic's default limit is 1 MB)
+
+
+def _as_current(event) -> None:
+    """Make ``event`` Faust's current event: a table write goes to the changelog partition of the
+    current event's message, so in a round of several messages each write names its own."""
+    faust.streams._current_event.set(weakref.ref(event))
+
+
+class _Outbox:
+    """Internal messages of one agent round, per destination partition, sent as ``{"t": "batch", "msgs":
+    [msgpack bytes, ...]}`` messages of at most ``BATCH_MAX_BYTES`` (``Fold.apply_batch`` applies them
+    in order): one Kafka message per partition and round instead of one per host-step part."""
+
+    def __init__(self, partitions: int):
+        self.partitions = partitions
+        self.msgs: dict[int, list[bytes]] = {}
+        self.size: dict[int, int] = {}
+        self.seen: set[bytes] = set()
+
+    def add(self, p: int, value: dict, raw: bytes | None = None) -> None:
+        raw = raw if raw is not None else wire.packb(value)
+        self.msgs.setdefault(p, []).append(raw)
+        self.size[p] = self.size.get(p, 0) + len(raw)
+
+    def broadcast(self, value: dict) -> None:
+        raw = wire.packb(value)
+        if raw in self.seen:  # the same registration twice in one round changes nothing
+            return
+        self.seen.add(raw)
+        for p in range(self.partitions):
+            self.add(p, value, raw)
+
+    async def send(self, rep) -> None:
+        for p, msgs in sorted(self.msgs.items()):
+            chunk: list[bytes] = []
+            size = 0
+            for raw in msgs:
+                if chunk and size + len(raw) > BATCH_MAX_BYTES:
+                    await rep.send(key=b"batch", value={"t": "batch", "msgs": chunk}, partition=p)
+                    chunk, size = [], 0
+                chunk.append(raw)
+                size += len(raw)
+            if chunk:
+                await rep.send(key=b"batch", value={"t": "batch", "msgs": chunk}, partition=p)
+        self.msgs.clear()
+        self.size.clear()
+        self.seen.clear()
 
 
 @dataclass
@@ -195,7 +247,7 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
         lambda p: reread.next_input_offset(tables["agents"], tables["inputs"], p),
     )
 
-    async def one(msg) -> None:
+    async def one(msg, box: _Outbox) -> None:
         r = ing.handle(msg.value, msg.topic, msg.partition, msg.offset)
         if r.error is not None:
             tables["inputs"][str(msg.partition)] = msg.offset + 1  # what was processed, for OffsetGuard
@@ -218,28 +270,44 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             m.lag_s.set(max(0.0, time.time() - r.sent_ns / 1e9))
         for what, key, value in r.sends:
             if what == "broadcast":
-                for p in range(cfg.partitions):
-                    await rep.send(key=key.encode(), value=value, partition=p)
+                box.broadcast(value)
             else:
-                await rep.send(key=key.encode(), value=value)
+                box.add(partition_of(key.encode(), cfg.partitions), value)
 
     done: dict = {}  # input TP -> next offset after the last message fully processed by this process
+    agents = tables["agents"]
 
     @app.agent(src, name="ingest")
     async def ingest(stream):
-        async for event in stream.events():
-            msg = event.message
-            try:
-                gap = guard.check(msg.tp, msg.offset, msg.generation_id)
-                if gap is not None:  # skipped by the consumer: processed first (streams/reread.py)
-                    for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
-                        await one(rec)
-                await one(msg)
-            except Exception:  # a bug must not stop the worker; the message is logged with its position
-                log.exception(
-                    "ingest failed on %s[%d]@%d", event.message.topic, event.message.partition, event.message.offset
-                )
-            done[event.message.tp] = event.message.offset + 1
+        # One round = up to TAKE_MAX input messages: their parts leave as one internal message per fold
+        # partition, and each agent's sequence record is written once (Faust acks the round's messages
+        # after this body, and commits only after the producer flushed what the round sent).
+        box = _Outbox(cfg.partitions)
+        async for events in stream.take_events(TAKE_MAX, within=TAKE_WITHIN_S):
+            ing.agents = cache = WriteBack(agents)
+            last = {}  # input partition -> the round's last event from it (the agents table's partition)
+            for event in events:
+                msg = event.message
+                last[msg.partition] = event
+                try:
+                    _as_current(event)  # the inputs table's writes go to this record's partition
+                    gap = guard.check(msg.tp, msg.offset, msg.generation_id)
+                    if gap is not None:  # skipped by the consumer: processed first (streams/reread.py)
+                        for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
+                            _as_current(event)
+                            await one(rec, box)
+                    _as_current(event)
+                    await one(msg, box)
+                except Exception:  # a bug must not stop the worker; the message is logged with its position
+                    log.exception("ingest failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+            ing.agents = agents
+            for aid, st in cache.dirty.items():
+                _as_current(last.get(st["partition"], events[-1]))
+                agents[aid] = st
+            cache.dirty.clear()
+            await box.send(rep)
+            for event in events:
+                done[event.message.tp] = event.message.offset + 1
 
     @app.timer(0.5)
     async def progress():
@@ -264,38 +332,51 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 await rep.send(key=b"read", value={"t": "read", "read": read}, partition=p)
 
 
-def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
-    """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts."""
+def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded) -> None:
+    """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts.
+    ``folded``: the table of the next internal offset to process per partition (``streams.reread``)."""
     out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
     conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
-    guard = reread.OffsetGuard("fold", m.consumer_skips.inc)  # within a consumer generation
+    sought = reread.track_seeks(app)
+
+    def start(p: int) -> int | None:  # what any worker folded; else where this generation's seek went
+        v = folded.get(str(p))
+        return int(v) if v is not None else sought(TP(rep.get_topic_name(), p))
+
+    guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start)
     codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
 
-    async def one(value, partition: int) -> None:
-        for what, job, v in fold.apply(value, partition):
+    async def one(value, event, box: _Outbox) -> None:
+        _as_current(event)  # the fold's table writes go to this message's partition
+        for what, job, v in fold.apply(value, event.message.partition):
             if what == "summary":
                 await out.send(key=job.encode(), value=json.dumps(v, sort_keys=True, separators=(",", ":")).encode())
                 m.results.observe(v)
             else:
-                for p in range(cfg.partitions):
-                    await rep.send(key=job.encode(), value=v, partition=p)
+                box.broadcast(v)
 
     @app.agent(rep, name="fold")
     async def fold_agent(stream):
-        async for event in stream.events():
-            msg = event.message
-            try:
-                gap = guard.check(msg.tp, msg.offset, msg.generation_id)
-                if gap is not None:
-                    for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
-                        value = codec.loads(rec.value)
-                        if isinstance(value, dict):
-                            await one(value, rec.partition)
-                await one(event.value, msg.partition)
-            except Exception:
-                log.exception(
-                    "fold failed on %s[%d]@%d", event.message.topic, event.message.partition, event.message.offset
-                )
+        # One round = up to TAKE_MAX internal messages; the history entries of the steps it closed leave
+        # as one internal message per partition. Each message's table writes go to its own partition.
+        box = _Outbox(cfg.partitions)
+        async for events in stream.take_events(TAKE_MAX, within=TAKE_WITHIN_S):
+            for event in events:
+                msg = event.message
+                try:
+                    gap = guard.check(msg.tp, msg.offset, msg.generation_id)
+                    if gap is not None:
+                        for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
+                            value = codec.loads(rec.value)
+                            if isinstance(value, dict):
+                                await one(value, event, box)
+                    await one(event.value, event, box)
+                except Exception:
+                    log.exception("fold failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+            await box.send(rep)
+            for event in {e.message.partition: e for e in events}.values():  # each partition's last
+                _as_current(event)
+                folded[str(event.message.partition)] = event.message.offset + 1
 
 
 def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
@@ -415,7 +496,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     tables["parts"].on_recover(forget)
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
     _add_ingest(app, cfg, m, tables, rep, rate)
-    _add_fold(app, cfg, m, fold, rep)
+    _add_fold(app, cfg, m, fold, rep, tables["folded"])
     _add_expiry(app, cfg, m, fold, rep, rate)
     _add_watch(app, cfg, m, fold, rep)
     app.obshub_tables = tables

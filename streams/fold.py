@@ -45,7 +45,7 @@ import time
 import zlib
 from typing import Any, Callable, Iterator, MutableMapping
 
-from streams import accumulate, analysis
+from streams import accumulate, analysis, wire
 
 log = logging.getLogger("obshub.streams")
 
@@ -64,6 +64,60 @@ def bucket_of(host: str) -> int:
 def bid_digest(bid: str) -> bytes:
     """The 8-byte BLAKE2b digest of a batch id ``"<agent_id>:<seq>"`` (as kept in ``closed``)."""
     return hashlib.blake2b(bid.encode(), digest_size=8).digest()
+
+
+_GONE = object()
+_UNSET = object()
+
+
+class WriteBack:
+    """A write-back view of one table for the messages of one internal batch (``Fold.apply_batch``):
+    reads see the batch's own writes, :meth:`flush` writes each changed key to ``table`` once (its last
+    value), and a key deleted before it ever reached the table costs nothing. Not thread-safe; every
+    write happens in :meth:`flush`, which the caller runs with the batch's partition as the current
+    event (so each changelog record goes to that partition)."""
+
+    def __init__(self, table: MutableMapping):
+        self.table = table
+        self.dirty: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.dirty.get(key, _UNSET)
+        if v is _UNSET:
+            return self.table.get(key, default)
+        return default if v is _GONE else v
+
+    def __getitem__(self, key: str) -> Any:
+        v = self.get(key, _UNSET)
+        if v is _UNSET:
+            raise KeyError(key)
+        return v
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.dirty[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self.dirty[key] = _GONE
+
+    def items(self) -> list[tuple[str, Any]]:
+        """Every (key, value) as the table will hold them after :meth:`flush`."""
+        merged = dict(self.table.items())
+        for k, v in self.dirty.items():
+            if v is _GONE:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        return list(merged.items())
+
+    def flush(self) -> None:
+        """Write every changed key to the table once; delete only keys the table holds."""
+        for k, v in self.dirty.items():
+            if v is _GONE:
+                if self.table.get(k) is not None:
+                    del self.table[k]
+            else:
+                self.table[k] = v
+        self.dirty.clear()
 
 
 def _new_job() -> dict:
@@ -153,6 +207,8 @@ class Fold:
         t = v.get("t")
         if t == "part":
             return self.part(v, p)
+        if t == "batch":
+            return self.apply_batch(v["msgs"], p)
         if t == "host":
             self.host(v, p)
         elif t == "hist":
@@ -185,6 +241,28 @@ class Fold:
                 log.info("closing %s by window (%d hosts ended)", v["key"], self._ended(v["key"], st, p))
                 return self.close(v["key"], st, p, "window")
         return []
+
+    def apply_batch(self, msgs: list[bytes], p: int) -> list[Emit]:
+        """Apply the internal messages ``msgs`` (each msgpack bytes of one message, in order) of partition
+        ``p`` as one unit: every table write goes through a :class:`WriteBack` and reaches the table once
+        per key at the end, so a step that opens and closes within the batch writes only its ``closed``
+        record, and the ``jobs`` record is written once however many history entries arrived. A message
+        that fails (a bug) is logged and skipped, like a single message would be; the others still apply."""
+        real = (self.parts, self.steps, self.members, self.jobs, self.closed)
+        caches = tuple(WriteBack(t) for t in real)
+        self.parts, self.steps, self.members, self.jobs, self.closed = caches
+        out: list[Emit] = []
+        try:
+            for raw in msgs:
+                try:
+                    out.extend(self.apply(wire.unpackb(raw), p))
+                except Exception:
+                    log.exception("fold failed on one message of a batch of partition %d", p)
+        finally:
+            self.parts, self.steps, self.members, self.jobs, self.closed = real
+            for c in caches:
+                c.flush()
+        return out
 
     def open_steps(self) -> Iterator[tuple[str, dict]]:
         """``(job|step, step record)`` of every open step held by this process (all its partitions)."""

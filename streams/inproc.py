@@ -8,19 +8,19 @@ changelog, late data). What it leaves out: the transport (consumer, producer, co
     pipe = InProcess(partitions=4)
     for key, value in messages:              # agent batches as (key, msgpack bytes)
         pipe.feed(value)
+    pipe.feed_round(values)                  # several at once, as one round of the worker's agents
     pipe.summaries                           # [summary dict], in close order
     pipe.changelog_bytes                     # bytes of every table write so far (keys + values)
 """
 
 from __future__ import annotations
 
-import zlib
 from typing import Any, Iterator
 
 from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
-from streams.topics import TABLES
+from streams.topics import TABLES, partition_of
 
 
 class ChangelogDict(dict):
@@ -61,7 +61,7 @@ class ChangelogDict(dict):
 
 class InProcess:
     """Ingest + fold of one worker that owns every partition. ``partitions``: of the internal topic (a
-    part goes to CRC-32 of its key mod ``partitions``; the input is one partition). ``clock``: ns."""
+    part goes to ``streams.topics.partition_of`` its key, as in the worker; the input is one partition). ``clock``: ns."""
 
     def __init__(
         self,
@@ -114,12 +114,22 @@ class InProcess:
                 for q in range(self.partitions):
                     yield v, q
             else:
-                yield v, zlib.crc32(key.encode()) % self.partitions
+                yield v, partition_of(key.encode(), self.partitions)
 
     def feed(self, value: bytes, offset: int | None = None) -> None:
         """Ingest one input message (at the next offset, or ``offset`` for a replay) and fold its parts."""
         for v, p in list(self.parts_of(value, offset)):
             self._apply(v, p)
+
+    def feed_round(self, values: list[bytes]) -> None:
+        """Ingest several input messages (at the next offsets) as one round of the worker's agents: their
+        internal messages leave as one ``batch`` message per partition (``Fold.apply_batch``)."""
+        per: dict[int, list[bytes]] = {}
+        for value in values:
+            for v, p in list(self.parts_of(value)):
+                per.setdefault(p, []).append(wire.packb(v))
+        for p, msgs in sorted(per.items()):
+            self._apply({"t": "batch", "msgs": msgs}, p)
 
     def close_all(self) -> None:
         """Close every open step (as the window would)."""

@@ -15,6 +15,9 @@ partition moved. The worker cannot prevent it inside Faust, so it checks every r
 - at the first record of a partition in a consumer generation, from ``start(partition)`` when given: for
   the input topic :func:`next_input_offset`, the changelog-backed record of what any worker of the app
   processed (so a commit that passed unprocessed records is caught after a rebalance too);
+- for the internal topic, the ``folded`` table (per partition, the offset after the last record the
+  fold processed); for a partition without that record yet, :func:`track_seeks`: the committed offset
+  the consumer sought to in this generation when that seek came before the record;
 - within a generation, the previous record's offset + 1.
 
 A record beyond that reveals a skipped range ``[expected, offset)``; the agent reads it again with
@@ -26,6 +29,7 @@ sequences, the fold ignores batch ids it already merged (docs/STREAMS.md, "Guara
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -50,13 +54,47 @@ def next_input_offset(agents: Mapping[str, Any], inputs: Mapping[str, Any], part
     return best
 
 
+def track_seeks(app: Any) -> Callable[[Any], int | None]:
+    """A function ``TP -> offset | None``: the committed offset Faust's consumer sought ``TP`` to in the
+    current consumer generation (Faust seeks every assigned partition to its committed offset after each
+    assignment, normally before delivering a record of the new generation); None when that seek has not
+    happened yet in this generation or the partition has no committed offset. Faust exposes no hook for
+    it: the consumer's ``perform_seek`` is wrapped at the first assignment (``app.on_partitions_assigned``)
+    and its ``_committed_offset`` mapping read right after, tagged with the generation."""
+    seeks: dict = {}  # TP -> (offset, generation)
+
+    async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        consumer = app.consumer
+        if getattr(consumer, "_obshub_seeks", None) is seeks:
+            return
+        seek = consumer.perform_seek
+
+        async def perform_seek() -> None:
+            await seek()
+            gen = app.consumer_generation_id
+            seeks.update((tp, (off, gen)) for tp, off in consumer._committed_offset.items() if off is not None)
+
+        consumer.perform_seek = perform_seek
+        consumer._obshub_seeks = seeks
+
+    app.on_partitions_assigned.connect(on_assigned)  # a strong reference (mode's default)
+
+    def committed_at_seek(tp: Any) -> int | None:
+        off, gen = seeks.get(tp, (None, None))
+        return off if gen == app.consumer_generation_id else None
+
+    return committed_at_seek
+
+
 class OffsetGuard:
     """Per partition of one topic, the next offset this worker must process; :meth:`check` tells when a
     record given to the agent lies beyond it. ``on_skip(n)`` is called with the count of skipped offsets
     (the worker counts them in ``obshub_streams_consumer_skips_total``). ``start(partition)``: the next
     offset at the first record of a partition in a consumer generation (None: accept that record)."""
 
-    def __init__(self, name: str, on_skip: Callable[[int], None], start: Callable[[int], int] | None = None) -> None:
+    def __init__(
+        self, name: str, on_skip: Callable[[int], None], start: Callable[[int], int | None] | None = None
+    ) -> None:
         self.name, self.on_skip, self.start = name, on_skip, start
         self.expected: dict[Any, tuple[int, Any]] = {}  # TP -> (next offset, consumer generation)
 
@@ -102,6 +140,8 @@ async def read_range(
     within ``timeout_s``, returns what was read and logs an error naming the offsets that stay unread."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    if first >= end:
+        return []
     c = AIOKafkaConsumer(
         **kafka.aiokafka_kwargs(conn),
         group_id=None,
@@ -125,7 +165,13 @@ async def read_range(
             got = await c.getmany(tp, timeout_ms=500)
             out.extend(r for r in got.get(tp, ()) if first <= r.offset < end)
     finally:
-        await c.stop()
+        try:
+            await c.stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled (the worker stops)
+            # else aiokafka's own: stop() can re-raise the cancellation of its internal no-group task
     if pos < end:
         log.error(
             "could not read offsets %d..%d of %s[%d] again within %.0f s: they stay unprocessed",

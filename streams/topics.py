@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from aiokafka.partitioner import murmur2
+
 from obshub.core import kafka
 from obshub.core.log import NullLogger
 from streams.errors import StreamsError
@@ -18,7 +20,14 @@ TABLES = {
     "members": "internal",
     "jobs": "internal",
     "closed": "internal",
+    "folded": "internal",
 }
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition of the repartition topic that folds ``key`` (``b"job|step"``): Kafka's default
+    partitioner (murmur2 of the key, as the Java client and aiokafka compute it) over ``partitions``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def internal_topics(app_id: str, partitions: int, input_partitions: int) -> dict[str, int]:

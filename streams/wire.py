@@ -163,6 +163,14 @@ codecs.register(CHANGELOG_JSON, _ChangelogJsonCodec())
 _enc = msgspec.msgpack.Encoder()
 
 
+_dec = msgspec.msgpack.Decoder()
+
+
 def packb(obj: Any) -> bytes:
     """``obj`` as msgpack bytes, exactly as the worker writes it to its topics and changelogs."""
     return _enc.encode(obj)
+
+
+def unpackb(data: bytes) -> Any:
+    """The value of msgpack ``data`` (written by :func:`packb`). Raises ``msgspec.DecodeError``."""
+    return _dec.decode(data)

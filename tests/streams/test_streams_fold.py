@@ -66,6 +66,59 @@ def test_same_summaries_as_the_offline_reference():
     assert not pipe.tables["parts"] and not pipe.tables["steps"], "closed steps leave no open state"
 
 
+def test_rounds_give_the_same_summaries_with_fewer_table_writes():
+    scn, msgs = _scenario()
+    one = InProcess(partitions=3)
+    for v in msgs:
+        one.feed(v)
+    rounds = InProcess(partitions=3)
+    for i in range(0, len(msgs), 16):
+        rounds.feed_round(msgs[i : i + 16])
+    assert {s["step"]: _view(s) for s in rounds.summaries} == _reference(scn)
+    assert len(rounds.summaries) == scn.steps
+    assert not rounds.tables["parts"] and not rounds.tables["steps"]
+    writes = {n: t.records for n, t in rounds.tables.items() if n != "agents"}  # the fold's tables
+    writes_one = {n: t.records for n, t in one.tables.items() if n != "agents"}
+    assert writes["parts"] < writes_one["parts"] / 2 and sum(writes.values()) < sum(writes_one.values()) / 2
+    assert rounds.internal < one.internal
+
+
+def test_a_replayed_round_changes_nothing():
+    scn, msgs = _scenario()
+    pipe = InProcess(partitions=3)
+    for i in range(0, len(msgs), 8):
+        pipe.feed_round(msgs[i : i + 8])
+        pipe.offset -= len(msgs[i : i + 8])
+        pipe.feed_round(msgs[i : i + 8])  # the whole round again at its offsets: a replay after a crash
+    assert sorted(s["step"] for s in pipe.summaries) == list(range(scn.steps))
+    assert {s["step"]: _view(s) for s in pipe.summaries} == _reference(scn)
+
+
+def test_writeback_reads_its_own_writes_and_writes_each_key_once():
+    counted = {"w": 0}
+
+    class Counting(dict):
+        def __setitem__(self, k, v):
+            counted["w"] += 1
+            super().__setitem__(k, v)
+
+        def __delitem__(self, k):
+            counted["w"] += 1
+            super().__delitem__(k)
+
+    under = Counting({"a": 1, "gone": 2})
+    table = fold_mod.WriteBack(under)
+    table["a"] = 3
+    table["a"] = 4
+    table["new"] = 5
+    del table["new"]  # never reaches the table
+    del table["gone"]
+    assert table.get("a") == 4 and table.get("new") is None and table.get("gone", "x") == "x"
+    assert dict(table.items()) == {"a": 4} and under == {"a": 1, "gone": 2}
+    table.flush()
+    assert dict(under) == {"a": 4} and counted["w"] == 2
+
+
 def test_replayed_input_changes_nothing():
     scn, msgs = _scenario()
     pipe = InProcess(partitions=3)

@@ -3,7 +3,9 @@ rebalances), then the app scales to zero while the job goes on and the group's c
 input partition is moved past records no worker processed (what a consumer that skipped them and
 committed across the gap leaves behind, docs/STREAMS.md "No silent skips"). The restarted worker must
 notice the range from its changelog-backed tables, read it again and summarise every step exactly once
-with every batch counted (real broker, real ``obshub streams worker`` processes)."""
+with every batch counted. On the internal topic the committed offset is moved past copies of records
+the fold already processed: the worker must read them again and still summarise nothing twice (real
+broker, real ``obshub streams worker`` processes)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,13 @@ from streams import reread, synthetic
 from tests.streams.test_streams_worker import _by_job, _committed_everything, _reference, _view, _wait_settled
 from tests.support import testkit
 
-STEP_GAP_S = 0.2  # the job's step time while the group changes
+STEP_GAP_S = 0.3  # the job's step time while the group changes
+STEPS = 120  # enough for the slowest worker start seen; the last phase publishes what is left
+
+
+def _assignments(w: testkit.Worker) -> int:
+    """How many partition assignments ``w`` has received so far (its consumer generations)."""
+    return w.log_path.read_text(errors="replace").count("Setting newly assigned partitions")
 
 
 def _watermarks(settings, topic: str) -> dict[int, int]:
@@ -60,6 +68,30 @@ class _TP:
         self.topic, self.partition = "in", partition
 
 
+def _append_copies(settings, topic: str, partition: int, n: int) -> tuple[int, int]:
+    """Append copies of the last ``n`` records of ``topic[partition]`` to it (records the fold already
+    processed). Returns the partition's end offset before and after."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"cp-{uuid.uuid4().hex}"})
+    try:
+        end = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
+        c.assign([TopicPartition(topic, partition, end - n)])
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m)
+    finally:
+        c.close()
+    p = testkit.producer(settings)
+    for m in got:
+        p.produce(topic, key=m.key(), value=m.value(), partition=partition)
+    assert p.flush(30) == 0 and len(got) == n
+    return end, end + n
+
+
 def test_next_input_offset_is_one_past_the_highest_processed_offset_of_the_partition():
     agents = {
         "a": {"partition": 0, "offset": 7},
@@ -90,10 +122,24 @@ def test_offset_guard_reports_exactly_the_skipped_ranges():
 
 
 @pytest.mark.kafka
+def test_read_range_returns_exactly_the_offsets_asked_for(kafka, unique):
+    import asyncio
+
+    from obshub.core import kafka as kafka_conf
+
+    topic = testkit.make_topics(kafka, f"rr-{unique}", partitions=1).events
+    testkit.publish(kafka, topic, [(b"k", f"v{i}".encode()) for i in range(10)])
+    conn = kafka_conf.KafkaConnection(bootstrap=kafka.bootstrap_servers)
+    for first, end in ((3, 7), (0, 10), (9, 10), (5, 5)):  # each read by a consumer of its own
+        got = asyncio.run(reread.read_range(conn, topic, 0, first, end))
+        assert [(r.offset, r.value) for r in got] == [(i, f"v{i}".encode()) for i in range(first, end)]
+
+
+@pytest.mark.kafka
 def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, unique):
     tag = f"sk-{unique}"
     topics = testkit.make_topics(kafka, tag, partitions=4)
-    scn = synthetic.Scenario(job=f"sk-{unique}", hosts=8, steps=36, straggler=2, guilty_steps=(25,), seed=17)
+    scn = synthetic.Scenario(job=f"sk-{unique}", hosts=8, steps=STEPS, straggler=2, guilty_steps=(25,), seed=17)
     batches = synthetic.generate(scn)
     regs = [kb for kb in batches if kb[1].events[0].step < 0]
     by_step: dict[int, list] = {}
@@ -103,37 +149,53 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
     app = f"{tag}-app"
     w0 = testkit.Worker(topics, app, 420, tmp_path / "w0.log", window_s=60.0)
     w1 = None
+    step = 0
+
+    def run_until(done, what: str) -> None:  # the job goes on at one step per STEP_GAP_S meanwhile
+        nonlocal step
+        while not done():
+            assert step < STEPS - 20, f"ran out of steps waiting for {what}"
+            testkit.publish(kafka, topics.events, by_step[step])
+            step += 1
+            time.sleep(STEP_GAP_S)
+
     try:
         _wait_settled(w0)
         testkit.publish(kafka, topics.events, regs)
-        for step in range(18):  # a worker joins at step 3 and leaves at step 12 while the job runs
-            testkit.publish(kafka, topics.events, by_step[step])
-            if step == 3:
-                w1 = testkit.Worker(topics, app, 421, tmp_path / "w1.log", window_s=60.0)
-            if step == 12 and w1 is not None:
-                threading.Thread(target=w1.stop, daemon=True).start()
-            time.sleep(STEP_GAP_S)
-        assert len(_by_job(kafka, topics.steps, scn.job, 18, timeout_s=60)) >= 18
+        run_until(lambda: step >= 2, "the job to start")
+        w1 = testkit.Worker(topics, app, 421, tmp_path / "w1.log", window_s=60.0)  # scale out mid-job
+        run_until(lambda: _assignments(w0) >= 2 and w1.settled() and w0.settled(), "the second worker")
+        n = step
+        run_until(lambda: step >= n + 3, "three steps with two workers")
+        threading.Thread(target=w1.stop, daemon=True).start()  # scale in mid-job (clean leave)
+        run_until(lambda: w1.proc.poll() is not None and _assignments(w0) >= 3 and w0.settled(), "the scale-in")
+        n = step
+        run_until(lambda: step >= n + 3, "three steps with one worker")
+        first = step
+        assert len(_by_job(kafka, topics.steps, scn.job, first, timeout_s=60)) >= first
         _committed_everything(kafka, app, topics.events)
     finally:
         w0.stop()
         if w1 is not None:
             w1.stop()
+    assert _assignments(w1) >= 1, "the second worker took partitions over"
     # scaled to zero: the job goes on; then the group's commit of one partition passes unread records
     before = _watermarks(kafka, topics.events)
-    for step in range(18, 27):
-        testkit.publish(kafka, topics.events, by_step[step])
+    for k in range(first, first + 9):
+        testkit.publish(kafka, topics.events, by_step[k])
     after = _watermarks(kafka, topics.events)
     p = max(after, key=lambda q: after[q] - before[q])
     skipped = (after[p] - before[p]) // 2
     assert skipped >= 2, f"too few new records in partition {p}: {before} -> {after}"
     _commit_past(kafka, app, topics.events, p, before[p] + skipped)
+    # the same on the internal topic: its commit passes copies of records the fold already processed
+    internal = f"{app}-steps"
+    folded_end, copied_end = _append_copies(kafka, internal, 0, 6)
+    _commit_past(kafka, app, internal, 0, copied_end)
     w2 = testkit.Worker(topics, app, 422, tmp_path / "w2.log", window_s=60.0)
     try:
         _wait_settled(w2)
-        for step in range(27, scn.steps):
-            testkit.publish(kafka, topics.events, by_step[step])
-            time.sleep(STEP_GAP_S)
+        testkit.publish(kafka, topics.events, [kb for k in range(first + 9, STEPS) for kb in by_step[k]])
         got = _by_job(kafka, topics.steps, scn.job, scn.steps, timeout_s=60)
     finally:
         w2.stop()
@@ -149,3 +211,5 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
         rf"read (\d+) records of {re.escape(topics.events)}\[{p}\] again \(offsets (\d+)\.\.(\d+)\)", log
     )
     assert (str(skipped), str(before[p]), str(before[p] + skipped - 1)) in reread, log[-3000:]
+    again = re.findall(rf"read (\d+) records of {re.escape(internal)}\[0\] again \(offsets (\d+)\.\.(\d+)\)", log)
+    assert any(int(n) >= 6 and int(a) <= folded_end and int(b) == copied_end - 1 for n, a, b in again), log[-3000:]
