@@ -67,6 +67,9 @@ class Thresholds:
     - ``evidence_clip``: one step's evidence is clipped to ``[0, evidence_clip]`` spreads: with the
       rules' CUSUM (drift 1.5, threshold 5) a step fires alone only from 6.5 spreads, and the clip bounds
       what one step can add (docs/ANALYSIS.md "The test: Page's CUSUM").
+    - ``net_count_min``: the fewest retransmits on every busy connection of a host (``rx``) that count as
+      network evidence (with ``count_factor`` times the other hosts' median): lower than ``count_min``
+      because the evidence adds up over steps in the rules' CUSUM, where one step's blame stands alone.
     - ``rtt_scale_ns``: the smallest RTT scale of the network evidence (``(rtt - peers) / max(peers,
       rtt_scale_ns)``).
     - ``hang_min_ns`` / ``hang_factor``: a rank hangs when others arrived at a collective it never reached
@@ -91,6 +94,7 @@ class Thresholds:
     spread_rel: float = 0.02
     spread_q: float = 0.9
     evidence_clip: float = 7.0
+    net_count_min: int = 2
     rtt_scale_ns: int = 2_000_000
     hang_min_ns: int = 3_000_000_000
     hang_factor: float = 3.0
@@ -569,9 +573,11 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
         for h in accs:
             m_rx = loo_rx.median_without(rx[h])
             m_rtt = loo_rtt.median_without(rtt[h])
-            # the thresholds of net_blame gate each: on a loaded machine a few retransmits and RTT
-            # spikes happen on every host (spurious timeouts), and only a clear outlier is evidence
-            z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.count_min, th.count_factor * m_rx) else 0.0
+            # thresholds gate each (net_count_min, and net_blame's for the RTT): on a loaded machine a few
+            # retransmits and RTT spikes happen on every host (spurious timeouts); only an outlier counts
+            z_rx = (
+                (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.net_count_min, th.count_factor * m_rx) else 0.0
+            )
             z_rtt = (
                 (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
                 if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt)

@@ -452,6 +452,14 @@ def test_network_evidence_blames_the_host_whose_link_drops_not_the_sender_that_r
     # rx(n2) = 6 (fewest over its connections), the others' median 1: (6 - 1) / sqrt(1 + 1)
     assert ev["hosts"]["n2"]["network"] == 3.536
     assert ev["hosts"].get("n3", {}).get("network", 0.0) == 0.0
+    # a light loss: 2 retransmits on each of n2's connections (counted by n2), none elsewhere: (2 - 0) /
+    # sqrt(1) = 2 spreads, which the CUSUM adds up over steps; 1 retransmit is no evidence
+    for n, want in ((2, 2.0), (1, 0.0)):
+        light = {h: {k: (10, n if h == "n2" else 0, 10 * 2 * MS) for k in p} for h, p in pairs.items()}
+        accs_l = {h: _net_acc(h, ip[h], light[h]) for h in light}
+        on_time = dict.fromkeys(accs_l, 0)
+        ev = analysis.evidence(accs_l, on_time, analysis.layer_table(accs_l), {"n": 20, "spread_ns": 4 * MS}, th)
+        assert ev["hosts"] == ({"n2": {**dict.fromkeys(analysis.EVIDENCE_LAYERS, 0.0), "network": 2.0}} if want else {})
     # with 2 hosts both ends share the one link: no network evidence at all, whoever retransmits
     two = {"n2": accs["n2"], "n3": accs["n3"]}
     ev = analysis.evidence(two, {"n2": 0, "n3": 40 * MS}, analysis.layer_table(two), {"n": 20, "spread_ns": 4 * MS}, th)
