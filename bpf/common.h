@@ -234,9 +234,16 @@ static __always_inline int obs_current_watched_fast(void)
 #if defined(OBS_WATCH_ALL) || defined(OBS_WATCH_CGROUP_V2)
     return obs_current_watched();
 #else
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
     if (!obs_bit_test(obs_tgid_word(tgid), tgid))
         return 0;
+#ifdef OBS_LAYER_SCHED
+    /* both bits set (and within the bitmaps): the thread was added by obs_current_watched or the loader,
+     * and the exit handler of the scheduler layer clears both, so no hash look-up is needed */
+    if (tid < OBS_PID_LIMIT && tgid < OBS_PID_LIMIT && obs_bit_test(obs_tid_word(tid), tid))
+        return 1;
+#endif
     return obs_current_watched();
 #endif
 }

@@ -14,15 +14,17 @@
 
 #define OBS_TASK_STATE_MASK 0xFF
 
-struct obs_off {
-    u64 ts_ns;
+/* Per watched thread: when it left the CPU (0: on a CPU), its state then, and when it became runnable
+ * (0: not waiting in a run queue). One entry per thread for its whole life (deleted by obs_sched_exit),
+ * updated in place: a switch costs one look-up per side instead of inserts and deletes. A plain hash (an
+ * LRU hash costs more per update); entries exist only for watched threads. */
+struct obs_tstate {
+    u64 off_ns;
     s64 state;
+    u64 wake_ns;
 };
 
-/* Plain hashes (an LRU hash costs more per update): entries exist only for watched threads, are deleted when
- * the thread runs again and at its exit (obs_sched_exit), so they do not outgrow the live watched threads. */
-BPF_HASH(wake_ts, u32, u64, OBS_MAX_TIDS);          /* tid -> when it became runnable */
-BPF_HASH(off_ts, u32, struct obs_off, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
+BPF_HASH(tstate, u32, struct obs_tstate, OBS_MAX_TIDS);
 
 /* `waited`: a run-queue wait ended now (runq is its length; it goes to the maximum and the histogram). */
 static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk, int waited)
@@ -65,7 +67,13 @@ static __always_inline void obs_mark_runnable(u32 tid)
     if (!tgid)
         return;
     u64 now = bpf_ktime_get_ns();
-    wake_ts.update(&tid, &now);
+    struct obs_tstate *ts = tstate.lookup(&tid);
+    if (ts) {
+        ts->wake_ns = now;
+    } else {
+        struct obs_tstate v = {.wake_ns = now};
+        tstate.update(&tid, &v);
+    }
     obs_acc_add(*tgid, tid, 0, 0, 0, 1, 0);
 }
 
@@ -103,10 +111,17 @@ int obs_sched_switch(void *ctx)
         /* the low byte is the task state (TASK_REPORT bits); 0 = runnable ("R", or "R+" when preempted:
          * the tracepoint then sets TASK_REPORT_MAX, 0x100 since 4.14, above the low byte) */
         s64 state = prev_state & OBS_TASK_STATE_MASK;
-        struct obs_off off = {.ts_ns = now, .state = state};
-        off_ts.update(&prev, &off);
-        if (state == 0) /* preempted while runnable: it waits in the run queue from now */
-            wake_ts.update(&prev, &now);
+        /* preempted while runnable (state 0): it waits in the run queue from now */
+        struct obs_tstate *ts = tstate.lookup(&prev);
+        if (ts) {
+            ts->off_ns = now;
+            ts->state = state;
+            if (state == 0)
+                ts->wake_ns = now;
+        } else {
+            struct obs_tstate v = {.off_ns = now, .state = state, .wake_ns = state == 0 ? now : 0};
+            tstate.update(&prev, &v);
+        }
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
         obs_acc_add(tgid, prev, 0, 0, 1, 0, 0);
     }
@@ -118,19 +133,23 @@ int obs_sched_switch(void *ctx)
     u32 tgid = *tgidp;
     u64 runq = 0, offcpu = 0;
     s64 state = 0;
-    u64 *wts = wake_ts.lookup(&next);
-    if (wts) {
-        runq = now - *wts;
-        wake_ts.delete(&next);
+    int waited = 0, was_off = 0;
+    struct obs_tstate *ts = tstate.lookup(&next);
+    if (ts) {
+        if (ts->wake_ns) {
+            runq = now - ts->wake_ns;
+            waited = 1;
+            ts->wake_ns = 0;
+        }
+        if (ts->off_ns) {
+            offcpu = now - ts->off_ns;
+            state = ts->state;
+            was_off = 1;
+            ts->off_ns = 0;
+        }
     }
-    struct obs_off *o = off_ts.lookup(&next);
-    if (o) {
-        offcpu = now - o->ts_ns;
-        state = o->state;
-        off_ts.delete(&next);
-    }
-    obs_acc_add(tgid, next, offcpu, runq, 0, 0, wts != NULL);
-    if (wts && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid)) {
+    obs_acc_add(tgid, next, offcpu, runq, 0, 0, waited);
+    if (waited && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
         if (e) {
             e->ts_ns = now;
@@ -139,7 +158,7 @@ int obs_sched_switch(void *ctx)
             obs_submit(e);
         }
     }
-    if (o && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS) && obs_sched_single_ok(tgid)) {
+    if (was_off && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_OFFCPU, tgid, next);
         if (e) {
             e->ts_ns = now;
@@ -168,8 +187,7 @@ int obs_sched_exit(void *ctx)
         cuda_acc.delete(&tgid);
     }
     wtids.delete(&tid);
-    wake_ts.delete(&tid);
-    off_ts.delete(&tid);
+    tstate.delete(&tid);
     tid_key.delete(&tid);
     return 0;
 }
