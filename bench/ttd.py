@@ -19,6 +19,8 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
     python -m bench ttd                 # 4 runs: 2 rounds of 5 kinds + exit per host, 4 x 150 s clean (~40 min)
     python -m bench ttd --rounds 3      # 3 rounds
     python -m bench ttd --quick         # one run: cpu and hang on node-01 after 30 s clean
+    python -m bench.ttd --rounds 1 --fault-hosts 1,3 --clean-s 300   # 2 runs, every kind on node-01
+                                        # and node-03, 10 min clean (~22 min)
 """
 
 from __future__ import annotations
@@ -132,11 +134,22 @@ def clean_alerts(report: dict) -> tuple[float, list[str]]:
     return float(report["scenario"]["fault_at_s"]), fired
 
 
-def run(quick: bool = False, rounds: int | None = None) -> dict:
+def run(
+    quick: bool = False,
+    rounds: int | None = None,
+    fault_hosts: tuple[int, ...] | None = None,
+    clean_s: float | None = None,
+) -> dict:
     """Run the campaign, print per kind accuracy and time to detection and the clean-run alert rate,
-    save the JSON. Returns the results dict."""
+    save the JSON. Returns the results dict. ``fault_hosts``: the host indices that get the faults (one
+    demo run each; default every host); ``clean_s``: clean training per run (default ``CLEAN_S``).
+    Raises ValueError for a host index outside the cluster."""
     rounds = 1 if quick else (rounds or ROUNDS)
-    kinds, hosts, clean_s = QUICK if quick else (KINDS, tuple(range(HOSTS)), CLEAN_S)
+    kinds, hosts, default_clean_s = QUICK if quick else (KINDS, tuple(range(HOSTS)), CLEAN_S)
+    hosts = fault_hosts or hosts
+    clean_s = clean_s or default_clean_s
+    if any(not 0 <= h < HOSTS for h in hosts):
+        raise ValueError(f"--fault-hosts {hosts}: host indices are 0..{HOSTS - 1}")
     common.console.rule(
         f"[bold]5. accuracy and time to detection[/bold]: {len(kinds)} fault kinds x "
         f"{len(hosts)} host(s) x {rounds} round(s), {HOSTS}-host demo cluster"
@@ -185,7 +198,8 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                 )
     t = Table(
         title=f"accuracy and time to detection, {rounds} round(s) of each kind (exit: 1) on each of "
-        f"{len(hosts)} host(s), {HOSTS}-host cluster",
+        f"{len(hosts)} host(s) ({', '.join(f'node-{h:02d}' for h in hosts)}), {HOSTS}-host cluster, "
+        f"{clean_s:.0f} s clean per run",
         caption=common.describe_machine(),
     )
     for col in (
@@ -262,6 +276,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     result = {
         "rounds": rounds,
         "hosts": HOSTS,
+        "fault_hosts": list(hosts),
         "kinds": list(kinds),
         "fault_for_s": FAULT_FOR_S,
         "gap_s": GAP_S,
@@ -281,14 +296,28 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m bench.ttd [--rounds N] [--quick]``."""
+    """Command line: ``python -m bench.ttd [--rounds N] [--fault-hosts I,J] [--clean-s S] [--quick]``."""
     p = argparse.ArgumentParser(
         prog="python -m bench.ttd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="one run: cpu and hang on node-01 after 30 s clean")
     p.add_argument("--rounds", type=int, default=None, help=f"rounds over every host (default {ROUNDS})")
+    p.add_argument(
+        "--fault-hosts",
+        default=None,
+        metavar="I,J",
+        help=f"only these host indices get faults, one run each (default all {HOSTS})",
+    )
+    p.add_argument("--clean-s", type=float, default=None, help=f"clean training per run (default {CLEAN_S:.0f} s)")
     a = p.parse_args(argv)
-    run(a.quick, a.rounds)
+    try:
+        hosts = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else None
+    except ValueError:
+        p.error(f"--fault-hosts {a.fault_hosts!r}: comma-separated host indices, e.g. 1,3")
+    try:
+        run(a.quick, a.rounds, hosts, a.clean_s)
+    except ValueError as exc:
+        p.error(str(exc))
     return 0
 
 

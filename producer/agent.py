@@ -31,6 +31,7 @@ import threading
 import time
 from array import array
 from collections import Counter
+from itertools import accumulate
 from typing import Callable
 
 import msgpack
@@ -269,8 +270,8 @@ class Agent:
     def _add_packed(self, run: PackedRun) -> None:
         """Batch one packed run: whole into one batcher when only one job can own its events (nothing
         registered: the fallback job; one job registered and only registered processes watched: that
-        job), else cut into slices of consecutive events of one job (the pids read from the msgpack
-        arrays, ~0.4 µs per event)."""
+        job), else split by job (the pids read from the msgpack arrays; each job's events gathered into
+        one run of their own, order kept; ~0.5-1 µs per event)."""
         send = self.transport.send
         jobs = self.job_of_pid
         fallback = self.batcher.fallback_job
@@ -282,31 +283,34 @@ class Agent:
         ends = run.ends
         unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
         unpacker.feed(run.data)
-        view = memoryview(run.data)
-        start = 0
-        cur = None
+        of_job: dict[str, list[int]] = {}  # job -> indexes of its events in the run
+        cur, idx = None, []
         for i, ev in enumerate(unpacker):
             job = jobs.get(ev[_PID], fallback)
             if job != cur:
-                if cur is not None:
-                    self._add_slice(cur, view, ends, start, i)
-                cur, start = job, i
-        if cur is not None:
-            self._add_slice(cur, view, ends, start, len(ends))
+                cur, idx = job, of_job.setdefault(job, [])
+            idx.append(i)
+        view = memoryview(run.data)
+        starts = None
+        for job, idx in of_job.items():
+            lo, hi = idx[0], idx[-1] + 1
+            if hi - lo == len(idx):  # consecutive: one slice of the run
+                base = ends[lo - 1] if lo else 0
+                data: bytes | memoryview = view[base : ends[hi - 1]]
+                part = array("I", [e - base for e in ends[lo:hi]])
+            else:  # interleaved with other jobs' events: gather them
+                if starts is None:
+                    starts = array("I", [0]) + ends[:-1]
+                data = b"".join([view[starts[i] : ends[i]] for i in idx])
+                part = array("I", accumulate([ends[i] - starts[i] for i in idx]))
+            for sealed in self.batcher.of(job).add_packed(data, part):
+                send(sealed)
 
     def _registered_only(self) -> bool:
         """Does the source watch registered processes only (no ``--pid``/``--cgroup``)? Then every event
         of a packed run comes from a registered process."""
         t = getattr(self.source, "target", None)
         return bool(t is not None and t.registered and t.cgroup is None and not t.pids)
-
-    def _add_slice(self, job: str, view: memoryview, ends, lo: int, hi: int) -> None:
-        """Add events ``lo..hi-1`` of a packed run (``view`` its bytes, ``ends`` their end offsets) to the
-        batcher of ``job``."""
-        base = ends[lo - 1] if lo else 0
-        part = array("I", (e - base for e in ends[lo:hi]))
-        for sealed in self.batcher.of(job).add_packed(view[base : ends[hi - 1]], part):
-            self.transport.send(sealed)
 
     def _learn_jobs(self, events: list) -> None:
         """Keep ``pid -> job`` of every REGISTER event (the job its payload names; the fallback job when

@@ -24,7 +24,11 @@ obshub_agent_spool_dropped_bytes_total                  counter  bytes of those
 obshub_agent_clock_offset_seconds                       gauge    CLOCK_REALTIME - CLOCK_MONOTONIC, s
 obshub_agent_clock_uncertainty_seconds                  gauge    ± bound of that offset, s
 obshub_agent_transport_state{state}                     gauge    1 for the current state (direct/draining/spooling)
+obshub_agent_job_processes                              gauge    live registered processes of the job ``training_job``
 ======================================================  =======  ==================================================
+
+``training_job`` is the agent's ``--job`` on every series but ``obshub_agent_job_processes``, which has
+one series per job the agent serves (the job each registered process named).
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ from producer.transport import DIRECT, DRAINING, SPOOLING
 
 class MetricsSource(Protocol):
     """What the collector reads from a running agent (``producer.agent.Agent`` provides it): identity in
-    ``config``, the ``batcher``, the ``transport`` (publisher, spool, state), ``clock``, ``kind_counts`` and
-    ``lost_totals``."""
+    ``config``, the ``batcher``, the ``transport`` (publisher, spool, state), ``clock``, ``kind_counts``,
+    ``lost_totals`` and ``job_of_pid`` (registered pid -> job)."""
 
     config: Any
     batcher: Any
@@ -51,6 +55,7 @@ class MetricsSource(Protocol):
     clock: Any
     kind_counts: Counter[int]
     lost_totals: dict[str, int]
+    job_of_pid: dict[int, str]
 
 
 def _kind_name(k: int) -> str:
@@ -120,6 +125,12 @@ class AgentCollector(Collector):
         for s in (DIRECT, DRAINING, SPOOLING):
             st.add_metric(base + [s], 1 if t.state == s else 0)
         yield st
+        jp = GaugeMetricFamily(
+            "obshub_agent_job_processes", "live registered processes of a job on this node", labels=labels
+        )
+        for job, n in sorted(Counter(a.job_of_pid.values()).items()):
+            jp.add_metric([job, a.config.host], n)
+        yield jp
 
 
 def make_registry(agent: MetricsSource) -> CollectorRegistry:

@@ -10,13 +10,14 @@ and reports each one once.
 
 The scanner reads the maps of young processes (started less than ``young_s`` ago) at every scan and
 those of older ones every ``old_every``-th scan only, until one maps the file it looks for; a process
-that maps none of the files is read again at that slower rate. Costs: one ``listdir(/proc)`` and one
-``stat`` per process per scan, one maps read per young process per scan.
+that maps none of the files is read again at that slower rate. Costs per scan: one ``listdir(/proc)``,
+one ``/proc/<pid>/stat`` read per process not seen before, and one maps read per young process (~0.4-0.7
+ms for a Python process with torch loaded, the kernel formats ~50 KB); the text is searched for the
+patterns' literal parts first, so only lines of processes that map a candidate are parsed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import mmap
 import os
@@ -58,27 +59,6 @@ class Mapped:
     path: str
     host_path: Path
     identity: Identity
-
-
-def maps_files(pid: int | str) -> dict[str, Identity]:
-    """The files ``pid`` maps: path (in its mount namespace) -> identity, from ``/proc/<pid>/maps``.
-    Deleted files (`` (deleted)``) and anonymous or special mappings are left out; empty when the
-    process is gone or unreadable."""
-    out: dict[str, Identity] = {}
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as fh:
-            text = fh.read()
-    except OSError:
-        return out
-    for line in text.decode("utf-8", "replace").splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/") or parts[5].endswith(" (deleted)"):
-            continue
-        path = parts[5]
-        if path not in out:
-            with contextlib.suppress(ValueError):
-                out[path] = (parts[3], int(parts[4]))
-    return out
 
 
 def file_identity(path: str | os.PathLike) -> Identity | None:

@@ -217,6 +217,7 @@ class BpfEventSource:
         self._scanner: discovery.LibraryScanner | None = None
         self._next_follow = 0.0
         self.followed: list[Followed] = []
+        self.libs: dict[str, Path] = {}  # lib key -> the path the uprobes were attached to at start
         self.source_text = ""
         self.flags: list[str] = []
         self.extra_source = ""  # C appended to bpf/obshub.c (benchmarks' own handlers; they see common.h)
@@ -229,6 +230,7 @@ class BpfEventSource:
             cat.cgroup_procs(self.target.cgroup)  # fail early, with the path, when it does not exist
         tracefs, _ = kheaders.ensure_tracefs()
         pl = plan(self.options, self.target, tracefs)
+        self.libs = dict(pl.libs)
         skipped = dict(pl.skipped)
         bpf_probes = [p for p in pl.probes if p.mechanism != "sysfs"]
         layers = {p.c_layer for p in bpf_probes}
@@ -331,19 +333,25 @@ class BpfEventSource:
             except Exception as exc:
                 return f"Failed to attach the USDT probes: {exc}"
             return ""
+        attached, failed = 0, []
         for p in cat.PROBES:
             if p.name not in self._attached:
                 continue
             for ap in p.attach:
-                if isinstance(ap, Uprobe) and ap.lib == key:
-                    try:
-                        if ap.ret:
-                            b.attach_uretprobe(name=path.encode(), sym=ap.symbol.encode(), fn_name=ap.fn.encode())
-                        else:
-                            b.attach_uprobe(name=path.encode(), sym=ap.symbol.encode(), fn_name=ap.fn.encode())
-                    except Exception as exc:
-                        return f"Failed to attach {ap.name}: {exc}"
-        return ""
+                if not (isinstance(ap, Uprobe) and ap.lib == key):
+                    continue
+                if not cat.has_symbol(m.host_path, ap.symbol):  # another version of the library
+                    failed.append(f"{ap.symbol} not in it")
+                    continue
+                try:
+                    attach = b.attach_uretprobe if ap.ret else b.attach_uprobe
+                    attach(name=path.encode(), sym=ap.symbol.encode(), fn_name=ap.fn.encode())
+                    attached += 1
+                except Exception as exc:
+                    failed.append(f"Failed to attach {ap.name}: {exc}")
+        if failed:
+            log.warning("library %s of pid %d: %s", m.path, m.pid, "; ".join(failed))
+        return "" if attached else "; ".join(failed) or "no attached probe uses it"
 
     def _compile(self, pl: _Plan, layers: set[str], skipped: dict[str, str]) -> set[str]:
         """Compile the layers; when the whole fails, find the layers that fail alone and drop them."""

@@ -61,10 +61,15 @@ class Thresholds:
       blamed by RTT when its lowest mean RTT over busy connections is at least this and this many times
       the other hosts' median (``net_blame``).
     - ``pair_slack_ns``: tolerance (beyond both clocks' uncertainty) of the pairing check of a collective.
-    - ``spread_min_ns`` / ``spread_rel``: floor of the job's recent spread of lateness (``spread``):
-      ``max(spread_min_ns, spread_rel * baseline median step time)``.
-    - ``evidence_clip``: one step's evidence is clipped to ``[0, evidence_clip]`` spreads, so that a
-      single freak step cannot cross the rules' CUSUM threshold alone (docs/ANALYSIS.md).
+    - ``spread_min_ns`` / ``spread_rel`` / ``spread_q``: the job's recent spread of lateness is the
+      ``spread_q`` quantile (nearest rank) of the largest lateness per step over the baseline's steps,
+      at least ``max(spread_min_ns, spread_rel * baseline median step time)`` (``baseline``).
+    - ``evidence_clip``: one step's evidence is clipped to ``[0, evidence_clip]`` spreads: with the
+      rules' CUSUM (drift 1.5, threshold 5) a step fires alone only from 6.5 spreads, and the clip bounds
+      what one step can add (docs/ANALYSIS.md "The test: Page's CUSUM").
+    - ``net_count_min``: the fewest retransmits on every busy connection of a host (``rx``) that count as
+      network evidence (with ``count_factor`` times the other hosts' median): lower than ``count_min``
+      because the evidence adds up over steps in the rules' CUSUM, where one step's blame stands alone.
     - ``rtt_scale_ns``: the smallest RTT scale of the network evidence (``(rtt - peers) / max(peers,
       rtt_scale_ns)``).
     - ``hang_min_ns`` / ``hang_factor``: a rank hangs when others arrived at a collective it never reached
@@ -87,7 +92,9 @@ class Thresholds:
     pair_slack_ns: int = 100_000
     spread_min_ns: int = 2_000_000
     spread_rel: float = 0.02
-    evidence_clip: float = 4.0
+    spread_q: float = 0.9
+    evidence_clip: float = 7.0
+    net_count_min: int = 2
     rtt_scale_ns: int = 2_000_000
     hang_min_ns: int = 3_000_000_000
     hang_factor: float = 3.0
@@ -482,21 +489,34 @@ def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
     return []
 
 
+def quantile_int(values: list[int], q: float) -> int:
+    """The ``q`` quantile (0 < q <= 1) by the nearest-rank method: the ``ceil(q n)``-th smallest value.
+    0 for none."""
+    if not values:
+        return 0
+    s = sorted(values)
+    return s[min(len(s), max(1, math.ceil(q * len(s)))) - 1]
+
+
 def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:
     """``{median_ns, p99_ns, n, spread_ns}`` over the last ``baseline_n`` entries ``[step,
     step_time_max_ns, late_max_ns]`` of the job's history with a step number below ``step`` (entries
     of two values, written by an older worker, have no lateness). ``spread_ns`` is the job's recent spread
-    of lateness: ``max(spread_min_ns, spread_rel * median_ns, median of late_max_ns)``."""
+    of lateness: ``max(spread_min_ns, spread_rel * median_ns, quantile_int(late_max_ns, spread_q))``, a
+    high quantile because lateness on a shared machine is heavy-tailed (docs/ANALYSIS.md "Sequential
+    detection")."""
     prior = sorted((e[0], e[1], e[2] if len(e) > 2 else None) for e in history if e[0] < step)[-th.baseline_n :]
     times = [t for _s, t, _l in prior]
     med = median_int(times)
     lates = [x for _s, _t, x in prior if x is not None]
-    spread = max(th.spread_min_ns, int(th.spread_rel * med), median_int(lates))
+    spread = max(th.spread_min_ns, int(th.spread_rel * med), quantile_int(lates, th.spread_q))
     return {"median_ns": med, "p99_ns": p99_int(times), "n": len(times), "spread_ns": spread}
 
 
 EVIDENCE_LAYERS = ("sched", "memory", "cuda", "nic", "network", "pytorch")
 """Layers the sequential evidence covers (``evidence``); each host entry carries all of them."""
+TIME_EVIDENCE = ("sched", "memory", "cuda", "nic")
+"""The time layers of the evidence: the host's own lost time that made it late."""
 
 
 def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict, th: Thresholds) -> dict:
@@ -509,16 +529,18 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
       time above the median of its peers, counted only as far as it made the host late (a victim is not
       late; a host whose extra layer time delayed nobody is no culprit);
     - pytorch: ``max(0, late(h) - sum of those excesses) / s``: lateness no lower layer explains;
-    - network of a late host: ``(count(h) - m) / sqrt(m + 1)`` of its retransmit count against the median
-      ``m`` of its peers, when ``count(h) >= count_min`` (retransmits carry no time);
     - network (>= 3 hosts, from ``net_stats``): the larger of ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and
       ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)``, ``m_*`` the median over the other hosts: loss or
       delay on every busy connection of the host (its late arrival is not needed: a slow link slows
-      every rank alike).
+      every rank alike). A host's own retransmit count is no evidence against it: a segment is
+      retransmitted by its sender, which is the peer of the host whose link drops it.
 
-    A host with connection-based network evidence in the step gets no other evidence in it: its slow
-    link explains its lateness. Lateness-based values need a baseline (``bl["n"] >= baseline_min_n``):
-    the start of a job is noisy."""
+    One cause per host and step: a host with connection-based network evidence keeps only that, unless
+    its time-layer evidence reaches ``min(1, network evidence)`` (its own lost time made it at least one
+    spread late): then it keeps only the time layers. A slow link makes its host late without any
+    run-queue or memory excess, while a host starved of CPU or stalled in reclaim answers its peers late,
+    which raises the RTT of all of its connections. Lateness-based values need a
+    baseline (``bl["n"] >= baseline_min_n``): the start of a job is noisy."""
     s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
     clip = th.evidence_clip
 
@@ -533,49 +555,45 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
             out.setdefault(h, dict.fromkeys(EVIDENCE_LAYERS, 0.0))[layer] = z
 
     if bl.get("n", 0) >= th.baseline_min_n and len(accs) >= 2:
-        peer_time = {
-            layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs)
-            for layer in ("sched", "memory", "cuda", "nic")
-        }
-        peer_count = LeaveOneOut(layer_value(g, "network", "count") for g in accs)
+        peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
         for h, lt in late.items():
             if lt <= 0:
                 continue
             explained = 0
-            for layer in ("sched", "memory", "cuda", "nic"):
+            for layer in TIME_EVIDENCE:
                 mine = layer_value(h, layer, "time_ns")
                 peer = peer_time[layer].median_without(mine)
                 ex = max(0, mine - peer)
                 explained += ex
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
-            # retransmits of a late host (no time: by count against its peers' median)
-            rx = layer_value(h, "network", "count")
-            m = peer_count.median_without(rx)
-            if rx >= th.count_min:
-                put(h, "network", (rx - m) / math.sqrt(m + 1))
     if len(accs) >= 3:
         rx, rtt = net_stats(accs, th)
-        net_hosts = set()
         loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
         for h in accs:
             m_rx = loo_rx.median_without(rx[h])
             m_rtt = loo_rtt.median_without(rtt[h])
-            # the thresholds of net_blame gate each: on a loaded machine a few retransmits and RTT
-            # spikes happen on every host (spurious timeouts), and only a clear outlier is evidence
-            z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.count_min, th.count_factor * m_rx) else 0.0
+            # thresholds gate each (net_count_min, and net_blame's for the RTT): on a loaded machine a few
+            # retransmits and RTT spikes happen on every host (spurious timeouts); only an outlier counts
+            z_rx = (
+                (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.net_count_min, th.count_factor * m_rx) else 0.0
+            )
             z_rtt = (
                 (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
                 if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt)
                 else 0.0
             )
-            put(h, "network", max(z_rx, z_rtt, out.get(h, {}).get("network", 0.0)))
-            if max(z_rx, z_rtt) > 0:
-                net_hosts.add(h)
-        for h in net_hosts & set(out):
+            z_net = round(min(clip, max(z_rx, z_rtt)), 3)
+            if z_net <= 0:
+                continue
+            mine = out.get(h, {})
+            z_time = max((mine.get(layer, 0.0) for layer in TIME_EVIDENCE), default=0.0)
+            if z_time >= min(1.0, z_net):
+                continue  # its own CPU or memory made it late, and slow to answer on every connection
             # its connections explain its lateness (a slow link delays its own collectives): no other
             # layer of it is the culprit in this step
-            out[h] = {layer: (z if layer == "network" else 0.0) for layer, z in out[h].items()}
+            out[h] = dict.fromkeys(EVIDENCE_LAYERS, 0.0)
+            out[h]["network"] = z_net
     return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
 
 

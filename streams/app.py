@@ -334,12 +334,18 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 await rep.send(key=b"read", value={"t": "read", "read": read}, partition=p)
 
 
-def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
-    """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts."""
+def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded) -> None:
+    """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts.
+    ``folded``: the table of the next internal offset to process per partition (``streams.reread``)."""
     out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
     conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
     sought = reread.track_seeks(app)
-    guard = reread.OffsetGuard("fold", m.consumer_skips.inc, lambda p: sought(TP(rep.get_topic_name(), p)))
+
+    def start(p: int) -> int | None:  # what any worker folded; else where this generation's seek went
+        v = folded.get(str(p))
+        return int(v) if v is not None else sought(TP(rep.get_topic_name(), p))
+
+    guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start)
     codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
 
     async def one(value, event, box: _Outbox) -> None:
@@ -370,6 +376,9 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None
                 except Exception:
                     log.exception("fold failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
             await box.send(rep)
+            for event in {e.message.partition: e for e in events}.values():  # each partition's last
+                _as_current(event)
+                folded[str(event.message.partition)] = event.message.offset + 1
 
 
 def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
@@ -489,7 +498,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     tables["parts"].on_recover(forget)
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
     _add_ingest(app, cfg, m, tables, rep, rate)
-    _add_fold(app, cfg, m, fold, rep)
+    _add_fold(app, cfg, m, fold, rep, tables["folded"])
     _add_expiry(app, cfg, m, fold, rep, rate)
     _add_watch(app, cfg, m, fold, rep)
     app.obshub_tables = tables

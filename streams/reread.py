@@ -15,10 +15,9 @@ partition moved. The worker cannot prevent it inside Faust, so it checks every r
 - at the first record of a partition in a consumer generation, from ``start(partition)`` when given: for
   the input topic :func:`next_input_offset`, the changelog-backed record of what any worker of the app
   processed (so a commit that passed unprocessed records is caught after a rebalance too);
-- for the internal topic (no per-partition record in the tables), from :func:`track_seeks`: the
-  committed offset the consumer sought to in this generation when that seek came before the record, so
-  a jump at the start of a generation inside this worker is caught, not a previous owner's commit
-  across a gap;
+- for the internal topic, the ``folded`` table (per partition, the offset after the last record the
+  fold processed); for a partition without that record yet, :func:`track_seeks`: the committed offset
+  the consumer sought to in this generation when that seek came before the record;
 - within a generation, the previous record's offset + 1.
 
 A record beyond that reveals a skipped range ``[expected, offset)``; the agent reads it again with
@@ -30,6 +29,7 @@ sequences, the fold ignores batch ids it already merged (docs/STREAMS.md, "Guara
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -140,6 +140,8 @@ async def read_range(
     within ``timeout_s``, returns what was read and logs an error naming the offsets that stay unread."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    if first >= end:
+        return []
     c = AIOKafkaConsumer(
         **kafka.aiokafka_kwargs(conn),
         group_id=None,
@@ -163,7 +165,13 @@ async def read_range(
             got = await c.getmany(tp, timeout_ms=500)
             out.extend(r for r in got.get(tp, ()) if first <= r.offset < end)
     finally:
-        await c.stop()
+        try:
+            await c.stop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled (the worker stops)
+            # else aiokafka's own: stop() can re-raise the cancellation of its internal no-group task
     if pos < end:
         log.error(
             "could not read offsets %d..%d of %s[%d] again within %.0f s: they stay unprocessed",

@@ -20,6 +20,7 @@ TABLES = {
     "members": "internal",
     "jobs": "internal",
     "closed": "internal",
+    "folded": "internal",
 }
 
 

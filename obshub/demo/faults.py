@@ -57,6 +57,7 @@ LAYER_OF = {
     "none": None,
 }
 NFT_TABLE = "obshub_fault"
+MAX_HEADERS = 120  # bytes: the longest IPv4 header (60) + the longest TCP header (60); longer carries data
 PAGECACHE_DIR = Path("/var/tmp/obshub-demo")  # on disk: tmpfs pages cannot be reclaimed without swap
 
 
@@ -190,14 +191,21 @@ class NetLoss(Fault):
         self._base = 0
 
     def ruleset(self) -> str:
-        """The nft script (``nft -f -``): one table, an input and an output chain, one counted rule each."""
-        p, net = int(self.params["percent"]), SUBNET
+        """The nft script (``nft -f -``): one table, an input and an output chain. Each chain drops
+        ``percent`` of the TCP packets from/to the subnet with two counted rules that split them by size:
+        a packet longer than ``MAX_HEADERS`` bytes carries data (an IPv4 header is at most 60 bytes and
+        a TCP header at most 60), the rest may be bare ACKs. The input chain's data rule has the comment
+        ``data-in``: every segment it drops was sent by a peer, which retransmits it (``data_dropped``)."""
+        p, net, n = int(self.params["percent"]), SUBNET, MAX_HEADERS
+        drop = f"numgen random mod 100 < {p} counter drop"
         return (
             f"table inet {NFT_TABLE} {{\n"
             f"  chain input {{ type filter hook input priority 0; policy accept;\n"
-            f"    ip saddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n"
+            f'    ip saddr {net} meta l4proto tcp meta length > {n} {drop} comment "data-in"\n'
+            f"    ip saddr {net} meta l4proto tcp meta length <= {n} {drop}\n  }}\n"
             f"  chain output {{ type filter hook output priority 0; policy accept;\n"
-            f"    ip daddr {net} meta l4proto tcp numgen random mod 100 < {p} counter drop\n  }}\n}}\n"
+            f"    ip daddr {net} meta l4proto tcp meta length > {n} {drop}\n"
+            f"    ip daddr {net} meta l4proto tcp meta length <= {n} {drop}\n  }}\n}}\n"
         )
 
     def prepare(self) -> None:
@@ -217,19 +225,30 @@ class NetLoss(Fault):
                 "check `nft --version` (1.0+) and the nf_tables module",
             )
 
+    def _counters(self) -> list[tuple[str, int]]:
+        """``(comment, packets)`` of every counted rule of the table ([] when it is absent)."""
+        out = sh(["nft", "-j", "list", "table", "inet", NFT_TABLE], netns=self.host.netns, check=False)
+        rows = []
+        for item in json.loads(out or '{"nftables": []}').get("nftables", []):
+            rule = item.get("rule", {})
+            for expr in rule.get("expr", []):
+                if "counter" in expr:
+                    rows.append((rule.get("comment", ""), expr["counter"]["packets"]))
+        return rows
+
     def dropped(self) -> int:
         """Packets dropped so far by the table's rules (sum of their counters), 0 when it is absent."""
-        out = sh(["nft", "-j", "list", "table", "inet", NFT_TABLE], netns=self.host.netns, check=False)
-        total = 0
-        for item in json.loads(out or '{"nftables": []}').get("nftables", []):
-            for expr in item.get("rule", {}).get("expr", []):
-                if "counter" in expr:
-                    total += expr["counter"]["packets"]
-        return total
+        return sum(n for _c, n in self._counters())
+
+    def data_dropped(self) -> int:
+        """Data segments (longer than ``MAX_HEADERS``) from peers dropped on the way in so far: each is
+        retransmitted by the peer that sent it while the connection lives."""
+        return sum(n for c, n in self._counters() if c == "data-in")
 
     def evidence(self) -> dict:
         return {
             "nft_dropped_packets": self.dropped(),
+            "nft_dropped_data_in": self.data_dropped(),
             "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
             "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all,
         }

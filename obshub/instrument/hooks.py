@@ -31,7 +31,10 @@ hooks and keeps the current TraceKey of every thread.
 * **registration**: ``register`` fires once per process, when ``torch.distributed`` is initialised
   (wrapped ``init_process_group``, or at ``enable()`` when it already is); a process that reaches its
   first step without it (single-process training) registers then as rank ``$RANK`` (0) of
-  ``$WORLD_SIZE`` (1).
+  ``$WORLD_SIZE`` (1). It fires again, with the same arguments, at the first step boundary after a tracer
+  attached to it: a uprobe turns the probe site's NOP into a breakpoint, which the process sees in its own
+  memory (``usdt.site_traced``, x86-64), so a node agent that started, or followed this process's copy of
+  the extension, after the registration still learns the process and its job.
 
 TraceKeys follow ``obshub.core.schema.make_trace_key(host_id, step, op_seq)``: ``op_seq`` is 0 for the step
 itself and counts every phase and collective of the step from 1. Outside a step (before the first one)
@@ -106,6 +109,9 @@ class _State:
         self.host_id = 0
         self.host_id_explicit = False
         self.registered = False
+        self.reg_args: tuple = ()  # what the register probe carried
+        self.reg_site: int | None = None  # the register probe's site (usdt.probe_site), None: unknown
+        self.traced = False  # a tracer was attached at the register probe when it last fired
         self.step = -1  # the open step, -1 when none
         self.next_step = 0
         self.op_seq = 0
@@ -164,6 +170,8 @@ def _next_op_locked() -> int:
 def _begin_step_locked() -> None:
     if not _st.registered:
         _register_undistributed_locked()
+    elif _st.reg_site is not None:
+        _register_again_if_traced_locked()
     _st.step = _st.next_step
     _st.next_step += 1
     _st.op_seq = 0
@@ -446,7 +454,7 @@ def _register() -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         _st.registered = True
         _st.coll_seq.clear()
-        usdt.register(_job_locked(), rank, world, _st.host_id, local_rank)
+        _fire_register_locked((_job_locked(), rank, world, _st.host_id, local_rank))
 
 
 def _register_undistributed_locked() -> None:
@@ -467,7 +475,26 @@ def _register_undistributed_locked() -> None:
 
     rank = env_int("RANK", 0)
     _st.registered = True
-    usdt.register(_job_locked(), rank, env_int("WORLD_SIZE", 1), _st.host_id, env_int("LOCAL_RANK", rank))
+    _fire_register_locked((_job_locked(), rank, env_int("WORLD_SIZE", 1), _st.host_id, env_int("LOCAL_RANK", rank)))
+
+
+def _fire_register_locked(args: tuple) -> None:
+    """Fire ``register(job, rank, world_size, host_id, local_rank)`` and remember it, and whether a tracer
+    was attached to it then."""
+    _st.reg_args = args
+    _st.traced = _st.reg_site is not None and usdt.site_traced(_st.reg_site)
+    usdt.register(*args)
+
+
+def _register_again_if_traced_locked() -> None:
+    """At a step boundary: when a tracer attached to the register probe since it last fired (the node
+    agent started, or followed this process's copy of the extension, after the process registered), fire
+    it again with the same arguments, so the agent learns the process and its job. One byte read per
+    step (:func:`obshub.instrument.usdt.site_traced`)."""
+    now = usdt.site_traced(_st.reg_site)  # type: ignore[arg-type]
+    if now and not _st.traced:
+        usdt.register(*_st.reg_args)
+    _st.traced = now
 
 
 def _job_locked() -> str:
@@ -551,6 +578,7 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
                 f"host_id {host_id!r} is not an integer in 0..65535", hint="pass the node's number, 0..65535"
             )
         _st.job = workload.clean_job(job) if job else ""
+        _st.reg_site = usdt.probe_site("register")
         _torch = torch
         undo = _st.undo
         undo.append(nn_module.register_module_forward_pre_hook(_forward_pre_hook).remove)

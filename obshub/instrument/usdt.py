@@ -13,6 +13,10 @@ the probe argument.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
+import struct
 from pathlib import Path
 
 from obshub.core.errors import ObshubError
@@ -35,8 +39,10 @@ __all__ = [
     "coll_end",
     "library_path",
     "phase_begin",
+    "probe_site",
     "phase_end",
     "register",
+    "site_traced",
     "step_begin",
     "step_end",
     "tracekey",
@@ -56,3 +62,65 @@ def library_path() -> str:
     """Absolute path of the built ``obshub.instrument._usdt`` shared object: the file a tracer attaches the
     ``obshub:*`` USDT probes to (e.g. ``bcc.USDT(path=library_path())``)."""
     return str(Path(_usdt.__file__).resolve())
+
+
+_BREAKPOINT = {"x86_64": b"\xcc", "AMD64": b"\xcc"}.get(platform.machine())  # int3
+
+
+def probe_site(name: str) -> int | None:
+    """Run-time address (in this process) of the first site of probe ``obshub:<name>`` in the loaded
+    extension, from its ELF ``.note.stapsdt`` (the SystemTap SDT note format: ``pc``, ``base``,
+    ``semaphore`` as 64-bit words, then provider, name and argument strings) and the extension's mapping in
+    ``/proc/self/maps``. None when it cannot be found (not a 64-bit little-endian ELF, no such probe, not
+    mapped). Never raises."""
+    try:
+        path = library_path()
+        with open(path, "rb") as fh:
+            elf = fh.read()
+        if elf[:6] != b"\x7fELF\x02\x01":
+            return None
+        (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+        strtab_off = sections[shstrndx][4]
+
+        def sname(sec) -> bytes:
+            start = strtab_off + sec[0]
+            return elf[start : elf.index(b"\0", start)]
+
+        by_name = {sname(sec): sec for sec in sections}
+        note, base_sec = by_name.get(b".note.stapsdt"), by_name.get(b".stapsdt.base")
+        if note is None:
+            return None
+        pos, end = note[4], note[4] + note[5]
+        pc = None
+        while pos + 12 <= end:
+            namesz, descsz, ntype = struct.unpack_from("<III", elf, pos)
+            owner = elf[pos + 12 : pos + 12 + namesz]
+            desc_at = pos + 12 + (namesz + 3) // 4 * 4
+            pos = desc_at + (descsz + 3) // 4 * 4
+            if owner != b"stapsdt\0" or ntype != 3:
+                continue
+            site, base, _sem = struct.unpack_from("<QQQ", elf, desc_at)
+            provider, probe, _args = elf[desc_at + 24 : desc_at + descsz].split(b"\0")[:3]
+            if provider == PROVIDER.encode() and probe == name.encode():
+                pc = site + (base_sec[3] - base if base_sec is not None else 0)
+                break
+        if pc is None:
+            return None
+        real = os.path.realpath(path)
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].strip() == real and int(parts[2], 16) == 0:
+                    return int(parts[0].split("-")[0], 16) + pc
+    except (OSError, ValueError, struct.error, IndexError):
+        return None
+    return None
+
+
+def site_traced(address: int) -> bool:
+    """Is a tracer attached at probe site ``address`` (from :func:`probe_site`) now? A uprobe replaces the
+    site's NOP by a breakpoint instruction in every process that maps the file, so the process sees it in
+    its own memory. Always False on architectures other than x86-64."""
+    return _BREAKPOINT is not None and ctypes.string_at(address, 1) == _BREAKPOINT

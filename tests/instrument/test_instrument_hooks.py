@@ -187,3 +187,33 @@ def test_disable_removes_everything(probes, gloo_world_of_one):
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     assert len(probes) == before
+
+
+def test_register_fires_again_when_a_tracer_attaches(probes, monkeypatch):
+    import ctypes
+
+    from obshub.instrument import hooks as instrument
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert instrument._st.reg_site == usdt.probe_site("register") is not None  # the real extension's site
+    site = ctypes.create_string_buffer(b"\x90")  # stands for the probe site: a NOP, a breakpoint when traced
+    instrument._st.reg_site = ctypes.addressof(site)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def steps(n: int) -> int:
+        """Train ``n`` steps; the number of register calls so far."""
+        for _ in range(n):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        return len(_events(probes, "register"))
+
+    assert steps(3) == 1  # no tracer: registered once, at the first step
+    site.raw = b"\xcc"  # an agent attached a uprobe
+    assert steps(1) == 2 and steps(3) == 2  # once more at the next step boundary, not again
+    site.raw = b"\x90"  # it detached...
+    assert steps(2) == 2
+    site.raw = b"\xcc"  # ...and a new one attached
+    assert steps(1) == 3
+    assert set(_events(probes, "register")) == {("register", "j", 0, 1, 2, 0)}  # the same arguments

@@ -26,10 +26,11 @@ pytestmark = [pytest.mark.bpf, pytest.mark.kafka, pytest.mark.torch]
 STEPS = 5
 
 TRAIN = f"""
-import time, torch
+import sys, time, torch
 model = torch.nn.Linear(8, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 x = torch.randn(16, 8)
+sys.stdin.readline()  # torch is imported (the slow part) while the agent compiles its probes
 for _ in range({STEPS}):
     opt.zero_grad()
     model(x).sum().backward()
@@ -78,13 +79,19 @@ def test_two_jobs_on_one_host_give_two_streams_of_summaries(kafka, tmp_path):
     )
     said: list[str] = []
     agent = Agent(config, src, say=said.append)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TRAIN], env=env, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for env in (_env(SLURM_JOB_ID=slurm_job, SLURM_STEP_ID="0"), _env(TORCHELASTIC_RUN_ID=run_id))
+    ]
     run = AgentThread(agent)
-    procs = []
     try:
         wait_for(lambda: bool(agent.probe_status) or run.error is not None, 60, "the probes to attach")
         assert all(s.attached for s in agent.probe_status), agent.probe_status
-        for env in (_env(SLURM_JOB_ID=slurm_job, SLURM_STEP_ID="0"), _env(TORCHELASTIC_RUN_ID=run_id)):
-            procs.append(subprocess.Popen([sys.executable, "-c", TRAIN], env=env, stderr=subprocess.PIPE, text=True))
+        for p in procs:  # both train at once
+            p.stdin.write("go\n")
+            p.stdin.flush()
         for p in procs:
             _, err = p.communicate(timeout=120)
             assert p.returncode == 0, err[-2000:]

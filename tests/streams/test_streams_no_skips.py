@@ -3,7 +3,9 @@ rebalances), then the app scales to zero while the job goes on and the group's c
 input partition is moved past records no worker processed (what a consumer that skipped them and
 committed across the gap leaves behind, docs/STREAMS.md "No silent skips"). The restarted worker must
 notice the range from its changelog-backed tables, read it again and summarise every step exactly once
-with every batch counted (real broker, real ``obshub streams worker`` processes)."""
+with every batch counted. On the internal topic the committed offset is moved past copies of records
+the fold already processed: the worker must read them again and still summarise nothing twice (real
+broker, real ``obshub streams worker`` processes)."""
 
 from __future__ import annotations
 
@@ -66,6 +68,30 @@ class _TP:
         self.topic, self.partition = "in", partition
 
 
+def _append_copies(settings, topic: str, partition: int, n: int) -> tuple[int, int]:
+    """Append copies of the last ``n`` records of ``topic[partition]`` to it (records the fold already
+    processed). Returns the partition's end offset before and after."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"cp-{uuid.uuid4().hex}"})
+    try:
+        end = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
+        c.assign([TopicPartition(topic, partition, end - n)])
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m)
+    finally:
+        c.close()
+    p = testkit.producer(settings)
+    for m in got:
+        p.produce(topic, key=m.key(), value=m.value(), partition=partition)
+    assert p.flush(30) == 0 and len(got) == n
+    return end, end + n
+
+
 def test_next_input_offset_is_one_past_the_highest_processed_offset_of_the_partition():
     agents = {
         "a": {"partition": 0, "offset": 7},
@@ -93,6 +119,20 @@ def test_offset_guard_reports_exactly_the_skipped_ranges():
     assert skipped == [4, 2]
     within = reread.OffsetGuard("t", skipped.append)  # no start: the first record of a generation is accepted
     assert within.check(tp, 100, 1) is None and within.check(tp, 102, 1) == (101, 102)
+
+
+@pytest.mark.kafka
+def test_read_range_returns_exactly_the_offsets_asked_for(kafka, unique):
+    import asyncio
+
+    from obshub.core import kafka as kafka_conf
+
+    topic = testkit.make_topics(kafka, f"rr-{unique}", partitions=1).events
+    testkit.publish(kafka, topic, [(b"k", f"v{i}".encode()) for i in range(10)])
+    conn = kafka_conf.KafkaConnection(bootstrap=kafka.bootstrap_servers)
+    for first, end in ((3, 7), (0, 10), (9, 10), (5, 5)):  # each read by a consumer of its own
+        got = asyncio.run(reread.read_range(conn, topic, 0, first, end))
+        assert [(r.offset, r.value) for r in got] == [(i, f"v{i}".encode()) for i in range(first, end)]
 
 
 @pytest.mark.kafka
@@ -148,6 +188,10 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
     skipped = (after[p] - before[p]) // 2
     assert skipped >= 2, f"too few new records in partition {p}: {before} -> {after}"
     _commit_past(kafka, app, topics.events, p, before[p] + skipped)
+    # the same on the internal topic: its commit passes copies of records the fold already processed
+    internal = f"{app}-steps"
+    folded_end, copied_end = _append_copies(kafka, internal, 0, 6)
+    _commit_past(kafka, app, internal, 0, copied_end)
     w2 = testkit.Worker(topics, app, 422, tmp_path / "w2.log", window_s=60.0)
     try:
         _wait_settled(w2)
@@ -167,3 +211,5 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
         rf"read (\d+) records of {re.escape(topics.events)}\[{p}\] again \(offsets (\d+)\.\.(\d+)\)", log
     )
     assert (str(skipped), str(before[p]), str(before[p] + skipped - 1)) in reread, log[-3000:]
+    again = re.findall(rf"read (\d+) records of {re.escape(internal)}\[0\] again \(offsets (\d+)\.\.(\d+)\)", log)
+    assert any(int(n) >= 6 and int(a) <= folded_end and int(b) == copied_end - 1 for n, a, b in again), log[-3000:]

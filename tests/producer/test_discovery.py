@@ -1,0 +1,55 @@
+"""Finding copies of a library in other processes (producer/discovery.py), without BPF: a file's identity
+as the agent reads it equals what another process's maps show for it; the scanner reports a copy once,
+not the file it already knows, and stops reading a process that maps the instrumentation; a path in the
+agent's own mount namespace stays as it is."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from obshub.core.usdt import library_path
+from producer.discovery import LibraryScanner, agent_path, file_identity, mount_ns
+
+LOADER = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('ok', flush=True); sys.stdin.readline()"
+
+
+def test_scanner_reports_each_copy_once(tmp_path):
+    lib = library_path()
+    if lib is None:
+        pytest.skip("obshub.instrument._usdt is not built")
+    copy = tmp_path / lib.name
+    shutil.copy(lib, copy)
+    known = file_identity(lib)
+    assert known is not None and known != file_identity(copy)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOADER, str(p)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for p in (lib, copy)
+    ]
+    try:
+        assert [p.stdout.readline().strip() for p in procs] == ["ok", "ok"]
+        pids = {p.pid for p in procs}
+        scanner = LibraryScanner({"usdt": ("_usdt*.so",)}, [known], pids=lambda: pids, settle_key="usdt")
+        found = scanner.scan()
+        assert [(k, m.pid, m.path, m.identity) for k, m in found] == [
+            ("usdt", procs[1].pid, str(copy), file_identity(copy))
+        ]
+        assert found[0][1].host_path == copy  # the agent's own mount namespace: the path as it is
+        assert scanner.scan() == [] and scanner._settled == pids  # reported once; both processes settled
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_paths_in_the_agents_own_namespace():
+    assert mount_ns() == mount_ns(os.getpid()) != "" and mount_ns(2**22 + 7) == ""
+    assert agent_path(os.getpid(), "/usr/lib/x.so") == Path("/usr/lib/x.so")
+    assert file_identity("/nonexistent/file") is None
