@@ -12,7 +12,7 @@ With ``--burst`` it also attaches bench/firehose_burst.c (appended to the agent'
 executable's ``fire_burst``: one uprobe hit emits up to 64 ``STEP_BEGIN`` records through the same ring
 buffer, reservation and loss counter as the USDT handler.
 
-    python -m bench.agent_host --usdt /tmp/firehose --pid 1234 --cpu 0 --metrics-port 9464 [--burst]
+    python -m bench.agent_host --usdt /tmp/firehose --pid 1234 --cpu 0 --metrics-port 9464 [--burst] [--ringbuf-pages 4096 --host h2]
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", type=int, default=None, help="pin this process to this CPU")
     p.add_argument("--metrics-port", type=int, required=True)
     p.add_argument(
-        "--ringbuf-pages", type=int, default=4096, help="ring buffer size, 4 KiB pages (default 16 MiB, the agent's)"
+        "--ringbuf-pages", type=int, default=16384, help="ring buffer size, 4 KiB pages (default 64 MiB, the agent's)"
     )
+    p.add_argument("--host", default="bench-firehose", help="the agent's host name (and spool folder)")
     p.add_argument(
         "--burst",
         action="store_true",
@@ -52,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     cfg = agent_config(
         job="bench-agent",
-        host="bench-firehose",
+        host=a.host,
         host_id=7,
         kafka=dict(bootstrap=settings.bootstrap_servers),
-        spool=dict(dir=settings.home / "spool" / "bench-firehose"),
+        spool=dict(dir=settings.home / "spool" / a.host),
         metrics_port=a.metrics_port,
         flush_timeout_s=30.0,
     )

@@ -80,6 +80,17 @@ def task_cpu_ns(pid: int) -> int:
     return total
 
 
+def machine_switches() -> int:
+    """Context switches of the whole machine since boot (``ctxt`` of /proc/stat); 0 when unreadable."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("ctxt "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def run_ranks(
     prefix: list[str],
     module: list[str],
@@ -397,6 +408,8 @@ def _accounted(samples: dict[str, list[dict]]) -> dict:
                 _fmt_frac(a["overhead"]),
             )
         common.console.print(t)
+        for name, a in out.items():
+            a["groups"] = _by_group(name, samples[name], base, a["trap_ns"])
         top = {}
         for s in samples.get("C + agent (every probe)", []):
             for k, (tns, _n) in s.get("bpf_programs", {}).items():
@@ -410,6 +423,81 @@ def _accounted(samples: dict[str, list[dict]]) -> dict:
                 )
             )
     return out
+
+
+#: probe groups of the per-group table: BPF program name prefix -> group (names are cut to 15 characters)
+GROUPS = (
+    ("obs_sched_", "sched tracepoints (switch, wakeup, exit)"),
+    ("obs_page_alloc", "memory: page allocation tracepoint"),
+    ("obs_reclaim", "memory: reclaim, compaction"),
+    ("obs_memcg", "memory: reclaim, compaction"),
+    ("obs_compaction", "memory: reclaim, compaction"),
+    ("obs_tcp_", "net: tcp_probe, retransmit"),
+    ("obs_sock_", "net: socket state, drops"),
+    ("obs_kfree_skb", "net: socket state, drops"),
+    ("obs_usdt_", "pytorch USDT programs"),
+)
+
+
+def _group_of(prog: str) -> str:
+    return next((g for prefix, g in GROUPS if prog.startswith(prefix)), "other programs")
+
+
+def _by_group(name: str, ss: list[dict], base: list[dict], trap_ns: float) -> dict:
+    """Print and return the agent's cost per probe group for one configuration, medians over rounds:
+    program runs per step, ns per run (kernel statistics), µs per step and share of the ranks' CPU per step
+    in B; plus the USDT traps (hits x trap ns) and the agent process (user space: ring drain, batching,
+    Kafka). Machine-wide context switches per step (/proc/stat ctxt) explain the sched group: its programs
+    run on every switch of every process on the machine, not only the training's."""
+    b_cpu = statistics.median(b["cpu_ns_per_step"] for b in base)
+    groups: dict[str, dict[str, list[float]]] = {}
+    for s in ss:
+        per: dict[str, list[float]] = {}
+        for prog, (tns, runs) in s.get("bpf_programs", {}).items():
+            g = per.setdefault(_group_of(prog), [0.0, 0.0])
+            g[0] += tns
+            g[1] += runs
+        for g, (tns, runs) in per.items():
+            d = groups.setdefault(g, {"ns": [], "runs": []})
+            d["ns"].append(tns)
+            d["runs"].append(runs)
+    rows = {
+        g: {
+            "runs_per_step": statistics.median(d["runs"]),
+            "ns_per_run": sum(d["ns"]) / max(1.0, sum(d["runs"])),
+            "ns_per_step": statistics.median(d["ns"]),
+        }
+        for g, d in groups.items()
+    }
+    hits = statistics.median(s["usdt_hits_per_step"] for s in ss)
+    rows["USDT traps (uprobe entry/exit around the programs)"] = {
+        "runs_per_step": hits,
+        "ns_per_run": trap_ns,
+        "ns_per_step": hits * trap_ns,
+    }
+    rows["agent process (user space)"] = {
+        "runs_per_step": float("nan"),
+        "ns_per_run": float("nan"),
+        "ns_per_step": statistics.median(s["agent_cpu_ns_per_step"] for s in ss),
+    }
+    ctxt = [s["ctxt_per_step"] for s in ss if "ctxt_per_step" in s]
+    t = Table(
+        title=f"{name}: the agent's cost per probe group (medians over rounds; share of the ranks' CPU per step "
+        f"in B, {b_cpu / 1e6:.2f} ms)",
+        caption=f"context switches on the whole machine per step: {statistics.median(ctxt):,.0f}" if ctxt else None,
+    )
+    for col in ("group", "runs/step", "ns/run", "µs/step", "share of ranks' CPU"):
+        t.add_column(col)
+    for g, r in sorted(rows.items(), key=lambda x: -x[1]["ns_per_step"]):
+        t.add_row(
+            g,
+            "-" if r["runs_per_step"] != r["runs_per_step"] else f"{r['runs_per_step']:,.1f}",
+            "-" if r["ns_per_run"] != r["ns_per_run"] else f"{r['ns_per_run']:,.0f}",
+            f"{r['ns_per_step'] / 1e3:,.1f}",
+            f"{r['ns_per_step'] / b_cpu * 100:.3f} %",
+        )
+    common.console.print(t)
+    return rows
 
 
 def _fmt_pct(r: tuple[float, float, float]) -> str:
@@ -450,13 +538,13 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
                 win: dict = {}
 
                 def on_warm(agent=agent, win=win) -> None:
-                    win["t0"] = time.monotonic()
+                    win["t0"], win["c0"] = time.monotonic(), machine_switches()
                     if agent is not None:
                         win["a0"], win["k0"] = task_cpu_ns(agent.proc.pid), agent.kinds()
                         win["b0"] = stats.snapshot(agent.proc.pid) if stats else {}
 
                 def on_last(agent=agent, win=win) -> None:
-                    win["t1"] = time.monotonic()
+                    win["t1"], win["c1"] = time.monotonic(), machine_switches()
                     if agent is not None:
                         win["a1"] = task_cpu_ns(agent.proc.pid)
                         win["b1"] = stats.snapshot(agent.proc.pid) if stats else {}
@@ -469,6 +557,8 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
                 finally:
                     rc = agent.stop() if agent is not None else None
                 s = {k: v for k, v in res.items() if k != "steps"}
+                if "c1" in win:
+                    s["ctxt_per_step"] = (win["c1"] - win["c0"]) / res["window_steps"]
                 if agent is not None:
                     probe_tables[name] = agent.table
                     k1 = agent.last_kinds

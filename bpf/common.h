@@ -104,6 +104,19 @@ BPF_HASH(wcgroups, u64, u8, 1024);                           /* cgroup v2 id -> 
 BPF_HASH(wtids, u32, u32, OBS_MAX_TIDS);                     /* tid -> tgid of watched threads */
 BPF_ARRAY(lost, u64, OBS_NPROBES);                           /* probe id -> failed reservations */
 BPF_ARRAY(thresholds, u64, OBS_NTHRESHOLDS);                 /* OBS_THR_* -> value (ns, order...) */
+/* Pre-filters for the programs that run on every context switch or wakeup of the machine: bit n of
+ * wtid_bits is set while thread n is in wtids, bit n of wtgid_bits while process n is in watched. An array
+ * look-up is inlined by the verifier (no hashing, no helper call), so a task that is not watched costs
+ * one load and a test. The hash maps stay the truth: a set bit only lets the program ask them (a bit may
+ * stay set after its thread is gone); a missing bit is set again the next time the thread passes
+ * obs_current_watched (every switch-out of a watched thread does). Pids at or above OBS_PID_LIMIT (the
+ * loader passes kernel.pid_max) are not in the bitmaps: the programs ask the hash maps for those. */
+#ifndef OBS_PID_LIMIT
+#define OBS_PID_LIMIT 4194304
+#endif
+#define OBS_PID_WORDS ((OBS_PID_LIMIT + 63) / 64)
+BPF_ARRAY(wtid_bits, u64, OBS_PID_WORDS);
+BPF_ARRAY(wtgid_bits, u64, OBS_PID_WORDS);
 BPF_HASH(sched_acc, u32, struct obs_sched_acc, 4096);        /* tgid -> sums in the current step */
 BPF_HASH(mem_acc, u32, struct obs_mem_acc, 4096);            /* tgid -> memory aggregate of the step */
 BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA launch aggregate of the step */
@@ -141,6 +154,43 @@ static __always_inline void obs_count_lost(u32 probe)
         __sync_fetch_and_add(v, 1);
 }
 
+/* Bit operations on a word of the bitmaps (NULL: n is beyond them). bcc allows map calls only in plain
+ * code, so each bitmap has its own look-up function. */
+static __always_inline int obs_bit_test(u64 *w, u32 n)
+{
+    return n >= OBS_PID_LIMIT || (w && ((*w >> (n & 63)) & 1));
+}
+
+static __always_inline void obs_bit_set(u64 *w, u32 n)
+{
+    if (w && !((*w >> (n & 63)) & 1))
+        __sync_fetch_and_or(w, 1ull << (n & 63));
+}
+
+static __always_inline void obs_bit_clear(u64 *w, u32 n)
+{
+    if (w && ((*w >> (n & 63)) & 1))
+        __sync_fetch_and_and(w, ~(1ull << (n & 63)));
+}
+
+static __always_inline u64 *obs_tid_word(u32 tid)
+{
+    u32 w = tid >> 6;
+    return tid < OBS_PID_LIMIT ? wtid_bits.lookup(&w) : NULL;
+}
+
+static __always_inline u64 *obs_tgid_word(u32 tgid)
+{
+    u32 w = tgid >> 6;
+    return tgid < OBS_PID_LIMIT ? wtgid_bits.lookup(&w) : NULL;
+}
+
+/* May thread `tid` be watched (its bit set, or beyond the bitmap)? */
+static __always_inline int obs_tid_maybe(u32 tid)
+{
+    return obs_bit_test(obs_tid_word(tid), tid);
+}
+
 /* Is the process `tgid` watched? With OBS_WATCH_ALL every process is. */
 static __always_inline int obs_tgid_watched(u32 tgid)
 {
@@ -171,7 +221,24 @@ static __always_inline int obs_current_watched(void)
     }
     if (wtids.lookup(&tid) == NULL)
         wtids.update(&tid, &tgid);
+    obs_bit_set(obs_tid_word(tid), tid);
+    obs_bit_set(obs_tgid_word(tgid), tgid);
     return 1;
+}
+
+/* obs_current_watched for the programs on the hot paths of the whole machine (context switch, page
+ * allocation): a task whose process's bit is clear costs one array load and a test; the rest takes the
+ * same path as obs_current_watched (which adds a new thread of a watched process on sight). */
+static __always_inline int obs_current_watched_fast(void)
+{
+#if defined(OBS_WATCH_ALL) || defined(OBS_WATCH_CGROUP_V2)
+    return obs_current_watched();
+#else
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!obs_bit_test(obs_tgid_word(tgid), tgid))
+        return 0;
+    return obs_current_watched();
+#endif
 }
 
 /* Reserve an event for `probe`, fill the common fields from thread `tid` of process `tgid` (its
@@ -205,11 +272,13 @@ static __always_inline struct obs_event *obs_reserve_current(u32 probe, u16 kind
     return obs_reserve(probe, kind, id >> 32, (u32)id);
 }
 
-/* Submit without waking the reader, except every OBS_WAKEUP_EVERY-th event (about a quarter of the
- * ring): the reader polls on a timer anyway, and a wakeup per event would preempt the watched threads
- * sharing the reader's CPU (which would then show up in their own scheduler events). */
+/* Submit without waking the reader, except every OBS_WAKEUP_EVERY-th event (a quarter of the ring, at
+ * most 4 MiB of records: the rest of the ring is headroom for the time the woken reader waits for a CPU):
+ * the reader polls on a timer anyway, and a wakeup per event would preempt the watched threads sharing
+ * the reader's CPU (which would then show up in their own scheduler events). */
+#define OBS_WAKEUP_BYTES (OBS_RINGBUF_PAGES * 4096 / 4 < (4 << 20) ? OBS_RINGBUF_PAGES * 4096 / 4 : (4 << 20))
 #ifndef OBS_WAKEUP_EVERY
-#define OBS_WAKEUP_EVERY ((OBS_RINGBUF_PAGES * 4096 / 4) / (sizeof(struct obs_event) + 8) + 1)
+#define OBS_WAKEUP_EVERY (OBS_WAKEUP_BYTES / (sizeof(struct obs_event) + 8) + 1)
 #endif
 BPF_ARRAY(submitted, u64, 1);
 
@@ -223,7 +292,16 @@ static __always_inline void obs_submit(struct obs_event *e)
     events.ringbuf_submit(e, flags);
 }
 
-/* Read a tracepoint field at the byte offset the loader found in tracefs (-D TPOFF_...). */
-#define OBS_TP_READ(dst, ctx, off) bpf_probe_read_kernel(&(dst), sizeof(dst), (char *)(ctx) + (off))
+/* Read a tracepoint field at the byte offset the loader found in tracefs (-D TPOFF_...): a direct load
+ * from the tracepoint's record when the offset is aligned to the field's size (the verifier allows
+ * aligned reads of a tracepoint program's context: no helper call), else bpf_probe_read_kernel (byte
+ * arrays read as a word, such as an IPv4 address). Both are compile-time constants: one branch is left. */
+#define OBS_TP_READ(dst, ctx, off)                                                                        \
+    do {                                                                                                  \
+        if ((off) % sizeof(dst) == 0)                                                                     \
+            (dst) = *(typeof(dst) *)((char *)(ctx) + (off));                                              \
+        else                                                                                              \
+            bpf_probe_read_kernel(&(dst), sizeof(dst), (char *)(ctx) + (off));                            \
+    } while (0)
 
 #endif /* OBSHUB_COMMON_H */

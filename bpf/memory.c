@@ -20,7 +20,7 @@ BPF_HASH(compact_ts, u32, u64, OBS_MAX_TIDS);
 
 static __always_inline int obs_stall_begin(int which)
 {
-    if (!obs_current_watched())
+    if (!obs_current_watched_fast())
         return 0;
     u32 tid = (u32)bpf_get_current_pid_tgid();
     u64 now = bpf_ktime_get_ns();
@@ -116,7 +116,7 @@ int obs_page_alloc(void *ctx)
     OBS_TP_READ(order, ctx, TPOFF_MM_PAGE_ALLOC_ORDER);
     if (order < obs_threshold(OBS_THR_PAGE_ORDER))
         return 0;
-    if (!obs_current_watched())
+    if (!obs_current_watched_fast())
         return 0;
     if (order < obs_threshold(OBS_THR_PAGE_ORDER_SINGLE)) {
         u32 tgid = bpf_get_current_pid_tgid() >> 32;

@@ -9,8 +9,11 @@
  *                                                            CUDA_STEP_SUM of the process);
  *                                                            step_begin also sets tid_key
  *   phase_begin/phase_end(phase, step, trace_key)         -> PHASE (on end, with its duration);
- *                                                            phase_begin also sets tid_key
- *   coll_begin/coll_end(pg, coll_seq, op, bytes, step, trace_key) -> COLLECTIVE_BEGIN/_END
+ *                                                            phase_begin sets tid_key, phase_end sets
+ *                                                            it back to the step's key (trace_key with
+ *                                                            op_seq 0, the low 32 bits)
+ *   coll_begin/coll_end(pg, coll_seq, op, bytes, step, trace_key) -> COLLECTIVE_BEGIN/_END; coll_begin
+ *                                                            also sets tid_key
  */
 #include "common.h"
 
@@ -233,6 +236,7 @@ static __always_inline int obs_phase(int end, u64 phase, s64 step, u64 key)
         obs_set_key(tid, key, step);
         return 0;
     }
+    obs_set_key(tid, key & ~0xFFFFFFFFull, step); /* back to the step's key (the instrumentation's too) */
     u64 *begin = phase_begin_ts.lookup(&pk);
     if (!begin)
         return 0; /* the begin happened before the agent attached */
@@ -283,6 +287,7 @@ static __always_inline int obs_coll(int end, u64 pg, u64 seq, u64 op, u64 bytes,
     bpf_probe_read_user_str(ck.pg, sizeof(ck.pg), (void *)pg);
     if (!end) {
         coll_begin_ts.update(&ck, &now);
+        obs_set_key(tid, key, step);
     } else {
         u64 *begin = coll_begin_ts.lookup(&ck);
         if (begin) {

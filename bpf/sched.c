@@ -19,8 +19,10 @@ struct obs_off {
     s64 state;
 };
 
-BPF_TABLE("lru_hash", u32, u64, wake_ts, OBS_MAX_TIDS);          /* tid -> when it became runnable */
-BPF_TABLE("lru_hash", u32, struct obs_off, off_ts, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
+/* Plain hashes (an LRU hash costs more per update): entries exist only for watched threads, are deleted when
+ * the thread runs again and at its exit (obs_sched_exit), so they do not outgrow the live watched threads. */
+BPF_HASH(wake_ts, u32, u64, OBS_MAX_TIDS);          /* tid -> when it became runnable */
+BPF_HASH(off_ts, u32, struct obs_off, OBS_MAX_TIDS); /* tid -> when it left the CPU, its state */
 
 /* `waited`: a run-queue wait ended now (runq is its length; it goes to the maximum and the histogram). */
 static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk, int waited)
@@ -57,6 +59,8 @@ static __always_inline int obs_sched_single_ok(u32 tgid)
 
 static __always_inline void obs_mark_runnable(u32 tid)
 {
+    if (!obs_tid_maybe(tid))
+        return;
     u32 *tgid = wtids.lookup(&tid);
     if (!tgid)
         return;
@@ -85,14 +89,17 @@ int obs_sched_switch(void *ctx)
 {
     s32 prev_pid = 0, next_pid = 0;
     long prev_state = 0;
-    u64 now = bpf_ktime_get_ns();
     OBS_TP_READ(prev_pid, ctx, TPOFF_SCHED_SWITCH_PREV_PID);
-    OBS_TP_READ(prev_state, ctx, TPOFF_SCHED_SWITCH_PREV_STATE);
     OBS_TP_READ(next_pid, ctx, TPOFF_SCHED_SWITCH_NEXT_PID);
+    u32 prev = (u32)prev_pid, next = (u32)next_pid;
+    int prev_watched = prev && obs_current_watched_fast();
+    if (!prev_watched && !(next && obs_tid_maybe(next)))
+        return 0; /* neither task is watched: the common case on a busy machine, no map work */
+    u64 now = bpf_ktime_get_ns();
 
     /* 1. the previous task (the current one) leaves the CPU */
-    u32 prev = (u32)prev_pid;
-    if (prev && obs_current_watched()) {
+    if (prev_watched) {
+        OBS_TP_READ(prev_state, ctx, TPOFF_SCHED_SWITCH_PREV_STATE);
         /* the low byte is the task state (TASK_REPORT bits); 0 = runnable ("R", or "R+" when preempted:
          * the tracepoint then sets TASK_REPORT_MAX, 0x100 since 4.14, above the low byte) */
         s64 state = prev_state & OBS_TASK_STATE_MASK;
@@ -105,8 +112,7 @@ int obs_sched_switch(void *ctx)
     }
 
     /* 2. the next task comes on the CPU */
-    u32 next = (u32)next_pid;
-    u32 *tgidp = next ? wtids.lookup(&next) : NULL;
+    u32 *tgidp = next && obs_tid_maybe(next) ? wtids.lookup(&next) : NULL;
     if (!tgidp)
         return 0;
     u32 tgid = *tgidp;
@@ -151,9 +157,11 @@ int obs_sched_exit(void *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id, tgid = id >> 32;
-    if (wtids.lookup(&tid) == NULL)
+    if (!obs_tid_maybe(tid) || wtids.lookup(&tid) == NULL)
         return 0;
+    obs_bit_clear(obs_tid_word(tid), tid);
     if (tid == tgid) {
+        obs_bit_clear(obs_tgid_word(tgid), tgid);
         watched.delete(&tgid);
         sched_acc.delete(&tgid);
         mem_acc.delete(&tgid);

@@ -22,8 +22,9 @@
  *
  * Ring(map_fd, data_size)      map the ring (data_size: the map's max_entries, a power-of-2 multiple of
  *                              the page size); raises OSError.
- * Ring.wait(timeout_ms) -> int epoll on the map fd: > 0 when the kernel signalled data (records submitted
- *                              with BPF_RB_NO_WAKEUP do not signal; call drain anyway).
+ * Ring.wait(timeout_ms) -> int epoll on the map fd, edge-triggered: > 0 when the kernel signalled since the
+ *                              previous wait (records submitted with BPF_RB_NO_WAKEUP do not signal, and
+ *                              records already pending do not make it return: call drain anyway).
  * Ring.drain(fmt, max_records) -> list: consumes up to max_records records in order; consecutive packed
  *                              records form one tuple (data: bytes, ends: bytes of native u32 end offsets,
  *                              kinds: {kind: count}); a FMT_PY record is a bytes object of its first 176
@@ -234,7 +235,10 @@ static int Ring_init(Ring *r, PyObject *args, PyObject *kw)
         return -1;
     }
     r->epfd = epoll_create1(EPOLL_CLOEXEC);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    /* edge-triggered: a wait returns when the kernel signals (a forced wakeup, see bpf/common.h) or on its
+     * timeout, not merely because records are pending (the ring's poll reports readable whenever it holds
+     * anything), so a reader can let records that trickle in gather between drains */
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = fd};
     if (r->epfd < 0 || epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         ring_unmap(r);

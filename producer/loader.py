@@ -36,7 +36,7 @@ from producer import discovery, kheaders
 from producer import probes as cat
 from producer.errors import ProbeError
 from producer.probes import ProbeOptions, ProbeStatus, Target, Tracepoint, Uprobe, Usdt
-from producer.reader import DECODE_ALL_TABLE, PACKED_TABLE, Decoder, packed_run
+from producer.reader import DECODE_ALL_TABLE, EVENT_SIZE, PACKED_TABLE, Decoder, packed_run
 from producer.sysfs_poller import SysfsPoller
 
 log = logging.getLogger("obshub.agent")
@@ -146,6 +146,7 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
         f"-DOBS_NTHRESHOLDS={len(cat.THRESHOLDS)}",
         f"-DOBS_PROBE_CUDA_BASE={cat.CUDA_PROBE_BASE}",
         f"-DOBS_CUDA_NSYMS={cat.CUDA_MAX_SYMBOLS}",
+        f"-DOBS_PID_LIMIT={_pid_limit()}",
     ]
     flags += [f"-DOBS_LAYER_{layer}" for layer in sorted(layers)]
     flags += [f"-D{p.macro}={p.id}" for p in cat.PROBES]
@@ -208,6 +209,11 @@ class BpfEventSource:
         self._pending: list[Event] = []
         self._registrations: list[dict] = []
         self._watched: set[int] = set()
+        self._trickle = False  # the last drain took records without filling up (see _drain)
+        self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
+        self._last_drain = 0.0
+        self._ring_records = 1  # records the ring holds (set at start)
+        self._tids: dict[int, set[int]] = {}  # watched pid -> its threads already written to wtids
         self._next_refresh = 0.0
         self._sysfs: SysfsPoller | None = None
         self._decoder: Decoder | None = None
@@ -248,7 +254,9 @@ class BpfEventSource:
                         self._attached.add(p.name)
             from producer._ring import Ring
 
-            self._ring = Ring(self._bpf[b"events"].map_fd, self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE"))
+            size = self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE")
+            self._ring = Ring(self._bpf[b"events"].map_fd, size)
+            self._ring_records = max(1, size // (EVENT_SIZE + 8))  # 8-byte record header
         if any(p.mechanism == "sysfs" for p in pl.probes):
             self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
             for p in pl.probes:
@@ -455,14 +463,21 @@ class BpfEventSource:
             wcgroups = self._bpf[b"wcgroups"]
             for cgid in cat.cgroup_v2_ids(self.target.cgroup):
                 wcgroups[ctypes.c_uint64(cgid)] = ctypes.c_uint8(1)
+        bits = _Bits(self._bpf[b"wtgid_bits"], self._bpf[b"wtid_bits"])
         for pid in pids - self._watched:
             watched[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
+            bits.set_tgid(pid)
         for pid in self._watched - pids:
             with contextlib.suppress(KeyError):
                 del watched[ctypes.c_uint32(pid)]
-        for pid in pids:
-            for tid in cat.threads(pid):
+            bits.clear_tgid(pid)
+            self._tids.pop(pid, None)
+        for pid in pids:  # only threads not seen before: one map write per new thread, not per refresh
+            now_tids = set(cat.threads(pid))
+            for tid in now_tids - self._tids.get(pid, set()):
                 wtids[ctypes.c_uint32(tid)] = ctypes.c_uint32(pid)
+                bits.set_tid(tid)
+            self._tids[pid] = now_tids
         if "net_retransmit" in self._attached or "net_rtt" in self._attached:
             lports = self._bpf[b"lports"]
             for pid in pids - self._watched:
@@ -488,7 +503,10 @@ class BpfEventSource:
     # -- EventSource ----------------------------------------------------------------------------------
     def _drain(self, timeout_ms: int, table: bytes) -> list:
         """Sysfs events, then what the ring buffer holds (waiting up to ``timeout_ms`` when both are
-        empty): Events, and PackedRun s for the kinds ``table`` lets the C reader encode."""
+        empty, or, when the previous drain took records without filling up, first waiting up to
+        ``timeout_ms`` for more to gather): Events, and PackedRun s for the kinds ``table`` lets the C
+        reader encode. A record waits in the ring at most about one ``timeout_ms`` (the agent passes the
+        time until its open batch is due, at most the batch age bound)."""
         self._refresh_target()
         if self._scanner is not None and time.monotonic() >= self._next_follow:
             self.follow()
@@ -500,10 +518,26 @@ class BpfEventSource:
             if not out and timeout_ms > 0:
                 time.sleep(timeout_ms / 1000)
             return out
-        items = self._ring.drain(table, _DRAIN_MAX)
-        if not items and not out and timeout_ms > 0:
-            self._ring.wait(int(timeout_ms))
-            items = self._ring.drain(table, _DRAIN_MAX)
+        ring = self._ring
+        waited = False
+        if self._trickle and not out and timeout_ms > 0:
+            # the previous drain found records without filling up: they trickle in (no wakeup per record).
+            # Let them gather until the timeout or the kernel's wakeup (4 MiB pending) instead of turning
+            # the loop for a few records at a time (each turn costs the agent ~0.1 ms of CPU), but never
+            # longer than a quarter of the ring takes to fill at the last drain's rate
+            ring.wait(min(int(timeout_ms), self._trickle_ms))
+            waited = True
+        before, t0 = ring.consumed, time.monotonic()
+        items = ring.drain(table, _DRAIN_MAX)
+        if not items and not out and timeout_ms > 0 and not waited:
+            ring.wait(int(timeout_ms))
+            items = ring.drain(table, _DRAIN_MAX)
+        taken = ring.consumed - before
+        self._trickle = 0 < taken < _DRAIN_MAX
+        if self._trickle:
+            rate = taken / max(1e-3, t0 - self._last_drain)  # records/s since the previous drain
+            self._trickle_ms = max(1, int(self._ring_records / 4 / rate * 1000))
+        self._last_drain = t0
         decode = self._decoder.decode
         for it in items:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
@@ -529,9 +563,12 @@ class BpfEventSource:
         """Failed ring-buffer reservations per attached probe, counted in the kernel since start."""
         if self._bpf is None:
             return {}
-        table = self._bpf[b"lost"]
-        counts = {i: table[ctypes.c_int(i)].value for i in range(len(cat.PROBES))}
-        return {p.name: counts[p.id] for p in cat.PROBES if p.name in self._attached and p.mechanism != "sysfs"}
+        table = self._bpf[b"lost"]  # one map read (a syscall) per attached probe, not per catalogue entry
+        return {
+            p.name: table[ctypes.c_int(p.id)].value
+            for p in cat.PROBES
+            if p.name in self._attached and p.mechanism != "sysfs"
+        }
 
     def misses(self) -> dict[str, int]:
         """Runs of each attached probe's programs that the kernel skipped (``recursion_misses`` of
@@ -582,6 +619,42 @@ class BpfEventSource:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
             self._bpf = None
+
+
+def _pid_limit() -> int:
+    """``kernel.pid_max``: the size of the watched-task bitmaps of bpf/common.h (4,194,304 when unreadable)."""
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 4_194_304
+
+
+class _Bits:
+    """Sets and clears bits of the watched-task bitmaps (``wtgid_bits``, ``wtid_bits`` of bpf/common.h,
+    u64 words): read-modify-write of one word; a bit the kernel sets in the same word meanwhile can be
+    lost, and the kernel sets it again on the thread's next probe (the bitmaps are pre-filters only)."""
+
+    def __init__(self, tgid_bits, tid_bits):
+        self.tgid_bits, self.tid_bits = tgid_bits, tid_bits
+
+    @staticmethod
+    def _update(table, n: int, on: bool) -> None:
+        key = ctypes.c_int(n >> 6)
+        try:
+            word = table[key].value
+        except (KeyError, IndexError):
+            return  # beyond the bitmap (pid_max raised after the start): the hash maps answer
+        bit = 1 << (n & 63)
+        table[key] = ctypes.c_uint64(word | bit if on else word & ~bit)
+
+    def set_tgid(self, pid: int) -> None:
+        self._update(self.tgid_bits, pid, True)
+
+    def clear_tgid(self, pid: int) -> None:
+        self._update(self.tgid_bits, pid, False)
+
+    def set_tid(self, tid: int) -> None:
+        self._update(self.tid_bits, tid, True)
 
 
 _DRAIN_MAX = 65536  # records per drain: bounds the memory of one poll, not the rate (the agent polls again)

@@ -594,8 +594,9 @@ class ProbeOptions:
     USDT probes (default ``obshub.instrument.usdt.library_path()`` when built); ``lib_dirs``: where CUDA/NCCL/verbs
     libraries are looked for when the target has not mapped them; ``verbs_library`` and
     ``verbs_symbols`` (post, poll): the verbs data path to probe; ``thresholds``: overrides of
-    :data:`THRESHOLDS`; ``ringbuf_pages``: ring buffer size in 4 KiB pages (a power of two; 4096 = 16 MiB, about 95,000
-    records: 95 ms of a 1,000,000 events/s burst while the agent is not scheduled);
+    :data:`THRESHOLDS`; ``ringbuf_pages``: ring buffer size in 4 KiB pages (a power of two; default 16384 = 64 MiB,
+    about 365,000 records: 365 ms of a 1,000,000 events/s burst while the agent's thread waits for a CPU;
+    16 MiB lost events at that rate on a busy 2-core machine, bench/agent_throughput.py);
     ``sysfs_root``/``sysfs_interval_ms``: the sysfs poller; ``target_refresh_ms``: how often the cgroup's
     processes are re-read; ``follow_scan_ms``: how often processes are scanned for copies of the
     instrumentation and probed libraries in other mount namespaces or paths (producer/discovery.py; 0 =
@@ -608,7 +609,7 @@ class ProbeOptions:
     verbs_library: Path | None = None
     verbs_symbols: tuple[str, str] = ("ibv_post_send", "ibv_poll_cq")
     thresholds: dict[str, int] = field(default_factory=dict)
-    ringbuf_pages: int = 4096
+    ringbuf_pages: int = 16384
     sysfs: bool = True
     sysfs_root: Path = Path("/")
     sysfs_interval_ms: int = 1000

@@ -39,7 +39,10 @@ hooks and keeps the current TraceKey of every thread.
 TraceKeys follow ``obshub.core.schema.make_trace_key(host_id, step, op_seq)``: ``op_seq`` is 0 for the step
 itself and counts every phase and collective of the step from 1. Outside a step (before the first one)
 ``step`` is -1 and the key's 16-bit step field is 0xFFFF (``-1 & 0xFFFF``). Every change of a thread's
-current key fires ``tracekey(key, step)``, so the agent's BPF map ``tid -> (trace_key, step)`` is exact.
+current key reaches the agent's BPF map ``tid -> (trace_key, step)``, so the map is exact: ``step_begin``,
+``phase_begin`` and ``coll_begin`` carry the thread's new key themselves, ``phase_end`` restores the step's
+key (its own key with ``op_seq`` 0), and any other change fires ``tracekey(key, step)``. Each probe site
+costs a uprobe trap (a few µs) while an agent is attached, so none fires twice for one change.
 
 Host id: ``OBSHUB_HOST_ID`` (0..65535) if set, else the rank (known at registration; ``$RANK`` or 0 before
 it). Job: the ``job`` given to ``enable()``, else what the workload's environment names when the process
@@ -146,12 +149,15 @@ def _key(step: int, op_seq: int) -> int:
     return (_st.host_id << 48) | (step16 << 32) | (op_seq & 0xFFFF_FFFF)
 
 
-def _set_thread_key(key: int, step: int) -> None:
-    """Make ``key`` the calling thread's current TraceKey; fires ``tracekey`` only when it changes."""
+def _set_thread_key(key: int, step: int, announced: bool = False) -> None:
+    """Make ``key`` the calling thread's current TraceKey; fires ``tracekey`` only when it changes and the
+    probe just fired did not already set it in the agent's map (``announced``: step_begin, phase_begin,
+    coll_begin set the key they carry, phase_end the step's key)."""
     if getattr(_tls, "key", None) != key:
         _tls.key = key
         _tls.step = step
-        usdt.tracekey(key, step)
+        if not announced:
+            usdt.tracekey(key, step)
 
 
 def current_trace_key() -> tuple[int, int]:
@@ -177,7 +183,7 @@ def _begin_step_locked() -> None:
     _st.op_seq = 0
     _st.step_key = _key(_st.step, 0)
     usdt.step_begin(_st.step, _st.step_key)
-    _set_thread_key(_st.step_key, _st.step)
+    _set_thread_key(_st.step_key, _st.step, announced=True)
 
 
 def _end_step_locked() -> None:
@@ -196,7 +202,7 @@ def _phase_begin_locked(phase: str) -> None:
     _st.phase = phase
     _st.phase_key = _next_op_locked()
     usdt.phase_begin(phase, _st.step, _st.phase_key)
-    _set_thread_key(_st.phase_key, _st.step)
+    _set_thread_key(_st.phase_key, _st.step, announced=True)
 
 
 def _phase_end_locked(phase: str | None) -> None:
@@ -205,7 +211,8 @@ def _phase_end_locked(phase: str | None) -> None:
         return
     usdt.phase_end(_st.phase, _st.step, _st.phase_key)
     _st.phase = None
-    _set_thread_key(_st.step_key if _st.step >= 0 else _key(-1, 0), _st.step)
+    # phases only run inside a step, so the step's key is the phase key with op_seq 0: phase_end set it
+    _set_thread_key(_st.step_key if _st.step >= 0 else _key(-1, 0), _st.step, announced=_st.step >= 0)
 
 
 def _guarded(fn: Callable) -> Callable:
@@ -342,7 +349,7 @@ def _coll_begin(pg: str, op: str, nbytes: int) -> tuple:
         key = _next_op_locked()
         step = _st.step
     usdt.coll_begin(pg, seq, op, nbytes, step, key)
-    _set_thread_key(key, step)
+    _set_thread_key(key, step, announced=True)
     return (pg, seq, op, nbytes, step, key)
 
 

@@ -391,10 +391,18 @@ def test_torchrun_two_ranks_under_obshub_run(reader):
             assert sum(1 for op, nbytes, _ in in_step if op == "all_reduce" and nbytes > 4) >= 1
             assert sum(1 for op, nbytes, _ in in_step if op == "all_reduce" and nbytes == 4) == 1
         assert any(op == "barrier" for op, _, _ in colls[rank].values())
-        # tracekey: the thread's key follows every phase change
-        tk = {(r["tid"], r["key"]) for r in _by(mine, "tracekey")}
-        for r in _by(mine, "phase_begin"):
-            assert (r["tid"], r["key"]) in tk
+        # the thread's key reaches the kernel once per change: step_begin, phase_begin and coll_begin carry
+        # it, phase_end puts back the step's key (op_seq 0), tracekey covers the other changes and never
+        # repeats the key the thread's previous announcement carried (each site hit is a uprobe trap)
+        last: dict = {}
+        for r in mine:
+            if r["probe"] in ("step_begin", "phase_begin", "coll_begin", "tracekey"):
+                if r["probe"] == "tracekey":
+                    assert last.get(r["tid"]) != r["key"], r
+                last[r["tid"]] = r["key"]
+            elif r["probe"] == "phase_end":
+                last[r["tid"]] = r["key"] & ~0xFFFFFFFF
+        assert _by(mine, "tracekey")  # restores after collectives still need it
     # the same (pg, coll_seq) names the same collective (op, size, step) on both ranks
     assert colls[0] and colls[0] == colls[1]
     seqs = sorted(seq for pg, seq in colls[0] if pg == "0")
