@@ -9,6 +9,8 @@ py-spy (the ``bench`` extra) and permission to attach to a child process (ptrace
 
     python -m bench.worker_profile              # 8 hosts x 400 steps
     python -m bench.worker_profile --quick      # 4 hosts x 60 steps
+    python -m bench.worker_profile --hosts 64 --steps 60 --steps-per-batch 1 --events-per-step 13
+                                                # small batches: 13 events per Kafka message
 """
 
 from __future__ import annotations
@@ -80,9 +82,18 @@ def classify(raw: str) -> dict[str, int]:
     return dict(out)
 
 
-def run(quick: bool = False, rounds: int | None = None) -> dict:
-    """Profile one worker draining the load; print and save the shares. Returns the results dict."""
-    hosts, steps = (4, 60) if quick else (8, 400)
+def run(
+    quick: bool = False,
+    rounds: int | None = None,
+    hosts: int | None = None,
+    steps: int | None = None,
+    steps_per_batch: int = 3,
+    events_per_step: int = 64,
+) -> dict:
+    """Profile one worker draining the load; print and save the shares. Returns the results dict.
+    ``steps_per_batch`` and ``events_per_step`` shape the load's messages (bench/loadgen.py)."""
+    hosts = hosts or (4 if quick else 8)
+    steps = steps or (60 if quick else 400)
     exe = stages.py_spy()
     common.console.rule("[bold]stream worker profile[/bold]: where a worker's CPU goes (py-spy)")
     if exe is None:
@@ -90,7 +101,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         return {}
     from tests.support import testkit
 
-    load = loadgen.build(hosts, steps)
+    load = loadgen.build(hosts, steps, steps_per_batch=steps_per_batch, events_per_step=events_per_step)
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-prof-"))
     with private_stack(common.console.print) as settings:
         tag = f"prof-{uuid.uuid4().hex[:6]}"
@@ -133,7 +144,8 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     rate = c["events"] / cpu if cpu > 0 else float("nan")
     common.console.print(
         f"events per CPU-second of the worker: {rate:,.0f} ({c['events']:,.0f} events, {cpu:.2f} CPU s, "
-        f"{c['summaries']:.0f} of {load.steps} summaries)"
+        f"{c['summaries']:.0f} of {load.steps} summaries); {len(load.messages) / cpu if cpu > 0 else 0:,.0f} input "
+        f"messages per CPU-second ({load.events / len(load.messages):.0f} events each)"
     )
     result = {
         "hosts": hosts,
@@ -154,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.worker_profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="4 hosts x 60 steps")
+    p.add_argument("--hosts", type=int, default=None, help="hosts of the load (default 8)")
+    p.add_argument("--steps", type=int, default=None, help="steps of the load (default 400)")
+    p.add_argument("--steps-per-batch", type=int, default=3, help="steps per input message (default 3)")
+    p.add_argument("--events-per-step", type=int, default=64, help="events per host and step (default 64)")
     a = p.parse_args(argv)
-    run(a.quick)
+    run(a.quick, hosts=a.hosts, steps=a.steps, steps_per_batch=a.steps_per_batch, events_per_step=a.events_per_step)
     return 0
 
 

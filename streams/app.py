@@ -57,8 +57,8 @@ from streams.topics import TABLES, partition_of
 log = logging.getLogger("obshub.streams")
 
 READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
-TAKE_MAX = 256  # messages an agent takes from its stream per round
-TAKE_WITHIN_S = 0.05  # ... or what arrived within this long
+TAKE_MAX = 2048  # messages an agent takes from its stream per round (when that many are waiting)
+TAKE_WITHIN_S = 0.1  # ... or what arrived within this long (s)
 BATCH_MAX_BYTES = 512 * 1024  # one internal batch message at most (the topic's default limit is 1 MB)
 
 
@@ -161,6 +161,8 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
         broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=16 * 1024 * 1024,
+        producer_max_batch_size=1024 * 1024,  # bytes per partition and produce request
+        producer_linger=0.005,  # s: records sent within this long share one produce request
         consumer_max_fetch_size=16 * 1024 * 1024,
     )
     app.sensors.add(_SendErrors(metrics))
