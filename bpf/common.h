@@ -239,8 +239,9 @@ static __always_inline int obs_current_watched_fast(void)
     if (!obs_bit_test(obs_tgid_word(tgid), tgid))
         return 0;
 #ifdef OBS_LAYER_SCHED
-    /* both bits set (and within the bitmaps): the thread was added by obs_current_watched or the loader,
-     * and the exit handler of the scheduler layer clears both, so no hash look-up is needed */
+    /* both bits set (and within the bitmaps): the thread was added by obs_current_watched or the loader;
+     * the process's bit is cleared when its main thread exits (the scheduler layer's exit handler) or the
+     * loader drops it, so a stale thread bit alone lets nothing through: no hash look-up needed */
     if (tid < OBS_PID_LIMIT && tgid < OBS_PID_LIMIT && obs_bit_test(obs_tid_word(tid), tid))
         return 1;
 #endif

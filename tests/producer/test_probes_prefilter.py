@@ -1,0 +1,60 @@
+"""The bitmap pre-filters of the machine-wide tracepoints (bpf/common.h ``wtgid_bits``/``wtid_bits``):
+a thread that a watched process starts after the agent did is seen by the scheduler programs from its
+first switch-out (its process's bit lets it through, obs_current_watched adds it), and a process that is
+not watched leaves no event."""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+
+import pytest
+
+from obshub.core.schema import Kind
+from producer.probes import Target
+from tests.support.probes_util import Child, drain, event_source, need_bpf
+
+pytestmark = pytest.mark.bpf
+
+# after go: a new thread sleeps 5 ms forty times (each sleep is a switch-out and a wake-up); prints its tid
+THREADED = """
+import sys, threading, time
+sys.stdin.readline()
+tid = []
+def work():
+    tid.append(threading.get_native_id())
+    for _ in range(40):
+        time.sleep(0.005)
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(tid[0], flush=True)
+"""
+
+
+def _bit(src, table: bytes, n: int) -> int:
+    return src._bpf[table][ctypes.c_int(n >> 6)].value >> (n & 63) & 1
+
+
+def test_new_thread_of_a_watched_process_passes_the_prefilter_and_others_do_not(tmp_path):
+    need_bpf()
+    child = Child(THREADED)
+    other = Child(THREADED)  # the same program, not watched
+    try:
+        with event_source(
+            tmp_path, Target(pids={child.pid}), probes=("sched",), thresholds={"offcpu_ns": 1_000_000}
+        ) as (src, table):
+            assert table[0].attached
+            assert _bit(src, b"wtgid_bits", child.pid) == 1  # the loader set the watched process's bit
+            assert _bit(src, b"wtgid_bits", other.pid) == 0
+            child.go()
+            other.go()
+            tid = int(child.wait().split()[0])
+            other_tid = int(other.wait().split()[0])
+            events = drain(src, 0.3)
+    finally:
+        child.kill()
+        other.kill()
+    offcpu = Counter(e.tid for e in events if e.kind == Kind.SCHED_OFFCPU)
+    assert offcpu[tid] >= 20, offcpu  # its 5 ms sleeps, seen although the thread started after the agent
+    assert other_tid not in offcpu and not any(e.pid == other.pid for e in events)
