@@ -13,6 +13,8 @@
 #include "common.h"
 
 #define OBS_TASK_STATE_MASK 0xFF
+/* EXIT_DEAD | EXIT_ZOMBIE as sched_switch reports them: the task is switching out for the last time */
+#define OBS_TASK_EXITING 0x30
 
 /* Per watched thread: when it left the CPU (0: on a CPU), its state then, and when it became runnable
  * (0: not waiting in a run queue). One entry per thread for its whole life (deleted by obs_sched_exit),
@@ -100,14 +102,16 @@ int obs_sched_switch(void *ctx)
     OBS_TP_READ(prev_pid, ctx, TPOFF_SCHED_SWITCH_PREV_PID);
     OBS_TP_READ(next_pid, ctx, TPOFF_SCHED_SWITCH_NEXT_PID);
     u32 prev = (u32)prev_pid, next = (u32)next_pid;
-    int prev_watched = prev && obs_current_watched_fast();
+    OBS_TP_READ(prev_state, ctx, TPOFF_SCHED_SWITCH_PREV_STATE);
+    /* an exiting task's last switch-out comes after sched_process_exit forgot it: do not add it again
+     * (its map entries and bits would outlive it) */
+    int prev_watched = prev && !(prev_state & OBS_TASK_EXITING) && obs_current_watched_fast();
     if (!prev_watched && !(next && obs_tid_maybe(next)))
         return 0; /* neither task is watched: the common case on a busy machine, no map work */
     u64 now = bpf_ktime_get_ns();
 
     /* 1. the previous task (the current one) leaves the CPU */
     if (prev_watched) {
-        OBS_TP_READ(prev_state, ctx, TPOFF_SCHED_SWITCH_PREV_STATE);
         /* the low byte is the task state (TASK_REPORT bits); 0 = runnable ("R", or "R+" when preempted:
          * the tracepoint then sets TASK_REPORT_MAX, 0x100 since 4.14, above the low byte) */
         s64 state = prev_state & OBS_TASK_STATE_MASK;

@@ -1,7 +1,8 @@
 """The bitmap pre-filters of the machine-wide tracepoints (bpf/common.h ``wtgid_bits``/``wtid_bits``):
 a thread that a watched process starts after the agent did is seen by the scheduler programs from its
-first switch-out (its process's bit lets it through, obs_current_watched adds it), and a process that is
-not watched leaves no event."""
+first switch-out (its process's bit lets it through, obs_current_watched adds it), a process that is not
+watched leaves no event, and a thread that ends is forgotten (its bit and its wtids entry), also after its
+last switch-out, which comes after sched_process_exit."""
 
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def test_new_thread_of_a_watched_process_passes_the_prefilter_and_others_do_not(
             tid = int(child.wait().split()[0])
             other_tid = int(other.wait().split()[0])
             events = drain(src, 0.3)
+            # the thread ended before its process: its bit and its entry are gone, so a later thread with
+            # its number (in any process) is not taken for a watched one
+            assert _bit(src, b"wtid_bits", tid) == 0
+            with pytest.raises(KeyError):
+                src._bpf[b"wtids"][ctypes.c_uint32(tid)]
     finally:
         child.kill()
         other.kill()
