@@ -243,11 +243,13 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
     dlq = app.topic(cfg.dlq_topic, key_serializer="raw", value_serializer="raw")
     ing = Ingest(tables["agents"])
     conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
-    guard = reread.OffsetGuard(
-        "ingest",
-        m.consumer_skips.inc,
-        lambda p: reread.next_input_offset(tables["agents"], tables["inputs"], p),
-    )
+    sought = reread.track_seeks(app)
+
+    def start(p: int) -> int | None:  # what any worker processed; else where this generation's seek went
+        nxt = reread.next_input_offset(tables["agents"], tables["inputs"], p)
+        return nxt if nxt is not None else sought(TP(cfg.input_topic, p))
+
+    guard = reread.OffsetGuard("ingest", m.consumer_skips.inc, start)
 
     async def one(msg, box: _Outbox) -> None:
         r = ing.handle(msg.value, msg.topic, msg.partition, msg.offset)

@@ -41,16 +41,20 @@ log = logging.getLogger("obshub.streams")
 REREAD_TIMEOUT_S = 60.0  # a range the broker does not serve within this long is logged as lost
 
 
-def next_input_offset(agents: Mapping[str, Any], inputs: Mapping[str, Any], partition: int) -> int:
+def next_input_offset(agents: Mapping[str, Any], inputs: Mapping[str, Any], partition: int) -> int | None:
     """The next input offset of ``partition`` to process: one past the highest offset any worker of the
     app processed there, from the ``agents`` table (``{partition, offset}`` of each agent instance's last
     batch) and the ``inputs`` table (key ``str(partition)``, value the offset after the last record that
-    went to the dead-letter topic). 0 when neither holds one (nothing of the partition was processed).
-    Cost: one pass over the ``agents`` table (called once per partition and consumer generation)."""
-    best = int(inputs.get(str(partition)) or 0)
+    went to the dead-letter topic). None when neither holds one: no worker of the app processed anything
+    of the partition yet (a new app starts where its group's committed offset or ``auto_offset_reset``
+    puts it, and that is not a skip). Cost: one pass over the ``agents`` table (called once per
+    partition and consumer generation)."""
+    dead = inputs.get(str(partition))
+    best = int(dead) if dead is not None else None
     for st in agents.values():
         if isinstance(st, dict) and st.get("partition") == partition:
-            best = max(best, int(st.get("offset", -1)) + 1)
+            nxt = int(st.get("offset", -1)) + 1
+            best = nxt if best is None else max(best, nxt)
     return best
 
 
@@ -60,7 +64,11 @@ def track_seeks(app: Any) -> Callable[[Any], int | None]:
     assignment, normally before delivering a record of the new generation); None when that seek has not
     happened yet in this generation or the partition has no committed offset. Faust exposes no hook for
     it: the consumer's ``perform_seek`` is wrapped at the first assignment (``app.on_partitions_assigned``)
-    and its ``_committed_offset`` mapping read right after, tagged with the generation."""
+    and its ``_committed_offset`` mapping read right after, tagged with the generation. One tracker per
+    app: a second call returns the first one's function."""
+    have = getattr(app, "_obshub_committed_at_seek", None)
+    if have is not None:
+        return have
     seeks: dict = {}  # TP -> (offset, generation)
 
     async def on_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
@@ -83,6 +91,7 @@ def track_seeks(app: Any) -> Callable[[Any], int | None]:
         off, gen = seeks.get(tp, (None, None))
         return off if gen == app.consumer_generation_id else None
 
+    app._obshub_committed_at_seek = committed_at_seek
     return committed_at_seek
 
 

@@ -1,5 +1,5 @@
 """Scaling stream workers during a job loses no input: a second worker joins and leaves mid-job (two
-rebalances), then the app scales to zero while the job goes on and the group's committed offset of one
+rebalances; the new app, committed ahead of older records on its input, must not read them), then the app scales to zero while the job goes on and the group's committed offset of one
 input partition is moved past records no worker processed (what a consumer that skipped them and
 committed across the gap leaves behind, docs/STREAMS.md "No silent skips"). The restarted worker must
 notice the range from its changelog-backed tables, read it again and summarise every step exactly once
@@ -101,7 +101,7 @@ def test_next_input_offset_is_one_past_the_highest_processed_offset_of_the_parti
     assert reread.next_input_offset(agents, {}, 0) == 8
     assert reread.next_input_offset(agents, {"0": 12}, 0) == 12  # a dead letter after the last batch
     assert reread.next_input_offset(agents, {"0": 5}, 0) == 8
-    assert reread.next_input_offset(agents, {}, 2) == 0  # nothing processed there
+    assert reread.next_input_offset(agents, {}, 2) is None  # nothing processed there: not a skip
 
 
 def test_offset_guard_reports_exactly_the_skipped_ranges():
@@ -147,6 +147,11 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
         if kb not in regs:
             by_step.setdefault(kb[1].events[0].step, []).append(kb)
     app = f"{tag}-app"
+    # history on the input that this new app must not read: its group is committed to the end first
+    old = synthetic.generate(synthetic.Scenario(job=f"old-{unique}", hosts=4, steps=3, seed=5))
+    testkit.publish(kafka, topics.events, old)
+    for q, end in _watermarks(kafka, topics.events).items():
+        _commit_past(kafka, app, topics.events, q, end)
     w0 = testkit.Worker(topics, app, 420, tmp_path / "w0.log", window_s=60.0)
     w1 = None
     step = 0
@@ -179,6 +184,8 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
         if w1 is not None:
             w1.stop()
     assert _assignments(w1) >= 1, "the second worker took partitions over"
+    for w in (w0, w1):  # a new app committed ahead starts there, and rebalances skip nothing
+        assert "skipped offsets" not in w.log_path.read_text(errors="replace"), w.log_path
     # scaled to zero: the job goes on; then the group's commit of one partition passes unread records
     before = _watermarks(kafka, topics.events)
     for k in range(first, first + 9):
