@@ -10,7 +10,9 @@ every host has (nearly) the same step time, and only the collective arrival skew
 guilty step the straggler's forward takes ``extra_ms`` longer, and its events show where the time went:
 ``guilty_layer`` "sched" -> run-queue latency events, "memory" -> direct-reclaim stalls, "cuda" ->
 synchronize calls, "nic" -> RDMA completion latency, "pytorch" -> nothing else (slower compute itself),
-"network" -> TCP retransmits (a count; the delay comes with them).
+"network" -> TCP retransmits (a count; the delay comes with them); in a network scenario every host also
+carries one RTT sample per step on its connection to every other host, and in a guilty step both ends of
+each of the straggler's connections retransmit (``_link_events``).
 
 Each host has its own monotonic clock (``offset_ns`` differs per host) and a clock uncertainty, like real
 agents. Batches: per host, seq 0 carries the REGISTER event, then one batch per step.
@@ -102,6 +104,30 @@ def _ev(kind: Kind, rt: int, i: int, step: int, op_seq: int, **kw) -> Event:
         kw.pop("value", 0),
         kw.pop("payload", None),
     )
+
+
+def link_addr(i: int) -> str:
+    """The address of host ``i`` on the job's network in network scenarios (``10.1.0.<i + 1>``)."""
+    return "10.1.0.%d" % (i + 1)
+
+
+def _link_events(scn: Scenario, i: int, step: int, start_rt: int, guilty: bool) -> list[Event]:
+    """Host ``i``'s traffic in a network scenario: one RTT sample (80 µs) on its connection to every other
+    host, every step. In a guilty step the straggler's link drops packets both ways, so both ends of each
+    of its connections retransmit (3 segments each): the straggler towards every peer, every peer towards
+    the straggler. Retransmits are counted by their sender, as the kernel's tracepoint does."""
+    out = []
+    for j in range(scn.hosts):
+        if j == i:
+            continue
+        pay = {"saddr": link_addr(i), "daddr": link_addr(j), "sport": 41000 + i, "dport": 29500}
+        out.append(_ev(Kind.TCP_RTT, start_rt + j, i, step, 1, dur=80_000, value=10_000, payload=pay))
+        if guilty and scn.straggler in (i, j):
+            out += [
+                _ev(Kind.TCP_RETRANSMIT, start_rt + 100 + 10 * j + k, i, step, 1, value=1, payload={**pay, "state": 1})
+                for k in range(3)
+            ]
+    return out
 
 
 def _guilty_events(scn: Scenario, i: int, step: int, start_rt: int, extra_ns: int) -> list[Event]:
@@ -196,6 +222,8 @@ def generate(scn: Scenario) -> list[tuple[bytes, Batch]]:
                     payload={"saddr": "10.0.0.%d" % i, "daddr": "10.0.0.9", "sport": 40000, "dport": 29500},
                 )
             )
+            if scn.guilty_layer == "network":
+                evs[i] += _link_events(scn, i, step, begin[i] + 3000, guilty)
             if extra:
                 evs[i] += _guilty_events(scn, i, step, begin[i], extra)
             arrive.append(begin[i] + fwd)
