@@ -23,7 +23,6 @@ forgotten.
 from __future__ import annotations
 
 import logging
-import math
 import operator
 import os
 import signal
@@ -202,9 +201,7 @@ class Agent:
         idle_ms = max(50.0, float(cfg.batch.max_age_ms))
         while not self._stop.is_set():
             until_due = batcher.ms_until_due()
-            # rounded up: a batch due in under 1 ms waits 1 ms, it does not turn the loop with timeout 0
-            # (polling the ring and librdkafka without waiting) until it is due
-            timeout = int(idle_ms if until_due is None else min(idle_ms, math.ceil(until_due)))
+            timeout = int(idle_ms if until_due is None else min(idle_ms, until_due))
             events = poll(timeout)
             if events:
                 self._take(events)
