@@ -469,15 +469,20 @@ def resolve_path(data: dict[str, Any], path: tuple[str, ...]) -> Any:
 
 def frozen(value: Any) -> Any:
     """A hashable equivalent of ``value`` (maps, lists and scalars; type-tagged so ``1``, ``1.0`` and
-    ``True`` stay apart, as they do in CEL). Raises TypeError for anything else."""
+    ``True`` stay apart, as they do in CEL; floats by their exact bits). Raises TypeError for anything
+    else."""
     if type(value) is dict:
         try:  # a map of scalars (the common case): one pass
-            return frozenset((k.__class__, k, v.__class__, v) for k, v in value.items())
+            return frozenset(
+                (k.__class__, k, v.__class__, v.hex() if v.__class__ is float else v) for k, v in value.items()
+            )
         except TypeError:  # a nested map or list: below
             pass
     if value is None or isinstance(value, (str, bytes)):
         return value
-    if isinstance(value, (bool, int, float)):
+    if isinstance(value, float):
+        return ("float", value.hex())  # -0.0 and 0.0 apart (1 / x differs), a NaN equal to itself
+    if isinstance(value, (bool, int)):
         return (type(value).__name__, value)
     if isinstance(value, dict):
         return ("map", frozenset((frozen(k), frozen(v)) for k, v in value.items()))

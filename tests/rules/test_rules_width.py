@@ -326,3 +326,13 @@ def test_item_keyed_paths_only_where_the_map_is_read_by_the_item_alone():
     assert project_item(data, frozenset({ev}), "z")["evidence"]["hosts"] == {}
     assert project_item(data, frozenset({ev}), "a", key_as="s")["evidence"]["hosts"] == {"s": {"x": 1}}
     assert data["evidence"]["hosts"] == {"a": {"x": 1}, "b": {"x": 2}}  # left as it was
+
+
+def test_entries_share_an_evaluation_only_when_cel_cannot_tell_them_apart():
+    from rules.expr import frozen
+
+    assert frozen({"a": 1}) != frozen({"a": 1.0}) and frozen({"a": 1}) != frozen({"a": True})
+    assert frozen({"a": 0.0}) != frozen({"a": -0.0})
+    assert frozen({"a": float("nan"), "b": [1.0, {"c": None}]}) == frozen({"b": [1.0, {"c": None}], "a": float("nan")})
+    with pytest.raises(TypeError):
+        frozen({"a": object()})
