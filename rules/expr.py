@@ -467,17 +467,18 @@ def resolve_path(data: dict[str, Any], path: tuple[str, ...]) -> Any:
     return v
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+
+
 def frozen(value: Any) -> Any:
     """A hashable equivalent of ``value`` (maps, lists and scalars; type-tagged so ``1``, ``1.0`` and
     ``True`` stay apart, as they do in CEL; floats by their exact bits). Raises TypeError for anything
     else."""
-    if type(value) is dict:
-        try:  # a map of scalars (the common case): one pass
-            return frozenset(
-                (k.__class__, k, v.__class__, v.hex() if v.__class__ is float else v) for k, v in value.items()
-            )
-        except TypeError:  # a nested map or list: below
-            pass
+    if type(value) is dict and all(v.__class__ in _SCALARS for v in value.values()):
+        # a map of scalars (the common case): one pass
+        return frozenset(
+            (k.__class__, k, v.__class__, v.hex() if v.__class__ is float else v) for k, v in value.items()
+        )
     if value is None or isinstance(value, (str, bytes)):
         return value
     if isinstance(value, float):
