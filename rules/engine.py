@@ -29,12 +29,10 @@ from rules.expr import (
     Compiled,
     EvalError,
     compile_expr,
-    frozen,
     identifiers,
     item_invariant,
     item_keyed_paths,
     project_item,
-    resolve_path,
     string_literals,
 )
 from rules.lifecycle import FIRING, INACTIVE, PENDING, RESOLVED, AlertInstance
@@ -251,20 +249,25 @@ class Engine:
             for name in plan.body_names:
                 paths = [p for p in plan.keyed if p[0] == name]
                 mentioned |= shared.strings_outside(name, paths) if paths else shared.strings(name)
-            maps = [m for p in plan.keyed if isinstance(m := resolve_path(shared.data, p), dict)]
+            maps = [k for p in plan.keyed if (k := shared.entry_keys(p)) is not None]
             sentinel = "\x00obshub:item"
             while sentinel in mentioned or any(sentinel in m for m in maps):
                 sentinel += "\x00"
             common = None
             by_entry: dict[Any, Any] = {}
             outcomes = []
+            one = maps[0] if len(maps) == 1 else None  # the usual case: one keyed map
             for it in items:
                 if it in mentioned:
                     outcomes.append((it, self._eval_item(rule, plan, shared, it), False))
-                elif maps and any(it in m for m in maps):
-                    try:
-                        key = tuple((it in m, frozen(m.get(it))) for m in maps)
-                    except TypeError:  # an entry with no hashable form: this item alone
+                elif one is not None and it in one or one is None and maps and any(it in m for m in maps):
+                    if one is not None:
+                        key = one[it]
+                        unhashable = key is None
+                    else:
+                        key = tuple((it in m, m.get(it, _ABSENT)) for m in maps)
+                        unhashable = any(k[0] and k[1] is None for k in key)
+                    if unhashable:  # an entry with no hashable form: this item alone
                         outcomes.append((it, self._eval_item(rule, plan, shared, it), False))
                         continue
                     res = by_entry.get(key, _ABSENT)

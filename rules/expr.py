@@ -203,7 +203,7 @@ class Activation:
         self.names = names
         self.functions = functions
         self._ctx = None
-        self._strings: dict[Any, frozenset[str]] = {}
+        self._strings: dict[Any, Any] = {}  # memo: strings of fields, entry keys of maps
 
     @property
     def ctx(self) -> cel.Context:
@@ -220,6 +220,24 @@ class Activation:
         if out is None:
             out = self._strings[name] = frozenset(_strings_in(self.data.get(name)))
         return out
+
+    def entry_keys(self, path: tuple[str, ...]) -> "dict[Any, Any] | None":
+        """For the map at ``path``: each key -> :func:`frozen` of its entry (None for an entry with no
+        hashable form); None when ``path`` leads to no map (memoised: the rules reading the same map on
+        one record share it)."""
+        memo = ("entry_keys", *path)
+        if memo not in self._strings:
+            m = resolve_path(self.data, path)
+            out: "dict[Any, Any] | None" = None
+            if isinstance(m, dict):
+                out = {}
+                for k, v in m.items():
+                    try:
+                        out[k] = frozen(v)
+                    except TypeError:
+                        out[k] = None
+            self._strings[memo] = out  # type: ignore[assignment]
+        return self._strings[memo]  # type: ignore[return-value]
 
     def strings_outside(self, name: str, paths: "list[tuple[str, ...]]") -> frozenset[str]:
         """:meth:`strings` of the field ``name`` leaving out the keys (not the values) of the maps at
