@@ -130,7 +130,7 @@ def load_settings(**overrides: Any) -> Settings:
 #: seals the open batch, unless it follows a step-aligned batch and is younger than the step minimum (ms)
 BATCH_MAX_BYTES = 256 * 1024
 BATCH_MAX_AGE_MS = 1000
-BATCH_STEP_MIN_AGE_MS = 500
+BATCH_STEP_MIN_AGE_MS = 200
 #: spool bounds: all segment files together, and one segment (bytes)
 SPOOL_MAX_BYTES = 256 * 1024 * 1024
 SPOOL_SEGMENT_BYTES = 4 * 1024 * 1024
