@@ -76,6 +76,8 @@ class Thresholds:
       and it sent nothing for at least ``max(hang_min_ns, hang_factor * baseline median step time)``;
       (the arrived ranks must have waited half of it);
       ``hang_hold_ns``: how long a hung step is kept open (hang records repeat) before the window closes it.
+    - ``hang_state_wait_ns``: a rank its agent found frozen, stopped or exited (RANK_STATE) hangs without
+      the silence once the other ranks have waited this long in a collective it holds up.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -99,6 +101,7 @@ class Thresholds:
     hang_min_ns: int = 3_000_000_000
     hang_factor: float = 3.0
     hang_hold_ns: int = 300_000_000_000
+    hang_state_wait_ns: int = 500_000_000
 
 
 def median_int(values: list[int]) -> int:
@@ -678,6 +681,18 @@ def summarize(
     return out
 
 
+def _last_phase(acc: dict | None) -> str:
+    """Where a host is in its step: the collective it is inside, else the last phase it finished."""
+    if acc is None:
+        return "no data in this step"
+    open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
+    if open_colls:
+        _t, k, op = max(open_colls)
+        return f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
+    lp = acc.get("last_phase")
+    return f"after {lp[1]}" if lp else "no data in this step"
+
+
 def hang_check(
     accs: dict[str, dict],
     expected_hosts: list[str],
@@ -687,25 +702,45 @@ def hang_check(
     step: int,
     now_ns: int,
     th: Thresholds = Thresholds(),
+    stopped: dict[str, tuple[str, int]] | None = None,
 ) -> dict | None:
-    """Whether an open step hangs on a rank that never arrived at a collective (docs/ANALYSIS.md "Hangs").
+    """Whether an open step hangs on a rank (docs/ANALYSIS.md "Hangs").
 
-    For each process group, the highest sequence number any host reached in this step: the hosts with a
-    COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent nothing
-    (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never seen)
-    for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of the
-    arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not finished
-    the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing host
-    that still sends data is slow, not hung (the sequential evidence judges it).
+    By silence: for each process group, the highest sequence number any host reached in this step: the
+    hosts with a COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent
+    nothing (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never
+    seen) for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of
+    the arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not
+    finished the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing
+    host that still sends data is slow, not hung (the sequential evidence judges it).
 
-    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting:
-    [host], waited_ns, after_ns}`` (``waiting``: the arrived hosts, ``waited_ns``: now minus the latest of
-    their arrivals; ``last_phase``: the last phase the hung host finished, or the collective it is in)."""
+    By process state: ``stopped`` (``host -> (state, since_ns)``: a process its agent found frozen,
+    stopped or exited) makes such a host hung without the silence, arrived or not, once another host
+    that has not finished the step has been inside a collective (arrived, not ended) for
+    ``hang_state_wait_ns``: the collective it holds up is the one the others wait in (a rank frozen inside
+    a collective every rank reached included).
+
+    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state}],
+    waiting: [host], waited_ns, after_ns}`` (``waiting``: the hosts blocked there, ``waited_ns``: now minus
+    the latest of their arrivals; ``last_phase``: the collective the hung host is in, or the last phase it
+    finished; ``state``: frozen, stopped, exited, or "silent" when judged by silence)."""
     bl = baseline(history, step, th)
     after = max(th.hang_min_ns, int(th.hang_factor * bl["median_ns"]))
+    stopped = {h: v for h, v in (stopped or {}).items() if h in set(expected_hosts) | set(accs)}
     expected = set(expected_hosts) | set(accs)
     if len(expected) < 2:
         return None
+
+    def hung_entry(h: str, state: str) -> dict:
+        acc = accs.get(h)
+        return {
+            "host": h,
+            "last_step": step if acc is not None else step - 1,
+            "last_phase": _last_phase(acc),
+            "silent_ns": now_ns - seen_ns.get(h, opened_ns),
+            "state": state,
+        }
+
     top: dict[str, int] = {}
     for acc in accs.values():
         for key, c in acc["colls"].items():
@@ -723,38 +758,52 @@ def hang_check(
             continue  # a short wait; or every arrived rank finished its step: nobody waits
         hung = []
         for h in sorted(expected - set(arrived)):
-            silent = now_ns - seen_ns.get(h, opened_ns)
-            if silent < after:
+            if h in stopped:
+                continue  # judged by its state below
+            if now_ns - seen_ns.get(h, opened_ns) < after:
                 continue
             acc = accs.get(h)
             if acc is not None and acc["step_ns"] is not None:
                 continue  # it finished the step: it never joined that collective (a sampled trace), no hang
-            phase = "no data in this step"
-            if acc is not None:
-                open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
-                lp = acc.get("last_phase")
-                if open_colls:
-                    t, k, op = max(open_colls)
-                    phase = f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
-                elif lp:
-                    phase = f"after {lp[1]}"
-            hung.append(
-                {
-                    "host": h,
-                    "last_step": step if acc is not None else step - 1,
-                    "last_phase": phase,
-                    "silent_ns": silent,
-                }
-            )
+            hung.append(hung_entry(h, "silent"))
         if hung and (best is None or waited > best["waited_ns"]):
-            op = accs[next(iter(arrived))]["colls"][key][0]
             best = {
                 "pg": pg,
                 "coll_seq": seq,
-                "op": op,
+                "op": accs[next(iter(arrived))]["colls"][key][0],
                 "hosts": hung,
                 "waiting": sorted(arrived),
                 "waited_ns": waited,
                 "after_ns": after,
+            }
+    if stopped:
+        # the collective the others wait in: per host not stopped and not done with the step, its open
+        # collective (arrived, not ended); the hang is on the one waited in longest
+        waits: dict[str, dict[str, int]] = {}
+        for h, a in accs.items():
+            if h in stopped or a["step_ns"] is not None:
+                continue
+            for k, c in a["colls"].items():
+                if c[1] is not None and c[2] is None:
+                    waits.setdefault(k, {})[h] = c[1]
+        pick = None
+        for k, who in waits.items():
+            w = now_ns - max(who.values())
+            if w >= th.hang_state_wait_ns and (pick is None or w > pick[1]):
+                pick = (k, w, sorted(who))
+        if pick is not None:
+            k, w, who = pick
+            hung = [hung_entry(h, stopped[h][0]) for h in sorted(stopped)]
+            hung += [e for e in (best["hosts"] if best else []) if e["host"] not in stopped]
+            op = next(accs[h]["colls"][k][0] for h in who)
+            pg, _, seq = k.rpartition("#")
+            best = {
+                "pg": pg,
+                "coll_seq": int(seq),
+                "op": op,
+                "hosts": hung,
+                "waiting": who,
+                "waited_ns": w,
+                "after_ns": th.hang_state_wait_ns,
             }
     return best

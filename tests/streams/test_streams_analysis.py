@@ -508,8 +508,20 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
     assert got["after_ns"] == 3_000 * MS and got["waited_ns"] == 2_900 * MS
     # c is inside the previous all-reduce; d sent nothing in this step (silent since the step opened)
     assert got["hosts"] == [
-        {"host": "c", "last_step": 20, "last_phase": "in all_reduce pg=0 seq=6", "silent_ns": 3_400 * MS},
-        {"host": "d", "last_step": 19, "last_phase": "no data in this step", "silent_ns": 4_000 * MS},
+        {
+            "host": "c",
+            "last_step": 20,
+            "last_phase": "in all_reduce pg=0 seq=6",
+            "silent_ns": 3_400 * MS,
+            "state": "silent",
+        },
+        {
+            "host": "d",
+            "last_step": 19,
+            "last_phase": "no data in this step",
+            "silent_ns": 4_000 * MS,
+            "state": "silent",
+        },
     ]
     # a rank that is late but still sends data is slow, not hung; and a short wait is no hang
     assert (
@@ -517,6 +529,50 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
         is None
     )
     assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 2_000 * MS) is None
+
+
+def test_hang_check_names_a_rank_its_agent_found_stopped_without_waiting_for_silence():
+    """A rank frozen inside a collective every rank reached: nobody is missing and nobody is silent for
+    long, but its agent reported it frozen; it is named once the others waited ``hang_state_wait_ns`` in
+    that collective. The same state at the job's end (every rank finished its step) names nobody."""
+    now = 100_000 * MS
+    hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
+    accs = {
+        "a": _coll_acc("a", None, {7: (now - 700 * MS, None)}),
+        "b": _coll_acc("b", None, {7: (now - 650 * MS, None)}),
+        "c": _coll_acc("c", None, {7: (now - 800 * MS, None)}, seen_phase=(now - 900 * MS, "backward")),
+    }
+    seen = {"a": now - 100 * MS, "b": now - 100 * MS, "c": now - 600 * MS}
+    stopped = {"c": ("frozen", now - 500 * MS)}
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped)
+    assert (got["pg"], got["coll_seq"], got["op"], got["waiting"]) == ("0", 7, "all_reduce", ["a", "b"])
+    assert got["waited_ns"] == 650 * MS and got["after_ns"] == analysis.Thresholds().hang_state_wait_ns
+    assert got["hosts"] == [
+        {
+            "host": "c",
+            "last_step": 20,
+            "last_phase": "in all_reduce pg=0 seq=7",
+            "silent_ns": 600 * MS,
+            "state": "frozen",
+        }
+    ]
+    # without the state nothing is named: the silence is too short
+    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now) is None
+    # the others have not waited long enough yet
+    assert (
+        analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now - 300 * MS, stopped=stopped)
+        is None
+    )
+    # an exited rank with no data in the step, the others blocked in their first collective of it
+    accs2 = {h: accs[h] for h in ("a", "b")}
+    got = analysis.hang_check(
+        accs2, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped={"c": ("exited", now)}
+    )
+    assert got["hosts"][0]["host"] == "c" and got["hosts"][0]["state"] == "exited"
+    assert got["hosts"][0]["last_step"] == 19 and got["hosts"][0]["last_phase"] == "no data in this step"
+    # the job's end: every other rank finished its step, so nobody waits
+    done = {h: _coll_acc(h, 300 * MS, {7: (now - 700 * MS, 5 * MS)}) for h in ("a", "b")}
+    assert analysis.hang_check(done, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped) is None
 
 
 @given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=40), st.data())
