@@ -78,6 +78,8 @@ class Thresholds:
       ``hang_hold_ns``: how long a hung step is kept open (hang records repeat) before the window closes it.
     - ``hang_state_wait_ns``: a rank its agent found frozen, stopped or exited (RANK_STATE) hangs without
       the silence once the other ranks have waited this long in a collective it holds up.
+    - ``hang_exit_gap_ns``: when the ranks that waited in a collective exited too (they failed on the lost
+      peer), the rank that exited at least this long before them is the one that stopped first.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -102,6 +104,7 @@ class Thresholds:
     hang_factor: float = 3.0
     hang_hold_ns: int = 300_000_000_000
     hang_state_wait_ns: int = 500_000_000
+    hang_exit_gap_ns: int = 20_000_000
 
 
 def median_int(values: list[int]) -> int:
@@ -693,6 +696,32 @@ def _last_phase(acc: dict | None) -> str:
     return f"after {lp[1]}" if lp else "no data in this step"
 
 
+def _exit_cascade(
+    accs: dict[str, dict], stopped: dict[str, tuple], now_ns: int, th: Thresholds
+) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
+    """The ranks that exited first when the ranks waiting in a collective exited after them: returns
+    ``((collective key, waited_ns, [later hosts]), [first hosts])``, or ``(None, [])``. A later host had
+    not finished the step, was inside the collective (arrived, not ended) and exited at least
+    ``hang_exit_gap_ns`` after the earliest exit (``stopped[h][2]``, CLOCK_REALTIME ns)."""
+    exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2}
+    if len(exits) < 2:
+        return None, []
+    first = min(exits.values())
+    early = sorted(h for h, t in exits.items() if t < first + th.hang_exit_gap_ns)
+    waits: dict[str, dict[str, int]] = {}
+    for h, t in exits.items():
+        a = accs.get(h)
+        if h in early or a is None or a["step_ns"] is not None:
+            continue
+        for k, c in a["colls"].items():
+            if c[1] is not None and c[2] is None and c[1] < t:
+                waits.setdefault(k, {})[h] = c[1]
+    if not waits:
+        return None, []
+    k, who = max(waits.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    return (k, now_ns - max(who.values()), sorted(who)), early
+
+
 def hang_check(
     accs: dict[str, dict],
     expected_hosts: list[str],
@@ -702,7 +731,7 @@ def hang_check(
     step: int,
     now_ns: int,
     th: Thresholds = Thresholds(),
-    stopped: dict[str, tuple[str, int]] | None = None,
+    stopped: dict[str, tuple] | None = None,
 ) -> dict | None:
     """Whether an open step hangs on a rank (docs/ANALYSIS.md "Hangs").
 
@@ -718,7 +747,10 @@ def hang_check(
     stopped or exited) makes such a host hung without the silence, arrived or not, once another host
     that has not finished the step has been inside a collective (arrived, not ended) for
     ``hang_state_wait_ns``: the collective it holds up is the one the others wait in (a rank frozen inside
-    a collective every rank reached included).
+    a collective every rank reached included). When the others exited inside their collective too (they
+    failed on the lost peer: ``stopped`` entries ``(state, since_ns, at_rt)`` with CLOCK_REALTIME ns of the
+    exit), the host(s) that exited at least ``hang_exit_gap_ns`` before the first of them are named and
+    those are listed as ``waiting``.
 
     Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state}],
     waiting: [host], waited_ns, after_ns}`` (``waiting``: the hosts blocked there, ``waited_ns``: now minus
@@ -791,9 +823,12 @@ def hang_check(
             w = now_ns - max(who.values())
             if w >= th.hang_state_wait_ns and (pick is None or w > pick[1]):
                 pick = (k, w, sorted(who))
+        culprits = sorted(stopped)
+        if pick is None:
+            pick, culprits = _exit_cascade(accs, stopped, now_ns, th)
         if pick is not None:
             k, w, who = pick
-            hung = [hung_entry(h, stopped[h][0]) for h in sorted(stopped)]
+            hung = [hung_entry(h, stopped[h][0]) for h in culprits]
             hung += [e for e in (best["hosts"] if best else []) if e["host"] not in stopped]
             op = next(accs[h]["colls"][k][0] for h in who)
             pg, _, seq = k.rpartition("#")

@@ -163,7 +163,7 @@ class Fold:
         self.last_seen: dict[str, dict[str, int]] = {}  # job -> host -> clock() of its last part (hangs)
         self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
-        # job -> host -> pid -> (state, clock() when received): registered processes their agent found
+        # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
         self.input_partitions = input_partitions
@@ -299,14 +299,14 @@ class Fold:
         if v["state"] == "running":
             pids.pop(int(v["pid"]), None)
         else:
-            pids[int(v["pid"])] = (str(v["state"]), self.clock())
+            pids[int(v["pid"])] = (str(v["state"]), self.clock(), int(v.get("at_rt") or 0))
         if not pids:
             self.rank_state[v["job"]].pop(v["host"], None)
 
-    def stopped_hosts(self, job: str) -> dict[str, tuple[str, int]]:
-        """``host -> (state, clock() ns since)`` for the hosts of ``job`` with a process their agent found
-        frozen, stopped or exited (the earliest such report of the host)."""
-        return {h: min(pids.values(), key=lambda x: x[1]) for h, pids in self.rank_state.get(job, {}).items() if pids}
+    def stopped_hosts(self, job: str) -> dict[str, tuple[str, int, int]]:
+        """``host -> (state, clock() ns received, CLOCK_REALTIME ns of the state)`` for the hosts of ``job``
+        with a process their agent found frozen, stopped or exited (the earliest such state of the host)."""
+        return {h: min(pids.values(), key=lambda x: x[2]) for h, pids in self.rank_state.get(job, {}).items() if pids}
 
     def host(self, v: dict, p: int) -> None:
         """A registration ``{job, host, host_id, rank, world_size}``: one bucket write when it is news."""

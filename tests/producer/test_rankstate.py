@@ -54,6 +54,20 @@ def test_stopped_running_and_exited_each_send_one_event():
             child.wait()
 
 
+def test_an_exit_carries_when_the_process_ended_not_when_it_was_read():
+    child = subprocess.Popen(["sleep", "60"])
+    watch = RankWatch(interval_ns=0)
+    assert watch.poll([child.pid]) == []
+    child.kill()
+    killed = time.monotonic_ns()
+    child.wait()
+    time.sleep(0.3)
+    (ev,) = watch.poll([child.pid])
+    assert ev.value == EXITED and ev.payload == {"state": "exited"}
+    assert abs(ev.ts_ns - killed) < 100_000_000, (ev.ts_ns - killed) / 1e6
+    assert watch.poll([]) == [] and watch.exits.exited(child.pid) is None  # forgotten
+
+
 def test_the_interval_bounds_how_often_it_reads():
     watch = RankWatch(interval_ns=10**12)
     assert watch.poll([os.getpid()], now_ns=1) == []
@@ -88,14 +102,17 @@ def _v2_cgroup() -> Path | None:
     return cg
 
 
-def test_a_process_frozen_by_the_cgroup_v2_freezer_reads_frozen_then_running_after_the_thaw():
+@pytest.mark.parametrize("mounts", [None, (None, None)], ids=["cgroupfs", "wchan"])
+def test_a_process_frozen_by_the_cgroup_v2_freezer_reads_frozen_then_running_after_the_thaw(mounts):
+    """With the cgroup filesystem (cgroup.events) and without it (an agent in another mount namespace:
+    the task's wchan in the freezer's trap)."""
     cg = _v2_cgroup()
     if cg is None:
         pytest.skip("needs root and a writable cgroup v2 hierarchy with cgroup.freeze")
     child = subprocess.Popen(["sleep", "60"])
     try:
         (cg / "cgroup.procs").write_text(str(child.pid))
-        watch = RankWatch(interval_ns=0)
+        watch = RankWatch(interval_ns=0, mounts=mounts)
         assert watch.poll([child.pid]) == []
         (cg / "cgroup.freeze").write_text("1")
         assert _wait_for(watch, child.pid, FROZEN) == FROZEN

@@ -586,3 +586,20 @@ def test_leave_one_out_median_equals_the_median_of_the_others(values, data):
 def test_leave_one_out_rejects_a_value_not_among_them():
     with pytest.raises(ValueError, match="not one of the values"):
         analysis.LeaveOneOut([1, 2, 3]).median_without(7)
+
+
+def test_hang_check_names_the_rank_that_exited_first_when_the_waiting_ranks_failed_after_it():
+    """A killed rank's peers fail on the closed connection inside their all-reduce and exit too: the one
+    that exited ``hang_exit_gap_ns`` before the others is named, the others are listed as waiting; exits
+    closer together than that name nobody (no order to tell)."""
+    now = 100_000 * MS
+    hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
+    accs = {h: _coll_acc(h, None, {7: (now - 900 * MS + i * MS, None)}) for i, h in enumerate("abc")}
+    seen = {h: now - 800 * MS for h in "abc"}
+    t = now - 700 * MS
+    stopped = {"b": ("exited", now - 300 * MS, t), "a": ("exited", now, t + 60 * MS), "c": ("exited", now, t + 80 * MS)}
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("b", "exited")]
+    assert (got["pg"], got["coll_seq"], got["waiting"]) == ("0", 7, ["a", "c"])
+    together = {h: ("exited", now, t + i * MS) for i, h in enumerate("abc")}
+    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=together) is None
