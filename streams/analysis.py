@@ -80,6 +80,9 @@ class Thresholds:
       the silence once the other ranks have waited this long in a collective it holds up.
     - ``hang_exit_gap_ns``: when the ranks that waited in a collective exited too (they failed on the lost
       peer), the rank that exited at least this long before them is the one that stopped first.
+    - ``hang_exit_settle_ns``: a hang with exited ranks is judged only this long after the earliest exit
+      known, so that every agent's report of an earlier exit has arrived; of several exits only those
+      within ``hang_exit_gap_ns`` of the earliest are named.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -105,6 +108,7 @@ class Thresholds:
     hang_hold_ns: int = 300_000_000_000
     hang_state_wait_ns: int = 500_000_000
     hang_exit_gap_ns: int = 20_000_000
+    hang_exit_settle_ns: int = 750_000_000
 
 
 def median_int(values: list[int]) -> int:
@@ -823,7 +827,11 @@ def hang_check(
             w = now_ns - max(who.values())
             if w >= th.hang_state_wait_ns and (pick is None or w > pick[1]):
                 pick = (k, w, sorted(who))
-        culprits = sorted(stopped)
+        exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2 and v[2]}
+        first = min(exits.values(), default=0)
+        if exits and now_ns - first < th.hang_exit_settle_ns:
+            return best  # exits still being reported: wait until the earliest one is known
+        culprits = [h for h in sorted(stopped) if h not in exits or exits[h] < first + th.hang_exit_gap_ns]
         if pick is None:
             pick, culprits = _exit_cascade(accs, stopped, now_ns, th)
         if pick is not None:

@@ -596,10 +596,20 @@ def test_hang_check_names_the_rank_that_exited_first_when_the_waiting_ranks_fail
     hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
     accs = {h: _coll_acc(h, None, {7: (now - 900 * MS + i * MS, None)}) for i, h in enumerate("abc")}
     seen = {h: now - 800 * MS for h in "abc"}
-    t = now - 700 * MS
+    t = now - 800 * MS
     stopped = {"b": ("exited", now - 300 * MS, t), "a": ("exited", now, t + 60 * MS), "c": ("exited", now, t + 80 * MS)}
+    # the later exits reported first, the earliest not yet: nothing is judged before the exits settle
+    later = {h: stopped[h] for h in "ac"}
+    assert (
+        analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, t + 500 * MS, stopped=later)
+        is None
+    )
     got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped)
     assert [(h["host"], h["state"]) for h in got["hosts"]] == [("b", "exited")]
     assert (got["pg"], got["coll_seq"], got["waiting"]) == ("0", 7, ["a", "c"])
     together = {h: ("exited", now, t + i * MS) for i, h in enumerate("abc")}
     assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=together) is None
+    # a still waits inside the collective: only the earliest exit is named, not c that failed after it
+    one_waits = {h: stopped[h] for h in "bc"}
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=one_waits)
+    assert [h["host"] for h in got["hosts"]] == ["b"] and got["waiting"] == ["a"]
