@@ -783,6 +783,11 @@ def hang_check(
             if c[1] is not None:
                 pg, _, seq = key.rpartition("#")
                 top[pg] = max(top.get(pg, -1), int(seq))
+    # stopped hosts that may be named: with exits, only once they settled and only the earliest ones
+    exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2 and v[2]}
+    first = min(exits.values(), default=0)
+    settled = not exits or now_ns - first >= th.hang_exit_settle_ns
+    culprits = [h for h in sorted(stopped) if h not in exits or exits[h] < first + th.hang_exit_gap_ns]
     best = None
     for pg, seq in sorted(top.items()):
         key = f"{pg}#{seq}"
@@ -790,17 +795,19 @@ def hang_check(
             h: a["colls"][key][1] for h, a in accs.items() if key in a["colls"] and a["colls"][key][1] is not None
         }
         waited = now_ns - max(arrived.values())
-        if waited < after // 2 or all(accs[h]["step_ns"] is not None for h in arrived):
-            continue  # a short wait; or every arrived rank finished its step: nobody waits
+        if all(accs[h]["step_ns"] is not None for h in arrived):
+            continue  # every arrived rank finished its step: nobody waits
         hung = []
         for h in sorted(expected - set(arrived)):
-            if h in stopped:
-                continue  # judged by its state below
-            if now_ns - seen_ns.get(h, opened_ns) < after:
-                continue
             acc = accs.get(h)
             if acc is not None and acc["step_ns"] is not None:
                 continue  # it finished the step: it never joined that collective (a sampled trace), no hang
+            if h in stopped:  # judged by its state: no silence needed
+                if settled and h in culprits and waited >= th.hang_state_wait_ns:
+                    hung.append(hung_entry(h, stopped[h][0]))
+                continue
+            if waited < after // 2 or now_ns - seen_ns.get(h, opened_ns) < after:
+                continue
             hung.append(hung_entry(h, "silent"))
         if hung and (best is None or waited > best["waited_ns"]):
             best = {
@@ -808,10 +815,12 @@ def hang_check(
                 "coll_seq": seq,
                 "op": accs[next(iter(arrived))]["colls"][key][0],
                 "hosts": hung,
-                "waiting": sorted(arrived),
+                "waiting": sorted(h for h in arrived if h not in culprits),
                 "waited_ns": waited,
-                "after_ns": after,
+                "after_ns": after if any(e["state"] == "silent" for e in hung) else th.hang_state_wait_ns,
             }
+    if best is not None:
+        return best
     if stopped:
         # the collective the others wait in: per host not stopped and not done with the step, its open
         # collective (arrived, not ended); the hang is on the one waited in longest
@@ -827,17 +836,13 @@ def hang_check(
             w = now_ns - max(who.values())
             if w >= th.hang_state_wait_ns and (pick is None or w > pick[1]):
                 pick = (k, w, sorted(who))
-        exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2 and v[2]}
-        first = min(exits.values(), default=0)
-        if exits and now_ns - first < th.hang_exit_settle_ns:
-            return best  # exits still being reported: wait until the earliest one is known
-        culprits = [h for h in sorted(stopped) if h not in exits or exits[h] < first + th.hang_exit_gap_ns]
+        if not settled:
+            return None  # exits still being reported: wait until the earliest one is known
         if pick is None:
             pick, culprits = _exit_cascade(accs, stopped, now_ns, th)
         if pick is not None:
             k, w, who = pick
             hung = [hung_entry(h, stopped[h][0]) for h in culprits]
-            hung += [e for e in (best["hosts"] if best else []) if e["host"] not in stopped]
             op = next(accs[h]["colls"][k][0] for h in who)
             pg, _, seq = k.rpartition("#")
             best = {

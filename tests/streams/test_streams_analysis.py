@@ -613,3 +613,26 @@ def test_hang_check_names_the_rank_that_exited_first_when_the_waiting_ranks_fail
     one_waits = {h: stopped[h] for h in "bc"}
     got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=one_waits)
     assert [h["host"] for h in got["hosts"]] == ["b"] and got["waiting"] == ["a"]
+
+
+def test_a_stopped_rank_that_never_arrived_is_named_after_the_short_wait_not_the_silence():
+    """The usual freeze: the others finished the collectives they were seen in and block in the next
+    (not seen yet), the frozen rank has no data in the step; named once they waited
+    ``hang_state_wait_ns`` after their last arrival, long before ``hang_min_ns`` of silence."""
+    now = 100_000 * MS
+    hist = [[s, 130 * MS, 10 * MS] for s in range(20)]
+    accs = {h: _coll_acc(h, None, {7: (now - 600 * MS, 2 * MS)}) for h in "abc"}
+    seen = {"a": now - 50 * MS, "b": now - 50 * MS, "c": now - 50 * MS, "d": now - 700 * MS}
+    stopped = {"d": ("frozen", now - 400 * MS, now - 650 * MS)}
+    got = analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now, stopped=stopped)
+    assert [(h["host"], h["state"], h["last_phase"]) for h in got["hosts"]] == [("d", "frozen", "no data in this step")]
+    assert (got["coll_seq"], got["waiting"], got["after_ns"]) == (7, ["a", "b", "c"], 500 * MS)
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now) is None  # silence: not yet
+    exited = {"d": ("exited", now - 400 * MS, now - 800 * MS)}
+    assert (
+        analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now - 200 * MS, stopped=exited) is None
+    )
+    assert (
+        analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now, stopped=exited)["hosts"][0]["host"]
+        == "d"
+    )
