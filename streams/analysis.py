@@ -726,6 +726,23 @@ def _exit_cascade(
     return (k, now_ns - max(who.values()), sorted(who)), early
 
 
+def _stalled(
+    accs: dict[str, dict], stopped: dict[str, tuple], opened_ns: int, bl: dict, now_ns: int, th: Thresholds
+) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
+    """A frozen or stopped rank (not an exit) while the step has been open for ``max(hang_state_wait_ns,
+    hang_factor * baseline median step time)`` and other hosts have not finished it: the job does not
+    progress, though no collective shows whom the others wait for (they block where no collective event
+    shows). Returns ``((latest collective key of the step, or "-#-1", waited_ns, [waiting hosts]),
+    [stopped hosts])``, or ``(None, [])``."""
+    held = sorted(h for h, v in stopped.items() if v[0] in ("frozen", "stopped"))
+    others = sorted(h for h, a in accs.items() if h not in stopped and a["step_ns"] is None)
+    waited = now_ns - opened_ns
+    if not held or not others or waited < max(th.hang_state_wait_ns, int(th.hang_factor * bl["median_ns"])):
+        return None, []
+    seen = [(c[1], k) for a in accs.values() for k, c in a["colls"].items() if c[1] is not None]
+    return (max(seen)[1] if seen else "-#-1", waited, others), held
+
+
 def hang_check(
     accs: dict[str, dict],
     expected_hosts: list[str],
@@ -840,10 +857,12 @@ def hang_check(
             return None  # exits still being reported: wait until the earliest one is known
         if pick is None:
             pick, culprits = _exit_cascade(accs, stopped, now_ns, th)
+        if pick is None:
+            pick, culprits = _stalled(accs, stopped, opened_ns, bl, now_ns, th)
         if pick is not None:
             k, w, who = pick
             hung = [hung_entry(h, stopped[h][0]) for h in culprits]
-            op = next(accs[h]["colls"][k][0] for h in who)
+            op = next((accs[h]["colls"][k][0] for h in who if k in accs[h]["colls"]), "step")
             pg, _, seq = k.rpartition("#")
             best = {
                 "pg": pg,

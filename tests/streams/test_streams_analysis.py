@@ -636,3 +636,20 @@ def test_a_stopped_rank_that_never_arrived_is_named_after_the_short_wait_not_the
         analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now, stopped=exited)["hosts"][0]["host"]
         == "d"
     )
+
+
+def test_a_frozen_rank_is_named_when_the_step_stalls_though_every_collective_seen_ended():
+    """The frozen rank arrived at and finished every collective seen, like the others, who block where
+    no collective event shows: named once the step has been open ``hang_factor`` median steps (and at
+    least ``hang_state_wait_ns``); not while the step is young, and never for an exit alone."""
+    now = 100_000 * MS
+    hist = [[s, 130 * MS, 10 * MS] for s in range(20)]
+    accs = {h: _coll_acc(h, None, {7: (now - 600 * MS, 2 * MS)}) for h in "abcd"}
+    seen = {h: now - 500 * MS for h in "abcd"}
+    frozen = {"d": ("frozen", now - 400 * MS, now - 550 * MS)}
+    got = analysis.hang_check(accs, list("abcd"), seen, now - 700 * MS, hist, 20, now, stopped=frozen)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("d", "frozen")]
+    assert (got["pg"], got["coll_seq"], got["waiting"], got["waited_ns"]) == ("0", 7, ["a", "b", "c"], 700 * MS)
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 300 * MS, hist, 20, now, stopped=frozen) is None
+    exited = {"d": ("exited", now - 400 * MS, now - 900 * MS)}
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 700 * MS, hist, 20, now, stopped=exited) is None
