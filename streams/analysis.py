@@ -823,8 +823,8 @@ def hang_check(
                 if settled and h in culprits and waited >= th.hang_state_wait_ns:
                     hung.append(hung_entry(h, stopped[h][0]))
                 continue
-            if waited < after // 2 or now_ns - seen_ns.get(h, opened_ns) < after:
-                continue
+            if stopped or waited < after // 2 or now_ns - seen_ns.get(h, opened_ns) < after:
+                continue  # with a rank known stopped, the silent ones are its victims (blocked on it)
             hung.append(hung_entry(h, "silent"))
         if hung and (best is None or waited > best["waited_ns"]):
             best = {

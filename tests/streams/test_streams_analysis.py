@@ -653,3 +653,18 @@ def test_a_frozen_rank_is_named_when_the_step_stalls_though_every_collective_see
     assert analysis.hang_check(accs, list("abcd"), seen, now - 300 * MS, hist, 20, now, stopped=frozen) is None
     exited = {"d": ("exited", now - 400 * MS, now - 900 * MS)}
     assert analysis.hang_check(accs, list("abcd"), seen, now - 700 * MS, hist, 20, now, stopped=exited) is None
+
+
+def test_ranks_silent_behind_a_frozen_rank_are_not_named():
+    """Ranks blocked on a frozen one fall silent too: with a rank known frozen only it is named, however
+    long the silence of the others."""
+    now = 100_000 * MS
+    hist = [[s, 130 * MS, 10 * MS] for s in range(20)]
+    accs = {"a": _coll_acc("a", None, {9: (now - 3_700 * MS, None)})}
+    accs.update({h: _coll_acc(h, None, {8: (now - 3_900 * MS, 2 * MS)}) for h in "bcd"})
+    seen = {"a": now - 3_600 * MS, "b": now - 3_500 * MS, "c": now - 3_900 * MS, "d": now - 3_500 * MS}
+    frozen = {"c": ("frozen", now - 3_800 * MS, now - 3_900 * MS)}
+    got = analysis.hang_check(accs, list("abcd"), seen, now - 4_000 * MS, hist, 20, now, stopped=frozen)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("c", "frozen")]
+    silent = analysis.hang_check(accs, list("abcd"), seen, now - 4_000 * MS, hist, 20, now)
+    assert [h["host"] for h in silent["hosts"]] == ["b", "c", "d"]  # by silence alone: every silent rank
