@@ -6,7 +6,8 @@ register as component ``agent-<host>`` -> serve Prometheus metrics -> loop { pol
 most until the open batch is due) -> batcher -> transport; seal the batches that hold a step end
 (step-aligned: one batch per training step) or are ``max_age_ms`` old;
 serve delivery reports and spool replay; every ``loss_interval_s`` turn the source's in-kernel loss
-counters into AGENT_LOSS events } -> on SIGTERM/SIGINT or ``--duration``: drain the source once more,
+counters into AGENT_LOSS events; every 0.25 s the state of each registered process
+(:class:`producer.rankstate.RankWatch`: frozen, stopped, exited) -> a RANK_STATE event when it changed } -> on SIGTERM/SIGINT or ``--duration``: drain the source once more,
 stop it, flush the last batches, deliver what is left for up to ``flush_timeout_s`` (a second signal cuts
 this short: the rest stays in the spool) -> exit code 0 when
 everything was delivered, :data:`EXIT_UNDELIVERED` (3) when batches stay in the spool (the message says
@@ -42,6 +43,7 @@ from obshub.core.schema import KIND_INFO, Event, Kind, Layer
 from obshub.core.settings import AgentConfig, Settings
 from producer.batcher import JobBatchers
 from producer.clock import ClockTracker
+from producer.rankstate import RankWatch
 from producer.reader import PackedRun
 from producer.source import EventSource
 from producer.spool import Spool
@@ -107,6 +109,7 @@ class Agent:
         self._ended: set[str] = set()  # jobs a STEP_END arrived for in this poll turn
         self._jobs: list[str] = []  # the jobs of live registered processes
         self._dead: set[int] = set()  # registered pids found gone once
+        self.rank_watch = RankWatch()  # frozen, stopped or exited registered processes -> RANK_STATE
         self.lost_totals: dict[str, int] = {}
         self.probe_status: list = []
         self.metrics_port: int | None = None
@@ -213,6 +216,10 @@ class Agent:
             events = poll(timeout)
             if events:
                 self._take(events)
+            if self.job_of_pid:
+                states = self.rank_watch.poll(self.job_of_pid)
+                if states:
+                    self._take_events(states)
             for sealed in batcher.due():
                 transport.send(sealed)
             transport.service(0)
