@@ -220,6 +220,8 @@ class Agent:
                 states = self.rank_watch.poll(self.job_of_pid)
                 if states:
                     self._take_events(states)
+                    for job in {self.job_of_pid.get(ev[_PID], batcher.fallback_job) for ev in states}:
+                        batcher.of(job).seal_next()  # a state change leaves now, not at the age bound
             for sealed in batcher.due():
                 transport.send(sealed)
             transport.service(0)

@@ -114,6 +114,7 @@ class Batcher:
         self._first_ns = 0
         self._seal_now = False  # the open batch holds a step end that seals it (see step_end)
         self._aligned = False  # the previous batch was sealed at a step end
+        self._urgent = False  # the open batch holds an event the stream worker must see at once (see seal_next)
         self.sealed = 0
         self.step_sealed = 0
         self.events = 0
@@ -208,11 +209,22 @@ class Batcher:
         self._seal_now = True
         return True
 
+    def seal_next(self) -> bool:
+        """Mark the open batch to be sealed by the next :meth:`due` whatever its age: it holds an event the
+        stream worker must see at once (a rank's state change: frozen, stopped, exited), not after the age
+        bound. The next step end is judged as after an age seal. Returns whether a batch was open."""
+        if not self._parts:
+            return False
+        self._urgent = True
+        return True
+
     def due(self, now_ns: int | None = None) -> SealedBatch | None:
-        """Seal and return the open batch when it holds a step end (:meth:`step_end`) or its first event
-        is ``max_age_ms`` old, else None."""
+        """Seal and return the open batch when it holds a step end (:meth:`step_end`), an urgent event
+        (:meth:`seal_next`) or its first event is ``max_age_ms`` old, else None."""
         if not self._parts:
             return None
+        if self._urgent and not self._seal_now:
+            return self._seal()
         if self._seal_now:
             self.step_sealed += 1
             return self._seal(aligned=True)
@@ -226,7 +238,7 @@ class Batcher:
         batch is open: how long the agent may block polling its source."""
         if not self._parts:
             return None
-        if self._seal_now:
+        if self._seal_now or self._urgent:
             return 0.0
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         return max(0.0, (self._first_ns + self.max_age_ns - now_ns) / 1e6)
@@ -278,7 +290,7 @@ class Batcher:
         self._parts = []
         self._size = 0
         self._n = 0
-        self._seal_now = False
+        self._seal_now = self._urgent = False
         self._aligned = aligned
         return batch
 

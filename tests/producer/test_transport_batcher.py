@@ -88,6 +88,23 @@ def test_step_end_seals_the_batch_a_fast_step_shares_one_and_age_still_bounds():
     assert b.sealed == 4
 
 
+def test_seal_next_sends_an_urgent_event_at_once_and_not_as_a_step_boundary():
+    ms = 1_000_000
+    b = Batcher("job", "h", 1, max_age_ms=1_000, step_min_age_ms=500)
+    assert b.seal_next() is False  # no open batch
+    b.add_many(_events(2))
+    t0 = b._first_ns
+    assert b.due(now_ns=t0 + 10 * ms) is None
+    assert b.seal_next() is True and b.ms_until_due(now_ns=t0 + 10 * ms) == 0.0
+    s = b.due(now_ns=t0 + 10 * ms)
+    assert s is not None and s.n_events == 2 and b.step_sealed == 0
+    # the flag went with that batch: the next one waits for its age bound again
+    b.add_many(_events(1))
+    assert b.due(now_ns=b._first_ns + 10 * ms) is None
+    # a step end after an urgent seal seals at once (judged as after an age seal)
+    assert b.step_end(now_ns=b._first_ns + 10 * ms) is True
+
+
 def test_job_batchers_seal_step_ends_per_job():
     jb = JobBatchers("fallback", "host-a", 7, max_age_ms=1_000, step_min_age_ms=500)
     jb.of("a").add_many(_events(2))
