@@ -8,10 +8,15 @@ Shape of the load (``Shape``):
 - ``hosts`` agents of job ``job``, one rank each; ``events_per_step`` events per host and step (default
   64, the stream benchmark's shape: the scenario's ~13 structural events plus SCHED_RUNQ filler, see
   bench/loadgen.py);
-- steps of ``step_s`` seconds (wall clock and event time alike): compute ~0.74 s, then idle;
-- ``batches_per_step`` batches per host and step: the agent seals a batch every 200 ms, so a 1 s step
-  reaches Kafka as 5 batches per host (a batch holds the events of its 200 ms; an empty one is not sent);
-  the batch of slot ``j`` of step ``s`` is published at ``T0 + (s + (j + 1) / batches_per_step) * step_s``;
+- steps of ``step_s`` seconds (wall clock and event time alike): compute ~0.74 s (0.94 s in a guilty
+  step: every rank waits for the straggler in the step's collectives), then idle;
+- one batch per host and step, published at that host's STEP_END: the real agent's policy
+  (producer/batcher.py, docs/AGENT.md "Batches") seals the open batch at a step end (the step's
+  aggregates right behind its STEP_END), once the batch is ``BATCH_STEP_MIN_AGE_MS`` old when the
+  previous one was step-aligned too, and by age at ``BATCH_MAX_AGE_MS``; a step of this shape opens its
+  batch with its STEP_BEGIN and ends 0.74-0.94 s later, between the two bounds, so the agent seals
+  exactly one batch per step at its STEP_END. The batches of one step are published in groups by their
+  STEP_END time (``TICK_S`` ticks) at ``T0 + s * step_s + end``;
 - from step ``guilty_from`` (10) on, host ``straggler`` (``node2``) is slower by ``extra_ms`` each step,
   spent waiting for a CPU (run-queue events): the stream app must name it, blamed for ``sched``, and the
   builtin rule ``sched_contention_on_straggler`` must fire for it.
@@ -42,9 +47,11 @@ from dataclasses import dataclass
 
 from obshub.core import kafka, schema
 from obshub.core.schema import Batch, Kind
+from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_STEP_MIN_AGE_MS
 from streams import synthetic
 
 TEMPLATES = 2
+TICK_S = 0.01  # publication groups: the hosts whose step ends in the same 10 ms go out together
 RUNQ_NS = 20_000  # filler run-queue waits: accumulated by the worker, far below any blame threshold
 STEP16 = 0xFFFF << 32
 _MARKERS = (int(Kind.STEP_BEGIN), int(Kind.STEP_END))
@@ -59,7 +66,6 @@ class Shape:
     steps: int
     job: str = "wide"
     events_per_step: int = 64
-    batches_per_step: int = 5
     step_s: float = 1.0
     guilty_from: int = 10
     extra_ms: float = 200.0
@@ -99,13 +105,14 @@ def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
 
 def _pad(batch: Batch, events_per_step: int) -> list[list]:
     """The events of a one-step batch (as lists) plus SCHED_RUNQ filler up to ``events_per_step``, spread
-    evenly over the step, sorted by time (bench/loadgen.py's shape, without its per-event checks)."""
+    evenly over the step (before its STEP_END: what a rank's threads do after it belongs to the next
+    step), sorted by time (bench/loadgen.py's shape, without its per-event checks)."""
     evs = [list(e) for e in batch.events]
     n = events_per_step - len(evs)
     if n > 0:
         e0 = evs[0]
         begin = min(e[1] for e in evs)
-        span = max(1, max(e[1] + e[2] for e in evs) - begin)
+        span = max(1, max(e[1] for e in evs) - begin)
         tk = (batch.host_id << 48) | ((e0[4] & 0xFFFF) << 32)
         evs += [
             [
@@ -130,19 +137,18 @@ class Fleet:
     """Templates of ``shape`` and the encoder of any step from them. ``start_ns``: realtime of step 0."""
 
     def __init__(self, shape: Shape, start_ns: int):
-        if shape.hosts < 1 or shape.steps < 1 or shape.batches_per_step < 1:
-            raise ValueError(
-                f"hosts={shape.hosts}, steps={shape.steps}, batches_per_step={shape.batches_per_step} must be >= 1"
-            )
+        if shape.hosts < 1 or shape.steps < 1:
+            raise ValueError(f"hosts={shape.hosts}, steps={shape.steps} must be >= 1")
         self.shape, self.start_ns = shape, start_ns
         scn = scenario(shape, start_ns)
         self.step_ns = int(shape.step_s * 1e9)
         pairs = synthetic.generate(scn)
         self.register = [b for _k, b in pairs[: shape.hosts]]
-        # tmpl[t][i] = list of batch slots, each a list of (event list, collective index or -1)
-        self.tmpl: list[list[list[list[tuple[list, int]]]]] = [
-            [[] for _ in range(shape.hosts)] for _ in range(2 * TEMPLATES)
-        ]
+        # tmpl[t][i] = the events of host i in template step t: (event list, collective index or -1)
+        self.tmpl: list[list[list[tuple[list, int]]]] = [[[] for _ in range(shape.hosts)] for _ in range(2 * TEMPLATES)]
+        # end[t][i] = when host i's batch of template step t is sealed: its STEP_END (its last event), in
+        # seconds after the step's begin
+        self.end: list[list[float]] = [[0.0] * shape.hosts for _ in range(2 * TEMPLATES)]
         self.clock = {b.host_id: b.clock for b in self.register}
         begin_rt: dict[int, int] = {}  # realtime of each template step's begin: its earliest event
         for _k, b in pairs[shape.hosts :]:
@@ -153,15 +159,18 @@ class Fleet:
             evs = _pad(b, shape.events_per_step)
             t = b.events[0].step
             rt0 = b.clock.offset_ns
-            slots: list[list[tuple[list, int]]] = [[] for _ in range(shape.batches_per_step)]
-            for e in evs:
-                j = min(
-                    shape.batches_per_step - 1,
-                    max(0, (e[1] + rt0 - begin_rt[t]) * shape.batches_per_step // self.step_ns),
+            self.tmpl[t][b.host_id] = [
+                (e, e[9]["coll_seq"] - t * scn.colls_per_step if e[0] in _COLLS else -1) for e in evs
+            ]
+            end = max(e[1] for e in evs) + rt0 - begin_rt[t]
+            age = max(e[1] for e in evs) - min(e[1] for e in evs)  # the batch's age at its STEP_END
+            if not (BATCH_STEP_MIN_AGE_MS * 1e6 <= age < BATCH_MAX_AGE_MS * 1e6) or end >= self.step_ns:
+                raise ValueError(
+                    f"template step {t} of host {b.host_id} spans {age / 1e9:.3f} s and ends {end / 1e9:.3f} s "
+                    f"into its {shape.step_s} s step: the agent would not seal one batch per step "
+                    f"(step-aligned from {BATCH_STEP_MIN_AGE_MS} ms, by age at {BATCH_MAX_AGE_MS} ms)"
                 )
-                k = e[9]["coll_seq"] - t * scn.colls_per_step if e[0] in _COLLS else -1
-                slots[j].append((e, k))
-            self.tmpl[t][b.host_id] = slots
+            self.end[t][b.host_id] = end / 1e9
         self.begin_rt = begin_rt
         self.colls = scn.colls_per_step
 
@@ -177,53 +186,49 @@ class Fleet:
             out.append((b.host.encode(), schema.encode_batch(b2)))
         return out
 
-    def step_slots(self, step: int, seqs: list[int]) -> list[tuple[list[tuple[bytes, bytes]], int]]:
-        """The batches of ``step``: one list of ``(key, value)`` per publication slot (empty batches left
-        out), with the slot's event count. ``seqs[i]`` is host i's next batch seq (advanced here)."""
+    def step_slots(self, step: int, seqs: list[int]) -> list[tuple[float, list[tuple[bytes, bytes]], int]]:
+        """The batches of ``step``, one per host, in publication groups: ``(due, [(key, value)], events)``
+        with ``due`` the group's STEP_END tick in seconds after the step's begin, in time order. ``seqs[i]``
+        is host i's next batch seq (advanced here)."""
         t = self.template_of(step)
         shift = self.start_ns + step * self.step_ns - self.begin_rt[t]
         tk_step = (step & 0xFFFF) << 32
         base_coll = step * self.colls
-        slot_ns = self.step_ns // self.shape.batches_per_step
         job = self.shape.job
-        out = []
-        for j in range(self.shape.batches_per_step):
-            msgs, n = [], 0
-            sent = self.start_ns + step * self.step_ns + (j + 1) * slot_ns
-            for b in self.register:
-                i = b.host_id
-                slot = self.tmpl[t][i][j]
-                if not slot:
-                    continue
-                evs = []
-                for e, k in slot:
-                    kind = e[0]
-                    p = e[9]
-                    if k >= 0:
-                        p = {**p, "coll_seq": base_coll + k}
-                    evs.append(
-                        [
-                            kind,
-                            e[1] + shift,
-                            e[2],
-                            (e[3] & ~STEP16) | tk_step,
-                            step if e[4] >= 0 else e[4],
-                            e[5],
-                            e[6],
-                            e[7],
-                            step if kind in _MARKERS else e[8],
-                            p,
-                        ]
-                    )
-                batch = Batch(job, b.host, i, b.agent_id, seqs[i], evs, b.clock, sent)
-                seqs[i] += 1
-                msgs.append((b.host.encode(), schema.encode_batch(batch)))
-                n += len(evs)
-            out.append((msgs, n))
-        return out
+        groups: dict[int, tuple[list[tuple[bytes, bytes]], list[int]]] = {}
+        for b in self.register:
+            i = b.host_id
+            tick = int(self.end[t][i] / TICK_S) + 1  # sealed at its STEP_END, sent at the tick after it
+            msgs, n = groups.setdefault(tick, ([], [0]))
+            sent = self.start_ns + step * self.step_ns + int(tick * TICK_S * 1e9)
+            evs = []
+            for e, k in self.tmpl[t][i]:
+                kind = e[0]
+                p = e[9]
+                if k >= 0:
+                    p = {**p, "coll_seq": base_coll + k}
+                evs.append(
+                    [
+                        kind,
+                        e[1] + shift,
+                        e[2],
+                        (e[3] & ~STEP16) | tk_step,
+                        step if e[4] >= 0 else e[4],
+                        e[5],
+                        e[6],
+                        e[7],
+                        step if kind in _MARKERS else e[8],
+                        p,
+                    ]
+                )
+            batch = Batch(job, b.host, i, b.agent_id, seqs[i], evs, b.clock, sent)
+            seqs[i] += 1
+            msgs.append((b.host.encode(), schema.encode_batch(batch)))
+            n[0] += len(evs)
+        return [(tick * TICK_S, msgs, n[0]) for tick, (msgs, n) in sorted(groups.items())]
 
-    def encode_all(self) -> list[list[tuple[list[tuple[bytes, bytes]], int]]]:
-        """Every step of the shape, encoded: ``[step][slot] = (messages, events)``."""
+    def encode_all(self) -> list[list[tuple[float, list[tuple[bytes, bytes]], int]]]:
+        """Every step of the shape, encoded: ``[step][group] = (due, messages, events)``."""
         seqs = [1] * self.shape.hosts
         return [self.step_slots(s, seqs) for s in range(self.shape.steps)]
 
@@ -233,7 +238,7 @@ def one_step_batches(shape: Shape, step: int) -> list[Batch]:
     the pipeline gets)."""
     f = Fleet(Shape(**{**shape.__dict__, "steps": step + 1}), time.time_ns())
     seqs = [1] * shape.hosts
-    return [schema.decode_batch(v) for msgs, _n in f.step_slots(step, seqs) for _k, v in msgs]
+    return [schema.decode_batch(v) for _due, msgs, _n in f.step_slots(step, seqs) for _k, v in msgs]
 
 
 def _emit(obj: dict) -> None:
@@ -255,13 +260,13 @@ def publish(bootstrap: str, topic: str, shape: Shape, *, compression: str = "lz4
     fleet = Fleet(shape, start_ns)
     steps = fleet.encode_all()
     reg = fleet.register_messages()
-    size = sum(len(v) for st in steps for msgs, _n in st for _k, v in msgs)
+    size = sum(len(v) for st in steps for _due, msgs, _n in st for _k, v in msgs)
     _emit(
         {
             "ready": True,
             "encode_s": time.perf_counter() - t0,
             "bytes": size,
-            "messages": sum(len(msgs) for st in steps for msgs, _n in st),
+            "messages": sum(len(msgs) for st in steps for _due, msgs, _n in st),
         }
     )
     line = sys.stdin.readline().split()
@@ -284,11 +289,10 @@ def publish(bootstrap: str, topic: str, shape: Shape, *, compression: str = "lz4
         prod.produce(topic, key=k, value=v)
     prod.flush(30)
     events = messages = 0
-    slot_s = shape.step_s / shape.batches_per_step
-    for s, slots in enumerate(steps):
+    for s, groups in enumerate(steps):
         late = 0.0
-        for j, (msgs, n) in enumerate(slots):
-            due = go + s * shape.step_s + (j + 1) * slot_s
+        for end, msgs, n in groups:
+            due = go + s * shape.step_s + end
             wait = due - time.time()
             if wait > 0:
                 time.sleep(wait)
@@ -318,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--job", default="wide")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--events-per-step", type=int, default=64)
-    p.add_argument("--batches-per-step", type=int, default=5)
     p.add_argument("--step-s", type=float, default=1.0)
     p.add_argument("--guilty-from", type=int, default=10)
     a = p.parse_args(argv)
@@ -327,7 +330,6 @@ def main(argv: list[str] | None = None) -> int:
         a.steps,
         job=a.job,
         events_per_step=a.events_per_step,
-        batches_per_step=a.batches_per_step,
         step_s=a.step_s,
         guilty_from=a.guilty_from,
     )

@@ -1,7 +1,7 @@
 """The whole pipeline at width: one job of 8, 128, 512 and 2,048 hosts at 1 s steps through the real
 broker, real ``obshub streams worker`` process(es) and the real rule engine (``obshub rules serve`` with
-the builtin pack), fed by synthetic agents (bench/fleet.py: 64 events per host-step in 5 batches per
-host-step, a sched straggler on ``node2`` from step 10 on).
+the builtin pack), fed by synthetic agents (bench/fleet.py: 64 events per host-step in one batch per
+host-step, sealed at the step's end as the agent does, a sched straggler on ``node2`` from step 10 on).
 
 Per size, on a fresh private broker (bench/broker.py), with the project's own topics:
 
@@ -434,8 +434,6 @@ class Agents:
             str(shape.steps),
             "--events-per-step",
             str(shape.events_per_step),
-            "--batches-per-step",
-            str(shape.batches_per_step),
             "--step-s",
             str(shape.step_s),
             "--guilty-from",
@@ -961,7 +959,7 @@ def print_size(r: SizeResult, say) -> None:
     internal = max((x["internal_lag"] for x in steady), default=-1)
     late = max((d["late_s"] for d in r.publish[: r.steps]), default=0.0)
     say(
-        f"[bold]{r.hosts:,} hosts[/bold] ({r.events_per_step:,} events/s in {r.hosts * 5:,} batches/s; "
+        f"[bold]{r.hosts:,} hosts[/bold] ({r.events_per_step:,} events/s in {r.hosts:,} batches/s; "
         f"{r.steps} steps; batches encoded up front in {r.encode_s:.1f} s; agents at most {late:.2f} s late)"
     )
     say(f"  summaries behind at each step's end (steps): {behind or '-'}")

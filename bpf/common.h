@@ -300,6 +300,17 @@ static __always_inline void obs_submit(struct obs_event *e)
     events.ringbuf_submit(e, flags);
 }
 
+/* Submit and wake the reader at once: the end of a step, so the agent seals and sends the step's batch
+ * the moment the step ends (one wakeup per process and step). */
+static __always_inline void obs_submit_wake(struct obs_event *e)
+{
+    u32 zero = 0;
+    u64 *n = submitted.lookup(&zero);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    events.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+}
+
 /* Read a tracepoint field at the byte offset the loader found in tracefs (-D TPOFF_...): a direct load
  * from the tracepoint's record when the offset is aligned to the field's size (the verifier allows
  * aligned reads of a tracepoint program's context: no helper call), else bpf_probe_read_kernel (byte

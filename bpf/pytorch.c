@@ -183,6 +183,9 @@ int obs_usdt_step_end(struct pt_regs *ctx)
         dur = now - *begin;
         step_begin_ts.delete(&sk);
     }
+    /* STEP_END is reserved first (so it comes first in the ring) and submitted last, waking the reader:
+     * a reader cannot pass a record still reserved, so when it wakes, the step's aggregates behind the
+     * STEP_END are in the ring too, and the agent seals the step's batch with all of them */
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_END, tgid, tid);
     if (e) {
         e->ts_ns = now;
@@ -190,7 +193,6 @@ int obs_usdt_step_end(struct pt_regs *ctx)
         e->step = step;
         e->trace_key = key;
         e->value = step;
-        obs_submit(e);
     }
     /* the per-step scheduler sums of this process's training threads (bpf/sched.c fills them) */
     struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
@@ -213,6 +215,8 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     }
     obs_emit_mem_acc(tgid, tid, step, key, now);
     obs_emit_cuda_acc(tgid, tid, step, key, now);
+    if (e)
+        obs_submit_wake(e);
     return 0;
 }
 

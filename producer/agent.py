@@ -3,9 +3,11 @@ stream) to the transport (batcher -> Kafka publisher -> spool).
 
 Steps: start the source and print its probe table (attached / skipped + reason) -> apply thresholds ->
 register as component ``agent-<host>`` -> serve Prometheus metrics -> loop { poll the source (blocking at
-most until the open batch is due) -> batcher -> transport; seal batches that are ``max_age_ms`` old;
+most until the open batch is due) -> batcher -> transport; seal the batches that hold a step end
+(step-aligned: one batch per training step) or are ``max_age_ms`` old;
 serve delivery reports and spool replay; every ``loss_interval_s`` turn the source's in-kernel loss
-counters into AGENT_LOSS events } -> on SIGTERM/SIGINT or ``--duration``: drain the source once more,
+counters into AGENT_LOSS events; every 0.25 s the state of each registered process
+(:class:`producer.rankstate.RankWatch`: frozen, stopped, exited) -> a RANK_STATE event when it changed } -> on SIGTERM/SIGINT or ``--duration``: drain the source once more,
 stop it, flush the last batches, deliver what is left for up to ``flush_timeout_s`` (a second signal cuts
 this short: the rest stays in the spool) -> exit code 0 when
 everything was delivered, :data:`EXIT_UNDELIVERED` (3) when batches stay in the spool (the message says
@@ -41,6 +43,7 @@ from obshub.core.schema import KIND_INFO, Event, Kind, Layer
 from obshub.core.settings import AgentConfig, Settings
 from producer.batcher import JobBatchers
 from producer.clock import ClockTracker
+from producer.rankstate import RankWatch
 from producer.reader import PackedRun
 from producer.source import EventSource
 from producer.spool import Spool
@@ -53,6 +56,10 @@ log = logging.getLogger("producer.agent")
 _kind_of = operator.itemgetter(0)
 _REGISTER = int(Kind.REGISTER)
 _PID = 5  # index of ``pid`` in an event (schema.EVENT_FIELDS)
+_STEP_END = int(Kind.STEP_END)
+#: the longest the loop blocks in the source's poll, ms: how often it serves delivery reports, loss
+#: reports and a stop request when nothing arrives
+POLL_MAX_MS = 200.0
 
 #: kinds that belong to the host, not to one process (sysfs counters, PCIe errors, the agent's own loss
 #: reports): with no registered process as their ``pid`` they go to every job on the host
@@ -89,6 +96,7 @@ class Agent:
             clock=self.clock.current,
             max_bytes=config.batch.max_bytes,
             max_age_ms=config.batch.max_age_ms,
+            step_min_age_ms=config.batch.step_min_age_ms,
         )
         spool = Spool(config.spool.dir, config.spool.max_bytes, config.spool.segment_bytes)
         try:
@@ -98,8 +106,10 @@ class Agent:
             raise
         self.kind_counts: Counter[int] = Counter()
         self.job_of_pid: dict[int, str] = {}  # registered processes -> their job
+        self._ended: set[str] = set()  # jobs a STEP_END arrived for in this poll turn
         self._jobs: list[str] = []  # the jobs of live registered processes
         self._dead: set[int] = set()  # registered pids found gone once
+        self.rank_watch = RankWatch()  # frozen, stopped or exited registered processes -> RANK_STATE
         self.lost_totals: dict[str, int] = {}
         self.probe_status: list = []
         self.metrics_port: int | None = None
@@ -196,15 +206,22 @@ class Agent:
         next_loss = time.monotonic() + cfg.loss_interval_s
         state = transport.state
         poll = getattr(source, "poll_packed", None) or source.poll
-        # the longest wait for the source: the batch age bound (a full ring wakes the poll earlier, a
-        # signal interrupts it); each turn costs CPU, so an idle agent turns a few times a second only
-        idle_ms = max(50.0, float(cfg.batch.max_age_ms))
+        # the longest wait for the source: the batch age bound, at most POLL_MAX_MS (a full ring or a
+        # step end wakes the poll earlier); each turn costs CPU, so an idle agent turns a few times a
+        # second only
+        idle_ms = max(50.0, min(POLL_MAX_MS, float(cfg.batch.max_age_ms)))
         while not self._stop.is_set():
             until_due = batcher.ms_until_due()
             timeout = int(idle_ms if until_due is None else min(idle_ms, until_due))
             events = poll(timeout)
             if events:
                 self._take(events)
+            if self.job_of_pid:
+                states = self.rank_watch.poll(self.job_of_pid)
+                if states:
+                    self._take_events(states)
+                    for job in {self.job_of_pid.get(ev[_PID], batcher.fallback_job) for ev in states}:
+                        batcher.of(job).seal_next()  # a state change leaves now, not at the age bound
             for sealed in batcher.due():
                 transport.send(sealed)
             transport.service(0)
@@ -222,11 +239,22 @@ class Agent:
 
     def _take(self, items: list) -> None:
         """Count, batch and send what the source returned: Events (10-tuples) and, from a source with
-        ``poll_packed``, :class:`producer.reader.PackedRun` s (added whole, counted by their kinds)."""
-        counts = self.kind_counts
+        ``poll_packed``, :class:`producer.reader.PackedRun` s (added whole, counted by their kinds).
+        The batchers of the jobs a STEP_END arrived for are then told the step ended (after every item of
+        the turn is in: the kernel sends the step's aggregates right behind its STEP_END), so the loop's
+        ``due`` seals their batches at the step boundary."""
+        ended = self._ended
         if not hasattr(self.source, "poll_packed"):  # Events only: no per-item type check
             self._take_events(items)
-            return
+        else:
+            self._take_mixed(items)
+        if ended:
+            for job in ended:
+                self.batcher.of(job).step_end()
+            ended.clear()
+
+    def _take_mixed(self, items: list) -> None:
+        counts = self.kind_counts
         plain: list = []
         for item in items:
             if type(item) is PackedRun:
@@ -234,7 +262,7 @@ class Agent:
                     self._take_events(plain)
                     plain = []
                 counts.update(item.kinds)
-                self._add_packed(item)
+                self._add_packed(item, _STEP_END in item.kinds)
             else:
                 plain.append(item)
         if plain:
@@ -243,14 +271,17 @@ class Agent:
     def _take_events(self, events: list) -> None:
         """Count Events, learn the jobs of the REGISTER events among them, batch them by job, send."""
         counts = self.kind_counts
-        before = counts[_REGISTER]
+        before, ends_before = counts[_REGISTER], counts[_STEP_END]
         counts.update(map(_kind_of, events))
         if counts[_REGISTER] != before:
             self._learn_jobs(events)
+        has_end = counts[_STEP_END] != ends_before
         send = self.transport.send
         if not self.job_of_pid:  # nothing registered: everything is the fallback job's
             for sealed in self.batcher.fallback.add_many(events):
                 send(sealed)
+            if has_end:
+                self._ended.add(self.batcher.fallback_job)
             return
         by_job: dict[str, list] = {}
         jobs, fallback, everyone = self.job_of_pid, self.batcher.fallback_job, self._jobs
@@ -266,12 +297,15 @@ class Agent:
         for job, evs in by_job.items():
             for sealed in self.batcher.of(job).add_many(evs):
                 send(sealed)
+            if has_end and any(ev[0] == _STEP_END for ev in evs):
+                self._ended.add(job)
 
-    def _add_packed(self, run: PackedRun) -> None:
+    def _add_packed(self, run: PackedRun, has_end: bool = False) -> None:
         """Batch one packed run: whole into one batcher when only one job can own its events (nothing
         registered: the fallback job; one job registered and only registered processes watched: that
         job), else split by job (the pids read from the msgpack arrays; each job's events gathered into
-        one run of their own, order kept; ~0.5-1 µs per event)."""
+        one run of their own, order kept; ~0.5-1 µs per event). ``has_end``: the run holds a STEP_END (the
+        jobs it belongs to are noted for :meth:`_take`)."""
         send = self.transport.send
         jobs = self.job_of_pid
         fallback = self.batcher.fallback_job
@@ -279,6 +313,8 @@ class Agent:
         if not jobs or only == fallback or (only is not None and self._registered_only()):
             for sealed in self.batcher.of(only or fallback).add_packed(run.data, run.ends):
                 send(sealed)
+            if has_end:
+                self._ended.add(only or fallback)
             return
         ends = run.ends
         unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=False)
@@ -290,6 +326,8 @@ class Agent:
             if job != cur:
                 cur, idx = job, of_job.setdefault(job, [])
             idx.append(i)
+            if has_end and ev[0] == _STEP_END:
+                self._ended.add(job)
         view = memoryview(run.data)
         starts = None
         for job, idx in of_job.items():

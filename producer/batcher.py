@@ -17,6 +17,15 @@ Bounds: a batch is sealed *before* adding an event would make its encoded size p
 it holds ``schema.MAX_EVENTS_PER_BATCH`` events, or when its first event is ``max_age_ms`` old (checked
 by :meth:`Batcher.due`, which the agent calls every loop turn). An event that alone passes ``max_bytes``
 is sent alone in its batch.
+
+Step alignment: the agent calls :meth:`Batcher.step_end` after it added the events of a poll turn that
+hold the end of a training step (a ``STEP_END``, which the kernel sends with the step's aggregates right
+behind it); the open batch is then sealed at once, so one batch carries one step and a step's last
+events leave the moment the step ends. Two exceptions keep the message rate bounded: a batch that
+follows a step-aligned one and is younger than ``step_min_age_ms`` stays open (steps faster than that
+share a batch, sealed at the first step end past the minimum age, or by age), and ``max_age_ms`` still
+bounds every batch (a hung or slow-stepping rank ships within it; the first step end after such an age
+seal seals at once, however young the batch).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from typing import Callable, Iterable, NamedTuple
 import msgpack
 
 from obshub.core import schema
-from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_MAX_BYTES
+from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_MAX_BYTES, BATCH_STEP_MIN_AGE_MS
 
 _EVENTS_KEY_AND_HEADER_MAX = 1 + len("events") + 5  # fixstr key + array32 header
 _ENVELOPE_SLACK = 160  # ints and the clock map at their largest encodings
@@ -64,7 +73,9 @@ class Batcher:
     per job, :class:`JobBatchers`), so the instance's batches are numbered without gaps whatever job
     they carry (default: a counter of its own starting at ``first_seq``). ``clock``: returns the ``schema.Clock`` stamped on each batch when it is sealed.
     ``max_bytes``: bound on the encoded message size, bytes. ``max_age_ms``: bound on the age of the
-    oldest event in an open batch, ms. Raises ValueError for a bound too small to hold the envelope.
+    oldest event in an open batch, ms. ``step_min_age_ms``: the age a batch that follows a step-aligned
+    one must reach before a step end seals it, ms (at most ``max_age_ms``; see the module docstring).
+    Raises ValueError for a bound too small to hold the envelope.
 
     Counters: ``sealed`` (batches), ``events`` (events accepted), ``rejected`` (events msgpack could not
     encode: an int outside 64 bits or a payload value of an unsupported type; they are skipped).
@@ -80,6 +91,7 @@ class Batcher:
         clock: Callable[[], schema.Clock] = schema.Clock,
         max_bytes: int = BATCH_MAX_BYTES,
         max_age_ms: float = BATCH_MAX_AGE_MS,
+        step_min_age_ms: float = BATCH_STEP_MIN_AGE_MS,
         first_seq: int = 0,
         seq: SeqCounter | None = None,
     ):
@@ -90,6 +102,7 @@ class Batcher:
         self._clock = clock
         self.max_bytes = max_bytes
         self.max_age_ns = int(max_age_ms * 1_000_000)
+        self.step_min_age_ns = min(self.max_age_ns, int(step_min_age_ms * 1_000_000))
         self._packer = msgpack.Packer(use_bin_type=True)
         overhead = len(self._envelope(2**63 - 1, 2**63 - 1, schema.Clock(-(2**63), 2**63 - 1, -(2**63)), 0))
         self._limit = max_bytes - overhead - _ENVELOPE_SLACK
@@ -99,7 +112,11 @@ class Batcher:
         self._n = 0  # events in the open batch
         self._size = 0
         self._first_ns = 0
+        self._seal_now = False  # the open batch holds a step end that seals it (see step_end)
+        self._aligned = False  # the previous batch was sealed at a step end
+        self._urgent = False  # the open batch holds an event the stream worker must see at once (see seal_next)
         self.sealed = 0
+        self.step_sealed = 0
         self.events = 0
         self.rejected = 0
 
@@ -178,21 +195,51 @@ class Batcher:
         """Append one event; see :meth:`add_many`."""
         return self.add_many((event,))
 
-    # -- time bound and flush ------------------------------------------------------------------------
+    # -- step alignment, time bound and flush --------------------------------------------------------
+    def step_end(self, now_ns: int | None = None) -> bool:
+        """The events added last hold the end of a training step: mark the open batch to be sealed by the
+        next :meth:`due` unless it follows a step-aligned batch and is younger than ``step_min_age_ms``.
+        Returns whether it was marked (False also when no batch is open)."""
+        if not self._parts:
+            return False
+        if self._aligned:
+            now_ns = time.monotonic_ns() if now_ns is None else now_ns
+            if now_ns - self._first_ns < self.step_min_age_ns:
+                return False
+        self._seal_now = True
+        return True
+
+    def seal_next(self) -> bool:
+        """Mark the open batch to be sealed by the next :meth:`due` whatever its age: it holds an event the
+        stream worker must see at once (a rank's state change: frozen, stopped, exited), not after the age
+        bound. The next step end is judged as after an age seal. Returns whether a batch was open."""
+        if not self._parts:
+            return False
+        self._urgent = True
+        return True
+
     def due(self, now_ns: int | None = None) -> SealedBatch | None:
-        """Seal and return the open batch when its first event is ``max_age_ms`` old, else None."""
+        """Seal and return the open batch when it holds a step end (:meth:`step_end`), an urgent event
+        (:meth:`seal_next`) or its first event is ``max_age_ms`` old, else None."""
         if not self._parts:
             return None
+        if self._urgent and not self._seal_now:
+            return self._seal()
+        if self._seal_now:
+            self.step_sealed += 1
+            return self._seal(aligned=True)
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         if now_ns - self._first_ns >= self.max_age_ns:
             return self._seal()
         return None
 
     def ms_until_due(self, now_ns: int | None = None) -> float | None:
-        """Milliseconds until the open batch is due (0 when overdue), None when no batch is open: how
-        long the agent may block polling its source."""
+        """Milliseconds until the open batch is due (0 when overdue or marked by a step end), None when no
+        batch is open: how long the agent may block polling its source."""
         if not self._parts:
             return None
+        if self._seal_now or self._urgent:
+            return 0.0
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         return max(0.0, (self._first_ns + self.max_age_ns - now_ns) / 1e6)
 
@@ -232,7 +279,7 @@ class Batcher:
         out.append(p.pack_array_header(n_events))
         return b"".join(out)
 
-    def _seal(self) -> SealedBatch:
+    def _seal(self, aligned: bool = False) -> SealedBatch:
         parts, n = self._parts, self._n
         seq = self._seq.value
         self._seq.value = seq + 1
@@ -243,6 +290,8 @@ class Batcher:
         self._parts = []
         self._size = 0
         self._n = 0
+        self._seal_now = self._urgent = False
+        self._aligned = aligned
         return batch
 
 
@@ -256,7 +305,8 @@ class JobBatchers:
     the other arguments are :class:`Batcher`'s, applied to every job's batcher. Raises ValueError as
     :class:`Batcher` does.
 
-    Counters (sums over the jobs): ``sealed``, ``events``, ``rejected``, ``open_events``.
+    Counters (sums over the jobs): ``sealed``, ``step_sealed`` (of them, sealed at a step end),
+    ``events``, ``rejected``, ``open_events``.
     """
 
     def __init__(
@@ -269,14 +319,16 @@ class JobBatchers:
         clock: Callable[[], schema.Clock] = schema.Clock,
         max_bytes: int = BATCH_MAX_BYTES,
         max_age_ms: float = BATCH_MAX_AGE_MS,
+        step_min_age_ms: float = BATCH_STEP_MIN_AGE_MS,
         first_seq: int = 0,
     ):
         self.fallback_job, self.host, self.host_id = fallback_job, host, host_id
         self.agent_id = agent_id or str(uuid.uuid4())
         self._clock, self._max_bytes, self._max_age_ms = clock, max_bytes, max_age_ms
+        self._step_min_age_ms = step_min_age_ms
         self._seq = SeqCounter(first_seq)
         self.by_job: dict[str, Batcher] = {}
-        self._sealed_gone = self._events_gone = self._rejected_gone = 0  # of batchers forgotten
+        self._sealed_gone = self._events_gone = self._rejected_gone = self._step_gone = 0  # of batchers forgotten
         self.fallback = self.of(fallback_job)
 
     def of(self, job: str) -> Batcher:
@@ -291,6 +343,7 @@ class JobBatchers:
                 clock=self._clock,
                 max_bytes=self._max_bytes,
                 max_age_ms=self._max_age_ms,
+                step_min_age_ms=self._step_min_age_ms,
                 seq=self._seq,
             )
             self.by_job[job] = b
@@ -302,7 +355,8 @@ class JobBatchers:
         return self._seq.value
 
     def due(self, now_ns: int | None = None) -> list[SealedBatch]:
-        """Seal and return every open batch whose first event is ``max_age_ms`` old (oldest first)."""
+        """Seal and return every open batch that is due (:meth:`Batcher.due`: a step end, or its first
+        event ``max_age_ms`` old), oldest first."""
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         if len(self.by_job) == 1:
             one = self.fallback.due(now_ns)
@@ -337,11 +391,16 @@ class JobBatchers:
         self._sealed_gone += b.sealed
         self._events_gone += b.events
         self._rejected_gone += b.rejected
+        self._step_gone += b.step_sealed
         return last
 
     @property
     def sealed(self) -> int:
         return self._sealed_gone + sum(b.sealed for b in self.by_job.values())
+
+    @property
+    def step_sealed(self) -> int:
+        return self._step_gone + sum(b.step_sealed for b in self.by_job.values())
 
     @property
     def events(self) -> int:

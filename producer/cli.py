@@ -14,7 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from obshub.core.kafka import SaslMechanism, SecurityProtocol
-from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_MAX_BYTES, SPOOL_MAX_BYTES, SPOOL_SEGMENT_BYTES, Settings
+from obshub.core.settings import (
+    BATCH_MAX_AGE_MS,
+    BATCH_MAX_BYTES,
+    BATCH_STEP_MIN_AGE_MS,
+    SPOOL_MAX_BYTES,
+    SPOOL_SEGMENT_BYTES,
+    Settings,
+)
 from producer import kheaders
 from producer import probes as cat
 from producer.agent import Agent
@@ -207,7 +214,14 @@ def _finite(value: float, name: str) -> float:
 @click.option(
     "--batch-max-bytes", type=int, default=BATCH_MAX_BYTES, show_default=True, help="batch bound, bytes (1 KiB..1 MiB)"
 )
-@click.option("--batch-max-age-ms", type=int, default=BATCH_MAX_AGE_MS, show_default=True, help="batch bound, ms")
+@click.option("--batch-max-age-ms", type=int, default=BATCH_MAX_AGE_MS, show_default=True, help="batch bound (age), ms")
+@click.option(
+    "--batch-step-min-age-ms",
+    type=int,
+    default=BATCH_STEP_MIN_AGE_MS,
+    show_default=True,
+    help="a step end seals the batch; one after a step-aligned batch only once this old, ms",
+)
 @click.option("--spool-max-bytes", type=int, default=SPOOL_MAX_BYTES, show_default=True, help="spool bound, bytes")
 @click.option("--spool-segment-bytes", type=int, default=SPOOL_SEGMENT_BYTES, show_default=True)
 @click.option(
@@ -266,6 +280,7 @@ def agent_command(
     delivery_timeout_ms,
     batch_max_bytes,
     batch_max_age_ms,
+    batch_step_min_age_ms,
     spool_max_bytes,
     spool_segment_bytes,
     metrics_port,
@@ -318,7 +333,7 @@ def agent_command(
         host=host,
         host_id=host_id,
         kafka=kafka,
-        batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms),
+        batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms, step_min_age_ms=batch_step_min_age_ms),
         spool=dict(dir=settings.home / "spool" / host, max_bytes=spool_max_bytes, segment_bytes=spool_segment_bytes),
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,

@@ -24,7 +24,17 @@ from typing import Any, Callable
 import cel
 
 from rules import lifecycle
-from rules.expr import Activation, Compiled, EvalError, compile_expr, identifiers, item_invariant, string_literals
+from rules.expr import (
+    Activation,
+    Compiled,
+    EvalError,
+    compile_expr,
+    identifiers,
+    item_invariant,
+    item_keyed_paths,
+    project_item,
+    string_literals,
+)
 from rules.lifecycle import FIRING, INACTIVE, PENDING, RESOLVED, AlertInstance
 from rules.model import Rule, RuleSet
 from rules.window import Window
@@ -36,6 +46,7 @@ MAX_BUFFERED_PER_KEY = 1_000
 MAX_FINGERPRINTS = 200_000  # cached group -> fingerprint entries per rule before the cache restarts
 _SKIP, _ERROR = "skip", "error"  # per-item outcomes: condition not true / an expression failed (counted)
 _EMIT, _MARK = "obshub_emit__", "obshub_mark__"  # CEL functions of the one-pass foreach (see _ForeachPlan)
+_ABSENT = object()  # no entry for the item in a map
 
 
 class _RuleRuntime:
@@ -66,6 +77,7 @@ class _ForeachPlan:
     literals: frozenset[str]
     invariant: bool
     identity: tuple[bool, ...]
+    keyed: frozenset[tuple[str, ...]] = frozenset()
 
 
 def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
@@ -93,6 +105,7 @@ def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
             frozenset().union(*(string_literals(p) for p in parts)),
             all(item_invariant(p) for p in per_item),
             identity,
+            item_keyed_paths(combined),
         )
     except ValueError as exc:  # cannot happen for validated rules; the per-item path still works
         log.warning("rule %s: per-item evaluation (%s)", rule.id, exc)
@@ -229,17 +242,38 @@ class Engine:
         if not items:
             return
         if plan.invariant and all(type(it) is str for it in items):
+            # the keys of the maps the rule reads only by item (plan.keyed) are no mention: an item that
+            # is one of them and mentioned nowhere else gets the outcome of the sentinel item holding
+            # its entry, computed once per distinct entry
             mentioned = set(plan.literals)
             for name in plan.body_names:
-                mentioned |= shared.strings(name)
+                paths = [p for p in plan.keyed if p[0] == name]
+                mentioned |= shared.strings_outside(name, paths) if paths else shared.strings(name)
+            maps = [k for p in plan.keyed if (k := shared.entry_keys(p)) is not None]
             sentinel = "\x00obshub:item"
-            while sentinel in mentioned:
+            while sentinel in mentioned or any(sentinel in m for m in maps):
                 sentinel += "\x00"
             common = None
+            by_entry: dict[Any, Any] = {}
             outcomes = []
+            one = maps[0] if len(maps) == 1 else None  # the usual case: one keyed map
             for it in items:
                 if it in mentioned:
                     outcomes.append((it, self._eval_item(rule, plan, shared, it), False))
+                elif one is not None and it in one or one is None and maps and any(it in m for m in maps):
+                    if one is not None:
+                        key = one[it]
+                        unhashable = key is None
+                    else:
+                        key = tuple((it in m, m.get(it, _ABSENT)) for m in maps)
+                        unhashable = any(k[0] and k[1] is None for k in key)
+                    if unhashable:  # an entry with no hashable form: this item alone
+                        outcomes.append((it, self._eval_item(rule, plan, shared, it), False))
+                        continue
+                    res = by_entry.get(key, _ABSENT)
+                    if res is _ABSENT:
+                        res = by_entry[key] = self._eval_item(rule, plan, shared, sentinel, entry_of=it)
+                    outcomes.append((it, res, True))
                 else:
                     if common is None:
                         common = self._eval_item(rule, plan, shared, sentinel)
@@ -275,11 +309,18 @@ class Engine:
         n = len(rule.group_by)
         return out[1 : 1 + n], (out[1 + n] if rule.of is not None else 1.0)
 
-    def _eval_item(self, rule: Rule, plan: _ForeachPlan, shared: Activation, item: Any) -> Any:
+    def _eval_item(self, rule: Rule, plan: _ForeachPlan, shared: Activation, item: Any, entry_of: Any = None) -> Any:
         """``(group_by values, of value)`` of one item, or _SKIP / _ERROR, on a context of the rule's
-        per-item fields only."""
+        per-item fields only, each map of ``plan.keyed`` cut down to the item's entry (``entry_of``: the
+        entries of that item instead, under ``item``'s key)."""
         data = shared.data
-        ctx = cel.Context(variables={**{k: data[k] for k in plan.body_names if k in data}, "item": item})
+        own = project_item(
+            {k: data[k] for k in plan.body_names if k in data},
+            plan.keyed,
+            item if entry_of is None else entry_of,
+            key_as=item,
+        )
+        ctx = cel.Context(variables={**own, "item": item})
         try:
             return self._result(rule, plan, plan.combined.eval(ctx))
         except EvalError:

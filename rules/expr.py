@@ -203,7 +203,7 @@ class Activation:
         self.names = names
         self.functions = functions
         self._ctx = None
-        self._strings: dict[str, frozenset[str]] = {}
+        self._strings: dict[Any, Any] = {}  # memo: strings of fields, entry keys of maps
 
     @property
     def ctx(self) -> cel.Context:
@@ -220,6 +220,47 @@ class Activation:
         if out is None:
             out = self._strings[name] = frozenset(_strings_in(self.data.get(name)))
         return out
+
+    def entry_keys(self, path: tuple[str, ...]) -> "dict[Any, Any] | None":
+        """For the map at ``path``: each key -> :func:`frozen` of its entry (None for an entry with no
+        hashable form); None when ``path`` leads to no map (memoised: the rules reading the same map on
+        one record share it)."""
+        memo = ("entry_keys", *path)
+        if memo not in self._strings:
+            m = resolve_path(self.data, path)
+            out: "dict[Any, Any] | None" = None
+            if isinstance(m, dict):
+                out = {}
+                for k, v in m.items():
+                    try:
+                        out[k] = frozen(v)
+                    except TypeError:
+                        out[k] = None
+            self._strings[memo] = out  # type: ignore[assignment]
+        return self._strings[memo]  # type: ignore[return-value]
+
+    def strings_outside(self, name: str, paths: "list[tuple[str, ...]]") -> frozenset[str]:
+        """:meth:`strings` of the field ``name`` leaving out the keys (not the values) of the maps at
+        ``paths`` (each starting with ``name``; memoised)."""
+        memo = (name, *sorted(paths))
+        out = self._strings.get(memo)
+        if out is None:
+            value = self.data.get(name)
+            for path in paths:
+                value = _keys_dropped(value, path[1:])
+            out = self._strings[memo] = frozenset(_strings_in(value))
+        return out
+
+
+def _keys_dropped(value: Any, path: tuple[str, ...]) -> Any:
+    """``value`` with the map at ``path`` replaced by the list of its values (copies along the path)."""
+    if not isinstance(value, dict):
+        return value
+    if not path:
+        return list(value.values())
+    if path[0] not in value:
+        return value
+    return {**value, path[0]: _keys_dropped(value[path[0]], path[1:])}
 
 
 def _strings_in(value: Any, out: "set[str] | None" = None) -> set[str]:
@@ -374,6 +415,130 @@ def item_invariant(expr: str, var: str = "item") -> bool:
         else:
             return False
     return True
+
+
+def item_keyed_paths(expr: str, var: str = "item") -> frozenset[tuple[str, ...]]:
+    """The field paths P (dotted names, e.g. ``("evidence", "hosts")``) that ``expr`` reads only as
+    ``P[var]`` or ``var in P``: neither P nor a path through it or a part of it is used any other way, and
+    no comprehension binds a name. For such a P, evaluating ``expr`` with P's map cut down to the entry
+    of ``var`` (or to no entry when it has none) gives the same value, so a per-item evaluation needs to
+    convert one entry of P, not all of them (:func:`project_item`)."""
+    toks = _lex(expr)
+    texts = [t for _, t in toks]
+    if re.search(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(", expr):
+        return frozenset()
+    paths: list[tuple[tuple[str, ...], int, int]] = []  # (path, first token, index past it)
+    i = 0
+    while i < len(toks):
+        kind, text = toks[i]
+        if kind != "ident" or (i > 0 and texts[i - 1] == ".") or text in _RESERVED or text == var:
+            i += 1
+            continue
+        parts, j = [text], i + 1
+        while (
+            j + 1 < len(toks)
+            and texts[j] == "."
+            and toks[j + 1][0] == "ident"
+            and not (j + 2 < len(toks) and texts[j + 2] == "(")
+        ):
+            parts.append(texts[j + 1])
+            j += 2
+        if j < len(toks) and texts[j] == "(":  # a function call, not a field
+            i = j
+            continue
+        paths.append((tuple(parts), i, j))
+        i = j
+    keyed = set()
+    for path, start, end in paths:
+        indexed = end + 2 < len(toks) and texts[end] == "[" and texts[end + 1] == var and texts[end + 2] == "]"
+        tested = start >= 2 and texts[start - 1] == "in" and texts[start - 2] == var
+        if len(path) > 1 and (indexed or tested):
+            keyed.add(path)
+    out = set()
+    for p in keyed:
+        ok = True
+        for path, start, end in paths:
+            if path[0] != p[0]:
+                continue
+            if path == p:
+                indexed = end + 2 < len(toks) and texts[end] == "[" and texts[end + 1] == var and texts[end + 2] == "]"
+                tested = start >= 2 and texts[start - 1] == "in" and texts[start - 2] == var
+                if indexed or tested:
+                    continue
+                ok = False
+            elif path[: len(p)] == p or p[: len(path)] == path:
+                ok = False  # a path through P, or a part of P read whole
+            if not ok:
+                break
+        if ok:
+            out.add(p)
+    return frozenset(out)
+
+
+def resolve_path(data: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at ``path`` in ``data`` (nested maps), None when a step of it is missing."""
+    v: Any = data
+    for key in path:
+        if not isinstance(v, dict) or key not in v:
+            return None
+        v = v[key]
+    return v
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+
+
+def frozen(value: Any) -> Any:
+    """A hashable equivalent of ``value`` (maps, lists and scalars; type-tagged so ``1``, ``1.0`` and
+    ``True`` stay apart, as they do in CEL; floats by their exact bits). Raises TypeError for anything
+    else."""
+    if type(value) is dict and all(v.__class__ in _SCALARS for v in value.values()):
+        # a map of scalars (the common case): one pass
+        return frozenset(
+            (k.__class__, k, v.__class__, v.hex() if v.__class__ is float else v) for k, v in value.items()
+        )
+    if value is None or isinstance(value, (str, bytes)):
+        return value
+    if isinstance(value, float):
+        return ("float", value.hex())  # -0.0 and 0.0 apart (1 / x differs), a NaN equal to itself
+    if isinstance(value, (bool, int)):
+        return (type(value).__name__, value)
+    if isinstance(value, dict):
+        return ("map", frozenset((frozen(k), frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return ("list", tuple(frozen(v) for v in value))
+    raise TypeError(f"no hashable form for {type(value).__name__}")
+
+
+def project_item(
+    data: dict[str, Any], paths: "frozenset[tuple[str, ...]]", item: Any, key_as: Any = None
+) -> dict[str, Any]:
+    """``data`` (top-level fields) with the map at each of ``paths`` cut down to ``item``'s entry (none
+    when it has none), filed under ``key_as`` (default: ``item``); the maps along a path are copied,
+    ``data`` itself is left as it is. A path that does not lead to a map, or an item that cannot be a
+    key, is left whole."""
+    if not paths or not isinstance(item, (str, int, float, bool)):
+        return data
+    key_as = item if key_as is None else key_as
+    out = dict(data)
+    for path in paths:
+        if path[0] not in out:
+            continue
+        chain = [out[path[0]]]
+        for key in path[1:]:
+            parent = chain[-1]
+            if not isinstance(parent, dict) or key not in parent:
+                chain = []
+                break
+            chain.append(parent[key])
+        if not chain or not isinstance(chain[-1], dict):
+            continue
+        m = chain[-1]
+        value: Any = {key_as: m[item]} if item in m else {}
+        for parent, key in zip(reversed(chain[:-1]), reversed(path[1:])):
+            value = {**parent, key: value}
+        out[path[0]] = value
+    return out
 
 
 def string_literals(expr: str) -> frozenset[str]:

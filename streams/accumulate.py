@@ -303,6 +303,31 @@ def registrations(batch: Batch) -> list[dict]:
     return regs
 
 
+def rank_states(batch: Batch) -> list[dict]:
+    """The RANK_STATE events of a batch as ``{"job", "host", "pid", "state", "at_rt"}`` (``state``: running,
+    frozen, stopped or exited; ``at_rt``: CLOCK_REALTIME ns of the agent's read)."""
+    out = []
+    for e in batch.events:
+        if e.kind == Kind.RANK_STATE:
+            state = str((e.payload or {}).get("state") or "")
+            if state not in RANK_STATES:
+                continue
+            out.append(
+                {
+                    "job": batch.job,
+                    "host": batch.host,
+                    "pid": e.pid,
+                    "state": state,
+                    "at_rt": e.ts_ns + batch.clock.offset_ns,
+                }
+            )
+    return out
+
+
+#: the states a RANK_STATE event may name (producer/rankstate.py)
+RANK_STATES = ("running", "frozen", "stopped", "exited")
+
+
 def merge(into: dict, part: dict) -> dict:
     """Merge host accumulator ``part`` into ``into`` (same host, same step) and return ``into``.
 

@@ -76,6 +76,13 @@ class Thresholds:
       and it sent nothing for at least ``max(hang_min_ns, hang_factor * baseline median step time)``;
       (the arrived ranks must have waited half of it);
       ``hang_hold_ns``: how long a hung step is kept open (hang records repeat) before the window closes it.
+    - ``hang_state_wait_ns``: a rank its agent found frozen, stopped or exited (RANK_STATE) hangs without
+      the silence once the other ranks have waited this long in a collective it holds up.
+    - ``hang_exit_gap_ns``: when the ranks that waited in a collective exited too (they failed on the lost
+      peer), the rank that exited at least this long before them is the one that stopped first.
+    - ``hang_exit_settle_ns``: a hang with exited ranks is judged only this long after the earliest exit
+      known, so that every agent's report of an earlier exit has arrived; of several exits only those
+      within ``hang_exit_gap_ns`` of the earliest are named.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -99,6 +106,9 @@ class Thresholds:
     hang_min_ns: int = 3_000_000_000
     hang_factor: float = 3.0
     hang_hold_ns: int = 300_000_000_000
+    hang_state_wait_ns: int = 500_000_000
+    hang_exit_gap_ns: int = 20_000_000
+    hang_exit_settle_ns: int = 750_000_000
 
 
 def median_int(values: list[int]) -> int:
@@ -678,6 +688,61 @@ def summarize(
     return out
 
 
+def _last_phase(acc: dict | None) -> str:
+    """Where a host is in its step: the collective it is inside, else the last phase it finished."""
+    if acc is None:
+        return "no data in this step"
+    open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
+    if open_colls:
+        _t, k, op = max(open_colls)
+        return f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
+    lp = acc.get("last_phase")
+    return f"after {lp[1]}" if lp else "no data in this step"
+
+
+def _exit_cascade(
+    accs: dict[str, dict], stopped: dict[str, tuple], now_ns: int, th: Thresholds
+) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
+    """The ranks that exited first when the ranks waiting in a collective exited after them: returns
+    ``((collective key, waited_ns, [later hosts]), [first hosts])``, or ``(None, [])``. A later host had
+    not finished the step, was inside the collective (arrived, not ended) and exited at least
+    ``hang_exit_gap_ns`` after the earliest exit (``stopped[h][2]``, CLOCK_REALTIME ns)."""
+    exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2}
+    if len(exits) < 2:
+        return None, []
+    first = min(exits.values())
+    early = sorted(h for h, t in exits.items() if t < first + th.hang_exit_gap_ns)
+    waits: dict[str, dict[str, int]] = {}
+    for h, t in exits.items():
+        a = accs.get(h)
+        if h in early or a is None or a["step_ns"] is not None:
+            continue
+        for k, c in a["colls"].items():
+            if c[1] is not None and c[2] is None and c[1] < t:
+                waits.setdefault(k, {})[h] = c[1]
+    if not waits:
+        return None, []
+    k, who = max(waits.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    return (k, now_ns - max(who.values()), sorted(who)), early
+
+
+def _stalled(
+    accs: dict[str, dict], stopped: dict[str, tuple], opened_ns: int, bl: dict, now_ns: int, th: Thresholds
+) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
+    """A frozen or stopped rank (not an exit) while the step has been open for ``max(hang_state_wait_ns,
+    hang_factor * baseline median step time)`` and other hosts have not finished it: the job does not
+    progress, though no collective shows whom the others wait for (they block where no collective event
+    shows). Returns ``((latest collective key of the step, or "-#-1", waited_ns, [waiting hosts]),
+    [stopped hosts])``, or ``(None, [])``."""
+    held = sorted(h for h, v in stopped.items() if v[0] in ("frozen", "stopped"))
+    others = sorted(h for h, a in accs.items() if h not in stopped and a["step_ns"] is None)
+    waited = now_ns - opened_ns
+    if not held or not others or waited < max(th.hang_state_wait_ns, int(th.hang_factor * bl["median_ns"])):
+        return None, []
+    seen = [(c[1], k) for a in accs.values() for k, c in a["colls"].items() if c[1] is not None]
+    return (max(seen)[1] if seen else "-#-1", waited, others), held
+
+
 def hang_check(
     accs: dict[str, dict],
     expected_hosts: list[str],
@@ -687,31 +752,59 @@ def hang_check(
     step: int,
     now_ns: int,
     th: Thresholds = Thresholds(),
+    stopped: dict[str, tuple] | None = None,
 ) -> dict | None:
-    """Whether an open step hangs on a rank that never arrived at a collective (docs/ANALYSIS.md "Hangs").
+    """Whether an open step hangs on a rank (docs/ANALYSIS.md "Hangs").
 
-    For each process group, the highest sequence number any host reached in this step: the hosts with a
-    COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent nothing
-    (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never seen)
-    for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of the
-    arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not finished
-    the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing host
-    that still sends data is slow, not hung (the sequential evidence judges it).
+    By silence: for each process group, the highest sequence number any host reached in this step: the
+    hosts with a COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent
+    nothing (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never
+    seen) for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of
+    the arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not
+    finished the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing
+    host that still sends data is slow, not hung (the sequential evidence judges it).
 
-    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting:
-    [host], waited_ns, after_ns}`` (``waiting``: the arrived hosts, ``waited_ns``: now minus the latest of
-    their arrivals; ``last_phase``: the last phase the hung host finished, or the collective it is in)."""
+    By process state: ``stopped`` (``host -> (state, since_ns)``: a process its agent found frozen,
+    stopped or exited) makes such a host hung without the silence, arrived or not, once another host
+    that has not finished the step has been inside a collective (arrived, not ended) for
+    ``hang_state_wait_ns``: the collective it holds up is the one the others wait in (a rank frozen inside
+    a collective every rank reached included). When the others exited inside their collective too (they
+    failed on the lost peer: ``stopped`` entries ``(state, since_ns, at_rt)`` with CLOCK_REALTIME ns of the
+    exit), the host(s) that exited at least ``hang_exit_gap_ns`` before the first of them are named and
+    those are listed as ``waiting``.
+
+    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state}],
+    waiting: [host], waited_ns, after_ns}`` (``waiting``: the hosts blocked there, ``waited_ns``: now minus
+    the latest of their arrivals; ``last_phase``: the collective the hung host is in, or the last phase it
+    finished; ``state``: frozen, stopped, exited, or "silent" when judged by silence)."""
     bl = baseline(history, step, th)
     after = max(th.hang_min_ns, int(th.hang_factor * bl["median_ns"]))
+    stopped = {h: v for h, v in (stopped or {}).items() if h in set(expected_hosts) | set(accs)}
     expected = set(expected_hosts) | set(accs)
     if len(expected) < 2:
         return None
+
+    def hung_entry(h: str, state: str) -> dict:
+        acc = accs.get(h)
+        return {
+            "host": h,
+            "last_step": step if acc is not None else step - 1,
+            "last_phase": _last_phase(acc),
+            "silent_ns": now_ns - seen_ns.get(h, opened_ns),
+            "state": state,
+        }
+
     top: dict[str, int] = {}
     for acc in accs.values():
         for key, c in acc["colls"].items():
             if c[1] is not None:
                 pg, _, seq = key.rpartition("#")
                 top[pg] = max(top.get(pg, -1), int(seq))
+    # stopped hosts that may be named: with exits, only once they settled and only the earliest ones
+    exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2 and v[2]}
+    first = min(exits.values(), default=0)
+    settled = not exits or now_ns - first >= th.hang_exit_settle_ns
+    culprits = [h for h in sorted(stopped) if h not in exits or exits[h] < first + th.hang_exit_gap_ns]
     best = None
     for pg, seq in sorted(top.items()):
         key = f"{pg}#{seq}"
@@ -719,42 +812,65 @@ def hang_check(
             h: a["colls"][key][1] for h, a in accs.items() if key in a["colls"] and a["colls"][key][1] is not None
         }
         waited = now_ns - max(arrived.values())
-        if waited < after // 2 or all(accs[h]["step_ns"] is not None for h in arrived):
-            continue  # a short wait; or every arrived rank finished its step: nobody waits
+        if all(accs[h]["step_ns"] is not None for h in arrived):
+            continue  # every arrived rank finished its step: nobody waits
         hung = []
         for h in sorted(expected - set(arrived)):
-            silent = now_ns - seen_ns.get(h, opened_ns)
-            if silent < after:
-                continue
             acc = accs.get(h)
             if acc is not None and acc["step_ns"] is not None:
                 continue  # it finished the step: it never joined that collective (a sampled trace), no hang
-            phase = "no data in this step"
-            if acc is not None:
-                open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
-                lp = acc.get("last_phase")
-                if open_colls:
-                    t, k, op = max(open_colls)
-                    phase = f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
-                elif lp:
-                    phase = f"after {lp[1]}"
-            hung.append(
-                {
-                    "host": h,
-                    "last_step": step if acc is not None else step - 1,
-                    "last_phase": phase,
-                    "silent_ns": silent,
-                }
-            )
+            if h in stopped:  # judged by its state: no silence needed
+                if settled and h in culprits and waited >= th.hang_state_wait_ns:
+                    hung.append(hung_entry(h, stopped[h][0]))
+                continue
+            if stopped or waited < after // 2 or now_ns - seen_ns.get(h, opened_ns) < after:
+                continue  # with a rank known stopped, the silent ones are its victims (blocked on it)
+            hung.append(hung_entry(h, "silent"))
         if hung and (best is None or waited > best["waited_ns"]):
-            op = accs[next(iter(arrived))]["colls"][key][0]
             best = {
                 "pg": pg,
                 "coll_seq": seq,
+                "op": accs[next(iter(arrived))]["colls"][key][0],
+                "hosts": hung,
+                "waiting": sorted(h for h in arrived if h not in culprits),
+                "waited_ns": waited,
+                "after_ns": after if any(e["state"] == "silent" for e in hung) else th.hang_state_wait_ns,
+            }
+    if best is not None:
+        return best
+    if stopped:
+        # the collective the others wait in: per host not stopped and not done with the step, its open
+        # collective (arrived, not ended); the hang is on the one waited in longest
+        waits: dict[str, dict[str, int]] = {}
+        for h, a in accs.items():
+            if h in stopped or a["step_ns"] is not None:
+                continue
+            for k, c in a["colls"].items():
+                if c[1] is not None and c[2] is None:
+                    waits.setdefault(k, {})[h] = c[1]
+        pick = None
+        for k, who in waits.items():
+            w = now_ns - max(who.values())
+            if w >= th.hang_state_wait_ns and (pick is None or w > pick[1]):
+                pick = (k, w, sorted(who))
+        if not settled:
+            return None  # exits still being reported: wait until the earliest one is known
+        if pick is None:
+            pick, culprits = _exit_cascade(accs, stopped, now_ns, th)
+        if pick is None:
+            pick, culprits = _stalled(accs, stopped, opened_ns, bl, now_ns, th)
+        if pick is not None:
+            k, w, who = pick
+            hung = [hung_entry(h, stopped[h][0]) for h in culprits]
+            op = next((accs[h]["colls"][k][0] for h in who if k in accs[h]["colls"]), "step")
+            pg, _, seq = k.rpartition("#")
+            best = {
+                "pg": pg,
+                "coll_seq": int(seq),
                 "op": op,
                 "hosts": hung,
-                "waiting": sorted(arrived),
-                "waited_ns": waited,
-                "after_ns": after,
+                "waiting": who,
+                "waited_ns": w,
+                "after_ns": th.hang_state_wait_ns,
             }
     return best

@@ -5,8 +5,9 @@ JSON per host: at 4,096 hosts it alone would be some 800 KB, close to the broker
 limit. :func:`compact` keeps that field's rows for every host of a narrow step (at most ``full_rows``
 hosts) and, in a wider one, only for the outlier hosts:
 
-- the straggler and every host of its late group, every host named in ``blame`` and in
-  ``evidence.hosts`` (what the detection rules read),
+- the straggler and every host of its late group, every host named in ``blame``, and the ``top``
+  hosts of ``evidence.hosts`` with the largest evidence (the rules read the evidence itself, which stays
+  complete; in a step every rank waited in, half of a wide job's hosts can carry a trace of lateness),
 - the last host to arrive at each collective (``collectives[*].last_host``),
 - per layer, the ``top`` hosts with the largest ``time_ns`` and the ``top`` with the largest ``count``
   (so a count-only layer such as TCP retransmits shows its worst hosts too),
@@ -65,15 +66,20 @@ def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
 
 def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
     """The hosts whose layer rows a wide ``summary`` keeps (module docstring): named by the analysis
-    (straggler, late group, blame, evidence, last arrivals) plus the ``top`` largest per layer time, per
-    layer count and by step time."""
+    (straggler, late group, blame, last arrivals), the ``top`` hosts with the largest evidence, plus the
+    ``top`` largest per layer time, per layer count and by step time."""
     keep: set[str] = set()
     strag = summary.get("straggler")
     if strag:
         keep.add(strag["host"])
         keep.update(g["host"] for g in strag.get("group") or ())
     keep.update(b["host"] for b in summary.get("blame") or ())
-    keep.update((summary.get("evidence") or {}).get("hosts") or {})
+    evidence = (summary.get("evidence") or {}).get("hosts") or {}
+    strongest = sorted(
+        (-max((v for v in (z or {}).values() if isinstance(v, (int, float))), default=0), h)
+        for h, z in evidence.items()
+    )
+    keep.update(h for _z, h in strongest[:top])
     keep.update(c["last_host"] for c in summary.get("collectives") or () if c.get("last_host"))
     layers = summary.get("layers") or {}
     by_layer: dict[str, list[tuple[int, int, str]]] = {}

@@ -28,7 +28,7 @@ State layout (docs/STREAMS.md "State"); one batch part costs one small write, wh
 
 Hangs (docs/ANALYSIS.md "Hangs"): :meth:`hangs` checks the latest open step of every job with
 ``analysis.hang_check`` from in-memory derived state (when each host last sent data for the job, the
-highest step seen) and returns an interim summary (``closed_by = "hang"``) for each hung step; a hung step
+highest step seen, the processes the agents found frozen, stopped or exited) and returns an interim summary (``closed_by = "hang"``) for each hung step; a hung step
 is not closed by its window for ``Thresholds.hang_hold_ns`` after it opened.
 
 A step is complete when every rank of ``world_size`` registered and the number of hosts that ended it
@@ -163,6 +163,9 @@ class Fold:
         self.last_seen: dict[str, dict[str, int]] = {}  # job -> host -> clock() of its last part (hangs)
         self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
+        # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
+        # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
+        self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
         self.input_partitions = input_partitions
         self.hold_max_ns = hold_max_ns if hold_max_ns is not None else max(10 * window_ns, 60_000_000_000)
         self.read_ns: dict[int, int] = {}  # input partition -> clock() up to which it was read (derived)
@@ -211,6 +214,10 @@ class Fold:
             return self.apply_batch(v["msgs"], p)
         if t == "host":
             self.host(v, p)
+            if v.get("rank") is not None:  # a (re)registered rank: its host's old states are over
+                self.rank_state.get(v["job"], {}).pop(v["host"], None)
+        elif t == "state":
+            self.state(v)
         elif t == "hist":
             self.hist(v, p)
         elif t == "read":
@@ -284,6 +291,22 @@ class Fold:
         for b in js["buckets"]:
             out.extend(self.members.get(f"{job}@{p}#{b}") or ())
         return sorted(out)
+
+    def state(self, v: dict) -> None:
+        """A RANK_STATE message ``{job, host, pid, state, at_rt}``: remember a stopped process, forget one
+        that runs again."""
+        pids = self.rank_state.setdefault(v["job"], {}).setdefault(v["host"], {})
+        if v["state"] == "running":
+            pids.pop(int(v["pid"]), None)
+        else:
+            pids[int(v["pid"])] = (str(v["state"]), self.clock(), int(v.get("at_rt") or 0))
+        if not pids:
+            self.rank_state[v["job"]].pop(v["host"], None)
+
+    def stopped_hosts(self, job: str) -> dict[str, tuple[str, int, int]]:
+        """``host -> (state, clock() ns received, CLOCK_REALTIME ns of the state)`` for the hosts of ``job``
+        with a process their agent found frozen, stopped or exited (the earliest such state of the host)."""
+        return {h: min(pids.values(), key=lambda x: x[2]) for h, pids in self.rank_state.get(job, {}).items() if pids}
 
     def host(self, v: dict, p: int) -> None:
         """A registration ``{job, host, host_id, rank, world_size}``: one bucket write when it is news."""
@@ -500,7 +523,15 @@ class Fold:
                 if e is not None:
                     accs[h] = e["acc"]
             found = analysis.hang_check(
-                accs, expected, self.last_seen.get(job, {}), st["opened_ns"], js["history"], st["step"], now, self.th
+                accs,
+                expected,
+                self.last_seen.get(job, {}),
+                st["opened_ns"],
+                js["history"],
+                st["step"],
+                now,
+                self.th,
+                stopped=self.stopped_hosts(job),
             )
             if found is None:
                 self.hung.pop(sk, None)

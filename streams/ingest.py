@@ -9,6 +9,8 @@ the agent must send on the internal topic:
 
 - ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size})`` for each REGISTER event and
   for the first batch of an agent instance (every partition must know the job's hosts);
+- ``("broadcast", job, {"t": "state", job, host, pid, state, at_rt})`` for each RANK_STATE event (a
+  registered process found frozen, stopped, exited, or running again: the hang check reads it);
 - ``("part", "job|step", {"t": "part", job, step, host, bid, acc, q})`` per step of the batch; ``bid`` =
   ``"<agent_id>:<seq>"`` makes the fold idempotent, ``q`` carries the lost/duplicate batch counts once.
 """
@@ -101,6 +103,8 @@ class Ingest:
                     },
                 )
             )
+        for rs in accumulate.rank_states(batch):
+            res.sends.append(("broadcast", rs["job"], {"t": "state", **rs}))
         parts = accumulate.reduce_batch(batch)
         bid = f"{batch.agent_id}:{batch.seq}"
         for i, (step, acc) in enumerate(sorted(parts.items())):

@@ -130,6 +130,7 @@ class Kind(enum.IntEnum):
     PHASE = 13
     COLLECTIVE_BEGIN = 14
     COLLECTIVE_END = 15
+    RANK_STATE = 16
     # kernel scheduler
     SCHED_OFFCPU = 20
     SCHED_RUNQ = 21
@@ -240,6 +241,12 @@ KIND_INFO: dict[Kind, KindInfo] = {
     Kind.STEP_END: KindInfo(Layer.PYTORCH, "step wall time, ns", "step number (also in `step`)", {}),
     Kind.PHASE: KindInfo(
         Layer.PYTORCH, "phase wall time, ns", "0", {"phase": str}, step=("zero", "one", "duration"), record="phase"
+    ),
+    Kind.RANK_STATE: KindInfo(
+        Layer.PYTORCH,
+        "0",
+        "state of the registered process: 0 running, 1 frozen (cgroup freezer), 2 stopped (SIGSTOP, ptrace), 3 exited",
+        {"state": str},
     ),
     Kind.COLLECTIVE_BEGIN: KindInfo(
         Layer.PYTORCH, "0", "bytes", {"pg": str, "coll_seq": int, "op": str}, record="collective"

@@ -126,9 +126,11 @@ def load_settings(**overrides: Any) -> Settings:
 # ---------------------------------------------------------------------------------------------------------
 # Agent (``obshub agent``, producer/)
 # ---------------------------------------------------------------------------------------------------------
-#: batch bounds: encoded size of one Kafka message (bytes) and age of its first event (ms)
+#: batch bounds: encoded size of one Kafka message (bytes) and age of its first event (ms); a step end
+#: seals the open batch, unless it follows a step-aligned batch and is younger than the step minimum (ms)
 BATCH_MAX_BYTES = 256 * 1024
-BATCH_MAX_AGE_MS = 200
+BATCH_MAX_AGE_MS = 1000
+BATCH_STEP_MIN_AGE_MS = 200
 #: spool bounds: all segment files together, and one segment (bytes)
 SPOOL_MAX_BYTES = 256 * 1024 * 1024
 SPOOL_SEGMENT_BYTES = 4 * 1024 * 1024
@@ -181,12 +183,15 @@ class KafkaConfig(KafkaConnection):
 
 class BatchConfig(BaseModel):
     """Batch bounds: a batch is sealed when its encoded size would pass ``max_bytes`` (bytes of the msgpack
-    message) or its first event is ``max_age_ms`` old, whichever comes first."""
+    message), at the end of a training step (once ``step_min_age_ms`` old when the previous batch was
+    also sealed at a step end), or when its first event is ``max_age_ms`` old, whichever comes first
+    (producer/batcher.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_bytes: int = Field(BATCH_MAX_BYTES, ge=1024, le=1024 * 1024)  # <= Kafka's default max.message.bytes
     max_age_ms: int = Field(BATCH_MAX_AGE_MS, ge=1, le=60_000)
+    step_min_age_ms: int = Field(BATCH_STEP_MIN_AGE_MS, ge=0, le=60_000)
 
 
 class SpoolConfig(BaseModel):

@@ -27,15 +27,26 @@ def test_fleet_batches_are_agent_shaped_and_name_the_straggler():
     f = fleet.Fleet(shape, start_ns=1_790_000_000_000_000_000)
     steps = f.encode_all()
     reg = [schema.decode_batch(v) for _k, v in f.register_messages()]
-    batches = reg + [schema.decode_batch(v) for st in steps for msgs, _n in st for _k, v in msgs]
-    assert sum(n for st in steps for _m, n in st) == 6 * 5 * 64  # events reported per slot add up
+    batches = reg + [schema.decode_batch(v) for st in steps for _due, msgs, _n in st for _k, v in msgs]
+    assert sum(n for st in steps for _d, _m, n in st) == 6 * 5 * 64  # events reported per group add up
     seqs: dict[str, list[int]] = {}
     for b in batches:
         seqs.setdefault(b.agent_id, []).append(b.seq)
     assert all(s == list(range(len(s))) for s in seqs.values()) and len(seqs) == 6  # contiguous from 0
     per_host_step = Counter((b.host, e.step) for b in batches for e in b.events if e.step >= 0)
     assert set(per_host_step.values()) == {64} and len(per_host_step) == 6 * 5
-    assert all(len(st) == shape.batches_per_step for st in steps)  # 5 publication slots per step
+    # one batch per host and step, as the agent seals them: at the step's STEP_END, its last event,
+    # published after it (0.74 s into a clean step, 0.94 s into a guilty one)
+    assert len(batches) == 6 + 6 * 5
+    for b in batches[6:]:
+        assert len({e.step for e in b.events}) == 1
+        end = max(e.ts_ns for e in b.events)
+        step_end = [e.ts_ns for e in b.events if e.kind == schema.Kind.STEP_END]
+        assert len(step_end) == 1 and end - step_end[0] < 1_000_000  # the optimizer phase ends with it
+        end += b.clock.offset_ns
+        assert 0 < b.sent_ns - end < 20_000_000
+    for st in steps:
+        assert len(st) == 1 and 0.7 < st[0][0] < 0.97
     for b in batches[6:]:  # TraceKey step bits follow the step
         for e in b.events:
             assert schema.parse_trace_key(e.trace_key).step16 == e.step & 0xFFFF

@@ -18,6 +18,7 @@ def test_every_kind_is_in_the_table_with_known_rules():
         Kind.STEP_END,
         Kind.COLLECTIVE_BEGIN,
         Kind.COLLECTIVE_END,
+        Kind.RANK_STATE,
         Kind.AGENT_LOSS,
     }
 

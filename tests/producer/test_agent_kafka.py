@@ -74,6 +74,21 @@ def test_two_agents_deliver_every_event_exactly(kafka, tmp_path):
     assert [(e.value, e.payload["probe"]) for e in loss] == [(17, "sched")]
 
 
+def test_batches_are_sealed_at_step_ends(kafka, tmp_path):
+    # steps of 64 events at 96 events/s: 0.67 s each, longer than the step minimum (0.5 s) and shorter
+    # than the age bound (1 s): one batch per step, sealed at its STEP_END
+    bootstrap = kafka.bootstrap_servers
+    agent = make_agent(tmp_path, bootstrap, rate=96, total=4 * 64, metrics_port=None)
+    run = AgentThread(agent)
+    wait_for(lambda: agent.source.produced == 4 * 64, 30, "the synthetic events")
+    wait_for(lambda: agent.transport.idle and agent.batcher.open_events == 0, 20, "delivery")
+    assert run.stop() == 0
+    got = read_batches(bootstrap, {agent.agent_id}, until=lambda bs: len(bs) >= agent.batcher.sealed)
+    data = [[e for e in b.events if e.kind != Kind.AGENT_LOSS] for b in got]
+    assert [sum(e.kind == Kind.STEP_END for e in evs) for evs in data] == [1, 1, 1, 1]
+    assert agent.batcher.step_sealed == 4
+
+
 def test_queue_full_back_pressure_loses_nothing(kafka, tmp_path):
     a = make_agent(
         tmp_path,

@@ -59,6 +59,62 @@ def test_batch_bounded_by_age():
     assert b.due().seq == 1
 
 
+def test_step_end_seals_the_batch_a_fast_step_shares_one_and_age_still_bounds():
+    ms = 1_000_000
+    b = Batcher("job", "h", 1, max_age_ms=1_000, step_min_age_ms=500)
+    assert b.step_end() is False  # no open batch
+    b.add_many(_events(3))
+    t0 = b._first_ns
+    assert b.due(now_ns=t0 + 100 * ms) is None
+    assert b.step_end(now_ns=t0 + 100 * ms) is True  # the first batch: any step end seals it
+    assert b.ms_until_due(now_ns=t0 + 100 * ms) == 0.0
+    s = b.due(now_ns=t0 + 100 * ms)
+    assert s is not None and s.n_events == 3 and b.step_sealed == 1
+    # after a step-aligned batch: a step end 200 ms in (a fast step) leaves it open, one 600 ms in seals
+    b.add_many(_events(2))
+    t1 = b._first_ns
+    assert b.step_end(now_ns=t1 + 200 * ms) is False and b.due(now_ns=t1 + 200 * ms) is None
+    b.add_many(_events(2))
+    assert b.step_end(now_ns=t1 + 600 * ms) is True
+    assert b.due(now_ns=t1 + 600 * ms).n_events == 4 and b.step_sealed == 2
+    # a step longer than the age bound: sealed by age, then its end seals the (young) rest at once
+    b.add_many(_events(1))
+    t2 = b._first_ns
+    assert b.ms_until_due(now_ns=t2 + 400 * ms) == pytest.approx(600.0)
+    assert b.due(now_ns=t2 + 1_000 * ms).n_events == 1 and b.step_sealed == 2
+    b.add_many(_events(1))
+    assert b.step_end(now_ns=b._first_ns + 10 * ms) is True
+    assert b.due(now_ns=b._first_ns + 10 * ms).n_events == 1 and b.step_sealed == 3
+    assert b.sealed == 4
+
+
+def test_seal_next_sends_an_urgent_event_at_once_and_not_as_a_step_boundary():
+    ms = 1_000_000
+    b = Batcher("job", "h", 1, max_age_ms=1_000, step_min_age_ms=500)
+    assert b.seal_next() is False  # no open batch
+    b.add_many(_events(2))
+    t0 = b._first_ns
+    assert b.due(now_ns=t0 + 10 * ms) is None
+    assert b.seal_next() is True and b.ms_until_due(now_ns=t0 + 10 * ms) == 0.0
+    s = b.due(now_ns=t0 + 10 * ms)
+    assert s is not None and s.n_events == 2 and b.step_sealed == 0
+    # the flag went with that batch: the next one waits for its age bound again
+    b.add_many(_events(1))
+    assert b.due(now_ns=b._first_ns + 10 * ms) is None
+    # a step end after an urgent seal seals at once (judged as after an age seal)
+    assert b.step_end(now_ns=b._first_ns + 10 * ms) is True
+
+
+def test_job_batchers_seal_step_ends_per_job():
+    jb = JobBatchers("fallback", "host-a", 7, max_age_ms=1_000, step_min_age_ms=500)
+    jb.of("a").add_many(_events(2))
+    jb.of("b").add_many(_events(3))
+    jb.of("a").step_end()
+    sealed = jb.due()
+    assert [schema.decode_batch(s.value).job for s in sealed] == ["a"] and jb.open_events == 3
+    assert jb.step_sealed == 1 and jb.sealed == 1
+
+
 def test_encoding_is_byte_identical_to_the_schema_codec():
     clock = schema.Clock(123, 45, 37_000_000_000)
     b = Batcher("j", "h", 3, clock=lambda: clock)

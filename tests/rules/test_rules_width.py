@@ -69,6 +69,24 @@ rules:
     group_by: {host: item, by: "item == 'h1' ? blame[0].host : job"}
     window: 2s
     threshold: {aggregate: min, of: "1.0", at_least: 1}
+  - id: keyed
+    description: item-invariant, reads a per-host map only by the item (entries shared by many hosts)
+    severity: info
+    signal: steps
+    foreach: hosts
+    condition: "item in evidence.hosts ? evidence.hosts[item].sched >= 0.0 : closed_by != 'hang'"
+    group_by: {job: job, host: item}
+    window: 5s
+    threshold: {aggregate: sum, of: "(item in evidence.hosts ? evidence.hosts[item].sched : 0.0) - 0.5", at_least: 1}
+  - id: keyed_mentioned
+    description: the keyed map, and the item mentioned elsewhere too; errors for hosts without an entry
+    severity: info
+    signal: steps
+    foreach: hosts
+    condition: "evidence.hosts[item].memory >= 0.0 || (straggler != null && straggler.host == item)"
+    group_by: {host: item}
+    window: 4s
+    threshold: {aggregate: max, of: "straggler != null && straggler.host == item ? 9.0 : evidence.hosts[item].memory", at_least: 1.5}
   - id: missing
     description: item-invariant, mentioned by a literal
     severity: info
@@ -128,6 +146,23 @@ def summaries(seed: int, n: int) -> list[dict]:
             for j in range(rnd.randint(0, 2))
         ]
         times = {h: rnd.randint(10, 100) for h in hosts if rnd.random() < 0.8}
+        # evidence of a wide step: many hosts with the same small entry, a few with their own, now and
+        # then an int where a double is expected (a CEL type error) or a nested value
+        shared = {layer: 0.0 for layer in LAYERS} | {"pytorch": rnd.choice([0.001, 0.002])}
+        evidence = {
+            h: rnd.choice(
+                [
+                    shared,
+                    dict(shared),
+                    {**shared, "sched": rnd.choice([0.5, 2.0, 7.0])},
+                    {**shared, "memory": rnd.choice([1.0, 3.0])},
+                    {**shared, "sched": 1},
+                    {**shared, "memory": [1.0]},
+                ]
+            )
+            for h in hosts
+            if rnd.random() < 0.6
+        }
         out.append(
             fields.step_record(
                 {
@@ -145,6 +180,7 @@ def summaries(seed: int, n: int) -> list[dict]:
                     "stall": strag is not None,
                     "stall_ratio": 1.5,
                     "quality": {"ringbuf_lost": rnd.choice([0, 0, 0, 4])},
+                    "evidence": {"spread_ns": 10**7, "hosts": evidence},
                 }
             )
         )
@@ -174,7 +210,7 @@ def test_foreach_fast_paths_equal_per_item_evaluation(tmp_path, seed):
     assert fast_errors == ref_errors and ref_errors > 0  # the error paths were exercised
     assert fast_state == ref_state
     fired = {c["rule"] for c in ref if c["status"] == "firing"}
-    assert {"vote", "timed", "named", "blamed", "grouperr"} <= fired, fired
+    assert {"vote", "timed", "named", "blamed", "grouperr", "keyed", "keyed_mentioned"} <= fired, fired
 
 
 def test_item_invariance_is_recognised_only_where_it_holds():
@@ -266,3 +302,37 @@ def test_snapshots_of_every_version_restore_the_same_windows(tmp_path):
         eng = Engine(ruleset, lambda _c: None)
         eng.restore(old)
         assert eng.snapshot() == snap
+
+
+def test_item_keyed_paths_only_where_the_map_is_read_by_the_item_alone():
+    from rules.expr import item_keyed_paths, project_item
+
+    ev = ("evidence", "hosts")
+    assert item_keyed_paths("item in evidence.hosts ? evidence.hosts[item].sched : 0.0") == {ev}
+    assert item_keyed_paths("evidence.hosts[item].x > evidence.spread_ns") == {ev}  # a sibling is fine
+    for expr in (
+        "size(evidence.hosts) > 0 && evidence.hosts[item].x > 1",  # the map read whole
+        "has(evidence.hosts) && evidence.hosts[item].x > 1",
+        "evidence.hosts[item].x > 1 && evidence == null",  # a part of the path read whole
+        "evidence.hosts[item].x > evidence.hosts.h1.x",  # a path through the map
+        "evidence.hosts.exists(h, h == item)",  # a comprehension
+    ):
+        assert item_keyed_paths(expr) == frozenset(), expr
+    data = {"evidence": {"spread_ns": 5, "hosts": {"a": {"x": 1}, "b": {"x": 2}}}, "job": "j"}
+    assert project_item(data, frozenset({ev}), "b") == {
+        "evidence": {"spread_ns": 5, "hosts": {"b": {"x": 2}}},
+        "job": "j",
+    }
+    assert project_item(data, frozenset({ev}), "z")["evidence"]["hosts"] == {}
+    assert project_item(data, frozenset({ev}), "a", key_as="s")["evidence"]["hosts"] == {"s": {"x": 1}}
+    assert data["evidence"]["hosts"] == {"a": {"x": 1}, "b": {"x": 2}}  # left as it was
+
+
+def test_entries_share_an_evaluation_only_when_cel_cannot_tell_them_apart():
+    from rules.expr import frozen
+
+    assert frozen({"a": 1}) != frozen({"a": 1.0}) and frozen({"a": 1}) != frozen({"a": True})
+    assert frozen({"a": 0.0}) != frozen({"a": -0.0})
+    assert frozen({"a": float("nan"), "b": [1.0, {"c": None}]}) == frozen({"b": [1.0, {"c": None}], "a": float("nan")})
+    with pytest.raises(TypeError):
+        frozen({"a": object()})

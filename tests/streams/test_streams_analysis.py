@@ -508,8 +508,20 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
     assert got["after_ns"] == 3_000 * MS and got["waited_ns"] == 2_900 * MS
     # c is inside the previous all-reduce; d sent nothing in this step (silent since the step opened)
     assert got["hosts"] == [
-        {"host": "c", "last_step": 20, "last_phase": "in all_reduce pg=0 seq=6", "silent_ns": 3_400 * MS},
-        {"host": "d", "last_step": 19, "last_phase": "no data in this step", "silent_ns": 4_000 * MS},
+        {
+            "host": "c",
+            "last_step": 20,
+            "last_phase": "in all_reduce pg=0 seq=6",
+            "silent_ns": 3_400 * MS,
+            "state": "silent",
+        },
+        {
+            "host": "d",
+            "last_step": 19,
+            "last_phase": "no data in this step",
+            "silent_ns": 4_000 * MS,
+            "state": "silent",
+        },
     ]
     # a rank that is late but still sends data is slow, not hung; and a short wait is no hang
     assert (
@@ -517,6 +529,50 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
         is None
     )
     assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 2_000 * MS) is None
+
+
+def test_hang_check_names_a_rank_its_agent_found_stopped_without_waiting_for_silence():
+    """A rank frozen inside a collective every rank reached: nobody is missing and nobody is silent for
+    long, but its agent reported it frozen; it is named once the others waited ``hang_state_wait_ns`` in
+    that collective. The same state at the job's end (every rank finished its step) names nobody."""
+    now = 100_000 * MS
+    hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
+    accs = {
+        "a": _coll_acc("a", None, {7: (now - 700 * MS, None)}),
+        "b": _coll_acc("b", None, {7: (now - 650 * MS, None)}),
+        "c": _coll_acc("c", None, {7: (now - 800 * MS, None)}, seen_phase=(now - 900 * MS, "backward")),
+    }
+    seen = {"a": now - 100 * MS, "b": now - 100 * MS, "c": now - 600 * MS}
+    stopped = {"c": ("frozen", now - 500 * MS)}
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped)
+    assert (got["pg"], got["coll_seq"], got["op"], got["waiting"]) == ("0", 7, "all_reduce", ["a", "b"])
+    assert got["waited_ns"] == 650 * MS and got["after_ns"] == analysis.Thresholds().hang_state_wait_ns
+    assert got["hosts"] == [
+        {
+            "host": "c",
+            "last_step": 20,
+            "last_phase": "in all_reduce pg=0 seq=7",
+            "silent_ns": 600 * MS,
+            "state": "frozen",
+        }
+    ]
+    # without the state nothing is named: the silence is too short
+    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now) is None
+    # the others have not waited long enough yet
+    assert (
+        analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now - 300 * MS, stopped=stopped)
+        is None
+    )
+    # an exited rank with no data in the step, the others blocked in their first collective of it
+    accs2 = {h: accs[h] for h in ("a", "b")}
+    got = analysis.hang_check(
+        accs2, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped={"c": ("exited", now)}
+    )
+    assert got["hosts"][0]["host"] == "c" and got["hosts"][0]["state"] == "exited"
+    assert got["hosts"][0]["last_step"] == 19 and got["hosts"][0]["last_phase"] == "no data in this step"
+    # the job's end: every other rank finished its step, so nobody waits
+    done = {h: _coll_acc(h, 300 * MS, {7: (now - 700 * MS, 5 * MS)}) for h in ("a", "b")}
+    assert analysis.hang_check(done, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped) is None
 
 
 @given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=40), st.data())
@@ -530,3 +586,85 @@ def test_leave_one_out_median_equals_the_median_of_the_others(values, data):
 def test_leave_one_out_rejects_a_value_not_among_them():
     with pytest.raises(ValueError, match="not one of the values"):
         analysis.LeaveOneOut([1, 2, 3]).median_without(7)
+
+
+def test_hang_check_names_the_rank_that_exited_first_when_the_waiting_ranks_failed_after_it():
+    """A killed rank's peers fail on the closed connection inside their all-reduce and exit too: the one
+    that exited ``hang_exit_gap_ns`` before the others is named, the others are listed as waiting; exits
+    closer together than that name nobody (no order to tell)."""
+    now = 100_000 * MS
+    hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
+    accs = {h: _coll_acc(h, None, {7: (now - 900 * MS + i * MS, None)}) for i, h in enumerate("abc")}
+    seen = {h: now - 800 * MS for h in "abc"}
+    t = now - 800 * MS
+    stopped = {"b": ("exited", now - 300 * MS, t), "a": ("exited", now, t + 60 * MS), "c": ("exited", now, t + 80 * MS)}
+    # the later exits reported first, the earliest not yet: nothing is judged before the exits settle
+    later = {h: stopped[h] for h in "ac"}
+    assert (
+        analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, t + 500 * MS, stopped=later)
+        is None
+    )
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("b", "exited")]
+    assert (got["pg"], got["coll_seq"], got["waiting"]) == ("0", 7, ["a", "c"])
+    together = {h: ("exited", now, t + i * MS) for i, h in enumerate("abc")}
+    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=together) is None
+    # a still waits inside the collective: only the earliest exit is named, not c that failed after it
+    one_waits = {h: stopped[h] for h in "bc"}
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=one_waits)
+    assert [h["host"] for h in got["hosts"]] == ["b"] and got["waiting"] == ["a"]
+
+
+def test_a_stopped_rank_that_never_arrived_is_named_after_the_short_wait_not_the_silence():
+    """The usual freeze: the others finished the collectives they were seen in and block in the next
+    (not seen yet), the frozen rank has no data in the step; named once they waited
+    ``hang_state_wait_ns`` after their last arrival, long before ``hang_min_ns`` of silence."""
+    now = 100_000 * MS
+    hist = [[s, 130 * MS, 10 * MS] for s in range(20)]
+    accs = {h: _coll_acc(h, None, {7: (now - 600 * MS, 2 * MS)}) for h in "abc"}
+    seen = {"a": now - 50 * MS, "b": now - 50 * MS, "c": now - 50 * MS, "d": now - 700 * MS}
+    stopped = {"d": ("frozen", now - 400 * MS, now - 650 * MS)}
+    got = analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now, stopped=stopped)
+    assert [(h["host"], h["state"], h["last_phase"]) for h in got["hosts"]] == [("d", "frozen", "no data in this step")]
+    assert (got["coll_seq"], got["waiting"], got["after_ns"]) == (7, ["a", "b", "c"], 500 * MS)
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now) is None  # silence: not yet
+    exited = {"d": ("exited", now - 400 * MS, now - 800 * MS)}
+    assert (
+        analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now - 200 * MS, stopped=exited) is None
+    )
+    assert (
+        analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now, stopped=exited)["hosts"][0]["host"]
+        == "d"
+    )
+
+
+def test_a_frozen_rank_is_named_when_the_step_stalls_though_every_collective_seen_ended():
+    """The frozen rank arrived at and finished every collective seen, like the others, who block where
+    no collective event shows: named once the step has been open ``hang_factor`` median steps (and at
+    least ``hang_state_wait_ns``); not while the step is young, and never for an exit alone."""
+    now = 100_000 * MS
+    hist = [[s, 130 * MS, 10 * MS] for s in range(20)]
+    accs = {h: _coll_acc(h, None, {7: (now - 600 * MS, 2 * MS)}) for h in "abcd"}
+    seen = {h: now - 500 * MS for h in "abcd"}
+    frozen = {"d": ("frozen", now - 400 * MS, now - 550 * MS)}
+    got = analysis.hang_check(accs, list("abcd"), seen, now - 700 * MS, hist, 20, now, stopped=frozen)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("d", "frozen")]
+    assert (got["pg"], got["coll_seq"], got["waiting"], got["waited_ns"]) == ("0", 7, ["a", "b", "c"], 700 * MS)
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 300 * MS, hist, 20, now, stopped=frozen) is None
+    exited = {"d": ("exited", now - 400 * MS, now - 900 * MS)}
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 700 * MS, hist, 20, now, stopped=exited) is None
+
+
+def test_ranks_silent_behind_a_frozen_rank_are_not_named():
+    """Ranks blocked on a frozen one fall silent too: with a rank known frozen only it is named, however
+    long the silence of the others."""
+    now = 100_000 * MS
+    hist = [[s, 130 * MS, 10 * MS] for s in range(20)]
+    accs = {"a": _coll_acc("a", None, {9: (now - 3_700 * MS, None)})}
+    accs.update({h: _coll_acc(h, None, {8: (now - 3_900 * MS, 2 * MS)}) for h in "bcd"})
+    seen = {"a": now - 3_600 * MS, "b": now - 3_500 * MS, "c": now - 3_900 * MS, "d": now - 3_500 * MS}
+    frozen = {"c": ("frozen", now - 3_800 * MS, now - 3_900 * MS)}
+    got = analysis.hang_check(accs, list("abcd"), seen, now - 4_000 * MS, hist, 20, now, stopped=frozen)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("c", "frozen")]
+    silent = analysis.hang_check(accs, list("abcd"), seen, now - 4_000 * MS, hist, 20, now)
+    assert [h["host"] for h in silent["hosts"]] == ["b", "c", "d"]  # by silence alone: every silent rank

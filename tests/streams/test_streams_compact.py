@@ -75,3 +75,15 @@ def test_compacted_fields_are_documented_and_pass_the_reader():
     assert {"layer_stats", "layers_omitted"} <= set(schema.STEP_SUMMARY_FIELDS)
     decoded = schema.decode_step_summary(json.dumps(s).encode())
     assert decoded["layer_stats"] == s["layer_stats"] and decoded["layers_omitted"] == s["layers_omitted"]
+
+
+def test_wide_step_keeps_the_rows_of_the_strongest_evidence_only():
+    # a step every rank waited in: most hosts carry a trace of lateness in evidence.hosts
+    full = _summary(300)
+    full["evidence"]["hosts"] = {f"h{i:04d}": {"sched": 0.0, "pytorch": 0.001 + i / 1e5} for i in range(10, 290)}
+    full["evidence"]["hosts"]["h0006"] = {"sched": 3.0, "pytorch": 0.0}
+    s = compact.compact(full)
+    kept = set(s["layers"])
+    assert "h0006" in kept and {f"h{i:04d}" for i in range(283, 290)} <= kept  # the 8 largest
+    assert not {f"h{i:04d}" for i in range(100, 283)} & kept and len(kept) < 50  # not the other listed hosts
+    assert len(s["evidence"]["hosts"]) == 281  # the evidence itself stays complete

@@ -201,3 +201,42 @@ def test_derived_counts_recounted_after_a_rebalance():
             pipe.fold.forget()  # what a rebalance does once the tables are recovered
     assert {s["step"]: _view(s) for s in pipe.summaries} == _reference(scn)
     assert len(pipe.summaries) == scn.steps
+
+
+def test_a_rank_reported_frozen_inside_a_collective_every_rank_reached_is_hung_until_it_runs_again():
+    """Every rank arrived at all-reduce 7 and nobody finished the step; c's agent reports c frozen (a
+    RANK_STATE event, no step). Once the others waited ``hang_state_wait_ns`` the fold's hang check
+    names c with its state, without the seconds of silence; c running again ends the hang."""
+    now = [1_000_000_000_000]
+    pipe = InProcess(partitions=2, clock=lambda: now[0])
+    hosts = ("a", "b", "c")
+
+    def batch(i, h, seq, events):
+        return schema.encode_batch(schema.Batch("j", h, i, f"agent-{h}", seq, events))
+
+    for i, h in enumerate(hosts):
+        reg = schema.Event(schema.Kind.REGISTER, 1, pid=100 + i, value=i, payload={"world_size": 3, "job": "j"})
+        pipe.feed(batch(i, h, 0, [reg]))
+    t0 = now[0] - 50_000_000  # the agents' monotonic clock; batch offset 0
+    coll = {"pg": "0", "coll_seq": 7, "op": "all_reduce"}
+    for i, h in enumerate(hosts):
+        evs = [
+            schema.Event(schema.Kind.STEP_BEGIN, t0, step=5, pid=100 + i, value=5),
+            schema.Event(schema.Kind.COLLECTIVE_BEGIN, t0 + 10_000_000 + i, step=5, pid=100 + i, payload=coll),
+        ]
+        pipe.feed(batch(i, h, 1, evs))
+    frozen = schema.Event(schema.Kind.RANK_STATE, t0 + 20_000_000, pid=102, value=1, payload={"state": "frozen"})
+    pipe.feed(batch(2, "c", 2, [frozen]))
+    assert pipe.fold.hangs() == []  # the others have waited 40 ms only
+    now[0] += 600_000_000
+    (got,) = pipe.fold.hangs()
+    sk, summary, first = got
+    assert first and summary["closed_by"] == "hang" and summary["step"] == 5
+    hang = summary["hang"]
+    assert (hang["pg"], hang["coll_seq"], hang["waiting"]) == ("0", 7, ["a", "b"])
+    assert [(h["host"], h["state"], h["last_phase"]) for h in hang["hosts"]] == [
+        ("c", "frozen", "in all_reduce pg=0 seq=7")
+    ]
+    running = schema.Event(schema.Kind.RANK_STATE, t0 + 900_000_000, pid=102, value=0, payload={"state": "running"})
+    pipe.feed(batch(2, "c", 3, [running]))
+    assert pipe.fold.hangs() == []

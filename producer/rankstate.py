@@ -1,0 +1,219 @@
+"""Liveness of the registered training processes, read from /proc and the cgroup filesystem.
+
+A rank that is frozen, stopped or gone produces no event, so the stream worker can only infer it from
+silence. The agent runs outside the rank's cgroup and still runs when the rank does not: every
+``interval_ns`` (0.25 s) :class:`RankWatch` reads, for each registered pid,
+
+- its exit: a pidfd (``pidfd_open``) per pid, watched by a thread that notes the CLOCK_MONOTONIC time it
+  became readable (the process ended), so an *exited* event carries when it ended, not when it was read;
+  without pidfds (Linux < 5.3), a pid missing from /proc or in state ``Z``/``X``;
+- ``/proc/<pid>/stat`` (its state letter): ``T`` or ``t`` -> *stopped* (SIGSTOP, a ptrace stop);
+- *frozen*: ``frozen 1`` in the ``cgroup.events`` of its cgroup v2, or ``FROZEN`` in the ``freezer.state``
+  of its v1 freezer cgroup, when those are mounted where the agent runs; else (an agent started with
+  ``ip netns exec`` sees no cgroup mount) a task asleep (``S``/``D``) in the freezer's trap, read from
+  ``/proc/<pid>/wchan``: ``do_freezer_trap`` (cgroup v2; ``get_signal`` where it is inlined, the only
+  interruptible sleep there: a job-control stop is ``T``) or ``__refrigerator`` (v1);
+- otherwise *running*,
+
+and returns one ``RANK_STATE`` event (value = state code, payload ``state``) per pid whose state changed
+since the previous read; a pid first seen running sends nothing. Cost: two or three small file reads per
+registered pid per read (about 30 µs each on this machine). Docs: docs/AGENT.md ("Rank liveness").
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+
+from obshub.core.schema import Event, Kind
+
+RUNNING, FROZEN, STOPPED, EXITED = 0, 1, 2, 3
+#: kernel functions a frozen task sleeps in (``/proc/<pid>/wchan``)
+FREEZER_WCHAN = ("do_freezer_trap", "get_signal", "__refrigerator")
+STATE_NAMES = {RUNNING: "running", FROZEN: "frozen", STOPPED: "stopped", EXITED: "exited"}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(65536).decode(errors="replace")
+    except OSError:
+        return None
+
+
+def cgroup_mounts(mountinfo: str | None = None) -> tuple[str | None, str | None]:
+    """The mount points of the cgroup v2 hierarchy and of the v1 freezer hierarchy (None when not
+    mounted), from ``/proc/self/mountinfo`` (or its text ``mountinfo``)."""
+    text = _read("/proc/self/mountinfo") if mountinfo is None else mountinfo
+    v2 = v1 = None
+    for line in (text or "").splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 1:
+            continue
+        mnt, fstype = fields[4], rest[0]
+        if fstype == "cgroup2" and v2 is None:
+            v2 = mnt
+        elif fstype == "cgroup" and v1 is None and "freezer" in (rest[2] if len(rest) > 2 else "").split(","):
+            v1 = mnt
+    return v2, v1
+
+
+class ExitWatch:
+    """Notes when watched processes end: one pidfd per pid, polled by a daemon thread (woken through a
+    pipe when a pid is added). :meth:`exited` returns the CLOCK_MONOTONIC ns of a pid's end, or None.
+    ``available`` is False where pidfds are not supported (then nothing is watched)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}  # fd -> pid
+        self._pids: dict[int, int] = {}  # pid -> fd
+        self._ended: dict[int, int] = {}  # pid -> monotonic ns it ended
+        self.available = hasattr(os, "pidfd_open")
+        self._thread: threading.Thread | None = None
+        self._poller = select.poll()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._poller.register(self._wake_r, select.POLLIN)
+
+    def add(self, pid: int) -> None:
+        """Watch ``pid`` (a no-op when it is watched or ended already)."""
+        if not self.available:
+            return
+        with self._lock:
+            if pid in self._pids or pid in self._ended:
+                return
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._ended[pid] = time.monotonic_ns()
+                return
+            except OSError:
+                self.available = False
+                return
+            self._pids[pid], self._fds[fd] = fd, pid
+            self._poller.register(fd, select.POLLIN)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="obshub-exit-watch", daemon=True)
+            self._thread.start()
+        os.write(self._wake_w, b"x")
+
+    def exited(self, pid: int) -> int | None:
+        """CLOCK_MONOTONIC ns when ``pid`` ended, or None (running, or not watched)."""
+        with self._lock:
+            return self._ended.get(pid)
+
+    def forget(self, pid: int) -> None:
+        """Stop watching ``pid`` and drop what is known of it."""
+        with self._lock:
+            self._ended.pop(pid, None)
+            fd = self._pids.pop(pid, None)
+            if fd is not None:
+                self._fds.pop(fd, None)
+                self._poller.unregister(fd)
+                os.close(fd)
+
+    def _run(self) -> None:
+        while True:
+            for fd, _ev in self._poller.poll():
+                now = time.monotonic_ns()
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    continue
+                with self._lock:
+                    pid = self._fds.pop(fd, None)
+                    if pid is None:
+                        continue
+                    self._pids.pop(pid, None)
+                    self._ended[pid] = now
+                    self._poller.unregister(fd)
+                    os.close(fd)
+
+
+class RankWatch:
+    """Reads the state of registered pids at most every ``interval_ns``; :meth:`poll` returns Events.
+    ``proc`` is the procfs root (tests may point it elsewhere); ``mounts`` the cgroup v2 and v1 freezer
+    mount points (None: looked up in ``/proc/self/mountinfo``; ``(None, None)``: none, wchan only)."""
+
+    def __init__(
+        self,
+        interval_ns: int = 250_000_000,
+        proc: str = "/proc",
+        mounts: tuple[str | None, str | None] | None = None,
+    ):
+        self.interval_ns = interval_ns
+        self.proc = proc
+        self.v2, self.v1 = cgroup_mounts() if mounts is None else mounts
+        self._last_ns = 0
+        self._state: dict[int, int] = {}  # pid -> last state read
+        self._cg: dict[int, tuple[str | None, str | None]] = {}  # pid -> (v2 events file, v1 state file)
+        self.exits = ExitWatch()
+
+    def _cgroup_files(self, pid: int) -> tuple[str | None, str | None]:
+        files = self._cg.get(pid)
+        if files is None:
+            ev = fz = None
+            for line in (_read(f"{self.proc}/{pid}/cgroup") or "").splitlines():
+                hid, _, rest = line.partition(":")
+                ctrls, _, path = rest.partition(":")
+                if hid == "0" and ctrls == "" and self.v2:
+                    ev = os.path.join(self.v2, path.lstrip("/"), "cgroup.events")
+                elif "freezer" in ctrls.split(",") and self.v1:
+                    fz = os.path.join(self.v1, path.lstrip("/"), "freezer.state")
+            files = self._cg[pid] = (ev, fz)
+        return files
+
+    def state(self, pid: int) -> int:
+        """The state code of ``pid`` now (RUNNING, FROZEN, STOPPED or EXITED)."""
+        if self.exits.exited(pid) is not None:
+            return EXITED
+        stat = _read(f"{self.proc}/{pid}/stat")
+        if stat is None:
+            return EXITED
+        letter = (stat.rpartition(")")[2].split() or ["?"])[0]
+        if letter in ("Z", "X"):
+            return EXITED
+        if letter in ("T", "t"):
+            return STOPPED
+        ev, fz = self._cgroup_files(pid)
+        if ev is not None or fz is not None:
+            if ev is not None and any(ln.split() == ["frozen", "1"] for ln in (_read(ev) or "").splitlines()):
+                return FROZEN
+            if fz is not None and (_read(fz) or "").strip() == "FROZEN":
+                return FROZEN
+            if (ev is None or os.path.exists(ev)) and (fz is None or os.path.exists(fz)):
+                return RUNNING
+        if letter in ("S", "D") and (_read(f"{self.proc}/{pid}/wchan") or "").strip() in FREEZER_WCHAN:
+            return FROZEN
+        return RUNNING
+
+    def poll(self, pids, now_ns: int | None = None) -> list[Event]:
+        """Read the state of every pid in ``pids`` (an iterable of ints) when ``interval_ns`` has passed
+        since the previous read; returns a ``RANK_STATE`` Event (``ts_ns`` CLOCK_MONOTONIC ns, ``pid``,
+        ``value`` = state code, payload ``{"state": name}``) per pid whose state changed ([] otherwise).
+        Pids no longer listed are forgotten."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        if self._last_ns and now - self._last_ns < self.interval_ns:
+            return []
+        self._last_ns = now
+        out = []
+        live = set(pids)
+        for pid in sorted(live):
+            if pid not in self._state:
+                self.exits.add(pid)
+            s = self.state(pid)
+            prev = self._state.get(pid, RUNNING)
+            self._state[pid] = s
+            if s != prev:
+                ts = (self.exits.exited(pid) or now) if s == EXITED else now
+                out.append(Event(Kind.RANK_STATE, ts, pid=pid, tid=pid, value=s, payload={"state": STATE_NAMES[s]}))
+        for pid in set(self._state) - live:
+            del self._state[pid]
+            self._cg.pop(pid, None)
+            self.exits.forget(pid)
+        return out
