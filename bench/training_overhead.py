@@ -540,7 +540,10 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
                 def on_warm(agent=agent, win=win) -> None:
                     win["t0"], win["c0"] = time.monotonic(), machine_switches()
                     if agent is not None:
-                        win["a0"], win["k0"] = task_cpu_ns(agent.proc.pid), agent.kinds()
+                        # the scrape first: serving it costs the agent CPU that this harness causes (once per
+                        # window, against one per 15-60 s from a real Prometheus), so it stays outside
+                        win["k0"] = agent.kinds()
+                        win["a0"] = task_cpu_ns(agent.proc.pid)
                         win["b0"] = stats.snapshot(agent.proc.pid) if stats else {}
 
                 def on_last(agent=agent, win=win) -> None:

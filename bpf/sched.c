@@ -17,22 +17,33 @@
 #define OBS_TASK_EXITING 0x30
 
 /* Per watched thread: when it left the CPU (0: on a CPU), its state then, and when it became runnable
- * (0: not waiting in a run queue). One entry per thread for its whole life (deleted by obs_sched_exit),
- * updated in place: a switch costs one look-up per side instead of inserts and deletes. A plain hash (an
- * LRU hash costs more per update); entries exist only for watched threads. */
+ * (0: not waiting in a run queue); its process (the tgid wtids holds) and whether it is a training thread
+ * (has had a TraceKey: tid_key entries live until the thread exits), so a thread with an entry needs no
+ * wtids or tid_key look-up. One entry per thread for its whole life (deleted by obs_sched_exit together
+ * with its wtids and tid_key entries), updated in place: a switch costs one look-up per side instead of
+ * inserts and deletes. A plain hash (an LRU hash costs more per update); entries exist only for watched
+ * threads. */
 struct obs_tstate {
     u64 off_ns;
     s64 state;
     u64 wake_ns;
+    u32 tgid;
+    u32 trained;
 };
 
 BPF_HASH(tstate, u32, struct obs_tstate, OBS_MAX_TIDS);
 
-/* `waited`: a run-queue wait ended now (runq is its length; it goes to the maximum and the histogram). */
-static __always_inline void obs_acc_add(u32 tgid, u32 tid, u64 offcpu, u64 runq, u64 sw, u64 wk, int waited)
+/* `waited`: a run-queue wait ended now (runq is its length; it goes to the maximum and the histogram).
+ * `ts`: the thread's state entry (NULL: none yet), which remembers that the thread has a TraceKey. */
+static __always_inline void obs_acc_add(u32 tgid, u32 tid, struct obs_tstate *ts, u64 offcpu, u64 runq, u64 sw,
+                                        u64 wk, int waited)
 {
-    if (tid_key.lookup(&tid) == NULL)
-        return; /* only training threads (those with a TraceKey) are summed per step */
+    if (!(ts && ts->trained)) {
+        if (tid_key.lookup(&tid) == NULL)
+            return; /* only training threads (those with a TraceKey) are summed per step */
+        if (ts)
+            ts->trained = 1;
+    }
     struct obs_sched_acc zero = {};
     struct obs_sched_acc *acc = sched_acc.lookup_or_try_init(&tgid, &zero);
     if (!acc)
@@ -65,18 +76,19 @@ static __always_inline void obs_mark_runnable(u32 tid)
 {
     if (!obs_tid_maybe(tid))
         return;
+    struct obs_tstate *ts = tstate.lookup(&tid);
+    if (ts) {
+        ts->wake_ns = bpf_ktime_get_ns();
+        obs_acc_add(ts->tgid, tid, ts, 0, 0, 0, 1, 0);
+        return;
+    }
     u32 *tgid = wtids.lookup(&tid);
     if (!tgid)
         return;
-    u64 now = bpf_ktime_get_ns();
-    struct obs_tstate *ts = tstate.lookup(&tid);
-    if (ts) {
-        ts->wake_ns = now;
-    } else {
-        struct obs_tstate v = {.wake_ns = now};
-        tstate.update(&tid, &v);
-    }
-    obs_acc_add(*tgid, tid, 0, 0, 0, 1, 0);
+    u32 g = *tgid;
+    struct obs_tstate v = {.wake_ns = bpf_ktime_get_ns(), .tgid = g};
+    tstate.update(&tid, &v);
+    obs_acc_add(g, tid, tstate.lookup(&tid), 0, 0, 0, 1, 0);
 }
 
 int obs_sched_wakeup(void *ctx)
@@ -115,6 +127,7 @@ int obs_sched_switch(void *ctx)
         /* the low byte is the task state (TASK_REPORT bits); 0 = runnable ("R", or "R+" when preempted:
          * the tracepoint then sets TASK_REPORT_MAX, 0x100 since 4.14, above the low byte) */
         s64 state = prev_state & OBS_TASK_STATE_MASK;
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
         /* preempted while runnable (state 0): it waits in the run queue from now */
         struct obs_tstate *ts = tstate.lookup(&prev);
         if (ts) {
@@ -123,22 +136,29 @@ int obs_sched_switch(void *ctx)
             if (state == 0)
                 ts->wake_ns = now;
         } else {
-            struct obs_tstate v = {.off_ns = now, .state = state, .wake_ns = state == 0 ? now : 0};
+            struct obs_tstate v = {.off_ns = now, .state = state, .wake_ns = state == 0 ? now : 0, .tgid = tgid};
             tstate.update(&prev, &v);
+            ts = tstate.lookup(&prev);
         }
-        u32 tgid = bpf_get_current_pid_tgid() >> 32;
-        obs_acc_add(tgid, prev, 0, 0, 1, 0, 0);
+        obs_acc_add(tgid, prev, ts, 0, 0, 1, 0, 0);
     }
 
-    /* 2. the next task comes on the CPU */
-    u32 *tgidp = next && obs_tid_maybe(next) ? wtids.lookup(&next) : NULL;
-    if (!tgidp)
+    /* 2. the next task comes on the CPU (its process from its state entry, else from wtids) */
+    if (!next || !obs_tid_maybe(next))
         return 0;
-    u32 tgid = *tgidp;
+    struct obs_tstate *ts = tstate.lookup(&next);
+    u32 tgid = 0;
+    if (ts) {
+        tgid = ts->tgid;
+    } else {
+        u32 *tgidp = wtids.lookup(&next);
+        if (!tgidp)
+            return 0;
+        tgid = *tgidp;
+    }
     u64 runq = 0, offcpu = 0;
     s64 state = 0;
     int waited = 0, was_off = 0;
-    struct obs_tstate *ts = tstate.lookup(&next);
     if (ts) {
         if (ts->wake_ns) {
             runq = now - ts->wake_ns;
@@ -152,7 +172,7 @@ int obs_sched_switch(void *ctx)
             ts->off_ns = 0;
         }
     }
-    obs_acc_add(tgid, next, offcpu, runq, 0, 0, waited);
+    obs_acc_add(tgid, next, ts, offcpu, runq, 0, 0, waited);
     if (waited && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
         if (e) {

@@ -8,12 +8,14 @@ file for uprobes when their mappings show the same device and inode (the ``dev``
 identifies files by those columns (:func:`file_identity` reads them for a file the agent itself opens)
 and reports each one once.
 
-The scanner reads the maps of young processes (started less than ``young_s`` ago) at every scan and
-those of older ones every ``old_every``-th scan only, until one maps the file it looks for; a process
-that maps none of the files is read again at that slower rate. Costs per scan: one ``listdir(/proc)``,
-one ``/proc/<pid>/stat`` read per process not seen before, and one maps read per young process (~0.4-0.7
-ms for a Python process with torch loaded, the kernel formats ~50 KB); the text is searched for the
-patterns' literal parts first, so only lines of processes that map a candidate are parsed.
+The scanner reads the maps of young processes (started less than ``young_s`` ago) at every scan where
+their address space changed size (``vsize`` of ``/proc/<pid>/stat``: a ``dlopen`` grows it) and those of
+every process every ``old_every``-th scan, until one maps the file it looks for; a process that maps none
+of the files is read again at that slower rate. Costs per scan: one ``listdir(/proc)``, one
+``/proc/<pid>/stat`` read per process not seen before and per young process (~5 µs), and one maps read
+per young process whose size changed (~0.4-0.7 ms for a Python process with torch loaded, the kernel
+formats ~50 KB); the text is searched for the patterns' literal parts first, so only lines of processes
+that map a candidate are parsed.
 """
 
 from __future__ import annotations
@@ -84,14 +86,22 @@ def file_identity(path: str | os.PathLike) -> Identity | None:
     return None
 
 
-def _start_ticks(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks after boot (field 22 of /proc/<pid>/stat)."""
+def _stat_fields(pid: int) -> tuple[int, int] | None:
+    """(start time in clock ticks after boot, address-space size in bytes) of ``pid``: fields 22 and 23
+    (``starttime``, ``vsize``) of /proc/<pid>/stat; None when it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return int(fields[19]), int(fields[20])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks after boot (field 22 of /proc/<pid>/stat)."""
+    f = _stat_fields(pid)
+    return None if f is None else f[0]
 
 
 def _uptime_ticks() -> float:
@@ -141,6 +151,7 @@ class LibraryScanner:
         self.scans = 0
         self._settled: set[int] = set()
         self._started: dict[int, int | None] = {}
+        self._vsize: dict[int, int | None] = {}  # pid -> address-space size when its maps were last read
         self._self = os.getpid()
 
     def _candidates(self) -> list[int]:
@@ -161,6 +172,7 @@ class LibraryScanner:
         self._settled &= alive
         for gone in set(self._started) - alive:
             del self._started[gone]
+            self._vsize.pop(gone, None)
         found: list[tuple[str, Mapped]] = []
         for pid in live:
             if pid == self._self or pid in self._settled:
@@ -171,6 +183,14 @@ class LibraryScanner:
             young = start is not None and now - start < self.young_ticks
             if not young and not slow_turn and self.scans > 1:
                 continue
+            if young and not slow_turn:
+                # a mapping added since the last read (a dlopen) grows the address space: a young process
+                # whose size is unchanged is read again on the slow turn only
+                f = _stat_fields(pid)
+                size = None if f is None else f[1]
+                if size is not None and self._vsize.get(pid) == size:
+                    continue
+                self._vsize[pid] = size
             try:
                 with open(f"/proc/{pid}/maps", "rb") as fh:
                     text = fh.read()
