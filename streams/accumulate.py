@@ -212,15 +212,17 @@ for _kind, (_layer, _t, _c, _m) in KIND_RULES.items():
         _FAST[int(_kind)] = (_layer.value, _pattern)
 
 
-def reduce_batch(batch: Batch) -> dict[int, dict]:
+def reduce_batch(batch: Batch, running_step: int | None = None) -> dict[int, dict]:
     """Reduce a validated batch to ``{step: host accumulator}`` for every step >= 0 its events belong to.
 
     Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
     outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped. TCP_RTT and
     TCP_RETRANSMIT events come from softirq and timer context (no TraceKey, step -1): they are charged to
     the step of the batch's latest stepped event at or before them (else the first after them), i.e. the
-    step the host was in when the packet went out. Same result as ``add_event`` on every event; the
-    common layer-only kinds (``_FAST``) are folded inline (about 1 µs per event on this machine).
+    step the host was in when the packet went out; in a batch without any stepped event (sealed by age
+    while a rank blocks in a long collective) to ``running_step``, the step the host's previous batches
+    left running (``running_step``), and dropped when that is None. Same result as ``add_event`` on every
+    event; the common layer-only kinds (``_FAST``) are folded inline (about 1 µs per event on this machine).
     """
     out: dict[int, dict] = {}
     loose_loss = 0
@@ -236,9 +238,12 @@ def reduce_batch(batch: Batch) -> dict[int, dict]:
             if kind == Kind.TCP_RTT or kind == Kind.TCP_RETRANSMIT:
                 if stepped is None:
                     stepped = sorted((x.ts_ns, x.step) for x in batch.events if x.step >= 0)
-                if not stepped:
+                if stepped:
+                    step = _step_at(stepped, e.ts_ns)
+                elif running_step is not None:
+                    step = running_step
+                else:
                     continue
-                step = _step_at(stepped, e.ts_ns)
                 e = e._replace(step=step)
             else:
                 if kind == Kind.AGENT_LOSS:
@@ -275,6 +280,24 @@ def reduce_batch(batch: Batch) -> dict[int, dict]:
     if loose_loss and out:
         out[min(out)]["ringbuf_lost"] += loose_loss
     return out
+
+
+def running_step(batch: Batch, before: int | None) -> int | None:
+    """The step a host is in after ``batch``: the step of its latest stepped event unless the batch holds
+    that step's STEP_END (the step is over: None); ``before`` (the value after the host's previous batch)
+    when the batch has no stepped event."""
+    last = None
+    ended = set()
+    for e in batch.events:
+        if e.step < 0:
+            continue
+        if last is None or e.ts_ns >= last[0]:
+            last = (e.ts_ns, e.step)
+        if e.kind == Kind.STEP_END:
+            ended.add(e.step)
+    if last is None:
+        return before
+    return None if last[1] in ended else last[1]
 
 
 def _step_at(stepped: list[tuple[int, int]], ts_ns: int) -> int:

@@ -83,6 +83,13 @@ class Thresholds:
     - ``hang_exit_settle_ns``: a hang with exited ranks is judged only this long after the earliest exit
       known, so that every agent's report of an earlier exit has arrived; of several exits only those
       within ``hang_exit_gap_ns`` of the earliest are named.
+    - ``hang_quiet_steps``: a step that hung and this many of the job's steps after it carry no
+      sequential evidence (the ranks resynchronise after the thaw: lateness that is no layer's fault).
+    - ``running_min_ns`` / ``running_factor``: a step still open (no summary yet) is checked for network
+      evidence once it has run ``max(running_min_ns, running_factor * baseline median step time)``
+      (``running_check``); ``running_time_rel``: a host whose own time-layer excess in the running step
+      reaches this fraction of its elapsed time is not judged on its connections (a CPU-starved or
+      memory-stalled host answers late on every connection).
     """
 
     straggler_min_ns: int = 2_000_000
@@ -109,6 +116,10 @@ class Thresholds:
     hang_state_wait_ns: int = 500_000_000
     hang_exit_gap_ns: int = 20_000_000
     hang_exit_settle_ns: int = 750_000_000
+    hang_quiet_steps: int = 3
+    running_min_ns: int = 500_000_000
+    running_factor: float = 3.0
+    running_time_rel: float = 0.05
 
 
 def median_int(values: list[int]) -> int:
@@ -577,34 +588,105 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
                 explained += ex
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
-    if len(accs) >= 3:
-        rx, rtt = net_stats(accs, th)
-        loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
-        for h in accs:
-            m_rx = loo_rx.median_without(rx[h])
-            m_rtt = loo_rtt.median_without(rtt[h])
-            # thresholds gate each (net_count_min, and net_blame's for the RTT): on a loaded machine a few
-            # retransmits and RTT spikes happen on every host (spurious timeouts); only an outlier counts
-            z_rx = (
-                (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.net_count_min, th.count_factor * m_rx) else 0.0
-            )
-            z_rtt = (
-                (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
-                if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt)
-                else 0.0
-            )
-            z_net = round(min(clip, max(z_rx, z_rtt)), 3)
-            if z_net <= 0:
-                continue
-            mine = out.get(h, {})
-            z_time = max((mine.get(layer, 0.0) for layer in TIME_EVIDENCE), default=0.0)
-            if z_time >= min(1.0, z_net):
-                continue  # its own CPU or memory made it late, and slow to answer on every connection
-            # its connections explain its lateness (a slow link delays its own collectives): no other
-            # layer of it is the culprit in this step
-            out[h] = dict.fromkeys(EVIDENCE_LAYERS, 0.0)
-            out[h]["network"] = z_net
+    for h, (z_net, *_stats) in net_evidence(accs, th).items():
+        mine = out.get(h, {})
+        z_time = max((mine.get(layer, 0.0) for layer in TIME_EVIDENCE), default=0.0)
+        if z_time >= min(1.0, z_net):
+            continue  # its own CPU or memory made it late, and slow to answer on every connection
+        # its connections explain its lateness (a slow link delays its own collectives): no other
+        # layer of it is the culprit in this step
+        out[h] = dict.fromkeys(EVIDENCE_LAYERS, 0.0)
+        out[h]["network"] = z_net
     return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
+
+
+def net_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, tuple[float, int, int, int, int]]:
+    """Connection-based network evidence per host (docs/ANALYSIS.md "Evidence per (host, layer)"):
+    ``{host: (z, rx, m_rx, rtt_ns, m_rtt_ns)}`` for the hosts with ``z > 0``, where ``z`` is the larger of
+    ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)`` (``net_stats``;
+    ``m_*`` the median over the other hosts), each counted only past its threshold (retransmits ``>=
+    max(net_count_min, count_factor * m_rx)``, RTT ``>= max(net_rtt_min_ns, net_rtt_factor * m_rtt)``),
+    clipped to ``evidence_clip`` and rounded to 3 places. Empty with fewer than 3 hosts (with 2, both
+    ends share the one link)."""
+    out: dict[str, tuple[float, int, int, int, int]] = {}
+    if len(accs) < 3:
+        return out
+    rx, rtt = net_stats(accs, th)
+    loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
+    for h in sorted(accs):
+        m_rx = loo_rx.median_without(rx[h])
+        m_rtt = loo_rtt.median_without(rtt[h])
+        # thresholds gate each (net_count_min, and net_blame's for the RTT): on a loaded machine a few
+        # retransmits and RTT spikes happen on every host (spurious timeouts); only an outlier counts
+        z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.net_count_min, th.count_factor * m_rx) else 0.0
+        z_rtt = (
+            (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
+            if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt)
+            else 0.0
+        )
+        z = round(min(th.evidence_clip, max(z_rx, z_rtt)), 3)
+        if z > 0:
+            out[h] = (z, rx[h], m_rx, rtt[h], m_rtt)
+    return out
+
+
+def running_check(
+    accs: dict[str, dict],
+    history: list[list[int]],
+    step: int,
+    opened_ns: int,
+    now_ns: int,
+    th: Thresholds = Thresholds(),
+    stopped: dict[str, tuple] | None = None,
+) -> dict | None:
+    """Network evidence inside a step that is still running (docs/ANALYSIS.md "Inside a running step").
+
+    ``accs``: the host accumulators received so far for the open step ``step`` (partial: each agent ships
+    a running step's events at least every batch age bound); ``opened_ns``: CLOCK_REALTIME ns when the
+    worker opened the step; ``now_ns``: CLOCK_REALTIME ns; ``stopped``: hosts with a process found
+    frozen, stopped or exited (their step is a hang, not a slow link: no check).
+
+    The step has run ``elapsed = now_ns - min(opened_ns, earliest STEP_BEGIN)``; it is checked once
+    ``elapsed >= after = max(running_min_ns, running_factor * baseline median step time)``, with a
+    baseline (``baseline_min_n`` steps), at least 3 hosts and one host not done with the step. Each host
+    with connection evidence ``z`` (``net_evidence`` over the partial accumulators) is named unless its
+    own time-layer excess in the step so far, ``Σ_L max(0, time(h, L) - median(time(peers, L)))`` over
+    sched, memory, cuda and nic, reaches ``running_time_rel * elapsed`` (a host starved of CPU or stalled
+    in reclaim answers late on every connection; its step is judged when it closes).
+
+    Returns None, or ``{"elapsed_ns", "after_ns", "spread_ns", "hosts": {host: {"z", "rx", "peer_rx",
+    "rtt_ns", "peer_rtt_ns", "time_excess_ns"}}}`` with at least one host."""
+    if len(accs) < 3 or any(h in accs for h in (stopped or {})):
+        return None
+    if all(a["step_ns"] is not None for a in accs.values()):
+        return None  # every host that sent data finished: the summary comes with the close
+    bl = baseline(history, step, th)
+    if bl["n"] < th.baseline_min_n:
+        return None
+    begins = [a["begin_rt"] for a in accs.values() if a.get("begin_rt")]
+    elapsed = now_ns - min([opened_ns, *begins])
+    after = max(th.running_min_ns, int(th.running_factor * bl["median_ns"]))
+    if elapsed < after:
+        return None
+    net = net_evidence(accs, th)
+    if not net:
+        return None
+    layers = layer_table(accs)
+    peer_time = {
+        layer: LeaveOneOut(layers.get(g, {}).get(layer, {}).get("time_ns", 0) for g in accs) for layer in TIME_EVIDENCE
+    }
+    hosts = {}
+    for h, (z, rx, m_rx, rtt, m_rtt) in net.items():
+        own = 0
+        for layer in TIME_EVIDENCE:
+            mine = layers.get(h, {}).get(layer, {}).get("time_ns", 0)
+            own += max(0, mine - peer_time[layer].median_without(mine))
+        if own >= th.running_time_rel * elapsed:
+            continue
+        hosts[h] = {"z": z, "rx": rx, "peer_rx": m_rx, "rtt_ns": rtt, "peer_rtt_ns": m_rtt, "time_excess_ns": own}
+    if not hosts:
+        return None
+    return {"elapsed_ns": elapsed, "after_ns": after, "spread_ns": bl["spread_ns"], "hosts": hosts}
 
 
 def history_entry(summary: dict) -> list[int]:

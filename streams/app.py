@@ -18,7 +18,10 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
 4. ``watch`` (timer, every 0.5 s): hangs (``Fold.hangs``, docs/ANALYSIS.md "Hangs"): a hung step gets an
    interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
    it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
-   input or internal topic (a host's data waiting in Kafka is no silence).
+   input or internal topic (a host's data waiting in Kafka is no silence). Steps that run far longer than
+   usual (``Fold.running``, docs/ANALYSIS.md "Inside a running step") get an interim summary
+   (``closed_by = "running"``) naming the hosts whose every busy connection is slow or lossy, every tick
+   while it lasts and the worker is not behind.
 5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
    ``read`` message to every partition of the internal topic. A step closes by its window only when every
    input partition was read past the window's end, so a worker failover (unread partitions) lists no live
@@ -453,6 +456,7 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
             job = summary["job"]
             if first and (not fold.input_read_since(now - 3 * READ_MARGIN_NS) or await behind(actives)):
                 fold.hung.pop(sk, None)
+                fold.was_hung.discard(sk)
                 continue
             if now - sent.get(job, 0) < 1_000_000_000:
                 continue
@@ -469,6 +473,21 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
                     h["pg"],
                     h["coll_seq"],
                     len(h["waiting"]),
+                )
+        # network evidence of steps still running (docs/ANALYSIS.md "Inside a running step"): every tick,
+        # not while this worker is behind (a backlog makes every step look long)
+        found = fold.running(mine)
+        if found and fold.input_read_since(now - 3 * READ_MARGIN_NS) and not await behind(actives):
+            for sk, summary in found:
+                await out.send(
+                    key=summary["job"].encode(),
+                    value=json.dumps(summary, sort_keys=True, separators=(",", ":")).encode(),
+                )
+                m.summaries.labels("running").inc()
+                log.info(
+                    "step %s runs long: network evidence %s",
+                    sk,
+                    {h: v["network"] for h, v in summary["evidence"]["hosts"].items()},
                 )
 
 

@@ -29,7 +29,13 @@ State layout (docs/STREAMS.md "State"); one batch part costs one small write, wh
 Hangs (docs/ANALYSIS.md "Hangs"): :meth:`hangs` checks the latest open step of every job with
 ``analysis.hang_check`` from in-memory derived state (when each host last sent data for the job, the
 highest step seen, the processes the agents found frozen, stopped or exited) and returns an interim summary (``closed_by = "hang"``) for each hung step; a hung step
-is not closed by its window for ``Thresholds.hang_hold_ns`` after it opened.
+is not closed by its window for ``Thresholds.hang_hold_ns`` after it opened. A step that hung and the job's
+``Thresholds.hang_quiet_steps`` steps after it (closed in this process) carry no sequential evidence.
+
+Running steps (docs/ANALYSIS.md "Inside a running step"): :meth:`running` checks the latest open step of
+every job that does not hang with ``analysis.running_check`` and returns an interim summary (``closed_by
+= "running"``) naming the hosts whose every busy connection is slow or lossy while the step runs far
+longer than the job's usual step.
 
 A step is complete when every rank of ``world_size`` registered and the number of hosts that ended it
 equals the registered hosts plus the unregistered ones that sent data. Closing reads each host's part
@@ -163,6 +169,8 @@ class Fold:
         self.last_seen: dict[str, dict[str, int]] = {}  # job -> host -> clock() of its last part (hangs)
         self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
+        self.was_hung: set[str] = set()  # open step keys that hung at some point (kept after they resume)
+        self.quiet_until: dict[str, int] = {}  # job -> last step whose evidence is dropped after a hang
         # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
@@ -467,7 +475,14 @@ class Fold:
             th=self.th,
             world_size=js["world_size"],
         )
+        if (
+            sk in self.hung or sk in self.was_hung
+        ):  # the ranks resynchronise after a hang: no layer's fault for a few steps
+            self.quiet_until[job] = max(self.quiet_until.get(job, -1), step + self.th.hang_quiet_steps)
+        if step <= self.quiet_until.get(job, -1):
+            summary["evidence"]["hosts"] = {}
         self.hung.pop(sk, None)
+        self.was_hung.discard(sk)
         self._held.discard(sk)
         self.closed[sk] = {"p": p, "bids": b"".join(digests), "late": 0}
         del self.steps[sk]
@@ -538,6 +553,7 @@ class Fold:
                 continue
             first = sk not in self.hung
             self.hung.setdefault(sk, now)
+            self.was_hung.add(sk)
             summary = analysis.summarize(
                 job,
                 st["step"],
@@ -559,4 +575,71 @@ class Fold:
             out.append((sk, summary, first))
         for sk in [k for k in self.hung if self.steps.get(k) is None]:
             del self.hung[sk]
+        self.was_hung.intersection_update(k for k, _ in self.open_steps())
+        return out
+
+    def running(self, partitions: set[int] | None = None) -> list[tuple[str, dict]]:
+        """Check the open steps (of ``partitions``; all when None) that are their job's latest and not
+        hung for network evidence while they run (``analysis.running_check``, docs/ANALYSIS.md "Inside a
+        running step"). Returns ``(step key, interim summary)`` per step with evidence: ``closed_by =
+        "running"``, ``evidence.hosts`` = the named hosts' network evidence only, ``blame`` = one network
+        entry per named host (``straggler_ns`` its RTT, ``peer_median_ns`` the other hosts' median,
+        ``count`` its retransmits), no straggler, quality counters 0. Reads only (no table write)."""
+        now = self.clock()
+        out = []
+        for sk, st in self.open_steps():
+            p = st["p"]
+            if (partitions is not None and p not in partitions) or sk in self.hung:
+                continue
+            job = st["job"]
+            js = self._job(f"{job}@{p}")
+            later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
+            if later > st["step"] or st["step"] <= self.quiet_until.get(job, -1):
+                continue
+            expected = self.expected_hosts(job, p, js)
+            accs = {}
+            for h in sorted(set(expected).union(st["extra"])):
+                e = self.parts.get(f"{sk}|{h}")
+                if e is not None:
+                    accs[h] = e["acc"]
+            found = analysis.running_check(
+                accs, js["history"], st["step"], st["opened_ns"], now, self.th, stopped=self.stopped_hosts(job)
+            )
+            if found is None:
+                continue
+            summary = analysis.summarize(
+                job,
+                st["step"],
+                accs,
+                expected_hosts=expected,
+                history=js["history"],
+                quality={},
+                closed_by="running",
+                closed_at_ns=now,
+                th=self.th,
+                world_size=js["world_size"],
+            )
+            hosts = {}
+            blame = []
+            for h, v in found["hosts"].items():
+                hosts[h] = dict.fromkeys(analysis.EVIDENCE_LAYERS, 0.0)
+                hosts[h]["network"] = v["z"]
+                blame.append(
+                    {
+                        "host": h,
+                        "layer": "network",
+                        "excess_ns": max(0, v["rtt_ns"] - v["peer_rtt_ns"]),
+                        "straggler_ns": v["rtt_ns"],
+                        "peer_median_ns": v["peer_rtt_ns"],
+                        "count": v["rx"],
+                        "max_ns": 0,
+                    }
+                )
+            summary.update(
+                straggler=None,
+                blame=blame,
+                evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
+                quality=dict.fromkeys(summary["quality"], 0),
+            )
+            out.append((sk, summary))
         return out

@@ -2,10 +2,11 @@
 
 :class:`Ingest` decodes a message with ``streams.wire.decode_batch`` (anything it rejects goes to the
 dead-letter topic), tracks every agent instance's batch sequence in the ``agents`` table (partitioned like
-the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups}``: a gap = lost batches,
-a sequence seen again = a duplicate, dropped; the last input offset recognises a replay after a restart,
-which is neither), reduces the batch to one accumulator per step (``streams.accumulate``) and returns what
-the agent must send on the internal topic:
+the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run}``: a gap = lost
+batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay after a
+restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its last
+batch, or None: ``accumulate.running_step``), reduces the batch to one accumulator per step
+(``streams.accumulate``) and returns what the agent must send on the internal topic:
 
 - ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size})`` for each REGISTER event and
   for the first batch of an agent instance (every partition must know the job's hosts);
@@ -105,7 +106,11 @@ class Ingest:
             )
         for rs in accumulate.rank_states(batch):
             res.sends.append(("broadcast", rs["job"], {"t": "state", **rs}))
-        parts = accumulate.reduce_batch(batch)
+        # the step the host was in after its previous batch, for TCP events of a batch without a stepped
+        # event (a rank blocked in a long collective): a slow link shows while its step still runs
+        run = st.get("run")
+        run_step = run[1] if run and run[0] == batch.job else None
+        parts = accumulate.reduce_batch(batch, run_step)
         bid = f"{batch.agent_id}:{batch.seq}"
         for i, (step, acc) in enumerate(sorted(parts.items())):
             q = {}
@@ -121,5 +126,7 @@ class Ingest:
             )
         if not replay:
             st["seq"], st["offset"], st["partition"] = batch.seq, offset, partition
+            nxt = accumulate.running_step(batch, run_step)
+            st["run"] = [batch.job, nxt] if nxt is not None else None
             self.agents[batch.agent_id] = st
         return res
