@@ -663,7 +663,7 @@ def running_check(
     bl = baseline(history, step, th)
     if bl["n"] < th.baseline_min_n:
         return None
-    begins = [a["begin_rt"] for a in accs.values() if a.get("begin_rt")]
+    begins = [a["begin_rt"] for a in accs.values() if a.get("begin_rt") is not None]
     elapsed = now_ns - min([opened_ns, *begins])
     after = max(th.running_min_ns, int(th.running_factor * bl["median_ns"]))
     if elapsed < after:

@@ -252,6 +252,12 @@ def _line(s: dict) -> str:
             f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
             f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]"
         )
+    if s["closed_by"] == "running":
+        parts.append(
+            "[yellow]RUNNING LONG: slow connections on "
+            + ", ".join(f"{h} ({v['network']})" for h, v in s["evidence"]["hosts"].items())
+            + "[/yellow]"
+        )
     st = s["straggler"]
     if st:
         parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
@@ -284,7 +290,8 @@ def tail_command():
 @click.option("--timeout-s", type=click.FloatRange(min=0), default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins (the
-    interim records of a hung step, closed_by 'hang', are shown once and do not count).
+    interim records of a step still open, closed_by 'hang' or 'running', are shown once per kind and do not
+    count).
 
     Exits 1 with one message when the broker cannot be reached within 10 s at start; a broker that goes
     away later is reported once and waited for. Ctrl-C ends it (exit 0)."""
@@ -334,7 +341,8 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             watch.up()
             try:
                 s = schema.decode_step_summary(msg.value())
-                k = (s["job"], int(s["step"]), s.get("closed_by") == "hang")
+                by = s.get("closed_by")
+                k = (s["job"], int(s["step"]), by if by in ("hang", "running") else "")
             except (schema.SchemaError, KeyError) as exc:
                 why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                 err.print(

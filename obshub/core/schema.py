@@ -657,8 +657,10 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "v": "schema version (int, 1)",
     "job": "job name",
     "step": "full step number",
-    "closed_by": "'complete' (every known host reported its end), 'window' (the window expired) or 'hang' "
-    "(the step is still open and hangs: a repeated interim record, see hang)",
+    "closed_by": "'complete' (every known host reported its end), 'window' (the window expired), 'hang' "
+    "(the step is still open and hangs: a repeated interim record, see hang) or 'running' (the step is still "
+    "open and runs far longer than usual: a repeated interim record whose evidence and blame name the hosts "
+    "with slow connections)",
     "closed_at_ns": "CLOCK_REALTIME ns when the worker closed the step",
     "hosts": "hosts that reported any event for this step (list of host names)",
     "expected_hosts": "hosts the job is known to have (from registrations)",

@@ -668,3 +668,76 @@ def test_ranks_silent_behind_a_frozen_rank_are_not_named():
     assert [(h["host"], h["state"]) for h in got["hosts"]] == [("c", "frozen")]
     silent = analysis.hang_check(accs, list("abcd"), seen, now - 4_000 * MS, hist, 20, now)
     assert [h["host"] for h in silent["hosts"]] == ["b", "c", "d"]  # by silence alone: every silent rank
+
+
+def test_stepless_tcp_events_of_a_batch_without_a_step_go_to_the_step_left_running():
+    """A rank blocked in a long collective emits no stepped event: a batch sealed by age then holds only
+    TCP events. They go to the step the host's previous batch left running (none when that batch ended
+    its step: they are dropped, as before)."""
+    before = [Event(Kind.STEP_BEGIN, 100, step=7), Event(Kind.COLLECTIVE_BEGIN, 120, step=7, payload={"pg": "0"})]
+    assert accumulate.running_step(_batch(before), None) == 7
+    ended = before + [Event(Kind.STEP_END, 150, step=7, duration_ns=50), Event(Kind.SCHED_STEP_SUM, 151, step=7)]
+    assert accumulate.running_step(_batch(ended), None) is None
+    only_tcp = [_tcp(Kind.TCP_RTT, 300, "10.0.0.1", "10.0.0.2"), _tcp(Kind.TCP_RTT, 400, "10.0.0.1", "10.0.0.3")]
+    assert accumulate.running_step(_batch(only_tcp), 7) == 7  # no stepped event: unchanged
+    parts = accumulate.reduce_batch(_batch(only_tcp), 7)
+    assert list(parts) == [7]
+    assert parts[7]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [1, 0, 50_000], "10.0.0.1|10.0.0.3": [1, 0, 50_000]}
+    assert accumulate.reduce_batch(_batch(only_tcp), None) == {}
+
+
+def _running_accs(n2_sched_ns=5 * MS, ended=()):
+    """4 hosts in a ring 1-2-3-4-1 inside step 40, begun at 0 (CLOCK_REALTIME): host 2's two connections
+    have a mean RTT of 30 ms, every other connection 2 ms; no host reported its STEP_END yet."""
+    ip = {f"n{i}": f"10.0.0.{i}" for i in range(1, 5)}
+    p12, p23, p34, p14 = "10.0.0.1|10.0.0.2", "10.0.0.2|10.0.0.3", "10.0.0.3|10.0.0.4", "10.0.0.1|10.0.0.4"
+    slow, fast = (10, 0, 10 * 30 * MS), (10, 0, 10 * 2 * MS)
+    pairs = {"n1": {p12: slow, p14: fast}, "n2": {p12: slow, p23: slow}, "n3": {p23: slow, p34: fast}}
+    pairs["n4"] = {p34: fast, p14: fast}
+    accs = {h: _net_acc(h, ip[h], pairs[h]) for h in pairs}
+    for h, a in accs.items():
+        a["begin_rt"] = 0
+        a["layers"] = {"sched": [n2_sched_ns if h == "n2" else 5 * MS, 10, 1 * MS]}
+        if h in ended:
+            a["step_ns"] = 90 * MS
+    return accs
+
+
+def test_running_check_names_the_host_behind_a_slow_link_while_its_step_still_runs():
+    """A rate-limited link makes a 100 ms step last seconds; the summary of that step comes only when it
+    ends. Inside the running step, once it has run max(0.5 s, 3 x the median step), the host whose every
+    busy connection is slow is named from the partial accumulators, never its ring neighbours."""
+    th = analysis.Thresholds()
+    hist = [[s, 100 * MS, 5 * MS] for s in range(20, 40)]
+    accs = _running_accs()
+    assert analysis.running_check(accs, hist, 40, 0, 400 * MS, th) is None  # 0.4 s: not long yet
+    got = analysis.running_check(accs, hist, 40, 0, 600 * MS, th)
+    assert got is not None and got["after_ns"] == 500 * MS and got["elapsed_ns"] == 600 * MS
+    assert list(got["hosts"]) == ["n2"]
+    n2 = got["hosts"]["n2"]
+    assert (n2["z"], n2["rtt_ns"], n2["peer_rtt_ns"], n2["rx"]) == (7.0, 30 * MS, 2 * MS, 0)
+    # the step opened in the worker after it began on the hosts: elapsed counts from the earliest begin
+    assert analysis.running_check(accs, hist, 40, 300 * MS, 600 * MS, th) is not None
+    # a job of 1 s steps: 3 s before a step is long
+    slow_job = [[s, 1_000 * MS, 5 * MS] for s in range(20, 40)]
+    assert analysis.running_check(accs, slow_job, 40, 0, 2_900 * MS, th) is None
+    assert analysis.running_check(accs, slow_job, 40, 0, 3_000 * MS, th) is not None
+
+
+def test_running_check_leaves_cpu_starved_stopped_finished_and_young_jobs_to_the_step_close():
+    th = analysis.Thresholds()
+    hist = [[s, 100 * MS, 5 * MS] for s in range(20, 40)]
+    now = 1_000 * MS
+    # a host starved of CPU answers late on every connection: its own run-queue excess (100 ms of a 1 s
+    # step, over 5 %) explains it, so its connections are no evidence
+    assert analysis.running_check(_running_accs(n2_sched_ns=105 * MS), hist, 40, 0, now, th) is None
+    assert analysis.running_check(_running_accs(n2_sched_ns=40 * MS), hist, 40, 0, now, th) is not None
+    # a rank found frozen: the step hangs (hang_check), it is not a slow link
+    assert analysis.running_check(_running_accs(), hist, 40, 0, now, th, stopped={"n3": ("frozen", 0, 0)}) is None
+    # every host finished: the summary comes with the close
+    assert analysis.running_check(_running_accs(ended=("n1", "n2", "n3", "n4")), hist, 40, 0, now, th) is None
+    assert analysis.running_check(_running_accs(ended=("n1", "n3", "n4")), hist, 40, 0, now, th) is not None
+    # no baseline yet (the first steps of a job are noisy); fewer than 3 hosts
+    assert analysis.running_check(_running_accs(), hist[:5], 40, 0, now, th) is None
+    two = {h: a for h, a in _running_accs().items() if h in ("n1", "n2")}
+    assert analysis.running_check(two, hist, 40, 0, now, th) is None

@@ -240,3 +240,122 @@ def test_a_rank_reported_frozen_inside_a_collective_every_rank_reached_is_hung_u
     running = schema.Event(schema.Kind.RANK_STATE, t0 + 900_000_000, pid=102, value=0, payload={"state": "running"})
     pipe.feed(batch(2, "c", 3, [running]))
     assert pipe.fold.hangs() == []
+
+
+def _ring_job(now):
+    """A 4-host job (ring a-b-c-d-a, 10.0.0.1-4) through ingest and fold: 12 steps of 100 ms closed, then
+    step 12 begun on every host. Returns ``(pipe, batch(host index, events))``."""
+    pipe = InProcess(partitions=2, clock=lambda: now[0])
+    hosts = ("a", "b", "c", "d")
+    seqs = dict.fromkeys(hosts, 0)
+
+    def batch(i, events):
+        h = hosts[i]
+        b = schema.Batch("j", h, i, f"agent-{h}", seqs[h], events)
+        seqs[h] += 1
+        pipe.feed(schema.encode_batch(b))
+
+    for i in range(4):
+        batch(i, [schema.Event(schema.Kind.REGISTER, 1, pid=100 + i, value=i, payload={"world_size": 4, "job": "j"})])
+    t = now[0] - 10_000_000_000  # monotonic ns of the agents (batch offset 0)
+    for step in range(12):
+        for i in range(4):
+            batch(
+                i,
+                [
+                    schema.Event(schema.Kind.STEP_BEGIN, t, step=step, pid=100 + i, value=step),
+                    schema.Event(
+                        schema.Kind.STEP_END, t + 100_000_000, step=step, pid=100 + i, duration_ns=100_000_000
+                    ),
+                ],
+            )
+        t += 110_000_000
+    assert len(pipe.summaries) == 12
+    for i in range(4):
+        batch(i, [schema.Event(schema.Kind.STEP_BEGIN, now[0], step=12, pid=100 + i, value=12)])
+    return pipe, batch
+
+
+def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_a_step():
+    """Host b's link is rate-limited: step 12 runs on and on. The agents' next batches (sealed by age)
+    hold only RTT samples (the ranks block in the all-reduce: no stepped event); ingest charges them to
+    the step each host left running, and the fold's running check names b in an interim summary."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    ring = [(0, 1), (1, 2), (2, 3), (3, 0)]
+    for i in range(4):
+        evs = []
+        for a, b in ring:
+            if i not in (a, b):
+                continue
+            peer = b if i == a else a
+            rtt = 30_000_000 if 1 in (a, b) else 2_000_000
+            for k in range(5):
+                evs.append(
+                    schema.Event(
+                        schema.Kind.TCP_RTT,
+                        now[0] + k * 100_000_000,
+                        duration_ns=rtt,
+                        payload={"saddr": ip[i], "daddr": ip[peer], "sport": 1, "dport": 2},
+                    )
+                )
+        batch(i, evs)
+    now[0] += 400_000_000
+    assert pipe.fold.running() == []  # 0.4 s: within max(0.5 s, 3 x 100 ms)
+    now[0] += 200_000_000
+    ((sk, s),) = pipe.fold.running()
+    assert sk == "j|12" and s["closed_by"] == "running" and s["straggler"] is None
+    assert s["evidence"]["hosts"] == {
+        "b": {**dict.fromkeys(("sched", "memory", "cuda", "nic", "pytorch"), 0.0), "network": 7.0}
+    }
+    assert [(x["host"], x["layer"], x["straggler_ns"], x["peer_median_ns"]) for x in s["blame"]] == [
+        ("b", "network", 30_000_000, 2_000_000)
+    ]
+    assert len(pipe.summaries) == 12  # an interim record: the step stays open
+
+
+def test_the_steps_after_a_hang_carry_no_sequential_evidence():
+    """A rank frozen in step 12 then thawed: the hung step and the next ``hang_quiet_steps`` steps close
+    with no evidence (the ranks resynchronise), and a hung step is never judged as running."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    coll = {"pg": "0", "coll_seq": 3, "op": "all_reduce"}
+    for i in (0, 1, 2):
+        batch(i, [schema.Event(schema.Kind.COLLECTIVE_BEGIN, now[0] + 1_000_000, step=12, pid=100 + i, payload=coll)])
+    batch(3, [schema.Event(schema.Kind.RANK_STATE, now[0] + 2_000_000, pid=103, value=1, payload={"state": "frozen"})])
+    now[0] += 2_000_000_000
+    ((sk, s, first),) = pipe.fold.hangs()
+    assert sk == "j|12" and first and pipe.fold.running() == []
+    batch(3, [schema.Event(schema.Kind.RANK_STATE, now[0], pid=103, value=0, payload={"state": "running"})])
+    assert pipe.fold.hangs() == []  # resumed: no longer hung
+    t = now[0]
+    for step in range(12, 18):
+        for i in range(4):
+            evs = [schema.Event(schema.Kind.STEP_END, t + 100_000_000, step=step, pid=100 + i, duration_ns=100_000_000)]
+            if step > 12:
+                evs.insert(0, schema.Event(schema.Kind.STEP_BEGIN, t, step=step, pid=100 + i, value=step))
+            # host d is the last to arrive and spends 80 ms on the run queue
+            evs.append(
+                schema.Event(
+                    schema.Kind.SCHED_RUNQ,
+                    t + 1_000,
+                    step=step,
+                    pid=100 + i,
+                    duration_ns=80_000_000 if i == 3 else 1_000,
+                )
+            )
+            evs.append(
+                schema.Event(
+                    schema.Kind.COLLECTIVE_BEGIN,
+                    t + (90_000_000 if i == 3 else 5_000_000),
+                    step=step,
+                    pid=100 + i,
+                    payload={"pg": "0", "coll_seq": 10 + step, "op": "all_reduce"},
+                )
+            )
+            batch(i, evs)
+        t += 110_000_000
+    by_step = {s["step"]: s["evidence"]["hosts"] for s in pipe.summaries}
+    assert [by_step[k] for k in (12, 13, 14, 15)] == [{}, {}, {}, {}]
+    assert by_step[16]["d"]["sched"] > 0 and by_step[17]["d"]["sched"] > 0
