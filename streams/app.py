@@ -475,9 +475,10 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
                     len(h["waiting"]),
                 )
         # network evidence of steps still running (docs/ANALYSIS.md "Inside a running step"): every tick,
-        # not while this worker is behind (a backlog makes every step look long)
+        # while every input partition was read to its end in the last seconds (a backlog makes steps look
+        # long); not the instant lag check of a new hang, which a busy input fails at most ticks
         found = fold.running(mine)
-        if found and fold.input_read_since(now - 3 * READ_MARGIN_NS) and not await behind(actives):
+        if found and fold.input_read_since(now - 3 * READ_MARGIN_NS):
             for sk, summary in found:
                 await out.send(
                     key=summary["job"].encode(),
