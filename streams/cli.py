@@ -265,7 +265,7 @@ def _line(s: dict) -> str:
             b = s["blame"][0]
             what = f"+{ms(b['excess_ns'])}" if b["excess_ns"] else f"{b['count']} events"
             parts.append(f"blame {b['layer']} {what}")
-    else:
+    elif s["closed_by"] not in ("hang", "running"):  # an interim record of an open step is not a clean step
         parts.append("[green]clean[/green]")
     if s["stall"]:
         parts.append(f"[red]STALL x{s['stall_ratio']:.2f}[/red]")
