@@ -210,6 +210,7 @@ class BpfEventSource:
         self._registrations: list[dict] = []
         self._watched: set[int] = set()
         self._trickle = False  # the last drain took records without filling up (see _drain)
+        self._full = False  # the last drain filled up (_DRAIN_MAX records)
         self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
         self._last_drain = 0.0
         self._ring_records = 1  # records the ring holds (set at start)
@@ -501,12 +502,15 @@ class BpfEventSource:
         self._refresh_target(force=True)
 
     # -- EventSource ----------------------------------------------------------------------------------
-    def _drain(self, timeout_ms: int, table: bytes) -> list:
+    def _drain(self, timeout_ms: int, table: bytes, quiet_ms: int = 0) -> list:
         """Sysfs events, then what the ring buffer holds (waiting up to ``timeout_ms`` when both are
         empty, or, when the previous drain took records without filling up, first waiting up to
         ``timeout_ms`` for more to gather): Events, and PackedRun s for the kinds ``table`` lets the C
         reader encode. A record waits in the ring at most about one ``timeout_ms`` (the agent passes the
-        time until its open batch is due, at most the batch age bound)."""
+        time until its open batch is due, at most the batch age bound). ``quiet_ms``: for that long (at
+        most ``timeout_ms``) the kernel's wakeups are not waited for (a sleep instead of the wait on the
+        ring's fd), unless the previous drain filled up; bounded, like the wait for trickling records, by
+        the time a quarter of the ring takes to fill at the last drain's rate."""
         self._refresh_target()
         if self._scanner is not None and time.monotonic() >= self._next_follow:
             self.follow()
@@ -520,7 +524,17 @@ class BpfEventSource:
             return out
         ring = self._ring
         waited = False
-        if self._trickle and not out and timeout_ms > 0:
+        if quiet_ms > 0 and not out and timeout_ms > 0 and not self._full:
+            # nothing the kernel signals now can be used before quiet_ms (the agent's open batch is too
+            # young to be sealed by a step end): sleep instead of waking at every step end, then clear
+            # the edge those wakeups left on the fd so that the next wait starts clean
+            quiet = min(int(timeout_ms), int(quiet_ms))
+            if self._trickle:
+                quiet = min(quiet, self._trickle_ms)
+            time.sleep(quiet / 1000)
+            ring.wait(0)
+            waited = True
+        elif self._trickle and not out and timeout_ms > 0:
             # the previous drain found records without filling up: they trickle in (no wakeup per record).
             # Let them gather until the timeout or the kernel's wakeup (4 MiB pending) instead of turning
             # the loop for a few records at a time (each turn costs the agent ~0.1 ms of CPU), but never
@@ -533,6 +547,7 @@ class BpfEventSource:
             ring.wait(int(timeout_ms))
             items = ring.drain(table, _DRAIN_MAX)
         taken = ring.consumed - before
+        self._full = taken >= _DRAIN_MAX
         self._trickle = 0 < taken < _DRAIN_MAX
         if self._trickle:
             rate = taken / max(1e-3, t0 - self._last_drain)  # records/s since the previous drain
@@ -548,11 +563,15 @@ class BpfEventSource:
         poller; return the events in arrival order, every one decoded to an :class:`Event`."""
         return self._drain(timeout_ms, DECODE_ALL_TABLE)
 
-    def poll_packed(self, timeout_ms: int) -> list:
+    #: :meth:`poll_packed` takes ``quiet_ms`` (the agent passes it when the source has this attribute)
+    QUIET_POLL = True
+
+    def poll_packed(self, timeout_ms: int, quiet_ms: int = 0) -> list:
         """As :meth:`poll`, but runs of records of the kinds in ``producer.reader.PACKED_FORMATS`` come as
         :class:`producer.reader.PackedRun` (msgpack bytes made in C, no Python object per event); the
-        agent's hot path (``Batcher.add_packed``)."""
-        return self._drain(timeout_ms, PACKED_TABLE)
+        agent's hot path (``Batcher.add_packed``). ``quiet_ms``: how long the kernel's wakeups (a step's
+        end) may be slept through, see :meth:`_drain`."""
+        return self._drain(timeout_ms, PACKED_TABLE, quiet_ms)
 
     def consumed(self) -> int:
         """Records taken from the ring buffer since start (the ``delivered`` of lost = produced -
