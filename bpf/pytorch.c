@@ -44,9 +44,19 @@ BPF_TABLE("lru_hash", struct obs_phase_key, u64, phase_begin_ts, OBS_MAX_TIDS);
 BPF_TABLE("lru_hash", struct obs_coll_key, u64, coll_begin_ts, 65536);
 
 /* step_begin and phase_begin carry the key the calling thread works under from now on: set it here too,
- * so the map is right from the probe on, whatever order the instrumentation fires `tracekey` in. */
+ * so the map is right from the probe on, whatever order the instrumentation fires `tracekey` in.
+ * A thread's entry lives until it exits (obs_sched_exit deletes it), so after its first key the entry is
+ * written in place: a look-up instead of an update, which would allocate a new element and free the old
+ * one. Only the thread itself writes its entry; a reader on another CPU can see the key of one change
+ * with the step of the next for the instant between the two stores. */
 static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
 {
+    struct obs_tk *cur = tid_key.lookup(&tid);
+    if (cur) {
+        cur->trace_key = key;
+        cur->step = step;
+        return;
+    }
     struct obs_tk tk = {.trace_key = key, .step = step};
     tid_key.update(&tid, &tk);
 }
@@ -90,10 +100,11 @@ int obs_usdt_tracekey(struct pt_regs *ctx)
     if (!obs_usdt_gate())
         return 0;
     u32 tid = (u32)bpf_get_current_pid_tgid();
-    struct obs_tk tk = {};
-    bpf_usdt_readarg(1, ctx, &tk.trace_key);
-    bpf_usdt_readarg(2, ctx, &tk.step);
-    tid_key.update(&tid, &tk);
+    u64 key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &key);
+    bpf_usdt_readarg(2, ctx, &step);
+    obs_set_key(tid, key, step);
     return 0;
 }
 
