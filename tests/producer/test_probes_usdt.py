@@ -291,7 +291,7 @@ def test_batch_reader_encodes_the_step_aggregates_like_the_decoder(tmp_path):
         [(Kind.SCHED_STEP_SUM, s) for s in range(3)] + [(Kind.MEM_STEP_SUM, s) for s in range(3)]
     )
     assert packed_kinds.get(Kind.SCHED_STEP_SUM, 0) >= 3 and packed_kinds.get(Kind.MEM_STEP_SUM, 0) >= 3
-    dec = Decoder()
+    dec = Decoder({}, {})
     for e in sums:
         validate_event(list(e))
         p = e.payload
