@@ -211,6 +211,9 @@ class BpfEventSource:
         self._watched: set[int] = set()
         self._trickle = False  # the last drain took records without filling up (see _drain)
         self._full = False  # the last drain filled up (_DRAIN_MAX records)
+        self._wake_fd = -1  # bpf/common.h wake_req: set after every drain (see _want_wake)
+        self._wake_key, self._wake_one = ctypes.c_uint32(0), ctypes.c_uint64(1)
+        self._update_elem = None
         self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
         self._last_drain = 0.0
         self._ring_records = 1  # records the ring holds (set at start)
@@ -258,6 +261,11 @@ class BpfEventSource:
             size = self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE")
             self._ring = Ring(self._bpf[b"events"].map_fd, size)
             self._ring_records = max(1, size // (EVENT_SIZE + 8))  # 8-byte record header
+            from bcc.libbcc import lib
+
+            self._update_elem = lib.bpf_update_elem
+            self._wake_fd = self._bpf[b"wake_req"].map_fd
+            self._want_wake()
         if any(p.mechanism == "sysfs" for p in pl.probes):
             self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
             for p in pl.probes:
@@ -546,6 +554,7 @@ class BpfEventSource:
         if not items and not out and timeout_ms > 0 and not waited:
             ring.wait(int(timeout_ms))
             items = ring.drain(table, _DRAIN_MAX)
+        self._want_wake()
         taken = ring.consumed - before
         self._full = taken >= _DRAIN_MAX
         self._trickle = 0 < taken < _DRAIN_MAX
@@ -557,6 +566,12 @@ class BpfEventSource:
         for it in items:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
         return out
+
+    def _want_wake(self) -> None:
+        """Let the next step end wake the reader (``wake_req`` of bpf/common.h: only the first step end
+        after a drain signals the ring's fd; one map write, a system call, per drain)."""
+        if self._wake_fd >= 0:
+            self._update_elem(self._wake_fd, ctypes.byref(self._wake_key), ctypes.byref(self._wake_one), 0)
 
     def poll(self, timeout_ms: int) -> list[Event]:
         """Drain the ring buffer (waiting up to ``timeout_ms`` for the first record) and the sysfs
@@ -632,6 +647,7 @@ class BpfEventSource:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        self._wake_fd = -1
         if self._sysfs is not None:
             self._sysfs.close()
         if self._bpf is not None:
