@@ -203,7 +203,8 @@ int obs_usdt_step_end(struct pt_regs *ctx)
         dur = now - os->ts;
         os->ts = 0;
     }
-    /* STEP_END is reserved first (so it comes first in the ring) and submitted last, waking the reader:
+    /* STEP_END is reserved first (so it comes first in the ring) and submitted last, waking the reader
+     * (when it drained since the last such wakeup, obs_submit_wake):
      * a reader cannot pass a record still reserved, so when it wakes, the step's aggregates behind the
      * STEP_END are in the ring too, and the agent seals the step's batch with all of them */
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_END, tgid, tid);
