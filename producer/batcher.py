@@ -248,8 +248,8 @@ class Batcher:
         batch and is younger than ``step_min_age_ms`` (:meth:`step_end` would not mark it). 0 when a step
         end would seal it now, when it is already marked, and when no batch is open (a step end then opens
         one); ``inf`` when no batch is open and none was ever sealed at a step end (a job without steps).
-        The agent does not let the end of a step wake it during that time (docs/AGENT.md, "The end of a
-        step wakes the reader")."""
+        The agent does not let the end of a step wake it during that time (docs/AGENT.md, "Step ends
+        that cannot seal a batch do not turn the loop")."""
         if not self._parts:
             return 0.0 if self.step_sealed else float("inf")
         if not self._aligned or self._seal_now or self._urgent:
