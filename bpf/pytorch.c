@@ -17,19 +17,23 @@
  */
 #include "common.h"
 
-/* Begin/end pairing keys (docs/AGENT.md "Pairing begin and end"): begin and end may fire on different
- * threads of the process (autograd device threads, gloo workers), so never pair by tid. */
-struct obs_phase_key {
-    u32 tgid;
-    u32 pad;
-    u64 trace_key;
-    char phase[16];
+/* Begin/end pairing (docs/AGENT.md "Pairing begin and end"): begin and end may fire on different threads
+ * of the process (autograd device threads, gloo workers), so never pair by tid. A process has one step
+ * and at most one phase open at a time (the instrumentation ends the open phase before it begins the
+ * next), so steps and phases are paired in one slot per process (tgid), written in place: after the
+ * process's first step and phase, a begin is a look-up and a few stores, not a map update (an LRU hash
+ * update takes a node from the LRU's free lists and links it; measured several times a look-up). An end
+ * pairs with the slot when the step (phases: the phase name and TraceKey) match, and marks it used
+ * (ts 0). Collectives can be in flight several at a time (async ops, DDP buckets): paired by key. */
+struct obs_open_step {
+    s64 step;
+    u64 ts;
 };
 
-struct obs_step_key {
-    u32 tgid;
-    u32 pad;
-    s64 step;
+struct obs_open_phase {
+    u64 trace_key;
+    u64 ts;
+    char phase[16];
 };
 
 struct obs_coll_key {
@@ -39,14 +43,24 @@ struct obs_coll_key {
     char pg[16];
 };
 
-BPF_TABLE("lru_hash", struct obs_step_key, u64, step_begin_ts, OBS_MAX_TIDS);
-BPF_TABLE("lru_hash", struct obs_phase_key, u64, phase_begin_ts, OBS_MAX_TIDS);
+BPF_TABLE("lru_hash", u32, struct obs_open_step, step_open, 4096);   /* tgid -> its open step */
+BPF_TABLE("lru_hash", u32, struct obs_open_phase, phase_open, 4096); /* tgid -> its open phase */
 BPF_TABLE("lru_hash", struct obs_coll_key, u64, coll_begin_ts, 65536);
 
 /* step_begin and phase_begin carry the key the calling thread works under from now on: set it here too,
- * so the map is right from the probe on, whatever order the instrumentation fires `tracekey` in. */
+ * so the map is right from the probe on, whatever order the instrumentation fires `tracekey` in.
+ * A thread's entry lives until it exits (obs_sched_exit deletes it), so after its first key the entry is
+ * written in place: a look-up instead of an update, which would allocate a new element and free the old
+ * one. Only the thread itself writes its entry; a reader on another CPU can see the key of one change
+ * with the step of the next for the instant between the two stores. */
 static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
 {
+    struct obs_tk *cur = tid_key.lookup(&tid);
+    if (cur) {
+        cur->trace_key = key;
+        cur->step = step;
+        return;
+    }
     struct obs_tk tk = {.trace_key = key, .step = step};
     tid_key.update(&tid, &tk);
 }
@@ -90,10 +104,11 @@ int obs_usdt_tracekey(struct pt_regs *ctx)
     if (!obs_usdt_gate())
         return 0;
     u32 tid = (u32)bpf_get_current_pid_tgid();
-    struct obs_tk tk = {};
-    bpf_usdt_readarg(1, ctx, &tk.trace_key);
-    bpf_usdt_readarg(2, ctx, &tk.step);
-    tid_key.update(&tid, &tk);
+    u64 key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &key);
+    bpf_usdt_readarg(2, ctx, &step);
+    obs_set_key(tid, key, step);
     return 0;
 }
 
@@ -107,8 +122,14 @@ int obs_usdt_step_begin(struct pt_regs *ctx)
     u64 key = 0, now = bpf_ktime_get_ns();
     bpf_usdt_readarg(1, ctx, &step);
     bpf_usdt_readarg(2, ctx, &key);
-    struct obs_step_key sk = {.tgid = tgid, .step = step};
-    step_begin_ts.update(&sk, &now);
+    struct obs_open_step *os = step_open.lookup(&tgid);
+    if (os) {
+        os->step = step;
+        os->ts = now;
+    } else {
+        struct obs_open_step v = {.step = step, .ts = now};
+        step_open.update(&tgid, &v);
+    }
     obs_set_key(tid, key, step);
     sched_acc.delete(&tgid);
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_BEGIN, tgid, tid);
@@ -177,13 +198,13 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     u64 key = 0, now = bpf_ktime_get_ns(), dur = 0;
     bpf_usdt_readarg(1, ctx, &step);
     bpf_usdt_readarg(2, ctx, &key);
-    struct obs_step_key sk = {.tgid = tgid, .step = step};
-    u64 *begin = step_begin_ts.lookup(&sk);
-    if (begin) {
-        dur = now - *begin;
-        step_begin_ts.delete(&sk);
+    struct obs_open_step *os = step_open.lookup(&tgid);
+    if (os && os->ts && os->step == step) {
+        dur = now - os->ts;
+        os->ts = 0;
     }
-    /* STEP_END is reserved first (so it comes first in the ring) and submitted last, waking the reader:
+    /* STEP_END is reserved first (so it comes first in the ring) and submitted last, waking the reader
+     * (when it drained since the last such wakeup, obs_submit_wake):
      * a reader cannot pass a record still reserved, so when it wakes, the step's aggregates behind the
      * STEP_END are in the ring too, and the agent seals the step's batch with all of them */
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_END, tgid, tid);
@@ -231,21 +252,25 @@ static __always_inline int obs_phase(int end, u64 phase, s64 step, u64 key)
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
     u64 now = bpf_ktime_get_ns();
-    struct obs_phase_key pk = {};
-    pk.tgid = tgid;
+    struct obs_open_phase pk = {};
     pk.trace_key = key;
+    pk.ts = now;
     bpf_probe_read_user_str(pk.phase, sizeof(pk.phase), (void *)phase);
+    struct obs_open_phase *op = phase_open.lookup(&tgid);
     if (!end) {
-        phase_begin_ts.update(&pk, &now);
+        if (op)
+            __builtin_memcpy(op, &pk, sizeof(pk));
+        else
+            phase_open.update(&tgid, &pk);
         obs_set_key(tid, key, step);
         return 0;
     }
     obs_set_key(tid, key & ~0xFFFFFFFFull, step); /* back to the step's key (the instrumentation's too) */
-    u64 *begin = phase_begin_ts.lookup(&pk);
-    if (!begin)
+    if (!op || !op->ts || op->trace_key != key || *(u64 *)op->phase != *(u64 *)pk.phase ||
+        *(u64 *)(op->phase + 8) != *(u64 *)(pk.phase + 8))
         return 0; /* the begin happened before the agent attached */
-    u64 dur = now - *begin;
-    phase_begin_ts.delete(&pk);
+    u64 dur = now - op->ts;
+    op->ts = 0;
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_PHASE, OBS_KIND_PHASE, tgid, tid);
     if (!e)
         return 0;

@@ -15,7 +15,13 @@
  *   FMT_NIL     (1)  - payload nil;
  *   FMT_PHASE   (2)  - payload {"phase": str0};
  *   FMT_COLL    (3)  - payload {"pg": str0, "coll_seq": arg0, "op": str1};
- *   FMT_SCHEDSUM(4)  - payload {"switches": arg0, "wakeups": arg1}.
+ *   FMT_SCHEDSUM(4)  - payload {"switches": arg0, "wakeups": arg1};
+ *   FMT_SCHEDSTEP(5) - SCHED_STEP_SUM: {"switches": arg0, "wakeups": arg1, "runq_max_ns": arg2,
+ *                      "offcpu_max_ns": u64 at str1, "runq_hist_us": hist(str0)};
+ *   FMT_MEMSTEP (6)  - MEM_STEP_SUM: {"pages": arg0, "stalls": arg1, "stall_max_ns": arg2, "orders": hist(str0)};
+ *   FMT_CUDASTEP(7)  - CUDA_STEP_SUM: {"max_ns": arg0, "hist_us": hist(str0)};
+ *   hist(b) is the text of a u32[16] little-endian histogram: the counts from bucket 0 in decimal, comma
+ *   separated, trailing empty buckets left out ("" when all are empty), as producer.reader.hist_text.
  * Strings must be ASCII here (any other byte sends the record to Python, which decodes UTF-8 with
  * replacement). The bytes are exactly msgpack-python's (smallest int encoding, str8 for use_bin_type), so
  * a batch built from them equals obshub.core.schema.encode_batch of the decoded events.
@@ -51,6 +57,9 @@
 #define FMT_PHASE 2
 #define FMT_COLL 3
 #define FMT_SCHEDSUM 4
+#define FMT_SCHEDSTEP 5
+#define FMT_MEMSTEP 6
+#define FMT_CUDASTEP 7
 
 /* struct obs_event (bpf/common.h), little-endian x86-64/arm64 layout */
 struct obs_event {
@@ -139,8 +148,42 @@ static inline uint8_t *pack_key(uint8_t *p, const char *key)
     return p + n;
 }
 
+/* Pack the u32[16] little-endian histogram at buf as its text (see FMT_SCHEDSTEP): at most 16 x 10
+ * digits + 15 commas = 175 bytes, a str8 when 32 bytes or longer. */
+static inline uint8_t *pack_hist(uint8_t *p, const char *buf)
+{
+    uint32_t c[16];
+    memcpy(c, buf, sizeof c);
+    int last = 15;
+    while (last >= 0 && c[last] == 0)
+        last--;
+    char text[192];
+    size_t n = 0;
+    for (int i = 0; i <= last; i++) {
+        if (i)
+            text[n++] = ',';
+        char digits[10];
+        int k = 0;
+        uint32_t v = c[i];
+        do {
+            digits[k++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v);
+        while (k)
+            text[n++] = digits[--k];
+    }
+    if (n < 32) {
+        *p++ = 0xa0 | (uint8_t)n;
+    } else {
+        *p++ = 0xd9;
+        *p++ = (uint8_t)n;
+    }
+    memcpy(p, text, n);
+    return p + n;
+}
+
 /* Encode one record into p (room for MAX_PACKED bytes); returns the end, or NULL to hand it to Python. */
-#define MAX_PACKED 256
+#define MAX_PACKED 512
 static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt)
 {
     *p++ = 0x9a; /* fixarray of 10 */
@@ -180,6 +223,40 @@ static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt)
         p = pack_u64(p, e->arg0);
         p = pack_key(p, "wakeups");
         p = pack_u64(p, e->arg1);
+        break;
+    case FMT_SCHEDSTEP: {
+        uint64_t offcpu_max;
+        memcpy(&offcpu_max, e->str1, sizeof offcpu_max);
+        *p++ = 0x85;
+        p = pack_key(p, "switches");
+        p = pack_u64(p, e->arg0);
+        p = pack_key(p, "wakeups");
+        p = pack_u64(p, e->arg1);
+        p = pack_key(p, "runq_max_ns");
+        p = pack_u64(p, e->arg2);
+        p = pack_key(p, "offcpu_max_ns");
+        p = pack_u64(p, offcpu_max);
+        p = pack_key(p, "runq_hist_us");
+        p = pack_hist(p, e->str0);
+        break;
+    }
+    case FMT_MEMSTEP:
+        *p++ = 0x84;
+        p = pack_key(p, "pages");
+        p = pack_u64(p, e->arg0);
+        p = pack_key(p, "stalls");
+        p = pack_u64(p, e->arg1);
+        p = pack_key(p, "stall_max_ns");
+        p = pack_u64(p, e->arg2);
+        p = pack_key(p, "orders");
+        p = pack_hist(p, e->str0);
+        break;
+    case FMT_CUDASTEP:
+        *p++ = 0x82;
+        p = pack_key(p, "max_ns");
+        p = pack_u64(p, e->arg0);
+        p = pack_key(p, "hist_us");
+        p = pack_hist(p, e->str0);
         break;
     default:
         return NULL;
@@ -507,5 +584,8 @@ PyMODINIT_FUNC PyInit__ring(void)
     PyModule_AddIntConstant(m, "FMT_PHASE", FMT_PHASE);
     PyModule_AddIntConstant(m, "FMT_COLL", FMT_COLL);
     PyModule_AddIntConstant(m, "FMT_SCHEDSUM", FMT_SCHEDSUM);
+    PyModule_AddIntConstant(m, "FMT_SCHEDSTEP", FMT_SCHEDSTEP);
+    PyModule_AddIntConstant(m, "FMT_MEMSTEP", FMT_MEMSTEP);
+    PyModule_AddIntConstant(m, "FMT_CUDASTEP", FMT_CUDASTEP);
     return m;
 }

@@ -206,6 +206,10 @@ class Agent:
         next_loss = time.monotonic() + cfg.loss_interval_s
         state = transport.state
         poll = getattr(source, "poll_packed", None) or source.poll
+        # a source that can sleep through its wakeups is told how long no step end can seal a batch
+        # (the open batch follows a step-aligned one and is younger than the step minimum): the end of
+        # every fast step then no longer turns the loop
+        quiet_poll = bool(getattr(source, "QUIET_POLL", False))
         # the longest wait for the source: the batch age bound, at most POLL_MAX_MS (a full ring or a
         # step end wakes the poll earlier); each turn costs CPU, so an idle agent turns a few times a
         # second only
@@ -213,7 +217,10 @@ class Agent:
         while not self._stop.is_set():
             until_due = batcher.ms_until_due()
             timeout = int(idle_ms if until_due is None else min(idle_ms, until_due))
-            events = poll(timeout)
+            if quiet_poll:
+                events = poll(timeout, int(min(timeout, batcher.ms_until_step_seal())))
+            else:
+                events = poll(timeout)
             if events:
                 self._take(events)
             if self.job_of_pid:
@@ -419,6 +426,7 @@ class Agent:
             self.say(f"Failed to drain the event source at shutdown: {exc}")
         finally:
             self.source.close()
+            self.rank_watch.close()
         self._report_loss()
         for last in self.batcher.flush():
             self.transport.send(last)

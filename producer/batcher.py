@@ -243,6 +243,20 @@ class Batcher:
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
         return max(0.0, (self._first_ns + self.max_age_ns - now_ns) / 1e6)
 
+    def ms_until_step_seal(self, now_ns: int | None = None) -> float:
+        """Milliseconds during which a step end cannot seal the open batch: it follows a step-aligned
+        batch and is younger than ``step_min_age_ms`` (:meth:`step_end` would not mark it). 0 when a step
+        end would seal it now, when it is already marked, and when no batch is open (a step end then opens
+        one); ``inf`` when no batch is open and none was ever sealed at a step end (a job without steps).
+        The agent does not let the end of a step wake it during that time (docs/AGENT.md, "Step ends
+        that cannot seal a batch do not turn the loop")."""
+        if not self._parts:
+            return 0.0 if self.step_sealed else float("inf")
+        if not self._aligned or self._seal_now or self._urgent:
+            return 0.0
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        return max(0.0, (self._first_ns + self.step_min_age_ns - now_ns) / 1e6)
+
     def flush(self) -> SealedBatch | None:
         """Seal the open batch whatever its age; None when it is empty."""
         return self._seal() if self._n else None
@@ -374,6 +388,15 @@ class JobBatchers:
             return self.fallback.ms_until_due(now_ns)
         waits = [w for b in self.by_job.values() if (w := b.ms_until_due(now_ns)) is not None]
         return min(waits) if waits else None
+
+    def ms_until_step_seal(self, now_ns: int | None = None) -> float:
+        """Milliseconds during which a step end can seal none of the open batches
+        (:meth:`Batcher.ms_until_step_seal`, the least over the jobs; 0 when any job's step end would
+        seal its batch now)."""
+        if len(self.by_job) == 1:
+            return self.fallback.ms_until_step_seal(now_ns)
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        return min(b.ms_until_step_seal(now_ns) for b in self.by_job.values())
 
     def flush(self) -> list[SealedBatch]:
         """Seal every open batch whatever its age."""

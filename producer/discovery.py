@@ -8,14 +8,15 @@ file for uprobes when their mappings show the same device and inode (the ``dev``
 identifies files by those columns (:func:`file_identity` reads them for a file the agent itself opens)
 and reports each one once.
 
-The scanner reads the maps of young processes (started less than ``young_s`` ago) at every scan where
-their address space changed size (``vsize`` of ``/proc/<pid>/stat``: a ``dlopen`` grows it) and those of
-every process every ``old_every``-th scan, until one maps the file it looks for; a process that maps none
-of the files is read again at that slower rate. Costs per scan: one ``listdir(/proc)``, one
-``/proc/<pid>/stat`` read per process not seen before and per young process (~5 µs), and one maps read
-per young process whose size changed (~0.4-0.7 ms for a Python process with torch loaded, the kernel
-formats ~50 KB); the text is searched for the patterns' literal parts first, so only lines of processes
-that map a candidate are parsed.
+The scanner looks at young processes (started less than ``young_s`` ago) at every scan and at every
+process every ``old_every``-th scan, until one maps the file it looks for, and reads the maps of those
+whose address space changed size since their maps were last read (``vsize`` of ``/proc/<pid>/stat``: a
+``dlopen`` or ``mmap`` grows it; a process that maps a file and unmaps as much between two scans is
+missed until its size changes again). Costs per scan: one ``listdir(/proc)``, one ``/proc/<pid>/stat``
+read per process not seen before and per young process (~5 µs), on the slow turn per process, and one
+maps read per process whose size changed (~0.4-0.7 ms for a Python process with torch loaded, the kernel
+formats ~50 KB; a JVM's maps several times that); the text is searched for the patterns' literal parts
+first, so only lines of processes that map a candidate are parsed.
 """
 
 from __future__ import annotations
@@ -183,14 +184,13 @@ class LibraryScanner:
             young = start is not None and now - start < self.young_ticks
             if not young and not slow_turn and self.scans > 1:
                 continue
-            if young and not slow_turn:
-                # a mapping added since the last read (a dlopen) grows the address space: a young process
-                # whose size is unchanged is read again on the slow turn only
-                f = _stat_fields(pid)
-                size = None if f is None else f[1]
-                if size is not None and self._vsize.get(pid) == size:
-                    continue
-                self._vsize[pid] = size
+            # a mapping added since the last read (a dlopen, an mmap) grows the address space: a process
+            # whose size is unchanged since its maps were last read is not read again, young or old
+            f = _stat_fields(pid)
+            size = None if f is None else f[1]
+            if size is not None and self._vsize.get(pid) == size:
+                continue
+            self._vsize[pid] = size
             try:
                 with open(f"/proc/{pid}/maps", "rb") as fh:
                     text = fh.read()

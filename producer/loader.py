@@ -210,6 +210,10 @@ class BpfEventSource:
         self._registrations: list[dict] = []
         self._watched: set[int] = set()
         self._trickle = False  # the last drain took records without filling up (see _drain)
+        self._full = False  # the last drain filled up (_DRAIN_MAX records)
+        self._wake_fd = -1  # bpf/common.h wake_req: set after every drain (see _want_wake)
+        self._wake_key, self._wake_one = ctypes.c_uint32(0), ctypes.c_uint64(1)
+        self._update_elem = None
         self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
         self._last_drain = 0.0
         self._ring_records = 1  # records the ring holds (set at start)
@@ -257,6 +261,11 @@ class BpfEventSource:
             size = self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE")
             self._ring = Ring(self._bpf[b"events"].map_fd, size)
             self._ring_records = max(1, size // (EVENT_SIZE + 8))  # 8-byte record header
+            from bcc.libbcc import lib
+
+            self._update_elem = lib.bpf_update_elem
+            self._wake_fd = self._bpf[b"wake_req"].map_fd
+            self._want_wake()
         if any(p.mechanism == "sysfs" for p in pl.probes):
             self._sysfs = SysfsPoller(self.options.sysfs_root, self.options.sysfs_interval_ms * 1_000_000)
             for p in pl.probes:
@@ -501,12 +510,15 @@ class BpfEventSource:
         self._refresh_target(force=True)
 
     # -- EventSource ----------------------------------------------------------------------------------
-    def _drain(self, timeout_ms: int, table: bytes) -> list:
+    def _drain(self, timeout_ms: int, table: bytes, quiet_ms: int = 0) -> list:
         """Sysfs events, then what the ring buffer holds (waiting up to ``timeout_ms`` when both are
         empty, or, when the previous drain took records without filling up, first waiting up to
         ``timeout_ms`` for more to gather): Events, and PackedRun s for the kinds ``table`` lets the C
         reader encode. A record waits in the ring at most about one ``timeout_ms`` (the agent passes the
-        time until its open batch is due, at most the batch age bound)."""
+        time until its open batch is due, at most the batch age bound). ``quiet_ms``: for that long (at
+        most ``timeout_ms``) the kernel's wakeups are not waited for (a sleep instead of the wait on the
+        ring's fd), unless the previous drain filled up; bounded, like the wait for trickling records, by
+        the time a quarter of the ring takes to fill at the last drain's rate."""
         self._refresh_target()
         if self._scanner is not None and time.monotonic() >= self._next_follow:
             self.follow()
@@ -520,7 +532,17 @@ class BpfEventSource:
             return out
         ring = self._ring
         waited = False
-        if self._trickle and not out and timeout_ms > 0:
+        if quiet_ms > 0 and not out and timeout_ms > 0 and not self._full:
+            # nothing the kernel signals now can be used before quiet_ms (the agent's open batch is too
+            # young to be sealed by a step end): sleep instead of waking at every step end, then clear
+            # the edge those wakeups left on the fd so that the next wait starts clean
+            quiet = min(int(timeout_ms), int(quiet_ms))
+            if self._trickle:
+                quiet = min(quiet, self._trickle_ms)
+            time.sleep(quiet / 1000)
+            ring.wait(0)
+            waited = True
+        elif self._trickle and not out and timeout_ms > 0:
             # the previous drain found records without filling up: they trickle in (no wakeup per record).
             # Let them gather until the timeout or the kernel's wakeup (4 MiB pending) instead of turning
             # the loop for a few records at a time (each turn costs the agent ~0.1 ms of CPU), but never
@@ -532,7 +554,9 @@ class BpfEventSource:
         if not items and not out and timeout_ms > 0 and not waited:
             ring.wait(int(timeout_ms))
             items = ring.drain(table, _DRAIN_MAX)
+        self._want_wake()
         taken = ring.consumed - before
+        self._full = taken >= _DRAIN_MAX
         self._trickle = 0 < taken < _DRAIN_MAX
         if self._trickle:
             rate = taken / max(1e-3, t0 - self._last_drain)  # records/s since the previous drain
@@ -543,16 +567,26 @@ class BpfEventSource:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
         return out
 
+    def _want_wake(self) -> None:
+        """Let the next step end wake the reader (``wake_req`` of bpf/common.h: only the first step end
+        after a drain signals the ring's fd; one map write, a system call, per drain)."""
+        if self._wake_fd >= 0:
+            self._update_elem(self._wake_fd, ctypes.byref(self._wake_key), ctypes.byref(self._wake_one), 0)
+
     def poll(self, timeout_ms: int) -> list[Event]:
         """Drain the ring buffer (waiting up to ``timeout_ms`` for the first record) and the sysfs
         poller; return the events in arrival order, every one decoded to an :class:`Event`."""
         return self._drain(timeout_ms, DECODE_ALL_TABLE)
 
-    def poll_packed(self, timeout_ms: int) -> list:
+    #: :meth:`poll_packed` takes ``quiet_ms`` (the agent passes it when the source has this attribute)
+    QUIET_POLL = True
+
+    def poll_packed(self, timeout_ms: int, quiet_ms: int = 0) -> list:
         """As :meth:`poll`, but runs of records of the kinds in ``producer.reader.PACKED_FORMATS`` come as
         :class:`producer.reader.PackedRun` (msgpack bytes made in C, no Python object per event); the
-        agent's hot path (``Batcher.add_packed``)."""
-        return self._drain(timeout_ms, PACKED_TABLE)
+        agent's hot path (``Batcher.add_packed``). ``quiet_ms``: how long the kernel's wakeups (a step's
+        end) may be slept through, see :meth:`_drain`."""
+        return self._drain(timeout_ms, PACKED_TABLE, quiet_ms)
 
     def consumed(self) -> int:
         """Records taken from the ring buffer since start (the ``delivered`` of lost = produced -
@@ -613,6 +647,7 @@ class BpfEventSource:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        self._wake_fd = -1
         if self._sysfs is not None:
             self._sysfs.close()
         if self._bpf is not None:

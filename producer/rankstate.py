@@ -17,7 +17,7 @@ silence. The agent runs outside the rank's cgroup and still runs when the rank d
 
 and returns one ``RANK_STATE`` event (value = state code, payload ``state``) per pid whose state changed
 since the previous read; a pid first seen running sends nothing. Cost: two or three small file reads per
-registered pid per read (about 30 µs each on this machine). Docs: docs/AGENT.md ("Rank liveness").
+registered pid per read, each a ``pread`` of a file kept open (see :meth:`RankWatch._pread`). Docs: docs/AGENT.md ("Rank liveness").
 """
 
 from __future__ import annotations
@@ -152,7 +152,41 @@ class RankWatch:
         self._last_ns = 0
         self._state: dict[int, int] = {}  # pid -> last state read
         self._cg: dict[int, tuple[str | None, str | None]] = {}  # pid -> (v2 events file, v1 state file)
+        self._fds: dict[str, int] = {}  # path -> fd kept open, re-read with pread (see _pread)
+        self._paths: dict[int, list[str]] = {}  # pid -> the paths of _fds read for it
         self.exits = ExitWatch()
+
+    def _pread(self, pid: int, path: str) -> str | None:
+        """The text of ``path`` now (None when it does not exist or cannot be read). The file is opened
+        once and re-read with ``pread`` at offset 0 (procfs, cgroupfs and sysfs generate the text anew on
+        every read from offset 0): one system call per read instead of open, read and close. An fd on
+        ``/proc/<pid>/stat`` stays bound to that process: it fails once the process is gone (never reads a
+        later process with the same pid); an fd whose read fails is closed, and the next read opens the
+        path again."""
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            self._fds[path] = fd
+            self._paths.setdefault(pid, []).append(path)
+        try:
+            return os.pread(fd, 65536, 0).decode(errors="replace")
+        except OSError:
+            os.close(self._fds.pop(path))
+            return None
+
+    def _close(self, pid: int) -> None:
+        for path in self._paths.pop(pid, ()):
+            fd = self._fds.pop(path, None)
+            if fd is not None:
+                os.close(fd)
+
+    def close(self) -> None:
+        """Close the files kept open (the watch can still be used: they are opened again)."""
+        for pid in list(self._paths):
+            self._close(pid)
 
     def _cgroup_files(self, pid: int) -> tuple[str | None, str | None]:
         files = self._cg.get(pid)
@@ -172,8 +206,8 @@ class RankWatch:
         """The state code of ``pid`` now (RUNNING, FROZEN, STOPPED or EXITED)."""
         if self.exits.exited(pid) is not None:
             return EXITED
-        stat = _read(f"{self.proc}/{pid}/stat")
-        if stat is None:
+        stat = self._pread(pid, f"{self.proc}/{pid}/stat")
+        if not stat:
             return EXITED
         letter = (stat.rpartition(")")[2].split() or ["?"])[0]
         if letter in ("Z", "X"):
@@ -182,11 +216,13 @@ class RankWatch:
             return STOPPED
         ev, fz = self._cgroup_files(pid)
         if ev is not None or fz is not None:
-            if ev is not None and any(ln.split() == ["frozen", "1"] for ln in (_read(ev) or "").splitlines()):
+            ev_text = self._pread(pid, ev) if ev is not None else None
+            if ev_text is not None and any(ln.split() == ["frozen", "1"] for ln in ev_text.splitlines()):
                 return FROZEN
-            if fz is not None and (_read(fz) or "").strip() == "FROZEN":
+            fz_text = self._pread(pid, fz) if fz is not None else None
+            if fz_text is not None and fz_text.strip() == "FROZEN":
                 return FROZEN
-            if (ev is None or os.path.exists(ev)) and (fz is None or os.path.exists(fz)):
+            if (ev is None or ev_text is not None) and (fz is None or fz_text is not None):
                 return RUNNING
         if letter in ("S", "D") and (_read(f"{self.proc}/{pid}/wchan") or "").strip() in FREEZER_WCHAN:
             return FROZEN
@@ -215,5 +251,6 @@ class RankWatch:
         for pid in set(self._state) - live:
             del self._state[pid]
             self._cg.pop(pid, None)
+            self._close(pid)
             self.exits.forget(pid)
         return out

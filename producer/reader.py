@@ -7,7 +7,7 @@ Two paths:
   arrays, a whole drain at a time; Python sees one :class:`PackedRun` per run of such records (the
   batcher splices the bytes into batches, ``Batcher.add_packed``) and never touches single events;
 - per record: every other kind (payloads that need tables or formatting: REGISTER, CUDA symbols, TCP
-  addresses, drop reasons, the per-step aggregates) is handed over as its raw 176 bytes and decoded here
+  addresses, drop reasons) is handed over as its raw 176 bytes and decoded here
   by :class:`Decoder`: one ``struct.unpack_from`` and the per-kind payload built from its argument fields
   as documented in docs/AGENT.md "Probes" and ``schema.KIND_INFO``.
 """
@@ -43,7 +43,7 @@ class PackedRun(NamedTuple):
 
 
 # format codes of producer/_ring.c: how the C reader encodes each kind's payload (absent: Python decodes)
-FMT_PY, FMT_NIL, FMT_PHASE, FMT_COLL, FMT_SCHEDSUM = range(5)
+FMT_PY, FMT_NIL, FMT_PHASE, FMT_COLL, FMT_SCHEDSUM, FMT_SCHEDSTEP, FMT_MEMSTEP, FMT_CUDASTEP = range(8)
 PACKED_FORMATS: dict[int, int] = {
     Kind.STEP_BEGIN: FMT_NIL,
     Kind.STEP_END: FMT_NIL,
@@ -52,6 +52,11 @@ PACKED_FORMATS: dict[int, int] = {
     Kind.PHASE: FMT_PHASE,
     Kind.COLLECTIVE_BEGIN: FMT_COLL,
     Kind.COLLECTIVE_END: FMT_COLL,
+    # the per-step aggregates (one of each per process and step_end): their payloads, histogram text
+    # included, are written in C too, so the end of a step reaches the batcher without a Python decode
+    Kind.SCHED_STEP_SUM: FMT_SCHEDSTEP,
+    Kind.MEM_STEP_SUM: FMT_MEMSTEP,
+    Kind.CUDA_STEP_SUM: FMT_CUDASTEP,
 }
 
 

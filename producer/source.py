@@ -29,7 +29,9 @@ class EventSource(Protocol):
 
     # Optional: ``poll_packed(timeout_ms) -> list`` as ``poll`` but runs of records may come already
     # encoded (:class:`producer.reader.PackedRun`); the agent uses it when the source has it
-    # (producer/loader.py ``BpfEventSource`` does: the batch reader of the ring buffer).
+    # (producer/loader.py ``BpfEventSource`` does: the batch reader of the ring buffer). A source whose
+    # ``QUIET_POLL`` is true takes ``poll_packed(timeout_ms, quiet_ms)``: for ``quiet_ms`` it may sleep
+    # through its own wakeups (the agent passes how long no step end can seal a batch).
 
     def set_threshold(self, name: str, value: int) -> None:
         """Change a threshold of :data:`THRESHOLDS` at run time."""

@@ -241,6 +241,76 @@ def test_batch_reader_encodes_like_the_decoder(tmp_path):
     assert sum(len(it.ends) for it in items if isinstance(it, PackedRun)) >= 8  # most of them went the C way
 
 
+def test_batch_reader_encodes_the_step_aggregates_like_the_decoder(tmp_path):
+    """SCHED_STEP_SUM and MEM_STEP_SUM (histogram text included) are encoded in C by the batch reader:
+    they come in PackedRun s, each event's bytes equal msgpack's, and each payload equals what the
+    per-record decoder makes of the same record fields."""
+    need_bpf()
+    from producer.reader import EVENT_STRUCT, Decoder, PackedRun
+
+    lib = build_so("fakeusdt", tmp_path)
+    body = (
+        "import mmap, time\n"
+        "for s in range(3):\n"
+        "    L.fake_tracekey(ctypes.c_uint64(1000 + s), ctypes.c_int64(s))\n"
+        "    L.fake_step_begin(ctypes.c_int64(s), ctypes.c_uint64(1000 + s))\n"
+        "    m = mmap.mmap(-1, 4 << 20)\n"  # fresh pages faulted in: allocations inside the step
+        "    for i in range(0, 4 << 20, 4096):\n"
+        "        m[i] = 1\n"
+        "    for _ in range(4):\n"
+        "        time.sleep(0.002)\n"  # switches and wakeups of the training thread
+        "    m.close()\n"
+        "    L.fake_step_end(ctypes.c_int64(s), ctypes.c_uint64(1000 + s))\n"
+    )
+    child = ctypes_child(lib, body)
+    items = []
+    try:
+        with event_source(
+            tmp_path,
+            Target(pids={child.pid}),
+            probes=("pytorch_step", "pytorch_tracekey", "sched", "mem_page_alloc"),
+            usdt_library=lib,
+            thresholds={"page_order": 0},
+        ) as (src, _t):
+            child.go()
+            child.wait()
+            deadline = __import__("time").monotonic() + 1.0
+            while __import__("time").monotonic() < deadline:
+                items += src.poll_packed(50)
+            items += src.poll_packed(0)
+    finally:
+        child.kill()
+    packed_kinds: dict = {}
+    for it in items:
+        if isinstance(it, PackedRun):
+            for k, n in it.kinds.items():
+                packed_kinds[k] = packed_kinds.get(k, 0) + n
+    evs = [e for e in _unpacked(items) if e.pid == child.pid]
+    sums = [e for e in evs if e.kind in (Kind.SCHED_STEP_SUM, Kind.MEM_STEP_SUM)]
+    assert sorted((e.kind, e.step) for e in sums) == sorted(
+        [(Kind.SCHED_STEP_SUM, s) for s in range(3)] + [(Kind.MEM_STEP_SUM, s) for s in range(3)]
+    )
+    assert packed_kinds.get(Kind.SCHED_STEP_SUM, 0) >= 3 and packed_kinds.get(Kind.MEM_STEP_SUM, 0) >= 3
+    dec = Decoder({}, {})
+    for e in sums:
+        validate_event(list(e))
+        p = e.payload
+        if e.kind == Kind.SCHED_STEP_SUM:
+            a0, a1, a2 = p["switches"], p["wakeups"], p["runq_max_ns"]
+            hist, s1 = parse_hist(p["runq_hist_us"]), p["offcpu_max_ns"].to_bytes(8, "little") + bytes(24)
+            assert a0 >= 4 and sum(hist) >= 1
+        else:
+            a0, a1, a2 = p["pages"], p["stalls"], p["stall_max_ns"]
+            hist, s1 = parse_hist(p["orders"]), bytes(32)
+            assert e.value == sum(hist) > 0 and a0 == sum(n << i for i, n in enumerate(hist))
+        s0 = b"".join(c.to_bytes(4, "little") for c in hist) + bytes(64 - 4 * len(hist))
+        raw = EVENT_STRUCT.pack(
+            e.ts_ns, e.duration_ns, e.trace_key, e.step, e.value, a0, a1, a2, e.pid, e.tid, e.kind, 0, 0, s0, s1
+        )
+        decoded = dec.decode(raw).payload
+        assert decoded == p and list(decoded) == list(p)  # same keys in the same order: the same bytes
+
+
 def test_batch_reader_loss_accounting_is_exact(tmp_path):
     """Through the batch reader too: lost (kernel counter) == produced - delivered == produced - consumed."""
     need_bpf()

@@ -88,6 +88,34 @@ def test_step_end_seals_the_batch_a_fast_step_shares_one_and_age_still_bounds():
     assert b.sealed == 4
 
 
+def test_ms_until_step_seal_is_the_time_no_step_end_can_seal_the_batch():
+    """How long the agent may sleep through the kernel's step-end wakeups: while the open batch follows a
+    step-aligned one and is younger than the step minimum; never while a step end would seal it."""
+    ms = 1_000_000
+    b = Batcher("job", "h", 1, max_age_ms=1_000, step_min_age_ms=500)
+    assert b.ms_until_step_seal() == float("inf")  # no steps yet and nothing open: no bound from this job
+    b.add_many(_events(2))
+    t0 = b._first_ns
+    assert b.ms_until_step_seal(now_ns=t0 + 10 * ms) == 0.0  # the first step end seals at once
+    assert b.step_end(now_ns=t0 + 10 * ms) and b.due(now_ns=t0 + 10 * ms) is not None
+    assert b.ms_until_step_seal() == 0.0  # nothing open after a step seal: the next step end opens one
+    b.add_many(_events(1))
+    t1 = b._first_ns
+    assert b.ms_until_step_seal(now_ns=t1 + 200 * ms) == pytest.approx(300.0)
+    assert b.step_end(now_ns=t1 + 200 * ms) is False  # as promised: that step end did not seal it
+    assert b.ms_until_step_seal(now_ns=t1 + 600 * ms) == 0.0
+    assert b.seal_next() and b.ms_until_step_seal(now_ns=t1 + 200 * ms) == 0.0  # urgent: no quiet time
+    jb = JobBatchers("fallback", "host-a", 7, max_age_ms=1_000, step_min_age_ms=500)
+    a = jb.of("a")
+    a.add_many(_events(1))
+    a.step_end()
+    jb.due()
+    a.add_many(_events(1))
+    assert 0 < jb.ms_until_step_seal() <= 500  # the fallback job (no steps, nothing open) does not bound it
+    jb.of("b").add_many(_events(1))
+    assert jb.ms_until_step_seal() == 0.0  # job b's first step end would seal its batch now
+
+
 def test_seal_next_sends_an_urgent_event_at_once_and_not_as_a_step_boundary():
     ms = 1_000_000
     b = Batcher("job", "h", 1, max_age_ms=1_000, step_min_age_ms=500)
