@@ -350,35 +350,47 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
     guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start)
     codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
 
-    async def one(value, event, box: _Outbox) -> None:
-        _as_current(event)  # the fold's table writes go to this message's partition
-        for what, job, v in fold.apply(value, event.message.partition):
-            if what == "summary":
-                await out.send(key=job.encode(), value=json.dumps(v, sort_keys=True, separators=(",", ":")).encode())
-                m.results.observe(v)
-            else:
-                box.broadcast(v)
-
     @app.agent(rep, name="fold")
     async def fold_agent(stream):
-        # One round = up to TAKE_MAX internal messages; the history entries of the steps it closed leave
-        # as one internal message per partition. Each message's table writes go to its own partition.
+        # One round = up to TAKE_MAX internal messages. The messages of one partition are applied as one
+        # unit (Fold.apply_round: each table key written once per round, to that partition's changelog);
+        # the history entries of the steps the round closed leave as one internal message per partition.
         box = _Outbox(cfg.partitions)
         async for events in stream.take_events(TAKE_MAX, within=TAKE_WITHIN_S):
+            per: dict[int, list] = {}  # partition -> its values in offset order (re-read ranges first)
             for event in events:
                 msg = event.message
                 try:
                     gap = guard.check(msg.tp, msg.offset, msg.generation_id)
+                    values = per.setdefault(msg.partition, [])
                     if gap is not None:
                         for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
                             value = codec.loads(rec.value)
                             if isinstance(value, dict):
-                                await one(value, event, box)
-                    await one(event.value, event, box)
+                                values.append(value)
+                    values.append(event.value)
                 except Exception:
                     log.exception("fold failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+            last = {e.message.partition: e for e in events}  # each partition's last message
+            for p, values in per.items():
+                _as_current(last[p])  # the unit's table writes go to this partition's changelog
+                try:
+                    emits = fold.apply_round(values, p)
+                except Exception:
+                    log.exception("fold failed on a round of partition %d", p)
+                    continue
+                for what, job, v in emits:
+                    try:
+                        if what == "summary":
+                            body = json.dumps(v, sort_keys=True, separators=(",", ":")).encode()
+                            await out.send(key=job.encode(), value=body)
+                            m.results.observe(v)
+                        else:
+                            box.broadcast(v)
+                    except Exception:
+                        log.exception("fold failed to send a %s of job %s (partition %d)", what, job, p)
             await box.send(rep)
-            for event in {e.message.partition: e for e in events}.values():  # each partition's last
+            for event in last.values():
                 _as_current(event)
                 folded[str(event.message.partition)] = event.message.offset + 1
 
