@@ -350,6 +350,11 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
     guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start)
     codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
 
+    async def send_closed(job: str, summary: dict) -> None:  # the summary of a closed step: JSON, send, metrics
+        body = json.dumps(summary, sort_keys=True, separators=(",", ":")).encode()
+        await out.send(key=job.encode(), value=body)
+        m.results.observe(summary)
+
     @app.agent(rep, name="fold")
     async def fold_agent(stream):
         # One round = up to TAKE_MAX internal messages. The messages of one partition are applied as one
@@ -382,9 +387,7 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
                 for what, job, v in emits:
                     try:
                         if what == "summary":
-                            body = json.dumps(v, sort_keys=True, separators=(",", ":")).encode()
-                            await out.send(key=job.encode(), value=body)
-                            m.results.observe(v)
+                            await send_closed(job, v)
                         else:
                             box.broadcast(v)
                     except Exception:
