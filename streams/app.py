@@ -170,9 +170,10 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
     return app
 
 
-# Faust calls these sensor hooks for every message consumed, every event streamed, every table read and
-# write and every record produced; their only users are statistics (Faust's Monitor, which nothing here
-# reads: no web server). Each costs some µs of Python per call, for each sensor.
+# Faust calls these sensor hooks for every message consumed, every event streamed and every table read
+# and write; their only users are statistics (Faust's Monitor, which nothing here reads: no web server).
+# Each costs some µs of Python per call, for each sensor. The send hooks stay: ``on_send_error`` reads
+# the per-sensor state ``on_send_initiated`` returns.
 _STATISTICS_HOOKS = (
     "on_message_in",
     "on_stream_event_in",
@@ -181,8 +182,6 @@ _STATISTICS_HOOKS = (
     "on_table_get",
     "on_table_set",
     "on_table_del",
-    "on_send_initiated",
-    "on_send_completed",
 )
 
 
@@ -191,9 +190,9 @@ def _no_statistics(*args, **kwargs) -> None:
 
 
 def _lean_sensors(app: faust.App) -> None:
-    """Turn Faust's per-message statistics hooks into no-ops on ``app.sensors``; the hooks that carry
-    information the worker needs stay (``on_send_error``: failed produce calls are logged and counted by
-    ``_SendErrors``; commits, rebalances and offsets still reach every sensor)."""
+    """Turn Faust's per-message statistics hooks (``_STATISTICS_HOOKS``) into no-ops on ``app.sensors``;
+    the others stay (the send hooks: failed produce calls are logged and counted by ``_SendErrors``;
+    commits, rebalances and offsets still reach every sensor)."""
     for name in _STATISTICS_HOOKS:
         setattr(app.sensors, name, _no_statistics)
 

@@ -330,3 +330,18 @@ def test_a_per_host_parts_record_of_the_older_layout_is_read_and_deleted_at_clos
     again.close_all()
     got = {s["step"]: _view(s) for s in old.summaries + again.summaries}
     assert got == want and not again.tables["parts"]
+
+
+def test_writeback_reads_each_key_of_the_table_once():
+    reads = {"n": 0}
+
+    class Counting(dict):
+        def get(self, k, default=None):
+            reads["n"] += 1
+            return super().get(k, default)
+
+    table = fold_mod.WriteBack(Counting({"a": 1}))
+    assert [table.get("a"), table.get("a"), table.get("b"), table.get("b", 7)] == [1, 1, None, 7]
+    assert reads["n"] == 2
+    table["b"] = 2
+    assert table.get("b") == 2 and reads["n"] == 2
