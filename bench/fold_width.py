@@ -5,10 +5,11 @@ What runs: the worker's own ingest and fold code (``streams.inproc``: ``Ingest``
 that encode every write with the worker's codec, as Faust writes a changelog record) on batches of the
 stream benchmark's shape (bench/loadgen.py: 64 events per host-step, 3 steps per batch, so one part per
 host and step). Each host's first batch (its registration and steps 0..2) is fed first and not counted. The
-input is taken in rounds of ``--round-messages`` messages (default 256, about what one of the worker's
-100 ms rounds holds at 2,048 input messages per second): a round's parts go to the fold as one ``batch``
-message per partition, applied as one unit (``Fold.apply_round``), as the worker does; ``--round-messages
-1`` applies every part as a unit of its own. Per width, per step:
+input is taken in rounds of ``--round-messages`` messages (default: a quarter of the hosts, so each
+step's parts arrive over 4 rounds, as in a worker whose 100 ms rounds see a 1 s step's batches arrive
+over a few hundred ms): a round's parts go to the fold as one ``batch`` message per partition, applied
+as one unit (``Fold.apply_round``), as the worker does; ``--round-messages 1`` applies every part as a
+unit of its own. Per width, per step:
 
 - ``ingest``: decode + validate + reduce of the batches (``streams.wire``, ``streams.accumulate``);
 - ``fold``: every table operation of the fold agent and its codec, the close and ``summarize`` included
@@ -70,12 +71,14 @@ def _timed_summarize(acc_s: list[float]):
     return wrapper
 
 
-ROUND_MESSAGES = 256
+ROUNDS_PER_STEP = 4  # default: a step's parts arrive over this many rounds
 
 
-def measure_new(load: loadgen.Load, partitions: int = 8, round_messages: int = ROUND_MESSAGES) -> dict:
+def measure_new(load: loadgen.Load, partitions: int = 8, round_messages: int = 0) -> dict:
     """One run of the current layout over ``load``, input taken in rounds of ``round_messages`` messages
-    (1: every part its own unit): CPU seconds and changelog bytes, per step."""
+    (0: hosts / ``ROUNDS_PER_STEP``; 1: every part its own unit): CPU seconds and changelog bytes, per
+    step."""
+    round_messages = round_messages or max(1, load.hosts // ROUNDS_PER_STEP)
     pipe = InProcess(partitions=partitions)
     regs = [v for _k, v in load.messages if _is_warmup(v)]
     rest = [v for _k, v in load.messages if not _is_warmup(v)]
@@ -172,7 +175,7 @@ def run(
     rounds: int | None = None,
     widths: tuple[int, ...] | None = None,
     old_max: int = OLD_MAX,
-    round_messages: int = ROUND_MESSAGES,
+    round_messages: int = 0,
 ) -> dict:
     """Measure, print the table, the exponents and the verdicts, save the JSON. Returns the results."""
     rounds = rounds or (1 if quick else ROUNDS)
@@ -190,8 +193,9 @@ def run(
             row["old"] = measure_old(load)
         rows[hosts] = row
     t = Table(
-        title=f"per step of a job (64 events per host-step; input in rounds of {round_messages} message(s); "
-        f"median of {rounds} round(s))",
+        title="per step of a job (64 events per host-step; input in rounds of "
+        + (f"{round_messages} message(s)" if round_messages else f"hosts / {ROUNDS_PER_STEP} messages")
+        + f"; median of {rounds} round(s))",
         caption=common.describe_machine(),
     )
     for col in (
@@ -274,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--round-messages",
         type=int,
-        default=ROUND_MESSAGES,
-        help=f"input messages per worker round (default {ROUND_MESSAGES}; 1 = every part its own unit)",
+        default=0,
+        help=f"input messages per worker round (default hosts / {ROUNDS_PER_STEP}; 1 = every part its own unit)",
     )
     a = p.parse_args(argv)
     run(a.quick, a.rounds, tuple(a.hosts) if a.hosts else None, a.old_max, a.round_messages)
