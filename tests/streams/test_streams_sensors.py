@@ -15,3 +15,28 @@ def test_statistics_hooks_are_no_ops_and_send_errors_are_still_counted():
     state = app.sensors.on_send_initiated(None, "t", None, 1, 1)
     app.sensors.on_send_error(None, RuntimeError("broker gone"), state)
     assert m.send_errors._value.get() == 1
+
+
+def test_tune_gc_keeps_collecting_cycles_with_larger_thresholds():
+    import gc
+    import weakref
+
+    from streams.app import GC_THRESHOLD, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLD and gc.isenabled()
+
+        class Node:
+            pass
+
+        node = Node()
+        node.me = node  # a reference cycle: only the collector frees it
+        ref = weakref.ref(node)
+        del node
+        gc.collect()
+        assert ref() is None
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
