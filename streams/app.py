@@ -280,6 +280,8 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
 
     guard = reread.OffsetGuard("ingest", m.consumer_skips.inc, start)
 
+    counts = {"batches": 0, "events": 0, "sent_ns": 0}  # of the round, added to the metrics once per round
+
     async def one(msg, box: _Outbox) -> None:
         r = ing.handle(msg.value, msg.topic, msg.partition, msg.offset)
         if r.error is not None:
@@ -296,11 +298,10 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             m.replayed.inc()
         if r.lost:
             m.lost.inc(r.lost)
-        m.batches.inc()
-        m.events.inc(r.events)
-        rate["events"] += r.events
-        if r.sent_ns:
-            m.lag_s.set(max(0.0, time.time() - r.sent_ns / 1e9))
+        counts["batches"] += 1
+        counts["events"] += r.events
+        if r.sent_ns > counts["sent_ns"]:
+            counts["sent_ns"] = r.sent_ns
         for what, key, value in r.sends:
             if what == "broadcast":
                 box.broadcast(value)
@@ -334,6 +335,13 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 except Exception:  # a bug must not stop the worker; the message is logged with its position
                     log.exception("ingest failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
             ing.agents = agents
+            if counts["batches"]:
+                m.batches.inc(counts["batches"])
+                m.events.inc(counts["events"])
+                rate["events"] += counts["events"]
+                if counts["sent_ns"]:
+                    m.lag_s.set(max(0.0, time.time() - counts["sent_ns"] / 1e9))
+                counts.update(batches=0, events=0, sent_ns=0)
             for aid, st in cache.dirty.items():
                 _as_current(last.get(st["partition"], events[-1]))
                 agents[aid] = st
