@@ -9,7 +9,8 @@ input is taken in rounds of ``--round-messages`` messages (default: a quarter of
 step's parts arrive over 4 rounds, as in a worker whose 100 ms rounds see a 1 s step's batches arrive
 over a few hundred ms): a round's parts go to the fold as one ``batch`` message per partition, applied
 as one unit (``Fold.apply_round``), as the worker does; ``--round-messages 1`` applies every part as a
-unit of its own. Per width, per step:
+unit of its own. The process's garbage collector is tuned as the worker's (``streams.app.tune_gc``). Per
+width, per step:
 
 - ``ingest``: decode + validate + reduce of the batches (``streams.wire``, ``streams.accumulate``);
 - ``fold``: every table operation of the fold agent and its codec, the close and ``summarize`` included
@@ -180,6 +181,9 @@ def run(
     """Measure, print the table, the exponents and the verdicts, save the JSON. Returns the results."""
     rounds = rounds or (1 if quick else ROUNDS)
     widths = tuple(widths or (QUICK_WIDTHS if quick else WIDTHS))
+    from streams.app import tune_gc  # the worker's garbage-collector settings (imports Faust: not at module load)
+
+    tune_gc()
     common.console.rule("[bold]fold width[/bold]: join CPU and changelog bytes per step vs hosts")
     rows: dict[int, dict] = {}
     for hosts in widths:
