@@ -353,14 +353,14 @@ rules:
     signal: steps
     foreach: hosts
     condition: "true"
-    group_by: {job: job, host: item, layer: "'x'", z_e: step, a: stall}
+    group_by: {job: job, host: item, layer: "'x'", z_e: closed_by, a: stall}
     labels: {layer: static, category: c, Zeta: omega}
     annotations: {summary: s}
 """
     )
     eng = Engine(load_ruleset([tmp_path / "r.yaml"]), lambda _c: None)
     rule = eng.ruleset.rules["fp"]
-    for key in [("j", "h1", "x", 3, True), ("", "é,:1", "x", -1, False), (None, "a=b\n", "x", 2**70, None)]:
+    for key in [("j", "h1", "x", "complete", True), ("", "é,:1", "x", "", False), (None, "a=b\n", "x", 2**70, None)]:
         fp, labels = eng._fingerprint(rule, key)
         assert labels["layer"] == "x" and labels["category"] == "c" and labels["Zeta"] == "omega"
         assert fp == lifecycle.fingerprint(labels), key
