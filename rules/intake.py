@@ -36,7 +36,7 @@ every string and map of a message (4,096 UTF-8 bytes, 1,024 entries), which appl
 
 How: msgspec, in C. A first decoder reads the envelope and only the kind of each event, and accepts a
 batch none of whose events is of a read kind (the usual batch: the pack reads a few rare kinds); it
-costs ~5 µs for a 64-event batch, against ~150 µs for ``schema.decode_batch`` alone. A batch it refuses
+costs ~6 µs for a 64-event batch, against ~150 µs for ``schema.decode_batch`` alone. A batch it refuses
 is decoded by a second one, a tagged union over the kinds (events of read kinds typed field by field,
 the others skipped past their kind), which gives the records. A batch both refuse (a problem, or only
 something they are stricter about: strings over 1,024 characters, unknown clock keys) is checked part by
