@@ -65,9 +65,10 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
             "close",
             lambda f: _in(f, "streams/analysis", "streams/compact") or (_in(f, "streams/") and "send_closed" in _fn(f)),
         ),
+        # before fold: the ingest agent uses streams.fold's write-back view for its own table
+        ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
         ("fold", _worker_fold),
         ("fold transport", lambda f: _in(f, "streams/") and "fold" in _fn(f)),
-        ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
     ],
     "engine": [
         ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "rules/dispatch", "rules/sinks", "rules/service_notify")),

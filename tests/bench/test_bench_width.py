@@ -144,11 +144,13 @@ def test_stage_split_of_sampled_stacks():
             "Stream.take_events (faust/streams.py:600) 4",
             "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);"
             "send_closed (streams/app.py:380);dumps (json/__init__.py:1) 1",
+            "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);WriteBack.__setitem__ "
+            "(streams/fold.py:115) 1",
             "_run_once (asyncio/base_events.py:1);_SelectorSocketTransport.write (asyncio/selector_events.py:1) 10",
         ]
     )
     assert stages.parse(raw, "worker") == {
-        "ingest": 5,
+        "ingest": 6,
         "close": 4,
         "fold": 3,
         "fold transport": 4,
