@@ -50,6 +50,7 @@ record, only its ``closed`` record.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import logging
 import time
@@ -76,6 +77,26 @@ def bucket_of(host: str) -> int:
 def bid_digest(bid: str) -> bytes:
     """The 8-byte BLAKE2b digest of a batch id ``"<agent_id>:<seq>"`` (as kept in ``closed``)."""
     return hashlib.blake2b(bid.encode(), digest_size=8).digest()
+
+
+def digest_blob(bids: Any) -> bytes:
+    """The ``bids`` of a ``closed`` record as bytes (8 per digest). Written as bytes; a table whose
+    changelog is JSON (the worker's, ``streams.wire.CHANGELOG_JSON``) recovers them as the text of
+    their Python repr (``"b'...'"``), and hex text is accepted too. Anything else reads as no digest."""
+    if isinstance(bids, (bytes, bytearray)):
+        return bytes(bids)
+    if isinstance(bids, str):
+        if bids[:2] in ("b'", 'b"'):
+            try:
+                v = ast.literal_eval(bids)
+            except (ValueError, SyntaxError):
+                return b""
+            return v if isinstance(v, bytes) else b""
+        try:
+            return bytes.fromhex(bids)
+        except ValueError:
+            return b""
+    return b""
 
 
 _GONE = object()
@@ -502,7 +523,7 @@ class Fold:
     def _is_replay(self, sk: str, done: dict, bid: str) -> bool:
         digests = self._digests.get(sk)
         if digests is None:
-            blob = done["bids"]
+            blob = digest_blob(done["bids"])
             digests = {blob[i : i + 8] for i in range(0, len(blob), 8)}
             if len(self._digests) > 64:
                 self._digests.clear()
@@ -513,7 +534,7 @@ class Fold:
         n = v["acc"]["events"]
         if done is not None:
             done["late"] += n
-            done["bids"] = done["bids"] + bid_digest(v["bid"])
+            done["bids"] = digest_blob(done["bids"]) + bid_digest(v["bid"])
             self._digests.pop(sk, None)
             self.closed[sk] = done
         jk = f"{v['job']}@{p}"

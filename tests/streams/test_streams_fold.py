@@ -345,3 +345,29 @@ def test_writeback_reads_each_key_of_the_table_once():
     assert reads["n"] == 2
     table["b"] = 2
     assert table.get("b") == 2 and reads["n"] == 2
+
+
+def test_closed_records_recovered_from_a_json_changelog_still_recognise_replays():
+    """The worker's changelogs are JSON (``wire.CHANGELOG_JSON``), which writes the ``closed`` record's
+    digest bytes as the text of their repr: after such a recovery a replayed batch of a closed step is
+    still a replay (nothing counted), and a new agent instance's batch is still late data."""
+    from faust.serializers import codecs
+
+    from streams import wire
+
+    json_codec = codecs.get_codec(wire.CHANGELOG_JSON)
+    scn, msgs = _scenario(hosts=3, steps=4, straggler=None, guilty_steps=())
+    pipe = InProcess(partitions=1)
+    for v in msgs:
+        pipe.feed(v)
+    again = pipe.restarted()
+    for k, rec in list(again.tables["closed"].items()):
+        dict.__setitem__(again.tables["closed"], k, json_codec.loads(json_codec.dumps(rec)))
+    assert all(isinstance(r["bids"], str) for r in again.tables["closed"].values())
+    again.feed(msgs[-1], offset=len(msgs) - 1)  # a replay of the last step's batch after the restart
+    assert again.tables["jobs"]["j@0"]["pending"]["late_events"] == 0
+    raw = schema.decode_batch(msgs[-1])
+    raw.agent_id += "-2"
+    again.feed(schema.encode_batch(raw))  # the same events from a new agent instance: late
+    assert again.tables["jobs"]["j@0"]["pending"]["late_events"] == len(raw.events)
+    assert again.tables["closed"][f"j|{scn.steps - 1}"]["late"] == len(raw.events)
