@@ -4,7 +4,13 @@ step of a job of 8 .. 2,048 hosts, side by side with ``streams.analysis.summariz
 What runs: the worker's own ingest and fold code (``streams.inproc``: ``Ingest`` + ``Fold`` over tables
 that encode every write with the worker's codec, as Faust writes a changelog record) on batches of the
 stream benchmark's shape (bench/loadgen.py: 64 events per host-step, 3 steps per batch, so one part per
-host and step). Each host's first batch (its registration and steps 0..2) is fed first and not counted. Per width, per step:
+host and step). Each host's first batch (its registration and steps 0..2) is fed first and not counted. The
+input is taken in rounds of ``--round-messages`` messages (default: a quarter of the hosts, so each
+step's parts arrive over 4 rounds, as in a worker whose 100 ms rounds see a 1 s step's batches arrive
+over a few hundred ms): a round's parts go to the fold as one ``batch`` message per partition, applied
+as one unit (``Fold.apply_round``), as the worker does; ``--round-messages 1`` applies every part as a
+unit of its own. The process's garbage collector is tuned as the worker's (``streams.app.tune_gc``). Per
+width, per step:
 
 - ``ingest``: decode + validate + reduce of the batches (``streams.wire``, ``streams.accumulate``);
 - ``fold``: every table operation of the fold agent and its codec, the close and ``summarize`` included
@@ -66,8 +72,14 @@ def _timed_summarize(acc_s: list[float]):
     return wrapper
 
 
-def measure_new(load: loadgen.Load, partitions: int = 8) -> dict:
-    """One run of the current layout over ``load``: CPU seconds and changelog bytes, per step."""
+ROUNDS_PER_STEP = 4  # default: a step's parts arrive over this many rounds
+
+
+def measure_new(load: loadgen.Load, partitions: int = 8, round_messages: int = 0) -> dict:
+    """One run of the current layout over ``load``, input taken in rounds of ``round_messages`` messages
+    (0: hosts / ``ROUNDS_PER_STEP``; 1: every part its own unit): CPU seconds and changelog bytes, per
+    step."""
+    round_messages = round_messages or max(1, load.hosts // ROUNDS_PER_STEP)
     pipe = InProcess(partitions=partitions)
     regs = [v for _k, v in load.messages if _is_warmup(v)]
     rest = [v for _k, v in load.messages if not _is_warmup(v)]
@@ -81,12 +93,19 @@ def measure_new(load: loadgen.Load, partitions: int = 8) -> dict:
     t_ingest = t_fold = 0.0
     internal_bytes = 0
     try:
-        for v in rest:
+        for i in range(0, len(rest), max(1, round_messages)):
             t0 = time.process_time()
-            parts = list(pipe.parts_of(v))
+            parts = [x for v in rest[i : i + max(1, round_messages)] for x in pipe.parts_of(v)]
             t1 = time.process_time()
-            for msg, p in parts:
-                pipe._apply(msg, p)
+            if round_messages <= 1:
+                for msg, p in parts:
+                    pipe._apply(msg, p)
+            else:
+                per: dict[int, list[bytes]] = {}
+                for msg, p in parts:
+                    per.setdefault(p, []).append(wire.packb(msg))
+                for p, msgs in sorted(per.items()):
+                    pipe._apply({"t": "batch", "msgs": msgs}, p)
             t2 = time.process_time()
             t_ingest += t1 - t0
             t_fold += t2 - t1
@@ -153,11 +172,18 @@ def exponent(xs: list[float], ys: list[float]) -> float:
 
 
 def run(
-    quick: bool = False, rounds: int | None = None, widths: tuple[int, ...] | None = None, old_max: int = OLD_MAX
+    quick: bool = False,
+    rounds: int | None = None,
+    widths: tuple[int, ...] | None = None,
+    old_max: int = OLD_MAX,
+    round_messages: int = 0,
 ) -> dict:
     """Measure, print the table, the exponents and the verdicts, save the JSON. Returns the results."""
     rounds = rounds or (1 if quick else ROUNDS)
     widths = tuple(widths or (QUICK_WIDTHS if quick else WIDTHS))
+    from streams.app import tune_gc  # the worker's garbage-collector settings (imports Faust: not at module load)
+
+    tune_gc()
     common.console.rule("[bold]fold width[/bold]: join CPU and changelog bytes per step vs hosts")
     rows: dict[int, dict] = {}
     for hosts in widths:
@@ -165,13 +191,15 @@ def run(
         samples = []
         for r in range(rounds):
             common.console.print(f"[dim]  {hosts} hosts, round {r + 1}/{rounds}[/dim]")
-            samples.append(measure_new(load))
+            samples.append(measure_new(load, round_messages=round_messages))
         row = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
         if hosts <= old_max:
             row["old"] = measure_old(load)
         rows[hosts] = row
     t = Table(
-        title=f"per step of a job (64 events per host-step; median of {rounds} round(s))",
+        title="per step of a job (64 events per host-step; input in rounds of "
+        + (f"{round_messages} message(s)" if round_messages else f"hosts / {ROUNDS_PER_STEP} messages")
+        + f"; median of {rounds} round(s))",
         caption=common.describe_machine(),
     )
     for col in (
@@ -231,6 +259,7 @@ def run(
         )
     result = {
         "rounds": rounds,
+        "round_messages": round_messages,
         "steps": STEPS,
         "rows": {str(h): r for h, r in rows.items()},
         "exponents": exps,
@@ -250,8 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help=f"rounds per width (default {ROUNDS})")
     p.add_argument("--hosts", type=int, nargs="+", default=None, help="widths to measure")
     p.add_argument("--old-max", type=int, default=OLD_MAX, help="widest job for the previous layout")
+    p.add_argument(
+        "--round-messages",
+        type=int,
+        default=0,
+        help=f"input messages per worker round (default hosts / {ROUNDS_PER_STEP}; 1 = every part its own unit)",
+    )
     a = p.parse_args(argv)
-    run(a.quick, a.rounds, tuple(a.hosts) if a.hosts else None, a.old_max)
+    run(a.quick, a.rounds, tuple(a.hosts) if a.hosts else None, a.old_max, a.round_messages)
     return 0
 
 

@@ -8,10 +8,13 @@ per second without stopping the process (``--nonblocking``; idle threads are lef
 is given to the first stage (from the root of the stack) whose rule matches one of its frames. The share
 of samples of a stage times the process's CPU per step is that stage's CPU per step.
 
-Stages of ``worker``: ``ingest`` (decode, per-agent bookkeeping, per-host reduction, repartition send),
-``fold`` (table reads and writes with their changelog records), ``close`` (``summarize`` and the
-summary), ``timer`` (window expiry, gauges), ``kafka client + faust`` (everything else: fetching,
-producing, the event loop). Stages of ``engine``: ``decode`` (message -> records), ``rules`` (the
+Stages of ``worker``: ``ingest`` (the ingest agent: decode, per-agent bookkeeping, per-host reduction,
+repartition send), ``fold`` (the join's state: ``streams.fold`` with its table reads and writes, each
+changelog record's encoding, and the decoding of the internal messages, i.e. table operations + codec),
+``close`` (``summarize`` and the summary's emission: JSON, send, result metrics), ``fold transport`` (the
+rest of the fold agent's task: Faust's stream over the internal topic, producing the round's internal
+messages), ``timer`` (window expiry, gauges), ``kafka client + faust`` (everything else: fetching,
+producing, the event loop, the metrics endpoint). Stages of ``engine``: ``decode`` (message -> records), ``rules`` (the
 engine: conditions, windows, lifecycle), ``state`` (saving the engine's state), ``publish`` (alert
 changes), ``notify`` (the delivery thread), ``kafka client + loop`` (the rest).
 
@@ -38,14 +41,34 @@ def _in(frame: str, *files: str) -> bool:
     return any(f in where for f in files)
 
 
-# (stage, predicate over one frame "function (file:line)"); the first rule that matches any frame of a
-# stack wins, so the more specific stages come first (close runs inside the fold, decode inside the loop)
+def _any(frames: list[str], pred) -> bool:
+    return any(pred(f) for f in frames)
+
+
+def _worker_fold(frames: list[str]) -> bool:
+    """The join's state: ``streams.fold`` (its logic, table operations and the codec of what it reads and
+    writes), or a table operation or codec frame inside the fold agent's task."""
+    if _any(frames, lambda f: _in(f, "streams/fold")):
+        return True
+    return _any(frames, lambda f: _in(f, "streams/") and "fold_agent" in _fn(f)) and _any(
+        frames, lambda f: _in(f, "faust/tables/", "faust/serializers/", "streams/wire")
+    )
+
+
+# (stage, predicate over one frame "function (file:line)", or over the whole stack when the stage is in
+# _STACK_RULES); the first rule that matches wins, so the more specific stages come first (close runs
+# inside the fold, decode inside the loop)
 _RULES: dict[str, list[tuple[str, callable]]] = {
     "worker": [
         ("timer", lambda f: _in(f, "streams/") and "expire" in _fn(f)),
-        ("close", lambda f: (_in(f, "streams/") and "close" in _fn(f)) or _in(f, "streams/analysis")),
-        ("fold", lambda f: (_in(f, "streams/") and "fold" in _fn(f)) or _in(f, "streams/fold")),
+        (
+            "close",
+            lambda f: _in(f, "streams/analysis", "streams/compact") or (_in(f, "streams/") and "send_closed" in _fn(f)),
+        ),
+        # before fold: the ingest agent uses streams.fold's write-back view for its own table
         ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
+        ("fold", _worker_fold),
+        ("fold transport", lambda f: _in(f, "streams/") and "fold" in _fn(f)),
     ],
     "engine": [
         ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "rules/dispatch", "rules/sinks", "rules/service_notify")),
@@ -61,6 +84,7 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
     ],
 }
 OTHER = {"worker": "kafka client + faust", "engine": "kafka client + loop"}
+_STACK_RULES = {_worker_fold}
 
 
 def py_spy() -> str | None:
@@ -73,7 +97,10 @@ def classify(stack: str, kind: str) -> str:
     """Stage of one folded stack (frames root first, separated by ';') of a ``kind`` process."""
     frames = stack.split(";")
     for stage, match in _RULES[kind]:
-        if any(match(f) for f in frames):
+        if match in _STACK_RULES:
+            if match(frames):
+                return stage
+        elif any(match(f) for f in frames):
             return stage
     return OTHER[kind]
 

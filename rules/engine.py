@@ -15,6 +15,8 @@ to the passage of time happen in ``tick(now_ns)``.
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from rules.expr import (
     project_item,
     string_literals,
 )
-from rules.lifecycle import FIRING, INACTIVE, PENDING, RESOLVED, AlertInstance
+from rules.lifecycle import FIRING, INACTIVE, PENDING, RESOLVED, AlertInstance, _netstring
 from rules.model import Rule, RuleSet
 from rules.window import Window
 
@@ -113,6 +115,27 @@ def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
     return plan
 
 
+def _fingerprint_template(rule: Rule) -> tuple[dict[str, str], list]:
+    """The rule's static labels, and ``lifecycle.encode_labels`` of a group's labels as parts: bytes for
+    what every group shares (label names, static values), the index of the group-by value for the rest;
+    joined with each value's netstring in place of its index, the bytes equal ``encode_labels`` of the
+    group's labels (so the fingerprint is ``lifecycle.fingerprint``'s, computed without sorting)."""
+    static = {"alertname": rule.id, "severity": rule.severity, **rule.labels}
+    by = list(rule.group_by)
+    names = sorted(set(static) | set(by), key=lambda n: n.encode("utf-8", "surrogatepass"))
+    parts: list = []
+    for name in names:
+        parts.append(_netstring(name))
+        parts.append(by.index(name) if name in by else _netstring(str(static[name])))
+    merged: list = []
+    for part in parts:  # runs of bytes joined once
+        if merged and part.__class__ is bytes and merged[-1].__class__ is bytes:
+            merged[-1] += part
+        else:
+            merged.append(part)
+    return static, merged
+
+
 def _names(rule: Rule) -> set[str]:
     """Top-level names any expression of ``rule`` may read."""
     exprs = [rule.condition, rule.foreach, rule.of, *rule.group_by.values()]
@@ -155,15 +178,27 @@ class Engine:
     def _compile_plans(self) -> None:
         self._plans = {rid: _foreach_plan(r) for rid, r in self.ruleset.rules.items()}
         self._rule_names = {rid: frozenset(_names(r)) for rid, r in self.ruleset.rules.items()}
+        self._shared_names = {rid: self._names_shared(r) for rid, r in self.ruleset.rules.items()}
         self._reading: dict[tuple[str, str | None], tuple[list[Rule], frozenset[str]]] = {}
+        self._fp_templates: dict[str, tuple[dict[str, str], list]] = {}
+
+    def _names_shared(self, rule: Rule) -> frozenset[str]:
+        """The fields ``rule`` reads on a record's shared context: all of its fields, except for a
+        ``foreach`` rule whose per-item expressions are item-invariant (``_ForeachPlan``): those are
+        evaluated on small per-item contexts, so only its ``foreach`` expression reads the shared one (a
+        wide summary's ``evidence`` is then never converted whole)."""
+        plan = self._plans[rule.id]
+        if plan is None or not plan.invariant or rule.foreach is None:
+            return self._rule_names[rule.id]
+        return frozenset(identifiers(rule.foreach.source))
 
     def _reads(self, signal: str, kind: str | None) -> tuple[list[Rule], frozenset[str]]:
-        """The rules that read ``signal``/``kind`` and the fields they reference (cached)."""
+        """The rules that read ``signal``/``kind`` and the fields their shared context needs (cached)."""
         key = (signal, kind)
         got = self._reading.get(key)
         if got is None:
             rules = [r for r in self.ruleset.rules.values() if r.reads(signal, kind)]
-            names = frozenset().union(*(self._rule_names[r.id] for r in rules))
+            names = frozenset().union(*(self._shared_names[r.id] for r in rules))
             got = self._reading[key] = (rules, names)
         return got
 
@@ -281,8 +316,12 @@ class Engine:
             self._apply(rule, plan, outcomes, shared, t)
             return
         self._emitted, self._marks = [], 0
+        whole = shared
+        if shared.names is not None and not self._rule_names[rule.id] <= shared.names:
+            # an item-invariant rule with items that are not all strings: its fields on a wider context
+            whole = Activation(shared.data, shared.names | self._rule_names[rule.id], self._functions)
         try:
-            plan.one_pass.eval(shared)
+            plan.one_pass.eval(whole)
         except EvalError:
             pass  # the item being evaluated failed: it and the rest go one by one below
         results = self._emitted
@@ -383,10 +422,18 @@ class Engine:
         if got is None:
             if len(fps) >= MAX_FINGERPRINTS:
                 fps.clear()
-            labels = {"alertname": rule.id, "severity": rule.severity, **rule.labels}
-            for name, v in zip(rule.group_by, key):
-                labels[name] = "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-            got = fps[key] = (lifecycle.fingerprint(labels), labels)
+            template = self._fp_templates.get(rule.id)
+            if template is None:
+                template = self._fp_templates[rule.id] = _fingerprint_template(rule)
+            static, parts = template
+            values = [
+                v if v.__class__ is str else "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+                for v in key
+            ]
+            labels = dict(static)
+            labels.update(zip(rule.group_by, values))
+            encoded = b"".join([p if p.__class__ is bytes else _netstring(values[p]) for p in parts])
+            got = fps[key] = (hashlib.sha256(encoded).hexdigest()[:16], labels)
         return got
 
     def _labels(self, rule: Rule, act: Activation) -> dict[str, str] | None:
@@ -643,6 +690,16 @@ class Engine:
             }
 
 
+def freeze_heap() -> None:
+    """Collect garbage, then exclude every object alive now from Python's cyclic garbage collector
+    (``gc.freeze``): the modules, the compiled rules and a restored engine state are then never traversed
+    again by a full collection. What the engine creates later (a wide job's windows) still is. Called once
+    a service has loaded its rules and state; a full collection over an unfrozen heap cost ~15 ms more of
+    a step's CPU at 2,048 hosts (docs/BENCHMARKS.md 4c, docs/RULES.md "Cost at width")."""
+    gc.collect()
+    gc.freeze()
+
+
 def cusum(values: list[float]) -> float:
     """Page's one-sided CUSUM of ``values`` in order: ``S_0 = 0``, ``S_n = max(0, S_{n-1} + x_n)``, the
     final ``S``. The drift ``k`` is part of the rule's ``of`` (``x_n = evidence_n - k``); the alarm is
@@ -654,4 +711,4 @@ def cusum(values: list[float]) -> float:
     return s
 
 
-__all__ = ["Engine", "Notify"]
+__all__ = ["Engine", "Notify", "freeze_heap"]

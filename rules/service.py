@@ -29,7 +29,7 @@ from obshub.core import registry
 from obshub.core.reach import BrokerWatch
 from obshub.core.settings import RULES, Settings
 from rules.dispatch import Dispatcher
-from rules.engine import Engine
+from rules.engine import Engine, freeze_heap
 from rules.errors import RuleValidationError
 from rules.loader import expand_paths, load_ruleset
 from rules.service_common import RELOADS, log, state_dir
@@ -114,6 +114,7 @@ class RuleService:
             )
         self.started = time.monotonic()
         self._check_routes()
+        freeze_heap()  # modules, rules and restored state: out of the full collections' way
 
     def _check_routes(self) -> None:
         """Warn about rules routed to sinks that do not exist (their alerts would reach no sink)."""

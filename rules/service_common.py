@@ -25,7 +25,10 @@ log = logging.getLogger("obshub.rules.service")
 KAFKA_LOG = logging.getLogger("obshub.rules.kafka")  # librdkafka's lines go through logging (JSON logs too)
 STOP_FLUSH_S = 5.0  # on SIGTERM/SIGINT during a broker outage, how long to wait for acknowledgements
 
-RECORDS = Counter("obshub_rules_records", "input records evaluated", ["signal"])
+RECORDS = Counter(
+    "obshub_rules_records", "input records evaluated (events: also those skipped, of kinds no rule reads)", ["signal"]
+)
+SKIPPED = Counter("obshub_rules_events_skipped", "events of kinds no rule reads, skipped without decoding")
 CHANGES = Counter("obshub_rules_alert_changes", "alert state changes published", ["rule", "status"])
 DLQ = Counter("obshub_rules_dlq", "input messages sent to the DLQ (undecodable)", ["topic"])
 ACTIVE = Gauge("obshub_rules_active_alerts", "alerts pending or firing now")

@@ -27,6 +27,7 @@ from rules.service_common import (
     DLQ,
     EVAL_ERRORS,
     RECORDS,
+    SKIPPED,
     atomic_write,
     commit,
     consumer,
@@ -57,6 +58,8 @@ class EngineLoop:
         self.decode_errors = 0
         self.future_records = 0
         self.undelivered = 0  # alert changes or dead letters not acknowledged when stopping in an outage
+        self._kinds_of: object = None
+        self._kinds: frozenset[int] | None = None
         snap = read_state(svc.state / STATE_FILE) or read_state(svc.state / OLD_STATE_FILE)
         if snap:
             engine.restore(snap)
@@ -68,13 +71,27 @@ class EngineLoop:
         self.engine.dirty = False
 
     # -- input -----------------------------------------------------------------------------------------------
+    def event_kinds(self) -> frozenset[int] | None:
+        """The event kinds the current rules read (``intake.event_kinds``, recomputed after a reload)."""
+        if self._kinds_of is not self.svc.ruleset:
+            self._kinds_of, self._kinds = self.svc.ruleset, intake.event_kinds(self.svc.ruleset)
+        return self._kinds
+
     def _decode(self, msg, dlq: Producer) -> list[tuple[str, dict]]:
-        """Records of one input message, or ``[]`` after sending it to the DLQ (rules.intake)."""
+        """Records of one input message, or ``[]`` after sending it to the DLQ (rules.intake). Of an event
+        batch only the events of kinds a rule reads become records; the others are counted as skipped."""
         try:
-            return [(sig, self._clamp(rec)) for sig, rec in intake.decode(msg.topic(), msg.value())]
+            if msg.topic() == schema.TOPIC_STEPS:
+                return [("steps", self._clamp(intake.decode_step(msg.value())))]
+            batch = intake.decode_event_batch(msg.value(), self.event_kinds())
         except schema.SchemaError as exc:
             self._dead_letter(msg, exc, dlq)
             return []
+        skipped = batch.events - len(batch.records)
+        if skipped:
+            SKIPPED.inc(skipped)
+            RECORDS.labels("events").inc(skipped)
+        return [("events", self._clamp(rec)) for rec in batch.records]
 
     def _dead_letter(self, msg, exc: Exception, dlq: Producer) -> None:
         self.decode_errors += 1

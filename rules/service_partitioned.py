@@ -40,7 +40,7 @@ from obshub.core.topics import replication_factor
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet
-from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, log, pin_start, wait_for_broker
+from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, SKIPPED, log, pin_start, wait_for_broker
 from rules.service_engine import MAX_FUTURE_S
 from rules.web import runbook_url
 
@@ -154,6 +154,8 @@ class PartitionedEngineLoop:
         self.n_events = 0
         self._cons: Consumer | None = None
         self._events: Consumer | None = None
+        self._kinds_of: object = None
+        self._kinds: frozenset[int] | None = None
 
     # -- engines -------------------------------------------------------------------------------------------
     def engines(self) -> list[Engine]:
@@ -165,6 +167,12 @@ class PartitionedEngineLoop:
             part.engine.replace_rules(job)
             part.dirty = True
         self.health_engine.replace_rules(health)
+
+    def event_kinds(self) -> frozenset[int] | None:
+        """The event kinds the current rules read (``intake.event_kinds``, recomputed after a reload)."""
+        if self._kinds_of is not self.svc.ruleset:
+            self._kinds_of, self._kinds = self.svc.ruleset, intake.event_kinds(self.svc.ruleset)
+        return self._kinds
 
     def reads_events(self) -> bool:
         rules = self.svc.ruleset.rules.values()
@@ -464,17 +472,21 @@ class PartitionedEngineLoop:
         for part in want:
             part.events[q] = off + 1
         try:
-            records = intake.decode(m.topic(), m.value())
+            batch = intake.decode_event_batch(m.value(), self.event_kinds())
         except schema.SchemaError as exc:
             owner = self.parts.get(q % self.n_steps)  # one engine dead-letters an undecodable batch
             if owner is not None and owner in want:
                 self._dead_letter(owner, m, exc)
             return
-        if not records:
+        owner = self.parts.get(partition_for(batch.job, self.n_steps))
+        if owner is None or owner not in want:
             return
-        owner = self.parts.get(partition_for(records[0][1]["job"], self.n_steps))
-        if owner is not None and owner in want:
-            self._evaluate(owner, m, records)
+        skipped = batch.events - len(batch.records)
+        if skipped:  # of kinds no rule reads: counted, never decoded
+            SKIPPED.inc(skipped)
+            RECORDS.labels("events").inc(skipped)
+        if batch.records:
+            self._evaluate(owner, m, [("events", rec) for rec in batch.records])
 
     def _health(self) -> None:
         now = time.time_ns()

@@ -133,11 +133,20 @@ class Window:
 
     def push(self, t: int, v: float, horizon: int, at_least: float) -> float:
         """``add(t, v)``, ``prune(horizon)`` and ``value(at_least)`` in one call (the engine's per-hit path)."""
-        times, values = self.times, self.values
-        if self.extreme is None and self.prefixes is None and (not times or t >= times[-1]):
+        times, values, prefixes = self.times, self.values, self.prefixes
+        if self.extreme is None and (not times or t >= times[-1]):
             times.append(t)
             values.append(v)
             self.total += v
+            if prefixes is not None:  # cusum, in time order: _push_prefix inlined (a wide job's per-host path)
+                p = self.prefix = self.prefix + v
+                prefixes.append(p)
+                mins = self.pmins
+                while mins and mins[-1] > p:
+                    mins.pop()
+                mins.append(p)
+                if abs(p) > 1e6:
+                    self._rebuild_prefixes()
             if len(times) > self.maxlen:
                 self._pop_oldest()
         else:
@@ -151,6 +160,14 @@ class Window:
         kind = self.kind
         if kind == "count":
             return float(n)
+        if kind == "cusum":  # _cusum_value inlined
+            low, mins = self.base, self.pmins
+            if mins and mins[0] < low:
+                low = mins[0]
+            agg = self.prefix - low
+            if math.isfinite(agg) and abs(agg - at_least) > EXACT_BAND * max(1.0, abs(at_least)):
+                return agg
+            return _cusum(self.values)
         if kind == "sum":
             agg = self.total
             if abs(agg - at_least) > EXACT_BAND * max(1.0, abs(at_least)) and math.isfinite(agg):

@@ -142,7 +142,7 @@ def ipv4(addr: object) -> str | None:
     return _ipv4_text(str(addr))  # parsing is slow (~10 µs) and a host talks to few addresses: cached
 
 
-def _add_net(acc: dict, kind: Kind, e: Event) -> None:
+def _add_net(acc: dict, kind: int, e: Event) -> None:
     p = e.payload or {}
     src, dst = ipv4(p.get("saddr")), ipv4(p.get("daddr"))
     if src is None or dst is None or src == dst:
@@ -157,6 +157,20 @@ def _add_net(acc: dict, kind: Kind, e: Event) -> None:
         slot[1] += max(1, e.value)
 
 
+# Event kinds as plain ints: ``Kind(x)`` and ``Kind.X`` cost a Python-level enum lookup each, per event
+# (an event's ``kind`` compares equal to its int, and ``KIND_RULES`` finds its rule by it).
+_STEP_END = int(Kind.STEP_END)
+_STEP_BEGIN = int(Kind.STEP_BEGIN)
+_COLL_BEGIN = int(Kind.COLLECTIVE_BEGIN)
+_COLL_END = int(Kind.COLLECTIVE_END)
+_AGENT_LOSS = int(Kind.AGENT_LOSS)
+_TCP_RTT = int(Kind.TCP_RTT)
+_TCP_RETRANSMIT = int(Kind.TCP_RETRANSMIT)
+_PHASE = int(Kind.PHASE)
+_REGISTER = int(Kind.REGISTER)
+_RANK_STATE = int(Kind.RANK_STATE)
+
+
 def coll_key(pg: str, coll_seq: int) -> str:
     """The join key of one collective within a job: ``"<pg>#<coll_seq>"`` (docs/SCHEMA.md "TraceKey")."""
     return f"{pg}#{coll_seq}"
@@ -166,26 +180,26 @@ def add_event(acc: dict, e: Event, offset_ns: int) -> None:
     """Fold one event into a host accumulator. ``offset_ns`` is the batch's clock offset (monotonic ->
     realtime). Unknown-to-this-table kinds only count in ``events``."""
     acc["events"] += 1
-    kind = Kind(e.kind)
+    kind = int(e.kind)
     rt = e.ts_ns + offset_ns
-    if kind == Kind.STEP_END:
+    if kind == _STEP_END:
         acc["step_ns"] = max(acc["step_ns"] or 0, e.duration_ns)
         acc["end_rt"] = rt
-    elif kind == Kind.STEP_BEGIN:
+    elif kind == _STEP_BEGIN:
         acc["begin_rt"] = rt
-    elif kind in (Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END):
+    elif kind == _COLL_BEGIN or kind == _COLL_END:
         p = e.payload or {}
         key = coll_key(str(p.get("pg", "?")), int(p.get("coll_seq", -1)))
         c = acc["colls"].setdefault(key, [str(p.get("op", "?")), None, None, None])
-        if kind == Kind.COLLECTIVE_BEGIN:
+        if kind == _COLL_BEGIN:
             c[1] = rt if c[1] is None else min(c[1], rt)
         else:
             c[2], c[3] = rt, e.duration_ns
-    elif kind == Kind.AGENT_LOSS:
+    elif kind == _AGENT_LOSS:
         acc["ringbuf_lost"] += max(0, e.value)
-    elif kind in (Kind.TCP_RTT, Kind.TCP_RETRANSMIT):
+    elif kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
         _add_net(acc, kind, e)
-    if kind == Kind.PHASE:
+    if kind == _PHASE:
         ph = str((e.payload or {}).get("phase", "?"))
         acc["phases"][ph] = acc["phases"].get(ph, 0) + e.duration_ns
         lp = acc.get("last_phase")
@@ -235,7 +249,7 @@ def reduce_batch(batch: Batch, running_step: int | None = None) -> dict[int, dic
         step = e.step
         if step < 0:
             kind = e.kind
-            if kind == Kind.TCP_RTT or kind == Kind.TCP_RETRANSMIT:
+            if kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
                 if stepped is None:
                     stepped = sorted((x.ts_ns, x.step) for x in batch.events if x.step >= 0)
                 if stepped:
@@ -246,7 +260,7 @@ def reduce_batch(batch: Batch, running_step: int | None = None) -> dict[int, dic
                     continue
                 e = e._replace(step=step)
             else:
-                if kind == Kind.AGENT_LOSS:
+                if kind == _AGENT_LOSS:
                     loose_loss += max(0, e.value)
                 continue
         if step != acc_step:
@@ -311,7 +325,7 @@ def registrations(batch: Batch) -> list[dict]:
     """The REGISTER events of a batch as ``{"job", "host", "host_id", "rank", "world_size", "pid"}``."""
     regs = []
     for e in batch.events:
-        if e.kind == Kind.REGISTER:
+        if e.kind == _REGISTER:
             p = e.payload or {}
             regs.append(
                 {
@@ -331,7 +345,7 @@ def rank_states(batch: Batch) -> list[dict]:
     frozen, stopped or exited; ``at_rt``: CLOCK_REALTIME ns of the agent's read)."""
     out = []
     for e in batch.events:
-        if e.kind == Kind.RANK_STATE:
+        if e.kind == _RANK_STATE:
             state = str((e.payload or {}).get("state") or "")
             if state not in RANK_STATES:
                 continue

@@ -184,7 +184,7 @@ def worker_command(
     """
     import faust
 
-    from streams.app import WorkerConfig, build_app
+    from streams.app import WorkerConfig, build_app, tune_gc
     from streams.metrics import WorkerMetrics
     from streams.topics import ensure_internal_topics
 
@@ -231,6 +231,7 @@ def worker_command(
         # on every record: every debug call of aiokafka and Faust then builds a record (a third of the
         # worker's CPU on the stream benchmark). No spinner: the root logger keeps the chosen level.
         worker.spinner = None
+        tune_gc()
         worker.execute_from_commandline()
     finally:
         registry.unregister_component(settings, name)

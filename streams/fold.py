@@ -8,9 +8,15 @@ fold agent processes a message of that partition.
 
 State layout (docs/STREAMS.md "State"); one batch part costs one small write, whatever the job's width:
 
-``parts``   ``job|step|host`` -> ``{"acc": host accumulator, "bids": [batch ids applied], "q": {quality}}``
-            One host's share of one open step. A part from that host merges into it (``accumulate.merge``);
-            a part whose batch id is already listed is a replay and changes nothing.
+``parts``   ``job|step|r<n>`` -> ``{host: {"acc": host accumulator, "bids": [batch ids applied], "q": {quality}}}``
+            The hosts' shares of one open step, one record per unit of application (a worker's round of
+            one partition, :meth:`Fold.apply_round`) in which they changed, at most ``PART_RECORD_MAX``
+            hosts each; ``n`` counts the step's records from 0. A host's latest entry is in the highest
+            ``n`` that holds it (entries are cumulative: a part from the host merges into its entry,
+            ``accumulate.merge``); a part whose batch id is already listed is a replay and changes nothing.
+            Which record holds which host is derived state (``Fold._where``), rebuilt from the keys after
+            a restart or rebalance. A per-host record ``job|step|host`` -> entry (an older layout) is read
+            the same way.
 ``steps``   ``job|step`` -> ``{"job", "step", "p", "opened_ns", "extra"}``
             The open step: when its first data arrived (processing time, for the window) and the hosts that
             sent data without being registered. Written when the step opens (and when such a host appears).
@@ -38,13 +44,19 @@ every job that does not hang with ``analysis.running_check`` and returns an inte
 longer than the job's usual step.
 
 A step is complete when every rank of ``world_size`` registered and the number of hosts that ended it
-equals the registered hosts plus the unregistered ones that sent data. Closing reads each host's part
-once, deletes it, and writes the ``closed`` record: the changelog bytes of a step grow linearly with its
-hosts (bench/fold_width.py measures it).
+equals the registered hosts plus the unregistered ones that sent data. Closing reads each of the step's
+``parts`` records once, deletes them, and writes the ``closed`` record: the changelog bytes of a step grow
+linearly with its hosts (bench/fold_width.py measures it), and its records with the units it spans.
+
+Every message is applied inside a unit (:meth:`Fold.apply_round`; a single message is a unit of its
+own): every table write goes through a :class:`WriteBack` and reaches the table once per key at the end,
+so a step whose parts all arrive in one unit and that closes in it writes no ``parts`` or ``steps``
+record, only its ``closed`` record.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import logging
 import time
@@ -57,6 +69,7 @@ log = logging.getLogger("obshub.streams")
 
 QUALITY_KEYS = ("lost_batches", "duplicate_batches", "late_events")
 BUCKETS = 256
+PART_RECORD_MAX = 256  # host entries per ``parts`` record (about 300 bytes each at 64 events per host-step)
 CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
 
 Emit = tuple[str, str, Any]  # ("summary", job, summary dict) | ("broadcast", job, internal message)
@@ -72,25 +85,51 @@ def bid_digest(bid: str) -> bytes:
     return hashlib.blake2b(bid.encode(), digest_size=8).digest()
 
 
+def digest_blob(bids: Any) -> bytes:
+    """The ``bids`` of a ``closed`` record as bytes (8 per digest). Written as bytes; a table whose
+    changelog is JSON (the worker's, ``streams.wire.CHANGELOG_JSON``) recovers them as the text of
+    their Python repr (``"b'...'"``), and hex text is accepted too. Anything else reads as no digest."""
+    if isinstance(bids, (bytes, bytearray)):
+        return bytes(bids)
+    if isinstance(bids, str):
+        if bids[:2] in ("b'", 'b"'):
+            try:
+                v = ast.literal_eval(bids)
+            except (ValueError, SyntaxError):
+                return b""
+            return v if isinstance(v, bytes) else b""
+        try:
+            return bytes.fromhex(bids)
+        except ValueError:
+            return b""
+    return b""
+
+
 _GONE = object()
 _UNSET = object()
 
 
 class WriteBack:
-    """A write-back view of one table for the messages of one internal batch (``Fold.apply_batch``):
-    reads see the batch's own writes, :meth:`flush` writes each changed key to ``table`` once (its last
-    value), and a key deleted before it ever reached the table costs nothing. Not thread-safe; every
-    write happens in :meth:`flush`, which the caller runs with the batch's partition as the current
-    event (so each changelog record goes to that partition)."""
+    """A write-back view of one table for the messages of one unit (``Fold.apply_round``): reads see the
+    unit's own writes, each key is read from ``table`` at most once (a Faust table read costs a few µs
+    of Python: sensors, partition bookkeeping), :meth:`flush` writes each changed key to ``table`` once
+    (its last value), and a key deleted before it ever reached the table costs nothing. Not thread-safe;
+    nothing else may write ``table`` while the view is in use; every write happens in :meth:`flush`,
+    which the caller runs with the unit's partition as the current event (so each changelog record goes
+    to that partition)."""
 
     def __init__(self, table: MutableMapping):
         self.table = table
         self.dirty: dict[str, Any] = {}
+        self.read: dict[str, Any] = {}  # key -> the table's value (None: absent), read once
 
     def get(self, key: str, default: Any = None) -> Any:
         v = self.dirty.get(key, _UNSET)
         if v is _UNSET:
-            return self.table.get(key, default)
+            v = self.read.get(key, _UNSET)
+            if v is _UNSET:
+                v = self.read[key] = self.table.get(key)
+            return default if v is None else v
         return default if v is _GONE else v
 
     def __getitem__(self, key: str) -> Any:
@@ -124,6 +163,7 @@ class WriteBack:
             else:
                 self.table[k] = v
         self.dirty.clear()
+        self.read.clear()
 
 
 def _new_job() -> dict:
@@ -178,6 +218,14 @@ class Fold:
         self.hold_max_ns = hold_max_ns if hold_max_ns is not None else max(10 * window_ns, 60_000_000_000)
         self.read_ns: dict[int, int] = {}  # input partition -> clock() up to which it was read (derived)
         self._held: set[str] = set()  # open steps whose window close waits for input (logged once)
+        # parts records (derived from the keys; None = rebuild from the table): open step -> host -> the key
+        # of the record with its latest entry; open step -> its keys, oldest first; -> its next record number
+        self._where: dict[str, dict[str, str]] | None = None
+        self._recs: dict[str, list[str]] = {}
+        self._next: dict[str, int] = {}
+        self._legacy: set[str] = set()  # per-host keys of the older layout (value = the entry itself)
+        self._pending: dict[str, dict[str, dict]] = {}  # open step -> host -> entry changed in this unit
+        self._unit = False  # inside apply_round: the tables are WriteBack views
 
     def input_read_past(self, st: dict) -> bool:
         """True when step record ``st`` may close by its window: every input partition was read to its end
@@ -197,6 +245,7 @@ class Fold:
         """Drop the derived in-memory state; call after the tables were recovered (restart, rebalance)."""
         self.ended.clear()
         self._digests.clear()
+        self._where = None
 
     def _ended(self, sk: str, st: dict, p: int) -> int:
         """Hosts of open step ``sk`` that reported STEP_END: from memory, or counted once from ``parts``."""
@@ -204,17 +253,111 @@ class Fold:
         if n is None:
             js = self._job(f"{st['job']}@{p}")
             names = set(self.expected_hosts(st["job"], p, js)).union(st["extra"])
+            entries, _keys = self.step_parts(sk)
             n = 0
             for h in names:
-                e = self.parts.get(f"{sk}|{h}")
+                e = entries.get(h)
                 if e is not None and e["acc"]["step_ns"] is not None:
                     n += 1
             self.ended[sk] = n
         return n
 
     # ------------------------------------------------------------------------------------------------
+    def _index(self) -> dict[str, dict[str, str]]:
+        """``open step -> host -> parts key``, rebuilt from the ``parts`` keys when forgotten."""
+        if self._where is None:
+            found = []
+            self._legacy = set()
+            for k, rec in self.parts.items():
+                sk, _, tail = k.rpartition("|")
+                if not isinstance(rec, dict):
+                    continue
+                if tail[:1] == "r" and tail[1:].isdigit():
+                    found.append((sk, int(tail[1:]), k, list(rec)))
+                elif "acc" in rec:  # a per-host record of the older layout
+                    found.append((sk, -1, k, [tail]))
+                    self._legacy.add(k)
+            where: dict[str, dict[str, str]] = {}
+            self._recs, self._next = {}, {}
+            for sk, n, k, hosts in sorted(found, key=lambda x: (x[0], x[1])):
+                self._recs.setdefault(sk, []).append(k)
+                self._next[sk] = max(self._next.get(sk, 0), n + 1)
+                w = where.setdefault(sk, {})
+                for h in hosts:
+                    w[h] = k
+            self._where = where
+        return self._where
+
+    def _entry(self, sk: str, host: str) -> dict | None:
+        """``host``'s latest part entry in open step ``sk``, or None."""
+        pend = self._pending.get(sk)
+        if pend is not None and host in pend:
+            return pend[host]
+        k = self._index().get(sk, {}).get(host)
+        if k is None:
+            return None
+        rec = self.parts.get(k)
+        if rec is None:
+            return None
+        return rec if k in self._legacy else rec.get(host)
+
+    def step_parts(self, sk: str) -> tuple[dict[str, dict], list[str]]:
+        """``({host: latest part entry}, [parts keys of the step])`` of open step ``sk``: one read per
+        record."""
+        where = self._index().get(sk, {})
+        keys = list(self._recs.get(sk, ()))
+        recs = {k: self.parts.get(k) for k in keys}
+        entries: dict[str, dict] = {}
+        for h, k in where.items():
+            rec = recs.get(k)
+            if rec is not None:
+                e = rec if k in self._legacy else rec.get(h)
+                if e is not None:
+                    entries[h] = e
+        entries.update(self._pending.get(sk, {}))
+        return entries, [k for k in keys if recs[k] is not None]
+
+    def _drop_parts(self, sk: str) -> None:
+        """Delete every ``parts`` record of step ``sk`` and forget its index."""
+        self._index()
+        for k in self._recs.pop(sk, ()):
+            if self.parts.get(k) is not None:
+                del self.parts[k]
+            self._legacy.discard(k)
+        self._pending.pop(sk, None)
+        if self._where is not None:
+            self._where.pop(sk, None)
+        self._next.pop(sk, None)
+
+    def _write_pending(self) -> None:
+        """Write the entries changed in this unit: per open step, records of at most ``PART_RECORD_MAX``
+        hosts under the step's next record numbers."""
+        if not self._pending:
+            return
+        where = self._index()
+        for sk, hosts in self._pending.items():
+            if self.steps.get(sk) is None:  # closed in this unit
+                continue
+            w = where.setdefault(sk, {})
+            recs = self._recs.setdefault(sk, [])
+            items = list(hosts.items())
+            for i in range(0, len(items), PART_RECORD_MAX):
+                n = self._next.get(sk, 0)
+                self._next[sk] = n + 1
+                k = f"{sk}|r{n}"
+                chunk = dict(items[i : i + PART_RECORD_MAX])
+                self.parts[k] = chunk
+                recs.append(k)
+                for h in chunk:
+                    w[h] = k
+        self._pending.clear()
+
+    # ------------------------------------------------------------------------------------------------
     def apply(self, v: dict, p: int) -> list[Emit]:
-        """Apply one internal message of partition ``p``. Unknown message types are ignored."""
+        """Apply one internal message of partition ``p`` (a unit of its own, :meth:`apply_round`, unless
+        inside one). Unknown message types are ignored."""
+        if not self._unit:
+            return self.apply_round([v], p)
         t = v.get("t")
         if t == "part":
             return self.part(v, p)
@@ -259,24 +402,51 @@ class Fold:
 
     def apply_batch(self, msgs: list[bytes], p: int) -> list[Emit]:
         """Apply the internal messages ``msgs`` (each msgpack bytes of one message, in order) of partition
-        ``p`` as one unit: every table write goes through a :class:`WriteBack` and reaches the table once
-        per key at the end, so a step that opens and closes within the batch writes only its ``closed``
-        record, and the ``jobs`` record is written once however many history entries arrived. A message
-        that fails (a bug) is logged and skipped, like a single message would be; the others still apply."""
+        ``p`` as one unit (:meth:`apply_round`), or as part of the unit being applied. A message that
+        fails (a bug) is logged and skipped, like a single message would be; the others still apply."""
+        if not self._unit:
+            return self.apply_round([{"t": "batch", "msgs": msgs}], p)
+        out: list[Emit] = []
+        for raw in msgs:
+            try:
+                out.extend(self.apply(wire.unpackb(raw), p))
+            except Exception:
+                log.exception("fold failed on one message of a batch of partition %d", p)
+        return out
+
+    def apply_round(self, values: list[dict], p: int) -> list[Emit]:
+        """Apply the internal messages ``values`` (decoded dicts, in partition order; ``batch`` messages
+        are expanded) of partition ``p`` as one unit: every table write goes through a :class:`WriteBack`
+        and reaches the table once per key at the end; the part entries that changed are written as the
+        step's next ``parts`` record(s), so a step that opens and closes within the unit writes no
+        ``parts`` or ``steps`` record, only its ``closed`` record, and the ``jobs`` record is written once
+        however many history entries arrived. The caller makes a message of partition ``p`` Faust's
+        current event first (every write goes to that changelog partition). A message that fails (a bug)
+        is logged and skipped; the others still apply. Returns what the messages emit, in order."""
+        if self._unit:
+            out: list[Emit] = []
+            for v in values:
+                out.extend(self.apply(v, p))
+            return out
         real = (self.parts, self.steps, self.members, self.jobs, self.closed)
         caches = tuple(WriteBack(t) for t in real)
         self.parts, self.steps, self.members, self.jobs, self.closed = caches
-        out: list[Emit] = []
+        self._unit = True
+        out = []
         try:
-            for raw in msgs:
+            for v in values:
                 try:
-                    out.extend(self.apply(wire.unpackb(raw), p))
+                    out.extend(self.apply(v, p))
                 except Exception:
-                    log.exception("fold failed on one message of a batch of partition %d", p)
+                    log.exception("fold failed on one message of partition %d", p)
         finally:
-            self.parts, self.steps, self.members, self.jobs, self.closed = real
-            for c in caches:
-                c.flush()
+            try:
+                self._write_pending()
+            finally:
+                self._unit = False
+                self.parts, self.steps, self.members, self.jobs, self.closed = real
+                for c in caches:
+                    c.flush()
         return out
 
     def open_steps(self) -> Iterator[tuple[str, dict]]:
@@ -361,7 +531,7 @@ class Fold:
     def _is_replay(self, sk: str, done: dict, bid: str) -> bool:
         digests = self._digests.get(sk)
         if digests is None:
-            blob = done["bids"]
+            blob = digest_blob(done["bids"])
             digests = {blob[i : i + 8] for i in range(0, len(blob), 8)}
             if len(self._digests) > 64:
                 self._digests.clear()
@@ -372,7 +542,7 @@ class Fold:
         n = v["acc"]["events"]
         if done is not None:
             done["late"] += n
-            done["bids"] = done["bids"] + bid_digest(v["bid"])
+            done["bids"] = digest_blob(done["bids"]) + bid_digest(v["bid"])
             self._digests.pop(sk, None)
             self.closed[sk] = done
         jk = f"{v['job']}@{p}"
@@ -397,8 +567,7 @@ class Fold:
                 self._late(v, p, sk, done)
             return []
         st = self.steps.get(sk)
-        pk = f"{sk}|{host}"
-        entry = self.parts.get(pk) if st is not None else None
+        entry = self._entry(sk, host) if st is not None else None
         if entry is not None and bid in entry["bids"]:
             return []  # replay of a batch already folded in
         js = None
@@ -409,6 +578,7 @@ class Fold:
                 self._late(v, p, sk, None)  # older than every closed record kept here
                 return []
             st = {"job": job, "step": step, "p": p, "opened_ns": self.clock(), "extra": []}
+            self._drop_parts(sk)  # nothing of an earlier life of this step counts
             self.ended[sk] = 0
             st_dirty = True
         ended = self._ended(sk, st, p)  # before this part changes anything: a recount must not see it
@@ -425,7 +595,7 @@ class Fold:
             entry["bids"].append(bid)
             for k, x in q.items():
                 entry["q"][k] = entry["q"].get(k, 0) + x
-        self.parts[pk] = entry
+        self._pending.setdefault(sk, {})[host] = entry
         if st_dirty:
             self.steps[sk] = st
         if not was_ended and entry["acc"]["step_ns"] is not None:
@@ -453,16 +623,16 @@ class Fold:
         accs: dict[str, dict] = {}
         quality = dict(js["pending"])
         digests = []
+        entries, _keys = self.step_parts(sk)
         for h in names:
-            pk = f"{sk}|{h}"
-            entry = self.parts.get(pk)
+            entry = entries.get(h)
             if entry is None:
                 continue
             accs[h] = entry["acc"]
             digests.extend(bid_digest(b) for b in entry["bids"])
             for k, x in entry["q"].items():
                 quality[k] = quality.get(k, 0) + x
-            del self.parts[pk]
+        self._drop_parts(sk)
         summary = analysis.summarize(
             job,
             step,
@@ -533,8 +703,9 @@ class Fold:
                 continue
             expected = self.expected_hosts(job, p, js)
             accs = {}
+            entries, _keys = self.step_parts(sk)
             for h in sorted(set(expected).union(st["extra"])):
-                e = self.parts.get(f"{sk}|{h}")
+                e = entries.get(h)
                 if e is not None:
                     accs[h] = e["acc"]
             found = analysis.hang_check(

@@ -20,7 +20,9 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 Results of the analysis (``StepResultMetrics``, one observation per step summary this worker emits; the
 label ``training_job`` names the training job, because ``job`` is Prometheus's own target label):
 
-- ``obshub_step_duration_seconds{training_job,host}``        histogram of each host's step time
+- ``obshub_step_duration_seconds{training_job,host}``        histogram of each host's step time; in a job
+  of more than ``host_series_max`` hosts (64) only the notable hosts keep their own series (below), the
+  others are observed under ``host="_other"``
 - ``obshub_step_max_duration_seconds{training_job}``         the slowest host's time at the latest step
 - ``obshub_last_step{training_job}``                         number of the latest (highest) step summarised
 - ``obshub_steps_total{training_job,closed_by}``             step summaries (complete / window)
@@ -40,6 +42,14 @@ label ``training_job`` names the training job, because ``job`` is Prometheus's o
 
 A training job whose summaries stop for ``idle_s`` (default 1 h) has its series removed, so finished
 jobs do not stay in every scrape.
+
+Per-host series are bounded: the step-time histogram has 14 series per (job, host label), so every host
+of a 2,048-host job would make some 29,000 series per worker. In a job whose summary lists at most
+``host_series_max`` hosts every host has its own series; in a wider job a host gets its own series when
+a summary names it the straggler or blames it, or when it is among the ``HOST_SLOWEST`` slowest of a step
+while the job has fewer than ``host_series_max`` hosts with their own series; every other observation
+goes to ``host="_other"``. Every step time is observed exactly once, so the job's quantiles (summed over
+``host``) are exact; a host's own series starts at the step that made it notable.
 """
 
 from __future__ import annotations
@@ -51,6 +61,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 STEP_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 SKEW_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+HOST_SERIES_MAX = 64  # hosts per job with their own step-time series (the slowest of a step fill it)
+HOST_SLOWEST = 8  # the slowest hosts of a step that may get their own series
+OTHER_HOSTS = "_other"  # the host label of every other step time of a wide job
 
 
 class StepResultMetrics:
@@ -58,8 +71,12 @@ class StepResultMetrics:
     (``schema.STEP_SUMMARY_FIELDS``, times in ns) at a time by ``observe``. Thread-safe. Series of a
     training job are removed once no summary of it arrived for ``idle_s`` seconds."""
 
-    def __init__(self, registry: CollectorRegistry, idle_s: float = 3600.0) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, idle_s: float = 3600.0, host_series_max: int = HOST_SERIES_MAX
+    ) -> None:
         r, J, H, L = registry, "training_job", "host", "layer"
+        self.host_series_max = host_series_max
+        self._detail: dict[str, set[str]] = {}  # job -> hosts with their own step-time series
         self.step_time = Histogram(
             "obshub_step_duration_seconds", "step time of each host", [J, H], buckets=STEP_BUCKETS_S, registry=r
         )
@@ -112,6 +129,31 @@ class StepResultMetrics:
             self._steps[key] = step
             self._touch(job, metric, *labels).set(step)
 
+    def _step_times(self, job: str, s: dict) -> None:
+        """Observe every host's step time once: under its own ``host`` label, or ``OTHER_HOSTS``."""
+        times = s.get("step_time_ns") or {}
+        if len(times) <= self.host_series_max:
+            for host, ns in times.items():
+                self._touch(job, self.step_time, host).observe(ns / 1e9)
+            return
+        detail = self._detail.setdefault(job, set())
+        strag = s.get("straggler") or {}
+        named = {strag.get("host")} | {b.get("host") for b in s.get("blame") or []}
+        notable = set(named)
+        if len(detail) < self.host_series_max:
+            notable.update(sorted(times, key=lambda h: times[h], reverse=True)[:HOST_SLOWEST])
+        for h in notable:
+            if h in times and h not in detail and (len(detail) < self.host_series_max or h in named):
+                detail.add(h)
+        other = None
+        for host, ns in times.items():
+            if host in detail:
+                self._touch(job, self.step_time, host).observe(ns / 1e9)
+            else:
+                if other is None:
+                    other = self._touch(job, self.step_time, OTHER_HOSTS)
+                other.observe(ns / 1e9)
+
     def observe(self, s: dict) -> None:
         """Add one step summary. Malformed fields are skipped (the summary came from this worker)."""
         job = str(s.get("job", ""))
@@ -119,8 +161,7 @@ class StepResultMetrics:
             now = time.monotonic()
             self._seen[job] = now
             t = self._touch
-            for host, ns in (s.get("step_time_ns") or {}).items():
-                t(job, self.step_time, host).observe(ns / 1e9)
+            self._step_times(job, s)
             t(job, self.step_max).set(s.get("step_time_max_ns", 0) / 1e9)
             step = s.get("step", 0)
             self._latest(job, self.last_step, step)
@@ -152,6 +193,7 @@ class StepResultMetrics:
                     except KeyError:
                         pass
                 del self._seen[old]
+                self._detail.pop(old, None)
                 self._steps = {k: v for k, v in self._steps.items() if k[1] != old}
 
 

@@ -137,11 +137,25 @@ def test_stage_split_of_sampled_stacks():
             "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);ingest_one (streams/app.py:220) 5",
             "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_one (streams/app.py:370);"
             "close (streams/app.py:290);summarize (streams/analysis.py:310) 3",
-            "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_part (streams/app.py:340) 2",
+            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);Fold.part (streams/fold.py:340) 2",
+            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);"
+            "Table.__setitem__ (faust/tables/table.py:80) 1",
+            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);"
+            "Stream.take_events (faust/streams.py:600) 4",
+            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);"
+            "send_closed (streams/app.py:380);dumps (json/__init__.py:1) 1",
+            "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);WriteBack.__setitem__ "
+            "(streams/fold.py:115) 1",
             "_run_once (asyncio/base_events.py:1);_SelectorSocketTransport.write (asyncio/selector_events.py:1) 10",
         ]
     )
-    assert stages.parse(raw, "worker") == {"ingest": 5, "close": 3, "fold": 2, "kafka client + faust": 10}
+    assert stages.parse(raw, "worker") == {
+        "ingest": 6,
+        "close": 4,
+        "fold": 3,
+        "fold transport": 4,
+        "kafka client + faust": 10,
+    }
     eng = "\n".join(
         [
             "run_engine (rules/service.py:1);_decode (rules/service.py:2);event_record (rules/fields.py:3) 4",

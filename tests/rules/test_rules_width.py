@@ -336,3 +336,31 @@ def test_entries_share_an_evaluation_only_when_cel_cannot_tell_them_apart():
     assert frozen({"a": float("nan"), "b": [1.0, {"c": None}]}) == frozen({"b": [1.0, {"c": None}], "a": float("nan")})
     with pytest.raises(TypeError):
         frozen({"a": object()})
+
+
+def test_group_fingerprints_equal_the_lifecycle_fingerprint_of_their_labels(tmp_path):
+    """The engine builds a group's fingerprint from a per-rule template (no sort per group); it must equal
+    ``lifecycle.fingerprint`` of the group's labels whatever the names, values and overrides."""
+    from rules import lifecycle
+
+    (tmp_path / "r.yaml").write_text(
+        """\
+version: 1
+rules:
+  - id: fp
+    description: fingerprint template
+    severity: warning
+    signal: steps
+    foreach: hosts
+    condition: "true"
+    group_by: {job: job, host: item, layer: "'x'", z_e: closed_by, a: stall}
+    labels: {layer: static, category: c, Zeta: omega}
+    annotations: {summary: s}
+"""
+    )
+    eng = Engine(load_ruleset([tmp_path / "r.yaml"]), lambda _c: None)
+    rule = eng.ruleset.rules["fp"]
+    for key in [("j", "h1", "x", "complete", True), ("", "é,:1", "x", "", False), (None, "a=b\n", "x", 2**70, None)]:
+        fp, labels = eng._fingerprint(rule, key)
+        assert labels["layer"] == "x" and labels["category"] == "c" and labels["Zeta"] == "omega"
+        assert fp == lifecycle.fingerprint(labels), key

@@ -359,3 +359,134 @@ def test_the_steps_after_a_hang_carry_no_sequential_evidence():
     by_step = {s["step"]: s["evidence"]["hosts"] for s in pipe.summaries}
     assert [by_step[k] for k in (12, 13, 14, 15)] == [{}, {}, {}, {}]
     assert by_step[16]["d"]["sched"] > 0 and by_step[17]["d"]["sched"] > 0
+
+
+def test_a_step_spread_over_rounds_writes_one_parts_record_per_round_not_per_host(monkeypatch):
+    """Rounds that each hold a share of a step's hosts write that share as one ``parts`` record (chunked
+    at ``PART_RECORD_MAX`` hosts), and a worker recovered between them finishes every step exactly once
+    with the offline reference's summaries."""
+    monkeypatch.setattr(fold_mod, "PART_RECORD_MAX", 5)
+    scn, msgs = _scenario(hosts=12, steps=10)
+    regs = [v for v in msgs if all(e.step < 0 for e in schema.decode_batch(v).events)]
+    rest = [v for v in msgs if v not in regs]
+    pipe = InProcess(partitions=1)
+    for v in regs:
+        pipe.feed(v)
+    r0 = pipe.tables["parts"].records
+    half = len(rest) // 2 + 5  # mid-step
+    for i in range(0, half, 7):  # rounds of 7 messages: most steps span two or three rounds
+        pipe.feed_round(rest[i : min(i + 7, half)])
+    parts_records = pipe.tables["parts"].records - r0
+    host_parts = sum(len(accumulate_steps(v)) for v in rest[:half])
+    assert pipe.tables["parts"], "some steps are open at the crash"
+    assert all("|r" in k for k in pipe.tables["parts"])
+    assert all(len(rec) <= 5 for rec in pipe.tables["parts"].values())
+    assert 0 < parts_records < host_parts / 2, (parts_records, host_parts)
+    again = pipe.restarted()
+    for i in range(half, len(rest), 7):
+        again.feed_round(rest[i : i + 7])
+    got = pipe.summaries + again.summaries
+    assert sorted(s["step"] for s in got) == list(range(scn.steps))
+    assert {s["step"]: _view(s) for s in got} == _reference(scn)
+    assert not again.tables["parts"] and not again.tables["steps"], "closed steps leave no parts record"
+
+
+def accumulate_steps(value: bytes) -> set[int]:
+    """The steps one input message has events of (one part per step)."""
+    return {e.step for e in schema.decode_batch(value).events if e.step >= 0}
+
+
+def test_a_host_updated_in_a_later_round_is_read_from_its_latest_record_after_recovery():
+    """A host whose step spans two units has its entry in two records; a worker recovered after each
+    message rebuilds the index from the keys and reads the later (cumulative) one: same summaries as the
+    offline reference, every event counted once."""
+    _scn, msgs = _scenario(hosts=3, steps=5, straggler=None, guilty_steps=())
+    split = []
+    for v in msgs:
+        b = schema.decode_batch(v)
+        if b.host == "node0" and b.seq >= 3:  # node0's step 2 (seq 3) in two batches; later seqs move up
+            if b.seq == 3:
+                k = len(b.events) // 2
+                split.append(schema.encode_batch(schema.Batch(b.job, b.host, b.host_id, b.agent_id, 3, b.events[:k])))
+                split.append(schema.encode_batch(schema.Batch(b.job, b.host, b.host_id, b.agent_id, 4, b.events[k:])))
+                continue
+            b.seq += 1
+            v = schema.encode_batch(b)
+        split.append(v)
+    pipe = InProcess(partitions=1)
+    summaries = []
+    spans = 0
+    for v in split:
+        pipe.feed(v)
+        spans = max(spans, len(pipe.fold.step_parts("j|2")[1]))
+        summaries += pipe.summaries
+        pipe = pipe.restarted()  # every message applied by a worker recovered from the changelogs
+    ref = offline.summarize_batches(schema.decode_batch(v) for v in split)
+    assert spans >= 2, "node0's part of step 2 was in two records"
+    assert sorted(s["step"] for s in summaries) == list(range(5))
+    assert {s["step"]: _view(s) for s in summaries} == {step: _view(s) for (_j, step), s in ref.items()}
+
+
+def test_a_per_host_parts_record_of_the_older_layout_is_read_and_deleted_at_close():
+    scn, msgs = _scenario(hosts=4, steps=3, straggler=None, guilty_steps=())
+    pipe = InProcess(partitions=1)
+    for v in msgs:
+        pipe.feed(v)
+    want = {s["step"]: _view(s) for s in pipe.summaries}
+    # the same input, but every parts record rewritten per host (``job|step|host`` -> entry) before close
+    old = InProcess(partitions=1)
+    for v in msgs[:-2]:
+        old.feed(v)
+    for k, rec in list(old.tables["parts"].items()):
+        sk = k.rpartition("|")[0]
+        del old.tables["parts"][k]
+        for h, entry in rec.items():
+            old.tables["parts"][f"{sk}|{h}"] = entry
+    assert sorted(old.tables["parts"]) == ["j|2|node0", "j|2|node1"]
+    again = old.restarted()
+    for v in msgs[-2:]:
+        again.feed(v)
+    again.close_all()
+    got = {s["step"]: _view(s) for s in old.summaries + again.summaries}
+    assert got == want and not again.tables["parts"]
+
+
+def test_writeback_reads_each_key_of_the_table_once():
+    reads = {"n": 0}
+
+    class Counting(dict):
+        def get(self, k, default=None):
+            reads["n"] += 1
+            return super().get(k, default)
+
+    table = fold_mod.WriteBack(Counting({"a": 1}))
+    assert [table.get("a"), table.get("a"), table.get("b"), table.get("b", 7)] == [1, 1, None, 7]
+    assert reads["n"] == 2
+    table["b"] = 2
+    assert table.get("b") == 2 and reads["n"] == 2
+
+
+def test_closed_records_recovered_from_a_json_changelog_still_recognise_replays():
+    """The worker's changelogs are JSON (``wire.CHANGELOG_JSON``), which writes the ``closed`` record's
+    digest bytes as the text of their repr: after such a recovery a replayed batch of a closed step is
+    still a replay (nothing counted), and a new agent instance's batch is still late data."""
+    from faust.serializers import codecs
+
+    from streams import wire
+
+    json_codec = codecs.get_codec(wire.CHANGELOG_JSON)
+    scn, msgs = _scenario(hosts=3, steps=4, straggler=None, guilty_steps=())
+    pipe = InProcess(partitions=1)
+    for v in msgs:
+        pipe.feed(v)
+    again = pipe.restarted()
+    for k, rec in list(again.tables["closed"].items()):
+        dict.__setitem__(again.tables["closed"], k, json_codec.loads(json_codec.dumps(rec)))
+    assert all(isinstance(r["bids"], str) for r in again.tables["closed"].values())
+    again.feed(msgs[-1], offset=len(msgs) - 1)  # a replay of the last step's batch after the restart
+    assert again.tables["jobs"]["j@0"]["pending"]["late_events"] == 0
+    raw = schema.decode_batch(msgs[-1])
+    raw.agent_id += "-2"
+    again.feed(schema.encode_batch(raw))  # the same events from a new agent instance: late
+    assert again.tables["jobs"]["j@0"]["pending"]["late_events"] == len(raw.events)
+    assert again.tables["closed"][f"j|{scn.steps - 1}"]["late"] == len(raw.events)

@@ -78,3 +78,30 @@ def test_latest_step_gauges_only_grow_when_steps_close_out_of_order():
     got = _samples(reg)
     assert got[("obshub_last_step", frozenset({("training_job", "o")}))] == 29
     assert got[("obshub_straggler_last_step", frozenset({("training_job", "o"), ("host", "n1")}))] == 27
+
+
+def test_a_wide_job_has_bounded_host_series_and_exact_job_counts():
+    """300 hosts: the step-time histogram keeps its own series for at most ``host_series_max`` hosts plus
+    the straggler, every other step time goes to ``host="_other"``, and every step time is counted once."""
+    from streams.metrics import HOST_SLOWEST, OTHER_HOSTS
+
+    reg = CollectorRegistry()
+    m = StepResultMetrics(reg, host_series_max=16)
+    hosts = [f"n{i}" for i in range(300)]
+    for step in range(40):
+        times = {h: 1_000_000_000 + ((i * 7919 + step * 104729) % 1000) * 1000 for i, h in enumerate(hosts)}
+        strag = {"host": "n299", "excess_ns": 1} if step == 39 else None
+        m.observe({"job": "w", "step": step, "closed_by": "complete", "step_time_ns": times, "straggler": strag})
+    got = _samples(reg)
+    counts = {dict(labels)["host"]: v for (n, labels), v in got.items() if n == "obshub_step_duration_seconds_count"}
+    assert sum(counts.values()) == 300 * 40, "every step time observed once"
+    assert OTHER_HOSTS in counts and "n299" in counts, "the straggler has its own series past the bound"
+    assert 16 <= len(counts) - 1 <= 16 + HOST_SLOWEST + 1, sorted(counts)
+
+
+def test_a_narrow_job_keeps_every_host_series():
+    reg = CollectorRegistry()
+    m = StepResultMetrics(reg, host_series_max=16)
+    m.observe({"job": "n", "step": 0, "closed_by": "complete", "step_time_ns": {f"h{i}": 1 for i in range(16)}})
+    hosts = {dict(labels)["host"] for (n, labels) in _samples(reg) if n == "obshub_step_duration_seconds_count"}
+    assert hosts == {f"h{i}" for i in range(16)}
