@@ -769,8 +769,9 @@ class Fold:
                 continue
             expected = self.expected_hosts(job, p, js)
             accs = {}
+            entries, _keys = self.step_parts(sk)
             for h in sorted(set(expected).union(st["extra"])):
-                e = self.parts.get(f"{sk}|{h}")
+                e = entries.get(h)
                 if e is not None:
                     accs[h] = e["acc"]
             found = analysis.running_check(
