@@ -380,8 +380,13 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             done.append(ep)
         view.say(f"training window over; waiting {opts.settle_s:.0f} s for late alerts")
         time.sleep(opts.settle_s)
-        end_ns = time.time_ns()  # alerts after this come from stopping the ranks one by one: not judged
+        end_ns = time.time_ns()  # alerts after this are listed in the report, not judged
         view.say("stopping every part and removing the cluster")
+        # The rule engine stops first: the ranks are stopped one by one, and a rank gone while its peers
+        # wait in a collective is what the hang check names (an exit), so it would page the sinks.
+        for proc, name, _log in watched:
+            if name == "rules":
+                Cluster.stop(proc)
     bounds = [ep["t0_ns"] or end_ns for ep in done[1:]] + [end_ns]
     for ep, until in zip(done, bounds):
         mine = [a for a in reader.alerts if a.received_ns < until]
