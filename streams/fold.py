@@ -684,6 +684,36 @@ class Fold:
         ]
 
     # ------------------------------------------------------------------------------------------------
+    def _open_accs(self, sk: str, st: dict, js: dict) -> tuple[list[str], dict[str, dict]]:
+        """``(expected hosts, {host: accumulator})`` of open step ``sk`` (its ``steps`` record ``st``, its
+        job's state ``js``): the accumulators of the expected and extra hosts that sent a part."""
+        expected = self.expected_hosts(st["job"], st["p"], js)
+        accs = {}
+        entries, _keys = self.step_parts(sk)
+        for h in sorted(set(expected).union(st["extra"])):
+            e = entries.get(h)
+            if e is not None:
+                accs[h] = e["acc"]
+        return expected, accs
+
+    def _interim_summary(
+        self, st: dict, js: dict, accs: dict[str, dict], expected: list[str], closed_by: str, now: int
+    ) -> dict:
+        """The summary of an open step as far as it has come (``closed_by`` "hang" or "running", closed at
+        ``now`` ns), before the caller narrows its straggler, blame and evidence."""
+        return analysis.summarize(
+            st["job"],
+            st["step"],
+            accs,
+            expected_hosts=expected,
+            history=js["history"],
+            quality={},
+            closed_by=closed_by,
+            closed_at_ns=now,
+            th=self.th,
+            world_size=js["world_size"],
+        )
+
     def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:
         """Check the open steps (of ``partitions``; all when None) for hangs. Returns ``(step key, interim
         summary, first)`` per hung step (``first``: newly hung); forgets steps that no longer hang. Reads
@@ -701,13 +731,7 @@ class Fold:
             if now - st["opened_ns"] > self.th.hang_hold_ns or later > st["step"]:
                 self.hung.pop(sk, None)
                 continue
-            expected = self.expected_hosts(job, p, js)
-            accs = {}
-            entries, _keys = self.step_parts(sk)
-            for h in sorted(set(expected).union(st["extra"])):
-                e = entries.get(h)
-                if e is not None:
-                    accs[h] = e["acc"]
+            expected, accs = self._open_accs(sk, st, js)
             found = analysis.hang_check(
                 accs,
                 expected,
@@ -725,18 +749,7 @@ class Fold:
             first = sk not in self.hung
             self.hung.setdefault(sk, now)
             self.was_hung.add(sk)
-            summary = analysis.summarize(
-                job,
-                st["step"],
-                accs,
-                expected_hosts=expected,
-                history=js["history"],
-                quality={},
-                closed_by="hang",
-                closed_at_ns=now,
-                th=self.th,
-                world_size=js["world_size"],
-            )
+            summary = self._interim_summary(st, js, accs, expected, "hang", now)
             summary.update(
                 straggler=None,
                 blame=[],
@@ -767,30 +780,13 @@ class Fold:
             later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
             if later > st["step"] or st["step"] <= self.quiet_until.get(job, -1):
                 continue
-            expected = self.expected_hosts(job, p, js)
-            accs = {}
-            entries, _keys = self.step_parts(sk)
-            for h in sorted(set(expected).union(st["extra"])):
-                e = entries.get(h)
-                if e is not None:
-                    accs[h] = e["acc"]
+            expected, accs = self._open_accs(sk, st, js)
             found = analysis.running_check(
                 accs, js["history"], st["step"], st["opened_ns"], now, self.th, stopped=self.stopped_hosts(job)
             )
             if found is None:
                 continue
-            summary = analysis.summarize(
-                job,
-                st["step"],
-                accs,
-                expected_hosts=expected,
-                history=js["history"],
-                quality={},
-                closed_by="running",
-                closed_at_ns=now,
-                th=self.th,
-                world_size=js["world_size"],
-            )
+            summary = self._interim_summary(st, js, accs, expected, "running", now)
             hosts = {}
             blame = []
             for h, v in found["hosts"].items():
