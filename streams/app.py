@@ -210,8 +210,10 @@ class _Table(faust.Table):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # Faust writes and reads changelog records as JSON; the same format, read without raising
-        self.key_serializer = self.value_serializer = wire.CHANGELOG_JSON
+        # values: msgpack (reading older workers' JSON too); keys: the JSON text they always had (their
+        # bytes are what compaction and tombstones match); neither raises on a damaged record
+        self.key_serializer = wire.CHANGELOG_JSON
+        self.value_serializer = wire.CHANGELOG
 
     def apply_changelog_batch(self, batch) -> None:
         good = []
@@ -236,7 +238,8 @@ class _Table(faust.Table):
 
 
 def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics) -> dict:
-    """The app's tables (``streams.topics.TABLES``), keys UTF-8 text, values msgpack."""
+    """The app's tables (``streams.topics.TABLES``): changelog values msgpack, keys the JSON text of the
+    key string (``_Table``)."""
     schema_ = faust.Schema(key_serializer=wire.STR, value_serializer=wire.MSGPACK)
     out = {}
     for name, like in TABLES.items():

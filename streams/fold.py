@@ -86,9 +86,10 @@ def bid_digest(bid: str) -> bytes:
 
 
 def digest_blob(bids: Any) -> bytes:
-    """The ``bids`` of a ``closed`` record as bytes (8 per digest). Written as bytes; a table whose
-    changelog is JSON (the worker's, ``streams.wire.CHANGELOG_JSON``) recovers them as the text of
-    their Python repr (``"b'...'"``), and hex text is accepted too. Anything else reads as no digest."""
+    """The ``bids`` of a ``closed`` record as bytes (8 per digest). Written as bytes, and recovered as
+    bytes from the worker's msgpack changelog; a record an older worker wrote in Faust's JSON (read by
+    ``streams.wire.CHANGELOG``) holds the text of their Python repr (``"b'...'"``), and hex text is
+    accepted too. Anything else reads as no digest."""
     if isinstance(bids, (bytes, bytearray)):
         return bytes(bids)
     if isinstance(bids, str):

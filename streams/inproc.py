@@ -17,16 +17,22 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from faust.serializers import codecs
+
 from streams import analysis, wire
 from streams.fold import Fold
 from streams.ingest import Ingest
 from streams.topics import TABLES, partition_of
 
+_KEY = codecs.get_codec(wire.CHANGELOG_JSON)
+_VALUE = codecs.get_codec(wire.CHANGELOG)
+
 
 class ChangelogDict(dict):
-    """A table: a dict whose writes and deletes are encoded as changelog records (msgpack values, UTF-8
-    keys, ``None`` value = tombstone); ``records`` and ``nbytes`` count them. ``recovered()`` is the table
-    a restarted worker would rebuild from those records (values decoded from their last record)."""
+    """A table: a dict whose writes and deletes are encoded as changelog records with the worker's codecs
+    (``wire.CHANGELOG`` values, ``wire.CHANGELOG_JSON`` keys, ``None`` value = tombstone); ``records`` and
+    ``nbytes`` count them. ``recovered()`` is the table a restarted worker would rebuild from those
+    records (values decoded from their last record)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,26 +41,24 @@ class ChangelogDict(dict):
         self.log: dict[str, bytes | None] = {}
 
     def __setitem__(self, key: str, value: Any) -> None:
-        blob = wire.packb(value)
+        blob = _VALUE.dumps(value)
         self.records += 1
-        self.nbytes += len(key.encode()) + len(blob)
+        self.nbytes += len(_KEY.dumps(key)) + len(blob)
         self.log[key] = blob
         super().__setitem__(key, value)
 
     def __delitem__(self, key: str) -> None:
         self.records += 1
-        self.nbytes += len(key.encode())
+        self.nbytes += len(_KEY.dumps(key))
         self.log[key] = None
         super().__delitem__(key)
 
     def recovered(self) -> "ChangelogDict":
         """A new table holding what the compacted changelog holds."""
-        import msgspec
-
         out = ChangelogDict()
         for k, blob in self.log.items():
             if blob is not None:
-                dict.__setitem__(out, k, msgspec.msgpack.decode(blob))
+                dict.__setitem__(out, k, _VALUE.loads(blob))
         out.log = dict(self.log)
         return out
 

@@ -10,9 +10,12 @@ refuse (tests/streams/test_streams_wire.py checks both directions). The decoded 
 ``schema.Batch`` / ``schema.Event`` (``events`` are named tuples, ``kind`` a ``schema.Kind``), which is all
 ``streams.accumulate`` reads.
 
-The worker's own data (the repartition topic ``<app>-steps`` and every table's changelog) is msgpack,
-written by msgspec: keys are UTF-8 text (codec ``obshub-str``), values msgpack (codec ``obshub-msgpack``).
-Both are registered with Faust's codec registry on import. Values are the plain dicts/lists/ints/strings
+The worker's own data is msgpack, written by msgspec. On the repartition topic ``<app>-steps`` keys are
+UTF-8 text (codec ``obshub-str``) and values msgpack (codec ``obshub-msgpack``). A table's changelog
+value is msgpack after a one-byte mark (codec ``obshub-changelog``, which also reads the JSON values of
+older workers); its key stays Faust's JSON text of the key string (codec ``obshub-changelog-json``):
+compaction and tombstones match records by their key bytes, so the key bytes of a table entry must not
+change between versions. The codecs are registered with Faust's codec registry on import. Values are the plain dicts/lists/ints/strings
 of ``streams.accumulate`` and ``streams.fold``; msgpack arrays come back as lists, exactly like JSON did,
 so values recovered from a changelog merge like in-process ones.
 """
@@ -153,12 +156,41 @@ class _ChangelogJsonCodec(codecs.json):
             return Undecodable(bytes(s), f"not JSON: {type(exc).__name__}: {exc}")
 
 
+CHANGELOG_MARK = b"\xc1"  # msgpack's one reserved byte: no msgpack value and no UTF-8 text starts with it
+
+
+class _ChangelogCodec(codecs.Codec):
+    """Faust codec of the tables' changelog values: ``CHANGELOG_MARK`` + the value's msgpack (msgspec),
+    1 byte more than :func:`packb`. Loads both that and the JSON values of workers that wrote their
+    changelogs in Faust's JSON (any record not starting with the mark), so a worker recovers a table
+    written before the change of format. Bytes neither format decodes load as :class:`Undecodable`.
+    ``0xc1`` is "never used" in the msgpack specification (github.com/msgpack/msgpack, spec.md) and is
+    not a valid first byte of UTF-8, so the two formats cannot be mistaken for each other."""
+
+    _enc = msgspec.msgpack.Encoder()
+    _dec = msgspec.msgpack.Decoder()
+    _legacy = _ChangelogJsonCodec()
+
+    def _dumps(self, obj: Any) -> bytes:
+        return CHANGELOG_MARK + self._enc.encode(obj)
+
+    def _loads(self, s: bytes) -> Any:
+        if s[:1] != CHANGELOG_MARK:
+            return self._legacy._loads(s)
+        try:
+            return self._dec.decode(memoryview(s)[1:])
+        except (msgspec.DecodeError, ValueError, TypeError) as exc:
+            return Undecodable(bytes(s), f"not msgpack: {exc}")
+
+
 MSGPACK = "obshub-msgpack"
 STR = "obshub-str"
 CHANGELOG_JSON = "obshub-changelog-json"
+CHANGELOG = "obshub-changelog"
 codecs.register(MSGPACK, _MsgpackCodec())
 codecs.register(STR, _StrCodec())
 codecs.register(CHANGELOG_JSON, _ChangelogJsonCodec())
+codecs.register(CHANGELOG, _ChangelogCodec())
 
 _enc = msgspec.msgpack.Encoder()
 

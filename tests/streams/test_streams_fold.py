@@ -467,9 +467,10 @@ def test_writeback_reads_each_key_of_the_table_once():
 
 
 def test_closed_records_recovered_from_a_json_changelog_still_recognise_replays():
-    """The worker's changelogs are JSON (``wire.CHANGELOG_JSON``), which writes the ``closed`` record's
-    digest bytes as the text of their repr: after such a recovery a replayed batch of a closed step is
-    still a replay (nothing counted), and a new agent instance's batch is still late data."""
+    """Older workers wrote their changelogs in Faust's JSON (``wire.CHANGELOG_JSON``), which writes the
+    ``closed`` record's digest bytes as the text of their repr; the worker's codec (``wire.CHANGELOG``)
+    still reads them: after such a recovery a replayed batch of a closed step is still a replay (nothing
+    counted), and a new agent instance's batch is still late data."""
     from faust.serializers import codecs
 
     from streams import wire
@@ -481,7 +482,7 @@ def test_closed_records_recovered_from_a_json_changelog_still_recognise_replays(
         pipe.feed(v)
     again = pipe.restarted()
     for k, rec in list(again.tables["closed"].items()):
-        dict.__setitem__(again.tables["closed"], k, json_codec.loads(json_codec.dumps(rec)))
+        dict.__setitem__(again.tables["closed"], k, codecs.loads(wire.CHANGELOG, json_codec.dumps(rec)))
     assert all(isinstance(r["bids"], str) for r in again.tables["closed"].values())
     again.feed(msgs[-1], offset=len(msgs) - 1)  # a replay of the last step's batch after the restart
     assert again.tables["jobs"]["j@0"]["pending"]["late_events"] == 0

@@ -1,5 +1,5 @@
-"""A damaged table changelog cannot wedge a stream worker: records whose key or value is not UTF-8 or not
-JSON (the changelog format) in the changelogs of an app are logged, counted and skipped when a worker
+"""A damaged table changelog cannot wedge a stream worker: records whose key or value does not decode
+(keys: JSON text; values: msgpack after a mark byte, or JSON as older workers wrote them) in the changelogs of an app are logged, counted and skipped when a worker
 (re)starts and recovers its tables; it becomes ready and summarises new input."""
 
 from __future__ import annotations
@@ -44,11 +44,13 @@ def test_undecodable_changelog_records_are_skipped_and_the_worker_becomes_ready(
         (f"{app}-parts-changelog", b"\xff\xfenot utf-8", b'{"a": 1}'),
         (f"{app}-steps-changelog", b'"job|1"', b"not json at all"),
         (f"{app}-agents-changelog", b"\x80\x81", b"\xc1"),
+        (f"{app}-closed-changelog", b'"job|2"', b"\xc1\x93\x01"),  # the msgpack mark, then a cut array
     ]
     for topic, key, value in bad:
         for part in range(2):
             p.produce(topic, key=key, value=value, partition=part)
-        p.produce(topic, key=b'"valid"', value=b'{"ok": 1}', partition=0)  # undamaged records recover
+        p.produce(topic, key=b'"valid"', value=b'{"ok": 1}', partition=0)  # undamaged records recover,
+        p.produce(topic, key=b'"valid2"', value=b"\xc1\x81\xa2ok\x01", partition=0)  # in either format
     assert p.flush(10) == 0
     port = _free_port()
     w = testkit.Worker(topics, app, 302, tmp_path / "w.log", window_s=30.0, partitions=2, metrics_port=port)
@@ -60,7 +62,7 @@ def test_undecodable_changelog_records_are_skipped_and_the_worker_becomes_ready(
         assert sorted(s["step"] for s in got) == [0, 1], "the recovered worker processes new input"
         text = (tmp_path / "w.log").read_text(errors="replace")
         assert text.count("skipped a changelog record") == 2 * len(bad), text[-3000:]
-        assert "key (not UTF-8: byte 0xff" in text and "value (not JSON" in text
+        assert "key (not UTF-8: byte 0xff" in text and "value (not JSON" in text and "value (not msgpack" in text
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         skipped = sum(
             float(v) for v in re.findall(r"^obshub_streams_changelog_skipped_total\{[^}]*\} (\S+)$", metrics, re.M)
