@@ -23,7 +23,7 @@ class Problem:
     rule: str | None = None
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.col}"
+        where = f"{self.file}:{self.line}:{self.col}" if self.line else self.file  # 0: a whole-file problem
         what = f'rule "{self.rule}": ' if self.rule else ""
         return f"{where}: {what}{self.message}"
 
