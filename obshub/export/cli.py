@@ -40,7 +40,13 @@ def trace_group():
 
 @trace_group.command("export", epilog=EPILOG)
 @click.option("--job", required=True, help="job name (as the agents or `obshub replay` published it)")
-@click.option("--steps", "steps", required=True, help="step or inclusive range A-B")
+@click.option(
+    "--steps",
+    "steps",
+    required=True,
+    callback=lambda _ctx, _param, value: parse_steps(value),
+    help="step or inclusive range A-B",
+)
 @click.option("-o", "--output", required=True, help="output JSON file, or - for stdout")
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
 @click.option(
@@ -62,7 +68,7 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
     from obshub.export.perfetto import build_trace
     from obshub.export.source import parse_when, read_job
 
-    rng = parse_steps(steps)
+    rng = steps  # (first, last), parsed by the option's callback
     bounds = {}
     for name, value in (("since", since), ("until", until)):
         if value is not None:

@@ -218,6 +218,15 @@ def test_steps_option(steps, ok):
             parse_steps(steps)
 
 
+def test_a_bad_steps_value_names_the_option():
+    from click.testing import CliRunner
+
+    from obshub.export.cli import trace_group
+
+    res = CliRunner().invoke(trace_group, ["export", "--job", "j", "-o", "-", "--steps", "abc"])
+    assert res.exit_code == 2 and "Invalid value for '--steps': 'abc' is not a step" in res.output, res.output
+
+
 @pytest.mark.kafka
 def test_export_cli_from_kafka(kafka, unique, tmp_path):
     """Replayed batches on the broker, a step summary on the steps topic (as the stream worker writes
