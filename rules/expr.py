@@ -32,6 +32,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _COMPREHENSION = re.compile(r"\.\s*(?:all|exists|exists_one|map|filter)\s*\(\s*([A-Za-z_]\w*)\s*,")
+_CALL = re.compile(r"(?<!\w)([A-Za-z_]\w*)\s*\(")
 _MEMBER = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*\.\s*([A-Za-z_]\w*)")
 # literals and type names that may appear bare (``type(x) == int``); functions are always called, and a
 # call ``name(`` is recognised as such, so ``duration`` alone is a field reference (and unknown)
@@ -53,6 +54,19 @@ _RESERVED = {
     "null_type",
 }
 _CEL_POS = re.compile(r"<input>:(\d+):(\d+):\s*(.*)")
+# The functions and macros the CEL implementation (``cel``, cel-interpreter) evaluates, called as
+# ``f(x)`` or ``x.f()``: the CEL specification's standard definitions (github.com/google/cel-spec,
+# doc/langdef.md "Standard Definitions") that it implements, each checked against it. A call to any other
+# name compiles but fails on every evaluation ("Undefined variable or function"), so the loader rejects it.
+CEL_FUNCTIONS = frozenset(
+    {
+        "size", "has", "matches", "contains", "startsWith", "endsWith",
+        "int", "uint", "double", "string", "bytes", "type", "dyn", "duration", "timestamp",
+        "all", "exists", "exists_one", "map", "filter",
+        "getDate", "getDayOfMonth", "getDayOfWeek", "getDayOfYear", "getFullYear", "getHours",
+        "getMilliseconds", "getMinutes", "getMonth", "getSeconds",
+    }
+)  # fmt: skip
 
 
 class ExprError(ValueError):
@@ -134,11 +148,17 @@ def unknown_references(
         if name in allowed or name in names or name in bound or name in _RESERVED:
             continue
         if re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", expr):
-            continue  # a function call (CEL's own functions are checked by the compiler at run time)
+            continue  # a function call: checked against CEL_FUNCTIONS below
         near = difflib.get_close_matches(name, sorted(allowed | names), n=1)
         hint = f"; did you mean '{near[0]}'?" if near else ""
         msgs.append((f"unknown field '{name}'{hint}", offsets.get(name, 0)))
     stripped = "".join(t if k != "str" else " " * len(t) for k, t, _ in tokens(expr))  # keeps offsets
+    for m in _CALL.finditer(stripped):
+        name = m.group(1)
+        if name not in CEL_FUNCTIONS:
+            near = difflib.get_close_matches(name, sorted(CEL_FUNCTIONS), n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else " (docs/RULES.md lists the CEL functions)"
+            msgs.append((f"unknown function '{name}'{hint}", m.start()))
     for m in _MEMBER.finditer(stripped):
         base, member = m.group(1), m.group(2)
         if base in bound:

@@ -48,6 +48,22 @@ def test_good_file_loads(tmp_path):
     assert rs.rules["slow_step"].condition.source == "(stall == true && straggler != null)"
 
 
+def test_calls_of_functions_cel_does_not_have_are_rejected_with_position(tmp_path):
+    """A misspelt or missing CEL function compiles but would fail on every record: `rules check` names
+    it at its position, with the nearest function; the implementation's own functions pass."""
+    text = GOOD.replace("condition: stalled", "condition: stalled && sizee(job) > 0 && job.startWith('a')")
+    f = write(tmp_path, "f.yaml", text)
+    got = problems(f)
+    assert any(p.startswith(f"{f}:9:27: ") and "unknown function 'sizee'; did you mean 'size'?" in p for p in got), got
+    assert any("unknown function 'startWith'; did you mean 'startsWith'?" in p for p in got), got
+    assert any(
+        "unknown function 'round' (docs/RULES.md lists" in p
+        for p in problems(write(tmp_path, "g.yaml", GOOD.replace("condition: stalled", "condition: round(step) > 1")))
+    )
+    ok = "condition: size(job) > 0 && job.startsWith('a') && [1].exists(x, x > 0) && has(straggler.host)"
+    load_ruleset([write(tmp_path, "h.yaml", GOOD.replace("condition: stalled", ok))])
+
+
 def test_yaml11_surprises_rejected_with_position(tmp_path):
     text = GOOD.replace("severity: warning", "severity: warning\n    labels: {team: no, mode: 0755, at: 1:30}")
     f = write(tmp_path, "s.yaml", text)
