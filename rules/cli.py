@@ -63,13 +63,16 @@ def check_command(files):
 @rules_group.command("test", epilog=RULES_EPILOG)
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def test_command(files):
-    """Run rule unit-test FILES. Prints PASS/FAIL per test, expected vs got for failures; exit code 0
-    only when every test passes."""
+    """Run rule unit-test FILES (a directory: its *_test.yaml / *_test.yml files, in name order). Prints
+    PASS/FAIL per test, expected vs got for failures; exit code 0 only when every test passes."""
     from rules.testing import run_test_file
 
     failed = passed = 0
     broken = False
+    paths = []
     for f in files:
+        paths += sorted(p for p in f.iterdir() if p.name.endswith(("_test.yaml", "_test.yml"))) if f.is_dir() else [f]
+    for f in paths:
         try:
             results = run_test_file(f)
         except (RuleTestError, RuleValidationError) as exc:

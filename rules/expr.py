@@ -185,6 +185,8 @@ class Compiled:
 
     source: str
     program: cel.Program
+    errors: int = 0  # evaluations by :meth:`test` that failed (counted as false)
+    last_error: str = ""  # the latest of them (``rules test`` shows it when a test fails)
 
     def eval(self, activation: "dict[str, Any] | Activation") -> Any:
         """Evaluate on a map or an :class:`Activation`; raises ``EvalError`` (never another exception) on
@@ -200,7 +202,9 @@ class Compiled:
         """Evaluate as a condition: true only for the boolean ``true``; errors count as false."""
         try:
             return self.eval(activation) is True
-        except EvalError:
+        except EvalError as exc:
+            self.errors += 1
+            self.last_error = str(exc)
             return False
 
 

@@ -27,10 +27,13 @@ gets defaults and its derived fields (layer, duration_us, time_ns). Time starts 
 
 from __future__ import annotations
 
+import difflib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from obshub.core import schema
 from rules import fields
 from rules.durations import parse_duration_ns
 from rules.engine import Engine
@@ -39,10 +42,17 @@ from rules.loader import _plain, load_ruleset
 from rules.yamlfile import load_yaml, position, yaml11_surprises
 
 BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+MAX_REPEAT = 100_000  # records one input may expand to (a larger `repeat:` is a typo, not a test)
 _TEST_KEYS = {"name", "input", "expect"}
 _INPUT_KEYS = {"at", "steps", "events", "health", "repeat", "every"}
 _EXPECT_KEYS = {"at", "alerts"}
 _ALERT_KEYS = {"rule", "state", "labels", "annotations"}
+_EVENT_INTS = ("host_id", "batch_seq", "ts_ns", "duration_ns", "trace_key", "step", "pid", "tid", "gpu", "value")
+_EVENT_STRS = ("kind", "job", "host", "agent_id")
+_EVENT_KEYS = {*_EVENT_INTS, *_EVENT_STRS, "payload"}  # what the short form of an event reads
+_HEALTH_KEYS = set(fields.HEALTH_VARS)
+_STEP_KEYS = set(fields.STEP_VARS) | {"closed_at_ns", "v"}
+_STATES = ("pending", "firing")
 
 
 @dataclass
@@ -75,6 +85,60 @@ def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], w
                 f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})",
                 key=True,
             )
+
+
+def _what(v: Any) -> str:
+    """``v`` as an error names it: its YAML type and value (``str 'one'``, ``mapping {'a': 1}``)."""
+    t = "mapping" if isinstance(v, dict) else "list" if isinstance(v, list) else type(v).__name__
+    return f"{t} {_plain(v)!r}"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and schema.I64_MIN <= v <= schema.I64_MAX
+
+
+def _input_problem(signal: str, spec: Any) -> str | None:
+    """What is wrong with one input record of a test (as ``<signal>.<field>: reason``), or None. The
+    checks are those production applies to the same record: a step summary goes through the steps
+    topic's decoder, an event's fields must have its schema's types, and a field the record does not
+    have is named (a misspelt field would otherwise be dropped and the test fail without a reason)."""
+    if not isinstance(spec, dict):
+        return f"{signal}: expected a mapping, got {_what(spec)}"
+    allowed = {"steps": _STEP_KEYS, "events": _EVENT_KEYS, "health": _HEALTH_KEYS}[signal]
+    for k in spec:
+        if k not in allowed:
+            near = difflib.get_close_matches(str(k), sorted(allowed), n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else f" (fields: {', '.join(sorted(allowed))})"
+            return f"{signal}: unknown field '{k}'{hint}"
+    if signal == "steps":
+        try:
+            schema.decode_step_summary(json.dumps(spec).encode())
+        except (schema.SchemaError, TypeError, ValueError) as exc:
+            return f"steps.{exc}"
+        return None
+    if signal == "events":
+        for k in _EVENT_INTS:
+            if k in spec and not _is_int(spec[k]):
+                return f"events.{k}: expected a 64-bit integer, got {_what(spec[k])}"
+        for k in _EVENT_STRS:
+            if k in spec and not (isinstance(spec[k], str) and spec[k]):
+                return f"events.{k}: expected a non-empty string, got {_what(spec[k])}"
+        pl = spec.get("payload")
+        if pl is not None and not (
+            isinstance(pl, dict) and all(isinstance(v, (str, int, float, bool)) or v is None for v in pl.values())
+        ):
+            return "events.payload: expected a mapping of names to strings, numbers or booleans"
+        return None
+    for k in ("topic", "group", "component"):
+        if k in spec and not isinstance(spec[k], str):
+            return f"health.{k}: expected a string, got {_what(spec[k])}"
+    for k in ("lag_messages", "time_ns"):
+        if k in spec and not _is_int(spec[k]):
+            return f"health.{k}: expected an integer, got {_what(spec[k])}"
+    for k in ("idle_s", "uptime_s"):
+        if k in spec and not (isinstance(spec[k], (int, float)) and not isinstance(spec[k], bool)):
+            return f"health.{k}: expected a number, got {_what(spec[k])}"
+    return None
 
 
 def _record(signal: str, spec: dict, t_ns: int) -> dict:
@@ -125,12 +189,26 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
                 raise _err(
                     file, doc, ["tests", i, "input", j], "an input needs `at:` and exactly one of steps, events, health"
                 )
-            if sigs[0] == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
+            sig = sigs[0]
+            why = _input_problem(sig, inp[sig])
+            if why is not None:
+                raise _err(file, doc, ["tests", i, "input", j, sig], why)
+            if sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
                 raise _err(file, doc, ["tests", i, "input", j, "events"], "an event needs a known `kind:`")
+            rep = inp.get("repeat", 1)
+            if not (_is_int(rep) and 1 <= rep <= MAX_REPEAT):
+                raise _err(file, doc, ["tests", i, "input", j, "repeat"], f"`repeat:` must be 1..{MAX_REPEAT}")
         for j, exp in enumerate(t.get("expect") or []):
             _check_keys(file, doc, ["tests", i, "expect", j], exp, _EXPECT_KEYS, "an expectation")
             for k, a in enumerate(exp.get("alerts") or []):
                 _check_keys(file, doc, ["tests", i, "expect", j, "alerts", k], a, _ALERT_KEYS, "an expected alert")
+                if a.get("state", "firing") not in _STATES:
+                    raise _err(
+                        file,
+                        doc,
+                        ["tests", i, "expect", j, "alerts", k, "state"],
+                        f"`state:` is pending or firing, not {a.get('state')!r} (a resolved alert is no longer listed)",
+                    )
         for _j, node in [(j, n) for j, n in enumerate((t.get("input") or []) + (t.get("expect") or []))]:
             try:
                 parse_duration_ns(str(node.get("at")))
@@ -172,6 +250,8 @@ def run_case(ruleset, case: dict, file: str) -> TestResult:
     """Run one test case against a fresh engine; returns its result."""
     res = TestResult(file, case.get("name", "(unnamed)"))
     engine = Engine(ruleset, notify=lambda _c: None)
+    for rule in ruleset.rules.values():
+        rule.condition.errors, rule.condition.last_error = 0, ""
     timeline: list[tuple[int, int, Any]] = []
     for inp in case.get("input") or []:
         start, every = parse_duration_ns(inp["at"]), parse_duration_ns(inp.get("every", "1s"))
@@ -198,6 +278,13 @@ def run_case(ruleset, case: dict, file: str) -> TestResult:
             lines.append("  got:")
             lines += [f"    {_fmt_alert(g)}" for g in got] or ["    (no alerts)"]
             res.failures.append("\n".join(lines))
+    if res.failures:  # a condition that cannot be evaluated is the likeliest reason for "(no alerts)"
+        for rid, rule in sorted(ruleset.rules.items()):
+            if rule.condition.errors:
+                res.failures.append(
+                    f"rule {rid}: its condition failed to evaluate {rule.condition.errors} time(s), counted as"
+                    f" false; last: {rule.condition.last_error}"
+                )
     return res
 
 

@@ -96,6 +96,71 @@ def test_rules_test_reports_malformed_test_file_and_broken_rules(tmp_path):
     assert res.returncode == 1 and "unknown field 'inputs'" in res.stderr and "t_test.yaml:5:5" in res.stderr
 
 
+@pytest.mark.parametrize(
+    "old, new, where, why",
+    [
+        ("step: 1,", 'step: "one",', "7:16", "steps.step: expected an integer, got str 'one'"),
+        ("step: 1,", "stepp: 1,", "7:16", "steps: unknown field 'stepp'; did you mean 'step'?"),
+        (
+            "steps: {job: llm, step: 1, quality: {lost_batches: 2}}",
+            "events: {kind: CUDA_SYNC, duration_ns: thirty}",
+            "7:17",
+            "events.duration_ns: expected a 64-bit integer, got str 'thirty'",
+        ),
+        (
+            "steps: {job: llm, step: 1, quality: {lost_batches: 2}}",
+            "events: {kind: CUDA_SYNC, host: {a: 1}}",
+            "7:17",
+            "events.host: expected a non-empty string, got mapping {'a': 1}",
+        ),
+        ("steps: {job: llm, step: 1, quality: {lost_batches: 2}}", "events: 5", "7:17", "events: expected a mapping"),
+        (
+            "steps: {job: llm, step: 1, quality: {lost_batches: 2}}",
+            "health: {lag_messages: lots}",
+            "7:17",
+            "health.lag_messages: expected an integer",
+        ),
+        ("- at: 0s\n", "- at: 0s\n        repeat: 100000000\n", "7:17", "`repeat:` must be 1..100000"),
+        (
+            "labels: {job: llm}",
+            "labels: {job: llm}\n            state: fring",
+            "13:20",
+            "`state:` is pending or firing",
+        ),
+    ],
+)
+def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new, where, why):
+    """A test input production would refuse (wrong type, misspelt field, absurd repeat) is an error at
+    its file:line:col naming the field, never a traceback or a silently dropped field."""
+    from rules.errors import RuleTestError
+    from rules.testing import run_test_file
+
+    (tmp_path / "rules.yaml").write_text(RULE)
+    t = tmp_path / "t_test.yaml"
+    assert old in TEST_OK
+    t.write_text(TEST_OK.replace(old, new, 1))
+    with pytest.raises(RuleTestError) as exc:
+        run_test_file(t)
+    assert f"{t}:{where}: " in str(exc.value) and why in str(exc.value), str(exc.value)
+
+
+def test_rules_test_shows_a_condition_that_fails_to_evaluate_and_runs_a_directory(tmp_path):
+    """A failing test whose rule's condition raised on the records says so (the likeliest reason for
+    "(no alerts)"); a directory runs its test files in name order."""
+    from rules.testing import run_test_file
+
+    (tmp_path / "rules.yaml").write_text(RULE.replace("quality.lost_batches > 0", "quality.lost_batches + 0.5 > 0"))
+    t = tmp_path / "t_test.yaml"
+    t.write_text(TEST_OK)
+    (res,) = run_test_file(t)
+    assert not res.ok
+    assert "rule lost_batches: its condition failed to evaluate 1 time(s), counted as false; last:" in res.failures[-1]
+    (tmp_path / "rules.yaml").write_text(RULE)
+    (tmp_path / "notes.txt").write_text("not a test file")
+    got = run("rules", "test", str(tmp_path))
+    assert got.returncode == 0 and "1 passed, 0 failed" in got.stdout, got.stdout + got.stderr
+
+
 def test_help_has_examples():
     res = run("rules", "--help")
     assert res.returncode == 0 and "obshub rules check rules/builtin" in res.stdout and "#" in res.stdout
