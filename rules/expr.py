@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cel
@@ -185,8 +185,8 @@ class Compiled:
 
     source: str
     program: cel.Program
-    errors: int = 0  # evaluations by :meth:`test` that failed (counted as false)
-    last_error: str = ""  # the latest of them (``rules test`` shows it when a test fails)
+    errors: int = field(default=0, compare=False)  # evaluations by :meth:`test` that failed (counted as false)
+    last_error: str = field(default="", compare=False)  # the latest (``rules test`` shows it on a failure)
 
     def eval(self, activation: "dict[str, Any] | Activation") -> Any:
         """Evaluate on a map or an :class:`Activation`; raises ``EvalError`` (never another exception) on
