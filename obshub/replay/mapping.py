@@ -215,6 +215,10 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _int_or_none(v: Any) -> int | None:
+    return v if is_int(v) else None
+
+
 def _collective_span(e: dict, base_ns: int) -> tuple[str, CollSpan] | None:
     """``("new"|"old", span)`` when ``e`` is a CPU-side collective record, else None. "new" =
     ``record_param_comms`` carrying ``Collective name`` (Kineto with NCCL metadata), "old" = the
@@ -275,7 +279,15 @@ def load_rank(path: Path, *, rank: int | None = None) -> RankTrace:
             if isinstance(args.get("Collective name"), str):
                 op = normalize_op(args["Collective name"])
             kernels.append(
-                (e["ts"], e.get("dur"), args.get("device"), args.get("stream"), args.get("correlation"), name, op)
+                (
+                    e["ts"],
+                    e.get("dur"),
+                    args.get("device"),
+                    args.get("stream"),
+                    _int_or_none(args.get("correlation")),
+                    name,
+                    op,
+                )
             )
             continue
         sp = _collective_span(e, 0)
@@ -448,6 +460,9 @@ def _map_one(
         st.skipped["not a JSON object"] += 1
         return None
     ph, cat, name = e.get("ph"), e.get("cat"), e.get("name")
+    if cat is not None and not isinstance(cat, str):
+        st.skipped["invalid cat (not a string)"] += 1
+        return None
     if ph == "M":
         st.skipped["metadata"] += 1
         return None
@@ -482,7 +497,7 @@ def _map_one(
         return Event(Kind.PYTORCH_OP, ts, dur, key(step), step, rt.pid, tid, -1, 0, {"op": short})
     if cat in ("cuda_runtime", "cuda_driver"):
         corr = args.get("correlation")
-        if corr in nccl_corr:
+        if is_int(corr) and corr in nccl_corr:
             launches[corr] = (tid, ts)
         kind = _runtime_kind(name)
         if kind is None:

@@ -125,6 +125,27 @@ def test_unknown_categories_and_missing_fields_are_skipped_and_counted(tmp_path)
         schema.validate_event(list(e))
 
 
+def test_a_list_where_a_category_or_correlation_id_belongs_is_skipped(tmp_path):
+    """Values JSON allows but a trace never holds (a list as ``cat`` or ``args.correlation``) are
+    skipped and counted like any invalid field, never a crash."""
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 100, "dur": 900}
+    launch = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 320, "dur": 3}
+    kernel = {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "pid": 0, "tid": 7}
+    evs = [
+        step,
+        {**launch, "args": {"correlation": [1]}},
+        {**kernel, "ts": 330, "dur": 20, "args": {"device": 0, "stream": 7, "correlation": [1]}},
+        {"ph": "X", "cat": [1], "name": "aten::mm", "pid": 1, "tid": 1, "ts": 200, "dur": 10},
+    ]
+    p = tmp_path / "lists.json"
+    p.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 1}, "traceEvents": evs}))
+    rt, out = _map_all(p)
+    assert rt.stats.skipped["invalid cat (not a string)"] == 1
+    assert [schema.Kind(e.kind).name for e in out].count("CUDA_LAUNCH") == 1
+    for e in out:
+        schema.validate_event(list(e))
+
+
 def test_trace_without_steps_is_flagged(tmp_path):
     p = tmp_path / "rank0.json"
     p.write_text(
@@ -281,6 +302,7 @@ def _strategies():
             "weird",
             None,
             7,
+            [1],  # not hashable
         ]
     )
     name = st.one_of(
@@ -309,7 +331,7 @@ def _strategies():
         st.fixed_dictionaries(
             {},
             optional={
-                "correlation": num,
+                "correlation": st.one_of(num, st.lists(st.integers(0, 9), max_size=2)),
                 "device": num,
                 "stream": num,
                 "bytes": num,
