@@ -45,7 +45,7 @@ Examples:
   obshub agent --registered --bootstrap kafka1:9093 --security-protocol SASL_SSL \\
       --sasl-mechanism SCRAM-SHA-512 --sasl-username agent --ssl-ca-location /etc/ssl/kafka-ca.pem
                                                             # a secured cluster; password from
-                                                            # $OBSHUB_SASL_PASSWORD
+                                                            # $OBSHUB_KAFKA_SASL_PASSWORD
 \b
 Exit codes: 0 everything delivered; 1 an error (message and hint on stderr); 3 batches left undelivered
 in the spool ($OBSHUB_HOME/spool/<host>), replayed by the next start with the same --host.

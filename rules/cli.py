@@ -22,7 +22,7 @@ Examples:
   obshub rules test rules/builtin/tests/*.yaml      # run the rule unit tests
   obshub rules serve                                # builtin pack, console sink, local Kafka
   obshub rules serve -r rules/builtin -r team.yaml -c alerting.yaml   # your rules and sinks
-  obshub rules serve --metrics-port 9108            # also Prometheus metrics on 127.0.0.1:9108
+  obshub rules serve --metrics-port 9108            # also Prometheus metrics on :9108 (every interface)
   obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
   obshub rules serve --scale-out --group-prefix prod   # one of several engines sharing the jobs (run N)
   kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now

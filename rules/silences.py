@@ -122,7 +122,7 @@ class SilenceStore:
         for m in matchers:
             Matcher.parse(m)
         if ends_at_ns <= starts_at_ns:
-            raise SilenceError("the silence ends before it starts", "give a positive --duration or a later --end")
+            raise SilenceError("the silence ends before it starts", "give a positive --duration")
         if not author.strip() or not comment.strip():
             raise SilenceError(
                 "a silence needs an author and a comment (why it is muted)",

@@ -302,7 +302,7 @@ def load_rank(path: Path, *, rank: int | None = None) -> RankTrace:
         if r is None:
             raise ReplayError(
                 f"Failed to tell the rank of {path}: no distributedInfo.rank and no rank in the file name",
-                hint="name files rank<N>.json or pass one file per --rank",
+                hint="name the files rank<N>.json (or worker<N>, <name>_<N>.json), one per rank",
             )
     if r > schema.HOST_ID_MAX:
         raise ReplayError(f"rank {r} of {path} exceeds obshub's 16-bit host id", hint="replay a subset of ranks")

@@ -177,6 +177,11 @@ def read_secret(name: str, env: str | None, file: Path | None, what: str) -> Sec
 
 def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
     """Construct the sink of ``spec``, reading its secrets. Raises SinkConfigError."""
+    if spec.type in ("slack", "webhook") and spec.url:
+        raise SinkConfigError(
+            f"sink '{spec.name}': a {spec.type} sink's URL is a secret and is not read from `url:`",
+            "put it in an environment variable (`url_env:`) or a file (`url_file:`), never in the config file",
+        )
     if spec.type == "slack":
         return SlackSink(
             spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"), spec.min_severity
@@ -215,7 +220,9 @@ def load_config(path: Path | None) -> AlertingConfig:
         return AlertingConfig.model_validate(raw or {})
     except ValidationError as exc:
         lines = [f"{path}: {'/'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
-        raise SinkConfigError("invalid alerting config:\n" + "\n".join(lines), "see rules/sinks/config.py") from None
+        raise SinkConfigError(
+            "invalid alerting config:\n" + "\n".join(lines), "see docs/RULES.md, section 'Alerting config'"
+        ) from None
 
 
 def build_sinks(cfg: AlertingConfig) -> list[Sink]:

@@ -384,6 +384,10 @@ def test_missing_secret_is_a_clear_error(monkeypatch, tmp_path):
         AlertingConfig.model_validate({"sinks": [{"name": "p", "type": "pagerduty", "routing_key_file": str(f)}]})
     )[0]
     assert pd.event(alert())["routing_key"] == "FILESECRET"
+    for kind in ("slack", "webhook"):  # a secret URL written into the config is refused, and says why
+        cfg = AlertingConfig.model_validate({"sinks": [{"name": "s", "type": kind, "url": "https://hooks.example/x"}]})
+        with pytest.raises(SinkConfigError, match=f"a {kind} sink's URL is a secret and is not read from `url:`"):
+            build_sinks(cfg)
 
 
 # ---------------------------------------------------------------------- dispatcher: isolation, muting
