@@ -33,7 +33,7 @@ Examples:
 """
 
 
-@click.group("streams")
+@click.group("streams", epilog=WORKER_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 def streams_group():
     """The Faust stream application: per-step join across nodes, straggler and layer blame."""
 
@@ -277,7 +277,7 @@ def _line(s: dict) -> str:
     return "  ".join(parts)
 
 
-@click.group("tail")
+@click.group("tail", epilog=TAIL_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 def tail_command():
     """Follow obshub's output topics as they are written."""
 

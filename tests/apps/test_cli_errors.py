@@ -62,3 +62,23 @@ def test_agent_rate_validated(tmp_path, rate):
 def test_reading_commands_refuse_a_timeout_that_is_not_positive(tmp_path, cmd):
     r = run([*cmd, "--timeout-s", "-1"], tmp_path)
     assert r.returncode == 2 and "--timeout-s" in r.stderr and "x>0" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_command_and_group_has_examples_in_its_help():
+    """`--help` teaches: every command and group of the obshub command line ends with examples."""
+    import click
+    from click.testing import CliRunner
+
+    from obshub.cli import cli
+
+    def walk(cmd, path):
+        yield path
+        if isinstance(cmd, click.Group):
+            ctx = click.Context(cmd)
+            for name in cmd.list_commands(ctx):
+                yield from walk(cmd.get_command(ctx, name), [*path, name])
+
+    paths = list(walk(cli, []))
+    assert len(paths) >= 20
+    missing = [" ".join(p) for p in paths if "Examples:" not in CliRunner().invoke(cli, [*p, "--help"]).output]
+    assert not missing, missing
