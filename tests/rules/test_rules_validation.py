@@ -218,6 +218,9 @@ def test_rules_check_cli_exit_codes(tmp_path):
     res = run_cli("rules", "check", "rules/builtin", str(bad))
     assert res.returncode == 1
     assert f"{bad}:8:14: " in res.stderr and "FAILED: 1 problem(s)" in res.stderr
+    empty = write(tmp_path, "empty.yaml", "# nothing here yet\n")
+    res = run_cli("rules", "check", "rules/builtin", str(empty))
+    assert res.returncode == 0 and f"warning: {empty}: the file is empty" in res.stderr, res.stderr
     gone = run_cli("rules", "check", str(tmp_path / "missing.yaml"))
     assert gone.returncode == 1
     assert f"{tmp_path / 'missing.yaml'}: cannot read: No such file" in gone.stderr, gone.stderr  # no :0:0
