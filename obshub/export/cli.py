@@ -76,6 +76,13 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
                 bounds[f"{name}_ns"] = parse_when(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
+    if len(bounds) == 2 and bounds["until_ns"] < bounds["since_ns"]:
+        raise click.BadParameter(f"{until!r} is before --since {since!r}", param_hint="'--until'")
+    if output != "-" and not Path(output).resolve().parent.is_dir():  # before minutes of reading topics
+        raise ExportError(
+            f"cannot write {output}: its folder {Path(output).resolve().parent} does not exist",
+            hint="choose a writable path for -o (its folder must exist), or -o - for stdout",
+        )
     settings = load_settings(bootstrap=bootstrap)
     data = read_job(
         settings.bootstrap_servers,

@@ -225,6 +225,22 @@ def test_a_bad_steps_value_names_the_option():
 
     res = CliRunner().invoke(trace_group, ["export", "--job", "j", "-o", "-", "--steps", "abc"])
     assert res.exit_code == 2 and "Invalid value for '--steps': 'abc' is not a step" in res.output, res.output
+    args = ["export", "--job", "j", "-o", "-", "--steps", "1", "--since", "1h", "--until", "2h", "--bootstrap", "x:1"]
+    res = CliRunner().invoke(trace_group, args)  # 2 hours ago is before 1 hour ago: refused before any read
+    assert res.exit_code == 2 and "Invalid value for '--until': '2h' is before --since '1h'" in res.output, res.output
+
+
+def test_an_output_folder_that_does_not_exist_is_refused_before_reading(tmp_path):
+    from click.testing import CliRunner
+
+    from obshub.core.errors import ObshubError
+    from obshub.export.cli import trace_group
+
+    out = tmp_path / "nope" / "t.json"
+    res = CliRunner().invoke(
+        trace_group, ["export", "--job", "j", "-o", str(out), "--steps", "1", "--bootstrap", "x:1"]
+    )
+    assert isinstance(res.exception, ObshubError) and "does not exist" in str(res.exception), res.output
 
 
 @pytest.mark.kafka
