@@ -39,7 +39,7 @@ from rules.durations import parse_duration_ns
 from rules.engine import Engine
 from rules.errors import Problem, RuleTestError
 from rules.loader import _plain, load_ruleset
-from rules.yamlfile import load_yaml, position, yaml11_surprises
+from rules.yamlfile import load_yaml, position, yaml11_surprises, yaml_type
 
 BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 MAX_REPEAT = 100_000  # records one input may expand to (a larger `repeat:` is a typo, not a test)
@@ -89,8 +89,7 @@ def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], w
 
 def _what(v: Any) -> str:
     """``v`` as an error names it: its YAML type and value (``str 'one'``, ``mapping {'a': 1}``)."""
-    t = "mapping" if isinstance(v, dict) else "list" if isinstance(v, list) else type(v).__name__
-    return f"{t} {_plain(v)!r}"
+    return f"{yaml_type(v)} {_plain(v)!r}"
 
 
 def _is_int(v: Any) -> bool:

@@ -189,14 +189,14 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
     if err.validator == "required":
         return f"{where}: {err.message}", False
     if err.validator == "type":
-        got = type(err.instance).__name__
-        return f"{where}: expected {err.validator_value}, got {got} {err.instance!r}", False
+        got = yaml_type(err.instance)
+        return f"{where}: expected {err.validator_value}, got {got} {plain_value(err.instance)!r}", False
     if err.validator == "enum":
         return f"{where}: {err.instance!r} is not one of {', '.join(map(str, err.validator_value))}", False
     if err.validator == "pattern":
         return f"{where}: {err.instance!r} does not match {err.validator_value}", False
     if err.validator == "const":
-        return f"{where}: must be {err.validator_value!r}, got {err.instance!r}", False
+        return f"{where}: must be {err.validator_value!r}, got {plain_value(err.instance)!r}", False
     return f"{where}: {err.message}", False
 
 
@@ -225,6 +225,40 @@ def _rule_name(doc: Any, path: list) -> str | None:
         except (KeyError, IndexError, TypeError, AttributeError):
             return None
     return None
+
+
+def yaml_type(v: Any) -> str:
+    """The YAML type of a parsed value, as a message names it (not ruamel's class names)."""
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, dict):
+        return "mapping"
+    if isinstance(v, list):
+        return "list"
+    return "null" if v is None else type(v).__name__
+
+
+def plain_value(v: Any) -> Any:
+    """``v`` with ruamel's node types turned into plain str/int/float/list/dict (for ``repr`` in messages)."""
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if isinstance(v, dict):
+        return {plain_value(k): plain_value(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [plain_value(x) for x in v]
+    return v
 
 
 def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:

@@ -105,7 +105,7 @@ def test_rules_test_reports_malformed_test_file_and_broken_rules(tmp_path):
             "steps: {job: llm, step: 1, quality: {lost_batches: 2}}",
             "events: {kind: CUDA_SYNC, duration_ns: thirty}",
             "7:17",
-            "events.duration_ns: expected a 64-bit integer, got str 'thirty'",
+            "events.duration_ns: expected a 64-bit integer, got string 'thirty'",
         ),
         (
             "steps: {job: llm, step: 1, quality: {lost_batches: 2}}",

@@ -64,6 +64,14 @@ def test_calls_of_functions_cel_does_not_have_are_rejected_with_position(tmp_pat
     load_ruleset([write(tmp_path, "h.yaml", GOOD.replace("condition: stalled", ok))])
 
 
+def test_a_mistyped_value_is_named_by_its_yaml_type(tmp_path):
+    text = GOOD.replace(
+        "severity: warning", "severity: warning\n    window: 1m\n    threshold: {aggregate: count, at_least: 'five'}"
+    )
+    got = problems(write(tmp_path, "t.yaml", text))
+    assert any("at_least: expected number, got string 'five'" in p for p in got), got
+
+
 def test_yaml11_surprises_rejected_with_position(tmp_path):
     text = GOOD.replace("severity: warning", "severity: warning\n    labels: {team: no, mode: 0755, at: 1:30}")
     f = write(tmp_path, "s.yaml", text)
