@@ -82,7 +82,8 @@ def _sigterm(*_):
     "params",
     multiple=True,
     metavar="KEY=VALUE",
-    help="fault size, e.g. percent=8 (net-loss), rate_mbit=24 (net-slow), procs=6 (cpu), room_mb=48 (mem)",
+    help="fault size, a positive number: percent (net-loss, default 8); rate_mbit, burst_kb, latency_ms "
+    "(net-slow: 24, 32, 100); procs (cpu); room_mb, hog_anon_mb, file_mb (mem: 48, 24, 256)",
 )
 @click.option("--hidden", type=int, default=None, help="ddp_train MLP width (default: its own)")
 @click.option(

@@ -47,6 +47,13 @@ from obshub.demo.cluster import SUBNET, Cluster, Host, cgroup_pids, sh
 from obshub.demo.errors import FaultError
 
 KINDS = ("none", "net-slow", "net-loss", "cpu", "mem", "hang", "exit")
+# the settings a fault reads from ``--param KEY=VALUE`` (each a positive number; defaults in its class)
+PARAMS = {
+    "net-slow": ("rate_mbit", "burst_kb", "latency_ms"),
+    "net-loss": ("percent",),
+    "cpu": ("procs",),
+    "mem": ("room_mb", "hog_anon_mb", "file_mb"),
+}
 LAYER_OF = {
     "net-slow": "network",
     "net-loss": "network",

@@ -40,7 +40,7 @@ from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
-from obshub.demo.faults import KINDS, LAYER_OF, make_fault
+from obshub.demo.faults import KINDS, LAYER_OF, PARAMS, make_fault
 from obshub.demo.verdict import AlertSeen, check_resolved, judge
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
@@ -97,6 +97,17 @@ class DemoOptions:
                 raise DemoError("--sequence: exit must be the last episode", "the killed rank does not come back")
         if self.fault not in KINDS:
             raise DemoError(f"unknown fault {self.fault!r}", f"use one of {', '.join(KINDS)}")
+        known = {k: kind for kind, keys in PARAMS.items() for k in keys}
+        for key, value in self.fault_params.items():
+            if key not in known:
+                raise DemoError(
+                    f"--param {key}: no fault reads it",
+                    "known: " + ", ".join(f"{k} ({kind})" for k, kind in known.items()),
+                )
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise DemoError(f"--param {key}={value}: expected a positive number")
+        if self.fault_params.get("percent", 0) > 100:
+            raise DemoError(f"--param percent={self.fault_params['percent']}: at most 100")
         if self.hosts < 2:
             raise DemoError(f"--hosts {self.hosts}: a straggler needs peers", "use --hosts 2 or more")
         if not 0 <= self.fault_host < self.hosts:

@@ -3,6 +3,8 @@ Alertmanager payloads), with a real HTTP server and the rule engine's own sinks 
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -189,3 +191,21 @@ def test_hang_verdict_needs_the_alert_to_resolve_after_the_thaw():
     early = [recs[0], {**recs[1], "received_ns": thawed - 1}]
     v = check_resolved(judge("hang", "node-02", "process", T0, [a]), early, thawed)
     assert not v.ok and v.resolved_s is None and "did not resolve" in v.reason
+
+
+@pytest.mark.parametrize(
+    "params, why",
+    [
+        ({"percnt": 8}, "--param percnt: no fault reads it"),
+        ({"percent": "abc"}, "--param percent=abc: expected a positive number"),
+        ({"rate_mbit": 0}, "--param rate_mbit=0: expected a positive number"),
+        ({"percent": 150}, "--param percent=150: at most 100"),
+    ],
+)
+def test_fault_params_are_checked_before_the_cluster_is_built(params, why):
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    DemoOptions(fault="net-loss", fault_params={"percent": 20, "rate_mbit": 50}).check()
+    with pytest.raises(DemoError, match=re.escape(why)):
+        DemoOptions(fault="net-loss", fault_params=params).check()
