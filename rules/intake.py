@@ -331,7 +331,7 @@ def decode_change(value: bytes | None) -> dict:
     for name in ("labels", "annotations"):
         m = data.get(name, {})
         if not isinstance(m, dict):
-            raise schema.SchemaError(name, f"expected a map, got {type(m).__name__} ")
+            raise schema.SchemaError(name, f"expected a map, got {type(m).__name__} {m!r:.60}")
         for k, v in m.items():
             schema.check_json_str(f"{name} (key)", k)
             schema.check_json_str(f"{name}.{k}", v)
