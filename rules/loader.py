@@ -28,7 +28,7 @@ from rules.durations import parse_duration_ns
 from rules.errors import Problem, RuleValidationError
 from rules.expr import Compiled, ExprError, compile_expr, expand, line_col, tokens, unknown_references
 from rules.model import Correlation, InhibitRule, Rule, RuleSet
-from rules.yamlfile import position, read_rule_file
+from rules.yamlfile import plain_value, position, read_rule_file
 
 TEMPLATE_NAMES = {"labels", "value", "count", "other", "rule", "severity", "hits"}
 
@@ -173,19 +173,7 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
             )
 
 
-def _plain(node: Any) -> Any:
-    """ruamel containers/scalars -> plain python (dict/list/str/int/float/bool)."""
-    if isinstance(node, dict):
-        return {str(k): _plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    if isinstance(node, bool) or node is None:
-        return node
-    if isinstance(node, int):
-        return int(node)
-    if isinstance(node, float):
-        return float(node)
-    return str(node)
+_plain = plain_value  # ruamel containers/scalars -> plain python (the loader's and the tests' name)
 
 
 def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:

@@ -227,38 +227,36 @@ def _rule_name(doc: Any, path: list) -> str | None:
     return None
 
 
+_YAML_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (dict, "mapping"),
+    (list, "list"),
+)
+
+
 def yaml_type(v: Any) -> str:
     """The YAML type of a parsed value, as a message names it (not ruamel's class names)."""
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, int):
-        return "integer"
-    if isinstance(v, float):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, dict):
-        return "mapping"
-    if isinstance(v, list):
-        return "list"
-    return "null" if v is None else type(v).__name__
+    if v is None:
+        return "null"
+    return next((name for t, name in _YAML_TYPES if isinstance(v, t)), type(v).__name__)
 
 
-def plain_value(v: Any) -> Any:
-    """``v`` with ruamel's node types turned into plain str/int/float/list/dict (for ``repr`` in messages)."""
-    if isinstance(v, bool) or v is None:
-        return v
-    if isinstance(v, str):
-        return str(v)
-    if isinstance(v, int):
-        return int(v)
-    if isinstance(v, float):
-        return float(v)
-    if isinstance(v, dict):
-        return {plain_value(k): plain_value(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [plain_value(x) for x in v]
-    return v
+def plain_value(node: Any) -> Any:
+    """ruamel containers/scalars -> plain python (dict with str keys / list / str / int / float / bool)."""
+    if isinstance(node, dict):
+        return {str(k): plain_value(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [plain_value(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    return str(node)
 
 
 def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:
