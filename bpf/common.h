@@ -121,6 +121,28 @@ BPF_HASH(sched_acc, u32, struct obs_sched_acc, 4096);        /* tgid -> sums in 
 BPF_HASH(mem_acc, u32, struct obs_mem_acc, 4096);            /* tgid -> memory aggregate of the step */
 BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA launch aggregate of the step */
 
+#ifdef OBS_LAYER_SCHED
+/* Per watched thread (bpf/sched.c): when it left the CPU (0: on a CPU), its state then, and when it
+ * became runnable (0: not waiting in a run queue); its process (the tgid wtids holds); whether it is a
+ * training thread (has a TraceKey: set when the entry is made and the thread has a tid_key entry, or by
+ * obs_set_key in bpf/pytorch.c when it gives the thread its first key; tid_key entries live until the
+ * thread exits), and its wakeups since it last came on a CPU (summed into sched_acc when it does). One
+ * entry per thread for its whole life (deleted by obs_sched_exit together with its wtids and tid_key
+ * entries), updated in place: a switch costs one look-up per side instead of inserts and deletes. A
+ * plain hash (an LRU hash costs more per update); entries exist only for watched threads. */
+struct obs_tstate {
+    u64 off_ns;
+    s64 state;
+    u64 wake_ns;
+    u32 tgid;
+    u32 trained;
+    u32 wakes;
+    u32 pad;
+};
+
+BPF_HASH(tstate, u32, struct obs_tstate, OBS_MAX_TIDS);
+#endif
+
 /* log2 bucket of a duration in µs, 0..OBS_HIST_BUCKETS-1 (branches, no loop: verifier-friendly). */
 static __always_inline u32 obs_log2_us(u64 ns)
 {
