@@ -89,9 +89,11 @@ static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
 #endif
 }
 
+/* Is the calling thread watched? The bitmap pre-filter of bpf/common.h first: with the scheduler layer
+ * loaded, a thread whose process and thread bits are set costs no hash look-up. */
 static __always_inline int obs_usdt_gate(void)
 {
-    return obs_current_watched();
+    return obs_current_watched_fast();
 }
 
 int obs_usdt_register(struct pt_regs *ctx)

@@ -212,7 +212,7 @@ class BpfEventSource:
         self._trickle = False  # the last drain took records without filling up (see _drain)
         self._full = False  # the last drain filled up (_DRAIN_MAX records)
         self._wake_fd = -1  # bpf/common.h wake_req: set after every drain (see _want_wake)
-        self._wake_key, self._wake_one = ctypes.c_uint32(0), ctypes.c_uint64(1)
+        self._wake_key, self._wake_one, self._wake_zero = ctypes.c_uint32(0), ctypes.c_uint64(1), ctypes.c_uint64(0)
         self._update_elem = None
         self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
         self._last_drain = 0.0
@@ -539,6 +539,7 @@ class BpfEventSource:
             quiet = min(int(timeout_ms), int(quiet_ms))
             if self._trickle:
                 quiet = min(quiet, self._trickle_ms)
+            self._want_wake(False)  # a step end during the sleep would wake nobody: it must not signal
             time.sleep(quiet / 1000)
             ring.wait(0)
             waited = True
@@ -567,11 +568,14 @@ class BpfEventSource:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
         return out
 
-    def _want_wake(self) -> None:
+    def _want_wake(self, want: bool = True) -> None:
         """Let the next step end wake the reader (``wake_req`` of bpf/common.h: only the first step end
-        after a drain signals the ring's fd; one map write, a system call, per drain)."""
+        after a drain signals the ring's fd; one map write, a system call, per drain), or with ``want``
+        False not (before a quiet sleep: the wakeup, an irq_work and an IPI in the training thread,
+        would find no reader waiting)."""
         if self._wake_fd >= 0:
-            self._update_elem(self._wake_fd, ctypes.byref(self._wake_key), ctypes.byref(self._wake_one), 0)
+            value = self._wake_one if want else self._wake_zero
+            self._update_elem(self._wake_fd, ctypes.byref(self._wake_key), ctypes.byref(value), 0)
 
     def poll(self, timeout_ms: int) -> list[Event]:
         """Drain the ring buffer (waiting up to ``timeout_ms`` for the first record) and the sysfs
