@@ -263,7 +263,7 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     obs_emit_mem_acc(tgid, tid, step, key, now);
     obs_emit_cuda_acc(tgid, tid, step, key, now);
     if (e)
-        obs_submit_wake(e);
+        obs_submit_wake(e, now);
     return 0;
 }
 
