@@ -157,7 +157,20 @@ int obs_usdt_step_begin(struct pt_regs *ctx)
         step_open.update(&tgid, &v);
     }
     obs_set_key(tid, key, step);
+#ifdef OBS_LAYER_SCHED
+    /* the scheduler sums restart here, in an entry that exists from the step's first instant (the
+     * scheduler layer adds to it only when a training thread comes on a CPU): the cap on single
+     * scheduler records counts from the start of the step */
+    struct obs_sched_acc *sa = sched_acc.lookup(&tgid);
+    if (sa) {
+        __builtin_memset(sa, 0, sizeof(*sa));
+    } else {
+        struct obs_sched_acc zero = {};
+        sched_acc.update(&tgid, &zero);
+    }
+#else
     sched_acc.delete(&tgid);
+#endif
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_BEGIN, tgid, tid);
     if (!e)
         return 0;
@@ -243,7 +256,7 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     }
     /* the per-step scheduler sums of this process's training threads (bpf/sched.c fills them) */
     struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
-    if (acc) {
+    if (acc && (acc->switches || acc->wakeups)) { /* a step without a switch or wakeup ships none */
         struct obs_event *s = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_STEP_SUM, tgid, tid);
         if (s) {
             s->ts_ns = now;
@@ -258,8 +271,9 @@ int obs_usdt_step_end(struct pt_regs *ctx)
             __builtin_memcpy(s->str1, &acc->offcpu_max_ns, sizeof(u64));
             obs_submit(s);
         }
-        sched_acc.delete(&tgid);
     }
+    if (acc)
+        sched_acc.delete(&tgid);
     obs_emit_mem_acc(tgid, tid, step, key, now);
     obs_emit_cuda_acc(tgid, tid, step, key, now);
     if (e)
