@@ -121,6 +121,28 @@ BPF_HASH(sched_acc, u32, struct obs_sched_acc, 4096);        /* tgid -> sums in 
 BPF_HASH(mem_acc, u32, struct obs_mem_acc, 4096);            /* tgid -> memory aggregate of the step */
 BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA launch aggregate of the step */
 
+#ifdef OBS_LAYER_SCHED
+/* Per watched thread (bpf/sched.c): when it left the CPU (0: on a CPU), its state then, and when it
+ * became runnable (0: not waiting in a run queue); its process (the tgid wtids holds); whether it is a
+ * training thread (has a TraceKey: set when the entry is made and the thread has a tid_key entry, or by
+ * obs_set_key in bpf/pytorch.c when it gives the thread its first key; tid_key entries live until the
+ * thread exits), and its wakeups since it last came on a CPU (summed into sched_acc when it does). One
+ * entry per thread for its whole life (deleted by obs_sched_exit together with its wtids and tid_key
+ * entries), updated in place: a switch costs one look-up per side instead of inserts and deletes. A
+ * plain hash (an LRU hash costs more per update); entries exist only for watched threads. */
+struct obs_tstate {
+    u64 off_ns;
+    s64 state;
+    u64 wake_ns;
+    u32 tgid;
+    u32 trained;
+    u32 wakes;
+    u32 pad;
+};
+
+BPF_HASH(tstate, u32, struct obs_tstate, OBS_MAX_TIDS);
+#endif
+
 /* log2 bucket of a duration in µs, 0..OBS_HIST_BUCKETS-1 (branches, no loop: verifier-friendly). */
 static __always_inline u32 obs_log2_us(u64 ns)
 {
@@ -300,23 +322,27 @@ static __always_inline void obs_submit(struct obs_event *e)
     events.ringbuf_submit(e, flags);
 }
 
-/* wake_req[0] = 1: the reader has drained the ring since the last wakeup of obs_submit_wake (the loader
- * sets it after every drain); the first step end after that wakes it and clears the flag. */
+/* wake_req[0]: when the next step end may wake the reader. 0: not (the reader is woken already, or
+ * sleeps on purpose); otherwise a CLOCK_MONOTONIC time in ns (bpf_ktime_get_ns()): the first step end at
+ * or after it wakes the reader and clears the value. The loader writes 1 (at once) after every drain,
+ * and, while the agent's open batch is too young to be sealed by a step end, the time it becomes old
+ * enough, so that the step end that can seal it is the one that wakes the reader. */
 BPF_ARRAY(wake_req, u64, 1);
 
-/* Submit and wake the reader at once: the end of a step, so the agent seals and sends the step's batch
- * the moment the step ends. Only the first step end since the reader's last drain wakes it (a wakeup is
- * an irq_work and an IPI, ~20 µs of the training thread's time on this project's VM, measured by
- * bench/training_overhead.py); the later ones find the reader already woken, or sleeping through them on
- * purpose (producer/loader.py `quiet_ms`), and would only add to the edge it reads once. */
-static __always_inline void obs_submit_wake(struct obs_event *e)
+/* Submit and wake the reader at once: the end of a step (at time `now`), so the agent seals and sends the
+ * step's batch the moment the step ends. Only the first step end since the reader's last drain, and not
+ * before the time in wake_req, wakes it (a wakeup is an irq_work and an IPI, ~20 µs of the training
+ * thread's time on this project's VM, measured by bench/training_overhead.py); the others find the
+ * reader already woken, or sleeping through them on purpose (producer/loader.py `quiet_ms`), and would
+ * only add to the edge it reads once. */
+static __always_inline void obs_submit_wake(struct obs_event *e, u64 now)
 {
     u32 zero = 0;
     u64 *n = submitted.lookup(&zero);
     if (n)
         __sync_fetch_and_add(n, 1);
     u64 *want = wake_req.lookup(&zero);
-    if (want && *want) {
+    if (want && *want && now >= *want) {
         *want = 0;
         events.ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
     } else {

@@ -45,13 +45,32 @@ struct obs_coll_key {
 
 BPF_TABLE("lru_hash", u32, struct obs_open_step, step_open, 4096);   /* tgid -> its open step */
 BPF_TABLE("lru_hash", u32, struct obs_open_phase, phase_open, 4096); /* tgid -> its open phase */
+/* Collectives in flight of one process and process group: the begin time of collective coll_seq in slot
+ * coll_seq % OBS_COLL_SLOTS (ts 0: free), written in place, so after a group's first collective a begin
+ * and an end are a look-up and a few stores each (an LRU hash update and delete per collective cost
+ * several times that). A begin whose slot is still taken (more than OBS_COLL_SLOTS collectives of the
+ * group in flight, or one whose end never came) goes to coll_begin_ts, keyed by collective, as does the
+ * first begin of a group whose slot entry cannot be made; an end looks in its slot first. */
+#define OBS_COLL_SLOTS 16
+struct obs_coll_pg {
+    u32 tgid;
+    u32 pad;
+    char pg[16];
+};
+
+struct obs_coll_open {
+    u64 seq[OBS_COLL_SLOTS];
+    u64 ts[OBS_COLL_SLOTS];
+};
+
+BPF_TABLE("lru_hash", struct obs_coll_pg, struct obs_coll_open, coll_open, 4096);
 BPF_TABLE("lru_hash", struct obs_coll_key, u64, coll_begin_ts, 65536);
 
 /* step_begin and phase_begin carry the key the calling thread works under from now on: set it here too,
  * so the map is right from the probe on, whatever order the instrumentation fires `tracekey` in.
  * A thread's entry lives until it exits (obs_sched_exit deletes it), so after its first key the entry is
  * written in place: a look-up instead of an update, which would allocate a new element and free the old
- * one. Only the thread itself writes its entry; a reader on another CPU can see the key of one change
+ * one (the first key also marks the thread's scheduler state as a training thread's, bpf/sched.c). Only the thread itself writes its entry; a reader on another CPU can see the key of one change
  * with the step of the next for the instant between the two stores. */
 static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
 {
@@ -63,11 +82,18 @@ static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
     }
     struct obs_tk tk = {.trace_key = key, .step = step};
     tid_key.update(&tid, &tk);
+#ifdef OBS_LAYER_SCHED
+    struct obs_tstate *ts = tstate.lookup(&tid); /* the thread is a training thread from now on */
+    if (ts)
+        ts->trained = 1;
+#endif
 }
 
+/* Is the calling thread watched? The bitmap pre-filter of bpf/common.h first: with the scheduler layer
+ * loaded, a thread whose process and thread bits are set costs no hash look-up. */
 static __always_inline int obs_usdt_gate(void)
 {
-    return obs_current_watched();
+    return obs_current_watched_fast();
 }
 
 int obs_usdt_register(struct pt_regs *ctx)
@@ -131,7 +157,20 @@ int obs_usdt_step_begin(struct pt_regs *ctx)
         step_open.update(&tgid, &v);
     }
     obs_set_key(tid, key, step);
+#ifdef OBS_LAYER_SCHED
+    /* the scheduler sums restart here, in an entry that exists from the step's first instant (the
+     * scheduler layer adds to it only when a training thread comes on a CPU): the cap on single
+     * scheduler records counts from the start of the step */
+    struct obs_sched_acc *sa = sched_acc.lookup(&tgid);
+    if (sa) {
+        __builtin_memset(sa, 0, sizeof(*sa));
+    } else {
+        struct obs_sched_acc zero = {};
+        sched_acc.update(&tgid, &zero);
+    }
+#else
     sched_acc.delete(&tgid);
+#endif
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_BEGIN, tgid, tid);
     if (!e)
         return 0;
@@ -217,7 +256,7 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     }
     /* the per-step scheduler sums of this process's training threads (bpf/sched.c fills them) */
     struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
-    if (acc) {
+    if (acc && (acc->switches || acc->wakeups)) { /* a step without a switch or wakeup ships none */
         struct obs_event *s = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_STEP_SUM, tgid, tid);
         if (s) {
             s->ts_ns = now;
@@ -232,12 +271,13 @@ int obs_usdt_step_end(struct pt_regs *ctx)
             __builtin_memcpy(s->str1, &acc->offcpu_max_ns, sizeof(u64));
             obs_submit(s);
         }
-        sched_acc.delete(&tgid);
     }
+    if (acc)
+        sched_acc.delete(&tgid);
     obs_emit_mem_acc(tgid, tid, step, key, now);
     obs_emit_cuda_acc(tgid, tid, step, key, now);
     if (e)
-        obs_submit_wake(e);
+        obs_submit_wake(e, now);
     return 0;
 }
 
@@ -314,9 +354,26 @@ static __always_inline int obs_coll(int end, u64 pg, u64 seq, u64 op, u64 bytes,
     ck.tgid = tgid;
     ck.coll_seq = seq;
     bpf_probe_read_user_str(ck.pg, sizeof(ck.pg), (void *)pg);
+    struct obs_coll_pg gk = {.tgid = tgid};
+    __builtin_memcpy(gk.pg, ck.pg, sizeof(gk.pg));
+    struct obs_coll_open *co = coll_open.lookup(&gk);
+    u32 i = seq & (OBS_COLL_SLOTS - 1);
     if (!end) {
-        coll_begin_ts.update(&ck, &now);
+        if (!co) {
+            struct obs_coll_open zero = {};
+            coll_open.update(&gk, &zero);
+            co = coll_open.lookup(&gk);
+        }
+        if (co && co->ts[i] == 0) {
+            co->seq[i] = seq;
+            co->ts[i] = now;
+        } else {
+            coll_begin_ts.update(&ck, &now);
+        }
         obs_set_key(tid, key, step);
+    } else if (co && co->ts[i] && co->seq[i] == seq) {
+        dur = now - co->ts[i];
+        co->ts[i] = 0;
     } else {
         u64 *begin = coll_begin_ts.lookup(&ck);
         if (begin) {

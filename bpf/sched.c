@@ -16,44 +16,32 @@
 /* EXIT_DEAD | EXIT_ZOMBIE as sched_switch reports them: the task is switching out for the last time */
 #define OBS_TASK_EXITING 0x30
 
-/* Per watched thread: when it left the CPU (0: on a CPU), its state then, and when it became runnable
- * (0: not waiting in a run queue); its process (the tgid wtids holds) and whether it is a training thread
- * (has had a TraceKey: tid_key entries live until the thread exits), so a thread with an entry needs no
- * wtids or tid_key look-up. One entry per thread for its whole life (deleted by obs_sched_exit together
- * with its wtids and tid_key entries), updated in place: a switch costs one look-up per side instead of
- * inserts and deletes. A plain hash (an LRU hash costs more per update); entries exist only for watched
- * threads. */
-struct obs_tstate {
-    u64 off_ns;
-    s64 state;
-    u64 wake_ns;
-    u32 tgid;
-    u32 trained;
-};
-
-BPF_HASH(tstate, u32, struct obs_tstate, OBS_MAX_TIDS);
-
-/* `waited`: a run-queue wait ended now (runq is its length; it goes to the maximum and the histogram).
- * `ts`: the thread's state entry (NULL: none yet), which remembers that the thread has a TraceKey. */
-static __always_inline void obs_acc_add(u32 tgid, u32 tid, struct obs_tstate *ts, u64 offcpu, u64 runq, u64 sw,
-                                        u64 wk, int waited)
+/* `ts`: the state entry (bpf/common.h, struct obs_tstate) of a training thread `tid` of process `tgid`
+ * that comes on a CPU now: add what it did since it last came on a CPU to the process's step sums. A
+ * switch-out and the wakeups of a sleeping thread are counted here, when the thread comes back (a thread
+ * cannot change its step while it is off the CPU), so the switch-out and wakeup programs touch only the
+ * thread's own entry; only the fields that change are written (each atomic add costs). */
+static __always_inline void obs_acc_in(u32 tgid, struct obs_tstate *ts, u64 offcpu, u64 runq, int was_off,
+                                       int waited)
 {
-    if (!(ts && ts->trained)) {
-        if (tid_key.lookup(&tid) == NULL)
-            return; /* only training threads (those with a TraceKey) are summed per step */
-        if (ts)
-            ts->trained = 1;
-    }
+    u32 wk = ts->wakes;
+    if (!was_off && !waited && !wk)
+        return;
     struct obs_sched_acc zero = {};
     struct obs_sched_acc *acc = sched_acc.lookup_or_try_init(&tgid, &zero);
     if (!acc)
         return;
-    __sync_fetch_and_add(&acc->offcpu_ns, offcpu);
-    __sync_fetch_and_add(&acc->runq_ns, runq);
-    __sync_fetch_and_add(&acc->switches, sw);
-    __sync_fetch_and_add(&acc->wakeups, wk);
-    obs_max(&acc->offcpu_max_ns, offcpu);
+    if (was_off) {
+        __sync_fetch_and_add(&acc->switches, 1);
+        __sync_fetch_and_add(&acc->offcpu_ns, offcpu);
+        obs_max(&acc->offcpu_max_ns, offcpu);
+    }
+    if (wk) {
+        __sync_fetch_and_add(&acc->wakeups, wk);
+        __sync_fetch_and_add(&ts->wakes, -wk);
+    }
     if (waited) {
+        __sync_fetch_and_add(&acc->runq_ns, runq);
         obs_max(&acc->runq_max_ns, runq);
         u32 b = obs_log2_us(runq);
         __sync_fetch_and_add(&acc->runq_hist[b], 1);
@@ -79,16 +67,16 @@ static __always_inline void obs_mark_runnable(u32 tid)
     struct obs_tstate *ts = tstate.lookup(&tid);
     if (ts) {
         ts->wake_ns = bpf_ktime_get_ns();
-        obs_acc_add(ts->tgid, tid, ts, 0, 0, 0, 1, 0);
+        if (ts->trained)
+            __sync_fetch_and_add(&ts->wakes, 1);
         return;
     }
     u32 *tgid = wtids.lookup(&tid);
     if (!tgid)
         return;
-    u32 g = *tgid;
-    struct obs_tstate v = {.wake_ns = bpf_ktime_get_ns(), .tgid = g};
+    u32 trained = tid_key.lookup(&tid) != NULL;
+    struct obs_tstate v = {.wake_ns = bpf_ktime_get_ns(), .tgid = *tgid, .trained = trained, .wakes = trained};
     tstate.update(&tid, &v);
-    obs_acc_add(g, tid, tstate.lookup(&tid), 0, 0, 0, 1, 0);
 }
 
 int obs_sched_wakeup(void *ctx)
@@ -136,43 +124,39 @@ int obs_sched_switch(void *ctx)
             if (state == 0)
                 ts->wake_ns = now;
         } else {
-            struct obs_tstate v = {.off_ns = now, .state = state, .wake_ns = state == 0 ? now : 0, .tgid = tgid};
+            struct obs_tstate v = {.off_ns = now,
+                                   .state = state,
+                                   .wake_ns = state == 0 ? now : 0,
+                                   .tgid = tgid,
+                                   .trained = tid_key.lookup(&prev) != NULL};
             tstate.update(&prev, &v);
-            ts = tstate.lookup(&prev);
         }
-        obs_acc_add(tgid, prev, ts, 0, 0, 1, 0, 0);
     }
 
-    /* 2. the next task comes on the CPU (its process from its state entry, else from wtids) */
+    /* 2. the next task comes on the CPU (a watched thread without a state entry has not left a CPU or
+     * been woken since it was watched: nothing to measure) */
     if (!next || !obs_tid_maybe(next))
         return 0;
     struct obs_tstate *ts = tstate.lookup(&next);
-    u32 tgid = 0;
-    if (ts) {
-        tgid = ts->tgid;
-    } else {
-        u32 *tgidp = wtids.lookup(&next);
-        if (!tgidp)
-            return 0;
-        tgid = *tgidp;
-    }
+    if (!ts)
+        return 0;
+    u32 tgid = ts->tgid;
     u64 runq = 0, offcpu = 0;
     s64 state = 0;
     int waited = 0, was_off = 0;
-    if (ts) {
-        if (ts->wake_ns) {
-            runq = now - ts->wake_ns;
-            waited = 1;
-            ts->wake_ns = 0;
-        }
-        if (ts->off_ns) {
-            offcpu = now - ts->off_ns;
-            state = ts->state;
-            was_off = 1;
-            ts->off_ns = 0;
-        }
+    if (ts->wake_ns) {
+        runq = now - ts->wake_ns;
+        waited = 1;
+        ts->wake_ns = 0;
     }
-    obs_acc_add(tgid, next, ts, offcpu, runq, 0, 0, waited);
+    if (ts->off_ns) {
+        offcpu = now - ts->off_ns;
+        state = ts->state;
+        was_off = 1;
+        ts->off_ns = 0;
+    }
+    if (ts->trained)
+        obs_acc_in(tgid, ts, offcpu, runq, was_off, waited);
     if (waited && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
         if (e) {

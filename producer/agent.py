@@ -25,6 +25,7 @@ forgotten.
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 import signal
@@ -60,6 +61,11 @@ _STEP_END = int(Kind.STEP_END)
 #: the longest the loop blocks in the source's poll, ms: how often it serves delivery reports, loss
 #: reports and a stop request when nothing arrives
 POLL_MAX_MS = 200.0
+#: while no step end can seal the open batch (it is younger than the step minimum), the source's poll
+#: waits up to this long past the moment one can, for the step end that then wakes it (in the kernel):
+#: with steps shorter than this, one turn of the loop per sealed batch instead of a timer's turn and then
+#: the step end's; the loop then turns at least every max(POLL_MAX_MS, step minimum + this) ms
+QUIET_GRACE_MS = 50.0
 
 #: kinds that belong to the host, not to one process (sysfs counters, PCIe errors, the agent's own loss
 #: reports): with no registered process as their ``pid`` they go to every job on the host
@@ -216,11 +222,16 @@ class Agent:
         idle_ms = max(50.0, min(POLL_MAX_MS, float(cfg.batch.max_age_ms)))
         while not self._stop.is_set():
             until_due = batcher.ms_until_due()
-            timeout = int(idle_ms if until_due is None else min(idle_ms, until_due))
+            timeout = idle_ms if until_due is None else min(idle_ms, until_due)
             if quiet_poll:
-                events = poll(timeout, int(min(timeout, batcher.ms_until_step_seal())))
+                seal_ms = batcher.ms_until_step_seal()
+                if 0 < seal_ms < math.inf and until_due is not None:
+                    # a step end cannot seal the open batch for seal_ms; the first one after that wakes
+                    # the poll: wait a little past it for that step end
+                    timeout = min(until_due, max(timeout, seal_ms + QUIET_GRACE_MS))
+                events = poll(int(timeout), int(math.ceil(min(timeout, seal_ms))))
             else:
-                events = poll(timeout)
+                events = poll(int(timeout))
             if events:
                 self._take(events)
             if self.job_of_pid:

@@ -516,9 +516,10 @@ class BpfEventSource:
         ``timeout_ms`` for more to gather): Events, and PackedRun s for the kinds ``table`` lets the C
         reader encode. A record waits in the ring at most about one ``timeout_ms`` (the agent passes the
         time until its open batch is due, at most the batch age bound). ``quiet_ms``: for that long (at
-        most ``timeout_ms``) the kernel's wakeups are not waited for (a sleep instead of the wait on the
-        ring's fd), unless the previous drain filled up; bounded, like the wait for trickling records, by
-        the time a quarter of the ring takes to fill at the last drain's rate."""
+        most ``timeout_ms``) a step end does not wake the reader (the kernel lets only the first step end
+        after it signal the ring's fd; the wait still ends at ``timeout_ms`` or at the kernel's wakeup of
+        a quarter ring), unless the previous drain filled up; the wait is bounded, like the wait for
+        trickling records, by the time a quarter of the ring takes to fill at the last drain's rate."""
         self._refresh_target()
         if self._scanner is not None and time.monotonic() >= self._next_follow:
             self.follow()
@@ -533,14 +534,18 @@ class BpfEventSource:
         ring = self._ring
         waited = False
         if quiet_ms > 0 and not out and timeout_ms > 0 and not self._full:
-            # nothing the kernel signals now can be used before quiet_ms (the agent's open batch is too
-            # young to be sealed by a step end): sleep instead of waking at every step end, then clear
-            # the edge those wakeups left on the fd so that the next wait starts clean
+            # nothing the kernel signals before quiet_ms can be used (the agent's open batch is too young
+            # to be sealed by a step end): the kernel is told to let only a step end from then on wake
+            # the reader (wake_req holds the time), the edge earlier wakeups left on the fd is cleared,
+            # and the reader waits for that step end or the timeout: one wakeup per sealed batch
             quiet = min(int(timeout_ms), int(quiet_ms))
+            wait = int(timeout_ms)
             if self._trickle:
                 quiet = min(quiet, self._trickle_ms)
-            time.sleep(quiet / 1000)
+                wait = min(wait, self._trickle_ms)
+            self._want_wake(time.monotonic_ns() + (quiet + 1) * 1_000_000)
             ring.wait(0)
+            ring.wait(wait)
             waited = True
         elif self._trickle and not out and timeout_ms > 0:
             # the previous drain found records without filling up: they trickle in (no wakeup per record).
@@ -567,11 +572,13 @@ class BpfEventSource:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
         return out
 
-    def _want_wake(self) -> None:
-        """Let the next step end wake the reader (``wake_req`` of bpf/common.h: only the first step end
-        after a drain signals the ring's fd; one map write, a system call, per drain)."""
+    def _want_wake(self, at_ns: int = 1) -> None:
+        """Let the first step end at or after ``at_ns`` (CLOCK_MONOTONIC ns; 1: the next one) wake the
+        reader (``wake_req`` of bpf/common.h: only one step end signals the ring's fd until the next drain;
+        one map write, a system call, per drain)."""
         if self._wake_fd >= 0:
-            self._update_elem(self._wake_fd, ctypes.byref(self._wake_key), ctypes.byref(self._wake_one), 0)
+            value = self._wake_one if at_ns == 1 else ctypes.c_uint64(at_ns)
+            self._update_elem(self._wake_fd, ctypes.byref(self._wake_key), ctypes.byref(value), 0)
 
     def poll(self, timeout_ms: int) -> list[Event]:
         """Drain the ring buffer (waiting up to ``timeout_ms`` for the first record) and the sysfs

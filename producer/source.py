@@ -31,7 +31,8 @@ class EventSource(Protocol):
     # encoded (:class:`producer.reader.PackedRun`); the agent uses it when the source has it
     # (producer/loader.py ``BpfEventSource`` does: the batch reader of the ring buffer). A source whose
     # ``QUIET_POLL`` is true takes ``poll_packed(timeout_ms, quiet_ms)``: for ``quiet_ms`` it may sleep
-    # through its own wakeups (the agent passes how long no step end can seal a batch).
+    # through its own wakeups (the agent passes how long no step end can seal a batch, and a
+    # ``timeout_ms`` up to ``agent.QUIET_GRACE_MS`` past it, for the step end that can).
 
     def set_threshold(self, name: str, value: int) -> None:
         """Change a threshold of :data:`THRESHOLDS` at run time."""

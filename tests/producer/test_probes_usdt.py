@@ -366,3 +366,47 @@ def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_
         singles = [e for e in mine if e.kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU) and begins[s] < e.ts_ns <= ends[s]]
         assert 1 <= len(singles) <= 2, (s, singles)
         assert sums[s].payload["switches"] >= 5, sums[s]  # six sleeps: far more than two singles' worth
+
+
+def test_a_step_end_wakes_the_reader_only_from_the_time_wake_req_names(tmp_path):
+    """``wake_req`` (bpf/common.h) names the earliest CLOCK_MONOTONIC time at which a step end may wake the
+    reader: a step end before it is submitted without a wakeup and leaves the time in place; the first
+    step end at or after it wakes the reader and clears it. Every STEP_END reaches the ring either way."""
+    need_bpf()
+    import time
+
+    lib = build_so("fakeusdt", tmp_path)
+    body = "for line in sys.stdin:\n    L.fake_step_end(ctypes.c_int64(int(line)), ctypes.c_uint64(1))\n    print(line.strip(), flush=True)\n"
+    child = ctypes_child(lib, body)
+    items = []
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("pytorch_step",), usdt_library=lib) as (src, _t):
+            ring, wake_req = src._ring, src._bpf[b"wake_req"]
+            child.go()
+
+            def step_end(step: int) -> None:
+                child.go(str(step))
+                assert child.proc.stdout.readline().strip() == str(step)
+
+            items += src.poll_packed(0)
+            later = time.monotonic_ns() + 3600 * 10**9
+            src._want_wake(later)
+            ring.wait(0)  # clear any earlier edge
+            step_end(1)
+            assert ring.wait(0) == 0, "a step end before the named time must not wake the reader"
+            assert wake_req[0].value == later
+            src._want_wake(time.monotonic_ns())  # a time already passed
+            step_end(2)
+            assert ring.wait(10_000) > 0, "the first step end at or after the named time wakes the reader"
+            assert wake_req[0].value == 0
+            step_end(3)
+            assert ring.wait(0) == 0, "only one step end wakes the reader until the next drain"
+            src._want_wake()  # after a drain: the next step end
+            step_end(4)
+            assert ring.wait(10_000) > 0
+            items += src.poll_packed(0)
+            child.wait()  # closes its stdin: the child's loop ends
+    finally:
+        child.kill()
+    ends = sorted(e.step for e in _unpacked(items) if e.kind == Kind.STEP_END and e.pid == child.pid)
+    assert ends == [1, 2, 3, 4]
