@@ -21,6 +21,8 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
     python -m bench ttd --quick         # one run: cpu and hang on node-01 after 30 s clean
     python -m bench.ttd --rounds 1 --fault-hosts 1,3 --clean-s 300   # 2 runs, every kind on node-01
                                         # and node-03, 10 min clean (~22 min)
+    python -m bench.ttd --fault-hosts 0 --json h0.json   # the campaign in chunks of one host each ...
+    python -m bench.ttd --combine h0.json h1.json h2.json h3.json     # ... printed as one campaign
 """
 
 from __future__ import annotations
@@ -134,16 +136,187 @@ def clean_alerts(report: dict) -> tuple[float, list[str]]:
     return float(report["scenario"]["fault_at_s"]), fired
 
 
+def per_hour(clean: dict) -> float:
+    """Alerts per hour of clean training, from ``{"seconds", "alerts"}``."""
+    return len(clean["alerts"]) / clean["seconds"] * 3600 if clean["seconds"] else 0.0
+
+
+def report(
+    episodes: list[dict],
+    clean: dict,
+    n_runs: int,
+    rounds: int,
+    hosts: tuple[int, ...] | list[int],
+    kinds: tuple[str, ...] | list[str],
+    clean_s: float,
+) -> tuple[dict, bool]:
+    """Print the per-kind table (accuracy, wrong alerts, median and worst time to detection in s), the
+    clean-run alert rate and the target verdicts of ``episodes`` (each the demo's verdict plus ``kind``
+    and ``host``) and ``clean`` (``{"seconds", "alerts"}`` over ``n_runs`` runs). Returns ``(per_kind,
+    every target met)``; ``per_kind[kind]``: ``episodes``, ``named``, ``wrong``, ``ttd_s``, ``median_s``,
+    ``worst_s`` (None when an episode was not named), ``passed``, ``reasons``."""
+    t = Table(
+        title=f"accuracy and time to detection, {rounds} round(s) of each kind (exit: 1) on each of "
+        f"{len(hosts)} host(s) ({', '.join(f'node-{h:02d}' for h in hosts)}), {HOSTS}-host cluster, "
+        f"{clean_s:.0f} s clean per run",
+        caption=common.describe_machine(),
+    )
+    for col in (
+        "fault",
+        "episodes",
+        "right host+layer",
+        "wrong alerts",
+        "median TTD (s)",
+        "worst TTD (s)",
+        "passed",
+        "failures",
+    ):
+        t.add_column(col)
+    per_kind = {}
+    for kind in kinds:
+        rows = [e for e in episodes if e["kind"] == kind]
+        ttds = [e["ttd_s"] for e in rows if e.get("ttd_s") is not None]
+        med = statistics.median(ttds) if ttds else None
+        worst = max(ttds) if len(ttds) == len(rows) and ttds else None
+        wrong = sum(e["wrong_count"] for e in rows)
+        reasons = sorted({f"{e['host']}: {e['reason'][:80]}" for e in rows if not e["ok"]})
+        per_kind[kind] = {
+            "episodes": len(rows),
+            "named": len(ttds),
+            "wrong": wrong,
+            "ttd_s": ttds,
+            "median_s": med,
+            "worst_s": worst,
+            "passed": sum(1 for e in rows if e["ok"]),
+            "reasons": reasons,
+        }
+        t.add_row(
+            kind,
+            str(len(rows)),
+            f"{len(ttds)}/{len(rows)}",
+            str(wrong),
+            f"{med:.2f}" if med is not None else "-",
+            f"{worst:.2f}" if worst is not None else ("-" if not ttds else f">{max(ttds):.2f} (missed)"),
+            f"{per_kind[kind]['passed']}/{len(rows)}",
+            "; ".join(reasons)[:200],
+        )
+    common.console.print(t)
+    common.console.print(
+        f"clean training: {clean['seconds'] / 60:.1f} min over {n_runs} runs, "
+        f"{len(clean['alerts'])} alert(s) ({per_hour(clean):.1f} per hour)"
+        + (": " + ", ".join(clean["alerts"]) if clean["alerts"] else "")
+    )
+    all_named = all(v["named"] == v["episodes"] for v in per_kind.values())
+    no_wrong = all(v["wrong"] == 0 for v in per_kind.values())
+    fast = all(v["median_s"] is not None and v["median_s"] <= TARGET_MEDIAN_S for v in per_kind.values())
+    worst_ok = all(v["worst_s"] is not None and v["worst_s"] <= TARGET_WORST_S for v in per_kind.values())
+    common.verdict(
+        "every fault named with the right host and layer",
+        all_named,
+        ", ".join(f"{k} {v['named']}/{v['episodes']}" for k, v in per_kind.items()),
+    )
+    common.verdict("no wrong alert", no_wrong, ", ".join(f"{k} {v['wrong']}" for k, v in per_kind.items()))
+    common.verdict(
+        "no alert on clean training", not clean["alerts"], f"{len(clean['alerts'])} in {clean['seconds'] / 60:.1f} min"
+    )
+    common.verdict(
+        f"median time to detection <= {TARGET_MEDIAN_S:.0f} s for every kind",
+        fast,
+        ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} -" for k, v in per_kind.items()),
+    )
+    common.verdict(
+        f"worst time to detection <= {TARGET_WORST_S:.0f} s for every kind",
+        worst_ok,
+        ", ".join(
+            f"{k} {v['worst_s']:.2f} s" if v["worst_s"] is not None else f"{k} missed" for k, v in per_kind.items()
+        ),
+    )
+    return per_kind, all_named and no_wrong and fast and worst_ok and not clean["alerts"]
+
+
+def combine(paths: list[Path]) -> dict:
+    """Pool the results of several runs of this benchmark (``--json`` chunks, e.g. one fault host each)
+    into one campaign: their episodes, runs and clean training are concatenated, and the table and
+    verdicts are printed as for one run. The chunks must have the same rounds and kinds. Returns the
+    pooled results (also saved as ``ttd-combined.json``). Raises ValueError for chunks that do not fit
+    together, a missing file or one that is not this benchmark's results."""
+    chunks = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--combine {path}: cannot read it as JSON ({exc})") from exc
+        if not isinstance(data, dict) or not {"episodes", "runs", "clean", "rounds", "kinds"} <= set(data):
+            raise ValueError(f"--combine {path}: not the results of python -m bench.ttd")
+        chunks.append(data)
+    if not chunks:
+        raise ValueError("--combine needs at least one results file")
+    rounds, kinds = chunks[0]["rounds"], list(chunks[0]["kinds"])
+    for path, data in zip(paths, chunks):
+        if data["rounds"] != rounds or list(data["kinds"]) != kinds:
+            raise ValueError(
+                f"--combine {path}: {data['rounds']} round(s) of {', '.join(data['kinds'])}, the first file "
+                f"{rounds} round(s) of {', '.join(kinds)}"
+            )
+    hosts = sorted({h for data in chunks for h in data.get("fault_hosts", [])})
+    clean_s = sorted({float(data.get("clean_s_per_run") or 0) for data in chunks})
+    episodes = [e for data in chunks for e in data["episodes"]]
+    runs = [r for data in chunks for r in data["runs"]]
+    clean = {
+        "seconds": sum(float(data["clean"]["seconds"]) for data in chunks),
+        "alerts": [a for data in chunks for a in data["clean"]["alerts"]],
+    }
+    common.console.rule(
+        f"[bold]5. accuracy and time to detection[/bold], {len(chunks)} result file(s) combined: "
+        + ", ".join(f"{Path(p).name} ({data.get('rev', '?')})" for p, data in zip(paths, chunks))
+    )
+    for run_ in runs:  # each run's line, as the chunk printed it
+        name = f"node-{run_['host']:02d}"
+        eps = [e for e in episodes if e["host"] == name]
+        common.console.print(
+            f"[dim]  {name}: {run_.get('wall_s', '?')} s; "
+            + ", ".join(
+                f"{e['kind']} {'pass' if e['ok'] else 'FAIL'}"
+                + (f" {e['ttd_s']:.2f} s" if e.get("ttd_s") is not None else "")
+                for e in eps
+            )
+            + (f"; clean: {len(run_['clean_alerts'])} alert(s)" if run_["clean_alerts"] else "; clean: no alert")
+            + "[/dim]"
+        )
+    per_run_s = clean["seconds"] / len(runs) if runs else 0.0  # the chunks' own clean_s when they agree
+    per_kind, target_met = report(episodes, clean, len(runs), rounds, hosts, kinds, per_run_s)
+    result = {
+        "combined": [str(p) for p in paths],
+        "revs": [data.get("rev") for data in chunks],
+        "rounds": rounds,
+        "hosts": HOSTS,
+        "fault_hosts": hosts,
+        "kinds": kinds,
+        "clean_s_per_run": clean_s,
+        "episodes": episodes,
+        "runs": runs,
+        "per_kind": per_kind,
+        "clean": {**clean, "per_hour": per_hour(clean)},
+        "target_median_s": TARGET_MEDIAN_S,
+        "target_worst_s": TARGET_WORST_S,
+        "target_met": target_met,
+    }
+    common.console.print(f"raw results: {common.save('ttd-combined', result)}")
+    return result
+
+
 def run(
     quick: bool = False,
     rounds: int | None = None,
     fault_hosts: tuple[int, ...] | None = None,
     clean_s: float | None = None,
+    json_path: Path | None = None,
 ) -> dict:
     """Run the campaign, print per kind accuracy and time to detection and the clean-run alert rate,
     save the JSON. Returns the results dict. ``fault_hosts``: the host indices that get the faults (one
-    demo run each; default every host); ``clean_s``: clean training per run (default ``CLEAN_S``).
-    Raises ValueError for a host index outside the cluster."""
+    demo run each; default every host); ``clean_s``: clean training per run (default ``CLEAN_S``);
+    ``json_path``: also write the results there (a chunk for ``combine``). Raises ValueError for a host
+    index outside the cluster."""
     rounds = 1 if quick else (rounds or ROUNDS)
     kinds, hosts, default_clean_s = QUICK if quick else (KINDS, tuple(range(HOSTS)), CLEAN_S)
     hosts = fault_hosts or hosts
@@ -196,83 +369,7 @@ def run(
                     + (f"; clean: {len(fired)} alert(s)" if fired else "; clean: no alert")
                     + "[/dim]"
                 )
-    t = Table(
-        title=f"accuracy and time to detection, {rounds} round(s) of each kind (exit: 1) on each of "
-        f"{len(hosts)} host(s) ({', '.join(f'node-{h:02d}' for h in hosts)}), {HOSTS}-host cluster, "
-        f"{clean_s:.0f} s clean per run",
-        caption=common.describe_machine(),
-    )
-    for col in (
-        "fault",
-        "episodes",
-        "right host+layer",
-        "wrong alerts",
-        "median TTD (s)",
-        "worst TTD (s)",
-        "passed",
-        "failures",
-    ):
-        t.add_column(col)
-    per_kind = {}
-    for kind in kinds:
-        rows = [e for e in episodes if e["kind"] == kind]
-        ttds = [e["ttd_s"] for e in rows if e.get("ttd_s") is not None]
-        med = statistics.median(ttds) if ttds else None
-        worst = max(ttds) if len(ttds) == len(rows) and ttds else None
-        wrong = sum(e["wrong_count"] for e in rows)
-        reasons = sorted({f"{e['host']}: {e['reason'][:80]}" for e in rows if not e["ok"]})
-        per_kind[kind] = {
-            "episodes": len(rows),
-            "named": len(ttds),
-            "wrong": wrong,
-            "ttd_s": ttds,
-            "median_s": med,
-            "worst_s": worst,
-            "passed": sum(1 for e in rows if e["ok"]),
-            "reasons": reasons,
-        }
-        t.add_row(
-            kind,
-            str(len(rows)),
-            f"{len(ttds)}/{len(rows)}",
-            str(wrong),
-            f"{med:.2f}" if med is not None else "-",
-            f"{worst:.2f}" if worst is not None else ("-" if not ttds else f">{max(ttds):.2f} (missed)"),
-            f"{per_kind[kind]['passed']}/{len(rows)}",
-            "; ".join(reasons)[:200],
-        )
-    common.console.print(t)
-    per_hour = len(clean["alerts"]) / clean["seconds"] * 3600 if clean["seconds"] else 0.0
-    common.console.print(
-        f"clean training: {clean['seconds'] / 60:.1f} min over {len(runs)} runs, "
-        f"{len(clean['alerts'])} alert(s) ({per_hour:.1f} per hour)"
-        + (": " + ", ".join(clean["alerts"]) if clean["alerts"] else "")
-    )
-    all_named = all(v["named"] == v["episodes"] for v in per_kind.values())
-    no_wrong = all(v["wrong"] == 0 for v in per_kind.values())
-    fast = all(v["median_s"] is not None and v["median_s"] <= TARGET_MEDIAN_S for v in per_kind.values())
-    worst_ok = all(v["worst_s"] is not None and v["worst_s"] <= TARGET_WORST_S for v in per_kind.values())
-    common.verdict(
-        "every fault named with the right host and layer",
-        all_named,
-        ", ".join(f"{k} {v['named']}/{v['episodes']}" for k, v in per_kind.items()),
-    )
-    common.verdict("no wrong alert", no_wrong, ", ".join(f"{k} {v['wrong']}" for k, v in per_kind.items()))
-    common.verdict(
-        "no alert on clean training", not clean["alerts"], f"{len(clean['alerts'])} in {clean['seconds'] / 60:.1f} min"
-    )
-    common.verdict(
-        f"median time to detection <= {TARGET_MEDIAN_S:.0f} s for every kind",
-        fast,
-        ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} -" for k, v in per_kind.items()),
-    )
-    common.verdict(
-        f"worst time to detection <= {TARGET_WORST_S:.0f} s for every kind",
-        worst_ok,
-        ", ".join(
-            f"{k} {v['worst_s']:.2f} s" if v["worst_s"] is not None else f"{k} missed" for k, v in per_kind.items()
-        ),
-    )
+    per_kind, target_met = report(episodes, clean, len(runs), rounds, hosts, kinds, clean_s)
     result = {
         "rounds": rounds,
         "hosts": HOSTS,
@@ -284,14 +381,17 @@ def run(
         "episodes": episodes,
         "runs": runs,
         "per_kind": per_kind,
-        "clean": {**clean, "per_hour": per_hour},
+        "clean": {**clean, "per_hour": per_hour(clean)},
         "target_median_s": TARGET_MEDIAN_S,
         "target_worst_s": TARGET_WORST_S,
-        "target_met": all_named and no_wrong and fast and worst_ok and not clean["alerts"],
+        "target_met": target_met,
         "wall_s": round(time.monotonic() - t_start),
         "rev": common.git_rev(),
     }
     common.console.print(f"raw results: {common.save('ttd', result)}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2, default=str))
+        common.console.print(f"chunk results: {json_path}")
     return result
 
 
@@ -309,13 +409,30 @@ def main(argv: list[str] | None = None) -> int:
         help=f"only these host indices get faults, one run each (default all {HOSTS})",
     )
     p.add_argument("--clean-s", type=float, default=None, help=f"clean training per run (default {CLEAN_S:.0f} s)")
+    p.add_argument(
+        "--json", dest="json_path", type=Path, default=None, metavar="PATH", help="also write the results here"
+    )
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="run nothing: print the table and verdicts of several --json results as one campaign",
+    )
     a = p.parse_args(argv)
+    if a.combine:
+        try:
+            combine(a.combine)
+        except ValueError as exc:
+            p.error(str(exc))
+        return 0
     try:
         hosts = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else None
     except ValueError:
         p.error(f"--fault-hosts {a.fault_hosts!r}: comma-separated host indices, e.g. 1,3")
     try:
-        run(a.quick, a.rounds, hosts, a.clean_s)
+        run(a.quick, a.rounds, hosts, a.clean_s, a.json_path)
     except ValueError as exc:
         p.error(str(exc))
     return 0

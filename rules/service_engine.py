@@ -31,6 +31,7 @@ from rules.service_common import (
     atomic_write,
     commit,
     consumer,
+    consumer_lag,
     flush,
     log,
     log_assign,
@@ -141,11 +142,7 @@ class EngineLoop:
         now = time.time_ns()
         lag: dict[str, int] = {}
         try:
-            assigned = cons.assignment()
-            for tp in cons.position(assigned):
-                lo, hi = cons.get_watermark_offsets(tp, timeout=2, cached=False)
-                pos = tp.offset if tp.offset >= 0 else lo
-                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, hi - pos)
+            consumer_lag(cons, lag)
         except Exception as exc:  # health is best effort
             log.debug("lag measurement failed: %s", exc)
         uptime = time.monotonic() - self.started

@@ -40,7 +40,18 @@ from obshub.core.topics import replication_factor
 from rules import fields, intake
 from rules.engine import Engine
 from rules.model import RuleSet
-from rules.service_common import ACTIVE, CHANGES, DLQ, EVAL_ERRORS, RECORDS, SKIPPED, log, pin_start, wait_for_broker
+from rules.service_common import (
+    ACTIVE,
+    CHANGES,
+    DLQ,
+    EVAL_ERRORS,
+    RECORDS,
+    SKIPPED,
+    consumer_lag,
+    log,
+    pin_start,
+    wait_for_broker,
+)
 from rules.service_engine import MAX_FUTURE_S
 from rules.web import runbook_url
 
@@ -495,9 +506,7 @@ class PartitionedEngineLoop:
             if cons is None:
                 continue
             try:
-                for tp in cons.position(cons.assignment()):
-                    lo, hi = cons.get_watermark_offsets(tp, timeout=2, cached=False)
-                    lag[tp.topic] = lag.get(tp.topic, 0) + max(0, hi - (tp.offset if tp.offset >= 0 else lo))
+                consumer_lag(cons, lag)
             except Exception as exc:  # health is best effort
                 log.debug("lag measurement failed: %s", exc)
         uptime = time.monotonic() - self.started

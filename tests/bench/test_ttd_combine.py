@@ -1,0 +1,114 @@
+"""``python -m bench.ttd --combine``: the campaign run in chunks (one fault host each, ``--json``) is
+reported as one campaign. Pure arithmetic over result files: no demo runs here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+KINDS = ["net-slow", "cpu", "net-loss", "mem", "hang", "exit"]
+
+
+def _episode(kind: str, host: str, ttd: float | None, wrong: int = 0) -> dict:
+    ok = ttd is not None and wrong == 0
+    return {
+        "round": 0,
+        "kind": kind,
+        "host": host,
+        "ok": ok,
+        "ttd_s": ttd,
+        "wrong_count": wrong,
+        "reason": f"{host} / x named {ttd} s after the fault" if ok else f"no alert named {host}",
+    }
+
+
+def _chunk(path: Path, host: int, ttds: dict[str, list[float | None]], clean_alerts: list[str], wrong=None) -> Path:
+    name = f"node-{host:02d}"
+    episodes = [
+        _episode(k, name, t, (wrong or {}).get(k, 0) if i == 0 else 0) for k in KINDS for i, t in enumerate(ttds[k])
+    ]
+    path.write_text(
+        json.dumps(
+            {
+                "rounds": 2,
+                "hosts": 4,
+                "fault_hosts": [host],
+                "kinds": KINDS,
+                "clean_s_per_run": 150.0,
+                "episodes": episodes,
+                "runs": [
+                    {"round": 0, "host": host, "job": f"demo-{host}", "clean_alerts": clean_alerts, "wall_s": 600}
+                ],
+                "clean": {"seconds": 150.0, "alerts": clean_alerts, "per_hour": 0.0},
+                "rev": "abc1234",
+            }
+        )
+    )
+    return path
+
+
+def _combine(tmp_path: Path, *paths: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OBSHUB_BENCH_RESULTS": str(tmp_path / "results"), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "bench.ttd", "--combine", *map(str, paths)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_chunks_pool_into_one_campaign(tmp_path):
+    fast = {k: [1.0, 2.0] for k in KINDS} | {"exit": [1.0]}
+    slow = {k: [1.0, 2.0] for k in KINDS} | {"net-loss": [4.0, 6.0], "exit": [2.0]}
+    a = _chunk(tmp_path / "h0.json", 0, fast, [])
+    b = _chunk(tmp_path / "h1.json", 1, slow, [])
+    proc = _combine(tmp_path, a, b)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads((tmp_path / "results" / "ttd-combined.json").read_text())
+    nl = out["per_kind"]["net-loss"]
+    assert nl["episodes"] == 4 and nl["named"] == 4
+    assert nl["median_s"] == 3.0  # median of 1, 2, 4, 6: pooled, not a median of the chunks' medians
+    assert nl["worst_s"] == 6.0
+    assert out["per_kind"]["exit"]["episodes"] == 2
+    assert out["clean"]["seconds"] == 300.0 and out["clean"]["alerts"] == []
+    assert out["fault_hosts"] == [0, 1] and out["revs"] == ["abc1234", "abc1234"]
+    assert out["target_met"] is False  # net-loss: worst 6.0 s > 5 s
+    assert "worst time to detection <= 5 s for every kind: target missed" in proc.stdout
+    assert "median time to detection <= 3 s for every kind: target met" in proc.stdout
+    assert "node-00: 600 s; net-slow pass 1.00 s" in proc.stdout  # each run's own line
+
+
+def test_a_miss_a_wrong_alert_or_a_clean_alert_in_one_chunk_fails_the_campaign(tmp_path):
+    ok = {k: [1.0, 2.0] for k in KINDS} | {"exit": [1.0]}
+    missed = ok | {"mem": [1.0, None]}
+    a = _chunk(tmp_path / "h2.json", 2, ok, ["tcp_retransmits_on_straggler@node-01/network"])
+    b = _chunk(tmp_path / "h3.json", 3, missed, [], wrong={"cpu": 1})
+    proc = _combine(tmp_path, a, b)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads((tmp_path / "results" / "ttd-combined.json").read_text())
+    assert out["per_kind"]["mem"]["named"] == 3 and out["per_kind"]["mem"]["worst_s"] is None
+    assert out["per_kind"]["cpu"]["wrong"] == 1
+    assert out["clean"]["alerts"] == ["tcp_retransmits_on_straggler@node-01/network"]
+    assert out["target_met"] is False
+    assert "no alert on clean training: target missed — 1 in 5.0 min" in proc.stdout
+    assert "no wrong alert: target missed" in proc.stdout
+
+
+def test_chunks_of_different_campaigns_are_refused(tmp_path):
+    a = _chunk(tmp_path / "h0.json", 0, {k: [1.0, 2.0] for k in KINDS}, [])
+    data = json.loads(a.read_text())
+    b = tmp_path / "h1.json"
+    b.write_text(json.dumps({**data, "rounds": 1}))
+    proc = _combine(tmp_path, a, b)
+    assert proc.returncode == 2
+    assert "h1.json: 1 round(s)" in proc.stderr
+    c = tmp_path / "other.json"
+    c.write_text(json.dumps({"machine": {}}))
+    proc = _combine(tmp_path, a, c)
+    assert proc.returncode == 2 and "not the results of python -m bench.ttd" in proc.stderr
