@@ -234,6 +234,20 @@ def report(
     return per_kind, all_named and no_wrong and fast and worst_ok and not clean["alerts"]
 
 
+def _outcome(clean_s, episodes: list, runs: list, per_kind: dict, clean: dict, target_met: dict) -> dict:
+    """The part of the raw results a run and a combination of runs share (``clean_s``: per run, s)."""
+    return {
+        "clean_s_per_run": clean_s,
+        "episodes": episodes,
+        "runs": runs,
+        "per_kind": per_kind,
+        "clean": {**clean, "per_hour": per_hour(clean)},
+        "target_median_s": TARGET_MEDIAN_S,
+        "target_worst_s": TARGET_WORST_S,
+        "target_met": target_met,
+    }
+
+
 def combine(paths: list[Path]) -> dict:
     """Pool the results of several runs of this benchmark (``--json`` chunks, e.g. one fault host each)
     into one campaign: their episodes, runs and clean training are concatenated, and the table and
@@ -292,14 +306,7 @@ def combine(paths: list[Path]) -> dict:
         "hosts": HOSTS,
         "fault_hosts": hosts,
         "kinds": kinds,
-        "clean_s_per_run": clean_s,
-        "episodes": episodes,
-        "runs": runs,
-        "per_kind": per_kind,
-        "clean": {**clean, "per_hour": per_hour(clean)},
-        "target_median_s": TARGET_MEDIAN_S,
-        "target_worst_s": TARGET_WORST_S,
-        "target_met": target_met,
+        **_outcome(clean_s, episodes, runs, per_kind, clean, target_met),
     }
     common.console.print(f"raw results: {common.save('ttd-combined', result)}")
     return result
@@ -377,14 +384,7 @@ def run(
         "kinds": list(kinds),
         "fault_for_s": FAULT_FOR_S,
         "gap_s": GAP_S,
-        "clean_s_per_run": clean_s,
-        "episodes": episodes,
-        "runs": runs,
-        "per_kind": per_kind,
-        "clean": {**clean, "per_hour": per_hour(clean)},
-        "target_median_s": TARGET_MEDIAN_S,
-        "target_worst_s": TARGET_WORST_S,
-        "target_met": target_met,
+        **_outcome(clean_s, episodes, runs, per_kind, clean, target_met),
         "wall_s": round(time.monotonic() - t_start),
         "rev": common.git_rev(),
     }
