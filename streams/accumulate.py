@@ -17,10 +17,13 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
      "last_phase": [end_rt, phase],  # the latest PHASE to end (absent before the first one)
      "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
-             "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns]}}}  # per connection, a < b
+             "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns,     # per connection, a < b
+                                   retransmits_a_to_b, retransmits_b_to_a]}}}
 
 ``net`` feeds the connection-based network blame (docs/ANALYSIS.md "Network blame by connection"); an
-accumulator without it (written by an older worker) merges as empty.
+accumulator without it (written by an older worker) merges as empty. A retransmit is counted by its sender
+(the TCP_RETRANSMIT's ``saddr``), so the last two values of a pair split ``retransmits`` by direction; a
+pair of three values (an older worker's) merges into the first three only.
 
 What counts as a layer's ``time_ns`` and ``count`` per kind is ``KIND_RULES`` below, derived from the kinds
 table ``schema.KIND_INFO`` (its ``step`` rules) and documented
@@ -149,12 +152,14 @@ def _add_net(acc: dict, kind: int, e: Event) -> None:
         return
     net = acc.setdefault("net", {"addrs": {}, "pairs": {}})
     net["addrs"][src] = 1
-    slot = net["pairs"].setdefault("|".join(sorted((src, dst))), [0, 0, 0])
+    slot = net["pairs"].setdefault("|".join(sorted((src, dst))), [0, 0, 0, 0, 0])
     if kind == Kind.TCP_RTT:
         slot[0] += 1
         slot[2] += max(0, e.duration_ns)
     else:
-        slot[1] += max(1, e.value)
+        n = max(1, e.value)
+        slot[1] += n
+        slot[3 if src < dst else 4] += n
 
 
 # Event kinds as plain ints: ``Kind(x)`` and ``Kind.X`` cost a Python-level enum lookup each, per event
@@ -402,8 +407,10 @@ def merge(into: dict, part: dict) -> dict:
         net = into.setdefault("net", {"addrs": {}, "pairs": {}})
         net["addrs"].update(pnet.get("addrs") or {})
         for key, vals in (pnet.get("pairs") or {}).items():
-            slot = net["pairs"].setdefault(key, [0, 0, 0])
-            for i, v in enumerate(vals[:3]):
+            slot = net["pairs"].setdefault(key, [0, 0, 0, 0, 0])
+            if len(slot) < 5:
+                slot.extend([0] * (5 - len(slot)))  # recovered from an older worker's changelog
+            for i, v in enumerate(vals[:5]):
                 slot[i] += v
     return into
 

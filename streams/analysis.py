@@ -427,7 +427,17 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
 
 def net_stats(accs: dict[str, dict], th: Thresholds) -> tuple[dict[str, int], dict[str, int]]:
     """Per host ``(rx, rtt)``: the fewest retransmits and the lowest mean RTT (ns) over its busy
-    connections (0 with fewer than 2 busy connections); definitions in ``net_blame``."""
+    connections (0 with fewer than 2 busy connections); definitions in ``net_blame``.
+
+    Retransmits are read in the *directed view* when it applies: a retransmit is counted by its sender,
+    so per host and busy connection there are those sent toward it and those it sent. When some host
+    has at least ``net_count_min`` retransmits on every busy connection in one direction (all toward it:
+    segments to it are lost; or all from it), every host's ``rx`` is the larger of its two directed
+    minima. A neighbour of a lossy host shares one lossy connection whose retransmits go toward the
+    lossy host, so its other connections must lose in the same direction by chance to count, instead of
+    in either direction. Otherwise (traffic in one direction per connection, as in a one-way ring, or
+    accumulators of an older worker without the direction) ``rx`` is the minimum of both directions
+    together (docs/ANALYSIS.md "Network blame by connection")."""
     owner: dict[str, str] = {}
     pairs: dict[str, list[int]] = {}
     for host, acc in accs.items():
@@ -435,25 +445,33 @@ def net_stats(accs: dict[str, dict], th: Thresholds) -> tuple[dict[str, int], di
         for addr in net.get("addrs") or {}:
             owner.setdefault(addr, host)
         for key, vals in (net.get("pairs") or {}).items():
-            slot = pairs.setdefault(key, [0, 0, 0])
-            for i, v in enumerate(vals[:3]):
+            slot = pairs.setdefault(key, [0, 0, 0, 0, 0])
+            for i, v in enumerate(vals[:5]):
                 slot[i] += v
-    conns: dict[str, list[list[int]]] = {}
+    # per host: (pair values, retransmits toward the host, retransmits sent by the host)
+    conns: dict[str, list[tuple[list[int], int, int]]] = {}
     for key, vals in pairs.items():
         a, _, b = key.partition("|")
         ha, hb = owner.get(a), owner.get(b)
         if ha is None or hb is None or ha == hb:
             continue
-        conns.setdefault(ha, []).append(vals)
-        conns.setdefault(hb, []).append(vals)
+        conns.setdefault(ha, []).append((vals, vals[4], vals[3]))
+        conns.setdefault(hb, []).append((vals, vals[3], vals[4]))
     rx: dict[str, int] = {}
+    directed: dict[str, int] = {}
     rtt: dict[str, int] = {}
     for host in accs:
         cs = conns.get(host, [])
-        top = max((c[0] for c in cs), default=0)
-        busy = [c for c in cs if top > 0 and c[0] >= th.net_busy_rel * top]
-        rx[host] = min(c[1] for c in busy) if len(busy) >= 2 else 0
-        rtt[host] = min(c[2] // c[0] for c in busy) if len(busy) >= 2 else 0
+        top = max((c[0][0] for c in cs), default=0)
+        busy = [c for c in cs if top > 0 and c[0][0] >= th.net_busy_rel * top]
+        if len(busy) >= 2:
+            rx[host] = min(c[0][1] for c in busy)
+            directed[host] = max(min(c[1] for c in busy), min(c[2] for c in busy))
+            rtt[host] = min(c[0][2] // c[0][0] for c in busy)
+        else:
+            rx[host] = directed[host] = rtt[host] = 0
+    if any(v >= th.net_count_min for v in directed.values()):
+        rx = directed
     return rx, rtt
 
 
@@ -844,7 +862,11 @@ def hang_check(
     seen) for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of
     the arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not
     finished the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing
-    host that still sends data is slow, not hung (the sequential evidence judges it).
+    host that still sends data is slow, not hung (the sequential evidence judges it), and while one does,
+    no missing host is judged by silence: the missing ranks are blocked together before the collective
+    (a communication stalled by retransmission timeouts on one host's lossy link leaves the ranks that
+    have no retransmits of their own silent, while those that retransmit still send data), not behind
+    one rank that stopped answering.
 
     By process state: ``stopped`` (``host -> (state, since_ns)``: a process its agent found frozen,
     stopped or exited) makes such a host hung without the silence, arrived or not, once another host
@@ -897,17 +919,20 @@ def hang_check(
         if all(accs[h]["step_ns"] is not None for h in arrived):
             continue  # every arrived rank finished its step: nobody waits
         hung = []
-        for h in sorted(expected - set(arrived)):
-            acc = accs.get(h)
-            if acc is not None and acc["step_ns"] is not None:
-                continue  # it finished the step: it never joined that collective (a sampled trace), no hang
+        # it finished the step: it never joined that collective (a sampled trace), no hang
+        missing = [h for h in sorted(expected - set(arrived)) if h not in accs or accs[h]["step_ns"] is None]
+        # judged by silence only when every missing rank is silent: while one of them still sends data,
+        # the missing ranks are blocked together before the collective (a communication stalled by
+        # retransmission timeouts on a lossy link), not behind a rank that stopped answering
+        quiet = [h for h in missing if now_ns - seen_ns.get(h, opened_ns) >= after]
+        by_silence = not stopped and waited >= after // 2 and len(quiet) == len(missing)
+        for h in missing:
             if h in stopped:  # judged by its state: no silence needed
                 if settled and h in culprits and waited >= th.hang_state_wait_ns:
                     hung.append(hung_entry(h, stopped[h][0]))
                 continue
-            if stopped or waited < after // 2 or now_ns - seen_ns.get(h, opened_ns) < after:
-                continue  # with a rank known stopped, the silent ones are its victims (blocked on it)
-            hung.append(hung_entry(h, "silent"))
+            if by_silence and h in quiet:  # with a rank known stopped, the silent ones are its victims
+                hung.append(hung_entry(h, "silent"))
         if hung and (best is None or waited > best["waited_ns"]):
             best = {
                 "pg": pg,

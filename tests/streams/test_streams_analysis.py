@@ -197,15 +197,23 @@ def test_stepless_tcp_events_are_charged_to_the_step_the_host_was_in():
         _tcp(Kind.TCP_RTT, 260, "127.0.0.1", "127.0.0.1"),  # loopback: ignored
     ]
     parts = accumulate.reduce_batch(_batch(evs))
-    assert parts[1]["net"] == {
+    assert parts[1]["net"] == {  # [rtt samples, retransmits, rtt sum, retransmits a->b, b->a]
         "addrs": {"10.0.0.1": 1},
-        "pairs": {"10.0.0.1|10.0.0.2": [1, 1, 50_000], "10.0.0.1|10.0.0.3": [0, 2, 0]},
+        "pairs": {"10.0.0.1|10.0.0.2": [1, 1, 50_000, 1, 0], "10.0.0.1|10.0.0.3": [0, 2, 0, 2, 0]},
     }
-    assert parts[2]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
+    assert parts[2]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0, 1, 0]}
     merged = accumulate.merge(parts[1], parts[2])
-    assert merged["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [1, 2, 50_000]
+    assert merged["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [1, 2, 50_000, 2, 0]
     old = {k: v for k, v in accumulate.new_acc("h0", 0).items() if k != "net"}  # an older worker's value
-    assert accumulate.merge(old, parts[2])["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0]}
+    assert accumulate.merge(old, parts[2])["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [0, 1, 0, 1, 0]}
+    # a pair of three values (an older worker's changelog) merges into the first three
+    older = {**accumulate.new_acc("h0", 0), "net": {"addrs": {}, "pairs": {"10.0.0.1|10.0.0.2": [2, 5, 10]}}}
+    assert accumulate.merge(older, parts[2])["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [2, 6, 10, 1, 0]
+    # the peer's report of the same connection counts in the other direction
+    peer = accumulate.reduce_batch(
+        _batch([Event(Kind.STEP_BEGIN, 100, step=2), _tcp(Kind.TCP_RETRANSMIT, 150, "10.0.0.2", "10.0.0.1", value=3)])
+    )
+    assert accumulate.merge(parts[2], peer[2])["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [0, 4, 0, 1, 3]
 
 
 def _net_acc(host, addr, pairs):
@@ -234,6 +242,51 @@ def test_network_blame_names_the_host_whose_every_connection_retransmits():
     assert analysis.net_blame(even, th) == []
     # 2 hosts: both ends share the one link, no blame
     assert analysis.net_blame({"n1": accs["n1"], "n2": accs["n2"]}, th) == []
+
+
+def _dir_acc(host, addr, sent):
+    """A host accumulator whose agent reported ``sent``: ``{peer address: (rtt samples, retransmits it
+    sent there)}``, counted in the direction of the pair as ``accumulate`` does."""
+    a = accumulate.new_acc(host, 0)
+    pairs = {}
+    for peer, (n, rx) in sent.items():
+        lo, hi = sorted((addr, peer))
+        pairs[f"{lo}|{hi}"] = [n, rx, n * 1_000_000, rx if addr == lo else 0, 0 if addr == lo else rx]
+    a["net"] = {"addrs": {addr: 1}, "pairs": pairs}
+    return a
+
+
+def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_host():
+    """A recorded demo step with 8 % loss on node-02's link (ring 0-1-2-3-0, each host reporting the
+    retransmits it sent): node-01 and node-03 retransmit towards node-02 (2 and 12), and node-00 sent 6
+    towards node-03. Both directions together, node-03's fewest over its connections (6) beat node-02's
+    (2), so it was blamed; in the directed view node-02 is the only host whose every connection lost
+    segments in one direction (towards it), and node-03 (one lossy connection each way) has none."""
+    ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
+    accs = {
+        "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 6)}),
+        "node-01": _dir_acc("node-01", ip["node-01"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 2)}),
+        "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 0)}),
+        "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 12)}),
+    }
+    th = analysis.Thresholds()
+    rx, _rtt = analysis.net_stats(accs, th)
+    assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 0}
+    assert {h: z for h, (z, *_rest) in analysis.net_evidence(accs, th).items()} == {"node-02": 2.0}
+    # without the direction (pairs of an older worker) both directions count together, as before
+    undirected = {h: _net_acc(h, ip[h], {k: v[:3] for k, v in a["net"]["pairs"].items()}) for h, a in accs.items()}
+    rx, _rtt = analysis.net_stats(undirected, th)
+    assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 6}
+    # a one-way ring (each host sends to the next only): no host loses in one direction on every
+    # connection, so both directions count together and the lossy host is still found
+    one_way = {
+        "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 0)}),
+        "node-01": _dir_acc("node-01", ip["node-01"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 5)}),
+        "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 4)}),
+        "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 0)}),
+    }
+    rx, _rtt = analysis.net_stats(one_way, th)
+    assert rx == {"node-00": 0, "node-01": 0, "node-02": 4, "node-03": 0}
 
 
 def test_network_blame_by_rtt_names_the_host_behind_a_slow_link():
@@ -670,6 +723,22 @@ def test_ranks_silent_behind_a_frozen_rank_are_not_named():
     assert [h["host"] for h in silent["hosts"]] == ["b", "c", "d"]  # by silence alone: every silent rank
 
 
+def test_missing_ranks_that_still_send_data_name_nobody_by_silence():
+    """A step stalled by retransmission timeouts on one host's lossy link: one rank arrived at the next
+    collective and waits; the other three are blocked together before it, and only those that retransmit
+    send data. The one without retransmits of its own is silent, but it is no hang: nobody is named while
+    a missing rank still sends data; once every missing rank is silent, they are."""
+    now = 100_000 * MS
+    hist = [[s, 130 * MS, 10 * MS] for s in range(20)]
+    accs = {"a": _coll_acc("a", None, {9: (now - 6_000 * MS, None)})}
+    accs.update({h: _coll_acc(h, None, {8: (now - 6_400 * MS, 2 * MS)}) for h in "bcd"})
+    seen = {"a": now - 6_000 * MS, "b": now - 3_500 * MS, "c": now - 200 * MS, "d": now - 400 * MS}
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 6_500 * MS, hist, 20, now) is None
+    seen.update(c=now - 3_600 * MS, d=now - 3_700 * MS)
+    got = analysis.hang_check(accs, list("abcd"), seen, now - 6_500 * MS, hist, 20, now)
+    assert [h["host"] for h in got["hosts"]] == ["b", "c", "d"] and got["waiting"] == ["a"]
+
+
 def test_stepless_tcp_events_of_a_batch_without_a_step_go_to_the_step_left_running():
     """A rank blocked in a long collective emits no stepped event: a batch sealed by age then holds only
     TCP events. They go to the step the host's previous batch left running (none when that batch ended
@@ -682,7 +751,10 @@ def test_stepless_tcp_events_of_a_batch_without_a_step_go_to_the_step_left_runni
     assert accumulate.running_step(_batch(only_tcp), 7) == 7  # no stepped event: unchanged
     parts = accumulate.reduce_batch(_batch(only_tcp), 7)
     assert list(parts) == [7]
-    assert parts[7]["net"]["pairs"] == {"10.0.0.1|10.0.0.2": [1, 0, 50_000], "10.0.0.1|10.0.0.3": [1, 0, 50_000]}
+    assert parts[7]["net"]["pairs"] == {
+        "10.0.0.1|10.0.0.2": [1, 0, 50_000, 0, 0],
+        "10.0.0.1|10.0.0.3": [1, 0, 50_000, 0, 0],
+    }
     assert accumulate.reduce_batch(_batch(only_tcp), None) == {}
 
 
