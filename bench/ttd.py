@@ -23,6 +23,7 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
                                         # and node-03, 10 min clean (~22 min)
     python -m bench.ttd --fault-hosts 0 --json h0.json   # the campaign in chunks of one host each ...
     python -m bench.ttd --combine h0.json h1.json h2.json h3.json     # ... printed as one campaign
+    python -m bench.ttd --fault-hosts 2 --rounds 1 --keep runs/      # keep logs and step summaries
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -125,6 +127,33 @@ def run_sequence(kinds: tuple[str, ...], host: int, clean_s: float, out: Path, l
             f"{log.read_text(errors='replace')[-3000:]}"
         )
     return json.loads(out.read_text())
+
+
+def keep_run(report: dict, log: Path, dest: Path, steps: bool = True) -> Path:
+    """Copy what explains a run's verdicts into ``dest`` (created; an existing one is replaced): the demo's
+    output (``demo.log``), its report (``report.json``), its run folder (every agent's, the stream
+    worker's and the rule engine's log, the webhook records) and the job's step summaries as the worker
+    sent them (``steps.jsonl``, ``obshub tail steps --json`` from the run's broker, which the temporary
+    home removes afterwards; not with ``steps`` False). Returns ``dest``."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    shutil.copy(log, dest / "demo.log")
+    (dest / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    run_dir = Path(report.get("logs") or "")
+    if run_dir.is_dir():
+        shutil.copytree(run_dir, dest / "run")
+    if not steps:
+        return dest
+    job = report["scenario"]["job"]
+    with (dest / "steps.jsonl").open("w") as f:
+        subprocess.run(
+            obshub_cmd("tail", "steps", "--from-beginning", "--json", "--job", job, "--timeout-s", "15"),
+            stdout=f,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+            check=False,
+        )
+    return dest
 
 
 def clean_alerts(report: dict) -> tuple[float, list[str]]:
@@ -318,12 +347,13 @@ def run(
     fault_hosts: tuple[int, ...] | None = None,
     clean_s: float | None = None,
     json_path: Path | None = None,
+    keep: Path | None = None,
 ) -> dict:
     """Run the campaign, print per kind accuracy and time to detection and the clean-run alert rate,
     save the JSON. Returns the results dict. ``fault_hosts``: the host indices that get the faults (one
     demo run each; default every host); ``clean_s``: clean training per run (default ``CLEAN_S``);
-    ``json_path``: also write the results there (a chunk for ``combine``). Raises ValueError for a host
-    index outside the cluster."""
+    ``json_path``: also write the results there (a chunk for ``combine``); ``keep``: a folder that gets
+    every run's evidence (``keep_run``). Raises ValueError for a host index outside the cluster."""
     rounds = 1 if quick else (rounds or ROUNDS)
     kinds, hosts, default_clean_s = QUICK if quick else (KINDS, tuple(range(HOSTS)), CLEAN_S)
     hosts = fault_hosts or hosts
@@ -351,6 +381,9 @@ def run(
                 wait_for_demo_lock()
                 t0 = time.monotonic()
                 rep = run_sequence(seq, h, clean_s, Path(tmp) / f"h{h}.json", Path(tmp) / f"h{h}.log")
+                if keep is not None:
+                    kept = keep_run(rep, Path(tmp) / f"h{h}.log", keep / f"node-{h:02d}")
+                    common.console.print(f"[dim]  node-{h:02d}: evidence kept in {kept}[/dim]")
                 secs, fired = clean_alerts(rep)
                 clean["seconds"] += secs
                 clean["alerts"] += fired
@@ -413,6 +446,13 @@ def main(argv: list[str] | None = None) -> int:
         "--json", dest="json_path", type=Path, default=None, metavar="PATH", help="also write the results here"
     )
     p.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="copy each run's demo output, logs, report and step summaries to DIR/node-HH (to explain a verdict)",
+    )
+    p.add_argument(
         "--combine",
         nargs="+",
         type=Path,
@@ -432,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--fault-hosts {a.fault_hosts!r}: comma-separated host indices, e.g. 1,3")
     try:
-        run(a.quick, a.rounds, hosts, a.clean_s, a.json_path)
+        run(a.quick, a.rounds, hosts, a.clean_s, a.json_path, a.keep)
     except ValueError as exc:
         p.error(str(exc))
     return 0

@@ -112,3 +112,29 @@ def test_chunks_of_different_campaigns_are_refused(tmp_path):
     c.write_text(json.dumps({"machine": {}}))
     proc = _combine(tmp_path, a, c)
     assert proc.returncode == 2 and "not the results of python -m bench.ttd" in proc.stderr
+
+
+def test_keep_copies_a_runs_output_report_and_logs(tmp_path):
+    """``--keep DIR``: what explains a run's verdicts outlives the benchmark's temporary home: the demo's
+    output, its report and its run folder (agent, worker and rule engine logs)."""
+    sys.path.insert(0, str(REPO))
+    from bench import ttd
+
+    run_dir = tmp_path / "home" / "demo" / "run-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "streams.log").write_text("worker log\n")
+    log = tmp_path / "h2.log"
+    log.write_text("fault: exit on node-02 injected\n")
+    report = {"scenario": {"job": "demo-1"}, "logs": str(run_dir), "episodes": []}
+    dest = tmp_path / "kept" / "node-02"
+    dest.mkdir(parents=True)
+    (dest / "stale.txt").write_text("from an earlier run")
+    assert ttd.keep_run(report, log, dest, steps=False) == dest
+    assert (dest / "demo.log").read_text() == "fault: exit on node-02 injected\n"
+    assert json.loads((dest / "report.json").read_text())["scenario"]["job"] == "demo-1"
+    assert (dest / "run" / "streams.log").read_text() == "worker log\n"
+    assert not (dest / "stale.txt").exists()
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.ttd", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert "--keep DIR" in out
