@@ -64,7 +64,9 @@ POLL_MAX_MS = 200.0
 #: while no step end can seal the open batch (it is younger than the step minimum), the source's poll
 #: waits up to this long past the moment one can, for the step end that then wakes it (in the kernel):
 #: with steps shorter than this, one turn of the loop per sealed batch instead of a timer's turn and then
-#: the step end's; the loop then turns at least every max(POLL_MAX_MS, step minimum + this) ms
+#: the step end's; the loop then turns at least every max(POLL_MAX_MS, step minimum + this) ms. The same
+#: wait follows a step seal while no batch is open (the step minimum counts from that seal): the records
+#: of the next steps stay in the ring until the step end that seals their batch
 QUIET_GRACE_MS = 50.0
 
 #: kinds that belong to the host, not to one process (sysfs counters, PCIe errors, the agent's own loss
@@ -225,10 +227,13 @@ class Agent:
             timeout = idle_ms if until_due is None else min(idle_ms, until_due)
             if quiet_poll:
                 seal_ms = batcher.ms_until_step_seal()
-                if 0 < seal_ms < math.inf and until_due is not None:
-                    # a step end cannot seal the open batch for seal_ms; the first one after that wakes
-                    # the poll: wait a little past it for that step end
-                    timeout = min(until_due, max(timeout, seal_ms + QUIET_GRACE_MS))
+                if 0 < seal_ms < math.inf:
+                    # a step end cannot seal the open batch (or, right after a step seal, the next one)
+                    # for seal_ms; the first one after that wakes the poll: wait a little past it for that
+                    # step end, which then opens and seals the next batch in one turn
+                    timeout = max(timeout, seal_ms + QUIET_GRACE_MS)
+                    if until_due is not None:
+                        timeout = min(until_due, timeout)
                 events = poll(int(timeout), int(math.ceil(min(timeout, seal_ms))))
             else:
                 events = poll(int(timeout))

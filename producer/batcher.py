@@ -16,16 +16,28 @@ none per event.
 Bounds: a batch is sealed *before* adding an event would make its encoded size pass ``max_bytes``, when
 it holds ``schema.MAX_EVENTS_PER_BATCH`` events, or when its first event is ``max_age_ms`` old (checked
 by :meth:`Batcher.due`, which the agent calls every loop turn). An event that alone passes ``max_bytes``
-is sent alone in its batch.
+is sent alone in its batch. A batch's age counts from its first event's ``ts_ns`` (CLOCK_MONOTONIC of this
+host, the clock of ``time.monotonic_ns``) when that lies within the last ``max_age_ms``, else from when the
+event was added (a timestamp from the future, from another clock, or older than the age bound: the batch
+then gets a full ``max_age_ms``, as any batch did when ages counted from the moment of adding); so a batch
+is never older than its age bound counted from when its first event was added, and usually from when it
+happened.
 
 Step alignment: the agent calls :meth:`Batcher.step_end` after it added the events of a poll turn that
 hold the end of a training step (a ``STEP_END``, which the kernel sends with the step's aggregates right
 behind it); the open batch is then sealed at once, so one batch carries one step and a step's last
-events leave the moment the step ends. Two exceptions keep the message rate bounded: a batch that
-follows a step-aligned one and is younger than ``step_min_age_ms`` stays open (steps faster than that
-share a batch, sealed at the first step end past the minimum age, or by age), and ``max_age_ms`` still
-bounds every batch (a hung or slow-stepping rank ships within it; the first step end after such an age
-seal seals at once, however young the batch).
+events leave the moment the step ends. Two exceptions keep the message rate bounded: after a batch
+sealed at a step end, no step end seals the next batch until ``step_min_age_ms`` have passed since that
+seal (steps faster than that share a batch, sealed at the first step end past the minimum, or by age: at
+most one step-aligned batch per ``step_min_age_ms`` and job), and ``max_age_ms`` still bounds every batch
+(a hung or slow-stepping rank ships within it; the first step end after such an age seal seals at once,
+however young the batch).
+
+Because the step minimum counts from the previous seal, not from when the next batch opened, it is known
+while no batch is open: :meth:`Batcher.ms_until_step_seal` returns the time left of it right after a step
+seal, and the agent sleeps through the step ends until then and drains the records that open the next
+batch together with the step end that seals it (one loop turn per sealed batch, not one that only opens
+the next batch and one that seals it; docs/AGENT.md).
 """
 
 from __future__ import annotations
@@ -46,8 +58,8 @@ _ENVELOPE_SLACK = 160  # ints and the clock map at their largest encodings
 
 class SealedBatch(NamedTuple):
     """One encoded batch ready to publish: ``seq`` (batch number of this agent instance), ``key`` (host
-    name, UTF-8), ``value`` (msgpack bytes), ``n_events``, ``first_ts_ns`` (monotonic ns the batch was
-    started, for latency metrics)."""
+    name, UTF-8), ``value`` (msgpack bytes), ``n_events``, ``first_ts_ns`` (CLOCK_MONOTONIC ns the batch's
+    age counts from: its first event's ``ts_ns``, or when it was added, see the module docstring)."""
 
     seq: int
     key: bytes
@@ -73,8 +85,8 @@ class Batcher:
     per job, :class:`JobBatchers`), so the instance's batches are numbered without gaps whatever job
     they carry (default: a counter of its own starting at ``first_seq``). ``clock``: returns the ``schema.Clock`` stamped on each batch when it is sealed.
     ``max_bytes``: bound on the encoded message size, bytes. ``max_age_ms``: bound on the age of the
-    oldest event in an open batch, ms. ``step_min_age_ms``: the age a batch that follows a step-aligned
-    one must reach before a step end seals it, ms (at most ``max_age_ms``; see the module docstring).
+    oldest event in an open batch, ms. ``step_min_age_ms``: the time after a seal at a step end during
+    which no step end seals the next batch, ms (at most ``max_age_ms``; see the module docstring).
     Raises ValueError for a bound too small to hold the envelope.
 
     Counters: ``sealed`` (batches), ``events`` (events accepted), ``rejected`` (events msgpack could not
@@ -112,6 +124,7 @@ class Batcher:
         self._n = 0  # events in the open batch
         self._size = 0
         self._first_ns = 0
+        self._sealed_ns = 0  # monotonic ns of the last seal (for the quiet time after a step seal)
         self._seal_now = False  # the open batch holds a step end that seals it (see step_end)
         self._aligned = False  # the previous batch was sealed at a step end
         self._urgent = False  # the open batch holds an event the stream worker must see at once (see seal_next)
@@ -151,7 +164,7 @@ class Batcher:
                 parts = self._parts
                 size = count = 0
             if not count:
-                self._first_ns = time.monotonic_ns()
+                self._first_ns = self._start_ns(ev[1])
             parts.append(b)
             size += n
             count += 1
@@ -180,7 +193,7 @@ class Batcher:
                     continue
                 j = pos + 1  # one event larger than the whole bound goes alone
             if not self._n:
-                self._first_ns = time.monotonic_ns()
+                self._first_ns = self._start_ns(_packed_ts(view[off : ends[pos]]))
             end = ends[j - 1]
             self._parts.append(view[off:end])  # joined into the batch at seal time
             self._size += end - off
@@ -191,6 +204,14 @@ class Batcher:
                 sealed.append(self._seal())
         return sealed
 
+    def _start_ns(self, ts) -> int:
+        """The moment a batch opened by an event with ``ts_ns`` ``ts`` counts its age from: ``ts`` when it
+        is an int within the last ``max_age_ms`` (not in the future), else now (monotonic ns)."""
+        now = time.monotonic_ns()
+        if type(ts) is int and now - self.max_age_ns < ts <= now:
+            return ts
+        return now
+
     def add(self, event: tuple) -> list[SealedBatch]:
         """Append one event; see :meth:`add_many`."""
         return self.add_many((event,))
@@ -198,13 +219,13 @@ class Batcher:
     # -- step alignment, time bound and flush --------------------------------------------------------
     def step_end(self, now_ns: int | None = None) -> bool:
         """The events added last hold the end of a training step: mark the open batch to be sealed by the
-        next :meth:`due` unless it follows a step-aligned batch and is younger than ``step_min_age_ms``.
+        next :meth:`due` unless it follows a step-aligned batch sealed less than ``step_min_age_ms`` ago.
         Returns whether it was marked (False also when no batch is open)."""
         if not self._parts:
             return False
         if self._aligned:
             now_ns = time.monotonic_ns() if now_ns is None else now_ns
-            if now_ns - self._first_ns < self.step_min_age_ns:
+            if now_ns - self._sealed_ns < self.step_min_age_ns:
                 return False
         self._seal_now = True
         return True
@@ -223,14 +244,14 @@ class Batcher:
         (:meth:`seal_next`) or its first event is ``max_age_ms`` old, else None."""
         if not self._parts:
             return None
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
         if self._urgent and not self._seal_now:
-            return self._seal()
+            return self._seal(now_ns=now_ns)
         if self._seal_now:
             self.step_sealed += 1
-            return self._seal(aligned=True)
-        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+            return self._seal(aligned=True, now_ns=now_ns)
         if now_ns - self._first_ns >= self.max_age_ns:
-            return self._seal()
+            return self._seal(now_ns=now_ns)
         return None
 
     def ms_until_due(self, now_ns: int | None = None) -> float | None:
@@ -244,18 +265,21 @@ class Batcher:
         return max(0.0, (self._first_ns + self.max_age_ns - now_ns) / 1e6)
 
     def ms_until_step_seal(self, now_ns: int | None = None) -> float:
-        """Milliseconds during which a step end cannot seal the open batch: it follows a step-aligned
-        batch and is younger than ``step_min_age_ms`` (:meth:`step_end` would not mark it). 0 when a step
-        end would seal it now, when it is already marked, and when no batch is open (a step end then opens
-        one); ``inf`` when no batch is open and none was ever sealed at a step end (a job without steps).
-        The agent does not let the end of a step wake it during that time (docs/AGENT.md, "Step ends
-        that cannot seal a batch do not turn the loop")."""
+        """Milliseconds during which a step end cannot seal the open batch, or the next one when none is
+        open: the last batch was sealed at a step end less than ``step_min_age_ms`` ago (:meth:`step_end`
+        would not mark it). 0 when a step end would seal it now, when it is already marked, and when the
+        last batch was sealed by age or at once (:meth:`seal_next`); ``inf`` when no batch is open and none
+        was ever sealed at a step end (a job without steps). The agent does not let the end of a step wake
+        it during that time (docs/AGENT.md, "Step ends that cannot seal a batch do not turn the loop")."""
         if not self._parts:
-            return 0.0 if self.step_sealed else float("inf")
-        if not self._aligned or self._seal_now or self._urgent:
+            if not self.step_sealed:
+                return float("inf")
+            if not self._aligned:
+                return 0.0
+        elif not self._aligned or self._seal_now or self._urgent:
             return 0.0
         now_ns = time.monotonic_ns() if now_ns is None else now_ns
-        return max(0.0, (self._first_ns + self.step_min_age_ns - now_ns) / 1e6)
+        return max(0.0, (self._sealed_ns + self.step_min_age_ns - now_ns) / 1e6)
 
     def flush(self) -> SealedBatch | None:
         """Seal the open batch whatever its age; None when it is empty."""
@@ -293,10 +317,11 @@ class Batcher:
         out.append(p.pack_array_header(n_events))
         return b"".join(out)
 
-    def _seal(self, aligned: bool = False) -> SealedBatch:
+    def _seal(self, aligned: bool = False, now_ns: int | None = None) -> SealedBatch:
         parts, n = self._parts, self._n
         seq = self._seq.value
         self._seq.value = seq + 1
+        self._sealed_ns = time.monotonic_ns() if now_ns is None else now_ns
         head = self._envelope(seq, time.time_ns(), self._clock(), n)
         value = head + b"".join(parts)
         batch = SealedBatch(seq, self.key, value, n, self._first_ns)
@@ -307,6 +332,20 @@ class Batcher:
         self._seal_now = self._urgent = False
         self._aligned = aligned
         return batch
+
+
+def _packed_ts(event: bytes | memoryview):
+    """The ``ts_ns`` of one event encoded as a msgpack array in ``schema.EVENT_FIELDS`` order (None when
+    it is not such an array)."""
+    try:
+        u = msgpack.Unpacker()
+        u.feed(event)
+        if u.read_array_header() < 2:
+            return None
+        u.skip()
+        return u.unpack()
+    except (ValueError, msgpack.OutOfData):
+        return None
 
 
 class JobBatchers:

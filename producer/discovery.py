@@ -12,7 +12,11 @@ The scanner looks at young processes (started less than ``young_s`` ago) at ever
 process every ``old_every``-th scan, until one maps the file it looks for, and reads the maps of those
 whose address space changed size since their maps were last read (``vsize`` of ``/proc/<pid>/stat``: a
 ``dlopen`` or ``mmap`` grows it; a process that maps a file and unmaps as much between two scans is
-missed until its size changes again). Costs per scan: one ``listdir(/proc)``, one ``/proc/<pid>/stat``
+missed until its size changes again). A process whose maps were read and held nothing new is read again
+only after a gap that doubles with each such read, up to ``max_gap`` scans (gaps of 1, 2, 4, then 8
+scans while its size keeps changing; a read that finds a new file starts over): a process that keeps growing its address space
+(a JVM's heap, a compiler, a Python process importing) costs one maps read per 8 scans instead of one
+per scan, and a file it maps late is found within ``max_gap`` scans instead of one. Costs per scan: one ``listdir(/proc)``, one ``/proc/<pid>/stat``
 read per process not seen before and per young process (~5 µs), on the slow turn per process, and one
 maps read per process whose size changed (~0.4-0.7 ms for a Python process with torch loaded, the kernel
 formats ~50 KB; a JVM's maps several times that); the text is searched for the patterns' literal parts
@@ -120,8 +124,8 @@ class LibraryScanner:
     """Finds files mapped by processes that match ``patterns`` (key -> basename globs, e.g. ``{"usdt":
     ("_usdt.cpython-*.so",)}``) and were not reported before. ``known``: identities already attached (the
     agent's own copies). ``pids``: a callable giving the processes to look at (default: every process);
-    ``young_s``/``old_every``: the module's rescan policy. A process is no longer read once it maps a
-    file of ``settle_key``.
+    ``young_s``/``old_every``/``max_gap``: the module's rescan policy. A process is no longer read once it
+    maps a file of ``settle_key``.
 
     :meth:`scan` returns ``[(key, Mapped)]`` for each newly seen file (the first process seen with it).
     Never raises for processes that vanish or cannot be read."""
@@ -134,6 +138,7 @@ class LibraryScanner:
         pids=None,
         young_s: float = 120.0,
         old_every: int = 15,
+        max_gap: int = 8,
         settle_key: str | None = None,
     ):
         self.patterns = patterns
@@ -153,6 +158,10 @@ class LibraryScanner:
         self._settled: set[int] = set()
         self._started: dict[int, int | None] = {}
         self._vsize: dict[int, int | None] = {}  # pid -> address-space size when its maps were last read
+        self.max_gap = max(1, max_gap)
+        self._idle: dict[int, int] = {}  # pid -> maps reads in a row that found nothing new
+        self._read_at: dict[int, int] = {}  # pid -> the scan of its last maps read
+        self.maps_reads = 0  # maps read since start (all processes)
         self._self = os.getpid()
 
     def _candidates(self) -> list[int]:
@@ -174,6 +183,8 @@ class LibraryScanner:
         for gone in set(self._started) - alive:
             del self._started[gone]
             self._vsize.pop(gone, None)
+            self._idle.pop(gone, None)
+            self._read_at.pop(gone, None)
         found: list[tuple[str, Mapped]] = []
         for pid in live:
             if pid == self._self or pid in self._settled:
@@ -190,7 +201,13 @@ class LibraryScanner:
             size = None if f is None else f[1]
             if size is not None and self._vsize.get(pid) == size:
                 continue
+            idle = self._idle.get(pid, 0)
+            if idle and self.scans - self._read_at[pid] < min(self.max_gap, 1 << (idle - 1)):
+                continue  # read lately and nothing new then: the size change waits for its turn
             self._vsize[pid] = size
+            self._read_at[pid] = self.scans
+            self._idle[pid] = idle + 1
+            self.maps_reads += 1
             try:
                 with open(f"/proc/{pid}/maps", "rb") as fh:
                     text = fh.read()
@@ -206,5 +223,6 @@ class LibraryScanner:
                 ident = (m.group(1).decode(), int(m.group(2)))
                 if ident not in self.seen:
                     self.seen.add(ident)
+                    self._idle[pid] = 0
                     found.append((key, Mapped(pid, path, agent_path(pid, path, self.own_ns), ident)))
         return found

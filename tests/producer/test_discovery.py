@@ -53,3 +53,55 @@ def test_paths_in_the_agents_own_namespace():
     assert mount_ns() == mount_ns(os.getpid()) != "" and mount_ns(2**22 + 7) == ""
     assert agent_path(os.getpid(), "/usr/lib/x.so") == Path("/usr/lib/x.so")
     assert file_identity("/nonexistent/file") is None
+
+
+GROWER = """
+import ctypes, mmap, sys
+keep = []
+for line in sys.stdin:
+    if line.strip() == "grow":
+        keep.append(mmap.mmap(-1, 1 << 20))  # a new anonymous mapping: the address space grows
+    else:
+        keep.append(ctypes.CDLL(line.strip()))
+    print("ok", flush=True)
+"""
+
+
+def test_a_process_that_keeps_growing_is_read_less_often_and_a_late_copy_is_still_found(tmp_path):
+    """A process whose address space changes at every scan has its maps read with doubling gaps (1, 2, 4,
+    then ``max_gap`` scans) while they hold nothing new, not at every scan; a copy it maps later is found
+    within ``max_gap`` scans."""
+    lib = library_path()
+    if lib is None:
+        pytest.skip("obshub.instrument._usdt is not built")
+    copy = tmp_path / lib.name
+    shutil.copy(lib, copy)
+    proc = subprocess.Popen([sys.executable, "-c", GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def say(line: str) -> None:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "ok"
+
+    try:
+        scanner = LibraryScanner(
+            {"usdt": ("_usdt*.so",)}, [file_identity(lib)], pids=lambda: {proc.pid}, max_gap=4, settle_key="usdt"
+        )
+        assert scanner.scan() == [] and scanner.maps_reads == 1
+        reads = []
+        for _ in range(11):  # scans 2-12, the process grew before each
+            say("grow")
+            assert scanner.scan() == []
+            reads.append(scanner.maps_reads)
+        # read at scans 1, 2, 4, 8, 12 (gaps 1, 2, 4, 4): 5 reads in 12 scans instead of 12
+        assert reads == [2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5]
+        say(str(copy))  # maps the copy right after a read: found at the latest max_gap scans later
+        found, scans = [], 0
+        while not found and scans < 4:
+            found = scanner.scan()
+            scans += 1
+        assert [(k, m.pid, m.identity) for k, m in found] == [("usdt", proc.pid, file_identity(copy))]
+        assert proc.pid in scanner._settled
+    finally:
+        proc.kill()
+        proc.wait()

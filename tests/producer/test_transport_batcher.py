@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from array import array
 
+import msgpack
 import pytest
 
 from obshub.core import schema
@@ -70,9 +71,10 @@ def test_step_end_seals_the_batch_a_fast_step_shares_one_and_age_still_bounds():
     assert b.ms_until_due(now_ns=t0 + 100 * ms) == 0.0
     s = b.due(now_ns=t0 + 100 * ms)
     assert s is not None and s.n_events == 3 and b.step_sealed == 1
-    # after a step-aligned batch: a step end 200 ms in (a fast step) leaves it open, one 600 ms in seals
+    # after a step-aligned batch: a step end 200 ms after that seal (a fast step) leaves the next batch
+    # open, one 600 ms after it seals
+    t1 = t0 + 100 * ms
     b.add_many(_events(2))
-    t1 = b._first_ns
     assert b.step_end(now_ns=t1 + 200 * ms) is False and b.due(now_ns=t1 + 200 * ms) is None
     b.add_many(_events(2))
     assert b.step_end(now_ns=t1 + 600 * ms) is True
@@ -89,8 +91,9 @@ def test_step_end_seals_the_batch_a_fast_step_shares_one_and_age_still_bounds():
 
 
 def test_ms_until_step_seal_is_the_time_no_step_end_can_seal_the_batch():
-    """How long the agent may sleep through the kernel's step-end wakeups: while the open batch follows a
-    step-aligned one and is younger than the step minimum; never while a step end would seal it."""
+    """How long the agent may sleep through the kernel's step-end wakeups: while less than the step minimum
+    passed since a step-aligned seal, whether the next batch is open yet or not; never while a step end
+    would seal it."""
     ms = 1_000_000
     b = Batcher("job", "h", 1, max_age_ms=1_000, step_min_age_ms=500)
     assert b.ms_until_step_seal() == float("inf")  # no steps yet and nothing open: no bound from this job
@@ -98,9 +101,11 @@ def test_ms_until_step_seal_is_the_time_no_step_end_can_seal_the_batch():
     t0 = b._first_ns
     assert b.ms_until_step_seal(now_ns=t0 + 10 * ms) == 0.0  # the first step end seals at once
     assert b.step_end(now_ns=t0 + 10 * ms) and b.due(now_ns=t0 + 10 * ms) is not None
-    assert b.ms_until_step_seal() == 0.0  # nothing open after a step seal: the next step end opens one
+    t1 = t0 + 10 * ms  # the step seal: the step minimum counts from here, before the next batch opens
+    assert b.ms_until_step_seal(now_ns=t1) == pytest.approx(500.0)  # nothing open, no step end can seal
+    assert b.ms_until_step_seal(now_ns=t1 + 100 * ms) == pytest.approx(400.0)
+    assert b.ms_until_step_seal(now_ns=t1 + 700 * ms) == 0.0
     b.add_many(_events(1))
-    t1 = b._first_ns
     assert b.ms_until_step_seal(now_ns=t1 + 200 * ms) == pytest.approx(300.0)
     assert b.step_end(now_ns=t1 + 200 * ms) is False  # as promised: that step end did not seal it
     assert b.ms_until_step_seal(now_ns=t1 + 600 * ms) == 0.0
@@ -266,3 +271,29 @@ def test_job_batchers_one_job_per_batch_one_gapless_sequence():
     assert last is not None and last.seq == len(sealed) and schema.decode_batch(last.value).job == "a"
     assert (jb.events, jb.sealed) == (events + 3, batches + 1) and "a" not in jb.by_job
     assert jb.forget("fallback") is None and "fallback" in jb.by_job
+
+
+def test_a_batch_ages_from_its_first_events_own_time_when_that_is_recent():
+    """The age bound counts from the first event's ts_ns (CLOCK_MONOTONIC, as the kernel stamps it) when
+    it lies within the last max_age_ms, the same for single events and packed runs; a timestamp from the
+    future or older than the bound counts from when the event was added."""
+    ms = 1_000_000
+    for packed in (False, True):
+        b = Batcher("job", "h", 1, max_age_ms=60_000, step_min_age_ms=500)
+        ts = time.monotonic_ns() - 300 * ms  # happened 300 ms ago
+        evs = [Event(Kind.PHASE, ts + i, 1, 2, 3, 4, 5, -1, 0, {"phase": "p"}) for i in range(3)]
+        if packed:
+            data = [msgpack.packb(list(e)) for e in evs]
+            b.add_packed(b"".join(data), array("I", [sum(map(len, data[: i + 1])) for i in range(3)]))
+        else:
+            b.add_many(evs)
+        assert b._first_ns == ts
+        assert b.ms_until_due(now_ns=ts + 1_000 * ms) == pytest.approx(59_000.0)
+        assert b.due(now_ns=ts + 60_000 * ms - 1) is None
+        s = b.due(now_ns=ts + 60_000 * ms)
+        assert s is not None and s.first_ts_ns == ts and s.n_events == 3
+        for odd in (time.monotonic_ns() + 10_000 * ms, time.monotonic_ns() - 120_000 * ms, 0):
+            before = time.monotonic_ns()
+            b.add(Event(Kind.PHASE, odd, 1, 2, 3, 4, 5, -1, 0, None))
+            assert before <= b._first_ns <= time.monotonic_ns()
+            assert b.flush() is not None
