@@ -806,7 +806,12 @@ def _exit_cascade(
     """The ranks that exited first when the ranks waiting in a collective exited after them: returns
     ``((collective key, waited_ns, [later hosts]), [first hosts])``, or ``(None, [])``. A later host had
     not finished the step, was inside the collective (arrived, not ended) and exited at least
-    ``hang_exit_gap_ns`` after the earliest exit (``stopped[h][2]``, CLOCK_REALTIME ns)."""
+    ``hang_exit_gap_ns`` after the earliest exit (``stopped[h][2]``, CLOCK_REALTIME ns). When no later
+    host was inside a collective (they failed on the lost peer where no collective event shows, e.g. in
+    DDP's gradient all-reduce during backward), the first ranks are still named when neither they nor
+    the later ones had finished the step: the key is then the latest collective the later hosts reached
+    in the step ("-#-1" for none) and ``waited_ns`` counts from the earliest exit. A job whose ranks all
+    finished their last step before they exited is never named."""
     exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2}
     if len(exits) < 2:
         return None, []
@@ -821,7 +826,13 @@ def _exit_cascade(
             if c[1] is not None and c[2] is None and c[1] < t:
                 waits.setdefault(k, {})[h] = c[1]
     if not waits:
-        return None, []
+        # the others failed where no collective event shows (DDP's gradient all-reduce runs inside
+        # backward): named when the first ranks and the later ones all exited inside the step
+        later = sorted(h for h in exits if h not in early and h in accs and accs[h]["step_ns"] is None)
+        if not later or any(h in accs and accs[h]["step_ns"] is not None for h in early):
+            return None, []
+        seen = [(c[1], k) for h in later for k, c in accs[h]["colls"].items() if c[1] is not None]
+        return (max(seen)[1] if seen else "-#-1", now_ns - first, later), early
     k, who = max(waits.items(), key=lambda kv: (len(kv[1]), kv[0]))
     return (k, now_ns - max(who.values()), sorted(who)), early
 

@@ -668,6 +668,26 @@ def test_hang_check_names_the_rank_that_exited_first_when_the_waiting_ranks_fail
     assert [h["host"] for h in got["hosts"]] == ["b"] and got["waiting"] == ["a"]
 
 
+def test_hang_check_names_the_rank_that_exited_first_when_the_others_failed_outside_any_collective():
+    """A rank killed during backward: its peers fail in DDP's gradient all-reduce, which shows no
+    collective event, and exit after it. Every collective seen in the step had ended, so no rank waits in
+    one; the rank that exited first is still named, with the others as waiting. Ranks that exit after
+    finishing their last step (a job's normal end) name nobody."""
+    now = 100_000 * MS
+    hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
+    accs = {h: _coll_acc(h, None, {6: (now - 950 * MS, 2 * MS), 7: (now - 940 * MS, 1 * MS)}) for h in "abc"}
+    seen = {h: now - 800 * MS for h in "abc"}
+    t = now - 800 * MS
+    stopped = {"b": ("exited", now - 300 * MS, t), "a": ("exited", now, t + 60 * MS), "c": ("exited", now, t + 80 * MS)}
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("b", "exited")]
+    assert (got["pg"], got["coll_seq"], got["waiting"], got["waited_ns"]) == ("0", 7, ["a", "c"], 800 * MS)
+    finished = {h: _coll_acc(h, 290 * MS, {7: (now - 940 * MS, 1 * MS)}) for h in "abc"}
+    assert (
+        analysis.hang_check(finished, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped) is None
+    )
+
+
 def test_a_stopped_rank_that_never_arrived_is_named_after_the_short_wait_not_the_silence():
     """The usual freeze: the others finished the collectives they were seen in and block in the next
     (not seen yet), the frozen rank has no data in the step; named once they waited
