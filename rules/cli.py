@@ -68,15 +68,24 @@ def check_command(files):
 @rules_group.command("test", epilog=RULES_EPILOG)
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def test_command(files):
-    """Run rule unit-test FILES (a directory: its *_test.yaml / *_test.yml files, in name order). Prints
-    PASS/FAIL per test, expected vs got for failures; exit code 0 only when every test passes."""
+    """Run rule unit-test FILES (a directory: the *_test.yaml / *_test.yml files in it and its
+    subdirectories, in path order). Prints PASS/FAIL per test, expected vs got for failures; exit code 0
+    only when every test passes, 1 also when a directory holds no test file (a test run that ran nothing
+    must not pass in CI)."""
     from rules.testing import run_test_file
 
     failed = passed = 0
     broken = False
     paths = []
     for f in files:
-        paths += sorted(p for p in f.iterdir() if p.name.endswith(("_test.yaml", "_test.yml"))) if f.is_dir() else [f]
+        if not f.is_dir():
+            paths.append(f)
+            continue
+        found = sorted(p for p in f.rglob("*") if p.is_file() and p.name.endswith(("_test.yaml", "_test.yml")))
+        if not found:
+            click.echo(f"ERROR {f}: no *_test.yaml or *_test.yml file in it or below it", err=True)
+            broken = True
+        paths += found
     for f in paths:
         try:
             results = run_test_file(f)

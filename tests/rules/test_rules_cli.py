@@ -159,6 +159,15 @@ def test_rules_test_shows_a_condition_that_fails_to_evaluate_and_runs_a_director
     (tmp_path / "notes.txt").write_text("not a test file")
     got = run("rules", "test", str(tmp_path))
     assert got.returncode == 0 and "1 passed, 0 failed" in got.stdout, got.stdout + got.stderr
+    # test files in subdirectories count too; a directory without any is an error, not "0 passed"
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "u_test.yaml").write_text(TEST_OK.replace("[rules.yaml]", "[../rules.yaml]"))
+    (tmp_path / "empty").mkdir()
+    got = run("rules", "test", str(tmp_path / "more"), str(tmp_path / "empty"))
+    assert got.returncode == 1 and "1 passed, 0 failed, some files could not run" in got.stdout, got.stdout
+    assert f"ERROR {tmp_path / 'empty'}: no *_test.yaml or *_test.yml file in it or below it" in got.stderr
+    got = run("rules", "test", str(tmp_path))
+    assert got.returncode == 0 and "2 passed, 0 failed" in got.stdout, got.stdout + got.stderr
 
 
 def test_help_has_examples():
