@@ -471,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
         hosts = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else None
     except ValueError:
         p.error(f"--fault-hosts {a.fault_hosts!r}: comma-separated host indices, e.g. 1,3")
+    if a.keep is not None:
+        try:  # before minutes of runs, not after the first one
+            a.keep.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            p.error(f"--keep {a.keep}: cannot create the folder ({exc.strerror})")
     try:
         run(a.quick, a.rounds, hosts, a.clean_s, a.json_path, a.keep)
     except ValueError as exc:

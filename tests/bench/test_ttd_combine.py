@@ -138,3 +138,14 @@ def test_keep_copies_a_runs_output_report_and_logs(tmp_path):
         [sys.executable, "-m", "bench.ttd", "--help"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
     assert "--keep DIR" in out
+    # a folder that cannot be made is refused before any run starts
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    bad = subprocess.run(
+        [sys.executable, "-m", "bench.ttd", "--fault-hosts", "2", "--keep", str(blocker / "kept")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and f"--keep {blocker / 'kept'}: cannot create the folder" in bad.stderr, bad.stderr
