@@ -854,6 +854,29 @@ def _stalled(
     return (max(seen)[1] if seen else "-#-1", waited, others), held
 
 
+def retransmits_toward(accs: dict[str, dict]) -> dict[str, int]:
+    """Per host, the TCP retransmits the *other* hosts sent toward it in the step (``accs``: host ->
+    accumulator; the directed counts of ``accumulate``: a retransmit is counted by its sender, the event's
+    ``saddr``). A host whose own addresses are unknown in the step (no TCP event of its own) gets none.
+    Accumulators of an older worker without the direction count nothing."""
+    owner: dict[str, str] = {}
+    for host, acc in accs.items():
+        for addr in (acc.get("net") or {}).get("addrs") or {}:
+            owner.setdefault(addr, host)
+    toward: dict[str, int] = {}
+    for acc in accs.values():
+        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+            if len(vals) < 5:
+                continue
+            a, _, b = key.partition("|")
+            ha, hb = owner.get(a), owner.get(b)
+            if ha is None or hb is None or ha == hb:
+                continue
+            toward[hb] = toward.get(hb, 0) + vals[3]  # sent by a toward b
+            toward[ha] = toward.get(ha, 0) + vals[4]
+    return toward
+
+
 def hang_check(
     accs: dict[str, dict],
     expected_hosts: list[str],
@@ -877,7 +900,10 @@ def hang_check(
     no missing host is judged by silence: the missing ranks are blocked together before the collective
     (a communication stalled by retransmission timeouts on one host's lossy link leaves the ranks that
     have no retransmits of their own silent, while those that retransmit still send data), not behind
-    one rank that stopped answering.
+    one rank that stopped answering. A host judged by silence whose peers sent at least
+    ``net_count_min`` retransmits toward it in the step (``retransmits_toward``) is *unreachable*, not
+    stopped: segments to it are lost, so it cannot answer (a lossy or cut link; a frozen rank's kernel
+    still acknowledges, an exited one resets its connections).
 
     By process state: ``stopped`` (``host -> (state, since_ns)``: a process its agent found frozen,
     stopped or exited) makes such a host hung without the silence, arrived or not, once another host
@@ -888,10 +914,11 @@ def hang_check(
     exit), the host(s) that exited at least ``hang_exit_gap_ns`` before the first of them are named and
     those are listed as ``waiting``.
 
-    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state}],
+    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}],
     waiting: [host], waited_ns, after_ns}`` (``waiting``: the hosts blocked there, ``waited_ns``: now minus
     the latest of their arrivals; ``last_phase``: the collective the hung host is in, or the last phase it
-    finished; ``state``: frozen, stopped, exited, or "silent" when judged by silence)."""
+    finished; ``state``: frozen, stopped, exited, "silent" when judged by silence, or "unreachable" when
+    judged by silence while its peers retransmit toward it, with ``toward`` = those retransmits)."""
     bl = baseline(history, step, th)
     after = max(th.hang_min_ns, int(th.hang_factor * bl["median_ns"]))
     stopped = {h: v for h, v in (stopped or {}).items() if h in set(expected_hosts) | set(accs)}
@@ -921,6 +948,7 @@ def hang_check(
     settled = not exits or now_ns - first >= th.hang_exit_settle_ns
     culprits = [h for h in sorted(stopped) if h not in exits or exits[h] < first + th.hang_exit_gap_ns]
     best = None
+    toward: dict[str, int] | None = None
     for pg, seq in sorted(top.items()):
         key = f"{pg}#{seq}"
         arrived = {
@@ -943,7 +971,12 @@ def hang_check(
                     hung.append(hung_entry(h, stopped[h][0]))
                 continue
             if by_silence and h in quiet:  # with a rank known stopped, the silent ones are its victims
-                hung.append(hung_entry(h, "silent"))
+                if toward is None:
+                    toward = retransmits_toward(accs)
+                if toward.get(h, 0) >= th.net_count_min:
+                    hung.append(dict(hung_entry(h, "unreachable"), toward=toward[h]))
+                else:
+                    hung.append(hung_entry(h, "silent"))
         if hung and (best is None or waited > best["waited_ns"]):
             best = {
                 "pg": pg,
@@ -952,7 +985,9 @@ def hang_check(
                 "hosts": hung,
                 "waiting": sorted(h for h in arrived if h not in culprits),
                 "waited_ns": waited,
-                "after_ns": after if any(e["state"] == "silent" for e in hung) else th.hang_state_wait_ns,
+                "after_ns": after
+                if any(e["state"] in ("silent", "unreachable") for e in hung)
+                else th.hang_state_wait_ns,
             }
     if best is not None:
         return best

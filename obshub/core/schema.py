@@ -675,8 +675,9 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "inconsistent": "list of {pg, coll_seq, op, why}: collectives whose pairing fails the check (never blamed)",
     "late_max_ns": "the largest lateness of any host in the step, ns (arrival minus the median arrival)",
     "evidence": "{spread_ns, hosts: {host: {layer: z}}}: per-step evidence for the sequential rules",
-    "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns}], waiting, "
-    "waited_ns, after_ns}: ranks that never arrived at a collective the others wait at",
+    "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}], "
+    "waiting, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; state: frozen, "
+    "stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in the step)",
     "layers": "map host -> layer -> {time_ns, count, max_ns}: every host of a step of at most 64 hosts; in a "
     "wider step only the outlier hosts (straggler and late group, blame and evidence hosts, last arrivals, the 8 "
     "largest per layer time, per layer count and by step time; layers_omitted counts the others)",

@@ -759,6 +759,47 @@ def test_missing_ranks_that_still_send_data_name_nobody_by_silence():
     assert [h["host"] for h in got["hosts"]] == ["b", "c", "d"] and got["waiting"] == ["a"]
 
 
+def test_a_silent_rank_its_peers_retransmit_toward_is_unreachable_not_stopped():
+    """The campaign's stall: the lossy host's rank is blocked in the gradient all-reduce and sends
+    nothing while the three others wait at the next collective. Its peers' retransmits toward it make it
+    ``unreachable`` (its link holds up the collective); retransmits toward another host, too few of them,
+    or a host whose own address is unknown in the step leave it ``silent``."""
+    now = 100_000 * MS
+    hist = [[s, 100 * MS, 10 * MS] for s in range(20)]
+    ip = {h: f"10.0.0.{i}" for i, h in enumerate("abcd", 1)}
+
+    def accs_with(sent: dict[str, dict[str, tuple[int, int]]], b_addr: bool = True) -> dict:
+        accs = {h: _coll_acc(h, None, {9: (now - 4_000 * MS, None)}) for h in "acd"}
+        accs["b"] = _coll_acc("b", None, {8: (now - 4_200 * MS, 3 * MS)}, seen_phase=(now - 3_500 * MS, "backward"))
+        for h, acc in accs.items():
+            if h != "b" or b_addr:
+                acc["net"] = _dir_acc(h, ip[h], {ip[p]: v for p, v in sent.get(h, {}).items()})["net"]
+        return accs
+
+    seen = {"a": now - 3_900 * MS, "b": now - 3_100 * MS, "c": now - 3_900 * MS, "d": now - 3_900 * MS}
+    lossy = accs_with({"a": {"b": (10, 3), "d": (10, 0)}, "c": {"b": (10, 2), "d": (10, 0)}, "b": {"a": (10, 0)}})
+    got = analysis.hang_check(lossy, list("abcd"), seen, now - 4_500 * MS, hist, 20, now)
+    assert got["waiting"] == ["a", "c", "d"]
+    assert [(h["host"], h["state"], h.get("toward")) for h in got["hosts"]] == [("b", "unreachable", 5)]
+    assert got["after_ns"] == 3_000 * MS
+    # the retransmits go toward d, which arrived: b is silent
+    elsewhere = accs_with({"a": {"d": (10, 3), "b": (10, 0)}, "c": {"d": (10, 2), "b": (10, 0)}, "b": {"a": (10, 0)}})
+    got = analysis.hang_check(elsewhere, list("abcd"), seen, now - 4_500 * MS, hist, 20, now)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("b", "silent")] and "toward" not in got["hosts"][0]
+    # one retransmit toward b is below net_count_min
+    one = accs_with({"a": {"b": (10, 1), "d": (10, 0)}, "b": {"a": (10, 0)}})
+    assert (
+        analysis.hang_check(one, list("abcd"), seen, now - 4_500 * MS, hist, 20, now)["hosts"][0]["state"] == "silent"
+    )
+    # b's own address is unknown in the step: the retransmits cannot be tied to it
+    unknown = accs_with({"a": {"b": (10, 3), "d": (10, 0)}, "c": {"b": (10, 2), "d": (10, 0)}}, b_addr=False)
+    assert (
+        analysis.hang_check(unknown, list("abcd"), seen, now - 4_500 * MS, hist, 20, now)["hosts"][0]["state"]
+        == "silent"
+    )
+    assert analysis.retransmits_toward(lossy) == {"a": 0, "b": 5, "c": 0, "d": 0}
+
+
 def test_stepless_tcp_events_of_a_batch_without_a_step_go_to_the_step_left_running():
     """A rank blocked in a long collective emits no stepped event: a batch sealed by age then holds only
     TCP events. They go to the step the host's previous batch left running (none when that batch ended
