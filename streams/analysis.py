@@ -90,6 +90,9 @@ class Thresholds:
       (``running_check``); ``running_time_rel``: a host whose own time-layer excess in the running step
       reaches this fraction of its elapsed time is not judged on its connections (a CPU-starved or
       memory-stalled host answers late on every connection).
+    - ``net_directed_keep_steps``: once a step of a job meets the directed view's condition
+      (``net_stats``), the worker reads the job's network evidence in the directed view for this many
+      steps after it, although a step of its own does not meet it.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -120,6 +123,7 @@ class Thresholds:
     running_min_ns: int = 500_000_000
     running_factor: float = 3.0
     running_time_rel: float = 0.05
+    net_directed_keep_steps: int = 200
 
 
 def median_int(values: list[int]) -> int:
@@ -425,9 +429,12 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     return timed + [e for _, e in counted]
 
 
-def net_stats(accs: dict[str, dict], th: Thresholds) -> tuple[dict[str, int], dict[str, int]]:
+def net_stats(
+    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False
+) -> tuple[dict[str, int], dict[str, int], bool]:
     """Per host ``(rx, rtt)``: the fewest retransmits and the lowest mean RTT (ns) over its busy
-    connections (0 with fewer than 2 busy connections); definitions in ``net_blame``.
+    connections (0 with fewer than 2 busy connections); definitions in ``net_blame``. The third value
+    says whether the step's own counts meet the directed view's condition (below).
 
     Retransmits are read in the *directed view* when it applies: a retransmit is counted by its sender,
     so per host and busy connection there are those sent toward it and those it sent. When some host
@@ -437,7 +444,11 @@ def net_stats(accs: dict[str, dict], th: Thresholds) -> tuple[dict[str, int], di
     lossy host, so its other connections must lose in the same direction by chance to count, instead of
     in either direction. Otherwise (traffic in one direction per connection, as in a one-way ring, or
     accumulators of an older worker without the direction) ``rx`` is the minimum of both directions
-    together (docs/ANALYSIS.md "Network blame by connection")."""
+    together (docs/ANALYSIS.md "Network blame by connection"). With ``recent_directed`` (a recent step of
+    the job met the condition: its traffic runs both ways on its connections) the directed view applies
+    although no host meets it in this step: a step whose few retransmits toward the lossy host happen to
+    miss one of its connections then blames nobody, instead of the neighbour that sends into the drops
+    and saw a retransmit or two on its other connection."""
     owner: dict[str, str] = {}
     pairs: dict[str, list[int]] = {}
     for host, acc in accs.items():
@@ -470,12 +481,15 @@ def net_stats(accs: dict[str, dict], th: Thresholds) -> tuple[dict[str, int], di
             rtt[host] = min(c[0][2] // c[0][0] for c in busy)
         else:
             rx[host] = directed[host] = rtt[host] = 0
-    if any(v >= th.net_count_min for v in directed.values()):
+    own = any(v >= th.net_count_min for v in directed.values())
+    if own or recent_directed:
         rx = directed
-    return rx, rtt
+    return rx, rtt, own
 
 
-def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
+def net_blame(
+    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, stats: tuple | None = None
+) -> list[dict]:
     """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one entry
     ``{host, layer: "network", excess_ns, straggler_ns, peer_median_ns, count, max_ns: 0}``.
 
@@ -493,10 +507,11 @@ def net_blame(accs: dict[str, dict], th: Thresholds) -> list[dict]:
       difference, ``count`` = rx): ``rtt >= net_rtt_min_ns`` and ``>= net_rtt_factor *`` that median
       (a slow or congested link).
 
-    Needs >= 3 hosts (with 2, both ends share the one link)."""
+    Needs >= 3 hosts (with 2, both ends share the one link). ``recent_directed``: see ``net_stats``;
+    ``stats``: its result when the caller has it."""
     if len(accs) < 3:
         return []
-    rx, rtt = net_stats(accs, th)
+    rx, rtt, _own = stats or net_stats(accs, th, recent_directed)
     host = min(rx, key=lambda h: (-rx[h], h))
     peers = median_int([v for h, v in rx.items() if h != host])
     if rx[host] >= th.count_min and rx[host] >= th.count_factor * peers:
@@ -558,7 +573,15 @@ TIME_EVIDENCE = ("sched", "memory", "cuda", "nic")
 """The time layers of the evidence: the host's own lost time that made it late."""
 
 
-def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict, th: Thresholds) -> dict:
+def evidence(
+    accs: dict[str, dict],
+    late: dict[str, int],
+    layers: dict,
+    bl: dict,
+    th: Thresholds,
+    recent_directed: bool = False,
+    stats: tuple | None = None,
+) -> dict:
     """Per-step evidence for the rules' sequential test (docs/ANALYSIS.md "Sequential detection"):
     ``{"spread_ns": s, "hosts": {host: {layer: z}}}`` with ``z`` in units of the job's recent spread
     ``s`` (``bl["spread_ns"]``), clipped to ``[0, evidence_clip]``, rounded to 3 places; a host appears
@@ -579,7 +602,8 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
     spread late): then it keeps only the time layers. A slow link makes its host late without any
     run-queue or memory excess, while a host starved of CPU or stalled in reclaim answers its peers late,
     which raises the RTT of all of its connections. Lateness-based values need a
-    baseline (``bl["n"] >= baseline_min_n``): the start of a job is noisy."""
+    baseline (``bl["n"] >= baseline_min_n``): the start of a job is noisy. ``recent_directed``, ``stats``:
+    see ``net_evidence``."""
     s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
     clip = th.evidence_clip
 
@@ -606,7 +630,7 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
                 explained += ex
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
-    for h, (z_net, *_stats) in net_evidence(accs, th).items():
+    for h, (z_net, *_stats) in net_evidence(accs, th, recent_directed, stats).items():
         mine = out.get(h, {})
         z_time = max((mine.get(layer, 0.0) for layer in TIME_EVIDENCE), default=0.0)
         if z_time >= min(1.0, z_net):
@@ -618,18 +642,21 @@ def evidence(accs: dict[str, dict], late: dict[str, int], layers: dict, bl: dict
     return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
 
 
-def net_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, tuple[float, int, int, int, int]]:
+def net_evidence(
+    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, stats: tuple | None = None
+) -> dict[str, tuple[float, int, int, int, int]]:
     """Connection-based network evidence per host (docs/ANALYSIS.md "Evidence per (host, layer)"):
     ``{host: (z, rx, m_rx, rtt_ns, m_rtt_ns)}`` for the hosts with ``z > 0``, where ``z`` is the larger of
     ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)`` (``net_stats``;
     ``m_*`` the median over the other hosts), each counted only past its threshold (retransmits ``>=
     max(net_count_min, count_factor * m_rx)``, RTT ``>= max(net_rtt_min_ns, net_rtt_factor * m_rtt)``),
     clipped to ``evidence_clip`` and rounded to 3 places. Empty with fewer than 3 hosts (with 2, both
-    ends share the one link)."""
+    ends share the one link). ``recent_directed``: see ``net_stats``; ``stats``: its result when the
+    caller has it."""
     out: dict[str, tuple[float, int, int, int, int]] = {}
     if len(accs) < 3:
         return out
-    rx, rtt = net_stats(accs, th)
+    rx, rtt, _own = stats or net_stats(accs, th, recent_directed)
     loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
     for h in sorted(accs):
         m_rx = loo_rx.median_without(rx[h])
@@ -656,13 +683,15 @@ def running_check(
     now_ns: int,
     th: Thresholds = Thresholds(),
     stopped: dict[str, tuple] | None = None,
+    recent_directed: bool = False,
 ) -> dict | None:
     """Network evidence inside a step that is still running (docs/ANALYSIS.md "Inside a running step").
 
     ``accs``: the host accumulators received so far for the open step ``step`` (partial: each agent ships
     a running step's events at least every batch age bound); ``opened_ns``: CLOCK_REALTIME ns when the
     worker opened the step; ``now_ns``: CLOCK_REALTIME ns; ``stopped``: hosts with a process found
-    frozen, stopped or exited (their step is a hang, not a slow link: no check).
+    frozen, stopped or exited (their step is a hang, not a slow link: no check); ``recent_directed``: see
+    ``net_stats``.
 
     The step has run ``elapsed = now_ns - min(opened_ns, earliest STEP_BEGIN)``; it is checked once
     ``elapsed >= after = max(running_min_ns, running_factor * baseline median step time)``, with a
@@ -686,7 +715,7 @@ def running_check(
     after = max(th.running_min_ns, int(th.running_factor * bl["median_ns"]))
     if elapsed < after:
         return None
-    net = net_evidence(accs, th)
+    net = net_evidence(accs, th, recent_directed)
     if not net:
         return None
     layers = layer_table(accs)
@@ -713,10 +742,10 @@ def history_entry(summary: dict) -> list[int]:
     return [summary["step"], summary["step_time_max_ns"], int(summary.get("late_max_ns") or 0)]
 
 
-def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds) -> list[dict]:
+def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds, stats: tuple | None) -> list[dict]:
     """``entries`` plus the connection-based network blame, unless that host already has a network entry."""
     have = {(e["host"], e["layer"]) for e in entries}
-    return entries + [e for e in net_blame(accs, th) if (e["host"], e["layer"]) not in have]
+    return entries + [e for e in net_blame(accs, th, stats=stats) if (e["host"], e["layer"]) not in have]
 
 
 def summarize(
@@ -731,13 +760,15 @@ def summarize(
     closed_at_ns: int,
     th: Thresholds = Thresholds(),
     world_size: int = 0,
+    recent_directed: bool = False,
 ) -> dict:
     """The step summary (exactly the keys of ``schema.STEP_SUMMARY_FIELDS``) of ``job``/``step`` from its
     host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
     late_max_ns], ...]`` (``history_entry``); ``quality`` holds ``lost_batches``, ``duplicate_batches``,
     ``late_events`` (``ringbuf_lost`` is summed here from the accumulators); ``world_size`` the job's
-    registered world size (0 unknown: then the number of expected hosts). Deterministic: the same inputs
-    give the same output."""
+    registered world size (0 unknown: then the number of expected hosts); ``recent_directed``: a recent
+    step of the job had ``net_directed`` (``net_stats``). Deterministic: the same inputs give the same
+    output."""
     layers = layer_table(accs)
     colls = collectives(accs, th)
     step_time = {h: a["step_ns"] for h, a in sorted(accs.items()) if a["step_ns"] is not None}
@@ -745,6 +776,7 @@ def summarize(
     strag = find_straggler(accs, colls, layers, th)
     bl = baseline(history, step, th)
     late = lateness(accs, colls, layers)
+    stats = net_stats(accs, th, recent_directed) if len(accs) >= 3 else None
     out = {
         "v": schema.SCHEMA_VERSION,
         "job": job,
@@ -758,7 +790,7 @@ def summarize(
         "step_time_ns": step_time,
         "step_time_max_ns": tmax,
         "straggler": strag,
-        "blame": _with_net(blame(strag["host"], layers, strag["excess_ns"], th) if strag else [], accs, th),
+        "blame": _with_net(blame(strag["host"], layers, strag["excess_ns"], th) if strag else [], accs, th, stats),
         "collectives": [
             {k: c[k] for k in ("pg", "coll_seq", "op", "skew_ns", "uncertainty_ns", "last_host")}
             for c in colls
@@ -770,7 +802,8 @@ def summarize(
             if not c["consistent"]
         ],
         "late_max_ns": max(late.values(), default=0),
-        "evidence": evidence(accs, late, layers, bl, th),
+        "evidence": evidence(accs, late, layers, bl, th, recent_directed, stats),
+        "net_directed": bool(stats and stats[2]),
         "hang": None,
         "layers": layers,
         "baseline": bl,

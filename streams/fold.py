@@ -212,6 +212,9 @@ class Fold:
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
         self.was_hung: set[str] = set()  # open step keys that hung at some point (kept after they resume)
         self.quiet_until: dict[str, int] = {}  # job -> last step whose evidence is dropped after a hang
+        # job -> latest step closed here whose retransmits met the directed view's condition (derived, in
+        # memory: a restarted worker judges each step on its own until one meets it again)
+        self.net_directed: dict[str, int] = {}
         # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
@@ -645,7 +648,10 @@ class Fold:
             closed_at_ns=self.clock(),
             th=self.th,
             world_size=js["world_size"],
+            recent_directed=self.recent_directed(job, step),
         )
+        if summary["net_directed"]:
+            self.net_directed[job] = max(self.net_directed.get(job, step), step)
         if (
             sk in self.hung or sk in self.was_hung
         ):  # the ranks resynchronise after a hang: no layer's fault for a few steps
@@ -697,6 +703,13 @@ class Fold:
                 accs[h] = e["acc"]
         return expected, accs
 
+    def recent_directed(self, job: str, step: int) -> bool:
+        """Whether a step of ``job`` closed here within ``net_directed_keep_steps`` before ``step`` met the
+        directed view's condition (``analysis.net_stats``): the job's traffic runs both ways on its
+        connections, so its network evidence is read in the directed view."""
+        last = self.net_directed.get(job)
+        return last is not None and 0 <= step - last <= self.th.net_directed_keep_steps
+
     def _interim_summary(
         self, st: dict, js: dict, accs: dict[str, dict], expected: list[str], closed_by: str, now: int
     ) -> dict:
@@ -713,6 +726,7 @@ class Fold:
             closed_at_ns=now,
             th=self.th,
             world_size=js["world_size"],
+            recent_directed=self.recent_directed(st["job"], st["step"]),
         )
 
     def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:
@@ -783,7 +797,14 @@ class Fold:
                 continue
             expected, accs = self._open_accs(sk, st, js)
             found = analysis.running_check(
-                accs, js["history"], st["step"], st["opened_ns"], now, self.th, stopped=self.stopped_hosts(job)
+                accs,
+                js["history"],
+                st["step"],
+                st["opened_ns"],
+                now,
+                self.th,
+                stopped=self.stopped_hosts(job),
+                recent_directed=self.recent_directed(job, st["step"]),
             )
             if found is None:
                 continue

@@ -674,6 +674,9 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "collectives": "list of {pg, coll_seq, op, skew_ns, uncertainty_ns, last_host} (pairing-consistent ones)",
     "inconsistent": "list of {pg, coll_seq, op, why}: collectives whose pairing fails the check (never blamed)",
     "late_max_ns": "the largest lateness of any host in the step, ns (arrival minus the median arrival)",
+    "net_directed": "whether the step's retransmits meet the directed view's condition (some host has at least "
+    "net_count_min of them on every busy connection in one direction); the worker then reads the job's network "
+    'evidence in the directed view for its next steps too (docs/ANALYSIS.md "Network blame by connection")',
     "evidence": "{spread_ns, hosts: {host: {layer: z}}}: per-step evidence for the sequential rules",
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; state: frozen, "
@@ -744,6 +747,7 @@ _STEP_SHAPE: dict[str, str] = {
     "world_size": "int",
     "inconsistent": "list[map]",
     "late_max_ns": "int",
+    "net_directed": "bool",
     "evidence": "map",
     "hang": "map?",
 }

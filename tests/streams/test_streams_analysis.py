@@ -270,12 +270,12 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 12)}),
     }
     th = analysis.Thresholds()
-    rx, _rtt = analysis.net_stats(accs, th)
+    rx, _rtt, _own = analysis.net_stats(accs, th)
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 0}
     assert {h: z for h, (z, *_rest) in analysis.net_evidence(accs, th).items()} == {"node-02": 2.0}
     # without the direction (pairs of an older worker) both directions count together, as before
     undirected = {h: _net_acc(h, ip[h], {k: v[:3] for k, v in a["net"]["pairs"].items()}) for h, a in accs.items()}
-    rx, _rtt = analysis.net_stats(undirected, th)
+    rx, _rtt, _own = analysis.net_stats(undirected, th)
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 6}
     # a one-way ring (each host sends to the next only): no host loses in one direction on every
     # connection, so both directions count together and the lossy host is still found
@@ -285,8 +285,38 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 4)}),
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 0)}),
     }
-    rx, _rtt = analysis.net_stats(one_way, th)
+    rx, _rtt, _own = analysis.net_stats(one_way, th)
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 4, "node-03": 0}
+
+
+def test_a_step_that_misses_the_directed_condition_reads_it_from_the_jobs_recent_steps():
+    """A recorded demo step with 8 % loss on node-02's link: node-03 sent 19 retransmits towards node-02,
+    node-01 none this time, and node-00 sent 3 towards node-03. No host has retransmits on every busy
+    connection in one direction, so on its own the step reads both directions together and node-03's
+    fewest (3) blame it, a neighbour of the lossy host (a wrong alert on the demo). The job's earlier
+    steps met the directed condition: with ``recent_directed`` nobody is blamed in this step."""
+    ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
+    accs = {
+        "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (4, 0), ip["node-03"]: (4, 3)}),
+        "node-01": _dir_acc("node-01", ip["node-01"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 0)}),
+        "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (4, 0), ip["node-03"]: (4, 0)}),
+        "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 19)}),
+    }
+    th = analysis.Thresholds()
+    rx, _rtt, own = analysis.net_stats(accs, th)
+    assert not own and rx["node-03"] == 3
+    assert {h: z for h, (z, *_rest) in analysis.net_evidence(accs, th).items()} == {"node-03": 3.0}
+    rx, _rtt, own = analysis.net_stats(accs, th, recent_directed=True)
+    assert not own and set(rx.values()) == {0}
+    assert analysis.net_evidence(accs, th, recent_directed=True) == {}
+    assert analysis.net_blame(accs, th, recent_directed=True) == []
+    # the summary says whether the step met the condition; the evidence follows recent_directed
+    hist = [[s, 100 * MS, 10 * MS] for s in range(20)]
+    kw = dict(expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete", closed_at_ns=1)
+    alone = analysis.summarize("j", 20, accs, **kw)
+    assert alone["net_directed"] is False and alone["evidence"]["hosts"]["node-03"]["network"] == 3.0
+    recent = analysis.summarize("j", 20, accs, recent_directed=True, **kw)
+    assert recent["evidence"]["hosts"] == {} and recent["blame"] == []
 
 
 def test_network_blame_by_rtt_names_the_host_behind_a_slow_link():

@@ -361,6 +361,49 @@ def test_the_steps_after_a_hang_carry_no_sequential_evidence():
     assert by_step[16]["d"]["sched"] > 0 and by_step[17]["d"]["sched"] > 0
 
 
+def _lossy_steps(directed_first: bool) -> list[dict]:
+    """Steps 12 and 13 of ``_ring_job`` with TCP events (ring a-b-c-d-a, every connection busy): in step
+    12 either a and c both retransmit towards b (the directed view's condition) or nobody retransmits; in
+    step 13, as in a recorded demo step with loss on b's link, c sent 19 retransmits towards b, a none,
+    and d sent 3 towards c. Returns the summaries of steps 12 and 13."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    ring = [(0, 1), (1, 2), (2, 3), (3, 0)]
+    sent = {12: {(0, 1): 3, (2, 1): 3} if directed_first else {}, 13: {(2, 1): 19, (3, 2): 3}}
+    t = now[0]
+    for step in (12, 13):
+        for i in range(4):
+            evs = [] if step == 12 else [schema.Event(schema.Kind.STEP_BEGIN, t, step=step, pid=100 + i, value=step)]
+            for a, b in ring:
+                if i in (a, b):
+                    peer = b if i == a else a
+                    tcp = {"saddr": ip[i], "daddr": ip[peer], "sport": 1, "dport": 2}
+                    evs.append(schema.Event(schema.Kind.TCP_RTT, t + 1_000, duration_ns=1_000_000, payload=tcp))
+                    n = sent[step].get((i, peer), 0)
+                    if n:
+                        evs.append(schema.Event(schema.Kind.TCP_RETRANSMIT, t + 2_000, value=n, payload=tcp))
+            evs.append(
+                schema.Event(schema.Kind.STEP_END, t + 100_000_000, step=step, pid=100 + i, duration_ns=100_000_000)
+            )
+            batch(i, evs)
+        t += 110_000_000
+    by_step = {s["step"]: s for s in pipe.summaries}
+    return [by_step[12], by_step[13]]
+
+
+def test_a_job_whose_recent_step_met_the_directed_condition_keeps_the_directed_view():
+    """Step 13 alone blames c, the neighbour that sends into b's drops (its fewest retransmits over
+    both directions, 3); after step 12 met the directed view's condition, the worker reads step 13 in
+    the directed view and blames nobody."""
+    first, second = _lossy_steps(directed_first=True)
+    assert first["net_directed"] is True and set(first["evidence"]["hosts"]) == {"b"}
+    assert second["net_directed"] is False and second["evidence"]["hosts"] == {} and second["blame"] == []
+    first, second = _lossy_steps(directed_first=False)
+    assert first["net_directed"] is False and first["evidence"]["hosts"] == {}
+    assert second["evidence"]["hosts"]["c"]["network"] == 3.0
+
+
 def test_a_step_spread_over_rounds_writes_one_parts_record_per_round_not_per_host(monkeypatch):
     """Rounds that each hold a share of a step's hosts write that share as one ``parts`` record (chunked
     at ``PART_RECORD_MAX`` hosts), and a worker recovered between them finishes every step exactly once
