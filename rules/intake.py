@@ -342,15 +342,16 @@ DLQ_MAX_BYTES = schema.DLQ_MAX_BYTES
 
 
 def dead_letter(producer: Any, msg: Any, exc: BaseException, consumer: str, dlq_topic: str = schema.TOPIC_DLQ) -> str:
-    """Publish ``msg`` (a confluent_kafka Message) to the DLQ with its key and value unchanged (a value
-    over ``DLQ_MAX_BYTES`` is cut there and gets an ``obshub.truncated`` header with its full length), and
-    the headers of ``schema.DLQ_HEADERS``: the reason (``field: problem``), the field, source topic,
-    partition, offset, and ``consumer`` (the group that rejected it). Returns the reason. Does not
-    flush: the caller flushes before it commits past the message."""
+    """Publish ``msg`` (a confluent_kafka Message) to the DLQ with its key, value and headers unchanged (a
+    value over ``DLQ_MAX_BYTES`` is cut there and gets an ``obshub.truncated`` header with its full
+    length), followed by the headers of ``schema.DLQ_HEADERS``: the reason (``field: problem``), the
+    field, source topic, partition, offset, and ``consumer`` (the group that rejected it). Returns the
+    reason. Does not flush: the caller flushes before it commits past the message."""
     reason = str(exc) or type(exc).__name__
     field = getattr(exc, "field", "") or ""
     values = (reason, field, msg.topic(), str(msg.partition()), str(msg.offset()), consumer)
-    headers = [(k, v.encode("utf-8", "replace")) for k, v in zip(schema.DLQ_HEADERS, values)]
+    headers = list(msg.headers() or [])
+    headers += [(k, v.encode("utf-8", "replace")) for k, v in zip(schema.DLQ_HEADERS, values)]
     value = msg.value()
     if value is not None and len(value) > DLQ_MAX_BYTES:
         headers.append(("obshub.truncated", str(len(value)).encode()))

@@ -42,6 +42,7 @@ import json
 import logging
 import time
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,9 +257,12 @@ def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: W
 
 
 def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
-    """The DLQ value (the original, cut at ``dlq_max_bytes``) and headers for an unusable message."""
+    """The DLQ value (the original, cut at ``dlq_max_bytes``) and headers for an unusable message: its own
+    headers unchanged, then those of ``schema.DLQ_HEADERS``."""
     value = msg.value or b""
-    headers = [
+    own = msg.headers or []
+    headers = list(own.items() if isinstance(own, Mapping) else own)
+    headers += [
         ("obshub.reason", str(exc).encode()),
         ("obshub.field", (exc.field or "").encode()),
         ("obshub.source.topic", msg.topic.encode()),

@@ -190,14 +190,14 @@ def _truncate(bootstrap: str, topics) -> None:
         fut.result(30)
 
 
-def _produce(producer: Producer, topic: str, values: list[bytes]) -> list[tuple[int, int]]:
+def _produce(producer: Producer, topic: str, values: list[bytes], headers: list | None = None) -> list[tuple[int, int]]:
     where: list = [None] * len(values)
 
     def done(i):
         return lambda err, msg: where.__setitem__(i, None if err else (msg.partition(), msg.offset()))
 
     for i, v in enumerate(values):
-        producer.produce(topic, value=v, on_delivery=done(i))
+        producer.produce(topic, value=v, on_delivery=done(i), headers=headers)
     producer.flush(30)
     assert all(where), "every record reached the broker"
     return where
@@ -277,7 +277,8 @@ def test_restart_does_not_meet_dead_letters_again(served):
     """Runs after the property test: a restarted service commits past every dead letter (none twice)."""
     rec, prefix, log = served["rec"], served["prefix"], served["log"]
     # one dead letter of its own, so the test holds alone too (not only after the property test)
-    bad = _produce(served["producer"], schema.TOPIC_STEPS, [b"\x00 not a step summary"])
+    own = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    bad = _produce(served["producer"], schema.TOPIC_STEPS, [b"\x00 not a step summary"], headers=own)
     wait_for(
         lambda: set(bad) <= set(rec.dead(f"{prefix}-engine", schema.TOPIC_STEPS)),
         30,
@@ -285,6 +286,14 @@ def test_restart_does_not_meet_dead_letters_again(served):
         served["proc"],
         log,
     )
+    # its own headers stay on the dead letter
+    (letter,) = [
+        h
+        for h in list(rec.dlq)
+        if h.get("obshub.source.topic") == schema.TOPIC_STEPS
+        and (int(h["obshub.source.partition"]), int(h["obshub.source.offset"])) in bad
+    ]
+    assert letter["traceparent"] == own[0][1].decode() and letter["obshub.consumer"] == f"{prefix}-engine"
     before = len(rec.dead(f"{prefix}-engine", schema.TOPIC_STEPS))
     assert before > 0
     os.killpg(served["proc"].pid, signal.SIGTERM)

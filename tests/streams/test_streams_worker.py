@@ -161,6 +161,12 @@ def test_malformed_truncated_wrong_version_and_huge_go_to_dlq(kafka, shared, uni
     }
     items = [(k, v) for k, v in bad.items()] + synthetic.generate(good)
     testkit.publish(kafka, shared["topics"].events, items)
+    # a message's own headers stay on its dead letter, before the DLQ's
+    own = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    p = testkit.producer(kafka)
+    p.produce(shared["topics"].events, key=f"{unique}-headers".encode(), value=b"\xc1 not msgpack", headers=own)
+    assert p.flush(30) == 0
+    bad[f"{unique}-headers".encode()] = b"\xc1 not msgpack"
     got = _by_job(kafka, shared["topics"].steps, good.job, 3)
     assert sorted(s["step"] for s in got) == [0, 1, 2], "the valid batches are still processed"
     msgs = testkit.collect(
@@ -178,6 +184,8 @@ def test_malformed_truncated_wrong_version_and_huge_go_to_dlq(kafka, shared, uni
             assert h["obshub.truncated"] == str(len(huge)) and huge.startswith(m.value())
         else:
             assert m.value() == bad[key], "the DLQ keeps the original value"
+        if key.endswith(b"headers"):
+            assert m.headers()[0] == own[0] and h["obshub.reason"]
     reasons = {k: dict(m.headers())["obshub.reason"].decode() for k, m in recs.items()}
     assert "not valid msgpack" in reasons[f"{unique}-malformed".encode()]
     assert "not valid msgpack" in reasons[f"{unique}-truncated".encode()]
