@@ -657,6 +657,8 @@ class BpfEventSource:
         self._wake_fd = -1
         if self._sysfs is not None:
             self._sysfs.close()
+        if self._scanner is not None:
+            self._scanner.close()
         if self._bpf is not None:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
