@@ -324,9 +324,10 @@ static __always_inline void obs_submit(struct obs_event *e)
 
 /* wake_req[0]: when the next step end may wake the reader. 0: not (the reader is woken already, or
  * sleeps on purpose); otherwise a CLOCK_MONOTONIC time in ns (bpf_ktime_get_ns()): the first step end at
- * or after it wakes the reader and clears the value. The loader writes 1 (at once) after every drain,
- * and, while the agent's open batch is too young to be sealed by a step end, the time it becomes old
- * enough, so that the step end that can seal it is the one that wakes the reader. */
+ * or after it wakes the reader and clears the value. The loader writes it before it waits, not after a
+ * drain: while the agent's open batch is too young to be sealed by a step end, the time it becomes old
+ * enough, so that the step end that can seal it is the one that wakes the reader; else 1 (at once) when
+ * the value may be 0 or a time not reached. */
 BPF_ARRAY(wake_req, u64, 1);
 
 /* Submit and wake the reader at once: the end of a step (at time `now`), so the agent seals and sends the
