@@ -548,8 +548,9 @@ class BpfEventSource:
             if trickle:
                 quiet = min(quiet, self._trickle_ms)
                 wait = min(wait, self._trickle_ms)
+            edge = self._wake_at  # set since the last signalled wakeup: a step end may have signalled
             self._want_wake(time.monotonic_ns() + (quiet + 1) * 1_000_000)
-            if self._wake_at:
+            if edge:
                 ring.wait(0)
             if ring.wait(wait) > 0:
                 self._wake_at = 0
