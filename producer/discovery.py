@@ -8,7 +8,9 @@ file for uprobes when their mappings show the same device and inode (the ``dev``
 identifies files by those columns (:func:`file_identity` reads them for a file the agent itself opens)
 and reports each one once.
 
-The scanner looks at young processes (started less than ``young_s`` ago) at every scan and at every
+The scanner looks at young processes (started less than ``young_s`` ago) at every scan from the second
+scan that sees them on (a short-lived command, most of the processes a busy host starts, is gone by then
+and never costs a maps read; the processes running at the first scan are looked at in it) and at every
 process every ``old_every``-th scan, until one maps the file it looks for, and reads the maps of those
 whose address space changed size since their maps were last read (the size field of
 ``/proc/<pid>/statm``, ``vsize`` in pages: a ``dlopen`` or ``mmap`` grows it; a process that maps a file and unmaps as much between two scans is
@@ -207,6 +209,8 @@ class LibraryScanner:
                 continue
             if pid not in self._started:
                 self._started[pid] = _start_ticks(pid)
+                if self.scans > 1:
+                    continue  # born since the last scan: looked at from the next one on, if it still lives
             start = self._started[pid]
             young = start is not None and now - start < self.young_ticks
             if not young:
