@@ -213,6 +213,8 @@ class BpfEventSource:
         self._full = False  # the last drain filled up (_DRAIN_MAX records)
         self._wake_fd = -1  # bpf/common.h wake_req: set by the poll before it waits (see _want_wake)
         self._wake_at = 0  # what wake_req was set to since the last signalled wakeup (0: nothing)
+        self._lost: dict[str, int] | None = None  # lost() at the sum _lost_sum of the counters
+        self._lost_sum = 0
         self._wake_key, self._wake_one = ctypes.c_uint32(0), ctypes.c_uint64(1)
         self._update_elem = None
         self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
@@ -241,6 +243,7 @@ class BpfEventSource:
             cat.cgroup_procs(self.target.cgroup)  # fail early, with the path, when it does not exist
         tracefs, _ = kheaders.ensure_tracefs()
         pl = plan(self.options, self.target, tracefs)
+        self._lost = None
         self.libs = dict(pl.libs)
         skipped = dict(pl.skipped)
         bpf_probes = [p for p in pl.probes if p.mechanism != "sysfs"]
@@ -622,12 +625,18 @@ class BpfEventSource:
         """Failed ring-buffer reservations per attached probe, counted in the kernel since start."""
         if self._bpf is None:
             return {}
-        table = self._bpf[b"lost"]  # one map read (a syscall) per attached probe, not per catalogue entry
-        return {
-            p.name: table[ctypes.c_int(p.id)].value
-            for p in cat.PROBES
-            if p.name in self._attached and p.mechanism != "sysfs"
-        }
+        table = self._bpf[b"lost"]
+        # the sum of every probe's counter (its own slot, bpf/common.h): one map read (a system call) when
+        # nothing was lost since the last call, else one per attached probe
+        total = table[ctypes.c_int(len(cat.PROBES))].value
+        if total != self._lost_sum or self._lost is None:
+            self._lost = {
+                p.name: table[ctypes.c_int(p.id)].value
+                for p in cat.PROBES
+                if p.name in self._attached and p.mechanism != "sysfs"
+            }
+            self._lost_sum = total
+        return dict(self._lost)
 
     def misses(self) -> dict[str, int]:
         """Runs of each attached probe's programs that the kernel skipped (``recursion_misses`` of
