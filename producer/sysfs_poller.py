@@ -15,7 +15,8 @@
 Cost: the directories are listed again every ``rescan_ns`` (60 s: hot-plugged devices), not at every
 poll; each attribute file is opened once and re-read with ``pread`` at offset 0 (sysfs regenerates the
 text on every read from offset 0), so a poll is one system call per file; a file that was missing is
-not looked for again before the next scan.
+not looked for again before the next scan. The attribute paths are joined once per scan, and a device
+without ``current_link_speed`` (no PCIe link: a virtual device) costs that one check per poll.
 """
 
 from __future__ import annotations
