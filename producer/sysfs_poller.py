@@ -191,7 +191,7 @@ class SysfsPoller:
             )
         ]
 
-    def _aer_counts(self, name: str, aer_f: Path, now: int) -> list[Event]:
+    def _aer_counts(self, dev: str, aer_f: Path, now: int) -> list[Event]:
         text = self._str(aer_f)
         if text is None:
             return []
@@ -200,8 +200,8 @@ class SysfsPoller:
             parts = line.split()
             if len(parts) == 2 and parts[1].isdigit():
                 counts[parts[0]] = int(parts[1])
-        prev = self._aer.get(name)
-        self._aer[name] = counts
+        prev = self._aer.get(dev)
+        self._aer[dev] = counts
         if prev is None:
             return []
         status, total = 0, 0
@@ -212,6 +212,6 @@ class SysfsPoller:
                 total += delta
         if not status:
             return []
-        payload = aer_payload(name, AER_SEVERITY_CORRECTED, status)
+        payload = aer_payload(dev, AER_SEVERITY_CORRECTED, status)
         payload["count"] = total
         return [Event(Kind.PCIE_AER, now, value=status, payload=payload)]
