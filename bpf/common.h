@@ -5,7 +5,7 @@
  * Compiled by bcc together with the layer files the loader selects (bpf/obshub.c includes them).
  * Parameters come from the loader as -D flags, never by editing this text:
  *   OBS_RINGBUF_PAGES     ring buffer size in pages (power of two)
- *   OBS_NPROBES           number of probe ids (size of the lost-counter array)
+ *   OBS_NPROBES           number of probe ids (the lost-counter array has one more slot: their sum)
  *   OBS_NTHRESHOLDS       number of thresholds (size of the thresholds array)
  *   OBS_WATCH_ALL         defined: no target filter (every process is watched)
  *   OBS_WATCH_CGROUP_V2   defined: tasks in the cgroups of `wcgroups` are watched on sight
@@ -102,7 +102,9 @@ BPF_HASH(tid_key, u32, struct obs_tk, OBS_MAX_TIDS);        /* tid -> TraceKey, 
 BPF_HASH(watched, u32, u8, 4096);                            /* tgid -> 1: processes to watch */
 BPF_HASH(wcgroups, u64, u8, 1024);                           /* cgroup v2 id -> 1: cgroups to watch */
 BPF_HASH(wtids, u32, u32, OBS_MAX_TIDS);                     /* tid -> tgid of watched threads */
-BPF_ARRAY(lost, u64, OBS_NPROBES);                           /* probe id -> failed reservations */
+/* probe id -> failed reservations; slot OBS_NPROBES: all of them (the agent reads that one slot a second
+ * and the others only when it grew) */
+BPF_ARRAY(lost, u64, OBS_NPROBES + 1);
 BPF_ARRAY(thresholds, u64, OBS_NTHRESHOLDS);                 /* OBS_THR_* -> value (ns, order...) */
 /* Pre-filters for the programs that run on every context switch or wakeup of the machine: bit n of
  * wtid_bits is set while thread n is in wtids, bit n of wtgid_bits while process n is in watched. An array
@@ -128,19 +130,78 @@ BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA lau
  * obs_set_key in bpf/pytorch.c when it gives the thread its first key; tid_key entries live until the
  * thread exits), and its wakeups since it last came on a CPU (summed into sched_acc when it does). One
  * entry per thread for its whole life (deleted by obs_sched_exit together with its wtids and tid_key
- * entries), updated in place: a switch costs one look-up per side instead of inserts and deletes. A
- * plain hash (an LRU hash costs more per update); entries exist only for watched threads. */
+ * entries), updated in place: a switch costs one look-up per side instead of inserts and deletes;
+ * entries exist only for watched threads.
+ *
+ * Where the entry lives: in slot tid % OBS_TSLOTS of the array tslots when that slot was free when the
+ * entry was made (`tid` names the slot's owner, 0 = free), else in the hash tstate. An array look-up is
+ * inlined by the verifier (an address computation, one cache line), a hash look-up hashes the key and
+ * walks a bucket (a helper call and at least two cache lines); the threads of a process have nearby tids,
+ * so they rarely share a slot, and the hash takes the rest. A deleted slot is zeroed before it is freed. */
 struct obs_tstate {
     u64 off_ns;
     s64 state;
     u64 wake_ns;
+    u64 tid;      /* tslots: the owner (0 = free; 64 bits: bcc's compare-and-swap has no 32-bit form) */
     u32 tgid;
     u32 trained;
     u32 wakes;
     u32 pad;
 };
 
+#ifndef OBS_TSLOTS
+#define OBS_TSLOTS 32768
+#endif
+BPF_ARRAY(tslots, struct obs_tstate, OBS_TSLOTS);
 BPF_HASH(tstate, u32, struct obs_tstate, OBS_MAX_TIDS);
+
+/* The state entry of thread `tid`, NULL when it has none. */
+static __always_inline struct obs_tstate *obs_tstate_get(u32 tid)
+{
+    u32 i = tid & (OBS_TSLOTS - 1);
+    struct obs_tstate *ts = tslots.lookup(&i);
+    if (ts && ts->tid == tid)
+        return ts;
+    return tstate.lookup(&tid);
+}
+
+/* Make the state entry of thread `tid` (which has none) from `v`: in its slot when that is free, else in
+ * tstate. The slot is claimed with a compare-and-swap of its owner, then filled; a reader on another CPU
+ * may see it claimed and still zero for that instant (nothing to measure, as for a thread without one). */
+static __always_inline void obs_tstate_new(u32 tid, struct obs_tstate *v)
+{
+    u32 i = tid & (OBS_TSLOTS - 1);
+    struct obs_tstate *ts = tslots.lookup(&i);
+    v->tid = tid;
+    if (ts && ts->tid == 0 && __sync_val_compare_and_swap(&ts->tid, (u64)0, (u64)tid) == 0) {
+        ts->off_ns = v->off_ns;
+        ts->state = v->state;
+        ts->wake_ns = v->wake_ns;
+        ts->tgid = v->tgid;
+        ts->wakes = v->wakes;
+        ts->trained = v->trained;
+        return;
+    }
+    tstate.update(&tid, v);
+}
+
+/* Forget the state entry of thread `tid` (it exits). */
+static __always_inline void obs_tstate_del(u32 tid)
+{
+    u32 i = tid & (OBS_TSLOTS - 1);
+    struct obs_tstate *ts = tslots.lookup(&i);
+    if (ts && ts->tid == tid) {
+        ts->off_ns = 0;
+        ts->state = 0;
+        ts->wake_ns = 0;
+        ts->tgid = 0;
+        ts->trained = 0;
+        ts->wakes = 0;
+        __sync_val_compare_and_swap(&ts->tid, (u64)tid, (u64)0);
+        return;
+    }
+    tstate.delete(&tid);
+}
 #endif
 
 /* log2 bucket of a duration in µs, 0..OBS_HIST_BUCKETS-1 (branches, no loop: verifier-friendly). */
@@ -172,6 +233,10 @@ static __always_inline u64 obs_threshold(u32 idx)
 static __always_inline void obs_count_lost(u32 probe)
 {
     u64 *v = lost.lookup(&probe);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+    u32 all = OBS_NPROBES;
+    v = lost.lookup(&all);
     if (v)
         __sync_fetch_and_add(v, 1);
 }
@@ -324,9 +389,10 @@ static __always_inline void obs_submit(struct obs_event *e)
 
 /* wake_req[0]: when the next step end may wake the reader. 0: not (the reader is woken already, or
  * sleeps on purpose); otherwise a CLOCK_MONOTONIC time in ns (bpf_ktime_get_ns()): the first step end at
- * or after it wakes the reader and clears the value. The loader writes 1 (at once) after every drain,
- * and, while the agent's open batch is too young to be sealed by a step end, the time it becomes old
- * enough, so that the step end that can seal it is the one that wakes the reader. */
+ * or after it wakes the reader and clears the value. The loader writes it before it waits, not after a
+ * drain: while the agent's open batch is too young to be sealed by a step end, the time it becomes old
+ * enough, so that the step end that can seal it is the one that wakes the reader; else 1 (at once) when
+ * the value may be 0 or a time not reached. */
 BPF_ARRAY(wake_req, u64, 1);
 
 /* Submit and wake the reader at once: the end of a step (at time `now`), so the agent seals and sends the

@@ -25,9 +25,16 @@
 #define OBS_TCP_LISTEN 10
 #define OBS_IPPROTO_TCP 6
 
-BPF_TABLE("lru_hash", u64, u32, socks, 65536);      /* struct sock address -> owner tgid */
+/* A watched socket: its owner and when its last TCP_RTT sample was sent (0: none yet), in one entry, so
+ * that tcp_probe, which runs for every segment a watched socket receives, makes one look-up. */
+struct obs_sock {
+    u32 tgid;
+    u32 pad;
+    u64 rtt_ns;
+};
+
+BPF_TABLE("lru_hash", u64, struct obs_sock, socks, 65536);  /* struct sock address -> owner, last RTT sample */
 BPF_HASH(lports, u16, u32, 4096);      /* local TCP port (host order) -> owner tgid */
-BPF_TABLE("lru_hash", u64, u64, rtt_last, 65536);   /* struct sock address -> ts of the last RTT sample */
 
 int obs_sock_set_state(void *ctx)
 {
@@ -43,7 +50,6 @@ int obs_sock_set_state(void *ctx)
     OBS_TP_READ(sport, ctx, TPOFF_INET_SOCK_SET_STATE_SPORT);
     if (newstate == OBS_TCP_CLOSE) {
         socks.delete(&sk);
-        rtt_last.delete(&sk);
         if (oldstate == OBS_TCP_LISTEN)
             lports.delete(&sport);
         return 0;
@@ -53,7 +59,8 @@ int obs_sock_set_state(void *ctx)
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
         if (!obs_tgid_watched(tgid))
             return 0;
-        socks.update(&sk, &tgid);
+        struct obs_sock v = {.tgid = tgid};
+        socks.update(&sk, &v);
         if (newstate == OBS_TCP_LISTEN)
             lports.update(&sport, &tgid);
         return 0;
@@ -61,8 +68,8 @@ int obs_sock_set_state(void *ctx)
     if (newstate == OBS_TCP_SYN_RECV || newstate == OBS_TCP_ESTABLISHED) {
         u32 *owner = lports.lookup(&sport);
         if (owner) {
-            u32 tgid = *owner;
-            socks.update(&sk, &tgid);
+            struct obs_sock v = {.tgid = *owner};
+            socks.update(&sk, &v);
         }
     }
     return 0;
@@ -71,10 +78,10 @@ int obs_sock_set_state(void *ctx)
 /* Owner tgid of a socket, 0 when not watched. */
 static __always_inline u32 obs_sock_owner(u64 sk, u16 sport)
 {
-    u32 *owner = socks.lookup(&sk);
-    if (owner)
-        return *owner;
-    owner = lports.lookup(&sport);
+    struct obs_sock *so = socks.lookup(&sk);
+    if (so)
+        return so->tgid;
+    u32 *owner = lports.lookup(&sport);
     return owner ? *owner : 0;
 }
 
@@ -113,17 +120,30 @@ int obs_tcp_probe(void *ctx)
     u64 sk = 0;
     u16 sport = 0;
     OBS_TP_READ(sk, ctx, TPOFF_TCP_PROBE_SKADDR);
-    OBS_TP_READ(sport, ctx, TPOFF_TCP_PROBE_SPORT);
-    u32 tgid = obs_sock_owner(sk, sport);
-    if (!tgid)
-        return 0;
-    u64 now = bpf_ktime_get_ns();
-    u64 *last = rtt_last.lookup(&sk);
-    if (last && now - *last < obs_threshold(OBS_THR_RTT_INTERVAL_NS))
-        return 0;
-    rtt_last.update(&sk, &now);
+    u64 now;
+    u32 tgid;
+    struct obs_sock *so = socks.lookup(&sk);
+    if (so) {
+        now = bpf_ktime_get_ns();
+        if (so->rtt_ns && now - so->rtt_ns < obs_threshold(OBS_THR_RTT_INTERVAL_NS))
+            return 0;
+        so->rtt_ns = now;
+        tgid = so->tgid;
+    } else {
+        /* not seen at a state change (an accepted socket of a listener the loader seeded): known by its
+         * local port; remembered from now on with this sample's time */
+        OBS_TP_READ(sport, ctx, TPOFF_TCP_PROBE_SPORT);
+        u32 *owner = lports.lookup(&sport);
+        if (!owner)
+            return 0;
+        tgid = *owner;
+        now = bpf_ktime_get_ns();
+        struct obs_sock v = {.tgid = tgid, .rtt_ns = now};
+        socks.update(&sk, &v);
+    }
     u32 srtt_us = 0;
     u16 dport = 0;
+    OBS_TP_READ(sport, ctx, TPOFF_TCP_PROBE_SPORT);
     OBS_TP_READ(srtt_us, ctx, TPOFF_TCP_PROBE_SRTT);
     OBS_TP_READ(dport, ctx, TPOFF_TCP_PROBE_DPORT);
     struct obs_event *e = obs_reserve(OBS_PROBE_NET_RTT, OBS_KIND_TCP_RTT, tgid, 0);
@@ -149,10 +169,10 @@ int obs_kfree_skb(void *ctx)
 #if TPOFF_KFREE_SKB_RX_SK >= 0
         u64 rx_sk = 0;
         OBS_TP_READ(rx_sk, ctx, TPOFF_KFREE_SKB_RX_SK);
-        u32 *owner = rx_sk ? socks.lookup(&rx_sk) : NULL;
-        if (!owner)
+        struct obs_sock *so = rx_sk ? socks.lookup(&rx_sk) : NULL;
+        if (!so)
             return 0;
-        tgid = *owner;
+        tgid = so->tgid;
 #else
         return 0;
 #endif

@@ -83,7 +83,7 @@ static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
     struct obs_tk tk = {.trace_key = key, .step = step};
     tid_key.update(&tid, &tk);
 #ifdef OBS_LAYER_SCHED
-    struct obs_tstate *ts = tstate.lookup(&tid); /* the thread is a training thread from now on */
+    struct obs_tstate *ts = obs_tstate_get(tid); /* the thread is a training thread from now on */
     if (ts)
         ts->trained = 1;
 #endif

@@ -64,7 +64,7 @@ static __always_inline void obs_mark_runnable(u32 tid)
 {
     if (!obs_tid_maybe(tid))
         return;
-    struct obs_tstate *ts = tstate.lookup(&tid);
+    struct obs_tstate *ts = obs_tstate_get(tid);
     if (ts) {
         ts->wake_ns = bpf_ktime_get_ns();
         if (ts->trained)
@@ -76,7 +76,7 @@ static __always_inline void obs_mark_runnable(u32 tid)
         return;
     u32 trained = tid_key.lookup(&tid) != NULL;
     struct obs_tstate v = {.wake_ns = bpf_ktime_get_ns(), .tgid = *tgid, .trained = trained, .wakes = trained};
-    tstate.update(&tid, &v);
+    obs_tstate_new(tid, &v);
 }
 
 int obs_sched_wakeup(void *ctx)
@@ -117,7 +117,7 @@ int obs_sched_switch(void *ctx)
         s64 state = prev_state & OBS_TASK_STATE_MASK;
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
         /* preempted while runnable (state 0): it waits in the run queue from now */
-        struct obs_tstate *ts = tstate.lookup(&prev);
+        struct obs_tstate *ts = obs_tstate_get(prev);
         if (ts) {
             ts->off_ns = now;
             ts->state = state;
@@ -129,7 +129,7 @@ int obs_sched_switch(void *ctx)
                                    .wake_ns = state == 0 ? now : 0,
                                    .tgid = tgid,
                                    .trained = tid_key.lookup(&prev) != NULL};
-            tstate.update(&prev, &v);
+            obs_tstate_new(prev, &v);
         }
     }
 
@@ -137,7 +137,7 @@ int obs_sched_switch(void *ctx)
      * been woken since it was watched: nothing to measure) */
     if (!next || !obs_tid_maybe(next))
         return 0;
-    struct obs_tstate *ts = tstate.lookup(&next);
+    struct obs_tstate *ts = obs_tstate_get(next);
     if (!ts)
         return 0;
     u32 tgid = ts->tgid;
@@ -195,7 +195,7 @@ int obs_sched_exit(void *ctx)
         cuda_acc.delete(&tgid);
     }
     wtids.delete(&tid);
-    tstate.delete(&tid);
+    obs_tstate_del(tid);
     tid_key.delete(&tid);
     return 0;
 }

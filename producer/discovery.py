@@ -8,17 +8,21 @@ file for uprobes when their mappings show the same device and inode (the ``dev``
 identifies files by those columns (:func:`file_identity` reads them for a file the agent itself opens)
 and reports each one once.
 
-The scanner looks at young processes (started less than ``young_s`` ago) at every scan and at every
+The scanner looks at young processes (started less than ``young_s`` ago) at every scan from the second
+scan that sees them on (a short-lived command, most of the processes a busy host starts, is gone by then
+and never costs a maps read; the processes running at the first scan are looked at in it) and at every
 process every ``old_every``-th scan, until one maps the file it looks for, and reads the maps of those
-whose address space changed size since their maps were last read (``vsize`` of ``/proc/<pid>/stat``: a
-``dlopen`` or ``mmap`` grows it; a process that maps a file and unmaps as much between two scans is
+whose address space changed size since their maps were last read (the size field of
+``/proc/<pid>/statm``, ``vsize`` in pages: a ``dlopen`` or ``mmap`` grows it; a process that maps a file and unmaps as much between two scans is
 missed until its size changes again). A process whose maps were read and held nothing new is read again
 only after a gap that doubles with each such read, up to ``max_gap`` scans (gaps of 1, 2, 4, then 8
 scans while its size keeps changing; a read that finds a new file starts over): a process that keeps growing its address space
 (a JVM's heap, a compiler, a Python process importing) costs one maps read per 8 scans instead of one
-per scan, and a file it maps late is found within ``max_gap`` scans instead of one. Costs per scan: one ``listdir(/proc)``, one ``/proc/<pid>/stat``
-read per process not seen before and per young process (~5 µs), on the slow turn per process, and one
-maps read per process whose size changed (~0.4-0.7 ms for a Python process with torch loaded, the kernel
+per scan, and a file it maps late is found within ``max_gap`` scans instead of one; the size of a process
+inside such a gap is not read either. Costs per scan: one ``listdir(/proc)``, one ``/proc/<pid>/stat``
+read per process not seen before (its start time), one ``pread`` of the ``statm`` kept open of each young
+process outside its gap (~1 µs; ``stat`` sums the times of every thread, ``statm`` does not), on the
+slow turn a ``statm`` read per process, and one maps read per process whose size changed (~0.4-0.7 ms for a Python process with torch loaded, the kernel
 formats ~50 KB; a JVM's maps several times that); the text is searched for the patterns' literal parts
 first, so only lines of processes that map a candidate are parsed.
 """
@@ -103,6 +107,16 @@ def _stat_fields(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def _size_pages(fd: int) -> int | None:
+    """The address-space size in pages (the first field of ``/proc/<pid>/statm``, ``vsize`` / page size)
+    read from ``fd``, an open ``statm`` file, at offset 0; None when the process is gone. Cheaper than
+    ``/proc/<pid>/stat``, whose text sums the times of every thread of the process."""
+    try:
+        return int(os.pread(fd, 64, 0).split(None, 1)[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _start_ticks(pid: int) -> int | None:
     """Start time of ``pid`` in clock ticks after boot (field 22 of /proc/<pid>/stat)."""
     f = _stat_fields(pid)
@@ -157,7 +171,8 @@ class LibraryScanner:
         self.scans = 0
         self._settled: set[int] = set()
         self._started: dict[int, int | None] = {}
-        self._vsize: dict[int, int | None] = {}  # pid -> address-space size when its maps were last read
+        self._vsize: dict[int, int | None] = {}  # pid -> address-space pages when its maps were last read
+        self._statm: dict[int, int] = {}  # pid -> open /proc/<pid>/statm of a young process (re-read with pread)
         self.max_gap = max(1, max_gap)
         self._idle: dict[int, int] = {}  # pid -> maps reads in a row that found nothing new
         self._read_at: dict[int, int] = {}  # pid -> the scan of its last maps read
@@ -185,25 +200,32 @@ class LibraryScanner:
             self._vsize.pop(gone, None)
             self._idle.pop(gone, None)
             self._read_at.pop(gone, None)
+            self._close_statm(gone)
+        for pid in self._settled & self._statm.keys():
+            self._close_statm(pid)
         found: list[tuple[str, Mapped]] = []
         for pid in live:
             if pid == self._self or pid in self._settled:
                 continue
             if pid not in self._started:
                 self._started[pid] = _start_ticks(pid)
+                if self.scans > 1:
+                    continue  # born since the last scan: looked at from the next one on, if it still lives
             start = self._started[pid]
             young = start is not None and now - start < self.young_ticks
-            if not young and not slow_turn and self.scans > 1:
-                continue
-            # a mapping added since the last read (a dlopen, an mmap) grows the address space: a process
-            # whose size is unchanged since its maps were last read is not read again, young or old
-            f = _stat_fields(pid)
-            size = None if f is None else f[1]
-            if size is not None and self._vsize.get(pid) == size:
-                continue
+            if not young:
+                if pid in self._statm:
+                    self._close_statm(pid)
+                if not slow_turn and self.scans > 1:
+                    continue
             idle = self._idle.get(pid, 0)
             if idle and self.scans - self._read_at[pid] < min(self.max_gap, 1 << (idle - 1)):
-                continue  # read lately and nothing new then: the size change waits for its turn
+                continue  # read lately and nothing new then: a size change waits for its turn
+            # a mapping added since the last read (a dlopen, an mmap) grows the address space: a process
+            # whose size is unchanged since its maps were last read is not read again, young or old
+            size = self._size(pid, young)
+            if size is not None and self._vsize.get(pid) == size:
+                continue
             self._vsize[pid] = size
             self._read_at[pid] = self.scans
             self._idle[pid] = idle + 1
@@ -226,3 +248,34 @@ class LibraryScanner:
                     self._idle[pid] = 0
                     found.append((key, Mapped(pid, path, agent_path(pid, path, self.own_ns), ident)))
         return found
+
+    def _size(self, pid: int, young: bool) -> int | None:
+        """The address-space size of ``pid`` in pages (None when it cannot be read). A young process's
+        ``statm`` is kept open and re-read with ``pread`` (one system call per scan instead of open, read
+        and close); an fd on ``/proc/<pid>/statm`` stays bound to that process and fails once it is gone."""
+        fd = self._statm.get(pid)
+        if fd is None:
+            try:
+                fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            if not young:
+                try:
+                    return _size_pages(fd)
+                finally:
+                    os.close(fd)
+            self._statm[pid] = fd
+        size = _size_pages(fd)
+        if size is None:
+            self._close_statm(pid)
+        return size
+
+    def _close_statm(self, pid: int) -> None:
+        fd = self._statm.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close the ``statm`` files kept open (the scanner can still be used: they are opened again)."""
+        for pid in list(self._statm):
+            self._close_statm(pid)

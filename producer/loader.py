@@ -211,7 +211,10 @@ class BpfEventSource:
         self._watched: set[int] = set()
         self._trickle = False  # the last drain took records without filling up (see _drain)
         self._full = False  # the last drain filled up (_DRAIN_MAX records)
-        self._wake_fd = -1  # bpf/common.h wake_req: set after every drain (see _want_wake)
+        self._wake_fd = -1  # bpf/common.h wake_req: set by the poll before it waits (see _want_wake)
+        self._wake_at = 0  # what wake_req was set to since the last signalled wakeup (0: nothing)
+        self._lost: dict[str, int] | None = None  # lost() at the sum _lost_sum of the counters
+        self._lost_sum = 0
         self._wake_key, self._wake_one = ctypes.c_uint32(0), ctypes.c_uint64(1)
         self._update_elem = None
         self._trickle_ms = 0  # the longest wait for trickling records: a quarter ring at their last rate
@@ -240,6 +243,7 @@ class BpfEventSource:
             cat.cgroup_procs(self.target.cgroup)  # fail early, with the path, when it does not exist
         tracefs, _ = kheaders.ensure_tracefs()
         pl = plan(self.options, self.target, tracefs)
+        self._lost = None
         self.libs = dict(pl.libs)
         skipped = dict(pl.skipped)
         bpf_probes = [p for p in pl.probes if p.mechanism != "sysfs"]
@@ -533,33 +537,47 @@ class BpfEventSource:
             return out
         ring = self._ring
         waited = False
+        trickle = self._trickle
         if quiet_ms > 0 and not out and timeout_ms > 0 and not self._full:
             # nothing the kernel signals before quiet_ms can be used (the agent's open batch is too young
             # to be sealed by a step end): the kernel is told to let only a step end from then on wake
-            # the reader (wake_req holds the time), the edge earlier wakeups left on the fd is cleared,
-            # and the reader waits for that step end or the timeout: one wakeup per sealed batch
+            # the reader (wake_req holds the time), the edge an earlier wakeup may have left on the fd is
+            # cleared (only when wake_req was set since the last signalled wakeup: a step end's wakeup
+            # clears it, so in steady training there is none to clear; a quarter ring's wakeup that left
+            # one costs a turn), and the reader waits for that step end or the timeout: one wakeup per
+            # sealed batch
             quiet = min(int(timeout_ms), int(quiet_ms))
             wait = int(timeout_ms)
-            if self._trickle:
+            if trickle:
                 quiet = min(quiet, self._trickle_ms)
                 wait = min(wait, self._trickle_ms)
+            edge = self._wake_at  # set since the last signalled wakeup: a step end may have signalled
             self._want_wake(time.monotonic_ns() + (quiet + 1) * 1_000_000)
-            ring.wait(0)
-            ring.wait(wait)
+            if edge:
+                ring.wait(0)
+            if ring.wait(wait) > 0:
+                self._wake_at = 0
             waited = True
-        elif self._trickle and not out and timeout_ms > 0:
+        elif not self._wake_at or self._wake_at > time.monotonic_ns():
+            # wake_req is as the last wakeup left it (0 after a step end's) or names a time not reached:
+            # let the next step end wake the reader, and take what came since the last drain before any
+            # wait (a step end among it did not signal)
+            self._want_wake()
+            trickle = False
+        if not waited and trickle and not out and timeout_ms > 0:
             # the previous drain found records without filling up: they trickle in (no wakeup per record).
             # Let them gather until the timeout or the kernel's wakeup (4 MiB pending) instead of turning
             # the loop for a few records at a time (each turn costs the agent ~0.1 ms of CPU), but never
             # longer than a quarter of the ring takes to fill at the last drain's rate
-            ring.wait(min(int(timeout_ms), self._trickle_ms))
+            if ring.wait(min(int(timeout_ms), self._trickle_ms)) > 0:
+                self._wake_at = 0
             waited = True
         before, t0 = ring.consumed, time.monotonic()
         items = ring.drain(table, _DRAIN_MAX)
         if not items and not out and timeout_ms > 0 and not waited:
-            ring.wait(int(timeout_ms))
+            if ring.wait(int(timeout_ms)) > 0:
+                self._wake_at = 0
             items = ring.drain(table, _DRAIN_MAX)
-        self._want_wake()
         taken = ring.consumed - before
         self._full = taken >= _DRAIN_MAX
         self._trickle = 0 < taken < _DRAIN_MAX
@@ -574,8 +592,11 @@ class BpfEventSource:
 
     def _want_wake(self, at_ns: int = 1) -> None:
         """Let the first step end at or after ``at_ns`` (CLOCK_MONOTONIC ns; 1: the next one) wake the
-        reader (``wake_req`` of bpf/common.h: only one step end signals the ring's fd until the next drain;
-        one map write, a system call, per drain)."""
+        reader (``wake_req`` of bpf/common.h: only one step end signals the ring's fd, and clears it; one
+        map write, a system call). A drain does not arm it again: the next poll does, with the time its
+        wait may end at or, when it waits for any step end, 1 (``_wake_at``: the value written since the
+        last signalled wakeup, 0 when none was)."""
+        self._wake_at = at_ns
         if self._wake_fd >= 0:
             value = self._wake_one if at_ns == 1 else ctypes.c_uint64(at_ns)
             self._update_elem(self._wake_fd, ctypes.byref(self._wake_key), ctypes.byref(value), 0)
@@ -604,12 +625,18 @@ class BpfEventSource:
         """Failed ring-buffer reservations per attached probe, counted in the kernel since start."""
         if self._bpf is None:
             return {}
-        table = self._bpf[b"lost"]  # one map read (a syscall) per attached probe, not per catalogue entry
-        return {
-            p.name: table[ctypes.c_int(p.id)].value
-            for p in cat.PROBES
-            if p.name in self._attached and p.mechanism != "sysfs"
-        }
+        table = self._bpf[b"lost"]
+        # the sum of every probe's counter (its own slot, bpf/common.h): one map read (a system call) when
+        # nothing was lost since the last call, else one per attached probe
+        total = table[ctypes.c_int(len(cat.PROBES))].value
+        if total != self._lost_sum or self._lost is None:
+            self._lost = {
+                p.name: table[ctypes.c_int(p.id)].value
+                for p in cat.PROBES
+                if p.name in self._attached and p.mechanism != "sysfs"
+            }
+            self._lost_sum = total
+        return dict(self._lost)
 
     def misses(self) -> dict[str, int]:
         """Runs of each attached probe's programs that the kernel skipped (``recursion_misses`` of
@@ -657,6 +684,8 @@ class BpfEventSource:
         self._wake_fd = -1
         if self._sysfs is not None:
             self._sysfs.close()
+        if self._scanner is not None:
+            self._scanner.close()
         if self._bpf is not None:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()

@@ -16,8 +16,10 @@ silence. The agent runs outside the rank's cgroup and still runs when the rank d
 - otherwise *running*,
 
 and returns one ``RANK_STATE`` event (value = state code, payload ``state``) per pid whose state changed
-since the previous read; a pid first seen running sends nothing. Cost: two or three small file reads per
-registered pid per read, each a ``pread`` of a file kept open (see :meth:`RankWatch._pread`). Docs: docs/AGENT.md ("Rank liveness").
+since the previous read; a pid first seen running sends nothing. Cost: one or two small file reads per
+registered pid per read (its main thread's ``/proc/<pid>/task/<pid>/stat``, which does not sum the times
+of every thread as ``/proc/<pid>/stat`` does) and one per cgroup file however many of the pids share it,
+each a ``pread`` of a file kept open (see :meth:`RankWatch._pread`). Docs: docs/AGENT.md ("Rank liveness").
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class RankWatch:
         self._cg: dict[int, tuple[str | None, str | None]] = {}  # pid -> (v2 events file, v1 state file)
         self._fds: dict[str, int] = {}  # path -> fd kept open, re-read with pread (see _pread)
         self._paths: dict[int, list[str]] = {}  # pid -> the paths of _fds read for it
+        self._round: dict[str, str | None] | None = None  # cgroup file -> its text, within one poll
         self.exits = ExitWatch()
 
     def _pread(self, pid: int, path: str) -> str | None:
@@ -176,6 +179,16 @@ class RankWatch:
         except OSError:
             os.close(self._fds.pop(path))
             return None
+
+    def _shared(self, pid: int, path: str) -> str | None:
+        """:meth:`_pread` of a cgroup file, read once per :meth:`poll` however many of the pids read live
+        in that cgroup (the ranks of a job usually share one)."""
+        cache = self._round
+        if cache is None:  # a state() outside poll(): read now
+            return self._pread(pid, path)
+        if path not in cache:
+            cache[path] = self._pread(pid, path)
+        return cache[path]
 
     def _close(self, pid: int) -> None:
         for path in self._paths.pop(pid, ()):
@@ -206,7 +219,9 @@ class RankWatch:
         """The state code of ``pid`` now (RUNNING, FROZEN, STOPPED or EXITED)."""
         if self.exits.exited(pid) is not None:
             return EXITED
-        stat = self._pread(pid, f"{self.proc}/{pid}/stat")
+        # the main thread's own stat: the same state letter as /proc/<pid>/stat (which reports the main
+        # thread's state) without summing the times of every thread of the process
+        stat = self._pread(pid, f"{self.proc}/{pid}/task/{pid}/stat")
         if not stat:
             return EXITED
         letter = (stat.rpartition(")")[2].split() or ["?"])[0]
@@ -216,10 +231,10 @@ class RankWatch:
             return STOPPED
         ev, fz = self._cgroup_files(pid)
         if ev is not None or fz is not None:
-            ev_text = self._pread(pid, ev) if ev is not None else None
+            ev_text = self._shared(pid, ev) if ev is not None else None
             if ev_text is not None and any(ln.split() == ["frozen", "1"] for ln in ev_text.splitlines()):
                 return FROZEN
-            fz_text = self._pread(pid, fz) if fz is not None else None
+            fz_text = self._shared(pid, fz) if fz is not None else None
             if fz_text is not None and fz_text.strip() == "FROZEN":
                 return FROZEN
             if (ev is None or ev_text is not None) and (fz is None or fz_text is not None):
@@ -239,6 +254,7 @@ class RankWatch:
         self._last_ns = now
         out = []
         live = set(pids)
+        self._round = {}
         for pid in sorted(live):
             if pid not in self._state:
                 self.exits.add(pid)
@@ -248,6 +264,7 @@ class RankWatch:
             if s != prev:
                 ts = (self.exits.exited(pid) or now) if s == EXITED else now
                 out.append(Event(Kind.RANK_STATE, ts, pid=pid, tid=pid, value=s, payload={"state": STATE_NAMES[s]}))
+        self._round = None
         for pid in set(self._state) - live:
             del self._state[pid]
             self._cg.pop(pid, None)

@@ -15,7 +15,8 @@
 Cost: the directories are listed again every ``rescan_ns`` (60 s: hot-plugged devices), not at every
 poll; each attribute file is opened once and re-read with ``pread`` at offset 0 (sysfs regenerates the
 text on every read from offset 0), so a poll is one system call per file; a file that was missing is
-not looked for again before the next scan.
+not looked for again before the next scan. The attribute paths are joined once per scan, and a device
+without ``current_link_speed`` (no PCIe link: a virtual device) costs that one check per poll.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class SysfsPoller:
         self._ports: list[Path] = []
         self._nic_files: dict[Path, list[Path]] = {}
         self._devices: list[Path] = []
+        # per device: its name and the paths of current_link_speed, max_link_speed, current_link_width,
+        # max_link_width and aer_dev_correctable, joined once per scan instead of at every poll
+        self._dev_files: list[tuple[str, Path, Path, Path, Path, Path]] = []
 
     def _text(self, p: Path) -> str | None:
         """The attribute's text now (None when it does not exist or cannot be read)."""
@@ -101,6 +105,17 @@ class SysfsPoller:
             d: [f for sub in ("counters", "hw_counters") for f in sorted((d / sub).glob("*"))] for d in self._ports
         }
         self._devices = sorted((self.root / "sys/bus/pci/devices").glob("*"))
+        self._dev_files = [
+            (
+                d.name,
+                d / "current_link_speed",
+                d / "max_link_speed",
+                d / "current_link_width",
+                d / "max_link_width",
+                d / "aer_dev_correctable",
+            )
+            for d in self._devices
+        ]
         self._scan_ns = now
 
     def close(self) -> None:
@@ -146,21 +161,25 @@ class SysfsPoller:
 
     def _pcie(self, now: int) -> list[Event]:
         out = []
-        for d in self._devices:
-            out += self._link(d, now)
-            out += self._aer_counts(d, now)
+        for name, speed_f, max_speed_f, width_f, max_width_f, aer_f in self._dev_files:
+            out += self._link(name, speed_f, max_speed_f, width_f, max_width_f, now)
+            out += self._aer_counts(name, aer_f, now)
         return out
 
-    def _link(self, d: Path, now: int) -> list[Event]:
-        speed, max_speed = self._str(d / "current_link_speed"), self._str(d / "max_link_speed")
-        width, max_width = self._int(d / "current_link_width"), self._int(d / "max_link_width")
-        if speed is None or max_speed is None or width is None or max_width is None:
+    def _link(self, name: str, speed_f: Path, max_speed_f: Path, width_f: Path, max_width_f: Path, now: int):
+        """PCIE_LINK of device ``name`` when its link state (read from the four attribute files) changed,
+        or at the first read of a downtrained link; [] otherwise or when a file is missing."""
+        speed = self._str(speed_f)
+        if speed is None:
+            return []  # no PCIe link attributes (a virtual device): the other files are not read
+        max_speed, width, max_width = self._str(max_speed_f), self._int(width_f), self._int(max_width_f)
+        if max_speed is None or width is None or max_width is None:
             return []
         cur, top = _speed_gts(speed), _speed_gts(max_speed)
         down = bool((cur is not None and top is not None and cur < top) or (0 < width < max_width))
         state = (speed, max_speed, width, max_width)
-        prev = self._links.get(d.name)
-        self._links[d.name] = state
+        prev = self._links.get(name)
+        self._links[name] = state
         if prev == state or (prev is None and not down):
             return []
         return [
@@ -168,12 +187,12 @@ class SysfsPoller:
                 Kind.PCIE_LINK,
                 now,
                 value=int(down),
-                payload={"dev": d.name, "speed": speed, "max_speed": max_speed, "width": width, "max_width": max_width},
+                payload={"dev": name, "speed": speed, "max_speed": max_speed, "width": width, "max_width": max_width},
             )
         ]
 
-    def _aer_counts(self, d: Path, now: int) -> list[Event]:
-        text = self._str(d / "aer_dev_correctable")
+    def _aer_counts(self, dev: str, aer_f: Path, now: int) -> list[Event]:
+        text = self._str(aer_f)
         if text is None:
             return []
         counts = {}
@@ -181,8 +200,8 @@ class SysfsPoller:
             parts = line.split()
             if len(parts) == 2 and parts[1].isdigit():
                 counts[parts[0]] = int(parts[1])
-        prev = self._aer.get(d.name)
-        self._aer[d.name] = counts
+        prev = self._aer.get(dev)
+        self._aer[dev] = counts
         if prev is None:
             return []
         status, total = 0, 0
@@ -193,6 +212,6 @@ class SysfsPoller:
                 total += delta
         if not status:
             return []
-        payload = aer_payload(d.name, AER_SEVERITY_CORRECTED, status)
+        payload = aer_payload(dev, AER_SEVERITY_CORRECTED, status)
         payload["count"] = total
         return [Event(Kind.PCIE_AER, now, value=status, payload=payload)]

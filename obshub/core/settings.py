@@ -144,11 +144,14 @@ class KafkaConfig(KafkaConnection):
     reported failed and goes to the spool (so it is short compared with librdkafka's 300 s default: the
     spool, not librdkafka's memory queue, is where batches wait out an outage). ``queue_max_messages`` /
     ``queue_max_kbytes`` bound librdkafka's in-memory queue; when it is full the publisher waits
-    (back-pressure) up to ``max_block_ms`` and then spools.
+    (back-pressure) up to ``max_block_ms`` and then spools. ``linger_ms`` (librdkafka's ``linger.ms``)
+    is 0: the agent sends one batch per loop turn (about five a second), so waiting for more messages
+    to share a request only adds latency and a wakeup of librdkafka's broker thread per batch; messages
+    queued while a request is in flight (a spool replay) still share the next one.
     """
 
     compression: str = Field("lz4", pattern="^(none|gzip|snappy|lz4|zstd)$")
-    linger_ms: int = Field(20, ge=0, le=60_000)
+    linger_ms: int = Field(0, ge=0, le=60_000)
     delivery_timeout_ms: int = Field(10_000, ge=1_000, le=3_600_000)
     queue_max_messages: int = Field(10_000, ge=1)
     queue_max_kbytes: int = Field(256 * 1024, ge=1)
