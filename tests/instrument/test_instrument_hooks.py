@@ -9,6 +9,7 @@ instrumentation makes is seen directly, so the sequencing rules can be asserted 
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -76,6 +77,16 @@ class Checkpointed(torch.nn.Module):
 
 def _events(calls, *names):
     return [c for c in calls if c[0] in names]
+
+
+def _ends(calls, n: int, timeout_s: float = 30.0) -> list:
+    """The ``coll_end`` calls once there are ``n`` of them (or the timeout passed). A collective's
+    ``coll_end`` runs as a done-callback of its future, in the thread that completes it: the waiter (DDP's
+    reducer) may wake before that callback has run, so the test waits for it instead of reading at once."""
+    deadline = time.monotonic() + timeout_s
+    while len(_events(calls, "coll_end")) < n and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return _events(calls, "coll_end")
 
 
 def test_steps_and_phases_with_accumulation_and_checkpointing(probes, monkeypatch):
@@ -151,7 +162,7 @@ def test_ddp_gradient_all_reduce_is_seen_through_obshubs_comm_hook(probes, gloo_
         ("0", 0, "all_reduce", grad_bytes, 0),
         ("0", 1, "all_reduce", grad_bytes, 1),
     ]
-    ends = _events(probes, "coll_end")
+    ends = _ends(probes, len(colls))
     assert sorted(c[1:] for c in ends) == sorted(c[1:] for c in colls)
     # the collective's key is issued inside the backward phase of its step
     for c in colls:
@@ -169,7 +180,7 @@ def test_a_users_comm_hook_wins(probes, gloo_world_of_one):
     model(torch.randn(3, 16)).sum().backward()
     # the user's hook calls dist.all_reduce: seen through the torch.distributed wrapper
     assert [(c[1], c[2], c[3]) for c in _events(probes, "coll_begin")] == [("0", 0, "all_reduce")]
-    assert len(_events(probes, "coll_end")) == 1
+    assert len(_ends(probes, 1)) == 1
 
 
 def test_disable_removes_everything(probes, gloo_world_of_one):
