@@ -298,7 +298,10 @@ def test_batch_reader_encodes_the_step_aggregates_like_the_decoder(tmp_path):
         if e.kind == Kind.SCHED_STEP_SUM:
             a0, a1, a2 = p["switches"], p["wakeups"], p["runq_max_ns"]
             hist, s1 = parse_hist(p["runq_hist_us"]), p["offcpu_max_ns"].to_bytes(8, "little") + bytes(24)
-            assert a0 >= 4 and sum(hist) >= 1
+            # four sleeps, but a sleep whose timer fires before its thread reaches schedule() (a vCPU
+            # paused in between) switches nothing, and a program the kernel's recursion guard skipped
+            # counts nothing: this test checks the encoding, so any counted switch will do
+            assert a0 >= 1 and sum(hist) >= 1
         else:
             a0, a1, a2 = p["pages"], p["stalls"], p["stall_max_ns"]
             hist, s1 = parse_hist(p["orders"]), bytes(32)
@@ -365,7 +368,8 @@ def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_
     for s in range(4):
         singles = [e for e in mine if e.kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU) and begins[s] < e.ts_ns <= ends[s]]
         assert 1 <= len(singles) <= 2, (s, singles)
-        assert sums[s].payload["switches"] >= 5, sums[s]  # six sleeps: far more than two singles' worth
+        # six sleeps (a few may switch nothing, see above): more than two singles' worth
+        assert sums[s].payload["switches"] >= 3, sums[s]
 
 
 def test_a_step_end_wakes_the_reader_only_from_the_time_wake_req_names(tmp_path):
