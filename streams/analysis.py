@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
 from obshub.core import schema
 from obshub.core.schema import Layer
@@ -93,6 +94,10 @@ class Thresholds:
     - ``net_directed_keep_steps``: once a step of a job meets the directed view's condition
       (``net_stats``), the worker reads the job's network evidence in the directed view for this many
       steps after it, although a step of its own does not meet it.
+    - ``net_window_steps`` / ``net_window_stall``: a step that took at least ``net_window_stall`` times
+      the job's baseline median step time reads its retransmits together with those of the job's
+      previous ``net_window_steps`` closed steps (``net_window``; docs/ANALYSIS.md "Loss over a window of
+      steps").
     """
 
     straggler_min_ns: int = 2_000_000
@@ -124,6 +129,8 @@ class Thresholds:
     running_factor: float = 3.0
     running_time_rel: float = 0.05
     net_directed_keep_steps: int = 200
+    net_window_steps: int = 8
+    net_window_stall: float = 2.0
 
 
 def median_int(values: list[int]) -> int:
@@ -430,11 +437,15 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
 
 
 def net_stats(
-    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False
-) -> tuple[dict[str, int], dict[str, int], bool]:
+    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, window: dict | None = None
+) -> tuple[dict[str, int], dict[str, int], bool, dict[str, int | None]]:
     """Per host ``(rx, rtt)``: the fewest retransmits and the lowest mean RTT (ns) over its busy
     connections (0 with fewer than 2 busy connections); definitions in ``net_blame``. The third value
-    says whether the step's own counts meet the directed view's condition (below).
+    says whether the step's counts meet the directed view's condition (below). The fourth, per host
+    ``ref``: the median retransmits of one connection among the busy connections (of any host) that do
+    not end at the host, in the same view (directed: the larger direction of each), None when there are
+    none: what one connection carries where the host is not involved, the reference of its ``rx`` in
+    ``net_evidence``.
 
     Retransmits are read in the *directed view* when it applies: a retransmit is counted by its sender,
     so per host and busy connection there are those sent toward it and those it sent. When some host
@@ -448,7 +459,12 @@ def net_stats(
     the job met the condition: its traffic runs both ways on its connections) the directed view applies
     although no host meets it in this step: a step whose few retransmits toward the lossy host happen to
     miss one of its connections then blames nobody, instead of the neighbour that sends into the drops
-    and saw a retransmit or two on its other connection."""
+    and saw a retransmit or two on its other connection.
+
+    ``window`` (``net_window``, for a slowed step): the retransmits of the job's recent steps per
+    connection, added to this step's on the connections this step has (which connections are busy is
+    still this step's traffic), for the hosts with a retransmit of their own on one of their busy
+    connections in this step (docs/ANALYSIS.md "Loss over a window of steps")."""
     owner: dict[str, str] = {}
     pairs: dict[str, list[int]] = {}
     for host, acc in accs.items():
@@ -459,32 +475,92 @@ def net_stats(
             slot = pairs.setdefault(key, [0, 0, 0, 0, 0])
             for i, v in enumerate(vals[:5]):
                 slot[i] += v
-    # per host: (pair values, retransmits toward the host, retransmits sent by the host)
-    conns: dict[str, list[tuple[list[int], int, int]]] = {}
+    base: dict[str, int] | None = None  # this step's own retransmits per connection, when a window adds
+    if window:
+        base = {key: vals[1] for key, vals in pairs.items()}
+        for key, w in window.items():
+            slot = pairs.get(key)
+            if slot is not None:
+                slot[1] += w[0]
+                slot[3] += w[1]
+                slot[4] += w[2]
+    # per host: (pair values, retransmits toward the host, retransmits sent by the host, pair key)
+    conns: dict[str, list[tuple[list[int], int, int, str]]] = {}
     for key, vals in pairs.items():
         a, _, b = key.partition("|")
         ha, hb = owner.get(a), owner.get(b)
         if ha is None or hb is None or ha == hb:
             continue
-        conns.setdefault(ha, []).append((vals, vals[4], vals[3]))
-        conns.setdefault(hb, []).append((vals, vals[3], vals[4]))
+        conns.setdefault(ha, []).append((vals, vals[4], vals[3], key))
+        conns.setdefault(hb, []).append((vals, vals[3], vals[4], key))
     rx: dict[str, int] = {}
     directed: dict[str, int] = {}
     rtt: dict[str, int] = {}
+    busy_of: dict[str, list[str]] = {}
     for host in accs:
         cs = conns.get(host, [])
         top = max((c[0][0] for c in cs), default=0)
         busy = [c for c in cs if top > 0 and c[0][0] >= th.net_busy_rel * top]
+        busy_of[host] = [c[3] for c in busy]
         if len(busy) >= 2:
-            rx[host] = min(c[0][1] for c in busy)
-            directed[host] = max(min(c[1] for c in busy), min(c[2] for c in busy))
+            if base is not None and not any(base[c[3]] for c in busy):
+                # no retransmit of this step on its busy connections (so none in this step's own counts
+                # on all of them): the window's do not make it lossy now
+                rx[host] = directed[host] = 0
+            else:
+                rx[host] = min(c[0][1] for c in busy)
+                directed[host] = max(min(c[1] for c in busy), min(c[2] for c in busy))
             rtt[host] = min(c[0][2] // c[0][0] for c in busy)
         else:
             rx[host] = directed[host] = rtt[host] = 0
     own = any(v >= th.net_count_min for v in directed.values())
-    if own or recent_directed:
+    # over a window, both directions together: its reference per connection (below) keeps a neighbour of
+    # a lossy host from standing out, and a lossy host's connections carry retransmits both ways
+    use_directed = (own or recent_directed) and not window
+    if use_directed:
         rx = directed
-    return rx, rtt, own
+    # the reference per host: busy connections (of any host) that do not end at it
+    busy_keys: dict[str, tuple[str, str, int]] = {}
+    for host, keys in busy_of.items():
+        for key in keys:
+            if key not in busy_keys:
+                a, _, b = key.partition("|")
+                vals = pairs[key]
+                n = max(vals[3], vals[4]) if use_directed else vals[1]
+                busy_keys[key] = (owner[a], owner[b], n)
+    ref: dict[str, int | None] = {}
+    for host in accs if window else ():
+        counts = [n for ha, hb, n in busy_keys.values() if ha != host and hb != host]
+        ref[host] = median_int(counts) if counts else None
+    return rx, rtt, own, ref
+
+
+def net_window_part(accs: dict[str, dict]) -> dict[str, list[int]]:
+    """One step's share of a job's retransmit window: ``{"<a>|<b>": [retransmits, a_to_b, b_to_a]}``
+    summed over the hosts' accumulators, only connections with a retransmit (a clean step adds nothing).
+    The worker keeps the parts of a job's last ``Thresholds.net_window_steps`` closed steps and passes
+    their sum (``net_window``) to ``summarize``."""
+    out: dict[str, list[int]] = {}
+    for acc in accs.values():
+        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+            if len(vals) > 1 and vals[1] > 0:
+                slot = out.setdefault(key, [0, 0, 0])
+                slot[0] += vals[1]
+                if len(vals) >= 5:
+                    slot[1] += vals[3]
+                    slot[2] += vals[4]
+    return out
+
+
+def net_window(parts: Iterable[dict[str, list[int]]]) -> dict[str, list[int]]:
+    """The sum of ``net_window_part`` results: the retransmits per connection of a job's recent steps."""
+    out: dict[str, list[int]] = {}
+    for part in parts:
+        for key, vals in part.items():
+            slot = out.setdefault(key, [0, 0, 0])
+            for i in range(3):
+                slot[i] += vals[i]
+    return out
 
 
 def net_blame(
@@ -511,7 +587,7 @@ def net_blame(
     ``stats``: its result when the caller has it."""
     if len(accs) < 3:
         return []
-    rx, rtt, _own = stats or net_stats(accs, th, recent_directed)
+    rx, rtt, _own, _ref = stats or net_stats(accs, th, recent_directed)
     host = min(rx, key=lambda h: (-rx[h], h))
     peers = median_int([v for h, v in rx.items() if h != host])
     if rx[host] >= th.count_min and rx[host] >= th.count_factor * peers:
@@ -581,6 +657,7 @@ def evidence(
     th: Thresholds,
     recent_directed: bool = False,
     stats: tuple | None = None,
+    window_stats: tuple | None = None,
 ) -> dict:
     """Per-step evidence for the rules' sequential test (docs/ANALYSIS.md "Sequential detection"):
     ``{"spread_ns": s, "hosts": {host: {layer: z}}}`` with ``z`` in units of the job's recent spread
@@ -630,7 +707,7 @@ def evidence(
                 explained += ex
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
-    for h, (z_net, *_stats) in net_evidence(accs, th, recent_directed, stats).items():
+    for h, (z_net, *_stats) in net_evidence(accs, th, recent_directed, stats, window_stats).items():
         mine = out.get(h, {})
         z_time = max((mine.get(layer, 0.0) for layer in TIME_EVIDENCE), default=0.0)
         if z_time >= min(1.0, z_net):
@@ -643,23 +720,43 @@ def evidence(
 
 
 def net_evidence(
-    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, stats: tuple | None = None
+    accs: dict[str, dict],
+    th: Thresholds,
+    recent_directed: bool = False,
+    stats: tuple | None = None,
+    window_stats: tuple | None = None,
 ) -> dict[str, tuple[float, int, int, int, int]]:
     """Connection-based network evidence per host (docs/ANALYSIS.md "Evidence per (host, layer)"):
     ``{host: (z, rx, m_rx, rtt_ns, m_rtt_ns)}`` for the hosts with ``z > 0``, where ``z`` is the larger of
     ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)`` (``net_stats``;
-    ``m_*`` the median over the other hosts), each counted only past its threshold (retransmits ``>=
-    max(net_count_min, count_factor * m_rx)``, RTT ``>= max(net_rtt_min_ns, net_rtt_factor * m_rtt)``),
-    clipped to ``evidence_clip`` and rounded to 3 places. Empty with fewer than 3 hosts (with 2, both
-    ends share the one link). ``recent_directed``: see ``net_stats``; ``stats``: its result when the
-    caller has it."""
-    out: dict[str, tuple[float, int, int, int, int]] = {}
+    ``m_*`` the median over the other hosts, and for ``m_rx`` at least ``net_stats``' ``ref`` where it
+    gives one), each counted only past its threshold (retransmits ``>= max(net_count_min, count_factor *
+    m_rx)``, RTT ``>= max(net_rtt_min_ns, net_rtt_factor * m_rtt)``), clipped to ``evidence_clip`` and
+    rounded to 3 places. Empty with fewer than 3 hosts (with 2, both ends share the one link).
+    ``recent_directed``: see ``net_stats``; ``stats``: its result when the caller has it;
+    ``window_stats``: ``net_stats`` with a ``window`` (a slowed step): each host gets the larger of the
+    two values (docs/ANALYSIS.md "Loss over a window of steps")."""
     if len(accs) < 3:
-        return out
-    rx, rtt, _own = stats or net_stats(accs, th, recent_directed)
+        return {}
+    out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
+    if window_stats is not None:
+        for h, entry in _net_z(accs, th, window_stats).items():
+            if entry[0] > out.get(h, (0.0,))[0]:
+                out[h] = entry
+    return {h: out[h] for h in sorted(out)}
+
+
+def _net_z(accs: dict[str, dict], th: Thresholds, stats: tuple) -> dict[str, tuple[float, int, int, int, int]]:
+    """``net_evidence`` from one ``net_stats`` result."""
+    out: dict[str, tuple[float, int, int, int, int]] = {}
+    rx, rtt, _own, ref = stats
     loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
     for h in sorted(accs):
-        m_rx = loo_rx.median_without(rx[h])
+        # the retransmit reference: the other hosts' median, or, over a window, what one connection that
+        # does not end at h carries when that is more: a neighbour of a lossy host shares one lossy
+        # connection, and its other connection's count is one connection's noise, which the minimum over
+        # two connections of a host far from the fault understates
+        m_rx = max(loo_rx.median_without(rx[h]), ref.get(h) or 0)
         m_rtt = loo_rtt.median_without(rtt[h])
         # thresholds gate each (net_count_min, and net_blame's for the RTT): on a loaded machine a few
         # retransmits and RTT spikes happen on every host (spurious timeouts); only an outlier counts
@@ -684,14 +781,16 @@ def running_check(
     th: Thresholds = Thresholds(),
     stopped: dict[str, tuple] | None = None,
     recent_directed: bool = False,
+    window: dict[str, list[int]] | None = None,
 ) -> dict | None:
     """Network evidence inside a step that is still running (docs/ANALYSIS.md "Inside a running step").
 
     ``accs``: the host accumulators received so far for the open step ``step`` (partial: each agent ships
     a running step's events at least every batch age bound); ``opened_ns``: CLOCK_REALTIME ns when the
     worker opened the step; ``now_ns``: CLOCK_REALTIME ns; ``stopped``: hosts with a process found
-    frozen, stopped or exited (their step is a hang, not a slow link: no check); ``recent_directed``: see
-    ``net_stats``.
+    frozen, stopped or exited (their step is a hang, not a slow link: no check); ``recent_directed``,
+    ``window``: see ``net_stats`` (a step checked here is slowed: its retransmits are read with those of
+    the job's previous steps).
 
     The step has run ``elapsed = now_ns - min(opened_ns, earliest STEP_BEGIN)``; it is checked once
     ``elapsed >= after = max(running_min_ns, running_factor * baseline median step time)``, with a
@@ -715,7 +814,9 @@ def running_check(
     after = max(th.running_min_ns, int(th.running_factor * bl["median_ns"]))
     if elapsed < after:
         return None
-    net = net_evidence(accs, th, recent_directed)
+    net = net_evidence(
+        accs, th, recent_directed, window_stats=net_stats(accs, th, recent_directed, window) if window else None
+    )
     if not net:
         return None
     layers = layer_table(accs)
@@ -761,14 +862,17 @@ def summarize(
     th: Thresholds = Thresholds(),
     world_size: int = 0,
     recent_directed: bool = False,
+    window: dict[str, list[int]] | None = None,
 ) -> dict:
     """The step summary (exactly the keys of ``schema.STEP_SUMMARY_FIELDS``) of ``job``/``step`` from its
     host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
     late_max_ns], ...]`` (``history_entry``); ``quality`` holds ``lost_batches``, ``duplicate_batches``,
     ``late_events`` (``ringbuf_lost`` is summed here from the accumulators); ``world_size`` the job's
     registered world size (0 unknown: then the number of expected hosts); ``recent_directed``: a recent
-    step of the job had ``net_directed`` (``net_stats``). Deterministic: the same inputs give the same
-    output."""
+    step of the job had ``net_directed`` (``net_stats``); ``window``: the retransmits of the job's
+    previous closed steps (``net_window``), read with this step's when it is slowed (its longest host
+    step time at least ``net_window_stall`` times the baseline median). Deterministic: the same inputs
+    give the same output."""
     layers = layer_table(accs)
     colls = collectives(accs, th)
     step_time = {h: a["step_ns"] for h, a in sorted(accs.items()) if a["step_ns"] is not None}
@@ -776,7 +880,9 @@ def summarize(
     strag = find_straggler(accs, colls, layers, th)
     bl = baseline(history, step, th)
     late = lateness(accs, colls, layers)
+    slowed = bl["n"] >= th.baseline_min_n and tmax >= th.net_window_stall * bl["median_ns"] > 0
     stats = net_stats(accs, th, recent_directed) if len(accs) >= 3 else None
+    wstats = net_stats(accs, th, recent_directed, window) if stats and slowed and window else None
     out = {
         "v": schema.SCHEMA_VERSION,
         "job": job,
@@ -802,7 +908,7 @@ def summarize(
             if not c["consistent"]
         ],
         "late_max_ns": max(late.values(), default=0),
-        "evidence": evidence(accs, late, layers, bl, th, recent_directed, stats),
+        "evidence": evidence(accs, late, layers, bl, th, recent_directed, stats, wstats),
         "net_directed": bool(stats and stats[2]),
         "hang": None,
         "layers": layers,

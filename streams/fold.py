@@ -57,6 +57,7 @@ record, only its ``closed`` record.
 from __future__ import annotations
 
 import ast
+import collections
 import hashlib
 import logging
 import time
@@ -215,6 +216,9 @@ class Fold:
         # job -> latest step closed here whose retransmits met the directed view's condition (derived, in
         # memory: a restarted worker judges each step on its own until one meets it again)
         self.net_directed: dict[str, int] = {}
+        # job -> the retransmits per connection of its last net_window_steps steps closed here
+        # (analysis.net_window_part; derived, in memory: a restarted worker starts with an empty window)
+        self.net_recent: dict[str, collections.deque] = {}
         # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
@@ -649,9 +653,14 @@ class Fold:
             th=self.th,
             world_size=js["world_size"],
             recent_directed=self.recent_directed(job, step),
+            window=self.net_window(job),
         )
         if summary["net_directed"]:
             self.net_directed[job] = max(self.net_directed.get(job, step), step)
+        recent = self.net_recent.get(job)
+        if recent is None:
+            recent = self.net_recent[job] = collections.deque(maxlen=max(1, self.th.net_window_steps))
+        recent.append(analysis.net_window_part(accs))
         if (
             sk in self.hung or sk in self.was_hung
         ):  # the ranks resynchronise after a hang: no layer's fault for a few steps
@@ -710,6 +719,11 @@ class Fold:
         last = self.net_directed.get(job)
         return last is not None and 0 <= step - last <= self.th.net_directed_keep_steps
 
+    def net_window(self, job: str) -> dict[str, list[int]]:
+        """The retransmits per connection of the job's last ``net_window_steps`` steps closed here
+        (``analysis.net_window``): what a slowed step of the job reads with its own."""
+        return analysis.net_window(self.net_recent.get(job, ()))
+
     def _interim_summary(
         self, st: dict, js: dict, accs: dict[str, dict], expected: list[str], closed_by: str, now: int
     ) -> dict:
@@ -727,6 +741,7 @@ class Fold:
             th=self.th,
             world_size=js["world_size"],
             recent_directed=self.recent_directed(st["job"], st["step"]),
+            window=self.net_window(st["job"]),
         )
 
     def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:
@@ -805,6 +820,7 @@ class Fold:
                 self.th,
                 stopped=self.stopped_hosts(job),
                 recent_directed=self.recent_directed(job, st["step"]),
+                window=self.net_window(job),
             )
             if found is None:
                 continue

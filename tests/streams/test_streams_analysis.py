@@ -270,12 +270,12 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 12)}),
     }
     th = analysis.Thresholds()
-    rx, _rtt, _own = analysis.net_stats(accs, th)
+    rx, _rtt, _own, _ref = analysis.net_stats(accs, th)
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 0}
     assert {h: z for h, (z, *_rest) in analysis.net_evidence(accs, th).items()} == {"node-02": 2.0}
     # without the direction (pairs of an older worker) both directions count together, as before
     undirected = {h: _net_acc(h, ip[h], {k: v[:3] for k, v in a["net"]["pairs"].items()}) for h, a in accs.items()}
-    rx, _rtt, _own = analysis.net_stats(undirected, th)
+    rx, _rtt, _own, _ref = analysis.net_stats(undirected, th)
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 6}
     # a one-way ring (each host sends to the next only): no host loses in one direction on every
     # connection, so both directions count together and the lossy host is still found
@@ -285,7 +285,7 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 4)}),
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 0)}),
     }
-    rx, _rtt, _own = analysis.net_stats(one_way, th)
+    rx, _rtt, _own, _ref = analysis.net_stats(one_way, th)
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 4, "node-03": 0}
 
 
@@ -303,10 +303,10 @@ def test_a_step_that_misses_the_directed_condition_reads_it_from_the_jobs_recent
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 19)}),
     }
     th = analysis.Thresholds()
-    rx, _rtt, own = analysis.net_stats(accs, th)
+    rx, _rtt, own, _ref = analysis.net_stats(accs, th)
     assert not own and rx["node-03"] == 3
     assert {h: z for h, (z, *_rest) in analysis.net_evidence(accs, th).items()} == {"node-03": 3.0}
-    rx, _rtt, own = analysis.net_stats(accs, th, recent_directed=True)
+    rx, _rtt, own, _ref = analysis.net_stats(accs, th, recent_directed=True)
     assert not own and set(rx.values()) == {0}
     assert analysis.net_evidence(accs, th, recent_directed=True) == {}
     assert analysis.net_blame(accs, th, recent_directed=True) == []
