@@ -97,7 +97,9 @@ class Thresholds:
     - ``net_window_steps`` / ``net_window_stall``: a step that took at least ``net_window_stall`` times
       the job's baseline median step time reads its retransmits together with those of the job's
       previous ``net_window_steps`` closed steps (``net_window``; docs/ANALYSIS.md "Loss over a window of
-      steps").
+      steps"); over the window a host's fewest retransmits count only from ``net_window_min`` and from
+      ``net_window_factor`` times its reference (a CPU-starved host's connections gather a few spurious
+      retransmits over 8 steps too).
     """
 
     straggler_min_ns: int = 2_000_000
@@ -131,6 +133,8 @@ class Thresholds:
     net_directed_keep_steps: int = 200
     net_window_steps: int = 8
     net_window_stall: float = 2.0
+    net_window_min: int = 10
+    net_window_factor: float = 3.0
 
 
 def median_int(values: list[int]) -> int:
@@ -168,6 +172,27 @@ class LeaveOneOut:
             return s[k] if k < i else s[k + 1]
 
         return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) // 2
+
+    def median_without_all(self, vs: list[int]) -> int:
+        """``median_int`` of the values with one occurrence of each of ``vs`` removed (each must be one of
+        them, counted with multiplicity), in O(len(vs) log n): a host's few connections out of a job's
+        thousands. 0 when nothing is left."""
+        s = self._s
+        r = sorted(vs)
+        m = len(s) - len(r)
+        if m <= 0:
+            return 0
+
+        def kth(k: int) -> int:  # the k-th smallest (from 0) once r is left out
+            # the smallest value with at least k + 1 of the remaining values at or below it lies at one
+            # of the indices k .. k + len(r) of the sorted values
+            for i in range(k, min(len(s), k + len(r) + 1)):
+                x = s[i]
+                if bisect.bisect_right(s, x) - bisect.bisect_right(r, x) >= k + 1:
+                    return x
+            return s[-1]
+
+        return kth(m // 2) if m % 2 else (kth(m // 2 - 1) + kth(m // 2)) // 2
 
 
 def p99_int(values: list[int]) -> int:
@@ -441,11 +466,10 @@ def net_stats(
 ) -> tuple[dict[str, int], dict[str, int], bool, dict[str, int | None]]:
     """Per host ``(rx, rtt)``: the fewest retransmits and the lowest mean RTT (ns) over its busy
     connections (0 with fewer than 2 busy connections); definitions in ``net_blame``. The third value
-    says whether the step's counts meet the directed view's condition (below). The fourth, per host
-    ``ref``: the median retransmits of one connection among the busy connections (of any host) that do
-    not end at the host, in the same view (directed: the larger direction of each), None when there are
-    none: what one connection carries where the host is not involved, the reference of its ``rx`` in
-    ``net_evidence``.
+    says whether the step's counts meet the directed view's condition (below). The fourth, per host and
+    only with a ``window`` (else empty), ``ref``: the median retransmits of one connection among the busy
+    connections (of any host) that do not end at the host, None when there are none: what one connection
+    carries where the host is not involved, the reference of its ``rx`` in ``net_evidence``.
 
     Retransmits are read in the *directed view* when it applies: a retransmit is counted by its sender,
     so per host and busy connection there are those sent toward it and those it sent. When some host
@@ -519,19 +543,24 @@ def net_stats(
     use_directed = (own or recent_directed) and not window
     if use_directed:
         rx = directed
-    # the reference per host: busy connections (of any host) that do not end at it
-    busy_keys: dict[str, tuple[str, str, int]] = {}
-    for host, keys in busy_of.items():
-        for key in keys:
-            if key not in busy_keys:
-                a, _, b = key.partition("|")
-                vals = pairs[key]
-                n = max(vals[3], vals[4]) if use_directed else vals[1]
-                busy_keys[key] = (owner[a], owner[b], n)
+    # the reference per host: the median over the busy connections (of any host) that do not end at it,
+    # all of them sorted once and each host's own left out (O(E log E) for E connections, not O(H E))
     ref: dict[str, int | None] = {}
-    for host in accs if window else ():
-        counts = [n for ha, hb, n in busy_keys.values() if ha != host and hb != host]
-        ref[host] = median_int(counts) if counts else None
+    if window:
+        counts: dict[str, int] = {}
+        ends: dict[str, list[int]] = {}
+        for keys in busy_of.values():
+            for key in keys:
+                if key not in counts:
+                    a, _, b = key.partition("|")
+                    vals = pairs[key]
+                    n = counts[key] = vals[1]
+                    ends.setdefault(owner[a], []).append(n)
+                    ends.setdefault(owner[b], []).append(n)
+        loo = LeaveOneOut(counts.values())
+        for host in accs:
+            mine = ends.get(host, [])
+            ref[host] = loo.median_without_all(mine) if len(counts) > len(mine) else None
     return rx, rtt, own, ref
 
 
@@ -734,20 +763,25 @@ def net_evidence(
     m_rx)``, RTT ``>= max(net_rtt_min_ns, net_rtt_factor * m_rtt)``), clipped to ``evidence_clip`` and
     rounded to 3 places. Empty with fewer than 3 hosts (with 2, both ends share the one link).
     ``recent_directed``: see ``net_stats``; ``stats``: its result when the caller has it;
-    ``window_stats``: ``net_stats`` with a ``window`` (a slowed step): each host gets the larger of the
-    two values (docs/ANALYSIS.md "Loss over a window of steps")."""
+    ``window_stats``: ``net_stats`` with a ``window`` (a slowed step), whose retransmit value counts only
+    from ``net_window_min`` and ``net_window_factor * m_rx``: each host gets the larger of the two values
+    (docs/ANALYSIS.md "Loss over a window of steps")."""
     if len(accs) < 3:
         return {}
     out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
     if window_stats is not None:
-        for h, entry in _net_z(accs, th, window_stats).items():
+        for h, entry in _net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items():
             if entry[0] > out.get(h, (0.0,))[0]:
                 out[h] = entry
     return {h: out[h] for h in sorted(out)}
 
 
-def _net_z(accs: dict[str, dict], th: Thresholds, stats: tuple) -> dict[str, tuple[float, int, int, int, int]]:
-    """``net_evidence`` from one ``net_stats`` result."""
+def _net_z(
+    accs: dict[str, dict], th: Thresholds, stats: tuple, count_min: int = 0, factor: float | None = None
+) -> dict[str, tuple[float, int, int, int, int]]:
+    """``net_evidence`` from one ``net_stats`` result; ``count_min`` and ``factor`` (instead of
+    ``count_factor``) gate the retransmit value over a window."""
+    factor = th.count_factor if factor is None else factor
     out: dict[str, tuple[float, int, int, int, int]] = {}
     rx, rtt, _own, ref = stats
     loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
@@ -760,7 +794,7 @@ def _net_z(accs: dict[str, dict], th: Thresholds, stats: tuple) -> dict[str, tup
         m_rtt = loo_rtt.median_without(rtt[h])
         # thresholds gate each (net_count_min, and net_blame's for the RTT): on a loaded machine a few
         # retransmits and RTT spikes happen on every host (spurious timeouts); only an outlier counts
-        z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.net_count_min, th.count_factor * m_rx) else 0.0
+        z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.net_count_min, count_min, factor * m_rx) else 0.0
         z_rtt = (
             (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
             if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt)

@@ -8,6 +8,7 @@ up front), ``closed_at_ns`` is 0, and data-quality counters are left at 0.
 
 from __future__ import annotations
 
+import collections
 from typing import Iterable
 
 from obshub.core.schema import Batch
@@ -19,7 +20,9 @@ def summarize_batches(
 ) -> dict[tuple[str, int], dict]:
     """``{(job, step): summary}`` for every step in ``batches``. Expected hosts of a job = hosts that
     registered or sent any batch (the live application's rule); the baseline uses every earlier step of
-    the job (the live application may see fewer when steps close out of order)."""
+    the job (the live application may see fewer when steps close out of order). The job's directed view
+    and its retransmit window (docs/ANALYSIS.md "Network blame by connection", "Loss over a window of
+    steps") are carried from step to step in step order, as one worker that closes every step does."""
     steps: dict[tuple[str, int], dict[str, dict]] = {}
     hosts: dict[str, set[str]] = {}
     for b in batches:
@@ -32,7 +35,11 @@ def summarize_batches(
                 accs[b.host] = part
     out: dict[tuple[str, int], dict] = {}
     history: dict[str, list[list[int]]] = {}
+    directed: dict[str, int] = {}  # job -> latest step that met the directed view's condition
+    recent: dict[str, collections.deque] = {}  # job -> retransmits of its last net_window_steps steps
     for job, step in sorted(steps):
+        last = directed.get(job)
+        window = recent.setdefault(job, collections.deque(maxlen=max(1, th.net_window_steps)))
         s = analysis.summarize(
             job,
             step,
@@ -43,7 +50,12 @@ def summarize_batches(
             closed_by="complete",
             closed_at_ns=0,
             th=th,
+            recent_directed=last is not None and 0 <= step - last <= th.net_directed_keep_steps,
+            window=analysis.net_window(window),
         )
+        if s["net_directed"]:
+            directed[job] = step
+        window.append(analysis.net_window_part(steps[(job, step)]))
         history.setdefault(job, []).append(analysis.history_entry(s))
         out[(job, step)] = s
     return out

@@ -3,6 +3,8 @@ and the synthetic generator's ground truth (no Kafka, no Faust)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -904,3 +906,70 @@ def test_running_check_leaves_cpu_starved_stopped_finished_and_young_jobs_to_the
     assert analysis.running_check(_running_accs(), hist[:5], 40, 0, now, th) is None
     two = {h: a for h, a in _running_accs().items() if h in ("n1", "n2")}
     assert analysis.running_check(two, hist, 40, 0, now, th) is None
+
+
+def test_a_slowed_step_reads_the_jobs_recent_retransmits_against_connections_away_from_the_host():
+    """The shape of a recorded demo step with 8 % loss on node-01's link (ring 0-1-2-3-0, 1.7 s into a
+    retransmission-timeout stall): node-02 sent 14 retransmits towards node-01 and node-01 one towards
+    node-00, so node-01's fewest over its two connections is 1 and the step alone names nobody. With the
+    job's previous steps (``window``), node-01's fewest is 10. Its neighbour node-00 has 5 (1 shared + its
+    other connection's noise, 5 over the window), above the other hosts' median (2), but a busy connection
+    that does not end at node-00 carries 23 (the median of 44 and 2): no evidence against it."""
+    ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
+    accs = {
+        "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (4, 0), ip["node-03"]: (4, 0)}),
+        "node-01": _dir_acc("node-01", ip["node-01"], {ip["node-00"]: (4, 1), ip["node-02"]: (4, 0)}),
+        "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (4, 14), ip["node-03"]: (4, 0)}),
+        "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 0)}),
+    }
+
+    def key(a, b):
+        return "|".join(sorted((ip[a], ip[b])))
+
+    window = {  # [retransmits, a_to_b, b_to_a] of the previous steps (a < b by address)
+        key("node-01", "node-02"): [30, 0, 30],
+        key("node-00", "node-01"): [9, 3, 6],
+        key("node-00", "node-03"): [5, 5, 0],
+        key("node-02", "node-03"): [2, 0, 2],
+    }
+    th = analysis.Thresholds()
+    assert analysis.net_evidence(accs, th) == {}
+    stats = analysis.net_stats(accs, th, window=window)
+    rx, _rtt, _own, ref = stats
+    assert rx == {"node-00": 5, "node-01": 10, "node-02": 2, "node-03": 0}  # node-03: no retransmit of its own
+    assert ref == {"node-00": 23, "node-01": 3, "node-02": 7, "node-03": 27}
+    got = analysis.net_evidence(accs, th, window_stats=stats)
+    assert {h: v[0] for h, v in got.items()} == {"node-01": 3.5}  # (10 - 3) / sqrt(3 + 1)
+    # the gates over a window: node-01's 10 is net_window_min, and 3 x its reference 3 is 9
+    assert analysis.net_evidence(accs, analysis.Thresholds(net_window_min=11), window_stats=stats) == {}
+    # with the per-step gates and without the reference the neighbour would count: (5 - 2) / sqrt(2 + 1)
+    no_ref = analysis._net_z(accs, th, (*stats[:3], {}))
+    assert round(no_ref["node-00"][0], 3) == 1.732
+    # in a summary the window applies to a slowed step only (its longest step time >= 2 x the median)
+    hist = [[s, 100 * MS, 10 * MS] for s in range(20)]
+    kw = dict(expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete", closed_at_ns=1)
+    for a in accs.values():
+        a["step_ns"] = 300 * MS
+    slowed = analysis.summarize("j", 20, accs, window=window, **kw)
+    assert {h: e["network"] for h, e in slowed["evidence"]["hosts"].items()} == {"node-01": 3.5}
+    for a in accs.values():
+        a["step_ns"] = 150 * MS
+    usual = analysis.summarize("j", 20, accs, window=window, **kw)
+    assert all(e["network"] == 0.0 for e in usual["evidence"]["hosts"].values())
+    # the window's parts: a step's retransmits per connection, only connections that have some
+    part = analysis.net_window_part(accs)
+    assert part == {key("node-00", "node-01"): [1, 0, 1], key("node-01", "node-02"): [14, 0, 14]}
+    assert analysis.net_window([part, part]) == {k: [2 * x for x in v] for k, v in part.items()}
+
+
+def test_median_without_all_equals_the_median_of_what_is_left():
+    """``LeaveOneOut.median_without_all`` (a host's few connections left out of a job's thousands) equals
+    ``median_int`` of the values with those occurrences removed, duplicates included, over random cases."""
+    rnd = random.Random(7)
+    for _ in range(3000):
+        vals = [rnd.randint(0, 6) for _ in range(rnd.randint(1, 12))]
+        gone = rnd.sample(vals, rnd.randint(0, len(vals)))
+        left = list(vals)
+        for v in gone:
+            left.remove(v)
+        assert analysis.LeaveOneOut(vals).median_without_all(gone) == analysis.median_int(left), (vals, gone)

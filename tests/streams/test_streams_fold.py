@@ -6,8 +6,8 @@ counted, and one part is one small write whatever the job's width."""
 from __future__ import annotations
 
 from obshub.core import schema
-from streams import fold as fold_mod
 from streams import analysis, offline, synthetic
+from streams import fold as fold_mod
 from streams.inproc import InProcess
 
 FIELDS = (
@@ -538,14 +538,14 @@ def test_closed_records_recovered_from_a_json_changelog_still_recognise_replays(
 
 def _window_steps(slowed: bool) -> dict:
     """Steps 12 and 13 of ``_ring_job`` with TCP events (ring a-b-c-d-a), loss on b's link spread thin:
-    in step 12 c sent 6 retransmits towards b, b sent 4 towards a and d 1 towards a; in step 13 c sent 5
+    in step 12 c sent 12 retransmits towards b, b sent 10 towards a and d 1 towards a; in step 13 c sent 5
     towards b and b 1 towards a, so b's fewest over its two connections is 1 in the step alone. Step 13
     takes 300 ms (3 x the job's median) when ``slowed``, else 100 ms. Returns step 13's summary."""
     now = [1_000_000_000_000]
     pipe, batch = _ring_job(now)
     ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     ring = [(0, 1), (1, 2), (2, 3), (3, 0)]
-    sent = {12: {(2, 1): 6, (1, 0): 4, (3, 0): 1}, 13: {(2, 1): 5, (1, 0): 1}}
+    sent = {12: {(2, 1): 12, (1, 0): 10, (3, 0): 1}, 13: {(2, 1): 5, (1, 0): 1}}
     t = now[0]
     for step in (12, 13):
         dur = 300_000_000 if step == 13 and slowed else 100_000_000
@@ -563,8 +563,8 @@ def _window_steps(slowed: bool) -> dict:
             batch(i, evs)
         t += dur + 10_000_000
     assert analysis.net_window(pipe.fold.net_recent["j"]) == {
-        "10.0.0.1|10.0.0.2": [5, 0, 5],
-        "10.0.0.2|10.0.0.3": [11, 0, 11],
+        "10.0.0.1|10.0.0.2": [11, 0, 11],
+        "10.0.0.2|10.0.0.3": [17, 0, 17],
         "10.0.0.1|10.0.0.4": [1, 0, 1],
     }, "the window holds the retransmits of every step closed so far"
     return {s["step"]: s for s in pipe.summaries}[13]
@@ -572,11 +572,12 @@ def _window_steps(slowed: bool) -> dict:
 
 def test_a_slowed_step_reads_its_retransmits_with_the_jobs_previous_steps():
     """Alone, step 13 names nobody (b's fewest retransmits over its connections is 1); when it is slowed,
-    the worker reads it with step 12's retransmits (``Fold.net_window``): b's fewest is 5 against a
-    reference of 0, evidence 5.0. The neighbour a (one lossy connection shared with b, 1 on the other)
-    gets none: a connection that does not end at a carries 11."""
+    the worker reads it with step 12's retransmits (``Fold.net_window``): b's fewest is 11 (at least
+    ``net_window_min``) against a reference of 0, evidence 7.0 (the clip). The neighbour a (one lossy
+    connection shared with b, 1 on the other) gets none: a connection that does not end at a carries 8
+    (the median of 17 and 0)."""
     slowed = _window_steps(slowed=True)
     assert slowed["stall_ratio"] >= 2.0
-    assert {h: e["network"] for h, e in slowed["evidence"]["hosts"].items()} == {"b": 5.0}
+    assert {h: e["network"] for h, e in slowed["evidence"]["hosts"].items()} == {"b": 7.0}
     plain = _window_steps(slowed=False)
     assert all(e["network"] == 0.0 for e in plain["evidence"]["hosts"].values())
