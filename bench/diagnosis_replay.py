@@ -12,6 +12,14 @@ hosts, so rule windows and ``for:`` durations see the run's real clock; alert ti
 clock when the alert fired (the live demo uses the Kafka timestamp of the alert record, a little later).
 Health rules (consumer lag) are not replayed: they depend on the live consumer, not on the data.
 
+``--worker`` replays as the live stream worker instead: its ingest and fold (``streams.inproc``, the
+worker's own state per job: the directed view, the retransmit window, the quiet steps after a hang) fed
+each batch at the time its agent sent it (``Batch.sent_ns``), the watch timer's hang and running-step
+checks every 0.5 s, and the expire timer's window close; the records go to the engine at the times the
+worker made them. A run of ``obshub demo --sequence`` (several faults on one training) is judged per
+episode, each against the alerts between its injection and the next one, as the demo does. To compare
+two versions of the analysis on the same data, run the tool from a checkout of each (``PYTHONPATH``).
+
 Usage::
 
     # copy of the demo's Kafka data, on its own port (never the live one)
@@ -40,17 +48,37 @@ from rules import fields
 from rules.engine import Engine
 from rules.loader import load_ruleset
 from streams import analysis, offline
+from streams.inproc import InProcess
 
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 
 
 def read_runs(runs_dir: Path) -> list[dict]:
     """The scenarios of the recorded runs under ``runs_dir`` (one ``report.json`` each), oldest first:
-    ``{run_id, job, fault, host, hosts, t0_ns}`` (``host``/``t0_ns`` None for ``none``)."""
+    ``{run_id, job, fault, host, hosts, t0_ns, from_ns, until_ns}`` (``host``/``t0_ns`` None for
+    ``none``); a sequence run gives one entry per episode (``run_id#<n>``), judged on the alerts from
+    ``from_ns`` (its injection; 0 for the first) to ``until_ns`` (the next injection; None: the end)."""
     out = []
     for rep in sorted(runs_dir.glob("*/report.json")):
         r = json.loads(rep.read_text())
         s, v = r["scenario"], r.get("verdict") or {}
+        eps = r.get("episodes") or []
+        if eps:
+            starts = [e.get("t0_ns") for e in eps]
+            for i, e in enumerate(eps):
+                out.append(
+                    {
+                        "run_id": f"{s['run_id']}#{i}",
+                        "job": s["job"],
+                        "fault": e["kind"],
+                        "hosts": s["hosts"],
+                        "host": e.get("host"),
+                        "t0_ns": e.get("t0_ns"),
+                        "from_ns": (e.get("t0_ns") or 0) if i else 0,
+                        "until_ns": next((t for t in starts[i + 1 :] if t), None) or _end_ns(r, e),
+                    }
+                )
+            continue
         out.append(
             {
                 "run_id": s["run_id"],
@@ -59,9 +87,18 @@ def read_runs(runs_dir: Path) -> list[dict]:
                 "hosts": s["hosts"],
                 "host": s.get("fault_host_name") if s["fault"] != "none" else None,
                 "t0_ns": v.get("t0_ns"),
+                "from_ns": 0,
+                "until_ns": None,
             }
         )
     return out
+
+
+def _end_ns(report: dict, last: dict) -> int | None:
+    """The end of a sequence run's judging (the last removal plus the settle time: what the cluster's
+    shutdown fires later is not judged), None when the report lacks it."""
+    removed = last.get("removed_ns")
+    return removed + int(report["scenario"].get("settle_s", 0) * 1e9) if removed else None
 
 
 def fetch_batches(bootstrap: str, jobs: set[str], cache: Path) -> None:
@@ -148,6 +185,80 @@ def replay(
     return summaries, fired
 
 
+def replay_worker(
+    batches: list[schema.Batch],
+    rule_paths: list[Path],
+    th: analysis.Thresholds = analysis.Thresholds(),
+    window_s: float = 10.0,
+    tick_s: float = 0.5,
+) -> tuple[dict, list[AlertSeen]]:
+    """Summaries (``{(job, step): summary}``, the closed ones) and the firing alerts of one run's batches,
+    replayed as the live worker makes them (module docstring, ``--worker``): batches in the order of
+    ``sent_ns``, each folded at that time; every ``tick_s`` the hang and running-step checks (a job's hang
+    record at most once a second, as the watch timer sends them) and the close of steps open for
+    ``window_s`` (not a hung one younger than ``hang_hold_ns``). Event records go to the engine at their
+    own times, step records at the worker's."""
+    now = [0]
+    pipe = InProcess(partitions=1, th=th, window_ns=int(window_s * 1e9), clock=lambda: now[0])
+    timeline: list[tuple[int, int, str, dict]] = []
+    for b in batches:
+        for ev in b.events:
+            rec = fields.event_record(b, ev)
+            timeline.append((rec["time_ns"], 0, "events", rec))
+    order = sorted(batches, key=lambda b: (b.sent_ns, b.host, b.seq))
+    tick = int(tick_s * 1e9)
+    next_tick = order[0].sent_ns if order else 0
+    hang_sent: dict[str, int] = {}
+    done = 0
+
+    def collect() -> None:
+        nonlocal done
+        for s in pipe.summaries[done:]:
+            timeline.append((s["closed_at_ns"], 1, "steps", fields.step_record(s)))
+        done = len(pipe.summaries)
+
+    def timers(t: int) -> None:
+        now[0] = t
+        for _sk, summary, _first in pipe.fold.hangs():
+            if t - hang_sent.get(summary["job"], 0) >= 1_000_000_000:
+                hang_sent[summary["job"]] = t
+                timeline.append((t, 1, "steps", fields.step_record(summary)))
+        for _sk, summary in pipe.fold.running():
+            timeline.append((t, 1, "steps", fields.step_record(summary)))
+        for key, st in list(pipe.fold.open_steps()):
+            if key in pipe.fold.hung and t - st["opened_ns"] < th.hang_hold_ns:
+                continue
+            if t - st["opened_ns"] >= pipe.fold.window_ns:
+                pipe.summaries.extend(v for w, _j, v in pipe.fold.close(key, st, st["p"], "window") if w == "summary")
+        collect()
+
+    for b in order:
+        while next_tick <= b.sent_ns:
+            timers(next_tick)
+            next_tick += tick
+        now[0] = b.sent_ns
+        pipe.feed(schema.encode_batch(b))
+        collect()
+    for _ in range(int(window_s / tick_s) + 2):  # the last steps close by their window
+        timers(next_tick)
+        next_tick += tick
+    timeline.sort(key=lambda x: (x[0], x[1]))
+    fired: list[AlertSeen] = []
+    engine = Engine(
+        load_ruleset(rule_paths),
+        notify=lambda ch: fired.append(AlertSeen.from_record(ch, engine.now_ns)) if ch["status"] == "firing" else None,
+    )
+    last_tick = 0
+    for t, _o, sig, rec in timeline:
+        if t - last_tick >= 250_000_000:
+            engine.tick(t)
+            last_tick = t
+        engine.process(sig, rec)
+    engine.tick(last_tick + 10_000_000_000)
+    summaries = {(s["job"], s["step"]): s for s in pipe.summaries}
+    return summaries, fired
+
+
 def straggler_profile(summaries: dict) -> str:
     """``host:count`` of named stragglers over the run, most first (how the per-step straggler spreads)."""
     n: dict[str, int] = {}
@@ -167,24 +278,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rules", type=Path, nargs="*", default=[BUILTIN], help="rule files or folders")
     ap.add_argument("--run", action="append", help="only these run ids")
     ap.add_argument("-v", "--verbose", action="store_true", help="list each run's alerts")
+    ap.add_argument(
+        "--worker",
+        action="store_true",
+        help="replay as the live worker (its fold at the batches' send times, hang and running-step checks)",
+    )
     a = ap.parse_args(argv)
-    runs = [r for r in read_runs(a.runs) if not a.run or r["run_id"] in a.run]
+    runs = [r for r in read_runs(a.runs) if not a.run or r["run_id"].split("#")[0] in a.run]
     if a.bootstrap:
         fetch_batches(a.bootstrap, {r["job"] for r in runs}, a.cache)
     all_ok = True
-    print(f"{'run':22} {'fault':8} {'host':8} {'steps':>5} {'detected':18} {'ttd_s':>6} {'wrong':>5}  stragglers")
+    replayed: dict[str, tuple[dict, list[AlertSeen]]] = {}  # job -> its replay (episodes share one)
+    print(f"{'run':24} {'fault':8} {'host':8} {'steps':>5} {'detected':18} {'ttd_s':>6} {'wrong':>5}  stragglers")
     for r in runs:
-        batches = load_batches(a.cache, r["job"])
-        if not batches:
-            print(f"{r['run_id']:22} {r['fault']:8} (no data)")
+        if r["job"] not in replayed:
+            batches = load_batches(a.cache, r["job"])
+            replayed[r["job"]] = (replay_worker if a.worker else replay)(batches, a.rules) if batches else ({}, [])
+        summaries, fired = replayed[r["job"]]
+        if not summaries:
+            print(f"{r['run_id']:24} {r['fault']:8} (no data)")
             continue
-        summaries, fired = replay(batches, a.rules)
+        fired = [x for x in fired if r["from_ns"] <= x.received_ns < (r["until_ns"] or 1 << 63)]
         layer = LAYER_OF[r["fault"]]
         v = judge(r["fault"], r["host"], layer, r["t0_ns"], fired)
         det = f"{v.first_correct['host']}/{v.first_correct['layer']}" if v.first_correct else "-"
         all_ok &= v.ok
         print(
-            f"{r['run_id']:22} {r['fault']:8} {r['host'] or '-':8} {len(summaries):5} {det:18} "
+            f"{r['run_id']:24} {r['fault']:8} {r['host'] or '-':8} {len(summaries):5} {det:18} "
             f"{v.ttd_s if v.ttd_s is not None else '-':>6} {v.wrong_count:5}  {straggler_profile(summaries)}"
         )
         if a.verbose:
