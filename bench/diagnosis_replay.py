@@ -169,6 +169,12 @@ def replay(
     for key, s in summaries.items():
         if key in end_rt:
             timeline.append((end_rt[key], 1, "steps", fields.step_record({**s, "closed_at_ns": end_rt[key]})))
+    return summaries, _run_engine(timeline, rule_paths, 1_000_000_000)
+
+
+def _run_engine(timeline: list[tuple[int, int, str, dict]], rule_paths: list[Path], tick_ns: int) -> list[AlertSeen]:
+    """The alerts that fire when ``timeline`` (``(time ns, order, signal, record)``) goes through the rules
+    in time order, the engine's clock ticked at least every ``tick_ns``."""
     timeline.sort(key=lambda x: (x[0], x[1]))
     fired: list[AlertSeen] = []
     engine = Engine(
@@ -177,12 +183,12 @@ def replay(
     )
     last_tick = 0
     for t, _o, sig, rec in timeline:
-        if t - last_tick >= 1_000_000_000:
+        if t - last_tick >= tick_ns:
             engine.tick(t)
             last_tick = t
         engine.process(sig, rec)
     engine.tick(last_tick + 10_000_000_000)
-    return summaries, fired
+    return fired
 
 
 def replay_worker(
@@ -242,21 +248,8 @@ def replay_worker(
     for _ in range(int(window_s / tick_s) + 2):  # the last steps close by their window
         timers(next_tick)
         next_tick += tick
-    timeline.sort(key=lambda x: (x[0], x[1]))
-    fired: list[AlertSeen] = []
-    engine = Engine(
-        load_ruleset(rule_paths),
-        notify=lambda ch: fired.append(AlertSeen.from_record(ch, engine.now_ns)) if ch["status"] == "firing" else None,
-    )
-    last_tick = 0
-    for t, _o, sig, rec in timeline:
-        if t - last_tick >= 250_000_000:
-            engine.tick(t)
-            last_tick = t
-        engine.process(sig, rec)
-    engine.tick(last_tick + 10_000_000_000)
-    summaries = {(s["job"], s["step"]): s for s in pipe.summaries}
-    return summaries, fired
+    fired = _run_engine(timeline, rule_paths, 250_000_000)
+    return {(s["job"], s["step"]): s for s in pipe.summaries}, fired
 
 
 def straggler_profile(summaries: dict) -> str:

@@ -366,13 +366,23 @@ def _lossy_steps(directed_first: bool) -> list[dict]:
     12 either a and c both retransmit towards b (the directed view's condition) or nobody retransmits; in
     step 13, as in a recorded demo step with loss on b's link, c sent 19 retransmits towards b, a none,
     and d sent 3 towards c. Returns the summaries of steps 12 and 13."""
+    sent = {12: {(0, 1): 3, (2, 1): 3} if directed_first else {}, 13: {(2, 1): 19, (3, 2): 3}}
+    pipe = _ring_tcp_steps(sent, {12: 100_000_000, 13: 100_000_000})
+    by_step = {s["step"]: s for s in pipe.summaries}
+    return [by_step[12], by_step[13]]
+
+
+def _ring_tcp_steps(sent: dict[int, dict], durations: dict[int, int]) -> InProcess:
+    """Steps 12 and 13 of ``_ring_job`` (ring a-b-c-d-a, 10.0.0.1-4, every connection busy: one RTT
+    sample each way), ``sent[step][(i, j)]`` retransmits from host i towards host j, each step taking
+    ``durations[step]`` ns on every host. Returns the pipe."""
     now = [1_000_000_000_000]
     pipe, batch = _ring_job(now)
     ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
     ring = [(0, 1), (1, 2), (2, 3), (3, 0)]
-    sent = {12: {(0, 1): 3, (2, 1): 3} if directed_first else {}, 13: {(2, 1): 19, (3, 2): 3}}
     t = now[0]
     for step in (12, 13):
+        dur = durations[step]
         for i in range(4):
             evs = [] if step == 12 else [schema.Event(schema.Kind.STEP_BEGIN, t, step=step, pid=100 + i, value=step)]
             for a, b in ring:
@@ -383,13 +393,10 @@ def _lossy_steps(directed_first: bool) -> list[dict]:
                     n = sent[step].get((i, peer), 0)
                     if n:
                         evs.append(schema.Event(schema.Kind.TCP_RETRANSMIT, t + 2_000, value=n, payload=tcp))
-            evs.append(
-                schema.Event(schema.Kind.STEP_END, t + 100_000_000, step=step, pid=100 + i, duration_ns=100_000_000)
-            )
+            evs.append(schema.Event(schema.Kind.STEP_END, t + dur, step=step, pid=100 + i, duration_ns=dur))
             batch(i, evs)
-        t += 110_000_000
-    by_step = {s["step"]: s for s in pipe.summaries}
-    return [by_step[12], by_step[13]]
+        t += dur + 10_000_000
+    return pipe
 
 
 def test_a_job_whose_recent_step_met_the_directed_condition_keeps_the_directed_view():
@@ -541,27 +548,8 @@ def _window_steps(slowed: bool) -> dict:
     in step 12 c sent 12 retransmits towards b, b sent 10 towards a and d 1 towards a; in step 13 c sent 5
     towards b and b 1 towards a, so b's fewest over its two connections is 1 in the step alone. Step 13
     takes 300 ms (3 x the job's median) when ``slowed``, else 100 ms. Returns step 13's summary."""
-    now = [1_000_000_000_000]
-    pipe, batch = _ring_job(now)
-    ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
-    ring = [(0, 1), (1, 2), (2, 3), (3, 0)]
     sent = {12: {(2, 1): 12, (1, 0): 10, (3, 0): 1}, 13: {(2, 1): 5, (1, 0): 1}}
-    t = now[0]
-    for step in (12, 13):
-        dur = 300_000_000 if step == 13 and slowed else 100_000_000
-        for i in range(4):
-            evs = [] if step == 12 else [schema.Event(schema.Kind.STEP_BEGIN, t, step=step, pid=100 + i, value=step)]
-            for a, b in ring:
-                if i in (a, b):
-                    peer = b if i == a else a
-                    tcp = {"saddr": ip[i], "daddr": ip[peer], "sport": 1, "dport": 2}
-                    evs.append(schema.Event(schema.Kind.TCP_RTT, t + 1_000, duration_ns=1_000_000, payload=tcp))
-                    n = sent[step].get((i, peer), 0)
-                    if n:
-                        evs.append(schema.Event(schema.Kind.TCP_RETRANSMIT, t + 2_000, value=n, payload=tcp))
-            evs.append(schema.Event(schema.Kind.STEP_END, t + dur, step=step, pid=100 + i, duration_ns=dur))
-            batch(i, evs)
-        t += dur + 10_000_000
+    pipe = _ring_tcp_steps(sent, {12: 100_000_000, 13: 300_000_000 if slowed else 100_000_000})
     assert analysis.net_window(pipe.fold.net_recent["j"]) == {
         "10.0.0.1|10.0.0.2": [11, 0, 11],
         "10.0.0.2|10.0.0.3": [17, 0, 17],
