@@ -253,9 +253,10 @@ class NetLoss(Fault):
         return sum(n for c, n in self._counters() if c == "data-in")
 
     def evidence(self) -> dict:
+        rows = self._counters()  # one reading of the table: the data-in share never exceeds the total
         return {
-            "nft_dropped_packets": self.dropped(),
-            "nft_dropped_data_in": self.data_dropped(),
+            "nft_dropped_packets": sum(n for _c, n in rows),
+            "nft_dropped_data_in": sum(n for c, n in rows if c == "data-in"),
             "tcp_retrans_segs": tcp_retrans_segs(self.host.netns) - self._base,
             "cluster_tcp_retrans_segs": cluster_retrans_segs(self.cluster) - self._base_all,
         }
