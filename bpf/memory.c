@@ -8,7 +8,11 @@
  *   compaction:mm_compaction_begin/_end        -> MEM_COMPACTION (duration = stall, value = status)
  *   kmem:mm_page_alloc                         -> counted in mem_acc when order >= OBS_THR_PAGE_ORDER;
  *                                                 a single PAGE_ALLOC (value = order, arg0 = gfp flags)
- *                                                 only when order >= OBS_THR_PAGE_ORDER_SINGLE
+ *                                                 only when order >= OBS_THR_PAGE_ORDER_SINGLE; with
+ *                                                 OBS_THR_PAGE_MAY_BLOCK (default) only allocations
+ *                                                 whose gfp flags allow direct reclaim
+ *                                                 (OBS_GFP_DIRECT_RECLAIM, the loader reads the bit
+ *                                                 from the tracepoint's print fmt)
  * Stalls shorter than OBS_THR_RECLAIM_NS / OBS_THR_COMPACTION_NS are not sent alone: they are summed in
  * mem_acc, which the step_end handler ships as MEM_STEP_SUM. Fields are read at the tracefs offsets the
  * loader passes as -D TPOFF_<EVENT>_<FIELD>.
@@ -116,6 +120,14 @@ int obs_page_alloc(void *ctx)
     OBS_TP_READ(order, ctx, TPOFF_MM_PAGE_ALLOC_ORDER);
     if (order < obs_threshold(OBS_THR_PAGE_ORDER))
         return 0;
+    unsigned long gfp = 0;
+    OBS_TP_READ(gfp, ctx, TPOFF_MM_PAGE_ALLOC_GFP_FLAGS);
+    /* an allocation that may not enter direct reclaim cannot stall its thread: the network stack's
+     * order-3 fragment refills (GFP_NOWAIT | __GFP_NORETRY, falling back to order 0), GFP_ATOMIC. Most
+     * high-order allocations of a training process that talks TCP are of that kind: skipped before any
+     * map work */
+    if (!(gfp & OBS_GFP_DIRECT_RECLAIM) && obs_threshold(OBS_THR_PAGE_MAY_BLOCK))
+        return 0;
     if (!obs_current_watched_fast())
         return 0;
     if (order < obs_threshold(OBS_THR_PAGE_ORDER_SINGLE)) {
@@ -130,8 +142,6 @@ int obs_page_alloc(void *ctx)
         __sync_fetch_and_add(&acc->orders[b], 1);
         return 0;
     }
-    unsigned long gfp = 0;
-    OBS_TP_READ(gfp, ctx, TPOFF_MM_PAGE_ALLOC_GFP_FLAGS);
     struct obs_event *e = obs_reserve_current(OBS_PROBE_MEM_PAGE_ALLOC, OBS_KIND_PAGE_ALLOC);
     if (!e)
         return 0;

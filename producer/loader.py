@@ -159,6 +159,9 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
                 for fld in ap.fields + ap.optional:
                     off = fmt.fields[fld][0] if fmt and fld in fmt.fields else -1
                     flags.append(f"-D{ap.offset_macro(fld)}={off}")
+    alloc = pl.tp_formats.get("kmem:mm_page_alloc")
+    gfp = (alloc.flags if alloc else {}).get("__GFP_DIRECT_RECLAIM", cat.GFP_DIRECT_RECLAIM_DEFAULT)
+    flags.append(f"-DOBS_GFP_DIRECT_RECLAIM={gfp:#x}")
     if target.watch_all:
         flags.append("-DOBS_WATCH_ALL")
     if target.cgroup is not None and cat.cgroup_v2_ids(target.cgroup):

@@ -155,7 +155,18 @@ THRESHOLDS: dict[str, tuple[int, int, str]] = {
         "count: at most this many SCHED_RUNQ/SCHED_OFFCPU records per process and step "
         "(the rest is only in SCHED_STEP_SUM)",
     ),
+    "page_may_block": (
+        11,
+        1,
+        "0/1: 1 = count (and send alone) only the page allocations that may enter direct reclaim "
+        "(gfp_flags has __GFP_DIRECT_RECLAIM: the ones that can stall the thread); 0 = every allocation "
+        "of the orders above",
+    ),
 }
+
+#: ``__GFP_DIRECT_RECLAIM`` where the kernel's print fmt of kmem:mm_page_alloc does not name it (bit 10
+#: since Linux 4.4, include/linux/gfp_types.h)
+GFP_DIRECT_RECLAIM_DEFAULT = 0x400
 
 # ---------------------------------------------------------------------------------------------------------
 # CUDA / NCCL symbols. mode: how `value` is computed (bpf/cuda.c OBS_VAL_*): 0 none, 1 argument `arg`,
@@ -498,15 +509,26 @@ C_LAYERS = ("PYTORCH", "SCHED", "MEMORY", "NET", "PCIE", "CUDA", "NIC")
 
 @dataclass
 class TracepointFormat:
-    """A tracepoint's format from tracefs: field name -> (offset, size) in bytes, and the symbolic
-    value names found in its print fmt (``__print_symbolic``), e.g. skb drop reasons."""
+    """A tracepoint's format from tracefs: field name -> (offset, size) in bytes, the symbolic value names
+    found in its print fmt (``__print_symbolic``), e.g. skb drop reasons, and the single-bit flags it
+    names (``__print_flags``: name -> bit value), e.g. ``__GFP_DIRECT_RECLAIM`` -> 0x400."""
 
     fields: dict[str, tuple[int, int]] = field(default_factory=dict)
     symbols: dict[int, str] = field(default_factory=dict)
+    flags: dict[str, int] = field(default_factory=dict)
 
 
 _FIELD_RE = re.compile(r"field:(?P<decl>[^;]+);\s*offset:(?P<off>\d+);\s*size:(?P<size>\d+);")
 _SYM_RE = re.compile(r"\{\s*(-?\d+|0x[0-9a-fA-F]+)\s*,\s*\"([A-Za-z0-9_]+)\"\s*\}")
+# a flag of __print_flags: {<expression of one bit>, "NAME"}, the bit written as a shift (6.x:
+# ((1UL)) << (10)) or as a constant (older kernels: 0x400u)
+_FLAG_RE = re.compile(r"\{([^{}]*?),\s*\"([A-Za-z0-9_]+)\"\s*\}")
+_SHIFT_RE = re.compile(
+    r"^[\s(]*(?:\(\s*unsigned long\s*\)|\(\s*gfp_t\s*\)|\(\s*__force gfp_t\s*\)|[\s(])*1UL[\s)]*<<\s*\(?\s*(\d+)\s*\)*$"
+)
+_CONST_RE = re.compile(
+    r"^[\s(]*(?:\(\s*unsigned long\s*\)|\(\s*gfp_t\s*\)|\(\s*__force gfp_t\s*\)|[\s(])*(0x[0-9a-fA-F]+|\d+)[uUlL]*[\s)]*$"
+)
 
 
 def parse_format(text: str) -> TracepointFormat:
@@ -520,6 +542,14 @@ def parse_format(text: str) -> TracepointFormat:
     fmt = text.split("print fmt:", 1)[-1]
     for num, sym in _SYM_RE.findall(fmt):
         out.symbols.setdefault(int(num, 0), sym)
+    for expr, name in _FLAG_RE.findall(fmt):
+        m = _SHIFT_RE.match(expr)
+        if m:
+            out.flags.setdefault(name, 1 << int(m.group(1)))
+            continue
+        m = _CONST_RE.match(expr)
+        if m and (v := int(m.group(1), 0)) and v & (v - 1) == 0:  # one bit set
+            out.flags.setdefault(name, v)
     return out
 
 

@@ -66,6 +66,36 @@ def test_parse_format_fields_and_symbols():
     assert fmt.symbols == {1: "Fatal", 2: "Corrected"}  # identifier-like names only (drop reasons are)
 
 
+# the gfp flags of kmem:mm_page_alloc as two kernel generations print them: bits as shifts (6.x, ahead of
+# it a composite flag that must not be taken for one bit) and as hex constants (older kernels)
+GFP_NEW = (
+    'print fmt: "order=%d gfp_flags=%s", REC->order, (REC->gfp_flags) ? __print_flags(REC->gfp_flags, "|", '
+    '{( unsigned long)(( gfp_t)(((((1UL))) << (10))|((((1UL))) << (11)))), "__GFP_RECLAIM"}, '
+    '{( unsigned long)(( gfp_t)((((1UL))) << (10))), "__GFP_DIRECT_RECLAIM"}, '
+    '{( unsigned long)(( gfp_t)((((1UL))) << (16))), "__GFP_NORETRY"}) : "none"'
+)
+GFP_OLD = (
+    'print fmt: "gfp_flags=%s", (REC->gfp_flags) ? __print_flags(REC->gfp_flags, "|", '
+    '{(unsigned long)((( gfp_t)0x400u)|(( gfp_t)0x800u)), "__GFP_RECLAIM"}, '
+    '{(unsigned long)(( gfp_t)0x400u), "__GFP_DIRECT_RECLAIM"}, {(unsigned long)(( gfp_t)0x10000u), "__GFP_NORETRY"}'
+    ') : "none"'
+)
+
+
+@pytest.mark.parametrize("text", [GFP_NEW, GFP_OLD], ids=["shifts", "constants"])
+def test_parse_format_single_bit_flags(text):
+    flags = cat.parse_format(text).flags
+    assert flags == {"__GFP_DIRECT_RECLAIM": 0x400, "__GFP_NORETRY": 0x10000}  # composites left out
+
+
+def test_page_alloc_gfp_bit_reaches_the_compile_flags():
+    pl = _Plan()
+    flags = cflags(pl, ProbeOptions(), Target(pids={1}), {"MEMORY"})
+    assert f"-DOBS_GFP_DIRECT_RECLAIM={cat.GFP_DIRECT_RECLAIM_DEFAULT:#x}" in flags  # the format unknown
+    pl.tp_formats["kmem:mm_page_alloc"] = cat.parse_format(GFP_NEW.replace("<< (10)", "<< (12)"))
+    assert "-DOBS_GFP_DIRECT_RECLAIM=0x1000" in cflags(pl, ProbeOptions(), Target(pids={1}), {"MEMORY"})
+
+
 def test_kfree_skb_reasons_from_this_kernel():
     from producer.kheaders import tracefs_mount
 

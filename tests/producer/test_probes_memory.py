@@ -36,7 +36,11 @@ def test_huge_page_faults_are_high_order_allocations(tmp_path):
     child = Child(TOUCH)
     try:
         with event_source(
-            tmp_path, Target(pids={child.pid}), probes=("memory",), thresholds={"page_order": 9, "page_order_single": 9}
+            tmp_path,
+            Target(pids={child.pid}),
+            probes=("memory",),
+            # every huge page, whether the kernel's THP defrag setting lets the fault reclaim or not
+            thresholds={"page_order": 9, "page_order_single": 9, "page_may_block": 0},
         ) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
@@ -74,7 +78,7 @@ def test_page_allocations_are_aggregated_per_step_in_the_kernel(tmp_path):
             Target(pids={child.pid}),
             probes=("memory", "pytorch_step"),
             usdt_library=lib,
-            thresholds={"page_order": 9},
+            thresholds={"page_order": 9, "page_may_block": 0},
         ) as (src, table):
             assert all(s.attached for s in table), table
             child.go()
@@ -94,6 +98,64 @@ def test_page_allocations_are_aggregated_per_step_in_the_kernel(tmp_path):
     assert agg.payload["pages"] == sum(n << i for i, n in enumerate(orders))
     end = [e for e in events if e.kind == Kind.STEP_END]
     assert len(end) == 1 and end[0].ts_ns == agg.ts_ns  # shipped by the step_end handler
+
+
+# 16 MiB sent over loopback TCP per step: the sender's socket fills 32 KiB fragment pages, order-3
+# allocations the network stack makes without direct reclaim (GFP_NOWAIT | __GFP_NORETRY)
+SEND = """
+import ctypes, socket, sys, threading
+L = ctypes.CDLL(sys.argv[1])
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+def sink():
+    while s.recv(1 << 20):
+        pass
+threading.Thread(target=sink, daemon=True).start()
+buf = b"x" * (1 << 16)
+for step in (1, 2):
+    sys.stdin.readline()
+    L.fake_step_begin(ctypes.c_int64(step), ctypes.c_uint64(step))
+    for _ in range(256):
+        c.sendall(buf)
+    L.fake_step_end(ctypes.c_int64(step), ctypes.c_uint64(step))
+    print(step, flush=True)
+"""
+
+
+def test_allocations_that_cannot_block_are_not_counted_unless_asked(tmp_path):
+    """Default (page_may_block 1): the order-3 fragment pages of a TCP sender, allocated without direct
+    reclaim, stay out of MEM_STEP_SUM; with page_may_block set to 0 at run time the next step counts
+    them."""
+    need_bpf()
+    lib = build_so("fakeusdt", tmp_path)
+    child = Child(SEND.replace("sys.argv[1]", repr(str(lib))))
+    orders: dict[int, list[int]] = {}
+    try:
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("memory", "pytorch_step"), usdt_library=lib) as (
+            src,
+            table,
+        ):
+            assert all(s.attached for s in table), table
+            events = []
+            for step in (1, 2):
+                if step == 2:
+                    src.set_threshold("page_may_block", 0)
+                child.go()
+                assert child.proc.stdout.readline().strip() == str(step)
+                events += drain(
+                    src, 2.0, until=lambda evs, n=step: any(e.kind == Kind.STEP_END and e.step == n for e in evs)
+                )
+    finally:
+        child.kill()
+    for e in events:
+        if e.kind == Kind.MEM_STEP_SUM and e.pid == child.pid:
+            orders[e.step] = parse_hist(e.payload["orders"])
+    counted = {step: (orders.get(step) or [0] * 4 + [0])[3] for step in (1, 2)}
+    assert counted[2] >= 64, (counted, orders)  # 512 fragment refills of 32 KiB; some may fall back
+    assert counted[1] * 4 <= counted[2], (counted, orders)
 
 
 CGROUP_V1_MEM = Path("/sys/fs/cgroup/memory")
