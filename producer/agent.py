@@ -24,6 +24,7 @@ forgotten.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import operator
@@ -171,6 +172,9 @@ class Agent:
                     metrics_port=self.config.metrics_port,
                 )
             self._start_metrics()
+            # what start-up made (bcc, the libraries, the catalogue) lives as long as the agent: out of the
+            # collector's sight, so its full collections walk only what the loop makes
+            gc.freeze()
             self._loop()
         finally:
             undelivered = self._shutdown(drain=started)
@@ -196,13 +200,9 @@ class Agent:
     def _start_metrics(self) -> None:
         if self.config.metrics_port is None:
             return
-        from prometheus_client import start_http_server
+        from producer.agent_metrics import make_registry, serve_metrics
 
-        from producer.agent_metrics import make_registry
-
-        server, _thread = start_http_server(
-            self.config.metrics_port, addr=self.config.metrics_addr, registry=make_registry(self)
-        )
+        server = serve_metrics(self.config.metrics_addr, self.config.metrics_port, make_registry(self))
         self._metrics_server = server
         self.metrics_port = server.server_port
         self.say(f"metrics on http://{self.config.metrics_addr}:{self.metrics_port}/metrics")
@@ -448,8 +448,9 @@ class Agent:
             self.transport.send(last)
         left = self.transport.close(self.config.flush_timeout_s, abort=lambda: self._signals >= 2)
         if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
+            from producer.agent_metrics import stop_metrics
+
+            stop_metrics(self._metrics_server)
         return left
 
     def stats(self) -> dict:

@@ -33,10 +33,14 @@ one series per job the agent serves (the job each registered process named).
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections import Counter
+from socketserver import ThreadingMixIn
 from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -138,3 +142,56 @@ def make_registry(agent: MetricsSource) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(AgentCollector(agent))
     return reg
+
+
+#: how long the idle metrics server's thread sleeps between checks for a shutdown request, s. The
+#: library's own server (``prometheus_client.start_http_server``) checks every 0.5 s: two wakeups a second
+#: of an otherwise idle thread, 0.19 ms of the agent's CPU per second on this project's VM (about 4 µs
+#: per training step of docs/BENCHMARKS.md section 1). :func:`stop_metrics` wakes it instead.
+IDLE_POLL_S = 3600.0
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def serve_metrics(addr: str, port: int, registry: CollectorRegistry) -> WSGIServer:
+    """Serve ``registry`` at ``http://addr:port/metrics`` (any path answers, as with
+    ``prometheus_client.start_http_server``: the library's WSGI app, a thread per request) from a daemon
+    thread that sleeps until a request or :func:`stop_metrics`. ``port`` 0 picks a free port
+    (``server.server_port``). Raises OSError when the address cannot be bound."""
+    family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+    server_cls = type("MetricsServer", (_Server,), {"address_family": family})
+    server = make_server(addr, port, make_wsgi_app(registry), server_cls, handler_class=_Quiet)
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": IDLE_POLL_S}, name="obshub-metrics", daemon=True
+    ).start()
+    return server
+
+
+def stop_metrics(server: WSGIServer, timeout_s: float = 5.0) -> None:
+    """Stop a :func:`serve_metrics` server: request the shutdown, wake its thread with a connection (it
+    sleeps up to :data:`IDLE_POLL_S` otherwise; the connection is never served), wait up to ``timeout_s``
+    for the thread, close the socket."""
+    stopper = threading.Thread(target=server.shutdown, daemon=True)
+    stopper.start()
+    host, port = server.server_address[:2]
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    while stopper.is_alive():
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            pass
+        stopper.join(min(0.05, timeout_s))
+        timeout_s -= 0.05
+        if timeout_s <= 0:
+            break
+    server.server_close()

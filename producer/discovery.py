@@ -19,7 +19,9 @@ only after a gap that doubles with each such read, up to ``max_gap`` scans (gaps
 scans while its size keeps changing; a read that finds a new file starts over): a process that keeps growing its address space
 (a JVM's heap, a compiler, a Python process importing) costs one maps read per 8 scans instead of one
 per scan, and a file it maps late is found within ``max_gap`` scans instead of one; the size of a process
-inside such a gap is not read either. Costs per scan: one ``listdir(/proc)``, one ``/proc/<pid>/stat``
+inside such a gap is not read either. Costs per scan: one read of ``/proc/loadavg`` (its last field, the last pid given out, tells
+whether any task was created since the last listing) and, only then or on the slow turn, one
+``listdir(/proc)``; one ``/proc/<pid>/stat``
 read per process not seen before (its start time), one ``pread`` of the ``statm`` kept open of each young
 process outside its gap (~1 µs; ``stat`` sums the times of every thread, ``statm`` does not), on the
 slow turn a ``statm`` read per process, and one maps read per process whose size changed (~0.4-0.7 ms for a Python process with torch loaded, the kernel
@@ -33,6 +35,7 @@ import ctypes
 import mmap
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -124,8 +127,22 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _uptime_ticks() -> float:
-    with open("/proc/uptime") as fh:
-        return float(fh.read().split()[0]) * os.sysconf("SC_CLK_TCK")
+    """Clock ticks since boot, the clock of a process's ``starttime`` (CLOCK_BOOTTIME, what
+    ``/proc/uptime`` reads, without opening it)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) * _CLK_TCK
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _last_pid(fd: int) -> int | None:
+    """The pid the kernel gave out last, to a process or a thread (the last field of ``/proc/loadavg``,
+    read from ``fd``, that file kept open, at offset 0): while it does not change, no task was created,
+    so a list of the processes can only have shrunk. None when it cannot be read."""
+    try:
+        return int(os.pread(fd, 128, 0).rsplit(None, 1)[-1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _glob(pattern: str) -> str:
@@ -178,13 +195,31 @@ class LibraryScanner:
         self._read_at: dict[int, int] = {}  # pid -> the scan of its last maps read
         self.maps_reads = 0  # maps read since start (all processes)
         self._self = os.getpid()
+        self._listed: list[int] | None = None  # the last listdir(/proc), sorted pids
+        self._listed_at: int | None = None  # the last pid given out when it was made (_last_pid)
+        self._loadavg: int | None = None  # /proc/loadavg kept open (-1: cannot be opened)
 
-    def _candidates(self) -> list[int]:
+    def _candidates(self, full: bool) -> list[int]:
+        """The processes to look at. Every process: ``listdir(/proc)`` (a few hundred µs on a VM, the
+        kernel makes a dentry per pid) only when a task was created since the last listing (the last pid
+        given out changed) or on a slow turn (``full``); otherwise the last listing, whose exited
+        processes cost a failed read until the next listing drops them."""
         if self.pids is not None:
             return sorted(self.pids())
+        if self._loadavg is None:
+            try:
+                self._loadavg = os.open("/proc/loadavg", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._loadavg = -1
+        last = _last_pid(self._loadavg) if self._loadavg >= 0 else None
+        if not full and last is not None and last == self._listed_at and self._listed is not None:
+            return self._listed
         try:
-            return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+            self._listed = sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+            self._listed_at = last
+            return self._listed
         except OSError:
+            self._listed = self._listed_at = None
             return []
 
     def scan(self) -> list[tuple[str, Mapped]]:
@@ -192,7 +227,7 @@ class LibraryScanner:
         self.scans += 1
         slow_turn = self.scans % self.old_every == 1 or self.old_every == 1
         now = _uptime_ticks()
-        live = self._candidates()
+        live = self._candidates(slow_turn)
         alive = set(live)
         self._settled &= alive
         for gone in set(self._started) - alive:
@@ -279,3 +314,6 @@ class LibraryScanner:
         """Close the ``statm`` files kept open (the scanner can still be used: they are opened again)."""
         for pid in list(self._statm):
             self._close_statm(pid)
+        if self._loadavg is not None and self._loadavg >= 0:
+            os.close(self._loadavg)
+        self._loadavg = None
