@@ -14,6 +14,14 @@
  *                                                            op_seq 0, the low 32 bits)
  *   coll_begin/coll_end(pg, coll_seq, op, bytes, step, trace_key) -> COLLECTIVE_BEGIN/_END; coll_begin
  *                                                            also sets tid_key
+ *   phase_next(old_phase, new_phase, step, old_key, new_key) -> phase_end of the open phase and
+ *                                                            phase_begin of the next, at one instant
+ *   step_next(step, key, next_key, old_phase, old_key, new_phase, new_key) -> phase_end, step_end,
+ *                                                            step_begin(step + 1), phase_begin, at one
+ *                                                            instant
+ * The instrumentation fires phase_next/step_next instead of the separate probes only when a tracer is
+ * attached to them (obshub/instrument/hooks.py reads the probe site), so an agent that does not attach
+ * them still sees the separate probes.
  */
 #include "common.h"
 
@@ -138,16 +146,10 @@ int obs_usdt_tracekey(struct pt_regs *ctx)
     return 0;
 }
 
-int obs_usdt_step_begin(struct pt_regs *ctx)
+/* The step of process tgid begins at `now` on thread tid: its slot in step_open, the thread's key, the
+ * scheduler sums restarted, STEP_BEGIN. */
+static __always_inline void obs_step_begin_at(u32 tgid, u32 tid, u64 now, s64 step, u64 key)
 {
-    if (!obs_usdt_gate())
-        return 0;
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    s64 step = 0;
-    u64 key = 0, now = bpf_ktime_get_ns();
-    bpf_usdt_readarg(1, ctx, &step);
-    bpf_usdt_readarg(2, ctx, &key);
     struct obs_open_step *os = step_open.lookup(&tgid);
     if (os) {
         os->step = step;
@@ -173,12 +175,25 @@ int obs_usdt_step_begin(struct pt_regs *ctx)
 #endif
     struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_STEP, OBS_KIND_STEP_BEGIN, tgid, tid);
     if (!e)
-        return 0;
+        return;
     e->ts_ns = now;
     e->step = step;
     e->trace_key = key;
     e->value = step;
     obs_submit(e);
+}
+
+int obs_usdt_step_begin(struct pt_regs *ctx)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    s64 step = 0;
+    u64 key = 0, now = bpf_ktime_get_ns();
+    bpf_usdt_readarg(1, ctx, &step);
+    bpf_usdt_readarg(2, ctx, &key);
+    obs_step_begin_at(tgid, tid, now, step, key);
     return 0;
 }
 
@@ -227,16 +242,11 @@ static __always_inline void obs_emit_cuda_acc(u32 tgid, u32 tid, s64 step, u64 k
     cuda_acc.delete(&tgid);
 }
 
-int obs_usdt_step_end(struct pt_regs *ctx)
+/* The step `step` of process tgid ends at `now` on thread tid: STEP_END with the step's wall time (paired
+ * with step_open), the process's per-step aggregates, then the reset of its sums. */
+static __always_inline void obs_step_end_at(u32 tgid, u32 tid, u64 now, s64 step, u64 key)
 {
-    if (!obs_usdt_gate())
-        return 0;
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32, tid = (u32)id;
-    s64 step = 0;
-    u64 key = 0, now = bpf_ktime_get_ns(), dur = 0;
-    bpf_usdt_readarg(1, ctx, &step);
-    bpf_usdt_readarg(2, ctx, &key);
+    u64 dur = 0;
     struct obs_open_step *os = step_open.lookup(&tgid);
     if (os && os->ts && os->step == step) {
         dur = now - os->ts;
@@ -278,6 +288,19 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     obs_emit_cuda_acc(tgid, tid, step, key, now);
     if (e)
         obs_submit_wake(e, now);
+}
+
+int obs_usdt_step_end(struct pt_regs *ctx)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    s64 step = 0;
+    u64 key = 0, now = bpf_ktime_get_ns();
+    bpf_usdt_readarg(1, ctx, &step);
+    bpf_usdt_readarg(2, ctx, &key);
+    obs_step_end_at(tgid, tid, now, step, key);
     return 0;
 }
 
@@ -285,6 +308,47 @@ int obs_usdt_step_end(struct pt_regs *ctx)
  * (bpf_usdt_readarg must be called in the handler itself) and passes them to the shared code. */
 /* bcc generates the argument readers per handler function, so each handler reads its own arguments
  * (bpf_usdt_readarg must be called in the handler itself, not in a macro) and passes them on. */
+/* Phase `name` (16 bytes, NUL-padded) of process tgid begins at `now` on thread tid under `key`: its slot
+ * in phase_open, the thread's key. */
+static __always_inline void obs_phase_begin_at(u32 tgid, u32 tid, u64 now, const char *name, s64 step, u64 key)
+{
+    struct obs_open_phase pk = {};
+    pk.trace_key = key;
+    pk.ts = now;
+    __builtin_memcpy(pk.phase, name, sizeof(pk.phase));
+    struct obs_open_phase *op = phase_open.lookup(&tgid);
+    if (op)
+        __builtin_memcpy(op, &pk, sizeof(pk));
+    else
+        phase_open.update(&tgid, &pk);
+    obs_set_key(tid, key, step);
+}
+
+/* Phase `name` (key `key`) of process tgid ends at `now`: PHASE with its wall time when it pairs with the
+ * open slot (the begin happened while the agent was attached). `set_key`: give thread tid the step's key
+ * back (not when a next phase or step sets the key at once). */
+static __always_inline void obs_phase_end_at(u32 tgid, u32 tid, u64 now, const char *name, s64 step, u64 key,
+                                             int set_key)
+{
+    if (set_key)
+        obs_set_key(tid, key & ~0xFFFFFFFFull, step); /* back to the step's key (the instrumentation's too) */
+    struct obs_open_phase *op = phase_open.lookup(&tgid);
+    if (!op || !op->ts || op->trace_key != key || *(u64 *)op->phase != *(u64 *)name ||
+        *(u64 *)(op->phase + 8) != *(u64 *)(name + 8))
+        return; /* the begin happened before the agent attached */
+    u64 dur = now - op->ts;
+    op->ts = 0;
+    struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_PHASE, OBS_KIND_PHASE, tgid, tid);
+    if (!e)
+        return;
+    e->ts_ns = now;
+    e->duration_ns = dur;
+    e->step = step;
+    e->trace_key = key;
+    __builtin_memcpy(e->str0, name, 16);
+    obs_submit(e);
+}
+
 static __always_inline int obs_phase(int end, u64 phase, s64 step, u64 key)
 {
     if (!obs_usdt_gate())
@@ -292,34 +356,12 @@ static __always_inline int obs_phase(int end, u64 phase, s64 step, u64 key)
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32, tid = (u32)id;
     u64 now = bpf_ktime_get_ns();
-    struct obs_open_phase pk = {};
-    pk.trace_key = key;
-    pk.ts = now;
-    bpf_probe_read_user_str(pk.phase, sizeof(pk.phase), (void *)phase);
-    struct obs_open_phase *op = phase_open.lookup(&tgid);
-    if (!end) {
-        if (op)
-            __builtin_memcpy(op, &pk, sizeof(pk));
-        else
-            phase_open.update(&tgid, &pk);
-        obs_set_key(tid, key, step);
-        return 0;
-    }
-    obs_set_key(tid, key & ~0xFFFFFFFFull, step); /* back to the step's key (the instrumentation's too) */
-    if (!op || !op->ts || op->trace_key != key || *(u64 *)op->phase != *(u64 *)pk.phase ||
-        *(u64 *)(op->phase + 8) != *(u64 *)(pk.phase + 8))
-        return 0; /* the begin happened before the agent attached */
-    u64 dur = now - op->ts;
-    op->ts = 0;
-    struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_PHASE, OBS_KIND_PHASE, tgid, tid);
-    if (!e)
-        return 0;
-    e->ts_ns = now;
-    e->duration_ns = dur;
-    e->step = step;
-    e->trace_key = key;
-    __builtin_memcpy(e->str0, pk.phase, sizeof(pk.phase));
-    obs_submit(e);
+    char name[16] = {};
+    bpf_probe_read_user_str(name, sizeof(name), (void *)phase);
+    if (end)
+        obs_phase_end_at(tgid, tid, now, name, step, key, 1);
+    else
+        obs_phase_begin_at(tgid, tid, now, name, step, key);
     return 0;
 }
 
@@ -341,6 +383,65 @@ int obs_usdt_phase_end(struct pt_regs *ctx)
     bpf_usdt_readarg(2, ctx, &step);
     bpf_usdt_readarg(3, ctx, &key);
     return obs_phase(1, phase, step, key);
+}
+
+/* phase_next(old_phase, new_phase, step, old_key, new_key): the open phase ends and the next begins at one
+ * instant (one trap and one program run instead of a phase_end and a phase_begin). */
+int obs_usdt_phase_next(struct pt_regs *ctx)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 old_phase = 0, new_phase = 0, old_key = 0, new_key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &old_phase);
+    bpf_usdt_readarg(2, ctx, &new_phase);
+    bpf_usdt_readarg(3, ctx, &step);
+    bpf_usdt_readarg(4, ctx, &old_key);
+    bpf_usdt_readarg(5, ctx, &new_key);
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u64 now = bpf_ktime_get_ns();
+    char old_name[16] = {}, new_name[16] = {};
+    bpf_probe_read_user_str(old_name, sizeof(old_name), (void *)old_phase);
+    bpf_probe_read_user_str(new_name, sizeof(new_name), (void *)new_phase);
+    obs_phase_end_at(tgid, tid, now, old_name, step, old_key, 0);
+    obs_phase_begin_at(tgid, tid, now, new_name, step, new_key);
+    return 0;
+}
+
+/* step_next(step, key, next_key, old_phase, old_key, new_phase, new_key): at a step boundary the open
+ * phase ends, the step ends, step + 1 begins and its first phase begins, at one instant (one trap and one
+ * program run instead of four). The phase parts are compiled in when the pytorch_phase probe is attached,
+ * so a selection without it gets what step_end and step_begin alone would give. */
+int obs_usdt_step_next(struct pt_regs *ctx)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 key = 0, next_key = 0, old_phase = 0, old_key = 0, new_phase = 0, new_key = 0;
+    s64 step = 0;
+    bpf_usdt_readarg(1, ctx, &step);
+    bpf_usdt_readarg(2, ctx, &key);
+    bpf_usdt_readarg(3, ctx, &next_key);
+    bpf_usdt_readarg(4, ctx, &old_phase);
+    bpf_usdt_readarg(5, ctx, &old_key);
+    bpf_usdt_readarg(6, ctx, &new_phase);
+    bpf_usdt_readarg(7, ctx, &new_key);
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u64 now = bpf_ktime_get_ns();
+#ifdef OBS_ATTACHED_PYTORCH_PHASE
+    char name[16] = {};
+    bpf_probe_read_user_str(name, sizeof(name), (void *)old_phase);
+    obs_phase_end_at(tgid, tid, now, name, step, old_key, 0);
+#endif
+    obs_step_end_at(tgid, tid, now, step, key);
+    obs_step_begin_at(tgid, tid, now, step + 1, next_key);
+#ifdef OBS_ATTACHED_PYTORCH_PHASE
+    __builtin_memset(name, 0, sizeof(name));
+    bpf_probe_read_user_str(name, sizeof(name), (void *)new_phase);
+    obs_phase_begin_at(tgid, tid, now, name, step + 1, new_key);
+#endif
+    return 0;
 }
 
 static __always_inline int obs_coll(int end, u64 pg, u64 seq, u64 op, u64 bytes, s64 step, u64 key)

@@ -121,7 +121,7 @@ def _missing(p: cat.Probe, pl: _Plan, tracefs: Path | None, options: ProbeOption
                 return "no instrumentation library (obshub.instrument._usdt not built; set ProbeOptions.usdt_library)"
             if not pl.usdt_lib.exists():
                 return f"instrumentation library {pl.usdt_lib} does not exist"
-            if ap.probe not in pl.usdt_probes:
+            if ap.probe not in pl.usdt_probes and not ap.optional:
                 return f"USDT probe obshub:{ap.probe} not found in {pl.usdt_lib}"
         elif isinstance(ap, Uprobe):
             lib = pl.libs.get(ap.lib)
@@ -149,6 +149,7 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
         f"-DOBS_PID_LIMIT={_pid_limit()}",
     ]
     flags += [f"-DOBS_LAYER_{layer}" for layer in sorted(layers)]
+    flags += [f"-DOBS_ATTACHED_{p.name.upper()}" for p in pl.probes]
     flags += [f"-D{p.macro}={p.id}" for p in cat.PROBES]
     flags += [f"-DOBS_THR_{name.upper()}={idx}" for name, (idx, _d, _u) in cat.THRESHOLDS.items()]
     flags += [f"-DOBS_KIND_{k.name}={int(k)}" for k in Kind]
@@ -409,7 +410,12 @@ class BpfEventSource:
         usdt = []
         if "PYTORCH" in layers and pl.usdt_lib is not None:
             u = USDT(path=str(pl.usdt_lib))
-            fns = [(ap.probe, ap.fn) for p in pl.probes for ap in p.attach if isinstance(ap, Usdt)]
+            fns = [
+                (ap.probe, ap.fn)
+                for p in pl.probes
+                for ap in p.attach
+                if isinstance(ap, Usdt) and (not ap.optional or ap.probe in pl.usdt_probes)
+            ]
             for probe, fn in fns:
                 u.enable_probe(probe=probe, fn_name=fn)
             usdt.append(u)

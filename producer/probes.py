@@ -71,6 +71,9 @@ class Usdt:
 
     probe: str
     fn: str
+    #: attached when the library has the probe; the probe entry does not depend on it (a merged probe
+    #: site that newer instrumentation fires instead of separate ones while a tracer is attached to it)
+    optional: bool = False
 
     @property
     def name(self) -> str:
@@ -256,7 +259,11 @@ def _build() -> tuple[Probe, ...]:
         "pytorch.c",
         "usdt",
         [Kind.STEP_BEGIN, Kind.STEP_END],
-        [Usdt("step_begin", "obs_usdt_step_begin"), Usdt("step_end", "obs_usdt_step_end")],
+        [
+            Usdt("step_begin", "obs_usdt_step_begin"),
+            Usdt("step_end", "obs_usdt_step_end"),
+            Usdt("step_next", "obs_usdt_step_next", optional=True),
+        ],
         usdt_req,
         "two events per step",
         "PYTORCH",
@@ -267,7 +274,11 @@ def _build() -> tuple[Probe, ...]:
         "pytorch.c",
         "usdt",
         [Kind.PHASE],
-        [Usdt("phase_begin", "obs_usdt_phase_begin"), Usdt("phase_end", "obs_usdt_phase_end")],
+        [
+            Usdt("phase_begin", "obs_usdt_phase_begin"),
+            Usdt("phase_end", "obs_usdt_phase_end"),
+            Usdt("phase_next", "obs_usdt_phase_next", optional=True),
+        ],
         usdt_req,
         "one event per phase",
         "PYTORCH",

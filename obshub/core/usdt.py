@@ -14,7 +14,17 @@ phase_begin     phase: str (forward|backward|optimizer|data), step: int64, trace
 phase_end       same as phase_begin
 coll_begin      pg: str, coll_seq: uint64, op: str, bytes: uint64, step: int64, trace_key: uint64
 coll_end        same as coll_begin
+phase_next      old_phase: str, new_phase: str, step: int64, old_key: uint64, new_key: uint64
+                (phase_end of the open phase and phase_begin of the next at one instant)
+step_next       step: int64, trace_key: uint64, next_key: uint64, old_phase: str, old_key: uint64,
+                new_phase: str, new_key: uint64 (at a step boundary: phase_end(old_phase), step_end(step),
+                step_begin(step + 1, next_key), phase_begin(new_phase) at one instant)
 ==============  ====================================================================================
+
+The instrumentation fires ``phase_next`` and ``step_next`` instead of the separate probes only while a
+tracer is attached to them (it reads the probe site, ``obshub.instrument.usdt.site_traced``): one uprobe
+trap and one program run instead of two or four, and a tracer that knows only the separate probes still
+sees them.
 
 The probes are defined in the C extension ``obshub.instrument._usdt`` (``obshub/instrument/_usdt.c``);
 bpf/pytorch.c reads the arguments in this order.
@@ -26,7 +36,18 @@ import importlib.machinery
 from pathlib import Path
 
 PROVIDER = "obshub"
-PROBES = ("register", "tracekey", "step_begin", "step_end", "phase_begin", "phase_end", "coll_begin", "coll_end")
+PROBES = (
+    "register",
+    "tracekey",
+    "step_begin",
+    "step_end",
+    "phase_begin",
+    "phase_end",
+    "coll_begin",
+    "coll_end",
+    "phase_next",
+    "step_next",
+)
 
 #: the folder of the instrumentation package, where the built extension lies
 INSTRUMENT_DIR = Path(__file__).resolve().parent.parent / "instrument"

@@ -13,6 +13,9 @@
  *   phase_begin(const char *phase, int64 step, uint64 trace_key)          phase_end(same)
  *   coll_begin(const char *pg, uint64 coll_seq, const char *op, uint64 bytes, int64 step,
  *              uint64 trace_key)                                           coll_end(same)
+ *   phase_next(const char *old_phase, const char *new_phase, int64 step, uint64 old_key, uint64 new_key)
+ *   step_next(int64 step, uint64 trace_key, uint64 next_key, const char *old_phase, uint64 old_key,
+ *             const char *new_phase, uint64 new_key)
  *
  * Python signatures take the same arguments in the same order; integers are range-checked by CPython
  * (OverflowError when out of range), strings must be str (UTF-8 is passed to the probe).
@@ -155,6 +158,33 @@ usdt_phase_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *
+usdt_phase_next(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *old_phase, *new_phase;
+    int64_t step;
+    uint64_t old_key, new_key;
+    if (arg_count("phase_next", nargs, 5) || arg_str(args[0], &old_phase) || arg_str(args[1], &new_phase) ||
+        arg_i64(args[2], &step) || arg_u64(args[3], &old_key) || arg_u64(args[4], &new_key))
+        return NULL;
+    DTRACE_PROBE5(obshub, phase_next, old_phase, new_phase, step, old_key, new_key);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_step_next(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *old_phase, *new_phase;
+    int64_t step;
+    uint64_t key, next_key, old_key, new_key;
+    if (arg_count("step_next", nargs, 7) || arg_i64(args[0], &step) || arg_u64(args[1], &key) ||
+        arg_u64(args[2], &next_key) || arg_str(args[3], &old_phase) || arg_u64(args[4], &old_key) ||
+        arg_str(args[5], &new_phase) || arg_u64(args[6], &new_key))
+        return NULL;
+    DTRACE_PROBE7(obshub, step_next, step, key, next_key, old_phase, old_key, new_phase, new_key);
+    Py_RETURN_NONE;
+}
+
 /* coll_begin / coll_end / _baseline share one parser. */
 struct coll_args {
     const char *pg, *op;
@@ -221,6 +251,13 @@ static PyMethodDef usdt_methods[] = {
     {"coll_end", (PyCFunction)(void (*)(void))usdt_coll_end, METH_FASTCALL,
      "coll_end(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int) -> None\n"
      "Fire obshub:coll_end."},
+    {"phase_next", (PyCFunction)(void (*)(void))usdt_phase_next, METH_FASTCALL,
+     "phase_next(old_phase: str, new_phase: str, step: int, old_key: int, new_key: int) -> None\n"
+     "Fire obshub:phase_next (the open phase ends and the next begins)."},
+    {"step_next", (PyCFunction)(void (*)(void))usdt_step_next, METH_FASTCALL,
+     "step_next(step: int, trace_key: int, next_key: int, old_phase: str, old_key: int, new_phase: str, "
+     "new_key: int) -> None\n"
+     "Fire obshub:step_next (phase, step end; next step, phase begin)."},
     {"_baseline", (PyCFunction)(void (*)(void))usdt_baseline, METH_FASTCALL,
      "_baseline(pg, coll_seq, op, bytes, step, trace_key) -> None\n"
      "Parse coll_begin's arguments and fire nothing (benchmark baseline)."},

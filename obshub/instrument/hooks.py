@@ -121,6 +121,11 @@ class _State:
         self.step_key = 0
         self.phase: str | None = None
         self.phase_key = 0
+        # the merged probes' sites (usdt.probe_site) and whether a tracer was attached to each at the
+        # last step boundary: then a phase change fires phase_next, a step boundary step_next
+        self.next_sites: tuple[int | None, int | None] = (None, None)
+        self.merge_phase = False
+        self.merge_step = False
         self.coll_seq: dict[str, int] = {}
         self.undo: list[Callable[[], None]] = []  # what disable() runs, in reverse order
 
@@ -173,11 +178,15 @@ def _next_op_locked() -> int:
 # --------------------------------------------------------------------------------------------------------
 # steps and phases (callers hold _lock)
 # --------------------------------------------------------------------------------------------------------
-def _begin_step_locked() -> None:
+def _register_before_step_locked() -> None:
     if not _st.registered:
         _register_undistributed_locked()
     elif _st.reg_site is not None:
         _register_again_if_traced_locked()
+
+
+def _begin_step_locked() -> None:
+    _register_before_step_locked()
     _st.step = _st.next_step
     _st.next_step += 1
     _st.op_seq = 0
@@ -194,8 +203,47 @@ def _end_step_locked() -> None:
     _st.step = -1
 
 
+def _merge_check_locked() -> None:
+    """At a step boundary: is a tracer attached to ``phase_next`` / ``step_next`` (a byte read per site,
+    :func:`obshub.instrument.usdt.site_traced`)? Until the next boundary, phase changes and the boundary
+    fire the merged probe when it is traced, else the separate probes: a tracer that attaches only those
+    still sees every phase and step."""
+    phase_site, step_site = _st.next_sites
+    _st.merge_phase = phase_site is not None and usdt.site_traced(phase_site)
+    _st.merge_step = step_site is not None and usdt.site_traced(step_site)
+
+
+def _step_boundary_locked(next_phase: str) -> None:
+    """End the open phase (the optimizer's) and the step, begin the next step in phase ``next_phase``: one
+    ``step_next`` when it is traced and a phase is open, else the separate probes."""
+    if _st.merge_step and _st.phase is not None and _st.step >= 0 and _st.next_step == _st.step + 1:
+        old, old_key, step, key = _st.phase, _st.phase_key, _st.step, _st.step_key
+        _st.phase = None
+        _register_before_step_locked()
+        _st.step = _st.next_step
+        _st.next_step += 1
+        _st.op_seq = 0
+        _st.step_key = _key(_st.step, 0)
+        _st.phase = next_phase
+        _st.phase_key = _next_op_locked()
+        usdt.step_next(step, key, _st.step_key, old, old_key, next_phase, _st.phase_key)
+        _set_thread_key(_st.phase_key, _st.step, announced=True)
+    else:
+        _end_step_locked()
+        _begin_step_locked()
+        _phase_begin_locked(next_phase)
+    _merge_check_locked()
+
+
 def _phase_begin_locked(phase: str) -> None:
     if _st.phase is not None:
+        if _st.merge_phase and _st.step >= 0:
+            old, old_key = _st.phase, _st.phase_key
+            _st.phase = phase
+            _st.phase_key = _next_op_locked()
+            usdt.phase_next(old, phase, _st.step, old_key, _st.phase_key)
+            _set_thread_key(_st.phase_key, _st.step, announced=True)
+            return
         _phase_end_locked(None)
     if _st.step < 0:
         _begin_step_locked()
@@ -309,10 +357,7 @@ def _optimizer_post_hook(optimizer, args, kwargs) -> None:
     _tls.opt_depth = max(depth, 0)
     if depth == 0:
         with _lock:
-            _phase_end_locked("optimizer")
-            _end_step_locked()
-            _begin_step_locked()
-            _phase_begin_locked("data")
+            _step_boundary_locked("data")
 
 
 def _at_exit() -> None:
@@ -586,6 +631,8 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
             )
         _st.job = workload.clean_job(job) if job else ""
         _st.reg_site = usdt.probe_site("register")
+        _st.next_sites = (usdt.probe_site("phase_next"), usdt.probe_site("step_next"))
+        _merge_check_locked()
         _torch = torch
         undo = _st.undo
         undo.append(nn_module.register_module_forward_pre_hook(_forward_pre_hook).remove)

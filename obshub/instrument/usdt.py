@@ -41,10 +41,12 @@ __all__ = [
     "phase_begin",
     "probe_site",
     "phase_end",
+    "phase_next",
     "register",
     "site_traced",
     "step_begin",
     "step_end",
+    "step_next",
     "tracekey",
 ]
 
@@ -56,6 +58,8 @@ phase_begin = _usdt.phase_begin
 phase_end = _usdt.phase_end
 coll_begin = _usdt.coll_begin
 coll_end = _usdt.coll_end
+phase_next = _usdt.phase_next
+step_next = _usdt.step_next
 
 
 def library_path() -> str:

@@ -228,3 +228,78 @@ def test_register_fires_again_when_a_tracer_attaches(probes, monkeypatch):
     site.raw = b"\xcc"  # ...and a new one attached
     assert steps(1) == 3
     assert set(_events(probes, "register")) == {("register", "j", 0, 1, 2, 0)}  # the same arguments
+
+
+def _expand(calls: list[tuple]) -> list[tuple]:
+    """The merged probes written as the separate probes they stand for."""
+    out: list[tuple] = []
+    for c in calls:
+        if c[0] == "phase_next":
+            _n, old, new, step, old_key, new_key = c
+            out += [("phase_end", old, step, old_key), ("phase_begin", new, step, new_key)]
+        elif c[0] == "step_next":
+            _n, step, key, next_key, old, old_key, new, new_key = c
+            out += [
+                ("phase_end", old, step, old_key),
+                ("step_end", step, key),
+                ("step_begin", step + 1, next_key),
+                ("phase_begin", new, step + 1, new_key),
+            ]
+        else:
+            out.append(c)
+    return out
+
+
+def test_merged_probes_fire_only_while_traced_and_stand_for_the_separate_ones(probes, monkeypatch):
+    """With a tracer on phase_next and step_next (seen from the next step boundary on), a phase change
+    fires phase_next and the optimizer's step boundary step_next, carrying exactly what the separate
+    probes carry; untraced again, the separate probes come back."""
+    import ctypes
+
+    from obshub.instrument import hooks as instrument
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert None not in instrument._st.next_sites  # the real extension has both sites
+    sites = [ctypes.create_string_buffer(b"\x90") for _ in range(2)]  # NOPs; breakpoints when traced
+    instrument._st.next_sites = tuple(ctypes.addressof(s) for s in sites)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def steps(n: int) -> list[tuple]:
+        start = len(probes)
+        for _ in range(n):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        return [c for c in probes[start:] if c[0] not in ("register", "tracekey")]
+
+    plain = steps(3)
+    assert not _events(plain, "phase_next", "step_next")
+    for s in sites:
+        s.raw = b"\xcc"  # an agent attached to both
+    first = steps(1)  # the sites are read at a step boundary: this step is still all separate
+    merged = steps(3)
+    assert not _events(first, "step_next", "phase_next")
+    # per step: data->forward and forward->backward merged, the boundary merged; backward's end and the
+    # optimizer's begin stay separate (nothing begins or ends with them)
+    names = [c[0] for c in merged]
+    assert names == ["phase_next", "phase_next", "phase_end", "phase_begin", "step_next"] * 3
+    for s in sites:
+        s.raw = b"\x90"  # detached: the separate probes again from the next step boundary on
+    steps(1)
+    again = steps(2)
+    assert not _events(again, "phase_next", "step_next")
+
+    # keys: expanding the merged steps gives the separate probes' shape, step for step
+    def shape(calls: list[tuple]) -> list[tuple]:
+        return [(c[0], c[1] if c[0].startswith("phase") else None) for c in calls]
+
+    assert len(again) == 20 and shape(_expand(merged)[-20:]) == shape(again)
+    exp = _expand(merged)
+    for c in exp:  # every key is the step's, with op_seq counting from 1 within the step
+        if c[0] in ("step_begin", "step_end"):
+            assert c[2] == schema.make_trace_key(2, c[1], 0)
+        else:
+            assert schema.parse_trace_key(c[3]).step16 == c[2] & 0xFFFF
+    ends = {(c[1], c[3]) for c in exp if c[0] == "phase_end"}
+    assert ends <= {(c[1], c[3]) for c in _expand(first + merged) if c[0] == "phase_begin"}

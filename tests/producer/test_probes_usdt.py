@@ -169,6 +169,107 @@ def test_real_producer_usdt_library(tmp_path):
     assert cb.value == ce.value == 1024 and ce.duration_ns == ce.ts_ns - cb.ts_ns
 
 
+def test_merged_probes_of_the_real_library(tmp_path):
+    """phase_next and step_next of the real instrumentation library give what the separate probes give:
+    the ended phase's PHASE with its wall time, STEP_END with the step's, the step's scheduler sums,
+    STEP_BEGIN of the next step, and the next phase's PHASE at its end; one timestamp per merged hit."""
+    need_bpf()
+    try:
+        from obshub.instrument import usdt
+    except Exception as exc:  # the extension is built by another part of the project
+        pytest.skip(f"obshub.instrument._usdt not built: {exc}")
+    from tests.support.probes_util import Child
+
+    code = (
+        "import sys, time\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
+        "u.register('merged', 0, 1, 4, 0)\nu.step_begin(5, 50)\nu.phase_begin('forward', 5, 51)\n"
+        "time.sleep(0.01)\nu.phase_next('forward', 'backward', 5, 51, 52)\ntime.sleep(0.01)\n"
+        "u.phase_end('backward', 5, 52)\nu.phase_begin('optimizer', 5, 53)\n"
+        "u.step_next(5, 50, 60, 'optimizer', 53, 'data', 61)\ntime.sleep(0.01)\n"
+        "u.phase_next('data', 'forward', 6, 61, 62)\nu.phase_end('forward', 6, 62)\nu.step_end(6, 60)\n"
+        "print('done', flush=True)\n"
+    )
+    child = Child(code)
+    try:
+        with event_source(
+            tmp_path, Target(registered=True), probes=("pytorch", "sched"), usdt_library=usdt.library_path()
+        ) as (src, table):
+            assert all(s.attached for s in table), table
+            child.go()
+            child.wait()
+            events = [e for e in drain(src, 0.5) if e.pid == child.pid]
+    finally:
+        child.kill()
+    got = [
+        (Kind(e.kind).name, e.step, e.trace_key, (e.payload or {}).get("phase"))
+        for e in events
+        if e.kind in (Kind.REGISTER, Kind.STEP_BEGIN, Kind.STEP_END, Kind.PHASE)
+    ]
+    assert got == [
+        ("REGISTER", -1, 0, None),
+        ("STEP_BEGIN", 5, 50, None),
+        ("PHASE", 5, 51, "forward"),
+        ("PHASE", 5, 52, "backward"),
+        ("PHASE", 5, 53, "optimizer"),
+        ("STEP_END", 5, 50, None),
+        ("STEP_BEGIN", 6, 60, None),
+        ("PHASE", 6, 61, "data"),
+        ("PHASE", 6, 62, "forward"),
+        ("STEP_END", 6, 60, None),
+    ], got
+    by = {(e.kind, e.step, (e.payload or {}).get("phase")): e for e in events}
+    fwd, bwd = by[(Kind.PHASE, 5, "forward")], by[(Kind.PHASE, 5, "backward")]
+    opt, end5, begin6 = by[(Kind.PHASE, 5, "optimizer")], by[(Kind.STEP_END, 5, None)], by[(Kind.STEP_BEGIN, 6, None)]
+    data = by[(Kind.PHASE, 6, "data")]
+    assert fwd.duration_ns >= 10_000_000 and bwd.duration_ns >= 10_000_000
+    assert bwd.ts_ns - bwd.duration_ns == fwd.ts_ns  # backward began at forward's end, one instant
+    assert opt.ts_ns == end5.ts_ns == begin6.ts_ns  # one step_next: one timestamp
+    assert end5.duration_ns == end5.ts_ns - by[(Kind.STEP_BEGIN, 5, None)].ts_ns
+    assert data.ts_ns - data.duration_ns == begin6.ts_ns and data.duration_ns >= 10_000_000
+    sums = [e for e in events if e.kind == Kind.SCHED_STEP_SUM]
+    assert [e.step for e in sums] == [5, 6]  # the step's scheduler sums ship at each step end (the sleeps)
+
+
+def test_step_next_without_the_phase_probe_gives_only_the_steps(tmp_path):
+    """With pytorch_step attached and pytorch_phase not, step_next's program is built without its phase
+    parts: the step boundary's STEP_END and STEP_BEGIN, no PHASE."""
+    need_bpf()
+    try:
+        from obshub.instrument import usdt
+    except Exception as exc:  # the extension is built by another part of the project
+        pytest.skip(f"obshub.instrument._usdt not built: {exc}")
+    from tests.support.probes_util import Child
+
+    code = (
+        "import sys\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
+        "u.register('steps', 0, 1, 4, 0)\nu.step_begin(5, 50)\nu.phase_begin('optimizer', 5, 53)\n"
+        "u.step_next(5, 50, 60, 'optimizer', 53, 'data', 61)\nu.phase_next('data', 'forward', 6, 61, 62)\n"
+        "u.step_end(6, 60)\nprint('done', flush=True)\n"
+    )
+    child = Child(code)
+    try:
+        with event_source(
+            tmp_path,
+            Target(registered=True),
+            probes=("pytorch_register", "pytorch_step"),
+            usdt_library=usdt.library_path(),
+        ) as (src, table):
+            assert all(s.attached for s in table), table
+            child.go()
+            child.wait()
+            events = [e for e in drain(src, 0.5) if e.pid == child.pid]
+    finally:
+        child.kill()
+    got = [(Kind(e.kind).name, e.step, e.trace_key) for e in events]
+    assert got == [
+        ("REGISTER", -1, 0),
+        ("STEP_BEGIN", 5, 50),
+        ("STEP_END", 5, 50),
+        ("STEP_BEGIN", 6, 60),
+        ("STEP_END", 6, 60),
+    ], got
+
+
 def _unpacked(items) -> list:
     """Events of a poll_packed() result: PackedRun s unpacked (each event's bytes re-packed must be
     identical: the C encoder writes what msgpack writes), Events as they are."""
