@@ -243,8 +243,10 @@ static __always_inline void obs_emit_cuda_acc(u32 tgid, u32 tid, s64 step, u64 k
 }
 
 /* The step `step` of process tgid ends at `now` on thread tid: STEP_END with the step's wall time (paired
- * with step_open), the process's per-step aggregates, then the reset of its sums. */
-static __always_inline void obs_step_end_at(u32 tgid, u32 tid, u64 now, s64 step, u64 key)
+ * with step_open), the process's per-step aggregates, then the reset of its sums. `next`: the next step
+ * begins at once (step_next), whose obs_step_begin_at zeroes the scheduler sums in place: their entry is
+ * kept instead of deleted and made again. */
+static __always_inline void obs_step_end_at(u32 tgid, u32 tid, u64 now, s64 step, u64 key, int next)
 {
     u64 dur = 0;
     struct obs_open_step *os = step_open.lookup(&tgid);
@@ -282,7 +284,7 @@ static __always_inline void obs_step_end_at(u32 tgid, u32 tid, u64 now, s64 step
             obs_submit(s);
         }
     }
-    if (acc)
+    if (acc && !next)
         sched_acc.delete(&tgid);
     obs_emit_mem_acc(tgid, tid, step, key, now);
     obs_emit_cuda_acc(tgid, tid, step, key, now);
@@ -300,7 +302,7 @@ int obs_usdt_step_end(struct pt_regs *ctx)
     u64 key = 0, now = bpf_ktime_get_ns();
     bpf_usdt_readarg(1, ctx, &step);
     bpf_usdt_readarg(2, ctx, &key);
-    obs_step_end_at(tgid, tid, now, step, key);
+    obs_step_end_at(tgid, tid, now, step, key, 0);
     return 0;
 }
 
@@ -434,7 +436,7 @@ int obs_usdt_step_next(struct pt_regs *ctx)
     bpf_probe_read_user_str(name, sizeof(name), (void *)old_phase);
     obs_phase_end_at(tgid, tid, now, name, step, old_key, 0);
 #endif
-    obs_step_end_at(tgid, tid, now, step, key);
+    obs_step_end_at(tgid, tid, now, step, key, 1);
     obs_step_begin_at(tgid, tid, now, step + 1, next_key);
 #ifdef OBS_ATTACHED_PYTORCH_PHASE
     __builtin_memset(name, 0, sizeof(name));

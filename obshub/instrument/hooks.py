@@ -44,6 +44,13 @@ current key reaches the agent's BPF map ``tid -> (trace_key, step)``, so the map
 key (its own key with ``op_seq`` 0), and any other change fires ``tracekey(key, step)``. Each probe site
 costs a uprobe trap (a few µs) while an agent is attached, so none fires twice for one change.
 
+Merged probes: where probes fall at one instant, ``phase_next`` stands for a phase's end and the next
+phase's begin (data -> forward, forward -> backward) and ``step_next`` for the step boundary (the open
+phase's end, ``step_end(N)``, ``step_begin(N+1)``, ``phase_begin("data")``), with the same arguments. They
+are fired only while a tracer is attached to them: at every step boundary the hooks read both probe
+sites (``usdt.site_traced``) and until the next boundary use a merged probe where it is traced, the
+separate probes otherwise, so a tracer that knows only the separate probes sees them all.
+
 Host id: ``OBSHUB_HOST_ID`` (0..65535) if set, else the rank (known at registration; ``$RANK`` or 0 before
 it). Job: the ``job`` given to ``enable()``, else what the workload's environment names when the process
 registers (:func:`obshub.core.workload.resolve_job`: ``OBSHUB_JOB``, the Slurm job, the torchrun run, a pod
