@@ -123,8 +123,10 @@ def test_undersized_ring_buffer_counts_every_lost_event(tmp_path):
     assert [e.step for e in events if e.kind == Kind.STEP_BEGIN][:5] == [0, 1, 2, 3, 4]
 
 
-def test_real_producer_usdt_library(tmp_path):
-    """The handlers decode the real instrumentation library's probes (argument types and order)."""
+def _real_library_events(tmp_path, calls: str, probes: tuple[str, ...]) -> list:
+    """The events of a child that runs ``calls`` (Python lines over ``u``, the real instrumentation
+    library's probe functions) while the agent's handlers are attached with ``probes`` (registered
+    processes watched); skips when the library is not built."""
     need_bpf()
     try:
         from obshub.instrument import usdt
@@ -132,25 +134,34 @@ def test_real_producer_usdt_library(tmp_path):
         pytest.skip(f"obshub.instrument._usdt not built: {exc}")
     from tests.support.probes_util import Child
 
-    code = (
-        "import sys\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
-        "u.register('real', 1, 2, 9, 0)\nu.tracekey(77, 5)\nu.step_begin(5, 77)\n"
-        "u.phase_begin('backward', 5, 78)\nu.phase_end('backward', 5, 78)\n"
-        "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"
-        "u.step_end(5, 77)\nprint('done', flush=True)\n"
+    child = Child(
+        "import sys, time\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
+        + calls
+        + "print('done', flush=True)\n"
     )
-    child = Child(code)
     try:
-        with event_source(tmp_path, Target(registered=True), probes=("pytorch",), usdt_library=usdt.library_path()) as (
+        with event_source(tmp_path, Target(registered=True), probes=probes, usdt_library=usdt.library_path()) as (
             src,
             table,
         ):
             assert all(s.attached for s in table), table
             child.go()
             child.wait()
-            events = [e for e in drain(src, 0.5) if e.pid == child.pid]
+            return [e for e in drain(src, 0.5) if e.pid == child.pid]
     finally:
         child.kill()
+
+
+def test_real_producer_usdt_library(tmp_path):
+    """The handlers decode the real instrumentation library's probes (argument types and order)."""
+    events = _real_library_events(
+        tmp_path,
+        "u.register('real', 1, 2, 9, 0)\nu.tracekey(77, 5)\nu.step_begin(5, 77)\n"
+        "u.phase_begin('backward', 5, 78)\nu.phase_end('backward', 5, 78)\n"
+        "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"
+        "u.step_end(5, 77)\n",
+        ("pytorch",),
+    )
     kinds = [e.kind for e in events]
     assert kinds == [
         Kind.REGISTER,
@@ -173,33 +184,15 @@ def test_merged_probes_of_the_real_library(tmp_path):
     """phase_next and step_next of the real instrumentation library give what the separate probes give:
     the ended phase's PHASE with its wall time, STEP_END with the step's, the step's scheduler sums,
     STEP_BEGIN of the next step, and the next phase's PHASE at its end; one timestamp per merged hit."""
-    need_bpf()
-    try:
-        from obshub.instrument import usdt
-    except Exception as exc:  # the extension is built by another part of the project
-        pytest.skip(f"obshub.instrument._usdt not built: {exc}")
-    from tests.support.probes_util import Child
-
-    code = (
-        "import sys, time\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
+    events = _real_library_events(
+        tmp_path,
         "u.register('merged', 0, 1, 4, 0)\nu.step_begin(5, 50)\nu.phase_begin('forward', 5, 51)\n"
         "time.sleep(0.01)\nu.phase_next('forward', 'backward', 5, 51, 52)\ntime.sleep(0.01)\n"
         "u.phase_end('backward', 5, 52)\nu.phase_begin('optimizer', 5, 53)\n"
         "u.step_next(5, 50, 60, 'optimizer', 53, 'data', 61)\ntime.sleep(0.01)\n"
-        "u.phase_next('data', 'forward', 6, 61, 62)\nu.phase_end('forward', 6, 62)\nu.step_end(6, 60)\n"
-        "print('done', flush=True)\n"
+        "u.phase_next('data', 'forward', 6, 61, 62)\nu.phase_end('forward', 6, 62)\nu.step_end(6, 60)\n",
+        ("pytorch", "sched"),
     )
-    child = Child(code)
-    try:
-        with event_source(
-            tmp_path, Target(registered=True), probes=("pytorch", "sched"), usdt_library=usdt.library_path()
-        ) as (src, table):
-            assert all(s.attached for s in table), table
-            child.go()
-            child.wait()
-            events = [e for e in drain(src, 0.5) if e.pid == child.pid]
-    finally:
-        child.kill()
     got = [
         (Kind(e.kind).name, e.step, e.trace_key, (e.payload or {}).get("phase"))
         for e in events
@@ -233,33 +226,13 @@ def test_merged_probes_of_the_real_library(tmp_path):
 def test_step_next_without_the_phase_probe_gives_only_the_steps(tmp_path):
     """With pytorch_step attached and pytorch_phase not, step_next's program is built without its phase
     parts: the step boundary's STEP_END and STEP_BEGIN, no PHASE."""
-    need_bpf()
-    try:
-        from obshub.instrument import usdt
-    except Exception as exc:  # the extension is built by another part of the project
-        pytest.skip(f"obshub.instrument._usdt not built: {exc}")
-    from tests.support.probes_util import Child
-
-    code = (
-        "import sys\nfrom obshub.instrument import usdt as u\nsys.stdin.readline()\n"
+    events = _real_library_events(
+        tmp_path,
         "u.register('steps', 0, 1, 4, 0)\nu.step_begin(5, 50)\nu.phase_begin('optimizer', 5, 53)\n"
         "u.step_next(5, 50, 60, 'optimizer', 53, 'data', 61)\nu.phase_next('data', 'forward', 6, 61, 62)\n"
-        "u.step_end(6, 60)\nprint('done', flush=True)\n"
+        "u.step_end(6, 60)\n",
+        ("pytorch_register", "pytorch_step"),
     )
-    child = Child(code)
-    try:
-        with event_source(
-            tmp_path,
-            Target(registered=True),
-            probes=("pytorch_register", "pytorch_step"),
-            usdt_library=usdt.library_path(),
-        ) as (src, table):
-            assert all(s.attached for s in table), table
-            child.go()
-            child.wait()
-            events = [e for e in drain(src, 0.5) if e.pid == child.pid]
-    finally:
-        child.kill()
     got = [(Kind(e.kind).name, e.step, e.trace_key) for e in events]
     assert got == [
         ("REGISTER", -1, 0),
