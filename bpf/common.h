@@ -49,11 +49,6 @@ struct obs_event {
 };
 
 /* The thread's current TraceKey and step, set by the `tracekey` USDT probe (bpf/pytorch.c). */
-struct obs_tk {
-    u64 trace_key;
-    s64 step;
-};
-
 /* Per-step aggregates, one per process (a training rank), kept in the kernel and shipped as one record
  * per process and step by the step_end USDT handler (bpf/pytorch.c), which then resets them. Histograms
  * are log2 buckets of microseconds (bucket i: [2^i, 2^(i+1)) µs, bucket 0 also below 1 µs, bucket 15
@@ -98,7 +93,6 @@ struct obs_cuda_acc {
 };
 
 BPF_RINGBUF_OUTPUT(events, OBS_RINGBUF_PAGES);
-BPF_HASH(tid_key, u32, struct obs_tk, OBS_MAX_TIDS);        /* tid -> TraceKey, step */
 BPF_HASH(watched, u32, u8, 4096);                            /* tgid -> 1: processes to watch */
 BPF_HASH(wcgroups, u64, u8, 1024);                           /* cgroup v2 id -> 1: cgroups to watch */
 BPF_HASH(wtids, u32, u32, OBS_MAX_TIDS);                     /* tid -> tgid of watched threads */
@@ -106,47 +100,59 @@ BPF_HASH(wtids, u32, u32, OBS_MAX_TIDS);                     /* tid -> tgid of w
  * and the others only when it grew) */
 BPF_ARRAY(lost, u64, OBS_NPROBES + 1);
 BPF_ARRAY(thresholds, u64, OBS_NTHRESHOLDS);                 /* OBS_THR_* -> value (ns, order...) */
-/* Pre-filters for the programs that run on every context switch or wakeup of the machine: bit n of
- * wtid_bits is set while thread n is in wtids, bit n of wtgid_bits while process n is in watched. An array
- * look-up is inlined by the verifier (no hashing, no helper call), so a task that is not watched costs
- * one load and a test. The hash maps stay the truth: a set bit only lets the program ask them (a bit may
- * stay set after its thread is gone); a missing bit is set again the next time the thread passes
- * obs_current_watched (every switch-out of a watched thread does). Pids at or above OBS_PID_LIMIT (the
- * loader passes kernel.pid_max) are not in the bitmaps: the programs ask the hash maps for those. */
+/* Pre-filters for the programs that run on every context switch or wakeup of the machine: in word n / 64
+ * of wbits, bit n % 64 of `tid` is set while thread n is in wtids, the same bit of `tgid` while process n
+ * is in watched. An array look-up is inlined by the verifier (no hashing, no helper call), so a task that
+ * is not watched costs one load and a test. The two words of one range of 64 pid numbers share a 16-byte
+ * element: a thread whose tid is near its process's (most of a process's threads are) finds both bits in
+ * one cache line (the USDT handlers' and the switch-out's test of a watched thread, which otherwise
+ * touched a page of each bitmap after the training had evicted them). The hash maps stay the truth: a set
+ * bit only lets the program ask them (a bit may stay set after its thread is gone); a missing bit is set
+ * again the next time the thread passes obs_current_watched (every switch-out of a watched thread does).
+ * Pids at or above OBS_PID_LIMIT (the loader passes kernel.pid_max) are not in the bitmaps: the programs
+ * ask the hash maps for those. */
 #ifndef OBS_PID_LIMIT
 #define OBS_PID_LIMIT 4194304
 #endif
 #define OBS_PID_WORDS ((OBS_PID_LIMIT + 63) / 64)
-BPF_ARRAY(wtid_bits, u64, OBS_PID_WORDS);
-BPF_ARRAY(wtgid_bits, u64, OBS_PID_WORDS);
+struct obs_wbits {
+    u64 tgid; /* bit n % 64: process n is watched */
+    u64 tid;  /* bit n % 64: thread n is watched */
+};
+BPF_ARRAY(wbits, struct obs_wbits, OBS_PID_WORDS);
 BPF_HASH(sched_acc, u32, struct obs_sched_acc, 4096);        /* tgid -> sums in the current step */
 BPF_HASH(mem_acc, u32, struct obs_mem_acc, 4096);            /* tgid -> memory aggregate of the step */
 BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA launch aggregate of the step */
 
-#ifdef OBS_LAYER_SCHED
-/* Per watched thread (bpf/sched.c): when it left the CPU (0: on a CPU), its state then, and when it
- * became runnable (0: not waiting in a run queue); its process (the tgid wtids holds); whether it is a
- * training thread (has a TraceKey: set when the entry is made and the thread has a tid_key entry, or by
- * obs_set_key in bpf/pytorch.c when it gives the thread its first key; tid_key entries live until the
- * thread exits), and its wakeups since it last came on a CPU (summed into sched_acc when it does). One
- * entry per thread for its whole life (deleted by obs_sched_exit together with its wtids and tid_key
- * entries), updated in place: a switch costs one look-up per side instead of inserts and deletes;
- * entries exist only for watched threads.
+/* Per watched thread, one entry for its whole life: its TraceKey and step (`trained`: it has one, set by
+ * obs_set_key in bpf/pytorch.c; every record of the thread carries them, obs_reserve), and the scheduler
+ * layer's state (bpf/sched.c): when it left the CPU (0: on a CPU), its state then, when it became
+ * runnable (0: not waiting in a run queue), its process (the tgid wtids holds), its wakeups since it last
+ * came on a CPU (summed into sched_acc when it does). Made by the first key or the first scheduler event
+ * of the thread, updated in place (a switch or a key change is a look-up, not an insert and a delete),
+ * deleted by obs_sched_exit when the thread exits (without the scheduler layer the entry stays until
+ * the agent stops); entries exist only for watched threads.
  *
  * Where the entry lives: in slot tid % OBS_TSLOTS of the array tslots when that slot was free when the
  * entry was made (`tid` names the slot's owner, 0 = free), else in the hash tstate. An array look-up is
  * inlined by the verifier (an address computation, one cache line), a hash look-up hashes the key and
- * walks a bucket (a helper call and at least two cache lines); the threads of a process have nearby tids,
- * so they rarely share a slot, and the hash takes the rest. A deleted slot is zeroed before it is freed. */
+ * walks a bucket (a helper call and at least two cache lines, on two pages); the threads of a process
+ * have nearby tids, so they rarely share a slot, and the hash takes the rest. The key shares the entry's
+ * 64-byte line with the scheduler state: a probe that sets the key and reserves a record, or a switch
+ * that reads the state and sends a record, touches one line of the thread's, which matters because most
+ * probes fire after milliseconds of the training's own work have evicted the maps from the caches and
+ * the TLB. A deleted slot is zeroed before it is freed. */
 struct obs_tstate {
     u64 off_ns;
     s64 state;
     u64 wake_ns;
     u64 tid;      /* tslots: the owner (0 = free; 64 bits: bcc's compare-and-swap has no 32-bit form) */
     u32 tgid;
-    u32 trained;
+    u32 trained;  /* the thread has a TraceKey (trace_key, step below) */
     u32 wakes;
     u32 pad;
+    u64 trace_key;  /* TraceKey of the thread now (valid when trained) */
+    s64 step;       /* its full step number */
 };
 
 #ifndef OBS_TSLOTS
@@ -179,6 +185,8 @@ static __always_inline void obs_tstate_new(u32 tid, struct obs_tstate *v)
         ts->wake_ns = v->wake_ns;
         ts->tgid = v->tgid;
         ts->wakes = v->wakes;
+        ts->trace_key = v->trace_key;
+        ts->step = v->step;
         ts->trained = v->trained;
         return;
     }
@@ -197,12 +205,13 @@ static __always_inline void obs_tstate_del(u32 tid)
         ts->tgid = 0;
         ts->trained = 0;
         ts->wakes = 0;
+        ts->trace_key = 0;
+        ts->step = 0;
         __sync_val_compare_and_swap(&ts->tid, (u64)tid, (u64)0);
         return;
     }
     tstate.delete(&tid);
 }
-#endif
 
 /* log2 bucket of a duration in µs, 0..OBS_HIST_BUCKETS-1 (branches, no loop: verifier-friendly). */
 static __always_inline u32 obs_log2_us(u64 ns)
@@ -263,13 +272,15 @@ static __always_inline void obs_bit_clear(u64 *w, u32 n)
 static __always_inline u64 *obs_tid_word(u32 tid)
 {
     u32 w = tid >> 6;
-    return tid < OBS_PID_LIMIT ? wtid_bits.lookup(&w) : NULL;
+    struct obs_wbits *b = tid < OBS_PID_LIMIT ? wbits.lookup(&w) : NULL;
+    return b ? &b->tid : NULL;
 }
 
 static __always_inline u64 *obs_tgid_word(u32 tgid)
 {
     u32 w = tgid >> 6;
-    return tgid < OBS_PID_LIMIT ? wtgid_bits.lookup(&w) : NULL;
+    struct obs_wbits *b = tgid < OBS_PID_LIMIT ? wbits.lookup(&w) : NULL;
+    return b ? &b->tgid : NULL;
 }
 
 /* May thread `tid` be watched (its bit set, or beyond the bitmap)? */
@@ -337,7 +348,7 @@ static __always_inline int obs_current_watched_fast(void)
 }
 
 /* Reserve an event for `probe`, fill the common fields from thread `tid` of process `tgid` (its
- * TraceKey and step from tid_key). Returns NULL and counts the loss when the ring buffer is full. */
+ * TraceKey and step from its state entry). Returns NULL and counts the loss when the ring buffer is full. */
 static __always_inline struct obs_event *obs_reserve(u32 probe, u16 kind, u32 tgid, u32 tid)
 {
     struct obs_event *e = events.ringbuf_reserve(sizeof(struct obs_event));
@@ -352,10 +363,10 @@ static __always_inline struct obs_event *obs_reserve(u32 probe, u16 kind, u32 tg
     e->pid = tgid;
     e->tid = tid;
     e->step = -1;
-    struct obs_tk *tk = tid ? tid_key.lookup(&tid) : NULL;
-    if (tk) {
-        e->trace_key = tk->trace_key;
-        e->step = tk->step;
+    struct obs_tstate *ts = tid ? obs_tstate_get(tid) : NULL;
+    if (ts && ts->trained) {
+        e->trace_key = ts->trace_key;
+        e->step = ts->step;
     }
     return e;
 }
@@ -370,19 +381,26 @@ static __always_inline struct obs_event *obs_reserve_current(u32 probe, u16 kind
 /* Submit without waking the reader, except every OBS_WAKEUP_EVERY-th event (a quarter of the ring, at
  * most 4 MiB of records: the rest of the ring is headroom for the time the woken reader waits for a CPU):
  * the reader polls on a timer anyway, and a wakeup per event would preempt the watched threads sharing
- * the reader's CPU (which would then show up in their own scheduler events). */
+ * the reader's CPU (which would then show up in their own scheduler events). Each CPU counts its own
+ * records (a per-CPU counter: no atomic add on a line every CPU writes, which would move between the
+ * CPUs' caches with the records) and wakes the reader every OBS_WAKEUP_EVERY / OBS_NCPUS of them, so the
+ * records between two wakeups still stay within a quarter of the ring however they spread. */
 #define OBS_WAKEUP_BYTES (OBS_RINGBUF_PAGES * 4096 / 4 < (4 << 20) ? OBS_RINGBUF_PAGES * 4096 / 4 : (4 << 20))
 #ifndef OBS_WAKEUP_EVERY
 #define OBS_WAKEUP_EVERY (OBS_WAKEUP_BYTES / (sizeof(struct obs_event) + 8) + 1)
 #endif
-BPF_ARRAY(submitted, u64, 1);
+#ifndef OBS_NCPUS
+#define OBS_NCPUS 1
+#endif
+#define OBS_WAKEUP_EVERY_CPU (OBS_WAKEUP_EVERY / OBS_NCPUS + 1)
+BPF_PERCPU_ARRAY(submitted, u64, 1);
 
 static __always_inline void obs_submit(struct obs_event *e)
 {
     u32 zero = 0;
     u64 flags = BPF_RB_NO_WAKEUP;
     u64 *n = submitted.lookup(&zero);
-    if (n && __sync_fetch_and_add(n, 1) % OBS_WAKEUP_EVERY == 0)
+    if (n && (*n)++ % OBS_WAKEUP_EVERY_CPU == 0)
         flags = BPF_RB_FORCE_WAKEUP;
     events.ringbuf_submit(e, flags);
 }
@@ -406,7 +424,7 @@ static __always_inline void obs_submit_wake(struct obs_event *e, u64 now)
     u32 zero = 0;
     u64 *n = submitted.lookup(&zero);
     if (n)
-        __sync_fetch_and_add(n, 1);
+        (*n)++;
     u64 *want = wake_req.lookup(&zero);
     if (want && *want && now >= *want) {
         *want = 0;

@@ -3,17 +3,17 @@
  *
  *   register(job, rank, world_size, host_id, local_rank)  -> REGISTER; with OBS_TARGET_REGISTERED the
  *                                                            process becomes watched, in the kernel
- *   tracekey(trace_key, step)                             -> tid_key[tid] = (trace_key, step)
+ *   tracekey(trace_key, step)                             -> the thread's key = (trace_key, step)
  *   step_begin/step_end(step, trace_key)                  -> STEP_BEGIN, STEP_END (+ the per-step
  *                                                            aggregates SCHED_STEP_SUM, MEM_STEP_SUM,
  *                                                            CUDA_STEP_SUM of the process);
- *                                                            step_begin also sets tid_key
+ *                                                            step_begin also sets the key
  *   phase_begin/phase_end(phase, step, trace_key)         -> PHASE (on end, with its duration);
- *                                                            phase_begin sets tid_key, phase_end sets
+ *                                                            phase_begin sets the key, phase_end sets
  *                                                            it back to the step's key (trace_key with
  *                                                            op_seq 0, the low 32 bits)
  *   coll_begin/coll_end(pg, coll_seq, op, bytes, step, trace_key) -> COLLECTIVE_BEGIN/_END; coll_begin
- *                                                            also sets tid_key
+ *                                                            also sets the key
  *   phase_next(old_phase, new_phase, step, old_key, new_key) -> phase_end of the open phase and
  *                                                            phase_begin of the next, at one instant
  *   step_next(step, key, next_key, old_phase, old_key, new_phase, new_key) -> phase_end, step_end,
@@ -66,35 +66,40 @@ struct obs_coll_pg {
     char pg[16];
 };
 
+struct obs_coll_slot {
+    u64 seq;
+    u64 ts;
+};
+
+/* a slot's collective number and begin time side by side: a begin or an end touches one cache line of
+ * the entry, not two */
 struct obs_coll_open {
-    u64 seq[OBS_COLL_SLOTS];
-    u64 ts[OBS_COLL_SLOTS];
+    struct obs_coll_slot slot[OBS_COLL_SLOTS];
 };
 
 BPF_TABLE("lru_hash", struct obs_coll_pg, struct obs_coll_open, coll_open, 4096);
 BPF_TABLE("lru_hash", struct obs_coll_key, u64, coll_begin_ts, 65536);
 
 /* step_begin and phase_begin carry the key the calling thread works under from now on: set it here too,
- * so the map is right from the probe on, whatever order the instrumentation fires `tracekey` in.
- * A thread's entry lives until it exits (obs_sched_exit deletes it), so after its first key the entry is
- * written in place: a look-up instead of an update, which would allocate a new element and free the old
- * one (the first key also marks the thread's scheduler state as a training thread's, bpf/sched.c). Only the thread itself writes its entry; a reader on another CPU can see the key of one change
- * with the step of the next for the instant between the two stores. */
+ * so the thread's entry is right from the probe on, whatever order the instrumentation fires `tracekey`
+ * in. The key lives in the thread's state entry (bpf/common.h, struct obs_tstate), which lives until the
+ * thread exits, so after its first key it is written in place (the first key makes the entry, or marks
+ * the one the scheduler layer made as a training thread's). Only the thread itself writes its key; a
+ * reader on another CPU can see the key of one change with the step of the next for the instant between
+ * the two stores. */
 static __always_inline void obs_set_key(u32 tid, u64 key, s64 step)
 {
-    struct obs_tk *cur = tid_key.lookup(&tid);
+    struct obs_tstate *cur = obs_tstate_get(tid);
     if (cur) {
         cur->trace_key = key;
         cur->step = step;
+        if (!cur->trained)
+            cur->trained = 1;
         return;
     }
-    struct obs_tk tk = {.trace_key = key, .step = step};
-    tid_key.update(&tid, &tk);
-#ifdef OBS_LAYER_SCHED
-    struct obs_tstate *ts = obs_tstate_get(tid); /* the thread is a training thread from now on */
-    if (ts)
-        ts->trained = 1;
-#endif
+    struct obs_tstate v = {
+        .trace_key = key, .step = step, .trained = 1, .tgid = bpf_get_current_pid_tgid() >> 32};
+    obs_tstate_new(tid, &v);
 }
 
 /* Is the calling thread watched? The bitmap pre-filter of bpf/common.h first: with the scheduler layer
@@ -467,16 +472,16 @@ static __always_inline int obs_coll(int end, u64 pg, u64 seq, u64 op, u64 bytes,
             coll_open.update(&gk, &zero);
             co = coll_open.lookup(&gk);
         }
-        if (co && co->ts[i] == 0) {
-            co->seq[i] = seq;
-            co->ts[i] = now;
+        if (co && co->slot[i].ts == 0) {
+            co->slot[i].seq = seq;
+            co->slot[i].ts = now;
         } else {
             coll_begin_ts.update(&ck, &now);
         }
         obs_set_key(tid, key, step);
-    } else if (co && co->ts[i] && co->seq[i] == seq) {
-        dur = now - co->ts[i];
-        co->ts[i] = 0;
+    } else if (co && co->slot[i].ts && co->slot[i].seq == seq) {
+        dur = now - co->slot[i].ts;
+        co->slot[i].ts = 0;
     } else {
         u64 *begin = coll_begin_ts.lookup(&ck);
         if (begin) {

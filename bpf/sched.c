@@ -74,8 +74,8 @@ static __always_inline void obs_mark_runnable(u32 tid)
     u32 *tgid = wtids.lookup(&tid);
     if (!tgid)
         return;
-    u32 trained = tid_key.lookup(&tid) != NULL;
-    struct obs_tstate v = {.wake_ns = bpf_ktime_get_ns(), .tgid = *tgid, .trained = trained, .wakes = trained};
+    /* a thread with a TraceKey has an entry already (its key is in it): this one is not a training thread */
+    struct obs_tstate v = {.wake_ns = bpf_ktime_get_ns(), .tgid = *tgid};
     obs_tstate_new(tid, &v);
 }
 
@@ -127,8 +127,7 @@ int obs_sched_switch(void *ctx)
             struct obs_tstate v = {.off_ns = now,
                                    .state = state,
                                    .wake_ns = state == 0 ? now : 0,
-                                   .tgid = tgid,
-                                   .trained = tid_key.lookup(&prev) != NULL};
+                                   .tgid = tgid};
             obs_tstate_new(prev, &v);
         }
     }
@@ -195,7 +194,6 @@ int obs_sched_exit(void *ctx)
         cuda_acc.delete(&tgid);
     }
     wtids.delete(&tid);
-    obs_tstate_del(tid);
-    tid_key.delete(&tid);
+    obs_tstate_del(tid); /* its state and its TraceKey */
     return 0;
 }

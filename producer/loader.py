@@ -147,6 +147,7 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
         f"-DOBS_PROBE_CUDA_BASE={cat.CUDA_PROBE_BASE}",
         f"-DOBS_CUDA_NSYMS={cat.CUDA_MAX_SYMBOLS}",
         f"-DOBS_PID_LIMIT={_pid_limit()}",
+        f"-DOBS_NCPUS={os.cpu_count() or 1}",
     ]
     flags += [f"-DOBS_LAYER_{layer}" for layer in sorted(layers)]
     flags += [f"-DOBS_ATTACHED_{p.name.upper()}" for p in pl.probes]
@@ -485,7 +486,7 @@ class BpfEventSource:
             wcgroups = self._bpf[b"wcgroups"]
             for cgid in cat.cgroup_v2_ids(self.target.cgroup):
                 wcgroups[ctypes.c_uint64(cgid)] = ctypes.c_uint8(1)
-        bits = _Bits(self._bpf[b"wtgid_bits"], self._bpf[b"wtid_bits"])
+        bits = _Bits(self._bpf[b"wbits"])
         for pid in pids - self._watched:
             watched[ctypes.c_uint32(pid)] = ctypes.c_uint8(1)
             bits.set_tgid(pid)
@@ -710,31 +711,33 @@ def _pid_limit() -> int:
 
 
 class _Bits:
-    """Sets and clears bits of the watched-task bitmaps (``wtgid_bits``, ``wtid_bits`` of bpf/common.h,
-    u64 words): read-modify-write of one word; a bit the kernel sets in the same word meanwhile can be
-    lost, and the kernel sets it again on the thread's next probe (the bitmaps are pre-filters only)."""
+    """Sets and clears bits of the watched-task bitmaps (``wbits`` of bpf/common.h: per 64 pid numbers a
+    word of process bits and a word of thread bits): read-modify-write of one element; a bit the kernel
+    sets in the same element meanwhile can be lost, and the kernel sets it again on the thread's next probe
+    (the bitmaps are pre-filters only)."""
 
-    def __init__(self, tgid_bits, tid_bits):
-        self.tgid_bits, self.tid_bits = tgid_bits, tid_bits
+    def __init__(self, table):
+        self.table = table
 
-    @staticmethod
-    def _update(table, n: int, on: bool) -> None:
+    def _update(self, field: str, n: int, on: bool) -> None:
         key = ctypes.c_int(n >> 6)
         try:
-            word = table[key].value
+            words = self.table[key]
         except (KeyError, IndexError):
             return  # beyond the bitmap (pid_max raised after the start): the hash maps answer
         bit = 1 << (n & 63)
-        table[key] = ctypes.c_uint64(word | bit if on else word & ~bit)
+        word = getattr(words, field)
+        setattr(words, field, word | bit if on else word & ~bit)
+        self.table[key] = words
 
     def set_tgid(self, pid: int) -> None:
-        self._update(self.tgid_bits, pid, True)
+        self._update("tgid", pid, True)
 
     def clear_tgid(self, pid: int) -> None:
-        self._update(self.tgid_bits, pid, False)
+        self._update("tgid", pid, False)
 
     def set_tid(self, tid: int) -> None:
-        self._update(self.tid_bits, tid, True)
+        self._update("tid", tid, True)
 
 
 _DRAIN_MAX = 65536  # records per drain: bounds the memory of one poll, not the rate (the agent polls again)

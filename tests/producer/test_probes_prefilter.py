@@ -1,4 +1,4 @@
-"""The bitmap pre-filters of the machine-wide tracepoints (bpf/common.h ``wtgid_bits``/``wtid_bits``):
+"""The bitmap pre-filters of the machine-wide tracepoints (bpf/common.h ``wbits``):
 a thread that a watched process starts after the agent did is seen by the scheduler programs from its
 first switch-out (its process's bit lets it through, obs_current_watched adds it), a process that is not
 watched leaves no event, and a thread that ends is forgotten (its bit and its wtids entry), also after its
@@ -33,8 +33,8 @@ print(tid[0], flush=True)
 """
 
 
-def _bit(src, table: bytes, n: int) -> int:
-    return src._bpf[table][ctypes.c_int(n >> 6)].value >> (n & 63) & 1
+def _bit(src, field: str, n: int) -> int:
+    return getattr(src._bpf[b"wbits"][ctypes.c_int(n >> 6)], field) >> (n & 63) & 1
 
 
 def test_new_thread_of_a_watched_process_passes_the_prefilter_and_others_do_not(tmp_path):
@@ -46,8 +46,8 @@ def test_new_thread_of_a_watched_process_passes_the_prefilter_and_others_do_not(
             tmp_path, Target(pids={child.pid}), probes=("sched",), thresholds={"offcpu_ns": 1_000_000}
         ) as (src, table):
             assert table[0].attached
-            assert _bit(src, b"wtgid_bits", child.pid) == 1  # the loader set the watched process's bit
-            assert _bit(src, b"wtgid_bits", other.pid) == 0
+            assert _bit(src, "tgid", child.pid) == 1  # the loader set the watched process's bit
+            assert _bit(src, "tgid", other.pid) == 0
             child.go()
             other.go()
             tid = int(child.wait().split()[0])
@@ -55,7 +55,7 @@ def test_new_thread_of_a_watched_process_passes_the_prefilter_and_others_do_not(
             events = drain(src, 0.3)
             # the thread ended before its process: its bit and its entry are gone, so a later thread with
             # its number (in any process) is not taken for a watched one
-            assert _bit(src, b"wtid_bits", tid) == 0
+            assert _bit(src, "tid", tid) == 0
             with pytest.raises(KeyError):
                 src._bpf[b"wtids"][ctypes.c_uint32(tid)]
     finally:
