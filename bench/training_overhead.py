@@ -167,7 +167,11 @@ def run_ranks(
     times = []
     for p, out, err in zip(procs, outs, errs):
         if p.returncode != 0:
-            raise RuntimeError(f"a rank of {' '.join(prefix + module)} exited with {p.returncode}:\n{err[-2000:]}")
+            done = len(STEP_LINE.findall("".join(out)))
+            raise RuntimeError(
+                f"a rank of {' '.join(prefix + module)} exited with {p.returncode} after {done} of {steps} steps:"
+                f"\n{err[-2000:]}"
+            )
         times += [(int(r), int(s), float(ms)) for s, r, ms in STEP_LINE.findall("".join(out)) if int(s) > warmup]
     if not times or "warm" not in marks or "last" not in marks:
         raise RuntimeError(f"no step lines after warm-up from {' '.join(prefix + module)}")

@@ -16,6 +16,7 @@ step, ms). A barrier at the end, then exit 0. Sizes default to ~20-50 ms per ste
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -98,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"step {step} rank {rank} time_ms {(time.perf_counter() - t0) * 1000:.1f}\n")
         sys.stdout.flush()
     dist.barrier()
+    # free DDP's reference to the process group while the interpreter is whole: left to the interpreter's
+    # exit, gloo's threads could be torn down in the wrong order and abort the process after its last step
+    del opt, model
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
