@@ -48,7 +48,6 @@ struct obs_event {
     char str1[OBS_STR1_LEN];
 };
 
-/* The thread's current TraceKey and step, set by the `tracekey` USDT probe (bpf/pytorch.c). */
 /* Per-step aggregates, one per process (a training rank), kept in the kernel and shipped as one record
  * per process and step by the step_end USDT handler (bpf/pytorch.c), which then resets them. Histograms
  * are log2 buckets of microseconds (bucket i: [2^i, 2^(i+1)) µs, bucket 0 also below 1 µs, bucket 15
