@@ -30,6 +30,15 @@
  * the trap's saved registers). */
 #define STAP_SDT_ARG_CONSTRAINT r
 #include <sys/sdt.h>
+/* A probe site is one 5-byte NOP (`nopl 0x0(%rax,%rax,1)`, GNU as's `.nops 5`) instead of sys/sdt.h's
+ * 1-byte `nop`. A uprobe on a 1-byte NOP stays an int3 breakpoint: every hit is a trap (an exception with
+ * its entry and exit). On a 5-byte NOP, Linux 6.18+ on x86-64 rewrites the site after its first hit into
+ * a call to a per-process trampoline that enters the kernel by the `uprobe` system call: the same BPF
+ * programs run, for about 140 ns less per hit here (docs/BENCHMARKS.md, section 1). Other kernels trap
+ * on it as on a 1-byte NOP; with no tracer attached it costs one NOP either way. The call writes its
+ * return address below the stack pointer, so this file is built with -mno-red-zone (setup.py). */
+#undef _SDT_NOP
+#define _SDT_NOP .nops 5
 
 /* Argument helpers: small, inlined, no allocation. Each returns 0 on success, -1 with an exception set. */
 static int

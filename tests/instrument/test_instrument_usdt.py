@@ -303,6 +303,38 @@ def test_extension_has_stapsdt_notes():
     assert sems and all(line.rstrip().endswith("0x0000000000000000") for line in sems)
 
 
+def _file_offset(lib: str, vaddr: int) -> int:
+    """File offset of virtual address ``vaddr`` of the shared object (its LOAD program headers)."""
+    out = subprocess.run(["readelf", "-lW", lib], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if f and f[0] == "LOAD":
+            off, va, filesz = int(f[1], 16), int(f[2], 16), int(f[4], 16)
+            if va <= vaddr < va + filesz:
+                return off + vaddr - va
+    raise AssertionError(f"{lib}: no LOAD segment holds {vaddr:#x}")
+
+
+def test_every_probe_site_is_a_five_byte_nop():
+    # a uprobe on a 5-byte NOP can be entered by a call instead of an int3 trap (Linux 6.18+, x86-64); a
+    # build whose sites fall back to sys/sdt.h's 1-byte NOP still works but pays a trap per hit
+    lib = usdt.library_path()
+    out = subprocess.run(["readelf", "-n", lib], capture_output=True, text=True, check=True).stdout
+    sites = {}
+    name = None
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("Name:"):
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("Location:"):
+            sites[name] = int(line.split(":", 1)[1].split(",")[0], 16)
+    assert set(sites) == set(PROBES)
+    data = Path(lib).read_bytes()
+    for probe, vaddr in sites.items():
+        off = _file_offset(lib, vaddr)
+        assert data[off : off + 5] == bytes.fromhex("0f1f440000"), (probe, data[off : off + 5].hex())
+
+
 def test_probe_functions_check_their_arguments():
     usdt.coll_begin("0", 1, "all_reduce", 4096, 3, schema.make_trace_key(1, 3, 2))
     with pytest.raises(TypeError):
