@@ -32,8 +32,9 @@ hooks and keeps the current TraceKey of every thread.
   (wrapped ``init_process_group``, or at ``enable()`` when it already is); a process that reaches its
   first step without it (single-process training) registers then as rank ``$RANK`` (0) of
   ``$WORLD_SIZE`` (1). It fires again, with the same arguments, at the first step boundary after a tracer
-  attached to it: a uprobe turns the probe site's NOP into a breakpoint, which the process sees in its own
-  memory (``usdt.site_traced``, x86-64), so a node agent that started, or followed this process's copy of
+  attached to it: a uprobe turns the probe site's NOP into a breakpoint (on Linux 6.18+, after its first
+  hit, into a call of the kernel's uprobe trampoline), which the process sees in its own memory
+  (``usdt.site_traced``, x86-64), so a node agent that started, or followed this process's copy of
   the extension, after the registration still learns the process and its job.
 
 TraceKeys follow ``obshub.core.schema.make_trace_key(host_id, step, op_seq)``: ``op_seq`` is 0 for the step

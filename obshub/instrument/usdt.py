@@ -68,7 +68,13 @@ def library_path() -> str:
     return str(Path(_usdt.__file__).resolve())
 
 
-_BREAKPOINT = {"x86_64": b"\xcc", "AMD64": b"\xcc"}.get(platform.machine())  # int3
+#: First bytes of a probe site while a uprobe is attached (x86-64): int3 (0xCC), the breakpoint every
+#: kernel places first; CALL rel32 (0xE8) or JMP rel32 (0xE9), into the uprobe trampoline, once Linux 6.18+
+#: has optimized a uprobe on a 5-byte NOP (obshub/instrument/_usdt.c) after its first hit. An untraced
+#: site starts with 0x0F (the 5-byte NOP) or 0x90 (a 1-byte NOP).
+_TRACED_FIRST_BYTES = (
+    frozenset(b"\xcc\xe8\xe9") if platform.machine() in ("x86_64", "AMD64") else frozenset()
+)
 
 
 def probe_site(name: str) -> int | None:
@@ -125,6 +131,7 @@ def probe_site(name: str) -> int | None:
 
 def site_traced(address: int) -> bool:
     """Is a tracer attached at probe site ``address`` (from :func:`probe_site`) now? A uprobe replaces the
-    site's NOP by a breakpoint instruction in every process that maps the file, so the process sees it in
-    its own memory. Always False on architectures other than x86-64."""
-    return _BREAKPOINT is not None and ctypes.string_at(address, 1) == _BREAKPOINT
+    site's NOP by a breakpoint instruction in every process that maps the file, and Linux 6.18+ (x86-64)
+    turns that breakpoint into a call of its uprobe trampoline after the first hit; the process sees either
+    in its own memory (one byte read). Always False on architectures other than x86-64."""
+    return ctypes.string_at(address, 1)[0] in _TRACED_FIRST_BYTES

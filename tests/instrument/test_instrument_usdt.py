@@ -335,6 +335,26 @@ def test_every_probe_site_is_a_five_byte_nop():
         assert data[off : off + 5] == bytes.fromhex("0f1f440000"), (probe, data[off : off + 5].hex())
 
 
+def test_a_traced_site_stays_traced_after_many_hits(reader):
+    # Linux 6.18+ rewrites a traced 5-byte NOP into a call of its uprobe trampoline after the first hit:
+    # the instrumentation must still see the tracer (it decides the merged probes and the registration
+    # replay by this), and the probe must still deliver every argument
+    site = usdt.probe_site("tracekey")
+    assert site is not None
+    assert usdt.site_traced(site)  # the reader attached a uprobe: at least the breakpoint is there
+    me = os.getpid()
+    for i in range(200):
+        usdt.tracekey(0x5EED0000 + i, i)
+    assert usdt.site_traced(site)
+    reader._drained.clear()
+    reader._drain.set()
+    assert reader._drained.wait(30)
+    with reader._lock:
+        mine = [r for r in reader.records if r["probe"] == "tracekey" and r["pid"] == me]
+    got = [(r["key"], r["step"]) for r in mine if r["key"] >= 0x5EED0000]
+    assert got == [(0x5EED0000 + i, i) for i in range(200)]
+
+
 def test_probe_functions_check_their_arguments():
     usdt.coll_begin("0", 1, "all_reduce", 4096, 3, schema.make_trace_key(1, 3, 2))
     with pytest.raises(TypeError):
