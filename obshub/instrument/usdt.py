@@ -72,9 +72,7 @@ def library_path() -> str:
 #: kernel places first; CALL rel32 (0xE8) or JMP rel32 (0xE9), into the uprobe trampoline, once Linux 6.18+
 #: has optimized a uprobe on a 5-byte NOP (obshub/instrument/_usdt.c) after its first hit. An untraced
 #: site starts with 0x0F (the 5-byte NOP) or 0x90 (a 1-byte NOP).
-_TRACED_FIRST_BYTES = (
-    frozenset(b"\xcc\xe8\xe9") if platform.machine() in ("x86_64", "AMD64") else frozenset()
-)
+_TRACED_FIRST_BYTES = frozenset(b"\xcc\xe8\xe9") if platform.machine() in ("x86_64", "AMD64") else frozenset()
 
 
 def probe_site(name: str) -> int | None:
