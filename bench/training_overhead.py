@@ -18,7 +18,9 @@ Per run, over the steady-state steps (after ``warmup``): the median wall step ti
 time_ms T`` lines) and the **CPU time of the two ranks per step**: the sum over all their threads of
 ``/proc/<pid>/task/<tid>/schedstat`` (ns on CPU, includes the BPF handlers that run in the ranks' context:
 tracepoints, uprobe traps), read when rank 0 prints step ``warmup`` and again at its last step. For C and
-U also the agent's own CPU in the same window (``/proc/<pid>/stat``), per step and per event read.
+U also the agent's own CPU in the same window (``/proc/<pid>/stat``), per step and per event read; for every
+configuration the private Kafka broker's CPU in the window (it shares the two CPUs with the ranks here, as
+no cluster's broker does: what it takes in C and U, the ranks wait for).
 
 The agent's overhead = (ranks' CPU per step + agent CPU per step) in C / ranks' CPU per step in B - 1,
 with a 95 % bootstrap confidence interval (rounds resampled with replacement, 2,000 resamples, percentile
@@ -56,6 +58,7 @@ from rich.table import Table
 
 from bench import common
 from bench.broker import bpf_unavailable, free_port, obshub_cmd, private_stack, stop_group
+from obshub import stack
 
 ROUNDS = 12  # interleaved rounds (each runs every configuration once, in a random order)
 STEPS = 80  # training steps per run
@@ -532,7 +535,8 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
     order_rng = random.Random(7)
     stats = None if no_bpf else BpfStats()
     with_trap = True
-    with private_stack(common.console.print):
+    with private_stack(common.console.print) as settings:
+        broker = stack.broker_pid(settings)
         for rnd in range(rounds):
             names = list(configs)
             order_rng.shuffle(names)
@@ -543,6 +547,8 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
 
                 def on_warm(agent=agent, win=win) -> None:
                     win["t0"], win["c0"] = time.monotonic(), machine_switches()
+                    if broker:
+                        win["k_b0"] = task_cpu_ns(broker)
                     if agent is not None:
                         # the scrape first: serving it costs the agent CPU that this harness causes (once per
                         # window, against one per 15-60 s from a real Prometheus), so it stays outside
@@ -552,6 +558,8 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
 
                 def on_last(agent=agent, win=win) -> None:
                     win["t1"], win["c1"] = time.monotonic(), machine_switches()
+                    if broker:
+                        win["k_b1"] = task_cpu_ns(broker)
                     if agent is not None:
                         win["a1"] = task_cpu_ns(agent.proc.pid)
                         win["b1"] = stats.snapshot(agent.proc.pid) if stats else {}
@@ -566,6 +574,10 @@ def run(quick: bool = False, rounds: int | None = None, steps: int | None = None
                 s = {k: v for k, v in res.items() if k != "steps"}
                 if "c1" in win:
                     s["ctxt_per_step"] = (win["c1"] - win["c0"]) / res["window_steps"]
+                if "k_b1" in win:
+                    # the private broker shares the two CPUs with the ranks here (on a cluster it runs on
+                    # other machines): what it takes in C and U it takes from the ranks
+                    s["broker_cpu_ns_per_step"] = (win["k_b1"] - win["k_b0"]) / res["window_steps"]
                 if agent is not None:
                     probe_tables[name] = agent.table
                     k1 = agent.last_kinds
@@ -738,6 +750,27 @@ def _report(
             f"torch.profiler vs B: CPU {_fmt_pct(d['cpu'])}, wall {_fmt_pct(d['wall'])}; "
             f"plain (A) vs B: CPU {_fmt_pct(ratios['A plain']['cpu'])}"
         )
+    broker = {
+        n: [s["broker_cpu_ns_per_step"] for s in ss if "broker_cpu_ns_per_step" in s] for n, ss in samples.items()
+    }
+    if broker.get(base) and all(broker.values()):
+        # the direct A/B compares the ranks' CPU only; the broker's CPU in the same windows says how much of
+        # the two CPUs the configurations with the agent hand to Kafka's side on this one machine
+        b_med = statistics.median(broker[base])
+        b_cpu_med = statistics.median(b_cpu)
+        common.console.print(
+            "the private broker's CPU per step (it shares the two CPUs with the ranks here): "
+            + ", ".join(
+                f"{n.split(' ')[0]} {statistics.median(v) / 1e3:.1f} µs"
+                + (
+                    f" ({(statistics.median(v) - b_med) / b_cpu_med * 100:+.2f} % of B's ranks' CPU vs B)"
+                    if n != base
+                    else ""
+                )
+                for n, v in broker.items()
+            )
+        )
+        result["broker_cpu_ns_per_step"] = {n: statistics.median(v) for n, v in broker.items()}
     common.console.print(f"raw results: {common.save('training_overhead', result)}")
     return result
 
