@@ -193,10 +193,27 @@ def _classpath(libs: Path) -> str:
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True when something accepts TCP connections on ``host:port``."""
+    """True when something accepts TCP connections on ``host:port``. A connect to an unused port in the
+    ephemeral range can be given that same port as its source and meet itself (TCP simultaneous open):
+    such a connection is not a listener."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
+        return s.connect_ex((host, port)) == 0 and not connected_to_itself(s)
+
+
+def connected_to_itself(sock: socket.socket) -> bool:
+    """Is the connected TCP socket ``sock`` its own peer (same local and remote address and port)?"""
+    return sock.getsockname() == sock.getpeername()
+
+
+def _bindable(port: int, host: str = "127.0.0.1") -> bool:
+    """Can a listening socket bind ``host:port`` now (no socket holds it, listening or connected)?"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port_pair() -> int:
@@ -206,7 +223,7 @@ def free_port_pair() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             p = s.getsockname()[1]
-        if p < 65000 and not port_in_use(p) and not port_in_use(p + 1):
+        if p < 65000 and not port_in_use(p) and not port_in_use(p + 1) and _bindable(p + 1):
             return p
     raise StackError("no free pair of TCP ports on 127.0.0.1", "stop some local services and retry")
 

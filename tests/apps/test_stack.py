@@ -82,6 +82,33 @@ def test_busy_port_is_a_clear_error(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_a_connection_that_met_itself_is_not_a_listener():
+    # a connect from port p to port p with nothing listening there completes as a TCP simultaneous open
+    # with itself; a port probe that met itself that way must not report the port as taken
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.connect(("127.0.0.1", port))
+        assert stack.connected_to_itself(s)
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        with socket.create_connection(srv.getsockname(), timeout=5) as c:
+            assert not stack.connected_to_itself(c)
+        assert stack.port_in_use(srv.getsockname()[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    assert not stack.port_in_use(free)
+
+
+def test_free_port_pair_gives_two_bindable_ports():
+    p = stack.free_port_pair()
+    for port in (p, p + 1):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # raises when taken
+
+
 def test_missing_java_is_a_clear_error(tmp_path):
     env = {
         **os.environ,
