@@ -70,8 +70,8 @@ def check_command(files):
 def test_command(files):
     """Run rule unit-test FILES (a directory: the *_test.yaml / *_test.yml files in it and its
     subdirectories, in path order). Prints PASS/FAIL per test, expected vs got for failures; exit code 0
-    only when every test passes, 1 also when a directory holds no test file (a test run that ran nothing
-    must not pass in CI)."""
+    only when every test passes, 1 also when a directory holds no test file or the files hold no test (a
+    test run that ran nothing must not pass in CI)."""
     from rules.testing import run_test_file
 
     failed = passed = 0
@@ -102,6 +102,9 @@ def test_command(files):
                 click.echo(f"FAIL {f}: {r.name}")
                 for text in r.failures:
                     click.echo("  " + text.replace("\n", "\n  "))
+    if not passed and not failed and not broken:
+        click.echo("ERROR: no test ran: the test files hold no tests (`tests:` is empty)", err=True)
+        broken = True
     click.echo(f"{passed} passed, {failed} failed" + (", some files could not run" if broken else ""))
     sys.exit(1 if failed or broken else 0)
 
@@ -242,16 +245,21 @@ def silence_group():
 @click.option("--json", "as_json", is_flag=True)
 def silence_add(matchers, duration, start_in, author, comment, as_json):
     """Create a silence; prints its id."""
-    try:
-        start = time.time_ns() + parse_duration_ns(start_in)
-        end = start + parse_duration_ns(duration)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    values = {}
+    for name, hint, text in (("start_in", "'--start-in'", start_in), ("duration", "'-d' / '--duration'", duration)):
+        try:
+            values[name] = parse_duration_ns(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=hint) from None
     max_ns = 10 * 366 * 24 * 3600 * 10**9
-    if end - time.time_ns() > max_ns:
+    if values["start_in"] > max_ns:
+        raise click.BadParameter("a silence may start at most 10 years from now", param_hint="'--start-in'")
+    if values["start_in"] + values["duration"] > max_ns:
         raise click.BadParameter(
-            "a silence may last at most 10 years (use --duration, e.g. 30d)", param_hint="'-d' / '--duration'"
+            "a silence may end at most 10 years from now (--start-in plus --duration)", param_hint="'-d' / '--duration'"
         )
+    start = time.time_ns() + values["start_in"]
+    end = start + values["duration"]
     s = _store().add(list(matchers), start, end, author, comment)
     click.echo(json.dumps(s.__dict__) if as_json else f"silence {s.id} until {rfc3339(s.ends_at_ns)}")
 

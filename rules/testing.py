@@ -39,7 +39,7 @@ from rules.durations import parse_duration_ns
 from rules.engine import Engine
 from rules.errors import Problem, RuleTestError
 from rules.loader import _plain, load_ruleset
-from rules.yamlfile import load_yaml, position, yaml11_surprises, yaml_type
+from rules.yamlfile import load_yaml, position, read_text, yaml11_surprises, yaml_type
 
 BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 MAX_REPEAT = 100_000  # records one input may expand to (a larger `repeat:` is a typo, not a test)
@@ -164,10 +164,10 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     """Read and check a test file; returns (rule files, test cases as plain dicts, file name). Raises
     RuleTestError at file:line:col on a malformed file."""
     file = str(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise RuleTestError(f"{file}: cannot read: {exc.strerror or exc}", "check the path") from None
+    text, problems = read_text(path)
+    if text is None:
+        hint = "check the path" if problems[0].line == 0 else "a test file is UTF-8 YAML"
+        raise RuleTestError("\n".join(map(str, problems)), hint)
     doc, problems = load_yaml(text, file)
     problems = problems or (yaml11_surprises(doc, file) if doc is not None else [])
     if problems:
@@ -175,10 +175,19 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     _check_keys(file, doc, [], doc, {"version", "rule_files", "tests"}, "a test file")
     if doc.get("version") != 1:
         raise _err(file, doc, ["version"], "test files need `version: 1`")
-    rule_files = [(path.parent / str(p)).resolve() for p in doc.get("rule_files") or []]
+    named = doc.get("rule_files")
+    if named is not None and not isinstance(named, list):
+        raise _err(file, doc, ["rule_files"], f"`rule_files:` is a list of rule files, not {_what(named)}")
+    for j, p in enumerate(named or []):
+        if not isinstance(p, str) or not p:
+            raise _err(file, doc, ["rule_files", j], f"a rule file is a path, not {_what(p)}")
+    rule_files = [(path.parent / p).resolve() for p in named or []]
     if not rule_files:
         raise _err(file, doc, [], "`rule_files:` must name at least one rule file")
-    tests = doc.get("tests") or []
+    tests = doc.get("tests")
+    if tests is not None and not isinstance(tests, list):
+        raise _err(file, doc, ["tests"], f"`tests:` is a list of tests, not {_what(tests)}")
+    tests = tests or []
     for i, t in enumerate(tests):
         _check_keys(file, doc, ["tests", i], t, _TEST_KEYS, "a test")
         for j, inp in enumerate(t.get("input") or []):

@@ -259,19 +259,28 @@ def plain_value(node: Any) -> Any:
     return str(node)
 
 
-def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:
-    """Read and structurally validate one rule file. Returns (document or None, problems)."""
+def read_text(path: Path) -> tuple[str | None, list[Problem]]:
+    """The text of a YAML file (rules, tests) as UTF-8. Returns (text, []) or (None, [the Problem]): the
+    file cannot be read (line 0), or its first byte that is not UTF-8 at line:col."""
     file = str(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
         return None, [Problem(file, 0, 0, f"cannot read: {exc.strerror or exc}")]
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8"), []
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         return None, [Problem(file, line, col, f"not UTF-8: byte 0x{raw[exc.start]:02x} (save the file as UTF-8)")]
+
+
+def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:
+    """Read and structurally validate one rule file. Returns (document or None, problems)."""
+    file = str(path)
+    text, problems = read_text(path)
+    if text is None:
+        return None, problems
     doc, problems = load_yaml(text, file)
     if doc is None:
         return None, problems

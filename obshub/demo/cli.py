@@ -60,7 +60,7 @@ def _sigterm(*_):
     type=click.Choice(KINDS),
     default="net-loss",
     show_default=True,
-    help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem)",
+    help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem; process: hang (the host's ranks frozen), exit (the host's ranks killed); none)",
 )
 @click.option("--fault-host", type=int, default=1, show_default=True, help="host index that gets the fault")
 @click.option(

@@ -40,4 +40,10 @@ def run_command(job: str | None, host_id: int | None, command: tuple[str, ...]) 
     """Run COMMAND with in-process PyTorch instrumentation (USDT), no code change needed.
 
     COMMAND replaces this process: its exit code and signals are its own. Put `--` before it."""
+    if command[0].startswith("-"):
+        # options of `obshub run` come before COMMAND; a program name does not start with '-': this is an
+        # option `obshub run` does not have (or one meant for the program, before its name)
+        raise click.UsageError(
+            f"No such option: {command[0]} (the options are --job and --host-id; put `--` before COMMAND)"
+        )
     exec_instrumented(command, job, host_id)

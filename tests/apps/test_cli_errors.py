@@ -39,6 +39,13 @@ def test_silence_duration_is_bounded_before_saving(tmp_path):
     assert r.returncode == 2 and "at most 10 years" in r.stderr and "Traceback" not in r.stderr
     listed = run(["silence", "list"], tmp_path)
     assert listed.returncode == 0 and "Traceback" not in listed.stderr
+    # the option that is out of range is the one named
+    r = run(["silence", "add", "-m", "host=x", "--start-in", "99999999999d", "-a", "a", "-c", "c"], tmp_path)
+    assert r.returncode == 2 and "'--start-in'" in r.stderr and "start at most 10 years" in r.stderr, r.stderr
+    r = run(["silence", "add", "-m", "host=x", "--start-in", "nope", "-a", "a", "-c", "c"], tmp_path)
+    assert r.returncode == 2 and "'--start-in'" in r.stderr, r.stderr
+    r = run(["silence", "add", "-m", "host=x", "--start-in", "3650d", "-d", "3650d", "-a", "a", "-c", "c"], tmp_path)
+    assert r.returncode == 2 and "'-d' / '--duration'" in r.stderr and "--start-in plus --duration" in r.stderr
 
 
 def test_rule_file_not_utf8_and_too_deep(tmp_path):

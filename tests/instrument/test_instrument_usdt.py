@@ -666,3 +666,8 @@ def test_run_rejects_bad_options():
     assert proc.returncode == 2 and "70000" in proc.stderr
     proc = subprocess.run([*OBSHUB, "run"], env=_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "COMMAND" in proc.stderr
+    # an option `obshub run` does not have is an error of the command line, not a program to start
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--bogus", "--", PY, "-c", "pass"], env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "No such option: --bogus" in proc.stderr, proc.stderr

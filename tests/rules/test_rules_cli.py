@@ -96,6 +96,29 @@ def test_rules_test_reports_malformed_test_file_and_broken_rules(tmp_path):
     assert res.returncode == 1 and "unknown field 'inputs'" in res.stderr and "t_test.yaml:5:5" in res.stderr
 
 
+def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
+    (tmp_path / "rules.yaml").write_text(RULE)
+    t = tmp_path / "t_test.yaml"
+    t.write_bytes(b"version: 1\nrule_files: [rules.yaml]\n\xf1\xff junk\n")
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert f"{t}:3:1: not UTF-8: byte 0xf1" in res.stderr, res.stderr
+    t.write_text(TEST_OK.replace("rule_files: [rules.yaml]", "rule_files: rules.yaml"))
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "`rule_files:` is a list of rule files, not string 'rules.yaml'" in res.stderr
+    assert f"{t}:2:13" in res.stderr, res.stderr
+    t.write_text(TEST_OK.replace("rule_files: [rules.yaml]", "rule_files: [rules.yaml, 7]"))
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "a rule file is a path, not integer 7" in res.stderr, res.stderr
+    t.write_text("version: 1\nrule_files: [rules.yaml]\ntests: {name: x}\n")
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "`tests:` is a list of tests" in res.stderr, res.stderr
+    # a file without tests runs nothing: that must not pass
+    t.write_text("version: 1\nrule_files: [rules.yaml]\ntests: []\n")
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "no test ran" in res.stderr and "0 passed, 0 failed" in res.stdout
+
+
 @pytest.mark.parametrize(
     "old, new, where, why",
     [
