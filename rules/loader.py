@@ -9,12 +9,18 @@ severity, enabled, for, window, threshold, ...), as Falco does with ``override:`
 Checks beyond the JSON Schema: CEL syntax (at the position inside the expression), macro cycles, names
 that are not documented fields of the signal (``rules.fields``), unknown event kinds, kinds on a
 non-event signal, ``threshold.of`` missing for a non-count aggregate, correlation key names that differ,
-annotation templates that do not compile or use unknown names.
+annotation templates that do not compile or use unknown names, and settings that mean something else
+than they say: a ``window`` of 0 (no match is kept: the rule never fires), a ``threshold.at_least`` that
+is not finite or that any match reaches (below 1 for ``count``, 0 or below for ``cusum``), a
+``condition`` that gives something other than true/false and a ``threshold.of`` that gives a string,
+boolean, list or map on a record of the signal (:func:`sample_record`: every documented field present,
+of the type the engine gives it).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +32,7 @@ from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 from rules import fields
 from rules.durations import parse_duration_ns
 from rules.errors import Problem, RuleValidationError
-from rules.expr import Compiled, ExprError, compile_expr, expand, line_col, tokens, unknown_references
+from rules.expr import Compiled, EvalError, ExprError, compile_expr, expand, line_col, tokens, unknown_references
 from rules.model import Correlation, InhibitRule, Rule, RuleSet
 from rules.yamlfile import plain_value, position, read_rule_file
 
@@ -293,6 +299,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             )
     thr = spec.get("threshold") or {}
     aggregate, at_least = thr.get("aggregate", "count"), float(thr.get("at_least", 1))
+    _check_threshold(ctx, raw, aggregate, at_least)
     of = None
     if aggregate != "count":
         if not thr.get("of"):
@@ -328,6 +335,8 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
                 f"annotations/{name}: template syntax error on its line {exc.lineno}: {exc.message}",
                 rid,
             )
+    if len(ctx.problems) == n_before:
+        _check_results(ctx, raw, cond, of if aggregate != "count" else None, sample_record(signal, kinds))
     if len(ctx.problems) > n_before:
         return None
     return Rule(
@@ -356,6 +365,101 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         file=file,
         line=raw["line"],
     )
+
+
+def sample_record(signal: str, kinds: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A record of ``signal`` as the engine gives it to a rule: every documented field present, of its run
+    time type, with neutral values (steps: ``fields.step_record({})``; events: an event of the first of
+    ``kinds``; health: a measurement with no lag). Used to find, before a rule runs, a condition that gives
+    something other than true/false and a ``threshold.of`` that gives no number."""
+    if signal == "steps":
+        return fields.step_record({})
+    if signal == "events":
+        return fields.event_record_from_test({"kind": min(kinds or {"STEP_BEGIN"})})
+    return fields.health_record("topic", "group", 0, 0.0, 0.0, 0)
+
+
+def _cel_type(value: Any) -> str:
+    """CEL's name for the type of an evaluation result with its article: ``a bool``, ``an int``, ``a
+    double``, ``a string``, ``a list``, ``a map``, ``null``."""
+    if isinstance(value, bool):
+        return "a bool"
+    names = {int: "an int", float: "a double", str: "a string", bytes: "bytes", list: "a list", dict: "a map"}
+    return "null" if value is None else names.get(type(value), f"a {type(value).__name__}")
+
+
+def _record_of(signal: str) -> str:
+    return f"{'an' if signal == 'events' else 'a'} {signal} record"
+
+
+def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> None:
+    """A window of 0 (the rule never fires) and an ``at_least`` that is not finite or that any match
+    reaches are problems."""
+    spec, rid, file, doc, path = raw["spec"], raw["spec"]["id"], raw["file"], raw["doc"], raw["path"]
+    window = spec.get("window", "1m")
+    if parse_duration_ns(window) == 0:
+        ctx.add(
+            file,
+            *position(doc, path + ["window"]),
+            f"window: {window} keeps no match: a rule counts the matches of the last `window` (e.g. 30s, 1m)",
+            rid,
+        )
+    where = position(doc, path + ["threshold", "at_least"])
+    if not math.isfinite(at_least):
+        effect = "any match reaches it" if at_least < 0 else "no aggregate reaches it: the rule never fires"
+        ctx.add(file, *where, f"threshold/at_least: {at_least} is not a finite number ({effect})", rid)
+    elif aggregate == "count" and at_least < 1:
+        ctx.add(
+            file,
+            *where,
+            f"threshold/at_least: {at_least:g} is below 1: a group exists only once it has a match, so this "
+            "is at_least: 1 (the default, any match); a rule cannot fire on the absence of matches (for "
+            "silence, use a `health` rule on idle_s or lag_messages)",
+            rid,
+        )
+    elif aggregate == "cusum" and at_least <= 0:
+        ctx.add(
+            file,
+            *where,
+            f"threshold/at_least: {at_least:g} is not above 0: a CUSUM is never below 0, so any match "
+            "reaches it (for that, use aggregate: count)",
+            rid,
+        )
+
+
+def _check_results(ctx: _Ctx, raw: dict, cond: Compiled | None, of: Compiled | None, record: dict) -> None:
+    """Evaluate the condition and ``threshold.of`` on ``record`` (:func:`sample_record`): a condition that
+    gives a number, string, list, map or null matches nothing (a rule matches where it is ``true``), and an
+    ``of`` that gives a string, boolean, list or map has no aggregate. An evaluation that fails on the sample
+    (a null member, a missing key) says nothing and is not reported: only a result is."""
+    spec, rid, file, doc, path = raw["spec"], raw["spec"]["id"], raw["file"], raw["doc"], raw["path"]
+    if cond is not None and not spec.get("foreach"):
+        try:
+            got = cond.eval(record)
+        except EvalError:
+            got = True
+        if not isinstance(got, bool):
+            c_file, c_doc, c_path = raw["cond_at"]
+            ctx.add(
+                c_file,
+                *position(c_doc, c_path),
+                f"condition: gives {_cel_type(got)}, not true or false, on {_record_of(spec['signal'])}: a rule "
+                "matches only where its condition is true (compare the value, e.g. `duration_us > 20.0`)",
+                rid,
+            )
+    if of is not None and not spec.get("foreach"):
+        try:
+            got = of.eval(record)
+        except EvalError:
+            got = 0
+        if isinstance(got, (bool, str, bytes, list, dict)):
+            ctx.add(
+                file,
+                *position(doc, path + ["threshold", "of"]),
+                f"threshold/of: gives {_cel_type(got)} on {_record_of(spec['signal'])}; aggregate "
+                f"'{(spec.get('threshold') or {}).get('aggregate')}' needs a number (an int or a double)",
+                rid,
+            )
 
 
 def _build_correlation(

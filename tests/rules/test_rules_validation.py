@@ -247,3 +247,68 @@ def test_measurements_are_rejected_as_labels(tmp_path):
     )
     assert any(p.startswith(f"{tmp_path}/g.yaml:10:32: ") and "'step' is a measurement" in p for p in got), got
     assert any("'excess_ns' is a measurement" in p for p in got), got
+
+
+def test_settings_that_mean_something_else_are_rejected_with_position(tmp_path):
+    """A window of 0 keeps no match (never fires), a non-finite at_least, a count below 1 or a CUSUM at 0
+    (any match reaches it), a condition that gives a number and a `max` of a string are each reported at
+    the setting's line:column; the same rules with sensible settings load."""
+    rule = """\
+  - id: {id}
+    description: d
+    severity: warning
+    signal: {signal}
+    condition: {cond}
+{extra}"""
+    cases = [
+        ("win0", "steps", "stall", "    window: 0s\n", "window: 0s keeps no match"),
+        ("nan", "steps", "stall", "    threshold: {at_least: .nan}\n", "nan is not a finite number (no aggregate"),
+        ("ninf", "steps", "stall", "    threshold: {at_least: -.inf}\n", "-inf is not a finite number (any match"),
+        ("cnt0", "steps", "stall", "    threshold: {at_least: 0}\n", "0 is below 1"),
+        ("cus0", "steps", "stall", "    threshold: {aggregate: cusum, of: stall_ratio, at_least: 0}\n", "CUSUM"),
+        ("num", "steps", "step_time_max_ns", "", "condition: gives an int, not true or false, on a steps record"),
+        ("str", "health", "topic", "", "condition: gives a string"),
+        (
+            "maxhost",
+            "events\n    kinds: [RDMA_CQ_DONE]",
+            "duration_us > 20.0",
+            "    threshold: {aggregate: max, of: host, at_least: 5}\n",
+            "threshold/of: gives a string on an events record; aggregate 'max' needs a number",
+        ),
+    ]
+    text = "version: 1\nrules:\n" + "".join(
+        rule.format(id=i, signal=sig, cond=c, extra=extra) for i, sig, c, extra, _ in cases
+    )
+    f = write(tmp_path, "bad.yaml", text)
+    got = problems(f)
+    lines = text.splitlines()
+    for rid, _, _, _, want in cases:
+        hit = [p for p in got if f'rule "{rid}"' in p and want in p]
+        assert len(hit) == 1, (rid, got)
+        line, col = (int(x) for x in hit[0].split(":")[1:3])
+        key = "condition" if "condition:" in want else ("window" if rid == "win0" else "threshold")
+        assert key in lines[line - 1], (rid, lines[line - 1])
+        assert col > 1
+    assert len(got) == len(cases), got
+    fixed = (
+        text.replace("0s", "30s")
+        .replace(".nan", "2")
+        .replace("-.inf", "2")
+        .replace("at_least: 0}", "at_least: 1}")
+        .replace("condition: step_time_max_ns", "condition: step_time_max_ns > 0")
+        .replace("condition: topic", "condition: topic != ''")
+        .replace("of: host", "of: duration_us")
+    )
+    rs = load_ruleset([write(tmp_path, "good.yaml", fixed)])
+    assert len(rs.rules) == len(cases)
+
+
+def test_a_condition_that_fails_on_the_neutral_record_is_not_reported(tmp_path):
+    """Only a result is judged: a member of a null straggler, an index past an empty list, a key a map of
+    the sample lacks fail on the sample record, as they do at run time on some records, and load."""
+    text = GOOD.replace(
+        "condition: stalled",
+        "condition: straggler.score > 2.0 || blame[0].excess_ns > 5 || layers['h'].cuda.time_ns > 1",
+    )
+    rs = load_ruleset([write(tmp_path, "a.yaml", text)])
+    assert list(rs.rules) == ["slow_step"]
