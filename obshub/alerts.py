@@ -108,6 +108,12 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
                 bounds[f"{name}_ns"] = parse_when(value)
             except ValueError as exc:
                 raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
+    if "until_ns" in bounds and bounds["until_ns"] < bounds["since_ns"]:
+        raise click.BadParameter(
+            f"{until} is before --since {since}: the range would be empty (2h means two hours ago, so "
+            "--since 5h --until 2h reads from five to two hours ago)",
+            param_hint="'--until'",
+        )
     settings = load_settings(bootstrap=bootstrap)
     skipped: list[str] = []
     rows = latest_alerts(

@@ -78,6 +78,20 @@ def test_alerts_lists_the_latest_change_per_alert_within_the_time_range(kafka, u
     assert r.returncode == 2 and "'yesterday' is neither a duration" in r.stderr
 
 
+def test_alerts_refuses_a_range_that_ends_before_it_starts():
+    """`--since 2h --until 5h` reads from two hours ago to five hours ago: empty, and refused before any
+    broker is asked (exit 2, naming --until)."""
+    r = subprocess.run(
+        OBSHUB + ["alerts", "--since", "2h", "--until", "5h", "--bootstrap", "127.0.0.1:1", "--timeout-s", "1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "--until" in r.stderr and "5h is before --since 2h" in r.stderr
+
+
 def test_snapshot_reads_only_the_time_range(kafka, unique):
     topics = testkit.make_topics(kafka, f"seek-{unique}", partitions=3)
     now = time.time_ns()
