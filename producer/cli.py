@@ -47,8 +47,10 @@ Examples:
                                                             # a secured cluster; password from
                                                             # $OBSHUB_KAFKA_SASL_PASSWORD
 \b
-Exit codes: 0 everything delivered; 1 an error (message and hint on stderr); 3 batches left undelivered
-in the spool ($OBSHUB_HOME/spool/<host>), replayed by the next start with the same --host.
+Exit codes: 0 everything delivered; 1 an error, a setting out of its range among them (message and hint
+on stderr, naming the option); 2 a command line that cannot be used (an unknown option or --threshold
+name, an option of the other --source); 3 batches left undelivered in the spool
+($OBSHUB_HOME/spool/<host>), replayed by the next start with the same --host.
 """
 
 
@@ -91,6 +93,53 @@ def _bpf_source(
     names = tuple(p.strip() for p in (probes or "").split(",") if p.strip())
     options = ProbeOptions(probes=names, thresholds=dict(thresholds), debug_ebpf=debug_ebpf)
     return BpfEventSource(settings, target, options)
+
+
+# the settings ``agent_config`` checks, by the option that sets them (its errors name the option)
+_OPTION_OF = {
+    "job": "--job",
+    "host": "--host",
+    "host_id": "--host-id",
+    "kafka.bootstrap": "--bootstrap",
+    "kafka.delivery_timeout_ms": "--delivery-timeout-ms",
+    "kafka.compression": "--compression",
+    **{f"kafka.{k}": "--" + k.replace("_", "-") for k in ("security_protocol", "sasl_mechanism", "sasl_username")},
+    **{f"kafka.{k}": "--" + k.replace("_", "-") for k in ("sasl_password", "ssl_ca_location", "ssl_key_password")},
+    **{f"kafka.{k}": "--" + k.replace("_", "-") for k in ("ssl_certificate_location", "ssl_key_location")},
+    "kafka.extra": "--kafka-option",
+    "batch.max_bytes": "--batch-max-bytes",
+    "batch.max_age_ms": "--batch-max-age-ms",
+    "batch.step_min_age_ms": "--batch-step-min-age-ms",
+    "spool.max_bytes": "--spool-max-bytes",
+    "spool.segment_bytes": "--spool-segment-bytes",
+    "metrics_port": "--metrics-port",
+    "metrics_addr": "--metrics-addr",
+    "duration_s": "--duration",
+    "flush_timeout_s": "--flush-timeout",
+}
+# options of one source only: (option, parameter name, the source it belongs to)
+_SOURCE_ONLY = (
+    ("--cgroup", "cgroup", "bpf"),
+    ("--pid", "pids", "bpf"),
+    ("--registered", "registered", "bpf"),
+    ("--probes", "probes", "bpf"),
+    ("--rate", "rate", "synthetic"),
+    ("--synthetic-events", "synthetic_events", "synthetic"),
+)
+
+
+def _check_source_options(source: str, thresholds: dict[str, int]) -> None:
+    """Refuse an option given on the command line that the chosen ``--source`` does not use, and an
+    unknown ``--threshold`` name (``click.UsageError``/``BadParameter``, exit 2)."""
+    ctx = click.get_current_context()
+    for option, param, owner in _SOURCE_ONLY:
+        if owner != source and ctx.get_parameter_source(param) == click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"{option} applies to --source {owner} only; this agent runs --source {source}")
+    for name in thresholds:
+        if name not in cat.THRESHOLDS:
+            raise click.BadParameter(
+                f"unknown threshold {name!r} (known: {', '.join(cat.THRESHOLDS)})", param_hint="'--threshold'"
+            )
 
 
 def _finite(value: float, name: str) -> float:
@@ -141,7 +190,12 @@ def _finite(value: float, name: str) -> float:
     show_default=True,
     help="synthetic source: events per second",
 )
-@click.option("--synthetic-events", type=int, default=None, help="synthetic source: stop after this many events")
+@click.option(
+    "--synthetic-events",
+    type=click.IntRange(min=1),
+    default=None,
+    help="synthetic source: stop after this many events",
+)
 @click.option("--probes", default=None, help="comma-separated subset of probes to attach [default: all]")
 @click.option(
     "--threshold",
@@ -311,6 +365,7 @@ def agent_command(
     if host_id is None:
         host_id = zlib.crc32(host.encode()) & 0xFFFF
     thr = _key_values("--threshold", thresholds, as_int=True)
+    _check_source_options(source, thr)
     security = dict(
         security_protocol=security_protocol,
         sasl_mechanism=sasl_mechanism,
@@ -329,6 +384,7 @@ def agent_command(
         **{k: v for k, v in security.items() if v is not None},
     )  # the rest from OBSHUB_KAFKA_*
     cfg = agent_config(
+        _OPTION_OF,
         job=job,
         host=host,
         host_id=host_id,

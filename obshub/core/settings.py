@@ -242,26 +242,28 @@ class AgentConfig(BaseModel):
     flush_timeout_s: float = Field(15.0, ge=0)
     clock_refresh_s: float = Field(10.0, gt=0)
 
-    @model_validator(mode="after")
-    def _host_name(self) -> "AgentConfig":
-        if not _HOST_RE.match(self.host):
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, host: str) -> str:
+        if not _HOST_RE.match(host):
             raise ValueError(
-                f"host name {self.host!r} must be letters, digits, '.', '_' or '-' "
-                "(it names the Kafka key and the spool folder)"
+                f"host name {host!r} must be letters, digits, '.', '_' or '-' (it names the Kafka key and the spool folder)"
             )
-        return self
+        return host
 
 
-def agent_config(**values: Any) -> AgentConfig:
+def agent_config(option_names: dict[str, str] | None = None, **values: Any) -> AgentConfig:
     """Build an :class:`AgentConfig`, turning validation errors into one ConfigError that lists each
-    wrong option and why."""
+    wrong setting and why. ``option_names`` maps a setting's dotted field name (``batch.max_bytes``) to
+    what the user wrote (``--batch-max-bytes``), so that a command line's error names its option."""
     try:
         return AgentConfig(**values)
     except ValidationError as exc:
         lines = []
         for e in exc.errors():
             loc = ".".join(str(p) for p in e["loc"]) or "agent"
-            lines.append(f"{loc}: {e['msg']}")
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{(option_names or {}).get(loc, loc)}: {msg}")
         raise ConfigError(
             "invalid agent settings: " + "; ".join(lines), "see `obshub agent --help` for the options and their ranges"
         ) from None

@@ -65,6 +65,32 @@ def test_agent_rate_validated(tmp_path, rate):
     assert r.returncode == 2 and "--rate" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize(
+    "args, code, wanted",
+    [
+        (["--synthetic-events", "-5"], 2, "'--synthetic-events': -5 is not in the range x>=1"),
+        (["--threshold", "bogus=5"], 2, "unknown threshold 'bogus' (known: runq_ns,"),
+        (["--probes", "sched"], 2, "--probes applies to --source bpf only"),
+        (["--pid", "1"], 2, "--pid applies to --source bpf only"),
+        (["--batch-max-bytes", "0"], 1, "--batch-max-bytes: Input should be greater than or equal to 1024"),
+        (["--spool-segment-bytes", "1"], 1, "--spool-segment-bytes: Input should be greater than or equal to"),
+        (["--host", "a/b"], 1, "--host: host name 'a/b' must be letters"),
+    ],
+)
+def test_agent_options_out_of_range_or_of_the_other_source_are_named(tmp_path, args, code, wanted):
+    """An agent option out of its range names the option (not the setting's field), and an option the
+    chosen --source does not use is refused instead of ignored; nothing is spooled or sent."""
+    r = run(["agent", "--source", "synthetic", "--bootstrap", "127.0.0.1:1", "--duration", "1", *args], tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == code and wanted in err and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "home" / "spool").exists() or not any((tmp_path / "home" / "spool").rglob("*.seg"))
+
+
+def test_agent_refuses_the_synthetic_rate_for_the_bpf_source(tmp_path):
+    r = run(["agent", "--registered", "--rate", "5", "--bootstrap", "127.0.0.1:1"], tmp_path)
+    assert r.returncode == 2 and "--rate applies to --source synthetic only" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("cmd", [["alerts"], ["trace", "export", "-o", "out.json"]])
 def test_reading_commands_refuse_a_timeout_that_is_not_positive(tmp_path, cmd):
     r = run([*cmd, "--timeout-s", "-1"], tmp_path)
