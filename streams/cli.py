@@ -294,8 +294,9 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     interim records of a step still open, closed_by 'hang' or 'running', are shown once per kind and do not
     count).
 
-    Exits 1 with one message when the broker cannot be reached within 10 s at start; a broker that goes
-    away later is reported once and waited for. Ctrl-C ends it (exit 0)."""
+    Exits 1 with one message when the broker cannot be reached within 10 s (or --timeout-s, if shorter)
+    at start; a broker that goes away later is reported once and waited for. --timeout-s counts from the
+    start, the wait for the broker included. Ctrl-C ends it (exit 0)."""
     import logging
     import signal
     import threading
@@ -303,15 +304,17 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
 
     from confluent_kafka import Consumer
 
-    from obshub.core.reach import BrokerWatch, require_broker
+    from obshub.core.reach import CONNECT_TIMEOUT_S, BrokerWatch, require_broker
 
+    started = time.monotonic()
     settings = load_settings()
     console = Console(highlight=False)
     err = Console(stderr=True, highlight=False)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    if not require_broker(settings.bootstrap_servers, stop=stop):
+    wait_s = min(CONNECT_TIMEOUT_S, timeout_s) if timeout_s else CONNECT_TIMEOUT_S
+    if not require_broker(settings.bootstrap_servers, wait_s, stop=stop):
         return
     say = logging.getLogger("obshub.tail")
     if not say.handlers:
@@ -333,7 +336,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     )
     c.subscribe([topic], on_assign=lambda *_: watch.up())
     seen: set[tuple[str, int]] = set()
-    n, deadline = 0, time.monotonic() + timeout_s if timeout_s else None
+    n, deadline = 0, started + timeout_s if timeout_s else None
     try:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
             msg = c.poll(0.2)

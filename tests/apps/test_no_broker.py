@@ -83,6 +83,19 @@ def test_commands_exit_nonzero_with_one_message(env):
         assert "connection refused" in err and "obshub up" in err, (name, err)
 
 
+def test_tail_timeout_bounds_the_wait_for_the_broker(env):
+    """`tail steps --timeout-s 2` ends within its 2 s (plus start-up) when no broker answers, not after
+    the 10 s a command waits by default, with the one message and exit 1."""
+    t0 = time.monotonic()
+    p = start(env, "tail", "steps", "--timeout-s", "2")
+    out, err = p.communicate(timeout=COMMAND_LIMIT_S + 30)
+    took = time.monotonic() - t0
+    assert p.returncode == 1, err[-2000:]
+    assert "within 2 s" in " ".join(err.split()), err
+    assert took < 9, f"took {took:.1f} s"
+    clean(out + err)
+
+
 SERVICES = {
     "rules serve": (["rules", "serve"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
     "streams worker": (["streams", "worker"], "cannot reach the Kafka broker at 127.0.0.1:{port}"),
