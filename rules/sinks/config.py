@@ -205,21 +205,31 @@ def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
 
 def load_config(path: Path | None) -> AlertingConfig:
     """Read the alerting config (YAML); None gives the defaults (console sink only). Raises
-    SinkConfigError with the field path on invalid input."""
+    SinkConfigError that lists each problem as ``file:line:col: field/path: why`` (YAML syntax, a byte
+    that is not UTF-8, a field of the wrong type or value, an unknown field)."""
     if path is None:
         return AlertingConfig()
-    from ruamel.yaml import YAML
+    from rules.yamlfile import load_yaml, plain_value, position, read_text
 
+    file = str(path)
+    text, problems = read_text(Path(path))
+    if problems and problems[0].line == 0:
+        why = problems[0].message.removeprefix("cannot read: ")
+        raise SinkConfigError(f"cannot read alerting config {path}: {why}", "check the path")
+    doc = None
+    if text is not None:
+        doc, problems = load_yaml(text, file)
+    if problems:
+        raise SinkConfigError("invalid alerting config:\n" + "\n".join(map(str, problems)), "fix the YAML")
     try:
-        raw = YAML(typ="safe").load(Path(path).read_text())
-    except OSError as exc:
-        raise SinkConfigError(f"cannot read alerting config {path}: {exc.strerror}", "check the path") from None
-    except Exception as exc:
-        raise SinkConfigError(f"{path}: invalid YAML: {exc}", "fix the YAML syntax") from None
-    try:
-        return AlertingConfig.model_validate(raw or {})
+        return AlertingConfig.model_validate(plain_value(doc) if doc is not None else {})
     except ValidationError as exc:
-        lines = [f"{path}: {'/'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
+        lines = []
+        for e in exc.errors():
+            loc = [int(p) if isinstance(p, int) else p for p in e["loc"]]
+            unknown = e["type"] == "extra_forbidden"  # point at the key itself
+            line, col = position(doc, loc, key=unknown) if doc is not None else (1, 1)
+            lines.append(f"{file}:{line}:{col}: {'/'.join(map(str, loc)) or 'config'}: {e['msg']}")
         raise SinkConfigError(
             "invalid alerting config:\n" + "\n".join(lines), "see docs/RULES.md, section 'Alerting config'"
         ) from None

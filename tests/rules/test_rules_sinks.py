@@ -390,6 +390,42 @@ def test_missing_secret_is_a_clear_error(monkeypatch, tmp_path):
             build_sinks(cfg)
 
 
+def test_alerting_config_problems_are_listed_at_file_line_col(tmp_path):
+    """Every problem of an alerting config is named at its line:column with the field path: an unknown
+    field at its key, a wrong value at the value; broken YAML and a byte that is not UTF-8 at their
+    mark; a missing file by its path."""
+    from rules.errors import SinkConfigError
+    from rules.sinks.config import load_config
+
+    f = tmp_path / "alerting.yaml"
+    f.write_text(
+        "version: 1\n"
+        "sinks:\n"
+        "  - name: s\n"
+        "    type: slack\n"
+        "    webhook: https://hooks.example/x\n"
+        "    min_severity: loud\n"
+        "route:\n"
+        "  group_wait: soon\n"
+    )
+    with pytest.raises(SinkConfigError) as exc:
+        load_config(f)
+    text = str(exc.value)
+    assert f"{f}:5:5: sinks/0/webhook: Extra inputs are not permitted" in text, text
+    assert f"{f}:6:19: sinks/0/min_severity:" in text, text
+    assert f"{f}:8:15: route/group_wait:" in text, text
+    f.write_text("version: 1\nsinks: [\n")
+    with pytest.raises(SinkConfigError, match=f"{f}:3:1: YAML: expected the node content"):
+        load_config(f)
+    f.write_bytes(b"version: 1\nexternal_url: '\xff'\n")
+    with pytest.raises(SinkConfigError, match=f"{f}:2:16: not UTF-8: byte 0xff"):
+        load_config(f)
+    with pytest.raises(SinkConfigError, match=f"cannot read alerting config {tmp_path / 'nope.yaml'}: No such file"):
+        load_config(tmp_path / "nope.yaml")
+    f.write_text("version: 1\nsinks:\n  - {name: c, type: console}\n")
+    assert [s.name for s in load_config(f).sinks] == ["c"]
+
+
 # ---------------------------------------------------------------------- dispatcher: isolation, muting
 def test_one_sink_outage_does_not_block_another_and_is_not_acked(recorder):
     down = recorder(default=(503, {}, 0.0))
