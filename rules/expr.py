@@ -173,6 +173,84 @@ def unknown_references(
     return msgs
 
 
+_ORDERING = {"<", "<=", ">", ">="}
+_NUMERIC = {"int", "uint", "double"}
+_ARITH = {"+", "-", "*", "/", "%", "!"}
+_ARTICLE = {"int": "an int", "uint": "a uint", "double": "a double", "string": "a string", "bool": "a bool"}
+
+
+def _value_type(value: Any) -> str | None:
+    """CEL type name of a sample value (``bool``, ``int``, ``double``, ``string``, ``list``, ``map``);
+    None for null (its type is not known)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "bool"
+    names = {int: "int", float: "double", str: "string", bytes: "bytes", list: "list", dict: "map"}
+    return names.get(type(value))
+
+
+def _literal_type(kind: str, text: str) -> str | None:
+    if kind == "str":
+        return "bytes" if text[:1] in "bB" or text[:2].lower() in ("rb", "br") else "string"
+    if kind == "num":
+        if text[-1] in "uU":
+            return "uint"
+        return "double" if any(c in text for c in ".eE") and not text.lower().startswith("0x") else "int"
+    if text in ("true", "false"):
+        return "bool"
+    return None
+
+
+def mismatched_comparisons(expr: str, record: dict[str, Any]) -> list[tuple[str, int]]:
+    """``(message, offset in expr)`` for every comparison of a top-level field with a literal of another
+    type, e.g. ``host == 5`` or ``duration_ns > "20"``: CEL compares no string with a number (int, uint and
+    double compare with each other), so an ``==`` of that kind is false on every record, a ``!=`` true
+    on every record, and an ordering fails on every record. ``record``: a record of the signal with each
+    field of its run time type (``rules.loader.sample_record``); fields that are null there, members
+    (``a.b``), comprehension variables and macros are not judged."""
+    bound = set(_COMPREHENSION.findall(expr))
+    toks = [(m.lastgroup or "other", m.group(), m.start()) for m in _LEX.finditer(expr) if m.lastgroup != "space"]
+    out = []
+    for i, (_, op, _) in enumerate(toks):
+        if op not in ("==", "!=") and op not in _ORDERING:
+            continue
+        if 0 < i < len(toks) - 1 and op in ("<", ">") and (toks[i - 1][1] == "<" or toks[i + 1][1] in "<>="):
+            continue
+        for f, lit in ((i - 1, i + 1), (i + 1, i - 1)):
+            if not (0 <= f < len(toks) and 0 <= lit < len(toks)):
+                continue
+            fkind, name, off = toks[f]
+            if fkind != "ident" or name in bound or name not in record or name in _RESERVED:
+                continue
+            before, after = toks[f - 1][1] if f > 0 else "", toks[f + 1][1] if f + 1 < len(toks) else ""
+            if before == "." or after in (".", "[", "("):
+                continue  # a member, an index or a call: its type is not the field's
+            if before in _ARITH or (f > i and after in _ARITH):
+                continue  # part of a larger operand
+            lk, lt, _ = toks[lit]
+            if lit > i:  # the token after a right-hand literal, before a left-hand one
+                near = toks[lit + 1][1] if lit + 1 < len(toks) else ""
+            else:
+                near = toks[lit - 1][1] if lit > 0 else ""
+            if near in _ARITH or near in ((".", "[", "(") if lit > i else (".",)):
+                continue  # the literal is part of a larger operand
+            ft, ltype = _value_type(record[name]), _literal_type(lk, lt)
+            if ft is None or ltype is None or ft == ltype or (ft in _NUMERIC and ltype in _NUMERIC):
+                continue
+            if op == "==":
+                effect = "false on every record"
+            elif op == "!=":
+                effect = "true on every record"
+            else:
+                effect = "an error on every record (no match)"
+            text = f"{name} {op} {lt}" if f < i else f"{lt} {op} {name}"
+            what = _ARTICLE.get(ltype, ltype)
+            out.append((f"`{text}` compares the {ft} field '{name}' with {what}: {effect}", off))
+            break
+    return out
+
+
 def line_col(expr: str, offset: int) -> tuple[int, int]:
     """1-based (line, col) of ``offset`` in ``expr``."""
     line = expr.count("\n", 0, offset) + 1

@@ -14,7 +14,8 @@ than they say: a ``window`` of 0 (no match is kept: the rule never fires), a ``t
 is not finite or that any match reaches (below 1 for ``count``, 0 or below for ``cusum``), a
 ``condition`` that gives something other than true/false and a ``threshold.of`` that gives a string,
 boolean, list or map on a record of the signal (:func:`sample_record`: every documented field present,
-of the type the engine gives it).
+of the type the engine gives it), and a comparison of a field with a literal of another type
+(``rules.expr.mismatched_comparisons``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 from rules import fields
 from rules.durations import parse_duration_ns
 from rules.errors import Problem, RuleValidationError
-from rules.expr import Compiled, EvalError, ExprError, compile_expr, expand, line_col, tokens, unknown_references
+from rules.expr import (
+    Compiled,
+    EvalError,
+    ExprError,
+    compile_expr,
+    expand,
+    line_col,
+    mismatched_comparisons,
+    tokens,
+    unknown_references,
+)
 from rules.model import Correlation, InhibitRule, Rule, RuleSet
 from rules.yamlfile import plain_value, position, read_rule_file
 
@@ -228,8 +239,11 @@ def _compile(
     nested: dict,
     payload: set[str] | None,
     extra: set[str] = frozenset(),
+    record: dict[str, Any] | None = None,
 ) -> Compiled | None:
-    """Compile one expression of a rule; on error record a problem at its position and return None."""
+    """Compile one expression of a rule; on error record a problem at its position and return None.
+    With ``record`` (:func:`sample_record` of the expression's signal) a comparison of a field with a
+    literal of another type (``rules.expr.mismatched_comparisons``) is a problem too."""
     rid = raw["spec"]["id"]
     if key == "condition":
         file, doc, path = raw["cond_at"]
@@ -242,13 +256,18 @@ def _compile(
         return None
     names = set(ctx.macros) | set(ctx.lists) | set(extra)
     raw = unknown_references(text, allowed, names, nested, payload)
+    if record is not None and not raw:
+        raw = mismatched_comparisons(text, record)
     for msg, off in raw:
         ctx.add(file, *_expr_pos(doc, path, ExprError(msg, *line_col(text, off)), file), f"{key}: {msg}", rid)
     try:
         source = expand(text, ctx.macros, ctx.lists)
         seen = {m for m, _ in raw}
-        for msg, _ in unknown_references(source, allowed, set(extra), nested, payload):
-            if msg not in seen:  # a macro uses a field this rule's signal does not have
+        later = unknown_references(source, allowed, set(extra), nested, payload)
+        if record is not None and not later:
+            later = mismatched_comparisons(source, record)
+        for msg, _ in later:
+            if msg not in seen:  # a macro uses a field this rule's signal does not have, or mistypes one
                 ctx.add(file, *position(doc, path), f"{key} (in a macro it uses): {msg}", rid)
         return Compiled(source, compile_expr(source))
     except ExprError as err:
@@ -283,7 +302,8 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
     nested = fields.NESTED_VARS if signal == "steps" else {}
     payload = fields.payload_keys(sorted(kinds)) if signal == "events" else None
     extra = {"item"} if spec.get("foreach") else set()
-    cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra)
+    record = sample_record(signal, kinds)
+    cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra, record)
     foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload) if spec.get("foreach") else None
     group_by = {}
     for label, text in (spec.get("group_by") or {}).items():
@@ -336,7 +356,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
                 rid,
             )
     if len(ctx.problems) == n_before:
-        _check_results(ctx, raw, cond, of if aggregate != "count" else None, sample_record(signal, kinds))
+        _check_results(ctx, raw, cond, of if aggregate != "count" else None, record)
     if len(ctx.problems) > n_before:
         return None
     return Rule(
@@ -375,7 +395,8 @@ def sample_record(signal: str, kinds: frozenset[str] = frozenset()) -> dict[str,
     if signal == "steps":
         return fields.step_record({})
     if signal == "events":
-        return fields.event_record_from_test({"kind": min(kinds or {"STEP_BEGIN"})})
+        known = sorted(k for k in kinds if k in fields.KIND_NAMES)
+        return fields.event_record_from_test({"kind": known[0] if known else "STEP_BEGIN"})
     return fields.health_record("topic", "group", 0, 0.0, 0.0, 0)
 
 
@@ -479,7 +500,8 @@ def _build_correlation(
             "must name the same keys",
             rid,
         )
-    cond = _compile(ctx, raw, "correlate/condition", spec["condition"], o_allowed, o_nested, o_payload)
+    o_record = sample_record(osig, okinds)
+    cond = _compile(ctx, raw, "correlate/condition", spec["condition"], o_allowed, o_nested, o_payload, record=o_record)
     this_keys = {
         k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra)
         for k, v in spec["this_keys"].items()

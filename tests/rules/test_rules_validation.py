@@ -312,3 +312,79 @@ def test_a_condition_that_fails_on_the_neutral_record_is_not_reported(tmp_path):
     )
     rs = load_ruleset([write(tmp_path, "a.yaml", text)])
     assert list(rs.rules) == ["slow_step"]
+
+
+def test_comparisons_of_a_field_with_a_literal_of_another_type_are_rejected(tmp_path):
+    """`host == 78` is false on every record (CEL never finds a string equal to a number), `!=` true on
+    every record, `duration_ns > "20"` fails on every record: each is reported at the comparison, in the
+    rule's own condition, through a macro and in a correlated condition."""
+    text = """\
+version: 1
+macros:
+  on_node: host == 78
+rules:
+  - id: direct
+    description: d
+    severity: warning
+    signal: events
+    kinds: [RDMA_CQ_DONE]
+    condition: duration_us > 20.0 && host == 78
+  - id: ordering
+    description: d
+    severity: warning
+    signal: events
+    kinds: [RDMA_CQ_DONE]
+    condition: duration_ns > "20000"
+  - id: via_macro
+    description: d
+    severity: warning
+    signal: events
+    kinds: [RDMA_CQ_DONE]
+    condition: on_node
+  - id: correlated
+    description: d
+    severity: warning
+    signal: events
+    kinds: [RDMA_CQ_DONE]
+    condition: duration_us > 20.0
+    correlate:
+      signal: steps
+      condition: stall != 0
+      this_keys: {job: job}
+      other_keys: {job: job}
+      within: 30s
+"""
+    f = write(tmp_path, "m.yaml", text)
+    got = problems(f)
+    want = {
+        "direct": f"{f}:10:38: rule \"direct\": condition: `host == 78` compares the string field 'host' with an "
+        "int: false on every record",
+        "ordering": "`duration_ns > \"20000\"` compares the int field 'duration_ns' with a string: an error on every",
+        "via_macro": "condition (in a macro it uses): `host == 78` compares the string field 'host'",
+        "correlated": "correlate/condition: `stall != 0` compares the bool field 'stall' with an int: true on every",
+    }
+    for rid, msg in want.items():
+        assert sum(f'rule "{rid}"' in p and msg in p for p in got) == 1, (rid, got)
+    assert len(got) == len(want), got
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        'host == "node-078"',
+        "duration_ns > 20.0",  # int and double compare
+        "gpu == 1u",
+        "gpu == -1",
+        "host + 1 == 5",  # a larger operand: not judged
+        "x - 1 == host",
+        "size(host) == 3",
+        "payload.qp == 5",  # a member: its type is not known here
+        "[1, 2].exists(host, host == 2)",  # a comprehension variable shadows the field
+        "kind == 'RDMA_CQ_DONE' && (5 < duration_ns)",
+    ],
+)
+def test_comparisons_of_matching_types_or_unknown_operands_are_not_judged(expr):
+    from rules.expr import mismatched_comparisons
+    from rules.loader import sample_record
+
+    assert mismatched_comparisons(expr, sample_record("events", frozenset({"RDMA_CQ_DONE"}))) == []
