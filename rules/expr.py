@@ -176,10 +176,12 @@ def unknown_references(
 _ORDERING = {"<", "<=", ">", ">="}
 _NUMERIC = {"int", "uint", "double"}
 _ARITH = {"+", "-", "*", "/", "%", "!"}
-_ARTICLE = {"int": "an int", "uint": "a uint", "double": "a double", "string": "a string", "bool": "a bool"}
+# a CEL type name with its article, for messages
+ARTICLE = {"int": "an int", "uint": "a uint", "double": "a double", "string": "a string", "bool": "a bool"}
+ARTICLE |= {"list": "a list", "map": "a map", "bytes": "bytes"}
 
 
-def _value_type(value: Any) -> str | None:
+def value_type(value: Any) -> str | None:
     """CEL type name of a sample value (``bool``, ``int``, ``double``, ``string``, ``list``, ``map``);
     None for null (its type is not known)."""
     if value is None:
@@ -235,7 +237,7 @@ def mismatched_comparisons(expr: str, record: dict[str, Any]) -> list[tuple[str,
                 near = toks[lit - 1][1] if lit > 0 else ""
             if near in _ARITH or near in ((".", "[", "(") if lit > i else (".",)):
                 continue  # the literal is part of a larger operand
-            ft, ltype = _value_type(record[name]), _literal_type(lk, lt)
+            ft, ltype = value_type(record[name]), _literal_type(lk, lt)
             if ft is None or ltype is None or ft == ltype or (ft in _NUMERIC and ltype in _NUMERIC):
                 continue
             if op == "==":
@@ -245,7 +247,7 @@ def mismatched_comparisons(expr: str, record: dict[str, Any]) -> list[tuple[str,
             else:
                 effect = "an error on every record (no match)"
             text = f"{name} {op} {lt}" if f < i else f"{lt} {op} {name}"
-            what = _ARTICLE.get(ltype, ltype)
+            what = ARTICLE.get(ltype, ltype)
             out.append((f"`{text}` compares the {ft} field '{name}' with {what}: {effect}", off))
             break
     return out

@@ -34,6 +34,7 @@ from rules import fields
 from rules.durations import parse_duration_ns
 from rules.errors import Problem, RuleValidationError
 from rules.expr import (
+    ARTICLE,
     Compiled,
     EvalError,
     ExprError,
@@ -43,6 +44,7 @@ from rules.expr import (
     mismatched_comparisons,
     tokens,
     unknown_references,
+    value_type,
 )
 from rules.model import Correlation, InhibitRule, Rule, RuleSet
 from rules.yamlfile import plain_value, position, read_rule_file
@@ -403,10 +405,10 @@ def sample_record(signal: str, kinds: frozenset[str] = frozenset()) -> dict[str,
 def _cel_type(value: Any) -> str:
     """CEL's name for the type of an evaluation result with its article: ``a bool``, ``an int``, ``a
     double``, ``a string``, ``a list``, ``a map``, ``null``."""
-    if isinstance(value, bool):
-        return "a bool"
-    names = {int: "an int", float: "a double", str: "a string", bytes: "bytes", list: "a list", dict: "a map"}
-    return "null" if value is None else names.get(type(value), f"a {type(value).__name__}")
+    if value is None:
+        return "null"
+    t = value_type(value)
+    return ARTICLE.get(t, t) if t else f"a {type(value).__name__}"
 
 
 def _record_of(signal: str) -> str:
