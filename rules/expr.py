@@ -26,6 +26,7 @@ _TOKEN = re.compile(
     + r"""[\s\S]*?"""
     + '"""'
     + r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
+  | (?P<num>0[xX][0-9a-fA-F]+[uU]?|(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?[uU]?)
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<other>[\s\S])
 """,
@@ -78,7 +79,8 @@ class ExprError(ValueError):
 
 
 def tokens(expr: str) -> list[tuple[str, str, int]]:
-    """Split ``expr`` into (type, text, offset) with type in str / ident / other."""
+    """Split ``expr`` into (type, text, offset) with type in str / num / ident / other (a number literal
+    such as ``1u``, ``1.5e-3`` or ``0x1F`` is one ``num`` token, so its suffix is no identifier)."""
     return [(m.lastgroup or "other", m.group(), m.start()) for m in _TOKEN.finditer(expr)]
 
 

@@ -388,3 +388,14 @@ def test_comparisons_of_matching_types_or_unknown_operands_are_not_judged(expr):
     from rules.loader import sample_record
 
     assert mismatched_comparisons(expr, sample_record("events", frozenset({"RDMA_CQ_DONE"}))) == []
+
+
+def test_number_literals_with_suffix_or_exponent_are_not_names(tmp_path):
+    """`1u`, `1.5e-3` and `0x1Fu` are number literals: their letters are no unknown fields (and a macro
+    named `e3` does not expand inside `1e3`)."""
+    text = GOOD.replace("macros:\n", "macros:\n  e3: 'true'\n").replace(
+        "condition: stalled",
+        "condition: stalled && step >= 1e3 && stall_ratio > 1.5e-3 && uint(step_time_max_ns) > 0x1Fu && step != 2u",
+    )
+    rs = load_ruleset([write(tmp_path, "n.yaml", text)])
+    assert "1e3" in rs.rules["slow_step"].condition.source
