@@ -10,12 +10,12 @@ Checks beyond the JSON Schema: CEL syntax (at the position inside the expression
 that are not documented fields of the signal (``rules.fields``), unknown event kinds, kinds on a
 non-event signal, ``threshold.of`` missing for a non-count aggregate, correlation key names that differ,
 annotation templates that do not compile or use unknown names, and settings that mean something else
-than they say: a ``window`` of 0 (no match is kept: the rule never fires), a ``threshold.at_least`` that
-is not finite or that any match reaches (below 1 for ``count``, 0 or below for ``cusum``), a
-``condition`` that gives something other than true/false and a ``threshold.of`` that gives a string,
-boolean, list or map on a record of the signal (:func:`sample_record`: every documented field present,
-of the type the engine gives it), and a comparison of a field with a literal of another type
-(``rules.expr.mismatched_comparisons``).
+than they say: a ``window`` or correlation ``within`` of 0 (no match is kept or paired), a
+``threshold.at_least`` that is not finite or that any match reaches (below 1 for ``count``, 0 or below
+for ``cusum``), a ``condition`` that gives something other than true/false and a ``threshold.of`` that
+gives a string, boolean, list or map on a record of the signal (:func:`sample_record`: every documented
+field present, of the type the engine gives it), and a comparison of a field with a literal of another
+type (``rules.expr.mismatched_comparisons``).
 """
 
 from __future__ import annotations
@@ -500,6 +500,14 @@ def _build_correlation(
             *position(raw["doc"], raw["path"] + ["correlate", "other_keys"]),
             f"correlate: this_keys {sorted(spec['this_keys'])} and other_keys {sorted(spec['other_keys'])} "
             "must name the same keys",
+            rid,
+        )
+    if parse_duration_ns(spec["within"]) == 0:
+        ctx.add(
+            raw["file"],
+            *position(raw["doc"], raw["path"] + ["correlate", "within"]),
+            f"correlate/within: {spec['within']} pairs only records of the very same ns time, which two signals "
+            "practically never have: give the time a match may be apart (e.g. 30s)",
             rid,
         )
     o_record = sample_record(osig, okinds)
