@@ -26,6 +26,7 @@ _TOKEN = re.compile(
     + r"""[\s\S]*?"""
     + '"""'
     + r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
+  | (?P<comment>//[^\n]*)
   | (?P<num>0[xX][0-9a-fA-F]+[uU]?|(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?[uU]?)
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<other>[\s\S])
@@ -79,8 +80,9 @@ class ExprError(ValueError):
 
 
 def tokens(expr: str) -> list[tuple[str, str, int]]:
-    """Split ``expr`` into (type, text, offset) with type in str / num / ident / other (a number literal
-    such as ``1u``, ``1.5e-3`` or ``0x1F`` is one ``num`` token, so its suffix is no identifier)."""
+    """Split ``expr`` into (type, text, offset) with type in str / comment / num / ident / other (a number
+    literal such as ``1u``, ``1.5e-3`` or ``0x1F`` is one ``num`` token, so its suffix is no identifier; a
+    ``//`` comment, to the end of its line, is one ``comment`` token)."""
     return [(m.lastgroup or "other", m.group(), m.start()) for m in _TOKEN.finditer(expr)]
 
 
@@ -90,7 +92,7 @@ def identifiers(expr: str) -> list[str]:
     for kind, text, _ in tokens(expr):
         if kind == "ident" and prev != ".":
             out.append(text)
-        if not text.isspace():
+        if not text.isspace() and kind != "comment":
             prev = text
     return out
 
@@ -104,6 +106,8 @@ def expand(expr: str, macros: dict[str, str], lists: dict[str, list], _stack: tu
     itself directly or through others (``a -> b -> a``)."""
     out, prev = [], ""
     for kind, text, _ in tokens(expr):
+        if kind == "comment":  # dropped: in a macro it would swallow the closing parenthesis
+            continue
         if kind == "ident" and prev != ".":
             if text in macros:
                 if text in _stack:
@@ -137,27 +141,28 @@ def unknown_references(
     (``allowed``), a macro/list or extra name (``names``), a comprehension variable or a CEL literal;
     and for members of documented nested fields (``straggler.hostt``, ``payload.qpp``) that do not
     exist."""
-    bound = set(_COMPREHENSION.findall(expr))
+    toks = tokens(expr)
+    stripped = "".join(t if k not in ("str", "comment") else " " * len(t) for k, t, _ in toks)  # same offsets
+    bound = set(_COMPREHENSION.findall(stripped))
     msgs = []
     offsets = {}
     prev = ""
-    for kind, text, off in tokens(expr):
+    for kind, text, off in toks:
         if kind == "ident" and prev != ".":
             offsets.setdefault(text, off)
-        if not text.isspace():
+        if not text.isspace() and kind != "comment":
             prev = text
     for name in dict.fromkeys(identifiers(expr)):
         if name in allowed or name in names or name in bound or name in _RESERVED:
             continue
-        if re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", expr):
+        if re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", stripped):
             continue  # a function call: checked against CEL_FUNCTIONS below
         near = difflib.get_close_matches(name, sorted(allowed | names), n=1)
         hint = f"; did you mean '{near[0]}'?" if near else ""
         msgs.append((f"unknown field '{name}'{hint}", offsets.get(name, 0)))
-    stripped = "".join(t if k != "str" else " " * len(t) for k, t, _ in tokens(expr))  # keeps offsets
     for m in _CALL.finditer(stripped):
         name = m.group(1)
-        if name not in CEL_FUNCTIONS:
+        if name not in CEL_FUNCTIONS and name != "in":  # `x in (list)`: an operator, not a call
             near = difflib.get_close_matches(name, sorted(CEL_FUNCTIONS), n=1)
             hint = f"; did you mean '{near[0]}'?" if near else " (docs/RULES.md lists the CEL functions)"
             msgs.append((f"unknown function '{name}'{hint}", m.start()))
@@ -214,7 +219,7 @@ def mismatched_comparisons(expr: str, record: dict[str, Any]) -> list[tuple[str,
     field of its run time type (``rules.loader.sample_record``); fields that are null there, members
     (``a.b``), comprehension variables and macros are not judged."""
     bound = set(_COMPREHENSION.findall(expr))
-    toks = [(m.lastgroup or "other", m.group(), m.start()) for m in _LEX.finditer(expr) if m.lastgroup != "space"]
+    toks = [(m.lastgroup or "other", m.group(), m.start()) for m in _LEX.finditer(expr) if m.lastgroup not in _BLANK]
     out = []
     for i, (_, op, _) in enumerate(toks):
         if op not in ("==", "!=") and op not in _ORDERING:
@@ -398,7 +403,8 @@ _LEX = re.compile(
     + r"""[\s\S]*?"""
     + '"""'
     + r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
-  | (?P<num>\d+(\.\d*)?([eE][+-]?\d+)?[uU]?|0[xX][0-9a-fA-F]+[uU]?|\.\d+([eE][+-]?\d+)?)
+  | (?P<comment>//[^\n]*)
+  | (?P<num>0[xX][0-9a-fA-F]+[uU]?|\d+(\.\d*)?([eE][+-]?\d+)?[uU]?|\.\d+([eE][+-]?\d+)?)
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op>==|!=|<=|>=|&&|\|\|)
   | (?P<space>\s+)
@@ -406,6 +412,7 @@ _LEX = re.compile(
 """,
     re.VERBOSE,
 )
+_BLANK = {"space", "comment"}  # tokens that separate and mean nothing (a `//` comment runs to the line's end)
 _LOW = {"", "(", "&&", "||", "?", ":", ",", "["}  # tokens that bind looser than a relation
 _END = {"", ")", "&&", "||", "?", ":", ",", "]"}
 _BOOL_CALLS = {
@@ -426,7 +433,7 @@ _BOOL_CALLS = {
 
 
 def _lex(expr: str) -> list[tuple[str, str]]:
-    return [(m.lastgroup or "other", m.group()) for m in _LEX.finditer(expr) if m.lastgroup != "space"]
+    return [(m.lastgroup or "other", m.group()) for m in _LEX.finditer(expr) if m.lastgroup not in _BLANK]
 
 
 def _operand_after(toks: list[tuple[str, str]], i: int) -> int:

@@ -95,6 +95,7 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "collectives": [],
     "inconsistent": [],
     "late_max_ns": 0,
+    "net_directed": False,
     "evidence": {"spread_ns": 0, "hosts": {}},
     "hang": None,
     "layers": {},

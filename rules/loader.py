@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +118,14 @@ class _Ctx:
 
 
 def _expr_pos(doc: Any, path: list, err: ExprError, file: str = "") -> tuple[int, int]:
-    """1-based position in the file of ``err``'s (line, col) inside the expression at ``path``. For a
-    block scalar (``|`` or ``>``; folding joins lines) the expression's text at that point is searched
-    in the file's lines below the key."""
+    """1-based position in the file of ``err``'s (line, col) inside the expression at ``path``.
+
+    YAML changes an expression's text on its way from the file: a block scalar (``|``, ``>``) loses its
+    indentation, ``>`` and a plain or quoted scalar over several lines are folded (a line break becomes a
+    space), a quoted scalar loses its quotes and escapes. So the word at the point (up to 12 characters,
+    to the first blank) is looked up in the file: if it occurs k times in the text before the point, the
+    position is its (k+1)-th occurrence from the value's start. When the file cannot be read or the
+    word is not found, the position is computed as for a scalar on one line."""
     line, col = position(doc, path)
     node = doc
     try:
@@ -127,23 +133,51 @@ def _expr_pos(doc: Any, path: list, err: ExprError, file: str = "") -> tuple[int
             node = node[step]
     except (KeyError, IndexError, TypeError):
         node = None
-    if isinstance(node, (LiteralScalarString, FoldedScalarString)):
-        text = str(node)
-        lines = text.split("\n")
-        at = sum(len(x) + 1 for x in lines[: max(err.line, 1) - 1]) + max(err.col, 1) - 1
-        snippet = text[at : at + 12].split("\n")[0].strip()
+    text = str(node) if isinstance(node, str) else ""
+    lines = text.split("\n")
+    at = sum(len(x) + 1 for x in lines[: max(err.line, 1) - 1]) + max(err.col, 1) - 1
+    word = re.match(r"\S{0,12}", text[at:]).group() if text and at < len(text) else ""
+    if word and file:
         try:
-            src = Path(file).read_text().splitlines() if file else []
-        except OSError:
+            src = Path(file).read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
             src = []
-        for i in range(line, min(len(src), line + len(text) + 1)):
-            j = src[i].find(snippet) if snippet else -1
-            if j >= 0:
-                return i + 1, j + 1
-        indent = len(src[line]) - len(src[line].lstrip()) if line < len(src) else col
-        return line + max(err.line, 1), indent + max(err.col, 1)
+        k = text.count(word, 0, at)
+        for i in range(max(line - 1, 0), min(len(src), line + len(lines) + 200)):
+            start = col - 1 if i == line - 1 else 0
+            j = src[i].find(word, start)
+            while j >= 0:
+                if k == 0:
+                    return i + 1, j + 1
+                k -= 1
+                j = src[i].find(word, j + len(word))
+    if isinstance(node, (LiteralScalarString, FoldedScalarString)):
+        return line + max(err.line, 1), max(err.col, 1)
     quote = 1 if type(node).__name__.endswith("QuotedScalarString") else 0
     return line + max(err.line - 1, 0), col + quote + max(err.col - 1, 0)
+
+
+def _at(raw: dict, key: str) -> tuple[str, Any, list]:
+    """``(file, doc, path)`` where the rule's top-level ``key`` was last written: an override's
+    ``replace`` or the rule itself."""
+    return raw["at"].get(key) or (raw["file"], raw["doc"], raw["path"] + [key])
+
+
+def _cond_where(raw: dict, text: str, off: int) -> tuple[str, int, int]:
+    """``(file, line, col)`` of offset ``off`` of the rule's (possibly appended-to) condition ``text``:
+    in the part of the file (the rule, or an override's ``append``) that holds it."""
+    start, file, doc, path, node_start = next(p for p in reversed(raw["cond_parts"]) if p[0] <= off)
+    node = doc
+    for step in path:
+        node = node[step]
+    node_text = str(node)
+    return (file, *_expr_pos(doc, path, ExprError("", *line_col(node_text, off - start + node_start)), file))
+
+
+def _offset(text: str, line: int, col: int) -> int:
+    """Offset in ``text`` of 1-based (line, col)."""
+    lines = text.split("\n")
+    return sum(len(x) + 1 for x in lines[: max(line, 1) - 1]) + max(col, 1) - 1
 
 
 def _read_files(ctx: _Ctx, files: list[Path]) -> None:
@@ -179,6 +213,10 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
                 "path": ["rules", i],
                 "line": line,
                 "cond_at": (file, doc, ["rules", i, "condition"]),
+                # where each part of the condition was written: (offset in the whole condition, file, doc,
+                # path, offset in the node's text); an override's `append` adds a part
+                "cond_parts": [(0, file, doc, ["rules", i, "condition"], 0)],
+                "at": {},  # key -> (file, doc, path) for keys an override replaced
             }
         for i, ov in enumerate(doc.get("overrides") or []):
             _apply_override(ctx, file, doc, i, _plain(ov))
@@ -207,8 +245,13 @@ def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
     spec = copy.deepcopy(target["spec"])
     app = ov.get("append") or {}
     if "condition" in app:
-        spec["condition"] = f"{spec['condition'].rstrip()} {app['condition'].strip()}"
-        target["cond_at"] = (file, doc, ["overrides", i, "append", "condition"])
+        head, tail = spec["condition"].rstrip(), app["condition"]
+        spec["condition"] = f"{head} {tail.strip()}"
+        where = ["overrides", i, "append", "condition"]
+        target["cond_at"] = (file, doc, where)
+        target["cond_parts"] = target["cond_parts"] + [
+            (len(head) + 1, file, doc, where, len(tail) - len(tail.lstrip()))
+        ]
     for key in ("labels", "annotations"):
         if key in app:
             spec[key] = {**spec.get(key, {}), **app[key]}
@@ -217,8 +260,10 @@ def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
             spec[key] = list(spec.get(key, [])) + list(app[key])
     for key, val in (ov.get("replace") or {}).items():
         spec[key] = val
+        target["at"] = {**target["at"], key: (file, doc, ["overrides", i, "replace", key])}
         if key == "condition":
             target["cond_at"] = (file, doc, ["overrides", i, "replace", "condition"])
+            target["cond_parts"] = [(0, file, doc, ["overrides", i, "replace", "condition"], 0)]
     target["spec"] = spec
 
 
@@ -247,24 +292,32 @@ def _compile(
     With ``record`` (:func:`sample_record` of the expression's signal) a comparison of a field with a
     literal of another type (``rules.expr.mismatched_comparisons``) is a problem too."""
     rid = raw["spec"]["id"]
+    top, *rest = key.split("/")
     if key == "condition":
         file, doc, path = raw["cond_at"]
     else:
-        file, doc, path = raw["file"], raw["doc"], raw["path"] + key.split("/")
+        file, doc, base = _at(raw, top)
+        path = base + rest
+
+    def where(off: int) -> tuple[str, int, int]:
+        if key == "condition":
+            return _cond_where(raw, text, off)
+        return (file, *_expr_pos(doc, path, ExprError("", *line_col(text, off)), file))
+
     try:
         compile_expr(text)  # syntax first, on the text as written, for exact positions
     except ExprError as err:
-        ctx.add(file, *_expr_pos(doc, path, err, file), f"{key}: {err}", rid)
+        ctx.add(*where(_offset(text, err.line, err.col)), f"{key}: {err}", rid)
         return None
     names = set(ctx.macros) | set(ctx.lists) | set(extra)
-    raw = unknown_references(text, allowed, names, nested, payload)
-    if record is not None and not raw:
-        raw = mismatched_comparisons(text, record)
-    for msg, off in raw:
-        ctx.add(file, *_expr_pos(doc, path, ExprError(msg, *line_col(text, off)), file), f"{key}: {msg}", rid)
+    found = unknown_references(text, allowed, names, nested, payload)
+    if record is not None and not found:
+        found = mismatched_comparisons(text, record)
+    for msg, off in found:
+        ctx.add(*where(off), f"{key}: {msg}", rid)
     try:
         source = expand(text, ctx.macros, ctx.lists)
-        seen = {m for m, _ in raw}
+        seen = {m for m, _ in found}
         later = unknown_references(source, allowed, set(extra), nested, payload)
         if record is not None and not later:
             later = mismatched_comparisons(source, record)
@@ -325,9 +378,10 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
     of = None
     if aggregate != "count":
         if not thr.get("of"):
+            t_file, t_doc, t_path = _at(raw, "threshold")
             ctx.add(
-                file,
-                *position(doc, path + ["threshold"]),
+                t_file,
+                *position(t_doc, t_path),
                 f"threshold: aggregate '{aggregate}' needs `of:` (the expression to aggregate, e.g. duration_ns)",
                 rid,
             )
@@ -408,7 +462,9 @@ def _cel_type(value: Any) -> str:
     if value is None:
         return "null"
     t = value_type(value)
-    return ARTICLE.get(t, t) if t else f"a {type(value).__name__}"
+    if t:
+        return ARTICLE.get(t, t)
+    return {"timedelta": "a duration", "datetime": "a timestamp"}.get(type(value).__name__, f"a {type(value).__name__}")
 
 
 def _record_of(signal: str) -> str:
@@ -418,16 +474,18 @@ def _record_of(signal: str) -> str:
 def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> None:
     """A window of 0 (the rule never fires) and an ``at_least`` that is not finite or that any match
     reaches are problems."""
-    spec, rid, file, doc, path = raw["spec"], raw["spec"]["id"], raw["file"], raw["doc"], raw["path"]
+    spec, rid = raw["spec"], raw["spec"]["id"]
     window = spec.get("window", "1m")
     if parse_duration_ns(window) == 0:
+        w_file, w_doc, w_path = _at(raw, "window")
         ctx.add(
-            file,
-            *position(doc, path + ["window"]),
+            w_file,
+            *position(w_doc, w_path),
             f"window: {window} keeps no match: a rule counts the matches of the last `window` (e.g. 30s, 1m)",
             rid,
         )
-    where = position(doc, path + ["threshold", "at_least"])
+    file, doc, path = _at(raw, "threshold")
+    where = position(doc, path + ["at_least"])
     if not math.isfinite(at_least):
         effect = "any match reaches it" if at_least < 0 else "no aggregate reaches it: the rule never fires"
         ctx.add(file, *where, f"threshold/at_least: {at_least} is not a finite number ({effect})", rid)
@@ -450,39 +508,51 @@ def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> N
         )
 
 
+def _result(expr: Compiled, record: dict) -> tuple[bool, Any]:
+    """``(evaluated, value)`` of ``expr`` on ``record``; ``(False, None)`` when the evaluation fails."""
+    try:
+        return True, expr.eval(record)
+    except EvalError:
+        return False, None
+
+
+def _check_condition(
+    ctx: _Ctx, rid: str, where: tuple, key: str, cond: Compiled | None, signal: str, record: dict
+) -> None:
+    """A condition that gives a number, string, list, map or null on ``record`` (:func:`sample_record`)
+    matches nothing: a rule matches where it is ``true``. ``where``: (file, doc, path) of the condition.
+    An evaluation that fails on the sample (a null member, a missing key) is not judged."""
+    done, got = _result(cond, record) if cond is not None else (False, None)
+    if done and not isinstance(got, bool):
+        file, doc, path = where
+        ctx.add(
+            file,
+            *position(doc, path),
+            f"{key}: gives {_cel_type(got)}, not true or false, on {_record_of(signal)}: a rule "
+            "matches only where its condition is true (compare the value, e.g. `duration_us > 20.0`)",
+            rid,
+        )
+
+
 def _check_results(ctx: _Ctx, raw: dict, cond: Compiled | None, of: Compiled | None, record: dict) -> None:
-    """Evaluate the condition and ``threshold.of`` on ``record`` (:func:`sample_record`): a condition that
-    gives a number, string, list, map or null matches nothing (a rule matches where it is ``true``), and an
-    ``of`` that gives a string, boolean, list or map has no aggregate. An evaluation that fails on the sample
-    (a null member, a missing key) says nothing and is not reported: only a result is."""
-    spec, rid, file, doc, path = raw["spec"], raw["spec"]["id"], raw["file"], raw["doc"], raw["path"]
-    if cond is not None and not spec.get("foreach"):
-        try:
-            got = cond.eval(record)
-        except EvalError:
-            got = True
-        if not isinstance(got, bool):
-            c_file, c_doc, c_path = raw["cond_at"]
-            ctx.add(
-                c_file,
-                *position(c_doc, c_path),
-                f"condition: gives {_cel_type(got)}, not true or false, on {_record_of(spec['signal'])}: a rule "
-                "matches only where its condition is true (compare the value, e.g. `duration_us > 20.0`)",
-                rid,
-            )
-    if of is not None and not spec.get("foreach"):
-        try:
-            got = of.eval(record)
-        except EvalError:
-            got = 0
-        if isinstance(got, (bool, str, bytes, list, dict)):
-            ctx.add(
-                file,
-                *position(doc, path + ["threshold", "of"]),
-                f"threshold/of: gives {_cel_type(got)} on {_record_of(spec['signal'])}; aggregate "
-                f"'{(spec.get('threshold') or {}).get('aggregate')}' needs a number (an int or a double)",
-                rid,
-            )
+    """Evaluate the condition and ``threshold.of`` on ``record`` (:func:`sample_record`): see
+    :func:`_check_condition`; an ``of`` that gives anything but a number (a string, boolean, list, map,
+    duration or timestamp) has no aggregate. Rules with ``foreach`` are not judged (their expressions
+    read ``item``)."""
+    spec, rid = raw["spec"], raw["spec"]["id"]
+    if spec.get("foreach"):
+        return
+    _check_condition(ctx, rid, raw["cond_at"], "condition", cond, spec["signal"], record)
+    done, got = _result(of, record) if of is not None else (False, None)
+    if done and got is not None and (isinstance(got, bool) or not isinstance(got, (int, float))):
+        file, doc, path = _at(raw, "threshold")
+        ctx.add(
+            file,
+            *position(doc, path + ["of"]),
+            f"threshold/of: gives {_cel_type(got)} on {_record_of(spec['signal'])}; aggregate "
+            f"'{(spec.get('threshold') or {}).get('aggregate')}' needs a number (an int or a double)",
+            rid,
+        )
 
 
 def _build_correlation(
@@ -494,24 +564,29 @@ def _build_correlation(
     o_allowed = set(fields.SIGNAL_VARS[osig])
     o_nested = fields.NESTED_VARS if osig == "steps" else {}
     o_payload = fields.payload_keys(sorted(okinds)) if osig == "events" else None
+    c_file, c_doc, c_path = _at(raw, "correlate")
     if set(spec["this_keys"]) != set(spec["other_keys"]):
         ctx.add(
-            raw["file"],
-            *position(raw["doc"], raw["path"] + ["correlate", "other_keys"]),
+            c_file,
+            *position(c_doc, c_path + ["other_keys"]),
             f"correlate: this_keys {sorted(spec['this_keys'])} and other_keys {sorted(spec['other_keys'])} "
             "must name the same keys",
             rid,
         )
     if parse_duration_ns(spec["within"]) == 0:
         ctx.add(
-            raw["file"],
-            *position(raw["doc"], raw["path"] + ["correlate", "within"]),
+            c_file,
+            *position(c_doc, c_path + ["within"]),
             f"correlate/within: {spec['within']} pairs only records of the very same ns time, which two signals "
             "practically never have: give the time a match may be apart (e.g. 30s)",
             rid,
         )
     o_record = sample_record(osig, okinds)
+    n_before = len(ctx.problems)
     cond = _compile(ctx, raw, "correlate/condition", spec["condition"], o_allowed, o_nested, o_payload, record=o_record)
+    if len(ctx.problems) == n_before:
+        where = (c_file, c_doc, c_path + ["condition"])
+        _check_condition(ctx, rid, where, "correlate/condition", cond, osig, o_record)
     this_keys = {
         k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra)
         for k, v in spec["this_keys"].items()

@@ -402,3 +402,116 @@ def test_number_literals_with_suffix_or_exponent_are_not_names(tmp_path):
     )
     rs = load_ruleset([write(tmp_path, "n.yaml", text)])
     assert "1e3" in rs.rules["slow_step"].condition.source
+
+
+@pytest.mark.parametrize("signal", ["steps", "events", "health"])
+def test_every_documented_field_is_in_the_record_a_rule_sees(signal):
+    """`rules check` accepts exactly the documented fields, so each must be in the record the engine
+    evaluates (a field missing there would pass the check and fail on every record)."""
+    from rules import fields
+    from rules.loader import sample_record
+
+    assert set(fields.SIGNAL_VARS[signal]) <= set(sample_record(signal, frozenset({"RDMA_CQ_DONE"})))
+
+
+def test_comments_and_in_with_parentheses_are_cel_not_names(tmp_path):
+    """A `//` comment (to the end of its line, apostrophes and all) is no code, also inside a macro that
+    is expanded in parentheses; `x in (list)` is the operator, not a call of a function `in`."""
+    text = """\
+version: 1
+macros:
+  watched: "['node1', 'node2'] // the hosts we watch"
+rules:
+  - id: c
+    description: d
+    severity: warning
+    signal: events
+    kinds: [CUDA_SYNC]
+    condition: |
+      // only real GPUs; the host's sync doesn't count
+      gpu >= 0 && duration_ns > 20000000 // gpu == "none" is -1
+      && host in watched && gpu in ([0, 1])
+"""
+    rs = load_ruleset([write(tmp_path, "c.yaml", text)])
+    assert "//" not in rs.rules["c"].condition.source
+    bad = write(tmp_path, "b.yaml", text.replace("gpu in ([0, 1])", "host == 78 // wrong"))
+    assert [p.split(": ", 1)[0] for p in problems(bad)] == [f"{bad}:13:29"]
+
+
+def test_problems_of_overridden_settings_are_at_the_override(tmp_path):
+    """A problem in a part an override wrote (an appended condition, a replaced window or threshold) is
+    reported in the override's file at that value; a problem of the rule's own condition stays there."""
+    base = write(
+        tmp_path,
+        "base.yaml",
+        "version: 1\nrules:\n"
+        "  - {id: r, description: d, severity: warning, signal: events, kinds: [CUDA_SYNC],\n"
+        "     condition: host == 78 && duration_ns > 20000000, window: 1m}\n"
+        "  - {id: s, description: d, severity: warning, signal: events, kinds: [CUDA_SYNC],\n"
+        "     condition: duration_ns > 20000000}\n",
+    )
+    ov = write(
+        tmp_path,
+        "ov.yaml",
+        "version: 1\noverrides:\n"
+        "  - rule: r\n"
+        "    append:\n"
+        '      condition: "&& gpu >= 0 && host == 79"\n'
+        "    replace:\n"
+        "      window: 0s\n"
+        "  - rule: s\n"
+        "    replace:\n"
+        "      threshold: {at_least: 0}\n",
+    )
+    got = [p.split(": rule ")[0] for p in problems(base, ov)]
+    assert got == [f"{base}:4:17", f"{ov}:5:34", f"{ov}:7:15", f"{ov}:10:29"], got
+
+
+def test_positions_inside_expressions_over_several_lines(tmp_path):
+    """An expression's problem is found at its line:col in the file however YAML wrote the expression:
+    a plain or double-quoted scalar folded over two lines, a `|` block whose lines repeat the same text,
+    a `>` block, a single-quoted scalar with '' escapes."""
+    head = "  - id: {}\n    description: d\n    severity: warning\n    signal: events\n    kinds: [CUDA_SYNC]\n"
+    bodies = {
+        "plain": "    condition: duration_ns > 20000000\n      && host == 78\n",
+        "dq": "    condition: \"duration_ns > 20000000\n      && duration_ns > '5'\"\n",
+        "block": '    condition: |\n      duration_ns > 5000 && gpu == 0 ||\n      duration_ns > "5000"\n',
+        "sq": "    condition: 'host == ''x'' && gpu == ''0'''\n",
+        "folded": '    condition: >\n      duration_ns > 5000 &&\n      hostt == "x"\n',
+    }
+    text = "version: 1\nrules:\n" + "".join(head.format(rid) + body for rid, body in bodies.items())
+    f = write(tmp_path, "ml.yaml", text)
+    got = {p.split('rule "')[1].split('"')[0]: p.split(": rule")[0] for p in problems(f)}
+    assert got == {
+        "plain": f"{f}:9:10",
+        "dq": f"{f}:16:10",
+        "block": f"{f}:24:7",
+        "sq": f"{f}:30:34",
+        "folded": f"{f}:38:7",
+    }, got
+
+
+def test_a_correlated_condition_and_an_aggregate_of_a_duration_are_judged_too(tmp_path):
+    text = """\
+version: 1
+rules:
+  - id: corr
+    description: d
+    severity: warning
+    signal: steps
+    condition: stall
+    correlate: {signal: events, kinds: [CUDA_SYNC], condition: duration_ns, this_keys: {job: job},
+                other_keys: {job: job}, within: 30s}
+  - id: dur
+    description: d
+    severity: warning
+    signal: events
+    kinds: [CUDA_SYNC]
+    condition: duration_ns > 5
+    threshold: {aggregate: max, of: "duration('1s')", at_least: 5}
+"""
+    f = write(tmp_path, "b.yaml", text)
+    got = problems(f)
+    assert len(got) == 2, got
+    assert got[0].startswith(f'{f}:8:64: rule "corr": correlate/condition: gives an int, not true or false, on an'), got
+    assert got[1].startswith(f'{f}:16:37: rule "dur": threshold/of: gives a duration on an events record'), got
