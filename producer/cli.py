@@ -47,10 +47,12 @@ Examples:
                                                             # a secured cluster; password from
                                                             # $OBSHUB_KAFKA_SASL_PASSWORD
 \b
-Exit codes: 0 everything delivered; 1 an error, a setting out of its range among them (message and hint
-on stderr, naming the option); 2 a command line that cannot be used (an unknown option or --threshold
-name, an option of the other --source); 3 batches left undelivered in the spool
-($OBSHUB_HOME/spool/<host>), replayed by the next start with the same --host.
+Exit codes: 0 everything delivered; 1 an error (message and hint on stderr), among them a setting the
+agent checks when it builds its configuration (--batch-*, --spool-*, --duration, --flush-timeout, --host,
+--delivery-timeout-ms, the Kafka security settings; the message names the option); 2 a command line that
+cannot be parsed (an unknown option, a value of the wrong type or out of the range shown in --help, an
+unknown or negative --threshold, an option of the other --source); 3 batches left undelivered in the
+spool ($OBSHUB_HOME/spool/<host>), replayed by the next start with the same --host.
 """
 
 
@@ -65,6 +67,8 @@ def _key_values(option: str, items: tuple[str, ...], *, as_int: bool) -> dict:
                 out[name] = int(value, 0)
             except ValueError:
                 raise click.BadParameter(f"{item!r}: {value!r} is not an integer", param_hint=option) from None
+            if out[name] < 0:
+                raise click.BadParameter(f"{item!r}: a threshold is 0 or more", param_hint=option)
         else:
             out[name] = value
     return out
@@ -112,6 +116,7 @@ _OPTION_OF = {
     "batch.step_min_age_ms": "--batch-step-min-age-ms",
     "spool.max_bytes": "--spool-max-bytes",
     "spool.segment_bytes": "--spool-segment-bytes",
+    "spool": "--spool-segment-bytes / --spool-max-bytes",
     "metrics_port": "--metrics-port",
     "metrics_addr": "--metrics-addr",
     "duration_s": "--duration",

@@ -75,6 +75,8 @@ def test_agent_rate_validated(tmp_path, rate):
         (["--batch-max-bytes", "0"], 1, "--batch-max-bytes: Input should be greater than or equal to 1024"),
         (["--spool-segment-bytes", "1"], 1, "--spool-segment-bytes: Input should be greater than or equal to"),
         (["--host", "a/b"], 1, "--host: host name 'a/b' must be letters"),
+        (["--threshold", "rdma_latency_ns=-5"], 2, "'rdma_latency_ns=-5': a threshold is 0 or more"),
+        (["--spool-segment-bytes", str(2**40)], 1, "--spool-segment-bytes / --spool-max-bytes: spool segment size"),
     ],
 )
 def test_agent_options_out_of_range_or_of_the_other_source_are_named(tmp_path, args, code, wanted):
