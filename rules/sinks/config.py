@@ -51,6 +51,19 @@ def _dur_s(v: str) -> float:
     return parse_duration_ns(v) / 1e9
 
 
+def _duration(v: str) -> str:
+    """A duration setting (``500ms``, ``10s``, ``1h30m``); raises ValueError naming the text."""
+    parse_duration_ns(v)
+    return v
+
+
+def _positive_duration(v: str) -> str:
+    """A duration setting that must be longer than 0 (a period, a timeout); raises ValueError."""
+    if parse_duration_ns(v) == 0:
+        raise ValueError(f"{v} must be longer than 0")
+    return v
+
+
 class Route(BaseModel):
     """Grouping (Alertmanager's route): alerts with equal ``group_by`` label values form one group;
     the first notification of a group waits ``group_wait``, later changes are batched every
@@ -62,11 +75,8 @@ class Route(BaseModel):
     group_interval: str = "1m"
     repeat_interval: str = "4h"
 
-    @field_validator("group_wait", "group_interval", "repeat_interval")
-    @classmethod
-    def _duration(cls, v: str) -> str:
-        parse_duration_ns(v)
-        return v
+    _check_waits = field_validator("group_wait", "group_interval")(_duration)  # 0: at once
+    _check_repeat = field_validator("repeat_interval")(_positive_duration)
 
 
 class Delivery(BaseModel):
@@ -79,6 +89,9 @@ class Delivery(BaseModel):
     backoff_initial: str = "1s"
     backoff_max: str = "1m"
     retry_after_max: str = "5m"
+
+    _check_waits = field_validator("retry_after_max")(_duration)
+    _check_periods = field_validator("max_elapsed", "timeout", "backoff_initial", "backoff_max")(_positive_duration)
 
     def policy(self) -> DeliveryPolicy:
         return DeliveryPolicy(
@@ -109,6 +122,8 @@ class SinkSpec(BaseModel):
     resend_every: str = "1m"
     dedup_prefix: str = "obshub"
 
+    _check_resend = field_validator("resend_every")(_positive_duration)
+
 
 class AlertingConfig(BaseModel):
     """The whole alerting config file. ``mode``: ``obshub`` (obshub groups, inhibits and silences, then
@@ -125,6 +140,15 @@ class AlertingConfig(BaseModel):
     sinks: list[SinkSpec] = Field(default_factory=lambda: [SinkSpec(name="console", type="console")])
     external_url: str = ""
     runbook_base_url: str = ""
+
+    @field_validator("sinks")
+    @classmethod
+    def _unique_names(cls, sinks: list[SinkSpec]) -> list[SinkSpec]:
+        names = [s.name for s in sinks]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"sink name(s) used twice: {', '.join(dup)} (give each sink its own name)")
+        return sinks
 
     @field_validator("external_url", "runbook_base_url")
     @classmethod
@@ -229,7 +253,9 @@ def load_config(path: Path | None) -> AlertingConfig:
             loc = [int(p) if isinstance(p, int) else p for p in e["loc"]]
             unknown = e["type"] == "extra_forbidden"  # point at the key itself
             line, col = position(doc, loc, key=unknown) if doc is not None else (1, 1)
-            lines.append(f"{file}:{line}:{col}: {'/'.join(map(str, loc)) or 'config'}: {e['msg']}")
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append((line, col, f"{file}:{line}:{col}: {'/'.join(map(str, loc)) or 'config'}: {msg}"))
+        lines = [text for *_, text in sorted(lines)]
         raise SinkConfigError(
             "invalid alerting config:\n" + "\n".join(lines), "see docs/RULES.md, section 'Alerting config'"
         ) from None

@@ -422,7 +422,24 @@ def test_alerting_config_problems_are_listed_at_file_line_col(tmp_path):
         load_config(f)
     with pytest.raises(SinkConfigError, match=f"cannot read alerting config {tmp_path / 'nope.yaml'}: No such file"):
         load_config(tmp_path / "nope.yaml")
-    f.write_text("version: 1\nsinks:\n  - {name: c, type: console}\n")
+    f.write_text(
+        "version: 1\n"
+        "route: {repeat_interval: 0s}\n"
+        "delivery: {timeout: 10 s}\n"
+        "sinks:\n"
+        "  - {name: am, type: alertmanager, url: 'http://am:9093', resend_every: soon}\n"
+    )
+    with pytest.raises(SinkConfigError) as exc:  # durations are checked when the file is read
+        load_config(f)
+    assert str(exc.value).splitlines()[1:] == [
+        f"{f}:2:26: route/repeat_interval: 0s must be longer than 0",
+        f"{f}:3:21: delivery/timeout: '10 s' is not a duration (examples: 500ms, 30s, 5m, 1h30m)",
+        f"{f}:5:73: sinks/0/resend_every: 'soon' is not a duration (examples: 500ms, 30s, 5m, 1h30m)",
+    ], str(exc.value)
+    f.write_text("version: 1\nsinks:\n  - {name: c, type: console}\n  - {name: c, type: console}\n")
+    with pytest.raises(SinkConfigError, match=f"{f}:3:3: sinks: sink name\\(s\\) used twice: c"):
+        load_config(f)
+    f.write_text("version: 1\nroute: {group_wait: 0s, group_interval: 0s}\nsinks:\n  - {name: c, type: console}\n")
     assert [s.name for s in load_config(f).sinks] == ["c"]
 
 
