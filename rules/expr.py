@@ -11,6 +11,7 @@ a ``.``): a macro name becomes ``(its expanded condition)``, a list name becomes
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
 import re
@@ -19,7 +20,8 @@ from typing import Any
 
 import cel
 
-_TOKEN = re.compile(
+# CEL's tokens, enough to find names, literals and operators (strings and comments are never looked into)
+_LEX = re.compile(
     r"""
     (?P<str>[rRbB]*("""
     + '"""'
@@ -27,8 +29,10 @@ _TOKEN = re.compile(
     + '"""'
     + r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
   | (?P<comment>//[^\n]*)
-  | (?P<num>0[xX][0-9a-fA-F]+[uU]?|(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?[uU]?)
+  | (?P<num>0[xX][0-9a-fA-F]+[uU]?|\d+(\.\d*)?([eE][+-]?\d+)?[uU]?|\.\d+([eE][+-]?\d+)?)
   | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<op>==|!=|<=|>=|&&|\|\|)
+  | (?P<space>\s+)
   | (?P<other>[\s\S])
 """,
     re.VERBOSE,
@@ -80,10 +84,11 @@ class ExprError(ValueError):
 
 
 def tokens(expr: str) -> list[tuple[str, str, int]]:
-    """Split ``expr`` into (type, text, offset) with type in str / comment / num / ident / other (a number
-    literal such as ``1u``, ``1.5e-3`` or ``0x1F`` is one ``num`` token, so its suffix is no identifier; a
-    ``//`` comment, to the end of its line, is one ``comment`` token)."""
-    return [(m.lastgroup or "other", m.group(), m.start()) for m in _TOKEN.finditer(expr)]
+    """Split ``expr`` into (type, text, offset) with type in str / comment / num / ident / op / space /
+    other; the texts joined give ``expr`` back. A number literal such as ``1u``, ``1.5e-3`` or ``0x1F`` is
+    one ``num`` token, so its suffix is no identifier; a ``//`` comment, to the end of its line, is one
+    ``comment`` token."""
+    return [(m.lastgroup or "other", m.group(), m.start()) for m in _LEX.finditer(expr)]
 
 
 def identifiers(expr: str) -> list[str]:
@@ -185,17 +190,18 @@ _NUMERIC = {"int", "uint", "double"}
 _ARITH = {"+", "-", "*", "/", "%", "!"}
 # a CEL type name with its article, for messages
 ARTICLE = {"int": "an int", "uint": "a uint", "double": "a double", "string": "a string", "bool": "a bool"}
-ARTICLE |= {"list": "a list", "map": "a map", "bytes": "bytes"}
+ARTICLE |= {"list": "a list", "map": "a map", "bytes": "bytes", "duration": "a duration", "timestamp": "a timestamp"}
 
 
 def value_type(value: Any) -> str | None:
-    """CEL type name of a sample value (``bool``, ``int``, ``double``, ``string``, ``list``, ``map``);
-    None for null (its type is not known)."""
+    """CEL type name of a value (``bool``, ``int``, ``double``, ``string``, ``bytes``, ``list``, ``map``,
+    ``duration``, ``timestamp``); None for null (its type is not known) and anything else."""
     if value is None:
         return None
     if isinstance(value, bool):
         return "bool"
     names = {int: "int", float: "double", str: "string", bytes: "bytes", list: "list", dict: "map"}
+    names |= {datetime.timedelta: "duration", datetime.datetime: "timestamp"}
     return names.get(type(value))
 
 
@@ -219,7 +225,7 @@ def mismatched_comparisons(expr: str, record: dict[str, Any]) -> list[tuple[str,
     field of its run time type (``rules.loader.sample_record``); fields that are null there, members
     (``a.b``), comprehension variables and macros are not judged."""
     bound = set(_COMPREHENSION.findall(expr))
-    toks = [(m.lastgroup or "other", m.group(), m.start()) for m in _LEX.finditer(expr) if m.lastgroup not in _BLANK]
+    toks = [t for t in tokens(expr) if t[0] not in _BLANK]
     out = []
     for i, (_, op, _) in enumerate(toks):
         if op not in ("==", "!=") and op not in _ORDERING:
@@ -396,22 +402,6 @@ def _strings_in(value: Any, out: "set[str] | None" = None) -> set[str]:
 # each comparison with ``item`` is then false (``!=`` true) whatever the item is. The engine evaluates such
 # an expression once for a sentinel item and only the "mentioned" items separately (docs/RULES.md,
 # "Cost of foreach").
-_LEX = re.compile(
-    r"""
-    (?P<str>[rRbB]*("""
-    + '"""'
-    + r"""[\s\S]*?"""
-    + '"""'
-    + r"""|'''[\s\S]*?'''|"(\\.|[^"\\])*"|'(\\.|[^'\\])*'))
-  | (?P<comment>//[^\n]*)
-  | (?P<num>0[xX][0-9a-fA-F]+[uU]?|\d+(\.\d*)?([eE][+-]?\d+)?[uU]?|\.\d+([eE][+-]?\d+)?)
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<op>==|!=|<=|>=|&&|\|\|)
-  | (?P<space>\s+)
-  | (?P<other>[\s\S])
-""",
-    re.VERBOSE,
-)
 _BLANK = {"space", "comment"}  # tokens that separate and mean nothing (a `//` comment runs to the line's end)
 _LOW = {"", "(", "&&", "||", "?", ":", ",", "["}  # tokens that bind looser than a relation
 _END = {"", ")", "&&", "||", "?", ":", ",", "]"}

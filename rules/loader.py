@@ -135,7 +135,7 @@ def _expr_pos(doc: Any, path: list, err: ExprError, file: str = "") -> tuple[int
         node = None
     text = str(node) if isinstance(node, str) else ""
     lines = text.split("\n")
-    at = sum(len(x) + 1 for x in lines[: max(err.line, 1) - 1]) + max(err.col, 1) - 1
+    at = _offset(text, err.line, err.col)
     word = re.match(r"\S{0,12}", text[at:]).group() if text and at < len(text) else ""
     if word and file:
         try:
@@ -459,12 +459,8 @@ def sample_record(signal: str, kinds: frozenset[str] = frozenset()) -> dict[str,
 def _cel_type(value: Any) -> str:
     """CEL's name for the type of an evaluation result with its article: ``a bool``, ``an int``, ``a
     double``, ``a string``, ``a list``, ``a map``, ``null``."""
-    if value is None:
-        return "null"
     t = value_type(value)
-    if t:
-        return ARTICLE.get(t, t)
-    return {"timedelta": "a duration", "datetime": "a timestamp"}.get(type(value).__name__, f"a {type(value).__name__}")
+    return "null" if value is None else ARTICLE.get(t, t) if t else f"a {type(value).__name__}"
 
 
 def _record_of(signal: str) -> str:

@@ -262,9 +262,6 @@ def load_config(path: Path | None) -> AlertingConfig:
 
 
 def build_sinks(cfg: AlertingConfig) -> list[Sink]:
-    """Every sink of ``cfg``; names must be unique. Raises SinkConfigError."""
-    names = [s.name for s in cfg.sinks]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise SinkConfigError(f"sink name(s) used twice: {', '.join(dup)}", "give each sink its own name")
+    """Every sink of ``cfg`` (its names are unique: :class:`AlertingConfig` checks). Raises
+    SinkConfigError."""
     return [build_sink(s, cfg.external_url) for s in cfg.sinks]
