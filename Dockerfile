@@ -11,11 +11,6 @@ RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --
 WORKDIR /opt/obshub
 COPY pyproject.toml setup.py README.md ./
 COPY obshub obshub
-COPY producer producer
-COPY streams streams
-COPY rules rules
-COPY bpf bpf
-COPY bench bench
 RUN python3 -m venv .venv \
     && .venv/bin/pip install --no-cache-dir --upgrade pip \
     && .venv/bin/pip install --no-cache-dir '.[all]'
@@ -26,12 +21,13 @@ RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/obshub
 COPY --from=build /opt/obshub/.venv .venv
-COPY rules/builtin rules/builtin
+# the builtin pack at a fixed path the chart and the systemd unit name (-r /opt/obshub/rules/builtin)
+COPY obshub/rules/builtin rules/builtin
 # expose only Debian's bcc package to the venv (as scripts/setup.sh does)
 RUN mkdir -p .venv/obshub-system \
     && ln -s /usr/lib/python3/dist-packages/bcc .venv/obshub-system/bcc \
     && echo /opt/obshub/.venv/obshub-system > "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/obshub-system-bcc.pth" \
-    && .venv/bin/python -c 'import bcc, obshub, producer, streams, rules' \
+    && .venv/bin/python -c 'import bcc, obshub, obshub.producer, obshub.streams, obshub.rules' \
     && useradd --uid 10001 --no-create-home --home-dir /var/lib/obshub obshub \
     && mkdir -p /var/lib/obshub && chown 10001:10001 /var/lib/obshub
 ENV OBSHUB_HOME=/var/lib/obshub OBSHUB_CACHE=/var/lib/obshub/cache PATH=/opt/obshub/.venv/bin:$PATH

@@ -1,5 +1,5 @@
 """Build hook for the C extensions: ``obshub.instrument._usdt`` (USDT probes via sys/sdt.h from
-systemtap-sdt-dev) and ``producer._ring`` (the agent's batch reader of the BPF ring buffer). Everything
+systemtap-sdt-dev) and ``obshub.producer._ring`` (the agent's batch reader of the BPF ring buffer). Everything
 else about the distribution lives in pyproject.toml."""
 
 from setuptools import Extension, setup
@@ -14,8 +14,8 @@ setup(
             extra_compile_args=["-O2", "-Wall", "-mno-red-zone"],
         ),
         Extension(
-            "producer._ring",
-            sources=["producer/_ring.c"],
+            "obshub.producer._ring",
+            sources=["obshub/producer/_ring.c"],
             extra_compile_args=["-O2", "-Wall"],
         ),
     ],

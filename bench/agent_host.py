@@ -46,9 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {a.cpu})
 
     from obshub.core.settings import agent_config, load_settings
-    from producer.agent import Agent
-    from producer.loader import BpfEventSource
-    from producer.probes import ProbeOptions, Target
+    from obshub.producer.agent import Agent
+    from obshub.producer.loader import BpfEventSource
+    from obshub.producer.probes import ProbeOptions, Target
 
     settings = load_settings()
     cfg = agent_config(

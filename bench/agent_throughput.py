@@ -12,7 +12,7 @@ buffer, reservation, loss counter and wakeup policy). The agent (bench/agent_hos
 ``producer.agent.Agent`` with ``BpfEventSource``, only the ``pytorch_step`` probe, watching the firehose's
 pid) is pinned to the first CPU and publishes to a private broker. The
 BPF handlers run in the firehose's context, so the agent's CPU is only the user-space path: ring-buffer
-drain and msgpack encoding (C, producer/_ring.c) -> batch -> librdkafka.
+drain and msgpack encoding (C, obshub/producer/_ring.c) -> batch -> librdkafka.
 
 Two agents run side by side, one per ring-buffer size in ``RINGS`` (the default 64 MiB and 16 MiB), each
 with its own firehose; every burst level is offered to one after the other (interleaved), so both see the

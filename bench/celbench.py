@@ -17,9 +17,9 @@ from pathlib import Path
 import cel
 import celpy
 
-from rules import fields
-from rules.loader import load_ruleset
-from rules.testing import BASE_NS
+from obshub.rules import fields
+from obshub.rules.loader import load_ruleset
+from obshub.rules.testing import BASE_NS
 
 N_EVAL = 2000
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
@@ -135,7 +135,7 @@ def bench(n_eval: int = N_EVAL) -> dict[str, dict[str, float]]:
 def _shared_context(exprs: list[tuple[str, str, str]], n_eval: int) -> dict[str, float]:
     """What the engine does: convert each record once (``expr.Activation``) and evaluate every expression
     of its signal on it. Reports the mean per expression, conversion included."""
-    from rules.expr import Activation
+    from obshub.rules.expr import Activation
 
     progs: dict[str, list] = {}
     for _rid, signal, src in exprs:

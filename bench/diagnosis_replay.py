@@ -44,11 +44,11 @@ from pathlib import Path
 from obshub.core import kafka, schema
 from obshub.demo.faults import LAYER_OF
 from obshub.demo.verdict import AlertSeen, judge
-from rules import fields
-from rules.engine import Engine
-from rules.loader import load_ruleset
-from streams import analysis, offline
-from streams.inproc import InProcess
+from obshub.rules import fields
+from obshub.rules.engine import Engine
+from obshub.rules.loader import load_ruleset
+from obshub.streams import analysis, offline
+from obshub.streams.inproc import InProcess
 
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 

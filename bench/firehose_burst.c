@@ -1,6 +1,6 @@
 /* bench/agent_throughput.py's burst handler, appended to the agent's BPF program by bench/agent_host.py
  * (--burst): a uprobe on bench/firehose.c's fire_burst(first, n) emits n (at most OBS_BURST_MAX) records
- * exactly like the step_begin USDT handler of bpf/pytorch.c (kind STEP_BEGIN, probe pytorch_step, the
+ * exactly like the step_begin USDT handler of obshub/bpf/pytorch.c (kind STEP_BEGIN, probe pytorch_step, the
  * same ring buffer, reservation, loss counter and wakeup policy). One uprobe trap costs several µs on a
  * virtual machine, which caps a one-record-per-trap firehose far below what the agent's reader takes; a
  * burst spreads that trap over n records, so the firehose can offer millions of records per second. */

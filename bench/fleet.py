@@ -11,7 +11,7 @@ Shape of the load (``Shape``):
 - steps of ``step_s`` seconds (wall clock and event time alike): compute ~0.74 s (0.94 s in a guilty
   step: every rank waits for the straggler in the step's collectives), then idle;
 - one batch per host and step, published at that host's STEP_END: the real agent's policy
-  (producer/batcher.py, docs/AGENT.md "Batches") seals the open batch at a step end (the step's
+  (obshub/producer/batcher.py, docs/AGENT.md "Batches") seals the open batch at a step end (the step's
   aggregates right behind its STEP_END), once the batch is ``BATCH_STEP_MIN_AGE_MS`` old when the
   previous one was step-aligned too, and by age at ``BATCH_MAX_AGE_MS``; a step of this shape opens its
   batch with its STEP_BEGIN and ends 0.74-0.94 s later, between the two bounds, so the agent seals
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from obshub.core import kafka, schema
 from obshub.core.schema import Batch, Kind
 from obshub.core.settings import BATCH_MAX_AGE_MS, BATCH_STEP_MIN_AGE_MS
-from streams import synthetic
+from obshub.streams import synthetic
 
 TEMPLATES = 2
 TICK_S = 0.01  # publication groups: the hosts whose step ends in the same 10 ms go out together

@@ -40,8 +40,8 @@ from rich.table import Table
 
 from bench import common, loadgen
 from obshub.core import schema
-from streams import accumulate, analysis, fold, wire
-from streams.inproc import InProcess
+from obshub.streams import accumulate, analysis, fold, wire
+from obshub.streams.inproc import InProcess
 
 WIDTHS = (8, 32, 128, 512, 2048)
 QUICK_WIDTHS = (8, 32, 128, 256)
@@ -181,7 +181,7 @@ def run(
     """Measure, print the table, the exponents and the verdicts, save the JSON. Returns the results."""
     rounds = rounds or (1 if quick else ROUNDS)
     widths = tuple(widths or (QUICK_WIDTHS if quick else WIDTHS))
-    from streams.app import tune_gc  # the worker's garbage-collector settings (imports Faust: not at module load)
+    from obshub.streams.app import tune_gc  # the worker's garbage-collector settings (imports Faust: not at module load)
 
     tune_gc()
     common.console.rule("[bold]fold width[/bold]: join CPU and changelog bytes per step vs hosts")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from obshub.core import schema
 from obshub.core.schema import Batch, Event, Kind, make_trace_key, parse_trace_key
-from streams import synthetic
+from obshub.streams import synthetic
 
 RUNQ_NS = 20_000  # 20 µs run-queue waits: accumulated by the worker, far below any blame threshold
 

@@ -20,7 +20,7 @@ import uuid
 from confluent_kafka import Consumer, Producer
 
 from obshub.core import kafka, schema
-from streams import accumulate, analysis
+from obshub.streams import accumulate, analysis
 
 
 class PlainLoop:

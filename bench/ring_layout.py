@@ -114,8 +114,8 @@ def measure(exe: Path, nrings: int, producers: list[int], seconds: float, consum
     from bcc import BPF
 
     from obshub.core.settings import load_settings
-    from producer import kheaders
-    from producer._ring import Ring
+    from obshub.producer import kheaders
+    from obshub.producer._ring import Ring
 
     kheaders.apply_env(load_settings())  # BCC_KERNEL_SOURCE: the kernel headers bcc compiles with
 

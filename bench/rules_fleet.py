@@ -32,10 +32,10 @@ from pathlib import Path
 
 from bench import fleet
 from obshub.core import schema
-from rules import fields, intake
-from rules.engine import Engine, freeze_heap
-from rules.loader import load_ruleset
-from streams import offline
+from obshub.rules import fields, intake
+from obshub.rules.engine import Engine, freeze_heap
+from obshub.rules.loader import load_ruleset
+from obshub.streams import offline
 
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 TARGET_MS = 50.0  # the rule pack's CPU per step summary at 2,048 hosts (docs/BENCHMARKS.md, 7 width)

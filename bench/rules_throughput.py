@@ -1,4 +1,4 @@
-"""Rule engine throughput: rule evaluations per second of the builtin pack (rules/builtin) on recorded
+"""Rule engine throughput: rule evaluations per second of the builtin pack (obshub/rules/builtin) on recorded
 inputs, side by side for the two signals the engine reads at volume:
 
 - ``step summaries``: the summaries the stream application computes (``streams.offline`` over
@@ -35,10 +35,10 @@ from pathlib import Path
 
 from bench import common, loadgen
 from obshub.core import schema
-from rules import fields
-from rules.engine import Engine
-from rules.loader import load_ruleset
-from streams import offline, synthetic
+from obshub.rules import fields
+from obshub.rules.engine import Engine
+from obshub.rules.loader import load_ruleset
+from obshub.streams import offline, synthetic
 
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 HOSTS, STEPS, ROUNDS = 8, 300, 5

@@ -1,4 +1,4 @@
-"""Rule engine cost per step summary as jobs grow wide: the builtin pack (rules/builtin) on the step
+"""Rule engine cost per step summary as jobs grow wide: the builtin pack (obshub/rules/builtin) on the step
 summaries of one job of 8, 128, 512 and 2,048 hosts, side by side with ``streams.analysis.summarize`` of
 the same step (the floor: the analysis that produced the summary), with the growth exponent of each.
 
@@ -32,10 +32,10 @@ from pathlib import Path
 
 from bench import common, loadgen
 from obshub.core import schema
-from rules import fields
-from rules.engine import Engine
-from rules.loader import load_ruleset
-from streams import accumulate, analysis, synthetic
+from obshub.rules import fields
+from obshub.rules.engine import Engine
+from obshub.rules.loader import load_ruleset
+from obshub.streams import accumulate, analysis, synthetic
 
 BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
 WIDTHS = (8, 128, 512, 2048)

@@ -52,7 +52,7 @@ from tests.support import testkit
 GPUS_PER_NODE = 8
 CLUSTERS = (1_024, 16_384)
 DEFAULTS = {"E": 64.0, "W": 20_000.0, "C": 5.0, "T_toy": 0.05}
-BATCHES_PER_S = 5  # one batch per agent per 200 ms (producer/batcher.py max_age_ms)
+BATCHES_PER_S = 5  # one batch per agent per 200 ms (obshub/producer/batcher.py max_age_ms)
 REPLAY_HOSTS, REPLAY_EVENTS, REPLAY_STEP_S, REPLAY_STEPS = 128, 64, 1.0, 30
 QUICK_REPLAY_STEPS = 8
 BOUND_STEPS = 3

@@ -48,10 +48,10 @@ def _any(frames: list[str], pred) -> bool:
 def _worker_fold(frames: list[str]) -> bool:
     """The join's state: ``streams.fold`` (its logic, table operations and the codec of what it reads and
     writes), or a table operation or codec frame inside the fold agent's task."""
-    if _any(frames, lambda f: _in(f, "streams/fold")):
+    if _any(frames, lambda f: _in(f, "obshub/streams/fold")):
         return True
     return _any(frames, lambda f: _in(f, "streams/") and "fold_agent" in _fn(f)) and _any(
-        frames, lambda f: _in(f, "faust/tables/", "faust/serializers/", "streams/wire")
+        frames, lambda f: _in(f, "faust/tables/", "faust/serializers/", "obshub/streams/wire")
     )
 
 
@@ -63,22 +63,22 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
         ("timer", lambda f: _in(f, "streams/") and "expire" in _fn(f)),
         (
             "close",
-            lambda f: _in(f, "streams/analysis", "streams/compact") or (_in(f, "streams/") and "send_closed" in _fn(f)),
+            lambda f: _in(f, "obshub/streams/analysis", "obshub/streams/compact") or (_in(f, "streams/") and "send_closed" in _fn(f)),
         ),
         # before fold: the ingest agent uses streams.fold's write-back view for its own table
-        ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "streams/ingest")),
+        ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "obshub/streams/ingest")),
         ("fold", _worker_fold),
         ("fold transport", lambda f: _in(f, "streams/") and "fold" in _fn(f)),
     ],
     "engine": [
-        ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "rules/dispatch", "rules/sinks", "rules/service_notify")),
-        ("decode", lambda f: _in(f, "rules/service", "rules/intake") and "decode" in _fn(f)),
+        ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "obshub/rules/dispatch", "obshub/rules/sinks", "obshub/rules/service_notify")),
+        ("decode", lambda f: _in(f, "obshub/rules/service", "obshub/rules/intake") and "decode" in _fn(f)),
         ("state", lambda f: _in(f, "rules/") and ("atomic_write" in _fn(f) or "snapshot" in _fn(f))),
-        ("publish", lambda f: _in(f, "rules/service") and "publish" in _fn(f)),
+        ("publish", lambda f: _in(f, "obshub/rules/service") and "publish" in _fn(f)),
         (
             "rules",
             lambda f: _in(
-                f, "rules/engine", "rules/expr", "rules/lifecycle", "rules/model", "rules/window", "rules/fields"
+                f, "obshub/rules/engine", "obshub/rules/expr", "obshub/rules/lifecycle", "obshub/rules/model", "obshub/rules/window", "obshub/rules/fields"
             ),
         ),
     ],

@@ -18,7 +18,7 @@ import argparse
 import json
 
 from bench import common, rules_width
-from streams import analysis
+from obshub.streams import analysis
 
 WIDTHS = (128, 512, 2048, 4096)
 BROKER_LIMIT = 1_048_588  # Kafka's default message.max.bytes (bytes)

@@ -53,7 +53,7 @@ def attach_coll_begin():
     from bcc import BPF, USDT
 
     from obshub.core.settings import load_settings
-    from producer import kheaders
+    from obshub.producer import kheaders
 
     kheaders.apply_env(load_settings())
     u = USDT(path=usdt.library_path())

@@ -255,7 +255,7 @@ def precommit(bootstrap: str, group: str, topics: list[str]) -> None:
 def summarize_ms(shape: fleet.Shape, reps: int = 5) -> float:
     """CPU ms (this process) of one ``streams.analysis.summarize`` call on a guilty step of ``shape``
     (the same batches the agents publish, reduced per host like the worker does); median of ``reps``."""
-    from streams import accumulate, analysis
+    from obshub.streams import accumulate, analysis
 
     step = shape.guilty_from + 1
     accs: dict[str, dict] = {}

@@ -30,15 +30,15 @@ from bench.stream_throughput import worker_counters
 
 # innermost frame first: (category, fragment of the frame's file)
 OWN = (
-    ("decode (streams.wire, msgspec)", "streams/wire"),
+    ("decode (streams.wire, msgspec)", "obshub/streams/wire"),
     ("decode (reference schema)", "core/schema"),
-    ("reduce + merge (streams.accumulate)", "streams/accumulate"),
-    ("summarize (streams.analysis)", "streams/analysis"),
+    ("reduce + merge (streams.accumulate)", "obshub/streams/accumulate"),
+    ("summarize (streams.analysis)", "obshub/streams/analysis"),
     ("JSON of the summary", "json/"),
     ("Faust table writes (changelog records)", "faust/tables"),
     ("Prometheus metrics", "prometheus_client"),
-    ("fold + ingest logic (streams.fold, streams.ingest)", "streams/fold"),
-    ("fold + ingest logic (streams.fold, streams.ingest)", "streams/ingest"),
+    ("fold + ingest logic (streams.fold, streams.ingest)", "obshub/streams/fold"),
+    ("fold + ingest logic (streams.fold, streams.ingest)", "obshub/streams/ingest"),
 )
 # anywhere on the stack, in this order
 MACHINERY = (
@@ -63,7 +63,7 @@ def category(frames: list[str]) -> str:
         for name, frag in OWN:
             if frag in where:
                 return name
-    if any("expire" in f and "streams/app" in f for f in frames):
+    if any("expire" in f and "obshub/streams/app" in f for f in frames):
         return "window timer (streams.app expire)"
     joined = ";".join(frames)
     for name, frags in MACHINERY:

@@ -1,5 +1,5 @@
 """``obshub alerts``: the alerts that are firing and that fired recently, read back from the alerts topic
-(``obshub.alerts.v1``, one record per state change, see rules/lifecycle.py ``change_record``).
+(``obshub.alerts.v1``, one record per state change, see obshub/rules/lifecycle.py ``change_record``).
 
 Only the time range asked for is read (``--since``, default 24 h): each partition is entered at the
 offset of its first record at or after that time (Kafka's offsets-for-times), never at its oldest
@@ -43,7 +43,7 @@ def latest_alerts(
     first, then newest first. Records that are not change records (``rules.intake.decode_change``) are
     skipped; with ``skipped``, each is appended there as ``topic[partition]@offset: field: problem``.
     ``since_ns``/``until_ns`` (epoch ns, inclusive) keep only changes whose ``updated_at_ns`` is in range."""
-    from rules.intake import decode_change
+    from obshub.rules.intake import decode_change
 
     latest: dict[str, dict] = {}
     for v in values:

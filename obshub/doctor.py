@@ -30,7 +30,7 @@ import click
 from obshub import stack
 from obshub.core import usdt as usdt_contract
 from obshub.core.settings import Settings, load_settings
-from producer import kheaders
+from obshub.producer import kheaders
 
 
 @dataclass

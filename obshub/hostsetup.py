@@ -9,7 +9,7 @@ import click
 
 from obshub import gotools, stack
 from obshub.core.settings import load_settings
-from producer import kheaders
+from obshub.producer import kheaders
 
 
 @click.command(

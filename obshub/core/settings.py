@@ -188,7 +188,7 @@ class BatchConfig(BaseModel):
     """Batch bounds: a batch is sealed when its encoded size would pass ``max_bytes`` (bytes of the msgpack
     message), at the end of a training step (once ``step_min_age_ms`` old when the previous batch was
     also sealed at a step end), or when its first event is ``max_age_ms`` old, whichever comes first
-    (producer/batcher.py)."""
+    (obshub/producer/batcher.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -27,7 +27,7 @@ trap and one program run instead of two or four, and a tracer that knows only th
 sees them.
 
 The probes are defined in the C extension ``obshub.instrument._usdt`` (``obshub/instrument/_usdt.c``);
-bpf/pytorch.c reads the arguments in this order.
+obshub/bpf/pytorch.c reads the arguments in this order.
 """
 
 from __future__ import annotations

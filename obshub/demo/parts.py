@@ -51,9 +51,9 @@ PARTS: tuple[Part, ...] = (
         "run",
         ("obshub.instrument.cli", "obshub.instrument.usdt", "obshub.instrument._usdt"),
     ),
-    Part("agent", "agent", ("producer.cli", "producer.agent", "producer.loader")),
-    Part("stream worker", "streams", ("streams.cli", "streams")),
-    Part("rule engine", "rules", ("rules.cli", "rules.engine")),
+    Part("agent", "agent", ("obshub.producer.cli", "obshub.producer.agent", "obshub.producer.loader")),
+    Part("stream worker", "streams", ("obshub.streams.cli", "obshub.streams")),
+    Part("rule engine", "rules", ("obshub.rules.cli", "obshub.rules.engine")),
 )
 
 

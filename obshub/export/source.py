@@ -50,7 +50,7 @@ def parse_when(text: str, now_ns: int | None = None) -> int:
     CLOCK_REALTIME ns. Raises ValueError naming the text."""
     from datetime import datetime, timezone
 
-    from rules.durations import parse_duration_ns
+    from obshub.rules.durations import parse_duration_ns
 
     now_ns = time.time_ns() if now_ns is None else now_ns
     try:

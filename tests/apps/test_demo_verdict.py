@@ -130,8 +130,8 @@ def test_rule_engine_sinks_send_valid_payloads(tmp_path):
     """The rule engine's Slack and PagerDuty sinks, pointed at the receiver, produce what it accepts."""
     from pydantic import SecretStr
 
-    from rules.sinks.pagerduty import PagerDutySink
-    from rules.sinks.slack import SlackSink
+    from obshub.rules.sinks.pagerduty import PagerDutySink
+    from obshub.rules.sinks.slack import SlackSink
 
     rx = WebhookReceiver(tmp_path / "hooks.jsonl").start()
     change = {
@@ -173,7 +173,7 @@ def test_rule_engine_sinks_send_valid_payloads(tmp_path):
 
 
 def _notification(sink, change):
-    from rules.sinks.base import Notification
+    from obshub.rules.sinks.base import Notification
 
     return Notification(group_key="g", group_labels={"alertname": change["rule"]}, alerts=[change], receiver=sink.name)
 

@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 
 from obshub.core import schema
 from obshub.export.source import parse_when, read_job, snapshot
-from streams import synthetic
+from obshub.streams import synthetic
 from tests.conftest import REPO
 from tests.support import testkit
 

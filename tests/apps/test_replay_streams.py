@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from obshub.core import schema
-from streams import offline
+from obshub.streams import offline
 from tests.apps.test_replay_common import DLRM, HTA2, dlrm_batches, raw_dlrm
 from tests.conftest import REPO
 from tests.support import testkit

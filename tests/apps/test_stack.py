@@ -139,7 +139,7 @@ def test_doctor_tells_the_truth_about_this_kernel():
     r = subprocess.run(OBSHUB + ["doctor", "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     checks = {c["name"]: c for c in json.loads(r.stdout)}
-    from producer import kheaders
+    from obshub.producer import kheaders
 
     env = {**os.environ, **kheaders.find_header_tree(load_settings()).env()}
     probe = "from bcc import BPF\nb=BPF(text='TRACEPOINT_PROBE(sched, sched_process_fork) { return 0; }')\nprint(b.num_open_tracepoints())"

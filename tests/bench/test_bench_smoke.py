@@ -98,7 +98,7 @@ def test_loadgen_batches_are_agent_shaped():
 
     from bench import loadgen
     from obshub.core import schema
-    from streams import offline
+    from obshub.streams import offline
 
     load = loadgen.build(3, 7, events_per_step=40, steps_per_batch=3)
     batches = [schema.decode_batch(v) for _k, v in load.messages]  # every message is a valid v1 batch

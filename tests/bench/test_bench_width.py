@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_fleet_batches_are_agent_shaped_and_name_the_straggler():
     from bench import fleet
     from obshub.core import schema
-    from streams import offline
+    from obshub.streams import offline
 
     shape = fleet.Shape(6, 5, job="w", guilty_from=2)
     f = fleet.Fleet(shape, start_ns=1_790_000_000_000_000_000)
@@ -134,18 +134,18 @@ def test_stage_split_of_sampled_stacks():
 
     raw = "\n".join(
         [
-            "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);ingest_one (streams/app.py:220) 5",
-            "_run_once (asyncio/base_events.py:1);fold (streams/app.py:390);fold_one (streams/app.py:370);"
-            "close (streams/app.py:290);summarize (streams/analysis.py:310) 3",
-            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);Fold.part (streams/fold.py:340) 2",
-            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);"
+            "_run_once (asyncio/base_events.py:1);ingest (obshub/streams/app.py:270);ingest_one (obshub/streams/app.py:220) 5",
+            "_run_once (asyncio/base_events.py:1);fold (obshub/streams/app.py:390);fold_one (obshub/streams/app.py:370);"
+            "close (obshub/streams/app.py:290);summarize (obshub/streams/analysis.py:310) 3",
+            "_run_once (asyncio/base_events.py:1);fold_agent (obshub/streams/app.py:390);Fold.part (obshub/streams/fold.py:340) 2",
+            "_run_once (asyncio/base_events.py:1);fold_agent (obshub/streams/app.py:390);"
             "Table.__setitem__ (faust/tables/table.py:80) 1",
-            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);"
+            "_run_once (asyncio/base_events.py:1);fold_agent (obshub/streams/app.py:390);"
             "Stream.take_events (faust/streams.py:600) 4",
-            "_run_once (asyncio/base_events.py:1);fold_agent (streams/app.py:390);"
-            "send_closed (streams/app.py:380);dumps (json/__init__.py:1) 1",
-            "_run_once (asyncio/base_events.py:1);ingest (streams/app.py:270);WriteBack.__setitem__ "
-            "(streams/fold.py:115) 1",
+            "_run_once (asyncio/base_events.py:1);fold_agent (obshub/streams/app.py:390);"
+            "send_closed (obshub/streams/app.py:380);dumps (json/__init__.py:1) 1",
+            "_run_once (asyncio/base_events.py:1);ingest (obshub/streams/app.py:270);WriteBack.__setitem__ "
+            "(obshub/streams/fold.py:115) 1",
             "_run_once (asyncio/base_events.py:1);_SelectorSocketTransport.write (asyncio/selector_events.py:1) 10",
         ]
     )
@@ -158,9 +158,9 @@ def test_stage_split_of_sampled_stacks():
     }
     eng = "\n".join(
         [
-            "run_engine (rules/service.py:1);_decode (rules/service.py:2);event_record (rules/fields.py:3) 4",
-            "run_engine (rules/service.py:1);Engine.process (rules/engine.py:9);Compiled.eval (celpy/x.py:1) 6",
-            "Thread.run (threading.py:1);RuleService.run_notify (rules/service.py:5) 1",
+            "run_engine (obshub/rules/service.py:1);_decode (obshub/rules/service.py:2);event_record (obshub/rules/fields.py:3) 4",
+            "run_engine (obshub/rules/service.py:1);Engine.process (obshub/rules/engine.py:9);Compiled.eval (celpy/x.py:1) 6",
+            "Thread.run (threading.py:1);RuleService.run_notify (obshub/rules/service.py:5) 1",
         ]
     )
     assert stages.parse(eng, "engine") == {"decode": 4, "rules": 6, "notify": 1}
@@ -219,10 +219,10 @@ def test_stage_split_follows_classes_and_modules():
 
     raw = "\n".join(
         [
-            "ingest (streams/app.py:188);one (streams/app.py:161);Ingest.handle (streams/ingest.py:50) 4",
-            "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.part (streams/fold.py:200) 3",
-            "fold_agent (streams/app.py:204);Fold.apply (streams/fold.py:90);Fold.close (streams/fold.py:250);"
-            "summarize (streams/analysis.py:302) 2",
+            "ingest (obshub/streams/app.py:188);one (obshub/streams/app.py:161);Ingest.handle (obshub/streams/ingest.py:50) 4",
+            "fold_agent (obshub/streams/app.py:204);Fold.apply (obshub/streams/fold.py:90);Fold.part (obshub/streams/fold.py:200) 3",
+            "fold_agent (obshub/streams/app.py:204);Fold.apply (obshub/streams/fold.py:90);Fold.close (obshub/streams/fold.py:250);"
+            "summarize (obshub/streams/analysis.py:302) 2",
         ]
     )
     assert stages.parse(raw, "worker") == {"ingest": 4, "fold": 3, "close": 2}

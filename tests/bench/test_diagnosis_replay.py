@@ -7,7 +7,7 @@ import json
 
 from bench import diagnosis_replay as dr
 from obshub.core import schema
-from streams import synthetic
+from obshub.streams import synthetic
 
 
 def _sent_at_last_event(batches: list[schema.Batch]) -> list[schema.Batch]:

@@ -8,9 +8,9 @@ from bench.worker_profile import category, classify
 
 def test_stacks_sorted_by_innermost_own_frame_then_machinery():
     loop = "_run_once (asyncio/base_events.py:1)"
-    fold = "fold_agent (streams/app.py:204);apply (streams/fold.py:90);part (streams/fold.py:200)"
+    fold = "fold_agent (obshub/streams/app.py:204);apply (obshub/streams/fold.py:90);part (obshub/streams/fold.py:200)"
     assert (
-        category(f"{loop};{fold};merge (streams/accumulate.py:300)".split(";")) == "reduce + merge (streams.accumulate)"
+        category(f"{loop};{fold};merge (obshub/streams/accumulate.py:300)".split(";")) == "reduce + merge (streams.accumulate)"
     )
     assert (
         category(
@@ -19,7 +19,7 @@ def test_stacks_sorted_by_innermost_own_frame_then_machinery():
         == "Faust table writes (changelog records)"
     )
     assert (
-        category(f"{loop};one (streams/app.py:161);send (faust/topics.py:159)".split(";"))
+        category(f"{loop};one (obshub/streams/app.py:161);send (faust/topics.py:159)".split(";"))
         == "produce path (Faust topics/producer, aiokafka producer)"
     )
     assert category([loop, "select (selectors.py:451)"]) == "asyncio event loop"

@@ -24,7 +24,7 @@ def test_every_kind_is_in_the_table_with_known_rules():
 
 
 def test_accumulator_rules_follow_the_table():
-    from streams import accumulate
+    from obshub.streams import accumulate
 
     assert set(accumulate.KIND_RULES) | accumulate.STRUCTURAL == set(Kind)
     for kind, (layer, *_fns) in accumulate.KIND_RULES.items():
@@ -35,7 +35,7 @@ def test_accumulator_rules_follow_the_table():
 
 
 def test_reader_has_a_layout_for_every_record_and_probes_match_their_kinds_layer():
-    from producer import probes, reader
+    from obshub.producer import probes, reader
 
     for kind, info in KIND_INFO.items():
         if info.record:

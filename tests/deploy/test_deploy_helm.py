@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rules.sinks.config import AlertingConfig
+from obshub.rules.sinks.config import AlertingConfig
 from tests.support.gotools import REPO, tool
 
 CHART = REPO / "deploy" / "helm" / "obshub"

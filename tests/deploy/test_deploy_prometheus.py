@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from obshub.core import schema
-from streams import synthetic
+from obshub.streams import synthetic
 from tests.support import testkit
 from tests.support.gotools import REPO, Proc, free_port, tool, wait_http, wait_until
 

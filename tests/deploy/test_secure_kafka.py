@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from obshub import stack
 from obshub.core import kafka, schema
 from obshub.core.settings import load_settings
-from streams import synthetic
+from obshub.streams import synthetic
 from tests.support import secure_kafka
 from tests.support.gotools import REPO, Proc, wait_until
 

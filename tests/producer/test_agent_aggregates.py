@@ -10,8 +10,8 @@ import pytest
 
 from obshub.core import schema
 from obshub.core.schema import Event, Kind
-from producer.reader import EVENT_STRUCT, Decoder, hist_text, parse_hist
-from streams import accumulate
+from obshub.producer.reader import EVENT_STRUCT, Decoder, hist_text, parse_hist
+from obshub.streams import accumulate
 
 
 def _raw(kind, dur=0, value=0, a0=0, a1=0, a2=0, s0=b"", s1=b"", step=3) -> bytes:

@@ -18,7 +18,7 @@ import pytest
 from obshub.core import schema
 from obshub.core.schema import Kind
 from obshub.core.settings import agent_config
-from producer.probes import ProbeOptions, Target
+from obshub.producer.probes import ProbeOptions, Target
 from tests.support.probes_util import need_bpf, settings
 from tests.support.transport_helpers import AgentThread, assert_seq_contiguous, read_batches, wait_for
 
@@ -54,9 +54,9 @@ def test_two_jobs_on_one_host_give_two_streams_of_summaries(kafka, tmp_path):
     need_bpf()
     pytest.importorskip("torch")
     from obshub.core.usdt import library_path
-    from producer.agent import Agent
-    from producer.loader import BpfEventSource
-    from streams.inproc import InProcess
+    from obshub.producer.agent import Agent
+    from obshub.producer.loader import BpfEventSource
+    from obshub.streams.inproc import InProcess
 
     if library_path() is None:
         pytest.skip("obshub.instrument._usdt is not built")

@@ -1,4 +1,4 @@
-"""The agent's metrics server (producer/agent_metrics.py): serves a registry in the exposition format, its
+"""The agent's metrics server (obshub/producer/agent_metrics.py): serves a registry in the exposition format, its
 idle thread sleeps (no periodic wakeup) and still stops at once when asked, and the port is free after."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
-from producer.agent_metrics import IDLE_POLL_S, serve_metrics, stop_metrics
+from obshub.producer.agent_metrics import IDLE_POLL_S, serve_metrics, stop_metrics
 
 
 def test_serves_then_stops_at_once_although_its_thread_sleeps():

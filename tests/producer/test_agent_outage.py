@@ -11,7 +11,7 @@ import pytest
 from obshub import stack
 from obshub.core.schema import Kind
 from obshub.core.settings import load_settings
-from producer.transport import DIRECT, SPOOLING
+from obshub.producer.transport import DIRECT, SPOOLING
 from tests.conftest import free_port_pair
 from tests.support.transport_helpers import (
     AgentThread,

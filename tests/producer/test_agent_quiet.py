@@ -9,7 +9,7 @@ import time
 
 from obshub.core.schema import Event, Kind
 from obshub.core.settings import agent_config
-from producer.agent import QUIET_GRACE_MS, Agent
+from obshub.producer.agent import QUIET_GRACE_MS, Agent
 
 PID = 4_190_011  # far above any pid_max in use: never alive here
 

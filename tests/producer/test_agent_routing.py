@@ -14,10 +14,10 @@ from prometheus_client import generate_latest
 from obshub.core import schema
 from obshub.core.schema import Event, Kind
 from obshub.core.settings import agent_config
-from producer.agent import HOST_KINDS, Agent
-from producer.agent_metrics import make_registry
-from producer.reader import PackedRun
-from producer.synthetic import SyntheticSource
+from obshub.producer.agent import HOST_KINDS, Agent
+from obshub.producer.agent_metrics import make_registry
+from obshub.producer.reader import PackedRun
+from obshub.producer.synthetic import SyntheticSource
 
 # pids far above any pid_max in use, so they are never alive here
 A, B, OTHER = 4_190_001, 4_190_002, 4_190_003

@@ -1,4 +1,4 @@
-"""Finding copies of a library in other processes (producer/discovery.py), without BPF: a file's identity
+"""Finding copies of a library in other processes (obshub/producer/discovery.py), without BPF: a file's identity
 as the agent reads it equals what another process's maps show for it; the scanner reports a copy once,
 not the file it already knows, and stops reading a process that maps the instrumentation; a path in the
 agent's own mount namespace stays as it is."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from obshub.core.usdt import library_path
-from producer.discovery import LibraryScanner, agent_path, file_identity, mount_ns
+from obshub.producer.discovery import LibraryScanner, agent_path, file_identity, mount_ns
 
 LOADER = "import ctypes, sys; ctypes.CDLL(sys.argv[1]); print('ok', flush=True); sys.stdin.readline()"
 
@@ -111,8 +111,7 @@ def test_scanner_of_every_process_lists_proc_only_after_a_task_was_created(tmp_p
     """Without a pid source the scanner looks at every process: it lists /proc when the last pid given out
     changed since its last listing (or on its slow turn), else it reuses that listing. A process started
     since the listing is found once the last pid moves."""
-    import producer.discovery as discovery
-
+    import obshub.producer.discovery as discovery
     lib = library_path()
     if lib is None:
         pytest.skip("obshub.instrument._usdt is not built")

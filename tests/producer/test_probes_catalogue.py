@@ -9,12 +9,12 @@ import struct
 import pytest
 
 from obshub.core.schema import KIND_INFO, Kind, validate_event
-from producer import probes as cat
-from producer.errors import ProbeError
-from producer.loader import _Plan, cflags, render_source
-from producer.probes import ProbeOptions, Target, Tracepoint, Uprobe, Usdt
-from producer.reader import EVENT_SIZE, EVENT_STRUCT, Decoder
-from producer.sysfs_poller import SysfsPoller
+from obshub.producer import probes as cat
+from obshub.producer.errors import ProbeError
+from obshub.producer.loader import _Plan, cflags, render_source
+from obshub.producer.probes import ProbeOptions, Target, Tracepoint, Uprobe, Usdt
+from obshub.producer.reader import EVENT_SIZE, EVENT_STRUCT, Decoder
+from obshub.producer.sysfs_poller import SysfsPoller
 
 AER_FORMAT = """name: aer_event
 ID: 1234
@@ -48,7 +48,7 @@ def test_catalogue_is_consistent():
             if isinstance(ap, Uprobe) and ap.fn.startswith("obs_cuda_"):
                 assert int(ap.fn.rsplit("_", 1)[1]) < cat.CUDA_MAX_SYMBOLS
                 continue
-            assert re.search(rf"\bint {ap.fn}\(", c_text), f"{ap.fn} not defined in bpf/{p.c_file}"
+            assert re.search(rf"\bint {ap.fn}\(", c_text), f"{ap.fn} not defined in obshub/bpf/{p.c_file}"
             if isinstance(ap, Tracepoint):
                 for fld in ap.fields + ap.optional:
                     assert ap.offset_macro(fld) in c_text, (p.name, fld)
@@ -97,7 +97,7 @@ def test_page_alloc_gfp_bit_reaches_the_compile_flags():
 
 
 def test_kfree_skb_reasons_from_this_kernel():
-    from producer.kheaders import tracefs_mount
+    from obshub.producer.kheaders import tracefs_mount
 
     tracefs = tracefs_mount()
     if tracefs is None:
@@ -195,7 +195,7 @@ def test_pcie_program_compiles_with_offsets_of_a_kernel_that_has_aer(tmp_path):
     from bcc import BPF
 
     from obshub.core.settings import load_settings
-    from producer import kheaders
+    from obshub.producer import kheaders
 
     kheaders.apply_env(load_settings())
     pl = _Plan()
@@ -212,7 +212,7 @@ def test_pcie_program_compiles_with_offsets_of_a_kernel_that_has_aer(tmp_path):
 def test_event_source_with_only_the_sysfs_poller(tmp_path):
     """No BPF program is built when only sysfs probes are selected; poll() returns the poller's events."""
     from obshub.core.settings import load_settings
-    from producer.loader import BpfEventSource
+    from obshub.producer.loader import BpfEventSource
 
     port = tmp_path / "sys/class/infiniband/efa_0/ports/1/hw_counters"
     port.mkdir(parents=True)
@@ -237,8 +237,8 @@ def test_event_source_with_only_the_sysfs_poller(tmp_path):
 
 def test_target_cgroup_must_exist(tmp_path):
     from obshub.core.settings import load_settings
-    from producer.errors import TargetError
-    from producer.loader import BpfEventSource
+    from obshub.producer.errors import TargetError
+    from obshub.producer.loader import BpfEventSource
 
     with pytest.raises(TargetError, match="no-such-cgroup") as info:
         BpfEventSource(load_settings(), Target(cgroup=tmp_path / "no-such-cgroup"), ProbeOptions()).start()

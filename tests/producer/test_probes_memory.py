@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from obshub.core.schema import Kind
-from producer.probes import Target
-from producer.reader import parse_hist
+from obshub.producer.probes import Target
+from obshub.producer.reader import parse_hist
 from tests.support.probes_util import Child, build_so, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from obshub.core.schema import Kind
-from producer.probes import Target
+from obshub.producer.probes import Target
 from tests.support.probes_util import REPO, Child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 from obshub.core.schema import Kind
-from producer.probes import Target
+from obshub.producer.probes import Target
 from tests.support.probes_util import Child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf

@@ -1,4 +1,4 @@
-"""The bitmap pre-filters of the machine-wide tracepoints (bpf/common.h ``wbits``):
+"""The bitmap pre-filters of the machine-wide tracepoints (obshub/bpf/common.h ``wbits``):
 a thread that a watched process starts after the agent did is seen by the scheduler programs from its
 first switch-out (its process's bit lets it through, obs_current_watched adds it), a process that is not
 watched leaves no event, and a thread that ends is forgotten (its bit and its wtids entry), also after its
@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from obshub.core.schema import Kind
-from producer.probes import Target
+from obshub.producer.probes import Target
 from tests.support.probes_util import Child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from obshub.core.schema import Kind
-from producer.probes import Target
+from obshub.producer.probes import Target
 from tests.support.probes_util import Child, build_so, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf

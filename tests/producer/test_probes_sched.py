@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from obshub.core.schema import Kind
-from producer.probes import Target
+from obshub.producer.probes import Target
 from tests.support.probes_util import Child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf

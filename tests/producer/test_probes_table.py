@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from obshub.core.schema import Kind
-from producer import probes as cat
-from producer.probes import ProbeOptions, Target
-from producer.reader import parse_hist
+from obshub.producer import probes as cat
+from obshub.producer.probes import ProbeOptions, Target
+from obshub.producer.reader import parse_hist
 from tests.support.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf

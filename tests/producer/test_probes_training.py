@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from obshub.core.schema import Kind, parse_trace_key
-from producer.probes import Target
+from obshub.producer.probes import Target
 from tests.support.probes_util import REPO, event_source, need_bpf
 
 pytestmark = [pytest.mark.bpf, pytest.mark.torch]

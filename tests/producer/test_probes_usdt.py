@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from obshub.core.schema import Kind, parse_trace_key, validate_event
-from producer.probes import Target
-from producer.reader import parse_hist
+from obshub.producer.probes import Target
+from obshub.producer.reader import parse_hist
 from tests.support.probes_util import build_so, ctypes_child, drain, event_source, need_bpf
 
 pytestmark = pytest.mark.bpf
@@ -249,7 +249,7 @@ def _unpacked(items) -> list:
     import msgpack
 
     from obshub.core.schema import Event
-    from producer.reader import PackedRun
+    from obshub.producer.reader import PackedRun
 
     out = []
     for it in items:
@@ -310,7 +310,7 @@ def test_batch_reader_encodes_like_the_decoder(tmp_path):
     assert [e.step for e in evs[6:]] == [2**40, 2**40, 2**40 + 1, 2**40 + 1, 2**40 + 2, 2**40 + 2]
     assert all(e.gpu == -1 and e.tid > 0 for e in evs)
     assert consumed >= len(evs)
-    from producer.reader import PackedRun
+    from obshub.producer.reader import PackedRun
 
     assert sum(len(it.ends) for it in items if isinstance(it, PackedRun)) >= 8  # most of them went the C way
 
@@ -320,7 +320,7 @@ def test_batch_reader_encodes_the_step_aggregates_like_the_decoder(tmp_path):
     they come in PackedRun s, each event's bytes equal msgpack's, and each payload equals what the
     per-record decoder makes of the same record fields."""
     need_bpf()
-    from producer.reader import EVENT_STRUCT, Decoder, PackedRun
+    from obshub.producer.reader import EVENT_STRUCT, Decoder, PackedRun
 
     lib = build_so("fakeusdt", tmp_path)
     body = (
@@ -447,7 +447,7 @@ def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_
 
 
 def test_a_step_end_wakes_the_reader_only_from_the_time_wake_req_names(tmp_path):
-    """``wake_req`` (bpf/common.h) names the earliest CLOCK_MONOTONIC time at which a step end may wake the
+    """``wake_req`` (obshub/bpf/common.h) names the earliest CLOCK_MONOTONIC time at which a step end may wake the
     reader: a step end before it is submitted without a wakeup and leaves the time in place; the first
     step end at or after it wakes the reader and clears it. Every STEP_END reaches the ring either way."""
     need_bpf()

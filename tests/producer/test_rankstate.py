@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from obshub.core.schema import Kind, validate_event
-from producer.rankstate import EXITED, FROZEN, RUNNING, STOPPED, RankWatch, cgroup_mounts
+from obshub.producer.rankstate import EXITED, FROZEN, RUNNING, STOPPED, RankWatch, cgroup_mounts
 
 
 def _wait_for(watch: RankWatch, pid: int, state: int, timeout_s: float = 5.0) -> int:

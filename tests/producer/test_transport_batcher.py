@@ -10,9 +10,9 @@ import pytest
 
 from obshub.core import schema
 from obshub.core.schema import Event, Kind
-from producer.batcher import Batcher, JobBatchers
-from producer.clock import ClockTracker, measure, tai_offset_ns
-from producer.synthetic import SyntheticSource
+from obshub.producer.batcher import Batcher, JobBatchers
+from obshub.producer.clock import ClockTracker, measure, tai_offset_ns
+from obshub.producer.synthetic import SyntheticSource
 
 
 def _events(n: int, start: int = 0) -> list[Event]:

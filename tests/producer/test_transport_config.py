@@ -11,7 +11,7 @@ import pytest
 
 from obshub.core.errors import ConfigError
 from obshub.core.settings import KafkaConfig, agent_config
-from producer.publisher import Publisher
+from obshub.producer.publisher import Publisher
 from tests.conftest import REPO
 
 SECRET = "s3cr3t-Pa55"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from producer.errors import SpoolError
-from producer.spool import Spool
+from obshub.producer.errors import SpoolError
+from obshub.producer.spool import Spool
 
 HEADER = 12
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rules.errors import SilenceError
-from rules.silences import Matcher, SilenceStore
+from obshub.rules.errors import SilenceError
+from obshub.rules.silences import Matcher, SilenceStore
 
 pytestmark = pytest.mark.slow  # each test runs the obshub command line in a subprocess
 
@@ -155,8 +155,8 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
 def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new, where, why):
     """A test input production would refuse (wrong type, misspelt field, absurd repeat) is an error at
     its file:line:col naming the field, never a traceback or a silently dropped field."""
-    from rules.errors import RuleTestError
-    from rules.testing import run_test_file
+    from obshub.rules.errors import RuleTestError
+    from obshub.rules.testing import run_test_file
 
     (tmp_path / "rules.yaml").write_text(RULE)
     t = tmp_path / "t_test.yaml"
@@ -170,7 +170,7 @@ def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new,
 def test_rules_test_shows_a_condition_that_fails_to_evaluate_and_runs_a_directory(tmp_path):
     """A failing test whose rule's condition raised on the records says so (the likeliest reason for
     "(no alerts)"); a directory runs its test files in name order."""
-    from rules.testing import run_test_file
+    from obshub.rules.testing import run_test_file
 
     (tmp_path / "rules.yaml").write_text(RULE.replace("quality.lost_batches > 0", "quality.lost_batches + 0.5 > 0"))
     t = tmp_path / "t_test.yaml"
@@ -195,7 +195,7 @@ def test_rules_test_shows_a_condition_that_fails_to_evaluate_and_runs_a_director
 
 def test_help_has_examples():
     res = run("rules", "--help")
-    assert res.returncode == 0 and "obshub rules check rules/builtin" in res.stdout and "#" in res.stdout
+    assert res.returncode == 0 and "obshub rules check obshub/rules/builtin" in res.stdout and "#" in res.stdout
     res = run("silence", "add", "--help")
     assert res.returncode == 0 and "obshub silence add -m host=node2" in res.stdout
 
@@ -253,8 +253,8 @@ def test_silence_matching(tmp_path):
 def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
     import re
 
-    from rules.fields import EVENT_VARS, HEALTH_VARS
-    from rules.loader import load_ruleset
+    from obshub.rules.fields import EVENT_VARS, HEALTH_VARS
+    from obshub.rules.loader import load_ruleset
 
     doc = (REPO / "docs" / "RULES.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", doc, re.S)

@@ -8,13 +8,13 @@ import logging
 from pathlib import Path
 
 from obshub.core.settings import load_settings
-from rules import fields
-from rules.engine import Engine
-from rules.lifecycle import fingerprint
-from rules.loader import load_ruleset
-from rules.service import RuleService
-from rules.sinks.config import AlertingConfig
-from rules.testing import BASE_NS
+from obshub.rules import fields
+from obshub.rules.engine import Engine
+from obshub.rules.lifecycle import fingerprint
+from obshub.rules.loader import load_ruleset
+from obshub.rules.service import RuleService
+from obshub.rules.sinks.config import AlertingConfig
+from obshub.rules.testing import BASE_NS
 
 S = 1_000_000_000
 

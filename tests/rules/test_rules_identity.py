@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rules.engine import Engine
-from rules.lifecycle import encode_labels, fingerprint
-from rules.loader import load_ruleset
-from rules.sinks.pagerduty import dedup_key
+from obshub.rules.engine import Engine
+from obshub.rules.lifecycle import encode_labels, fingerprint
+from obshub.rules.loader import load_ruleset
+from obshub.rules.sinks.pagerduty import dedup_key
 
 TEXT = st.text(alphabet=st.sampled_from("ab=\n,:0123456789\x1f\x00é"), max_size=6)
 LABELS = st.dictionaries(TEXT, TEXT, max_size=4)
@@ -70,7 +70,7 @@ rules:
 """)
     eng = Engine(load_ruleset([rules]), lambda c: None)
     rule = eng.ruleset.rules["corr"]
-    from rules.expr import Activation
+    from obshub.rules.expr import Activation
 
     k1 = eng._key(rule.correlate.this_keys, Activation({"job": "x\x1fb=y", "closed_by": "z"}))
     k2 = eng._key(rule.correlate.this_keys, Activation({"job": "x", "closed_by": "y\x1fb=z"}))

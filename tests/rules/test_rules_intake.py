@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from obshub.core import schema
-from rules import intake
-from rules.engine import Engine
-from rules.loader import load_ruleset
-from rules.service import BUILTIN_DIR
+from obshub.rules import intake
+from obshub.rules.engine import Engine
+from obshub.rules.loader import load_ruleset
+from obshub.rules.service import BUILTIN_DIR
 
 NOW = 1_764_000_000_000_000_000
 HYP = settings(

@@ -1,4 +1,4 @@
-"""The rule engine decodes only the event kinds its rules read (rules/intake.py, "Event batches"): batches
+"""The rule engine decodes only the event kinds its rules read (obshub/rules/intake.py, "Event batches"): batches
 without such events are skipped whole, mixed batches give records of the read kinds only (the same records
 as the reference decoder's), a rule without ``kinds:`` reads every kind, and a batch the engine cannot use
 (malformed envelope, a malformed event of a read kind, an event whose kind cannot be read) is refused
@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 
 from obshub.core import schema
 from obshub.core.schema import Kind
-from rules import fields, intake
-from rules.loader import load_ruleset
-from rules.model import RuleSet
-from rules.service import BUILTIN_DIR
+from obshub.rules import fields, intake
+from obshub.rules.loader import load_ruleset
+from obshub.rules.model import RuleSet
+from obshub.rules.service import BUILTIN_DIR
 from tests.conftest import consume_all
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from rules.service_common import consumer_lag
+from obshub.rules.service_common import consumer_lag
 
 pytestmark = pytest.mark.kafka
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rules.errors import RuleValidationError
-from rules.loader import load_ruleset
-from rules.sinks.config import SINK_NAME_PATTERN, SinkSpec
-from rules.yamlfile import load_yaml
+from obshub.rules.errors import RuleValidationError
+from obshub.rules.loader import load_ruleset
+from obshub.rules.sinks.config import SINK_NAME_PATTERN, SinkSpec
+from obshub.rules.yamlfile import load_yaml
 
 RULE = """\
 version: 1

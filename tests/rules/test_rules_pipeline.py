@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from rules import fields
-from rules.engine import Engine
-from rules.loader import load_ruleset
+from obshub.rules import fields
+from obshub.rules.engine import Engine
+from obshub.rules.loader import load_ruleset
 
 REPO = Path(__file__).resolve().parents[2]
-synthetic = pytest.importorskip("streams.synthetic")
-offline = pytest.importorskip("streams.offline")
+synthetic = pytest.importorskip("obshub.streams.synthetic")
+offline = pytest.importorskip("obshub.streams.offline")
 
 
 def run_pack(scn) -> list[dict]:

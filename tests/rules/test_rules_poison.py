@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from obshub.core import schema
-from rules import intake
+from obshub.rules import intake
 from tests.rules.test_rules_intake import HOSTILE, deep, valid_change, valid_summary
 
 REPO = Path(__file__).resolve().parents[2]

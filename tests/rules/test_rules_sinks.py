@@ -18,17 +18,17 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from rules.dispatch import Dispatcher
-from rules.lifecycle import fingerprint, rfc3339
-from rules.model import InhibitRule
-from rules.silences import SilenceStore
-from rules.sinks.alertmanager import AlertmanagerSink
-from rules.sinks.base import DeliveryPolicy, Notification
-from rules.sinks.config import AlertingConfig, Route, build_sinks
-from rules.sinks.console import ConsoleSink
-from rules.sinks.pagerduty import PagerDutySink, dedup_key
-from rules.sinks.slack import SECTION_MAX, SlackSink, escape_truncated
-from rules.sinks.webhook import WebhookSink
+from obshub.rules.dispatch import Dispatcher
+from obshub.rules.lifecycle import fingerprint, rfc3339
+from obshub.rules.model import InhibitRule
+from obshub.rules.silences import SilenceStore
+from obshub.rules.sinks.alertmanager import AlertmanagerSink
+from obshub.rules.sinks.base import DeliveryPolicy, Notification
+from obshub.rules.sinks.config import AlertingConfig, Route, build_sinks
+from obshub.rules.sinks.console import ConsoleSink
+from obshub.rules.sinks.pagerduty import PagerDutySink, dedup_key
+from obshub.rules.sinks.slack import SECTION_MAX, SlackSink, escape_truncated
+from obshub.rules.sinks.webhook import WebhookSink
 
 FAST = DeliveryPolicy(max_attempts=4, max_elapsed_s=20, timeout_s=2, backoff_initial_s=0.01, backoff_max_s=0.05)
 
@@ -373,7 +373,7 @@ def test_secrets_never_logged(recorder, caplog, capsys, monkeypatch):
 
 
 def test_missing_secret_is_a_clear_error(monkeypatch, tmp_path):
-    from rules.errors import SinkConfigError
+    from obshub.rules.errors import SinkConfigError
 
     monkeypatch.delenv("NOPE_URL", raising=False)
     with pytest.raises(SinkConfigError, match="NOPE_URL"):
@@ -394,8 +394,8 @@ def test_alerting_config_problems_are_listed_at_file_line_col(tmp_path):
     """Every problem of an alerting config is named at its line:column with the field path: an unknown
     field at its key, a wrong value at the value; broken YAML and a byte that is not UTF-8 at their
     mark; a missing file by its path."""
-    from rules.errors import SinkConfigError
-    from rules.sinks.config import load_config
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
 
     f = tmp_path / "alerting.yaml"
     f.write_text(

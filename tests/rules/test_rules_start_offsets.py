@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from rules.service_common import pin_start
+from obshub.rules.service_common import pin_start
 
 pytestmark = pytest.mark.kafka
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rules.errors import RuleValidationError
-from rules.loader import load_ruleset
+from obshub.rules.errors import RuleValidationError
+from obshub.rules.loader import load_ruleset
 
 REPO = Path(__file__).resolve().parents[2]
 OBSHUB = [sys.executable, "-m", "obshub.cli"]
@@ -219,15 +219,15 @@ def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_rules_check_cli_exit_codes(tmp_path):
-    ok = run_cli("rules", "check", "rules/builtin")
+    ok = run_cli("rules", "check", "obshub/rules/builtin")
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("OK: ")
     bad = write(tmp_path, "bad.yaml", GOOD.replace("severity: warning", "severity: warning\n    enabled: no"))
-    res = run_cli("rules", "check", "rules/builtin", str(bad))
+    res = run_cli("rules", "check", "obshub/rules/builtin", str(bad))
     assert res.returncode == 1
     assert f"{bad}:8:14: " in res.stderr and "FAILED: 1 problem(s)" in res.stderr
     empty = write(tmp_path, "empty.yaml", "# nothing here yet\n")
-    res = run_cli("rules", "check", "rules/builtin", str(empty))
+    res = run_cli("rules", "check", "obshub/rules/builtin", str(empty))
     assert res.returncode == 0 and f"warning: {empty}: the file is empty" in res.stderr, res.stderr
     gone = run_cli("rules", "check", str(tmp_path / "missing.yaml"))
     assert gone.returncode == 1
@@ -387,8 +387,8 @@ rules:
     ],
 )
 def test_comparisons_of_matching_types_or_unknown_operands_are_not_judged(expr):
-    from rules.expr import mismatched_comparisons
-    from rules.loader import sample_record
+    from obshub.rules.expr import mismatched_comparisons
+    from obshub.rules.loader import sample_record
 
     assert mismatched_comparisons(expr, sample_record("events", frozenset({"RDMA_CQ_DONE"}))) == []
 
@@ -408,8 +408,8 @@ def test_number_literals_with_suffix_or_exponent_are_not_names(tmp_path):
 def test_every_documented_field_is_in_the_record_a_rule_sees(signal):
     """`rules check` accepts exactly the documented fields, so each must be in the record the engine
     evaluates (a field missing there would pass the check and fail on every record)."""
-    from rules import fields
-    from rules.loader import sample_record
+    from obshub.rules import fields
+    from obshub.rules.loader import sample_record
 
     assert set(fields.SIGNAL_VARS[signal]) <= set(sample_record(signal, frozenset({"RDMA_CQ_DONE"})))
 

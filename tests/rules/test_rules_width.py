@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rules import fields
-from rules.engine import Engine
-from rules.expr import item_invariant
-from rules.loader import load_ruleset
-from rules.testing import BASE_NS
-from rules.window import Window
+from obshub.rules import fields
+from obshub.rules.engine import Engine
+from obshub.rules.expr import item_invariant
+from obshub.rules.loader import load_ruleset
+from obshub.rules.testing import BASE_NS
+from obshub.rules.window import Window
 
 S = 1_000_000_000
 BUILTIN = Path(__file__).resolve().parents[2] / "rules" / "builtin"
@@ -305,7 +305,7 @@ def test_snapshots_of_every_version_restore_the_same_windows(tmp_path):
 
 
 def test_item_keyed_paths_only_where_the_map_is_read_by_the_item_alone():
-    from rules.expr import item_keyed_paths, project_item
+    from obshub.rules.expr import item_keyed_paths, project_item
 
     ev = ("evidence", "hosts")
     assert item_keyed_paths("item in evidence.hosts ? evidence.hosts[item].sched : 0.0") == {ev}
@@ -329,7 +329,7 @@ def test_item_keyed_paths_only_where_the_map_is_read_by_the_item_alone():
 
 
 def test_entries_share_an_evaluation_only_when_cel_cannot_tell_them_apart():
-    from rules.expr import frozen
+    from obshub.rules.expr import frozen
 
     assert frozen({"a": 1}) != frozen({"a": 1.0}) and frozen({"a": 1}) != frozen({"a": True})
     assert frozen({"a": 0.0}) != frozen({"a": -0.0})
@@ -341,7 +341,7 @@ def test_entries_share_an_evaluation_only_when_cel_cannot_tell_them_apart():
 def test_group_fingerprints_equal_the_lifecycle_fingerprint_of_their_labels(tmp_path):
     """The engine builds a group's fingerprint from a per-rule template (no sort per group); it must equal
     ``lifecycle.fingerprint`` of the group's labels whatever the names, values and overrides."""
-    from rules import lifecycle
+    from obshub.rules import lifecycle
 
     (tmp_path / "r.yaml").write_text(
         """\

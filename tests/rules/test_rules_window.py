@@ -1,4 +1,4 @@
-"""The ``cusum`` window aggregate (rules/window.py): Page's one-sided CUSUM ``S_n = max(0, S_{n-1} + x_n)``
+"""The ``cusum`` window aggregate (obshub/rules/window.py): Page's one-sided CUSUM ``S_n = max(0, S_{n-1} + x_n)``
 over the hits of a rule's window in time order (docs/ANALYSIS.md "The test: Page's CUSUM"), computed
 from prefix sums as ``P_n - min(P_{a-1}, ..., P_n)`` so that a hit costs O(1): the worked examples of the
 docs, the hits that age out, out-of-order hits, large sums, and the time the alarm stops holding."""
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from rules.engine import cusum
-from rules.window import Window
+from obshub.rules.engine import cusum
+from obshub.rules.window import Window
 
 K, H = 1.5, 5.0  # the builtin pack's drift (macro cusum_drift) and threshold (at_least)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from obshub.core import schema
 from obshub.core.schema import Batch, Clock, Event, Kind
-from streams import accumulate, analysis, offline, synthetic
+from obshub.streams import accumulate, analysis, offline, synthetic
 
 
 def _batch(events, host="h0", host_id=0, seq=0, offset=1_000, unc=10):

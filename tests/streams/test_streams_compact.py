@@ -1,11 +1,11 @@
-"""Wide step summaries (streams/compact.py): outlier rows, quantiles over every host, size at 4,096 hosts."""
+"""Wide step summaries (obshub/streams/compact.py): outlier rows, quantiles over every host, size at 4,096 hosts."""
 
 from __future__ import annotations
 
 import json
 
 from obshub.core import schema
-from streams import compact
+from obshub.streams import compact
 
 
 def _summary(n: int, straggler: str = "h0007") -> dict:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from streams import synthetic
+from obshub.streams import synthetic
 from tests.streams.test_streams_worker import _by_job, _wait_group_members, _wait_settled
 from tests.support import testkit
 

@@ -6,9 +6,9 @@ counted, and one part is one small write whatever the job's width."""
 from __future__ import annotations
 
 from obshub.core import schema
-from streams import analysis, offline, synthetic
-from streams import fold as fold_mod
-from streams.inproc import InProcess
+from obshub.streams import analysis, offline, synthetic
+from obshub.streams import fold as fold_mod
+from obshub.streams.inproc import InProcess
 
 FIELDS = (
     "job",
@@ -523,7 +523,7 @@ def test_closed_records_recovered_from_a_json_changelog_still_recognise_replays(
     counted), and a new agent instance's batch is still late data."""
     from faust.serializers import codecs
 
-    from streams import wire
+    from obshub.streams import wire
 
     json_codec = codecs.get_codec(wire.CHANGELOG_JSON)
     scn, msgs = _scenario(hosts=3, steps=4, straggler=None, guilty_steps=())

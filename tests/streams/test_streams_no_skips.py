@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from streams import reread, synthetic
+from obshub.streams import reread, synthetic
 from tests.streams.test_streams_worker import _by_job, _committed_everything, _reference, _view, _wait_settled
 from tests.support import testkit
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from confluent_kafka import Producer
 
-from streams import synthetic
-from streams.topics import ensure_internal_topics
+from obshub.streams import synthetic
+from obshub.streams.topics import ensure_internal_topics
 from tests.support import testkit
 
 pytestmark = pytest.mark.kafka

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams import offline, synthetic
-from streams.metrics import StepResultMetrics
+from obshub.streams import offline, synthetic
+from obshub.streams.metrics import StepResultMetrics
 
 
 def _samples(reg: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
@@ -83,7 +83,7 @@ def test_latest_step_gauges_only_grow_when_steps_close_out_of_order():
 def test_a_wide_job_has_bounded_host_series_and_exact_job_counts():
     """300 hosts: the step-time histogram keeps its own series for at most ``host_series_max`` hosts plus
     the straggler, every other step time goes to ``host="_other"``, and every step time is counted once."""
-    from streams.metrics import HOST_SLOWEST, OTHER_HOSTS
+    from obshub.streams.metrics import HOST_SLOWEST, OTHER_HOSTS
 
     reg = CollectorRegistry()
     m = StepResultMetrics(reg, host_series_max=16)

@@ -3,8 +3,8 @@ produce call still reaches the worker's own sensor (logged and counted)."""
 
 from __future__ import annotations
 
-from streams.app import _STATISTICS_HOOKS, WorkerConfig, _faust_app
-from streams.metrics import WorkerMetrics
+from obshub.streams.app import _STATISTICS_HOOKS, WorkerConfig, _faust_app
+from obshub.streams.metrics import WorkerMetrics
 
 
 def test_statistics_hooks_are_no_ops_and_send_errors_are_still_counted():
@@ -21,7 +21,7 @@ def test_tune_gc_keeps_collecting_cycles_with_larger_thresholds():
     import gc
     import weakref
 
-    from streams.app import GC_THRESHOLD, tune_gc
+    from obshub.streams.app import GC_THRESHOLD, tune_gc
 
     before = gc.get_threshold()
     try:

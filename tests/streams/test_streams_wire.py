@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from obshub.core import schema
 from obshub.core.schema import Batch, Clock, Event, Kind, SchemaError
-from streams import accumulate, synthetic, wire
+from obshub.streams import accumulate, synthetic, wire
 
 
 def _batch(**kw) -> Batch:

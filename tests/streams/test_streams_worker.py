@@ -19,7 +19,7 @@ import pytest
 
 from obshub.core import registry, schema
 from obshub.core.schema import Batch, Clock, Event, Kind
-from streams import offline, synthetic
+from obshub.streams import offline, synthetic
 from tests.support import testkit
 
 pytestmark = pytest.mark.kafka

@@ -13,8 +13,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from obshub.core import schema
 from obshub.core.settings import agent_config
-from producer.agent import Agent
-from producer.synthetic import SyntheticSource
+from obshub.producer.agent import Agent
+from obshub.producer.synthetic import SyntheticSource
 
 
 def make_agent(

@@ -1,1 +1,0 @@
-"""obshub bpf stage."""

@@ -1,0 +1,292 @@
+"""``obshub rules check|test|serve`` and ``obshub silence add|list|expire``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from obshub.core.settings import RULES, load_settings
+from obshub.rules.durations import parse_duration_ns
+from obshub.rules.errors import RuleTestError, RuleValidationError
+from obshub.rules.lifecycle import rfc3339
+
+RULES_EPILOG = """\b
+Examples:
+  obshub rules check obshub/rules/builtin                  # validate the builtin pack (exit 0 = valid)
+  obshub rules check my_rules.yaml                  # every problem as file:line:col
+  obshub rules test obshub/rules/builtin/tests/*.yaml      # run the rule unit tests
+  obshub rules serve                                # builtin pack, console sink, local Kafka
+  obshub rules serve -r obshub/rules/builtin -r team.yaml -c alerting.yaml   # your rules and sinks
+  obshub rules serve --metrics-port 9108            # also Prometheus metrics on :9108 (every interface)
+  obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
+  obshub rules serve --scale-out --group-prefix prod   # one of several engines sharing the jobs (run N)
+  kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
+"""
+
+SILENCE_EPILOG = """\b
+Examples:
+  obshub silence add -m host=node2 -d 2h -a alice -c "node2 in maintenance, OPS-123"   # mute node2
+  obshub silence add -m alertname=~'.*straggler' -m job=llm -d 30m -a bob -c "known"   # regex matcher
+  obshub silence list                                # active and pending silences
+  obshub silence list --all                          # including expired ones
+  obshub silence expire 3f2a9c1d0b7e                 # end a silence now
+"""
+
+
+@click.group("rules", epilog=RULES_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+def rules_group():
+    """Validate, test and run alerting rules (YAML + CEL). See docs/RULES.md."""
+
+
+@rules_group.command("check", epilog=RULES_EPILOG)
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+def check_command(files):
+    """Validate rule FILES (or directories) together, in the order given. Prints every problem as
+    file:line:col; exit code 0 only when all are valid."""
+    from obshub.rules.loader import load_ruleset
+
+    try:
+        rs = load_ruleset(list(files))
+    except RuleValidationError as exc:
+        for p in exc.problems:
+            click.echo(str(p), err=True)
+        click.echo(f"FAILED: {len(exc.problems)} problem(s)", err=True)
+        sys.exit(1)
+    from obshub.rules.yamlfile import read_rule_file
+
+    for f in rs.files:  # valid, but most likely not what was meant
+        if read_rule_file(Path(f))[0] is None:
+            click.echo(f"warning: {f}: the file is empty (no rules, macros or lists)", err=True)
+    click.echo(f"OK: {len(rs.rules)} rule(s) in {len(rs.files)} file(s)")
+
+
+@rules_group.command("test", epilog=RULES_EPILOG)
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+def test_command(files):
+    """Run rule unit-test FILES (a directory: the *_test.yaml / *_test.yml files in it and its
+    subdirectories, in path order). Prints PASS/FAIL per test, expected vs got for failures; exit code 0
+    only when every test passes, 1 also when a directory holds no test file or the files hold no test (a
+    test run that ran nothing must not pass in CI)."""
+    from obshub.rules.testing import run_test_file
+
+    failed = passed = 0
+    broken = False
+    paths = []
+    for f in files:
+        if not f.is_dir():
+            paths.append(f)
+            continue
+        found = sorted(p for p in f.rglob("*") if p.is_file() and p.name.endswith(("_test.yaml", "_test.yml")))
+        if not found:
+            click.echo(f"ERROR {f}: no *_test.yaml or *_test.yml file in it or below it", err=True)
+            broken = True
+        paths += found
+    for f in paths:
+        try:
+            results = run_test_file(f)
+        except (RuleTestError, RuleValidationError) as exc:
+            click.echo(f"ERROR {f}:\n{exc}", err=True)
+            broken = True
+            continue
+        for r in results:
+            if r.ok:
+                passed += 1
+                click.echo(f"PASS {f}: {r.name}")
+            else:
+                failed += 1
+                click.echo(f"FAIL {f}: {r.name}")
+                for text in r.failures:
+                    click.echo("  " + text.replace("\n", "\n  "))
+    if not passed and not failed and not broken:
+        click.echo("ERROR: no test ran: the test files hold no tests (`tests:` is empty)", err=True)
+        broken = True
+    click.echo(f"{passed} passed, {failed} failed" + (", some files could not run" if broken else ""))
+    sys.exit(1 if failed or broken else 0)
+
+
+@rules_group.command("serve", epilog=RULES_EPILOG)
+@click.option(
+    "-r",
+    "--rules",
+    "rule_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="rule file or directory (repeatable; default: the builtin pack)",
+)
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="alerting config: sinks, route, delivery (default: console sink only)",
+)
+@click.option("--group-prefix", default=RULES.group_prefix, show_default=True, help="Kafka consumer group prefix")
+@click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
+@click.option(
+    "--scale-out",
+    is_flag=True,
+    help="run as one of several engines of the group: jobs split between them, state kept in Kafka, "
+    "alert changes published exactly once (docs/RULES.md 'Scaling out')",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="serve Prometheus metrics on PORT (0: any free port, logged)",
+)
+@click.option(
+    "--metrics-addr",
+    envvar="OBSHUB_METRICS_ADDR",
+    default="0.0.0.0",
+    show_default=True,
+    help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="append logs to this file instead of stderr (e.g. $OBSHUB_HOME/logs/rules.log)",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="OBSHUB_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (time, level, logger, message)",
+)
+def serve_command(
+    rule_paths,
+    config_path,
+    group_prefix,
+    from_beginning,
+    scale_out,
+    metrics_port,
+    metrics_addr,
+    log_level,
+    log_file,
+    log_format,
+):
+    """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
+    deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
+    from obshub.rules.service import RuleService
+    from obshub.rules.sinks.config import load_config
+
+    if log_file:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+    from obshub.core import log as jsonlog
+
+    jsonlog.setup(
+        log_level,
+        log_format,
+        "rules",
+        "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        str(log_file) if log_file else None,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # httpx logs request URLs: they can hold secrets
+    settings = load_settings()
+    svc = RuleService(
+        settings,
+        list(rule_paths),
+        load_config(config_path),
+        group_prefix=group_prefix,
+        from_beginning=from_beginning,
+        log_path=str(log_file) if log_file else "stderr",
+        scale_out=scale_out,
+    )
+    started = (
+        f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "
+        f"Kafka {settings.bootstrap_servers}"
+    )
+    if log_format == "json":
+        logging.getLogger("obshub.rules.service").info(started)
+    else:
+        click.echo(started, err=True)
+    svc.serve(metrics_port, metrics_addr)
+
+
+def _store():
+    from obshub.rules.service import state_dir
+    from obshub.rules.silences import SilenceStore
+
+    return SilenceStore(state_dir(load_settings()) / "silences.json")
+
+
+@click.group("silence", epilog=SILENCE_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+def silence_group():
+    """Mute alert notifications by label matchers for a time (alerts still change state)."""
+
+
+@silence_group.command("add", epilog=SILENCE_EPILOG)
+@click.option(
+    "-m",
+    "--matcher",
+    "matchers",
+    multiple=True,
+    required=True,
+    help="NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX (repeatable; all must match)",
+)
+@click.option("-d", "--duration", default="1h", show_default=True, help="how long, e.g. 30m, 2h")
+@click.option("--start-in", default="0s", show_default=True, help="start later, e.g. 10m")
+@click.option("-a", "--author", required=True, help="who silences")
+@click.option("-c", "--comment", required=True, help="why (ticket, maintenance)")
+@click.option("--json", "as_json", is_flag=True)
+def silence_add(matchers, duration, start_in, author, comment, as_json):
+    """Create a silence; prints its id."""
+    values = {}
+    for name, hint, text in (("start_in", "'--start-in'", start_in), ("duration", "'-d' / '--duration'", duration)):
+        try:
+            values[name] = parse_duration_ns(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+    max_ns = 10 * 366 * 24 * 3600 * 10**9
+    if values["start_in"] > max_ns:
+        raise click.BadParameter("a silence may start at most 10 years from now", param_hint="'--start-in'")
+    if values["start_in"] + values["duration"] > max_ns:
+        raise click.BadParameter(
+            "a silence may end at most 10 years from now (--start-in plus --duration)", param_hint="'-d' / '--duration'"
+        )
+    start = time.time_ns() + values["start_in"]
+    end = start + values["duration"]
+    s = _store().add(list(matchers), start, end, author, comment)
+    click.echo(json.dumps(s.__dict__) if as_json else f"silence {s.id} until {rfc3339(s.ends_at_ns)}")
+
+
+@silence_group.command("list", epilog=SILENCE_EPILOG)
+@click.option("--all", "show_all", is_flag=True, help="include expired silences")
+@click.option("--json", "as_json", is_flag=True)
+def silence_list(show_all, as_json):
+    """List silences (active and pending; --all for expired too)."""
+    now = time.time_ns()
+    items = [s for s in _store().list() if show_all or s.ends_at_ns > now]
+    if as_json:
+        click.echo(json.dumps([s.__dict__ for s in items]))
+        return
+    for s in items:
+        state = "active" if s.active(now) else ("pending" if s.starts_at_ns > now else "expired")
+        click.echo(
+            f"{s.id}  {state:8} {rfc3339(s.starts_at_ns)} .. {rfc3339(s.ends_at_ns)}  "
+            f"{' '.join(s.matchers)}  by {s.author}: {s.comment}"
+        )
+    if not items:
+        click.echo("no silences")
+
+
+@silence_group.command("expire", epilog=SILENCE_EPILOG)
+@click.argument("silence_id")
+def silence_expire(silence_id):
+    """End the silence SILENCE_ID now."""
+    s = _store().expire(silence_id)
+    click.echo(f"silence {s.id} expired at {rfc3339(s.ends_at_ns)}")

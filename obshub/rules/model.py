@@ -1,0 +1,84 @@
+"""The compiled, validated form of rule files: what the engine runs. Built by ``rules.loader``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from obshub.rules.expr import Compiled
+
+SEVERITIES = ("critical", "error", "warning", "info")
+SEVERITY_RANK = {s: i for i, s in enumerate(reversed(SEVERITIES))}  # info 0 .. critical 3
+
+
+@dataclass
+class Correlation:
+    """A second signal joined on keys: a hit of the rule needs a match of ``condition`` on ``signal``
+    whose ``other_keys`` equal the rule record's ``this_keys``, within ``within_ns`` of each other;
+    ``order`` is ``any``, ``this_first`` or ``other_first``."""
+
+    signal: str
+    kinds: frozenset[str]
+    condition: Compiled
+    this_keys: dict[str, Compiled]
+    other_keys: dict[str, Compiled]
+    within_ns: int
+    order: str = "any"
+
+
+@dataclass
+class Rule:
+    """One compiled rule. Durations in ns. ``aggregate`` over the hits of a group within ``window_ns``
+    must reach ``at_least`` (count: number of hits; sum/max/min/avg/cusum: of the ``of`` expression; cusum:
+    Page's one-sided CUSUM of the values in time order, ``engine.cusum``)."""
+
+    id: str
+    description: str
+    severity: str
+    signal: str
+    kinds: frozenset[str]
+    condition: Compiled
+    group_by: dict[str, Compiled]
+    window_ns: int
+    aggregate: str
+    of: Compiled | None
+    at_least: float
+    for_ns: int
+    keep_firing_for_ns: int
+    labels: dict[str, str]
+    annotations: dict[str, Any]  # name -> jinja2 Template
+    annotation_sources: dict[str, str]
+    foreach: Compiled | None = None
+    correlate: Correlation | None = None
+    runbook: str = ""
+    routes: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    enabled: bool = True
+    file: str = ""
+    line: int = 0
+
+    def reads(self, signal: str, kind: str | None = None) -> bool:
+        """True when records of ``signal`` (and event ``kind``) may concern this rule (either side)."""
+        if self.signal == signal and (signal != "events" or not self.kinds or kind in self.kinds):
+            return True
+        c = self.correlate
+        return bool(c and c.signal == signal and (signal != "events" or not c.kinds or kind in c.kinds))
+
+
+@dataclass
+class InhibitRule:
+    """While an alert matching ``source`` (label -> value) fires, alerts matching ``target`` with the same
+    values of the ``equal`` labels are not notified (Alertmanager's inhibit_rules)."""
+
+    source: dict[str, str]
+    target: dict[str, str]
+    equal: list[str]
+
+
+@dataclass
+class RuleSet:
+    """Every enabled rule of a set of files, by id, plus inhibition rules; ``files`` in load order."""
+
+    rules: dict[str, Rule]
+    inhibit: list[InhibitRule]
+    files: list[str]

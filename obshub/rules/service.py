@@ -1,0 +1,208 @@
+"""``obshub rules serve``: the rule engine as a service on Kafka.
+
+Two loops, each with its own consumer group, so evaluation and delivery fail and recover separately:
+
+* **engine** (main thread, ``rules.service_engine.EngineLoop``), group ``<prefix>-engine``: steps and
+  events in, ``Engine.process``, state changes out to ``obshub.alerts.v1``; engine state checkpointed to
+  ``engine.msgpack`` before the input offsets are committed.
+* **notify** (a thread, ``rules.service_notify.NotifyLoop``), group ``<prefix>-notify``: alert changes in,
+  ``Dispatcher``, sinks; offsets committed only below what every sink has (at-least-once).
+
+This module holds what both share: settings, the rule set and its hot reload (files checked every second
+and on SIGHUP, validated first: a broken file keeps the old rules and logs every problem as
+file:line:col), and the process lifecycle (signals, registration with the local stack, metrics/web).
+
+State in ``<state_dir>/rules/``: ``engine.msgpack``, ``dispatch.json`` (written atomically), silences in
+``silences.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+from obshub.core import registry
+from obshub.core.reach import BrokerWatch
+from obshub.core.settings import RULES, Settings
+from obshub.rules.dispatch import Dispatcher
+from obshub.rules.engine import Engine, freeze_heap
+from obshub.rules.errors import RuleValidationError
+from obshub.rules.loader import expand_paths, load_ruleset
+from obshub.rules.service_common import RELOADS, log, state_dir
+from obshub.rules.service_engine import EngineLoop
+from obshub.rules.service_notify import NotifyLoop, OffsetTracker
+from obshub.rules.silences import SilenceStore
+from obshub.rules.sinks.config import AlertingConfig, build_sinks
+
+BUILTIN_DIR = Path(__file__).with_name("builtin")
+__all__ = ["BUILTIN_DIR", "OffsetTracker", "RuleService", "state_dir"]
+
+
+class RuleService:
+    """The engine and notify loops. ``rule_paths`` default to the builtin pack; ``from_beginning``
+    makes a new consumer group start at the earliest offsets (default: latest for inputs).
+    ``max_replay_age_s``: changes older than this, read by a new notify group, are not delivered.
+    ``checkpoint_every_s``: the engine state is saved, and the input offsets committed, at most this
+    often (a wide job's state takes milliseconds to encode; a restart evaluates at most this much again).
+    ``scale_out``: several services in one group split the jobs, state in Kafka, changes published
+    exactly once (``rules.service_partitioned``)."""
+
+    # the loops' parts, for the web pages, the CLI and tests
+    engine = property(lambda self: self.engine_loop.engine)
+    dispatcher = property(lambda self: self.notify_loop.dispatcher)
+    tracker = property(lambda self: self.notify_loop.tracker)
+    outbox = property(lambda self: self.engine_loop.outbox)  # changes not yet published
+
+    def __init__(
+        self,
+        settings: Settings,
+        rule_paths: list[Path],
+        config: AlertingConfig,
+        *,
+        group_prefix: str = RULES.group_prefix,
+        from_beginning: bool = False,
+        health_every_s: float = RULES.health_every_s,
+        max_replay_age_s: float = RULES.max_replay_age_s,
+        log_path: str = "stderr",
+        checkpoint_every_s: float = 1.0,
+        scale_out: bool = False,
+    ):
+        self.settings, self.rule_paths, self.config = settings, list(rule_paths) or [BUILTIN_DIR], config
+        self.group_prefix, self.from_beginning = group_prefix, from_beginning
+        self.health_every_s = health_every_s
+        self.state = state_dir(settings)
+        self.log_path = log_path
+        self.stop = threading.Event()
+        self.watch = BrokerWatch(settings.bootstrap_servers, log, "the rule engine")
+        self.running = threading.Event()  # both loops started (the readiness probe)
+        self.http_port: int | None = None
+        self.reload_requested = threading.Event()
+        self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
+        self._mtimes = self._rule_mtimes()
+        external_url = (config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules"
+        if scale_out:
+            from obshub.rules.service_partitioned import PartitionedEngineLoop
+
+            self.engine_loop = PartitionedEngineLoop(self, external_url, checkpoint_every_s)
+        else:
+            engine = Engine(
+                self.ruleset, lambda change: self.engine_loop.outbox.append(change), external_url=external_url
+            )
+            self.engine_loop = EngineLoop(self, engine, checkpoint_every_s)
+        self.notify_loop = NotifyLoop(
+            self,
+            lambda on_ack: Dispatcher(
+                build_sinks(config),
+                config.route,
+                self.ruleset.inhibit,
+                SilenceStore(self.state / "silences.json"),
+                config.delivery.policy(),
+                on_ack,
+                passthrough=config.mode == "alertmanager",
+            ),
+            max_replay_age_s,
+        )
+        if config.mode == "alertmanager" and self.ruleset.inhibit:
+            log.warning(
+                "mode alertmanager: the %d inhibit rule(s) of the rule files are not applied (write them "
+                "as inhibit_rules in Alertmanager's configuration)",
+                len(self.ruleset.inhibit),
+            )
+        self.started = time.monotonic()
+        self._check_routes()
+        freeze_heap()  # modules, rules and restored state: out of the full collections' way
+
+    def _check_routes(self) -> None:
+        """Warn about rules routed to sinks that do not exist (their alerts would reach no sink)."""
+        sinks = {s.name for s in self.dispatcher.sinks}
+        for r in self.ruleset.rules.values():
+            missing = sorted(set(r.routes) - sinks)
+            if missing:
+                log.warning(
+                    "%s:%d: rule %s routes to unknown sink(s) %s (configured: %s)",
+                    r.file,
+                    r.line,
+                    r.id,
+                    ", ".join(missing),
+                    ", ".join(sorted(sinks)),
+                )
+
+    # -- reload ----------------------------------------------------------------------------------------------
+    def _rule_mtimes(self) -> dict[str, float]:
+        out = {}
+        for p in expand_paths(self.rule_paths):
+            try:
+                out[str(p)] = p.stat().st_mtime
+            except OSError:
+                out[str(p)] = -1.0
+        return out
+
+    def maybe_reload(self) -> bool | None:
+        """Reload when a rule file changed or SIGHUP arrived. True: new rules active; False: the new files
+        were invalid and the old rules keep running (problems logged); None: nothing to do."""
+        mtimes = self._rule_mtimes()
+        if mtimes == self._mtimes and not self.reload_requested.is_set():
+            return None
+        self.reload_requested.clear()
+        self._mtimes = mtimes
+        try:
+            new = load_ruleset(self.rule_paths)
+        except RuleValidationError as exc:
+            for p in exc.problems:
+                log.error("reload rejected, keeping the previous %d rules: %s", len(self.ruleset.rules), p)
+            RELOADS.labels("rejected").inc()
+            return False
+        RELOADS.labels("ok").inc()
+        self.ruleset = new
+        self.engine.replace_rules(new)
+        self.dispatcher.inhibit = list(new.inhibit)
+        self._check_routes()
+        log.info("reloaded %d rules from %s", len(new.rules), ", ".join(new.files))
+        return True
+
+    # -- the loops ------------------------------------------------------------------------------------------
+    def run_engine(self) -> None:
+        """The engine loop (``EngineLoop.run_engine``); returns when ``stop`` is set."""
+        self.engine_loop.run_engine()
+
+    def run_notify(self) -> None:
+        """The notify loop (``NotifyLoop.run_notify``); returns when ``stop`` is set."""
+        self.notify_loop.run_notify()
+
+    def serve(self, metrics_port: int | None = None, metrics_addr: str = "0.0.0.0") -> None:
+        """Run both loops until SIGTERM/SIGINT; SIGHUP reloads the rule files. Registers the component
+        ``rules`` with the local stack while it runs. With ``metrics_port``, Prometheus metrics are
+        served on http://<metrics_addr>:<port>/metrics (0 = any free port, logged)."""
+        if metrics_port is not None:
+            from obshub.rules import web
+
+            server = web.serve(web.RulesWeb(self, ready=lambda: self.running.is_set()), metrics_port, metrics_addr)
+            self.http_port = server.server_port
+            if not self.config.external_url:
+                self.engine.external_url = f"http://{socket.getfqdn()}:{self.http_port}/rules"
+            log.info(
+                "metrics on http://%s:%d/metrics, rules and alerts on /rules (generatorURL %s)",
+                metrics_addr,
+                self.http_port,
+                self.engine.external_url,
+            )
+        signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        registry.register_component(
+            self.settings, "rules", os.getpid(), log=self.log_path, rules=len(self.ruleset.rules)
+        )
+        notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
+        notify.start()
+        self.running.set()
+        try:
+            self.run_engine()
+        finally:
+            self.stop.set()
+            notify.join(30)
+            self.dispatcher.close()
+            registry.unregister_component(self.settings, "rules")

@@ -1,0 +1,167 @@
+"""Silences: mute notifications of alerts whose labels match, between a start and an end, with an author
+and a comment (Alertmanager's silences). Stored in ``<state>/rules/silences.json``; the CLI writes it
+(``obshub silence add|list|expire``) and ``obshub rules serve`` re-reads it when it changes.
+
+Matchers: ``name=value``, ``name!=value``, ``name=~regex``, ``name!~regex`` (regexes anchored, as in
+Alertmanager). A silence mutes an alert when every matcher matches and start <= now < end. Silenced
+alerts still change state and are published to ``obshub.alerts.v1``; only notifications are muted.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from obshub.rules.errors import SilenceError
+
+_MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """One label matcher; ``op`` is one of ``=``, ``!=``, ``=~``, ``!~``."""
+
+    name: str
+    op: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Matcher":
+        """``'host=node2'`` -> Matcher. Raises SilenceError on a malformed matcher or regex."""
+        m = _MATCHER.match(text)
+        if not m:
+            raise SilenceError(
+                f"matcher {text!r} is not NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX",
+                "example: --matcher host=node2 --matcher alertname=~'.*straggler'",
+            )
+        name, op, value = m.groups()
+        value = value.strip("\"'")
+        if op in ("=~", "!~"):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise SilenceError(f"matcher {text!r}: bad regex: {exc}", "fix the regular expression") from None
+        return cls(name, op, value)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        v = labels.get(self.name, "")
+        if self.op == "=":
+            return v == self.value
+        if self.op == "!=":
+            return v != self.value
+        hit = re.fullmatch(self.value, v) is not None
+        return hit if self.op == "=~" else not hit
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{self.value}"
+
+
+@dataclass
+class Silence:
+    """A silence. Times are CLOCK_REALTIME ns."""
+
+    id: str
+    matchers: list[str]
+    starts_at_ns: int
+    ends_at_ns: int
+    author: str
+    comment: str
+    created_at_ns: int = field(default_factory=time.time_ns)
+
+    def parsed(self) -> list[Matcher]:
+        return [Matcher.parse(m) for m in self.matchers]
+
+    def active(self, now_ns: int) -> bool:
+        return self.starts_at_ns <= now_ns < self.ends_at_ns
+
+    def mutes(self, labels: dict[str, str], now_ns: int) -> bool:
+        """True when active at ``now_ns`` and every matcher matches ``labels``."""
+        return self.active(now_ns) and all(m.matches(labels) for m in self.parsed())
+
+
+class SilenceStore:
+    """The silences file, with an exclusive lock around each read-modify-write."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._mtime = -1.0
+        self._cache: list[Silence] = []
+
+    def _read(self) -> list[Silence]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            raise SilenceError(f"cannot read silences from {self.path}: {exc}", "fix or remove the file") from None
+        return [Silence(**d) for d in data.get("silences", [])]
+
+    def _write(self, items: list[Silence]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"v": 1, "silences": [asdict(s) for s in items]}, indent=1))
+        os.replace(tmp, self.path)
+
+    def _locked(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path.with_suffix(".lock"), "w")
+        fcntl.flock(f, fcntl.LOCK_EX)
+        return f
+
+    def add(self, matchers: list[str], starts_at_ns: int, ends_at_ns: int, author: str, comment: str) -> Silence:
+        """Create a silence; returns it. Raises SilenceError (no matcher, bad matcher, end <= start,
+        empty author or comment)."""
+        if not matchers:
+            raise SilenceError("a silence needs at least one matcher", "example: --matcher host=node2")
+        for m in matchers:
+            Matcher.parse(m)
+        if ends_at_ns <= starts_at_ns:
+            raise SilenceError("the silence ends before it starts", "give a positive --duration")
+        if not author.strip() or not comment.strip():
+            raise SilenceError(
+                "a silence needs an author and a comment (why it is muted)",
+                "--author you@example.com --comment 'node2 in maintenance, TICKET-123'",
+            )
+        s = Silence(uuid.uuid4().hex[:12], list(matchers), starts_at_ns, ends_at_ns, author, comment)
+        with self._locked():
+            items = self._read()
+            items.append(s)
+            self._write(items)
+        return s
+
+    def expire(self, silence_id: str, now_ns: int | None = None) -> Silence:
+        """End a silence now. Raises SilenceError for an unknown id."""
+        now_ns = now_ns or time.time_ns()
+        with self._locked():
+            items = self._read()
+            for s in items:
+                if s.id == silence_id:
+                    s.ends_at_ns = min(s.ends_at_ns, now_ns)
+                    self._write(items)
+                    return s
+        raise SilenceError(f"no silence with id {silence_id!r}", "`obshub silence list --all` shows the ids")
+
+    def list(self) -> list[Silence]:
+        """Every silence, oldest first."""
+        return self._read()
+
+    def current(self) -> list[Silence]:
+        """Silences, re-read only when the file changed (cheap to call every tick)."""
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            self._cache, self._mtime = [], -1.0
+            return []
+        if mtime != self._mtime:
+            self._cache, self._mtime = self._read(), mtime
+        return self._cache
+
+    def muted_by(self, labels: dict[str, str], now_ns: int) -> list[str]:
+        """Ids of the silences muting ``labels`` now."""
+        return [s.id for s in self.current() if s.mutes(labels, now_ns)]

@@ -1,0 +1,267 @@
+"""The alerting config (``obshub rules serve --config alerting.yaml``): sinks, route and delivery,
+validated with pydantic. Secrets are never written in the file: each secret field takes ``*_env`` (an
+environment variable name) or ``*_file`` (a file holding the value, e.g. a Kubernetes secret mount) and is
+held as a pydantic ``SecretStr``, which prints as ``**********``.
+
+Example::
+
+    version: 1
+    route: {group_by: [alertname, job], group_wait: 10s, group_interval: 1m, repeat_interval: 4h}
+    delivery: {max_attempts: 6, max_elapsed: 5m, timeout: 10s}
+    sinks:
+      - {name: oncall-slack, type: slack, url_env: OBSHUB_SLACK_WEBHOOK, min_severity: warning}
+      - {name: pager, type: pagerduty, routing_key_file: /run/secrets/pd_key, min_severity: error}
+      - {name: am, type: alertmanager, url: "http://alertmanager:9093", resend_every: 1m}
+      - {name: hook, type: webhook, url_env: OBSHUB_WEBHOOK_URL}
+      - {name: console, type: console}
+
+Alertmanager-first (``mode: alertmanager``): obshub does no grouping, inhibition or silencing of its
+own; every firing and resolved change goes straight to the Alertmanager sinks (firing alerts re-sent
+every ``resend_every``), and the team's Alertmanager groups, inhibits, silences and routes them to its
+receivers. Only ``alertmanager`` and ``console`` sinks are allowed in this mode; ``route`` and rule
+``inhibit`` entries are not applied (a warning says so)::
+
+    version: 1
+    mode: alertmanager
+    external_url: http://obshub-rules.monitoring:9108      # where generatorURL links lead (/rules#<rule>)
+    runbook_base_url: https://git.example.com/obshub/blob/main/   # runbook_url = base + rule's runbook path
+    sinks:
+      - {name: am, type: alertmanager, url: "http://alertmanager:9093", resend_every: 1m}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from obshub.rules.durations import parse_duration_ns
+from obshub.rules.errors import SinkConfigError
+from obshub.rules.sinks.alertmanager import AlertmanagerSink
+from obshub.rules.sinks.base import DeliveryPolicy, Sink
+from obshub.rules.sinks.console import ConsoleSink
+from obshub.rules.sinks.pagerduty import DEFAULT_URL, PagerDutySink
+from obshub.rules.sinks.slack import SlackSink
+from obshub.rules.sinks.webhook import WebhookSink
+
+
+def _dur_s(v: str) -> float:
+    return parse_duration_ns(v) / 1e9
+
+
+def _duration(v: str) -> str:
+    """A duration setting (``500ms``, ``10s``, ``1h30m``); raises ValueError naming the text."""
+    parse_duration_ns(v)
+    return v
+
+
+def _positive_duration(v: str) -> str:
+    """A duration setting that must be longer than 0 (a period, a timeout); raises ValueError."""
+    if parse_duration_ns(v) == 0:
+        raise ValueError(f"{v} must be longer than 0")
+    return v
+
+
+class Route(BaseModel):
+    """Grouping (Alertmanager's route): alerts with equal ``group_by`` label values form one group;
+    the first notification of a group waits ``group_wait``, later changes are batched every
+    ``group_interval``, and a group still firing is re-notified every ``repeat_interval``."""
+
+    model_config = ConfigDict(extra="forbid")
+    group_by: list[str] = Field(default_factory=lambda: ["alertname", "job"])
+    group_wait: str = "10s"
+    group_interval: str = "1m"
+    repeat_interval: str = "4h"
+
+    _check_waits = field_validator("group_wait", "group_interval")(_duration)  # 0: at once
+    _check_repeat = field_validator("repeat_interval")(_positive_duration)
+
+
+class Delivery(BaseModel):
+    """Retry settings shared by all sinks (see rules.sinks.base)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_attempts: int = Field(6, ge=1, le=100_000)
+    max_elapsed: str = "5m"
+    timeout: str = "10s"
+    backoff_initial: str = "1s"
+    backoff_max: str = "1m"
+    retry_after_max: str = "5m"
+
+    _check_waits = field_validator("retry_after_max")(_duration)
+    _check_periods = field_validator("max_elapsed", "timeout", "backoff_initial", "backoff_max")(_positive_duration)
+
+    def policy(self) -> DeliveryPolicy:
+        return DeliveryPolicy(
+            self.max_attempts,
+            _dur_s(self.max_elapsed),
+            _dur_s(self.timeout),
+            _dur_s(self.backoff_initial),
+            _dur_s(self.backoff_max),
+            _dur_s(self.retry_after_max),
+        )
+
+
+SINK_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"  # rule files' `routes` accept the same (obshub/rules/schema.json sink_name)
+
+
+class SinkSpec(BaseModel):
+    """One sink. ``type`` selects the fields that apply; secrets come from ``*_env`` or ``*_file``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=SINK_NAME_PATTERN)
+    type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console"]
+    min_severity: Literal["critical", "error", "warning", "info"] = "info"
+    url: str | None = None  # non-secret URL (alertmanager, pagerduty endpoint)
+    url_env: str | None = None
+    url_file: Path | None = None
+    routing_key_env: str | None = None
+    routing_key_file: Path | None = None
+    resend_every: str = "1m"
+    dedup_prefix: str = "obshub"
+
+    _check_resend = field_validator("resend_every")(_positive_duration)
+
+
+class AlertingConfig(BaseModel):
+    """The whole alerting config file. ``mode``: ``obshub`` (obshub groups, inhibits and silences, then
+    delivers to every sink) or ``alertmanager`` (Alertmanager-first, see the module docstring).
+    ``external_url``: the base URL under which the rule engine's HTTP port is reachable (its ``/rules``
+    page is every alert's ``generatorURL``); empty = ``http://<this host's name>:<metrics port>``.
+    ``runbook_base_url``: prefix that turns a rule's runbook path into the ``runbook_url`` annotation."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[1] = 1
+    mode: Literal["obshub", "alertmanager"] = "obshub"
+    route: Route = Field(default_factory=Route)
+    delivery: Delivery = Field(default_factory=Delivery)
+    sinks: list[SinkSpec] = Field(default_factory=lambda: [SinkSpec(name="console", type="console")])
+    external_url: str = ""
+    runbook_base_url: str = ""
+
+    @field_validator("sinks")
+    @classmethod
+    def _unique_names(cls, sinks: list[SinkSpec]) -> list[SinkSpec]:
+        names = [s.name for s in sinks]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"sink name(s) used twice: {', '.join(dup)} (give each sink its own name)")
+        return sinks
+
+    @field_validator("external_url", "runbook_base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _alertmanager_first(self) -> "AlertingConfig":
+        if self.mode == "alertmanager":
+            other = [f"{s.name} ({s.type})" for s in self.sinks if s.type not in ("alertmanager", "console")]
+            if other:
+                raise ValueError(
+                    f"mode alertmanager sends every alert to Alertmanager only; sinks {', '.join(other)} "
+                    "belong in Alertmanager's receivers"
+                )
+            if not any(s.type == "alertmanager" for s in self.sinks):
+                raise ValueError("mode alertmanager needs at least one sink of type alertmanager")
+        return self
+
+
+def read_secret(name: str, env: str | None, file: Path | None, what: str) -> SecretStr:
+    """A secret from the environment variable ``env`` or the file ``file`` (trailing newline stripped).
+    Raises SinkConfigError naming the variable or file, never the value."""
+    if env:
+        val = os.environ.get(env)
+        if not val:
+            raise SinkConfigError(
+                f"sink '{name}': environment variable {env} (its {what}) is not set or empty",
+                f"export {env}=... before starting `obshub rules serve`",
+            )
+        return SecretStr(val)
+    if file:
+        try:
+            val = Path(file).read_text().strip()
+        except OSError as exc:
+            raise SinkConfigError(
+                f"sink '{name}': cannot read {what} from {file}: {exc.strerror}", "check the path and its permissions"
+            ) from None
+        if not val:
+            raise SinkConfigError(f"sink '{name}': {file} (its {what}) is empty", "write the secret into it")
+        return SecretStr(val)
+    raise SinkConfigError(
+        f"sink '{name}': no {what} given",
+        f"set `{'url' if what == 'webhook URL' else 'routing_key'}"
+        "_env:` (an environment variable) or `..._file:` (a file) in the sink",
+    )
+
+
+def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
+    """Construct the sink of ``spec``, reading its secrets. Raises SinkConfigError."""
+    if spec.type in ("slack", "webhook") and spec.url:
+        raise SinkConfigError(
+            f"sink '{spec.name}': a {spec.type} sink's URL is a secret and is not read from `url:`",
+            "put it in an environment variable (`url_env:`) or a file (`url_file:`), never in the config file",
+        )
+    if spec.type == "slack":
+        return SlackSink(
+            spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"), spec.min_severity
+        )
+    if spec.type == "webhook":
+        return WebhookSink(
+            spec.name,
+            read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"),
+            spec.min_severity,
+            external_url,
+        )
+    if spec.type == "pagerduty":
+        key = read_secret(spec.name, spec.routing_key_env, spec.routing_key_file, "routing key")
+        return PagerDutySink(spec.name, key, spec.url or DEFAULT_URL, spec.min_severity, spec.dedup_prefix)
+    if spec.type == "alertmanager":
+        if not spec.url:
+            raise SinkConfigError(f"sink '{spec.name}': alertmanager needs `url:` (e.g. http://alertmanager:9093)")
+        return AlertmanagerSink(spec.name, spec.url, spec.min_severity, _dur_s(spec.resend_every))
+    return ConsoleSink(spec.name, spec.min_severity)
+
+
+def load_config(path: Path | None) -> AlertingConfig:
+    """Read the alerting config (YAML); None gives the defaults (console sink only). Raises
+    SinkConfigError that lists each problem as ``file:line:col: field/path: why`` (YAML syntax, a byte
+    that is not UTF-8, a field of the wrong type or value, an unknown field)."""
+    if path is None:
+        return AlertingConfig()
+    from obshub.rules.yamlfile import load_yaml, plain_value, position, read_text
+
+    file = str(path)
+    text, problems = read_text(Path(path))
+    if problems and problems[0].line == 0:
+        why = problems[0].message.removeprefix("cannot read: ")
+        raise SinkConfigError(f"cannot read alerting config {path}: {why}", "check the path")
+    doc = None
+    if text is not None:
+        doc, problems = load_yaml(text, file)
+    if problems:
+        raise SinkConfigError("invalid alerting config:\n" + "\n".join(map(str, problems)), "fix the YAML")
+    try:
+        return AlertingConfig.model_validate(plain_value(doc) if doc is not None else {})
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            loc = [int(p) if isinstance(p, int) else p for p in e["loc"]]
+            unknown = e["type"] == "extra_forbidden"  # point at the key itself
+            line, col = position(doc, loc, key=unknown) if doc is not None else (1, 1)
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append((line, col, f"{file}:{line}:{col}: {'/'.join(map(str, loc)) or 'config'}: {msg}"))
+        lines = [text for *_, text in sorted(lines)]
+        raise SinkConfigError(
+            "invalid alerting config:\n" + "\n".join(lines), "see docs/RULES.md, section 'Alerting config'"
+        ) from None
+
+
+def build_sinks(cfg: AlertingConfig) -> list[Sink]:
+    """Every sink of ``cfg`` (its names are unique: :class:`AlertingConfig` checks). Raises
+    SinkConfigError."""
+    return [build_sink(s, cfg.external_url) for s in cfg.sinks]

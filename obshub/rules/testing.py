@@ -1,0 +1,307 @@
+"""Rule unit tests (``obshub rules test FILE...``), in the spirit of ``promtool test rules``.
+
+A test file::
+
+    version: 1
+    rule_files: [../rdma_straggler.yaml]      # relative to the test file
+    tests:
+      - name: slow RDMA completion on the straggler of a stalled step fires
+        input:                                 # records at times relative to the test's start
+          - at: 0s
+            steps: {job: llm, step: 7, stall: true, straggler: {host: node2}}
+          - at: 1s
+            events: {kind: RDMA_CQ_DONE, job: llm, host: node2, step: 7, duration_ns: 45000}
+            repeat: 3                          # optional: the same record 3 times ...
+            every: 1s                          # ... 1 s apart
+        expect:
+          - at: 2s
+            alerts:                            # every alert pending or firing at 2 s; [] = none
+              - rule: rdma_slow_completion_on_straggler
+                state: firing                  # default firing
+                labels: {host: node2, layer: nic}          # these labels must match (others ignored)
+                annotations: {step: "7"}       # these annotations must match exactly
+
+Records are filled in: a step summary gets neutral defaults for every documented field missing, an event
+gets defaults and its derived fields (layer, duration_us, time_ns). Time starts at ``BASE_NS``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from obshub.core import schema
+from obshub.rules import fields
+from obshub.rules.durations import parse_duration_ns
+from obshub.rules.engine import Engine
+from obshub.rules.errors import Problem, RuleTestError
+from obshub.rules.loader import _plain, load_ruleset
+from obshub.rules.yamlfile import load_yaml, position, read_text, yaml11_surprises, yaml_type
+
+BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
+MAX_REPEAT = 100_000  # records one input may expand to (a larger `repeat:` is a typo, not a test)
+_TEST_KEYS = {"name", "input", "expect"}
+_INPUT_KEYS = {"at", "steps", "events", "health", "repeat", "every"}
+_EXPECT_KEYS = {"at", "alerts"}
+_ALERT_KEYS = {"rule", "state", "labels", "annotations"}
+_EVENT_INTS = ("host_id", "batch_seq", "ts_ns", "duration_ns", "trace_key", "step", "pid", "tid", "gpu", "value")
+_EVENT_STRS = ("kind", "job", "host", "agent_id")
+_EVENT_KEYS = {*_EVENT_INTS, *_EVENT_STRS, "payload"}  # what the short form of an event reads
+_HEALTH_KEYS = set(fields.HEALTH_VARS)
+_STEP_KEYS = set(fields.STEP_VARS) | {"closed_at_ns", "v"}
+_STATES = ("pending", "firing")
+
+
+@dataclass
+class TestResult:
+    """Outcome of one test case: ``failures`` lists 'at T: expected ... got ...' texts (empty = pass)."""
+
+    file: str
+    name: str
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _err(file: str, doc: Any, path: list, msg: str, *, key: bool = False) -> RuleTestError:
+    line, col = position(doc, path, key=key)
+    return RuleTestError(f"{Problem(file, line, col, msg)}", "see docs/RULES.md, section 'Testing a rule'")
+
+
+def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], what: str) -> None:
+    if not isinstance(node, dict):
+        raise _err(file, doc, path, f"{what} must be a mapping")
+    for k in node:
+        if k not in allowed:
+            raise _err(
+                file,
+                doc,
+                path + [k],
+                f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})",
+                key=True,
+            )
+
+
+def _what(v: Any) -> str:
+    """``v`` as an error names it: its YAML type and value (``str 'one'``, ``mapping {'a': 1}``)."""
+    return f"{yaml_type(v)} {_plain(v)!r}"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and schema.I64_MIN <= v <= schema.I64_MAX
+
+
+def _input_problem(signal: str, spec: Any) -> str | None:
+    """What is wrong with one input record of a test (as ``<signal>.<field>: reason``), or None. The
+    checks are those production applies to the same record: a step summary goes through the steps
+    topic's decoder, an event's fields must have its schema's types, and a field the record does not
+    have is named (a misspelt field would otherwise be dropped and the test fail without a reason)."""
+    if not isinstance(spec, dict):
+        return f"{signal}: expected a mapping, got {_what(spec)}"
+    allowed = {"steps": _STEP_KEYS, "events": _EVENT_KEYS, "health": _HEALTH_KEYS}[signal]
+    for k in spec:
+        if k not in allowed:
+            near = difflib.get_close_matches(str(k), sorted(allowed), n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else f" (fields: {', '.join(sorted(allowed))})"
+            return f"{signal}: unknown field '{k}'{hint}"
+    if signal == "steps":
+        try:
+            schema.decode_step_summary(json.dumps(spec).encode())
+        except (schema.SchemaError, TypeError, ValueError) as exc:
+            return f"steps.{exc}"
+        return None
+    if signal == "events":
+        for k in _EVENT_INTS:
+            if k in spec and not _is_int(spec[k]):
+                return f"events.{k}: expected a 64-bit integer, got {_what(spec[k])}"
+        for k in _EVENT_STRS:
+            if k in spec and not (isinstance(spec[k], str) and spec[k]):
+                return f"events.{k}: expected a non-empty string, got {_what(spec[k])}"
+        pl = spec.get("payload")
+        if pl is not None and not (
+            isinstance(pl, dict) and all(isinstance(v, (str, int, float, bool)) or v is None for v in pl.values())
+        ):
+            return "events.payload: expected a mapping of names to strings, numbers or booleans"
+        return None
+    for k in ("topic", "group", "component"):
+        if k in spec and not isinstance(spec[k], str):
+            return f"health.{k}: expected a string, got {_what(spec[k])}"
+    for k in ("lag_messages", "time_ns"):
+        if k in spec and not _is_int(spec[k]):
+            return f"health.{k}: expected an integer, got {_what(spec[k])}"
+    for k in ("idle_s", "uptime_s"):
+        if k in spec and not (isinstance(spec[k], (int, float)) and not isinstance(spec[k], bool)):
+            return f"health.{k}: expected a number, got {_what(spec[k])}"
+    return None
+
+
+def _record(signal: str, spec: dict, t_ns: int) -> dict:
+    if signal == "steps":
+        return fields.step_record({**spec, "closed_at_ns": spec.get("closed_at_ns", t_ns)})
+    if signal == "events":
+        rec = fields.event_record_from_test({**spec, "ts_ns": spec.get("ts_ns", t_ns)})
+        return rec
+    return {
+        **fields.health_record(
+            spec.get("topic", ""),
+            spec.get("group", ""),
+            spec.get("lag_messages", 0),
+            spec.get("idle_s", -1),
+            spec.get("uptime_s", 0),
+            t_ns,
+        ),
+        **spec,
+        "time_ns": t_ns,
+    }
+
+
+def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
+    """Read and check a test file; returns (rule files, test cases as plain dicts, file name). Raises
+    RuleTestError at file:line:col on a malformed file."""
+    file = str(path)
+    text, problems = read_text(path)
+    if text is None:
+        hint = "check the path" if problems[0].line == 0 else "a test file is UTF-8 YAML"
+        raise RuleTestError("\n".join(map(str, problems)), hint)
+    doc, problems = load_yaml(text, file)
+    problems = problems or (yaml11_surprises(doc, file) if doc is not None else [])
+    if problems:
+        raise RuleTestError("\n".join(map(str, problems)), "fix the test file")
+    _check_keys(file, doc, [], doc, {"version", "rule_files", "tests"}, "a test file")
+    if doc.get("version") != 1:
+        raise _err(file, doc, ["version"], "test files need `version: 1`")
+    named = doc.get("rule_files")
+    if named is not None and not isinstance(named, list):
+        raise _err(file, doc, ["rule_files"], f"`rule_files:` is a list of rule files, not {_what(named)}")
+    for j, p in enumerate(named or []):
+        if not isinstance(p, str) or not p:
+            raise _err(file, doc, ["rule_files", j], f"a rule file is a path, not {_what(p)}")
+    rule_files = [(path.parent / p).resolve() for p in named or []]
+    if not rule_files:
+        raise _err(file, doc, [], "`rule_files:` must name at least one rule file")
+    tests = doc.get("tests")
+    if tests is not None and not isinstance(tests, list):
+        raise _err(file, doc, ["tests"], f"`tests:` is a list of tests, not {_what(tests)}")
+    tests = tests or []
+    for i, t in enumerate(tests):
+        _check_keys(file, doc, ["tests", i], t, _TEST_KEYS, "a test")
+        for j, inp in enumerate(t.get("input") or []):
+            _check_keys(file, doc, ["tests", i, "input", j], inp, _INPUT_KEYS, "an input")
+            sigs = [s for s in ("steps", "events", "health") if s in inp]
+            if len(sigs) != 1 or "at" not in inp:
+                raise _err(
+                    file, doc, ["tests", i, "input", j], "an input needs `at:` and exactly one of steps, events, health"
+                )
+            sig = sigs[0]
+            why = _input_problem(sig, inp[sig])
+            if why is not None:
+                raise _err(file, doc, ["tests", i, "input", j, sig], why)
+            if sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
+                raise _err(file, doc, ["tests", i, "input", j, "events"], "an event needs a known `kind:`")
+            rep = inp.get("repeat", 1)
+            if not (_is_int(rep) and 1 <= rep <= MAX_REPEAT):
+                raise _err(file, doc, ["tests", i, "input", j, "repeat"], f"`repeat:` must be 1..{MAX_REPEAT}")
+        for j, exp in enumerate(t.get("expect") or []):
+            _check_keys(file, doc, ["tests", i, "expect", j], exp, _EXPECT_KEYS, "an expectation")
+            for k, a in enumerate(exp.get("alerts") or []):
+                _check_keys(file, doc, ["tests", i, "expect", j, "alerts", k], a, _ALERT_KEYS, "an expected alert")
+                if a.get("state", "firing") not in _STATES:
+                    raise _err(
+                        file,
+                        doc,
+                        ["tests", i, "expect", j, "alerts", k, "state"],
+                        f"`state:` is pending or firing, not {a.get('state')!r} (a resolved alert is no longer listed)",
+                    )
+        for _j, node in [(j, n) for j, n in enumerate((t.get("input") or []) + (t.get("expect") or []))]:
+            try:
+                parse_duration_ns(str(node.get("at")))
+                if "every" in node:
+                    parse_duration_ns(str(node["every"]))
+            except ValueError as exc:
+                raise _err(file, doc, ["tests", i], str(exc)) from None
+    return rule_files, _plain(tests), file
+
+
+def _fmt_alert(a: dict) -> str:
+    labels = ", ".join(f"{k}={v}" for k, v in sorted(a.get("labels", {}).items()))
+    ann = a.get("annotations") or {}
+    extra = ("; " + ", ".join(f"{k}={v!r}" for k, v in sorted(ann.items()))) if ann else ""
+    return f"{a.get('rule')} [{a.get('state', 'firing')}] {{{labels}}}{extra}"
+
+
+def _matches(exp: dict, got: dict) -> bool:
+    if exp["rule"] != got["rule"] or exp.get("state", "firing") != got["state"]:
+        return False
+    if any(got["labels"].get(k) != str(v) for k, v in (exp.get("labels") or {}).items()):
+        return False
+    return all(got["annotations"].get(k) == str(v) for k, v in (exp.get("annotations") or {}).items())
+
+
+def _compare(expected: list[dict], got: list[dict]) -> bool:
+    remaining = list(got)
+    for e in expected:
+        for g in remaining:
+            if _matches(e, g):
+                remaining.remove(g)
+                break
+        else:
+            return False
+    return not remaining
+
+
+def run_case(ruleset, case: dict, file: str) -> TestResult:
+    """Run one test case against a fresh engine; returns its result."""
+    res = TestResult(file, case.get("name", "(unnamed)"))
+    engine = Engine(ruleset, notify=lambda _c: None)
+    for rule in ruleset.rules.values():
+        rule.condition.errors, rule.condition.last_error = 0, ""
+    timeline: list[tuple[int, int, Any]] = []
+    for inp in case.get("input") or []:
+        start, every = parse_duration_ns(inp["at"]), parse_duration_ns(inp.get("every", "1s"))
+        sig = next(s for s in ("steps", "events", "health") if s in inp)
+        for n in range(int(inp.get("repeat", 1))):
+            timeline.append((start + n * every, 0, (sig, inp[sig])))
+    for exp in case.get("expect") or []:
+        timeline.append((parse_duration_ns(exp["at"]), 1, exp))
+    for at, order, item in sorted(timeline, key=lambda x: (x[0], x[1])):
+        now = BASE_NS + at
+        if order == 0:
+            sig, spec = item
+            engine.process(sig, _record(sig, spec, now))
+            continue
+        engine.tick(now)
+        got = [
+            {"rule": i.rule, "state": i.state, "labels": i.labels, "annotations": i.annotations}
+            for i in engine.active()
+        ]
+        expected = item.get("alerts") or []
+        if not _compare(expected, got):
+            lines = [f"at {item['at']}:", "  expected:"]
+            lines += [f"    {_fmt_alert(e)}" for e in expected] or ["    (no alerts)"]
+            lines.append("  got:")
+            lines += [f"    {_fmt_alert(g)}" for g in got] or ["    (no alerts)"]
+            res.failures.append("\n".join(lines))
+    if res.failures:  # a condition that cannot be evaluated is the likeliest reason for "(no alerts)"
+        for rid, rule in sorted(ruleset.rules.items()):
+            if rule.condition.errors:
+                res.failures.append(
+                    f"rule {rid}: its condition failed to evaluate {rule.condition.errors} time(s), counted as"
+                    f" false; last: {rule.condition.last_error}"
+                )
+    return res
+
+
+def run_test_file(path: Path) -> list[TestResult]:
+    """Run every case of one test file. Raises RuleTestError (malformed test file) or
+    RuleValidationError (its rule files are invalid)."""
+    rule_files, cases, file = load_test_file(path)
+    ruleset = load_ruleset(rule_files)
+    return [run_case(ruleset, c, file) for c in cases]
+
+
+__all__ = ["run_test_file", "run_case", "TestResult", "BASE_NS"]

@@ -1,0 +1,292 @@
+"""Strict YAML reading for rule files: positions, duplicate keys, YAML 1.1 surprises, JSON Schema.
+
+Steps: parse with ruamel.yaml's round-trip loader (keeps line/column of every node; YAML 1.2, so the
+surprises below are *not* silently converted, we flag them) -> walk every scalar for YAML 1.1 surprises
+-> validate against ``obshub/rules/schema.json`` (jsonschema, Draft 2020-12) -> map every schema error's path
+back to ``file:line:col``.
+
+YAML 1.1 surprises rejected (PyYAML and many tools still read 1.1, so the same file would mean
+different things to different readers):
+
+* unquoted ``y/n/yes/no/on/off`` (any case): booleans in 1.1, strings in 1.2 -> quote them or use
+  true/false;
+* integers with leading zeros (``0755``, ``010``): octal in 1.1, decimal in 1.2 -> remove the zeros or
+  quote;
+* sexagesimal numbers (``1:30``): 90 in 1.1, a string in 1.2 -> quote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.scalarint import ScalarInt
+from ruamel.yaml.scalarstring import ScalarString
+
+from obshub.rules.errors import Problem
+
+SCHEMA_PATH = Path(__file__).with_name("schema.json")
+_BOOL11 = re.compile(r"^(y|n|yes|no|on|off)$", re.IGNORECASE)
+_SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?$")
+
+
+@lru_cache(maxsize=1)
+def file_schema() -> dict:
+    """The JSON Schema of rule files (``obshub/rules/schema.json``)."""
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def _yaml() -> YAML:
+    y = YAML(typ="rt")
+    y.preserve_quotes = True  # quoted scalars load as ScalarString: "was it quoted?" stays answerable
+    y.allow_duplicate_keys = False
+    return y
+
+
+_TAB_TOKEN = "found character '\\t' that cannot start any token"
+
+
+def _load_tolerating_tabs(text: str) -> Any:
+    """ruamel.yaml's scanner rejects a tab between a value and its comment (``key: 1\t# why``), which
+    YAML 1.2 allows (tabs are separation white space there). Where the scanner stops on such a tab, and
+    only there (never inside a scalar), the tabs before the ``#`` become spaces, one for one, so every
+    line:col stays the same; then it parses again."""
+    for _ in range(1000):
+        try:
+            return _yaml().load(text)
+        except MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            if mark is None or _TAB_TOKEN not in str(exc.problem or "") or not 0 <= mark.index < len(text):
+                raise
+            end = mark.index
+            while end < len(text) and text[end] in " \t":
+                end += 1
+            if end >= len(text) or text[end] != "#" or text[mark.index] != "\t":
+                raise
+            text = text[: mark.index] + text[mark.index : end].replace("\t", " ") + text[end:]
+    return _yaml().load(text)
+
+
+def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
+    """Parse ``text`` (named ``file`` in messages). Returns ``(document, problems)``; the document is
+    None when the YAML itself is broken (syntax error, duplicate key), with one problem at the mark."""
+    try:
+        doc = _load_tolerating_tabs(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        what = (exc.problem or str(exc)).strip()
+        if "duplicate key" in what:
+            what += " (each key may appear once in a mapping)"
+        return None, [Problem(file, line, col, f"YAML: {what}")]
+    except YAMLError as exc:
+        return None, [Problem(file, 0, 0, f"YAML: {exc}")]
+    except RecursionError:
+        return None, [Problem(file, 1, 1, "YAML: nested too deeply (a rule file needs a few levels, not thousands)")]
+    return doc, []
+
+
+def _pos_of_value(node: Any, key: Any) -> tuple[int, int]:
+    try:
+        if isinstance(node, CommentedMap):
+            line, col = node.lc.value(key)
+        elif isinstance(node, CommentedSeq):
+            line, col = node.lc.item(key)
+        else:
+            return 0, 0
+        return line + 1, col + 1
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return 0, 0
+
+
+def _pos_of_key(node: Any, key: Any) -> tuple[int, int]:
+    try:
+        line, col = node.lc.key(key)
+        return line + 1, col + 1
+    except (KeyError, TypeError, AttributeError):
+        return _pos_of_value(node, key)
+
+
+def position(doc: Any, path: list, *, key: bool = False) -> tuple[int, int]:
+    """1-based (line, col) of the node at ``path`` (keys and indexes from the root); with ``key`` the
+    position of the last mapping key itself. (0, 0) when unknown."""
+    node, pos = doc, (1, 1)
+    for i, step in enumerate(path):
+        last = i == len(path) - 1
+        if last and key and isinstance(node, CommentedMap):
+            return _pos_of_key(node, step)
+        p = _pos_of_value(node, step)
+        pos = p if p != (0, 0) else pos
+        try:
+            node = node[step]
+        except (KeyError, IndexError, TypeError):
+            break
+    return pos
+
+
+def _surprise(value: Any) -> str | None:
+    if isinstance(value, bool) or isinstance(value, ScalarString):
+        return None
+    if isinstance(value, ScalarInt):
+        width = getattr(value, "_width", None)
+        digits = str(abs(int(value)))
+        if width and width > len(digits) and not getattr(value, "_underscore", None):
+            return (
+                f"number with a leading zero ({'0' * (width - len(digits))}{digits}) is octal in YAML 1.1 "
+                f"and decimal in YAML 1.2; write {digits} or quote it"
+            )
+        return None
+    if type(value) is str:
+        if _BOOL11.match(value):
+            return (
+                f"unquoted '{value}' is a boolean in YAML 1.1 (PyYAML and many tools) but a string in "
+                f"YAML 1.2; quote it ('{value}') for a string, or write true/false for a boolean"
+            )
+        if _SEXAGESIMAL.match(value):
+            return f"unquoted '{value}' is a base-60 number in YAML 1.1; quote it"
+    return None
+
+
+def yaml11_surprises(doc: Any, file: str) -> list[Problem]:
+    """Every YAML 1.1 surprise in ``doc`` (keys and values), with its position."""
+    out: list[Problem] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, CommentedMap):
+            for k, v in node.items():
+                msg = _surprise(k)
+                if msg:
+                    out.append(Problem(file, *_pos_of_key(node, k), f"key {msg}"))
+                msg = _surprise(v)
+                if msg:
+                    out.append(Problem(file, *_pos_of_value(node, k), msg))
+                walk(v)
+        elif isinstance(node, CommentedSeq):
+            for i, v in enumerate(node):
+                msg = _surprise(v)
+                if msg:
+                    out.append(Problem(file, *_pos_of_value(node, i), msg))
+                walk(v)
+
+    walk(doc)
+    return out
+
+
+def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
+    """A readable message for one schema error; the flag says 'point at the key, not the value'."""
+    where = "/".join(str(p) for p in err.absolute_path) or "top level"
+    if err.validator == "additionalProperties":
+        allowed = sorted(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
+        return f"unknown field '{extra[0] if extra else '?'}' in {where} (allowed: {', '.join(allowed)})", True
+    if err.validator == "required":
+        return f"{where}: {err.message}", False
+    if err.validator == "type":
+        got = yaml_type(err.instance)
+        return f"{where}: expected {err.validator_value}, got {got} {plain_value(err.instance)!r}", False
+    if err.validator == "enum":
+        return f"{where}: {err.instance!r} is not one of {', '.join(map(str, err.validator_value))}", False
+    if err.validator == "pattern":
+        return f"{where}: {err.instance!r} does not match {err.validator_value}", False
+    if err.validator == "const":
+        return f"{where}: must be {err.validator_value!r}, got {plain_value(err.instance)!r}", False
+    return f"{where}: {err.message}", False
+
+
+def schema_problems(doc: Any, file: str) -> list[Problem]:
+    """Every JSON Schema violation of ``doc`` with its position, sorted by position."""
+    validator = jsonschema.Draft202012Validator(file_schema())
+    out = []
+    for err in validator.iter_errors(doc):
+        msg, at_key = _schema_message(err)
+        path = list(err.absolute_path)
+        if at_key and isinstance(err.instance, dict):
+            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            if extra:
+                path = path + [extra[0]]
+        line, col = position(doc, path, key=at_key)
+        rule = _rule_name(doc, path)
+        out.append(Problem(file, line, col, msg, rule))
+    return sorted(out, key=lambda p: (p.line, p.col))
+
+
+def _rule_name(doc: Any, path: list) -> str | None:
+    if len(path) >= 2 and path[0] in ("rules", "overrides") and isinstance(path[1], int):
+        try:
+            item = doc[path[0]][path[1]]
+            return str(item.get("id") or item.get("rule") or "") or None
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return None
+    return None
+
+
+_YAML_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (dict, "mapping"),
+    (list, "list"),
+)
+
+
+def yaml_type(v: Any) -> str:
+    """The YAML type of a parsed value, as a message names it (not ruamel's class names)."""
+    if v is None:
+        return "null"
+    return next((name for t, name in _YAML_TYPES if isinstance(v, t)), type(v).__name__)
+
+
+def plain_value(node: Any) -> Any:
+    """ruamel containers/scalars -> plain python (dict with str keys / list / str / int / float / bool)."""
+    if isinstance(node, dict):
+        return {str(k): plain_value(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [plain_value(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    return str(node)
+
+
+def read_text(path: Path) -> tuple[str | None, list[Problem]]:
+    """The text of a YAML file (rules, tests) as UTF-8. Returns (text, []) or (None, [the Problem]): the
+    file cannot be read (line 0), or its first byte that is not UTF-8 at line:col."""
+    file = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, [Problem(file, 0, 0, f"cannot read: {exc.strerror or exc}")]
+    try:
+        return raw.decode("utf-8"), []
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        return None, [Problem(file, line, col, f"not UTF-8: byte 0x{raw[exc.start]:02x} (save the file as UTF-8)")]
+
+
+def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:
+    """Read and structurally validate one rule file. Returns (document or None, problems)."""
+    file = str(path)
+    text, problems = read_text(path)
+    if text is None:
+        return None, problems
+    doc, problems = load_yaml(text, file)
+    if doc is None:
+        return None, problems
+    if not isinstance(doc, CommentedMap):
+        return None, [Problem(file, 1, 1, "a rule file is a mapping with `version: 1` at the top")]
+    surprises = yaml11_surprises(doc, file)
+    seen = {(p.line, p.col) for p in surprises}
+    problems = surprises + [p for p in schema_problems(doc, file) if (p.line, p.col) not in seen]
+    return doc, sorted(problems, key=lambda p: (p.line, p.col))

@@ -1,0 +1,420 @@
+"""Reduce one decoded batch to per-(step, host) partial accumulators, and merge partials.
+
+The ingest agent does not forward events: it forwards one small accumulator per (job, step, host) per
+batch. Accumulators are plain JSON-able dicts with string keys only (they travel through Kafka as JSON and
+live in changelog-backed tables, which round-trip through JSON), so ``merge`` works on both in-process and
+recovered values. Shape of one host accumulator (units in the names; ``*_rt`` = CLOCK_REALTIME ns, i.e.
+the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
+
+    {"host": str, "host_id": int, "events": int,
+     "step_ns": int | None,          # STEP_END duration_ns (the host's step wall time)
+     "begin_rt": int | None,         # STEP_BEGIN time
+     "end_rt": int | None,           # STEP_END time
+     "unc_ns": int,                  # largest clock uncertainty seen in this host's batches for the step
+     "phases": {phase: ns},          # PHASE durations summed per phase
+     "layers": {layer: [time_ns, count, max_ns]},
+     "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
+     "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
+     "last_phase": [end_rt, phase],  # the latest PHASE to end (absent before the first one)
+     "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
+             "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns,     # per connection, a < b
+                                   retransmits_a_to_b, retransmits_b_to_a]}}}
+
+``net`` feeds the connection-based network blame (docs/ANALYSIS.md "Network blame by connection"); an
+accumulator without it (written by an older worker) merges as empty. A retransmit is counted by its sender
+(the TCP_RETRANSMIT's ``saddr``), so the last two values of a pair split ``retransmits`` by direction; a
+pair of three values (an older worker's) merges into the first three only.
+
+What counts as a layer's ``time_ns`` and ``count`` per kind is ``KIND_RULES`` below, derived from the kinds
+table ``schema.KIND_INFO`` (its ``step`` rules) and documented
+with reasons in docs/ANALYSIS.md ("Layer time per kind"). The ``pytorch`` layer's time is not summed
+here: it is the host's compute time, derived at close (see ``analysis.compute_ns``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import ipaddress
+from typing import Callable
+
+from obshub.core import schema
+from obshub.core.schema import Batch, Event, Kind, Layer
+
+# kind -> (layer, time_ns(event), count(event), max candidate(event)); None = structural, handled apart
+Rule = tuple[Layer, Callable[[Event], int], Callable[[Event], int], Callable[[Event], int]]
+
+
+def _dur(e: Event) -> int:
+    return e.duration_ns
+
+
+def _zero(_e: Event) -> int:
+    return 0
+
+
+def _one(_e: Event) -> int:
+    return 1
+
+
+def _value_pos(e: Event) -> int:
+    return max(0, e.value)
+
+
+def _retrans(e: Event) -> int:
+    return max(1, e.value)
+
+
+def _preempted_offcpu(e: Event) -> int:
+    # value = previous task state; 0 = TASK_RUNNING, i.e. preempted while runnable (involuntary wait).
+    # Voluntary sleeps (blocked on a socket, a futex: waiting for a collective) are not the host's fault.
+    return e.duration_ns if e.value == 0 else 0
+
+
+def _mem_step_count(e: Event) -> int:
+    # allocations + the short stalls summed with them: the count the single records would have given
+    return max(0, e.value) + max(0, int((e.payload or {}).get("stalls", 0) or 0))
+
+
+def _mem_step_max(e: Event) -> int:
+    return max(0, int((e.payload or {}).get("stall_max_ns", 0) or 0))
+
+
+def _cuda_step_max(e: Event) -> int:
+    return max(0, int((e.payload or {}).get("max_ns", 0) or 0))
+
+
+#: rule name (:data:`obshub.core.schema.STEP_RULES`) -> function of an event
+_RULE_FNS: dict[str, Callable[[Event], int]] = {
+    "zero": _zero,
+    "one": _one,
+    "duration": _dur,
+    "value": _value_pos,
+    "retransmits": _retrans,
+    "preempted": _preempted_offcpu,
+    "mem_step_count": _mem_step_count,
+    "mem_step_max": _mem_step_max,
+    "cuda_step_max": _cuda_step_max,
+}
+
+#: per kind: its layer and how it counts, derived from the kinds table ``schema.KIND_INFO``
+KIND_RULES: dict[Kind, Rule] = {
+    kind: (info.layer, _RULE_FNS[info.step[0]], _RULE_FNS[info.step[1]], _RULE_FNS[info.step[2]])
+    for kind, info in schema.KIND_INFO.items()
+    if info.step is not None
+}
+
+#: kinds handled apart (step and collective boundaries, registrations, agent loss)
+STRUCTURAL = {kind for kind, info in schema.KIND_INFO.items() if info.step is None}
+
+
+def new_acc(host: str, host_id: int) -> dict:
+    """An empty host accumulator (shape in the module docstring)."""
+    return {
+        "host": host,
+        "host_id": host_id,
+        "events": 0,
+        "step_ns": None,
+        "begin_rt": None,
+        "end_rt": None,
+        "unc_ns": 0,
+        "phases": {},
+        "layers": {},
+        "colls": {},
+        "ringbuf_lost": 0,
+        "net": {"addrs": {}, "pairs": {}},
+    }
+
+
+@functools.lru_cache(maxsize=65536)
+def _ipv4_text(addr: str) -> str | None:
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return None
+    if ip.version == 6:
+        ip = ip.ipv4_mapped
+        if ip is None:
+            return None
+    return None if ip.is_loopback else str(ip)
+
+
+def ipv4(addr: object) -> str | None:
+    """``addr`` as dotted IPv4 text (an IPv4-mapped IPv6 address such as ``::ffff:a4d:a`` unwrapped), or
+    None when it is not an IPv4 address. Loopback is None (it never crosses a link)."""
+    return _ipv4_text(str(addr))  # parsing is slow (~10 µs) and a host talks to few addresses: cached
+
+
+def _add_net(acc: dict, kind: int, e: Event) -> None:
+    p = e.payload or {}
+    src, dst = ipv4(p.get("saddr")), ipv4(p.get("daddr"))
+    if src is None or dst is None or src == dst:
+        return
+    net = acc.setdefault("net", {"addrs": {}, "pairs": {}})
+    net["addrs"][src] = 1
+    slot = net["pairs"].setdefault("|".join(sorted((src, dst))), [0, 0, 0, 0, 0])
+    if kind == Kind.TCP_RTT:
+        slot[0] += 1
+        slot[2] += max(0, e.duration_ns)
+    else:
+        n = max(1, e.value)
+        slot[1] += n
+        slot[3 if src < dst else 4] += n
+
+
+# Event kinds as plain ints: ``Kind(x)`` and ``Kind.X`` cost a Python-level enum lookup each, per event
+# (an event's ``kind`` compares equal to its int, and ``KIND_RULES`` finds its rule by it).
+_STEP_END = int(Kind.STEP_END)
+_STEP_BEGIN = int(Kind.STEP_BEGIN)
+_COLL_BEGIN = int(Kind.COLLECTIVE_BEGIN)
+_COLL_END = int(Kind.COLLECTIVE_END)
+_AGENT_LOSS = int(Kind.AGENT_LOSS)
+_TCP_RTT = int(Kind.TCP_RTT)
+_TCP_RETRANSMIT = int(Kind.TCP_RETRANSMIT)
+_PHASE = int(Kind.PHASE)
+_REGISTER = int(Kind.REGISTER)
+_RANK_STATE = int(Kind.RANK_STATE)
+
+
+def coll_key(pg: str, coll_seq: int) -> str:
+    """The join key of one collective within a job: ``"<pg>#<coll_seq>"`` (docs/SCHEMA.md "TraceKey")."""
+    return f"{pg}#{coll_seq}"
+
+
+def add_event(acc: dict, e: Event, offset_ns: int) -> None:
+    """Fold one event into a host accumulator. ``offset_ns`` is the batch's clock offset (monotonic ->
+    realtime). Unknown-to-this-table kinds only count in ``events``."""
+    acc["events"] += 1
+    kind = int(e.kind)
+    rt = e.ts_ns + offset_ns
+    if kind == _STEP_END:
+        acc["step_ns"] = max(acc["step_ns"] or 0, e.duration_ns)
+        acc["end_rt"] = rt
+    elif kind == _STEP_BEGIN:
+        acc["begin_rt"] = rt
+    elif kind == _COLL_BEGIN or kind == _COLL_END:
+        p = e.payload or {}
+        key = coll_key(str(p.get("pg", "?")), int(p.get("coll_seq", -1)))
+        c = acc["colls"].setdefault(key, [str(p.get("op", "?")), None, None, None])
+        if kind == _COLL_BEGIN:
+            c[1] = rt if c[1] is None else min(c[1], rt)
+        else:
+            c[2], c[3] = rt, e.duration_ns
+    elif kind == _AGENT_LOSS:
+        acc["ringbuf_lost"] += max(0, e.value)
+    elif kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
+        _add_net(acc, kind, e)
+    if kind == _PHASE:
+        ph = str((e.payload or {}).get("phase", "?"))
+        acc["phases"][ph] = acc["phases"].get(ph, 0) + e.duration_ns
+        lp = acc.get("last_phase")
+        if lp is None or rt >= lp[0]:
+            acc["last_phase"] = [rt, ph]
+    rule = KIND_RULES.get(kind)
+    if rule is not None:
+        layer, t_fn, c_fn, m_fn = rule
+        slot = acc["layers"].setdefault(layer.value, [0, 0, 0])
+        slot[0] += t_fn(e)
+        slot[1] += c_fn(e)
+        slot[2] = max(slot[2], m_fn(e))
+
+
+# Kinds whose whole effect is one layer slot update of a fixed pattern (the bulk of real traffic): handled
+# inline by ``reduce_batch`` without a call per event. Patterns: 0 = (time, count, max) = (duration, 1,
+# duration); 1 = (0, 1, duration); 2 = (0, 1, 0). Must agree with ``KIND_RULES`` (tests check it).
+_FAST: dict[int, tuple[str, int]] = {}
+for _kind, (_layer, _t, _c, _m) in KIND_RULES.items():
+    if _kind in STRUCTURAL or _kind in (Kind.PHASE, Kind.TCP_RTT, Kind.TCP_RETRANSMIT):
+        continue
+    _pattern = {(_dur, _one, _dur): 0, (_zero, _one, _dur): 1, (_zero, _one, _zero): 2}.get((_t, _c, _m))
+    if _pattern is not None:
+        _FAST[int(_kind)] = (_layer.value, _pattern)
+
+
+def reduce_batch(batch: Batch, running_step: int | None = None) -> dict[int, dict]:
+    """Reduce a validated batch to ``{step: host accumulator}`` for every step >= 0 its events belong to.
+
+    Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
+    outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped. TCP_RTT and
+    TCP_RETRANSMIT events come from softirq and timer context (no TraceKey, step -1): they are charged to
+    the step of the batch's latest stepped event at or before them (else the first after them), i.e. the
+    step the host was in when the packet went out; in a batch without any stepped event (sealed by age
+    while a rank blocks in a long collective) to ``running_step``, the step the host's previous batches
+    left running (``running_step``), and dropped when that is None. Same result as ``add_event`` on every
+    event; the common layer-only kinds (``_FAST``) are folded inline (about 1 µs per event on this machine).
+    """
+    out: dict[int, dict] = {}
+    loose_loss = 0
+    stepped = None
+    offset_ns = batch.clock.offset_ns
+    fast = _FAST
+    acc = None
+    acc_step = None
+    for e in batch.events:
+        step = e.step
+        if step < 0:
+            kind = e.kind
+            if kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
+                if stepped is None:
+                    stepped = sorted((x.ts_ns, x.step) for x in batch.events if x.step >= 0)
+                if stepped:
+                    step = _step_at(stepped, e.ts_ns)
+                elif running_step is not None:
+                    step = running_step
+                else:
+                    continue
+                e = e._replace(step=step)
+            else:
+                if kind == _AGENT_LOSS:
+                    loose_loss += max(0, e.value)
+                continue
+        if step != acc_step:
+            acc = out.get(step)
+            if acc is None:
+                acc = out[step] = new_acc(batch.host, batch.host_id)
+                acc["unc_ns"] = batch.clock.uncertainty_ns
+            acc_step = step
+        f = fast.get(e.kind)
+        if f is None:
+            add_event(acc, e, offset_ns)
+            continue
+        acc["events"] += 1
+        layers = acc["layers"]
+        slot = layers.get(f[0])
+        if slot is None:
+            slot = layers[f[0]] = [0, 0, 0]
+        pattern = f[1]
+        if pattern == 0:
+            d = e.duration_ns
+            slot[0] += d
+            slot[1] += 1
+            if d > slot[2]:
+                slot[2] = d
+        elif pattern == 1:
+            slot[1] += 1
+            if e.duration_ns > slot[2]:
+                slot[2] = e.duration_ns
+        else:
+            slot[1] += 1
+    if loose_loss and out:
+        out[min(out)]["ringbuf_lost"] += loose_loss
+    return out
+
+
+def running_step(batch: Batch, before: int | None) -> int | None:
+    """The step a host is in after ``batch``: the step of its latest stepped event unless the batch holds
+    that step's STEP_END (the step is over: None); ``before`` (the value after the host's previous batch)
+    when the batch has no stepped event."""
+    last = None
+    ended = set()
+    for e in batch.events:
+        if e.step < 0:
+            continue
+        if last is None or e.ts_ns >= last[0]:
+            last = (e.ts_ns, e.step)
+        if e.kind == Kind.STEP_END:
+            ended.add(e.step)
+    if last is None:
+        return before
+    return None if last[1] in ended else last[1]
+
+
+def _step_at(stepped: list[tuple[int, int]], ts_ns: int) -> int:
+    """The step of the latest stepped event at or before ``ts_ns`` in ``stepped`` (sorted ``(ts_ns, step)``),
+    else of the first one after it."""
+    i = bisect.bisect_right(stepped, (ts_ns, 1 << 62))
+    return stepped[i - 1][1] if i else stepped[0][1]
+
+
+def registrations(batch: Batch) -> list[dict]:
+    """The REGISTER events of a batch as ``{"job", "host", "host_id", "rank", "world_size", "pid"}``."""
+    regs = []
+    for e in batch.events:
+        if e.kind == _REGISTER:
+            p = e.payload or {}
+            regs.append(
+                {
+                    "job": str(p.get("job") or batch.job),
+                    "host": batch.host,
+                    "host_id": int(p.get("host_id", batch.host_id)),
+                    "rank": e.value,
+                    "world_size": int(p.get("world_size", 0)),
+                    "pid": e.pid,
+                }
+            )
+    return regs
+
+
+def rank_states(batch: Batch) -> list[dict]:
+    """The RANK_STATE events of a batch as ``{"job", "host", "pid", "state", "at_rt"}`` (``state``: running,
+    frozen, stopped or exited; ``at_rt``: CLOCK_REALTIME ns of the agent's read)."""
+    out = []
+    for e in batch.events:
+        if e.kind == _RANK_STATE:
+            state = str((e.payload or {}).get("state") or "")
+            if state not in RANK_STATES:
+                continue
+            out.append(
+                {
+                    "job": batch.job,
+                    "host": batch.host,
+                    "pid": e.pid,
+                    "state": state,
+                    "at_rt": e.ts_ns + batch.clock.offset_ns,
+                }
+            )
+    return out
+
+
+#: the states a RANK_STATE event may name (obshub/producer/rankstate.py)
+RANK_STATES = ("running", "frozen", "stopped", "exited")
+
+
+def merge(into: dict, part: dict) -> dict:
+    """Merge host accumulator ``part`` into ``into`` (same host, same step) and return ``into``.
+
+    Sums: events, phases, layer time and count, ring-buffer loss, per-connection RTT samples and
+    retransmits (addresses: union). Maxima: step_ns, layer max, clock
+    uncertainty. Times of one-off events (begin, end, collective arrival) keep the first value seen,
+    except that a missing value is filled in.
+    """
+    into["events"] += part["events"]
+    if part["step_ns"] is not None:
+        into["step_ns"] = max(into["step_ns"] or 0, part["step_ns"])
+    for k in ("begin_rt", "end_rt"):
+        if into[k] is None:
+            into[k] = part[k]
+    into["unc_ns"] = max(into["unc_ns"], part["unc_ns"])
+    for ph, ns in part["phases"].items():
+        into["phases"][ph] = into["phases"].get(ph, 0) + ns
+    for layer, (t, c, m) in part["layers"].items():
+        slot = into["layers"].setdefault(layer, [0, 0, 0])
+        slot[0] += t
+        slot[1] += c
+        slot[2] = max(slot[2], m)
+    for key, c in part["colls"].items():
+        mine = into["colls"].setdefault(key, list(c))
+        if mine is not c:
+            for i in range(1, 4):
+                if mine[i] is None:
+                    mine[i] = c[i]
+    into["ringbuf_lost"] += part["ringbuf_lost"]
+    lp = part.get("last_phase")
+    if lp and (not into.get("last_phase") or lp[0] >= into["last_phase"][0]):
+        into["last_phase"] = list(lp)
+    pnet = part.get("net") or {}
+    if pnet.get("addrs") or pnet.get("pairs"):
+        net = into.setdefault("net", {"addrs": {}, "pairs": {}})
+        net["addrs"].update(pnet.get("addrs") or {})
+        for key, vals in (pnet.get("pairs") or {}).items():
+            slot = net["pairs"].setdefault(key, [0, 0, 0, 0, 0])
+            if len(slot) < 5:
+                slot.extend([0] * (5 - len(slot)))  # recovered from an older worker's changelog
+            for i, v in enumerate(vals[:5]):
+                slot[i] += v
+    return into
+
+
+def layer_of(kind: int) -> str:
+    """The layer name of a kind (``schema.event_layer``), for callers that only hold the integer."""
+    return schema.event_layer(kind).value

@@ -1,0 +1,602 @@
+"""The Faust application: ingest -> repartition by (job, step) -> fold per host -> close -> summary.
+
+Faust has no stream-stream join, so the cross-node join is built from two agents and changelog-backed
+tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
+
+1. ``ingest`` reads agent batches (input topic, keyed by host): ``streams.ingest.Ingest`` decodes
+   (``streams.wire``), tracks sequences in the ``agents`` table and reduces the batch to one accumulator
+   per (job, step, host), sent to the internal topic ``<app>-steps`` keyed by ``job|step``. Hosts of a job
+   are broadcast to every partition of the internal topic. Undecodable input goes to the DLQ unchanged
+   (value and key) with the headers of ``schema.DLQ_HEADERS``.
+2. ``fold`` reads ``<app>-steps``: ``streams.fold.Fold`` keeps each host's share of an open step under its
+   own key, closes a step when every expected host reported STEP_END, summarises it
+   (``streams.analysis.summarize``, JSON on the output topic keyed by job) and broadcasts the step time
+   to every partition's history (the baseline).
+3. ``expire`` (timer, every worker, its active partitions only) sends a ``close`` request into the
+   partition of every step open longer than the window, so every table write happens inside the fold
+   agent, in partition order.
+4. ``watch`` (timer, every 0.5 s): hangs (``Fold.hangs``, docs/ANALYSIS.md "Hangs"): a hung step gets an
+   interim summary (``closed_by = "hang"``, the ``hang`` field) on the output topic once a second while
+   it hangs, and is not closed by its window; no new hang is declared while this worker is behind on its
+   input or internal topic (a host's data waiting in Kafka is no silence). Steps that run far longer than
+   usual (``Fold.running``, docs/ANALYSIS.md "Inside a running step") get an interim summary
+   (``closed_by = "running"``) naming the hosts whose every busy connection is slow or lossy, every tick
+   while it lasts and the worker is not behind.
+5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
+   ``read`` message to every partition of the internal topic. A step closes by its window only when every
+   input partition was read past the window's end, so a worker failover (unread partitions) lists no live
+   host as missing (``Fold.input_read_past``).
+6. Both agents check every record's offset against the next one expected (``streams.reread``): a range
+   the Faust consumer skipped is read again and processed before the record that revealed it.
+
+Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
+effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
+left is a crash after the summary reached the broker but before the ``closed`` changelog record did,
+which can repeat one summary: consumers dedupe by (job, step) (``obshub tail steps`` does).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import faust
+import faust.streams
+from faust.types import TP
+
+from obshub.core import kafka, schema
+from obshub.core.settings import STREAMS
+from obshub.core.topics import replication_factor
+from obshub.streams import analysis, reread, wire
+from obshub.streams.fold import Fold, WriteBack
+from obshub.streams.ingest import Ingest
+from obshub.streams.metrics import WorkerMetrics
+from obshub.streams.topics import TABLES, partition_of
+
+log = logging.getLogger("obshub.streams")
+
+READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
+TAKE_MAX = 2048  # messages an agent takes from its stream per round (when that many are waiting)
+TAKE_WITHIN_S = 0.1  # ... or what arrived within this long (s)
+BATCH_MAX_BYTES = 512 * 1024  # one internal batch message at most (the topic's default limit is 1 MB)
+
+
+def _as_current(event) -> None:
+    """Make ``event`` Faust's current event: a table write goes to the changelog partition of the
+    current event's message, so in a round of several messages each write names its own."""
+    faust.streams._current_event.set(weakref.ref(event))
+
+
+class _Outbox:
+    """Internal messages of one agent round, per destination partition, sent as ``{"t": "batch", "msgs":
+    [msgpack bytes, ...]}`` messages of at most ``BATCH_MAX_BYTES`` (``Fold.apply_batch`` applies them
+    in order): one Kafka message per partition and round instead of one per host-step part."""
+
+    def __init__(self, partitions: int):
+        self.partitions = partitions
+        self.msgs: dict[int, list[bytes]] = {}
+        self.size: dict[int, int] = {}
+        self.seen: set[bytes] = set()
+
+    def add(self, p: int, value: dict, raw: bytes | None = None) -> None:
+        raw = raw if raw is not None else wire.packb(value)
+        self.msgs.setdefault(p, []).append(raw)
+        self.size[p] = self.size.get(p, 0) + len(raw)
+
+    def broadcast(self, value: dict) -> None:
+        raw = wire.packb(value)
+        if raw in self.seen:  # the same registration twice in one round changes nothing
+            return
+        self.seen.add(raw)
+        for p in range(self.partitions):
+            self.add(p, value, raw)
+
+    async def send(self, rep) -> None:
+        for p, msgs in sorted(self.msgs.items()):
+            chunk: list[bytes] = []
+            size = 0
+            for raw in msgs:
+                if chunk and size + len(raw) > BATCH_MAX_BYTES:
+                    await rep.send(key=b"batch", value={"t": "batch", "msgs": chunk}, partition=p)
+                    chunk, size = [], 0
+                chunk.append(raw)
+                size += len(raw)
+            if chunk:
+                await rep.send(key=b"batch", value={"t": "batch", "msgs": chunk}, partition=p)
+        self.msgs.clear()
+        self.size.clear()
+        self.seen.clear()
+
+
+@dataclass
+class WorkerConfig:
+    """Everything one worker needs. Times in seconds; sizes in bytes.
+
+    ``partitions``: partitions of the internal ``<app_id>-steps`` topic and of the fold tables (the
+    parallelism of the join). ``window_s``: a step closes at most this long after its first data arrived
+    (processing time). ``dlq_max_bytes``: a DLQ record keeps the original value up to this size (larger
+    values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
+    """
+
+    app_id: str = STREAMS.app_id
+    bootstrap: str = STREAMS.bootstrap
+    input_topic: str = schema.TOPIC_EVENTS
+    output_topic: str = schema.TOPIC_STEPS
+    dlq_topic: str = schema.TOPIC_DLQ
+    partitions: int = STREAMS.partitions
+    window_s: float = STREAMS.window_s
+    state_dir: Path = Path("state")
+    metrics_port: int = STREAMS.metrics_port
+    dlq_max_bytes: int = STREAMS.dlq_max_bytes
+    thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
+
+
+class _SendErrors(faust.Sensor):
+    """Faust reports a failed produce only to sensors: log it and count it, so no loss is silent."""
+
+    def __init__(self, metrics: WorkerMetrics, **kw) -> None:
+        super().__init__(**kw)
+        self.metrics = metrics
+
+    def on_send_error(self, producer, exc: BaseException, state) -> None:
+        self.metrics.send_errors.inc()
+        log.error("Failed to produce a message: %r", exc)
+
+
+def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
+    """The Faust app object: in-memory tables recovered from compacted changelogs, no web server."""
+    app = faust.App(
+        cfg.app_id,
+        **kafka.faust_kwargs(kafka.KafkaConnection(bootstrap=cfg.bootstrap)),
+        store="memory://",
+        datadir=str(cfg.state_dir / cfg.app_id),
+        topic_partitions=cfg.partitions,
+        topic_replication_factor=replication_factor(),
+        table_standby_replicas=0,
+        web_enabled=False,
+        autodiscover=False,
+        broker_session_timeout=6.0,
+        broker_heartbeat_interval=1.0,
+        broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=16 * 1024 * 1024,
+        producer_max_batch_size=512 * 1024,  # bytes per partition and request: well under the 1 MB topic limit
+        producer_linger=0.005,  # s: records sent within this long share one produce request
+        consumer_max_fetch_size=16 * 1024 * 1024,
+    )
+    app.sensors.add(_SendErrors(metrics))
+    _lean_sensors(app)
+    return app
+
+
+# Faust calls these sensor hooks for every message consumed, every event streamed and every table read
+# and write; their only users are statistics (Faust's Monitor, which nothing here reads: no web server).
+# Each costs some µs of Python per call, for each sensor. The send hooks stay: ``on_send_error`` reads
+# the per-sensor state ``on_send_initiated`` returns.
+_STATISTICS_HOOKS = (
+    "on_message_in",
+    "on_stream_event_in",
+    "on_stream_event_out",
+    "on_message_out",
+    "on_table_get",
+    "on_table_set",
+    "on_table_del",
+)
+
+
+def _no_statistics(*args, **kwargs) -> None:
+    return None
+
+
+def _lean_sensors(app: faust.App) -> None:
+    """Turn Faust's per-message statistics hooks (``_STATISTICS_HOOKS``) into no-ops on ``app.sensors``;
+    the others stay (the send hooks: failed produce calls are logged and counted by ``_SendErrors``;
+    commits, rebalances and offsets still reach every sensor)."""
+    for name in _STATISTICS_HOOKS:
+        setattr(app.sensors, name, _no_statistics)
+
+
+class _Table(faust.Table):
+    """A table whose recovery skips changelog records that do not decode (``wire.Undecodable`` key or
+    value): each is logged with its position and counted (``obshub_streams_changelog_skipped_total``),
+    and recovery goes on, so one damaged record cannot keep the worker from becoming ready."""
+
+    obshub_metrics: WorkerMetrics | None = None
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # values: msgpack (reading older workers' JSON too); keys: the JSON text they always had (their
+        # bytes are what compaction and tombstones match); neither raises on a damaged record
+        self.key_serializer = wire.CHANGELOG_JSON
+        self.value_serializer = wire.CHANGELOG
+
+    def apply_changelog_batch(self, batch) -> None:
+        good = []
+        for event in batch:
+            bad = next((x for x in (event.key, event.value) if isinstance(x, wire.Undecodable)), None)
+            if bad is None:
+                good.append(event)
+                continue
+            msg = event.message
+            log.error(
+                "skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
+                self.name,
+                msg.topic,
+                msg.partition,
+                msg.offset,
+                "key" if bad is event.key else "value",
+                bad.reason,
+            )
+            if self.obshub_metrics is not None:
+                self.obshub_metrics.changelog_skips.labels(self.name).inc()
+        super().apply_changelog_batch(good)
+
+
+def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics) -> dict:
+    """The app's tables (``streams.topics.TABLES``): changelog values msgpack, keys the JSON text of the
+    key string (``_Table``)."""
+    schema_ = faust.Schema(key_serializer=wire.STR, value_serializer=wire.MSGPACK)
+    out = {}
+    for name, like in TABLES.items():
+        table = _Table(
+            app,
+            name=name,
+            beacon=app.tables.beacon,
+            schema=schema_,
+            partitions=input_partitions if like == "input" else cfg.partitions,
+        )
+        table.obshub_metrics = metrics
+        out[name] = app.tables.add(table)
+    return out
+
+
+def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
+    """The DLQ value (the original, cut at ``dlq_max_bytes``) and headers for an unusable message: its own
+    headers unchanged, then those of ``schema.DLQ_HEADERS``."""
+    value = msg.value or b""
+    own = msg.headers or []
+    headers = list(own.items() if isinstance(own, Mapping) else own)
+    headers += [
+        ("obshub.reason", str(exc).encode()),
+        ("obshub.field", (exc.field or "").encode()),
+        ("obshub.source.topic", msg.topic.encode()),
+        ("obshub.source.partition", str(msg.partition).encode()),
+        ("obshub.source.offset", str(msg.offset).encode()),
+        ("obshub.consumer", cfg.app_id.encode()),
+    ]
+    if len(value) > cfg.dlq_max_bytes:
+        headers.append(("obshub.truncated", str(len(value)).encode()))
+        value = value[: cfg.dlq_max_bytes]
+    return value, headers
+
+
+def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rate: dict) -> None:
+    """The ``ingest`` agent: input topic -> ``Ingest`` -> internal topic (and the DLQ)."""
+    src = app.topic(cfg.input_topic, key_serializer="raw", value_serializer="raw")
+    dlq = app.topic(cfg.dlq_topic, key_serializer="raw", value_serializer="raw")
+    ing = Ingest(tables["agents"])
+    conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
+    sought = reread.track_seeks(app)
+
+    def start(p: int) -> int | None:  # what any worker processed; else where this generation's seek went
+        nxt = reread.next_input_offset(tables["agents"], tables["inputs"], p)
+        return nxt if nxt is not None else sought(TP(cfg.input_topic, p))
+
+    guard = reread.OffsetGuard("ingest", m.consumer_skips.inc, start)
+
+    counts = {"batches": 0, "events": 0, "sent_ns": 0}  # of the round, added to the metrics once per round
+
+    async def one(msg, box: _Outbox) -> None:
+        r = ing.handle(msg.value, msg.topic, msg.partition, msg.offset)
+        if r.error is not None:
+            tables["inputs"][str(msg.partition)] = msg.offset + 1  # what was processed, for OffsetGuard
+            value, headers = _dlq_record(cfg, msg, r.error)
+            await dlq.send(key=msg.key, value=value, headers=headers)
+            m.dlq.labels(r.error.field or "message").inc()
+            log.warning("DLQ %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, r.error)
+            return
+        if r.dup:
+            m.dups.inc()
+            return
+        if r.replay:
+            m.replayed.inc()
+        if r.lost:
+            m.lost.inc(r.lost)
+        counts["batches"] += 1
+        counts["events"] += r.events
+        if r.sent_ns > counts["sent_ns"]:
+            counts["sent_ns"] = r.sent_ns
+        for what, key, value in r.sends:
+            if what == "broadcast":
+                box.broadcast(value)
+            else:
+                box.add(partition_of(key.encode(), cfg.partitions), value)
+
+    done: dict = {}  # input TP -> next offset after the last message fully processed by this process
+    agents = tables["agents"]
+
+    @app.agent(src, name="ingest")
+    async def ingest(stream):
+        # One round = up to TAKE_MAX input messages: their parts leave as one internal message per fold
+        # partition, and each agent's sequence record is written once (Faust acks the round's messages
+        # after this body, and commits only after the producer flushed what the round sent).
+        box = _Outbox(cfg.partitions)
+        async for events in stream.take_events(TAKE_MAX, within=TAKE_WITHIN_S):
+            ing.agents = cache = WriteBack(agents)
+            last = {}  # input partition -> the round's last event from it (the agents table's partition)
+            for event in events:
+                msg = event.message
+                last[msg.partition] = event
+                try:
+                    _as_current(event)  # the inputs table's writes go to this record's partition
+                    gap = guard.check(msg.tp, msg.offset, msg.generation_id)
+                    if gap is not None:  # skipped by the consumer: processed first (obshub/streams/reread.py)
+                        for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
+                            _as_current(event)
+                            await one(rec, box)
+                    _as_current(event)
+                    await one(msg, box)
+                except Exception:  # a bug must not stop the worker; the message is logged with its position
+                    log.exception("ingest failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+            ing.agents = agents
+            if counts["batches"]:
+                m.batches.inc(counts["batches"])
+                m.events.inc(counts["events"])
+                rate["events"] += counts["events"]
+                if counts["sent_ns"]:
+                    m.lag_s.set(max(0.0, time.time() - counts["sent_ns"] / 1e9))
+                counts.update(batches=0, events=0, sent_ns=0)
+            for aid, st in cache.dirty.items():
+                _as_current(last.get(st["partition"], events[-1]))
+                agents[aid] = st
+            cache.dirty.clear()
+            await box.send(rep)
+            for event in events:
+                done[event.message.tp] = event.message.offset + 1
+
+    @app.timer(0.5)
+    async def progress():
+        # Which input partitions this worker has read to their end, and when (docs/STREAMS.md, "What a
+        # worker failover does"): broadcast to every fold partition, so a step is closed by its window
+        # with hosts missing only once every input partition was read past the window's end.
+        now = time.time_ns() - READ_MARGIN_NS  # the high-water mark is as old as the last fetch response
+        read = []
+        try:
+            for tp in app.assignor.assigned_actives():
+                if tp.topic != cfg.input_topic:
+                    continue
+                hw = app.consumer.highwater(tp)
+                pos = max(done.get(tp, 0), app.consumer._committed_offset.get(tp) or 0)
+                if hw is not None and pos >= hw:
+                    read.append([tp.partition, now])
+        except Exception:  # best effort: without a report the fold holds window closes a little longer
+            log.debug("input progress unavailable", exc_info=True)
+            return
+        if read:
+            for p in range(cfg.partitions):
+                await rep.send(key=b"read", value={"t": "read", "read": read}, partition=p)
+
+
+def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded) -> None:
+    """The ``fold`` agent: internal topic -> ``Fold`` -> summaries (output topic) and broadcasts.
+    ``folded``: the table of the next internal offset to process per partition (``streams.reread``)."""
+    out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
+    conn = kafka.KafkaConnection(bootstrap=cfg.bootstrap)
+    sought = reread.track_seeks(app)
+
+    def start(p: int) -> int | None:  # what any worker folded; else where this generation's seek went
+        v = folded.get(str(p))
+        return int(v) if v is not None else sought(TP(rep.get_topic_name(), p))
+
+    guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start)
+    codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
+
+    async def send_closed(job: str, summary: dict) -> None:  # the summary of a closed step: JSON, send, metrics
+        body = json.dumps(summary, sort_keys=True, separators=(",", ":")).encode()
+        await out.send(key=job.encode(), value=body)
+        m.results.observe(summary)
+
+    @app.agent(rep, name="fold")
+    async def fold_agent(stream):
+        # One round = up to TAKE_MAX internal messages. The messages of one partition are applied as one
+        # unit (Fold.apply_round: each table key written once per round, to that partition's changelog);
+        # the history entries of the steps the round closed leave as one internal message per partition.
+        box = _Outbox(cfg.partitions)
+        async for events in stream.take_events(TAKE_MAX, within=TAKE_WITHIN_S):
+            per: dict[int, list] = {}  # partition -> its values in offset order (re-read ranges first)
+            for event in events:
+                msg = event.message
+                try:
+                    gap = guard.check(msg.tp, msg.offset, msg.generation_id)
+                    values = per.setdefault(msg.partition, [])
+                    if gap is not None:
+                        for rec in await reread.read_range(conn, msg.topic, msg.partition, *gap):
+                            value = codec.loads(rec.value)
+                            if isinstance(value, dict):
+                                values.append(value)
+                    values.append(event.value)
+                except Exception:
+                    log.exception("fold failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+            last = {e.message.partition: e for e in events}  # each partition's last message
+            for p, values in per.items():
+                _as_current(last[p])  # the unit's table writes go to this partition's changelog
+                try:
+                    emits = fold.apply_round(values, p)
+                except Exception:
+                    log.exception("fold failed on a round of partition %d", p)
+                    continue
+                for what, job, v in emits:
+                    try:
+                        if what == "summary":
+                            await send_closed(job, v)
+                        else:
+                            box.broadcast(v)
+                    except Exception:
+                        log.exception("fold failed to send a %s of job %s (partition %d)", what, job, p)
+            await box.send(rep)
+            for event in last.values():
+                _as_current(event)
+                folded[str(event.message.partition)] = event.message.offset + 1
+
+
+def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
+    """The ``expire`` timer: close requests for steps past the window, and the gauges."""
+    window_ns = int(cfg.window_s * 1e9)
+    requested: dict[str, int] = {}
+    last = {"t": time.monotonic(), "events": 0}
+
+    @app.timer(max(0.5, min(1.0, cfg.window_s / 4)))
+    async def expire():
+        actives = app.assignor.assigned_actives()
+        now = time.time_ns()
+        n_open = 0
+        for key, st in fold.open_steps():
+            p = st["p"]
+            if TP(rep.get_topic_name(), p) not in actives:
+                continue
+            n_open += 1
+            if key in fold.hung and now - st["opened_ns"] < cfg.thresholds.hang_hold_ns:
+                continue  # a hung step stays open while it hangs (the watch timer reports it)
+            if (
+                now - st["opened_ns"] >= window_ns
+                and now - requested.get(key, 0) >= window_ns
+                and fold.input_read_past(st)
+            ):
+                requested[key] = now
+                await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
+        for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
+            del requested[key]
+        m.open_steps.set(n_open)
+        dt = time.monotonic() - last["t"]
+        if dt >= 1.0:
+            m.events_rate.set((rate["events"] - last["events"]) / dt)
+            last["t"], last["events"] = time.monotonic(), rate["events"]
+        try:
+            lag = 0
+            for tp in actives:
+                if tp.topic == cfg.input_topic:
+                    hw = app.consumer.highwater(tp)
+                    pos = await app.consumer.position(tp)
+                    if hw is not None and pos is not None:
+                        lag += max(0, hw - pos)
+            m.consumer_lag.set(lag)
+        except Exception:  # lag is best effort; never let a metric stop expiry
+            pass
+
+
+def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
+    """The ``watch`` timer: interim records of hung steps (module docstring, 4.)."""
+    out = app.topic(cfg.output_topic, key_serializer="raw", value_serializer="raw")
+    sent: dict[str, int] = {}  # job -> when its last interim record was sent (ns)
+
+    async def behind(actives) -> bool:
+        try:
+            for tp in actives:
+                if tp.topic in (cfg.input_topic, rep.get_topic_name()):
+                    hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
+                    if hw is not None and pos is not None and hw - pos > 0:
+                        return True
+        except Exception:  # the lag is best effort; without it the check runs
+            pass
+        return False
+
+    @app.timer(0.5)
+    async def watch():
+        actives = app.assignor.assigned_actives()
+        mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
+        now = time.time_ns()
+        for sk, summary, first in fold.hangs(mine):
+            job = summary["job"]
+            if first and (not fold.input_read_since(now - 3 * READ_MARGIN_NS) or await behind(actives)):
+                fold.hung.pop(sk, None)
+                fold.was_hung.discard(sk)
+                continue
+            if now - sent.get(job, 0) < 1_000_000_000:
+                continue
+            sent[job] = now
+            await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True, separators=(",", ":")).encode())
+            m.summaries.labels("hang").inc()
+            if first:
+                h = summary["hang"]
+                log.warning(
+                    "step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)",
+                    sk,
+                    ", ".join(x["host"] for x in h["hosts"]),
+                    h["op"],
+                    h["pg"],
+                    h["coll_seq"],
+                    len(h["waiting"]),
+                )
+        # network evidence of steps still running (docs/ANALYSIS.md "Inside a running step"): every tick,
+        # while every input partition was read to its end in the last seconds (a backlog makes steps look
+        # long); not the instant lag check of a new hang, which a busy input fails at most ticks
+        found = fold.running(mine)
+        if found and fold.input_read_since(now - 3 * READ_MARGIN_NS):
+            for sk, summary in found:
+                await out.send(
+                    key=summary["job"].encode(),
+                    value=json.dumps(summary, sort_keys=True, separators=(",", ":")).encode(),
+                )
+                m.summaries.labels("running").inc()
+                log.info(
+                    "step %s runs long: network evidence %s",
+                    sk,
+                    {h: v["network"] for h, v in summary["evidence"]["hosts"].items()},
+                )
+
+
+GC_THRESHOLD = (50_000, 20, 100)  # allocations before a young collection; young / middle collections per older
+
+
+def tune_gc() -> None:
+    """Garbage collection for a worker process: what was allocated so far (modules, the app) is frozen
+    out of the collector's scans (``gc.freeze``), and a young collection runs after 50,000 net
+    allocations instead of 700. A worker allocates a few dicts per event and part (most freed by
+    reference counting, not by the collector); with the default thresholds its full collections, each a
+    walk over every tracked object of its tables, cost about a quarter of the join's CPU at 2,048 hosts
+    (``bench/fold_width.py`` in-process: 285 ms of collections in 9 steps; 64 ms with these thresholds).
+    Reference cycles are still collected, later."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+
+
+def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
+    """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
+    input topic's partition count (the ``agents`` table is co-partitioned with it)."""
+    m = metrics or WorkerMetrics()
+    app = _faust_app(cfg, m)
+    tables = _tables(app, cfg, input_partitions, m)
+    rep = app.topic(
+        f"{cfg.app_id}-steps",
+        partitions=cfg.partitions,
+        internal=True,
+        key_serializer="raw",
+        value_serializer=wire.MSGPACK,
+    )
+    fold = Fold(
+        tables,
+        window_ns=int(cfg.window_s * 1e9),
+        th=cfg.thresholds,
+        on_late=m.late.inc,
+        on_summary=lambda by: m.summaries.labels(by).inc(),
+        input_partitions=input_partitions,
+    )
+
+    async def forget() -> None:  # the tables were recovered: recount what the fold derives from them
+        fold.forget()
+
+    tables["parts"].on_recover(forget)
+    rate = {"events": 0}  # events ingested by this process, for the events/s gauge
+    _add_ingest(app, cfg, m, tables, rep, rate)
+    _add_fold(app, cfg, m, fold, rep, tables["folded"])
+    _add_expiry(app, cfg, m, fold, rep, rate)
+    _add_watch(app, cfg, m, fold, rep)
+    app.obshub_tables = tables
+    return app

@@ -1,0 +1,376 @@
+"""``obshub streams worker`` (run one stream worker) and ``obshub tail steps`` (watch step summaries)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+from rich.console import Console
+
+from obshub.core import kafka, registry, schema
+from obshub.core.log import NullLogger
+from obshub.core.settings import STREAMS, load_settings
+from obshub.streams.errors import StreamsError, TopicMissingError
+
+WORKER_EPILOG = """\b
+Examples:
+  obshub streams worker                          # one worker on the local broker, 10 s step window
+  obshub streams worker --window-s 3 --index 2   # a second worker (shares partitions via the group)
+  obshub streams worker --metrics-port 9464      # Prometheus metrics on :9464/metrics
+  obshub streams worker --partitions 32          # a new app's join over 32 partitions (up to 32 workers)
+  obshub streams worker --app-id test-a --input-topic ev-a --output-topic steps-a   # isolated app
+"""
+
+TAIL_EPILOG = """\b
+Examples:
+  obshub tail steps                      # new step summaries as they arrive, one line each
+  obshub tail steps --from-beginning     # everything kept on the topic, then follow
+  obshub tail steps --job llama --json   # one job, raw JSON (one object per line, for jq)
+  obshub tail steps --count 10 --from-beginning   # print 10 summaries and exit
+"""
+
+
+@click.group("streams", epilog=WORKER_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+def streams_group():
+    """The Faust stream application: per-step join across nodes, straggler and layer blame."""
+
+
+def _wait_for_broker(bootstrap: str) -> None:
+    """A service waits for its broker: one message once it could not be reached for 10 s, then quiet
+    retries until it answers. SIGINT/SIGTERM end the wait: exit 0, no traceback."""
+    import signal
+    import threading
+
+    from obshub.core.reach import CONNECT_TIMEOUT_S, HINT, BrokerUnreachable, require_broker
+
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    said, since = False, time.monotonic()
+    try:
+        while not stop.is_set():
+            try:
+                if not require_broker(bootstrap, timeout_s=1.0, stop=stop):
+                    continue  # stopped
+            except BrokerUnreachable as exc:
+                if not said and time.monotonic() - since >= CONNECT_TIMEOUT_S:
+                    msg = str(exc).replace(" within 1 s", f" for {CONNECT_TIMEOUT_S:.0f} s")
+                    click.echo(
+                        f"obshub streams worker: {msg}; retrying quietly until it answers (Ctrl-C to "
+                        f"stop). hint: {HINT}",
+                        err=True,
+                    )
+                    said = True
+                continue
+            if said:
+                click.echo(f"obshub streams worker: reached the Kafka broker at {bootstrap}", err=True)
+            return
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    raise click.exceptions.Exit(0)
+
+
+def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int | None]:
+    """Partition counts of the input ``topic`` and of the app's ``<app_id>-steps`` topic (None when the app
+    is new); raises TopicMissingError / StreamsError with a hint."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(
+        kafka.admin_config(
+            kafka.KafkaConnection(bootstrap=bootstrap), {"socket.timeout.ms": 5000, "logger": NullLogger()}
+        )
+    )
+    try:
+        md = admin.list_topics(timeout=10)
+    except Exception as exc:
+        raise StreamsError(
+            f"Failed to reach the Kafka broker at {bootstrap}: {exc}",
+            "start it with `obshub up`, or set OBSHUB_BOOTSTRAP",
+        ) from exc
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        raise TopicMissingError(
+            f"input topic {topic!r} does not exist on {bootstrap}",
+            "create it with `obshub up` (the project's topics) or pass --input-topic",
+        )
+    own = md.topics.get(f"{app_id}-steps")
+    return len(t.partitions), (len(own.partitions) if own is not None and own.error is None else None)
+
+
+def _free_index(settings) -> int:
+    running = {c["name"] for c in registry.components(settings) if c["running"]}
+    n = 1
+    while f"streams-{n}" in running:
+        n += 1
+    return n
+
+
+@streams_group.command("worker", epilog=WORKER_EPILOG)
+@click.option(
+    "--app-id",
+    default=STREAMS.app_id,
+    show_default=True,
+    help="Faust app id = consumer group and prefix of internal/changelog topics",
+)
+@click.option("--input-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
+@click.option("--output-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries (JSON)")
+@click.option("--dlq-topic", default=schema.TOPIC_DLQ, show_default=True, help="undecodable messages")
+@click.option(
+    "--partitions",
+    default=None,
+    type=click.IntRange(1, 1024),
+    help="partitions of the (job, step) repartition topic and the tables, fixed per app id "
+    "[default: the app's existing count, else OBSHUB_STREAMS_PARTITIONS, else 8]; sizing "
+    "in docs/STREAMS.md",
+)
+@click.option(
+    "--window-s",
+    default=STREAMS.window_s,
+    show_default=True,
+    type=click.FloatRange(0.2, 3600),
+    help="a step closes at most this many seconds after its first data arrived",
+)
+@click.option(
+    "--metrics-port",
+    default=STREAMS.metrics_port,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="serve Prometheus metrics on this port (0 = off)",
+)
+@click.option(
+    "--metrics-addr",
+    envvar="OBSHUB_METRICS_ADDR",
+    default="0.0.0.0",
+    show_default=True,
+    help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]",
+)
+@click.option(
+    "--index",
+    type=click.IntRange(1, 9999),
+    default=None,
+    help="worker number n (component streams-<n>); default: the first free one",
+)
+@click.option(
+    "--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="OBSHUB_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line (time, level, logger, message)",
+)
+def worker_command(
+    app_id,
+    input_topic,
+    output_topic,
+    dlq_topic,
+    partitions,
+    window_s,
+    metrics_port,
+    metrics_addr,
+    index,
+    log_level,
+    log_format,
+):
+    """Run one stream worker until SIGTERM/SIGINT. Start several (any host) to share the partitions.
+
+    State (Faust table data dir) lives under $OBSHUB_HOME/state/<app-id>; tables are recovered from
+    their changelog topics at start, so a restarted worker resumes where the group stopped.
+    """
+    import faust
+
+    from obshub.streams.app import WorkerConfig, build_app, tune_gc
+    from obshub.streams.metrics import WorkerMetrics
+    from obshub.streams.topics import ensure_internal_topics
+
+    settings = load_settings()
+    _wait_for_broker(settings.bootstrap_servers)
+    n_in, existing = _topic_partitions(settings.bootstrap_servers, input_topic, app_id)
+    # an existing app keeps the count it was created with unless --partitions says otherwise (then the
+    # mismatch is an error below); a new app takes OBSHUB_STREAMS_PARTITIONS
+    partitions = partitions or existing or settings.streams_partitions
+    cfg = WorkerConfig(
+        app_id=app_id,
+        bootstrap=settings.bootstrap_servers,
+        input_topic=input_topic,
+        output_topic=output_topic,
+        dlq_topic=dlq_topic,
+        partitions=partitions,
+        window_s=window_s,
+        state_dir=settings.state_dir,
+        metrics_port=metrics_port,
+    )
+    ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
+    metrics = WorkerMetrics()
+    try:
+        metrics.serve(metrics_port, metrics_addr)
+    except OSError as exc:
+        raise StreamsError(
+            f"Failed to serve metrics on {metrics_addr}:{metrics_port}: {exc}",
+            "choose a free port with --metrics-port (0 turns metrics off) or another --metrics-addr",
+        ) from exc
+    cfg.state_dir.mkdir(parents=True, exist_ok=True)
+    app = build_app(cfg, n_in, metrics)
+    name = f"streams-{index or _free_index(settings)}"
+    registry.register_component(
+        settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic, metrics_port=metrics_port
+    )
+    try:
+        logging_config = None
+        if log_format == "json":
+            from obshub.core import log as jsonlog
+
+            logging_config = jsonlog.dict_config(log_level, name)
+        worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, logging_config=logging_config)
+        # Faust's terminal spinner sets the root logger to DEBUG at levels >= WARNING so that it can spin
+        # on every record: every debug call of aiokafka and Faust then builds a record (a third of the
+        # worker's CPU on the stream benchmark). No spinner: the root logger keeps the chosen level.
+        worker.spinner = None
+        tune_gc()
+        worker.execute_from_commandline()
+    finally:
+        registry.unregister_component(settings, name)
+
+
+def _line(s: dict) -> str:
+    ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
+    parts = [
+        f"{s['job']} step {s['step']}",
+        f"{s['closed_by']:8}",
+        f"{len(s['hosts'])}/{len(s['expected_hosts']) or len(s['hosts'])} hosts",
+        f"max {ms(s['step_time_max_ns'])}",
+    ]
+    if s["missing_hosts"]:
+        parts.append(f"[red]missing {','.join(s['missing_hosts'])}[/red]")
+    if s.get("hang"):
+        h = s["hang"]
+        parts.append(
+            f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
+            f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]"
+        )
+    if s["closed_by"] == "running":
+        parts.append(
+            "[yellow]RUNNING LONG: slow connections on "
+            + ", ".join(f"{h} ({v['network']})" for h, v in s["evidence"]["hosts"].items())
+            + "[/yellow]"
+        )
+    st = s["straggler"]
+    if st:
+        parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
+        if s["blame"]:
+            b = s["blame"][0]
+            what = f"+{ms(b['excess_ns'])}" if b["excess_ns"] else f"{b['count']} events"
+            parts.append(f"blame {b['layer']} {what}")
+    elif s["closed_by"] not in ("hang", "running"):  # an interim record of an open step is not a clean step
+        parts.append("[green]clean[/green]")
+    if s["stall"]:
+        parts.append(f"[red]STALL x{s['stall_ratio']:.2f}[/red]")
+    q = s["quality"]
+    bad = {k: v for k, v in q.items() if v}
+    if bad:
+        parts.append("quality " + " ".join(f"{k}={v}" for k, v in bad.items()))
+    return "  ".join(parts)
+
+
+@click.group("tail", epilog=TAIL_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+def tail_command():
+    """Follow obshub's output topics as they are written."""
+
+
+@tail_command.command("steps", epilog=TAIL_EPILOG)
+@click.option("--topic", default=schema.TOPIC_STEPS, show_default=True)
+@click.option("--job", default=None, help="only this job")
+@click.option("--from-beginning", is_flag=True, help="start at the oldest kept summary")
+@click.option("--count", type=int, default=0, help="exit after this many summaries (0 = follow)")
+@click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
+@click.option("--timeout-s", type=click.FloatRange(min=0), default=0.0, help="exit after this many seconds (0 = never)")
+def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
+    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins (the
+    interim records of a step still open, closed_by 'hang' or 'running', are shown once per kind and do not
+    count).
+
+    Exits 1 with one message when the broker cannot be reached within 10 s (or --timeout-s, if shorter)
+    at start; a broker that goes away later is reported once and waited for. --timeout-s counts from the
+    start, the wait for the broker included. Ctrl-C ends it (exit 0)."""
+    import logging
+    import signal
+    import threading
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    from obshub.core.reach import CONNECT_TIMEOUT_S, BrokerWatch, require_broker
+
+    started = time.monotonic()
+    settings = load_settings()
+    console = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    wait_s = min(CONNECT_TIMEOUT_S, timeout_s) if timeout_s else CONNECT_TIMEOUT_S
+    if not require_broker(settings.bootstrap_servers, wait_s, stop=stop):
+        return
+    say = logging.getLogger("obshub.tail")
+    if not say.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("obshub tail: %(message)s"))
+        say.addHandler(handler)
+        say.propagate = False
+    watch = BrokerWatch(settings.bootstrap_servers, say, "tail")
+    c = Consumer(
+        kafka.consumer_config(
+            kafka.connection(settings),
+            f"obshub-tail-{uuid.uuid4().hex[:8]}",
+            {
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "enable.auto.commit": False,
+                **watch.client_conf(),
+            },
+        )
+    )
+    c.subscribe([topic], on_assign=lambda *_: watch.up())
+    seen: set[tuple[str, int]] = set()
+    n, deadline = 0, started + timeout_s if timeout_s else None
+    try:
+        while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            msg = c.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            watch.up()
+            try:
+                s = schema.decode_step_summary(msg.value())
+                by = s.get("closed_by")
+                k = (s["job"], int(s["step"]), by if by in ("hang", "running") else "")
+            except (schema.SchemaError, KeyError) as exc:
+                why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                err.print(
+                    f"skipped unreadable summary at {msg.topic()}[{msg.partition()}]@{msg.offset()}: {why}",
+                    markup=False,
+                    style="red",
+                )
+                continue
+            if k in seen or (job and s["job"] != job):
+                continue
+            seen.add(k)
+            try:
+                text = json.dumps(s, sort_keys=True) if as_json else _line(s)
+            except (ValueError, KeyError, TypeError, OverflowError, AttributeError) as exc:
+                where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+                console.print(f"unreadable summary at {where}: {type(exc).__name__}: {exc}", markup=False, style="red")
+                continue
+            if as_json:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+            else:
+                console.print(text, soft_wrap=True)
+            n += 1
+            if count and n >= count:
+                break
+    finally:
+        c.close()

@@ -1,0 +1,851 @@
+"""The per-step join across hosts: fold host accumulators into open steps, close a step, summarise it.
+
+This is the state machine of the worker's ``fold`` agent, written against five changelog-backed tables
+(any mapping with ``get``, item assignment and ``del``; the worker passes Faust tables, the fold
+benchmark plain dicts that encode every write). All five are partitioned like the internal topic: every
+key below belongs to the partition ``p`` of the step or job it names, and every write happens while the
+fold agent processes a message of that partition.
+
+State layout (docs/STREAMS.md "State"); one batch part costs one small write, whatever the job's width:
+
+``parts``   ``job|step|r<n>`` -> ``{host: {"acc": host accumulator, "bids": [batch ids applied], "q": {quality}}}``
+            The hosts' shares of one open step, one record per unit of application (a worker's round of
+            one partition, :meth:`Fold.apply_round`) in which they changed, at most ``PART_RECORD_MAX``
+            hosts each; ``n`` counts the step's records from 0. A host's latest entry is in the highest
+            ``n`` that holds it (entries are cumulative: a part from the host merges into its entry,
+            ``accumulate.merge``); a part whose batch id is already listed is a replay and changes nothing.
+            Which record holds which host is derived state (``Fold._where``), rebuilt from the keys after
+            a restart or rebalance. A per-host record ``job|step|host`` -> entry (an older layout) is read
+            the same way.
+``steps``   ``job|step`` -> ``{"job", "step", "p", "opened_ns", "extra"}``
+            The open step: when its first data arrived (processing time, for the window) and the hosts that
+            sent data without being registered. Written when the step opens (and when such a host appears).
+            How many of its hosts reported STEP_END is derived state, kept in memory (``Fold.ended``) and
+            recounted from ``parts`` after a restart or rebalance (``Fold.forget``).
+``members`` ``job@p#<b>`` -> ``{host: host_id}`` and ``job@p#r<b>`` -> ``{rank: host}``
+            The job's registered hosts and ranks, in 256 buckets by CRC-32 of the host name (``b``) and by
+            rank, so a registration rewrites one small bucket and a close reads the used buckets once.
+``jobs``    ``job@p`` -> ``{"n_hosts", "n_ranks", "world_size", "buckets", "history", "pending", "closed",
+            "floor"}``: counts for the completeness test, the baseline history, quality counters waiting
+            for the next summary, the last ``CLOSED_KEEP`` steps closed here and ``floor`` (the highest
+            step whose closed record was dropped).
+``closed``  ``job|step`` -> ``{"p", "bids": 8-byte BLAKE2b digests of the batch ids summarised, "late"}``
+            The step was summarised; a later part is a replay (digest known) or late data (counted).
+
+Hangs (docs/ANALYSIS.md "Hangs"): :meth:`hangs` checks the latest open step of every job with
+``analysis.hang_check`` from in-memory derived state (when each host last sent data for the job, the
+highest step seen, the processes the agents found frozen, stopped or exited) and returns an interim summary (``closed_by = "hang"``) for each hung step; a hung step
+is not closed by its window for ``Thresholds.hang_hold_ns`` after it opened. A step that hung and the job's
+``Thresholds.hang_quiet_steps`` steps after it (closed in this process) carry no sequential evidence.
+
+Running steps (docs/ANALYSIS.md "Inside a running step"): :meth:`running` checks the latest open step of
+every job that does not hang with ``analysis.running_check`` and returns an interim summary (``closed_by
+= "running"``) naming the hosts whose every busy connection is slow or lossy while the step runs far
+longer than the job's usual step.
+
+A step is complete when every rank of ``world_size`` registered and the number of hosts that ended it
+equals the registered hosts plus the unregistered ones that sent data. Closing reads each of the step's
+``parts`` records once, deletes them, and writes the ``closed`` record: the changelog bytes of a step grow
+linearly with its hosts (bench/fold_width.py measures it), and its records with the units it spans.
+
+Every message is applied inside a unit (:meth:`Fold.apply_round`; a single message is a unit of its
+own): every table write goes through a :class:`WriteBack` and reaches the table once per key at the end,
+so a step whose parts all arrive in one unit and that closes in it writes no ``parts`` or ``steps``
+record, only its ``closed`` record.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import hashlib
+import logging
+import time
+import zlib
+from typing import Any, Callable, Iterator, MutableMapping
+
+from obshub.streams import accumulate, analysis, wire
+
+log = logging.getLogger("obshub.streams")
+
+QUALITY_KEYS = ("lost_batches", "duplicate_batches", "late_events")
+BUCKETS = 256
+PART_RECORD_MAX = 256  # host entries per ``parts`` record (about 300 bytes each at 64 events per host-step)
+CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
+
+Emit = tuple[str, str, Any]  # ("summary", job, summary dict) | ("broadcast", job, internal message)
+
+
+def bucket_of(host: str) -> int:
+    """Bucket of ``host`` in the ``members`` table: CRC-32 of its UTF-8 name mod ``BUCKETS``."""
+    return zlib.crc32(host.encode()) % BUCKETS
+
+
+def bid_digest(bid: str) -> bytes:
+    """The 8-byte BLAKE2b digest of a batch id ``"<agent_id>:<seq>"`` (as kept in ``closed``)."""
+    return hashlib.blake2b(bid.encode(), digest_size=8).digest()
+
+
+def digest_blob(bids: Any) -> bytes:
+    """The ``bids`` of a ``closed`` record as bytes (8 per digest). Written as bytes, and recovered as
+    bytes from the worker's msgpack changelog; a record an older worker wrote in Faust's JSON (read by
+    ``streams.wire.CHANGELOG``) holds the text of their Python repr (``"b'...'"``), and hex text is
+    accepted too. Anything else reads as no digest."""
+    if isinstance(bids, (bytes, bytearray)):
+        return bytes(bids)
+    if isinstance(bids, str):
+        if bids[:2] in ("b'", 'b"'):
+            try:
+                v = ast.literal_eval(bids)
+            except (ValueError, SyntaxError):
+                return b""
+            return v if isinstance(v, bytes) else b""
+        try:
+            return bytes.fromhex(bids)
+        except ValueError:
+            return b""
+    return b""
+
+
+_GONE = object()
+_UNSET = object()
+
+
+class WriteBack:
+    """A write-back view of one table for the messages of one unit (``Fold.apply_round``): reads see the
+    unit's own writes, each key is read from ``table`` at most once (a Faust table read costs a few µs
+    of Python: sensors, partition bookkeeping), :meth:`flush` writes each changed key to ``table`` once
+    (its last value), and a key deleted before it ever reached the table costs nothing. Not thread-safe;
+    nothing else may write ``table`` while the view is in use; every write happens in :meth:`flush`,
+    which the caller runs with the unit's partition as the current event (so each changelog record goes
+    to that partition)."""
+
+    def __init__(self, table: MutableMapping):
+        self.table = table
+        self.dirty: dict[str, Any] = {}
+        self.read: dict[str, Any] = {}  # key -> the table's value (None: absent), read once
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.dirty.get(key, _UNSET)
+        if v is _UNSET:
+            v = self.read.get(key, _UNSET)
+            if v is _UNSET:
+                v = self.read[key] = self.table.get(key)
+            return default if v is None else v
+        return default if v is _GONE else v
+
+    def __getitem__(self, key: str) -> Any:
+        v = self.get(key, _UNSET)
+        if v is _UNSET:
+            raise KeyError(key)
+        return v
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.dirty[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self.dirty[key] = _GONE
+
+    def items(self) -> list[tuple[str, Any]]:
+        """Every (key, value) as the table will hold them after :meth:`flush`."""
+        merged = dict(self.table.items())
+        for k, v in self.dirty.items():
+            if v is _GONE:
+                merged.pop(k, None)
+            else:
+                merged[k] = v
+        return list(merged.items())
+
+    def flush(self) -> None:
+        """Write every changed key to the table once; delete only keys the table holds."""
+        for k, v in self.dirty.items():
+            if v is _GONE:
+                if self.table.get(k) is not None:
+                    del self.table[k]
+            else:
+                self.table[k] = v
+        self.dirty.clear()
+        self.read.clear()
+
+
+def _new_job() -> dict:
+    return {
+        "n_hosts": 0,
+        "n_ranks": 0,
+        "world_size": 0,
+        "buckets": [],
+        "history": [],
+        "pending": dict.fromkeys(QUALITY_KEYS, 0),
+        "closed": [],
+        "floor": -1,
+    }
+
+
+class Fold:
+    """The fold agent's logic over its tables. :meth:`apply` takes one internal message (a dict with
+    ``t`` = ``part`` | ``host`` | ``hist`` | ``close`` | ``read``, shapes in docs/STREAMS.md) of partition ``p`` and
+    returns what to send: step summaries (to the output topic) and broadcasts (to every partition).
+
+    ``window_ns``: a ``close`` request closes a step only when it has been open that long.
+    ``on_late(n)`` / ``on_summary(closed_by)``: metric callbacks. ``clock``: CLOCK_REALTIME ns."""
+
+    def __init__(
+        self,
+        tables: dict[str, MutableMapping],
+        *,
+        window_ns: int,
+        th: analysis.Thresholds = analysis.Thresholds(),
+        closed_keep: int = CLOSED_KEEP,
+        on_late: Callable[[int], None] = lambda n: None,
+        on_summary: Callable[[str], None] = lambda by: None,
+        clock: Callable[[], int] = time.time_ns,
+        input_partitions: int = 0,
+        hold_max_ns: int | None = None,
+    ):
+        self.parts, self.steps = tables["parts"], tables["steps"]
+        self.members, self.jobs, self.closed = tables["members"], tables["jobs"], tables["closed"]
+        self.window_ns, self.th, self.closed_keep = window_ns, th, closed_keep
+        self.on_late, self.on_summary, self.clock = on_late, on_summary, clock
+        self._digests: dict[str, set[bytes]] = {}  # closed key -> its digests, for repeated replay checks
+        self.ended: dict[str, int] = {}  # open step key -> hosts whose part holds a STEP_END (derived)
+        self.last_seen: dict[str, dict[str, int]] = {}  # job -> host -> clock() of its last part (hangs)
+        self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
+        self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
+        self.was_hung: set[str] = set()  # open step keys that hung at some point (kept after they resume)
+        self.quiet_until: dict[str, int] = {}  # job -> last step whose evidence is dropped after a hang
+        # job -> latest step closed here whose retransmits met the directed view's condition (derived, in
+        # memory: a restarted worker judges each step on its own until one meets it again)
+        self.net_directed: dict[str, int] = {}
+        # job -> the retransmits per connection of its last net_window_steps steps closed here
+        # (analysis.net_window_part; derived, in memory: a restarted worker starts with an empty window)
+        self.net_recent: dict[str, collections.deque] = {}
+        # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
+        # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
+        self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
+        self.input_partitions = input_partitions
+        self.hold_max_ns = hold_max_ns if hold_max_ns is not None else max(10 * window_ns, 60_000_000_000)
+        self.read_ns: dict[int, int] = {}  # input partition -> clock() up to which it was read (derived)
+        self._held: set[str] = set()  # open steps whose window close waits for input (logged once)
+        # parts records (derived from the keys; None = rebuild from the table): open step -> host -> the key
+        # of the record with its latest entry; open step -> its keys, oldest first; -> its next record number
+        self._where: dict[str, dict[str, str]] | None = None
+        self._recs: dict[str, list[str]] = {}
+        self._next: dict[str, int] = {}
+        self._legacy: set[str] = set()  # per-host keys of the older layout (value = the entry itself)
+        self._pending: dict[str, dict[str, dict]] = {}  # open step -> host -> entry changed in this unit
+        self._unit = False  # inside apply_round: the tables are WriteBack views
+
+    def input_read_past(self, st: dict) -> bool:
+        """True when step record ``st`` may close by its window: every input partition was read to its end
+        at or after the window's end (so a host without data really sent none: its agent stopped, not the
+        worker that reads it), or the step has been held ``hold_max_ns`` (an input that never catches up
+        must not keep steps open for ever). Always true without ``input_partitions`` (one process)."""
+        if self.input_read_since(st["opened_ns"] + self.window_ns):
+            return True
+        return self.clock() - st["opened_ns"] >= self.hold_max_ns
+
+    def input_read_since(self, ns: int) -> bool:
+        """True when every input partition was reported read to its end at or after ``ns`` (clock() ns);
+        always true without ``input_partitions``."""
+        return all(self.read_ns.get(ip, 0) >= ns for ip in range(self.input_partitions))
+
+    def forget(self) -> None:
+        """Drop the derived in-memory state; call after the tables were recovered (restart, rebalance)."""
+        self.ended.clear()
+        self._digests.clear()
+        self._where = None
+
+    def _ended(self, sk: str, st: dict, p: int) -> int:
+        """Hosts of open step ``sk`` that reported STEP_END: from memory, or counted once from ``parts``."""
+        n = self.ended.get(sk)
+        if n is None:
+            js = self._job(f"{st['job']}@{p}")
+            names = set(self.expected_hosts(st["job"], p, js)).union(st["extra"])
+            entries, _keys = self.step_parts(sk)
+            n = 0
+            for h in names:
+                e = entries.get(h)
+                if e is not None and e["acc"]["step_ns"] is not None:
+                    n += 1
+            self.ended[sk] = n
+        return n
+
+    # ------------------------------------------------------------------------------------------------
+    def _index(self) -> dict[str, dict[str, str]]:
+        """``open step -> host -> parts key``, rebuilt from the ``parts`` keys when forgotten."""
+        if self._where is None:
+            found = []
+            self._legacy = set()
+            for k, rec in self.parts.items():
+                sk, _, tail = k.rpartition("|")
+                if not isinstance(rec, dict):
+                    continue
+                if tail[:1] == "r" and tail[1:].isdigit():
+                    found.append((sk, int(tail[1:]), k, list(rec)))
+                elif "acc" in rec:  # a per-host record of the older layout
+                    found.append((sk, -1, k, [tail]))
+                    self._legacy.add(k)
+            where: dict[str, dict[str, str]] = {}
+            self._recs, self._next = {}, {}
+            for sk, n, k, hosts in sorted(found, key=lambda x: (x[0], x[1])):
+                self._recs.setdefault(sk, []).append(k)
+                self._next[sk] = max(self._next.get(sk, 0), n + 1)
+                w = where.setdefault(sk, {})
+                for h in hosts:
+                    w[h] = k
+            self._where = where
+        return self._where
+
+    def _entry(self, sk: str, host: str) -> dict | None:
+        """``host``'s latest part entry in open step ``sk``, or None."""
+        pend = self._pending.get(sk)
+        if pend is not None and host in pend:
+            return pend[host]
+        k = self._index().get(sk, {}).get(host)
+        if k is None:
+            return None
+        rec = self.parts.get(k)
+        if rec is None:
+            return None
+        return rec if k in self._legacy else rec.get(host)
+
+    def step_parts(self, sk: str) -> tuple[dict[str, dict], list[str]]:
+        """``({host: latest part entry}, [parts keys of the step])`` of open step ``sk``: one read per
+        record."""
+        where = self._index().get(sk, {})
+        keys = list(self._recs.get(sk, ()))
+        recs = {k: self.parts.get(k) for k in keys}
+        entries: dict[str, dict] = {}
+        for h, k in where.items():
+            rec = recs.get(k)
+            if rec is not None:
+                e = rec if k in self._legacy else rec.get(h)
+                if e is not None:
+                    entries[h] = e
+        entries.update(self._pending.get(sk, {}))
+        return entries, [k for k in keys if recs[k] is not None]
+
+    def _drop_parts(self, sk: str) -> None:
+        """Delete every ``parts`` record of step ``sk`` and forget its index."""
+        self._index()
+        for k in self._recs.pop(sk, ()):
+            if self.parts.get(k) is not None:
+                del self.parts[k]
+            self._legacy.discard(k)
+        self._pending.pop(sk, None)
+        if self._where is not None:
+            self._where.pop(sk, None)
+        self._next.pop(sk, None)
+
+    def _write_pending(self) -> None:
+        """Write the entries changed in this unit: per open step, records of at most ``PART_RECORD_MAX``
+        hosts under the step's next record numbers."""
+        if not self._pending:
+            return
+        where = self._index()
+        for sk, hosts in self._pending.items():
+            if self.steps.get(sk) is None:  # closed in this unit
+                continue
+            w = where.setdefault(sk, {})
+            recs = self._recs.setdefault(sk, [])
+            items = list(hosts.items())
+            for i in range(0, len(items), PART_RECORD_MAX):
+                n = self._next.get(sk, 0)
+                self._next[sk] = n + 1
+                k = f"{sk}|r{n}"
+                chunk = dict(items[i : i + PART_RECORD_MAX])
+                self.parts[k] = chunk
+                recs.append(k)
+                for h in chunk:
+                    w[h] = k
+        self._pending.clear()
+
+    # ------------------------------------------------------------------------------------------------
+    def apply(self, v: dict, p: int) -> list[Emit]:
+        """Apply one internal message of partition ``p`` (a unit of its own, :meth:`apply_round`, unless
+        inside one). Unknown message types are ignored."""
+        if not self._unit:
+            return self.apply_round([v], p)
+        t = v.get("t")
+        if t == "part":
+            return self.part(v, p)
+        if t == "batch":
+            return self.apply_batch(v["msgs"], p)
+        if t == "host":
+            self.host(v, p)
+            if v.get("rank") is not None:  # a (re)registered rank: its host's old states are over
+                self.rank_state.get(v["job"], {}).pop(v["host"], None)
+        elif t == "state":
+            self.state(v)
+        elif t == "hist":
+            self.hist(v, p)
+        elif t == "read":
+            for ip, ns in v["read"]:
+                if ns > self.read_ns.get(ip, 0):
+                    self.read_ns[ip] = ns
+        elif t == "close":
+            st = self.steps.get(v["key"])
+            if st is not None and v["key"] in self.hung and self.clock() - st["opened_ns"] < self.th.hang_hold_ns:
+                return []  # a hung step stays open while it hangs (``hangs`` sends its interim records)
+            if st is not None and self.clock() - st["opened_ns"] >= self.window_ns and not self.input_read_past(st):
+                if v["key"] not in self._held:
+                    self._held.add(v["key"])
+                    late = sorted(
+                        ip
+                        for ip in range(self.input_partitions)
+                        if self.read_ns.get(ip, 0) < st["opened_ns"] + self.window_ns
+                    )
+                    log.info(
+                        "holding %s past its window: input partitions %s not read that far yet "
+                        "(a worker failover or a backlog)",
+                        v["key"],
+                        late,
+                    )
+                return []
+            if st is not None and self.clock() - st["opened_ns"] >= self.window_ns:
+                self._held.discard(v["key"])
+                log.info("closing %s by window (%d hosts ended)", v["key"], self._ended(v["key"], st, p))
+                return self.close(v["key"], st, p, "window")
+        return []
+
+    def apply_batch(self, msgs: list[bytes], p: int) -> list[Emit]:
+        """Apply the internal messages ``msgs`` (each msgpack bytes of one message, in order) of partition
+        ``p`` as one unit (:meth:`apply_round`), or as part of the unit being applied. A message that
+        fails (a bug) is logged and skipped, like a single message would be; the others still apply."""
+        if not self._unit:
+            return self.apply_round([{"t": "batch", "msgs": msgs}], p)
+        out: list[Emit] = []
+        for raw in msgs:
+            try:
+                out.extend(self.apply(wire.unpackb(raw), p))
+            except Exception:
+                log.exception("fold failed on one message of a batch of partition %d", p)
+        return out
+
+    def apply_round(self, values: list[dict], p: int) -> list[Emit]:
+        """Apply the internal messages ``values`` (decoded dicts, in partition order; ``batch`` messages
+        are expanded) of partition ``p`` as one unit: every table write goes through a :class:`WriteBack`
+        and reaches the table once per key at the end; the part entries that changed are written as the
+        step's next ``parts`` record(s), so a step that opens and closes within the unit writes no
+        ``parts`` or ``steps`` record, only its ``closed`` record, and the ``jobs`` record is written once
+        however many history entries arrived. The caller makes a message of partition ``p`` Faust's
+        current event first (every write goes to that changelog partition). A message that fails (a bug)
+        is logged and skipped; the others still apply. Returns what the messages emit, in order."""
+        if self._unit:
+            out: list[Emit] = []
+            for v in values:
+                out.extend(self.apply(v, p))
+            return out
+        real = (self.parts, self.steps, self.members, self.jobs, self.closed)
+        caches = tuple(WriteBack(t) for t in real)
+        self.parts, self.steps, self.members, self.jobs, self.closed = caches
+        self._unit = True
+        out = []
+        try:
+            for v in values:
+                try:
+                    out.extend(self.apply(v, p))
+                except Exception:
+                    log.exception("fold failed on one message of partition %d", p)
+        finally:
+            try:
+                self._write_pending()
+            finally:
+                self._unit = False
+                self.parts, self.steps, self.members, self.jobs, self.closed = real
+                for c in caches:
+                    c.flush()
+        return out
+
+    def open_steps(self) -> Iterator[tuple[str, dict]]:
+        """``(job|step, step record)`` of every open step held by this process (all its partitions)."""
+        return iter(list(self.steps.items()))
+
+    # ------------------------------------------------------------------------------------------------
+    def _job(self, jk: str) -> dict:
+        js = self.jobs.get(jk)
+        return js if js is not None else _new_job()
+
+    def registered(self, job: str, p: int, host: str) -> bool:
+        """True when ``host`` registered for ``job`` in partition ``p``."""
+        b = self.members.get(f"{job}@{p}#{bucket_of(host)}")
+        return b is not None and host in b
+
+    def expected_hosts(self, job: str, p: int, js: dict) -> list[str]:
+        """The registered hosts of ``job`` (partition ``p``), sorted: one read per used bucket."""
+        out: list[str] = []
+        for b in js["buckets"]:
+            out.extend(self.members.get(f"{job}@{p}#{b}") or ())
+        return sorted(out)
+
+    def state(self, v: dict) -> None:
+        """A RANK_STATE message ``{job, host, pid, state, at_rt}``: remember a stopped process, forget one
+        that runs again."""
+        pids = self.rank_state.setdefault(v["job"], {}).setdefault(v["host"], {})
+        if v["state"] == "running":
+            pids.pop(int(v["pid"]), None)
+        else:
+            pids[int(v["pid"])] = (str(v["state"]), self.clock(), int(v.get("at_rt") or 0))
+        if not pids:
+            self.rank_state[v["job"]].pop(v["host"], None)
+
+    def stopped_hosts(self, job: str) -> dict[str, tuple[str, int, int]]:
+        """``host -> (state, clock() ns received, CLOCK_REALTIME ns of the state)`` for the hosts of ``job``
+        with a process their agent found frozen, stopped or exited (the earliest such state of the host)."""
+        return {h: min(pids.values(), key=lambda x: x[2]) for h, pids in self.rank_state.get(job, {}).items() if pids}
+
+    def host(self, v: dict, p: int) -> None:
+        """A registration ``{job, host, host_id, rank, world_size}``: one bucket write when it is news."""
+        job, host = v["job"], v["host"]
+        jk = f"{job}@{p}"
+        js = self._job(jk)
+        changed = False
+        b = bucket_of(host)
+        mk = f"{job}@{p}#{b}"
+        bucket = self.members.get(mk) or {}
+        if host not in bucket:
+            bucket[host] = v["host_id"]
+            self.members[mk] = bucket
+            js["n_hosts"] += 1
+            if b not in js["buckets"]:
+                js["buckets"] = sorted(js["buckets"] + [b])
+            changed = True
+        rank = v.get("rank")
+        if rank is not None:
+            rk = f"{job}@{p}#r{int(rank) % BUCKETS}"
+            ranks = self.members.get(rk) or {}
+            if str(rank) not in ranks:
+                ranks[str(rank)] = host
+                self.members[rk] = ranks
+                js["n_ranks"] += 1
+                changed = True
+        world = v.get("world_size") or 0
+        if world > js["world_size"]:
+            js["world_size"] = world
+            changed = True
+        if changed:
+            self.jobs[jk] = js
+
+    def hist(self, v: dict, p: int) -> None:
+        """A closed step's time ``{job, step, ns, entry}`` for the baseline history of every partition
+        (``entry``: ``analysis.history_entry``, with the step's lateness; absent from older workers)."""
+        jk = f"{v['job']}@{p}"
+        js = self._job(jk)
+        hist = [h for h in js["history"] if h[0] != v["step"]] + [v.get("entry") or [v["step"], v["ns"]]]
+        js["history"] = sorted(hist)[-self.th.baseline_n * 2 :]
+        self.jobs[jk] = js
+
+    # ------------------------------------------------------------------------------------------------
+    def _is_replay(self, sk: str, done: dict, bid: str) -> bool:
+        digests = self._digests.get(sk)
+        if digests is None:
+            blob = digest_blob(done["bids"])
+            digests = {blob[i : i + 8] for i in range(0, len(blob), 8)}
+            if len(self._digests) > 64:
+                self._digests.clear()
+            self._digests[sk] = digests
+        return bid_digest(bid) in digests
+
+    def _late(self, v: dict, p: int, sk: str, done: dict | None) -> None:
+        n = v["acc"]["events"]
+        if done is not None:
+            done["late"] += n
+            done["bids"] = digest_blob(done["bids"]) + bid_digest(v["bid"])
+            self._digests.pop(sk, None)
+            self.closed[sk] = done
+        jk = f"{v['job']}@{p}"
+        js = self._job(jk)
+        js["pending"]["late_events"] += n
+        for k, x in v["q"].items():
+            js["pending"][k] = js["pending"].get(k, 0) + x
+        self.jobs[jk] = js
+        self.on_late(n)
+
+    def part(self, v: dict, p: int) -> list[Emit]:
+        """One host's accumulator for one step ``{job, step, host, bid, acc, q}``: one write to ``parts``,
+        a write to ``steps`` when the step opens or this host ends it; closes the step when complete."""
+        job, step, host, bid = v["job"], v["step"], v["host"], v["bid"]
+        sk = f"{job}|{step}"
+        self.last_seen.setdefault(job, {})[host] = self.clock()
+        if step > self.top_step.get(job, -1):
+            self.top_step[job] = step
+        done = self.closed.get(sk)
+        if done is not None:
+            if not self._is_replay(sk, done, bid):
+                self._late(v, p, sk, done)
+            return []
+        st = self.steps.get(sk)
+        entry = self._entry(sk, host) if st is not None else None
+        if entry is not None and bid in entry["bids"]:
+            return []  # replay of a batch already folded in
+        js = None
+        st_dirty = False
+        if st is None:
+            js = self._job(f"{job}@{p}")
+            if step <= js["floor"]:
+                self._late(v, p, sk, None)  # older than every closed record kept here
+                return []
+            st = {"job": job, "step": step, "p": p, "opened_ns": self.clock(), "extra": []}
+            self._drop_parts(sk)  # nothing of an earlier life of this step counts
+            self.ended[sk] = 0
+            st_dirty = True
+        ended = self._ended(sk, st, p)  # before this part changes anything: a recount must not see it
+        q = {k: x for k, x in v["q"].items() if x}
+        if entry is None:
+            entry = {"acc": v["acc"], "bids": [bid], "q": q}
+            was_ended = False
+            if not self.registered(job, p, host):
+                st["extra"].append(host)
+                st_dirty = True
+        else:
+            was_ended = entry["acc"]["step_ns"] is not None
+            accumulate.merge(entry["acc"], v["acc"])
+            entry["bids"].append(bid)
+            for k, x in q.items():
+                entry["q"][k] = entry["q"].get(k, 0) + x
+        self._pending.setdefault(sk, {})[host] = entry
+        if st_dirty:
+            self.steps[sk] = st
+        if not was_ended and entry["acc"]["step_ns"] is not None:
+            ended += 1
+            self.ended[sk] = ended
+            if self._complete(st, ended, js or self._job(f"{job}@{p}"), p):
+                return self.close(sk, st, p, "complete")
+        return []
+
+    def _complete(self, st: dict, ended: int, js: dict, p: int) -> bool:
+        # every rank of the job must have registered (hosts in other input partitions may lag), and every
+        # known host (registered, or sending data unregistered) must have reported STEP_END
+        if js["n_ranks"] < js["world_size"]:
+            return False
+        need = js["n_hosts"] + sum(1 for h in st["extra"] if not self.registered(st["job"], p, h))
+        return ended >= need
+
+    def close(self, sk: str, st: dict, p: int, closed_by: str) -> list[Emit]:
+        """Summarise the open step ``sk`` from its hosts' parts, drop them, record the step as closed."""
+        job, step = st["job"], st["step"]
+        jk = f"{job}@{p}"
+        js = self._job(jk)
+        expected = self.expected_hosts(job, p, js)
+        names = sorted(set(expected).union(st["extra"]))
+        accs: dict[str, dict] = {}
+        quality = dict(js["pending"])
+        digests = []
+        entries, _keys = self.step_parts(sk)
+        for h in names:
+            entry = entries.get(h)
+            if entry is None:
+                continue
+            accs[h] = entry["acc"]
+            digests.extend(bid_digest(b) for b in entry["bids"])
+            for k, x in entry["q"].items():
+                quality[k] = quality.get(k, 0) + x
+        self._drop_parts(sk)
+        summary = analysis.summarize(
+            job,
+            step,
+            accs,
+            expected_hosts=expected,
+            history=js["history"],
+            quality=quality,
+            closed_by=closed_by,
+            closed_at_ns=self.clock(),
+            th=self.th,
+            world_size=js["world_size"],
+            recent_directed=self.recent_directed(job, step),
+            window=self.net_window(job),
+        )
+        if summary["net_directed"]:
+            self.net_directed[job] = max(self.net_directed.get(job, step), step)
+        recent = self.net_recent.get(job)
+        if recent is None:
+            recent = self.net_recent[job] = collections.deque(maxlen=max(1, self.th.net_window_steps))
+        recent.append(analysis.net_window_part(accs))
+        if (
+            sk in self.hung or sk in self.was_hung
+        ):  # the ranks resynchronise after a hang: no layer's fault for a few steps
+            self.quiet_until[job] = max(self.quiet_until.get(job, -1), step + self.th.hang_quiet_steps)
+        if step <= self.quiet_until.get(job, -1):
+            summary["evidence"]["hosts"] = {}
+        self.hung.pop(sk, None)
+        self.was_hung.discard(sk)
+        self._held.discard(sk)
+        self.closed[sk] = {"p": p, "bids": b"".join(digests), "late": 0}
+        del self.steps[sk]
+        self.ended.pop(sk, None)
+        js["pending"] = dict.fromkeys(QUALITY_KEYS, 0)
+        js["closed"].append(step)
+        while len(js["closed"]) > self.closed_keep:
+            old = js["closed"].pop(0)
+            ok = f"{job}|{old}"
+            if self.closed.get(ok) is not None:
+                del self.closed[ok]
+                self._digests.pop(ok, None)
+            js["floor"] = max(js["floor"], old)
+        self.jobs[jk] = js
+        self.on_summary(closed_by)
+        return [
+            ("summary", job, summary),
+            (
+                "broadcast",
+                job,
+                {
+                    "t": "hist",
+                    "job": job,
+                    "step": step,
+                    "ns": summary["step_time_max_ns"],
+                    "entry": analysis.history_entry(summary),
+                },
+            ),
+        ]
+
+    # ------------------------------------------------------------------------------------------------
+    def _open_accs(self, sk: str, st: dict, js: dict) -> tuple[list[str], dict[str, dict]]:
+        """``(expected hosts, {host: accumulator})`` of open step ``sk`` (its ``steps`` record ``st``, its
+        job's state ``js``): the accumulators of the expected and extra hosts that sent a part."""
+        expected = self.expected_hosts(st["job"], st["p"], js)
+        accs = {}
+        entries, _keys = self.step_parts(sk)
+        for h in sorted(set(expected).union(st["extra"])):
+            e = entries.get(h)
+            if e is not None:
+                accs[h] = e["acc"]
+        return expected, accs
+
+    def recent_directed(self, job: str, step: int) -> bool:
+        """Whether a step of ``job`` closed here within ``net_directed_keep_steps`` before ``step`` met the
+        directed view's condition (``analysis.net_stats``): the job's traffic runs both ways on its
+        connections, so its network evidence is read in the directed view."""
+        last = self.net_directed.get(job)
+        return last is not None and 0 <= step - last <= self.th.net_directed_keep_steps
+
+    def net_window(self, job: str) -> dict[str, list[int]]:
+        """The retransmits per connection of the job's last ``net_window_steps`` steps closed here
+        (``analysis.net_window``): what a slowed step of the job reads with its own."""
+        return analysis.net_window(self.net_recent.get(job, ()))
+
+    def _interim_summary(
+        self, st: dict, js: dict, accs: dict[str, dict], expected: list[str], closed_by: str, now: int
+    ) -> dict:
+        """The summary of an open step as far as it has come (``closed_by`` "hang" or "running", closed at
+        ``now`` ns), before the caller narrows its straggler, blame and evidence."""
+        return analysis.summarize(
+            st["job"],
+            st["step"],
+            accs,
+            expected_hosts=expected,
+            history=js["history"],
+            quality={},
+            closed_by=closed_by,
+            closed_at_ns=now,
+            th=self.th,
+            world_size=js["world_size"],
+            recent_directed=self.recent_directed(st["job"], st["step"]),
+            window=self.net_window(st["job"]),
+        )
+
+    def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:
+        """Check the open steps (of ``partitions``; all when None) for hangs. Returns ``(step key, interim
+        summary, first)`` per hung step (``first``: newly hung); forgets steps that no longer hang. Reads
+        only (no table write): safe from a timer. A step is checked only while it is its job's latest
+        (no later step has data or closed here) and younger than ``hang_hold_ns``."""
+        now = self.clock()
+        out = []
+        for sk, st in self.open_steps():
+            p = st["p"]
+            if partitions is not None and p not in partitions:
+                continue
+            job = st["job"]
+            js = self._job(f"{job}@{p}")
+            later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
+            if now - st["opened_ns"] > self.th.hang_hold_ns or later > st["step"]:
+                self.hung.pop(sk, None)
+                continue
+            expected, accs = self._open_accs(sk, st, js)
+            found = analysis.hang_check(
+                accs,
+                expected,
+                self.last_seen.get(job, {}),
+                st["opened_ns"],
+                js["history"],
+                st["step"],
+                now,
+                self.th,
+                stopped=self.stopped_hosts(job),
+            )
+            if found is None:
+                self.hung.pop(sk, None)
+                continue
+            first = sk not in self.hung
+            self.hung.setdefault(sk, now)
+            self.was_hung.add(sk)
+            summary = self._interim_summary(st, js, accs, expected, "hang", now)
+            summary.update(
+                straggler=None,
+                blame=[],
+                hang=found,
+                evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}},
+            )
+            out.append((sk, summary, first))
+        for sk in [k for k in self.hung if self.steps.get(k) is None]:
+            del self.hung[sk]
+        self.was_hung.intersection_update(k for k, _ in self.open_steps())
+        return out
+
+    def running(self, partitions: set[int] | None = None) -> list[tuple[str, dict]]:
+        """Check the open steps (of ``partitions``; all when None) that are their job's latest and not
+        hung for network evidence while they run (``analysis.running_check``, docs/ANALYSIS.md "Inside a
+        running step"). Returns ``(step key, interim summary)`` per step with evidence: ``closed_by =
+        "running"``, ``evidence.hosts`` = the named hosts' network evidence only, ``blame`` = one network
+        entry per named host (``straggler_ns`` its RTT, ``peer_median_ns`` the other hosts' median,
+        ``count`` its retransmits), no straggler, quality counters 0. Reads only (no table write)."""
+        now = self.clock()
+        out = []
+        for sk, st in self.open_steps():
+            p = st["p"]
+            if (partitions is not None and p not in partitions) or sk in self.hung:
+                continue
+            job = st["job"]
+            js = self._job(f"{job}@{p}")
+            later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
+            if later > st["step"] or st["step"] <= self.quiet_until.get(job, -1):
+                continue
+            expected, accs = self._open_accs(sk, st, js)
+            found = analysis.running_check(
+                accs,
+                js["history"],
+                st["step"],
+                st["opened_ns"],
+                now,
+                self.th,
+                stopped=self.stopped_hosts(job),
+                recent_directed=self.recent_directed(job, st["step"]),
+                window=self.net_window(job),
+            )
+            if found is None:
+                continue
+            summary = self._interim_summary(st, js, accs, expected, "running", now)
+            hosts = {}
+            blame = []
+            for h, v in found["hosts"].items():
+                hosts[h] = dict.fromkeys(analysis.EVIDENCE_LAYERS, 0.0)
+                hosts[h]["network"] = v["z"]
+                blame.append(
+                    {
+                        "host": h,
+                        "layer": "network",
+                        "excess_ns": max(0, v["rtt_ns"] - v["peer_rtt_ns"]),
+                        "straggler_ns": v["rtt_ns"],
+                        "peer_median_ns": v["peer_rtt_ns"],
+                        "count": v["rx"],
+                        "max_ns": 0,
+                    }
+                )
+            summary.update(
+                straggler=None,
+                blame=blame,
+                evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
+                quality=dict.fromkeys(summary["quality"], 0),
+            )
+            out.append((sk, summary))
+        return out

@@ -1,0 +1,132 @@
+"""The worker's ``ingest`` agent logic: one agent batch -> sequence bookkeeping -> per-(step, host) parts.
+
+:class:`Ingest` decodes a message with ``streams.wire.decode_batch`` (anything it rejects goes to the
+dead-letter topic), tracks every agent instance's batch sequence in the ``agents`` table (partitioned like
+the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run}``: a gap = lost
+batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay after a
+restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its last
+batch, or None: ``accumulate.running_step``), reduces the batch to one accumulator per step
+(``streams.accumulate``) and returns what the agent must send on the internal topic:
+
+- ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size})`` for each REGISTER event and
+  for the first batch of an agent instance (every partition must know the job's hosts);
+- ``("broadcast", job, {"t": "state", job, host, pid, state, at_rt})`` for each RANK_STATE event (a
+  registered process found frozen, stopped, exited, or running again: the hang check reads it);
+- ``("part", "job|step", {"t": "part", job, step, host, bid, acc, q})`` per step of the batch; ``bid`` =
+  ``"<agent_id>:<seq>"`` makes the fold idempotent, ``q`` carries the lost/duplicate batch counts once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, MutableMapping
+
+from obshub.core import schema
+from obshub.streams import accumulate, wire
+
+log = logging.getLogger("obshub.streams")
+
+
+@dataclass
+class IngestResult:
+    """What one input message produced: ``error`` (send it to the DLQ) or the internal messages to send;
+    ``events``/``lost``/``dup``/``replay`` for the metrics, ``sent_ns`` the batch's send time (0 = none)."""
+
+    error: schema.SchemaError | None = None
+    sends: list[tuple[str, str, dict]] = field(default_factory=list)
+    events: int = 0
+    lost: int = 0
+    dup: bool = False
+    replay: bool = False
+    sent_ns: int = 0
+
+
+class Ingest:
+    """Per-message ingest over the ``agents`` table (any mapping with ``get`` and item assignment)."""
+
+    def __init__(self, agents: MutableMapping[str, Any]):
+        self.agents = agents
+
+    def handle(self, value: bytes, topic: str, partition: int, offset: int) -> IngestResult:
+        """Process the message at ``topic[partition]@offset``. Never raises for bad input."""
+        try:
+            batch = wire.decode_batch(value)
+        except schema.SchemaError as exc:
+            return IngestResult(error=exc)
+        st = self.agents.get(batch.agent_id)
+        first = st is None
+        if first:
+            st = {"seq": -1, "partition": partition, "offset": -1, "lost": 0, "dups": 0}
+            log.info(
+                "new agent instance %s (job %s, host %s) on %s[%d]@%d",
+                batch.agent_id,
+                batch.job,
+                batch.host,
+                topic,
+                partition,
+                offset,
+            )
+        replay = partition == st["partition"] and offset <= st["offset"]
+        if not replay and batch.seq <= st["seq"]:
+            st["dups"] += 1
+            st["offset"], st["partition"] = offset, partition
+            self.agents[batch.agent_id] = st
+            return IngestResult(dup=True)
+        if replay:
+            log.info(
+                "replay of %s seq %d (%s[%d]@%d, already processed before a restart)",
+                batch.agent_id,
+                batch.seq,
+                topic,
+                partition,
+                offset,
+            )
+        lost = 0 if replay else batch.seq - st["seq"] - 1
+        if lost:
+            st["lost"] += lost
+        res = IngestResult(events=len(batch.events), lost=lost, replay=replay, sent_ns=batch.sent_ns)
+        hosts = accumulate.registrations(batch)
+        if first and not hosts:
+            hosts = [{"job": batch.job, "host": batch.host, "host_id": batch.host_id}]
+        for reg in hosts:
+            res.sends.append(
+                (
+                    "broadcast",
+                    reg["job"],
+                    {
+                        "t": "host",
+                        "job": reg["job"],
+                        "host": reg["host"],
+                        "host_id": reg["host_id"],
+                        "rank": reg.get("rank"),
+                        "world_size": reg.get("world_size", 0),
+                    },
+                )
+            )
+        for rs in accumulate.rank_states(batch):
+            res.sends.append(("broadcast", rs["job"], {"t": "state", **rs}))
+        # the step the host was in after its previous batch, for TCP events of a batch without a stepped
+        # event (a rank blocked in a long collective): a slow link shows while its step still runs
+        run = st.get("run")
+        run_step = run[1] if run and run[0] == batch.job else None
+        parts = accumulate.reduce_batch(batch, run_step)
+        bid = f"{batch.agent_id}:{batch.seq}"
+        for i, (step, acc) in enumerate(sorted(parts.items())):
+            q = {}
+            if i == 0 and not replay:
+                q = {"lost_batches": st["lost"], "duplicate_batches": st["dups"]}
+                st["lost"] = st["dups"] = 0
+            res.sends.append(
+                (
+                    "part",
+                    f"{batch.job}|{step}",
+                    {"t": "part", "job": batch.job, "step": step, "host": batch.host, "bid": bid, "acc": acc, "q": q},
+                )
+            )
+        if not replay:
+            st["seq"], st["offset"], st["partition"] = batch.seq, offset, partition
+            nxt = accumulate.running_step(batch, run_step)
+            st["run"] = [batch.job, nxt] if nxt is not None else None
+            self.agents[batch.agent_id] = st
+        return res

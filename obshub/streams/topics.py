@@ -1,0 +1,96 @@
+"""The stream app's own topics: the repartition topic ``<app>-steps``, one changelog per table and Faust's
+leader topic. :func:`ensure_internal_topics` creates them before Faust starts."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from aiokafka.partitioner import murmur2
+
+from obshub.core import kafka
+from obshub.core.log import NullLogger
+from obshub.streams.errors import StreamsError
+
+# table name -> partitioned like the input topic ("input") or like the repartition topic ("internal")
+TABLES = {
+    "agents": "input",
+    "inputs": "input",
+    "parts": "internal",
+    "steps": "internal",
+    "members": "internal",
+    "jobs": "internal",
+    "closed": "internal",
+    "folded": "internal",
+}
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition of the repartition topic that folds ``key`` (``b"job|step"``): Kafka's default
+    partitioner (murmur2 of the key, as the Java client and aiokafka compute it) over ``partitions``.
+    Every host of a step sends the same key, so the last 4,096 keys' partitions are cached (murmur2 is
+    Python code in aiokafka, some µs per key)."""
+    return _partition_of(key, partitions)
+
+
+@functools.lru_cache(maxsize=4096)
+def _partition_of(key: bytes, partitions: int) -> int:
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def internal_topics(app_id: str, partitions: int, input_partitions: int) -> dict[str, int]:
+    """Names and partition counts of the topics the app owns: the repartition topic (``partitions``), the
+    tables' changelogs (Faust names them ``<app>-<table>-changelog``) and Faust's leader topic (1)."""
+    out = {f"{app_id}-steps": partitions, f"{app_id}-__assignor-__leader": 1}
+    for name, like in TABLES.items():
+        out[f"{app_id}-{name}-changelog"] = input_partitions if like == "input" else partitions
+    return out
+
+
+def ensure_internal_topics(
+    bootstrap: str, app_id: str, partitions: int, input_partitions: int, timeout_s: float = 30.0
+) -> None:
+    """Create the app's own topics before Faust starts, and wait until the broker's metadata lists them.
+
+    Why: Faust creates them itself at start, but when the first group assignment happens before the new
+    topic is in the consumer's metadata, the topic is left out of the assignment ("Ignoring missing
+    topic") and the fold agent gets no partitions until the next rebalance. Changelogs are compacted.
+    Raises StreamsError when a topic exists with a different partition count (a changed ``--partitions``
+    for an existing app id), cannot be created, or does not show up within ``timeout_s``.
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    want = internal_topics(app_id, partitions, input_partitions)
+    admin = AdminClient(kafka.admin_config(kafka.KafkaConnection(bootstrap=bootstrap), {"logger": NullLogger()}))
+    md = admin.list_topics(timeout=10)
+    for name, n in want.items():
+        if name in md.topics and len(md.topics[name].partitions) != n:
+            raise StreamsError(
+                f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker needs {n}",
+                "start the worker with the partition count the app id was created with, or use a new --app-id",
+            )
+    compact = {"cleanup.policy": "compact"}
+    from obshub.core.topics import replication_factor
+
+    new = [
+        NewTopic(name, n, replication_factor(), config=compact if name.endswith("-changelog") else {})
+        for name, n in want.items()
+        if name not in md.topics
+    ]
+    if new:
+        for name, fut in admin.create_topics(new, operation_timeout=20).items():
+            try:
+                fut.result()
+            except Exception as exc:
+                if "already exists" not in str(exc).lower():
+                    raise StreamsError(f"Failed to create topic {name}: {exc}", "read the broker log") from exc
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        md = admin.list_topics(timeout=10)
+        if all(
+            name in md.topics and len(md.topics[name].partitions) == n and md.topics[name].error is None
+            for name, n in want.items()
+        ):
+            return
+        time.sleep(0.2)
+    raise StreamsError(f"the broker did not list topics {sorted(want)} within {timeout_s:.0f} s", "read the broker log")
