@@ -181,7 +181,9 @@ def run(
     """Measure, print the table, the exponents and the verdicts, save the JSON. Returns the results."""
     rounds = rounds or (1 if quick else ROUNDS)
     widths = tuple(widths or (QUICK_WIDTHS if quick else WIDTHS))
-    from obshub.streams.app import tune_gc  # the worker's garbage-collector settings (imports Faust: not at module load)
+    from obshub.streams.app import (
+        tune_gc,  # the worker's garbage-collector settings (imports Faust: not at module load)
+    )
 
     tune_gc()
     common.console.rule("[bold]fold width[/bold]: join CPU and changelog bytes per step vs hosts")

@@ -63,7 +63,10 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
         ("timer", lambda f: _in(f, "streams/") and "expire" in _fn(f)),
         (
             "close",
-            lambda f: _in(f, "obshub/streams/analysis", "obshub/streams/compact") or (_in(f, "streams/") and "send_closed" in _fn(f)),
+            lambda f: (
+                _in(f, "obshub/streams/analysis", "obshub/streams/compact")
+                or (_in(f, "streams/") and "send_closed" in _fn(f))
+            ),
         ),
         # before fold: the ingest agent uses streams.fold's write-back view for its own table
         ("ingest", lambda f: (_in(f, "streams/") and "ingest" in _fn(f)) or _in(f, "obshub/streams/ingest")),
@@ -71,14 +74,26 @@ _RULES: dict[str, list[tuple[str, callable]]] = {
         ("fold transport", lambda f: _in(f, "streams/") and "fold" in _fn(f)),
     ],
     "engine": [
-        ("notify", lambda f: "run_notify" in _fn(f) or _in(f, "obshub/rules/dispatch", "obshub/rules/sinks", "obshub/rules/service_notify")),
+        (
+            "notify",
+            lambda f: (
+                "run_notify" in _fn(f)
+                or _in(f, "obshub/rules/dispatch", "obshub/rules/sinks", "obshub/rules/service_notify")
+            ),
+        ),
         ("decode", lambda f: _in(f, "obshub/rules/service", "obshub/rules/intake") and "decode" in _fn(f)),
         ("state", lambda f: _in(f, "rules/") and ("atomic_write" in _fn(f) or "snapshot" in _fn(f))),
         ("publish", lambda f: _in(f, "obshub/rules/service") and "publish" in _fn(f)),
         (
             "rules",
             lambda f: _in(
-                f, "obshub/rules/engine", "obshub/rules/expr", "obshub/rules/lifecycle", "obshub/rules/model", "obshub/rules/window", "obshub/rules/fields"
+                f,
+                "obshub/rules/engine",
+                "obshub/rules/expr",
+                "obshub/rules/lifecycle",
+                "obshub/rules/model",
+                "obshub/rules/window",
+                "obshub/rules/fields",
             ),
         ),
     ],

@@ -10,7 +10,8 @@ def test_stacks_sorted_by_innermost_own_frame_then_machinery():
     loop = "_run_once (asyncio/base_events.py:1)"
     fold = "fold_agent (obshub/streams/app.py:204);apply (obshub/streams/fold.py:90);part (obshub/streams/fold.py:200)"
     assert (
-        category(f"{loop};{fold};merge (obshub/streams/accumulate.py:300)".split(";")) == "reduce + merge (streams.accumulate)"
+        category(f"{loop};{fold};merge (obshub/streams/accumulate.py:300)".split(";"))
+        == "reduce + merge (streams.accumulate)"
     )
     assert (
         category(

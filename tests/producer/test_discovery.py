@@ -112,6 +112,7 @@ def test_scanner_of_every_process_lists_proc_only_after_a_task_was_created(tmp_p
     changed since its last listing (or on its slow turn), else it reuses that listing. A process started
     since the listing is found once the last pid moves."""
     import obshub.producer.discovery as discovery
+
     lib = library_path()
     if lib is None:
         pytest.skip("obshub.instrument._usdt is not built")
