@@ -22,7 +22,7 @@ from obshub.rules.loader import load_ruleset
 from obshub.rules.testing import BASE_NS
 
 N_EVAL = 2000
-BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
+BUILTIN = Path(__file__).resolve().parent.parent / "obshub" / "rules" / "builtin"
 
 STEP = fields.step_record(
     {

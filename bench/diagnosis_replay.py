@@ -50,7 +50,7 @@ from obshub.rules.loader import load_ruleset
 from obshub.streams import analysis, offline
 from obshub.streams.inproc import InProcess
 
-BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
+BUILTIN = Path(__file__).resolve().parent.parent / "obshub" / "rules" / "builtin"
 
 
 def read_runs(runs_dir: Path) -> list[dict]:

@@ -37,7 +37,7 @@ from obshub.rules.engine import Engine, freeze_heap
 from obshub.rules.loader import load_ruleset
 from obshub.streams import offline
 
-BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
+BUILTIN = Path(__file__).resolve().parent.parent / "obshub" / "rules" / "builtin"
 TARGET_MS = 50.0  # the rule pack's CPU per step summary at 2,048 hosts (docs/BENCHMARKS.md, 7 width)
 
 

@@ -40,7 +40,7 @@ from obshub.rules.engine import Engine
 from obshub.rules.loader import load_ruleset
 from obshub.streams import offline, synthetic
 
-BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
+BUILTIN = Path(__file__).resolve().parent.parent / "obshub" / "rules" / "builtin"
 HOSTS, STEPS, ROUNDS = 8, 300, 5
 WIDE_HOSTS, WIDE_STEPS = 128, 5  # one job as wide as the scale target's 128 nodes (1 pass)
 QUICK_WIDE_HOSTS, QUICK_WIDE_STEPS = 16, 6

@@ -37,7 +37,7 @@ from obshub.rules.engine import Engine
 from obshub.rules.loader import load_ruleset
 from obshub.streams import accumulate, analysis, synthetic
 
-BUILTIN = Path(__file__).resolve().parent.parent / "rules" / "builtin"
+BUILTIN = Path(__file__).resolve().parent.parent / "obshub" / "rules" / "builtin"
 WIDTHS = (8, 128, 512, 2048)
 QUICK_WIDTHS = (8, 128, 512)
 SMOKE_WIDTHS = (8, 32)  # what ``python -m bench rules_throughput --quick`` runs

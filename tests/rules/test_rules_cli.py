@@ -58,7 +58,7 @@ def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_builtin_pack_tests_pass_via_cli():
-    files = sorted(str(p) for p in (REPO / "rules" / "builtin" / "tests").glob("*.yaml"))
+    files = sorted(str(p) for p in (REPO / "obshub" / "rules" / "builtin" / "tests").glob("*.yaml"))
     assert len(files) >= 3
     res = run("rules", "test", *files)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -276,7 +276,7 @@ def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
     )
     shown = re.search(r"# (team/slow_sync\.yaml:\d+:\d+: .*)", doc).group(1)
     assert res.stderr.splitlines()[0] == shown.replace("slow_sync.yaml", "bad.yaml")
-    for rid, rule in load_ruleset([REPO / "rules" / "builtin"]).rules.items():
+    for rid, rule in load_ruleset([REPO / "obshub" / "rules" / "builtin"]).rules.items():
         assert f"\n### {rid}\n" in doc, f"docs/RULES.md has no runbook section for {rid}"
         assert rule.runbook == f"docs/RULES.md#{rid}"
     for name in list(EVENT_VARS) + list(HEALTH_VARS):

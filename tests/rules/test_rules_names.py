@@ -32,7 +32,7 @@ rules:
 
 
 def test_route_names_accept_what_sink_names_accept(tmp_path):
-    schema = json.loads((Path(__file__).resolve().parents[2] / "rules" / "schema.json").read_text())
+    schema = json.loads((Path(__file__).resolve().parents[2] / "obshub" / "rules" / "schema.json").read_text())
     assert schema["$defs"]["sink_name"]["pattern"] == SINK_NAME_PATTERN
     SinkSpec(name="oncall-slack", type="console")
     f = tmp_path / "r.yaml"

@@ -27,7 +27,7 @@ def run_pack(scn) -> list[dict]:
         for ev in b.events:
             by_step.setdefault(ev.step, []).append(fields.event_record(b, ev))
     changes: list[dict] = []
-    engine = Engine(load_ruleset([REPO / "rules" / "builtin"]), changes.append)
+    engine = Engine(load_ruleset([REPO / "obshub" / "rules" / "builtin"]), changes.append)
     for (_job, step), summary in sorted(summaries.items(), key=lambda kv: kv[0][1]):
         evs = sorted(by_step.get(step, []), key=lambda r: r["time_ns"])
         for rec in evs:

@@ -208,7 +208,7 @@ def test_annotation_templates_checked(tmp_path):
 
 
 def test_builtin_pack_is_valid():
-    rs = load_ruleset([REPO / "rules" / "builtin"])
+    rs = load_ruleset([REPO / "obshub" / "rules" / "builtin"])
     assert "rdma_slow_completion_on_straggler" in rs.rules and len(rs.rules) >= 10
     assert rs.inhibit and rs.inhibit[0].equal == ["job", "host"]
 

@@ -19,7 +19,7 @@ from obshub.rules.testing import BASE_NS
 from obshub.rules.window import Window
 
 S = 1_000_000_000
-BUILTIN = Path(__file__).resolve().parents[2] / "rules" / "builtin"
+BUILTIN = Path(__file__).resolve().parents[2] / "obshub" / "rules" / "builtin"
 
 RULES = """\
 version: 1
