@@ -16,7 +16,10 @@ lint: setup
 	@.venv/bin/ruff format --check .
 	@.venv/bin/mypy
 
+# test: also builds (first time: minutes) and caches the Go programs the deployment tests run for real
+# (Prometheus, Alertmanager, helm; tests/support/gobuild.py), which the demo never needs
 test: lint
+	@.venv/bin/python -m tests.support.gobuild
 	@.venv/bin/python -m pytest -q -ra --durations=15 tests
 
 # test-fast: the unit tests alone (no broker, no BPF, no torch), in under a minute

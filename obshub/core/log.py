@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Any, Callable
 
@@ -50,14 +49,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)
-
-
-def wanted_format(option: str | None = None) -> str:
-    """``option`` when given, else ``$OBSHUB_LOG_FORMAT``, else ``text``. Raises ValueError on another value."""
-    fmt = (option or os.environ.get("OBSHUB_LOG_FORMAT") or "text").lower()
-    if fmt not in FORMATS:
-        raise ValueError(f"log format {fmt!r} is not one of {', '.join(FORMATS)} (OBSHUB_LOG_FORMAT or --log-format)")
-    return fmt
 
 
 def setup(level: int | str, fmt: str, component: str, text_format: str, filename: str | None = None) -> None:

@@ -635,16 +635,6 @@ def _extra_data_reason(data: bytes, exc: msgpack.ExtraData) -> str:
     )
 
 
-def peek_version(data: bytes) -> int | None:
-    """Best-effort schema version of a message, for DLQ reasons; None when it cannot be read."""
-    try:
-        raw = msgpack.unpackb(data, raw=False, max_str_len=MAX_STR_LEN, max_array_len=MAX_EVENTS_PER_BATCH)
-    except Exception:
-        return None
-    v = raw.get("v") if isinstance(raw, dict) else None
-    return v if isinstance(v, int) else None
-
-
 def event_layer(kind: int) -> Layer:
     """The layer a kind belongs to. Raises ValueError for an unknown kind."""
     return KIND_INFO[Kind(kind)].layer

@@ -518,11 +518,6 @@ class BpfEventSource:
         except Exception as exc:
             raise ProbeError(f"Failed to attach {fn_name} to {path}:{symbol}: {exc}") from None
 
-    def watch_pid(self, pid: int) -> None:
-        """Watch one more process now (in addition to the Target), with its threads."""
-        self.target = self.target.with_pid(pid)
-        self._refresh_target(force=True)
-
     # -- EventSource ----------------------------------------------------------------------------------
     def _drain(self, timeout_ms: int, table: bytes, quiet_ms: int = 0) -> list:
         """Sysfs events, then what the ring buffer holds (waiting up to ``timeout_ms`` when both are

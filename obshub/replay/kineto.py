@@ -171,13 +171,6 @@ class KinetoFile:
         except (ijson.JSONError, OSError, EOFError, zlib.error):
             return False
 
-    def scan_header(self) -> dict[str, Any]:
-        """Read the whole file once (if not yet done) and return :attr:`header`."""
-        if not self._scanned:
-            for _ in self.events():
-                pass
-        return self.header
-
     @property
     def base_ns(self) -> int:
         """``baseTimeNanoseconds`` or 0 (absolute µs timestamps). Valid after a complete pass."""

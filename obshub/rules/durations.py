@@ -16,14 +16,3 @@ def parse_duration_ns(text: str) -> int:
     if not isinstance(text, str) or not _RE.match(text):
         raise ValueError(f"{text!r} is not a duration (examples: 500ms, 30s, 5m, 1h30m)")
     return sum(int(n) * _UNIT_NS[u] for n, u in _PART.findall(text))
-
-
-def format_ns(ns: int) -> str:
-    """Short human form of a duration in ns: ``90 s``, ``1.5 ms``, ``20 µs``."""
-    if ns >= 1_000_000_000:
-        return f"{ns / 1e9:g} s"
-    if ns >= 1_000_000:
-        return f"{ns / 1e6:g} ms"
-    if ns >= 1_000:
-        return f"{ns / 1e3:g} µs"
-    return f"{ns} ns"

@@ -622,12 +622,3 @@ def files_index(files: list[Path], file: str) -> int:
     """Position of ``file`` in the load order (for sorting problems)."""
     names = [str(f) for f in files]
     return names.index(file) if file in names else len(names)
-
-
-def check_files(paths: list[Path | str]) -> list[Problem]:
-    """Every problem of the given rule files (empty list when all are valid)."""
-    try:
-        load_ruleset(paths)
-    except RuleValidationError as exc:
-        return exc.problems
-    return []

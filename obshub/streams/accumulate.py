@@ -413,8 +413,3 @@ def merge(into: dict, part: dict) -> dict:
             for i, v in enumerate(vals[:5]):
                 slot[i] += v
     return into
-
-
-def layer_of(kind: int) -> str:
-    """The layer name of a kind (``schema.event_layer``), for callers that only hold the integer."""
-    return schema.event_layer(kind).value

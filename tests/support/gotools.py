@@ -1,5 +1,5 @@
 """Test harness around the real Go programs (Prometheus, Alertmanager, helm) that the set-up builds and
-caches (obshub/gotools.py), and the processes the deployment tests start: each runs in its own session
+caches (tests/support/gobuild.py), and the processes the deployment tests start: each runs in its own session
 so it can be stopped as a group, with its output in a log file whose tail goes into every failure."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import httpx
 
-from obshub import gotools
 from obshub.core.settings import load_settings
+from tests.support import gobuild
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def tool(name: str) -> Path:
     """The cached binary of Go tool ``name``, built now when missing (minutes, once per cache)."""
-    return gotools.ensure(load_settings().cache, name, progress=lambda m: print(m, file=sys.stderr))
+    return gobuild.ensure(load_settings().cache, name, progress=lambda m: print(m, file=sys.stderr))
 
 
 def free_port() -> int:

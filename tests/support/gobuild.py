@@ -192,3 +192,27 @@ def ensure(cache: Path, name: str, progress: Callable[[str], None] = lambda _m: 
     tmp.rename(target.parent)
     progress(f"{t.name} {t.version} built: {target}")
     return target
+
+
+def main() -> int:
+    """``python -m tests.support.gobuild``: build (or find cached) every tool of ``TOOLS`` in
+    ``$OBSHUB_CACHE/go``; ``make test`` runs it before the suite so no test waits minutes for a build.
+    Exit 0 when every tool is there, 1 with the reason on a failed build."""
+    import sys
+
+    from obshub.core.settings import load_settings
+
+    cache = load_settings().cache
+    say = lambda m: print(f"test tools: {m}", flush=True)  # noqa: E731
+    try:
+        for name in TOOLS:
+            path = ensure(cache, name, progress=say)
+            say(f"{name} {TOOLS[name].version}: {path}")
+    except GoToolError as exc:
+        print(f"test tools: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
