@@ -16,6 +16,7 @@ setup(
         Extension(
             "obshub.producer._ring",
             sources=["obshub/producer/_ring.c"],
+            depends=["obshub/bpf/record.h"],  # struct obs_event, generated from obshub/producer/record.py
             extra_compile_args=["-O2", "-Wall"],
         ),
     ],

@@ -30,7 +30,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.obshub-installed
-want=$(cat pyproject.toml $(ls obshub/instrument/*.c obshub/producer/*.c 2>/dev/null) | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml $(ls obshub/instrument/*.c obshub/producer/*.c obshub/bpf/record.h 2>/dev/null) | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "installing obshub and its dependencies into .venv (PyTorch is large: first run takes minutes; pip caches it)"
   .venv/bin/pip install -q --upgrade pip

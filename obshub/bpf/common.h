@@ -1,5 +1,5 @@
 /* obshub BPF common header: the event record shared by every layer and by user space
- * (obshub/producer/reader.py mirrors `struct obs_event` with a precompiled struct.Struct), the maps every
+ * (`struct obs_event`, from record.h: generated from obshub/producer/record.py), the maps every
  * layer shares, and the helpers that tag an event with its thread's TraceKey.
  *
  * Compiled by bcc together with the layer files the loader selects (obshub/bpf/obshub.c includes them).
@@ -26,27 +26,10 @@
 #ifndef OBS_MAX_TIDS
 #define OBS_MAX_TIDS 65536
 #endif
-#define OBS_STR0_LEN 64
-#define OBS_STR1_LEN 32
-
-/* One event, 176 bytes. Per-kind meaning of value/arg0..arg3/str0/str1: docs/AGENT.md "Probes". */
-struct obs_event {
-    u64 ts_ns;        /* bpf_ktime_get_ns(): CLOCK_MONOTONIC of this host, ns */
-    u64 duration_ns;  /* per kind, ns (0 when the kind has no duration) */
-    u64 trace_key;    /* TraceKey of the thread when the event happened (0 = none) */
-    s64 step;         /* full step number of the thread (-1 = none) */
-    s64 value;        /* per kind (schema.KIND_INFO[kind].value) */
-    u64 arg0;         /* per kind */
-    u64 arg1;
-    u64 arg2;
-    u32 pid;          /* tgid of the process the event belongs to */
-    u32 tid;          /* thread id (0 when not tied to a thread) */
-    u16 kind;         /* schema.Kind */
-    u16 probe;        /* probe id (obshub/producer/probes.py) */
-    u32 arg3;
-    char str0[OBS_STR0_LEN];
-    char str1[OBS_STR1_LEN];
-};
+/* struct obs_event, one event of 176 bytes: generated from obshub/producer/record.py (the one definition the
+ * agent's C reader and Python decoder follow too). Per-kind meaning of value/arg0..arg3/str0/str1: docs/AGENT.md
+ * "Probes". */
+#include "record.h"
 
 /* Per-step aggregates, one per process (a training rank), kept in the kernel and shipped as one record
  * per process and step by the step_end USDT handler (obshub/bpf/pytorch.c), which then resets them. Histograms

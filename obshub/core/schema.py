@@ -406,6 +406,24 @@ class Event(NamedTuple):
     payload: dict | None = None
 
 
+# What a valid event is, stated once: the inclusive range of each integer field (the payload is a map of
+# at most MAX_PAYLOAD_KEYS string keys to str (<= MAX_STR_LEN), int, float, bool or nil, or nil).
+# validate_event below and the msgspec decoders (obshub.core.wiretypes, used by obshub.streams.wire and
+# obshub.rules.intake) are built from it; a new field is a field of Event plus, if an integer, its range.
+EVENT_INT_RANGES: dict[str, tuple[int, int]] = {
+    "kind": (0, 255),  # and a member of Kind
+    "ts_ns": (0, 2**63 - 1),
+    "duration_ns": (0, 2**63 - 1),
+    "trace_key": (0, U64_MAX),
+    "step": (-1, 2**63 - 1),
+    "pid": (0, 2**32 - 1),
+    "tid": (0, 2**32 - 1),
+    "gpu": (-1, 65535),
+    "value": (-(2**63), 2**63 - 1),
+}
+assert EVENT_FIELDS == Event._fields and set(EVENT_INT_RANGES) == set(EVENT_FIELDS) - {"payload"}
+
+
 @dataclass
 class Clock:
     """The agent's clock relation: ``realtime_ns = monotonic_ns + offset_ns`` within ``± uncertainty_ns``;
@@ -489,20 +507,15 @@ def validate_event(raw: Any, where: str = "event") -> Event:
         raise SchemaError(where, f"expected an array of {_N_FIELDS} fields, got {type(raw).__name__}")
     if len(raw) != _N_FIELDS:
         raise SchemaError(where, f"expected {_N_FIELDS} fields {EVENT_FIELDS}, got {len(raw)}")
-    kind, ts, dur, tk, step, pid, tid, gpu, value, payload = raw
-    _check_int(f"{where}.kind", kind, 0, 255)
-    try:
-        Kind(kind)
-    except ValueError:
-        raise SchemaError(f"{where}.kind", f"unknown event kind {kind}") from None
-    _check_int(f"{where}.ts_ns", ts, 0, _I64[1])
-    _check_int(f"{where}.duration_ns", dur, 0, _I64[1])
-    _check_int(f"{where}.trace_key", tk, 0, U64_MAX)
-    _check_int(f"{where}.step", step, -1, _I64[1])
-    _check_int(f"{where}.pid", pid, 0, 2**32 - 1)
-    _check_int(f"{where}.tid", tid, 0, 2**32 - 1)
-    _check_int(f"{where}.gpu", gpu, -1, 65535)
-    _check_int(f"{where}.value", value, *_I64)
+    for name, v in zip(EVENT_FIELDS, raw):
+        if name != "payload":
+            _check_int(f"{where}.{name}", v, *EVENT_INT_RANGES[name])
+        if name == "kind":
+            try:
+                Kind(v)
+            except ValueError:
+                raise SchemaError(f"{where}.kind", f"unknown event kind {v}") from None
+    payload = raw[-1]
     if payload is not None:
         if not isinstance(payload, dict):
             raise SchemaError(f"{where}.payload", f"expected a map or nil, got {type(payload).__name__}")
@@ -515,7 +528,7 @@ def validate_event(raw: Any, where: str = "event") -> Event:
                 raise SchemaError(f"{where}.payload.{k}", f"string exceeds {MAX_STR_LEN} characters")
             if not isinstance(v, (str, int, float, bool)) and v is not None:
                 raise SchemaError(f"{where}.payload.{k}", f"unsupported value type {type(v).__name__}")
-    return Event(kind, ts, dur, tk, step, pid, tid, gpu, value, payload)
+    return Event(*raw)
 
 
 _ENVELOPE_KEYS = {"v", "job", "host", "host_id", "agent_id", "seq", "sent_ns", "clock", "events"}

@@ -51,7 +51,7 @@
 #define RB_DISCARD_BIT (1u << 30)
 #define RB_HDR_SZ 8u
 
-#define EV_SIZE 176
+#define EV_SIZE OBS_EVENT_SIZE
 #define FMT_PY 0
 #define FMT_NIL 1
 #define FMT_PHASE 2
@@ -61,17 +61,9 @@
 #define FMT_MEMSTEP 6
 #define FMT_CUDASTEP 7
 
-/* struct obs_event (obshub/bpf/common.h), little-endian x86-64/arm64 layout */
-struct obs_event {
-    uint64_t ts_ns, duration_ns, trace_key;
-    int64_t step, value;
-    uint64_t arg0, arg1, arg2;
-    uint32_t pid, tid;
-    uint16_t kind, probe;
-    uint32_t arg3;
-    char str0[64];
-    char str1[32];
-};
+/* struct obs_event: generated from obshub/producer/record.py, the same header the BPF programs include */
+#include <linux/types.h>
+#include "../bpf/record.h"
 
 typedef struct {
     PyObject_HEAD

@@ -22,10 +22,11 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from obshub.core.schema import KIND_INFO, Event, Kind
+from obshub.producer import record
 
-# struct obs_event (obshub/bpf/common.h): 8 x u64/s64, 2 x u32, 2 x u16, u32, char[64], char[32]
-EVENT_STRUCT = struct.Struct("<QQQqqQQQIIHHI64s32s")
-EVENT_SIZE = EVENT_STRUCT.size  # 176
+# struct obs_event: one definition, obshub/producer/record.py (the BPF programs' and _ring.c's header follows it)
+EVENT_STRUCT = record.RECORD_STRUCT
+EVENT_SIZE = record.RECORD_SIZE  # 176
 
 
 class PackedRun(NamedTuple):

@@ -48,12 +48,12 @@ decoders never accept what that path refuses, and give the same records
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 import msgspec
 from msgspec import Meta
 
-from obshub.core import schema
+from obshub.core import schema, wiretypes
 from obshub.rules import fields
 from obshub.rules.model import RuleSet
 
@@ -66,30 +66,9 @@ def decode_step(value: bytes | None) -> dict:
 # -- event batches: decode only what the rules read ---------------------------------------------------------
 ALL_KINDS: frozenset[int] = frozenset(int(k) for k in schema.Kind)
 _STR_FAST = schema.MAX_STR_LEN // 4  # characters: at most 4 UTF-8 bytes each, so within the byte limit too
-_Str = Annotated[str, Meta(min_length=1, max_length=_STR_FAST)]
-_Text = Annotated[str, Meta(max_length=_STR_FAST)]
-_U63 = Annotated[int, Meta(ge=0, le=schema.I64_MAX)]
-_I64 = Annotated[int, Meta(ge=schema.I64_MIN, le=schema.I64_MAX)]
-_U32 = Annotated[int, Meta(ge=0, le=2**32 - 1)]
 _NONE = Annotated[int, Meta(ge=1, le=0)]  # no value satisfies it: an 11th element of an event is refused
-_Payload = Annotated[dict[_Text, Union[_Text, int, float, bool, None]], Meta(max_length=schema.MAX_PAYLOAD_KEYS)]
-
-
-class _Clock(msgspec.Struct, forbid_unknown_fields=True):
-    offset_ns: _I64
-    uncertainty_ns: _U63
-    tai_offset_ns: _I64 = 0
-
-
-class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
-    v: Literal[1]
-    job: _Str
-    host: _Str
-    host_id: Annotated[int, Meta(ge=0, le=schema.HOST_ID_MAX)]
-    agent_id: _Str
-    seq: _U63
-    sent_ns: _U63
-    clock: _Clock
+# the envelope's and the events' types: obshub.core.wiretypes, built from schema (one definition)
+_Envelope = msgspec.defstruct("_Envelope", wiretypes.envelope_fields(_STR_FAST), forbid_unknown_fields=True)
 
 
 class _Peek(msgspec.Struct, array_like=True):
@@ -98,18 +77,8 @@ class _Peek(msgspec.Struct, array_like=True):
     kind: int
 
 
-_EVENT_FIELDS = [
-    ("ts_ns", _U63),
-    ("duration_ns", _U63),
-    ("trace_key", Annotated[int, Meta(ge=0)]),  # msgpack integers end at schema.U64_MAX
-    ("step", Annotated[int, Meta(ge=-1, le=schema.I64_MAX)]),
-    ("pid", _U32),
-    ("tid", _U32),
-    ("gpu", Annotated[int, Meta(ge=-1, le=65535)]),
-    ("value", _I64),
-    ("payload", Optional[_Payload]),
-    ("extra_", _NONE, 0),
-]
+# every field but the kind (the tag of each kind's struct), then a sentinel that refuses an 11th element
+_EVENT_FIELDS = [*wiretypes.event_fields(_STR_FAST)[1:], ("extra_", _NONE, 0)]
 
 
 class _Loose(msgspec.Struct, forbid_unknown_fields=True):

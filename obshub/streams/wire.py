@@ -22,60 +22,28 @@ so values recovered from a changelog merge like in-process ones.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NamedTuple, Optional, Union
+from typing import Annotated, Any, NamedTuple
 
 import msgspec
 from faust.serializers import codecs
 from msgspec import Meta
 
-from obshub.core import schema
-from obshub.core.schema import Kind
+from obshub.core import schema, wiretypes
 
-_I64_MAX = 2**63 - 1
-_Str = Annotated[str, Meta(min_length=1, max_length=schema.MAX_STR_LEN)]
-_Text = Annotated[str, Meta(max_length=schema.MAX_STR_LEN)]
-_U63 = Annotated[int, Meta(ge=0, le=_I64_MAX)]
-_I64 = Annotated[int, Meta(ge=-(2**63), le=_I64_MAX)]
-_U32 = Annotated[int, Meta(ge=0, le=2**32 - 1)]
-_Payload = Annotated[dict[_Text, Union[_Text, int, float, bool, None]], Meta(max_length=schema.MAX_PAYLOAD_KEYS)]
+# The event's and the envelope's types come from obshub.core.wiretypes, built from schema: one definition.
+#: One event as decoded by the worker: the fields of ``schema.Event`` (same names, order, ranges).
+WireEvent = NamedTuple("WireEvent", wiretypes.event_fields(schema.MAX_STR_LEN))  # type: ignore[misc]
+WireClock = wiretypes.WireClock
 
-
-class WireEvent(NamedTuple):
-    """One event as decoded by the worker: the fields of ``schema.Event`` (same names, order, ranges)."""
-
-    kind: Kind
-    ts_ns: _U63
-    duration_ns: _U63
-    trace_key: Annotated[int, Meta(ge=0)]  # msgpack integers end at 2**64 - 1 = schema.U64_MAX
-    step: Annotated[int, Meta(ge=-1, le=_I64_MAX)]
-    pid: _U32
-    tid: _U32
-    gpu: Annotated[int, Meta(ge=-1, le=65535)]
-    value: _I64
-    payload: Optional[_Payload]
-
-
-class WireClock(msgspec.Struct, forbid_unknown_fields=True):
-    """``schema.Clock``. Unknown keys are rejected here (msgspec would skip them unchecked); the reference
-    decoder then decides, and accepts them."""
-
-    offset_ns: _I64
-    uncertainty_ns: _U63
-    tai_offset_ns: _I64 = 0
-
-
-class WireBatch(msgspec.Struct, forbid_unknown_fields=True):
-    """``schema.Batch`` of schema version 1 (unknown envelope keys rejected, like the reference)."""
-
-    v: Literal[1]
-    job: _Str
-    host: _Str
-    host_id: Annotated[int, Meta(ge=0, le=schema.HOST_ID_MAX)]
-    agent_id: _Str
-    seq: _U63
-    sent_ns: _U63
-    clock: WireClock
-    events: Annotated[list[WireEvent], Meta(max_length=schema.MAX_EVENTS_PER_BATCH)]
+#: ``schema.Batch`` of schema version 1 (unknown envelope keys refused, like the reference).
+WireBatch = msgspec.defstruct(
+    "WireBatch",
+    [
+        *wiretypes.envelope_fields(schema.MAX_STR_LEN),
+        ("events", Annotated[list[WireEvent], Meta(max_length=schema.MAX_EVENTS_PER_BATCH)]),
+    ],
+    forbid_unknown_fields=True,
+)
 
 
 _batch_decoder = msgspec.msgpack.Decoder(WireBatch)
