@@ -136,7 +136,7 @@ def test_stage_split_of_sampled_stacks():
         [
             "_run_once (asyncio/base_events.py:1);ingest (obshub/streams/app.py:270);ingest_one (obshub/streams/app.py:220) 5",
             "_run_once (asyncio/base_events.py:1);fold (obshub/streams/app.py:390);fold_one (obshub/streams/app.py:370);"
-            "close (obshub/streams/app.py:290);summarize (obshub/streams/analysis.py:310) 3",
+            "close (obshub/streams/app.py:290);summarize (obshub/streams/analysis/:310) 3",
             "_run_once (asyncio/base_events.py:1);fold_agent (obshub/streams/app.py:390);Fold.part (obshub/streams/fold.py:340) 2",
             "_run_once (asyncio/base_events.py:1);fold_agent (obshub/streams/app.py:390);"
             "Table.__setitem__ (faust/tables/table.py:80) 1",
@@ -222,7 +222,7 @@ def test_stage_split_follows_classes_and_modules():
             "ingest (obshub/streams/app.py:188);one (obshub/streams/app.py:161);Ingest.handle (obshub/streams/ingest.py:50) 4",
             "fold_agent (obshub/streams/app.py:204);Fold.apply (obshub/streams/fold.py:90);Fold.part (obshub/streams/fold.py:200) 3",
             "fold_agent (obshub/streams/app.py:204);Fold.apply (obshub/streams/fold.py:90);Fold.close (obshub/streams/fold.py:250);"
-            "summarize (obshub/streams/analysis.py:302) 2",
+            "summarize (obshub/streams/analysis/:302) 2",
         ]
     )
     assert stages.parse(raw, "worker") == {"ingest": 4, "fold": 3, "close": 2}

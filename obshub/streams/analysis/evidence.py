@@ -1,0 +1,107 @@
+"""The job's baseline (median, p99, spread of recent step times) and the sequential evidence per (host,
+layer) that the rules' CUSUM sums (docs/ANALYSIS.md "Sequential detection")."""
+
+from __future__ import annotations
+
+from obshub.streams.analysis.network import net_evidence
+from obshub.streams.analysis.stats import LeaveOneOut, median_int, p99_int, quantile_int
+from obshub.streams.analysis.thresholds import Thresholds
+
+
+def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:
+    """``{median_ns, p99_ns, n, spread_ns}`` over the last ``baseline_n`` entries ``[step,
+    step_time_max_ns, late_max_ns]`` of the job's history with a step number below ``step`` (entries
+    of two values, written by an older worker, have no lateness). ``spread_ns`` is the job's recent spread
+    of lateness: ``max(spread_min_ns, spread_rel * median_ns, quantile_int(late_max_ns, spread_q))``, a
+    high quantile because lateness on a shared machine is heavy-tailed (docs/ANALYSIS.md "Sequential
+    detection")."""
+    prior = sorted((e[0], e[1], e[2] if len(e) > 2 else None) for e in history if e[0] < step)[-th.baseline_n :]
+    times = [t for _s, t, _l in prior]
+    med = median_int(times)
+    lates = [x for _s, _t, x in prior if x is not None]
+    spread = max(th.spread_min_ns, int(th.spread_rel * med), quantile_int(lates, th.spread_q))
+    return {"median_ns": med, "p99_ns": p99_int(times), "n": len(times), "spread_ns": spread}
+
+
+EVIDENCE_LAYERS = ("sched", "memory", "cuda", "nic", "network", "pytorch")
+"""Layers the sequential evidence covers (``evidence``); each host entry carries all of them."""
+
+
+TIME_EVIDENCE = ("sched", "memory", "cuda", "nic")
+"""The time layers of the evidence: the host's own lost time that made it late."""
+
+
+def evidence(
+    accs: dict[str, dict],
+    late: dict[str, int],
+    layers: dict,
+    bl: dict,
+    th: Thresholds,
+    recent_directed: bool = False,
+    stats: tuple | None = None,
+    window_stats: tuple | None = None,
+) -> dict:
+    """Per-step evidence for the rules' sequential test (docs/ANALYSIS.md "Sequential detection"):
+    ``{"spread_ns": s, "hosts": {host: {layer: z}}}`` with ``z`` in units of the job's recent spread
+    ``s`` (``bl["spread_ns"]``), clipped to ``[0, evidence_clip]``, rounded to 3 places; a host appears
+    only when one of its values is above 0.
+
+    - time layers L (sched, memory, cuda, nic): ``min(late(h), excess(h, L)) / s``: the host's own layer
+      time above the median of its peers, counted only as far as it made the host late (a victim is not
+      late; a host whose extra layer time delayed nobody is no culprit);
+    - pytorch: ``max(0, late(h) - sum of those excesses) / s``: lateness no lower layer explains;
+    - network (>= 3 hosts, from ``net_stats``): the larger of ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and
+      ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)``, ``m_*`` the median over the other hosts: loss or
+      delay on every busy connection of the host (its late arrival is not needed: a slow link slows
+      every rank alike). A host's own retransmit count is no evidence against it: a segment is
+      retransmitted by its sender, which is the peer of the host whose link drops it.
+
+    One cause per host and step: a host with connection-based network evidence keeps only that, unless
+    its time-layer evidence reaches ``min(1, network evidence)`` (its own lost time made it at least one
+    spread late): then it keeps only the time layers. A slow link makes its host late without any
+    run-queue or memory excess, while a host starved of CPU or stalled in reclaim answers its peers late,
+    which raises the RTT of all of its connections. Lateness-based values need a
+    baseline (``bl["n"] >= baseline_min_n``): the start of a job is noisy. ``recent_directed``, ``stats``:
+    see ``net_evidence``."""
+    s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
+    clip = th.evidence_clip
+
+    def layer_value(g: str, layer: str, field: str) -> int:
+        return layers.get(g, {}).get(layer, {}).get(field, 0)
+
+    out: dict[str, dict[str, float]] = {}
+
+    def put(h: str, layer: str, z: float) -> None:
+        z = round(min(clip, max(0.0, z)), 3)
+        if z > 0:
+            out.setdefault(h, dict.fromkeys(EVIDENCE_LAYERS, 0.0))[layer] = z
+
+    if bl.get("n", 0) >= th.baseline_min_n and len(accs) >= 2:
+        peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
+        for h, lt in late.items():
+            if lt <= 0:
+                continue
+            explained = 0
+            for layer in TIME_EVIDENCE:
+                mine = layer_value(h, layer, "time_ns")
+                peer = peer_time[layer].median_without(mine)
+                ex = max(0, mine - peer)
+                explained += ex
+                put(h, layer, min(lt, ex) / s)
+            put(h, "pytorch", (lt - explained) / s)
+    for h, (z_net, *_stats) in net_evidence(accs, th, recent_directed, stats, window_stats).items():
+        mine = out.get(h, {})
+        z_time = max((mine.get(layer, 0.0) for layer in TIME_EVIDENCE), default=0.0)
+        if z_time >= min(1.0, z_net):
+            continue  # its own CPU or memory made it late, and slow to answer on every connection
+        # its connections explain its lateness (a slow link delays its own collectives): no other
+        # layer of it is the culprit in this step
+        out[h] = dict.fromkeys(EVIDENCE_LAYERS, 0.0)
+        out[h]["network"] = z_net
+    return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
+
+
+def history_entry(summary: dict) -> list[int]:
+    """The job-history entry of a closed step: ``[step, step_time_max_ns, late_max_ns]`` (the largest
+    lateness of any host in the step, the sample of the job's spread of lateness)."""
+    return [summary["step"], summary["step_time_max_ns"], int(summary.get("late_max_ns") or 0)]

@@ -1,0 +1,279 @@
+"""Network blame by connection: retransmit statistics per host and connection, the window of recent steps,
+the network evidence and the retransmits toward a host (docs/ANALYSIS.md)."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from obshub.core.schema import Layer
+from obshub.streams.analysis.stats import LeaveOneOut, median_int
+from obshub.streams.analysis.thresholds import Thresholds
+
+
+def net_stats(
+    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, window: dict | None = None
+) -> tuple[dict[str, int], dict[str, int], bool, dict[str, int | None]]:
+    """Per host ``(rx, rtt)``: the fewest retransmits and the lowest mean RTT (ns) over its busy
+    connections (0 with fewer than 2 busy connections); definitions in ``net_blame``. The third value
+    says whether the step's counts meet the directed view's condition (below). The fourth, per host and
+    only with a ``window`` (else empty), ``ref``: the median retransmits of one connection among the busy
+    connections (of any host) that do not end at the host, None when there are none: what one connection
+    carries where the host is not involved, the reference of its ``rx`` in ``net_evidence``.
+
+    Retransmits are read in the *directed view* when it applies: a retransmit is counted by its sender,
+    so per host and busy connection there are those sent toward it and those it sent. When some host
+    has at least ``net_count_min`` retransmits on every busy connection in one direction (all toward it:
+    segments to it are lost; or all from it), every host's ``rx`` is the larger of its two directed
+    minima. A neighbour of a lossy host shares one lossy connection whose retransmits go toward the
+    lossy host, so its other connections must lose in the same direction by chance to count, instead of
+    in either direction. Otherwise (traffic in one direction per connection, as in a one-way ring, or
+    accumulators of an older worker without the direction) ``rx`` is the minimum of both directions
+    together (docs/ANALYSIS.md "Network blame by connection"). With ``recent_directed`` (a recent step of
+    the job met the condition: its traffic runs both ways on its connections) the directed view applies
+    although no host meets it in this step: a step whose few retransmits toward the lossy host happen to
+    miss one of its connections then blames nobody, instead of the neighbour that sends into the drops
+    and saw a retransmit or two on its other connection.
+
+    ``window`` (``net_window``, for a slowed step): the retransmits of the job's recent steps per
+    connection, added to this step's on the connections this step has (which connections are busy is
+    still this step's traffic), for the hosts with a retransmit of their own on one of their busy
+    connections in this step (docs/ANALYSIS.md "Loss over a window of steps")."""
+    owner: dict[str, str] = {}
+    pairs: dict[str, list[int]] = {}
+    for host, acc in accs.items():
+        net = acc.get("net") or {}
+        for addr in net.get("addrs") or {}:
+            owner.setdefault(addr, host)
+        for key, vals in (net.get("pairs") or {}).items():
+            slot = pairs.setdefault(key, [0, 0, 0, 0, 0])
+            for i, v in enumerate(vals[:5]):
+                slot[i] += v
+    base: dict[str, int] | None = None  # this step's own retransmits per connection, when a window adds
+    if window:
+        base = {key: vals[1] for key, vals in pairs.items()}
+        for key, w in window.items():
+            slot = pairs.get(key)
+            if slot is not None:
+                slot[1] += w[0]
+                slot[3] += w[1]
+                slot[4] += w[2]
+    # per host: (pair values, retransmits toward the host, retransmits sent by the host, pair key)
+    conns: dict[str, list[tuple[list[int], int, int, str]]] = {}
+    for key, vals in pairs.items():
+        a, _, b = key.partition("|")
+        ha, hb = owner.get(a), owner.get(b)
+        if ha is None or hb is None or ha == hb:
+            continue
+        conns.setdefault(ha, []).append((vals, vals[4], vals[3], key))
+        conns.setdefault(hb, []).append((vals, vals[3], vals[4], key))
+    rx: dict[str, int] = {}
+    directed: dict[str, int] = {}
+    rtt: dict[str, int] = {}
+    busy_of: dict[str, list[str]] = {}
+    for host in accs:
+        cs = conns.get(host, [])
+        top = max((c[0][0] for c in cs), default=0)
+        busy = [c for c in cs if top > 0 and c[0][0] >= th.net_busy_rel * top]
+        busy_of[host] = [c[3] for c in busy]
+        if len(busy) >= 2:
+            if base is not None and not any(base[c[3]] for c in busy):
+                # no retransmit of this step on its busy connections (so none in this step's own counts
+                # on all of them): the window's do not make it lossy now
+                rx[host] = directed[host] = 0
+            else:
+                rx[host] = min(c[0][1] for c in busy)
+                directed[host] = max(min(c[1] for c in busy), min(c[2] for c in busy))
+            rtt[host] = min(c[0][2] // c[0][0] for c in busy)
+        else:
+            rx[host] = directed[host] = rtt[host] = 0
+    own = any(v >= th.net_count_min for v in directed.values())
+    # over a window, both directions together: its reference per connection (below) keeps a neighbour of
+    # a lossy host from standing out, and a lossy host's connections carry retransmits both ways
+    use_directed = (own or recent_directed) and not window
+    if use_directed:
+        rx = directed
+    # the reference per host: the median over the busy connections (of any host) that do not end at it,
+    # all of them sorted once and each host's own left out (O(E log E) for E connections, not O(H E))
+    ref: dict[str, int | None] = {}
+    if window:
+        counts: dict[str, int] = {}
+        ends: dict[str, list[int]] = {}
+        for keys in busy_of.values():
+            for key in keys:
+                if key not in counts:
+                    a, _, b = key.partition("|")
+                    vals = pairs[key]
+                    n = counts[key] = vals[1]
+                    ends.setdefault(owner[a], []).append(n)
+                    ends.setdefault(owner[b], []).append(n)
+        loo = LeaveOneOut(counts.values())
+        for host in accs:
+            mine = ends.get(host, [])
+            ref[host] = loo.median_without_all(mine) if len(counts) > len(mine) else None
+    return rx, rtt, own, ref
+
+
+def net_window_part(accs: dict[str, dict]) -> dict[str, list[int]]:
+    """One step's share of a job's retransmit window: ``{"<a>|<b>": [retransmits, a_to_b, b_to_a]}``
+    summed over the hosts' accumulators, only connections with a retransmit (a clean step adds nothing).
+    The worker keeps the parts of a job's last ``Thresholds.net_window_steps`` closed steps and passes
+    their sum (``net_window``) to ``summarize``."""
+    out: dict[str, list[int]] = {}
+    for acc in accs.values():
+        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+            if len(vals) > 1 and vals[1] > 0:
+                slot = out.setdefault(key, [0, 0, 0])
+                slot[0] += vals[1]
+                if len(vals) >= 5:
+                    slot[1] += vals[3]
+                    slot[2] += vals[4]
+    return out
+
+
+def net_window(parts: Iterable[dict[str, list[int]]]) -> dict[str, list[int]]:
+    """The sum of ``net_window_part`` results: the retransmits per connection of a job's recent steps."""
+    out: dict[str, list[int]] = {}
+    for part in parts:
+        for key, vals in part.items():
+            slot = out.setdefault(key, [0, 0, 0])
+            for i in range(3):
+                slot[i] += vals[i]
+    return out
+
+
+def net_blame(
+    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, stats: tuple | None = None
+) -> list[dict]:
+    """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one entry
+    ``{host, layer: "network", excess_ns, straggler_ns, peer_median_ns, count, max_ns: 0}``.
+
+    Connections (undirected IPv4 address pairs) are summed over every host's accumulator ``net``: RTT
+    samples (traffic), retransmits, RTT sum. A host's addresses are the source addresses of its own TCP
+    events. A host's *busy* connections go to another host of the step and carry at least
+    ``net_busy_rel`` of the RTT samples of its busiest one; it needs at least 2. Per host, over its busy
+    connections: ``rx(h)`` = the fewest retransmits and ``rtt(h)`` = the lowest mean RTT (ns). A fault
+    on h's link hits all of its connections; a fault elsewhere spares at least one, and a neighbour of
+    the faulty host shares only one bad connection. Blamed, the host with the highest value:
+
+    - by retransmits (``excess_ns`` 0, ``count`` = rx): ``rx >= count_min`` and ``>= count_factor *``
+      the median rx of the other hosts (loss);
+    - else by RTT (``straggler_ns`` = rtt, ``peer_median_ns`` = the others' median, ``excess_ns`` = the
+      difference, ``count`` = rx): ``rtt >= net_rtt_min_ns`` and ``>= net_rtt_factor *`` that median
+      (a slow or congested link).
+
+    Needs >= 3 hosts (with 2, both ends share the one link). ``recent_directed``: see ``net_stats``;
+    ``stats``: its result when the caller has it."""
+    if len(accs) < 3:
+        return []
+    rx, rtt, _own, _ref = stats or net_stats(accs, th, recent_directed)
+    host = min(rx, key=lambda h: (-rx[h], h))
+    peers = median_int([v for h, v in rx.items() if h != host])
+    if rx[host] >= th.count_min and rx[host] >= th.count_factor * peers:
+        return [
+            {
+                "host": host,
+                "layer": Layer.NETWORK.value,
+                "excess_ns": 0,
+                "straggler_ns": 0,
+                "peer_median_ns": 0,
+                "count": rx[host],
+                "max_ns": 0,
+            }
+        ]
+    host = min(rtt, key=lambda h: (-rtt[h], h))
+    peers = median_int([v for h, v in rtt.items() if h != host])
+    if rtt[host] >= th.net_rtt_min_ns and rtt[host] >= th.net_rtt_factor * peers:
+        return [
+            {
+                "host": host,
+                "layer": Layer.NETWORK.value,
+                "excess_ns": rtt[host] - peers,
+                "straggler_ns": rtt[host],
+                "peer_median_ns": peers,
+                "count": rx[host],
+                "max_ns": 0,
+            }
+        ]
+    return []
+
+
+def net_evidence(
+    accs: dict[str, dict],
+    th: Thresholds,
+    recent_directed: bool = False,
+    stats: tuple | None = None,
+    window_stats: tuple | None = None,
+) -> dict[str, tuple[float, int, int, int, int]]:
+    """Connection-based network evidence per host (docs/ANALYSIS.md "Evidence per (host, layer)"):
+    ``{host: (z, rx, m_rx, rtt_ns, m_rtt_ns)}`` for the hosts with ``z > 0``, where ``z`` is the larger of
+    ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)`` (``net_stats``;
+    ``m_*`` the median over the other hosts, and for ``m_rx`` at least ``net_stats``' ``ref`` where it
+    gives one), each counted only past its threshold (retransmits ``>= max(net_count_min, count_factor *
+    m_rx)``, RTT ``>= max(net_rtt_min_ns, net_rtt_factor * m_rtt)``), clipped to ``evidence_clip`` and
+    rounded to 3 places. Empty with fewer than 3 hosts (with 2, both ends share the one link).
+    ``recent_directed``: see ``net_stats``; ``stats``: its result when the caller has it;
+    ``window_stats``: ``net_stats`` with a ``window`` (a slowed step), whose retransmit value counts only
+    from ``net_window_min`` and ``net_window_factor * m_rx``: each host gets the larger of the two values
+    (docs/ANALYSIS.md "Loss over a window of steps")."""
+    if len(accs) < 3:
+        return {}
+    out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
+    if window_stats is not None:
+        for h, entry in _net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items():
+            if entry[0] > out.get(h, (0.0,))[0]:
+                out[h] = entry
+    return {h: out[h] for h in sorted(out)}
+
+
+def _net_z(
+    accs: dict[str, dict], th: Thresholds, stats: tuple, count_min: int = 0, factor: float | None = None
+) -> dict[str, tuple[float, int, int, int, int]]:
+    """``net_evidence`` from one ``net_stats`` result; ``count_min`` and ``factor`` (instead of
+    ``count_factor``) gate the retransmit value over a window."""
+    factor = th.count_factor if factor is None else factor
+    out: dict[str, tuple[float, int, int, int, int]] = {}
+    rx, rtt, _own, ref = stats
+    loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
+    for h in sorted(accs):
+        # the retransmit reference: the other hosts' median, or, over a window, what one connection that
+        # does not end at h carries when that is more: a neighbour of a lossy host shares one lossy
+        # connection, and its other connection's count is one connection's noise, which the minimum over
+        # two connections of a host far from the fault understates
+        m_rx = max(loo_rx.median_without(rx[h]), ref.get(h) or 0)
+        m_rtt = loo_rtt.median_without(rtt[h])
+        # thresholds gate each (net_count_min, and net_blame's for the RTT): on a loaded machine a few
+        # retransmits and RTT spikes happen on every host (spurious timeouts); only an outlier counts
+        z_rx = (rx[h] - m_rx) / math.sqrt(m_rx + 1) if rx[h] >= max(th.net_count_min, count_min, factor * m_rx) else 0.0
+        z_rtt = (
+            (rtt[h] - m_rtt) / max(m_rtt, th.rtt_scale_ns)
+            if rtt[h] >= max(th.net_rtt_min_ns, th.net_rtt_factor * m_rtt)
+            else 0.0
+        )
+        z = round(min(th.evidence_clip, max(z_rx, z_rtt)), 3)
+        if z > 0:
+            out[h] = (z, rx[h], m_rx, rtt[h], m_rtt)
+    return out
+
+
+def retransmits_toward(accs: dict[str, dict]) -> dict[str, int]:
+    """Per host, the TCP retransmits the *other* hosts sent toward it in the step (``accs``: host ->
+    accumulator; the directed counts of ``accumulate``: a retransmit is counted by its sender, the event's
+    ``saddr``). A host whose own addresses are unknown in the step (no TCP event of its own) gets none.
+    Accumulators of an older worker without the direction count nothing."""
+    owner: dict[str, str] = {}
+    for host, acc in accs.items():
+        for addr in (acc.get("net") or {}).get("addrs") or {}:
+            owner.setdefault(addr, host)
+    toward: dict[str, int] = {}
+    for acc in accs.values():
+        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+            if len(vals) < 5:
+                continue
+            a, _, b = key.partition("|")
+            ha, hb = owner.get(a), owner.get(b)
+            if ha is None or hb is None or ha == hb:
+                continue
+            toward[hb] = toward.get(hb, 0) + vals[3]  # sent by a toward b
+            toward[ha] = toward.get(ha, 0) + vals[4]
+    return toward

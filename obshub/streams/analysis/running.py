@@ -1,0 +1,293 @@
+"""Checks of a step that has not closed: a running step already slow (``running_check``) and a rank that
+never arrived at a collective its peers reached (``hang_check``)."""
+
+from __future__ import annotations
+
+from obshub.streams.analysis.evidence import TIME_EVIDENCE, baseline
+from obshub.streams.analysis.network import net_evidence, net_stats, retransmits_toward
+from obshub.streams.analysis.stats import LeaveOneOut
+from obshub.streams.analysis.straggler import layer_table
+from obshub.streams.analysis.thresholds import Thresholds
+
+
+def running_check(
+    accs: dict[str, dict],
+    history: list[list[int]],
+    step: int,
+    opened_ns: int,
+    now_ns: int,
+    th: Thresholds = Thresholds(),
+    stopped: dict[str, tuple] | None = None,
+    recent_directed: bool = False,
+    window: dict[str, list[int]] | None = None,
+) -> dict | None:
+    """Network evidence inside a step that is still running (docs/ANALYSIS.md "Inside a running step").
+
+    ``accs``: the host accumulators received so far for the open step ``step`` (partial: each agent ships
+    a running step's events at least every batch age bound); ``opened_ns``: CLOCK_REALTIME ns when the
+    worker opened the step; ``now_ns``: CLOCK_REALTIME ns; ``stopped``: hosts with a process found
+    frozen, stopped or exited (their step is a hang, not a slow link: no check); ``recent_directed``,
+    ``window``: see ``net_stats`` (a step checked here is slowed: its retransmits are read with those of
+    the job's previous steps).
+
+    The step has run ``elapsed = now_ns - min(opened_ns, earliest STEP_BEGIN)``; it is checked once
+    ``elapsed >= after = max(running_min_ns, running_factor * baseline median step time)``, with a
+    baseline (``baseline_min_n`` steps), at least 3 hosts and one host not done with the step. Each host
+    with connection evidence ``z`` (``net_evidence`` over the partial accumulators) is named unless its
+    own time-layer excess in the step so far, ``Σ_L max(0, time(h, L) - median(time(peers, L)))`` over
+    sched, memory, cuda and nic, reaches ``running_time_rel * elapsed`` (a host starved of CPU or stalled
+    in reclaim answers late on every connection; its step is judged when it closes).
+
+    Returns None, or ``{"elapsed_ns", "after_ns", "spread_ns", "hosts": {host: {"z", "rx", "peer_rx",
+    "rtt_ns", "peer_rtt_ns", "time_excess_ns"}}}`` with at least one host."""
+    if len(accs) < 3 or any(h in accs for h in (stopped or {})):
+        return None
+    if all(a["step_ns"] is not None for a in accs.values()):
+        return None  # every host that sent data finished: the summary comes with the close
+    bl = baseline(history, step, th)
+    if bl["n"] < th.baseline_min_n:
+        return None
+    begins = [a["begin_rt"] for a in accs.values() if a.get("begin_rt") is not None]
+    elapsed = now_ns - min([opened_ns, *begins])
+    after = max(th.running_min_ns, int(th.running_factor * bl["median_ns"]))
+    if elapsed < after:
+        return None
+    net = net_evidence(
+        accs, th, recent_directed, window_stats=net_stats(accs, th, recent_directed, window) if window else None
+    )
+    if not net:
+        return None
+    layers = layer_table(accs)
+    peer_time = {
+        layer: LeaveOneOut(layers.get(g, {}).get(layer, {}).get("time_ns", 0) for g in accs) for layer in TIME_EVIDENCE
+    }
+    hosts = {}
+    for h, (z, rx, m_rx, rtt, m_rtt) in net.items():
+        own = 0
+        for layer in TIME_EVIDENCE:
+            mine = layers.get(h, {}).get(layer, {}).get("time_ns", 0)
+            own += max(0, mine - peer_time[layer].median_without(mine))
+        if own >= th.running_time_rel * elapsed:
+            continue
+        hosts[h] = {"z": z, "rx": rx, "peer_rx": m_rx, "rtt_ns": rtt, "peer_rtt_ns": m_rtt, "time_excess_ns": own}
+    if not hosts:
+        return None
+    return {"elapsed_ns": elapsed, "after_ns": after, "spread_ns": bl["spread_ns"], "hosts": hosts}
+
+
+def _last_phase(acc: dict | None) -> str:
+    """Where a host is in its step: the collective it is inside, else the last phase it finished."""
+    if acc is None:
+        return "no data in this step"
+    open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
+    if open_colls:
+        _t, k, op = max(open_colls)
+        return f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
+    lp = acc.get("last_phase")
+    return f"after {lp[1]}" if lp else "no data in this step"
+
+
+def _exit_cascade(
+    accs: dict[str, dict], stopped: dict[str, tuple], now_ns: int, th: Thresholds
+) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
+    """The ranks that exited first when the ranks waiting in a collective exited after them: returns
+    ``((collective key, waited_ns, [later hosts]), [first hosts])``, or ``(None, [])``. A later host had
+    not finished the step, was inside the collective (arrived, not ended) and exited at least
+    ``hang_exit_gap_ns`` after the earliest exit (``stopped[h][2]``, CLOCK_REALTIME ns). When no later
+    host was inside a collective (they failed on the lost peer where no collective event shows, e.g. in
+    DDP's gradient all-reduce during backward), the first ranks are still named when neither they nor
+    the later ones had finished the step: the key is then the latest collective the later hosts reached
+    in the step ("-#-1" for none) and ``waited_ns`` counts from the earliest exit. A job whose ranks all
+    finished their last step before they exited is never named."""
+    exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2}
+    if len(exits) < 2:
+        return None, []
+    first = min(exits.values())
+    early = sorted(h for h, t in exits.items() if t < first + th.hang_exit_gap_ns)
+    waits: dict[str, dict[str, int]] = {}
+    for h, t in exits.items():
+        a = accs.get(h)
+        if h in early or a is None or a["step_ns"] is not None:
+            continue
+        for k, c in a["colls"].items():
+            if c[1] is not None and c[2] is None and c[1] < t:
+                waits.setdefault(k, {})[h] = c[1]
+    if not waits:
+        # the others failed where no collective event shows (DDP's gradient all-reduce runs inside
+        # backward): named when the first ranks and the later ones all exited inside the step
+        later = sorted(h for h in exits if h not in early and h in accs and accs[h]["step_ns"] is None)
+        if not later or any(h in accs and accs[h]["step_ns"] is not None for h in early):
+            return None, []
+        seen = [(c[1], k) for h in later for k, c in accs[h]["colls"].items() if c[1] is not None]
+        return (max(seen)[1] if seen else "-#-1", now_ns - first, later), early
+    k, who = max(waits.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    return (k, now_ns - max(who.values()), sorted(who)), early
+
+
+def _stalled(
+    accs: dict[str, dict], stopped: dict[str, tuple], opened_ns: int, bl: dict, now_ns: int, th: Thresholds
+) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
+    """A frozen or stopped rank (not an exit) while the step has been open for ``max(hang_state_wait_ns,
+    hang_factor * baseline median step time)`` and other hosts have not finished it: the job does not
+    progress, though no collective shows whom the others wait for (they block where no collective event
+    shows). Returns ``((latest collective key of the step, or "-#-1", waited_ns, [waiting hosts]),
+    [stopped hosts])``, or ``(None, [])``."""
+    held = sorted(h for h, v in stopped.items() if v[0] in ("frozen", "stopped"))
+    others = sorted(h for h, a in accs.items() if h not in stopped and a["step_ns"] is None)
+    waited = now_ns - opened_ns
+    if not held or not others or waited < max(th.hang_state_wait_ns, int(th.hang_factor * bl["median_ns"])):
+        return None, []
+    seen = [(c[1], k) for a in accs.values() for k, c in a["colls"].items() if c[1] is not None]
+    return (max(seen)[1] if seen else "-#-1", waited, others), held
+
+
+def hang_check(
+    accs: dict[str, dict],
+    expected_hosts: list[str],
+    seen_ns: dict[str, int],
+    opened_ns: int,
+    history: list[list[int]],
+    step: int,
+    now_ns: int,
+    th: Thresholds = Thresholds(),
+    stopped: dict[str, tuple] | None = None,
+) -> dict | None:
+    """Whether an open step hangs on a rank (docs/ANALYSIS.md "Hangs").
+
+    By silence: for each process group, the highest sequence number any host reached in this step: the
+    hosts with a COLLECTIVE_BEGIN there have *arrived*; an expected host without one is *hung* when it sent
+    nothing (``seen_ns[host]``, CLOCK_REALTIME ns of its last data for the job; ``opened_ns`` when never
+    seen) for ``hang_after = max(hang_min_ns, hang_factor * baseline median step time)`` and the last of
+    the arrived hosts reached the collective at least ``hang_after / 2`` ago, and one of them has not
+    finished the step (when all did, nobody waits: the job's last step, or a host that stopped). A missing
+    host that still sends data is slow, not hung (the sequential evidence judges it), and while one does,
+    no missing host is judged by silence: the missing ranks are blocked together before the collective
+    (a communication stalled by retransmission timeouts on one host's lossy link leaves the ranks that
+    have no retransmits of their own silent, while those that retransmit still send data), not behind
+    one rank that stopped answering. A host judged by silence whose peers sent at least
+    ``net_count_min`` retransmits toward it in the step (``retransmits_toward``) is *unreachable*, not
+    stopped: segments to it are lost, so it cannot answer (a lossy or cut link; a frozen rank's kernel
+    still acknowledges, an exited one resets its connections).
+
+    By process state: ``stopped`` (``host -> (state, since_ns)``: a process its agent found frozen,
+    stopped or exited) makes such a host hung without the silence, arrived or not, once another host
+    that has not finished the step has been inside a collective (arrived, not ended) for
+    ``hang_state_wait_ns``: the collective it holds up is the one the others wait in (a rank frozen inside
+    a collective every rank reached included). When the others exited inside their collective too (they
+    failed on the lost peer: ``stopped`` entries ``(state, since_ns, at_rt)`` with CLOCK_REALTIME ns of the
+    exit), the host(s) that exited at least ``hang_exit_gap_ns`` before the first of them are named and
+    those are listed as ``waiting``.
+
+    Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}],
+    waiting: [host], waited_ns, after_ns}`` (``waiting``: the hosts blocked there, ``waited_ns``: now minus
+    the latest of their arrivals; ``last_phase``: the collective the hung host is in, or the last phase it
+    finished; ``state``: frozen, stopped, exited, "silent" when judged by silence, or "unreachable" when
+    judged by silence while its peers retransmit toward it, with ``toward`` = those retransmits)."""
+    bl = baseline(history, step, th)
+    after = max(th.hang_min_ns, int(th.hang_factor * bl["median_ns"]))
+    stopped = {h: v for h, v in (stopped or {}).items() if h in set(expected_hosts) | set(accs)}
+    expected = set(expected_hosts) | set(accs)
+    if len(expected) < 2:
+        return None
+
+    def hung_entry(h: str, state: str) -> dict:
+        acc = accs.get(h)
+        return {
+            "host": h,
+            "last_step": step if acc is not None else step - 1,
+            "last_phase": _last_phase(acc),
+            "silent_ns": now_ns - seen_ns.get(h, opened_ns),
+            "state": state,
+        }
+
+    top: dict[str, int] = {}
+    for acc in accs.values():
+        for key, c in acc["colls"].items():
+            if c[1] is not None:
+                pg, _, seq = key.rpartition("#")
+                top[pg] = max(top.get(pg, -1), int(seq))
+    # stopped hosts that may be named: with exits, only once they settled and only the earliest ones
+    exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2 and v[2]}
+    first = min(exits.values(), default=0)
+    settled = not exits or now_ns - first >= th.hang_exit_settle_ns
+    culprits = [h for h in sorted(stopped) if h not in exits or exits[h] < first + th.hang_exit_gap_ns]
+    best = None
+    toward: dict[str, int] | None = None
+    for pg, seq in sorted(top.items()):
+        key = f"{pg}#{seq}"
+        arrived = {
+            h: a["colls"][key][1] for h, a in accs.items() if key in a["colls"] and a["colls"][key][1] is not None
+        }
+        waited = now_ns - max(arrived.values())
+        if all(accs[h]["step_ns"] is not None for h in arrived):
+            continue  # every arrived rank finished its step: nobody waits
+        hung = []
+        # it finished the step: it never joined that collective (a sampled trace), no hang
+        missing = [h for h in sorted(expected - set(arrived)) if h not in accs or accs[h]["step_ns"] is None]
+        # judged by silence only when every missing rank is silent: while one of them still sends data,
+        # the missing ranks are blocked together before the collective (a communication stalled by
+        # retransmission timeouts on a lossy link), not behind a rank that stopped answering
+        quiet = [h for h in missing if now_ns - seen_ns.get(h, opened_ns) >= after]
+        by_silence = not stopped and waited >= after // 2 and len(quiet) == len(missing)
+        for h in missing:
+            if h in stopped:  # judged by its state: no silence needed
+                if settled and h in culprits and waited >= th.hang_state_wait_ns:
+                    hung.append(hung_entry(h, stopped[h][0]))
+                continue
+            if by_silence and h in quiet:  # with a rank known stopped, the silent ones are its victims
+                if toward is None:
+                    toward = retransmits_toward(accs)
+                if toward.get(h, 0) >= th.net_count_min:
+                    hung.append(dict(hung_entry(h, "unreachable"), toward=toward[h]))
+                else:
+                    hung.append(hung_entry(h, "silent"))
+        if hung and (best is None or waited > best["waited_ns"]):
+            best = {
+                "pg": pg,
+                "coll_seq": seq,
+                "op": accs[next(iter(arrived))]["colls"][key][0],
+                "hosts": hung,
+                "waiting": sorted(h for h in arrived if h not in culprits),
+                "waited_ns": waited,
+                "after_ns": after
+                if any(e["state"] in ("silent", "unreachable") for e in hung)
+                else th.hang_state_wait_ns,
+            }
+    if best is not None:
+        return best
+    if stopped:
+        # the collective the others wait in: per host not stopped and not done with the step, its open
+        # collective (arrived, not ended); the hang is on the one waited in longest
+        waits: dict[str, dict[str, int]] = {}
+        for h, a in accs.items():
+            if h in stopped or a["step_ns"] is not None:
+                continue
+            for k, c in a["colls"].items():
+                if c[1] is not None and c[2] is None:
+                    waits.setdefault(k, {})[h] = c[1]
+        pick = None
+        for k, who in waits.items():
+            w = now_ns - max(who.values())
+            if w >= th.hang_state_wait_ns and (pick is None or w > pick[1]):
+                pick = (k, w, sorted(who))
+        if not settled:
+            return None  # exits still being reported: wait until the earliest one is known
+        if pick is None:
+            pick, culprits = _exit_cascade(accs, stopped, now_ns, th)
+        if pick is None:
+            pick, culprits = _stalled(accs, stopped, opened_ns, bl, now_ns, th)
+        if pick is not None:
+            k, w, who = pick
+            hung = [hung_entry(h, stopped[h][0]) for h in culprits]
+            op = next((accs[h]["colls"][k][0] for h in who if k in accs[h]["colls"]), "step")
+            pg, _, seq = k.rpartition("#")
+            best = {
+                "pg": pg,
+                "coll_seq": int(seq),
+                "op": op,
+                "hosts": hung,
+                "waiting": who,
+                "waited_ns": w,
+                "after_ns": th.hang_state_wait_ns,
+            }
+    return best

@@ -1,0 +1,251 @@
+"""The straggler of one closed step: per-host layer times, collective arrivals and their pairing check,
+lateness, the straggler itself and its layer blame (docs/ANALYSIS.md)."""
+
+from __future__ import annotations
+
+from obshub.core.schema import Layer
+from obshub.streams.analysis.stats import LeaveOneOut, median_int, union_ns
+from obshub.streams.analysis.thresholds import Thresholds
+
+
+def compute_ns(acc: dict) -> int | None:
+    """A host's compute time in the step, ns: ``step_ns - |union of its collective intervals|`` where a
+    collective's interval is ``[end_rt - duration_ns, end_rt]`` from COLLECTIVE_END. Without a STEP_END,
+    the sum of the PHASE durations minus the same union (None when there is neither)."""
+    ivals = [(c[2] - c[3], c[2]) for c in acc["colls"].values() if c[2] is not None and c[3] is not None]
+    waited = union_ns(ivals)
+    if acc["step_ns"] is not None:
+        return max(0, acc["step_ns"] - waited)
+    if acc["phases"]:
+        return max(0, sum(acc["phases"].values()) - waited)
+    return None
+
+
+def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    """``{host: {layer: {time_ns, count, max_ns}}}``; the pytorch layer's time is ``compute_ns``."""
+    out: dict[str, dict[str, dict]] = {}
+    for host, acc in sorted(accs.items()):
+        row = {layer: {"time_ns": t, "count": c, "max_ns": m} for layer, (t, c, m) in sorted(acc["layers"].items())}
+        comp = compute_ns(acc)
+        if comp is not None:
+            row.setdefault(Layer.PYTORCH.value, {"time_ns": 0, "count": 0, "max_ns": 0})["time_ns"] = comp
+        out[host] = row
+    return out
+
+
+def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds) -> str | None:
+    """Why the per-host records ``arr`` (``{host: (arrive_rt, unc_ns, op, end_rt, duration_ns)}``) of
+    collective ``key`` cannot be one collective, or None when they can. A host's collective lasted
+    ``end_rt - arrive_rt`` (both on its own clock; the COLLECTIVE_END ``duration_ns`` when the end is
+    unknown). Two checks, neither needs the hosts' clocks to agree beyond their stated uncertainty:
+    (1) a rank cannot wait longer than its collective lasted: ``arrival(last) - arrival(h) <=
+    lasted(h)``; (2) the paired intervals overlap: no host's collective ended before the last one began.
+    Both with a tolerance of the two clocks' uncertainty plus ``pair_slack_ns``. Hosts whose collective has
+    no known end or duration are not checked."""
+    last_h = max(arr, key=lambda h: (arr[h][0], h))
+    last_t, last_u = arr[last_h][0], arr[last_h][1]
+    for h, (t, u, _op, end, dur) in sorted(arr.items()):
+        lasted = end - t if end is not None else dur
+        if h == last_h or not lasted or lasted <= 0:
+            continue
+        tol = u + last_u + th.pair_slack_ns
+        if last_t - t > lasted + tol:
+            if end is not None:
+                return f"{h}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
+            return (
+                f"{h} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted {lasted / 1e6:.3f} ms"
+            )
+    return None
+
+
+def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[dict]:
+    """Per collective seen (COLLECTIVE_BEGIN) by at least two hosts: ``{pg, coll_seq, op, skew_ns,
+    uncertainty_ns, last_host, lead_ns, lead_uncertainty_ns, late, consistent, why}`` sorted by (pg,
+    coll_seq). ``lead_ns`` is the last arriver's lead over the second-latest arrival (how long it alone kept
+    the others waiting) and ``lead_uncertainty_ns`` the summed uncertainty of those two clocks. ``late`` maps
+    each host to its arrival minus the median arrival (ns, >= 0 only for the later half). ``consistent``
+    is False (and ``why`` says why) when the pairing check (``_pair_check``) fails. Ties break by host
+    name."""
+    by_key: dict[str, dict[str, tuple]] = {}
+    for host, acc in accs.items():
+        for key, (op, arrive, end, dur) in acc["colls"].items():
+            if arrive is not None:
+                by_key.setdefault(key, {})[host] = (arrive, acc["unc_ns"], op, end, dur)
+    out = []
+    for key, arr in by_key.items():
+        if len(arr) < 2:
+            continue
+        pg, _, seq = key.rpartition("#")
+        order = sorted(arr.items(), key=lambda kv: (kv[1][0], kv[0]))
+        (_first_h, first), (_second_h, second), (last_h, last) = order[0], order[-2], order[-1]
+        med = median_int([v[0] for v in arr.values()])
+        why = _pair_check(key, arr, th)
+        out.append(
+            {
+                "pg": pg,
+                "coll_seq": int(seq),
+                "op": last[2],
+                "skew_ns": last[0] - first[0],
+                "uncertainty_ns": last[1] + first[1],
+                "last_host": last_h,
+                "lead_ns": last[0] - second[0],
+                "lead_uncertainty_ns": last[1] + second[1],
+                "late": {h: v[0] - med for h, v in arr.items()},
+                "consistent": why is None,
+                "why": why,
+            }
+        )
+    out.sort(key=lambda c: (c["pg"], c["coll_seq"]))
+    return out
+
+
+def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str, int]:
+    """Per host, how late it was in the step (ns, >= 0): the largest ``late`` over the collectives it
+    joined beyond the two clocks' uncertainty (its arrival minus the median arrival); without any
+    collective, its compute time minus the median compute time of its peers. Arrivals only: the pairing
+    check is not applied here, because the end of an asynchronous collective may be when it was queued
+    (the DDP comm hook's future), which fails the check although the pairing is right; the sequential
+    test needs the same host late step after step, which a wrong pairing does not give."""
+    good = colls
+    out = dict.fromkeys(accs, 0)
+    if good:
+        for c in good:
+            for h, late in c["late"].items():
+                if late > c["uncertainty_ns"]:
+                    out[h] = max(out[h], late)
+        return out
+    comp = {h: layers.get(h, {}).get("pytorch", {}).get("time_ns") for h in accs}
+    known = {h: v for h, v in comp.items() if v is not None}
+    if len(known) >= 2:
+        peers = LeaveOneOut(known.values())
+        for h, v in known.items():
+            out[h] = max(0, v - peers.median_without(v))
+    return out
+
+
+def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: Thresholds) -> dict | None:
+    """The host that kept the others waiting, or None on a clean step (shape ``{host, score, excess_ns,
+    reason, group}``). Only collectives that pass the pairing check count.
+
+    1. ``excess_ns`` = the largest lead (over the second-latest arrival) among the collectives it arrived
+       last at with a lead beyond the clock uncertainty;
+    2. else (no single host leads: several ranks late together) the last arriver of the collective with the
+       largest lateness over the median arrival, that lateness as ``excess_ns``;
+    3. without any collective joined across hosts, its compute time minus the median compute time of its
+       peers.
+
+    Named when ``excess_ns >= max(straggler_min_ns, straggler_rel * median host step time)``; no baseline
+    is needed. ``group`` lists every host at least that late at the straggler's collective (itself
+    included) as ``{host, late_ns}``, latest first (one entry when it was late alone). ``score`` = excess
+    / median host step time, rounded to 3 places (the fraction of a step the others lost)."""
+    if len(accs) < 2:
+        return None
+    step_times = [a["step_ns"] for a in accs.values() if a["step_ns"] is not None]
+    ref = (
+        median_int(step_times)
+        if step_times
+        else median_int([layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
+    )
+    floor = max(th.straggler_min_ns, th.straggler_rel * ref)
+    comp = {h: layers[h].get("pytorch", {}).get("time_ns") for h in accs}
+    good = [c for c in colls if c["consistent"]]
+    lead: dict[str, int] = {}
+    last_n: dict[str, int] = {}
+    for c in good:
+        if c["lead_ns"] > c["lead_uncertainty_ns"]:
+            h = c["last_host"]
+            lead[h] = max(lead.get(h, 0), c["lead_ns"])
+            last_n[h] = last_n.get(h, 0) + 1
+    group: list[dict] = []
+    if good:
+        host = min(lead, key=lambda h: (-lead[h], h)) if lead else None
+        if host is not None and lead[host] >= floor:
+            excess = lead[host]
+            at = max((c for c in good if c["last_host"] == host), key=lambda c: c["lead_ns"])
+            reason = f"last at {last_n[host]}/{len(good)} collectives, kept peers waiting up to {excess / 1e6:.3f} ms"
+        else:
+            at = max(good, key=lambda c: (c["late"][c["last_host"]], -c["coll_seq"]))
+            host, excess = at["last_host"], at["late"][at["last_host"]]
+            if excess <= at["uncertainty_ns"]:
+                return None
+            reason = (
+                f"last at {at['op']} pg={at['pg']} seq={at['coll_seq']}, {excess / 1e6:.3f} ms after the median arrival"
+            )
+        if excess < floor:
+            return None
+        group = sorted(
+            ({"host": h, "late_ns": v} for h, v in at["late"].items() if v >= floor),
+            key=lambda g: (-g["late_ns"], g["host"]),
+        )
+        if len(group) > 1:
+            reason += f"; late group of {len(group)}: " + ", ".join(
+                f"{g['host']} +{g['late_ns'] / 1e6:.3f} ms" for g in group
+            )
+    else:
+        known = {h: v for h, v in comp.items() if v is not None}
+        if len(known) < 2:
+            return None
+        loo = LeaveOneOut(known.values())
+        excesses = {h: v - loo.median_without(v) for h, v in known.items()}
+        host = min(excesses, key=lambda h: (-excesses[h], h))
+        excess = excesses[host]
+        reason = f"no collectives joined; compute {excess / 1e6:.3f} ms over the peer median"
+        if excess < floor:
+            return None
+    if comp.get(host) is not None:
+        peers = [v for h, v in comp.items() if h != host and v is not None]
+        if peers and good:
+            reason += f"; compute {(comp[host] - median_int(peers)) / 1e6:+.3f} ms vs peer median"
+    score = round(excess / ref, 3) if ref > 0 else 0.0
+    return {
+        "host": host,
+        "score": score,
+        "excess_ns": excess,
+        "reason": reason,
+        "group": group or [{"host": host, "late_ns": excess}],
+    }
+
+
+def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th: Thresholds) -> list[dict]:
+    """Layer blame for ``straggler``: entries ``{host, layer, excess_ns, straggler_ns, peer_median_ns, count,
+    max_ns}``, time-blamed layers by excess (largest first), then count-blamed layers by count excess.
+
+    Per layer L: ``excess = time(straggler, L) - median(time(peer, L))`` (a peer without L counts 0). The
+    pytorch layer's excess is what is left after subtracting the positive excesses of the other layers
+    (its time is the whole compute time, which includes them). Time-blamed when ``excess >=
+    max(blame_min_ns, blame_rel * excess_ns)``; count-blamed (``excess_ns`` 0) when the straggler's count is
+    ``>= count_min`` and ``>= count_factor *`` the peers' median count.
+    """
+    mine = layers.get(straggler, {})
+    peers = [h for h in layers if h != straggler]
+    if not peers:
+        return []
+    names = sorted(set(mine) | {name for h in peers for name in layers[h]})
+    stats = {}
+    for name in names:
+        m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
+        pt = median_int([layers[h].get(name, {}).get("time_ns", 0) for h in peers])
+        pc = median_int([layers[h].get(name, {}).get("count", 0) for h in peers])
+        stats[name] = (m, pt, pc, m["time_ns"] - pt)
+    lower = sum(max(0, ex) for name, (_m, _pt, _pc, ex) in stats.items() if name != Layer.PYTORCH.value)
+    floor = max(th.blame_min_ns, th.blame_rel * excess_ns)
+    timed, counted = [], []
+    for name, (m, pt, pc, ex) in stats.items():
+        if name == Layer.PYTORCH.value:
+            ex = max(0, ex - lower)
+        entry = {
+            "host": straggler,
+            "layer": name,
+            "excess_ns": ex,
+            "straggler_ns": m["time_ns"],
+            "peer_median_ns": pt,
+            "count": m["count"],
+            "max_ns": m["max_ns"],
+        }
+        if ex >= floor:
+            timed.append(entry)
+        elif m["count"] >= th.count_min and m["count"] >= th.count_factor * pc:
+            counted.append((m["count"] - pc, dict(entry, excess_ns=0)))
+    timed.sort(key=lambda e: (-e["excess_ns"], e["layer"]))
+    counted.sort(key=lambda ce: (-ce[0], ce[1]["layer"]))
+    return timed + [e for _, e in counted]
