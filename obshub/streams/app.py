@@ -41,19 +41,17 @@ import gc
 import json
 import logging
 import time
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import faust
-import faust.streams
 from faust.types import TP
 
 from obshub.core import kafka, schema
 from obshub.core.settings import STREAMS
 from obshub.core.topics import replication_factor
-from obshub.streams import analysis, reread, wire
+from obshub.streams import analysis, faustkit, reread, wire
 from obshub.streams.fold import Fold, WriteBack
 from obshub.streams.ingest import Ingest
 from obshub.streams.metrics import WorkerMetrics
@@ -67,10 +65,7 @@ TAKE_WITHIN_S = 0.1  # ... or what arrived within this long (s)
 BATCH_MAX_BYTES = 512 * 1024  # one internal batch message at most (the topic's default limit is 1 MB)
 
 
-def _as_current(event) -> None:
-    """Make ``event`` Faust's current event: a table write goes to the changelog partition of the
-    current event's message, so in a round of several messages each write names its own."""
-    faust.streams._current_event.set(weakref.ref(event))
+_as_current = faustkit.as_current  # Faust's internals: obshub/streams/faustkit.py
 
 
 class _Outbox:
@@ -137,16 +132,12 @@ class WorkerConfig:
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
-class _SendErrors(faust.Sensor):
-    """Faust reports a failed produce only to sensors: log it and count it, so no loss is silent."""
-
-    def __init__(self, metrics: WorkerMetrics, **kw) -> None:
-        super().__init__(**kw)
-        self.metrics = metrics
-
-    def on_send_error(self, producer, exc: BaseException, state) -> None:
-        self.metrics.send_errors.inc()
+def _send_error(metrics: WorkerMetrics):
+    def on_error(exc: BaseException) -> None:  # Faust reports a failed produce only to sensors
+        metrics.send_errors.inc()
         log.error("Failed to produce a message: %r", exc)
+
+    return on_error
 
 
 def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
@@ -170,44 +161,33 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
         producer_linger=0.005,  # s: records sent within this long share one produce request
         consumer_max_fetch_size=16 * 1024 * 1024,
     )
-    app.sensors.add(_SendErrors(metrics))
-    _lean_sensors(app)
+    app.sensors.add(faustkit.SendErrors(_send_error(metrics)))
+    faustkit.lean_sensors(app)
     return app
 
 
-# Faust calls these sensor hooks for every message consumed, every event streamed and every table read
-# and write; their only users are statistics (Faust's Monitor, which nothing here reads: no web server).
-# Each costs some µs of Python per call, for each sensor. The send hooks stay: ``on_send_error`` reads
-# the per-sensor state ``on_send_initiated`` returns.
-_STATISTICS_HOOKS = (
-    "on_message_in",
-    "on_stream_event_in",
-    "on_stream_event_out",
-    "on_message_out",
-    "on_table_get",
-    "on_table_set",
-    "on_table_del",
-)
+def _skipped(table, msg, which: str, bad) -> None:
+    log.error(
+        "skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
+        table.name,
+        msg.topic,
+        msg.partition,
+        msg.offset,
+        which,
+        bad.reason,
+    )
+    if table.obshub_metrics is not None:
+        table.obshub_metrics.changelog_skips.labels(table.name).inc()
 
 
-def _no_statistics(*args, **kwargs) -> None:
-    return None
-
-
-def _lean_sensors(app: faust.App) -> None:
-    """Turn Faust's per-message statistics hooks (``_STATISTICS_HOOKS``) into no-ops on ``app.sensors``;
-    the others stay (the send hooks: failed produce calls are logged and counted by ``_SendErrors``;
-    commits, rebalances and offsets still reach every sensor)."""
-    for name in _STATISTICS_HOOKS:
-        setattr(app.sensors, name, _no_statistics)
-
-
-class _Table(faust.Table):
+class _Table(faustkit.RecoveringTable):
     """A table whose recovery skips changelog records that do not decode (``wire.Undecodable`` key or
     value): each is logged with its position and counted (``obshub_streams_changelog_skipped_total``),
     and recovery goes on, so one damaged record cannot keep the worker from becoming ready."""
 
     obshub_metrics: WorkerMetrics | None = None
+    is_bad = staticmethod(lambda x: isinstance(x, wire.Undecodable))
+    on_skip = staticmethod(_skipped)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -215,27 +195,6 @@ class _Table(faust.Table):
         # bytes are what compaction and tombstones match); neither raises on a damaged record
         self.key_serializer = wire.CHANGELOG_JSON
         self.value_serializer = wire.CHANGELOG
-
-    def apply_changelog_batch(self, batch) -> None:
-        good = []
-        for event in batch:
-            bad = next((x for x in (event.key, event.value) if isinstance(x, wire.Undecodable)), None)
-            if bad is None:
-                good.append(event)
-                continue
-            msg = event.message
-            log.error(
-                "skipped a changelog record of table %s that does not decode, %s[%d]@%d: %s (%s)",
-                self.name,
-                msg.topic,
-                msg.partition,
-                msg.offset,
-                "key" if bad is event.key else "value",
-                bad.reason,
-            )
-            if self.obshub_metrics is not None:
-                self.obshub_metrics.changelog_skips.labels(self.name).inc()
-        super().apply_changelog_batch(good)
 
 
 def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics) -> dict:

@@ -3,7 +3,8 @@ produce call still reaches the worker's own sensor (logged and counted)."""
 
 from __future__ import annotations
 
-from obshub.streams.app import _STATISTICS_HOOKS, WorkerConfig, _faust_app
+from obshub.streams.app import WorkerConfig, _faust_app
+from obshub.streams.faustkit import STATISTICS_HOOKS as _STATISTICS_HOOKS
 from obshub.streams.metrics import WorkerMetrics
 
 
