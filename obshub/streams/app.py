@@ -215,18 +215,26 @@ def _tables(app: faust.App, cfg: WorkerConfig, input_partitions: int, metrics: W
     return out
 
 
-def _dlq_record(cfg: WorkerConfig, msg, exc: schema.SchemaError) -> tuple[bytes, list]:
+def _dlq_record(cfg: WorkerConfig, msg, exc: BaseException, stage: str = "") -> tuple[bytes, list]:
     """The DLQ value (the original, cut at ``dlq_max_bytes``) and headers for an unusable message: its own
-    headers unchanged, then those of ``schema.DLQ_HEADERS``."""
-    value = msg.value or b""
-    own = msg.headers or []
+    headers unchanged, then those of ``schema.DLQ_HEADERS``. ``exc``: the ``schema.SchemaError`` naming the
+    field, or the exception the worker's ``stage`` failed with on it (reason ``<stage> failed: <type>:
+    <message>``, no field)."""
+    return _dlq_value(cfg, msg.value or b"", msg.headers or [], msg.topic, msg.partition, msg.offset, exc, stage)
+
+
+def _dlq_value(cfg: WorkerConfig, value: bytes, own, topic: str, partition: int, offset: int, exc, stage=""):
     headers = list(own.items() if isinstance(own, Mapping) else own)
+    if isinstance(exc, schema.SchemaError):
+        reason, fld = str(exc), exc.field or ""
+    else:
+        reason, fld = f"{stage} failed: {type(exc).__name__}: {exc}", ""
     headers += [
-        ("obshub.reason", str(exc).encode()),
-        ("obshub.field", (exc.field or "").encode()),
-        ("obshub.source.topic", msg.topic.encode()),
-        ("obshub.source.partition", str(msg.partition).encode()),
-        ("obshub.source.offset", str(msg.offset).encode()),
+        ("obshub.reason", reason.encode()),
+        ("obshub.field", fld.encode()),
+        ("obshub.source.topic", topic.encode()),
+        ("obshub.source.partition", str(partition).encode()),
+        ("obshub.source.offset", str(offset).encode()),
         ("obshub.consumer", cfg.app_id.encode()),
     ]
     if len(value) > cfg.dlq_max_bytes:
@@ -301,8 +309,12 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                             await one(rec, box)
                     _as_current(event)
                     await one(msg, box)
-                except Exception:  # a bug must not stop the worker; the message is logged with its position
+                except Exception as exc:  # a bug must not stop the worker: logged, counted, dead-lettered
                     log.exception("ingest failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+                    m.processing_errors.labels("ingest").inc()
+                    tables["inputs"][str(msg.partition)] = msg.offset + 1  # processed: the consumer moves past it
+                    value, headers = _dlq_record(cfg, msg, exc, "ingest")
+                    await dlq.send(key=msg.key, value=value, headers=headers)
             ing.agents = agents
             if counts["batches"]:
                 m.batches.inc(counts["batches"])
@@ -356,6 +368,21 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
     guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start)
     codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
 
+    dlq = app.topic(cfg.dlq_topic, key_serializer="raw", value_serializer="raw")
+    failed: list[tuple] = []  # (internal message, exception) the fold skipped in the current unit
+    fold.on_error = lambda value, exc: failed.append((value, exc))
+
+    async def dead_letter(stage: str, value, p: int, offset: int, exc: BaseException) -> None:
+        """An internal message (or a summary) the fold failed on: counted and sent to the DLQ as msgpack,
+        naming the internal partition and the offset of the round's last message from it."""
+        m.processing_errors.labels(stage).inc()
+        raw = value if isinstance(value, (bytes, bytearray)) else wire.packb(value)
+        body, headers = _dlq_value(cfg, bytes(raw), [], rep.get_topic_name(), p, offset, exc, stage)
+        try:
+            await dlq.send(key=b"fold", value=body, headers=headers)
+        except Exception:  # the DLQ itself unreachable: the failure was logged and counted above
+            log.exception("could not dead-letter a message of partition %d", p)
+
     async def send_closed(job: str, summary: dict) -> None:  # the summary of a closed step: JSON, send, metrics
         body = json.dumps(summary, sort_keys=True, separators=(",", ":")).encode()
         await out.send(key=job.encode(), value=body)
@@ -380,24 +407,33 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
                             if isinstance(value, dict):
                                 values.append(value)
                     values.append(event.value)
-                except Exception:
+                except Exception as exc:  # logged, counted, dead-lettered; the round goes on
                     log.exception("fold failed on %s[%d]@%d", msg.topic, msg.partition, msg.offset)
+                    await dead_letter("fold", event.value, msg.partition, msg.offset, exc)
             last = {e.message.partition: e for e in events}  # each partition's last message
             for p, values in per.items():
                 _as_current(last[p])  # the unit's table writes go to this partition's changelog
+                at = last[p].message.offset
                 try:
                     emits = fold.apply_round(values, p)
-                except Exception:
+                except Exception as exc:  # the unit as a whole (its table writes): every message dead-lettered
                     log.exception("fold failed on a round of partition %d", p)
+                    for value in values:
+                        await dead_letter("fold", value, p, at, exc)
                     continue
+                finally:
+                    for value, exc in failed:  # single messages the fold skipped (Fold.on_error)
+                        await dead_letter("fold", value, p, at, exc)
+                    failed.clear()
                 for what, job, v in emits:
                     try:
                         if what == "summary":
                             await send_closed(job, v)
                         else:
                             box.broadcast(v)
-                    except Exception:
+                    except Exception as exc:  # logged, counted, the summary or entry dead-lettered
                         log.exception("fold failed to send a %s of job %s (partition %d)", what, job, p)
+                        await dead_letter("summary" if what == "summary" else "fold", v, p, at, exc)
             await box.send(rep)
             for event in last.values():
                 _as_current(event)

@@ -201,8 +201,12 @@ class Fold:
         clock: Callable[[], int] = time.time_ns,
         input_partitions: int = 0,
         hold_max_ns: int | None = None,
+        on_error: Callable[[dict | bytes, BaseException], None] = lambda value, exc: None,
     ):
         self.parts, self.steps = tables["parts"], tables["steps"]
+        # an internal message the fold failed on (a bug), with the exception: the worker counts it in a metric
+        # and dead-letters it; the other messages of the unit still apply
+        self.on_error = on_error
         self.members, self.jobs, self.closed = tables["members"], tables["jobs"], tables["closed"]
         self.window_ns, self.th, self.closed_keep = window_ns, th, closed_keep
         self.on_late, self.on_summary, self.clock = on_late, on_summary, clock
@@ -418,8 +422,9 @@ class Fold:
         for raw in msgs:
             try:
                 out.extend(self.apply(wire.unpackb(raw), p))
-            except Exception:
+            except Exception as exc:  # counted and dead-lettered by on_error; the others still apply
                 log.exception("fold failed on one message of a batch of partition %d", p)
+                self.on_error(raw, exc)
         return out
 
     def apply_round(self, values: list[dict], p: int) -> list[Emit]:
@@ -445,8 +450,9 @@ class Fold:
             for v in values:
                 try:
                     out.extend(self.apply(v, p))
-                except Exception:
+                except Exception as exc:  # counted and dead-lettered by on_error; the others still apply
                     log.exception("fold failed on one message of partition %d", p)
+                    self.on_error(v, exc)
         finally:
             try:
                 self._write_pending()

@@ -16,6 +16,8 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_summaries_total{closed_by}`` step summaries emitted
 - ``obshub_streams_consumer_skips_total``     offsets Faust's consumer skipped, read again (streams.reread)
 - ``obshub_streams_send_errors_total``        produce calls that failed (summaries, internal, changelog)
+- ``obshub_streams_processing_errors_total{stage}`` messages the worker failed on (a bug: ``ingest``, ``fold``,
+  ``summary``), each logged with its position, sent to the DLQ and skipped
 
 Results of the analysis (``StepResultMetrics``, one observation per step summary this worker emits; the
 label ``training_job`` names the training job, because ``job`` is Prometheus's own target label):
@@ -221,6 +223,12 @@ class WorkerMetrics:
             registry=r,
         )
         self.send_errors = Counter("obshub_streams_send_errors", "failed produce calls", registry=r)
+        self.processing_errors = Counter(
+            "obshub_streams_processing_errors",
+            "messages the worker failed on (a bug), dead-lettered and skipped",
+            ["stage"],
+            registry=r,
+        )
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
         self.results = StepResultMetrics(r)
 

@@ -99,7 +99,7 @@ def workers(kafka, tmp_path_factory):
                 metrics_port=port,
             )
             started.append(w)
-            out[name] = {"topics": topics, "port": port, "worker": w}
+            out[name] = {"topics": topics, "port": port, "worker": w, "app_id": f"{tag}-app"}
         for w in started:
             w.wait_ready()
         yield out
@@ -191,6 +191,33 @@ def test_malformed_truncated_wrong_version_and_huge_go_to_dlq(kafka, shared, uni
     assert "not valid msgpack" in reasons[f"{unique}-truncated".encode()]
     assert "unsupported schema version 2" in reasons[f"{unique}-version".encode()]
     assert _metric(shared["port"], "obshub_streams_dlq_total") >= 4
+
+
+def test_an_internal_message_the_fold_cannot_use_is_dead_lettered_counted_and_passed(kafka, shared, unique):
+    """A bug's shape: an internal message the fold fails on (here a malformed ``read`` report written to
+    the repartition topic) is logged, counted in ``obshub_streams_processing_errors_total{stage="fold"}``,
+    sent to the DLQ naming the internal topic and the reason, and the worker goes on with other jobs."""
+    internal = f"{shared['app_id']}-steps"
+    before = _metric(shared["port"], "obshub_streams_processing_errors_total")
+    p = testkit.producer(kafka)
+    p.produce(internal, key=b"batch", value=msgpack.packb({"t": "read", "read": 5, "mark": unique}), partition=0)
+    assert p.flush(30) == 0
+    msgs = testkit.collect(
+        kafka,
+        shared["topics"].dlq,
+        until=lambda ms: any(dict(m.headers() or []).get("obshub.source.topic") == internal.encode() for m in ms),
+        timeout_s=60,
+    )
+    dead = [m for m in msgs if dict(m.headers() or []).get("obshub.source.topic") == internal.encode()]
+    assert dead, "the internal message was not dead-lettered"
+    h = {k: v.decode() for k, v in dead[-1].headers()}
+    assert set(schema.DLQ_HEADERS) <= set(h) and h["obshub.source.partition"] == "0"
+    assert h["obshub.reason"].startswith("fold failed: TypeError"), h["obshub.reason"]
+    assert msgpack.unpackb(dead[-1].value())["mark"] == unique
+    assert _metric(shared["port"], "obshub_streams_processing_errors_total") >= before + 1
+    good = synthetic.Scenario(job=f"after-{unique}", hosts=2, steps=3)
+    testkit.publish(kafka, shared["topics"].events, synthetic.generate(good))
+    assert sorted(s["step"] for s in _by_job(kafka, shared["topics"].steps, good.job, 3)) == [0, 1, 2]
 
 
 def test_host_that_stops_sending_closes_by_window_and_is_missing(kafka, short, unique):
