@@ -48,6 +48,7 @@ from obshub.rules.expr import (
     value_type,
 )
 from obshub.rules.model import Correlation, InhibitRule, Rule, RuleSet
+from obshub.rules.typecheck import Checker, T, signal_types
 from obshub.rules.yamlfile import plain_value, position, read_rule_file
 
 TEMPLATE_NAMES = {"labels", "value", "count", "other", "rule", "severity", "hits"}
@@ -110,6 +111,7 @@ class _Ctx:
         self.lists: dict[str, list] = {}
         self.macros: dict[str, str] = {}
         self.macro_at: dict[str, tuple[str, int, int]] = {}
+        self.macro_doc: dict[str, Any] = {}
         self.raw_rules: dict[str, dict] = {}  # id -> {"spec", "file", "doc", "path", "line"}
         self.inhibit: list[InhibitRule] = []
 
@@ -192,6 +194,7 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
         for name, cond in (doc.get("macros") or {}).items():
             ctx.macros[str(name)] = str(cond)
             ctx.macro_at[str(name)] = (file, *position(doc, ["macros", name]))
+            ctx.macro_doc[str(name)] = doc
         for i, spec in enumerate(doc.get("rules") or []):
             rid = str(spec["id"])
             line, col = position(doc, ["rules", i, "id"])
@@ -287,10 +290,15 @@ def _compile(
     payload: set[str] | None,
     extra: set[str] = frozenset(),
     record: dict[str, Any] | None = None,
+    types: "dict[str, T] | None" = None,
+    want: str = "any",
 ) -> Compiled | None:
     """Compile one expression of a rule; on error record a problem at its position and return None.
     With ``record`` (:func:`sample_record` of the expression's signal) a comparison of a field with a
-    literal of another type (``rules.expr.mismatched_comparisons``) is a problem too."""
+    literal of another type (``rules.expr.mismatched_comparisons``) is a problem too. With ``types``
+    (the field types of the signal, ``rules.typecheck.signal_types``, plus ``item``) the expression is
+    type-checked (``rules.typecheck``): ``want`` ``bool`` (a condition), ``number`` (``threshold.of``) or
+    ``any``; a type problem inside a macro is reported at the macro."""
     rid = raw["spec"]["id"]
     top, *rest = key.split("/")
     if key == "condition":
@@ -324,10 +332,46 @@ def _compile(
         for msg, _ in later:
             if msg not in seen:  # a macro uses a field this rule's signal does not have, or mistypes one
                 ctx.add(file, *position(doc, path), f"{key} (in a macro it uses): {msg}", rid)
+        if types is not None and not found and not later and _type_problems(ctx, raw, key, text, types, want, where):
+            return None
         return Compiled(source, compile_expr(source))
     except ExprError as err:
         ctx.add(file, *position(doc, path), f"{key}: {err}", rid)
         return None
+
+
+def _type_problems(ctx: _Ctx, raw: dict, key: str, text: str, types: "dict[str, T]", want: str, where) -> bool:
+    """Type-check ``text`` (``rules.typecheck``), recording each problem at its position (in the rule, or
+    in the macro that holds it); True when there was one."""
+    rid = raw["spec"]["id"]
+    sig = raw["spec"]["signal"] if not key.startswith("correlate/") else raw["spec"]["correlate"]["signal"]
+    aggregate = str((raw["spec"].get("threshold") or {}).get("aggregate", ""))
+    typed = Checker(types, ctx.macros, ctx.lists).check(text, want, _record_of(sig), aggregate)
+    for tp in typed:
+        if tp.whole:
+            file, doc, path = raw["cond_at"] if key == "condition" else _key_at(raw, key)
+            ctx.add(file, *position(doc, path), f"{key}: {tp.message}", rid)
+        elif tp.macro is None:
+            ctx.add(*where(tp.offset), f"{key}: {tp.message}", rid)
+        else:
+            at = _macro_pos(ctx, tp.macro, tp.offset)
+            ctx.add(*at, f"{key} (in macro '{tp.macro}', on {_record_of(sig)}): {tp.message}", rid)
+    return bool(typed)
+
+
+def _key_at(raw: dict, key: str) -> tuple[str, Any, list]:
+    """``(file, doc, path)`` of the rule's expression ``key`` (``threshold/of``, ``correlate/condition``)."""
+    top, *rest = key.split("/")
+    file, doc, base = _at(raw, top)
+    return file, doc, base + rest
+
+
+def _macro_pos(ctx: _Ctx, name: str, off: int) -> tuple[str, int, int]:
+    """``(file, line, col)`` of offset ``off`` inside the text of macro ``name``."""
+    file, _line, _col = ctx.macro_at[name]
+    doc = ctx.macro_doc[name]
+    text = ctx.macros[name]
+    return (file, *_expr_pos(doc, ["macros", name], ExprError("", *line_col(text, off)), file))
 
 
 def _kinds(ctx: _Ctx, raw: dict, signal: str, kinds: list[str] | None, where: str) -> frozenset[str]:
@@ -358,11 +402,15 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
     payload = fields.payload_keys(sorted(kinds)) if signal == "events" else None
     extra = {"item"} if spec.get("foreach") else set()
     record = sample_record(signal, kinds)
-    cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra, record)
-    foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload) if spec.get("foreach") else None
+    types = signal_types(signal, kinds)
+    foreach = None
+    if spec.get("foreach"):
+        foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload, types=types)
+        types = {**types, "item": item_type(types, ctx.macros, ctx.lists, spec["foreach"])}
+    cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra, record, types, "bool")
     group_by = {}
     for label, text in (spec.get("group_by") or {}).items():
-        group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra)
+        group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra, types=types)
         measured = measurement_names(text)
         if measured:
             ctx.add(
@@ -386,10 +434,12 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
                 rid,
             )
         else:
-            of = _compile(ctx, raw, "threshold/of", thr["of"], allowed, nested, payload, extra)
+            of = _compile(
+                ctx, raw, "threshold/of", thr["of"], allowed, nested, payload, extra, types=types, want="number"
+            )
     corr = None
     if spec.get("correlate"):
-        corr = _build_correlation(ctx, raw, allowed, nested, payload, extra)
+        corr = _build_correlation(ctx, raw, allowed, nested, payload, extra, types)
     annotations, sources = {}, {}
     names = allowed | TEMPLATE_NAMES | extra
     for name, text in (spec.get("annotations") or {}).items():
@@ -441,6 +491,19 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         file=file,
         line=raw["line"],
     )
+
+
+def item_type(types: "dict[str, T]", macros: dict[str, str], lists: dict[str, list], foreach: str) -> T:
+    """The type of ``item`` in a rule with ``foreach``: the element of the list (or the key of the map)
+    that ``foreach`` gives; ``dyn`` when that cannot be told."""
+    t = Checker(types, macros, lists).type_of(foreach)
+    if t.kind == "list" and t.elem is not None:
+        return t.elem
+    if t.kind == "map" and t.key is not None:
+        return t.key
+    if t.kind == "record":
+        return T("string")
+    return T("dyn")
 
 
 def sample_record(signal: str, kinds: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -552,7 +615,13 @@ def _check_results(ctx: _Ctx, raw: dict, cond: Compiled | None, of: Compiled | N
 
 
 def _build_correlation(
-    ctx: _Ctx, raw: dict, allowed: set[str], nested: dict, payload: set[str] | None, extra: set[str]
+    ctx: _Ctx,
+    raw: dict,
+    allowed: set[str],
+    nested: dict,
+    payload: set[str] | None,
+    extra: set[str],
+    types: "dict[str, T]",
 ) -> Correlation | None:
     spec, rid = raw["spec"]["correlate"], raw["spec"]["id"]
     osig = spec["signal"]
@@ -579,16 +648,28 @@ def _build_correlation(
         )
     o_record = sample_record(osig, okinds)
     n_before = len(ctx.problems)
-    cond = _compile(ctx, raw, "correlate/condition", spec["condition"], o_allowed, o_nested, o_payload, record=o_record)
+    o_types = signal_types(osig, okinds)
+    cond = _compile(
+        ctx,
+        raw,
+        "correlate/condition",
+        spec["condition"],
+        o_allowed,
+        o_nested,
+        o_payload,
+        record=o_record,
+        types=o_types,
+        want="bool",
+    )
     if len(ctx.problems) == n_before:
         where = (c_file, c_doc, c_path + ["condition"])
         _check_condition(ctx, rid, where, "correlate/condition", cond, osig, o_record)
     this_keys = {
-        k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra)
+        k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra, types=types)
         for k, v in spec["this_keys"].items()
     }
     other_keys = {
-        k: _compile(ctx, raw, f"correlate/other_keys/{k}", v, o_allowed, o_nested, o_payload)
+        k: _compile(ctx, raw, f"correlate/other_keys/{k}", v, o_allowed, o_nested, o_payload, types=o_types)
         for k, v in spec["other_keys"].items()
     }
     return Correlation(
