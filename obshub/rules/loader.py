@@ -463,6 +463,8 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             )
     if len(ctx.problems) == n_before:
         _check_results(ctx, raw, cond, of if aggregate != "count" else None, record)
+    window_steps = _check_step_options(ctx, raw)
+    renotify = spec.get("renotify") or {}
     if len(ctx.problems) > n_before:
         return None
     return Rule(
@@ -473,7 +475,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         kinds=kinds,
         condition=cond,
         group_by=group_by,
-        window_ns=parse_duration_ns(spec.get("window", "1m")),
+        window_ns=0 if window_steps else parse_duration_ns(spec.get("window", "1m")),
         aggregate=aggregate,
         of=of,
         at_least=at_least,
@@ -490,7 +492,40 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         enabled=spec.get("enabled", True),
         file=file,
         line=raw["line"],
+        window_steps=window_steps,
+        interim=bool(spec.get("interim", False)),
+        warmup_steps=int(spec.get("warmup_steps", 0)),
+        renotify_limit=int(renotify.get("limit", 0)),
+        renotify_after_ns=parse_duration_ns(renotify.get("after", "0s")),
     )
+
+
+_STEPS = re.compile(r"^([1-9][0-9]*) steps?$")
+
+
+def window_steps_of(window: Any) -> int:
+    """N for a ``window`` of ``N steps`` (or ``1 step``), 0 for a time window."""
+    m = _STEPS.match(str(window)) if window is not None else None
+    return int(m.group(1)) if m else 0
+
+
+def _check_step_options(ctx: _Ctx, raw: dict) -> int:
+    """Check the options that only some signals have (a window in steps: steps and events; ``interim``
+    and ``warmup_steps``: steps) and a correlation with a window in steps; return the window's steps
+    (0 for a time window)."""
+    spec, rid = raw["spec"], raw["spec"]["id"]
+    steps = window_steps_of(spec.get("window"))
+    if steps and spec["signal"] == "health":
+        file, doc, path = _at(raw, "window")
+        ctx.add(file, *position(doc, path), "window: health records have no step: give a time (e.g. 5m)", rid)
+    if steps and spec.get("correlate"):
+        file, doc, path = _at(raw, "window")
+        ctx.add(file, *position(doc, path), "window: a correlated rule needs a time window (e.g. 5m)", rid)
+    for key in ("interim", "warmup_steps"):
+        if key in spec and spec["signal"] != "steps":
+            file, doc, path = _at(raw, key)
+            ctx.add(file, *position(doc, path, key=True), f"{key}: only applies to signal 'steps'", rid)
+    return steps
 
 
 def item_type(types: "dict[str, T]", macros: dict[str, str], lists: dict[str, list], foreach: str) -> T:
@@ -535,7 +570,7 @@ def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> N
     reaches are problems."""
     spec, rid = raw["spec"], raw["spec"]["id"]
     window = spec.get("window", "1m")
-    if parse_duration_ns(window) == 0:
+    if not window_steps_of(window) and parse_duration_ns(window) == 0:
         w_file, w_doc, w_path = _at(raw, "window")
         ctx.add(
             w_file,
