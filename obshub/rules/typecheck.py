@@ -167,7 +167,7 @@ STEP_TYPES: dict[str, T] = {
                 last_phase=STRING,
                 silent_ns=INT,
                 state=STRING,
-                toward=list_of(STRING),
+                toward=INT,
             )
         ),
         waiting=list_of(STRING),
