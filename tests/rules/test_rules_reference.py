@@ -10,7 +10,6 @@ from pathlib import Path
 from obshub.core import schema
 from obshub.producer.probes import CUDA_SYMBOLS
 from obshub.rules import fields
-from obshub.rules.typecheck import STEP_TYPES
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "RULES.md"
