@@ -44,6 +44,8 @@ def type_text(t: T) -> str:
         return f"list({'map' if inner.kind == 'record' else type_text(inner)})"
     if t.kind == "map":
         return f"map({type_text(t.key or T('dyn'))}, {type_text(t.elem or T('dyn'))})"
+    if t.kind == "record" and t.elem is not None:
+        return f"map(layer, {type_text(t.elem)})"
     if t.kind == "record":
         return "map or null" if t.nullable else "map"
     return t.kind
@@ -53,15 +55,25 @@ def _cell(text: str) -> str:
     return " ".join(text.replace("|", "\\|").split())
 
 
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _values(t: T) -> str:
+    return f"one of {', '.join(f'`{v}`' for v in sorted(t.values))}" if t.values and len(t.values) < 12 else ""
+
+
 def _members(path: str, t: T, out: list[str]) -> None:
     """Rows for the members of the record inside ``t`` (a record, a list of records, a map of records)."""
-    while t.kind in ("list", "map") and t.elem is not None:
-        path += "[]" if t.kind == "list" else "[k]"
+    while t.kind in ("list", "map") or (t.kind == "record" and t.elem is not None):
+        if t.elem is None:
+            return
+        path += "[]" if t.kind == "list" else "[layer]" if t.kind == "record" else "[k]"
         t = t.elem
     if t.kind != "record":
         return
     for name, mt in t.fields:
-        out.append(f"| `{path}.{name}` | {type_text(mt)} | {unit(name)} | |")
+        out.append(f"| `{path}.{name}` | {type_text(mt)} | {unit(name)} | {_values(mt)} |")
         _members(f"{path}.{name}", mt, out)
 
 
@@ -69,7 +81,7 @@ def steps_table() -> list[str]:
     out = ["| field | CEL type | unit | meaning |", "|---|---|---|---|"]
     for name, t in STEP_TYPES.items():
         desc = fields.STEP_VARS.get(name, "")
-        out.append(f"| `{name}` | {type_text(t)} | {unit(name)} | {_cell(desc)} |")
+        out.append(f"| `{name}` | {type_text(t)} | {unit(name)} | {_join(_cell(desc), _values(t))} |")
         _members(name, t, out)
     return out
 
@@ -78,7 +90,8 @@ def events_table() -> list[str]:
     out = ["| field | CEL type | unit | meaning |", "|---|---|---|---|"]
     for name, desc in fields.EVENT_VARS.items():
         t = EVENT_SCALARS.get(name)
-        out.append(f"| `{name}` | {type_text(t) if t else 'map'} | {unit(name)} | {_cell(desc)} |")
+        meaning = _join(_cell(desc), _values(t) if t else "")
+        out.append(f"| `{name}` | {type_text(t) if t else 'map'} | {unit(name)} | {meaning} |")
     return out
 
 
@@ -119,7 +132,8 @@ def reference() -> str:
         "### `steps`: one step summary (`obshub.steps.v1`)",
         "",
         "Members of nested fields are listed under them (`blame[].layer`: the `layer` of each entry of the",
-        "list `blame`; `layers[k].network.time_ns`: a map's entry `k`). A missing field has its neutral",
+        "list `blame`; `[k]`: the entry of a map's key `k`; `[layer]`: the entry of a layer name in a map",
+        "keyed by layer, read as a member: `layers[k].network.time_ns`). A missing field has its neutral",
         "default (0, empty list or map, null `straggler`/`hang`).",
         "",
         *steps_table(),

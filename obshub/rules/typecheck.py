@@ -35,8 +35,10 @@ from obshub.rules.expr import tokens
 class T:
     """A CEL type: ``kind`` one of int, uint, double, string, bool, bytes, null, duration, timestamp,
     type, dyn, list, map, record. ``elem``: a list's element or a map's value; ``key``: a map's key;
-    ``fields``: a record's members (a CEL map with known string keys: another key fails); ``nullable``:
-    the value may be null (``straggler``, ``hang``); ``what``: the record's name in messages."""
+    ``fields``: a record's members (a CEL map with known string keys: another key fails); a record keyed by
+    layer name also has ``key``/``elem`` (string -> the type of each member); ``nullable``: the value may be
+    null (``straggler``, ``hang``); ``what``: the record's name in messages; ``values``: the values a
+    string field takes (``closed_by``, ``layer``, ``kind``), empty when any."""
 
     kind: str
     elem: "T | None" = None
@@ -44,6 +46,7 @@ class T:
     fields: tuple[tuple[str, "T"], ...] = ()
     nullable: bool = False
     what: str = ""
+    values: frozenset[str] = frozenset()  # a string of one of these values (closed_by, layer, kind)
 
     def member(self, name: str) -> "T | None":
         for n, t in self.fields:
@@ -90,6 +93,23 @@ def record(what: str, nullable: bool = False, **members: T) -> T:
     return T("record", fields=tuple(sorted(members.items())), nullable=nullable, what=what)
 
 
+LAYERS = tuple(sorted(layer.value for layer in schema.Layer))
+
+
+def enum(*values: str) -> T:
+    """A string that takes one of ``values``."""
+    return T("string", values=frozenset(values))
+
+
+def by_layer(t: T, what: str) -> T:
+    """A map keyed by layer name (``evidence.hosts[h]``, ``layer_stats``): a record of every layer, each
+    of type ``t`` (a misspelt layer is an unknown member)."""
+    return T("record", key=STRING, elem=t, fields=tuple((name, t) for name in LAYERS), what=what)
+
+
+LAYER = enum(*LAYERS)
+KIND = enum(*(k.name for k in schema.Kind))
+
 # the step summary's fields (schema.STEP_SUMMARY_FIELDS, as rules.fields.step_record gives them)
 _LAYER_CELL = record("a layers cell", time_ns=INT, count=INT, max_ns=INT)
 _LAYER_STAT = record(
@@ -109,7 +129,7 @@ STEP_TYPES: dict[str, T] = {
     "v": INT,
     "job": STRING,
     "step": INT,
-    "closed_by": STRING,
+    "closed_by": enum("complete", "window", "hang", "running"),
     "closed_at_ns": INT,
     "hosts": list_of(STRING),
     "expected_hosts": list_of(STRING),
@@ -130,7 +150,7 @@ STEP_TYPES: dict[str, T] = {
         record(
             "a blame entry",
             host=STRING,
-            layer=STRING,
+            layer=LAYER,
             excess_ns=INT,
             straggler_ns=INT,
             peer_median_ns=INT,
@@ -152,7 +172,9 @@ STEP_TYPES: dict[str, T] = {
     "inconsistent": list_of(record("an inconsistent entry", pg=STRING, coll_seq=INT, op=STRING, why=STRING)),
     "late_max_ns": INT,
     "net_directed": BOOL,
-    "evidence": record("evidence", spread_ns=INT, hosts=map_of(STRING, map_of(STRING, DOUBLE))),
+    "evidence": record(
+        "evidence", spread_ns=INT, hosts=map_of(STRING, by_layer(DOUBLE, "a host's evidence (by layer)"))
+    ),
     "hang": record(
         "hang",
         nullable=True,
@@ -166,7 +188,7 @@ STEP_TYPES: dict[str, T] = {
                 last_step=INT,
                 last_phase=STRING,
                 silent_ns=INT,
-                state=STRING,
+                state=enum("frozen", "stopped", "exited", "silent", "unreachable"),
                 toward=INT,
             )
         ),
@@ -174,8 +196,8 @@ STEP_TYPES: dict[str, T] = {
         waited_ns=INT,
         after_ns=INT,
     ),
-    "layers": map_of(STRING, map_of(STRING, _LAYER_CELL)),
-    "layer_stats": map_of(STRING, _LAYER_STAT),
+    "layers": map_of(STRING, by_layer(_LAYER_CELL, "a host's layers")),
+    "layer_stats": by_layer(_LAYER_STAT, "layer_stats"),
     "layers_omitted": INT,
     "baseline": record("baseline", median_ns=INT, p99_ns=INT, n=INT, spread_ns=INT),
     "stall": BOOL,
@@ -185,9 +207,9 @@ STEP_TYPES: dict[str, T] = {
 }
 
 EVENT_SCALARS: dict[str, T] = {
-    "kind": STRING,
+    "kind": KIND,
     "kind_id": INT,
-    "layer": STRING,
+    "layer": LAYER,
     "job": STRING,
     "host": STRING,
     "host_id": INT,
@@ -240,7 +262,12 @@ def signal_types(signal: str, kinds: "frozenset[str] | list[str] | None" = None)
     if signal == "steps":
         return dict(STEP_TYPES)
     if signal == "events":
-        return {**EVENT_SCALARS, "payload": payload_type(kinds)}
+        known = sorted(k for k in (kinds or ()) if k in schema.Kind.__members__)
+        out = {**EVENT_SCALARS, "payload": payload_type(kinds)}
+        if known:  # a rule reads only events of its kinds
+            out["kind"] = enum(*known)
+            out["layer"] = enum(*{schema.KIND_INFO[schema.Kind[k]].layer.value for k in known})
+        return out
     return dict(HEALTH_TYPES)
 
 
@@ -626,7 +653,7 @@ class Checker:
         if t.kind == "record":
             if idx.op == "lit" and it.kind == "string":
                 return self._member(t, _unquote(idx.args[1]), idx.start, base)
-            return DYN
+            return t.elem or DYN
         if t.kind == "dyn":
             return DYN
         self._add(f"'{self._src(base)}' is {article(t)}: it cannot be indexed (`{self._src(n)}` fails)", idx.start)
@@ -683,6 +710,19 @@ class Checker:
                     )
             return BOOL
         if op in ("==", "!="):
+            for field_t, lit in ((at, b), (bt, a)):
+                if field_t.values and lit.op == "lit" and lit.args[0] == "str":
+                    value = _unquote(lit.args[1])
+                    if value not in field_t.values:
+                        other = a if lit is b else b
+                        near = difflib.get_close_matches(value, sorted(field_t.values), n=1)
+                        hint = f"; did you mean '{near[0]}'?" if near else ""
+                        effect = "false" if op == "==" else "true"
+                        self._add(
+                            f"`{self._src(n)}` is {effect} on every record: '{self._src(other)}' is one of "
+                            f"{', '.join(sorted(field_t.values))}{hint}",
+                            lit.start,
+                        )
             if not _comparable(at, bt):
                 effect = "false" if op == "==" else "true"
                 self._add(
@@ -809,7 +849,7 @@ class Checker:
         elif rt.kind == "map":
             var_t = rt.key or DYN
         elif rt.kind == "record":
-            var_t = STRING
+            var_t = LAYER if rt.elem is not None else STRING
         elif rt.kind == "dyn":
             var_t = DYN
         else:

@@ -30,7 +30,13 @@ def test_reference_names_every_field_payload_key_and_symbol_with_type_and_unit()
     for base, members in fields.NESTED_VARS.items():
         for m in members:
             assert f"| `{base}.{m}` |" in ref, (base, m)
-    for name in ("blame[].layer", "straggler.group[].late_ns", "hang.hosts[].state", "layer_stats[k].time_p99_ns"):
+    for name in (
+        "blame[].layer",
+        "straggler.group[].late_ns",
+        "hang.hosts[].state",
+        "layer_stats[layer].time_p99_ns",
+        "layers[k][layer].time_ns",
+    ):
         assert f"| `{name}` |" in ref, name
     assert "| `baseline.median_ns` | int | ns |" in ref and "| `duration_us` | double | µs |" in ref
     for name in {**fields.EVENT_VARS, **fields.HEALTH_VARS}:

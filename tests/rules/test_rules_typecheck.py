@@ -133,6 +133,18 @@ REFUSED = [
     # through a macro: reported at the macro
     ("steps", "stalled && bad_member", "4:33", ["in macro 'bad_member'", "did you mean 'layer'?"]),
     ("steps", "stalled && step_time_max_ns > ratio5", "5:11", ["in macro 'ratio5'", "mixes a double and an int"]),
+    # string fields with a known set of values, and maps keyed by layer name
+    ("steps", "closed_by == 'completed'", "'completed'", ["false on every record", "did you mean 'complete'?"]),
+    ("steps", "blame.exists(b, b.layer == 'netwrok')", "'netwrok'", ["did you mean 'network'?"]),
+    ("steps", "hang != null && hang.hosts.exists(h, h.state == 'frozn')", "'frozn'", ["did you mean 'frozen'?"]),
+    (
+        "steps",
+        "evidence.hosts.exists(h, evidence.hosts[h].netwrok > 1.0)",
+        "netwrok",
+        ["unknown field 'evidence.hosts[h].netwrok'", "did you mean 'network'?"],
+    ),
+    ("steps", "layer_stats.shed.time_p99_ns > 0", "shed", ["did you mean 'sched'?"]),
+    ("events\n    kinds: [NCCL_COLL]", "kind == 'CUDA_SYNC'", "'CUDA_SYNC'", ["'kind' is one of NCCL_COLL"]),
     # event payloads and health records
     ("events\n    kinds: [RDMA_CQ_DONE]", "payload.qp == 'x'", "payload", ["compares an int with a string"]),
     ("events\n    kinds: [TCP_RETRANSMIT]", "payload.dport > 'x'", "payload", ["orders an int and a string"]),
@@ -220,6 +232,11 @@ GOOD_SHAPES = [
     ("steps", "int(stall_ratio) >= 5"),
     ("steps", "stall_ratio >= 1.5 && !net_directed"),
     ("steps", "stalled && -step > -100"),
+    ("steps", "closed_by in ['complete', 'window'] && has(layer_stats.network) && layer_stats.network.time_p99_ns > 0"),
+    (
+        "steps",
+        "layers.exists(h, has(layers[h].nccl) && layers[h].nccl.time_ns > 1) && blame.exists(b, b.layer == 'nccl')",
+    ),
     ("steps", "type(straggler) == map || straggler == null"),
     ("steps", "dyn(baseline.median_ns) * 5.0 > 0.0 || stall"),
     ("steps", "inconsistent.exists(c, c.why != '') || collectives.all(c, c.skew_ns < 1000000000)"),
