@@ -253,7 +253,11 @@ class Engine:
             return
         shared = Activation(record, names, self._functions)  # one CEL conversion for every rule
         for rule in rules:
-            if rule.signal == signal and (signal != "events" or kind in rule.kinds) and self._admits(rule, record):
+            if (
+                rule.signal == signal
+                and (signal != "events" or kind in rule.kinds)
+                and (signal != "steps" or self._admits(rule, record))
+            ):
                 if rule.foreach is None:
                     if rule.condition.test(shared):
                         self._primary_match(rule, shared, t)
