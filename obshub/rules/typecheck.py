@@ -547,9 +547,9 @@ class Checker:
     def _want(self, t: T, want: str, node: Node) -> None:
         on = f" on {self._on}" if self._on else ""
         if want == "bool" and t.kind not in ("bool", "dyn"):
-            eg = f"{self._src(node)} > 0" if t.kind in NUMERIC else "duration_us > 20.0"
+            eg = _compare_example(self._src(node), t)
             self._add(
-                f"gives {article(t)}, not true or false,{on}: a rule matches only where its condition is true "
+                f"gives {article(t)}, not true or false{',' + on if on else ''}: a rule matches only where its condition is true "
                 f"(compare the value, e.g. `{eg}`)",
                 node.start,
                 True,
@@ -705,7 +705,7 @@ class Checker:
                 if t.kind not in ("bool", "dyn"):
                     self._add(
                         f"`{op}` needs bools, but '{self._src(side)}' is {article(t)} (compare it, e.g. "
-                        f"`{self._src(side)} > 0`)",
+                        f"`{_compare_example(self._src(side), t)}`)",
                         side.start,
                     )
             return BOOL
@@ -874,6 +874,17 @@ class Checker:
         if name == "filter":
             return list_of(var_t) if rt.kind != "list" else rt
         return list_of(types[-1])
+
+
+def _compare_example(src: str, t: T) -> str:
+    """A comparison that turns ``src`` (of type ``t``) into a bool, for messages."""
+    if t.kind in NUMERIC:
+        return f"{src} > 0"
+    if t.kind == "string":
+        return f"{src} == '...'"
+    if t.kind in ("list", "map", "record"):
+        return f"size({src}) > 0"
+    return "duration_us > 20.0"
 
 
 def _unquote(s: str) -> str:
