@@ -220,3 +220,60 @@ def test_rules_check_on_a_test_file_points_to_rules_test_and_test_inputs_accept_
     assert "run it with `obshub rules test" in out, out
     # `baseline: {n: 3}` (the schema's own key) is read as the key 'n', not refused as a YAML 1.1 boolean
     assert "baseline: {n: 3" in (TRIAL / "trial_test.yaml").read_text()
+
+
+def test_renotify_reaches_a_sink_again_through_the_dispatcher(tmp_path):
+    """The repeated `firing` change of `renotify` is delivered again (a console sink prints it), while a
+    firing alert without `renotify` is notified once for all its matches."""
+    import io
+    import time
+
+    from obshub.rules.dispatch import Dispatcher
+    from obshub.rules.sinks.base import DeliveryPolicy
+    from obshub.rules.sinks.config import Route
+    from obshub.rules.sinks.console import ConsoleSink
+
+    rule = """\
+  - id: {id}
+    description: a stall over 5x the median
+    severity: critical
+    signal: steps
+    condition: stall_ratio > 5.0
+    group_by: {{job: job}}
+    window: 3 steps
+"""
+    p = tmp_path / "r.yaml"
+    p.write_text(
+        "version: 1\nrules:\n"
+        + rule.format(id="paged_again")
+        + "    renotify: {limit: 2}\n"
+        + rule.format(id="paged_once")
+    )
+    out, acked, sent = io.StringIO(), [], []
+    d = Dispatcher(
+        [ConsoleSink("console", stream=out)],
+        Route(group_by=["alertname"], group_wait="0s", group_interval="0s", repeat_interval="4h"),
+        [],
+        None,
+        DeliveryPolicy(max_attempts=1, max_elapsed_s=5, timeout_s=2, backoff_initial_s=0.01, backoff_max_s=0.05),
+        acked.extend,
+    )
+    changes: list[dict] = []
+    eng = Engine(load_ruleset([p]), changes.append)
+    base = {"median_ns": 100, "p99_ns": 100, "spread_ns": 1, "n": 20}
+    try:
+        for k in range(4):  # four stalled steps in a row: a first page and (for one rule) two repeats
+            eng.process("steps", step(k, 30 + k, stall_ratio=9.0, baseline=base))
+            for c in changes:
+                sent.append(len(sent))
+                d.submit(c, sent[-1], now_ns=BASE_NS + k * S)
+            changes.clear()
+            d.tick(BASE_NS + k * S)
+            deadline = time.monotonic() + 10
+            while sorted(acked) != sent and time.monotonic() < deadline:
+                time.sleep(0.02)
+        lines = out.getvalue().splitlines()
+        assert sum(x.startswith("[FIRING] paged_again") for x in lines) == 3, lines
+        assert sum(x.startswith("[FIRING] paged_once") for x in lines) == 1, lines
+    finally:
+        d.close()
