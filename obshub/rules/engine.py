@@ -170,7 +170,9 @@ class Engine:
         self._emitted: list = []
         self._marks = 0
         self._functions = {_EMIT: self._emit_item, _MARK: self._mark_item}
-        self.job_steps: dict[str, int] = {}  # job -> the largest step seen (windows in steps)
+        # signal -> job -> the largest step seen in records of that signal (windows in steps); per signal,
+        # since a job's events of step N+1 arrive before the summary of step N is closed
+        self.job_steps: dict[str, dict[str, int]] = {"steps": {}, "events": {}}
         self._compile_plans()
 
     def _emit_item(self, result: Any) -> bool:
@@ -248,7 +250,7 @@ class Engine:
         kind = record.get("kind") if signal == "events" else None
         rules, names = self._reads(signal, kind)
         if self._step_rules and signal != "health":
-            self._job_step(record)
+            self._job_step(signal, record)
         if not rules:
             return
         shared = Activation(record, names, self._functions)  # one CEL conversion for every rule
@@ -280,18 +282,22 @@ class Engine:
             return isinstance(n, int) and n >= rule.warmup_steps
         return True
 
-    def _job_step(self, record: dict) -> None:
-        """Track the job's largest step; when it advances, the windows in steps of its groups move on."""
+    def _job_step(self, signal: str, record: dict) -> None:
+        """Track the job's largest step in records of ``signal``; when it advances, the windows in steps
+        of the job's groups of the rules reading ``signal`` move on."""
         step, job = record.get("step"), record.get("job")
         if type(step) is not int or step < 0 or not isinstance(job, str):
             return
-        last = self.job_steps.get(job)
+        steps = self.job_steps.setdefault(signal, {})
+        last = steps.get(job)
         if last is not None and step <= last:
             return
-        self.job_steps[job] = step
+        steps[job] = step
         if last is None:
             return
         for rule in self._step_rules:
+            if rule.signal != signal:
+                continue
             rt = self.runtime[rule.id]
             fps = rt.job_groups.get(job)
             if not fps:
@@ -327,7 +333,7 @@ class Engine:
             return
         rt = self.runtime[rule.id]
         job = job if isinstance(job, str) else ""
-        last = max(self.job_steps.get(job, step), step)
+        last = max(self.job_steps.get(rule.signal, {}).get(job, step), step)
         horizon = last - rule.window_steps
         if step <= horizon:
             return  # older than the window: a late record
@@ -758,7 +764,7 @@ class Engine:
         return {
             "v": 3,
             "now_ns": self.now_ns,
-            "job_steps": dict(self.job_steps),
+            "job_steps": {sig: dict(jobs) for sig, jobs in self.job_steps.items()},
             "instances": [i.to_dict() for i in self.instances.values()],
             "runtime": runtime,
         }
@@ -767,7 +773,11 @@ class Engine:
         """Load a ``snapshot`` (versions 1 to 3); state of rules no longer in the rule set is dropped."""
         columns = snap.get("v", 1) == 2
         self.now_ns = int(snap.get("now_ns", 0))
-        self.job_steps = {str(k): int(v) for k, v in (snap.get("job_steps") or {}).items()}
+        saved = snap.get("job_steps") or {}
+        self.job_steps = {"steps": {}, "events": {}}
+        for sig, jobs in saved.items():
+            if isinstance(jobs, dict):
+                self.job_steps[str(sig)] = {str(k): int(v) for k, v in jobs.items()}
         renamed: dict[str, str] = {}
         for d in snap.get("instances", []):
             inst = AlertInstance.from_dict(d)

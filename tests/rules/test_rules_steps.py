@@ -277,3 +277,15 @@ def test_renotify_reaches_a_sink_again_through_the_dispatcher(tmp_path):
         assert sum(x.startswith("[FIRING] paged_once") for x in lines) == 1, lines
     finally:
         d.close()
+
+
+def test_a_jobs_events_of_the_next_step_do_not_push_its_step_summary_out_of_a_step_window(tmp_path):
+    """Events of step N+1 arrive before the summary of step N is closed: the step axis of a steps rule
+    is the job's step summaries, of an events rule its events."""
+    eng, _ = make(tmp_path)
+    base = {"median_ns": 100, "p99_ns": 100, "spread_ns": 1, "n": 20}
+    eng.process("events", ev(0, 21, 1.0))  # the job's events are already in step 21
+    eng.process("steps", step(1, 20, stall_ratio=9.0, baseline=base))  # step 20 closes
+    assert ("stalled", "llm") in active(eng)
+    eng.process("steps", step(2, 21, stall_ratio=1.0, baseline=base))
+    assert ("stalled", "llm") not in active(eng)
