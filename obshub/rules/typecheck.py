@@ -740,6 +740,17 @@ class Checker:
                 )
             return BOOL
         if op == "in":
+            if at.values and b.op == "list":
+                for item in b.args:
+                    if item.op == "lit" and item.args[0] == "str" and _unquote(item.args[1]) not in at.values:
+                        value = _unquote(item.args[1])
+                        near = difflib.get_close_matches(value, sorted(at.values), n=1)
+                        hint = f"; did you mean '{near[0]}'?" if near else ""
+                        self._add(
+                            f"'{value}' in `{self._src(n)}` never matches: '{self._src(a)}' is one of "
+                            f"{', '.join(sorted(at.values))}{hint}",
+                            item.start,
+                        )
             if bt.kind == "list":
                 if bt.elem is not None and not _comparable(at, bt.elem):
                     self._add(

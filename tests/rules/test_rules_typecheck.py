@@ -144,6 +144,7 @@ REFUSED = [
         ["unknown field 'evidence.hosts[h].netwrok'", "did you mean 'network'?"],
     ),
     ("steps", "layer_stats.shed.time_p99_ns > 0", "shed", ["did you mean 'sched'?"]),
+    ("steps", "closed_by in ['hang', 'runing']", "'runing'", ["never matches", "did you mean 'running'?"]),
     ("events\n    kinds: [NCCL_COLL]", "kind == 'CUDA_SYNC'", "'CUDA_SYNC'", ["'kind' is one of NCCL_COLL"]),
     # event payloads and health records
     ("events\n    kinds: [RDMA_CQ_DONE]", "payload.qp == 'x'", "payload", ["compares an int with a string"]),
