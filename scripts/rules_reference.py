@@ -19,7 +19,7 @@ from pathlib import Path
 from obshub.core import schema
 from obshub.producer.probes import CUDA_SYMBOLS
 from obshub.rules import fields
-from obshub.rules.typecheck import EVENT_SCALARS, HEALTH_TYPES, STEP_TYPES, T
+from obshub.rules.typecheck import EVENT_SCALARS, HEALTH_TYPES, T, step_types
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "RULES.md"
 BEGIN = "<!-- BEGIN GENERATED FIELD REFERENCE: python scripts/rules_reference.py --write -->"
@@ -79,7 +79,7 @@ def _members(path: str, t: T, out: list[str]) -> None:
 
 def steps_table() -> list[str]:
     out = ["| field | CEL type | unit | meaning |", "|---|---|---|---|"]
-    for name, t in STEP_TYPES.items():
+    for name, t in step_types().items():
         desc = fields.STEP_VARS.get(name, "")
         out.append(f"| `{name}` | {type_text(t)} | {unit(name)} | {_join(_cell(desc), _values(t))} |")
         _members(name, t, out)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from obshub.core import schema
+from obshub.rules import fields
 from obshub.rules.expr import tokens
 
 
@@ -257,10 +258,31 @@ def payload_type(kinds: "list[str] | frozenset[str] | None") -> T:
     return record("payload", **members)
 
 
+_SHAPES = {
+    "int": INT,
+    "str": STRING,
+    "bool": BOOL,
+    "list[str]": list_of(STRING),
+    "list[map]": list_of(map_of(STRING, DYN)),
+    "map[int]": map_of(STRING, INT),
+    "map[map]": map_of(STRING, map_of(STRING, DYN)),
+    "map": map_of(STRING, DYN),
+    "map?": map_of(STRING, DYN),
+}
+
+
+def step_types() -> dict[str, T]:
+    """The type of every step-summary field a rule reads: ``STEP_TYPES``, and for a documented field it
+    does not hold yet, the type of its shape in the decoder (``schema._STEP_SHAPE``; members unchecked),
+    else ``dyn``."""
+    shapes = getattr(schema, "_STEP_SHAPE", {})
+    return {name: STEP_TYPES.get(name) or _SHAPES.get(shapes.get(name, ""), DYN) for name in fields.STEP_VARS}
+
+
 def signal_types(signal: str, kinds: "frozenset[str] | list[str] | None" = None) -> dict[str, T]:
     """The type of every field a rule of ``signal`` reads (steps, events, health)."""
     if signal == "steps":
-        return dict(STEP_TYPES)
+        return step_types()
     if signal == "events":
         known = sorted(k for k in (kinds or ()) if k in schema.Kind.__members__)
         out = {**EVENT_SCALARS, "payload": payload_type(kinds)}
