@@ -273,10 +273,19 @@ _SHAPES = {
 
 def step_types() -> dict[str, T]:
     """The type of every step-summary field a rule reads: ``STEP_TYPES``, and for a documented field it
-    does not hold yet, the type of its shape in the decoder (``schema._STEP_SHAPE``; members unchecked),
-    else ``dyn``."""
+    does not hold yet, a record of its documented members (``fields.NESTED_VARS``, each ``dyn``) or the
+    type of its shape in the decoder (``schema._STEP_SHAPE``), else ``dyn``."""
     shapes = getattr(schema, "_STEP_SHAPE", {})
-    return {name: STEP_TYPES.get(name) or _SHAPES.get(shapes.get(name, ""), DYN) for name in fields.STEP_VARS}
+    out = {}
+    for name in fields.STEP_VARS:
+        shape = shapes.get(name, "")
+        if name in STEP_TYPES:
+            out[name] = STEP_TYPES[name]
+        elif fields.NESTED_VARS.get(name):
+            out[name] = record(name, nullable=shape.endswith("?"), **{m: DYN for m in fields.NESTED_VARS[name]})
+        else:
+            out[name] = _SHAPES.get(shape, DYN)
+    return out
 
 
 def signal_types(signal: str, kinds: "frozenset[str] | list[str] | None" = None) -> dict[str, T]:
