@@ -6,6 +6,7 @@ Modules, in the order data flows through them:
 ``yamlfile``       strict YAML reading: positions, duplicate keys, YAML 1.1 surprises, JSON Schema
 ``loader``         rule files -> validated, compiled ``model.RuleSet`` (every problem file:line:col)
 ``expr``           CEL: macro/list expansion, compile, static field checks, evaluation
+``typecheck``      static type check of every expression against the record types of its signal
 ``fields``         the documented fields per signal and the record builders
 ``engine``         evaluation: windows, thresholds, correlation -> state changes to a notify callable
 ``lifecycle``      fingerprint and the pending/firing/resolved transitions; the change record

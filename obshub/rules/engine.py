@@ -46,6 +46,10 @@ Notify = Callable[[dict], None]
 MAX_HITS_PER_GROUP = 10_000
 MAX_BUFFERED_PER_KEY = 1_000
 MAX_FINGERPRINTS = 200_000  # cached group -> fingerprint entries per rule before the cache restarts
+# an alert of a rule with a window in steps stays true this long after its latest match or step of its
+# job while the window reaches the threshold: a job that stops sending steps does not keep it firing
+STEP_HOLD_NS = 300 * 1_000_000_000
+INTERIM = frozenset({"hang", "running"})  # closed_by of the interim records of an open step
 _SKIP, _ERROR = "skip", "error"  # per-item outcomes: condition not true / an expression failed (counted)
 _EMIT, _MARK = "obshub_emit__", "obshub_mark__"  # CEL functions of the one-pass foreach (see _ForeachPlan)
 _ABSENT = object()  # no entry for the item in a map
@@ -59,6 +63,7 @@ class _RuleRuntime:
         self.this_buf: dict[str, deque] = {}  # correlation key -> deque[(t_ns, labels, activation, used)]
         self.other_buf: dict[str, deque] = {}  # correlation key -> deque[(t_ns, activation)]
         self.fps: dict[tuple, tuple[str, dict[str, str]]] = {}  # group-by values -> (fingerprint, labels)
+        self.job_groups: dict[str, set[str]] = {}  # window in steps: job -> fingerprints of its groups
 
 
 @dataclass
@@ -165,6 +170,9 @@ class Engine:
         self._emitted: list = []
         self._marks = 0
         self._functions = {_EMIT: self._emit_item, _MARK: self._mark_item}
+        # signal -> job -> the largest step seen in records of that signal (windows in steps); per signal,
+        # since a job's events of step N+1 arrive before the summary of step N is closed
+        self.job_steps: dict[str, dict[str, int]] = {"steps": {}, "events": {}}
         self._compile_plans()
 
     def _emit_item(self, result: Any) -> bool:
@@ -181,6 +189,7 @@ class Engine:
         self._shared_names = {rid: self._names_shared(r) for rid, r in self.ruleset.rules.items()}
         self._reading: dict[tuple[str, str | None], tuple[list[Rule], frozenset[str]]] = {}
         self._fp_templates: dict[str, tuple[dict[str, str], list]] = {}
+        self._step_rules = [r for r in self.ruleset.rules.values() if r.window_steps]
 
     def _names_shared(self, rule: Rule) -> frozenset[str]:
         """The fields ``rule`` reads on a record's shared context: all of its fields, except for a
@@ -217,6 +226,9 @@ class Engine:
             del self.instances[fp]
         runtime = {}
         for rid, rule in ruleset.rules.items():
+            old = self.ruleset.rules.get(rid)
+            if old is not None and old.window_steps != rule.window_steps:
+                self.runtime.pop(rid, None)  # hits on another axis (steps vs. time): start afresh
             rt = runtime[rid] = self.runtime.get(rid, _RuleRuntime())
             rt.fps = {}  # labels (severity, static labels) may have changed
             for fp, w in list(rt.hits.items()):
@@ -237,11 +249,17 @@ class Engine:
         self.now_ns = max(self.now_ns, t)
         kind = record.get("kind") if signal == "events" else None
         rules, names = self._reads(signal, kind)
+        if self._step_rules and signal != "health":
+            self._job_step(signal, record)
         if not rules:
             return
         shared = Activation(record, names, self._functions)  # one CEL conversion for every rule
         for rule in rules:
-            if rule.signal == signal and (signal != "events" or kind in rule.kinds):
+            if (
+                rule.signal == signal
+                and (signal != "events" or kind in rule.kinds)
+                and (signal != "steps" or self._admits(rule, record))
+            ):
                 if rule.foreach is None:
                     if rule.condition.test(shared):
                         self._primary_match(rule, shared, t)
@@ -250,6 +268,87 @@ class Engine:
             c = rule.correlate
             if c and c.signal == signal and (signal != "events" or kind in c.kinds) and c.condition.test(shared):
                 self._other_match(rule, shared, t)
+
+    @staticmethod
+    def _admits(rule: Rule, record: dict) -> bool:
+        """Whether ``rule`` reads ``record`` of its own signal: a steps rule skips interim records unless
+        it has ``interim: true``, and records before its warm-up (``warmup_steps``: baseline.n)."""
+        if rule.signal != "steps":
+            return True
+        if not rule.interim and record.get("closed_by") in INTERIM:
+            return False
+        if rule.warmup_steps:
+            n = (record.get("baseline") or {}).get("n", 0)
+            return isinstance(n, int) and n >= rule.warmup_steps
+        return True
+
+    def _job_step(self, signal: str, record: dict) -> None:
+        """Track the job's largest step in records of ``signal``; when it advances, the windows in steps
+        of the job's groups of the rules reading ``signal`` move on."""
+        step, job = record.get("step"), record.get("job")
+        if type(step) is not int or step < 0 or not isinstance(job, str):
+            return
+        steps = self.job_steps.setdefault(signal, {})
+        last = steps.get(job)
+        if last is not None and step <= last:
+            return
+        steps[job] = step
+        if last is None:
+            return
+        for rule in self._step_rules:
+            if rule.signal != signal:
+                continue
+            rt = self.runtime[rule.id]
+            fps = rt.job_groups.get(job)
+            if not fps:
+                continue
+            horizon = step - rule.window_steps
+            for fp in list(fps):
+                w = rt.hits.get(fp)
+                if w is not None:
+                    w.prune(horizon)
+                    if not w.times:
+                        del rt.hits[fp]
+                        w = None
+                inst = self.instances.get(fp)
+                if inst is not None and inst.state in (PENDING, FIRING):
+                    if w is not None and w.value(rule.at_least) >= rule.at_least:
+                        inst.true_until_ns = max(inst.true_until_ns, self.now_ns + STEP_HOLD_NS)
+                    else:
+                        inst.true_until_ns = self.now_ns  # the window moved past the matches
+                        self._advance(inst, rule, self.now_ns)
+                if w is None and fp not in self.instances:
+                    fps.discard(fp)
+            if not fps:
+                del rt.job_groups[job]
+
+    def _add_step_hit(
+        self, rule: Rule, fp: str, labels: dict, t: int, value: float, data: Callable[[], dict], other: dict | None
+    ) -> None:
+        """A hit of a rule with a window in steps: placed at its record's step (a record with no step,
+        -1, is no hit); ``count`` counts steps with a match."""
+        rec = data()
+        step, job = rec.get("step"), rec.get("job")
+        if type(step) is not int or step < 0:
+            return
+        rt = self.runtime[rule.id]
+        job = job if isinstance(job, str) else ""
+        last = max(self.job_steps.get(rule.signal, {}).get(job, step), step)
+        horizon = last - rule.window_steps
+        if step <= horizon:
+            return  # older than the window: a late record
+        w = rt.hits.get(fp)
+        if w is None:
+            w = rt.hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
+        rt.job_groups.setdefault(job, set()).add(fp)
+        self.dirty = True
+        if rule.aggregate == "count" and step in w.times:
+            w.prune(horizon)
+            agg = w.value(rule.at_least)
+        else:
+            agg = w.push(step, value, horizon, rule.at_least)
+        if agg >= rule.at_least:
+            self._reached(rule, fp, labels, t, w, data, other)
 
     def _activations(self, rule: Rule, shared: Activation) -> list[Activation]:
         """One activation per ``foreach`` item, each a full conversion (only correlated foreach rules)."""
@@ -408,6 +507,9 @@ class Engine:
                     self.eval_errors += 1
                     continue
             fp = got[0]
+            if rule.window_steps:
+                self._add_step_hit(rule, fp, got[1], t, value, lambda it=item: {**shared.data, "item": it}, None)
+                continue
             w = hits.get(fp)
             if w is None:
                 w = hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
@@ -526,6 +628,9 @@ class Engine:
     ) -> None:
         """Add ``(t, value)`` to the group's window and update the alert when the aggregate reaches the
         threshold (annotations rendered from ``data()``, the record as templates see it)."""
+        if rule.window_steps:
+            self._add_step_hit(rule, fp, labels, t, value, data, other)
+            return
         hits = self.runtime[rule.id].hits.get(fp)
         if hits is None:
             hits = self.runtime[rule.id].hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
@@ -548,11 +653,22 @@ class Engine:
         inst = self.instances.get(fp)
         if inst is None:
             inst = self.instances[fp] = AlertInstance(fp, rule.id, dict(labels), rule.severity)
+        was_firing = inst.state == FIRING
         inst.value = agg
         inst.annotations = self._render(rule, data(), labels, agg, len(hits), other)
-        until = hits.true_until(rule.at_least, rule.window_ns)
+        if rule.window_steps:
+            until = max(t, self.now_ns) + STEP_HOLD_NS  # ends when the job's steps move past (_job_step)
+        else:
+            until = hits.true_until(rule.at_least, rule.window_ns)
         if lifecycle.become_true(inst, t, until) == PENDING and rule.for_ns > 0:
             self._emit(inst, PENDING, rule)  # with `for: 0` it fires at once: no pending change published
+        if (
+            was_firing
+            and rule.renotify_limit
+            and lifecycle.maybe_renotify(inst, max(t, self.now_ns), rule.renotify_limit, rule.renotify_after_ns)
+        ):
+            self._emit(inst, FIRING, rule)  # a new match of a firing alert: notify again
+            self.dirty = True
         self._advance(inst, rule, max(t, self.now_ns))
 
     def _render(self, rule: Rule, act: dict, labels: dict, value: float, count: int, other: dict | None) -> dict:
@@ -605,7 +721,7 @@ class Engine:
         for rid, rt in self.runtime.items():
             rule = self.ruleset.rules[rid]
             horizon = self.now_ns - rule.window_ns
-            for fp, w in list(rt.hits.items()):
+            for fp, w in [] if rule.window_steps else list(rt.hits.items()):
                 if w.times and w.times[0] <= horizon:
                     w.prune(horizon)
                 if not w.times:
@@ -641,12 +757,14 @@ class Engine:
                 "n": [len(w.times) for w in ws],
                 "t": list(chain.from_iterable(w.times for w in ws)),
                 "v": list(chain.from_iterable(w.values for w in ws)),
+                "job_groups": {k: sorted(v) for k, v in rt.job_groups.items()},
                 "this_buf": {k: [list(e) for e in b] for k, b in rt.this_buf.items()},
                 "other_buf": {k: [list(e) for e in b] for k, b in rt.other_buf.items()},
             }
         return {
             "v": 3,
             "now_ns": self.now_ns,
+            "job_steps": {sig: dict(jobs) for sig, jobs in self.job_steps.items()},
             "instances": [i.to_dict() for i in self.instances.values()],
             "runtime": runtime,
         }
@@ -655,6 +773,11 @@ class Engine:
         """Load a ``snapshot`` (versions 1 to 3); state of rules no longer in the rule set is dropped."""
         columns = snap.get("v", 1) == 2
         self.now_ns = int(snap.get("now_ns", 0))
+        saved = snap.get("job_steps") or {}
+        self.job_steps = {"steps": {}, "events": {}}
+        for sig, jobs in saved.items():
+            if isinstance(jobs, dict):
+                self.job_steps[str(sig)] = {str(k): int(v) for k, v in jobs.items()}
         renamed: dict[str, str] = {}
         for d in snap.get("instances", []):
             inst = AlertInstance.from_dict(d)
@@ -682,6 +805,7 @@ class Engine:
                     renamed.get(fp, fp): Window.from_list(kind, MAX_HITS_PER_GROUP, list(zip(*h)) if columns else h)
                     for fp, h in rt["hits"].items()
                 }
+            r.job_groups = {k: {renamed.get(fp, fp) for fp in v} for k, v in (rt.get("job_groups") or {}).items()}
             r.this_buf = {
                 k: deque((list(e) for e in b), maxlen=MAX_BUFFERED_PER_KEY) for k, b in rt["this_buf"].items()
             }

@@ -68,6 +68,8 @@ class AlertInstance:
     true_until_ns: int = 0
     resolved_at_ns: int = 0
     updated_ns: int = 0
+    renotified: int = 0  # firing notifications sent again on a new match during this firing (rule `renotify`)
+    notified_ns: int = 0  # time of the latest firing notification (the first or a repeat)
 
     def to_dict(self) -> dict:
         """JSON-able form (for the state file)."""
@@ -85,6 +87,7 @@ def become_true(inst: AlertInstance, now_ns: int, true_until_ns: int) -> str | N
     inst.true_until_ns = max(inst.true_until_ns, true_until_ns)
     if inst.state in (INACTIVE, RESOLVED):
         inst.state, inst.active_since_ns, inst.fired_at_ns, inst.resolved_at_ns = PENDING, now_ns, 0, 0
+        inst.renotified = 0
         return PENDING
     return None
 
@@ -97,6 +100,7 @@ def maybe_fire(inst: AlertInstance, now_ns: int, for_ns: int) -> str | None:
         and now_ns >= inst.active_since_ns + for_ns
     ):
         inst.state, inst.fired_at_ns = FIRING, inst.active_since_ns + for_ns
+        inst.notified_ns = max(now_ns, inst.fired_at_ns)
         return FIRING
     return None
 
@@ -115,6 +119,16 @@ def maybe_resolve(inst: AlertInstance, now_ns: int, keep_firing_for_ns: int) -> 
     if inst.state == FIRING and now_ns >= end:
         inst.state, inst.resolved_at_ns = RESOLVED, end
         return RESOLVED
+    return None
+
+
+def maybe_renotify(inst: AlertInstance, now_ns: int, limit: int, after_ns: int) -> str | None:
+    """A new match of a firing alert -> notify again (a new ``firing`` change): at most ``limit`` times per
+    firing, at least ``after_ns`` after the previous notification (rule ``renotify``)."""
+    if inst.state == FIRING and inst.renotified < limit and now_ns >= inst.notified_ns + after_ns:
+        inst.renotified += 1
+        inst.notified_ns = now_ns
+        return FIRING
     return None
 
 
@@ -147,7 +161,8 @@ def change_record(
     Fields: ``v`` (1), ``fingerprint``, ``rule``, ``status`` (pending|firing|resolved|inactive),
     ``severity``, ``labels`` (with ``alertname`` and ``severity``), ``annotations`` (with ``description`` and
     ``runbook`` when set), ``starts_at``/``ends_at`` (RFC 3339, ends_at empty unless resolved) and their
-    ``*_ns`` twins, ``updated_at_ns``, ``value``, ``routes`` (sink names; empty = all), ``generator_url``."""
+    ``*_ns`` twins, ``updated_at_ns``, ``value``, ``routes`` (sink names; empty = all), ``generator_url``;
+    ``renotified`` (k) on the k-th repeat of a firing notification on a new match (rule ``renotify``)."""
     starts = inst.fired_at_ns or inst.active_since_ns
     ends = inst.resolved_at_ns if status == RESOLVED else 0
     ann = dict(inst.annotations)
@@ -155,7 +170,7 @@ def change_record(
         ann.setdefault("description", description)
     if runbook:
         ann.setdefault("runbook", runbook)
-    return {
+    rec = {
         "v": 1,
         "fingerprint": inst.fingerprint,
         "rule": inst.rule,
@@ -172,3 +187,6 @@ def change_record(
         "routes": list(routes or []),
         "generator_url": generator_url,
     }
+    if status == FIRING and inst.renotified:
+        rec["renotified"] = inst.renotified
+    return rec

@@ -48,6 +48,7 @@ from obshub.rules.expr import (
     value_type,
 )
 from obshub.rules.model import Correlation, InhibitRule, Rule, RuleSet
+from obshub.rules.typecheck import Checker, T, signal_types
 from obshub.rules.yamlfile import plain_value, position, read_rule_file
 
 TEMPLATE_NAMES = {"labels", "value", "count", "other", "rule", "severity", "hits"}
@@ -110,6 +111,7 @@ class _Ctx:
         self.lists: dict[str, list] = {}
         self.macros: dict[str, str] = {}
         self.macro_at: dict[str, tuple[str, int, int]] = {}
+        self.macro_doc: dict[str, Any] = {}
         self.raw_rules: dict[str, dict] = {}  # id -> {"spec", "file", "doc", "path", "line"}
         self.inhibit: list[InhibitRule] = []
 
@@ -192,6 +194,7 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
         for name, cond in (doc.get("macros") or {}).items():
             ctx.macros[str(name)] = str(cond)
             ctx.macro_at[str(name)] = (file, *position(doc, ["macros", name]))
+            ctx.macro_doc[str(name)] = doc
         for i, spec in enumerate(doc.get("rules") or []):
             rid = str(spec["id"])
             line, col = position(doc, ["rules", i, "id"])
@@ -287,10 +290,15 @@ def _compile(
     payload: set[str] | None,
     extra: set[str] = frozenset(),
     record: dict[str, Any] | None = None,
+    types: "dict[str, T] | None" = None,
+    want: str = "any",
 ) -> Compiled | None:
     """Compile one expression of a rule; on error record a problem at its position and return None.
     With ``record`` (:func:`sample_record` of the expression's signal) a comparison of a field with a
-    literal of another type (``rules.expr.mismatched_comparisons``) is a problem too."""
+    literal of another type (``rules.expr.mismatched_comparisons``) is a problem too. With ``types``
+    (the field types of the signal, ``rules.typecheck.signal_types``, plus ``item``) the expression is
+    type-checked (``rules.typecheck``): ``want`` ``bool`` (a condition), ``number`` (``threshold.of``) or
+    ``any``; a type problem inside a macro is reported at the macro."""
     rid = raw["spec"]["id"]
     top, *rest = key.split("/")
     if key == "condition":
@@ -324,10 +332,46 @@ def _compile(
         for msg, _ in later:
             if msg not in seen:  # a macro uses a field this rule's signal does not have, or mistypes one
                 ctx.add(file, *position(doc, path), f"{key} (in a macro it uses): {msg}", rid)
+        if types is not None and not found and not later and _type_problems(ctx, raw, key, text, types, want, where):
+            return None
         return Compiled(source, compile_expr(source))
     except ExprError as err:
         ctx.add(file, *position(doc, path), f"{key}: {err}", rid)
         return None
+
+
+def _type_problems(ctx: _Ctx, raw: dict, key: str, text: str, types: "dict[str, T]", want: str, where) -> bool:
+    """Type-check ``text`` (``rules.typecheck``), recording each problem at its position (in the rule, or
+    in the macro that holds it); True when there was one."""
+    rid = raw["spec"]["id"]
+    sig = raw["spec"]["signal"] if not key.startswith("correlate/") else raw["spec"]["correlate"]["signal"]
+    aggregate = str((raw["spec"].get("threshold") or {}).get("aggregate", ""))
+    typed = Checker(types, ctx.macros, ctx.lists).check(text, want, _record_of(sig), aggregate)
+    for tp in typed:
+        if tp.whole:
+            file, doc, path = raw["cond_at"] if key == "condition" else _key_at(raw, key)
+            ctx.add(file, *position(doc, path), f"{key}: {tp.message}", rid)
+        elif tp.macro is None:
+            ctx.add(*where(tp.offset), f"{key}: {tp.message}", rid)
+        else:
+            at = _macro_pos(ctx, tp.macro, tp.offset)
+            ctx.add(*at, f"{key} (in macro '{tp.macro}', on {_record_of(sig)}): {tp.message}", rid)
+    return bool(typed)
+
+
+def _key_at(raw: dict, key: str) -> tuple[str, Any, list]:
+    """``(file, doc, path)`` of the rule's expression ``key`` (``threshold/of``, ``correlate/condition``)."""
+    top, *rest = key.split("/")
+    file, doc, base = _at(raw, top)
+    return file, doc, base + rest
+
+
+def _macro_pos(ctx: _Ctx, name: str, off: int) -> tuple[str, int, int]:
+    """``(file, line, col)`` of offset ``off`` inside the text of macro ``name``."""
+    file, _line, _col = ctx.macro_at[name]
+    doc = ctx.macro_doc[name]
+    text = ctx.macros[name]
+    return (file, *_expr_pos(doc, ["macros", name], ExprError("", *line_col(text, off)), file))
 
 
 def _kinds(ctx: _Ctx, raw: dict, signal: str, kinds: list[str] | None, where: str) -> frozenset[str]:
@@ -358,11 +402,15 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
     payload = fields.payload_keys(sorted(kinds)) if signal == "events" else None
     extra = {"item"} if spec.get("foreach") else set()
     record = sample_record(signal, kinds)
-    cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra, record)
-    foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload) if spec.get("foreach") else None
+    types = signal_types(signal, kinds)
+    foreach = None
+    if spec.get("foreach"):
+        foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload, types=types)
+        types = {**types, "item": item_type(types, ctx.macros, ctx.lists, spec["foreach"])}
+    cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra, record, types, "bool")
     group_by = {}
     for label, text in (spec.get("group_by") or {}).items():
-        group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra)
+        group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra, types=types)
         measured = measurement_names(text)
         if measured:
             ctx.add(
@@ -386,10 +434,12 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
                 rid,
             )
         else:
-            of = _compile(ctx, raw, "threshold/of", thr["of"], allowed, nested, payload, extra)
+            of = _compile(
+                ctx, raw, "threshold/of", thr["of"], allowed, nested, payload, extra, types=types, want="number"
+            )
     corr = None
     if spec.get("correlate"):
-        corr = _build_correlation(ctx, raw, allowed, nested, payload, extra)
+        corr = _build_correlation(ctx, raw, allowed, nested, payload, extra, types)
     annotations, sources = {}, {}
     names = allowed | TEMPLATE_NAMES | extra
     for name, text in (spec.get("annotations") or {}).items():
@@ -413,6 +463,8 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             )
     if len(ctx.problems) == n_before:
         _check_results(ctx, raw, cond, of if aggregate != "count" else None, record)
+    window_steps = _check_step_options(ctx, raw)
+    renotify = spec.get("renotify") or {}
     if len(ctx.problems) > n_before:
         return None
     return Rule(
@@ -423,7 +475,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         kinds=kinds,
         condition=cond,
         group_by=group_by,
-        window_ns=parse_duration_ns(spec.get("window", "1m")),
+        window_ns=0 if window_steps else parse_duration_ns(spec.get("window", "1m")),
         aggregate=aggregate,
         of=of,
         at_least=at_least,
@@ -440,7 +492,53 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         enabled=spec.get("enabled", True),
         file=file,
         line=raw["line"],
+        window_steps=window_steps,
+        interim=bool(spec.get("interim", False)),
+        warmup_steps=int(spec.get("warmup_steps", 0)),
+        renotify_limit=int(renotify.get("limit", 0)),
+        renotify_after_ns=parse_duration_ns(renotify.get("after", "0s")),
     )
+
+
+_STEPS = re.compile(r"^([1-9][0-9]*) steps?$")
+
+
+def window_steps_of(window: Any) -> int:
+    """N for a ``window`` of ``N steps`` (or ``1 step``), 0 for a time window."""
+    m = _STEPS.match(str(window)) if window is not None else None
+    return int(m.group(1)) if m else 0
+
+
+def _check_step_options(ctx: _Ctx, raw: dict) -> int:
+    """Check the options that only some signals have (a window in steps: steps and events; ``interim``
+    and ``warmup_steps``: steps) and a correlation with a window in steps; return the window's steps
+    (0 for a time window)."""
+    spec, rid = raw["spec"], raw["spec"]["id"]
+    steps = window_steps_of(spec.get("window"))
+    if steps and spec["signal"] == "health":
+        file, doc, path = _at(raw, "window")
+        ctx.add(file, *position(doc, path), "window: health records have no step: give a time (e.g. 5m)", rid)
+    if steps and spec.get("correlate"):
+        file, doc, path = _at(raw, "window")
+        ctx.add(file, *position(doc, path), "window: a correlated rule needs a time window (e.g. 5m)", rid)
+    for key in ("interim", "warmup_steps"):
+        if key in spec and spec["signal"] != "steps":
+            file, doc, path = _at(raw, key)
+            ctx.add(file, *position(doc, path, key=True), f"{key}: only applies to signal 'steps'", rid)
+    return steps
+
+
+def item_type(types: "dict[str, T]", macros: dict[str, str], lists: dict[str, list], foreach: str) -> T:
+    """The type of ``item`` in a rule with ``foreach``: the element of the list (or the key of the map)
+    that ``foreach`` gives; ``dyn`` when that cannot be told."""
+    t = Checker(types, macros, lists).type_of(foreach)
+    if t.kind == "list" and t.elem is not None:
+        return t.elem
+    if t.kind == "map" and t.key is not None:
+        return t.key
+    if t.kind == "record":
+        return T("string")
+    return T("dyn")
 
 
 def sample_record(signal: str, kinds: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -472,7 +570,7 @@ def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> N
     reaches are problems."""
     spec, rid = raw["spec"], raw["spec"]["id"]
     window = spec.get("window", "1m")
-    if parse_duration_ns(window) == 0:
+    if not window_steps_of(window) and parse_duration_ns(window) == 0:
         w_file, w_doc, w_path = _at(raw, "window")
         ctx.add(
             w_file,
@@ -552,7 +650,13 @@ def _check_results(ctx: _Ctx, raw: dict, cond: Compiled | None, of: Compiled | N
 
 
 def _build_correlation(
-    ctx: _Ctx, raw: dict, allowed: set[str], nested: dict, payload: set[str] | None, extra: set[str]
+    ctx: _Ctx,
+    raw: dict,
+    allowed: set[str],
+    nested: dict,
+    payload: set[str] | None,
+    extra: set[str],
+    types: "dict[str, T]",
 ) -> Correlation | None:
     spec, rid = raw["spec"]["correlate"], raw["spec"]["id"]
     osig = spec["signal"]
@@ -579,16 +683,28 @@ def _build_correlation(
         )
     o_record = sample_record(osig, okinds)
     n_before = len(ctx.problems)
-    cond = _compile(ctx, raw, "correlate/condition", spec["condition"], o_allowed, o_nested, o_payload, record=o_record)
+    o_types = signal_types(osig, okinds)
+    cond = _compile(
+        ctx,
+        raw,
+        "correlate/condition",
+        spec["condition"],
+        o_allowed,
+        o_nested,
+        o_payload,
+        record=o_record,
+        types=o_types,
+        want="bool",
+    )
     if len(ctx.problems) == n_before:
         where = (c_file, c_doc, c_path + ["condition"])
         _check_condition(ctx, rid, where, "correlate/condition", cond, osig, o_record)
     this_keys = {
-        k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra)
+        k: _compile(ctx, raw, f"correlate/this_keys/{k}", v, allowed, nested, payload, extra, types=types)
         for k, v in spec["this_keys"].items()
     }
     other_keys = {
-        k: _compile(ctx, raw, f"correlate/other_keys/{k}", v, o_allowed, o_nested, o_payload)
+        k: _compile(ctx, raw, f"correlate/other_keys/{k}", v, o_allowed, o_nested, o_payload, types=o_types)
         for k, v in spec["other_keys"].items()
     }
     return Correlation(

@@ -56,6 +56,17 @@ class Rule:
     enabled: bool = True
     file: str = ""
     line: int = 0
+    # a window of the job's last `window_steps` steps instead of `window_ns` (0: a time window); a hit is
+    # placed at its record's step, and `count` counts steps with a match (several in one step count once)
+    window_steps: int = 0
+    # steps rules: False (default) skips interim records (closed_by 'hang' or 'running'), True reads them
+    interim: bool = False
+    # steps rules: records whose baseline holds fewer than this many steps are skipped (warm-up)
+    warmup_steps: int = 0
+    # notify again on a new match while firing: at most `renotify_limit` times per firing (0: never),
+    # at least `renotify_after_ns` after the previous notification
+    renotify_limit: int = 0
+    renotify_after_ns: int = 0
 
     def reads(self, signal: str, kind: str | None = None) -> bool:
         """True when records of ``signal`` (and event ``kind``) may concern this rule (either side)."""

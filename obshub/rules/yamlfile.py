@@ -30,6 +30,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.scalarint import ScalarInt
 from ruamel.yaml.scalarstring import ScalarString
 
+from obshub.rules.durations import DURATION_PATTERN
 from obshub.rules.errors import Problem
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
@@ -154,14 +155,20 @@ def _surprise(value: Any) -> str | None:
     return None
 
 
+# keys that are names of record fields (``baseline: {n: 50}`` in a test input): a YAML 1.1 reader would
+# read a bare ``n`` as a boolean, but every reader of these files (ruamel, YAML 1.2) reads a string
+FIELD_KEYS = frozenset({"n"})
+
+
 def yaml11_surprises(doc: Any, file: str) -> list[Problem]:
-    """Every YAML 1.1 surprise in ``doc`` (keys and values), with its position."""
+    """Every YAML 1.1 surprise in ``doc`` (keys and values), with its position; keys in ``FIELD_KEYS``
+    (field names of the records, such as ``baseline.n``) are not surprises."""
     out: list[Problem] = []
 
     def walk(node: Any) -> None:
         if isinstance(node, CommentedMap):
             for k, v in node.items():
-                msg = _surprise(k)
+                msg = None if k in FIELD_KEYS else _surprise(k)
                 if msg:
                     out.append(Problem(file, *_pos_of_key(node, k), f"key {msg}"))
                 msg = _surprise(v)
@@ -193,6 +200,21 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
         return f"{where}: expected {err.validator_value}, got {got} {plain_value(err.instance)!r}", False
     if err.validator == "enum":
         return f"{where}: {err.instance!r} is not one of {', '.join(map(str, err.validator_value))}", False
+    if err.validator == "pattern" and err.validator_value == DURATION_PATTERN:
+        return (
+            f"{where}: {err.instance!r} is not a duration: write a whole number and a unit (ms, s, m, h, d) "
+            "without spaces, e.g. 10s, 5m, 1h30m",
+            False,
+        )
+    if err.validator == "anyOf" and "last steps" in str(err.schema.get("description", "")):
+        if not isinstance(err.instance, str):
+            got = f"{yaml_type(err.instance)} {plain_value(err.instance)!r}"
+            return f"{where}: expected string, got {got}: write a duration (e.g. 30s, 5m) or steps (10 steps)", False
+        return (
+            f"{where}: {plain_value(err.instance)!r} is neither a duration (e.g. 30s, 5m) nor a number of the "
+            "job's last steps (e.g. 10 steps)",
+            False,
+        )
     if err.validator == "pattern":
         return f"{where}: {err.instance!r} does not match {err.validator_value}", False
     if err.validator == "const":
@@ -286,6 +308,14 @@ def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:
         return None, problems
     if not isinstance(doc, CommentedMap):
         return None, [Problem(file, 1, 1, "a rule file is a mapping with `version: 1` at the top")]
+    if "rule_files" in doc or "tests" in doc:
+        key = "rule_files" if "rule_files" in doc else "tests"
+        line, col = position(doc, [key], key=True)
+        return None, [
+            Problem(
+                file, line, col, f"this is a rule test file (it has `{key}:`): run it with `obshub rules test {file}`"
+            )
+        ]
     surprises = yaml11_surprises(doc, file)
     seen = {(p.line, p.col) for p in surprises}
     problems = surprises + [p for p in schema_problems(doc, file) if (p.line, p.col) not in seen]

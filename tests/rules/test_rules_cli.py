@@ -172,7 +172,9 @@ def test_rules_test_shows_a_condition_that_fails_to_evaluate_and_runs_a_director
     "(no alerts)"); a directory runs its test files in name order."""
     from obshub.rules.testing import run_test_file
 
-    (tmp_path / "rules.yaml").write_text(RULE.replace("quality.lost_batches > 0", "quality.lost_batches + 0.5 > 0"))
+    (tmp_path / "rules.yaml").write_text(
+        RULE.replace("quality.lost_batches > 0", "quality.lost_batches > 0 && step_time_ns['nohost'] > 0")
+    )
     t = tmp_path / "t_test.yaml"
     t.write_text(TEST_OK)
     (res,) = run_test_file(t)
