@@ -819,7 +819,7 @@ def freeze_heap() -> None:
     (``gc.freeze``): the modules, the compiled rules and a restored engine state are then never traversed
     again by a full collection. What the engine creates later (a wide job's windows) still is. Called once
     a service has loaded its rules and state; a full collection over an unfrozen heap cost ~15 ms more of
-    a step's CPU at 2,048 hosts (docs/BENCHMARKS.md 4c, docs/RULES.md "Cost at width")."""
+    a step's CPU at 2,048 hosts (docs/BENCHMARKS.md 4c, docs/ARCHITECTURE.md "Cost at width")."""
     gc.collect()
     gc.freeze()
 

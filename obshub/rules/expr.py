@@ -2,7 +2,7 @@
 evaluation.
 
 Implementation: ``common-expression-language`` (the ``cel`` module, Rust ``cel-interpreter`` bindings),
-chosen over ``cel-python`` (``celpy``) by measurement on the builtin pack: see docs/RULES.md
+chosen over ``cel-python`` (``celpy``) by measurement on the builtin pack: see docs/ARCHITECTURE.md
 "Choice of CEL implementation" and ``python -m bench.celbench``.
 
 Macros and lists are expanded textually at identifier boundaries (never inside string literals or after
