@@ -122,6 +122,9 @@ class WorkerConfig:
     parallelism of the join). ``window_s``: a step closes at most this long after its first data arrived
     (processing time). ``dlq_max_bytes``: a DLQ record keeps the original value up to this size (larger
     values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
+    ``job_retention_s``: a job's state (tables, changelogs, memory) is dropped this long after its last
+    data, and an agent instance's sequence record this long after its last batch (docs/STREAMS.md
+    "Retention").
     """
 
     app_id: str = STREAMS.app_id
@@ -134,6 +137,7 @@ class WorkerConfig:
     state_dir: Path = Path("state")
     metrics_port: int = STREAMS.metrics_port
     dlq_max_bytes: int = STREAMS.dlq_max_bytes
+    job_retention_s: float = STREAMS.job_retention_s
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
@@ -320,6 +324,26 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
 
     done: dict = {}  # input TP -> next offset after the last message fully processed by this process
     agents = tables["agents"]
+    retention_ns = int(cfg.job_retention_s * 1e9)
+    sweep_ns = retention_sweep_ns(cfg.job_retention_s)
+    swept = {"at": time.time_ns()}
+
+    def drop_agents(last: dict) -> None:
+        # retention: sequence records of agent instances without a batch for retention_ns, of the input
+        # partitions this round read (the delete is a tombstone in that partition's changelog)
+        now = time.time_ns()
+        if now - swept["at"] < sweep_ns:
+            return
+        swept["at"] = now
+        gone = ing.expired_agents(retention_ns, set(last), now)
+        for aid in gone:
+            st = agents.get(aid)
+            if st is not None:
+                _as_current(last[st["partition"]])
+                del agents[aid]
+        if gone:
+            n = len(gone)
+            log.info("dropped %d agent instance record(s) without a batch for %.0f s", n, cfg.job_retention_s)
 
     @app.agent(src, name="ingest")
     async def ingest(stream):
@@ -356,6 +380,10 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 _as_current(last.get(st["partition"], events[-1]))
                 agents[aid] = st
             cache.dirty.clear()
+            try:
+                drop_agents(last)
+            except Exception:  # retention is housekeeping: never stop ingest
+                log.exception("dropping expired agent records failed")
             await box.send(rep)
             for event in events:
                 done[event.message.tp] = event.message.offset + 1
@@ -445,11 +473,18 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
                 folded[str(event.message.partition)] = event.message.offset + 1
 
 
+def retention_sweep_ns(retention_s: float) -> int:
+    """How often (ns) the worker looks for jobs and agent instances past ``retention_s``: a tenth of it,
+    between 1 s and 60 s (a job's state is gone at most this long after its retention)."""
+    return int(min(60.0, max(1.0, retention_s / 10)) * 1e9)
+
+
 def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
     """The ``expire`` timer: close requests for steps past the window, and the gauges."""
     window_ns = int(cfg.window_s * 1e9)
     requested: dict[str, int] = {}
-    last = {"t": time.monotonic(), "events": 0}
+    last = {"t": time.monotonic(), "events": 0, "swept": 0}
+    sweep_ns = retention_sweep_ns(cfg.job_retention_s)
 
     @app.timer(max(0.5, min(1.0, cfg.window_s / 4)))
     async def expire():
@@ -472,6 +507,12 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
             del requested[key]
+        if now - last["swept"] >= sweep_ns:  # retention: drop requests for expired jobs (fold.drop_job)
+            last["swept"] = now
+            mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
+            for job, p in fold.expired_jobs(mine, now):
+                await rep.send(key=f"{job}|drop".encode(), value={"t": "drop", "job": job}, partition=p)
+            fold.forget_jobs(now)
         m.open_steps.set(n_open)
         dt = time.monotonic() - last["t"]
         if dt >= 1.0:
@@ -520,6 +561,8 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
             if now - sent.get(job, 0) < 1_000_000_000:
                 continue
             sent[job] = now
+            for j in [j for j, t in sent.items() if now - t > 60_000_000_000]:  # ended hangs
+                del sent[j]
             await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True, separators=(",", ":")).encode())
             m.summaries.labels("hang").inc()
             if first:
@@ -587,6 +630,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         on_late=m.late.inc,
         on_summary=lambda by: m.summaries.labels(by).inc(),
         input_partitions=input_partitions,
+        retention_ns=int(cfg.job_retention_s * 1e9),
     )
 
     async def forget() -> None:  # the tables were recovered: recount what the fold derives from them
