@@ -479,12 +479,27 @@ def retention_sweep_ns(retention_s: float) -> int:
     return int(min(60.0, max(1.0, retention_s / 10)) * 1e9)
 
 
-def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
+def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict, tables: dict) -> None:
     """The ``expire`` timer: close requests for steps past the window, and the gauges."""
     window_ns = int(cfg.window_s * 1e9)
     requested: dict[str, int] = {}
     last = {"t": time.monotonic(), "events": 0, "swept": 0}
     sweep_ns = retention_sweep_ns(cfg.job_retention_s)
+
+    async def caught_up(actives) -> bool:
+        # a job's data waiting in Kafka is no silence: no retention sweep while this worker is behind on
+        # its input or internal topic, or has not read every input partition to its end lately
+        if not fold.input_read_since(time.time_ns() - 3 * READ_MARGIN_NS):
+            return False
+        try:
+            for tp in actives:
+                if tp.topic in (cfg.input_topic, rep.get_topic_name()):
+                    hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
+                    if hw is None or pos is None or hw - pos > 0:
+                        return False
+        except Exception:  # unknown progress: sweep later
+            return False
+        return True
 
     @app.timer(max(0.5, min(1.0, cfg.window_s / 4)))
     async def expire():
@@ -507,13 +522,16 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
             del requested[key]
-        if now - last["swept"] >= sweep_ns:  # retention: drop requests for expired jobs (fold.drop_job)
+        if now - last["swept"] >= sweep_ns and await caught_up(actives):  # retention (fold.expired_jobs)
             last["swept"] = now
             mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
             for job, p in fold.expired_jobs(mine, now):
                 await rep.send(key=f"{job}|drop".encode(), value={"t": "drop", "job": job}, partition=p)
             fold.forget_jobs(now)
         m.open_steps.set(n_open)
+        for name, table in tables.items():
+            m.table_keys.labels(name).set(len(table))
+        m.jobs_tracked.set(len(fold.active_ns))
         dt = time.monotonic() - last["t"]
         if dt >= 1.0:
             m.events_rate.set((rate["events"] - last["events"]) / dt)
@@ -613,7 +631,7 @@ def tune_gc() -> None:
 def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
     """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
     input topic's partition count (the ``agents`` table is co-partitioned with it)."""
-    m = metrics or WorkerMetrics()
+    m = metrics or WorkerMetrics(job_idle_s=cfg.job_retention_s)
     app = _faust_app(cfg, m)
     tables = _tables(app, cfg, input_partitions, m)
     rep = app.topic(
@@ -640,7 +658,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
     _add_ingest(app, cfg, m, tables, rep, rate)
     _add_fold(app, cfg, m, fold, rep, tables["folded"])
-    _add_expiry(app, cfg, m, fold, rep, rate)
+    _add_expiry(app, cfg, m, fold, rep, rate, tables)
     _add_watch(app, cfg, m, fold, rep)
     app.obshub_tables = tables
     return app

@@ -216,7 +216,7 @@ def worker_command(
         metrics_port=metrics_port,
     )
     ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in, retention_s=job_retention_s)
-    metrics = WorkerMetrics()
+    metrics = WorkerMetrics(job_idle_s=job_retention_s)
     try:
         metrics.serve(metrics_port, metrics_addr)
     except OSError as exc:

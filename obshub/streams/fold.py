@@ -494,8 +494,10 @@ class Fold:
 
     def expired_jobs(self, partitions: set[int] | None = None, now: int | None = None) -> list[tuple[str, int]]:
         """``(job, partition)`` of every ``jobs`` record (of ``partitions``; all when None) whose job had no
-        data for ``retention_ns`` (:meth:`_job_idle_since`) and has no open step in that partition. Reads
-        only: the caller sends a ``drop`` message into each partition (:meth:`drop_job` does the writes)."""
+        data for ``retention_ns`` (:meth:`_job_idle_since`), has no open step in that partition, and whose
+        silence is real: every input partition was read to its end after the retention ran out (data of
+        the job waiting in Kafka, after a worker outage, is no silence). Reads only: the caller sends a
+        ``drop`` message into each partition (:meth:`drop_job` does the writes)."""
         now = self.clock() if now is None else now
         open_ = self._open_jobs()
         out = []
@@ -506,7 +508,12 @@ class Fold:
             p = int(ps)
             if partitions is not None and p not in partitions:
                 continue
-            if now - self._job_idle_since(job, js) >= self.retention_ns and (job, p) not in open_:
+            idle = self._job_idle_since(job, js)
+            if (
+                now - idle >= self.retention_ns
+                and (job, p) not in open_
+                and self.input_read_since(idle + self.retention_ns)
+            ):
                 out.append((job, p))
         return out
 
@@ -519,7 +526,12 @@ class Fold:
         js = self.jobs.get(jk)
         if js is None:
             return False
-        if self.clock() - self._job_idle_since(job, js) < self.retention_ns or (job, p) in self._open_jobs():
+        idle = self._job_idle_since(job, js)
+        if (
+            self.clock() - idle < self.retention_ns
+            or (job, p) in self._open_jobs()
+            or not self.input_read_since(idle + self.retention_ns)
+        ):
             return False
         for b in js.get("buckets") or ():
             mk = f"{job}@{p}#{b}"
