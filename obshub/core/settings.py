@@ -51,11 +51,12 @@ STREAMS_PARTITIONS = 8
 
 class Settings(BaseSettings):
     """obshub settings. Environment: ``OBSHUB_HOME``, ``OBSHUB_CACHE``, ``OBSHUB_KAFKA_PORT``,
-    ``OBSHUB_KAFKA_CONTROLLER_PORT``, ``OBSHUB_KAFKA_VERSION``, ``OBSHUB_KAFKA_HEAP_MB``,
-    ``OBSHUB_BOOTSTRAP`` (an existing cluster's bootstrap servers; default: the local broker),
-    ``OBSHUB_EVENTS_PARTITIONS`` / ``OBSHUB_STEPS_PARTITIONS`` (partitions ``obshub up`` gives the events and
-    step-summary topics when it creates them), ``OBSHUB_STREAMS_PARTITIONS`` (default ``--partitions`` of
-    ``obshub streams worker``: its repartition topic and tables)."""
+        ``OBSHUB_KAFKA_CONTROLLER_PORT``, ``OBSHUB_KAFKA_VERSION``, ``OBSHUB_KAFKA_HEAP_MB``,
+        ``OBSHUB_BOOTSTRAP`` (an existing cluster's bootstrap servers; default: the local broker),
+        ``OBSHUB_EVENTS_PARTITIONS`` / ``OBSHUB_STEPS_PARTITIONS`` (partitions ``obshub up`` gives the events and
+        step-summary topics when it creates them), ``OBSHUB_STREAMS_PARTITIONS`` (default ``--partitions`` of
+        ``obshub streams worker``: its repartition topic and tables), ``OBSHUB_RULES_JOB_RETENTION_S`` (the rule
+    engine drops a job's groups this many seconds after its last record, docs/RULES.md "Retention")."""
 
     model_config = SettingsConfigDict(env_prefix="OBSHUB_", extra="ignore")
 
@@ -70,6 +71,8 @@ class Settings(BaseSettings):
     events_partitions: int = Field(EVENTS_PARTITIONS, ge=1, le=4096)  # obshub.events.v1: stream workers that can ingest
     steps_partitions: int = Field(STEPS_PARTITIONS, ge=1, le=4096)  # obshub.steps.v1: consumers of the summaries
     streams_partitions: int = Field(STREAMS_PARTITIONS, ge=1, le=1024)  # a stream app's <app>-steps topic and tables
+    # s after a job's last record that the rule engine drops its groups, alerts resolved first (docs/RULES.md)
+    rules_job_retention_s: float = Field(3600.0, gt=0)
 
     @field_validator("home", "cache")
     @classmethod
@@ -278,6 +281,8 @@ class StreamsSettings(BaseModel):
     ``partitions``: partitions of the internal ``<app_id>-steps`` topic and of the fold tables (the
     parallelism of the join). ``window_s``: a step closes at most this long after its first data arrived
     (processing time), seconds. ``dlq_max_bytes``: a DLQ record keeps the original value up to this size.
+    ``job_retention_s``: a job's state is dropped this many seconds after its last data (docs/STREAMS.md
+    "Retention").
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -288,6 +293,7 @@ class StreamsSettings(BaseModel):
     window_s: float = Field(10.0, gt=0)
     metrics_port: int = Field(0, ge=0, le=65535)
     dlq_max_bytes: int = Field(DLQ_MAX_BYTES, ge=1)
+    job_retention_s: float = Field(3600.0, gt=0)
 
 
 STREAMS = StreamsSettings()

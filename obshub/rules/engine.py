@@ -50,6 +50,7 @@ MAX_FINGERPRINTS = 200_000  # cached group -> fingerprint entries per rule befor
 # job while the window reaches the threshold: a job that stops sending steps does not keep it firing
 STEP_HOLD_NS = 300 * 1_000_000_000
 INTERIM = frozenset({"hang", "running"})  # closed_by of the interim records of an open step
+JOB_RETENTION_NS = 3_600_000_000_000  # a job's groups are dropped this long after its last record (ns)
 _SKIP, _ERROR = "skip", "error"  # per-item outcomes: condition not true / an expression failed (counted)
 _EMIT, _MARK = "obshub_emit__", "obshub_mark__"  # CEL functions of the one-pass foreach (see _ForeachPlan)
 _ABSENT = object()  # no entry for the item in a map
@@ -64,6 +65,7 @@ class _RuleRuntime:
         self.other_buf: dict[str, deque] = {}  # correlation key -> deque[(t_ns, activation)]
         self.fps: dict[tuple, tuple[str, dict[str, str]]] = {}  # group-by values -> (fingerprint, labels)
         self.job_groups: dict[str, set[str]] = {}  # window in steps: job -> fingerprints of its groups
+        self.job_of: dict[str, str | None] = {}  # fingerprint of a group with hits -> its ``job`` label
 
 
 @dataclass
@@ -158,7 +160,14 @@ class Engine:
     """Evaluates a RuleSet. ``notify(change)`` receives every state change record (see
     ``lifecycle.change_record``). ``external_url`` prefixes each alert's ``generator_url``."""
 
-    def __init__(self, ruleset: RuleSet, notify: Notify, *, external_url: str = "http://localhost:9099/rules"):
+    def __init__(
+        self,
+        ruleset: RuleSet,
+        notify: Notify,
+        *,
+        external_url: str = "http://localhost:9099/rules",
+        retention_ns: int = JOB_RETENTION_NS,
+    ):
         self.ruleset = ruleset
         self.notify = notify
         self.external_url = external_url.rstrip("/")
@@ -173,6 +182,10 @@ class Engine:
         # signal -> job -> the largest step seen in records of that signal (windows in steps); per signal,
         # since a job's events of step N+1 arrive before the summary of step N is closed
         self.job_steps: dict[str, dict[str, int]] = {"steps": {}, "events": {}}
+        # retention (docs/RULES.md "Retention"): job -> time_ns of its latest record; swept in ``tick``
+        self.retention_ns = retention_ns
+        self.job_seen: dict[str, int] = {}
+        self._swept_ns = 0
         self._compile_plans()
 
     def _emit_item(self, result: Any) -> bool:
@@ -247,6 +260,9 @@ class Engine:
         the items, not with items x record size."""
         t = int(record.get("time_ns") or 0) or self.now_ns  # a record without a time happens "now"
         self.now_ns = max(self.now_ns, t)
+        job = record.get("job")
+        if job.__class__ is str and self.job_seen.get(job, 0) < t:
+            self.job_seen[job] = t
         kind = record.get("kind") if signal == "events" else None
         rules, names = self._reads(signal, kind)
         if self._step_rules and signal != "health":
@@ -341,6 +357,7 @@ class Engine:
         if w is None:
             w = rt.hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
         rt.job_groups.setdefault(job, set()).add(fp)
+        rt.job_of[fp] = labels.get("job")  # retention: the group's job (expire_jobs)
         self.dirty = True
         if rule.aggregate == "count" and step in w.times:
             w.prune(horizon)
@@ -513,6 +530,7 @@ class Engine:
             w = hits.get(fp)
             if w is None:
                 w = hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
+                rt.job_of[fp] = got[1].get("job")
             self.dirty = True
             if w.push(t, value, horizon, at_least) >= at_least:
                 self._reached(rule, fp, got[1], t, w, lambda it=item: {**shared.data, "item": it}, None)
@@ -628,12 +646,14 @@ class Engine:
     ) -> None:
         """Add ``(t, value)`` to the group's window and update the alert when the aggregate reaches the
         threshold (annotations rendered from ``data()``, the record as templates see it)."""
+        rt = self.runtime[rule.id]
         if rule.window_steps:
             self._add_step_hit(rule, fp, labels, t, value, data, other)
             return
-        hits = self.runtime[rule.id].hits.get(fp)
+        hits = rt.hits.get(fp)
         if hits is None:
-            hits = self.runtime[rule.id].hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
+            hits = rt.hits[fp] = Window(rule.aggregate, MAX_HITS_PER_GROUP)
+            rt.job_of[fp] = labels.get("job")
         self.dirty = True
         if hits.push(t, value, max(t, self.now_ns) - rule.window_ns, rule.at_least) >= rule.at_least:
             self._reached(rule, fp, labels, t, hits, data, other)
@@ -726,6 +746,7 @@ class Engine:
                     w.prune(horizon)
                 if not w.times:
                     del rt.hits[fp]
+                    rt.job_of.pop(fp, None)
             if rule.correlate:
                 horizon = self.now_ns - rule.correlate.within_ns
                 for buf in (rt.this_buf, rt.other_buf):
@@ -734,6 +755,53 @@ class Engine:
                             buf[k].popleft()
                         if not buf[k]:
                             del buf[k]
+        if self.now_ns - self._swept_ns >= min(self.retention_ns // 10, 60_000_000_000):
+            self._swept_ns = self.now_ns
+            self.expire_jobs()
+
+    def expire_jobs(self) -> list[str]:
+        """Drop the state of every job without a record for ``retention_ns`` (engine time): its alerts are
+        resolved first (a firing alert publishes ``resolved``, a pending one ``inactive``), then its groups'
+        windows and cached fingerprints go. A group's job is its ``job`` label. Cached fingerprints of
+        groups with neither a window nor an alert are dropped too (the cache holds live groups only). An
+        alert whose job has no record seen by this engine (a state restored from an older version) counts
+        from now. Returns the jobs dropped."""
+        now = self.now_ns
+        for inst in self.instances.values():
+            job = inst.labels.get("job")
+            if job is not None and job not in self.job_seen:
+                self.job_seen[job] = now
+        gone = {j for j, t in self.job_seen.items() if now - t >= self.retention_ns}
+        for j in gone:
+            del self.job_seen[j]
+        if gone:
+            for fp, inst in list(self.instances.items()):
+                if inst.labels.get("job") not in gone:
+                    continue
+                rule = self.ruleset.rules.get(inst.rule)
+                if inst.state == FIRING:
+                    inst.state, inst.resolved_at_ns = RESOLVED, now
+                    self._emit(inst, RESOLVED, rule)
+                elif inst.state == PENDING:
+                    inst.state = INACTIVE
+                    self._emit(inst, INACTIVE, rule)
+                del self.instances[fp]
+                self.dirty = True
+            log.info("dropped the state of %d job(s) without a record for %.0f s", len(gone), self.retention_ns / 1e9)
+        for steps in self.job_steps.values():  # windows in steps: the job's step counters
+            for j in gone & steps.keys():
+                del steps[j]
+        for rt in self.runtime.values():
+            if gone:
+                for fp in [fp for fp, job in rt.job_of.items() if job in gone]:
+                    rt.hits.pop(fp, None)
+                    del rt.job_of[fp]
+                    self.dirty = True
+                for j in gone & rt.job_groups.keys():
+                    for fp in rt.job_groups.pop(j):
+                        rt.hits.pop(fp, None)
+            rt.fps = {k: v for k, v in rt.fps.items() if v[0] in rt.hits or v[0] in self.instances}
+        return sorted(gone)
 
     def active(self) -> list[AlertInstance]:
         """Alerts pending or firing now, sorted by rule and labels."""
@@ -744,16 +812,18 @@ class Engine:
 
     # -- persistence --------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
-        """JSON-able (and msgpack-able) state: alert instances, window hits and correlation buffers, and
-        the clock. Version 3 holds each rule's window hits as flat columns: ``fps`` (group fingerprints),
+        """JSON-able (and msgpack-able) state: alert instances, window hits and correlation buffers, the
+        clock, and ``jobs`` (job -> time_ns of its latest record, for retention: a dropped job is in none). Version 3 holds each rule's window hits as flat columns: ``fps`` (group fingerprints),
         ``n`` (hits per group), ``t`` and ``v`` (every group's hit times, ns, and values, in ``fps``
         order). A wide job has thousands of groups of a few dozen hits each; flat columns are built and
-        encoded in bulk (2,048 hosts: ~10 ms instead of ~50 ms for a list per group)."""
+        encoded in bulk (2,048 hosts: ~10 ms instead of ~50 ms for a list per group); ``job`` holds each
+        group's ``job`` label (null: none), in ``fps`` order, for retention."""
         runtime = {}
         for rid, rt in self.runtime.items():
             ws = list(rt.hits.values())
             runtime[rid] = {
                 "fps": list(rt.hits),
+                "job": [rt.job_of.get(fp) for fp in rt.hits],
                 "n": [len(w.times) for w in ws],
                 "t": list(chain.from_iterable(w.times for w in ws)),
                 "v": list(chain.from_iterable(w.values for w in ws)),
@@ -767,6 +837,7 @@ class Engine:
             "job_steps": {sig: dict(jobs) for sig, jobs in self.job_steps.items()},
             "instances": [i.to_dict() for i in self.instances.values()],
             "runtime": runtime,
+            "jobs": dict(self.job_seen),
         }
 
     def restore(self, snap: dict) -> None:
@@ -778,6 +849,7 @@ class Engine:
         for sig, jobs in saved.items():
             if isinstance(jobs, dict):
                 self.job_steps[str(sig)] = {str(k): int(v) for k, v in jobs.items()}
+        self.job_seen = {str(j): int(t) for j, t in (snap.get("jobs") or {}).items()}
         renamed: dict[str, str] = {}
         for d in snap.get("instances", []):
             inst = AlertInstance.from_dict(d)
@@ -800,6 +872,7 @@ class Engine:
                         kind, MAX_HITS_PER_GROUP, list(zip(times[i : i + n], values[i : i + n]))
                     )
                     i += n
+                r.job_of = {renamed.get(fp, fp): job for fp, job in zip(rt["fps"], rt.get("job") or ())}
             else:
                 r.hits = {
                     renamed.get(fp, fp): Window.from_list(kind, MAX_HITS_PER_GROUP, list(zip(*h)) if columns else h)

@@ -90,7 +90,10 @@ class RuleService:
             self.engine_loop = PartitionedEngineLoop(self, external_url, checkpoint_every_s)
         else:
             engine = Engine(
-                self.ruleset, lambda change: self.engine_loop.outbox.append(change), external_url=external_url
+                self.ruleset,
+                lambda change: self.engine_loop.outbox.append(change),
+                external_url=external_url,
+                retention_ns=int(settings.rules_job_retention_s * 1e9),
             )
             self.engine_loop = EngineLoop(self, engine, checkpoint_every_s)
         self.notify_loop = NotifyLoop(

@@ -301,7 +301,12 @@ class PartitionedEngineLoop:
         part = _Part(
             p,
             self._producer(p),
-            Engine(_split(self.svc.ruleset)[0], outbox.append, external_url=self.external_url),
+            Engine(
+                _split(self.svc.ruleset)[0],
+                outbox.append,
+                external_url=self.external_url,
+                retention_ns=int(self.svc.settings.rules_job_retention_s * 1e9),
+            ),
             outbox,
         )
         state = self._load_state(p)

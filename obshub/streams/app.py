@@ -117,6 +117,9 @@ class WorkerConfig:
     parallelism of the join). ``window_s``: a step closes at most this long after its first data arrived
     (processing time). ``dlq_max_bytes``: a DLQ record keeps the original value up to this size (larger
     values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
+    ``job_retention_s``: a job's state (tables, changelogs, memory) is dropped this long after its last
+    data, and an agent instance's sequence record this long after its last batch (docs/STREAMS.md
+    "Retention").
     """
 
     app_id: str = STREAMS.app_id
@@ -129,6 +132,7 @@ class WorkerConfig:
     state_dir: Path = Path("state")
     metrics_port: int = STREAMS.metrics_port
     dlq_max_bytes: int = STREAMS.dlq_max_bytes
+    job_retention_s: float = STREAMS.job_retention_s
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
@@ -287,6 +291,26 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
 
     done: dict = {}  # input TP -> next offset after the last message fully processed by this process
     agents = tables["agents"]
+    retention_ns = int(cfg.job_retention_s * 1e9)
+    sweep_ns = retention_sweep_ns(cfg.job_retention_s)
+    swept = {"at": time.time_ns()}
+
+    def drop_agents(last: dict) -> None:
+        # retention: sequence records of agent instances without a batch for retention_ns, of the input
+        # partitions this round read (the delete is a tombstone in that partition's changelog)
+        now = time.time_ns()
+        if now - swept["at"] < sweep_ns:
+            return
+        swept["at"] = now
+        gone = ing.expired_agents(retention_ns, set(last), now)
+        for aid in gone:
+            st = agents.get(aid)
+            if st is not None:
+                _as_current(last[st["partition"]])
+                del agents[aid]
+        if gone:
+            n = len(gone)
+            log.info("dropped %d agent instance record(s) without a batch for %.0f s", n, cfg.job_retention_s)
 
     @app.agent(src, name="ingest")
     async def ingest(stream):
@@ -327,6 +351,10 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 _as_current(last.get(st["partition"], events[-1]))
                 agents[aid] = st
             cache.dirty.clear()
+            try:
+                drop_agents(last)
+            except Exception:  # retention is housekeeping: never stop ingest
+                log.exception("dropping expired agent records failed")
             await box.send(rep)
             for event in events:
                 done[event.message.tp] = event.message.offset + 1
@@ -440,11 +468,33 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
                 folded[str(event.message.partition)] = event.message.offset + 1
 
 
-def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict) -> None:
+def retention_sweep_ns(retention_s: float) -> int:
+    """How often (ns) the worker looks for jobs and agent instances past ``retention_s``: a tenth of it,
+    between 1 s and 60 s (a job's state is gone at most this long after its retention)."""
+    return int(min(60.0, max(1.0, retention_s / 10)) * 1e9)
+
+
+def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict, tables: dict) -> None:
     """The ``expire`` timer: close requests for steps past the window, and the gauges."""
     window_ns = int(cfg.window_s * 1e9)
     requested: dict[str, int] = {}
-    last = {"t": time.monotonic(), "events": 0}
+    last = {"t": time.monotonic(), "events": 0, "swept": 0}
+    sweep_ns = retention_sweep_ns(cfg.job_retention_s)
+
+    async def caught_up(actives) -> bool:
+        # a job's data waiting in Kafka is no silence: no retention sweep while this worker is behind on
+        # its input or internal topic, or has not read every input partition to its end lately
+        if not fold.input_read_since(time.time_ns() - 3 * READ_MARGIN_NS):
+            return False
+        try:
+            for tp in actives:
+                if tp.topic in (cfg.input_topic, rep.get_topic_name()):
+                    hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
+                    if hw is None or pos is None or hw - pos > 0:
+                        return False
+        except Exception:  # unknown progress: sweep later
+            return False
+        return True
 
     @app.timer(max(0.5, min(1.0, cfg.window_s / 4)))
     async def expire():
@@ -467,7 +517,16 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
                 await rep.send(key=key.encode(), value={"t": "close", "key": key}, partition=p)
         for key in [k for k, t in requested.items() if now - t > 10 * window_ns]:
             del requested[key]
+        if now - last["swept"] >= sweep_ns and await caught_up(actives):  # retention (fold.expired_jobs)
+            last["swept"] = now
+            mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
+            for job, p in fold.expired_jobs(mine, now):
+                await rep.send(key=f"{job}|drop".encode(), value={"t": "drop", "job": job}, partition=p)
+            fold.forget_jobs(now)
         m.open_steps.set(n_open)
+        for name, table in tables.items():
+            m.table_keys.labels(name).set(len(table))
+        m.jobs_tracked.set(len(fold.active_ns))
         dt = time.monotonic() - last["t"]
         if dt >= 1.0:
             m.events_rate.set((rate["events"] - last["events"]) / dt)
@@ -515,6 +574,8 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
             if now - sent.get(job, 0) < 1_000_000_000:
                 continue
             sent[job] = now
+            for j in [j for j, t in sent.items() if now - t > 60_000_000_000]:  # ended hangs
+                del sent[j]
             await out.send(key=job.encode(), value=json.dumps(summary, sort_keys=True, separators=(",", ":")).encode())
             m.summaries.labels("hang").inc()
             if first:
@@ -565,7 +626,7 @@ def tune_gc() -> None:
 def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
     """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
     input topic's partition count (the ``agents`` table is co-partitioned with it)."""
-    m = metrics or WorkerMetrics()
+    m = metrics or WorkerMetrics(job_idle_s=cfg.job_retention_s)
     app = _faust_app(cfg, m)
     tables = _tables(app, cfg, input_partitions, m)
     rep = app.topic(
@@ -582,6 +643,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
         on_late=m.late.inc,
         on_summary=lambda by: m.summaries.labels(by).inc(),
         input_partitions=input_partitions,
+        retention_ns=int(cfg.job_retention_s * 1e9),
     )
 
     async def forget() -> None:  # the tables were recovered: recount what the fold derives from them
@@ -591,7 +653,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
     _add_ingest(app, cfg, m, tables, rep, rate)
     _add_fold(app, cfg, m, fold, rep, tables["folded"])
-    _add_expiry(app, cfg, m, fold, rep, rate)
+    _add_expiry(app, cfg, m, fold, rep, rate, tables)
     _add_watch(app, cfg, m, fold, rep)
     app.obshub_tables = tables
     return app

@@ -134,6 +134,14 @@ def _free_index(settings) -> int:
     help="a step closes at most this many seconds after its first data arrived",
 )
 @click.option(
+    "--job-retention-s",
+    default=STREAMS.job_retention_s,
+    show_default=True,
+    type=click.FloatRange(1, None),
+    help="drop a job's state (tables, changelogs, memory) this many seconds after its last data; keep it "
+    "above the longest step and the hang hold (docs/STREAMS.md 'Retention')",
+)
+@click.option(
     "--metrics-port",
     default=STREAMS.metrics_port,
     show_default=True,
@@ -171,6 +179,7 @@ def worker_command(
     dlq_topic,
     partitions,
     window_s,
+    job_retention_s,
     metrics_port,
     metrics_addr,
     index,
@@ -202,11 +211,12 @@ def worker_command(
         dlq_topic=dlq_topic,
         partitions=partitions,
         window_s=window_s,
+        job_retention_s=job_retention_s,
         state_dir=settings.state_dir,
         metrics_port=metrics_port,
     )
-    ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in)
-    metrics = WorkerMetrics()
+    ensure_internal_topics(cfg.bootstrap, cfg.app_id, cfg.partitions, n_in, retention_s=job_retention_s)
+    metrics = WorkerMetrics(job_idle_s=job_retention_s)
     try:
         metrics.serve(metrics_port, metrics_addr)
     except OSError as exc:

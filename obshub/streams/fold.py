@@ -72,6 +72,7 @@ QUALITY_KEYS = ("lost_batches", "duplicate_batches", "late_events")
 BUCKETS = 256
 PART_RECORD_MAX = 256  # host entries per ``parts`` record (about 300 bytes each at 64 events per host-step)
 CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
+JOB_RETENTION_NS = 3_600_000_000_000  # a job's state is dropped this long after its last data (1 h, ns)
 
 Emit = tuple[str, str, Any]  # ("summary", job, summary dict) | ("broadcast", job, internal message)
 
@@ -178,6 +179,7 @@ def _new_job() -> dict:
         "pending": dict.fromkeys(QUALITY_KEYS, 0),
         "closed": [],
         "floor": -1,
+        "rbuckets": [],
     }
 
 
@@ -202,6 +204,7 @@ class Fold:
         input_partitions: int = 0,
         hold_max_ns: int | None = None,
         on_error: Callable[[dict | bytes, BaseException], None] = lambda value, exc: None,
+        retention_ns: int = JOB_RETENTION_NS,
     ):
         self.parts, self.steps = tables["parts"], tables["steps"]
         # an internal message the fold failed on (a bug), with the exception: the worker counts it in a metric
@@ -238,6 +241,12 @@ class Fold:
         self._legacy: set[str] = set()  # per-host keys of the older layout (value = the entry itself)
         self._pending: dict[str, dict[str, dict]] = {}  # open step -> host -> entry changed in this unit
         self._unit = False  # inside apply_round: the tables are WriteBack views
+        # job retention (docs/STREAMS.md "Retention"): job -> clock() of its last message in this process
+        # (part, registration, state, history; derived, in memory), and when this process started (the
+        # last activity of a ``jobs`` record without ``seen_ns``, written by an older worker)
+        self.retention_ns = retention_ns
+        self.active_ns: dict[str, int] = {}
+        self.started_ns = clock()
 
     def input_read_past(self, st: dict) -> bool:
         """True when step record ``st`` may close by its window: every input partition was read to its end
@@ -381,6 +390,8 @@ class Fold:
                 self.rank_state.get(v["job"], {}).pop(v["host"], None)
         elif t == "state":
             self.state(v)
+        elif t == "drop":
+            self.drop_job(v["job"], p)
         elif t == "hist":
             self.hist(v, p)
         elif t == "read":
@@ -472,6 +483,105 @@ class Fold:
         js = self.jobs.get(jk)
         return js if js is not None else _new_job()
 
+    def _put_job(self, jk: str, js: dict) -> None:
+        """Write the ``jobs`` record ``js`` of ``jk`` (``job@p``), stamped ``seen_ns`` = clock() (the job's
+        last activity in this partition, for retention)."""
+        js["seen_ns"] = self.clock()
+        self.jobs[jk] = js
+
+    # -- retention (docs/STREAMS.md "Retention") ---------------------------------------------------------
+    def _job_idle_since(self, job: str, js: dict) -> int:
+        """clock() ns of the last activity of ``job`` known here: its ``jobs`` record's ``seen_ns`` (this
+        process's start for a record without one) or a message of the job in this process, the later."""
+        return max(int(js.get("seen_ns") or self.started_ns), self.active_ns.get(job, 0))
+
+    def _open_jobs(self) -> set[tuple[str, int]]:
+        return {(st["job"], st["p"]) for _sk, st in self.open_steps()}
+
+    def expired_jobs(self, partitions: set[int] | None = None, now: int | None = None) -> list[tuple[str, int]]:
+        """``(job, partition)`` of every ``jobs`` record (of ``partitions``; all when None) whose job had no
+        data for ``retention_ns`` (:meth:`_job_idle_since`), has no open step in that partition, and whose
+        silence is real: every input partition was read to its end after the retention ran out (data of
+        the job waiting in Kafka, after a worker outage, is no silence). Reads only: the caller sends a
+        ``drop`` message into each partition (:meth:`drop_job` does the writes)."""
+        now = self.clock() if now is None else now
+        open_ = self._open_jobs()
+        out = []
+        for jk, js in list(self.jobs.items()):
+            job, _, ps = jk.rpartition("@")
+            if not job or not ps.isdigit() or not isinstance(js, dict):
+                continue
+            p = int(ps)
+            if partitions is not None and p not in partitions:
+                continue
+            idle = self._job_idle_since(job, js)
+            if (
+                now - idle >= self.retention_ns
+                and (job, p) not in open_
+                and self.input_read_since(idle + self.retention_ns)
+            ):
+                out.append((job, p))
+        return out
+
+    def drop_job(self, job: str, p: int) -> bool:
+        """Delete every table record of ``job`` in partition ``p`` (``jobs``, its ``members`` buckets, its
+        ``closed`` records; each ``del`` is a tombstone in the compacted changelog) when it is still
+        expired (no data for ``retention_ns``, no open step here); otherwise nothing. Returns whether it
+        dropped. A part of the job arriving later opens a new step (no closed record, no floor remain)."""
+        jk = f"{job}@{p}"
+        js = self.jobs.get(jk)
+        if js is None:
+            return False
+        idle = self._job_idle_since(job, js)
+        if (
+            self.clock() - idle < self.retention_ns
+            or (job, p) in self._open_jobs()
+            or not self.input_read_since(idle + self.retention_ns)
+        ):
+            return False
+        for b in js.get("buckets") or ():
+            mk = f"{job}@{p}#{b}"
+            if self.members.get(mk) is not None:
+                del self.members[mk]
+        rbuckets = js.get("rbuckets")
+        for rb in rbuckets if rbuckets is not None else range(BUCKETS):  # an older record: every bucket
+            rk = f"{job}@{p}#r{rb}"
+            if self.members.get(rk) is not None:
+                del self.members[rk]
+        for step in js.get("closed") or ():
+            ck = f"{job}|{step}"
+            if self.closed.get(ck) is not None:
+                del self.closed[ck]
+            self._digests.pop(ck, None)
+        del self.jobs[jk]
+        log.info("dropped the state of job %s in partition %d (no data for %.0f s)", job, p, self.retention_ns / 1e9)
+        return True
+
+    def forget_jobs(self, now: int | None = None) -> list[str]:
+        """Drop the in-memory per-job state (last data per host, highest step, network windows, hang
+        quieting, process states) of every job without a message in this process for ``retention_ns`` and
+        without an open step here. No table write: safe from a timer. Returns the jobs forgotten."""
+        now = self.clock() if now is None else now
+        open_ = {job for job, _p in self._open_jobs()}
+        jobs = set(self.active_ns).union(
+            self.last_seen, self.top_step, self.quiet_until, self.net_directed, self.net_recent, self.rank_state
+        )
+        for j in jobs.difference(self.active_ns):  # state without a message here yet (a restart): from now
+            self.active_ns[j] = now
+        gone = [j for j in jobs if now - self.active_ns[j] >= self.retention_ns and j not in open_]
+        for j in gone:
+            for m in (
+                self.active_ns,
+                self.last_seen,
+                self.top_step,
+                self.quiet_until,
+                self.net_directed,
+                self.net_recent,
+                self.rank_state,
+            ):
+                m.pop(j, None)
+        return gone
+
     def registered(self, job: str, p: int, host: str) -> bool:
         """True when ``host`` registered for ``job`` in partition ``p``."""
         b = self.members.get(f"{job}@{p}#{bucket_of(host)}")
@@ -487,6 +597,7 @@ class Fold:
     def state(self, v: dict) -> None:
         """A RANK_STATE message ``{job, host, pid, state, at_rt}``: remember a stopped process, forget one
         that runs again."""
+        self.active_ns[v["job"]] = self.clock()
         pids = self.rank_state.setdefault(v["job"], {}).setdefault(v["host"], {})
         if v["state"] == "running":
             pids.pop(int(v["pid"]), None)
@@ -504,6 +615,7 @@ class Fold:
         """A registration ``{job, host, host_id, rank, world_size}``: one bucket write when it is news."""
         job, host = v["job"], v["host"]
         jk = f"{job}@{p}"
+        self.active_ns[job] = self.clock()
         js = self._job(jk)
         changed = False
         b = bucket_of(host)
@@ -524,22 +636,26 @@ class Fold:
                 ranks[str(rank)] = host
                 self.members[rk] = ranks
                 js["n_ranks"] += 1
+                rb = int(rank) % BUCKETS
+                if rb not in js.setdefault("rbuckets", []):
+                    js["rbuckets"] = sorted(js["rbuckets"] + [rb])
                 changed = True
         world = v.get("world_size") or 0
         if world > js["world_size"]:
             js["world_size"] = world
             changed = True
         if changed:
-            self.jobs[jk] = js
+            self._put_job(jk, js)
 
     def hist(self, v: dict, p: int) -> None:
         """A closed step's time ``{job, step, ns, entry}`` for the baseline history of every partition
         (``entry``: ``analysis.history_entry``, with the step's lateness; absent from older workers)."""
         jk = f"{v['job']}@{p}"
+        self.active_ns[v["job"]] = self.clock()
         js = self._job(jk)
         hist = [h for h in js["history"] if h[0] != v["step"]] + [v.get("entry") or [v["step"], v["ns"]]]
         js["history"] = sorted(hist)[-self.th.baseline_n * 2 :]
-        self.jobs[jk] = js
+        self._put_job(jk, js)
 
     # ------------------------------------------------------------------------------------------------
     def _is_replay(self, sk: str, done: dict, bid: str) -> bool:
@@ -564,7 +680,7 @@ class Fold:
         js["pending"]["late_events"] += n
         for k, x in v["q"].items():
             js["pending"][k] = js["pending"].get(k, 0) + x
-        self.jobs[jk] = js
+        self._put_job(jk, js)
         self.on_late(n)
 
     def part(self, v: dict, p: int) -> list[Emit]:
@@ -572,7 +688,8 @@ class Fold:
         a write to ``steps`` when the step opens or this host ends it; closes the step when complete."""
         job, step, host, bid = v["job"], v["step"], v["host"], v["bid"]
         sk = f"{job}|{step}"
-        self.last_seen.setdefault(job, {})[host] = self.clock()
+        now = self.active_ns[job] = self.clock()
+        self.last_seen.setdefault(job, {})[host] = now
         if step > self.top_step.get(job, -1):
             self.top_step[job] = step
         done = self.closed.get(sk)
@@ -688,7 +805,7 @@ class Fold:
                 del self.closed[ok]
                 self._digests.pop(ok, None)
             js["floor"] = max(js["floor"], old)
-        self.jobs[jk] = js
+        self._put_job(jk, js)
         self.on_summary(closed_by)
         return [
             ("summary", job, summary),

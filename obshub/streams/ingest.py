@@ -2,10 +2,11 @@
 
 :class:`Ingest` decodes a message with ``streams.wire.decode_batch`` (anything it rejects goes to the
 dead-letter topic), tracks every agent instance's batch sequence in the ``agents`` table (partitioned like
-the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run}``: a gap = lost
+the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run, seen_ns}``: a gap = lost
 batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay after a
 restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its last
-batch, or None: ``accumulate.running_step``), reduces the batch to one accumulator per step
+batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of its last batch, for
+retention: the worker deletes the record ``job_retention_s`` after it), reduces the batch to one accumulator per step
 (``streams.accumulate``) and returns what the agent must send on the internal topic:
 
 - ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size})`` for each REGISTER event and
@@ -19,6 +20,7 @@ batch, or None: ``accumulate.running_step``), reduces the batch to one accumulat
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, MutableMapping
 
@@ -47,6 +49,23 @@ class Ingest:
 
     def __init__(self, agents: MutableMapping[str, Any]):
         self.agents = agents
+        self._adopted: dict[str, int] = {}  # agent id -> when a record without ``seen_ns`` was first swept
+
+    def expired_agents(self, retention_ns: int, partitions: Any = None, now: int | None = None) -> list[str]:
+        """Agent ids whose sequence record (of input ``partitions``; all when None) had no batch for
+        ``retention_ns`` (CLOCK_REALTIME ns; a record without ``seen_ns``, from an older worker, counts from
+        the first sweep that saw it). Reads only: the caller deletes them (a tombstone each) with a record
+        of that input partition as Faust's current event. An instance that sends again after its record
+        was dropped is a new instance: its batches up to that ``seq`` count as lost once."""
+        now = time.time_ns() if now is None else now
+        out = []
+        for aid, st in list(self.agents.items()):
+            if not isinstance(st, dict) or (partitions is not None and st.get("partition") not in partitions):
+                continue
+            if now - int(st.get("seen_ns") or self._adopted.setdefault(aid, now)) >= retention_ns:
+                out.append(aid)
+                self._adopted.pop(aid, None)
+        return out
 
     def handle(self, value: bytes, topic: str, partition: int, offset: int) -> IngestResult:
         """Process the message at ``topic[partition]@offset``. Never raises for bad input."""
@@ -67,6 +86,7 @@ class Ingest:
                 partition,
                 offset,
             )
+        st["seen_ns"] = time.time_ns()  # the instance's last batch (retention, docs/STREAMS.md)
         replay = partition == st["partition"] and offset <= st["offset"]
         if not replay and batch.seq <= st["seq"]:
             st["dups"] += 1

@@ -18,6 +18,8 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_send_errors_total``        produce calls that failed (summaries, internal, changelog)
 - ``obshub_streams_processing_errors_total{stage}`` messages the worker failed on (a bug: ``ingest``, ``fold``,
   ``summary``), each logged with its position, sent to the DLQ and skipped
+- ``obshub_streams_table_keys{table}``        keys of each table this worker holds (flat under retention)
+- ``obshub_streams_jobs_tracked``             jobs with in-memory state in this worker (flat under retention)
 
 Results of the analysis (``StepResultMetrics``, one observation per step summary this worker emits; the
 label ``training_job`` names the training job, because ``job`` is Prometheus's own target label):
@@ -42,7 +44,7 @@ label ``training_job`` names the training job, because ``job`` is Prometheus's o
 - ``obshub_step_late_events_total{training_job}``            events that arrived after their step closed
 - ``obshub_step_ringbuf_lost_events_total{training_job}``    events the probes lost in the kernel
 
-A training job whose summaries stop for ``idle_s`` (default 1 h) has its series removed, so finished
+A training job whose summaries stop for ``idle_s`` (the worker's ``--job-retention-s``, default 1 h) has its series removed, so finished
 jobs do not stay in every scrape.
 
 Per-host series are bounded: the step-time histogram has 14 series per (job, host label), so every host
@@ -202,7 +204,7 @@ class StepResultMetrics:
 class WorkerMetrics:
     """The metric objects of one worker, in their own registry (so tests can build several)."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_idle_s: float = 3600.0) -> None:
         r = self.registry = CollectorRegistry()
         self.events = Counter("obshub_streams_events", "events ingested", registry=r)
         self.events_rate = Gauge("obshub_streams_events_per_second", "events ingested per second", registry=r)
@@ -230,7 +232,13 @@ class WorkerMetrics:
             registry=r,
         )
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
-        self.results = StepResultMetrics(r)
+        self.table_keys = Gauge(
+            "obshub_streams_table_keys", "keys of each table held by this worker (retention)", ["table"], registry=r
+        )
+        self.jobs_tracked = Gauge(
+            "obshub_streams_jobs_tracked", "jobs with in-memory state in this worker (retention)", registry=r
+        )
+        self.results = StepResultMetrics(r, idle_s=job_idle_s)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` on ``addr``:``port`` in a daemon thread (no-op for port 0). Raises OSError

@@ -48,13 +48,22 @@ def internal_topics(app_id: str, partitions: int, input_partitions: int) -> dict
 
 
 def ensure_internal_topics(
-    bootstrap: str, app_id: str, partitions: int, input_partitions: int, timeout_s: float = 30.0
+    bootstrap: str,
+    app_id: str,
+    partitions: int,
+    input_partitions: int,
+    timeout_s: float = 30.0,
+    retention_s: float | None = None,
 ) -> None:
     """Create the app's own topics before Faust starts, and wait until the broker's metadata lists them.
 
     Why: Faust creates them itself at start, but when the first group assignment happens before the new
     topic is in the consumer's metadata, the topic is left out of the assignment ("Ignoring missing
     topic") and the fold agent gets no partitions until the next rebalance. Changelogs are compacted.
+    With ``retention_s`` (the worker's job retention), a new changelog rolls a segment every
+    ``retention_s`` (at least 1 min, at most 1 h) and keeps tombstones as long: compaction (which cleans
+    closed segments only) then removes a dropped job's records and later its tombstones, so a restart
+    reads only live jobs (docs/STREAMS.md "Retention"); existing topics keep their settings.
     Raises StreamsError when a topic exists with a different partition count (a changed ``--partitions``
     for an existing app id), cannot be created, or does not show up within ``timeout_s``.
     """
@@ -70,6 +79,9 @@ def ensure_internal_topics(
                 "start the worker with the partition count the app id was created with, or use a new --app-id",
             )
     compact = {"cleanup.policy": "compact"}
+    if retention_s is not None:
+        seg_ms = str(int(min(3600.0, max(60.0, retention_s)) * 1000))
+        compact.update({"segment.ms": seg_ms, "delete.retention.ms": seg_ms, "min.cleanable.dirty.ratio": "0.5"})
     from obshub.core.topics import replication_factor
 
     new = [

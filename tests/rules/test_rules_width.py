@@ -298,10 +298,14 @@ def test_snapshots_of_every_version_restore_the_same_windows(tmp_path):
             rt_out[rid] = {"hits": hits, "this_buf": rt["this_buf"], "other_buf": rt["other_buf"]}
         return {**snap, "v": version, "runtime": rt_out}
 
+    def no_jobs(s: dict) -> dict:  # the groups' job labels (retention) are in version 3 only
+        return {**s, "runtime": {rid: {k: v for k, v in rt.items() if k != "job"} for rid, rt in s["runtime"].items()}}
+
     for old in (snap, older(2), older(1)):
         eng = Engine(ruleset, lambda _c: None)
         eng.restore(old)
-        assert eng.snapshot() == snap
+        got = eng.snapshot()
+        assert got == snap if old is snap else no_jobs(got) == no_jobs(snap)
 
 
 def test_item_keyed_paths_only_where_the_map_is_read_by_the_item_alone():

@@ -92,6 +92,7 @@ class Worker:
         partitions: int = 4,
         metrics_port: int = 0,
         env: dict | None = None,
+        args: list[str] | None = None,
     ):
         cmd = [
             sys.executable,
@@ -117,6 +118,7 @@ class Worker:
             str(metrics_port),
             "--log-level",
             "info",
+            *(args or []),
         ]
         self.log_path = log_path
         self._log = open(log_path, "ab")
