@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
+
+# Output that goes to a pipe or a file (logs, CI, `| less`) is not cut at rich's default 80 columns: probe
+# names, paths and timestamps stay whole. A terminal keeps its own width; COLUMNS set by the user wins.
+if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+    os.environ["COLUMNS"] = "200"
 
 try:
     import click

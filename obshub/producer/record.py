@@ -18,7 +18,6 @@ the fields by position, so a new field goes at the end of the integers or string
 from __future__ import annotations
 
 import struct
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -128,11 +127,19 @@ def render_header(fields: tuple[Field, ...] = FIELDS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m obshub.producer.record [--check]``: write ``obshub/bpf/record.h`` from :data:`FIELDS`,
-    or with ``--check`` exit 1 (saying so) when the file on disk differs. Exit 0 otherwise."""
-    args = sys.argv[1:] if argv is None else argv
+    or with ``--check`` exit 1 (saying so) when the file on disk differs. Exit 0 otherwise, 2 on a bad
+    argument (argparse)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m obshub.producer.record",
+        description="Generate obshub/bpf/record.h (struct obs_event) from the table in obshub/producer/record.py.",
+    )
+    ap.add_argument("--check", action="store_true", help="only compare; exit 1 when the header is stale")
+    args = ap.parse_args(argv)
     want = render_header()
     have = HEADER_PATH.read_text() if HEADER_PATH.exists() else ""
-    if "--check" in args:
+    if args.check:
         if have != want:
             print(f"{HEADER_PATH}: differs from obshub/producer/record.py; run python -m obshub.producer.record")
             return 1
@@ -141,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if have != want:
         HEADER_PATH.write_text(want)
         print(f"wrote {HEADER_PATH}")
+    else:
+        print(f"{HEADER_PATH}: up to date, not rewritten")
     return 0
 
 

@@ -17,15 +17,16 @@ from obshub.rules.lifecycle import rfc3339
 
 RULES_EPILOG = """\b
 Examples:
-  obshub rules check obshub/rules/builtin                  # validate the builtin pack (exit 0 = valid)
-  obshub rules check my_rules.yaml                  # every problem as file:line:col
-  obshub rules test obshub/rules/builtin/tests/*.yaml      # run the rule unit tests
+  obshub rules check builtin                        # validate the builtin pack (exit 0 = valid)
+  obshub rules check builtin my_rules.yaml          # yours with it: every problem as file:line:col
+  obshub rules test my_rules_test.yaml              # run rule unit tests (rule_files: may name builtin)
   obshub rules serve                                # builtin pack, console sink, local Kafka
-  obshub rules serve -r obshub/rules/builtin -r team.yaml -c alerting.yaml   # your rules and sinks
+  obshub rules serve -r builtin -r team.yaml -c alerting.yaml   # the builtin pack, your rules and sinks
   obshub rules serve --metrics-port 9108            # also Prometheus metrics on :9108 (every interface)
   obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
   obshub rules serve --scale-out --group-prefix prod   # one of several engines sharing the jobs (run N)
   kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
+The name `builtin` is the builtin pack installed with obshub (a file or folder of that name wins).
 """
 
 SILENCE_EPILOG = """\b

@@ -92,10 +92,24 @@ def measurement_names(expr: str) -> list[str]:
     return [n for n in names if n in _MEASURE_NAMES or n.endswith(("_ns", "_us", "_ms"))]
 
 
+#: The builtin rule pack, installed with the package (obshub/rules/builtin).
+BUILTIN_DIR = Path(__file__).with_name("builtin")
+#: The name that means the builtin pack on the command line and in a test file's ``rule_files``, wherever
+#: obshub is installed (``obshub rules check builtin team.yaml``); a file or folder of that name wins.
+BUILTIN_NAME = "builtin"
+
+
+def resolve_builtin(p: Path | str) -> Path:
+    """``p``, or :data:`BUILTIN_DIR` when ``p`` is the bare name ``builtin`` and no such path exists."""
+    p = Path(p)
+    return BUILTIN_DIR if str(p) == BUILTIN_NAME and not p.exists() else p
+
+
 def expand_paths(paths: list[Path | str]) -> list[Path]:
-    """Rule files named by ``paths`` in load order (directories: their *.yaml/*.yml sorted by name)."""
+    """Rule files named by ``paths`` in load order (directories: their *.yaml/*.yml sorted by name); the
+    name ``builtin`` is the builtin pack (:func:`resolve_builtin`)."""
     out: list[Path] = []
-    for p in map(Path, paths):
+    for p in map(resolve_builtin, paths):
         if p.is_dir():
             out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
         else:

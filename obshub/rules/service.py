@@ -31,14 +31,13 @@ from obshub.core.settings import RULES, Settings
 from obshub.rules.dispatch import Dispatcher
 from obshub.rules.engine import Engine, freeze_heap
 from obshub.rules.errors import RuleValidationError
-from obshub.rules.loader import expand_paths, load_ruleset
+from obshub.rules.loader import BUILTIN_DIR, expand_paths, load_ruleset
 from obshub.rules.service_common import RELOADS, log, state_dir
 from obshub.rules.service_engine import EngineLoop
 from obshub.rules.service_notify import NotifyLoop, OffsetTracker
 from obshub.rules.silences import SilenceStore
 from obshub.rules.sinks.config import AlertingConfig, build_sinks
 
-BUILTIN_DIR = Path(__file__).with_name("builtin")
 __all__ = ["BUILTIN_DIR", "OffsetTracker", "RuleService", "state_dir"]
 
 

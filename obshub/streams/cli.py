@@ -312,7 +312,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     import threading
     import uuid
 
-    from confluent_kafka import Consumer
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
     from obshub.core.reach import CONNECT_TIMEOUT_S, BrokerWatch, require_broker
 
@@ -344,7 +344,25 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             },
         )
     )
-    c.subscribe([topic], on_assign=lambda *_: watch.up())
+    # every partition assigned by hand: a reader that joins no consumer group leaves none behind
+    # (a subscribed group with no members would linger in `obshub status` until the broker expires it)
+    try:
+        md = c.list_topics(topic, timeout=wait_s).topics.get(topic)
+    except KafkaException as exc:
+        c.close()
+        raise StreamsError(
+            f"cannot read the partitions of topic {topic}: {exc}", "is the broker up? `obshub status`"
+        ) from None
+    if md is None or md.error is not None or not md.partitions:
+        c.close()
+        why = md.error.str() if md is not None and md.error is not None else "no partitions"
+        raise StreamsError(
+            f"topic {topic} cannot be read: {why}", "create the topics with `obshub up` (local) or check the name"
+        )
+    parts = md.partitions
+    start = OFFSET_BEGINNING if from_beginning else OFFSET_END
+    c.assign([TopicPartition(topic, p, start) for p in sorted(parts)])
+    watch.up()
     seen: set[tuple[str, int]] = set()
     n, deadline = 0, started + timeout_s if timeout_s else None
     try:

@@ -61,3 +61,10 @@ def test_a_new_field_is_one_row(tmp_path):
     text = record.render_header(more)
     assert "__u64 arg4;" in text and "#define OBS_EVENT_SIZE 184" in text
     assert record.offsets(more)["str0"] == record.offsets()["str0"] + 8
+
+
+def test_the_generator_refuses_an_unknown_argument_and_writes_nothing():
+    before = (REPO / "obshub" / "bpf" / "record.h").stat().st_mtime_ns
+    r = subprocess.run([sys.executable, "-m", "obshub.producer.record", "--chek"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unrecognized arguments: --chek" in r.stderr
+    assert (REPO / "obshub" / "bpf" / "record.h").stat().st_mtime_ns == before

@@ -197,7 +197,7 @@ def test_rules_test_shows_a_condition_that_fails_to_evaluate_and_runs_a_director
 
 def test_help_has_examples():
     res = run("rules", "--help")
-    assert res.returncode == 0 and "obshub rules check obshub/rules/builtin" in res.stdout and "#" in res.stdout
+    assert res.returncode == 0 and "obshub rules check builtin" in res.stdout and "#" in res.stdout
     res = run("silence", "add", "--help")
     assert res.returncode == 0 and "obshub silence add -m host=node2" in res.stdout
 
@@ -283,3 +283,29 @@ def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
         assert rule.runbook == f"docs/RULES.md#{rid}"
     for name in list(EVENT_VARS) + list(HEALTH_VARS):
         assert f"`{name}`" in doc, f"docs/RULES.md does not document field {name}"
+
+
+def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
+    """A user outside the repository (pip install) names the builtin pack `builtin`: on the command line,
+    beside their own rules, and in a test file's rule_files; a real folder of that name wins."""
+    (tmp_path / "mine.yaml").write_text(RULE)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "obshub", "rules", "check", "builtin", "mine.yaml"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    n_builtin = len(list((REPO / "obshub" / "rules" / "builtin").glob("*.yaml")))
+    assert res.returncode == 0 and f"in {n_builtin + 1} file(s)" in res.stdout, res.stdout + res.stderr
+    (tmp_path / "t_test.yaml").write_text(
+        "version: 1\nrule_files: [builtin]\ntests:\n  - name: nothing\n    input: []\n    expect: []\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "obshub", "rules", "test", "t_test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert res.returncode == 0 and "1 passed, 0 failed" in res.stdout, res.stdout + res.stderr
+    (tmp_path / "builtin").mkdir()  # a folder of that name is the user's, not the pack
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0 and "OK: 1 rule(s) in 1 file(s)" in res.stdout, res.stdout + res.stderr

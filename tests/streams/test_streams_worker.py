@@ -456,3 +456,16 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
         base + ["--count", "4"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     ).stdout.splitlines()
     assert len(text) == 4 and "straggler node1" in text[2] and "blame sched" in text[2] and "clean" in text[0]
+    # a tail joins no consumer group: nothing is left behind in `obshub status` after it
+    from confluent_kafka.admin import AdminClient
+
+    groups = AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_consumer_groups().result(timeout=30)
+    assert not [g.group_id for g in groups.valid if g.group_id.startswith("obshub-tail-")]
+    missing = subprocess.run(
+        base[:6] + [f"no-such-{unique}", "--timeout-s", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=testkit.REPO,
+    )
+    assert missing.returncode == 1 and f"no-such-{unique}" in missing.stderr and "Traceback" not in missing.stderr

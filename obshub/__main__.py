@@ -1,0 +1,5 @@
+"""``python -m obshub``: the same as the ``obshub`` command."""
+
+from obshub.cli import main
+
+main()
