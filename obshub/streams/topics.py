@@ -69,11 +69,10 @@ def ensure_internal_topics(
                 f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker needs {n}",
                 "start the worker with the partition count the app id was created with, or use a new --app-id",
             )
-    compact = {"cleanup.policy": "compact"}
-    from obshub.core.topics import replication_factor
+    from obshub.core.topics import replication_factor, topic_config
 
     new = [
-        NewTopic(name, n, replication_factor(), config=compact if name.endswith("-changelog") else {})
+        NewTopic(name, n, replication_factor(), config=topic_config(name))
         for name, n in want.items()
         if name not in md.topics
     ]
