@@ -685,6 +685,24 @@ class LocalCluster:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
 
+    def stop_node(self, node: int) -> None:
+        """Stop node ``node`` cleanly (SIGTERM: a controlled shutdown moves its partition leaders to the
+        other replicas before it exits; SIGKILL after 30 s)."""
+        proc = self.procs.pop(node, None)
+        if proc is not None and proc.poll() is None:
+            stop_pid(proc.pid, grace_s=30.0)
+            proc.wait(10)
+
+    def leaders(self, topic: str) -> dict[int, int]:
+        """Partition -> node id of its leader for ``topic`` now (-1: no leader)."""
+        from confluent_kafka.admin import AdminClient
+
+        from obshub.core.log import NullLogger
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": NullLogger()})
+        md = admin.list_topics(topic, timeout=5)
+        return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
     def controller(self) -> int:
         """Node id of the active KRaft controller (the quorum leader, from a live node's
         ``__cluster_metadata-0/quorum-state``); -1 when no live node knows one."""
