@@ -193,3 +193,51 @@ def _by_job(settings, topic, job, n, timeout_s=120.0) -> list[dict]:
     time.sleep(2)
     msgs = testkit.collect(settings, topic, until=lambda ms: len(ms) >= len(msgs), timeout_s=timeout_s)
     return [json.loads(m.value()) for m in msgs if m.key() == job.encode()]
+
+
+def test_agent_spools_through_a_broker_kill_and_replays_in_order(kafka_cluster, tmp_path):  # noqa: F811
+    """The agent's partition leader is SIGKILLed: its deliveries time out (3 s) before the controller
+    fences the broker (6 s), so it spools, then replays everything in seq order once a new leader serves."""
+    from obshub.core.schema import Kind
+    from obshub.producer.transport import DIRECT
+    from obshub.streams.topics import partition_of
+    from tests.support.transport_helpers import (
+        AgentThread,
+        assert_seq_contiguous,
+        events_of,
+        make_agent,
+        read_batches,
+        wait_for,
+    )
+
+    cluster, _settings = kafka_cluster
+    cluster.wait_brokers(set(cluster.ports), 120)
+    a = make_agent(
+        tmp_path, cluster.bootstrap, rate=3_000, kafka={"delivery_timeout_ms": 3_000}, batch={"max_bytes": 16 * 1024}
+    )
+    leaders = cluster.leaders(schema.TOPIC_EVENTS)
+    victim = leaders[partition_of(a.config.host.encode(), len(leaders))]
+    run = AgentThread(a)
+    try:
+        wait_for(lambda: a.transport.publisher.delivered >= 5, 30, "the first deliveries")
+        cluster.kill(victim)
+        wait_for(lambda: a.transport.spool.pending_batches > 0, 30, "the agent to spool")
+        time.sleep(8)
+        cluster.start(victim)
+        wait_for(
+            lambda: a.transport.state == DIRECT and a.transport.spool.pending_batches == 0,
+            120,
+            "the spool to be replayed",
+        )
+    finally:
+        rc = run.stop()
+        if victim not in cluster.procs:
+            cluster.start(victim, wait=False)
+    assert rc == 0
+    t = a.transport
+    assert t.replayed >= 1 and t.spool.dropped_batches == 0
+    got = read_batches(
+        cluster.bootstrap, {a.agent_id}, until=lambda bs: len({b.seq for b in bs}) == a.batcher.sealed, timeout_s=60
+    )
+    assert_seq_contiguous(got, a.agent_id)
+    assert events_of(got, {k for k in Kind if k != Kind.AGENT_LOSS}) == a.source.produced
