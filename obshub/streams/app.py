@@ -642,5 +642,12 @@ def _add_broker_watch(app: faust.App, cfg: WorkerConfig) -> None:
     app.obshub_broker_watch = watch
 
     @app.task
-    async def broker_members() -> None:
+    async def broker_members() -> None:  # the watch thread lives as long as the worker's tasks
+        import asyncio
+
         watch.watch_members(kafka.admin_config(kafka.KafkaConnection(bootstrap=cfg.bootstrap)), stop)
+        try:
+            while True:
+                await asyncio.sleep(3600)
+        finally:
+            stop.set()
