@@ -185,9 +185,9 @@ _OPTIONS = [
     click.option(
         "--streams-partitions",
         type=click.IntRange(1, 1024),
-        default=STREAMS.partitions,
-        show_default=True,
-        help="the stream workers' --partitions (their repartition topic and fold tables)",
+        default=None,
+        help="the stream workers' --partitions (their repartition topic and fold tables; default "
+        f"$OBSHUB_STREAMS_PARTITIONS or {STREAMS.partitions})",
     ),
     click.option(
         "--rules-scale-out",
@@ -236,7 +236,7 @@ def topics_group():
 def check_command(app_id, streams_partitions, rules_prefix, as_json):
     """Compare the cluster's topics with the table; exit 1 when any setting differs or a topic is missing."""
     s = load_settings()
-    rows = wanted(s, app_id, streams_partitions, rules_prefix)
+    rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
     diffs = differences(s, rows)
     _print(rows, diffs, as_json)
     sys.exit(1 if diffs else 0)
@@ -249,7 +249,7 @@ def create_command(app_id, streams_partitions, rules_prefix, as_json):
     """Create the missing topics (idempotent), then check; exit 1 when differences remain (partition counts
     and replication factors of existing topics are never changed)."""
     s = load_settings()
-    rows = wanted(s, app_id, streams_partitions, rules_prefix)
+    rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
     admin = _admin(s)
     made = create(s, rows, admin)
     click.echo(f"created {len(made)} topic(s){': ' + ', '.join(made) if made else ''}", err=True)
