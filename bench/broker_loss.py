@@ -102,7 +102,9 @@ def _publish_phase(prod, job: str, steps: int, fault) -> dict[int, float]:
 def _leader_of_events(cluster: LocalCluster, not_node: int) -> int:
     """A node (not ``not_node``) that leads some partition of the events topic."""
     leaders = set(cluster.leaders(schema.TOPIC_EVENTS).values())
-    return next(n for n in sorted(leaders) if n != not_node and n > 0)
+    return next(
+        (n for n in sorted(leaders) if n != not_node and n > 0), next(n for n in cluster.procs if n != not_node)
+    )
 
 
 def run(quick: bool = False, rounds: int | None = None) -> dict:
