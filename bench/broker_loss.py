@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -216,6 +217,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
         if worker is not None:
             stop_group(worker)
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
