@@ -43,6 +43,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "agent": "obshub.producer.cli:agent_command",
     "probes": "obshub.producer.cli:probes_command",
     "run": "obshub.instrument.cli:run_command",
+    "topics": "obshub.topics_cli:topics_group",
 }
 
 console = Console(highlight=False)

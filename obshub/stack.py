@@ -28,7 +28,7 @@ from obshub.core import kafka
 from obshub.core.errors import StackError
 from obshub.core.registry import components, pid_alive, register_component, unregister_component
 from obshub.core.settings import Settings
-from obshub.core.topics import partitions, replication_factor, topic_specs
+from obshub.core.topics import partitions, replication_factor, topic_config, topic_specs
 
 Progress = Callable[[str], None]
 
@@ -366,7 +366,8 @@ def _metadata_ok(settings: Settings) -> bool:
 
 def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
     """Create any topic of ``TOPICS`` that does not exist, with the settings' partition counts
-    (``topic_specs``); return the names created."""
+    (``topic_specs``) and the configs of the one table (``topics.topic_config``: retention, cleanup policy,
+    ``min.insync.replicas``); return the names created."""
     from confluent_kafka.admin import NewTopic
 
     admin = _admin(settings)
@@ -376,7 +377,7 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
             t.name,
             num_partitions=partitions(t),
             replication_factor=replication_factor(),
-            config={"retention.ms": str(t.retention_ms)},
+            config=topic_config(t.name),
         )
         for t in topic_specs(settings)
         if t.name not in existing
@@ -539,3 +540,193 @@ def _group_lag(admin, watermarks) -> list[dict]:
         state = getattr(g.state, "name", str(g.state))
         groups.append({"group": g.group_id, "state": state, "lag": lag})
     return groups
+
+
+# ------------------------------------------------------------------------------------------------------
+# A local multi-broker cluster (tests and benchmarks of broker faults)
+# ------------------------------------------------------------------------------------------------------
+class LocalCluster:
+    """``n`` KRaft nodes (each broker and controller, a static quorum of all ``n``) on free ports of
+    127.0.0.1, from the jars of ``obshub up`` (``settings.kafka_libs``), for the tests and benchmarks of
+    broker faults: ``kill(node)`` (SIGKILL), ``start(node)`` again, ``stop()`` all. Internal topics have
+    replication factor ``min(3, n)`` and ``min.insync.replicas`` one less (at least 1).
+
+    ``heap_mb``: JVM heap of each node (MB); three nodes of 256 MB fit beside a test session. Node ids are
+    1..n; ``bootstrap`` lists every broker. Raises StackError when a node does not start in ``timeout_s``."""
+
+    def __init__(self, settings: Settings, root: Path, n: int = 3, heap_mb: int = 256):
+        self.settings, self.root, self.n, self.heap_mb = settings, Path(root), n, heap_mb
+        self.ports: dict[int, tuple[int, int]] = {}
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.libs: Path | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` of every broker, comma-separated."""
+        return ",".join(f"127.0.0.1:{p}" for p, _c in self.ports.values())
+
+    def _props(self, node: int) -> str:
+        rf = min(3, self.n)
+        isr = max(1, rf - 1)
+        port, ctl = self.ports[node]
+        voters = ",".join(f"{i}@127.0.0.1:{c}" for i, (_p, c) in self.ports.items())
+        return "\n".join(
+            [
+                "process.roles=broker,controller",
+                f"node.id={node}",
+                f"controller.quorum.voters={voters}",
+                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{ctl}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={self.root / f'node{node}' / 'data'}",
+                "num.partitions=1",
+                f"default.replication.factor={rf}",
+                f"min.insync.replicas={isr}",
+                f"offsets.topic.replication.factor={rf}",
+                "offsets.topic.num.partitions=4",
+                f"transaction.state.log.replication.factor={rf}",
+                f"transaction.state.log.min.isr={isr}",
+                "transaction.state.log.num.partitions=2",
+                f"share.coordinator.state.topic.replication.factor={rf}",
+                f"share.coordinator.state.topic.min.isr={isr}",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+                "broker.session.timeout.ms=6000",
+                "broker.heartbeat.interval.ms=1000",
+                "log.segment.bytes=16777216",
+                "",
+            ]
+        )
+
+    def start_all(self, timeout_s: float = 120.0) -> "LocalCluster":
+        """Format and start every node; return once each broker is listed in the cluster's metadata."""
+        java = java_binary()
+        self.libs = install_kafka(self.settings)
+        while len(self.ports) < self.n:
+            p = free_port_pair()
+            if all(abs(p - q) > 1 for q, _c in self.ports.values()):
+                self.ports[len(self.ports) + 1] = (p, p + 1)
+        cid = _cluster_id()
+        for node in self.ports:
+            d = self.root / f"node{node}"
+            (d / "data").mkdir(parents=True, exist_ok=True)
+            (d / "server.properties").write_text(self._props(node))
+            (d / "log4j2.properties").write_text(_LOG4J2.format(log=d / "kafka.log"))
+            proc = subprocess.run(
+                [java, "-cp", _classpath(self.libs), f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}"]
+                + ["kafka.tools.StorageTool", "format", "-t", cid, "-c", str(d / "server.properties")],
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                raise StackError(f"Failed to format node {node}: {(proc.stdout + proc.stderr)[-600:]}", str(d))
+        for node in self.ports:
+            self.start(node, wait=False)
+        self.wait_brokers(set(self.ports), timeout_s)
+        return self
+
+    def start(self, node: int, wait: bool = True, timeout_s: float = 90.0) -> None:
+        """Start node ``node`` (again); with ``wait``, return once the cluster lists it as a broker."""
+        d = self.root / f"node{node}"
+        assert self.libs is not None, "start_all first"
+        out = open(d / "stdout.log", "ab")
+        env = dict(os.environ)
+        env.pop("KAFKA_OPTS", None)
+        self.procs[node] = subprocess.Popen(
+            [java_binary(), f"-Xms{self.heap_mb // 2}m", f"-Xmx{self.heap_mb}m", "-XX:+UseSerialGC"]
+            + ["-XX:TieredStopAtLevel=1", "-Xss512k", "-Djava.awt.headless=true"]
+            + [f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}", "-cp", _classpath(self.libs)]
+            + ["kafka.Kafka", str(d / "server.properties")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+        out.close()
+        if wait:
+            self.wait_brokers({node}, timeout_s)
+
+    def brokers(self) -> set[int]:
+        """Node ids the cluster's metadata lists as brokers now (empty when none answers)."""
+        from confluent_kafka.admin import AdminClient
+
+        from obshub.core.log import NullLogger
+
+        try:
+            admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": NullLogger()})
+            return set(admin.list_topics(timeout=3).brokers)
+        except Exception:
+            return set()
+
+    def wait_brokers(self, nodes: set[int], timeout_s: float = 90.0) -> None:
+        """Wait until every node of ``nodes`` is a listed broker. Raises StackError (naming the node's log)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for node in nodes:
+                proc = self.procs.get(node)
+                if proc is not None and proc.poll() is not None:
+                    d = self.root / f"node{node}"
+                    raise StackError(
+                        f"Kafka node {node} exited with code {proc.returncode}:\n{_tail(d / 'stdout.log')}",
+                        f"read {d / 'kafka.log'}",
+                    )
+            if nodes <= self.brokers():
+                return
+            time.sleep(0.3)
+        raise StackError(f"Kafka nodes {sorted(nodes)} were not listed as brokers within {timeout_s:.0f} s", "")
+
+    def kill(self, node: int) -> None:
+        """SIGKILL node ``node`` (broker and controller at once) and reap it."""
+        proc = self.procs.pop(node, None)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+    def stop_node(self, node: int) -> None:
+        """Stop node ``node`` cleanly (SIGTERM: a controlled shutdown moves its partition leaders to the
+        other replicas before it exits; SIGKILL after 30 s)."""
+        proc = self.procs.pop(node, None)
+        if proc is not None and proc.poll() is None:
+            stop_pid(proc.pid, grace_s=30.0)
+            proc.wait(10)
+
+    def leaders(self, topic: str) -> dict[int, int]:
+        """Partition -> node id of its leader for ``topic`` now (-1: no leader)."""
+        from confluent_kafka.admin import AdminClient
+
+        from obshub.core.log import NullLogger
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": NullLogger()})
+        md = admin.list_topics(topic, timeout=5)
+        return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+    def controller(self) -> int:
+        """Node id of the active KRaft controller (the quorum leader, from a live node's
+        ``__cluster_metadata-0/quorum-state``); -1 when no live node knows one."""
+        import json
+
+        for node, proc in self.procs.items():
+            if proc.poll() is not None:
+                continue
+            try:
+                qs = self.root / f"node{node}" / "data" / "__cluster_metadata-0" / "quorum-state"
+                leader = int(json.loads(qs.read_text()).get("leaderId", -1))
+            except (OSError, ValueError):
+                continue
+            if leader > 0:
+                return leader
+        return -1
+
+    def stop(self) -> None:
+        """SIGTERM every node (SIGKILL after 20 s)."""
+        for node in list(self.procs):
+            proc = self.procs.pop(node)
+            if proc.poll() is None:
+                stop_pid(proc.pid, grace_s=20.0)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass

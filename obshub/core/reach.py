@@ -7,7 +7,9 @@ the address, the reason (connection refused, name not resolved, timed out) and w
 
 Services (``rules serve``, ``streams worker``) keep running and retrying: a :class:`BrokerWatch` passed to
 their confluent-kafka clients (``watch.client_conf()``) drops librdkafka's own log lines and reports the
-state once per change: one warning when the broker cannot be reached, one line when it is back.
+state once per change: one warning when the broker cannot be reached, one line when it is back. On a
+cluster of several brokers, one broker gone is not "unreachable": ``watch_members`` logs one line per
+broker that leaves the cluster's metadata and one per broker back, and the service keeps working.
 """
 
 from __future__ import annotations
@@ -130,6 +132,8 @@ class BrokerWatch:
         self.is_down = False
         self.outages = 0
         self._lock = threading.Lock()
+        self.members: dict[int, str] = {}  # node id -> host:port of the brokers last listed
+        self.ever: set[int] = set()
 
     def client_conf(self) -> dict:
         """``logger`` and ``error_cb`` settings for a confluent-kafka client."""
@@ -141,10 +145,76 @@ class BrokerWatch:
         from confluent_kafka import KafkaError
 
         codes = {getattr(KafkaError, c) for c in self._DOWN_CODES}
-        if err.code() in codes:
-            self.down(tcp_reason(self.bootstrap, 1.0) or err.str())
-        else:
+        if err.code() not in codes:
             self.log.debug("kafka client: %s", err)
+            return
+        reason = tcp_reason(self.bootstrap, 1.0)
+        if reason is None and len(_endpoints(self.bootstrap)) > 1:
+            # another broker of the cluster accepts connections: one broker is gone (or one client's
+            # connections are), not the cluster; ``watch_members`` says which broker, once
+            self.log.debug("kafka client (the cluster still answers): %s", err)
+            return
+        self.down(reason or err.str())
+
+    def watch_members(self, conf: dict, stop: threading.Event, every_s: float = 2.0) -> threading.Thread:
+        """Start a daemon thread that asks the cluster for its brokers every ``every_s`` seconds (one
+        metadata request, client settings ``conf``) until ``stop`` is set, and logs one warning per broker
+        that left the cluster's metadata (``lost``: the controller fenced it, about 6-9 s after it died)
+        and one line per broker that came back, with how many of how many serve. Three failed requests in
+        a row while no bootstrap address accepts a connection are :meth:`down` (one warning), the next
+        answer :meth:`up`."""
+        from confluent_kafka.admin import AdminClient
+
+        client: dict[str, Any] = {**conf, "logger": NullLogger(), "socket.timeout.ms": max(1000, int(every_s * 1000))}
+        admin = AdminClient(client)
+
+        def run() -> None:
+            failed = 0
+            while not stop.is_set():
+                try:
+                    md = admin.list_topics(timeout=every_s)
+                except Exception as exc:
+                    failed += 1
+                    reason = tcp_reason(self.bootstrap, 1.0) if failed >= 3 else None
+                    if reason is not None:  # 3 requests in a row failed and no broker accepts a connection
+                        self.down(reason)
+                    else:
+                        self.log.debug("broker metadata request failed: %s", exc)
+                    stop.wait(every_s)
+                    continue
+                failed = 0
+                self.up()
+                now = {b.id: f"{b.host}:{b.port}" for b in md.brokers.values()}
+                self.member_change(now)
+                stop.wait(every_s)
+
+        t = threading.Thread(target=run, name=f"broker-members {self.component}", daemon=True)
+        t.start()
+        return t
+
+    def member_change(self, now: dict[int, str]) -> None:
+        """Compare the brokers of one metadata answer (node id -> ``host:port``) with the last ones: one
+        warning per broker lost, one line per broker back (a broker first seen is not news)."""
+        before, ever = self.members, self.ever
+        for node in sorted(set(before) - set(now)):
+            self.log.warning(
+                "Kafka broker %d (%s) left the cluster; %d of %d broker(s) serve and %s continues",
+                node,
+                before[node],
+                len(now),
+                len(ever | set(now)),
+                self.component,
+            )
+        for node in sorted(set(now) - set(before)):
+            if node in ever:
+                self.log.warning(
+                    "Kafka broker %d (%s) is back; %d of %d broker(s) serve",
+                    node,
+                    now[node],
+                    len(now),
+                    len(ever | set(now)),
+                )
+        self.members, self.ever = dict(now), ever | set(now)
 
     def down(self, reason: str) -> None:
         with self._lock:

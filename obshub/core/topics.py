@@ -10,6 +10,12 @@ up``, the stream workers' internal and changelog topics, the partitioned rule en
 ``OBSHUB_KAFKA_PARTITIONS`` (``name=count`` pairs, comma-separated, for any topic, e.g.
 ``obshub.events.v1=64,obshub.alerts.v1=4``; it takes precedence over ``OBSHUB_EVENTS_PARTITIONS`` /
 ``OBSHUB_STEPS_PARTITIONS``).
+
+:func:`layout` is the ONE table of every topic obshub uses on a cluster, the stream worker's repartition,
+changelog and leader topics and the scaled-out rule engine's state topic included: partitions, replication
+factor, ``min.insync.replicas``, retention and cleanup policy. ``obshub topics create|check``
+(:mod:`obshub.topics_cli`) creates and checks a cluster against it; ``obshub up`` and the stream worker
+create their topics with the same values (:func:`topic_config`).
 """
 
 from __future__ import annotations
@@ -106,3 +112,105 @@ def partitions(spec: TopicSpec) -> int:
         if name.strip() == spec.name:
             return int(count)
     return spec.partitions
+
+
+# ------------------------------------------------------------------------------------------------------
+# The one table: every topic obshub uses on a cluster, with the settings `obshub topics check` compares
+# ------------------------------------------------------------------------------------------------------
+#: retention of the stream worker's repartition topic ``<app>-steps`` (ms): its records are folded within
+#: a window of seconds; 24 h leaves room for a worker that was down for a night
+REPARTITION_RETENTION_MS = 24 * _HOUR
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """One row of :func:`layout`: how a topic must look on the cluster.
+
+    ``partitions``: partition count; ``replication_factor``: copies of each partition; ``min_insync_replicas``:
+    copies that must acknowledge a write (``acks=all``) before it succeeds; ``retention_ms``: how long a
+    record is kept, ms (None for a compacted topic: the latest record per key is kept for ever);
+    ``cleanup_policy``: ``delete`` or ``compact``; ``owner``: who writes it (``pipeline``, ``streams``,
+    ``rules``); ``why``: the reason for these values."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    min_insync_replicas: int
+    retention_ms: int | None
+    cleanup_policy: str
+    owner: str
+    why: str
+
+    def config(self) -> dict[str, str]:
+        """The topic-level configs of this row, as Kafka names them (``cleanup.policy``,
+        ``min.insync.replicas``, ``retention.ms``): what a create sets and a check compares."""
+        out = {"cleanup.policy": self.cleanup_policy, "min.insync.replicas": str(self.min_insync_replicas)}
+        if self.retention_ms is not None:
+            out["retention.ms"] = str(self.retention_ms)
+        return out
+
+
+def min_insync_replicas(rf: int) -> int:
+    """``min.insync.replicas`` for replication factor ``rf``: 2 from 3 copies on (a write survives the loss
+    of one broker and is never acknowledged by one copy alone), else 1 (a cluster of one or two brokers
+    cannot do better without stopping writes whenever one broker is gone)."""
+    return 2 if rf >= 3 else 1
+
+
+def topic_config(name: str, rf: int | None = None, changelog_retention_s: float | None = None) -> dict[str, str]:
+    """Topic-level configs (Kafka names) of ``name`` for a topic created with replication factor ``rf``
+    (default :func:`replication_factor`): compacted for a changelog or state topic, the retention of
+    :data:`TOPICS` for obshub's own topics, :data:`REPARTITION_RETENTION_MS` for other stream topics.
+    ``changelog_retention_s`` (the stream worker's job retention, s): a changelog then rolls a segment and
+    keeps tombstones that long (at least 1 min, at most 1 h), so compaction removes a dropped job's records
+    and later its tombstones (docs/STREAMS.md "Retention")."""
+    rf = replication_factor() if rf is None else rf
+    out = {"min.insync.replicas": str(min_insync_replicas(rf))}
+    spec = next((t for t in TOPICS if t.name == name), None)
+    if name.endswith("-changelog") or name.endswith("-state"):
+        out["cleanup.policy"] = "compact"
+        if changelog_retention_s is not None and name.endswith("-changelog"):
+            seg_ms = str(int(min(3600.0, max(60.0, changelog_retention_s)) * 1000))
+            out.update({"segment.ms": seg_ms, "delete.retention.ms": seg_ms, "min.cleanable.dirty.ratio": "0.5"})
+    elif spec is not None:
+        out.update({"cleanup.policy": "delete", "retention.ms": str(spec.retention_ms)})
+    else:
+        out.update({"cleanup.policy": "delete", "retention.ms": str(REPARTITION_RETENTION_MS)})
+    return out
+
+
+def layout(
+    settings: Any,
+    internal: dict[str, int] | None = None,
+    rules_state: tuple[str, int] | None = None,
+) -> tuple[TopicLayout, ...]:
+    """Every topic obshub uses, as it must be on the cluster: the rows of :func:`topic_specs` (partition
+    counts from ``settings`` and ``OBSHUB_KAFKA_PARTITIONS``), ``internal`` (the stream worker's own topics,
+    name -> partition count, from :func:`obshub.streams.topics.internal_topics`) and ``rules_state``
+    (name, partitions) of the scaled-out rule engine's state topic. Replication factor and
+    ``min.insync.replicas`` come from ``OBSHUB_KAFKA_REPLICATION_FACTOR`` (:func:`replication_factor`,
+    :func:`min_insync_replicas`). Raises ConfigError on a malformed setting."""
+    rf = replication_factor()
+    rows = []
+
+    def row(name: str, n: int, owner: str, why: str) -> TopicLayout:
+        cfg = topic_config(name, rf)
+        ret = cfg.get("retention.ms")
+        return TopicLayout(
+            name, n, rf, min_insync_replicas(rf), int(ret) if ret else None, cfg["cleanup.policy"], owner, why
+        )
+
+    for t in topic_specs(settings):
+        rows.append(row(t.name, partitions(t), "pipeline", t.why))
+    for name, n in (internal or {}).items():
+        why = (
+            "a stream table's changelog: the table is rebuilt from it, the latest value per key is kept"
+            if name.endswith("-changelog")
+            else "the stream worker's own topic (repartition by job|step, or Faust's leader topic)"
+        )
+        rows.append(row(name, n, "streams", why))
+    if rules_state is not None:
+        rows.append(
+            row(rules_state[0], rules_state[1], "rules", "the scaled-out rule engine's state, one per steps partition")
+        )
+    return tuple(rows)

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from obshub.core import registry
+from obshub.core import kafka, registry
 from obshub.core.reach import BrokerWatch
 from obshub.core.settings import RULES, Settings
 from obshub.rules.dispatch import Dispatcher
@@ -200,6 +200,8 @@ class RuleService:
         )
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
+        # one line per broker lost / back (a cluster of several brokers keeps serving without one)
+        self.watch.watch_members(kafka.admin_config(kafka.connection(self.settings)), self.stop)
         self.running.set()
         try:
             self.run_engine()

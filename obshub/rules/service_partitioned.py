@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from obshub.core import kafka, schema
 from obshub.core.log import NullLogger
-from obshub.core.topics import replication_factor
+from obshub.core.topics import replication_factor, topic_config
 from obshub.rules import fields, intake
 from obshub.rules.engine import Engine
 from obshub.rules.model import RuleSet
@@ -227,7 +227,7 @@ class PartitionedEngineLoop:
                     num_partitions=self.n_steps,
                     replication_factor=replication_factor(),
                     config={
-                        "cleanup.policy": "compact",
+                        **topic_config(self.state_topic),
                         "max.message.bytes": str(STATE_MAX_BYTES),
                         "segment.ms": "600000",
                     },

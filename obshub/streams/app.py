@@ -655,5 +655,56 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     _add_fold(app, cfg, m, fold, rep, tables["folded"])
     _add_expiry(app, cfg, m, fold, rep, rate, tables)
     _add_watch(app, cfg, m, fold, rep)
+    _add_broker_watch(app, cfg)
     app.obshub_tables = tables
     return app
+
+
+class _BrokerRetryFilter(logging.Filter):
+    """Drops aiokafka's per-retry lines about one broker it cannot reach ("Unable connect to node with id
+    2", "Failed fetch messages from 2: NodeNotReadyError", "Got error produce response: ...Connection...":
+    about 20 a second while a broker is gone; 273 in a 15 s loss plus a controller loss). The worker's
+    ``BrokerWatch`` says it once instead: one line per broker that leaves the cluster, one per broker back,
+    one when the whole cluster cannot be reached. ``dropped``: lines dropped so far."""
+
+    PREFIXES = ("Unable connect to node with id", "Failed fetch messages from", "Got error produce response")
+    MARKS = ("KafkaConnectionError", "NodeNotReadyError", "Connect call failed", "NotLeaderForPartition")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES):
+            text = record.getMessage()
+            if any(mark in text for mark in self.MARKS):
+                self.dropped += 1
+                return False
+        return True
+
+
+def _add_broker_watch(app: faust.App, cfg: WorkerConfig) -> None:
+    """Broker health of the worker: aiokafka's per-retry connection lines are dropped
+    (:class:`_BrokerRetryFilter`) and a :class:`obshub.core.reach.BrokerWatch` thread, started with the
+    worker, logs one line per broker lost / back and one when the whole cluster is unreachable / back."""
+    import threading
+
+    from obshub.core.reach import BrokerWatch
+
+    quiet = _BrokerRetryFilter()
+    for name in ("aiokafka", "aiokafka.consumer.fetcher", "aiokafka.producer.sender"):
+        logging.getLogger(name).addFilter(quiet)
+    watch = BrokerWatch(cfg.bootstrap, log, "the stream worker")
+    stop = threading.Event()
+    app.obshub_broker_watch = watch
+
+    @app.task
+    async def broker_members() -> None:  # the watch thread lives as long as the worker's tasks
+        import asyncio
+
+        watch.watch_members(kafka.admin_config(kafka.KafkaConnection(bootstrap=cfg.bootstrap)), stop)
+        try:
+            while True:
+                await asyncio.sleep(3600)
+        finally:
+            stop.set()

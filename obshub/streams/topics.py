@@ -78,14 +78,10 @@ def ensure_internal_topics(
                 f"topic {name} has {len(md.topics[name].partitions)} partitions, this worker needs {n}",
                 "start the worker with the partition count the app id was created with, or use a new --app-id",
             )
-    compact = {"cleanup.policy": "compact"}
-    if retention_s is not None:
-        seg_ms = str(int(min(3600.0, max(60.0, retention_s)) * 1000))
-        compact.update({"segment.ms": seg_ms, "delete.retention.ms": seg_ms, "min.cleanable.dirty.ratio": "0.5"})
-    from obshub.core.topics import replication_factor
+    from obshub.core.topics import replication_factor, topic_config
 
     new = [
-        NewTopic(name, n, replication_factor(), config=compact if name.endswith("-changelog") else {})
+        NewTopic(name, n, replication_factor(), config=topic_config(name, changelog_retention_s=retention_s))
         for name, n in want.items()
         if name not in md.topics
     ]

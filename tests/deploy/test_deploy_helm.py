@@ -83,6 +83,7 @@ def test_chart_renders_valid_kubernetes_objects(tmp_path, name, values):
         "DaemonSet",
         "Deployment",
         "Deployment",
+        "Job",
         "PersistentVolumeClaim",
         "Service",
         "Service",
@@ -167,3 +168,22 @@ def test_pod_monitors_when_the_prometheus_operator_is_used(tmp_path):
         ports = {p["name"] for p in pods[comp]["spec"]["template"]["spec"]["containers"][0]["ports"]}
         assert m["spec"]["podMetricsEndpoints"][0]["port"] in ports
         assert m["metadata"]["labels"]["release"] == "kps"
+
+
+@pytest.mark.parametrize("values", [None, SECURED])
+def test_topics_job_runs_obshub_topics_create_before_install_and_upgrade(tmp_path, values):
+    objs = objects(tmp_path, values)
+    job = next(o for o in objs if o["kind"] == "Job")
+    assert set(job["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    spec = job["spec"]["template"]["spec"]
+    assert spec["restartPolicy"] == "Never" and "serviceAccountName" not in spec  # runs before the chart's SA
+    c = spec["containers"][0]
+    assert c["command"][:3] == ["/opt/obshub/.venv/bin/obshub", "topics", "create"]
+    assert c["command"][c["command"].index("--streams-partitions") + 1] == "8"  # the workers' --partitions
+    workers = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-streams"))
+    wc = workers["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e for e in c["env"]} == {e["name"]: e for e in wc["env"]}  # the same Kafka connection
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and "memory" in c["resources"]["limits"]
+    mounts = {m["name"] for m in c["volumeMounts"]}
+    assert mounts == {m["name"] for m in wc["volumeMounts"]}
+    assert not [o for o in objects(tmp_path, {"topics.create": False}) if o["kind"] == "Job"]

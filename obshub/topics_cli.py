@@ -1,0 +1,270 @@
+"""``obshub topics create|check``: every topic obshub uses, on an existing Kafka cluster, as the one table of
+:func:`obshub.core.topics.layout` says (partitions, replication factor, ``min.insync.replicas``, retention,
+cleanup policy), the stream worker's repartition, changelog and leader topics and the scaled-out rule
+engine's state topic included.
+
+Bootstrap and security come from the one Kafka connection of the settings (``OBSHUB_BOOTSTRAP``,
+``OBSHUB_KAFKA_SECURITY_PROTOCOL``, ...), like every other command. ``check`` prints one line per difference
+(topic, setting, want, have) and exits 1 when there is any; ``create`` makes the missing topics (idempotent:
+a second run creates nothing) and then checks. A replication factor larger than the cluster's broker count
+is an error naming both numbers, before anything is created.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from obshub.core import kafka
+from obshub.core.errors import ObshubError
+from obshub.core.log import NullLogger
+from obshub.core.settings import RULES, STREAMS, load_settings
+from obshub.core.topics import TopicLayout, layout
+
+#: the settings ``check`` compares, in the order it reports them
+CHECKED = ("exists", "partitions", "replication.factor", "min.insync.replicas", "retention.ms", "cleanup.policy")
+
+
+class TopicsError(ObshubError):
+    """The cluster cannot hold the topics as the table says (too few brokers), or does not answer."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way a topic on the cluster differs from its row of the table: ``setting`` is one of
+    :data:`CHECKED`; ``want`` and ``have`` are the values as text (``have`` is ``-`` for a missing topic)."""
+
+    topic: str
+    setting: str
+    want: str
+    have: str
+
+
+def wanted(
+    settings: Any,
+    app_id: str = STREAMS.app_id,
+    streams_partitions: int = STREAMS.partitions,
+    rules_group_prefix: str | None = None,
+) -> tuple[TopicLayout, ...]:
+    """The table for one deployment: obshub's topics, the stream worker ``app_id``'s own topics
+    (``streams_partitions`` = its ``--partitions``) and, when ``rules_group_prefix`` is given (a scaled-out
+    rule engine, ``rules serve --scale-out``), its state topic ``<prefix>-state``."""
+    from obshub.core.topics import partitions, topic_specs
+    from obshub.streams.topics import internal_topics
+
+    by_name = {t.name: partitions(t) for t in topic_specs(settings)}
+    from obshub.core import schema
+
+    internal = internal_topics(app_id, streams_partitions, by_name[schema.TOPIC_EVENTS])
+    state = (f"{rules_group_prefix}-state", by_name[schema.TOPIC_STEPS]) if rules_group_prefix else None
+    return layout(settings, internal, state)
+
+
+def _admin(settings: Any):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(
+        kafka.admin_config(kafka.connection(settings), {"socket.timeout.ms": 10000, "logger": NullLogger()})
+    )
+
+
+def _metadata(admin, bootstrap: str):
+    try:
+        return admin.list_topics(timeout=15)
+    except Exception as exc:
+        raise TopicsError(
+            f"the Kafka cluster at {bootstrap} did not answer a metadata request: {exc}",
+            "check OBSHUB_BOOTSTRAP and the Kafka security settings (`obshub status` shows what it reaches)",
+        ) from exc
+
+
+def _require_brokers(rows: tuple[TopicLayout, ...], md, bootstrap: str) -> None:
+    brokers = len(md.brokers)
+    rf = max((r.replication_factor for r in rows), default=1)
+    if rf > brokers:
+        raise TopicsError(
+            f"replication factor {rf} is larger than the {brokers} broker(s) of the cluster at {bootstrap}",
+            "set OBSHUB_KAFKA_REPLICATION_FACTOR (Helm: kafka.replicationFactor) to at most the broker count",
+        )
+
+
+def differences(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> list[Difference]:
+    """Compare the cluster of ``settings`` with ``rows``: one :class:`Difference` per setting that is not as
+    the table says (a missing topic is one ``exists`` difference). Replication factor is the smallest
+    replica count of the topic's partitions. Raises TopicsError when the cluster does not answer."""
+    from confluent_kafka.admin import ConfigResource
+
+    admin = admin or _admin(settings)
+    md = _metadata(admin, settings.bootstrap_servers)
+    out: list[Difference] = []
+    present = [r for r in rows if r.name in md.topics and md.topics[r.name].error is None]
+    for r in rows:
+        if r not in present:
+            out.append(Difference(r.name, "exists", "yes", "no"))
+    configs: dict[str, dict[str, str]] = {}
+    if present:
+        futs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, r.name) for r in present])
+        for res, fut in futs.items():
+            try:
+                configs[res.name] = {k: v.value for k, v in fut.result(timeout=15).items()}
+            except Exception as exc:
+                raise TopicsError(
+                    f"failed to read the configs of topic {res.name} on {settings.bootstrap_servers}: {exc}",
+                    "the principal needs DescribeConfigs on obshub's topics",
+                ) from exc
+    for r in present:
+        parts = md.topics[r.name].partitions
+        have: dict[str, str] = {
+            "partitions": str(len(parts)),
+            "replication.factor": str(min((len(p.replicas) for p in parts.values()), default=0)),
+            **configs.get(r.name, {}),
+        }
+        want = {"partitions": str(r.partitions), "replication.factor": str(r.replication_factor), **r.config()}
+        for key in CHECKED[1:]:
+            if key in want and have.get(key) != want[key]:
+                out.append(Difference(r.name, key, want[key], have.get(key, "-")))
+    return out
+
+
+def create(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> list[str]:
+    """Create every topic of ``rows`` the cluster lacks, with the row's partitions, replication factor and
+    configs; return the names created (none on a second run). Raises TopicsError when the replication
+    factor exceeds the broker count (nothing is created then) or a create fails."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = admin or _admin(settings)
+    md = _metadata(admin, settings.bootstrap_servers)
+    _require_brokers(rows, md, settings.bootstrap_servers)
+    new = [
+        NewTopic(r.name, num_partitions=r.partitions, replication_factor=r.replication_factor, config=r.config())
+        for r in rows
+        if r.name not in md.topics
+    ]
+    created = []
+    for name, fut in (admin.create_topics(new, operation_timeout=30) if new else {}).items():
+        try:
+            fut.result()
+            created.append(name)
+        except Exception as exc:
+            if "already exists" not in str(exc).lower():  # a concurrent create is fine
+                raise TopicsError(
+                    f"failed to create topic {name} on {settings.bootstrap_servers}: {exc}",
+                    "the principal needs Create on the cluster or on obshub's topics",
+                ) from exc
+    _wait_listed(admin, created, settings.bootstrap_servers)
+    return created
+
+
+def _wait_listed(admin, names: list[str], bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Wait until the cluster's metadata lists every topic of ``names`` with all its partitions led (a
+    created topic reaches the brokers' metadata caches a moment after the create call returns)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while names:
+        md = _metadata(admin, bootstrap)
+        names = [
+            n
+            for n in names
+            if n not in md.topics
+            or md.topics[n].error is not None
+            or any(p.leader < 0 for p in md.topics[n].partitions.values())
+        ]
+        if not names:
+            return
+        if time.monotonic() > deadline:
+            raise TopicsError(f"topics {', '.join(names)} were created but not listed within {timeout_s:.0f} s", "")
+        time.sleep(0.2)
+
+
+_OPTIONS = [
+    click.option("--app-id", default=STREAMS.app_id, show_default=True, help="the stream workers' --app-id"),
+    click.option(
+        "--streams-partitions",
+        type=click.IntRange(1, 1024),
+        default=None,
+        help="the stream workers' --partitions (their repartition topic and fold tables; default "
+        f"$OBSHUB_STREAMS_PARTITIONS or {STREAMS.partitions})",
+    ),
+    click.option(
+        "--rules-scale-out",
+        "rules_prefix",
+        default=None,
+        metavar="GROUP_PREFIX",
+        help=f"also the state topic of `rules serve --scale-out --group-prefix GROUP_PREFIX` "
+        f"(default prefix {RULES.group_prefix})",
+    ),
+]
+
+
+def _opts(f):
+    for o in reversed(_OPTIONS):
+        f = o(f)
+    return f
+
+
+def _report(diffs: list[Difference]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table("topic", "setting", "want", "have", title=f"{len(diffs)} difference(s)")
+    for d in diffs:
+        t.add_row(d.topic, d.setting, d.want, d.have)
+    Console(highlight=False).print(t)
+
+
+@click.group(
+    "topics",
+    epilog="""\b
+Examples:
+  obshub topics check                       # one line per difference; exit 1 when there is any
+  obshub topics create                      # make what is missing, then check
+  OBSHUB_BOOTSTRAP=kafka-0:9092 OBSHUB_KAFKA_REPLICATION_FACTOR=3 obshub topics create
+  obshub topics create --rules-scale-out prod   # with the state topic of `rules serve --scale-out --group-prefix prod`
+""",
+)
+def topics_group():
+    """Every topic obshub uses on the cluster's Kafka (the worker's own topics included): create, check."""
+
+
+@topics_group.command("check")
+@_opts
+@click.option("--json", "as_json", is_flag=True, help="print the differences as JSON lines")
+def check_command(app_id, streams_partitions, rules_prefix, as_json):
+    """Compare the cluster's topics with the table; exit 1 when any setting differs or a topic is missing."""
+    s = load_settings()
+    rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
+    diffs = differences(s, rows)
+    _print(rows, diffs, as_json)
+    sys.exit(1 if diffs else 0)
+
+
+@topics_group.command("create")
+@_opts
+@click.option("--json", "as_json", is_flag=True, help="print the differences left as JSON lines")
+def create_command(app_id, streams_partitions, rules_prefix, as_json):
+    """Create the missing topics (idempotent), then check; exit 1 when differences remain (partition counts
+    and replication factors of existing topics are never changed)."""
+    s = load_settings()
+    rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
+    admin = _admin(s)
+    made = create(s, rows, admin)
+    click.echo(f"created {len(made)} topic(s){': ' + ', '.join(made) if made else ''}", err=True)
+    diffs = differences(s, rows, admin)
+    _print(rows, diffs, as_json)
+    sys.exit(1 if diffs else 0)
+
+
+def _print(rows, diffs, as_json: bool) -> None:
+    import json
+
+    if as_json:
+        for d in diffs:
+            click.echo(json.dumps(d.__dict__))
+    elif diffs:
+        _report(diffs)
+    if not as_json:
+        click.echo(f"{len(rows)} topic(s) checked, {len(diffs)} difference(s)", err=True)

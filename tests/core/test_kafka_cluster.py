@@ -1,0 +1,243 @@
+"""obshub on a real three-broker KRaft cluster (``tests/support/kafka_cluster.py``: replication factor 3,
+``min.insync.replicas`` 2): ``obshub topics`` sizes the topics for it, and a stream worker and the rule
+engine keep working through broker faults while a quorum serves: a broker SIGKILLed and restarted,
+partition leaders moved back to it (preferred leader election), the active KRaft controller lost. Every
+step is summarised once, the alert is delivered once, and each service logs one line per broker lost and
+one per broker back, never "cannot reach the Kafka broker" (the cluster never was unreachable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import ElectionType, TopicCollection
+from confluent_kafka.admin import AdminClient
+
+from obshub.core import schema
+from obshub.streams import synthetic
+from tests.support import testkit
+from tests.support.kafka_cluster import kafka_cluster  # noqa: F401 (the fixture)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(cluster, home: Path, **extra: str) -> dict:
+    return {
+        **os.environ,
+        "OBSHUB_BOOTSTRAP": cluster.bootstrap,
+        "OBSHUB_HOME": str(home),
+        "OBSHUB_KAFKA_REPLICATION_FACTOR": "3",
+        "OBSHUB_KAFKA_PARTITIONS": "obshub.events.v1=4,obshub.steps.v1=2",
+        **extra,
+    }
+
+
+def _obshub(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "obshub.cli", *args], capture_output=True, text=True, env=env, timeout=180, cwd=REPO
+    )
+
+
+def test_topics_sized_for_three_brokers(kafka_cluster, tmp_path):  # noqa: F811
+    cluster, _s = kafka_cluster
+    r = _obshub(_env(cluster, tmp_path, OBSHUB_KAFKA_REPLICATION_FACTOR="4"), "topics", "create")
+    assert r.returncode == 1 and "replication factor 4 is larger than the 3 broker(s)" in r.stderr, r.stderr
+    r = _obshub(_env(cluster, tmp_path), "topics", "create", "--app-id", "cluster-app", "--streams-partitions", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _obshub(_env(cluster, tmp_path), "topics", "check", "--app-id", "cluster-app").returncode == 1  # 8 != 2
+    r = _obshub(_env(cluster, tmp_path), "topics", "check", "--app-id", "cluster-app", "--streams-partitions", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    md = admin.list_topics(timeout=10)
+    for name in (schema.TOPIC_EVENTS, "cluster-app-steps", "cluster-app-parts-changelog"):
+        assert {len(p.replicas) for p in md.topics[name].partitions.values()} == {3}, name
+    desc = admin.describe_topics(TopicCollection([schema.TOPIC_EVENTS]))[schema.TOPIC_EVENTS].result()
+    assert len(desc.partitions) == 4
+
+
+RULES = """\
+version: 1
+rules:
+  - id: test_straggler
+    description: a named straggler (test rule, only for job {job})
+    severity: warning
+    signal: steps
+    condition: job == '{job}' && straggler != null
+    group_by: {{job: job, host: straggler.host}}
+    window: 10m
+    annotations: {{summary: "straggler {{{{ straggler.host }}}}"}}
+"""
+ALERTING = """\
+version: 1
+route: {group_by: [alertname, job], group_wait: 0s, group_interval: 1s, repeat_interval: 1h}
+delivery: {max_attempts: 1000, max_elapsed: 10m, timeout: 2s, backoff_initial: 100ms, backoff_max: 300ms}
+sinks:
+  - {name: hook, type: webhook, url_env: TEST_RULES_WEBHOOK}
+"""
+
+
+def _wait(cond, timeout_s: float, what: str, logs=()) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.3)
+    tails = "\n".join(f"--- {p}\n{Path(p).read_text(errors='replace')[-2500:]}" for p in logs)
+    raise AssertionError(f"timed out waiting for {what}\n{tails}")
+
+
+def _lines(path: Path, text: str) -> list[str]:
+    return [line for line in path.read_text(errors="replace").splitlines() if re.search(text, line)]
+
+
+def test_worker_and_engine_through_broker_kill_leader_move_and_controller_loss(kafka_cluster, tmp_path):  # noqa: F811
+    from tests.rules.test_rules_sinks import HttpRecorder
+
+    cluster, settings = kafka_cluster
+    home = tmp_path / "home"
+    env = _env(cluster, home)
+    assert _obshub(env, "topics", "create", "--app-id", "kc-app", "--streams-partitions", "2").returncode == 0
+    job = "kc-job"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES.format(job=job))
+    alerting = tmp_path / "alerting.yaml"
+    alerting.write_text(ALERTING)
+    hook = HttpRecorder()
+    wlog, rlog = tmp_path / "worker.log", tmp_path / "rules.log"
+    topics = testkit.Topics(schema.TOPIC_EVENTS, schema.TOPIC_STEPS, schema.TOPIC_DLQ)
+    worker = testkit.Worker(topics, "kc-app", 1, wlog, window_s=3.0, partitions=2, env=env)
+    engine_out = open(rlog, "ab")
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "-c", str(alerting)]
+        + ["--group-prefix", "kc", "--from-beginning"],
+        env={**env, "TEST_RULES_WEBHOOK": hook.url + "/hook"},
+        stdout=engine_out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=REPO,
+    )
+    # 4 hosts, 60 steps at 0.25 s: host 2 is the straggler of steps 10..49
+    scn = synthetic.Scenario(job=job, hosts=4, steps=60, straggler=2, guilty_steps=tuple(range(10, 50)), seed=5)
+    batches = synthetic.generate(scn)
+    regs = [kb for kb in batches if kb[1].events[0].step < 0]
+    by_step: dict[int, list] = {}
+    for kb in batches:
+        if kb not in regs:
+            by_step.setdefault(kb[1].events[0].step, []).append(kb)
+    ctl = victim = -1
+    try:
+        worker.wait_ready(120)
+        _wait(lambda: "notify: assigned" in rlog.read_text(errors="replace"), 90, "the engine", [rlog])
+        testkit.publish(settings, topics.events, regs)
+        victim = next(n for n in sorted(cluster.ports) if n != cluster.controller())
+        for step in sorted(by_step):
+            testkit.publish(settings, topics.events, by_step[step])
+            if step == 8:  # a broker (not the controller) dies, comes back 15 s later
+                cluster.kill(victim)
+                t_kill = time.monotonic()
+            if step == 24:
+                time.sleep(max(0.0, 15 - (time.monotonic() - t_kill)))
+                cluster.start(victim)
+            if step == 32:  # leaders move back to the restarted broker
+                admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+                admin.elect_leaders(ElectionType.PREFERRED, None).result(timeout=30)
+            if step == 40:  # the active controller is lost for good
+                ctl = cluster.controller()
+                cluster.kill(ctl)
+            time.sleep(0.25)
+        got = _by_job(settings, topics.steps, job, scn.steps)
+        _wait(lambda: len(hook.requests) >= 1, 60, "the alert's delivery", [rlog])
+        time.sleep(3)  # a duplicate would arrive now
+    finally:
+        worker.stop()
+        if engine.poll() is None:
+            os.killpg(engine.pid, signal.SIGTERM)
+            engine.wait(60)
+        engine_out.close()
+        if ctl > 0 and ctl not in cluster.procs:
+            cluster.start(ctl, wait=False)  # the next test module gets three brokers again
+    steps = sorted(s["step"] for s in got)
+    assert steps == list(range(scn.steps)), f"every step summarised once: {steps}"
+    named = [s["step"] for s in got if (s.get("straggler") or {}).get("host") == "node2"]
+    assert set(range(10, 50)) <= set(named), sorted(set(range(10, 50)) - set(named))
+    firing = [r for r in hook.requests if r["json"]["status"] == "firing"]
+    assert len(firing) == 1 and firing[0]["json"]["commonLabels"] == {
+        "alertname": "test_straggler",
+        "job": job,
+        "host": "node2",
+        "severity": "warning",
+    } | {k: v for k, v in firing[0]["json"]["commonLabels"].items() if k not in ("alertname", "job", "host")}
+    for log in (wlog, rlog):
+        assert not _lines(log, "cannot reach the Kafka broker"), log.read_text()[-3000:]
+        said = _lines(log, r"Kafka broker \d+ \(")  # one line per broker lost, one per broker back
+        assert len(said) == 3, said
+        assert [x for x in said if "left the cluster" in x][0].count(f"broker {victim} (") == 1, said
+        assert [x for x in said if "is back" in x][0].count(f"broker {victim} (") == 1, said
+        assert [x for x in said if "left the cluster" in x][1].count(f"broker {ctl} (") == 1, said
+        assert not _lines(log, "keeps retrying quietly")
+
+
+def _by_job(settings, topic, job, n, timeout_s=120.0) -> list[dict]:
+    def enough(msgs):
+        return sum(1 for m in msgs if m.key() == job.encode()) >= n
+
+    msgs = testkit.collect(settings, topic, until=enough, timeout_s=timeout_s)
+    time.sleep(2)
+    msgs = testkit.collect(settings, topic, until=lambda ms: len(ms) >= len(msgs), timeout_s=timeout_s)
+    return [json.loads(m.value()) for m in msgs if m.key() == job.encode()]
+
+
+def test_agent_spools_through_a_broker_kill_and_replays_in_order(kafka_cluster, tmp_path):  # noqa: F811
+    """The agent's partition leader is SIGKILLed: its deliveries time out (3 s) before the controller
+    fences the broker (6 s), so it spools, then replays everything in seq order once a new leader serves."""
+    from obshub.core.schema import Kind
+    from obshub.producer.transport import DIRECT
+    from obshub.streams.topics import partition_of
+    from tests.support.transport_helpers import (
+        AgentThread,
+        assert_seq_contiguous,
+        events_of,
+        make_agent,
+        read_batches,
+        wait_for,
+    )
+
+    cluster, _settings = kafka_cluster
+    cluster.wait_brokers(set(cluster.ports), 120)
+    a = make_agent(
+        tmp_path, cluster.bootstrap, rate=3_000, kafka={"delivery_timeout_ms": 3_000}, batch={"max_bytes": 16 * 1024}
+    )
+    leaders = cluster.leaders(schema.TOPIC_EVENTS)
+    victim = leaders[partition_of(a.config.host.encode(), len(leaders))]
+    run = AgentThread(a)
+    try:
+        wait_for(lambda: a.transport.publisher.delivered >= 5, 30, "the first deliveries")
+        cluster.kill(victim)
+        wait_for(lambda: a.transport.spool.pending_batches > 0, 30, "the agent to spool")
+        time.sleep(8)
+        cluster.start(victim)
+        wait_for(
+            lambda: a.transport.state == DIRECT and a.transport.spool.pending_batches == 0,
+            120,
+            "the spool to be replayed",
+        )
+    finally:
+        rc = run.stop()
+        if victim not in cluster.procs:
+            cluster.start(victim, wait=False)
+    assert rc == 0
+    t = a.transport
+    assert t.replayed >= 1 and t.spool.dropped_batches == 0
+    got = read_batches(
+        cluster.bootstrap, {a.agent_id}, until=lambda bs: len({b.seq for b in bs}) == a.batcher.sealed, timeout_s=60
+    )
+    assert_seq_contiguous(got, a.agent_id)
+    assert events_of(got, {k for k in Kind if k != Kind.AGENT_LOSS}) == a.source.produced

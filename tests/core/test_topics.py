@@ -1,0 +1,94 @@
+"""``obshub topics create|check`` against the real broker of the test session: the one table
+(``obshub.core.topics.layout``) covers the stream worker's own topics, ``create`` is idempotent, ``check``
+names each difference (topic, setting, want, have) and exits 1, and a replication factor larger than the
+cluster is a clear error before anything is created."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from obshub.core.topics import layout, min_insync_replicas, topic_config
+from obshub.streams.topics import TABLES
+from obshub.topics_cli import _wait_listed, topics_group, wanted
+
+
+def test_the_table_covers_every_topic_of_the_worker_and_engine(monkeypatch):
+    from obshub.core.settings import load_settings
+
+    monkeypatch.setenv("OBSHUB_KAFKA_REPLICATION_FACTOR", "3")
+    monkeypatch.setenv("OBSHUB_KAFKA_PARTITIONS", "obshub.events.v1=64")
+    rows = {r.name: r for r in wanted(load_settings(), "app", 16, "prod")}
+    assert rows["obshub.events.v1"].partitions == 64 and rows["obshub.events.v1"].retention_ms == 24 * 3600 * 1000
+    for table, like in TABLES.items():
+        r = rows[f"app-{table}-changelog"]
+        assert r.cleanup_policy == "compact" and r.retention_ms is None and "retention.ms" not in r.config()
+        assert r.partitions == (64 if like == "input" else 16)
+    assert rows["app-steps"].cleanup_policy == "delete" and rows["app-steps"].partitions == 16
+    assert rows["app-__assignor-__leader"].partitions == 1
+    assert (
+        rows["prod-state"].cleanup_policy == "compact"
+        and rows["prod-state"].partitions == rows["obshub.steps.v1"].partitions
+    )
+    assert {(r.replication_factor, r.min_insync_replicas) for r in rows.values()} == {(3, 2)}
+    assert [min_insync_replicas(n) for n in (1, 2, 3, 5)] == [1, 1, 2, 2]
+    assert layout(load_settings()) and topic_config("x-folded-changelog", 1) == {
+        "min.insync.replicas": "1",
+        "cleanup.policy": "compact",
+    }
+
+
+def _invoke(*args: str, env: dict | None = None):
+    return CliRunner().invoke(topics_group, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.mark.kafka
+def test_create_is_idempotent_and_check_names_each_difference(kafka, unique):
+    app = f"topics-{unique}"
+    r = _invoke("create", "--app-id", app, "--streams-partitions", "3")
+    assert r.exit_code == 0, r.output
+    assert f"{app}-steps" in r.output and f"{app}-folded-changelog" in r.output
+    assert "obshub.events.v1," not in r.output  # made by `obshub up` already
+    again = _invoke("create", "--app-id", app, "--streams-partitions", "3")
+    assert again.exit_code == 0 and "created 0 topic(s)" in again.output
+    assert _invoke("check", "--app-id", app, "--streams-partitions", "3").exit_code == 0
+
+    # a topic made by hand with other settings, and one missing
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    other = f"topics2-{unique}"
+    fut = admin.create_topics([NewTopic(f"{other}-steps", 2, 1, config={"retention.ms": "60000"})])
+    fut[f"{other}-steps"].result(30)
+    _wait_listed(admin, [f"{other}-steps"], kafka.bootstrap_servers)
+    r = _invoke("check", "--app-id", other, "--streams-partitions", "3", "--json")
+    assert r.exit_code == 1
+    diffs = [json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
+    by = {(d["topic"], d["setting"]): (d["want"], d["have"]) for d in diffs}
+    assert by[(f"{other}-steps", "partitions")] == ("3", "2")
+    assert by[(f"{other}-steps", "retention.ms")] == (str(24 * 3600 * 1000), "60000")
+    assert by[(f"{other}-folded-changelog", "exists")] == ("yes", "no")
+    assert (f"{other}-steps", "cleanup.policy") not in by  # the same as wanted: not reported
+    assert not any(t == "obshub.events.v1" for t, _s in by)
+
+
+@pytest.mark.kafka
+def test_a_replication_factor_above_the_broker_count_is_a_clear_error(kafka, unique):
+    env = {**os.environ, "OBSHUB_KAFKA_REPLICATION_FACTOR": "3"}
+    app = f"toobig-{unique}"
+    r = subprocess.run(
+        [sys.executable, "-m", "obshub.cli", "topics", "create", "--app-id", app],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert "replication factor 3 is larger than the 1 broker(s)" in r.stderr and "Traceback" not in r.stderr
+    assert "OBSHUB_KAFKA_REPLICATION_FACTOR" in r.stderr
+    md = AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10)
+    assert not any(t.startswith(app) for t in md.topics)  # nothing was created
