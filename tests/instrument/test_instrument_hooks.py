@@ -146,7 +146,16 @@ def test_steps_and_phases_with_accumulation_and_checkpointing(probes, monkeypatc
     assert all(a != b for a, b in zip(tk, tk[1:]))
 
 
-def test_ddp_gradient_all_reduce_is_seen_through_obshubs_comm_hook(probes, gloo_world_of_one):
+def _backend_seq(dist, group=None) -> int:
+    """What the process group itself counts: the backend's sequence number (every collective and
+    point-to-point op it ran)."""
+    pg = group or dist.group.WORLD
+    return pg._get_backend(torch.device("cpu"))._get_sequence_number_for_group()
+
+
+def test_ddp_collectives_are_seen_at_the_dispatcher(probes, gloo_world_of_one):
+    """DDP's construction (parameter shape check, module-state broadcast) and its C++ reducer's bucket
+    all-reduce are seen without a comm hook: every ProcessGroup call goes through a c10d dispatcher op."""
     dist = gloo_world_of_one
     dist.init_process_group("gloo", rank=0, world_size=1)
     (reg,) = _events(probes, "register")
@@ -158,29 +167,67 @@ def test_ddp_gradient_all_reduce_is_seen_through_obshubs_comm_hook(probes, gloo_
         opt.step()
     colls = _events(probes, "coll_begin")
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert [(c[1], c[2], c[3], c[4], c[5]) for c in colls] == [
-        ("0", 0, "all_reduce", grad_bytes, 0),
-        ("0", 1, "all_reduce", grad_bytes, 1),
+    # every op the backend ran is seen once, with contiguous sequence numbers
+    assert [c[2] for c in colls] == list(range(_backend_seq(dist)))
+    assert [(c[1], c[3], c[4], c[5]) for c in colls if c[3] == "all_reduce"] == [
+        ("0", "all_reduce", grad_bytes, 0),
+        ("0", "all_reduce", grad_bytes, 1),
     ]
+    assert {c[3] for c in colls if c[5] == -1} >= {"all_gather", "broadcast"}  # DDP's construction
     ends = _ends(probes, len(colls))
     assert sorted(c[1:] for c in ends) == sorted(c[1:] for c in colls)
-    # the collective's key is issued inside the backward phase of its step
-    for c in colls:
-        host, step16, op = schema.parse_trace_key(c[6])
-        assert (host, step16) == (2, c[5]) and op >= 1
+    # the gradient all-reduce is issued inside the backward phase of its step
+    open_phase = None
+    for c in probes:
+        if c[0] == "phase_begin":
+            open_phase = c[1]
+        elif c[0] == "phase_end":
+            open_phase = None
+        elif c[0] == "coll_begin" and c[3] == "all_reduce":
+            assert open_phase == "backward"
+            host, step16, op = schema.parse_trace_key(c[6])
+            assert (host, step16) == (2, c[5]) and op >= 1
 
 
-def test_a_users_comm_hook_wins(probes, gloo_world_of_one):
+def test_a_users_comm_hook_is_seen_once(probes, gloo_world_of_one):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     dist = gloo_world_of_one
     dist.init_process_group("gloo", rank=0, world_size=1)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
-    model.register_comm_hook(None, allreduce_hook)  # must not clash with obshub's
+    model.register_comm_hook(None, allreduce_hook)
+    before = _backend_seq(dist)
+    start = len(_events(probes, "coll_begin"))
     model(torch.randn(3, 16)).sum().backward()
-    # the user's hook calls dist.all_reduce: seen through the torch.distributed wrapper
-    assert [(c[1], c[2], c[3]) for c in _events(probes, "coll_begin")] == [("0", 0, "all_reduce")]
-    assert len(_ends(probes, 1)) == 1
+    # the user's hook calls dist.all_reduce: seen once, through the dispatcher
+    assert [(c[1], c[2], c[3]) for c in _events(probes, "coll_begin")[start:]] == [("0", before, "all_reduce")]
+    assert _backend_seq(dist) == before + 1
+    assert len(_ends(probes, start + 1)) == start + 1
+
+
+def test_functional_collectives_point_to_point_and_inference_mode_are_seen(probes, gloo_world_of_one):
+    import torch.distributed._functional_collectives as fc
+
+    dist = gloo_world_of_one
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    t = torch.ones(4)
+    assert (fc.all_reduce(t, "sum", dist.group.WORLD) + 0).tolist() == [1.0] * 4
+    out = torch.empty(4)
+    dist.all_gather_into_tensor(out, t)
+    dist.reduce_scatter_tensor(torch.empty(4), t)
+    with torch.inference_mode():
+        dist.all_reduce(torch.ones(2))
+    dist.barrier()
+    colls = [(c[1], c[2], c[3], c[4]) for c in _events(probes, "coll_begin")]
+    assert colls == [
+        ("0", 0, "all_reduce", 16),
+        ("0", 1, "all_gather_into_tensor", 16),
+        ("0", 2, "reduce_scatter_tensor", 16),
+        ("0", 3, "all_reduce", 8),
+        ("0", 4, "barrier", 0),
+    ]
+    assert _backend_seq(dist) == len(colls)
+    assert len(_ends(probes, len(colls))) == len(colls)
 
 
 def test_disable_removes_everything(probes, gloo_world_of_one):
@@ -188,15 +235,19 @@ def test_disable_removes_everything(probes, gloo_world_of_one):
 
     from obshub.instrument import hooks as instrument
 
-    assert getattr(dist.all_reduce, "__obshub_wrapped__", None) is not None
+    assert getattr(torch.autograd.backward, "__obshub_wrapped__", None) is not None
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "BackendSelect")
     instrument.disable()
-    assert not hasattr(dist.all_reduce, "__obshub_wrapped__")
+    assert not hasattr(torch.autograd.backward, "__obshub_wrapped__")
     assert not hasattr(dist.init_process_group, "__obshub_wrapped__")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "BackendSelect")
+    dist.init_process_group("gloo", rank=0, world_size=1)
     before = len(probes)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
+    dist.all_reduce(torch.ones(2))
     assert len(probes) == before
 
 
