@@ -86,7 +86,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import inspect
 import logging
 import os
 import threading
@@ -354,7 +353,8 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
     _tls.opt_depth = depth
     if depth != 1:
         return None
-    closure = kwargs.get("closure") if "closure" in kwargs else args[0] if args else None
+    # args are step()'s own: (self, closure, ...)
+    closure = kwargs.get("closure") if "closure" in kwargs else args[1] if len(args) > 1 else None
     if closure is None or not callable(closure):
         with _lock:
             _phase_begin_locked("optimizer")
@@ -362,7 +362,7 @@ def _optimizer_pre_hook(optimizer, args, kwargs):
     wrapped = functools.partial(_closure_wrapper, closure)
     if "closure" in kwargs:
         return args, {**kwargs, "closure": wrapped}
-    return (wrapped, *args[1:]), kwargs
+    return (args[0], wrapped, *args[2:]), kwargs
 
 
 def _closure_wrapper(closure: Callable):
@@ -777,13 +777,13 @@ def _per_step_from_env(value: int | None) -> int:
 def enable(job: str | None = None, host_id: int | None = None, optimizers_per_step: int | None = None) -> None:
     """Install the hooks and wrappers described in the module docstring, process-wide. Idempotent.
 
-    ``job`` defaults to what the environment names when the process registers
-    (:func:`obshub.core.workload.resolve_job`: ``$OBSHUB_JOB``, Slurm, torchrun, a pod label, else
-    ``"default"``); an explicit name is cut to 63 bytes of UTF-8. ``host_id`` defaults to
-    ``$OBSHUB_HOST_ID`` (else the rank). ``optimizers_per_step`` (default ``$OBSHUB_OPTIMIZERS_PER_STEP``,
-else learned) is the number of ``optimizer.step()`` calls in one training iteration. Raises :class:`obshub.core.errors.ConfigError` for a host id outside 0..65535 or a bad
-    ``optimizers_per_step``, ``ImportError`` when
-    torch is not installed.
+        ``job`` defaults to what the environment names when the process registers
+        (:func:`obshub.core.workload.resolve_job`: ``$OBSHUB_JOB``, Slurm, torchrun, a pod label, else
+        ``"default"``); an explicit name is cut to 63 bytes of UTF-8. ``host_id`` defaults to
+        ``$OBSHUB_HOST_ID`` (else the rank). ``optimizers_per_step`` (default ``$OBSHUB_OPTIMIZERS_PER_STEP``,
+    else learned) is the number of ``optimizer.step()`` calls in one training iteration. Raises :class:`obshub.core.errors.ConfigError` for a host id outside 0..65535 or a bad
+        ``optimizers_per_step``, ``ImportError`` when
+        torch is not installed.
     """
     global _torch, _c10d
     import torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import Counter
 
 import pytest
 
@@ -354,3 +355,141 @@ def test_merged_probes_fire_only_while_traced_and_stand_for_the_separate_ones(pr
             assert schema.parse_trace_key(c[3]).step16 == c[2] & 0xFFFF
     ends = {(c[1], c[3]) for c in exp if c[0] == "phase_end"}
     assert ends <= {(c[1], c[3]) for c in _expand(first + merged) if c[0] == "phase_begin"}
+
+
+def _step_phases(calls) -> list[tuple]:
+    return [(c[0], c[1]) for c in _events(calls, "step_begin", "step_end", "phase_begin")]
+
+
+def test_closure_forward_and_backward_are_phases_of_their_own(probes, monkeypatch):
+    """``optimizer.step(closure)``: the closure's forward and backward are phases; the optimizer phase is
+    the update after it. LBFGS re-evaluates the closure inside one step: each evaluation is another
+    forward/backward pair, then the optimizer phase again, all in the same step."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    model = torch.nn.Linear(4, 1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    closure()  # a first micro-batch outside the step (accumulation, as Lightning runs it)
+    opt.step(closure)  # the second inside it
+    opt.step(closure=closure)
+    seq = _step_phases(probes)
+    fb = [("phase_begin", "forward"), ("phase_begin", "backward")]
+    assert seq == [
+        ("step_begin", 0),
+        *fb,
+        *fb,
+        ("phase_begin", "optimizer"),
+        ("step_end", 0),
+        ("step_begin", 1),
+        ("phase_begin", "data"),
+        *fb,
+        ("phase_begin", "optimizer"),
+        ("step_end", 1),
+        ("step_begin", 2),
+        ("phase_begin", "data"),
+    ]
+    start = len(probes)
+    lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    lbfgs.step(closure)
+    names = [c[1] for c in _events(probes[start:], "phase_begin")]
+    evaluations = names.count("forward")
+    assert evaluations >= 2 and names.count("backward") == evaluations
+    assert names == ["forward", "backward", "optimizer"] * evaluations
+    assert {c[2] for c in _events(probes[start:], "phase_begin")} == {2}  # one step
+
+
+def test_backward_inside_a_modules_forward_is_a_backward_phase(probes, monkeypatch):
+    """Manual optimisation as PyTorch Lightning runs it under DDP: the training step (forward, backward,
+    optimizer.step) runs inside a wrapping module's forward."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    net = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            self.net(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    wrapper = Wrapper()
+    for _ in range(2):
+        wrapper(torch.randn(2, 4))
+    assert _step_phases(probes) == [
+        ("step_begin", 0),
+        ("phase_begin", "forward"),
+        ("phase_begin", "backward"),
+        ("phase_begin", "optimizer"),
+        ("step_end", 0),
+        ("step_begin", 1),
+        ("phase_begin", "data"),
+        ("phase_begin", "forward"),
+        ("phase_begin", "backward"),
+        ("phase_begin", "optimizer"),
+        ("step_end", 1),
+        ("step_begin", 2),
+        ("phase_begin", "data"),
+    ]
+
+
+def _gan_steps(n: int) -> None:
+    """``n`` iterations of a two-optimizer loop: the discriminator's step, then the generator's."""
+    gen, disc = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(disc.parameters(), lr=0.1)
+    for _ in range(n):
+        fake = gen(torch.randn(3, 2))
+        disc(fake.detach()).mean().backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        disc(fake).mean().backward()
+        opt_g.step()
+        opt_g.zero_grad()
+
+
+def test_several_optimizers_make_one_step_per_iteration(probes, monkeypatch):
+    """Learned: until an optimizer steps again every optimizer.step() ends a step (the first GAN
+    iteration counts two), then only the cycle's last optimizer does."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    _gan_steps(4)
+    ends = [c[1] for c in _events(probes, "step_end")]
+    assert ends == [0, 1, 2, 3, 4]  # iteration 0 -> steps 0 and 1; iterations 1..3 -> steps 2..4
+    per_step = Counter(c[2] for c in _events(probes, "phase_begin") if c[1] == "optimizer")
+    assert [per_step[s] for s in range(5)] == [1, 1, 2, 2, 2]
+
+
+def test_optimizers_per_step_override(monkeypatch):
+    from obshub.core.errors import ConfigError
+    from obshub.instrument import hooks as instrument
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    calls: list[tuple] = []
+    for name in usdt.PROBES:
+        monkeypatch.setattr(usdt, name, lambda *a, _n=name: calls.append((_n, *a)))
+    monkeypatch.setenv("OBSHUB_OPTIMIZERS_PER_STEP", "two")
+    with pytest.raises(ConfigError, match="OBSHUB_OPTIMIZERS_PER_STEP"):
+        instrument.enable(job="j", host_id=2)
+    monkeypatch.setenv("OBSHUB_OPTIMIZERS_PER_STEP", "2")
+    instrument.enable(job="j", host_id=2)
+    try:
+        _gan_steps(3)
+    finally:
+        instrument.disable()
+        instrument._st.__init__()
+        instrument._tls.__dict__.clear()
+    assert [c[1] for c in _events(calls, "step_end")] == [0, 1, 2]
+    per_step = Counter(c[2] for c in _events(calls, "phase_begin") if c[1] == "optimizer")
+    assert [per_step[s] for s in range(3)] == [2, 2, 2]
