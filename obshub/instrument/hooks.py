@@ -40,7 +40,8 @@ hooks and keeps the current TraceKey of every thread.
   redispatches to the keys after it (the backend's kernel). Fake and meta tensors (tracing) and an op
   issued inside another are not counted. Probe op names are the ``torch.distributed`` names
   (:data:`OP_NAMES`; ``isend``/``irecv`` are ``send``/``recv``: the dispatcher cannot tell them apart);
-  ``bytes`` is the size of the op's first (input/output) tensor argument, 0 for barriers. Sequence
+  ``bytes`` is the size of the op's input tensor(s) (a scatter's output, a broadcast's, send's or recv's
+  tensor), 0 for barriers. Sequence
   numbers ``coll_seq`` count per process-group name from 0 and are the same on every rank because ranks
   issue collectives of a group in the same order. Point-to-point ops count on their own pair, named
   ``"<pg>:p2p:<lo>-<hi>"`` in group ranks (``"<pg>:p2p:any"`` for a recv from any source).
@@ -531,16 +532,20 @@ OP_NAMES: dict[str, str] = {
     "recv_any_source_": "recv",
 }
 _NO_BYTES = {"barrier", "monitored_barrier_"}  # their tensor is a placeholder
+_PEER_ARGS = ("dst", "src", "dstRank", "srcRank")  # the peer's group rank in point-to-point ops
 
 
 class _OpInfo:
     """What the kernel of one c10d op needs: the op, its probe name, where its process group and (for
     point-to-point) its peer rank are among the positional arguments."""
 
-    __slots__ = ("op", "name", "pg_index", "peer_index", "sized")
+    __slots__ = ("op", "name", "pg_index", "peer_index", "any_source", "size_index")
 
-    def __init__(self, op, name: str, pg_index: int, peer_index: int | None, sized: bool) -> None:
-        self.op, self.name, self.pg_index, self.peer_index, self.sized = op, name, pg_index, peer_index, sized
+    def __init__(
+        self, op, name: str, pg_index: int, peer_index: int | None, any_source: bool, size_index: int | None
+    ) -> None:
+        self.op, self.name, self.pg_index, self.peer_index = op, name, pg_index, peer_index
+        self.any_source, self.size_index = any_source, size_index
 
 
 def c10d_ops() -> dict[str, _OpInfo]:
@@ -560,9 +565,14 @@ def c10d_ops() -> dict[str, _OpInfo]:
         pg_index = next((i for i, a in enumerate(args) if "ProcessGroup" in str(a.type)), None)
         if pg_index is None:  # not a communication op (e.g. check_for_nan)
             continue
-        peer = next((i for i, a in enumerate(args) if a.name in ("dstRank", "srcRank")), None)
+        peer = next((i for i, a in enumerate(args) if a.name in _PEER_ARGS), None)
         probe_name = OP_NAMES.get(name, name.strip("_"))
-        found[name] = _OpInfo(op, probe_name, pg_index, peer, name not in _NO_BYTES)
+        tensors = [i for i, a in enumerate(args) if "Tensor" in str(a.type) and a.name != "sparse_indices"]
+        inputs = [i for i in tensors if args[i].name.startswith("input")]
+        size = (
+            None if name in _NO_BYTES or not tensors else tensors[0] if name == "scatter_" or not inputs else inputs[0]
+        )
+        found[name] = _OpInfo(op, probe_name, pg_index, peer, name == "recv_any_source_", size)
     return found
 
 
@@ -598,9 +608,9 @@ def _make_kernel(info: _OpInfo) -> Callable:
             if info.peer_index is not None:
                 lo, hi = sorted((int(args[info.peer_index]), pg.rank()))
                 name = f"{name}:p2p:{lo}-{hi}"
-            elif info.name == "recv" and info.op.name() == "c10d::recv_any_source_":
+            elif info.any_source:
                 name = f"{name}:p2p:any"
-            nbytes = _nbytes(args[0]) if info.sized else 0
+            nbytes = _nbytes(args[info.size_index]) if info.size_index is not None else 0
             prev = current_trace_key()
             token = _coll_begin(name, info.name, nbytes)
         except Exception:  # noqa: BLE001 - let PyTorch raise its own error, or run it unseen

@@ -176,7 +176,48 @@ def accelerate() -> dict:
     return vars(count)
 
 
+def fsdp1() -> dict:
+    """FSDP1 (``FullyShardedDataParallel``) on CPU/gloo, every Linear its own unit."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    _init()
+    torch.manual_seed(0)
+    model = FSDP(_mlp(), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}), device_id=torch.device("cpu"))
+    count = _Counter()
+    _plain_loop(model, count)
+    return vars(count)
+
+
+def tensor_parallel_p2p() -> dict:
+    """Tensor parallel (DTensor: column- then row-wise sharded Linear layers, their collectives issued as
+    functional collectives), then a pipeline-style hand-over of activations: ``dist.send``/``recv`` and
+    ``batch_isend_irecv``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    _init()
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = parallelize_module(_mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    count = _Counter()
+    _plain_loop(model, count)
+    rank, act = dist.get_rank(), torch.ones(BATCH, 16)
+    if rank == 0:
+        dist.send(act, dst=1)
+        ops = [dist.P2POp(dist.isend, act, 1), dist.P2POp(dist.irecv, torch.empty_like(act), 1)]
+    else:
+        dist.recv(act, src=0)
+        ops = [dist.P2POp(dist.irecv, torch.empty_like(act), 0), dist.P2POp(dist.isend, act, 0)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return vars(count)
+
+
 LOOPS = {
+    "fsdp1": fsdp1,
+    "tensor_parallel_p2p": tensor_parallel_p2p,
     "lightning_auto": lambda: lightning(manual=False),
     "lightning_manual": lambda: lightning(manual=True),
     "fsdp2": fsdp2,

@@ -136,3 +136,17 @@ def test_compiled_ddp_all_reduces_are_seen(tmp_path):
     _check(results)
     per_step = Counter(c[5] for c in results[0]["calls"] if c[0] == "coll_begin" and c[3] == "all_reduce")
     assert all(per_step[s] >= 1 for s in range(loops.STEPS))
+
+
+def test_fsdp1_gathers_and_reductions_are_seen(tmp_path):
+    _check(_run("fsdp1", tmp_path))
+
+
+def test_tensor_parallel_and_point_to_point_are_seen(tmp_path):
+    """DTensor's functional collectives, then send/recv and batch_isend_irecv: each p2p op counts on its
+    pair, and the sender's op and the receiver's share (pair, seq)."""
+    results = _run("tensor_parallel_p2p", tmp_path)
+    _check(results)
+    p2p = [{(c[1], c[2]): c[3] for c in rec["calls"] if c[0] == "coll_begin" and ":p2p:" in c[1]} for rec in results]
+    assert set(p2p[0]) == set(p2p[1]) == {("0:p2p:0-1", s) for s in range(3)}
+    assert all({p2p[0][k], p2p[1][k]} == {"send", "recv"} for k in p2p[0])

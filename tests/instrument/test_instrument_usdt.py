@@ -552,7 +552,7 @@ dist.destroy_process_group()
 
 @pytest.mark.bpf
 @pytest.mark.torch
-def test_enable_in_code_collective_wrappers_two_ranks(reader):
+def test_enable_in_code_collectives_two_ranks(reader):
     job = f"c-{uuid.uuid4().hex[:8]}"
     port = str(_free_port())
     procs = [
@@ -603,14 +603,15 @@ def test_enable_in_code_collective_wrappers_two_ranks(reader):
     assert ops[-1] == ("barrier", 0)
     subgroups = {pg for pg, _ in group0} - {"0"}
     assert len(subgroups) == 1 and group0[(subgroups.pop(), 0)] == ("all_reduce", 12)
-    # point-to-point: the sender's and the receiver's op share (pair, seq)
+    # point-to-point: the sender's and the receiver's op share (pair, seq); at the dispatcher isend and
+    # irecv are send and recv
     assert {k: v[0] for k, v in seen[0].items() if ":p2p:" in k[0]} == {
         ("0:p2p:0-1", 0): "send",
-        ("0:p2p:0-1", 1): "isend",
+        ("0:p2p:0-1", 1): "send",
     }
     assert {k: v[0] for k, v in seen[1].items() if ":p2p:" in k[0]} == {
         ("0:p2p:0-1", 0): "recv",
-        ("0:p2p:0-1", 1): "irecv",
+        ("0:p2p:0-1", 1): "recv",
     }
 
 
