@@ -514,7 +514,7 @@ OP_NAMES: dict[str, str] = {
     "allgather_": "all_gather",
     "_allgather_base_": "all_gather_into_tensor",
     "allgather_coalesced_": "all_gather_coalesced",
-    "allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
+    "allgather_into_tensor_coalesced_": "all_gather_tensor_coalesced",  # op names fit 31 bytes
     "reduce_scatter_": "reduce_scatter",
     "_reduce_scatter_base_": "reduce_scatter_tensor",
     "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
