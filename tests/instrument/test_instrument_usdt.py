@@ -634,6 +634,44 @@ def test_bootstrap_failure_leaves_the_program_running(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("obshub: instrumentation not enabled in pid")
 
 
+GAN_SCRIPT = """
+import torch
+from obshub.instrument import hooks
+gen, disc = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(disc.parameters(), lr=0.1)
+for _ in range(3):
+    fake = gen(torch.randn(3, 2))
+    disc(fake.detach()).mean().backward()
+    opt_d.step()
+    disc(fake).mean().backward()
+    opt_g.step()
+print(hooks.is_enabled(), hooks._st.next_step)
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("args, want", [([], "True 5"), (["--optimizers-per-step", "2"], "True 4")])
+def test_run_optimizers_per_step(args, want):
+    # 3 GAN iterations: learned, the first counts two steps (steps 0..3 ended, 4 open); with the
+    # option, one step per iteration (0..2 ended, 3 open); printed: the next step number
+    proc = subprocess.run(
+        [*OBSHUB, "run", *args, "--", PY, "-c", GAN_SCRIPT], env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == want.split()
+
+
+def test_run_rejects_a_bad_optimizers_per_step():
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--optimizers-per-step", "0", "--", PY, "-c", "pass"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--optimizers-per-step" in proc.stderr
+
+
 @pytest.mark.parametrize("value, want", [(None, (4, False)), ("12", (12, True)), ("65535", (65535, True))])
 def test_host_id_from_environment(monkeypatch, value, want):
     from obshub.instrument import hooks as instrument
