@@ -629,7 +629,9 @@ def _make_kernel(info: _OpInfo) -> Callable:
         _end_when_done(work, token)
         return result
 
-    return kernel
+    # called from compiled code (a DDP bucket's all-reduce under torch.compile), the kernel is a frame
+    # TorchDynamo would try to compile: it runs eagerly instead, as every collective does
+    return _torch.compiler.disable(kernel)
 
 
 def _warn_once(what: str) -> None:
