@@ -842,8 +842,8 @@ def enable(job: str | None = None, host_id: int | None = None, optimizers_per_st
 
 
 def disable() -> None:
-    """Remove every hook and wrapper ``enable()`` installed (a DDP comm hook already registered on a
-    module stays: DDP cannot unregister one). Step and sequence counters are kept."""
+    """Remove every hook, wrapper and dispatcher kernel ``enable()`` installed. Step and sequence counters
+    are kept."""
     with _lock:
         while _st.undo:
             _st.undo.pop()()

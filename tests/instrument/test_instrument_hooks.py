@@ -1,6 +1,8 @@
 """obshub.instrument's hook logic in this process, with the probe functions replaced by recorders:
-step/phase sequencing (gradient accumulation, activation checkpointing, the loss module), TraceKeys,
-the per-thread current key, DDP's comm hook (obshub's, or the user's), and disable().
+step/phase sequencing (gradient accumulation, activation checkpointing, the loss module, optimizer
+closures and LBFGS, backward inside a module's forward, several optimizers), TraceKeys, the per-thread
+current key, collectives at the c10d dispatcher (DDP, a user's comm hook, functional collectives,
+inference mode) against the backend's own count, and disable().
 
 The real probes and the real kernel are covered by tests/instrument/test_instrument_usdt.py; here every call the
 instrumentation makes is seen directly, so the sequencing rules can be asserted exactly and fast.

@@ -441,7 +441,7 @@ def test_torchrun_two_ranks_under_obshub_run(reader):
             assert host == rank and op >= 1
             assert step16 == (r["step"] & 0xFFFF if r["step"] >= 0 else 0xFFFF)
         colls[rank] = {(r["s1"], r["seq"]): (r["s2"], r["bytes"], r["step"]) for r in cb}
-        # DDP's gradient all-reduce (comm hook) and the logged loss all_reduce, in every step
+        # DDP's gradient all-reduce (the reducer's bucket) and the logged loss all_reduce, in every step
         for s in range(steps):
             in_step = [v for v in colls[rank].values() if v[2] == s]
             assert sum(1 for op, nbytes, _ in in_step if op == "all_reduce" and nbytes > 4) >= 1
