@@ -426,17 +426,18 @@ def _wrap_backward(orig: Callable) -> Callable:
 
     @functools.wraps(orig)
     def backward(*args, **kwargs):
-        opened = _guarded(_backward_call_begin)()
+        opened = _backward_call_begin()
         try:
             return orig(*args, **kwargs)
         finally:
             if opened:
-                _guarded(_backward_call_end)()
+                _backward_call_end()
 
     backward.__obshub_wrapped__ = orig
     return backward
 
 
+@_guarded
 def _backward_call_begin() -> bool:
     with _lock:
         if _st.phase == "backward" or (_st.phase == "optimizer" and not _tls.__dict__.get("in_closure")):
@@ -445,6 +446,7 @@ def _backward_call_begin() -> bool:
         return True
 
 
+@_guarded
 def _backward_call_end() -> None:
     with _lock:
         _phase_end_locked("backward")
