@@ -579,10 +579,14 @@ def c10d_ops() -> dict[str, _OpInfo]:
 
 
 def _first_tensor(value):
+    """The first tensor in ``value`` (a tensor, or lists of them, e.g. an op's arguments), else None."""
     if isinstance(value, _torch.Tensor):
         return value
-    if isinstance(value, (list, tuple)) and value:
-        return _first_tensor(value[0])
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
     return None
 
 
@@ -599,10 +603,13 @@ def _make_kernel(info: _OpInfo) -> Callable:
     op, after = info.op, _after_backend_select
 
     def kernel(*args):
-        tensor = _first_tensor(args[0]) if args else None
+        # the tensors decide the backend (a gather's non-root rank has no output tensors: the input's)
+        tensor = _first_tensor(args)
         keys = (_torch._C._dispatch_keys(tensor) if tensor is not None else _after_all) & after
-        # tracing (fake or meta tensors), a nested op, or a bad call: the backend's kernel alone
-        if getattr(_tls, "in_coll", 0) or tensor is None or type(tensor) is not _torch.Tensor or tensor.is_meta:
+        # tracing (fake or meta tensors) or a nested op: the backend's kernel alone
+        if getattr(_tls, "in_coll", 0) or (
+            tensor is not None and (type(tensor) is not _torch.Tensor or tensor.is_meta)
+        ):
             return op.redispatch(keys, *args)
         try:
             pg = _unbox_pg(args[info.pg_index])

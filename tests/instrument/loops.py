@@ -192,7 +192,7 @@ def fsdp1() -> dict:
 def tensor_parallel_p2p() -> dict:
     """Tensor parallel (DTensor: column- then row-wise sharded Linear layers, their collectives issued as
     functional collectives), then a pipeline-style hand-over of activations: ``dist.send``/``recv`` and
-    ``batch_isend_irecv``."""
+    ``batch_isend_irecv``, and a gather and a scatter (whose non-root ranks pass no list)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -212,6 +212,9 @@ def tensor_parallel_p2p() -> dict:
         ops = [dist.P2POp(dist.irecv, torch.empty_like(act), 0), dist.P2POp(dist.isend, act, 0)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
+    # rooted collectives: the non-root rank passes no list
+    dist.gather(act, [torch.empty_like(act) for _ in range(2)] if rank == 0 else None, dst=0)
+    dist.scatter(act, [torch.ones_like(act)] * 2 if rank == 1 else None, src=1)
     return vars(count)
 
 
