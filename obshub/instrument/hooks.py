@@ -5,10 +5,11 @@ hooks and keeps the current TraceKey of every thread.
 
 * **step boundaries** from the global optimizer step hooks
   (``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``..._post_hook``): the post-hook of the
-  outermost ``optimizer.step()`` fires ``step_end(N)`` and at once ``step_begin(N+1)`` and
+  outermost ``optimizer.step()`` that ends the training iteration (every one with a single optimizer;
+  see "several optimizers") fires ``step_end(N)`` and at once ``step_begin(N+1)`` and
   ``phase_begin("data")``, so data loading (the time from the end of one step to the next forward) is
   inside the step that consumes the data. Step 0 begins at the first root forward, because the start of
-  the training loop is unknown; it has no data phase. Steps count ``optimizer.step()`` calls from 0.
+  the training loop is unknown; it has no data phase. Steps count training iterations from 0.
 * **phases**: ``forward`` begins at a *root* module call (a per-thread depth counter keeps nested
   modules silent: ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``forward_hook``) and
   lasts until the next phase begins, so the model and then the loss module (also a root call) make one
