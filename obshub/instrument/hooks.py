@@ -29,8 +29,9 @@ hooks and keeps the current TraceKey of every thread.
   it the cycle is learned: until an optimizer steps a second time every ``optimizer.step()`` ends a step
   (one optimizer: exactly one step per iteration from the start); at the first repeat, the optimizers
   that stepped since that optimizer's previous step are the cycle, and from then on only the step of the
-  cycle's last optimizer ends the step. So a GAN (two optimizers) counts its first iteration as two steps,
-  then one per iteration; set ``OBSHUB_OPTIMIZERS_PER_STEP=2`` to count from the start.
+  cycle's last optimizer ends the step; an optimizer outside the cycle (one created later) starts the
+  learning again. So a GAN (two optimizers) counts its first iteration as two steps, then one per
+  iteration; set ``OBSHUB_OPTIMIZERS_PER_STEP=2`` to count from the start.
 * **collectives**: a Python kernel at the ``BackendSelect`` dispatch key of every op of the ``c10d``
   dispatcher namespace that takes a ProcessGroup (:func:`c10d_ops`, read from the dispatcher's registry:
   ``allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``, ``send``, ``recv_``, ...). Every
@@ -132,6 +133,7 @@ class _State:
         self.opt_count = 0
         self.closer: int | None = None
         self.opt_order: list[int] = []
+        self.cycle: set[int] = set()
         self.undo: list[Callable[[], None]] = []  # what disable() runs, in reverse order
 
 
@@ -407,11 +409,13 @@ def _ends_iteration_locked(opt_id: int) -> bool:
             _st.opt_count = 0
             return True
         return False
+    if _st.closer is not None and opt_id not in _st.cycle:
+        _st.closer, _st.opt_order = None, []  # an optimizer outside the cycle (a new one): learn again
     if _st.closer is None:
         order = _st.opt_order
         if opt_id in order:  # the first repeat: the cycle is what stepped since its previous step
             cycle = order[order.index(opt_id) :]
-            _st.closer = cycle[-1]
+            _st.closer, _st.cycle = cycle[-1], set(cycle)
             _st.opt_order = []
             return opt_id == _st.closer
         order.append(opt_id)

@@ -404,8 +404,8 @@ def test_closure_forward_and_backward_are_phases_of_their_own(probes, monkeypatc
     names = [c[1] for c in _events(probes[start:], "phase_begin")]
     evaluations = names.count("forward")
     assert evaluations >= 2 and names.count("backward") == evaluations
-    assert names == ["forward", "backward", "optimizer"] * evaluations
-    assert {c[2] for c in _events(probes[start:], "phase_begin")} == {2}  # one step
+    assert names == ["forward", "backward", "optimizer"] * evaluations + ["data"]
+    assert [c[2] for c in _events(probes[start:], "phase_begin")] == [2] * (3 * evaluations) + [3]  # one step
 
 
 def test_backward_inside_a_modules_forward_is_a_backward_phase(probes, monkeypatch):
@@ -470,6 +470,13 @@ def test_several_optimizers_make_one_step_per_iteration(probes, monkeypatch):
     assert ends == [0, 1, 2, 3, 4]  # iteration 0 -> steps 0 and 1; iterations 1..3 -> steps 2..4
     per_step = Counter(c[2] for c in _events(probes, "phase_begin") if c[1] == "optimizer")
     assert [per_step[s] for s in range(5)] == [1, 1, 2, 2, 2]
+    # a new optimizer (a second training stage): learned again, one step per iteration from its repeat
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    assert [c[1] for c in _events(probes, "step_end")] == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
 def test_optimizers_per_step_override(monkeypatch):
