@@ -9,6 +9,6 @@ This package imports only the standard library, its extension and the stdlib-onl
 into a training environment without the rest of obshub's dependencies.
 """
 
-from obshub.instrument.hooks import COLLECTIVES, current_trace_key, disable, enable, is_enabled
+from obshub.instrument.hooks import OP_NAMES, c10d_ops, current_trace_key, disable, enable, is_enabled
 
-__all__ = ["COLLECTIVES", "current_trace_key", "disable", "enable", "is_enabled"]
+__all__ = ["OP_NAMES", "c10d_ops", "current_trace_key", "disable", "enable", "is_enabled"]

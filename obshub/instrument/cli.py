@@ -11,6 +11,7 @@ Examples:
   obshub run -- python train.py                                   # one process, instrumented
   obshub run --job llama-7b -- torchrun --nproc-per-node 2 train.py   # every torchrun worker instrumented
   obshub run --host-id 3 -- torchrun --nproc-per-node 8 -m obshub.workloads.ddp_train  # node 3 of a job
+  obshub run --optimizers-per-step 2 -- python gan.py              # a GAN: 2 optimizer steps per iteration
   OBSHUB_INSTRUMENT=0 obshub run -- python train.py               # same environment, instrumentation off
 """
 
@@ -35,8 +36,17 @@ Examples:
     default=None,
     help="this node's host id in TraceKeys, 0..65535 (default $OBSHUB_HOST_ID, else the rank)",
 )
+@click.option(
+    "--optimizers-per-step",
+    type=click.IntRange(1, None),
+    default=None,
+    help="optimizer.step() calls in one training iteration, e.g. 2 for a GAN (default "
+    "$OBSHUB_OPTIMIZERS_PER_STEP, else learned: the first iteration then counts one step per optimizer)",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_command(job: str | None, host_id: int | None, command: tuple[str, ...]) -> None:
+def run_command(
+    job: str | None, host_id: int | None, optimizers_per_step: int | None, command: tuple[str, ...]
+) -> None:
     """Run COMMAND with in-process PyTorch instrumentation (USDT), no code change needed.
 
     COMMAND replaces this process: its exit code and signals are its own. Put `--` before it."""
@@ -44,6 +54,6 @@ def run_command(job: str | None, host_id: int | None, command: tuple[str, ...]) 
         # options of `obshub run` come before COMMAND; a program name does not start with '-': this is an
         # option `obshub run` does not have (or one meant for the program, before its name)
         raise click.UsageError(
-            f"No such option: {command[0]} (the options are --job and --host-id; put `--` before COMMAND)"
+            f"No such option: {command[0]} (the options are --job, --host-id and --optimizers-per-step; put `--` before COMMAND)"
         )
-    exec_instrumented(command, job, host_id)
+    exec_instrumented(command, job, host_id, optimizers_per_step)

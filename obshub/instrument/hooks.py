@@ -5,29 +5,51 @@ hooks and keeps the current TraceKey of every thread.
 
 * **step boundaries** from the global optimizer step hooks
   (``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``..._post_hook``): the post-hook of the
-  outermost ``optimizer.step()`` fires ``step_end(N)`` and at once ``step_begin(N+1)`` and
+  outermost ``optimizer.step()`` that ends the training iteration (every one with a single optimizer;
+  see "several optimizers") fires ``step_end(N)`` and at once ``step_begin(N+1)`` and
   ``phase_begin("data")``, so data loading (the time from the end of one step to the next forward) is
   inside the step that consumes the data. Step 0 begins at the first root forward, because the start of
-  the training loop is unknown; it has no data phase. Steps count ``optimizer.step()`` calls from 0.
+  the training loop is unknown; it has no data phase. Steps count training iterations from 0.
 * **phases**: ``forward`` begins at a *root* module call (a per-thread depth counter keeps nested
   modules silent: ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``forward_hook``) and
   lasts until the next phase begins, so the model and then the loss module (also a root call) make one
-  forward phase; ``backward`` from a gradient hook on a root output (the first gradient computed) to an
-  autograd end-of-pass callback (``Variable._execution_engine.queue_callback``, what DDP and FSDP use);
-  ``optimizer`` around the outermost ``optimizer.step()``. Forwards during backward (activation
-  checkpointing) and forward/backward inside ``optimizer.step(closure)`` (LBFGS) stay in the enclosing
-  phase.
-* **collectives**: the ``torch.distributed`` functions (``COLLECTIVES``) are wrapped; the DDP gradient
-  all-reduce (done by the C++ reducer, invisible to Python) is made visible by registering, before a DDP
-  module's first forward, a comm hook equal to PyTorch's default ``allreduce_hook`` with
-  ``coll_begin``/``coll_end`` around it; ``coll_end`` fires when the bucket's future completes. A user's own
-  ``register_comm_hook`` wins (ours is then not registered; the ``torch.distributed`` calls inside the
-  user's hook are seen). Sequence numbers ``coll_seq`` count per process-group name from 0 and are the same
-  on every rank because ranks issue collectives of a group in the same order. Point-to-point ops count on
-  their own pair, named ``"<pg>:p2p:<lo>-<hi>"`` (``"<pg>:p2p:any"`` for a recv from any source).
-  ``coll_end`` of an ``async_op=True`` call fires when its Work's future completes; of a synchronous call,
-  when the call returns. On CPU/gloo both are completion; on CUDA/NCCL both are the enqueue (PyTorch
-  completes NCCL futures at enqueue; GPU completion is the CUDA/NCCL probes' to see).
+  forward phase; ``backward`` is a ``torch.autograd.backward`` call (what ``Tensor.backward`` calls;
+  wrapped), wherever it runs (inside a module's forward too, as in PyTorch Lightning's manual
+  optimisation), and otherwise (``torch.autograd.grad``) from a gradient hook on a root output (the first
+  gradient computed) to an autograd end-of-pass callback (``Variable._execution_engine.queue_callback``);
+  ``optimizer`` is the parameter update: the outermost ``optimizer.step()``, or, for
+  ``optimizer.step(closure)``, from the closure's return to the step's end (the pre-hook replaces the
+  closure by a wrapper, so the closure's forward and backward are phases of their own: PyTorch
+  Lightning's automatic optimisation, LBFGS). Under gradient accumulation each micro-batch makes its own
+  forward/backward pair. LBFGS re-evaluates the closure inside one ``step()``: each evaluation is another
+  forward/backward pair followed by another optimizer phase in the same step. Forwards during backward
+  (activation checkpointing) stay in the backward phase.
+* **several optimizers**: a step is one training iteration. ``OBSHUB_OPTIMIZERS_PER_STEP=K`` (or
+  ``enable(optimizers_per_step=K)``) makes every K-th outermost ``optimizer.step()`` end the step. Without
+  it the cycle is learned: until an optimizer steps a second time every ``optimizer.step()`` ends a step
+  (one optimizer: exactly one step per iteration from the start); at the first repeat, the optimizers
+  that stepped since that optimizer's previous step are the cycle, and from then on only the step of the
+  cycle's last optimizer ends the step; an optimizer outside the cycle (one created later) starts the
+  learning again. So a GAN (two optimizers) counts its first iteration as two steps, then one per
+  iteration; set ``OBSHUB_OPTIMIZERS_PER_STEP=2`` to count from the start.
+* **collectives**: a Python kernel at the ``BackendSelect`` dispatch key of every op of the ``c10d``
+  dispatcher namespace that takes a ProcessGroup (:func:`c10d_ops`, read from the dispatcher's registry:
+  ``allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``, ``send``, ``recv_``, ...). Every
+  ProcessGroup method runs through these ops, whoever calls it: the ``torch.distributed`` functions,
+  functional collectives (``torch.ops._c10d_functional``: DTensor, FSDP2, compiled graphs), DDP's C++
+  reducer (compiled or not), FSDP1/FSDP2, pipeline send/recv. ``BackendSelect`` is in the dispatcher's
+  default-included key set, so inference mode and below-autograd guards do not skip it; the kernel
+  redispatches to the keys after it (the backend's kernel). Fake and meta tensors (tracing) and an op
+  issued inside another are not counted. Probe op names are the ``torch.distributed`` names
+  (:data:`OP_NAMES`; ``isend``/``irecv`` are ``send``/``recv``: the dispatcher cannot tell them apart);
+  ``bytes`` is the size of the op's input tensor(s) (a scatter's output, a broadcast's, send's or recv's
+  tensor), 0 for barriers. Sequence
+  numbers ``coll_seq`` count per process-group name from 0 and are the same on every rank because ranks
+  issue collectives of a group in the same order. Point-to-point ops count on their own pair, named
+  ``"<pg>:p2p:<lo>-<hi>"`` in group ranks (``"<pg>:p2p:any"`` for a recv from any source).
+  ``coll_end`` fires when the op's Work future completes (at once for a Work without one). On CPU/gloo
+  that is completion; on CUDA/NCCL it is the enqueue (PyTorch completes NCCL futures at enqueue; GPU
+  completion is the CUDA/NCCL probes' to see).
 * **registration**: ``register`` fires once per process, when ``torch.distributed`` is initialised
   (wrapped ``init_process_group``, or at ``enable()`` when it already is); a process that reaches its
   first step without it (single-process training) registers then as rank ``$RANK`` (0) of
@@ -58,8 +80,7 @@ registers (:func:`obshub.core.workload.resolve_job`: ``OBSHUB_JOB``, the Slurm j
 label, else ``"default"``); the register probe carries it, and the node agent files every event of the
 process under it.
 
-Limits: one ``optimizer.step()`` per training iteration is assumed (two optimizers stepped one after the
-other make two steps); the last ``step_begin`` of a process has no ``step_end`` (the loop ended in its data
+Limits: the last ``step_begin`` of a process has no ``step_end`` (the loop ended in its data
 phase; ``phase_end("data")`` fires at exit). Hooks never raise into the training program: an internal
 error is logged once per hook on the ``obshub.instrument`` logger and the hook does nothing more.
 """
@@ -68,7 +89,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import inspect
 import logging
 import os
 import threading
@@ -79,34 +99,6 @@ from obshub.core.errors import ConfigError
 from obshub.instrument import usdt
 
 log = logging.getLogger("obshub.instrument")
-
-#: torch.distributed functions wrapped by enable(): name -> (op name in the probe, input argument whose
-#: size is the probe's ``bytes``, or None for 0 bytes).
-COLLECTIVES: dict[str, tuple[str, str | None]] = {
-    "all_reduce": ("all_reduce", "tensor"),
-    "all_reduce_coalesced": ("all_reduce_coalesced", "tensors"),
-    "all_gather": ("all_gather", "tensor"),
-    "all_gather_into_tensor": ("all_gather_into_tensor", "input_tensor"),
-    "reduce_scatter": ("reduce_scatter", "input_list"),
-    "reduce_scatter_tensor": ("reduce_scatter_tensor", "input"),
-    "broadcast": ("broadcast", "tensor"),
-    "reduce": ("reduce", "tensor"),
-    "gather": ("gather", "tensor"),
-    "scatter": ("scatter", "tensor"),
-    "all_to_all": ("all_to_all", "input_tensor_list"),
-    "all_to_all_single": ("all_to_all_single", "input"),
-    "barrier": ("barrier", None),
-    "monitored_barrier": ("monitored_barrier", None),
-    "all_gather_object": ("all_gather_object", None),
-    "broadcast_object_list": ("broadcast_object_list", None),
-    "gather_object": ("gather_object", None),
-    "scatter_object_list": ("scatter_object_list", None),
-    "send": ("send", "tensor"),
-    "recv": ("recv", "tensor"),
-    "isend": ("isend", "tensor"),
-    "irecv": ("irecv", "tensor"),
-}
-_P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
 _NO_STEP_FIELD = 0xFFFF  # the TraceKey step field outside a step (-1 & 0xFFFF)
 
@@ -135,6 +127,13 @@ class _State:
         self.merge_phase = False
         self.merge_step = False
         self.coll_seq: dict[str, int] = {}
+        # the training iteration with several optimizers: optimizer steps per iteration when set
+        # (OBSHUB_OPTIMIZERS_PER_STEP), else the learned optimizer that closes the cycle (id())
+        self.per_step = 0
+        self.opt_count = 0
+        self.closer: int | None = None
+        self.opt_order: list[int] = []
+        self.cycle: set[int] = set()
         self.undo: list[Callable[[], None]] = []  # what disable() runs, in reverse order
 
 
@@ -296,10 +295,8 @@ def _forward_pre_hook(module, args) -> None:
     _tls.fwd_depth = depth
     if depth != 1:
         return
-    if _ddp_cls is not None and isinstance(module, _ddp_cls):
-        _ensure_ddp_hook(module)
     with _lock:
-        if _st.phase in ("backward", "optimizer"):
+        if _st.phase == "backward" or (_st.phase == "optimizer" and not _tls.__dict__.get("in_closure")):
             _tls.fwd_nested = True  # recomputation or an optimizer closure: stays in that phase
             return
         _tls.fwd_nested = False
@@ -338,7 +335,7 @@ def _first_grad_tensor(obj: Any, depth: int = 0):
 @_guarded
 def _on_backward_start(grad) -> None:
     with _lock:
-        if _st.phase in ("backward", "optimizer"):
+        if _st.phase == "backward" or (_st.phase == "optimizer" and not _tls.__dict__.get("in_closure")):
             return
         _phase_begin_locked("backward")
     _torch.autograd.Variable._execution_engine.queue_callback(_on_backward_end)
@@ -351,12 +348,43 @@ def _on_backward_end() -> None:
 
 
 @_guarded
-def _optimizer_pre_hook(optimizer, args, kwargs) -> None:
+def _optimizer_pre_hook(optimizer, args, kwargs):
+    """Outermost ``optimizer.step()``: without a closure the optimizer phase begins now; with one
+    (``step(closure)``: LBFGS, PyTorch Lightning's automatic optimisation) the closure is replaced by
+    :func:`_closure_wrapper`, so its forward and backward are phases of their own and the optimizer
+    phase begins when the closure returns."""
     depth = getattr(_tls, "opt_depth", 0) + 1
     _tls.opt_depth = depth
-    if depth == 1:
+    if depth != 1:
+        return None
+    # args are step()'s own: (self, closure, ...)
+    closure = kwargs.get("closure") if "closure" in kwargs else args[1] if len(args) > 1 else None
+    if closure is None or not callable(closure):
         with _lock:
             _phase_begin_locked("optimizer")
+        return None
+    wrapped = functools.partial(_closure_wrapper, closure)
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": wrapped}
+    return (args[0], wrapped, *args[2:]), kwargs
+
+
+def _closure_wrapper(closure: Callable):
+    """Run an optimizer's closure (its forward and backward open their phases as anywhere else), then
+    begin the optimizer phase: the parameter update follows the closure. A closure the optimizer calls
+    again (LBFGS line search) makes another forward/backward pair and optimizer phase in the same step."""
+    _tls.in_closure = getattr(_tls, "in_closure", 0) + 1
+    try:
+        result = closure()
+    finally:
+        _tls.in_closure -= 1
+    try:
+        with _lock:
+            if _st.phase != "optimizer":
+                _phase_begin_locked("optimizer")
+    except Exception:  # noqa: BLE001 - instrumentation must not break training
+        _warn_once("closure")
+    return result
 
 
 @_guarded
@@ -365,7 +393,68 @@ def _optimizer_post_hook(optimizer, args, kwargs) -> None:
     _tls.opt_depth = max(depth, 0)
     if depth == 0:
         with _lock:
-            _step_boundary_locked("data")
+            if _ends_iteration_locked(id(optimizer)):
+                _step_boundary_locked("data")
+            else:
+                _phase_end_locked("optimizer")
+
+
+def _ends_iteration_locked(opt_id: int) -> bool:
+    """Whether this ``optimizer.step()`` ends the training iteration (see "Several optimizers" in the
+    module docstring): every ``optimizers_per_step``-th step when set, else the step of the optimizer
+    that closes the learned cycle (every step until the cycle is known)."""
+    if _st.per_step:
+        _st.opt_count += 1
+        if _st.opt_count >= _st.per_step:
+            _st.opt_count = 0
+            return True
+        return False
+    if _st.closer is not None and opt_id not in _st.cycle:
+        _st.closer, _st.opt_order = None, []  # an optimizer outside the cycle (a new one): learn again
+    if _st.closer is None:
+        order = _st.opt_order
+        if opt_id in order:  # the first repeat: the cycle is what stepped since its previous step
+            cycle = order[order.index(opt_id) :]
+            _st.closer, _st.cycle = cycle[-1], set(cycle)
+            _st.opt_order = []
+            return opt_id == _st.closer
+        order.append(opt_id)
+        return True
+    return opt_id == _st.closer
+
+
+def _wrap_backward(orig: Callable) -> Callable:
+    """``torch.autograd.backward`` (what ``Tensor.backward`` calls): the backward phase is the call,
+    wherever it runs (inside a module's forward too: PyTorch Lightning's manual optimisation runs
+    ``training_step`` inside the DDP module's forward). Outside a call (``torch.autograd.grad``, an
+    engine entered from C++) the gradient hook and end-of-pass callback of :func:`_forward_hook` see it."""
+
+    @functools.wraps(orig)
+    def backward(*args, **kwargs):
+        opened = _backward_call_begin()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            if opened:
+                _backward_call_end()
+
+    backward.__obshub_wrapped__ = orig
+    return backward
+
+
+@_guarded
+def _backward_call_begin() -> bool:
+    with _lock:
+        if _st.phase == "backward" or (_st.phase == "optimizer" and not _tls.__dict__.get("in_closure")):
+            return False
+        _phase_begin_locked("backward")
+        return True
+
+
+@_guarded
+def _backward_call_end() -> None:
+    with _lock:
+        _phase_end_locked("backward")
 
 
 def _at_exit() -> None:
@@ -376,7 +465,7 @@ def _at_exit() -> None:
 
 
 # --------------------------------------------------------------------------------------------------------
-# collectives
+# collectives: one Python kernel per c10d dispatcher op, at the BackendSelect key
 # --------------------------------------------------------------------------------------------------------
 def _pg_name(group) -> str:
     """The process-group name PyTorch gives ``group`` (``"0"`` for the default group)."""
@@ -386,10 +475,11 @@ def _pg_name(group) -> str:
 
 
 def _nbytes(value) -> int:
+    """Bytes of a tensor, or of the tensors in a (nested, one level) list of them."""
     if isinstance(value, _torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, (list, tuple)):
-        return sum(v.numel() * v.element_size() for v in value if isinstance(v, _torch.Tensor))
+        return sum(_nbytes(v) for v in value)
     return 0
 
 
@@ -411,93 +501,175 @@ def _coll_end(token: tuple, *_ignored) -> None:
 
 
 def _end_when_done(work, token: tuple) -> None:
-    """Fire coll_end when ``work`` (a c10d Work, or a Future) completes; at once if it offers no future."""
+    """Fire coll_end when ``work`` (a c10d Work, boxed or not, or a Future) completes; at once if it offers
+    no future (a coalesced Work: end = enqueue)."""
     try:
-        fut = work if isinstance(work, _torch.futures.Future) else work.get_future()
-        fut.add_done_callback(functools.partial(_coll_end, token))
-    except Exception:  # noqa: BLE001 - e.g. a coalesced Work without a future: end = enqueue
+        if not isinstance(work, _torch.futures.Future):
+            if isinstance(work, _torch.ScriptObject):
+                work = _torch._C._distributed_c10d.Work.unbox(work)
+            work = work.get_future()
+        work.add_done_callback(functools.partial(_coll_end, token))
+    except Exception:  # noqa: BLE001 - no future: end = enqueue
         _coll_end(token)
 
 
-def _p2p_pg(name: str, group, bound: inspect.BoundArguments) -> str:
-    side = _P2P[name]
-    peer = bound.arguments.get(side)
-    mine = _c10d.get_rank()
-    if peer is None:
-        peer = bound.arguments.get("group_" + side)
-        mine = _c10d.get_rank(group) if group is not None else mine
-    base = _pg_name(group)
-    if peer is None:
-        return f"{base}:p2p:any"
-    lo, hi = sorted((int(peer), mine))
-    return f"{base}:p2p:{lo}-{hi}"
+#: c10d dispatcher op -> the op name the probe carries (the torch.distributed name users know). An op not
+#: listed here is still hooked and counted, under its dispatcher name without the underscores around it.
+OP_NAMES: dict[str, str] = {
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce_coalesced",
+    "allgather_": "all_gather",
+    "_allgather_base_": "all_gather_into_tensor",
+    "allgather_coalesced_": "all_gather_coalesced",
+    "allgather_into_tensor_coalesced_": "all_gather_tensor_coalesced",  # op names fit 31 bytes
+    "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
+    "broadcast_": "broadcast",
+    "reduce_": "reduce",
+    "gather_": "gather",
+    "gather_into_tensor_": "gather_into_tensor",
+    "scatter_": "scatter",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all_single",
+    "barrier": "barrier",
+    "monitored_barrier_": "monitored_barrier",
+    "send": "send",
+    "recv_": "recv",
+    "recv_any_source_": "recv",
+}
+_NO_BYTES = {"barrier", "monitored_barrier_"}  # their tensor is a placeholder
+_PEER_ARGS = ("dst", "src", "dstRank", "srcRank")  # the peer's group rank in point-to-point ops
 
 
-def _wrap_collective(name: str, orig: Callable) -> Callable:
-    op, size_arg = COLLECTIVES[name]
-    sig = inspect.signature(orig)
+class _OpInfo:
+    """What the kernel of one c10d op needs: the op, its probe name, where its process group and (for
+    point-to-point) its peer rank are among the positional arguments."""
 
-    @functools.wraps(orig)
-    def collective(*args, **kwargs):
-        if getattr(_tls, "in_coll", 0) or not _c10d.is_initialized():
-            return orig(*args, **kwargs)
+    __slots__ = ("op", "name", "pg_index", "peer_index", "any_source", "size_index")
+
+    def __init__(
+        self, op, name: str, pg_index: int, peer_index: int | None, any_source: bool, size_index: int | None
+    ) -> None:
+        self.op, self.name, self.pg_index, self.peer_index = op, name, pg_index, peer_index
+        self.any_source, self.size_index = any_source, size_index
+
+
+def c10d_ops() -> dict[str, _OpInfo]:
+    """Every op of the ``c10d`` dispatcher namespace that takes a ProcessGroup (every collective and
+    point-to-point op a ProcessGroup method, a functional collective, DDP's reducer, FSDP or DTensor
+    issues goes through one of them), read from the dispatcher's registry, not from a list of names."""
+    found: dict[str, _OpInfo] = {}
+    for full in _torch._C._dispatch_get_all_op_names():
+        ns, _, name = full.partition("::")
+        if ns != "c10d" or "." in name:
+            continue
         try:
-            bound = sig.bind(*args, **kwargs)
-            group = bound.arguments.get("group")
-            pg = _p2p_pg(name, group, bound) if name in _P2P else _pg_name(group)
-            nbytes = _nbytes(bound.arguments.get(size_arg)) if size_arg else 0
+            op = getattr(_torch.ops.c10d, name).default
+        except (AttributeError, RuntimeError):
+            continue
+        args = op._schema.arguments
+        pg_index = next((i for i, a in enumerate(args) if "ProcessGroup" in str(a.type)), None)
+        if pg_index is None:  # not a communication op (e.g. check_for_nan)
+            continue
+        peer = next((i for i, a in enumerate(args) if a.name in _PEER_ARGS), None)
+        probe_name = OP_NAMES.get(name, name.strip("_"))
+        tensors = [i for i, a in enumerate(args) if "Tensor" in str(a.type) and a.name != "sparse_indices"]
+        inputs = [i for i in tensors if args[i].name.startswith("input")]
+        size = (
+            None if name in _NO_BYTES or not tensors else tensors[0] if name == "scatter_" or not inputs else inputs[0]
+        )
+        found[name] = _OpInfo(op, probe_name, pg_index, peer, name == "recv_any_source_", size)
+    return found
+
+
+def _first_tensor(value):
+    """The first tensor in ``value`` (a tensor, or lists of them, e.g. an op's arguments), else None."""
+    if isinstance(value, _torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _unbox_pg(pg):
+    """The ProcessGroup behind a dispatcher argument (the dispatcher hands it over boxed)."""
+    if isinstance(pg, _torch.ScriptObject):
+        return _torch._C._distributed_c10d.ProcessGroup.unbox(pg)
+    return pg
+
+
+def _make_kernel(info: _OpInfo) -> Callable:
+    """The BackendSelect kernel of one c10d op: count and announce the collective, redispatch to the
+    backend's kernel (the keys below BackendSelect), end it when the returned Work's future completes."""
+    op, after = info.op, _after_backend_select
+
+    def kernel(*args):
+        # the tensors decide the backend (a gather's non-root rank has no output tensors: the input's)
+        tensor = _first_tensor(args)
+        keys = (_torch._C._dispatch_keys(tensor) if tensor is not None else _after_all) & after
+        # tracing (fake or meta tensors) or a nested op: the backend's kernel alone
+        if getattr(_tls, "in_coll", 0) or (
+            tensor is not None and (type(tensor) is not _torch.Tensor or tensor.is_meta)
+        ):
+            return op.redispatch(keys, *args)
+        try:
+            pg = _unbox_pg(args[info.pg_index])
+            name = pg.group_name
+            if info.peer_index is not None:
+                lo, hi = sorted((int(args[info.peer_index]), pg.rank()))
+                name = f"{name}:p2p:{lo}-{hi}"
+            elif info.any_source:
+                name = f"{name}:p2p:any"
+            nbytes = _nbytes(args[info.size_index]) if info.size_index is not None else 0
             prev = current_trace_key()
-            token = _coll_begin(pg, op, nbytes)
-        except Exception:  # noqa: BLE001 - a bad call: let PyTorch raise its own error
-            return orig(*args, **kwargs)
+            token = _coll_begin(name, info.name, nbytes)
+        except Exception:  # noqa: BLE001 - let PyTorch raise its own error, or run it unseen
+            _warn_once("collective")
+            return op.redispatch(keys, *args)
         _tls.in_coll = 1
         try:
-            result = orig(*args, **kwargs)
+            result = op.redispatch(keys, *args)
         except BaseException:
             _coll_end(token)  # a failed collective ends where it failed
             raise
         finally:
             _tls.in_coll = 0
             _set_thread_key(*prev)
-        if result is not None and (
-            bound.arguments.get("async_op") or name in ("isend", "irecv") or isinstance(result, _torch.futures.Future)
-        ):
-            _end_when_done(result, token)
-        else:
-            _coll_end(token)
+        work = result[-1] if isinstance(result, tuple) else result
+        _end_when_done(work, token)
         return result
 
-    collective.__obshub_wrapped__ = orig
-    return collective
+    # called from compiled code (a DDP bucket's all-reduce under torch.compile), the kernel is a frame
+    # TorchDynamo would try to compile: it runs eagerly instead, as every collective does
+    return _torch.compiler.disable(kernel)
 
 
-def _ddp_comm_hook(process_group, bucket):
-    """DDP comm hook: PyTorch's default ``allreduce_hook`` (average of the bucket over the group) with
-    ``coll_begin`` when the bucket is handed to the backend and ``coll_end`` when its future completes."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    buf = bucket.buffer()
-    try:
-        prev = current_trace_key()
-        token = _coll_begin(_pg_name(process_group), "all_reduce", buf.numel() * buf.element_size())
-    except Exception:  # noqa: BLE001
-        return allreduce_hook(process_group, bucket)
-    _tls.in_coll = 1
-    try:
-        fut = allreduce_hook(process_group, bucket)
-    finally:
-        _tls.in_coll = 0
-        _set_thread_key(*prev)
-    _end_when_done(fut, token)
-    return fut
+def _warn_once(what: str) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.exception("obshub instrumentation hook %s failed; that call runs unseen", what)
 
 
-def _ensure_ddp_hook(module) -> None:
-    """Register ``_ddp_comm_hook`` on a DDP module once, unless its user registered a comm hook."""
-    if getattr(module, "_obshub_comm_hook", False):
-        return
-    module._obshub_comm_hook = True
-    _orig_register_comm_hook(module, module.process_group, _ddp_comm_hook)
+_after_backend_select: Any = None
+_after_all: Any = None
+
+
+def _install_collective_kernels() -> Callable[[], None]:
+    """Register the kernels of :func:`c10d_ops` at the ``BackendSelect`` dispatch key (a key every call
+    passes: it is in the dispatcher's default-included set, and neither inference mode nor
+    below-autograd guards exclude it); returns the undo."""
+    global _after_backend_select, _after_all
+    dk = _torch._C.DispatchKey
+    _after_backend_select = _torch._C._dispatch_keyset_full_after(dk.BackendSelect)
+    _after_all = _torch._C.DispatchKeySet(dk.CPU)
+    lib = _torch.library.Library("c10d", "IMPL")  # noqa: TOR901 - a kernel per op, undone by disable()
+    for name, info in c10d_ops().items():
+        lib.impl(name, _make_kernel(info), "BackendSelect")
+    return lib._destroy
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -582,8 +754,6 @@ def _wrap_init(orig: Callable) -> Callable:
 # --------------------------------------------------------------------------------------------------------
 _torch: Any = None
 _c10d: Any = None
-_ddp_cls: Any = None
-_orig_register_comm_hook: Any = None
 
 
 def _host_id_from_env() -> tuple[int, bool]:
@@ -611,16 +781,37 @@ def _patch(module, name: str, new) -> None:
     _st.undo.append(lambda: setattr(module, name, old))
 
 
-def enable(job: str | None = None, host_id: int | None = None) -> None:
+def _per_step_from_env(value: int | None) -> int:
+    """Optimizer steps per training iteration: ``value``, else ``$OBSHUB_OPTIMIZERS_PER_STEP``, else 0
+    (learned, see the module docstring). Raises ConfigError for anything but an integer >= 1."""
+    raw: Any = value if value is not None else os.environ.get("OBSHUB_OPTIMIZERS_PER_STEP", "")
+    if raw == "":
+        return 0
+    try:
+        count = int(raw)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1:
+        raise ConfigError(
+            f"optimizers per step {raw!r} (OBSHUB_OPTIMIZERS_PER_STEP or enable(optimizers_per_step=)) is "
+            "not an integer >= 1",
+            hint="set it to the number of optimizer.step() calls in one training iteration, e.g. 2 for a GAN",
+        )
+    return count
+
+
+def enable(job: str | None = None, host_id: int | None = None, optimizers_per_step: int | None = None) -> None:
     """Install the hooks and wrappers described in the module docstring, process-wide. Idempotent.
 
-    ``job`` defaults to what the environment names when the process registers
-    (:func:`obshub.core.workload.resolve_job`: ``$OBSHUB_JOB``, Slurm, torchrun, a pod label, else
-    ``"default"``); an explicit name is cut to 63 bytes of UTF-8. ``host_id`` defaults to
-    ``$OBSHUB_HOST_ID`` (else the rank). Raises :class:`obshub.core.errors.ConfigError` for a host id outside 0..65535, ``ImportError`` when
-    torch is not installed.
+        ``job`` defaults to what the environment names when the process registers
+        (:func:`obshub.core.workload.resolve_job`: ``$OBSHUB_JOB``, Slurm, torchrun, a pod label, else
+        ``"default"``); an explicit name is cut to 63 bytes of UTF-8. ``host_id`` defaults to
+        ``$OBSHUB_HOST_ID`` (else the rank). ``optimizers_per_step`` (default ``$OBSHUB_OPTIMIZERS_PER_STEP``,
+    else learned) is the number of ``optimizer.step()`` calls in one training iteration. Raises :class:`obshub.core.errors.ConfigError` for a host id outside 0..65535 or a bad
+        ``optimizers_per_step``, ``ImportError`` when
+        torch is not installed.
     """
-    global _torch, _c10d, _ddp_cls, _orig_register_comm_hook
+    global _torch, _c10d
     import torch
     import torch.distributed as dist
     import torch.nn.modules.module as nn_module
@@ -637,6 +828,7 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
             raise ConfigError(
                 f"host_id {host_id!r} is not an integer in 0..65535", hint="pass the node's number, 0..65535"
             )
+        _st.per_step = _per_step_from_env(optimizers_per_step)
         _st.job = workload.clean_job(job) if job else ""
         _st.reg_site = usdt.probe_site("register")
         _st.next_sites = (usdt.probe_site("phase_next"), usdt.probe_site("step_next"))
@@ -647,46 +839,25 @@ def enable(job: str | None = None, host_id: int | None = None) -> None:
         undo.append(nn_module.register_module_forward_hook(_forward_hook, always_call=True).remove)
         undo.append(optim_mod.register_optimizer_step_pre_hook(_optimizer_pre_hook).remove)
         undo.append(optim_mod.register_optimizer_step_post_hook(_optimizer_post_hook).remove)
+        _patch(torch.autograd, "backward", _wrap_backward(torch.autograd.backward))
         if dist.is_available():
             import torch.distributed.distributed_c10d as c10d
-            from torch.nn.parallel import DistributedDataParallel as DDP
 
-            _c10d, _ddp_cls = c10d, DDP
-            for name in COLLECTIVES:
-                orig = getattr(c10d, name, None)
-                if orig is None:
-                    continue
-                wrapped = _wrap_collective(name, orig)
-                if getattr(dist, name, None) is orig:
-                    _patch(dist, name, wrapped)
-                _patch(c10d, name, wrapped)
+            _c10d = c10d
+            undo.append(_install_collective_kernels())
             init = _wrap_init(c10d.init_process_group)
             if dist.init_process_group is c10d.init_process_group:
                 _patch(dist, "init_process_group", init)
             _patch(c10d, "init_process_group", init)
-            _orig_register_comm_hook = DDP.register_comm_hook
-            _patch(DDP, "register_comm_hook", _user_comm_hook(DDP.register_comm_hook))
-            _patch(DDP, "_register_builtin_comm_hook", _user_comm_hook(DDP._register_builtin_comm_hook))
         _st.enabled = True
     if _c10d is not None:
         _register()
     atexit.register(_at_exit)
 
 
-def _user_comm_hook(orig: Callable) -> Callable:
-    """Wrap DDP's comm-hook registration: a user's hook marks the module so obshub registers none."""
-
-    @functools.wraps(orig)
-    def register(self, *args, **kwargs):
-        self._obshub_comm_hook = True
-        return orig(self, *args, **kwargs)
-
-    return register
-
-
 def disable() -> None:
-    """Remove every hook and wrapper ``enable()`` installed (a DDP comm hook already registered on a
-    module stays: DDP cannot unregister one). Step and sequence counters are kept."""
+    """Remove every hook, wrapper and dispatcher kernel ``enable()`` installed. Step and sequence counters
+    are kept."""
     with _lock:
         while _st.undo:
             _st.undo.pop()()

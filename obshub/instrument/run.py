@@ -33,9 +33,12 @@ def bootstrap_dir() -> Path:
     )
 
 
-def child_env(base: dict[str, str], job: str | None, host_id: int | None) -> dict[str, str]:
+def child_env(
+    base: dict[str, str], job: str | None, host_id: int | None, optimizers_per_step: int | None = None
+) -> dict[str, str]:
     """The environment of the command: ``base`` with the bootstrap folder first on PYTHONPATH and
-    ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID`` set when given (kept from ``base`` otherwise)."""
+    ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID`` / ``OBSHUB_OPTIMIZERS_PER_STEP`` set when given (kept from ``base``
+    otherwise)."""
     env = dict(base)
     boot = str(bootstrap_dir())
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
@@ -44,15 +47,19 @@ def child_env(base: dict[str, str], job: str | None, host_id: int | None) -> dic
         env["OBSHUB_JOB"] = job
     if host_id is not None:
         env["OBSHUB_HOST_ID"] = str(host_id)
+    if optimizers_per_step is not None:
+        env["OBSHUB_OPTIMIZERS_PER_STEP"] = str(optimizers_per_step)
     return env
 
 
-def exec_instrumented(command: tuple[str, ...] | list[str], job: str | None, host_id: int | None) -> None:
+def exec_instrumented(
+    command: tuple[str, ...] | list[str], job: str | None, host_id: int | None, optimizers_per_step: int | None = None
+) -> None:
     """Replace this process with ``command`` under the instrumentation (never returns on success).
     Raises ConfigError for an empty ``job`` and ObshubError when the command cannot be started."""
     if job is not None and not job.strip():
         raise ConfigError("--job is empty", hint="give the job a name, e.g. --job llama-7b")
-    env = child_env(dict(os.environ), job, host_id)
+    env = child_env(dict(os.environ), job, host_id, optimizers_per_step)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -1,6 +1,8 @@
 """obshub.instrument's hook logic in this process, with the probe functions replaced by recorders:
-step/phase sequencing (gradient accumulation, activation checkpointing, the loss module), TraceKeys,
-the per-thread current key, DDP's comm hook (obshub's, or the user's), and disable().
+step/phase sequencing (gradient accumulation, activation checkpointing, the loss module, optimizer
+closures and LBFGS, backward inside a module's forward, several optimizers), TraceKeys, the per-thread
+current key, collectives at the c10d dispatcher (DDP, a user's comm hook, functional collectives,
+inference mode) against the backend's own count, and disable().
 
 The real probes and the real kernel are covered by tests/instrument/test_instrument_usdt.py; here every call the
 instrumentation makes is seen directly, so the sequencing rules can be asserted exactly and fast.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import Counter
 
 import pytest
 
@@ -146,7 +149,16 @@ def test_steps_and_phases_with_accumulation_and_checkpointing(probes, monkeypatc
     assert all(a != b for a, b in zip(tk, tk[1:]))
 
 
-def test_ddp_gradient_all_reduce_is_seen_through_obshubs_comm_hook(probes, gloo_world_of_one):
+def _backend_seq(dist, group=None) -> int:
+    """What the process group itself counts: the backend's sequence number (every collective and
+    point-to-point op it ran)."""
+    pg = group or dist.group.WORLD
+    return pg._get_backend(torch.device("cpu"))._get_sequence_number_for_group()
+
+
+def test_ddp_collectives_are_seen_at_the_dispatcher(probes, gloo_world_of_one):
+    """DDP's construction (parameter shape check, module-state broadcast) and its C++ reducer's bucket
+    all-reduce are seen without a comm hook: every ProcessGroup call goes through a c10d dispatcher op."""
     dist = gloo_world_of_one
     dist.init_process_group("gloo", rank=0, world_size=1)
     (reg,) = _events(probes, "register")
@@ -158,29 +170,67 @@ def test_ddp_gradient_all_reduce_is_seen_through_obshubs_comm_hook(probes, gloo_
         opt.step()
     colls = _events(probes, "coll_begin")
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert [(c[1], c[2], c[3], c[4], c[5]) for c in colls] == [
-        ("0", 0, "all_reduce", grad_bytes, 0),
-        ("0", 1, "all_reduce", grad_bytes, 1),
+    # every op the backend ran is seen once, with contiguous sequence numbers
+    assert [c[2] for c in colls] == list(range(_backend_seq(dist)))
+    assert [(c[1], c[3], c[4], c[5]) for c in colls if c[3] == "all_reduce"] == [
+        ("0", "all_reduce", grad_bytes, 0),
+        ("0", "all_reduce", grad_bytes, 1),
     ]
+    assert {c[3] for c in colls if c[5] == -1} >= {"all_gather", "broadcast"}  # DDP's construction
     ends = _ends(probes, len(colls))
     assert sorted(c[1:] for c in ends) == sorted(c[1:] for c in colls)
-    # the collective's key is issued inside the backward phase of its step
-    for c in colls:
-        host, step16, op = schema.parse_trace_key(c[6])
-        assert (host, step16) == (2, c[5]) and op >= 1
+    # the gradient all-reduce is issued inside the backward phase of its step
+    open_phase = None
+    for c in probes:
+        if c[0] == "phase_begin":
+            open_phase = c[1]
+        elif c[0] == "phase_end":
+            open_phase = None
+        elif c[0] == "coll_begin" and c[3] == "all_reduce":
+            assert open_phase == "backward"
+            host, step16, op = schema.parse_trace_key(c[6])
+            assert (host, step16) == (2, c[5]) and op >= 1
 
 
-def test_a_users_comm_hook_wins(probes, gloo_world_of_one):
+def test_a_users_comm_hook_is_seen_once(probes, gloo_world_of_one):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     dist = gloo_world_of_one
     dist.init_process_group("gloo", rank=0, world_size=1)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
-    model.register_comm_hook(None, allreduce_hook)  # must not clash with obshub's
+    model.register_comm_hook(None, allreduce_hook)
+    before = _backend_seq(dist)
+    start = len(_events(probes, "coll_begin"))
     model(torch.randn(3, 16)).sum().backward()
-    # the user's hook calls dist.all_reduce: seen through the torch.distributed wrapper
-    assert [(c[1], c[2], c[3]) for c in _events(probes, "coll_begin")] == [("0", 0, "all_reduce")]
-    assert len(_ends(probes, 1)) == 1
+    # the user's hook calls dist.all_reduce: seen once, through the dispatcher
+    assert [(c[1], c[2], c[3]) for c in _events(probes, "coll_begin")[start:]] == [("0", before, "all_reduce")]
+    assert _backend_seq(dist) == before + 1
+    assert len(_ends(probes, start + 1)) == start + 1
+
+
+def test_functional_collectives_point_to_point_and_inference_mode_are_seen(probes, gloo_world_of_one):
+    import torch.distributed._functional_collectives as fc
+
+    dist = gloo_world_of_one
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    t = torch.ones(4)
+    assert (fc.all_reduce(t, "sum", dist.group.WORLD) + 0).tolist() == [1.0] * 4
+    out = torch.empty(4)
+    dist.all_gather_into_tensor(out, t)
+    dist.reduce_scatter_tensor(torch.empty(4), t)
+    with torch.inference_mode():
+        dist.all_reduce(torch.ones(2))
+    dist.barrier()
+    colls = [(c[1], c[2], c[3], c[4]) for c in _events(probes, "coll_begin")]
+    assert colls == [
+        ("0", 0, "all_reduce", 16),
+        ("0", 1, "all_gather_into_tensor", 16),
+        ("0", 2, "reduce_scatter_tensor", 16),
+        ("0", 3, "all_reduce", 8),
+        ("0", 4, "barrier", 0),
+    ]
+    assert _backend_seq(dist) == len(colls)
+    assert len(_ends(probes, len(colls))) == len(colls)
 
 
 def test_disable_removes_everything(probes, gloo_world_of_one):
@@ -188,15 +238,19 @@ def test_disable_removes_everything(probes, gloo_world_of_one):
 
     from obshub.instrument import hooks as instrument
 
-    assert getattr(dist.all_reduce, "__obshub_wrapped__", None) is not None
+    assert getattr(torch.autograd.backward, "__obshub_wrapped__", None) is not None
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "BackendSelect")
     instrument.disable()
-    assert not hasattr(dist.all_reduce, "__obshub_wrapped__")
+    assert not hasattr(torch.autograd.backward, "__obshub_wrapped__")
     assert not hasattr(dist.init_process_group, "__obshub_wrapped__")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("c10d::allreduce_", "BackendSelect")
+    dist.init_process_group("gloo", rank=0, world_size=1)
     before = len(probes)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
+    dist.all_reduce(torch.ones(2))
     assert len(probes) == before
 
 
@@ -303,3 +357,148 @@ def test_merged_probes_fire_only_while_traced_and_stand_for_the_separate_ones(pr
             assert schema.parse_trace_key(c[3]).step16 == c[2] & 0xFFFF
     ends = {(c[1], c[3]) for c in exp if c[0] == "phase_end"}
     assert ends <= {(c[1], c[3]) for c in _expand(first + merged) if c[0] == "phase_begin"}
+
+
+def _step_phases(calls) -> list[tuple]:
+    return [(c[0], c[1]) for c in _events(calls, "step_begin", "step_end", "phase_begin")]
+
+
+def test_closure_forward_and_backward_are_phases_of_their_own(probes, monkeypatch):
+    """``optimizer.step(closure)``: the closure's forward and backward are phases; the optimizer phase is
+    the update after it. LBFGS re-evaluates the closure inside one step: each evaluation is another
+    forward/backward pair, then the optimizer phase again, all in the same step."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    model = torch.nn.Linear(4, 1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    closure()  # a first micro-batch outside the step (accumulation, as Lightning runs it)
+    opt.step(closure)  # the second inside it
+    opt.step(closure=closure)
+    seq = _step_phases(probes)
+    fb = [("phase_begin", "forward"), ("phase_begin", "backward")]
+    assert seq == [
+        ("step_begin", 0),
+        *fb,
+        *fb,
+        ("phase_begin", "optimizer"),
+        ("step_end", 0),
+        ("step_begin", 1),
+        ("phase_begin", "data"),
+        *fb,
+        ("phase_begin", "optimizer"),
+        ("step_end", 1),
+        ("step_begin", 2),
+        ("phase_begin", "data"),
+    ]
+    start = len(probes)
+    lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    lbfgs.step(closure)
+    names = [c[1] for c in _events(probes[start:], "phase_begin")]
+    evaluations = names.count("forward")
+    assert evaluations >= 2 and names.count("backward") == evaluations
+    assert names == ["forward", "backward", "optimizer"] * evaluations + ["data"]
+    assert [c[2] for c in _events(probes[start:], "phase_begin")] == [2] * (3 * evaluations) + [3]  # one step
+
+
+def test_backward_inside_a_modules_forward_is_a_backward_phase(probes, monkeypatch):
+    """Manual optimisation as PyTorch Lightning runs it under DDP: the training step (forward, backward,
+    optimizer.step) runs inside a wrapping module's forward."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    net = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            self.net(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    wrapper = Wrapper()
+    for _ in range(2):
+        wrapper(torch.randn(2, 4))
+    assert _step_phases(probes) == [
+        ("step_begin", 0),
+        ("phase_begin", "forward"),
+        ("phase_begin", "backward"),
+        ("phase_begin", "optimizer"),
+        ("step_end", 0),
+        ("step_begin", 1),
+        ("phase_begin", "data"),
+        ("phase_begin", "forward"),
+        ("phase_begin", "backward"),
+        ("phase_begin", "optimizer"),
+        ("step_end", 1),
+        ("step_begin", 2),
+        ("phase_begin", "data"),
+    ]
+
+
+def _gan_steps(n: int) -> None:
+    """``n`` iterations of a two-optimizer loop: the discriminator's step, then the generator's."""
+    gen, disc = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(disc.parameters(), lr=0.1)
+    for _ in range(n):
+        fake = gen(torch.randn(3, 2))
+        disc(fake.detach()).mean().backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        disc(fake).mean().backward()
+        opt_g.step()
+        opt_g.zero_grad()
+
+
+def test_several_optimizers_make_one_step_per_iteration(probes, monkeypatch):
+    """Learned: until an optimizer steps again every optimizer.step() ends a step (the first GAN
+    iteration counts two), then only the cycle's last optimizer does."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    _gan_steps(4)
+    ends = [c[1] for c in _events(probes, "step_end")]
+    assert ends == [0, 1, 2, 3, 4]  # iteration 0 -> steps 0 and 1; iterations 1..3 -> steps 2..4
+    per_step = Counter(c[2] for c in _events(probes, "phase_begin") if c[1] == "optimizer")
+    assert [per_step[s] for s in range(5)] == [1, 1, 2, 2, 2]
+    # a new optimizer (a second training stage): learned again, one step per iteration from its repeat
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    assert [c[1] for c in _events(probes, "step_end")] == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_optimizers_per_step_override(monkeypatch):
+    from obshub.core.errors import ConfigError
+    from obshub.instrument import hooks as instrument
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    calls: list[tuple] = []
+    for name in usdt.PROBES:
+        monkeypatch.setattr(usdt, name, lambda *a, _n=name: calls.append((_n, *a)))
+    monkeypatch.setenv("OBSHUB_OPTIMIZERS_PER_STEP", "two")
+    with pytest.raises(ConfigError, match="OBSHUB_OPTIMIZERS_PER_STEP"):
+        instrument.enable(job="j", host_id=2)
+    monkeypatch.setenv("OBSHUB_OPTIMIZERS_PER_STEP", "2")
+    instrument.enable(job="j", host_id=2)
+    try:
+        _gan_steps(3)
+    finally:
+        instrument.disable()
+        instrument._st.__init__()
+        instrument._tls.__dict__.clear()
+    assert [c[1] for c in _events(calls, "step_end")] == [0, 1, 2]
+    per_step = Counter(c[2] for c in _events(calls, "phase_begin") if c[1] == "optimizer")
+    assert [per_step[s] for s in range(3)] == [2, 2, 2]

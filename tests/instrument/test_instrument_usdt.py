@@ -441,7 +441,7 @@ def test_torchrun_two_ranks_under_obshub_run(reader):
             assert host == rank and op >= 1
             assert step16 == (r["step"] & 0xFFFF if r["step"] >= 0 else 0xFFFF)
         colls[rank] = {(r["s1"], r["seq"]): (r["s2"], r["bytes"], r["step"]) for r in cb}
-        # DDP's gradient all-reduce (comm hook) and the logged loss all_reduce, in every step
+        # DDP's gradient all-reduce (the reducer's bucket) and the logged loss all_reduce, in every step
         for s in range(steps):
             in_step = [v for v in colls[rank].values() if v[2] == s]
             assert sum(1 for op, nbytes, _ in in_step if op == "all_reduce" and nbytes > 4) >= 1
@@ -552,7 +552,7 @@ dist.destroy_process_group()
 
 @pytest.mark.bpf
 @pytest.mark.torch
-def test_enable_in_code_collective_wrappers_two_ranks(reader):
+def test_enable_in_code_collectives_two_ranks(reader):
     job = f"c-{uuid.uuid4().hex[:8]}"
     port = str(_free_port())
     procs = [
@@ -603,14 +603,15 @@ def test_enable_in_code_collective_wrappers_two_ranks(reader):
     assert ops[-1] == ("barrier", 0)
     subgroups = {pg for pg, _ in group0} - {"0"}
     assert len(subgroups) == 1 and group0[(subgroups.pop(), 0)] == ("all_reduce", 12)
-    # point-to-point: the sender's and the receiver's op share (pair, seq)
+    # point-to-point: the sender's and the receiver's op share (pair, seq); at the dispatcher isend and
+    # irecv are send and recv
     assert {k: v[0] for k, v in seen[0].items() if ":p2p:" in k[0]} == {
         ("0:p2p:0-1", 0): "send",
-        ("0:p2p:0-1", 1): "isend",
+        ("0:p2p:0-1", 1): "send",
     }
     assert {k: v[0] for k, v in seen[1].items() if ":p2p:" in k[0]} == {
         ("0:p2p:0-1", 0): "recv",
-        ("0:p2p:0-1", 1): "irecv",
+        ("0:p2p:0-1", 1): "recv",
     }
 
 
@@ -631,6 +632,44 @@ def test_bootstrap_failure_leaves_the_program_running(tmp_path):
     assert proc.stdout.strip() == "fake"
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("obshub: instrumentation not enabled in pid")
+
+
+GAN_SCRIPT = """
+import torch
+from obshub.instrument import hooks
+gen, disc = torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)
+opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(disc.parameters(), lr=0.1)
+for _ in range(3):
+    fake = gen(torch.randn(3, 2))
+    disc(fake.detach()).mean().backward()
+    opt_d.step()
+    disc(fake).mean().backward()
+    opt_g.step()
+print(hooks.is_enabled(), hooks._st.next_step)
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("args, want", [([], "True 5"), (["--optimizers-per-step", "2"], "True 4")])
+def test_run_optimizers_per_step(args, want):
+    # 3 GAN iterations: learned, the first counts two steps (steps 0..3 ended, 4 open); with the
+    # option, one step per iteration (0..2 ended, 3 open); printed: the next step number
+    proc = subprocess.run(
+        [*OBSHUB, "run", *args, "--", PY, "-c", GAN_SCRIPT], env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == want.split()
+
+
+def test_run_rejects_a_bad_optimizers_per_step():
+    proc = subprocess.run(
+        [*OBSHUB, "run", "--optimizers-per-step", "0", "--", PY, "-c", "pass"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "--optimizers-per-step" in proc.stderr
 
 
 @pytest.mark.parametrize("value, want", [(None, (4, False)), ("12", (12, True)), ("65535", (65535, True))])
