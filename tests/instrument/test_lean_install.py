@@ -6,6 +6,7 @@ USDT C extension's probe sites run. The roles' extras name what each component i
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import venv
@@ -80,7 +81,7 @@ def test_extras_cover_what_each_role_imports():
     assert reqs and all("extra ==" in r for r in reqs), [r for r in reqs if "extra ==" not in r]
     by_extra: dict[str, set[str]] = {}
     for r in reqs:
-        name = r.split(";")[0].split(">")[0].split("[")[0].strip().lower()
+        name = re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].strip().lower()  # "faust-streaming<0.16,>=0.15; ..."
         extra = r.split('extra == "')[1].rstrip('"')
         by_extra.setdefault(extra, set()).add(name)
     assert {"confluent-kafka", "prometheus-client"} <= by_extra["agent"]
