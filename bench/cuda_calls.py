@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     common.console.print(p)
     common.console.print(
-        f"deep-dive attach (bcc resolves and attaches {len(launch)} uprobe pairs): median "
+        f"deep-dive attach (bcc resolves the symbols and attaches the launch uprobe pairs): median "
         f"{statistics.median(attach_ms):.1f} ms, max {max(attach_ms):.1f} ms over {len(attach_ms)} attaches"
     )
     common.verdict(

@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     module_calls, n_buckets = calls[0], buckets[0]
     del ddp_c, step_c
 
+    wall: dict[str, list[float]] = {}
+
     def sample(name: str) -> float:
         on = name in ("B", "MB", "C")
         if on:
@@ -159,16 +161,37 @@ def main(argv: list[str] | None = None) -> int:
             fn = runs["B" if name == "C" else name]
             for i in range(3):
                 fn(i)  # warm
-            t0 = time.perf_counter_ns()
+            w0, t0 = time.perf_counter_ns(), time.process_time_ns()
             for i in range(args.steps):
                 fn(i)
-            return (time.perf_counter_ns() - t0) / args.steps / 1e3  # µs per step
+            wall.setdefault(name, []).append((time.perf_counter_ns() - w0) / args.steps / 1e3)
+            return (time.process_time_ns() - t0) / args.steps / 1e3  # CPU µs per step, all threads
         finally:
             if on:
                 hooks.disable()
 
+    # the price of one module call alone: a loop of calls of an empty module, hooks off and on
+    ident = nn.Identity()
+    x0 = torch.zeros(1)
+
+    def call_ns(on: bool, n: int = 20_000) -> float:
+        if on:
+            hooks.enable(job="bench-hooks")
+        try:
+            t0 = time.process_time_ns()
+            for _ in range(n):
+                ident(x0)
+            return (time.process_time_ns() - t0) / n
+        finally:
+            if on:
+                hooks.disable()
+
+    calls_series = common.interleave({"off": lambda: call_ns(False), "on": lambda: call_ns(True)}, 7, progress=False)
     order = ["A", "B", "M", "MB"]
-    series = common.interleave({n: (lambda n=n: sample(n)) for n in order}, args.rounds, progress=False)
+    series: dict[str, common.Series] = {n: common.Series(n) for n in order}
+    for r in range(args.rounds):
+        for n in order if r % 2 == 0 else order[::-1]:  # A B M MB, then MB M B A: drifts hit both sides alike
+            series[n].samples.append(sample(n))
     agent_series = None
     if args.agent:
         agent_series = _with_agent(sample, args.rounds)
@@ -180,38 +203,33 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     t = Table(
-        title=f"µs per step, 1-rank DDP (gloo), GPT depth {args.depth} d={args.dim}: {module_calls} module calls, "
-        f"{n_buckets} buckets per step; {args.rounds} interleaved rounds of {args.steps} steps",
+        title=f"CPU µs per step (the process, all threads), 1-rank DDP (gloo), GPT depth {args.depth} d={args.dim}: "
+        f"{module_calls} module calls, {n_buckets} buckets per step; {args.rounds} interleaved rounds of {args.steps} steps",
         caption=common.describe_machine(),
     )
-    for col in ("configuration", "µs/step (median)", "vs plain: µs/step [min..max]", "vs plain: %"):
+    for col in ("configuration", "CPU µs/step", "vs plain: µs/step [min..max]", "vs plain", "wall µs/step"):
         t.add_column(col)
-    rows = [("A plain (DDP)", "A", None), ("B obshub hooks (DDP)", "B", "A"), ("M plain, no DDP", "M", None)]
-    rows.append(("MB obshub hooks, no DDP", "MB", "M"))
-    for label, name, ref in rows:
-        s = series[name]
-        if ref is None:
-            t.add_row(label, f"{s.median:.0f}", "-", "-")
-        else:
-            m, lo, hi = diff(ref, name)
-            t.add_row(
-                label, f"{s.median:.0f}", f"{m:+.0f} [{lo:+.0f}..{hi:+.0f}]", f"{m / series[ref].median * 100:+.2f} %"
-            )
+    rows = [("A plain (DDP)", "A", None, series), ("B obshub hooks (DDP)", "B", "A", series)]
+    rows += [("M plain, no DDP", "M", None, series), ("MB obshub hooks, no DDP", "MB", "M", series)]
     if agent_series:
-        m, lo, hi = diff("A", "C", agent_series)
-        t.add_row(
-            "C hooks + USDT probes attached (DDP)",
-            f"{agent_series['C'].median:.0f}",
-            f"{m:+.0f} [{lo:+.0f}..{hi:+.0f}]",
-            f"{m / agent_series['A'].median * 100:+.2f} %",
-        )
+        rows.append(("C hooks + USDT probes attached (DDP)", "C", "A", agent_series))
+    for label, name, ref, src in rows:
+        med, w = src[name].median, f"{statistics.median(wall[name]):.0f}"
+        if ref is None:
+            t.add_row(label, f"{med:.0f}", "-", "-", w)
+            continue
+        m, lo, hi = diff(ref, name, src)
+        t.add_row(label, f"{med:.0f}", f"{m:+.0f} [{lo:+.0f}..{hi:+.0f}]", f"{m / src[ref].median * 100:+.2f} %", w)
     common.console.print(t)
     mod_us = diff("M", "MB")[0]
     ddp_us = diff("A", "B")[0]
     per_call_ns = mod_us * 1e3 / max(1, module_calls)
     per_bucket_ns = (ddp_us - mod_us) * 1e3 / max(1, n_buckets)
+    loop_ns = calls_series["on"].median - calls_series["off"].median
     common.console.print(
-        f"per module call (MB - M): {per_call_ns:.0f} ns; per DDP bucket ((B - A) - (MB - M)): {per_bucket_ns:.0f} ns"
+        f"per module call: {loop_ns:.0f} ns in a loop of nn.Identity calls ({calls_series['off'].median:.0f} ns "
+        f"without the hooks, {calls_series['on'].median:.0f} ns with), {per_call_ns:.0f} ns from (MB - M) / "
+        f"{module_calls}; per DDP bucket ((B - A) - (MB - M)) / {n_buckets}: {per_bucket_ns:.0f} ns"
     )
     total = diff("A", "C", agent_series)[0] if agent_series else ddp_us
     common.verdict(
@@ -228,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             "buckets": n_buckets,
             "samples": {n: s.samples for n, s in series.items()},
             "agent_samples": {n: s.samples for n, s in agent_series.items()} if agent_series else None,
+            "wall_us": wall,
+            "call_ns": {n: s.samples for n, s in calls_series.items()},
             "per_call_ns": per_call_ns,
             "per_bucket_ns": per_bucket_ns,
         },
