@@ -539,24 +539,39 @@ def _wrap_collective(name: str, orig: Callable) -> Callable:
 
 
 def _ddp_comm_hook(process_group, bucket):
-    """DDP comm hook: PyTorch's default ``allreduce_hook`` (average of the bucket over the group) with
-    ``coll_begin`` when the bucket is handed to the backend and ``coll_end`` when its future completes."""
+    """DDP comm hook: PyTorch's default ``allreduce_hook`` (the bucket divided by the group's size, then
+    all-reduced: the average) with ``coll_begin`` when the bucket is handed to the backend and ``coll_end``
+    when its all-reduce completes. The per-bucket hot path (issue #34): the unwrapped ``all_reduce`` is
+    called directly and one ``then`` callback both fires ``coll_end`` and yields the tensor, where
+    ``allreduce_hook`` plus a done-callback took the collective wrapper and two Python callbacks."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     buf = bucket.buffer()
     try:
+        group = process_group if process_group is not None else _c10d.group.WORLD
+        all_reduce = getattr(_c10d.all_reduce, "__obshub_wrapped__", _c10d.all_reduce)
         prev = current_trace_key()
         token = _coll_begin(_pg_name(process_group), "all_reduce", buf.numel() * buf.element_size())
     except Exception:  # noqa: BLE001
         return allreduce_hook(process_group, bucket)
-    _tls.in_coll = 1
     try:
-        fut = allreduce_hook(process_group, bucket)
+        buf.div_(group.size())
+        fut = all_reduce(buf, group=group, async_op=True).get_future()
+    except BaseException:
+        _coll_end(token)
+        raise
     finally:
-        _tls.in_coll = 0
         _set_thread_key(*prev)
-    _end_when_done(fut, token)
-    return fut
+    return fut.then(functools.partial(_bucket_done, token))
+
+
+def _bucket_done(token: tuple, fut):
+    """A DDP bucket's all-reduce completed: ``coll_end``, then the averaged bucket for DDP."""
+    try:
+        usdt.coll_end(*token)
+    except Exception:  # noqa: BLE001 - never into the reducer
+        pass
+    return fut.value()[0]
 
 
 def _ensure_ddp_hook(module) -> None:
