@@ -2,7 +2,7 @@
 per-call probes of the deep-dive tier, ``ProbeOptions.deep_dive``, for ``steps`` training steps, at most
 ``max_s`` seconds, then detach them).
 
-Who asks: an operator (``obshub agent deep-dive --host H``), or the hub (a rule or the straggler analysis
+Who asks: an operator (``obshub deep-dive --host H``), or the hub (a rule or the straggler analysis
 that points at a host calls :func:`request_deep_dive`). Each agent reads the topic's one partition from
 the beginning and acts on the requests for its host that were made after it started and are still
 valid (``ts_ns + max_s`` not passed), so a request made while the agent (re)starts is neither lost nor

@@ -762,7 +762,7 @@ class BpfEventSource:
 
 
 #: the probe table's reason for a deep-dive probe: compiled, not attached until asked for
-DEEP_DIVE_REASON = "deep dive: attached on request for N steps (`obshub agent deep-dive`), not by default"
+DEEP_DIVE_REASON = "deep dive: attached on request for N steps (`obshub deep-dive --host H`), not by default"
 
 
 def _pid_limit() -> int:

@@ -213,8 +213,8 @@ CUDA_MAX_SYMBOLS = 32  # obs_cuda_entry_0.._31 in obshub/bpf/cuda.c
 
 #: the deep-dive tier: probes compiled with the rest but not attached at start; the agent attaches them on
 #: request for a number of steps and detaches them after (``BpfEventSource.deep_dive_on/off``, ``obshub
-#: agent deep-dive``). The per-launch uprobe pair costs ~0.9 µs per kernel launch (bench/cuda_calls.py):
-#: 9 ms of a 1 s step at 10,000 launches, so it is off unless a host is suspect (docs/ARCHITECTURE.md)
+#: deep-dive --host H``). The per-launch uprobe pair costs ~0.9-5 µs per kernel launch (bench/cuda_calls.py):
+#: 9-50 ms of a 1 s step at 10,000 launches, so it is off unless a host is suspect (docs/ARCHITECTURE.md)
 DEEP_DIVE_PROBES: tuple[str, ...] = ("cuda_cudaLaunchKernel", "cuda_cuLaunchKernel")
 
 # Library file name patterns searched in the target's mapped files and in the library directories.
@@ -463,7 +463,11 @@ def _build() -> tuple[Probe, ...]:
                 Uprobe(sym.lib, sym.symbol, f"obs_cuda_return_{i}", ret=True),
             ],
             f"uprobes; {LIBRARIES[sym.lib][0]} in the target or a library dir",
-            "two traps (~1-3 us) per call: use only on launch-light workloads or raise cuda_ns",
+            (
+                "deep-dive tier (not attached by default): two traps (~0.9-5 us) per launch while a deep dive runs"
+                if sym.kind == Kind.CUDA_LAUNCH
+                else "two traps (~0.9-5 us) per call (bench/cuda_calls.py)"
+            ),
             "CUDA",
         )
     add(
