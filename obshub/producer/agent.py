@@ -222,6 +222,8 @@ class Agent:
         ``attach_s`` (the attach's own time), ``step_ends`` seen in it."""
         if steps < 1 or not max_s > 0:
             raise ValueError(f"deep dive: steps={steps!r} must be >= 1 and max_s={max_s!r} > 0")
+        if not hasattr(self.source, "deep_dive_on"):
+            raise ValueError(f"deep dive: the event source {type(self.source).__name__} has no deep-dive probes")
         self._dd_request = (int(steps), float(max_s), time.monotonic())
 
     def _serve_deep_dive(self) -> None:
