@@ -42,6 +42,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "trace": "obshub.export.cli:trace_group",
     "agent": "obshub.producer.cli:agent_command",
     "probes": "obshub.producer.cli:probes_command",
+    "deep-dive": "obshub.producer.cli:deep_dive_command",
     "run": "obshub.instrument.cli:run_command",
     "topics": "obshub.topics_cli:topics_group",
 }

@@ -125,6 +125,11 @@ class Agent:
         self._stop = threading.Event()
         self._signals = 0
         self._metrics_server = None
+        # the deep dive (obshub/producer/control.py): a request from any thread, served by the loop
+        self._dd_request: tuple[int, float, float] | None = None  # (steps, max_s, monotonic time asked)
+        self._dd: dict | None = None  # the open window: steps, until, ends_at_start, asked, on_at
+        self.deep_dives: list[dict] = []  # the windows so far (see deep_dive)
+        self._control = None
         if spool.pending_batches:
             self.say(
                 f"{spool.pending_batches} batches ({spool.pending_bytes} B) from a previous run wait in "
@@ -172,6 +177,7 @@ class Agent:
                     metrics_port=self.config.metrics_port,
                 )
             self._start_metrics()
+            self._start_control()
             # what start-up made (bcc, the libraries, the catalogue) lives as long as the agent: out of the
             # collector's sight, so its full collections walk only what the loop makes
             gc.freeze()
@@ -196,6 +202,52 @@ class Agent:
             return EXIT_UNDELIVERED
         self.say(f"stopped: {self.batcher.sealed} batches, {self.batcher.events} events, all delivered")
         return EXIT_OK
+
+    # -- deep dive -----------------------------------------------------------------------------------
+    def _start_control(self) -> None:
+        """Listen on the control topic for deep-dive requests when the source has deep-dive probes."""
+        probes = getattr(self.source, "deep_dive_probes", None)
+        if probes is None or not probes():
+            return
+        from obshub.producer.control import ControlListener
+
+        self._control = ControlListener(self.config.kafka, self.config.host, lambda r: self.deep_dive(r.steps, r.max_s))
+
+    def deep_dive(self, steps: int, max_s: float = 120.0) -> None:
+        """Ask for a deep dive (thread-safe): the loop attaches the source's deep-dive probes
+        (``BpfEventSource.deep_dive_on``) and detaches them when every watched process has ended
+        ``steps`` more steps (STEP_END events counted, the step open at the attach included) or after
+        ``max_s`` seconds. A request during a window extends it. Each window is appended to
+        :attr:`deep_dives`: ``steps``, ``asked`` / ``on_at`` / ``off_at`` (time.monotonic s),
+        ``attach_s`` (the attach's own time), ``step_ends`` seen in it."""
+        if steps < 1 or not max_s > 0:
+            raise ValueError(f"deep dive: steps={steps!r} must be >= 1 and max_s={max_s!r} > 0")
+        if not hasattr(self.source, "deep_dive_on"):
+            raise ValueError(f"deep dive: the event source {type(self.source).__name__} has no deep-dive probes")
+        self._dd_request = (int(steps), float(max_s), time.monotonic())
+
+    def _serve_deep_dive(self) -> None:
+        req, dd, now = self._dd_request, self._dd, time.monotonic()
+        if req is not None:
+            self._dd_request = None
+            steps, max_s, asked = req
+            if dd is None:
+                attach_s = self.source.deep_dive_on()
+                dd = {"steps": steps, "asked": asked, "on_at": time.monotonic(), "attach_s": attach_s}
+                self._dd = dd
+                self.say(f"deep dive on for {steps} steps (at most {max_s:.0f} s): attached in {attach_s * 1e3:.1f} ms")
+            dd["steps"] = steps
+            dd["until"] = now + max_s
+            dd["ends_at_start"] = self.kind_counts[_STEP_END]
+        if dd is None:
+            return
+        ends = self.kind_counts[_STEP_END] - dd["ends_at_start"]
+        if ends >= dd["steps"] * max(1, len(self.job_of_pid)) or now >= dd["until"]:
+            self.source.deep_dive_off()
+            dd.update(off_at=time.monotonic(), step_ends=ends)
+            self.deep_dives.append(dd)
+            self._dd = None
+            self.say(f"deep dive off after {ends} step ends, {dd['off_at'] - dd['on_at']:.1f} s")
 
     def _start_metrics(self) -> None:
         if self.config.metrics_port is None:
@@ -239,6 +291,8 @@ class Agent:
                 events = poll(int(timeout))
             if events:
                 self._take(events)
+            if self._dd_request is not None or self._dd is not None:
+                self._serve_deep_dive()
             if self.job_of_pid:
                 states = self.rank_watch.poll(self.job_of_pid)
                 if states:
@@ -441,6 +495,14 @@ class Agent:
         except Exception as exc:  # a broken source must not keep the batches we have from Kafka
             self.say(f"Failed to drain the event source at shutdown: {exc}")
         finally:
+            if self._control is not None:
+                self._control.close()
+            if self._dd is not None:
+                self._dd.update(
+                    off_at=time.monotonic(), step_ends=self.kind_counts[_STEP_END] - self._dd["ends_at_start"]
+                )
+                self.deep_dives.append(self._dd)
+                self._dd = None
             self.source.close()
             self.rank_watch.close()
         self._report_loss()

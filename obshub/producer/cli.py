@@ -75,7 +75,14 @@ def _key_values(option: str, items: tuple[str, ...], *, as_int: bool) -> dict:
 
 
 def _bpf_source(
-    settings: Settings, cgroup, pids, registered: bool, probes: str | None, thresholds: dict[str, int], debug_ebpf: bool
+    settings: Settings,
+    cgroup,
+    pids,
+    registered: bool,
+    probes: str | None,
+    thresholds: dict[str, int],
+    debug_ebpf: bool,
+    attach_deep_dive: bool = False,
 ):
     """Build the BPF EventSource (obshub/producer/loader.py) for the processes to watch."""
     from obshub.producer.errors import SourceError, TargetError
@@ -95,7 +102,8 @@ def _bpf_source(
         ) from None
     target = Target(cgroup=Path(cgroup) if cgroup else None, pids=set(pids) if pids else None, registered=registered)
     names = tuple(p.strip() for p in (probes or "").split(",") if p.strip())
-    options = ProbeOptions(probes=names, thresholds=dict(thresholds), debug_ebpf=debug_ebpf)
+    extra = {"deep_dive": ()} if attach_deep_dive else {}
+    options = ProbeOptions(probes=names, thresholds=dict(thresholds), debug_ebpf=debug_ebpf, **extra)
     return BpfEventSource(settings, target, options)
 
 
@@ -312,6 +320,12 @@ def _finite(value: float, name: str) -> float:
     show_default=True,
     help="json: one JSON object per line (time, level, logger, message)",
 )
+@click.option(
+    "--attach-deep-dive",
+    is_flag=True,
+    help="attach the deep-dive probes (the per-launch CUDA uprobes, ~0.9 µs per kernel launch) at start "
+    "like the others, instead of only on request (`obshub deep-dive`)",
+)
 @click.option("--ebpf", "debug_ebpf", is_flag=True, hidden=True, help="print the final BPF C and flags to stderr")
 def agent_command(
     job,
@@ -347,6 +361,7 @@ def agent_command(
     duration,
     flush_timeout,
     log_format,
+    attach_deep_dive,
     debug_ebpf,
 ):
     """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
@@ -407,9 +422,36 @@ def agent_command(
         src = SyntheticSource(rate, total=synthetic_events, host_id=host_id, job=job)
         agent = Agent(cfg, src, settings=settings, thresholds=thr, say=say)
     else:  # thresholds go in at build time, so a layer that did not load cannot fail the start
-        src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf)
+        src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf, attach_deep_dive)
         agent = Agent(cfg, src, settings=settings, say=say)
     sys.exit(agent.run())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `obshub deep-dive`: ask a host's agent to attach its deep-dive probes for some steps
+# ---------------------------------------------------------------------------------------------------------
+@click.command("deep-dive", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", required=True, help="the agent's --host (the host the straggler analysis or a rule names)")
+@click.option("--steps", type=click.IntRange(1, 100_000), default=20, show_default=True, help="steps per rank")
+@click.option(
+    "--max-s", type=click.FloatRange(0, 86400, min_open=True), default=120.0, show_default=True, help="at most, seconds"
+)
+@click.option("--bootstrap", envvar="OBSHUB_BOOTSTRAP", help="Kafka bootstrap servers (default: the local broker)")
+def deep_dive_command(host, steps, max_s, bootstrap):
+    """Ask the agent of HOST to attach its deep-dive probes (per-launch CUDA uprobes: launch counts,
+    call times, slow launches per step) for STEPS steps of each rank, at most MAX_S seconds, and detach
+    them after. The request goes through the control topic (obshub.control.v1); the agent logs the
+    window it served."""
+    from obshub.core.kafka import KafkaConnection
+    from obshub.core.settings import load_settings
+    from obshub.producer.control import CONTROL_TOPIC, request_deep_dive
+
+    conn = KafkaConnection(bootstrap=bootstrap or load_settings().bootstrap_servers)
+    try:
+        request_deep_dive(conn, host, steps, max_s, by="obshub deep-dive")
+    except (ValueError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"deep dive asked of {host}: {steps} steps, at most {max_s:g} s (via {CONTROL_TOPIC})")
 
 
 # ---------------------------------------------------------------------------------------------------------

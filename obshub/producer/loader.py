@@ -238,6 +238,8 @@ class BpfEventSource:
         self.libs: dict[str, Path] = {}  # lib key -> the path the uprobes were attached to at start
         self.source_text = ""
         self.flags: list[str] = []
+        self._deep: dict[str, list[tuple[bytes, bytes, bytes, bool]]] = {}  # deep-dive probe -> its uprobes
+        self._deep_on = False
         self.extra_source = ""  # C appended to obshub/bpf/obshub.c (benchmarks' own handlers; they see common.h)
 
     # -- start: plan, compile, configure, attach ------------------------------------------------------
@@ -259,6 +261,9 @@ class BpfEventSource:
         if self._bpf is not None:
             self._configure(pl)
             for p in bpf_probes:
+                if p.c_layer in layers and p.name not in skipped and p.name in self.options.deep_dive:
+                    self._deep[p.name] = self._uprobe_points(p, pl)  # attached on request only
+                    continue
                 if p.c_layer in layers and p.name not in skipped:
                     err = self._attach(p, pl)
                     if err:
@@ -285,7 +290,11 @@ class BpfEventSource:
                 p.name,
                 p.layer.value,
                 p.name in self._attached,
-                "" if p.name in self._attached else skipped.get(p.name, "not attached"),
+                ""
+                if p.name in self._attached
+                else DEEP_DIVE_REASON
+                if p.name in self._deep
+                else skipped.get(p.name, "not attached"),
             )
             for p in selected_probes(self.options)
         ]
@@ -471,6 +480,56 @@ class BpfEventSource:
             except Exception as exc:
                 return f"Failed to attach {ap.name}: {exc}"
         return ""
+
+    def _uprobe_points(self, p: cat.Probe, pl: _Plan) -> list[tuple[bytes, bytes, bytes, bool]]:
+        """(library path, symbol, handler, is-return) of every uprobe of ``p``."""
+        return [
+            (str(pl.libs[ap.lib]).encode(), ap.symbol.encode(), ap.fn.encode(), ap.ret)
+            for ap in p.attach
+            if isinstance(ap, Uprobe)
+        ]
+
+    # -- deep dive: the per-call probes attached on request -------------------------------------------
+    def deep_dive_probes(self) -> list[str]:
+        """The deep-dive probes this source can attach on request (compiled, their libraries found):
+        a subset of ``ProbeOptions.deep_dive``; empty when there is nothing to dive into here."""
+        return sorted(self._deep)
+
+    @property
+    def deep_diving(self) -> bool:
+        """Are the deep-dive probes attached now?"""
+        return self._deep_on
+
+    def deep_dive_on(self) -> float:
+        """Attach the deep-dive probes (``ProbeOptions.deep_dive``: by default the per-launch CUDA
+        uprobes) to the libraries found at start. Returns the seconds the attach took (bcc resolves each
+        symbol; ~10-50 ms). Idempotent. A probe whose attach fails is logged with bcc's message and left
+        out; raises :class:`ProbeError` only when nothing is loaded."""
+        if self._bpf is None:
+            raise ProbeError("Failed to start the deep dive: no BPF program is loaded")
+        t0 = time.monotonic()
+        if not self._deep_on:
+            for name, points in self._deep.items():
+                for lib, sym, fn, ret in points:
+                    try:
+                        attach = self._bpf.attach_uretprobe if ret else self._bpf.attach_uprobe
+                        attach(name=lib, sym=sym, fn_name=fn)
+                    except Exception as exc:
+                        log.warning("deep dive: Failed to attach %s to %s:%s: %s", name, lib, sym, exc)
+            self._deep_on = True
+        return time.monotonic() - t0
+
+    def deep_dive_off(self) -> None:
+        """Detach the deep-dive probes (what they counted in the open step is still sent at its end).
+        Idempotent; never raises."""
+        if self._bpf is None or not self._deep_on:
+            self._deep_on = False
+            return
+        for points in self._deep.values():
+            for lib, sym, _fn, ret in points:
+                with contextlib.suppress(Exception):
+                    (self._bpf.detach_uretprobe if ret else self._bpf.detach_uprobe)(name=lib, sym=sym)
+        self._deep_on = False
 
     # -- target ---------------------------------------------------------------------------------------
     def _refresh_target(self, force: bool = False) -> None:
@@ -695,6 +754,10 @@ class BpfEventSource:
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
             self._bpf = None
+
+
+#: the probe table's reason for a deep-dive probe: compiled, not attached until asked for
+DEEP_DIVE_REASON = "deep dive: attached on request for N steps (`obshub deep-dive --host H`), not by default"
 
 
 def _pid_limit() -> int:

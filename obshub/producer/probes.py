@@ -211,6 +211,12 @@ CUDA_SYMBOLS: tuple[CudaSymbol, ...] = (
 )
 CUDA_MAX_SYMBOLS = 32  # obs_cuda_entry_0.._31 in obshub/bpf/cuda.c
 
+#: the deep-dive tier: probes compiled with the rest but not attached at start; the agent attaches them on
+#: request for a number of steps and detaches them after (``BpfEventSource.deep_dive_on/off``, ``obshub
+#: deep-dive --host H``). The per-launch uprobe pair costs ~0.9-5 µs per kernel launch (bench/cuda_calls.py):
+#: 9-50 ms of a 1 s step at 10,000 launches, so it is off unless a host is suspect (docs/ARCHITECTURE.md)
+DEEP_DIVE_PROBES: tuple[str, ...] = ("cuda_cudaLaunchKernel", "cuda_cuLaunchKernel")
+
 # Library file name patterns searched in the target's mapped files and in the library directories.
 LIBRARIES: dict[str, tuple[str, ...]] = {
     "cudart": ("libcudart.so*",),
@@ -457,7 +463,11 @@ def _build() -> tuple[Probe, ...]:
                 Uprobe(sym.lib, sym.symbol, f"obs_cuda_return_{i}", ret=True),
             ],
             f"uprobes; {LIBRARIES[sym.lib][0]} in the target or a library dir",
-            "two traps (~1-3 us) per call: use only on launch-light workloads or raise cuda_ns",
+            (
+                "deep-dive tier (not attached by default): two traps (~0.9-5 us) per launch while a deep dive runs"
+                if sym.kind == Kind.CUDA_LAUNCH
+                else "two traps (~0.9-5 us) per call (bench/cuda_calls.py)"
+            ),
             "CUDA",
         )
     add(
@@ -640,6 +650,8 @@ class ProbeOptions:
     :data:`THRESHOLDS`; ``ringbuf_pages``: ring buffer size in 4 KiB pages (a power of two; default 16384 = 64 MiB,
     about 365,000 records: 365 ms of a 1,000,000 events/s burst while the agent's thread waits for a CPU;
     16 MiB lost events at that rate on a busy 2-core machine, bench/agent_throughput.py);
+    ``deep_dive``: probes compiled but attached only on request (:data:`DEEP_DIVE_PROBES` by default;
+    ``()`` attaches everything at start);
     ``sysfs_root``/``sysfs_interval_ms``: the sysfs poller; ``target_refresh_ms``: how often the cgroup's
     processes are re-read; ``follow_scan_ms``: how often processes are scanned for copies of the
     instrumentation and probed libraries in other mount namespaces or paths (obshub/producer/discovery.py; 0 =
@@ -653,6 +665,7 @@ class ProbeOptions:
     verbs_symbols: tuple[str, str] = ("ibv_post_send", "ibv_poll_cq")
     thresholds: dict[str, int] = field(default_factory=dict)
     ringbuf_pages: int = 16384
+    deep_dive: tuple[str, ...] = DEEP_DIVE_PROBES
     sysfs: bool = True
     sysfs_root: Path = Path("/")
     sysfs_interval_ms: int = 1000
@@ -666,6 +679,9 @@ class ProbeOptions:
         n = self.ringbuf_pages
         if n < 1 or n & (n - 1):
             raise ProbeError(f"ringbuf_pages={n} is not a power of two", hint="use 1, 2, 4, ... 65536")
+        for name in self.deep_dive:
+            if name not in PROBES_BY_NAME:
+                raise ProbeError(f"unknown deep-dive probe {name!r}", hint="`obshub probes` lists the probe names")
         for name in self.thresholds:
             if name not in THRESHOLDS:
                 raise ProbeError(f"unknown threshold {name!r}", hint=f"known: {', '.join(THRESHOLDS)}")

@@ -51,7 +51,12 @@ def test_probe_table_and_cuda_uprobes_fire(tmp_path):
     child = ctypes_child(usdt, body)
     try:
         with event_source(
-            tmp_path, Target(pids={child.pid}), usdt_library=usdt, sysfs=True, thresholds={"cuda_launch_ns": 10**12}
+            tmp_path,
+            Target(pids={child.pid}),
+            usdt_library=usdt,
+            sysfs=True,
+            thresholds={"cuda_launch_ns": 10**12},
+            deep_dive=(),  # the deep-dive tier attached at start like the rest (`--attach-deep-dive`)
         ) as (src, table):
             by_name = {s.name: s for s in table}
             # every catalogue probe has a row; the attached ones have no reason, the skipped ones have one

@@ -1,0 +1,297 @@
+"""Price of obshub's in-process hooks per training step on a model with many modules, against plain
+training, side by side in one process: a GPT-like transformer (``--depth`` blocks, ~11 module calls per
+block) trained by a one-rank DDP (gloo) with small buckets, so that the price per module call and per DDP
+bucket shows.
+
+Configurations, interleaved every round (``enable()``/``disable()`` toggle the hooks in-process; each
+DDP configuration has its own DDP instance of an identical model, the obshub one with obshub's comm hook):
+
+A. plain: no obshub (DDP's built-in C++ all-reduce);
+B. ``obshub.instrument.hooks.enable()``: the global module/optimizer hooks, the collective wrappers and
+   obshub's DDP comm hook; the USDT probe sites are NOPs (no tracer);
+C. (``--agent``, root) B while a BPF event source with the USDT probes (the agent's ``pytorch`` layer) is
+   attached to this process and drained by a thread: every probe site traps.
+M. / MB. the same model without DDP, without and with the hooks: the module hooks alone.
+
+Printed: µs per step of each against A (median of the per-round differences and its min..max), the
+module calls and buckets per step, ns per module call ((MB - M) / calls) and per bucket
+(((B - A) - (MB - M)) / buckets), and the verdict against 1 ms per rank-step.
+
+    flock /tmp/obshub-heavy.lock python -m bench.hook_overhead               # 9 rounds of 30 steps
+    flock /tmp/obshub-heavy.lock python -m bench.hook_overhead --agent       # also C (root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import threading
+import time
+
+from bench import common
+
+TARGET_US = 1000.0  # everything obshub adds to a rank-step on the many-module model (issue #34)
+
+
+def build(depth: int, d: int):
+    """The many-module model: embedding, ``depth`` pre-norm transformer blocks, head. Returns the module."""
+    import torch
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.proj, self.drop = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.Dropout(0.0)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / d**0.5, dim=-1)
+            return self.drop(self.proj(a @ v))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), Attention(), nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(0.0))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(256, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(depth))
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, 256)
+
+        def forward(self, idx):
+            x = self.emb(idx)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.ln(x))
+
+    torch.manual_seed(0)
+    return GPT()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--steps", type=int, default=30, help="steps per sample")
+    ap.add_argument("--depth", type=int, default=24)
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--bucket-mb", type=float, default=0.05, help="DDP bucket_cap_mb (small: many buckets)")
+    ap.add_argument("--agent", action="store_true", help="also C: a BPF source on the USDT probes (root)")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from obshub.instrument import hooks
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(common_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    base = build(args.depth, args.dim)
+    loss_fn = nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 256, (4, 32), generator=gen) for _ in range(8)]
+
+    def trainer(model):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step(i: int) -> None:
+            x = data[i % len(data)]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x).flatten(0, 1), x.flatten())
+            loss.backward()
+            opt.step()
+
+        return step
+
+    ddp_a = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_mb)
+    ddp_b = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_mb)
+    runs = {"A": trainer(ddp_a), "M": trainer(copy.deepcopy(base))}
+    # B's DDP instance takes its first forward with the hooks on: obshub's comm hook is registered on it
+    hooks.enable(job="bench-hooks")
+    runs["B"] = trainer(ddp_b)
+    runs["MB"] = trainer(copy.deepcopy(base))
+    runs["B"](0)
+    hooks.disable()
+
+    # module calls and buckets per step, counted once
+    calls = [0]
+
+    def count(_m, _a):
+        calls[0] += 1
+
+    h = nn.modules.module.register_module_forward_pre_hook(count)
+    runs["M"](0)
+    h.remove()
+    buckets = [0]
+    ddp_c = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_mb)
+
+    def counting_hook(pg, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        buckets[0] += 1
+        return allreduce_hook(pg, bucket)
+
+    ddp_c.register_comm_hook(None, counting_hook)
+    step_c = trainer(ddp_c)
+    step_c(0)
+    buckets[0] = 0
+    step_c(1)
+    module_calls, n_buckets = calls[0], buckets[0]
+    del ddp_c, step_c
+
+    wall: dict[str, list[float]] = {}
+
+    def sample(name: str) -> float:
+        on = name in ("B", "MB", "C")
+        if on:
+            hooks.enable(job="bench-hooks")
+        try:
+            fn = runs["B" if name == "C" else name]
+            for i in range(3):
+                fn(i)  # warm
+            w0, t0 = time.perf_counter_ns(), time.process_time_ns()
+            for i in range(args.steps):
+                fn(i)
+            wall.setdefault(name, []).append((time.perf_counter_ns() - w0) / args.steps / 1e3)
+            return (time.process_time_ns() - t0) / args.steps / 1e3  # CPU µs per step, all threads
+        finally:
+            if on:
+                hooks.disable()
+
+    # the price of one module call alone: a loop of calls of an empty module, hooks off and on
+    ident = nn.Identity()
+    x0 = torch.zeros(1)
+
+    def call_ns(on: bool, n: int = 20_000) -> float:
+        if on:
+            hooks.enable(job="bench-hooks")
+        try:
+            t0 = time.process_time_ns()
+            for _ in range(n):
+                ident(x0)
+            return (time.process_time_ns() - t0) / n
+        finally:
+            if on:
+                hooks.disable()
+
+    calls_series = common.interleave({"off": lambda: call_ns(False), "on": lambda: call_ns(True)}, 7, progress=False)
+    order = ["A", "B", "M", "MB"]
+    series: dict[str, common.Series] = {n: common.Series(n) for n in order}
+    for r in range(args.rounds):
+        for n in order if r % 2 == 0 else order[::-1]:  # A B M MB, then MB M B A: drifts hit both sides alike
+            series[n].samples.append(sample(n))
+    agent_series = None
+    if args.agent:
+        agent_series = _with_agent(sample, args.rounds)
+
+    def diff(a: str, b: str, src=series) -> tuple[float, float, float]:
+        d = [x - y for x, y in zip(src[b].samples, src[a].samples)]
+        return statistics.median(d), min(d), max(d)
+
+    from rich.table import Table
+
+    t = Table(
+        title=f"CPU µs per step (the process, all threads), 1-rank DDP (gloo), GPT depth {args.depth} d={args.dim}: "
+        f"{module_calls} module calls, {n_buckets} buckets per step; {args.rounds} interleaved rounds of {args.steps} steps",
+        caption=common.describe_machine(),
+    )
+    for col in ("configuration", "CPU µs/step", "vs plain: µs/step [min..max]", "vs plain", "wall µs/step"):
+        t.add_column(col)
+    rows = [("A plain (DDP)", "A", None, series), ("B obshub hooks (DDP)", "B", "A", series)]
+    rows += [("M plain, no DDP", "M", None, series), ("MB obshub hooks, no DDP", "MB", "M", series)]
+    if agent_series:
+        rows.append(("C hooks + USDT probes attached (DDP)", "C", "A", agent_series))
+    for label, name, ref, src in rows:
+        med, w = src[name].median, f"{statistics.median(wall[name]):.0f}"
+        if ref is None:
+            t.add_row(label, f"{med:.0f}", "-", "-", w)
+            continue
+        m, lo, hi = diff(ref, name, src)
+        t.add_row(label, f"{med:.0f}", f"{m:+.0f} [{lo:+.0f}..{hi:+.0f}]", f"{m / src[ref].median * 100:+.2f} %", w)
+    common.console.print(t)
+    mod_us = diff("M", "MB")[0]
+    ddp_us = diff("A", "B")[0]
+    per_call_ns = mod_us * 1e3 / max(1, module_calls)
+    per_bucket_ns = (ddp_us - mod_us) * 1e3 / max(1, n_buckets)
+    loop_ns = calls_series["on"].median - calls_series["off"].median
+    common.console.print(
+        f"per module call: {loop_ns:.0f} ns in a loop of nn.Identity calls ({calls_series['off'].median:.0f} ns "
+        f"without the hooks, {calls_series['on'].median:.0f} ns with), {per_call_ns:.0f} ns from (MB - M) / "
+        f"{module_calls}; per DDP bucket ((B - A) - (MB - M)) / {n_buckets}: {per_bucket_ns:.0f} ns"
+    )
+    total = diff("A", "C", agent_series)[0] if agent_series else ddp_us
+    common.verdict(
+        "everything obshub adds per rank-step <= 1 ms (many-module model)",
+        total <= TARGET_US,
+        f"{total:+.0f} µs per step" + ("" if agent_series else " (hooks only; --agent adds the probes' traps)"),
+    )
+    common.save(
+        "hook_overhead",
+        {
+            "rev": common.git_rev(),
+            "args": vars(args),
+            "module_calls": module_calls,
+            "buckets": n_buckets,
+            "samples": {n: s.samples for n, s in series.items()},
+            "agent_samples": {n: s.samples for n, s in agent_series.items()} if agent_series else None,
+            "wall_us": wall,
+            "call_ns": {n: s.samples for n, s in calls_series.items()},
+            "per_call_ns": per_call_ns,
+            "per_bucket_ns": per_bucket_ns,
+        },
+    )
+    dist.destroy_process_group()
+    return 0
+
+
+def _with_agent(sample, rounds: int) -> dict:
+    """A and C interleaved while a BPF source with the USDT probes watches this process."""
+    from obshub.core.settings import load_settings
+    from obshub.instrument import usdt
+    from obshub.producer.loader import BpfEventSource
+    from obshub.producer.probes import ProbeOptions, Target
+
+    src = BpfEventSource(
+        load_settings(),
+        Target(pids={os.getpid()}),
+        ProbeOptions(probes=("pytorch",), usdt_library=usdt.library_path(), sysfs=False),
+    )
+    src.start()
+    stop = threading.Event()
+
+    def drain():
+        while not stop.is_set():
+            src.poll(50)
+
+    th = threading.Thread(target=drain, daemon=True)
+    th.start()
+    try:
+        return common.interleave({"A": lambda: sample("A"), "C": lambda: sample("C")}, rounds, progress=False)
+    finally:
+        stop.set()
+        th.join(2)
+        src.close()
+
+
+def common_free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""The deep-dive tier end to end: a real agent (real BPF, the torch wheel's libcudart) against the session's
+real broker. By default the per-launch CUDA uprobes are not attached (a process launching kernels yields
+no CUDA_STEP_SUM); `obshub deep-dive --host` (the control topic) attaches them for N steps: the launch
+aggregates arrive on obshub.events.v1 within a bounded time of the request, and stop after the window."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from obshub.core.schema import Kind
+from obshub.core.settings import agent_config
+from obshub.producer.control import ControlListener, parse_request
+from obshub.producer.probes import ProbeOptions, Target
+from tests.conftest import REPO
+from tests.support.probes_util import build_so, ctypes_child, need_bpf, settings
+from tests.support.transport_helpers import AgentThread, read_batches, wait_for
+
+pytestmark = [pytest.mark.bpf, pytest.mark.kafka]
+STEPS = 3
+TRIGGER_BOUND_S = 10.0  # request -> first launch aggregate on the events topic
+
+
+def _cudart() -> Path | None:
+    for d in ProbeOptions().lib_dirs:
+        hits = sorted(Path(d).glob("libcudart.so*"))
+        if hits:
+            return hits[0]
+    return None
+
+
+def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
+    need_bpf()
+    cudart = _cudart()
+    if cudart is None:
+        pytest.skip("the torch wheel's libcudart is not installed")
+    from obshub.producer.agent import Agent
+    from obshub.producer.loader import DEEP_DIVE_REASON, BpfEventSource
+
+    usdt = build_so("fakeusdt", tmp_path)
+    # steps of ~0.1 s, 5 kernel launches each, for up to 120 s
+    body = (
+        "C = ctypes.CDLL(%r)\nimport time\n"
+        "for s in range(1, 1200):\n"
+        "    L.fake_step_begin(ctypes.c_int64(s), ctypes.c_uint64(s))\n"
+        "    for _ in range(5):\n        C.cudaLaunchKernel(None, None, None, None, None, None)\n"
+        "    L.fake_step_end(ctypes.c_int64(s), ctypes.c_uint64(s))\n"
+        "    time.sleep(0.1)\n"
+    ) % str(cudart)
+    child = ctypes_child(usdt, body)
+    host = f"dd-{uuid.uuid4().hex[:8]}"
+    cfg = agent_config(
+        job="ddjob",
+        host=host,
+        host_id=9,
+        kafka={"bootstrap": kafka.bootstrap_servers},
+        batch={"max_age_ms": 200, "step_min_age_ms": 0},
+        spool={"dir": tmp_path / "spool"},
+    )
+    src = BpfEventSource(
+        settings(tmp_path),
+        Target(pids={child.pid}),
+        ProbeOptions(probes=("pytorch_step", "cuda_cudaLaunchKernel"), usdt_library=usdt, sysfs=False),
+    )
+    agent = Agent(cfg, src, say=lambda _m: None)
+    run = AgentThread(agent)
+    try:
+        wait_for(lambda: agent._control is not None and agent._control.ready.is_set(), 60, "the control listener")
+        table = {s.name: s for s in agent.probe_status}
+        assert not table["cuda_cudaLaunchKernel"].attached
+        assert table["cuda_cudaLaunchKernel"].reason == DEEP_DIVE_REASON
+        assert src.deep_dive_probes() == ["cuda_cudaLaunchKernel"] and not src.deep_diving
+        child.go()
+
+        def mine(batches, kind):
+            return [e for b in batches for e in b.events if e.kind == kind and e.pid == child.pid]
+
+        # default: steps arrive, launch aggregates do not (the launch uprobes are not attached)
+        before = read_batches(
+            kafka.bootstrap_servers, hosts={host}, until=lambda bs: len(mine(bs, Kind.STEP_END)) >= 5, timeout_s=60
+        )
+        assert mine(before, Kind.CUDA_STEP_SUM) == []
+
+        t0 = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "obshub.cli", "deep-dive", "--host", host, "--steps", str(STEPS)],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            env={"OBSHUB_BOOTSTRAP": kafka.bootstrap_servers, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        )
+        got = read_batches(
+            kafka.bootstrap_servers, hosts={host}, until=lambda bs: mine(bs, Kind.CUDA_STEP_SUM), timeout_s=60
+        )
+        first_data_s = time.monotonic() - t0  # includes the CLI's own start (~1 s of Python imports)
+        print(f"deep dive: first launch aggregate on the events topic {first_data_s:.2f} s after the request")
+        assert first_data_s < TRIGGER_BOUND_S, first_data_s
+        agg = mine(got, Kind.CUDA_STEP_SUM)[0]
+        assert 1 <= agg.value <= 5 and agg.duration_ns > 0  # launches of one step (the first may be partial)
+
+        wait_for(lambda: agent.deep_dives, 60, "the end of the deep-dive window")
+        window = agent.deep_dives[0]
+        assert window["step_ends"] >= STEPS and not src.deep_diving
+        assert window["attach_s"] < 1.0
+        # after the window: more steps, no more launch aggregates than the window's steps (+1 partial)
+        n_end = len(mine(got, Kind.STEP_END))
+        after = read_batches(
+            kafka.bootstrap_servers,
+            hosts={host},
+            until=lambda bs: len(mine(bs, Kind.STEP_END)) >= n_end + STEPS + 10,
+            timeout_s=60,
+        )
+        sums = mine(after, Kind.CUDA_STEP_SUM)
+        assert STEPS <= len(sums) <= STEPS + 2, [(e.step, e.value) for e in sums]
+        assert all(e.value == 5 for e in sums[1:-1]), [(e.step, e.value) for e in sums]
+    finally:
+        child.kill()
+        assert run.stop() == 0
+
+
+def test_control_messages_are_checked():
+    ok = b'{"action": "deep_dive", "host": "h1", "steps": 5, "max_s": 30, "ts_ns": 1}'
+    assert parse_request(ok).steps == 5
+    for bad, what in (
+        (b"not json", "not JSON"),
+        (b'{"action": "reboot"}', "action"),
+        (b'{"action": "deep_dive", "host": "", "steps": 5, "max_s": 30, "ts_ns": 1}', "host"),
+        (b'{"action": "deep_dive", "host": "h", "steps": 0, "max_s": 30, "ts_ns": 1}', "steps"),
+        (b'{"action": "deep_dive", "host": "h", "steps": 2, "max_s": -1, "ts_ns": 1}', "max_s"),
+        (b'{"action": "deep_dive", "host": "h", "steps": 2, "max_s": 3, "ts_ns": "x"}', "ts_ns"),
+    ):
+        with pytest.raises(ValueError, match=what):
+            parse_request(bad)
+
+
+def test_listener_skips_bad_old_and_foreign_requests(kafka):
+    from obshub.core.kafka import KafkaConnection
+    from obshub.producer.control import request_deep_dive
+
+    conn = KafkaConnection(bootstrap=kafka.bootstrap_servers)
+    host = f"dl-{uuid.uuid4().hex[:8]}"
+    request_deep_dive(conn, host, steps=2, max_s=30)  # made before the listener started: not acted on
+    got = []
+    listener = ControlListener(conn, host, got.append, poll_s=0.05)
+    try:
+        wait_for(listener.ready.is_set, 30, "the listener")
+        request_deep_dive(conn, "some-other-host", steps=2, max_s=30)
+        req = request_deep_dive(conn, host, steps=7, max_s=30)
+        wait_for(lambda: got, 30, "the request")
+        time.sleep(0.5)
+        assert got == [req]
+    finally:
+        listener.close()
