@@ -344,8 +344,10 @@ def _adopt_root(module) -> None:
 
 def _rearm_at_step_boundary() -> None:
     """After a step: drop the global module hooks once a root forward was seen; put them back when a step
-    had none."""
-    if _global_mod and _fwd_seen[0] and len(_roots):
+    had none. Never while a forward is running in this thread (a step that ends inside a module's forward:
+    PyTorch Lightning's manual optimisation steps inside ``training_step``): the global post-hooks of the
+    modules still open would never run, and the forward depth would stay off by their number."""
+    if _global_mod and _fwd_seen[0] and len(_roots) and getattr(_tls, "fwd_depth", 0) == 0:
         while _global_mod:
             _global_mod.pop().remove()
     elif not _global_mod and not _fwd_seen[0] and _st.enabled:
