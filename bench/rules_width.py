@@ -18,6 +18,8 @@ engine over the run. The growth exponent is the least-squares slope of log(cost)
     python -m bench.rules_width                    # 8, 128, 512, 2,048 hosts
     python -m bench.rules_width --quick            # 8, 128, 512 hosts, fewer steps
     python -m bench.rules_width --hosts 8 128      # chosen widths
+    python -m bench.rules_width --per-rule         # every rule alone and the pack, clean and slow steps,
+                                                   # 128 / 1,024 / 2,048 hosts (``slow_case``, ``rule_costs``)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ WARM = 20  # summaries not measured (windows filling)
 STEP_NS = 1_000_000_000  # a job at 1 s steps
 SUMMARIZE_REPEATS = 5
 TARGET_MS_2048 = 50.0
+PER_RULE_WIDTHS = (128, 1024, 2048)
 PACK = "(pack)"  # the whole builtin pack in ``rule_costs``'s rows  # the pack's CPU per step summary at 2,048 hosts
 
 
@@ -156,10 +159,12 @@ def slow_case(hosts: int, *, ring_evidence: bool = True, extra_ms: float = 150.0
         )
 
     clean = [summarize(st, []) for st in range(4)]
-    history = [[i, *analysis.history_entry(clean[i % 4])[1:]] for i in range(12)]
-    at = 20  # the step number both records carry, after the history
-    clean_rec = summarize(0, [[i - 20, *h[1:]] for i, h in enumerate(history)]) | {"step": at}
-    slow_sum = summarize(4, [[i - 12 + 4 - 0, *h[1:]] for i, h in enumerate(history)]) | {"step": at}
+    # 12 entries of history below each step number (the analysis reads the entries before its step)
+    clean_hist = [[i - 12, *analysis.history_entry(clean[i % 4])[1:]] for i in range(12)]
+    slow_hist = [[i - 8, *h[1:]] for i, h in enumerate(clean_hist)]
+    at = 20  # the step number both records carry
+    clean_rec = summarize(0, clean_hist) | {"step": at}
+    slow_sum = summarize(4, slow_hist) | {"step": at}
     ev = slow_sum["evidence"]
     hosts_ev = dict(ev["hosts"])
     if ring_evidence:
@@ -170,7 +175,6 @@ def slow_case(hosts: int, *, ring_evidence: bool = True, extra_ms: float = 150.0
     hosts_ev[strag] = {**dict.fromkeys(("sched", "memory", "cuda", "nic", "pytorch"), 0.0), "network": 4.0}
     slow_sum["evidence"] = {**ev, "hosts": dict(sorted(hosts_ev.items()))}
     start = synthetic.Scenario().start_ns
-    slow_hist = [[i - 12 + 4, *h[1:]] for i, h in enumerate(history)]
     return SlowCase(
         hosts,
         fields.step_record({**clean_rec, "closed_at_ns": start}),
@@ -192,16 +196,18 @@ def _timed(fn: Callable[[], object], repeats: int) -> float:
 def rule_costs(case: SlowCase, ruleset: RuleSet, *, warm: int = 3, repeats: int = 5) -> dict:
     """CPU ms per record of every rule of ``ruleset`` alone (an engine holding only it) and of the whole
     pack, on the clean and on the slow record of ``case``, side by side with ``case.summarize()`` in the
-    same process: ``{"summarize_ms": m, "rules": {rule id or "(pack)": {"clean": ms, "slow": ms}}}``.
+    same process: ``{"summarize_ms": m, "rules": {rule id or "(pack)": {"clean": ms, "slow": ms}}, "fired":
+    {rule id or "(pack)": [(rule, host), ...]}}`` (``fired``: the alerts that reached firing).
     Each engine first takes ``warm`` clean records 1 s apart (its groups and windows exist, as in a
     running job), then ``repeats`` clean and ``repeats`` slow records, 1 s apart, each timed alone
     (``Engine.process`` + ``tick``; the median is reported). The slow records fire what they fire: the
     rendering of annotations is part of a firing step's cost."""
     sets = {rid: RuleSet({rid: r}, [], ruleset.files) for rid, r in ruleset.rules.items()}
     sets[PACK] = ruleset
-    out: dict = {"summarize_ms": _timed(case.summarize, repeats), "rules": {}}
+    out: dict = {"summarize_ms": _timed(case.summarize, repeats), "rules": {}, "fired": {}}
     for name, rs in sets.items():
-        eng = Engine(rs, lambda _c: None)
+        changes: list[dict] = []
+        eng = Engine(rs, changes.append)
         t = case.clean["time_ns"]
         row = {}
         for phase, n in (("warm", warm), ("clean", repeats), ("slow", repeats)):
@@ -217,6 +223,9 @@ def rule_costs(case: SlowCase, ruleset: RuleSet, *, warm: int = 3, repeats: int 
             if phase != "warm":
                 row[phase] = statistics.median(samples) * 1e3
         out["rules"][name] = row
+        out["fired"][name] = sorted(
+            {(c["rule"], c["labels"].get("host", "")) for c in changes if c["status"] == "firing"}
+        )
     return out
 
 
@@ -350,6 +359,49 @@ def run(quick: bool = False, rounds: int | None = None, widths: tuple[int, ...] 
     return result
 
 
+def run_per_rule(widths: tuple[int, ...] = PER_RULE_WIDTHS, repeats: int = 5) -> dict:
+    """Every builtin rule alone and the whole pack on the clean and the slow step of ``slow_case`` at each
+    width (``rule_costs``), side by side with ``summarize`` of the slow step: print the table (CPU ms, and
+    the slow step's cost as a multiple of ``summarize``), save the JSON."""
+    from rich.table import Table
+
+    ruleset = load_ruleset([BUILTIN])
+    common.console.rule("[bold]rule engine at width, per rule[/bold]: clean and slow steps after the baseline")
+    got = {}
+    for h in widths:
+        common.console.print(f"[dim]  {h} hosts: building the clean and the slow step[/dim]")
+        got[h] = rule_costs(slow_case(h), ruleset, repeats=repeats)
+    t = Table(
+        title="CPU ms per step summary (median of "
+        f"{repeats}): clean / slow step, and slow as a multiple of summarize of the same step",
+        caption=common.describe_machine(),
+    )
+    t.add_column("rule")
+    for h in widths:
+        t.add_column(f"{h:,} hosts: clean / slow", justify="right")
+        t.add_column("x summ.", justify="right")
+    names = [n for n in got[widths[0]]["rules"] if n != PACK] + [PACK]
+    for n in names:
+        cells = []
+        for h in widths:
+            r, floor = got[h]["rules"][n], got[h]["summarize_ms"]
+            cells += [f"{r['clean']:.2f} / {r['slow']:.2f}", f"{r['slow'] / floor:.2f}" if floor else "-"]
+        t.add_row(n, *cells)
+    t.add_row("summarize (slow step)", *[c for h in widths for c in (f"{got[h]['summarize_ms']:.2f}", "1.00")])
+    common.console.print(t)
+    for h in widths:
+        fired = got[h]["fired"][PACK]
+        common.console.print(f"{h:,} hosts, pack fired: " + ("; ".join(f"{r} {x}" for r, x in fired) or "none"))
+    worst = max(
+        ((n, h, got[h]["rules"][n]["slow"] / got[h]["summarize_ms"]) for h in widths for n in names if n != PACK),
+        key=lambda x: x[2],
+    )
+    common.console.print(f"costliest rule: {worst[0]} at {worst[1]:,} hosts, x{worst[2]:.2f} summarize")
+    result = {"widths": list(widths), "per_rule": {str(h): got[h] for h in widths}, "rev": common.git_rev()}
+    common.console.print(f"raw results: {common.save('rules_width_per_rule', result)}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.rules_width [--quick] [--hosts N ...]``."""
     p = argparse.ArgumentParser(
@@ -363,9 +415,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--hosts", type=int, nargs="+", metavar="N", help=f"widths to measure (default: {', '.join(map(str, WIDTHS))})"
     )
+    p.add_argument(
+        "--per-rule",
+        action="store_true",
+        help="every rule alone and the pack on a clean and a slow step (straggler, baseline, network "
+        f"evidence) vs summarize (default widths {', '.join(map(str, PER_RULE_WIDTHS))})",
+    )
     a = p.parse_args(argv)
     if a.hosts and min(a.hosts) < 2:
         p.error("--hosts: a job needs at least 2 hosts")
+    if a.per_rule:
+        if a.hosts and min(a.hosts) < 3:
+            p.error("--hosts: --per-rule needs at least 3 hosts (its straggler is node2)")
+        run_per_rule(tuple(sorted(a.hosts)) if a.hosts else PER_RULE_WIDTHS)
+        return 0
     run(a.quick, widths=tuple(sorted(a.hosts)) if a.hosts else None)
     return 0
 
