@@ -19,7 +19,7 @@ import gc
 import hashlib
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Callable
 
@@ -32,6 +32,7 @@ from obshub.rules.expr import (
     EvalError,
     compile_expr,
     identifiers,
+    item_entry_members,
     item_invariant,
     item_keyed_paths,
     project_item,
@@ -80,6 +81,7 @@ class _ForeachPlan:
     invariant: bool
     identity: tuple[bool, ...]
     keyed: frozenset[tuple[str, ...]] = frozenset()
+    members: dict[tuple[str, ...], frozenset[str] | None] = field(default_factory=dict)
 
 
 def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
@@ -107,7 +109,8 @@ def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
             frozenset().union(*(string_literals(p) for p in parts)),
             all(item_invariant(p) for p in per_item),
             identity,
-            item_keyed_paths(combined),
+            keyed := item_keyed_paths(combined),
+            {p: item_entry_members(combined, p) for p in keyed},
         )
     except ValueError as exc:  # cannot happen for validated rules; the per-item path still works
         log.warning("rule %s: per-item evaluation (%s)", rule.id, exc)
@@ -284,7 +287,7 @@ class Engine:
             for name in plan.body_names:
                 paths = [p for p in plan.keyed if p[0] == name]
                 mentioned |= shared.strings_outside(name, paths) if paths else shared.strings(name)
-            maps = [k for p in plan.keyed if (k := shared.entry_keys(p)) is not None]
+            maps = [k for p in plan.keyed if (k := shared.entry_keys(p, plan.members.get(p))) is not None]
             sentinel = "\x00obshub:item"
             while sentinel in mentioned or any(sentinel in m for m in maps):
                 sentinel += "\x00"
@@ -358,6 +361,7 @@ class Engine:
             plan.keyed,
             item if entry_of is None else entry_of,
             key_as=item,
+            members=plan.members,
         )
         ctx = cel.Context(variables={**own, "item": item})
         try:

@@ -24,6 +24,7 @@ import pytest
 from bench import rules_width
 from obshub.rules import fields
 from obshub.rules.engine import Engine
+from obshub.rules.expr import cut_entry, item_entry_members
 from obshub.rules.loader import load_ruleset
 from obshub.rules.testing import BASE_NS
 
@@ -149,3 +150,16 @@ def test_evidence_max_of_odd_entries():
     assert fields.evidence_max({"a": {"network": "1"}, "b": {"network": True}}) == {"network": None}
     assert math.isnan(fields.evidence_max({"a": {"network": 1.0}, "b": {"network": math.nan}})["network"])
     assert fields.evidence_max({"a": {"network": 1.0}, "b": 2.0}) == {"network": None}
+
+
+def test_members_read_of_a_keyed_entry():
+    """Hosts whose entries agree on the members a rule reads share one evaluation: the members are
+    known only when every ``P[item]`` is followed by a member name."""
+    hosts = ("evidence", "hosts")
+    ev = "(item in evidence.hosts ? evidence.hosts[item].sched : 0.0)"
+    assert item_entry_members(f"{ev} > 1.0 && evidence.hosts[item].memory >= 0.0", hosts) == {"sched", "memory"}
+    assert item_entry_members("item in evidence.hosts", hosts) == frozenset()
+    for whole in ("evidence.hosts[item] == {}", "size(evidence.hosts[item]) > 0", "evidence.hosts[item]['sched'] > 0"):
+        assert item_entry_members(whole, hosts) is None, whole
+    assert cut_entry({"sched": 1.0, "memory": 2.0}, frozenset({"sched", "nic"})) == {"sched": 1.0}
+    assert cut_entry(3.0, frozenset({"sched"})) == 3.0 and cut_entry({"a": 1}, None) == {"a": 1}
