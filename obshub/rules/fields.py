@@ -46,6 +46,9 @@ EVENT_VARS: dict[str, str] = {
 
 STEP_VARS: dict[str, str] = {
     **schema.STEP_SUMMARY_FIELDS,
+    "evidence": schema.STEP_SUMMARY_FIELDS["evidence"]
+    + "; plus max: {layer: the largest z over hosts} (derived by the rule engine, evidence_max: a per-host "
+    "rule's 'most evidence of all hosts' test in one look-up)",
     "time_ns": "closed_at_ns: CLOCK_REALTIME ns, the record's time for windows",
 }
 
