@@ -31,6 +31,7 @@ from obshub.rules.expr import (
     Compiled,
     EvalError,
     compile_expr,
+    field_paths,
     identifiers,
     item_entry_members,
     item_invariant,
@@ -82,6 +83,7 @@ class _ForeachPlan:
     identity: tuple[bool, ...]
     keyed: frozenset[tuple[str, ...]] = frozenset()
     members: dict[tuple[str, ...], frozenset[str] | None] = field(default_factory=dict)
+    reads: dict[str, frozenset[tuple[str, ...]] | None] = field(default_factory=dict)
 
 
 def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
@@ -111,6 +113,7 @@ def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
             identity,
             keyed := item_keyed_paths(combined),
             {p: item_entry_members(combined, p) for p in keyed},
+            field_paths(combined),
         )
     except ValueError as exc:  # cannot happen for validated rules; the per-item path still works
         log.warning("rule %s: per-item evaluation (%s)", rule.id, exc)
@@ -355,9 +358,9 @@ class Engine:
         """``(group_by values, of value)`` of one item, or _SKIP / _ERROR, on a context of the rule's
         per-item fields only, each map of ``plan.keyed`` cut down to the item's entry (``entry_of``: the
         entries of that item instead, under ``item``'s key)."""
-        data = shared.data
+        data, reads = shared.data, plan.reads
         own = project_item(
-            {k: data[k] for k in plan.body_names if k in data},
+            {k: shared.cut(k, reads[k]) if k in reads else data[k] for k in plan.body_names if k in data},
             plan.keyed,
             item if entry_of is None else entry_of,
             key_as=item,

@@ -356,6 +356,13 @@ class Activation:
             self._strings[memo] = out  # type: ignore[assignment]
         return self._strings[memo]  # type: ignore[return-value]
 
+    def cut(self, name: str, paths: "frozenset[tuple[str, ...]] | None") -> Any:
+        """:func:`cut_paths` of the field ``name`` (memoised: the rules reading the same paths share it)."""
+        memo = ("cut", name, paths)
+        if memo not in self._strings:
+            self._strings[memo] = cut_paths(self.data.get(name), paths)
+        return self._strings[memo]
+
     def strings_outside(self, name: str, paths: "list[tuple[str, ...]]") -> frozenset[str]:
         """:meth:`strings` of the field ``name`` leaving out the keys (not the values) of the maps at
         ``paths`` (each starting with ``name``; memoised)."""
@@ -613,6 +620,59 @@ def item_entry_members(expr: str, path: tuple[str, ...], var: str = "item") -> f
         else:
             return None
     return frozenset(members)
+
+
+def field_paths(expr: str) -> dict[str, "frozenset[tuple[str, ...]] | None"]:
+    """Per top-level name of ``expr``: the dotted member paths below it that ``expr`` reads
+    (``evidence.max.network`` -> ``("max", "network")``; a path ends before an index, a call or an
+    operator), or None when the name is used bare (``size(evidence)``, ``evidence['max']``,
+    ``evidence.all(...)``): the whole value. A map cut down to those paths (``cut_paths``) evaluates
+    ``expr`` the same way: every read goes through one of them, whole below its end."""
+    toks = _lex(expr)
+    texts = [t for _, t in toks]
+    out: dict[str, set[tuple[str, ...]] | None] = {}
+    i = 0
+    while i < len(toks):
+        kind, text = toks[i]
+        if kind != "ident" or (i > 0 and texts[i - 1] == ".") or text in _RESERVED:
+            i += 1
+            continue
+        if i + 1 < len(toks) and texts[i + 1] == "(":  # a function call
+            i += 1
+            continue
+        parts, j = [], i + 1
+        while (
+            j + 1 < len(toks)
+            and texts[j] == "."
+            and toks[j + 1][0] == "ident"
+            and not (j + 2 < len(toks) and texts[j + 2] == "(")
+        ):
+            parts.append(texts[j + 1])
+            j += 2
+        seen = out.setdefault(text, set())
+        if not parts:
+            out[text] = None
+        elif seen is not None:
+            seen.add(tuple(parts))
+        i = j
+    return {k: (None if v is None else frozenset(v)) for k, v in out.items()}
+
+
+def cut_paths(value: Any, paths: "frozenset[tuple[str, ...]] | None") -> Any:
+    """``value`` with only the members along ``paths`` (``field_paths``), each whole below its end;
+    itself when ``paths`` is None or it is no map (copies, ``value`` is left as it is)."""
+    if paths is None or value.__class__ is not dict:
+        return value
+    whole = {p[0] for p in paths if len(p) == 1}
+    deeper: dict[str, set[tuple[str, ...]]] = {}
+    for p in paths:
+        if len(p) > 1 and p[0] not in whole:
+            deeper.setdefault(p[0], set()).add(p[1:])
+    out = {k: value[k] for k in whole if k in value}
+    for k, rest in deeper.items():
+        if k in value:
+            out[k] = cut_paths(value[k], frozenset(rest))
+    return out
 
 
 def cut_entry(entry: Any, members: frozenset[str] | None) -> Any:

@@ -24,7 +24,7 @@ import pytest
 from bench import rules_width
 from obshub.rules import fields
 from obshub.rules.engine import Engine
-from obshub.rules.expr import cut_entry, item_entry_members
+from obshub.rules.expr import cut_entry, cut_paths, field_paths, item_entry_members
 from obshub.rules.loader import load_ruleset
 from obshub.rules.testing import BASE_NS
 
@@ -163,3 +163,16 @@ def test_members_read_of_a_keyed_entry():
         assert item_entry_members(whole, hosts) is None, whole
     assert cut_entry({"sched": 1.0, "memory": 2.0}, frozenset({"sched", "nic"})) == {"sched": 1.0}
     assert cut_entry(3.0, frozenset({"sched"})) == 3.0 and cut_entry({"a": 1}, None) == {"a": 1}
+
+
+def test_fields_cut_to_the_paths_read():
+    """A per-item context holds only the members of a field that the rule reads along static paths;
+    a bare use (an index by a string, a call on it, the whole value) keeps the field whole."""
+    e = "closed_by != 'hang' && (item in evidence.hosts ? evidence.hosts[item].network : 0.0) >= evidence.max.network"
+    got = field_paths(e)
+    assert got["evidence"] == {("hosts",), ("max", "network")} and got["closed_by"] is None
+    ev = {"spread_ns": 1, "hosts": {"a": {"network": 1.0}}, "max": {"network": 3.0, "sched": 1.0}}
+    assert cut_paths(ev, got["evidence"]) == {"hosts": {"a": {"network": 1.0}}, "max": {"network": 3.0}}
+    for bare in ("size(evidence) > 0", "evidence['max'].network > 0", "evidence.all(k, k != '')", "dyn(evidence).x"):
+        assert field_paths(bare)["evidence"] is None, bare
+    assert cut_paths(None, frozenset({("host",)})) is None and cut_paths(ev, None) is ev
