@@ -73,7 +73,12 @@ class _ForeachPlan:
     is just ``item`` takes the item's value): one evaluation for a sentinel item serves every item that
     none of the record's strings in ``body_names`` nor the expressions' literals mention; mentioned items
     are evaluated one by one. Otherwise ``one_pass`` walks the items once inside CEL on the record's
-    shared context, handing each item's result to Python (``obshub_emit__``)."""
+    shared context, handing each item's result to Python (``obshub_emit__``).
+    ``keyed``: the maps read only by the item (``expr.item_keyed_paths``), each cut to the item's entry;
+    ``members``: per keyed map, the members of an entry the expressions read (``expr.item_entry_members``;
+    None: the whole entry), so items whose entries agree on them share one evaluation; ``reads``: per
+    field, the member paths read (``expr.field_paths``; None: whole), the rest left out of a per-item
+    context (issue #35: a wide slow step's per-item contexts were most of the pack's cost)."""
 
     combined: Compiled
     one_pass: Compiled
