@@ -18,6 +18,8 @@ engine over the run. The growth exponent is the least-squares slope of log(cost)
     python -m bench.rules_width                    # 8, 128, 512, 2,048 hosts
     python -m bench.rules_width --quick            # 8, 128, 512 hosts, fewer steps
     python -m bench.rules_width --hosts 8 128      # chosen widths
+    python -m bench.rules_width --per-rule         # every rule alone and the pack, clean and slow steps,
+                                                   # 128 / 1,024 / 2,048 hosts (``slow_case``, ``rule_costs``)
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ import math
 import resource
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bench import common, loadgen
 from obshub.core import schema
 from obshub.rules import fields
 from obshub.rules.engine import Engine
 from obshub.rules.loader import load_ruleset
+from obshub.rules.model import RuleSet
 from obshub.streams import accumulate, analysis, synthetic
 
 BUILTIN = Path(__file__).resolve().parent.parent / "obshub" / "rules" / "builtin"
@@ -47,7 +52,9 @@ QUICK_STEADY_STEPS = 26
 WARM = 20  # summaries not measured (windows filling)
 STEP_NS = 1_000_000_000  # a job at 1 s steps
 SUMMARIZE_REPEATS = 5
-TARGET_MS_2048 = 50.0  # the pack's CPU per step summary at 2,048 hosts
+TARGET_MS_2048 = 50.0
+PER_RULE_WIDTHS = (128, 1024, 2048)
+PACK = "(pack)"  # the whole builtin pack in ``rule_costs``'s rows  # the pack's CPU per step summary at 2,048 hosts
 
 
 def build(hosts: int, steps: int = REAL_STEPS) -> tuple[list[dict], dict, list[str], list[list[int]]]:
@@ -93,6 +100,132 @@ def steady(summaries: list[dict], n: int) -> list[dict]:
         s = dict(summaries[i % len(summaries)])
         s["step"], s["closed_at_ns"] = i, start + (i + 1) * STEP_NS
         out.append(fields.step_record(s))
+    return out
+
+
+@dataclass
+class SlowCase:
+    """One wide job's step summaries as rules see them, built by the real analysis (``slow_case``):
+    ``clean`` and ``slow`` records of the same step number (the slow one with a sched straggler at least
+    ``net_stall_min`` times the baseline median and network evidence), and ``summarize()``, which
+    recomputes the slow summary from its accumulators (the floor every rule is measured against)."""
+
+    hosts: int
+    clean: dict
+    slow: dict
+    summarize: Callable[[], dict]
+
+
+def slow_case(hosts: int, *, ring_evidence: bool = True, extra_ms: float = 150.0) -> SlowCase:
+    """A slow wide step after the job's baseline exists, from ``streams.synthetic`` events joined per host
+    (``streams.accumulate``) and summarised by ``streams.analysis.summarize``: 4 clean steps, their
+    summaries cycled into 12 entries of history (the baseline: ``baseline_min_n`` = 10), then the step
+    in which host ``node2`` spends ``extra_ms`` more in CPU scheduling (stall ratio ~3: a *slowed* step
+    for ``network_loss_in_slow_steps``). The analysis gives the straggler, blame and per-host evidence;
+    network evidence is then put on the straggler (4.0, the other layers 0, as the analysis files a
+    host whose connections explain it) and, with ``ring_evidence``, on every other host (0.001-1.0,
+    distinct per host, the whole ring retransmitting): the widest ``evidence.hosts`` a step can carry,
+    every host holding network evidence and its own entry, so no per-host shortcut shares work between
+    hosts. Records are ``fields.step_record``s 1 s apart at the same step number."""
+    scn = synthetic.Scenario(
+        job=f"slow-{hosts}",
+        hosts=hosts,
+        steps=5,
+        straggler=min(2, hosts - 1),
+        guilty_steps=(4,),
+        guilty_layer="sched",
+        extra_ms=extra_ms,
+    )
+    per_step: dict[int, dict[str, dict]] = {}
+    for _key, b in synthetic.generate(scn):
+        for step, part in accumulate.reduce_batch(b).items():
+            accs = per_step.setdefault(step, {})
+            if b.host in accs:
+                accumulate.merge(accs[b.host], part)
+            else:
+                accs[b.host] = part
+    expected = sorted({scn.host_name(i) for i in range(hosts)})
+
+    def summarize(step: int, history: list[list[int]]) -> dict:
+        return analysis.summarize(
+            scn.job,
+            step,
+            per_step[step],
+            expected_hosts=expected,
+            history=history,
+            quality={},
+            closed_by="complete",
+            closed_at_ns=0,
+        )
+
+    clean = [summarize(st, []) for st in range(4)]
+    # 12 entries of history below each step number (the analysis reads the entries before its step)
+    clean_hist = [[i - 12, *analysis.history_entry(clean[i % 4])[1:]] for i in range(12)]
+    slow_hist = [[i - 8, *h[1:]] for i, h in enumerate(clean_hist)]
+    at = 20  # the step number both records carry
+    clean_rec = summarize(0, clean_hist) | {"step": at}
+    slow_sum = summarize(4, slow_hist) | {"step": at}
+    ev = slow_sum["evidence"]
+    hosts_ev = dict(ev["hosts"])
+    if ring_evidence:
+        for i, h in enumerate(expected):
+            zero = dict.fromkeys(("sched", "memory", "cuda", "nic", "network", "pytorch"), 0.0)
+            hosts_ev[h] = {**zero, "network": round(0.001 + (i * 7919 % 1000) / 1000, 3)}
+    strag = slow_sum["straggler"]["host"]
+    hosts_ev[strag] = {**dict.fromkeys(("sched", "memory", "cuda", "nic", "pytorch"), 0.0), "network": 4.0}
+    slow_sum["evidence"] = {**ev, "hosts": dict(sorted(hosts_ev.items()))}
+    start = synthetic.Scenario().start_ns
+    return SlowCase(
+        hosts,
+        fields.step_record({**clean_rec, "closed_at_ns": start}),
+        fields.step_record({**slow_sum, "closed_at_ns": start}),
+        lambda: summarize(4, slow_hist),
+    )
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> float:
+    """Median CPU ms (``time.process_time``) of ``repeats`` calls of ``fn``."""
+    out = []
+    for _ in range(repeats):
+        c0 = time.process_time()
+        fn()
+        out.append(time.process_time() - c0)
+    return statistics.median(out) * 1e3
+
+
+def rule_costs(case: SlowCase, ruleset: RuleSet, *, warm: int = 3, repeats: int = 5) -> dict:
+    """CPU ms per record of every rule of ``ruleset`` alone (an engine holding only it) and of the whole
+    pack, on the clean and on the slow record of ``case``, side by side with ``case.summarize()`` in the
+    same process: ``{"summarize_ms": m, "rules": {rule id or "(pack)": {"clean": ms, "slow": ms}}, "fired":
+    {rule id or "(pack)": [(rule, host), ...]}}`` (``fired``: the alerts that reached firing).
+    Each engine first takes ``warm`` clean records 1 s apart (its groups and windows exist, as in a
+    running job), then ``repeats`` clean and ``repeats`` slow records, 1 s apart, each timed alone
+    (``Engine.process`` + ``tick``; the median is reported). The slow records fire what they fire: the
+    rendering of annotations is part of a firing step's cost."""
+    sets = {rid: RuleSet({rid: r}, [], ruleset.files) for rid, r in ruleset.rules.items()}
+    sets[PACK] = ruleset
+    out: dict = {"summarize_ms": _timed(case.summarize, repeats), "rules": {}, "fired": {}}
+    for name, rs in sets.items():
+        changes: list[dict] = []
+        eng = Engine(rs, changes.append)
+        t = case.clean["time_ns"]
+        row = {}
+        for phase, n in (("warm", warm), ("clean", repeats), ("slow", repeats)):
+            rec0 = case.slow if phase == "slow" else case.clean
+            samples = []
+            for _ in range(n):
+                t += STEP_NS
+                rec = {**rec0, "time_ns": t, "closed_at_ns": t}
+                c0 = time.process_time()
+                eng.process("steps", rec)
+                eng.tick(t)
+                samples.append(time.process_time() - c0)
+            if phase != "warm":
+                row[phase] = statistics.median(samples) * 1e3
+        out["rules"][name] = row
+        out["fired"][name] = sorted(
+            {(c["rule"], c["labels"].get("host", "")) for c in changes if c["status"] == "firing"}
+        )
     return out
 
 
@@ -226,6 +359,49 @@ def run(quick: bool = False, rounds: int | None = None, widths: tuple[int, ...] 
     return result
 
 
+def run_per_rule(widths: tuple[int, ...] = PER_RULE_WIDTHS, repeats: int = 5) -> dict:
+    """Every builtin rule alone and the whole pack on the clean and the slow step of ``slow_case`` at each
+    width (``rule_costs``), side by side with ``summarize`` of the slow step: print the table (CPU ms, and
+    the slow step's cost as a multiple of ``summarize``), save the JSON."""
+    from rich.table import Table
+
+    ruleset = load_ruleset([BUILTIN])
+    common.console.rule("[bold]rule engine at width, per rule[/bold]: clean and slow steps after the baseline")
+    got = {}
+    for h in widths:
+        common.console.print(f"[dim]  {h} hosts: building the clean and the slow step[/dim]")
+        got[h] = rule_costs(slow_case(h), ruleset, repeats=repeats)
+    t = Table(
+        title="CPU ms per step summary (median of "
+        f"{repeats}): clean / slow step, and slow as a multiple of summarize of the same step",
+        caption=common.describe_machine(),
+    )
+    t.add_column("rule")
+    for h in widths:
+        t.add_column(f"{h:,} hosts: clean / slow", justify="right")
+        t.add_column("x summ.", justify="right")
+    names = [n for n in got[widths[0]]["rules"] if n != PACK] + [PACK]
+    for n in names:
+        cells = []
+        for h in widths:
+            r, floor = got[h]["rules"][n], got[h]["summarize_ms"]
+            cells += [f"{r['clean']:.2f} / {r['slow']:.2f}", f"{r['slow'] / floor:.2f}" if floor else "-"]
+        t.add_row(n, *cells)
+    t.add_row("summarize (slow step)", *[c for h in widths for c in (f"{got[h]['summarize_ms']:.2f}", "1.00")])
+    common.console.print(t)
+    for h in widths:
+        fired = got[h]["fired"][PACK]
+        common.console.print(f"{h:,} hosts, pack fired: " + ("; ".join(f"{r} {x}" for r, x in fired) or "none"))
+    worst = max(
+        ((n, h, got[h]["rules"][n]["slow"] / got[h]["summarize_ms"]) for h in widths for n in names if n != PACK),
+        key=lambda x: x[2],
+    )
+    common.console.print(f"costliest rule: {worst[0]} at {worst[1]:,} hosts, x{worst[2]:.2f} summarize")
+    result = {"widths": list(widths), "per_rule": {str(h): got[h] for h in widths}, "rev": common.git_rev()}
+    common.console.print(f"raw results: {common.save('rules_width_per_rule', result)}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.rules_width [--quick] [--hosts N ...]``."""
     p = argparse.ArgumentParser(
@@ -239,9 +415,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--hosts", type=int, nargs="+", metavar="N", help=f"widths to measure (default: {', '.join(map(str, WIDTHS))})"
     )
+    p.add_argument(
+        "--per-rule",
+        action="store_true",
+        help="every rule alone and the pack on a clean and a slow step (straggler, baseline, network "
+        f"evidence) vs summarize (default widths {', '.join(map(str, PER_RULE_WIDTHS))})",
+    )
     a = p.parse_args(argv)
     if a.hosts and min(a.hosts) < 2:
         p.error("--hosts: a job needs at least 2 hosts")
+    if a.per_rule:
+        if a.hosts and min(a.hosts) < 3:
+            p.error("--hosts: --per-rule needs at least 3 hosts (its straggler is node2)")
+        run_per_rule(tuple(sorted(a.hosts)) if a.hosts else PER_RULE_WIDTHS)
+        return 0
     run(a.quick, widths=tuple(sorted(a.hosts)) if a.hosts else None)
     return 0
 

@@ -19,7 +19,7 @@ import gc
 import hashlib
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Callable
 
@@ -31,7 +31,9 @@ from obshub.rules.expr import (
     Compiled,
     EvalError,
     compile_expr,
+    field_paths,
     identifiers,
+    item_entry_members,
     item_invariant,
     item_keyed_paths,
     project_item,
@@ -78,7 +80,12 @@ class _ForeachPlan:
     is just ``item`` takes the item's value): one evaluation for a sentinel item serves every item that
     none of the record's strings in ``body_names`` nor the expressions' literals mention; mentioned items
     are evaluated one by one. Otherwise ``one_pass`` walks the items once inside CEL on the record's
-    shared context, handing each item's result to Python (``obshub_emit__``)."""
+    shared context, handing each item's result to Python (``obshub_emit__``).
+    ``keyed``: the maps read only by the item (``expr.item_keyed_paths``), each cut to the item's entry;
+    ``members``: per keyed map, the members of an entry the expressions read (``expr.item_entry_members``;
+    None: the whole entry), so items whose entries agree on them share one evaluation; ``reads``: per
+    field, the member paths read (``expr.field_paths``; None: whole), the rest left out of a per-item
+    context (issue #35: a wide slow step's per-item contexts were most of the pack's cost)."""
 
     combined: Compiled
     one_pass: Compiled
@@ -87,6 +94,8 @@ class _ForeachPlan:
     invariant: bool
     identity: tuple[bool, ...]
     keyed: frozenset[tuple[str, ...]] = frozenset()
+    members: dict[tuple[str, ...], frozenset[str] | None] = field(default_factory=dict)
+    reads: dict[str, frozenset[tuple[str, ...]] | None] = field(default_factory=dict)
 
 
 def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
@@ -114,7 +123,9 @@ def _foreach_plan(rule: Rule) -> _ForeachPlan | None:
             frozenset().union(*(string_literals(p) for p in parts)),
             all(item_invariant(p) for p in per_item),
             identity,
-            item_keyed_paths(combined),
+            keyed := item_keyed_paths(combined),
+            {p: item_entry_members(combined, p) for p in keyed},
+            field_paths(combined),
         )
     except ValueError as exc:  # cannot happen for validated rules; the per-item path still works
         log.warning("rule %s: per-item evaluation (%s)", rule.id, exc)
@@ -400,7 +411,7 @@ class Engine:
             for name in plan.body_names:
                 paths = [p for p in plan.keyed if p[0] == name]
                 mentioned |= shared.strings_outside(name, paths) if paths else shared.strings(name)
-            maps = [k for p in plan.keyed if (k := shared.entry_keys(p)) is not None]
+            maps = [k for p in plan.keyed if (k := shared.entry_keys(p, plan.members.get(p))) is not None]
             sentinel = "\x00obshub:item"
             while sentinel in mentioned or any(sentinel in m for m in maps):
                 sentinel += "\x00"
@@ -468,12 +479,13 @@ class Engine:
         """``(group_by values, of value)`` of one item, or _SKIP / _ERROR, on a context of the rule's
         per-item fields only, each map of ``plan.keyed`` cut down to the item's entry (``entry_of``: the
         entries of that item instead, under ``item``'s key)."""
-        data = shared.data
+        data, reads = shared.data, plan.reads
         own = project_item(
-            {k: data[k] for k in plan.body_names if k in data},
+            {k: shared.cut(k, reads[k]) if k in reads else data[k] for k in plan.body_names if k in data},
             plan.keyed,
             item if entry_of is None else entry_of,
             key_as=item,
+            members=plan.members,
         )
         ctx = cel.Context(variables={**own, "item": item})
         try:

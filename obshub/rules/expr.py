@@ -338,11 +338,11 @@ class Activation:
             out = self._strings[name] = frozenset(_strings_in(self.data.get(name)))
         return out
 
-    def entry_keys(self, path: tuple[str, ...]) -> "dict[Any, Any] | None":
-        """For the map at ``path``: each key -> :func:`frozen` of its entry (None for an entry with no
-        hashable form); None when ``path`` leads to no map (memoised: the rules reading the same map on
-        one record share it)."""
-        memo = ("entry_keys", *path)
+    def entry_keys(self, path: tuple[str, ...], members: "frozenset[str] | None" = None) -> "dict[Any, Any] | None":
+        """For the map at ``path``: each key -> :func:`frozen` of its entry (cut down to ``members``,
+        :func:`cut_entry`; None for an entry with no hashable form); None when ``path`` leads to no map
+        (memoised: the rules reading the same members of the same map on one record share it)."""
+        memo = ("entry_keys", None if members is None else tuple(sorted(members)), *path)
         if memo not in self._strings:
             m = resolve_path(self.data, path)
             out: "dict[Any, Any] | None" = None
@@ -350,11 +350,18 @@ class Activation:
                 out = {}
                 for k, v in m.items():
                     try:
-                        out[k] = frozen(v)
+                        out[k] = frozen(cut_entry(v, members))
                     except TypeError:
                         out[k] = None
             self._strings[memo] = out  # type: ignore[assignment]
         return self._strings[memo]  # type: ignore[return-value]
+
+    def cut(self, name: str, paths: "frozenset[tuple[str, ...]] | None") -> Any:
+        """:func:`cut_paths` of the field ``name`` (memoised: the rules reading the same paths share it)."""
+        memo = ("cut", name, paths)
+        if memo not in self._strings:
+            self._strings[memo] = cut_paths(self.data.get(name), paths)
+        return self._strings[memo]
 
     def strings_outside(self, name: str, paths: "list[tuple[str, ...]]") -> frozenset[str]:
         """:meth:`strings` of the field ``name`` leaving out the keys (not the values) of the maps at
@@ -578,6 +585,103 @@ def item_keyed_paths(expr: str, var: str = "item") -> frozenset[tuple[str, ...]]
     return frozenset(out)
 
 
+def item_entry_members(expr: str, path: tuple[str, ...], var: str = "item") -> frozenset[str] | None:
+    """The members ``expr`` reads of the entry ``P[var]`` of the keyed path ``P`` (``item_keyed_paths``):
+    ``{"sched"}`` when every ``P[var]`` is followed by ``.sched``; None when some ``P[var]`` is used
+    another way (whole, indexed, called on), so the whole entry counts. Evaluating ``expr`` with each
+    entry cut down to those members (the ones it has) gives the same value: a member read is the only
+    use, and a member the entry lacks stays missing. Two hosts whose entries agree on the members read
+    then share one evaluation (``evidence.hosts[item].sched`` needs only the sched value)."""
+    toks = _lex(expr)
+    texts = [t for _, t in toks]
+    members: set[str] = set()
+    for i in range(len(toks)):
+        if texts[i] != path[0] or toks[i][0] != "ident" or (i > 0 and texts[i - 1] == "."):
+            continue
+        j, ok = i + 1, True
+        for part in path[1:]:
+            if j + 1 < len(toks) and texts[j] == "." and texts[j + 1] == part:
+                j += 2
+            else:
+                ok = False
+                break
+        if not ok or not (j + 2 < len(toks) and texts[j] == "[" and texts[j + 1] == var):
+            continue
+        if texts[j + 2] != "]":
+            return None
+        k = j + 3
+        if (
+            k + 1 < len(toks)
+            and texts[k] == "."
+            and toks[k + 1][0] == "ident"
+            and not (k + 2 < len(toks) and texts[k + 2] == "(")
+        ):
+            members.add(texts[k + 1])
+        else:
+            return None
+    return frozenset(members)
+
+
+def field_paths(expr: str) -> dict[str, "frozenset[tuple[str, ...]] | None"]:
+    """Per top-level name of ``expr``: the dotted member paths below it that ``expr`` reads
+    (``evidence.max.network`` -> ``("max", "network")``; a path ends before an index, a call or an
+    operator), or None when the name is used bare (``size(evidence)``, ``evidence['max']``,
+    ``evidence.all(...)``): the whole value. A map cut down to those paths (``cut_paths``) evaluates
+    ``expr`` the same way: every read goes through one of them, whole below its end."""
+    toks = _lex(expr)
+    texts = [t for _, t in toks]
+    out: dict[str, set[tuple[str, ...]] | None] = {}
+    i = 0
+    while i < len(toks):
+        kind, text = toks[i]
+        if kind != "ident" or (i > 0 and texts[i - 1] == ".") or text in _RESERVED:
+            i += 1
+            continue
+        if i + 1 < len(toks) and texts[i + 1] == "(":  # a function call
+            i += 1
+            continue
+        parts, j = [], i + 1
+        while (
+            j + 1 < len(toks)
+            and texts[j] == "."
+            and toks[j + 1][0] == "ident"
+            and not (j + 2 < len(toks) and texts[j + 2] == "(")
+        ):
+            parts.append(texts[j + 1])
+            j += 2
+        seen = out.setdefault(text, set())
+        if not parts:
+            out[text] = None
+        elif seen is not None:
+            seen.add(tuple(parts))
+        i = j
+    return {k: (None if v is None else frozenset(v)) for k, v in out.items()}
+
+
+def cut_paths(value: Any, paths: "frozenset[tuple[str, ...]] | None") -> Any:
+    """``value`` with only the members along ``paths`` (``field_paths``), each whole below its end;
+    itself when ``paths`` is None or it is no map (copies, ``value`` is left as it is)."""
+    if paths is None or value.__class__ is not dict:
+        return value
+    whole = {p[0] for p in paths if len(p) == 1}
+    deeper: dict[str, set[tuple[str, ...]]] = {}
+    for p in paths:
+        if len(p) > 1 and p[0] not in whole:
+            deeper.setdefault(p[0], set()).add(p[1:])
+    out = {k: value[k] for k in whole if k in value}
+    for k, rest in deeper.items():
+        if k in value:
+            out[k] = cut_paths(value[k], frozenset(rest))
+    return out
+
+
+def cut_entry(entry: Any, members: frozenset[str] | None) -> Any:
+    """``entry`` cut down to ``members`` (those it has); itself when ``members`` is None or it is no map."""
+    if members is None or entry.__class__ is not dict:
+        return entry
+    return {k: entry[k] for k in members if k in entry}
+
+
 def resolve_path(data: dict[str, Any], path: tuple[str, ...]) -> Any:
     """The value at ``path`` in ``data`` (nested maps), None when a step of it is missing."""
     v: Any = data
@@ -614,12 +718,17 @@ def frozen(value: Any) -> Any:
 
 
 def project_item(
-    data: dict[str, Any], paths: "frozenset[tuple[str, ...]]", item: Any, key_as: Any = None
+    data: dict[str, Any],
+    paths: "frozenset[tuple[str, ...]]",
+    item: Any,
+    key_as: Any = None,
+    members: "dict[tuple[str, ...], frozenset[str] | None] | None" = None,
 ) -> dict[str, Any]:
     """``data`` (top-level fields) with the map at each of ``paths`` cut down to ``item``'s entry (none
     when it has none), filed under ``key_as`` (default: ``item``); the maps along a path are copied,
     ``data`` itself is left as it is. A path that does not lead to a map, or an item that cannot be a
-    key, is left whole."""
+    key, is left whole. ``members``: per path, the members of the entry to keep (``cut_entry``; none
+    given: the whole entry)."""
     if not paths or not isinstance(item, (str, int, float, bool)):
         return data
     key_as = item if key_as is None else key_as
@@ -637,7 +746,7 @@ def project_item(
         if not chain or not isinstance(chain[-1], dict):
             continue
         m = chain[-1]
-        value: Any = {key_as: m[item]} if item in m else {}
+        value: Any = {key_as: cut_entry(m[item], members.get(path) if members else None)} if item in m else {}
         for parent, key in zip(reversed(chain[:-1]), reversed(path[1:])):
             value = {**parent, key: value}
         out[path[0]] = value

@@ -13,6 +13,7 @@ Signals
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from obshub.core import schema
@@ -45,6 +46,9 @@ EVENT_VARS: dict[str, str] = {
 
 STEP_VARS: dict[str, str] = {
     **schema.STEP_SUMMARY_FIELDS,
+    "evidence": schema.STEP_SUMMARY_FIELDS["evidence"]
+    + "; plus max: {layer: the largest z over hosts} (derived by the rule engine, evidence_max: a per-host "
+    "rule's 'most evidence of all hosts' test in one look-up)",
     "time_ns": "closed_at_ns: CLOCK_REALTIME ns, the record's time for windows",
 }
 
@@ -64,7 +68,7 @@ SIGNAL_VARS: dict[str, dict[str, str]] = {"steps": STEP_VARS, "events": EVENT_VA
 NESTED_VARS: dict[str, set[str]] = {
     "straggler": {"host", "score", "excess_ns", "reason", "group"},
     "baseline": {"median_ns", "p99_ns", "n", "spread_ns"},
-    "evidence": {"spread_ns", "hosts"},
+    "evidence": {"spread_ns", "hosts", "max"},
     "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waited_ns", "after_ns"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }
@@ -96,7 +100,7 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "inconsistent": [],
     "late_max_ns": 0,
     "net_directed": False,
-    "evidence": {"spread_ns": 0, "hosts": {}},
+    "evidence": {"spread_ns": 0, "hosts": {}, "max": {}},
     "hang": None,
     "layers": {},
     "layer_stats": {},
@@ -115,9 +119,46 @@ def step_record(summary: dict) -> dict:
     rec = {k: summary.get(k, _STEP_DEFAULTS[k]) for k in _STEP_DEFAULTS}
     for k in ("baseline", "quality", "evidence"):
         rec[k] = {**_STEP_DEFAULTS[k], **(rec[k] or {})}
+    rec["evidence"]["max"] = evidence_max(rec["evidence"]["hosts"])
     rec["stall_ratio"] = float(rec["stall_ratio"] or 0.0)
     rec["time_ns"] = int(rec["closed_at_ns"] or 0)
     return rec
+
+
+def evidence_max(hosts: Any) -> dict[str, Any]:
+    """``evidence.max`` of a step record: per layer, the largest value of ``evidence.hosts[h][layer]``
+    over every host ``h`` (spreads, or the network evidence's own units; a map of at most the evidence's
+    6 layers). Derived here, once per record in O(hosts x layers), so that a per-host rule can ask "is
+    this host the one with the most evidence in the layer" as ``evidence.hosts[item].network >=
+    evidence.max.network``, one look-up, instead of ``evidence.hosts.all(h, ...)``, a pass over every
+    host per host (quadratic: 5 s per 1,024-host slow step, issue #35). A rule on the max means what the
+    ``all`` comprehension meant: a layer's max is ``None`` (null: a comparison with it fails, as the
+    comprehension did) when some host entry is no map, lacks the layer, or holds no number there, and
+    NaN when a value is NaN (every comparison with it is false). Not in the stream app's summary: an
+    older recorded summary gets it too."""
+    if not isinstance(hosts, dict) or not hosts:
+        return {}
+    entries = list(hosts.values())
+    if not all(e.__class__ is dict for e in entries):
+        return dict.fromkeys({k for e in entries if isinstance(e, dict) for k in e if isinstance(k, str)})
+    layers = {k for e in entries for k in e}
+    out: dict[str, Any] = {}
+    for layer in layers:
+        if not isinstance(layer, str):
+            continue
+        best: Any = None
+        for e in entries:
+            v = e.get(layer, None)
+            if v.__class__ is not float and (v.__class__ is not int):
+                best = None  # missing, null, bool, string, nested: no max (the comprehension failed too)
+                break
+            if v != v:  # NaN: every comparison with the max is false, as with that host in `all`
+                best = math.nan
+                break
+            if best is None or v > best:
+                best = v
+        out[layer] = best
+    return out
 
 
 def event_record(batch: schema.Batch, ev: schema.Event) -> dict:

@@ -174,7 +174,10 @@ STEP_TYPES: dict[str, T] = {
     "late_max_ns": INT,
     "net_directed": BOOL,
     "evidence": record(
-        "evidence", spread_ns=INT, hosts=map_of(STRING, by_layer(DOUBLE, "a host's evidence (by layer)"))
+        "evidence",
+        spread_ns=INT,
+        hosts=map_of(STRING, by_layer(DOUBLE, "a host's evidence (by layer)")),
+        max=by_layer(DOUBLE, "the largest evidence of each layer over the hosts"),
     ),
     "hang": record(
         "hang",
