@@ -871,6 +871,57 @@ def running_check(
     return {"elapsed_ns": elapsed, "after_ns": after, "spread_ns": bl["spread_ns"], "hosts": hosts}
 
 
+CULPRIT_LAYER = {"pytorch": "process"}
+"""Culprit layer names that differ from the evidence layer's: lateness no lower layer explains is the
+rank's own process (stopped, frozen, or its own code slow), named ``process`` as the hang rules do."""
+_SPECIFIC_FIRST = {layer: i for i, layer in enumerate(("network", "sched", "memory", "cuda", "nic", "pcie", "pytorch"))}
+
+
+def culprit(summary: dict) -> dict | None:
+    """The host and layer one step is charged to, for the single-step stall rules (docs/ANALYSIS.md
+    "Culprit of a step"): ``{host, layer, evidence, source, why}`` or None when nothing names one.
+
+    1. ``source`` "evidence": the (host, layer) with the largest per-step evidence (``evidence.hosts``, in
+       spreads); on a tie a named layer (network, sched, memory, cuda, nic) wins over unexplained
+       lateness (``pytorch``), then the host name; ``evidence`` is that value;
+    2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0): a step without
+       per-step evidence (the job's first steps, the steps right after a hang);
+    3. else None (no straggler and no evidence: every host equally slow, or nothing to compare).
+
+    Layer ``pytorch`` is named ``process`` (``CULPRIT_LAYER``); a straggler without any blamed layer too.
+    Reads only ``evidence``, ``straggler`` and ``blame`` of ``summary``, so a caller that changes those
+    (the worker drops the evidence of the steps after a hang) recomputes it."""
+    best: tuple | None = None
+    for h, zs in ((summary.get("evidence") or {}).get("hosts") or {}).items():
+        for layer, z in zs.items():
+            if z > 0:
+                key = (-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h)
+                if best is None or key < best[0]:
+                    best = (key, h, layer, z)
+    strag = summary.get("straggler")
+    if best is not None:
+        _key, h, layer, z = best
+        spread = (summary.get("evidence") or {}).get("spread_ns", 0)
+        why = f"{layer} evidence {z:g} spreads of {spread / 1e6:.1f} ms"
+        if strag and strag.get("host") == h:
+            why += f"; straggler: {strag.get('reason', '')}"
+        return {"host": h, "layer": CULPRIT_LAYER.get(layer, layer), "evidence": z, "source": "evidence", "why": why}
+    if strag:
+        mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
+        layer = mine[0]["layer"] if mine else "pytorch"
+        why = f"straggler: {strag.get('reason', '')}" + (
+            f"; blamed {layer} +{mine[0]['excess_ns'] / 1e6:.1f} ms over its peers" if mine else "; no layer blamed"
+        )
+        return {
+            "host": strag["host"],
+            "layer": CULPRIT_LAYER.get(layer, layer),
+            "evidence": 0.0,
+            "source": "blame",
+            "why": why,
+        }
+    return None
+
+
 def history_entry(summary: dict) -> list[int]:
     """The job-history entry of a closed step: ``[step, step_time_max_ns, late_max_ns]`` (the largest
     lateness of any host in the step, the sample of the job's spread of lateness)."""
@@ -945,6 +996,7 @@ def summarize(
         "evidence": evidence(accs, late, layers, bl, th, recent_directed, stats, wstats),
         "net_directed": bool(stats and stats[2]),
         "hang": None,
+        "culprit": None,
         "layers": layers,
         "baseline": bl,
         "stall": bool(bl["n"] >= th.baseline_min_n and tmax > bl["p99_ns"]),
@@ -956,6 +1008,7 @@ def summarize(
             "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
         },
     }
+    out["culprit"] = culprit(out)
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
     return out

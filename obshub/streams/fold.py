@@ -667,6 +667,7 @@ class Fold:
             self.quiet_until[job] = max(self.quiet_until.get(job, -1), step + self.th.hang_quiet_steps)
         if step <= self.quiet_until.get(job, -1):
             summary["evidence"]["hosts"] = {}
+            summary["culprit"] = analysis.culprit(summary)
         self.hung.pop(sk, None)
         self.was_hung.discard(sk)
         self._held.discard(sk)
@@ -785,6 +786,7 @@ class Fold:
                 blame=[],
                 hang=found,
                 evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}},
+                culprit=None,
             )
             out.append((sk, summary, first))
         for sk in [k for k in self.hung if self.steps.get(k) is None]:
@@ -847,5 +849,6 @@ class Fold:
                 evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
                 quality=dict.fromkeys(summary["quality"], 0),
             )
+            summary["culprit"] = analysis.culprit(summary)
             out.append((sk, summary))
         return out
