@@ -608,7 +608,7 @@ class Stall(Fault):
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
-            self.params.setdefault("room_mb", 16)
+            self.params.setdefault("room_mb", 8)
         self.starts_ns: list[int] = []
         self.ends_ns: list[int] = []
         self._stop = threading.Event()
@@ -650,8 +650,11 @@ class Stall(Fault):
             self._stopped = self._signal(sorted(cgroup_pids(self.host.cgroup("unified"))), signal.SIGSTOP)
         elif layer == "mem" and self._mem and self._mem._noise:
             cg = self._mem.cg
-            usage = int((cg / "memory.usage_in_bytes").read_text())
-            (cg / "memory.limit_in_bytes").write_text(str(usage + (int(self.params["room_mb"]) << 20)))
+            st = memory_stat(cg)
+            # the cgroup's anonymous memory plus room_mb of page cache: the training's own file pages
+            # (its libraries' code and data) are reclaimed and fault back in while the stall lasts
+            limit = st.get("rss", 0) + (int(self.params["room_mb"]) << 20)
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
             self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
 
     def _off(self) -> None:

@@ -153,3 +153,22 @@ def test_culprit_prefers_evidence_then_the_straggler_and_names_nobody_without_ei
     c = analysis.culprit({"evidence": {"spread_ns": 1, "hosts": {}}, "straggler": strag, "blame": []})
     assert (c["host"], c["layer"]) == ("b", "process") and "no layer blamed" in c["why"]
     assert analysis.culprit({"evidence": {"spread_ns": 1, "hosts": {}}, "straggler": None, "blame": []}) is None
+
+
+@pytest.mark.parametrize("layer", ["network", "sched", "memory", "pytorch"])
+def test_a_persistent_fault_that_stalls_steps_adds_no_wrong_alert(layer):
+    # a persistent fault large enough to stall steps (x6 from step 20 on): the stall rules name the same
+    # host and layer as the fault (until the baseline's median moves up), nothing else
+    scn = synthetic.Scenario(
+        job="llm", hosts=4, steps=90, straggler=1, guilty_steps=tuple(range(20, 90)), guilty_layer=layer, extra_ms=400.0
+    )
+    firing, _ = run_pack(scn)
+    want = CULPRIT_LAYER.get(layer, layer)
+    stall = [a for a in firing if a["rule"] in STALL_RULES]
+    assert stall and stall[0]["annotations"]["step"] == "20", [(a["rule"], a["annotations"]["step"]) for a in stall]
+    wrong = [
+        (a["rule"], a["labels"])
+        for a in firing
+        if a["labels"].get("host") != "node1" or a["labels"].get("layer") not in (want, layer)
+    ]
+    assert not wrong, wrong
