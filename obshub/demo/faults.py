@@ -588,9 +588,10 @@ class Stall(Fault):
       and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one;
     - ``process``: the host's rank (every process of its v2 cgroup) stopped with SIGSTOP for the stall,
       then continued (SIGCONT);
-    - ``mem``: memory pressure: during the stall the host's memory cgroup is limited to ``room_mb``
-      (default 16) above its usage and a stopped hog (as ``mem``'s) is continued, reading a file larger
-      than the room; between stalls the hog is stopped and the limit lifted.
+    - ``mem``: memory pressure: during the stall the host's memory cgroup is limited to its anonymous
+      memory (memory.stat ``rss``) plus ``room_mb`` (default 64) of page cache, and a stopped hog (as
+      ``mem``'s) is continued, reading a file larger than the room: the training's own file pages are
+      reclaimed and fault back in; between stalls the hog is stopped and the limit lifted.
 
     The first stall starts at ``inject``; ``starts_ns`` / ``ends_ns`` hold each stall's CLOCK_REALTIME ns.
     ``remove`` starts no new stall, lets the running one finish (it is never cut short) and undoes
@@ -608,7 +609,7 @@ class Stall(Fault):
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
-            self.params.setdefault("room_mb", 8)
+            self.params.setdefault("room_mb", 64)
         self.starts_ns: list[int] = []
         self.ends_ns: list[int] = []
         self._stop = threading.Event()
