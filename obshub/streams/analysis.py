@@ -888,6 +888,9 @@ def culprit(summary: dict) -> dict | None:
        per-step evidence (the job's first steps, the steps right after a hang);
     3. else None (no straggler and no evidence: every host equally slow, or nothing to compare).
 
+    The worker charges a step that hung to the rank its hang record named instead (``hang_culprit``,
+    ``source`` "hang").
+
     Layer ``pytorch`` is named ``process`` (``CULPRIT_LAYER``); a straggler without any blamed layer too.
     Reads only ``evidence``, ``straggler`` and ``blame`` of ``summary``, so a caller that changes those
     (the worker drops the evidence of the steps after a hang) recomputes it."""
@@ -920,6 +923,25 @@ def culprit(summary: dict) -> dict | None:
             "why": why,
         }
     return None
+
+
+def hang_culprit(hosts: list[dict]) -> dict | None:
+    """The culprit of a closed step that hung (``source`` "hang"), from the ``hosts`` of its latest hang
+    record (``hang.hosts``: ``{host, state, last_phase, ...}``): the first named host, layer ``network``
+    when it was ``unreachable`` (its peers retransmitted toward it), else ``process`` (silent, frozen,
+    stopped or exited), as the hang rules name them; None without hosts."""
+    if not hosts:
+        return None
+    h = hosts[0]
+    state = h.get("state", "silent")
+    return {
+        "host": h["host"],
+        "layer": "network" if state == "unreachable" else "process",
+        "evidence": 0.0,
+        "source": "hang",
+        "why": f"the step hung on it ({state}, after {h.get('last_phase', '?')})"
+        + (f"; {len(hosts) - 1} more rank(s) named" if len(hosts) > 1 else ""),
+    }
 
 
 def history_entry(summary: dict) -> list[int]:

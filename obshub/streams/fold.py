@@ -212,6 +212,7 @@ class Fold:
         self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
         self.was_hung: set[str] = set()  # open step keys that hung at some point (kept after they resume)
+        self.hang_hosts: dict[str, list] = {}  # open step key -> the hosts its latest hang record named
         self.quiet_until: dict[str, int] = {}  # job -> last step whose evidence is dropped after a hang
         # job -> latest step closed here whose retransmits met the directed view's condition (derived, in
         # memory: a restarted worker judges each step on its own until one meets it again)
@@ -668,6 +669,9 @@ class Fold:
         if step <= self.quiet_until.get(job, -1):
             summary["evidence"]["hosts"] = {}
             summary["culprit"] = analysis.culprit(summary)
+        hung_hosts = self.hang_hosts.pop(sk, None)
+        if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")
+            summary["culprit"] = analysis.hang_culprit(hung_hosts)
         self.hung.pop(sk, None)
         self.was_hung.discard(sk)
         self._held.discard(sk)
@@ -780,6 +784,7 @@ class Fold:
             first = sk not in self.hung
             self.hung.setdefault(sk, now)
             self.was_hung.add(sk)
+            self.hang_hosts[sk] = found["hosts"]
             summary = self._interim_summary(st, js, accs, expected, "hang", now)
             summary.update(
                 straggler=None,
@@ -792,6 +797,8 @@ class Fold:
         for sk in [k for k in self.hung if self.steps.get(k) is None]:
             del self.hung[sk]
         self.was_hung.intersection_update(k for k, _ in self.open_steps())
+        for sk in [k for k in self.hang_hosts if k not in self.was_hung]:
+            del self.hang_hosts[sk]
         return out
 
     def running(self, partitions: set[int] | None = None) -> list[tuple[str, dict]]:
