@@ -874,6 +874,10 @@ def running_check(
 CULPRIT_LAYER = {"pytorch": "process"}
 """Culprit layer names that differ from the evidence layer's: lateness no lower layer explains is the
 rank's own process (stopped, frozen, or its own code slow), named ``process`` as the hang rules do."""
+CULPRIT_MIN_EVIDENCE = 2.0
+"""The least per-step evidence (spreads) that names a culprit: on recorded demo stalls the true culprit had
+4-7, while a blackout step whose retransmits fell outside it left only run-queue noise of 1.4-1.6 spreads
+on two hosts, which must not name one of them."""
 _SPECIFIC_FIRST = {layer: i for i, layer in enumerate(("network", "sched", "memory", "cuda", "nic", "pcie", "pytorch"))}
 
 
@@ -882,7 +886,7 @@ def culprit(summary: dict) -> dict | None:
     "Culprit of a step"): ``{host, layer, evidence, source, why}`` or None when nothing names one.
 
     1. ``source`` "evidence": the (host, layer) with the largest per-step evidence (``evidence.hosts``, in
-       spreads); on a tie a named layer (network, sched, memory, cuda, nic) wins over unexplained
+       spreads), at least ``CULPRIT_MIN_EVIDENCE``; on a tie a named layer (network, sched, memory, cuda, nic) wins over unexplained
        lateness (``pytorch``), then the host name; ``evidence`` is that value;
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0): a step without
        per-step evidence (the job's first steps, the steps right after a hang);
@@ -897,7 +901,7 @@ def culprit(summary: dict) -> dict | None:
     best: tuple | None = None
     for h, zs in ((summary.get("evidence") or {}).get("hosts") or {}).items():
         for layer, z in zs.items():
-            if z > 0:
+            if z >= CULPRIT_MIN_EVIDENCE:
                 key = (-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h)
                 if best is None or key < best[0]:
                     best = (key, h, layer, z)

@@ -194,7 +194,7 @@ def test_mem_pressure_reclaims_in_the_cgroup(training):
 @pytest.mark.parametrize("layer", ["net", "cpu", "process", "mem"])
 def test_sporadic_stall_stalls_single_steps_then_training_runs_normally(training, layer):
     # kind stall: one 800 ms stall every 3 s; each stalls the faulty rank's step far beyond its median
-    # (the rule's default is 4 x the median and 250 ms more), and the steps between are normal again
+    # (the rule's default is 3 x the median and 250 ms more), and the steps between are normal again
     c, t = training
     t.wait_steps(10)
     t_base = time.monotonic()
@@ -215,10 +215,10 @@ def test_sporadic_stall_stalls_single_steps_then_training_runs_normally(training
     slow = sorted((ms for ts, ms in t.steps[FAULTY] if ts >= t0), reverse=True)
     if layer == "mem":
         # measured: the tight limit slows the step x2-x4 of the median here (+100-200 ms), below the stall
-        # rules' threshold (x4 AND +250 ms): a brief memory stall of this size is not a "stalled step"
+        # rules' threshold (x3 AND +250 ms): a brief memory stall of this size is not a "stalled step"
         assert slow[0] >= 1.5 * median, (layer, median, slow[:6])
     else:
-        assert slow[0] >= max(4 * median, median + 250), (layer, median, slow[:6])
+        assert slow[0] >= max(3 * median, median + 250), (layer, median, slow[:6])
     # a sporadic stall: most steps in between run at the usual pace
     assert t.median_ms_since(t0) < 2 * median, (layer, median, slow)
     if layer == "mem":

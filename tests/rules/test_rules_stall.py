@@ -112,7 +112,7 @@ def test_every_sporadic_stall_is_named_at_once_and_the_third_escalates(layer, ho
         (4, 3.0, 2, 0.0),  # natural jitter: up to 3 ms on every segment of every host
         (6, 8.0, 4, 0.0),  # heavy jitter: 8 ms on a 20 ms forward
         (4, 2.0, 6, 60.0),  # occasional slow steps (x2 the median) are no stall
-        (3, 2.0, 9, 150.0),  # x3: still below stall_k = 4
+        (3, 2.0, 9, 150.0),  # x3, but only 150 ms longer: below the 250 ms floor
     ],
 )
 def test_clean_jobs_with_jitter_or_merely_slow_steps_fire_no_stall(hosts, jitter_ms, seed, slow_ms):
@@ -132,7 +132,7 @@ def test_clean_jobs_with_jitter_or_merely_slow_steps_fire_no_stall(hosts, jitter
     assert not [a for a in firing if a["rule"] in STALL_RULES], [(a["rule"], a["labels"]) for a in firing]
     if not slow:
         assert firing == [], [(a["rule"], a["labels"]) for a in firing]
-    assert max(s["stall_ratio"] for s in summaries.values() if s["baseline"]["n"] >= 10) < 4.0
+    assert max(s["stall_ratio"] for s in summaries.values() if s["baseline"]["n"] >= 10) < 3.5
 
 
 def test_culprit_prefers_evidence_then_the_straggler_and_names_nobody_without_either():
