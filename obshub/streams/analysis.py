@@ -943,7 +943,7 @@ def hang_culprit(hosts: list[dict]) -> dict | None:
         "layer": "network" if state == "unreachable" else "process",
         "evidence": 0.0,
         "source": "hang",
-        "why": f"the step hung on it ({state}, after {h.get('last_phase', '?')})"
+        "why": f"the step hung on it ({state}; {h.get('last_phase', '?')})"
         + (f"; {len(hosts) - 1} more rank(s) named" if len(hosts) > 1 else ""),
     }
 
