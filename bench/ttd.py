@@ -24,6 +24,11 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
     python -m bench.ttd --fault-hosts 0 --json h0.json   # the campaign in chunks of one host each ...
     python -m bench.ttd --combine h0.json h1.json h2.json h3.json     # ... printed as one campaign
     python -m bench.ttd --fault-hosts 2 --rounds 1 --keep runs/      # keep logs and step summaries
+    python -m bench.ttd --stall                  # sporadic stalls (issue #30): one run per host (node-01,
+                                        # node-03): 60 s clean, then 38 s of each layer (net, cpu, process,
+                                        # mem), an 800 ms stall every 12 s; every stall must be named,
+                                        # median <= 2 s, worst <= 5 s (~15 min)
+    python -m bench.ttd --stall cpu,process --fault-hosts 2   # some layers on one host
 """
 
 from __future__ import annotations
@@ -91,11 +96,20 @@ def wait_for_demo_lock(timeout_s: float = 900.0) -> float:
     return time.monotonic() - t0
 
 
-def run_sequence(kinds: tuple[str, ...], host: int, clean_s: float, out: Path, log: Path) -> dict:
+def run_sequence(
+    kinds: tuple[str, ...],
+    host: int,
+    clean_s: float,
+    out: Path,
+    log: Path,
+    fault_for_s: float = FAULT_FOR_S,
+    params: tuple[str, ...] = (),
+) -> dict:
     """One ``obshub demo --sequence`` run of ``kinds`` on host index ``host`` after ``clean_s`` of clean
-    training; returns its report. Raises RuntimeError when it writes no report."""
+    training, each fault ``fault_for_s`` long, ``params`` (``KEY=VALUE``) given as ``--param``; returns its
+    report. Raises RuntimeError when it writes no report."""
     seq = ",".join(f"{k}@{host}" for k in kinds)
-    duration = clean_s + len(kinds) * (FAULT_FOR_S + GAP_S + 10) + 5
+    duration = clean_s + len(kinds) * (fault_for_s + GAP_S + 10) + 5
     cmd = obshub_cmd(
         "demo",
         "--hosts",
@@ -105,7 +119,7 @@ def run_sequence(kinds: tuple[str, ...], host: int, clean_s: float, out: Path, l
         "--fault-at",
         str(clean_s),
         "--fault-for",
-        str(FAULT_FOR_S),
+        str(fault_for_s),
         "--gap",
         str(GAP_S),
         "--duration",
@@ -116,6 +130,7 @@ def run_sequence(kinds: tuple[str, ...], host: int, clean_s: float, out: Path, l
         str(out),
         "--lock-wait",
         "600",
+        *(x for kv in params for x in ("--param", kv)),
     )
     with log.open("w") as f:
         proc = subprocess.run(
@@ -428,6 +443,172 @@ def run(
     return result
 
 
+STALL_LAYERS = ("net", "cpu", "process", "mem")  # obshub demo --fault stall --param layer=...
+STALL_MS, STALL_PERIOD_S, STALL_FOR_S = 800, 12.0, 38.0  # 4 stalls per layer: at 0, 12, 24, 36 s
+STALL_CLEAN_S = 60.0
+TARGET_STALL_MEDIAN_S = 2.0
+
+
+def stall_table(episodes: list[dict], clean: dict, hosts, layers, stall_ms: int, period_s: float) -> tuple[dict, bool]:
+    """Print the per-layer table of the sporadic-stall campaign (stalls, named with the right host and
+    layer, wrong alerts, median and worst time to detection from each stall's start, in s) and the target
+    verdicts; ``episodes``: the demo's per-episode verdicts (``judge_stalls``) plus ``kind`` and ``host``.
+    Returns ``(per_layer, every target met)``."""
+    t = Table(
+        title=f"sporadic stalls: one {stall_ms} ms stall every {period_s:.0f} s, on "
+        f"{', '.join(f'node-{h:02d}' for h in hosts)} of a {HOSTS}-host cluster",
+        caption=common.describe_machine(),
+    )
+    for col in (
+        "layer",
+        "episodes",
+        "stalls",
+        "named (host+layer)",
+        "wrong alerts",
+        "median TTD (s)",
+        "worst TTD (s)",
+        "first rule",
+    ):
+        t.add_column(col)
+    per = {}
+    for layer in layers:
+        rows = [e for e in episodes if e["kind"] == f"stall:{layer}"]
+        stalls = [st for e in rows for st in e.get("stalls", [])]
+        ttds = sorted(st["ttd_s"] for st in stalls if st["ttd_s"] is not None)
+        rules = sorted({st["rule"] for st in stalls if st["rule"]})
+        per[layer] = {
+            "episodes": len(rows),
+            "stalls": len(stalls),
+            "named": len(ttds),
+            "wrong": sum(e["wrong_count"] for e in rows),
+            "median_s": statistics.median(ttds) if ttds else None,
+            "worst_s": ttds[-1] if ttds and len(ttds) == len(stalls) else None,
+            "rules": rules,
+            "reasons": sorted({f"{e['host']}: {e['reason'][:100]}" for e in rows if not e["ok"]}),
+        }
+        v = per[layer]
+        t.add_row(
+            layer,
+            str(len(rows)),
+            str(len(stalls)),
+            f"{len(ttds)}/{len(stalls)}",
+            str(v["wrong"]),
+            f"{v['median_s']:.2f}" if v["median_s"] is not None else "-",
+            f"{v['worst_s']:.2f}" if v["worst_s"] is not None else ("-" if not ttds else f">{ttds[-1]:.2f} (missed)"),
+            ", ".join(rules),
+        )
+    common.console.print(t)
+    for layer, v in per.items():
+        for r in v["reasons"]:
+            common.console.print(f"  stall:{layer} {r}")
+    common.console.print(
+        f"clean training: {clean['seconds'] / 60:.1f} min, {len(clean['alerts'])} alert(s)"
+        + (": " + ", ".join(clean["alerts"]) if clean["alerts"] else "")
+    )
+    named = all(v["stalls"] and v["named"] == v["stalls"] for v in per.values())
+    no_wrong = all(v["wrong"] == 0 for v in per.values())
+    fast = all(v["median_s"] is not None and v["median_s"] <= TARGET_STALL_MEDIAN_S for v in per.values())
+    worst = all(v["worst_s"] is not None and v["worst_s"] <= TARGET_WORST_S for v in per.values())
+    common.verdict(
+        "every stall named with the right host and layer",
+        named,
+        ", ".join(f"{k} {v['named']}/{v['stalls']}" for k, v in per.items()),
+    )
+    common.verdict("no wrong alert", no_wrong, ", ".join(f"{k} {v['wrong']}" for k, v in per.items()))
+    common.verdict("no alert on clean training", not clean["alerts"], f"{len(clean['alerts'])}")
+    common.verdict(
+        f"median time to detection <= {TARGET_STALL_MEDIAN_S:.0f} s for every layer",
+        fast,
+        ", ".join(f"{k} {v['median_s']:.2f} s" if v["median_s"] is not None else f"{k} -" for k, v in per.items()),
+    )
+    common.verdict(
+        f"worst time to detection <= {TARGET_WORST_S:.0f} s for every layer",
+        worst,
+        ", ".join(f"{k} {v['worst_s']:.2f} s" if v["worst_s"] is not None else f"{k} missed" for k, v in per.items()),
+    )
+    return per, named and no_wrong and fast and worst and not clean["alerts"]
+
+
+def run_stall(
+    fault_hosts: tuple[int, ...] = (1, 3),
+    layers: tuple[str, ...] = STALL_LAYERS,
+    clean_s: float = STALL_CLEAN_S,
+    json_path: Path | None = None,
+    keep: Path | None = None,
+) -> dict:
+    """The sporadic-stall campaign: per fault host one ``obshub demo --sequence stall:net@H,stall:cpu@H,
+    ...`` run (``STALL_FOR_S`` per layer, one ``STALL_MS`` stall every ``STALL_PERIOD_S``) after
+    ``clean_s`` of clean training; every stall must be named (right host and layer) from its own start,
+    median <= 2 s, worst <= 5 s, nothing wrong, nothing on the clean training. Returns the results."""
+    common.console.rule(
+        f"[bold]5b. sporadic stalls[/bold]: {len(layers)} layers x {len(fault_hosts)} host(s), "
+        f"{STALL_MS} ms every {STALL_PERIOD_S:.0f} s"
+    )
+    if os.geteuid() != 0:
+        common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
+        return {"skipped": "not root"}
+    if any(not 0 <= h < HOSTS for h in fault_hosts):
+        raise ValueError(f"--fault-hosts {fault_hosts}: host indices are 0..{HOSTS - 1}")
+    episodes: list[dict] = []
+    clean = {"seconds": 0.0, "alerts": []}
+    t_start = time.monotonic()
+    with (
+        private_stack(common.console.print) as _settings,
+        tempfile.TemporaryDirectory(prefix="obshub-bench-ttd-stall-") as tmp,
+    ):
+        for h in fault_hosts:
+            wait_for_demo_lock()
+            t0 = time.monotonic()
+            log = Path(tmp) / f"h{h}.log"
+            rep = run_sequence(
+                tuple(f"stall:{layer}" for layer in layers),
+                h,
+                clean_s,
+                Path(tmp) / f"h{h}.json",
+                log,
+                fault_for_s=STALL_FOR_S,
+                params=(f"stall_ms={STALL_MS}", f"period_s={STALL_PERIOD_S:g}"),
+            )
+            if keep is not None:
+                common.console.print(
+                    f"[dim]  node-{h:02d}: evidence kept in {keep_run(rep, log, keep / f'stall-node-{h:02d}')}[/dim]"
+                )
+            secs, fired = clean_alerts(rep)
+            clean["seconds"] += secs
+            clean["alerts"] += fired
+            for ep in rep.get("episodes") or []:
+                episodes.append(
+                    {"kind": ep["kind"], "host": ep["host"], "evidence": ep.get("evidence"), **ep["verdict"]}
+                )
+            common.console.print(
+                f"[dim]  node-{h:02d}: {time.monotonic() - t0:.0f} s; "
+                + ", ".join(
+                    f"{ep['kind']} {ep['verdict'].get('named', 0)}/{len(ep['verdict'].get('stalls', []))}"
+                    for ep in rep.get("episodes") or []
+                )
+                + "[/dim]"
+            )
+    per, met = stall_table(episodes, clean, fault_hosts, layers, STALL_MS, STALL_PERIOD_S)
+    result = {
+        "stall": True,
+        "fault_hosts": list(fault_hosts),
+        "layers": list(layers),
+        "stall_ms": STALL_MS,
+        "period_s": STALL_PERIOD_S,
+        "per_layer_s": STALL_FOR_S,
+        "episodes": episodes,
+        "per_layer": per,
+        "clean": clean,
+        "target_met": met,
+        "wall_s": round(time.monotonic() - t_start),
+        "rev": common.git_rev(),
+    }
+    common.console.print(f"raw results: {common.save('ttd-stall', result)}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.ttd [--rounds N] [--fault-hosts I,J] [--clean-s S] [--quick]``."""
     p = argparse.ArgumentParser(
@@ -460,7 +641,26 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="run nothing: print the table and verdicts of several --json results as one campaign",
     )
+    p.add_argument(
+        "--stall",
+        nargs="?",
+        const=",".join(STALL_LAYERS),
+        default=None,
+        metavar="LAYERS",
+        help="run the sporadic-stall campaign instead (layers net,cpu,process,mem; --fault-hosts default 1,3, "
+        f"--clean-s default {STALL_CLEAN_S:.0f})",
+    )
     a = p.parse_args(argv)
+    if a.stall:
+        layers = tuple(x for x in a.stall.split(",") if x)
+        if any(x not in STALL_LAYERS for x in layers):
+            p.error(f"--stall {a.stall}: layers are {', '.join(STALL_LAYERS)}")
+        try:
+            fh = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else (1, 3)
+            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep)
+        except ValueError as exc:
+            p.error(str(exc))
+        return 0
     if a.combine:
         try:
             combine(a.combine)

@@ -681,6 +681,9 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "net_count_min of them on every busy connection in one direction); the worker then reads the job's network "
     'evidence in the directed view for its next steps too (docs/ANALYSIS.md "Network blame by connection")',
     "evidence": "{spread_ns, hosts: {host: {layer: z}}}: per-step evidence for the sequential rules",
+    "culprit": "null, or {host, layer, evidence, source, why}: the host and layer the step is charged to (the "
+    "single-step stall rules'): the largest per-step evidence (source 'evidence'; layer pytorch named 'process'), "
+    "else the straggler and its first blamed layer (source 'blame')",
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; state: frozen, "
     "stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in the step)",
@@ -753,6 +756,7 @@ _STEP_SHAPE: dict[str, str] = {
     "net_directed": "bool",
     "evidence": "map",
     "hang": "map?",
+    "culprit": "map?",
 }
 _NONNEG = {"closed_at_ns", "step_time_max_ns"}
 STEP_REQUIRED = ("job", "step")  # a summary without them belongs to no step

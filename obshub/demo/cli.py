@@ -29,6 +29,9 @@ Examples:
   obshub demo --matrix --json matrix.json      # every fault kind plus none, as a table
   obshub demo --sequence cpu@1,mem@2,hang@3,exit@0 --fault-for 12 --gap 12
                                                # several faults on one training, one verdict each
+  obshub demo --fault stall --param layer=cpu --param stall_ms=800 --param period_s=18 --duration 80
+                                               # sporadic: an 800 ms CPU burst on node-01 every 18 s;
+                                               # every stall must be named (layer: net, cpu, process, mem)
   obshub demo --cleanup                        # only remove what a crashed run left behind
 """
 
@@ -60,7 +63,7 @@ def _sigterm(*_):
     type=click.Choice(KINDS),
     default="net-loss",
     show_default=True,
-    help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem; process: hang (the host's ranks frozen), exit (the host's ranks killed); none)",
+    help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem; process: hang (the host's ranks frozen), exit (the host's ranks killed); stall: sporadic stalls of one layer, see --param; none)",
 )
 @click.option("--fault-host", type=int, default=1, show_default=True, help="host index that gets the fault")
 @click.option(
@@ -83,7 +86,8 @@ def _sigterm(*_):
     multiple=True,
     metavar="KEY=VALUE",
     help="fault size, a positive number: percent (net-loss, default 8); rate_mbit, burst_kb, latency_ms "
-    "(net-slow: 24, 32, 100); procs (cpu); room_mb, hog_anon_mb, file_mb (mem: 48, 24, 256)",
+    "(net-slow: 24, 32, 100); procs (cpu); room_mb, hog_anon_mb, file_mb (mem: 48, 24, 256); stall: layer "
+    "(net, cpu, process or mem; default net), stall_ms (800), period_s (18), procs (cpu), room_mb (mem: 64)",
 )
 @click.option("--hidden", type=int, default=None, help="ddp_train MLP width (default: its own)")
 @click.option(
@@ -105,7 +109,8 @@ def _sigterm(*_):
     "--sequence",
     default="",
     metavar="KIND@HOST,...",
-    help="several faults one after the other on one training (exit only last), e.g. cpu@1,hang@2",
+    help="several faults one after the other on one training (exit only last), e.g. cpu@1,hang@2; "
+    "stall:LAYER@HOST for sporadic stalls of one layer (net, cpu, process, mem)",
 )
 @click.option(
     "--fault-for",

@@ -15,6 +15,9 @@ mem        memory.limit_in_bytes of the host's memory cgroup set just above its 
 hang       the host's training processes frozen with the cgroup v2 freezer          process    cgroup.events
            (``cgroup.freeze`` of the host's v2 cgroup); removing the fault thaws them          frozen, pids
 exit       the host's training processes killed (SIGKILL): the rank is gone         process    pids killed
+stall      sporadic: every ``period_s`` one ``stall_ms`` stall of one layer (net:       per        stalls,
+           a blackout; cpu: a CPU burst; process: SIGSTOP of the rank; mem: a tight   ``layer``  stalled_s
+           memory limit with a reading hog), then normal training again (``Stall``)
 none       nothing                                                                 -          -
 =========  ======================================================================  =========  ===========
 
@@ -37,8 +40,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,14 +51,18 @@ from pathlib import Path
 from obshub.demo.cluster import SUBNET, Cluster, Host, cgroup_pids, sh
 from obshub.demo.errors import FaultError
 
-KINDS = ("none", "net-slow", "net-loss", "cpu", "mem", "hang", "exit")
+KINDS = ("none", "net-slow", "net-loss", "cpu", "mem", "hang", "exit", "stall")
 # the settings a fault reads from ``--param KEY=VALUE`` (each a positive number; defaults in its class)
 PARAMS = {
     "net-slow": ("rate_mbit", "burst_kb", "latency_ms"),
     "net-loss": ("percent",),
     "cpu": ("procs",),
     "mem": ("room_mb", "hog_anon_mb", "file_mb"),
+    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb"),
 }
+# a sporadic stall (kind ``stall``): its ``layer`` param (names as ``--param layer=...``) and the layer
+# obshub should name for it
+STALL_LAYERS = {"net": "network", "cpu": "sched", "process": "process", "mem": "memory"}
 LAYER_OF = {
     "net-slow": "network",
     "net-loss": "network",
@@ -62,7 +71,18 @@ LAYER_OF = {
     "hang": "process",
     "exit": "process",
     "none": None,
+    "stall": None,  # per its layer param: layer_of
 }
+
+
+def layer_of(kind: str, params: dict | None = None) -> str | None:
+    """The layer obshub should name for a fault of ``kind`` with ``params`` (a ``stall``'s follows its
+    ``layer`` param, default net: network)."""
+    if kind == "stall":
+        return STALL_LAYERS.get(str((params or {}).get("layer", "net")))
+    return LAYER_OF[kind]
+
+
 NFT_TABLE = "obshub_fault"
 MAX_HEADERS = 120  # bytes: the longest IPv4 header (60) + the longest TCP header (60); longer carries data
 PAGECACHE_DIR = Path("/var/tmp/obshub-demo")  # on disk: tmpfs pages cannot be reclaimed without swap
@@ -81,7 +101,7 @@ class Fault:
 
     @property
     def layer(self) -> str | None:
-        return LAYER_OF[self.kind]
+        return layer_of(self.kind, self.params)
 
     def prepare(self) -> None:
         """Work done before t0 that is not the fault itself (e.g. writing a file)."""
@@ -540,6 +560,189 @@ class Exit(Fault):
         return {"killed_pids": len(self._killed), "alive": sum(1 for p in self._killed if Path(f"/proc/{p}").exists())}
 
 
+# ---------------------------------------------------------------------------------------------------------
+# sporadic: one short stall every period
+# ---------------------------------------------------------------------------------------------------------
+def blackout_ruleset() -> str:
+    """The nft script of a network blackout of one host (``nft -f -`` inside its namespace): table
+    ``inet obshub_stall`` drops every TCP packet from and to the subnet, with a counter."""
+    net = SUBNET
+    return (
+        "table inet obshub_stall {\n"
+        "  chain input { type filter hook input priority 0; policy accept;\n"
+        f"    ip saddr {net} meta l4proto tcp counter drop\n  }}\n"
+        "  chain output { type filter hook output priority 0; policy accept;\n"
+        f"    ip daddr {net} meta l4proto tcp counter drop\n  }}\n}}\n"
+    )
+
+
+@dataclass
+class Stall(Fault):
+    """A sporadic stall: every ``period_s`` (default 18) one stall of ``stall_ms`` (default 800) in one
+    layer of the host, then the host runs normally again. params: ``layer`` (default net):
+
+    - ``net``: a blackout of the host's link: nftables table ``inet obshub_stall`` in its namespace drops
+      every TCP packet from and to the subnet (loaded at the stall's start, deleted at its end);
+    - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
+      cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
+      and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one;
+    - ``process``: the host's rank (every process of its v2 cgroup) stopped with SIGSTOP for the stall,
+      then continued (SIGCONT);
+    - ``mem``: memory pressure: during the stall the host's memory cgroup is limited to its anonymous
+      memory (memory.stat ``rss``) plus ``room_mb`` (default 64) of page cache, and a stopped hog (as
+      ``mem``'s) is continued, reading a file larger than the room: the training's own file pages are
+      reclaimed and fault back in; between stalls the hog is stopped and the limit lifted.
+
+    The first stall starts at ``inject``; ``starts_ns`` / ``ends_ns`` hold each stall's CLOCK_REALTIME ns.
+    ``remove`` starts no new stall, lets the running one finish (it is never cut short) and undoes
+    everything."""
+
+    kind: str = "stall"
+
+    def __post_init__(self):
+        self.params = {"layer": "net", "stall_ms": 800, "period_s": 18, **self.params}
+        if self.params["layer"] not in STALL_LAYERS:
+            raise FaultError(
+                f"--param layer={self.params['layer']}: unknown stall layer",
+                f"use one of {', '.join(STALL_LAYERS)}",
+            )
+        if self.params["layer"] == "cpu":
+            self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
+        if self.params["layer"] == "mem":
+            self.params.setdefault("room_mb", 64)
+        self.starts_ns: list[int] = []
+        self.ends_ns: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._noise: _Noise | None = None
+        self._mem: MemPressure | None = None
+        self._stopped: list[int] = []
+        self._error = ""
+
+    def prepare(self) -> None:
+        if self.params["layer"] == "mem":
+            self._mem = MemPressure(self.cluster, self.host, {"file_mb": 256, "hog_anon_mb": 24})
+            self._mem.prepare()
+
+    def _signal(self, pids, sig) -> list[int]:
+        done = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                done.append(pid)
+            except ProcessLookupError:
+                continue
+        return done
+
+    def _on(self) -> None:
+        layer = self.params["layer"]
+        if layer == "net":
+            proc = subprocess.run(
+                ["ip", "netns", "exec", self.host.netns, "nft", "-f", "-"],
+                input=blackout_ruleset(),
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode:
+                raise FaultError(f"Failed to load nftables table obshub_stall in {self.host.netns}: {proc.stderr}")
+        elif layer == "cpu" and self._noise:
+            self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
+        elif layer == "process":
+            self._stopped = self._signal(sorted(cgroup_pids(self.host.cgroup("unified"))), signal.SIGSTOP)
+        elif layer == "mem" and self._mem and self._mem._noise:
+            cg = self._mem.cg
+            st = memory_stat(cg)
+            # the cgroup's anonymous memory plus room_mb of page cache: the training's own file pages
+            # (its libraries' code and data) are reclaimed and fault back in while the stall lasts
+            limit = st.get("rss", 0) + (int(self.params["room_mb"]) << 20)
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
+            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
+
+    def _off(self) -> None:
+        layer = self.params["layer"]
+        if layer == "net":
+            sh(["nft", "delete", "table", "inet", "obshub_stall"], netns=self.host.netns, check=False)
+        elif layer == "cpu" and self._noise:
+            self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
+        elif layer == "process":
+            self._signal(self._stopped, signal.SIGCONT)
+            self._stopped = []
+        elif layer == "mem" and self._mem and self._mem._noise:
+            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGSTOP)
+            try:
+                (self._mem.cg / "memory.limit_in_bytes").write_text("-1")
+            except OSError:
+                pass
+
+    def _loop(self) -> None:
+        stall_s, period_s = float(self.params["stall_ms"]) / 1e3, float(self.params["period_s"])
+        t_next = time.monotonic()
+        while not self._stop.wait(max(0.0, t_next - time.monotonic())):
+            self.starts_ns.append(time.time_ns())
+            try:
+                self._on()
+                time.sleep(stall_s)  # never cut short: a stall is judged whole
+            except (OSError, FaultError) as exc:
+                self._error = str(exc)
+            finally:
+                self._off()
+                self.ends_ns.append(time.time_ns())
+            t_next += period_s
+
+    def inject(self) -> None:
+        layer = self.params["layer"]
+        if layer == "cpu":
+            self._noise = _Noise(self.cluster, self.host, {"cpu": self.host.cgroup("cpu")})
+            self._noise.start([sys.executable, "-c", BUSY_LOOP], int(self.params["procs"]))
+            self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
+            for p in self._noise.procs:  # a burst that takes the CPUs: nice -20 (CFS weight 88761 vs 1024)
+                os.setpriority(os.PRIO_PROCESS, p.pid, -20)
+        elif layer == "mem" and self._mem:
+            self._mem._limit_before = "-1"
+            self._mem._base = self._mem._counters()
+            self._mem._noise = _Noise(self.cluster, self.host, {"memory": self._mem.cg})
+            self._mem._noise.start(
+                [sys.executable, "-c", MEM_HOG, str(self._mem.file), str(self._mem.params["hog_anon_mb"])]
+            )
+            time.sleep(0.5)  # its anonymous memory is touched before the first limit
+            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGSTOP)
+        elif layer == "process" and not cgroup_pids(self.host.cgroup("unified")):
+            raise FaultError(f"no process to stop in {self.host.cgroup('unified')}", "the rank is not running")
+        self._thread = threading.Thread(target=self._loop, name="stall", daemon=True)
+        self._thread.start()
+
+    def evidence(self) -> dict:
+        out = {
+            "stalls": len(self.starts_ns),
+            "stalled_s": round(sum(e - s for s, e in zip(self.starts_ns, self.ends_ns)) / 1e9, 2),
+        }
+        if self._error:
+            out["error"] = self._error
+        if self._mem and self._mem._noise:
+            st = self._mem._counters()
+            out.update({k: st[k] - self._mem._base.get(k, 0) for k in ("failcnt", "pgmajfault")})
+        return out
+
+    def remove(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(float(self.params["stall_ms"]) / 1e3 + 10)
+            self._thread = None
+        if self._noise:
+            self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
+            self._noise.stop()
+            self._noise = None
+        if self._stopped:
+            self._signal(self._stopped, signal.SIGCONT)
+            self._stopped = []
+        if self.params["layer"] == "net":
+            sh(["nft", "delete", "table", "inet", "obshub_stall"], netns=self.host.netns, check=False)
+        if self._mem:
+            if self._mem._noise:
+                self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
+            self._mem.remove()
+
+
 @dataclass
 class NoFault(Fault):
     """The clean run: injects nothing."""
@@ -555,6 +758,7 @@ _CLASSES = {
     "mem": MemPressure,
     "hang": Hang,
     "exit": Exit,
+    "stall": Stall,
 }
 
 

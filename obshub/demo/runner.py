@@ -40,8 +40,8 @@ from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
-from obshub.demo.faults import KINDS, LAYER_OF, PARAMS, make_fault
-from obshub.demo.verdict import AlertSeen, check_resolved, judge
+from obshub.demo.faults import KINDS, PARAMS, STALL_LAYERS, layer_of, make_fault
+from obshub.demo.verdict import AlertSeen, check_resolved, judge, judge_stalls
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
 
@@ -52,7 +52,8 @@ STEP_LINE = re.compile(r"^step (\d+) rank (\d+) time_ms ([\d.]+)")
 class DemoOptions:
     """One scenario. Times in seconds. ``steps`` None: ranks train until ``duration_s`` after warm-up.
     ``fault_params`` override the fault's sizes (see ``obshub.demo.faults``). ``sequence``: instead of
-    one fault, episodes ``[(kind, host index), ...]`` on one training: each injected for ``fault_for_s``,
+    one fault, episodes ``[(kind, host index), ...]`` (kind ``stall:LAYER``: a sporadic stall of that layer,
+    net, cpu, process or mem, with the ``stall`` params) on one training: each injected for ``fault_for_s``,
     then removed, then ``gap_s`` (and until no alert of the job fires) before the next; ``exit`` only
     last (the rank is gone). Each episode is judged on the alerts from its injection to the next one."""
 
@@ -87,6 +88,11 @@ class DemoOptions:
     def check(self) -> None:
         """Raise DemoError for inconsistent options."""
         for i, (kind, host) in enumerate(self.sequence):
+            base, _, sub = kind.partition(":")
+            if base == "stall" and sub and sub not in STALL_LAYERS:
+                raise DemoError(f"--sequence: unknown stall layer in {kind!r}", f"use stall:{'|'.join(STALL_LAYERS)}")
+            if base == "stall":
+                continue
             if kind not in KINDS or kind == "none":
                 raise DemoError(
                     f"--sequence: unknown fault {kind!r}", f"use {', '.join(k for k in KINDS if k != 'none')}"
@@ -99,6 +105,10 @@ class DemoOptions:
             raise DemoError(f"unknown fault {self.fault!r}", f"use one of {', '.join(KINDS)}")
         known = {k: kind for kind, keys in PARAMS.items() for k in keys}
         for key, value in self.fault_params.items():
+            if key == "layer":
+                if value not in STALL_LAYERS:
+                    raise DemoError(f"--param layer={value}: unknown stall layer", f"use {', '.join(STALL_LAYERS)}")
+                continue
             if key not in known:
                 raise DemoError(
                     f"--param {key}: no fault reads it",
@@ -265,7 +275,11 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         receiver = WebhookReceiver(out_dir / "webhook.jsonl").start()
         es.callback(receiver.stop)
         view.say(f"webhook receiver on 127.0.0.1:{receiver.port} -> {receiver.path}")
-        expected = (cluster.hosts[opts.fault_host].name, LAYER_OF[opts.fault]) if opts.fault != "none" else None
+        expected = (
+            (cluster.hosts[opts.fault_host].name, layer_of(opts.fault, opts.fault_params))
+            if opts.fault != "none"
+            else None
+        )
 
         def on_alert(a: AlertSeen) -> None:
             v = judge(t0["kind"], *(expected or (None, None)), t0["ns"], [a])
@@ -350,14 +364,15 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         done: list[dict] = []  # per episode: kind, host, t0_ns, removed_ns, evidence
         evidence: dict = {}
         for i, (kind, host_i, start_s, stop_s) in enumerate(episodes):
-            fault = make_fault(kind, cluster, host_i, opts.fault_params)
+            base, _, sub = kind.partition(":")  # stall:LAYER in a --sequence: a stall of that layer
+            fault = make_fault(base, cluster, host_i, {**opts.fault_params, **({"layer": sub} if sub else {})})
             fault.prepare()
             es.callback(fault.remove)
-            expected = (cluster.hosts[host_i].name, LAYER_OF[kind]) if kind != "none" else None
+            expected = (cluster.hosts[host_i].name, fault.layer) if kind != "none" else None
             ep = {
                 "kind": kind,
                 "host": expected[0] if expected else None,
-                "layer": LAYER_OF[kind],
+                "layer": fault.layer,
                 "t0_ns": None,
                 "removed_ns": None,
                 "evidence": {},
@@ -386,6 +401,9 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 view.set_evidence(evidence)
             fault.remove()
             ep["removed_ns"] = time.time_ns()
+            if base == "stall":
+                ep["stall_starts_ns"] = list(fault.starts_ns)
+                ep["evidence"] = evidence = fault.evidence()
             if len(episodes) > 1:
                 view.say(f"{kind} on {ep['host']} removed")
             done.append(ep)
@@ -403,7 +421,10 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         mine = [a for a in reader.alerts if a.received_ns < until]
         if ep is not done[0]:
             mine = [a for a in mine if a.received_ns >= (ep["t0_ns"] or 0)]
-        v = judge(ep["kind"], ep["host"], ep["layer"], ep["t0_ns"], mine)
+        if ep["kind"].partition(":")[0] == "stall":
+            v = judge_stalls(ep["host"], ep["layer"], ep.get("stall_starts_ns") or [], mine, until)
+        else:
+            v = judge(ep["kind"], ep["host"], ep["layer"], ep["t0_ns"], mine)
         if ep["kind"] == "hang":
             check_resolved(v, reader.records, ep["removed_ns"])
         ep["verdict"] = v.to_dict()

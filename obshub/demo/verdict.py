@@ -14,7 +14,11 @@ Rules of the verdict:
   each distinct alert (fingerprint) is counted once, with the reason;
 - ``ok`` only when a correct alert fired and nothing wrong did; for ``none`` only when nothing fired;
 - ``hang`` (the rank is frozen, then thawed): the correct alert must also resolve after the rank was
-  thawed (``check_resolved``): an alert that outlives the hang would page for a healthy job.
+  thawed (``check_resolved``): an alert that outlives the hang would page for a healthy job;
+- ``stall`` (sporadic: one short stall every period, ``judge_stalls``): **every** stall must be named:
+  stall i is named by the first correct alert received from its start to the next stall's start (the
+  last one: to the end of the run), its TTD from its own start; ``ok`` only when every stall was named
+  and nothing wrong fired; ``ttd_s`` is the median TTD over the stalls, ``worst_s`` the largest.
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class Verdict:
     ok: bool = False
     reason: str = ""
     resolved_s: float | None = None
+    stalls: list[dict] = field(default_factory=list)
+    named: int = 0
+    worst_s: float | None = None
 
     @property
     def wrong_count(self) -> int:
@@ -110,6 +117,64 @@ def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None, al
     else:
         v.ok = True
         v.reason = f"{host} / {layer} named {v.ttd_s} s after the fault; nothing wrong fired"
+    return v
+
+
+def judge_stalls(
+    host: str, layer: str, starts_ns: list[int], alerts: list[AlertSeen], until_ns: int | None = None
+) -> Verdict:
+    """Score ``alerts`` against sporadic stalls of ``host``/``layer`` that started at ``starts_ns``
+    (CLOCK_REALTIME ns, ascending; see the module docstring). ``until_ns``: the end of the last stall's
+    window (default: no end). ``stalls`` lists per stall ``{t0_ns, ttd_s, rule}`` (``ttd_s`` None: not
+    named); ``named`` counts the named ones."""
+    v = Verdict(fault="stall", host=host, layer=layer, t0_ns=starts_ns[0] if starts_ns else None)
+    bounds = list(starts_ns[1:]) + [until_ns if until_ns is not None else 2**63]
+    ordered = sorted(alerts, key=lambda a: a.received_ns)
+    for t0, end in zip(starts_ns, bounds):
+        hit = next(
+            (a for a in ordered if t0 <= a.received_ns < end and _wrong_because("stall", host, layer, t0, a) is None),
+            None,
+        )
+        v.stalls.append(
+            {
+                "t0_ns": t0,
+                "ttd_s": round((hit.received_ns - t0) / 1e9, 3) if hit else None,
+                "rule": hit.rule if hit else "",
+            }
+        )
+    seen_wrong: set[str] = set()
+    for a in ordered:
+        why = _wrong_because("stall", host, layer, v.t0_ns, a)
+        if why is None:
+            v.correct_count += 1
+            if v.first_correct is None:
+                v.first_correct, v.t1_ns = asdict(a), a.received_ns
+        elif (a.fingerprint or str(id(a))) not in seen_wrong:
+            seen_wrong.add(a.fingerprint or str(id(a)))
+            v.wrong.append({"alert": asdict(a), "why": why})
+    ttds = sorted(s["ttd_s"] for s in v.stalls if s["ttd_s"] is not None)
+    v.named = len(ttds)
+    if ttds:
+        v.ttd_s = (
+            ttds[len(ttds) // 2] if len(ttds) % 2 else round((ttds[len(ttds) // 2 - 1] + ttds[len(ttds) // 2]) / 2, 3)
+        )
+        v.worst_s = ttds[-1] if v.named == len(v.stalls) else None
+    if not starts_ns:
+        v.reason = "no stall was injected"
+    elif v.named < len(starts_ns):
+        v.reason = f"{v.named} of {len(starts_ns)} stalls named {host} in layer {layer}" + (
+            f"; {v.wrong_count} wrong alert(s)" if v.wrong else ""
+        )
+    elif v.wrong:
+        v.reason = (
+            f"every stall named (median {v.ttd_s} s, worst {v.worst_s} s), but {v.wrong_count} wrong alert(s) fired"
+        )
+    else:
+        v.ok = True
+        v.reason = (
+            f"{host} / {layer}: all {v.named} stalls named, median {v.ttd_s} s, worst {v.worst_s} s after each "
+            "stall's start; nothing wrong fired"
+        )
     return v
 
 

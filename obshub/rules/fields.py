@@ -70,6 +70,7 @@ NESTED_VARS: dict[str, set[str]] = {
     "baseline": {"median_ns", "p99_ns", "n", "spread_ns"},
     "evidence": {"spread_ns", "hosts", "max"},
     "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waited_ns", "after_ns"},
+    "culprit": {"host", "layer", "evidence", "source", "why"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }
 
@@ -102,6 +103,7 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "net_directed": False,
     "evidence": {"spread_ns": 0, "hosts": {}, "max": {}},
     "hang": None,
+    "culprit": None,
     "layers": {},
     "layer_stats": {},
     "layers_omitted": 0,

@@ -179,6 +179,15 @@ STEP_TYPES: dict[str, T] = {
         hosts=map_of(STRING, by_layer(DOUBLE, "a host's evidence (by layer)")),
         max=by_layer(DOUBLE, "the largest evidence of each layer over the hosts"),
     ),
+    "culprit": record(
+        "culprit",
+        nullable=True,
+        host=STRING,
+        layer=STRING,
+        evidence=DOUBLE,
+        source=enum("evidence", "blame", "hang"),
+        why=STRING,
+    ),
     "hang": record(
         "hang",
         nullable=True,

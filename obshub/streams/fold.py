@@ -219,6 +219,7 @@ class Fold:
         self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
         self.was_hung: set[str] = set()  # open step keys that hung at some point (kept after they resume)
+        self.hang_hosts: dict[str, list] = {}  # open step key -> the hosts its latest hang record named
         self.quiet_until: dict[str, int] = {}  # job -> last step whose evidence is dropped after a hang
         # job -> latest step closed here whose retransmits met the directed view's condition (derived, in
         # memory: a restarted worker judges each step on its own until one meets it again)
@@ -790,6 +791,10 @@ class Fold:
             self.quiet_until[job] = max(self.quiet_until.get(job, -1), step + self.th.hang_quiet_steps)
         if step <= self.quiet_until.get(job, -1):
             summary["evidence"]["hosts"] = {}
+            summary["culprit"] = analysis.culprit(summary)
+        hung_hosts = self.hang_hosts.pop(sk, None)
+        if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")
+            summary["culprit"] = analysis.hang_culprit(hung_hosts)
         self.hung.pop(sk, None)
         self.was_hung.discard(sk)
         self._held.discard(sk)
@@ -902,17 +907,21 @@ class Fold:
             first = sk not in self.hung
             self.hung.setdefault(sk, now)
             self.was_hung.add(sk)
+            self.hang_hosts[sk] = found["hosts"]
             summary = self._interim_summary(st, js, accs, expected, "hang", now)
             summary.update(
                 straggler=None,
                 blame=[],
                 hang=found,
                 evidence={"spread_ns": summary["evidence"]["spread_ns"], "hosts": {}},
+                culprit=None,
             )
             out.append((sk, summary, first))
         for sk in [k for k in self.hung if self.steps.get(k) is None]:
             del self.hung[sk]
         self.was_hung.intersection_update(k for k, _ in self.open_steps())
+        for sk in [k for k in self.hang_hosts if k not in self.was_hung]:
+            del self.hang_hosts[sk]
         return out
 
     def running(self, partitions: set[int] | None = None) -> list[tuple[str, dict]]:
@@ -970,5 +979,6 @@ class Fold:
                 evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
                 quality=dict.fromkeys(summary["quality"], 0),
             )
+            summary["culprit"] = analysis.culprit(summary)
             out.append((sk, summary))
         return out

@@ -189,3 +189,39 @@ def test_mem_pressure_reclaims_in_the_cgroup(training):
     limit = (c.hosts[FAULTY].cgroup("memory") / "memory.limit_in_bytes").read_text()
     assert int(limit) > 1 << 60  # the limit was lifted again
     t.wait_steps(3)
+
+
+@pytest.mark.parametrize("layer", ["net", "cpu", "process", "mem"])
+def test_sporadic_stall_stalls_single_steps_then_training_runs_normally(training, layer):
+    # kind stall: one 800 ms stall every 3 s; each stalls the faulty rank's step far beyond its median
+    # (the rule's default is 3 x the median and 250 ms more), and the steps between are normal again
+    c, t = training
+    t.wait_steps(10)
+    t_base = time.monotonic()
+    t.wait_steps(20)
+    median = t.median_ms_since(t_base)
+    f = make_fault("stall", c, FAULTY, {"layer": layer, "stall_ms": 800, "period_s": 3})
+    f.prepare()
+    t0 = time.monotonic()
+    f.inject()
+    try:
+        time.sleep(7.0)
+    finally:
+        f.remove()
+    ev = f.evidence()
+    assert ev["stalls"] == 3 and 2.3 <= ev["stalled_s"] <= 3.2 and not ev.get("error"), ev
+    assert [round((e - s) / 1e9, 1) >= 0.8 for s, e in zip(f.starts_ns, f.ends_ns)] == [True] * 3
+    t.wait_steps(5)
+    slow = sorted((ms for ts, ms in t.steps[FAULTY] if ts >= t0), reverse=True)
+    if layer == "mem":
+        # measured: the tight limit slows the step x2-x4 of the median here (+100-200 ms), below the stall
+        # rules' threshold (x3 AND +250 ms): a brief memory stall of this size is not a "stalled step"
+        assert slow[0] >= 1.5 * median, (layer, median, slow[:6])
+    else:
+        assert slow[0] >= max(3 * median, median + 250), (layer, median, slow[:6])
+    # a sporadic stall: most steps in between run at the usual pace
+    assert t.median_ms_since(t0) < 2 * median, (layer, median, slow)
+    if layer == "mem":
+        assert ev["failcnt"] > 0, ev
+    limit = (c.hosts[FAULTY].cgroup("memory") / "memory.limit_in_bytes").read_text()
+    assert int(limit) > 1 << 60  # no limit left behind

@@ -209,3 +209,53 @@ def test_fault_params_are_checked_before_the_cluster_is_built(params, why):
     DemoOptions(fault="net-loss", fault_params={"percent": 20, "rate_mbit": 50}).check()
     with pytest.raises(DemoError, match=re.escape(why)):
         DemoOptions(fault="net-loss", fault_params=params).check()
+
+
+def test_stall_verdict_needs_every_stall_named_each_from_its_own_start():
+    from obshub.demo.verdict import judge_stalls
+
+    starts = [T0, T0 + 18_000_000_000, T0 + 36_000_000_000]
+    named = [alert(layer="sched", at_s=s, rule="step_stall", fp=f"fp{s}") for s in (1.2, 19.0, 40.5)]
+    v = judge_stalls("node-01", "sched", starts, named, T0 + 60_000_000_000)
+    assert v.ok and v.named == 3 and [s["ttd_s"] for s in v.stalls] == [1.2, 1.0, 4.5]
+    assert v.ttd_s == 1.2 and v.worst_s == 4.5 and "all 3 stalls named" in v.reason
+    # the second stall goes unnamed: the third stall's alert cannot stand in for it
+    v = judge_stalls("node-01", "sched", starts, [named[0], named[2]], T0 + 60_000_000_000)
+    assert not v.ok and v.named == 2 and v.stalls[1]["ttd_s"] is None and v.worst_s is None
+    assert v.reason.startswith("2 of 3 stalls named node-01 in layer sched")
+    # a right alert plus one naming another host fails
+    v = judge_stalls("node-01", "sched", starts, [*named, alert(host="node-02", layer="sched", at_s=2.0)])
+    assert not v.ok and v.wrong_count == 1 and "wrong host" in v.wrong[0]["why"]
+    # an alert before the first stall is wrong
+    v = judge_stalls("node-01", "sched", starts, [*named, alert(layer="sched", at_s=-1.0, fp="early")])
+    assert not v.ok and "before the fault" in v.wrong[0]["why"]
+
+
+@pytest.mark.parametrize(
+    "params, why",
+    [
+        ({"layer": "disk"}, "--param layer=disk: unknown stall layer"),
+        ({"stall_ms": -5}, "--param stall_ms=-5: expected a positive number"),
+        ({"period_s": "x"}, "--param period_s=x: expected a positive number"),
+    ],
+)
+def test_stall_params_are_checked_before_the_cluster_is_built(params, why):
+    from obshub.demo.errors import DemoError
+    from obshub.demo.faults import layer_of
+    from obshub.demo.runner import DemoOptions
+
+    ok = {"layer": "process", "stall_ms": 500, "period_s": 10}
+    DemoOptions(fault="stall", fault_params=ok).check()
+    assert layer_of("stall", ok) == "process" and layer_of("stall", {}) == "network"
+    assert [layer_of("stall", {"layer": x}) for x in ("cpu", "mem")] == ["sched", "memory"]
+    with pytest.raises(DemoError, match=re.escape(why)):
+        DemoOptions(fault="stall", fault_params=params).check()
+
+
+def test_a_sequence_names_stalls_by_layer():
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    DemoOptions(fault="none", sequence=[("stall:net", 1), ("stall:process", 2), ("hang", 3)]).check()
+    with pytest.raises(DemoError, match=re.escape("--sequence: unknown stall layer in 'stall:disk'")):
+        DemoOptions(fault="none", sequence=[("stall:disk", 1)]).check()

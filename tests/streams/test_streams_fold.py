@@ -358,6 +358,16 @@ def test_the_steps_after_a_hang_carry_no_sequential_evidence():
         t += 110_000_000
     by_step = {s["step"]: s["evidence"]["hosts"] for s in pipe.summaries}
     assert [by_step[k] for k in (12, 13, 14, 15)] == [{}, {}, {}, {}]
+    # the hung step is charged to the frozen rank (the single-step stall rules' culprit), the quiet steps
+    # after it to their straggler's blamed layer
+    culprit = {s["step"]: s["culprit"] for s in pipe.summaries}
+    assert {k: culprit[12][k] for k in ("host", "layer", "source")} == {
+        "host": "d",
+        "layer": "process",
+        "source": "hang",
+    }
+    assert "frozen" in culprit[12]["why"]
+    assert (culprit[13]["host"], culprit[13]["layer"], culprit[13]["source"]) == ("d", "sched", "blame")
     assert by_step[16]["d"]["sched"] > 0 and by_step[17]["d"]["sched"] > 0
 
 

@@ -35,6 +35,7 @@ name is re-exported here, so ``analysis.summarize`` and the others keep their on
 
 from __future__ import annotations
 
+from obshub.streams.analysis.culprit import CULPRIT_LAYER, CULPRIT_MIN_EVIDENCE, culprit, hang_culprit
 from obshub.streams.analysis.evidence import EVIDENCE_LAYERS, TIME_EVIDENCE, baseline, evidence, history_entry
 from obshub.streams.analysis.network import (
     _net_z,
@@ -60,6 +61,10 @@ from obshub.streams.analysis.summary import _with_net, summarize
 from obshub.streams.analysis.thresholds import TIME_LAYERS, Thresholds
 
 __all__ = [
+    "CULPRIT_LAYER",
+    "CULPRIT_MIN_EVIDENCE",
+    "culprit",
+    "hang_culprit",
     "TIME_LAYERS",
     "Thresholds",
     "median_int",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from obshub.core import schema
 from obshub.streams import compact
+from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import baseline, evidence
 from obshub.streams.analysis.network import net_blame, net_stats
 from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table
@@ -79,6 +80,7 @@ def summarize(
         "evidence": evidence(accs, late, layers, bl, th, recent_directed, stats, wstats),
         "net_directed": bool(stats and stats[2]),
         "hang": None,
+        "culprit": None,
         "layers": layers,
         "baseline": bl,
         "stall": bool(bl["n"] >= th.baseline_min_n and tmax > bl["p99_ns"]),
@@ -90,6 +92,7 @@ def summarize(
             "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
         },
     }
+    out["culprit"] = culprit(out)
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
     return out
