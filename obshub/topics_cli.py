@@ -230,7 +230,15 @@ def topics_group():
     """Every topic obshub uses on the cluster's Kafka (the worker's own topics included): create, check."""
 
 
-@topics_group.command("check")
+@topics_group.command(
+    "check",
+    epilog="""\b
+Examples:
+  obshub topics check                       # one line per difference; exit 1 when there is any
+  obshub topics check --json | jq .         # the differences for scripts
+  obshub topics check --rules-scale-out prod   # also the state topic of `rules serve --scale-out --group-prefix prod`
+""",
+)
 @_opts
 @click.option("--json", "as_json", is_flag=True, help="print the differences as JSON lines")
 def check_command(app_id, streams_partitions, rules_prefix, as_json):
@@ -242,7 +250,14 @@ def check_command(app_id, streams_partitions, rules_prefix, as_json):
     sys.exit(1 if diffs else 0)
 
 
-@topics_group.command("create")
+@topics_group.command(
+    "create",
+    epilog="""\b
+Examples:
+  obshub topics create                      # make what is missing (never changes existing topics), then check
+  OBSHUB_BOOTSTRAP=kafka-0:9092 OBSHUB_KAFKA_REPLICATION_FACTOR=3 obshub topics create
+""",
+)
 @_opts
 @click.option("--json", "as_json", is_flag=True, help="print the differences left as JSON lines")
 def create_command(app_id, streams_partitions, rules_prefix, as_json):

@@ -430,7 +430,15 @@ def agent_command(
 # ---------------------------------------------------------------------------------------------------------
 # `obshub deep-dive`: ask a host's agent to attach its deep-dive probes for some steps
 # ---------------------------------------------------------------------------------------------------------
-@click.command("deep-dive", context_settings={"help_option_names": ["-h", "--help"]})
+_DEEP_DIVE_EPILOG = """\b
+Examples:
+  obshub deep-dive --host node-078                  # 20 steps of per-launch CUDA data from node-078's ranks
+  obshub deep-dive --host node-078 --steps 100 --max-s 60   # longer, but at most a minute
+  OBSHUB_BOOTSTRAP=kafka-0:9092 obshub deep-dive --host node-078   # the cluster's Kafka
+"""
+
+
+@click.command("deep-dive", epilog=_DEEP_DIVE_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", required=True, help="the agent's --host (the host the straggler analysis or a rule names)")
 @click.option("--steps", type=click.IntRange(1, 100_000), default=20, show_default=True, help="steps per rank")
 @click.option(
