@@ -719,8 +719,9 @@ class Stall(Fault):
         if self._error:
             out["error"] = self._error
         if self._mem and self._mem._noise:
-            st = self._mem._counters()
-            out.update({k: st[k] - self._mem._base.get(k, 0) for k in ("failcnt", "pgmajfault")})
+            out.update(self._mem_deltas())
+        elif getattr(self, "_mem_counters", None):
+            out.update(self._mem_counters)  # measured when the fault was removed
         return out
 
     def remove(self) -> None:
@@ -739,8 +740,13 @@ class Stall(Fault):
             sh(["nft", "delete", "table", "inet", "obshub_stall"], netns=self.host.netns, check=False)
         if self._mem:
             if self._mem._noise:
+                self._mem_counters = self._mem_deltas()  # evidence() after remove() still reports them
                 self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
             self._mem.remove()
+
+    def _mem_deltas(self) -> dict[str, int]:
+        st = self._mem._counters()
+        return {k: st[k] - self._mem._base.get(k, 0) for k in ("failcnt", "pgmajfault")}
 
 
 @dataclass

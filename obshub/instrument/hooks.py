@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -461,11 +462,24 @@ def _optimizer_post_hook(optimizer, args, kwargs) -> None:
     _tls.opt_depth = max(depth, 0)
     if depth == 0:
         with _lock:
-            if _ends_iteration_locked(id(optimizer)):
+            if _ends_iteration_locked(_optimizer_key(optimizer)):
                 _step_boundary_locked("data")
                 _rearm_at_step_boundary()
             else:
                 _phase_end_locked("optimizer")
+
+
+_opt_keys = itertools.count(1)
+
+
+def _optimizer_key(optimizer) -> int:
+    """A number that names ``optimizer`` for as long as the process runs: never reused, unlike ``id()``,
+    which a new optimizer may get from a freed one (a second training stage would then look like a
+    member of the old cycle)."""
+    key = optimizer.__dict__.get("_obshub_key")
+    if key is None:
+        key = optimizer.__dict__["_obshub_key"] = next(_opt_keys)
+    return key
 
 
 def _ends_iteration_locked(opt_id: int) -> bool:

@@ -232,6 +232,12 @@ class Agent:
             self._dd_request = None
             steps, max_s, asked = req
             if dd is None:
+                # count only the steps that end from now on: the STEP_ENDs already waiting in the ring
+                # (read late on a busy host) are taken first, so they cannot close the window early
+                poll = getattr(self.source, "poll_packed", None) or self.source.poll
+                waiting = poll(0)
+                if waiting:
+                    self._take(waiting)
                 attach_s = self.source.deep_dive_on()
                 dd = {"steps": steps, "asked": asked, "on_at": time.monotonic(), "attach_s": attach_s}
                 self._dd = dd
