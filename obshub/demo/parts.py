@@ -175,11 +175,13 @@ class PipelinePart:
     groups: tuple[str, ...]
 
 
-def pipeline(job: str, run_id: str, config: Path) -> list[PipelinePart]:
-    """The stream worker and the rule engine, in start order. Raises PartMissingError while a command
-    is missing from this checkout."""
+def pipeline(job: str, run_id: str, config: Path, packs: tuple[str, ...] = ()) -> list[PipelinePart]:
+    """The stream worker and the rule engine, in start order; the engine loads the builtin pack plus the
+    opt-in ``packs`` (names of obshub/rules/packs/*.yaml, e.g. ``stall``). Raises PartMissingError while a
+    command is missing from this checkout."""
     require()
     rules_prefix = f"obshub-rules-demo-{run_id}"
+    rule_args = [a for name in ("builtin", *packs) for a in ("-r", name)] if packs else []
     return [
         PipelinePart(
             "streams",
@@ -189,7 +191,7 @@ def pipeline(job: str, run_id: str, config: Path) -> list[PipelinePart]:
         ),
         PipelinePart(
             "rules",
-            [*OBSHUB, "rules", "serve", "-c", str(config), "--group-prefix", rules_prefix],
+            [*OBSHUB, "rules", "serve", *rule_args, "-c", str(config), "--group-prefix", rules_prefix],
             "rules",
             (f"{rules_prefix}-engine",),
         ),

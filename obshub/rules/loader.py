@@ -99,10 +99,20 @@ BUILTIN_DIR = Path(__file__).with_name("builtin")
 BUILTIN_NAME = "builtin"
 
 
+#: Opt-in packs installed with the package (obshub/rules/packs/NAME.yaml), named by NAME like ``builtin``.
+PACKS_DIR = Path(__file__).with_name("packs")
+
+
 def resolve_builtin(p: Path | str) -> Path:
-    """``p``, or :data:`BUILTIN_DIR` when ``p`` is the bare name ``builtin`` and no such path exists."""
+    """``p``, or :data:`BUILTIN_DIR` when ``p`` is the bare name ``builtin``, or the opt-in pack
+    ``packs/NAME.yaml`` when ``p`` is a bare ``NAME`` of one, and no such path exists."""
     p = Path(p)
-    return BUILTIN_DIR if str(p) == BUILTIN_NAME and not p.exists() else p
+    if p.exists() or p.parent != Path("."):
+        return p
+    if str(p) == BUILTIN_NAME:
+        return BUILTIN_DIR
+    pack = PACKS_DIR / f"{p}.yaml"
+    return pack if pack.is_file() else p
 
 
 def expand_paths(paths: list[Path | str]) -> list[Path]:

@@ -38,7 +38,7 @@ from obshub.rules import fields
 from obshub.rules.durations import parse_duration_ns
 from obshub.rules.engine import Engine
 from obshub.rules.errors import Problem, RuleTestError
-from obshub.rules.loader import BUILTIN_DIR, BUILTIN_NAME, _plain, load_ruleset
+from obshub.rules.loader import _plain, load_ruleset, resolve_builtin
 from obshub.rules.yamlfile import load_yaml, position, read_text, yaml11_surprises, yaml_type
 
 BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
@@ -183,7 +183,9 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
             raise _err(file, doc, ["rule_files", j], f"a rule file is a path, not {_what(p)}")
     # relative to the test file; the name `builtin` is the installed builtin pack (loader.resolve_builtin)
     rule_files = [
-        BUILTIN_DIR if p == BUILTIN_NAME and not (path.parent / p).exists() else (path.parent / p).resolve()
+        resolve_builtin(p)
+        if not (path.parent / p).exists() and resolve_builtin(p) != Path(p)
+        else (path.parent / p).resolve()
         for p in named or []
     ]
     if not rule_files:

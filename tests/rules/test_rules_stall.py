@@ -31,7 +31,10 @@ def run_pack(scn) -> tuple[list[dict], dict]:
         for ev in b.events:
             by_step.setdefault(ev.step, []).append(fields.event_record(b, ev))
     changes: list[dict] = []
-    engine = Engine(load_ruleset([REPO / "obshub" / "rules" / "builtin"]), changes.append)
+    engine = Engine(
+        load_ruleset([REPO / "obshub" / "rules" / "builtin", REPO / "obshub" / "rules" / "packs" / "stall.yaml"]),
+        changes.append,
+    )
     out = {}
     for (_job, step), summary in sorted(summaries.items(), key=lambda kv: kv[0][1]):
         evs = sorted(by_step.get(step, []), key=lambda r: r["time_ns"])
