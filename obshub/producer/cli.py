@@ -539,7 +539,10 @@ def probes_command(load, names, usdt_library, as_json, show_thresholds, log_form
             for p in selected_probes(options)
         ]
     if as_json:
-        click.echo(json.dumps([s.__dict__ for s in statuses], indent=2))
+        # `attached` only when the programs really were (--load); without it `available` says what would
+        loaded = bool(load or debug_ebpf)
+        rows = [{**s.__dict__, "attached": s.attached and loaded, "available": s.attached} for s in statuses]
+        click.echo(json.dumps(rows, indent=2))
         return
     table = Table("probe", "layer", "mechanism", "status", "reason")
     for s in statuses:

@@ -296,7 +296,7 @@ def tail_command():
 @click.option("--topic", default=schema.TOPIC_STEPS, show_default=True)
 @click.option("--job", default=None, help="only this job")
 @click.option("--from-beginning", is_flag=True, help="start at the oldest kept summary")
-@click.option("--count", type=int, default=0, help="exit after this many summaries (0 = follow)")
+@click.option("--count", type=click.IntRange(min=0), default=0, help="exit after this many summaries (0 = follow)")
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=click.FloatRange(min=0), default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
@@ -306,7 +306,8 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
 
     Exits 1 with one message when the broker cannot be reached within 10 s (or --timeout-s, if shorter)
     at start; a broker that goes away later is reported once and waited for. --timeout-s counts from the
-    start, the wait for the broker included. Ctrl-C ends it (exit 0)."""
+    start, the wait for the broker included; when it ends the wait before --count summaries arrived, the
+    exit code is 1 (a script can tell). Ctrl-C ends it (exit 0)."""
     import logging
     import signal
     import threading
@@ -402,3 +403,6 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
                 break
     finally:
         c.close()
+    if count and n < count and not stop.is_set():
+        err.print(f"only {n} of {count} summaries within --timeout-s {timeout_s:g}", markup=False, style="red")
+        sys.exit(1)

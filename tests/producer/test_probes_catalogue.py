@@ -261,7 +261,8 @@ def test_probes_cli_table_and_thresholds():
     assert res.exit_code == 0, res.output
     rows = {r["name"]: r for r in json.loads(res.output)}
     assert set(rows) == {p.name for p in cat.PROBES if p.layer.value in ("network", "pcie")}
-    assert all(r["attached"] == (r["reason"].startswith("available")) for r in rows.values())
+    assert all(r["available"] == (r["reason"].startswith("available")) for r in rows.values())
+    assert not any(r["attached"] for r in rows.values())  # nothing was loaded without --load
     res = runner.invoke(cli, ["probes", "--thresholds", "--json"])
     assert {r["name"]: r["default"] for r in json.loads(res.output)}["rdma_latency_ns"] == 20_000
     res = runner.invoke(cli, ["probes", "--probes", "nope"])  # main() prints it as error:/hint:

@@ -456,6 +456,11 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
         base + ["--count", "4"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     ).stdout.splitlines()
     assert len(text) == 4 and "straggler node1" in text[2] and "blame sched" in text[2] and "clean" in text[0]
+    # the wait ends before --count summaries arrived: exit 1, saying how many came
+    short = subprocess.run(
+        base[:-1] + ["4", "--count", "9"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
+    )
+    assert short.returncode == 1 and "only 4 of 9 summaries" in short.stderr, short.stderr
     # a tail joins no consumer group: nothing is left behind in `obshub status` after it
     from confluent_kafka.admin import AdminClient
 
