@@ -86,7 +86,7 @@ class KinetoFile:
         first_pass = not self._scanned and not self._array
         info = ijson.sendable_list()
         info_coro = ijson.items_coro(info, "distributedInfo", use_float=True) if first_pass else None
-        n, consumed = 0, 0
+        n, consumed, objs = 0, 0, 0  # objs: elements that are JSON objects (trace events are)
         head, tail = b"", [b"", b""]
         with open_bytes(self.path) as f:
             try:
@@ -106,11 +106,13 @@ class KinetoFile:
                     coro.send(chunk)
                     if out:
                         n += len(out)
+                        objs += sum(1 for e in out if isinstance(e, dict))
                         yield from out
                         del out[:]
                 coro.close()
                 if out:
                     n += len(out)
+                    objs += sum(1 for e in out if isinstance(e, dict))
                     yield from out
                     del out[:]
             except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
@@ -153,6 +155,11 @@ class KinetoFile:
                 )
             raise NotAKinetoTraceError(
                 f"{self.path} contains no trace events (no non-empty 'traceEvents' array)",
+                hint="pass the files torch.profiler wrote (tensorboard_trace_handler or export_chrome_trace)",
+            )
+        if objs == 0:  # an array of numbers or strings (a JSON file, not a trace): nothing to replay
+            raise NotAKinetoTraceError(
+                f"{self.path} contains no trace events ({n} element(s), none of them a JSON object)",
                 hint="pass the files torch.profiler wrote (tensorboard_trace_handler or export_chrome_trace)",
             )
         self._scanned = True

@@ -50,6 +50,8 @@ def test_truncated_gzip_stream_is_a_clear_error(tmp_path):
     [
         ('{"traceEvents": [{"ph": "X",, }]}', "not valid JSON"),
         ('{"foo": 1}', "contains no trace events"),
+        ("[1, 2, 3]", "contains no trace events .3 element.s., none of them a JSON object"),
+        ('{"traceEvents": ["a", "b"]}', "contains no trace events"),
         ('{"schema": "1.0.1", "pid": 7, "nodes": []}', "no Kineto trace"),
     ],
 )
