@@ -23,26 +23,6 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
 
-@pytest.fixture
-def probes(monkeypatch):
-    """Enable instrumentation (job "j", host id 2) with recording probes; yields the call log, a list of
-    ``(probe, *args)``. Disables and restores everything afterwards."""
-    from obshub.instrument import hooks as instrument
-
-    calls: list[tuple] = []
-    for name in usdt.PROBES:
-        monkeypatch.setattr(usdt, name, lambda *a, _n=name: calls.append((_n, *a)))
-    torch.set_num_threads(1)
-    instrument.enable(job="j", host_id=2)
-    try:
-        yield calls
-    finally:
-        instrument.disable()
-        # counters are process-wide: start the next test from a clean state
-        instrument._st.__init__()
-        instrument._tls.__dict__.clear()
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,27 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from obshub.instrument import usdt
-
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
-
-
-@pytest.fixture
-def probes(monkeypatch):
-    from obshub.instrument import hooks as instrument
-
-    calls: list[tuple] = []
-    for name in usdt.PROBES:
-        monkeypatch.setattr(usdt, name, lambda *a, _n=name: calls.append((_n, *a)))
-    torch.set_num_threads(1)
-    instrument.enable(job="j", host_id=2)
-    try:
-        yield calls
-    finally:
-        instrument.disable()
-        instrument._st.__init__()
-        instrument._tls.__dict__.clear()
 
 
 def _global_hooks() -> int:
