@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,12 @@ def test_worker_and_engine_through_broker_kill_leader_move_and_controller_loss(k
         if ctl > 0 and ctl not in cluster.procs:
             cluster.start(ctl, wait=False)  # the next test module gets three brokers again
     steps = sorted(s["step"] for s in got)
-    assert steps == list(range(scn.steps)), f"every step summarised once: {steps}"
+    # every step summarised; a step may be summarised a second time when a broker dies between the
+    # summary's write and the `closed` record's (the at-least-once window docs/STREAMS.md "Guarantees"
+    # names; consumers dedupe by (job, step)): seen once in three fresh-clone runs (issue #32, open)
+    assert sorted(set(steps)) == list(range(scn.steps)), f"every step summarised: {steps}"
+    repeated = {st: n for st, n in Counter(steps).items() if n > 1}
+    assert len(repeated) <= 2 and set(repeated.values()) <= {2}, f"a step summarised more than twice: {repeated}"
     named = [s["step"] for s in got if (s.get("straggler") or {}).get("host") == "node2"]
     assert set(range(10, 50)) <= set(named), sorted(set(range(10, 50)) - set(named))
     firing = [r for r in hook.requests if r["json"]["status"] == "firing"]
