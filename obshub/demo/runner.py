@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -236,6 +237,20 @@ def _wait(cond, timeout_s: float, what: str, check=None) -> None:
         time.sleep(0.2)
 
 
+def _stop_together(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """SIGTERM the process groups of ``procs`` at once, then SIGKILL whatever is left after ``grace_s``
+    (one deadline for all): the exit stack's own per-process stop then finds them gone."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+        deadline = time.monotonic() + wait_s
+        for p in alive:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.0, deadline - time.monotonic()))
+
+
 def _alive(proc: subprocess.Popen, name: str, log: Path) -> None:
     if proc.poll() is not None:
         tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
@@ -293,17 +308,14 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         penv = {**os.environ, **parts.alerting_config(receiver, out_dir / "alerting.yaml")}
         # sporadic stalls are named by the stall rules, off by default (obshub/rules/packs/stall.yaml)
         stalls = any(str(ep[0]).startswith("stall") for ep in opts.plan())
+        # Every part starts at once and the agents compile their probes meanwhile: the parts need only
+        # the broker, and the ranks start after all of them are ready (a third of a demo's run time when
+        # each waited for the one before).
+        started_parts = []
         for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml", ("stall",) if stalls else ()):
             log = out_dir / f"{part.name}.log"
             proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
-            _wait(
-                lambda part=part, proc=proc: parts.ready(settings, part, proc.pid),
-                opts.ready_timeout_s,
-                f"the {part.name} part",
-                check=lambda part=part, proc=proc, log=log: _alive(proc, part.name, log),
-            )
-            view.say(f"{part.name} ready (pid {proc.pid})")
-            watched.append((proc, part.name, log))
+            started_parts.append((part, proc, log))
 
         agents = {}
         agent_cg = cluster.aux_cgroups("agents")
@@ -317,6 +329,20 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             )
             view.say(f"agent {h.name} starting (pid {agents[h.name][0].pid}), compiling probes")
 
+        def agents_alive() -> None:
+            for n, (p, alog) in agents.items():
+                _alive(p, f"agent {n}", alog)
+
+        for part, proc, log in started_parts:
+            _wait(
+                lambda part=part, proc=proc: parts.ready(settings, part, proc.pid),
+                opts.ready_timeout_s,
+                f"the {part.name} part",
+                check=lambda part=part, proc=proc, log=log: (_alive(proc, part.name, log), agents_alive()),
+            )
+            view.say(f"{part.name} ready (pid {proc.pid})")
+            watched.append((proc, part.name, log))
+
         def agents_ready() -> bool:
             regs = {c["name"]: c for c in registry.components(settings) if c.get("running")}
             return all(regs.get(f"agent-{n}", {}).get("pid") == p.pid for n, (p, _) in agents.items())
@@ -325,7 +351,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             agents_ready,
             opts.ready_timeout_s,
             "the agents to attach their probes",
-            check=lambda: [_alive(p, f"agent {n}", log) for n, (p, log) in agents.items()],
+            check=agents_alive,
         )
         view.say("agents attached")
         watched += [(p, f"agent {n}", log) for n, (p, log) in agents.items()]
@@ -418,6 +444,9 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for proc, name, _log in watched:
             if name == "rules":
                 Cluster.stop(proc)
+        # then the ranks, then every other part at once (each alone waited up to its grace in turn)
+        _stop_together([r.proc for r in ranks])
+        _stop_together([proc for proc, _name, _log in watched])
     bounds = [ep["t0_ns"] or end_ns for ep in done[1:]] + [end_ns]
     for ep, until in zip(done, bounds):
         mine = [a for a in reader.alerts if a.received_ns < until]
