@@ -1,7 +1,7 @@
 """Everything the stream worker does with Faust's internals, in one file (the adapter).
 
 The worker uses Faust's public API (``faust.App``, agents, topics, tables, timers, codecs, ``Worker``)
-in obshub/streams/app.py and cli.py. Three things need Faust's internals, and live only here, so that a
+in obshub/streams/app.py and cli.py. Four things need Faust's internals, and live only here, so that a
 Faust upgrade or a replacement is one file to port:
 
 - :func:`as_current`: which message a table write belongs to. A table write goes to the changelog
