@@ -4,7 +4,8 @@ while partition leaders change, side by side with the same job on the undisturbe
 
 One synthetic job per phase (4 hosts, a step every 0.25 s) goes through one ``obshub streams worker``; the
 latency of a step is the time from the publication of its last batch to its summary on the steps topic
-(read by a consumer beside it). The fault comes at a third of the phase's steps:
+(read by a consumer beside it, which also counts steps not summarised and steps summarised twice). The
+fault comes at a third of the phase's steps:
 
 - ``baseline``: no fault;
 - ``clean shutdown``: SIGTERM of a broker that leads input partitions (a controlled shutdown moves its
@@ -45,12 +46,14 @@ PHASES = ("baseline", "clean shutdown", "preferred election", "broker SIGKILL", 
 
 
 class _Arrivals:
-    """A consumer thread on the steps topic: monotonic arrival time per (job, step)."""
+    """A consumer thread on the steps topic: monotonic arrival time per (job, step) (the first), and how
+    many summaries of each arrived (``n``: more than 1 is a step summarised twice)."""
 
     def __init__(self, bootstrap: str):
         from confluent_kafka import Consumer
 
         self.at: dict[tuple[str, int], float] = {}
+        self.n: dict[tuple[str, int], int] = {}
         self.stop = threading.Event()
         self.c = Consumer(
             {
@@ -74,6 +77,7 @@ class _Arrivals:
                 continue
             s = json.loads(m.value())
             self.at.setdefault((s["job"], s["step"]), time.monotonic())
+            self.n[(s["job"], s["step"])] = self.n.get((s["job"], s["step"]), 0) + 1
         self.c.close()
 
 
@@ -124,6 +128,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     lat: dict[str, common.Series] = {p: common.Series(p) for p in PHASES}
     commit: dict[str, list[float]] = {p: [] for p in PHASES}
     lost: dict[str, int] = {p: 0 for p in PHASES}
+    twice: dict[str, int] = {p: 0 for p in PHASES}
     try:
         t0 = time.monotonic()
         cluster.start_all(timeout_s=180)
@@ -207,6 +212,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
                 if phase in after:
                     after[phase]()
                     time.sleep(3)
+                twice[phase] += sum(arrivals.n.get((job, s), 0) > 1 for s in sent)  # late repeats: counted here
                 if phase == "baseline":
                     base_all = sorted(arrivals.at[(job, s)] - t for s, t in sent.items() if (job, s) in arrivals.at)
                     lat.setdefault("baseline median", common.Series("baseline median")).samples.append(
@@ -236,17 +242,19 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     from rich.table import Table
 
     t = Table(title="stall and commit hang per phase (medians over rounds)", caption=common.describe_machine())
-    for col in ("phase", "stall: max latency - baseline median (s)", "longest commit (s)", "steps not summarised"):
+    cols = ("phase", "stall: max latency - baseline median (s)", "longest commit (s)", "steps not summarised")
+    for col in (*cols, "steps summarised twice"):
         t.add_column(col)
     for p in PHASES:
         cm = sorted(commit[p])[len(commit[p]) // 2] if commit[p] else 0.0
-        t.add_row(p, f"{lat[p].median - base:.3f}", f"{cm:.3f}", str(lost[p]))
+        t.add_row(p, f"{lat[p].median - base:.3f}", f"{cm:.3f}", str(lost[p]), str(twice[p]))
     common.console.print(t)
     result = {
         "baseline_median_s": base,
         "max_latency_s": {p: lat[p].samples for p in PHASES},
         "commit_runtime_s": commit,
         "not_summarised": lost,
+        "summarised_twice": twice,
         "steps": steps,
         "rev": common.git_rev(),
     }

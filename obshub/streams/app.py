@@ -167,6 +167,7 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
     )
     app.sensors.add(faustkit.SendErrors(_send_error(metrics)))
     faustkit.lean_sensors(app)
+    faustkit.idempotent_producer(app)  # no duplicate from a produce retried after a broker loss (#32)
     return app
 
 

@@ -1,7 +1,7 @@
 """Everything the stream worker does with Faust's internals, in one file (the adapter).
 
 The worker uses Faust's public API (``faust.App``, agents, topics, tables, timers, codecs, ``Worker``)
-in obshub/streams/app.py and cli.py. Three things need Faust's internals, and live only here, so that a
+in obshub/streams/app.py and cli.py. Four things need Faust's internals, and live only here, so that a
 Faust upgrade or a replacement is one file to port:
 
 - :func:`as_current`: which message a table write belongs to. A table write goes to the changelog
@@ -13,6 +13,10 @@ Faust upgrade or a replacement is one file to port:
   become no-ops; the send hooks stay (``SendErrors`` reads them).
 - :class:`RecoveringTable`: a table whose changelog recovery (``Table.apply_changelog_batch``) skips
   records that do not decode instead of retrying them forever.
+- :func:`idempotent_producer`: the worker's one producer (summaries, internal topic, changelogs, DLQ)
+  with ``enable_idempotence``. Faust passes it to aiokafka only inside a transaction
+  (``Producer._settings_extra``); without it a produce request retried after a broker died before
+  answering is written twice (a step summarised twice, issue #32).
 
 ``SUPPORTED`` names the faust-streaming versions these were checked against; tests/streams/test_faustkit.py
 fails on another version, or when one of these internals changed shape, before any worker runs on it.
@@ -70,6 +74,23 @@ def lean_sensors(app: faust.App) -> None:
         setattr(app.sensors, name, _no_statistics)
 
 
+def idempotent_producer(app: faust.App) -> None:
+    """Make every producer ``app`` creates from now on an idempotent one (aiokafka
+    ``enable_idempotence=True`` with ``acks="all"``): the broker drops a retried batch it already
+    appended (producer id and per-partition sequence numbers), so a broker lost between the write of a
+    batch and its answer no longer duplicates the batch's records. Call before the worker starts (the
+    producer is created at start). The brokers must allow the producer id request (Kafka >= 0.11; with
+    ACLs on brokers before 2.8 the ``IdempotentWrite`` cluster permission)."""
+    transport = app.transport
+    base = transport.Producer
+
+    class IdempotentProducer(base):  # type: ignore[misc, valid-type]
+        def _settings_extra(self) -> Any:
+            return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+    transport.Producer = IdempotentProducer  # an instance attribute: this app's transport only
+
+
 class SendErrors(faust.Sensor):
     """Faust reports a failed produce only to sensors: ``on_error(exc)`` is called for each, so that no
     loss is silent (the worker logs it and counts it)."""
@@ -105,7 +126,8 @@ class RecoveringTable(faust.Table):
 
 def check_internals() -> list[str]:
     """What of the above no longer holds on the installed Faust (empty when all holds): the version range,
-    the current-event ContextVar, the statistics hooks, ``Table.apply_changelog_batch``."""
+    the current-event ContextVar, the statistics hooks, ``Table.apply_changelog_batch``, the aiokafka
+    driver's ``Transport.Producer._settings_extra`` and ``_new_producer``."""
     problems = []
     v = faust_version()
     if not SUPPORTED[0] <= v[:2] < SUPPORTED[1]:
@@ -117,4 +139,11 @@ def check_internals() -> list[str]:
         problems.append(f"SensorDelegate lacks {missing}")
     if not callable(getattr(faust.Table, "apply_changelog_batch", None)):
         problems.append("faust.Table.apply_changelog_batch is gone")
+    from faust.transport.drivers import aiokafka as driver
+
+    producer = getattr(driver.Transport, "Producer", None)
+    if not (
+        callable(getattr(producer, "_settings_extra", None)) and callable(getattr(producer, "_new_producer", None))
+    ):
+        problems.append("faust's aiokafka Transport.Producer lacks _settings_extra or _new_producer")
     return problems

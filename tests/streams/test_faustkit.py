@@ -74,3 +74,19 @@ def test_recovering_table_skips_what_the_predicate_marks(tmp_path):
     table.apply_changelog_batch([good, bad_key, bad_value])
     assert applied == [good]
     assert skipped == [("t", "key", "bad"), ("t", "value", "bad")]
+
+
+def test_idempotent_producer_asks_aiokafka_for_idempotence(tmp_path):
+    """The worker's producer (built, not started: no broker) is aiokafka's idempotent one with acks=all,
+    so a batch retried after a broker loss is not written twice; another app's producer is left as is."""
+    app = faust.App("faustkit-idem", broker="kafka://127.0.0.1:1", store="memory://", datadir=str(tmp_path / "a"))
+    other = faust.App("faustkit-plain", broker="kafka://127.0.0.1:1", store="memory://", datadir=str(tmp_path / "b"))
+    faustkit.idempotent_producer(app)
+
+    async def build(a):
+        return a.transport.create_producer(loop=asyncio.get_running_loop(), beacon=a.beacon)._new_producer()
+
+    idem, plain = asyncio.run(build(app)), asyncio.run(build(other))
+    assert idem._txn_manager is not None and idem._txn_manager.transactional_id is None
+    assert idem._sender._acks == -1
+    assert plain._txn_manager is None

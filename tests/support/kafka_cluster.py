@@ -22,4 +22,4 @@ def kafka_cluster(tmp_path_factory):
         cluster.start_all(timeout_s=180)
         yield cluster, load_settings(home=root / "home", bootstrap=cluster.bootstrap)
     finally:
-        cluster.stop()
+        cluster.stop(clean=False)  # a throwaway cluster: no controlled shutdown to wait for
