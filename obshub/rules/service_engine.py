@@ -1,25 +1,37 @@
-"""The engine loop of ``obshub rules serve --scale-out``: several engines in one consumer group split the
-jobs between them, and every alert change is published exactly once, also when an engine is killed.
+"""The engine loop of ``obshub rules serve``: one loop and one commit path, for one engine or several.
+
+Engines started with the same ``--group-prefix`` form the consumer group ``<prefix>-engine`` and split the
+jobs between them; one engine alone owns every job. (The snapshot-file loop of earlier versions, and the
+``--scale-out`` switch that chose between the two, are gone: measured side by side in
+docs/ARCHITECTURE.md, "One rule-engine loop".)
 
 Work is split by job. The steps topic is keyed by job (``obshub streams`` writes it so), so each of its
-partitions holds a fixed set of jobs; the consumer group ``<prefix>-engine`` hands each engine some of
-those partitions. An engine keeps one ``Engine`` (windows, alerts, correlation buffers) per partition it
-owns. Events are keyed by host, not by job: every engine reads every events partition (a consumer of its
-own, positioned from its state) and evaluates only the batches of jobs it owns, the job's partition
-being Kafka's default partitioner on the job name (``partition_for``: murmur2, as the stream workers'
-producer and the Java client place keys). Health records (the engine's own lag) are per process.
+partitions holds a fixed set of jobs; the consumer group hands each engine some of those partitions. An
+engine keeps one ``Engine`` (windows, alerts, correlation buffers) per partition it owns. Events are keyed
+by host, not by job: every engine reads every events partition (a consumer of its own, positioned from its
+state) and evaluates only the batches of jobs it owns, the job's partition being Kafka's default
+partitioner on the job name (``partition_for``: murmur2, as the stream workers' producer and the Java
+client place keys). Health records (the engine's own lag and idle time per input topic) are per process,
+evaluated by a process-wide engine whose changes are produced outside the transactions.
 
 Exactly once, per owned partition ``p`` (Kafka transactions, one transactional producer per partition,
 ``transactional.id = <prefix>-engine-<p>``, as Kafka Streams' first exactly-once mode does): the alert
-changes caused by the records of ``p``, the snapshot of ``p``'s engine (with the events offsets it has
-read) on the compacted topic ``<prefix>-state`` (partition ``p``, key ``p``), and the steps offset of
-``p`` are committed in one transaction, at least once a second and whenever a change is waiting. An
-engine taking ``p`` over first initialises the transactional producer of ``p``, which fences a killed or
-stalled previous owner and aborts its open transaction, then reads the last committed snapshot of ``p``
-and resumes from the committed offsets: what the previous owner had evaluated but not committed is
-evaluated again, and the changes it had produced but not committed were never visible to
-``read_committed`` readers (the notify loops). Delivery stays at-least-once: a change whose delivery was
-in flight when its notify loop died is delivered again (sinks deduplicate by key).
+changes caused by the records of ``p``, the dead letters of its unusable records, the snapshot of ``p``'s
+engine (with the events offsets it has read) on the compacted topic ``<prefix>-state`` (partition ``p``,
+key ``p``), and the steps offset of ``p`` are committed in one transaction, at least every
+``checkpoint_every_s`` and whenever a change is waiting. An engine taking ``p`` over (a restart after a
+crash, or another member of the group) first initialises the transactional producer of ``p``, which fences
+a killed or stalled previous owner and aborts its open transaction, then reads the last committed snapshot
+of ``p`` and resumes from the committed offsets: what the previous owner had evaluated but not committed
+is evaluated again, and the changes it had produced but not committed were never visible to
+``read_committed`` readers (the notify loops). A commit that times out while a broker is away is retried
+(the loop keeps consuming into the open transaction); one that needs an abort reloads ``p``'s last
+committed state. Delivery stays at-least-once: a change whose delivery was in flight when its notify loop
+died is delivered again (sinks deduplicate by key).
+
+Unusable input (``rules.intake``) and records whose evaluation raised go to ``obshub.dlq.v1`` with the
+reason in the DLQ headers, counted in ``obshub_rules_dlq_total{topic}``; consumer errors are logged and
+counted in ``obshub_rules_consumer_errors_total{topic}``.
 """
 
 from __future__ import annotations
@@ -41,23 +53,29 @@ from obshub.rules import fields, intake
 from obshub.rules.engine import Engine
 from obshub.rules.model import RuleSet
 from obshub.rules.service_common import (
+    ABORTS,
     ACTIVE,
     CHANGES,
+    COMMIT_RETRIES,
+    CONSUMER_ERRORS,
     DLQ,
     EVAL_ERRORS,
     RECORDS,
     SKIPPED,
+    consumer,
     consumer_lag,
+    flush,
     log,
     pin_start,
+    producer,
     wait_for_broker,
 )
-from obshub.rules.service_engine import MAX_FUTURE_S
 from obshub.rules.web import runbook_url
 
 if TYPE_CHECKING:
     from obshub.rules.service import RuleService
 
+MAX_FUTURE_S = 300  # a record time further ahead of this host's clock counts as 'now' (a wrong clock)
 STATE_MAX_BYTES = 64 * 1024 * 1024  # a 2,048-host job's windows are ~3 MB of msgpack before compression
 TRANSACTION_TIMEOUT_MS = 10_000  # how long a dead owner's open transaction can hold readers back
 
@@ -96,21 +114,23 @@ class _Part:
     """One owned steps partition: its engine, transactional producer and progress."""
 
     p: int
-    producer: Producer
+    producer: Producer  # None only for the in-memory engine of a loop not yet running (engine_for)
     engine: Engine
     outbox: list[dict]
     events: dict[int, int] = field(default_factory=dict)  # events partition -> next offset to read
     next_offset: int | None = None  # steps offset to commit
     dirty: bool = False
     in_txn: bool = False
+    committing: bool = False  # commit_transaction was called and must be retried before anything else
     last_commit: float = 0.0
 
 
 class _Engines:
-    """What the web pages and ``RuleService`` read as ``engine`` when several engines run in one
-    process: the alerts of all of them, and one external URL set on all."""
+    """What the web pages and ``RuleService`` read as ``engine``: the engines of one process (one per
+    owned partition and the health engine) as one: their alerts, one external URL set on all, records
+    evaluated where their job belongs."""
 
-    def __init__(self, loop: "PartitionedEngineLoop"):
+    def __init__(self, loop: "EngineLoop"):
         self.loop = loop
 
     def active(self) -> list:
@@ -136,8 +156,13 @@ class _Engines:
     def replace_rules(self, ruleset: RuleSet) -> None:
         self.loop.replace_rules(ruleset)
 
-    def process(self, signal: str, record: dict) -> None:  # only health records reach the process level
-        self.loop.health_engine.process(signal, record)
+    def process(self, signal: str, record: dict) -> None:
+        """Evaluate one record: a health record in the process-wide engine, any other in the engine of
+        its job's partition (``EngineLoop.engine_for``)."""
+        if signal == "health":
+            self.loop.health_engine.process(signal, record)
+        else:
+            self.loop.engine_for(record.get("job", "")).process(signal, record)
 
 
 def _split(ruleset: RuleSet) -> tuple[RuleSet, RuleSet]:
@@ -147,8 +172,10 @@ def _split(ruleset: RuleSet) -> tuple[RuleSet, RuleSet]:
     return RuleSet(job, ruleset.inhibit, ruleset.files), RuleSet(health, ruleset.inhibit, ruleset.files)
 
 
-class PartitionedEngineLoop:
-    """The scale-out engine loop of ``svc`` (module docstring). ``external_url`` prefixes generator URLs."""
+class EngineLoop:
+    """The engine loop of ``svc`` (module docstring). ``external_url`` prefixes generator URLs;
+    ``checkpoint_every_s``: each owned partition's transaction is committed at least this often while it
+    has new input (at once when an alert change waits)."""
 
     def __init__(self, svc: "RuleService", external_url: str, checkpoint_every_s: float = 1.0):
         self.svc, self.external_url, self.checkpoint_every_s = svc, external_url, checkpoint_every_s
@@ -156,7 +183,6 @@ class PartitionedEngineLoop:
         self.health_outbox: list[dict] = []
         self.health_engine = Engine(_split(svc.ruleset)[1], self.health_outbox.append, external_url=external_url)
         self.engine = _Engines(self)
-        self.outbox: list[dict] = []  # (RuleService.outbox: changes of the health engine not yet published)
         self.state_topic = f"{svc.group_prefix}-state"
         self.started = time.monotonic()
         self.last_seen: dict[str, float] = {}
@@ -169,8 +195,39 @@ class PartitionedEngineLoop:
         self._kinds: frozenset[int] | None = None
 
     # -- engines -------------------------------------------------------------------------------------------
+    @property
+    def outbox(self) -> list[dict]:
+        """Alert changes evaluated but not yet produced (health engine first, then per partition)."""
+        out = list(self.health_outbox)
+        for part in list(self.parts.values()):
+            out += part.outbox
+        return out
+
     def engines(self) -> list[Engine]:
+        """Every engine of this process: one per owned steps partition, then the health engine."""
         return [part.engine for part in list(self.parts.values())] + [self.health_engine]
+
+    def _new_engine(self, outbox: list[dict]) -> Engine:
+        return Engine(
+            _split(self.svc.ruleset)[0],
+            outbox.append,
+            external_url=self.external_url,
+            retention_ns=int(self.svc.settings.rules_job_retention_s * 1e9),
+        )
+
+    def engine_for(self, job: str) -> Engine:
+        """The engine that evaluates ``job``'s records: that of its steps partition. Before the loop has
+        joined its group (a service built but not run: reload checks, tests) every job is evaluated in
+        one in-memory engine, dropped when the loop starts. Raises KeyError when another engine of the
+        group owns the job."""
+        p = partition_for(job, self.n_steps) if self.n_steps else 0
+        part = self.parts.get(p)
+        if part is None:
+            if self._cons is not None:
+                raise KeyError(f"job {job!r} (partition {p} of {schema.TOPIC_STEPS}) is owned by another engine")
+            outbox: list[dict] = []
+            part = self.parts[p] = _Part(p, None, self._new_engine(outbox), outbox)  # type: ignore[arg-type]
+        return part.engine
 
     def replace_rules(self, ruleset: RuleSet) -> None:
         job, health = _split(ruleset)
@@ -190,13 +247,11 @@ class PartitionedEngineLoop:
         return any(r.signal == "events" or (r.correlate and r.correlate.signal == "events") for r in rules)
 
     # -- kafka set-up --------------------------------------------------------------------------------------
-    def _bootstrap(self) -> str:
-        return self.svc.settings.bootstrap_servers
+    def _conn(self) -> kafka.KafkaConnection:
+        return kafka.connection(self.svc.settings)
 
     def _ensure_state_topic(self) -> None:
-        admin = AdminClient(
-            kafka.admin_config(kafka.KafkaConnection(bootstrap=self._bootstrap()), {"logger": NullLogger()})
-        )
+        admin = AdminClient(kafka.admin_config(self._conn(), {"logger": NullLogger()}))
         waited = 0.0
         while True:
             md = admin.list_topics(timeout=10)
@@ -241,19 +296,15 @@ class PartitionedEngineLoop:
                 raise
 
     def _producer(self, p: int) -> Producer:
-        prod = Producer(
-            kafka.producer_config(
-                kafka.KafkaConnection(bootstrap=self._bootstrap()),
-                {
-                    "transactional.id": f"{self.svc.group_prefix}-engine-{p}",
-                    "enable.idempotence": True,
-                    "linger.ms": 5,
-                    "compression.type": "lz4",
-                    "message.max.bytes": STATE_MAX_BYTES,
-                    "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                    **self.svc.watch.client_conf(),
-                },
-            )
+        prod = producer(
+            self.svc.settings,
+            self.svc.watch,
+            {
+                "transactional.id": f"{self.svc.group_prefix}-engine-{p}",
+                "compression.type": "lz4",
+                "message.max.bytes": STATE_MAX_BYTES,
+                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+            },
         )
         prod.init_transactions(60)  # fences the previous owner of p and aborts its open transaction
         return prod
@@ -262,7 +313,7 @@ class PartitionedEngineLoop:
         """The last committed snapshot of partition ``p`` (read_committed), or None."""
         c = Consumer(
             kafka.consumer_config(
-                kafka.KafkaConnection(bootstrap=self._bootstrap()),
+                self._conn(),
                 f"{self.svc.group_prefix}-state-{uuid.uuid4().hex}",
                 {
                     "enable.auto.commit": False,
@@ -298,17 +349,7 @@ class PartitionedEngineLoop:
     # -- rebalance -----------------------------------------------------------------------------------------
     def _open(self, p: int) -> None:
         outbox: list[dict] = []
-        part = _Part(
-            p,
-            self._producer(p),
-            Engine(
-                _split(self.svc.ruleset)[0],
-                outbox.append,
-                external_url=self.external_url,
-                retention_ns=int(self.svc.settings.rules_job_retention_s * 1e9),
-            ),
-            outbox,
-        )
+        part = _Part(p, self._producer(p), self._new_engine(outbox), outbox)
         state = self._load_state(p)
         if state:
             part.engine.restore(state["engine"])
@@ -343,15 +384,26 @@ class PartitionedEngineLoop:
                 continue
             try:
                 self._commit(part, cons, force=True)
-            except Exception as exc:  # the next owner resumes from the last committed transaction
+            except KafkaException as exc:  # the next owner resumes from the last committed transaction
                 log.warning("engine: final commit of partition %d failed: %s", part.p, exc)
             part.producer.flush(10)
             log.info("engine: gave up partition %d of %s", part.p, schema.TOPIC_STEPS)
         self._assign_events()
 
+    def _start_events_consumer(self) -> None:
+        """The events consumer: a group of its own (positions come from the engines' state, never from
+        group commits), assigned explicitly by ``_assign_events``."""
+        svc = self.svc
+        self._events = consumer(
+            svc.settings,
+            f"{svc.group_prefix}-engine-events-{uuid.uuid4().hex}",
+            "earliest" if svc.from_beginning else "latest",
+            svc.watch,
+        )
+
     def _start_events(self) -> None:
         """Start reading events (rules that read them were loaded): every owned partition from now."""
-        self._events = Consumer(self._events_config)
+        self._start_events_consumer()
         for part in self.parts.values():
             for q in range(self.n_events):
                 if q not in part.events:
@@ -381,40 +433,53 @@ class PartitionedEngineLoop:
             return
         if not force and not part.outbox and time.monotonic() - part.last_commit < self.checkpoint_every_s:
             return
+        if not force and part.committing and time.monotonic() - part.last_commit < 1.0:
+            return  # a commit that timed out (broker away) is retried once a second
         prod = part.producer
         t0 = time.monotonic()
         try:
-            self._begin(part)
-            for rec in part.outbox:
-                self._produce_change(prod, rec)
-            part.outbox.clear()
-            state = {
-                "v": 1,
-                "partition": part.p,
-                "engine": part.engine.snapshot(),
-                "events": {str(q): o for q, o in part.events.items()},
-            }
-            prod.produce(
-                self.state_topic,
-                key=str(part.p).encode(),
-                partition=part.p,
-                value=msgpack.packb(state, use_bin_type=True),
-            )
-            if part.next_offset is not None:
-                prod.send_offsets_to_transaction(
-                    [TopicPartition(schema.TOPIC_STEPS, part.p, part.next_offset)], cons.consumer_group_metadata(), 30
+            if not part.committing:
+                self._begin(part)
+                for rec in part.outbox:
+                    self._produce_change(prod, rec)
+                part.outbox.clear()
+                state = {
+                    "v": 1,
+                    "partition": part.p,
+                    "engine": part.engine.snapshot(),
+                    "events": {str(q): o for q, o in part.events.items()},
+                }
+                prod.produce(
+                    self.state_topic,
+                    key=str(part.p).encode(),
+                    partition=part.p,
+                    value=msgpack.packb(state, use_bin_type=True),
                 )
+                if part.next_offset is not None:
+                    prod.send_offsets_to_transaction(
+                        [TopicPartition(schema.TOPIC_STEPS, part.p, part.next_offset)],
+                        cons.consumer_group_metadata(),
+                        30,
+                    )
+                part.committing = True
             prod.commit_transaction(30)
         except KafkaException as exc:
             err = exc.args[0]
-            if err.txn_requires_abort():
-                prod.abort_transaction(30)
-                part.in_txn = False
+            if err.retriable():  # a timeout while a broker is away: the same commit is retried
+                part.last_commit = time.monotonic()
+                COMMIT_RETRIES.inc()
+                log.warning("engine: commit of partition %d not done yet, retried: %s", part.p, err)
+                return
+            if err.txn_requires_abort() or err.fatal():  # fatal: fenced, the producer is unusable
+                if err.txn_requires_abort():
+                    prod.abort_transaction(30)
+                part.in_txn = part.committing = False
+                ABORTS.inc()
                 log.warning("engine: transaction of partition %d aborted (%s); reloading its state", part.p, err)
                 self._reload(part, cons)
                 return
             raise
-        part.in_txn, part.dirty, part.last_commit = False, False, time.monotonic()
+        part.in_txn, part.committing, part.dirty, part.last_commit = False, False, False, time.monotonic()
         if part.last_commit - t0 > 1.0:
             log.warning(
                 "engine: the transaction of partition %d took %.1f s (evaluation waits meanwhile)",
@@ -512,7 +577,7 @@ class PartitionedEngineLoop:
                 continue
             try:
                 consumer_lag(cons, lag)
-            except Exception as exc:  # health is best effort
+            except (KafkaException, RuntimeError) as exc:  # health is best effort (RuntimeError: closed)
                 log.debug("lag measurement failed: %s", exc)
         uptime = time.monotonic() - self.started
         topics = [schema.TOPIC_STEPS] + ([schema.TOPIC_EVENTS] if self._events is not None else [])
@@ -528,8 +593,16 @@ class PartitionedEngineLoop:
         for rec in self.health_outbox:
             self._produce_change(prod, rec)
         self.health_outbox.clear()
-        if prod.flush(30):
-            raise RuntimeError("health alert changes not acknowledged by Kafka within 30 s")
+        left = flush(prod, self.svc.stop, self.svc.watch)  # through an outage; bounded once stopping
+        if left:
+            log.error("stopping with %d health alert change(s) not acknowledged by Kafka", left)
+
+    def _consumer_error(self, m) -> None:
+        """A consumer error instead of a message: counted and logged (the client retries by itself)."""
+        if m.error().code() == KafkaError._PARTITION_EOF:
+            return
+        CONSUMER_ERRORS.labels(m.topic() or "-").inc()
+        log.warning("engine: consumer error on %s: %s", m.topic() or "-", m.error())
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run_engine(self) -> None:
@@ -537,49 +610,31 @@ class PartitionedEngineLoop:
         svc = self.svc
         if not wait_for_broker(svc.settings.bootstrap_servers, svc.stop, svc.watch):
             return  # stopped before the broker ever answered
+        self.parts.clear()  # records evaluated before the loop ran (engine_for) belong to no partition
         self._ensure_state_topic()
-        common = {
-            **kafka.KafkaConnection(bootstrap=self._bootstrap()).librdkafka_common(),
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "isolation.level": "read_committed",
-            **self.svc.watch.client_conf(),
-            "auto.offset.reset": "earliest" if svc.from_beginning else "latest",
-        }
-        self._events_config = {**common, "group.id": f"{svc.group_prefix}-engine-events-{uuid.uuid4().hex}"}
+        reset = "earliest" if svc.from_beginning else "latest"
         if self.reads_events():
-            self._events = Consumer(self._events_config)
-        cons = self._cons = Consumer(
-            {
-                **common,
-                "group.id": f"{svc.group_prefix}-engine",
-                "partition.assignment.strategy": "range",
-                "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 1000,
-            }
+            self._start_events_consumer()
+        cons = self._cons = consumer(
+            svc.settings, f"{svc.group_prefix}-engine", reset, svc.watch, {"partition.assignment.strategy": "range"}
         )
         cons.subscribe(
             [schema.TOPIC_STEPS], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
-        health = Producer(
-            kafka.producer_config(
-                kafka.KafkaConnection(bootstrap=self._bootstrap()),
-                {"enable.idempotence": True, "linger.ms": 5, **self.svc.watch.client_conf()},
-            )
-        )
+        health = producer(svc.settings, svc.watch)
         last_tick = last_health = 0.0
         try:
             while not svc.stop.is_set():
                 for m in cons.consume(num_messages=500, timeout=0.1):
                     if m.error():
-                        if m.error().code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", m.error())
+                        self._consumer_error(m)
                         continue
                     self.last_seen[m.topic()] = time.monotonic()
                     self._step_message(m)
                 if self._events is not None and self.parts:
                     for m in self._events.consume(num_messages=500, timeout=0.1):
                         if m.error():
+                            self._consumer_error(m)
                             continue
                         self.last_seen[m.topic()] = time.monotonic()
                         self._event_message(m)
@@ -606,7 +661,7 @@ class PartitionedEngineLoop:
             for part in list(self.parts.values()):
                 try:
                     self._commit(part, cons, force=True)
-                except Exception as exc:
+                except KafkaException as exc:  # the next owner resumes from the last committed transaction
                     log.warning("engine: final commit of partition %d failed: %s", part.p, exc)
             if self.health_outbox:
                 self._publish_health(health)
