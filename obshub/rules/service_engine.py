@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 MAX_FUTURE_S = 300  # a record time further ahead of this host's clock counts as 'now' (a wrong clock)
 STATE_MAX_BYTES = 64 * 1024 * 1024  # a 2,048-host job's windows are ~3 MB of msgpack before compression
 TRANSACTION_TIMEOUT_MS = 10_000  # how long a dead owner's open transaction can hold readers back
+COMMIT_WAIT_S = 2.0  # one wait for a transaction commit; a commit not done by then is retried (SIGTERM stays prompt)
 
 
 def murmur2(data: bytes) -> int:
@@ -122,6 +123,8 @@ class _Part:
     dirty: bool = False
     in_txn: bool = False
     committing: bool = False  # commit_transaction was called and must be retried before anything else
+    retries: int = 0  # commit attempts that timed out in a row (one warning per streak)
+    dead: list = field(default_factory=list)  # (message, error) for the DLQ, produced in the next transaction
     last_commit: float = 0.0
 
 
@@ -191,6 +194,7 @@ class EngineLoop:
         self.n_events = 0
         self._cons: Consumer | None = None
         self._events: Consumer | None = None
+        self._reopen: set[int] = set()  # owned partitions whose engine could not be opened yet (broker away)
         self._kinds_of: object = None
         self._kinds: frozenset[int] | None = None
 
@@ -374,16 +378,21 @@ class EngineLoop:
             pin_start(cons, partitions, self.svc.settings, self.svc.from_beginning)
         for tp in partitions:
             if tp.topic == schema.TOPIC_STEPS and tp.partition not in self.parts:
-                self._open(tp.partition)
+                try:
+                    self._open(tp.partition)
+                except KafkaException as exc:  # a broker away: its records wait (skipped, then read again)
+                    self._reopen_later(tp.partition, exc)
         self._assign_events()
 
     def _on_revoke(self, cons: Consumer, partitions) -> None:
         for tp in partitions:
+            if tp.topic == schema.TOPIC_STEPS:
+                self._reopen.discard(tp.partition)
             part = self.parts.pop(tp.partition, None) if tp.topic == schema.TOPIC_STEPS else None
             if part is None:
                 continue
             try:
-                self._commit(part, cons, force=True)
+                self._commit(part, cons, force=True, reopen=False)
             except KafkaException as exc:  # the next owner resumes from the last committed transaction
                 log.warning("engine: final commit of partition %d failed: %s", part.p, exc)
             part.producer.flush(10)
@@ -427,9 +436,11 @@ class EngineLoop:
             part.producer.begin_transaction()
             part.in_txn = True
 
-    def _commit(self, part: _Part, cons: Consumer, force: bool = False) -> None:
-        """Commit ``part``'s alert changes, snapshot and steps offset in one transaction."""
-        if not (part.outbox or part.dirty or part.in_txn):
+    def _commit(self, part: _Part, cons: Consumer, force: bool = False, reopen: bool = True) -> None:
+        """Commit ``part``'s alert changes, dead letters, snapshot and steps offset in one transaction.
+        A commit that timed out is retried by the next call; a transaction that cannot complete is
+        aborted and, with ``reopen``, the partition goes back to its last committed state and offsets."""
+        if not (part.outbox or part.dead or part.dirty or part.in_txn):
             return
         if not force and not part.outbox and time.monotonic() - part.last_commit < self.checkpoint_every_s:
             return
@@ -440,6 +451,9 @@ class EngineLoop:
         try:
             if not part.committing:
                 self._begin(part)
+                for msg, exc in part.dead:
+                    intake.dead_letter(prod, msg, exc, f"{self.svc.group_prefix}-engine")
+                part.dead.clear()
                 for rec in part.outbox:
                     self._produce_change(prod, rec)
                 part.outbox.clear()
@@ -459,27 +473,39 @@ class EngineLoop:
                     prod.send_offsets_to_transaction(
                         [TopicPartition(schema.TOPIC_STEPS, part.p, part.next_offset)],
                         cons.consumer_group_metadata(),
-                        30,
+                        COMMIT_WAIT_S,
                     )
                 part.committing = True
-            prod.commit_transaction(30)
+            prod.commit_transaction(COMMIT_WAIT_S)
         except KafkaException as exc:
             err = exc.args[0]
             if err.retriable():  # a timeout while a broker is away: the same commit is retried
                 part.last_commit = time.monotonic()
                 COMMIT_RETRIES.inc()
-                log.warning("engine: commit of partition %d not done yet, retried: %s", part.p, err)
+                part.retries += 1
+                (log.warning if part.retries == 1 else log.debug)(
+                    "engine: commit of partition %d not done yet, retried every second: %s", part.p, err
+                )
                 return
-            if err.txn_requires_abort() or err.fatal():  # fatal: fenced, the producer is unusable
-                if err.txn_requires_abort():
-                    prod.abort_transaction(30)
-                part.in_txn = part.committing = False
-                ABORTS.inc()
-                log.warning("engine: transaction of partition %d aborted (%s); reloading its state", part.p, err)
-                self._reload(part, cons)
-                return
-            raise
+            # abortable (a produce failed, the coordinator timed the transaction out), fatal (fenced) or a
+            # producer in an erroneous state: this transaction cannot complete
+            try:
+                prod.abort_transaction(COMMIT_WAIT_S)
+            except KafkaException as abort_exc:  # fatal or a broker still away: init_transactions aborts it
+                log.debug("engine: abort of partition %d failed: %s", part.p, abort_exc)
+            part.in_txn = part.committing = False
+            ABORTS.inc()
+            log.warning(
+                "engine: transaction of partition %d aborted (%s); %s",
+                part.p,
+                err,
+                "reloading its last committed state" if reopen else "its next owner resumes from the last commit",
+            )
+            if reopen:
+                self._reload(part.p, cons)
+            return
         part.in_txn, part.committing, part.dirty, part.last_commit = False, False, False, time.monotonic()
+        part.retries = 0
         if part.last_commit - t0 > 1.0:
             log.warning(
                 "engine: the transaction of partition %d took %.1f s (evaluation waits meanwhile)",
@@ -487,15 +513,29 @@ class EngineLoop:
                 part.last_commit - t0,
             )
 
-    def _reload(self, part: _Part, cons: Consumer) -> None:
-        """After an aborted transaction: back to the last committed state and offsets of ``part``."""
-        self.parts.pop(part.p, None)
-        part.producer.flush(10)
-        self._open(part.p)
-        committed = cons.committed([TopicPartition(schema.TOPIC_STEPS, part.p)], timeout=10)[0]
-        if committed.offset >= 0:
-            cons.seek(committed)
+    def _reload(self, p: int, cons: Consumer) -> None:
+        """After an aborted transaction: back to the last committed state and offsets of partition ``p``
+        (a new transactional producer, which fences the old one). When the broker does not answer, ``p``
+        has no engine meanwhile (its records are read past and read again) and is retried every second."""
+        self.parts.pop(p, None)
+        try:
+            self._open(p)
+            committed = cons.committed([TopicPartition(schema.TOPIC_STEPS, p)], timeout=10)[0]
+            if committed.offset >= 0:
+                cons.seek(committed)
+        except KafkaException as exc:
+            self.parts.pop(p, None)
+            self._reopen_later(p, exc)
+            return
+        self._reopen.discard(p)
         self._assign_events()
+
+    def _reopen_later(self, p: int, exc: KafkaException) -> None:
+        if p not in self._reopen:
+            log.warning(
+                "engine: partition %d of %s not opened yet (%s); retried every second", p, schema.TOPIC_STEPS, exc
+            )
+        self._reopen.add(p)
 
     def _produce_change(self, prod: Producer, rec: dict) -> None:
         CHANGES.labels(rec["rule"], rec["status"]).inc()
@@ -510,9 +550,9 @@ class EngineLoop:
     def _dead_letter(self, part: _Part, msg, exc: Exception) -> None:
         self.decode_errors += 1
         DLQ.labels(msg.topic()).inc()
-        self._begin(part)
-        reason = intake.dead_letter(part.producer, msg, exc, f"{self.svc.group_prefix}-engine")
+        part.dead.append((msg, exc))  # produced with the next transaction (also when one is being committed)
         part.dirty = True
+        reason = str(exc) or type(exc).__name__
         log.warning(
             "%s[%d]@%d not usable, sent to %s: %s", msg.topic(), msg.partition(), msg.offset(), schema.TOPIC_DLQ, reason
         )
@@ -645,6 +685,8 @@ class EngineLoop:
                         e.tick(now)
                     ACTIVE.set(len(self.engine.active()))
                     EVAL_ERRORS.set(sum(e.eval_errors for e in self.engines()))
+                    for p in sorted(self._reopen):
+                        self._reload(p, cons)
                     if svc.maybe_reload() and self._events is None and self.reads_events():
                         self._start_events()
                     last_tick = mono
@@ -660,7 +702,7 @@ class EngineLoop:
         finally:
             for part in list(self.parts.values()):
                 try:
-                    self._commit(part, cons, force=True)
+                    self._commit(part, cons, force=True, reopen=False)
                 except KafkaException as exc:  # the next owner resumes from the last committed transaction
                     log.warning("engine: final commit of partition %d failed: %s", part.p, exc)
             if self.health_outbox:
