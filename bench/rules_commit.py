@@ -17,6 +17,9 @@ inputs (the modes alternate round by round):
 
     python -m bench.rules_commit                    # 20,000 summaries, 3 crash rounds per mode
     python -m bench.rules_commit --quick            # 2,000 summaries, 1 round
+
+The two loops of before issue #29 (docs/ARCHITECTURE.md "One rule-engine loop"), from a checkout of
+ad0dc0e: ``--mode "snapshot file=" --mode "transactions=--scale-out"``.
 """
 
 from __future__ import annotations
