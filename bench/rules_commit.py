@@ -35,7 +35,7 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from bench import common
 from bench.broker import REPO, obshub_cmd, private_stack, stop_group
@@ -107,7 +107,10 @@ def _wait_committed(
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            got = c.committed([TopicPartition(schema.TOPIC_STEPS, p) for p in ends], timeout=10)
+            try:
+                got = c.committed([TopicPartition(schema.TOPIC_STEPS, p) for p in ends], timeout=10)
+            except KafkaException:  # the group coordinator slow to answer on a loaded machine: ask again
+                continue
             if all(tp.offset >= ends[tp.partition] for tp in got):
                 return time.monotonic()
             if proc.poll() is not None:
