@@ -357,10 +357,12 @@ def _admin(settings: Settings):
 
 
 def _metadata_ok(settings: Settings) -> bool:
+    from confluent_kafka import KafkaException
+
     try:
         md = _admin(settings).list_topics(timeout=2)
         return bool(md.brokers)
-    except Exception:
+    except KafkaException:  # no broker answered within the timeout
         return False
 
 
@@ -368,6 +370,7 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
     """Create any topic of ``TOPICS`` that does not exist, with the settings' partition counts
     (``topic_specs``) and the configs of the one table (``topics.topic_config``: retention, cleanup policy,
     ``min.insync.replicas``); return the names created."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic
 
     admin = _admin(settings)
@@ -388,7 +391,7 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
             try:
                 fut.result()
                 created.append(name)
-            except Exception as exc:  # TOPIC_ALREADY_EXISTS from a concurrent `up` is fine
+            except KafkaException as exc:  # TOPIC_ALREADY_EXISTS from a concurrent `up` is fine
                 if "already exists" not in str(exc).lower():
                     raise StackError(f"Failed to create topic {name}: {exc}", "read the broker log") from exc
         progress("created topics " + ", ".join(created))
@@ -467,6 +470,8 @@ def status(settings: Settings) -> dict:
     if not port_in_use(settings.kafka_port) and not settings.bootstrap:
         out["broker"]["error"] = f"nothing listens on 127.0.0.1:{settings.kafka_port}"
         return out
+    from confluent_kafka import KafkaException
+
     from obshub.core.kafkacheck import KafkaConnectError, check
 
     conn = kafka.connection(settings)
@@ -484,7 +489,7 @@ def status(settings: Settings) -> dict:
     except KafkaConnectError as exc:
         out["broker"]["error"] = f"{exc}; {exc.hint}"
         return out
-    except Exception as exc:
+    except KafkaException as exc:
         out["broker"]["error"] = f"metadata request failed: {exc}"
         return out
     out["broker"]["up"] = bool(md.brokers)
@@ -498,7 +503,7 @@ def status(settings: Settings) -> dict:
 
 
 def _watermarks(settings: Settings, md) -> dict[tuple[str, int], tuple[int, int]]:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     c = Consumer(
         kafka.consumer_config(kafka.connection(settings), "obshub-status", {"enable.auto.commit": False}, quiet=True)
@@ -509,7 +514,7 @@ def _watermarks(settings: Settings, md) -> dict[tuple[str, int], tuple[int, int]
             for p in t.partitions:
                 try:
                     out[(name, p)] = c.get_watermark_offsets(TopicPartition(name, p), timeout=2)
-                except Exception:
+                except KafkaException:  # a partition without a leader now: left out of the status
                     continue
     finally:
         c.close()
@@ -517,12 +522,12 @@ def _watermarks(settings: Settings, md) -> dict[tuple[str, int], tuple[int, int]
 
 
 def _group_lag(admin, watermarks) -> list[dict]:
-    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 
     groups = []
     try:
         listed = admin.list_consumer_groups(request_timeout=5).result()
-    except Exception:
+    except KafkaException:  # the broker does not answer: no group rows
         return groups
     for g in sorted(listed.valid, key=lambda g: g.group_id):
         if g.group_id == "obshub-status":
@@ -535,7 +540,7 @@ def _group_lag(admin, watermarks) -> list[dict]:
                 lo_hi = watermarks.get((tp.topic, tp.partition))
                 if lo_hi and tp.offset >= 0:
                     lag += max(0, lo_hi[1] - tp.offset)
-        except Exception:
+        except KafkaException:  # offsets of this group unreadable now: shown as lag -1
             lag = -1
         state = getattr(g.state, "name", str(g.state))
         groups.append({"group": g.group_id, "state": state, "lag": lag})
@@ -651,6 +656,7 @@ class LocalCluster:
 
     def brokers(self) -> set[int]:
         """Node ids the cluster's metadata lists as brokers now (empty when none answers)."""
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         from obshub.core.log import NullLogger
@@ -658,7 +664,7 @@ class LocalCluster:
         try:
             admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": NullLogger()})
             return set(admin.list_topics(timeout=3).brokers)
-        except Exception:
+        except KafkaException:
             return set()
 
     def wait_brokers(self, nodes: set[int], timeout_s: float = 90.0) -> None:

@@ -110,7 +110,7 @@ class Agent:
         spool = Spool(config.spool.dir, config.spool.max_bytes, config.spool.segment_bytes)
         try:
             self.transport = Transport(config.kafka, spool)
-        except Exception:
+        except BaseException:  # the spool's files must not stay open behind a failed start; re-raised
             spool.close()
             raise
         self.kind_counts: Counter[int] = Counter()

@@ -24,7 +24,7 @@ Examples:
   obshub rules serve -r builtin -r team.yaml -c alerting.yaml   # the builtin pack, your rules and sinks
   obshub rules serve --metrics-port 9108            # also Prometheus metrics on :9108 (every interface)
   obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
-  obshub rules serve --scale-out --group-prefix prod   # one of several engines sharing the jobs (run N)
+  obshub rules serve --group-prefix prod   # run N of these: the engines of one prefix share the jobs
   kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
 The name `builtin` is the builtin pack installed with obshub (a file or folder of that name wins).
 """
@@ -132,8 +132,8 @@ def test_command(files):
 @click.option(
     "--scale-out",
     is_flag=True,
-    help="run as one of several engines of the group: jobs split between them, state kept in Kafka, "
-    "alert changes published exactly once (docs/RULES.md 'Scaling out')",
+    hidden=True,
+    help="accepted for compatibility: every engine scales out (engines of one --group-prefix share the jobs)",
 )
 @click.option(
     "--metrics-port",

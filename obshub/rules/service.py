@@ -3,8 +3,9 @@
 Two loops, each with its own consumer group, so evaluation and delivery fail and recover separately:
 
 * **engine** (main thread, ``rules.service_engine.EngineLoop``), group ``<prefix>-engine``: steps and
-  events in, ``Engine.process``, state changes out to ``obshub.alerts.v1``; engine state checkpointed to
-  ``engine.msgpack`` before the input offsets are committed.
+  events in, ``Engine.process``, state changes out to ``obshub.alerts.v1``; per owned steps partition, its
+  changes, engine snapshot (topic ``<prefix>-state``) and input offsets committed in one Kafka
+  transaction. Several engines with one prefix split the jobs; one alone owns them all.
 * **notify** (a thread, ``rules.service_notify.NotifyLoop``), group ``<prefix>-notify``: alert changes in,
   ``Dispatcher``, sinks; offsets committed only below what every sink has (at-least-once).
 
@@ -12,8 +13,8 @@ This module holds what both share: settings, the rule set and its hot reload (fi
 and on SIGHUP, validated first: a broken file keeps the old rules and logs every problem as
 file:line:col), and the process lifecycle (signals, registration with the local stack, metrics/web).
 
-State in ``<state_dir>/rules/``: ``engine.msgpack``, ``dispatch.json`` (written atomically), silences in
-``silences.json``.
+State: the engine's on the topic ``<prefix>-state``; the notify loop's in ``<state_dir>/rules/``:
+``dispatch.json`` (written atomically), silences in ``silences.json``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from obshub.core import kafka, registry
 from obshub.core.reach import BrokerWatch
 from obshub.core.settings import RULES, Settings
 from obshub.rules.dispatch import Dispatcher
-from obshub.rules.engine import Engine, freeze_heap
+from obshub.rules.engine import freeze_heap
 from obshub.rules.errors import RuleValidationError
 from obshub.rules.loader import BUILTIN_DIR, expand_paths, load_ruleset
 from obshub.rules.service_common import RELOADS, log, state_dir
@@ -45,10 +46,10 @@ class RuleService:
     """The engine and notify loops. ``rule_paths`` default to the builtin pack; ``from_beginning``
     makes a new consumer group start at the earliest offsets (default: latest for inputs).
     ``max_replay_age_s``: changes older than this, read by a new notify group, are not delivered.
-    ``checkpoint_every_s``: the engine state is saved, and the input offsets committed, at most this
-    often (a wide job's state takes milliseconds to encode; a restart evaluates at most this much again).
-    ``scale_out``: several services in one group split the jobs, state in Kafka, changes published
-    exactly once (``rules.service_partitioned``)."""
+    ``checkpoint_every_s``: each owned partition's engine state and input offsets are committed at least
+    this often while input arrives (a wide job's state takes milliseconds to encode). Services with one
+    ``group_prefix`` split the jobs (``rules.service_engine``); ``scale_out`` is accepted for
+    compatibility and changes nothing (every service scales out)."""
 
     # the loops' parts, for the web pages, the CLI and tests
     engine = property(lambda self: self.engine_loop.engine)
@@ -83,18 +84,7 @@ class RuleService:
         self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
         self._mtimes = self._rule_mtimes()
         external_url = (config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules"
-        if scale_out:
-            from obshub.rules.service_partitioned import PartitionedEngineLoop
-
-            self.engine_loop = PartitionedEngineLoop(self, external_url, checkpoint_every_s)
-        else:
-            engine = Engine(
-                self.ruleset,
-                lambda change: self.engine_loop.outbox.append(change),
-                external_url=external_url,
-                retention_ns=int(settings.rules_job_retention_s * 1e9),
-            )
-            self.engine_loop = EngineLoop(self, engine, checkpoint_every_s)
+        self.engine_loop = EngineLoop(self, external_url, checkpoint_every_s)
         self.notify_loop = NotifyLoop(
             self,
             lambda on_ack: Dispatcher(

@@ -1,4 +1,4 @@
-"""What the two loops of ``obshub rules serve`` share: the state folder and its atomic files, the Kafka
+"""What the engine and notify loops of ``obshub rules serve`` share: the state folder and its atomic files, the Kafka
 client settings (with the service's ``BrokerWatch``: one warning per broker outage, no raw client log
 lines), offset commits, flushes that wait out an outage, and the service's Prometheus metrics."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from prometheus_client import Counter, Gauge
 
@@ -34,6 +34,15 @@ DLQ = Counter("obshub_rules_dlq", "input messages sent to the DLQ (undecodable)"
 ACTIVE = Gauge("obshub_rules_active_alerts", "alerts pending or firing now")
 EVAL_ERRORS = Gauge("obshub_rules_eval_errors", "expression evaluations that failed (counted as no match)")
 RELOADS = Counter("obshub_rules_reloads", "rule reloads by outcome", ["outcome"])
+CONSUMER_ERRORS = Counter(
+    "obshub_rules_consumer_errors", "errors a rule-engine consumer returned instead of a message", ["topic"]
+)
+COMMIT_RETRIES = Counter(
+    "obshub_rules_commit_retries", "engine transaction commits that timed out (broker away) and were retried"
+)
+ABORTS = Counter(
+    "obshub_rules_transactions_aborted", "engine transactions aborted (the partition's last committed state reloaded)"
+)
 
 
 def state_dir(settings: Settings) -> Path:
@@ -122,16 +131,6 @@ def log_assign(
     return on_assign
 
 
-def commit(consumer: Consumer) -> None:
-    """Synchronous commit of the consumed positions; 'nothing to commit' is not an error, and a commit
-    that fails while the broker is away is retried with the next one (the input is then at-least-once)."""
-    try:
-        consumer.commit(asynchronous=False)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError._NO_OFFSET:
-            log.debug("commit failed, retried with the next one: %s", exc)
-
-
 def consumer_lag(cons: Consumer, into: dict[str, int] | None = None) -> dict[str, int]:
     """Messages not yet consumed by ``cons``, summed per topic over its assigned partitions: the high
     watermark its last fetch response carried (librdkafka's cached value) minus its position; a partition
@@ -153,11 +152,13 @@ def _client_log(watch: BrokerWatch | None) -> dict:
     return watch.client_conf() if watch is not None else {"logger": KAFKA_LOG}
 
 
-def producer(settings: Settings, watch: BrokerWatch | None = None) -> Producer:
-    """The idempotent producer of a loop (alert changes, dead letters)."""
+def producer(settings: Settings, watch: BrokerWatch | None = None, extra: dict | None = None) -> Producer:
+    """The idempotent producer of a loop (alert changes, dead letters); ``extra``: more librdkafka
+    settings (the engine's transactional producers)."""
     return Producer(
         kafka.producer_config(
-            kafka.connection(settings), {"enable.idempotence": True, "linger.ms": 5, **_client_log(watch)}
+            kafka.connection(settings),
+            {"enable.idempotence": True, "linger.ms": 5, **_client_log(watch), **(extra or {})},
         )
     )
 
@@ -194,8 +195,11 @@ def wait_for_broker(bootstrap: str, stop: threading.Event, watch: BrokerWatch) -
     return False
 
 
-def consumer(settings: Settings, group: str, reset: str, watch: BrokerWatch | None = None) -> Consumer:
-    """A consumer of group ``group`` that commits only explicitly; ``reset``: where a new group starts."""
+def consumer(
+    settings: Settings, group: str, reset: str, watch: BrokerWatch | None = None, extra: dict | None = None
+) -> Consumer:
+    """A consumer of group ``group`` that commits only explicitly and reads committed records only;
+    ``reset``: where a new group starts; ``extra``: more librdkafka settings."""
     return Consumer(
         kafka.consumer_config(
             kafka.connection(settings),
@@ -204,9 +208,11 @@ def consumer(settings: Settings, group: str, reset: str, watch: BrokerWatch | No
                 "enable.auto.commit": False,
                 "auto.offset.reset": reset,
                 "enable.partition.eof": False,
+                "isolation.level": "read_committed",
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 1000,
                 **_client_log(watch),
+                **(extra or {}),
             },
         )
     )

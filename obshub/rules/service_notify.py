@@ -18,7 +18,17 @@ from obshub.core import schema
 from obshub.core.settings import RULES
 from obshub.rules import intake
 from obshub.rules.dispatch import Dispatcher
-from obshub.rules.service_common import DLQ, atomic_write, consumer, flush, log, log_assign, producer, read_state
+from obshub.rules.service_common import (
+    CONSUMER_ERRORS,
+    DLQ,
+    atomic_write,
+    consumer,
+    flush,
+    log,
+    log_assign,
+    producer,
+    read_state,
+)
 
 if TYPE_CHECKING:
     from obshub.rules.service import RuleService
@@ -111,6 +121,8 @@ class NotifyLoop:
             while not svc.stop.is_set():
                 for m in cons.consume(num_messages=200, timeout=0.2):
                     if m.error():
+                        CONSUMER_ERRORS.labels(m.topic() or "-").inc()
+                        log.warning("notify: consumer error on %s: %s", m.topic() or "-", m.error())
                         continue
                     token = self.tracker.add(m.topic(), m.partition(), m.offset())
                     try:
@@ -145,7 +157,7 @@ class NotifyLoop:
             if offsets:
                 try:
                     cons.commit(offsets=offsets, asynchronous=False)
-                except Exception as exc:
+                except KafkaException as exc:
                     log.warning("final commit failed (changes will be re-delivered): %s", exc)
             atomic_write(svc.state / DISPATCH_FILE, self.dispatcher.snapshot())
             cons.close()

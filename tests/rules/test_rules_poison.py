@@ -133,12 +133,21 @@ rules:
     window: 10m
     annotations: {{summary: "valid step {{{{ step }}}} of {{{{ job }}}}"}}
 """)
+    # the console sink (the default) with no group wait: each valid alert is printed at once, not 10 s later
+    cfg = tmp / "alerting.yaml"
+    cfg.write_text("""\
+version: 1
+route: {group_by: [alertname, job], group_wait: 0s, group_interval: 1s, repeat_interval: 1h}
+sinks:
+  - {name: console, type: console}
+""")
     log = tmp / "serve.log"
     env = {**os.environ, "OBSHUB_HOME": str(tmp / "home"), "OBSHUB_KAFKA_PORT": str(kafka.kafka_port)}
 
     def start() -> subprocess.Popen:
         return subprocess.Popen(
-            [sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "--group-prefix", prefix],
+            [sys.executable, "-m", "obshub.cli", "rules", "serve", "-r", str(rules), "-c", str(cfg)]
+            + ["--group-prefix", prefix],
             cwd=REPO,
             env=env,
             stdout=open(log, "ab"),

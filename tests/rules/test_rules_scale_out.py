@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from obshub.core import schema
-from obshub.rules.service_partitioned import murmur2, partition_for
+from obshub.rules.service_engine import murmur2, partition_for
 from tests.conftest import consume_all
 from tests.rules.test_rules_sinks import HttpRecorder
 

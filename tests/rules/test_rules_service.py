@@ -103,7 +103,8 @@ def wait_for(cond, timeout: float, what: str, proc=None, log: Path | None = None
 
 
 def produce_step(kafka, job: str, step: int, lost: int) -> None:
-    p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    # murmur2: the partition of a job as the stream workers (the Java client's partitioner) place it
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "partitioner": "murmur2_random"})
     summary = {
         "v": 1,
         "job": job,
@@ -199,6 +200,67 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
         assert set(schema.DLQ_HEADERS) <= set(headers) and headers["obshub.source.topic"] == schema.TOPIC_STEPS
         assert "Expecting property name" in headers["obshub.reason"]
     finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        hook.close()
+
+
+def test_a_fenced_transaction_is_aborted_and_its_partition_reopened(kafka, unique, tmp_path):
+    """Another producer takes the transactional id of the partition a job is on (what a second engine
+    does when it takes the partition over) between two steps: the engine's next transaction fails, is
+    aborted, the partition is reopened from its last commit (window of two steps) and the third step
+    fires the alert once, the process still up."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from obshub.rules.service_engine import partition_for
+
+    job, prefix = f"fence-{unique}", f"fence-{unique}"
+    home = tmp_path / "home"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"""\
+version: 1
+rules:
+  - id: lost_three_times
+    description: batches lost in 3 steps (test rule, only for job {job})
+    severity: error
+    signal: steps
+    condition: job == '{job}' && quality.lost_batches > 0
+    group_by: {{job: job}}
+    window: 10m
+    threshold: {{aggregate: count, at_least: 3}}
+""")
+    hook = HttpRecorder()
+    log = tmp_path / "serve.log"
+    proc = start(kafka, tmp_path, home, rules, config_file(tmp_path), prefix, hook.url + "/hook")
+    group = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{prefix}-engine"})
+    n = len(group.list_topics(schema.TOPIC_STEPS, timeout=10).topics[schema.TOPIC_STEPS].partitions)
+    p = partition_for(job, n)
+    try:
+        wait_for(lambda: log.exists() and log.read_text().count("engine: took over") == n, 60, "the engine", proc, log)
+        produce_step(kafka, job, 1, lost=1)
+        produce_step(kafka, job, 2, lost=1)
+        end = group.get_watermark_offsets(TopicPartition(schema.TOPIC_STEPS, p), timeout=10)[1]
+        wait_for(
+            lambda: group.committed([TopicPartition(schema.TOPIC_STEPS, p)], timeout=10)[0].offset >= end,
+            30,
+            "steps 1 and 2 committed",
+            proc,
+            log,
+        )
+        fencer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"{prefix}-engine-{p}"})
+        fencer.init_transactions(30)
+        produce_step(kafka, job, 3, lost=1)
+        wait_for(lambda: f"transaction of partition {p} aborted" in log.read_text(), 30, "the abort", proc, log)
+        wait_for(lambda: any(mine for mine in my_changes(kafka, job)), 30, "the alert change", proc, log)
+        changes = my_changes(kafka, job)  # read_committed, as the notify loops read them
+        assert [(c["rule"], c["status"]) for c in changes] == [("lost_three_times", "firing")], changes
+        assert proc.poll() is None and "Traceback" not in log.read_text()
+    finally:
+        group.close()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
