@@ -11,6 +11,22 @@ CULPRIT_MIN_EVIDENCE = 2.0
 4-7, while a blackout step whose retransmits fell outside it left only run-queue noise of 1.4-1.6 spreads
 on two hosts, which must not name one of them."""
 _SPECIFIC_FIRST = {layer: i for i, layer in enumerate(("network", "sched", "memory", "cuda", "nic", "pcie", "pytorch"))}
+PERSIST_STEPS = 8
+"""How many of the job's previous closed steps ``persistent_culprit`` reads."""
+PERSIST_MIN = 2
+"""In how many of them the same host and layer must be a step's own culprit (``persistent_key``) for a
+persistent fault: a fault that slows every step names its host and layer on most of them from its first
+steps on, while a sporadic stall names one step (two when it spans a step boundary) and then the job's
+steps are fast again, which keeps nothing alive (``charge_persistent``)."""
+PERSIST_SLOW = 2.0
+"""A step charged to a persistent fault keeps it alive when it took at least this many times the job's
+baseline median step (``charge_persistent``)."""
+EXPLAIN_REL = 0.25
+"""The least part of what a stalled step lost over the job's median step that a straggler's excess (or a
+layer's excess, ``source`` "layers") must make up to be its culprit: a host late by 10 ms in a step that
+lost 800 ms is a bystander."""
+LAYER_CULPRIT = ("sched", "memory")
+"""Time layers a step with neither evidence nor a straggler may be charged to (``source`` "layers")."""
 
 
 def culprit(summary: dict) -> dict | None:
@@ -31,8 +47,15 @@ def culprit(summary: dict) -> dict | None:
     Reads only ``evidence``, ``straggler`` and ``blame`` of ``summary``, so a caller that changes those
     (the worker drops the evidence of the steps after a hang) recomputes it."""
     best: tuple | None = None
-    for h, zs in ((summary.get("evidence") or {}).get("hosts") or {}).items():
+    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
+    # loss or delay on a host's link makes its peers late too: a rank that waited for a retransmission
+    # toward or from the lossy host arrives late at the next collective, with no layer of its own to show
+    # for it. With network evidence in the step, lateness no lower layer explains names nobody.
+    net_seen = any(zs.get("network", 0.0) >= CULPRIT_MIN_EVIDENCE for zs in hosts_ev.values())
+    for h, zs in hosts_ev.items():
         for layer, z in zs.items():
+            if layer == "pytorch" and net_seen:
+                continue
             if z >= CULPRIT_MIN_EVIDENCE:
                 key = (-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h)
                 if best is None or key < best[0]:
@@ -45,7 +68,11 @@ def culprit(summary: dict) -> dict | None:
         if strag and strag.get("host") == h:
             why += f"; straggler: {strag.get('reason', '')}"
         return {"host": h, "layer": CULPRIT_LAYER.get(layer, layer), "evidence": z, "source": "evidence", "why": why}
-    if strag:
+    bl = summary.get("baseline") or {}
+    # what the step lost over the job's usual step (ns; 0 without a baseline): a straggler or a layer
+    # that explains a small part of it is a bystander of the stall, not its cause
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
         layer = mine[0]["layer"] if mine else "pytorch"
         why = f"straggler: {strag.get('reason', '')}" + (
@@ -58,7 +85,99 @@ def culprit(summary: dict) -> dict | None:
             "source": "blame",
             "why": why,
         }
+    return _layer_culprit(summary, lost) if lost else None
+
+
+def _layer_culprit(summary: dict, lost: int) -> dict | None:
+    """``source`` "layers": the host whose own time in one of ``LAYER_CULPRIT`` (sched, memory) exceeds
+    the median of its peers by the most, at least ``EXPLAIN_REL`` of what the step lost over the job's
+    median step (``lost``, ns); None otherwise. A burst that hit a host while its rank waited inside a
+    collective (its sends starved) slows every rank alike: nobody arrives late, so neither lateness
+    evidence nor a straggler names it, but the host's run-queue or reclaim time does."""
+    layers = summary.get("layers") or {}
+    stats = summary.get("layer_stats") or {}
+    best: tuple | None = None
+    for layer in LAYER_CULPRIT:
+        times = {h: (row.get(layer) or {}).get("time_ns", 0) for h, row in layers.items()}
+        if len(times) < 2:
+            continue
+        for h, t in times.items():
+            peers = sorted(v for g, v in times.items() if g != h)
+            ref = peers[(len(peers) - 1) // 2]
+            if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
+                ref = min(ref, int((stats.get(layer) or {}).get("time_p50_ns", ref)))
+            ex = t - ref
+            if ex >= EXPLAIN_REL * lost and ex > 0 and (best is None or ex > best[0]):
+                best = (ex, h, layer, ref)
+    if best is None:
+        return None
+    ex, h, layer, ref = best
+    return {
+        "host": h,
+        "layer": layer,
+        "evidence": 0.0,
+        "source": "layers",
+        "why": f"no straggler; its {layer} time {(ex + ref) / 1e6:.1f} ms, +{ex / 1e6:.1f} ms over its peers' median"
+        f" ({ex / lost:.0%} of the {lost / 1e6:.1f} ms the step lost)",
+    }
+
+
+def persistent_key(c: dict | None) -> tuple[str, str] | None:
+    """What a closed step's own culprit ``c`` (``culprit``) counts for ``persistent_culprit``: ``(host,
+    layer)`` when per-step evidence named a layer below the framework (not ``process``: lateness is what a
+    victim of another host's fault shows too), else None."""
+    if c and c.get("source") == "evidence" and c.get("layer") != "process":
+        return (c["host"], c["layer"])
     return None
+
+
+def persistent_culprit(recent) -> tuple[str, str, int] | None:
+    """``(host, layer, count)`` of a persistent fault from ``recent``, the ``persistent_key`` of the job's
+    last ``PERSIST_STEPS`` closed steps (None entries for steps without one): the key seen at least
+    ``PERSIST_MIN`` times (the most often seen; on a tie the latest), else None."""
+    keys = [k for k in list(recent)[-PERSIST_STEPS:] if k is not None]
+    counts: dict[tuple[str, str], int] = {}
+    for k in keys:
+        counts[tuple(k)] = counts.get(tuple(k), 0) + 1
+    if not counts:
+        return None
+    last = {tuple(k): i for i, k in enumerate(keys)}
+    (h, layer), n = max(counts.items(), key=lambda kv: (kv[1], last[kv[0]]))
+    return (h, layer, n) if n >= PERSIST_MIN else None
+
+
+def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, str] | None]:
+    """The culprit of a closed step given the job's recent culprits, and what the step adds to them:
+    ``(culprit, key)``. ``recent``: the ``key`` of the job's previous closed steps (oldest first; the last
+    ``PERSIST_STEPS`` are read), which the caller appends ``key`` to.
+
+    With a persistent fault (``persistent_culprit`` of ``recent``), a step whose own culprit
+    (``summary["culprit"]``) is None, the straggler's blame, a layer table without evidence, or lateness
+    no layer explains (``process``) is charged to it (``source`` "persistent"): a fault that slows every
+    step makes its victims wait and arrive late. Per-step evidence of a layer below the framework, and a
+    hang, keep their own culprit. ``key``: the step's own ``persistent_key``; a step charged to the
+    persistent fault keeps it alive only while it is slowed (its longest host step time at least
+    ``PERSIST_SLOW`` times the baseline median): once the fault is gone, steps are fast again and it
+    fades within ``PERSIST_STEPS`` steps."""
+    c = summary.get("culprit")
+    key = persistent_key(c)
+    persistent = persistent_culprit(recent)
+    if persistent is None or (c is not None and (c.get("source") == "hang" or key is not None)):
+        return c, key
+    h, layer, n = persistent
+    bl = summary.get("baseline") or {}
+    slowed = bl.get("n", 0) > 0 and int(summary.get("step_time_max_ns") or 0) >= PERSIST_SLOW * int(
+        bl.get("median_ns") or 0
+    )
+    own = f"its own: {c['host']} / {c['layer']} ({c['why']})" if c else "no culprit of its own"
+    charged = {
+        "host": h,
+        "layer": layer,
+        "evidence": 0.0,
+        "source": "persistent",
+        "why": f"{h} / {layer} was the culprit of {n} of the job's last {PERSIST_STEPS} steps (a persistent fault); {own}",
+    }
+    return charged, ((h, layer) if slowed else None)
 
 
 def hang_culprit(hosts: list[dict]) -> dict | None:
