@@ -455,7 +455,7 @@ def stall_table(episodes: list[dict], clean: dict, hosts, layers, stall_ms: int,
     verdicts; ``episodes``: the demo's per-episode verdicts (``judge_stalls``) plus ``kind`` and ``host``.
     Returns ``(per_layer, every target met)``."""
     t = Table(
-        title=f"sporadic stalls: one {stall_ms} ms stall every {period_s:.0f} s, on "
+        title=f"sporadic stalls: one {stall_ms:g} ms stall every {period_s:g} s, on "
         f"{', '.join(f'node-{h:02d}' for h in hosts)} of a {HOSTS}-host cluster",
         caption=common.describe_machine(),
     )
@@ -535,14 +535,20 @@ def run_stall(
     clean_s: float = STALL_CLEAN_S,
     json_path: Path | None = None,
     keep: Path | None = None,
+    params: dict | None = None,
 ) -> dict:
     """The sporadic-stall campaign: per fault host one ``obshub demo --sequence stall:net@H,stall:cpu@H,
     ...`` run (``STALL_FOR_S`` per layer, one ``STALL_MS`` stall every ``STALL_PERIOD_S``) after
     ``clean_s`` of clean training; every stall must be named (right host and layer) from its own start,
-    median <= 2 s, worst <= 5 s, nothing wrong, nothing on the clean training. Returns the results."""
+    median <= 2 s, worst <= 5 s, nothing wrong, nothing on the clean training. ``params``: the stall
+    fault's ``--param`` values over those defaults (``stall_ms``, ``period_s``; ``loss_pct`` or
+    ``delay_ms`` for a net loss burst or RTT spike instead of a blackout). Returns the results."""
+    params = {"stall_ms": STALL_MS, "period_s": STALL_PERIOD_S, **(params or {})}
+    stall_ms, period_s = params["stall_ms"], float(params["period_s"])
     common.console.rule(
         f"[bold]5b. sporadic stalls[/bold]: {len(layers)} layers x {len(fault_hosts)} host(s), "
-        f"{STALL_MS} ms every {STALL_PERIOD_S:.0f} s"
+        f"{stall_ms:g} ms every {period_s:g} s"
+        + "".join(f", {k}={v:g}" for k, v in params.items() if k not in ("stall_ms", "period_s"))
     )
     if os.geteuid() != 0:
         common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
@@ -567,7 +573,7 @@ def run_stall(
                 Path(tmp) / f"h{h}.json",
                 log,
                 fault_for_s=STALL_FOR_S,
-                params=(f"stall_ms={STALL_MS}", f"period_s={STALL_PERIOD_S:g}"),
+                params=tuple(f"{k}={v:g}" for k, v in params.items()),
             )
             if keep is not None:
                 common.console.print(
@@ -588,13 +594,14 @@ def run_stall(
                 )
                 + "[/dim]"
             )
-    per, met = stall_table(episodes, clean, fault_hosts, layers, STALL_MS, STALL_PERIOD_S)
+    per, met = stall_table(episodes, clean, fault_hosts, layers, stall_ms, period_s)
     result = {
         "stall": True,
         "fault_hosts": list(fault_hosts),
         "layers": list(layers),
-        "stall_ms": STALL_MS,
-        "period_s": STALL_PERIOD_S,
+        "stall_ms": stall_ms,
+        "period_s": period_s,
+        "params": params,
         "per_layer_s": STALL_FOR_S,
         "episodes": episodes,
         "per_layer": per,
@@ -650,6 +657,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run the sporadic-stall campaign instead (layers net,cpu,process,mem; --fault-hosts default 1,3, "
         f"--clean-s default {STALL_CLEAN_S:.0f})",
     )
+    p.add_argument(
+        "--stall-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"with --stall: a stall fault --param (stall_ms, default {STALL_MS}; period_s, default "
+        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms: net RTT spikes; procs; room_mb)",
+    )
     a = p.parse_args(argv)
     if a.stall:
         layers = tuple(x for x in a.stall.split(",") if x)
@@ -657,7 +672,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--stall {a.stall}: layers are {', '.join(STALL_LAYERS)}")
         try:
             fh = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else (1, 3)
-            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep)
+            sp = {}
+            for kv in a.stall_param:
+                k, eq, v = kv.partition("=")
+                if not eq or float(v) <= 0:
+                    raise ValueError(f"--stall-param {kv!r}: KEY=VALUE with a positive number")
+                sp[k] = float(v)
+            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep, sp)
         except ValueError as exc:
             p.error(str(exc))
         return 0
