@@ -32,7 +32,7 @@ def run_pack(scn) -> tuple[list[dict], dict]:
             by_step.setdefault(ev.step, []).append(fields.event_record(b, ev))
     changes: list[dict] = []
     engine = Engine(
-        load_ruleset([REPO / "obshub" / "rules" / "builtin", REPO / "obshub" / "rules" / "packs" / "stall.yaml"]),
+        load_ruleset([REPO / "obshub" / "rules" / "builtin"]),  # the stall rules are on by default
         changes.append,
     )
     out = {}

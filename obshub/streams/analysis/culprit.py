@@ -34,18 +34,26 @@ def culprit(summary: dict) -> dict | None:
     "Culprit of a step"): ``{host, layer, evidence, source, why}`` or None when nothing names one.
 
     1. ``source`` "evidence": the (host, layer) with the largest per-step evidence (``evidence.hosts``, in
-       spreads), at least ``CULPRIT_MIN_EVIDENCE``; on a tie a named layer (network, sched, memory, cuda, nic) wins over unexplained
-       lateness (``pytorch``), then the host name; ``evidence`` is that value;
-    2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0): a step without
-       per-step evidence (the job's first steps, the steps right after a hang);
-    3. else None (no straggler and no evidence: every host equally slow, or nothing to compare).
+       spreads), at least ``CULPRIT_MIN_EVIDENCE``; on a tie a named layer (network, sched, memory, cuda,
+       nic) wins over unexplained lateness (``pytorch``), then the host name; ``evidence`` is that value.
+       With network evidence of at least ``CULPRIT_MIN_EVIDENCE`` on any host, ``pytorch`` values are no
+       candidates (a lossy link's peers wait for retransmissions and arrive late);
+    2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
+       ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
+       any straggler without a baseline): a step without per-step evidence (the job's first steps, the
+       steps right after a hang);
+    3. else ``source`` "layers" (``_layer_culprit``): the host whose sched or memory time exceeds its
+       peers' median by at least ``EXPLAIN_REL`` of what the step lost;
+    4. else None (nothing names one: every host equally slow, or nothing to compare).
 
+    The worker then charges a persistent fault's victims to it (``charge_persistent``).
     The worker charges a step that hung to the rank its hang record named instead (``hang_culprit``,
     ``source`` "hang").
 
     Layer ``pytorch`` is named ``process`` (``CULPRIT_LAYER``); a straggler without any blamed layer too.
-    Reads only ``evidence``, ``straggler`` and ``blame`` of ``summary``, so a caller that changes those
-    (the worker drops the evidence of the steps after a hang) recomputes it."""
+    Reads only ``evidence``, ``straggler``, ``blame``, ``baseline``, ``step_time_max_ns``, ``layers``,
+    ``layer_stats`` and ``layers_omitted`` of ``summary``, so a caller that changes those (the worker drops
+    the evidence of the steps after a hang) recomputes it."""
     best: tuple | None = None
     hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
     # loss or delay on a host's link makes its peers late too: a rank that waited for a retransmission
