@@ -610,6 +610,10 @@ class Stall(Fault):
                 f"--param layer={self.params['layer']}: unknown stall layer",
                 f"use one of {', '.join(STALL_LAYERS)}",
             )
+        if not 0 < float(self.params.get("loss_pct", 50)) <= 100:
+            raise FaultError(f"--param loss_pct={self.params['loss_pct']}: a percent, 1-100")
+        if self.params["layer"] != "net" and ("loss_pct" in self.params or "delay_ms" in self.params):
+            raise FaultError("--param loss_pct / delay_ms: shapes of a net stall", "use them with layer=net")
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
