@@ -25,6 +25,9 @@ EXPLAIN_REL = 0.25
 """The least part of what a stalled step lost over the job's median step that a straggler's excess (or a
 layer's excess, ``source`` "layers") must make up to be its culprit: a host late by 10 ms in a step that
 lost 800 ms is a bystander."""
+AMBIGUOUS_REL = 0.5
+"""A culprit must stand out: when another host's evidence (or layer excess, ``source`` "layers") is at
+least this part of the best one's, no host is named (two hosts starved at once share a cause)."""
 LAYER_CULPRIT = ("sched", "memory")
 """Time layers a step with neither evidence nor a straggler may be charged to (``source`` "layers")."""
 
@@ -37,7 +40,10 @@ def culprit(summary: dict) -> dict | None:
        spreads), at least ``CULPRIT_MIN_EVIDENCE``; on a tie a named layer (network, sched, memory, cuda,
        nic) wins over unexplained lateness (``pytorch``), then the host name; ``evidence`` is that value.
        With network evidence of at least ``CULPRIT_MIN_EVIDENCE`` on any host, ``pytorch`` values are no
-       candidates (a lossy link's peers wait for retransmissions and arrive late);
+       candidates (a lossy link's peers wait for retransmissions and arrive late); a lateness-based value
+       (any layer but network) only when the host's lateness (its late-group entry, at least ``z``
+       spreads) makes up ``EXPLAIN_REL`` of what the step lost over the baseline median. When another
+       host's candidate reaches ``AMBIGUOUS_REL`` of the best one, None: no single host stands out;
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
        ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
        any straggler without a baseline): a step without per-step evidence (the job's first steps, the
@@ -54,32 +60,40 @@ def culprit(summary: dict) -> dict | None:
     Reads only ``evidence``, ``straggler``, ``blame``, ``baseline``, ``step_time_max_ns``, ``layers``,
     ``layer_stats`` and ``layers_omitted`` of ``summary``, so a caller that changes those (the worker drops
     the evidence of the steps after a hang) recomputes it."""
-    best: tuple | None = None
     hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
+    spread = (summary.get("evidence") or {}).get("spread_ns", 0)
+    strag = summary.get("straggler")
+    bl = summary.get("baseline") or {}
+    # what the step lost over the job's usual step (ns; 0 without a baseline): a straggler, a late host or
+    # a layer that explains a small part of it is a bystander of the stall, not its cause
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    group = {g["host"]: g.get("late_ns", 0) for g in (strag or {}).get("group") or []}
+    if strag:
+        group.setdefault(strag["host"], strag.get("excess_ns", 0))
     # loss or delay on a host's link makes its peers late too: a rank that waited for a retransmission
     # toward or from the lossy host arrives late at the next collective, with no layer of its own to show
     # for it. With network evidence in the step, lateness no lower layer explains names nobody.
     net_seen = any(zs.get("network", 0.0) >= CULPRIT_MIN_EVIDENCE for zs in hosts_ev.values())
+    cands: list[tuple] = []
     for h, zs in hosts_ev.items():
         for layer, z in zs.items():
-            if layer == "pytorch" and net_seen:
+            if z < CULPRIT_MIN_EVIDENCE or (layer == "pytorch" and net_seen):
                 continue
-            if z >= CULPRIT_MIN_EVIDENCE:
-                key = (-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h)
-                if best is None or key < best[0]:
-                    best = (key, h, layer, z)
-    strag = summary.get("straggler")
+            cands.append(((-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h), h, layer, z))
+    cands.sort()
+    best = cands[0] if cands else None
+    if best is not None and any(c[1] != best[1] and c[3] >= AMBIGUOUS_REL * best[3] for c in cands[1:]):
+        return None  # two hosts about as guilty: no single host's fault (a shared cause, or load)
+    # a lateness-based value (every layer but the connection-based network) names its host only when its
+    # lateness (at least z spreads; exact for the late group) makes up EXPLAIN_REL of what the step lost
+    if best is not None and best[2] != "network" and max(best[3] * spread, group.get(best[1], 0)) < EXPLAIN_REL * lost:
+        best = None
     if best is not None:
         _key, h, layer, z = best
-        spread = (summary.get("evidence") or {}).get("spread_ns", 0)
         why = f"{layer} evidence {z:g} spreads of {spread / 1e6:.1f} ms"
         if strag and strag.get("host") == h:
             why += f"; straggler: {strag.get('reason', '')}"
         return {"host": h, "layer": CULPRIT_LAYER.get(layer, layer), "evidence": z, "source": "evidence", "why": why}
-    bl = summary.get("baseline") or {}
-    # what the step lost over the job's usual step (ns; 0 without a baseline): a straggler or a layer
-    # that explains a small part of it is a bystander of the stall, not its cause
-    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
     if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
         layer = mine[0]["layer"] if mine else "pytorch"
@@ -104,7 +118,7 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
     evidence nor a straggler names it, but the host's run-queue or reclaim time does."""
     layers = summary.get("layers") or {}
     stats = summary.get("layer_stats") or {}
-    best: tuple | None = None
+    found: list[tuple] = []
     for layer in LAYER_CULPRIT:
         times = {h: (row.get(layer) or {}).get("time_ns", 0) for h, row in layers.items()}
         if len(times) < 2:
@@ -115,11 +129,12 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
             if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
                 ref = min(ref, int((stats.get(layer) or {}).get("time_p50_ns", ref)))
             ex = t - ref
-            if ex >= EXPLAIN_REL * lost and ex > 0 and (best is None or ex > best[0]):
-                best = (ex, h, layer, ref)
-    if best is None:
+            if ex >= EXPLAIN_REL * lost and ex > 0:
+                found.append((ex, h, layer, ref))
+    found.sort(reverse=True)
+    if not found or any(f[1] != found[0][1] and f[0] >= AMBIGUOUS_REL * found[0][0] for f in found[1:]):
         return None
-    ex, h, layer, ref = best
+    ex, h, layer, ref = found[0]
     return {
         "host": h,
         "layer": layer,
