@@ -29,6 +29,9 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
                                         # mem), an 800 ms stall every 12 s; every stall must be named,
                                         # median <= 2 s, worst <= 5 s (~15 min)
     python -m bench.ttd --stall cpu,process --fault-hosts 2   # some layers on one host
+    python -m bench.ttd --stall net --fault-hosts 0 --stall-param loss_pct=40 --stall-param stall_ms=2000
+                                        # 2 s loss bursts (delay_ms=300: RTT spikes) instead of blackouts
+    python -m bench.ttd --make-demo     # make demo (persistent net-loss) and a clean run, rules as shipped
 """
 
 from __future__ import annotations
@@ -616,6 +619,42 @@ def run_stall(
     return result
 
 
+def run_make_demo(keep: Path | None = None, fault_host: int = 1) -> dict:
+    """``make demo`` (``obshub demo --hosts 4 --fault net-loss --fault-host 1``, a persistent fault) and the
+    same run clean (``--fault none``), with the builtin pack as it ships (the stall rules on): prints each
+    run's verdict and every alert; both must pass (the right host and layer, nothing wrong; nothing on the
+    clean run). ``keep``: copy each run's evidence to ``DIR/make-demo-{net-loss,none}``. Returns
+    ``{fault: {"ok", "ttd_s", "alerts"}}``."""
+    common.console.rule("[bold]make demo[/bold] (persistent net-loss) and a clean run, the builtin pack as shipped")
+    if os.geteuid() != 0:
+        common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
+        return {"skipped": "not root"}
+    out: dict = {}
+    with private_stack(common.console.print), tempfile.TemporaryDirectory(prefix="obshub-bench-demo-") as tmp:
+        for fault in ("net-loss", "none"):
+            wait_for_demo_lock()
+            rep_path, log = Path(tmp) / f"{fault}.json", Path(tmp) / f"{fault}.log"
+            cmd = obshub_cmd(
+                "demo", "--hosts", str(HOSTS), "--fault", fault, "--fault-host", str(fault_host),
+                "--json", str(rep_path), "--lock-wait", "600",
+            )  # fmt: skip
+            with log.open("w") as f:
+                subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+            if not rep_path.exists():
+                raise RuntimeError(f"obshub demo --fault {fault} wrote no report:\n{log.read_text()[-3000:]}")
+            rep = json.loads(rep_path.read_text())
+            if keep is not None:
+                keep_run(rep, log, keep / f"make-demo-{fault}")
+            v = rep["verdict"]
+            alerts = [f"{a['rule']}@{a['host'] or '-'}/{a['layer'] or '-'}" for a in rep["alerts"]]
+            out[fault] = {"ok": bool(v.get("ok")), "ttd_s": v.get("ttd_s"), "alerts": alerts}
+            common.console.print(
+                f"  --fault {fault}: {'pass' if v.get('ok') else 'FAIL'}, ttd {v.get('ttd_s')} s; "
+                f"alerts: {', '.join(alerts) or 'none'}"
+            )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.ttd [--rounds N] [--fault-hosts I,J] [--clean-s S] [--quick]``."""
     p = argparse.ArgumentParser(
@@ -665,7 +704,15 @@ def main(argv: list[str] | None = None) -> int:
         help=f"with --stall: a stall fault --param (stall_ms, default {STALL_MS}; period_s, default "
         f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms: net RTT spikes; procs; room_mb)",
     )
+    p.add_argument(
+        "--make-demo",
+        action="store_true",
+        help="run `make demo` (persistent net-loss on node-01) and the same clean, the builtin pack as shipped",
+    )
     a = p.parse_args(argv)
+    if a.make_demo:
+        run_make_demo(a.keep)
+        return 0
     if a.stall:
         layers = tuple(x for x in a.stall.split(",") if x)
         if any(x not in STALL_LAYERS for x in layers):
