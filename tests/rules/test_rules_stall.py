@@ -62,6 +62,8 @@ SHAPES = [
     ("pytorch", 8, 6, 19, 500.0),
     ("cuda", 4, 0, 23, 700.0),
     ("nic", 3, 2, 29, 900.0),
+    ("pytorch", 5, 2, 31, 300.0),  # a 300 ms freeze of a rank
+    ("network", 5, 0, 37, 2000.0),  # a 2 s loss burst or blackout of host 0
 ]
 
 
