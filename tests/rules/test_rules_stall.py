@@ -7,6 +7,7 @@ is checked on the same summaries."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,12 @@ STALL_RULES = {"step_stall", "step_stall_recurring", "step_stall_unexplained"}
 CULPRIT_LAYER = {"pytorch": "process"}  # what a slower rank with no lower layer to blame is named
 
 
+@functools.cache
+def builtin_pack():
+    """The builtin pack, loaded and type-checked once for every test here (an engine keeps its own state)."""
+    return load_ruleset([REPO / "obshub" / "rules" / "builtin"])  # the stall rules are on by default
+
+
 def run_pack(scn) -> tuple[list[dict], dict]:
     """Every firing change of the builtin pack over the scenario's events and summaries, in time order,
     and the summaries ``{step: summary}``."""
@@ -32,7 +39,7 @@ def run_pack(scn) -> tuple[list[dict], dict]:
             by_step.setdefault(ev.step, []).append(fields.event_record(b, ev))
     changes: list[dict] = []
     engine = Engine(
-        load_ruleset([REPO / "obshub" / "rules" / "builtin"]),  # the stall rules are on by default
+        builtin_pack(),
         changes.append,
     )
     out = {}
@@ -238,7 +245,7 @@ def charge(summaries):
 def fire(summaries, t0_s=0.0, every_s=0.5):
     """Every firing change of the builtin pack over ``summaries``, one every ``every_s`` s."""
     changes: list[dict] = []
-    engine = Engine(load_ruleset([REPO / "obshub" / "rules" / "builtin"]), changes.append)
+    engine = Engine(builtin_pack(), changes.append)
     for i, s in enumerate(summaries):
         t = int((t0_s + i * every_s) * 1e9) + 1_780_000_000_000_000_000
         engine.process("steps", fields.step_record({**s, "closed_at_ns": t}))
