@@ -29,6 +29,9 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
                                         # mem), an 800 ms stall every 12 s; every stall must be named,
                                         # median <= 2 s, worst <= 5 s (~15 min)
     python -m bench.ttd --stall cpu,process --fault-hosts 2   # some layers on one host
+    python -m bench.ttd --stall net --fault-hosts 0 --stall-param loss_pct=40 --stall-param stall_ms=2000
+                                        # 2 s loss bursts (delay_ms=300: RTT spikes) instead of blackouts
+    python -m bench.ttd --make-demo     # make demo (persistent net-loss) and a clean run, rules as shipped
 """
 
 from __future__ import annotations
@@ -455,7 +458,7 @@ def stall_table(episodes: list[dict], clean: dict, hosts, layers, stall_ms: int,
     verdicts; ``episodes``: the demo's per-episode verdicts (``judge_stalls``) plus ``kind`` and ``host``.
     Returns ``(per_layer, every target met)``."""
     t = Table(
-        title=f"sporadic stalls: one {stall_ms} ms stall every {period_s:.0f} s, on "
+        title=f"sporadic stalls: one {stall_ms:g} ms stall every {period_s:g} s, on "
         f"{', '.join(f'node-{h:02d}' for h in hosts)} of a {HOSTS}-host cluster",
         caption=common.describe_machine(),
     )
@@ -535,14 +538,20 @@ def run_stall(
     clean_s: float = STALL_CLEAN_S,
     json_path: Path | None = None,
     keep: Path | None = None,
+    params: dict | None = None,
 ) -> dict:
     """The sporadic-stall campaign: per fault host one ``obshub demo --sequence stall:net@H,stall:cpu@H,
     ...`` run (``STALL_FOR_S`` per layer, one ``STALL_MS`` stall every ``STALL_PERIOD_S``) after
     ``clean_s`` of clean training; every stall must be named (right host and layer) from its own start,
-    median <= 2 s, worst <= 5 s, nothing wrong, nothing on the clean training. Returns the results."""
+    median <= 2 s, worst <= 5 s, nothing wrong, nothing on the clean training. ``params``: the stall
+    fault's ``--param`` values over those defaults (``stall_ms``, ``period_s``; ``loss_pct`` or
+    ``delay_ms`` for a net loss burst or RTT spike instead of a blackout). Returns the results."""
+    params = {"stall_ms": STALL_MS, "period_s": STALL_PERIOD_S, **(params or {})}
+    stall_ms, period_s = params["stall_ms"], float(params["period_s"])
     common.console.rule(
         f"[bold]5b. sporadic stalls[/bold]: {len(layers)} layers x {len(fault_hosts)} host(s), "
-        f"{STALL_MS} ms every {STALL_PERIOD_S:.0f} s"
+        f"{stall_ms:g} ms every {period_s:g} s"
+        + "".join(f", {k}={v:g}" for k, v in params.items() if k not in ("stall_ms", "period_s"))
     )
     if os.geteuid() != 0:
         common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
@@ -567,7 +576,7 @@ def run_stall(
                 Path(tmp) / f"h{h}.json",
                 log,
                 fault_for_s=STALL_FOR_S,
-                params=(f"stall_ms={STALL_MS}", f"period_s={STALL_PERIOD_S:g}"),
+                params=tuple(f"{k}={v:g}" for k, v in params.items()),
             )
             if keep is not None:
                 common.console.print(
@@ -588,13 +597,14 @@ def run_stall(
                 )
                 + "[/dim]"
             )
-    per, met = stall_table(episodes, clean, fault_hosts, layers, STALL_MS, STALL_PERIOD_S)
+    per, met = stall_table(episodes, clean, fault_hosts, layers, stall_ms, period_s)
     result = {
         "stall": True,
         "fault_hosts": list(fault_hosts),
         "layers": list(layers),
-        "stall_ms": STALL_MS,
-        "period_s": STALL_PERIOD_S,
+        "stall_ms": stall_ms,
+        "period_s": period_s,
+        "params": params,
         "per_layer_s": STALL_FOR_S,
         "episodes": episodes,
         "per_layer": per,
@@ -607,6 +617,42 @@ def run_stall(
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def run_make_demo(keep: Path | None = None, fault_host: int = 1) -> dict:
+    """``make demo`` (``obshub demo --hosts 4 --fault net-loss --fault-host 1``, a persistent fault) and the
+    same run clean (``--fault none``), with the builtin pack as it ships (the stall rules on): prints each
+    run's verdict and every alert; both must pass (the right host and layer, nothing wrong; nothing on the
+    clean run). ``keep``: copy each run's evidence to ``DIR/make-demo-{net-loss,none}``. Returns
+    ``{fault: {"ok", "ttd_s", "alerts"}}``."""
+    common.console.rule("[bold]make demo[/bold] (persistent net-loss) and a clean run, the builtin pack as shipped")
+    if os.geteuid() != 0:
+        common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
+        return {"skipped": "not root"}
+    out: dict = {}
+    with private_stack(common.console.print), tempfile.TemporaryDirectory(prefix="obshub-bench-demo-") as tmp:
+        for fault in ("net-loss", "none"):
+            wait_for_demo_lock()
+            rep_path, log = Path(tmp) / f"{fault}.json", Path(tmp) / f"{fault}.log"
+            cmd = obshub_cmd(
+                "demo", "--hosts", str(HOSTS), "--fault", fault, "--fault-host", str(fault_host),
+                "--json", str(rep_path), "--lock-wait", "600",
+            )  # fmt: skip
+            with log.open("w") as f:
+                subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+            if not rep_path.exists():
+                raise RuntimeError(f"obshub demo --fault {fault} wrote no report:\n{log.read_text()[-3000:]}")
+            rep = json.loads(rep_path.read_text())
+            if keep is not None:
+                keep_run(rep, log, keep / f"make-demo-{fault}")
+            v = rep["verdict"]
+            alerts = [f"{a['rule']}@{a['host'] or '-'}/{a['layer'] or '-'}" for a in rep["alerts"]]
+            out[fault] = {"ok": bool(v.get("ok")), "ttd_s": v.get("ttd_s"), "alerts": alerts}
+            common.console.print(
+                f"  --fault {fault}: {'pass' if v.get('ok') else 'FAIL'}, ttd {v.get('ttd_s')} s; "
+                f"alerts: {', '.join(alerts) or 'none'}"
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -650,14 +696,36 @@ def main(argv: list[str] | None = None) -> int:
         help="run the sporadic-stall campaign instead (layers net,cpu,process,mem; --fault-hosts default 1,3, "
         f"--clean-s default {STALL_CLEAN_S:.0f})",
     )
+    p.add_argument(
+        "--stall-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"with --stall: a stall fault --param (stall_ms, default {STALL_MS}; period_s, default "
+        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms: net RTT spikes; procs; room_mb)",
+    )
+    p.add_argument(
+        "--make-demo",
+        action="store_true",
+        help="run `make demo` (persistent net-loss on node-01) and the same clean, the builtin pack as shipped",
+    )
     a = p.parse_args(argv)
+    if a.make_demo:
+        run_make_demo(a.keep)
+        return 0
     if a.stall:
         layers = tuple(x for x in a.stall.split(",") if x)
         if any(x not in STALL_LAYERS for x in layers):
             p.error(f"--stall {a.stall}: layers are {', '.join(STALL_LAYERS)}")
         try:
             fh = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else (1, 3)
-            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep)
+            sp = {}
+            for kv in a.stall_param:
+                k, eq, v = kv.partition("=")
+                if not eq or float(v) <= 0:
+                    raise ValueError(f"--stall-param {kv!r}: KEY=VALUE with a positive number")
+                sp[k] = float(v)
+            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep, sp)
         except ValueError as exc:
             p.error(str(exc))
         return 0

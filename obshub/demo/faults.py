@@ -58,7 +58,7 @@ PARAMS = {
     "net-loss": ("percent",),
     "cpu": ("procs",),
     "mem": ("room_mb", "hog_anon_mb", "file_mb"),
-    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb"),
+    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "loss_pct", "delay_ms"),
 }
 # a sporadic stall (kind ``stall``): its ``layer`` param (names as ``--param layer=...``) and the layer
 # obshub should name for it
@@ -563,16 +563,18 @@ class Exit(Fault):
 # ---------------------------------------------------------------------------------------------------------
 # sporadic: one short stall every period
 # ---------------------------------------------------------------------------------------------------------
-def blackout_ruleset() -> str:
+def blackout_ruleset(loss_pct: float = 100.0) -> str:
     """The nft script of a network blackout of one host (``nft -f -`` inside its namespace): table
-    ``inet obshub_stall`` drops every TCP packet from and to the subnet, with a counter."""
+    ``inet obshub_stall`` drops every TCP packet from and to the subnet, with a counter; with
+    ``loss_pct`` below 100, that percent of them at random (a loss burst, nft ``numgen random``)."""
     net = SUBNET
+    pick = f"numgen random mod 100 < {max(1, min(100, round(loss_pct)))} " if loss_pct < 100 else ""
     return (
         "table inet obshub_stall {\n"
         "  chain input { type filter hook input priority 0; policy accept;\n"
-        f"    ip saddr {net} meta l4proto tcp counter drop\n  }}\n"
+        f"    ip saddr {net} meta l4proto tcp {pick}counter drop\n  }}\n"
         "  chain output { type filter hook output priority 0; policy accept;\n"
-        f"    ip daddr {net} meta l4proto tcp counter drop\n  }}\n}}\n"
+        f"    ip daddr {net} meta l4proto tcp {pick}counter drop\n  }}\n}}\n"
     )
 
 
@@ -582,7 +584,9 @@ class Stall(Fault):
     layer of the host, then the host runs normally again. params: ``layer`` (default net):
 
     - ``net``: a blackout of the host's link: nftables table ``inet obshub_stall`` in its namespace drops
-      every TCP packet from and to the subnet (loaded at the stall's start, deleted at its end);
+      every TCP packet from and to the subnet (loaded at the stall's start, deleted at its end); with
+      ``loss_pct`` (1-99) a loss burst instead: that percent of them dropped at random; with ``delay_ms``
+      an RTT spike instead: tc netem delays every packet of both directions of its link by that much;
     - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
       cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
       and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one;
@@ -606,6 +610,10 @@ class Stall(Fault):
                 f"--param layer={self.params['layer']}: unknown stall layer",
                 f"use one of {', '.join(STALL_LAYERS)}",
             )
+        if not 0 < float(self.params.get("loss_pct", 50)) <= 100:
+            raise FaultError(f"--param loss_pct={self.params['loss_pct']}: a percent, 1-100")
+        if self.params["layer"] != "net" and ("loss_pct" in self.params or "delay_ms" in self.params):
+            raise FaultError("--param loss_pct / delay_ms: shapes of a net stall", "use them with layer=net")
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
@@ -636,10 +644,14 @@ class Stall(Fault):
 
     def _on(self) -> None:
         layer = self.params["layer"]
-        if layer == "net":
+        if layer == "net" and self.params.get("delay_ms"):
+            delay = ["netem", "delay", f"{float(self.params['delay_ms']):g}ms"]
+            sh(["tc", "qdisc", "replace", "dev", self.host.ifname, "root", *delay], netns=self.host.netns)
+            sh(["tc", "qdisc", "replace", "dev", self.host.veth, "root", *delay])
+        elif layer == "net":
             proc = subprocess.run(
                 ["ip", "netns", "exec", self.host.netns, "nft", "-f", "-"],
-                input=blackout_ruleset(),
+                input=blackout_ruleset(float(self.params.get("loss_pct") or 100)),
                 capture_output=True,
                 text=True,
             )
@@ -660,7 +672,10 @@ class Stall(Fault):
 
     def _off(self) -> None:
         layer = self.params["layer"]
-        if layer == "net":
+        if layer == "net" and self.params.get("delay_ms"):
+            sh(["tc", "qdisc", "del", "dev", self.host.ifname, "root"], netns=self.host.netns, check=False)
+            sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
+        elif layer == "net":
             sh(["nft", "delete", "table", "inet", "obshub_stall"], netns=self.host.netns, check=False)
         elif layer == "cpu" and self._noise:
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
@@ -736,7 +751,10 @@ class Stall(Fault):
         if self._stopped:
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []
-        if self.params["layer"] == "net":
+        if self.params["layer"] == "net" and self.params.get("delay_ms"):
+            sh(["tc", "qdisc", "del", "dev", self.host.ifname, "root"], netns=self.host.netns, check=False)
+            sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
+        elif self.params["layer"] == "net":
             sh(["nft", "delete", "table", "inet", "obshub_stall"], netns=self.host.netns, check=False)
         if self._mem:
             if self._mem._noise:

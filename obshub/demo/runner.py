@@ -306,13 +306,12 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         watched: list[tuple[subprocess.Popen, str, Path]] = []  # must live until the end
         aux = cluster.aux_cgroups("pipeline")
         penv = {**os.environ, **parts.alerting_config(receiver, out_dir / "alerting.yaml")}
-        # sporadic stalls are named by the stall rules, off by default (obshub/rules/packs/stall.yaml)
-        stalls = any(str(ep[0]).startswith("stall") for ep in opts.plan())
+        # sporadic stalls are named by the builtin pack's stall rules (on by default since issue #30).
         # Every part starts at once and the agents compile their probes meanwhile: the parts need only
         # the broker, and the ranks start after all of them are ready (a third of a demo's run time when
         # each waited for the one before).
         started_parts = []
-        for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml", ("stall",) if stalls else ()):
+        for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
             log = out_dir / f"{part.name}.log"
             proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
             started_parts.append((part, proc, log))

@@ -185,7 +185,7 @@ STEP_TYPES: dict[str, T] = {
         host=STRING,
         layer=STRING,
         evidence=DOUBLE,
-        source=enum("evidence", "blame", "hang"),
+        source=enum("evidence", "blame", "layers", "persistent", "hang"),
         why=STRING,
     ),
     "hang": record(

@@ -227,6 +227,8 @@ class Fold:
         # job -> the retransmits per connection of its last net_window_steps steps closed here
         # (analysis.net_window_part; derived, in memory: a restarted worker starts with an empty window)
         self.net_recent: dict[str, collections.deque] = {}
+        # job -> analysis.persistent_key of its last closed steps here (derived, in memory)
+        self.culprit_recent: dict[str, collections.deque] = {}
         # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
@@ -567,6 +569,7 @@ class Fold:
         jobs = set(self.active_ns).union(
             self.last_seen, self.top_step, self.quiet_until, self.net_directed, self.net_recent, self.rank_state
         )
+        jobs |= set(self.culprit_recent)
         for j in jobs.difference(self.active_ns):  # state without a message here yet (a restart): from now
             self.active_ns[j] = now
         gone = [j for j in jobs if now - self.active_ns[j] >= self.retention_ns and j not in open_]
@@ -579,6 +582,7 @@ class Fold:
                 self.net_directed,
                 self.net_recent,
                 self.rank_state,
+                self.culprit_recent,
             ):
                 m.pop(j, None)
         return gone
@@ -792,6 +796,9 @@ class Fold:
         if step <= self.quiet_until.get(job, -1):
             summary["evidence"]["hosts"] = {}
             summary["culprit"] = analysis.culprit(summary)
+        recent_c = self.culprit_recent.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
+        summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
+        recent_c.append(key)
         hung_hosts = self.hang_hosts.pop(sk, None)
         if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")
             summary["culprit"] = analysis.hang_culprit(hung_hosts)

@@ -22,7 +22,8 @@ def summarize_batches(
     registered or sent any batch (the live application's rule); the baseline uses every earlier step of
     the job (the live application may see fewer when steps close out of order). The job's directed view
     and its retransmit window (docs/ANALYSIS.md "Network blame by connection", "Loss over a window of
-    steps") are carried from step to step in step order, as one worker that closes every step does."""
+    steps") and its recent culprits (a persistent fault, docs/ANALYSIS.md "Culprit of a step") are carried
+    from step to step in step order, as one worker that closes every step does."""
     steps: dict[tuple[str, int], dict[str, dict]] = {}
     hosts: dict[str, set[str]] = {}
     for b in batches:
@@ -37,6 +38,7 @@ def summarize_batches(
     history: dict[str, list[list[int]]] = {}
     directed: dict[str, int] = {}  # job -> latest step that met the directed view's condition
     recent: dict[str, collections.deque] = {}  # job -> retransmits of its last net_window_steps steps
+    culprits: dict[str, collections.deque] = {}  # job -> persistent_key of its last closed steps
     for job, step in sorted(steps):
         last = directed.get(job)
         window = recent.setdefault(job, collections.deque(maxlen=max(1, th.net_window_steps)))
@@ -55,6 +57,9 @@ def summarize_batches(
         )
         if s["net_directed"]:
             directed[job] = step
+        own = culprits.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
+        s["culprit"], key = analysis.charge_persistent(s, own)
+        own.append(key)
         window.append(analysis.net_window_part(steps[(job, step)]))
         history.setdefault(job, []).append(analysis.history_entry(s))
         out[(job, step)] = s

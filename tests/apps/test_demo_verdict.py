@@ -3,6 +3,7 @@ Alertmanager payloads), with a real HTTP server and the rule engine's own sinks 
 
 from __future__ import annotations
 
+import os
 import re
 
 import httpx
@@ -250,6 +251,28 @@ def test_stall_params_are_checked_before_the_cluster_is_built(params, why):
     assert [layer_of("stall", {"layer": x}) for x in ("cpu", "mem")] == ["sched", "memory"]
     with pytest.raises(DemoError, match=re.escape(why)):
         DemoOptions(fault="stall", fault_params=params).check()
+
+
+def test_net_stall_shapes_a_loss_burst_and_an_rtt_spike():
+    import shutil
+    import subprocess
+
+    from obshub.demo.errors import FaultError
+    from obshub.demo.faults import Stall, blackout_ruleset
+    from obshub.demo.runner import DemoOptions
+
+    DemoOptions(fault="stall", fault_params={"layer": "net", "loss_pct": 30, "stall_ms": 2000}).check()
+    DemoOptions(fault="stall", fault_params={"layer": "net", "delay_ms": 300}).check()
+    burst, blackout = blackout_ruleset(30), blackout_ruleset()
+    assert burst.count("numgen random mod 100 < 30 counter drop") == 2 and "numgen" not in blackout
+    if shutil.which("nft") and os.geteuid() == 0:  # nft's own parser accepts both (check only, no change)
+        for text in (burst, blackout):
+            proc = subprocess.run(["nft", "-c", "-f", "-"], input=text, text=True, capture_output=True)
+            assert proc.returncode == 0, proc.stderr
+    with pytest.raises(FaultError, match="1-100"):
+        Stall(None, None, {"layer": "net", "loss_pct": 150})
+    with pytest.raises(FaultError, match="shapes of a net stall"):
+        Stall(None, None, {"layer": "cpu", "delay_ms": 300})
 
 
 def test_a_sequence_names_stalls_by_layer():

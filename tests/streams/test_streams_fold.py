@@ -579,3 +579,16 @@ def test_a_slowed_step_reads_its_retransmits_with_the_jobs_previous_steps():
     assert {h: e["network"] for h, e in slowed["evidence"]["hosts"].items()} == {"b": 7.0}
     plain = _window_steps(slowed=False)
     assert all(e["network"] == 0.0 for e in plain["evidence"]["hosts"].values())
+
+
+def test_the_worker_charges_culprits_as_the_offline_reference_does_through_a_persistent_fault():
+    # a persistent sched fault on host 2 from step 12, then clean again: each step's culprit (with the job's
+    # recent culprits, analysis.charge_persistent) is the offline reference's
+    scn, msgs = _scenario(steps=40, guilty_steps=tuple(range(12, 28)), extra_ms=300.0)
+    pipe = InProcess(partitions=3)
+    for v in msgs:
+        pipe.feed(v)
+    ref = offline.summarize_batches(b for _k, b in synthetic.generate(scn))
+    got = {s["step"]: s["culprit"] for s in pipe.summaries}
+    assert got == {step: s["culprit"] for (_j, step), s in ref.items()}
+    assert {(c["host"], c["layer"]) for st, c in got.items() if 12 <= st < 28 and c} == {("node2", "sched")}

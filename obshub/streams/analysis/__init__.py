@@ -35,7 +35,16 @@ name is re-exported here, so ``analysis.summarize`` and the others keep their on
 
 from __future__ import annotations
 
-from obshub.streams.analysis.culprit import CULPRIT_LAYER, CULPRIT_MIN_EVIDENCE, culprit, hang_culprit
+from obshub.streams.analysis.culprit import (
+    CULPRIT_LAYER,
+    CULPRIT_MIN_EVIDENCE,
+    PERSIST_STEPS,
+    charge_persistent,
+    culprit,
+    hang_culprit,
+    persistent_culprit,
+    persistent_key,
+)
 from obshub.streams.analysis.evidence import EVIDENCE_LAYERS, TIME_EVIDENCE, baseline, evidence, history_entry
 from obshub.streams.analysis.network import (
     _net_z,
@@ -65,6 +74,10 @@ __all__ = [
     "CULPRIT_MIN_EVIDENCE",
     "culprit",
     "hang_culprit",
+    "PERSIST_STEPS",
+    "charge_persistent",
+    "persistent_culprit",
+    "persistent_key",
     "TIME_LAYERS",
     "Thresholds",
     "median_int",

@@ -11,6 +11,25 @@ CULPRIT_MIN_EVIDENCE = 2.0
 4-7, while a blackout step whose retransmits fell outside it left only run-queue noise of 1.4-1.6 spreads
 on two hosts, which must not name one of them."""
 _SPECIFIC_FIRST = {layer: i for i, layer in enumerate(("network", "sched", "memory", "cuda", "nic", "pcie", "pytorch"))}
+PERSIST_STEPS = 8
+"""How many of the job's previous closed steps ``persistent_culprit`` reads."""
+PERSIST_MIN = 2
+"""In how many of them the same host and layer must be a step's own culprit (``persistent_key``) for a
+persistent fault: a fault that slows every step names its host and layer on most of them from its first
+steps on, while a sporadic stall names one step (two when it spans a step boundary) and then the job's
+steps are fast again, which keeps nothing alive (``charge_persistent``)."""
+PERSIST_SLOW = 2.0
+"""A step charged to a persistent fault keeps it alive when it took at least this many times the job's
+baseline median step (``charge_persistent``)."""
+EXPLAIN_REL = 0.25
+"""The least part of what a stalled step lost over the job's median step that a straggler's excess (or a
+layer's excess, ``source`` "layers") must make up to be its culprit: a host late by 10 ms in a step that
+lost 800 ms is a bystander."""
+AMBIGUOUS_REL = 0.5
+"""A culprit must stand out: when another host's evidence (or layer excess, ``source`` "layers") is at
+least this part of the best one's, no host is named (two hosts starved at once share a cause)."""
+LAYER_CULPRIT = ("sched", "memory")
+"""Time layers a step with neither evidence nor a straggler may be charged to (``source`` "layers")."""
 
 
 def culprit(summary: dict) -> dict | None:
@@ -18,34 +37,64 @@ def culprit(summary: dict) -> dict | None:
     "Culprit of a step"): ``{host, layer, evidence, source, why}`` or None when nothing names one.
 
     1. ``source`` "evidence": the (host, layer) with the largest per-step evidence (``evidence.hosts``, in
-       spreads), at least ``CULPRIT_MIN_EVIDENCE``; on a tie a named layer (network, sched, memory, cuda, nic) wins over unexplained
-       lateness (``pytorch``), then the host name; ``evidence`` is that value;
-    2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0): a step without
-       per-step evidence (the job's first steps, the steps right after a hang);
-    3. else None (no straggler and no evidence: every host equally slow, or nothing to compare).
+       spreads), at least ``CULPRIT_MIN_EVIDENCE``; on a tie a named layer (network, sched, memory, cuda,
+       nic) wins over unexplained lateness (``pytorch``), then the host name; ``evidence`` is that value.
+       With network evidence of at least ``CULPRIT_MIN_EVIDENCE`` on any host, ``pytorch`` values are no
+       candidates (a lossy link's peers wait for retransmissions and arrive late); a lateness-based value
+       (any layer but network) only when the host's lateness (its late-group entry, at least ``z``
+       spreads) makes up ``EXPLAIN_REL`` of what the step lost over the baseline median. When another
+       host's candidate reaches ``AMBIGUOUS_REL`` of the best one, None: no single host stands out;
+    2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
+       ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
+       any straggler without a baseline): a step without per-step evidence (the job's first steps, the
+       steps right after a hang);
+    3. else ``source`` "layers" (``_layer_culprit``): the host whose sched or memory time exceeds its
+       peers' median by at least ``EXPLAIN_REL`` of what the step lost;
+    4. else None (nothing names one: every host equally slow, or nothing to compare).
 
+    The worker then charges a persistent fault's victims to it (``charge_persistent``).
     The worker charges a step that hung to the rank its hang record named instead (``hang_culprit``,
     ``source`` "hang").
 
     Layer ``pytorch`` is named ``process`` (``CULPRIT_LAYER``); a straggler without any blamed layer too.
-    Reads only ``evidence``, ``straggler`` and ``blame`` of ``summary``, so a caller that changes those
-    (the worker drops the evidence of the steps after a hang) recomputes it."""
-    best: tuple | None = None
-    for h, zs in ((summary.get("evidence") or {}).get("hosts") or {}).items():
-        for layer, z in zs.items():
-            if z >= CULPRIT_MIN_EVIDENCE:
-                key = (-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h)
-                if best is None or key < best[0]:
-                    best = (key, h, layer, z)
+    Reads only ``evidence``, ``straggler``, ``blame``, ``baseline``, ``step_time_max_ns``, ``layers``,
+    ``layer_stats`` and ``layers_omitted`` of ``summary``, so a caller that changes those (the worker drops
+    the evidence of the steps after a hang) recomputes it."""
+    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
+    spread = (summary.get("evidence") or {}).get("spread_ns", 0)
     strag = summary.get("straggler")
+    bl = summary.get("baseline") or {}
+    # what the step lost over the job's usual step (ns; 0 without a baseline): a straggler, a late host or
+    # a layer that explains a small part of it is a bystander of the stall, not its cause
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    group = {g["host"]: g.get("late_ns", 0) for g in (strag or {}).get("group") or []}
+    if strag:
+        group.setdefault(strag["host"], strag.get("excess_ns", 0))
+    # loss or delay on a host's link makes its peers late too: a rank that waited for a retransmission
+    # toward or from the lossy host arrives late at the next collective, with no layer of its own to show
+    # for it. With network evidence in the step, lateness no lower layer explains names nobody.
+    net_seen = any(zs.get("network", 0.0) >= CULPRIT_MIN_EVIDENCE for zs in hosts_ev.values())
+    cands: list[tuple] = []
+    for h, zs in hosts_ev.items():
+        for layer, z in zs.items():
+            if z < CULPRIT_MIN_EVIDENCE or (layer == "pytorch" and net_seen):
+                continue
+            cands.append(((-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h), h, layer, z))
+    cands.sort()
+    best = cands[0] if cands else None
+    if best is not None and any(c[1] != best[1] and c[3] >= AMBIGUOUS_REL * best[3] for c in cands[1:]):
+        return None  # two hosts about as guilty: no single host's fault (a shared cause, or load)
+    # a lateness-based value (every layer but the connection-based network) names its host only when its
+    # lateness (at least z spreads; exact for the late group) makes up EXPLAIN_REL of what the step lost
+    if best is not None and best[2] != "network" and max(best[3] * spread, group.get(best[1], 0)) < EXPLAIN_REL * lost:
+        best = None
     if best is not None:
         _key, h, layer, z = best
-        spread = (summary.get("evidence") or {}).get("spread_ns", 0)
         why = f"{layer} evidence {z:g} spreads of {spread / 1e6:.1f} ms"
         if strag and strag.get("host") == h:
             why += f"; straggler: {strag.get('reason', '')}"
         return {"host": h, "layer": CULPRIT_LAYER.get(layer, layer), "evidence": z, "source": "evidence", "why": why}
-    if strag:
+    if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
         layer = mine[0]["layer"] if mine else "pytorch"
         why = f"straggler: {strag.get('reason', '')}" + (
@@ -58,7 +107,100 @@ def culprit(summary: dict) -> dict | None:
             "source": "blame",
             "why": why,
         }
+    return _layer_culprit(summary, lost) if lost else None
+
+
+def _layer_culprit(summary: dict, lost: int) -> dict | None:
+    """``source`` "layers": the host whose own time in one of ``LAYER_CULPRIT`` (sched, memory) exceeds
+    the median of its peers by the most, at least ``EXPLAIN_REL`` of what the step lost over the job's
+    median step (``lost``, ns); None otherwise. A burst that hit a host while its rank waited inside a
+    collective (its sends starved) slows every rank alike: nobody arrives late, so neither lateness
+    evidence nor a straggler names it, but the host's run-queue or reclaim time does."""
+    layers = summary.get("layers") or {}
+    stats = summary.get("layer_stats") or {}
+    found: list[tuple] = []
+    for layer in LAYER_CULPRIT:
+        times = {h: (row.get(layer) or {}).get("time_ns", 0) for h, row in layers.items()}
+        if len(times) < 2:
+            continue
+        for h, t in times.items():
+            peers = sorted(v for g, v in times.items() if g != h)
+            ref = peers[(len(peers) - 1) // 2]
+            if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
+                ref = min(ref, int((stats.get(layer) or {}).get("time_p50_ns", ref)))
+            ex = t - ref
+            if ex >= EXPLAIN_REL * lost and ex > 0:
+                found.append((ex, h, layer, ref))
+    found.sort(reverse=True)
+    if not found or any(f[1] != found[0][1] and f[0] >= AMBIGUOUS_REL * found[0][0] for f in found[1:]):
+        return None
+    ex, h, layer, ref = found[0]
+    return {
+        "host": h,
+        "layer": layer,
+        "evidence": 0.0,
+        "source": "layers",
+        "why": f"no straggler; its {layer} time {(ex + ref) / 1e6:.1f} ms, +{ex / 1e6:.1f} ms over its peers' median"
+        f" ({ex / lost:.0%} of the {lost / 1e6:.1f} ms the step lost)",
+    }
+
+
+def persistent_key(c: dict | None) -> tuple[str, str] | None:
+    """What a closed step's own culprit ``c`` (``culprit``) counts for ``persistent_culprit``: ``(host,
+    layer)`` when per-step evidence named a layer below the framework (not ``process``: lateness is what a
+    victim of another host's fault shows too), else None."""
+    if c and c.get("source") == "evidence" and c.get("layer") != "process":
+        return (c["host"], c["layer"])
     return None
+
+
+def persistent_culprit(recent) -> tuple[str, str, int] | None:
+    """``(host, layer, count)`` of a persistent fault from ``recent``, the ``persistent_key`` of the job's
+    last ``PERSIST_STEPS`` closed steps (None entries for steps without one): the key seen at least
+    ``PERSIST_MIN`` times (the most often seen; on a tie the latest), else None."""
+    keys = [k for k in list(recent)[-PERSIST_STEPS:] if k is not None]
+    counts: dict[tuple[str, str], int] = {}
+    for k in keys:
+        counts[tuple(k)] = counts.get(tuple(k), 0) + 1
+    if not counts:
+        return None
+    last = {tuple(k): i for i, k in enumerate(keys)}
+    (h, layer), n = max(counts.items(), key=lambda kv: (kv[1], last[kv[0]]))
+    return (h, layer, n) if n >= PERSIST_MIN else None
+
+
+def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, str] | None]:
+    """The culprit of a closed step given the job's recent culprits, and what the step adds to them:
+    ``(culprit, key)``. ``recent``: the ``key`` of the job's previous closed steps (oldest first; the last
+    ``PERSIST_STEPS`` are read), which the caller appends ``key`` to.
+
+    With a persistent fault (``persistent_culprit`` of ``recent``), a step whose own culprit
+    (``summary["culprit"]``) is None, the straggler's blame, a layer table without evidence, or lateness
+    no layer explains (``process``) is charged to it (``source`` "persistent"): a fault that slows every
+    step makes its victims wait and arrive late. Per-step evidence of a layer below the framework, and a
+    hang, keep their own culprit. ``key``: the step's own ``persistent_key``; a step charged to the
+    persistent fault keeps it alive only while it is slowed (its longest host step time at least
+    ``PERSIST_SLOW`` times the baseline median): once the fault is gone, steps are fast again and it
+    fades within ``PERSIST_STEPS`` steps."""
+    c = summary.get("culprit")
+    key = persistent_key(c)
+    persistent = persistent_culprit(recent)
+    if persistent is None or (c is not None and (c.get("source") == "hang" or key is not None)):
+        return c, key
+    h, layer, n = persistent
+    bl = summary.get("baseline") or {}
+    slowed = bl.get("n", 0) > 0 and int(summary.get("step_time_max_ns") or 0) >= PERSIST_SLOW * int(
+        bl.get("median_ns") or 0
+    )
+    own = f"its own: {c['host']} / {c['layer']} ({c['why']})" if c else "no culprit of its own"
+    charged = {
+        "host": h,
+        "layer": layer,
+        "evidence": 0.0,
+        "source": "persistent",
+        "why": f"{h} / {layer} was the culprit of {n} of the job's last {PERSIST_STEPS} steps (a persistent fault); {own}",
+    }
+    return charged, ((h, layer) if slowed else None)
 
 
 def hang_culprit(hosts: list[dict]) -> dict | None:
