@@ -259,8 +259,11 @@ def summarize_ms(shape: fleet.Shape, reps: int = 5) -> float:
 
     step = shape.guilty_from + 1
     accs: dict[str, dict] = {}
+    # the hosts' ranks as the worker's ingest learns them from their REGISTER events (pids 1000 + local rank)
+    per = shape.ranks_per_host
     for b in fleet.one_step_batches(shape, step):
-        for st, part in accumulate.reduce_batch(b).items():
+        ranks = {1000 + lr: (b.host_id * per + lr, lr) for lr in range(per)} if per > 1 else None
+        for st, part in accumulate.reduce_batch(b, ranks=ranks).items():
             if st != step:
                 continue
             if b.host in accs:
@@ -441,6 +444,8 @@ class Agents:
             str(shape.step_s),
             "--guilty-from",
             str(shape.guilty_from),
+            "--ranks-per-host",
+            str(shape.ranks_per_host),
         ]
         self.proc = _start("agents", args, log, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.ready: dict | None = None
@@ -587,12 +592,17 @@ class SizeRun:
         say,
         guilty_from: int = GUILTY_FROM,
         grace_s: float = GRACE_S,
+        ranks_per_host: int = 1,
     ):
         self.settings, self.say, self.steps, self.pause_s = settings, say, steps, pause_s
         self.grace_s = grace_s
         drain = int(DRAIN_MAX_S) if pause_s > 0 else 0
         self.shape = fleet.Shape(
-            hosts, steps + (int(pause_s) + drain if pause_s > 0 else 0), job=f"wide-{hosts}", guilty_from=guilty_from
+            hosts,
+            steps + (int(pause_s) + drain if pause_s > 0 else 0),
+            job=f"wide-{hosts}",
+            guilty_from=guilty_from,
+            ranks_per_host=ranks_per_host,
         )
         self.eps = self.shape.events_per_step_total
         self.app_id = f"{APP_ID}-{hosts}"
@@ -1303,6 +1313,7 @@ def run(
     steps: int | None = None,
     pause_s: float | None = None,
     workers: int = WORKERS,
+    ranks_per_host: int = 1,
 ) -> dict:
     """Run every size, print the blocks, tables and verdicts, save the JSON. ``rounds`` is unused (one
     pass: each size takes minutes). Returns the results dict."""
@@ -1312,7 +1323,9 @@ def run(
     common.console.rule(
         "[bold]7. width[/bold]: one job of "
         + ", ".join(f"{h:,}" for h in sizes)
-        + " hosts through broker, worker, rule engine"
+        + " hosts"
+        + (f" x {ranks_per_host} ranks" if ranks_per_host > 1 else "")
+        + " through broker, worker, rule engine"
     )
     results: list[SizeResult] = []
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-width-"))
@@ -1333,10 +1346,11 @@ def run(
                     say=say,
                     guilty_from=GUILTY_FROM,
                     grace_s=QUICK_GRACE_S if quick else WIDE_GRACE_S if hosts >= 2048 else GRACE_S,
+                    ranks_per_host=ranks_per_host,
                 ).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
-                r = SizeResult(hosts, n, hosts * 64, ended=f"could not run: {str(exc)[:300]}")
+                r = SizeResult(hosts, n, hosts * 64 * ranks_per_host, ended=f"could not run: {str(exc)[:300]}")
                 r.why_not = [r.ended]
             results.append(r)
             print_size(r, say)
@@ -1349,6 +1363,7 @@ def run(
         "workers": workers,
         "partitions": PARTITIONS,
         "window_s": WINDOW_S,
+        "ranks_per_host": ranks_per_host,
     }
     say(f"raw results: {common.save('width', data)}")
     return data
@@ -1365,9 +1380,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause-s", type=float, default=None, help=f"worker pause under load (default {PAUSE_S}; 0 = none)")
     p.add_argument("--workers", type=int, default=WORKERS, help=f"stream workers (default {WORKERS})")
     p.add_argument("--rounds", type=int, default=None, help="unused (one pass)")
+    p.add_argument(
+        "--ranks-per-host",
+        type=int,
+        default=1,
+        help="ranks per host: each host's batches hold every rank's events, 64 per rank-step (default 1)",
+    )
     a = p.parse_args(argv)
     sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
-    run(a.quick, a.rounds, sizes=sizes, steps=a.steps, pause_s=a.pause_s, workers=a.workers)
+    if a.ranks_per_host < 1:
+        p.error(f"--ranks-per-host {a.ranks_per_host}: expected 1 or more")
+    run(
+        a.quick,
+        a.rounds,
+        sizes=sizes,
+        steps=a.steps,
+        pause_s=a.pause_s,
+        workers=a.workers,
+        ranks_per_host=a.ranks_per_host,
+    )
     return 0
 
 
