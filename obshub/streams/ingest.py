@@ -2,11 +2,13 @@
 
 :class:`Ingest` decodes a message with ``streams.wire.decode_batch`` (anything it rejects goes to the
 dead-letter topic), tracks every agent instance's batch sequence in the ``agents`` table (partitioned like
-the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run, seen_ns}``: a gap = lost
-batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay after a
-restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its last
-batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of its last batch, for
-retention: the worker deletes the record ``job_retention_s`` after it), reduces the batch to one accumulator per step
+the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run, seen_ns, ranks}``: a
+gap = lost batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay
+after a restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its
+last batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of its last batch, for
+retention: the worker deletes the record ``job_retention_s`` after it; ``ranks`` = ``{pid: [global rank,
+local rank]}`` of the host's registered processes, from their REGISTER events: ``accumulate.rank_map``),
+reduces the batch to one accumulator per step
 (``streams.accumulate``) and returns what the agent must send on the internal topic:
 
 - ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size, pid, local_rank})`` for each
