@@ -369,7 +369,19 @@ def _add_rank_event(out: dict[int, dict], batch: Batch, e: Event, r: tuple[int, 
         row["unc_ns"] = batch.clock.uncertainty_ns
     if e.gpu >= 0:
         row["gpu"] = e.gpu
-    add_event(row, e, offset_ns)
+    f = _FAST.get(kind)
+    if f is None:
+        add_event(row, e, offset_ns)
+        return
+    row["events"] += 1  # the common layer-only kinds, as reduce_batch folds them
+    slot = row["layers"].get(f[0])
+    if slot is None:
+        slot = row["layers"][f[0]] = [0, 0, 0]
+    slot[1] += 1
+    if f[1] == 0:
+        slot[0] += e.duration_ns
+    if f[1] != 2 and e.duration_ns > slot[2]:
+        slot[2] = e.duration_ns
 
 
 def rank_map(batch: Batch, known: dict[int, tuple[int, int]] | None = None) -> dict[int, tuple[int, int]]:
