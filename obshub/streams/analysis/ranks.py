@@ -20,7 +20,7 @@ Everything here is pure and deterministic (ties break by rank number).
 
 from __future__ import annotations
 
-from obshub.streams.analysis.straggler import collectives, lateness, layer_table
+from obshub.streams.analysis.straggler import lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
 SEP = "#"
@@ -82,26 +82,61 @@ def host_view(accs: dict[str, dict], strict: bool = False) -> dict[str, dict]:
     return out
 
 
-def host_ranks(accs: dict[str, dict], th: Thresholds = Thresholds()) -> dict[str, dict]:
+def rank_lateness(units: dict[str, dict]) -> tuple[dict[str, int], dict[str, int]]:
+    """``(late, last_n)`` of the rank units: ``late[u]`` = the unit's largest arrival after the median
+    arrival of all units at a collective, when beyond the uncertainty of the first and the last arrival's
+    clocks (``straggler.lateness``'s rule, without building the per-collective records: a wide job has
+    16,384 ranks); ``last_n[u]`` = the collectives it arrived last at by more than the summed uncertainty
+    of its clock and the second-latest's. Without any collective joined by two units, lateness is the
+    compute time over the median of the other units' (``straggler.lateness``)."""
+    by_key: dict[str, list[tuple[int, str]]] = {}
+    for u, a in units.items():
+        for key, c in a["colls"].items():
+            if c[1] is not None:
+                by_key.setdefault(key, []).append((c[1], u))
+    late = dict.fromkeys(units, 0)
+    last_n: dict[str, int] = {}
+    seen = False
+    for arr in by_key.values():
+        if len(arr) < 2:
+            continue
+        seen = True
+        arr.sort()
+        n = len(arr)
+        med = arr[n // 2][0] if n % 2 else (arr[n // 2 - 1][0] + arr[n // 2][0]) // 2
+        unc = units[arr[0][1]]["unc_ns"] + units[arr[-1][1]]["unc_ns"]
+        for t, u in reversed(arr):
+            d = t - med
+            if d <= unc:
+                break
+            if d > late[u]:
+                late[u] = d
+        (t2, u2), (t1, u1) = arr[-2], arr[-1]
+        if t1 - t2 > units[u1]["unc_ns"] + units[u2]["unc_ns"]:
+            last_n[u1] = last_n.get(u1, 0) + 1
+    if not seen:
+        layers = layer_table(units)
+        late = lateness(units, [], layers)
+    return late, last_n
+
+
+def host_ranks(
+    accs: dict[str, dict], th: Thresholds = Thresholds(), layers_for: set[str] | None = None
+) -> dict[str, dict]:
     """Per host with a known rank, the rank its host-level findings name and every rank's row for the
     summary: ``{host: {"rank": int, "rows": {rank: row}}}`` where a summary row is ``{local_rank, pid,
-    gpu, step_ns, late_ns, last_n, layers: {layer: {time_ns, count, max_ns}}}`` (``late_ns``: the rank's
-    largest arrival after the median arrival of all ranks at a collective, beyond the clocks'
-    uncertainty; ``last_n``: the collectives it arrived last at among all ranks). The named rank is the
-    host's latest (largest ``late_ns``), then the one of the longest step, then the lowest rank. A host
-    without rank rows but with a single known rank (``acc["rank"] = [rank, local_rank, pid]``) names
-    that rank (no rows)."""
+    gpu, step_ns, late_ns, last_n, layers: {layer: {time_ns, count, max_ns}}}`` (``late_ns``, ``last_n``:
+    :func:`rank_lateness` over all ranks of the step). The named rank is the host's latest (largest
+    ``late_ns``), then the one of the longest step, then the lowest rank. ``layers_for``: the hosts whose
+    rows get their ``layers`` (None: every host; a wide step fills the kept hosts' later,
+    :func:`fill_layers`). A host without rank rows but with a single known rank (``acc["rank"] = [rank,
+    local_rank, pid]``) names that rank (no rows). ``th`` is unused (the thresholds of the host view
+    apply)."""
     units = rank_units(accs)
     out: dict[str, dict] = {}
     if units:
-        layers = layer_table(units)
-        colls = collectives(units, th)
-        late = lateness(units, colls, layers)
-        last_n: dict[str, int] = {}
-        for c in colls:
-            if c["consistent"] and c["lead_ns"] > c["lead_uncertainty_ns"]:
-                last_n[c["last_host"]] = last_n.get(c["last_host"], 0) + 1
-        for u, a in sorted(units.items()):
+        late, last_n = rank_lateness(units)
+        for u, a in units.items():
             h, r = split_unit(u)
             rows = out.setdefault(h, {"rank": None, "rows": {}})["rows"]
             rows[r] = {
@@ -111,18 +146,30 @@ def host_ranks(accs: dict[str, dict], th: Thresholds = Thresholds()) -> dict[str
                 "step_ns": a["step_ns"],
                 "late_ns": int(late.get(u, 0)),
                 "last_n": last_n.get(u, 0),
-                "layers": layers.get(u, {}),
+                "layers": {},
             }
         for v in out.values():
+            v["rows"] = dict(sorted(v["rows"].items()))
             v["rank"] = min(
                 v["rows"],
                 key=lambda r: (-v["rows"][r]["late_ns"], -(v["rows"][r]["step_ns"] or 0), r),
             )
+        fill_layers(out, accs, set(out) if layers_for is None else layers_for)
     for h, a in accs.items():
         one = a.get("rank")
         if h not in out and one:
             out[h] = {"rank": int(one[0]), "rows": {}}
     return out
+
+
+def fill_layers(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) -> None:
+    """Fill the ``layers`` of the rank rows of ``hosts`` in ``named`` (:func:`host_ranks`) from their rank
+    units (``layer_table``: the pytorch layer's time is the rank's compute time)."""
+    units = rank_units({h: accs[h] for h in hosts if h in accs})
+    for u, row in layer_table(units).items():
+        h, r = split_unit(u)
+        if h in named and r in named[h]["rows"]:
+            named[h]["rows"][r]["layers"] = row
 
 
 def rank_fields(named: dict[str, dict], host: str) -> dict:

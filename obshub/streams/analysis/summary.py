@@ -8,7 +8,7 @@ from obshub.streams import compact
 from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import baseline, evidence
 from obshub.streams.analysis.network import net_blame, net_stats
-from obshub.streams.analysis.ranks import host_ranks, host_view, rank_fields, rank_units, split_unit
+from obshub.streams.analysis.ranks import fill_layers, host_ranks, host_view, rank_fields, rank_units, split_unit
 from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
@@ -101,7 +101,8 @@ def summarize(
     previous closed steps (``net_window``), read with this step's when it is slowed (its longest host
     step time at least ``net_window_stall`` times the baseline median). Deterministic: the same inputs
     give the same output."""
-    named = host_ranks(accs, th)
+    wide = len(accs) > compact.FULL_ROWS  # rank rows' layers only for the hosts compact keeps (below)
+    named = host_ranks(accs, th, layers_for=set() if wide else None)
     one_node = len(accs) == 1 and len(next(iter(accs.values())).get("ranks") or ()) >= 2
     raw = accs
     accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
@@ -171,7 +172,9 @@ def summarize(
         "hang": None,
         "culprit": None,
         "layers": layers,
-        "ranks": {h: {str(r): row for r, row in v["rows"].items()} for h, v in sorted(named.items()) if v["rows"]},
+        "ranks": {}
+        if wide
+        else {h: {str(r): row for r, row in v["rows"].items()} for h, v in sorted(named.items()) if v["rows"]},
         "baseline": bl,
         "stall": bool(bl["n"] >= th.baseline_min_n and tmax > bl["p99_ns"]),
         "stall_ratio": round(tmax / bl["median_ns"], 3) if bl["median_ns"] > 0 else 0.0,
@@ -184,7 +187,9 @@ def summarize(
     }
     out["culprit"] = culprit_rank(culprit(out), out)
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
-    if out["layers_omitted"]:  # and the rank rows of the same hosts
-        out["ranks"] = {h: v for h, v in out["ranks"].items() if h in out["layers"]}
+    if wide:  # and the rank rows of the same hosts, with their layers
+        kept = {h for h in out["layers"] if h in named and named[h]["rows"]}
+        fill_layers(named, raw, kept)
+        out["ranks"] = {h: {str(r): row for r, row in named[h]["rows"].items()} for h in sorted(kept)}
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
     return out
