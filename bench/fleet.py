@@ -69,6 +69,7 @@ class Shape:
     step_s: float = 1.0
     guilty_from: int = 10
     extra_ms: float = 200.0
+    ranks_per_host: int = 1  # ranks per host: every host's batch holds each rank's events (per rank-step)
 
     @property
     def straggler(self) -> int:
@@ -76,12 +77,17 @@ class Shape:
         return min(2, self.hosts - 1)
 
     @property
+    def straggler_rank(self) -> int:
+        """Global rank of the slow rank: local rank ``ranks_per_host // 2`` of the slow host."""
+        return self.straggler * self.ranks_per_host + self.ranks_per_host // 2
+
+    @property
     def straggler_host(self) -> str:
         return f"node{self.straggler}"
 
     @property
     def events_per_step_total(self) -> int:
-        return self.hosts * self.events_per_step
+        return self.hosts * self.ranks_per_host * self.events_per_step
 
 
 def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
@@ -89,9 +95,9 @@ def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
     ``TEMPLATES`` guilty ones; a clean step lasts ~0.74 s, a guilty one ``extra_ms`` more (both < 1 s)."""
     return synthetic.Scenario(
         job=shape.job,
-        hosts=shape.hosts,
+        hosts=shape.hosts * shape.ranks_per_host,
         steps=2 * TEMPLATES,
-        straggler=shape.straggler,
+        straggler=shape.straggler_rank,
         guilty_steps=tuple(range(TEMPLATES, 2 * TEMPLATES)),
         guilty_layer="sched",
         forward_ms=560.0,
@@ -103,12 +109,14 @@ def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
     )
 
 
-def _pad(batch: Batch, events_per_step: int) -> list[list]:
+def _pad(batch: Batch, events_per_step: int, ranks: int = 1) -> list[list]:
     """The events of a one-step batch (as lists) plus SCHED_RUNQ filler up to ``events_per_step``, spread
     evenly over the step (before its STEP_END: what a rank's threads do after it belongs to the next
-    step), sorted by time (bench/loadgen.py's shape, without its per-event checks)."""
+    step), sorted by time (bench/loadgen.py's shape, without its per-event checks). With ``ranks`` ranks
+    per host (process ids 1000 + local rank, ``synthetic.generate_ranks``) the filler goes round-robin to
+    them and ``events_per_step`` counts per rank."""
     evs = [list(e) for e in batch.events]
-    n = events_per_step - len(evs)
+    n = events_per_step * ranks - len(evs)
     if n > 0:
         e0 = evs[0]
         begin = min(e[1] for e in evs)
@@ -121,8 +129,8 @@ def _pad(batch: Batch, events_per_step: int) -> list[list]:
                 RUNQ_NS,
                 tk | (1 + j % 8),
                 e0[4],
-                e0[5],
-                e0[6],
+                e0[5] if ranks == 1 else 1000 + j % ranks,
+                e0[6] if ranks == 1 else 1000 + j % ranks,
                 -1,
                 0,
                 None,
@@ -142,7 +150,11 @@ class Fleet:
         self.shape, self.start_ns = shape, start_ns
         scn = scenario(shape, start_ns)
         self.step_ns = int(shape.step_s * 1e9)
-        pairs = synthetic.generate(scn)
+        pairs = (
+            synthetic.generate(scn)
+            if shape.ranks_per_host == 1
+            else synthetic.generate_ranks(scn, shape.ranks_per_host)
+        )
         self.register = [b for _k, b in pairs[: shape.hosts]]
         # tmpl[t][i] = the events of host i in template step t: (event list, collective index or -1)
         self.tmpl: list[list[list[tuple[list, int]]]] = [[[] for _ in range(shape.hosts)] for _ in range(2 * TEMPLATES)]
@@ -156,7 +168,7 @@ class Fleet:
             rt = min(e.ts_ns for e in b.events) + b.clock.offset_ns
             begin_rt[t] = min(begin_rt.get(t, rt), rt)
         for _k, b in pairs[shape.hosts :]:
-            evs = _pad(b, shape.events_per_step)
+            evs = _pad(b, shape.events_per_step, shape.ranks_per_host)
             t = b.events[0].step
             rt0 = b.clock.offset_ns
             self.tmpl[t][b.host_id] = [
@@ -324,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events-per-step", type=int, default=64)
     p.add_argument("--step-s", type=float, default=1.0)
     p.add_argument("--guilty-from", type=int, default=10)
+    p.add_argument("--ranks-per-host", type=int, default=1)
     a = p.parse_args(argv)
     shape = Shape(
         a.hosts,
@@ -332,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         events_per_step=a.events_per_step,
         step_s=a.step_s,
         guilty_from=a.guilty_from,
+        ranks_per_host=a.ranks_per_host,
     )
     return publish(a.bootstrap, a.topic, shape)
 

@@ -259,8 +259,11 @@ def summarize_ms(shape: fleet.Shape, reps: int = 5) -> float:
 
     step = shape.guilty_from + 1
     accs: dict[str, dict] = {}
+    # the hosts' ranks as the worker's ingest learns them from their REGISTER events (pids 1000 + local rank)
+    per = shape.ranks_per_host
     for b in fleet.one_step_batches(shape, step):
-        for st, part in accumulate.reduce_batch(b).items():
+        ranks = {1000 + lr: (b.host_id * per + lr, lr) for lr in range(per)} if per > 1 else None
+        for st, part in accumulate.reduce_batch(b, ranks=ranks).items():
             if st != step:
                 continue
             if b.host in accs:
@@ -441,6 +444,8 @@ class Agents:
             str(shape.step_s),
             "--guilty-from",
             str(shape.guilty_from),
+            "--ranks-per-host",
+            str(shape.ranks_per_host),
         ]
         self.proc = _start("agents", args, log, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.ready: dict | None = None
@@ -587,12 +592,17 @@ class SizeRun:
         say,
         guilty_from: int = GUILTY_FROM,
         grace_s: float = GRACE_S,
+        ranks_per_host: int = 1,
     ):
         self.settings, self.say, self.steps, self.pause_s = settings, say, steps, pause_s
         self.grace_s = grace_s
         drain = int(DRAIN_MAX_S) if pause_s > 0 else 0
         self.shape = fleet.Shape(
-            hosts, steps + (int(pause_s) + drain if pause_s > 0 else 0), job=f"wide-{hosts}", guilty_from=guilty_from
+            hosts,
+            steps + (int(pause_s) + drain if pause_s > 0 else 0),
+            job=f"wide-{hosts}",
+            guilty_from=guilty_from,
+            ranks_per_host=ranks_per_host,
         )
         self.eps = self.shape.events_per_step_total
         self.app_id = f"{APP_ID}-{hosts}"
@@ -1296,6 +1306,103 @@ def projection(results: list[SizeResult], say=common.console.print) -> list[dict
     return rows
 
 
+def _rss_now(field: str = "VmRSS:") -> float:
+    """This process's ``VmRSS`` (or ``field``, e.g. ``VmHWM:``) in MB."""
+    for ln in Path("/proc/self/status").read_text().splitlines():
+        if ln.startswith(field):
+            return int(ln.split()[1]) / 1024
+    return float("nan")
+
+
+def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: int = 5, say=None) -> dict:
+    """The worker's and the engine's work per step at ``hosts`` x ``ranks_per_host`` without a broker: the
+    fleet's batches of every step (encoded as the agents send them) through the worker's own ingest and
+    fold (``streams.inproc``, each step's batches in 4 rounds, as ``bench.fold_width``) and every step
+    summary through the builtin rule pack (``rules.engine.Engine``), in this process. Per step after the
+    guilty one (the straggler rank slowed from ``guilty_from``): CPU ms of ingest, fold (table operations,
+    codec, close and ``summarize``) and the rule pack, the summary's JSON bytes; the process's RSS peak
+    (VmHWM, MB: the fleet's batches of one step, the tables and the engine together; a worker holds less)
+    and whether the straggler's host and rank were named. For the sizes a 2-core machine cannot carry
+    through the real broker at 1 s steps (2,048 hosts x 8 ranks = 1 M events per step)."""
+    from obshub.rules.engine import Engine
+    from obshub.rules.loader import load_ruleset
+    from obshub.streams import wire
+    from obshub.streams.app import tune_gc
+    from obshub.streams.inproc import InProcess
+
+    tune_gc()
+    say = say or common.console.print
+    shape = fleet.Shape(
+        hosts, steps, job=f"inproc-{hosts}x{ranks_per_host}", guilty_from=guilty_from, ranks_per_host=ranks_per_host
+    )
+    t0 = time.monotonic()
+    f = fleet.Fleet(shape, time.time_ns())
+    rss_fleet = _rss_now()
+    pipe = InProcess(partitions=PARTITIONS)
+    for _k, v in f.register_messages():
+        pipe.feed(v)
+    engine = Engine(load_ruleset([REPO / "obshub" / "rules" / "builtin"]), lambda c: None)
+    seqs = [1] * hosts
+    rows = []
+    for step in range(steps):
+        values = [v for _due, msgs, _n in f.step_slots(step, seqs) for _k, v in msgs]
+        n0 = len(pipe.summaries)
+        ing = fo = 0.0
+        quarter = max(1, len(values) // 4)
+        for i in range(0, len(values), quarter):
+            c0 = time.process_time()
+            parts = [x for v in values[i : i + quarter] for x in pipe.parts_of(v)]
+            c1 = time.process_time()
+            per: dict[int, list[bytes]] = {}
+            for msg, p in parts:
+                per.setdefault(p, []).append(wire.packb(msg))
+            for p, msgs in sorted(per.items()):
+                pipe._apply({"t": "batch", "msgs": msgs}, p)
+            ing += c1 - c0
+            fo += time.process_time() - c1
+        del values
+        rules = 0.0
+        for sm in pipe.summaries[n0:]:
+            rec = {**sm, "time_ns": sm["closed_at_ns"]}
+            c0 = time.process_time()
+            engine.process("steps", rec)
+            engine.tick(rec["time_ns"])
+            rules += time.process_time() - c0
+        s = pipe.summaries[-1] if len(pipe.summaries) > n0 else {}
+        strag = s.get("straggler") or {}
+        rows.append(
+            {
+                "step": step,
+                "ingest_ms": ing * 1e3,
+                "fold_ms": fo * 1e3,
+                "rules_ms": rules * 1e3,
+                "summary_bytes": len(json.dumps(s, separators=(",", ":")).encode()) if s else 0,
+                "named": (strag.get("host"), strag.get("rank")),
+            }
+        )
+        say(
+            f"[dim]  {hosts:,} x {ranks_per_host}: step {step} ingest {ing * 1e3:,.0f} ms, fold {fo * 1e3:,.0f} ms, "
+            f"rules {rules * 1e3:,.1f} ms, summary {rows[-1]['summary_bytes']:,} B, straggler {rows[-1]['named']}[/dim]"
+        )
+    peak = _rss_now("VmHWM:")
+    late = [r for r in rows if r["step"] > guilty_from]
+    want = (shape.straggler_host, shape.straggler_rank)
+    return {
+        "hosts": hosts,
+        "ranks_per_host": ranks_per_host,
+        "events_per_step": shape.events_per_step_total,
+        "ingest_ms": statistics.median(r["ingest_ms"] for r in late),
+        "fold_ms": statistics.median(r["fold_ms"] for r in late),
+        "rules_ms": statistics.median(r["rules_ms"] for r in late),
+        "summary_bytes": max(r["summary_bytes"] for r in late),
+        "rss_peak_mb": peak,
+        "rss_fleet_mb": rss_fleet,  # after building the fleet's templates: the rest is the worker's and engine's
+        "named": sum(1 for r in late if tuple(r["named"]) == want),
+        "steps_judged": len(late),
+        "wall_s": time.monotonic() - t0,
+    }
+
+
 def run(
     quick: bool = False,
     rounds: int | None = None,
@@ -1303,6 +1410,7 @@ def run(
     steps: int | None = None,
     pause_s: float | None = None,
     workers: int = WORKERS,
+    ranks_per_host: int = 1,
 ) -> dict:
     """Run every size, print the blocks, tables and verdicts, save the JSON. ``rounds`` is unused (one
     pass: each size takes minutes). Returns the results dict."""
@@ -1312,7 +1420,9 @@ def run(
     common.console.rule(
         "[bold]7. width[/bold]: one job of "
         + ", ".join(f"{h:,}" for h in sizes)
-        + " hosts through broker, worker, rule engine"
+        + " hosts"
+        + (f" x {ranks_per_host} ranks" if ranks_per_host > 1 else "")
+        + " through broker, worker, rule engine"
     )
     results: list[SizeResult] = []
     tmp = Path(tempfile.mkdtemp(prefix="obshub-bench-width-"))
@@ -1333,10 +1443,11 @@ def run(
                     say=say,
                     guilty_from=GUILTY_FROM,
                     grace_s=QUICK_GRACE_S if quick else WIDE_GRACE_S if hosts >= 2048 else GRACE_S,
+                    ranks_per_host=ranks_per_host,
                 ).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
-                r = SizeResult(hosts, n, hosts * 64, ended=f"could not run: {str(exc)[:300]}")
+                r = SizeResult(hosts, n, hosts * 64 * ranks_per_host, ended=f"could not run: {str(exc)[:300]}")
                 r.why_not = [r.ended]
             results.append(r)
             print_size(r, say)
@@ -1349,6 +1460,7 @@ def run(
         "workers": workers,
         "partitions": PARTITIONS,
         "window_s": WINDOW_S,
+        "ranks_per_host": ranks_per_host,
     }
     say(f"raw results: {common.save('width', data)}")
     return data
@@ -1365,9 +1477,61 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pause-s", type=float, default=None, help=f"worker pause under load (default {PAUSE_S}; 0 = none)")
     p.add_argument("--workers", type=int, default=WORKERS, help=f"stream workers (default {WORKERS})")
     p.add_argument("--rounds", type=int, default=None, help="unused (one pass)")
+    p.add_argument(
+        "--inproc",
+        action="store_true",
+        help="no broker: ingest, fold and rule pack of each size in this process (inproc_cost), one size per "
+        "process run; for sizes the machine cannot carry at 1 s steps",
+    )
+    p.add_argument(
+        "--ranks-per-host",
+        type=int,
+        default=1,
+        help="ranks per host: each host's batches hold every rank's events, 64 per rank-step (default 1)",
+    )
     a = p.parse_args(argv)
     sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
-    run(a.quick, a.rounds, sizes=sizes, steps=a.steps, pause_s=a.pause_s, workers=a.workers)
+    if a.ranks_per_host < 1:
+        p.error(f"--ranks-per-host {a.ranks_per_host}: expected 1 or more")
+    if a.inproc:
+        out = [inproc_cost(h, a.ranks_per_host) for h in sizes or (8, 128)]
+        t = Table(
+            title=f"in process, per step after the straggler's first slow step ({a.ranks_per_host} ranks per host)"
+        )
+        for col in (
+            "hosts x ranks",
+            "events/step",
+            "ingest ms",
+            "fold ms",
+            "rule pack ms",
+            "summary bytes",
+            "RSS peak MB",
+            "straggler host+rank named",
+        ):
+            t.add_column(col, justify="right")
+        for r in out:
+            t.add_row(
+                f"{r['hosts']:,} x {r['ranks_per_host']}",
+                f"{r['events_per_step']:,}",
+                f"{r['ingest_ms']:,.0f}",
+                f"{r['fold_ms']:,.0f}",
+                f"{r['rules_ms']:,.1f}",
+                f"{r['summary_bytes']:,}",
+                f"{r['rss_peak_mb']:,.0f} ({r['rss_fleet_mb']:,.0f})",
+                f"{r['named']}/{r['steps_judged']}",
+            )
+        common.console.print(t)
+        common.console.print(f"raw results: {common.save('width_inproc', {'rows': out, 'rev': common.git_rev()})}")
+        return 0
+    run(
+        a.quick,
+        a.rounds,
+        sizes=sizes,
+        steps=a.steps,
+        pause_s=a.pause_s,
+        workers=a.workers,
+        ranks_per_host=a.ranks_per_host,
+    )
     return 0
 
 

@@ -671,25 +671,32 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "world_size": "ranks of the job (registered world size; the expected hosts when none registered)",
     "step_time_ns": "map host -> step wall time ns (STEP_END duration)",
     "step_time_max_ns": "largest step time over hosts, ns",
-    "straggler": "null, or {host, score, excess_ns, reason, group}: the host that kept the others waiting; "
-    "group = [{host, late_ns}] every rank as late at its collective (the late group)",
-    "blame": "list of {host, layer, excess_ns, straggler_ns, peer_median_ns, count, max_ns}, largest first",
+    "straggler": "null, or {host, rank, local_rank, gpu, score, excess_ns, reason, group}: the host that kept the "
+    "others waiting and its rank that did (null when unknown; gpu -1); group = [{host, rank, late_ns}] every rank "
+    "as late at its collective (the late group)",
+    "blame": "list of {host, rank, layer, excess_ns, straggler_ns, peer_median_ns, count, max_ns}, largest first "
+    "(rank null for the network layer, a host's link, and when unknown)",
     "collectives": "list of {pg, coll_seq, op, skew_ns, uncertainty_ns, last_host} (pairing-consistent ones)",
     "inconsistent": "list of {pg, coll_seq, op, why}: collectives whose pairing fails the check (never blamed)",
     "late_max_ns": "the largest lateness of any host in the step, ns (arrival minus the median arrival)",
     "net_directed": "whether the step's retransmits meet the directed view's condition (some host has at least "
     "net_count_min of them on every busy connection in one direction); the worker then reads the job's network "
     'evidence in the directed view for its next steps too (docs/ANALYSIS.md "Network blame by connection")',
-    "evidence": "{spread_ns, hosts: {host: {layer: z}}}: per-step evidence for the sequential rules",
-    "culprit": "null, or {host, layer, evidence, source, why}: the host and layer the step is charged to (the "
+    "evidence": "{spread_ns, hosts: {host: {layer: z}}, ranks: {host: rank}}: per-step evidence for the sequential "
+    "rules; ranks names the rank of each host the evidence comes from (where known)",
+    "culprit": "null, or {host, rank, layer, evidence, source, why}: the host (and its rank, null when unknown or "
+    "for the network layer) and layer the step is charged to (the "
     "single-step stall rules'): the largest per-step evidence (source 'evidence'; layer pytorch named 'process'), "
     "else the straggler and its first blamed layer (source 'blame')",
-    "hang": "null, or {pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}], "
+    "hang": "null, or {pg, coll_seq, op, hosts: [{host, rank, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; state: frozen, "
     "stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in the step)",
     "layers": "map host -> layer -> {time_ns, count, max_ns}: every host of a step of at most 64 hosts; in a "
     "wider step only the outlier hosts (straggler and late group, blame and evidence hosts, last arrivals, the 8 "
     "largest per layer time, per layer count and by step time; layers_omitted counts the others)",
+    "ranks": "map host -> global rank -> {local_rank, pid, gpu, step_ns, late_ns, last_n, layers}: one row per rank "
+    "of a host of two or more known ranks (late_ns: its largest arrival after the median arrival of all ranks; "
+    "last_n: collectives it was last at); kept for the hosts layers keeps",
     "layer_stats": "map layer -> {hosts, time_p50_ns, time_p90_ns, time_p99_ns, time_max_ns, max_host, count_p50, "
     "count_p90, count_p99, count_max}: nearest-rank quantiles over every host that reported the layer",
     "layers_omitted": "hosts whose row layers leaves out (0 in a step of at most 64 hosts)",
@@ -745,6 +752,7 @@ _STEP_SHAPE: dict[str, str] = {
     "collectives": "list[map]",
     "layers": "map[map]",
     "layer_stats": "map[map]",
+    "ranks": "map[map]",
     "layers_omitted": "int",
     "baseline": "map",
     "stall": "bool",

@@ -32,6 +32,8 @@ Examples:
   obshub demo --fault stall --param layer=cpu --param stall_ms=800 --param period_s=18 --duration 80
                                                # sporadic: an 800 ms CPU burst on node-01 every 18 s;
                                                # every stall must be named (layer: net, cpu, process, mem)
+  obshub demo --hosts 2 --ranks-per-host 2 --fault cpu --fault-host 1 --fault-rank 1
+                                               # 2 ranks per host; a CPU hog on node-01's local rank 1
   obshub demo --cleanup                        # only remove what a crashed run left behind
 """
 
@@ -66,6 +68,19 @@ def _sigterm(*_):
     help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem; process: hang (the host's ranks frozen), exit (the host's ranks killed); stall: sporadic stalls of one layer, see --param; none)",
 )
 @click.option("--fault-host", type=int, default=1, show_default=True, help="host index that gets the fault")
+@click.option(
+    "--ranks-per-host",
+    type=click.IntRange(1, 8),
+    default=1,
+    show_default=True,
+    help="training ranks per host namespace (global rank = host x R + local rank; world = hosts x R)",
+)
+@click.option(
+    "--fault-rank",
+    type=int,
+    default=None,
+    help="local rank of the faulty host that the cpu or hang fault hits alone (its peers on the host run on)",
+)
 @click.option(
     "--fault-at",
     type=float,
@@ -140,6 +155,8 @@ def demo_command(
     hosts,
     fault,
     fault_host,
+    ranks_per_host,
+    fault_rank,
     fault_at,
     duration,
     steps,
@@ -180,6 +197,8 @@ def demo_command(
         hosts=hosts,
         fault=fault,
         fault_host=fault_host,
+        ranks_per_host=ranks_per_host,
+        fault_rank=fault_rank,
         fault_at_s=fault_at,
         duration_s=duration,
         steps=steps,
@@ -196,7 +215,12 @@ def demo_command(
     opts.check()
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
-        with DemoView(console, [f"node-{i:02d}" for i in range(hosts)]) as view:
+        names = [
+            f"node-{i:02d}" if ranks_per_host == 1 else f"node-{i:02d}/r{i * ranks_per_host + lr}"
+            for i in range(hosts)
+            for lr in range(ranks_per_host)
+        ]
+        with DemoView(console, names) as view:
             if matrix:
                 rows = run_matrix(opts, settings, view)
             else:

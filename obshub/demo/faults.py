@@ -98,6 +98,7 @@ class Fault:
     host: Host
     params: dict = field(default_factory=dict)
     kind: str = "none"
+    pid: int | None = None  # one rank's process of the host (``--fault-rank``): cpu and hang hit it alone
 
     @property
     def layer(self) -> str | None:
@@ -119,7 +120,8 @@ class Fault:
     def describe(self) -> str:
         """One line: kind, host and sizes."""
         sizes = ", ".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{self.kind} on {self.host.name}" + (f" ({sizes})" if sizes else "")
+        on = self.host.name + (f" pid {self.pid}" if self.pid else "")
+        return f"{self.kind} on {on}" + (f" ({sizes})" if sizes else "")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -361,7 +363,12 @@ class CpuHog(Fault):
         self._noise = _Noise(self.cluster, self.host, {"cpu": self.host.cgroup("cpu")})
         self._t0 = time.monotonic()
         self._train_base = self._training()
-        self._noise.start([sys.executable, "-c", BUSY_LOOP], int(self.params["procs"]))
+        argv = [sys.executable, "-c", BUSY_LOOP]
+        if self.pid:  # one rank: it and the busy loops share one CPU, its peers keep the others
+            cpu = max(os.sched_getaffinity(0))
+            _pin(self.pid, {cpu})
+            argv = ["taskset", "-c", str(cpu), *argv]
+        self._noise.start(argv, int(self.params["procs"]))
 
     def evidence(self) -> dict:
         if not self._noise:
@@ -380,6 +387,21 @@ class CpuHog(Fault):
     def remove(self) -> None:
         if self._noise:
             self._noise.stop()
+        if self.pid:
+            _pin(self.pid, os.sched_getaffinity(0))
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Set the CPU affinity of every thread of process ``pid`` (gone threads and processes are skipped)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
 
 
 MEM_HOG = """\
@@ -505,6 +527,13 @@ class Hang(Fault):
         return self.host.cgroup("unified")
 
     def inject(self) -> None:
+        if self.pid:  # one rank of the host: stopped (SIGSTOP), its peers on the host run on
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+            except OSError as exc:
+                raise FaultError(f"Failed to stop pid {self.pid}: {exc}", "the rank is gone") from exc
+            self._t0, self._frozen = time.monotonic(), True
+            return
         try:
             (self.cg / "cgroup.freeze").write_text("1")
         except OSError as exc:
@@ -516,6 +545,8 @@ class Hang(Fault):
     def evidence(self) -> dict:
         if not self._frozen:
             return {}
+        if self.pid:
+            return {"stopped_pid": self.pid, "frozen_s": round(time.monotonic() - self._t0, 1)}
         events = dict(ln.split() for ln in (self.cg / "cgroup.events").read_text().splitlines() if ln.strip())
         return {
             "frozen": int(events.get("frozen", 0)),
@@ -524,7 +555,12 @@ class Hang(Fault):
         }
 
     def remove(self) -> None:
-        if self._frozen and (self.cg / "cgroup.freeze").exists():
+        if self._frozen and self.pid:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except OSError:
+                pass
+        elif self._frozen and (self.cg / "cgroup.freeze").exists():
             try:
                 (self.cg / "cgroup.freeze").write_text("0")
             except OSError:
@@ -786,9 +822,10 @@ _CLASSES = {
 }
 
 
-def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = None) -> Fault:
-    """The fault of ``kind`` (one of ``KINDS``) on host index ``host``. Raises FaultError for an unknown
-    kind or a host outside the cluster."""
+def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = None, pid: int | None = None) -> Fault:
+    """The fault of ``kind`` (one of ``KINDS``) on host index ``host`` (``pid``: on that one rank's
+    process; ``cpu`` and ``hang`` only). Raises FaultError for an unknown kind or a host outside the
+    cluster."""
     if kind not in _CLASSES:
         raise FaultError(f"unknown fault kind {kind!r}", f"use one of {', '.join(KINDS)}")
     if not 0 <= host < len(cluster.hosts):
@@ -796,4 +833,6 @@ def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = Non
             f"--fault-host {host} is outside 0..{len(cluster.hosts) - 1}",
             "hosts are numbered from 0 (host 0 is the rendezvous host)",
         )
-    return _CLASSES[kind](cluster, cluster.hosts[host], dict(params or {}))
+    if pid is not None and kind not in ("cpu", "hang"):
+        raise FaultError(f"--fault-rank: the {kind} fault hits a whole host", "use it with --fault cpu or hang")
+    return _CLASSES[kind](cluster, cluster.hosts[host], dict(params or {}), pid=pid)

@@ -74,6 +74,8 @@ class DemoOptions:
     keep_stack: bool = False
     ready_timeout_s: float = 300.0
     lock_wait_s: float = 0.0
+    ranks_per_host: int = 1
+    fault_rank: int | None = None  # local rank of the faulty host the cpu / hang fault hits alone
 
     def plan(self) -> list[tuple[str, int, float, float]]:
         """The episodes as ``(kind, host index, inject at s, remove at s)`` after warm-up (later episodes
@@ -121,6 +123,19 @@ class DemoOptions:
             raise DemoError(f"--param percent={self.fault_params['percent']}: at most 100")
         if self.hosts < 2:
             raise DemoError(f"--hosts {self.hosts}: a straggler needs peers", "use --hosts 2 or more")
+        if not 1 <= self.ranks_per_host <= 8:
+            raise DemoError(f"--ranks-per-host {self.ranks_per_host}: expected 1..8")
+        if self.fault_rank is not None:
+            if not 0 <= self.fault_rank < self.ranks_per_host:
+                raise DemoError(
+                    f"--fault-rank {self.fault_rank} is outside 0..{self.ranks_per_host - 1}",
+                    "it is the local rank on the faulty host",
+                )
+            if self.fault not in ("cpu", "hang") or self.sequence:
+                raise DemoError(
+                    f"--fault-rank with --fault {self.fault}: only a cpu or hang fault hits one rank",
+                    "use --fault cpu or --fault hang (no --sequence)",
+                )
         if not 0 <= self.fault_host < self.hosts:
             raise DemoError(
                 f"--fault-host {self.fault_host} is outside 0..{self.hosts - 1}", "hosts are numbered from 0"
@@ -210,10 +225,13 @@ class AlertReader:
 class Rank:
     """One training rank: its process and the steps it printed (``steps``: list of (step, ms, t_ns))."""
 
-    def __init__(self, host, proc: subprocess.Popen, view: DemoView):
+    def __init__(self, host, proc: subprocess.Popen, view: DemoView, rank: int | None = None, per_host: int = 1):
         self.host, self.proc, self.view = host, proc, view
+        self.rank = host.index if rank is None else rank
+        # the name the view and the report use: the host, or host/r<global rank> with several per host
+        self.name = host.name if per_host == 1 else f"{host.name}/r{self.rank}"
         self.steps: list[tuple[int, float, int]] = []
-        self._thread = threading.Thread(target=self._read, name=f"rank-{host.index}", daemon=True)
+        self._thread = threading.Thread(target=self._read, name=f"rank-{self.rank}", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
@@ -222,7 +240,7 @@ class Rank:
             if m:
                 step, ms = int(m.group(1)), float(m.group(3))
                 self.steps.append((step, ms, time.time_ns()))
-                self.view.step(self.host.name, step, ms)
+                self.view.step(self.name, step, ms)
 
 
 def _wait(cond, timeout_s: float, what: str, check=None) -> None:
@@ -277,8 +295,9 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     out_dir = out_dir or settings.home / "demo" / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
     view.say(
-        f"run {run_id}: {opts.hosts} hosts, fault {opts.fault}"
+        f"run {run_id}: {opts.hosts} hosts x {opts.ranks_per_host} ranks, fault {opts.fault}"
         + (f" on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s" if opts.fault != "none" else "")
+        + (f" (local rank {opts.fault_rank})" if opts.fault_rank is not None else "")
         + f"; logs in {out_dir}"
     )
     with contextlib.ExitStack() as es:
@@ -357,20 +376,25 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
 
         steps = opts.steps or 1_000_000
         ranks = []
+        per = opts.ranks_per_host
+        world = opts.hosts * per
         for h in cluster.hosts:
-            log = out_dir / f"rank-{h.index}.log"
-            env = parts.training_env(dict(os.environ), h, opts.hosts, cluster.hosts[0].address)
-            proc = _start_logged(
-                es,
-                cluster,
-                h,
-                parts.training_argv(job, h, steps, opts.hidden, opts.step_sleep_ms),
-                log,
-                env=env,
-                stdout=subprocess.PIPE,
-            )
-            ranks.append(Rank(h, proc, view))
-        view.say(f"training: {opts.hosts} ranks of ddp_train (gloo) over 10.77.0.0/24, job {job}")
+            for lr in range(per):  # global rank h * per + lr: the rank layout torchrun gives per node
+                rank = h.index * per + lr
+                log = out_dir / f"rank-{rank}.log"
+                env = parts.training_env(dict(os.environ), h, world, cluster.hosts[0].address)
+                env.update({"RANK": str(rank), "LOCAL_RANK": str(lr), "LOCAL_WORLD_SIZE": str(per)})
+                proc = _start_logged(
+                    es,
+                    cluster,
+                    h,
+                    parts.training_argv(job, h, steps, opts.hidden, opts.step_sleep_ms),
+                    log,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                )
+                ranks.append(Rank(h, proc, view, rank, per))
+        view.say(f"training: {world} ranks of ddp_train (gloo, {per} per host) over 10.77.0.0/24, job {job}")
 
         killed = False  # an exit fault killed a rank: the others may fail with it
 
@@ -381,7 +405,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 return  # the fault killed a rank: the others may fail with it
             for r in ranks:
                 if r.proc.poll() not in (None, 0):
-                    _alive(r.proc, f"rank {r.host.index}", out_dir / f"rank-{r.host.index}.log")
+                    _alive(r.proc, f"rank {r.rank}", out_dir / f"rank-{r.rank}.log")
 
         _wait(lambda: all(r.steps for r in ranks), opts.ready_timeout_s, "the first training step", check=check_ranks)
         t_warm = time.monotonic()
@@ -392,7 +416,8 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         evidence: dict = {}
         for i, (kind, host_i, start_s, stop_s) in enumerate(episodes):
             base, _, sub = kind.partition(":")  # stall:LAYER in a --sequence: a stall of that layer
-            fault = make_fault(base, cluster, host_i, {**opts.fault_params, **({"layer": sub} if sub else {})})
+            pid = ranks[host_i * per + opts.fault_rank].proc.pid if opts.fault_rank is not None else None
+            fault = make_fault(base, cluster, host_i, {**opts.fault_params, **({"layer": sub} if sub else {})}, pid=pid)
             fault.prepare()
             es.callback(fault.remove)
             expected = (cluster.hosts[host_i].name, fault.layer) if kind != "none" else None
@@ -466,13 +491,16 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             "job": job,
             "run_id": run_id,
             "fault_host_name": expected[0] if expected else None,
+            "fault_rank_global": (
+                opts.fault_host * opts.ranks_per_host + opts.fault_rank if opts.fault_rank is not None else None
+            ),
         },
         "verdict": verdict,
         "evidence": done[0]["evidence"],
         "alerts": [asdict(a) for a in reader.alerts if a.received_ns < end_ns],
         "alerts_after_end": [asdict(a) for a in reader.alerts if a.received_ns >= end_ns],
         "alert_records": reader.records,
-        "steps": {r.host.name: {"count": len(r.steps), "median_ms": _median([s[1] for s in r.steps])} for r in ranks},
+        "steps": {r.name: {"count": len(r.steps), "median_ms": _median([s[1] for s in r.steps])} for r in ranks},
         "webhook": _webhook_summary(receiver),
         "logs": str(out_dir),
     }

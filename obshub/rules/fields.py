@@ -66,11 +66,11 @@ SIGNAL_VARS: dict[str, dict[str, str]] = {"steps": STEP_VARS, "events": EVENT_VA
 
 # documented members of nested step-summary fields (from STEP_SUMMARY_FIELDS' descriptions)
 NESTED_VARS: dict[str, set[str]] = {
-    "straggler": {"host", "score", "excess_ns", "reason", "group"},
+    "straggler": {"host", "rank", "local_rank", "gpu", "score", "excess_ns", "reason", "group"},
     "baseline": {"median_ns", "p99_ns", "n", "spread_ns"},
-    "evidence": {"spread_ns", "hosts", "max"},
+    "evidence": {"spread_ns", "hosts", "max", "ranks"},
     "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waited_ns", "after_ns"},
-    "culprit": {"host", "layer", "evidence", "source", "why"},
+    "culprit": {"host", "rank", "layer", "evidence", "source", "why"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }
 
@@ -106,6 +106,7 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "culprit": None,
     "layers": {},
     "layer_stats": {},
+    "ranks": {},
     "layers_omitted": 0,
     "baseline": {"median_ns": 0, "p99_ns": 0, "n": 0, "spread_ns": 0},
     "stall": False,

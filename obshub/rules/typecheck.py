@@ -113,6 +113,7 @@ KIND = enum(*(k.name for k in schema.Kind))
 
 # the step summary's fields (schema.STEP_SUMMARY_FIELDS, as rules.fields.step_record gives them)
 _LAYER_CELL = record("a layers cell", time_ns=INT, count=INT, max_ns=INT)
+RANK = T("int", nullable=True)  # a global or local rank: null when the agent did not register one
 _LAYER_STAT = record(
     "a layer_stats entry",
     hosts=INT,
@@ -142,15 +143,19 @@ STEP_TYPES: dict[str, T] = {
         "straggler",
         nullable=True,
         host=STRING,
+        rank=RANK,
+        local_rank=RANK,
+        gpu=INT,
         score=DOUBLE,
         excess_ns=INT,
         reason=STRING,
-        group=list_of(record("a straggler.group entry", host=STRING, late_ns=INT)),
+        group=list_of(record("a straggler.group entry", host=STRING, rank=RANK, late_ns=INT)),
     ),
     "blame": list_of(
         record(
             "a blame entry",
             host=STRING,
+            rank=RANK,
             layer=LAYER,
             excess_ns=INT,
             straggler_ns=INT,
@@ -178,11 +183,13 @@ STEP_TYPES: dict[str, T] = {
         spread_ns=INT,
         hosts=map_of(STRING, by_layer(DOUBLE, "a host's evidence (by layer)")),
         max=by_layer(DOUBLE, "the largest evidence of each layer over the hosts"),
+        ranks=map_of(STRING, INT),
     ),
     "culprit": record(
         "culprit",
         nullable=True,
         host=STRING,
+        rank=RANK,
         layer=STRING,
         evidence=DOUBLE,
         source=enum("evidence", "blame", "layers", "persistent", "hang"),
@@ -198,6 +205,7 @@ STEP_TYPES: dict[str, T] = {
             record(
                 "a hang.hosts entry",
                 host=STRING,
+                rank=RANK,
                 last_step=INT,
                 last_phase=STRING,
                 silent_ns=INT,
@@ -211,6 +219,22 @@ STEP_TYPES: dict[str, T] = {
     ),
     "layers": map_of(STRING, by_layer(_LAYER_CELL, "a host's layers")),
     "layer_stats": by_layer(_LAYER_STAT, "layer_stats"),
+    "ranks": map_of(
+        STRING,
+        map_of(
+            STRING,
+            record(
+                "a ranks row",
+                local_rank=INT,
+                pid=INT,
+                gpu=INT,
+                step_ns=T("int", nullable=True),
+                late_ns=INT,
+                last_n=INT,
+                layers=by_layer(_LAYER_CELL, "a rank's layers"),
+            ),
+        ),
+    ),
     "layers_omitted": INT,
     "baseline": record("baseline", median_ns=INT, p99_ns=INT, n=INT, spread_ns=INT),
     "stall": BOOL,

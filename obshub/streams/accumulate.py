@@ -18,7 +18,19 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "last_phase": [end_rt, phase],  # the latest PHASE to end (absent before the first one)
      "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
              "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns,     # per connection, a < b
-                                   retransmits_a_to_b, retransmits_b_to_a]}}}
+                                   retransmits_a_to_b, retransmits_b_to_a]}},
+     "ranks": {"<global rank>": rank row},   # only when the host has two or more known ranks (below)
+     "rank": [rank, local_rank, pid]}        # only when it has exactly one known rank
+
+``ranks`` holds one **rank row** per registered training process of the host that had an event in the
+step: the same shape as a host accumulator without ``net`` and ``ranks`` (its own ``step_ns``,
+``begin_rt``/``end_rt``, ``phases``, ``layers``, ``colls``), plus ``"pid"``, ``"local_rank"`` and
+``"gpu"`` (the GPU index of its CUDA events, -1 when none). An event belongs to the rank whose REGISTER
+named its ``pid`` (the agent's process id of the rank, ``ranks`` argument of :func:`reduce_batch`);
+events of other pids (softirq TCP events, a helper process) stay host-level only, and TCP events never
+go into a rank row: a host's link is shared by its ranks (docs/ANALYSIS.md "Several ranks per host").
+The host-level fields keep their meaning whatever the number of ranks (``step_ns`` the largest of its
+ranks, a collective's arrival the earliest).
 
 ``net`` feeds the connection-based network blame (docs/ANALYSIS.md "Network blame by connection"); an
 accumulator without it (written by an older worker) merges as empty. A retransmit is counted by its sender
@@ -106,6 +118,24 @@ KIND_RULES: dict[Kind, Rule] = {
 
 #: kinds handled apart (step and collective boundaries, registrations, agent loss)
 STRUCTURAL = {kind for kind, info in schema.KIND_INFO.items() if info.step is None}
+
+
+def new_rank_row(pid: int, local_rank: int) -> dict:
+    """An empty rank row of a host accumulator's ``ranks`` (shape in the module docstring)."""
+    return {
+        "pid": pid,
+        "local_rank": local_rank,
+        "gpu": -1,
+        "events": 0,
+        "step_ns": None,
+        "begin_rt": None,
+        "end_rt": None,
+        "unc_ns": 0,
+        "phases": {},
+        "layers": {},
+        "colls": {},
+        "ringbuf_lost": 0,
+    }
 
 
 def new_acc(host: str, host_id: int) -> dict:
@@ -231,8 +261,16 @@ for _kind, (_layer, _t, _c, _m) in KIND_RULES.items():
         _FAST[int(_kind)] = (_layer.value, _pattern)
 
 
-def reduce_batch(batch: Batch, running_step: int | None = None) -> dict[int, dict]:
+def reduce_batch(
+    batch: Batch, running_step: int | None = None, ranks: dict[int, tuple[int, int]] | None = None
+) -> dict[int, dict]:
     """Reduce a validated batch to ``{step: host accumulator}`` for every step >= 0 its events belong to.
+
+    ``ranks``: ``{pid: (global rank, local rank)}`` of the host's registered training processes (from
+    their REGISTER events, this batch's included: :func:`rank_map`); with two or more, each stepped event
+    of such a pid is also folded into that rank's row (``acc["ranks"]``), TCP events excepted; with one,
+    every accumulator only names it (``acc["rank"] = [rank, local_rank, pid]``, no rows). None or empty:
+    neither.
 
     Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
     outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped. TCP_RTT and
@@ -250,7 +288,15 @@ def reduce_batch(batch: Batch, running_step: int | None = None) -> dict[int, dic
     fast = _FAST
     acc = None
     acc_step = None
+    one = None
+    if ranks and len(ranks) == 1:  # one rank on the host: the host row is its row; only its identity is kept
+        (pid1, (r1, l1)), ranks = next(iter(ranks.items())), None
+        one = [r1, l1, pid1]
     for e in batch.events:
+        if ranks:
+            r = ranks.get(e.pid)
+            if r is not None and e.step >= 0:
+                _add_rank_event(out, batch, e, r, offset_ns)
         step = e.step
         if step < 0:
             kind = e.kind
@@ -298,6 +344,56 @@ def reduce_batch(batch: Batch, running_step: int | None = None) -> dict[int, dic
             slot[1] += 1
     if loose_loss and out:
         out[min(out)]["ringbuf_lost"] += loose_loss
+    if one is not None:
+        for a in out.values():
+            a["rank"] = one
+    return out
+
+
+def _add_rank_event(out: dict[int, dict], batch: Batch, e: Event, r: tuple[int, int], offset_ns: int) -> None:
+    """Fold stepped event ``e`` of rank ``r = (global rank, local rank)`` into its rank row of ``out``."""
+    kind = int(e.kind)
+    if kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
+        return
+    acc = out.get(e.step)
+    if acc is None:
+        acc = out[e.step] = new_acc(batch.host, batch.host_id)
+        acc["unc_ns"] = batch.clock.uncertainty_ns
+    rows = acc.get("ranks")
+    if rows is None:
+        rows = acc["ranks"] = {}
+    key = str(r[0])
+    row = rows.get(key)
+    if row is None:
+        row = rows[key] = new_rank_row(e.pid, r[1])
+        row["unc_ns"] = batch.clock.uncertainty_ns
+    if e.gpu >= 0:
+        row["gpu"] = e.gpu
+    f = _FAST.get(kind)
+    if f is None:
+        add_event(row, e, offset_ns)
+        return
+    row["events"] += 1  # the common layer-only kinds, as reduce_batch folds them
+    slot = row["layers"].get(f[0])
+    if slot is None:
+        slot = row["layers"][f[0]] = [0, 0, 0]
+    slot[1] += 1
+    if f[1] == 0:
+        slot[0] += e.duration_ns
+    if f[1] != 2 and e.duration_ns > slot[2]:
+        slot[2] = e.duration_ns
+
+
+def rank_map(batch: Batch, known: dict[int, tuple[int, int]] | None = None) -> dict[int, tuple[int, int]]:
+    """``{pid: (global rank, local rank)}`` of the training processes registered on the batch's host:
+    ``known`` (the map after the host's previous batches) updated with the batch's REGISTER events (a
+    REGISTER without ``local_rank`` counts local rank 0)."""
+    out = dict(known or {})
+    for e in batch.events:
+        if e.kind == _REGISTER:
+            for pid in [p for p, (r, _l) in out.items() if r == int(e.value)]:
+                del out[pid]  # the rank restarted under a new pid
+            out[int(e.pid)] = (int(e.value), int((e.payload or {}).get("local_rank", 0) or 0))
     return out
 
 
@@ -327,7 +423,8 @@ def _step_at(stepped: list[tuple[int, int]], ts_ns: int) -> int:
 
 
 def registrations(batch: Batch) -> list[dict]:
-    """The REGISTER events of a batch as ``{"job", "host", "host_id", "rank", "world_size", "pid"}``."""
+    """The REGISTER events of a batch as ``{"job", "host", "host_id", "rank", "world_size", "pid"}`` (the
+    local rank: :func:`rank_map`)."""
     regs = []
     for e in batch.events:
         if e.kind == _REGISTER:
@@ -374,7 +471,7 @@ def merge(into: dict, part: dict) -> dict:
     """Merge host accumulator ``part`` into ``into`` (same host, same step) and return ``into``.
 
     Sums: events, phases, layer time and count, ring-buffer loss, per-connection RTT samples and
-    retransmits (addresses: union). Maxima: step_ns, layer max, clock
+    retransmits (addresses: union); rank rows merge the same way, row by row (a new rank is added). Maxima: step_ns, layer max, clock
     uncertainty. Times of one-off events (begin, end, collective arrival) keep the first value seen,
     except that a missing value is filled in.
     """
@@ -412,4 +509,17 @@ def merge(into: dict, part: dict) -> dict:
                 slot.extend([0] * (5 - len(slot)))  # recovered from an older worker's changelog
             for i, v in enumerate(vals[:5]):
                 slot[i] += v
+    if part.get("rank") and not into.get("rank"):
+        into["rank"] = part["rank"]
+    pranks = part.get("ranks")
+    if pranks:
+        mine = into.setdefault("ranks", {})
+        for key, row in pranks.items():
+            have = mine.get(key)
+            if have is None:
+                mine[key] = row
+            else:
+                merge(have, row)
+                if row.get("gpu", -1) >= 0:
+                    have["gpu"] = row["gpu"]
     return into

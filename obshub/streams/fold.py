@@ -232,6 +232,10 @@ class Fold:
         # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
+        # job -> host -> pid -> (global rank, local rank) of its registered processes (derived, in memory,
+        # from the registrations seen here: a restarted worker names hung hosts without their rank, and
+        # judges a host done with a step by its first STEP_END until its ranks register again)
+        self.host_ranks: dict[str, dict[str, dict[int, tuple[int, int]]]] = {}
         self.input_partitions = input_partitions
         self.hold_max_ns = hold_max_ns if hold_max_ns is not None else max(10 * window_ns, 60_000_000_000)
         self.read_ns: dict[int, int] = {}  # input partition -> clock() up to which it was read (derived)
@@ -281,7 +285,7 @@ class Fold:
             n = 0
             for h in names:
                 e = entries.get(h)
-                if e is not None and e["acc"]["step_ns"] is not None:
+                if e is not None and self.host_done(st["job"], h, e["acc"]):
                     n += 1
             self.ended[sk] = n
         return n
@@ -567,7 +571,13 @@ class Fold:
         now = self.clock() if now is None else now
         open_ = {job for job, _p in self._open_jobs()}
         jobs = set(self.active_ns).union(
-            self.last_seen, self.top_step, self.quiet_until, self.net_directed, self.net_recent, self.rank_state
+            self.last_seen,
+            self.top_step,
+            self.quiet_until,
+            self.net_directed,
+            self.net_recent,
+            self.rank_state,
+            self.host_ranks,
         )
         jobs |= set(self.culprit_recent)
         for j in jobs.difference(self.active_ns):  # state without a message here yet (a restart): from now
@@ -583,6 +593,7 @@ class Fold:
                 self.net_recent,
                 self.rank_state,
                 self.culprit_recent,
+                self.host_ranks,
             ):
                 m.pop(j, None)
         return gone
@@ -634,6 +645,12 @@ class Fold:
                 js["buckets"] = sorted(js["buckets"] + [b])
             changed = True
         rank = v.get("rank")
+        if rank is not None and v.get("pid") is not None:
+            pids = self.host_ranks.setdefault(job, {}).setdefault(host, {})
+            for pid, (r, _lr) in list(pids.items()):
+                if r == int(rank):  # the rank restarted under a new pid
+                    del pids[pid]
+            pids[int(v["pid"])] = (int(rank), int(v.get("local_rank") or 0))
         if rank is not None:
             rk = f"{job}@{p}#r{int(rank) % BUCKETS}"
             ranks = self.members.get(rk) or {}
@@ -726,7 +743,7 @@ class Fold:
                 st["extra"].append(host)
                 st_dirty = True
         else:
-            was_ended = entry["acc"]["step_ns"] is not None
+            was_ended = self.host_done(job, host, entry["acc"])
             accumulate.merge(entry["acc"], v["acc"])
             entry["bids"].append(bid)
             for k, x in q.items():
@@ -734,12 +751,28 @@ class Fold:
         self._pending.setdefault(sk, {})[host] = entry
         if st_dirty:
             self.steps[sk] = st
-        if not was_ended and entry["acc"]["step_ns"] is not None:
+        if not was_ended and self.host_done(job, host, entry["acc"]):
             ended += 1
             self.ended[sk] = ended
             if self._complete(st, ended, js or self._job(f"{job}@{p}"), p):
                 return self.close(sk, st, p, "complete")
         return []
+
+    def host_done(self, job: str, host: str, acc: dict) -> bool:
+        """Whether ``host`` is done with the step of accumulator ``acc``: a STEP_END of each of its ranks
+        registered here (rank rows, ``accumulate``), or its first STEP_END when its ranks are unknown (one
+        rank per host, or a restarted worker)."""
+        if acc["step_ns"] is None:
+            return False
+        n = len(self.host_ranks.get(job, {}).get(host, ()))
+        if n < 2:
+            return True
+        rows = acc.get("ranks") or {}
+        return sum(1 for r in rows.values() if r["step_ns"] is not None) >= n
+
+    def rank_of(self, job: str) -> dict[str, dict[int, tuple[int, int]]]:
+        """``host -> pid -> (global rank, local rank)`` of the processes of ``job`` registered here."""
+        return self.host_ranks.get(job, {})
 
     def _complete(self, st: dict, ended: int, js: dict, p: int) -> bool:
         # every rank of the job must have registered (hosts in other input partitions may lag), and every
@@ -795,13 +828,18 @@ class Fold:
             self.quiet_until[job] = max(self.quiet_until.get(job, -1), step + self.th.hang_quiet_steps)
         if step <= self.quiet_until.get(job, -1):
             summary["evidence"]["hosts"] = {}
-            summary["culprit"] = analysis.culprit(summary)
+            summary["evidence"].pop("ranks", None)
+            summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
         recent_c = self.culprit_recent.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
         summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
+        if summary["culprit"] is not None and "rank" not in summary["culprit"]:
+            summary["culprit"] = analysis.culprit_rank(summary["culprit"], summary)
         recent_c.append(key)
         hung_hosts = self.hang_hosts.pop(sk, None)
         if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")
             summary["culprit"] = analysis.hang_culprit(hung_hosts)
+            if summary["culprit"] is not None:
+                summary["culprit"]["rank"] = hung_hosts[0].get("rank")
         self.hung.pop(sk, None)
         self.was_hung.discard(sk)
         self._held.discard(sk)
@@ -897,7 +935,8 @@ class Fold:
                 self.hung.pop(sk, None)
                 continue
             expected, accs = self._open_accs(sk, st, js)
-            found = analysis.hang_check(
+            pids, states = self.rank_of(job), self.rank_state.get(job, {})
+            found = analysis.one_node_hang(
                 accs,
                 expected,
                 self.last_seen.get(job, {}),
@@ -906,8 +945,26 @@ class Fold:
                 st["step"],
                 now,
                 self.th,
-                stopped=self.stopped_hosts(job),
+                pids,
+                states,
             )
+            if found is None and len(set(expected) | set(accs)) > 1:
+                found = analysis.hang_ranks(
+                    analysis.hang_check(
+                        analysis.host_view(accs, strict=True),  # a host has arrived when its ranks all have
+                        expected,
+                        self.last_seen.get(job, {}),
+                        st["opened_ns"],
+                        js["history"],
+                        st["step"],
+                        now,
+                        self.th,
+                        stopped=self.stopped_hosts(job),
+                    ),
+                    accs,
+                    pids,
+                    states,
+                )
             if found is None:
                 self.hung.pop(sk, None)
                 continue
@@ -972,6 +1029,7 @@ class Fold:
                 blame.append(
                     {
                         "host": h,
+                        "rank": None,  # a host's link: its ranks share it
                         "layer": "network",
                         "excess_ns": max(0, v["rtt_ns"] - v["peer_rtt_ns"]),
                         "straggler_ns": v["rtt_ns"],
@@ -986,6 +1044,6 @@ class Fold:
                 evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
                 quality=dict.fromkeys(summary["quality"], 0),
             )
-            summary["culprit"] = analysis.culprit(summary)
+            summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
             out.append((sk, summary))
         return out

@@ -2,14 +2,17 @@
 
 :class:`Ingest` decodes a message with ``streams.wire.decode_batch`` (anything it rejects goes to the
 dead-letter topic), tracks every agent instance's batch sequence in the ``agents`` table (partitioned like
-the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run, seen_ns}``: a gap = lost
-batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay after a
-restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its last
-batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of its last batch, for
-retention: the worker deletes the record ``job_retention_s`` after it), reduces the batch to one accumulator per step
+the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run, seen_ns, ranks}``: a
+gap = lost batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay
+after a restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its
+last batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of its last batch, for
+retention: the worker deletes the record ``job_retention_s`` after it; ``ranks`` = ``{pid: [global rank,
+local rank]}`` of the host's registered processes, from their REGISTER events: ``accumulate.rank_map``),
+reduces the batch to one accumulator per step
 (``streams.accumulate``) and returns what the agent must send on the internal topic:
 
-- ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size})`` for each REGISTER event and
+- ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size, pid, local_rank})`` for each
+  REGISTER event and
   for the first batch of an agent instance (every partition must know the job's hosts);
 - ``("broadcast", job, {"t": "state", job, host, pid, state, at_rt})`` for each RANK_STATE event (a
   registered process found frozen, stopped, exited, or running again: the hang check reads it);
@@ -109,6 +112,12 @@ class Ingest:
         hosts = accumulate.registrations(batch)
         if first and not hosts:
             hosts = [{"job": batch.job, "host": batch.host, "host_id": batch.host_id}]
+        # the host's registered ranks (pid -> [rank, local rank]), kept with the agent's record: every batch
+        # after the REGISTER events folds each rank's events into its own rank row too
+        known = {int(k): (int(v[0]), int(v[1])) for k, v in (st.get("ranks") or {}).items()}
+        ranks = accumulate.rank_map(batch, known) if any("pid" in h for h in hosts) else known
+        if ranks != known and not replay:
+            st["ranks"] = {str(k): list(v) for k, v in ranks.items()}
         for reg in hosts:
             res.sends.append(
                 (
@@ -121,6 +130,8 @@ class Ingest:
                         "host_id": reg["host_id"],
                         "rank": reg.get("rank"),
                         "world_size": reg.get("world_size", 0),
+                        "pid": reg.get("pid"),
+                        "local_rank": ranks.get(reg.get("pid"), (None, None))[1],
                     },
                 )
             )
@@ -130,7 +141,7 @@ class Ingest:
         # event (a rank blocked in a long collective): a slow link shows while its step still runs
         run = st.get("run")
         run_step = run[1] if run and run[0] == batch.job else None
-        parts = accumulate.reduce_batch(batch, run_step)
+        parts = accumulate.reduce_batch(batch, run_step, ranks)
         bid = f"{batch.agent_id}:{batch.seq}"
         for i, (step, acc) in enumerate(sorted(parts.items())):
             q = {}

@@ -261,3 +261,44 @@ def generate(scn: Scenario) -> list[tuple[bytes, Batch]]:
 def expected(scn: Scenario) -> dict[int, tuple[str, str]]:
     """Ground truth: ``{step: (straggler host name, guilty layer)}`` for every guilty step."""
     return {s: (scn.host_name(scn.straggler), scn.guilty_layer) for s in scn.guilty_steps}
+
+
+def generate_ranks(scn: Scenario, ranks_per_host: int) -> list[tuple[bytes, Batch]]:
+    """The batches of ``scn`` with ``ranks_per_host`` ranks per host: ``scn.hosts`` counts *ranks* (the
+    job's world size, a multiple of ``ranks_per_host``) and ``scn.straggler`` the slow global rank.
+    Global rank ``u`` runs on host ``u // ranks_per_host`` as local rank ``u % ranks_per_host``, process id
+    ``1000 + local rank``; one agent per host sends one batch per step holding every rank's events (on the
+    host's clock, ``Batch.host_id`` = host index). Host names ``node<i>``; REGISTER per rank with its
+    ``local_rank``. The straggler's host is ``scn.straggler // ranks_per_host``."""
+    if ranks_per_host < 1 or scn.hosts % ranks_per_host:
+        raise ValueError(f"hosts ({scn.hosts} ranks) must be a multiple of ranks_per_host ({ranks_per_host})")
+    n_hosts = scn.hosts // ranks_per_host
+    per_host: dict[int, list[list[Event]]] = {}  # host -> its batches' events, in order
+    sent: dict[int, list[int]] = {}
+    for _key, b in generate(scn):
+        u = b.host_id
+        i, lr = divmod(u, ranks_per_host)
+        shift = _offset(u) - _offset(i)
+        evs = []
+        for e in b.events:
+            e = e._replace(ts_ns=e.ts_ns + shift, pid=1000 + lr, tid=1000 + lr)
+            if e.kind == Kind.REGISTER:
+                e = e._replace(payload={"world_size": scn.hosts, "job": scn.job, "host_id": i, "local_rank": lr})
+            evs.append(e)
+        rows = per_host.setdefault(i, [])
+        times = sent.setdefault(i, [])
+        k = b.seq
+        while len(rows) <= k:
+            rows.append([])
+            times.append(0)
+        rows[k].extend(evs)
+        times[k] = max(times[k], b.sent_ns)
+    out = []
+    order = sorted((k, i) for i, rows in per_host.items() for k in range(len(rows)))
+    for k, i in order:
+        evs = sorted(per_host[i][k], key=lambda e: e.ts_ns)
+        clock = Clock(_offset(i), scn.clock_uncertainty_ns, 37_000_000_000)
+        name = scn.host_name(i)
+        out.append((name.encode(), Batch(scn.job, name, i, f"{scn.job}/{name}/a1", k, evs, clock, sent[i][k])))
+    assert len(per_host) == n_hosts
+    return out

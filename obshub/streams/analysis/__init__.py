@@ -25,6 +25,8 @@ Every formula here is written out in docs/ANALYSIS.md with its reasons; this doc
 - sequential evidence: per (host, layer) the excess of the host's own layer that made it late, divided by
   the job's recent spread of lateness (``evidence``), for the rules' CUSUM (docs/ANALYSIS.md
   "Sequential detection");
+- several ranks per host: a host arrives at a collective with its last rank; the straggler, blame,
+  evidence, culprit and hang name the rank too; a one-node job compares its ranks (``ranks``);
 - hangs: a rank that never arrived at a collective the others reached, silent for long enough
   (``hang_check``, called by the worker's timer while no step closes).
 
@@ -55,7 +57,16 @@ from obshub.streams.analysis.network import (
     net_window_part,
     retransmits_toward,
 )
-from obshub.streams.analysis.running import _exit_cascade, _last_phase, _stalled, hang_check, running_check
+from obshub.streams.analysis.ranks import host_ranks, host_view, multi_rank, rank_units
+from obshub.streams.analysis.running import (
+    _exit_cascade,
+    _last_phase,
+    _stalled,
+    hang_check,
+    hang_ranks,
+    one_node_hang,
+    running_check,
+)
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, p99_int, quantile_int, union_ns
 from obshub.streams.analysis.straggler import (
     _pair_check,
@@ -66,7 +77,7 @@ from obshub.streams.analysis.straggler import (
     lateness,
     layer_table,
 )
-from obshub.streams.analysis.summary import _with_net, summarize
+from obshub.streams.analysis.summary import _with_net, culprit_rank, summarize
 from obshub.streams.analysis.thresholds import TIME_LAYERS, Thresholds
 
 __all__ = [
@@ -111,4 +122,11 @@ __all__ = [
     "hang_check",
     "_with_net",
     "summarize",
+    "culprit_rank",
+    "host_ranks",
+    "host_view",
+    "multi_rank",
+    "rank_units",
+    "hang_ranks",
+    "one_node_hang",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from obshub.streams.analysis.evidence import TIME_EVIDENCE, baseline
 from obshub.streams.analysis.network import net_evidence, net_stats, retransmits_toward
+from obshub.streams.analysis.ranks import rank_units, split_unit, unit_key
 from obshub.streams.analysis.stats import LeaveOneOut
 from obshub.streams.analysis.straggler import layer_table
 from obshub.streams.analysis.thresholds import Thresholds
@@ -291,3 +292,79 @@ def hang_check(
                 "after_ns": th.hang_state_wait_ns,
             }
     return best
+
+
+def hang_ranks(
+    found: dict | None,
+    accs: dict[str, dict],
+    pids: dict[str, dict[int, tuple[int, int]]] | None = None,
+    states: dict[str, dict[int, tuple]] | None = None,
+) -> dict | None:
+    """``found`` (``hang_check``'s result) with the rank of each hung host entry (``rank``, None when
+    unknown; docs/ANALYSIS.md "Several ranks per host"): for a host named by its process state, the rank
+    of its earliest frozen, stopped or exited process (``states``: ``host -> pid -> (state, received_ns,
+    at_rt)``; ``pids``: ``host -> pid -> (global rank, local rank)``); by silence, its first rank row that
+    has not reached the collective; a host of one known rank, that rank."""
+    if found is None:
+        return None
+    key = f"{found['pg']}#{found['coll_seq']}"
+    out = []
+    for e in found["hosts"]:
+        h = e["host"]
+        rank = None
+        held = {pid: v for pid, v in ((states or {}).get(h) or {}).items() if v[0] == e["state"]}
+        known = (pids or {}).get(h) or {}
+        if held:
+            pid = min(held, key=lambda p: (held[p][2] if len(held[p]) > 2 else 0, p))
+            rank = known[pid][0] if pid in known else None
+        acc = accs.get(h) or {}
+        rows = acc.get("ranks") or {}
+        if rank is None and rows:
+            behind = sorted(int(r) for r, row in rows.items() if (row["colls"].get(key) or [None, None])[1] is None)
+            rank = behind[0] if behind else None
+        if rank is None and acc.get("rank"):
+            rank = int(acc["rank"][0])
+        if rank is None and len(known) == 1:
+            rank = next(iter(known.values()))[0]
+        out.append(dict(e, rank=rank))
+    return dict(found, hosts=out)
+
+
+def one_node_hang(
+    accs: dict[str, dict],
+    expected_hosts: list[str],
+    seen_ns: dict[str, int],
+    opened_ns: int,
+    history: list[list[int]],
+    step: int,
+    now_ns: int,
+    th: Thresholds,
+    pids: dict[str, dict[int, tuple[int, int]]],
+    states: dict[str, dict[int, tuple]],
+) -> dict | None:
+    """``hang_check`` of a one-node job (one host, two or more ranks): its ranks are judged as hosts
+    would be (``"<host>#<rank>"`` units of ``ranks.rank_units``, each silent while its host is, a rank's
+    process state from ``states``), the result mapped back to the host with each entry's ``rank``;
+    ``waiting`` lists the host once. None when the job is not one such host or nothing hangs."""
+    names = set(expected_hosts) | set(accs)
+    if len(names) != 1:
+        return None
+    host = next(iter(names))
+    known = pids.get(host) or {}
+    units = rank_units({host: accs[host]} if host in accs else {})
+    if len(known) < 2 and len(units) < 2:
+        return None
+    expected = sorted(set(units) | {unit_key(host, r) for r, _l in known.values()})
+    seen = {u: seen_ns.get(host, opened_ns) for u in expected}
+    stopped = {}
+    for pid, v in (states.get(host) or {}).items():
+        if pid in known:
+            stopped[unit_key(host, known[pid][0])] = v
+    found = hang_check(units, expected, seen, opened_ns, history, step, now_ns, th, stopped=stopped)
+    if found is None:
+        return None
+    hosts = []
+    for e in found["hosts"]:
+        h, r = split_unit(e["host"])
+        hosts.append(dict(e, host=h, rank=r))
+    return dict(found, hosts=hosts, waiting=sorted({split_unit(u)[0] for u in found["waiting"]}))

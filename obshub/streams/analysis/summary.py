@@ -8,6 +8,7 @@ from obshub.streams import compact
 from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import baseline, evidence
 from obshub.streams.analysis.network import net_blame, net_stats
+from obshub.streams.analysis.ranks import fill_layers, host_ranks, host_view, rank_fields, rank_units, split_unit
 from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
@@ -16,6 +17,64 @@ def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds, stats:
     """``entries`` plus the connection-based network blame, unless that host already has a network entry."""
     have = {(e["host"], e["layer"]) for e in entries}
     return entries + [e for e in net_blame(accs, th, stats=stats) if (e["host"], e["layer"]) not in have]
+
+
+def _unit_straggler(ustrag: dict | None, named: dict) -> dict | None:
+    """The straggler over rank units (one-node job) with its host and rank: ``{host, rank, unit, ...}``
+    (``unit`` is dropped by ``_with_rank``); the group lists ranks (``{host, rank, late_ns}``)."""
+    if ustrag is None:
+        return None
+    host, rank = split_unit(ustrag["host"])
+    named.setdefault(host, {"rank": rank, "rows": {}})["rank"] = rank
+    group = []
+    for g in ustrag["group"]:
+        gh, gr = split_unit(g["host"])
+        group.append({"host": gh, "rank": gr, "late_ns": g["late_ns"]})
+    reason = ustrag["reason"]
+    for u in sorted({g["host"] for g in ustrag["group"]} | {ustrag["host"]}, key=len, reverse=True):
+        reason = reason.replace(u, f"rank {split_unit(u)[1]}")
+    return dict(ustrag, host=host, rank=rank, unit=ustrag["host"], group=group, reason=reason)
+
+
+def _with_rank(strag: dict | None, named: dict) -> dict | None:
+    """``strag`` with the rank its host names (``rank``, ``local_rank``, ``gpu``) and each group entry's."""
+    if strag is None:
+        return None
+    out = {k: v for k, v in strag.items() if k != "unit"}
+    fields = rank_fields(named, out["host"])
+    if out.get("rank") is not None:
+        row = (named.get(out["host"]) or {}).get("rows", {}).get(out["rank"]) or {}
+        fields = {"rank": out["rank"], "local_rank": row.get("local_rank"), "gpu": row.get("gpu", -1)}
+    out.update(fields)
+    out["group"] = [
+        g if "rank" in g else dict(g, rank=rank_fields(named, g["host"])["rank"]) for g in out.get("group") or []
+    ]
+    return out
+
+
+def _blame_rank(entry: dict, named: dict) -> dict:
+    """A blame entry with ``rank``: the rank its host names, None for a host's link (``network``: its
+    ranks share it) and when unknown."""
+    if "rank" in entry:
+        return entry
+    rank = None if entry["layer"] == "network" else rank_fields(named, entry["host"])["rank"]
+    return dict(entry, rank=rank)
+
+
+def culprit_rank(c: dict | None, summary: dict) -> dict | None:
+    """Culprit ``c`` (``analysis.culprit``) with ``rank``: the straggler's rank when it is the straggler's
+    host, else the rank its evidence names (``evidence.ranks``), None for the network layer or when
+    unknown."""
+    if c is None:
+        return None
+    rank = None
+    strag = summary.get("straggler") or {}
+    if c.get("layer") != "network":
+        if strag.get("host") == c["host"] and strag.get("rank") is not None:
+            rank = strag["rank"]
+        else:
+            rank = ((summary.get("evidence") or {}).get("ranks") or {}).get(c["host"])
+    return dict(c, rank=rank)
 
 
 def summarize(
@@ -42,6 +101,11 @@ def summarize(
     previous closed steps (``net_window``), read with this step's when it is slowed (its longest host
     step time at least ``net_window_stall`` times the baseline median). Deterministic: the same inputs
     give the same output."""
+    wide = len(accs) > compact.FULL_ROWS  # rank rows' layers only for the hosts compact keeps (below)
+    named = host_ranks(accs, th, layers_for=set() if wide else None)
+    one_node = len(accs) == 1 and len(next(iter(accs.values())).get("ranks") or ()) >= 2
+    raw = accs
+    accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
     layers = layer_table(accs)
     colls = collectives(accs, th)
     step_time = {h: a["step_ns"] for h, a in sorted(accs.items()) if a["step_ns"] is not None}
@@ -52,6 +116,30 @@ def summarize(
     slowed = bl["n"] >= th.baseline_min_n and tmax >= th.net_window_stall * bl["median_ns"] > 0
     stats = net_stats(accs, th, recent_directed) if len(accs) >= 3 else None
     wstats = net_stats(accs, th, recent_directed, window) if stats and slowed and window else None
+    if one_node:  # one host of several ranks: its ranks are compared with each other
+        units = rank_units(raw)
+        ulayers = layer_table(units)
+        ucolls = collectives(units, th)
+        ustrag = find_straggler(units, ucolls, ulayers, th)
+        ulate = lateness(units, ucolls, ulayers)
+        host = next(iter(accs))
+        late = {host: max(ulate.values(), default=0)}
+        ev = evidence(units, ulate, ulayers, bl, th)
+        ev_hosts: dict[str, dict] = {}
+        for u, zs in ev["hosts"].items():  # the host's evidence is its rank's of the largest evidence
+            if max(zs.values()) > max((ev_hosts.get(host) or {"": 0.0}).values()):
+                ev_hosts[host] = zs
+                named[host]["rank"] = split_unit(u)[1]
+        ev = {"spread_ns": ev["spread_ns"], "hosts": ev_hosts}
+        strag = _unit_straggler(ustrag, named)
+        bl_entries = (
+            [dict(e, host=host, rank=strag["rank"]) for e in blame(ustrag["host"], ulayers, ustrag["excess_ns"], th)]
+            if ustrag and strag
+            else []
+        )
+    else:
+        ev = evidence(accs, late, layers, bl, th, recent_directed, stats, wstats)
+        bl_entries = blame(strag["host"], layers, strag["excess_ns"], th) if strag else []
     out = {
         "v": schema.SCHEMA_VERSION,
         "job": job,
@@ -64,8 +152,8 @@ def summarize(
         "world_size": int(world_size) or len(set(expected_hosts) | set(accs)),
         "step_time_ns": step_time,
         "step_time_max_ns": tmax,
-        "straggler": strag,
-        "blame": _with_net(blame(strag["host"], layers, strag["excess_ns"], th) if strag else [], accs, th, stats),
+        "straggler": _with_rank(strag, named),
+        "blame": [_blame_rank(e, named) for e in _with_net(bl_entries, accs, th, stats)],
         "collectives": [
             {k: c[k] for k in ("pg", "coll_seq", "op", "skew_ns", "uncertainty_ns", "last_host")}
             for c in colls
@@ -77,11 +165,16 @@ def summarize(
             if not c["consistent"]
         ],
         "late_max_ns": max(late.values(), default=0),
-        "evidence": evidence(accs, late, layers, bl, th, recent_directed, stats, wstats),
+        "evidence": dict(
+            ev, ranks={h: named[h]["rank"] for h in ev["hosts"] if named.get(h, {}).get("rank") is not None}
+        ),
         "net_directed": bool(stats and stats[2]),
         "hang": None,
         "culprit": None,
         "layers": layers,
+        "ranks": {}
+        if wide
+        else {h: {str(r): row for r, row in v["rows"].items()} for h, v in sorted(named.items()) if v["rows"]},
         "baseline": bl,
         "stall": bool(bl["n"] >= th.baseline_min_n and tmax > bl["p99_ns"]),
         "stall_ratio": round(tmax / bl["median_ns"], 3) if bl["median_ns"] > 0 else 0.0,
@@ -92,7 +185,11 @@ def summarize(
             "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
         },
     }
-    out["culprit"] = culprit(out)
+    out["culprit"] = culprit_rank(culprit(out), out)
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
+    if wide:  # and the rank rows of the same hosts, with their layers
+        kept = {h for h in out["layers"] if h in named and named[h]["rows"]}
+        fill_layers(named, raw, kept)
+        out["ranks"] = {h: {str(r): row for r, row in named[h]["rows"].items()} for h in sorted(kept)}
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
     return out

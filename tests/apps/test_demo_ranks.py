@@ -1,0 +1,28 @@
+"""``obshub demo --ranks-per-host`` / ``--fault-rank``: bad combinations are refused before any cluster is
+built (no root, no namespace), naming the option and what to use instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from obshub.demo.errors import DemoError
+from obshub.demo.runner import DemoOptions
+
+
+@pytest.mark.parametrize(
+    "kw, why",
+    [
+        ({"ranks_per_host": 0}, "--ranks-per-host 0"),
+        ({"ranks_per_host": 2, "fault": "cpu", "fault_rank": 2}, "--fault-rank 2 is outside 0..1"),
+        ({"ranks_per_host": 2, "fault": "net-loss", "fault_rank": 1}, "only a cpu or hang fault hits one rank"),
+        ({"ranks_per_host": 2, "fault": "mem", "fault_rank": 0}, "only a cpu or hang fault hits one rank"),
+    ],
+)
+def test_fault_rank_options_are_checked_before_the_cluster_is_built(kw, why):
+    with pytest.raises(DemoError, match=why):
+        DemoOptions(hosts=2, **kw).check()
+
+
+def test_a_rank_fault_on_a_host_of_several_ranks_is_accepted():
+    DemoOptions(hosts=2, ranks_per_host=2, fault="hang", fault_host=1, fault_rank=1).check()
+    DemoOptions(hosts=2, ranks_per_host=4, fault="cpu", fault_host=0, fault_rank=3).check()
