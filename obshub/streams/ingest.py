@@ -9,8 +9,9 @@ batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of 
 retention: the worker deletes the record ``job_retention_s`` after it), reduces the batch to one accumulator per step
 (``streams.accumulate``) and returns what the agent must send on the internal topic:
 
-- ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size})`` for each REGISTER event and
-  for the first batch of an agent instance (every partition must know the job's hosts);
+- ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size, pid})`` for each REGISTER event
+  and for the first batch of an agent instance (every partition must know the job's hosts; ``pid`` of the
+  registered process tells a restarted rank from a repeated registration);
 - ``("broadcast", job, {"t": "state", job, host, pid, state, at_rt})`` for each RANK_STATE event (a
   registered process found frozen, stopped, exited, or running again: the hang check reads it);
 - ``("part", "job|step", {"t": "part", job, step, host, bid, acc, q})`` per step of the batch; ``bid`` =
@@ -121,6 +122,7 @@ class Ingest:
                         "host_id": reg["host_id"],
                         "rank": reg.get("rank"),
                         "world_size": reg.get("world_size", 0),
+                        "pid": reg.get("pid"),
                     },
                 )
             )

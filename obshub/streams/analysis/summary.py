@@ -32,6 +32,7 @@ def summarize(
     world_size: int = 0,
     recent_directed: bool = False,
     window: dict[str, list[int]] | None = None,
+    life: int = 0,
 ) -> dict:
     """The step summary (exactly the keys of ``schema.STEP_SUMMARY_FIELDS``) of ``job``/``step`` from its
     host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
@@ -40,8 +41,9 @@ def summarize(
     registered world size (0 unknown: then the number of expected hosts); ``recent_directed``: a recent
     step of the job had ``net_directed`` (``net_stats``); ``window``: the retransmits of the job's
     previous closed steps (``net_window``), read with this step's when it is slowed (its longest host
-    step time at least ``net_window_stall`` times the baseline median). Deterministic: the same inputs
-    give the same output."""
+    step time at least ``net_window_stall`` times the baseline median); ``life``: the job's life (0 for
+    its first run; docs/STREAMS.md "Restarts, resumes and world-size changes"). Deterministic: the same
+    inputs give the same output."""
     layers = layer_table(accs)
     colls = collectives(accs, th)
     step_time = {h: a["step_ns"] for h, a in sorted(accs.items()) if a["step_ns"] is not None}
@@ -92,6 +94,7 @@ def summarize(
             "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
         },
     }
+    out["life"] = int(life)
     out["culprit"] = culprit(out)
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
