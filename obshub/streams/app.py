@@ -32,7 +32,7 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
 left is a crash after the summary reached the broker but before the ``closed`` changelog record did,
-which can repeat one summary: consumers dedupe by (job, step) (``obshub tail steps`` does).
+which can repeat one summary: consumers dedupe by (job, life, step) (``obshub tail steps`` does).
 """
 
 from __future__ import annotations
