@@ -663,7 +663,11 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "closed_by": "'complete' (every known host reported its end), 'window' (the window expired), 'hang' "
     "(the step is still open and hangs: a repeated interim record, see hang) or 'running' (the step is still "
     "open and runs far longer than usual: a repeated interim record whose evidence and blame name the hosts "
-    "with slow connections)",
+    "with slow connections) or 'restart' (the job started a new life while the step was open: summarised with "
+    'what arrived; docs/STREAMS.md "Restarts, resumes and world-size changes")',
+    "life": "life of the job the step belongs to: 0 for its first run, +1 each time its ranks register again as "
+    "new processes (a torchrun restart, a resume under the same name, an elastic world-size change); steps are "
+    "numbered within a life",
     "closed_at_ns": "CLOCK_REALTIME ns when the worker closed the step",
     "hosts": "hosts that reported any event for this step (list of host names)",
     "expected_hosts": "hosts the job is known to have (from registrations)",
@@ -741,6 +745,7 @@ _STEP_SHAPE: dict[str, str] = {
     "job": "str",
     "step": "int",
     "closed_by": "str",
+    "life": "int",
     "closed_at_ns": "int",
     "hosts": "list[str]",
     "expected_hosts": "list[str]",

@@ -162,8 +162,9 @@ def topic_config(name: str, rf: int | None = None, changelog_retention_s: float 
     (default :func:`replication_factor`): compacted for a changelog or state topic, the retention of
     :data:`TOPICS` for obshub's own topics, :data:`REPARTITION_RETENTION_MS` for other stream topics.
     ``changelog_retention_s`` (the stream worker's job retention, s): a changelog then rolls a segment and
-    keeps tombstones that long (at least 1 min, at most 1 h), so compaction removes a dropped job's records
-    and later its tombstones (docs/STREAMS.md "Retention")."""
+    keeps tombstones that long (at least 1 min, at most 1 h), and a closed segment is compacted within
+    that long whatever share of it is dirty (``max.compaction.lag.ms``), so compaction removes a dropped
+    job's records and later its tombstones on a fixed cadence (docs/STREAMS.md "Retention")."""
     rf = replication_factor() if rf is None else rf
     out = {"min.insync.replicas": str(min_insync_replicas(rf))}
     spec = next((t for t in TOPICS if t.name == name), None)
@@ -171,7 +172,14 @@ def topic_config(name: str, rf: int | None = None, changelog_retention_s: float 
         out["cleanup.policy"] = "compact"
         if changelog_retention_s is not None and name.endswith("-changelog"):
             seg_ms = str(int(min(3600.0, max(60.0, changelog_retention_s)) * 1000))
-            out.update({"segment.ms": seg_ms, "delete.retention.ms": seg_ms, "min.cleanable.dirty.ratio": "0.5"})
+            out.update(
+                {
+                    "segment.ms": seg_ms,
+                    "delete.retention.ms": seg_ms,
+                    "min.cleanable.dirty.ratio": "0.5",
+                    "max.compaction.lag.ms": seg_ms,  # compacted within this, whatever its dirty ratio
+                }
+            )
     elif spec is not None:
         out.update({"cleanup.policy": "delete", "retention.ms": str(spec.retention_ms)})
     else:

@@ -193,6 +193,9 @@ class Engine:
         # signal -> job -> the largest step seen in records of that signal (windows in steps); per signal,
         # since a job's events of step N+1 arrive before the summary of step N is closed
         self.job_steps: dict[str, dict[str, int]] = {"steps": {}, "events": {}}
+        # job -> its latest life (a step summary's ``life``: a torchrun restart, a resume, an elastic resize
+        # number their steps again; docs/STREAMS.md "Restarts, resumes and world-size changes")
+        self.job_life: dict[str, int] = {}
         # retention (docs/RULES.md "Retention"): job -> time_ns of its latest record; swept in ``tick``
         self.retention_ns = retention_ns
         self.job_seen: dict[str, int] = {}
@@ -315,6 +318,11 @@ class Engine:
         step, job = record.get("step"), record.get("job")
         if type(step) is not int or step < 0 or not isinstance(job, str):
             return
+        life = record.get("life")
+        if type(life) is int and life != self.job_life.get(job, 0):
+            if life < self.job_life.get(job, 0):
+                return  # a late record of an earlier life moves no window
+            self._new_life(job, life)
         steps = self.job_steps.setdefault(signal, {})
         last = steps.get(job)
         if last is not None and step <= last:
@@ -349,6 +357,23 @@ class Engine:
             if not fps:
                 del rt.job_groups[job]
 
+    def _new_life(self, job: str, life: int) -> None:
+        """``job`` started life ``life`` (its step numbers start again): its windows in steps are emptied
+        and their step counters reset, so steps of two lives never count in one window; an alert they
+        held resolves as when its window moves past its matches."""
+        self.job_life[job] = life
+        for steps in self.job_steps.values():
+            steps.pop(job, None)
+        for rule in self._step_rules:
+            rt = self.runtime[rule.id]
+            for fp in rt.job_groups.pop(job, ()):
+                rt.hits.pop(fp, None)
+                inst = self.instances.get(fp)
+                if inst is not None and inst.state in (PENDING, FIRING):
+                    inst.true_until_ns = self.now_ns
+                    self._advance(inst, rule, self.now_ns)
+        self.dirty = True
+
     def _add_step_hit(
         self, rule: Rule, fp: str, labels: dict, t: int, value: float, data: Callable[[], dict], other: dict | None
     ) -> None:
@@ -358,6 +383,9 @@ class Engine:
         step, job = rec.get("step"), rec.get("job")
         if type(step) is not int or step < 0:
             return
+        life = rec.get("life")
+        if type(life) is int and isinstance(job, str) and life < self.job_life.get(job, 0):
+            return  # a record of an earlier life of the job
         rt = self.runtime[rule.id]
         job = job if isinstance(job, str) else ""
         last = max(self.job_steps.get(rule.signal, {}).get(job, step), step)
@@ -803,6 +831,8 @@ class Engine:
         for steps in self.job_steps.values():  # windows in steps: the job's step counters
             for j in gone & steps.keys():
                 del steps[j]
+        for j in gone & self.job_life.keys():
+            del self.job_life[j]
         for rt in self.runtime.values():
             if gone:
                 for fp in [fp for fp, job in rt.job_of.items() if job in gone]:
@@ -850,6 +880,7 @@ class Engine:
             "instances": [i.to_dict() for i in self.instances.values()],
             "runtime": runtime,
             "jobs": dict(self.job_seen),
+            "lives": dict(self.job_life),
         }
 
     def restore(self, snap: dict) -> None:
@@ -862,6 +893,7 @@ class Engine:
             if isinstance(jobs, dict):
                 self.job_steps[str(sig)] = {str(k): int(v) for k, v in jobs.items()}
         self.job_seen = {str(j): int(t) for j, t in (snap.get("jobs") or {}).items()}
+        self.job_life = {str(j): int(n) for j, n in (snap.get("lives") or {}).items()}
         renamed: dict[str, str] = {}
         for d in snap.get("instances", []):
             inst = AlertInstance.from_dict(d)

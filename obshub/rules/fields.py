@@ -88,6 +88,7 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "job": "",
     "step": -1,
     "closed_by": "complete",
+    "life": 0,
     "closed_at_ns": 0,
     "hosts": [],
     "expected_hosts": [],

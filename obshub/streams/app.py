@@ -32,7 +32,7 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
 Guarantee: at-least-once processing (Faust flushes the producer before committing offsets) made
 effectively exactly-once per (job, step) by the idempotent fold and the ``closed`` table; the one window
 left is a crash after the summary reached the broker but before the ``closed`` changelog record did,
-which can repeat one summary: consumers dedupe by (job, step) (``obshub tail steps`` does).
+which can repeat one summary: consumers dedupe by (job, life, step) (``obshub tail steps`` does).
 """
 
 from __future__ import annotations
@@ -475,6 +475,31 @@ def retention_sweep_ns(retention_s: float) -> int:
     return int(min(60.0, max(1.0, retention_s / 10)) * 1e9)
 
 
+_LIBC: list = []  # the C library's handle, looked up once ([None] when it has no malloc_trim)
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc ``malloc_trim(0)``); a no-op elsewhere.
+    Returns whether it ran. Called after a retention sweep forgot jobs: the memory of a dropped job's
+    state is freed in Python but stays in the process's heap (the allocator keeps what it once held in
+    each arena: librdkafka's, aiokafka's and the event loop's threads allocate in their own), so without
+    it RSS follows the highest state ever held, not the live jobs (bench/soak.py measures it). Costs a
+    walk of the heap, about a millisecond per 100 MB, once per sweep (at most every ``retention / 10``)."""
+    if not _LIBC:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.append(libc if hasattr(libc, "malloc_trim") else None)
+        except OSError:
+            _LIBC.append(None)
+    if _LIBC[0] is None:
+        return False
+    _LIBC[0].malloc_trim(0)
+    return True
+
+
 def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate: dict, tables: dict) -> None:
     """The ``expire`` timer: close requests for steps past the window, and the gauges."""
     window_ns = int(cfg.window_s * 1e9)
@@ -523,7 +548,8 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             mine = {tp.partition for tp in actives if tp.topic == rep.get_topic_name()}
             for job, p in fold.expired_jobs(mine, now):
                 await rep.send(key=f"{job}|drop".encode(), value={"t": "drop", "job": job}, partition=p)
-            fold.forget_jobs(now)
+            if fold.forget_jobs(now):
+                trim_heap()
         m.open_steps.set(n_open)
         for name, table in tables.items():
             m.table_keys.labels(name).set(len(table))

@@ -249,8 +249,9 @@ def worker_command(
 
 def _line(s: dict) -> str:
     ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
+    life = s.get("life") or 0
     parts = [
-        f"{s['job']} step {s['step']}",
+        f"{s['job']} step {s['step']}" + (f" (life {life})" if life else ""),
         f"{s['closed_by']:8}",
         f"{len(s['hosts'])}/{len(s['expected_hosts']) or len(s['hosts'])} hosts",
         f"max {ms(s['step_time_max_ns'])}",
@@ -300,7 +301,7 @@ def tail_command():
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=click.FloatRange(min=0), default=0.0, help="exit after this many seconds (0 = never)")
 def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
-    """Print step summaries as they arrive, deduplicated by (job, step): the first one of a key wins (the
+    """Print step summaries as they arrive, deduplicated by (job, life, step): the first one of a key wins (the
     interim records of a step still open, closed_by 'hang' or 'running', are shown once per kind and do not
     count).
 
@@ -364,7 +365,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     start = OFFSET_BEGINNING if from_beginning else OFFSET_END
     c.assign([TopicPartition(topic, p, start) for p in sorted(parts)])
     watch.up()
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, int, int, str]] = set()
     n, deadline = 0, started + timeout_s if timeout_s else None
     try:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -375,7 +376,7 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
             try:
                 s = schema.decode_step_summary(msg.value())
                 by = s.get("closed_by")
-                k = (s["job"], int(s["step"]), by if by in ("hang", "running") else "")
+                k = (s["job"], int(s.get("life") or 0), int(s["step"]), by if by in ("hang", "running") else "")
             except (schema.SchemaError, KeyError) as exc:
                 why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                 err.print(

@@ -254,6 +254,7 @@ class Fold:
         self.retention_ns = retention_ns
         self.active_ns: dict[str, int] = {}
         self.started_ns = clock()
+        self.life_of: dict[str, int] = {}  # job -> its latest life seen here (derived: resets once per life)
 
     def input_read_past(self, st: dict) -> bool:
         """True when step record ``st`` may close by its window: every input partition was read to its end
@@ -392,9 +393,10 @@ class Fold:
         if t == "batch":
             return self.apply_batch(v["msgs"], p)
         if t == "host":
-            self.host(v, p)
+            out = self.host(v, p)
             if v.get("rank") is not None:  # a (re)registered rank: its host's old states are over
                 self.rank_state.get(v["job"], {}).pop(v["host"], None)
+            return out
         elif t == "state":
             self.state(v)
         elif t == "drop":
@@ -530,6 +532,24 @@ class Fold:
                 out.append((job, p))
         return out
 
+    def _drop_records(self, job: str, p: int, js: dict) -> None:
+        """Delete the ``members`` buckets and ``closed`` records of ``job`` in partition ``p`` (its ``jobs``
+        record ``js`` lists them); each ``del`` is a tombstone in the compacted changelog."""
+        for b in js.get("buckets") or ():
+            mk = f"{job}@{p}#{b}"
+            if self.members.get(mk) is not None:
+                del self.members[mk]
+        rbuckets = js.get("rbuckets")
+        for rb in rbuckets if rbuckets is not None else range(BUCKETS):  # an older record: every bucket
+            rk = f"{job}@{p}#r{rb}"
+            if self.members.get(rk) is not None:
+                del self.members[rk]
+        for step in js.get("closed") or ():
+            ck = f"{job}|{step}"
+            if self.closed.get(ck) is not None:
+                del self.closed[ck]
+            self._digests.pop(ck, None)
+
     def drop_job(self, job: str, p: int) -> bool:
         """Delete every table record of ``job`` in partition ``p`` (``jobs``, its ``members`` buckets, its
         ``closed`` records; each ``del`` is a tombstone in the compacted changelog) when it is still
@@ -546,20 +566,7 @@ class Fold:
             or not self.input_read_since(idle + self.retention_ns)
         ):
             return False
-        for b in js.get("buckets") or ():
-            mk = f"{job}@{p}#{b}"
-            if self.members.get(mk) is not None:
-                del self.members[mk]
-        rbuckets = js.get("rbuckets")
-        for rb in rbuckets if rbuckets is not None else range(BUCKETS):  # an older record: every bucket
-            rk = f"{job}@{p}#r{rb}"
-            if self.members.get(rk) is not None:
-                del self.members[rk]
-        for step in js.get("closed") or ():
-            ck = f"{job}|{step}"
-            if self.closed.get(ck) is not None:
-                del self.closed[ck]
-            self._digests.pop(ck, None)
+        self._drop_records(job, p, js)
         del self.jobs[jk]
         log.info("dropped the state of job %s in partition %d (no data for %.0f s)", job, p, self.retention_ns / 1e9)
         return True
@@ -594,6 +601,7 @@ class Fold:
                 self.rank_state,
                 self.culprit_recent,
                 self.host_ranks,
+                self.life_of,
             ):
                 m.pop(j, None)
         return gone
@@ -627,13 +635,15 @@ class Fold:
         with a process their agent found frozen, stopped or exited (the earliest such state of the host)."""
         return {h: min(pids.values(), key=lambda x: x[2]) for h, pids in self.rank_state.get(job, {}).items() if pids}
 
-    def host(self, v: dict, p: int) -> None:
-        """A registration ``{job, host, host_id, rank, world_size}``: one bucket write when it is news."""
+    def host(self, v: dict, p: int) -> list[Emit]:
+        """A registration ``{job, host, host_id, rank, world_size, pid}``: one bucket write when it is news.
+        A rank registered again by another process starts a new life of the job (:meth:`_new_life`): the
+        summaries of the steps it interrupted are returned."""
         job, host = v["job"], v["host"]
         jk = f"{job}@{p}"
         self.active_ns[job] = self.clock()
-        js = self._job(jk)
-        changed = False
+        js, emits = self._new_life(v, p, self._job(jk))
+        changed = bool(emits)
         b = bucket_of(host)
         mk = f"{job}@{p}#{b}"
         bucket = self.members.get(mk) or {}
@@ -666,8 +676,68 @@ class Fold:
         if world > js["world_size"]:
             js["world_size"] = world
             changed = True
+        if rank is not None and v.get("pid") is not None:
+            who = [host, int(v["pid"])]
+            pids = js.setdefault("pids", {})
+            if pids.get(str(rank)) != who:
+                pids[str(rank)] = who
+                changed = True
         if changed:
             self._put_job(jk, js)
+        return emits
+
+    # -- job lives (docs/STREAMS.md "Restarts, resumes and world-size changes") ---------------------------
+    def _new_life(self, v: dict, p: int, js: dict) -> tuple[dict, list[Emit]]:
+        """Whether registration ``v`` starts a new life of its job in partition ``p`` (``js``: the job's
+        ``jobs`` record): rank ``v["rank"]`` was registered by another process (``js["pids"]``: rank ->
+        ``[host, pid]`` of this life). A torchrun restart, a run resumed under the same job name and an
+        elastic world-size change all start their ranks again, so the first rank registered again ends the
+        life: the job's open steps in ``p`` are closed (``closed_by = "restart"``, with what arrived), its
+        members and closed records are dropped (tombstones; the new life numbers its steps again and
+        registers its own hosts and world size) and a new record starts with ``life`` + 1. The other ranks
+        of the new life then register into it. Returns the (new) record and the summaries to send."""
+        rank, pid = v.get("rank"), v.get("pid")
+        old = (js.get("pids") or {}).get(str(rank)) if rank is not None and pid is not None else None
+        if old is None or old == [v["host"], int(pid)]:
+            return js, []
+        job = v["job"]
+        jk = f"{job}@{p}"
+        emits: list[Emit] = []
+        for sk, st in list(self.open_steps()):
+            if st["job"] == job and st["p"] == p:
+                emits += self.close(sk, st, p, "restart")
+        js = self._job(jk)
+        self._drop_records(job, p, js)
+        life = int(js.get("life") or 0) + 1
+        new = _new_job()
+        new.update(life=life, life_ns=self.clock(), pids={})
+        if life > self.life_of.get(job, 0):  # the job's derived state, once per life (every partition sees it)
+            self.life_of[job] = life
+            for m in (self.top_step, self.quiet_until, self.net_directed, self.net_recent, self.last_seen):
+                m.pop(job, None)
+            self.rank_state.pop(job, None)
+            log.info(
+                "job %s restarted (life %d): rank %s registered again by pid %s on %s (was pid %s on %s)",
+                job,
+                life,
+                rank,
+                pid,
+                v["host"],
+                old[1],
+                old[0],
+            )
+        return new, emits
+
+    def _gone(self, job: str, sk: str) -> set[str]:
+        """Hosts of ``job`` whose every registered process exited (RANK_STATE) and that sent nothing for
+        open step ``sk``: their ranks finished before this step (a rank that ends earlier than its peers),
+        so the step neither waits for them nor lists them missing. A rank that crashed before the step
+        while its peers need it leaves them waiting in a collective: that is a hang (``hangs``)."""
+        out = set()
+        for h, s in self.stopped_hosts(job).items():
+            if s[0] == "exited" and self._entry(sk, h) is None:
+                out.add(h)
+        return out
 
     def hist(self, v: dict, p: int) -> None:
         """A closed step's time ``{job, step, ns, entry}`` for the baseline history of every partition
@@ -780,6 +850,8 @@ class Fold:
         if js["n_ranks"] < js["world_size"]:
             return False
         need = js["n_hosts"] + sum(1 for h in st["extra"] if not self.registered(st["job"], p, h))
+        if ended < need and st["job"] in self.rank_state:  # ranks that finished before this step
+            need -= len(self._gone(st["job"], f"{st['job']}|{st['step']}"))
         return ended >= need
 
     def close(self, sk: str, st: dict, p: int, closed_by: str) -> list[Emit]:
@@ -788,6 +860,8 @@ class Fold:
         jk = f"{job}@{p}"
         js = self._job(jk)
         expected = self.expected_hosts(job, p, js)
+        gone = self._gone(job, sk) if job in self.rank_state else set()
+        expected = [h for h in expected if h not in gone]
         names = sorted(set(expected).union(st["extra"]))
         accs: dict[str, dict] = {}
         quality = dict(js["pending"])
@@ -815,6 +889,7 @@ class Fold:
             world_size=js["world_size"],
             recent_directed=self.recent_directed(job, step),
             window=self.net_window(job),
+            life=int(js.get("life") or 0),
         )
         if summary["net_directed"]:
             self.net_directed[job] = max(self.net_directed.get(job, step), step)
@@ -915,6 +990,7 @@ class Fold:
             world_size=js["world_size"],
             recent_directed=self.recent_directed(st["job"], st["step"]),
             window=self.net_window(st["job"]),
+            life=int(js.get("life") or 0),
         )
 
     def hangs(self, partitions: set[int] | None = None) -> list[tuple[str, dict, bool]]:

@@ -12,8 +12,8 @@ reduces the batch to one accumulator per step
 (``streams.accumulate``) and returns what the agent must send on the internal topic:
 
 - ``("broadcast", job, {"t": "host", job, host, host_id, rank, world_size, pid, local_rank})`` for each
-  REGISTER event and
-  for the first batch of an agent instance (every partition must know the job's hosts);
+  REGISTER event and for the first batch of an agent instance (every partition must know the job's hosts;
+  ``pid`` of the registered process tells a restarted rank from a repeated registration);
 - ``("broadcast", job, {"t": "state", job, host, pid, state, at_rt})`` for each RANK_STATE event (a
   registered process found frozen, stopped, exited, or running again: the hang check reads it);
 - ``("part", "job|step", {"t": "part", job, step, host, bid, acc, q})`` per step of the batch; ``bid`` =

@@ -289,3 +289,26 @@ def test_a_jobs_events_of_the_next_step_do_not_push_its_step_summary_out_of_a_st
     assert ("stalled", "llm") in active(eng)
     eng.process("steps", step(2, 21, stall_ratio=1.0, baseline=base))
     assert ("stalled", "llm") not in active(eng)
+
+
+def test_a_new_life_of_a_job_starts_its_windows_in_steps_again(tmp_path):
+    """A restarted job numbers its steps again (docs/STREAMS.md "Restarts, resumes and world-size
+    changes"): the new life's steps count in a window of steps from its first record, the old life's
+    matches never count with them, and a late record of the old life counts nowhere."""
+    rules = RULES + (
+        "  - id: missing\n    description: a host missing in 3 of the last 10 steps\n    severity: warning\n"
+        "    signal: steps\n    condition: size(missing_hosts) > 0\n    group_by: {job: job}\n"
+        "    window: 10 steps\n    threshold: {at_least: 3}\n"
+    )
+    eng, _ = make(tmp_path, rules)
+    miss = {"missing_hosts": ["n3"]}
+    for k, n in enumerate((50, 51)):
+        eng.process("steps", step(k, n, life=0, **miss))
+    eng.process("steps", step(3, 0, life=1, **miss))  # restarted from step 0: 2 old + 1 new are no 3
+    eng.process("steps", step(4, 52, life=0, **miss))  # a late record of the old life
+    assert active(eng) == []
+    eng.process("steps", step(5, 1, life=1, **miss))
+    assert active(eng) == []
+    eng.process("steps", step(6, 2, life=1, **miss))
+    assert active(eng) == [("missing", "llm")]
+    assert eng.snapshot()["lives"] == {"llm": 1}

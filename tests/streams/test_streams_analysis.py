@@ -733,14 +733,21 @@ def test_a_stopped_rank_that_never_arrived_is_named_after_the_short_wait_not_the
     assert [(h["host"], h["state"], h["last_phase"]) for h in got["hosts"]] == [("d", "frozen", "no data in this step")]
     assert (got["coll_seq"], got["waiting"], got["after_ns"]) == (7, ["a", "b", "c"], 500 * MS)
     assert analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now) is None  # silence: not yet
-    exited = {"d": ("exited", now - 400 * MS, now - 800 * MS)}
+    # exited after the others ended collective 7 (now - 598 ms): judged once the exits settled
+    exited = {"d": ("exited", now - 400 * MS, now - 590 * MS)}
     assert (
         analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now - 200 * MS, stopped=exited) is None
     )
+    later = now + 200 * MS
     assert (
-        analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, now, stopped=exited)["hosts"][0]["host"]
+        analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, later, stopped=exited)["hosts"][0][
+            "host"
+        ]
         == "d"
     )
+    # exited before the others ended collective 7: they went on without it (a rank that ended early)
+    early = {"d": ("exited", now - 400 * MS, now - 800 * MS)}
+    assert analysis.hang_check(accs, list("abcd"), seen, now - 800 * MS, hist, 20, later, stopped=early) is None
 
 
 def test_a_frozen_rank_is_named_when_the_step_stalls_though_every_collective_seen_ended():

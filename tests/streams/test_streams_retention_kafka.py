@@ -64,6 +64,16 @@ def _gauge(port: int, name: str, label: str | None = None) -> float:
     return float(m.group(1)) if m else float("nan")
 
 
+def _gauge_within(port: int, table: str, want: float, timeout_s: float = 4.0) -> float:
+    """``obshub_streams_table_keys{table}`` once it equals ``want``, or its value after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = _gauge(port, "obshub_streams_table_keys", table)
+        if got == want or time.monotonic() >= deadline:
+            return got
+        time.sleep(0.25)
+
+
 class _Live:
     """A job that keeps sending: one step (a batch per host) per ``publish_step`` call."""
 
@@ -115,8 +125,8 @@ def test_an_ended_job_is_dropped_a_live_one_kept_and_a_restart_recovers_only_the
             live.publish_step()
             time.sleep(0.5)
         assert "dropped the state of job " + live.job not in w.log_path.read_text(errors="replace")
-        time.sleep(2.0)  # the gauges are set every timer tick
-        assert _gauge(port, "obshub_streams_table_keys", "jobs") == 2  # the live job's, one per partition
+        # the live job's, one per partition (the gauges are set every timer tick, 0.5 s)
+        assert _gauge_within(port, "jobs", 2) == 2
     finally:
         w.stop()
 
@@ -150,8 +160,7 @@ def test_an_ended_job_is_dropped_a_live_one_kept_and_a_restart_recovers_only_the
         )
         after = [s for s in got if s["job"] == live.job and s["step"] >= first]
         assert after and all(s["missing_hosts"] == [] and len(s["expected_hosts"]) == 2 for s in after)
-        time.sleep(2.0)
-        assert _gauge(port2, "obshub_streams_table_keys", "jobs") == 2
+        assert _gauge_within(port2, "jobs", 2) == 2
         # per partition: the live job's 2 host buckets and 2 rank buckets (the old job's would double it)
         assert _gauge(port2, "obshub_streams_table_keys", "members") == 2 * (2 + 2)
     finally:

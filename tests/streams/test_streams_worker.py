@@ -433,7 +433,8 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
         job=f"tail-{unique}", hosts=3, steps=4, straggler=1, guilty_steps=(2,), guilty_layer="sched"
     )
     sums = [s for (_j, _st), s in sorted(offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items())]
-    ordered = sums[:3] + [sums[2]] + sums[3:]  # step 2 twice, before step 3
+    # step 2 twice, before step 3; then step 0 of the job's next life (a restart numbers its steps again)
+    ordered = sums[:3] + [sums[2]] + sums[3:] + [dict(sums[0], life=1)]
     items = [(scn.job.encode(), json.dumps(s).encode()) for s in ordered]
     testkit.publish(kafka, topics.steps, items)
     base = [
@@ -449,18 +450,20 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
         "20",
     ]
     out = subprocess.run(
-        base + ["--json", "--count", "4"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
+        base + ["--json", "--count", "5"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     ).stdout.splitlines()
-    assert [json.loads(x)["step"] for x in out] == [0, 1, 2, 3], "the repeated (job, step) is printed once"
+    got = [(json.loads(x).get("life", 0), json.loads(x)["step"]) for x in out]
+    assert got == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)], "the repeated (job, life, step) is printed once"
     text = subprocess.run(
-        base + ["--count", "4"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
+        base + ["--count", "5"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     ).stdout.splitlines()
-    assert len(text) == 4 and "straggler node1" in text[2] and "blame sched" in text[2] and "clean" in text[0]
+    assert len(text) == 5 and "straggler node1" in text[2] and "blame sched" in text[2] and "clean" in text[0]
+    assert "step 0 (life 1)" in text[4] and "(life" not in text[0], text
     # the wait ends before --count summaries arrived: exit 1, saying how many came
     short = subprocess.run(
         base[:-1] + ["4", "--count", "9"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     )
-    assert short.returncode == 1 and "only 4 of 9 summaries" in short.stderr, short.stderr
+    assert short.returncode == 1 and "only 5 of 9 summaries" in short.stderr, short.stderr
     # a tail joins no consumer group: nothing is left behind in `obshub status` after it
     from confluent_kafka.admin import AdminClient
 

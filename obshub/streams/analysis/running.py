@@ -142,6 +142,17 @@ def _stalled(
     return (max(seen)[1] if seen else "-#-1", waited, others), held
 
 
+def _went_on_without(accs: dict[str, dict], arrived: dict[str, int], key: str, state: tuple) -> bool:
+    """True when a host in ``state`` (a ``stopped`` entry) exited before every host that arrived at
+    collective ``key`` (``pg#seq``) ended it (CLOCK_REALTIME ns): a collective that completes after a
+    rank's exit does not include that rank (a rank that ended before its peers, which go on without it),
+    so the rank holds up nothing there."""
+    if state[0] != "exited" or len(state) < 3 or not state[2] or not arrived:
+        return False
+    ends = [accs[h]["colls"][key][2] for h in arrived]
+    return all(e is not None and e > state[2] for e in ends)
+
+
 def hang_check(
     accs: dict[str, dict],
     expected_hosts: list[str],
@@ -177,7 +188,8 @@ def hang_check(
     a collective every rank reached included). When the others exited inside their collective too (they
     failed on the lost peer: ``stopped`` entries ``(state, since_ns, at_rt)`` with CLOCK_REALTIME ns of the
     exit), the host(s) that exited at least ``hang_exit_gap_ns`` before the first of them are named and
-    those are listed as ``waiting``.
+    those are listed as ``waiting``. An exited host is never named at a collective that every arrived host
+    ended after its exit (it finished before its peers, which went on without it).
 
     Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}],
     waiting: [host], waited_ns, after_ns}`` (``waiting``: the hosts blocked there, ``waited_ns``: now minus
@@ -232,6 +244,8 @@ def hang_check(
         by_silence = not stopped and waited >= after // 2 and len(quiet) == len(missing)
         for h in missing:
             if h in stopped:  # judged by its state: no silence needed
+                if _went_on_without(accs, arrived, key, stopped[h]):
+                    continue  # its peers finished the collective after it exited: it holds up nothing
                 if settled and h in culprits and waited >= th.hang_state_wait_ns:
                     hung.append(hung_entry(h, stopped[h][0]))
                 continue

@@ -91,6 +91,7 @@ def summarize(
     world_size: int = 0,
     recent_directed: bool = False,
     window: dict[str, list[int]] | None = None,
+    life: int = 0,
 ) -> dict:
     """The step summary (exactly the keys of ``schema.STEP_SUMMARY_FIELDS``) of ``job``/``step`` from its
     host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
@@ -99,8 +100,9 @@ def summarize(
     registered world size (0 unknown: then the number of expected hosts); ``recent_directed``: a recent
     step of the job had ``net_directed`` (``net_stats``); ``window``: the retransmits of the job's
     previous closed steps (``net_window``), read with this step's when it is slowed (its longest host
-    step time at least ``net_window_stall`` times the baseline median). Deterministic: the same inputs
-    give the same output."""
+    step time at least ``net_window_stall`` times the baseline median); ``life``: the job's life (0 for
+    its first run; docs/STREAMS.md "Restarts, resumes and world-size changes"). Deterministic: the same
+    inputs give the same output."""
     wide = len(accs) > compact.FULL_ROWS  # rank rows' layers only for the hosts compact keeps (below)
     named = host_ranks(accs, th, layers_for=set() if wide else None)
     one_node = len(accs) == 1 and len(next(iter(accs.values())).get("ranks") or ()) >= 2
@@ -185,6 +187,7 @@ def summarize(
             "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
         },
     }
+    out["life"] = int(life)
     out["culprit"] = culprit_rank(culprit(out), out)
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
     if wide:  # and the rank rows of the same hosts, with their layers
