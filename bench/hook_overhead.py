@@ -4,11 +4,12 @@ block) trained by a one-rank DDP (gloo) with small buckets, so that the price pe
 bucket shows.
 
 Configurations, interleaved every round (``enable()``/``disable()`` toggle the hooks in-process; each
-DDP configuration has its own DDP instance of an identical model, the obshub one with obshub's comm hook):
+DDP configuration has its own DDP instance of an identical model; DDP's own C++ comm hook stays in both):
 
-A. plain: no obshub (DDP's built-in C++ all-reduce);
-B. ``obshub.instrument.hooks.enable()``: the global module/optimizer hooks, the collective wrappers and
-   obshub's DDP comm hook; the USDT probe sites are NOPs (no tracer);
+A. plain: no obshub;
+B. ``obshub.instrument.hooks.enable()``: the module (discovery, then the roots' own), optimizer and
+   backward hooks and the collective kernels at the c10d dispatcher (every bucket's all-reduce passes
+   one); the USDT probe sites are NOPs (no tracer);
 C. (``--agent``, root) B while a BPF event source with the USDT probes (the agent's ``pytorch`` layer) is
    attached to this process and drained by a thread: every probe site traps.
 M. / MB. the same model without DDP, without and with the hooks: the module hooks alone.
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ddp_a = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_mb)
     ddp_b = DDP(copy.deepcopy(base), bucket_cap_mb=args.bucket_mb)
     runs = {"A": trainer(ddp_a), "M": trainer(copy.deepcopy(base))}
-    # B's DDP instance takes its first forward with the hooks on: obshub's comm hook is registered on it
+    # B's DDP instance takes its first forward with the hooks on (the roots are discovered then)
     hooks.enable(job="bench-hooks")
     runs["B"] = trainer(ddp_b)
     runs["MB"] = trainer(copy.deepcopy(base))

@@ -41,11 +41,23 @@ attached (C); the wall-time ratios come with their intervals too.
     python -m bench.training_overhead                  # ROUNDS rounds of STEPS steps
     python -m bench.training_overhead --quick          # 2 rounds of 20 steps (smoke run)
     python -m bench.training_overhead --rounds 30 --steps 60
+    python -m bench.training_overhead --compose        # only the composed projection (no training runs)
+
+**Composed projection** (printed after the runs, or alone with ``--compose``): a 2-rank gloo job on CPU
+calls no CUDA and few collectives, so the price of a GPU rank's step is composed from the prices per call
+the other benchmarks measured side by side and saved (bench/results/*.json): ``bench.cuda_calls`` (ns
+per call of every probed libcudart/libnccl symbol: default agent B and deep dive C against no agent A),
+``bench.collective_hook`` (µs per collective through obshub's c10d dispatcher kernel),
+``bench.hook_overhead`` (µs per step of the hooks on a 24-block transformer, per module call, per DDP
+bucket) and ``bench.usdt_overhead --attached`` (a traced probe site). Printed: the price per call of
+every probed symbol and hook, and µs per 1 s step of one rank at 2,000 / 10,000 / 50,000 kernel launches
+and 100 / 500 collectives, for the default agent and a deep dive, with the node's total for 8 ranks.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -794,8 +806,107 @@ def _report(
     return result
 
 
+LAUNCHES = (2_000, 10_000, 50_000)  # kernel launches per 1 s step of one rank
+COLLECTIVES = (100, 500)  # collectives per 1 s step of one rank
+TRAP_NS_DEFAULT = 600.0  # a traced USDT probe site when usdt_overhead.json has none (docs/AGENT.md: 0.5-0.7 µs)
+USDT_HITS_PER_COLL = 3  # coll_begin, coll_end, the tracekey that restores the thread's key
+
+
+def _load(name: str) -> dict | None:
+    path = common.results_dir() / f"{name}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def composed() -> dict:
+    """The price of one GPU rank's 1 s step, composed from the per-call prices saved by bench.cuda_calls,
+    bench.collective_hook, bench.hook_overhead and bench.usdt_overhead (see the module docstring).
+    Prints the tables; returns ``{"per_call": {...}, "projection": [...], "missing": [...]}`` (µs, ns)."""
+    cuda, coll, hooks_r, usdt_r = (
+        _load(n) for n in ("cuda_calls", "collective_hook", "hook_overhead", "usdt_overhead")
+    )
+    missing = [n for n, r in (("cuda_calls", cuda), ("collective_hook", coll), ("hook_overhead", hooks_r)) if r is None]
+    out: dict = {"missing": missing, "per_call": {}, "projection": []}
+    if missing:
+        common.console.print(
+            f"[yellow]composed projection: run first {', '.join('python -m bench.' + m for m in missing)}[/yellow]"
+        )
+        return out
+    med = cuda["median"]
+    t = Table(title="price per call, every probed symbol and hook (ns; B default agent, C deep dive, vs A no agent)")
+    for col in ("what", "A ns/call", "B - A ns", "C - A ns", "measured by"):
+        t.add_column(col)
+    for sym in med["A"]:
+        b, c = med["B"][sym] - med["A"][sym], med["C"][sym] - med["A"][sym]
+        out["per_call"][sym] = {"A": med["A"][sym], "B": b, "C": c}
+        t.add_row(sym, f"{med['A'][sym]:.1f}", f"{b:+.1f}", f"{c:+.1f}", f"cuda_calls ({cuda.get('rev', '?')})")
+    ar = {k: statistics.median(v) for k, v in coll.items() if isinstance(v, list) and v}
+    coll_us = ar["all_reduce obshub"] - ar["all_reduce plain"]
+    out["per_call"]["collective kernel"] = {"A": ar["all_reduce plain"] * 1e3, "B": coll_us * 1e3, "C": coll_us * 1e3}
+    t.add_row(
+        "collective (c10d dispatcher kernel, dist.all_reduce)",
+        f"{ar['all_reduce plain'] * 1e3:.0f}",
+        f"{coll_us * 1e3:+.0f}",
+        f"{coll_us * 1e3:+.0f}",
+        "collective_hook",
+    )
+    trap, trap_src = TRAP_NS_DEFAULT, "docs/AGENT.md (0.5-0.7 µs)"
+    if usdt_r and usdt_r.get("attached_ns") and usdt_r.get("detached_ns"):
+        trap, trap_src = usdt_r["attached_ns"] - usdt_r["detached_ns"], "usdt_overhead"
+    out["per_call"]["USDT site traced"] = {"A": 0.0, "B": trap, "C": trap}
+    t.add_row(
+        "USDT probe site, agent attached",
+        "-",
+        f"{trap:+.0f}",
+        f"{trap:+.0f}",
+        trap_src,
+    )
+    hs = hooks_r["samples"]
+    fixed_us = statistics.median([b - a for a, b in zip(hs["M"], hs["MB"])])  # hooks without collectives
+    out["per_call"]["hooks per step (no collectives)"] = {"B": fixed_us * 1e3}
+    t.add_row(
+        f"hooks per step without collectives ({hooks_r['module_calls']} module calls)",
+        "-",
+        f"{fixed_us * 1e3:+.0f}",
+        f"{fixed_us * 1e3:+.0f}",
+        "hook_overhead (MB - M)",
+    )
+    common.console.print(t)
+    launch = {c: med[c]["cudaLaunchKernel"] - med["A"]["cudaLaunchKernel"] for c in ("B", "C")}
+    nccl = {
+        c: med[c].get("ncclAllReduce", med["A"].get("ncclAllReduce", 0.0)) - med["A"].get("ncclAllReduce", 0.0)
+        for c in ("B", "C")
+    }
+    p = Table(title="composed: µs per 1 s step of one GPU rank (% of the step); the node = 8 ranks")
+    for col in ("launches", "collectives", "B default agent", "C deep dive", "B node (8 ranks)", "<= 0.1 %"):
+        p.add_column(col)
+    for n_l in LAUNCHES:
+        for n_c in COLLECTIVES:
+            per_coll_ns = coll_us * 1e3 + USDT_HITS_PER_COLL * trap
+            b = fixed_us + (n_l * launch["B"] + n_c * (per_coll_ns + nccl["B"])) / 1e3
+            c = fixed_us + (n_l * launch["C"] + n_c * (per_coll_ns + nccl["C"])) / 1e3
+            out["projection"].append({"launches": n_l, "collectives": n_c, "B_us": b, "C_us": c})
+            p.add_row(
+                f"{n_l:,}",
+                str(n_c),
+                f"{b:.0f} ({b / 1e4:.3f} %)",
+                f"{c:.0f} ({c / 1e4:.3f} %)",
+                f"{8 * b:.0f}",
+                "yes" if b <= 1000 else "no",
+            )
+    common.console.print(p)
+    common.console.print(
+        "composed, not measured in one run: the collective kernel's price is a gloo all-reduce's on CPU (on "
+        "NCCL the future completes at enqueue, so its completion callback runs inline), the launch and NCCL "
+        "prices are the uprobes' on calls that fail fast without a GPU"
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m bench.training_overhead [--quick] [--rounds N] [--steps N]``."""
+    """Command line: ``python -m bench.training_overhead [--quick] [--rounds N] [--steps N] [--compose]``."""
     p = argparse.ArgumentParser(
         prog="python -m bench.training_overhead",
         description=__doc__,
@@ -804,8 +915,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 20 steps")
     p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
     p.add_argument("--steps", type=int, default=None, help=f"steps per run (default {STEPS})")
+    p.add_argument("--compose", action="store_true", help="only the composed projection from the saved per-call prices")
     a = p.parse_args(argv)
+    if a.compose:
+        composed()
+        return 0
     run(a.quick, a.rounds, a.steps)
+    composed()
     return 0
 
 

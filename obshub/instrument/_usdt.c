@@ -221,11 +221,13 @@ usdt_coll_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* coll_end also takes a 7th argument and ignores it: a Future's done-callback is called with the future,
+ * so functools.partial(coll_end, *token) is the callback itself, with no Python frame in between. */
 static PyObject *
 usdt_coll_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct coll_args a;
-    if (parse_coll("coll_end", args, nargs, &a))
+    if (parse_coll("coll_end", args, nargs == 7 ? 6 : nargs, &a))
         return NULL;
     DTRACE_PROBE6(obshub, coll_end, a.pg, a.seq, a.op, a.bytes, a.step, a.key);
     Py_RETURN_NONE;
@@ -258,8 +260,8 @@ static PyMethodDef usdt_methods[] = {
      "coll_begin(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int) -> None\n"
      "Fire obshub:coll_begin."},
     {"coll_end", (PyCFunction)(void (*)(void))usdt_coll_end, METH_FASTCALL,
-     "coll_end(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int) -> None\n"
-     "Fire obshub:coll_end."},
+     "coll_end(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int[, ignored]) -> None\n"
+     "Fire obshub:coll_end (a 7th argument, the future of a done-callback, is ignored)."},
     {"phase_next", (PyCFunction)(void (*)(void))usdt_phase_next, METH_FASTCALL,
      "phase_next(old_phase: str, new_phase: str, step: int, old_key: int, new_key: int) -> None\n"
      "Fire obshub:phase_next (the open phase ends and the next begins)."},

@@ -560,40 +560,10 @@ def _pg_name(group) -> str:
 def _nbytes(value) -> int:
     """Bytes of a tensor, or of the tensors in a (nested, one level) list of them."""
     if isinstance(value, _torch.Tensor):
-        return value.numel() * value.element_size()
+        return value.nbytes
     if isinstance(value, (list, tuple)):
         return sum(_nbytes(v) for v in value)
     return 0
-
-
-def _coll_begin(pg: str, op: str, nbytes: int) -> tuple:
-    """Count and announce one collective; returns the token ``_coll_end`` needs. The calling thread's key
-    becomes the collective's key (the caller restores the previous one)."""
-    with _lock:
-        seq = _st.coll_seq.get(pg, 0)
-        _st.coll_seq[pg] = seq + 1
-        key = _next_op_locked()
-        step = _st.step
-    usdt.coll_begin(pg, seq, op, nbytes, step, key)
-    _set_thread_key(key, step, announced=True)
-    return (pg, seq, op, nbytes, step, key)
-
-
-def _coll_end(token: tuple, *_ignored) -> None:
-    usdt.coll_end(*token)
-
-
-def _end_when_done(work, token: tuple) -> None:
-    """Fire coll_end when ``work`` (a c10d Work, boxed or not, or a Future) completes; at once if it offers
-    no future (a coalesced Work: end = enqueue)."""
-    try:
-        if not isinstance(work, _torch.futures.Future):
-            if isinstance(work, _torch.ScriptObject):
-                work = _torch._C._distributed_c10d.Work.unbox(work)
-            work = work.get_future()
-        work.add_done_callback(functools.partial(_coll_end, token))
-    except Exception:  # noqa: BLE001 - no future: end = enqueue
-        _coll_end(token)
 
 
 #: c10d dispatcher op -> the op name the probe carries (the torch.distributed name users know). An op not
@@ -627,15 +597,24 @@ _PEER_ARGS = ("dst", "src", "dstRank", "srcRank")  # the peer's group rank in po
 
 class _OpInfo:
     """What the kernel of one c10d op needs: the op, its probe name, where its process group and (for
-    point-to-point) its peer rank are among the positional arguments."""
+    point-to-point) its peer rank are among the positional arguments, which argument's tensors are the
+    op's size (``size_index``) and the positions of every tensor argument in order (``tensor_indices``:
+    the first tensor found there decides the backend)."""
 
-    __slots__ = ("op", "name", "pg_index", "peer_index", "any_source", "size_index")
+    __slots__ = ("op", "name", "pg_index", "peer_index", "any_source", "size_index", "tensor_indices")
 
     def __init__(
-        self, op, name: str, pg_index: int, peer_index: int | None, any_source: bool, size_index: int | None
+        self,
+        op,
+        name: str,
+        pg_index: int,
+        peer_index: int | None,
+        any_source: bool,
+        size_index: int | None,
+        tensor_indices: tuple[int, ...] = (),
     ) -> None:
         self.op, self.name, self.pg_index, self.peer_index = op, name, pg_index, peer_index
-        self.any_source, self.size_index = any_source, size_index
+        self.any_source, self.size_index, self.tensor_indices = any_source, size_index, tensor_indices
 
 
 def c10d_ops() -> dict[str, _OpInfo]:
@@ -662,7 +641,8 @@ def c10d_ops() -> dict[str, _OpInfo]:
         size = (
             None if name in _NO_BYTES or not tensors else tensors[0] if name == "scatter_" or not inputs else inputs[0]
         )
-        found[name] = _OpInfo(op, probe_name, pg_index, peer, name == "recv_any_source_", size)
+        every_tensor = tuple(i for i, a in enumerate(args) if "Tensor" in str(a.type))
+        found[name] = _OpInfo(op, probe_name, pg_index, peer, name == "recv_any_source_", size, every_tensor)
     return found
 
 
@@ -687,43 +667,90 @@ def _unbox_pg(pg):
 
 def _make_kernel(info: _OpInfo) -> Callable:
     """The BackendSelect kernel of one c10d op: count and announce the collective, redispatch to the
-    backend's kernel (the keys below BackendSelect), end it when the returned Work's future completes."""
-    op, after = info.op, _after_backend_select
+    backend's kernel (the keys below BackendSelect), end it when the returned Work's future completes.
+
+    The hot path of every collective (a DDP bucket's all-reduce runs it once per bucket): the op's facts
+    are looked up once here, the calling thread's state is read from its ``threading.local`` dict, and
+    a future that is complete on return (a synchronous op; NCCL completes its futures at enqueue) ends the
+    collective at once, and otherwise the completion callback is the C probe function itself
+    (``usdt.coll_end`` bound to the token with ``functools.partial``; it ignores the future the callback
+    receives), so no Python frame of obshub runs at completion (the callback still takes the GIL on the
+    thread that completes the work: gloo's). ``bench.collective_hook`` prices it per call."""
+    redispatch = info.op._handle.redispatch_boxed
+    after = _after_backend_select
+    tensor_indices, pg_index, peer_index, size_index = (
+        info.tensor_indices,
+        info.pg_index,
+        info.peer_index,
+        info.size_index,
+    )
+    any_source, probe_name = info.any_source, info.name
+    tensor_type, script_object, dispatch_keys = _torch.Tensor, _torch.ScriptObject, _torch._C._dispatch_keys
+    unbox_pg, unbox_work = _torch._C._distributed_c10d.ProcessGroup.unbox, _torch._C._distributed_c10d.Work.unbox
+    future_type, coll_begin, coll_end, partial = (
+        _torch.futures.Future,
+        usdt.coll_begin,
+        usdt.coll_end,
+        functools.partial,
+    )
+    st, tls = _st, _tls
 
     def kernel(*args):
         # the tensors decide the backend (a gather's non-root rank has no output tensors: the input's)
-        tensor = _first_tensor(args)
-        keys = (_torch._C._dispatch_keys(tensor) if tensor is not None else _after_all) & after
+        tensor = None
+        for i in tensor_indices:
+            tensor = _first_tensor(args[i])
+            if tensor is not None:
+                break
+        keys = (dispatch_keys(tensor) if tensor is not None else _after_all) & after
+        local = tls.__dict__
         # tracing (fake or meta tensors) or a nested op: the backend's kernel alone
-        if getattr(_tls, "in_coll", 0) or (
-            tensor is not None and (type(tensor) is not _torch.Tensor or tensor.is_meta)
-        ):
-            return op.redispatch(keys, *args)
+        if local.get("in_coll") or (tensor is not None and (type(tensor) is not tensor_type or tensor.is_meta)):
+            return redispatch(keys, *args)
         try:
-            pg = _unbox_pg(args[info.pg_index])
+            pg = args[pg_index]
+            if type(pg) is script_object:
+                pg = unbox_pg(pg)
             name = pg.group_name
-            if info.peer_index is not None:
-                lo, hi = sorted((int(args[info.peer_index]), pg.rank()))
+            if peer_index is not None:
+                lo, hi = sorted((int(args[peer_index]), pg.rank()))
                 name = f"{name}:p2p:{lo}-{hi}"
-            elif info.any_source:
+            elif any_source:
                 name = f"{name}:p2p:any"
-            nbytes = _nbytes(args[info.size_index]) if info.size_index is not None else 0
-            prev = current_trace_key()
-            token = _coll_begin(name, info.name, nbytes)
+            nbytes = _nbytes(args[size_index]) if size_index is not None else 0
+            prev_key, prev_step = local.get("key", 0), local.get("step", -1)
+            with _lock:
+                seq = st.coll_seq.get(name, 0)
+                st.coll_seq[name] = seq + 1
+                st.op_seq += 1
+                step = st.step
+                key = _key(step, st.op_seq)
+            coll_begin(name, seq, probe_name, nbytes, step, key)
+            local["key"], local["step"] = key, step  # coll_begin carried the thread's new key
         except Exception:  # noqa: BLE001 - let PyTorch raise its own error, or run it unseen
             _warn_once("collective")
-            return op.redispatch(keys, *args)
-        _tls.in_coll = 1
+            return redispatch(keys, *args)
+        local["in_coll"] = 1
         try:
-            result = op.redispatch(keys, *args)
+            result = redispatch(keys, *args)
         except BaseException:
-            _coll_end(token)  # a failed collective ends where it failed
+            coll_end(name, seq, probe_name, nbytes, step, key)  # a failed collective ends where it failed
             raise
         finally:
-            _tls.in_coll = 0
-            _set_thread_key(*prev)
-        work = result[-1] if isinstance(result, tuple) else result
-        _end_when_done(work, token)
+            local["in_coll"] = 0
+            _set_thread_key(prev_key, prev_step)
+        work = result[-1] if type(result) is tuple else result
+        try:
+            if type(work) is not future_type:
+                if type(work) is script_object:
+                    work = unbox_work(work)
+                work = work.get_future()
+            if work.done():  # complete already (a synchronous op; NCCL completes its future at enqueue)
+                coll_end(name, seq, probe_name, nbytes, step, key)
+            else:
+                work.add_done_callback(partial(coll_end, name, seq, probe_name, nbytes, step, key))
+        except Exception:  # noqa: BLE001 - no future (a coalesced Work): end = enqueue
+            coll_end(name, seq, probe_name, nbytes, step, key)
         return result
 
     # called from compiled code (a DDP bucket's all-reduce under torch.compile), the kernel is a frame

@@ -1,108 +1,44 @@
-"""The agents' control topic: requests to an agent of one host, today only the deep dive (attach the
-per-call probes of the deep-dive tier, ``ProbeOptions.deep_dive``, for ``steps`` training steps, at most
-``max_s`` seconds, then detach them).
+"""The agent's side of the control topic (:mod:`obshub.core.control`: the message contract, the
+operator's :func:`request_deep_dive` and the hub's rate-limited :class:`DeepDiveTrigger`): a listener that
+hands the deep-dive requests for its host to the agent.
 
-Who asks: an operator (``obshub deep-dive --host H``), or the hub (a rule or the straggler analysis
-that points at a host calls :func:`request_deep_dive`). Each agent reads the topic's one partition from
-the beginning and acts on the requests for its host that were made after it started and are still
-valid (``ts_ns + max_s`` not passed), so a request made while the agent (re)starts is neither lost nor
-replayed on the next start.
-
-Message (JSON, key = host): ``{"action": "deep_dive", "host": str, "steps": int >= 1, "max_s": float > 0,
-"ts_ns": int (CLOCK_REALTIME ns of the request), "by": str}``. A malformed message is logged with what
+Each agent reads the topic's one partition from the beginning and acts on the requests for its host that
+were made after it started and are still valid (``ts_ns + max_s`` not passed), so a request made while the
+agent (re)starts is neither lost nor replayed on the next start. A malformed message is logged with what
 was wrong and skipped; it never stops the agent.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Callable
 
-from obshub.core.kafka import KafkaConnection, admin_config, consumer_config, producer_config
+from obshub.core.control import (
+    CONTROL_RETENTION_MS,
+    CONTROL_TOPIC,
+    DeepDive,
+    DeepDiveTrigger,
+    ensure_control_topic,
+    parse_request,
+    request_deep_dive,
+)
+from obshub.core.kafka import KafkaConnection, consumer_config
+
+__all__ = [
+    "CONTROL_RETENTION_MS",
+    "CONTROL_TOPIC",
+    "ControlListener",
+    "DeepDive",
+    "DeepDiveTrigger",
+    "ensure_control_topic",
+    "parse_request",
+    "request_deep_dive",
+]
 
 log = logging.getLogger("producer.control")
-
-#: the control topic: one partition (requests stay in order), kept one hour
-CONTROL_TOPIC = "obshub.control.v1"
-CONTROL_RETENTION_MS = 3600 * 1000
-
-
-@dataclass(frozen=True)
-class DeepDive:
-    """A deep-dive request: for ``host``, ``steps`` steps (counted per process: every registered rank of
-    the host ends that many), at most ``max_s`` s; made at ``ts_ns`` (CLOCK_REALTIME ns) by ``by``."""
-
-    host: str
-    steps: int
-    max_s: float
-    ts_ns: int
-    by: str = ""
-
-
-def parse_request(raw: bytes) -> DeepDive:
-    """A control message -> :class:`DeepDive`. Raises ValueError naming the field that is wrong."""
-    try:
-        d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"control message is not JSON: {exc}") from None
-    if not isinstance(d, dict) or d.get("action") != "deep_dive":
-        raise ValueError(f"control message action {d.get('action') if isinstance(d, dict) else d!r} is not 'deep_dive'")
-    host, steps, max_s, ts = d.get("host"), d.get("steps"), d.get("max_s"), d.get("ts_ns")
-    if not isinstance(host, str) or not host:
-        raise ValueError(f"deep_dive: host {host!r} is not a host name")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"deep_dive: steps {steps!r} is not an integer >= 1")
-    if not isinstance(max_s, (int, float)) or isinstance(max_s, bool) or not 0 < max_s <= 86400:
-        raise ValueError(f"deep_dive: max_s {max_s!r} is not a number of seconds in (0, 86400]")
-    if not isinstance(ts, int) or isinstance(ts, bool) or ts <= 0:
-        raise ValueError(f"deep_dive: ts_ns {ts!r} is not a positive integer")
-    return DeepDive(host, steps, float(max_s), ts, str(d.get("by", "")))
-
-
-def ensure_control_topic(conn: KafkaConnection, timeout_s: float = 10.0) -> None:
-    """Create :data:`CONTROL_TOPIC` (1 partition, 1 h retention) unless it exists. Raises the
-    broker's error (anything but "already exists")."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    from obshub.core.topics import replication_factor
-
-    admin = AdminClient(admin_config(conn, quiet=True))
-    if CONTROL_TOPIC in admin.list_topics(timeout=timeout_s).topics:
-        return
-    fut = admin.create_topics(
-        [NewTopic(CONTROL_TOPIC, 1, replication_factor(), config={"retention.ms": str(CONTROL_RETENTION_MS)})],
-        operation_timeout=timeout_s,
-    )[CONTROL_TOPIC]
-    try:
-        fut.result()
-    except Exception as exc:
-        if "already exists" not in str(exc).lower():
-            raise
-
-
-def request_deep_dive(
-    conn: KafkaConnection, host: str, steps: int = 20, max_s: float = 120.0, by: str = ""
-) -> DeepDive:
-    """Ask the agent of ``host`` for a deep dive of ``steps`` steps (at most ``max_s`` s). Returns the
-    request sent. Raises ValueError for a bad argument, RuntimeError when the broker did not take it."""
-    from confluent_kafka import Producer
-
-    req = DeepDive(host, steps, float(max_s), time.time_ns(), by)
-    body = json.dumps({"action": "deep_dive", **req.__dict__}).encode()
-    parse_request(body)  # the same checks the agent makes
-    ensure_control_topic(conn)
-    producer = Producer(producer_config(conn, quiet=True))
-    errors: list = []
-    producer.produce(CONTROL_TOPIC, body, key=host.encode(), on_delivery=lambda err, _m: err and errors.append(err))
-    left = producer.flush(15)
-    if left or errors:
-        raise RuntimeError(f"Failed to send the deep-dive request for {host} to {CONTROL_TOPIC}: {errors or 'timeout'}")
-    return req
 
 
 class ControlListener:

@@ -16,6 +16,8 @@ def probes(monkeypatch):
     calls: list[tuple] = []
     for name in usdt.PROBES:
         monkeypatch.setattr(usdt, name, lambda *a, _n=name: calls.append((_n, *a)))
+    # like the C function, coll_end ignores a 7th argument (the future of the done-callback it serves as)
+    monkeypatch.setattr(usdt, "coll_end", lambda *a: calls.append(("coll_end", *a[:6])))
     import torch
 
     torch.set_num_threads(1)

@@ -1,7 +1,9 @@
 """The deep-dive tier end to end: a real agent (real BPF, the torch wheel's libcudart) against the session's
 real broker. By default the per-launch CUDA uprobes are not attached (a process launching kernels yields
-no CUDA_STEP_SUM); `obshub deep-dive --host` (the control topic) attaches them for N steps: the launch
-aggregates arrive on obshub.events.v1 within a bounded time of the request, and stop after the window."""
+no CUDA_STEP_SUM); the automatic trigger (the rule engine's deep_dive sink, built from an alerting config,
+handed a firing straggler alert that names the host) asks through the control topic, and the agent
+attaches them for N steps: the launch aggregates arrive on obshub.events.v1 within a bounded time of the
+alert, and stop after the window. `obshub deep-dive --host` (the operator's path) is run against a listener."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from obshub.core.schema import Kind
 from obshub.core.settings import agent_config
 from obshub.producer.control import ControlListener, parse_request
 from obshub.producer.probes import ProbeOptions, Target
+from obshub.rules.sinks.base import DeliveryPolicy, Notification
+from obshub.rules.sinks.config import SinkSpec, build_sink
 from tests.conftest import REPO
 from tests.support.probes_util import build_so, ctypes_child, need_bpf, settings
 from tests.support.transport_helpers import AgentThread, read_batches, wait_for
@@ -86,19 +90,25 @@ def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
         )
         assert mine(before, Kind.CUDA_STEP_SUM) == []
 
-        t0 = time.monotonic()
-        subprocess.run(
-            [sys.executable, "-m", "obshub.cli", "deep-dive", "--host", host, "--steps", str(STEPS)],
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-            env={"OBSHUB_BOOTSTRAP": kafka.bootstrap_servers, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        # the automatic trigger: the deep_dive sink of an alerting config, handed a firing straggler alert
+        sink = build_sink(
+            SinkSpec(
+                name="dive", type="deep_dive", steps=STEPS, bootstrap=kafka.bootstrap_servers, min_severity="warning"
+            )
         )
+        alert = {"status": "firing", "rule": "straggler_persistent", "severity": "warning", "labels": {"host": host}}
+        t0 = time.monotonic()
+        res = sink.send(None, Notification("g", {}, [alert], "dive"), DeliveryPolicy())
+        assert res.ok and [r.host for r in sink.trigger.sent] == [host], res
+        assert sink.trigger.sent[0].by == "rule straggler_persistent" and sink.trigger.sent[0].steps == STEPS
         got = read_batches(
             kafka.bootstrap_servers, hosts={host}, until=lambda bs: mine(bs, Kind.CUDA_STEP_SUM), timeout_s=60
         )
-        first_data_s = time.monotonic() - t0  # includes the CLI's own start (~1 s of Python imports)
-        print(f"deep dive: first launch aggregate on the events topic {first_data_s:.2f} s after the request")
+        first_data_s = time.monotonic() - t0
+        print(f"deep dive: first launch aggregate on the events topic {first_data_s:.2f} s after the alert")
+        # the same alert again at once: rate-limited, nothing asked
+        assert sink.send(None, Notification("g", {}, [alert], "dive"), DeliveryPolicy()).ok
+        assert len(sink.trigger.sent) == 1 and sink.trigger.limited == 1
         assert first_data_s < TRIGGER_BOUND_S, first_data_s
         agg = mine(got, Kind.CUDA_STEP_SUM)[0]
         assert 1 <= agg.value <= 5 and agg.duration_ns > 0  # launches of one step (the first may be partial)
@@ -150,9 +160,53 @@ def test_listener_skips_bad_old_and_foreign_requests(kafka):
     try:
         wait_for(listener.ready.is_set, 30, "the listener")
         request_deep_dive(conn, "some-other-host", steps=2, max_s=30)
-        req = request_deep_dive(conn, host, steps=7, max_s=30)
+        # the operator's path: the CLI
+        subprocess.run(
+            [sys.executable, "-m", "obshub.cli", "deep-dive", "--host", host, "--steps", "7", "--max-s", "30"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            env={"OBSHUB_BOOTSTRAP": kafka.bootstrap_servers, "PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+        )
         wait_for(lambda: got, 30, "the request")
         time.sleep(0.5)
-        assert got == [req]
+        assert [(r.host, r.steps, r.max_s, r.by) for r in got] == [(host, 7, 30.0, "obshub deep-dive")]
     finally:
         listener.close()
+
+
+def test_trigger_rate_limits_and_the_sink_asks_only_for_named_firing_hosts(kafka):
+    """The hub's trigger against the real broker: one request per host per host_every, at most
+    max_per_hour overall; the sink asks for firing alerts with a host label only."""
+    from obshub.core.control import DeepDiveTrigger
+    from obshub.core.kafka import KafkaConnection
+    from obshub.rules.sinks.deep_dive import DeepDiveSink
+
+    now = [1000.0]
+    trig = DeepDiveTrigger(
+        KafkaConnection(bootstrap=kafka.bootstrap_servers),
+        steps=4,
+        max_s=30,
+        host_every_s=600,
+        max_per_hour=2,
+        clock=lambda: now[0],
+    )
+    sink = DeepDiveSink("dive", trig)
+    p = uuid.uuid4().hex[:6]
+    alerts = [
+        {"status": "firing", "rule": "r1", "labels": {"host": f"a-{p}"}},
+        {"status": "firing", "rule": "r2", "labels": {"host": f"a-{p}"}},  # the same host: one request
+        {"status": "resolved", "rule": "r1", "labels": {"host": f"x-{p}"}},
+        {"status": "firing", "rule": "r3", "labels": {"job": "j"}},  # names no host
+    ]
+    assert sink.send(None, Notification("g", {}, alerts, "dive"), DeliveryPolicy()).ok
+    assert [(r.host, r.by, r.steps) for r in trig.sent] == [(f"a-{p}", "rule r1", 4)]
+    assert trig.request(f"a-{p}") is None and "per 600 s" in trig.allowed(f"a-{p}")  # per host
+    assert trig.request(f"b-{p}") is not None
+    assert trig.request(f"c-{p}") is None and "last hour" in trig.allowed(f"c-{p}")  # overall
+    now[0] += 601
+    assert trig.request(f"a-{p}") is None  # the hour's budget still holds
+    now[0] += 3600
+    assert trig.request(f"a-{p}") is not None and trig.limited == 3
+    with pytest.raises(ValueError, match="host"):
+        trig.request("")

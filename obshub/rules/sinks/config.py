@@ -14,6 +14,11 @@ Example::
       - {name: am, type: alertmanager, url: "http://alertmanager:9093", resend_every: 1m}
       - {name: hook, type: webhook, url_env: OBSHUB_WEBHOOK_URL}
       - {name: console, type: console}
+      - {name: dive, type: deep_dive, min_severity: warning, steps: 20, max_time: 2m, host_every: 10m}
+
+A ``deep_dive`` sink is an action, not a notification: it asks the agent of the host a firing alert names
+(its ``host`` label) for a deep dive through the control topic, rate-limited
+(``obshub/rules/sinks/deep_dive.py``; ``bootstrap`` defaults to the settings' Kafka).
 
 Alertmanager-first (``mode: alertmanager``): obshub does no grouping, inhibition or silencing of its
 own; every firing and resolved change goes straight to the Alertmanager sinks (firing alerts re-sent
@@ -42,6 +47,7 @@ from obshub.rules.errors import SinkConfigError
 from obshub.rules.sinks.alertmanager import AlertmanagerSink
 from obshub.rules.sinks.base import DeliveryPolicy, Sink
 from obshub.rules.sinks.console import ConsoleSink
+from obshub.rules.sinks.deep_dive import DeepDiveSink
 from obshub.rules.sinks.pagerduty import DEFAULT_URL, PagerDutySink
 from obshub.rules.sinks.slack import SlackSink
 from obshub.rules.sinks.webhook import WebhookSink
@@ -112,7 +118,7 @@ class SinkSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=SINK_NAME_PATTERN)
-    type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console"]
+    type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console", "deep_dive"]
     min_severity: Literal["critical", "error", "warning", "info"] = "info"
     url: str | None = None  # non-secret URL (alertmanager, pagerduty endpoint)
     url_env: str | None = None
@@ -121,8 +127,16 @@ class SinkSpec(BaseModel):
     routing_key_file: Path | None = None
     resend_every: str = "1m"
     dedup_prefix: str = "obshub"
+    # deep_dive only (obshub/rules/sinks/deep_dive.py)
+    steps: int = Field(20, ge=1, le=100_000)
+    max_time: str = "2m"
+    host_every: str = "10m"
+    max_per_hour: int = Field(12, ge=1, le=100_000)
+    host_label: str = "host"
+    bootstrap: str | None = None
 
-    _check_resend = field_validator("resend_every")(_positive_duration)
+    _check_resend = field_validator("resend_every", "max_time")(_positive_duration)
+    _check_every = field_validator("host_every")(_duration)
 
 
 class AlertingConfig(BaseModel):
@@ -160,7 +174,9 @@ class AlertingConfig(BaseModel):
     @model_validator(mode="after")
     def _alertmanager_first(self) -> "AlertingConfig":
         if self.mode == "alertmanager":
-            other = [f"{s.name} ({s.type})" for s in self.sinks if s.type not in ("alertmanager", "console")]
+            other = [
+                f"{s.name} ({s.type})" for s in self.sinks if s.type not in ("alertmanager", "console", "deep_dive")
+            ]
             if other:
                 raise ValueError(
                     f"mode alertmanager sends every alert to Alertmanager only; sinks {', '.join(other)} "
@@ -224,7 +240,27 @@ def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
         if not spec.url:
             raise SinkConfigError(f"sink '{spec.name}': alertmanager needs `url:` (e.g. http://alertmanager:9093)")
         return AlertmanagerSink(spec.name, spec.url, spec.min_severity, _dur_s(spec.resend_every))
+    if spec.type == "deep_dive":
+        return _deep_dive_sink(spec)
     return ConsoleSink(spec.name, spec.min_severity)
+
+
+def _deep_dive_sink(spec: SinkSpec) -> DeepDiveSink:
+    """The ``deep_dive`` sink of ``spec``: a rate-limited trigger on the control topic of ``spec.bootstrap``
+    (default: the settings' Kafka, ``OBSHUB_BOOTSTRAP``). Raises SinkConfigError for a bad value."""
+    from obshub.core.control import DeepDiveTrigger
+    from obshub.core.kafka import KafkaConnection
+    from obshub.core.settings import load_settings
+
+    max_s = _dur_s(spec.max_time)
+    if max_s > 86400:
+        raise SinkConfigError(f"sink '{spec.name}': max_time {spec.max_time} is longer than 24h")
+    try:
+        conn = KafkaConnection(bootstrap=spec.bootstrap or load_settings().bootstrap_servers)
+    except (ValueError, ValidationError) as exc:
+        raise SinkConfigError(f"sink '{spec.name}': the Kafka connection is not usable: {exc}") from None
+    trigger = DeepDiveTrigger(conn, spec.steps, max_s, _dur_s(spec.host_every), spec.max_per_hour)
+    return DeepDiveSink(spec.name, trigger, spec.min_severity, spec.host_label)
 
 
 def load_config(path: Path | None) -> AlertingConfig:
