@@ -907,8 +907,6 @@ class Fold:
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
         recent_c = self.culprit_recent.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
         summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
-        if summary["culprit"] is not None and "rank" not in summary["culprit"]:
-            summary["culprit"] = analysis.culprit_rank(summary["culprit"], summary)
         recent_c.append(key)
         hung_hosts = self.hang_hosts.pop(sk, None)
         if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")

@@ -193,9 +193,12 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
         bl.get("median_ns") or 0
     )
     own = f"its own: {c['host']} / {c['layer']} ({c['why']})" if c else "no culprit of its own"
+    strag = summary.get("straggler") or {}
     charged = {
         "host": h,
         "layer": layer,
+        # the rank as the step's own culprit names it (summary.culprit_rank): the straggler's, on its host
+        "rank": strag.get("rank") if layer != "network" and strag.get("host") == h else None,
         "evidence": 0.0,
         "source": "persistent",
         "why": f"{h} / {layer} was the culprit of {n} of the job's last {PERSIST_STEPS} steps (a persistent fault); {own}",
