@@ -248,6 +248,8 @@ def main() -> None:
     calls: list[list] = []
     for name in usdt.PROBES:
         setattr(usdt, name, lambda *a, _n=name: calls.append([_n, *a]))
+    # like the C function, coll_end ignores a 7th argument (the future of the done-callback it serves as)
+    usdt.coll_end = lambda *a: calls.append(["coll_end", *a[:6]])
     torch.set_num_threads(1)
     hooks.enable(job="loops")
     truth = LOOPS[loop]()
