@@ -69,22 +69,42 @@ def _gauges(port: int) -> dict[str, float]:
     return out
 
 
-def _engine_state(path: Path) -> dict:
-    """Jobs, alert instances, window groups and bytes of the engine's snapshot file."""
+def _engine_state(bootstrap: str, topic: str) -> dict:
+    """Jobs, alert instances, window groups and bytes of the rule engine's state: the last record of each
+    partition of its state topic ``topic`` (``<group prefix>-state``, msgpack ``{"engine": snapshot, ...}``
+    per owned steps partition, docs/RULES.md), summed over partitions; zeros when none is readable."""
+    out = {"jobs": 0, "alerts": 0, "groups": 0, "bytes": 0}
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"soak-state-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
     try:
-        blob = path.read_bytes()
-        snap = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-    except (OSError, ValueError):
-        return {"jobs": 0, "alerts": 0, "groups": 0, "bytes": 0}
-    if not isinstance(snap, dict):  # a snapshot file may carry a header; count what is readable
-        return {"jobs": 0, "alerts": 0, "groups": 0, "bytes": len(blob)}
-    groups = sum(len(rt.get("fps") or ()) for rt in (snap.get("runtime") or {}).values())
-    return {
-        "jobs": len(snap.get("jobs") or {}),
-        "alerts": len(snap.get("instances") or []),
-        "groups": groups,
-        "bytes": len(blob),
-    }
+        md = c.list_topics(topic, timeout=10).topics.get(topic)
+        for p in sorted(md.partitions) if md is not None and md.error is None else ():
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            if hi <= lo:
+                continue
+            # the last offsets are transaction markers, never delivered: read the tail, keep its last record
+            c.assign([TopicPartition(topic, p, max(lo, hi - 8))])
+            m, deadline = None, time.monotonic() + 10
+            while time.monotonic() < deadline:
+                got = c.poll(0.5)
+                if got is not None and not got.error() and got.value():
+                    m = got
+                if c.position([TopicPartition(topic, p)])[0].offset >= hi:
+                    break
+            if m is None:
+                continue
+            try:
+                snap = (msgpack.unpackb(m.value(), raw=False, strict_map_key=False) or {}).get("engine") or {}
+            except (ValueError, AttributeError):
+                continue
+            out["bytes"] += len(m.value())
+            out["jobs"] += len(snap.get("jobs") or {})
+            out["alerts"] += len(snap.get("instances") or [])
+            out["groups"] += sum(len(rt.get("fps") or ()) for rt in (snap.get("runtime") or {}).values())
+    finally:
+        c.close()
+    return out
 
 
 def changelog_read(bootstrap: str, app_id: str) -> tuple[int, float]:
@@ -193,7 +213,7 @@ def run(
             _wait_log(worker, "Worker ready", 120)
             time.sleep(3.0)
             gen = Jobs(boot, hosts, steps)
-            snap_path = settings.state_dir / "rules" / "engine.msgpack"
+            state_topic = f"{RULES_PREFIX}-state"
             t0 = time.monotonic()
             while gen.n < jobs:
                 due = t0 + gen.n / rate
@@ -214,7 +234,7 @@ def run(
                         if not p.alive():
                             raise RuntimeError(f"{p.role} exited:\n{p.log_tail()}")
                 if gen.n % every == 0:
-                    rows.append(_sample(gen, worker, engine, snap_path, boot, steps, settings.kafka_dir / "data"))
+                    rows.append(_sample(gen, worker, engine, state_topic, boot, steps, settings.kafka_dir / "data"))
                     _print_row(rows[-1])
             gen.flush()
             # the real restart: stop the worker, start it again, time until ready, tables after recovery
@@ -234,7 +254,7 @@ def run(
     return _report(rows, ready_s, after, jobs, hosts, steps, rate, retention_s)
 
 
-def _sample(gen: Jobs, worker: Proc, engine: Proc, snap_path: Path, boot: str, steps: int, data_dir: Path) -> dict:
+def _sample(gen: Jobs, worker: Proc, engine: Proc, state_topic: str, boot: str, steps: int, data_dir: Path) -> dict:
     deadline = time.monotonic() + 60  # wait until every step published so far is summarised
     g = _gauges(worker.metrics_port)
     while g.get("obshub_streams_summaries_total", 0.0) < gen.n * steps and time.monotonic() < deadline:
@@ -249,7 +269,7 @@ def _sample(gen: Jobs, worker: Proc, engine: Proc, snap_path: Path, boot: str, s
         "tables": {k: v for k, v in g.items() if not k.startswith("obshub_")},
         "jobs_in_memory": g.get("obshub_streams_jobs_tracked", 0.0),
         "summaries": g.get("obshub_streams_summaries_total", 0.0),
-        "engine": _engine_state(snap_path),
+        "engine": _engine_state(boot, state_topic),
         "changelog_records": records,
         "changelog_read_s": read_s,
         "changelog_bytes": cl_bytes,

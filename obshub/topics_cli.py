@@ -47,11 +47,12 @@ def wanted(
     settings: Any,
     app_id: str = STREAMS.app_id,
     streams_partitions: int = STREAMS.partitions,
-    rules_group_prefix: str | None = None,
+    rules_group_prefix: str | None = RULES.group_prefix,
 ) -> tuple[TopicLayout, ...]:
     """The table for one deployment: obshub's topics, the stream worker ``app_id``'s own topics
-    (``streams_partitions`` = its ``--partitions``) and, when ``rules_group_prefix`` is given (a scaled-out
-    rule engine, ``rules serve --scale-out``), its state topic ``<prefix>-state``."""
+    (``streams_partitions`` = its ``--partitions``) and the rule engine's state topic
+    ``<rules_group_prefix>-state`` (every engine keeps its state there, one partition per steps partition;
+    None leaves it out)."""
     from obshub.core.topics import partitions, topic_specs
     from obshub.streams.topics import internal_topics
 
@@ -190,12 +191,14 @@ _OPTIONS = [
         f"$OBSHUB_STREAMS_PARTITIONS or {STREAMS.partitions})",
     ),
     click.option(
-        "--rules-scale-out",
+        "--rules-group-prefix",
+        "--rules-scale-out",  # its name before every engine kept its state in a topic
         "rules_prefix",
-        default=None,
+        default=RULES.group_prefix,
+        show_default=True,
         metavar="GROUP_PREFIX",
-        help=f"also the state topic of `rules serve --scale-out --group-prefix GROUP_PREFIX` "
-        f"(default prefix {RULES.group_prefix})",
+        help="the rule engines' `rules serve --group-prefix`: their state topic GROUP_PREFIX-state is one of the "
+        "topics",
     ),
 ]
 
@@ -223,7 +226,7 @@ Examples:
   obshub topics check                       # one line per difference; exit 1 when there is any
   obshub topics create                      # make what is missing, then check
   OBSHUB_BOOTSTRAP=kafka-0:9092 OBSHUB_KAFKA_REPLICATION_FACTOR=3 obshub topics create
-  obshub topics create --rules-scale-out prod   # with the state topic of `rules serve --scale-out --group-prefix prod`
+  obshub topics create --rules-group-prefix prod   # engines run as `rules serve --group-prefix prod`
 """,
 )
 def topics_group():
@@ -236,7 +239,7 @@ def topics_group():
 Examples:
   obshub topics check                       # one line per difference; exit 1 when there is any
   obshub topics check --json | jq .         # the differences for scripts
-  obshub topics check --rules-scale-out prod   # also the state topic of `rules serve --scale-out --group-prefix prod`
+  obshub topics check --rules-group-prefix prod    # ... and their state topic prod-state checked too
 """,
 )
 @_opts
