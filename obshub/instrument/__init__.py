@@ -10,5 +10,6 @@ into a training environment without the rest of obshub's dependencies.
 """
 
 from obshub.instrument.hooks import OP_NAMES, c10d_ops, current_trace_key, disable, enable, is_enabled
+from obshub.instrument.stepsource import set_step
 
-__all__ = ["OP_NAMES", "c10d_ops", "current_trace_key", "disable", "enable", "is_enabled"]
+__all__ = ["OP_NAMES", "c10d_ops", "current_trace_key", "disable", "enable", "is_enabled", "set_step"]

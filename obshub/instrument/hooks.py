@@ -98,7 +98,7 @@ from typing import Any, Callable
 
 from obshub.core import workload
 from obshub.core.errors import ConfigError
-from obshub.instrument import usdt
+from obshub.instrument import stepsource, usdt
 
 log = logging.getLogger("obshub.instrument")
 
@@ -196,6 +196,7 @@ def _register_before_step_locked() -> None:
 
 def _begin_step_locked() -> None:
     _register_before_step_locked()
+    _st.next_step = stepsource.take(_st.next_step)  # a resumed count (obshub/instrument/stepsource.py)
     _st.step = _st.next_step
     _st.next_step += 1
     _st.op_seq = 0
@@ -225,6 +226,7 @@ def _merge_check_locked() -> None:
 def _step_boundary_locked(next_phase: str) -> None:
     """End the open phase (the optimizer's) and the step, begin the next step in phase ``next_phase``: one
     ``step_next`` when it is traced and a phase is open, else the separate probes."""
+    _st.next_step = stepsource.take(_st.next_step)  # a resumed count: then the separate probes
     if _st.merge_step and _st.phase is not None and _st.step >= 0 and _st.next_step == _st.step + 1:
         old, old_key, step, key = _st.phase, _st.phase_key, _st.step, _st.step_key
         _st.phase = None
@@ -938,6 +940,7 @@ def enable(job: str | None = None, host_id: int | None = None, optimizers_per_st
                 f"host_id {host_id!r} is not an integer in 0..65535", hint="pass the node's number, 0..65535"
             )
         _st.per_step = _per_step_from_env(optimizers_per_step)
+        _st.undo.append(stepsource.install(torch, lambda: _st.step >= 0))  # $OBSHUB_START_STEP, load_state_dict
         _st.job = workload.clean_job(job) if job else ""
         _st.reg_site = usdt.probe_site("register")
         _st.next_sites = (usdt.probe_site("phase_next"), usdt.probe_site("step_next"))
