@@ -157,10 +157,18 @@ def test_culprit_prefers_evidence_then_the_straggler_and_names_nobody_without_ei
     ev["hosts"]["b"]["sched"] = 7.0
     c = analysis.culprit({"evidence": ev, "straggler": strag, "blame": []})
     assert (c["host"], c["layer"]) == ("b", "sched")
-    # another host about as guilty (at least half the best value): no single host stands out
-    ev["hosts"]["a"]["sched"] = 3.5
+    # another host about as late (more than half the best value): no single host stands out
+    ev["hosts"]["a"]["sched"] = 4.0
     assert analysis.culprit({"evidence": ev, "straggler": strag, "blame": []}) is None
     ev["hosts"]["a"]["sched"] = 3.0
+    # a starved rank: a lower layer of its own with evidence names it rather than the rest of its lateness
+    c = analysis.culprit({"evidence": {"spread_ns": 64_000_000, "hosts": {"b": {"pytorch": 7.0, "sched": 2.46}}}})
+    assert (c["host"], c["layer"], c["evidence"]) == ("b", "sched", 2.46)
+    # a blackout's neighbour with a little network evidence of its own does not hide the blacked-out host
+    c = analysis.culprit(
+        {"evidence": {"spread_ns": 24_000_000, "hosts": {"a": {"network": 2.0}, "b": {"network": 4.0}}}}
+    )
+    assert (c["host"], c["layer"]) == ("b", "network")
     # network evidence in the step: another host's lateness is its victims' waiting (a rank that waited for
     # a retransmission arrives late at the next collective), however large: the link is named
     ev["hosts"] = {"a": {"network": 2.5}, "b": {"pytorch": 7.0}}

@@ -43,7 +43,8 @@ def culprit(summary: dict) -> dict | None:
        candidates (a lossy link's peers wait for retransmissions and arrive late); a lateness-based value
        (any layer but network) only when the host's lateness (its late-group entry, at least ``z``
        spreads) makes up ``EXPLAIN_REL`` of what the step lost over the baseline median. When another
-       host's candidate reaches ``AMBIGUOUS_REL`` of the best one, None: no single host stands out;
+       host's lateness-based candidate exceeds ``AMBIGUOUS_REL`` of the best one, None: no single host
+       stands out. A ``pytorch`` best gives way to a lower layer of the same host with evidence;
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
        ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
        any straggler without a baseline): a step without per-step evidence (the job's first steps, the
@@ -82,8 +83,17 @@ def culprit(summary: dict) -> dict | None:
             cands.append(((-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h), h, layer, z))
     cands.sort()
     best = cands[0] if cands else None
-    if best is not None and any(c[1] != best[1] and c[3] >= AMBIGUOUS_REL * best[3] for c in cands[1:]):
-        return None  # two hosts about as guilty: no single host's fault (a shared cause, or load)
+    if best is not None and best[2] == "pytorch":
+        # lateness no lower layer explains is the process's only while no lower layer of the same host has
+        # evidence of its own (a starved rank's run-queue accounting may catch part of its starvation)
+        named = [c for c in cands if c[1] == best[1] and c[2] != "pytorch"]
+        best = named[0] if named else best
+    if (
+        best is not None
+        and best[2] != "network"
+        and any(c[1] != best[1] and c[2] != "network" and c[3] > AMBIGUOUS_REL * best[3] for c in cands)
+    ):
+        return None  # two hosts about as late: no single host's fault (a shared cause, or load)
     # a lateness-based value (every layer but the connection-based network) names its host only when its
     # lateness (at least z spreads; exact for the late group) makes up EXPLAIN_REL of what the step lost
     if best is not None and best[2] != "network" and max(best[3] * spread, group.get(best[1], 0)) < EXPLAIN_REL * lost:
