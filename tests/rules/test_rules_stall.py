@@ -100,6 +100,10 @@ def test_every_sporadic_stall_is_named_at_once_and_the_third_escalates(layer, ho
     for a in named:
         assert a["labels"]["host"] == host and a["labels"]["layer"] == want and a["labels"]["category"] == "stall"
         assert a["severity"] == "warning"
+        # the culprit's rank as a label: the straggler's global rank, none for a host's link
+        c = summaries[int(a["annotations"]["step"])]["culprit"]
+        assert a["labels"]["rank"] == ("" if c.get("rank") is None else str(c["rank"])), (a["labels"], c)
+        assert want == "network" or a["labels"]["rank"] != "", (a["labels"], c)
         assert f"stalled step {a['annotations']['step']} of llm ({want})" in a["annotations"]["summary"]
         assert " ms, x" in a["annotations"]["summary"] and "evidence" in a["annotations"]["evidence"]
     rec = [a for a in firing if a["rule"] == "step_stall_recurring"]
