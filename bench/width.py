@@ -751,7 +751,7 @@ class SizeRun:
         try:
             for p in self.workers():
                 _wait_log(p, "Worker ready", 120)
-            _wait_log(next(p for p in self.procs if p.role == "engine"), "engine: assigned", 60)
+            _wait_log(next(p for p in self.procs if p.role == "engine"), "engine: took over", 60)
             res.summarize_ms = summarize_ms(self.shape)
             res.encode_s = self.agents.wait_ready(900)["encode_s"]
             time.sleep(2.0 if len(self.workers()) == 1 else 4.0)  # let the group settle
