@@ -120,12 +120,9 @@ KIND_RULES: dict[Kind, Rule] = {
 STRUCTURAL = {kind for kind, info in schema.KIND_INFO.items() if info.step is None}
 
 
-def new_rank_row(pid: int, local_rank: int) -> dict:
-    """An empty rank row of a host accumulator's ``ranks`` (shape in the module docstring)."""
+def _step_fields() -> dict:
+    """The per-step fields a host accumulator and each of its rank rows share (module docstring)."""
     return {
-        "pid": pid,
-        "local_rank": local_rank,
-        "gpu": -1,
         "events": 0,
         "step_ns": None,
         "begin_rt": None,
@@ -136,24 +133,16 @@ def new_rank_row(pid: int, local_rank: int) -> dict:
         "colls": {},
         "ringbuf_lost": 0,
     }
+
+
+def new_rank_row(pid: int, local_rank: int) -> dict:
+    """An empty rank row of a host accumulator's ``ranks`` (shape in the module docstring)."""
+    return {"pid": pid, "local_rank": local_rank, "gpu": -1, **_step_fields()}
 
 
 def new_acc(host: str, host_id: int) -> dict:
     """An empty host accumulator (shape in the module docstring)."""
-    return {
-        "host": host,
-        "host_id": host_id,
-        "events": 0,
-        "step_ns": None,
-        "begin_rt": None,
-        "end_rt": None,
-        "unc_ns": 0,
-        "phases": {},
-        "layers": {},
-        "colls": {},
-        "ringbuf_lost": 0,
-        "net": {"addrs": {}, "pairs": {}},
-    }
+    return {"host": host, "host_id": host_id, **_step_fields(), "net": {"addrs": {}, "pairs": {}}}
 
 
 @functools.lru_cache(maxsize=65536)
