@@ -101,9 +101,17 @@ def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
         res = sink.send(None, Notification("g", {}, [alert], "dive"), DeliveryPolicy())
         assert res.ok and [r.host for r in sink.trigger.sent] == [host], res
         assert sink.trigger.sent[0].by == "rule straggler_persistent" and sink.trigger.sent[0].steps == STEPS
-        got = read_batches(
-            kafka.bootstrap_servers, hosts={host}, until=lambda bs: mine(bs, Kind.CUDA_STEP_SUM), timeout_s=60
-        )
+        try:
+            got = read_batches(
+                kafka.bootstrap_servers, hosts={host}, until=lambda bs: mine(bs, Kind.CUDA_STEP_SUM), timeout_s=60
+            )
+        except AssertionError as exc:  # say where the request stopped: listener, agent loop or probes
+            ctl = agent._control
+            raise AssertionError(
+                f"{exc}; listener alive {ctl is not None and ctl._thread.is_alive()}, request pending "
+                f"{agent._dd_request}, window {agent._dd}, windows {agent.deep_dives}, probes on {src.deep_diving}, "
+                f"deep-dive points {getattr(src, '_deep', None)}"
+            ) from exc
         first_data_s = time.monotonic() - t0
         print(f"deep dive: first launch aggregate on the events topic {first_data_s:.2f} s after the alert")
         # the same alert again at once: rate-limited, nothing asked
