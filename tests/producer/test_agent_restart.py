@@ -145,7 +145,7 @@ def test_torchrun_restart_gives_two_lives_and_no_hang(kafka, tmp_path):
     # (step 8, the step that never came: its data phase only, closed by the window, docs/AGENT.md)
     life1 = [(s["step"], s["closed_by"], s["missing_hosts"]) for s in got if s["life"] == 1 and s["step"] < 8]
     assert all(c == "complete" and m == [] for _s, c, m in life1), str(life1)
-    # Known (issue #33 item 2, left to the stream worker's owner): rank 1 dies, rank 0 waits in its
+    # Known gap (docs/AGENT.md "Restarts, resumes and world-size changes"): rank 1 dies, rank 0 waits in its
     # all_reduce and is stopped by torchrun 0.2 s later; the fold then names a hang at that all_reduce for
     # every check (0.5 s on) until life 1 registers, although every rank of life 0 has exited and its
     # exits arrived: a rank_hang on every torchrun restart. When the fold stops naming a hang whose
