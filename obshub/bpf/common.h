@@ -106,6 +106,38 @@ BPF_HASH(sched_acc, u32, struct obs_sched_acc, 4096);        /* tgid -> sums in 
 BPF_HASH(mem_acc, u32, struct obs_mem_acc, 4096);            /* tgid -> memory aggregate of the step */
 BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA launch aggregate of the step */
 
+/* The deep dive's step budget (obshub/producer/loader.py deep_dive_on): while deep_gate[0].gen is not 0, a
+ * deep-dive symbol's call (cuda_sym[i].deep) counts only in a process with steps left: its deep_left entry
+ * is made at its first such call of window `gen` with `steps` steps (the step open then is the first) and
+ * each step end of the process takes one (obs_emit_cuda_acc). So a window of N steps ships N launch
+ * aggregates per process however late the agent reads the step ends and detaches the uprobes. A new
+ * request writes a new gen: every process starts again from N. */
+struct obs_deep_gate {
+    u64 gen;   /* window number; 0: no budget (every call counts) */
+    s64 steps; /* steps of the window per process */
+};
+struct obs_deep_left {
+    u64 gen;
+    s64 left;
+};
+BPF_ARRAY(deep_gate, struct obs_deep_gate, 1);
+BPF_TABLE("lru_hash", u32, struct obs_deep_left, deep_left, 4096); /* tgid -> its steps left in window gen */
+
+/* May a deep-dive call of process tgid be counted now? (makes its budget at its first call of a window) */
+static __always_inline int obs_deep_allowed(u32 tgid)
+{
+    u32 zero = 0;
+    struct obs_deep_gate *g = deep_gate.lookup(&zero);
+    if (!g || !g->gen)
+        return 1;
+    struct obs_deep_left *l = deep_left.lookup(&tgid);
+    if (l && l->gen == g->gen)
+        return l->left > 0;
+    struct obs_deep_left fresh = {.gen = g->gen, .left = g->steps};
+    deep_left.update(&tgid, &fresh);
+    return fresh.left > 0;
+}
+
 /* Per watched thread, one entry for its whole life: its TraceKey and step (`trained`: it has one, set by
  * obs_set_key in obshub/bpf/pytorch.c; every record of the thread carries them, obs_reserve), and the scheduler
  * layer's state (obshub/bpf/sched.c): when it left the CPU (0: on a CPU), its state then, when it became

@@ -25,7 +25,7 @@ struct obs_cuda_sym {
     u32 kind;
     u32 mode;
     u32 arg;
-    u32 pad;
+    u32 deep; /* 1: a deep-dive symbol, counted within the window's step budget only (obs_deep_allowed) */
 };
 
 struct obs_cuda_key {
@@ -58,6 +58,8 @@ static __always_inline int obs_cuda_entry(struct pt_regs *ctx, u32 sym)
     struct obs_cuda_sym *info = cuda_sym.lookup(&sym);
     if (!info)
         return 0;
+    if (info->deep && !obs_deep_allowed(bpf_get_current_pid_tgid() >> 32))
+        return 0; /* past the deep dive's steps: no entry, so the return records nothing */
     struct obs_cuda_call call = {.ts_ns = bpf_ktime_get_ns()};
     if (info->mode == OBS_VAL_ARG) {
         call.value = obs_parm(ctx, info->arg);

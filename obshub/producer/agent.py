@@ -217,7 +217,9 @@ class Agent:
         """Ask for a deep dive (thread-safe): the loop attaches the source's deep-dive probes
         (``BpfEventSource.deep_dive_on``) and detaches them when every watched process has ended
         ``steps`` more steps (STEP_END events counted, the step open at the attach included) or after
-        ``max_s`` seconds. A request during a window extends it. Each window is appended to
+        ``max_s`` seconds. The kernel keeps the step budget too (``deep_dive_on(steps)``): each process
+        ships launch data for ``steps`` steps only, however late this loop sees the step ends. A request
+        during a window extends it. Each window is appended to
         :attr:`deep_dives`: ``steps``, ``asked`` / ``on_at`` / ``off_at`` (time.monotonic s),
         ``attach_s`` (the attach's own time), ``step_ends`` seen in it."""
         if steps < 1 or not max_s > 0:
@@ -238,10 +240,12 @@ class Agent:
                 waiting = poll(0)
                 if waiting:
                     self._take(waiting)
-                attach_s = self.source.deep_dive_on()
+                attach_s = self.source.deep_dive_on(steps)
                 dd = {"steps": steps, "asked": asked, "on_at": time.monotonic(), "attach_s": attach_s}
                 self._dd = dd
                 self.say(f"deep dive on for {steps} steps (at most {max_s:.0f} s): attached in {attach_s * 1e3:.1f} ms")
+            else:
+                self.source.deep_dive_on(steps)  # attached: a new budget of `steps` for every process
             dd["steps"] = steps
             dd["until"] = now + max_s
             dd["ends_at_start"] = self.kind_counts[_STEP_END]

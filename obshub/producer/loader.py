@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -240,6 +241,7 @@ class BpfEventSource:
         self.flags: list[str] = []
         self._deep: dict[str, list[tuple[bytes, bytes, bytes, bool]]] = {}  # deep-dive probe -> its uprobes
         self._deep_on = False
+        self._deep_gen = 0  # the deep dive's window number in deep_gate (0: no budget)
         self.extra_source = ""  # C appended to obshub/bpf/obshub.c (benchmarks' own handlers; they see common.h)
 
     # -- start: plan, compile, configure, attach ------------------------------------------------------
@@ -500,14 +502,19 @@ class BpfEventSource:
         """Are the deep-dive probes attached now?"""
         return self._deep_on
 
-    def deep_dive_on(self) -> float:
+    def deep_dive_on(self, steps: int | None = None) -> float:
         """Attach the deep-dive probes (``ProbeOptions.deep_dive``: by default the per-launch CUDA
         uprobes) to the libraries found at start. Returns the seconds the attach took (bcc resolves each
-        symbol; ~10-50 ms). Idempotent. A probe whose attach fails is logged with bcc's message and left
-        out; raises :class:`ProbeError` only when nothing is loaded."""
+        symbol; ~10-50 ms). Idempotent: a call while attached only renews the budget. ``steps``: the
+        window's step budget, kept in the kernel (``deep_gate``/``deep_left`` of obshub/bpf/common.h):
+        each process's deep-dive calls count for ``steps`` steps from its first call in the window (the
+        step open then included) and no more, however late the agent detaches; None: no budget. A probe
+        whose attach fails is logged with bcc's message and left out; raises :class:`ProbeError` only
+        when nothing is loaded."""
         if self._bpf is None:
             raise ProbeError("Failed to start the deep dive: no BPF program is loaded")
         t0 = time.monotonic()
+        self._deep_budget(steps)
         if not self._deep_on:
             for name, points in self._deep.items():
                 for lib, sym, fn, ret in points:
@@ -530,6 +537,24 @@ class BpfEventSource:
                 with contextlib.suppress(Exception):
                     (self._bpf.detach_uretprobe if ret else self._bpf.detach_uprobe)(name=lib, sym=sym)
         self._deep_on = False
+        with contextlib.suppress(Exception):
+            self._deep_budget(None)
+
+    def _deep_budget(self, steps: int | None) -> None:
+        """Mark the deep-dive CUDA symbols in ``cuda_sym`` and open window ``gen + 1`` of ``steps`` steps
+        in ``deep_gate`` (None: gen 0, no budget)."""
+        with contextlib.suppress(KeyError):
+            table = self._bpf[b"cuda_sym"]
+            for points in self._deep.values():
+                for _lib, _sym, fn, _ret in points:
+                    m = re.fullmatch(rb"obs_cuda_(?:entry|return)_(\d+)", fn)
+                    if m:
+                        i = int(m.group(1))
+                        info = cat.CUDA_SYMBOLS[i]
+                        table[ctypes.c_int(i)] = table.Leaf(int(info.kind), info.mode, info.arg, 1)
+        gate = self._bpf[b"deep_gate"]
+        self._deep_gen = 0 if steps is None else self._deep_gen + 1
+        gate[ctypes.c_int(0)] = gate.Leaf(self._deep_gen, 0 if steps is None else int(steps))
 
     # -- target ---------------------------------------------------------------------------------------
     def _refresh_target(self, force: bool = False) -> None:
