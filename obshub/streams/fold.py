@@ -112,6 +112,21 @@ _GONE = object()
 _UNSET = object()
 
 
+def _all_exited(
+    hosts: set[str], pids: dict[str, dict[int, tuple[int, int]]], states: dict[str, dict[int, tuple]]
+) -> bool:
+    """Has every registered rank of every one of ``hosts`` exited? (``pids``: ``host -> pid -> (rank,
+    local rank)`` of the job's current life; ``states``: ``host -> pid -> (state, ...)`` from RANK_STATE.)
+    False when a host has no registered rank: an unregistered host's processes are not known."""
+    if not hosts:
+        return False
+    for h in hosts:
+        known, st = pids.get(h), states.get(h) or {}
+        if not known or any(st.get(pid, ("running",))[0] != "exited" for pid in known):
+            return False
+    return True
+
+
 class WriteBack:
     """A write-back view of one table for the messages of one unit (``Fold.apply_round``): reads see the
     unit's own writes, each key is read from ``table`` at most once (a Faust table read costs a few µs
@@ -219,6 +234,7 @@ class Fold:
         self.top_step: dict[str, int] = {}  # job -> highest step a part arrived for in this process
         self.hung: dict[str, int] = {}  # open step key -> clock() when its hang was first seen
         self.was_hung: set[str] = set()  # open step keys that hung at some point (kept after they resume)
+        self.exit_named: set[str] = set()  # hung step keys named once after every rank exited (named no more)
         self.hang_hosts: dict[str, list] = {}  # open step key -> the hosts its latest hang record named
         self.quiet_until: dict[str, int] = {}  # job -> last step whose evidence is dropped after a hang
         # job -> latest step closed here whose retransmits met the directed view's condition (derived, in
@@ -1010,6 +1026,13 @@ class Fold:
                 continue
             expected, accs = self._open_accs(sk, st, js)
             pids, states = self.rank_of(job), self.rank_state.get(job, {})
+            # every rank of this life has exited (a crash and torchrun's stop of the others, a job killed):
+            # the exit is named once (below: the earliest exit, state "exited"), then no more, as nothing
+            # is left running to hang; the alert resolves instead of firing until a new life registers
+            gone = _all_exited(set(expected) | set(accs), pids, states)
+            if gone and sk in self.exit_named:
+                self.hung.pop(sk, None)
+                continue
             found = analysis.one_node_hang(
                 accs,
                 expected,
@@ -1042,6 +1065,8 @@ class Fold:
             if found is None:
                 self.hung.pop(sk, None)
                 continue
+            if gone:
+                self.exit_named.add(sk)
             first = sk not in self.hung
             self.hung.setdefault(sk, now)
             self.was_hung.add(sk)
@@ -1058,6 +1083,7 @@ class Fold:
         for sk in [k for k in self.hung if self.steps.get(k) is None]:
             del self.hung[sk]
         self.was_hung.intersection_update(k for k, _ in self.open_steps())
+        self.exit_named.intersection_update(self.was_hung)
         for sk in [k for k in self.hang_hosts if k not in self.was_hung]:
             del self.hang_hosts[sk]
         return out
