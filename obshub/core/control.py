@@ -73,6 +73,7 @@ def encode_request(req: DeepDive) -> bytes:
 def ensure_control_topic(conn: KafkaConnection, timeout_s: float = 10.0) -> None:
     """Create :data:`CONTROL_TOPIC` (1 partition, 1 h retention) unless it exists. Raises the
     broker's error (anything but "already exists")."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from obshub.core.topics import replication_factor
@@ -86,7 +87,7 @@ def ensure_control_topic(conn: KafkaConnection, timeout_s: float = 10.0) -> None
     )[CONTROL_TOPIC]
     try:
         fut.result()
-    except Exception as exc:
+    except KafkaException as exc:
         if "already exists" not in str(exc).lower():
             raise
 

@@ -87,6 +87,7 @@ def require_broker(
     settings (security). Returns False as soon as ``stop`` is set (checked every 0.5 s at most). Raises
     :class:`obshub.core.kafkacheck.KafkaConnectError` at once, naming the setting, when the broker answers
     but rejects the SASL credentials or the client certificate, or its certificate is not trusted."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     from obshub.core.kafkacheck import explain
@@ -109,7 +110,7 @@ def require_broker(
         try:
             admin.list_topics(timeout=min(0.5, left))
             return True
-        except Exception as exc:  # KafkaException (transport, timeout): retried until the deadline
+        except KafkaException as exc:  # transport, timeout: retried until the deadline
             reason = str(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc)
         admin.poll(0)
         wrong = explain(errors, conf)  # rejected credentials or certificates: retrying cannot help
@@ -163,6 +164,7 @@ class BrokerWatch:
         and one line per broker that came back, with how many of how many serve. Three failed requests in
         a row while no bootstrap address accepts a connection are :meth:`down` (one warning), the next
         answer :meth:`up`."""
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         client: dict[str, Any] = {**conf, "logger": NullLogger(), "socket.timeout.ms": max(1000, int(every_s * 1000))}
@@ -173,7 +175,7 @@ class BrokerWatch:
             while not stop.is_set():
                 try:
                     md = admin.list_topics(timeout=every_s)
-                except Exception as exc:
+                except KafkaException as exc:
                     failed += 1
                     reason = tcp_reason(self.bootstrap, 1.0) if failed >= 3 else None
                     if reason is not None:  # 3 requests in a row failed and no broker accepts a connection

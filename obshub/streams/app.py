@@ -354,7 +354,8 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             cache.dirty.clear()
             try:
                 drop_agents(last)
-            except Exception:  # retention is housekeeping: never stop ingest
+            except Exception:  # retention is housekeeping: never stop ingest (logged, counted)
+                m.housekeeping_errors.labels("retention").inc()
                 log.exception("dropping expired agent records failed")
             await box.send(rep)
             for event in events:
@@ -375,7 +376,8 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 pos = max(done.get(tp, 0), app.consumer._committed_offset.get(tp) or 0)
                 if hw is not None and pos >= hw:
                     read.append([tp.partition, now])
-        except Exception:  # best effort: without a report the fold holds window closes a little longer
+        except Exception:  # best effort (counted): without a report the fold holds window closes a little longer
+            m.housekeeping_errors.labels("progress").inc()
             log.debug("input progress unavailable", exc_info=True)
             return
         if read:
@@ -410,6 +412,7 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
         try:
             await dlq.send(key=b"fold", value=body, headers=headers)
         except Exception:  # the DLQ itself unreachable: the failure was logged and counted above
+            m.housekeeping_errors.labels("dead_letter").inc()
             log.exception("could not dead-letter a message of partition %d", p)
 
     async def send_closed(job: str, summary: dict) -> None:  # the summary of a closed step: JSON, send, metrics
@@ -518,7 +521,9 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
                     hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
                     if hw is None or pos is None or hw - pos > 0:
                         return False
-        except Exception:  # unknown progress: sweep later
+        except Exception:  # unknown progress (counted): sweep later
+            m.housekeeping_errors.labels("lag").inc()
+            log.debug("consumer positions unavailable; retention sweep later", exc_info=True)
             return False
         return True
 
@@ -567,8 +572,9 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
                     if hw is not None and pos is not None:
                         lag += max(0, hw - pos)
             m.consumer_lag.set(lag)
-        except Exception:  # lag is best effort; never let a metric stop expiry
-            pass
+        except Exception:  # lag is best effort (counted); never let a metric stop expiry
+            m.housekeeping_errors.labels("lag").inc()
+            log.debug("consumer lag unavailable", exc_info=True)
 
 
 def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> None:
@@ -583,8 +589,9 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
                     hw, pos = app.consumer.highwater(tp), await app.consumer.position(tp)
                     if hw is not None and pos is not None and hw - pos > 0:
                         return True
-        except Exception:  # the lag is best effort; without it the check runs
-            pass
+        except Exception:  # the lag is best effort (counted); without it the check runs
+            m.housekeeping_errors.labels("lag").inc()
+            log.debug("consumer lag unavailable", exc_info=True)
         return False
 
     @app.timer(0.5)

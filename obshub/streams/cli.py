@@ -76,6 +76,7 @@ def _wait_for_broker(bootstrap: str) -> None:
 def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int | None]:
     """Partition counts of the input ``topic`` and of the app's ``<app_id>-steps`` topic (None when the app
     is new); raises TopicMissingError / StreamsError with a hint."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(
@@ -85,7 +86,7 @@ def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int
     )
     try:
         md = admin.list_topics(timeout=10)
-    except Exception as exc:
+    except KafkaException as exc:
         raise StreamsError(
             f"Failed to reach the Kafka broker at {bootstrap}: {exc}",
             "start it with `obshub up`, or set OBSHUB_BOOTSTRAP",

@@ -18,6 +18,9 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_send_errors_total``        produce calls that failed (summaries, internal, changelog)
 - ``obshub_streams_processing_errors_total{stage}`` messages the worker failed on (a bug: ``ingest``, ``fold``,
   ``summary``), each logged with its position, sent to the DLQ and skipped
+- ``obshub_streams_housekeeping_errors_total{task}`` best-effort tasks that failed and were skipped, logged
+  (``retention``: dropping expired agent records, ``progress``: the input-read report, ``dead_letter``: a
+  DLQ send, ``lag``: reading consumer positions)
 - ``obshub_streams_table_keys{table}``        keys of each table this worker holds (flat under retention)
 - ``obshub_streams_jobs_tracked``             jobs with in-memory state in this worker (flat under retention)
 
@@ -231,6 +234,14 @@ class WorkerMetrics:
             ["stage"],
             registry=r,
         )
+        self.housekeeping_errors = Counter(
+            "obshub_streams_housekeeping_errors",
+            "best-effort tasks that failed and were skipped (retention, progress, dead_letter, lag)",
+            ["task"],
+            registry=r,
+        )
+        for task in ("retention", "progress", "dead_letter", "lag"):
+            self.housekeeping_errors.labels(task)  # every series exported from the start, at 0
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
         self.table_keys = Gauge(
             "obshub_streams_table_keys", "keys of each table held by this worker (retention)", ["table"], registry=r

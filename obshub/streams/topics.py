@@ -67,6 +67,7 @@ def ensure_internal_topics(
     Raises StreamsError when a topic exists with a different partition count (a changed ``--partitions``
     for an existing app id), cannot be created, or does not show up within ``timeout_s``.
     """
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
     want = internal_topics(app_id, partitions, input_partitions)
@@ -89,7 +90,7 @@ def ensure_internal_topics(
         for name, fut in admin.create_topics(new, operation_timeout=20).items():
             try:
                 fut.result()
-            except Exception as exc:
+            except KafkaException as exc:
                 if "already exists" not in str(exc).lower():
                     raise StreamsError(f"Failed to create topic {name}: {exc}", "read the broker log") from exc
     deadline = time.monotonic() + timeout_s

@@ -41,3 +41,17 @@ def test_tune_gc_keeps_collecting_cycles_with_larger_thresholds():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_housekeeping_failures_are_exported_per_task_from_the_start():
+    """The worker's best-effort tasks (retention, progress report, dead-lettering, consumer positions) count
+    their failures in ``obshub_streams_housekeeping_errors_total{task}``; every task's series exists at 0
+    before any failure, so an alert on its rate needs no absent() guard."""
+    from prometheus_client import generate_latest
+
+    m = WorkerMetrics()
+    text = generate_latest(m.registry).decode()
+    for task in ("retention", "progress", "dead_letter", "lag"):
+        assert f'obshub_streams_housekeeping_errors_total{{task="{task}"}} 0.0' in text, text
+    m.housekeeping_errors.labels("lag").inc()
+    assert 'obshub_streams_housekeeping_errors_total{task="lag"} 1.0' in generate_latest(m.registry).decode()
