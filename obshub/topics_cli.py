@@ -73,9 +73,11 @@ def _admin(settings: Any):
 
 
 def _metadata(admin, bootstrap: str):
+    from confluent_kafka import KafkaException
+
     try:
         return admin.list_topics(timeout=15)
-    except Exception as exc:
+    except KafkaException as exc:
         raise TopicsError(
             f"the Kafka cluster at {bootstrap} did not answer a metadata request: {exc}",
             "check OBSHUB_BOOTSTRAP and the Kafka security settings (`obshub status` shows what it reaches)",
@@ -96,6 +98,7 @@ def differences(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> lis
     """Compare the cluster of ``settings`` with ``rows``: one :class:`Difference` per setting that is not as
     the table says (a missing topic is one ``exists`` difference). Replication factor is the smallest
     replica count of the topic's partitions. Raises TopicsError when the cluster does not answer."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import ConfigResource
 
     admin = admin or _admin(settings)
@@ -111,7 +114,7 @@ def differences(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> lis
         for res, fut in futs.items():
             try:
                 configs[res.name] = {k: v.value for k, v in fut.result(timeout=15).items()}
-            except Exception as exc:
+            except (KafkaException, TimeoutError) as exc:
                 raise TopicsError(
                     f"failed to read the configs of topic {res.name} on {settings.bootstrap_servers}: {exc}",
                     "the principal needs DescribeConfigs on obshub's topics",
@@ -134,6 +137,7 @@ def create(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> list[str
     """Create every topic of ``rows`` the cluster lacks, with the row's partitions, replication factor and
     configs; return the names created (none on a second run). Raises TopicsError when the replication
     factor exceeds the broker count (nothing is created then) or a create fails."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import NewTopic
 
     admin = admin or _admin(settings)
@@ -149,7 +153,7 @@ def create(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> list[str
         try:
             fut.result()
             created.append(name)
-        except Exception as exc:
+        except KafkaException as exc:
             if "already exists" not in str(exc).lower():  # a concurrent create is fine
                 raise TopicsError(
                     f"failed to create topic {name} on {settings.bootstrap_servers}: {exc}",

@@ -200,6 +200,7 @@ def pipeline(job: str, run_id: str, config: Path, packs: tuple[str, ...] = ()) -
 
 def group_stable(settings, group: str) -> bool:
     """True when Kafka consumer group ``group`` is Stable with at least one member."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     from obshub.core import kafka
@@ -207,7 +208,7 @@ def group_stable(settings, group: str) -> bool:
     admin = AdminClient(kafka.admin_config(kafka.connection(settings), {"log_level": 0}))
     try:
         desc = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
-    except Exception:
+    except KafkaException:  # the broker did not answer, or no such group
         return False
     return getattr(desc.state, "name", str(desc.state)).upper() == "STABLE" and bool(desc.members)
 
