@@ -129,10 +129,15 @@ class KinetoFile:
                         hint="the file is truncated (the profiler may not have finished writing it); "
                         "copy it again or re-export the trace",
                     ) from None
+                gz_name = self.path.name.endswith(".gz") and not is_gzip(self.path)
                 raise TraceFormatError(
-                    f"Failed to parse {self.path}: not valid JSON within the first "
-                    f"{consumed} bytes, after {n} events ({text})",
-                    hint="pass Kineto/Chrome-trace JSON files (.json or .json.gz) as torch.profiler wrote them",
+                    f"Failed to parse {self.path}: "
+                    + ("named .gz but not gzip-compressed (no gzip magic bytes), and " if gz_name else "")
+                    + f"not valid JSON within the first {consumed} bytes, after {n} events ({text})",
+                    hint="the file was renamed or damaged: a .json.gz must be gzip-compressed (`file` shows it); "
+                    "pass Kineto/Chrome-trace JSON files (.json or .json.gz) as torch.profiler wrote them"
+                    if gz_name
+                    else "pass Kineto/Chrome-trace JSON files (.json or .json.gz) as torch.profiler wrote them",
                 ) from None
         if first_pass:
             self.header = {}

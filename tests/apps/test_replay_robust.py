@@ -45,6 +45,19 @@ def test_truncated_gzip_stream_is_a_clear_error(tmp_path):
         discover([p])
 
 
+def test_a_json_gz_that_is_not_gzip_says_so(tmp_path):
+    p = tmp_path / "rank0.json.gz"
+    p.write_text('{"traceEvents": [{"ph": "X",, }]}')  # renamed plain text, and not JSON either
+    with pytest.raises(TraceFormatError, match="named .gz but not gzip-compressed") as ei:
+        discover([p])
+    assert "gzip-compressed" in ei.value.hint
+    plain = tmp_path / "rank0.json"
+    plain.write_text('{"traceEvents": [{"ph": "X",, }]}')
+    with pytest.raises(TraceFormatError) as ei:
+        discover([plain])
+    assert "gzip" not in str(ei.value)
+
+
 @pytest.mark.parametrize(
     "text, expect",
     [

@@ -227,7 +227,7 @@ def test_silence_cli_add_list_expire(tmp_path, monkeypatch):
     assert res.returncode == 0, res.stderr
     sil = json.loads(res.stdout)
     bad = run("silence", "add", "-m", "host", "-a", "a", "-c", "c", env=env)
-    assert bad.returncode == 1 and "is not NAME=VALUE" in bad.stderr
+    assert bad.returncode == 2 and "is not NAME=VALUE" in bad.stderr and "--matcher" in bad.stderr  # a usage error
     runner = CliRunner()
     listed = runner.invoke(cli, ["silence", "list"], env=env)
     assert sil["id"] in listed.output and "active" in listed.output and "alice" in listed.output
