@@ -65,7 +65,7 @@ class ControlListener:
         self._thread.start()
 
     def _run(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
         consumer = None
         while not self._stop.is_set() and consumer is None:
@@ -79,7 +79,7 @@ class ControlListener:
                 )
                 consumer = Consumer(conf)
                 consumer.assign([TopicPartition(CONTROL_TOPIC, 0, OFFSET_BEGINNING)])
-            except Exception as exc:
+            except KafkaException as exc:
                 log.warning("control topic %s not reachable (%s); retrying in %.0f s", CONTROL_TOPIC, exc, self.retry_s)
                 self._stop.wait(self.retry_s)
         if consumer is None:
