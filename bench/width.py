@@ -1320,7 +1320,8 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
     fold (``streams.inproc``, each step's batches in 4 rounds, as ``bench.fold_width``) and every step
     summary through the builtin rule pack (``rules.engine.Engine``), in this process. Per step after the
     guilty one (the straggler rank slowed from ``guilty_from``): CPU ms of ingest, fold (table operations,
-    codec, close and ``summarize``) and the rule pack, the summary's JSON bytes; the process's RSS peak
+    codec, close and ``summarize``; of it, ``encode_ms`` the parts' msgpack encoding, which the ingest
+    agent does when it sends them, and ``close_ms`` the step's close with ``summarize``) and the rule pack, the summary's JSON bytes; the process's RSS peak
     (VmHWM, MB: the fleet's batches of one step, the tables and the engine together; a worker holds less)
     and whether the straggler's host and rank were named. For the sizes a 2-core machine cannot carry
     through the real broker at 1 s steps (2,048 hosts x 8 ranks = 1 M events per step)."""
@@ -1344,10 +1345,22 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
     engine = Engine(load_ruleset([REPO / "obshub" / "rules" / "builtin"]), lambda c: None)
     seqs = [1] * hosts
     rows = []
+    close_s = [0.0]  # CPU s of the step's close (summarize included), out of the fold's
+    fold_close = pipe.fold.close
+
+    def timed_close(*args, **kw):
+        c = time.process_time()
+        try:
+            return fold_close(*args, **kw)
+        finally:
+            close_s[0] += time.process_time() - c
+
+    pipe.fold.close = timed_close  # type: ignore[method-assign]
     for step in range(steps):
         values = [v for _due, msgs, _n in f.step_slots(step, seqs) for _k, v in msgs]
         n0 = len(pipe.summaries)
-        ing = fo = 0.0
+        ing = fo = enc = 0.0
+        close_s[0] = 0.0
         quarter = max(1, len(values) // 4)
         for i in range(0, len(values), quarter):
             c0 = time.process_time()
@@ -1356,6 +1369,7 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
             per: dict[int, list[bytes]] = {}
             for msg, p in parts:
                 per.setdefault(p, []).append(wire.packb(msg))
+            enc += time.process_time() - c1
             for p, msgs in sorted(per.items()):
                 pipe._apply({"t": "batch", "msgs": msgs}, p)
             ing += c1 - c0
@@ -1375,13 +1389,16 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
                 "step": step,
                 "ingest_ms": ing * 1e3,
                 "fold_ms": fo * 1e3,
+                "encode_ms": enc * 1e3,
+                "close_ms": close_s[0] * 1e3,
                 "rules_ms": rules * 1e3,
                 "summary_bytes": len(json.dumps(s, separators=(",", ":")).encode()) if s else 0,
                 "named": (strag.get("host"), strag.get("rank")),
             }
         )
         say(
-            f"[dim]  {hosts:,} x {ranks_per_host}: step {step} ingest {ing * 1e3:,.0f} ms, fold {fo * 1e3:,.0f} ms, "
+            f"[dim]  {hosts:,} x {ranks_per_host}: step {step} ingest {ing * 1e3:,.0f} ms, fold {fo * 1e3:,.0f} ms "
+            f"(parts' encoding {enc * 1e3:,.0f}, close {close_s[0] * 1e3:,.0f}), "
             f"rules {rules * 1e3:,.1f} ms, summary {rows[-1]['summary_bytes']:,} B, straggler {rows[-1]['named']}[/dim]"
         )
     peak = _rss_now("VmHWM:")
@@ -1393,6 +1410,8 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
         "events_per_step": shape.events_per_step_total,
         "ingest_ms": statistics.median(r["ingest_ms"] for r in late),
         "fold_ms": statistics.median(r["fold_ms"] for r in late),
+        "encode_ms": statistics.median(r["encode_ms"] for r in late),
+        "close_ms": statistics.median(r["close_ms"] for r in late),
         "rules_ms": statistics.median(r["rules_ms"] for r in late),
         "summary_bytes": max(r["summary_bytes"] for r in late),
         "rss_peak_mb": peak,
@@ -1503,6 +1522,7 @@ def main(argv: list[str] | None = None) -> int:
             "events/step",
             "ingest ms",
             "fold ms",
+            "of which: parts' encoding, close",
             "rule pack ms",
             "summary bytes",
             "RSS peak MB",
@@ -1515,6 +1535,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['events_per_step']:,}",
                 f"{r['ingest_ms']:,.0f}",
                 f"{r['fold_ms']:,.0f}",
+                f"{r['encode_ms']:,.0f}, {r['close_ms']:,.0f}",
                 f"{r['rules_ms']:,.1f}",
                 f"{r['summary_bytes']:,}",
                 f"{r['rss_peak_mb']:,.0f} ({r['rss_fleet_mb']:,.0f})",

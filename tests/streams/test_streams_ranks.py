@@ -171,3 +171,94 @@ def test_rank_rows_merge_like_their_host_and_tcp_events_stay_with_the_host():
     (again,) = accumulate.reduce_batch(schema.Batch("j", "h", 0, "a", 2, evs[:1]), ranks=ranks).values()
     accumulate.merge(acc, again)
     assert acc["ranks"]["0"]["layers"]["sched"] == [10, 2, 5]
+
+
+def _reference_lateness(units: dict[str, dict]) -> tuple[dict[str, int], dict[str, int]]:
+    """``rank_lateness`` as first written (per collective, sort ``(arrival, unit key)`` pairs): the
+    reference the one-pass version must equal, ties included."""
+    by_key: dict[str, list[tuple[int, str]]] = {}
+    for u, a in units.items():
+        for key, c in a["colls"].items():
+            if c[1] is not None:
+                by_key.setdefault(key, []).append((c[1], u))
+    late = dict.fromkeys(units, 0)
+    last_n: dict[str, int] = {}
+    for arr in by_key.values():
+        if len(arr) < 2:
+            continue
+        arr.sort()
+        n = len(arr)
+        med = arr[n // 2][0] if n % 2 else (arr[n // 2 - 1][0] + arr[n // 2][0]) // 2
+        unc = units[arr[0][1]]["unc_ns"] + units[arr[-1][1]]["unc_ns"]
+        for t, u in reversed(arr):
+            if t - med <= unc:
+                break
+            late[u] = max(late[u], t - med)
+        (t2, u2), (t1, u1) = arr[-2], arr[-1]
+        if t1 - t2 > units[u1]["unc_ns"] + units[u2]["unc_ns"]:
+            last_n[u1] = last_n.get(u1, 0) + 1
+    return late, last_n
+
+
+def _wide_accs(hosts: int, per_host: int, seed: int) -> dict[str, dict]:
+    """Host accumulators of ``hosts`` x ``per_host`` ranks, three collectives, arrivals on a coarse grid
+    (many ties, at the first, second and last arrival too), clock uncertainties differing per host and
+    rank, a collective some ranks never reached."""
+    import random
+
+    rnd = random.Random(seed)
+    accs = {}
+    for h in range(hosts):
+        rows = {}
+        for lr in range(per_host):
+            r = h * per_host + lr
+            colls = {}
+            for k in range(3):
+                if k == 2 and rnd.random() < 0.2:
+                    continue
+                t = 1_000_000 * k + rnd.choice((0, 0, 10_000, 20_000, 50_000, 400_000))
+                colls[f"0#{k}"] = ["all_reduce", t, t + 90_000, 90_000 - (t % 1_000_000)]
+            row = accumulate.new_rank_row(1000 + lr, lr)
+            row.update(step_ns=rnd.choice((900_000, 950_000)), unc_ns=rnd.choice((0, 5_000, 20_000)), colls=colls)
+            row["layers"] = {"sched": [rnd.randrange(10**6), 3, 10]}
+            rows[str(r)] = row
+        acc = accumulate.new_acc(f"n{h:03d}", h)
+        acc.update(unc_ns=rnd.choice((0, 10_000)), ranks=rows, step_ns=950_000)
+        acc["colls"] = {k: ["all_reduce", 0, 90_000, 90_000] for k in ("0#0", "0#1", "0#2")}
+        accs[f"n{h:03d}"] = acc
+    return accs
+
+
+def test_lean_rank_rows_equal_the_reference_ties_and_wide_steps_included():
+    """The close's lean rank path (docs/BENCHMARKS.md 7b) changes no summary: ``rank_lateness`` equals the
+    per-collective sort it replaced on arrivals full of ties; ``host_ranks`` of a wide step (each host's
+    named rank's row, then ``fill_rows`` for the kept hosts) equals the full rows; the host view equals
+    the per-collective scan over rank rows (the first rank row of the latest arrival on a tie)."""
+    from obshub.streams.analysis import ranks as R
+
+    for seed in range(6):
+        accs = _wide_accs(9, 4, seed)
+        units = R.rank_units(accs)
+        assert R.rank_lateness(units) == _reference_lateness(units)
+        full = R.host_ranks(accs)
+        lean = R.host_ranks(accs, layers_for=set(), rows_for=set())
+        assert {h: v["rank"] for h, v in lean.items()} == {h: v["rank"] for h, v in full.items()}
+        assert all(list(lean[h]["rows"]) == [full[h]["rank"]] for h in full)
+        kept = {"n001", "n004"}
+        R.fill_rows(lean, accs, kept)
+        R.fill_layers(lean, accs, kept)
+        assert {h: lean[h]["rows"] for h in kept} == {h: full[h]["rows"] for h in kept}
+    # a tie at the second-latest arrival: the larger key's clock (5 µs) makes rank 3's 3 µs lead no lead
+    units = {
+        f"h#{r}": {"unc_ns": u, "colls": {"0#1": ["all_reduce", t, None, None]}}
+        for r, (t, u) in enumerate(((0, 0), (100, 0), (100, 5_000), (3_100, 0)))
+    }
+    assert R.rank_lateness(units) == _reference_lateness(units) and R.rank_lateness(units)[1] == {}
+    for seed in range(2):
+        accs = _wide_accs(9, 4, seed)
+        view = R.host_view(accs)
+        for h, a in accs.items():
+            for key in a["colls"]:
+                have = [row["colls"][key] for row in a["ranks"].values() if key in row["colls"]]
+                want = list(max(have, key=lambda c: c[1])) if have else ["all_reduce", None, None, None]
+                assert view[h]["colls"][key] == want

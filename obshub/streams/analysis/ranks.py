@@ -67,6 +67,10 @@ def host_view(accs: dict[str, dict], strict: bool = False) -> dict[str, dict]:
             out[h] = a
             continue
         v = dict(a)
+        if not strict:
+            v["colls"] = _last_arrivals(a["colls"], rows)
+            out[h] = v
+            continue
         colls: dict[str, list] = {}
         for key in a["colls"]:
             recs = [row["colls"].get(key) for row in rows.values()]
@@ -82,46 +86,113 @@ def host_view(accs: dict[str, dict], strict: bool = False) -> dict[str, dict]:
     return out
 
 
+def _last_arrivals(host_colls: dict[str, list], rows: dict[str, dict]) -> dict[str, list]:
+    """The host view's collectives of a host (:func:`host_view`, not strict): per collective of
+    ``host_colls``, a copy of the record of its rank that arrived last (the first such rank row on a
+    tie), ``[op, None, None, None]`` when none of its ranks arrived. One pass over the rank rows."""
+    best: dict[str, list] = {}
+    for row in rows.values():
+        for key, c in row["colls"].items():
+            t = c[1]
+            if t is not None:
+                b = best.get(key)
+                if b is None or t > b[1]:
+                    best[key] = c
+    out = {}
+    for key, c in host_colls.items():
+        b = best.get(key)
+        out[key] = list(b) if b is not None else [c[0], None, None, None]
+    return out
+
+
 def rank_lateness(units: dict[str, dict]) -> tuple[dict[str, int], dict[str, int]]:
     """``(late, last_n)`` of the rank units: ``late[u]`` = the unit's largest arrival after the median
     arrival of all units at a collective, when beyond the uncertainty of the first and the last arrival's
     clocks (``straggler.lateness``'s rule, without building the per-collective records: a wide job has
     16,384 ranks); ``last_n[u]`` = the collectives it arrived last at by more than the summed uncertainty
     of its clock and the second-latest's. Without any collective joined by two units, lateness is the
-    compute time over the median of the other units' (``straggler.lateness``)."""
-    by_key: dict[str, list[tuple[int, str]]] = {}
-    for u, a in units.items():
-        for key, c in a["colls"].items():
-            if c[1] is not None:
-                by_key.setdefault(key, []).append((c[1], u))
-    late = dict.fromkeys(units, 0)
-    last_n: dict[str, int] = {}
-    seen = False
-    for arr in by_key.values():
-        if len(arr) < 2:
-            continue
-        seen = True
-        arr.sort()
-        n = len(arr)
-        med = arr[n // 2][0] if n % 2 else (arr[n // 2 - 1][0] + arr[n // 2][0]) // 2
-        unc = units[arr[0][1]]["unc_ns"] + units[arr[-1][1]]["unc_ns"]
-        for t, u in reversed(arr):
-            d = t - med
-            if d <= unc:
-                break
-            if d > late[u]:
-                late[u] = d
-        (t2, u2), (t1, u1) = arr[-2], arr[-1]
-        if t1 - t2 > units[u1]["unc_ns"] + units[u2]["unc_ns"]:
-            last_n[u1] = last_n.get(u1, 0) + 1
+    compute time over the median of the other units' (``straggler.lateness``). Ties at the first, second
+    and last arrival break by unit key (as sorting ``(arrival, key)`` pairs orders them)."""
+    keys = list(units)
+    unc = [units[u]["unc_ns"] for u in keys]
+    late_i, last_i, seen = _lateness_by_index([units[u]["colls"] for u in keys], unc, keys.__getitem__)
     if not seen:
         layers = layer_table(units)
-        late = lateness(units, [], layers)
-    return late, last_n
+        return lateness(units, [], layers), {}
+    return dict(zip(keys, late_i)), {keys[i]: n for i, n in last_i.items()}
+
+
+def _only(ts: list[int], ids: list[int], t: int, unique: bool, pick, key) -> int:
+    """The unit index of arrival ``t`` in ``ts`` (``ids``: their units); among several, ``pick`` (min or
+    max) by ``key``."""
+    if unique:
+        return ids[ts.index(t)]
+    return pick((ids[j] for j in range(len(ts)) if ts[j] == t), key=key)
+
+
+def _lateness_by_index(colls: list[dict], unc: list[int], key_of) -> tuple[list[int], dict[int, int], bool]:
+    """:func:`rank_lateness` over units given by index: ``colls[i]`` unit i's collective records, ``unc[i]``
+    its clock uncertainty (ns), ``key_of(i)`` its key (breaks ties). Returns ``(late per index (ns),
+    {index: last_n}, whether some collective was joined by two units)``. One pass over the arrivals, then
+    per collective a sort of its arrival times (ints) for the median and a scan for the units beyond it:
+    O(units x collectives) Python steps and no per-arrival tuple (a wide job has 16,384 ranks)."""
+    flat: dict[str, list[int]] = {}  # collective -> [arrival, unit index, arrival, unit index, ...]
+    for i, cs in enumerate(colls):
+        for key, c in cs.items():
+            t = c[1]
+            if t is not None:
+                v = flat.get(key)
+                if v is None:
+                    flat[key] = [t, i]
+                else:
+                    v.append(t)
+                    v.append(i)
+    late = [0] * len(colls)
+    last_n: dict[int, int] = {}
+    seen = False
+    for v in flat.values():
+        ts, ids = v[0::2], v[1::2]
+        n = len(ts)
+        if n < 2:
+            continue
+        seen = True
+        s = sorted(ts)
+        med = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) // 2
+        t_lo, t_hi, t2 = s[0], s[-1], s[-2]
+        first = _only(ts, ids, t_lo, s[1] > t_lo, min, key_of)
+        last = _only(ts, ids, t_hi, t_hi > t2, max, key_of)
+        thr = med + unc[first] + unc[last]
+        if t_hi > thr:
+            for j in [j for j, t in enumerate(ts) if t > thr]:
+                d = ts[j] - med
+                i = ids[j]
+                if d > late[i]:
+                    late[i] = d
+        if t_hi > t2:
+            second = _only(ts, ids, t2, n == 2 or s[-3] < t2, max, key_of)
+            if t_hi - t2 > unc[last] + unc[second]:
+                last_n[last] = last_n.get(last, 0) + 1
+    return late, last_n, seen
+
+
+def _summary_row(a: dict, late: int, last: int) -> dict:
+    """The summary row of rank row ``a`` (:func:`host_ranks`), its ``layers`` empty."""
+    return {
+        "local_rank": int(a.get("local_rank", 0)),
+        "pid": int(a.get("pid", 0)),
+        "gpu": int(a.get("gpu", -1)),
+        "step_ns": a["step_ns"],
+        "late_ns": late,
+        "last_n": last,
+        "layers": {},
+    }
 
 
 def host_ranks(
-    accs: dict[str, dict], th: Thresholds = Thresholds(), layers_for: set[str] | None = None
+    accs: dict[str, dict],
+    th: Thresholds = Thresholds(),
+    layers_for: set[str] | None = None,
+    rows_for: set[str] | None = None,
 ) -> dict[str, dict]:
     """Per host with a known rank, the rank its host-level findings name and every rank's row for the
     summary: ``{host: {"rank": int, "rows": {rank: row}}}`` where a summary row is ``{local_rank, pid,
@@ -129,37 +200,70 @@ def host_ranks(
     :func:`rank_lateness` over all ranks of the step). The named rank is the host's latest (largest
     ``late_ns``), then the one of the longest step, then the lowest rank. ``layers_for``: the hosts whose
     rows get their ``layers`` (None: every host; a wide step fills the kept hosts' later,
-    :func:`fill_layers`). A host without rank rows but with a single known rank (``acc["rank"] = [rank,
-    local_rank, pid]``) names that rank (no rows). ``th`` is unused (the thresholds of the host view
-    apply)."""
-    units = rank_units(accs)
+    :func:`fill_layers`). ``rows_for``: the hosts that get every rank's row (None: every host); the others
+    get their named rank's row only until :func:`fill_rows` completes them (a wide step keeps the rows of
+    a few hosts: 16,384 rows would cost more than the rest of the summary). A host without rank rows but
+    with a single known rank (``acc["rank"] = [rank, local_rank, pid]``) names that rank (no rows). ``th``
+    is unused (the thresholds of the host view apply)."""
+    host_of: list[str] = []
+    rkeys: list[str] = []
+    rows_in: list[dict] = []
+    unc: list[int] = []
+    spans: list[tuple[str, int, int]] = []  # (host, first index, end index) of its ranks
+    for h, a in accs.items():
+        rows = a.get("ranks")
+        if not rows:
+            continue
+        hu = int(a.get("unc_ns") or 0)
+        start = len(rows_in)
+        for r, row in rows.items():
+            host_of.append(h)
+            rkeys.append(r)
+            rows_in.append(row)
+            ru = int(row.get("unc_ns") or 0)
+            unc.append(ru if ru > hu else hu)
+        spans.append((h, start, len(rows_in)))
     out: dict[str, dict] = {}
-    if units:
-        late, last_n = rank_lateness(units)
-        for u, a in units.items():
-            h, r = split_unit(u)
-            rows = out.setdefault(h, {"rank": None, "rows": {}})["rows"]
-            rows[r] = {
-                "local_rank": int(a.get("local_rank", 0)),
-                "pid": int(a.get("pid", 0)),
-                "gpu": int(a.get("gpu", -1)),
-                "step_ns": a["step_ns"],
-                "late_ns": int(late.get(u, 0)),
-                "last_n": last_n.get(u, 0),
-                "layers": {},
-            }
-        for v in out.values():
-            v["rows"] = dict(sorted(v["rows"].items()))
-            v["rank"] = min(
-                v["rows"],
-                key=lambda r: (-v["rows"][r]["late_ns"], -(v["rows"][r]["step_ns"] or 0), r),
+    if rows_in:
+        late_i, last_i, seen = _lateness_by_index(
+            [row["colls"] for row in rows_in], unc, lambda i: unit_key(host_of[i], rkeys[i])
+        )
+        if not seen:  # no collective joined by two ranks: compute time over the others' (rank_lateness)
+            late_u, last_u = rank_lateness(rank_units(accs))
+            keys = [unit_key(h, r) for h, r in zip(host_of, rkeys)]
+            late_i = [int(late_u.get(k, 0)) for k in keys]
+            last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
+        for h, start, end in spans:
+            _l, _s, rank, best = min(
+                [(-late_i[i], -(rows_in[i]["step_ns"] or 0), int(rkeys[i]), i) for i in range(start, end)]
             )
+            if rows_for is None or h in rows_for:
+                order = sorted((int(rkeys[i]), i) for i in range(start, end))
+                rows_out = {r: _summary_row(rows_in[i], int(late_i[i]), last_i.get(i, 0)) for r, i in order}
+                out[h] = {"rank": rank, "rows": rows_out}
+            else:  # the named rank's row; fill_rows completes the others from "_late"
+                row = _summary_row(rows_in[best], int(late_i[best]), last_i.get(best, 0))
+                out[h] = {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start)}
         fill_layers(out, accs, set(out) if layers_for is None else layers_for)
     for h, a in accs.items():
         one = a.get("rank")
         if h not in out and one:
             out[h] = {"rank": int(one[0]), "rows": {}}
     return out
+
+
+def fill_rows(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) -> None:
+    """Complete the rank rows of ``hosts`` in ``named`` (:func:`host_ranks` with ``rows_for``: a host
+    outside it got its named rank's row only) with every rank's row, as ``host_ranks`` without
+    ``rows_for`` makes them; ``layers`` stay empty (:func:`fill_layers`)."""
+    for h in hosts:
+        v = named.get(h)
+        pend = v.pop("_late", None) if v else None
+        if pend is None:
+            continue
+        late_i, last_i, start = pend  # the host's ranks are indices start.. in the order of its rank rows
+        order = sorted((int(k), start + j, row) for j, (k, row) in enumerate((accs[h].get("ranks") or {}).items()))
+        v["rows"] = {r: _summary_row(row, int(late_i[i]), last_i.get(i, 0)) for r, i, row in order}
 
 
 def fill_layers(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) -> None:

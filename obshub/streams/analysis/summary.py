@@ -8,7 +8,15 @@ from obshub.streams import compact
 from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import baseline, evidence
 from obshub.streams.analysis.network import net_blame, net_stats
-from obshub.streams.analysis.ranks import fill_layers, host_ranks, host_view, rank_fields, rank_units, split_unit
+from obshub.streams.analysis.ranks import (
+    fill_layers,
+    fill_rows,
+    host_ranks,
+    host_view,
+    rank_fields,
+    rank_units,
+    split_unit,
+)
 from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
@@ -104,7 +112,8 @@ def summarize(
     its first run; docs/STREAMS.md "Restarts, resumes and world-size changes"). Deterministic: the same
     inputs give the same output."""
     wide = len(accs) > compact.FULL_ROWS  # rank rows' layers only for the hosts compact keeps (below)
-    named = host_ranks(accs, th, layers_for=set() if wide else None)
+    # a wide step: each host's named rank's row now, every row of the hosts compact keeps later
+    named = host_ranks(accs, th, layers_for=set() if wide else None, rows_for=set() if wide else None)
     one_node = len(accs) == 1 and len(next(iter(accs.values())).get("ranks") or ()) >= 2
     raw = accs
     accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
@@ -192,6 +201,7 @@ def summarize(
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
     if wide:  # and the rank rows of the same hosts, with their layers
         kept = {h for h in out["layers"] if h in named and named[h]["rows"]}
+        fill_rows(named, raw, kept)
         fill_layers(named, raw, kept)
         out["ranks"] = {h: {str(r): row for r, row in named[h]["rows"].items()} for h in sorted(kept)}
     assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
