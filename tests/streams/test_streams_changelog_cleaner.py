@@ -39,3 +39,24 @@ def test_only_changelogs_with_a_retention_get_the_cleaner_settings():
     assert cfg["segment.ms"] == "10000" and cfg["max.compaction.lag.ms"] == "10000"
     assert "segment.ms" not in topic_config("app-jobs-changelog", rf=1)
     assert "segment.ms" not in topic_config("rules-state", rf=1, changelog_retention_s=10.0)
+
+
+def test_partition_cache_holds_the_keys_of_the_last_two_periods_only():
+    from aiokafka.partitioner import murmur2
+
+    from obshub.streams.topics import PartitionCache
+
+    now = [0.0]
+    c = PartitionCache(period_s=10.0, clock=lambda: now[0])
+    for j in range(5000):  # more dead steps' keys than the old fixed-size LRU (4,096) held
+        key = f"soak-{j}|0".encode()
+        assert c.get(key, 4) == (murmur2(key) & 0x7FFFFFFF) % 4
+    assert len(c) == 5000  # all used within one period
+    now[0] = 10.0
+    c.get(b"live|1", 4)  # a new period: the last one's keys are the previous generation
+    c.get(b"soak-7|0", 4)  # used again: moves to the current one
+    assert len(c.cur) == 2 and len(c.old) == 5000
+    now[0] = 20.0
+    c.get(b"live|1", 4)
+    assert len(c) == 3  # the dead keys are gone after two periods; the ones still used stay
+    assert c.get(b"soak-7|0", 8) == (murmur2(b"soak-7|0") & 0x7FFFFFFF) % 8  # per partition count
