@@ -215,6 +215,7 @@ def run(
             gen = Jobs(boot, hosts, steps)
             state_topic = f"{RULES_PREFIX}-state"
             t0 = time.monotonic()
+            peak = 0.0  # most jobs held in the worker's memory at a back-pressure check since the last sample
             while gen.n < jobs:
                 due = t0 + gen.n / rate
                 now = time.monotonic()
@@ -233,9 +234,14 @@ def run(
                     for p in procs:
                         if not p.alive():
                             raise RuntimeError(f"{p.role} exited:\n{p.log_tail()}")
+                    peak = max(peak, g.get("obshub_streams_jobs_tracked", 0.0))
                 if gen.n % every == 0:
+                    t_s = time.monotonic()
                     rows.append(_sample(gen, worker, engine, state_topic, boot, steps, settings.kafka_dir / "data"))
+                    rows[-1]["jobs_in_memory_peak"], peak = peak, 0.0
                     _print_row(rows[-1])
+                    # the schedule moves with the sample too: no burst of the jobs "due" while it waited
+                    t0 += time.monotonic() - t_s
             gen.flush()
             # the real restart: stop the worker, start it again, time until ready, tables after recovery
             stop_group(worker.popen, 20)
@@ -282,7 +288,8 @@ def _print_row(r: dict) -> None:
     common.console.print(
         f"  {r['jobs']:>6,} jobs  worker {r['worker_rss_mb']:6.1f} MB  engine {r['engine_rss_mb']:6.1f} MB  "
         f"jobs/members/closed/agents keys {t.get('jobs', 0):.0f}/{t.get('members', 0):.0f}/"
-        f"{t.get('closed', 0):.0f}/{t.get('agents', 0):.0f}  in memory {r['jobs_in_memory']:.0f}  "
+        f"{t.get('closed', 0):.0f}/{t.get('agents', 0):.0f}  in memory {r['jobs_in_memory']:.0f} "
+        f"(peak {r.get('jobs_in_memory_peak', 0):.0f})  "
         f"engine jobs/alerts/groups {e['jobs']}/{e['alerts']}/{e['groups']} ({e['bytes']:,} B)  "
         f"changelogs {r['changelog_records']:,} records, read in {r['changelog_read_s']:.2f} s, "
         f"{r['changelog_bytes'] / 1e6:.1f} MB  summaries {r['summaries']:,.0f}"
