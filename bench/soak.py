@@ -8,13 +8,17 @@ steps and ends; jobs start at ``--rate`` per second, one after the other, each w
 Time compression (what a shared cluster does in a week, here in minutes): jobs last milliseconds instead
 of hours, and both retentions are ``--retention-s`` (default 10 s: worker ``--job-retention-s``, engine
 ``OBSHUB_RULES_JOB_RETENTION_S``) instead of 1 h, so about ``rate x retention`` ended jobs are held at any
-time. New changelogs then roll a segment every minute (``streams.topics.ensure_internal_topics``, the
-floor of its segment time), so the broker's log cleaner compacts them during the run.
+time. New changelogs then roll a segment and are compacted every 10 s and keep tombstones 60 s (the floor;
+``core.topics.changelog_cleaner_config``), so the broker's log cleaner compacts them during the run as it
+would every hour with a 1 h retention. The broker's own cadence is not compressed: its cleaner wakes
+every 15 s when idle (``log.cleaner.backoff.ms``), 1.5 retentions here and 0.4 % of one in production.
 
 Every ``--every`` jobs (once the pipeline has summarised every step published: publishing waits when it
-falls more than 2 s of jobs behind) it prints: jobs seen, RSS of the worker and of the engine
+falls more than 2 s of jobs behind, and the schedule moves with that wait and with each sample, so no
+burst follows) it prints: jobs seen, RSS of the worker and of the engine
 (/proc/<pid>/status VmRSS), the worker's table keys and jobs held in memory (its
-``obshub_streams_table_keys`` / ``obshub_streams_jobs_tracked`` gauges), the engine's state (jobs, alert
+``obshub_streams_table_keys`` / ``obshub_streams_jobs_tracked`` gauges; ``peak``: the most jobs held at a
+back-pressure check since the last sample), the engine's state (jobs, alert
 instances and window groups in its snapshot, the snapshot's bytes), the changelog records a restarted
 worker would read (every record of the app's changelog topics, read to their ends by a consumer, with the
 time that took: the recovery's read, without Faust's start-up) and their bytes on disk. At the end the
@@ -215,6 +219,7 @@ def run(
             gen = Jobs(boot, hosts, steps)
             state_topic = f"{RULES_PREFIX}-state"
             t0 = time.monotonic()
+            peak = 0.0  # most jobs held in the worker's memory at a back-pressure check since the last sample
             while gen.n < jobs:
                 due = t0 + gen.n / rate
                 now = time.monotonic()
@@ -233,9 +238,14 @@ def run(
                     for p in procs:
                         if not p.alive():
                             raise RuntimeError(f"{p.role} exited:\n{p.log_tail()}")
+                    peak = max(peak, g.get("obshub_streams_jobs_tracked", 0.0))
                 if gen.n % every == 0:
+                    t_s = time.monotonic()
                     rows.append(_sample(gen, worker, engine, state_topic, boot, steps, settings.kafka_dir / "data"))
+                    rows[-1]["jobs_in_memory_peak"], peak = peak, 0.0
                     _print_row(rows[-1])
+                    # the schedule moves with the sample too: no burst of the jobs "due" while it waited
+                    t0 += time.monotonic() - t_s
             gen.flush()
             # the real restart: stop the worker, start it again, time until ready, tables after recovery
             stop_group(worker.popen, 20)
@@ -282,7 +292,8 @@ def _print_row(r: dict) -> None:
     common.console.print(
         f"  {r['jobs']:>6,} jobs  worker {r['worker_rss_mb']:6.1f} MB  engine {r['engine_rss_mb']:6.1f} MB  "
         f"jobs/members/closed/agents keys {t.get('jobs', 0):.0f}/{t.get('members', 0):.0f}/"
-        f"{t.get('closed', 0):.0f}/{t.get('agents', 0):.0f}  in memory {r['jobs_in_memory']:.0f}  "
+        f"{t.get('closed', 0):.0f}/{t.get('agents', 0):.0f}  in memory {r['jobs_in_memory']:.0f} "
+        f"(peak {r.get('jobs_in_memory_peak', 0):.0f})  "
         f"engine jobs/alerts/groups {e['jobs']}/{e['alerts']}/{e['groups']} ({e['bytes']:,} B)  "
         f"changelogs {r['changelog_records']:,} records, read in {r['changelog_read_s']:.2f} s, "
         f"{r['changelog_bytes'] / 1e6:.1f} MB  summaries {r['summaries']:,.0f}"

@@ -157,29 +157,55 @@ def min_insync_replicas(rf: int) -> int:
     return 2 if rf >= 3 else 1
 
 
+#: bounds (s) of a changelog's segment time: at least 10 s (fewer, larger segment files), at most 1 h
+CHANGELOG_SEGMENT_S = (10.0, 3600.0)
+#: bounds (s) of a changelog's tombstone time: at least 60 s, longer than a restarted worker's read of its
+#: changelogs (a tombstone removed mid-read could leave a dropped key behind in the table it rebuilds)
+CHANGELOG_TOMBSTONE_S = (60.0, 3600.0)
+
+
+def changelog_cleaner_config(retention_s: float) -> dict[str, str]:
+    """The log cleaner's settings (Kafka topic-config names, values in ms or a ratio) of a stream table's
+    changelog for a worker whose job retention is ``retention_s`` (s). Each is proportional to the retention,
+    so the records a restarted worker reads are bounded by what the last few retentions wrote, never by the
+    jobs ever seen (docs/STREAMS.md "Retention"):
+
+    - ``segment.ms`` = retention (10 s to 1 h): the cleaner compacts closed segments only, so the active
+      segment holds at most one retention of writes;
+    - ``max.compaction.lag.ms`` = the same: a closed segment is compacted within it whatever share of the
+      log is dirty (Kafka also rolls the active segment at this age);
+    - ``min.cleanable.dirty.ratio`` = 0.5 (Kafka's default): cleans earlier when half the log is dirty;
+    - ``min.compaction.lag.ms`` = 0 (the default): Faust needs only the latest value of a key;
+    - ``delete.retention.ms`` = retention (60 s to 1 h): a tombstone stays that long after the cleaning
+      that first saw it, then goes, so tombstones held are bounded by the drops of that time.
+    """
+    seg = min(CHANGELOG_SEGMENT_S[1], max(CHANGELOG_SEGMENT_S[0], retention_s))
+    tomb = min(CHANGELOG_TOMBSTONE_S[1], max(CHANGELOG_TOMBSTONE_S[0], retention_s))
+    seg_ms = str(int(seg * 1000))
+    return {
+        "segment.ms": seg_ms,
+        "max.compaction.lag.ms": seg_ms,
+        "min.cleanable.dirty.ratio": "0.5",
+        "min.compaction.lag.ms": "0",
+        "delete.retention.ms": str(int(tomb * 1000)),
+    }
+
+
 def topic_config(name: str, rf: int | None = None, changelog_retention_s: float | None = None) -> dict[str, str]:
     """Topic-level configs (Kafka names) of ``name`` for a topic created with replication factor ``rf``
     (default :func:`replication_factor`): compacted for a changelog or state topic, the retention of
     :data:`TOPICS` for obshub's own topics, :data:`REPARTITION_RETENTION_MS` for other stream topics.
-    ``changelog_retention_s`` (the stream worker's job retention, s): a changelog then rolls a segment and
-    keeps tombstones that long (at least 1 min, at most 1 h), and a closed segment is compacted within
-    that long whatever share of it is dirty (``max.compaction.lag.ms``), so compaction removes a dropped
-    job's records and later its tombstones on a fixed cadence (docs/STREAMS.md "Retention")."""
+    ``changelog_retention_s`` (the stream worker's job retention, s): a changelog then gets the log
+    cleaner's settings of :func:`changelog_cleaner_config` (segment time, compaction lag and tombstone time
+    proportional to the retention), so compaction removes a dropped job's records and later its tombstones
+    on a cadence set by the retention (docs/STREAMS.md "Retention")."""
     rf = replication_factor() if rf is None else rf
     out = {"min.insync.replicas": str(min_insync_replicas(rf))}
     spec = next((t for t in TOPICS if t.name == name), None)
     if name.endswith("-changelog") or name.endswith("-state"):
         out["cleanup.policy"] = "compact"
         if changelog_retention_s is not None and name.endswith("-changelog"):
-            seg_ms = str(int(min(3600.0, max(60.0, changelog_retention_s)) * 1000))
-            out.update(
-                {
-                    "segment.ms": seg_ms,
-                    "delete.retention.ms": seg_ms,
-                    "min.cleanable.dirty.ratio": "0.5",
-                    "max.compaction.lag.ms": seg_ms,  # compacted within this, whatever its dirty ratio
-                }
-            )
+            out.update(changelog_cleaner_config(changelog_retention_s))
     elif spec is not None:
         out.update({"cleanup.policy": "delete", "retention.ms": str(spec.retention_ms)})
     else:

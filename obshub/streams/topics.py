@@ -3,7 +3,6 @@ leader topic. :func:`ensure_internal_topics` creates them before Faust starts.""
 
 from __future__ import annotations
 
-import functools
 import time
 
 from aiokafka.partitioner import murmur2
@@ -25,17 +24,51 @@ TABLES = {
 }
 
 
+#: how long (s) a key's partition stays cached after its last use: one period, at most two
+PARTITION_CACHE_S = 10.0
+
+
+class PartitionCache:
+    """``key`` -> partition of the keys used in the current and the previous period of ``period_s``
+    seconds (two generations of dicts: a key used again moves to the current one; the previous one is
+    dropped when a period ends). Every host of a step sends the same key (``b"job|step"``) within the
+    step's window, so the cache holds the keys of the steps open in the last 1-2 periods: bounded by the
+    live steps, not by the jobs ever seen (a fixed-size LRU filled with dead steps' keys and stayed full).
+    ``clock``: monotonic seconds. Not thread-safe (the worker's ingest agent is its only caller)."""
+
+    def __init__(self, period_s: float = PARTITION_CACHE_S, clock=time.monotonic) -> None:
+        self.period_s, self.clock = period_s, clock
+        self.cur: dict[tuple[bytes, int], int] = {}
+        self.old: dict[tuple[bytes, int], int] = {}
+        self.t0 = clock()
+
+    def __len__(self) -> int:
+        return len(self.cur) + len(self.old)
+
+    def get(self, key: bytes, partitions: int) -> int:
+        """The partition of ``key`` over ``partitions`` (:func:`partition_of`)."""
+        now = self.clock()
+        if now - self.t0 >= self.period_s:
+            self.old, self.cur, self.t0 = self.cur, {}, now
+        k = (key, partitions)
+        p = self.cur.get(k)
+        if p is None:
+            p = self.old.get(k)
+            if p is None:
+                p = (murmur2(key) & 0x7FFFFFFF) % partitions
+            self.cur[k] = p
+        return p
+
+
+_PARTITIONS = PartitionCache()
+
+
 def partition_of(key: bytes, partitions: int) -> int:
     """The partition of the repartition topic that folds ``key`` (``b"job|step"``): Kafka's default
     partitioner (murmur2 of the key, as the Java client and aiokafka compute it) over ``partitions``.
-    Every host of a step sends the same key, so the last 4,096 keys' partitions are cached (murmur2 is
-    Python code in aiokafka, some µs per key)."""
-    return _partition_of(key, partitions)
-
-
-@functools.lru_cache(maxsize=4096)
-def _partition_of(key: bytes, partitions: int) -> int:
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+    Every host of a step sends the same key, so the partitions of the keys used in the last 10-20 s are
+    cached (:class:`PartitionCache`; murmur2 is Python code in aiokafka, some µs per key)."""
+    return _PARTITIONS.get(key, partitions)
 
 
 def internal_topics(app_id: str, partitions: int, input_partitions: int) -> dict[str, int]:
