@@ -156,17 +156,18 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     g_calls.fetch_add(1, std::memory_order_relaxed);
     const uint64_t prev_key = t_key;
     const int64_t prev_step = t_step;
-    // the strings the probes point to live as long as the collective: the callback owns a copy
-    auto token = std::make_shared<std::string>(std::move(name));
-    const char *probe = info.probe.c_str();  // g_ops outlives every kernel call
-    api->coll_begin(token->c_str(), seq, probe, nbytes, step, key);
+    // the strings the probes point to live as long as the collective: the callback owns copies (a later
+    // install() replaces g_ops while a collective may still be running)
+    auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
+    const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
+    api->coll_begin(pg_name, seq, probe, nbytes, step, key);
     t_in_coll = true;
     try {
         op.redispatchBoxed(keys, stack);
     } catch (...) {
         t_in_coll = false;
         api->tracekey(prev_key, prev_step);
-        api->coll_end(token->c_str(), seq, probe, nbytes, step, key);  // a failed collective ends where it failed
+        api->coll_end(pg_name, seq, probe, nbytes, step, key);  // a failed collective ends where it failed
         throw;
     }
     t_in_coll = false;
@@ -180,11 +181,12 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         fut.reset();
     }
     if (!fut || fut->completed()) {  // a synchronous op; NCCL completes its future at enqueue
-        api->coll_end(token->c_str(), seq, probe, nbytes, step, key);
+        api->coll_end(pg_name, seq, probe, nbytes, step, key);
         return;
     }
-    fut->addCallback([token, seq, probe, nbytes, step, key](c10::ivalue::Future &) {
-        api->coll_end(token->c_str(), seq, probe, nbytes, step, key);
+    // run by the thread that completes the work (gloo's), without the GIL
+    fut->addCallback([token, seq, nbytes, step, key](c10::ivalue::Future &) {
+        api->coll_end(token->first.c_str(), seq, token->second.c_str(), nbytes, step, key);
     });
 }
 

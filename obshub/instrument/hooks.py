@@ -32,7 +32,7 @@ hooks and keeps the current TraceKey of every thread.
   cycle's last optimizer ends the step; an optimizer outside the cycle (one created later) starts the
   learning again. So a GAN (two optimizers) counts its first iteration as two steps, then one per
   iteration; set ``OBSHUB_OPTIMIZERS_PER_STEP=2`` to count from the start.
-* **collectives**: a Python kernel at the ``BackendSelect`` dispatch key of every op of the ``c10d``
+* **collectives**: a kernel at the ``BackendSelect`` dispatch key of every op of the ``c10d``
   dispatcher namespace that takes a ProcessGroup (:func:`c10d_ops`, read from the dispatcher's registry:
   ``allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``, ``send``, ``recv_``, ...). Every
   ProcessGroup method runs through these ops, whoever calls it: the ``torch.distributed`` functions,
@@ -47,6 +47,10 @@ hooks and keeps the current TraceKey of every thread.
   numbers ``coll_seq`` count per process-group name from 0 and are the same on every rank because ranks
   issue collectives of a group in the same order. Point-to-point ops count on their own pair, named
   ``"<pg>:p2p:<lo>-<hi>"`` in group ranks (``"<pg>:p2p:any"`` for a recv from any source).
+  The kernel is C++ (``obshub.instrument._c10d_kernel``, obshub/instrument/_c10d_kernel.cpp: no boxing
+  into Python, no GIL) when it is built and loads, else the Python kernel of :func:`_make_kernel`
+  (``OBSHUB_COLLECTIVE_KERNEL``: ``auto``, ``python``, ``native``; :func:`collective_kernel`); both fire
+  the same probe sites with the same arguments.
   ``coll_end`` fires when the op's Work future completes (at once for a Work without one). On CPU/gloo
   that is completion; on CUDA/NCCL it is the enqueue (PyTorch completes NCCL futures at enqueue; GPU
   completion is the CUDA/NCCL probes' to see).

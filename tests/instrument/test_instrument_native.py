@@ -81,3 +81,20 @@ def test_a_bad_kernel_choice_is_a_config_error(monkeypatch):
     monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "fast")
     with pytest.raises(ConfigError, match="OBSHUB_COLLECTIVE_KERNEL='fast'"):
         hooks._load_native()
+
+
+def test_a_failed_build_says_why_and_does_not_fail_setup(monkeypatch, capsys):
+    """`make setup` runs native_build: a compiler error prints its tail and exits 0 (the Python kernel is
+    used); --strict exits 1. The built extension, if any, is left as it was."""
+    from obshub.instrument import native_build
+
+    before = native_build.target().stat().st_mtime_ns if native_build.target().exists() else None
+    monkeypatch.setattr(
+        native_build, "command", lambda out: ["sh", "-c", "echo 'fatal error: torch/library.h' >&2; exit 3", str(out)]
+    )
+    assert native_build.main(["--force"]) == 0
+    err = capsys.readouterr().err
+    assert "not built, obshub uses its Python kernel" in err and "exit 3" in err and "torch/library.h" in err
+    assert native_build.main(["--force", "--strict"]) == 1
+    after = native_build.target().stat().st_mtime_ns if native_build.target().exists() else None
+    assert after == before
