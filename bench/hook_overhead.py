@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     agent_series = None
     if args.agent:
         agent_series = _with_agent(sample, args.rounds)
+    os.environ["OBSHUB_COLLECTIVE_KERNEL"] = "auto"
     hooks.enable(job="bench-hooks")
     kernel = hooks.collective_kernel()
     hooks.disable()
