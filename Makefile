@@ -3,6 +3,7 @@
 
 setup:
 	@bash scripts/setup.sh
+	@.venv/bin/python -m obshub.instrument.native_build  # the C++ collective kernel; a failure prints why, falls back
 
 # demo: 4 simulated hosts, 8% packet loss on node-01 after 15 s; exit 0 only for the right host and layer
 # (waits up to 15 min for another demo on this machine to finish: the cluster namespaces are machine-wide)

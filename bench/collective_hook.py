@@ -10,6 +10,9 @@ share of it). Configurations, interleaved per round (hooks enabled and disabled 
 * ``all_reduce plain`` / ``all_reduce obshub``: ``dist.all_reduce`` of 4 floats, synchronous;
 * ``functional plain`` / ``functional obshub``: ``_functional_collectives.all_reduce`` + wait (the path
   of DTensor, FSDP2 and compiled graphs);
+* ``... obshub-py``: the same with ``OBSHUB_COLLECTIVE_KERNEL=python`` (the Python kernel, the fallback
+  when the C++ kernel ``obshub.instrument._c10d_kernel`` is not built); ``obshub`` uses the C++ kernel
+  when it is built;
 * ``backward plain`` / ``backward obshub``: forward and ``backward()`` of a 2-layer MLP (one micro-batch:
   the module hooks, a forward and a backward phase through the wrapped ``torch.autograd.backward``).
 
@@ -50,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     x = torch.randn(4, 8)
 
-    def timed(fn, instrumented: bool, n: int) -> float:
+    def timed(fn, instrumented: bool, n: int, kernel: str = "auto") -> float:
         if instrumented:
+            os.environ["OBSHUB_COLLECTIVE_KERNEL"] = kernel  # auto: the C++ kernel when built
             hooks.enable(job="bench")
         try:
             fn()  # warm
@@ -76,16 +80,26 @@ def main(argv: list[str] | None = None) -> int:
     configs = {
         "all_reduce plain": lambda: timed(all_reduce, False, n),
         "all_reduce obshub": lambda: timed(all_reduce, True, n),
+        "all_reduce obshub-py": lambda: timed(all_reduce, True, n, "python"),
         "functional plain": lambda: timed(functional, False, n),
         "functional obshub": lambda: timed(functional, True, n),
+        "functional obshub-py": lambda: timed(functional, True, n, "python"),
         "backward plain": lambda: timed(backward, False, n),
         "backward obshub": lambda: timed(backward, True, n),
     }
     series = common.interleave(configs, args.rounds, progress=False)
     common.console.print(common.table(f"per call, {n} calls per sample", series, "µs", baseline="all_reduce plain"))
+    hooks.enable(job="bench")
+    kernel = hooks.collective_kernel()
+    hooks.disable()
+    os.environ.pop("OBSHUB_COLLECTIVE_KERNEL", None)
     for kind in ("all_reduce", "functional", "backward"):
         plain, inst = series[f"{kind} plain"].median, series[f"{kind} obshub"].median
-        common.console.print(f"{kind}: {inst / plain:.3f}x plain, +{inst - plain:.1f} µs per call")
+        line = f"{kind}: {inst / plain:.3f}x plain, +{inst - plain:.1f} µs per call ({kernel} kernel)"
+        if f"{kind} obshub-py" in series:
+            py = series[f"{kind} obshub-py"].median
+            line += f"; Python kernel: {py / plain:.3f}x, +{py - plain:.1f} µs"
+        common.console.print(line)
     common.save("collective_hook", {k: v.samples for k, v in series.items()})
     dist.destroy_process_group()
     return 0

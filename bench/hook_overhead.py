@@ -7,7 +7,8 @@ Configurations, interleaved every round (``enable()``/``disable()`` toggle the h
 DDP configuration has its own DDP instance of an identical model; DDP's own C++ comm hook stays in both):
 
 A. plain: no obshub;
-B. ``obshub.instrument.hooks.enable()``: the module (discovery, then the roots' own), optimizer and
+B. ``obshub.instrument.hooks.enable()`` (BP: with ``OBSHUB_COLLECTIVE_KERNEL=python``, the Python collective
+   kernel; B: the C++ kernel ``obshub.instrument._c10d_kernel`` when it is built): the module (discovery, then the roots' own), optimizer and
    backward hooks and the collective kernels at the c10d dispatcher (every bucket's all-reduce passes
    one); the USDT probe sites are NOPs (no tracer);
 C. (``--agent``, root) B while a BPF event source with the USDT probes (the agent's ``pytorch`` layer) is
@@ -155,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     wall: dict[str, list[float]] = {}
 
     def sample(name: str) -> float:
-        on = name in ("B", "MB", "C")
+        on = name in ("B", "MB", "C", "BP", "CP")
         if on:
+            # BP / CP: B / C with the Python collective kernel; B / C: the C++ one when built
+            os.environ["OBSHUB_COLLECTIVE_KERNEL"] = "python" if name in ("BP", "CP") else "auto"
             hooks.enable(job="bench-hooks")
         try:
-            fn = runs["B" if name == "C" else name]
+            fn = runs["B" if name in ("C", "BP", "CP") else name]
             for i in range(3):
                 fn(i)  # warm
             w0, t0 = time.perf_counter_ns(), time.process_time_ns()
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 hooks.disable()
 
     calls_series = common.interleave({"off": lambda: call_ns(False), "on": lambda: call_ns(True)}, 7, progress=False)
-    order = ["A", "B", "M", "MB"]
+    order = ["A", "B", "BP", "M", "MB"]
     series: dict[str, common.Series] = {n: common.Series(n) for n in order}
     for r in range(args.rounds):
         for n in order if r % 2 == 0 else order[::-1]:  # A B M MB, then MB M B A: drifts hit both sides alike
@@ -196,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     agent_series = None
     if args.agent:
         agent_series = _with_agent(sample, args.rounds)
+    os.environ["OBSHUB_COLLECTIVE_KERNEL"] = "auto"
+    hooks.enable(job="bench-hooks")
+    kernel = hooks.collective_kernel()
+    hooks.disable()
 
     def diff(a: str, b: str, src=series) -> tuple[float, float, float]:
         d = [x - y for x, y in zip(src[b].samples, src[a].samples)]
@@ -210,10 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     for col in ("configuration", "CPU µs/step", "vs plain: µs/step [min..max]", "vs plain", "wall µs/step"):
         t.add_column(col)
-    rows = [("A plain (DDP)", "A", None, series), ("B obshub hooks (DDP)", "B", "A", series)]
+    rows = [("A plain (DDP)", "A", None, series), (f"B obshub hooks (DDP), {kernel} kernel", "B", "A", series)]
+    rows.append(("BP obshub hooks (DDP), Python kernel", "BP", "A", series))
     rows += [("M plain, no DDP", "M", None, series), ("MB obshub hooks, no DDP", "MB", "M", series)]
     if agent_series:
-        rows.append(("C hooks + USDT probes attached (DDP)", "C", "A", agent_series))
+        rows.append((f"C hooks + USDT probes attached (DDP), {kernel} kernel", "C", "A", agent_series))
+        rows.append(("CP hooks + USDT probes attached (DDP), Python kernel", "CP", "A", agent_series))
     for label, name, ref, src in rows:
         med, w = src[name].median, f"{statistics.median(wall[name]):.0f}"
         if ref is None:
@@ -226,11 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     ddp_us = diff("A", "B")[0]
     per_call_ns = mod_us * 1e3 / max(1, module_calls)
     per_bucket_ns = (ddp_us - mod_us) * 1e3 / max(1, n_buckets)
+    per_bucket_py_ns = (diff("A", "BP")[0] - mod_us) * 1e3 / max(1, n_buckets)
     loop_ns = calls_series["on"].median - calls_series["off"].median
     common.console.print(
         f"per module call: {loop_ns:.0f} ns in a loop of nn.Identity calls ({calls_series['off'].median:.0f} ns "
         f"without the hooks, {calls_series['on'].median:.0f} ns with), {per_call_ns:.0f} ns from (MB - M) / "
-        f"{module_calls}; per DDP bucket ((B - A) - (MB - M)) / {n_buckets}: {per_bucket_ns:.0f} ns"
+        f"{module_calls}; per DDP bucket ((B - A) - (MB - M)) / {n_buckets}: {per_bucket_ns:.0f} ns ({kernel} kernel), "
+        f"{per_bucket_py_ns:.0f} ns with the Python kernel (BP)"
     )
     total = diff("A", "C", agent_series)[0] if agent_series else ddp_us
     common.verdict(
@@ -251,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             "call_ns": {n: s.samples for n, s in calls_series.items()},
             "per_call_ns": per_call_ns,
             "per_bucket_ns": per_bucket_ns,
+            "per_bucket_py_ns": per_bucket_py_ns,
+            "kernel": kernel,
         },
     )
     dist.destroy_process_group()
@@ -279,7 +292,9 @@ def _with_agent(sample, rounds: int) -> dict:
     th = threading.Thread(target=drain, daemon=True)
     th.start()
     try:
-        return common.interleave({"A": lambda: sample("A"), "C": lambda: sample("C")}, rounds, progress=False)
+        return common.interleave(
+            {"A": lambda: sample("A"), "C": lambda: sample("C"), "CP": lambda: sample("CP")}, rounds, progress=False
+        )
     finally:
         stop.set()
         th.join(2)

@@ -108,6 +108,38 @@ usdt_register(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* The sites of tracekey, coll_begin and coll_end, one each: the Python functions below and the C++ c10d
+ * kernel (obshub/instrument/_c10d_kernel.cpp, through the capsule `_C_API`) fire them alike, so a tracer
+ * sees one site per probe, whoever fires it. Never inlined nor cloned (noipa): the site stays unique. */
+__attribute__((noipa)) static void
+fire_tracekey(uint64_t key, int64_t step)
+{
+    DTRACE_PROBE2(obshub, tracekey, key, step);
+}
+
+__attribute__((noipa)) static void
+fire_coll_begin(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key)
+{
+    DTRACE_PROBE6(obshub, coll_begin, pg, seq, op, bytes, step, key);
+}
+
+__attribute__((noipa)) static void
+fire_coll_end(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key)
+{
+    DTRACE_PROBE6(obshub, coll_end, pg, seq, op, bytes, step, key);
+}
+
+/* What `_C_API` (a PyCapsule named "obshub.instrument._usdt._C_API") points to; _c10d_kernel.cpp declares
+ * the same struct. Version 1. */
+struct obshub_usdt_api {
+    int version;
+    void (*tracekey)(uint64_t key, int64_t step);
+    void (*coll_begin)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
+    void (*coll_end)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
+};
+
+static struct obshub_usdt_api usdt_api = {1, fire_tracekey, fire_coll_begin, fire_coll_end};
+
 static PyObject *
 usdt_tracekey(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -115,7 +147,7 @@ usdt_tracekey(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t step;
     if (arg_count("tracekey", nargs, 2) || arg_u64(args[0], &key) || arg_i64(args[1], &step))
         return NULL;
-    DTRACE_PROBE2(obshub, tracekey, key, step);
+    fire_tracekey(key, step);
     Py_RETURN_NONE;
 }
 
@@ -217,7 +249,7 @@ usdt_coll_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     struct coll_args a;
     if (parse_coll("coll_begin", args, nargs, &a))
         return NULL;
-    DTRACE_PROBE6(obshub, coll_begin, a.pg, a.seq, a.op, a.bytes, a.step, a.key);
+    fire_coll_begin(a.pg, a.seq, a.op, a.bytes, a.step, a.key);
     Py_RETURN_NONE;
 }
 
@@ -229,7 +261,7 @@ usdt_coll_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     struct coll_args a;
     if (parse_coll("coll_end", args, nargs == 7 ? 6 : nargs, &a))
         return NULL;
-    DTRACE_PROBE6(obshub, coll_end, a.pg, a.seq, a.op, a.bytes, a.step, a.key);
+    fire_coll_end(a.pg, a.seq, a.op, a.bytes, a.step, a.key);
     Py_RETURN_NONE;
 }
 
@@ -283,5 +315,14 @@ static struct PyModuleDef usdt_module = {
 PyMODINIT_FUNC
 PyInit__usdt(void)
 {
-    return PyModule_Create(&usdt_module);
+    PyObject *m = PyModule_Create(&usdt_module);
+    if (m == NULL)
+        return NULL;
+    PyObject *capsule = PyCapsule_New(&usdt_api, "obshub.instrument._usdt._C_API", NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -32,7 +32,7 @@ hooks and keeps the current TraceKey of every thread.
   cycle's last optimizer ends the step; an optimizer outside the cycle (one created later) starts the
   learning again. So a GAN (two optimizers) counts its first iteration as two steps, then one per
   iteration; set ``OBSHUB_OPTIMIZERS_PER_STEP=2`` to count from the start.
-* **collectives**: a Python kernel at the ``BackendSelect`` dispatch key of every op of the ``c10d``
+* **collectives**: a kernel at the ``BackendSelect`` dispatch key of every op of the ``c10d``
   dispatcher namespace that takes a ProcessGroup (:func:`c10d_ops`, read from the dispatcher's registry:
   ``allreduce_``, ``_allgather_base_``, ``_reduce_scatter_base_``, ``send``, ``recv_``, ...). Every
   ProcessGroup method runs through these ops, whoever calls it: the ``torch.distributed`` functions,
@@ -47,6 +47,10 @@ hooks and keeps the current TraceKey of every thread.
   numbers ``coll_seq`` count per process-group name from 0 and are the same on every rank because ranks
   issue collectives of a group in the same order. Point-to-point ops count on their own pair, named
   ``"<pg>:p2p:<lo>-<hi>"`` in group ranks (``"<pg>:p2p:any"`` for a recv from any source).
+  The kernel is C++ (``obshub.instrument._c10d_kernel``, obshub/instrument/_c10d_kernel.cpp: no boxing
+  into Python, no GIL) when it is built and loads, else the Python kernel of :func:`_make_kernel`
+  (``OBSHUB_COLLECTIVE_KERNEL``: ``auto``, ``python``, ``native``; :func:`collective_kernel`); both fire
+  the same probe sites with the same arguments.
   ``coll_end`` fires when the op's Work future completes (at once for a Work without one). On CPU/gloo
   that is completion; on CUDA/NCCL it is the enqueue (PyTorch completes NCCL futures at enqueue; GPU
   completion is the CUDA/NCCL probes' to see).
@@ -170,6 +174,8 @@ def _set_thread_key(key: int, step: int, announced: bool = False) -> None:
     if getattr(_tls, "key", None) != key:
         _tls.key = key
         _tls.step = step
+        if _native is not None:  # the C++ kernel restores it after each collective of this thread
+            _native.set_thread_key(key, step)
         if not announced:
             usdt.tracekey(key, step)
 
@@ -180,8 +186,17 @@ def current_trace_key() -> tuple[int, int]:
 
 
 def _next_op_locked() -> int:
-    _st.op_seq += 1
+    if _native is not None:  # collectives count in the C++ kernel: one sequence for both
+        _st.op_seq = _native.next_op()
+    else:
+        _st.op_seq += 1
     return _key(_st.step, _st.op_seq)
+
+
+def _sync_native_locked() -> None:
+    """Tell the C++ kernel (when installed) the open step, its op counter and the host id."""
+    if _native is not None:
+        _native.set_state(_st.step, _st.op_seq, _st.host_id)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -200,6 +215,7 @@ def _begin_step_locked() -> None:
     _st.step = _st.next_step
     _st.next_step += 1
     _st.op_seq = 0
+    _sync_native_locked()
     _st.step_key = _key(_st.step, 0)
     usdt.step_begin(_st.step, _st.step_key)
     _set_thread_key(_st.step_key, _st.step, announced=True)
@@ -211,6 +227,7 @@ def _end_step_locked() -> None:
     _phase_end_locked(None)
     usdt.step_end(_st.step, _st.step_key)
     _st.step = -1
+    _sync_native_locked()
 
 
 def _merge_check_locked() -> None:
@@ -234,6 +251,7 @@ def _step_boundary_locked(next_phase: str) -> None:
         _st.step = _st.next_step
         _st.next_step += 1
         _st.op_seq = 0
+        _sync_native_locked()
         _st.step_key = _key(_st.step, 0)
         _st.phase = next_phase
         _st.phase_key = _next_op_locked()
@@ -770,11 +788,78 @@ _after_backend_select: Any = None
 _after_all: Any = None
 
 
+_native: Any = None  # obshub.instrument._c10d_kernel while its kernels are installed
+
+
+def _load_native():
+    """The C++ collective kernel module (obshub/instrument/_c10d_kernel.cpp, built by ``make setup``), or
+    None: not built, failed to load (a torch other than the one it was built for), or
+    ``OBSHUB_COLLECTIVE_KERNEL=python`` (the benchmarks' switch)."""
+    choice = os.environ.get("OBSHUB_COLLECTIVE_KERNEL", "auto")
+    if choice not in ("auto", "python", "native"):
+        raise ConfigError(
+            f"OBSHUB_COLLECTIVE_KERNEL={choice!r} is not one of auto, python, native",
+            hint="unset it (auto: the C++ kernel when built), or python / native",
+        )
+    if choice == "python":
+        return None
+    try:
+        from obshub.instrument import _c10d_kernel  # type: ignore[attr-defined]
+    except ImportError as exc:
+        if choice == "native":
+            raise ConfigError(
+                f"OBSHUB_COLLECTIVE_KERNEL=native but the C++ kernel does not load ({exc})",
+                hint="run `python -m obshub.instrument.native_build --strict` to see why it does not build",
+            ) from exc
+        if "collective-native" not in _warned:
+            _warned.add("collective-native")
+            log.info("obshub: the C++ collective kernel is not available (%s); using the Python kernel", exc)
+        return None
+    return _c10d_kernel
+
+
+def collective_kernel() -> str:
+    """Which collective kernel is installed now: ``"native"`` (C++), ``"python"``, or ``""`` (none)."""
+    if not _st.enabled or _c10d is None:
+        return ""
+    return "native" if _native is not None else "python"
+
+
 def _install_collective_kernels() -> Callable[[], None]:
     """Register the kernels of :func:`c10d_ops` at the ``BackendSelect`` dispatch key (a key every call
     passes: it is in the dispatcher's default-included set, and neither inference mode nor
-    below-autograd guards exclude it); returns the undo."""
-    global _after_backend_select, _after_all
+    below-autograd guards exclude it): the C++ kernel when it loads (:func:`_load_native`), else the
+    Python kernels; returns the undo."""
+    global _after_backend_select, _after_all, _native
+    native = _load_native()
+    if native is not None:
+        ops = [
+            (
+                name,
+                info.name,
+                info.pg_index,
+                -1 if info.peer_index is None else info.peer_index,
+                info.any_source,
+                -1 if info.size_index is None else info.size_index,
+            )
+            for name, info in c10d_ops().items()
+        ]
+        try:
+            native.install(ops)
+        except (RuntimeError, TypeError) as exc:
+            log.warning("obshub: the C++ collective kernel did not install (%s); using the Python kernel", exc)
+        else:
+            _native = native
+            _native.set_state(_st.step, _st.op_seq, _st.host_id)
+
+            def undo() -> None:
+                global _native
+                native.uninstall()
+                with _lock:  # the op counter goes on in Python (one number skipped: op_seq stays unique)
+                    _st.op_seq = native.next_op()
+                    _native = None
+
+            return undo
     dk = _torch._C.DispatchKey
     _after_backend_select = _torch._C._dispatch_keyset_full_after(dk.BackendSelect)
     _after_all = _torch._C.DispatchKeySet(dk.CPU)
@@ -798,6 +883,9 @@ def _register() -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         _st.registered = True
         _st.coll_seq.clear()
+        if _native is not None:
+            _native.reset_coll_seq()
+            _sync_native_locked()
         _fire_register_locked((_job_locked(), rank, world, _st.host_id, local_rank))
 
 

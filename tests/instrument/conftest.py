@@ -14,6 +14,9 @@ def probes(monkeypatch):
     from obshub.instrument import hooks as instrument
 
     calls: list[tuple] = []
+    # the recorders replace the Python probe functions, which the Python collective kernel calls; the C++
+    # kernel fires the C probe sites directly (its events: test_instrument_usdt.py, test_instrument_native.py)
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "python")
     for name in usdt.PROBES:
         monkeypatch.setattr(usdt, name, lambda *a, _n=name: calls.append((_n, *a)))
     # like the C function, coll_end ignores a 7th argument (the future of the done-callback it serves as)

@@ -250,6 +250,9 @@ def main() -> None:
         setattr(usdt, name, lambda *a, _n=name: calls.append([_n, *a]))
     # like the C function, coll_end ignores a 7th argument (the future of the done-callback it serves as)
     usdt.coll_end = lambda *a: calls.append(["coll_end", *a[:6]])
+    # the recorders replace the Python probe functions: the Python collective kernel calls them (the C++
+    # kernel fires the C sites directly; a real tracer reads those in test_instrument_usdt.py)
+    os.environ["OBSHUB_COLLECTIVE_KERNEL"] = "python"
     torch.set_num_threads(1)
     hooks.enable(job="loops")
     truth = LOOPS[loop]()

@@ -1,0 +1,100 @@
+"""The C++ collective kernel (obshub/instrument/_c10d_kernel.cpp) against the Python one, in this process on a
+gloo world of one: the same collectives counted, one op sequence shared with the phases, the thread's key
+restored after each collective; the switch ``OBSHUB_COLLECTIVE_KERNEL``. The probe arguments it fires are
+read by a real tracer in test_instrument_usdt.py and tests/producer/ (the default kernel is this one)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from obshub.core.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+
+def _native():
+    try:
+        from obshub.instrument import _c10d_kernel
+    except ImportError:
+        pytest.skip("the C++ collective kernel is not built (python -m obshub.instrument.native_build)")
+    return _c10d_kernel
+
+
+@pytest.fixture
+def world(monkeypatch):
+    import torch.distributed as dist
+
+    from obshub.instrument import hooks
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    yield dist, hooks
+    hooks.disable()
+    hooks._st.__init__()
+    hooks._tls.__dict__.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _backend_seq(dist) -> int:
+    return dist.group.WORLD._get_backend(torch.device("cpu"))._get_sequence_number_for_group()
+
+
+@pytest.mark.parametrize("choice", ["native", "python"])
+def test_both_kernels_count_every_collective_and_share_the_op_sequence(world, monkeypatch, choice):
+    dist, hooks = world
+    native = _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", choice)
+    hooks.enable(job="j", host_id=3)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    assert hooks.collective_kernel() == choice
+    calls0 = native.calls()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()  # forward + backward phases, one bucket all-reduce
+        opt.step()
+    before = hooks.current_trace_key()
+    dist.all_reduce(torch.ones(4))
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    work.wait()
+    assert hooks.current_trace_key() == before  # the collective's key was the thread's for its duration only
+    seen = native.calls() - calls0
+    assert seen == (_backend_seq(dist) if choice == "native" else 0)
+    # the data phase of step 2 is open; step 2's ops so far: data (1), two all-reduces (2, 3); the next
+    # phase counts after them in both kernels
+    with hooks._lock:
+        hooks._phase_begin_locked("forward")
+        assert (hooks._st.step, hooks._st.op_seq) == (2, 4)
+        assert hooks.current_trace_key() == (hooks._key(2, 4), 2)
+
+
+def test_a_bad_kernel_choice_is_a_config_error(monkeypatch):
+    from obshub.instrument import hooks
+
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "fast")
+    with pytest.raises(ConfigError, match="OBSHUB_COLLECTIVE_KERNEL='fast'"):
+        hooks._load_native()
+
+
+def test_a_failed_build_says_why_and_does_not_fail_setup(monkeypatch, capsys):
+    """`make setup` runs native_build: a compiler error prints its tail and exits 0 (the Python kernel is
+    used); --strict exits 1. The built extension, if any, is left as it was."""
+    from obshub.instrument import native_build
+
+    before = native_build.target().stat().st_mtime_ns if native_build.target().exists() else None
+    monkeypatch.setattr(
+        native_build, "command", lambda out: ["sh", "-c", "echo 'fatal error: torch/library.h' >&2; exit 3", str(out)]
+    )
+    assert native_build.main(["--force"]) == 0
+    err = capsys.readouterr().err
+    assert "not built, obshub uses its Python kernel" in err and "exit 3" in err and "torch/library.h" in err
+    assert native_build.main(["--force", "--strict"]) == 1
+    after = native_build.target().stat().st_mtime_ns if native_build.target().exists() else None
+    assert after == before
