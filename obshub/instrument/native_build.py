@@ -11,11 +11,17 @@ failure prints why and exits 0 (``--strict``: 1): obshub then uses its Python ke
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+import platformdirs
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "_c10d_kernel.cpp"
@@ -55,6 +61,30 @@ def command(out: Path) -> list[str]:
     ]
 
 
+def _cached(cmd: list[str], out: Path) -> Path | None:
+    """The build cache's copy of the extension for this source and command line:
+    ``$OBSHUB_CACHE/native/<sha256 of the source, the g++ flags without this clone's paths, torch's version,
+    the extension suffix, g++'s version>/`` (the first g++ build takes 1-2 min; a fresh clone on the same
+    machine, as CI's, copies it in milliseconds). The copy's rpath names the building clone's torch/lib,
+    which need not exist: the kernel is loaded after ``import torch``, whose libraries the dynamic linker
+    then finds loaded by their sonames. None when g++ does not answer (the build then says why)."""
+    try:
+        gxx = subprocess.run(["g++", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    key = hashlib.sha256()
+    key.update(SOURCE.read_bytes())
+    # the flags without this clone's paths (-I/-L/-rpath into its .venv, the source, the output): the key
+    # is the same for every clone with the same torch (its version: the same headers) and compiler
+    import torch
+
+    flags = [c for c in cmd if not c.startswith(("-I", "-L", "-Wl,", "/")) and c != str(out)]
+    key.update("\0".join([*flags, torch.__version__, sysconfig.get_config_var("EXT_SUFFIX") or ""]).encode())
+    key.update(gxx.encode())
+    root = Path(os.environ.get("OBSHUB_CACHE") or platformdirs.user_cache_dir("obshub"))
+    return root / "native" / key.hexdigest()[:24] / out.name
+
+
 def build(force: bool = False) -> tuple[bool, str]:
     """Build the extension unless it is up to date; returns (ok, what happened in one line). Never raises."""
     out = target()
@@ -78,6 +108,13 @@ def build(force: bool = False) -> tuple[bool, str]:
         cmd = command(out)
     except Exception as exc:  # noqa: BLE001 - any failure means: fall back to the Python kernel
         return False, f"cannot find torch's C++ headers and libraries ({exc})"
+    cached = _cached(cmd, out)
+    if not force and cached is not None and cached.exists():  # built before on this machine (another clone): seconds
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.copyfile(cached, tmp)
+        tmp.replace(out)
+        stamp.write_text(version)
+        return True, f"{out.name} for torch {version} from the build cache {cached.parent}"
     tmp = out.with_name(out.name + ".tmp")
     cmd[cmd.index(str(out))] = str(tmp)
     try:
@@ -87,6 +124,11 @@ def build(force: bool = False) -> tuple[bool, str]:
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         return False, f"g++ failed (exit {proc.returncode}): {shlex.join(cmd[:8])} ...\n{tail}"
+    if cached is not None:
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next clone a build
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tmp, cached.with_name(cached.name + ".tmp"))
+            cached.with_name(cached.name + ".tmp").replace(cached)
     tmp.replace(out)
     stamp.write_text(version)
     return True, f"built {out.name} for torch {version}"

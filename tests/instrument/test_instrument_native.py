@@ -98,3 +98,42 @@ def test_a_failed_build_says_why_and_does_not_fail_setup(monkeypatch, capsys):
     assert native_build.main(["--force", "--strict"]) == 1
     after = native_build.target().stat().st_mtime_ns if native_build.target().exists() else None
     assert after == before
+
+
+def test_the_build_cache_key_ignores_the_clones_paths_and_follows_the_source(monkeypatch, tmp_path):
+    """A fresh clone on the same machine (CI's) finds the extension another clone built: the cache key of
+    ``native_build`` leaves out the clone's own paths (its .venv's headers and libraries, the output) but
+    changes with the flags and the source."""
+    pytest.importorskip("torch")
+    from obshub.instrument import native_build as nb
+
+    monkeypatch.setenv("OBSHUB_CACHE", str(tmp_path))
+    a = [
+        "g++",
+        "-O2",
+        "-I/clone-a/.venv/include",
+        "/clone-a/src.cpp",
+        "-o",
+        "/clone-a/x.so",
+        "-L/clone-a/lib",
+        "-Wl,-rpath,/clone-a/lib",
+    ]
+    b = [
+        "g++",
+        "-O2",
+        "-I/clone-b/.venv/include",
+        "/clone-b/src.cpp",
+        "-o",
+        "/clone-b/x.so",
+        "-L/clone-b/lib",
+        "-Wl,-rpath,/clone-b/lib",
+    ]
+    ka, kb = nb._cached(a, nb.Path("/clone-a/x.so")), nb._cached(b, nb.Path("/clone-b/x.so"))
+    if ka is None:
+        pytest.skip("g++ is not installed")
+    assert ka == kb and ka.parent.parent == tmp_path / "native"
+    assert nb._cached([*a[:1], "-O0", *a[2:]], nb.Path("/clone-a/x.so")) != ka  # other flags, other build
+    src = tmp_path / "k.cpp"
+    src.write_text("// another source\n")
+    monkeypatch.setattr(nb, "SOURCE", src)
+    assert nb._cached(a, nb.Path("/clone-a/x.so")) != ka
