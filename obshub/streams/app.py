@@ -554,6 +554,9 @@ def _add_expiry(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, rate:
             for job, p in fold.expired_jobs(mine, now):
                 await rep.send(key=f"{job}|drop".encode(), value={"t": "drop", "job": job}, partition=p)
             if fold.forget_jobs(now):
+                # the forgotten jobs' state holds reference cycles that only a full collection frees, and
+                # GC_THRESHOLD makes full collections rare: collect them here, then give the pages back
+                gc.collect()
                 trim_heap()
         m.open_steps.set(n_open)
         for name, table in tables.items():
