@@ -24,8 +24,9 @@ first failed report is served; when a new partition leader serves before that (t
 close to the cluster's failover time, and the agent's loop starved of CPU for seconds), batches newer
 than the failed ones can be delivered first: seen once, in tests/core/test_kafka_cluster.py under a
 machine load of about 6 on 2 cores. The stream worker then counts the gap as lost and still folds the
-late batches (a replay below the stored seq is forwarded, not counted). Not fixed: librdkafka gives no
-way to stop a partition's queue at the moment one of its messages times out.
+late batches when they come: its ingest remembers recent gaps and takes a batch that fills one
+(``obshub.streams.ingest``, ``obshub_streams_late_batches_total``). Not fixed here: librdkafka gives no way
+to stop a partition's queue at the moment one of its messages times out.
 """
 
 from __future__ import annotations

@@ -278,6 +278,8 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             return
         if r.replay:
             m.replayed.inc()
+        if r.late:
+            m.late_batches.inc()
         if r.lost:
             m.lost.inc(r.lost)
         counts["batches"] += 1

@@ -2,9 +2,12 @@
 
 :class:`Ingest` decodes a message with ``streams.wire.decode_batch`` (anything it rejects goes to the
 dead-letter topic), tracks every agent instance's batch sequence in the ``agents`` table (partitioned like
-the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, run, seen_ns, ranks}``: a
-gap = lost batches, a sequence seen again = a duplicate, dropped; the last input offset recognises a replay
-after a restart, which is neither; ``run`` = ``[job, step]`` the step the agent's host was in after its
+the input topic, key ``agent_id``, value ``{seq, partition, offset, lost, dups, gaps, run, seen_ns, ranks}``:
+a gap = lost batches, a sequence seen again = a duplicate, dropped; ``gaps`` = the most recent gaps as
+``[first, last]`` seq ranges (at most :data:`GAP_RANGES`, within :data:`GAP_SPAN` of the newest seq): a batch
+that arrives late and fills one (an agent's spool replayed behind newer batches after a broker failover:
+obshub/producer/transport.py) is folded, not dropped, and counted ``late``; the last input offset
+recognises a replay after a restart, which is none of these; ``run`` = ``[job, step]`` the step the agent's host was in after its
 last batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of its last batch, for
 retention: the worker deletes the record ``job_retention_s`` after it; ``ranks`` = ``{pid: [global rank,
 local rank]}`` of the host's registered processes, from their REGISTER events: ``accumulate.rank_map``),
@@ -32,17 +35,22 @@ from obshub.streams import accumulate, wire
 
 log = logging.getLogger("obshub.streams")
 
+GAP_RANGES = 16  # gaps (seq ranges) remembered per agent instance for late batches to fill
+GAP_SPAN = 4096  # a gap older than this many batches behind the newest seq is forgotten
+
 
 @dataclass
 class IngestResult:
     """What one input message produced: ``error`` (send it to the DLQ) or the internal messages to send;
-    ``events``/``lost``/``dup``/``replay`` for the metrics, ``sent_ns`` the batch's send time (0 = none)."""
+    ``events``/``lost``/``dup``/``late``/``replay`` for the metrics (``late``: a batch that filled an earlier
+    gap), ``sent_ns`` the batch's send time (0 = none)."""
 
     error: schema.SchemaError | None = None
     sends: list[tuple[str, str, dict]] = field(default_factory=list)
     events: int = 0
     lost: int = 0
     dup: bool = False
+    late: bool = False
     replay: bool = False
     sent_ns: int = 0
 
@@ -91,11 +99,14 @@ class Ingest:
             )
         st["seen_ns"] = time.time_ns()  # the instance's last batch (retention, docs/STREAMS.md)
         replay = partition == st["partition"] and offset <= st["offset"]
+        late = False
         if not replay and batch.seq <= st["seq"]:
-            st["dups"] += 1
             st["offset"], st["partition"] = offset, partition
-            self.agents[batch.agent_id] = st
-            return IngestResult(dup=True)
+            late = _fill_gap(st, batch.seq)
+            if not late:
+                st["dups"] += 1
+                self.agents[batch.agent_id] = st
+                return IngestResult(dup=True)
         if replay:
             log.info(
                 "replay of %s seq %d (%s[%d]@%d, already processed before a restart)",
@@ -105,10 +116,11 @@ class Ingest:
                 partition,
                 offset,
             )
-        lost = 0 if replay else batch.seq - st["seq"] - 1
+        lost = 0 if replay or late else batch.seq - st["seq"] - 1
         if lost:
             st["lost"] += lost
-        res = IngestResult(events=len(batch.events), lost=lost, replay=replay, sent_ns=batch.sent_ns)
+            _note_gap(st, st["seq"] + 1, batch.seq - 1)
+        res = IngestResult(events=len(batch.events), lost=lost, late=late, replay=replay, sent_ns=batch.sent_ns)
         hosts = accumulate.registrations(batch)
         if first and not hosts:
             hosts = [{"job": batch.job, "host": batch.host, "host_id": batch.host_id}]
@@ -140,7 +152,7 @@ class Ingest:
         # the step the host was in after its previous batch, for TCP events of a batch without a stepped
         # event (a rank blocked in a long collective): a slow link shows while its step still runs
         run = st.get("run")
-        run_step = run[1] if run and run[0] == batch.job else None
+        run_step = run[1] if run and run[0] == batch.job and not late else None
         parts = accumulate.reduce_batch(batch, run_step, ranks)
         bid = f"{batch.agent_id}:{batch.seq}"
         for i, (step, acc) in enumerate(sorted(parts.items())):
@@ -155,9 +167,34 @@ class Ingest:
                     {"t": "part", "job": batch.job, "step": step, "host": batch.host, "bid": bid, "acc": acc, "q": q},
                 )
             )
-        if not replay:
+        if late:
+            self.agents[batch.agent_id] = st
+        elif not replay:
             st["seq"], st["offset"], st["partition"] = batch.seq, offset, partition
             nxt = accumulate.running_step(batch, run_step)
             st["run"] = [batch.job, nxt] if nxt is not None else None
             self.agents[batch.agent_id] = st
         return res
+
+
+def _note_gap(st: dict, first: int, last: int) -> None:
+    """Remember the missing seqs ``first..last`` (inclusive) in ``st["gaps"]``, keeping the newest
+    :data:`GAP_RANGES` ranges within :data:`GAP_SPAN` of ``last``."""
+    gaps = [g for g in st.get("gaps") or () if g[1] > last - GAP_SPAN]
+    gaps.append([first, last])
+    st["gaps"] = gaps[-GAP_RANGES:]
+
+
+def _fill_gap(st: dict, seq: int) -> bool:
+    """True when ``seq`` lies in a remembered gap of ``st`` (which then no longer holds it)."""
+    gaps = st.get("gaps")
+    if not gaps:
+        return False
+    for i, (lo, hi) in enumerate(gaps):
+        if lo <= seq <= hi:
+            rest = [r for r in ([lo, seq - 1], [seq + 1, hi]) if r[0] <= r[1]]
+            gaps[i : i + 1] = rest
+            if not gaps:
+                del st["gaps"]
+            return True
+    return False

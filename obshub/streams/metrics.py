@@ -11,6 +11,7 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
 - ``obshub_streams_late_events_total``        events that arrived after their step closed
 - ``obshub_streams_lost_batches_total``       batch sequence gaps (batches never seen)
 - ``obshub_streams_duplicate_batches_total``  batches seen twice (dropped)
+- ``obshub_streams_late_batches_total``       batches that filled an earlier gap (folded, after being counted lost)
 - ``obshub_streams_replayed_batches_total``   batches read again after a restart (not counted as duplicates)
 - ``obshub_streams_dlq_total{field}``         messages sent to the DLQ, by offending field
 - ``obshub_streams_summaries_total{closed_by}`` step summaries emitted
@@ -219,6 +220,9 @@ class WorkerMetrics:
         self.lost = Counter("obshub_streams_lost_batches", "batch sequence gaps", registry=r)
         self.dups = Counter("obshub_streams_duplicate_batches", "duplicate batches dropped", registry=r)
         self.replayed = Counter("obshub_streams_replayed_batches", "batches re-read after a restart", registry=r)
+        self.late_batches = Counter(
+            "obshub_streams_late_batches", "batches that arrived after a newer one and filled its gap", registry=r
+        )
         self.dlq = Counter("obshub_streams_dlq", "messages sent to the DLQ", ["field"], registry=r)
         self.consumer_skips = Counter("obshub_streams_consumer_skips", "input offsets the consumer skipped", registry=r)
         self.changelog_skips = Counter(
