@@ -41,6 +41,18 @@ def register_component(settings: Settings, name: str, pid: int, **info: Any) -> 
     return path
 
 
+def free_name(settings: Settings, base: str) -> str:
+    """The first of ``base``, ``base-2``, ``base-3``, ... that no running component holds, so a second
+    instance of a component beside the first gets its own record (``obshub down`` stops both). A stale
+    record (its pid gone) is free."""
+    running = {c["name"] for c in components(settings) if c["running"]}
+    n, name = 1, base
+    while name in running:
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
 def unregister_component(settings: Settings, name: str) -> None:
     """Remove ``name``'s record (a component that stops by itself calls this)."""
     (settings.run_dir / f"{name}.json").unlink(missing_ok=True)

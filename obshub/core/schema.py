@@ -528,8 +528,37 @@ def validate_event(raw: Any, where: str = "event") -> Event:
                 raise SchemaError(f"{where}.payload.{k}", f"string exceeds {MAX_STR_LEN} characters")
             if not isinstance(v, (str, int, float, bool)) and v is not None:
                 raise SchemaError(f"{where}.payload.{k}", f"unsupported value type {type(v).__name__}")
+        bad = payload_type_error(raw[0], payload)
+        if bad is not None:
+            raise SchemaError(f"{where}.payload.{bad[0]}", bad[1])
     return Event(*raw)
 
+
+def payload_type_error(kind: int, payload: dict) -> tuple[str, str] | None:
+    """Check the values of the payload keys ``KIND_INFO[kind].payload`` declares: an ``int`` key holds an
+    integer (not a bool), a ``float`` key a number, a ``str`` key a string; nil is allowed everywhere (not
+    known), undeclared keys are not checked. Returns ``(key, reason)`` for the first key of the wrong type,
+    None when all are right (or ``kind`` is unknown)."""
+    want = _PAYLOAD_TYPES.get(kind)
+    if not want:
+        return None
+    for k, t in want.items():
+        v = payload.get(k)
+        if v is None:
+            continue
+        if t is int:
+            ok = type(v) is int
+        elif t is float:
+            ok = type(v) is float or type(v) is int
+        else:
+            ok = isinstance(v, t)
+        if not ok:
+            return k, f"expected {_TYPE_WORDS.get(t, t.__name__)} for a {Kind(kind).name} event, got {type(v).__name__}"
+    return None
+
+
+_PAYLOAD_TYPES: dict[int, dict[str, type]] = {int(k): dict(info.payload) for k, info in KIND_INFO.items()}
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
 
 _ENVELOPE_KEYS = {"v", "job", "host", "host_id", "agent_id", "seq", "sent_ns", "clock", "events"}
 
@@ -615,10 +644,30 @@ def decode_batch(data: bytes) -> Batch:
             raise SchemaError("message", "a map key is an array or a map (map keys must be strings)") from None
         raise SchemaError("message", f"not valid msgpack: {type(exc).__name__}: {exc}") from None
     except (ValueError, msgpack.UnpackException, RecursionError, OverflowError) as exc:
+        if isinstance(exc, ValueError) and "exceeds max_" in str(exc):
+            _name_the_long_field(data, exc)
         raise SchemaError("message", f"not valid msgpack: {_describe(exc)}") from None
     except Exception as exc:  # msgpack may raise other errors on hostile input; never let them escape
         raise SchemaError("message", f"not valid msgpack: {_describe(exc)}") from None
     return validate_batch(raw)
+
+
+def _name_the_long_field(data: bytes, exc: ValueError) -> None:
+    """A well-formed message over one of the unpacker's length limits (a string of more than
+    ``MAX_STR_LEN`` bytes, a map or array too long): unpack it again with the limits at the message's own
+    length (no length prefix can claim more than the bytes present) so :func:`validate_batch` names the
+    field; raises that SchemaError, or one saying which limit the message exceeds."""
+    n = len(data)
+    try:
+        raw = msgpack.unpackb(
+            data, raw=False, strict_map_key=False, max_str_len=n, max_bin_len=n, max_array_len=n, max_map_len=n
+        )
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError, OverflowError):
+        return  # not well-formed after all: the caller's reason stands
+    validate_batch(raw)  # raises, naming the field, in the usual case
+    raise SchemaError(
+        "message", f"a string, map or array over the unpacker's limits ({exc}; strings: {MAX_STR_LEN} UTF-8 bytes)"
+    )
 
 
 MSGPACK_MAX_DEPTH = 1024  # msgpack's C unpacker refuses deeper nesting (StackError)

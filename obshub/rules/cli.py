@@ -25,7 +25,7 @@ Examples:
   obshub rules serve --metrics-port 9108            # also Prometheus metrics on :9108 (every interface)
   obshub rules serve --log-file ~/obshub-rules.log &   # in the background, logs to a file
   obshub rules serve --group-prefix prod   # run N of these: the engines of one prefix share the jobs
-  kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now
+  kill -HUP $(jq .pid $OBSHUB_HOME/run/rules.json)  # reload rule files now (a second engine: rules-2.json)
 The name `builtin` is the builtin pack installed with obshub (a file or folder of that name wins).
 """
 

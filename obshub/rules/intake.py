@@ -26,7 +26,7 @@ Event batches (msgpack): the engine decodes only what its rules read
   unchecked (they only have to be well-formed msgpack);
 - every event of a read kind, with the rules of ``schema.validate_event`` (10 fields, each of its type
   and range, the payload a map of at most ``schema.MAX_PAYLOAD_KEYS`` string keys to strings, numbers,
-  booleans or nil), and its realtime (``ts_ns + clock.offset_ns``) within the signed 64-bit range.
+  booleans or nil, the keys its kind declares of their type: ``schema.payload_type_error``), and its realtime (``ts_ns + clock.offset_ns``) within the signed 64-bit range.
 
 Anything else makes the batch unusable: SchemaError naming the field (``job``, ``events[20].duration_ns``,
 ``events[3].kind``), then the DLQ. With every kind read (``kinds=None``) every event is checked as
@@ -195,6 +195,10 @@ def decode_event_batch(value: bytes | None, kinds: frozenset[int] | None = None)
     for i, e in enumerate(b.events):
         k = kind_of.get(e.__class__)
         if k is not None:
+            if e.payload:
+                bad = schema.payload_type_error(k, e.payload)
+                if bad is not None:
+                    raise schema.SchemaError(f"events[{i}].payload.{bad[0]}", bad[1])
             ev = schema.Event(k, e.ts_ns, e.duration_ns, e.trace_key, e.step, e.pid, e.tid, e.gpu, e.value, e.payload)
             out.append(_record(env, ev, i))
     return EventBatch(out, len(b.events), b.job)

@@ -185,8 +185,11 @@ class RuleService:
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        # "rules" for the first engine of this $OBSHUB_HOME, "rules-2", ... beside it (its own record, so
+        # `obshub down` stops every one and a stopping engine removes only its own)
+        self.component = registry.free_name(self.settings, "rules")
         registry.register_component(
-            self.settings, "rules", os.getpid(), log=self.log_path, rules=len(self.ruleset.rules)
+            self.settings, self.component, os.getpid(), log=self.log_path, rules=len(self.ruleset.rules)
         )
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
@@ -199,4 +202,4 @@ class RuleService:
             self.stop.set()
             notify.join(30)
             self.dispatcher.close()
-            registry.unregister_component(self.settings, "rules")
+            registry.unregister_component(self.settings, self.component)

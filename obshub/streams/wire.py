@@ -57,9 +57,16 @@ def decode_batch(data: bytes) -> WireBatch | schema.Batch:
     """
     if isinstance(data, (bytes, bytearray, memoryview)) and 0 < len(data) <= schema.MAX_BATCH_BYTES:
         try:
-            return _batch_decoder.decode(data)
+            batch = _batch_decoder.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
+        else:
+            check = schema.payload_type_error
+            for e in batch.events:
+                if e.payload and check(e.kind, e.payload) is not None:
+                    break  # a payload value of the wrong type: the reference names it
+            else:
+                return batch
     return schema.decode_batch(data)  # the reference names what is wrong (or, in a corner, accepts it)
 
 

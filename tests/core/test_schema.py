@@ -187,3 +187,24 @@ def test_cluster_ids_never_look_like_options():
     ids = [stack._cluster_id() for _ in range(2000)]
     assert not any(i.startswith("-") for i in ids)
     assert all(len(i) == 22 for i in ids)
+
+
+def test_a_string_over_the_unpacker_limit_is_named_by_its_field():
+    env = {
+        "v": 1,
+        "job": "x" * 100_000,
+        "host": "h",
+        "host_id": 1,
+        "agent_id": "a",
+        "seq": 0,
+        "sent_ns": 1,
+        "clock": {"offset_ns": 0, "uncertainty_ns": 0, "tai_offset_ns": 0},
+        "events": [],
+    }
+    with pytest.raises(schema.SchemaError) as ei:
+        schema.decode_batch(msgpack.packb(env))
+    assert ei.value.field == "job" and "100000 characters" in ei.value.reason
+    env["job"] = "é" * 3000  # 3,000 characters but 6,000 UTF-8 bytes: the byte limit, said so
+    with pytest.raises(schema.SchemaError) as ei:
+        schema.decode_batch(msgpack.packb(env))
+    assert ei.value.field == "message" and "4096 UTF-8 bytes" in ei.value.reason

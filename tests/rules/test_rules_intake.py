@@ -290,3 +290,15 @@ def test_alert_change_reasons():
     with pytest.raises(schema.SchemaError) as ei:
         intake.decode_change(os.urandom(1) + b"\xff")
     assert ei.value.field == "message"
+
+
+def test_a_read_payload_value_of_the_wrong_type_is_refused_naming_the_key():
+    ev = _batch()["events"][0]
+    ev[0], ev[-1] = int(schema.Kind.CUDA_SYNC), {"symbol": 5}
+    raw = msgpack.packb(_batch(events=[_batch()["events"][0], ev]))
+    for kinds in (None, frozenset({int(schema.Kind.CUDA_SYNC)})):
+        with pytest.raises(schema.SchemaError) as ei:
+            intake.decode_event_batch(raw, kinds)
+        assert ei.value.field == "events[1].payload.symbol" and "a string" in ei.value.reason
+    # a kind no rule reads stays unread (docs: the engine checks what it reads)
+    assert intake.decode_event_batch(raw, frozenset({int(schema.Kind.TCP_RTT)})).records == []

@@ -46,8 +46,15 @@ def _both(data: bytes):
     """(the worker's decoder's result or exception, the reference's result or exception). Checks on the way
     that whatever the msgspec pass accepts, the reference accepts too."""
     out = []
+
+    def fast_pass(data):
+        b = wire._batch_decoder.decode(data)
+        if any(e.payload and schema.payload_type_error(e.kind, e.payload) for e in b.events):
+            raise SchemaError("payload", "of the wrong type")
+        return b
+
     for fn in (
-        lambda: wire._batch_decoder.decode(data),
+        lambda: fast_pass(data),
         lambda: wire.decode_batch(data),
         lambda: schema.decode_batch(data),
     ):
@@ -255,3 +262,23 @@ def test_changelog_values_are_msgpack_and_older_json_records_still_load():
     for bad, why in ((b"\xc1\x93\x01", "not msgpack"), (b"{oops", "not JSON"), (b"\xff\xfe", "not UTF-8")):
         got = codecs.loads(wire.CHANGELOG, bad)
         assert isinstance(got, wire.Undecodable) and got.reason.startswith(why), (bad, got)
+
+
+@pytest.mark.parametrize(
+    "kind, payload, field, words",
+    [
+        (Kind.COLLECTIVE_BEGIN, {"pg": "0", "coll_seq": "x", "op": "allreduce"}, "payload.coll_seq", "an integer"),
+        (Kind.COLLECTIVE_END, {"pg": 5, "coll_seq": 1, "op": "allreduce"}, "payload.pg", "a string"),
+        (Kind.PHASE, {"phase": float("nan")}, "payload.phase", "a string"),
+        (Kind.REGISTER, {"world_size": True, "job": "j"}, "payload.world_size", "an integer"),
+    ],
+)
+def test_a_payload_value_of_the_wrong_type_is_refused_naming_the_key(kind, payload, field, words):
+    ev = Event(kind, 1000, 0, schema.make_trace_key(3, 7, 1), 7, 42, 43, -1, 0, payload)
+    data = schema.encode_batch(_batch(events=[_batch().events[0], ev]))
+    worker, ref = _both(data)
+    for exc in (worker, ref):
+        assert isinstance(exc, SchemaError) and exc.field == f"events[1].{field}" and words in exc.reason, exc
+    ok = Event(kind, 1000, 0, schema.make_trace_key(3, 7, 1), 7, 42, 43, -1, 0, {k: None for k in payload})
+    worker, ref = _both(schema.encode_batch(_batch(events=[ok])))
+    assert not isinstance(worker, Exception) and not isinstance(ref, Exception), "nil: not known, accepted"
