@@ -61,12 +61,8 @@ def decode_batch(data: bytes) -> WireBatch | schema.Batch:
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
         else:
-            check = schema.payload_type_error
-            for e in batch.events:
-                if e.payload and check(e.kind, e.payload) is not None:
-                    break  # a payload value of the wrong type: the reference names it
-            else:
-                return batch
+            if schema.payloads_typed(batch.events):
+                return batch  # else a payload value of the wrong type: the reference names it
     return schema.decode_batch(data)  # the reference names what is wrong (or, in a corner, accepts it)
 
 
