@@ -110,7 +110,8 @@ def _say(msg: str) -> None:
     epilog="""\b
 Examples:
   obshub up                          # broker on 127.0.0.1:19092, state in $OBSHUB_HOME
-  obshub up --port 29092             # another port (a second stack beside the first)
+  obshub up --port 29092             # another port (no stack of this $OBSHUB_HOME may run)
+  OBSHUB_HOME=/tmp/two obshub up --port 29092   # a second stack beside the first: its own state folder
   OBSHUB_KAFKA_VERSION=4.0.1 obshub up   # another Kafka 4.x version from Maven Central
 """
 )

@@ -233,9 +233,16 @@ def free_port_pair() -> int:
 # ------------------------------------------------------------------------------------------------------
 def broker_pid(settings: Settings) -> int | None:
     """PID of the local broker when it runs, else None."""
+    rec = broker_record(settings)
+    return int(rec["pid"]) if rec else None
+
+
+def broker_record(settings: Settings) -> dict | None:
+    """The registry record of the local broker of ``$OBSHUB_HOME`` when its process runs (``pid``,
+    ``port``, ``log``, ``version``), else None."""
     for c in components(settings):
         if c["name"] == "kafka" and c["running"]:
-            return int(c["pid"])
+            return c
     return None
 
 
@@ -246,8 +253,19 @@ def up(settings: Settings, progress: Progress = _quiet, timeout_s: float = 90.0)
     """Install (once), start the broker and create the topics. Returns ``{"already": bool, "pid": int,
     "bootstrap": str, "log": str}``. Idempotent: when the broker already runs, only the topics are checked.
     Raises StackError (missing Java/Maven, busy port, failed download, broker that does not start)."""
-    pid = broker_pid(settings)
+    rec = broker_record(settings)
+    pid = int(rec["pid"]) if rec else None
     log = settings.logs_dir / "kafka.log"
+    running_port = rec.get("port") if rec else None
+    if pid and running_port is not None and int(running_port) != settings.kafka_port:
+        # one state folder holds one broker: its data, logs and registry record are those of the running one
+        raise StackError(
+            f"the stack of {settings.home} already runs a Kafka broker on 127.0.0.1:{running_port} (pid {pid}); "
+            f"one state folder holds one broker, so port {settings.kafka_port} cannot be started from it",
+            f"for a second stack beside it, give it its own state folder: "
+            f"OBSHUB_HOME=/tmp/obshub-{settings.kafka_port} obshub up --port {settings.kafka_port} "
+            f"(or use the running one: OBSHUB_KAFKA_PORT={running_port})",
+        )
     if pid:
         ensure_topics(settings, progress)
         return {"already": True, "pid": pid, "bootstrap": settings.bootstrap_servers, "log": str(log)}

@@ -1,0 +1,42 @@
+"""What a new user hit trying obshub from the README (trial report of main e9531ce): each case runs in
+the test process (``obshub.cli.main`` with its real exit code), no broker, no subprocess."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from obshub import stack
+from obshub.cli import main
+from obshub.core.errors import StackError
+from obshub.core.registry import register_component
+from obshub.core.settings import load_settings
+
+
+def obshub(args, capsys) -> tuple[int, str, str]:
+    """Run ``obshub ARGS`` in this process; return (exit code, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_up_on_another_port_while_the_stack_runs_names_the_running_port(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "19092")
+    s = load_settings()
+    register_component(s, "kafka", os.getpid(), port=19092, log=str(home / "logs" / "kafka.log"))
+    t0 = time.monotonic()
+    with pytest.raises(StackError) as exc:
+        stack.up(load_settings(kafka_port=29095))
+    assert "127.0.0.1:19092" in str(exc.value) and "29095" in str(exc.value)
+    assert "OBSHUB_HOME=" in exc.value.hint
+    code, _out, err = obshub(["up", "--port", "29095"], capsys)
+    assert code == 1 and "already runs a Kafka broker on 127.0.0.1:19092" in err and "Traceback" not in err
+    assert time.monotonic() - t0 < 5
