@@ -4,7 +4,8 @@ cleanup policy), the stream worker's repartition, changelog and leader topics an
 engine's state topic included.
 
 Bootstrap and security come from the one Kafka connection of the settings (``OBSHUB_BOOTSTRAP``,
-``OBSHUB_KAFKA_SECURITY_PROTOCOL``, ...), like every other command.
+``OBSHUB_KAFKA_SECURITY_PROTOCOL``, ...), like every other command, and so does the reachability check
+(:func:`obshub.core.reach.require_broker`: one message after 10 s when the cluster does not answer).
 ``check`` prints one line per difference (topic, setting, want, have) and exits 1 when there is any; a missing
 topic of the stream worker or the rule engine, which they create at their first start, is listed as not
 created yet and is not a failure. ``create`` makes the missing topics (idempotent: a second run creates
@@ -96,6 +97,14 @@ def _metadata(admin, bootstrap: str):
             f"the Kafka cluster at {bootstrap} did not answer a metadata request: {exc}",
             "check OBSHUB_BOOTSTRAP and the Kafka security settings (`obshub status` shows what it reaches)",
         ) from exc
+
+
+def _reach(settings: Any) -> None:
+    """The one reachability path of every command (:func:`obshub.core.reach.require_broker`): return once
+    the cluster answers, else raise BrokerUnreachable after its 10 s naming the address and the reason."""
+    from obshub.core.reach import require_broker
+
+    require_broker(settings.bootstrap_servers)
 
 
 def _require_brokers(rows: tuple[TopicLayout, ...], md, bootstrap: str) -> None:
@@ -282,6 +291,7 @@ def check_command(app_id, streams_partitions, rules_prefix, as_json):
     A missing topic of the stream worker or the rule engine (repartition, changelogs, leader, state: they
     create it at their first start) is listed as not created yet and does not fail the check."""
     s = load_settings()
+    _reach(s)
     rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
     diffs = differences(s, rows)
     _print(rows, diffs, as_json)
@@ -302,6 +312,7 @@ def create_command(app_id, streams_partitions, rules_prefix, as_json):
     """Create the missing topics (idempotent), then check; exit 1 when differences remain (partition counts
     and replication factors of existing topics are never changed)."""
     s = load_settings()
+    _reach(s)
     rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
     admin = _admin(s)
     made = create(s, rows, admin)
