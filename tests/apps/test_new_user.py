@@ -40,3 +40,17 @@ def test_up_on_another_port_while_the_stack_runs_names_the_running_port(tmp_path
     code, _out, err = obshub(["up", "--port", "29095"], capsys)
     assert code == 1 and "already runs a Kafka broker on 127.0.0.1:19092" in err and "Traceback" not in err
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["silence", "add", "-m", "host=x", "-d", "0s", "-a", "a", "-c", "c"], "'-d' / '--duration'"),
+        (["demo", "--fault-host", "9"], "--fault-host 9 is outside 0..3"),
+        (["replay", ".", "--speed", "slow"], "'--speed'"),
+    ],
+)
+def test_usage_errors_exit_2_naming_the_option(tmp_path, monkeypatch, capsys, args, named):
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    code, _out, err = obshub(args, capsys)
+    assert code == 2 and named in err and "Traceback" not in err, (code, err)
