@@ -54,3 +54,13 @@ def test_usage_errors_exit_2_naming_the_option(tmp_path, monkeypatch, capsys, ar
     monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
     code, _out, err = obshub(args, capsys)
     assert code == 2 and named in err and "Traceback" not in err, (code, err)
+
+
+def test_the_readme_lists_every_fault_of_the_demo():
+    from pathlib import Path
+
+    from obshub.demo.faults import KINDS
+
+    line = next(ln for ln in (Path(__file__).parents[2] / "README.md").read_text().splitlines() if "(also: " in ln)
+    listed = {k.strip() for k in line.split("(also: ", 1)[1].split(")")[0].split(",")} | {"cpu"}
+    assert listed == set(KINDS), sorted(set(KINDS) ^ listed)
