@@ -64,3 +64,16 @@ def test_the_readme_lists_every_fault_of_the_demo():
     line = next(ln for ln in (Path(__file__).parents[2] / "README.md").read_text().splitlines() if "(also: " in ln)
     listed = {k.strip() for k in line.split("(also: ", 1)[1].split(")")[0].split(",")} | {"cpu"}
     assert listed == set(KINDS), sorted(set(KINDS) ^ listed)
+
+
+def test_doctor_and_status_say_what_is_true():
+    from obshub.cli import component_state
+    from obshub.doctor import roles_need
+
+    assert roles_need(["agent"]) == "the agent role needs"
+    assert roles_need(["agent", "kafka", "agent"]) == "the agent and kafka roles need"
+    kafka = {"name": "kafka", "pid": 1, "running": True}
+    assert component_state(kafka, True) == "yes"
+    assert "process yes, but it does not answer" in component_state(kafka, False)  # once "running yes"
+    assert "another process answers" in component_state({**kafka, "running": False}, True)
+    assert component_state({"name": "rules", "running": True}, False) == "yes"  # the broker's state is not theirs
