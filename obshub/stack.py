@@ -267,6 +267,12 @@ def up(settings: Settings, progress: Progress = _quiet, timeout_s: float = 90.0)
             f"(or use the running one: OBSHUB_KAFKA_PORT={running_port})",
         )
     if pid:
+        if not port_in_use(settings.kafka_port):  # the process of the record lives, but no broker listens
+            raise StackError(
+                f"the broker of {settings.home} (pid {pid}) runs but nothing listens on "
+                f"127.0.0.1:{settings.kafka_port}: it is starting, stuck or failing",
+                f"read {log}; `obshub down` stops it, then `obshub up` starts it again",
+            )
         ensure_topics(settings, progress)
         return {"already": True, "pid": pid, "bootstrap": settings.bootstrap_servers, "log": str(log)}
     java = java_binary()
@@ -392,7 +398,13 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
     from confluent_kafka.admin import NewTopic
 
     admin = _admin(settings)
-    existing = set(admin.list_topics(timeout=10).topics)
+    try:
+        existing = set(admin.list_topics(timeout=10).topics)
+    except KafkaException as exc:  # a broker that listens but does not answer (stuck, or not Kafka)
+        raise StackError(
+            f"the Kafka broker at {settings.bootstrap_servers} did not answer a metadata request within 10 s",
+            f"read {settings.logs_dir / 'kafka.log'}; `obshub down` then `obshub up` restarts the local one",
+        ) from exc
     new = [
         NewTopic(
             t.name,

@@ -77,3 +77,13 @@ def test_doctor_and_status_say_what_is_true():
     assert "process yes, but it does not answer" in component_state(kafka, False)  # once "running yes"
     assert "another process answers" in component_state({**kafka, "running": False}, True)
     assert component_state({"name": "rules", "running": True}, False) == "yes"  # the broker's state is not theirs
+
+
+def test_up_while_the_registered_broker_does_not_listen_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    port = stack.free_port_pair()
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", str(port))
+    register_component(load_settings(), "kafka", os.getpid(), port=port)  # a live pid, nothing on the port
+    code, _out, err = obshub(["up"], capsys)
+    assert code == 1 and f"runs but nothing listens on 127.0.0.1:{port}" in err and "Traceback" not in err, err
