@@ -110,7 +110,8 @@ def _say(msg: str) -> None:
     epilog="""\b
 Examples:
   obshub up                          # broker on 127.0.0.1:19092, state in $OBSHUB_HOME
-  obshub up --port 29092             # another port (a second stack beside the first)
+  obshub up --port 29092             # another port (no stack of this $OBSHUB_HOME may run)
+  OBSHUB_HOME=/tmp/two obshub up --port 29092   # a second stack beside the first: its own state folder
   OBSHUB_KAFKA_VERSION=4.0.1 obshub up   # another Kafka 4.x version from Maven Central
 """
 )
@@ -185,9 +186,23 @@ def status(as_json):
         console.print(t)
     t = Table("component", "pid", "running", "log", title="components")
     for c in st["components"]:
-        t.add_row(c["name"], str(c["pid"]), "yes" if c["running"] else "[red]no (stale)[/red]", c.get("log", ""))
+        t.add_row(c["name"], str(c["pid"]), component_state(c, b["up"]), c.get("log", ""))
     console.print(t)
     sys.exit(0 if b["up"] else 1)
+
+
+def component_state(c: dict, broker_up: bool) -> str:
+    """The ``running`` cell of ``obshub status`` for registry record ``c``: for the broker (``kafka``) what
+    is true of both the process and the port, e.g. a process that runs but does not answer."""
+    if c["name"] != "kafka":
+        return "yes" if c["running"] else "[red]no (stale)[/red]"
+    if c["running"] and broker_up:
+        return "yes"
+    if c["running"]:
+        return "[red]process yes, but it does not answer (starting, stuck or failing: read its log)[/red]"
+    if broker_up:
+        return "[red]no (stale record); another process answers on its port[/red]"
+    return "[red]no (stale)[/red]"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -386,10 +386,19 @@ def doctor_command(as_json, no_bpf, roles):
         t.add_row(c.name, mark, c.found, extra)
     Console(highlight=False).print(t)
     if failed:
+        n = len(failed)
         click.echo(
-            f"doctor: {len(failed)} check(s) that {'/'.join(roles)} need(s) failed: "
+            f"doctor: {n} check{'s' if n != 1 else ''} that {roles_need(roles)} failed: "
             + ", ".join(c.name for c in failed),
             err=True,
         )
         sys.exit(1)
-    click.echo(f"doctor: everything {'/'.join(roles)} need(s) works", err=True)
+    click.echo(f"doctor: everything {roles_need(roles)} works", err=True)
+
+
+def roles_need(roles) -> str:
+    """``the agent role needs`` / ``the agent and kafka roles need``: the subject of doctor's last line."""
+    roles = list(dict.fromkeys(roles))
+    if len(roles) == 1:
+        return f"the {roles[0]} role needs"
+    return f"the {', '.join(roles[:-1])} and {roles[-1]} roles need"

@@ -233,9 +233,16 @@ def free_port_pair() -> int:
 # ------------------------------------------------------------------------------------------------------
 def broker_pid(settings: Settings) -> int | None:
     """PID of the local broker when it runs, else None."""
+    rec = broker_record(settings)
+    return int(rec["pid"]) if rec else None
+
+
+def broker_record(settings: Settings) -> dict | None:
+    """The registry record of the local broker of ``$OBSHUB_HOME`` when its process runs (``pid``,
+    ``port``, ``log``, ``version``), else None."""
     for c in components(settings):
         if c["name"] == "kafka" and c["running"]:
-            return int(c["pid"])
+            return c
     return None
 
 
@@ -246,9 +253,26 @@ def up(settings: Settings, progress: Progress = _quiet, timeout_s: float = 90.0)
     """Install (once), start the broker and create the topics. Returns ``{"already": bool, "pid": int,
     "bootstrap": str, "log": str}``. Idempotent: when the broker already runs, only the topics are checked.
     Raises StackError (missing Java/Maven, busy port, failed download, broker that does not start)."""
-    pid = broker_pid(settings)
+    rec = broker_record(settings)
+    pid = int(rec["pid"]) if rec else None
     log = settings.logs_dir / "kafka.log"
+    running_port = rec.get("port") if rec else None
+    if pid and running_port is not None and int(running_port) != settings.kafka_port:
+        # one state folder holds one broker: its data, logs and registry record are those of the running one
+        raise StackError(
+            f"the stack of {settings.home} already runs a Kafka broker on 127.0.0.1:{running_port} (pid {pid}); "
+            f"one state folder holds one broker, so port {settings.kafka_port} cannot be started from it",
+            f"for a second stack beside it, give it its own state folder: "
+            f"OBSHUB_HOME=/tmp/obshub-{settings.kafka_port} obshub up --port {settings.kafka_port} "
+            f"(or use the running one: OBSHUB_KAFKA_PORT={running_port})",
+        )
     if pid:
+        if not port_in_use(settings.kafka_port):  # the process of the record lives, but no broker listens
+            raise StackError(
+                f"the broker of {settings.home} (pid {pid}) runs but nothing listens on "
+                f"127.0.0.1:{settings.kafka_port}: it is starting, stuck or failing",
+                f"read {log}; `obshub down` stops it, then `obshub up` starts it again",
+            )
         ensure_topics(settings, progress)
         return {"already": True, "pid": pid, "bootstrap": settings.bootstrap_servers, "log": str(log)}
     java = java_binary()
@@ -374,7 +398,13 @@ def ensure_topics(settings: Settings, progress: Progress = _quiet) -> list[str]:
     from confluent_kafka.admin import NewTopic
 
     admin = _admin(settings)
-    existing = set(admin.list_topics(timeout=10).topics)
+    try:
+        existing = set(admin.list_topics(timeout=10).topics)
+    except KafkaException as exc:  # a broker that listens but does not answer (stuck, or not Kafka)
+        raise StackError(
+            f"the Kafka broker at {settings.bootstrap_servers} did not answer a metadata request within 10 s",
+            f"read {settings.logs_dir / 'kafka.log'}; `obshub down` then `obshub up` restarts the local one",
+        ) from exc
     new = [
         NewTopic(
             t.name,

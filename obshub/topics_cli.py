@@ -4,9 +4,12 @@ cleanup policy), the stream worker's repartition, changelog and leader topics an
 engine's state topic included.
 
 Bootstrap and security come from the one Kafka connection of the settings (``OBSHUB_BOOTSTRAP``,
-``OBSHUB_KAFKA_SECURITY_PROTOCOL``, ...), like every other command. ``check`` prints one line per difference
-(topic, setting, want, have) and exits 1 when there is any; ``create`` makes the missing topics (idempotent:
-a second run creates nothing) and then checks. A replication factor larger than the cluster's broker count
+``OBSHUB_KAFKA_SECURITY_PROTOCOL``, ...), like every other command, and so does the reachability check
+(:func:`obshub.core.reach.require_broker`: one message after 10 s when the cluster does not answer).
+``check`` prints one line per difference (topic, setting, want, have) and exits 1 when there is any; a missing
+topic of the stream worker or the rule engine, which they create at their first start, is listed as not
+created yet and is not a failure. ``create`` makes the missing topics (idempotent: a second run creates
+nothing) and then checks. A replication factor larger than the cluster's broker count
 is an error naming both numbers, before anything is created.
 """
 
@@ -28,6 +31,15 @@ from obshub.core.topics import TopicLayout, layout
 CHECKED = ("exists", "partitions", "replication.factor", "min.insync.replicas", "retention.ms", "cleanup.policy")
 
 
+#: owners (``TopicLayout.owner``) whose topics their component creates at its first start when missing
+OWN_TOPICS = {"streams": "the stream worker", "rules": "the rule engine"}
+
+
+def failing(diffs: list[Difference]) -> list[Difference]:
+    """The differences that fail ``check``: all but the :attr:`Difference.pending` ones."""
+    return [d for d in diffs if not d.pending]
+
+
 class TopicsError(ObshubError):
     """The cluster cannot hold the topics as the table says (too few brokers), or does not answer."""
 
@@ -35,12 +47,15 @@ class TopicsError(ObshubError):
 @dataclass(frozen=True)
 class Difference:
     """One way a topic on the cluster differs from its row of the table: ``setting`` is one of
-    :data:`CHECKED`; ``want`` and ``have`` are the values as text (``have`` is ``-`` for a missing topic)."""
+    :data:`CHECKED`; ``want`` and ``have`` are the values as text (``have`` is ``-`` for a missing topic).
+    ``pending``: a missing topic of the stream worker or the rule engine (their own topics: repartition,
+    changelogs, leader, state), which they create at their first start; not a failure of ``check``."""
 
     topic: str
     setting: str
     want: str
     have: str
+    pending: bool = False
 
 
 def wanted(
@@ -84,6 +99,14 @@ def _metadata(admin, bootstrap: str):
         ) from exc
 
 
+def _reach(settings: Any) -> None:
+    """The one reachability path of every command (:func:`obshub.core.reach.require_broker`): return once
+    the cluster answers, else raise BrokerUnreachable after its 10 s naming the address and the reason."""
+    from obshub.core.reach import require_broker
+
+    require_broker(settings.bootstrap_servers)
+
+
 def _require_brokers(rows: tuple[TopicLayout, ...], md, bootstrap: str) -> None:
     brokers = len(md.brokers)
     rf = max((r.replication_factor for r in rows), default=1)
@@ -107,7 +130,7 @@ def differences(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> lis
     present = [r for r in rows if r.name in md.topics and md.topics[r.name].error is None]
     for r in rows:
         if r not in present:
-            out.append(Difference(r.name, "exists", "yes", "no"))
+            out.append(Difference(r.name, "exists", "yes", "no", pending=r.owner in OWN_TOPICS))
     configs: dict[str, dict[str, str]] = {}
     if present:
         futs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, r.name) for r in present])
@@ -213,14 +236,28 @@ def _opts(f):
     return f
 
 
-def _report(diffs: list[Difference]) -> None:
+def _report(rows: tuple[TopicLayout, ...], diffs: list[Difference]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table("topic", "setting", "want", "have", title=f"{len(diffs)} difference(s)")
-    for d in diffs:
-        t.add_row(d.topic, d.setting, d.want, d.have)
-    Console(highlight=False).print(t)
+    console = Console(highlight=False)
+    bad = failing(diffs)
+    if bad:
+        t = Table("topic", "setting", "want", "have", title=f"{len(bad)} difference(s)")
+        for d in bad:
+            t.add_row(d.topic, d.setting, d.want, d.have)
+        console.print(t)
+    pending = [d for d in diffs if d.pending]
+    if pending:
+        owner = {r.name: r.owner for r in rows}
+        t = Table("topic", "made by", title=f"{len(pending)} topic(s) not created yet (not a failure)")
+        for d in pending:
+            t.add_row(d.topic, f"{OWN_TOPICS[owner[d.topic]]} at its first start")
+        console.print(t)
+        console.print(
+            "`obshub topics create` makes them now (a cluster's deployment does: their settings are then the "
+            "table's from the start)"
+        )
 
 
 @click.group(
@@ -249,12 +286,16 @@ Examples:
 @_opts
 @click.option("--json", "as_json", is_flag=True, help="print the differences as JSON lines")
 def check_command(app_id, streams_partitions, rules_prefix, as_json):
-    """Compare the cluster's topics with the table; exit 1 when any setting differs or a topic is missing."""
+    """Compare the cluster's topics with the table; exit 1 when any setting differs or a topic is missing.
+
+    A missing topic of the stream worker or the rule engine (repartition, changelogs, leader, state: they
+    create it at their first start) is listed as not created yet and does not fail the check."""
     s = load_settings()
+    _reach(s)
     rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
     diffs = differences(s, rows)
     _print(rows, diffs, as_json)
-    sys.exit(1 if diffs else 0)
+    sys.exit(1 if failing(diffs) else 0)
 
 
 @topics_group.command(
@@ -271,13 +312,14 @@ def create_command(app_id, streams_partitions, rules_prefix, as_json):
     """Create the missing topics (idempotent), then check; exit 1 when differences remain (partition counts
     and replication factors of existing topics are never changed)."""
     s = load_settings()
+    _reach(s)
     rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
     admin = _admin(s)
     made = create(s, rows, admin)
     click.echo(f"created {len(made)} topic(s){': ' + ', '.join(made) if made else ''}", err=True)
     diffs = differences(s, rows, admin)
     _print(rows, diffs, as_json)
-    sys.exit(1 if diffs else 0)
+    sys.exit(1 if failing(diffs) else 0)
 
 
 def _print(rows, diffs, as_json: bool) -> None:
@@ -287,6 +329,8 @@ def _print(rows, diffs, as_json: bool) -> None:
         for d in diffs:
             click.echo(json.dumps(d.__dict__))
     elif diffs:
-        _report(diffs)
+        _report(rows, diffs)
     if not as_json:
-        click.echo(f"{len(rows)} topic(s) checked, {len(diffs)} difference(s)", err=True)
+        pending = len(diffs) - len(failing(diffs))
+        later = f", {pending} of the stream worker / rule engine not created yet" if pending else ""
+        click.echo(f"{len(rows)} topic(s) checked, {len(diffs) - pending} difference(s){later}", err=True)

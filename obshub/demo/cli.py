@@ -212,7 +212,10 @@ def demo_command(
         fault_for_s=fault_for,
         gap_s=gap,
     )
-    opts.check()
+    try:
+        opts.check()
+    except DemoError as exc:  # options that do not fit together or are out of range: a usage error (exit 2)
+        raise click.UsageError(f"{exc}; {exc.hint}" if exc.hint else str(exc)) from None
     old = signal.signal(signal.SIGTERM, _sigterm)
     try:
         names = [

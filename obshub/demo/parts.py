@@ -180,7 +180,7 @@ def pipeline(job: str, run_id: str, config: Path, packs: tuple[str, ...] = ()) -
     opt-in ``packs`` (names of obshub/rules/packs/*.yaml, e.g. ``stall``). Raises PartMissingError while a
     command is missing from this checkout."""
     require()
-    rules_prefix = f"obshub-rules-demo-{run_id}"
+    rules_prefix = rules_group_prefix(run_id)
     rule_args = [a for name in ("builtin", *packs) for a in ("-r", name)] if packs else []
     return [
         PipelinePart(
@@ -196,6 +196,52 @@ def pipeline(job: str, run_id: str, config: Path, packs: tuple[str, ...] = ()) -
             (f"{rules_prefix}-engine",),
         ),
     ]
+
+
+def rules_group_prefix(run_id: str) -> str:
+    """The rule engine's ``--group-prefix`` of demo run ``run_id`` (its groups and state topic start so)."""
+    return f"obshub-rules-demo-{run_id}"
+
+
+def run_state(run_id: str, job: str) -> tuple[list[str], list[str]]:
+    """What demo run ``run_id`` (job ``job``) leaves on the broker: (consumer groups, topics). The rule
+    engine's ``<prefix>-engine`` and ``<prefix>-notify`` groups and its ``<prefix>-state`` topic, and the
+    alert reader's ``demo-<job>`` group. The stream worker's app id is shared by every run (it resumes
+    where the last run stopped) and is not listed."""
+    prefix = rules_group_prefix(run_id)
+    return [f"{prefix}-engine", f"{prefix}-notify", f"demo-{job}"], [f"{prefix}-state"]
+
+
+def remove_run_state(settings, run_id: str, job: str, say=lambda _m: None) -> list[str]:
+    """Delete what :func:`run_state` lists from the broker of ``settings`` once the run's parts stopped
+    (a group with members cannot be deleted); returns the names removed. A group or topic that is not
+    there is skipped; any other failure is said through ``say`` and never raised (the demo's verdict
+    stands)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from obshub.core import kafka
+
+    groups, topics = run_state(run_id, job)
+    admin = AdminClient(kafka.admin_config(kafka.connection(settings), {"socket.timeout.ms": 5000}, quiet=True))
+    removed: list[str] = []
+    try:
+        present = {g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid}
+        mine = [g for g in groups if g in present]
+        futs = dict(admin.delete_consumer_groups(mine, request_timeout=10)) if mine else {}
+        md = admin.list_topics(timeout=10)
+        mine = [t for t in topics if t in md.topics]
+        futs.update(admin.delete_topics(mine, operation_timeout=20) if mine else {})
+    except KafkaException as exc:  # the broker is gone: say what is left
+        say(f"could not remove this run's state from the broker ({exc}); left: {', '.join(groups + topics)}")
+        return removed
+    for name, fut in futs.items():
+        try:
+            fut.result()
+            removed.append(name)
+        except KafkaException as exc:  # e.g. a group whose killed member has not timed out yet
+            say(f"could not remove {name} from the broker: {exc}")
+    return removed
 
 
 def group_stable(settings, group: str) -> bool:

@@ -285,6 +285,12 @@ def _start_logged(es: contextlib.ExitStack, cluster: Cluster, host, argv, log: P
     return proc
 
 
+def _remove_run_state(settings: Settings, run_id: str, job: str, say) -> None:
+    removed = parts.remove_run_state(settings, run_id, job, say)
+    if removed:
+        say("removed this run's consumer groups and topics from the broker: " + ", ".join(removed))
+
+
 def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Path | None = None) -> dict:
     """Run one scenario (see the module docstring); returns the report. Raises PartMissingError before
     starting anything when a part is missing, DemoError/ClusterError/FaultError when a step fails."""
@@ -306,6 +312,8 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         stack.up(settings, progress=view.say)
         if not was_up and not opts.keep_stack:
             es.callback(stack.down, settings, view.say)
+        # runs after the parts stopped (callbacks run last-in first-out) and before the broker stops
+        es.callback(_remove_run_state, settings, run_id, job, view.say)
         receiver = WebhookReceiver(out_dir / "webhook.jsonl").start()
         es.callback(receiver.stop)
         view.say(f"webhook receiver on 127.0.0.1:{receiver.port} -> {receiver.path}")

@@ -207,7 +207,7 @@ def _finite(value: float, name: str) -> float:
     "--synthetic-events",
     type=click.IntRange(min=1),
     default=None,
-    help="synthetic source: stop after this many events",
+    help="synthetic source: stop after this many events (the agent then delivers them and exits)",
 )
 @click.option("--probes", default=None, help="comma-separated subset of probes to attach [default: all]")
 @click.option(
@@ -421,6 +421,8 @@ def agent_command(
 
         src = SyntheticSource(rate, total=synthetic_events, host_id=host_id, job=job)
         agent = Agent(cfg, src, settings=settings, thresholds=thr, say=say)
+        if synthetic_events is not None:  # the last event stops the loop: flush, deliver, exit
+            src.on_done = agent.stop
     else:  # thresholds go in at build time, so a layer that did not load cannot fail the start
         src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf, attach_deep_dive)
         agent = Agent(cfg, src, settings=settings, say=say)

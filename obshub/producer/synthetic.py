@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from obshub.core.schema import Event, Kind, Layer, make_trace_key
 
@@ -43,7 +43,9 @@ class SyntheticSource:
     ``max_per_poll``: most events one :meth:`poll` returns (bounds the agent's per-turn latency).
 
     ``produced`` counts events returned so far; :meth:`add_loss` lets a test or a demo account events as
-    lost (reported by :meth:`lost` exactly like in-kernel ring-buffer loss counters).
+    lost (reported by :meth:`lost` exactly like in-kernel ring-buffer loss counters). ``on_done``: called
+    once, from the :meth:`poll` that returns the last of ``total`` events (``obshub agent
+    --synthetic-events`` passes ``Agent.stop``: the agent flushes and exits).
     Raises ValueError for a non-positive rate or fewer than 10 events per step.
     """
 
@@ -59,6 +61,7 @@ class SyntheticSource:
         pid: int | None = None,
         events_per_step: int = 64,
         max_per_poll: int = 65_536,
+        on_done: Callable[[], None] | None = None,
     ):
         if rate <= 0:
             raise ValueError(f"rate must be positive, got {rate}")
@@ -69,6 +72,7 @@ class SyntheticSource:
         self.pid = os.getpid() if pid is None else pid
         self.events_per_step, self.max_per_poll = events_per_step, max_per_poll
         self.produced = 0
+        self.on_done = on_done
         self.thresholds: dict[str, int] = {}
         self._lost: dict[str, int] = {_SCHED_PROBE: 0}
         self._lock = threading.Lock()
@@ -109,7 +113,11 @@ class SyntheticSource:
             due = self._due()
             if due <= 0:
                 return []
-        return self._generate(min(due, self.max_per_poll))
+        out = self._generate(min(due, self.max_per_poll))
+        if self.on_done is not None and self.total is not None and self.produced >= self.total:
+            done, self.on_done = self.on_done, None
+            done()
+        return out
 
     def _due(self) -> int:
         due = int((time.monotonic() - self._t0) * self.rate) - self.produced

@@ -161,6 +161,7 @@ def _print(console: Console, d: dict) -> None:
     "--speed",
     default="fast",
     show_default=True,
+    callback=lambda _ctx, _param, value: parse_speed(value),  # a bad value is a usage error naming --speed
     help="'fast', 'recorded' (the job's own pace) or a speed-up factor such as 10",
 )
 @click.option("--dry-run", is_flag=True, help="map and diagnose, publish nothing")
@@ -189,7 +190,7 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_b
     """
     from obshub.core.settings import load_settings
 
-    speed_f = parse_speed(speed)
+    speed_f = speed  # parse_speed, by the option's callback
     job = job or _default_job(paths)
     sink = None if dry_run else KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers, topic)
     inputs = discover(list(paths), list(et_paths) or None)

@@ -261,6 +261,10 @@ def silence_add(matchers, duration, start_in, author, comment, as_json):
             values[name] = parse_duration_ns(text)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=hint) from None
+    if values["duration"] <= 0:  # a silence that ends as it starts: a usage error, not a failure (exit 2)
+        raise click.BadParameter(
+            f"{duration!r}: a silence lasts a positive time, e.g. 30m", param_hint="'-d' / '--duration'"
+        )
     max_ns = 10 * 366 * 24 * 3600 * 10**9
     if values["start_in"] > max_ns:
         raise click.BadParameter("a silence may start at most 10 years from now", param_hint="'--start-in'")

@@ -208,7 +208,18 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
             if why is not None:
                 raise _err(file, doc, ["tests", i, "input", j, sig], why)
             if sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
-                raise _err(file, doc, ["tests", i, "input", j, "events"], "an event needs a known `kind:`")
+                where = ["tests", i, "input", j, "events"] + (["kind"] if "kind" in inp["events"] else [])
+                got = f"`kind: {inp['events']['kind']}` is not one" if "kind" in inp["events"] else "it has no `kind:`"
+                known = sorted(fields.KIND_NAMES)
+                near = difflib.get_close_matches(str(inp["events"].get("kind", "")), known, n=1)
+                raise _err(
+                    file,
+                    doc,
+                    where,
+                    f"an event needs a known `kind:`; {got}"
+                    + (f" (did you mean '{near[0]}'?)" if near else "")
+                    + f"; known kinds: {', '.join(known)}",
+                )
             rep = inp.get("repeat", 1)
             if not (_is_int(rep) and 1 <= rep <= MAX_REPEAT):
                 raise _err(file, doc, ["tests", i, "input", j, "repeat"], f"`repeat:` must be 1..{MAX_REPEAT}")
@@ -223,13 +234,16 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
                         ["tests", i, "expect", j, "alerts", k, "state"],
                         f"`state:` is pending or firing, not {a.get('state')!r} (a resolved alert is no longer listed)",
                     )
-        for _j, node in [(j, n) for j, n in enumerate((t.get("input") or []) + (t.get("expect") or []))]:
-            try:
-                parse_duration_ns(str(node.get("at")))
-                if "every" in node:
-                    parse_duration_ns(str(node["every"]))
-            except ValueError as exc:
-                raise _err(file, doc, ["tests", i], str(exc)) from None
+        for part in ("input", "expect"):
+            for j, node in enumerate(t.get(part) or []):
+                for key in ("at", "every"):
+                    if key not in node and key == "every":
+                        continue
+                    try:
+                        parse_duration_ns(str(node.get(key)))
+                    except ValueError as exc:  # reported at the bad value's own line
+                        where = ["tests", i, part, j] + ([key] if key in node else [])
+                        raise _err(file, doc, where, f"`{key}:` {exc}") from None
     return rule_files, _plain(tests), file
 
 

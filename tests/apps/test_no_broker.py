@@ -61,6 +61,7 @@ COMMANDS = {
     "trace export": ["trace", "export", "--job", "j", "--steps", "1", "-o", "/dev/null"],
     "replay": ["replay", str(TRACES)],
     "status": ["status"],
+    "topics check": ["topics", "check"],  # once 15 s and a raw KafkaError{code=_TRANSPORT}
 }
 
 

@@ -206,4 +206,4 @@ def test_doctor_exit_status_follows_the_checks_a_role_needs(kafka, tmp_path):
         env={**env, "OBSHUB_BOOTSTRAP": "127.0.0.1:9"},
     )
     assert bad.returncode == 1
-    assert "check(s) that kafka need(s) failed: kafka broker" in bad.stderr
+    assert "doctor: 1 check that the kafka role needs failed: kafka broker" in bad.stderr

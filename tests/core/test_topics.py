@@ -74,6 +74,15 @@ def test_create_is_idempotent_and_check_names_each_difference(kafka, unique):
     assert by[(f"{other}-folded-changelog", "exists")] == ("yes", "no")
     assert (f"{other}-steps", "cleanup.policy") not in by  # the same as wanted: not reported
     assert not any(t == "obshub.events.v1" for t, _s in by)
+    pending = {d["topic"] for d in diffs if d["pending"]}
+    assert f"{other}-folded-changelog" in pending and f"{other}-steps" not in pending
+
+    # right after `obshub up`: the worker's and engine's own topics are not there yet, which is no failure
+    fresh = f"fresh-{unique}"
+    r = _invoke("check", "--app-id", fresh, "--rules-group-prefix", f"{fresh}-rules")
+    assert r.exit_code == 0, r.output
+    assert f"{fresh}-steps" in r.output and f"{fresh}-rules-state" in r.output and "not created yet" in r.output
+    assert "0 difference(s)" in r.output and "the rule engine at its first start" in r.output
 
 
 @pytest.mark.kafka

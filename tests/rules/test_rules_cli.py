@@ -144,6 +144,13 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
             "health.lag_messages: expected an integer",
         ),
         ("- at: 0s\n", "- at: 0s\n        repeat: 100000000\n", "7:17", "`repeat:` must be 1..100000"),
+        ("- at: 5m", "- at: 16 s", "14:13", "`at:` "),  # its own line, not the test case's
+        (
+            "steps: {job: llm, step: 1, quality: {lost_batches: 2}}",
+            "events: {kind: CUDA_SYNCC}",
+            "7:24",
+            "`kind: CUDA_SYNCC` is not one (did you mean 'CUDA_SYNC'?); known kinds: ",
+        ),
         (
             "labels: {job: llm}",
             "labels: {job: llm}\n            state: fring",

@@ -1,0 +1,89 @@
+"""What a new user hit trying obshub from the README (trial report of main e9531ce): each case runs in
+the test process (``obshub.cli.main`` with its real exit code), no broker, no subprocess."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from obshub import stack
+from obshub.cli import main
+from obshub.core.errors import StackError
+from obshub.core.registry import register_component
+from obshub.core.settings import load_settings
+
+
+def obshub(args, capsys) -> tuple[int, str, str]:
+    """Run ``obshub ARGS`` in this process; return (exit code, stdout, stderr)."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_up_on_another_port_while_the_stack_runs_names_the_running_port(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "19092")
+    s = load_settings()
+    register_component(s, "kafka", os.getpid(), port=19092, log=str(home / "logs" / "kafka.log"))
+    t0 = time.monotonic()
+    with pytest.raises(StackError) as exc:
+        stack.up(load_settings(kafka_port=29095))
+    assert "127.0.0.1:19092" in str(exc.value) and "29095" in str(exc.value)
+    assert "OBSHUB_HOME=" in exc.value.hint
+    code, _out, err = obshub(["up", "--port", "29095"], capsys)
+    assert code == 1 and "already runs a Kafka broker on 127.0.0.1:19092" in err and "Traceback" not in err
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["silence", "add", "-m", "host=x", "-d", "0s", "-a", "a", "-c", "c"], "'-d' / '--duration'"),
+        (["demo", "--fault-host", "9"], "--fault-host 9 is outside 0..3"),
+        (["replay", ".", "--speed", "slow"], "'--speed'"),
+    ],
+)
+def test_usage_errors_exit_2_naming_the_option(tmp_path, monkeypatch, capsys, args, named):
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    code, _out, err = obshub(args, capsys)
+    assert code == 2 and named in err and "Traceback" not in err, (code, err)
+
+
+def test_the_readme_lists_every_fault_of_the_demo():
+    from pathlib import Path
+
+    from obshub.demo.faults import KINDS
+
+    line = next(ln for ln in (Path(__file__).parents[2] / "README.md").read_text().splitlines() if "(also: " in ln)
+    listed = {k.strip() for k in line.split("(also: ", 1)[1].split(")")[0].split(",")} | {"cpu"}
+    assert listed == set(KINDS), sorted(set(KINDS) ^ listed)
+
+
+def test_doctor_and_status_say_what_is_true():
+    from obshub.cli import component_state
+    from obshub.doctor import roles_need
+
+    assert roles_need(["agent"]) == "the agent role needs"
+    assert roles_need(["agent", "kafka", "agent"]) == "the agent and kafka roles need"
+    kafka = {"name": "kafka", "pid": 1, "running": True}
+    assert component_state(kafka, True) == "yes"
+    assert "process yes, but it does not answer" in component_state(kafka, False)  # once "running yes"
+    assert "another process answers" in component_state({**kafka, "running": False}, True)
+    assert component_state({"name": "rules", "running": True}, False) == "yes"  # the broker's state is not theirs
+
+
+def test_up_while_the_registered_broker_does_not_listen_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    port = stack.free_port_pair()
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", str(port))
+    register_component(load_settings(), "kafka", os.getpid(), port=port)  # a live pid, nothing on the port
+    code, _out, err = obshub(["up"], capsys)
+    assert code == 1 and f"runs but nothing listens on 127.0.0.1:{port}" in err and "Traceback" not in err, err
