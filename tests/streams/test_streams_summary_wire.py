@@ -29,7 +29,10 @@ GOLDEN = Path(__file__).with_name("data") / "summary_wire.msgpack.z"
 def _cases() -> dict[str, list[bytes]]:
     """``{case: [packb(summary) of each step, in step order]}`` (a few hundred ms in all)."""
     scns = {
-        f"layer-{layer}": (synthetic.Scenario(job=f"w-{layer}", hosts=4, steps=24, guilty_steps=(20, 22), guilty_layer=layer), 1)
+        f"layer-{layer}": (
+            synthetic.Scenario(job=f"w-{layer}", hosts=4, steps=24, guilty_steps=(20, 22), guilty_layer=layer),
+            1,
+        )
         for layer in ("sched", "memory", "cuda", "nic", "pytorch")
     }
     scns["network"] = (
