@@ -624,10 +624,6 @@ class Target:
     def watch_all(self) -> bool:
         return self.cgroup is None and not self.pids and not self.registered
 
-    def with_pid(self, pid: int) -> Target:
-        """A copy that also watches ``pid``."""
-        return Target(self.cgroup, set(self.pids or ()) | {pid}, self.registered)
-
 
 def default_lib_dirs() -> tuple[Path, ...]:
     """Library directories searched when the target has not mapped a library (yet): the NVIDIA wheels
