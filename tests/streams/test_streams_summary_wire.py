@@ -5,8 +5,8 @@ encode to the same msgpack maps as the dicts they replaced: same keys, same orde
 The golden file ``data/summary_wire.msgpack.z`` is zlib-compressed msgpack of
 ``[[case, [summary bytes, ...]], ...]`` written by the analysis before the Structs came in (main d152858),
 over synthetic steps that reach every branch of ``summarize`` that builds a sub-record: a clean and a
-guilty step per time layer, a network fault (directed view, connection blame, network evidence), a loss
-spread over a window of steps, a one-node job of several ranks (rank units) and a wide step (compact).
+guilty step per time layer, a network fault (directed view, connection blame, network evidence), slowed
+steps of a network fault (the window of recent steps' retransmits), a one-node job of several ranks (rank units) and a wide step (compact).
 
 A deliberate change of the summary's content regenerates the file::
 
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import msgspec
 
-from obshub.streams import offline, synthetic, wire
+from obshub.core import schema
+from obshub.streams import analysis, offline, synthetic, wire
 
 GOLDEN = Path(__file__).with_name("data") / "summary_wire.msgpack.z"
 
@@ -37,6 +38,12 @@ def _cases() -> dict[str, list[bytes]]:
     }
     scns["network"] = (
         synthetic.Scenario(job="w-net", hosts=5, steps=24, guilty_steps=(19, 20, 21, 22), guilty_layer="network"),
+        1,
+    )
+    scns["network-slowed"] = (  # 200 ms late: slowed steps read the retransmits of the job's recent steps
+        synthetic.Scenario(
+            job="w-slow", hosts=5, steps=24, guilty_steps=(18, 19, 20, 21, 22), guilty_layer="network", extra_ms=200
+        ),
         1,
     )
     scns["one-node-ranks"] = (
@@ -57,7 +64,7 @@ def _cases() -> dict[str, list[bytes]]:
 
 
 def _diff(want: dict, got: dict, path: str = "") -> str:
-    """The first difference of two decoded summaries: key order, a key, or a value."""
+    """The first difference of two decoded summaries: key order, a key, or a value ("" for none)."""
     if list(want) != list(got):
         return f"{path or 'summary'}: keys {list(want)} became {list(got)}"
     for k in want:
@@ -68,7 +75,7 @@ def _diff(want: dict, got: dict, path: str = "") -> str:
                 return d
         elif a != b or type(a) is not type(b):
             return f"{path}.{k}: {a!r} became {b!r}"
-    return "bytes differ with equal values"
+    return ""
 
 
 def test_summary_bytes_unchanged_by_typed_records():
@@ -79,7 +86,44 @@ def test_summary_bytes_unchanged_by_typed_records():
         assert len(got[name]) == len(golden), name
         for i, (a, b) in enumerate(zip(golden, got[name])):
             if a != b:
-                raise AssertionError(f"{name} step #{i}: {_diff(wire.unpackb(a), wire.unpackb(b))}")
+                raise AssertionError(f"{name} step #{i}: {_diff(wire.unpackb(a), wire.unpackb(b)) or 'bytes differ'}")
+
+
+def test_each_records_fields_are_the_documented_keys_in_their_order():
+    """Each Struct the summary is made of encodes to the keys ``schema.STEP_SUMMARY_FIELDS`` documents,
+    in the documented order (a record the synthetic steps do not reach, ``Inconsistent``, included)."""
+
+    def documented(field: str) -> list[str]:
+        text = schema.STEP_SUMMARY_FIELDS[field]
+        keys, depth, cur = [], 0, ""
+        for ch in text[text.index("{") :]:  # the top-level keys of the first {...}
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return [k.split(":")[0].strip() for k in [*keys, cur]]
+            elif ch == "," and depth == 1:
+                keys.append(cur)
+                cur = ""
+            elif depth == 1:
+                cur += ch
+        raise AssertionError(f"no {{...}} in the description of {field}")
+
+    records = {
+        "baseline": analysis.Baseline(),
+        "quality": analysis.Quality(),
+        "collectives": analysis.Collective("0", 1, "all_reduce", 5, 2, "n1"),
+        "inconsistent": analysis.Inconsistent("0", 1, "all_reduce", "waited longer than it lasted"),
+        "evidence": analysis.Evidence(1, {"n1": analysis.HostEvidence(network=1.0)}, {"n1": 3}),
+    }
+    for field, rec in records.items():
+        encoded = wire.unpackb(wire.packb(rec))
+        assert list(encoded) == documented(field), field
+        assert encoded == msgspec.to_builtins(rec)  # what summarize puts in the summary
+    assert list(msgspec.to_builtins(analysis.HostEvidence())) == list(analysis.EVIDENCE_LAYERS)
+    blame = msgspec.to_builtins(analysis.NetBlame("n2", "network", 0, 0, 0, 6))
+    assert list(blame) == ["host", "layer", "excess_ns", "straggler_ns", "peer_median_ns", "count", "max_ns"]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
