@@ -136,8 +136,8 @@ def evidence(
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
     for h, net in net_evidence(accs, th, recent_directed, stats, window_stats).items():
-        mine = out.get(h)
-        z_time = max(mine.sched, mine.memory, mine.cuda, mine.nic) if mine is not None else 0.0
+        have = out.get(h)
+        z_time = max(have.sched, have.memory, have.cuda, have.nic) if have is not None else 0.0
         if z_time >= min(1.0, net.z):
             continue  # its own CPU or memory made it late, and slow to answer on every connection
         # its connections explain its lateness (a slow link delays its own collectives): no other

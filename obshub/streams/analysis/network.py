@@ -97,11 +97,11 @@ def net_stats(
     if window:
         base = {key: vals[1] for key, vals in pairs.items()}
         for key, w in window.items():
-            slot = pairs.get(key)
-            if slot is not None:
-                slot[1] += w[0]
-                slot[3] += w[1]
-                slot[4] += w[2]
+            have = pairs.get(key)
+            if have is not None:
+                have[1] += w[0]
+                have[3] += w[1]
+                have[4] += w[2]
     # per host: (pair values, retransmits toward the host, retransmits sent by the host, pair key)
     conns: dict[str, list[tuple[list[int], int, int, str]]] = {}
     for key, vals in pairs.items():
