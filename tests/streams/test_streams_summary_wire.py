@@ -31,34 +31,34 @@ def _cases() -> dict[str, list[bytes]]:
     """``{case: [packb(summary) of each step, in step order]}`` (a few hundred ms in all)."""
     scns = {
         f"layer-{layer}": (
-            synthetic.Scenario(job=f"w-{layer}", hosts=4, steps=24, guilty_steps=(20, 22), guilty_layer=layer),
+            synthetic.Scenario(job=f"w-{layer}", hosts=4, steps=14, guilty_steps=(11, 13), guilty_layer=layer),
             1,
         )
         for layer in ("sched", "memory", "cuda", "nic", "pytorch")
     }
     scns["network"] = (
-        synthetic.Scenario(job="w-net", hosts=5, steps=24, guilty_steps=(19, 20, 21, 22), guilty_layer="network"),
+        synthetic.Scenario(job="w-net", hosts=5, steps=14, guilty_steps=(10, 11, 12, 13), guilty_layer="network"),
         1,
     )
     scns["network-slowed"] = (  # 200 ms late: slowed steps read the retransmits of the job's recent steps
         synthetic.Scenario(
-            job="w-slow", hosts=5, steps=24, guilty_steps=(18, 19, 20, 21, 22), guilty_layer="network", extra_ms=200
+            job="w-slow", hosts=5, steps=14, guilty_steps=(10, 11, 12, 13), guilty_layer="network", extra_ms=200
         ),
         1,
     )
     scns["one-node-ranks"] = (
-        synthetic.Scenario(job="w-ranks", hosts=4, steps=24, straggler=3, guilty_steps=(20, 21), guilty_layer="cuda"),
+        synthetic.Scenario(job="w-ranks", hosts=4, steps=14, straggler=3, guilty_steps=(11, 12), guilty_layer="cuda"),
         4,
     )
     scns["ranks-wide"] = (
-        synthetic.Scenario(job="w-wide", hosts=144, steps=22, straggler=77, guilty_steps=(21,), guilty_layer="memory"),
+        synthetic.Scenario(job="w-wide", hosts=136, steps=12, straggler=77, guilty_steps=(11,), guilty_layer="memory"),
         2,
     )
     out: dict[str, list[bytes]] = {}
     for name, (scn, per) in scns.items():
         batches = synthetic.generate(scn) if per == 1 else synthetic.generate_ranks(scn, per)
         sums = offline.summarize_batches(b for _k, b in batches)
-        keep = sorted(sums)[-3:] if name == "ranks-wide" else sorted(sums)  # the wide steps' last 3: 15 KB each
+        keep = sorted(sums)[-3:] if name == "ranks-wide" else sorted(sums)  # 68 hosts > compact.FULL_ROWS: the last 3
         out[name] = [wire.packb(sums[k]) for k in keep]
     return out
 
