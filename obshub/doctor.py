@@ -29,6 +29,7 @@ import click
 
 from obshub import stack
 from obshub.core import usdt as usdt_contract
+from obshub.core.errors import StackError
 from obshub.core.settings import Settings, load_settings
 from obshub.producer import kheaders
 
@@ -285,7 +286,7 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
             Check("bcc import", True, f"bcc {getattr(bcc, '__version__', '?')} from {Path(bcc.__file__).parent}")
         )
         has_bcc = True
-    except Exception as exc:
+    except (ImportError, OSError, AttributeError) as exc:  # no bcc; libbcc.so missing; a libbcc of another version
         out.append(
             Check(
                 "bcc import",
@@ -314,7 +315,7 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
                 "install openjdk-17-jre-headless",
             )
         )
-    except Exception as exc:
+    except (StackError, ValueError) as exc:  # no java, cannot run it, an unreadable version
         out.append(Check("java", False, str(exc), "the local Kafka broker", "install openjdk-17-jre-headless"))
     jars = settings.kafka_libs.is_dir() and any(settings.kafka_libs.glob("kafka_*.jar"))
     out.append(

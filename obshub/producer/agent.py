@@ -120,6 +120,7 @@ class Agent:
         self._dead: set[int] = set()  # registered pids found gone once
         self.rank_watch = RankWatch()  # frozen, stopped or exited registered processes -> RANK_STATE
         self.lost_totals: dict[str, int] = {}
+        self.caught: Counter[str] = Counter()  # failures caught and gone on from, by where (caught_totals)
         self.probe_status: list = []
         self.metrics_port: int | None = None
         self._stop = threading.Event()
@@ -212,6 +213,17 @@ class Agent:
         from obshub.producer.control import ControlListener
 
         self._control = ControlListener(self.config.kafka, self.config.host, lambda r: self.deep_dive(r.steps, r.max_s))
+
+    def caught_totals(self) -> dict[str, int]:
+        """Failures the agent caught and went on from, by where (``obshub_agent_caught_errors``): ``drain``
+        (the source's last poll at shutdown), ``deep_dive`` (a deep-dive request whose handling raised),
+        and the event source's own (``BpfEventSource.caught``: ``attach``, ``compile``, bcc's bare
+        Exception)."""
+        out = Counter(self.caught)
+        out.update(getattr(self.source, "caught", None) or {})
+        if self._control is not None and self._control.failed:
+            out["deep_dive"] += self._control.failed
+        return dict(out)
 
     def deep_dive(self, steps: int, max_s: float = 120.0) -> None:
         """Ask for a deep dive (thread-safe): the loop attaches the source's deep-dive probes
@@ -502,7 +514,8 @@ class Agent:
             events = poll(0) if drain else []
             if events:
                 self._take(events)
-        except Exception as exc:  # a broken source must not keep the batches we have from Kafka
+        except Exception as exc:  # noqa: BLE001 - a broken source must not keep the batches we have from Kafka
+            self.caught["drain"] += 1
             self.say(f"Failed to drain the event source at shutdown: {exc}")
         finally:
             if self._control is not None:

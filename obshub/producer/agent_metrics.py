@@ -25,6 +25,7 @@ obshub_agent_clock_offset_seconds                       gauge    CLOCK_REALTIME 
 obshub_agent_clock_uncertainty_seconds                  gauge    ± bound of that offset, s
 obshub_agent_transport_state{state}                     gauge    1 for the current state (direct/draining/spooling)
 obshub_agent_job_processes                              gauge    live registered processes of the job ``training_job``
+obshub_agent_caught_errors_total{where}                 counter  failures caught and gone on from, by where
 ======================================================  =======  ==================================================
 
 ``training_job`` is the agent's ``--job`` on every series but ``obshub_agent_job_processes``, which has
@@ -135,6 +136,15 @@ class AgentCollector(Collector):
         for job, n in sorted(Counter(a.job_of_pid.values()).items()):
             jp.add_metric([job, a.config.host], n)
         yield jp
+        caught = CounterMetricFamily(
+            "obshub_agent_caught_errors",
+            "failures the agent caught and went on from, by where (attach, compile, drain, deep_dive)",
+            labels=labels + ["where"],
+        )
+        totals = a.caught_totals() if hasattr(a, "caught_totals") else {}
+        for where in sorted({"attach", "compile", "drain", "deep_dive", *totals}):
+            caught.add_metric(base + [where], totals.get(where, 0))
+        yield caught
 
 
 def make_registry(agent: MetricsSource) -> CollectorRegistry:

@@ -60,6 +60,7 @@ class ControlListener:
         self.since_ns = time.time_ns() if since_ns is None else since_ns
         self.poll_s, self.retry_s = poll_s, retry_s
         self.ready = threading.Event()  # set once the partition is assigned
+        self.failed = 0  # requests whose handler raised (obshub_agent_caught_errors{where="deep_dive"})
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="obshub-control", daemon=True)
         self._thread.start()
@@ -104,7 +105,8 @@ class ControlListener:
             return
         try:
             self.on_deep_dive(req)
-        except Exception as exc:  # the agent's handler must not end the listener
+        except Exception as exc:  # noqa: BLE001 - the agent's handler must not end the listener: logged, counted
+            self.failed += 1
             log.warning("deep-dive request of %s failed: %s", req.by or "?", exc)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ Steps (each failure says "Failed to ..." with the value that was wrong):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import logging
@@ -210,6 +211,8 @@ class BpfEventSource:
         self.target = target
         self.options = options or ProbeOptions()
         self._bpf = None
+        # bcc's failures it caught and went on from, by where (attach, compile): obshub_agent_caught_errors
+        self.caught: collections.Counter[str] = collections.Counter()
         self._statuses: list[ProbeStatus] = []
         self._attached: set[str] = set()
         self._pending: list[Event] = []
@@ -367,7 +370,8 @@ class BpfEventSource:
                     return "its USDT probes read their arguments from other places (another build)"
                 for binpath, fn, addr, _pid in u.enumerate_active_probes():
                     b.attach_uprobe(name=binpath, fn_name=fn, addr=addr, pid=-1)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception; the library is reported skipped
+                self.caught["attach"] += 1
                 return f"Failed to attach the USDT probes: {exc}"
             return ""
         attached, failed = 0, []
@@ -384,7 +388,8 @@ class BpfEventSource:
                     attach = b.attach_uretprobe if ap.ret else b.attach_uprobe
                     attach(name=path.encode(), sym=ap.symbol.encode(), fn_name=ap.fn.encode())
                     attached += 1
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception; logged with the library
+                    self.caught["attach"] += 1
                     failed.append(f"Failed to attach {ap.name}: {exc}")
         if failed:
             log.warning("library %s of pid %d: %s", m.path, m.pid, "; ".join(failed))
@@ -395,14 +400,16 @@ class BpfEventSource:
         try:
             self._bpf = self._build(pl, layers)
             return layers
-        except Exception as exc:  # bcc raises bare Exception on compile errors
+        except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception on compile errors: each layer alone next
+            self.caught["compile"] += 1
             first_error = str(exc)
         good = set()
         for layer in sorted(layers):
             try:
                 self._build(pl, {layer}, keep=False)
                 good.add(layer)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - bcc's bare Exception: the layer's probes reported skipped
+                self.caught["compile"] += 1
                 for p in pl.probes:
                     if p.c_layer == layer:
                         skipped[p.name] = f"Failed to build obshub/bpf/{p.c_file}: {exc}"
@@ -479,7 +486,8 @@ class BpfEventSource:
                     else:
                         b.attach_uprobe(name=lib, sym=sym, fn_name=ap.fn.encode())
                 # USDT probes were attached by bcc when the program was built
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception; the probe is reported skipped
+                self.caught["attach"] += 1
                 return f"Failed to attach {ap.name}: {exc}"
         return ""
 
@@ -521,7 +529,8 @@ class BpfEventSource:
                     try:
                         attach = self._bpf.attach_uretprobe if ret else self._bpf.attach_uprobe
                         attach(name=lib, sym=sym, fn_name=fn)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - bcc's bare Exception: the others still attach
+                        self.caught["attach"] += 1
                         log.warning("deep dive: Failed to attach %s to %s:%s: %s", name, lib, sym, exc)
             self._deep_on = True
         return time.monotonic() - t0
@@ -599,7 +608,7 @@ class BpfEventSource:
             raise ProbeError(f"Failed to attach {fn_name} to {path}:{symbol}: no BPF program is loaded")
         try:
             self._bpf.attach_uprobe(name=str(path).encode(), sym=symbol.encode(), fn_name=fn_name.encode())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception: re-raised as ProbeError, naming it
             raise ProbeError(f"Failed to attach {fn_name} to {path}:{symbol}: {exc}") from None
 
     # -- EventSource ----------------------------------------------------------------------------------

@@ -624,10 +624,6 @@ class Target:
     def watch_all(self) -> bool:
         return self.cgroup is None and not self.pids and not self.registered
 
-    def with_pid(self, pid: int) -> Target:
-        """A copy that also watches ``pid``."""
-        return Target(self.cgroup, set(self.pids or ()) | {pid}, self.registered)
-
 
 def default_lib_dirs() -> tuple[Path, ...]:
     """Library directories searched when the target has not mapped a library (yet): the NVIDIA wheels
@@ -820,7 +816,7 @@ def has_symbol(lib: Path, symbol: str) -> bool:
     try:
         BPF._check_path_symbol(str(lib).encode(), symbol.encode(), None, -1)
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - bcc raises bare Exception for a symbol it cannot resolve: that is the answer
         return False
 
 
@@ -834,5 +830,5 @@ def usdt_probe_names(lib: Path) -> set[str]:
             for p in USDT(path=str(lib)).enumerate_probes()
             if (p.provider.decode() if isinstance(p.provider, bytes) else p.provider) == "obshub"
         }
-    except Exception:
+    except Exception:  # noqa: BLE001 - bcc raises bare Exception for a file without USDT notes: no probes
         return set()

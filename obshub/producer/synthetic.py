@@ -21,7 +21,7 @@ from obshub.core.schema import Event, Kind, Layer, make_trace_key
 
 try:  # the probe side defines ProbeStatus; the synthetic source must not depend on bcc being importable
     from obshub.producer.probes import ProbeStatus  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - exercised only before/without obshub/producer/probes.py
+except ImportError:  # pragma: no cover - exercised only before/without obshub/producer/probes.py
 
     class ProbeStatus(NamedTuple):  # type: ignore[no-redef]
         """One probe's attach result: ``name``, ``layer``, ``attached``, ``reason`` (why skipped)."""

@@ -43,6 +43,9 @@ from obshub.rules.sinks.config import Route
 log = logging.getLogger("obshub.rules.dispatch")
 DELIVERIES = Counter("obshub_rules_deliveries", "notification deliveries by sink and outcome", ["sink", "outcome"])
 MUTED = Counter("obshub_rules_muted", "alert notifications muted", ["reason"])
+SILENCE_ERRORS = Counter(
+    "obshub_rules_silence_errors", "alert notifications checked against a silences file that failed (sent unsilenced)"
+)
 
 
 @dataclass
@@ -181,7 +184,9 @@ class Dispatcher:
             try:
                 if self.silences.muted_by(labels, now_ns):
                     return "silenced"
-            except Exception as exc:  # a broken silences file must not stop alerting
+            except Exception as exc:  # noqa: BLE001 - a hand-edited silences file of any shape must not stop
+                # alerting (SilenceError, OSError, TypeError, AttributeError, re.error...): logged, counted
+                SILENCE_ERRORS.inc()
                 log.error("silences unreadable, not applying them: %s", exc)
         if alert["status"] == "firing" and self._inhibited(labels):
             return "inhibited"

@@ -186,6 +186,7 @@ class Engine:
         self.runtime: dict[str, _RuleRuntime] = {rid: _RuleRuntime() for rid in ruleset.rules}
         self.now_ns = 0
         self.eval_errors = 0
+        self.template_errors = 0  # annotations whose template failed to render (the alert shows the error)
         self.dirty = False
         self._emitted: list = []
         self._marks = 0
@@ -746,7 +747,9 @@ class Engine:
         for name, tmpl in rule.annotations.items():
             try:
                 out[name] = tmpl.render(ctx)
-            except Exception as exc:  # a template error must not stop evaluation; show it in the alert
+            except Exception as exc:  # noqa: BLE001 - a sandboxed template's filters may raise anything on
+                # the record's values; evaluation goes on, the alert shows the error, template_errors counts it
+                self.template_errors += 1
                 out[name] = f"(template error: {type(exc).__name__}: {exc})"
         return out
 

@@ -20,6 +20,11 @@ from typing import Any
 
 import cel
 
+CEL_ERRORS = (RuntimeError, ArithmeticError, TypeError, LookupError, ValueError)
+"""What the CEL implementation raises on a runtime error (a missing key or member: RuntimeError or
+TypeError; a type mismatch: TypeError; ``1/0``, an int overflow: ArithmeticError; an index out of range:
+LookupError; a value of no CEL type, a bad escape in a literal: ValueError)."""
+
 # CEL's tokens, enough to find names, literals and operators (strings and comments are never looked into)
 _LEX = re.compile(
     r"""
@@ -288,7 +293,7 @@ class Compiled:
             if isinstance(activation, Activation):
                 return self.program.execute(activation.ctx)
             return self.program.execute(activation)
-        except Exception as exc:  # cel raises RuntimeError/TypeError/ValueError/KeyError
+        except CEL_ERRORS as exc:
             raise EvalError(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
 
     def test(self, activation: "dict[str, Any] | Activation") -> bool:
@@ -760,7 +765,7 @@ def string_literals(expr: str) -> frozenset[str]:
         if kind == "str" and not text.lower().startswith(("b", "rb", "br")):
             try:
                 v = cel.compile(text).execute({})
-            except Exception:  # not a literal the implementation accepts: the compile of expr rejects it too
+            except CEL_ERRORS:  # not a literal the implementation accepts: the compile of expr rejects it too
                 continue
             if isinstance(v, str):
                 out.add(v)

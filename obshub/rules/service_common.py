@@ -33,6 +33,9 @@ CHANGES = Counter("obshub_rules_alert_changes", "alert state changes published",
 DLQ = Counter("obshub_rules_dlq", "input messages sent to the DLQ (undecodable)", ["topic"])
 ACTIVE = Gauge("obshub_rules_active_alerts", "alerts pending or firing now")
 EVAL_ERRORS = Gauge("obshub_rules_eval_errors", "expression evaluations that failed (counted as no match)")
+TEMPLATE_ERRORS = Gauge(
+    "obshub_rules_template_errors", "alert annotations whose template failed to render (the alert shows the error)"
+)
 RELOADS = Counter("obshub_rules_reloads", "rule reloads by outcome", ["outcome"])
 CONSUMER_ERRORS = Counter(
     "obshub_rules_consumer_errors", "errors a rule-engine consumer returned instead of a message", ["topic"]

@@ -62,6 +62,7 @@ from obshub.rules.service_common import (
     EVAL_ERRORS,
     RECORDS,
     SKIPPED,
+    TEMPLATE_ERRORS,
     consumer,
     consumer_lag,
     flush,
@@ -565,7 +566,7 @@ class EngineLoop:
             RECORDS.labels(signal_name).inc()
             try:
                 part.engine.process(signal_name, rec)
-            except Exception as exc:  # a record the checks let through must not stop the engine
+            except Exception as exc:  # noqa: BLE001 - a record the checks let through must not stop the engine: logged, dead-lettered, counted in obshub_rules_dlq
                 log.exception("evaluating %s[%d]@%d failed", msg.topic(), msg.partition(), msg.offset())
                 self._dead_letter(
                     part, msg, schema.SchemaError("", f"rule evaluation failed: {type(exc).__name__}: {exc}")
@@ -685,6 +686,7 @@ class EngineLoop:
                         e.tick(now)
                     ACTIVE.set(len(self.engine.active()))
                     EVAL_ERRORS.set(sum(e.eval_errors for e in self.engines()))
+                    TEMPLATE_ERRORS.set(sum(e.template_errors for e in self.engines()))
                     for p in sorted(self._reopen):
                         self._reload(p, cons)
                     if svc.maybe_reload() and self._events is None and self.reads_events():

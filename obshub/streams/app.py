@@ -260,7 +260,7 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
         nxt = reread.next_input_offset(tables["agents"], tables["inputs"], p)
         return nxt if nxt is not None else sought(TP(cfg.input_topic, p))
 
-    guard = reread.OffsetGuard("ingest", m.consumer_skips.inc, start)
+    guard = reread.OffsetGuard("ingest", m.consumer_skips.inc, start, m.housekeeping_errors.labels("offset_check").inc)
 
     counts = {"batches": 0, "events": 0, "sent_ns": 0}  # of the round, added to the metrics once per round
 
@@ -398,7 +398,7 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
         v = folded.get(str(p))
         return int(v) if v is not None else sought(TP(rep.get_topic_name(), p))
 
-    guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start)
+    guard = reread.OffsetGuard("fold", m.consumer_skips.inc, start, m.housekeeping_errors.labels("offset_check").inc)
     codec = faust.serializers.codecs.get_codec(wire.MSGPACK)
 
     dlq = app.topic(cfg.dlq_topic, key_serializer="raw", value_serializer="raw")

@@ -240,11 +240,11 @@ class WorkerMetrics:
         )
         self.housekeeping_errors = Counter(
             "obshub_streams_housekeeping_errors",
-            "best-effort tasks that failed and were skipped (retention, progress, dead_letter, lag)",
+            "best-effort tasks that failed and were skipped (retention, progress, dead_letter, lag, offset_check)",
             ["task"],
             registry=r,
         )
-        for task in ("retention", "progress", "dead_letter", "lag"):
+        for task in ("retention", "progress", "dead_letter", "lag", "offset_check"):
             self.housekeeping_errors.labels(task)  # every series exported from the start, at 0
         self.summaries = Counter("obshub_streams_summaries", "step summaries emitted", ["closed_by"], registry=r)
         self.table_keys = Gauge(

@@ -99,12 +99,18 @@ class OffsetGuard:
     """Per partition of one topic, the next offset this worker must process; :meth:`check` tells when a
     record given to the agent lies beyond it. ``on_skip(n)`` is called with the count of skipped offsets
     (the worker counts them in ``obshub_streams_consumer_skips_total``). ``start(partition)``: the next
-    offset at the first record of a partition in a consumer generation (None: accept that record)."""
+    offset at the first record of a partition in a consumer generation (None: accept that record).
+    ``on_error()`` is called when ``start`` raised (the worker counts it in
+    ``obshub_streams_housekeeping_errors_total{task="offset_check"}``)."""
 
     def __init__(
-        self, name: str, on_skip: Callable[[int], None], start: Callable[[int], int | None] | None = None
+        self,
+        name: str,
+        on_skip: Callable[[int], None],
+        start: Callable[[int], int | None] | None = None,
+        on_error: Callable[[], None] | None = None,
     ) -> None:
-        self.name, self.on_skip, self.start = name, on_skip, start
+        self.name, self.on_skip, self.start, self.on_error = name, on_skip, start, on_error
         self.expected: dict[Any, tuple[int, Any]] = {}  # TP -> (next offset, consumer generation)
 
     def check(self, tp: Any, offset: int, generation: Any) -> tuple[int, int] | None:
@@ -118,7 +124,10 @@ class OffsetGuard:
         elif self.start is not None:
             try:
                 nxt = self.start(tp.partition)
-            except Exception:  # a table not readable: no check for this record, the next ones are checked
+            except Exception:  # noqa: BLE001 - a table (its store, a damaged value) not readable: no check for
+                # this record, the next ones are checked; logged and counted (on_error)
+                if self.on_error is not None:
+                    self.on_error()
                 log.exception("%s: next offset of %s[%d] unknown", self.name, tp.topic, tp.partition)
                 nxt = None
         else:

@@ -138,7 +138,7 @@ def test_baseline_and_stall():
     th = analysis.Thresholds(baseline_min_n=3)
     hist = [[s, 100] for s in range(10)] + [[20, 999]]
     b = analysis.baseline(hist, 10, th)
-    assert b == {"median_ns": 100, "p99_ns": 100, "n": 10, "spread_ns": th.spread_min_ns}
+    assert b == analysis.Baseline(median_ns=100, p99_ns=100, n=10, spread_ns=th.spread_min_ns)
     accs = {"a": _acc("a", 150, [])}
     s = analysis.summarize(
         "j", 10, accs, expected_hosts=["a", "b"], history=hist, quality={}, closed_by="window", closed_at_ns=1, th=th
@@ -238,7 +238,7 @@ def test_network_blame_names_the_host_whose_every_connection_retransmits():
     }
     th = analysis.Thresholds()
     got = analysis.net_blame(accs, th)
-    assert [(e["host"], e["layer"], e["count"], e["excess_ns"]) for e in got] == [("n2", "network", 6, 0)]
+    assert [(e.host, e.layer, e.count, e.excess_ns) for e in got] == [("n2", "network", 6, 0)]
     # loss spread over the ring (every connection alike): nobody stands out
     even = {h: _net_acc(h, ip[h], {k: (10, 5) for k in a["net"]["pairs"]}) for h, a in accs.items()}
     assert analysis.net_blame(even, th) == []
@@ -272,12 +272,12 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 12)}),
     }
     th = analysis.Thresholds()
-    rx, _rtt, _own, _ref = analysis.net_stats(accs, th)
+    rx = analysis.net_stats(accs, th).rx
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 0}
-    assert {h: z for h, (z, *_rest) in analysis.net_evidence(accs, th).items()} == {"node-02": 2.0}
+    assert {h: e.z for h, e in analysis.net_evidence(accs, th).items()} == {"node-02": 2.0}
     # without the direction (pairs of an older worker) both directions count together, as before
     undirected = {h: _net_acc(h, ip[h], {k: v[:3] for k, v in a["net"]["pairs"].items()}) for h, a in accs.items()}
-    rx, _rtt, _own, _ref = analysis.net_stats(undirected, th)
+    rx = analysis.net_stats(undirected, th).rx
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 6}
     # a one-way ring (each host sends to the next only): no host loses in one direction on every
     # connection, so both directions count together and the lossy host is still found
@@ -287,7 +287,7 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 4)}),
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 0)}),
     }
-    rx, _rtt, _own, _ref = analysis.net_stats(one_way, th)
+    rx = analysis.net_stats(one_way, th).rx
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 4, "node-03": 0}
 
 
@@ -305,11 +305,11 @@ def test_a_step_that_misses_the_directed_condition_reads_it_from_the_jobs_recent
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 19)}),
     }
     th = analysis.Thresholds()
-    rx, _rtt, own, _ref = analysis.net_stats(accs, th)
-    assert not own and rx["node-03"] == 3
-    assert {h: z for h, (z, *_rest) in analysis.net_evidence(accs, th).items()} == {"node-03": 3.0}
-    rx, _rtt, own, _ref = analysis.net_stats(accs, th, recent_directed=True)
-    assert not own and set(rx.values()) == {0}
+    st = analysis.net_stats(accs, th)
+    assert not st.directed and st.rx["node-03"] == 3
+    assert {h: e.z for h, e in analysis.net_evidence(accs, th).items()} == {"node-03": 3.0}
+    st = analysis.net_stats(accs, th, recent_directed=True)
+    assert not st.directed and set(st.rx.values()) == {0}
     assert analysis.net_evidence(accs, th, recent_directed=True) == {}
     assert analysis.net_blame(accs, th, recent_directed=True) == []
     # the summary says whether the step met the condition; the evidence follows recent_directed
@@ -334,7 +334,7 @@ def test_network_blame_by_rtt_names_the_host_behind_a_slow_link():
         "n4": _net_acc("n4", "10.0.0.4", {p34: fast, p14: fast}),
     }
     got = analysis.net_blame(accs, analysis.Thresholds())
-    assert [(e["host"], e["layer"], e["straggler_ns"], e["peer_median_ns"]) for e in got] == [
+    assert [(e.host, e.layer, e.straggler_ns, e.peer_median_ns) for e in got] == [
         ("n2", "network", 30 * ms, 2 * ms)
     ]  # mean RTT per sample over both ends
 
@@ -487,9 +487,9 @@ def test_network_evidence_names_the_host_behind_a_slow_link():
         "n4": _net_acc("n4", "10.0.0.4", {p34: fast, p14: fast}),
     }
     ev = analysis.evidence(
-        accs, dict.fromkeys(accs, 0), analysis.layer_table(accs), {"n": 0, "spread_ns": MS}, analysis.Thresholds()
+        accs, dict.fromkeys(accs, 0), analysis.layer_table(accs), analysis.Baseline(spread_ns=MS), analysis.Thresholds()
     )
-    assert list(ev["hosts"]) == ["n2"] and ev["hosts"]["n2"]["network"] == 7.0
+    assert list(ev.hosts) == ["n2"] and ev.hosts["n2"].network == 7.0
 
 
 def test_spread_is_a_high_quantile_of_the_lateness_so_heavy_tailed_noise_stays_below_it():
@@ -500,11 +500,11 @@ def test_spread_is_a_high_quantile_of_the_lateness_so_heavy_tailed_noise_stays_b
     lates = [3 * MS] * 40 + [30 * MS] * 5 + [60 * MS] * 5  # heavy tail: 20 % of the steps 10-20x the median
     hist = [[s, 100 * MS, x] for s, x in enumerate(lates)]
     assert analysis.quantile_int([x for x in lates], 0.9) == 30 * MS
-    assert analysis.baseline(hist, 50, th)["spread_ns"] == 30 * MS
-    assert analysis.baseline(hist, 50, analysis.Thresholds(spread_q=0.5))["spread_ns"] == 3 * MS
+    assert analysis.baseline(hist, 50, th).spread_ns == 30 * MS
+    assert analysis.baseline(hist, 50, analysis.Thresholds(spread_q=0.5)).spread_ns == 3 * MS
     # the floor still holds: 2 % of the median step time
     slow = [[s, 1_000 * MS, 1 * MS] for s in range(20)]
-    assert analysis.baseline(slow, 20, th)["spread_ns"] == 20 * MS
+    assert analysis.baseline(slow, 20, th).spread_ns == 20 * MS
     assert analysis.quantile_int([], 0.9) == 0 and analysis.quantile_int([5], 0.01) == 5
     # 2 ranks: the later one is 30 ms late (as late as the tail of the noise): one spread, not the clip
     quiet = {"sched": [1 * MS, 10, 1 * MS]}
@@ -534,22 +534,23 @@ def test_network_evidence_blames_the_host_whose_link_drops_not_the_sender_that_r
     accs["n3"]["layers"] = {"network": [0, 30, 0]}  # its own TCP_RETRANSMIT events (the sender's count)
     th = analysis.Thresholds()
     late = {"n1": 0, "n2": 0, "n3": 40 * MS, "n4": 0}
-    ev = analysis.evidence(accs, late, analysis.layer_table(accs), {"n": 20, "spread_ns": 4 * MS}, th)
+    bl = analysis.Baseline(n=20, spread_ns=4 * MS)
+    ev = analysis.evidence(accs, late, analysis.layer_table(accs), bl, th)
     # rx(n2) = 6 (fewest over its connections), the others' median 1: (6 - 1) / sqrt(1 + 1)
-    assert ev["hosts"]["n2"]["network"] == 3.536
-    assert ev["hosts"].get("n3", {}).get("network", 0.0) == 0.0
+    assert ev.hosts["n2"].network == 3.536
+    assert ev.hosts.get("n3", analysis.HostEvidence()).network == 0.0
     # a light loss: 2 retransmits on each of n2's connections (counted by n2), none elsewhere: (2 - 0) /
     # sqrt(1) = 2 spreads, which the CUSUM adds up over steps; 1 retransmit is no evidence
     for n, want in ((2, 2.0), (1, 0.0)):
         light = {h: {k: (10, n if h == "n2" else 0, 10 * 2 * MS) for k in p} for h, p in pairs.items()}
         accs_l = {h: _net_acc(h, ip[h], light[h]) for h in light}
         on_time = dict.fromkeys(accs_l, 0)
-        ev = analysis.evidence(accs_l, on_time, analysis.layer_table(accs_l), {"n": 20, "spread_ns": 4 * MS}, th)
-        assert ev["hosts"] == ({"n2": {**dict.fromkeys(analysis.EVIDENCE_LAYERS, 0.0), "network": 2.0}} if want else {})
+        ev = analysis.evidence(accs_l, on_time, analysis.layer_table(accs_l), bl, th)
+        assert ev.hosts == ({"n2": analysis.HostEvidence(network=2.0)} if want else {})
     # with 2 hosts both ends share the one link: no network evidence at all, whoever retransmits
     two = {"n2": accs["n2"], "n3": accs["n3"]}
-    ev = analysis.evidence(two, {"n2": 0, "n3": 40 * MS}, analysis.layer_table(two), {"n": 20, "spread_ns": 4 * MS}, th)
-    assert all(v["network"] == 0.0 for v in ev["hosts"].values())
+    ev = analysis.evidence(two, {"n2": 0, "n3": 40 * MS}, analysis.layer_table(two), bl, th)
+    assert all(v.network == 0.0 for v in ev.hosts.values())
 
 
 def test_a_host_late_from_its_own_cpu_keeps_sched_evidence_when_its_connections_also_look_slow():
@@ -562,7 +563,7 @@ def test_a_host_late_from_its_own_cpu_keeps_sched_evidence_when_its_connections_
     pairs = {"n1": {p12: slow, p14: fast}, "n2": {p12: slow, p23: slow}, "n3": {p23: slow, p34: fast}}
     pairs["n4"] = {p34: fast, p14: fast}
     th = analysis.Thresholds()
-    bl = {"n": 20, "spread_ns": 10 * MS}
+    bl = analysis.Baseline(n=20, spread_ns=10 * MS)
     late = {"n1": 0, "n2": 30 * MS, "n3": 0, "n4": 0}
 
     def accs_with(n2_sched_ns):
@@ -573,10 +574,10 @@ def test_a_host_late_from_its_own_cpu_keeps_sched_evidence_when_its_connections_
 
     starved = accs_with(80 * MS)  # 75 ms over its peers: 30 ms late -> 3 spreads of sched
     ev = analysis.evidence(starved, late, analysis.layer_table(starved), bl, th)
-    assert ev["hosts"]["n2"]["sched"] == 3.0 and ev["hosts"]["n2"]["network"] == 0.0
+    assert ev.hosts["n2"].sched == 3.0 and ev.hosts["n2"].network == 0.0
     behind_slow_link = accs_with(6 * MS)  # 1 ms over its peers: 0.1 spread of sched
     ev = analysis.evidence(behind_slow_link, late, analysis.layer_table(behind_slow_link), bl, th)
-    assert ev["hosts"]["n2"]["network"] == 7.0 and ev["hosts"]["n2"]["sched"] == 0.0
+    assert ev.hosts["n2"].network == 7.0 and ev.hosts["n2"].sched == 0.0
 
 
 def test_hang_check_names_the_silent_rank_that_never_arrived():
@@ -942,16 +943,16 @@ def test_a_slowed_step_reads_the_jobs_recent_retransmits_against_connections_awa
     th = analysis.Thresholds()
     assert analysis.net_evidence(accs, th) == {}
     stats = analysis.net_stats(accs, th, window=window)
-    rx, _rtt, _own, ref = stats
+    rx, ref = stats.rx, stats.ref
     assert rx == {"node-00": 5, "node-01": 10, "node-02": 2, "node-03": 0}  # node-03: no retransmit of its own
     assert ref == {"node-00": 23, "node-01": 3, "node-02": 7, "node-03": 27}
     got = analysis.net_evidence(accs, th, window_stats=stats)
-    assert {h: v[0] for h, v in got.items()} == {"node-01": 3.5}  # (10 - 3) / sqrt(3 + 1)
+    assert {h: v.z for h, v in got.items()} == {"node-01": 3.5}  # (10 - 3) / sqrt(3 + 1)
     # the gates over a window: node-01's 10 is net_window_min, and 3 x its reference 3 is 9
     assert analysis.net_evidence(accs, analysis.Thresholds(net_window_min=11), window_stats=stats) == {}
     # with the per-step gates and without the reference the neighbour would count: (5 - 2) / sqrt(2 + 1)
-    no_ref = analysis._net_z(accs, th, (*stats[:3], {}))
-    assert round(no_ref["node-00"][0], 3) == 1.732
+    no_ref = analysis._net_z(accs, th, analysis.NetStats(stats.rx, stats.rtt, stats.directed, {}))
+    assert round(no_ref["node-00"].z, 3) == 1.732
     # in a summary the window applies to a slowed step only (its longest step time >= 2 x the median)
     hist = [[s, 100 * MS, 10 * MS] for s in range(20)]
     kw = dict(expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete", closed_at_ns=1)

@@ -60,7 +60,8 @@ class DeepDiveSink(Sink):
                     asked += 1
             except (ValueError, RuntimeError) as exc:
                 errors.append(f"{host}: {exc}")
-            except Exception as exc:  # noqa: BLE001 - the broker client's own errors: reported, never raised
+            except Exception as exc:  # noqa: BLE001 - the broker client's own errors (KafkaException, BufferError,
+                # the admin's): reported as a failed delivery (obshub_rules_deliveries{outcome="gave_up"})
                 errors.append(f"{host}: {type(exc).__name__}: {exc}")
         err = "; ".join(errors)
         if err:

@@ -30,7 +30,10 @@ Every formula here is written out in docs/ANALYSIS.md with its reasons; this doc
 - hangs: a rank that never arrived at a collective the others reached, silent for long enough
   (``hang_check``, called by the worker's timer while no step closes).
 
-All inputs and outputs are JSON-able dicts; nothing here touches Kafka or Faust. The package is split by
+The step summary and the accumulators are JSON-able dicts; between the modules the baseline, the
+evidence and the network statistics are typed records (msgspec Structs: ``Baseline``, ``Evidence``,
+``HostEvidence``, ``NetStats``, ``NetEvidence``, ``NetBlame``), which ``summarize`` encodes to the
+summary's maps (same keys, same order). Nothing here touches Kafka or Faust. The package is split by
 job (``thresholds``, ``stats``, ``straggler``, ``network``, ``evidence``, ``running``, ``summary``); every
 name is re-exported here, so ``analysis.summarize`` and the others keep their one address.
 """
@@ -47,8 +50,20 @@ from obshub.streams.analysis.culprit import (
     persistent_culprit,
     persistent_key,
 )
-from obshub.streams.analysis.evidence import EVIDENCE_LAYERS, TIME_EVIDENCE, baseline, evidence, history_entry
+from obshub.streams.analysis.evidence import (
+    EVIDENCE_LAYERS,
+    TIME_EVIDENCE,
+    Baseline,
+    Evidence,
+    HostEvidence,
+    baseline,
+    evidence,
+    history_entry,
+)
 from obshub.streams.analysis.network import (
+    NetBlame,
+    NetEvidence,
+    NetStats,
     _net_z,
     net_blame,
     net_evidence,
@@ -77,7 +92,7 @@ from obshub.streams.analysis.straggler import (
     lateness,
     layer_table,
 )
-from obshub.streams.analysis.summary import _with_net, culprit_rank, summarize
+from obshub.streams.analysis.summary import Collective, Inconsistent, Quality, _with_net, culprit_rank, summarize
 from obshub.streams.analysis.thresholds import TIME_LAYERS, Thresholds
 
 __all__ = [
@@ -103,6 +118,9 @@ __all__ = [
     "lateness",
     "find_straggler",
     "blame",
+    "NetStats",
+    "NetEvidence",
+    "NetBlame",
     "net_stats",
     "net_window_part",
     "net_window",
@@ -110,6 +128,9 @@ __all__ = [
     "net_evidence",
     "_net_z",
     "retransmits_toward",
+    "Baseline",
+    "HostEvidence",
+    "Evidence",
     "baseline",
     "EVIDENCE_LAYERS",
     "TIME_EVIDENCE",
@@ -121,6 +142,9 @@ __all__ = [
     "_stalled",
     "hang_check",
     "_with_net",
+    "Collective",
+    "Inconsistent",
+    "Quality",
     "summarize",
     "culprit_rank",
     "host_ranks",

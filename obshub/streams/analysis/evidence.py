@@ -3,13 +3,60 @@ layer) that the rules' CUSUM sums (docs/ANALYSIS.md "Sequential detection")."""
 
 from __future__ import annotations
 
-from obshub.streams.analysis.network import net_evidence
+import msgspec
+
+from obshub.streams.analysis.network import NetStats, net_evidence
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, p99_int, quantile_int
 from obshub.streams.analysis.thresholds import Thresholds
 
 
-def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:
-    """``{median_ns, p99_ns, n, spread_ns}`` over the last ``baseline_n`` entries ``[step,
+class Baseline(msgspec.Struct):
+    """The job's baseline before a step (``baseline``), the summary's ``baseline`` map (its fields in
+    this order). ``median_ns``/``p99_ns``: median and p99 (nearest rank) of the recent step times (ns,
+    the longest host step time of each step); ``n``: how many steps it is made of (0: no baseline yet;
+    lateness-based evidence needs ``Thresholds.baseline_min_n``); ``spread_ns``: the job's recent spread
+    of lateness (ns), the unit of the sequential evidence."""
+
+    median_ns: int = 0
+    p99_ns: int = 0
+    n: int = 0
+    spread_ns: int = 0
+
+
+EVIDENCE_LAYERS = ("sched", "memory", "cuda", "nic", "network", "pytorch")
+"""Layers the sequential evidence covers (``evidence``); each host entry carries all of them."""
+
+
+class HostEvidence(msgspec.Struct):
+    """One host's evidence in one step (``evidence``): per layer of ``EVIDENCE_LAYERS`` (its fields, in
+    that order) a value in units of the job's recent spread of lateness (dimensionless, ``>= 0``, clipped
+    to ``Thresholds.evidence_clip``, rounded to 3 places), 0.0 where the layer has none."""
+
+    sched: float = 0.0
+    memory: float = 0.0
+    cuda: float = 0.0
+    nic: float = 0.0
+    network: float = 0.0
+    pytorch: float = 0.0
+
+    def top(self) -> float:
+        """The largest value of the host's layers (spreads)."""
+        return max(self.sched, self.memory, self.cuda, self.nic, self.network, self.pytorch)
+
+
+class Evidence(msgspec.Struct):
+    """A step's sequential evidence (``evidence``), the summary's ``evidence`` map: ``spread_ns`` the
+    unit of its values (ns, the baseline's spread or ``Thresholds.spread_min_ns``), ``hosts`` per host
+    (sorted) with a value above 0 its ``HostEvidence``, ``ranks`` per such host the rank its evidence
+    names (filled by ``summarize``; a host whose rank is unknown is left out)."""
+
+    spread_ns: int
+    hosts: dict[str, HostEvidence]
+    ranks: dict[str, int] = {}
+
+
+def baseline(history: list[list[int]], step: int, th: Thresholds) -> Baseline:
+    """The ``Baseline`` over the last ``baseline_n`` entries ``[step,
     step_time_max_ns, late_max_ns]`` of the job's history with a step number below ``step`` (entries
     of two values, written by an older worker, have no lateness). ``spread_ns`` is the job's recent spread
     of lateness: ``max(spread_min_ns, spread_rel * median_ns, quantile_int(late_max_ns, spread_q))``, a
@@ -20,11 +67,7 @@ def baseline(history: list[list[int]], step: int, th: Thresholds) -> dict:
     med = median_int(times)
     lates = [x for _s, _t, x in prior if x is not None]
     spread = max(th.spread_min_ns, int(th.spread_rel * med), quantile_int(lates, th.spread_q))
-    return {"median_ns": med, "p99_ns": p99_int(times), "n": len(times), "spread_ns": spread}
-
-
-EVIDENCE_LAYERS = ("sched", "memory", "cuda", "nic", "network", "pytorch")
-"""Layers the sequential evidence covers (``evidence``); each host entry carries all of them."""
+    return Baseline(med, p99_int(times), len(times), spread)
 
 
 TIME_EVIDENCE = ("sched", "memory", "cuda", "nic")
@@ -35,15 +78,15 @@ def evidence(
     accs: dict[str, dict],
     late: dict[str, int],
     layers: dict,
-    bl: dict,
+    bl: Baseline,
     th: Thresholds,
     recent_directed: bool = False,
-    stats: tuple | None = None,
-    window_stats: tuple | None = None,
-) -> dict:
+    stats: NetStats | None = None,
+    window_stats: NetStats | None = None,
+) -> Evidence:
     """Per-step evidence for the rules' sequential test (docs/ANALYSIS.md "Sequential detection"):
-    ``{"spread_ns": s, "hosts": {host: {layer: z}}}`` with ``z`` in units of the job's recent spread
-    ``s`` (``bl["spread_ns"]``), clipped to ``[0, evidence_clip]``, rounded to 3 places; a host appears
+    ``Evidence(spread_ns=s, hosts={host: HostEvidence})`` with each layer's ``z`` in units of the job's
+    recent spread ``s`` (``bl.spread_ns``), clipped to ``[0, evidence_clip]``, rounded to 3 places; a host appears
     only when one of its values is above 0.
 
     - time layers L (sched, memory, cuda, nic): ``min(late(h), excess(h, L)) / s``: the host's own layer
@@ -61,22 +104,25 @@ def evidence(
     spread late): then it keeps only the time layers. A slow link makes its host late without any
     run-queue or memory excess, while a host starved of CPU or stalled in reclaim answers its peers late,
     which raises the RTT of all of its connections. Lateness-based values need a
-    baseline (``bl["n"] >= baseline_min_n``): the start of a job is noisy. ``recent_directed``, ``stats``:
+    baseline (``bl.n >= baseline_min_n``): the start of a job is noisy. ``recent_directed``, ``stats``:
     see ``net_evidence``."""
-    s = max(1, int(bl.get("spread_ns") or th.spread_min_ns))
+    s = max(1, int(bl.spread_ns or th.spread_min_ns))
     clip = th.evidence_clip
 
     def layer_value(g: str, layer: str, field: str) -> int:
         return layers.get(g, {}).get(layer, {}).get(field, 0)
 
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, HostEvidence] = {}
 
     def put(h: str, layer: str, z: float) -> None:
         z = round(min(clip, max(0.0, z)), 3)
         if z > 0:
-            out.setdefault(h, dict.fromkeys(EVIDENCE_LAYERS, 0.0))[layer] = z
+            mine = out.get(h)
+            if mine is None:
+                mine = out[h] = HostEvidence()
+            setattr(mine, layer, z)
 
-    if bl.get("n", 0) >= th.baseline_min_n and len(accs) >= 2:
+    if bl.n >= th.baseline_min_n and len(accs) >= 2:
         peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
         for h, lt in late.items():
             if lt <= 0:
@@ -89,16 +135,15 @@ def evidence(
                 explained += ex
                 put(h, layer, min(lt, ex) / s)
             put(h, "pytorch", (lt - explained) / s)
-    for h, (z_net, *_stats) in net_evidence(accs, th, recent_directed, stats, window_stats).items():
-        mine = out.get(h, {})
-        z_time = max((mine.get(layer, 0.0) for layer in TIME_EVIDENCE), default=0.0)
-        if z_time >= min(1.0, z_net):
+    for h, net in net_evidence(accs, th, recent_directed, stats, window_stats).items():
+        have = out.get(h)
+        z_time = max(have.sched, have.memory, have.cuda, have.nic) if have is not None else 0.0
+        if z_time >= min(1.0, net.z):
             continue  # its own CPU or memory made it late, and slow to answer on every connection
         # its connections explain its lateness (a slow link delays its own collectives): no other
         # layer of it is the culprit in this step
-        out[h] = dict.fromkeys(EVIDENCE_LAYERS, 0.0)
-        out[h]["network"] = z_net
-    return {"spread_ns": s, "hosts": {h: out[h] for h in sorted(out)}}
+        out[h] = HostEvidence(network=net.z)
+    return Evidence(s, {h: out[h] for h in sorted(out)})
 
 
 def history_entry(summary: dict) -> list[int]:

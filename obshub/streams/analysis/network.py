@@ -6,17 +6,61 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
+import msgspec
+
 from obshub.core.schema import Layer
 from obshub.streams.analysis.stats import LeaveOneOut, median_int
 from obshub.streams.analysis.thresholds import Thresholds
 
 
+class NetStats(msgspec.Struct):
+    """A step's retransmit and RTT statistics per host over its busy connections (``net_stats``; not
+    part of the summary). ``rx``: per host the fewest retransmits (a count); ``rtt``: per host the
+    lowest mean RTT (ns); ``directed``: the step's counts meet the directed view's condition (the
+    summary's ``net_directed``); ``ref``: per host, over a window only (else empty), the reference count
+    of its ``rx`` (retransmits of one connection, None where there is none)."""
+
+    rx: dict[str, int]
+    rtt: dict[str, int]
+    directed: bool
+    ref: dict[str, int | None]
+
+
+class NetEvidence(msgspec.Struct):
+    """One host's connection-based network evidence (``net_evidence``): ``z`` the evidence (spreads,
+    ``> 0``, clipped, 3 places); ``rx``/``m_rx`` its fewest retransmits over its busy connections and the
+    reference it is compared with (counts); ``rtt_ns``/``m_rtt_ns`` its lowest mean RTT and the other
+    hosts' median (ns)."""
+
+    z: float
+    rx: int
+    m_rx: int
+    rtt_ns: int
+    m_rtt_ns: int
+
+
+class NetBlame(msgspec.Struct):
+    """Network blame by connection (``net_blame``), encoded as the summary's ``blame`` entry of layer
+    ``network`` (its fields in this order; ``summarize`` adds ``rank``). ``excess_ns``: RTT above the
+    others' median (0 when blamed by retransmits); ``straggler_ns``/``peer_median_ns``: the host's lowest
+    mean RTT and the others' median (ns, 0 when blamed by retransmits); ``count``: its fewest
+    retransmits over its busy connections; ``max_ns``: always 0 (no single longest event)."""
+
+    host: str
+    layer: str
+    excess_ns: int
+    straggler_ns: int
+    peer_median_ns: int
+    count: int
+    max_ns: int = 0
+
+
 def net_stats(
     accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, window: dict | None = None
-) -> tuple[dict[str, int], dict[str, int], bool, dict[str, int | None]]:
-    """Per host ``(rx, rtt)``: the fewest retransmits and the lowest mean RTT (ns) over its busy
-    connections (0 with fewer than 2 busy connections); definitions in ``net_blame``. The third value
-    says whether the step's counts meet the directed view's condition (below). The fourth, per host and
+) -> NetStats:
+    """``NetStats``. Per host ``rx`` and ``rtt``: the fewest retransmits and the lowest mean RTT (ns) over
+    its busy connections (0 with fewer than 2 busy connections); definitions in ``net_blame``.
+    ``directed`` says whether the step's counts meet the directed view's condition (below). Per host and
     only with a ``window`` (else empty), ``ref``: the median retransmits of one connection among the busy
     connections (of any host) that do not end at the host, None when there are none: what one connection
     carries where the host is not involved, the reference of its ``rx`` in ``net_evidence``.
@@ -53,11 +97,11 @@ def net_stats(
     if window:
         base = {key: vals[1] for key, vals in pairs.items()}
         for key, w in window.items():
-            slot = pairs.get(key)
-            if slot is not None:
-                slot[1] += w[0]
-                slot[3] += w[1]
-                slot[4] += w[2]
+            have = pairs.get(key)
+            if have is not None:
+                have[1] += w[0]
+                have[3] += w[1]
+                have[4] += w[2]
     # per host: (pair values, retransmits toward the host, retransmits sent by the host, pair key)
     conns: dict[str, list[tuple[list[int], int, int, str]]] = {}
     for key, vals in pairs.items():
@@ -111,7 +155,7 @@ def net_stats(
         for host in accs:
             mine = ends.get(host, [])
             ref[host] = loo.median_without_all(mine) if len(counts) > len(mine) else None
-    return rx, rtt, own, ref
+    return NetStats(rx, rtt, own, ref)
 
 
 def net_window_part(accs: dict[str, dict]) -> dict[str, list[int]]:
@@ -143,10 +187,11 @@ def net_window(parts: Iterable[dict[str, list[int]]]) -> dict[str, list[int]]:
 
 
 def net_blame(
-    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, stats: tuple | None = None
-) -> list[dict]:
-    """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one entry
-    ``{host, layer: "network", excess_ns, straggler_ns, peer_median_ns, count, max_ns: 0}``.
+    accs: dict[str, dict], th: Thresholds, recent_directed: bool = False, stats: NetStats | None = None
+) -> list[NetBlame]:
+    """Network blame by connection (docs/ANALYSIS.md "Network blame by connection"): at most one
+    ``NetBlame`` (``host``, ``layer`` "network", ``excess_ns``, ``straggler_ns``, ``peer_median_ns``,
+    ``count``, ``max_ns`` 0).
 
     Connections (undirected IPv4 address pairs) are summed over every host's accumulator ``net``: RTT
     samples (traffic), retransmits, RTT sum. A host's addresses are the source addresses of its own TCP
@@ -166,35 +211,16 @@ def net_blame(
     ``stats``: its result when the caller has it."""
     if len(accs) < 3:
         return []
-    rx, rtt, _own, _ref = stats or net_stats(accs, th, recent_directed)
+    st = stats or net_stats(accs, th, recent_directed)
+    rx, rtt = st.rx, st.rtt
     host = min(rx, key=lambda h: (-rx[h], h))
     peers = median_int([v for h, v in rx.items() if h != host])
     if rx[host] >= th.count_min and rx[host] >= th.count_factor * peers:
-        return [
-            {
-                "host": host,
-                "layer": Layer.NETWORK.value,
-                "excess_ns": 0,
-                "straggler_ns": 0,
-                "peer_median_ns": 0,
-                "count": rx[host],
-                "max_ns": 0,
-            }
-        ]
+        return [NetBlame(host, Layer.NETWORK.value, 0, 0, 0, rx[host])]
     host = min(rtt, key=lambda h: (-rtt[h], h))
     peers = median_int([v for h, v in rtt.items() if h != host])
     if rtt[host] >= th.net_rtt_min_ns and rtt[host] >= th.net_rtt_factor * peers:
-        return [
-            {
-                "host": host,
-                "layer": Layer.NETWORK.value,
-                "excess_ns": rtt[host] - peers,
-                "straggler_ns": rtt[host],
-                "peer_median_ns": peers,
-                "count": rx[host],
-                "max_ns": 0,
-            }
-        ]
+        return [NetBlame(host, Layer.NETWORK.value, rtt[host] - peers, rtt[host], peers, rx[host])]
     return []
 
 
@@ -202,11 +228,11 @@ def net_evidence(
     accs: dict[str, dict],
     th: Thresholds,
     recent_directed: bool = False,
-    stats: tuple | None = None,
-    window_stats: tuple | None = None,
-) -> dict[str, tuple[float, int, int, int, int]]:
+    stats: NetStats | None = None,
+    window_stats: NetStats | None = None,
+) -> dict[str, NetEvidence]:
     """Connection-based network evidence per host (docs/ANALYSIS.md "Evidence per (host, layer)"):
-    ``{host: (z, rx, m_rx, rtt_ns, m_rtt_ns)}`` for the hosts with ``z > 0``, where ``z`` is the larger of
+    ``{host: NetEvidence(z, rx, m_rx, rtt_ns, m_rtt_ns)}`` for the hosts with ``z > 0``, where ``z`` is the larger of
     ``(rx(h) - m_rx) / sqrt(m_rx + 1)`` and ``(rtt(h) - m_rtt) / max(m_rtt, rtt_scale_ns)`` (``net_stats``;
     ``m_*`` the median over the other hosts, and for ``m_rx`` at least ``net_stats``' ``ref`` where it
     gives one), each counted only past its threshold (retransmits ``>= max(net_count_min, count_factor *
@@ -221,19 +247,20 @@ def net_evidence(
     out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
     if window_stats is not None:
         for h, entry in _net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items():
-            if entry[0] > out.get(h, (0.0,))[0]:
+            have = out.get(h)
+            if have is None or entry.z > have.z:
                 out[h] = entry
     return {h: out[h] for h in sorted(out)}
 
 
 def _net_z(
-    accs: dict[str, dict], th: Thresholds, stats: tuple, count_min: int = 0, factor: float | None = None
-) -> dict[str, tuple[float, int, int, int, int]]:
+    accs: dict[str, dict], th: Thresholds, stats: NetStats, count_min: int = 0, factor: float | None = None
+) -> dict[str, NetEvidence]:
     """``net_evidence`` from one ``net_stats`` result; ``count_min`` and ``factor`` (instead of
     ``count_factor``) gate the retransmit value over a window."""
     factor = th.count_factor if factor is None else factor
-    out: dict[str, tuple[float, int, int, int, int]] = {}
-    rx, rtt, _own, ref = stats
+    out: dict[str, NetEvidence] = {}
+    rx, rtt, ref = stats.rx, stats.rtt, stats.ref
     loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
     for h in sorted(accs):
         # the retransmit reference: the other hosts' median, or, over a window, what one connection that
@@ -252,7 +279,7 @@ def _net_z(
         )
         z = round(min(th.evidence_clip, max(z_rx, z_rtt)), 3)
         if z > 0:
-            out[h] = (z, rx[h], m_rx, rtt[h], m_rtt)
+            out[h] = NetEvidence(z, rx[h], m_rx, rtt[h], m_rtt)
     return out
 
 

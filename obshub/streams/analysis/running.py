@@ -3,7 +3,7 @@ never arrived at a collective its peers reached (``hang_check``)."""
 
 from __future__ import annotations
 
-from obshub.streams.analysis.evidence import TIME_EVIDENCE, baseline
+from obshub.streams.analysis.evidence import TIME_EVIDENCE, Baseline, baseline
 from obshub.streams.analysis.network import net_evidence, net_stats, retransmits_toward
 from obshub.streams.analysis.ranks import rank_units, split_unit, unit_key
 from obshub.streams.analysis.stats import LeaveOneOut
@@ -46,11 +46,11 @@ def running_check(
     if all(a["step_ns"] is not None for a in accs.values()):
         return None  # every host that sent data finished: the summary comes with the close
     bl = baseline(history, step, th)
-    if bl["n"] < th.baseline_min_n:
+    if bl.n < th.baseline_min_n:
         return None
     begins = [a["begin_rt"] for a in accs.values() if a.get("begin_rt") is not None]
     elapsed = now_ns - min([opened_ns, *begins])
-    after = max(th.running_min_ns, int(th.running_factor * bl["median_ns"]))
+    after = max(th.running_min_ns, int(th.running_factor * bl.median_ns))
     if elapsed < after:
         return None
     net = net_evidence(
@@ -63,17 +63,24 @@ def running_check(
         layer: LeaveOneOut(layers.get(g, {}).get(layer, {}).get("time_ns", 0) for g in accs) for layer in TIME_EVIDENCE
     }
     hosts = {}
-    for h, (z, rx, m_rx, rtt, m_rtt) in net.items():
+    for h, e in net.items():
         own = 0
         for layer in TIME_EVIDENCE:
             mine = layers.get(h, {}).get(layer, {}).get("time_ns", 0)
             own += max(0, mine - peer_time[layer].median_without(mine))
         if own >= th.running_time_rel * elapsed:
             continue
-        hosts[h] = {"z": z, "rx": rx, "peer_rx": m_rx, "rtt_ns": rtt, "peer_rtt_ns": m_rtt, "time_excess_ns": own}
+        hosts[h] = {
+            "z": e.z,
+            "rx": e.rx,
+            "peer_rx": e.m_rx,
+            "rtt_ns": e.rtt_ns,
+            "peer_rtt_ns": e.m_rtt_ns,
+            "time_excess_ns": own,
+        }
     if not hosts:
         return None
-    return {"elapsed_ns": elapsed, "after_ns": after, "spread_ns": bl["spread_ns"], "hosts": hosts}
+    return {"elapsed_ns": elapsed, "after_ns": after, "spread_ns": bl.spread_ns, "hosts": hosts}
 
 
 def _last_phase(acc: dict | None) -> str:
@@ -126,7 +133,7 @@ def _exit_cascade(
 
 
 def _stalled(
-    accs: dict[str, dict], stopped: dict[str, tuple], opened_ns: int, bl: dict, now_ns: int, th: Thresholds
+    accs: dict[str, dict], stopped: dict[str, tuple], opened_ns: int, bl: Baseline, now_ns: int, th: Thresholds
 ) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
     """A frozen or stopped rank (not an exit) while the step has been open for ``max(hang_state_wait_ns,
     hang_factor * baseline median step time)`` and other hosts have not finished it: the job does not
@@ -136,7 +143,7 @@ def _stalled(
     held = sorted(h for h, v in stopped.items() if v[0] in ("frozen", "stopped"))
     others = sorted(h for h, a in accs.items() if h not in stopped and a["step_ns"] is None)
     waited = now_ns - opened_ns
-    if not held or not others or waited < max(th.hang_state_wait_ns, int(th.hang_factor * bl["median_ns"])):
+    if not held or not others or waited < max(th.hang_state_wait_ns, int(th.hang_factor * bl.median_ns)):
         return None, []
     seen = [(c[1], k) for a in accs.values() for k, c in a["colls"].items() if c[1] is not None]
     return (max(seen)[1] if seen else "-#-1", waited, others), held
@@ -197,7 +204,7 @@ def hang_check(
     finished; ``state``: frozen, stopped, exited, "silent" when judged by silence, or "unreachable" when
     judged by silence while its peers retransmit toward it, with ``toward`` = those retransmits)."""
     bl = baseline(history, step, th)
-    after = max(th.hang_min_ns, int(th.hang_factor * bl["median_ns"]))
+    after = max(th.hang_min_ns, int(th.hang_factor * bl.median_ns))
     stopped = {h: v for h, v in (stopped or {}).items() if h in set(expected_hosts) | set(accs)}
     expected = set(expected_hosts) | set(accs)
     if len(expected) < 2:

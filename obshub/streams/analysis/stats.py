@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from typing import Iterable
 
 
 def median_int(values: list[int]) -> int:
@@ -26,7 +27,7 @@ class LeaveOneOut:
 
     __slots__ = ("_s",)
 
-    def __init__(self, values):
+    def __init__(self, values: Iterable[int]) -> None:
         self._s = sorted(values)
 
     def median_without(self, v: int) -> int:
@@ -75,17 +76,19 @@ def p99_int(values: list[int]) -> int:
 
 def union_ns(intervals: list[tuple[int, int]]) -> int:
     """Total length in ns of the union of ``[start, end]`` intervals (overlaps counted once)."""
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
+    it = iter(sorted(intervals))
+    first = next(it, None)
+    if first is None:
+        return 0
+    total = 0
+    cur_s, cur_e = first
+    for s, e in it:
+        if s > cur_e:
+            total += cur_e - cur_s
             cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+        elif e > cur_e:
+            cur_e = e
+    return total + cur_e - cur_s
 
 
 def quantile_int(values: list[int], q: float) -> int:

@@ -3,11 +3,13 @@ network blame, baseline, evidence), composed from the other modules of this pack
 
 from __future__ import annotations
 
+import msgspec
+
 from obshub.core import schema
 from obshub.streams import compact
 from obshub.streams.analysis.culprit import culprit
-from obshub.streams.analysis.evidence import baseline, evidence
-from obshub.streams.analysis.network import net_blame, net_stats
+from obshub.streams.analysis.evidence import Evidence, HostEvidence, baseline, evidence
+from obshub.streams.analysis.network import NetStats, net_blame, net_stats
 from obshub.streams.analysis.ranks import (
     fill_layers,
     fill_rows,
@@ -20,11 +22,50 @@ from obshub.streams.analysis.ranks import (
 from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
+_builtins = msgspec.to_builtins
 
-def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds, stats: tuple | None) -> list[dict]:
-    """``entries`` plus the connection-based network blame, unless that host already has a network entry."""
+
+class Collective(msgspec.Struct):
+    """One consistent collective of the step, an entry of the summary's ``collectives`` (its fields in
+    this order): process group ``pg``, its sequence number ``coll_seq``, the operation ``op``; ``skew_ns``
+    the latest minus the earliest offset-corrected arrival (ns), ``uncertainty_ns`` the clock uncertainty
+    of those two hosts together (ns), ``last_host`` the last arriver."""
+
+    pg: str
+    coll_seq: int
+    op: str
+    skew_ns: int
+    uncertainty_ns: int
+    last_host: str
+
+
+class Inconsistent(msgspec.Struct):
+    """A collective that failed the pairing check (never used to blame a host), an entry of the
+    summary's ``inconsistent``: ``pg``, ``coll_seq``, ``op`` as in ``Collective``, ``why`` the check it
+    failed, in words."""
+
+    pg: str
+    coll_seq: int
+    op: str
+    why: str
+
+
+class Quality(msgspec.Struct):
+    """The summary's ``quality`` map: counts of agent batches lost (a gap in an agent's sequence
+    numbers) and received twice, of events that came after their step closed, and of events the agents'
+    BPF ring buffers dropped (summed over the step's hosts)."""
+
+    lost_batches: int = 0
+    duplicate_batches: int = 0
+    late_events: int = 0
+    ringbuf_lost: int = 0
+
+
+def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds, stats: NetStats | None) -> list[dict]:
+    """``entries`` plus the connection-based network blame (as its summary map), unless that host already
+    has a network entry."""
     have = {(e["host"], e["layer"]) for e in entries}
-    return entries + [e for e in net_blame(accs, th, stats=stats) if (e["host"], e["layer"]) not in have]
+    return entries + [_builtins(e) for e in net_blame(accs, th, stats=stats) if (e.host, e.layer) not in have]
 
 
 def _unit_straggler(ustrag: dict | None, named: dict) -> dict | None:
@@ -124,7 +165,7 @@ def summarize(
     strag = find_straggler(accs, colls, layers, th)
     bl = baseline(history, step, th)
     late = lateness(accs, colls, layers)
-    slowed = bl["n"] >= th.baseline_min_n and tmax >= th.net_window_stall * bl["median_ns"] > 0
+    slowed = bl.n >= th.baseline_min_n and tmax >= th.net_window_stall * bl.median_ns > 0
     stats = net_stats(accs, th, recent_directed) if len(accs) >= 3 else None
     wstats = net_stats(accs, th, recent_directed, window) if stats and slowed and window else None
     if one_node:  # one host of several ranks: its ranks are compared with each other
@@ -136,12 +177,12 @@ def summarize(
         host = next(iter(accs))
         late = {host: max(ulate.values(), default=0)}
         ev = evidence(units, ulate, ulayers, bl, th)
-        ev_hosts: dict[str, dict] = {}
-        for u, zs in ev["hosts"].items():  # the host's evidence is its rank's of the largest evidence
-            if max(zs.values()) > max((ev_hosts.get(host) or {"": 0.0}).values()):
+        ev_hosts: dict[str, HostEvidence] = {}
+        for u, zs in ev.hosts.items():  # the host's evidence is its rank's of the largest evidence
+            if zs.top() > (ev_hosts[host].top() if host in ev_hosts else 0.0):
                 ev_hosts[host] = zs
                 named[host]["rank"] = split_unit(u)[1]
-        ev = {"spread_ns": ev["spread_ns"], "hosts": ev_hosts}
+        ev = Evidence(ev.spread_ns, ev_hosts)
         strag = _unit_straggler(ustrag, named)
         bl_entries = (
             [dict(e, host=host, rank=strag["rank"]) for e in blame(ustrag["host"], ulayers, ustrag["excess_ns"], th)]
@@ -166,35 +207,39 @@ def summarize(
         "straggler": _with_rank(strag, named),
         "blame": [_blame_rank(e, named) for e in _with_net(bl_entries, accs, th, stats)],
         "collectives": [
-            {k: c[k] for k in ("pg", "coll_seq", "op", "skew_ns", "uncertainty_ns", "last_host")}
+            _builtins(Collective(c["pg"], c["coll_seq"], c["op"], c["skew_ns"], c["uncertainty_ns"], c["last_host"]))
             for c in colls
             if c["consistent"]
         ],
         "inconsistent": [
-            {"pg": c["pg"], "coll_seq": c["coll_seq"], "op": c["op"], "why": c["why"]}
-            for c in colls
-            if not c["consistent"]
+            _builtins(Inconsistent(c["pg"], c["coll_seq"], c["op"], c["why"])) for c in colls if not c["consistent"]
         ],
         "late_max_ns": max(late.values(), default=0),
-        "evidence": dict(
-            ev, ranks={h: named[h]["rank"] for h in ev["hosts"] if named.get(h, {}).get("rank") is not None}
+        "evidence": _builtins(
+            Evidence(
+                ev.spread_ns,
+                ev.hosts,
+                {h: named[h]["rank"] for h in ev.hosts if named.get(h, {}).get("rank") is not None},
+            )
         ),
-        "net_directed": bool(stats and stats[2]),
+        "net_directed": bool(stats and stats.directed),
         "hang": None,
         "culprit": None,
         "layers": layers,
         "ranks": {}
         if wide
         else {h: {str(r): row for r, row in v["rows"].items()} for h, v in sorted(named.items()) if v["rows"]},
-        "baseline": bl,
-        "stall": bool(bl["n"] >= th.baseline_min_n and tmax > bl["p99_ns"]),
-        "stall_ratio": round(tmax / bl["median_ns"], 3) if bl["median_ns"] > 0 else 0.0,
-        "quality": {
-            "lost_batches": int(quality.get("lost_batches", 0)),
-            "duplicate_batches": int(quality.get("duplicate_batches", 0)),
-            "late_events": int(quality.get("late_events", 0)),
-            "ringbuf_lost": sum(a["ringbuf_lost"] for a in accs.values()),
-        },
+        "baseline": _builtins(bl),
+        "stall": bool(bl.n >= th.baseline_min_n and tmax > bl.p99_ns),
+        "stall_ratio": round(tmax / bl.median_ns, 3) if bl.median_ns > 0 else 0.0,
+        "quality": _builtins(
+            Quality(
+                int(quality.get("lost_batches", 0)),
+                int(quality.get("duplicate_batches", 0)),
+                int(quality.get("late_events", 0)),
+                sum(a["ringbuf_lost"] for a in accs.values()),
+            )
+        ),
     }
     out["life"] = int(life)
     out["culprit"] = culprit_rank(culprit(out), out)
