@@ -13,8 +13,9 @@ B. ``obshub.instrument.hooks.enable()`` (BP: with ``OBSHUB_COLLECTIVE_KERNEL=pyt
    one); the USDT probe sites are NOPs (no tracer);
 C. (``--agent``, root) B while a BPF event source with the USDT probes (the agent's ``pytorch`` layer) is
    attached to this process: every probe site traps. The source is drained as the agent drains it
-   (``poll_packed``) by another process (``--drain process``, the default: its CPU per traced step is
-   printed and added to C's for the verdict, as the agent's is part of what a rank pays), or by a thread
+   (``poll_packed``) by another process (``--drain process``, the default: its CPU per step of each
+   configuration is printed, and C's minus A's (its idle polling) is added to C's for the verdict, as
+   the agent's work is part of what a rank pays), or by a thread
    of this process with ``poll`` (``--drain thread``: what this benchmark did before; its CPU and its
    GIL contention land in C's process CPU).
 M. / MB. the same model without DDP, without and with the hooks: the module hooks alone.
@@ -272,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     total = diff("A", "C", agent_series)[0] + agent_us if agent_series else ddp_us
     if agent_series and args.drain == "process":
         common.console.print(
-            f"reader process (poll_packed, as the agent): {agent_us:.0f} µs CPU per traced step (C and CP "
-            f"steps), added to C's {diff('A', 'C', agent_series)[0]:+.0f} µs for the verdict"
+            f"reader process (poll_packed, as the agent): {agent_us:.0f} µs CPU per step of C beyond its idle "
+            f"polling (A), added to C's {diff('A', 'C', agent_series)[0]:+.0f} µs for the verdict"
         )
     common.verdict(
         "everything obshub adds per rank-step <= 1 ms (many-module model)",
@@ -333,7 +334,7 @@ def _reader(pid: int, conn) -> None:
 def _with_agent(sample, rounds: int, drain: str, steps: int) -> tuple[dict, float]:
     """A, C and CP interleaved while a BPF source with the USDT probes watches this process, drained by
     another process (``drain="process"``) or a thread of this one; returns the series and the reader
-    process's CPU µs per traced step (0 for a thread: its CPU is in C's)."""
+    process's CPU µs per step of C beyond its idle polling during A (0 for a thread: its CPU is in C's)."""
     configs = {"A": lambda: sample("A"), "C": lambda: sample("C"), "CP": lambda: sample("CP")}
     if drain == "process":
         import multiprocessing as mp
@@ -341,17 +342,32 @@ def _with_agent(sample, rounds: int, drain: str, steps: int) -> tuple[dict, floa
         parent, child = mp.Pipe()
         proc = mp.get_context("spawn").Process(target=_reader, args=(os.getpid(), child), daemon=True)
         proc.start()
-        t_start = parent.recv()  # attached
-        try:
-            out = common.interleave(configs, rounds, progress=False)
-            time.sleep(0.2)  # the last events read
+        parent.recv()  # attached
+        reader: dict[str, list[float]] = {}
+
+        def cpu() -> int:
             parent.send("cpu")
-            t_end = parent.recv()
+            return parent.recv()
+
+        def measured(name: str) -> float:
+            # the reader's CPU over the sample and the reading of its events (60 ms after: a poll at most)
+            t0 = cpu()
+            value = sample(name)
+            time.sleep(0.06)
+            reader.setdefault(name, []).append((cpu() - t0) / (steps + 3) / 1e3)
+            return value
+
+        try:
+            out = common.interleave({n: (lambda n=n: measured(n)) for n in configs}, rounds, progress=False)
         finally:
             parent.send("stop")
             proc.join(5)
-        traced_steps = 2 * rounds * (steps + 3)  # C and CP, warm steps included
-        return out, (t_end - t_start) / traced_steps / 1e3
+        med = {n: statistics.median(v) for n, v in reader.items()}
+        common.console.print(
+            "reader process CPU µs per step (median; warm steps and 60 ms of reading after each sample "
+            "included): " + ", ".join(f"{n} {v:.0f}" for n, v in med.items())
+        )
+        return out, med["C"] - med["A"]  # the idle polling (A: no events) is the agent's, not the step's
 
     from obshub.core.settings import load_settings
     from obshub.instrument import usdt
