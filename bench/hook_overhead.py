@@ -12,7 +12,12 @@ B. ``obshub.instrument.hooks.enable()`` (BP: with ``OBSHUB_COLLECTIVE_KERNEL=pyt
    backward hooks and the collective kernels at the c10d dispatcher (every bucket's all-reduce passes
    one); the USDT probe sites are NOPs (no tracer);
 C. (``--agent``, root) B while a BPF event source with the USDT probes (the agent's ``pytorch`` layer) is
-   attached to this process and drained by a thread: every probe site traps.
+   attached to this process: every probe site traps. The source is drained as the agent drains it
+   (``poll_packed``) by another process (``--drain process``, the default: its CPU per step of each
+   configuration is printed, and C's minus A's (its idle polling) is added to C's for the verdict, as
+   the agent's work is part of what a rank pays), or by a thread
+   of this process with ``poll`` (``--drain thread``: what this benchmark did before; its CPU and its
+   GIL contention land in C's process CPU).
 M. / MB. the same model without DDP, without and with the hooks: the module hooks alone.
 
 Printed: µs per step of each against A (median of the per-round differences and its min..max), the
@@ -21,6 +26,17 @@ module calls and buckets per step, ns per module call ((MB - M) / calls) and per
 
     flock /tmp/obshub-heavy.lock python -m bench.hook_overhead               # 9 rounds of 30 steps
     flock /tmp/obshub-heavy.lock python -m bench.hook_overhead --agent       # also C (root)
+    flock /tmp/obshub-heavy.lock python -m bench.hook_overhead --parts       # the price by part (root)
+
+``--parts`` (root; issue #34) profiles B and C part by part instead of the A/B table: (1) the probes fired
+per step, by probe, read at the probe sites (``_usdt._record``: the hooks' and the C++ kernel's alike)
+= the traps per step while a tracer is attached; (2) the CPU µs per step inside each hook entry point
+(timed in place: root module pre/post hook, optimizer pre/post hook, backward call begin/end, gradient
+hook, end-of-backward callback); (3) the price of one trap of each probe shape while the agent's
+``pytorch`` layer is attached, from a loop of the C probe function (attached minus not attached); (4) the
+CPU the drain thread takes per step of C; (5) one component switched off at a time (root module hooks,
+optimizer hooks, backward wrapper, collective kernel, probes attached, drain thread) in interleaved rounds:
+B or C minus that, against A.
 """
 
 from __future__ import annotations
@@ -87,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=32)
     ap.add_argument("--bucket-mb", type=float, default=0.05, help="DDP bucket_cap_mb (small: many buckets)")
     ap.add_argument("--agent", action="store_true", help="also C: a BPF source on the USDT probes (root)")
+    ap.add_argument(
+        "--drain",
+        choices=("process", "thread"),
+        default="process",
+        help="C's reader: another process with poll_packed (as the agent), or a thread of this one with poll",
+    )
+    ap.add_argument("--parts", action="store_true", help="profile the price part by part (root; see the docstring)")
     args = ap.parse_args(argv)
 
     import torch
@@ -153,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     module_calls, n_buckets = calls[0], buckets[0]
     del ddp_c, step_c
 
+    if args.parts:
+        from bench import hook_parts
+
+        return hook_parts.run(args, runs, module_calls, n_buckets)
     wall: dict[str, list[float]] = {}
 
     def sample(name: str) -> float:
@@ -196,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for n in order if r % 2 == 0 else order[::-1]:  # A B M MB, then MB M B A: drifts hit both sides alike
             series[n].samples.append(sample(n))
-    agent_series = None
+    agent_series, agent_us = None, 0.0
     if args.agent:
-        agent_series = _with_agent(sample, args.rounds)
+        agent_series, agent_us = _with_agent(sample, args.rounds, args.drain, args.steps)
     os.environ["OBSHUB_COLLECTIVE_KERNEL"] = "auto"
     hooks.enable(job="bench-hooks")
     kernel = hooks.collective_kernel()
@@ -243,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{module_calls}; per DDP bucket ((B - A) - (MB - M)) / {n_buckets}: {per_bucket_ns:.0f} ns ({kernel} kernel), "
         f"{per_bucket_py_ns:.0f} ns with the Python kernel (BP)"
     )
-    total = diff("A", "C", agent_series)[0] if agent_series else ddp_us
+    total = diff("A", "C", agent_series)[0] + agent_us if agent_series else ddp_us
+    if agent_series and args.drain == "process":
+        common.console.print(
+            f"reader process (poll_packed, as the agent): {agent_us:.0f} µs CPU per step of C beyond its idle "
+            f"polling (A), added to C's {diff('A', 'C', agent_series)[0]:+.0f} µs for the verdict"
+        )
     common.verdict(
         "everything obshub adds per rank-step <= 1 ms (many-module model)",
         total <= TARGET_US,
@@ -264,14 +296,79 @@ def main(argv: list[str] | None = None) -> int:
             "per_bucket_ns": per_bucket_ns,
             "per_bucket_py_ns": per_bucket_py_ns,
             "kernel": kernel,
+            "drain": args.drain,
+            "reader_us_per_traced_step": agent_us,
         },
     )
     dist.destroy_process_group()
     return 0
 
 
-def _with_agent(sample, rounds: int) -> dict:
-    """A and C interleaved while a BPF source with the USDT probes watches this process."""
+def _reader(pid: int, conn) -> None:
+    """The agent's reader in a process of its own (``--drain process``): the ``pytorch`` layer on ``pid``,
+    drained with ``poll_packed`` (the agent's hot path) every 50 ms or sooner; answers each request on
+    ``conn`` with its own CPU time so far (ns), and ends at ``"stop"``."""
+    from obshub.core.settings import load_settings
+    from obshub.instrument import usdt
+    from obshub.producer.loader import BpfEventSource
+    from obshub.producer.probes import ProbeOptions, Target
+
+    src = BpfEventSource(
+        load_settings(),
+        Target(pids={pid}),
+        ProbeOptions(probes=("pytorch",), usdt_library=usdt.library_path(), sysfs=False),
+    )
+    src.start()
+    conn.send(time.process_time_ns())
+    try:
+        while True:
+            src.poll_packed(50)
+            if conn.poll(0):
+                if conn.recv() == "stop":
+                    break
+                conn.send(time.process_time_ns())
+    finally:
+        src.close()
+
+
+def _with_agent(sample, rounds: int, drain: str, steps: int) -> tuple[dict, float]:
+    """A, C and CP interleaved while a BPF source with the USDT probes watches this process, drained by
+    another process (``drain="process"``) or a thread of this one; returns the series and the reader
+    process's CPU µs per step of C beyond its idle polling during A (0 for a thread: its CPU is in C's)."""
+    configs = {"A": lambda: sample("A"), "C": lambda: sample("C"), "CP": lambda: sample("CP")}
+    if drain == "process":
+        import multiprocessing as mp
+
+        parent, child = mp.Pipe()
+        proc = mp.get_context("spawn").Process(target=_reader, args=(os.getpid(), child), daemon=True)
+        proc.start()
+        parent.recv()  # attached
+        reader: dict[str, list[float]] = {}
+
+        def cpu() -> int:
+            parent.send("cpu")
+            return parent.recv()
+
+        def measured(name: str) -> float:
+            # the reader's CPU over the sample and the reading of its events (60 ms after: a poll at most)
+            t0 = cpu()
+            value = sample(name)
+            time.sleep(0.06)
+            reader.setdefault(name, []).append((cpu() - t0) / (steps + 3) / 1e3)
+            return value
+
+        try:
+            out = common.interleave({n: (lambda n=n: measured(n)) for n in configs}, rounds, progress=False)
+        finally:
+            parent.send("stop")
+            proc.join(5)
+        med = {n: statistics.median(v) for n, v in reader.items()}
+        common.console.print(
+            "reader process CPU µs per step (median; warm steps and 60 ms of reading after each sample "
+            "included): " + ", ".join(f"{n} {v:.0f}" for n, v in med.items())
+        )
+        return out, med["C"] - med["A"]  # the idle polling (A: no events) is the agent's, not the step's
+
     from obshub.core.settings import load_settings
     from obshub.instrument import usdt
     from obshub.producer.loader import BpfEventSource
@@ -285,16 +382,14 @@ def _with_agent(sample, rounds: int) -> dict:
     src.start()
     stop = threading.Event()
 
-    def drain():
+    def drain_loop():
         while not stop.is_set():
             src.poll(50)
 
-    th = threading.Thread(target=drain, daemon=True)
+    th = threading.Thread(target=drain_loop, daemon=True)
     th.start()
     try:
-        return common.interleave(
-            {"A": lambda: sample("A"), "C": lambda: sample("C"), "CP": lambda: sample("CP")}, rounds, progress=False
-        )
+        return common.interleave(configs, rounds, progress=False), 0.0
     finally:
         stop.set()
         th.join(2)

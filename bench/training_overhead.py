@@ -49,7 +49,9 @@ the other benchmarks measured side by side and saved (bench/results/*.json): ``b
 per call of every probed libcudart/libnccl symbol: default agent B and deep dive C against no agent A),
 ``bench.collective_hook`` (µs per collective through obshub's c10d dispatcher kernel),
 ``bench.hook_overhead`` (µs per step of the hooks on a 24-block transformer, per module call, per DDP
-bucket) and ``bench.usdt_overhead --attached`` (a traced probe site). Printed: the price per call of
+bucket; with ``--parts``, the hooks timed in place and each probe shape's price with the agent attached,
+which the projection then prefers to the noisier A/B difference) and ``bench.usdt_overhead --attached``
+(a traced probe site). Printed: the price per call of
 every probed symbol and hook, and µs per 1 s step of one rank at 2,000 / 10,000 / 50,000 kernel launches
 and 100 / 500 collectives, for the default agent and a deep dive, with the node's total for 8 ranks.
 """
@@ -863,15 +865,33 @@ def composed() -> dict:
         f"{trap:+.0f}",
         trap_src,
     )
-    hs = hooks_r["samples"]
-    fixed_us = statistics.median([b - a for a, b in zip(hs["M"], hs["MB"])])  # hooks without collectives
+    # the hooks' price per step without collectives: timed in place by `bench.hook_overhead --parts` when
+    # it ran (every hook entry point's CPU, the phase probes' traps inside them, agent attached), else the
+    # A/B difference MB - M (±1-4 ms of spread on a shared machine)
+    parts = _load("hook_parts")
+    per_coll_traps_ns = USDT_HITS_PER_COLL * trap
+    if parts and parts.get("hook_us_per_step") and parts.get("trap_ns"):
+        fixed_us, fixed_src = sum(parts["hook_us_per_step"].values()), "hook_overhead --parts (timed in place)"
+        per_coll_traps_ns = parts["trap_ns"]["coll_begin + coll_end"] + parts["trap_ns"]["tracekey"]
+        out["per_call"]["collective's probes, agent attached"] = {"B": per_coll_traps_ns, "C": per_coll_traps_ns}
+        t.add_row(
+            "collective's 3 probes, agent attached (coll_begin + coll_end + tracekey: traps + BPF)",
+            "-",
+            f"{per_coll_traps_ns:+.0f}",
+            f"{per_coll_traps_ns:+.0f}",
+            "hook_overhead --parts",
+        )
+    else:
+        hs = hooks_r["samples"]
+        fixed_us = statistics.median([b - a for a, b in zip(hs["M"], hs["MB"])])  # hooks without collectives
+        fixed_src = "hook_overhead (MB - M)"
     out["per_call"]["hooks per step (no collectives)"] = {"B": fixed_us * 1e3}
     t.add_row(
         f"hooks per step without collectives ({hooks_r['module_calls']} module calls)",
         "-",
         f"{fixed_us * 1e3:+.0f}",
         f"{fixed_us * 1e3:+.0f}",
-        "hook_overhead (MB - M)",
+        fixed_src,
     )
     common.console.print(t)
     launch = {c: med[c]["cudaLaunchKernel"] - med["A"]["cudaLaunchKernel"] for c in ("B", "C")}
@@ -884,7 +904,7 @@ def composed() -> dict:
         p.add_column(col)
     for n_l in LAUNCHES:
         for n_c in COLLECTIVES:
-            per_coll_ns = coll_us * 1e3 + USDT_HITS_PER_COLL * trap
+            per_coll_ns = coll_us * 1e3 + per_coll_traps_ns
             b = fixed_us + (n_l * launch["B"] + n_c * (per_coll_ns + nccl["B"])) / 1e3
             c = fixed_us + (n_l * launch["C"] + n_c * (per_coll_ns + nccl["C"])) / 1e3
             out["projection"].append({"launches": n_l, "collectives": n_c, "B_us": b, "C_us": c})

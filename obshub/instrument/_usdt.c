@@ -21,6 +21,13 @@
  * (OverflowError when out of range), strings must be str (UTF-8 is passed to the probe).
  * `_baseline(...)` parses coll_begin's arguments and fires nothing: bench/usdt_overhead.py uses it to
  * show the cost of the probe site itself.
+ *
+ * Recording (tests): `_record(True)` makes every probe fired through this module's sites, from Python or
+ * from the C++ collective kernel (obshub/instrument/_c10d_kernel.cpp, on any thread, without the GIL),
+ * also append (probe, args...) to an in-memory log, in firing order; `_recorded()` returns the log as a
+ * list of tuples (strings decoded, integers signed or unsigned as the probe argument) and empties it.
+ * Off, it costs one load and a not-taken branch per probe. tests/instrument/loops.py reads the framework
+ * loops' probes this way, whichever collective kernel fires them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -96,6 +103,120 @@ arg_str(PyObject *o, const char **out)
     return *out ? 0 : -1;
 }
 
+
+/* ---- recording (tests): see the header ---- */
+#include <pthread.h>
+#include <string.h>
+#include <stdlib.h>
+
+enum { P_REGISTER, P_TRACEKEY, P_STEP_BEGIN, P_STEP_END, P_PHASE_BEGIN, P_PHASE_END, P_COLL_BEGIN, P_COLL_END,
+       P_PHASE_NEXT, P_STEP_NEXT, P_COUNT };
+/* name and argument types (s: string, i: signed, u: unsigned), in the Python functions' order */
+static const char *const rec_names[P_COUNT] = {"register", "tracekey", "step_begin", "step_end", "phase_begin",
+                                               "phase_end", "coll_begin", "coll_end", "phase_next", "step_next"};
+static const char *const rec_fmts[P_COUNT] = {"siiii", "ui", "iu", "iu", "siu", "siu", "susuiu", "susuiu",
+                                              "ssiuu", "iuususu"};
+#define REC_ARGS 7
+#define REC_STR 64
+struct rec_entry {
+    int probe;
+    uint64_t v[REC_ARGS];
+    char s[3][REC_STR]; /* a probe has at most 3 string arguments, in order */
+};
+static volatile int recording;
+static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rec_entry *rec_log;
+static size_t rec_len, rec_cap;
+
+/* Append one record; vals[i] is the argument (a string argument: its pointer). Any thread, no GIL. */
+__attribute__((noinline, cold)) static void
+rec_push(int probe, const uint64_t *vals)
+{
+    pthread_mutex_lock(&rec_mu);
+    if (rec_len == rec_cap) {
+        size_t cap = rec_cap ? rec_cap * 2 : 1024;
+        struct rec_entry *grown = realloc(rec_log, cap * sizeof(*grown));
+        if (grown == NULL) { /* out of memory: this record is lost (tests only) */
+            pthread_mutex_unlock(&rec_mu);
+            return;
+        }
+        rec_log = grown;
+        rec_cap = cap;
+    }
+    struct rec_entry *e = &rec_log[rec_len++];
+    memset(e, 0, sizeof(*e));
+    e->probe = probe;
+    int ns = 0;
+    for (int i = 0; rec_fmts[probe][i]; i++) {
+        if (rec_fmts[probe][i] == 's') {
+            const char *str = (const char *)(uintptr_t)vals[i];
+            if (str)
+                strncpy(e->s[ns], str, REC_STR - 1);
+            ns++;
+        } else {
+            e->v[i] = vals[i];
+        }
+    }
+    pthread_mutex_unlock(&rec_mu);
+}
+
+#define REC(probe, ...)                                                                                        \
+    do {                                                                                                       \
+        if (__builtin_expect(recording, 0)) {                                                                  \
+            const uint64_t rec_vals_[] = {__VA_ARGS__};                                                        \
+            rec_push(probe, rec_vals_);                                                                        \
+        }                                                                                                      \
+    } while (0)
+#define RS(p) ((uint64_t)(uintptr_t)(p))
+
+static PyObject *
+usdt_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arg_count("_record", nargs, 1))
+        return NULL;
+    int on = PyObject_IsTrue(args[0]);
+    if (on < 0)
+        return NULL;
+    recording = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_recorded(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arg_count("_recorded", nargs, 0))
+        return NULL;
+    pthread_mutex_lock(&rec_mu);
+    struct rec_entry *log = rec_log;
+    size_t len = rec_len;
+    rec_log = NULL;
+    rec_len = rec_cap = 0;
+    pthread_mutex_unlock(&rec_mu);
+    PyObject *out = PyList_New((Py_ssize_t)len);
+    for (size_t k = 0; out != NULL && k < len; k++) {
+        const struct rec_entry *e = &log[k];
+        const char *fmt = rec_fmts[e->probe];
+        Py_ssize_t n = (Py_ssize_t)strlen(fmt);
+        PyObject *t = PyTuple_New(n + 1);
+        if (t == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(t, 0, PyUnicode_FromString(rec_names[e->probe]));
+        int ns = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = fmt[i] == 's'   ? PyUnicode_DecodeUTF8(e->s[ns], (Py_ssize_t)strlen(e->s[ns]), "replace")
+                             : fmt[i] == 'i' ? PyLong_FromLongLong((long long)(int64_t)e->v[i])
+                                             : PyLong_FromUnsignedLongLong(e->v[i]);
+            ns += fmt[i] == 's';
+            PyTuple_SET_ITEM(t, i + 1, item);
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)k, t);
+    }
+    free(log);
+    return out;
+}
+
 static PyObject *
 usdt_register(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -105,6 +226,8 @@ usdt_register(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         arg_i32(args[2], &world_size) || arg_i32(args[3], &host_id) || arg_i32(args[4], &local_rank))
         return NULL;
     DTRACE_PROBE5(obshub, register, job, rank, world_size, host_id, local_rank);
+    REC(P_REGISTER, RS(job), (uint64_t)(int64_t)rank, (uint64_t)(int64_t)world_size, (uint64_t)(int64_t)host_id,
+        (uint64_t)(int64_t)local_rank);
     Py_RETURN_NONE;
 }
 
@@ -115,18 +238,21 @@ __attribute__((noipa)) static void
 fire_tracekey(uint64_t key, int64_t step)
 {
     DTRACE_PROBE2(obshub, tracekey, key, step);
+    REC(P_TRACEKEY, key, (uint64_t)step);
 }
 
 __attribute__((noipa)) static void
 fire_coll_begin(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key)
 {
     DTRACE_PROBE6(obshub, coll_begin, pg, seq, op, bytes, step, key);
+    REC(P_COLL_BEGIN, RS(pg), seq, RS(op), bytes, (uint64_t)step, key);
 }
 
 __attribute__((noipa)) static void
 fire_coll_end(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key)
 {
     DTRACE_PROBE6(obshub, coll_end, pg, seq, op, bytes, step, key);
+    REC(P_COLL_END, RS(pg), seq, RS(op), bytes, (uint64_t)step, key);
 }
 
 /* What `_C_API` (a PyCapsule named "obshub.instrument._usdt._C_API") points to; _c10d_kernel.cpp declares
@@ -159,6 +285,7 @@ usdt_step_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (arg_count("step_begin", nargs, 2) || arg_i64(args[0], &step) || arg_u64(args[1], &key))
         return NULL;
     DTRACE_PROBE2(obshub, step_begin, step, key);
+    REC(P_STEP_BEGIN, (uint64_t)step, key);
     Py_RETURN_NONE;
 }
 
@@ -170,6 +297,7 @@ usdt_step_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (arg_count("step_end", nargs, 2) || arg_i64(args[0], &step) || arg_u64(args[1], &key))
         return NULL;
     DTRACE_PROBE2(obshub, step_end, step, key);
+    REC(P_STEP_END, (uint64_t)step, key);
     Py_RETURN_NONE;
 }
 
@@ -183,6 +311,7 @@ usdt_phase_begin(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         arg_u64(args[2], &key))
         return NULL;
     DTRACE_PROBE3(obshub, phase_begin, phase, step, key);
+    REC(P_PHASE_BEGIN, RS(phase), (uint64_t)step, key);
     Py_RETURN_NONE;
 }
 
@@ -196,6 +325,7 @@ usdt_phase_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         arg_u64(args[2], &key))
         return NULL;
     DTRACE_PROBE3(obshub, phase_end, phase, step, key);
+    REC(P_PHASE_END, RS(phase), (uint64_t)step, key);
     Py_RETURN_NONE;
 }
 
@@ -209,6 +339,7 @@ usdt_phase_next(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         arg_i64(args[2], &step) || arg_u64(args[3], &old_key) || arg_u64(args[4], &new_key))
         return NULL;
     DTRACE_PROBE5(obshub, phase_next, old_phase, new_phase, step, old_key, new_key);
+    REC(P_PHASE_NEXT, RS(old_phase), RS(new_phase), (uint64_t)step, old_key, new_key);
     Py_RETURN_NONE;
 }
 
@@ -223,6 +354,7 @@ usdt_step_next(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         arg_str(args[5], &new_phase) || arg_u64(args[6], &new_key))
         return NULL;
     DTRACE_PROBE7(obshub, step_next, step, key, next_key, old_phase, old_key, new_phase, new_key);
+    REC(P_STEP_NEXT, (uint64_t)step, key, next_key, RS(old_phase), old_key, RS(new_phase), new_key);
     Py_RETURN_NONE;
 }
 
@@ -265,6 +397,25 @@ usdt_coll_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* site_traced(address) -> bool: is a tracer attached at the probe site at `address` (usdt.probe_site)? On
+ * x86-64 a uprobe puts int3 (0xCC) there, and Linux 6.18+ rewrites it into CALL/JMP rel32 (0xE8/0xE9) into
+ * its trampoline after the first hit; an untraced 5-byte NOP starts with 0x0F. One byte read, ~40 ns from
+ * Python (ctypes.string_at took ~400 ns); the hooks read three sites at every step boundary. Always False
+ * elsewhere. The address must be a probe site of this mapped object (no check: a wrong one faults). */
+static PyObject *
+usdt_site_traced(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t addr;
+    if (arg_count("site_traced", nargs, 1) || arg_u64(args[0], &addr))
+        return NULL;
+#if defined(__x86_64__)
+    unsigned char first = *(volatile const unsigned char *)(uintptr_t)addr;
+    if (first == 0xCC || first == 0xE8 || first == 0xE9)
+        Py_RETURN_TRUE;
+#endif
+    Py_RETURN_FALSE;
+}
+
 static PyObject *
 usdt_baseline(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -301,6 +452,13 @@ static PyMethodDef usdt_methods[] = {
      "step_next(step: int, trace_key: int, next_key: int, old_phase: str, old_key: int, new_phase: str, "
      "new_key: int) -> None\n"
      "Fire obshub:step_next (phase, step end; next step, phase begin)."},
+    {"site_traced", (PyCFunction)(void (*)(void))usdt_site_traced, METH_FASTCALL,
+     "site_traced(address: int) -> bool\nIs a tracer attached at the probe site at `address` (x86-64)?"},
+    {"_record", (PyCFunction)(void (*)(void))usdt_record, METH_FASTCALL,
+     "_record(on: bool) -> None\nStart or stop recording every probe fired (tests; read with _recorded())."},
+    {"_recorded", (PyCFunction)(void (*)(void))usdt_recorded, METH_FASTCALL,
+     "_recorded() -> list[tuple]\nThe probes recorded since the last call, in firing order: (probe, *args); "
+     "empties the log."},
     {"_baseline", (PyCFunction)(void (*)(void))usdt_baseline, METH_FASTCALL,
      "_baseline(pg, coll_seq, op, bytes, step, trace_key) -> None\n"
      "Parse coll_begin's arguments and fire nothing (benchmark baseline)."},

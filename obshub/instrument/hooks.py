@@ -404,7 +404,9 @@ def _forward_hook(module, args, output) -> None:
     if output is not None and not _tls.__dict__.get("bwd_hooked") and _torch.is_grad_enabled():
         tensor = _first_grad_tensor(output)
         if tensor is not None:
-            tensor.register_hook(_on_backward_start)
+            # a pre-hook of the node that computes the output's gradient: the moment a tensor hook fires,
+            # without Tensor.register_hook's Python (its hook dict and handle: ~2.4 vs ~1.6 µs)
+            tensor.grad_fn.register_prehook(_on_backward_start)
             _tls.bwd_hooked = True
 
 
@@ -422,7 +424,7 @@ def _first_grad_tensor(obj: Any, depth: int = 0):
 
 
 @_guarded
-def _on_backward_start(grad) -> None:
+def _on_backward_start(grad_outputs) -> None:
     with _lock:
         if _st.phase == "backward" or (_st.phase == "optimizer" and not _tls.__dict__.get("in_closure")):
             return

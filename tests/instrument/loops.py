@@ -2,8 +2,10 @@
 CPU): ``python tests/instrument/loops.py LOOP OUT.json`` with torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 
-The probe functions of :mod:`obshub.instrument.usdt` are replaced by recorders before ``enable()``, so the
-file holds every probe call the hooks made (``calls``) next to what the framework and the process group
+The probe sites of :mod:`obshub.instrument.usdt` record every probe fired (``_usdt._record``: from the
+hooks' Python and from the collective kernel, the C++ one unless ``OBSHUB_COLLECTIVE_KERNEL`` says
+otherwise, in firing order), so the file holds every probe call (``calls``) and the kernel that fired
+the collectives (``truth["kernel"]``) next to what the framework and the process group
 report themselves (``truth``): optimizer steps, forward/backward calls, and each process group's backend
 sequence number (the number of collective and point-to-point ops the backend ran).
 """
@@ -245,20 +247,19 @@ def main() -> None:
 
     from obshub.instrument import hooks, usdt
 
+    # every probe the sites fire, from the hooks' Python and from the collective kernel (the C++ one by
+    # default, on gloo's threads too), in firing order: the recording of obshub.instrument._usdt
+    # (OBSHUB_COLLECTIVE_KERNEL from the test picks the kernel; unset: the default)
+    usdt._usdt._record(True)
     calls: list[list] = []
-    for name in usdt.PROBES:
-        setattr(usdt, name, lambda *a, _n=name: calls.append([_n, *a]))
-    # like the C function, coll_end ignores a 7th argument (the future of the done-callback it serves as)
-    usdt.coll_end = lambda *a: calls.append(["coll_end", *a[:6]])
-    # the recorders replace the Python probe functions: the Python collective kernel calls them (the C++
-    # kernel fires the C sites directly; a real tracer reads those in test_instrument_usdt.py)
-    os.environ["OBSHUB_COLLECTIVE_KERNEL"] = "python"
     torch.set_num_threads(1)
     hooks.enable(job="loops")
     truth = LOOPS[loop]()
     truth["backend_seq"] = _backend_seqs()
+    truth["kernel"] = hooks.collective_kernel()
     deadline = time.monotonic() + 20  # coll_end runs as a done-callback, perhaps on a gloo thread
     while time.monotonic() < deadline:
+        calls += [list(c) for c in usdt._usdt._recorded()]
         ends = sum(1 for c in calls if c[0] == "coll_end")
         if ends >= sum(1 for c in calls if c[0] == "coll_begin"):
             break

@@ -9,6 +9,10 @@ forward/backward pair per micro-batch, then the optimizer phase, in that order (
 phase); as many forward and backward phases as the framework ran; and that every op the process
 group's backend ran (its own sequence number) was seen exactly once, ended, and named the same on
 both ranks. A torch path that issues collectives obshub does not see fails the last check.
+
+The probes are read at the C probe sites (``obshub.instrument._usdt`` records them), so every loop runs
+the default collective kernel, the C++ one (obshub/instrument/_c10d_kernel.cpp) when it is built; the
+accelerate loop runs the Python kernel (``OBSHUB_COLLECTIVE_KERNEL=python``), so both see a framework.
 """
 
 from __future__ import annotations
@@ -37,20 +41,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(loop: str, tmp_path: Path, world: int = 2) -> list[dict]:
-    """Run ``loop`` on ``world`` ranks; the per-rank records of tests/instrument/loops.py. Once more on
-    another port when the rendezvous port was taken between choosing and binding it (a shared machine)."""
+def _default_kernel() -> str:
+    """The collective kernel a rank installs by default: ``"native"`` when the C++ kernel loads."""
     try:
-        return _run_once(loop, tmp_path, world)
+        from obshub.instrument import _c10d_kernel  # noqa: F401
+    except ImportError:
+        return "python"
+    return "native"
+
+
+def _run(loop: str, tmp_path: Path, world: int = 2, kernel: str | None = None) -> list[dict]:
+    """Run ``loop`` on ``world`` ranks with collective kernel ``kernel`` (None: the default); the per-rank
+    records of tests/instrument/loops.py, after checking each rank used that kernel. Once more on another
+    port when the rendezvous port was taken between choosing and binding it (a shared machine)."""
+    try:
+        results = _run_once(loop, tmp_path, world, kernel)
     except _PortTaken:
-        return _run_once(loop, tmp_path, world)
+        results = _run_once(loop, tmp_path, world, kernel)
+    assert [r["truth"]["kernel"] for r in results] == [kernel or _default_kernel()] * world
+    return results
 
 
 class _PortTaken(Exception):
     pass
 
 
-def _run_once(loop: str, tmp_path: Path, world: int) -> list[dict]:
+def _run_once(loop: str, tmp_path: Path, world: int, kernel: str | None) -> list[dict]:
     port = str(_free_port())
     procs = []
     for rank in range(world):
@@ -64,6 +80,8 @@ def _run_once(loop: str, tmp_path: Path, world: int) -> list[dict]:
             PYTHONPATH=str(REPO),
             OMP_NUM_THREADS="1",
         )
+        if kernel:
+            env["OBSHUB_COLLECTIVE_KERNEL"] = kernel
         cmd = [sys.executable, str(REPO / "tests/instrument/loops.py"), loop, str(tmp_path / f"{rank}.json")]
         procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True))
     try:
@@ -136,7 +154,7 @@ def test_lightning_manual_optimisation(tmp_path):
 
 
 def test_accelerate_loop_with_accumulation(tmp_path):
-    _check(_run("accelerate", tmp_path))
+    _check(_run("accelerate", tmp_path, kernel="python"))
 
 
 def test_fsdp2_gathers_and_reductions_are_seen(tmp_path):

@@ -482,3 +482,26 @@ def test_optimizers_per_step_override(monkeypatch):
     assert [c[1] for c in _events(calls, "step_end")] == [0, 1, 2]
     per_step = Counter(c[2] for c in _events(calls, "phase_begin") if c[1] == "optimizer")
     assert [per_step[s] for s in range(3)] == [2, 2, 2]
+
+
+def test_backward_by_autograd_grad_is_a_phase(probes):
+    """A backward outside ``torch.autograd.backward`` (``torch.autograd.grad``, as functorch-style loops
+    and some frameworks compute gradients) is seen from the pre-hook on the root output's ``grad_fn``
+    and the engine's end-of-pass callback: forward, backward, optimizer, in that order, once each."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        out = model(x)
+        grads = torch.autograd.grad(out.sum(), list(model.parameters()))
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g
+        opt.step()
+    phases = [(c[0], c[1], c[2]) for c in _events(probes, "phase_begin", "phase_end")]
+    per_step = ["forward", "backward", "optimizer"]
+    assert [p for kind, p, step in phases if kind == "phase_begin" and step == 0] == per_step
+    assert [p for kind, p, step in phases if kind == "phase_begin" and step == 1] == ["data", *per_step]
+    assert [p for kind, p, _ in phases if kind == "phase_end"] == ["forward", "backward", "optimizer"] + [
+        "data",
+        *per_step,
+    ]

@@ -710,3 +710,31 @@ def test_run_rejects_bad_options():
         [*OBSHUB, "run", "--bogus", "--", PY, "-c", "pass"], env=_env(), capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "No such option: --bogus" in proc.stderr, proc.stderr
+
+
+def test_recording_keeps_every_probe_in_firing_order():
+    """``_usdt._record``: the probes fired through the sites come back in order with their arguments (the
+    framework tests read the C++ kernel's probes this way); off, nothing is kept; the log empties on read."""
+    rec = usdt._usdt
+    rec._recorded()
+    usdt.tracekey(1, 1)  # not recording
+    rec._record(True)
+    try:
+        usdt.register("job-é", 3, 8, 7, -1)
+        usdt.step_begin(-1, 2**64 - 1)
+        usdt.phase_next("data", "forward", 5, 10, 11)
+        usdt.coll_begin("0:p2p:0-1", 4, "send", 2**40, 5, 12)
+        usdt.coll_end("0:p2p:0-1", 4, "send", 2**40, 5, 12, object())  # the done-callback's extra argument
+        usdt.step_next(5, 1, 2, "optimizer", 3, "data", 4)
+    finally:
+        rec._record(False)
+    usdt.tracekey(2, 2)
+    assert rec._recorded() == [
+        ("register", "job-é", 3, 8, 7, -1),
+        ("step_begin", -1, 2**64 - 1),
+        ("phase_next", "data", "forward", 5, 10, 11),
+        ("coll_begin", "0:p2p:0-1", 4, "send", 2**40, 5, 12),
+        ("coll_end", "0:p2p:0-1", 4, "send", 2**40, 5, 12),
+        ("step_next", 5, 1, 2, "optimizer", 3, "data", 4),
+    ]
+    assert rec._recorded() == []
