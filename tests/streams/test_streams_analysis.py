@@ -617,6 +617,24 @@ def test_hang_check_names_the_silent_rank_that_never_arrived():
     assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now - 2_000 * MS) is None
 
 
+def test_a_step_read_long_after_it_ran_never_hangs():
+    # a worker started on retained input reads an ended job's last step: its ranks arrived 2 h ago, the
+    # worker opened the step (and heard from its hosts) seconds ago
+    now = 10_000_000 * MS
+    hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
+    ran = now - 7_200_000 * MS
+    accs = {
+        "a": _coll_acc("a", None, {7: (ran, None)}),
+        "b": _coll_acc("b", None, {7: (ran + 100 * MS, None)}),
+    }
+    seen = {"a": now - 4_000 * MS, "b": now - 4_000 * MS}
+    th = analysis.Thresholds()
+    assert analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now, th) is None
+    held = analysis.Thresholds(hang_hold_ns=8_000_000 * MS)  # the same data within the hold: c hangs
+    got = analysis.hang_check(accs, ["a", "b", "c"], seen, now - 4_000 * MS, hist, 20, now, held)
+    assert [h["host"] for h in got["hosts"]] == ["c"]
+
+
 def test_hang_check_names_a_rank_its_agent_found_stopped_without_waiting_for_silence():
     """A rank frozen inside a collective every rank reached: nobody is missing and nobody is silent for
     long, but its agent reported it frozen; it is named once the others waited ``hang_state_wait_ns`` in

@@ -198,6 +198,10 @@ def hang_check(
     those are listed as ``waiting``. An exited host is never named at a collective that every arrived host
     ended after its exit (it finished before its peers, which went on without it).
 
+    A step whose latest collective arrival or end is older than ``hang_hold_ns`` is history (read long
+    after it ran: a worker started on retained input, or catching up a backlog) and never hangs: the
+    step's own window closes it, as a live hang's does ``hang_hold_ns`` after it opened.
+
     Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}],
     waiting: [host], waited_ns, after_ns}`` (``waiting``: the hosts blocked there, ``waited_ns``: now minus
     the latest of their arrivals; ``last_phase``: the collective the hung host is in, or the last phase it
@@ -221,11 +225,17 @@ def hang_check(
         }
 
     top: dict[str, int] = {}
+    newest = 0  # CLOCK_REALTIME ns of the step's latest collective arrival or end
     for acc in accs.values():
         for key, c in acc["colls"].items():
             if c[1] is not None:
                 pg, _, seq = key.rpartition("#")
                 top[pg] = max(top.get(pg, -1), int(seq))
+                newest = max(newest, c[1])
+            if c[2] is not None:
+                newest = max(newest, c[2])
+    if newest and now_ns - newest > th.hang_hold_ns:
+        return None  # history: a step read long after it ran (a new worker on retained input, a backlog)
     # stopped hosts that may be named: with exits, only once they settled and only the earliest ones
     exits = {h: v[2] for h, v in stopped.items() if v[0] == "exited" and len(v) > 2 and v[2]}
     first = min(exits.values(), default=0)
