@@ -144,6 +144,7 @@ class Ingest:
         parts = accumulate.reduce_batch(batch, run_step, ranks)
         bid = f"{batch.agent_id}:{batch.seq}"
         for i, (step, acc) in enumerate(sorted(parts.items())):
+            accumulate.pack_ranks(acc)  # the rank rows as a blob and a compact table (the close reads it)
             q = {}
             if i == 0 and not replay:
                 q = {"lost_batches": st["lost"], "duplicate_batches": st["dups"]}
