@@ -22,6 +22,10 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "ranks": {"<global rank>": rank row},   # only when the host has two or more known ranks (below)
      "rank": [rank, local_rank, pid]}        # only when it has exactly one known rank
 
+The ingest sends ``ranks`` packed (:func:`pack_ranks`): ``"rb"`` (the rows as one msgpack blob) and
+``"rt"`` (the compact rank table the close reads, :func:`rank_table_of`); :func:`merge` and the readers
+(:func:`rank_rows`, :func:`rank_table`, :func:`rank_count`, :func:`ranks_ended`) take both forms.
+
 ``ranks`` holds one **rank row** per registered training process of the host that had an event in the
 step: the same shape as a host accumulator without ``net`` and ``ranks`` (its own ``step_ns``,
 ``begin_rt``/``end_rt``, ``phases``, ``layers``, ``colls``), plus ``"pid"``, ``"local_rank"`` and
