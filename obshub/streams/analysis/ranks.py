@@ -318,9 +318,15 @@ def host_ranks(
             last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
         for h, start, end, t in spans:
             steps, ranks = t["s"], t["r"]
-            _l, _s, rank, best = min(
-                [(-late_i[i], -(steps[i - start] or 0), ranks[i - start], i) for i in range(start, end)]
-            )
+            lt = late_i[start:end]
+            top = max(lt)
+            if lt.count(top) == 1:  # one latest rank (the usual case): no tie to break
+                best = start + lt.index(top)
+                rank = ranks[best - start]
+            else:
+                _l, _s, rank, best = min(
+                    [(-late_i[i], -(steps[i - start] or 0), ranks[i - start], i) for i in range(start, end)]
+                )
             if rows_for is None or h in rows_for:
                 order = sorted((ranks[j], start + j) for j in range(end - start))
                 rows_out = {r: _summary_row(t, i - start, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
