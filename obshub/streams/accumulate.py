@@ -22,6 +22,10 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "ranks": {"<global rank>": rank row},   # only when the host has two or more known ranks (below)
      "rank": [rank, local_rank, pid]}        # only when it has exactly one known rank
 
+The ingest sends ``ranks`` packed (:func:`pack_ranks`): ``"rb"`` (the rows as one msgpack blob) and
+``"rt"`` (the compact rank table the close reads, :func:`rank_table_of`); :func:`merge` and the readers
+(:func:`rank_rows`, :func:`rank_table`, :func:`rank_count`, :func:`ranks_ended`) take both forms.
+
 ``ranks`` holds one **rank row** per registered training process of the host that had an event in the
 step: the same shape as a host accumulator without ``net`` and ``ranks`` (its own ``step_ns``,
 ``begin_rt``/``end_rt``, ``phases``, ``layers``, ``colls``), plus ``"pid"``, ``"local_rank"`` and
@@ -49,6 +53,8 @@ import bisect
 import functools
 import ipaddress
 from typing import Callable
+
+import msgspec
 
 from obshub.core import schema
 from obshub.core.schema import Batch, Event, Kind, Layer
@@ -478,6 +484,7 @@ def merge(into: dict, part: dict) -> dict:
         slot[0] += t
         slot[1] += c
         slot[2] = max(slot[2], m)
+    keys = set(into["colls"])
     for key, c in part["colls"].items():
         mine = into["colls"].setdefault(key, list(c))
         if mine is not c:
@@ -500,7 +507,23 @@ def merge(into: dict, part: dict) -> dict:
                 slot[i] += v
     if part.get("rank") and not into.get("rank"):
         into["rank"] = part["rank"]
-    pranks = part.get("ranks")
+    packed = "rb" in into or "rb" in part
+    if not packed:
+        _merge_rows(into, part.get("ranks"))
+    elif "rb" not in part and not part.get("ranks") and set(part["colls"]) <= keys:
+        pass  # a part without rank data that adds no collective: the packed rank table stays right
+    else:  # packed rank rows (pack_ranks) on either side: merged as full rows, packed again
+        rows = rank_rows(into)
+        into.pop("rb", None)
+        into.pop("rt", None)
+        into["ranks"] = rows
+        _merge_rows(into, rank_rows(part))
+        pack_ranks(into)
+    return into
+
+
+def _merge_rows(into: dict, pranks: dict | None) -> None:
+    """Merge rank rows ``pranks`` (``{"<rank>": row}``) into ``into["ranks"]``, row by row."""
     if pranks:
         mine = into.setdefault("ranks", {})
         for key, row in pranks.items():
@@ -511,4 +534,97 @@ def merge(into: dict, part: dict) -> dict:
                 merge(have, row)
                 if row.get("gpu", -1) >= 0:
                     have["gpu"] = row["gpu"]
-    return into
+
+
+# ---------------------------------------------------------------------------------------------------
+# Packed rank rows: the second level of the two-level join (docs/ARCHITECTURE.md, docs/STREAMS.md).
+
+_pack = msgspec.msgpack.Encoder().encode
+_unpack = msgspec.msgpack.Decoder().decode
+
+
+def pack_ranks(acc: dict) -> dict:
+    """Pack the rank rows of host accumulator ``acc`` in place and return it: ``acc["ranks"]`` (full rows)
+    becomes ``acc["rb"]`` (the rows as one msgpack blob, opaque to the fold) and ``acc["rt"]`` (the
+    compact rank table the close reads, :func:`rank_table_of`). An accumulator without rank rows is
+    unchanged. The ingest packs every part it sends (it scales out by host); :func:`merge` keeps a
+    packed accumulator packed and :func:`rank_rows` gives the full rows back."""
+    rows = acc.pop("ranks", None)
+    if rows:
+        acc["rb"] = _pack(rows)
+        acc["rt"] = rank_table_of(acc["colls"], rows)
+    return acc
+
+
+def rank_rows(acc: dict) -> dict:
+    """The full rank rows of host accumulator ``acc`` (``{"<global rank>": rank row}``, module docstring),
+    packed (:func:`pack_ranks`, decoded here: a new dict each call) or not; ``{}`` when it has none."""
+    blob = acc.get("rb")
+    if blob is not None:
+        return _unpack(blob)
+    return acc.get("ranks") or {}
+
+
+def rank_table_of(host_colls: dict, rows: dict) -> dict | None:
+    """The compact rank table of rank rows ``rows`` (``{"<global rank>": row}``) of a host whose own
+    collectives are ``host_colls``: per rank, in the order of ``rows``, ``r`` (global rank, int), ``p``
+    (pid), ``l`` (local rank), ``g`` (GPU index, -1 unknown), ``s`` (step_ns, None before its STEP_END),
+    ``u`` (its clock uncertainty, ns); ``k`` the host's collective keys (the order of ``host_colls``);
+    ``a``, ``e``, ``d``: per rank then per key (index ``rank_index * len(k) + key_index``) its arrival,
+    end (CLOCK_REALTIME ns) and duration (ns), None when unknown; ``hv``: per key, the host view's record
+    ``[op, arrive_rt, end_rt, duration_ns]`` of its last-arriving rank (``analysis.ranks.host_view``).
+    None when a rank row's collective has another op than the host's record (the readers then use the
+    full rows) or names a collective the host's records lack."""
+    keys = list(host_colls)
+    col = {k: i for i, k in enumerate(keys)}
+    n = len(keys)
+    t: dict = {"r": [], "p": [], "l": [], "g": [], "s": [], "u": [], "k": keys}
+    a: list = [None] * (n * len(rows))
+    e: list = [None] * (n * len(rows))
+    d: list = [None] * (n * len(rows))
+    best: list = [None] * n
+    for j, (r, row) in enumerate(rows.items()):
+        t["r"].append(int(r))
+        t["p"].append(int(row.get("pid", 0)))
+        t["l"].append(int(row.get("local_rank", 0)))
+        t["g"].append(int(row.get("gpu", -1)))
+        t["s"].append(row["step_ns"])
+        t["u"].append(int(row.get("unc_ns") or 0))
+        base = j * n
+        for key, c in row["colls"].items():
+            i = col.get(key)
+            if i is None or c[0] != host_colls[key][0]:
+                return None
+            a[base + i], e[base + i], d[base + i] = c[1], c[2], c[3]
+            if c[1] is not None and (best[i] is None or c[1] > best[i][1]):
+                best[i] = c
+    t["a"], t["e"], t["d"] = a, e, d
+    t["hv"] = [list(b) if b is not None else [host_colls[k][0], None, None, None] for k, b in zip(keys, best)]
+    return t
+
+
+def rank_table(acc: dict) -> dict | None:
+    """The compact rank table of host accumulator ``acc`` (:func:`rank_table_of`): the packed one, else
+    built from its full rows; None without rank rows or when the table cannot stand for them."""
+    if "rb" in acc:
+        return acc.get("rt")
+    rows = acc.get("ranks")
+    return rank_table_of(acc["colls"], rows) if rows else None
+
+
+def rank_count(acc: dict) -> int:
+    """How many rank rows host accumulator ``acc`` holds (packed or not)."""
+    if "rb" in acc:
+        rt = acc.get("rt")
+        return len(rt["r"]) if rt is not None else len(rank_rows(acc))
+    return len(acc.get("ranks") or ())
+
+
+def ranks_ended(acc: dict) -> int:
+    """How many rank rows of host accumulator ``acc`` have a step time (their rank's STEP_END)."""
+    if "rb" in acc:
+        rt = acc.get("rt")
+        if rt is not None:
+            return sum(1 for s in rt["s"] if s is not None)
+        return sum(1 for r in rank_rows(acc).values() if r["step_ns"] is not None)
+    return sum(1 for r in (acc.get("ranks") or {}).values() if r["step_ns"] is not None)

@@ -853,8 +853,7 @@ class Fold:
         n = len(self.host_ranks.get(job, {}).get(host, ()))
         if n < 2:
             return True
-        rows = acc.get("ranks") or {}
-        return sum(1 for r in rows.values() if r["step_ns"] is not None) >= n
+        return accumulate.ranks_ended(acc) >= n
 
     def rank_of(self, job: str) -> dict[str, dict[int, tuple[int, int]]]:
         """``host -> pid -> (global rank, local rank)`` of the processes of ``job`` registered here."""

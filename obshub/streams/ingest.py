@@ -20,7 +20,9 @@ reduces the batch to one accumulator per step
 - ``("broadcast", job, {"t": "state", job, host, pid, state, at_rt})`` for each RANK_STATE event (a
   registered process found frozen, stopped, exited, or running again: the hang check reads it);
 - ``("part", "job|step", {"t": "part", job, step, host, bid, acc, q})`` per step of the batch; ``bid`` =
-  ``"<agent_id>:<seq>"`` makes the fold idempotent, ``q`` carries the lost/duplicate batch counts once.
+  ``"<agent_id>:<seq>"`` makes the fold idempotent, ``q`` carries the lost/duplicate batch counts once;
+  ``acc``'s rank rows are packed (``accumulate.pack_ranks``: a blob and a compact rank table), the
+  per-host work of several ranks done here, where the work scales out by host.
 """
 
 from __future__ import annotations
@@ -156,6 +158,7 @@ class Ingest:
         parts = accumulate.reduce_batch(batch, run_step, ranks)
         bid = f"{batch.agent_id}:{batch.seq}"
         for i, (step, acc) in enumerate(sorted(parts.items())):
+            accumulate.pack_ranks(acc)  # the rank rows as a blob and a compact table (the close reads it)
             q = {}
             if i == 0 and not replay:
                 q = {"lost_batches": st["lost"], "duplicate_batches": st["dups"]}

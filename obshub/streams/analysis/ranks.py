@@ -20,6 +20,7 @@ Everything here is pure and deterministic (ties break by rank number).
 
 from __future__ import annotations
 
+from obshub.streams import accumulate
 from obshub.streams.analysis.straggler import lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
@@ -40,7 +41,7 @@ def split_unit(key: str) -> tuple[str, int]:
 
 def multi_rank(accs: dict[str, dict]) -> bool:
     """Whether some host of ``accs`` has at least two rank rows."""
-    return any(len(a.get("ranks") or ()) >= 2 for a in accs.values())
+    return any(accumulate.rank_count(a) >= 2 for a in accs.values())
 
 
 def rank_units(accs: dict[str, dict]) -> dict[str, dict]:
@@ -48,7 +49,7 @@ def rank_units(accs: dict[str, dict]) -> dict[str, dict]:
     uncertainty (a rank row has no ``net``: links are per host)."""
     out = {}
     for h, a in accs.items():
-        for r, row in (a.get("ranks") or {}).items():
+        for r, row in accumulate.rank_rows(a).items():
             unit = dict(row)
             unit["unc_ns"] = max(int(row.get("unc_ns") or 0), int(a.get("unc_ns") or 0))
             out[unit_key(h, r)] = unit
@@ -62,7 +63,17 @@ def host_view(accs: dict[str, dict], strict: bool = False) -> dict[str, dict]:
     ``step_ns`` is None until every rank row has one. Other hosts are returned as they are (no copy)."""
     out = {}
     for h, a in accs.items():
-        rows = a.get("ranks") or {}
+        if "rb" not in a and len(a.get("ranks") or ()) < 2:
+            out[h] = a
+            continue
+        rt = a.get("rt") if "rb" in a else None
+        if rt is not None:  # the packed rank table (accumulate.pack_ranks): no rank row decoded
+            if len(rt["r"]) < 2:
+                out[h] = a
+            else:
+                out[h] = _view_of_table(a, rt, strict)
+            continue
+        rows = accumulate.rank_rows(a)
         if len(rows) < 2:
             out[h] = a
             continue
@@ -84,6 +95,31 @@ def host_view(accs: dict[str, dict], strict: bool = False) -> dict[str, dict]:
             v["step_ns"] = None
         out[h] = v
     return out
+
+
+def _view_of_table(a: dict, rt: dict, strict: bool) -> dict:
+    """:func:`host_view` of host accumulator ``a`` from its rank table ``rt`` (``accumulate.rank_table_of``,
+    two or more ranks): the same view as from its full rank rows."""
+    v = dict(a)
+    keys = rt["k"]
+    if not strict:
+        v["colls"] = {k: list(c) for k, c in zip(keys, rt["hv"])}
+        return v
+    n = len(keys)
+    arr, end, dur = rt["a"], rt["e"], rt["d"]
+    colls: dict[str, list] = {}
+    for i, key in enumerate(keys):
+        col = arr[i::n]
+        if None in col:  # a rank has not arrived (or has no record of it)
+            colls[key] = [a["colls"][key][0], None, None, None]
+            continue
+        t = max(col)
+        j = col.index(t) * n + i  # the first rank of the latest arrival, as max over the rows gives
+        colls[key] = [a["colls"][key][0], t, end[j], dur[j]]
+    v["colls"] = colls
+    if None in rt["s"]:
+        v["step_ns"] = None
+    return v
 
 
 def _last_arrivals(host_colls: dict[str, list], rows: dict[str, dict]) -> dict[str, list]:
@@ -133,25 +169,32 @@ def _only(ts: list[int], ids: list[int], t: int, unique: bool, pick, key) -> int
 def _lateness_by_index(colls: list[dict], unc: list[int], key_of) -> tuple[list[int], dict[int, int], bool]:
     """:func:`rank_lateness` over units given by index: ``colls[i]`` unit i's collective records, ``unc[i]``
     its clock uncertainty (ns), ``key_of(i)`` its key (breaks ties). Returns ``(late per index (ns),
-    {index: last_n}, whether some collective was joined by two units)``. One pass over the arrivals, then
-    per collective a sort of its arrival times (ints) for the median and a scan for the units beyond it:
-    O(units x collectives) Python steps and no per-arrival tuple (a wide job has 16,384 ranks)."""
-    flat: dict[str, list[int]] = {}  # collective -> [arrival, unit index, arrival, unit index, ...]
+    {index: last_n}, whether some collective was joined by two units)`` (:func:`_lateness_flat`)."""
+    flat: dict[str, tuple[list[int], list[int]]] = {}  # collective -> (arrivals, their unit indices)
     for i, cs in enumerate(colls):
         for key, c in cs.items():
             t = c[1]
             if t is not None:
                 v = flat.get(key)
                 if v is None:
-                    flat[key] = [t, i]
+                    flat[key] = ([t], [i])
                 else:
-                    v.append(t)
-                    v.append(i)
-    late = [0] * len(colls)
+                    v[0].append(t)
+                    v[1].append(i)
+    return _lateness_flat(flat, len(colls), unc, key_of)
+
+
+def _lateness_flat(
+    flat: dict[str, tuple[list[int], list[int]]], n_units: int, unc: list[int], key_of
+) -> tuple[list[int], dict[int, int], bool]:
+    """The lateness of ``n_units`` units from ``flat``: per collective, the arrivals (CLOCK_REALTIME ns)
+    and the unit index of each (indices ascending within a collective is not required). Per collective a
+    sort of its arrival times (ints) for the median and a scan for the units beyond it: O(units x
+    collectives) Python steps and no per-arrival tuple (a wide job has 16,384 ranks)."""
+    late = [0] * n_units
     last_n: dict[int, int] = {}
     seen = False
-    for v in flat.values():
-        ts, ids = v[0::2], v[1::2]
+    for ts, ids in flat.values():
         n = len(ts)
         if n < 2:
             continue
@@ -175,17 +218,46 @@ def _lateness_by_index(colls: list[dict], unc: list[int], key_of) -> tuple[list[
     return late, last_n, seen
 
 
-def _summary_row(a: dict, late: int, last: int) -> dict:
-    """The summary row of rank row ``a`` (:func:`host_ranks`), its ``layers`` empty."""
+def _summary_row(t: dict, j: int, late: int, last: int) -> dict:
+    """The summary row of rank ``j`` of rank table ``t`` (:func:`_host_table`), its ``layers`` empty."""
     return {
-        "local_rank": int(a.get("local_rank", 0)),
-        "pid": int(a.get("pid", 0)),
-        "gpu": int(a.get("gpu", -1)),
-        "step_ns": a["step_ns"],
+        "local_rank": t["l"][j],
+        "pid": t["p"][j],
+        "gpu": t["g"][j],
+        "step_ns": t["s"][j],
         "late_ns": late,
         "last_n": last,
         "layers": {},
     }
+
+
+def _host_table(a: dict) -> tuple[dict, list[tuple[str, list]]] | None:
+    """``(table, columns)`` of the rank rows of host accumulator ``a``, None without any: ``table`` has
+    the per-rank lists ``r``, ``p``, ``l``, ``g``, ``s``, ``u`` of ``accumulate.rank_table_of`` (the packed
+    table when there is one: nothing decoded), ``columns`` ``[(collective key, arrival per rank or
+    None)]``."""
+    rt = accumulate.rank_table(a)
+    if rt is not None:
+        n = len(rt["k"])
+        arr = rt["a"]
+        return rt, [(k, arr[i::n]) for i, k in enumerate(rt["k"])]
+    rows = accumulate.rank_rows(a)
+    if not rows:
+        return None
+    vals = list(rows.values())
+    t = {
+        "r": [int(r) for r in rows],
+        "p": [int(row.get("pid", 0)) for row in vals],
+        "l": [int(row.get("local_rank", 0)) for row in vals],
+        "g": [int(row.get("gpu", -1)) for row in vals],
+        "s": [row["step_ns"] for row in vals],
+        "u": [int(row.get("unc_ns") or 0) for row in vals],
+    }
+    cols: dict[str, list] = {}
+    for j, row in enumerate(vals):
+        for key, c in row["colls"].items():
+            cols.setdefault(key, [None] * len(vals))[j] = c[1]
+    return t, list(cols.items())
 
 
 def host_ranks(
@@ -204,46 +276,64 @@ def host_ranks(
     get their named rank's row only until :func:`fill_rows` completes them (a wide step keeps the rows of
     a few hosts: 16,384 rows would cost more than the rest of the summary). A host without rank rows but
     with a single known rank (``acc["rank"] = [rank, local_rank, pid]``) names that rank (no rows). ``th``
-    is unused (the thresholds of the host view apply)."""
+    is unused (the thresholds of the host view apply). Reads a packed accumulator's rank table
+    (``accumulate.pack_ranks``) and decodes no rank row, except the layers' (:func:`fill_layers`) and a
+    step without any collective joined by two ranks."""
     host_of: list[str] = []
-    rkeys: list[str] = []
-    rows_in: list[dict] = []
+    rkeys: list[int] = []
     unc: list[int] = []
-    spans: list[tuple[str, int, int]] = []  # (host, first index, end index) of its ranks
+    spans: list[tuple[str, int, int, dict]] = []  # (host, first index, end index, rank table) of its ranks
+    flat: dict[str, tuple[list[int], list[int]]] = {}  # collective -> (arrivals, unit indices)
     for h, a in accs.items():
-        rows = a.get("ranks")
-        if not rows:
+        ht = _host_table(a)
+        if ht is None:
             continue
+        t, cols = ht
         hu = int(a.get("unc_ns") or 0)
-        start = len(rows_in)
-        for r, row in rows.items():
-            host_of.append(h)
-            rkeys.append(r)
-            rows_in.append(row)
-            ru = int(row.get("unc_ns") or 0)
-            unc.append(ru if ru > hu else hu)
-        spans.append((h, start, len(rows_in)))
+        start = len(host_of)
+        m = len(t["r"])
+        for key, col in cols:
+            v = flat.get(key)
+            if v is None:
+                v = flat[key] = ([], [])
+            if None in col:
+                for j, x in enumerate(col):
+                    if x is not None:
+                        v[0].append(x)
+                        v[1].append(start + j)
+            else:
+                v[0].extend(col)
+                v[1].extend(range(start, start + m))
+        unc.extend(u if u > hu else hu for u in t["u"])
+        host_of.extend([h] * m)
+        rkeys.extend(t["r"])
+        spans.append((h, start, start + m, t))
     out: dict[str, dict] = {}
-    if rows_in:
-        late_i, last_i, seen = _lateness_by_index(
-            [row["colls"] for row in rows_in], unc, lambda i: unit_key(host_of[i], rkeys[i])
-        )
+    if host_of:
+        late_i, last_i, seen = _lateness_flat(flat, len(host_of), unc, lambda i: unit_key(host_of[i], rkeys[i]))
         if not seen:  # no collective joined by two ranks: compute time over the others' (rank_lateness)
             late_u, last_u = rank_lateness(rank_units(accs))
             keys = [unit_key(h, r) for h, r in zip(host_of, rkeys)]
             late_i = [int(late_u.get(k, 0)) for k in keys]
             last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
-        for h, start, end in spans:
-            _l, _s, rank, best = min(
-                [(-late_i[i], -(rows_in[i]["step_ns"] or 0), int(rkeys[i]), i) for i in range(start, end)]
-            )
+        for h, start, end, t in spans:
+            steps, ranks = t["s"], t["r"]
+            lt = late_i[start:end]
+            top = max(lt)
+            if lt.count(top) == 1:  # one latest rank (the usual case): no tie to break
+                best = start + lt.index(top)
+                rank = ranks[best - start]
+            else:
+                _l, _s, rank, best = min(
+                    [(-late_i[i], -(steps[i - start] or 0), ranks[i - start], i) for i in range(start, end)]
+                )
             if rows_for is None or h in rows_for:
-                order = sorted((int(rkeys[i]), i) for i in range(start, end))
-                rows_out = {r: _summary_row(rows_in[i], int(late_i[i]), last_i.get(i, 0)) for r, i in order}
+                order = sorted((ranks[j], start + j) for j in range(end - start))
+                rows_out = {r: _summary_row(t, i - start, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
                 out[h] = {"rank": rank, "rows": rows_out}
             else:  # the named rank's row; fill_rows completes the others from "_late"
-                row = _summary_row(rows_in[best], int(late_i[best]), last_i.get(best, 0))
-                out[h] = {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start)}
+                row = _summary_row(t, best - start, int(late_i[best]), last_i.get(best, 0))
+                out[h] = {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start, t)}
         fill_layers(out, accs, set(out) if layers_for is None else layers_for)
     for h, a in accs.items():
         one = a.get("rank")
@@ -255,15 +345,16 @@ def host_ranks(
 def fill_rows(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) -> None:
     """Complete the rank rows of ``hosts`` in ``named`` (:func:`host_ranks` with ``rows_for``: a host
     outside it got its named rank's row only) with every rank's row, as ``host_ranks`` without
-    ``rows_for`` makes them; ``layers`` stay empty (:func:`fill_layers`)."""
+    ``rows_for`` makes them; ``layers`` stay empty (:func:`fill_layers`). ``accs`` is unused (the rank
+    table kept by ``host_ranks`` has what the rows need)."""
     for h in hosts:
         v = named.get(h)
         pend = v.pop("_late", None) if v else None
         if pend is None:
             continue
-        late_i, last_i, start = pend  # the host's ranks are indices start.. in the order of its rank rows
-        order = sorted((int(k), start + j, row) for j, (k, row) in enumerate((accs[h].get("ranks") or {}).items()))
-        v["rows"] = {r: _summary_row(row, int(late_i[i]), last_i.get(i, 0)) for r, i, row in order}
+        late_i, last_i, start, t = pend  # the host's ranks are indices start.. in the order of its table
+        order = sorted((r, start + j) for j, r in enumerate(t["r"]))
+        v["rows"] = {r: _summary_row(t, i - start, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
 
 
 def fill_layers(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) -> None:

@@ -3,6 +3,7 @@ never arrived at a collective its peers reached (``hang_check``)."""
 
 from __future__ import annotations
 
+from obshub.streams import accumulate
 from obshub.streams.analysis.evidence import TIME_EVIDENCE, Baseline, baseline
 from obshub.streams.analysis.network import net_evidence, net_stats, retransmits_toward
 from obshub.streams.analysis.ranks import rank_units, split_unit, unit_key
@@ -349,7 +350,7 @@ def hang_ranks(
             pid = min(held, key=lambda p: (held[p][2] if len(held[p]) > 2 else 0, p))
             rank = known[pid][0] if pid in known else None
         acc = accs.get(h) or {}
-        rows = acc.get("ranks") or {}
+        rows = accumulate.rank_rows(acc) if rank is None else {}
         if rank is None and rows:
             behind = sorted(int(r) for r, row in rows.items() if (row["colls"].get(key) or [None, None])[1] is None)
             rank = behind[0] if behind else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from obshub.core import schema
-from obshub.streams import compact
+from obshub.streams import accumulate, compact
 from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import Evidence, HostEvidence, baseline, evidence
 from obshub.streams.analysis.network import NetStats, net_blame, net_stats
@@ -155,7 +155,7 @@ def summarize(
     wide = len(accs) > compact.FULL_ROWS  # rank rows' layers only for the hosts compact keeps (below)
     # a wide step: each host's named rank's row now, every row of the hosts compact keeps later
     named = host_ranks(accs, th, layers_for=set() if wide else None, rows_for=set() if wide else None)
-    one_node = len(accs) == 1 and len(next(iter(accs.values())).get("ranks") or ()) >= 2
+    one_node = len(accs) == 1 and accumulate.rank_count(next(iter(accs.values()))) >= 2
     raw = accs
     accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
     layers = layer_table(accs)
