@@ -215,15 +215,70 @@ def net_evidence(
     ``recent_directed``: see ``net_stats``; ``stats``: its result when the caller has it;
     ``window_stats``: ``net_stats`` with a ``window`` (a slowed step), whose retransmit value counts only
     from ``net_window_min`` and ``net_window_factor * m_rx``: each host gets the larger of the two values
-    (docs/ANALYSIS.md "Loss over a window of steps")."""
+    (docs/ANALYSIS.md "Loss over a window of steps"), and of ``net_toward_evidence`` (a slowed step: a
+    blackout's retransmits toward its host)."""
     if len(accs) < 3:
         return {}
     out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
     if window_stats is not None:
-        for h, entry in _net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items():
+        slowed = list(_net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items())
+        slowed += list(net_toward_evidence(accs, th).items())
+        for h, entry in slowed:
             if entry[0] > out.get(h, (0.0,))[0]:
                 out[h] = entry
     return {h: out[h] for h in sorted(out)}
+
+
+def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, tuple[float, int, int, int, int]]:
+    """Network evidence of a slowed step from the retransmits sent *toward* each host (docs/ANALYSIS.md
+    "A blackout's retransmits toward its host"): ``{host: (z, toward, second, 0, 0)}`` for at most one
+    host, ``z = (toward - second) / sqrt(second + 1)`` clipped to ``net_toward_clip`` (and
+    ``evidence_clip``) and rounded to 3 places, where ``toward`` is the retransmits the other hosts sent toward it in the step (a retransmit
+    is counted by its sender: ``retransmits_toward``) and ``second`` the most any other host received.
+
+    A blackout of a host's link (every segment to and from it dropped for hundreds of ms) makes the peers
+    that were sending to it back off: the same connection retransmits again and again (RTO 200 ms, then
+    400, 800 ...) while the host itself, blocked in the collective, may send little. In a ring, only one
+    neighbour may be sending when the blackout starts, so the host's fewest retransmits over its busy
+    connections (``net_stats``) can be 0 or 1 and the step names nobody, although every retransmit of it
+    went toward the one host. Counted only when the host received at least ``count_min`` in all, at least
+    ``net_count_min`` on one connection (a back-off, not one spurious timeout per connection, which a
+    stopped or starved rank's peers may show), and at least ``count_factor`` times what any other host
+    received (the neighbour whose segments to it were dropped receives nothing extra). ``net_evidence``
+    reads it for a slowed step only (``window_stats`` given); a host whose own CPU or memory time made it
+    late keeps its time layers (``evidence``)."""
+    owner: dict[str, str] = {}
+    for host, acc in accs.items():
+        for addr in (acc.get("net") or {}).get("addrs") or {}:
+            owner.setdefault(addr, host)
+    pairs: dict[str, list[int]] = {}
+    for acc in accs.values():
+        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+            if len(vals) < 5:
+                continue
+            slot = pairs.setdefault(key, [0, 0])
+            slot[0] += vals[3]
+            slot[1] += vals[4]
+    toward: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for key, (a_to_b, b_to_a) in pairs.items():
+        a, _, b = key.partition("|")
+        ha, hb = owner.get(a), owner.get(b)
+        if ha is None or hb is None or ha == hb:
+            continue
+        for h, n in ((hb, a_to_b), (ha, b_to_a)):
+            toward[h] = toward.get(h, 0) + n
+            most[h] = max(most.get(h, 0), n)
+    if not toward:
+        return {}
+    ranked = sorted(toward, key=lambda h: (-toward[h], h))
+    best = ranked[0]
+    n = toward[best]
+    second = toward[ranked[1]] if len(ranked) > 1 else 0
+    if n < th.count_min or most[best] < th.net_count_min or n < th.count_factor * max(second, 1):
+        return {}
+    z = round(min(th.evidence_clip, th.net_toward_clip, (n - second) / math.sqrt(second + 1)), 3)
+    return {best: (z, n, second, 0, 0)} if z > 0 else {}
 
 
 def _net_z(
