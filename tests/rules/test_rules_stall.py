@@ -536,3 +536,18 @@ def test_a_starved_host_whose_sockets_look_lossy_is_named_by_its_run_queue_time(
         layers={h: {"sched": 900 if h == "node-00" else 40} for h in HOSTS4},
     )
     assert (analysis.culprit(other)["host"], analysis.culprit(other)["layer"]) == ("node-02", "network")
+
+
+def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
+    """A rank stopped (SIGSTOP) for 800 ms arrives late at its collective and its two neighbours each sent
+    it two retransmits (the recorded node-02 process stall, 2026-12-05): that is its process, not its
+    link. The same retransmits toward a host that waited with the others are a blackout's."""
+    th = analysis.Thresholds()
+    sent = {"node-01": {"node-02": 2}, "node-03": {"node-02": 2}}
+    waited = ring_accs(sent, 900)
+    assert analysis.net_toward_evidence(waited, th) == {"node-02": (3.0, 4, 0, 0, 0)}
+    stopped = ring_accs(sent, 900)
+    stopped["node-02"]["colls"]["0#0"][1] += 740 * MS  # it reached the first all-reduce 740 ms after the others
+    assert analysis.net_toward_evidence(stopped, th) == {}
+    # (two toward it on each of its connections also meet the per-step directed view, net_count_min 2:
+    # a stopped rank that hangs is charged by its hang record, docs/ANALYSIS.md "Culprit of a step")

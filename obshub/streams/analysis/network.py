@@ -244,7 +244,11 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, tupl
     went toward the one host. Counted only when the host received at least ``count_min`` in all, at least
     ``net_count_min`` on one connection (a back-off, not one spurious timeout per connection, which a
     stopped or starved rank's peers may show), and at least ``count_factor`` times what any other host
-    received (the neighbour whose segments to it were dropped receives nothing extra). ``net_evidence``
+    received (the neighbour whose segments to it were dropped receives nothing extra), and only when the
+    host did not keep the others waiting at a collective for ``net_toward_late_rel`` of its step time or
+    more (a blackout's host waits in the collective with the others; a rank stopped with SIGSTOP arrives
+    late, and its peers' retransmits toward it, one or two tail-loss probes per connection, are not its
+    link's fault). ``net_evidence``
     reads it for a slowed step only (``window_stats`` given); a host whose own CPU or memory time made it
     late keeps its time layers (``evidence``)."""
     owner: dict[str, str] = {}
@@ -277,6 +281,9 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, tupl
     second = toward[ranked[1]] if len(ranked) > 1 else 0
     if n < th.count_min or most[best] < th.net_count_min or n < th.count_factor * max(second, 1):
         return {}
+    lead = _lead_ns(accs, best)
+    if lead > 0 and lead >= th.net_toward_late_rel * int(accs[best].get("step_ns") or 0):
+        return {}  # it kept the others waiting itself (stopped, frozen): a blackout's host is waited on by nobody
     z = round(min(th.evidence_clip, th.net_toward_clip, (n - second) / math.sqrt(second + 1)), 3)
     return {best: (z, n, second, 0, 0)} if z > 0 else {}
 
@@ -309,6 +316,21 @@ def _net_z(
         if z > 0:
             out[h] = (z, rx[h], m_rx, rtt[h], m_rtt)
     return out
+
+
+def _lead_ns(accs: dict[str, dict], host: str) -> int:
+    """How long ``host`` kept the others waiting at one collective of the step, at most (ns): its arrival
+    (``colls``) minus the latest other arrival, over the collectives it and at least one other host reached;
+    0 when it was never the last."""
+    lead = 0
+    for key, c in (accs[host].get("colls") or {}).items():
+        if c[1] is None:
+            continue
+        others = [a["colls"][key][1] for h, a in accs.items() if h != host and (a.get("colls") or {}).get(key)]
+        others = [t for t in others if t is not None]
+        if others:
+            lead = max(lead, c[1] - max(others))
+    return lead
 
 
 def retransmits_toward(accs: dict[str, dict]) -> dict[str, int]:
