@@ -532,6 +532,19 @@ def stall_table(episodes: list[dict], clean: dict, hosts, layers, stall_ms: int,
     return per, named and no_wrong and fast and worst and not clean["alerts"]
 
 
+def stall_episodes(report: dict) -> list[dict]:
+    """The episodes of a demo report: its ``episodes``, or for a sequence of one fault (which the demo
+    reports as a single run, with a top-level ``verdict``) that run as the one episode ``{kind, host,
+    evidence, verdict}``; [] without either."""
+    if report.get("episodes"):
+        return report["episodes"]
+    seq = (report.get("scenario") or {}).get("sequence") or []
+    verdict = report.get("verdict")
+    if len(seq) != 1 or not isinstance(verdict, dict):
+        return []
+    return [{"kind": seq[0][0], "host": verdict.get("host"), "evidence": report.get("evidence"), "verdict": verdict}]
+
+
 def run_stall(
     fault_hosts: tuple[int, ...] = (1, 3),
     layers: tuple[str, ...] = STALL_LAYERS,
@@ -585,7 +598,7 @@ def run_stall(
             secs, fired = clean_alerts(rep)
             clean["seconds"] += secs
             clean["alerts"] += fired
-            for ep in rep.get("episodes") or []:
+            for ep in stall_episodes(rep):
                 episodes.append(
                     {"kind": ep["kind"], "host": ep["host"], "evidence": ep.get("evidence"), **ep["verdict"]}
                 )
@@ -593,7 +606,7 @@ def run_stall(
                 f"[dim]  node-{h:02d}: {time.monotonic() - t0:.0f} s; "
                 + ", ".join(
                     f"{ep['kind']} {ep['verdict'].get('named', 0)}/{len(ep['verdict'].get('stalls', []))}"
-                    for ep in rep.get("episodes") or []
+                    for ep in stall_episodes(rep)
                 )
                 + "[/dim]"
             )
