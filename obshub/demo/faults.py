@@ -626,7 +626,8 @@ class Stall(Fault):
     - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
       cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
       and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one;
-    - ``process``: the host's rank (every process of its v2 cgroup) stopped with SIGSTOP for the stall,
+    - ``process``: the host's rank (every process of its v2 cgroup; with ``--fault-rank`` that rank's process
+      alone, and a ``cpu`` burst then shares one CPU with that rank only) stopped with SIGSTOP for the stall,
       then continued (SIGCONT);
     - ``mem``: memory pressure: during the stall the host's memory cgroup is limited to its anonymous
       memory (memory.stat ``rss``) plus ``room_mb`` (default 64) of page cache, and a stopped hog (as
@@ -695,8 +696,9 @@ class Stall(Fault):
                 raise FaultError(f"Failed to load nftables table obshub_stall in {self.host.netns}: {proc.stderr}")
         elif layer == "cpu" and self._noise:
             self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
-        elif layer == "process":
-            self._stopped = self._signal(sorted(cgroup_pids(self.host.cgroup("unified"))), signal.SIGSTOP)
+        elif layer == "process":  # one rank (--fault-rank: its process alone) or every process of the host
+            pids = [self.pid] if self.pid else sorted(cgroup_pids(self.host.cgroup("unified")))
+            self._stopped = self._signal(pids, signal.SIGSTOP)
         elif layer == "mem" and self._mem and self._mem._noise:
             cg = self._mem.cg
             st = memory_stat(cg)
@@ -744,7 +746,12 @@ class Stall(Fault):
         layer = self.params["layer"]
         if layer == "cpu":
             self._noise = _Noise(self.cluster, self.host, {"cpu": self.host.cgroup("cpu")})
-            self._noise.start([sys.executable, "-c", BUSY_LOOP], int(self.params["procs"]))
+            argv = [sys.executable, "-c", BUSY_LOOP]
+            if self.pid:  # one rank (--fault-rank): it and the bursts share one CPU, its host's peers the others
+                cpu = max(os.sched_getaffinity(0))
+                _pin(self.pid, {cpu})
+                argv = ["taskset", "-c", str(cpu), *argv]
+            self._noise.start(argv, int(self.params["procs"]))
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
             for p in self._noise.procs:  # a burst that takes the CPUs: nice -20 (CFS weight 88761 vs 1024)
                 os.setpriority(os.PRIO_PROCESS, p.pid, -20)
@@ -784,6 +791,8 @@ class Stall(Fault):
             self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
             self._noise.stop()
             self._noise = None
+            if self.pid:
+                _pin(self.pid, os.sched_getaffinity(0))
         if self._stopped:
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []
