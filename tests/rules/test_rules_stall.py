@@ -460,6 +460,8 @@ BLACKOUTS = [
     {"node-01": {"node-02": 4}, "node-02": {"node-03": 1}, "node-00": {"node-01": 1}},
     # both neighbours sending into the drops (the usual 800 ms blackout: 4 and 4)
     {"node-01": {"node-02": 4}, "node-03": {"node-02": 4}},
+    # the blackout of node-01's run that caught only one neighbour sending, twice (here node-01 -> node-02)
+    {"node-01": {"node-02": 2}},
     # a 2 s blackout: longer back-off on one side, noise elsewhere
     {"node-03": {"node-02": 6}, "node-01": {"node-02": 1}, "node-00": {"node-03": 1}},
     # a loss burst (40 %): several retransmits each way, node-02's own among them
@@ -498,8 +500,13 @@ def test_retransmits_toward_a_host_count_only_as_a_back_off_that_stands_out():
     assert (
         analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 1}, "node-03": {"node-02": 1}}, 900), th) == {}
     )
-    # two in all toward it: below count_min
-    assert analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 2}}, 900), th) == {}
+    # two on one connection (a back-off: the recorded blackout of node-01 that caught only node-00 sending)
+    got = analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 2}}, 900), th)
+    assert got == {"node-02": (2.0, 2, 0, 0, 0)}
+    # one retransmit toward it and one toward another host: nothing
+    assert (
+        analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 1}, "node-03": {"node-00": 1}}, 900), th) == {}
+    )
     # as many toward a neighbour as toward it (less than count_factor times the second): nobody stands out
     both = {"node-01": {"node-02": 4}, "node-03": {"node-00": 3}}
     assert analysis.net_toward_evidence(ring_accs(both, 900), th) == {}

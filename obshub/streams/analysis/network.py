@@ -241,9 +241,9 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, tupl
     400, 800 ...) while the host itself, blocked in the collective, may send little. In a ring, only one
     neighbour may be sending when the blackout starts, so the host's fewest retransmits over its busy
     connections (``net_stats``) can be 0 or 1 and the step names nobody, although every retransmit of it
-    went toward the one host. Counted only when the host received at least ``count_min`` in all, at least
-    ``net_count_min`` on one connection (a back-off, not one spurious timeout per connection, which a
-    stopped or starved rank's peers may show), and at least ``count_factor`` times what any other host
+    went toward the one host. Counted only when the host received at least ``net_count_min`` on one
+    connection (a back-off: the same connection timed out again; not one spurious timeout per connection,
+    which a stopped or starved rank's peers may show), and at least ``count_factor`` times what any other host
     received (the neighbour whose segments to it were dropped receives nothing extra), and only when the
     host did not keep the others waiting at a collective for ``net_toward_late_rel`` of its step time or
     more (a blackout's host waits in the collective with the others; a rank stopped with SIGSTOP arrives
@@ -279,7 +279,7 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, tupl
     best = ranked[0]
     n = toward[best]
     second = toward[ranked[1]] if len(ranked) > 1 else 0
-    if n < th.count_min or most[best] < th.net_count_min or n < th.count_factor * max(second, 1):
+    if most[best] < th.net_count_min or n < th.count_factor * max(second, 1):
         return {}
     lead = _lead_ns(accs, best)
     if lead > 0 and lead >= th.net_toward_late_rel * int(accs[best].get("step_ns") or 0):
