@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from obshub.demo.cluster import SUBNET, Cluster, Host, cgroup_pids, sh
-from obshub.demo.errors import FaultError
+from obshub.demo.errors import ClusterError, FaultError
 
 KINDS = ("none", "net-slow", "net-loss", "cpu", "mem", "hang", "exit", "stall")
 # the settings a fault reads from ``--param KEY=VALUE`` (each a positive number; defaults in its class)
@@ -622,7 +622,9 @@ class Stall(Fault):
     - ``net``: a blackout of the host's link: nftables table ``inet obshub_stall`` in its namespace drops
       every TCP packet from and to the subnet (loaded at the stall's start, deleted at its end); with
       ``loss_pct`` (1-99) a loss burst instead: that percent of them dropped at random; with ``delay_ms``
-      an RTT spike instead: tc netem delays every packet of both directions of its link by that much;
+      an RTT spike instead: tc netem delays every packet of both directions of its link by that much (a
+      kernel without sch_netem records the error in the evidence); with ``rate_kbit`` an RTT spike with
+      tbf: both directions limited to that rate, segments queued up to 2 s;
     - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
       cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
       and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one;
@@ -649,8 +651,13 @@ class Stall(Fault):
             )
         if not 0 < float(self.params.get("loss_pct", 50)) <= 100:
             raise FaultError(f"--param loss_pct={self.params['loss_pct']}: a percent, 1-100")
-        if self.params["layer"] != "net" and ("loss_pct" in self.params or "delay_ms" in self.params):
-            raise FaultError("--param loss_pct / delay_ms: shapes of a net stall", "use them with layer=net")
+        shapes = [k for k in ("loss_pct", "delay_ms", "rate_kbit") if k in self.params]
+        if self.params["layer"] != "net" and shapes:
+            raise FaultError(
+                "--param loss_pct / delay_ms / rate_kbit: shapes of a net stall", "use them with layer=net"
+            )
+        if len(shapes) > 1:
+            raise FaultError(f"--param {' and '.join(shapes)}: one shape of a net stall at a time")
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
@@ -681,7 +688,11 @@ class Stall(Fault):
 
     def _on(self) -> None:
         layer = self.params["layer"]
-        if layer == "net" and self.params.get("delay_ms"):
+        if layer == "net" and self.params.get("rate_kbit"):
+            tbf = self._tbf()
+            sh(["tc", "qdisc", "replace", "dev", self.host.ifname, "root", *tbf], netns=self.host.netns)
+            sh(["tc", "qdisc", "replace", "dev", self.host.veth, "root", *tbf])
+        elif layer == "net" and self.params.get("delay_ms"):
             delay = ["netem", "delay", f"{float(self.params['delay_ms']):g}ms"]
             sh(["tc", "qdisc", "replace", "dev", self.host.ifname, "root", *delay], netns=self.host.netns)
             sh(["tc", "qdisc", "replace", "dev", self.host.veth, "root", *delay])
@@ -708,9 +719,14 @@ class Stall(Fault):
             (cg / "memory.limit_in_bytes").write_text(str(limit))
             self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
 
+    def _tbf(self) -> list[str]:
+        """An RTT spike without netem: tbf at ``rate_kbit`` with a queue of up to 2 s (segments wait in it
+        rather than being dropped)."""
+        return ["tbf", "rate", f"{float(self.params['rate_kbit']):g}kbit", "burst", "16kb", "latency", "2000ms"]
+
     def _off(self) -> None:
         layer = self.params["layer"]
-        if layer == "net" and self.params.get("delay_ms"):
+        if layer == "net" and (self.params.get("delay_ms") or self.params.get("rate_kbit")):
             sh(["tc", "qdisc", "del", "dev", self.host.ifname, "root"], netns=self.host.netns, check=False)
             sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
         elif layer == "net":
@@ -735,7 +751,7 @@ class Stall(Fault):
             try:
                 self._on()
                 time.sleep(stall_s)  # never cut short: a stall is judged whole
-            except (OSError, FaultError) as exc:
+            except (OSError, FaultError, ClusterError) as exc:  # recorded (evidence "error"), never a dead thread
                 self._error = str(exc)
             finally:
                 self._off()
@@ -796,7 +812,7 @@ class Stall(Fault):
         if self._stopped:
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []
-        if self.params["layer"] == "net" and self.params.get("delay_ms"):
+        if self.params["layer"] == "net" and (self.params.get("delay_ms") or self.params.get("rate_kbit")):
             sh(["tc", "qdisc", "del", "dev", self.host.ifname, "root"], netns=self.host.netns, check=False)
             sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
         elif self.params["layer"] == "net":
