@@ -728,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help=f"with --stall: a stall fault --param (stall_ms, default {STALL_MS}; period_s, default "
-        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms: net RTT spikes; procs; room_mb)",
+        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms (netem) or rate_kbit (tbf): net RTT spikes; procs; room_mb)",
     )
     p.add_argument(
         "--ranks-per-host", type=int, default=1, help="with --stall: training ranks per host (obshub demo's)"

@@ -58,7 +58,7 @@ PARAMS = {
     "net-loss": ("percent",),
     "cpu": ("procs",),
     "mem": ("room_mb", "hog_anon_mb", "file_mb"),
-    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "loss_pct", "delay_ms"),
+    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "loss_pct", "delay_ms", "rate_kbit"),
 }
 # a sporadic stall (kind ``stall``): its ``layer`` param (names as ``--param layer=...``) and the layer
 # obshub should name for it
