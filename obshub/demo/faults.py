@@ -849,7 +849,7 @@ _CLASSES = {
 
 def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = None, pid: int | None = None) -> Fault:
     """The fault of ``kind`` (one of ``KINDS``) on host index ``host`` (``pid``: on that one rank's
-    process; ``cpu`` and ``hang`` only). Raises FaultError for an unknown kind or a host outside the
+    process; ``cpu``, ``hang`` and a ``cpu`` or ``process`` stall only). Raises FaultError for an unknown kind or a host outside the
     cluster."""
     if kind not in _CLASSES:
         raise FaultError(f"unknown fault kind {kind!r}", f"use one of {', '.join(KINDS)}")
@@ -858,6 +858,10 @@ def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = Non
             f"--fault-host {host} is outside 0..{len(cluster.hosts) - 1}",
             "hosts are numbered from 0 (host 0 is the rendezvous host)",
         )
-    if pid is not None and kind not in ("cpu", "hang"):
-        raise FaultError(f"--fault-rank: the {kind} fault hits a whole host", "use it with --fault cpu or hang")
+    one_rank = kind in ("cpu", "hang") or (kind == "stall" and (params or {}).get("layer") in ("cpu", "process"))
+    if pid is not None and not one_rank:
+        raise FaultError(
+            f"--fault-rank: the {kind} fault hits a whole host",
+            "use it with --fault cpu or hang, or a cpu / process stall",
+        )
     return _CLASSES[kind](cluster, cluster.hosts[host], dict(params or {}), pid=pid)
