@@ -31,6 +31,8 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
     python -m bench.ttd --stall cpu,process --fault-hosts 2   # some layers on one host
     python -m bench.ttd --stall net --fault-hosts 0 --stall-param loss_pct=40 --stall-param stall_ms=2000
                                         # 2 s loss bursts (delay_ms=300: RTT spikes) instead of blackouts
+    python -m bench.ttd --stall cpu,process --fault-hosts 1 --ranks-per-host 2 --fault-rank 1
+                                        # 2 ranks per host, the stalls on node-01's local rank 1 alone
     python -m bench.ttd --make-demo     # make demo (persistent net-loss) and a clean run, rules as shipped
 """
 
@@ -107,10 +109,12 @@ def run_sequence(
     log: Path,
     fault_for_s: float = FAULT_FOR_S,
     params: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
 ) -> dict:
     """One ``obshub demo --sequence`` run of ``kinds`` on host index ``host`` after ``clean_s`` of clean
     training, each fault ``fault_for_s`` long, ``params`` (``KEY=VALUE``) given as ``--param``; returns its
-    report. Raises RuntimeError when it writes no report."""
+    report; ``extra``: more ``obshub demo`` options (``--ranks-per-host 2 --fault-rank 1``). Raises
+    RuntimeError when it writes no report."""
     seq = ",".join(f"{k}@{host}" for k in kinds)
     duration = clean_s + len(kinds) * (fault_for_s + GAP_S + 10) + 5
     cmd = obshub_cmd(
@@ -134,6 +138,7 @@ def run_sequence(
         "--lock-wait",
         "600",
         *(x for kv in params for x in ("--param", kv)),
+        *extra,
     )
     with log.open("w") as f:
         proc = subprocess.run(
@@ -532,6 +537,19 @@ def stall_table(episodes: list[dict], clean: dict, hosts, layers, stall_ms: int,
     return per, named and no_wrong and fast and worst and not clean["alerts"]
 
 
+def stall_episodes(report: dict) -> list[dict]:
+    """The episodes of a demo report: its ``episodes``, or for a sequence of one fault (which the demo
+    reports as a single run, with a top-level ``verdict``) that run as the one episode ``{kind, host,
+    evidence, verdict}``; [] without either."""
+    if report.get("episodes"):
+        return report["episodes"]
+    seq = (report.get("scenario") or {}).get("sequence") or []
+    verdict = report.get("verdict")
+    if len(seq) != 1 or not isinstance(verdict, dict):
+        return []
+    return [{"kind": seq[0][0], "host": verdict.get("host"), "evidence": report.get("evidence"), "verdict": verdict}]
+
+
 def run_stall(
     fault_hosts: tuple[int, ...] = (1, 3),
     layers: tuple[str, ...] = STALL_LAYERS,
@@ -539,13 +557,17 @@ def run_stall(
     json_path: Path | None = None,
     keep: Path | None = None,
     params: dict | None = None,
+    ranks_per_host: int = 1,
+    fault_rank: int | None = None,
 ) -> dict:
     """The sporadic-stall campaign: per fault host one ``obshub demo --sequence stall:net@H,stall:cpu@H,
     ...`` run (``STALL_FOR_S`` per layer, one ``STALL_MS`` stall every ``STALL_PERIOD_S``) after
     ``clean_s`` of clean training; every stall must be named (right host and layer) from its own start,
     median <= 2 s, worst <= 5 s, nothing wrong, nothing on the clean training. ``params``: the stall
     fault's ``--param`` values over those defaults (``stall_ms``, ``period_s``; ``loss_pct`` or
-    ``delay_ms`` for a net loss burst or RTT spike instead of a blackout). Returns the results."""
+    ``delay_ms`` for a net loss burst or RTT spike instead of a blackout); ``ranks_per_host`` /
+    ``fault_rank``: the demo's ``--ranks-per-host`` and ``--fault-rank`` (the stall hits that local rank
+    of the host alone). Returns the results."""
     params = {"stall_ms": STALL_MS, "period_s": STALL_PERIOD_S, **(params or {})}
     stall_ms, period_s = params["stall_ms"], float(params["period_s"])
     common.console.rule(
@@ -577,6 +599,8 @@ def run_stall(
                 log,
                 fault_for_s=STALL_FOR_S,
                 params=tuple(f"{k}={v:g}" for k, v in params.items()),
+                extra=("--ranks-per-host", str(ranks_per_host))
+                + (("--fault-rank", str(fault_rank)) if fault_rank is not None else ()),
             )
             if keep is not None:
                 common.console.print(
@@ -585,7 +609,7 @@ def run_stall(
             secs, fired = clean_alerts(rep)
             clean["seconds"] += secs
             clean["alerts"] += fired
-            for ep in rep.get("episodes") or []:
+            for ep in stall_episodes(rep):
                 episodes.append(
                     {"kind": ep["kind"], "host": ep["host"], "evidence": ep.get("evidence"), **ep["verdict"]}
                 )
@@ -593,7 +617,7 @@ def run_stall(
                 f"[dim]  node-{h:02d}: {time.monotonic() - t0:.0f} s; "
                 + ", ".join(
                     f"{ep['kind']} {ep['verdict'].get('named', 0)}/{len(ep['verdict'].get('stalls', []))}"
-                    for ep in rep.get("episodes") or []
+                    for ep in stall_episodes(rep)
                 )
                 + "[/dim]"
             )
@@ -605,6 +629,8 @@ def run_stall(
         "stall_ms": stall_ms,
         "period_s": period_s,
         "params": params,
+        "ranks_per_host": ranks_per_host,
+        "fault_rank": fault_rank,
         "per_layer_s": STALL_FOR_S,
         "episodes": episodes,
         "per_layer": per,
@@ -702,7 +728,16 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help=f"with --stall: a stall fault --param (stall_ms, default {STALL_MS}; period_s, default "
-        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms: net RTT spikes; procs; room_mb)",
+        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms (netem) or rate_kbit (tbf): net RTT spikes; procs; room_mb)",
+    )
+    p.add_argument(
+        "--ranks-per-host", type=int, default=1, help="with --stall: training ranks per host (obshub demo's)"
+    )
+    p.add_argument(
+        "--fault-rank",
+        type=int,
+        default=None,
+        help="with --stall: the local rank of the fault host the stall hits alone (obshub demo's --fault-rank)",
     )
     p.add_argument(
         "--make-demo",
@@ -725,7 +760,12 @@ def main(argv: list[str] | None = None) -> int:
                 if not eq or float(v) <= 0:
                     raise ValueError(f"--stall-param {kv!r}: KEY=VALUE with a positive number")
                 sp[k] = float(v)
-            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep, sp)
+            if a.ranks_per_host < 1 or (a.fault_rank is not None and not 0 <= a.fault_rank < a.ranks_per_host):
+                raise ValueError(
+                    f"--ranks-per-host {a.ranks_per_host} --fault-rank {a.fault_rank}: at least 1 rank per host,"
+                    " and a fault rank among them (0..R-1)"
+                )
+            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep, sp, a.ranks_per_host, a.fault_rank)
         except ValueError as exc:
             p.error(str(exc))
         return 0

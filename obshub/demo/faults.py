@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from obshub.demo.cluster import SUBNET, Cluster, Host, cgroup_pids, sh
-from obshub.demo.errors import FaultError
+from obshub.demo.errors import ClusterError, FaultError
 
 KINDS = ("none", "net-slow", "net-loss", "cpu", "mem", "hang", "exit", "stall")
 # the settings a fault reads from ``--param KEY=VALUE`` (each a positive number; defaults in its class)
@@ -58,7 +58,7 @@ PARAMS = {
     "net-loss": ("percent",),
     "cpu": ("procs",),
     "mem": ("room_mb", "hog_anon_mb", "file_mb"),
-    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "loss_pct", "delay_ms"),
+    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "loss_pct", "delay_ms", "rate_kbit"),
 }
 # a sporadic stall (kind ``stall``): its ``layer`` param (names as ``--param layer=...``) and the layer
 # obshub should name for it
@@ -622,11 +622,14 @@ class Stall(Fault):
     - ``net``: a blackout of the host's link: nftables table ``inet obshub_stall`` in its namespace drops
       every TCP packet from and to the subnet (loaded at the stall's start, deleted at its end); with
       ``loss_pct`` (1-99) a loss burst instead: that percent of them dropped at random; with ``delay_ms``
-      an RTT spike instead: tc netem delays every packet of both directions of its link by that much;
+      an RTT spike instead: tc netem delays every packet of both directions of its link by that much (a
+      kernel without sch_netem records the error in the evidence); with ``rate_kbit`` an RTT spike with
+      tbf: both directions limited to that rate, segments queued up to 2 s;
     - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
       cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
       and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one;
-    - ``process``: the host's rank (every process of its v2 cgroup) stopped with SIGSTOP for the stall,
+    - ``process``: the host's rank (every process of its v2 cgroup; with ``--fault-rank`` that rank's process
+      alone, and a ``cpu`` burst then shares one CPU with that rank only) stopped with SIGSTOP for the stall,
       then continued (SIGCONT);
     - ``mem``: memory pressure: during the stall the host's memory cgroup is limited to its anonymous
       memory (memory.stat ``rss``) plus ``room_mb`` (default 64) of page cache, and a stopped hog (as
@@ -648,8 +651,13 @@ class Stall(Fault):
             )
         if not 0 < float(self.params.get("loss_pct", 50)) <= 100:
             raise FaultError(f"--param loss_pct={self.params['loss_pct']}: a percent, 1-100")
-        if self.params["layer"] != "net" and ("loss_pct" in self.params or "delay_ms" in self.params):
-            raise FaultError("--param loss_pct / delay_ms: shapes of a net stall", "use them with layer=net")
+        shapes = [k for k in ("loss_pct", "delay_ms", "rate_kbit") if k in self.params]
+        if self.params["layer"] != "net" and shapes:
+            raise FaultError(
+                "--param loss_pct / delay_ms / rate_kbit: shapes of a net stall", "use them with layer=net"
+            )
+        if len(shapes) > 1:
+            raise FaultError(f"--param {' and '.join(shapes)}: one shape of a net stall at a time")
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
@@ -680,7 +688,11 @@ class Stall(Fault):
 
     def _on(self) -> None:
         layer = self.params["layer"]
-        if layer == "net" and self.params.get("delay_ms"):
+        if layer == "net" and self.params.get("rate_kbit"):
+            tbf = self._tbf()
+            sh(["tc", "qdisc", "replace", "dev", self.host.ifname, "root", *tbf], netns=self.host.netns)
+            sh(["tc", "qdisc", "replace", "dev", self.host.veth, "root", *tbf])
+        elif layer == "net" and self.params.get("delay_ms"):
             delay = ["netem", "delay", f"{float(self.params['delay_ms']):g}ms"]
             sh(["tc", "qdisc", "replace", "dev", self.host.ifname, "root", *delay], netns=self.host.netns)
             sh(["tc", "qdisc", "replace", "dev", self.host.veth, "root", *delay])
@@ -695,8 +707,9 @@ class Stall(Fault):
                 raise FaultError(f"Failed to load nftables table obshub_stall in {self.host.netns}: {proc.stderr}")
         elif layer == "cpu" and self._noise:
             self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
-        elif layer == "process":
-            self._stopped = self._signal(sorted(cgroup_pids(self.host.cgroup("unified"))), signal.SIGSTOP)
+        elif layer == "process":  # one rank (--fault-rank: its process alone) or every process of the host
+            pids = [self.pid] if self.pid else sorted(cgroup_pids(self.host.cgroup("unified")))
+            self._stopped = self._signal(pids, signal.SIGSTOP)
         elif layer == "mem" and self._mem and self._mem._noise:
             cg = self._mem.cg
             st = memory_stat(cg)
@@ -706,9 +719,14 @@ class Stall(Fault):
             (cg / "memory.limit_in_bytes").write_text(str(limit))
             self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
 
+    def _tbf(self) -> list[str]:
+        """An RTT spike without netem: tbf at ``rate_kbit`` with a queue of up to 2 s (segments wait in it
+        rather than being dropped)."""
+        return ["tbf", "rate", f"{float(self.params['rate_kbit']):g}kbit", "burst", "16kb", "latency", "2000ms"]
+
     def _off(self) -> None:
         layer = self.params["layer"]
-        if layer == "net" and self.params.get("delay_ms"):
+        if layer == "net" and (self.params.get("delay_ms") or self.params.get("rate_kbit")):
             sh(["tc", "qdisc", "del", "dev", self.host.ifname, "root"], netns=self.host.netns, check=False)
             sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
         elif layer == "net":
@@ -733,7 +751,7 @@ class Stall(Fault):
             try:
                 self._on()
                 time.sleep(stall_s)  # never cut short: a stall is judged whole
-            except (OSError, FaultError) as exc:
+            except (OSError, FaultError, ClusterError) as exc:  # recorded (evidence "error"), never a dead thread
                 self._error = str(exc)
             finally:
                 self._off()
@@ -744,7 +762,12 @@ class Stall(Fault):
         layer = self.params["layer"]
         if layer == "cpu":
             self._noise = _Noise(self.cluster, self.host, {"cpu": self.host.cgroup("cpu")})
-            self._noise.start([sys.executable, "-c", BUSY_LOOP], int(self.params["procs"]))
+            argv = [sys.executable, "-c", BUSY_LOOP]
+            if self.pid:  # one rank (--fault-rank): it and the bursts share one CPU, its host's peers the others
+                cpu = max(os.sched_getaffinity(0))
+                _pin(self.pid, {cpu})
+                argv = ["taskset", "-c", str(cpu), *argv]
+            self._noise.start(argv, int(self.params["procs"]))
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
             for p in self._noise.procs:  # a burst that takes the CPUs: nice -20 (CFS weight 88761 vs 1024)
                 os.setpriority(os.PRIO_PROCESS, p.pid, -20)
@@ -784,10 +807,12 @@ class Stall(Fault):
             self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
             self._noise.stop()
             self._noise = None
+            if self.pid:
+                _pin(self.pid, os.sched_getaffinity(0))
         if self._stopped:
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []
-        if self.params["layer"] == "net" and self.params.get("delay_ms"):
+        if self.params["layer"] == "net" and (self.params.get("delay_ms") or self.params.get("rate_kbit")):
             sh(["tc", "qdisc", "del", "dev", self.host.ifname, "root"], netns=self.host.netns, check=False)
             sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
         elif self.params["layer"] == "net":
@@ -824,7 +849,7 @@ _CLASSES = {
 
 def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = None, pid: int | None = None) -> Fault:
     """The fault of ``kind`` (one of ``KINDS``) on host index ``host`` (``pid``: on that one rank's
-    process; ``cpu`` and ``hang`` only). Raises FaultError for an unknown kind or a host outside the
+    process; ``cpu``, ``hang`` and a ``cpu`` or ``process`` stall only). Raises FaultError for an unknown kind or a host outside the
     cluster."""
     if kind not in _CLASSES:
         raise FaultError(f"unknown fault kind {kind!r}", f"use one of {', '.join(KINDS)}")
@@ -833,6 +858,10 @@ def make_fault(kind: str, cluster: Cluster, host: int, params: dict | None = Non
             f"--fault-host {host} is outside 0..{len(cluster.hosts) - 1}",
             "hosts are numbered from 0 (host 0 is the rendezvous host)",
         )
-    if pid is not None and kind not in ("cpu", "hang"):
-        raise FaultError(f"--fault-rank: the {kind} fault hits a whole host", "use it with --fault cpu or hang")
+    one_rank = kind in ("cpu", "hang") or (kind == "stall" and (params or {}).get("layer") in ("cpu", "process"))
+    if pid is not None and not one_rank:
+        raise FaultError(
+            f"--fault-rank: the {kind} fault hits a whole host",
+            "use it with --fault cpu or hang, or a cpu / process stall",
+        )
     return _CLASSES[kind](cluster, cluster.hosts[host], dict(params or {}), pid=pid)

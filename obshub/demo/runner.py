@@ -131,10 +131,15 @@ class DemoOptions:
                     f"--fault-rank {self.fault_rank} is outside 0..{self.ranks_per_host - 1}",
                     "it is the local rank on the faulty host",
                 )
-            if self.fault not in ("cpu", "hang") or self.sequence:
+            kinds = [k for k, _h in self.sequence] if self.sequence else [self.fault]
+            one_rank = ("cpu", "hang", "stall:cpu", "stall:process")
+            if any(
+                k not in one_rank and not (k == "stall" and self.fault_params.get("layer") in ("cpu", "process"))
+                for k in kinds
+            ):
                 raise DemoError(
-                    f"--fault-rank with --fault {self.fault}: only a cpu or hang fault hits one rank",
-                    "use --fault cpu or --fault hang (no --sequence)",
+                    f"--fault-rank with {', '.join(kinds)}: only a cpu or hang fault hits one rank (or a cpu / process stall)",
+                    "use --fault cpu, --fault hang, --fault stall --param layer=cpu|process, or such a --sequence",
                 )
         if not 0 <= self.fault_host < self.hosts:
             raise DemoError(

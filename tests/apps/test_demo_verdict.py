@@ -273,6 +273,11 @@ def test_net_stall_shapes_a_loss_burst_and_an_rtt_spike():
         Stall(None, None, {"layer": "net", "loss_pct": 150})
     with pytest.raises(FaultError, match="shapes of a net stall"):
         Stall(None, None, {"layer": "cpu", "delay_ms": 300})
+    # an RTT spike with tbf (kernels without sch_netem): one shape at a time
+    DemoOptions(fault="stall", fault_params={"layer": "net", "rate_kbit": 200}).check()
+    assert Stall(None, None, {"layer": "net", "rate_kbit": 200})._tbf()[:3] == ["tbf", "rate", "200kbit"]
+    with pytest.raises(FaultError, match="one shape of a net stall at a time"):
+        Stall(None, None, {"layer": "net", "rate_kbit": 200, "loss_pct": 30})
 
 
 def test_a_sequence_names_stalls_by_layer():

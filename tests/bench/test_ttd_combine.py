@@ -149,3 +149,18 @@ def test_keep_copies_a_runs_output_report_and_logs(tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and f"--keep {blocker / 'kept'}: cannot create the folder" in bad.stderr, bad.stderr
+
+
+def test_a_stall_run_of_one_layer_is_one_episode():
+    """``--stall net``: a sequence of one fault, which the demo reports as a single run (a top-level
+    ``verdict``, no ``episodes``), is still judged (it was read as no episode at all: 0/0 named)."""
+    from bench import ttd
+
+    verdict = {"host": "node-00", "layer": "network", "named": 4, "stalls": [{"t0_ns": 1, "ttd_s": 2.2}] * 4}
+    single = {"scenario": {"sequence": [["stall:net", 0]]}, "verdict": verdict, "evidence": {"steps": 3}}
+    assert ttd.stall_episodes(single) == [
+        {"kind": "stall:net", "host": "node-00", "evidence": {"steps": 3}, "verdict": verdict}
+    ]
+    several = {"episodes": [{"kind": "stall:cpu", "host": "node-01", "verdict": verdict}], "verdict": verdict}
+    assert ttd.stall_episodes(several) == several["episodes"]
+    assert ttd.stall_episodes({"scenario": {"sequence": [["stall:net", 0], ["stall:cpu", 0]]}}) == []

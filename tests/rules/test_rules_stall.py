@@ -401,3 +401,160 @@ def test_interim_records_of_a_stalled_step_never_count_twice_and_recurrence_coun
     ], stall
     rec = next(a for a in firing if a["rule"] == "step_stall_recurring")
     assert "3 times in 10 min" in rec["annotations"]["summary"] and rec["severity"] == "critical"
+
+
+# -- the live shapes of a blackout's retransmits (issue #30: docs/BENCHMARKS.md section 8) -------------------
+
+MS = 1_000_000
+RING = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}  # gloo's ring 0-1-2-3-0 in the demo
+
+
+def ring_accs(sent: dict[str, dict[str, int]], step_ms: float, sched_ms: dict[str, float] | None = None) -> dict:
+    """Host accumulators of one step of the 4-host demo ring: every host ``step_ms`` long, arriving alike at
+    its three all-reduces (a blackout or a burst inside a collective makes nobody late), 20 RTT samples
+    on each of its two ring connections, ``sent`` ``{host: {peer: retransmits it sent there}}`` in the
+    direction ``accumulate`` counts them, ``sched_ms`` the hosts' run-queue time."""
+    from obshub.streams import accumulate
+
+    peers = {"node-00": ("node-01", "node-03"), "node-01": ("node-00", "node-02")}
+    peers |= {"node-02": ("node-01", "node-03"), "node-03": ("node-02", "node-00")}
+    accs = {}
+    for i, (h, addr) in enumerate(RING.items()):
+        a = accumulate.new_acc(h, i)
+        a["step_ns"], a["unc_ns"] = int(step_ms * MS), 1_000
+        for k in range(3):
+            t = int((k + 1) * step_ms / 4 * MS)
+            a["colls"][f"0#{k}"] = ["all_reduce", t, t + MS, MS]
+        a["layers"] = {"sched": [int((sched_ms or {}).get(h, 5.0) * MS), 1, int((sched_ms or {}).get(h, 5.0) * MS)]}
+        pairs = {}
+        for p in peers[h]:
+            rx = sent.get(h, {}).get(p, 0)
+            lo, hi = sorted((addr, RING[p]))
+            pairs[f"{lo}|{hi}"] = [20, rx, 20 * MS, rx if addr == lo else 0, 0 if addr == lo else rx]
+        a["net"] = {"addrs": {addr: 1}, "pairs": pairs}
+        accs[h] = a
+    return accs
+
+
+def ring_summary(step: int, accs: dict, window: dict | None = None) -> dict:
+    """The worker's summary of ``accs`` after 20 clean steps of 130 ms (``analysis.summarize``)."""
+    hist = [[s, 130 * MS, 5 * MS] for s in range(step - 20, step)]
+    return analysis.summarize(
+        "llm",
+        step,
+        accs,
+        expected_hosts=sorted(accs),
+        history=hist,
+        quality={},
+        closed_by="complete",
+        closed_at_ns=1,
+        window=window,
+    )
+
+
+BLACKOUTS = [
+    # (what was sent during node-02's blackout, {host: {peer: retransmits}}): the recorded first blackout
+    # of the node-02 campaign: only node-01 was sending to node-02 when it began (4 retransmits, its
+    # back-off), node-02 itself one toward node-03, node-00 one spurious toward node-01; its fewest per
+    # busy connection is 1, and the step alone named nobody (step_stall_unexplained x12.3)
+    {"node-01": {"node-02": 4}, "node-02": {"node-03": 1}, "node-00": {"node-01": 1}},
+    # both neighbours sending into the drops (the usual 800 ms blackout: 4 and 4)
+    {"node-01": {"node-02": 4}, "node-03": {"node-02": 4}},
+    # the blackout of node-01's run that caught only one neighbour sending, twice (here node-01 -> node-02)
+    {"node-01": {"node-02": 2}},
+    # a 2 s blackout: longer back-off on one side, noise elsewhere
+    {"node-03": {"node-02": 6}, "node-01": {"node-02": 1}, "node-00": {"node-03": 1}},
+    # a loss burst (40 %): several retransmits each way, node-02's own among them
+    {"node-01": {"node-02": 3}, "node-03": {"node-02": 2}, "node-02": {"node-01": 2, "node-03": 1}},
+]
+
+
+@pytest.mark.parametrize("sent", BLACKOUTS)
+def test_a_blackouts_retransmits_toward_its_host_name_the_stalled_step(sent):
+    """A stalled step whose retransmits went toward one host names that host's link, however few of its
+    connections carried them; the same retransmits in a step that is not slowed add nothing (the
+    sequential rules keep their per-step gates), and the pack fires one step_stall on node-02 / network."""
+    stalled = ring_summary(30, ring_accs(sent, 1620), window={})
+    c = stalled["culprit"]
+    assert c is not None and (c["host"], c["layer"], c["source"]) == ("node-02", "network", "evidence"), c
+    assert stalled["evidence"]["hosts"]["node-02"]["network"] >= 2.0
+    assert set(stalled["evidence"]["hosts"]) == {"node-02"}
+    # x1.2, not slowed: only the per-step network evidence (the directed view names the second shape)
+    accs = ring_accs(sent, 160)
+    usual = ring_summary(30, accs, window={})
+    per_step = {h: v[0] for h, v in analysis.net_evidence(accs, analysis.Thresholds()).items()}
+    assert {h: e["network"] for h, e in usual["evidence"]["hosts"].items() if e["network"]} == per_step
+    if sent is BLACKOUTS[0]:  # the recorded miss: nothing per step, and nothing in a step not slowed
+        assert per_step == {}
+    rows = [summary(i, 130 + (i % 3) * 4) for i in range(20)] + [dict(stalled, baseline=summary(0, 1)["baseline"])]
+    rows += [summary(i, 132) for i in range(21, 30)]
+    rows = charge(rows)
+    firing = fire(rows)
+    stall = [(a["rule"], a["labels"]["host"], a["labels"]["layer"]) for a in firing if a["rule"] in STALL_RULES]
+    assert stall == [("step_stall", "node-02", "network")], stall
+
+
+def test_retransmits_toward_a_host_count_only_as_a_back_off_that_stands_out():
+    th = analysis.Thresholds()
+    # a rank stopped or starved for 800 ms: one spurious timeout on each neighbour's connection to it
+    assert (
+        analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 1}, "node-03": {"node-02": 1}}, 900), th) == {}
+    )
+    # two on one connection (a back-off: the recorded blackout of node-01 that caught only node-00 sending)
+    got = analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 2}}, 900), th)
+    assert got == {"node-02": analysis.NetEvidence(2.0, 2, 0, 0, 0)}
+    # one retransmit toward it and one toward another host: nothing
+    assert (
+        analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 1}, "node-03": {"node-00": 1}}, 900), th) == {}
+    )
+    # as many toward a neighbour as toward it (less than count_factor times the second): nobody stands out
+    both = {"node-01": {"node-02": 4}, "node-03": {"node-00": 3}}
+    assert analysis.net_toward_evidence(ring_accs(both, 900), th) == {}
+    # 14 toward node-02, 6 toward node-03 (the recorded 8 % loss step): node-02, (14 - 6) / sqrt(7)
+    loss = {"node-01": {"node-02": 2}, "node-03": {"node-02": 12}, "node-00": {"node-03": 6}}
+    got = analysis.net_toward_evidence(ring_accs(loss, 900), th)
+    assert got == {"node-02": analysis.NetEvidence(3.0, 14, 6, 0, 0)}  # 3.024, clipped to net_toward_clip
+    assert analysis.net_toward_evidence(ring_accs(loss, 900), analysis.Thresholds(net_toward_clip=7.0)) == {
+        "node-02": analysis.NetEvidence(3.024, 14, 6, 0, 0)
+    }
+
+
+def test_a_starved_host_whose_sockets_look_lossy_is_named_by_its_run_queue_time():
+    """A CPU burst that hits a rank while it waits inside a collective: nobody arrives late, its peers'
+    segments wait for its ACKs and are retransmitted toward it (network evidence), but its own run-queue
+    time explains the stall: sched, not network. A blackout's host, whose run-queue time is its peers',
+    stays network."""
+    starved = summary(
+        783,
+        970,
+        ev={"node-02": {"network": 2.0}},
+        layers={h: {"sched": 700 if h == "node-02" else 30} for h in HOSTS4},
+    )
+    c = analysis.culprit(starved)
+    assert (c["host"], c["layer"], c["source"]) == ("node-02", "sched", "layers"), c
+    assert "looked lossy too (network evidence 2)" in c["why"]
+    blackout = summary(241, 1620, ev={"node-02": {"network": 2.121}}, layers={h: {"sched": 40} for h in HOSTS4})
+    assert (analysis.culprit(blackout)["host"], analysis.culprit(blackout)["layer"]) == ("node-02", "network")
+    # the run-queue time of another host does not take a blackout's host away
+    other = summary(
+        241,
+        1620,
+        ev={"node-02": {"network": 2.121}},
+        layers={h: {"sched": 900 if h == "node-00" else 40} for h in HOSTS4},
+    )
+    assert (analysis.culprit(other)["host"], analysis.culprit(other)["layer"]) == ("node-02", "network")
+
+
+def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
+    """A rank stopped (SIGSTOP) for 800 ms arrives late at its collective and its two neighbours each sent
+    it two retransmits (the recorded node-02 process stall, 2026-12-05): that is its process, not its
+    link. The same retransmits toward a host that waited with the others are a blackout's."""
+    th = analysis.Thresholds()
+    sent = {"node-01": {"node-02": 2}, "node-03": {"node-02": 2}}
+    waited = ring_accs(sent, 900)
+    assert analysis.net_toward_evidence(waited, th) == {"node-02": (3.0, 4, 0, 0, 0)}
+    stopped = ring_accs(sent, 900)
+    stopped["node-02"]["colls"]["0#0"][1] += 740 * MS  # it reached the first all-reduce 740 ms after the others
+    assert analysis.net_toward_evidence(stopped, th) == {}
+    # (two toward it on each of its connections also meet the per-step directed view, net_count_min 2:
+    # a stopped rank that hangs is charged by its hang record, docs/ANALYSIS.md "Culprit of a step")

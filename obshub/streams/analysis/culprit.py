@@ -44,7 +44,9 @@ def culprit(summary: dict) -> dict | None:
        (any layer but network) only when the host's lateness (its late-group entry, at least ``z``
        spreads) makes up ``EXPLAIN_REL`` of what the step lost over the baseline median. When another
        host's lateness-based candidate exceeds ``AMBIGUOUS_REL`` of the best one, None: no single host
-       stands out. A ``pytorch`` best gives way to a lower layer of the same host with evidence;
+       stands out. A ``pytorch`` best gives way to a lower layer of the same host with evidence; a
+       ``network`` best gives way to the host's own sched or memory time when that explains the stall
+       (``_layer_culprit`` names the same host: a starved host's sockets look lossy);
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
        ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
        any straggler without a baseline): a step without per-step evidence (the job's first steps, the
@@ -98,6 +100,14 @@ def culprit(summary: dict) -> dict | None:
     # lateness (at least z spreads; exact for the late group) makes up EXPLAIN_REL of what the step lost
     if best is not None and best[2] != "network" and max(best[3] * spread, group.get(best[1], 0)) < EXPLAIN_REL * lost:
         best = None
+    if best is not None and best[2] == "network" and lost:
+        # a host starved of CPU or stalled in reclaim answers late on every connection, so its peers'
+        # retransmits toward it look like a lossy link: when its own run-queue or reclaim time over its
+        # peers' explains the stall (``_layer_culprit``), that layer is the culprit, not its link
+        own = _layer_culprit(summary, lost)
+        if own is not None and own["host"] == best[1]:
+            own["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
+            return own
     if best is not None:
         _key, h, layer, z = best
         why = f"{layer} evidence {z:g} spreads of {spread / 1e6:.1f} ms"

@@ -241,16 +241,78 @@ def net_evidence(
     ``recent_directed``: see ``net_stats``; ``stats``: its result when the caller has it;
     ``window_stats``: ``net_stats`` with a ``window`` (a slowed step), whose retransmit value counts only
     from ``net_window_min`` and ``net_window_factor * m_rx``: each host gets the larger of the two values
-    (docs/ANALYSIS.md "Loss over a window of steps")."""
+    (docs/ANALYSIS.md "Loss over a window of steps"), and of ``net_toward_evidence`` (a slowed step: a
+    blackout's retransmits toward its host)."""
     if len(accs) < 3:
         return {}
     out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
     if window_stats is not None:
-        for h, entry in _net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items():
+        slowed = list(_net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items())
+        slowed += list(net_toward_evidence(accs, th).items())
+        for h, entry in slowed:
             have = out.get(h)
             if have is None or entry.z > have.z:
                 out[h] = entry
     return {h: out[h] for h in sorted(out)}
+
+
+def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetEvidence]:
+    """Network evidence of a slowed step from the retransmits sent *toward* each host (docs/ANALYSIS.md
+    "A blackout's retransmits toward its host"): ``{host: NetEvidence(z, toward, second, 0, 0)}`` for at most one
+    host, ``z = (toward - second) / sqrt(second + 1)`` clipped to ``net_toward_clip`` (and
+    ``evidence_clip``) and rounded to 3 places, where ``toward`` is the retransmits the other hosts sent toward it in the step (a retransmit
+    is counted by its sender: ``retransmits_toward``) and ``second`` the most any other host received.
+
+    A blackout of a host's link (every segment to and from it dropped for hundreds of ms) makes the peers
+    that were sending to it back off: the same connection retransmits again and again (RTO 200 ms, then
+    400, 800 ...) while the host itself, blocked in the collective, may send little. In a ring, only one
+    neighbour may be sending when the blackout starts, so the host's fewest retransmits over its busy
+    connections (``net_stats``) can be 0 or 1 and the step names nobody, although every retransmit of it
+    went toward the one host. Counted only when the host received at least ``net_count_min`` on one
+    connection (a back-off: the same connection timed out again; not one spurious timeout per connection,
+    which a stopped or starved rank's peers may show), and at least ``count_factor`` times what any other host
+    received (the neighbour whose segments to it were dropped receives nothing extra), and only when the
+    host did not keep the others waiting at a collective for ``net_toward_late_rel`` of its step time or
+    more (a blackout's host waits in the collective with the others; a rank stopped with SIGSTOP arrives
+    late, and its peers' retransmits toward it, one or two tail-loss probes per connection, are not its
+    link's fault). ``net_evidence``
+    reads it for a slowed step only (``window_stats`` given); a host whose own CPU or memory time made it
+    late keeps its time layers (``evidence``)."""
+    owner: dict[str, str] = {}
+    for host, acc in accs.items():
+        for addr in (acc.get("net") or {}).get("addrs") or {}:
+            owner.setdefault(addr, host)
+    pairs: dict[str, list[int]] = {}
+    for acc in accs.values():
+        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+            if len(vals) < 5:
+                continue
+            slot = pairs.setdefault(key, [0, 0])
+            slot[0] += vals[3]
+            slot[1] += vals[4]
+    toward: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for key, (a_to_b, b_to_a) in pairs.items():
+        a, _, b = key.partition("|")
+        ha, hb = owner.get(a), owner.get(b)
+        if ha is None or hb is None or ha == hb:
+            continue
+        for h, n in ((hb, a_to_b), (ha, b_to_a)):
+            toward[h] = toward.get(h, 0) + n
+            most[h] = max(most.get(h, 0), n)
+    if not toward:
+        return {}
+    ranked = sorted(toward, key=lambda h: (-toward[h], h))
+    best = ranked[0]
+    n = toward[best]
+    second = toward[ranked[1]] if len(ranked) > 1 else 0
+    if most[best] < th.net_count_min or n < th.count_factor * max(second, 1):
+        return {}
+    lead = _lead_ns(accs, best)
+    if lead > 0 and lead >= th.net_toward_late_rel * int(accs[best].get("step_ns") or 0):
+        return {}  # it kept the others waiting itself (stopped, frozen): a blackout's host is waited on by nobody
+    z = round(min(th.evidence_clip, th.net_toward_clip, (n - second) / math.sqrt(second + 1)), 3)
+    return {best: NetEvidence(z, n, second, 0, 0)} if z > 0 else {}
 
 
 def _net_z(
@@ -281,6 +343,21 @@ def _net_z(
         if z > 0:
             out[h] = NetEvidence(z, rx[h], m_rx, rtt[h], m_rtt)
     return out
+
+
+def _lead_ns(accs: dict[str, dict], host: str) -> int:
+    """How long ``host`` kept the others waiting at one collective of the step, at most (ns): its arrival
+    (``colls``) minus the latest other arrival, over the collectives it and at least one other host reached;
+    0 when it was never the last."""
+    lead = 0
+    for key, c in (accs[host].get("colls") or {}).items():
+        if c[1] is None:
+            continue
+        others = [a["colls"][key][1] for h, a in accs.items() if h != host and (a.get("colls") or {}).get(key)]
+        others = [t for t in others if t is not None]
+        if others:
+            lead = max(lead, c[1] - max(others))
+    return lead
 
 
 def retransmits_toward(accs: dict[str, dict]) -> dict[str, int]:

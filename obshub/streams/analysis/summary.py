@@ -167,7 +167,7 @@ def summarize(
     late = lateness(accs, colls, layers)
     slowed = bl.n >= th.baseline_min_n and tmax >= th.net_window_stall * bl.median_ns > 0
     stats = net_stats(accs, th, recent_directed) if len(accs) >= 3 else None
-    wstats = net_stats(accs, th, recent_directed, window) if stats and slowed and window else None
+    wstats = net_stats(accs, th, recent_directed, window) if stats and slowed and window is not None else None
     if one_node:  # one host of several ranks: its ranks are compared with each other
         units = rank_units(raw)
         ulayers = layer_table(units)

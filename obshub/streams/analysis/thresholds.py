@@ -65,6 +65,11 @@ class Thresholds:
       steps"); over the window a host's fewest retransmits count only from ``net_window_min`` and from
       ``net_window_factor`` times its reference (a CPU-starved host's connections gather a few spurious
       retransmits over 8 steps too).
+    - ``net_toward_clip``: the most evidence one slowed step's retransmits toward a host give it
+      (``net_toward_evidence``, a blackout's back-off): enough to name a stalled step's host (the
+      culprit needs 2), while the rules' CUSUM (drift 1.5, threshold 5) needs 4 such steps in a row;
+      ``net_toward_late_rel``: a host that kept the others waiting at a collective for this part of its
+      step time or more gets none (a stopped rank's peers retransmit toward it too).
     """
 
     straggler_min_ns: int = 2_000_000
@@ -100,3 +105,5 @@ class Thresholds:
     net_window_stall: float = 2.0
     net_window_min: int = 10
     net_window_factor: float = 3.0
+    net_toward_clip: float = 3.0
+    net_toward_late_rel: float = 0.25
