@@ -482,7 +482,7 @@ def test_a_blackouts_retransmits_toward_its_host_name_the_stalled_step(sent):
     # x1.2, not slowed: only the per-step network evidence (the directed view names the second shape)
     accs = ring_accs(sent, 160)
     usual = ring_summary(30, accs, window={})
-    per_step = {h: v[0] for h, v in analysis.net_evidence(accs, analysis.Thresholds()).items()}
+    per_step = {h: v.z for h, v in analysis.net_evidence(accs, analysis.Thresholds()).items()}
     assert {h: e["network"] for h, e in usual["evidence"]["hosts"].items() if e["network"]} == per_step
     if sent is BLACKOUTS[0]:  # the recorded miss: nothing per step, and nothing in a step not slowed
         assert per_step == {}
@@ -552,7 +552,7 @@ def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
     th = analysis.Thresholds()
     sent = {"node-01": {"node-02": 2}, "node-03": {"node-02": 2}}
     waited = ring_accs(sent, 900)
-    assert analysis.net_toward_evidence(waited, th) == {"node-02": (3.0, 4, 0, 0, 0)}
+    assert analysis.net_toward_evidence(waited, th) == {"node-02": analysis.NetEvidence(3.0, 4, 0, 0, 0)}
     stopped = ring_accs(sent, 900)
     stopped["node-02"]["colls"]["0#0"][1] += 740 * MS  # it reached the first all-reduce 740 ms after the others
     assert analysis.net_toward_evidence(stopped, th) == {}

@@ -970,7 +970,7 @@ def test_a_slowed_step_reads_the_jobs_recent_retransmits_against_connections_awa
     # (what is left is the slowed step's retransmits toward node-01, net_toward_evidence: 14 vs 1 toward
     # node-00, the same host, clipped to net_toward_clip)
     gated = analysis.net_evidence(accs, analysis.Thresholds(net_window_min=11), window_stats=stats)
-    assert gated == {"node-01": (3.0, 14, 1, 0, 0)}
+    assert gated == {"node-01": analysis.NetEvidence(3.0, 14, 1, 0, 0)}
     # with the per-step gates and without the reference the neighbour would count: (5 - 2) / sqrt(2 + 1)
     no_ref = analysis._net_z(accs, th, analysis.NetStats(stats.rx, stats.rtt, stats.directed, {}))
     assert round(no_ref["node-00"].z, 3) == 1.732
