@@ -113,8 +113,10 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
             ) from None
         n = sum(len(h.events) for h in data.hosts)
         o = trace["otherData"]
+        found = (min(e.step for h in data.hosts for e in h.events), max(e.step for h in data.hosts for e in h.events))
+        asked = "" if found == tuple(rng) else f" (of {rng[0]}-{rng[1]} asked)"
         click.echo(
-            f"wrote {output}: {len(data.hosts)} hosts, {n} events, steps {rng[0]}-{rng[1]}, "
+            f"wrote {output}: {len(data.hosts)} hosts, {n} events, steps {found[0]}-{found[1]}{asked}, "
             f"straggler marked in steps {o['straggler_steps'] or 'none'}"
             + (f" (no summary for steps {o['steps_without_summary']})" if o["steps_without_summary"] else ""),
             err=True,

@@ -26,7 +26,7 @@ from obshub.export.errors import ExportError
 from obshub.export.perfetto import HostEvents
 
 CONNECT_TIMEOUT_S = 10.0  # an unreachable broker is reported after this long
-MAX_NOTED = 20  # unusable messages listed by location and reason; the rest are counted
+MAX_NOTED = 3  # unusable messages listed by location and reason; the rest are counted
 QUIET_KAFKA_LOG = logging.getLogger("obshub.export.kafka")  # librdkafka noise; failures raise ExportError
 QUIET_KAFKA_LOG.addHandler(logging.NullHandler())
 QUIET_KAFKA_LOG.propagate = False
@@ -213,7 +213,10 @@ def read_job(
                 h.events.append(e._replace(ts_ns=schema.to_realtime_ns(e.ts_ns, b.clock)))
     data.hosts = sorted((h for h in hosts.values() if h.events), key=_host_order)
     if data.undecodable:
-        data.notes.append(f"{data.undecodable} batch(es) on {events_topic} did not decode and were skipped")
+        data.notes.append(
+            f"{data.undecodable} batch(es) on {events_topic} did not decode and were skipped (of any job: a "
+            "message that does not decode names none; the worker dead-letters them to obshub.dlq.v1 with the reason)"
+        )
     if bad_steps:
         data.notes.append(f"{bad_steps} step summary(ies) on {steps_topic} did not decode and were skipped")
     data.notes += [f"skipped {where}" for where in bad[:MAX_NOTED]]

@@ -285,6 +285,7 @@ def test_export_cli_from_kafka(kafka, unique, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "8 hosts" in r.stderr and "straggler marked in steps [10]" in r.stderr
+    assert ", steps 10-10 (of 9-11 asked)," in r.stderr, "the steps found, not only the range asked"
     _check_dlrm_timeline(json.loads(out.read_text()), job)
     r = subprocess.run(
         [
