@@ -253,6 +253,11 @@ class Agent:
                 if waiting:
                     self._take(waiting)
                 attach_s = self.source.deep_dive_on(steps)
+                # and those that ended while the uprobes attached (~0.1 s each, far more on a loaded host):
+                # counted, they closed the window before one step of launch data (CI, attach 0.59 s)
+                waiting = poll(0)
+                if waiting:
+                    self._take(waiting)
                 dd = {"steps": steps, "asked": asked, "on_at": time.monotonic(), "attach_s": attach_s}
                 self._dd = dd
                 self.say(f"deep dive on for {steps} steps (at most {max_s:.0f} s): attached in {attach_s * 1e3:.1f} ms")
