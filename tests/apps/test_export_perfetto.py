@@ -337,7 +337,7 @@ def test_a_host_of_several_ranks_gets_tracks_per_rank_and_the_straggler_rank_is_
     are rank 1's, and a collective's flow starts at the rank that arrived last."""
     K = schema.Kind
     evs = []
-    for pid, rank, late in ((101, 0, 0), (102, 1, 40_000_000)):
+    for pid, late in ((101, 0), (102, 40_000_000)):
         evs += [
             schema.Event(K.STEP_BEGIN, 0, 0, 0, 9, pid, pid, -1, 9, {}),
             schema.Event(K.PHASE, 60_000_000 + late, 60_000_000 + late, 0, 9, pid, pid, -1, 0, {"phase": "forward"}),
