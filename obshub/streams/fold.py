@@ -22,7 +22,8 @@ State layout (docs/STREAMS.md "State"); one batch part costs one small write, wh
             sent data without being registered. Written when the step opens (and when such a host appears).
             How many of its hosts reported STEP_END is derived state, kept in memory (``Fold.ended``) and
             recounted from ``parts`` after a restart or rebalance (``Fold.forget``).
-``members`` ``job@p#<b>`` -> ``{host: host_id}`` and ``job@p#r<b>`` -> ``{rank: host}``
+``members`` ``job@p#<b>`` -> ``{host: host_id}`` and ``job@p#r<b>`` -> ``{rank: [host, pid]}`` (the host alone
+            for a rank registered without a pid)
             The job's registered hosts and ranks, in 256 buckets by CRC-32 of the host name (``b``) and by
             rank, so a registration rewrites one small bucket and a close reads the used buckets once.
 ``jobs``    ``job@p`` -> ``{"n_hosts", "n_ranks", "world_size", "buckets", "history", "pending", "closed",
