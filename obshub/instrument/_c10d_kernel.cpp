@@ -13,6 +13,13 @@
  * completes it: gloo's), all through the probe sites of obshub.instrument._usdt (its capsule `_C_API`), so
  * the agent sees the same sites and the same arguments as from the Python kernel.
  *
+ * One trap per collective (issue #34): while a tracer is attached at the `coll` probe site (a byte read,
+ * _usdt's coll_traced), the kernel fires no coll_begin and no tracekey: it takes the begin time
+ * (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns) and the issuing thread's id, and fires one `coll` at the
+ * end with them; the agent's program (obshub/bpf/pytorch.c obs_usdt_coll) makes the same COLLECTIVE_BEGIN
+ * and COLLECTIVE_END records from it. Not traced, it fires the three probes as before, so a tracer that
+ * attaches only coll_begin/coll_end still sees every collective.
+ *
  * Shared with hooks.py (which owns steps and phases): the step, the step's op counter (op_seq: phases
  * and collectives count in one sequence), the host id, and a per-thread mirror of the thread's TraceKey.
  * hooks.py calls set_state() when it begins or ends a step, next_op() for a phase's op_seq and
@@ -31,6 +38,10 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -41,11 +52,14 @@
 
 namespace {
 
-struct obshub_usdt_api {  // obshub/instrument/_usdt.c, version 1
+struct obshub_usdt_api {  // obshub/instrument/_usdt.c, version 2
     int version;
     void (*tracekey)(uint64_t key, int64_t step);
     void (*coll_begin)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
     void (*coll_end)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
+    void (*coll)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+                 uint64_t begin_ns, int32_t begin_tid);
+    int (*coll_traced)(void);
 };
 
 const obshub_usdt_api *api = nullptr;
@@ -70,6 +84,13 @@ std::atomic<uint64_t> g_calls{0};
 thread_local uint64_t t_key = 0;
 thread_local int64_t t_step = -1;
 thread_local bool t_in_coll = false;
+thread_local int32_t t_tid = 0;  // the thread's id (gettid), cached at its first collective
+
+inline uint64_t monotonic_ns() {  // the clock of bpf_ktime_get_ns (vDSO: no system call)
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 inline uint64_t make_key(int64_t step, uint32_t op_seq) {
     uint64_t step16 = step < 0 ? 0xFFFF : (uint64_t)(step & 0xFFFF);
@@ -108,6 +129,17 @@ const at::Tensor *first_tensor(const c10::IValue &v, int depth = 0) {
 }
 
 const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
+
+// the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue)
+c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *stack) {
+    const c10::IValue &ret = stack->empty() ? c10::IValue() : stack->back();
+    try {
+        if (ret.isCustomClass())
+            return ret.toCustomClass<c10d::Work>()->getFuture();
+    } catch (const std::exception &) {
+    }
+    return c10::intrusive_ptr<c10::ivalue::Future>();
+}
 
 void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
     const c10::DispatchKeySet keys = ks & after_backend_select;
@@ -154,12 +186,36 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         key = make_key(step, ++g_op_seq);
     }
     g_calls.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t prev_key = t_key;
-    const int64_t prev_step = t_step;
     // the strings the probes point to live as long as the collective: the callback owns copies (a later
     // install() replaces g_ops while a collective may still be running)
     auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
     const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
+    if (api->coll_traced()) {  // one trap, at the end: begin time and thread travel with it
+        if (t_tid == 0)
+            t_tid = (int32_t)syscall(SYS_gettid);
+        const int32_t tid = t_tid;
+        const uint64_t begin = monotonic_ns();
+        t_in_coll = true;
+        try {
+            op.redispatchBoxed(keys, stack);
+        } catch (...) {
+            t_in_coll = false;
+            api->coll(pg_name, seq, probe, nbytes, step, key, begin, tid);  // ends where it failed
+            throw;
+        }
+        t_in_coll = false;
+        c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
+        if (!fut || fut->completed()) {
+            api->coll(pg_name, seq, probe, nbytes, step, key, begin, tid);
+            return;
+        }
+        fut->addCallback([token, seq, nbytes, step, key, begin, tid](c10::ivalue::Future &) {
+            api->coll(token->first.c_str(), seq, token->second.c_str(), nbytes, step, key, begin, tid);
+        });
+        return;
+    }
+    const uint64_t prev_key = t_key;
+    const int64_t prev_step = t_step;
     api->coll_begin(pg_name, seq, probe, nbytes, step, key);
     t_in_coll = true;
     try {
@@ -172,14 +228,7 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     }
     t_in_coll = false;
     api->tracekey(prev_key, prev_step);  // the thread's key is its own again (coll_begin carried the op's)
-    const c10::IValue &ret = stack->empty() ? c10::IValue() : stack->back();
-    c10::intrusive_ptr<c10::ivalue::Future> fut;
-    try {
-        if (ret.isCustomClass())
-            fut = ret.toCustomClass<c10d::Work>()->getFuture();
-    } catch (const std::exception &) {  // no future (a coalesced Work): end = enqueue
-        fut.reset();
-    }
+    c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
     if (!fut || fut->completed()) {  // a synchronous op; NCCL completes its future at enqueue
         api->coll_end(pg_name, seq, probe, nbytes, step, key);
         return;
@@ -198,8 +247,8 @@ bool load_api() {
         api = static_cast<const obshub_usdt_api *>(PyCapsule_Import("obshub.instrument._usdt._C_API", 0));
     if (api == nullptr)
         return false;
-    if (api->version != 1) {
-        PyErr_Format(PyExc_ImportError, "obshub.instrument._usdt _C_API version %d, want 1", api->version);
+    if (api->version != 2) {
+        PyErr_Format(PyExc_ImportError, "obshub.instrument._usdt _C_API version %d, want 2", api->version);
         api = nullptr;
         return false;
     }

@@ -33,6 +33,8 @@ from obshub.core.usdt import PROBES, PROVIDER  # noqa: E402  (the contract, afte
 __all__ = [
     "PROBES",
     "PROVIDER",
+    "caught",
+    "coll",
     "coll_begin",
     "coll_end",
     "library_path",
@@ -58,6 +60,8 @@ coll_begin = _usdt.coll_begin
 coll_end = _usdt.coll_end
 phase_next = _usdt.phase_next
 step_next = _usdt.step_next
+coll = _usdt.coll
+caught = _usdt.caught
 
 
 def library_path() -> str:
