@@ -16,7 +16,9 @@ coll_begin      pg: str, coll_seq: uint64, op: str, bytes: uint64, step: int64, 
 coll_end        same as coll_begin
 coll            pg, coll_seq, op, bytes, step, trace_key as coll_begin, then begin_ns: uint64 (CLOCK_MONOTONIC
                 ns at the begin), begin_tid: int32 (the issuing thread); one collective at its end, fired
-                by the C++ collective kernel instead of coll_begin + tracekey + coll_end while traced
+                by the C++ collective kernel instead of coll_begin + tracekey + coll_end while traced;
+                begin_tid < 0: coll_late sent its begin already (-begin_tid: the issuing thread)
+coll_late       same as coll: a collective of that path still in flight after 100 ms (its begin)
 caught          where: str (the instrumentation caught an exception there and went on: hook, closure,
                 collective, collective_end, load_state_dict, enable, sitecustomize); fired on that path only
 phase_next      old_phase: str, new_phase: str, step: int64, old_key: uint64, new_key: uint64
@@ -54,6 +56,7 @@ PROBES = (
     "step_next",
     "coll",
     "caught",
+    "coll_late",
 )
 
 #: the folder of the instrumentation package, where the built extension lies

@@ -18,7 +18,9 @@
  * (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns) and the issuing thread's id, and fires one `coll` at the
  * end with them; the agent's program (obshub/bpf/pytorch.c obs_usdt_coll) makes the same COLLECTIVE_BEGIN
  * and COLLECTIVE_END records from it. Not traced, it fires the three probes as before, so a tracer that
- * attaches only coll_begin/coll_end still sees every collective.
+ * attaches only coll_begin/coll_end still sees every collective. A collective still in flight after 100 ms
+ * gets its begin from a watchdog thread (`coll_late`, see "in flight" below), so a hang still shows who
+ * arrived.
  *
  * Shared with hooks.py (which owns steps and phases): the step, the step's op counter (op_seq: phases
  * and collectives count in one sequence), the host id, and a per-thread mirror of the thread's TraceKey.
@@ -47,6 +49,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -60,6 +63,8 @@ struct obshub_usdt_api {  // obshub/instrument/_usdt.c, version 2
     void (*coll)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
                  uint64_t begin_ns, int32_t begin_tid);
     int (*coll_traced)(void);
+    void (*coll_late)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+                      uint64_t begin_ns, int32_t begin_tid);
 };
 
 const obshub_usdt_api *api = nullptr;
@@ -130,6 +135,58 @@ const at::Tensor *first_tensor(const c10::IValue &v, int depth = 0) {
 
 const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
 
+// ---- the one-probe path's collectives in flight, and the watchdog that announces the late ones ----
+// A collective of the one-probe path fires nothing until it ends; one still in flight after kLateNs (a
+// hang, a rank waiting for a straggler) would show no COLLECTIVE_BEGIN, which the analysis reads as "not
+// arrived" (docs/ANALYSIS.md "Hangs"). So each is registered while in flight, and a watchdog thread
+// (started at the first such collective, waking every kLateNs) fires `coll_late` (its begin, with the
+// begin time and thread) for each one older than kLateNs; its `coll` then carries the thread id negated
+// (the end only). The decision and the probe happen under fly_mu, so the two cannot cross.
+struct Flight {
+    std::shared_ptr<std::pair<std::string, std::string>> token;  // process group name, probe name
+    uint64_t seq, nbytes;
+    int64_t step;
+    uint64_t key, begin;
+    int32_t tid;
+    bool announced;
+};
+
+constexpr uint64_t kLateNs = 100000000ull;  // 100 ms: a hang needs >= 500 ms (hang_state_wait_ns)
+// never destroyed: the watchdog may still run while the process exits
+std::mutex &fly_mu = *new std::mutex;
+auto &g_fly = *new std::unordered_map<const Flight *, std::shared_ptr<Flight>>;
+std::once_flag g_watchdog_once;
+
+void watchdog() {
+    for (;;) {
+        struct timespec ts = {0, (long)kLateNs};
+        nanosleep(&ts, nullptr);
+        const uint64_t now = monotonic_ns();
+        std::lock_guard<std::mutex> lock(fly_mu);
+        for (auto &entry : g_fly) {
+            Flight &f = *entry.second;
+            if (!f.announced && now - f.begin >= kLateNs) {
+                f.announced = true;
+                api->coll_late(f.token->first.c_str(), f.seq, f.token->second.c_str(), f.nbytes, f.step, f.key,
+                               f.begin, f.tid);
+            }
+        }
+    }
+}
+
+void fly_add(const std::shared_ptr<Flight> &f) {
+    std::call_once(g_watchdog_once, [] { std::thread(watchdog).detach(); });
+    std::lock_guard<std::mutex> lock(fly_mu);
+    g_fly.emplace(f.get(), f);
+}
+
+void fly_end(const std::shared_ptr<Flight> &f) {
+    std::lock_guard<std::mutex> lock(fly_mu);
+    g_fly.erase(f.get());
+    api->coll(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key, f->begin,
+              f->announced ? -f->tid : f->tid);
+}
+
 // the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue)
 c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *stack) {
     const c10::IValue &ret = stack->empty() ? c10::IValue() : stack->back();
@@ -193,25 +250,23 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     if (api->coll_traced()) {  // one trap, at the end: begin time and thread travel with it
         if (t_tid == 0)
             t_tid = (int32_t)syscall(SYS_gettid);
-        const int32_t tid = t_tid;
-        const uint64_t begin = monotonic_ns();
+        auto fly = std::make_shared<Flight>(Flight{token, seq, nbytes, step, key, monotonic_ns(), t_tid, false});
+        fly_add(fly);
         t_in_coll = true;
         try {
             op.redispatchBoxed(keys, stack);
         } catch (...) {
             t_in_coll = false;
-            api->coll(pg_name, seq, probe, nbytes, step, key, begin, tid);  // ends where it failed
+            fly_end(fly);  // a failed collective ends where it failed
             throw;
         }
         t_in_coll = false;
         c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
         if (!fut || fut->completed()) {
-            api->coll(pg_name, seq, probe, nbytes, step, key, begin, tid);
+            fly_end(fly);
             return;
         }
-        fut->addCallback([token, seq, nbytes, step, key, begin, tid](c10::ivalue::Future &) {
-            api->coll(token->first.c_str(), seq, token->second.c_str(), nbytes, step, key, begin, tid);
-        });
+        fut->addCallback([fly](c10::ivalue::Future &) { fly_end(fly); });
         return;
     }
     const uint64_t prev_key = t_key;

@@ -21,6 +21,10 @@
  *        trap (begin_ns: CLOCK_MONOTONIC at its begin, the clock of bpf_ktime_get_ns; begin_tid: the thread
  *        that issued it). The C++ collective kernel fires it instead of coll_begin + tracekey + coll_end
  *        while a tracer is attached to it (issue #34, docs/ARCHITECTURE.md "one trap per collective").
+ *        begin_tid < 0: coll_late sent the begin already (-begin_tid is the issuing thread): the end only.
+ *   coll_late(same as coll)   a collective of the one-probe path still in flight after 100 ms (a hang, a
+ *        straggler's wait): its begin, fired by the C++ kernel's watchdog thread; its `coll` follows with
+ *        begin_tid negated.
  *   caught(const char *where)   the instrumentation caught an exception and went on (fired on that path
  *        only: it costs nothing otherwise); the agent counts it by `where` (obshub_agent_caught_errors_total
  *        {where="instrument_<where>"}, docs/METRICS.md)
@@ -118,13 +122,13 @@ arg_str(PyObject *o, const char **out)
 #include <stdlib.h>
 
 enum { P_REGISTER, P_TRACEKEY, P_STEP_BEGIN, P_STEP_END, P_PHASE_BEGIN, P_PHASE_END, P_COLL_BEGIN, P_COLL_END,
-       P_PHASE_NEXT, P_STEP_NEXT, P_COLL, P_CAUGHT, P_COUNT };
+       P_PHASE_NEXT, P_STEP_NEXT, P_COLL, P_CAUGHT, P_COLL_LATE, P_COUNT };
 /* name and argument types (s: string, i: signed, u: unsigned), in the Python functions' order */
 static const char *const rec_names[P_COUNT] = {"register", "tracekey", "step_begin", "step_end", "phase_begin",
                                                "phase_end", "coll_begin", "coll_end", "phase_next", "step_next",
-                                               "coll", "caught"};
+                                               "coll", "caught", "coll_late"};
 static const char *const rec_fmts[P_COUNT] = {"siiii", "ui", "iu", "iu", "siu", "siu", "susuiu", "susuiu",
-                                              "ssiuu", "iuususu", "susuiuui", "s"};
+                                              "ssiuu", "iuususu", "susuiuui", "s", "susuiuui"};
 #define REC_ARGS 8
 #define REC_STR 64
 struct rec_entry {
@@ -273,6 +277,15 @@ fire_coll(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t 
     REC(P_COLL, RS(pg), seq, RS(op), bytes, (uint64_t)step, key, begin_ns, (uint64_t)(int64_t)begin_tid);
 }
 
+/* A collective of the one-probe path still in flight (see the header): its begin. */
+__attribute__((noipa)) static void
+fire_coll_late(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+               uint64_t begin_ns, int32_t begin_tid)
+{
+    DTRACE_PROBE8(obshub, coll_late, pg, seq, op, bytes, step, key, begin_ns, begin_tid);
+    REC(P_COLL_LATE, RS(pg), seq, RS(op), bytes, (uint64_t)step, key, begin_ns, (uint64_t)(int64_t)begin_tid);
+}
+
 /* Is a tracer attached at the `coll` site (see usdt_site_traced)? Its address comes from Python
  * (`_set_coll_site`, from the ELF note: obshub.instrument.usdt.probe_site); 0: unknown, never traced.
  * `_force_coll(True)` (tests) makes it answer yes without a tracer, so the recording shows the one-probe
@@ -296,7 +309,7 @@ coll_traced(void)
 }
 
 /* What `_C_API` (a PyCapsule named "obshub.instrument._usdt._C_API") points to; _c10d_kernel.cpp declares
- * the same struct. Version 2 (1 plus coll and coll_traced). */
+ * the same struct. Version 2 (1 plus coll, coll_traced and coll_late). */
 struct obshub_usdt_api {
     int version;
     void (*tracekey)(uint64_t key, int64_t step);
@@ -305,10 +318,12 @@ struct obshub_usdt_api {
     void (*coll)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
                  uint64_t begin_ns, int32_t begin_tid);
     int (*coll_traced)(void);
+    void (*coll_late)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+                      uint64_t begin_ns, int32_t begin_tid);
 };
 
 static struct obshub_usdt_api usdt_api = {2, fire_tracekey, fire_coll_begin, fire_coll_end, fire_coll,
-                                          coll_traced};
+                                          coll_traced, fire_coll_late};
 
 static PyObject *
 usdt_tracekey(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -483,6 +498,19 @@ usdt_coll_traced(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+usdt_coll_late(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct coll_args a;
+    uint64_t begin_ns;
+    int32_t begin_tid;
+    if (arg_count("coll_late", nargs, 8) || parse_coll("coll_late", args, 6, &a) || arg_u64(args[6], &begin_ns) ||
+        arg_i32(args[7], &begin_tid))
+        return NULL;
+    fire_coll_late(a.pg, a.seq, a.op, a.bytes, a.step, a.key, begin_ns, begin_tid);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 usdt_coll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct coll_args a;
@@ -556,6 +584,9 @@ static PyMethodDef usdt_methods[] = {
     {"coll", (PyCFunction)(void (*)(void))usdt_coll, METH_FASTCALL,
      "coll(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int, begin_ns: int, begin_tid: int)"
      " -> None\nFire obshub:coll (one collective at its end: begin time CLOCK_MONOTONIC ns, issuing thread)."},
+    {"coll_late", (PyCFunction)(void (*)(void))usdt_coll_late, METH_FASTCALL,
+     "coll_late(pg, coll_seq, op, bytes, step, trace_key, begin_ns, begin_tid) -> None\nFire obshub:coll_late (a "
+     "collective still in flight: its begin)."},
     {"coll_traced", (PyCFunction)(void (*)(void))usdt_coll_traced, METH_FASTCALL,
      "coll_traced() -> bool\nIs a tracer attached at the coll site (set by _set_coll_site), or _force_coll on?"},
     {"_set_coll_site", (PyCFunction)(void (*)(void))usdt_set_coll_site, METH_FASTCALL,

@@ -36,6 +36,7 @@ __all__ = [
     "caught",
     "coll",
     "coll_begin",
+    "coll_late",
     "coll_end",
     "library_path",
     "phase_begin",
@@ -61,6 +62,7 @@ coll_end = _usdt.coll_end
 phase_next = _usdt.phase_next
 step_next = _usdt.step_next
 coll = _usdt.coll
+coll_late = _usdt.coll_late
 caught = _usdt.caught
 
 

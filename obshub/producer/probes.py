@@ -306,6 +306,7 @@ def _build() -> tuple[Probe, ...]:
             Usdt("coll_begin", "obs_usdt_coll_begin"),
             Usdt("coll_end", "obs_usdt_coll_end"),
             Usdt("coll", "obs_usdt_coll", optional=True),
+            Usdt("coll_late", "obs_usdt_coll_late", optional=True),
         ],
         usdt_req,
         "two events per collective, one trap (coll) with the C++ collective kernel, else three",

@@ -167,6 +167,8 @@ def test_real_producer_usdt_library(tmp_path):
         "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"
         "import threading\nt0 = time.monotonic_ns()\ntime.sleep(0.01)\n"
         "u.coll('0', 4, 'all_gather', 2048, 5, 80, t0, threading.get_native_id() + 1)\n"
+        "u.coll_late('0', 5, 'broadcast', 8, 5, 81, t0, threading.get_native_id() + 2)\n"
+        "u.coll('0', 5, 'broadcast', 8, 5, 81, t0, -(threading.get_native_id() + 2))\n"
         "u.step_end(5, 77)\nu.caught('hook')\nu.caught('hook')\nu.caught('load_state_dict')\n",
         ("pytorch",),
         caught,
@@ -184,15 +186,21 @@ def test_real_producer_usdt_library(tmp_path):
         Kind.COLLECTIVE_END,
         Kind.COLLECTIVE_BEGIN,
         Kind.COLLECTIVE_END,
+        Kind.COLLECTIVE_BEGIN,
+        Kind.COLLECTIVE_END,
         Kind.STEP_END,
     ], kinds
-    reg, begin, phase, cb, ce, cb1, ce1, end = events
+    reg, begin, phase, cb, ce, cb1, ce1, cb2, ce2, end = events
     # one `coll` hit (the C++ kernel's one trap per collective) makes the pair's two records: the begin at
     # the time and on the thread it carries, the end now on the firing thread with the duration
     assert cb1.payload == ce1.payload == {"pg": "0", "coll_seq": 4, "op": "all_gather"}
     assert cb1.value == ce1.value == 2048 and (cb1.step, cb1.trace_key, ce1.step, ce1.trace_key) == (5, 80, 5, 80)
     assert ce1.duration_ns == ce1.ts_ns - cb1.ts_ns and ce1.duration_ns >= 10_000_000
     assert cb1.ts_ns >= ce.ts_ns and cb1.tid == ce1.tid + 1
+    # a collective still in flight: coll_late gives its begin (the watchdog's), its coll (thread negated)
+    # the end alone
+    assert cb2.payload == ce2.payload == {"pg": "0", "coll_seq": 5, "op": "broadcast"}
+    assert cb2.ts_ns == cb1.ts_ns and cb2.tid == ce2.tid + 2 and ce2.duration_ns == ce2.ts_ns - cb2.ts_ns
     assert reg.value == 1 and reg.payload == {"job": "real", "world_size": 2, "host_id": 9, "local_rank": 0}
     assert (begin.step, begin.trace_key, end.step, end.trace_key) == (5, 77, 5, 77)
     assert end.duration_ns == end.ts_ns - begin.ts_ns
