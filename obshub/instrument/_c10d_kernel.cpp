@@ -141,7 +141,7 @@ const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, 
 // arrived" (docs/ANALYSIS.md "Hangs"). So each is registered while in flight, and a watchdog thread
 // (started at the first such collective, waking every kLateNs) fires `coll_late` (its begin, with the
 // begin time and thread) for each one older than kLateNs; its `coll` then carries the thread id negated
-// (the end only). The decision and the probe happen under fly_mu, so the two cannot cross.
+// (the end only). coll_late fires under fly_mu, and the end reads `announced` under it and fires after.
 struct Flight {
     std::shared_ptr<std::pair<std::string, std::string>> token;  // process group name, probe name
     uint64_t seq, nbytes;
@@ -149,12 +149,18 @@ struct Flight {
     uint64_t key, begin;
     int32_t tid;
     bool announced;
+    // in the in-flight list (under fly_mu): neighbours, and itself kept alive while listed (a Work dropped
+    // unfinished drops the callback that holds the other reference)
+    Flight *prev, *next;
+    std::shared_ptr<Flight> self;
 };
 
 constexpr uint64_t kLateNs = 100000000ull;  // 100 ms: a hang needs >= 500 ms (hang_state_wait_ns)
-// never destroyed: the watchdog may still run while the process exits
+// never destroyed: the watchdog may still run while the process exits. An intrusive list: adding and
+// removing a collective is a few stores under the lock, no allocation there (the lock is short: the thread
+// that completes one collective and the one that issues the next meet on it)
 std::mutex &fly_mu = *new std::mutex;
-auto &g_fly = *new std::unordered_map<const Flight *, std::shared_ptr<Flight>>;
+Flight *g_fly_head = nullptr;
 std::once_flag g_watchdog_once;
 
 void watchdog() {
@@ -162,13 +168,12 @@ void watchdog() {
         struct timespec ts = {0, (long)kLateNs};
         nanosleep(&ts, nullptr);
         const uint64_t now = monotonic_ns();
-        std::lock_guard<std::mutex> lock(fly_mu);
-        for (auto &entry : g_fly) {
-            Flight &f = *entry.second;
-            if (!f.announced && now - f.begin >= kLateNs) {
-                f.announced = true;
-                api->coll_late(f.token->first.c_str(), f.seq, f.token->second.c_str(), f.nbytes, f.step, f.key,
-                               f.begin, f.tid);
+        std::lock_guard<std::mutex> lock(fly_mu);  // coll_late fires under it: its coll comes after
+        for (Flight *f = g_fly_head; f != nullptr; f = f->next) {
+            if (!f->announced && now - f->begin >= kLateNs) {
+                f->announced = true;
+                api->coll_late(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key,
+                               f->begin, f->tid);
             }
         }
     }
@@ -177,14 +182,30 @@ void watchdog() {
 void fly_add(const std::shared_ptr<Flight> &f) {
     std::call_once(g_watchdog_once, [] { std::thread(watchdog).detach(); });
     std::lock_guard<std::mutex> lock(fly_mu);
-    g_fly.emplace(f.get(), f);
+    f->self = f;
+    f->prev = nullptr;
+    f->next = g_fly_head;
+    if (g_fly_head != nullptr)
+        g_fly_head->prev = f.get();
+    g_fly_head = f.get();
 }
 
 void fly_end(const std::shared_ptr<Flight> &f) {
-    std::lock_guard<std::mutex> lock(fly_mu);
-    g_fly.erase(f.get());
+    bool announced;
+    {
+        std::lock_guard<std::mutex> lock(fly_mu);
+        if (f->prev != nullptr)
+            f->prev->next = f->next;
+        else
+            g_fly_head = f->next;
+        if (f->next != nullptr)
+            f->next->prev = f->prev;
+        announced = f->announced;
+        f->self.reset();  // f (the caller's reference) keeps it alive until this returns
+    }
+    // outside the lock: a coll_late for it, if any, fired before the lock was released
     api->coll(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key, f->begin,
-              f->announced ? -f->tid : f->tid);
+              announced ? -f->tid : f->tid);
 }
 
 // the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue)
@@ -250,7 +271,8 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     if (api->coll_traced()) {  // one trap, at the end: begin time and thread travel with it
         if (t_tid == 0)
             t_tid = (int32_t)syscall(SYS_gettid);
-        auto fly = std::make_shared<Flight>(Flight{token, seq, nbytes, step, key, monotonic_ns(), t_tid, false});
+        auto fly = std::make_shared<Flight>(
+            Flight{token, seq, nbytes, step, key, monotonic_ns(), t_tid, false, nullptr, nullptr, nullptr});
         fly_add(fly);
         t_in_coll = true;
         try {
