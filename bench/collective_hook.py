@@ -13,6 +13,8 @@ share of it). Configurations, interleaved per round (hooks enabled and disabled 
 * ``... obshub-py``: the same with ``OBSHUB_COLLECTIVE_KERNEL=python`` (the Python kernel, the fallback
   when the C++ kernel ``obshub.instrument._c10d_kernel`` is not built); ``obshub`` uses the C++ kernel
   when it is built;
+* ``all_reduce obshub-1``: the C++ kernel on its one-probe path (``_usdt._force_coll``: what it does while
+  an agent traces ``coll``: clock, in-flight registry, one probe at the end), at a NOP site;
 * ``backward plain`` / ``backward obshub``: forward and ``backward()`` of a 2-layer MLP (one micro-batch:
   the module hooks, a forward and a backward phase through the wrapped ``torch.autograd.backward``).
 
@@ -53,10 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     x = torch.randn(4, 8)
 
-    def timed(fn, instrumented: bool, n: int, kernel: str = "auto") -> float:
+    from obshub.instrument import usdt
+
+    one = getattr(usdt._usdt, "_force_coll", None)  # the one-probe path (issue #34), where the build has it
+
+    def timed(fn, instrumented: bool, n: int, kernel: str = "auto", one_probe: bool = False) -> float:
         if instrumented:
             os.environ["OBSHUB_COLLECTIVE_KERNEL"] = kernel  # auto: the C++ kernel when built
             hooks.enable(job="bench")
+            if one_probe:
+                one(True)
         try:
             fn()  # warm
             start = time.perf_counter()
@@ -66,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if instrumented:
                 hooks.disable()
+                if one_probe:
+                    one(False)
 
     def all_reduce() -> None:
         dist.all_reduce(t)
@@ -81,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         "all_reduce plain": lambda: timed(all_reduce, False, n),
         "all_reduce obshub": lambda: timed(all_reduce, True, n),
         "all_reduce obshub-py": lambda: timed(all_reduce, True, n, "python"),
+        **(
+            {"all_reduce obshub-1": lambda: timed(all_reduce, True, n, "native", one_probe=True)}
+            if one is not None
+            else {}
+        ),
         "functional plain": lambda: timed(functional, False, n),
         "functional obshub": lambda: timed(functional, True, n),
         "functional obshub-py": lambda: timed(functional, True, n, "python"),
@@ -100,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
             py = series[f"{kind} obshub-py"].median
             line += f"; Python kernel: {py / plain:.3f}x, +{py - plain:.1f} µs"
         common.console.print(line)
+    if "all_reduce obshub-1" in series:
+        plain, inst = series["all_reduce plain"].median, series["all_reduce obshub-1"].median
+        common.console.print(
+            f"all_reduce, the one-probe path (what the C++ kernel does while an agent traces `coll`: the begin "
+            f"time, the in-flight registry, one probe at the end; NOP site here): +{inst - plain:.1f} µs per call"
+        )
     common.save("collective_hook", {k: v.samples for k, v in series.items()})
     dist.destroy_process_group()
     return 0

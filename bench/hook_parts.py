@@ -10,6 +10,8 @@ Parts, on the many-module model of bench/hook_overhead.py (one-rank gloo DDP):
 3. ns per trap of each probe shape with the agent's ``pytorch`` layer attached, from a loop of the C probe
    function (attached minus the same loop before the attach: a NOP site), in the calling thread's CPU
    time (the trap and the BPF program run there; the drain thread's decoding of the events does not);
+   ``coll`` is the one probe per collective the C++ kernel fires while it is traced (issue #34), against
+   ``coll_begin + coll_end`` plus ``tracekey``, the three it fires otherwise;
 4. the drain thread's CPU µs per step of C (``poll_packed``, the agent's path; ``time.thread_time_ns``);
 5. one component switched off at a time, interleaved rounds: CPU µs per step against A of B (all hooks),
    of B without it, and of C (B + probes attached + drain thread) and C without the drain thread.
@@ -106,8 +108,13 @@ def run(args, runs: dict, module_calls: int, n_buckets: int) -> int:
         for i in range(n):
             usdt.coll_begin("bench", base + i, "all_reduce", 64, 1, 7)
             usdt.coll_end("bench", base + i, "all_reduce", 64, 1, 7)
-        trap_loops.seq += n
         out["coll_begin + coll_end"] = (time.thread_time_ns() - t0) / n
+        begin, tid = time.monotonic_ns(), threading.get_native_id()
+        t0 = time.thread_time_ns()
+        for i in range(n):
+            usdt.coll("bench", base + n + i, "all_reduce", 64, 1, 7, begin, tid)
+        trap_loops.seq += 2 * n
+        out["coll"] = (time.thread_time_ns() - t0) / n
         return out
 
     trap_loops.seq = 0  # type: ignore[attr-defined]

@@ -811,7 +811,9 @@ def _report(
 LAUNCHES = (2_000, 10_000, 50_000)  # kernel launches per 1 s step of one rank
 COLLECTIVES = (100, 500)  # collectives per 1 s step of one rank
 TRAP_NS_DEFAULT = 600.0  # a traced USDT probe site when usdt_overhead.json has none (docs/AGENT.md: 0.5-0.7 µs)
-USDT_HITS_PER_COLL = 3  # coll_begin, coll_end, the tracekey that restores the thread's key
+USDT_HITS_PER_COLL = (
+    1  # the C++ kernel's one `coll` probe while traced (before issue #34: coll_begin, coll_end, tracekey)
+)
 
 
 def _load(name: str) -> dict | None:
@@ -846,6 +848,11 @@ def composed() -> dict:
         t.add_row(sym, f"{med['A'][sym]:.1f}", f"{b:+.1f}", f"{c:+.1f}", f"cuda_calls ({cuda.get('rev', '?')})")
     ar = {k: statistics.median(v) for k, v in coll.items() if isinstance(v, list) and v}
     coll_us = ar["all_reduce obshub"] - ar["all_reduce plain"]
+    parts0 = _load("hook_parts") or {}
+    fired0 = parts0.get("fired_per_step", {})
+    if "all_reduce obshub-1" in ar and fired0.get("coll", 0) > 0 and not fired0.get("coll_begin"):
+        # with the agent attached the kernel takes its one-probe path (its own work differs: clock, registry)
+        coll_us = ar["all_reduce obshub-1"] - ar["all_reduce plain"]
     out["per_call"]["collective kernel"] = {"A": ar["all_reduce plain"] * 1e3, "B": coll_us * 1e3, "C": coll_us * 1e3}
     t.add_row(
         "collective (c10d dispatcher kernel, dist.all_reduce)",
@@ -872,15 +879,18 @@ def composed() -> dict:
     per_coll_traps_ns = USDT_HITS_PER_COLL * trap
     if parts and parts.get("hook_us_per_step") and parts.get("trap_ns"):
         fixed_us, fixed_src = sum(parts["hook_us_per_step"].values()), "hook_overhead --parts (timed in place)"
-        per_coll_traps_ns = parts["trap_ns"]["coll_begin + coll_end"] + parts["trap_ns"]["tracekey"]
+        # what the ranks fired per collective with the agent attached (recorded at the probe sites): one
+        # `coll` (the C++ kernel while the site is traced), else coll_begin + coll_end + tracekey
+        fired = parts.get("fired_per_step", {})
+        one = "coll" in parts["trap_ns"] and fired.get("coll", 0) > 0 and not fired.get("coll_begin")
+        if one:
+            per_coll_traps_ns = parts["trap_ns"]["coll"]
+            label = "collective's 1 probe, agent attached (coll: trap + BPF, both records)"
+        else:
+            per_coll_traps_ns = parts["trap_ns"]["coll_begin + coll_end"] + parts["trap_ns"]["tracekey"]
+            label = "collective's 3 probes, agent attached (coll_begin + coll_end + tracekey: traps + BPF)"
         out["per_call"]["collective's probes, agent attached"] = {"B": per_coll_traps_ns, "C": per_coll_traps_ns}
-        t.add_row(
-            "collective's 3 probes, agent attached (coll_begin + coll_end + tracekey: traps + BPF)",
-            "-",
-            f"{per_coll_traps_ns:+.0f}",
-            f"{per_coll_traps_ns:+.0f}",
-            "hook_overhead --parts",
-        )
+        t.add_row(label, "-", f"{per_coll_traps_ns:+.0f}", f"{per_coll_traps_ns:+.0f}", "hook_overhead --parts")
     else:
         hs = hooks_r["samples"]
         fixed_us = statistics.median([b - a for a, b in zip(hs["M"], hs["MB"])])  # hooks without collectives

@@ -14,6 +14,15 @@
  *                                                            op_seq 0, the low 32 bits)
  *   coll_begin/coll_end(pg, coll_seq, op, bytes, step, trace_key) -> COLLECTIVE_BEGIN/_END; coll_begin
  *                                                            also sets the key
+ *   coll(pg, coll_seq, op, bytes, step, trace_key, begin_ns, begin_tid) -> COLLECTIVE_BEGIN (at begin_ns,
+ *                                                            thread begin_tid) and COLLECTIVE_END (now,
+ *                                                            with the duration), from one trap at the end
+ *                                                            (begin_tid < 0: the END only)
+ *   coll_late(same)                                       -> COLLECTIVE_BEGIN of a collective still in
+ *                                                            flight after 100 ms (the C++ kernel's watchdog)
+ *   caught(where)                                         -> inst_caught[where]++ (no record: the agent
+ *                                                            reads the counts into
+ *                                                            obshub_agent_caught_errors_total)
  *   phase_next(old_phase, new_phase, step, old_key, new_key) -> phase_end of the open phase and
  *                                                            phase_begin of the next, at one instant
  *   step_next(step, key, next_key, old_phase, old_key, new_phase, new_key) -> phase_end, step_end,
@@ -532,4 +541,121 @@ int obs_usdt_coll_end(struct pt_regs *ctx)
     bpf_usdt_readarg(5, ctx, &step);
     bpf_usdt_readarg(6, ctx, &key);
     return obs_coll(1, pg, seq, op, bytes, step, key);
+}
+
+/* coll(pg, coll_seq, op, bytes, step, trace_key, begin_ns, begin_tid): one collective in one trap, fired at
+ * its end by the C++ collective kernel while this probe is attached (instead of coll_begin, tracekey and
+ * coll_end: three traps). The same two records as the pair: COLLECTIVE_BEGIN with the begin time and the
+ * issuing thread, COLLECTIVE_END now on the completing thread with the duration, both with the
+ * collective's step and key. No map is touched (the begin time travels with the probe, not in coll_open).
+ * begin_tid < 0: the kernel's watchdog sent the begin already (coll_late, below: the collective was still
+ * in flight after 100 ms), so only the END. What the pair gave and this does not: the issuing thread's key
+ * is not the collective's while it enqueues the op (a few µs; its records then carry the phase's key), and
+ * the begin of a collective that hangs arrives when the watchdog sees it (<= 200 ms after it began, with
+ * its true begin time), not at once. */
+static __always_inline int obs_coll_one(int begin_only, u64 pg, u64 seq, u64 op, u64 bytes, s64 step, u64 key,
+                                        u64 begin, s32 btid)
+{
+    if (!obs_usdt_gate())
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32, tid = (u32)id;
+    u64 now = bpf_ktime_get_ns();
+    if (begin == 0 || begin > now)
+        begin = now;
+    struct obs_event *b = NULL;
+    if (btid >= 0) {
+        b = obs_reserve(OBS_PROBE_PYTORCH_COLLECTIVE, OBS_KIND_COLLECTIVE_BEGIN, tgid, btid > 0 ? (u32)btid : tid);
+        if (!b)
+            return 0;
+        b->ts_ns = begin;
+        b->step = step;
+        b->trace_key = key;
+        b->value = bytes;
+        b->arg0 = seq;
+        bpf_probe_read_user_str(b->str0, 16, (void *)pg); /* 16 bytes, as the pair's (struct obs_coll_key) */
+        bpf_probe_read_user_str(b->str1, sizeof(b->str1), (void *)op);
+        if (begin_only) {
+            obs_submit(b);
+            return 0;
+        }
+    }
+    struct obs_event *e = obs_reserve(OBS_PROBE_PYTORCH_COLLECTIVE, OBS_KIND_COLLECTIVE_END, tgid, tid);
+    if (!e) {
+        if (b)
+            obs_submit(b);
+        return 0;
+    }
+    e->ts_ns = now;
+    e->duration_ns = now - begin;
+    e->step = step;
+    e->trace_key = key;
+    e->value = bytes;
+    e->arg0 = seq;
+    if (b) {
+        __builtin_memcpy(e->str0, b->str0, 16);
+        __builtin_memcpy(e->str1, b->str1, sizeof(e->str1));
+        obs_submit(b);
+    } else {
+        bpf_probe_read_user_str(e->str0, 16, (void *)pg);
+        bpf_probe_read_user_str(e->str1, sizeof(e->str1), (void *)op);
+    }
+    obs_submit(e);
+    return 0;
+}
+
+int obs_usdt_coll(struct pt_regs *ctx)
+{
+    u64 pg = 0, seq = 0, op = 0, bytes = 0, key = 0, begin = 0;
+    s64 step = 0;
+    s32 btid = 0;
+    bpf_usdt_readarg(1, ctx, &pg);
+    bpf_usdt_readarg(2, ctx, &seq);
+    bpf_usdt_readarg(3, ctx, &op);
+    bpf_usdt_readarg(4, ctx, &bytes);
+    bpf_usdt_readarg(5, ctx, &step);
+    bpf_usdt_readarg(6, ctx, &key);
+    bpf_usdt_readarg(7, ctx, &begin);
+    bpf_usdt_readarg(8, ctx, &btid);
+    return obs_coll_one(0, pg, seq, op, bytes, step, key, begin, btid);
+}
+
+/* coll_late(same as coll): the begin of a collective still in flight (COLLECTIVE_BEGIN at begin_ns on
+ * thread begin_tid), fired by the C++ kernel's watchdog thread; its `coll` follows with begin_tid < 0. */
+int obs_usdt_coll_late(struct pt_regs *ctx)
+{
+    u64 pg = 0, seq = 0, op = 0, bytes = 0, key = 0, begin = 0;
+    s64 step = 0;
+    s32 btid = 0;
+    bpf_usdt_readarg(1, ctx, &pg);
+    bpf_usdt_readarg(2, ctx, &seq);
+    bpf_usdt_readarg(3, ctx, &op);
+    bpf_usdt_readarg(4, ctx, &bytes);
+    bpf_usdt_readarg(5, ctx, &step);
+    bpf_usdt_readarg(6, ctx, &key);
+    bpf_usdt_readarg(7, ctx, &begin);
+    bpf_usdt_readarg(8, ctx, &btid);
+    return obs_coll_one(1, pg, seq, op, bytes, step, key, begin, btid < 0 ? -btid : btid);
+}
+
+/* caught(where): the instrumentation of a watched process caught an exception at `where` and went on;
+ * counted per `where` (16 bytes, NUL-padded), read by the agent (BpfEventSource.caught, the metric
+ * obshub_agent_caught_errors_total{where="instrument_<where>"}). Fired on the catch path only. */
+struct obs_caught_key {
+    char where[16];
+};
+BPF_HASH(inst_caught, struct obs_caught_key, u64, 64);
+
+int obs_usdt_caught(struct pt_regs *ctx)
+{
+    if (!obs_current_watched())
+        return 0;
+    u64 where = 0;
+    bpf_usdt_readarg(1, ctx, &where);
+    struct obs_caught_key k = {};
+    bpf_probe_read_user_str(k.where, sizeof(k.where), (void *)where);
+    u64 zero = 0, *n = inst_caught.lookup_or_try_init(&k, &zero);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+    return 0;
 }

@@ -14,6 +14,13 @@ phase_begin     phase: str (forward|backward|optimizer|data), step: int64, trace
 phase_end       same as phase_begin
 coll_begin      pg: str, coll_seq: uint64, op: str, bytes: uint64, step: int64, trace_key: uint64
 coll_end        same as coll_begin
+coll            pg, coll_seq, op, bytes, step, trace_key as coll_begin, then begin_ns: uint64 (CLOCK_MONOTONIC
+                ns at the begin), begin_tid: int32 (the issuing thread); one collective at its end, fired
+                by the C++ collective kernel instead of coll_begin + tracekey + coll_end while traced;
+                begin_tid < 0: coll_late sent its begin already (-begin_tid: the issuing thread)
+coll_late       same as coll: a collective of that path still in flight after 100 ms (its begin)
+caught          where: str (the instrumentation caught an exception there and went on: hook, closure,
+                collective, collective_end, load_state_dict, enable, sitecustomize); fired on that path only
 phase_next      old_phase: str, new_phase: str, step: int64, old_key: uint64, new_key: uint64
                 (phase_end of the open phase and phase_begin of the next at one instant)
 step_next       step: int64, trace_key: uint64, next_key: uint64, old_phase: str, old_key: uint64,
@@ -21,7 +28,7 @@ step_next       step: int64, trace_key: uint64, next_key: uint64, old_phase: str
                 step_begin(step + 1, next_key), phase_begin(new_phase) at one instant)
 ==============  ====================================================================================
 
-The instrumentation fires ``phase_next`` and ``step_next`` instead of the separate probes only while a
+The instrumentation fires ``phase_next``, ``step_next`` and ``coll`` instead of the separate probes only while a
 tracer is attached to them (it reads the probe site, ``obshub.instrument.usdt.site_traced``): one uprobe
 trap and one program run instead of two or four, and a tracer that knows only the separate probes still
 sees them.
@@ -47,6 +54,9 @@ PROBES = (
     "coll_end",
     "phase_next",
     "step_next",
+    "coll",
+    "caught",
+    "coll_late",
 )
 
 #: the folder of the instrumentation package, where the built extension lies

@@ -13,6 +13,15 @@
  * completes it: gloo's), all through the probe sites of obshub.instrument._usdt (its capsule `_C_API`), so
  * the agent sees the same sites and the same arguments as from the Python kernel.
  *
+ * One trap per collective (issue #34): while a tracer is attached at the `coll` probe site (a byte read,
+ * _usdt's coll_traced), the kernel fires no coll_begin and no tracekey: it takes the begin time
+ * (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns) and the issuing thread's id, and fires one `coll` at the
+ * end with them; the agent's program (obshub/bpf/pytorch.c obs_usdt_coll) makes the same COLLECTIVE_BEGIN
+ * and COLLECTIVE_END records from it. Not traced, it fires the three probes as before, so a tracer that
+ * attaches only coll_begin/coll_end still sees every collective. A collective still in flight after 100 ms
+ * gets its begin from a watchdog thread (`coll_late`, see "in flight" below), so a hang still shows who
+ * arrived.
+ *
  * Shared with hooks.py (which owns steps and phases): the step, the step's op counter (op_seq: phases
  * and collectives count in one sequence), the host id, and a per-thread mirror of the thread's TraceKey.
  * hooks.py calls set_state() when it begins or ends a step, next_op() for a phase's op_seq and
@@ -31,21 +40,31 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 namespace {
 
-struct obshub_usdt_api {  // obshub/instrument/_usdt.c, version 1
+struct obshub_usdt_api {  // obshub/instrument/_usdt.c, version 2
     int version;
     void (*tracekey)(uint64_t key, int64_t step);
     void (*coll_begin)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
     void (*coll_end)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
+    void (*coll)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+                 uint64_t begin_ns, int32_t begin_tid);
+    int (*coll_traced)(void);
+    void (*coll_late)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+                      uint64_t begin_ns, int32_t begin_tid);
 };
 
 const obshub_usdt_api *api = nullptr;
@@ -70,6 +89,13 @@ std::atomic<uint64_t> g_calls{0};
 thread_local uint64_t t_key = 0;
 thread_local int64_t t_step = -1;
 thread_local bool t_in_coll = false;
+thread_local int32_t t_tid = 0;  // the thread's id (gettid), cached at its first collective
+
+inline uint64_t monotonic_ns() {  // the clock of bpf_ktime_get_ns (vDSO: no system call)
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 inline uint64_t make_key(int64_t step, uint32_t op_seq) {
     uint64_t step16 = step < 0 ? 0xFFFF : (uint64_t)(step & 0xFFFF);
@@ -108,6 +134,90 @@ const at::Tensor *first_tensor(const c10::IValue &v, int depth = 0) {
 }
 
 const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
+
+// ---- the one-probe path's collectives in flight, and the watchdog that announces the late ones ----
+// A collective of the one-probe path fires nothing until it ends; one still in flight after kLateNs (a
+// hang, a rank waiting for a straggler) would show no COLLECTIVE_BEGIN, which the analysis reads as "not
+// arrived" (docs/ANALYSIS.md "Hangs"). So each is registered while in flight, and a watchdog thread
+// (started at the first such collective, waking every kLateNs) fires `coll_late` (its begin, with the
+// begin time and thread) for each one older than kLateNs; its `coll` then carries the thread id negated
+// (the end only). coll_late fires under fly_mu, and the end reads `announced` under it and fires after.
+struct Flight {
+    std::shared_ptr<std::pair<std::string, std::string>> token;  // process group name, probe name
+    uint64_t seq, nbytes;
+    int64_t step;
+    uint64_t key, begin;
+    int32_t tid;
+    bool announced;
+    // in the in-flight list (under fly_mu): neighbours, and itself kept alive while listed (a Work dropped
+    // unfinished drops the callback that holds the other reference)
+    Flight *prev, *next;
+    std::shared_ptr<Flight> self;
+};
+
+constexpr uint64_t kLateNs = 100000000ull;  // 100 ms: a hang needs >= 500 ms (hang_state_wait_ns)
+// never destroyed: the watchdog may still run while the process exits. An intrusive list: adding and
+// removing a collective is a few stores under the lock, no allocation there (the lock is short: the thread
+// that completes one collective and the one that issues the next meet on it)
+std::mutex &fly_mu = *new std::mutex;
+Flight *g_fly_head = nullptr;
+std::once_flag g_watchdog_once;
+
+void watchdog() {
+    for (;;) {
+        struct timespec ts = {0, (long)kLateNs};
+        nanosleep(&ts, nullptr);
+        const uint64_t now = monotonic_ns();
+        std::lock_guard<std::mutex> lock(fly_mu);  // coll_late fires under it: its coll comes after
+        for (Flight *f = g_fly_head; f != nullptr; f = f->next) {
+            if (!f->announced && now - f->begin >= kLateNs) {
+                f->announced = true;
+                api->coll_late(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key,
+                               f->begin, f->tid);
+            }
+        }
+    }
+}
+
+void fly_add(const std::shared_ptr<Flight> &f) {
+    std::call_once(g_watchdog_once, [] { std::thread(watchdog).detach(); });
+    std::lock_guard<std::mutex> lock(fly_mu);
+    f->self = f;
+    f->prev = nullptr;
+    f->next = g_fly_head;
+    if (g_fly_head != nullptr)
+        g_fly_head->prev = f.get();
+    g_fly_head = f.get();
+}
+
+void fly_end(const std::shared_ptr<Flight> &f) {
+    bool announced;
+    {
+        std::lock_guard<std::mutex> lock(fly_mu);
+        if (f->prev != nullptr)
+            f->prev->next = f->next;
+        else
+            g_fly_head = f->next;
+        if (f->next != nullptr)
+            f->next->prev = f->prev;
+        announced = f->announced;
+        f->self.reset();  // f (the caller's reference) keeps it alive until this returns
+    }
+    // outside the lock: a coll_late for it, if any, fired before the lock was released
+    api->coll(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key, f->begin,
+              announced ? -f->tid : f->tid);
+}
+
+// the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue)
+c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *stack) {
+    const c10::IValue &ret = stack->empty() ? c10::IValue() : stack->back();
+    try {
+        if (ret.isCustomClass())
+            return ret.toCustomClass<c10d::Work>()->getFuture();
+    } catch (const std::exception &) {
+    }
+    return c10::intrusive_ptr<c10::ivalue::Future>();
+}
 
 void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
     const c10::DispatchKeySet keys = ks & after_backend_select;
@@ -154,12 +264,35 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         key = make_key(step, ++g_op_seq);
     }
     g_calls.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t prev_key = t_key;
-    const int64_t prev_step = t_step;
     // the strings the probes point to live as long as the collective: the callback owns copies (a later
     // install() replaces g_ops while a collective may still be running)
     auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
     const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
+    if (api->coll_traced()) {  // one trap, at the end: begin time and thread travel with it
+        if (t_tid == 0)
+            t_tid = (int32_t)syscall(SYS_gettid);
+        auto fly = std::make_shared<Flight>(
+            Flight{token, seq, nbytes, step, key, monotonic_ns(), t_tid, false, nullptr, nullptr, nullptr});
+        fly_add(fly);
+        t_in_coll = true;
+        try {
+            op.redispatchBoxed(keys, stack);
+        } catch (...) {
+            t_in_coll = false;
+            fly_end(fly);  // a failed collective ends where it failed
+            throw;
+        }
+        t_in_coll = false;
+        c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
+        if (!fut || fut->completed()) {
+            fly_end(fly);
+            return;
+        }
+        fut->addCallback([fly](c10::ivalue::Future &) { fly_end(fly); });
+        return;
+    }
+    const uint64_t prev_key = t_key;
+    const int64_t prev_step = t_step;
     api->coll_begin(pg_name, seq, probe, nbytes, step, key);
     t_in_coll = true;
     try {
@@ -172,14 +305,7 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     }
     t_in_coll = false;
     api->tracekey(prev_key, prev_step);  // the thread's key is its own again (coll_begin carried the op's)
-    const c10::IValue &ret = stack->empty() ? c10::IValue() : stack->back();
-    c10::intrusive_ptr<c10::ivalue::Future> fut;
-    try {
-        if (ret.isCustomClass())
-            fut = ret.toCustomClass<c10d::Work>()->getFuture();
-    } catch (const std::exception &) {  // no future (a coalesced Work): end = enqueue
-        fut.reset();
-    }
+    c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
     if (!fut || fut->completed()) {  // a synchronous op; NCCL completes its future at enqueue
         api->coll_end(pg_name, seq, probe, nbytes, step, key);
         return;
@@ -198,8 +324,8 @@ bool load_api() {
         api = static_cast<const obshub_usdt_api *>(PyCapsule_Import("obshub.instrument._usdt._C_API", 0));
     if (api == nullptr)
         return false;
-    if (api->version != 1) {
-        PyErr_Format(PyExc_ImportError, "obshub.instrument._usdt _C_API version %d, want 1", api->version);
+    if (api->version != 2) {
+        PyErr_Format(PyExc_ImportError, "obshub.instrument._usdt _C_API version %d, want 2", api->version);
         api = nullptr;
         return false;
     }

@@ -16,6 +16,18 @@
  *   phase_next(const char *old_phase, const char *new_phase, int64 step, uint64 old_key, uint64 new_key)
  *   step_next(int64 step, uint64 trace_key, uint64 next_key, const char *old_phase, uint64 old_key,
  *             const char *new_phase, uint64 new_key)
+ *   coll(const char *pg, uint64 coll_seq, const char *op, uint64 bytes, int64 step, uint64 trace_key,
+ *        uint64 begin_ns, int32 begin_tid)   one collective at its end: coll_begin and coll_end in one
+ *        trap (begin_ns: CLOCK_MONOTONIC at its begin, the clock of bpf_ktime_get_ns; begin_tid: the thread
+ *        that issued it). The C++ collective kernel fires it instead of coll_begin + tracekey + coll_end
+ *        while a tracer is attached to it (issue #34, docs/ARCHITECTURE.md "one trap per collective").
+ *        begin_tid < 0: coll_late sent the begin already (-begin_tid is the issuing thread): the end only.
+ *   coll_late(same as coll)   a collective of the one-probe path still in flight after 100 ms (a hang, a
+ *        straggler's wait): its begin, fired by the C++ kernel's watchdog thread; its `coll` follows with
+ *        begin_tid negated.
+ *   caught(const char *where)   the instrumentation caught an exception and went on (fired on that path
+ *        only: it costs nothing otherwise); the agent counts it by `where` (obshub_agent_caught_errors_total
+ *        {where="instrument_<where>"}, docs/METRICS.md)
  *
  * Python signatures take the same arguments in the same order; integers are range-checked by CPython
  * (OverflowError when out of range), strings must be str (UTF-8 is passed to the probe).
@@ -110,13 +122,14 @@ arg_str(PyObject *o, const char **out)
 #include <stdlib.h>
 
 enum { P_REGISTER, P_TRACEKEY, P_STEP_BEGIN, P_STEP_END, P_PHASE_BEGIN, P_PHASE_END, P_COLL_BEGIN, P_COLL_END,
-       P_PHASE_NEXT, P_STEP_NEXT, P_COUNT };
+       P_PHASE_NEXT, P_STEP_NEXT, P_COLL, P_CAUGHT, P_COLL_LATE, P_COUNT };
 /* name and argument types (s: string, i: signed, u: unsigned), in the Python functions' order */
 static const char *const rec_names[P_COUNT] = {"register", "tracekey", "step_begin", "step_end", "phase_begin",
-                                               "phase_end", "coll_begin", "coll_end", "phase_next", "step_next"};
+                                               "phase_end", "coll_begin", "coll_end", "phase_next", "step_next",
+                                               "coll", "caught", "coll_late"};
 static const char *const rec_fmts[P_COUNT] = {"siiii", "ui", "iu", "iu", "siu", "siu", "susuiu", "susuiu",
-                                              "ssiuu", "iuususu"};
-#define REC_ARGS 7
+                                              "ssiuu", "iuususu", "susuiuui", "s", "susuiuui"};
+#define REC_ARGS 8
 #define REC_STR 64
 struct rec_entry {
     int probe;
@@ -255,16 +268,62 @@ fire_coll_end(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int6
     REC(P_COLL_END, RS(pg), seq, RS(op), bytes, (uint64_t)step, key);
 }
 
+/* One collective in one probe, at its end (see the header); eight arguments, all in registers. */
+__attribute__((noipa)) static void
+fire_coll(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+          uint64_t begin_ns, int32_t begin_tid)
+{
+    DTRACE_PROBE8(obshub, coll, pg, seq, op, bytes, step, key, begin_ns, begin_tid);
+    REC(P_COLL, RS(pg), seq, RS(op), bytes, (uint64_t)step, key, begin_ns, (uint64_t)(int64_t)begin_tid);
+}
+
+/* A collective of the one-probe path still in flight (see the header): its begin. */
+__attribute__((noipa)) static void
+fire_coll_late(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+               uint64_t begin_ns, int32_t begin_tid)
+{
+    DTRACE_PROBE8(obshub, coll_late, pg, seq, op, bytes, step, key, begin_ns, begin_tid);
+    REC(P_COLL_LATE, RS(pg), seq, RS(op), bytes, (uint64_t)step, key, begin_ns, (uint64_t)(int64_t)begin_tid);
+}
+
+/* Is a tracer attached at the `coll` site (see usdt_site_traced)? Its address comes from Python
+ * (`_set_coll_site`, from the ELF note: obshub.instrument.usdt.probe_site); 0: unknown, never traced.
+ * `_force_coll(True)` (tests) makes it answer yes without a tracer, so the recording shows the one-probe
+ * path. One byte load per collective. */
+static volatile uintptr_t coll_site;
+static volatile int coll_forced;
+
+static int
+coll_traced(void)
+{
+    if (__builtin_expect(coll_forced, 0))
+        return 1;
+#if defined(__x86_64__)
+    uintptr_t addr = coll_site;
+    if (addr) {
+        unsigned char first = *(volatile const unsigned char *)addr;
+        return first == 0xCC || first == 0xE8 || first == 0xE9;
+    }
+#endif
+    return 0;
+}
+
 /* What `_C_API` (a PyCapsule named "obshub.instrument._usdt._C_API") points to; _c10d_kernel.cpp declares
- * the same struct. Version 1. */
+ * the same struct. Version 2 (1 plus coll, coll_traced and coll_late). */
 struct obshub_usdt_api {
     int version;
     void (*tracekey)(uint64_t key, int64_t step);
     void (*coll_begin)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
     void (*coll_end)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key);
+    void (*coll)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+                 uint64_t begin_ns, int32_t begin_tid);
+    int (*coll_traced)(void);
+    void (*coll_late)(const char *pg, uint64_t seq, const char *op, uint64_t bytes, int64_t step, uint64_t key,
+                      uint64_t begin_ns, int32_t begin_tid);
 };
 
-static struct obshub_usdt_api usdt_api = {1, fire_tracekey, fire_coll_begin, fire_coll_end};
+static struct obshub_usdt_api usdt_api = {2, fire_tracekey, fire_coll_begin, fire_coll_end, fire_coll,
+                                          coll_traced, fire_coll_late};
 
 static PyObject *
 usdt_tracekey(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -274,6 +333,17 @@ usdt_tracekey(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (arg_count("tracekey", nargs, 2) || arg_u64(args[0], &key) || arg_i64(args[1], &step))
         return NULL;
     fire_tracekey(key, step);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_caught(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *where;
+    if (arg_count("caught", nargs, 1) || arg_str(args[0], &where))
+        return NULL;
+    DTRACE_PROBE1(obshub, caught, where);
+    REC(P_CAUGHT, RS(where));
     Py_RETURN_NONE;
 }
 
@@ -397,6 +467,62 @@ usdt_coll_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *
+usdt_set_coll_site(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t addr;
+    if (arg_count("_set_coll_site", nargs, 1) || arg_u64(args[0], &addr))
+        return NULL;
+    coll_site = (uintptr_t)addr;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_force_coll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arg_count("_force_coll", nargs, 1))
+        return NULL;
+    int on = PyObject_IsTrue(args[0]);
+    if (on < 0)
+        return NULL;
+    coll_forced = on;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_coll_traced(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (arg_count("coll_traced", nargs, 0))
+        return NULL;
+    return PyBool_FromLong(coll_traced());
+}
+
+static PyObject *
+usdt_coll_late(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct coll_args a;
+    uint64_t begin_ns;
+    int32_t begin_tid;
+    if (arg_count("coll_late", nargs, 8) || parse_coll("coll_late", args, 6, &a) || arg_u64(args[6], &begin_ns) ||
+        arg_i32(args[7], &begin_tid))
+        return NULL;
+    fire_coll_late(a.pg, a.seq, a.op, a.bytes, a.step, a.key, begin_ns, begin_tid);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+usdt_coll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    struct coll_args a;
+    uint64_t begin_ns;
+    int32_t begin_tid;
+    if (arg_count("coll", nargs, 8) || parse_coll("coll", args, 6, &a) || arg_u64(args[6], &begin_ns) ||
+        arg_i32(args[7], &begin_tid))
+        return NULL;
+    fire_coll(a.pg, a.seq, a.op, a.bytes, a.step, a.key, begin_ns, begin_tid);
+    Py_RETURN_NONE;
+}
+
 /* site_traced(address) -> bool: is a tracer attached at the probe site at `address` (usdt.probe_site)? On
  * x86-64 a uprobe puts int3 (0xCC) there, and Linux 6.18+ rewrites it into CALL/JMP rel32 (0xE8/0xE9) into
  * its trampoline after the first hit; an untraced 5-byte NOP starts with 0x0F. One byte read, ~40 ns from
@@ -452,6 +578,21 @@ static PyMethodDef usdt_methods[] = {
      "step_next(step: int, trace_key: int, next_key: int, old_phase: str, old_key: int, new_phase: str, "
      "new_key: int) -> None\n"
      "Fire obshub:step_next (phase, step end; next step, phase begin)."},
+    {"caught", (PyCFunction)(void (*)(void))usdt_caught, METH_FASTCALL,
+     "caught(where: str) -> None\nFire obshub:caught (the instrumentation caught an exception at `where` and went "
+     "on)."},
+    {"coll", (PyCFunction)(void (*)(void))usdt_coll, METH_FASTCALL,
+     "coll(pg: str, coll_seq: int, op: str, bytes: int, step: int, trace_key: int, begin_ns: int, begin_tid: int)"
+     " -> None\nFire obshub:coll (one collective at its end: begin time CLOCK_MONOTONIC ns, issuing thread)."},
+    {"coll_late", (PyCFunction)(void (*)(void))usdt_coll_late, METH_FASTCALL,
+     "coll_late(pg, coll_seq, op, bytes, step, trace_key, begin_ns, begin_tid) -> None\nFire obshub:coll_late (a "
+     "collective still in flight: its begin)."},
+    {"coll_traced", (PyCFunction)(void (*)(void))usdt_coll_traced, METH_FASTCALL,
+     "coll_traced() -> bool\nIs a tracer attached at the coll site (set by _set_coll_site), or _force_coll on?"},
+    {"_set_coll_site", (PyCFunction)(void (*)(void))usdt_set_coll_site, METH_FASTCALL,
+     "_set_coll_site(address: int) -> None\nThe coll probe's site in this process (usdt.probe_site('coll'))."},
+    {"_force_coll", (PyCFunction)(void (*)(void))usdt_force_coll, METH_FASTCALL,
+     "_force_coll(on: bool) -> None\nTests: coll_traced() answers True without a tracer (the one-probe path)."},
     {"site_traced", (PyCFunction)(void (*)(void))usdt_site_traced, METH_FASTCALL,
      "site_traced(address: int) -> bool\nIs a tracer attached at the probe site at `address` (x86-64)?"},
     {"_record", (PyCFunction)(void (*)(void))usdt_record, METH_FASTCALL,

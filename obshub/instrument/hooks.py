@@ -300,6 +300,7 @@ def _guarded(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except Exception:  # noqa: BLE001 - instrumentation must not break training
+            _caught("hook")
             if fn.__name__ not in _warned:
                 _warned.add(fn.__name__)
                 log.exception("obshub instrumentation hook %s failed; it keeps running without it", fn.__name__)
@@ -474,6 +475,7 @@ def _closure_wrapper(closure: Callable):
             if _st.phase != "optimizer":
                 _phase_begin_locked("optimizer")
     except Exception:  # noqa: BLE001 - instrumentation must not break training
+        _caught("closure")
         _warn_once("closure")
     return result
 
@@ -750,6 +752,7 @@ def _make_kernel(info: _OpInfo) -> Callable:
             coll_begin(name, seq, probe_name, nbytes, step, key)
             local["key"], local["step"] = key, step  # coll_begin carried the thread's new key
         except Exception:  # noqa: BLE001 - let PyTorch raise its own error, or run it unseen
+            _caught("collective")
             _warn_once("collective")
             return redispatch(keys, *args)
         local["in_coll"] = 1
@@ -772,12 +775,20 @@ def _make_kernel(info: _OpInfo) -> Callable:
             else:
                 work.add_done_callback(partial(coll_end, name, seq, probe_name, nbytes, step, key))
         except Exception:  # noqa: BLE001 - no future (a coalesced Work): end = enqueue
+            _caught("collective_end")
             coll_end(name, seq, probe_name, nbytes, step, key)
         return result
 
     # called from compiled code (a DDP bucket's all-reduce under torch.compile), the kernel is a frame
     # TorchDynamo would try to compile: it runs eagerly instead, as every collective does
     return _torch.compiler.disable(kernel)
+
+
+def _caught(where: str) -> None:
+    """Tell a tracer that the instrumentation caught an exception at ``where`` and went on: the USDT probe
+    ``obshub:caught`` (a NOP when none is attached; fired on the catch path only), which the agent counts
+    in ``obshub_agent_caught_errors_total{where="instrument_<where>"}``."""
+    usdt.caught(where)
 
 
 def _warn_once(what: str) -> None:
@@ -1034,6 +1045,8 @@ def enable(job: str | None = None, host_id: int | None = None, optimizers_per_st
         _st.job = workload.clean_job(job) if job else ""
         _st.reg_site = usdt.probe_site("register")
         _st.next_sites = (usdt.probe_site("phase_next"), usdt.probe_site("step_next"))
+        # the C++ collective kernel reads this site at each collective: one `coll` probe while it is traced
+        usdt._usdt._set_coll_site(usdt.probe_site("coll") or 0)
         _merge_check_locked()
         _torch = torch
         undo = _st.undo

@@ -164,6 +164,9 @@ def wrap_load_state_dict(orig: Callable) -> Callable:
                 steps_done(count, "optimizer")
         except Exception:  # noqa: BLE001 - instrumentation must not break training
             log.exception("obshub: reading the step count of a loaded optimizer failed; steps count on")
+            from obshub.instrument import usdt  # the catch path only (obshub_agent_caught_errors_total)
+
+            usdt.caught("load_state_dict")
         return result
 
     load_state_dict.__obshub_wrapped__ = orig  # type: ignore[attr-defined]

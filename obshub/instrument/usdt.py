@@ -33,7 +33,10 @@ from obshub.core.usdt import PROBES, PROVIDER  # noqa: E402  (the contract, afte
 __all__ = [
     "PROBES",
     "PROVIDER",
+    "caught",
+    "coll",
     "coll_begin",
+    "coll_late",
     "coll_end",
     "library_path",
     "phase_begin",
@@ -58,6 +61,9 @@ coll_begin = _usdt.coll_begin
 coll_end = _usdt.coll_end
 phase_next = _usdt.phase_next
 step_next = _usdt.step_next
+coll = _usdt.coll
+coll_late = _usdt.coll_late
+caught = _usdt.caught
 
 
 def library_path() -> str:

@@ -212,7 +212,9 @@ class BpfEventSource:
         self.options = options or ProbeOptions()
         self._bpf = None
         # bcc's failures it caught and went on from, by where (attach, compile): obshub_agent_caught_errors
-        self.caught: collections.Counter[str] = collections.Counter()
+        # (the property `caught` adds the instrumentation's, from the kernel)
+        self._caught: collections.Counter[str] = collections.Counter()
+        self._inst_caught: collections.Counter[str] = collections.Counter()  # the last read of inst_caught
         self._statuses: list[ProbeStatus] = []
         self._attached: set[str] = set()
         self._pending: list[Event] = []
@@ -371,7 +373,7 @@ class BpfEventSource:
                 for binpath, fn, addr, _pid in u.enumerate_active_probes():
                     b.attach_uprobe(name=binpath, fn_name=fn, addr=addr, pid=-1)
             except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception; the library is reported skipped
-                self.caught["attach"] += 1
+                self._caught["attach"] += 1
                 return f"Failed to attach the USDT probes: {exc}"
             return ""
         attached, failed = 0, []
@@ -389,7 +391,7 @@ class BpfEventSource:
                     attach(name=path.encode(), sym=ap.symbol.encode(), fn_name=ap.fn.encode())
                     attached += 1
                 except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception; logged with the library
-                    self.caught["attach"] += 1
+                    self._caught["attach"] += 1
                     failed.append(f"Failed to attach {ap.name}: {exc}")
         if failed:
             log.warning("library %s of pid %d: %s", m.path, m.pid, "; ".join(failed))
@@ -401,7 +403,7 @@ class BpfEventSource:
             self._bpf = self._build(pl, layers)
             return layers
         except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception on compile errors: each layer alone next
-            self.caught["compile"] += 1
+            self._caught["compile"] += 1
             first_error = str(exc)
         good = set()
         for layer in sorted(layers):
@@ -409,7 +411,7 @@ class BpfEventSource:
                 self._build(pl, {layer}, keep=False)
                 good.add(layer)
             except Exception as exc:  # noqa: BLE001 - bcc's bare Exception: the layer's probes reported skipped
-                self.caught["compile"] += 1
+                self._caught["compile"] += 1
                 for p in pl.probes:
                     if p.c_layer == layer:
                         skipped[p.name] = f"Failed to build obshub/bpf/{p.c_file}: {exc}"
@@ -487,7 +489,7 @@ class BpfEventSource:
                         b.attach_uprobe(name=lib, sym=sym, fn_name=ap.fn.encode())
                 # USDT probes were attached by bcc when the program was built
             except Exception as exc:  # noqa: BLE001 - bcc raises bare Exception; the probe is reported skipped
-                self.caught["attach"] += 1
+                self._caught["attach"] += 1
                 return f"Failed to attach {ap.name}: {exc}"
         return ""
 
@@ -498,6 +500,27 @@ class BpfEventSource:
             for ap in p.attach
             if isinstance(ap, Uprobe)
         ]
+
+    @property
+    def caught(self) -> collections.Counter[str]:
+        """Failures caught and gone on from, by where (``obshub_agent_caught_errors_total{where}``): this
+        source's own (``attach``, ``compile``: bcc's bare Exception) and the instrumentation's in the
+        watched ranks (``instrument_<where>``: the ``obshub:caught`` USDT probe, counted in the kernel map
+        ``inst_caught`` of obshub/bpf/pytorch.c; the counts read last stay after :meth:`close`). A fresh
+        Counter; never raises."""
+        out = collections.Counter(self._caught)
+        if self._bpf is not None:
+            try:
+                self._inst_caught = collections.Counter(
+                    {
+                        "instrument_" + bytes(k.where).split(b"\0", 1)[0].decode("ascii", "replace"): v.value
+                        for k, v in self._bpf[b"inst_caught"].items()
+                    }
+                )
+            except KeyError:  # no such map: the PYTORCH layer is not loaded
+                pass
+        out.update(self._inst_caught)
+        return out
 
     # -- deep dive: the per-call probes attached on request -------------------------------------------
     def deep_dive_probes(self) -> list[str]:
@@ -530,7 +553,7 @@ class BpfEventSource:
                         attach = self._bpf.attach_uretprobe if ret else self._bpf.attach_uprobe
                         attach(name=lib, sym=sym, fn_name=fn)
                     except Exception as exc:  # noqa: BLE001 - bcc's bare Exception: the others still attach
-                        self.caught["attach"] += 1
+                        self._caught["attach"] += 1
                         log.warning("deep dive: Failed to attach %s to %s:%s: %s", name, lib, sym, exc)
             self._deep_on = True
         return time.monotonic() - t0
@@ -785,6 +808,7 @@ class BpfEventSource:
         if self._scanner is not None:
             self._scanner.close()
         if self._bpf is not None:
+            _ = self.caught  # the instrumentation's counts, kept past the map
             with contextlib.suppress(Exception):
                 self._bpf.cleanup()
             self._bpf = None

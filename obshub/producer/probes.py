@@ -214,8 +214,13 @@ CUDA_MAX_SYMBOLS = 32  # obs_cuda_entry_0.._31 in obshub/bpf/cuda.c
 #: the deep-dive tier: probes compiled with the rest but not attached at start; the agent attaches them on
 #: request for a number of steps and detaches them after (``BpfEventSource.deep_dive_on/off``, ``obshub
 #: deep-dive --host H``). The per-launch uprobe pair costs ~0.9-5 µs per kernel launch (bench/cuda_calls.py):
-#: 9-50 ms of a 1 s step at 10,000 launches, so it is off unless a host is suspect (docs/ARCHITECTURE.md)
-DEEP_DIVE_PROBES: tuple[str, ...] = ("cuda_cudaLaunchKernel", "cuda_cuLaunchKernel")
+#: 9-50 ms of a 1 s step at 10,000 launches, so it is off unless a host is suspect (docs/ARCHITECTURE.md).
+#: The NCCL collective pairs too (issue #34: ~1.1-1.9 µs per collective, 0.55-0.95 ms of a step at 500):
+#: obshub's c10d collective kernel reports every collective issued through torch.distributed (COLLECTIVE_
+#: BEGIN/END, one trap); what only the NCCL uprobes saw (NCCL calls made outside c10d, the enqueue time of
+#: each NCCL call) is seen during a deep dive only
+NCCL_DEEP_DIVE_PROBES: tuple[str, ...] = tuple(f"cuda_{s.symbol}" for s in CUDA_SYMBOLS if s.lib == "nccl")
+DEEP_DIVE_PROBES: tuple[str, ...] = ("cuda_cudaLaunchKernel", "cuda_cuLaunchKernel", *NCCL_DEEP_DIVE_PROBES)
 
 # Library file name patterns searched in the target's mapped files and in the library directories.
 LIBRARIES: dict[str, tuple[str, ...]] = {
@@ -244,9 +249,9 @@ def _build() -> tuple[Probe, ...]:
         "pytorch.c",
         "usdt",
         [Kind.REGISTER],
-        [Usdt("register", "obs_usdt_register")],
+        [Usdt("register", "obs_usdt_register"), Usdt("caught", "obs_usdt_caught", optional=True)],
         usdt_req,
-        "once per process",
+        "once per process (caught: once per exception the instrumentation caught)",
         "PYTORCH",
     )
     add(
@@ -297,9 +302,14 @@ def _build() -> tuple[Probe, ...]:
         "pytorch.c",
         "usdt",
         [Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END],
-        [Usdt("coll_begin", "obs_usdt_coll_begin"), Usdt("coll_end", "obs_usdt_coll_end")],
+        [
+            Usdt("coll_begin", "obs_usdt_coll_begin"),
+            Usdt("coll_end", "obs_usdt_coll_end"),
+            Usdt("coll", "obs_usdt_coll", optional=True),
+            Usdt("coll_late", "obs_usdt_coll_late", optional=True),
+        ],
         usdt_req,
-        "two events per collective",
+        "two events per collective, one trap (coll) with the C++ collective kernel, else three",
         "PYTORCH",
     )
     add(
@@ -466,6 +476,8 @@ def _build() -> tuple[Probe, ...]:
             (
                 "deep-dive tier (not attached by default): two traps (~0.9-5 us) per launch while a deep dive runs"
                 if sym.kind == Kind.CUDA_LAUNCH
+                else "deep-dive tier (not attached by default): two traps (~1.1-1.9 us) per call while a deep dive runs"
+                if sym.lib == "nccl"
                 else "two traps (~0.9-5 us) per call (bench/cuda_calls.py)"
             ),
             "CUDA",

@@ -505,3 +505,22 @@ def test_backward_by_autograd_grad_is_a_phase(probes):
         "data",
         *per_step,
     ]
+
+
+def test_a_caught_exception_fires_the_caught_probe():
+    """A hook that raises is caught (training goes on) and tells a tracer where (the ``caught`` probe, which
+    the agent counts in obshub_agent_caught_errors_total{where="instrument_hook"}: tests/producer)."""
+    from obshub.instrument import _usdt
+    from obshub.instrument import hooks as instrument
+
+    @instrument._guarded
+    def broken_hook():
+        raise RuntimeError("broken")
+
+    _usdt._record(True)
+    try:
+        assert broken_hook() is None
+        got = _usdt._recorded()
+    finally:
+        _usdt._record(False)
+    assert got == [("caught", "hook")], got

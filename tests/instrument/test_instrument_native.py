@@ -75,6 +75,88 @@ def test_both_kernels_count_every_collective_and_share_the_op_sequence(world, mo
         assert hooks.current_trace_key() == (hooks._key(2, 4), 2)
 
 
+def test_one_probe_per_collective_while_coll_is_traced(world, monkeypatch):
+    """While the ``coll`` site is traced (forced here: ``_force_coll``), the C++ kernel fires one ``coll``
+    per collective at its end, carrying what coll_begin and coll_end carried plus the begin time and the
+    issuing thread, and no coll_begin, coll_end nor tracekey; untraced, the three as before."""
+    import threading
+    import time
+
+    from obshub.instrument import _usdt
+
+    dist, hooks = world
+    _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
+    hooks.enable(job="j", host_id=3)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    me = threading.get_native_id()
+    _usdt._record(True)
+    try:
+        _usdt._force_coll(True)
+        t0 = time.monotonic_ns()
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(8), async_op=True).wait()
+        t1 = time.monotonic_ns()
+        _usdt._force_coll(False)
+        dist.all_reduce(torch.ones(4))
+        got = _usdt._recorded()
+    finally:
+        _usdt._force_coll(False)
+        _usdt._record(False)
+    probes = [r[0] for r in got]
+    assert probes == ["coll", "coll", "coll_begin", "tracekey", "coll_end"], probes
+    (_, pg0, seq0, op0, n0, step0, key0, b0, tid0), (_, pg1, seq1, op1, n1, step1, key1, b1, tid1) = got[:2]
+    assert (pg0, op0, n0, tid0) == (pg1, op1, 16, me) and (n1, tid1) == (32, me)
+    assert seq1 == seq0 + 1 and got[2][2] == seq1 + 1  # one sequence per group, whichever probe
+    assert key1 == key0 + 1 and got[2][6] == key1 + 1  # one op sequence (TraceKey) too
+    assert t0 <= b0 <= b1 <= t1  # CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns
+
+
+def test_a_collective_still_in_flight_gets_its_begin_from_the_watchdog(world, monkeypatch):
+    """On the one-probe path a collective that waits (here: rank 1 joins 0.4 s late) gets its begin from
+    the kernel's watchdog after ~100 ms (``coll_late``, the true begin time and issuing thread), so a hang
+    still shows who arrived; its ``coll`` then carries the thread negated (the end only)."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from obshub.instrument import _usdt
+
+    dist, hooks = world
+    _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
+    peer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo', rank=1, world_size=2)\n"
+            "time.sleep(0.4)\ndist.all_reduce(torch.ones(4))\ndist.destroy_process_group()\n",
+        ],
+        env={**os.environ, "OBSHUB_INSTRUMENT": "0"},
+    )
+    try:
+        hooks.enable(job="j", host_id=3)
+        dist.init_process_group("gloo", rank=0, world_size=2)
+        _usdt._record(True)
+        _usdt._force_coll(True)
+        t0 = time.monotonic_ns()
+        dist.all_reduce(torch.ones(4))
+        waited = time.monotonic_ns() - t0
+        got = _usdt._recorded()
+    finally:
+        _usdt._force_coll(False)
+        _usdt._record(False)
+        assert peer.wait(60) == 0
+    me = threading.get_native_id()
+    assert [r[0] for r in got] == ["coll_late", "coll"], got
+    late, end = got
+    assert late[1:7] == end[1:7] and late[7] == end[7]  # the same collective, the same begin time
+    assert late[8] == me and end[8] == -me and waited >= 200_000_000
+
+
 def test_a_bad_kernel_choice_is_a_config_error(monkeypatch):
     from obshub.instrument import hooks
 

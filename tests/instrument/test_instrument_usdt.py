@@ -203,11 +203,11 @@ class UsdtReader:
 
         kheaders.apply_env(load_settings())
         u = USDT(path=usdt.library_path())
-        # the separate probes only: with phase_next and step_next untraced, the instrumentation fires
-        # the separate ones, which this reader asserts on (the merged ones are covered with the agent's
-        # handlers in tests/producer/test_probes_usdt.py)
+        # the separate probes only: with phase_next, step_next and coll untraced, the instrumentation
+        # fires the separate ones, which this reader asserts on (the merged ones are covered with the
+        # agent's handlers in tests/producer/test_probes_usdt.py)
         for name in PROBES:
-            if name not in ("phase_next", "step_next"):
+            if name not in ("phase_next", "step_next", "coll", "caught", "coll_late"):
                 u.enable_probe(probe=name, fn_name=f"on_{name}")
         self.bpf = BPF(text=READER_C.encode(), usdt_contexts=[u])
         self.records: list[dict] = []

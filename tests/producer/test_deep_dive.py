@@ -30,32 +30,37 @@ STEPS = 3
 TRIGGER_BOUND_S = 10.0  # request -> first launch aggregate on the events topic
 
 
-def _cudart() -> Path | None:
+def _lib(pattern: str) -> Path | None:
     for d in ProbeOptions().lib_dirs:
-        hits = sorted(Path(d).glob("libcudart.so*"))
+        hits = sorted(Path(d).glob(pattern))
         if hits:
             return hits[0]
     return None
 
 
+def _cudart() -> Path | None:
+    return _lib("libcudart.so*")
+
+
 def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
     need_bpf()
-    cudart = _cudart()
-    if cudart is None:
-        pytest.skip("the torch wheel's libcudart is not installed")
+    cudart, nccl = _cudart(), _lib("libnccl.so*")
+    if cudart is None or nccl is None:
+        pytest.skip("the torch wheel's libcudart/libnccl are not installed")
     from obshub.producer.agent import Agent
     from obshub.producer.loader import DEEP_DIVE_REASON, BpfEventSource
 
     usdt = build_so("fakeusdt", tmp_path)
-    # steps of ~0.1 s, 5 kernel launches each, for up to 120 s
+    # steps of ~0.1 s, 5 kernel launches and one NCCL call each, for up to 120 s
     body = (
-        "C = ctypes.CDLL(%r)\nimport time\n"
+        "C = ctypes.CDLL(%r)\nN = ctypes.CDLL(%r)\nimport time\n"
         "for s in range(1, 1200):\n"
         "    L.fake_step_begin(ctypes.c_int64(s), ctypes.c_uint64(s))\n"
         "    for _ in range(5):\n        C.cudaLaunchKernel(None, None, None, None, None, None)\n"
+        "    N.ncclGroupEnd()\n"
         "    L.fake_step_end(ctypes.c_int64(s), ctypes.c_uint64(s))\n"
         "    time.sleep(0.1)\n"
-    ) % str(cudart)
+    ) % (str(cudart), str(nccl))
     child = ctypes_child(usdt, body)
     host = f"dd-{uuid.uuid4().hex[:8]}"
     cfg = agent_config(
@@ -69,7 +74,9 @@ def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
     src = BpfEventSource(
         settings(tmp_path),
         Target(pids={child.pid}),
-        ProbeOptions(probes=("pytorch_step", "cuda_cudaLaunchKernel"), usdt_library=usdt, sysfs=False),
+        ProbeOptions(
+            probes=("pytorch_step", "cuda_cudaLaunchKernel", "cuda_ncclGroupEnd"), usdt_library=usdt, sysfs=False
+        ),
     )
     agent = Agent(cfg, src, say=lambda _m: None)
     run = AgentThread(agent)
@@ -78,7 +85,9 @@ def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
         table = {s.name: s for s in agent.probe_status}
         assert not table["cuda_cudaLaunchKernel"].attached
         assert table["cuda_cudaLaunchKernel"].reason == DEEP_DIVE_REASON
-        assert src.deep_dive_probes() == ["cuda_cudaLaunchKernel"] and not src.deep_diving
+        # the NCCL uprobes are the deep-dive tier too (issue #34: the c10d kernel reports the collectives)
+        assert not table["cuda_ncclGroupEnd"].attached
+        assert src.deep_dive_probes() == ["cuda_cudaLaunchKernel", "cuda_ncclGroupEnd"] and not src.deep_diving
         child.go()
 
         def mine(batches, kind):
@@ -88,7 +97,7 @@ def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
         before = read_batches(
             kafka.bootstrap_servers, hosts={host}, until=lambda bs: len(mine(bs, Kind.STEP_END)) >= 5, timeout_s=60
         )
-        assert mine(before, Kind.CUDA_STEP_SUM) == []
+        assert mine(before, Kind.CUDA_STEP_SUM) == [] and mine(before, Kind.NCCL_COLL) == []
 
         # the operator's path (the automatic trigger asks through the same topic: the listener test)
         t0 = time.monotonic()
@@ -130,6 +139,8 @@ def test_deep_dive_attaches_for_n_steps_and_its_data_arrives(kafka, tmp_path):
             timeout_s=60,
         )
         sums = mine(after, Kind.CUDA_STEP_SUM)
+        ncc = mine(after, Kind.NCCL_COLL)  # one call a step, within the window's steps
+        assert 1 <= len(ncc) <= STEPS + 1 and all(e.payload["symbol"] == "ncclGroupEnd" for e in ncc), ncc
         assert len(sums) == STEPS, [(e.step, e.value) for e in sums]
         assert [e.step for e in sums] == list(range(sums[0].step, sums[0].step + STEPS)), [e.step for e in sums]
         assert all(e.value == 5 for e in sums[1:]), [(e.step, e.value) for e in sums]

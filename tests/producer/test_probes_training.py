@@ -92,6 +92,13 @@ def test_two_rank_training_tracekeys(tmp_path):
         ends = {e.step: e for e in mine if e.kind == Kind.STEP_END}
         assert set(range(STEPS)) <= set(ends) <= set(begins), (rank, sorted(begins), sorted(ends))
         colls[rank] = {(e.payload["pg"], e.payload["coll_seq"]) for e in mine if e.kind == Kind.COLLECTIVE_END}
+        # every collective's begin and end pair up (one `coll` trap, or the coll_begin/coll_end pair): same
+        # step, key and bytes; the end's duration is the time from its begin
+        cb = {(e.payload["pg"], e.payload["coll_seq"]): e for e in mine if e.kind == Kind.COLLECTIVE_BEGIN}
+        for e in (e for e in mine if e.kind == Kind.COLLECTIVE_END):
+            b = cb[(e.payload["pg"], e.payload["coll_seq"])]
+            assert (b.step, b.trace_key, b.value) == (e.step, e.trace_key, e.value), (rank, b, e)
+            assert e.duration_ns == e.ts_ns - b.ts_ns > 0, (rank, b, e)
         train_tid = begins[0].tid
         sched = [e for e in mine if e.kind in (Kind.SCHED_OFFCPU, Kind.SCHED_RUNQ) and e.tid == train_tid]
         sums = {e.step for e in mine if e.kind == Kind.SCHED_STEP_SUM}

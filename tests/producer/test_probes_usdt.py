@@ -123,10 +123,11 @@ def test_undersized_ring_buffer_counts_every_lost_event(tmp_path):
     assert [e.step for e in events if e.kind == Kind.STEP_BEGIN][:5] == [0, 1, 2, 3, 4]
 
 
-def _real_library_events(tmp_path, calls: str, probes: tuple[str, ...]) -> list:
+def _real_library_events(tmp_path, calls: str, probes: tuple[str, ...], caught: dict | None = None) -> list:
     """The events of a child that runs ``calls`` (Python lines over ``u``, the real instrumentation
     library's probe functions) while the agent's handlers are attached with ``probes`` (registered
-    processes watched); skips when the library is not built."""
+    processes watched); skips when the library is not built. ``caught``: filled with the source's
+    ``caught`` counts after the run."""
     need_bpf()
     try:
         from obshub.instrument import usdt
@@ -147,21 +148,35 @@ def _real_library_events(tmp_path, calls: str, probes: tuple[str, ...]) -> list:
             assert all(s.attached for s in table), table
             child.go()
             child.wait()
-            return [e for e in drain(src, 0.5) if e.pid == child.pid]
+            events = [e for e in drain(src, 0.5) if e.pid == child.pid]
+            if caught is not None:
+                caught.update(src.caught)
+            return events
     finally:
         child.kill()
 
 
 def test_real_producer_usdt_library(tmp_path):
-    """The handlers decode the real instrumentation library's probes (argument types and order)."""
+    """The handlers decode the real instrumentation library's probes (argument types and order); the
+    instrumentation's caught exceptions (``caught``) are counted by where, as the agent's metric reads them."""
+    caught: dict = {}
     events = _real_library_events(
         tmp_path,
         "u.register('real', 1, 2, 9, 0)\nu.tracekey(77, 5)\nu.step_begin(5, 77)\n"
         "u.phase_begin('backward', 5, 78)\nu.phase_end('backward', 5, 78)\n"
         "u.coll_begin('0', 3, 'all_reduce', 1024, 5, 79)\nu.coll_end('0', 3, 'all_reduce', 1024, 5, 79)\n"
-        "u.step_end(5, 77)\n",
+        "import threading\nt0 = time.monotonic_ns()\ntime.sleep(0.01)\n"
+        "u.coll('0', 4, 'all_gather', 2048, 5, 80, t0, threading.get_native_id() + 1)\n"
+        "u.coll_late('0', 5, 'broadcast', 8, 5, 81, t0, threading.get_native_id() + 2)\n"
+        "u.coll('0', 5, 'broadcast', 8, 5, 81, t0, -(threading.get_native_id() + 2))\n"
+        "u.step_end(5, 77)\nu.caught('hook')\nu.caught('hook')\nu.caught('load_state_dict')\n",
         ("pytorch",),
+        caught,
     )
+    assert {k: v for k, v in caught.items() if k.startswith("instrument_")} == {
+        "instrument_hook": 2,
+        "instrument_load_state_dict": 1,
+    }, caught
     kinds = [e.kind for e in events]
     assert kinds == [
         Kind.REGISTER,
@@ -169,9 +184,23 @@ def test_real_producer_usdt_library(tmp_path):
         Kind.PHASE,
         Kind.COLLECTIVE_BEGIN,
         Kind.COLLECTIVE_END,
+        Kind.COLLECTIVE_BEGIN,
+        Kind.COLLECTIVE_END,
+        Kind.COLLECTIVE_BEGIN,
+        Kind.COLLECTIVE_END,
         Kind.STEP_END,
     ], kinds
-    reg, begin, phase, cb, ce, end = events
+    reg, begin, phase, cb, ce, cb1, ce1, cb2, ce2, end = events
+    # one `coll` hit (the C++ kernel's one trap per collective) makes the pair's two records: the begin at
+    # the time and on the thread it carries, the end now on the firing thread with the duration
+    assert cb1.payload == ce1.payload == {"pg": "0", "coll_seq": 4, "op": "all_gather"}
+    assert cb1.value == ce1.value == 2048 and (cb1.step, cb1.trace_key, ce1.step, ce1.trace_key) == (5, 80, 5, 80)
+    assert ce1.duration_ns == ce1.ts_ns - cb1.ts_ns and ce1.duration_ns >= 10_000_000
+    assert cb1.ts_ns >= ce.ts_ns and cb1.tid == ce1.tid + 1
+    # a collective still in flight: coll_late gives its begin (the watchdog's), its coll (thread negated)
+    # the end alone
+    assert cb2.payload == ce2.payload == {"pg": "0", "coll_seq": 5, "op": "broadcast"}
+    assert cb2.ts_ns == cb1.ts_ns and cb2.tid == ce2.tid + 2 and ce2.duration_ns == ce2.ts_ns - cb2.ts_ns
     assert reg.value == 1 and reg.payload == {"job": "real", "world_size": 2, "host_id": 9, "local_rank": 0}
     assert (begin.step, begin.trace_key, end.step, end.trace_key) == (5, 77, 5, 77)
     assert end.duration_ns == end.ts_ns - begin.ts_ns

@@ -4,7 +4,8 @@ the command (the launcher, each torchrun worker, their children) imports this ``
 It costs nothing for programs without torch: it only installs a one-shot import watcher. When ``torch``
 is imported, the watcher lets the import finish and then calls ``obshub.instrument.enable()`` (job and
 host id from ``OBSHUB_JOB`` / ``OBSHUB_HOST_ID``). If that fails (another interpreter without obshub
-installed, a bad setting), one ``obshub:`` line goes to stderr and the program runs uninstrumented.
+installed, a bad setting), one ``obshub:`` line goes to stderr and the program runs uninstrumented; the
+agent counts it (the ``obshub:caught`` probe, ``where="instrument_enable"``) when the library loads.
 A ``sitecustomize`` that this one shadows (later on sys.path) is still run.
 """
 
@@ -17,6 +18,16 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _caught(where):
+    """Fire the USDT probe ``obshub:caught`` (the agent counts it: ``obshub_agent_caught_errors_total
+    {where="instrument_<where>"}``) when the instrumentation library loads here; else nothing."""
+    try:
+        from obshub.instrument import _usdt
+    except ImportError:  # another interpreter without obshub, or the library not built: nothing to tell
+        return
+    _usdt.caught(where)
+
+
 def _enable_instrumentation():
     try:
         from obshub import instrument
@@ -24,6 +35,7 @@ def _enable_instrumentation():
         instrument.enable()
     except Exception as exc:  # noqa: BLE001 - never break the user's program
         print(f"obshub: instrumentation not enabled in pid {os.getpid()}: {exc}", file=sys.stderr)
+        _caught("enable")
 
 
 class _TorchImportWatcher(importlib.abc.MetaPathFinder):
@@ -59,6 +71,7 @@ def _chain_shadowed_sitecustomize():
         spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - the same tolerance site.py shows
         print(f"obshub: the shadowed sitecustomize {spec.origin} failed: {exc}", file=sys.stderr)
+        _caught("sitecustomize")
 
 
 if os.environ.get("OBSHUB_INSTRUMENT", "1") != "0":
