@@ -15,6 +15,7 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "layers": {layer: [time_ns, count, max_ns]},
      "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
      "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
+     "stopped_ns": int,              # longest SCHED_OFFCPU of a stopped/traced thread (absent: none)
      "last_phase": [end_rt, phase],  # the latest PHASE to end (absent before the first one)
      "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
              "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns,     # per connection, a < b
@@ -199,6 +200,8 @@ _TCP_RETRANSMIT = int(Kind.TCP_RETRANSMIT)
 _PHASE = int(Kind.PHASE)
 _REGISTER = int(Kind.REGISTER)
 _RANK_STATE = int(Kind.RANK_STATE)
+_SCHED_OFFCPU = int(Kind.SCHED_OFFCPU)
+_STOPPED_STATES = 0x0C  # SCHED_OFFCPU value (task state at switch-out): __TASK_STOPPED 0x4, TASK_TRACED 0x8
 
 
 def coll_key(pg: str, coll_seq: int) -> str:
@@ -227,6 +230,8 @@ def add_event(acc: dict, e: Event, offset_ns: int) -> None:
             c[2], c[3] = rt, e.duration_ns
     elif kind == _AGENT_LOSS:
         acc["ringbuf_lost"] += max(0, e.value)
+    elif kind == _SCHED_OFFCPU and e.value & _STOPPED_STATES:  # a stopped/traced thread: its longest stop
+        acc["stopped_ns"] = max(acc.get("stopped_ns", 0), e.duration_ns)
     elif kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
         _add_net(acc, kind, e)
     if kind == _PHASE:
@@ -492,6 +497,8 @@ def merge(into: dict, part: dict) -> dict:
                 if mine[i] is None:
                     mine[i] = c[i]
     into["ringbuf_lost"] += part["ringbuf_lost"]
+    if part.get("stopped_ns"):
+        into["stopped_ns"] = max(into.get("stopped_ns", 0), part["stopped_ns"])
     lp = part.get("last_phase")
     if lp and (not into.get("last_phase") or lp[0] >= into["last_phase"][0]):
         into["last_phase"] = list(lp)
