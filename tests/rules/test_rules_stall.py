@@ -621,3 +621,25 @@ def test_a_short_stop_fires_from_the_specific_ratio_and_clean_steps_of_the_same_
     fired = [a for a in fire(clean) if a["rule"].startswith("step_stall")]
     if stop_ms / median_ms < 2.0:  # below x3 and no stop: nothing (x3 and more is the general rule's)
         assert not fired, fired
+
+
+def test_a_burst_on_one_rank_of_a_host_names_that_rank_by_its_run_queue_time():
+    # a CPU burst pinned to node-02's local rank 1 (global 5) while the ranks waited inside a collective:
+    # nobody late; node-02's run-queue time is up by most of the stall, and rank 5's row holds it
+    s = summary(
+        60,
+        990,
+        layers={
+            "node-00": {"sched": 12},
+            "node-01": {"sched": 10},
+            "node-02": {"sched": 640},
+            "node-03": {"sched": 11},
+        },
+    )
+    s["evidence"]["ranks"] = {"node-02": 4}  # the host's named rank (another one): not the burst's
+    cell = lambda ms: {"sched": {"time_ns": int(ms * 1e6), "count": 3, "max_ns": int(ms * 1e6)}}  # noqa: E731
+    s["ranks"] = {"node-02": {"4": {"layers": cell(9)}, "5": {"layers": cell(631)}}}
+    c = analysis.culprit_rank(analysis.culprit(s), s)
+    assert (c["host"], c["layer"], c["source"], c["rank"]) == ("node-02", "sched", "layers", 5), c
+    s["ranks"] = {"node-02": {"4": {"layers": cell(600)}, "5": {"layers": cell(40)}}}
+    assert analysis.culprit_rank(analysis.culprit(s), s)["rank"] == 4

@@ -133,15 +133,26 @@ def stopped_ranks(accs: dict[str, dict]) -> dict[str, dict]:
 
 
 def culprit_rank(c: dict | None, summary: dict) -> dict | None:
-    """Culprit ``c`` (``analysis.culprit``) with ``rank``: the straggler's rank when it is the straggler's
-    host, else the rank its evidence names (``evidence.ranks``), None for the network layer or when
-    unknown."""
+    """Culprit ``c`` (``analysis.culprit``) with ``rank``: a stopped rank's own (``source`` "stopped"); for
+    ``source`` "layers" on a host of several rank rows the rank with the most time in that layer; else the
+    straggler's rank when it is the straggler's host, else the rank its evidence names
+    (``evidence.ranks``); None for the network layer or when unknown."""
     if c is None:
         return None
     rank = None
     strag = summary.get("straggler") or {}
+    rows = (summary.get("ranks") or {}).get(c["host"]) or {}
     if c.get("source") == "stopped":
         rank = c.get("rank")
+    elif c.get("source") == "layers" and len(rows) >= 2:
+        # a host's layer time over its peers' (a burst inside a collective): the rank whose own time in
+        # that layer is the largest (a burst pinned to one rank's CPU starves that rank)
+        rank = int(
+            max(
+                rows.items(),
+                key=lambda kv: ((kv[1].get("layers") or {}).get(c["layer"], {}).get("time_ns", 0), -int(kv[0])),
+            )[0]
+        )
     elif c.get("layer") != "network":
         if strag.get("host") == c["host"] and strag.get("rank") is not None:
             rank = strag["rank"]
