@@ -201,6 +201,7 @@ _PHASE = int(Kind.PHASE)
 _REGISTER = int(Kind.REGISTER)
 _RANK_STATE = int(Kind.RANK_STATE)
 _SCHED_OFFCPU = int(Kind.SCHED_OFFCPU)
+_SCHED_RUNQ = int(Kind.SCHED_RUNQ)
 _STOPPED_STATES = 0x0C  # SCHED_OFFCPU value (task state at switch-out): __TASK_STOPPED 0x4, TASK_TRACED 0x8
 
 
@@ -276,7 +277,9 @@ def reduce_batch(
     outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped. TCP_RTT and
     TCP_RETRANSMIT events come from softirq and timer context (no TraceKey, step -1): they are charged to
     the step of the batch's latest stepped event at or before them (else the first after them), i.e. the
-    step the host was in when the packet went out; in a batch without any stepped event (sealed by age
+    step the host was in when the packet went out; so are the SCHED_RUNQ / SCHED_OFFCPU of a rank's threads
+    without a TraceKey (step -1: gloo's I/O threads, intra-op workers), which starve inside a collective
+    when a CPU burst hits a rank waiting in it (also into the rank's row); in a batch without any stepped event (sealed by age
     while a rank blocks in a long collective) to ``running_step``, the step the host's previous batches
     left running (``running_step``), and dropped when that is None. Same result as ``add_event`` on every
     event; the common layer-only kinds (``_FAST``) are folded inline (about 1 µs per event on this machine).
@@ -300,7 +303,7 @@ def reduce_batch(
         step = e.step
         if step < 0:
             kind = e.kind
-            if kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
+            if kind == _TCP_RTT or kind == _TCP_RETRANSMIT or kind == _SCHED_RUNQ or kind == _SCHED_OFFCPU:
                 if stepped is None:
                     stepped = sorted((x.ts_ns, x.step) for x in batch.events if x.step >= 0)
                 if stepped:
@@ -310,6 +313,8 @@ def reduce_batch(
                 else:
                     continue
                 e = e._replace(step=step)
+                if ranks and kind != _TCP_RTT and kind != _TCP_RETRANSMIT and e.pid in ranks:
+                    _add_rank_event(out, batch, e, ranks[e.pid], offset_ns)
             else:
                 if kind == _AGENT_LOSS:
                     loose_loss += max(0, e.value)

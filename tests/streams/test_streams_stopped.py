@@ -59,3 +59,22 @@ def test_stopped_ns_is_the_longest_stop_and_merges_as_a_maximum():
     assert accumulate.merge(a, b)["stopped_ns"] == 500
     assert a["layers"]["sched"][0] == 9_000  # the preempted wait stays the sched layer's, as before
     assert "stopped_ns" not in accumulate.merge(accumulate.new_acc("h", 0), accumulate.new_acc("h", 0))
+
+
+def test_a_starved_thread_without_a_tracekey_is_charged_to_the_step_it_waited_in():
+    # gloo's I/O thread (no TraceKey: step -1) waited 700 ms runnable inside step 5's collective (a CPU
+    # burst on its host): its SCHED_RUNQ counts in step 5's sched layer, host and rank row
+    from obshub.core.schema import Batch
+
+    ev = [
+        Event(Kind.STEP_BEGIN, 1_000, 0, 9, 5, 1001, 1001, -1, 5, None),
+        Event(Kind.SCHED_RUNQ, 800_000_000, 700_000_000, 0, -1, 1001, 1044, -1, 1, None),
+        Event(Kind.SCHED_OFFCPU, 800_000_001, 760_000_000, 0, -1, 1001, 1045, -1, 0x4, None),
+        Event(Kind.STEP_END, 900_000_000, 899_999_000, 9, 5, 1001, 1001, -1, 5, None),
+        Event(Kind.STEP_BEGIN, 900_001_000, 0, 10, 6, 1000, 1000, -1, 6, None),  # the other rank, next step
+    ]
+    out = accumulate.reduce_batch(Batch("j", "h", 0, "j/h/a", 0, ev), ranks={1000: (0, 0), 1001: (1, 1)})
+    assert out[5]["layers"]["sched"][0] == 700_000_000 and out[5]["stopped_ns"] == 760_000_000
+    row = out[5]["ranks"]["1"]
+    assert row["layers"]["sched"][0] == 700_000_000 and row["stopped_ns"] == 760_000_000
+    assert "sched" not in out[6]["layers"]
