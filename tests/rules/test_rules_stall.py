@@ -643,3 +643,21 @@ def test_a_burst_on_one_rank_of_a_host_names_that_rank_by_its_run_queue_time():
     assert (c["host"], c["layer"], c["source"], c["rank"]) == ("node-02", "sched", "layers", 5), c
     s["ranks"] = {"node-02": {"4": {"layers": cell(600)}, "5": {"layers": cell(40)}}}
     assert analysis.culprit_rank(analysis.culprit(s), s)["rank"] == 4
+
+
+@pytest.mark.parametrize(
+    "ev,directed,stopped,want",
+    [
+        ({"node-03": {"network": 3.0}}, True, None, ("node-03", "network")),  # a 300 ms blackout at x1.9
+        ({"node-03": {"network": 3.0}}, False, None, None),  # the same without the directed view's charge
+        ({"node-03": {"sched": 5.6}}, False, None, None),  # run-queue evidence keeps stall_k (loaded hosts)
+        ({}, False, {"node-01": (200, 1)}, ("node-01", "process")),  # a stop that overlapped idle time
+    ],
+)
+def test_specific_evidence_names_a_stall_from_x1_5_and_other_culprits_keep_stall_k(ev, directed, stopped, want):
+    rng = __import__("random").Random(5)
+    s = summary(20, 1.9 * MEDIAN_NS / 1e6, ev=ev, stopped=stopped, strag=("node-03", 120) if ev else None)
+    s["net_directed"] = directed
+    fired = [a for a in fire(charge([*clean_steps(0, 20, rng), s])) if a["rule"].startswith("step_stall")]
+    got = [(a["labels"]["host"], a["labels"]["layer"]) for a in fired]
+    assert got == ([want] if want else []), fired
