@@ -198,7 +198,8 @@ def test_a_stopped_thread_and_a_steps_longest_wait_are_sent_past_the_singles_cap
             time.sleep(0.1)
             os.kill(child.pid, signal.SIGCONT)
             child.wait()
-            events = drain(src, 1.0)
+            # until its STEP_END (sent after every record of the step: the ring buffer keeps their order)
+            events = drain(src, 1.0, until=lambda evs: any(e.kind == Kind.STEP_END and e.pid == child.pid for e in evs))
     finally:
         child.kill()
     mine = [e for e in events if e.pid == child.pid]
