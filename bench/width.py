@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -1323,7 +1324,9 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
     codec, close and ``summarize``; of it, ``encode_ms`` the parts' msgpack encoding, which the ingest
     agent does when it sends them, and ``close_ms`` the step's close with ``summarize``) and the rule pack, the summary's JSON bytes; the process's RSS peak
     (VmHWM, MB: the fleet's batches of one step, the tables and the engine together; a worker holds less)
-    and whether the straggler's host and rank were named. For the sizes a 2-core machine cannot carry
+    and whether the straggler's host and rank were named; ``gc_ms`` the collector's CPU in a step (median,
+    included in the figures above), ``fold_max_ms`` the slowest fold and ``full_gcs`` the full collections of
+    every step but the first (which pays for the registrations). For the sizes a 2-core machine cannot carry
     through the real broker at 1 s steps (2,048 hosts x 8 ranks = 1 M events per step)."""
     from obshub.rules.engine import Engine
     from obshub.rules.loader import load_ruleset
@@ -1356,7 +1359,23 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
             close_s[0] += time.process_time() - c
 
     pipe.fold.close = timed_close  # type: ignore[method-assign]
+    # the collector's CPU per step, and its full collections (generation 2): the worker's own thresholds
+    # (tune_gc) apply; what they cost is in the step's figures, shown apart here
+    gcs = {"s": 0.0, "full": 0, "full_s": 0.0, "t0": 0.0}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gcs["t0"] = time.process_time()
+            return
+        dt = time.process_time() - gcs["t0"]
+        gcs["s"] += dt
+        if info.get("generation") == 2:
+            gcs["full"] += 1
+            gcs["full_s"] += dt
+
+    gc.callbacks.append(on_gc)
     for step in range(steps):
+        gcs.update(s=0.0, full=0, full_s=0.0)
         values = [v for _due, msgs, _n in f.step_slots(step, seqs) for _k, v in msgs]
         n0 = len(pipe.summaries)
         ing = fo = enc = 0.0
@@ -1394,13 +1413,18 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
                 "rules_ms": rules * 1e3,
                 "summary_bytes": len(json.dumps(s, separators=(",", ":")).encode()) if s else 0,
                 "named": (strag.get("host"), strag.get("rank")),
+                "gc_ms": gcs["s"] * 1e3,
+                "full_gcs": gcs["full"],
+                "full_gc_ms": gcs["full_s"] * 1e3,
             }
         )
         say(
             f"[dim]  {hosts:,} x {ranks_per_host}: step {step} ingest {ing * 1e3:,.0f} ms, fold {fo * 1e3:,.0f} ms "
             f"(parts' encoding {enc * 1e3:,.0f}, close {close_s[0] * 1e3:,.0f}), "
+            f"collector {gcs['s'] * 1e3:,.0f} ms ({gcs['full']} full, {gcs['full_s'] * 1e3:,.0f} ms), "
             f"rules {rules * 1e3:,.1f} ms, summary {rows[-1]['summary_bytes']:,} B, straggler {rows[-1]['named']}[/dim]"
         )
+    gc.callbacks.remove(on_gc)
     peak = _rss_now("VmHWM:")
     late = [r for r in rows if r["step"] > guilty_from]
     want = (shape.straggler_host, shape.straggler_rank)
@@ -1413,6 +1437,9 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
         "encode_ms": statistics.median(r["encode_ms"] for r in late),
         "close_ms": statistics.median(r["close_ms"] for r in late),
         "rules_ms": statistics.median(r["rules_ms"] for r in late),
+        "fold_max_ms": max(r["fold_ms"] for r in rows[1:]),  # every step but the first (registrations' GC)
+        "gc_ms": statistics.median(r["gc_ms"] for r in late),
+        "full_gcs": sum(r["full_gcs"] for r in rows[1:]),
         "summary_bytes": max(r["summary_bytes"] for r in late),
         "rss_peak_mb": peak,
         "rss_fleet_mb": rss_fleet,  # after building the fleet's templates: the rest is the worker's and engine's
@@ -1523,6 +1550,8 @@ def main(argv: list[str] | None = None) -> int:
             "ingest ms",
             "fold ms",
             "of which: parts' encoding, close",
+            "fold max ms (steps 1-)",
+            "collector ms; full (steps 1-)",
             "rule pack ms",
             "summary bytes",
             "RSS peak MB",
@@ -1536,6 +1565,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['ingest_ms']:,.0f}",
                 f"{r['fold_ms']:,.0f}",
                 f"{r['encode_ms']:,.0f}, {r['close_ms']:,.0f}",
+                f"{r['fold_max_ms']:,.0f}",
+                f"{r['gc_ms']:,.0f}; {r['full_gcs']}",
                 f"{r['rules_ms']:,.1f}",
                 f"{r['summary_bytes']:,}",
                 f"{r['rss_peak_mb']:,.0f} ({r['rss_fleet_mb']:,.0f})",

@@ -191,7 +191,17 @@ def pipeline(job: str, run_id: str, config: Path, packs: tuple[str, ...] = ()) -
         ),
         PipelinePart(
             "rules",
-            [*OBSHUB, "rules", "serve", *rule_args, "-c", str(config), "--group-prefix", rules_prefix],
+            [
+                *OBSHUB,
+                "rules",
+                "serve",
+                *rule_args,
+                "-c",
+                str(config),
+                "--group-prefix",
+                rules_prefix,
+                "--resolve-on-exit",
+            ],
             "rules",
             (f"{rules_prefix}-engine",),
         ),

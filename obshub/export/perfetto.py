@@ -15,9 +15,12 @@ Output format: the Chrome Trace Event Format (JSON Object Format) as Perfetto's 
 * **flows** (``"ph": "s"`` -> ``"ph": "f"``, ``"bp": "e"``, a shared ``id``) link each collective
   ``(pg, coll_seq)`` across hosts: from the last host to arrive to every host that waited for it;
 * the **straggler** of each step (from its summary on ``obshub.steps.v1``) is a process-scoped instant
-  ``straggler: <host>`` with the summary's reason, score and blame in ``args``, and its step slice is
-  named ``step N (straggler)``; the **blamed layer** is an instant ``blamed: <layer> +x ms`` on that
-  layer's track.
+  ``straggler: <host>`` (``... rank <r>`` when the summary names its rank) with the summary's reason,
+  score and blame in ``args``, and its step slice is named ``step N (straggler)``; the **blamed layer** is
+  an instant ``blamed: <layer> +x ms`` on that layer's track;
+* on a host of **several ranks** (pids from REGISTER events and the summaries' per-rank rows) each rank's
+  tracks carry its global rank (``rank 3 steps``, ``rank 3 collectives``, ``rank 3 pytorch tid 17322``), so
+  the straggler's step slice and the blame mark land on the straggler rank's tracks.
 """
 
 from __future__ import annotations
@@ -123,14 +126,15 @@ def build_trace(
         for e in h.events
     ]
     origin = min(all_ts) if all_ts else 0
+    ranks = _ranks_of(hosts, summaries)
     out: list[dict] = []
     flows_src: dict[tuple[str, int], dict[str, tuple[int, int, int, int]]] = defaultdict(dict)
-    step_slices: dict[tuple[str, int], dict] = {}
+    step_slices: dict[tuple[str, int | None, int], dict] = {}  # (host, global rank or None, step) -> slice
     track_tid: dict[tuple[str, str], int] = {}  # (host, lane label) -> tid
     for pi, h in enumerate(hosts, start=1):
         out.append({"ph": "M", "name": "process_name", "ts": 0, "pid": pi, "tid": 0, "args": {"name": h.host}})
         out.append({"ph": "M", "name": "process_sort_index", "ts": 0, "pid": pi, "tid": 0, "args": {"sort_index": pi}})
-        slices, instants = _host_slices(h)
+        slices, instants = _host_slices(h, ranks.get(h.host))
         lanes: dict[str, _Lanes] = defaultdict(_Lanes)
         labels: dict[str, str] = {}
         placed = []
@@ -172,10 +176,11 @@ def build_trace(
             }
             out.append(x)
             if ev is not None and ev.kind == Kind.STEP_END:
-                step_slices[(h.host, ev.step)] = x
+                step_slices[(h.host, (ranks.get(h.host) or {}).get(ev.pid), ev.step)] = x
             if ev is not None and ev.kind == Kind.COLLECTIVE_END and ev.payload:
                 key = (str(ev.payload.get("pg")), int(ev.payload.get("coll_seq", -1)))
-                flows_src[key][h.host] = (start, end, pi, tid, x)
+                r = (ranks.get(h.host) or {}).get(ev.pid)
+                flows_src[key][h.host if r is None else f"{h.host} rank {r}"] = (start, end, pi, tid, x)
         for ts, _, group, label, name, args, _ in instants:
             out.append(
                 {
@@ -199,20 +204,45 @@ def build_trace(
         "steps": f"{steps[0]}-{steps[1]}" if steps else "all",
         "hosts": [h.host for h in hosts],
         "straggler_steps": marked,
-        "steps_without_summary": sorted({s for (_, s) in step_slices} - set(summaries)),
+        "steps_without_summary": sorted({s for (_, _, s) in step_slices} - set(summaries)),
     }
     return {"traceEvents": out, "displayTimeUnit": "ms", "otherData": other}
 
 
-def _host_slices(h: HostEvents):
+def _ranks_of(hosts: list[HostEvents], summaries: dict[int, dict]) -> dict[str, dict[int, int]]:
+    """``host -> pid -> global rank`` for the hosts that run two or more ranks, from the REGISTER events
+    exported (``value`` = the rank) and the step summaries' per-rank rows (``ranks[host][rank]["pid"]``,
+    docs/ANALYSIS.md "Several ranks per host"). A host of one rank is left out: its tracks keep their
+    plain names."""
+    found: dict[str, dict[int, int]] = defaultdict(dict)
+    for h in hosts:
+        for ev in h.events:
+            if ev.kind == Kind.REGISTER and ev.pid:
+                found[h.host][ev.pid] = int(ev.value)
+    for sm in summaries.values():
+        rows = sm.get("ranks") if isinstance(sm, dict) else None
+        for host, per in (rows or {}).items() if isinstance(rows, dict) else ():
+            for rank, row in (per or {}).items() if isinstance(per, dict) else ():
+                pid = row.get("pid") if isinstance(row, dict) else None
+                if isinstance(pid, int) and pid > 0 and str(rank).lstrip("-").isdigit():
+                    found[host].setdefault(pid, int(rank))
+    return {h: m for h, m in found.items() if len(set(m.values())) >= 2}
+
+
+def _host_slices(h: HostEvents, ranks: dict[int, int] | None = None):
     """(slices, instants) of one host: tuples ``(start_ns, end_ns, group, label, name, args, event)``;
-    STEP_BEGIN/END and COLLECTIVE_BEGIN/END pairs become one slice (from the END's duration)."""
+    STEP_BEGIN/END and COLLECTIVE_BEGIN/END pairs become one slice (from the END's duration). On a host of
+    several ranks (``ranks``: pid -> global rank) the tracks of a rank's events are named after it
+    (``rank 3 steps``, ``rank 3 pytorch tid 17322``); events of no rank (kernel threads, softirq TCP) keep
+    the host's."""
     slices, instants = [], []
     for ev in h.events:
         k = ev.kind
         if k in (Kind.STEP_BEGIN, Kind.COLLECTIVE_BEGIN, Kind.REGISTER):
             continue  # the END event carries begin and duration; REGISTER is identity, not time
         group, label = _track_of(ev)
+        if ranks and ev.pid in ranks:
+            label = f"rank {ranks[ev.pid]} {label}"
         args = _args_of(ev)
         if k == Kind.STEP_END:
             slices.append((ev.ts_ns - ev.duration_ns, ev.ts_ns, group, label, f"step {ev.step}", args, ev))
@@ -228,8 +258,9 @@ def _host_slices(h: HostEvents):
 
 
 def _flows(src: dict, origin: int) -> list[dict]:
-    """Flow arrows from the last arriver at each collective to every other host's slice of it; each
-    collective slice gets ``last_to_arrive`` and ``waited_for_last_ns`` in its args."""
+    """Flow arrows from the last arriver at each collective to every other host's slice of it (every
+    other rank's, ``"<host> rank <r>"``, on hosts of several ranks); each collective slice gets
+    ``last_to_arrive`` and ``waited_for_last_ns`` in its args."""
     out, fid = [], 0
     for (pg, seq), by_host in sorted(src.items()):
         if len(by_host) < 2:
@@ -262,13 +293,24 @@ def _mark_stragglers(
         if not isinstance(st, dict) or st.get("host") not in pids:
             continue
         host, pid = st["host"], pids[st["host"]]
-        sl = step_slices.get((host, step))
+        rank = st.get("rank") if isinstance(st.get("rank"), int) else None
+        sl = step_slices.get((host, rank, step)) or step_slices.get((host, None, step))
+        if sl is None:  # the straggler's rank unknown (or not exported): the host's first rank's step
+            sl = next(
+                (
+                    v
+                    for (hh, _r, ss), v in sorted(step_slices.items(), key=lambda kv: str(kv[0]))
+                    if hh == host and ss == step
+                ),
+                None,
+            )
         ts = sl["ts"] + sl["dur"] if sl else _us(int(sm.get("closed_at_ns", origin)) - origin)
         tid = sl["tid"] if sl else track_tid.get((host, "steps"), 0)
         blame = [b for b in sm.get("blame") or [] if isinstance(b, dict)]
         args = {
             "step": step,
             "host": host,
+            "rank": rank,
             "reason": st.get("reason"),
             "score": st.get("score"),
             "excess_ms": round((st.get("excess_ns") or 0) / 1e6, 3),
@@ -278,7 +320,7 @@ def _mark_stragglers(
             {
                 "ph": "i",
                 "s": "p",
-                "name": f"straggler: {host}",
+                "name": f"straggler: {host}" + (f" rank {rank}" if rank is not None else ""),
                 "cat": "diagnosis",
                 "ts": ts,
                 "pid": pid,
@@ -297,11 +339,15 @@ def _mark_stragglers(
         if blame:
             b = blame[0]
             layer = str(b.get("layer"))
+            brank = b.get("rank") if isinstance(b.get("rank"), int) else rank
+            # the blamed layer's track of the blamed rank on a host of several ranks, else the host's
+            prefixes = ([f"rank {brank} "] if brank is not None else []) + [""]
             lt = next(
                 (
                     t
+                    for pre in prefixes
                     for (hh, lab), t in sorted(track_tid.items(), key=lambda kv: kv[1])
-                    if hh == host and (lab == layer or lab.startswith(layer + " "))
+                    if hh == host and (lab == pre + layer or lab.startswith(pre + layer + " "))
                 ),
                 tid,
             )

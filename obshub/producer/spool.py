@@ -29,8 +29,10 @@ running agent holds its lock.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
 import os
 import struct
 import time
@@ -45,6 +47,8 @@ from obshub.producer.errors import SpoolError
 _HEADER = struct.Struct("<HHII")
 _MAGIC = 0x0B5B
 _CURSOR_EVERY_S = 0.2
+
+log = logging.getLogger(__name__)
 
 
 class SpoolPos(NamedTuple):
@@ -68,11 +72,20 @@ class Spool:
     """A bounded, ordered, restart-safe queue of ``(key, value)`` records in ``directory``.
 
     ``max_bytes``: bound on all segment files together, bytes. ``segment_bytes``: a segment is rolled
-    when the next record would pass this size. Opening takes the folder's lock (SpoolError if another
-    process holds it), cuts a torn tail, and resumes from the saved cursor.
+    when the next record would pass this size. Opening takes the folder's lock, cuts a torn tail, and
+    resumes from the saved cursor. The lock file holds the holder's pid, and ``"<pid> stopping"`` once
+    it stops (:meth:`mark_stopping`): opening waits up to ``stopping_wait_s`` for a holder that stops
+    (an agent restarted at once: its predecessor still delivers), and raises SpoolError at once for a
+    holder that runs (two agents on one spool).
     """
 
-    def __init__(self, directory: Path, max_bytes: int = SPOOL_MAX_BYTES, segment_bytes: int = SPOOL_SEGMENT_BYTES):
+    def __init__(
+        self,
+        directory: Path,
+        max_bytes: int = SPOOL_MAX_BYTES,
+        segment_bytes: int = SPOOL_SEGMENT_BYTES,
+        stopping_wait_s: float = 60.0,
+    ):
         if segment_bytes > max_bytes:
             raise ValueError(f"segment_bytes {segment_bytes} exceeds max_bytes {max_bytes}")
         self.dir = Path(directory)
@@ -85,16 +98,30 @@ class Spool:
                 f"Failed to open the spool folder {self.dir}: {exc}",
                 "check that $OBSHUB_HOME is writable by the agent's user",
             ) from exc
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "?"
-            self._lock.close()
-            raise SpoolError(
-                f"the spool {self.dir} is in use by another running agent (pid {holder})",
-                "run each agent with its own --host, or stop the other agent first",
-            ) from None
+        deadline, said = time.monotonic() + stopping_wait_s, False
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                self._lock.seek(0)
+                holder = self._lock.read().strip() or "?"
+                if holder.endswith(" stopping") and time.monotonic() < deadline:
+                    if not said:
+                        log.warning(
+                            "the spool %s is held by an agent that stops (pid %s): waiting up to %.0f s for it",
+                            self.dir,
+                            holder.split()[0],
+                            stopping_wait_s,
+                        )
+                        said = True
+                    time.sleep(0.2)
+                    continue
+                self._lock.close()
+                raise SpoolError(
+                    f"the spool {self.dir} is in use by another running agent (pid {holder})",
+                    "run each agent with its own --host, or stop the other agent first",
+                ) from None
         self._lock.seek(0)
         self._lock.truncate()
         self._lock.write(str(os.getpid()))
@@ -343,6 +370,17 @@ class Spool:
         tmp = self.dir / "cursor.tmp"
         tmp.write_text(json.dumps({"segment": seg_id, "offset": offset}))
         os.replace(tmp, self.dir / "cursor")
+
+    def mark_stopping(self) -> None:
+        """Say in the lock file that this holder stops (``"<pid> stopping"``): a spool opened meanwhile
+        waits for the lock instead of failing (an agent restarted while this one still delivers)."""
+        if self._lock is None or self._lock.closed:
+            return
+        with contextlib.suppress(OSError):
+            self._lock.seek(0)
+            self._lock.truncate()
+            self._lock.write(f"{os.getpid()} stopping")
+            self._lock.flush()
 
     def close(self) -> None:
         """Flush and fsync, save the cursor, release the lock. The spool can be opened again."""

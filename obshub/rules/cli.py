@@ -149,6 +149,12 @@ def test_command(files):
     help="address the metrics port binds (127.0.0.1: this machine only) [env OBSHUB_METRICS_ADDR]",
 )
 @click.option(
+    "--resolve-on-exit",
+    is_flag=True,
+    help="resolve every firing alert when stopping (an engine that stops for good: a demo, a CI stack; "
+    "by default alerts survive a restart in the engine's state)",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -176,6 +182,7 @@ def serve_command(
     scale_out,
     metrics_port,
     metrics_addr,
+    resolve_on_exit,
     log_level,
     log_file,
     log_format,
@@ -206,6 +213,7 @@ def serve_command(
         from_beginning=from_beginning,
         log_path=str(log_file) if log_file else "stderr",
         scale_out=scale_out,
+        resolve_on_exit=resolve_on_exit,
     )
     started = (
         f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "

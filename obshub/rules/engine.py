@@ -848,6 +848,25 @@ class Engine:
             rt.fps = {k: v for k, v in rt.fps.items() if v[0] in rt.hits or v[0] in self.instances}
         return sorted(gone)
 
+    def resolve_all(self) -> int:
+        """Resolve every alert now, as ``expire_jobs`` does for a job gone (a firing alert publishes
+        ``resolved``, a pending one ``inactive``) and forget them; windows and correlation state stay.
+        For an engine that stops for good (``obshub rules serve --resolve-on-exit``: the demo, a CI
+        stack), so the alerts topic does not keep its alerts firing. Returns the alerts resolved."""
+        now, n = self.now_ns, 0
+        for fp, inst in list(self.instances.items()):
+            rule = self.ruleset.rules.get(inst.rule)
+            if inst.state == FIRING:
+                inst.state, inst.resolved_at_ns = RESOLVED, now
+                self._emit(inst, RESOLVED, rule)
+                n += 1
+            elif inst.state == PENDING:
+                inst.state = INACTIVE
+                self._emit(inst, INACTIVE, rule)
+            del self.instances[fp]
+            self.dirty = True
+        return n
+
     def active(self) -> list[AlertInstance]:
         """Alerts pending or firing now, sorted by rule and labels."""
         return sorted(

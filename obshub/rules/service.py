@@ -70,8 +70,10 @@ class RuleService:
         log_path: str = "stderr",
         checkpoint_every_s: float = 1.0,
         scale_out: bool = False,
+        resolve_on_exit: bool = False,
     ):
         self.settings, self.rule_paths, self.config = settings, list(rule_paths) or [BUILTIN_DIR], config
+        self.resolve_on_exit = resolve_on_exit
         self.group_prefix, self.from_beginning = group_prefix, from_beginning
         self.health_every_s = health_every_s
         self.state = state_dir(settings)

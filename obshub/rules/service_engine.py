@@ -702,6 +702,13 @@ class EngineLoop:
                     part.engine.dirty = False
                     self._commit(part, cons)
         finally:
+            if svc.resolve_on_exit:  # an engine that stops for good: its alerts end with it
+                resolved = 0
+                for part in list(self.parts.values()):
+                    part.engine.now_ns = max(part.engine.now_ns, time.time_ns())
+                    resolved += part.engine.resolve_all()
+                    part.dirty = True
+                log.info("engine: resolved %d firing alert(s) at exit (--resolve-on-exit)", resolved)
             for part in list(self.parts.values()):
                 try:
                     self._commit(part, cons, force=True, reopen=False)

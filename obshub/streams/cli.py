@@ -248,6 +248,12 @@ def worker_command(
         registry.unregister_component(settings, name)
 
 
+def _who(x: dict) -> str:
+    """A host named in a summary, with its global rank when the summary gives one (``node-01 rank 3``)."""
+    r = x.get("rank")
+    return f"{x['host']} rank {r}" if isinstance(r, int) else str(x["host"])
+
+
 def _line(s: dict) -> str:
     ms = lambda ns: f"{ns / 1e6:.1f} ms"  # noqa: E731
     life = s.get("life") or 0
@@ -262,7 +268,7 @@ def _line(s: dict) -> str:
     if s.get("hang"):
         h = s["hang"]
         parts.append(
-            f"[red]HANG: {','.join(x['host'] for x in h['hosts'])} never arrived at {h['op']} "
+            f"[red]HANG: {','.join(_who(x) for x in h['hosts'])} never arrived at {h['op']} "
             f"pg={h['pg']} seq={h['coll_seq']}; {len(h['waiting'])} waiting {h['waited_ns'] / 1e9:.1f} s[/red]"
         )
     if s["closed_by"] == "running":
@@ -273,7 +279,7 @@ def _line(s: dict) -> str:
         )
     st = s["straggler"]
     if st:
-        parts.append(f"[yellow]straggler {st['host']}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
+        parts.append(f"[yellow]straggler {_who(st)}[/yellow] score {st['score']:.2f} +{ms(st['excess_ns'])}")
         if s["blame"]:
             b = s["blame"][0]
             what = f"+{ms(b['excess_ns'])}" if b["excess_ns"] else f"{b['count']} events"

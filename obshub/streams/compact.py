@@ -23,6 +23,7 @@ where rules with ``signal: events`` and ``obshub trace export`` read it (docs/ST
 
 from __future__ import annotations
 
+import heapq
 import math
 
 FULL_ROWS = 64  # a step of at most this many hosts keeps every host's layer row
@@ -75,22 +76,26 @@ def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
         keep.update(g["host"] for g in strag.get("group") or ())
     keep.update(b["host"] for b in summary.get("blame") or ())
     evidence = (summary.get("evidence") or {}).get("hosts") or {}
-    strongest = sorted(
-        (-max((v for v in (z or {}).values() if isinstance(v, (int, float))), default=0), h)
-        for h, z in evidence.items()
+    strongest = heapq.nsmallest(
+        top,
+        [
+            (-max((v for v in (z or {}).values() if isinstance(v, (int, float))), default=0), h)
+            for h, z in evidence.items()
+        ],
     )
-    keep.update(h for _z, h in strongest[:top])
+    keep.update(h for _z, h in strongest)
     keep.update(c["last_host"] for c in summary.get("collectives") or () if c.get("last_host"))
     layers = summary.get("layers") or {}
     by_layer: dict[str, list[tuple[int, int, str]]] = {}
     for host, row in layers.items():
         for layer, cell in row.items():
             by_layer.setdefault(layer, []).append((int(cell["time_ns"]), int(cell["count"]), host))
+    # the top ones by value then name (a host once per layer): a partial selection, not a sort of thousands
     for rows in by_layer.values():
-        keep.update(h for _t, _c, h in sorted(rows, key=lambda r: (-r[0], r[2]))[:top])
-        keep.update(h for _t, _c, h in sorted(rows, key=lambda r: (-r[1], r[2]))[:top])
+        keep.update(h for _t, h in heapq.nsmallest(top, [(-t, h) for t, _c, h in rows]))
+        keep.update(h for _c, h in heapq.nsmallest(top, [(-c, h) for _t, c, h in rows]))
     st = summary.get("step_time_ns") or {}
-    keep.update(h for h, _ns in sorted(st.items(), key=lambda kv: (-kv[1], kv[0]))[:top])
+    keep.update(h for _ns, h in heapq.nsmallest(top, [(-ns, h) for h, ns in st.items()]))
     return keep & set(layers)
 
 

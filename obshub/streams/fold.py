@@ -22,7 +22,8 @@ State layout (docs/STREAMS.md "State"); one batch part costs one small write, wh
             sent data without being registered. Written when the step opens (and when such a host appears).
             How many of its hosts reported STEP_END is derived state, kept in memory (``Fold.ended``) and
             recounted from ``parts`` after a restart or rebalance (``Fold.forget``).
-``members`` ``job@p#<b>`` -> ``{host: host_id}`` and ``job@p#r<b>`` -> ``{rank: host}``
+``members`` ``job@p#<b>`` -> ``{host: host_id}`` and ``job@p#r<b>`` -> ``{rank: [host, pid]}`` (the host alone
+            for a rank registered without a pid)
             The job's registered hosts and ranks, in 256 buckets by CRC-32 of the host name (``b``) and by
             rank, so a registration rewrites one small bucket and a close reads the used buckets once.
 ``jobs``    ``job@p`` -> ``{"n_hosts", "n_ranks", "world_size", "buckets", "history", "pending", "closed",
@@ -680,24 +681,22 @@ class Fold:
         if rank is not None:
             rk = f"{job}@{p}#r{int(rank) % BUCKETS}"
             ranks = self.members.get(rk) or {}
-            if str(rank) not in ranks:
-                ranks[str(rank)] = host
-                self.members[rk] = ranks
+            # the rank's host and, once known, its pid (this life's process: _new_life compares it)
+            who = [host, int(v["pid"])] if v.get("pid") is not None else host
+            had = ranks.get(str(rank))
+            if had is None:
                 js["n_ranks"] += 1
                 rb = int(rank) % BUCKETS
                 if rb not in js.setdefault("rbuckets", []):
                     js["rbuckets"] = sorted(js["rbuckets"] + [rb])
                 changed = True
+            if had is None or (had != who and isinstance(who, list)):
+                ranks[str(rank)] = who
+                self.members[rk] = ranks
         world = v.get("world_size") or 0
         if world > js["world_size"]:
             js["world_size"] = world
             changed = True
-        if rank is not None and v.get("pid") is not None:
-            who = [host, int(v["pid"])]
-            pids = js.setdefault("pids", {})
-            if pids.get(str(rank)) != who:
-                pids[str(rank)] = who
-                changed = True
         if changed:
             self._put_job(jk, js)
         return emits
@@ -713,7 +712,7 @@ class Fold:
         registers its own hosts and world size) and a new record starts with ``life`` + 1. The other ranks
         of the new life then register into it. Returns the (new) record and the summaries to send."""
         rank, pid = v.get("rank"), v.get("pid")
-        old = (js.get("pids") or {}).get(str(rank)) if rank is not None and pid is not None else None
+        old = self._rank_pid(v["job"], p, js, rank) if rank is not None and pid is not None else None
         if old is None or old == [v["host"], int(pid)]:
             return js, []
         job = v["job"]
@@ -726,7 +725,7 @@ class Fold:
         self._drop_records(job, p, js)
         life = int(js.get("life") or 0) + 1
         new = _new_job()
-        new.update(life=life, life_ns=self.clock(), pids={})
+        new.update(life=life, life_ns=self.clock())
         if life > self.life_of.get(job, 0):  # the job's derived state, once per life (every partition sees it)
             self.life_of[job] = life
             for m in (self.top_step, self.quiet_until, self.net_directed, self.net_recent, self.last_seen):
@@ -743,6 +742,18 @@ class Fold:
                 old[0],
             )
         return new, emits
+
+    def _rank_pid(self, job: str, p: int, js: dict, rank: int) -> list | None:
+        """``[host, pid]`` of the process that registered ``rank`` of ``job`` in this life, None when unknown:
+        from the rank's ``members`` bucket (``job@p#r<b>``: rank -> ``[host, pid]``, or the host alone when
+        it registered without a pid), else from ``js["pids"]`` (rank -> ``[host, pid]``), where an older
+        worker kept every rank's in the ``jobs`` record: rewritten with each step's history, it grew to
+        262 KB at 2,048 hosts x 8 ranks (docs/STREAMS.md "State")."""
+        who = (self.members.get(f"{job}@{p}#r{int(rank) % BUCKETS}") or {}).get(str(rank))
+        if isinstance(who, list):
+            return who
+        old = (js.get("pids") or {}).get(str(rank))
+        return list(old) if old is not None else None
 
     def _gone(self, job: str, sk: str) -> set[str]:
         """Hosts of ``job`` whose every registered process exited (RANK_STATE) and that sent nothing for

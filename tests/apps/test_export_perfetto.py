@@ -328,3 +328,67 @@ def test_live_layers_get_their_own_tracks():
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert names == {"steps", "sched", "memory", "network", "nic", "pcie"}
     assert doc["otherData"]["steps_without_summary"] == [3]
+
+
+def test_a_host_of_several_ranks_gets_tracks_per_rank_and_the_straggler_rank_is_marked():
+    """A new user's 2-rank host: the summary named rank 1 the straggler of step 9, blamed for pytorch, and
+    the mark landed on rank 0's step slice (slices were kept per host). Each rank's tracks carry its
+    global rank (pids from the summary's per-rank rows), the straggler's step slice and the blame mark
+    are rank 1's, and a collective's flow starts at the rank that arrived last."""
+    K = schema.Kind
+    evs = []
+    for pid, late in ((101, 0), (102, 40_000_000)):
+        evs += [
+            schema.Event(K.STEP_BEGIN, 0, 0, 0, 9, pid, pid, -1, 9, {}),
+            schema.Event(K.PHASE, 60_000_000 + late, 60_000_000 + late, 0, 9, pid, pid, -1, 0, {"phase": "forward"}),
+            schema.Event(
+                K.COLLECTIVE_BEGIN,
+                61_000_000 + late,
+                0,
+                0,
+                9,
+                pid,
+                pid,
+                -1,
+                0,
+                {"pg": "0", "coll_seq": 4, "op": "all_reduce"},
+            ),
+            schema.Event(
+                K.COLLECTIVE_END,
+                102_000_000,
+                102_000_000 - 61_000_000 - late,
+                0,
+                9,
+                pid,
+                pid,
+                -1,
+                0,
+                {"pg": "0", "coll_seq": 4, "op": "all_reduce"},
+            ),
+            schema.Event(K.STEP_END, 110_000_000, 110_000_000, 0, 9, pid, pid, -1, 9, {}),
+        ]
+    summary = {
+        "step": 9,
+        "straggler": {
+            "host": "vm",
+            "rank": 1,
+            "local_rank": 1,
+            "reason": "last at 1/1 collectives",
+            "score": 0.7,
+            "excess_ns": 40_000_000,
+        },
+        "blame": [{"host": "vm", "rank": 1, "layer": "pytorch", "excess_ns": 40_000_000}],
+        "ranks": {"vm": {"0": {"pid": 101, "local_rank": 0}, "1": {"pid": 102, "local_rank": 1}}},
+    }
+    doc = build_trace([HostEvents("vm", 0, evs)], {9: summary}, job="two")
+    assert validate_chrome_trace(doc) == []
+    ev = doc["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"rank 0 steps", "rank 1 steps", "rank 0 collectives", "rank 1 collectives"} <= set(tracks.values())
+    marked = [e for e in ev if e["ph"] == "X" and e["name"] == "step 9 (straggler)"]
+    assert [tracks[e["tid"]] for e in marked] == ["rank 1 steps"]
+    blamed = [e for e in ev if e["ph"] == "i" and e["name"].startswith("blamed: pytorch")]
+    assert [tracks[e["tid"]].startswith("rank 1 pytorch") for e in blamed] == [True]
+    assert [e["name"] for e in ev if e["name"].startswith("straggler:")] == ["straggler: vm rank 1"]
+    colls = [e for e in ev if e["ph"] == "X" and e["name"].startswith("all_reduce")]
+    assert {e["args"]["last_to_arrive"] for e in colls} == {"vm rank 1"}

@@ -122,3 +122,27 @@ def test_one_agent_per_spool(tmp_path):
         Spool(tmp_path / "s", max_bytes=1 << 20, segment_bytes=16 * 1024)
     sp.close()
     Spool(tmp_path / "s", max_bytes=1 << 20, segment_bytes=16 * 1024).close()
+
+
+def test_a_spool_held_by_a_stopping_agent_is_waited_for_and_a_running_one_refused_at_once(tmp_path):
+    """An agent restarted at once found its predecessor's spool locked and exited (a new user lost 288
+    steps of a job): a holder that marked itself stopping is waited for, one that runs still refuses."""
+    import threading
+    import time
+
+    first = Spool(tmp_path / "s", max_bytes=1 << 20, segment_bytes=16 * 1024)
+    t0 = time.monotonic()
+    with pytest.raises(SpoolError, match="in use by another running agent"):
+        Spool(tmp_path / "s", max_bytes=1 << 20, segment_bytes=16 * 1024, stopping_wait_s=5)
+    assert time.monotonic() - t0 < 1.0  # a running holder: no wait
+    first.append(b"k", b"kept")
+    first.mark_stopping()
+    got: list = []
+    th = threading.Thread(target=lambda: got.append(Spool(tmp_path / "s", max_bytes=1 << 20, segment_bytes=16 * 1024)))
+    th.start()
+    time.sleep(0.5)
+    assert th.is_alive() and not got  # waiting for the stopping holder
+    first.close()
+    th.join(5)
+    assert len(got) == 1 and got[0].pending_batches == 1
+    got[0].close()

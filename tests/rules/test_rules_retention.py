@@ -98,6 +98,23 @@ def test_an_ended_jobs_alerts_resolve_then_its_state_is_dropped_and_a_live_jobs_
     assert again.instances == {} and all(not rt.hits and not rt.fps for rt in again.runtime.values())
 
 
+def test_resolve_all_ends_every_alert_of_an_engine_that_stops_for_good(tmp_path):
+    """`rules serve --resolve-on-exit` (the demo): the demo's alerts stayed firing on the alerts topic after
+    its engine stopped. At exit a firing alert publishes `resolved`, a pending one `inactive`, and no alert
+    is left in the state."""
+    eng, changes = make(tmp_path)
+    for i in range(3):
+        eng.process("steps", step(i, "demo", i))
+    eng.tick(BASE_NS + 3 * S)
+    before = len(changes)
+    assert eng.resolve_all() == 1
+    assert sorted((c["rule"], c["status"]) for c in changes[before:]) == [
+        ("pending_steps", "inactive"),
+        ("slow_steps", "resolved"),
+    ]
+    assert eng.instances == {} and eng.dirty
+
+
 def test_an_alert_restored_without_job_times_counts_from_the_restore(tmp_path):
     eng, _changes = make(tmp_path)
     eng.process("steps", step(0, "j", 0))

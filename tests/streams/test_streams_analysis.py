@@ -739,6 +739,38 @@ def test_hang_check_names_the_rank_that_exited_first_when_the_others_failed_outs
     )
 
 
+def test_ranks_exiting_in_the_data_phase_after_their_last_step_name_nobody():
+    """A training loop's normal end: the hooks open step N+1 and its data phase at the last optimizer step
+    and close the data phase at exit, so each rank has an open step with only a data phase when it exits,
+    one after the other (a new user's 2-rank DDP job fired a critical ``rank_hang`` at 11 of 14 clean
+    ends). Nobody is named. The same exits after a forward phase (a peer lost inside backward, where no
+    collective event shows) still name the first rank."""
+    now = 100_000 * MS
+    hist = [[s, 60 * MS, 2 * MS] for s in range(30)]
+    t = now - 1_100 * MS
+    stopped = {
+        "a": ("exited", now - 1_000 * MS, t),
+        "b": ("exited", now, t + 300 * MS),
+        "c": ("exited", now, t + 310 * MS),
+    }
+    seen = {h: now - 1_000 * MS for h in "abc"}
+
+    def accs(phase):
+        out = {}
+        for h in "abc":
+            a = _coll_acc(h, None, {}, seen_phase=(t - 10 * MS, phase))
+            a["phases"] = {phase: 50 * MS}
+            out[h] = a
+        return out
+
+    ended = accs("data")
+    assert analysis.hang_check(ended, list("abc"), seen, now - 1_200 * MS, hist, 30, now, stopped=stopped) is None
+    failed = accs("forward")
+    got = analysis.hang_check(failed, list("abc"), seen, now - 1_200 * MS, hist, 30, now, stopped=stopped)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("a", "exited")]
+    assert got["waiting"] == ["b", "c"]
+
+
 def test_a_stopped_rank_that_never_arrived_is_named_after_the_short_wait_not_the_silence():
     """The usual freeze: the others finished the collectives they were seen in and block in the next
     (not seen yet), the frozen rank has no data in the step; named once they waited

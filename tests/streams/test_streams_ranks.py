@@ -262,3 +262,35 @@ def test_lean_rank_rows_equal_the_reference_ties_and_wide_steps_included():
                 have = [row["colls"][key] for row in a["ranks"].values() if key in row["colls"]]
                 want = list(max(have, key=lambda c: c[1])) if have else ["all_reduce", None, None, None]
                 assert view[h]["colls"][key] == want
+
+
+def test_tail_steps_names_the_rank_of_the_straggler_and_of_a_hung_host():
+    """`obshub tail steps` on a host of several ranks: the straggler and a hung host carry their global
+    rank (a new user read "straggler vm" and "HANG: vm,vm" for two ranks of one host)."""
+    from obshub.streams.cli import _line
+
+    s = {
+        "job": "j",
+        "step": 9,
+        "closed_by": "hang",
+        "hosts": ["vm"],
+        "expected_hosts": ["vm"],
+        "step_time_max_ns": 0,
+        "missing_hosts": [],
+        "hang": {
+            "hosts": [{"host": "vm", "rank": 1}, {"host": "vm", "rank": 3}],
+            "op": "all_reduce",
+            "pg": "0",
+            "coll_seq": 4,
+            "waiting": ["vm"],
+            "waited_ns": 2_000_000_000,
+        },
+        "straggler": {"host": "vm", "rank": 1, "score": 0.7, "excess_ns": 40_000_000},
+        "blame": [],
+        "stall": False,
+        "quality": {},
+    }
+    line = _line(s)
+    assert "HANG: vm rank 1,vm rank 3 never arrived" in line and "straggler vm rank 1[/yellow]" in line
+    s["straggler"] = {"host": "vm", "score": 0.7, "excess_ns": 40_000_000}  # an older summary: no rank
+    assert "straggler vm[/yellow]" in _line(s)

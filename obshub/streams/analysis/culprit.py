@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 CULPRIT_LAYER = {"pytorch": "process"}
 """Culprit layer names that differ from the evidence layer's: lateness no lower layer explains is the
 rank's own process (stopped, frozen, or its own code slow), named ``process`` as the hang rules do."""
@@ -178,9 +180,10 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
         times = {h: (row.get(layer) or {}).get("time_ns", 0) for h, row in layers.items()}
         if len(times) < 2:
             continue
+        ordered = sorted(times.values())  # one sort: each host's peers are these less one of its value
+        k = (len(ordered) - 2) // 2  # the peers' lower median: index (peers - 1) // 2 among n - 1 peers
         for h, t in times.items():
-            peers = sorted(v for g, v in times.items() if g != h)
-            ref = peers[(len(peers) - 1) // 2]
+            ref = ordered[k] if k < bisect.bisect_left(ordered, t) else ordered[k + 1]
             if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
                 ref = min(ref, int((stats.get(layer) or {}).get("time_p50_ns", ref)))
             ex = t - ref

@@ -33,7 +33,7 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
-def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds) -> str | None:
+def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds, last_h: str | None = None) -> str | None:
     """Why the per-host records ``arr`` (``{host: (arrive_rt, unc_ns, op, end_rt, duration_ns)}``) of
     collective ``key`` cannot be one collective, or None when they can. A host's collective lasted
     ``end_rt - arrive_rt`` (both on its own clock; the COLLECTIVE_END ``duration_ns`` when the end is
@@ -41,21 +41,26 @@ def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds) -> str | None:
     (1) a rank cannot wait longer than its collective lasted: ``arrival(last) - arrival(h) <=
     lasted(h)``; (2) the paired intervals overlap: no host's collective ended before the last one began.
     Both with a tolerance of the two clocks' uncertainty plus ``pair_slack_ns``. Hosts whose collective has
-    no known end or duration are not checked."""
-    last_h = max(arr, key=lambda h: (arr[h][0], h))
+    no known end or duration are not checked. ``last_h``: the last arriver (latest arrival, then the
+    largest name), when the caller knows it."""
+    if last_h is None:
+        last_h = max(arr, key=lambda h: (arr[h][0], h))
     last_t, last_u = arr[last_h][0], arr[last_h][1]
-    for h, (t, u, _op, end, dur) in sorted(arr.items()):
+    slack = last_u + th.pair_slack_ns
+    bad = None  # the first host by name that fails (one pass in any order: a wide step has thousands)
+    for h, (t, u, _op, end, dur) in arr.items():
         lasted = end - t if end is not None else dur
-        if h == last_h or not lasted or lasted <= 0:
+        if not lasted or lasted <= 0 or h == last_h:
             continue
-        tol = u + last_u + th.pair_slack_ns
-        if last_t - t > lasted + tol:
-            if end is not None:
-                return f"{h}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
-            return (
-                f"{h} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted {lasted / 1e6:.3f} ms"
-            )
-    return None
+        if last_t - t > lasted + u + slack and (bad is None or h < bad):
+            bad = h
+    if bad is None:
+        return None
+    t, _u, _op, end, dur = arr[bad]
+    if end is not None:
+        return f"{bad}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
+    lasted = dur
+    return f"{bad} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted {lasted / 1e6:.3f} ms"
 
 
 def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[dict]:
@@ -76,10 +81,12 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
         if len(arr) < 2:
             continue
         pg, _, seq = key.rpartition("#")
-        order = sorted(arr.items(), key=lambda kv: (kv[1][0], kv[0]))
-        (_first_h, first), (_second_h, second), (last_h, last) = order[0], order[-2], order[-1]
-        med = median_int([v[0] for v in arr.values()])
-        why = _pair_check(key, arr, th)
+        order = sorted([(v[0], h) for h, v in arr.items()])  # by (arrival, host): hosts are unique
+        first, second, last_h = arr[order[0][1]], arr[order[-2][1]], order[-1][1]
+        last = arr[last_h]
+        n = len(order)
+        med = order[n // 2][0] if n % 2 else (order[n // 2 - 1][0] + order[n // 2][0]) // 2  # median_int
+        why = _pair_check(key, arr, th, last_h)
         out.append(
             {
                 "pg": pg,
