@@ -650,6 +650,7 @@ def test_a_burst_on_one_rank_of_a_host_names_that_rank_by_its_run_queue_time():
     [
         ({"node-03": {"network": 3.0}}, True, None, ("node-03", "network")),  # a 300 ms blackout at x1.9
         ({"node-03": {"network": 3.0}}, False, None, None),  # the same without the directed view's charge
+        ({"node-01": {"network": 2.0}}, True, None, None),  # two stray retransmits toward a host: too weak
         ({"node-03": {"sched": 5.6}}, False, None, None),  # run-queue evidence keeps stall_k (loaded hosts)
         ({}, False, {"node-01": (200, 1)}, ("node-01", "process")),  # a stop that overlapped idle time
     ],
