@@ -41,7 +41,9 @@
 /* Scheduler time of the process's training threads within the current step (obshub/bpf/sched.c adds; reset at
  * step_begin) -> SCHED_STEP_SUM. The sums include the waits also sent as SCHED_RUNQ/SCHED_OFFCPU; at most
  * OBS_THR_SCHED_SINGLES of those singles are sent per process and step (the first ones above the
- * thresholds), the rest is only in the sums, maxima and histogram. */
+ * thresholds), the rest is only in the sums, maxima and histogram; beyond the cap a wait is still sent
+ * when it is at least twice the longest one sent in the step (at most ~log2(step / threshold) more: the
+ * step's longest wait always arrives), and a stopped or traced thread's off-CPU time always is. */
 struct obs_sched_acc {
     u64 offcpu_ns;
     u64 runq_ns;
@@ -50,6 +52,7 @@ struct obs_sched_acc {
     u64 runq_max_ns;
     u64 offcpu_max_ns;
     u64 singles;                       /* SCHED_RUNQ/SCHED_OFFCPU records sent in this step */
+    u64 singles_max_ns;                /* the longest wait sent as a single in this step (sched.c) */
     u32 runq_hist[OBS_HIST_BUCKETS];   /* run-queue waits */
 };
 

@@ -7,7 +7,8 @@
  * run-queue latency = time from wakeup (or from being preempted while runnable) to running again;
  * off-CPU time      = time from switching out to switching in again (includes the run-queue wait).
  * Events above the thresholds OBS_THR_RUNQ_NS / OBS_THR_OFFCPU_NS are emitted as SCHED_RUNQ /
- * SCHED_OFFCPU, at most OBS_THR_SCHED_SINGLES per process and step; the per-step sums, maxima and run-queue histogram of training threads (threads with a
+ * SCHED_OFFCPU, at most OBS_THR_SCHED_SINGLES per process and step (beyond that a wait twice the step's
+ * longest sent one, and every stopped or traced thread's off-CPU time, value = its state 0x4 / 0x8); the per-step sums, maxima and run-queue histogram of training threads (threads with a
  * TraceKey) go to sched_acc and are emitted as SCHED_STEP_SUM by the step_end USDT handler (obshub/bpf/pytorch.c).
  */
 #include "common.h"
@@ -48,15 +49,26 @@ static __always_inline void obs_acc_in(u32 tgid, struct obs_tstate *ts, u64 offc
     }
 }
 
-/* May one more single scheduler record be sent for process tgid in this step? (counts it if so) */
-static __always_inline int obs_sched_single_ok(u32 tgid)
+/* TASK_REPORT bits of a stopped (__TASK_STOPPED, "T") or traced (TASK_TRACED, "t") task at switch-out:
+ * SIGSTOP, a debugger, a freezer that stops it. Such an off-CPU time is the process's own stall, whatever it
+ * was waiting for, and is rare (one record per thread and stop): it is always sent. */
+#define OBS_TASK_STOPPED_MASK 0x0C
+
+/* May one more single scheduler record of a wait of `ns` be sent for process tgid in this step? (counts it
+ * if so.) The first OBS_THR_SCHED_SINGLES are; beyond them one that is at least twice the longest sent so
+ * far in the step (a burst that starves a thread late in a step, after the cap was spent on short waits,
+ * still arrives: the step's longest wait is always sent, at most ~log2(longest / threshold) more records). */
+static __always_inline int obs_sched_single_ok(u32 tgid, u64 ns)
 {
     struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
     if (!acc)
         return 1; /* not in a step: nothing to cap against */
-    if (acc->singles >= obs_threshold(OBS_THR_SCHED_SINGLES))
+    u64 longest = acc->singles_max_ns;
+    if (acc->singles >= obs_threshold(OBS_THR_SCHED_SINGLES) && ns < 2 * longest)
         return 0;
     __sync_fetch_and_add(&acc->singles, 1);
+    if (ns > longest)
+        acc->singles_max_ns = ns;
     return 1;
 }
 
@@ -156,7 +168,7 @@ int obs_sched_switch(void *ctx)
     }
     if (ts->trained)
         obs_acc_in(tgid, ts, offcpu, runq, was_off, waited);
-    if (waited && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid)) {
+    if (waited && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid, runq)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
         if (e) {
             e->ts_ns = now;
@@ -165,7 +177,8 @@ int obs_sched_switch(void *ctx)
             obs_submit(e);
         }
     }
-    if (was_off && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS) && obs_sched_single_ok(tgid)) {
+    if (was_off && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS)
+        && ((state & OBS_TASK_STOPPED_MASK) || obs_sched_single_ok(tgid, offcpu))) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_OFFCPU, tgid, next);
         if (e) {
             e->ts_ns = now;

@@ -776,6 +776,9 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "baseline": "{median_ns, p99_ns, n, spread_ns}: the job's recent step-time history before this step",
     "stall": "true when step_time_max_ns exceeds the baseline p99 (and the baseline has enough steps)",
     "stall_ratio": "step_time_max_ns / baseline median_ns (0 when no baseline)",
+    "stopped": "map host -> {ns, rank}: the longest time a thread of one of its ranks was stopped or traced "
+    "(SIGSTOP, a debugger: SCHED_OFFCPU of state T/t) in the step, ns, and that rank (global; null when "
+    'unknown); only hosts with a stop (docs/ANALYSIS.md "Culprit of a step")',
     "quality": "{lost_batches, duplicate_batches, late_events, ringbuf_lost}: data-quality counters",
 }
 
@@ -831,6 +834,7 @@ _STEP_SHAPE: dict[str, str] = {
     "baseline": "map",
     "stall": "bool",
     "stall_ratio": "number",
+    "stopped": "map[map]",
     "quality": "map",
     "world_size": "int",
     "inconsistent": "list[map]",

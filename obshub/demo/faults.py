@@ -804,7 +804,9 @@ class Stall(Fault):
             self._thread.join(float(self.params["stall_ms"]) / 1e3 + 10)
             self._thread = None
         if self._noise:
-            self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
+            # killed while stopped: continued first, the nice -20 loops would burst the CPUs once more
+            # until their SIGTERM (a 2026-12-05 campaign saw x3-x4 steps on the other hosts right then)
+            self._signal([p.pid for p in self._noise.procs], signal.SIGKILL)
             self._noise.stop()
             self._noise = None
             if self.pid:
@@ -820,7 +822,7 @@ class Stall(Fault):
         if self._mem:
             if self._mem._noise:
                 self._mem_counters = self._mem_deltas()  # evidence() after remove() still reports them
-                self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
+                self._signal([p.pid for p in self._mem._noise.procs], signal.SIGKILL)  # not one more burst
             self._mem.remove()
 
     def _mem_deltas(self) -> dict[str, int]:

@@ -112,6 +112,7 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "baseline": {"median_ns": 0, "p99_ns": 0, "n": 0, "spread_ns": 0},
     "stall": False,
     "stall_ratio": 0.0,
+    "stopped": {},
     "quality": {"lost_batches": 0, "duplicate_batches": 0, "late_events": 0, "ringbuf_lost": 0},
 }
 

@@ -193,7 +193,7 @@ STEP_TYPES: dict[str, T] = {
         rank=RANK,
         layer=STRING,
         evidence=DOUBLE,
-        source=enum("evidence", "blame", "layers", "persistent", "hang"),
+        source=enum("stopped", "evidence", "blame", "layers", "persistent", "hang"),
         why=STRING,
     ),
     "hang": record(
@@ -240,6 +240,7 @@ STEP_TYPES: dict[str, T] = {
     "baseline": record("baseline", median_ns=INT, p99_ns=INT, n=INT, spread_ns=INT),
     "stall": BOOL,
     "stall_ratio": DOUBLE,
+    "stopped": map_of(STRING, record("a stopped entry", ns=INT, rank=RANK)),
     "quality": record("quality", lost_batches=INT, duplicate_batches=INT, late_events=INT, ringbuf_lost=INT),
     "time_ns": INT,
 }

@@ -15,6 +15,7 @@ the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
      "layers": {layer: [time_ns, count, max_ns]},
      "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
      "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
+     "stopped_ns": int,              # longest SCHED_OFFCPU of a stopped/traced thread (absent: none)
      "last_phase": [end_rt, phase],  # the latest PHASE to end (absent before the first one)
      "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
              "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns,     # per connection, a < b
@@ -199,6 +200,9 @@ _TCP_RETRANSMIT = int(Kind.TCP_RETRANSMIT)
 _PHASE = int(Kind.PHASE)
 _REGISTER = int(Kind.REGISTER)
 _RANK_STATE = int(Kind.RANK_STATE)
+_SCHED_OFFCPU = int(Kind.SCHED_OFFCPU)
+_SCHED_RUNQ = int(Kind.SCHED_RUNQ)
+_STOPPED_STATES = 0x0C  # SCHED_OFFCPU value (task state at switch-out): __TASK_STOPPED 0x4, TASK_TRACED 0x8
 
 
 def coll_key(pg: str, coll_seq: int) -> str:
@@ -227,6 +231,8 @@ def add_event(acc: dict, e: Event, offset_ns: int) -> None:
             c[2], c[3] = rt, e.duration_ns
     elif kind == _AGENT_LOSS:
         acc["ringbuf_lost"] += max(0, e.value)
+    elif kind == _SCHED_OFFCPU and e.value & _STOPPED_STATES:  # a stopped/traced thread: its longest stop
+        acc["stopped_ns"] = max(acc.get("stopped_ns", 0), e.duration_ns)
     elif kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
         _add_net(acc, kind, e)
     if kind == _PHASE:
@@ -271,7 +277,9 @@ def reduce_batch(
     outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped. TCP_RTT and
     TCP_RETRANSMIT events come from softirq and timer context (no TraceKey, step -1): they are charged to
     the step of the batch's latest stepped event at or before them (else the first after them), i.e. the
-    step the host was in when the packet went out; in a batch without any stepped event (sealed by age
+    step the host was in when the packet went out; so are the SCHED_RUNQ / SCHED_OFFCPU of a rank's threads
+    without a TraceKey (step -1: gloo's I/O threads, intra-op workers), which starve inside a collective
+    when a CPU burst hits a rank waiting in it (also into the rank's row); in a batch without any stepped event (sealed by age
     while a rank blocks in a long collective) to ``running_step``, the step the host's previous batches
     left running (``running_step``), and dropped when that is None. Same result as ``add_event`` on every
     event; the common layer-only kinds (``_FAST``) are folded inline (about 1 µs per event on this machine).
@@ -295,7 +303,7 @@ def reduce_batch(
         step = e.step
         if step < 0:
             kind = e.kind
-            if kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
+            if kind == _TCP_RTT or kind == _TCP_RETRANSMIT or kind == _SCHED_RUNQ or kind == _SCHED_OFFCPU:
                 if stepped is None:
                     stepped = sorted((x.ts_ns, x.step) for x in batch.events if x.step >= 0)
                 if stepped:
@@ -305,6 +313,8 @@ def reduce_batch(
                 else:
                     continue
                 e = e._replace(step=step)
+                if ranks and kind != _TCP_RTT and kind != _TCP_RETRANSMIT and e.pid in ranks:
+                    _add_rank_event(out, batch, e, ranks[e.pid], offset_ns)
             else:
                 if kind == _AGENT_LOSS:
                     loose_loss += max(0, e.value)
@@ -492,6 +502,8 @@ def merge(into: dict, part: dict) -> dict:
                 if mine[i] is None:
                     mine[i] = c[i]
     into["ringbuf_lost"] += part["ringbuf_lost"]
+    if part.get("stopped_ns"):
+        into["stopped_ns"] = max(into.get("stopped_ns", 0), part["stopped_ns"])
     lp = part.get("last_phase")
     if lp and (not into.get("last_phase") or lp[0] >= into["last_phase"][0]):
         into["last_phase"] = list(lp)

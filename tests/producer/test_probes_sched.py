@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -158,3 +160,57 @@ def test_cgroup_v2_target_is_watched_in_the_kernel_at_once(tmp_path):
     offcpu = Counter(e.pid for e in events if e.kind == Kind.SCHED_OFFCPU)
     assert offcpu[child.pid] >= 30, offcpu  # its 5 ms sleeps
     assert set(offcpu) == {child.pid}, offcpu
+
+
+def test_a_stopped_thread_and_a_steps_longest_wait_are_sent_past_the_singles_cap(tmp_path):
+    """Inside a step, ``sched_singles`` (2 here) caps the single SCHED_OFFCPU records: six 2 ms sleeps send
+    two. Past the cap a wait at least twice the longest one sent is still sent (a 200 ms sleep), shorter
+    ones are not (three 20 ms sleeps), and a stopped thread's off-CPU time always is, with its state
+    (SIGSTOP for ~100 ms, below twice the 200 ms: sent only because it was a stop)."""
+    need_bpf()
+    from tests.support.probes_util import build_so, ctypes_child
+
+    lib = build_so("fakeusdt", tmp_path)
+    body = (
+        "import time\n"
+        "L.fake_tracekey(ctypes.c_uint64(1007), ctypes.c_int64(7))\n"
+        "L.fake_step_begin(ctypes.c_int64(7), ctypes.c_uint64(1007))\n"
+        "for _ in range(6):\n    time.sleep(0.002)\n"
+        "time.sleep(0.2)\n"
+        "for _ in range(3):\n    time.sleep(0.02)\n"
+        "print('stop-me', flush=True)\n"
+        "time.sleep(0.3)\n"
+        "L.fake_step_end(ctypes.c_int64(7), ctypes.c_uint64(1007))\n"
+    )
+    child = ctypes_child(lib, body)
+    try:
+        with event_source(
+            tmp_path,
+            Target(pids={child.pid}),
+            probes=("pytorch_step", "pytorch_tracekey", "sched"),
+            usdt_library=lib,
+            thresholds={"offcpu_ns": 1_000_000, "runq_ns": 10_000_000_000, "sched_singles": 2},
+        ) as (src, _t):
+            child.go()
+            assert child.proc.stdout.readline().strip() == "stop-me"
+            time.sleep(0.05)  # the thread is asleep in its 0.3 s sleep
+            os.kill(child.pid, signal.SIGSTOP)
+            time.sleep(0.1)
+            os.kill(child.pid, signal.SIGCONT)
+            child.wait()
+            # until its STEP_END (sent after every record of the step: the ring buffer keeps their order)
+            events = drain(src, 1.0, until=lambda evs: any(e.kind == Kind.STEP_END and e.pid == child.pid for e in evs))
+    finally:
+        child.kill()
+    mine = [e for e in events if e.pid == child.pid]
+    begin = next(e.ts_ns for e in mine if e.kind == Kind.STEP_BEGIN)
+    end = next(e.ts_ns for e in mine if e.kind == Kind.STEP_END)
+    # within the step (its cap lives from step_begin to step_end; outside a step nothing is capped)
+    off = sorted((e.duration_ns, e.value) for e in mine if e.kind == Kind.SCHED_OFFCPU and begin <= e.ts_ns <= end)
+    stops = [d for d, state in off if state & 0x0C]
+    assert len(stops) == 1 and 90_000_000 <= stops[0] < 400_000_000, off  # its one thread, stopped ~100 ms
+    asleep = [d for d, state in off if not state & 0x0C]
+    assert sum(1 for d in asleep if d >= 190_000_000) == 1, off  # the 200 ms sleep, past the cap
+    assert len(asleep) <= 3, (
+        off
+    )  # two under the cap, the 200 ms one; no 20 ms sleep, nor the 0.3 s one cut in two by the stop

@@ -215,11 +215,13 @@ MEDIAN_NS = 140_000_000
 HOSTS4 = ["node-00", "node-01", "node-02", "node-03"]
 
 
-def summary(step, tmax_ms, *, ev=None, strag=None, layers=None, closed_by="complete", n=50, spread_ms=20):
+def summary(step, tmax_ms, *, ev=None, strag=None, layers=None, closed_by="complete", n=50, spread_ms=20, stopped=None):
     """A step summary of a 4-host job with baseline median ``MEDIAN_NS``: ``ev`` ``{host: {layer: z}}``,
-    ``strag`` ``(host, excess ms)``, ``layers`` ``{host: {layer: time ms}}``."""
+    ``strag`` ``(host, excess ms)``, ``layers`` ``{host: {layer: time ms}}``, ``stopped`` ``{host: (ms,
+    rank)}`` (a rank the kernel saw stopped)."""
     tmax = int(tmax_ms * 1e6)
     return {
+        "stopped": {h: {"ns": int(ms * 1e6), "rank": r} for h, (ms, r) in (stopped or {}).items()},
         "job": "llm",
         "step": step,
         "closed_by": closed_by,
@@ -558,3 +560,105 @@ def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
     assert analysis.net_toward_evidence(stopped, th) == {}
     # (two toward it on each of its connections also meet the per-step directed view, net_count_min 2:
     # a stopped rank that hangs is charged by its hang record, docs/ANALYSIS.md "Culprit of a step")
+
+
+def test_a_rank_stopped_inside_a_collective_is_the_process_culprit_ahead_of_its_peers_network_view():
+    # a SIGSTOP of node-01's rank 5 while it waited inside a collective: nobody is late, its peers'
+    # retransmits toward it give node-01 network evidence; the kernel saw its threads stopped 780 ms
+    s = summary(400, 990, ev={"node-01": {"network": 4.0}}, stopped={"node-01": (780, 5)})
+    c = analysis.culprit(s)
+    assert (c["host"], c["layer"], c["source"], c["rank"]) == ("node-01", "process", "stopped", 5), c
+    assert "rank 5 stopped" in c["why"] and "780.0 ms" in c["why"]
+    assert analysis.culprit_rank(c, s)["rank"] == 5
+    # the same step without the stop is its link's (the peers' view), as before
+    assert analysis.culprit(summary(400, 990, ev={"node-01": {"network": 4.0}}))["layer"] == "network"
+    # ahead of another host's lateness too (a stopped rank's peers arrive late after it resumes)
+    s = summary(401, 990, ev={"node-02": {"pytorch": 9.0}}, strag=("node-02", 600), stopped={"node-01": (760, None)})
+    c = analysis.culprit(s)
+    assert (c["host"], c["source"], c["rank"]) == ("node-01", "stopped", None) and "a rank stopped" in c["why"]
+    # a stop that explains little of the stall (40 ms of 850 lost) is no culprit; the usual order decides
+    s = summary(402, 990, ev={"node-03": {"network": 5.0}}, stopped={"node-01": (40, 1)})
+    assert (analysis.culprit(s)["host"], analysis.culprit(s)["source"]) == ("node-03", "evidence")
+    # two hosts stopped about as long (a job stopped whole): no single rank's fault from the stops
+    s = summary(403, 990, stopped={"node-01": (800, 1), "node-02": (700, 2)})
+    assert analysis.culprit(s) is None
+    # without a baseline a stop of at least STOPPED_MIN_NS names its rank; a shorter one does not
+    assert analysis.culprit(summary(5, 990, n=0, stopped={"node-02": (60, 2)}))["source"] == "stopped"
+    assert analysis.culprit(summary(5, 990, n=0, stopped={"node-02": (20, 2)})) is None
+
+
+def test_a_persistent_fault_does_not_swallow_a_stopped_rank():
+    recent = [("node-00", "network")] * 4  # node-00's lossy link charged for the last steps
+    s = summary(500, 990, ev={}, stopped={"node-03": (700, 3)})
+    s["culprit"] = analysis.culprit(s)
+    c, key = analysis.charge_persistent(s, recent)
+    assert (c["host"], c["source"], key) == ("node-03", "stopped", None)
+
+
+@pytest.mark.parametrize("stop_ms,median_ms", [(300, 250), (200, 140), (2000, 250)])
+def test_a_short_stop_fires_from_the_specific_ratio_and_clean_steps_of_the_same_size_fire_nothing(stop_ms, median_ms):
+    # a stopped rank's step at x2-x2.2 of a loaded median (below stall_k 3) fires step_stall with the rank;
+    # the same step time with no stop (clean jitter of a loaded machine) fires nothing
+    rng = __import__("random").Random(stop_ms)
+    scale = median_ms / (MEDIAN_NS / 1e6)
+
+    def scaled(x):
+        x["step_time_max_ns"] = int(x["step_time_max_ns"] * scale)
+        x["step_time_ns"] = dict.fromkeys(HOSTS4, x["step_time_max_ns"])
+        x["baseline"] = dict(x["baseline"], median_ns=int(median_ms * 1e6))
+        x["stall_ratio"] = round(x["step_time_max_ns"] / (median_ms * 1e6), 3)
+        return x
+
+    tmax = (median_ms + stop_ms) / scale
+    base = [scaled(x) for x in clean_steps(0, 20, rng)]
+    stopped = charge([*base, scaled(summary(20, tmax, stopped={"node-02": (stop_ms, 6)})), scaled(summary(21, 140))])
+    fired = [a for a in fire(stopped) if a["rule"].startswith("step_stall")]
+    assert [(a["rule"], a["labels"]["host"], a["labels"]["layer"], a["labels"]["rank"]) for a in fired] == [
+        ("step_stall", "node-02", "process", "6")
+    ], fired
+    base = [scaled(x) for x in clean_steps(0, 20, __import__("random").Random(stop_ms))]
+    clean = charge([*base, scaled(summary(20, tmax, strag=("node-02", 40))), scaled(summary(21, 140))])
+    fired = [a for a in fire(clean) if a["rule"].startswith("step_stall")]
+    if stop_ms / median_ms < 2.0:  # below x3 and no stop: nothing (x3 and more is the general rule's)
+        assert not fired, fired
+
+
+def test_a_burst_on_one_rank_of_a_host_names_that_rank_by_its_run_queue_time():
+    # a CPU burst pinned to node-02's local rank 1 (global 5) while the ranks waited inside a collective:
+    # nobody late; node-02's run-queue time is up by most of the stall, and rank 5's row holds it
+    s = summary(
+        60,
+        990,
+        layers={
+            "node-00": {"sched": 12},
+            "node-01": {"sched": 10},
+            "node-02": {"sched": 640},
+            "node-03": {"sched": 11},
+        },
+    )
+    s["evidence"]["ranks"] = {"node-02": 4}  # the host's named rank (another one): not the burst's
+    cell = lambda ms: {"sched": {"time_ns": int(ms * 1e6), "count": 3, "max_ns": int(ms * 1e6)}}  # noqa: E731
+    s["ranks"] = {"node-02": {"4": {"layers": cell(9)}, "5": {"layers": cell(631)}}}
+    c = analysis.culprit_rank(analysis.culprit(s), s)
+    assert (c["host"], c["layer"], c["source"], c["rank"]) == ("node-02", "sched", "layers", 5), c
+    s["ranks"] = {"node-02": {"4": {"layers": cell(600)}, "5": {"layers": cell(40)}}}
+    assert analysis.culprit_rank(analysis.culprit(s), s)["rank"] == 4
+
+
+@pytest.mark.parametrize(
+    "ev,directed,stopped,want",
+    [
+        ({"node-03": {"network": 3.0}}, True, None, ("node-03", "network")),  # a 300 ms blackout at x1.9
+        ({"node-03": {"network": 3.0}}, False, None, None),  # the same without the directed view's charge
+        ({"node-01": {"network": 2.0}}, True, None, None),  # two stray retransmits toward a host: too weak
+        ({"node-03": {"sched": 5.6}}, False, None, None),  # run-queue evidence keeps stall_k (loaded hosts)
+        ({}, False, {"node-01": (200, 1)}, ("node-01", "process")),  # a stop that overlapped idle time
+    ],
+)
+def test_specific_evidence_names_a_stall_from_x1_5_and_other_culprits_keep_stall_k(ev, directed, stopped, want):
+    rng = __import__("random").Random(5)
+    s = summary(20, 1.9 * MEDIAN_NS / 1e6, ev=ev, stopped=stopped, strag=("node-03", 120) if ev else None)
+    s["net_directed"] = directed
+    fired = [a for a in fire(charge([*clean_steps(0, 20, rng), s])) if a["rule"].startswith("step_stall")]
+    got = [(a["labels"]["host"], a["labels"]["layer"]) for a in fired]
+    assert got == ([want] if want else []), fired

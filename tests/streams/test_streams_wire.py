@@ -199,7 +199,7 @@ def _reference_reduce(batch) -> dict[int, dict]:
     loose = 0
     stepped = sorted((e.ts_ns, e.step) for e in batch.events if e.step >= 0)
     for e in batch.events:
-        if e.step < 0 and e.kind in (Kind.TCP_RTT, Kind.TCP_RETRANSMIT) and stepped:
+        if e.step < 0 and e.kind in (Kind.TCP_RTT, Kind.TCP_RETRANSMIT, Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU) and stepped:
             i = bisect.bisect_right(stepped, (e.ts_ns, 1 << 62))
             e = e._replace(step=stepped[i - 1][1] if i else stepped[0][1])
         if e.step < 0:

@@ -30,6 +30,11 @@ lost 800 ms is a bystander."""
 AMBIGUOUS_REL = 0.5
 """A culprit must stand out: when another host's evidence (or layer excess, ``source`` "layers") is at
 least this part of the best one's, no host is named (two hosts starved at once share a cause)."""
+STOPPED_MIN_NS = 50_000_000
+"""The least time (ns) a rank's thread must have been stopped or traced in a step (``summary.stopped``) to
+be a culprit without a baseline; with one, the stop must also make up ``EXPLAIN_REL`` of what the step lost.
+Nothing stops a rank in normal training: a stop of 50 ms is an act (SIGSTOP, a debugger, a job control
+freeze), never jitter."""
 LAYER_CULPRIT = ("sched", "memory")
 """Time layers a step with neither evidence nor a straggler may be charged to (``source`` "layers")."""
 
@@ -61,8 +66,12 @@ def culprit(summary: dict) -> dict | None:
     The worker charges a step that hung to the rank its hang record named instead (``hang_culprit``,
     ``source`` "hang").
 
+    0. before all: ``source`` "stopped" (``_stopped_culprit``): a rank stopped or traced for a large part
+       of the step (``stopped``) is the ``process`` culprit, with its ``rank``, however its stop overlapped
+       a collective (its peers' lateness and retransmits are then its victims' view).
+
     Layer ``pytorch`` is named ``process`` (``CULPRIT_LAYER``); a straggler without any blamed layer too.
-    Reads only ``evidence``, ``straggler``, ``blame``, ``baseline``, ``step_time_max_ns``, ``layers``,
+    Reads only ``stopped``, ``evidence``, ``straggler``, ``blame``, ``baseline``, ``step_time_max_ns``, ``layers``,
     ``layer_stats`` and ``layers_omitted`` of ``summary``, so a caller that changes those (the worker drops
     the evidence of the steps after a hang) recomputes it."""
     hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
@@ -72,6 +81,9 @@ def culprit(summary: dict) -> dict | None:
     # what the step lost over the job's usual step (ns; 0 without a baseline): a straggler, a late host or
     # a layer that explains a small part of it is a bystander of the stall, not its cause
     lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    stopped = _stopped_culprit(summary, lost)
+    if stopped is not None:
+        return stopped
     group = {g["host"]: g.get("late_ns", 0) for g in (strag or {}).get("group") or []}
     if strag:
         group.setdefault(strag["host"], strag.get("excess_ns", 0))
@@ -130,6 +142,29 @@ def culprit(summary: dict) -> dict | None:
             "why": why,
         }
     return _layer_culprit(summary, lost) if lost else None
+
+
+def _stopped_culprit(summary: dict, lost: int) -> dict | None:
+    """``source`` "stopped": the rank whose threads were stopped or traced (state T/t: SIGSTOP, a debugger)
+    for the longest part of the step (``summary.stopped``, ns), layer ``process``, when that stop is at
+    least ``STOPPED_MIN_NS`` and ``EXPLAIN_REL`` of what the step lost over the job's median step
+    (``lost``, ns); None otherwise, or when two hosts were stopped about as long (``AMBIGUOUS_REL``: a job
+    stopped whole, e.g. by its scheduler). First-class evidence measured in the kernel: a rank stopped
+    while it waited inside a collective is late nowhere (its peers wait for it inside the same collective)
+    and its peers' retransmits toward it look like its link, yet it stalled the job."""
+    stops = sorted(
+        ((int(v.get("ns") or 0), h, v.get("rank")) for h, v in (summary.get("stopped") or {}).items()), reverse=True
+    )
+    if not stops or stops[0][0] < max(STOPPED_MIN_NS, EXPLAIN_REL * lost):
+        return None
+    ns, h, rank = stops[0]
+    if any(o[0] >= AMBIGUOUS_REL * ns for o in stops[1:]):
+        return None
+    who = f"rank {rank}" if rank is not None else "a rank"
+    why = f"{who} stopped (SIGSTOP or traced) {ns / 1e6:.1f} ms in the step"
+    if lost:
+        why += f" ({min(1.0, ns / lost):.0%} of the {lost / 1e6:.1f} ms the step lost)"
+    return {"host": h, "layer": "process", "rank": rank, "evidence": 0.0, "source": "stopped", "why": why}
 
 
 def _layer_culprit(summary: dict, lost: int) -> dict | None:
@@ -201,14 +236,14 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     (``summary["culprit"]``) is None, the straggler's blame, a layer table without evidence, or lateness
     no layer explains (``process``) is charged to it (``source`` "persistent"): a fault that slows every
     step makes its victims wait and arrive late. Per-step evidence of a layer below the framework, and a
-    hang, keep their own culprit. ``key``: the step's own ``persistent_key``; a step charged to the
+    hang or a stopped rank (``source`` "stopped"), keep their own culprit. ``key``: the step's own ``persistent_key``; a step charged to the
     persistent fault keeps it alive only while it is slowed (its longest host step time at least
     ``PERSIST_SLOW`` times the baseline median): once the fault is gone, steps are fast again and it
     fades within ``PERSIST_STEPS`` steps."""
     c = summary.get("culprit")
     key = persistent_key(c)
     persistent = persistent_culprit(recent)
-    if persistent is None or (c is not None and (c.get("source") == "hang" or key is not None)):
+    if persistent is None or (c is not None and (c.get("source") in ("hang", "stopped") or key is not None)):
         return c, key
     h, layer, n = persistent
     bl = summary.get("baseline") or {}

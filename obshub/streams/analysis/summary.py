@@ -110,15 +110,50 @@ def _blame_rank(entry: dict, named: dict) -> dict:
     return dict(entry, rank=rank)
 
 
+def stopped_ranks(accs: dict[str, dict]) -> dict[str, dict]:
+    """The summary's ``stopped``: ``{host: {"ns": int, "rank": int | None}}`` from the host accumulators
+    ``{host: acc}`` (``accumulate`` ``stopped_ns``: the longest off-CPU time of a stopped or traced thread
+    in the step, ns), with the global rank whose row holds it (a one-rank host's rank; None when unknown).
+    Only hosts with a stop; the rank rows are decoded only for them (a stop is rare)."""
+    out: dict[str, dict] = {}
+    for h, acc in sorted(accs.items()):
+        ns = int(acc.get("stopped_ns") or 0)
+        if ns <= 0:
+            continue
+        rank = None
+        if acc.get("rank"):
+            rank = int(acc["rank"][0])
+        else:
+            rows = accumulate.rank_rows(acc)
+            best = max(rows.items(), key=lambda kv: (int(kv[1].get("stopped_ns") or 0), -int(kv[0])), default=None)
+            if best is not None and int(best[1].get("stopped_ns") or 0) > 0:
+                rank = int(best[0])
+        out[h] = {"ns": ns, "rank": rank}
+    return out
+
+
 def culprit_rank(c: dict | None, summary: dict) -> dict | None:
-    """Culprit ``c`` (``analysis.culprit``) with ``rank``: the straggler's rank when it is the straggler's
-    host, else the rank its evidence names (``evidence.ranks``), None for the network layer or when
-    unknown."""
+    """Culprit ``c`` (``analysis.culprit``) with ``rank``: a stopped rank's own (``source`` "stopped"); for
+    ``source`` "layers" on a host of several rank rows the rank with the most time in that layer; else the
+    straggler's rank when it is the straggler's host, else the rank its evidence names
+    (``evidence.ranks``); None for the network layer or when unknown."""
     if c is None:
         return None
     rank = None
     strag = summary.get("straggler") or {}
-    if c.get("layer") != "network":
+    rows = (summary.get("ranks") or {}).get(c["host"]) or {}
+    if c.get("source") == "stopped":
+        rank = c.get("rank")
+    elif c.get("source") == "layers" and len(rows) >= 2:
+        # a host's layer time over its peers' (a burst inside a collective): the rank whose own time in
+        # that layer is the largest (a burst pinned to one rank's CPU starves that rank)
+        rank = int(
+            max(
+                rows.items(),
+                key=lambda kv: ((kv[1].get("layers") or {}).get(c["layer"], {}).get("time_ns", 0), -int(kv[0])),
+            )[0]
+        )
+    elif c.get("layer") != "network":
         if strag.get("host") == c["host"] and strag.get("rank") is not None:
             rank = strag["rank"]
         else:
@@ -232,6 +267,7 @@ def summarize(
         "baseline": _builtins(bl),
         "stall": bool(bl.n >= th.baseline_min_n and tmax > bl.p99_ns),
         "stall_ratio": round(tmax / bl.median_ns, 3) if bl.median_ns > 0 else 0.0,
+        "stopped": stopped_ranks(raw),
         "quality": _builtins(
             Quality(
                 int(quality.get("lost_batches", 0)),
