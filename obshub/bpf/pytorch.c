@@ -604,6 +604,9 @@ static __always_inline int obs_coll_one(int begin_only, u64 pg, u64 seq, u64 op,
     return 0;
 }
 
+/* coll and coll_late read the same 8 arguments in two copies: bcc rewrites each bpf_usdt_readarg for the
+ * probe function it appears in, and refuses it inside a macro or a shared helper ("cannot use builtin
+ * inside a macro"). */
 int obs_usdt_coll(struct pt_regs *ctx)
 {
     u64 pg = 0, seq = 0, op = 0, bytes = 0, key = 0, begin = 0;
