@@ -478,6 +478,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         view.say("stopping every part and removing the cluster")
         # The rule engine stops first: the ranks are stopped one by one, and a rank gone while its peers
         # wait in a collective is what the hang check names (an exit), so it would page the sinks.
+        engine_stop_ns = time.time_ns()  # the engine resolves what still fires as it stops (--resolve-on-exit)
         for proc, name, _log in watched:
             if name == "rules":
                 Cluster.stop(proc)
@@ -494,8 +495,9 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         else:
             v = judge(ep["kind"], ep["host"], ep["layer"], ep["t0_ns"], mine)
         if ep["kind"] == "hang":
-            # before the end only: the rule engine resolves what still fires when it stops (--resolve-on-exit)
-            check_resolved(v, [r for r in reader.records if r["received_ns"] < end_ns], ep["removed_ns"])
+            # resolved by the engine's rules, not by its exit (--resolve-on-exit: those end after it was stopped)
+            natural = [r for r in reader.records if (r.get("ends_at_ns") or 0) < engine_stop_ns]
+            check_resolved(v, natural, ep["removed_ns"])
         ep["verdict"] = v.to_dict()
     verdict = done[0]["verdict"]
     expected = (done[0]["host"], done[0]["layer"]) if done[0]["kind"] != "none" else None
