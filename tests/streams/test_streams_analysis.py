@@ -771,6 +771,28 @@ def test_ranks_exiting_in_the_data_phase_after_their_last_step_name_nobody():
     assert got["waiting"] == ["b", "c"]
 
 
+def test_the_step_after_a_loops_last_names_no_straggler():
+    """The step the hooks open at the last optimizer step holds only data phases (closed at exit): a rank
+    that saved a checkpoint for 8 s after the loop was named its straggler, +8,000 ms (a new user's job).
+    Nobody waited for it there: no straggler, no blame. The same times in a forward phase still name it."""
+    hist = [[s, 60 * MS, 2 * MS] for s in range(30)]
+
+    def summary(phase):
+        accs = {}
+        for h, ms in (("a", 50), ("b", 8_050), ("c", 52)):
+            a = accumulate.new_acc(h, 0)
+            a["phases"], a["last_phase"] = {phase: ms * MS}, [10**12, phase]
+            a["layers"] = {"pytorch": [ms * MS, 1, ms * MS]}
+            accs[h] = a
+        return analysis.summarize(
+            "j", 30, accs, expected_hosts=list("abc"), history=hist, quality={}, closed_by="window", closed_at_ns=0
+        )
+
+    end = summary("data")
+    assert end["straggler"] is None and end["blame"] == []
+    assert summary("forward")["straggler"]["host"] == "b"
+
+
 def test_a_stopped_rank_that_never_arrived_is_named_after_the_short_wait_not_the_silence():
     """The usual freeze: the others finished the collectives they were seen in and block in the next
     (not seen yet), the frozen rank has no data in the step; named once they waited

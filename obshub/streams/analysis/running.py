@@ -96,7 +96,7 @@ def _last_phase(acc: dict | None) -> str:
     return f"after {lp[1]}" if lp else "no data in this step"
 
 
-def _past_data(acc: dict) -> bool:
+def past_data(acc: dict) -> bool:
     """Whether a host (or rank row) did work of its step beyond the data phase: a phase other than
     ``data`` ended, or a collective was reached. The step after a loop's last one holds only its data
     phase (the hooks open it at the last optimizer step and close it at exit: obshub/instrument/hooks.py),
@@ -119,7 +119,7 @@ def _exit_cascade(
     host was inside a collective (they failed on the lost peer where no collective event shows, e.g. in
     DDP's gradient all-reduce during backward), the first ranks are still named when neither they nor
     the later ones had finished the step, and a later host did work of the step beyond its data phase
-    (``_past_data``): the key is then the latest collective the later hosts reached in the step ("-#-1"
+    (``past_data``): the key is then the latest collective the later hosts reached in the step ("-#-1"
     for none) and ``waited_ns`` counts from the earliest exit. A job whose ranks all finished their last
     step before they exited is never named, nor are ranks that exit one after the other in the data phase
     of the step after their last (a training loop's normal end)."""
@@ -142,7 +142,7 @@ def _exit_cascade(
         later = sorted(h for h in exits if h not in early and h in accs and accs[h]["step_ns"] is None)
         if not later or any(h in accs and accs[h]["step_ns"] is not None for h in early):
             return None, []
-        if not any(_past_data(accs[h]) for h in later):
+        if not any(past_data(accs[h]) for h in later):
             return None, []  # the loop's end: the step after the last one holds only its data phase
         seen = [(c[1], k) for h in later for k, c in accs[h]["colls"].items() if c[1] is not None]
         return (max(seen)[1] if seen else "-#-1", now_ns - first, later), early

@@ -10,6 +10,7 @@ from obshub.streams import accumulate, compact
 from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import Evidence, HostEvidence, baseline, evidence
 from obshub.streams.analysis.network import NetStats, net_blame, net_stats
+from obshub.streams.analysis.running import past_data
 from obshub.streams.analysis.ranks import (
     fill_layers,
     fill_rows,
@@ -227,6 +228,11 @@ def summarize(
     else:
         ev = evidence(accs, late, layers, bl, th, recent_directed, stats, wstats)
         bl_entries = blame(strag["host"], layers, strag["excess_ns"], th) if strag else []
+    if strag is not None and not step_time and not colls and not any(past_data(a) for a in raw.values()):
+        # the step after a training loop's last: its data phases only (opened at the last optimizer step,
+        # closed at exit), nobody waited for anybody; a rank that saved a checkpoint after the loop is no
+        # straggler (docs/ANALYSIS.md "Hangs")
+        strag, bl_entries = None, []
     out = {
         "v": schema.SCHEMA_VERSION,
         "job": job,
