@@ -10,7 +10,6 @@ from obshub.streams import accumulate, compact
 from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import Evidence, HostEvidence, baseline, evidence
 from obshub.streams.analysis.network import NetStats, net_blame, net_stats
-from obshub.streams.analysis.running import past_data
 from obshub.streams.analysis.ranks import (
     fill_layers,
     fill_rows,
@@ -20,6 +19,7 @@ from obshub.streams.analysis.ranks import (
     rank_units,
     split_unit,
 )
+from obshub.streams.analysis.running import past_data
 from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
