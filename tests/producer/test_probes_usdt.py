@@ -445,7 +445,8 @@ def test_batch_reader_loss_accounting_is_exact(tmp_path):
 
 
 def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_path):
-    """With sched_singles=2 at most two SCHED_RUNQ/SCHED_OFFCPU records flow per process and step, while
+    """With sched_singles=2 at most two SCHED_RUNQ/SCHED_OFFCPU records flow per process and step, and past
+    them only a wait twice the longest sent (a CI run under load sent 3: 7.9 µs, ..., 2.7 ms), while
     SCHED_STEP_SUM still sums every switch and wait of the step."""
     need_bpf()
     lib = build_so("fakeusdt", tmp_path)
@@ -470,7 +471,13 @@ def test_scheduler_singles_are_capped_per_step_and_the_sums_keep_everything(tmp_
     assert sorted(begins) == sorted(ends) == sorted(sums) == [0, 1, 2, 3]
     for s in range(4):
         singles = [e for e in mine if e.kind in (Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU) and begins[s] < e.ts_ns <= ends[s]]
-        assert 1 <= len(singles) <= 2, (s, singles)
+        assert len(singles) >= 1, (s, singles)
+        # past the cap of 2, a single flows only when it is at least twice the step's longest sent before
+        # it (obshub/bpf/sched.c obs_sched_single_ok: a burst late in a step still arrives)
+        longest = 0
+        for i, e in enumerate(sorted(singles, key=lambda e: e.ts_ns)):
+            assert i < 2 or e.duration_ns >= 2 * longest, (s, i, singles)
+            longest = max(longest, e.duration_ns)
         # six sleeps (a few may switch nothing, see above): more than two singles' worth
         assert sums[s].payload["switches"] >= 3, sums[s]
 
