@@ -738,3 +738,30 @@ def test_starved_needs_every_part_of_its_criterion():
     assert "starved" not in (s(n=0) or {}) or s(n=0)["starved"] is False  # no baseline: never starved
     x = summary(416, 481, ev={"node-03": {"sched": 5.18}}, strag=("node-03", 236), spread_ms=51)
     assert analysis.culprit(x)["starved"] is False  # no layer rows (a wide step's omitted host)
+
+
+@pytest.mark.parametrize("tmax_ms,fires", [(498, False), (730, True)])
+def test_a_run_queue_culprit_that_is_not_starved_needs_stall_sched_k(tmax_ms, fires):
+    # make demo's clean run beside a test suite (2026-12-05): node-00 x3.2 with 378 ms of run-queue time
+    # against its peers' 150-176 (2.1x: its peers waited too); the same culprit at x4.6 still fires
+    rng = __import__("random").Random(327)
+
+    def at_median(x):
+        x["baseline"] = dict(x["baseline"], median_ns=157_600_000)
+        x["stall_ratio"] = round(x["step_time_max_ns"] / 157_600_000, 3)
+        return x
+
+    s = at_median(
+        summary(
+            20,
+            tmax_ms,
+            ev={"node-00": {"sched": 3.99}, "node-02": {"sched": 0.23}},
+            strag=("node-00", 200),
+            layers={h: {"sched": ms} for h, ms in zip(HOSTS4, (378, 165, 176, 150))},
+            spread_ms=53,
+        )
+    )
+    steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, 150))])
+    assert (steps[20]["culprit"]["layer"], steps[20]["culprit"]["starved"]) == ("sched", False)
+    fired = [(a["rule"], a["labels"]["host"]) for a in fire(steps) if a["rule"].startswith("step_stall")]
+    assert fired == ([("step_stall", "node-00")] if fires else []), fired
