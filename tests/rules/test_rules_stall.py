@@ -769,3 +769,16 @@ def test_a_run_queue_culprit_that_is_not_starved_needs_stall_sched_k(tmax_ms, fi
     assert (steps[20]["culprit"]["layer"], steps[20]["culprit"]["starved"]) == ("sched", False)
     fired = [(a["rule"], a["labels"]["host"]) for a in fire(steps) if a["rule"].startswith("step_stall")]
     assert fired == ([("step_stall", "node-00")] if fires else []), fired
+
+
+def test_lateness_of_a_host_whose_link_was_just_named_is_its_links():
+    # persistent 8 % loss on node-00 (ttd campaign, 2026-12-05): one step names node-00 / network (2.0),
+    # the next loses 1.5 s to a retransmission back-off with node-00 late by 629 ms and no retransmit
+    # inside it: charged to node-00 / network, not its process; another host's lateness keeps its own
+    rng = __import__("random").Random(1297)
+    late = summary(21, 1646, ev={"node-00": {"pytorch": 7.0, "sched": 1.05}}, strag=("node-00", 629))
+    other = summary(21, 1646, ev={"node-02": {"pytorch": 7.0}}, strag=("node-02", 629))
+    for s, want in ((late, ("node-00", "network", "persistent")), (other, ("node-02", "process", "evidence"))):
+        steps = charge([*clean_steps(0, 20, rng), summary(20, 140, ev={"node-00": {"network": 2.0}}), s])
+        c = steps[-1]["culprit"]
+        assert (c["host"], c["layer"], c["source"]) == want, c

@@ -297,13 +297,27 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     (``summary["culprit"]``) is None, the straggler's blame, a layer table without evidence, or lateness
     no layer explains (``process``) is charged to it (``source`` "persistent"): a fault that slows every
     step makes its victims wait and arrive late. Per-step evidence of a layer below the framework, and a
-    hang or a stopped rank (``source`` "stopped"), keep their own culprit. ``key``: the step's own ``persistent_key``; a step charged to the
+    hang or a stopped rank (``source`` "stopped"), keep their own culprit. A step whose own culprit is
+    lateness (``process``, from evidence or blame) of a host whose network was the own culprit of one of
+    the job's last ``PERSIST_STEPS`` steps is charged to that host's network at once. ``key``: the step's own ``persistent_key``; a step charged to the
     persistent fault keeps it alive only while it is slowed (its longest host step time at least
     ``PERSIST_SLOW`` times the baseline median): once the fault is gone, steps are fast again and it
     fades within ``PERSIST_STEPS`` steps."""
     c = summary.get("culprit")
     key = persistent_key(c)
     persistent = persistent_culprit(recent)
+    if (
+        persistent is None
+        and c is not None
+        and c.get("layer") == "process"
+        and c.get("source") in ("evidence", "blame")
+    ):
+        # lateness of a host whose own link was a recent step's culprit: a loss's retransmission back-off
+        # (a lossy link's first x12 step had its host late by 629 ms and its retransmits outside the step,
+        # one step after the link was named) is its link's, not its process's (PERSIST_MIN does not wait)
+        own = sum(1 for k in list(recent)[-PERSIST_STEPS:] if k is not None and tuple(k) == (c["host"], "network"))
+        if own:
+            persistent = (c["host"], "network", own)
     if persistent is None or (c is not None and (c.get("source") in ("hang", "stopped") or key is not None)):
         return c, key
     h, layer, n = persistent
