@@ -757,10 +757,11 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     'evidence in the directed view for its next steps too (docs/ANALYSIS.md "Network blame by connection")',
     "evidence": "{spread_ns, hosts: {host: {layer: z}}, ranks: {host: rank}}: per-step evidence for the sequential "
     "rules; ranks names the rank of each host the evidence comes from (where known)",
-    "culprit": "null, or {host, rank, layer, evidence, source, why}: the host (and its rank, null when unknown or "
-    "for the network layer) and layer the step is charged to (the "
+    "culprit": "null, or {host, rank, layer, evidence, source, why[, starved]}: the host (and its rank, null when "
+    "unknown or for the network layer) and layer the step is charged to (the "
     "single-step stall rules'): the largest per-step evidence (source 'evidence'; layer pytorch named 'process'), "
-    "else the straggler and its first blamed layer (source 'blame')",
+    "else the straggler and its first blamed layer (source 'blame'); a sched culprit by evidence carries starved "
+    "(true when its run-queue waits explain most of the step's loss and stand far above every peer's)",
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, rank, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; state: frozen, "
     "stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in the step)",

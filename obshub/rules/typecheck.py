@@ -195,6 +195,7 @@ STEP_TYPES: dict[str, T] = {
         evidence=DOUBLE,
         source=enum("stopped", "evidence", "blame", "layers", "persistent", "hang"),
         why=STRING,
+        starved=BOOL,
     ),
     "hang": record(
         "hang",

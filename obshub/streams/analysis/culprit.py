@@ -37,6 +37,18 @@ Nothing stops a rank in normal training: a stop of 50 ms is an act (SIGSTOP, a d
 freeze), never jitter."""
 LAYER_CULPRIT = ("sched", "memory")
 """Time layers a step with neither evidence nor a straggler may be charged to (``source`` "layers")."""
+STARVED_MIN_EVIDENCE = 3.0
+"""``starved`` (``_starved``): the least sched evidence (spreads) of the culprit host."""
+STARVED_PEER_EVIDENCE_REL = 1 / 3
+"""``starved``: every other host's sched evidence is at most this part of the culprit's."""
+STARVED_EXPLAIN_REL = 0.6
+"""``starved``: the culprit host's run-queue time over its peers' median makes up at least this part of
+what the step lost over the job's median step (its own waits explain most of the stall)."""
+STARVED_PEER_FACTOR = 3.0
+"""``starved``: the culprit host's run-queue time is at least this many times every other host's (a CPU
+burst on one host, not load spread over the machine: on the loaded 2-core demo host, clean steps of
+x1.5-x2.6 mostly had sched culprits of 0.7-1.9x their busiest peer's run-queue time, outside starvations
+of one host 2.8x and 2.9x; 300 ms bursts gave 2.6-6.7x, docs/BENCHMARKS.md section 8)."""
 
 
 def culprit(summary: dict) -> dict | None:
@@ -61,6 +73,10 @@ def culprit(summary: dict) -> dict | None:
     3. else ``source`` "layers" (``_layer_culprit``): the host whose sched or memory time exceeds its
        peers' median by at least ``EXPLAIN_REL`` of what the step lost;
     4. else None (nothing names one: every host equally slow, or nothing to compare).
+
+    A ``sched`` culprit of ``source`` "evidence" or "layers" carries ``starved`` (bool, ``_starved``): its
+    host's own run-queue waits explain most of the step's loss and stand far above every peer's, the
+    specific evidence the rules' ``stall_starved`` fires on below ``stall_k``.
 
     The worker then charges a persistent fault's victims to it (``charge_persistent``).
     The worker charges a step that hung to the rank its hang record named instead (``hang_culprit``,
@@ -127,7 +143,13 @@ def culprit(summary: dict) -> dict | None:
         why = f"{layer} evidence {z:g} spreads of {spread / 1e6:.1f} ms"
         if strag and strag.get("host") == h:
             why += f"; straggler: {strag.get('reason', '')}"
-        return {"host": h, "layer": CULPRIT_LAYER.get(layer, layer), "evidence": z, "source": "evidence", "why": why}
+        c = {"host": h, "layer": CULPRIT_LAYER.get(layer, layer), "evidence": z, "source": "evidence", "why": why}
+        if layer == "sched":
+            starved = _starved(summary, h, z, lost)
+            c["starved"] = starved is not None
+            if starved is not None:
+                c["why"] += f"; starved: {starved}"
+        return c
     if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
         layer = mine[0]["layer"] if mine else "pytorch"
@@ -142,6 +164,39 @@ def culprit(summary: dict) -> dict | None:
             "why": why,
         }
     return _layer_culprit(summary, lost) if lost else None
+
+
+def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None:
+    """Whether ``host``, the step's sched culprit by evidence ``z`` (spreads; None for a culprit of ``source``
+    "layers", which nobody's lateness named), was starved of CPU beyond a loaded machine's jitter: a short
+    description when ``z`` is at least ``STARVED_MIN_EVIDENCE`` (None: taken as that least value), every
+    other host's sched evidence at most ``STARVED_PEER_EVIDENCE_REL`` of ``z``, the host's run-queue time
+    (``layers[host].sched.time_ns``) over its peers' median at least ``STARVED_EXPLAIN_REL`` of ``lost``
+    (ns the step lost over the job's median step; 0: no baseline, never starved) and at least
+    ``STARVED_PEER_FACTOR`` times every other host's; None otherwise (also without a layer row of the
+    host or any peer, e.g. a wide step's omitted rows)."""
+    z = STARVED_MIN_EVIDENCE if z is None else z
+    if z < STARVED_MIN_EVIDENCE or lost <= 0:
+        return None
+    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
+    if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
+        return None
+    layers = summary.get("layers") or {}
+    if host not in layers:
+        return None
+    own = int(((layers[host] or {}).get("sched") or {}).get("time_ns", 0))
+    peers = sorted(int(((row or {}).get("sched") or {}).get("time_ns", 0)) for h, row in layers.items() if h != host)
+    if not peers:
+        return None
+    med = peers[(len(peers) - 1) // 2]
+    if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
+        med = min(med, int(((summary.get("layer_stats") or {}).get("sched") or {}).get("time_p50_ns", med)))
+    if own - med < STARVED_EXPLAIN_REL * lost or own < STARVED_PEER_FACTOR * max(peers[-1], 1_000_000):
+        return None
+    return (
+        f"run-queue {own / 1e6:.0f} ms, +{(own - med) / 1e6:.0f} ms over its peers' median"
+        f" ({(own - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {own / max(peers[-1], 1_000_000):.1f}x the busiest peer's"
+    )
 
 
 def _stopped_culprit(summary: dict, lost: int) -> dict | None:
@@ -193,7 +248,7 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
     if not found or any(f[1] != found[0][1] and f[0] >= AMBIGUOUS_REL * found[0][0] for f in found[1:]):
         return None
     ex, h, layer, ref = found[0]
-    return {
+    c = {
         "host": h,
         "layer": layer,
         "evidence": 0.0,
@@ -201,6 +256,12 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
         "why": f"no straggler; its {layer} time {(ex + ref) / 1e6:.1f} ms, +{ex / 1e6:.1f} ms over its peers' median"
         f" ({ex / lost:.0%} of the {lost / 1e6:.1f} ms the step lost)",
     }
+    if layer == "sched":
+        starved = _starved(summary, h, None, lost)
+        c["starved"] = starved is not None
+        if starved is not None:
+            c["why"] += "; starved: far above every peer's"
+    return c
 
 
 def persistent_key(c: dict | None) -> tuple[str, str] | None:
@@ -236,13 +297,27 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     (``summary["culprit"]``) is None, the straggler's blame, a layer table without evidence, or lateness
     no layer explains (``process``) is charged to it (``source`` "persistent"): a fault that slows every
     step makes its victims wait and arrive late. Per-step evidence of a layer below the framework, and a
-    hang or a stopped rank (``source`` "stopped"), keep their own culprit. ``key``: the step's own ``persistent_key``; a step charged to the
+    hang or a stopped rank (``source`` "stopped"), keep their own culprit. A step whose own culprit is
+    lateness (``process``, from evidence or blame) of a host whose network was the own culprit of one of
+    the job's last ``PERSIST_STEPS`` steps is charged to that host's network at once. ``key``: the step's own ``persistent_key``; a step charged to the
     persistent fault keeps it alive only while it is slowed (its longest host step time at least
     ``PERSIST_SLOW`` times the baseline median): once the fault is gone, steps are fast again and it
     fades within ``PERSIST_STEPS`` steps."""
     c = summary.get("culprit")
     key = persistent_key(c)
     persistent = persistent_culprit(recent)
+    if (
+        persistent is None
+        and c is not None
+        and c.get("layer") == "process"
+        and c.get("source") in ("evidence", "blame")
+    ):
+        # lateness of a host whose own link was a recent step's culprit: a loss's retransmission back-off
+        # (a lossy link's first x12 step had its host late by 629 ms and its retransmits outside the step,
+        # one step after the link was named) is its link's, not its process's (PERSIST_MIN does not wait)
+        own = sum(1 for k in list(recent)[-PERSIST_STEPS:] if k is not None and tuple(k) == (c["host"], "network"))
+        if own:
+            persistent = (c["host"], "network", own)
     if persistent is None or (c is not None and (c.get("source") in ("hang", "stopped") or key is not None)):
         return c, key
     h, layer, n = persistent
