@@ -112,8 +112,10 @@ BPF_HASH(cuda_acc, u32, struct obs_cuda_acc, 4096);          /* tgid -> CUDA lau
 /* The deep dive's step budget (obshub/producer/loader.py deep_dive_on): while deep_gate[0].gen is not 0, a
  * deep-dive symbol's call (cuda_sym[i].deep) counts only in a process with steps left: its deep_left entry
  * is made at its first such call of window `gen` with `steps` steps (the step open then is the first) and
- * each step end of the process takes one (obs_emit_cuda_acc). So a window of N steps ships N launch
- * aggregates per process however late the agent reads the step ends and detaches the uprobes. A new
+ * each step end of the process with a launch aggregate takes one (obs_emit_cuda_acc; a step without a
+ * counted launch, e.g. one whose launches came before the attach and whose NCCL call after it, takes
+ * none). So a window of N steps ships N launch aggregates per process however late the agent reads the
+ * step ends and detaches the uprobes. A new
  * request writes a new gen: every process starts again from N. */
 struct obs_deep_gate {
     u64 gen;   /* window number; 0: no budget (every call counts) */

@@ -239,12 +239,13 @@ static __always_inline void obs_emit_mem_acc(u32 tgid, u32 tid, s64 step, u64 ke
  * arg0 = longest launch call, str0 = log2 µs histogram of the launch call times (16 x u32). */
 static __always_inline void obs_emit_cuda_acc(u32 tgid, u32 tid, s64 step, u64 key, u64 now)
 {
+    struct obs_cuda_acc *acc = cuda_acc.lookup(&tgid);
+    if (!acc)
+        return; /* no launch counted in this step: it spends none of the deep dive's budget (a window whose
+                 * first deep-dive call was an NCCL call after the step's launches: CI saw 2 aggregates of 3) */
     struct obs_deep_left *dl = deep_left.lookup(&tgid); /* a step of the deep dive's budget is spent */
     if (dl && dl->left > 0)
         dl->left--;
-    struct obs_cuda_acc *acc = cuda_acc.lookup(&tgid);
-    if (!acc)
-        return;
     struct obs_event *e = obs_reserve(OBS_PROBE_CUDA_BASE, OBS_KIND_CUDA_STEP_SUM, tgid, tid);
     if (e) {
         e->ts_ns = now;
