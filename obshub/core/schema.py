@@ -577,7 +577,7 @@ def payloads_typed(events: Any) -> bool:
                         if (t is float and type(v) is int) or (t is str and isinstance(v, str)):
                             continue
                         return False
-                    if t is int and v is not None and not _I64_MIN <= v <= _I64_MAX:
+                    if t is int and isinstance(v, int) and not _I64_MIN <= v <= _I64_MAX:
                         return False
     return True
 
