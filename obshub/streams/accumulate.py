@@ -389,17 +389,30 @@ def _add_rank_event(out: dict[int, dict], batch: Batch, e: Event, r: tuple[int, 
         slot[2] = e.duration_ns
 
 
-def rank_map(batch: Batch, known: dict[int, tuple[int, int]] | None = None) -> dict[int, tuple[int, int]]:
-    """``{pid: (global rank, local rank)}`` of the training processes registered on the batch's host:
-    ``known`` (the map after the host's previous batches) updated with the batch's REGISTER events (a
-    REGISTER without ``local_rank`` counts local rank 0)."""
+def rank_map(
+    batch: Batch, known: dict[int, tuple[int, int, str | None]] | None = None
+) -> dict[int, tuple[int, int, str | None]]:
+    """``{pid: (global rank, local rank, job)}`` of the training processes registered on the batch's host,
+    of every job its agent serves: ``known`` (the map after the host's previous batches; a job of None, from
+    a record of an older worker, matches any job) updated with the batch's REGISTER events (a REGISTER
+    without ``local_rank`` counts local rank 0). A REGISTER replaces the pid of the same rank **of the
+    same job** (the rank restarted under a new pid); rank 0 of another job on the host is another process
+    (two jobs on one node: the second job's ranks are not evicted by the first's)."""
     out = dict(known or {})
+    job = batch.job
     for e in batch.events:
         if e.kind == _REGISTER:
-            for pid in [p for p, (r, _l) in out.items() if r == int(e.value)]:
+            rank = int(e.value)
+            for pid in [p for p, v in out.items() if v[0] == rank and (v[2] is None or v[2] == job)]:
                 del out[pid]  # the rank restarted under a new pid
-            out[int(e.pid)] = (int(e.value), int((e.payload or {}).get("local_rank", 0) or 0))
+            out[int(e.pid)] = (rank, int((e.payload or {}).get("local_rank", 0) or 0), job)
     return out
+
+
+def job_ranks(ranks: dict[int, tuple[int, int, str | None]], job: str) -> dict[int, tuple[int, int]]:
+    """``{pid: (global rank, local rank)}`` of job ``job`` among a host's registered processes
+    (:func:`rank_map`; a job of None matches)."""
+    return {pid: (v[0], v[1]) for pid, v in ranks.items() if v[2] is None or v[2] == job}
 
 
 def running_step(batch: Batch, before: int | None) -> int | None:

@@ -5,6 +5,8 @@ one-rank-per-host job keeps its summaries' meaning."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from obshub.core import schema
 from obshub.streams import accumulate, synthetic
 from obshub.streams.inproc import InProcess
@@ -294,3 +296,32 @@ def test_tail_steps_names_the_rank_of_the_straggler_and_of_a_hung_host():
     assert "HANG: vm rank 1,vm rank 3 never arrived" in line and "straggler vm rank 1[/yellow]" in line
     s["straggler"] = {"host": "vm", "score": 0.7, "excess_ns": 40_000_000}  # an older summary: no rank
     assert "straggler vm[/yellow]" in _line(s)
+
+
+def test_two_jobs_on_one_node_keep_their_own_ranks():
+    """One agent serving two 2-rank jobs on one node (both have a rank 0 and a rank 1, other pids): each
+    job's summaries keep both rank rows and close complete, and job A's slow rank is named. The host's
+    rank map was one per agent: job B's REGISTER of rank 0 evicted job A's rank 0 (a new user's second
+    job on a node had ``ranks: {}`` and closed by its window in every step)."""
+    a = synthetic.Scenario(job="ja", hosts=2, steps=20, straggler=1, guilty_steps=GUILTY, guilty_layer="sched")
+    b = synthetic.Scenario(job="jb", hosts=2, steps=20)
+    batches = []
+    for k, ((_ka, ba), (_kb, bb)) in enumerate(zip(synthetic.generate_ranks(a, 2), synthetic.generate_ranks(b, 2))):
+        agent = "node0/agent"
+        batches.append(dataclasses.replace(ba, agent_id=agent, seq=2 * k))
+        evs = [e._replace(pid=e.pid + 1000, tid=e.tid + 1000) for e in bb.events]
+        batches.append(dataclasses.replace(bb, agent_id=agent, seq=2 * k + 1, events=evs))
+    pipe = InProcess(partitions=2)
+    for batch in batches:
+        pipe.feed(schema.encode_batch(batch))
+    pipe.close_all()
+    by_job: dict[str, dict[int, dict]] = {}
+    for s in pipe.summaries:
+        by_job.setdefault(s["job"], {})[s["step"]] = s
+    for job, pids in (("ja", {"0": 1000, "1": 1001}), ("jb", {"0": 2000, "1": 2001})):
+        sums = by_job[job]
+        assert len(sums) == 20 and all(s["closed_by"] == "complete" for s in sums.values()), job
+        assert all({r: row["pid"] for r, row in s["ranks"]["node0"].items()} == pids for s in sums.values()), job
+    for step in GUILTY:
+        assert (by_job["ja"][step]["straggler"]["host"], by_job["ja"][step]["straggler"]["rank"]) == ("node0", 1)
+    assert all(s["straggler"] is None for k, s in by_job["jb"].items() if k >= 2)
