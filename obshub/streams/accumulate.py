@@ -262,6 +262,42 @@ for _kind, (_layer, _t, _c, _m) in KIND_RULES.items():
         _FAST[int(_kind)] = (_layer.value, _pattern)
 
 
+COLLS_MAX = 1024
+"""Collectives kept per process group in one accumulator (a host's or a rank row's share of one step): a
+step of thousands of collectives (a launch-bound loop, a benchmark's 3,000 all-reduces, a hand-written
+per-parameter all-reduce) keeps its latest ``COLLS_MAX`` of each group (the highest sequence numbers, the
+same on every rank that ran them), so a host's share of a step stays under ~50 KB per group and rank; a
+share of 10,000 collectives per rank grew a changelog record to 17 MB, over the broker's limit, and
+crashed the worker. The straggler analysis then reads those collectives; a hang the latest one."""
+
+
+def cap_colls(acc: dict) -> int:
+    """Drop, in place, all but the :data:`COLLS_MAX` highest sequence numbers of each process group of
+    ``acc["colls"]`` (``"<pg>#<seq>"`` keys) and of each of its unpacked rank rows; returns how many were
+    dropped (0, and no work beyond a length test, under the cap)."""
+    dropped = _cap(acc["colls"])
+    for row in (acc.get("ranks") or {}).values():
+        dropped += _cap(row["colls"])
+    return dropped
+
+
+def _cap(colls: dict) -> int:
+    if len(colls) <= COLLS_MAX:
+        return 0
+    by_pg: dict[str, list[tuple[int, str]]] = {}
+    for key in colls:
+        pg, _, seq = key.rpartition("#")
+        by_pg.setdefault(pg, []).append((int(seq) if seq.lstrip("-").isdigit() else -1, key))
+    dropped = 0
+    for items in by_pg.values():
+        if len(items) > COLLS_MAX:
+            items.sort()
+            for _seq, key in items[:-COLLS_MAX]:
+                del colls[key]
+            dropped += len(items) - COLLS_MAX
+    return dropped
+
+
 def reduce_batch(
     batch: Batch, running_step: int | None = None, ranks: dict[int, tuple[int, int]] | None = None
 ) -> dict[int, dict]:
@@ -352,6 +388,9 @@ def reduce_batch(
     if one is not None:
         for a in out.values():
             a["rank"] = one
+    for a in out.values():
+        if len(a["colls"]) > COLLS_MAX or a.get("ranks"):
+            cap_colls(a)
     return out
 
 
@@ -514,6 +553,8 @@ def merge(into: dict, part: dict) -> dict:
             for i in range(1, 4):
                 if mine[i] is None:
                     mine[i] = c[i]
+    if len(into["colls"]) > COLLS_MAX:
+        _cap(into["colls"])
     into["ringbuf_lost"] += part["ringbuf_lost"]
     if part.get("stopped_ns"):
         into["stopped_ns"] = max(into.get("stopped_ns", 0), part["stopped_ns"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
+
 from obshub.core import schema
 from obshub.streams import accumulate, synthetic
 from obshub.streams.inproc import InProcess
@@ -325,3 +327,43 @@ def test_two_jobs_on_one_node_keep_their_own_ranks():
     for step in GUILTY:
         assert (by_job["ja"][step]["straggler"]["host"], by_job["ja"][step]["straggler"]["rank"]) == ("node0", 1)
     assert all(s["straggler"] is None for k, s in by_job["jb"].items() if k >= 2)
+
+
+def test_a_step_of_thousands_of_collectives_keeps_the_latest_of_each_group_bounded():
+    """A 2-rank host whose step ran 3,000 all-reduces on group 0 and 5 on group 1, in two batches: each
+    accumulator (host and rank rows, packed or not) keeps the latest ``COLLS_MAX`` of group 0 and every one
+    of group 1, so the part written to the changelog stays small (10,000 collectives per rank made a
+    17 MB record that crashed the worker)."""
+    K = schema.Kind
+    cap = accumulate.COLLS_MAX
+
+    def ev(kind, t, pid, seq, pg="0", dur=0):
+        return schema.Event(kind, t, dur, 0, 3, pid, pid, -1, 0, {"pg": pg, "coll_seq": seq, "op": "all_reduce"})
+
+    def batch(seqs, seq_no):
+        evs = [
+            schema.Event(
+                K.REGISTER, 0, 0, 0, -1, 100 + r, 100 + r, -1, r, {"job": "j", "world_size": 2, "local_rank": r}
+            )
+            for r in (0, 1)
+        ]
+        for s in seqs:
+            for r in (0, 1):
+                t = 1_000_000 + s * 1_000 + r * 400  # rank 1 arrives 400 ns after rank 0
+                evs.append(ev(K.COLLECTIVE_BEGIN, t, 100 + r, s))
+                evs.append(ev(K.COLLECTIVE_END, t + 500, 100 + r, s, dur=500))
+        if seq_no == 0:
+            evs += [ev(K.COLLECTIVE_BEGIN, 500 + s, 100, s, pg="1") for s in range(5)]
+        return schema.Batch("j", "h", 0, "h/a", seq_no, evs, schema.Clock(), 0)
+
+    ranks = {100: (0, 0), 101: (1, 1)}
+    a = accumulate.reduce_batch(batch(range(0, 1_500), 0), ranks=ranks)[3]
+    b = accumulate.reduce_batch(batch(range(1_500, 3_000), 1), ranks=ranks)[3]
+    assert len(a["colls"]) == cap + 5 and all(len(r["colls"]) <= cap + 5 for r in a["ranks"].values())
+    merged = accumulate.merge(accumulate.pack_ranks(a), accumulate.pack_ranks(b))
+    pg0 = sorted(int(k.split("#")[1]) for k in merged["colls"] if k.startswith("0#"))
+    assert pg0 == list(range(3_000 - cap, 3_000)), "the latest of group 0"
+    assert sum(k.startswith("1#") for k in merged["colls"]) == 5, "a small group is kept whole"
+    rows = accumulate.rank_rows(merged)
+    assert sorted(int(k.split("#")[1]) for k in rows["1"]["colls"] if k.startswith("0#")) == pg0
+    assert len(msgspec.msgpack.encode(merged)) < 400_000
