@@ -439,7 +439,10 @@ class Engine:
             mentioned = set(plan.literals)
             for name in plan.body_names:
                 paths = [p for p in plan.keyed if p[0] == name]
-                mentioned |= shared.strings_outside(name, paths) if paths else shared.strings(name)
+                if name in plan.reads:  # only the members the rule reads reach a per-item context
+                    mentioned |= shared.strings_read(name, plan.reads[name], paths)
+                else:
+                    mentioned |= shared.strings_outside(name, paths) if paths else shared.strings(name)
             maps = [k for p in plan.keyed if (k := shared.entry_keys(p, plan.members.get(p))) is not None]
             sentinel = "\x00obshub:item"
             while sentinel in mentioned or any(sentinel in m for m in maps):

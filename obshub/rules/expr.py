@@ -368,6 +368,21 @@ class Activation:
             self._strings[memo] = cut_paths(self.data.get(name), paths)
         return self._strings[memo]
 
+    def strings_read(
+        self, name: str, reads: "frozenset[tuple[str, ...]] | None", paths: "list[tuple[str, ...]]"
+    ) -> frozenset[str]:
+        """The strings of the field ``name`` a per-item context can see: :meth:`cut` to the member paths
+        ``reads`` (None: whole), then without the keys of the maps at ``paths`` (:meth:`strings_outside`'s
+        rule; memoised). A string outside what a rule reads cannot equal its item in any comparison."""
+        memo = ("read", name, reads, *sorted(paths))
+        out = self._strings.get(memo)
+        if out is None:
+            value = self.cut(name, reads)
+            for path in paths:
+                value = _keys_dropped(value, path[1:])
+            out = self._strings[memo] = frozenset(_strings_in(value))
+        return out
+
     def strings_outside(self, name: str, paths: "list[tuple[str, ...]]") -> frozenset[str]:
         """:meth:`strings` of the field ``name`` leaving out the keys (not the values) of the maps at
         ``paths`` (each starting with ``name``; memoised)."""

@@ -118,6 +118,10 @@ def summaries(seed: int, n: int) -> list[dict]:
                 "score": rnd.choice([0.05, 0.3, 1.2]),
                 "excess_ns": rnd.randint(0, 10**8),
                 "reason": "slow",
+                # the late group names many hosts in members no builtin foreach rule reads (a rule reading
+                # straggler.rank must not evaluate every host of the group one by one)
+                "group": [{"host": h, "late_ns": 5} for h in rnd.sample(HOSTS, rnd.randint(0, len(HOSTS)))],
+                "rank": rnd.choice([None, 0, 3]),
             }
             if rnd.random() < 0.8
             else None
@@ -180,7 +184,11 @@ def summaries(seed: int, n: int) -> list[dict]:
                     "stall": strag is not None,
                     "stall_ratio": 1.5,
                     "quality": {"ringbuf_lost": rnd.choice([0, 0, 0, 4])},
-                    "evidence": {"spread_ns": 10**7, "hosts": evidence},
+                    "evidence": {
+                        "spread_ns": 10**7,
+                        "hosts": evidence,
+                        "ranks": {h: j for j, h in enumerate(HOSTS) if rnd.random() < 0.5},
+                    },
                 }
             )
         )
@@ -368,3 +376,47 @@ rules:
         fp, labels = eng._fingerprint(rule, key)
         assert labels["layer"] == "x" and labels["category"] == "c" and labels["Zeta"] == "omega"
         assert fp == lifecycle.fingerprint(labels), key
+
+
+def test_hosts_named_only_where_a_rule_does_not_read_are_no_mention(monkeypatch):
+    """A wide slow step whose evidence names 1,500 hosts in ``evidence.ranks`` (host -> rank) and whose
+    straggler lists them in its ``group``: the builtin CUSUM rules read ``evidence.hosts`` (by item) and
+    ``straggler.host``/``.rank``, neither of those, so those hosts share the sentinel's evaluation. Before,
+    every string of a field a rule reads counted as a mention: ~7,500 per-item evaluations a step, the pack
+    114-166 ms per 2,048-host straggler step (`bench.rules_fleet`), now a few."""
+    hosts = [f"n{i}" for i in range(2_000)]
+    small = {"sched": 0.0, "memory": 0.0, "cuda": 0.0, "nic": 0.0, "network": 0.0, "pytorch": 0.004}
+    calls = []
+    real = Engine._eval_item
+    monkeypatch.setattr(Engine, "_eval_item", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    eng = Engine(load_ruleset([BUILTIN]), lambda _c: None)
+    for i in range(12):
+        slow = i >= 10
+        rec = {
+            "job": "j",
+            "step": i,
+            "closed_by": "complete",
+            "closed_at_ns": BASE_NS + (i + 1) * S,
+            "hosts": hosts,
+            "expected_hosts": hosts,
+            "step_time_max_ns": 300 * 10**6 if slow else 100 * 10**6,
+            "straggler": {
+                "host": "n2",
+                "rank": 2,
+                "score": 3.0,
+                "excess_ns": 2 * 10**8,
+                "reason": "slow",
+                "group": [{"host": h, "late_ns": 5} for h in hosts[:1_500]],
+            }
+            if slow
+            else None,
+            "evidence": {
+                "spread_ns": 10**7,
+                "hosts": {h: dict(small, sched=4.0 if h == "n2" else 0.0) for h in hosts},
+                "ranks": {h: i for i, h in enumerate(hosts[:1_500])},  # the rank of each evidence host
+            },
+        }
+        calls.clear()
+        eng.process("steps", fields.step_record(rec))
+        if slow:
+            assert len(calls) < 100, len(calls)
