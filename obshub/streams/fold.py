@@ -463,7 +463,11 @@ class Fold:
         for raw in msgs:
             try:
                 out.extend(self.apply(decode_internal(raw), p))
-            except Exception as exc:  # counted and dead-lettered by on_error; the others still apply
+            # Broad on purpose: a message that is not msgpack (msgspec.DecodeError), a part in a form
+            # as_part cannot read (ValidationError, KeyError, TypeError) or a bug in the analysis must not
+            # stop the partition. Each is counted (obshub_streams_processing_errors_total{stage="fold"})
+            # and its bytes dead-lettered by the worker through on_error (streams.app); the others apply.
+            except Exception as exc:
                 log.exception("fold failed on one message of a batch of partition %d", p)
                 self.on_error(raw, exc)
         return out
@@ -491,7 +495,9 @@ class Fold:
             for v in values:
                 try:
                     out.extend(self.apply(v, p))
-                except Exception as exc:  # counted and dead-lettered by on_error; the others still apply
+                # Broad on purpose, as in apply_batch: one bad message or a bug must not stop the
+                # partition; counted (processing_errors{stage="fold"}) and dead-lettered via on_error.
+                except Exception as exc:
                     log.exception("fold failed on one message of partition %d", p)
                     self.on_error(v, exc)
         finally:

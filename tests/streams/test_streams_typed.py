@@ -119,3 +119,18 @@ def test_typed_records_round_trip_and_reject_what_is_not_an_accumulator():
         accumulate.as_acc(["not a count of events"])
     with pytest.raises(KeyError, match="no field 'colour'"):
         acc["colour"] = 1
+
+
+def test_a_message_the_fold_cannot_read_is_handed_to_on_error_and_the_others_still_apply():
+    scn = _old_changelog_scenario()
+    pipe = InProcess(partitions=1, clock=_clock)
+    failed = []
+    pipe.fold.on_error = lambda value, exc: failed.append((value, type(exc).__name__))
+    good = []
+    for _k, b in synthetic.generate_ranks(scn, 4):
+        good.extend(wire.packb(v) for v, _p in pipe.parts_of(schema.encode_batch(b)))
+    bad_acc = wire.packb({"t": "part", "job": "old", "step": 1, "host": "node0", "bid": "x:1", "acc": ["no"], "q": {}})
+    pipe._apply({"t": "batch", "msgs": [b"\xc1", *good[:3], bad_acc, *good[3:]]}, 0)
+    pipe.close_all()
+    assert failed == [(b"\xc1", "DecodeError"), (bad_acc, "ValidationError")]
+    assert [s["step"] for s in pipe.summaries] == [0, 1, 2]
