@@ -158,9 +158,11 @@ class _DictStyle(msgspec.Struct):
         return [(k, v) for k in self.__struct_fields__ if (v := getattr(self, k)) is not None]
 
 
-class _Record(_DictStyle, array_like=True):
+class _Record(_DictStyle, array_like=True, gc=False):
     """Base of the typed accumulator records: msgspec Structs encoded as msgpack arrays (field order = wire
-    order: append new fields at the end with a default, never reorder)."""
+    order: append new fields at the end with a default, never reorder). ``gc=False``: a record never takes
+    part in a reference cycle (it holds dicts, lists, numbers, text, bytes and other records), so the
+    cyclic collector need not track the millions of them a wide job's parts decode to."""
 
 
 def to_dict(rec: Any) -> Any:
@@ -270,7 +272,7 @@ def new_acc(host: str, host_id: int) -> HostAcc:
     return HostAcc(phases={}, layers={}, colls={}, host=host, host_id=host_id, net=HostNet(addrs={}, pairs={}))
 
 
-class PartMsg(_DictStyle, tag="part", tag_field="t"):
+class PartMsg(_DictStyle, tag="part", tag_field="t", gc=False):
     """One host's share of one step on the internal topic (ingest -> fold): a msgpack map ``{"t": "part",
     job, step, host, bid, acc, q}`` whose ``acc`` is a :class:`HostAcc` (an array). ``bid``:
     ``"<agent_id>:<seq>"`` of the batch it came from (the fold's idempotence key); ``q``: quality counters
@@ -399,10 +401,13 @@ def as_acc(acc: Any) -> HostAcc:
 
 def as_accs(accs: dict[str, Any]) -> dict[str, Any]:
     """``{host: accumulator}`` with every value typed: a :class:`StepAcc` (host accumulator or rank row)
-    stays, anything else is :func:`as_acc` (no copy when all are typed). The analysis's public functions
+    stays, anything else is :func:`as_acc` (no copy when the first value is typed: a caller passes one
+    form). The analysis's public functions
     call it, so callers holding the dict form (tools, tests) keep working."""
-    if all(isinstance(a, StepAcc) for a in accs.values()):
-        return accs
+    for a in accs.values():  # one form per call: the first value tells (O(1) on the worker's path)
+        if isinstance(a, StepAcc):
+            return accs
+        break
     return {h: a if isinstance(a, StepAcc) else as_acc(a) for h, a in accs.items()}
 
 
