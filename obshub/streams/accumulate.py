@@ -126,6 +126,9 @@ class _DictStyle(msgspec.Struct):
         try:
             return getattr(self, key)
         except AttributeError:
+            cfg = self.__struct_config__
+            if key == cfg.tag_field:  # a tagged record's tag, as its dict form holds it (``PartMsg["t"]``)
+                return cfg.tag
             raise KeyError(key) from None
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -139,8 +142,11 @@ class _DictStyle(msgspec.Struct):
         return isinstance(key, str) and getattr(self, key, None) is not None
 
     def get(self, key: str, default: Any = None) -> Any:
-        """The field ``key``, ``default`` when it is None or not a field."""
-        v = getattr(self, key, None)
+        """The field ``key`` (a tagged record's tag too), ``default`` when it is None or not a field."""
+        try:
+            v = self[key]
+        except KeyError:
+            return default
         return default if v is None else v
 
     def update(self, *args: Any, **kw: Any) -> None:

@@ -108,6 +108,7 @@ def test_typed_records_round_trip_and_reject_what_is_not_an_accumulator():
     m = accumulate.PartMsg(job="j", step=4, host="n1", bid="a:1", acc=acc, q={"lost_batches": 2})
     raw = wire.packb(m)
     assert wire.unpackb(raw)["t"] == "part" and isinstance(wire.unpackb(raw)["acc"], list)  # an array
+    assert m["t"] == m.get("t") == "part" and m.get("colour", 1) == 1  # the dict form's tag, for tools
     back = accumulate.decode_internal(raw)
     assert back == m and accumulate.rank_rows(back.acc)["3"].pid == 1003
     # the dict form converts to the same record; the array form a changelog gives back too
