@@ -207,7 +207,7 @@ def component_state(c: dict, broker_up: bool) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``obshub`` console script: runs the CLI, turns ObshubError into
-    ``error:``/``hint:`` lines and exit code 1."""
+    ``error:``/``hint:`` lines and its exit code (1 unless it says otherwise)."""
     try:
         cli.main(args=argv, standalone_mode=False)
     except ObshubError as exc:
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}")
         if exc.hint:
             err_console.print(f"[yellow]hint:[/yellow] {escape(exc.hint)}")
-        sys.exit(1)
+        sys.exit(getattr(exc, "exit_code", 1))
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 
 class ObshubError(Exception):
-    """An error an operator can act on. ``hint`` says what to do about it."""
+    """An error an operator can act on. ``hint`` says what to do about it; ``exit_code`` is the process's
+    exit status when the CLI ends on it (1; `obshub run` uses the shell's 126/127 for a command that cannot
+    be run / is not found)."""
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = 1):
         super().__init__(message)
         self.hint = hint
+        self.exit_code = exit_code
 
 
 class StackError(ObshubError):

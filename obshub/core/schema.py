@@ -528,6 +528,8 @@ def validate_event(raw: Any, where: str = "event") -> Event:
                 raise SchemaError(f"{where}.payload.{k}", f"string exceeds {MAX_STR_LEN} characters")
             if not isinstance(v, (str, int, float, bool)) and v is not None:
                 raise SchemaError(f"{where}.payload.{k}", f"unsupported value type {type(v).__name__}")
+            if type(v) is int and not _I64_MIN <= v <= _I64_MAX:
+                raise SchemaError(f"{where}.payload.{k}", f"integer {v} outside the signed 64-bit range")
         bad = payload_type_error(raw[0], payload)
         if bad is not None:
             raise SchemaError(f"{where}.payload.{bad[0]}", bad[1])
@@ -536,7 +538,7 @@ def validate_event(raw: Any, where: str = "event") -> Event:
 
 def payload_type_error(kind: int, payload: dict) -> tuple[str, str] | None:
     """Check the values of the payload keys ``KIND_INFO[kind].payload`` declares: an ``int`` key holds an
-    integer (not a bool), a ``float`` key a number, a ``str`` key a string; nil is allowed everywhere (not
+    integer (not a bool) within the signed 64-bit range, a ``float`` key a number, a ``str`` key a string; nil is allowed everywhere (not
     known), undeclared keys are not checked. Returns ``(key, reason)`` for the first key of the wrong type,
     None when all are right (or ``kind`` is unknown)."""
     want = _PAYLOAD_TYPES.get(kind)
@@ -547,7 +549,9 @@ def payload_type_error(kind: int, payload: dict) -> tuple[str, str] | None:
         if v is None:
             continue
         if t is int:
-            ok = type(v) is int
+            ok = type(v) is int and _I64_MIN <= v <= _I64_MAX
+            if type(v) is int and not ok:
+                return k, f"integer {v} outside the signed 64-bit range"
         elif t is float:
             ok = type(v) is float or type(v) is int
         else:
@@ -573,8 +577,12 @@ def payloads_typed(events: Any) -> bool:
                         if (t is float and type(v) is int) or (t is str and isinstance(v, str)):
                             continue
                         return False
+                    if t is int and isinstance(v, int) and not _I64_MIN <= v <= _I64_MAX:
+                        return False
     return True
 
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1  # msgpack carries uint64; summaries and rules read int64
 
 _PAYLOAD_TYPES: dict[int, dict[str, type]] = {int(k): dict(info.payload) for k, info in KIND_INFO.items()}
 _PAYLOAD_ITEMS: dict[int, tuple[tuple[str, type], ...]] = {k: tuple(v.items()) for k, v in _PAYLOAD_TYPES.items() if v}
@@ -1004,7 +1012,8 @@ def decode_json(value: bytes | None, what: str) -> Any:
 def decode_step_summary(value: bytes | None) -> dict:
     """Decode and check one ``obshub.steps.v1`` message value (JSON). Returns the summary as a dict whose
     documented fields (``STEP_SUMMARY_FIELDS``) have their documented shape and ``STEP_REQUIRED`` are
-    present; undocumented fields are left as they are. Raises only :class:`SchemaError` (field, reason), for any input."""
+    present; undocumented fields are left as they are; a ``v`` other than ``SCHEMA_VERSION`` is refused (a
+    summary without one is read as version 1). Raises only :class:`SchemaError` (field, reason), for any input."""
     data = decode_json(value, "step summary")
     if not isinstance(data, dict):
         raise SchemaError("message", f"a step summary is a JSON object, got {_type(data)}")
@@ -1014,6 +1023,8 @@ def decode_step_summary(value: bytes | None) -> dict:
     for name, shape in _STEP_SHAPE.items():
         if name in data:
             data[name] = check_shape(name, shape, data[name])
+    if "v" in data and data["v"] != SCHEMA_VERSION:  # absent: a summary of an older worker (no version yet)
+        raise SchemaError("v", f"unsupported schema version {data['v']!r} (this build reads {SCHEMA_VERSION})")
     if "job" in data and not data["job"]:
         raise SchemaError("job", "must not be empty")
     return data

@@ -228,6 +228,8 @@ class AgentConfig(BaseModel):
     ``loss_interval_s``: how often ring-buffer loss counters are turned into AGENT_LOSS events.
     ``flush_timeout_s``: on SIGTERM, how long to try to deliver what is left before exiting.
     ``clock_refresh_s``: how often the monotonic -> realtime offset is measured again.
+    ``only_jobs``: serve only the processes registered for these jobs (empty: every job on the node);
+    the events of processes registered for another job are dropped by the agent.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -244,6 +246,7 @@ class AgentConfig(BaseModel):
     loss_interval_s: float = Field(1.0, gt=0)
     flush_timeout_s: float = Field(15.0, ge=0)
     clock_refresh_s: float = Field(10.0, gt=0)
+    only_jobs: tuple[str, ...] = ()
 
     @field_validator("host")
     @classmethod

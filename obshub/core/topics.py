@@ -191,9 +191,16 @@ def changelog_cleaner_config(retention_s: float) -> dict[str, str]:
     }
 
 
+#: bytes a stream worker's changelog record may hold (the topic's ``max.message.bytes``; the worker's producer
+#: sends requests up to the same size, obshub/streams/app.py): a table value over the broker's default 1 MB
+#: (a step's part of a host that ran thousands of collectives) was refused and crashed the worker
+CHANGELOG_MAX_BYTES = 16 * 1024 * 1024
+
+
 def topic_config(name: str, rf: int | None = None, changelog_retention_s: float | None = None) -> dict[str, str]:
     """Topic-level configs (Kafka names) of ``name`` for a topic created with replication factor ``rf``
-    (default :func:`replication_factor`): compacted for a changelog or state topic, the retention of
+    (default :func:`replication_factor`): compacted for a changelog or state topic (a changelog's records
+    up to :data:`CHANGELOG_MAX_BYTES`), the retention of
     :data:`TOPICS` for obshub's own topics, :data:`REPARTITION_RETENTION_MS` for other stream topics.
     ``changelog_retention_s`` (the stream worker's job retention, s): a changelog then gets the log
     cleaner's settings of :func:`changelog_cleaner_config` (segment time, compaction lag and tombstone time
@@ -204,6 +211,8 @@ def topic_config(name: str, rf: int | None = None, changelog_retention_s: float 
     spec = next((t for t in TOPICS if t.name == name), None)
     if name.endswith("-changelog") or name.endswith("-state"):
         out["cleanup.policy"] = "compact"
+        if name.endswith("-changelog"):
+            out["max.message.bytes"] = str(CHANGELOG_MAX_BYTES)
         if changelog_retention_s is not None and name.endswith("-changelog"):
             out.update(changelog_cleaner_config(changelog_retention_s))
     elif spec is not None:

@@ -17,6 +17,7 @@ Examples:
   obshub trace export --job dlrm --steps 100-120 -o slow.json     # a range of steps
   obshub trace export --job dlrm --steps 10 -o - | gzip > t.json.gz  # to stdout, compressed
   obshub trace export --job dlrm --steps 5000-5010 --since 2h -o t.json  # read only the last 2 hours
+  obshub trace export --job dlrm --steps 1-20 --life 1 -o t.json  # steps 1-20 after the first restart
   # then open the file in https://ui.perfetto.dev (Open trace file) or chrome://tracing
 """
 
@@ -60,7 +61,14 @@ def trace_group():
 @click.option("--steps-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries")
 @click.option("--since", default=None, help="read only messages from this time on: 2h (ago) or 2026-12-01T02:00:00Z")
 @click.option("--until", default=None, help="read only messages up to this time (same forms as --since)")
-def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps_topic, since, until):
+@click.option(
+    "--life",
+    type=click.IntRange(min=0),
+    default=None,
+    help="only this life of a restarted job (0: its first run; `obshub tail steps` shows the life) "
+    "[default: every life found; a note says when several share the steps]",
+)
+def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps_topic, since, until, life):
     """Write job JOB's steps as Chrome-trace JSON for ui.perfetto.dev: a process per host, a track
     per layer, flow arrows joining each collective across hosts, the straggler and blamed layer marked
     (from the step summaries on obshub.steps.v1)."""
@@ -91,8 +99,21 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
         timeout_s=timeout_s,
         events_topic=events_topic,
         steps_topic=steps_topic,
+        life=life,
         **bounds,
     )
+    if life is None and len(data.lives) > 1:
+        data.notes.insert(
+            0,
+            f"steps {rng[0]}-{rng[1]} of job {job!r} ran in lives {', '.join(map(str, sorted(data.lives)))} "
+            "(the job restarted): their events are drawn together; pass --life N for one",
+        )
+    if life is not None and life not in data.lives:
+        raise ExportError(
+            f"no step summary of life {life} of job {job!r} in steps {rng[0]}-{rng[1]}"
+            + (f" (lives found: {', '.join(map(str, sorted(data.lives)))})" if data.lives else ""),
+            hint="`obshub tail steps` shows each step's life",
+        )
     if not data.hosts:
         raise ExportError(
             f"no events of job {job!r} in steps {rng[0]}-{rng[1]} on {settings.bootstrap_servers} "

@@ -11,6 +11,13 @@ a window later); without summaries in range, the whole events topic within ``sin
 Messages that do not decode are counted and the first ``MAX_NOTED`` listed in ``JobData.notes``
 (topic[partition]@offset: field: problem), never fatal.
 Event times are put on the realtime clock (``ts_ns + clock.offset_ns``, see ``schema.to_realtime_ns``).
+
+Lives: a restarted job numbers its steps again (summaries carry ``life``; docs/STREAMS.md "Restarts"), so
+one step number can hold the events of several lives. ``life=N`` keeps the summaries of life N and the
+events of its processes: the job's processes are grouped into generations (processes whose events overlap
+in time, across all hosts, belong to one; a restart's new processes start after the old ones stopped), and
+the generation most of life N's summaries closed in (the latest one started before each ``closed_at_ns``)
+is kept, with the host's own events (pid 0) inside its time span (:func:`keep_life`).
 """
 
 from __future__ import annotations
@@ -42,6 +49,51 @@ class JobData:
     batches: int = 0
     undecodable: int = 0
     notes: list[str] = field(default_factory=list)
+    lives: set[int] = field(default_factory=set)  # the lives of the job's summaries in the steps asked
+
+
+def generations(hosts: dict[str, HostEvents]) -> list[tuple[int, int, set[tuple[str, int]]]]:
+    """Group the job's processes into generations: ``[(start_ns, end_ns, {(host, pid), ...})]`` in time
+    order, where the processes of one generation have overlapping event spans (realtime ns; pids <= 0,
+    the host's own events, belong to none)."""
+    spans: dict[tuple[str, int], list[int]] = {}
+    for h in hosts.values():
+        for e in h.events:
+            if e.pid > 0:
+                sp = spans.get((h.host, e.pid))
+                if sp is None:
+                    spans[(h.host, e.pid)] = [e.ts_ns, e.ts_ns]
+                elif e.ts_ns < sp[0]:
+                    sp[0] = e.ts_ns
+                elif e.ts_ns > sp[1]:
+                    sp[1] = e.ts_ns
+    out: list[tuple[int, int, set[tuple[str, int]]]] = []
+    for key, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        if out and a <= out[-1][1]:
+            lo, hi, members = out[-1]
+            members.add(key)
+            out[-1] = (lo, max(hi, b), members)
+        else:
+            out.append((a, b, {key}))
+    return out
+
+
+def keep_life(hosts: dict[str, HostEvents], closed_ns: list[int]) -> None:
+    """Keep, in place, only the events of the generation (:func:`generations`) that the summaries closed at
+    ``closed_ns`` (realtime ns) belong to: each close votes for the latest generation started before it;
+    the most voted wins. The host's own events (pid <= 0) are kept inside that generation's span. With no
+    vote (no summary), nothing is dropped."""
+    gens = generations(hosts)
+    votes: dict[int, int] = {}
+    for t in closed_ns:
+        i = max((k for k, g in enumerate(gens) if g[0] <= t), default=None)
+        if i is not None:
+            votes[i] = votes.get(i, 0) + 1
+    if not votes:
+        return
+    lo, hi, members = gens[max(votes, key=lambda k: (votes[k], k))]
+    for h in hosts.values():
+        h.events = [e for e in h.events if ((h.host, e.pid) in members if e.pid > 0 else lo <= e.ts_ns <= hi)]
 
 
 def parse_when(text: str, now_ns: int | None = None) -> int:
@@ -172,10 +224,12 @@ def read_job(
     steps_topic: str = schema.TOPIC_STEPS,
     since_ns: int | None = None,
     until_ns: int | None = None,
+    life: int | None = None,
 ) -> JobData:
     """Events of ``job`` whose step is within ``steps`` (inclusive), per host, and the job's step
     summaries in that range; ``since_ns``/``until_ns`` (CLOCK_REALTIME ns) bound the Kafka timestamps
-    read. Raises ExportError when the broker cannot be reached."""
+    read; ``life``: only that life of a restarted job (module docstring; None: every life, and
+    ``JobData.lives`` says which were found). Raises ExportError when the broker cannot be reached."""
     lo, hi = steps
     hosts: dict[str, HostEvents] = {}
     data = JobData([], {})
@@ -190,6 +244,10 @@ def read_job(
             bad.append(f"{m.topic()}[{m.partition()}]@{m.offset()}: {exc}")
             continue
         if s.get("job") == job and isinstance(s.get("step"), int) and lo <= s["step"] <= hi:
+            s_life = s.get("life") if isinstance(s.get("life"), int) else 0
+            data.lives.add(s_life)
+            if life is not None and s_life != life:
+                continue
             data.summaries[s["step"]] = s  # the latest summary of a step wins
             if isinstance(s.get("closed_at_ns"), int) and s["closed_at_ns"] > 0:
                 closed.append(s["closed_at_ns"])
@@ -211,6 +269,8 @@ def read_job(
         for e in b.events:
             if lo <= e.step <= hi:
                 h.events.append(e._replace(ts_ns=schema.to_realtime_ns(e.ts_ns, b.clock)))
+    if life is not None:
+        keep_life(hosts, closed)
     data.hosts = sorted((h for h in hosts.values() if h.events), key=_host_order)
     if data.undecodable:
         data.notes.append(

@@ -49,7 +49,8 @@ def run_command(
 ) -> None:
     """Run COMMAND with in-process PyTorch instrumentation (USDT), no code change needed.
 
-    COMMAND replaces this process: its exit code and signals are its own. Put `--` before it."""
+    COMMAND replaces this process: its exit code and signals are its own (127 when it is not found, 126
+    when it cannot be run, as a shell). Put `--` before it."""
     if command[0].startswith("-"):
         # options of `obshub run` come before COMMAND; a program name does not start with '-': this is an
         # option `obshub run` does not have (or one meant for the program, before its name)

@@ -56,7 +56,8 @@ def exec_instrumented(
     command: tuple[str, ...] | list[str], job: str | None, host_id: int | None, optimizers_per_step: int | None = None
 ) -> None:
     """Replace this process with ``command`` under the instrumentation (never returns on success).
-    Raises ConfigError for an empty ``job`` and ObshubError when the command cannot be started."""
+    Raises ConfigError for an empty ``job`` and ObshubError when the command cannot be started (exit code
+    127 when it is not found, 126 when it cannot be run, as a shell)."""
     if job is not None and not job.strip():
         raise ConfigError("--job is empty", hint="give the job a name, e.g. --job llama-7b")
     env = child_env(dict(os.environ), job, host_id, optimizers_per_step)
@@ -65,7 +66,9 @@ def exec_instrumented(
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as exc:
+        # the shell's exit statuses: 127 command not found, 126 found but not runnable
         raise ObshubError(
             f"could not start {command[0]!r}: {exc.strerror}",
             hint="check the command name and that it is on PATH and executable",
+            exit_code=127 if isinstance(exc, FileNotFoundError) else 126,
         ) from exc

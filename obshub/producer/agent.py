@@ -118,6 +118,8 @@ class Agent:
         self._ended: set[str] = set()  # jobs a STEP_END arrived for in this poll turn
         self._jobs: list[str] = []  # the jobs of live registered processes
         self._dead: set[int] = set()  # registered pids found gone once
+        self._only = frozenset(config.only_jobs)  # --only-job: the jobs served (empty: all)
+        self._ignored: set[int] = set()  # processes registered for a job not served: their events dropped
         self.rank_watch = RankWatch()  # frozen, stopped or exited registered processes -> RANK_STATE
         self.lost_totals: dict[str, int] = {}
         self.caught: Counter[str] = Counter()  # failures caught and gone on from, by where (caught_totals)
@@ -335,7 +337,7 @@ class Agent:
             now = time.monotonic()
             if now >= next_loss:
                 self._report_loss()
-                if self.job_of_pid:
+                if self.job_of_pid or self._ignored:
                     self._prune_jobs()
                 next_loss = now + cfg.loss_interval_s
             if deadline is not None and now >= deadline:
@@ -379,6 +381,9 @@ class Agent:
         counts.update(map(_kind_of, events))
         if counts[_REGISTER] != before:
             self._learn_jobs(events)
+        if self._ignored:
+            ignored = self._ignored
+            events = [ev for ev in events if ev[_PID] not in ignored]
         has_end = counts[_STEP_END] != ends_before
         send = self.transport.send
         if not self.job_of_pid:  # nothing registered: everything is the fallback job's
@@ -414,7 +419,8 @@ class Agent:
         jobs = self.job_of_pid
         fallback = self.batcher.fallback_job
         only = self._jobs[0] if len(self._jobs) == 1 else None
-        if not jobs or only == fallback or (only is not None and self._registered_only()):
+        ignored = self._ignored
+        if not ignored and (not jobs or only == fallback or (only is not None and self._registered_only())):
             for sealed in self.batcher.of(only or fallback).add_packed(run.data, run.ends):
                 send(sealed)
             if has_end:
@@ -426,6 +432,8 @@ class Agent:
         of_job: dict[str, list[int]] = {}  # job -> indexes of its events in the run
         cur, idx = None, []
         for i, ev in enumerate(unpacker):
+            if ignored and ev[_PID] in ignored:
+                continue
             job = jobs.get(ev[_PID], fallback)
             if job != cur:
                 cur, idx = job, of_job.setdefault(job, [])
@@ -463,6 +471,12 @@ class Agent:
             payload = ev[9] if isinstance(ev[9], dict) else {}
             job = str(payload.get("job") or "") or self.batcher.fallback_job
             pid = ev[_PID]
+            if self._only and job not in self._only:
+                if pid not in self._ignored:
+                    self._ignored.add(pid)
+                    self.say(f"process {pid} registered for job {job} (rank {ev[8]}): not served (--only-job)")
+                continue
+            self._ignored.discard(pid)  # a pid number reused by a process of a served job
             if self.job_of_pid.get(pid) != job:
                 self.job_of_pid[pid] = job
                 self._dead.discard(pid)
@@ -472,6 +486,7 @@ class Agent:
     def _prune_jobs(self) -> None:
         """Forget registered processes found gone on two checks in a row (their last events may still
         be in the ring buffer at the first); seal and forget a job left without processes."""
+        self._ignored = {pid for pid in self._ignored if os.path.exists(f"/proc/{pid}")}
         gone = {pid for pid in self.job_of_pid if not os.path.exists(f"/proc/{pid}")}
         forget = gone & self._dead
         self._dead = gone - forget

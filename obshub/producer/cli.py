@@ -34,6 +34,7 @@ from obshub.producer.probes import ProbeOptions, ProbeStatus, Target
 _EPILOG = """\b
 Examples:
   obshub agent --job bert --registered                      # watch whatever `obshub run` registers
+  obshub agent --registered --only-job bert                 # a shared box: serve job bert only
   obshub agent --job bert --host node3 --cgroup /sys/fs/cgroup/job.slice/rank3.scope
                                                             # one agent per cgroup, as if node3
   obshub agent --job bert --pid 4242 --pid 4243 --metrics-port 9464
@@ -110,6 +111,7 @@ def _bpf_source(
 # the settings ``agent_config`` checks, by the option that sets them (its errors name the option)
 _OPTION_OF = {
     "job": "--job",
+    "only_jobs": "--only-job",
     "host": "--host",
     "host_id": "--host-id",
     "kafka.bootstrap": "--bootstrap",
@@ -188,6 +190,13 @@ def _finite(value: float, name: str) -> float:
 )
 @click.option("--pid", "pids", type=int, multiple=True, help="watch this process and its threads (repeatable)")
 @click.option("--registered", is_flag=True, help="watch whatever process fires the `register` USDT probe (obshub run)")
+@click.option(
+    "--only-job",
+    "only_jobs",
+    multiple=True,
+    help="serve only the processes registered for this job (repeatable) [default: every job on the node]; "
+    "the events of other jobs' processes are dropped by the agent",
+)
 @click.option(
     "--source",
     type=click.Choice(["bpf", "synthetic"]),
@@ -334,6 +343,7 @@ def agent_command(
     cgroup,
     pids,
     registered,
+    only_jobs,
     source,
     rate,
     synthetic_events,
@@ -415,6 +425,7 @@ def agent_command(
         metrics_addr=metrics_addr,
         duration_s=duration,
         flush_timeout_s=flush_timeout,
+        only_jobs=tuple(only_jobs),
     )
     if source == "synthetic":
         from obshub.producer.synthetic import SyntheticSource

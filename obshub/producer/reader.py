@@ -108,6 +108,12 @@ def parse_hist(text: str) -> list[int]:
     return counts + [0] * (16 - len(counts))
 
 
+def _s32(v: int) -> int:
+    """A u64 record field that holds an int32 probe argument, sign-extended or not, as the int32."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v & 0x80000000 else v
+
+
 def _cstr(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode("utf-8", "replace")
 
@@ -184,7 +190,9 @@ class Decoder:
         return {"qp": a0, "status": a1}
 
     def _register(self, value, a0, a1, a2, a3, s0, s1, pid):
-        p = {"job": _cstr(s0), "world_size": a0, "host_id": a1, "local_rank": a2}
+        # the probe's arguments are int32 (obshub/instrument/_usdt.c), widened to u64 by the BPF record:
+        # a local rank of -1 (not known) must not arrive as 2^64 - 1
+        p = {"job": _cstr(s0), "world_size": _s32(a0), "host_id": _s32(a1), "local_rank": _s32(a2)}
         if self.on_register:
             self.on_register({**p, "rank": value, "pid": pid})
         return p

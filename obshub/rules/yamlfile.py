@@ -17,6 +17,7 @@ different things to different readers):
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from functools import lru_cache
@@ -227,12 +228,18 @@ def schema_problems(doc: Any, file: str) -> list[Problem]:
     validator = jsonschema.Draft202012Validator(file_schema())
     out = []
     for err in validator.iter_errors(doc):
-        msg, at_key = _schema_message(err)
         path = list(err.absolute_path)
-        if at_key and isinstance(err.instance, dict):
-            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-            if extra:
-                path = path + [extra[0]]
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            # every unknown key of the mapping, each at its own line, with the nearest allowed name
+            allowed = sorted(err.schema.get("properties", {}))
+            where = "/".join(str(p) for p in path) or "top level"
+            for extra in sorted(set(err.instance) - set(allowed), key=str):
+                near = difflib.get_close_matches(str(extra), allowed, n=1, cutoff=0.6)
+                hint = f": did you mean '{near[0]}'?" if near else f" (allowed: {', '.join(allowed)})"
+                line, col = position(doc, path + [extra], key=True)
+                out.append(Problem(file, line, col, f"unknown field '{extra}' in {where}{hint}", _rule_name(doc, path)))
+            continue
+        msg, at_key = _schema_message(err)
         line, col = position(doc, path, key=at_key)
         rule = _rule_name(doc, path)
         out.append(Problem(file, line, col, msg, rule))

@@ -530,6 +530,42 @@ for _kind, (_layer, _t, _c, _m) in KIND_RULES.items():
         _FAST[int(_kind)] = (_layer.value, _pattern)
 
 
+COLLS_MAX = 1024
+"""Collectives kept per process group in one accumulator (a host's or a rank row's share of one step): a
+step of thousands of collectives (a launch-bound loop, a benchmark's 3,000 all-reduces, a hand-written
+per-parameter all-reduce) keeps its latest ``COLLS_MAX`` of each group (the highest sequence numbers, the
+same on every rank that ran them), so a host's share of a step stays under ~50 KB per group and rank; a
+share of 10,000 collectives per rank grew a changelog record to 17 MB, over the broker's limit, and
+crashed the worker. The straggler analysis then reads those collectives; a hang the latest one."""
+
+
+def cap_colls(acc: HostAcc) -> int:
+    """Drop, in place, all but the :data:`COLLS_MAX` highest sequence numbers of each process group of
+    ``acc.colls`` (``"<pg>#<seq>"`` keys) and of each of its unpacked rank rows; returns how many were
+    dropped (0, and no work beyond a length test, under the cap)."""
+    dropped = _cap(acc.colls)
+    for row in (acc.ranks or {}).values():
+        dropped += _cap(row.colls)
+    return dropped
+
+
+def _cap(colls: dict) -> int:
+    if len(colls) <= COLLS_MAX:
+        return 0
+    by_pg: dict[str, list[tuple[int, str]]] = {}
+    for key in colls:
+        pg, _, seq = key.rpartition("#")
+        by_pg.setdefault(pg, []).append((int(seq) if seq.lstrip("-").isdigit() else -1, key))
+    dropped = 0
+    for items in by_pg.values():
+        if len(items) > COLLS_MAX:
+            items.sort()
+            for _seq, key in items[:-COLLS_MAX]:
+                del colls[key]
+            dropped += len(items) - COLLS_MAX
+    return dropped
+
+
 def reduce_batch(
     batch: Batch, running_step: int | None = None, ranks: dict[int, tuple[int, int]] | None = None
 ) -> dict[int, HostAcc]:
@@ -620,6 +656,9 @@ def reduce_batch(
     if one is not None:
         for a in out.values():
             a.rank = one
+    for a in out.values():
+        if len(a.colls) > COLLS_MAX or a.ranks:
+            cap_colls(a)
     return out
 
 
@@ -657,17 +696,30 @@ def _add_rank_event(out: dict[int, HostAcc], batch: Batch, e: Event, r: tuple[in
         slot[2] = e.duration_ns
 
 
-def rank_map(batch: Batch, known: dict[int, tuple[int, int]] | None = None) -> dict[int, tuple[int, int]]:
-    """``{pid: (global rank, local rank)}`` of the training processes registered on the batch's host:
-    ``known`` (the map after the host's previous batches) updated with the batch's REGISTER events (a
-    REGISTER without ``local_rank`` counts local rank 0)."""
+def rank_map(
+    batch: Batch, known: dict[int, tuple[int, int, str | None]] | None = None
+) -> dict[int, tuple[int, int, str | None]]:
+    """``{pid: (global rank, local rank, job)}`` of the training processes registered on the batch's host,
+    of every job its agent serves: ``known`` (the map after the host's previous batches; a job of None, from
+    a record of an older worker, matches any job) updated with the batch's REGISTER events (a REGISTER
+    without ``local_rank`` counts local rank 0). A REGISTER replaces the pid of the same rank **of the
+    same job** (the rank restarted under a new pid); rank 0 of another job on the host is another process
+    (two jobs on one node: the second job's ranks are not evicted by the first's)."""
     out = dict(known or {})
+    job = batch.job
     for e in batch.events:
         if e.kind == _REGISTER:
-            for pid in [p for p, (r, _l) in out.items() if r == int(e.value)]:
+            rank = int(e.value)
+            for pid in [p for p, v in out.items() if v[0] == rank and (v[2] is None or v[2] == job)]:
                 del out[pid]  # the rank restarted under a new pid
-            out[int(e.pid)] = (int(e.value), int((e.payload or {}).get("local_rank", 0) or 0))
+            out[int(e.pid)] = (rank, int((e.payload or {}).get("local_rank", 0) or 0), job)
     return out
+
+
+def job_ranks(ranks: dict[int, tuple[int, int, str | None]], job: str) -> dict[int, tuple[int, int]]:
+    """``{pid: (global rank, local rank)}`` of job ``job`` among a host's registered processes
+    (:func:`rank_map`; a job of None matches)."""
+    return {pid: (v[0], v[1]) for pid, v in ranks.items() if v[2] is None or v[2] == job}
 
 
 def running_step(batch: Batch, before: int | None) -> int | None:
@@ -779,6 +831,8 @@ def merge(into: StepAcc, part: StepAcc) -> StepAcc:
             for i in range(1, 4):
                 if mine[i] is None:
                     mine[i] = c[i]
+    if len(into.colls) > COLLS_MAX:
+        _cap(into.colls)
     into.ringbuf_lost += part.ringbuf_lost
     if part.stopped_ns:
         into.stopped_ns = max(into.stopped_ns or 0, part.stopped_ns)

@@ -50,7 +50,7 @@ from faust.types import TP
 
 from obshub.core import kafka, schema
 from obshub.core.settings import STREAMS
-from obshub.core.topics import replication_factor
+from obshub.core.topics import CHANGELOG_MAX_BYTES, replication_factor
 from obshub.streams import analysis, faustkit, reread, wire
 from obshub.streams.fold import Fold, WriteBack
 from obshub.streams.ingest import Ingest
@@ -160,7 +160,7 @@ def _faust_app(cfg: WorkerConfig, metrics: WorkerMetrics) -> faust.App:
         broker_heartbeat_interval=1.0,
         broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest",
-        producer_max_request_size=16 * 1024 * 1024,
+        producer_max_request_size=CHANGELOG_MAX_BYTES,  # the changelogs' max.message.bytes
         producer_max_batch_size=512 * 1024,  # bytes per partition and request: well under the 1 MB topic limit
         producer_linger=0.005,  # s: records sent within this long share one produce request
         consumer_max_fetch_size=16 * 1024 * 1024,

@@ -307,10 +307,19 @@ def tail_command():
 @click.option("--count", type=click.IntRange(min=0), default=0, help="exit after this many summaries (0 = follow)")
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
 @click.option("--timeout-s", type=click.FloatRange(min=0), default=0.0, help="exit after this many seconds (0 = never)")
-def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
+@click.option(
+    "--hold-s",
+    type=click.FloatRange(min=0, max=60),
+    default=0.5,
+    show_default=True,
+    help="hold each summary this long and print what arrived together in step order (0: as they arrive)",
+)
+def tail_steps(topic, job, from_beginning, count, as_json, timeout_s, hold_s):
     """Print step summaries as they arrive, deduplicated by (job, life, step): the first one of a key wins (the
     interim records of a step still open, closed_by 'hang' or 'running', are shown once per kind and do not
-    count).
+    count). Steps close in several partitions, so they arrive a little out of order: what arrived within
+    --hold-s of each other is printed in (job, life, step) order (a backlog read with --from-beginning comes
+    out in order).
 
     Exits 1 with one message when the broker cannot be reached within 10 s (or --timeout-s, if shorter)
     at start; a broker that goes away later is reported once and waited for. --timeout-s counts from the
@@ -373,11 +382,37 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
     c.assign([TopicPartition(topic, p, start) for p in sorted(parts)])
     watch.up()
     seen: set[tuple[str, int, int, str]] = set()
+    held: list[tuple[float, tuple[str, int, int, str], str]] = []  # (arrived, key, text) not yet printed
     n, deadline = 0, started + timeout_s if timeout_s else None
+
+    def release(everything: bool) -> bool:
+        """Print the held summaries that waited --hold-s (all of them when ``everything``) in key order;
+        True once --count is reached."""
+        nonlocal n, held
+        now = time.monotonic()
+        due = held if everything else [h for h in held if now - h[0] >= hold_s]
+        if not due:
+            return False
+        held = [] if everything else [h for h in held if now - h[0] < hold_s]
+        for _, _, text in sorted(due, key=lambda h: h[1]):
+            if as_json:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+            else:
+                console.print(text, soft_wrap=True)
+            n += 1
+            if count and n >= count:
+                return True
+        return False
+
+    done = False
     try:
         while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-            msg = c.poll(0.2)
+            msg = c.poll(min(0.2, hold_s) if held else 0.2)
             if msg is None or msg.error():
+                if held and release(False):
+                    done = True
+                    break
                 continue
             watch.up()
             try:
@@ -401,14 +436,12 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s):
                 where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
                 console.print(f"unreadable summary at {where}: {type(exc).__name__}: {exc}", markup=False, style="red")
                 continue
-            if as_json:
-                sys.stdout.write(text + "\n")
-                sys.stdout.flush()
-            else:
-                console.print(text, soft_wrap=True)
-            n += 1
-            if count and n >= count:
+            held.append((time.monotonic(), k, text))
+            if release(hold_s == 0):
+                done = True
                 break
+        if not done and held:
+            release(True)
     finally:
         c.close()
     if count and n < count and not stop.is_set():

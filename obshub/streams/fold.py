@@ -11,7 +11,7 @@ State layout (docs/STREAMS.md "State"); one batch part costs one small write, wh
 ``parts``   ``job|step|r<n>`` -> ``{host: {"acc": host accumulator, "bids": [batch ids applied], "q": {quality}}}``
             The hosts' shares of one open step, one record per unit of application (a worker's round of
             one partition, :meth:`Fold.apply_round`) in which they changed, at most ``PART_RECORD_MAX``
-            hosts each; ``n`` counts the step's records from 0. A host's latest entry is in the highest
+            hosts and about ``PART_RECORD_BYTES`` each; ``n`` counts the step's records from 0. A host's latest entry is in the highest
             ``n`` that holds it (entries are cumulative: a part from the host merges into its entry,
             ``accumulate.merge``); a part whose batch id is already listed is a replay and changes nothing.
             Which record holds which host is derived state (``Fold._where``), rebuilt from the keys after
@@ -73,6 +73,7 @@ log = logging.getLogger("obshub.streams")
 QUALITY_KEYS = ("lost_batches", "duplicate_batches", "late_events")
 BUCKETS = 256
 PART_RECORD_MAX = 256  # host entries per ``parts`` record (about 300 bytes each at 64 events per host-step)
+PART_RECORD_BYTES = 4 * 1024 * 1024  # about this many bytes per ``parts`` record at most (estimated, _entry_bytes)
 CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
 JOB_RETENTION_NS = 3_600_000_000_000  # a job's state is dropped this long after its last data (1 h, ns)
 
@@ -127,6 +128,40 @@ def _all_exited(
         if not known or any(st.get(pid, ("running",))[0] != "exited" for pid in known):
             return False
     return True
+
+
+def _entry_bytes(entry: Any) -> int:
+    """A cheap upper estimate of the msgpack bytes of one ``parts`` host entry: its collectives (~60 bytes
+    each, a rank row's too), its packed rank rows and batch ids, plus 2 KB for the rest."""
+    if isinstance(entry, dict):  # the dict form (an older worker's entry)
+        entry = as_entry(entry)
+    if not isinstance(entry, PartEntry):
+        return 2048
+    acc = entry.acc
+    n = 2048 + 60 * len(acc.colls) + 40 * len(entry.bids)
+    rb = acc.rb
+    if rb is not None:
+        n += 2 * len(rb)  # the blob and its rank table
+    for row in (acc.ranks or {}).values():
+        n += 1024 + 60 * len(row.colls)
+    return n
+
+
+def _chunks(hosts: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``hosts`` (host -> ``parts`` entry) cut into records of at most ``PART_RECORD_MAX`` hosts and about
+    ``PART_RECORD_BYTES`` (a host whose entry alone is larger gets a record of its own), in order: a record
+    must stay under the changelog's ``max.message.bytes`` (core.topics.CHANGELOG_MAX_BYTES)."""
+    chunk: dict[str, Any] = {}
+    size = 0
+    for h, entry in hosts.items():
+        b = _entry_bytes(entry)
+        if chunk and (len(chunk) >= PART_RECORD_MAX or size + b > PART_RECORD_BYTES):
+            yield chunk
+            chunk, size = {}, 0
+        chunk[h] = entry
+        size += b
+    if chunk:
+        yield chunk
 
 
 class WriteBack:
@@ -379,7 +414,7 @@ class Fold:
 
     def _write_pending(self) -> None:
         """Write the entries changed in this unit: per open step, records of at most ``PART_RECORD_MAX``
-        hosts under the step's next record numbers."""
+        hosts and about ``PART_RECORD_BYTES`` (:func:`_chunks`) under the step's next record numbers."""
         if not self._pending:
             return
         where = self._index()
@@ -388,12 +423,10 @@ class Fold:
                 continue
             w = where.setdefault(sk, {})
             recs = self._recs.setdefault(sk, [])
-            items = list(hosts.items())
-            for i in range(0, len(items), PART_RECORD_MAX):
+            for chunk in _chunks(hosts):
                 n = self._next.get(sk, 0)
                 self._next[sk] = n + 1
                 k = f"{sk}|r{n}"
-                chunk = dict(items[i : i + PART_RECORD_MAX])
                 self.parts[k] = chunk
                 recs.append(k)
                 for h in chunk:

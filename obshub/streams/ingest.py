@@ -10,7 +10,8 @@ obshub/producer/transport.py) is folded, not dropped, and counted ``late``; the 
 recognises a replay after a restart, which is none of these; ``run`` = ``[job, step]`` the step the agent's host was in after its
 last batch, or None: ``accumulate.running_step``; ``seen_ns`` = CLOCK_REALTIME ns of its last batch, for
 retention: the worker deletes the record ``job_retention_s`` after it; ``ranks`` = ``{pid: [global rank,
-local rank]}`` of the host's registered processes, from their REGISTER events: ``accumulate.rank_map``),
+local rank, job]}`` of the host's registered processes of every job, from their REGISTER events:
+``accumulate.rank_map``; a batch folds with its own job's, ``accumulate.job_ranks``),
 reduces the batch to one accumulator per step
 (``streams.accumulate``) and returns what the agent must send on the internal topic:
 
@@ -129,10 +130,14 @@ class Ingest:
             hosts = [{"job": batch.job, "host": batch.host, "host_id": batch.host_id}]
         # the host's registered ranks (pid -> [rank, local rank]), kept with the agent's record: every batch
         # after the REGISTER events folds each rank's events into its own rank row too
-        known = {int(k): (int(v[0]), int(v[1])) for k, v in (st.get("ranks") or {}).items()}
-        ranks = accumulate.rank_map(batch, known) if any("pid" in h for h in hosts) else known
-        if ranks != known and not replay:
-            st["ranks"] = {str(k): list(v) for k, v in ranks.items()}
+        # (of every job the agent serves: [rank, local rank, job]; a record of an older worker has no job)
+        known = {
+            int(k): (int(v[0]), int(v[1]), v[2] if len(v) > 2 else None) for k, v in (st.get("ranks") or {}).items()
+        }
+        every = accumulate.rank_map(batch, known) if any("pid" in h for h in hosts) else known
+        if every != known and not replay:
+            st["ranks"] = {str(k): list(v) for k, v in every.items()}
+        ranks = accumulate.job_ranks(every, batch.job)
         for reg in hosts:
             res.sends.append(
                 (

@@ -26,11 +26,11 @@ def summarize_batches(
     from step to step in step order, as one worker that closes every step does."""
     steps: dict[tuple[str, int], dict[str, dict]] = {}
     hosts: dict[str, set[str]] = {}
-    ranks: dict[str, dict[int, tuple[int, int]]] = {}  # agent -> its host's registered ranks (as ingest)
+    ranks: dict[str, dict[int, tuple[int, int, str | None]]] = {}  # agent -> its host's ranks (as ingest)
     for b in batches:
         hosts.setdefault(b.job, set()).add(b.host)
         ranks[b.agent_id] = accumulate.rank_map(b, ranks.get(b.agent_id))
-        for step, part in accumulate.reduce_batch(b, ranks=ranks[b.agent_id]).items():
+        for step, part in accumulate.reduce_batch(b, ranks=accumulate.job_ranks(ranks[b.agent_id], b.job)).items():
             accs = steps.setdefault((b.job, step), {})
             if b.host in accs:
                 accumulate.merge(accs[b.host], part)

@@ -308,6 +308,14 @@ def test_export_cli_from_kafka(kafka, unique, tmp_path):
         timeout=120,
     )
     assert r.returncode == 1 and "no events of job 'no-such-job'" in r.stderr
+    from click.testing import CliRunner
+
+    from obshub.export.cli import trace_group
+
+    args = ["export", "--job", job, "--steps", "9-11", "-o", str(out), "--life", "3", *topic_args]
+    res = CliRunner().invoke(trace_group, args, env={"OBSHUB_BOOTSTRAP": kafka.bootstrap_servers})
+    assert res.exit_code == 1 and "no step summary of life 3 of job" in str(res.exception or res.output), res.output
+    assert "(lives found: 0)" in str(res.exception or res.output)
 
 
 def test_live_layers_get_their_own_tracks():
@@ -392,3 +400,42 @@ def test_a_host_of_several_ranks_gets_tracks_per_rank_and_the_straggler_rank_is_
     assert [e["name"] for e in ev if e["name"].startswith("straggler:")] == ["straggler: vm rank 1"]
     colls = [e for e in ev if e["ph"] == "X" and e["name"].startswith("all_reduce")]
     assert {e["args"]["last_to_arrive"] for e in colls} == {"vm rank 1"}
+
+
+def test_life_keeps_the_processes_of_that_life_only():
+    """A job restarted on two hosts: steps 1-2 ran twice (pids 10/20, then 11/21 after the restart). The
+    summaries of life 1 closed after the new processes started: ``keep_life`` keeps their events and the
+    host events inside their span; life 0's closes keep the first processes'."""
+    from obshub.export.source import generations, keep_life
+
+    s = 1_000_000_000
+
+    def ev(kind, step, pid, t):
+        return schema.Event(kind, t, 0, step, 1, pid, pid, -1, 0, None)
+
+    def hosts():
+        out = {}
+        for host, (p0, p1) in {"a": (10, 11), "b": (20, 21)}.items():
+            evs = [ev(schema.Kind.STEP_BEGIN, st, p0, st * s) for st in (1, 2)]
+            evs += [ev(schema.Kind.STEP_BEGIN, st, p1, 100 * s + st * s) for st in (1, 2)]
+            evs += [ev(schema.Kind.PCIE_AER, 0, 0, 1 * s), ev(schema.Kind.PCIE_AER, 0, 0, 101 * s)]
+            out[host] = HostEvents(host, 0, evs)
+        return out
+
+    gens = generations(hosts())
+    assert [(g[0], g[1], g[2]) for g in gens] == [
+        (1 * s, 2 * s, {("a", 10), ("b", 20)}),
+        (101 * s, 102 * s, {("a", 11), ("b", 21)}),
+    ]
+    later = hosts()
+    keep_life(later, [102 * s, 103 * s])  # life 1's steps closed after the restart
+    assert {h: {(e.pid, e.ts_ns // s) for e in he.events} for h, he in later.items()} == {
+        "a": {(11, 101), (11, 102), (0, 101)},
+        "b": {(21, 101), (21, 102), (0, 101)},
+    }
+    first = hosts()
+    keep_life(first, [3 * s, 4 * s, 101 * s])  # life 0: two closes before the restart, one 'restart' close after
+    assert {e.pid for e in first["a"].events} == {10, 0} and {e.ts_ns // s for e in first["b"].events} == {1, 2}
+    untouched = hosts()
+    keep_life(untouched, [])
+    assert len(untouched["a"].events) == 6

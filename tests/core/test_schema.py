@@ -208,3 +208,24 @@ def test_a_string_over_the_unpacker_limit_is_named_by_its_field():
     with pytest.raises(schema.SchemaError) as ei:
         schema.decode_batch(msgpack.packb(env))
     assert ei.value.field == "message" and "4096 UTF-8 bytes" in ei.value.reason
+
+
+def test_a_payload_integer_outside_int64_is_named_and_fails_the_fast_check():
+    """A REGISTER whose local rank arrived as 2^64 - 1 (an int32 -1 widened to u64): summaries and the rule
+    engine read int64, so the batch is refused naming the field, and the worker's fast check sends it to
+    the reference (which names it) instead of into a summary."""
+    bad = [int(Kind.REGISTER), 1, 0, 0, 1, 7, 7, -1, 0, {"job": "j", "world_size": 2, "local_rank": 2**64 - 1}]
+    with pytest.raises(SchemaError) as exc:
+        schema.validate_event(bad, "events[0]")
+    assert exc.value.field == "events[0].payload.local_rank" and "outside the signed 64-bit range" in str(exc.value)
+    assert not schema.payloads_typed([bad])
+    assert schema.payloads_typed([bad[:-1] + [{"job": "j", "world_size": 2, "local_rank": -1}]])
+    big = bad[:-1] + [{"job": "j", "world_size": 2, "local_rank": 0, "extra": 2**63}]  # an undeclared key too
+    with pytest.raises(SchemaError, match="extra"):
+        schema.validate_event(big)
+
+
+def test_the_agent_reads_register_arguments_as_int32():
+    from obshub.producer.reader import _s32
+
+    assert [_s32(v) for v in (2**64 - 1, 0xFFFFFFFF, 3, 2**31 - 1, 2**31)] == [-1, -1, 3, 2**31 - 1, -(2**31)]

@@ -41,6 +41,7 @@ def test_the_table_covers_every_topic_of_the_worker_and_engine(monkeypatch):
     assert layout(load_settings()) and topic_config("x-folded-changelog", 1) == {
         "min.insync.replicas": "1",
         "cleanup.policy": "compact",
+        "max.message.bytes": str(16 * 1024 * 1024),  # what the worker's producer may send
     }
 
 

@@ -497,12 +497,17 @@ def test_shadowed_sitecustomize_still_runs(tmp_path):
     assert proc.stdout.strip() == "yes"
 
 
-def test_missing_command_is_an_error():
+def test_missing_command_is_an_error(tmp_path):
+    """Exit statuses as a shell's: 127 for a command not found, 126 for one found but not executable."""
     proc = subprocess.run(
         [*OBSHUB, "run", "--", "obshub-no-such-command-xyz"], env=_env(), capture_output=True, text=True, timeout=60
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 127
     assert "could not start 'obshub-no-such-command-xyz'" in proc.stderr
+    script = tmp_path / "train.sh"
+    script.write_text("echo hi\n")  # no exec bit
+    proc = subprocess.run([*OBSHUB, "run", "--", str(script)], env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 126 and "Permission denied" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("sig, want", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])

@@ -94,3 +94,48 @@ def test_events_are_filed_under_the_job_of_their_process(tmp_path):
         assert _open(agent) == {"fallback": 1}
     finally:
         agent.transport.close(0)
+
+
+def test_only_job_drops_the_events_of_other_jobs_processes(tmp_path):
+    """``--only-job job-a`` on a node running job-a and job-b: job-b's process is noticed once and its
+    events (per record and in packed runs) are dropped; the host's events go to job-a only."""
+    config = agent_config(
+        job="fallback",
+        host="h-only",
+        host_id=1,
+        kafka={"bootstrap": "127.0.0.1:9"},
+        batch={"max_age_ms": 60_000},
+        spool={"dir": tmp_path / "spool"},
+        only_jobs=("job-a",),
+    )
+    said: list[str] = []
+    agent = Agent(config, SyntheticSource(1, total=0), say=said.append)
+    try:
+        agent._take_events(
+            [
+                _reg(A, "job-a"),
+                _reg(B, "job-b"),
+                _ev(Kind.STEP_BEGIN, A),
+                _ev(Kind.STEP_BEGIN, B),
+                _ev(Kind.PCIE_AER, 0),
+            ]
+        )
+        assert agent.job_of_pid == {A: "job-a"}
+        assert _open(agent) == {"job-a": 3}
+        assert any(f"process {B} registered for job job-b" in m and "not served (--only-job)" in m for m in said)
+        evs = [_ev(Kind.STEP_END, p) for p in (B, A, B)]
+        packed = [msgpack.packb(list(e)) for e in evs]
+        ends = array("I")
+        for p in packed:
+            ends.append((ends[-1] if ends else 0) + len(p))
+        agent._add_packed(PackedRun(b"".join(packed), ends, {int(Kind.STEP_END): len(evs)}))
+        assert _open(agent) == {"job-a": 4}
+        batch = schema.decode_batch(agent.batcher.by_job["job-a"].flush().value)
+        assert B not in {e.pid for e in batch.events}
+        agent._prune_jobs()
+        agent._prune_jobs()  # both gone (the pids are not alive): the ignored pid is forgotten too
+        assert agent._ignored == set()
+        agent._take_events([_reg(B, "job-a"), _ev(Kind.STEP_BEGIN, B)])  # the pid reused by job-a
+        assert agent.job_of_pid == {B: "job-a"}
+    finally:
+        agent.transport.close(0)

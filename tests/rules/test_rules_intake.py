@@ -172,6 +172,8 @@ def test_valid_summary_is_accepted_unchanged():
         ("step_time_ns", {"h0": "slow"}, "step_time_ns.h0", "expected an integer"),
         ("stall", "yes", "stall", "true or false"),
         ("job", "", "job", "must not be empty"),
+        ("v", 7, "v", "unsupported schema version 7"),
+        ("v", 0, "v", "unsupported schema version 0"),
     ],
 )
 def test_reasons_name_the_field_and_the_problem(field, value, field_named, words):

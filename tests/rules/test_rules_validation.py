@@ -105,6 +105,19 @@ def test_unknown_field_wrong_type_and_every_error_at_once(tmp_path):
     assert any(p.startswith(f"{f}:9:13: ") and "expected string, got int" in p for p in got), got
 
 
+def test_every_unknown_field_of_a_rule_is_reported_with_the_nearest_name(tmp_path):
+    """A rule with three unknown keys gets three problems, each at its own line, not one per rule; a typo of
+    an allowed name says which one was meant (a new user fixed one typo per `rules check` run)."""
+    text = GOOD.replace("severity: warning", "serverity: warning\n    aaa: 1\n    bbb: 2")
+    f = write(tmp_path, "m.yaml", text)
+    got = problems(f)
+    assert any(
+        p.startswith(f"{f}:7:5: ") and "unknown field 'serverity'" in p and "did you mean 'severity'?" in p for p in got
+    ), got
+    assert any(p.startswith(f"{f}:8:5: ") and "unknown field 'aaa'" in p and "(allowed: " in p for p in got), got
+    assert any(p.startswith(f"{f}:9:5: ") and "unknown field 'bbb'" in p for p in got), got
+
+
 def test_missing_version_and_wrong_version(tmp_path):
     assert any("version" in p for p in problems(write(tmp_path, "v.yaml", GOOD.replace("version: 1\n", ""))))
     assert any("must be 1" in p for p in problems(write(tmp_path, "w.yaml", GOOD.replace("version: 1", "version: 2"))))

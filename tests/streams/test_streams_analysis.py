@@ -722,11 +722,16 @@ def test_hang_check_names_the_rank_that_exited_first_when_the_waiting_ranks_fail
 def test_hang_check_names_the_rank_that_exited_first_when_the_others_failed_outside_any_collective():
     """A rank killed during backward: its peers fail in DDP's gradient all-reduce, which shows no
     collective event, and exit after it. Every collective seen in the step had ended, so no rank waits in
-    one; the rank that exited first is still named, with the others as waiting. Ranks that exit after
-    finishing their last step (a job's normal end) name nobody."""
+    one; the rank that exited first is still named, with the others as waiting (they ended their forward
+    phase). Ranks that exit after finishing their last step (a job's normal end) name nobody, nor do ranks
+    whose only work in the step was collectives that all ended (a closing ``dist.barrier()`` after the
+    loop, one rank late to it while it saved a checkpoint: a new user's jobs paged at 7 of 9 clean ends)."""
     now = 100_000 * MS
     hist = [[s, 300 * MS, 10 * MS] for s in range(20)]
-    accs = {h: _coll_acc(h, None, {6: (now - 950 * MS, 2 * MS), 7: (now - 940 * MS, 1 * MS)}) for h in "abc"}
+    accs = {
+        h: _coll_acc(h, None, {6: (now - 950 * MS, 2 * MS), 7: (now - 940 * MS, 1 * MS)}, seen_phase=(0, "forward"))
+        for h in "abc"
+    }
     seen = {h: now - 800 * MS for h in "abc"}
     t = now - 800 * MS
     stopped = {"b": ("exited", now - 300 * MS, t), "a": ("exited", now, t + 60 * MS), "c": ("exited", now, t + 80 * MS)}
@@ -737,6 +742,11 @@ def test_hang_check_names_the_rank_that_exited_first_when_the_others_failed_outs
     assert (
         analysis.hang_check(finished, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped) is None
     )
+    barrier = {
+        h: _coll_acc(h, None, {7: (now - 940 * MS + i * 50 * MS, 1 * MS)}, seen_phase=(0, "data"))
+        for i, h in enumerate("abc")
+    }
+    assert analysis.hang_check(barrier, ["a", "b", "c"], seen, now - 1_000 * MS, hist, 20, now, stopped=stopped) is None
 
 
 def test_ranks_exiting_in_the_data_phase_after_their_last_step_name_nobody():

@@ -592,3 +592,23 @@ def test_the_worker_charges_culprits_as_the_offline_reference_does_through_a_per
     got = {s["step"]: s["culprit"] for s in pipe.summaries}
     assert got == {step: s["culprit"] for (_j, step), s in ref.items()}
     assert {(c["host"], c["layer"]) for st, c in got.items() if 12 <= st < 28 and c} == {("node2", "sched")}
+
+
+def test_parts_records_are_cut_by_hosts_and_by_bytes():
+    """A unit's changed host entries go out in records of at most PART_RECORD_MAX hosts and about
+    PART_RECORD_BYTES: 300 small entries make 256 + 44; entries of ~1.2 MB each (1,024 collectives on
+    eight rank rows and the host, two groups) go 3 to a record, under the changelog's 16 MiB."""
+    from obshub.streams import fold as fold_mod
+
+    small = {f"h{i}": {"acc": {"colls": {}}, "bids": ["a:1"]} for i in range(300)}
+    assert [len(c) for c in fold_mod._chunks(small)] == [fold_mod.PART_RECORD_MAX, 300 - fold_mod.PART_RECORD_MAX]
+    colls = {f"{pg}#{s}": ["all_reduce", 1, 2, 1] for pg in (0, 1) for s in range(1024)}
+    big = {
+        f"h{i}": {"acc": {"colls": colls, "ranks": {str(r): {"colls": colls} for r in range(8)}}, "bids": []}
+        for i in range(10)
+    }
+    sizes = [len(c) for c in fold_mod._chunks(big)]
+    assert sum(sizes) == 10 and max(sizes) == 3 and list(big) == [h for c in fold_mod._chunks(big) for h in c]
+    assert all(
+        sum(fold_mod._entry_bytes(big[h]) for h in c) <= fold_mod.PART_RECORD_BYTES for c in fold_mod._chunks(big)
+    )

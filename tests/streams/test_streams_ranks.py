@@ -5,6 +5,10 @@ one-rank-per-host job keeps its summaries' meaning."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import msgspec
+
 from obshub.core import schema
 from obshub.streams import accumulate, synthetic
 from obshub.streams.inproc import InProcess
@@ -294,3 +298,72 @@ def test_tail_steps_names_the_rank_of_the_straggler_and_of_a_hung_host():
     assert "HANG: vm rank 1,vm rank 3 never arrived" in line and "straggler vm rank 1[/yellow]" in line
     s["straggler"] = {"host": "vm", "score": 0.7, "excess_ns": 40_000_000}  # an older summary: no rank
     assert "straggler vm[/yellow]" in _line(s)
+
+
+def test_two_jobs_on_one_node_keep_their_own_ranks():
+    """One agent serving two 2-rank jobs on one node (both have a rank 0 and a rank 1, other pids): each
+    job's summaries keep both rank rows and close complete, and job A's slow rank is named. The host's
+    rank map was one per agent: job B's REGISTER of rank 0 evicted job A's rank 0 (a new user's second
+    job on a node had ``ranks: {}`` and closed by its window in every step)."""
+    a = synthetic.Scenario(job="ja", hosts=2, steps=20, straggler=1, guilty_steps=GUILTY, guilty_layer="sched")
+    b = synthetic.Scenario(job="jb", hosts=2, steps=20)
+    batches = []
+    for k, ((_ka, ba), (_kb, bb)) in enumerate(zip(synthetic.generate_ranks(a, 2), synthetic.generate_ranks(b, 2))):
+        agent = "node0/agent"
+        batches.append(dataclasses.replace(ba, agent_id=agent, seq=2 * k))
+        evs = [e._replace(pid=e.pid + 1000, tid=e.tid + 1000) for e in bb.events]
+        batches.append(dataclasses.replace(bb, agent_id=agent, seq=2 * k + 1, events=evs))
+    pipe = InProcess(partitions=2)
+    for batch in batches:
+        pipe.feed(schema.encode_batch(batch))
+    pipe.close_all()
+    by_job: dict[str, dict[int, dict]] = {}
+    for s in pipe.summaries:
+        by_job.setdefault(s["job"], {})[s["step"]] = s
+    for job, pids in (("ja", {"0": 1000, "1": 1001}), ("jb", {"0": 2000, "1": 2001})):
+        sums = by_job[job]
+        assert len(sums) == 20 and all(s["closed_by"] == "complete" for s in sums.values()), job
+        assert all({r: row["pid"] for r, row in s["ranks"]["node0"].items()} == pids for s in sums.values()), job
+    for step in GUILTY:
+        assert (by_job["ja"][step]["straggler"]["host"], by_job["ja"][step]["straggler"]["rank"]) == ("node0", 1)
+    assert all(s["straggler"] is None for k, s in by_job["jb"].items() if k >= 2)
+
+
+def test_a_step_of_thousands_of_collectives_keeps_the_latest_of_each_group_bounded():
+    """A 2-rank host whose step ran 3,000 all-reduces on group 0 and 5 on group 1, in two batches: each
+    accumulator (host and rank rows, packed or not) keeps the latest ``COLLS_MAX`` of group 0 and every one
+    of group 1, so the part written to the changelog stays small (10,000 collectives per rank made a
+    17 MB record that crashed the worker)."""
+    K = schema.Kind
+    cap = accumulate.COLLS_MAX
+
+    def ev(kind, t, pid, seq, pg="0", dur=0):
+        return schema.Event(kind, t, dur, 0, 3, pid, pid, -1, 0, {"pg": pg, "coll_seq": seq, "op": "all_reduce"})
+
+    def batch(seqs, seq_no):
+        evs = [
+            schema.Event(
+                K.REGISTER, 0, 0, 0, -1, 100 + r, 100 + r, -1, r, {"job": "j", "world_size": 2, "local_rank": r}
+            )
+            for r in (0, 1)
+        ]
+        for s in seqs:
+            for r in (0, 1):
+                t = 1_000_000 + s * 1_000 + r * 400  # rank 1 arrives 400 ns after rank 0
+                evs.append(ev(K.COLLECTIVE_BEGIN, t, 100 + r, s))
+                evs.append(ev(K.COLLECTIVE_END, t + 500, 100 + r, s, dur=500))
+        if seq_no == 0:
+            evs += [ev(K.COLLECTIVE_BEGIN, 500 + s, 100, s, pg="1") for s in range(5)]
+        return schema.Batch("j", "h", 0, "h/a", seq_no, evs, schema.Clock(), 0)
+
+    ranks = {100: (0, 0), 101: (1, 1)}
+    a = accumulate.reduce_batch(batch(range(0, 1_500), 0), ranks=ranks)[3]
+    b = accumulate.reduce_batch(batch(range(1_500, 3_000), 1), ranks=ranks)[3]
+    assert len(a["colls"]) == cap + 5 and all(len(r["colls"]) <= cap + 5 for r in a["ranks"].values())
+    merged = accumulate.merge(accumulate.pack_ranks(a), accumulate.pack_ranks(b))
+    pg0 = sorted(int(k.split("#")[1]) for k in merged["colls"] if k.startswith("0#"))
+    assert pg0 == list(range(3_000 - cap, 3_000)), "the latest of group 0"
+    assert sum(k.startswith("1#") for k in merged["colls"]) == 5, "a small group is kept whole"
+    rows = accumulate.rank_rows(merged)
+    assert sorted(int(k.split("#")[1]) for k in rows["1"]["colls"] if k.startswith("0#")) == pg0
+    assert len(msgspec.msgpack.encode(merged)) < 400_000

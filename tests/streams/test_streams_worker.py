@@ -433,8 +433,9 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
         job=f"tail-{unique}", hosts=3, steps=4, straggler=1, guilty_steps=(2,), guilty_layer="sched"
     )
     sums = [s for (_j, _st), s in sorted(offline.summarize_batches(b for _k, b in synthetic.generate(scn)).items())]
-    # step 2 twice, before step 3; then step 0 of the job's next life (a restart numbers its steps again)
-    ordered = sums[:3] + [sums[2]] + sums[3:] + [dict(sums[0], life=1)]
+    # out of order (3 before 1, as partitions deliver closes), step 2 twice; then step 0 of the job's next
+    # life (a restart numbers its steps again): printed in (job, life, step) order
+    ordered = [sums[0], sums[3], sums[1], sums[2], sums[2], dict(sums[0], life=1)]
     items = [(scn.job.encode(), json.dumps(s).encode()) for s in ordered]
     testkit.publish(kafka, topics.steps, items)
     base = [
@@ -453,7 +454,7 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
         base + ["--json", "--count", "5"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     ).stdout.splitlines()
     got = [(json.loads(x).get("life", 0), json.loads(x)["step"]) for x in out]
-    assert got == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)], "the repeated (job, life, step) is printed once"
+    assert got == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)], "in step order; the repeated (job, life, step) once"
     text = subprocess.run(
         base + ["--count", "5"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     ).stdout.splitlines()
@@ -461,7 +462,7 @@ def test_tail_steps_prints_readably_and_dedupes_by_key(kafka, unique):
     assert "step 0 (life 1)" in text[4] and "(life" not in text[0], text
     # the wait ends before --count summaries arrived: exit 1, saying how many came
     short = subprocess.run(
-        base[:-1] + ["4", "--count", "9"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
+        base[:-1] + ["4", "--count", "9", "--hold-s", "0"], capture_output=True, text=True, timeout=60, cwd=testkit.REPO
     )
     assert short.returncode == 1 and "only 5 of 9 summaries" in short.stderr, short.stderr
     # a tail joins no consumer group: nothing is left behind in `obshub status` after it

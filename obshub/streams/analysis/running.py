@@ -4,7 +4,7 @@ never arrived at a collective its peers reached (``hang_check``)."""
 from __future__ import annotations
 
 from obshub.streams import accumulate
-from obshub.streams.accumulate import as_accs
+from obshub.streams.accumulate import StepAcc, as_accs
 from obshub.streams.analysis.evidence import TIME_EVIDENCE, Baseline, baseline
 from obshub.streams.analysis.network import net_evidence, net_stats, retransmits_toward
 from obshub.streams.analysis.ranks import rank_units, split_unit, unit_key
@@ -111,6 +111,16 @@ def past_data(acc: dict) -> bool:
     return bool(lp) and lp[1] != "data"
 
 
+def past_data_phase(acc: StepAcc) -> bool:
+    """Whether a host (or rank row) ended a phase of its step other than ``data`` (forward, backward,
+    optimizer). Collectives do not count here: a collective the rank reached and ended shows it went on
+    (a job's closing ``barrier`` after its last step is one), not that it was cut off mid-step."""
+    if any(p != "data" for p in acc.phases):
+        return True
+    lp = acc.last_phase
+    return bool(lp) and lp[1] != "data"
+
+
 def _exit_cascade(
     accs: dict[str, dict], stopped: dict[str, tuple], now_ns: int, th: Thresholds
 ) -> tuple[tuple[str, int, list[str]] | None, list[str]]:
@@ -120,8 +130,8 @@ def _exit_cascade(
     ``hang_exit_gap_ns`` after the earliest exit (``stopped[h][2]``, CLOCK_REALTIME ns). When no later
     host was inside a collective (they failed on the lost peer where no collective event shows, e.g. in
     DDP's gradient all-reduce during backward), the first ranks are still named when neither they nor
-    the later ones had finished the step, and a later host did work of the step beyond its data phase
-    (``past_data``): the key is then the latest collective the later hosts reached in the step ("-#-1"
+    the later ones had finished the step, and a later host ended a phase of the step other than its data
+    phase (``past_data_phase``; collectives they reached and ended do not count): the key is then the latest collective the later hosts reached in the step ("-#-1"
     for none) and ``waited_ns`` counts from the earliest exit. A job whose ranks all finished their last
     step before they exited is never named, nor are ranks that exit one after the other in the data phase
     of the step after their last (a training loop's normal end)."""
@@ -144,8 +154,10 @@ def _exit_cascade(
         later = sorted(h for h in exits if h not in early and h in accs and accs[h].step_ns is None)
         if not later or any(h in accs and accs[h].step_ns is not None for h in early):
             return None, []
-        if not any(past_data(accs[h]) for h in later):
-            return None, []  # the loop's end: the step after the last one holds only its data phase
+        if not any(past_data_phase(accs[h]) for h in later):
+            # the loop's end: the step after the last one holds only its data phase, and the collectives
+            # the ranks reached there (a closing barrier) all ended: nobody was cut off by the first exit
+            return None, []
         seen = [(c[1], k) for h in later for k, c in accs[h].colls.items() if c[1] is not None]
         return (max(seen)[1] if seen else "-#-1", now_ns - first, later), early
     k, who = max(waits.items(), key=lambda kv: (len(kv[1]), kv[0]))
