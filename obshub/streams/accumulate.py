@@ -573,8 +573,8 @@ def reduce_batch(
 
     ``ranks``: ``{pid: (global rank, local rank)}`` of the host's registered training processes (from
     their REGISTER events, this batch's included: :func:`rank_map`); with two or more, each stepped event
-    of such a pid is also folded into that rank's row (``acc["ranks"]``), TCP events excepted; with one,
-    every accumulator only names it (``acc["rank"] = [rank, local_rank, pid]``, no rows). None or empty:
+    of such a pid is also folded into that rank's row (``acc.ranks``), TCP events excepted; with one,
+    every accumulator only names it (``acc.rank = [rank, local_rank, pid]``, no rows). None or empty:
     neither.
 
     Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
