@@ -154,7 +154,7 @@ def measure_old(load: loadgen.Load) -> dict:
             accumulate.merge(st["hosts"][v["host"]], v["acc"])
         else:
             st["hosts"][v["host"]] = v["acc"]
-        nbytes += len(json.dumps(key)) + len(json.dumps(st))
+        nbytes += len(json.dumps(key)) + len(json.dumps(st, default=accumulate.to_dict))  # accumulators as dicts
     cpu = time.process_time() - t0
     steps = load.steps - WARMUP_STEPS
     return {"fold_s": cpu / steps, "changelog_bytes": nbytes / steps}

@@ -1512,6 +1512,44 @@ def run(
     return data
 
 
+def decode_cost(hosts: int, ranks_per_host: int, repeats: int = 5) -> dict:
+    """The fold's decode of one step's part messages at ``hosts`` x ``ranks_per_host``, side by side in this
+    process: as the ingest sends them (``accumulate.PartMsg``, typed accumulators as msgpack arrays,
+    decoded by ``accumulate.decode_internal`` into the records) and the same messages in the dict form the
+    worker sent before the typed accumulators (``accumulate.to_dict``, decoded untyped into dicts, as that
+    worker did). Best of ``repeats`` CPU ms per step each, the bytes of each form and their ratio."""
+    from obshub.streams import accumulate, wire
+    from obshub.streams.inproc import InProcess
+
+    f = fleet.Fleet(fleet.Shape(hosts, 3, job="decode", guilty_from=1, ranks_per_host=ranks_per_host), time.time_ns())
+    pipe = InProcess(partitions=1)
+    for _k, v in f.register_messages():
+        pipe.feed(v)
+    values = [v for _due, msgs, _n in f.step_slots(1, [1] * hosts) for _k, v in msgs]
+    parts = [m for v in values for m, _p in pipe.parts_of(v) if isinstance(m, accumulate.PartMsg)]
+    forms = {
+        "typed": ([wire.packb(m) for m in parts], accumulate.decode_internal),
+        "dict": ([wire.packb(accumulate.to_dict(m)) for m in parts], wire.unpackb),
+    }
+    best = {k: float("inf") for k in forms}
+    for _ in range(repeats):
+        for k, (raws, dec) in forms.items():  # interleaved: both see the same machine
+            gc.collect()
+            c = time.process_time()
+            out = [dec(r) for r in raws]
+            best[k] = min(best[k], time.process_time() - c)
+            del out
+    return {
+        "hosts": hosts,
+        "ranks_per_host": ranks_per_host,
+        "parts": len(parts),
+        "typed_ms": best["typed"] * 1e3,
+        "dict_ms": best["dict"] * 1e3,
+        "typed_bytes": sum(map(len, forms["typed"][0])),
+        "dict_bytes": sum(map(len, forms["dict"][0])),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.width [--quick] [--sizes 8,128] [--steps N] [--pause-s S]``."""
     p = argparse.ArgumentParser(
@@ -1535,10 +1573,31 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="ranks per host: each host's batches hold every rank's events, 64 per rank-step (default 1)",
     )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="no broker: the fold's decode of one step's parts, typed accumulators vs the dict form, side by side",
+    )
     a = p.parse_args(argv)
     sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
     if a.ranks_per_host < 1:
         p.error(f"--ranks-per-host {a.ranks_per_host}: expected 1 or more")
+    if a.decode:
+        rows = [decode_cost(h, a.ranks_per_host) for h in sizes or (512,)]
+        t = Table(title=f"the fold's decode of one step's parts ({a.ranks_per_host} ranks per host), best of 5")
+        for col in ("hosts x ranks", "parts", "dict form ms", "typed ms", "typed / dict", "bytes dict / typed"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(
+                f"{r['hosts']:,} x {r['ranks_per_host']}",
+                f"{r['parts']:,}",
+                f"{r['dict_ms']:.2f}",
+                f"{r['typed_ms']:.2f}",
+                f"{r['typed_ms'] / r['dict_ms']:.2f}",
+                f"{r['dict_bytes']:,} / {r['typed_bytes']:,}",
+            )
+        common.console.print(t)
+        return 0
     if a.inproc:
         out = [inproc_cost(h, a.ranks_per_host) for h in sizes or (8, 128)]
         t = Table(

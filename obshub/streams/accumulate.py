@@ -1,36 +1,25 @@
 """Reduce one decoded batch to per-(step, host) partial accumulators, and merge partials.
 
 The ingest agent does not forward events: it forwards one small accumulator per (job, step, host) per
-batch. Accumulators are plain JSON-able dicts with string keys only (they travel through Kafka as JSON and
-live in changelog-backed tables, which round-trip through JSON), so ``merge`` works on both in-process and
-recovered values. Shape of one host accumulator (units in the names; ``*_rt`` = CLOCK_REALTIME ns, i.e.
-the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``)::
+batch. Accumulators are typed records (msgspec Structs, docs/ARCHITECTURE.md "Typed accumulators"): a
+:class:`HostAcc` per host and step, a :class:`RankRow` per rank of it, its :class:`HostNet` and packed
+:class:`RankTable`; each field's meaning and unit is in its class's docstring (``*_rt`` = CLOCK_REALTIME
+ns, i.e. the event's monotonic ``ts_ns`` plus the batch's ``clock.offset_ns``; durations ns). They are
+encoded as msgpack arrays (``array_like``: no field names on the wire, decoded in C into the records),
+travel in a :class:`PartMsg` on the internal topic and live in the fold's ``parts`` table as
+:class:`PartEntry` records, so ``merge`` works on both in-process and recovered values. The dict form
+that workers before the typed records wrote (host accumulator ``{"host", "host_id", "events", "step_ns",
+..., "net": {"addrs", "pairs"}, "ranks" | "rb" + "rt" | "rank"}``) is still read: :func:`as_acc`,
+:func:`as_entry`, :func:`as_part`, and rank row blobs in :func:`rank_rows`; :func:`to_dict` writes it.
 
-    {"host": str, "host_id": int, "events": int,
-     "step_ns": int | None,          # STEP_END duration_ns (the host's step wall time)
-     "begin_rt": int | None,         # STEP_BEGIN time
-     "end_rt": int | None,           # STEP_END time
-     "unc_ns": int,                  # largest clock uncertainty seen in this host's batches for the step
-     "phases": {phase: ns},          # PHASE durations summed per phase
-     "layers": {layer: [time_ns, count, max_ns]},
-     "colls": {"<pg>#<coll_seq>": [op, arrive_rt | None, end_rt | None, duration_ns | None]},
-     "ringbuf_lost": int,            # AGENT_LOSS values (events the agent's ring buffer dropped)
-     "stopped_ns": int,              # longest SCHED_OFFCPU of a stopped/traced thread (absent: none)
-     "last_phase": [end_rt, phase],  # the latest PHASE to end (absent before the first one)
-     "net": {"addrs": {ipv4: 1},     # this host's own addresses (saddr of its TCP events)
-             "pairs": {"<a>|<b>": [rtt_samples, retransmits, rtt_sum_ns,     # per connection, a < b
-                                   retransmits_a_to_b, retransmits_b_to_a]}},
-     "ranks": {"<global rank>": rank row},   # only when the host has two or more known ranks (below)
-     "rank": [rank, local_rank, pid]}        # only when it has exactly one known rank
-
-The ingest sends ``ranks`` packed (:func:`pack_ranks`): ``"rb"`` (the rows as one msgpack blob) and
-``"rt"`` (the compact rank table the close reads, :func:`rank_table_of`); :func:`merge` and the readers
+The ingest sends ``ranks`` packed (:func:`pack_ranks`): ``rb`` (the rows as one msgpack blob) and ``rt``
+(the compact rank table the close reads, :func:`rank_table_of`); :func:`merge` and the readers
 (:func:`rank_rows`, :func:`rank_table`, :func:`rank_count`, :func:`ranks_ended`) take both forms.
 
 ``ranks`` holds one **rank row** per registered training process of the host that had an event in the
-step: the same shape as a host accumulator without ``net`` and ``ranks`` (its own ``step_ns``,
-``begin_rt``/``end_rt``, ``phases``, ``layers``, ``colls``), plus ``"pid"``, ``"local_rank"`` and
-``"gpu"`` (the GPU index of its CUDA events, -1 when none). An event belongs to the rank whose REGISTER
+step: the :class:`StepAcc` fields of a host accumulator (its own ``step_ns``, ``begin_rt``/``end_rt``,
+``phases``, ``layers``, ``colls``), plus ``pid``, ``local_rank`` and ``gpu`` (the GPU index of its CUDA
+events, -1 when none). An event belongs to the rank whose REGISTER
 named its ``pid`` (the agent's process id of the rank, ``ranks`` argument of :func:`reduce_batch`);
 events of other pids (softirq TCP events, a helper process) stay host-level only, and TCP events never
 go into a rank row: a host's link is shared by its ranks (docs/ANALYSIS.md "Several ranks per host").
@@ -53,7 +42,7 @@ from __future__ import annotations
 import bisect
 import functools
 import ipaddress
-from typing import Callable
+from typing import Any, Callable
 
 import msgspec
 
@@ -127,29 +116,305 @@ KIND_RULES: dict[Kind, Rule] = {
 STRUCTURAL = {kind for kind, info in schema.KIND_INFO.items() if info.step is None}
 
 
-def _step_fields() -> dict:
-    """The per-step fields a host accumulator and each of its rank rows share (module docstring)."""
-    return {
-        "events": 0,
-        "step_ns": None,
-        "begin_rt": None,
-        "end_rt": None,
-        "unc_ns": 0,
-        "phases": {},
-        "layers": {},
-        "colls": {},
-        "ringbuf_lost": 0,
-    }
+class _DictStyle(msgspec.Struct):
+    """Dict-style access to a Struct's fields for tools and tests written against the dict form (the
+    worker's code reads and writes attributes): ``rec["field"]``, ``rec.get("field", default)``
+    (``default`` also for a field that is None), ``"field" in rec`` (set and not None), ``rec["field"] =
+    v`` (a nested record may be given in its dict form), ``rec.update(...)``, ``rec.items()``."""
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            cfg = self.__struct_config__
+            if key == cfg.tag_field:  # a tagged record's tag, as its dict form holds it (``PartMsg["t"]``)
+                return cfg.tag
+            raise KeyError(key) from None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self.__struct_fields__:
+            raise KeyError(f"{type(self).__name__} has no field {key!r}")
+        if isinstance(value, dict) and key in _NESTED:
+            value = _NESTED[key](value)  # a nested record given in the dict form
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and getattr(self, key, None) is not None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field ``key`` (a tagged record's tag too), ``default`` when it is None or not a field."""
+        try:
+            v = self[key]
+        except KeyError:
+            return default
+        return default if v is None else v
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        """Set fields from a mapping and/or keyword arguments (KeyError naming an unknown field)."""
+        for k, v in dict(*args, **kw).items():
+            self[k] = v
+
+    def keys(self) -> list[str]:
+        """The fields that are set (not None), in wire order: the keys the dict form would hold."""
+        return [k for k, _v in self.items()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        """``(field, value)`` of every field that is set (not None), in wire order: the keys the dict form
+        would hold."""
+        return [(k, v) for k in self.__struct_fields__ if (v := getattr(self, k)) is not None]
 
 
-def new_rank_row(pid: int, local_rank: int) -> dict:
-    """An empty rank row of a host accumulator's ``ranks`` (shape in the module docstring)."""
-    return {"pid": pid, "local_rank": local_rank, "gpu": -1, **_step_fields()}
+class _Record(_DictStyle, array_like=True, gc=False):
+    """Base of the typed accumulator records: msgspec Structs encoded as msgpack arrays (field order = wire
+    order: append new fields at the end with a default, never reorder). ``gc=False``: a record never takes
+    part in a reference cycle (it holds dicts, lists, numbers, text, bytes and other records), so the
+    cyclic collector need not track the millions of them a wide job's parts decode to."""
 
 
-def new_acc(host: str, host_id: int) -> dict:
-    """An empty host accumulator (shape in the module docstring)."""
-    return {"host": host, "host_id": host_id, **_step_fields(), "net": {"addrs": {}, "pairs": {}}}
+def to_dict(rec: Any) -> Any:
+    """``rec`` in the dict form the worker wrote before the typed records (fields that are None left out,
+    nested records as dicts, containers copied): for tools, tests and readers of the older format."""
+    if isinstance(rec, _DictStyle):
+        return {k: to_dict(v) for k, v in rec.items()}
+    if isinstance(rec, dict):
+        return {k: to_dict(v) for k, v in rec.items()}
+    if isinstance(rec, list):
+        return [to_dict(v) for v in rec]
+    return rec
+
+
+class HostNet(_Record):
+    """A host's TCP view of one step (docs/ANALYSIS.md "Network blame by connection").
+
+    ``addrs``: this host's own IPv4 addresses (the ``saddr`` of its TCP events) -> 1. ``pairs``: per
+    connection ``"<a>|<b>"`` (a < b) ``[rtt_samples, retransmits, rtt_sum_ns, retransmits_a_to_b,
+    retransmits_b_to_a]`` (counts, ns); a pair of three values (an older worker's) merges into the first
+    three."""
+
+    addrs: dict[str, int] = {}
+    pairs: dict[str, list[int]] = {}
+
+
+class StepAcc(_Record):
+    """The per-step fields a host accumulator and each of its rank rows share (times: ``*_rt`` =
+    CLOCK_REALTIME ns, durations ns).
+
+    ``events``: events folded in. ``step_ns``: STEP_END ``duration_ns`` (the largest seen; None before
+    one). ``begin_rt``/``end_rt``: STEP_BEGIN / STEP_END time (None: not seen). ``unc_ns``: the largest clock
+    uncertainty of the batches folded in (ns). ``phases``: phase -> PHASE durations summed (ns).
+    ``layers``: layer -> ``[time_ns, count, max_ns]`` (``KIND_RULES``). ``colls``: ``"<pg>#<coll_seq>"`` ->
+    ``[op, arrive_rt | None, end_rt | None, duration_ns | None]``. ``ringbuf_lost``: events the agent's ring
+    buffer dropped (AGENT_LOSS values). ``stopped_ns``: longest SCHED_OFFCPU of a stopped/traced thread
+    (None: none). ``last_phase``: ``[end_rt, phase]`` of the latest PHASE to end (None before the first)."""
+
+    events: int = 0
+    step_ns: int | None = None
+    begin_rt: int | None = None
+    end_rt: int | None = None
+    unc_ns: int = 0
+    phases: dict[str, int] = {}
+    layers: dict[str, list[int]] = {}
+    colls: dict[str, list[Any]] = {}
+    ringbuf_lost: int = 0
+    stopped_ns: int | None = None
+    last_phase: list[Any] | None = None
+
+
+class RankRow(StepAcc):
+    """One training process's share of a host's step (:class:`StepAcc` fields) plus ``pid`` (its process
+    id), ``local_rank`` and ``gpu`` (the GPU index of its CUDA events, -1 when none)."""
+
+    pid: int = 0
+    local_rank: int = 0
+    gpu: int = -1
+
+
+class RankTable(_Record, array_like=True):
+    """The compact rank table of a host's rank rows (:func:`rank_table_of`), what the close reads instead of
+    the rows. Per rank, in row order: ``r`` global rank, ``p`` pid, ``l`` local rank, ``g`` GPU index (-1
+    unknown), ``s`` step_ns (None before its STEP_END), ``u`` clock uncertainty (ns). ``k``: the host's
+    collective keys (order of its ``colls``). ``a``/``e``/``d``: per rank then per key (index
+    ``rank_index * len(k) + key_index``) arrival, end (CLOCK_REALTIME ns) and duration (ns), None when
+    unknown. ``hv``: per key, the host view's record ``[op, arrive_rt, end_rt, duration_ns]`` of its
+    last-arriving rank (``analysis.ranks.host_view``)."""
+
+    r: list[int] = []
+    p: list[int] = []
+    l: list[int] = []  # noqa: E741 (the table's documented one-letter field names)
+    g: list[int] = []
+    s: list[int | None] = []
+    u: list[int] = []
+    k: list[str] = []
+    a: list[int | None] = []
+    e: list[int | None] = []
+    d: list[int | None] = []
+    hv: list[list[Any]] = []
+
+
+class HostAcc(StepAcc):
+    """One host's accumulator of one step (:class:`StepAcc` fields, the largest/earliest of its ranks:
+    ``step_ns`` the largest, a collective's arrival the earliest) plus ``host``, ``host_id``, ``net``
+    (:class:`HostNet`), and its ranks: ``rank`` = ``[rank, local_rank, pid]`` when it has exactly one
+    known rank; with two or more, ``ranks`` (``{"<global rank>": RankRow}``) or, packed
+    (:func:`pack_ranks`), ``rb`` (the rows as one msgpack blob) and ``rt`` (:class:`RankTable`, None when
+    the table cannot stand for the rows)."""
+
+    host: str = ""
+    host_id: int = 0
+    net: HostNet | None = None
+    rank: list[int] | None = None
+    ranks: dict[str, RankRow] | None = None
+    rb: bytes | None = None
+    rt: RankTable | None = None
+
+
+def new_rank_row(pid: int, local_rank: int) -> RankRow:
+    """An empty rank row of a host accumulator's ``ranks``."""
+    return RankRow(phases={}, layers={}, colls={}, pid=pid, local_rank=local_rank)
+
+
+def new_acc(host: str, host_id: int) -> HostAcc:
+    """An empty host accumulator."""
+    return HostAcc(phases={}, layers={}, colls={}, host=host, host_id=host_id, net=HostNet(addrs={}, pairs={}))
+
+
+class PartMsg(_DictStyle, tag="part", tag_field="t", gc=False):
+    """One host's share of one step on the internal topic (ingest -> fold): a msgpack map ``{"t": "part",
+    job, step, host, bid, acc, q}`` whose ``acc`` is a :class:`HostAcc` (an array). ``bid``:
+    ``"<agent_id>:<seq>"`` of the batch it came from (the fold's idempotence key); ``q``: quality counters
+    (``lost_batches``, ``duplicate_batches``: batches) carried once per batch."""
+
+    job: str
+    step: int
+    host: str
+    bid: str
+    acc: HostAcc
+    q: dict[str, int] = {}
+
+
+class PartEntry(_Record):
+    """A host's latest share of an open step in the fold's ``parts`` table (``streams.fold``): ``acc`` the
+    merged :class:`HostAcc` of its parts so far, ``bids`` the batch ids applied (``"<agent_id>:<seq>"``, in
+    order), ``q`` the quality counters (batches) not yet summarised. An array ``[acc, bids, q]`` on the
+    changelog."""
+
+    acc: HostAcc
+    bids: list[str] = []
+    q: dict[str, int] = {}
+
+
+def as_entry(e: Any) -> PartEntry:
+    """A ``parts`` entry as a :class:`PartEntry`: itself, the array form a changelog's untyped decode gives,
+    or the dict form ``{"acc": {...}, "bids": [...], "q": {...}}`` of an older worker. Raises
+    ``msgspec.ValidationError`` or ``TypeError`` for anything else."""
+    if isinstance(e, PartEntry):
+        return e
+    if isinstance(e, dict):
+        return PartEntry(acc=as_acc(e["acc"]), bids=list(e.get("bids") or ()), q=dict(e.get("q") or {}))
+    return msgspec.convert(e, PartEntry)
+
+
+def as_part(v: Any) -> PartMsg:
+    """An internal ``part`` message as a :class:`PartMsg`: itself, or the dict form (an older ingest's, or
+    one Faust's untyped codec decoded), its ``acc`` through :func:`as_acc`."""
+    if isinstance(v, PartMsg):
+        return v
+    return PartMsg(
+        job=str(v["job"]),
+        step=int(v["step"]),
+        host=str(v["host"]),
+        bid=str(v["bid"]),
+        acc=as_acc(v["acc"]),
+        q=dict(v.get("q") or {}),
+    )
+
+
+_part_decoder = msgspec.msgpack.Decoder(PartMsg)
+_any_decoder = msgspec.msgpack.Decoder()
+
+
+def decode_internal(raw: bytes) -> Any:
+    """One internal message from its msgpack bytes: a ``part`` decoded typed (:class:`PartMsg`, in C), any
+    other message (or a part in the dict form of an older ingest) as plain dicts. Raises
+    ``msgspec.DecodeError`` for bytes that are not msgpack."""
+    try:
+        return _part_decoder.decode(raw)
+    except msgspec.ValidationError:
+        return _any_decoder.decode(raw)
+
+
+# -- the dict form (today's changelogs and internal messages of older workers) --------------------------
+
+_STEP_KEYS = tuple(StepAcc.__struct_fields__)
+
+
+def _step_kw(d: dict) -> dict:
+    kw = {k: d[k] for k in _STEP_KEYS if d.get(k) is not None}
+    for k in ("phases", "layers", "colls"):
+        kw[k] = dict(kw.get(k) or {})
+    return kw
+
+
+def row_from_dict(d: dict) -> RankRow:
+    """A rank row of the dict form (an older worker's) as a :class:`RankRow`."""
+    return RankRow(
+        **_step_kw(d), pid=int(d.get("pid") or 0), local_rank=int(d.get("local_rank") or 0), gpu=int(d.get("gpu", -1))
+    )
+
+
+def table_from_dict(d: dict) -> RankTable:
+    """A rank table of the dict form (keys ``r p l g s u k a e d hv``) as a :class:`RankTable`."""
+    return RankTable(**{k: list(d.get(k) or ()) for k in RankTable.__struct_fields__})
+
+
+#: the nested records a ``rec["field"] = {...}`` of the dict form converts
+_NESTED: dict[str, Callable[[dict], Any]] = {
+    "net": lambda d: HostNet(addrs=dict(d.get("addrs") or {}), pairs=dict(d.get("pairs") or {})),
+    "ranks": lambda d: {str(r): row if isinstance(row, RankRow) else row_from_dict(row) for r, row in d.items()},
+    "rt": lambda d: table_from_dict(d),
+}
+
+
+def as_acc(acc: Any) -> HostAcc:
+    """``acc`` as a :class:`HostAcc`: itself, or converted from the dict form (module docstring of an older
+    worker: ``net`` as a dict, ``ranks`` as dict rows, ``rt`` as a dict table) or from the array form a
+    changelog's untyped decode gives. Raises ``msgspec.ValidationError`` (naming the field) or ``TypeError``
+    for anything else."""
+    if isinstance(acc, HostAcc):
+        return acc
+    if isinstance(acc, (list, tuple)):
+        return msgspec.convert(acc, HostAcc)
+    if not isinstance(acc, dict):
+        raise TypeError(f"a host accumulator is a HostAcc, a dict or a list, not {type(acc).__name__}")
+    out = HostAcc(**_step_kw(acc), host=str(acc.get("host") or ""), host_id=int(acc.get("host_id") or 0))
+    net = acc.get("net")
+    if isinstance(net, dict):
+        out.net = HostNet(addrs=dict(net.get("addrs") or {}), pairs=dict(net.get("pairs") or {}))
+    elif net is not None:
+        out.net = msgspec.convert(net, HostNet)
+    else:
+        out.net = HostNet(addrs={}, pairs={})
+    if acc.get("rank"):
+        out.rank = list(acc["rank"])
+    if acc.get("ranks"):
+        out.ranks = {str(r): row if isinstance(row, RankRow) else row_from_dict(row) for r, row in acc["ranks"].items()}
+    if acc.get("rb") is not None:
+        out.rb = bytes(acc["rb"])
+        rt = acc.get("rt")
+        out.rt = rt if isinstance(rt, RankTable) or rt is None else table_from_dict(rt)
+    return out
+
+
+def as_accs(accs: dict[str, Any]) -> dict[str, Any]:
+    """``{host: accumulator}`` with every value typed: a :class:`StepAcc` (host accumulator or rank row)
+    stays, anything else is :func:`as_acc` (no copy when the first value is typed: a caller passes one
+    form). The analysis's public functions
+    call it, so callers holding the dict form (tools, tests) keep working."""
+    for a in accs.values():  # one form per call: the first value tells (O(1) on the worker's path)
+        if isinstance(a, StepAcc):
+            return accs
+        break
+    return {h: a if isinstance(a, StepAcc) else as_acc(a) for h, a in accs.items()}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -171,14 +436,16 @@ def ipv4(addr: object) -> str | None:
     return _ipv4_text(str(addr))  # parsing is slow (~10 µs) and a host talks to few addresses: cached
 
 
-def _add_net(acc: dict, kind: int, e: Event) -> None:
+def _add_net(acc: HostAcc, kind: int, e: Event) -> None:
     p = e.payload or {}
     src, dst = ipv4(p.get("saddr")), ipv4(p.get("daddr"))
     if src is None or dst is None or src == dst:
         return
-    net = acc.setdefault("net", {"addrs": {}, "pairs": {}})
-    net["addrs"][src] = 1
-    slot = net["pairs"].setdefault("|".join(sorted((src, dst))), [0, 0, 0, 0, 0])
+    net = acc.net
+    if net is None:
+        net = acc.net = HostNet(addrs={}, pairs={})
+    net.addrs[src] = 1
+    slot = net.pairs.setdefault("|".join(sorted((src, dst))), [0, 0, 0, 0, 0])
     if kind == Kind.TCP_RTT:
         slot[0] += 1
         slot[2] += max(0, e.duration_ns)
@@ -210,41 +477,42 @@ def coll_key(pg: str, coll_seq: int) -> str:
     return f"{pg}#{coll_seq}"
 
 
-def add_event(acc: dict, e: Event, offset_ns: int) -> None:
-    """Fold one event into a host accumulator. ``offset_ns`` is the batch's clock offset (monotonic ->
-    realtime). Unknown-to-this-table kinds only count in ``events``."""
-    acc["events"] += 1
+def add_event(acc: StepAcc, e: Event, offset_ns: int) -> None:
+    """Fold one event into a host accumulator or rank row. ``offset_ns`` is the batch's clock offset
+    (monotonic -> realtime). Unknown-to-this-table kinds only count in ``events``."""
+    acc.events += 1
     kind = int(e.kind)
     rt = e.ts_ns + offset_ns
     if kind == _STEP_END:
-        acc["step_ns"] = max(acc["step_ns"] or 0, e.duration_ns)
-        acc["end_rt"] = rt
+        acc.step_ns = max(acc.step_ns or 0, e.duration_ns)
+        acc.end_rt = rt
     elif kind == _STEP_BEGIN:
-        acc["begin_rt"] = rt
+        acc.begin_rt = rt
     elif kind == _COLL_BEGIN or kind == _COLL_END:
         p = e.payload or {}
         key = coll_key(str(p.get("pg", "?")), int(p.get("coll_seq", -1)))
-        c = acc["colls"].setdefault(key, [str(p.get("op", "?")), None, None, None])
+        c = acc.colls.setdefault(key, [str(p.get("op", "?")), None, None, None])
         if kind == _COLL_BEGIN:
             c[1] = rt if c[1] is None else min(c[1], rt)
         else:
             c[2], c[3] = rt, e.duration_ns
     elif kind == _AGENT_LOSS:
-        acc["ringbuf_lost"] += max(0, e.value)
+        acc.ringbuf_lost += max(0, e.value)
     elif kind == _SCHED_OFFCPU and e.value & _STOPPED_STATES:  # a stopped/traced thread: its longest stop
-        acc["stopped_ns"] = max(acc.get("stopped_ns", 0), e.duration_ns)
+        acc.stopped_ns = max(acc.stopped_ns or 0, e.duration_ns)
     elif kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
-        _add_net(acc, kind, e)
+        if isinstance(acc, HostAcc):  # links are per host: a rank row has no net
+            _add_net(acc, kind, e)
     if kind == _PHASE:
         ph = str((e.payload or {}).get("phase", "?"))
-        acc["phases"][ph] = acc["phases"].get(ph, 0) + e.duration_ns
-        lp = acc.get("last_phase")
+        acc.phases[ph] = acc.phases.get(ph, 0) + e.duration_ns
+        lp = acc.last_phase
         if lp is None or rt >= lp[0]:
-            acc["last_phase"] = [rt, ph]
+            acc.last_phase = [rt, ph]
     rule = KIND_RULES.get(kind)
     if rule is not None:
         layer, t_fn, c_fn, m_fn = rule
-        slot = acc["layers"].setdefault(layer.value, [0, 0, 0])
+        slot = acc.layers.setdefault(layer.value, [0, 0, 0])
         slot[0] += t_fn(e)
         slot[1] += c_fn(e)
         slot[2] = max(slot[2], m_fn(e))
@@ -271,13 +539,13 @@ share of 10,000 collectives per rank grew a changelog record to 17 MB, over the 
 crashed the worker. The straggler analysis then reads those collectives; a hang the latest one."""
 
 
-def cap_colls(acc: dict) -> int:
+def cap_colls(acc: HostAcc) -> int:
     """Drop, in place, all but the :data:`COLLS_MAX` highest sequence numbers of each process group of
-    ``acc["colls"]`` (``"<pg>#<seq>"`` keys) and of each of its unpacked rank rows; returns how many were
+    ``acc.colls`` (``"<pg>#<seq>"`` keys) and of each of its unpacked rank rows; returns how many were
     dropped (0, and no work beyond a length test, under the cap)."""
-    dropped = _cap(acc["colls"])
-    for row in (acc.get("ranks") or {}).values():
-        dropped += _cap(row["colls"])
+    dropped = _cap(acc.colls)
+    for row in (acc.ranks or {}).values():
+        dropped += _cap(row.colls)
     return dropped
 
 
@@ -300,13 +568,13 @@ def _cap(colls: dict) -> int:
 
 def reduce_batch(
     batch: Batch, running_step: int | None = None, ranks: dict[int, tuple[int, int]] | None = None
-) -> dict[int, dict]:
+) -> dict[int, HostAcc]:
     """Reduce a validated batch to ``{step: host accumulator}`` for every step >= 0 its events belong to.
 
     ``ranks``: ``{pid: (global rank, local rank)}`` of the host's registered training processes (from
     their REGISTER events, this batch's included: :func:`rank_map`); with two or more, each stepped event
-    of such a pid is also folded into that rank's row (``acc["ranks"]``), TCP events excepted; with one,
-    every accumulator only names it (``acc["rank"] = [rank, local_rank, pid]``, no rows). None or empty:
+    of such a pid is also folded into that rank's row (``acc.ranks``), TCP events excepted; with one,
+    every accumulator only names it (``acc.rank = [rank, local_rank, pid]``, no rows). None or empty:
     neither.
 
     Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
@@ -320,7 +588,7 @@ def reduce_batch(
     left running (``running_step``), and dropped when that is None. Same result as ``add_event`` on every
     event; the common layer-only kinds (``_FAST``) are folded inline (about 1 µs per event on this machine).
     """
-    out: dict[int, dict] = {}
+    out: dict[int, HostAcc] = {}
     loose_loss = 0
     stepped = None
     offset_ns = batch.clock.offset_ns
@@ -359,14 +627,14 @@ def reduce_batch(
             acc = out.get(step)
             if acc is None:
                 acc = out[step] = new_acc(batch.host, batch.host_id)
-                acc["unc_ns"] = batch.clock.uncertainty_ns
+                acc.unc_ns = batch.clock.uncertainty_ns
             acc_step = step
         f = fast.get(e.kind)
         if f is None:
             add_event(acc, e, offset_ns)
             continue
-        acc["events"] += 1
-        layers = acc["layers"]
+        acc.events += 1
+        layers = acc.layers
         slot = layers.get(f[0])
         if slot is None:
             slot = layers[f[0]] = [0, 0, 0]
@@ -384,17 +652,17 @@ def reduce_batch(
         else:
             slot[1] += 1
     if loose_loss and out:
-        out[min(out)]["ringbuf_lost"] += loose_loss
+        out[min(out)].ringbuf_lost += loose_loss
     if one is not None:
         for a in out.values():
-            a["rank"] = one
+            a.rank = one
     for a in out.values():
-        if len(a["colls"]) > COLLS_MAX or a.get("ranks"):
+        if len(a.colls) > COLLS_MAX or a.ranks:
             cap_colls(a)
     return out
 
 
-def _add_rank_event(out: dict[int, dict], batch: Batch, e: Event, r: tuple[int, int], offset_ns: int) -> None:
+def _add_rank_event(out: dict[int, HostAcc], batch: Batch, e: Event, r: tuple[int, int], offset_ns: int) -> None:
     """Fold stepped event ``e`` of rank ``r = (global rank, local rank)`` into its rank row of ``out``."""
     kind = int(e.kind)
     if kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
@@ -402,25 +670,25 @@ def _add_rank_event(out: dict[int, dict], batch: Batch, e: Event, r: tuple[int, 
     acc = out.get(e.step)
     if acc is None:
         acc = out[e.step] = new_acc(batch.host, batch.host_id)
-        acc["unc_ns"] = batch.clock.uncertainty_ns
-    rows = acc.get("ranks")
+        acc.unc_ns = batch.clock.uncertainty_ns
+    rows = acc.ranks
     if rows is None:
-        rows = acc["ranks"] = {}
+        rows = acc.ranks = {}
     key = str(r[0])
     row = rows.get(key)
     if row is None:
         row = rows[key] = new_rank_row(e.pid, r[1])
-        row["unc_ns"] = batch.clock.uncertainty_ns
+        row.unc_ns = batch.clock.uncertainty_ns
     if e.gpu >= 0:
-        row["gpu"] = e.gpu
+        row.gpu = e.gpu
     f = _FAST.get(kind)
     if f is None:
         add_event(row, e, offset_ns)
         return
-    row["events"] += 1  # the common layer-only kinds, as reduce_batch folds them
-    slot = row["layers"].get(f[0])
+    row.events += 1  # the common layer-only kinds, as reduce_batch folds them
+    slot = row.layers.get(f[0])
     if slot is None:
-        slot = row["layers"][f[0]] = [0, 0, 0]
+        slot = row.layers[f[0]] = [0, 0, 0]
     slot[1] += 1
     if f[1] == 0:
         slot[0] += e.duration_ns
@@ -524,173 +792,193 @@ def rank_states(batch: Batch) -> list[dict]:
 RANK_STATES = ("running", "frozen", "stopped", "exited")
 
 
-def merge(into: dict, part: dict) -> dict:
-    """Merge host accumulator ``part`` into ``into`` (same host, same step) and return ``into``.
+def merge(into: StepAcc, part: StepAcc) -> StepAcc:
+    """Merge accumulator ``part`` into ``into`` (same host, same step; two :class:`HostAcc` or two
+    :class:`RankRow`; a host accumulator in the dict form is converted first, :func:`as_acc`) and return
+    ``into``.
 
     Sums: events, phases, layer time and count, ring-buffer loss, per-connection RTT samples and
     retransmits (addresses: union); rank rows merge the same way, row by row (a new rank is added). Maxima: step_ns, layer max, clock
     uncertainty. Times of one-off events (begin, end, collective arrival) keep the first value seen,
     except that a missing value is filled in.
     """
-    into["events"] += part["events"]
-    if part["step_ns"] is not None:
-        into["step_ns"] = max(into["step_ns"] or 0, part["step_ns"])
-    for k in ("begin_rt", "end_rt"):
-        if into[k] is None:
-            into[k] = part[k]
-    into["unc_ns"] = max(into["unc_ns"], part["unc_ns"])
-    for ph, ns in part["phases"].items():
-        into["phases"][ph] = into["phases"].get(ph, 0) + ns
-    for layer, (t, c, m) in part["layers"].items():
-        slot = into["layers"].setdefault(layer, [0, 0, 0])
+    if not isinstance(into, StepAcc):  # the dict form (an older worker's value, a tool's)
+        into = as_acc(into)
+    if not isinstance(part, StepAcc):
+        part = as_acc(part)
+    into.events += part.events
+    if part.step_ns is not None:
+        into.step_ns = max(into.step_ns or 0, part.step_ns)
+    if into.begin_rt is None:
+        into.begin_rt = part.begin_rt
+    if into.end_rt is None:
+        into.end_rt = part.end_rt
+    into.unc_ns = max(into.unc_ns, part.unc_ns)
+    phases = into.phases
+    for ph, ns in part.phases.items():
+        phases[ph] = phases.get(ph, 0) + ns
+    layers = into.layers
+    for layer, (t, c, m) in part.layers.items():
+        slot = layers.setdefault(layer, [0, 0, 0])
         slot[0] += t
         slot[1] += c
         slot[2] = max(slot[2], m)
-    keys = set(into["colls"])
-    for key, c in part["colls"].items():
-        mine = into["colls"].setdefault(key, list(c))
+    colls = into.colls
+    keys = set(colls)
+    for key, c in part.colls.items():
+        mine = colls.setdefault(key, list(c))
         if mine is not c:
             for i in range(1, 4):
                 if mine[i] is None:
                     mine[i] = c[i]
-    if len(into["colls"]) > COLLS_MAX:
-        _cap(into["colls"])
-    into["ringbuf_lost"] += part["ringbuf_lost"]
-    if part.get("stopped_ns"):
-        into["stopped_ns"] = max(into.get("stopped_ns", 0), part["stopped_ns"])
-    lp = part.get("last_phase")
-    if lp and (not into.get("last_phase") or lp[0] >= into["last_phase"][0]):
-        into["last_phase"] = list(lp)
-    pnet = part.get("net") or {}
-    if pnet.get("addrs") or pnet.get("pairs"):
-        net = into.setdefault("net", {"addrs": {}, "pairs": {}})
-        net["addrs"].update(pnet.get("addrs") or {})
-        for key, vals in (pnet.get("pairs") or {}).items():
-            slot = net["pairs"].setdefault(key, [0, 0, 0, 0, 0])
+    if len(into.colls) > COLLS_MAX:
+        _cap(into.colls)
+    into.ringbuf_lost += part.ringbuf_lost
+    if part.stopped_ns:
+        into.stopped_ns = max(into.stopped_ns or 0, part.stopped_ns)
+    lp = part.last_phase
+    if lp and (not into.last_phase or lp[0] >= into.last_phase[0]):
+        into.last_phase = list(lp)
+    if not isinstance(into, HostAcc) or not isinstance(part, HostAcc):
+        return into
+    pnet = part.net
+    if pnet is not None and (pnet.addrs or pnet.pairs):
+        net = into.net
+        if net is None:
+            net = into.net = HostNet(addrs={}, pairs={})
+        net.addrs.update(pnet.addrs)
+        for key, vals in pnet.pairs.items():
+            slot = net.pairs.setdefault(key, [0, 0, 0, 0, 0])
             if len(slot) < 5:
                 slot.extend([0] * (5 - len(slot)))  # recovered from an older worker's changelog
             for i, v in enumerate(vals[:5]):
                 slot[i] += v
-    if part.get("rank") and not into.get("rank"):
-        into["rank"] = part["rank"]
-    packed = "rb" in into or "rb" in part
+    if part.rank and not into.rank:
+        into.rank = part.rank
+    packed = into.rb is not None or part.rb is not None
     if not packed:
-        _merge_rows(into, part.get("ranks"))
-    elif "rb" not in part and not part.get("ranks") and set(part["colls"]) <= keys:
+        _merge_rows(into, part.ranks)
+    elif part.rb is None and not part.ranks and set(part.colls) <= keys:
         pass  # a part without rank data that adds no collective: the packed rank table stays right
     else:  # packed rank rows (pack_ranks) on either side: merged as full rows, packed again
         rows = rank_rows(into)
-        into.pop("rb", None)
-        into.pop("rt", None)
-        into["ranks"] = rows
+        into.rb = None
+        into.rt = None
+        into.ranks = rows
         _merge_rows(into, rank_rows(part))
         pack_ranks(into)
     return into
 
 
-def _merge_rows(into: dict, pranks: dict | None) -> None:
-    """Merge rank rows ``pranks`` (``{"<rank>": row}``) into ``into["ranks"]``, row by row."""
+def _merge_rows(into: HostAcc, pranks: dict[str, RankRow] | None) -> None:
+    """Merge rank rows ``pranks`` (``{"<rank>": row}``) into ``into.ranks``, row by row."""
     if pranks:
-        mine = into.setdefault("ranks", {})
+        mine = into.ranks
+        if mine is None:
+            mine = into.ranks = {}
         for key, row in pranks.items():
             have = mine.get(key)
             if have is None:
                 mine[key] = row
             else:
                 merge(have, row)
-                if row.get("gpu", -1) >= 0:
-                    have["gpu"] = row["gpu"]
+                if row.gpu >= 0:
+                    have.gpu = row.gpu
 
 
 # ---------------------------------------------------------------------------------------------------
 # Packed rank rows: the second level of the two-level join (docs/ARCHITECTURE.md, docs/STREAMS.md).
 
 _pack = msgspec.msgpack.Encoder().encode
+_unpack_rows = msgspec.msgpack.Decoder(dict[str, RankRow]).decode
 _unpack = msgspec.msgpack.Decoder().decode
 
 
-def pack_ranks(acc: dict) -> dict:
-    """Pack the rank rows of host accumulator ``acc`` in place and return it: ``acc["ranks"]`` (full rows)
-    becomes ``acc["rb"]`` (the rows as one msgpack blob, opaque to the fold) and ``acc["rt"]`` (the
-    compact rank table the close reads, :func:`rank_table_of`). An accumulator without rank rows is
-    unchanged. The ingest packs every part it sends (it scales out by host); :func:`merge` keeps a
-    packed accumulator packed and :func:`rank_rows` gives the full rows back."""
-    rows = acc.pop("ranks", None)
+def pack_ranks(acc: HostAcc) -> HostAcc:
+    """Pack the rank rows of host accumulator ``acc`` in place and return it: ``acc.ranks`` (full rows)
+    becomes ``acc.rb`` (the rows as one msgpack blob, opaque to the fold) and ``acc.rt`` (the compact
+    rank table the close reads, :func:`rank_table_of`). An accumulator without rank rows is unchanged.
+    The ingest packs every part it sends (it scales out by host); :func:`merge` keeps a packed
+    accumulator packed and :func:`rank_rows` gives the full rows back."""
+    rows = acc.ranks
+    acc.ranks = None
     if rows:
-        acc["rb"] = _pack(rows)
-        acc["rt"] = rank_table_of(acc["colls"], rows)
+        acc.rb = _pack(rows)
+        acc.rt = rank_table_of(acc.colls, rows)
     return acc
 
 
-def rank_rows(acc: dict) -> dict:
-    """The full rank rows of host accumulator ``acc`` (``{"<global rank>": rank row}``, module docstring),
-    packed (:func:`pack_ranks`, decoded here: a new dict each call) or not; ``{}`` when it has none."""
-    blob = acc.get("rb")
+def rank_rows(acc: HostAcc) -> dict[str, RankRow]:
+    """The full rank rows of host accumulator ``acc`` (``{"<global rank>": RankRow}``), packed
+    (:func:`pack_ranks`, decoded here: new rows each call; a blob of an older worker's dict rows is
+    converted) or not; ``{}`` when it has none."""
+    blob = acc.rb
     if blob is not None:
-        return _unpack(blob)
-    return acc.get("ranks") or {}
+        try:
+            return _unpack_rows(blob)
+        except msgspec.ValidationError:  # an older worker's blob: rows as maps
+            return {str(r): row_from_dict(row) for r, row in _unpack(blob).items()}
+    return acc.ranks or {}
 
 
-def rank_table_of(host_colls: dict, rows: dict) -> dict | None:
-    """The compact rank table of rank rows ``rows`` (``{"<global rank>": row}``) of a host whose own
-    collectives are ``host_colls``: per rank, in the order of ``rows``, ``r`` (global rank, int), ``p``
-    (pid), ``l`` (local rank), ``g`` (GPU index, -1 unknown), ``s`` (step_ns, None before its STEP_END),
-    ``u`` (its clock uncertainty, ns); ``k`` the host's collective keys (the order of ``host_colls``);
-    ``a``, ``e``, ``d``: per rank then per key (index ``rank_index * len(k) + key_index``) its arrival,
-    end (CLOCK_REALTIME ns) and duration (ns), None when unknown; ``hv``: per key, the host view's record
-    ``[op, arrive_rt, end_rt, duration_ns]`` of its last-arriving rank (``analysis.ranks.host_view``).
-    None when a rank row's collective has another op than the host's record (the readers then use the
-    full rows) or names a collective the host's records lack."""
+def rank_table_of(host_colls: dict[str, list], rows: dict[str, RankRow]) -> RankTable | None:
+    """The compact :class:`RankTable` of rank rows ``rows`` (``{"<global rank>": RankRow}``) of a host
+    whose own collectives are ``host_colls``. None when a rank row's collective has another op than the
+    host's record (the readers then use the full rows) or names a collective the host's records lack."""
     keys = list(host_colls)
     col = {k: i for i, k in enumerate(keys)}
     n = len(keys)
-    t: dict = {"r": [], "p": [], "l": [], "g": [], "s": [], "u": [], "k": keys}
+    rs: list[int] = []
+    ps: list[int] = []
+    ls: list[int] = []
+    gs: list[int] = []
+    ss: list[int | None] = []
+    us: list[int] = []
     a: list = [None] * (n * len(rows))
     e: list = [None] * (n * len(rows))
     d: list = [None] * (n * len(rows))
     best: list = [None] * n
     for j, (r, row) in enumerate(rows.items()):
-        t["r"].append(int(r))
-        t["p"].append(int(row.get("pid", 0)))
-        t["l"].append(int(row.get("local_rank", 0)))
-        t["g"].append(int(row.get("gpu", -1)))
-        t["s"].append(row["step_ns"])
-        t["u"].append(int(row.get("unc_ns") or 0))
+        rs.append(int(r))
+        ps.append(row.pid)
+        ls.append(row.local_rank)
+        gs.append(row.gpu)
+        ss.append(row.step_ns)
+        us.append(row.unc_ns or 0)
         base = j * n
-        for key, c in row["colls"].items():
+        for key, c in row.colls.items():
             i = col.get(key)
             if i is None or c[0] != host_colls[key][0]:
                 return None
             a[base + i], e[base + i], d[base + i] = c[1], c[2], c[3]
             if c[1] is not None and (best[i] is None or c[1] > best[i][1]):
                 best[i] = c
-    t["a"], t["e"], t["d"] = a, e, d
-    t["hv"] = [list(b) if b is not None else [host_colls[k][0], None, None, None] for k, b in zip(keys, best)]
-    return t
+    hv = [list(b) if b is not None else [host_colls[k][0], None, None, None] for k, b in zip(keys, best)]
+    return RankTable(r=rs, p=ps, l=ls, g=gs, s=ss, u=us, k=keys, a=a, e=e, d=d, hv=hv)
 
 
-def rank_table(acc: dict) -> dict | None:
+def rank_table(acc: HostAcc) -> RankTable | None:
     """The compact rank table of host accumulator ``acc`` (:func:`rank_table_of`): the packed one, else
     built from its full rows; None without rank rows or when the table cannot stand for them."""
-    if "rb" in acc:
-        return acc.get("rt")
-    rows = acc.get("ranks")
-    return rank_table_of(acc["colls"], rows) if rows else None
+    if acc.rb is not None:
+        return acc.rt
+    rows = acc.ranks
+    return rank_table_of(acc.colls, rows) if rows else None
 
 
-def rank_count(acc: dict) -> int:
+def rank_count(acc: HostAcc) -> int:
     """How many rank rows host accumulator ``acc`` holds (packed or not)."""
-    if "rb" in acc:
-        rt = acc.get("rt")
-        return len(rt["r"]) if rt is not None else len(rank_rows(acc))
-    return len(acc.get("ranks") or ())
+    if acc.rb is not None:
+        rt = acc.rt
+        return len(rt.r) if rt is not None else len(rank_rows(acc))
+    return len(acc.ranks or ())
 
 
-def ranks_ended(acc: dict) -> int:
+def ranks_ended(acc: HostAcc) -> int:
     """How many rank rows of host accumulator ``acc`` have a step time (their rank's STEP_END)."""
-    if "rb" in acc:
-        rt = acc.get("rt")
+    if acc.rb is not None:
+        rt = acc.rt
         if rt is not None:
-            return sum(1 for s in rt["s"] if s is not None)
-        return sum(1 for r in rank_rows(acc).values() if r["step_ns"] is not None)
-    return sum(1 for r in (acc.get("ranks") or {}).values() if r["step_ns"] is not None)
+            return sum(1 for s in rt.s if s is not None)
+        return sum(1 for r in rank_rows(acc).values() if r.step_ns is not None)
+    return sum(1 for r in (acc.ranks or {}).values() if r.step_ns is not None)

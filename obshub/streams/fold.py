@@ -65,7 +65,8 @@ import time
 import zlib
 from typing import Any, Callable, Iterator, MutableMapping
 
-from obshub.streams import accumulate, analysis, wire
+from obshub.streams import accumulate, analysis
+from obshub.streams.accumulate import HostAcc, PartEntry, PartMsg, as_entry, as_part, decode_internal
 
 log = logging.getLogger("obshub.streams")
 
@@ -132,15 +133,17 @@ def _all_exited(
 def _entry_bytes(entry: Any) -> int:
     """A cheap upper estimate of the msgpack bytes of one ``parts`` host entry: its collectives (~60 bytes
     each, a rank row's too), its packed rank rows and batch ids, plus 2 KB for the rest."""
-    if not isinstance(entry, dict):
+    if isinstance(entry, dict):  # the dict form (an older worker's entry)
+        entry = as_entry(entry)
+    if not isinstance(entry, PartEntry):
         return 2048
-    acc = entry.get("acc") or {}
-    n = 2048 + 60 * len(acc.get("colls") or ()) + 40 * len(entry.get("bids") or ())
-    rb = acc.get("rb")
+    acc = entry.acc
+    n = 2048 + 60 * len(acc.colls) + 40 * len(entry.bids)
+    rb = acc.rb
     if rb is not None:
         n += 2 * len(rb)  # the blob and its rank table
-    for row in (acc.get("ranks") or {}).values():
-        n += 1024 + 60 * len(row.get("colls") or ())
+    for row in (acc.ranks or {}).values():
+        n += 1024 + 60 * len(row.colls)
     return n
 
 
@@ -296,7 +299,7 @@ class Fold:
         self._recs: dict[str, list[str]] = {}
         self._next: dict[str, int] = {}
         self._legacy: set[str] = set()  # per-host keys of the older layout (value = the entry itself)
-        self._pending: dict[str, dict[str, dict]] = {}  # open step -> host -> entry changed in this unit
+        self._pending: dict[str, dict[str, PartEntry]] = {}  # open step -> host -> entry changed in this unit
         self._unit = False  # inside apply_round: the tables are WriteBack views
         # job retention (docs/STREAMS.md "Retention"): job -> clock() of its last message in this process
         # (part, registration, state, history; derived, in memory), and when this process started (the
@@ -336,7 +339,7 @@ class Fold:
             n = 0
             for h in names:
                 e = entries.get(h)
-                if e is not None and self.host_done(st["job"], h, e["acc"]):
+                if e is not None and self.host_done(st["job"], h, e.acc):
                     n += 1
             self.ended[sk] = n
         return n
@@ -367,7 +370,7 @@ class Fold:
             self._where = where
         return self._where
 
-    def _entry(self, sk: str, host: str) -> dict | None:
+    def _entry(self, sk: str, host: str) -> PartEntry | None:
         """``host``'s latest part entry in open step ``sk``, or None."""
         pend = self._pending.get(sk)
         if pend is not None and host in pend:
@@ -378,21 +381,22 @@ class Fold:
         rec = self.parts.get(k)
         if rec is None:
             return None
-        return rec if k in self._legacy else rec.get(host)
+        e = rec if k in self._legacy else rec.get(host)
+        return None if e is None else as_entry(e)
 
-    def step_parts(self, sk: str) -> tuple[dict[str, dict], list[str]]:
+    def step_parts(self, sk: str) -> tuple[dict[str, PartEntry], list[str]]:
         """``({host: latest part entry}, [parts keys of the step])`` of open step ``sk``: one read per
         record."""
         where = self._index().get(sk, {})
         keys = list(self._recs.get(sk, ()))
         recs = {k: self.parts.get(k) for k in keys}
-        entries: dict[str, dict] = {}
+        entries: dict[str, PartEntry] = {}
         for h, k in where.items():
             rec = recs.get(k)
             if rec is not None:
                 e = rec if k in self._legacy else rec.get(h)
                 if e is not None:
-                    entries[h] = e
+                    entries[h] = e if type(e) is PartEntry else as_entry(e)  # recovered: array or dict form
         entries.update(self._pending.get(sk, {}))
         return entries, [k for k in keys if recs[k] is not None]
 
@@ -435,9 +439,11 @@ class Fold:
         inside one). Unknown message types are ignored."""
         if not self._unit:
             return self.apply_round([v], p)
+        if type(v) is PartMsg:
+            return self.part(v, p)
         t = v.get("t")
         if t == "part":
-            return self.part(v, p)
+            return self.part(as_part(v), p)
         if t == "batch":
             return self.apply_batch(v["msgs"], p)
         if t == "host":
@@ -489,8 +495,12 @@ class Fold:
         out: list[Emit] = []
         for raw in msgs:
             try:
-                out.extend(self.apply(wire.unpackb(raw), p))
-            except Exception as exc:  # counted and dead-lettered by on_error; the others still apply
+                out.extend(self.apply(decode_internal(raw), p))
+            # Broad on purpose: a message that is not msgpack (msgspec.DecodeError), a part in a form
+            # as_part cannot read (ValidationError, KeyError, TypeError) or a bug in the analysis must not
+            # stop the partition. Each is counted (obshub_streams_processing_errors_total{stage="fold"})
+            # and its bytes dead-lettered by the worker through on_error (streams.app); the others apply.
+            except Exception as exc:
                 log.exception("fold failed on one message of a batch of partition %d", p)
                 self.on_error(raw, exc)
         return out
@@ -518,7 +528,9 @@ class Fold:
             for v in values:
                 try:
                     out.extend(self.apply(v, p))
-                except Exception as exc:  # counted and dead-lettered by on_error; the others still apply
+                # Broad on purpose, as in apply_batch: one bad message or a bug must not stop the
+                # partition; counted (processing_errors{stage="fold"}) and dead-lettered via on_error.
+                except Exception as exc:
                     log.exception("fold failed on one message of partition %d", p)
                     self.on_error(v, exc)
         finally:
@@ -818,25 +830,25 @@ class Fold:
             self._digests[sk] = digests
         return bid_digest(bid) in digests
 
-    def _late(self, v: dict, p: int, sk: str, done: dict | None) -> None:
-        n = v["acc"]["events"]
+    def _late(self, v: PartMsg, p: int, sk: str, done: dict | None) -> None:
+        n = v.acc.events
         if done is not None:
             done["late"] += n
-            done["bids"] = digest_blob(done["bids"]) + bid_digest(v["bid"])
+            done["bids"] = digest_blob(done["bids"]) + bid_digest(v.bid)
             self._digests.pop(sk, None)
             self.closed[sk] = done
-        jk = f"{v['job']}@{p}"
+        jk = f"{v.job}@{p}"
         js = self._job(jk)
         js["pending"]["late_events"] += n
-        for k, x in v["q"].items():
+        for k, x in v.q.items():
             js["pending"][k] = js["pending"].get(k, 0) + x
         self._put_job(jk, js)
         self.on_late(n)
 
-    def part(self, v: dict, p: int) -> list[Emit]:
-        """One host's accumulator for one step ``{job, step, host, bid, acc, q}``: one write to ``parts``,
-        a write to ``steps`` when the step opens or this host ends it; closes the step when complete."""
-        job, step, host, bid = v["job"], v["step"], v["host"], v["bid"]
+    def part(self, v: PartMsg, p: int) -> list[Emit]:
+        """One host's accumulator for one step (``accumulate.PartMsg``): one write to ``parts``, a write to
+        ``steps`` when the step opens or this host ends it; closes the step when complete."""
+        job, step, host, bid = v.job, v.step, v.host, v.bid
         sk = f"{job}|{step}"
         now = self.active_ns[job] = self.clock()
         self.last_seen.setdefault(job, {})[host] = now
@@ -849,7 +861,7 @@ class Fold:
             return []
         st = self.steps.get(sk)
         entry = self._entry(sk, host) if st is not None else None
-        if entry is not None and bid in entry["bids"]:
+        if entry is not None and bid in entry.bids:
             return []  # replay of a batch already folded in
         js = None
         st_dirty = False
@@ -863,34 +875,34 @@ class Fold:
             self.ended[sk] = 0
             st_dirty = True
         ended = self._ended(sk, st, p)  # before this part changes anything: a recount must not see it
-        q = {k: x for k, x in v["q"].items() if x}
+        q = {k: x for k, x in v.q.items() if x}
         if entry is None:
-            entry = {"acc": v["acc"], "bids": [bid], "q": q}
+            entry = PartEntry(acc=v.acc, bids=[bid], q=q)
             was_ended = False
             if not self.registered(job, p, host):
                 st["extra"].append(host)
                 st_dirty = True
         else:
-            was_ended = self.host_done(job, host, entry["acc"])
-            accumulate.merge(entry["acc"], v["acc"])
-            entry["bids"].append(bid)
+            was_ended = self.host_done(job, host, entry.acc)
+            accumulate.merge(entry.acc, v.acc)
+            entry.bids.append(bid)
             for k, x in q.items():
-                entry["q"][k] = entry["q"].get(k, 0) + x
+                entry.q[k] = entry.q.get(k, 0) + x
         self._pending.setdefault(sk, {})[host] = entry
         if st_dirty:
             self.steps[sk] = st
-        if not was_ended and self.host_done(job, host, entry["acc"]):
+        if not was_ended and self.host_done(job, host, entry.acc):
             ended += 1
             self.ended[sk] = ended
             if self._complete(st, ended, js or self._job(f"{job}@{p}"), p):
                 return self.close(sk, st, p, "complete")
         return []
 
-    def host_done(self, job: str, host: str, acc: dict) -> bool:
+    def host_done(self, job: str, host: str, acc: HostAcc) -> bool:
         """Whether ``host`` is done with the step of accumulator ``acc``: a STEP_END of each of its ranks
         registered here (rank rows, ``accumulate``), or its first STEP_END when its ranks are unknown (one
         rank per host, or a restarted worker)."""
-        if acc["step_ns"] is None:
+        if acc.step_ns is None:
             return False
         n = len(self.host_ranks.get(job, {}).get(host, ()))
         if n < 2:
@@ -920,7 +932,7 @@ class Fold:
         gone = self._gone(job, sk) if job in self.rank_state else set()
         expected = [h for h in expected if h not in gone]
         names = sorted(set(expected).union(st["extra"]))
-        accs: dict[str, dict] = {}
+        accs: dict[str, HostAcc] = {}
         quality = dict(js["pending"])
         digests = []
         entries, _keys = self.step_parts(sk)
@@ -928,9 +940,9 @@ class Fold:
             entry = entries.get(h)
             if entry is None:
                 continue
-            accs[h] = entry["acc"]
-            digests.extend(bid_digest(b) for b in entry["bids"])
-            for k, x in entry["q"].items():
+            accs[h] = entry.acc
+            digests.extend(bid_digest(b) for b in entry.bids)
+            for k, x in entry.q.items():
                 quality[k] = quality.get(k, 0) + x
         self._drop_parts(sk)
         summary = analysis.summarize(
@@ -1003,7 +1015,7 @@ class Fold:
         ]
 
     # ------------------------------------------------------------------------------------------------
-    def _open_accs(self, sk: str, st: dict, js: dict) -> tuple[list[str], dict[str, dict]]:
+    def _open_accs(self, sk: str, st: dict, js: dict) -> tuple[list[str], dict[str, HostAcc]]:
         """``(expected hosts, {host: accumulator})`` of open step ``sk`` (its ``steps`` record ``st``, its
         job's state ``js``): the accumulators of the expected and extra hosts that sent a part."""
         expected = self.expected_hosts(st["job"], st["p"], js)
@@ -1012,7 +1024,7 @@ class Fold:
         for h in sorted(set(expected).union(st["extra"])):
             e = entries.get(h)
             if e is not None:
-                accs[h] = e["acc"]
+                accs[h] = e.acc
         return expected, accs
 
     def recent_directed(self, job: str, step: int) -> bool:

@@ -20,7 +20,8 @@ reduces the batch to one accumulator per step
   ``pid`` of the registered process tells a restarted rank from a repeated registration);
 - ``("broadcast", job, {"t": "state", job, host, pid, state, at_rt})`` for each RANK_STATE event (a
   registered process found frozen, stopped, exited, or running again: the hang check reads it);
-- ``("part", "job|step", {"t": "part", job, step, host, bid, acc, q})`` per step of the batch; ``bid`` =
+- ``("part", "job|step", accumulate.PartMsg)`` (a map ``{"t": "part", job, step, host, bid, acc, q}`` on
+  the wire, ``acc`` a typed ``accumulate.HostAcc``) per step of the batch; ``bid`` =
   ``"<agent_id>:<seq>"`` makes the fold idempotent, ``q`` carries the lost/duplicate batch counts once;
   ``acc``'s rank rows are packed (``accumulate.pack_ranks``: a blob and a compact rank table), the
   per-host work of several ranks done here, where the work scales out by host.
@@ -49,7 +50,7 @@ class IngestResult:
     gap), ``sent_ns`` the batch's send time (0 = none)."""
 
     error: schema.SchemaError | None = None
-    sends: list[tuple[str, str, dict]] = field(default_factory=list)
+    sends: list[tuple[str, str, Any]] = field(default_factory=list)
     events: int = 0
     lost: int = 0
     dup: bool = False
@@ -172,7 +173,7 @@ class Ingest:
                 (
                     "part",
                     f"{batch.job}|{step}",
-                    {"t": "part", "job": batch.job, "step": step, "host": batch.host, "bid": bid, "acc": acc, "q": q},
+                    accumulate.PartMsg(job=batch.job, step=step, host=batch.host, bid=bid, acc=acc, q=q),
                 )
             )
         if late:

@@ -6,7 +6,7 @@ counted, and one part is one small write whatever the job's width."""
 from __future__ import annotations
 
 from obshub.core import schema
-from obshub.streams import analysis, offline, synthetic
+from obshub.streams import accumulate, analysis, offline, synthetic
 from obshub.streams import fold as fold_mod
 from obshub.streams.inproc import InProcess
 
@@ -501,7 +501,7 @@ def test_a_per_host_parts_record_of_the_older_layout_is_read_and_deleted_at_clos
         sk = k.rpartition("|")[0]
         del old.tables["parts"][k]
         for h, entry in rec.items():
-            old.tables["parts"][f"{sk}|{h}"] = entry
+            old.tables["parts"][f"{sk}|{h}"] = accumulate.to_dict(entry)  # the dict form of the older worker
     assert sorted(old.tables["parts"]) == ["j|2|node0", "j|2|node1"]
     again = old.restarted()
     for v in msgs[-2:]:

@@ -30,7 +30,8 @@ Every formula here is written out in docs/ANALYSIS.md with its reasons; this doc
 - hangs: a rank that never arrived at a collective the others reached, silent for long enough
   (``hang_check``, called by the worker's timer while no step closes).
 
-The step summary and the accumulators are JSON-able dicts; between the modules the baseline, the
+The step summary is a JSON-able dict and the accumulators typed records (``streams.accumulate``:
+``HostAcc``, ``RankRow``; the dict form is accepted and converted); between the modules the baseline, the
 evidence and the network statistics are typed records (msgspec Structs: ``Baseline``, ``Evidence``,
 ``HostEvidence``, ``NetStats``, ``NetEvidence``, ``NetBlame``), which ``summarize`` encodes to the
 summary's maps (same keys, same order). Nothing here touches Kafka or Faust. The package is split by

@@ -9,8 +9,17 @@ from typing import Iterable
 import msgspec
 
 from obshub.core.schema import Layer
+from obshub.streams.accumulate import HostNet, StepAcc, as_accs
 from obshub.streams.analysis.stats import LeaveOneOut, median_int
 from obshub.streams.analysis.thresholds import Thresholds
+
+_NO_NET = HostNet()
+
+
+def _net(acc: StepAcc) -> HostNet:
+    """The :class:`~obshub.streams.accumulate.HostNet` of a host accumulator (an empty one for a rank row
+    or a host without TCP data: links are per host)."""
+    return getattr(acc, "net", None) or _NO_NET
 
 
 class NetStats(msgspec.Struct):
@@ -83,13 +92,14 @@ def net_stats(
     connection, added to this step's on the connections this step has (which connections are busy is
     still this step's traffic), for the hosts with a retransmit of their own on one of their busy
     connections in this step (docs/ANALYSIS.md "Loss over a window of steps")."""
+    accs = as_accs(accs)
     owner: dict[str, str] = {}
     pairs: dict[str, list[int]] = {}
     for host, acc in accs.items():
-        net = acc.get("net") or {}
-        for addr in net.get("addrs") or {}:
+        net = _net(acc)
+        for addr in net.addrs:
             owner.setdefault(addr, host)
-        for key, vals in (net.get("pairs") or {}).items():
+        for key, vals in net.pairs.items():
             slot = pairs.setdefault(key, [0, 0, 0, 0, 0])
             for i, v in enumerate(vals[:5]):
                 slot[i] += v
@@ -163,9 +173,10 @@ def net_window_part(accs: dict[str, dict]) -> dict[str, list[int]]:
     summed over the hosts' accumulators, only connections with a retransmit (a clean step adds nothing).
     The worker keeps the parts of a job's last ``Thresholds.net_window_steps`` closed steps and passes
     their sum (``net_window``) to ``summarize``."""
+    accs = as_accs(accs)
     out: dict[str, list[int]] = {}
     for acc in accs.values():
-        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+        for key, vals in _net(acc).pairs.items():
             if len(vals) > 1 and vals[1] > 0:
                 slot = out.setdefault(key, [0, 0, 0])
                 slot[0] += vals[1]
@@ -209,6 +220,7 @@ def net_blame(
 
     Needs >= 3 hosts (with 2, both ends share the one link). ``recent_directed``: see ``net_stats``;
     ``stats``: its result when the caller has it."""
+    accs = as_accs(accs)
     if len(accs) < 3:
         return []
     st = stats or net_stats(accs, th, recent_directed)
@@ -243,6 +255,7 @@ def net_evidence(
     from ``net_window_min`` and ``net_window_factor * m_rx``: each host gets the larger of the two values
     (docs/ANALYSIS.md "Loss over a window of steps"), and of ``net_toward_evidence`` (a slowed step: a
     blackout's retransmits toward its host)."""
+    accs = as_accs(accs)
     if len(accs) < 3:
         return {}
     out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
@@ -278,13 +291,14 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetE
     link's fault). ``net_evidence``
     reads it for a slowed step only (``window_stats`` given); a host whose own CPU or memory time made it
     late keeps its time layers (``evidence``)."""
+    accs = as_accs(accs)
     owner: dict[str, str] = {}
     for host, acc in accs.items():
-        for addr in (acc.get("net") or {}).get("addrs") or {}:
+        for addr in _net(acc).addrs:
             owner.setdefault(addr, host)
     pairs: dict[str, list[int]] = {}
     for acc in accs.values():
-        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+        for key, vals in _net(acc).pairs.items():
             if len(vals) < 5:
                 continue
             slot = pairs.setdefault(key, [0, 0])
@@ -309,7 +323,7 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetE
     if most[best] < th.net_count_min or n < th.count_factor * max(second, 1):
         return {}
     lead = _lead_ns(accs, best)
-    if lead > 0 and lead >= th.net_toward_late_rel * int(accs[best].get("step_ns") or 0):
+    if lead > 0 and lead >= th.net_toward_late_rel * int(accs[best].step_ns or 0):
         return {}  # it kept the others waiting itself (stopped, frozen): a blackout's host is waited on by nobody
     z = round(min(th.evidence_clip, th.net_toward_clip, (n - second) / math.sqrt(second + 1)), 3)
     return {best: NetEvidence(z, n, second, 0, 0)} if z > 0 else {}
@@ -350,10 +364,10 @@ def _lead_ns(accs: dict[str, dict], host: str) -> int:
     (``colls``) minus the latest other arrival, over the collectives it and at least one other host reached;
     0 when it was never the last."""
     lead = 0
-    for key, c in (accs[host].get("colls") or {}).items():
+    for key, c in accs[host].colls.items():
         if c[1] is None:
             continue
-        others = [a["colls"][key][1] for h, a in accs.items() if h != host and (a.get("colls") or {}).get(key)]
+        others = [a.colls[key][1] for h, a in accs.items() if h != host and a.colls.get(key)]
         others = [t for t in others if t is not None]
         if others:
             lead = max(lead, c[1] - max(others))
@@ -365,13 +379,14 @@ def retransmits_toward(accs: dict[str, dict]) -> dict[str, int]:
     accumulator; the directed counts of ``accumulate``: a retransmit is counted by its sender, the event's
     ``saddr``). A host whose own addresses are unknown in the step (no TCP event of its own) gets none.
     Accumulators of an older worker without the direction count nothing."""
+    accs = as_accs(accs)
     owner: dict[str, str] = {}
     for host, acc in accs.items():
-        for addr in (acc.get("net") or {}).get("addrs") or {}:
+        for addr in _net(acc).addrs:
             owner.setdefault(addr, host)
     toward: dict[str, int] = {}
     for acc in accs.values():
-        for key, vals in ((acc.get("net") or {}).get("pairs") or {}).items():
+        for key, vals in _net(acc).pairs.items():
             if len(vals) < 5:
                 continue
             a, _, b = key.partition("|")

@@ -2,8 +2,8 @@
 rank each host-level finding names (docs/ANALYSIS.md "Several ranks per host").
 
 A host accumulator keeps one rank row per registered training process of the host (``accumulate``,
-``acc["ranks"]``: ``{"<global rank>": row}``; a row has the shape of a host accumulator plus ``pid``,
-``local_rank`` and ``gpu``). Two views are built from them:
+``acc.ranks``: ``{"<global rank>": RankRow}``; a row has the fields of a host accumulator plus ``pid``,
+``local_rank`` and ``gpu``; packed, ``acc.rb`` and its ``acc.rt`` table). Two views are built from them:
 
 - the **host view** (:func:`host_view`): a host arrives at a collective when its *last* rank arrives (the
   host accumulator keeps the first arrival, which hides a slow rank behind its fast peers), and, for the
@@ -20,7 +20,10 @@ Everything here is pure and deterministic (ties break by rank number).
 
 from __future__ import annotations
 
+import msgspec
+
 from obshub.streams import accumulate
+from obshub.streams.accumulate import HostAcc, RankTable, StepAcc, as_accs
 from obshub.streams.analysis.straggler import lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
@@ -39,36 +42,40 @@ def split_unit(key: str) -> tuple[str, int]:
     return host, int(rank)
 
 
-def multi_rank(accs: dict[str, dict]) -> bool:
+def multi_rank(accs: dict[str, HostAcc]) -> bool:
     """Whether some host of ``accs`` has at least two rank rows."""
+    accs = as_accs(accs)
     return any(accumulate.rank_count(a) >= 2 for a in accs.values())
 
 
-def rank_units(accs: dict[str, dict]) -> dict[str, dict]:
-    """``{"<host>#<rank>": accumulator}``: every rank row of every host, with its host's clock
-    uncertainty (a rank row has no ``net``: links are per host)."""
-    out = {}
+def rank_units(accs: dict[str, HostAcc]) -> dict[str, StepAcc]:
+    """``{"<host>#<rank>": RankRow}``: every rank row of every host, with its host's clock uncertainty
+    (a rank row has no ``net``: links are per host). A copy of a row only where the uncertainty changes."""
+    accs = as_accs(accs)
+    out: dict[str, StepAcc] = {}
     for h, a in accs.items():
+        hu = a.unc_ns or 0
         for r, row in accumulate.rank_rows(a).items():
-            unit = dict(row)
-            unit["unc_ns"] = max(int(row.get("unc_ns") or 0), int(a.get("unc_ns") or 0))
-            out[unit_key(h, r)] = unit
+            if hu > (row.unc_ns or 0):
+                row = msgspec.structs.replace(row, unc_ns=hu)
+            out[unit_key(h, r)] = row
     return out
 
 
-def host_view(accs: dict[str, dict], strict: bool = False) -> dict[str, dict]:
+def host_view(accs: dict[str, HostAcc], strict: bool = False) -> dict[str, HostAcc]:
     """``accs`` with every host of two or more rank rows seen through its ranks: its arrival at each
     collective is its last rank's (``[op, arrive_rt, end_rt, duration_ns]`` of that rank's record). With
     ``strict`` (the hang check), a collective one of its ranks has not reached has no arrival, and its
     ``step_ns`` is None until every rank row has one. Other hosts are returned as they are (no copy)."""
+    accs = as_accs(accs)
     out = {}
     for h, a in accs.items():
-        if "rb" not in a and len(a.get("ranks") or ()) < 2:
+        if a.rb is None and len(a.ranks or ()) < 2:
             out[h] = a
             continue
-        rt = a.get("rt") if "rb" in a else None
+        rt = a.rt if a.rb is not None else None
         if rt is not None:  # the packed rank table (accumulate.pack_ranks): no rank row decoded
-            if len(rt["r"]) < 2:
+            if len(rt.r) < 2:
                 out[h] = a
             else:
                 out[h] = _view_of_table(a, rt, strict)
@@ -77,58 +84,54 @@ def host_view(accs: dict[str, dict], strict: bool = False) -> dict[str, dict]:
         if len(rows) < 2:
             out[h] = a
             continue
-        v = dict(a)
         if not strict:
-            v["colls"] = _last_arrivals(a["colls"], rows)
-            out[h] = v
+            out[h] = msgspec.structs.replace(a, colls=_last_arrivals(a.colls, rows))
             continue
         colls: dict[str, list] = {}
-        for key in a["colls"]:
-            recs = [row["colls"].get(key) for row in rows.values()]
+        for key in a.colls:
+            recs = [row.colls.get(key) for row in rows.values()]
             have = [c for c in recs if c is not None and c[1] is not None]
             if not have or (strict and len(have) < len(recs)):
-                colls[key] = [a["colls"][key][0], None, None, None]
+                colls[key] = [a.colls[key][0], None, None, None]
                 continue
             colls[key] = list(max(have, key=lambda c: c[1]))
-        v["colls"] = colls
-        if strict and any(row["step_ns"] is None for row in rows.values()):
-            v["step_ns"] = None
+        v = msgspec.structs.replace(a, colls=colls)
+        if strict and any(row.step_ns is None for row in rows.values()):
+            v.step_ns = None
         out[h] = v
     return out
 
 
-def _view_of_table(a: dict, rt: dict, strict: bool) -> dict:
+def _view_of_table(a: HostAcc, rt: RankTable, strict: bool) -> HostAcc:
     """:func:`host_view` of host accumulator ``a`` from its rank table ``rt`` (``accumulate.rank_table_of``,
     two or more ranks): the same view as from its full rank rows."""
-    v = dict(a)
-    keys = rt["k"]
+    keys = rt.k
     if not strict:
-        v["colls"] = {k: list(c) for k, c in zip(keys, rt["hv"])}
-        return v
+        return msgspec.structs.replace(a, colls={k: list(c) for k, c in zip(keys, rt.hv)})
     n = len(keys)
-    arr, end, dur = rt["a"], rt["e"], rt["d"]
+    arr, end, dur = rt.a, rt.e, rt.d
     colls: dict[str, list] = {}
     for i, key in enumerate(keys):
         col = arr[i::n]
         if None in col:  # a rank has not arrived (or has no record of it)
-            colls[key] = [a["colls"][key][0], None, None, None]
+            colls[key] = [a.colls[key][0], None, None, None]
             continue
         t = max(col)
         j = col.index(t) * n + i  # the first rank of the latest arrival, as max over the rows gives
-        colls[key] = [a["colls"][key][0], t, end[j], dur[j]]
-    v["colls"] = colls
-    if None in rt["s"]:
-        v["step_ns"] = None
+        colls[key] = [a.colls[key][0], t, end[j], dur[j]]
+    v = msgspec.structs.replace(a, colls=colls)
+    if None in rt.s:
+        v.step_ns = None
     return v
 
 
-def _last_arrivals(host_colls: dict[str, list], rows: dict[str, dict]) -> dict[str, list]:
+def _last_arrivals(host_colls: dict[str, list], rows: dict[str, StepAcc]) -> dict[str, list]:
     """The host view's collectives of a host (:func:`host_view`, not strict): per collective of
     ``host_colls``, a copy of the record of its rank that arrived last (the first such rank row on a
     tie), ``[op, None, None, None]`` when none of its ranks arrived. One pass over the rank rows."""
     best: dict[str, list] = {}
     for row in rows.values():
-        for key, c in row["colls"].items():
+        for key, c in row.colls.items():
             t = c[1]
             if t is not None:
                 b = best.get(key)
@@ -141,7 +144,7 @@ def _last_arrivals(host_colls: dict[str, list], rows: dict[str, dict]) -> dict[s
     return out
 
 
-def rank_lateness(units: dict[str, dict]) -> tuple[dict[str, int], dict[str, int]]:
+def rank_lateness(units: dict[str, StepAcc]) -> tuple[dict[str, int], dict[str, int]]:
     """``(late, last_n)`` of the rank units: ``late[u]`` = the unit's largest arrival after the median
     arrival of all units at a collective, when beyond the uncertainty of the first and the last arrival's
     clocks (``straggler.lateness``'s rule, without building the per-collective records: a wide job has
@@ -149,9 +152,10 @@ def rank_lateness(units: dict[str, dict]) -> tuple[dict[str, int], dict[str, int
     of its clock and the second-latest's. Without any collective joined by two units, lateness is the
     compute time over the median of the other units' (``straggler.lateness``). Ties at the first, second
     and last arrival break by unit key (as sorting ``(arrival, key)`` pairs orders them)."""
+    units = as_accs(units)
     keys = list(units)
-    unc = [units[u]["unc_ns"] for u in keys]
-    late_i, last_i, seen = _lateness_by_index([units[u]["colls"] for u in keys], unc, keys.__getitem__)
+    unc = [units[u].unc_ns for u in keys]
+    late_i, last_i, seen = _lateness_by_index([units[u].colls for u in keys], unc, keys.__getitem__)
     if not seen:
         layers = layer_table(units)
         return lateness(units, [], layers), {}
@@ -218,50 +222,50 @@ def _lateness_flat(
     return late, last_n, seen
 
 
-def _summary_row(t: dict, j: int, late: int, last: int) -> dict:
+def _summary_row(t: RankTable, j: int, late: int, last: int) -> dict:
     """The summary row of rank ``j`` of rank table ``t`` (:func:`_host_table`), its ``layers`` empty."""
     return {
-        "local_rank": t["l"][j],
-        "pid": t["p"][j],
-        "gpu": t["g"][j],
-        "step_ns": t["s"][j],
+        "local_rank": t.l[j],
+        "pid": t.p[j],
+        "gpu": t.g[j],
+        "step_ns": t.s[j],
         "late_ns": late,
         "last_n": last,
         "layers": {},
     }
 
 
-def _host_table(a: dict) -> tuple[dict, list[tuple[str, list]]] | None:
+def _host_table(a: HostAcc) -> tuple[RankTable, list[tuple[str, list]]] | None:
     """``(table, columns)`` of the rank rows of host accumulator ``a``, None without any: ``table`` has
     the per-rank lists ``r``, ``p``, ``l``, ``g``, ``s``, ``u`` of ``accumulate.rank_table_of`` (the packed
     table when there is one: nothing decoded), ``columns`` ``[(collective key, arrival per rank or
     None)]``."""
     rt = accumulate.rank_table(a)
     if rt is not None:
-        n = len(rt["k"])
-        arr = rt["a"]
-        return rt, [(k, arr[i::n]) for i, k in enumerate(rt["k"])]
+        n = len(rt.k)
+        arr = rt.a
+        return rt, [(k, arr[i::n]) for i, k in enumerate(rt.k)]
     rows = accumulate.rank_rows(a)
     if not rows:
         return None
     vals = list(rows.values())
-    t = {
-        "r": [int(r) for r in rows],
-        "p": [int(row.get("pid", 0)) for row in vals],
-        "l": [int(row.get("local_rank", 0)) for row in vals],
-        "g": [int(row.get("gpu", -1)) for row in vals],
-        "s": [row["step_ns"] for row in vals],
-        "u": [int(row.get("unc_ns") or 0) for row in vals],
-    }
+    t = RankTable(
+        r=[int(r) for r in rows],
+        p=[row.pid for row in vals],
+        l=[row.local_rank for row in vals],
+        g=[row.gpu for row in vals],
+        s=[row.step_ns for row in vals],
+        u=[row.unc_ns or 0 for row in vals],
+    )
     cols: dict[str, list] = {}
     for j, row in enumerate(vals):
-        for key, c in row["colls"].items():
+        for key, c in row.colls.items():
             cols.setdefault(key, [None] * len(vals))[j] = c[1]
     return t, list(cols.items())
 
 
 def host_ranks(
-    accs: dict[str, dict],
+    accs: dict[str, HostAcc],
     th: Thresholds = Thresholds(),
     layers_for: set[str] | None = None,
     rows_for: set[str] | None = None,
@@ -275,23 +279,24 @@ def host_ranks(
     :func:`fill_layers`). ``rows_for``: the hosts that get every rank's row (None: every host); the others
     get their named rank's row only until :func:`fill_rows` completes them (a wide step keeps the rows of
     a few hosts: 16,384 rows would cost more than the rest of the summary). A host without rank rows but
-    with a single known rank (``acc["rank"] = [rank, local_rank, pid]``) names that rank (no rows). ``th``
+    with a single known rank (``acc.rank = [rank, local_rank, pid]``) names that rank (no rows). ``th``
     is unused (the thresholds of the host view apply). Reads a packed accumulator's rank table
     (``accumulate.pack_ranks``) and decodes no rank row, except the layers' (:func:`fill_layers`) and a
     step without any collective joined by two ranks."""
+    accs = as_accs(accs)
     host_of: list[str] = []
     rkeys: list[int] = []
     unc: list[int] = []
-    spans: list[tuple[str, int, int, dict]] = []  # (host, first index, end index, rank table) of its ranks
+    spans: list[tuple[str, int, int, RankTable]] = []  # (host, first index, end index, rank table) of its ranks
     flat: dict[str, tuple[list[int], list[int]]] = {}  # collective -> (arrivals, unit indices)
     for h, a in accs.items():
         ht = _host_table(a)
         if ht is None:
             continue
         t, cols = ht
-        hu = int(a.get("unc_ns") or 0)
+        hu = a.unc_ns or 0
         start = len(host_of)
-        m = len(t["r"])
+        m = len(t.r)
         for key, col in cols:
             v = flat.get(key)
             if v is None:
@@ -304,9 +309,9 @@ def host_ranks(
             else:
                 v[0].extend(col)
                 v[1].extend(range(start, start + m))
-        unc.extend(u if u > hu else hu for u in t["u"])
+        unc.extend(u if u > hu else hu for u in t.u)
         host_of.extend([h] * m)
-        rkeys.extend(t["r"])
+        rkeys.extend(t.r)
         spans.append((h, start, start + m, t))
     out: dict[str, dict] = {}
     if host_of:
@@ -317,7 +322,7 @@ def host_ranks(
             late_i = [int(late_u.get(k, 0)) for k in keys]
             last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
         for h, start, end, t in spans:
-            steps, ranks = t["s"], t["r"]
+            steps, ranks = t.s, t.r
             lt = late_i[start:end]
             top = max(lt)
             if lt.count(top) == 1:  # one latest rank (the usual case): no tie to break
@@ -336,13 +341,13 @@ def host_ranks(
                 out[h] = {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start, t)}
         fill_layers(out, accs, set(out) if layers_for is None else layers_for)
     for h, a in accs.items():
-        one = a.get("rank")
+        one = a.rank
         if h not in out and one:
             out[h] = {"rank": int(one[0]), "rows": {}}
     return out
 
 
-def fill_rows(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) -> None:
+def fill_rows(named: dict[str, dict], accs: dict[str, HostAcc], hosts: set[str]) -> None:
     """Complete the rank rows of ``hosts`` in ``named`` (:func:`host_ranks` with ``rows_for``: a host
     outside it got its named rank's row only) with every rank's row, as ``host_ranks`` without
     ``rows_for`` makes them; ``layers`` stay empty (:func:`fill_layers`). ``accs`` is unused (the rank
@@ -353,11 +358,11 @@ def fill_rows(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) ->
         if pend is None:
             continue
         late_i, last_i, start, t = pend  # the host's ranks are indices start.. in the order of its table
-        order = sorted((r, start + j) for j, r in enumerate(t["r"]))
+        order = sorted((r, start + j) for j, r in enumerate(t.r))
         v["rows"] = {r: _summary_row(t, i - start, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
 
 
-def fill_layers(named: dict[str, dict], accs: dict[str, dict], hosts: set[str]) -> None:
+def fill_layers(named: dict[str, dict], accs: dict[str, HostAcc], hosts: set[str]) -> None:
     """Fill the ``layers`` of the rank rows of ``hosts`` in ``named`` (:func:`host_ranks`) from their rank
     units (``layer_table``: the pytorch layer's time is the rank's compute time)."""
     units = rank_units({h: accs[h] for h in hosts if h in accs})

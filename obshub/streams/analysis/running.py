@@ -4,6 +4,7 @@ never arrived at a collective its peers reached (``hang_check``)."""
 from __future__ import annotations
 
 from obshub.streams import accumulate
+from obshub.streams.accumulate import StepAcc, as_accs
 from obshub.streams.analysis.evidence import TIME_EVIDENCE, Baseline, baseline
 from obshub.streams.analysis.network import net_evidence, net_stats, retransmits_toward
 from obshub.streams.analysis.ranks import rank_units, split_unit, unit_key
@@ -42,14 +43,15 @@ def running_check(
 
     Returns None, or ``{"elapsed_ns", "after_ns", "spread_ns", "hosts": {host: {"z", "rx", "peer_rx",
     "rtt_ns", "peer_rtt_ns", "time_excess_ns"}}}`` with at least one host."""
+    accs = as_accs(accs)
     if len(accs) < 3 or any(h in accs for h in (stopped or {})):
         return None
-    if all(a["step_ns"] is not None for a in accs.values()):
+    if all(a.step_ns is not None for a in accs.values()):
         return None  # every host that sent data finished: the summary comes with the close
     bl = baseline(history, step, th)
     if bl.n < th.baseline_min_n:
         return None
-    begins = [a["begin_rt"] for a in accs.values() if a.get("begin_rt") is not None]
+    begins = [a.begin_rt for a in accs.values() if a.begin_rt is not None]
     elapsed = now_ns - min([opened_ns, *begins])
     after = max(th.running_min_ns, int(th.running_factor * bl.median_ns))
     if elapsed < after:
@@ -88,11 +90,11 @@ def _last_phase(acc: dict | None) -> str:
     """Where a host is in its step: the collective it is inside, else the last phase it finished."""
     if acc is None:
         return "no data in this step"
-    open_colls = [(c[1], k, c[0]) for k, c in acc["colls"].items() if c[1] is not None and c[2] is None]
+    open_colls = [(c[1], k, c[0]) for k, c in acc.colls.items() if c[1] is not None and c[2] is None]
     if open_colls:
         _t, k, op = max(open_colls)
         return f"in {op} pg={k.rpartition('#')[0]} seq={k.rpartition('#')[2]}"
-    lp = acc.get("last_phase")
+    lp = acc.last_phase
     return f"after {lp[1]}" if lp else "no data in this step"
 
 
@@ -101,21 +103,21 @@ def past_data(acc: dict) -> bool:
     ``data`` ended, or a collective was reached. The step after a loop's last one holds only its data
     phase (the hooks open it at the last optimizer step and close it at exit: obshub/instrument/hooks.py),
     so ranks that exit one after the other there ended the job; they did not fail on a lost peer."""
-    if any(c[1] is not None for c in acc["colls"].values()):
+    if any(c[1] is not None for c in acc.colls.values()):
         return True
-    if any(p != "data" for p in acc.get("phases") or {}):
+    if any(p != "data" for p in acc.phases or {}):
         return True
-    lp = acc.get("last_phase")
+    lp = acc.last_phase
     return bool(lp) and lp[1] != "data"
 
 
-def past_data_phase(acc: dict) -> bool:
+def past_data_phase(acc: StepAcc) -> bool:
     """Whether a host (or rank row) ended a phase of its step other than ``data`` (forward, backward,
     optimizer). Collectives do not count here: a collective the rank reached and ended shows it went on
     (a job's closing ``barrier`` after its last step is one), not that it was cut off mid-step."""
-    if any(p != "data" for p in acc.get("phases") or {}):
+    if any(p != "data" for p in acc.phases):
         return True
-    lp = acc.get("last_phase")
+    lp = acc.last_phase
     return bool(lp) and lp[1] != "data"
 
 
@@ -141,22 +143,22 @@ def _exit_cascade(
     waits: dict[str, dict[str, int]] = {}
     for h, t in exits.items():
         a = accs.get(h)
-        if h in early or a is None or a["step_ns"] is not None:
+        if h in early or a is None or a.step_ns is not None:
             continue
-        for k, c in a["colls"].items():
+        for k, c in a.colls.items():
             if c[1] is not None and c[2] is None and c[1] < t:
                 waits.setdefault(k, {})[h] = c[1]
     if not waits:
         # the others failed where no collective event shows (DDP's gradient all-reduce runs inside
         # backward): named when the first ranks and the later ones all exited inside the step
-        later = sorted(h for h in exits if h not in early and h in accs and accs[h]["step_ns"] is None)
-        if not later or any(h in accs and accs[h]["step_ns"] is not None for h in early):
+        later = sorted(h for h in exits if h not in early and h in accs and accs[h].step_ns is None)
+        if not later or any(h in accs and accs[h].step_ns is not None for h in early):
             return None, []
         if not any(past_data_phase(accs[h]) for h in later):
             # the loop's end: the step after the last one holds only its data phase, and the collectives
             # the ranks reached there (a closing barrier) all ended: nobody was cut off by the first exit
             return None, []
-        seen = [(c[1], k) for h in later for k, c in accs[h]["colls"].items() if c[1] is not None]
+        seen = [(c[1], k) for h in later for k, c in accs[h].colls.items() if c[1] is not None]
         return (max(seen)[1] if seen else "-#-1", now_ns - first, later), early
     k, who = max(waits.items(), key=lambda kv: (len(kv[1]), kv[0]))
     return (k, now_ns - max(who.values()), sorted(who)), early
@@ -171,11 +173,11 @@ def _stalled(
     shows). Returns ``((latest collective key of the step, or "-#-1", waited_ns, [waiting hosts]),
     [stopped hosts])``, or ``(None, [])``."""
     held = sorted(h for h, v in stopped.items() if v[0] in ("frozen", "stopped"))
-    others = sorted(h for h, a in accs.items() if h not in stopped and a["step_ns"] is None)
+    others = sorted(h for h, a in accs.items() if h not in stopped and a.step_ns is None)
     waited = now_ns - opened_ns
     if not held or not others or waited < max(th.hang_state_wait_ns, int(th.hang_factor * bl.median_ns)):
         return None, []
-    seen = [(c[1], k) for a in accs.values() for k, c in a["colls"].items() if c[1] is not None]
+    seen = [(c[1], k) for a in accs.values() for k, c in a.colls.items() if c[1] is not None]
     return (max(seen)[1] if seen else "-#-1", waited, others), held
 
 
@@ -186,7 +188,7 @@ def _went_on_without(accs: dict[str, dict], arrived: dict[str, int], key: str, s
     so the rank holds up nothing there."""
     if state[0] != "exited" or len(state) < 3 or not state[2] or not arrived:
         return False
-    ends = [accs[h]["colls"][key][2] for h in arrived]
+    ends = [accs[h].colls[key][2] for h in arrived]
     return all(e is not None and e > state[2] for e in ends)
 
 
@@ -237,6 +239,7 @@ def hang_check(
     the latest of their arrivals; ``last_phase``: the collective the hung host is in, or the last phase it
     finished; ``state``: frozen, stopped, exited, "silent" when judged by silence, or "unreachable" when
     judged by silence while its peers retransmit toward it, with ``toward`` = those retransmits)."""
+    accs = as_accs(accs)
     bl = baseline(history, step, th)
     after = max(th.hang_min_ns, int(th.hang_factor * bl.median_ns))
     stopped = {h: v for h, v in (stopped or {}).items() if h in set(expected_hosts) | set(accs)}
@@ -257,7 +260,7 @@ def hang_check(
     top: dict[str, int] = {}
     newest = 0  # CLOCK_REALTIME ns of the step's latest collective arrival or end
     for acc in accs.values():
-        for key, c in acc["colls"].items():
+        for key, c in acc.colls.items():
             if c[1] is not None:
                 pg, _, seq = key.rpartition("#")
                 top[pg] = max(top.get(pg, -1), int(seq))
@@ -275,15 +278,13 @@ def hang_check(
     toward: dict[str, int] | None = None
     for pg, seq in sorted(top.items()):
         key = f"{pg}#{seq}"
-        arrived = {
-            h: a["colls"][key][1] for h, a in accs.items() if key in a["colls"] and a["colls"][key][1] is not None
-        }
+        arrived = {h: a.colls[key][1] for h, a in accs.items() if key in a.colls and a.colls[key][1] is not None}
         waited = now_ns - max(arrived.values())
-        if all(accs[h]["step_ns"] is not None for h in arrived):
+        if all(accs[h].step_ns is not None for h in arrived):
             continue  # every arrived rank finished its step: nobody waits
         hung = []
         # it finished the step: it never joined that collective (a sampled trace), no hang
-        missing = [h for h in sorted(expected - set(arrived)) if h not in accs or accs[h]["step_ns"] is None]
+        missing = [h for h in sorted(expected - set(arrived)) if h not in accs or accs[h].step_ns is None]
         # judged by silence only when every missing rank is silent: while one of them still sends data,
         # the missing ranks are blocked together before the collective (a communication stalled by
         # retransmission timeouts on a lossy link), not behind a rank that stopped answering
@@ -307,7 +308,7 @@ def hang_check(
             best = {
                 "pg": pg,
                 "coll_seq": seq,
-                "op": accs[next(iter(arrived))]["colls"][key][0],
+                "op": accs[next(iter(arrived))].colls[key][0],
                 "hosts": hung,
                 "waiting": sorted(h for h in arrived if h not in culprits),
                 "waited_ns": waited,
@@ -322,9 +323,9 @@ def hang_check(
         # collective (arrived, not ended); the hang is on the one waited in longest
         waits: dict[str, dict[str, int]] = {}
         for h, a in accs.items():
-            if h in stopped or a["step_ns"] is not None:
+            if h in stopped or a.step_ns is not None:
                 continue
-            for k, c in a["colls"].items():
+            for k, c in a.colls.items():
                 if c[1] is not None and c[2] is None:
                     waits.setdefault(k, {})[h] = c[1]
         pick = None
@@ -341,7 +342,7 @@ def hang_check(
         if pick is not None:
             k, w, who = pick
             hung = [hung_entry(h, stopped[h][0]) for h in culprits]
-            op = next((accs[h]["colls"][k][0] for h in who if k in accs[h]["colls"]), "step")
+            op = next((accs[h].colls[k][0] for h in who if k in accs[h].colls), "step")
             pg, _, seq = k.rpartition("#")
             best = {
                 "pg": pg,
@@ -366,6 +367,7 @@ def hang_ranks(
     of its earliest frozen, stopped or exited process (``states``: ``host -> pid -> (state, received_ns,
     at_rt)``; ``pids``: ``host -> pid -> (global rank, local rank)``); by silence, its first rank row that
     has not reached the collective; a host of one known rank, that rank."""
+    accs = as_accs(accs)
     if found is None:
         return None
     key = f"{found['pg']}#{found['coll_seq']}"
@@ -378,13 +380,13 @@ def hang_ranks(
         if held:
             pid = min(held, key=lambda p: (held[p][2] if len(held[p]) > 2 else 0, p))
             rank = known[pid][0] if pid in known else None
-        acc = accs.get(h) or {}
-        rows = accumulate.rank_rows(acc) if rank is None else {}
+        acc = accs.get(h)
+        rows = accumulate.rank_rows(acc) if rank is None and acc is not None else {}
         if rank is None and rows:
-            behind = sorted(int(r) for r, row in rows.items() if (row["colls"].get(key) or [None, None])[1] is None)
+            behind = sorted(int(r) for r, row in rows.items() if (row.colls.get(key) or [None, None])[1] is None)
             rank = behind[0] if behind else None
-        if rank is None and acc.get("rank"):
-            rank = int(acc["rank"][0])
+        if rank is None and acc is not None and acc.rank:
+            rank = int(acc.rank[0])
         if rank is None and len(known) == 1:
             rank = next(iter(known.values()))[0]
         out.append(dict(e, rank=rank))
@@ -407,6 +409,7 @@ def one_node_hang(
     would be (``"<host>#<rank>"`` units of ``ranks.rank_units``, each silent while its host is, a rank's
     process state from ``states``), the result mapped back to the host with each entry's ``rank``;
     ``waiting`` lists the host once. None when the job is not one such host or nothing hangs."""
+    accs = as_accs(accs)
     names = set(expected_hosts) | set(accs)
     if len(names) != 1:
         return None

@@ -4,6 +4,7 @@ lateness, the straggler itself and its layer blame (docs/ANALYSIS.md)."""
 from __future__ import annotations
 
 from obshub.core.schema import Layer
+from obshub.streams.accumulate import as_accs
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, union_ns
 from obshub.streams.analysis.thresholds import Thresholds
 
@@ -12,20 +13,21 @@ def compute_ns(acc: dict) -> int | None:
     """A host's compute time in the step, ns: ``step_ns - |union of its collective intervals|`` where a
     collective's interval is ``[end_rt - duration_ns, end_rt]`` from COLLECTIVE_END. Without a STEP_END,
     the sum of the PHASE durations minus the same union (None when there is neither)."""
-    ivals = [(c[2] - c[3], c[2]) for c in acc["colls"].values() if c[2] is not None and c[3] is not None]
+    ivals = [(c[2] - c[3], c[2]) for c in acc.colls.values() if c[2] is not None and c[3] is not None]
     waited = union_ns(ivals)
-    if acc["step_ns"] is not None:
-        return max(0, acc["step_ns"] - waited)
-    if acc["phases"]:
-        return max(0, sum(acc["phases"].values()) - waited)
+    if acc.step_ns is not None:
+        return max(0, acc.step_ns - waited)
+    if acc.phases:
+        return max(0, sum(acc.phases.values()) - waited)
     return None
 
 
 def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
     """``{host: {layer: {time_ns, count, max_ns}}}``; the pytorch layer's time is ``compute_ns``."""
+    accs = as_accs(accs)
     out: dict[str, dict[str, dict]] = {}
     for host, acc in sorted(accs.items()):
-        row = {layer: {"time_ns": t, "count": c, "max_ns": m} for layer, (t, c, m) in sorted(acc["layers"].items())}
+        row = {layer: {"time_ns": t, "count": c, "max_ns": m} for layer, (t, c, m) in sorted(acc.layers.items())}
         comp = compute_ns(acc)
         if comp is not None:
             row.setdefault(Layer.PYTORCH.value, {"time_ns": 0, "count": 0, "max_ns": 0})["time_ns"] = comp
@@ -71,11 +73,12 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
     each host to its arrival minus the median arrival (ns, >= 0 only for the later half). ``consistent``
     is False (and ``why`` says why) when the pairing check (``_pair_check``) fails. Ties break by host
     name."""
+    accs = as_accs(accs)
     by_key: dict[str, dict[str, tuple]] = {}
     for host, acc in accs.items():
-        for key, (op, arrive, end, dur) in acc["colls"].items():
+        for key, (op, arrive, end, dur) in acc.colls.items():
             if arrive is not None:
-                by_key.setdefault(key, {})[host] = (arrive, acc["unc_ns"], op, end, dur)
+                by_key.setdefault(key, {})[host] = (arrive, acc.unc_ns, op, end, dur)
     out = []
     for key, arr in by_key.items():
         if len(arr) < 2:
@@ -113,6 +116,7 @@ def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str
     check is not applied here, because the end of an asynchronous collective may be when it was queued
     (the DDP comm hook's future), which fails the check although the pairing is right; the sequential
     test needs the same host late step after step, which a wrong pairing does not give."""
+    accs = as_accs(accs)
     good = colls
     out = dict.fromkeys(accs, 0)
     if good:
@@ -145,9 +149,10 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
     is needed. ``group`` lists every host at least that late at the straggler's collective (itself
     included) as ``{host, late_ns}``, latest first (one entry when it was late alone). ``score`` = excess
     / median host step time, rounded to 3 places (the fraction of a step the others lost)."""
+    accs = as_accs(accs)
     if len(accs) < 2:
         return None
-    step_times = [a["step_ns"] for a in accs.values() if a["step_ns"] is not None]
+    step_times = [a.step_ns for a in accs.values() if a.step_ns is not None]
     ref = (
         median_int(step_times)
         if step_times

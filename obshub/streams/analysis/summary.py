@@ -7,6 +7,7 @@ import msgspec
 
 from obshub.core import schema
 from obshub.streams import accumulate, compact
+from obshub.streams.accumulate import as_accs
 from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import Evidence, HostEvidence, baseline, evidence
 from obshub.streams.analysis.network import NetStats, net_blame, net_stats
@@ -116,18 +117,19 @@ def stopped_ranks(accs: dict[str, dict]) -> dict[str, dict]:
     ``{host: acc}`` (``accumulate`` ``stopped_ns``: the longest off-CPU time of a stopped or traced thread
     in the step, ns), with the global rank whose row holds it (a one-rank host's rank; None when unknown).
     Only hosts with a stop; the rank rows are decoded only for them (a stop is rare)."""
+    accs = as_accs(accs)
     out: dict[str, dict] = {}
     for h, acc in sorted(accs.items()):
-        ns = int(acc.get("stopped_ns") or 0)
+        ns = int(acc.stopped_ns or 0)
         if ns <= 0:
             continue
         rank = None
-        if acc.get("rank"):
-            rank = int(acc["rank"][0])
+        if acc.rank:
+            rank = int(acc.rank[0])
         else:
             rows = accumulate.rank_rows(acc)
-            best = max(rows.items(), key=lambda kv: (int(kv[1].get("stopped_ns") or 0), -int(kv[0])), default=None)
-            if best is not None and int(best[1].get("stopped_ns") or 0) > 0:
+            best = max(rows.items(), key=lambda kv: (kv[1].stopped_ns or 0, -int(kv[0])), default=None)
+            if best is not None and (best[1].stopped_ns or 0) > 0:
                 rank = int(best[0])
         out[h] = {"ns": ns, "rank": rank}
     return out
@@ -188,6 +190,7 @@ def summarize(
     step time at least ``net_window_stall`` times the baseline median); ``life``: the job's life (0 for
     its first run; docs/STREAMS.md "Restarts, resumes and world-size changes"). Deterministic: the same
     inputs give the same output."""
+    accs = as_accs(accs)
     wide = len(accs) > compact.FULL_ROWS  # rank rows' layers only for the hosts compact keeps (below)
     # a wide step: each host's named rank's row now, every row of the hosts compact keeps later
     named = host_ranks(accs, th, layers_for=set() if wide else None, rows_for=set() if wide else None)
@@ -196,7 +199,7 @@ def summarize(
     accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
     layers = layer_table(accs)
     colls = collectives(accs, th)
-    step_time = {h: a["step_ns"] for h, a in sorted(accs.items()) if a["step_ns"] is not None}
+    step_time = {h: a.step_ns for h, a in sorted(accs.items()) if a.step_ns is not None}
     tmax = max(step_time.values(), default=0)
     strag = find_straggler(accs, colls, layers, th)
     bl = baseline(history, step, th)
@@ -279,7 +282,7 @@ def summarize(
                 int(quality.get("lost_batches", 0)),
                 int(quality.get("duplicate_batches", 0)),
                 int(quality.get("late_events", 0)),
-                sum(a["ringbuf_lost"] for a in accs.values()),
+                sum(a.ringbuf_lost for a in accs.values()),
             )
         ),
     }
