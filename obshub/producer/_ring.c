@@ -26,8 +26,10 @@
  * replacement). The bytes are exactly msgpack-python's (smallest int encoding, str8 for use_bin_type), so
  * a batch built from them equals obshub.core.schema.encode_batch of the decoded events.
  *
- * Ring(map_fd, data_size)      map the ring (data_size: the map's max_entries, a power-of-2 multiple of
- *                              the page size); raises OSError.
+ * Ring(map_fd, data_size, events=True)  map the ring (data_size: the map's max_entries, a power-of-2
+ *                              multiple of the page size); raises OSError. events=False: a ring of the same
+ *                              layout in a file (the collective ring of obshub/instrument/_c10d_kernel.cpp,
+ *                              a memfd), no epoll (wait() then only sleeps its timeout).
  * Ring.wait(timeout_ms) -> int epoll on the map fd, edge-triggered: > 0 when the kernel signalled since the
  *                              previous wait (records submitted with BPF_RB_NO_WAKEUP do not signal, and
  *                              records already pending do not make it return: call drain anyway).
@@ -275,10 +277,10 @@ static void ring_unmap(Ring *r)
 
 static int Ring_init(Ring *r, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"map_fd", "data_size", NULL};
-    int fd;
+    static char *kwlist[] = {"map_fd", "data_size", "events", NULL};
+    int fd, events = 1;
     Py_ssize_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "in", kwlist, &fd, &size))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "in|p", kwlist, &fd, &size, &events))
         return -1;
     r->page = (size_t)sysconf(_SC_PAGESIZE);
     if (size <= 0 || (size & (size - 1)) || (size_t)size % r->page) {
@@ -303,6 +305,8 @@ static int Ring_init(Ring *r, PyObject *args, PyObject *kw)
         ring_unmap(r);
         return -1;
     }
+    if (!events) /* a ring laid out as the kernel's in a file (obshub/instrument/_c10d_kernel.cpp): no wakeups */
+        return 0;
     r->epfd = epoll_create1(EPOLL_CLOEXEC);
     /* edge-triggered: a wait returns when the kernel signals (a forced wakeup, see obshub/bpf/common.h) or on its
      * timeout, not merely because records are pending (the ring's poll reports readable whenever it holds
@@ -349,7 +353,12 @@ static PyObject *Ring_wait(Ring *r, PyObject *arg)
     struct epoll_event ev;
     int n;
     Py_BEGIN_ALLOW_THREADS
-    n = epoll_wait(r->epfd, &ev, 1, timeout);
+    if (r->epfd < 0) { /* events=False: nothing signals */
+        if (timeout > 0)
+            usleep((useconds_t)timeout * 1000);
+        n = 0;
+    } else
+        n = epoll_wait(r->epfd, &ev, 1, timeout);
     Py_END_ALLOW_THREADS
     if (n < 0 && errno != EINTR)
         return PyErr_SetFromErrno(PyExc_OSError);
