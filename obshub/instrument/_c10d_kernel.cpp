@@ -88,6 +88,9 @@ uint64_t g_host = 0;
 std::unordered_map<std::string, uint64_t> g_coll_seq;
 
 std::unordered_map<std::string, OpInfo> g_ops;  // written by install() only, before any kernel runs
+// the same by the op's schema (its address: stable while the op is registered), filled by install(): the
+// kernel's look-up is a pointer hash, not a substring copy and a string hash per collective
+std::unordered_map<const c10::FunctionSchema *, const OpInfo *> g_by_schema;
 std::unique_ptr<torch::Library> g_lib;
 std::atomic<uint64_t> g_calls{0};
 
@@ -316,7 +319,7 @@ inline int32_t my_tid() {
 // begin time and thread) for each one older than kLateNs; its `coll` then carries the thread id negated
 // (the end only). coll_late fires under fly_mu, and the end reads `announced` under it and fires after.
 struct Flight {
-    std::shared_ptr<std::pair<std::string, std::string>> token;  // process group name, probe name
+    std::string pg, probe;  // process group name, probe name (short: in place, no allocation)
     uint64_t seq, nbytes;
     int64_t step;
     uint64_t key, begin;
@@ -348,9 +351,9 @@ void watchdog() {
                 // the collective ring's BEGIN record while a reader drains it (its `coll` END goes there too:
                 // one source, in order; the agent's next drain, <= its poll bound), else the USDT coll_late
                 if (!ring_live(now) ||
-                    !ring_put(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step,
+                    !ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
                               f->key, f->begin, f->tid, 0, 0))
-                    api->coll_late(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step,
+                    api->coll_late(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
                                    f->key, f->begin, f->tid);
             }
         }
@@ -385,10 +388,10 @@ void fly_end(const std::shared_ptr<Flight> &f) {
     // outside the lock: a coll_late for it, if any, fired before the lock was released. The ring while a
     // reader drains it (no trap), else the one `coll` trap
     const uint64_t now = monotonic_ns();
-    if (ring_live(now) && ring_put(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step,
+    if (ring_live(now) && ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
                                    f->key, f->begin, announced ? 0 : f->tid, now, my_tid()))
         return;
-    api->coll(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key, f->begin,
+    api->coll(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step, f->key, f->begin,
               announced ? -f->tid : f->tid);
 }
 
@@ -435,17 +438,23 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         return;
     }
     const size_t nargs = op.schema().arguments().size();
-    auto found = g_ops.find(op.schema().name().substr(6));  // "c10d::" + name
+    const c10::FunctionSchema &schema = op.schema();
+    const OpInfo *pinfo = nullptr;
+    if (auto hit = g_by_schema.find(&schema); hit != g_by_schema.end()) {
+        pinfo = hit->second;
+    } else if (auto found = g_ops.find(schema.name().substr(6)); found != g_ops.end()) {  // "c10d::" + name
+        pinfo = &found->second;
+    }
     const at::Tensor *tensor = nullptr;
     for (size_t i = 0; i < nargs && tensor == nullptr; i++)
         tensor = first_tensor(torch::jit::peek(*stack, i, nargs));
     // tracing (fake tensors and tensor subclasses carry the Python key; meta tensors): not counted
-    if (found == g_ops.end() ||
+    if (pinfo == nullptr ||
         (tensor != nullptr && (tensor->is_meta() || tensor->key_set().has(c10::DispatchKey::Python)))) {
         op.redispatchBoxed(keys, stack);
         return;
     }
-    const OpInfo &info = found->second;
+    const OpInfo &info = *pinfo;
     std::string name;
     uint64_t nbytes = 0;
     try {
@@ -473,14 +482,14 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         key = make_key(step, ++g_op_seq);
     }
     g_calls.fetch_add(1, std::memory_order_relaxed);
-    // the strings the probes point to live as long as the collective: the callback owns copies (a later
-    // install() replaces g_ops while a collective may still be running)
-    auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
-    const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
+    // the strings the probes point to live as long as the collective: the Flight or the callback owns copies
+    // (a later install() replaces g_ops while a collective may still be running)
     const uint64_t begin = monotonic_ns();
     if (ring_live(begin) || api->coll_traced()) {  // the ring, or one trap: at the end, with begin time and thread
+        // one allocation per collective (the Flight, its strings in place), shared by the callback
         auto fly = std::make_shared<Flight>(
-            Flight{token, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr, nullptr});
+            Flight{std::move(name), info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr,
+                   nullptr});
         fly_add(fly);
         t_in_coll = true;
         try {
@@ -499,6 +508,8 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         fut->addCallback([fly](c10::ivalue::Future &) { fly_end(fly); });
         return;
     }
+    auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
+    const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
     const uint64_t prev_key = t_key;
     const int64_t prev_step = t_step;
     api->coll_begin(pg_name, seq, probe, nbytes, step, key);
@@ -568,6 +579,12 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                                                     __FILE__, __LINE__);
         for (const auto &entry : g_ops)
             lib->impl(entry.first.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+        std::unordered_map<const c10::FunctionSchema *, const OpInfo *> by_schema;
+        for (const auto &entry : g_ops)
+            if (auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName("c10d::" + entry.first, "")))
+                if (h->hasSchema())
+                    by_schema[&h->schema()] = &entry.second;
+        g_by_schema = std::move(by_schema);
         g_lib = std::move(lib);
     } catch (const std::exception &e) {
         PyErr_Format(PyExc_RuntimeError, "registering the c10d kernels failed: %s", e.what());
@@ -578,6 +595,7 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 
 PyObject *py_uninstall(PyObject *, PyObject *const *, Py_ssize_t) {
     g_lib.reset();  // deregisters every kernel
+    g_by_schema.clear();
     Py_RETURN_NONE;
 }
 

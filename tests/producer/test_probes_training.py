@@ -71,8 +71,10 @@ def test_two_rank_training_tracekeys(tmp_path):
         )
         try:
             deadline = time.monotonic() + 240
+            rings: dict[int, dict[str, int]] = {}  # the ranks' collective rings the agent read
             while wl.poll() is None and time.monotonic() < deadline:
                 events += src.poll(50)
+                rings.update(src.coll_rings())
             events += src.poll(0)
             out, err = wl.communicate(timeout=10)
         finally:
@@ -111,5 +113,8 @@ def test_two_rank_training_tracekeys(tmp_path):
                 assert parts.host_id == r["host_id"], (rank, e)
                 checked += 1
     assert colls[0] and colls[0] == colls[1], colls
+    # the collectives came through each rank's collective ring (no trap), none sent by trap for lack of room
+    assert all(rings.get(r["pid"], {}).get("written", 0) > 0 for r in regs), rings
+    assert all(rings[r["pid"]]["drops"] == 0 for r in regs), rings
     assert checked >= 2 * STEPS, checked  # every step had scheduler events on the training thread
     print(f"checked {checked} scheduler events inside steps; lost {lost}")
