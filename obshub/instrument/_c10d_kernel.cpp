@@ -22,6 +22,10 @@
  * gets its begin from a watchdog thread (`coll_late`, see "in flight" below), so a hang still shows who
  * arrived.
  *
+ * No trap at all while the agent reads the process's collective ring (issue #34, "the collective ring"
+ * below): the kernel writes the two records the `coll` program would make into a memfd the agent drains;
+ * a full ring or no reader sends the collective down the USDT path above.
+ *
  * Shared with hooks.py (which owns steps and phases): the step, the step's op counter (op_seq: phases
  * and collectives count in one sequence), the host id, and a per-thread mirror of the thread's TraceKey.
  * hooks.py calls set_state() when it begins or ends a step, next_op() for a phase's op_seq and
@@ -31,6 +35,7 @@
  *   install(ops) ops: list of (name, probe_name, pg_index, peer_index|-1, any_source, size_index|-1)
  *   uninstall()                       set_state(step, op_seq, host_id)       next_op() -> op_seq
  *   reset_coll_seq()                  set_thread_key(trace_key, step)        calls() -> kernel calls
+ *   ring_info() -> {fd, data_size, drops, written, live} | None
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
