@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import time
 
 from bench import common
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # an older tree (no collective ring) or no C++ kernel
         has_ring = False
     ring_drops = [0]
+    cpu_us: dict[str, list[float]] = {}  # the process's CPU (all threads: gloo's too) per call, by configuration
+    current = [""]
 
     def timed(fn, instrumented: bool, n: int, kernel: str = "auto", one_probe: bool = False, ring=False) -> float:
         rings = None
@@ -94,10 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                 rings.refresh([os.getpid()])
         try:
             fn()  # warm
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.process_time()
             for _ in range(n):
                 fn()
-            return (time.perf_counter() - start) / n * 1e6
+            wall = (time.perf_counter() - start) / n * 1e6
+            cpu_us.setdefault(current[0], []).append((time.process_time() - cpu0) / n * 1e6)
+            return wall
         finally:
             if rings is not None:
                 rings.drain(PACKED_TABLE, 1 << 20)  # the agent's work: untimed
@@ -135,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         "backward obshub": lambda: timed(backward, True, n),
     }
     configs = {k: v for k, v in configs.items() if k.split()[0] in kinds}
+
+    def named(name, fn):
+        def run():
+            current[0] = name
+            return fn()
+
+        return run
+
+    configs = {k: named(k, v) for k, v in configs.items()}
     series = common.interleave(configs, args.rounds, progress=False)
     traced = bool(getattr(usdt._usdt, "coll_traced", lambda: False)())
     common.console.print(common.table(f"per call, {n} calls per sample", series, "µs", baseline="all_reduce plain"))
@@ -160,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         base = series["all_reduce plain"].samples
         for name in (k for k in series if k.startswith("all_reduce obshub")):
             d = sorted(x - y for x, y in zip(series[name].samples, base))
+            c = sorted(x - y for x, y in zip(cpu_us[name], cpu_us["all_reduce plain"]))
             paired[name] = d
+            paired[name + " cpu"] = c
             common.console.print(
-                f"{name} - plain, per round: median {d[len(d) // 2]:+.2f} µs [{d[0]:+.2f}..{d[-1]:+.2f}] per call"
+                f"{name} - plain, per round: wall median {statistics.median(d):+.2f} µs [{d[0]:+.2f}..{d[-1]:+.2f}], "
+                f"CPU (all threads) {statistics.median(c):+.2f} µs [{c[0]:+.2f}..{c[-1]:+.2f}] per call"
             )
         if "all_reduce obshub-ring" in series:
             common.console.print(f"collective ring: {ring_drops[0]} collectives dropped to the trap (ring full)")
