@@ -136,7 +136,8 @@ def test_collectives_go_through_the_ring_while_a_reader_drains_it(world, monkeyp
     """While the agent's reader drains the process's collective ring, the C++ kernel writes each collective's
     COLLECTIVE_BEGIN (begin time, issuing thread) and COLLECTIVE_END (end time, duration) there and fires no
     probe at all, even with ``coll`` traced: the records decode to the events the ``coll`` probe's BPF program
-    makes (group, sequence, op, bytes, TraceKey, pid). A reader gone (closed), the ``coll`` trap again."""
+    makes (group, sequence, op, bytes, TraceKey, pid). A reader gone (closed), the ``coll`` trap again. A
+    forked child has no ring and the kernel's locks are free in it."""
     import os
     import threading
     import time
@@ -177,6 +178,12 @@ def test_collectives_go_through_the_ring_while_a_reader_drains_it(world, monkeyp
         assert (e.trace_key, e.step, e.value, e.payload) == (b.trace_key, b.step, b.value, b.payload)
         assert t0 <= b.ts_ns <= e.ts_ns <= t1 and e.duration_ns == e.ts_ns - b.ts_ns and b.duration_ns == 0
     assert [r[0] for r in after] == ["coll"] and after[0][2] == b1.payload["coll_seq"] + 1
+    # a forked child (pthread_atfork): no ring of its own parent's to write into, the kernel's locks usable
+    child = os.fork()
+    if child == 0:
+        ok = native.ring_info() is None and native.next_op() > 0
+        os._exit(0 if ok else 3)
+    assert os.waitpid(child, 0)[1] == 0
 
 
 def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, monkeypatch):
