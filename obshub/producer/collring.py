@@ -12,7 +12,8 @@ watches or that registered, tells each ring's kernel what to stamp on its record
 kinds, the pid as the agent sees it) and, at each drain, that a reader is live (``reader_ns``,
 CLOCK_MONOTONIC ns: a ring not drained for 2 s makes the kernel go back to the USDT ``coll`` trap, so an
 agent that stops loses nothing). One ring per memfd inode: a forked child that inherited its parent's fd
-is not a second reader of it.
+is not a second reader of it, and an exclusive ``flock`` on the agent's own open of the memfd (held while it
+reads, released when it closes or dies) leaves a ring another agent already reads to that agent.
 
 Header (page 0 of the memfd, after the consumer position at offset 0), little-endian, at offset 64:
 u64 magic ``BOSCOLL1``, u32 version (1), u32 pid (the maker's own, in its pid namespace), u64 data_size
@@ -23,6 +24,7 @@ then the reader's: u32 probe, u16 kind_begin, u16 kind_end, u32 host_pid, u32 pa
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import mmap
 import os
@@ -49,6 +51,7 @@ class _Open:
     ino: tuple[int, int]  # (st_dev, st_ino) of the memfd
     hdr: mmap.mmap  # page 0
     ring: object  # producer._ring.Ring over the memfd
+    fd: int  # the agent's own open of the memfd, holding the reader's lock (flock) until closed
 
 
 def find_ring_fds(pid: int) -> list[int]:
@@ -115,10 +118,16 @@ class CollRings:
             self.errors += 1
             log.warning("collective ring %s: cannot open it (%s); its collectives come by the coll trap", path, exc)
             return
+        keep = False
         try:
             st = os.fstat(fd)
             ino = (st.st_dev, st.st_ino)
             if ino in self._open:  # the same memfd through another process (a forked child)
+                return
+            try:  # one reader per ring: a second agent watching the process leaves it to the first
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("collective ring %s is read by another agent: not read here", path)
                 return
             page = mmap.PAGESIZE
             hdr = mmap.mmap(fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -131,13 +140,15 @@ class CollRings:
             ring = _ring.Ring(fd, size, False)
             _AGENT.pack_into(hdr, _AGENT_OFF, self.probe_id, self.kind_begin, self.kind_end, pid, 0)
             _READER_NS.pack_into(hdr, _READER_OFF, time.monotonic_ns())  # last: the kernel starts writing
+            keep = True
         except (OSError, ValueError) as exc:
             self.errors += 1
             log.warning("collective ring %s: %s; its collectives come by the coll trap", path, exc)
             return
         finally:
-            os.close(fd)  # the mappings keep the memfd
-        self._open[ino] = _Open(pid, ino, hdr, ring)
+            if not keep:
+                os.close(fd)
+        self._open[ino] = _Open(pid, ino, hdr, ring, fd)
         self._pids.setdefault(pid, set()).add(ino)
         log.info("reading the collective ring of pid %d (%d KiB)", pid, size // 1024)
 
@@ -149,6 +160,7 @@ class CollRings:
             _READER_NS.pack_into(o.hdr, _READER_OFF, 0)  # the kernel takes the trap path at once
         o.ring.close()  # type: ignore[attr-defined]
         o.hdr.close()
+        os.close(o.fd)  # releases the reader's lock
 
     def drain(self, table: bytes, max_records: int) -> list:
         """Every ring's records (``Ring.drain(table, max_records)`` items, ring after ring), each ring then

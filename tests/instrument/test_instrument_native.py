@@ -152,6 +152,11 @@ def test_collectives_go_through_the_ring_while_a_reader_drains_it(world, monkeyp
     dist.init_process_group("gloo", rank=0, world_size=1)
     me = threading.get_native_id()
     rings = _reader()
+    from obshub.producer.collring import CollRings
+
+    second = CollRings(7, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END, scan_s=0.0)
+    second.refresh([os.getpid()])
+    assert len(second) == 0  # one reader per ring (a second agent watching the process leaves it alone)
     _usdt._record(True)
     try:
         _usdt._force_coll(True)
@@ -163,6 +168,9 @@ def test_collectives_go_through_the_ring_while_a_reader_drains_it(world, monkeyp
         events, _, _ = _ring_events(rings)
         rings.close()  # the kernel sees no reader: the trap path
         assert native.ring_info()["live"] is False
+        second.refresh([os.getpid()])
+        assert len(second) == 1  # the first reader gone, another may take the ring
+        second.close()
         dist.all_reduce(torch.ones(4))
         after = _usdt._recorded()
     finally:
