@@ -309,7 +309,7 @@ def _build() -> tuple[Probe, ...]:
             Usdt("coll_late", "obs_usdt_coll_late", optional=True),
         ],
         usdt_req,
-        "two events per collective, one trap (coll) with the C++ collective kernel, else three",
+        "two events per collective: no trap while the collective ring is read, else one (coll), three (Python kernel)",
         "PYTORCH",
     )
     add(
