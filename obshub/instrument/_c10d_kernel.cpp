@@ -221,7 +221,7 @@ bool ring_open() {
         else if (n == 0)
             return false;  // OBSHUB_COLL_RING_KB=0: no ring (the USDT path only)
     }
-    int fd = (int)syscall(SYS_memfd_create, "obshub-coll", 0);  // inherited across exec: no MFD_CLOEXEC needed
+    int fd = (int)syscall(SYS_memfd_create, "obshub-coll", 1u /* MFD_CLOEXEC: not into exec'd children */);
     if (fd < 0)
         return false;
     const size_t len = 2 * page + 2 * g_ring_data;
