@@ -33,7 +33,8 @@
  * Ring.wait(timeout_ms) -> int epoll on the map fd, edge-triggered: > 0 when the kernel signalled since the
  *                              previous wait (records submitted with BPF_RB_NO_WAKEUP do not signal, and
  *                              records already pending do not make it return: call drain anyway).
- * Ring.drain(fmt, max_records) -> list: consumes up to max_records records in order; consecutive packed
+ * Ring.drain(fmt, max_records, pid=-1) -> list: consumes up to max_records records in order (pid >= 0: the
+ *                              pid every packed event carries, whatever its record says); consecutive packed
  *                              records form one tuple (data: bytes, ends: bytes of native u32 end offsets,
  *                              kinds: {kind: count}); a FMT_PY record is a bytes object of its first 176
  *                              bytes. fmt: bytes of 256 format codes, one per kind.
@@ -178,7 +179,7 @@ static inline uint8_t *pack_hist(uint8_t *p, const char *buf)
 
 /* Encode one record into p (room for MAX_PACKED bytes); returns the end, or NULL to hand it to Python. */
 #define MAX_PACKED 512
-static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt)
+static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt, long long pid)
 {
     *p++ = 0x9a; /* fixarray of 10 */
     p = pack_u64(p, e->kind);
@@ -186,7 +187,7 @@ static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt)
     p = pack_u64(p, e->duration_ns);
     p = pack_u64(p, e->trace_key);
     p = pack_i64(p, e->step);
-    p = pack_u64(p, e->pid);
+    p = pack_u64(p, pid >= 0 ? (uint64_t)pid : e->pid);
     p = pack_u64(p, e->tid);
     *p++ = 0xff; /* gpu = -1 */
     p = pack_i64(p, e->value);
@@ -411,7 +412,8 @@ static PyObject *Ring_drain(Ring *r, PyObject *args)
 {
     Py_buffer fmtbuf;
     Py_ssize_t max_records;
-    if (!PyArg_ParseTuple(args, "y*n", &fmtbuf, &max_records))
+    long long pid = -1; /* >= 0: the pid of every packed event (a ring a process writes itself: no forging) */
+    if (!PyArg_ParseTuple(args, "y*n|L", &fmtbuf, &max_records, &pid))
         return NULL;
     if (fmtbuf.len != 256) {
         PyBuffer_Release(&fmtbuf);
@@ -472,7 +474,7 @@ static PyObject *Ring_drain(Ring *r, PyObject *args)
                     buf = nb;
                     cap = ncap2;
                 }
-                end = pack_event(buf + len, ev, f);
+                end = pack_event(buf + len, ev, f, pid);
             }
             if (end) {
                 if (n == ncap) {

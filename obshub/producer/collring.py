@@ -42,6 +42,8 @@ _HEAD = struct.Struct("<QIIQQQ")  # magic, version, pid, data_size, drops, writt
 _AGENT = struct.Struct("<IHHII")  # probe, kind_begin, kind_end, host_pid, pad (at HDR + 40)
 _READER_NS = struct.Struct("<Q")  # at HDR + 56
 _AGENT_OFF = HDR + _HEAD.size  # 104
+_PID, _PID_OFF = struct.Struct("<I"), 64  # struct obs_event (producer/record.py): pid at 64, kind at 72
+_KIND, _KIND_OFF = struct.Struct("<H"), 72
 _READER_OFF = _AGENT_OFF + _AGENT.size  # 120
 
 
@@ -86,6 +88,9 @@ class CollRings:
         self._pids: dict[int, set[tuple[int, int]]] = {}  # pid -> inodes of rings opened through it
         self._next_scan: dict[int, float] = {}  # pid with no ring yet -> when to look again
         self.errors = 0  # rings that could not be opened (logged once each)
+        self.rejected = 0  # records of other kinds than the two collective ones (dropped)
+        self._table_in: bytes = b""
+        self._table: bytes = b""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -163,14 +168,28 @@ class CollRings:
         os.close(o.fd)  # releases the reader's lock
 
     def drain(self, table: bytes, max_records: int) -> list:
-        """Every ring's records (``Ring.drain(table, max_records)`` items, ring after ring), each ring then
-        marked read now (``reader_ns``)."""
+        """Every ring's records (``Ring.drain`` items, ring after ring), each ring then marked read now
+        (``reader_ns``). The ring is written by the watched process itself, so nothing in it is taken on
+        trust beyond what the ``coll`` probe's arguments were: only COLLECTIVE_BEGIN/END records are kept
+        (others counted in :attr:`rejected`, dropped), and each carries the pid of the process the ring was
+        found in, whatever the record says. ``table``: the caller's format codes (``producer.reader``); any
+        other kind is handed back raw, then dropped here."""
         out: list = []
         if not self._open:
             return out
         now = time.monotonic_ns()
+        keep = (self.kind_begin, self.kind_end)
+        fmt = bytes(table[k] if k in keep else 0 for k in range(256)) if table != self._table_in else self._table
+        self._table_in, self._table = table, fmt
         for o in self._open.values():
-            out.extend(o.ring.drain(table, max_records))  # type: ignore[attr-defined]
+            for it in o.ring.drain(fmt, max_records, o.pid):  # type: ignore[attr-defined]
+                if type(it) is bytes:  # handed back raw: the Python decoder's, or another kind
+                    kind = _KIND.unpack_from(it, _KIND_OFF)[0]
+                    if kind not in keep:
+                        self.rejected += 1
+                        continue
+                    it = it[:_PID_OFF] + _PID.pack(o.pid) + it[_PID_OFF + 4 :]
+                out.append(it)
             _READER_NS.pack_into(o.hdr, _READER_OFF, now)
         return out
 

@@ -225,6 +225,58 @@ def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, mon
     assert written == 2 * (n - drops) == len(events), (n, drops, written, len(events))
 
 
+def _forge(native, kind: int, pid: int) -> None:
+    """Write one record into this process's collective ring as a rank could (kind and pid of its choice)."""
+    import mmap
+    import os
+    import struct
+
+    from obshub.producer import record
+
+    info = native.ring_info()
+    fd = os.open(f"/proc/self/fd/{info['fd']}", os.O_RDWR)
+    page, size = mmap.PAGESIZE, info["data_size"]
+    m = mmap.mmap(fd, 2 * page + size)
+    os.close(fd)
+    prod = struct.unpack_from("<Q", m, page)[0]
+    off = prod & (size - 1)
+    if off + 184 > size:  # the kernel's rule: a record never wraps (a discarded record fills the end)
+        struct.pack_into("<II", m, 2 * page + off, (size - off - 8) | (1 << 30), 0)
+        prod, off = prod + size - off, 0
+    fields = [1, 0, 0, 0, 0, 0, 0, 0, pid, pid, kind, 7, 0, b"0", b"all_reduce"]
+    struct.pack_into("<II", m, 2 * page + off, 176, 0)
+    m[2 * page + off + 8 : 2 * page + off + 184] = record.RECORD_STRUCT.pack(*fields)
+    struct.pack_into("<Q", m, page, prod + 184)
+    m.close()
+
+
+def test_the_reader_takes_only_collective_records_with_the_rings_own_pid(world, monkeypatch):
+    """The ring is written by the watched process itself: a record of another kind is dropped (counted),
+    and a collective record carries the pid of the process the ring was found in, not the one it names."""
+    import os
+
+    import msgpack
+
+    from obshub.core.schema import Kind
+    from obshub.producer.reader import PACKED_TABLE, packed_run
+
+    dist, hooks = world
+    native = _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
+    hooks.enable(job="j", host_id=3)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    rings = _reader()
+    _ring_events(rings)
+    _forge(native, int(Kind.STEP_END), 4242)
+    _forge(native, int(Kind.COLLECTIVE_END), 4242)
+    items = rings.drain(PACKED_TABLE, 100)
+    rings.close()
+    (run,) = [packed_run(it) for it in items]
+    assert rings.rejected == 1 and run.kinds == {Kind.COLLECTIVE_END: 1}
+    ev = msgpack.unpackb(run.data, raw=False)  # one event: [kind, ts, dur, key, step, pid, ...]
+    assert ev[0] == Kind.COLLECTIVE_END and ev[5] == os.getpid()
+
+
 def test_a_collective_still_in_flight_gets_its_begin_from_the_watchdog(world, monkeypatch):
     """On the one-probe path a collective that waits (here: rank 1 joins 0.3 s late) gets its begin from
     the kernel's watchdog after ~100 ms (``coll_late``, the true begin time and issuing thread), so a hang
