@@ -118,10 +118,11 @@ inline uint64_t make_key(int64_t step, uint32_t op_seq) {
 uint64_t ivalue_bytes(const c10::IValue &v, int depth = 0) {
     if (v.isTensor())
         return v.toTensor().defined() ? v.toTensor().nbytes() : 0;
-    if (v.isTensorList()) {
+    if (v.isTensorList()) {  // read in place (toTensorList().vec() copied the list: an allocation per collective)
         uint64_t n = 0;
-        for (const at::Tensor &t : v.toTensorList().vec())
-            n += t.defined() ? t.nbytes() : 0;
+        for (const c10::IValue &item : v.toListRef())
+            if (item.isTensor() && item.toTensor().defined())
+                n += item.toTensor().nbytes();
         return n;
     }
     if (v.isList() && depth < 2) {
