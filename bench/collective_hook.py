@@ -15,11 +15,18 @@ share of it). Configurations, interleaved per round (hooks enabled and disabled 
   when it is built;
 * ``all_reduce obshub-1``: the C++ kernel on its one-probe path (``_usdt._force_coll``: what it does while
   an agent traces ``coll``: clock, in-flight registry, one probe at the end), at a NOP site;
+* ``all_reduce obshub-ring``: the C++ kernel while a reader drains its collective ring (what it does while
+  the agent reads the ring: clock, in-flight registry, two records written into the ring, no probe; the
+  reader, obshub/producer/collring.py, is opened before and drained after each sample, untimed: the agent's
+  work, in its own process);
 * ``backward plain`` / ``backward obshub``: forward and ``backward()`` of a 2-layer MLP (one micro-batch:
   the module hooks, a forward and a backward phase through the wrapped ``torch.autograd.backward``).
 
 The probes are the real USDT probes with no tracer attached (a NOP each). Prints µs per call, the ratio
-to the plain call and the added µs per call.
+to the plain call and the added µs per call, and for each all_reduce configuration the median [min..max]
+of its per-round difference to the plain call of the same round (the medians alone swing ±15-28 µs at
+load 4-7 on the shared VM; the paired differences much less). ``--kinds all_reduce --calls 3000 --rounds 5``
+is the one-process loop of docs/BENCHMARKS.md section 11.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import time
 
 from bench import common
@@ -37,7 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.collective_hook", description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000, help="calls per sample")
     ap.add_argument("--rounds", type=int, default=7, help="samples per configuration")
+    ap.add_argument(
+        "--kinds", default="all_reduce,functional,backward", help="comma-separated: all_reduce, functional, backward"
+    )
     args = ap.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    os.environ.setdefault("OBSHUB_COLL_RING_KB", "8192")  # the ring holds a sample (2 records per call) undrained
 
     import torch
     import torch.distributed as dist
@@ -59,19 +72,42 @@ def main(argv: list[str] | None = None) -> int:
 
     one = getattr(usdt._usdt, "_force_coll", None)  # the one-probe path (issue #34), where the build has it
 
-    def timed(fn, instrumented: bool, n: int, kernel: str = "auto", one_probe: bool = False) -> float:
+    try:
+        from obshub.core.schema import Kind
+        from obshub.instrument import _c10d_kernel
+        from obshub.producer.collring import CollRings
+        from obshub.producer.reader import PACKED_TABLE
+
+        has_ring = hasattr(_c10d_kernel, "ring_info")
+    except ImportError:  # an older tree (no collective ring) or no C++ kernel
+        has_ring = False
+    ring_drops = [0]
+    cpu_us: dict[str, list[float]] = {}  # the process's CPU (all threads: gloo's too) per call, by configuration
+    current = [""]
+
+    def timed(fn, instrumented: bool, n: int, kernel: str = "auto", one_probe: bool = False, ring=False) -> float:
+        rings = None
         if instrumented:
             os.environ["OBSHUB_COLLECTIVE_KERNEL"] = kernel  # auto: the C++ kernel when built
             hooks.enable(job="bench")
             if one_probe:
                 one(True)
+            if ring:
+                rings = CollRings(1, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END)
+                rings.refresh([os.getpid()])
         try:
             fn()  # warm
-            start = time.perf_counter()
+            start, cpu0 = time.perf_counter(), time.process_time()
             for _ in range(n):
                 fn()
-            return (time.perf_counter() - start) / n * 1e6
+            wall = (time.perf_counter() - start) / n * 1e6
+            cpu_us.setdefault(current[0], []).append((time.process_time() - cpu0) / n * 1e6)
+            return wall
         finally:
+            if rings is not None:
+                rings.drain(PACKED_TABLE, 1 << 20)  # the agent's work: untimed
+                ring_drops[0] += sum(s["drops"] for s in rings.stats().values())
+                rings.close()
             if instrumented:
                 hooks.disable()
                 if one_probe:
@@ -96,19 +132,31 @@ def main(argv: list[str] | None = None) -> int:
             if one is not None
             else {}
         ),
+        **({"all_reduce obshub-ring": lambda: timed(all_reduce, True, n, "native", ring=True)} if has_ring else {}),
         "functional plain": lambda: timed(functional, False, n),
         "functional obshub": lambda: timed(functional, True, n),
         "functional obshub-py": lambda: timed(functional, True, n, "python"),
         "backward plain": lambda: timed(backward, False, n),
         "backward obshub": lambda: timed(backward, True, n),
     }
+    configs = {k: v for k, v in configs.items() if k.split()[0] in kinds}
+
+    def named(name, fn):
+        def run():
+            current[0] = name
+            return fn()
+
+        return run
+
+    configs = {k: named(k, v) for k, v in configs.items()}
     series = common.interleave(configs, args.rounds, progress=False)
+    traced = bool(getattr(usdt._usdt, "coll_traced", lambda: False)())
     common.console.print(common.table(f"per call, {n} calls per sample", series, "µs", baseline="all_reduce plain"))
     hooks.enable(job="bench")
     kernel = hooks.collective_kernel()
     hooks.disable()
     os.environ.pop("OBSHUB_COLLECTIVE_KERNEL", None)
-    for kind in ("all_reduce", "functional", "backward"):
+    for kind in kinds:
         plain, inst = series[f"{kind} plain"].median, series[f"{kind} obshub"].median
         line = f"{kind}: {inst / plain:.3f}x plain, +{inst - plain:.1f} µs per call ({kernel} kernel)"
         if f"{kind} obshub-py" in series:
@@ -121,7 +169,29 @@ def main(argv: list[str] | None = None) -> int:
             f"all_reduce, the one-probe path (what the C++ kernel does while an agent traces `coll`: the begin "
             f"time, the in-flight registry, one probe at the end; NOP site here): +{inst - plain:.1f} µs per call"
         )
-    common.save("collective_hook", {k: v.samples for k, v in series.items()})
+    paired = {}
+    if "all_reduce" in kinds:
+        base = series["all_reduce plain"].samples
+        for name in (k for k in series if k.startswith("all_reduce obshub")):
+            d = sorted(x - y for x, y in zip(series[name].samples, base))
+            c = sorted(x - y for x, y in zip(cpu_us[name], cpu_us["all_reduce plain"]))
+            paired[name] = d
+            paired[name + " cpu"] = c
+            common.console.print(
+                f"{name} - plain, per round: wall median {statistics.median(d):+.2f} µs [{d[0]:+.2f}..{d[-1]:+.2f}], "
+                f"CPU (all threads) {statistics.median(c):+.2f} µs [{c[0]:+.2f}..{c[-1]:+.2f}] per call"
+            )
+        if "all_reduce obshub-ring" in series:
+            common.console.print(f"collective ring: {ring_drops[0]} collectives dropped to the trap (ring full)")
+    if traced:
+        common.console.print(
+            "[yellow]warning: a tracer (another agent on this machine) had `coll` attached in this process: "
+            "the NOP sites trapped[/yellow]"
+        )
+    common.save(
+        "collective_hook",
+        {**{k: v.samples for k, v in series.items()}, "paired_us": paired, "coll_traced": traced},
+    )
     dist.destroy_process_group()
     return 0
 

@@ -11,7 +11,9 @@ Parts, on the many-module model of bench/hook_overhead.py (one-rank gloo DDP):
    function (attached minus the same loop before the attach: a NOP site), in the calling thread's CPU
    time (the trap and the BPF program run there; the drain thread's decoding of the events does not);
    ``coll`` is the one probe per collective the C++ kernel fires while it is traced (issue #34), against
-   ``coll_begin + coll_end`` plus ``tracekey``, the three it fires otherwise;
+   ``coll_begin + coll_end`` plus ``tracekey``, the three it fires otherwise; while the agent reads the
+   process's collective ring (obshub/producer/collring.py) the kernel fires none: part 1 then shows the
+   ring's records per step beside the probes;
 4. the drain thread's CPU µs per step of C (``poll_packed``, the agent's path; ``time.thread_time_ns``);
 5. one component switched off at a time, interleaved rounds: CPU µs per step against A of B (all hooks),
    of B without it, and of C (B + probes attached + drain thread) and C without the drain thread.
@@ -220,9 +222,14 @@ def run(args, runs: dict, module_calls: int, n_buckets: int) -> int:
         timed = _Timed(hooks)
         timed.install()
         hooks.enable(job="bench-hooks")
+        ring_of = getattr(src, "coll_rings", None)  # the collective ring (issue #34), where the tree has it
         try:
             runs["B"](0)
             runs["B"](1)
+            deadline = time.monotonic() + 3.0  # the drain thread finds the ring at its next refresh
+            while ring_of is not None and os.getpid() not in ring_of() and time.monotonic() < deadline:
+                runs["B"](1)
+            ring0 = ring_of().get(os.getpid(), {}).get("written", 0) if ring_of else 0
             rec._recorded()
             rec._record(True)
             d0 = drain_ns[0]
@@ -235,6 +242,7 @@ def run(args, runs: dict, module_calls: int, n_buckets: int) -> int:
             time.sleep(0.2)  # the last completions and the drain
             rec._record(False)
             drain_timed = (drain_ns[0] - d0) / steps / 1e3
+            ring_records = (ring_of().get(os.getpid(), {}).get("written", 0) - ring0) / steps if ring_of else 0.0
         finally:
             hooks.disable()
             timed.remove()
@@ -274,6 +282,7 @@ def run(args, runs: dict, module_calls: int, n_buckets: int) -> int:
     for name, n in sorted(fired.items(), key=lambda kv: -kv[1]):
         t1.add_row(name, f"{n / steps:.1f}")
     t1.add_row("all", f"{sum(fired.values()) / steps:.1f}")
+    t1.add_row("(collective ring records, no trap)", f"{ring_records:.1f}")
     common.console.print(t1)
 
     t2 = Table(title=f"CPU µs per step inside each hook entry point (timed in place), C: {cpu_timed:.0f} µs/step")
@@ -337,6 +346,7 @@ def run(args, runs: dict, module_calls: int, n_buckets: int) -> int:
             "rev": common.git_rev(),
             "args": vars(args),
             "fired_per_step": {k: v / steps for k, v in fired.items()},
+            "ring_records_per_step": ring_records,
             "hook_us_per_step": {k: timed.ns[k] / steps / 1e3 for k in _Timed.NAMES},
             "hook_calls_per_step": {k: timed.calls[k] / steps for k in _Timed.NAMES},
             "trap_ns": trap_ns,

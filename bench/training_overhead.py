@@ -51,7 +51,11 @@ per call of every probed libcudart/libnccl symbol: default agent B and deep dive
 ``bench.hook_overhead`` (µs per step of the hooks on a 24-block transformer, per module call, per DDP
 bucket; with ``--parts``, the hooks timed in place and each probe shape's price with the agent attached,
 which the projection then prefers to the noisier A/B difference) and ``bench.usdt_overhead --attached``
-(a traced probe site). Printed: the price per call of
+(a traced probe site). The collective's price follows the path ``--parts`` saw the kernel take with the
+agent attached: the collective ring (records per step, no probe fired: the kernel's ring path alone,
+``all_reduce obshub-ring``), one ``coll`` trap (``obshub-1`` + the trap with the agent's program), or the
+three probes; the kernel's price is the median per-round difference to plain where ``collective_hook``
+saved it. Printed: the price per call of
 every probed symbol and hook, and µs per 1 s step of one rank at 2,000 / 10,000 / 50,000 kernel launches
 and 100 / 500 collectives, for the default agent and a deep dive, with the node's total for 8 ranks.
 """
@@ -847,12 +851,21 @@ def composed() -> dict:
         out["per_call"][sym] = {"A": med["A"][sym], "B": b, "C": c}
         t.add_row(sym, f"{med['A'][sym]:.1f}", f"{b:+.1f}", f"{c:+.1f}", f"cuda_calls ({cuda.get('rev', '?')})")
     ar = {k: statistics.median(v) for k, v in coll.items() if isinstance(v, list) and v}
-    coll_us = ar["all_reduce obshub"] - ar["all_reduce plain"]
+    paired = {k: statistics.median(v) for k, v in (coll.get("paired_us") or {}).items() if v}
+
+    def kernel_us(name: str) -> float:  # the median per-round difference to plain where saved, else medians'
+        return paired[name] if name in paired else ar[name] - ar["all_reduce plain"]
+
+    coll_us = kernel_us("all_reduce obshub")
     parts0 = _load("hook_parts") or {}
     fired0 = parts0.get("fired_per_step", {})
-    if "all_reduce obshub-1" in ar and fired0.get("coll", 0) > 0 and not fired0.get("coll_begin"):
+    ring = parts0.get("ring_records_per_step", 0) > 0 and not fired0.get("coll") and not fired0.get("coll_begin")
+    if ring and "all_reduce obshub-ring" in ar:
+        # the agent reads the collective ring: no trap, the kernel writes two records (issue #34)
+        coll_us = kernel_us("all_reduce obshub-ring")
+    elif "all_reduce obshub-1" in ar and fired0.get("coll", 0) > 0 and not fired0.get("coll_begin"):
         # with the agent attached the kernel takes its one-probe path (its own work differs: clock, registry)
-        coll_us = ar["all_reduce obshub-1"] - ar["all_reduce plain"]
+        coll_us = kernel_us("all_reduce obshub-1")
     out["per_call"]["collective kernel"] = {"A": ar["all_reduce plain"] * 1e3, "B": coll_us * 1e3, "C": coll_us * 1e3}
     t.add_row(
         "collective (c10d dispatcher kernel, dist.all_reduce)",
@@ -883,7 +896,10 @@ def composed() -> dict:
         # `coll` (the C++ kernel while the site is traced), else coll_begin + coll_end + tracekey
         fired = parts.get("fired_per_step", {})
         one = "coll" in parts["trap_ns"] and fired.get("coll", 0) > 0 and not fired.get("coll_begin")
-        if one:
+        if ring:
+            per_coll_traps_ns = 0.0
+            label = "collective's 2 records in the ring, agent reading it (no trap; the write is in the kernel's)"
+        elif one:
             per_coll_traps_ns = parts["trap_ns"]["coll"]
             label = "collective's 1 probe, agent attached (coll: trap + BPF, both records)"
         else:

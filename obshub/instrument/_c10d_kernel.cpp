@@ -22,6 +22,10 @@
  * gets its begin from a watchdog thread (`coll_late`, see "in flight" below), so a hang still shows who
  * arrived.
  *
+ * No trap at all while the agent reads the process's collective ring (issue #34, "the collective ring"
+ * below): the kernel writes the two records the `coll` program would make into a memfd the agent drains;
+ * a full ring or no reader sends the collective down the USDT path above.
+ *
  * Shared with hooks.py (which owns steps and phases): the step, the step's op counter (op_seq: phases
  * and collectives count in one sequence), the host id, and a per-thread mirror of the thread's TraceKey.
  * hooks.py calls set_state() when it begins or ends a step, next_op() for a phase's op_seq and
@@ -31,6 +35,7 @@
  *   install(ops) ops: list of (name, probe_name, pg_index, peer_index|-1, any_source, size_index|-1)
  *   uninstall()                       set_state(step, op_seq, host_id)       next_op() -> op_seq
  *   reset_coll_seq()                  set_thread_key(trace_key, step)        calls() -> kernel calls
+ *   ring_info() -> {fd, data_size, drops, written, live} | None
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -40,9 +45,14 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
 
 #include <atomic>
 #include <cstdint>
@@ -83,6 +93,9 @@ uint64_t g_host = 0;
 std::unordered_map<std::string, uint64_t> g_coll_seq;
 
 std::unordered_map<std::string, OpInfo> g_ops;  // written by install() only, before any kernel runs
+// the same by the op's schema (its address: stable while the op is registered), filled by install(): the
+// kernel's look-up is a pointer hash, not a substring copy and a string hash per collective
+std::unordered_map<const c10::FunctionSchema *, const OpInfo *> g_by_schema;
 std::unique_ptr<torch::Library> g_lib;
 std::atomic<uint64_t> g_calls{0};
 
@@ -105,10 +118,11 @@ inline uint64_t make_key(int64_t step, uint32_t op_seq) {
 uint64_t ivalue_bytes(const c10::IValue &v, int depth = 0) {
     if (v.isTensor())
         return v.toTensor().defined() ? v.toTensor().nbytes() : 0;
-    if (v.isTensorList()) {
+    if (v.isTensorList()) {  // read in place (toTensorList().vec() copied the list: an allocation per collective)
         uint64_t n = 0;
-        for (const at::Tensor &t : v.toTensorList().vec())
-            n += t.defined() ? t.nbytes() : 0;
+        for (const c10::IValue &item : v.toListRef())
+            if (item.isTensor() && item.toTensor().defined())
+                n += item.toTensor().nbytes();
         return n;
     }
     if (v.isList() && depth < 2) {
@@ -135,6 +149,174 @@ const at::Tensor *first_tensor(const c10::IValue &v, int depth = 0) {
 
 const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
 
+// ---- the collective ring: no trap on the common path (issue #34) ----------------------------------------
+// A memfd named "obshub-coll" (the agent finds it through /proc/<pid>/fd: it lives exactly as long as the
+// process, nothing to clean up, and it is reachable across mount namespaces) laid out as the kernel lays out
+// a BPF ring buffer (kernel/bpf/ringbuf.c), so the agent's batch reader (obshub/producer/_ring.c Ring) drains
+// it with the same code and the same msgpack encoding as its BPF ring:
+//   page 0: u64 consumer position (the reader's), then at kHdr the header below;
+//   page 1: u64 producer position (ours);
+//   page 2: the data area (kRingData bytes); a record is an 8-byte header (u32 length, u32 unused) and one
+//           176-byte struct obs_event (obshub/bpf/record.h). A record never wraps: the space left at the end
+//           is filled with one discarded record (the ring buffer's discard bit), which the reader skips. The
+//           file is 2 pages + 2 x kRingData long (the reader maps the data area twice, as the kernel's).
+// The records are the ones obshub/bpf/pytorch.c obs_coll_one makes from the `coll` probe (COLLECTIVE_BEGIN at
+// the begin time on the issuing thread, COLLECTIVE_END at the end on the completing thread, with the
+// duration), stamped with the probe id, the kinds and the pid the agent wrote into the header. The ring is
+// used only while a reader is live (it wrote reader_ns within kReaderStaleNs); else the USDT path (one `coll`
+// trap while traced, else the three probes) runs as before. A full ring drops nothing silently: the
+// collective is counted in `drops` and sent through the trap path instead. Never blocks: the writers (the
+// issuing thread, gloo's completing thread, the watchdog) share one spin lock held for two record copies.
+struct RingHeader {                   // at kHdr of page 0; fields marked (agent) are written by the reader
+    uint64_t magic;                   // kRingMagic
+    uint32_t version, pid;            // 1, getpid() of the process that made the ring
+    uint64_t data_size;               // bytes of the data area
+    std::atomic<uint64_t> drops;      // collectives not written (the ring was full): sent by trap instead
+    std::atomic<uint64_t> written;    // records written (discard padding excluded)
+    uint32_t probe;                   // (agent) the probe id stamped on each record
+    uint16_t kind_begin, kind_end;    // (agent) schema.Kind of COLLECTIVE_BEGIN and COLLECTIVE_END
+    uint32_t host_pid, pad;           // (agent) the process's pid as the agent sees it (its pid namespace)
+    std::atomic<uint64_t> reader_ns;  // (agent, written last) CLOCK_MONOTONIC ns of the reader's last drain
+};
+struct RingEvent {  // struct obs_event of obshub/bpf/record.h (generated from obshub/producer/record.py)
+    uint64_t ts_ns, duration_ns, trace_key;
+    int64_t step, value;
+    uint64_t arg0, arg1, arg2;
+    uint32_t pid, tid;
+    uint16_t kind, probe;
+    uint32_t arg3;
+    char str0[64], str1[32];
+};
+static_assert(sizeof(RingEvent) == 176 && offsetof(RingEvent, pid) == 64 && offsetof(RingEvent, kind) == 72 &&
+                  offsetof(RingEvent, str0) == 80 && offsetof(RingEvent, str1) == 144,
+              "struct obs_event: see obshub/producer/record.py");
+constexpr uint64_t kRingMagic = 0x314c4c4f43534f42ull;  // "BOSCOLL1" little-endian
+constexpr size_t kHdr = 64;
+constexpr uint32_t kRecLen = 8 + sizeof(RingEvent);  // 184: a multiple of 8, as the ring buffer's records
+constexpr uint32_t kDiscardBit = 1u << 30;
+constexpr uint64_t kReaderStaleNs = 2000000000ull;  // a reader silent for 2 s is gone: the trap path again
+size_t g_ring_data = 1u << 20;                       // the data area: 5,698 records, 2,849 collectives
+uint8_t *g_ring = nullptr;                           // the mapping (null: no ring)
+uint8_t *g_ring_dat = nullptr;                       // its data area
+int g_ring_fd = -1;
+RingHeader *g_rh = nullptr;
+std::atomic<uint64_t> *g_prod = nullptr, *g_cons = nullptr;
+std::atomic_flag g_ring_lock = ATOMIC_FLAG_INIT;
+
+inline bool ring_live(uint64_t now) {
+    if (g_rh == nullptr)
+        return false;
+    uint64_t r = g_rh->reader_ns.load(std::memory_order_acquire);
+    return r != 0 && now - r < kReaderStaleNs;  // a reader clock ahead of ours wraps to a huge number: stale
+}
+
+// make the ring (at install); false when the system refuses (the USDT path then runs alone)
+bool ring_open() {
+    if (g_ring != nullptr)
+        return true;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (const char *kb = getenv("OBSHUB_COLL_RING_KB")) {  // a power of 2 of at least one page
+        size_t n = (size_t)strtoull(kb, nullptr, 10) * 1024;
+        if (n >= page && (n & (n - 1)) == 0)
+            g_ring_data = n;
+        else if (n == 0)
+            return false;  // OBSHUB_COLL_RING_KB=0: no ring (the USDT path only)
+    }
+    int fd = (int)syscall(SYS_memfd_create, "obshub-coll", 1u /* MFD_CLOEXEC: not into exec'd children */);
+    if (fd < 0)
+        return false;
+    const size_t len = 2 * page + 2 * g_ring_data;
+    if (ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        return false;
+    }
+    void *m = mmap(nullptr, 2 * page + g_ring_data, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return false;
+    }
+    // the fd stays open: it is how the agent finds the ring (/proc/<pid>/fd/N -> "/memfd:obshub-coll")
+    g_ring = static_cast<uint8_t *>(m);
+    g_ring_dat = g_ring + 2 * page;
+    g_ring_fd = fd;
+    g_cons = reinterpret_cast<std::atomic<uint64_t> *>(g_ring);
+    g_prod = reinterpret_cast<std::atomic<uint64_t> *>(g_ring + page);
+    RingHeader *h = reinterpret_cast<RingHeader *>(g_ring + kHdr);
+    h->version = 1;
+    h->pid = (uint32_t)getpid();
+    h->data_size = g_ring_data;
+    std::atomic_thread_fence(std::memory_order_release);
+    h->magic = kRingMagic;
+    g_rh = h;
+    return true;
+}
+
+inline void fill(RingEvent &e, uint16_t kind, uint64_t ts, uint64_t dur, uint32_t tid, const char *pg, uint64_t seq,
+                 const char *op, uint64_t nbytes, int64_t step, uint64_t key) {
+    e.ts_ns = ts;
+    e.duration_ns = dur;
+    e.trace_key = key;
+    e.step = step;
+    e.value = (int64_t)nbytes;
+    e.arg0 = seq;
+    e.arg1 = e.arg2 = 0;
+    e.pid = g_rh->host_pid;
+    e.tid = tid;
+    e.kind = kind;
+    e.probe = (uint16_t)g_rh->probe;
+    e.arg3 = 0;
+    memset(e.str0, 0, sizeof(e.str0));
+    memset(e.str1, 0, sizeof(e.str1));
+    strncpy(e.str0, pg, 15);  // 16 bytes with the NUL, as the BPF program's (struct obs_coll_key)
+    strncpy(e.str1, op, sizeof(e.str1) - 1);
+}
+
+// write the BEGIN (begin_tid > 0) and/or the END (end_tid > 0) record of one collective: false (counted
+// in drops) when the ring has no room for them
+bool ring_put(const char *pg, uint64_t seq, const char *op, uint64_t nbytes, int64_t step, uint64_t key,
+              uint64_t begin, int32_t begin_tid, uint64_t now, int32_t end_tid) {
+    RingEvent ev[2];
+    int n = 0;
+    if (begin_tid > 0)
+        fill(ev[n++], g_rh->kind_begin, begin, 0, (uint32_t)begin_tid, pg, seq, op, nbytes, step, key);
+    if (end_tid > 0)
+        fill(ev[n++], g_rh->kind_end, now, now - begin, (uint32_t)end_tid, pg, seq, op, nbytes, step, key);
+    const uint64_t size = g_ring_data, mask = size - 1;
+    while (g_ring_lock.test_and_set(std::memory_order_acquire)) {
+    }
+    uint64_t prod = g_prod->load(std::memory_order_relaxed);
+    const uint64_t cons = g_cons->load(std::memory_order_acquire);
+    const uint64_t off = prod & mask, need = (uint64_t)n * kRecLen;
+    const uint64_t pad = off + need > size ? size - off : 0;  // a record never wraps: skip to the start
+    if (prod + pad + need - cons > size) {
+        g_ring_lock.clear(std::memory_order_release);
+        g_rh->drops.fetch_add(1, std::memory_order_relaxed);
+        return false;
+    }
+    uint8_t *data = g_ring_dat;
+    if (pad) {
+        const uint32_t hdr[2] = {(uint32_t)(pad - 8) | kDiscardBit, 0};
+        memcpy(data + off, hdr, 8);
+        prod += pad;
+    }
+    for (int i = 0; i < n; i++) {
+        uint8_t *rec = data + ((prod + (uint64_t)i * kRecLen) & mask);
+        const uint32_t hdr[2] = {(uint32_t)sizeof(RingEvent), 0};
+        memcpy(rec, hdr, 8);
+        memcpy(rec + 8, &ev[i], sizeof(RingEvent));
+    }
+    g_prod->store(prod + need, std::memory_order_release);
+    g_ring_lock.clear(std::memory_order_release);
+    g_rh->written.fetch_add((uint64_t)n, std::memory_order_relaxed);
+    return true;
+}
+
+inline int32_t my_tid() {
+    if (t_tid == 0)
+        t_tid = (int32_t)syscall(SYS_gettid);
+    return t_tid;
+}
+
 // ---- the one-probe path's collectives in flight, and the watchdog that announces the late ones ----
 // A collective of the one-probe path fires nothing until it ends; one still in flight after kLateNs (a
 // hang, a rank waiting for a straggler) would show no COLLECTIVE_BEGIN, which the analysis reads as "not
@@ -143,7 +325,7 @@ const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, 
 // begin time and thread) for each one older than kLateNs; its `coll` then carries the thread id negated
 // (the end only). coll_late fires under fly_mu, and the end reads `announced` under it and fires after.
 struct Flight {
-    std::shared_ptr<std::pair<std::string, std::string>> token;  // process group name, probe name
+    std::string pg, probe;  // process group name, probe name (short: in place, no allocation)
     uint64_t seq, nbytes;
     int64_t step;
     uint64_t key, begin;
@@ -161,7 +343,7 @@ constexpr uint64_t kLateNs = 100000000ull;  // 100 ms: a hang needs >= 500 ms (h
 // that completes one collective and the one that issues the next meet on it)
 std::mutex &fly_mu = *new std::mutex;
 Flight *g_fly_head = nullptr;
-std::once_flag g_watchdog_once;
+std::atomic<bool> g_watchdog_started{false};
 
 void watchdog() {
     for (;;) {
@@ -172,15 +354,21 @@ void watchdog() {
         for (Flight *f = g_fly_head; f != nullptr; f = f->next) {
             if (!f->announced && now - f->begin >= kLateNs) {
                 f->announced = true;
-                api->coll_late(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key,
-                               f->begin, f->tid);
+                // the collective ring's BEGIN record while a reader drains it (its `coll` END goes there too:
+                // one source, in order; the agent's next drain, <= its poll bound), else the USDT coll_late
+                if (!ring_live(now) ||
+                    !ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
+                              f->key, f->begin, f->tid, 0, 0))
+                    api->coll_late(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
+                                   f->key, f->begin, f->tid);
             }
         }
     }
 }
 
 void fly_add(const std::shared_ptr<Flight> &f) {
-    std::call_once(g_watchdog_once, [] { std::thread(watchdog).detach(); });
+    if (!g_watchdog_started.load(std::memory_order_acquire) && !g_watchdog_started.exchange(true))
+        std::thread(watchdog).detach();
     std::lock_guard<std::mutex> lock(fly_mu);
     f->self = f;
     f->prev = nullptr;
@@ -203,9 +391,39 @@ void fly_end(const std::shared_ptr<Flight> &f) {
         announced = f->announced;
         f->self.reset();  // f (the caller's reference) keeps it alive until this returns
     }
-    // outside the lock: a coll_late for it, if any, fired before the lock was released
-    api->coll(f->token->first.c_str(), f->seq, f->token->second.c_str(), f->nbytes, f->step, f->key, f->begin,
+    // outside the lock: a coll_late for it, if any, fired before the lock was released. The ring while a
+    // reader drains it (no trap), else the one `coll` trap
+    const uint64_t now = monotonic_ns();
+    if (ring_live(now) && ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
+                                   f->key, f->begin, announced ? 0 : f->tid, now, my_tid()))
+        return;
+    api->coll(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step, f->key, f->begin,
               announced ? -f->tid : f->tid);
+}
+
+// fork (a data loader's workers, a subprocess): the child has only the forking thread, so a lock another
+// thread held at the fork would stay held forever. pthread_atfork takes every lock before the fork and
+// releases them on both sides after; the child then has no watchdog (the next collective starts one), no
+// collective in flight, and no ring (the parent's ring and its reader are the parent's: the child's
+// collectives, if any, take the USDT path).
+void atfork_prepare() {
+    mu.lock();
+    fly_mu.lock();
+    while (g_ring_lock.test_and_set(std::memory_order_acquire)) {
+    }
+}
+void atfork_parent() {
+    g_ring_lock.clear(std::memory_order_release);
+    fly_mu.unlock();
+    mu.unlock();
+}
+void atfork_child() {
+    g_ring_lock.clear(std::memory_order_release);
+    g_fly_head = nullptr;  // the parent's flights: their callbacks never run here
+    g_watchdog_started.store(false);
+    g_rh = nullptr;
+    fly_mu.unlock();
+    mu.unlock();
 }
 
 // the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue)
@@ -226,17 +444,23 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         return;
     }
     const size_t nargs = op.schema().arguments().size();
-    auto found = g_ops.find(op.schema().name().substr(6));  // "c10d::" + name
+    const c10::FunctionSchema &schema = op.schema();
+    const OpInfo *pinfo = nullptr;
+    if (auto hit = g_by_schema.find(&schema); hit != g_by_schema.end()) {
+        pinfo = hit->second;
+    } else if (auto found = g_ops.find(schema.name().substr(6)); found != g_ops.end()) {  // "c10d::" + name
+        pinfo = &found->second;
+    }
     const at::Tensor *tensor = nullptr;
     for (size_t i = 0; i < nargs && tensor == nullptr; i++)
         tensor = first_tensor(torch::jit::peek(*stack, i, nargs));
     // tracing (fake tensors and tensor subclasses carry the Python key; meta tensors): not counted
-    if (found == g_ops.end() ||
+    if (pinfo == nullptr ||
         (tensor != nullptr && (tensor->is_meta() || tensor->key_set().has(c10::DispatchKey::Python)))) {
         op.redispatchBoxed(keys, stack);
         return;
     }
-    const OpInfo &info = found->second;
+    const OpInfo &info = *pinfo;
     std::string name;
     uint64_t nbytes = 0;
     try {
@@ -264,15 +488,14 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         key = make_key(step, ++g_op_seq);
     }
     g_calls.fetch_add(1, std::memory_order_relaxed);
-    // the strings the probes point to live as long as the collective: the callback owns copies (a later
-    // install() replaces g_ops while a collective may still be running)
-    auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
-    const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
-    if (api->coll_traced()) {  // one trap, at the end: begin time and thread travel with it
-        if (t_tid == 0)
-            t_tid = (int32_t)syscall(SYS_gettid);
+    // the strings the probes point to live as long as the collective: the Flight or the callback owns copies
+    // (a later install() replaces g_ops while a collective may still be running)
+    const uint64_t begin = monotonic_ns();
+    if (ring_live(begin) || api->coll_traced()) {  // the ring, or one trap: at the end, with begin time and thread
+        // one allocation per collective (the Flight, its strings in place), shared by the callback
         auto fly = std::make_shared<Flight>(
-            Flight{token, seq, nbytes, step, key, monotonic_ns(), t_tid, false, nullptr, nullptr, nullptr});
+            Flight{std::move(name), info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr,
+                   nullptr});
         fly_add(fly);
         t_in_coll = true;
         try {
@@ -291,6 +514,8 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         fut->addCallback([fly](c10::ivalue::Future &) { fly_end(fly); });
         return;
     }
+    auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
+    const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
     const uint64_t prev_key = t_key;
     const int64_t prev_step = t_step;
     api->coll_begin(pg_name, seq, probe, nbytes, step, key);
@@ -350,6 +575,9 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
             return NULL;
         ops[name] = OpInfo{probe, pg, peer, size, any != 0};
     }
+    static std::once_flag atfork_once;
+    std::call_once(atfork_once, [] { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); });
+    ring_open();  // false: no ring (the USDT path alone), never an error
     try {
         g_ops = std::move(ops);
         auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "c10d",
@@ -357,6 +585,12 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                                                     __FILE__, __LINE__);
         for (const auto &entry : g_ops)
             lib->impl(entry.first.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
+        std::unordered_map<const c10::FunctionSchema *, const OpInfo *> by_schema;
+        for (const auto &entry : g_ops)
+            if (auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName("c10d::" + entry.first, "")))
+                if (h->hasSchema())
+                    by_schema[&h->schema()] = &entry.second;
+        g_by_schema = std::move(by_schema);
         g_lib = std::move(lib);
     } catch (const std::exception &e) {
         PyErr_Format(PyExc_RuntimeError, "registering the c10d kernels failed: %s", e.what());
@@ -367,6 +601,7 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 
 PyObject *py_uninstall(PyObject *, PyObject *const *, Py_ssize_t) {
     g_lib.reset();  // deregisters every kernel
+    g_by_schema.clear();
     Py_RETURN_NONE;
 }
 
@@ -415,6 +650,14 @@ PyObject *py_set_thread_key(PyObject *, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+PyObject *py_ring_info(PyObject *, PyObject *const *, Py_ssize_t) {
+    if (g_rh == nullptr)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:i,s:K,s:K,s:K,s:O}", "fd", g_ring_fd, "data_size", (unsigned long long)g_ring_data,
+                         "drops", (unsigned long long)g_rh->drops.load(), "written",
+                         (unsigned long long)g_rh->written.load(), "live", ring_live(monotonic_ns()) ? Py_True : Py_False);
+}
+
 PyObject *py_calls(PyObject *, PyObject *const *, Py_ssize_t) {
     return PyLong_FromUnsignedLongLong(g_calls.load());
 }
@@ -434,6 +677,10 @@ PyMethodDef methods[] = {
     {"set_thread_key", (PyCFunction)(void (*)(void))py_set_thread_key, METH_FASTCALL,
      "set_thread_key(trace_key: int, step: int) -> None\nThe calling thread's current key (restored after each "
      "collective)."},
+    {"ring_info", (PyCFunction)(void (*)(void))py_ring_info, METH_FASTCALL,
+     "ring_info() -> dict | None\nThe collective ring (None: none was made): its memfd `fd`, `data_size` "
+     "(bytes), `drops` (collectives sent by trap because it was full), `written` (records), `live` (a reader "
+     "drained it within 2 s)."},
     {"calls", (PyCFunction)(void (*)(void))py_calls, METH_FASTCALL,
      "calls() -> int\nCollectives counted by the kernel since the module was loaded."},
     {NULL, NULL, 0, NULL},

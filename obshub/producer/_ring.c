@@ -26,12 +26,15 @@
  * replacement). The bytes are exactly msgpack-python's (smallest int encoding, str8 for use_bin_type), so
  * a batch built from them equals obshub.core.schema.encode_batch of the decoded events.
  *
- * Ring(map_fd, data_size)      map the ring (data_size: the map's max_entries, a power-of-2 multiple of
- *                              the page size); raises OSError.
+ * Ring(map_fd, data_size, events=True)  map the ring (data_size: the map's max_entries, a power-of-2
+ *                              multiple of the page size); raises OSError. events=False: a ring of the same
+ *                              layout in a file (the collective ring of obshub/instrument/_c10d_kernel.cpp,
+ *                              a memfd), no epoll (wait() then only sleeps its timeout).
  * Ring.wait(timeout_ms) -> int epoll on the map fd, edge-triggered: > 0 when the kernel signalled since the
  *                              previous wait (records submitted with BPF_RB_NO_WAKEUP do not signal, and
  *                              records already pending do not make it return: call drain anyway).
- * Ring.drain(fmt, max_records) -> list: consumes up to max_records records in order; consecutive packed
+ * Ring.drain(fmt, max_records, pid=-1) -> list: consumes up to max_records records in order (pid >= 0: the
+ *                              pid every packed event carries, whatever its record says); consecutive packed
  *                              records form one tuple (data: bytes, ends: bytes of native u32 end offsets,
  *                              kinds: {kind: count}); a FMT_PY record is a bytes object of its first 176
  *                              bytes. fmt: bytes of 256 format codes, one per kind.
@@ -176,7 +179,7 @@ static inline uint8_t *pack_hist(uint8_t *p, const char *buf)
 
 /* Encode one record into p (room for MAX_PACKED bytes); returns the end, or NULL to hand it to Python. */
 #define MAX_PACKED 512
-static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt)
+static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt, long long pid)
 {
     *p++ = 0x9a; /* fixarray of 10 */
     p = pack_u64(p, e->kind);
@@ -184,7 +187,7 @@ static uint8_t *pack_event(uint8_t *p, const struct obs_event *e, int fmt)
     p = pack_u64(p, e->duration_ns);
     p = pack_u64(p, e->trace_key);
     p = pack_i64(p, e->step);
-    p = pack_u64(p, e->pid);
+    p = pack_u64(p, pid >= 0 ? (uint64_t)pid : e->pid);
     p = pack_u64(p, e->tid);
     *p++ = 0xff; /* gpu = -1 */
     p = pack_i64(p, e->value);
@@ -275,10 +278,10 @@ static void ring_unmap(Ring *r)
 
 static int Ring_init(Ring *r, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"map_fd", "data_size", NULL};
-    int fd;
+    static char *kwlist[] = {"map_fd", "data_size", "events", NULL};
+    int fd, events = 1;
     Py_ssize_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "in", kwlist, &fd, &size))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "in|p", kwlist, &fd, &size, &events))
         return -1;
     r->page = (size_t)sysconf(_SC_PAGESIZE);
     if (size <= 0 || (size & (size - 1)) || (size_t)size % r->page) {
@@ -303,6 +306,8 @@ static int Ring_init(Ring *r, PyObject *args, PyObject *kw)
         ring_unmap(r);
         return -1;
     }
+    if (!events) /* a ring laid out as the kernel's in a file (obshub/instrument/_c10d_kernel.cpp): no wakeups */
+        return 0;
     r->epfd = epoll_create1(EPOLL_CLOEXEC);
     /* edge-triggered: a wait returns when the kernel signals (a forced wakeup, see obshub/bpf/common.h) or on its
      * timeout, not merely because records are pending (the ring's poll reports readable whenever it holds
@@ -349,7 +354,12 @@ static PyObject *Ring_wait(Ring *r, PyObject *arg)
     struct epoll_event ev;
     int n;
     Py_BEGIN_ALLOW_THREADS
-    n = epoll_wait(r->epfd, &ev, 1, timeout);
+    if (r->epfd < 0) { /* events=False: nothing signals */
+        if (timeout > 0)
+            usleep((useconds_t)timeout * 1000);
+        n = 0;
+    } else
+        n = epoll_wait(r->epfd, &ev, 1, timeout);
     Py_END_ALLOW_THREADS
     if (n < 0 && errno != EINTR)
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -402,7 +412,8 @@ static PyObject *Ring_drain(Ring *r, PyObject *args)
 {
     Py_buffer fmtbuf;
     Py_ssize_t max_records;
-    if (!PyArg_ParseTuple(args, "y*n", &fmtbuf, &max_records))
+    long long pid = -1; /* >= 0: the pid of every packed event (a ring a process writes itself: no forging) */
+    if (!PyArg_ParseTuple(args, "y*n|L", &fmtbuf, &max_records, &pid))
         return NULL;
     if (fmtbuf.len != 256) {
         PyBuffer_Release(&fmtbuf);
@@ -463,7 +474,7 @@ static PyObject *Ring_drain(Ring *r, PyObject *args)
                     buf = nb;
                     cap = ncap2;
                 }
-                end = pack_event(buf + len, ev, f);
+                end = pack_event(buf + len, ev, f, pid);
             }
             if (end) {
                 if (n == ncap) {

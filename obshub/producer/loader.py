@@ -236,6 +236,8 @@ class BpfEventSource:
         self._sysfs: SysfsPoller | None = None
         self._decoder: Decoder | None = None
         self._ring = None
+        self._coll = None  # producer.collring.CollRings: the ranks' collective rings (None: not read)
+        self._next_coll = 0.0
         self._usdt_text = ""  # the argument readers bcc generated for the USDT probes
         self._usdt_fns: list[tuple[str, str]] = []  # (probe, handler) enabled
         self._scanner: discovery.LibraryScanner | None = None
@@ -281,6 +283,11 @@ class BpfEventSource:
 
             size = self.options.ringbuf_pages * os.sysconf("SC_PAGE_SIZE")
             self._ring = Ring(self._bpf[b"events"].map_fd, size)
+            if self.options.coll_ring and "pytorch_collective" in self._attached:
+                from obshub.producer.collring import CollRings
+
+                pid = next(p.id for p in cat.PROBES if p.name == "pytorch_collective")
+                self._coll = CollRings(pid, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END)
             self._ring_records = max(1, size // (EVENT_SIZE + 8))  # 8-byte record header
             from bcc.libbcc import lib
 
@@ -694,6 +701,7 @@ class BpfEventSource:
                 self._wake_at = 0
             waited = True
         before, t0 = ring.consumed, time.monotonic()
+        coll = self._coll
         items = ring.drain(table, _DRAIN_MAX)
         if not items and not out and timeout_ms > 0 and not waited:
             if ring.wait(int(timeout_ms)) > 0:
@@ -706,6 +714,13 @@ class BpfEventSource:
             rate = taken / max(1e-3, t0 - self._last_drain)  # records/s since the previous drain
             self._trickle_ms = max(1, int(self._ring_records / 4 / rate * 1000))
         self._last_drain = t0
+        if coll is not None:
+            # the collective rings after the BPF ring: a collective that ended before a step end the BPF ring
+            # gave is in its ring by now, so it reaches the batcher in the same turn as that step end
+            if t0 >= self._next_coll:
+                self._next_coll = t0 + self.options.target_refresh_ms / 1000
+                coll.refresh(self._watched | {r["pid"] for r in self._registrations})
+            items.extend(coll.drain(table, _DRAIN_MAX))
         decode = self._decoder.decode
         for it in items:
             out.append(decode(it) if type(it) is bytes else packed_run(it))
@@ -797,8 +812,16 @@ class BpfEventSource:
         """The probe table of the last start()."""
         return list(self._statuses)
 
+    def coll_rings(self) -> dict[int, dict[str, int]]:
+        """Per pid whose collective ring the agent reads: ``drops`` (collectives its kernel sent by the
+        ``coll`` trap because the ring was full) and ``written`` (records). {} when none is read."""
+        return self._coll.stats() if self._coll is not None else {}
+
     def close(self) -> None:
         """Detach every probe and free the BPF program. Idempotent."""
+        if self._coll is not None:
+            self._coll.close()
+            self._coll = None
         if self._ring is not None:
             self._ring.close()
             self._ring = None

@@ -309,7 +309,7 @@ def _build() -> tuple[Probe, ...]:
             Usdt("coll_late", "obs_usdt_coll_late", optional=True),
         ],
         usdt_req,
-        "two events per collective, one trap (coll) with the C++ collective kernel, else three",
+        "two events per collective: no trap while the collective ring is read, else one (coll), three (Python kernel)",
         "PYTORCH",
     )
     add(
@@ -663,7 +663,9 @@ class ProbeOptions:
     ``sysfs_root``/``sysfs_interval_ms``: the sysfs poller; ``target_refresh_ms``: how often the cgroup's
     processes are re-read; ``follow_scan_ms``: how often processes are scanned for copies of the
     instrumentation and probed libraries in other mount namespaces or paths (obshub/producer/discovery.py; 0 =
-    never); ``debug_ebpf``: print the final C and flags to stderr.
+    never); ``coll_ring``: drain the ranks' collective rings (obshub/producer/collring.py: no trap per
+    collective; False: the ``coll`` trap carries every collective); ``debug_ebpf``: print the final C and flags
+    to stderr.
     Raises :class:`producer.errors.ProbeError` for an invalid value."""
 
     probes: tuple[str, ...] = ()
@@ -679,6 +681,7 @@ class ProbeOptions:
     sysfs_interval_ms: int = 1000
     target_refresh_ms: int = 500
     follow_scan_ms: int = 1000
+    coll_ring: bool = True
     debug_ebpf: bool = False
 
     def __post_init__(self):

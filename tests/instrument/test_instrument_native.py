@@ -112,10 +112,176 @@ def test_one_probe_per_collective_while_coll_is_traced(world, monkeypatch):
     assert t0 <= b0 <= b1 <= t1  # CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns
 
 
+def _reader():
+    """The agent's reader of this process's collective ring (obshub/producer/collring.py), opened."""
+    import os
+
+    from obshub.core.schema import Kind
+    from obshub.producer.collring import CollRings
+
+    rings = CollRings(7, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END)
+    rings.refresh([os.getpid()])
+    assert len(rings) == 1, "the kernel made no collective ring (memfd obshub-coll)"
+    return rings
+
+
+def _ring_events(rings):
+    from obshub.producer.reader import DECODE_ALL_TABLE, PACKED_TABLE, Decoder, packed_run
+
+    items = rings.drain(DECODE_ALL_TABLE, 100_000)
+    return [Decoder({}, {}).decode(it) for it in items], PACKED_TABLE, packed_run
+
+
+def test_collectives_go_through_the_ring_while_a_reader_drains_it(world, monkeypatch):
+    """While the agent's reader drains the process's collective ring, the C++ kernel writes each collective's
+    COLLECTIVE_BEGIN (begin time, issuing thread) and COLLECTIVE_END (end time, duration) there and fires no
+    probe at all, even with ``coll`` traced: the records decode to the events the ``coll`` probe's BPF program
+    makes (group, sequence, op, bytes, TraceKey, pid). A reader gone (closed), the ``coll`` trap again. A
+    forked child has no ring and the kernel's locks are free in it."""
+    import os
+    import threading
+    import time
+
+    from obshub.core.schema import Kind
+    from obshub.instrument import _usdt
+
+    dist, hooks = world
+    native = _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
+    hooks.enable(job="j", host_id=3)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    me = threading.get_native_id()
+    rings = _reader()
+    from obshub.producer.collring import CollRings
+
+    second = CollRings(7, Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END, scan_s=0.0)
+    second.refresh([os.getpid()])
+    assert len(second) == 0  # one reader per ring (a second agent watching the process leaves it alone)
+    _usdt._record(True)
+    try:
+        _usdt._force_coll(True)
+        t0 = time.monotonic_ns()
+        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(8), async_op=True).wait()
+        t1 = time.monotonic_ns()
+        trapped = _usdt._recorded()
+        events, _, _ = _ring_events(rings)
+        rings.close()  # the kernel sees no reader: the trap path
+        assert native.ring_info()["live"] is False
+        second.refresh([os.getpid()])
+        assert len(second) == 1  # the first reader gone, another may take the ring
+        second.close()
+        dist.all_reduce(torch.ones(4))
+        after = _usdt._recorded()
+    finally:
+        _usdt._force_coll(False)
+        _usdt._record(False)
+    assert trapped == [], trapped  # no trap at all on the ring path
+    assert [e.kind for e in events] == [Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END] * 2, events
+    b0, e0, b1, e1 = events
+    assert all(e.pid == os.getpid() and e.payload["pg"] == "0" and e.payload["op"] == "all_reduce" for e in events)
+    assert (b0.value, b1.value) == (16, 32) and (b0.tid, b1.tid) == (me, me)
+    assert b1.payload["coll_seq"] == b0.payload["coll_seq"] + 1 and b1.trace_key == b0.trace_key + 1
+    for b, e in ((b0, e0), (b1, e1)):
+        assert (e.trace_key, e.step, e.value, e.payload) == (b.trace_key, b.step, b.value, b.payload)
+        assert t0 <= b.ts_ns <= e.ts_ns <= t1 and e.duration_ns == e.ts_ns - b.ts_ns and b.duration_ns == 0
+    assert [r[0] for r in after] == ["coll"] and after[0][2] == b1.payload["coll_seq"] + 1
+    # a forked child (pthread_atfork): no ring of its own parent's to write into, the kernel's locks usable
+    child = os.fork()
+    if child == 0:
+        ok = native.ring_info() is None and native.next_op() > 0
+        os._exit(0 if ok else 3)
+    assert os.waitpid(child, 0)[1] == 0
+
+
+def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, monkeypatch):
+    """A ring the reader does not drain fills up (1 MiB: 2,849 collectives); the rank never waits: each
+    collective that does not fit is counted in ``drops`` and fired through the ``coll`` trap instead, and
+    every one that fit is drained afterwards."""
+    from obshub.instrument import _usdt
+
+    dist, hooks = world
+    native = _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
+    hooks.enable(job="j", host_id=3)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    rings = _reader()
+    _ring_events(rings)  # empty it (an earlier test's records)
+    info0 = native.ring_info()
+    n = info0["data_size"] // 184 // 2 + 20
+    t = torch.ones(1)
+    _usdt._record(True)
+    try:
+        for _ in range(n):
+            dist.all_reduce(t)
+        traps = [r[0] for r in _usdt._recorded()]
+    finally:
+        _usdt._record(False)
+    info = native.ring_info()
+    drops, written = info["drops"] - info0["drops"], info["written"] - info0["written"]
+    events, _, _ = _ring_events(rings)
+    rings.close()
+    assert drops >= 20 and traps == ["coll"] * drops, (drops, traps[:3])
+    assert written == 2 * (n - drops) == len(events), (n, drops, written, len(events))
+
+
+def _forge(native, kind: int, pid: int) -> None:
+    """Write one record into this process's collective ring as a rank could (kind and pid of its choice)."""
+    import mmap
+    import os
+    import struct
+
+    from obshub.producer import record
+
+    info = native.ring_info()
+    fd = os.open(f"/proc/self/fd/{info['fd']}", os.O_RDWR)
+    page, size = mmap.PAGESIZE, info["data_size"]
+    m = mmap.mmap(fd, 2 * page + size)
+    os.close(fd)
+    prod = struct.unpack_from("<Q", m, page)[0]
+    off = prod & (size - 1)
+    if off + 184 > size:  # the kernel's rule: a record never wraps (a discarded record fills the end)
+        struct.pack_into("<II", m, 2 * page + off, (size - off - 8) | (1 << 30), 0)
+        prod, off = prod + size - off, 0
+    fields = [1, 0, 0, 0, 0, 0, 0, 0, pid, pid, kind, 7, 0, b"0", b"all_reduce"]
+    struct.pack_into("<II", m, 2 * page + off, 176, 0)
+    m[2 * page + off + 8 : 2 * page + off + 184] = record.RECORD_STRUCT.pack(*fields)
+    struct.pack_into("<Q", m, page, prod + 184)
+    m.close()
+
+
+def test_the_reader_takes_only_collective_records_with_the_rings_own_pid(world, monkeypatch):
+    """The ring is written by the watched process itself: a record of another kind is dropped (counted),
+    and a collective record carries the pid of the process the ring was found in, not the one it names."""
+    import os
+
+    import msgpack
+
+    from obshub.core.schema import Kind
+    from obshub.producer.reader import PACKED_TABLE, packed_run
+
+    dist, hooks = world
+    native = _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
+    hooks.enable(job="j", host_id=3)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    rings = _reader()
+    _ring_events(rings)
+    _forge(native, int(Kind.STEP_END), 4242)
+    _forge(native, int(Kind.COLLECTIVE_END), 4242)
+    items = rings.drain(PACKED_TABLE, 100)
+    rings.close()
+    (run,) = [packed_run(it) for it in items]
+    assert rings.rejected == 1 and run.kinds == {Kind.COLLECTIVE_END: 1}
+    ev = msgpack.unpackb(run.data, raw=False)  # one event: [kind, ts, dur, key, step, pid, ...]
+    assert ev[0] == Kind.COLLECTIVE_END and ev[5] == os.getpid()
+
+
 def test_a_collective_still_in_flight_gets_its_begin_from_the_watchdog(world, monkeypatch):
-    """On the one-probe path a collective that waits (here: rank 1 joins 0.4 s late) gets its begin from
+    """On the one-probe path a collective that waits (here: rank 1 joins 0.3 s late) gets its begin from
     the kernel's watchdog after ~100 ms (``coll_late``, the true begin time and issuing thread), so a hang
-    still shows who arrived; its ``coll`` then carries the thread negated (the end only)."""
+    still shows who arrived; its ``coll`` then carries the thread negated (the end only). On the ring path
+    (a reader, ``coll`` not traced) the watchdog writes the BEGIN record into the ring, the end the END."""
     import os
     import subprocess
     import sys
@@ -133,7 +299,8 @@ def test_a_collective_still_in_flight_gets_its_begin_from_the_watchdog(world, mo
             "-c",
             "import time, torch, torch.distributed as dist\n"
             "dist.init_process_group('gloo', rank=1, world_size=2)\n"
-            "time.sleep(0.4)\ndist.all_reduce(torch.ones(4))\ndist.destroy_process_group()\n",
+            "for _ in range(2):\n    time.sleep(0.3)\n    dist.all_reduce(torch.ones(4))\n"
+            "dist.destroy_process_group()\n",
         ],
         env={**os.environ, "OBSHUB_INSTRUMENT": "0"},
     )
@@ -146,6 +313,17 @@ def test_a_collective_still_in_flight_gets_its_begin_from_the_watchdog(world, mo
         dist.all_reduce(torch.ones(4))
         waited = time.monotonic_ns() - t0
         got = _usdt._recorded()
+        # the same through the collective ring (a reader drains it, coll not traced): the watchdog's BEGIN
+        # and the END are ring records, no trap
+        _usdt._force_coll(False)
+        rings = _reader()
+        _ring_events(rings)
+        t1 = time.monotonic_ns()
+        dist.all_reduce(torch.ones(4))
+        waited_ring = time.monotonic_ns() - t1
+        ring_traps = _usdt._recorded()
+        events, _, _ = _ring_events(rings)
+        rings.close()
     finally:
         _usdt._force_coll(False)
         _usdt._record(False)
@@ -155,6 +333,10 @@ def test_a_collective_still_in_flight_gets_its_begin_from_the_watchdog(world, mo
     late, end = got
     assert late[1:7] == end[1:7] and late[7] == end[7]  # the same collective, the same begin time
     assert late[8] == me and end[8] == -me and waited >= 200_000_000
+    assert ring_traps == [] and [e.kind for e in events] == [14, 15], (ring_traps, events)
+    begin, end_ev = events
+    assert begin.tid == me and begin.payload == end_ev.payload and begin.payload["coll_seq"] == late[2] + 1
+    assert t1 <= begin.ts_ns and end_ev.duration_ns == end_ev.ts_ns - begin.ts_ns >= 200_000_000 <= waited_ring
 
 
 def test_a_bad_kernel_choice_is_a_config_error(monkeypatch):

@@ -71,8 +71,14 @@ def test_two_rank_training_tracekeys(tmp_path):
         )
         try:
             deadline = time.monotonic() + 240
+            rings: dict[int, dict[str, int]] = {}  # the ranks' collective rings the agent read
+            delays: list[int] = []  # ns from a collective's end to the poll that returned it
             while wl.poll() is None and time.monotonic() < deadline:
-                events += src.poll(50)
+                got = src.poll(50)
+                now = time.monotonic_ns()
+                delays += [now - e.ts_ns for e in got if e.kind == Kind.COLLECTIVE_END]
+                events += got
+                rings.update(src.coll_rings())
             events += src.poll(0)
             out, err = wl.communicate(timeout=10)
         finally:
@@ -111,5 +117,13 @@ def test_two_rank_training_tracekeys(tmp_path):
                 assert parts.host_id == r["host_id"], (rank, e)
                 checked += 1
     assert colls[0] and colls[0] == colls[1], colls
+    # the collectives came through each rank's collective ring (no trap), none sent by trap for lack of room
+    assert all(rings.get(r["pid"], {}).get("written", 0) > 0 for r in regs), rings
+    assert all(rings[r["pid"]]["drops"] == 0 for r in regs), rings
+    # drained at every poll: a collective's END reaches the reader within a poll (50 ms here), far inside the
+    # 2 s after which the kernel would take the trap path again
+    delays.sort()
+    assert delays and delays[-1] < 2_000_000_000, delays[-5:]
+    print(f"END -> poll: median {delays[len(delays) // 2] / 1e6:.1f} ms, max {delays[-1] / 1e6:.1f} ms")
     assert checked >= 2 * STEPS, checked  # every step had scheduler events on the training thread
     print(f"checked {checked} scheduler events inside steps; lost {lost}")
