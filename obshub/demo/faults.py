@@ -421,6 +421,34 @@ while True:
 """
 
 
+ANON_BURST = """\
+import signal, time
+held, go = [], [False]
+signal.signal(signal.SIGUSR2, lambda *_: go.__setitem__(0, True))
+signal.signal(signal.SIGUSR1, lambda *_: go.__setitem__(0, False))
+while True:
+    if go[0]:
+        x = bytearray(1 << 20)
+        x[::4096] = b"\\1" * 256
+        held.append(x)
+    elif held:
+        held.clear()
+    else:
+        time.sleep(0.005)
+"""
+# the sporadic memory stall's hog: on SIGUSR2 it touches anonymous memory, 1 MiB at a time, until SIGUSR1
+# (a task waiting in its cgroup's OOM wait queue takes the signal once it wakes), then frees all of it
+
+
+def _under_oom(cgroup: Path) -> int:
+    """1 when the v1 memory cgroup is under OOM now (``memory.oom_control`` ``under_oom``), else 0."""
+    try:
+        kv = dict(ln.split() for ln in (cgroup / "memory.oom_control").read_text().splitlines() if ln.strip())
+    except OSError:
+        return 0
+    return int(kv.get("under_oom", 0))
+
+
 def memory_stat(cgroup: Path) -> dict[str, int]:
     """memory.stat of a v1 memory cgroup as ints."""
     return {k: int(v) for k, v in (ln.split() for ln in (cgroup / "memory.stat").read_text().splitlines())}
@@ -631,10 +659,15 @@ class Stall(Fault):
     - ``process``: the host's rank (every process of its v2 cgroup; with ``--fault-rank`` that rank's process
       alone, and a ``cpu`` burst then shares one CPU with that rank only) stopped with SIGSTOP for the stall,
       then continued (SIGCONT);
-    - ``mem``: memory pressure: during the stall the host's memory cgroup is limited to its anonymous
-      memory (memory.stat ``rss``) plus ``room_mb`` (default 64) of page cache, and a stopped hog (as
-      ``mem``'s) is continued, reading a file larger than the room: the training's own file pages are
-      reclaimed and fault back in; between stalls the hog is stopped and the limit lifted.
+    - ``mem``: a burst of anonymous memory in the rank's memory cgroup: for the stall the host's v1
+      memory cgroup is limited to its anonymous memory (memory.stat ``rss``) plus ``room_mb`` (default 16)
+      and a hog in it (``ANON_BURST``) touches anonymous memory until the cgroup is full: the rank's file
+      pages (its code, its libraries) are reclaimed and, with no swap, nothing else can be, so the
+      cgroup's OOM killer (disabled for the fault, ``memory.oom_control``) would act: every task of the
+      cgroup that charges a page (the rank refaulting its code) sleeps in the cgroup's OOM wait queue
+      until the stall ends (the hog frees its memory, the limit is lifted). This stalls the rank for most
+      of the stall (``python -m bench.mem_stall``: the limit alone with a reading or a writing hog slowed
+      steps by 50-300 ms of 800; a training rank in steady state charges no new page of its own).
 
     The first stall starts at ``inject``; ``starts_ns`` / ``ends_ns`` hold each stall's CLOCK_REALTIME ns.
     ``remove`` starts no new stall, lets the running one finish (it is never cut short) and undoes
@@ -661,7 +694,7 @@ class Stall(Fault):
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
-            self.params.setdefault("room_mb", 64)
+            self.params.setdefault("room_mb", 16)
         self.starts_ns: list[int] = []
         self.ends_ns: list[int] = []
         self._stop = threading.Event()
@@ -670,11 +703,11 @@ class Stall(Fault):
         self._mem: MemPressure | None = None
         self._stopped: list[int] = []
         self._error = ""
+        self._under_oom = 0  # mem: stalls at whose end the cgroup was under OOM (its tasks waited)
 
     def prepare(self) -> None:
         if self.params["layer"] == "mem":
-            self._mem = MemPressure(self.cluster, self.host, {"file_mb": 256, "hog_anon_mb": 24})
-            self._mem.prepare()
+            self._mem = MemPressure(self.cluster, self.host, {"file_mb": 0, "hog_anon_mb": 0})
 
     def _signal(self, pids, sig) -> list[int]:
         done = []
@@ -713,11 +746,11 @@ class Stall(Fault):
         elif layer == "mem" and self._mem and self._mem._noise:
             cg = self._mem.cg
             st = memory_stat(cg)
-            # the cgroup's anonymous memory plus room_mb of page cache: the training's own file pages
-            # (its libraries' code and data) are reclaimed and fault back in while the stall lasts
+            # the cgroup's anonymous memory plus room_mb: the hog's burst fills the room, the rank's file
+            # pages are reclaimed, and its next charge waits for the cgroup's OOM (disabled) to end
             limit = st.get("rss", 0) + (int(self.params["room_mb"]) << 20)
             (cg / "memory.limit_in_bytes").write_text(str(limit))
-            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
+            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGUSR2)
 
     def _tbf(self) -> list[str]:
         """An RTT spike without netem: tbf at ``rate_kbit`` with a queue of up to 2 s (segments wait in it
@@ -737,7 +770,9 @@ class Stall(Fault):
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []
         elif layer == "mem" and self._mem and self._mem._noise:
-            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGSTOP)
+            self._under_oom += _under_oom(self._mem.cg)
+            # the hog frees its burst when it runs again (the limit lifted wakes it and the rank)
+            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGUSR1)
             try:
                 (self._mem.cg / "memory.limit_in_bytes").write_text("-1")
             except OSError:
@@ -774,12 +809,13 @@ class Stall(Fault):
         elif layer == "mem" and self._mem:
             self._mem._limit_before = "-1"
             self._mem._base = self._mem._counters()
+            try:  # the cgroup's tasks wait at its limit instead of one of them being killed
+                (self._mem.cg / "memory.oom_control").write_text("1")
+            except OSError as exc:
+                raise FaultError(f"Failed to disable the OOM killer of {self._mem.cg}: {exc}") from exc
             self._mem._noise = _Noise(self.cluster, self.host, {"memory": self._mem.cg})
-            self._mem._noise.start(
-                [sys.executable, "-c", MEM_HOG, str(self._mem.file), str(self._mem.params["hog_anon_mb"])]
-            )
-            time.sleep(0.5)  # its anonymous memory is touched before the first limit
-            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGSTOP)
+            self._mem._noise.start([sys.executable, "-c", ANON_BURST])
+            time.sleep(0.5)  # the interpreter's own memory is charged before the first limit
         elif layer == "process" and not cgroup_pids(self.host.cgroup("unified")):
             raise FaultError(f"no process to stop in {self.host.cgroup('unified')}", "the rank is not running")
         self._thread = threading.Thread(target=self._loop, name="stall", daemon=True)
@@ -792,6 +828,8 @@ class Stall(Fault):
         }
         if self._error:
             out["error"] = self._error
+        if self.params["layer"] == "mem":
+            out["under_oom"] = self._under_oom
         if self._mem and self._mem._noise:
             out.update(self._mem_deltas())
         elif getattr(self, "_mem_counters", None):
@@ -824,6 +862,10 @@ class Stall(Fault):
                 self._mem_counters = self._mem_deltas()  # evidence() after remove() still reports them
                 self._signal([p.pid for p in self._mem._noise.procs], signal.SIGKILL)  # not one more burst
             self._mem.remove()
+            try:
+                (self._mem.cg / "memory.oom_control").write_text("0")
+            except OSError:
+                pass
 
     def _mem_deltas(self) -> dict[str, int]:
         st = self._mem._counters()
