@@ -64,9 +64,7 @@ def _in_cgroup(cg: Path, argv: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(["bash", "-c", f"echo $$ > {cg}/cgroup.procs; exec {quoted}"], **kw)
 
 
-def run_method(
-    method: str, stalls: int, stall_ms: float, gap_s: float, room_mb: int, file_mb: int, work: Path
-) -> dict:
+def run_method(method: str, stalls: int, stall_ms: float, gap_s: float, room_mb: int, file_mb: int, work: Path) -> dict:
     """One rank in a fresh memory cgroup under ``method``'s pressure ``stalls`` times; returns the baseline
     median step (ms), and per stall its longest step (ms) and counter deltas."""
     cg = MEMCG_ROOT / f"obshub-memstall-{os.getpid()}-{method}"
