@@ -55,9 +55,19 @@ def test_a_peer_with_about_as_many_records_makes_it_no_memory_culprit():
 def test_its_lossy_looking_connections_give_way_to_the_memory_limit():
     # a rank waiting at its limit does not read its sockets: its peers retransmit toward it
     c = culprit(_summary({"node-01": 27}, ev={"node-01": {"network": 2.0, "pytorch": 7.0}}))
-    assert (c["host"], c["layer"]) == ("node-01", "memory")
+    assert (c["host"], c["layer"], c["evidence"]) == ("node-01", "memory", 7.0)
+    # its lateness below the evidence floor, its link's evidence the best: the link gives way too
+    c = culprit(_summary({"node-01": 27}, ev={"node-01": {"network": 3.0, "pytorch": 1.0}}))
+    assert (c["host"], c["layer"], c["evidence"]) == ("node-01", "memory", 3.0)
     assert "looked lossy" in c["why"]
-    # a link named on another host than the late one keeps its own culprit
+    # a neighbour's retransmits (3 spreads) do not hide the late rank at its limit (node-01 campaign,
+    # 2026-12-05: node-02 / network was named for an 800 ms memory stall of node-01)
+    c = culprit(_summary({"node-01": 18}, ev={"node-01": {"pytorch": 7.0}, "node-02": {"network": 3.0}}))
+    assert (c["host"], c["layer"]) == ("node-01", "memory")
+    # without the memory records the lateness is a lossy link's victim's: the link is named
+    c = culprit(_summary({}, ev={"node-01": {"pytorch": 7.0}, "node-02": {"network": 3.0}}))
+    assert (c["host"], c["layer"]) == ("node-02", "network")
+    # a link named on another host than the late one, which has no lateness evidence, keeps its culprit
     c = culprit(_summary({"node-01": 27}, ev={"node-02": {"network": 3.0}}))
     assert (c["host"], c["layer"]) == ("node-02", "network")
 

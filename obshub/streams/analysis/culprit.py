@@ -12,7 +12,9 @@ CULPRIT_MIN_EVIDENCE = 2.0
 """The least per-step evidence (spreads) that names a culprit: on recorded demo stalls the true culprit had
 4-7, while a blackout step whose retransmits fell outside it left only run-queue noise of 1.4-1.6 spreads
 on two hosts, which must not name one of them."""
-_SPECIFIC_FIRST = {layer: i for i, layer in enumerate(("network", "sched", "memory", "cuda", "nic", "pcie", "pytorch"))}
+_SPECIFIC_FIRST = {
+    layer: i for i, layer in enumerate(("network", "sched", "memory", "memlimit", "cuda", "nic", "pcie", "pytorch"))
+}
 PERSIST_STEPS = 8
 """How many of the job's previous closed steps ``persistent_culprit`` reads."""
 PERSIST_MIN = 2
@@ -116,6 +118,10 @@ def culprit(summary: dict) -> dict | None:
     cands: list[tuple] = []
     for h, zs in hosts_ev.items():
         for layer, z in zs.items():
+            if layer == "pytorch" and z >= CULPRIT_MIN_EVIDENCE and _memory_limited(summary, h, z) is not None:
+                # lateness of a rank that waited at its memory cgroup's limit: the kernel's reclaim
+                # retries say whose the wait was, a lossy link's victims have none (``_memory_limited``)
+                layer = "memlimit"
             if z < CULPRIT_MIN_EVIDENCE or (layer == "pytorch" and net_seen):
                 continue
             cands.append(((-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h), h, layer, z))
@@ -150,11 +156,8 @@ def culprit(summary: dict) -> dict | None:
             if mem is not None:
                 mem["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
                 return mem
-    if best is not None and best[2] == "pytorch":
-        # lateness no layer's time explains, on a host that hit its memory cgroup's limit in the step
-        mem = _memory_limited(summary, best[1], best[3])
-        if mem is not None:
-            return mem
+    if best is not None and best[2] == "memlimit":
+        return _memory_limited(summary, best[1], best[3])
     if best is not None:
         _key, h, layer, z = best
         why = f"{layer} evidence {z:g} spreads of {spread / 1e6:.1f} ms"
