@@ -667,7 +667,11 @@ class Stall(Fault):
       cgroup that charges a page (the rank refaulting its code) sleeps in the cgroup's OOM wait queue
       until the stall ends (the hog frees its memory, the limit is lifted). This stalls the rank for most
       of the stall (``python -m bench.mem_stall``: the limit alone with a reading or a writing hog slowed
-      steps by 50-300 ms of 800; a training rank in steady state charges no new page of its own).
+      steps by 50-300 ms of 800; a training rank in steady state charges no new page of its own). A
+      hazard it shares with production: a page the kernel itself faults in for the rank while the
+      cgroup is full (a ``recv`` into a fresh buffer) gets no wait, the system call fails with EFAULT
+      (gloo: "Read error ... Bad address") and the rank exits: 1 of 6 runs on 2026-12-05, at a stall's
+      first 300 ms.
 
     The first stall starts at ``inject``; ``starts_ns`` / ``ends_ns`` hold each stall's CLOCK_REALTIME ns.
     ``remove`` starts no new stall, lets the running one finish (it is never cut short) and undoes
