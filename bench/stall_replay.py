@@ -3,9 +3,9 @@ and the builtin rule pack, and compare the single-step stall alerts (issue #30; 
 
 Each kept run (``DIR/**/steps.jsonl`` beside its ``report.json``) is read in close order. Every closed step
 (``complete``, ``window``, ``restart``) whose kept culprit is not a hang's or a persistent charge gets its
-culprit recomputed with ``analysis.culprit.culprit`` of this tree and of ``--base`` (a checkout of the
-commit to compare with, e.g. ``git worktree add /tmp/base main``); where the two differ the step is
-listed and this tree's culprit replaces the kept one. Both sequences go through this tree's builtin pack
+culprit recomputed with ``analysis.culprit.culprit`` of ``--base`` (a checkout of the commit to compare
+with, e.g. ``git worktree add /tmp/base main``) on one side and of this tree on the other; steps where the
+two differ are listed. Both sequences go through this tree's builtin pack
 (``rules.engine.Engine``, ticked at each step's close); each ``step_stall`` alert is right when it names
 the host and layer of a fault episode in effect (from its injection to 5 s after its last stall or its
 removal), else wrong; each stall of a ``stall:LAYER`` episode is named when a right alert starts within
@@ -91,28 +91,30 @@ def main(argv: list[str] | None = None) -> int:
         if not steps:
             continue
         tot["runs"] += 1
-        new = []
+        old, new = [], []
         for s in steps:
             c = s.get("culprit")
+            s_old = s_new = s
             if s.get("closed_by") in CLOSED and not (c and c.get("source") in ("hang", "persistent")):
                 tot["closed"] += 1
                 old_c, new_c = base.culprit(s), this.culprit(s)
+                s_old, s_new = copy.deepcopy(s), copy.deepcopy(s)
+                s_old["culprit"], s_new["culprit"] = old_c, new_c
                 if old_c != new_c:
                     tot["changed"] += 1
-                    s = copy.deepcopy(s)
-                    s["culprit"] = new_c
                     o, n = old_c or {}, new_c or {}
                     print(
                         f"changed {sp.parent} step {s['step']}: {o.get('host')} / {o.get('layer')} -> {n.get('host')} / {n.get('layer')}"
                     )
-            new.append(s)
+            old.append(s_old)
+            new.append(s_new)
         eps = _episodes(rep)
 
         def right(c: dict, eps: list[tuple] = eps) -> bool:
             t, h, ly = c["starts_at_ns"], c["labels"].get("host"), c["labels"].get("layer")
             return any(eh == h and el == ly and lo <= t <= hi for _k, eh, el, lo, hi, _s in eps)
 
-        fired_base, fired = fire(steps), fire(new)
+        fired_base, fired = fire(old), fire(new)
         for tag, f in (("base_", fired_base), ("", fired)):
             for c in f:
                 tot[tag + ("right" if right(c) else "wrong")] += 1
