@@ -82,6 +82,10 @@ def culprit(summary: dict) -> dict | None:
        peers' median by at least ``EXPLAIN_REL`` of what the step lost;
     4. else None (nothing names one: every host equally slow, or nothing to compare).
 
+    A rank's lateness (``pytorch``), its link's ``network`` best when it is the late one, and a straggler
+    with no layer blamed name ``memory`` instead when its memory cgroup hit its limit in the step
+    (``_memory_limited``: at least ``MEMLIMIT_MIN_RECORDS`` memory records, none like it on its peers).
+
     A ``sched`` culprit of ``source`` "evidence" or "layers" carries ``starved`` (bool, ``_starved``): its
     host's own run-queue waits explain most of the step's loss and stand far above every peer's, the
     specific evidence the rules' ``stall_starved`` fires on below ``stall_k``.
