@@ -29,6 +29,8 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
                                         # mem), an 800 ms stall every 12 s; every stall must be named,
                                         # median <= 2 s, worst <= 5 s (~15 min)
     python -m bench.ttd --stall cpu,process --fault-hosts 2   # some layers on one host
+    python -m bench.ttd --stall mem --fault-hosts 1 --stall-param full=1   # memory stalls that fill the
+                                        # rank's cgroup (they stall it; a rank may die of EFAULT: docs/DEMO.md)
     python -m bench.ttd --stall net --fault-hosts 0 --stall-param loss_pct=40 --stall-param stall_ms=2000
                                         # 2 s loss bursts (delay_ms=300: RTT spikes) instead of blackouts
     python -m bench.ttd --stall cpu,process --fault-hosts 1 --ranks-per-host 2 --fault-rank 1

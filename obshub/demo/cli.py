@@ -102,7 +102,7 @@ def _sigterm(*_):
     metavar="KEY=VALUE",
     help="fault size, a positive number: percent (net-loss, default 8); rate_mbit, burst_kb, latency_ms "
     "(net-slow: 24, 32, 100); procs (cpu); room_mb, hog_anon_mb, file_mb (mem: 48, 24, 256); stall: layer "
-    "(net, cpu, process or mem; default net), stall_ms (800), period_s (18), procs (cpu), room_mb (mem: 64), "
+    "(net, cpu, process or mem; default net), stall_ms (800), period_s (18), procs (cpu), room_mb (mem: 64; 16 with full), full (mem: 1 = fill the cgroup, an anonymous burst), "
     "loss_pct (net: a loss burst of that percent instead of a blackout), delay_ms (net: an RTT spike instead, "
     "tc netem) or rate_kbit (net: an RTT spike with tc tbf at that rate)",
 )

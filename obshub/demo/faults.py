@@ -58,7 +58,7 @@ PARAMS = {
     "net-loss": ("percent",),
     "cpu": ("procs",),
     "mem": ("room_mb", "hog_anon_mb", "file_mb"),
-    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "loss_pct", "delay_ms", "rate_kbit"),
+    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "full", "loss_pct", "delay_ms", "rate_kbit"),
 }
 # a sporadic stall (kind ``stall``): its ``layer`` param (names as ``--param layer=...``) and the layer
 # obshub should name for it
@@ -421,6 +421,34 @@ while True:
 """
 
 
+ANON_BURST = """\
+import signal, time
+held, go = [], [False]
+signal.signal(signal.SIGUSR2, lambda *_: go.__setitem__(0, True))
+signal.signal(signal.SIGUSR1, lambda *_: go.__setitem__(0, False))
+while True:
+    if go[0]:
+        x = bytearray(1 << 20)
+        x[::4096] = b"\\1" * 256
+        held.append(x)
+    elif held:
+        held.clear()
+    else:
+        time.sleep(0.005)
+"""
+# the sporadic memory stall's hog: on SIGUSR2 it touches anonymous memory, 1 MiB at a time, until SIGUSR1
+# (a task waiting in its cgroup's OOM wait queue takes the signal once it wakes), then frees all of it
+
+
+def _under_oom(cgroup: Path) -> int:
+    """1 when the v1 memory cgroup is under OOM now (``memory.oom_control`` ``under_oom``), else 0."""
+    try:
+        kv = dict(ln.split() for ln in (cgroup / "memory.oom_control").read_text().splitlines() if ln.strip())
+    except OSError:
+        return 0
+    return int(kv.get("under_oom", 0))
+
+
 def memory_stat(cgroup: Path) -> dict[str, int]:
     """memory.stat of a v1 memory cgroup as ints."""
     return {k: int(v) for k, v in (ln.split() for ln in (cgroup / "memory.stat").read_text().splitlines())}
@@ -634,7 +662,21 @@ class Stall(Fault):
     - ``mem``: memory pressure: during the stall the host's memory cgroup is limited to its anonymous
       memory (memory.stat ``rss``) plus ``room_mb`` (default 64) of page cache, and a stopped hog (as
       ``mem``'s) is continued, reading a file larger than the room: the training's own file pages are
-      reclaimed and fault back in; between stalls the hog is stopped and the limit lifted.
+      reclaimed and fault back in; between stalls the hog is stopped and the limit lifted. This slows the
+      rank's steps by 50-300 ms of an 800 ms stall, no more (``python -m bench.mem_stall``). With
+      ``full`` (``--param full=1``) a burst of anonymous memory that fills the rank's cgroup instead: the
+      host's v1 memory cgroup limited to its anonymous memory plus ``room_mb`` (default 16) and a hog in
+      it (``ANON_BURST``) touches anonymous memory until the cgroup is full: the rank's file
+      pages (its code, its libraries) are reclaimed and, with no swap, nothing else can be, so the
+      cgroup's OOM killer (disabled for the fault, ``memory.oom_control``) would act: every task of the
+      cgroup that charges a page (the rank refaulting its code) sleeps in the cgroup's OOM wait queue
+      until the stall ends (the hog frees its memory, the limit is lifted). This stalls the rank for most
+      of the stall (``python -m bench.mem_stall``: the limit alone with a reading or a writing hog slowed
+      steps by 50-300 ms of 800; a training rank in steady state charges no new page of its own). A
+      hazard it shares with production: a page the kernel itself faults in for the rank while the
+      cgroup is full (a ``recv`` into a fresh buffer) gets no wait, the system call fails with EFAULT
+      (gloo: "Read error ... Bad address") and the rank exits: 1 of 6 campaign runs and 1 of 3 runs of
+      the demo's fault test on 2026-12-05, hence not the default.
 
     The first stall starts at ``inject``; ``starts_ns`` / ``ends_ns`` hold each stall's CLOCK_REALTIME ns.
     ``remove`` starts no new stall, lets the running one finish (it is never cut short) and undoes
@@ -661,7 +703,7 @@ class Stall(Fault):
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
         if self.params["layer"] == "mem":
-            self.params.setdefault("room_mb", 64)
+            self.params.setdefault("room_mb", 16 if self.params.get("full") else 64)
         self.starts_ns: list[int] = []
         self.ends_ns: list[int] = []
         self._stop = threading.Event()
@@ -670,9 +712,17 @@ class Stall(Fault):
         self._mem: MemPressure | None = None
         self._stopped: list[int] = []
         self._error = ""
+        self._under_oom = 0  # mem: stalls at whose end the cgroup was under OOM (its tasks waited)
+
+    @property
+    def _full(self) -> bool:
+        """A ``mem`` stall that fills the cgroup (``full``) rather than reading a file through it."""
+        return self.params["layer"] == "mem" and bool(self.params.get("full"))
 
     def prepare(self) -> None:
-        if self.params["layer"] == "mem":
+        if self._full:
+            self._mem = MemPressure(self.cluster, self.host, {"file_mb": 0, "hog_anon_mb": 0})
+        elif self.params["layer"] == "mem":
             self._mem = MemPressure(self.cluster, self.host, {"file_mb": 256, "hog_anon_mb": 24})
             self._mem.prepare()
 
@@ -713,11 +763,11 @@ class Stall(Fault):
         elif layer == "mem" and self._mem and self._mem._noise:
             cg = self._mem.cg
             st = memory_stat(cg)
-            # the cgroup's anonymous memory plus room_mb of page cache: the training's own file pages
-            # (its libraries' code and data) are reclaimed and fault back in while the stall lasts
+            # the cgroup's anonymous memory plus room_mb: the hog's burst fills the room, the rank's file
+            # pages are reclaimed, and its next charge waits for the cgroup's OOM (disabled) to end
             limit = st.get("rss", 0) + (int(self.params["room_mb"]) << 20)
             (cg / "memory.limit_in_bytes").write_text(str(limit))
-            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGCONT)
+            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGUSR2 if self._full else signal.SIGCONT)
 
     def _tbf(self) -> list[str]:
         """An RTT spike without netem: tbf at ``rate_kbit`` with a queue of up to 2 s (segments wait in it
@@ -737,7 +787,9 @@ class Stall(Fault):
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []
         elif layer == "mem" and self._mem and self._mem._noise:
-            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGSTOP)
+            self._under_oom += _under_oom(self._mem.cg)
+            # full: the hog frees its burst when it runs again (the limit lifted wakes it and the rank)
+            self._signal([p.pid for p in self._mem._noise.procs], signal.SIGUSR1 if self._full else signal.SIGSTOP)
             try:
                 (self._mem.cg / "memory.limit_in_bytes").write_text("-1")
             except OSError:
@@ -771,6 +823,16 @@ class Stall(Fault):
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
             for p in self._noise.procs:  # a burst that takes the CPUs: nice -20 (CFS weight 88761 vs 1024)
                 os.setpriority(os.PRIO_PROCESS, p.pid, -20)
+        elif layer == "mem" and self._mem and self._full:
+            self._mem._limit_before = "-1"
+            self._mem._base = self._mem._counters()
+            try:  # the cgroup's tasks wait at its limit instead of one of them being killed
+                (self._mem.cg / "memory.oom_control").write_text("1")
+            except OSError as exc:
+                raise FaultError(f"Failed to disable the OOM killer of {self._mem.cg}: {exc}") from exc
+            self._mem._noise = _Noise(self.cluster, self.host, {"memory": self._mem.cg})
+            self._mem._noise.start([sys.executable, "-c", ANON_BURST])
+            time.sleep(0.5)  # the interpreter's own memory is charged before the first limit
         elif layer == "mem" and self._mem:
             self._mem._limit_before = "-1"
             self._mem._base = self._mem._counters()
@@ -792,6 +854,8 @@ class Stall(Fault):
         }
         if self._error:
             out["error"] = self._error
+        if self._full:
+            out["under_oom"] = self._under_oom
         if self._mem and self._mem._noise:
             out.update(self._mem_deltas())
         elif getattr(self, "_mem_counters", None):
@@ -824,6 +888,11 @@ class Stall(Fault):
                 self._mem_counters = self._mem_deltas()  # evidence() after remove() still reports them
                 self._signal([p.pid for p in self._mem._noise.procs], signal.SIGKILL)  # not one more burst
             self._mem.remove()
+            if self._full:
+                try:
+                    (self._mem.cg / "memory.oom_control").write_text("0")
+                except OSError:
+                    pass
 
     def _mem_deltas(self) -> dict[str, int]:
         st = self._mem._counters()

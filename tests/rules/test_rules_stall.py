@@ -664,6 +664,19 @@ def test_specific_evidence_names_a_stall_from_x1_5_and_other_culprits_keep_stall
     assert got == ([want] if want else []), fired
 
 
+@pytest.mark.parametrize("records,want", [(20, [("node-03", "memory")]), (0, [])])
+def test_a_rank_at_its_memory_limit_fires_from_x1_5_and_plain_lateness_keeps_stall_k(records, want):
+    # a 300 ms memory stall (node-03 campaign, 2026-12-05): late by 205 ms of a x1.9 step, with the
+    # kernel's reclaim retries in its memory row; without them the same lateness is the process's (x3)
+    rng = __import__("random").Random(7)
+    s = summary(20, 1.9 * MEDIAN_NS / 1e6, ev={"node-03": {"pytorch": 7.0}}, strag=("node-03", 120))
+    s["straggler"]["group"] = [{"host": "node-03", "late_ns": 120_000_000}]
+    if records:
+        s["layers"] = {"node-03": {"memory": {"time_ns": 500_000, "count": records, "max_ns": 90_000}}}
+    fired = [a for a in fire(charge([*clean_steps(0, 20, rng), s])) if a["rule"].startswith("step_stall")]
+    assert [(a["labels"]["host"], a["labels"]["layer"]) for a in fired] == want, fired
+
+
 # recorded shapes (docs/BENCHMARKS.md 8): median ms, step ms, spread ms, {host: sched evidence}, {host:
 # run-queue ms}, straggler (host, excess ms); the culprit's host is the one with the largest evidence
 STARVED_SHAPES = [

@@ -12,7 +12,9 @@ CULPRIT_MIN_EVIDENCE = 2.0
 """The least per-step evidence (spreads) that names a culprit: on recorded demo stalls the true culprit had
 4-7, while a blackout step whose retransmits fell outside it left only run-queue noise of 1.4-1.6 spreads
 on two hosts, which must not name one of them."""
-_SPECIFIC_FIRST = {layer: i for i, layer in enumerate(("network", "sched", "memory", "cuda", "nic", "pcie", "pytorch"))}
+_SPECIFIC_FIRST = {
+    layer: i for i, layer in enumerate(("network", "sched", "memory", "memlimit", "cuda", "nic", "pcie", "pytorch"))
+}
 PERSIST_STEPS = 8
 """How many of the job's previous closed steps ``persistent_culprit`` reads."""
 PERSIST_MIN = 2
@@ -35,6 +37,12 @@ STOPPED_MIN_NS = 50_000_000
 be a culprit without a baseline; with one, the stop must also make up ``EXPLAIN_REL`` of what the step lost.
 Nothing stops a rank in normal training: a stop of 50 ms is an act (SIGSTOP, a debugger, a job control
 freeze), never jitter."""
+MEMLIMIT_MIN_RECORDS = 16
+"""``_memory_limited``: the least memory records (reclaim stalls, summed short ones included, and watched
+allocations: the memory layer's ``count``) of a host in one step for the signature of a rank at its memory
+cgroup's limit: the kernel retries memory-cgroup reclaim ``MAX_RECLAIM_RETRIES`` (16) times before a charge
+fails (mm/memcontrol.c ``try_charge``); a rank in steady state records none (on a recorded 4-host demo run
+5 of 1,632 host-steps had any, 4 of them the 4 memory stalls, with 18-27)."""
 LAYER_CULPRIT = ("sched", "memory")
 """Time layers a step with neither evidence nor a straggler may be charged to (``source`` "layers")."""
 STARVED_MIN_EVIDENCE = 3.0
@@ -74,6 +82,10 @@ def culprit(summary: dict) -> dict | None:
        peers' median by at least ``EXPLAIN_REL`` of what the step lost;
     4. else None (nothing names one: every host equally slow, or nothing to compare).
 
+    A rank's lateness (``pytorch``), its link's ``network`` best when it is the late one, and a straggler
+    with no layer blamed name ``memory`` instead when its memory cgroup hit its limit in the step
+    (``_memory_limited``: at least ``MEMLIMIT_MIN_RECORDS`` memory records, none like it on its peers).
+
     A ``sched`` culprit of ``source`` "evidence" or "layers" carries ``starved`` (bool, ``_starved``): its
     host's own run-queue waits explain most of the step's loss and stand far above every peer's, the
     specific evidence the rules' ``stall_starved`` fires on below ``stall_k``.
@@ -110,6 +122,10 @@ def culprit(summary: dict) -> dict | None:
     cands: list[tuple] = []
     for h, zs in hosts_ev.items():
         for layer, z in zs.items():
+            if layer == "pytorch" and z >= CULPRIT_MIN_EVIDENCE and _memory_limited(summary, h, z) is not None:
+                # lateness of a rank that waited at its memory cgroup's limit: the kernel's reclaim
+                # retries say whose the wait was, a lossy link's victims have none (``_memory_limited``)
+                layer = "memlimit"
             if z < CULPRIT_MIN_EVIDENCE or (layer == "pytorch" and net_seen):
                 continue
             cands.append(((-z, _SPECIFIC_FIRST.get(layer, len(_SPECIFIC_FIRST)), h), h, layer, z))
@@ -138,6 +154,14 @@ def culprit(summary: dict) -> dict | None:
         if own is not None and own["host"] == best[1]:
             own["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
             return own
+        # so does a rank that waited at its memory cgroup's limit, late by most of the stall
+        if group.get(best[1], 0) >= EXPLAIN_REL * lost:
+            mem = _memory_limited(summary, best[1], best[3])
+            if mem is not None:
+                mem["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
+                return mem
+    if best is not None and best[2] == "memlimit":
+        return _memory_limited(summary, best[1], best[3])
     if best is not None:
         _key, h, layer, z = best
         why = f"{layer} evidence {z:g} spreads of {spread / 1e6:.1f} ms"
@@ -153,6 +177,12 @@ def culprit(summary: dict) -> dict | None:
     if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
         layer = mine[0]["layer"] if mine else "pytorch"
+        if layer == "pytorch":
+            mem = _memory_limited(summary, strag["host"], 0.0)
+            if mem is not None:
+                mem["source"] = "blame"
+                mem["why"] = f"straggler: {strag.get('reason', '')}; " + mem["why"]
+                return mem
         why = f"straggler: {strag.get('reason', '')}" + (
             f"; blamed {layer} +{mine[0]['excess_ns'] / 1e6:.1f} ms over its peers" if mine else "; no layer blamed"
         )
@@ -197,6 +227,37 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
         f"run-queue {own / 1e6:.0f} ms, +{(own - med) / 1e6:.0f} ms over its peers' median"
         f" ({(own - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {own / max(peers[-1], 1_000_000):.1f}x the busiest peer's"
     )
+
+
+def _memory_limited(summary: dict, host: str, z: float) -> dict | None:
+    """A ``memory`` culprit for ``host``, a late rank (its lateness evidence ``z``, spreads; 0 for a
+    straggler named by blame) whose memory cgroup hit its limit in the step: at least
+    ``MEMLIMIT_MIN_RECORDS`` memory records (``layers[host].memory.count``) while every other host's row
+    has at most ``AMBIGUOUS_REL`` of them; None otherwise. A charge the kernel cannot satisfy after its
+    reclaim retries does not end in reclaim: with the cgroup's OOM killer disabled its task sleeps in the
+    cgroup's OOM wait queue (cgroup v1), and above ``memory.high`` it is throttled (cgroup v2), until memory
+    is freed or the limit raised. The memory probes see the retries (short reclaim stalls), not the wait,
+    so the rank's lateness carries the stall while its memory time stays small: the records are the
+    kernel's word that the wait was memory's. Same ``evidence`` as the lateness it replaces."""
+    layers = summary.get("layers") or {}
+    own = int(((layers.get(host) or {}).get("memory") or {}).get("count", 0))
+    if own < MEMLIMIT_MIN_RECORDS:
+        return None
+    if any(
+        int(((row or {}).get("memory") or {}).get("count", 0)) > AMBIGUOUS_REL * own
+        for h, row in layers.items()
+        if h != host
+    ):
+        return None
+    mem = (layers[host] or {}).get("memory") or {}
+    return {
+        "host": host,
+        "layer": "memory",
+        "evidence": z,
+        "source": "evidence",
+        "why": f"late with {own} memory records (reclaim at its memory cgroup's limit, {int(mem.get('time_ns', 0)) / 1e6:.1f} ms"
+        f" of reclaim) and none like it on its peers: it waited at the limit",
+    }
 
 
 def _stopped_culprit(summary: dict, lost: int) -> dict | None:

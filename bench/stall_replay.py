@@ -1,0 +1,153 @@
+"""Replay kept step summaries (``python -m bench.ttd --keep DIR``) through two versions of the step culprit
+and the builtin rule pack, and compare the single-step stall alerts (issue #30; docs/BENCHMARKS.md 8).
+
+Each kept run (``DIR/**/steps.jsonl`` beside its ``report.json``) is read in close order. Every closed step
+(``complete``, ``window``, ``restart``) whose kept culprit is not a hang's or a persistent charge gets its
+culprit recomputed with ``analysis.culprit.culprit`` of ``--base`` (a checkout of the commit to compare
+with, e.g. ``git worktree add /tmp/base main``) on one side and of this tree on the other; steps where the
+two differ are listed. Both sequences go through this tree's builtin pack
+(``rules.engine.Engine``, ticked at each step's close); each ``step_stall`` alert is right when it names
+the host and layer of a fault episode in effect (from its injection to 5 s after its last stall or its
+removal), else wrong; each stall of a ``stall:LAYER`` episode is named when a right alert starts within
+5 s of it. Prints the changed culprits, the alerts only one side fired, per-stall naming that differs,
+and totals. Reads only the culprit's inputs in the summaries (``culprit`` reads no raw events), so it
+replays a change of ``culprit.py``; a change of the fold or the agent needs new runs.
+
+    python -m bench.stall_replay --base /tmp/base /tmp/s6runs/*/ /tmp/stall5-runs/*/
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+LAYER = {"stall:net": "network", "stall:cpu": "sched", "stall:process": "process", "stall:mem": "memory"}
+LAYER.update({"cpu": "sched", "net-slow": "network", "net-loss": "network", "mem": "memory"})
+LAYER.update({"hang": "process", "exit": "process"})
+CLOSED = ("complete", "window", "restart")
+
+
+def _episodes(rep: dict) -> list[tuple]:
+    """``(kind, host, layer, t_from_ns, t_to_ns, stall_starts_ns)`` of a kept report (a ``--sequence`` run
+    has ``episodes``; a single-fault one only its ``verdict``)."""
+    eps = rep.get("episodes")
+    if not eps:
+        v = rep.get("verdict") or {}
+        kind = v.get("fault") or "none"
+        if kind == "stall":
+            kind = "stall:" + {"network": "net", "sched": "cpu", "memory": "mem"}.get(v.get("layer"), "process")
+        eps = [{"kind": kind, "host": v.get("host"), "t0_ns": v.get("t0_ns") or 0, "stall_starts_ns": []}]
+        eps[0]["stall_starts_ns"] = [x["t0_ns"] for x in v.get("stalls") or []]
+    out = []
+    for ep in eps:
+        lo = ep.get("t0_ns") or 0
+        hi = (ep.get("removed_ns") or max(ep.get("stall_starts_ns") or [lo])) + 5_000_000_000
+        out.append((ep["kind"], ep.get("host"), LAYER.get(ep["kind"], "?"), lo, hi, ep.get("stall_starts_ns") or []))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Replay the kept runs under the folders given; 0 when at least one run was read, 2 otherwise."""
+    p = argparse.ArgumentParser(
+        prog="python -m bench.stall_replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("dirs", nargs="+", type=Path, help="folders of kept runs (bench.ttd --keep DIR)")
+    p.add_argument("--base", type=Path, required=True, help="a checkout of the commit to compare with")
+    a = p.parse_args(argv)
+    base_file = a.base / "obshub/streams/analysis/culprit.py"
+    if not base_file.is_file():
+        p.error(f"--base {a.base}: no obshub/streams/analysis/culprit.py there (a checkout of obshub?)")
+    spec = importlib.util.spec_from_file_location("base_culprit", base_file)
+    base = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(base)
+    from obshub.rules import fields
+    from obshub.rules.engine import Engine
+    from obshub.rules.loader import load_ruleset
+
+    this = importlib.import_module("obshub.streams.analysis.culprit")  # the package exports a function of that name
+
+    pack = load_ruleset([Path(__file__).resolve().parent.parent / "obshub/rules/builtin"])
+
+    def fire(steps: list[dict]) -> list[dict]:
+        got: list[dict] = []
+        eng = Engine(pack, got.append)
+        for s in steps:
+            eng.process("steps", fields.step_record(s))
+            eng.tick(s["closed_at_ns"])
+        eng.tick(steps[-1]["closed_at_ns"] + 60_000_000_000)
+        return [c for c in got if c["status"] == "firing" and c["rule"] == "step_stall"]
+
+    tot = dict.fromkeys(("runs", "closed", "changed", "base_right", "base_wrong", "right", "wrong"), 0)
+    tot.update(stalls=0, named_base=0, named=0)
+    paths = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
+    for sp in paths:
+        rep = json.loads((sp.parent / "report.json").read_text())
+        steps = sorted((json.loads(ln) for ln in sp.open() if ln.strip()), key=lambda s: s["closed_at_ns"])
+        if not steps:
+            continue
+        tot["runs"] += 1
+        old, new = [], []
+        for s in steps:
+            c = s.get("culprit")
+            s_old = s_new = s
+            if s.get("closed_by") in CLOSED and not (c and c.get("source") in ("hang", "persistent")):
+                tot["closed"] += 1
+                old_c, new_c = base.culprit(s), this.culprit(s)
+                s_old, s_new = copy.deepcopy(s), copy.deepcopy(s)
+                s_old["culprit"], s_new["culprit"] = old_c, new_c
+                if old_c != new_c:
+                    tot["changed"] += 1
+                    o, n = old_c or {}, new_c or {}
+                    print(
+                        f"changed {sp.parent} step {s['step']}: {o.get('host')} / {o.get('layer')} -> {n.get('host')} / {n.get('layer')}"
+                    )
+            old.append(s_old)
+            new.append(s_new)
+        eps = _episodes(rep)
+
+        def right(c: dict, eps: list[tuple] = eps) -> bool:
+            t, h, ly = c["starts_at_ns"], c["labels"].get("host"), c["labels"].get("layer")
+            return any(eh == h and el == ly and lo <= t <= hi for _k, eh, el, lo, hi, _s in eps)
+
+        fired_base, fired = fire(old), fire(new)
+        for tag, f in (("base_", fired_base), ("", fired)):
+            for c in f:
+                tot[tag + ("right" if right(c) else "wrong")] += 1
+        key = lambda c: (c["annotations"].get("step"), c["labels"].get("host"), c["labels"].get("layer"))  # noqa: E731
+        ka, kb = {key(c): c for c in fired_base}, {key(c): c for c in fired}
+        for k in sorted(set(ka) ^ set(kb)):
+            c = ka.get(k) or kb.get(k)
+            print(
+                f"{'gone' if k in ka else 'new '} {'right' if right(c) else 'WRONG'} {sp.parent} step {k[0]} {k[1]} / {k[2]}"
+            )
+        for kind, h, ly, _lo, _hi, starts in eps:
+            if not starts or not kind.startswith("stall:"):
+                continue
+
+            def named(f: list[dict], h=h, ly=ly, starts=starts) -> int:
+                return sum(
+                    any(
+                        t0 <= c["starts_at_ns"] <= t0 + 5e9
+                        and (c["labels"].get("host"), c["labels"].get("layer")) == (h, ly)
+                        for c in f
+                    )
+                    for t0 in starts
+                )
+
+            nb, nn = named(fired_base), named(fired)
+            tot["stalls"] += len(starts)
+            tot["named_base"] += nb
+            tot["named"] += nn
+            if nb != nn:
+                print(f"stalls {sp.parent} {kind}@{h}: named {nb} -> {nn} of {len(starts)}")
+    print(" ".join(f"{k}={v}" for k, v in tot.items()))
+    return 0 if tot["runs"] else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
