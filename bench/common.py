@@ -118,6 +118,18 @@ def table(
     return t
 
 
+def rows_table(
+    title: str, columns: tuple[str, ...] | list[str], rows: list[list[str]], caption: str | None = None
+) -> Table:
+    """A rich table of right-aligned ``columns`` and already formatted ``rows`` (one list of cells each)."""
+    t = Table(title=title, caption=caption)
+    for col in columns:
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
 def verdict(label: str, ok: bool, detail: str) -> None:
     """Print whether a stated target was met, and how far off."""
     mark = "[green]target met[/green]" if ok else "[red]target missed[/red]"

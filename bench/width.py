@@ -1584,19 +1584,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--ranks-per-host {a.ranks_per_host}: expected 1 or more")
     if a.decode:
         rows = [decode_cost(h, a.ranks_per_host) for h in sizes or (512,)]
-        t = Table(title=f"the fold's decode of one step's parts ({a.ranks_per_host} ranks per host), best of 5")
-        for col in ("hosts x ranks", "parts", "dict form ms", "typed ms", "typed / dict", "bytes dict / typed"):
-            t.add_column(col, justify="right")
-        for r in rows:
-            t.add_row(
+        cells = [
+            [
                 f"{r['hosts']:,} x {r['ranks_per_host']}",
                 f"{r['parts']:,}",
                 f"{r['dict_ms']:.2f}",
                 f"{r['typed_ms']:.2f}",
                 f"{r['typed_ms'] / r['dict_ms']:.2f}",
                 f"{r['dict_bytes']:,} / {r['typed_bytes']:,}",
-            )
-        common.console.print(t)
+            ]
+            for r in rows
+        ]
+        cols = ("hosts x ranks", "parts", "dict form ms", "typed ms", "typed / dict", "bytes dict / typed")
+        title = f"the fold's decode of one step's parts ({a.ranks_per_host} ranks per host), best of 5"
+        common.console.print(common.rows_table(title, cols, cells))
         return 0
     if a.inproc:
         out = [inproc_cost(h, a.ranks_per_host) for h in sizes or (8, 128)]

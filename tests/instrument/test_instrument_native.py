@@ -80,7 +80,6 @@ def test_one_probe_per_collective_while_coll_is_traced(world, monkeypatch):
     per collective at its end, carrying what coll_begin and coll_end carried plus the begin time and the
     issuing thread, and no coll_begin, coll_end nor tracekey; untraced, the three as before."""
     import threading
-    import time
 
     from obshub.instrument import _usdt
 
@@ -92,11 +91,7 @@ def test_one_probe_per_collective_while_coll_is_traced(world, monkeypatch):
     me = threading.get_native_id()
     _usdt._record(True)
     try:
-        _usdt._force_coll(True)
-        t0 = time.monotonic_ns()
-        dist.all_reduce(torch.ones(4))
-        dist.all_reduce(torch.ones(8), async_op=True).wait()
-        t1 = time.monotonic_ns()
+        t0, t1 = _two_traced_collectives(dist, _usdt)
         _usdt._force_coll(False)
         dist.all_reduce(torch.ones(4))
         got = _usdt._recorded()
@@ -112,6 +107,18 @@ def test_one_probe_per_collective_while_coll_is_traced(world, monkeypatch):
     assert t0 <= b0 <= b1 <= t1  # CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns
 
 
+def _two_traced_collectives(dist, usdt) -> tuple[int, int]:
+    """With the `coll` site marked traced: a 16-byte all-reduce, then a 32-byte async one waited for;
+    returns CLOCK_MONOTONIC ns before and after both."""
+    import time
+
+    usdt._force_coll(True)
+    t0 = time.monotonic_ns()
+    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(8), async_op=True).wait()
+    return t0, time.monotonic_ns()
+
+
 def _reader():
     """The agent's reader of this process's collective ring (obshub/producer/collring.py), opened."""
     import os
@@ -123,6 +130,19 @@ def _reader():
     rings.refresh([os.getpid()])
     assert len(rings) == 1, "the kernel made no collective ring (memfd obshub-coll)"
     return rings
+
+
+def _drained_ring(world, monkeypatch):
+    """The native kernel enabled in a 1-rank gloo world and this process's ring opened by the agent's
+    reader and emptied (an earlier test's records): ``(dist, native module, rings)``."""
+    dist, hooks = world
+    native = _native()
+    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
+    hooks.enable(job="j", host_id=3)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    rings = _reader()
+    _ring_events(rings)
+    return dist, native, rings
 
 
 def _ring_events(rings):
@@ -140,7 +160,6 @@ def test_collectives_go_through_the_ring_while_a_reader_drains_it(world, monkeyp
     forked child has no ring and the kernel's locks are free in it."""
     import os
     import threading
-    import time
 
     from obshub.core.schema import Kind
     from obshub.instrument import _usdt
@@ -159,11 +178,7 @@ def test_collectives_go_through_the_ring_while_a_reader_drains_it(world, monkeyp
     assert len(second) == 0  # one reader per ring (a second agent watching the process leaves it alone)
     _usdt._record(True)
     try:
-        _usdt._force_coll(True)
-        t0 = time.monotonic_ns()
-        dist.all_reduce(torch.ones(4))
-        dist.all_reduce(torch.ones(8), async_op=True).wait()
-        t1 = time.monotonic_ns()
+        t0, t1 = _two_traced_collectives(dist, _usdt)
         trapped = _usdt._recorded()
         events, _, _ = _ring_events(rings)
         rings.close()  # the kernel sees no reader: the trap path
@@ -200,13 +215,7 @@ def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, mon
     every one that fit is drained afterwards."""
     from obshub.instrument import _usdt
 
-    dist, hooks = world
-    native = _native()
-    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
-    hooks.enable(job="j", host_id=3)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    rings = _reader()
-    _ring_events(rings)  # empty it (an earlier test's records)
+    dist, native, rings = _drained_ring(world, monkeypatch)
     info0 = native.ring_info()
     n = info0["data_size"] // 184 // 2 + 20
     t = torch.ones(1)
@@ -260,13 +269,7 @@ def test_the_reader_takes_only_collective_records_with_the_rings_own_pid(world, 
     from obshub.core.schema import Kind
     from obshub.producer.reader import PACKED_TABLE, packed_run
 
-    dist, hooks = world
-    native = _native()
-    monkeypatch.setenv("OBSHUB_COLLECTIVE_KERNEL", "native")
-    hooks.enable(job="j", host_id=3)
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    rings = _reader()
-    _ring_events(rings)
+    dist, native, rings = _drained_ring(world, monkeypatch)
     _forge(native, int(Kind.STEP_END), 4242)
     _forge(native, int(Kind.COLLECTIVE_END), 4242)
     items = rings.drain(PACKED_TABLE, 100)
