@@ -117,15 +117,20 @@ def _require_brokers(rows: tuple[TopicLayout, ...], md, bootstrap: str) -> None:
         )
 
 
-def differences(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> list[Difference]:
+def differences(
+    settings: Any, rows: tuple[TopicLayout, ...], admin=None, created: list[str] | None = None
+) -> list[Difference]:
     """Compare the cluster of ``settings`` with ``rows``: one :class:`Difference` per setting that is not as
     the table says (a missing topic is one ``exists`` difference). Replication factor is the smallest
-    replica count of the topic's partitions. Raises TopicsError when the cluster does not answer."""
+    replica count of the topic's partitions. ``created``: topics just created, waited for in the metadata
+    this compares (:func:`_wait_listed`: each metadata request may be answered by another broker, whose
+    cache may not list them yet). Raises TopicsError when the cluster does not answer."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import ConfigResource
 
     admin = admin or _admin(settings)
-    md = _metadata(admin, settings.bootstrap_servers)
+    md = _wait_listed(admin, list(created or ()), settings.bootstrap_servers) if created else None
+    md = md or _metadata(admin, settings.bootstrap_servers)
     out: list[Difference] = []
     present = [r for r in rows if r.name in md.topics and md.topics[r.name].error is None]
     for r in rows:
@@ -186,26 +191,29 @@ def create(settings: Any, rows: tuple[TopicLayout, ...], admin=None) -> list[str
     return created
 
 
-def _wait_listed(admin, names: list[str], bootstrap: str, timeout_s: float = 30.0) -> None:
+def _wait_listed(admin, names: list[str], bootstrap: str, timeout_s: float = 30.0):
     """Wait until the cluster's metadata lists every topic of ``names`` with all its partitions led (a
-    created topic reaches the brokers' metadata caches a moment after the create call returns)."""
+    created topic reaches the brokers' metadata caches a moment after the create call returns); returns
+    that metadata (None for no names)."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while names:
         md = _metadata(admin, bootstrap)
-        names = [
+        # every name in this one answer (another broker may answer the next request)
+        missing = [
             n
             for n in names
             if n not in md.topics
             or md.topics[n].error is not None
             or any(p.leader < 0 for p in md.topics[n].partitions.values())
         ]
-        if not names:
-            return
+        if not missing:
+            return md
         if time.monotonic() > deadline:
-            raise TopicsError(f"topics {', '.join(names)} were created but not listed within {timeout_s:.0f} s", "")
+            raise TopicsError(f"topics {', '.join(missing)} were created but not listed within {timeout_s:.0f} s", "")
         time.sleep(0.2)
+    return None
 
 
 _OPTIONS = [
@@ -317,7 +325,7 @@ def create_command(app_id, streams_partitions, rules_prefix, as_json):
     admin = _admin(s)
     made = create(s, rows, admin)
     click.echo(f"created {len(made)} topic(s){': ' + ', '.join(made) if made else ''}", err=True)
-    diffs = differences(s, rows, admin)
+    diffs = differences(s, rows, admin, created=made)
     _print(rows, diffs, as_json)
     sys.exit(1 if failing(diffs) else 0)
 
