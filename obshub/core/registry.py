@@ -17,19 +17,32 @@ from obshub.core.settings import Settings
 
 
 def pid_alive(pid: int) -> bool:
-    """True when process ``pid`` exists and is not a zombie."""
+    """True when process ``pid`` exists and is not a zombie (a process whose main thread ended while
+    others still run is alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a zombie child still "exists"; treat it as dead
+    # a zombie child still "exists"; treat it as dead. A process whose main thread ended while other
+    # threads run (a worker's shutdown in its threads) shows its leader as a zombie too: it is alive while
+    # any of its tasks (/proc/PID/task/TID) is not a zombie.
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
+            if f.read().split(") ", 1)[1][0] != "Z":
+                return True
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().split(") ", 1)[1][0] != "Z":
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
 
 
 def register_component(settings: Settings, name: str, pid: int, **info: Any) -> Path:

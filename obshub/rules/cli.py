@@ -58,11 +58,8 @@ def check_command(files):
             click.echo(str(p), err=True)
         click.echo(f"FAILED: {len(exc.problems)} problem(s)", err=True)
         sys.exit(1)
-    from obshub.rules.yamlfile import read_rule_file
-
-    for f in rs.files:  # valid, but most likely not what was meant
-        if read_rule_file(Path(f))[0] is None:
-            click.echo(f"warning: {f}: the file is empty (no rules, macros or lists)", err=True)
+    for f in rs.empty:  # valid, but most likely not what was meant
+        click.echo(f"warning: {f}: the file is empty (no rules, macros or lists)", err=True)
     click.echo(f"OK: {len(rs.rules)} rule(s) in {len(rs.files)} file(s)")
 
 

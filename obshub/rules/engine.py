@@ -41,11 +41,10 @@ from obshub.rules.expr import (
 )
 from obshub.rules.lifecycle import FIRING, INACTIVE, PENDING, RESOLVED, AlertInstance, _netstring
 from obshub.rules.model import Rule, RuleSet
-from obshub.rules.window import Window
+from obshub.rules.window import MAX_HITS_PER_GROUP, Window
 
 log = logging.getLogger("obshub.rules.engine")
 Notify = Callable[[dict], None]
-MAX_HITS_PER_GROUP = 10_000
 MAX_BUFFERED_PER_KEY = 1_000
 MAX_FINGERPRINTS = 200_000  # cached group -> fingerprint entries per rule before the cache restarts
 # an alert of a rule with a window in steps stays true this long after its latest match or step of its

@@ -49,6 +49,7 @@ from obshub.rules.expr import (
 )
 from obshub.rules.model import Correlation, InhibitRule, Rule, RuleSet
 from obshub.rules.typecheck import Checker, T, signal_types
+from obshub.rules.window import MAX_HITS_PER_GROUP
 from obshub.rules.yamlfile import plain_value, position, read_rule_file
 
 TEMPLATE_NAMES = {"labels", "value", "count", "other", "rule", "severity", "hits"}
@@ -138,6 +139,7 @@ class _Ctx:
         self.macro_doc: dict[str, Any] = {}
         self.raw_rules: dict[str, dict] = {}  # id -> {"spec", "file", "doc", "path", "line"}
         self.inhibit: list[InhibitRule] = []
+        self.empty: list[str] = []  # files without rules, macros or lists
 
     def add(self, file: str, line: int, col: int, msg: str, rule: str | None = None) -> None:
         self.problems.append(Problem(file, line, col, msg, rule))
@@ -210,6 +212,8 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
     for path in files:
         doc, problems = read_rule_file(path)
         ctx.problems.extend(problems)
+        if doc is None and not problems:
+            ctx.empty.append(str(path))
         if doc is None or problems:
             continue
         file = str(path)
@@ -616,6 +620,14 @@ def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> N
             "silence, use a `health` rule on idle_s or lag_messages)",
             rid,
         )
+    elif aggregate == "count" and at_least > MAX_HITS_PER_GROUP:
+        ctx.add(
+            file,
+            *where,
+            f"threshold/at_least: {at_least:g} is above {MAX_HITS_PER_GROUP:,}, the most matches a group keeps in "
+            "its window, so the rule never fires (count fewer matches, or group them less finely)",
+            rid,
+        )
     elif aggregate == "cusum" and at_least <= 0:
         ctx.add(
             file,
@@ -755,7 +767,7 @@ def load_ruleset(paths: list[Path | str]) -> RuleSet:
         raise RuleValidationError(
             sorted(dict.fromkeys(ctx.problems), key=lambda p: (files_index(files, p.file), p.line, p.col))
         )
-    return RuleSet(rules, ctx.inhibit, [str(f) for f in files])
+    return RuleSet(rules, ctx.inhibit, [str(f) for f in files], ctx.empty)
 
 
 def files_index(files: list[Path], file: str) -> int:

@@ -88,8 +88,10 @@ class InhibitRule:
 
 @dataclass
 class RuleSet:
-    """Every enabled rule of a set of files, by id, plus inhibition rules; ``files`` in load order."""
+    """Every enabled rule of a set of files, by id, plus inhibition rules; ``files`` in load order;
+    ``empty``: the files that hold nothing (valid, but most likely not what was meant: warned)."""
 
     rules: dict[str, Rule]
     inhibit: list[InhibitRule]
     files: list[str]
+    empty: list[str] = field(default_factory=list)

@@ -42,6 +42,12 @@ from obshub.rules.sinks.config import AlertingConfig, build_sinks
 __all__ = ["BUILTIN_DIR", "OffsetTracker", "RuleService", "state_dir"]
 
 
+def _warn_empty(ruleset) -> None:
+    """Log a warning for each rule file of ``ruleset`` that holds nothing (as ``rules check`` does)."""
+    for f in ruleset.empty:
+        log.warning("%s: the file is empty (no rules, macros or lists)", f)
+
+
 class RuleService:
     """The engine and notify loops. ``rule_paths`` default to the builtin pack; ``from_beginning``
     makes a new consumer group start at the earliest offsets (default: latest for inputs).
@@ -84,6 +90,7 @@ class RuleService:
         self.http_port: int | None = None
         self.reload_requested = threading.Event()
         self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
+        _warn_empty(self.ruleset)
         self._mtimes = self._rule_mtimes()
         external_url = (config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules"
         self.engine_loop = EngineLoop(self, external_url, checkpoint_every_s)
@@ -152,6 +159,7 @@ class RuleService:
             return False
         RELOADS.labels("ok").inc()
         self.ruleset = new
+        _warn_empty(new)
         self.engine.replace_rules(new)
         self.dispatcher.inhibit = list(new.inhibit)
         self._check_routes()

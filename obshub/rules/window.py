@@ -21,6 +21,8 @@ import bisect
 import math
 from collections import deque
 
+MAX_HITS_PER_GROUP = 10_000  # matches one group of a rule keeps in its window (oldest dropped first)
+
 EXACT_BAND = 1e-9  # relative distance to the threshold below which sums are recomputed exactly
 
 

@@ -83,8 +83,13 @@ def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
         doc = _load_tolerating_tabs(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
         what = (exc.problem or str(exc)).strip()
+        context = str(getattr(exc, "context", None) or "")
+        if exc.context_mark is not None and "end of stream" in what and "quoted scalar" in context:
+            # a quote never closed: the scanner stops at the end of the file; the quote is what to fix
+            mark = exc.context_mark
+            what = "a quoted string starts here and is never closed (its closing quote is missing)"
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
         if "duplicate key" in what:
             what += " (each key may appear once in a mapping)"
         return None, [Problem(file, line, col, f"YAML: {what}")]

@@ -335,5 +335,13 @@ def test_rules_check_cli_refuses_and_hot_reload_keeps_old_rules(tmp_path, caplog
         assert "orders a double and a string" in caplog.text and f"{f}:11:27:" in caplog.text, caplog.text
         assert list(svc.engine.ruleset.rules) == ["r"]
         assert svc.engine.ruleset.rules["r"].condition.source == "(stall == true && straggler != null)"
+        empty = tmp_path / "empty.yaml"  # a served rule file that holds nothing is warned, as `check` does
+        empty.write_text("# later\n")
+        f.write_text(RULE.format(signal="steps", cond="stalled"))
+        svc.rule_paths.append(empty)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="obshub.rules.service"):
+            assert svc.maybe_reload() is True
+        assert f"{empty}: the file is empty" in caplog.text, caplog.text
     finally:
         svc.dispatcher.close()

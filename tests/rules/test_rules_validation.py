@@ -528,3 +528,17 @@ rules:
     assert len(got) == 2, got
     assert got[0].startswith(f'{f}:8:64: rule "corr": correlate/condition: gives an int, not true or false, on an'), got
     assert got[1].startswith(f'{f}:16:37: rule "dur": threshold/of: gives a duration on an events record'), got
+
+
+def test_an_unclosed_quote_is_named_where_it_opens_and_a_count_no_window_holds_is_refused(tmp_path):
+    """The scanner reads an unclosed quote to the end of the file: the problem is where the quote opens.
+    A count threshold above the matches a group's window keeps can never be reached."""
+    f = write(tmp_path, "q.yaml", GOOD.replace('step: "{{ step }}"', 'step: "{{ step }}'))
+    assert problems(f) == [
+        f"{f}:11:25: YAML: a quoted string starts here and is never closed (its closing quote is missing)"
+    ]
+    big = GOOD.replace("severity: warning", "severity: warning\n    window: 1m\n    threshold: {at_least: 1e300}")
+    got = problems(write(tmp_path, "big.yaml", big))
+    assert any(":9:27: " in p and "above 10,000, the most matches a group keeps" in p for p in got), got
+    ok = big.replace("1e300", "10000")
+    assert list(load_ruleset([write(tmp_path, "ok.yaml", ok)]).rules) == ["slow_step"]
