@@ -74,6 +74,7 @@ QUALITY_KEYS = ("lost_batches", "duplicate_batches", "late_events")
 BUCKETS = 256
 PART_RECORD_MAX = 256  # host entries per ``parts`` record (about 300 bytes each at 64 events per host-step)
 PART_RECORD_BYTES = 4 * 1024 * 1024  # about this many bytes per ``parts`` record at most (estimated, _entry_bytes)
+RUNNING_NAMED_MAX = 4096  # open steps whose running record's network culprit is kept for their close
 CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
 JOB_RETENTION_NS = 3_600_000_000_000  # a job's state is dropped this long after its last data (1 h, ns)
 
@@ -282,6 +283,9 @@ class Fold:
         self.net_recent: dict[str, collections.deque] = {}
         # job -> analysis.persistent_key of its last closed steps here (derived, in memory)
         self.culprit_recent: dict[str, collections.deque] = {}
+        # open step key -> the network culprit its latest ``running`` record named (derived, in memory;
+        # dropped at its close: a close that names no culprit of its own is charged to it, source "running")
+        self.running_named: dict[str, dict] = {}
         # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
@@ -977,6 +981,11 @@ class Fold:
         recent_c = self.culprit_recent.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
         summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
         recent_c.append(key)
+        named = self.running_named.pop(sk, None)
+        if summary["culprit"] is None and named is not None and summary.get("stall"):
+            # the step ran with every busy connection of one host slow or lossy (its running record named
+            # it), and closed with nothing to compare: a slowed link slows every rank alike
+            summary["culprit"] = analysis.charge_running(named)
         hung_hosts = self.hang_hosts.pop(sk, None)
         if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")
             summary["culprit"] = analysis.hang_culprit(hung_hosts)
@@ -1198,5 +1207,10 @@ class Fold:
                 quality=dict.fromkeys(summary["quality"], 0),
             )
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
+            c = summary["culprit"]
+            if c is not None and c.get("layer") == "network":
+                if len(self.running_named) >= RUNNING_NAMED_MAX and sk not in self.running_named:
+                    self.running_named.pop(next(iter(self.running_named)))  # bounded: oldest step first
+                self.running_named[sk] = c
             out.append((sk, summary))
         return out

@@ -313,6 +313,37 @@ def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_
         ("b", "network", 30_000_000, 2_000_000)
     ]
     assert len(pipe.summaries) == 12  # an interim record: the step stays open
+    # the step closes x15 the median with b late and some run-queue time of b's (a loaded machine): its
+    # connections' evidence gives way to its time layers and the close names nobody of its own (the first
+    # step of a tbf-slowed link, 2026-12-05 campaign); it is charged to the link its running record named
+    end = now[0] + 1_500_000_000
+    coll = {"pg": "0", "coll_seq": 3, "op": "all_reduce"}
+    for i in range(4):
+        evs = [
+            schema.Event(
+                schema.Kind.COLLECTIVE_BEGIN,
+                now[0] + (400 if i == 1 else 1) * 1_000_000,
+                step=12,
+                pid=100 + i,
+                payload=coll,
+            ),
+            schema.Event(schema.Kind.STEP_END, end, step=12, pid=100 + i, duration_ns=2_100_000_000),
+        ]
+        if i == 1:
+            evs.append(
+                schema.Event(schema.Kind.SCHED_RUNQ, now[0] + 2_000_000, step=12, pid=101, duration_ns=30_000_000)
+            )
+        batch(i, evs)
+    now[0] = end + 2_000_000_000
+    for i in range(4):
+        batch(i, [schema.Event(schema.Kind.STEP_BEGIN, end + 10_000_000, step=13, pid=100 + i, value=13)])
+    closed = pipe.summaries[12] if isinstance(pipe.summaries[12], dict) else pipe.summaries[12][1]
+    assert closed["step"] == 12 and closed["closed_by"] == "complete" and closed["stall"]
+    assert closed["evidence"]["hosts"]["b"]["network"] == 0.0 and closed["straggler"]["host"] == "b"
+    c = closed["culprit"]
+    assert (c["host"], c["layer"], c["source"], c["evidence"]) == ("b", "network", "running", 7.0), c
+    assert c["why"].startswith("named while the step ran: network evidence 7 spreads")
+    assert pipe.fold.running_named == {}  # dropped at the close
 
 
 def test_the_steps_after_a_hang_carry_no_sequential_evidence():

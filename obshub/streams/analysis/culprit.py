@@ -400,6 +400,22 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     return charged, ((h, layer) if slowed else None)
 
 
+def charge_running(named: dict) -> dict:
+    """The culprit of a stalled step that closed naming none (nothing to compare: every rank late alike),
+    charged to the network culprit ``named`` by the step's latest ``running`` record (``source``
+    "running"): while the step ran, every busy connection of that host was slow or lossy against the other
+    hosts' (docs/ANALYSIS.md "Inside a running step"). Keeps ``named``'s host, rank and evidence
+    (spreads)."""
+    return {
+        "host": named["host"],
+        "layer": "network",
+        "rank": named.get("rank"),
+        "evidence": float(named.get("evidence") or 0.0),
+        "source": "running",
+        "why": f"named while the step ran: {named.get('why', '')}; the closed step names no culprit of its own",
+    }
+
+
 def hang_culprit(hosts: list[dict]) -> dict | None:
     """The culprit of a closed step that hung (``source`` "hang"), from the ``hosts`` of its latest hang
     record (``hang.hosts``: ``{host, state, last_phase, ...}``): the first named host, layer ``network``
