@@ -233,6 +233,13 @@ def remove_run_state(settings, run_id: str, job: str, say=lambda _m: None) -> li
     from obshub.core import kafka
 
     groups, topics = run_state(run_id, job)
+    from obshub.rules.service_common import state_dir
+    from obshub.rules.service_notify import dispatch_file
+
+    try:  # the run's notify state (its firing alerts: never restored by another run)
+        (state_dir(settings) / dispatch_file(rules_group_prefix(run_id))).unlink(missing_ok=True)
+    except OSError as exc:
+        say(f"could not remove this run's notify state: {exc}")
     admin = AdminClient(kafka.admin_config(kafka.connection(settings), {"socket.timeout.ms": 5000}, quiet=True))
     removed: list[str] = []
     try:

@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 DISPATCH_FILE = "dispatch.json"
 
 
+def dispatch_file(group_prefix: str) -> str:
+    """The notify loop's state file name for rule engines of ``group_prefix`` (in ``state_dir``): the
+    default prefix's ``dispatch.json``, another prefix's ``dispatch-<prefix>.json``. An engine of another
+    prefix is another service (its own groups and alerts): it never restores, and so never re-sends, the
+    firing alerts of another (a demo run found the earlier runs' alerts re-sent to its sinks)."""
+    return DISPATCH_FILE if group_prefix == RULES.group_prefix else f"dispatch-{group_prefix}.json"
+
+
 class OffsetTracker:
     """Offsets in flight per partition; ``committable`` gives, per partition, the offset below which
     every message is acked (Kafka commits 'the next offset to read')."""
@@ -94,7 +102,8 @@ class NotifyLoop:
         self.tracker = OffsetTracker()
         self.dispatcher: Dispatcher = dispatcher_factory(self.tracker.ack)
         self.decode_errors = 0
-        dsnap = read_state(svc.state / DISPATCH_FILE)
+        self.state_path = svc.state / dispatch_file(svc.group_prefix)
+        dsnap = read_state(self.state_path)
         if dsnap:
             self.dispatcher.restore(dsnap)
 
@@ -147,7 +156,7 @@ class NotifyLoop:
                     if offsets:
                         try:
                             cons.commit(offsets=offsets, asynchronous=False)
-                            atomic_write(svc.state / DISPATCH_FILE, self.dispatcher.snapshot())
+                            atomic_write(self.state_path, self.dispatcher.snapshot())
                         except KafkaException as exc:  # broker away: offer the same offsets again next time
                             self.tracker.retry(offsets)
                             log.debug("commit failed, retried: %s", exc)
@@ -159,5 +168,5 @@ class NotifyLoop:
                     cons.commit(offsets=offsets, asynchronous=False)
                 except KafkaException as exc:
                     log.warning("final commit failed (changes will be re-delivered): %s", exc)
-            atomic_write(svc.state / DISPATCH_FILE, self.dispatcher.snapshot())
+            atomic_write(self.state_path, self.dispatcher.snapshot())
             cons.close()

@@ -345,3 +345,33 @@ def test_rules_check_cli_refuses_and_hot_reload_keeps_old_rules(tmp_path, caplog
         assert f"{empty}: the file is empty" in caplog.text, caplog.text
     finally:
         svc.dispatcher.close()
+
+
+def test_an_engine_of_another_group_prefix_never_restores_the_firing_alerts_of_another(tmp_path):
+    """Each demo run has its own ``--group-prefix``: a new run's notify loop restored ``dispatch.json``
+    of the earlier runs and re-sent their firing alerts to its sinks. The notify state is per prefix."""
+    from obshub.core.settings import load_settings
+    from obshub.rules.service import RuleService
+    from obshub.rules.service_common import atomic_write
+    from obshub.rules.sinks.config import AlertingConfig
+
+    f = tmp_path / "r.yaml"
+    f.write_text(RULE.format(signal="steps", cond="stalled"))
+    settings = load_settings(home=tmp_path / "home")
+    change = {"fingerprint": "ab", "rule": "r", "status": "firing", "labels": {"alertname": "r", "job": "old"}}
+    first = RuleService(settings, [f], AlertingConfig())
+    try:
+        atomic_write(first.notify_loop.state_path, {"v": 2, "firing": {"ab": change}})
+    finally:
+        first.dispatcher.close()
+    other = RuleService(settings, [f], AlertingConfig(), group_prefix="obshub-rules-demo-run2")
+    again = RuleService(settings, [f], AlertingConfig())
+    try:
+        assert (
+            other.dispatcher.firing == {}
+            and other.notify_loop.state_path.name == "dispatch-obshub-rules-demo-run2.json"
+        )
+        assert list(again.dispatcher.firing) == ["ab"]  # its own prefix's state: re-sends continue after a restart
+    finally:
+        other.dispatcher.close()
+        again.dispatcher.close()
