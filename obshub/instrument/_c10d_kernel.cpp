@@ -61,6 +61,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -80,7 +81,7 @@ struct obshub_usdt_api {  // obshub/instrument/_usdt.c, version 2
 const obshub_usdt_api *api = nullptr;
 
 struct OpInfo {
-    std::string probe;  // the torch.distributed name the probe carries
+    const char *probe;  // the torch.distributed name the probe carries (interned: never freed)
     int pg_index, peer_index, size_index;
     bool any_source;
 };
@@ -325,16 +326,16 @@ inline int32_t my_tid() {
 // begin time and thread) for each one older than kLateNs; its `coll` then carries the thread id negated
 // (the end only). coll_late fires under fly_mu, and the end reads `announced` under it and fires after.
 struct Flight {
-    std::string pg, probe;  // process group name, probe name (short: in place, no allocation)
+    std::string pg;     // process group name (short: in place, no allocation)
+    const char *probe;  // interned (probe_name(): never freed)
     uint64_t seq, nbytes;
     int64_t step;
     uint64_t key, begin;
     int32_t tid;
     bool announced;
-    // in the in-flight list (under fly_mu): neighbours, and itself kept alive while listed (a Work dropped
-    // unfinished drops the callback that holds the other reference)
+    // in the in-flight list (under fly_mu): neighbours. Owned by the list: allocated by the kernel, freed by
+    // fly_end after it is unlisted (a Work dropped unfinished drops its callback: its Flight stays listed)
     Flight *prev, *next;
-    std::shared_ptr<Flight> self;
 };
 
 constexpr uint64_t kLateNs = 100000000ull;  // 100 ms: a hang needs >= 500 ms (hang_state_wait_ns)
@@ -357,28 +358,28 @@ void watchdog() {
                 // the collective ring's BEGIN record while a reader drains it (its `coll` END goes there too:
                 // one source, in order; the agent's next drain, <= its poll bound), else the USDT coll_late
                 if (!ring_live(now) ||
-                    !ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
+                    !ring_put(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step,
                               f->key, f->begin, f->tid, 0, 0))
-                    api->coll_late(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
+                    api->coll_late(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step,
                                    f->key, f->begin, f->tid);
             }
         }
     }
 }
 
-void fly_add(const std::shared_ptr<Flight> &f) {
+void fly_add(Flight *f) {
     if (!g_watchdog_started.load(std::memory_order_acquire) && !g_watchdog_started.exchange(true))
         std::thread(watchdog).detach();
     std::lock_guard<std::mutex> lock(fly_mu);
-    f->self = f;
     f->prev = nullptr;
     f->next = g_fly_head;
     if (g_fly_head != nullptr)
-        g_fly_head->prev = f.get();
-    g_fly_head = f.get();
+        g_fly_head->prev = f;
+    g_fly_head = f;
 }
 
-void fly_end(const std::shared_ptr<Flight> &f) {
+// the collective's end: unlist it, write its records (or fire its trap) and free it
+void fly_end(Flight *f) {
     bool announced;
     {
         std::lock_guard<std::mutex> lock(fly_mu);
@@ -389,16 +390,15 @@ void fly_end(const std::shared_ptr<Flight> &f) {
         if (f->next != nullptr)
             f->next->prev = f->prev;
         announced = f->announced;
-        f->self.reset();  // f (the caller's reference) keeps it alive until this returns
     }
     // outside the lock: a coll_late for it, if any, fired before the lock was released. The ring while a
     // reader drains it (no trap), else the one `coll` trap
     const uint64_t now = monotonic_ns();
-    if (ring_live(now) && ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
-                                   f->key, f->begin, announced ? 0 : f->tid, now, my_tid()))
-        return;
-    api->coll(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step, f->key, f->begin,
-              announced ? -f->tid : f->tid);
+    if (!(ring_live(now) && ring_put(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step, f->key, f->begin,
+                                     announced ? 0 : f->tid, now, my_tid())))
+        api->coll(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step, f->key, f->begin,
+                  announced ? -f->tid : f->tid);
+    delete f;
 }
 
 // fork (a data loader's workers, a subprocess): the child has only the forking thread, so a lock another
@@ -437,14 +437,48 @@ c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *sta
     return c10::intrusive_ptr<c10::ivalue::Future>();
 }
 
+// ---- the process groups seen (issue #34): a group's name and its sequence counter are found once per
+// group, keyed by the group's TorchScript object (the op's argument, read in place: no reference count, no
+// type check), not a name copy and a string hash per collective. Under mu. An entry holds a weak reference
+// to the object, so its memory (and address) is not reused while listed: a group destroyed and another
+// made at the same address cannot take the old entry; expired entries are dropped at the next miss.
+struct Group {
+    const c10::ivalue::Object *obj;
+    c10::weak_intrusive_ptr<c10::ivalue::Object> weak;
+    std::string name;
+    uint64_t *seq;  // its counter in g_coll_seq (a map node: stable; reset_coll_seq zeroes, never erases)
+};
+std::vector<Group *> g_groups;
+
+// the entry of the group `pg` (a ProcessGroup custom-class object), made at the first sight; throws as
+// toCustomClass does when it is not one. Caller holds mu.
+Group *group_of(const c10::IValue &pg) {
+    const c10::ivalue::Object *obj = &pg.toObjectRef();
+    for (Group *g : g_groups)
+        if (g->obj == obj && !g->weak.expired())
+            return g;
+    const std::string name = pg.toCustomClass<c10d::ProcessGroup>()->getGroupName();
+    for (size_t i = 0; i < g_groups.size();)  // drop the expired ones (and a stale entry at this address)
+        if (g_groups[i]->weak.expired()) {
+            delete g_groups[i];
+            g_groups[i] = g_groups.back();
+            g_groups.pop_back();
+        } else {
+            i++;
+        }
+    Group *g = new Group{obj, c10::weak_intrusive_ptr<c10::ivalue::Object>(pg.toObject()), name, &g_coll_seq[name]};
+    g_groups.push_back(g);
+    return g;
+}
+
 void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
     const c10::DispatchKeySet keys = ks & after_backend_select;
     if (t_in_coll || api == nullptr) {  // an op issued inside another: the backend's kernel alone
         op.redispatchBoxed(keys, stack);
         return;
     }
-    const size_t nargs = op.schema().arguments().size();
     const c10::FunctionSchema &schema = op.schema();
+    const size_t nargs = schema.arguments().size();
     const OpInfo *pinfo = nullptr;
     if (auto hit = g_by_schema.find(&schema); hit != g_by_schema.end()) {
         pinfo = hit->second;
@@ -461,41 +495,48 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         return;
     }
     const OpInfo &info = *pinfo;
-    std::string name;
-    uint64_t nbytes = 0;
+    const bool p2p = info.peer_index >= 0 || info.any_source;
+    std::string p2p_name;  // a point-to-point pair's own sequence: "<group>:p2p:<lo>-<hi>" / "<group>:p2p:any"
+    const char *pg_name = nullptr;
+    uint64_t nbytes = 0, seq, key;
+    int64_t step;
     try {
-        auto pg = torch::jit::peek(*stack, info.pg_index, nargs).toCustomClass<c10d::ProcessGroup>();
-        name = pg->getGroupName();
-        if (info.peer_index >= 0) {
-            int64_t peer = torch::jit::peek(*stack, info.peer_index, nargs).toInt(), me = pg->getRank();
-            name += ":p2p:" + std::to_string(std::min(peer, me)) + "-" + std::to_string(std::max(peer, me));
-        } else if (info.any_source) {
-            name += ":p2p:any";
+        const c10::IValue &pgv = torch::jit::peek(*stack, info.pg_index, nargs);
+        if (p2p) {
+            auto pg = pgv.toCustomClass<c10d::ProcessGroup>();
+            p2p_name = pg->getGroupName();
+            if (info.peer_index >= 0) {
+                int64_t peer = torch::jit::peek(*stack, info.peer_index, nargs).toInt(), me = pg->getRank();
+                p2p_name += ":p2p:" + std::to_string(std::min(peer, me)) + "-" + std::to_string(std::max(peer, me));
+            } else {
+                p2p_name += ":p2p:any";
+            }
+            pg_name = p2p_name.c_str();
         }
         if (info.size_index >= 0)
             nbytes = ivalue_bytes(torch::jit::peek(*stack, info.size_index, nargs));
+        std::lock_guard<std::mutex> lock(mu);
+        uint64_t *count;
+        if (p2p) {
+            count = &g_coll_seq[p2p_name];
+        } else {
+            const Group *g = group_of(pgv);  // alive while the op runs (its argument holds it)
+            count = g->seq;
+            pg_name = g->name.c_str();
+        }
+        seq = (*count)++;
+        step = g_step;
+        key = make_key(step, ++g_op_seq);
+        g_calls.store(g_calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // under mu
     } catch (const std::exception &) {  // let PyTorch raise its own error, or run it unseen
         op.redispatchBoxed(keys, stack);
         return;
     }
-    uint64_t seq, key;
-    int64_t step;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        uint64_t &count = g_coll_seq[name];
-        seq = count++;
-        step = g_step;
-        key = make_key(step, ++g_op_seq);
-    }
-    g_calls.fetch_add(1, std::memory_order_relaxed);
-    // the strings the probes point to live as long as the collective: the Flight or the callback owns copies
-    // (a later install() replaces g_ops while a collective may still be running)
     const uint64_t begin = monotonic_ns();
     if (ring_live(begin) || api->coll_traced()) {  // the ring, or one trap: at the end, with begin time and thread
-        // one allocation per collective (the Flight, its strings in place), shared by the callback
-        auto fly = std::make_shared<Flight>(
-            Flight{std::move(name), info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr,
-                   nullptr});
+        // one allocation per collective (the Flight, its group name in place), owned by the in-flight list
+        // until fly_end frees it; the callback carries its pointer (stored in the std::function: no allocation)
+        Flight *fly = new Flight{pg_name, info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr};
         fly_add(fly);
         t_in_coll = true;
         try {
@@ -514,8 +555,11 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         fut->addCallback([fly](c10::ivalue::Future &) { fly_end(fly); });
         return;
     }
-    auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
-    const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
+    // the strings the probes point to live as long as the collective: the callback owns a copy of the name
+    // (a later install() may replace g_ops, and the group may go, while a collective still runs)
+    auto token = std::make_shared<std::string>(pg_name);
+    const char *probe = info.probe;
+    pg_name = token->c_str();
     const uint64_t prev_key = t_key;
     const int64_t prev_step = t_step;
     api->coll_begin(pg_name, seq, probe, nbytes, step, key);
@@ -536,8 +580,8 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         return;
     }
     // run by the thread that completes the work (gloo's), without the GIL
-    fut->addCallback([token, seq, nbytes, step, key](c10::ivalue::Future &) {
-        api->coll_end(token->first.c_str(), seq, token->second.c_str(), nbytes, step, key);
+    fut->addCallback([token, probe, seq, nbytes, step, key](c10::ivalue::Future &) {
+        api->coll_end(token->c_str(), seq, probe, nbytes, step, key);
     });
 }
 
@@ -573,7 +617,8 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         int pg, peer, any, size;
         if (!PyArg_ParseTuple(PyList_GET_ITEM(args[0], i), "ssiipi", &name, &probe, &pg, &peer, &any, &size))
             return NULL;
-        ops[name] = OpInfo{probe, pg, peer, size, any != 0};
+        static std::unordered_set<std::string> &interned = *new std::unordered_set<std::string>;
+        ops[name] = OpInfo{interned.insert(probe).first->c_str(), pg, peer, size, any != 0};
     }
     static std::once_flag atfork_once;
     std::call_once(atfork_once, [] { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); });
@@ -632,7 +677,8 @@ PyObject *py_next_op(PyObject *, PyObject *const *, Py_ssize_t) {
 
 PyObject *py_reset_coll_seq(PyObject *, PyObject *const *, Py_ssize_t) {
     std::lock_guard<std::mutex> lock(mu);
-    g_coll_seq.clear();
+    for (auto &entry : g_coll_seq)  // zeroed, not erased: the groups' entries point at their counters
+        entry.second = 0;
     Py_RETURN_NONE;
 }
 
