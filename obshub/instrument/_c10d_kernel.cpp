@@ -84,6 +84,7 @@ struct OpInfo {
     const char *probe;  // the torch.distributed name the probe carries (interned: never freed)
     int pg_index, peer_index, size_index;
     bool any_source;
+    bool returns_work = false;  // the schema's last return is c10d's Work (set by install())
 };
 
 // the shared state: guarded by mu (never held across the redispatch)
@@ -231,7 +232,11 @@ bool ring_open() {
         close(fd);
         return false;
     }
-    void *m = mmap(nullptr, 2 * page + g_ring_data, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // MAP_POPULATE: every page of the ring is allocated and mapped now (one time, ~0.1-0.3 ms for 1 MiB), not
+    // at the first record written into it: otherwise a collective in ~11 pays a page fault (a shmem page
+    // allocated and zeroed, ~2-5 µs) until the ring has wrapped once, which a job with few collectives per
+    // second never does in its first minutes (issue #34: ~0.3 µs per collective of the ring path's price)
+    void *m = mmap(nullptr, 2 * page + g_ring_data, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) {
         close(fd);
         return false;
@@ -307,8 +312,9 @@ bool ring_put(const char *pg, uint64_t seq, const char *op, uint64_t nbytes, int
         memcpy(rec + 8, &ev[i], sizeof(RingEvent));
     }
     g_prod->store(prod + need, std::memory_order_release);
+    // under the lock: a plain add, no locked instruction (its readers only read it)
+    g_rh->written.store(g_rh->written.load(std::memory_order_relaxed) + (uint64_t)n, std::memory_order_relaxed);
     g_ring_lock.clear(std::memory_order_release);
-    g_rh->written.fetch_add((uint64_t)n, std::memory_order_relaxed);
     return true;
 }
 
@@ -426,10 +432,18 @@ void atfork_child() {
     mu.unlock();
 }
 
-// the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue)
-c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *stack) {
+// the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue).
+// `returns_work`: the op's schema declares a Work as its last return (install() checked it against the
+// registered class), so the object is read in place without the custom-class type check (a few reference
+// counts and a type comparison per collective)
+c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *stack, bool returns_work) {
     const c10::IValue &ret = stack->empty() ? c10::IValue() : stack->back();
     try {
+        if (returns_work && ret.isObject()) {
+            const std::vector<c10::IValue> &slots = ret.toObjectRef().slots();
+            if (slots.size() == 1 && slots[0].isCapsule())
+                return static_cast<c10d::Work &>(*slots[0].toCapsule()).getFuture();
+        }
         if (ret.isCustomClass())
             return ret.toCustomClass<c10d::Work>()->getFuture();
     } catch (const std::exception &) {
@@ -547,7 +561,7 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
             throw;
         }
         t_in_coll = false;
-        c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
+        c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack, info.returns_work);
         if (!fut || fut->completed()) {
             fly_end(fly);
             return;
@@ -574,7 +588,7 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     }
     t_in_coll = false;
     api->tracekey(prev_key, prev_step);  // the thread's key is its own again (coll_begin carried the op's)
-    c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
+    c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack, info.returns_work);
     if (!fut || fut->completed()) {  // a synchronous op; NCCL completes its future at enqueue
         api->coll_end(pg_name, seq, probe, nbytes, step, key);
         return;
@@ -631,10 +645,14 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         for (const auto &entry : g_ops)
             lib->impl(entry.first.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
         std::unordered_map<const c10::FunctionSchema *, const OpInfo *> by_schema;
-        for (const auto &entry : g_ops)
+        const c10::TypePtr work_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::Work>>();
+        for (auto &entry : g_ops)
             if (auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName("c10d::" + entry.first, "")))
-                if (h->hasSchema())
+                if (h->hasSchema()) {
                     by_schema[&h->schema()] = &entry.second;
+                    const auto &rets = h->schema().returns();
+                    entry.second.returns_work = !rets.empty() && rets.back().type() == work_type;
+                }
         g_by_schema = std::move(by_schema);
         g_lib = std::move(lib);
     } catch (const std::exception &e) {
