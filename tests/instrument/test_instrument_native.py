@@ -216,7 +216,7 @@ def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, mon
     from obshub.instrument import _usdt
 
     dist, native, rings = _drained_ring(world, monkeypatch)
-    info0 = native.ring_info()
+    info0, read0 = native.ring_info(), rings.read
     n = info0["data_size"] // 184 // 2 + 20
     t = torch.ones(1)
     _usdt._record(True)
@@ -229,9 +229,12 @@ def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, mon
     info = native.ring_info()
     drops, written = info["drops"] - info0["drops"], info["written"] - info0["written"]
     events, _, _ = _ring_events(rings)
+    # the agent's counters (obshub_agent_coll_ring_records_total / _drops_total), kept past the ring's close
+    counted = (rings.read - read0, rings.drops_total())
     rings.close()
     assert drops >= 20 and traps == ["coll"] * drops, (drops, traps[:3])
     assert written == 2 * (n - drops) == len(events), (n, drops, written, len(events))
+    assert counted == (len(events), info["drops"]) and rings.drops_total() == info["drops"], (counted, info)
 
 
 def _forge(native, kind: int, pid: int) -> None:
