@@ -85,6 +85,7 @@ struct OpInfo {
     int pg_index, peer_index, size_index;
     bool any_source;
     bool returns_work = false;  // the schema's last return is c10d's Work (set by install())
+    bool pg_typed = false;      // the schema declares argument pg_index a c10d ProcessGroup (set by install())
 };
 
 // the shared state: guarded by mu (never held across the redispatch)
@@ -451,38 +452,40 @@ c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *sta
     return c10::intrusive_ptr<c10::ivalue::Future>();
 }
 
-// ---- the process groups seen (issue #34): a group's name and its sequence counter are found once per
-// group, keyed by the group's TorchScript object (the op's argument, read in place: no reference count, no
-// type check), not a name copy and a string hash per collective. Under mu. An entry holds a weak reference
-// to the object, so its memory (and address) is not reused while listed: a group destroyed and another
-// made at the same address cannot take the old entry; expired entries are dropped at the next miss.
+// ---- the process groups seen (issue #34): a group's sequence counter is found once per group, not by a
+// string hash per collective. Keyed by the ProcessGroup's address, read in place from the op's argument
+// (the custom-class object's capsule: install() checked the argument's declared type, so no type check per
+// call; the TorchScript object around it is new at every call from Python, the ProcessGroup is not). No
+// reference is held (a destroyed group is freed as before); an entry counts only while its name is still
+// the group's (an address reused by a later group with another name makes a new entry). Under mu.
 struct Group {
-    const c10::ivalue::Object *obj;
-    c10::weak_intrusive_ptr<c10::ivalue::Object> weak;
+    const c10d::ProcessGroup *pg;
     std::string name;
     uint64_t *seq;  // its counter in g_coll_seq (a map node: stable; reset_coll_seq zeroes, never erases)
 };
-std::vector<Group *> g_groups;
+std::vector<Group> g_groups;
+constexpr size_t kMaxGroups = 64;  // more (groups made and destroyed in a loop): the list starts over
 
-// the entry of the group `pg` (a ProcessGroup custom-class object), made at the first sight; throws as
-// toCustomClass does when it is not one. Caller holds mu.
-Group *group_of(const c10::IValue &pg) {
-    const c10::ivalue::Object *obj = &pg.toObjectRef();
-    for (Group *g : g_groups)
-        if (g->obj == obj && !g->weak.expired())
-            return g;
-    const std::string name = pg.toCustomClass<c10d::ProcessGroup>()->getGroupName();
-    for (size_t i = 0; i < g_groups.size();)  // drop the expired ones (and a stale entry at this address)
-        if (g_groups[i]->weak.expired()) {
-            delete g_groups[i];
-            g_groups[i] = g_groups.back();
-            g_groups.pop_back();
-        } else {
-            i++;
-        }
-    Group *g = new Group{obj, c10::weak_intrusive_ptr<c10::ivalue::Object>(pg.toObject()), name, &g_coll_seq[name]};
-    g_groups.push_back(g);
-    return g;
+// the counter of the group `pg` (alive: the op's argument holds it). Caller holds mu.
+uint64_t *group_seq(const c10d::ProcessGroup &pg, const std::string &name) {
+    for (const Group &g : g_groups)
+        if (g.pg == &pg && g.name == name)
+            return g.seq;
+    if (g_groups.size() >= kMaxGroups)
+        g_groups.clear();
+    g_groups.push_back(Group{&pg, name, &g_coll_seq[name]});
+    return g_groups.back().seq;
+}
+
+// the ProcessGroup of the op's argument `v`: read in place when the schema declares it (`typed`), else with
+// the custom-class check (throws when it is not one)
+c10::intrusive_ptr<c10d::ProcessGroup> process_group(const c10::IValue &v, bool typed) {
+    if (typed && v.isObject()) {
+        const std::vector<c10::IValue> &slots = v.toObjectRef().slots();
+        if (slots.size() == 1 && slots[0].isCapsule())
+            return c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(slots[0].toCapsule());
+    }
+    return v.toCustomClass<c10d::ProcessGroup>();
 }
 
 void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
@@ -510,34 +513,24 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     }
     const OpInfo &info = *pinfo;
     const bool p2p = info.peer_index >= 0 || info.any_source;
-    std::string p2p_name;  // a point-to-point pair's own sequence: "<group>:p2p:<lo>-<hi>" / "<group>:p2p:any"
-    const char *pg_name = nullptr;
+    std::string pg_name;  // the group's name; a point-to-point pair's own sequence: "<group>:p2p:<lo>-<hi>"
     uint64_t nbytes = 0, seq, key;
     int64_t step;
     try {
-        const c10::IValue &pgv = torch::jit::peek(*stack, info.pg_index, nargs);
-        if (p2p) {
-            auto pg = pgv.toCustomClass<c10d::ProcessGroup>();
-            p2p_name = pg->getGroupName();
-            if (info.peer_index >= 0) {
-                int64_t peer = torch::jit::peek(*stack, info.peer_index, nargs).toInt(), me = pg->getRank();
-                p2p_name += ":p2p:" + std::to_string(std::min(peer, me)) + "-" + std::to_string(std::max(peer, me));
-            } else {
-                p2p_name += ":p2p:any";
-            }
-            pg_name = p2p_name.c_str();
+        auto pg = process_group(torch::jit::peek(*stack, info.pg_index, nargs), info.pg_typed);
+        const std::string &group = pg->getGroupName();
+        if (info.peer_index >= 0) {
+            int64_t peer = torch::jit::peek(*stack, info.peer_index, nargs).toInt(), me = pg->getRank();
+            pg_name = group + ":p2p:" + std::to_string(std::min(peer, me)) + "-" + std::to_string(std::max(peer, me));
+        } else if (info.any_source) {
+            pg_name = group + ":p2p:any";
+        } else {
+            pg_name = group;  // short: in place (no allocation)
         }
         if (info.size_index >= 0)
             nbytes = ivalue_bytes(torch::jit::peek(*stack, info.size_index, nargs));
         std::lock_guard<std::mutex> lock(mu);
-        uint64_t *count;
-        if (p2p) {
-            count = &g_coll_seq[p2p_name];
-        } else {
-            const Group *g = group_of(pgv);  // alive while the op runs (its argument holds it)
-            count = g->seq;
-            pg_name = g->name.c_str();
-        }
+        uint64_t *count = p2p ? &g_coll_seq[pg_name] : group_seq(*pg, group);
         seq = (*count)++;
         step = g_step;
         key = make_key(step, ++g_op_seq);
@@ -550,7 +543,7 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     if (ring_live(begin) || api->coll_traced()) {  // the ring, or one trap: at the end, with begin time and thread
         // one allocation per collective (the Flight, its group name in place), owned by the in-flight list
         // until fly_end frees it; the callback carries its pointer (stored in the std::function: no allocation)
-        Flight *fly = new Flight{pg_name, info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr};
+        Flight *fly = new Flight{std::move(pg_name), info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr};
         fly_add(fly);
         t_in_coll = true;
         try {
@@ -571,26 +564,26 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
     }
     // the strings the probes point to live as long as the collective: the callback owns a copy of the name
     // (a later install() may replace g_ops, and the group may go, while a collective still runs)
-    auto token = std::make_shared<std::string>(pg_name);
+    auto token = std::make_shared<std::string>(std::move(pg_name));
     const char *probe = info.probe;
-    pg_name = token->c_str();
+    const char *pg_str = token->c_str();
     const uint64_t prev_key = t_key;
     const int64_t prev_step = t_step;
-    api->coll_begin(pg_name, seq, probe, nbytes, step, key);
+    api->coll_begin(pg_str, seq, probe, nbytes, step, key);
     t_in_coll = true;
     try {
         op.redispatchBoxed(keys, stack);
     } catch (...) {
         t_in_coll = false;
         api->tracekey(prev_key, prev_step);
-        api->coll_end(pg_name, seq, probe, nbytes, step, key);  // a failed collective ends where it failed
+        api->coll_end(pg_str, seq, probe, nbytes, step, key);  // a failed collective ends where it failed
         throw;
     }
     t_in_coll = false;
     api->tracekey(prev_key, prev_step);  // the thread's key is its own again (coll_begin carried the op's)
     c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack, info.returns_work);
     if (!fut || fut->completed()) {  // a synchronous op; NCCL completes its future at enqueue
-        api->coll_end(pg_name, seq, probe, nbytes, step, key);
+        api->coll_end(pg_str, seq, probe, nbytes, step, key);
         return;
     }
     // run by the thread that completes the work (gloo's), without the GIL
@@ -646,12 +639,16 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
             lib->impl(entry.first.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
         std::unordered_map<const c10::FunctionSchema *, const OpInfo *> by_schema;
         const c10::TypePtr work_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::Work>>();
+        const c10::TypePtr pg_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::ProcessGroup>>();
         for (auto &entry : g_ops)
             if (auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName("c10d::" + entry.first, "")))
                 if (h->hasSchema()) {
                     by_schema[&h->schema()] = &entry.second;
                     const auto &rets = h->schema().returns();
                     entry.second.returns_work = !rets.empty() && rets.back().type() == work_type;
+                    const auto &args = h->schema().arguments();
+                    const int pgi = entry.second.pg_index;
+                    entry.second.pg_typed = pgi >= 0 && (size_t)pgi < args.size() && args[pgi].type() == pg_type;
                 }
         g_by_schema = std::move(by_schema);
         g_lib = std::move(lib);
