@@ -236,7 +236,7 @@ bool ring_open() {
     // MAP_POPULATE: every page of the ring is allocated and mapped now (one time, ~0.1-0.3 ms for 1 MiB), not
     // at the first record written into it: otherwise a collective in ~11 pays a page fault (a shmem page
     // allocated and zeroed, ~2-5 µs) until the ring has wrapped once, which a job with few collectives per
-    // second never does in its first minutes (issue #34: ~0.3 µs per collective of the ring path's price)
+    // second never does in its first minutes (issue #34: ~1.4 µs per collective, averaged, in a ring not yet wrapped)
     void *m = mmap(nullptr, 2 * page + g_ring_data, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) {
         close(fd);
@@ -334,7 +334,7 @@ inline int32_t my_tid() {
 // (the end only). coll_late fires under fly_mu, and the end reads `announced` under it and fires after.
 struct Flight {
     std::string pg;     // process group name (short: in place, no allocation)
-    const char *probe;  // interned (probe_name(): never freed)
+    const char *probe;  // OpInfo's probe name (interned by install(): never freed)
     uint64_t seq, nbytes;
     int64_t step;
     uint64_t key, begin;
