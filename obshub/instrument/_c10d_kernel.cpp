@@ -61,6 +61,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -80,9 +81,11 @@ struct obshub_usdt_api {  // obshub/instrument/_usdt.c, version 2
 const obshub_usdt_api *api = nullptr;
 
 struct OpInfo {
-    std::string probe;  // the torch.distributed name the probe carries
+    const char *probe;  // the torch.distributed name the probe carries (interned: never freed)
     int pg_index, peer_index, size_index;
     bool any_source;
+    bool returns_work = false;  // the schema's last return is c10d's Work (set by install())
+    bool pg_typed = false;      // the schema declares argument pg_index a c10d ProcessGroup (set by install())
 };
 
 // the shared state: guarded by mu (never held across the redispatch)
@@ -230,7 +233,11 @@ bool ring_open() {
         close(fd);
         return false;
     }
-    void *m = mmap(nullptr, 2 * page + g_ring_data, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // MAP_POPULATE: every page of the ring is allocated and mapped now (one time, ~0.1-0.3 ms for 1 MiB), not
+    // at the first record written into it: otherwise a collective in ~11 pays a page fault (a shmem page
+    // allocated and zeroed, ~2-5 µs) until the ring has wrapped once, which a job with few collectives per
+    // second never does in its first minutes (issue #34: ~1.4 µs per collective, averaged, in a ring not yet wrapped)
+    void *m = mmap(nullptr, 2 * page + g_ring_data, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) {
         close(fd);
         return false;
@@ -306,8 +313,9 @@ bool ring_put(const char *pg, uint64_t seq, const char *op, uint64_t nbytes, int
         memcpy(rec + 8, &ev[i], sizeof(RingEvent));
     }
     g_prod->store(prod + need, std::memory_order_release);
+    // under the lock: a plain add, no locked instruction (its readers only read it)
+    g_rh->written.store(g_rh->written.load(std::memory_order_relaxed) + (uint64_t)n, std::memory_order_relaxed);
     g_ring_lock.clear(std::memory_order_release);
-    g_rh->written.fetch_add((uint64_t)n, std::memory_order_relaxed);
     return true;
 }
 
@@ -325,16 +333,16 @@ inline int32_t my_tid() {
 // begin time and thread) for each one older than kLateNs; its `coll` then carries the thread id negated
 // (the end only). coll_late fires under fly_mu, and the end reads `announced` under it and fires after.
 struct Flight {
-    std::string pg, probe;  // process group name, probe name (short: in place, no allocation)
+    std::string pg;     // process group name (short: in place, no allocation)
+    const char *probe;  // OpInfo's probe name (interned by install(): never freed)
     uint64_t seq, nbytes;
     int64_t step;
     uint64_t key, begin;
     int32_t tid;
     bool announced;
-    // in the in-flight list (under fly_mu): neighbours, and itself kept alive while listed (a Work dropped
-    // unfinished drops the callback that holds the other reference)
+    // in the in-flight list (under fly_mu): neighbours. Owned by the list: allocated by the kernel, freed by
+    // fly_end after it is unlisted (a Work dropped unfinished drops its callback: its Flight stays listed)
     Flight *prev, *next;
-    std::shared_ptr<Flight> self;
 };
 
 constexpr uint64_t kLateNs = 100000000ull;  // 100 ms: a hang needs >= 500 ms (hang_state_wait_ns)
@@ -357,28 +365,28 @@ void watchdog() {
                 // the collective ring's BEGIN record while a reader drains it (its `coll` END goes there too:
                 // one source, in order; the agent's next drain, <= its poll bound), else the USDT coll_late
                 if (!ring_live(now) ||
-                    !ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
+                    !ring_put(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step,
                               f->key, f->begin, f->tid, 0, 0))
-                    api->coll_late(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
+                    api->coll_late(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step,
                                    f->key, f->begin, f->tid);
             }
         }
     }
 }
 
-void fly_add(const std::shared_ptr<Flight> &f) {
+void fly_add(Flight *f) {
     if (!g_watchdog_started.load(std::memory_order_acquire) && !g_watchdog_started.exchange(true))
         std::thread(watchdog).detach();
     std::lock_guard<std::mutex> lock(fly_mu);
-    f->self = f;
     f->prev = nullptr;
     f->next = g_fly_head;
     if (g_fly_head != nullptr)
-        g_fly_head->prev = f.get();
-    g_fly_head = f.get();
+        g_fly_head->prev = f;
+    g_fly_head = f;
 }
 
-void fly_end(const std::shared_ptr<Flight> &f) {
+// the collective's end: unlist it, write its records (or fire its trap) and free it
+void fly_end(Flight *f) {
     bool announced;
     {
         std::lock_guard<std::mutex> lock(fly_mu);
@@ -389,16 +397,15 @@ void fly_end(const std::shared_ptr<Flight> &f) {
         if (f->next != nullptr)
             f->next->prev = f->prev;
         announced = f->announced;
-        f->self.reset();  // f (the caller's reference) keeps it alive until this returns
     }
     // outside the lock: a coll_late for it, if any, fired before the lock was released. The ring while a
     // reader drains it (no trap), else the one `coll` trap
     const uint64_t now = monotonic_ns();
-    if (ring_live(now) && ring_put(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step,
-                                   f->key, f->begin, announced ? 0 : f->tid, now, my_tid()))
-        return;
-    api->coll(f->pg.c_str(), f->seq, f->probe.c_str(), f->nbytes, f->step, f->key, f->begin,
-              announced ? -f->tid : f->tid);
+    if (!(ring_live(now) && ring_put(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step, f->key, f->begin,
+                                     announced ? 0 : f->tid, now, my_tid())))
+        api->coll(f->pg.c_str(), f->seq, f->probe, f->nbytes, f->step, f->key, f->begin,
+                  announced ? -f->tid : f->tid);
+    delete f;
 }
 
 // fork (a data loader's workers, a subprocess): the child has only the forking thread, so a lock another
@@ -426,15 +433,59 @@ void atfork_child() {
     mu.unlock();
 }
 
-// the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue)
-c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *stack) {
+// the future of the Work the op returned (top of the stack), or null (none: a coalesced Work; end = enqueue).
+// `returns_work`: the op's schema declares a Work as its last return (install() checked it against the
+// registered class), so the object is read in place without the custom-class type check (a few reference
+// counts and a type comparison per collective)
+c10::intrusive_ptr<c10::ivalue::Future> work_future(const torch::jit::Stack *stack, bool returns_work) {
     const c10::IValue &ret = stack->empty() ? c10::IValue() : stack->back();
     try {
+        if (returns_work && ret.isObject()) {
+            const std::vector<c10::IValue> &slots = ret.toObjectRef().slots();
+            if (slots.size() == 1 && slots[0].isCapsule())
+                return static_cast<c10d::Work &>(*slots[0].toCapsule()).getFuture();
+        }
         if (ret.isCustomClass())
             return ret.toCustomClass<c10d::Work>()->getFuture();
     } catch (const std::exception &) {
     }
     return c10::intrusive_ptr<c10::ivalue::Future>();
+}
+
+// ---- the process groups seen (issue #34): a group's sequence counter is found once per group, not by a
+// string hash per collective. Keyed by the ProcessGroup's address, read in place from the op's argument
+// (the custom-class object's capsule: install() checked the argument's declared type, so no type check per
+// call; the TorchScript object around it is new at every call from Python, the ProcessGroup is not). No
+// reference is held (a destroyed group is freed as before); an entry counts only while its name is still
+// the group's (an address reused by a later group with another name makes a new entry). Under mu.
+struct Group {
+    const c10d::ProcessGroup *pg;
+    std::string name;
+    uint64_t *seq;  // its counter in g_coll_seq (a map node: stable; reset_coll_seq zeroes, never erases)
+};
+std::vector<Group> g_groups;
+constexpr size_t kMaxGroups = 64;  // more (groups made and destroyed in a loop): the list starts over
+
+// the counter of the group `pg` (alive: the op's argument holds it). Caller holds mu.
+uint64_t *group_seq(const c10d::ProcessGroup &pg, const std::string &name) {
+    for (const Group &g : g_groups)
+        if (g.pg == &pg && g.name == name)
+            return g.seq;
+    if (g_groups.size() >= kMaxGroups)
+        g_groups.clear();
+    g_groups.push_back(Group{&pg, name, &g_coll_seq[name]});
+    return g_groups.back().seq;
+}
+
+// the ProcessGroup of the op's argument `v`: read in place when the schema declares it (`typed`), else with
+// the custom-class check (throws when it is not one)
+c10::intrusive_ptr<c10d::ProcessGroup> process_group(const c10::IValue &v, bool typed) {
+    if (typed && v.isObject()) {
+        const std::vector<c10::IValue> &slots = v.toObjectRef().slots();
+        if (slots.size() == 1 && slots[0].isCapsule())
+            return c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(slots[0].toCapsule());
+    }
+    return v.toCustomClass<c10d::ProcessGroup>();
 }
 
 void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::Stack *stack) {
@@ -443,8 +494,8 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         op.redispatchBoxed(keys, stack);
         return;
     }
-    const size_t nargs = op.schema().arguments().size();
     const c10::FunctionSchema &schema = op.schema();
+    const size_t nargs = schema.arguments().size();
     const OpInfo *pinfo = nullptr;
     if (auto hit = g_by_schema.find(&schema); hit != g_by_schema.end()) {
         pinfo = hit->second;
@@ -461,41 +512,38 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         return;
     }
     const OpInfo &info = *pinfo;
-    std::string name;
-    uint64_t nbytes = 0;
+    const bool p2p = info.peer_index >= 0 || info.any_source;
+    std::string pg_name;  // the group's name; a point-to-point pair's own sequence: "<group>:p2p:<lo>-<hi>"
+    uint64_t nbytes = 0, seq, key;
+    int64_t step;
     try {
-        auto pg = torch::jit::peek(*stack, info.pg_index, nargs).toCustomClass<c10d::ProcessGroup>();
-        name = pg->getGroupName();
+        auto pg = process_group(torch::jit::peek(*stack, info.pg_index, nargs), info.pg_typed);
+        const std::string &group = pg->getGroupName();
         if (info.peer_index >= 0) {
             int64_t peer = torch::jit::peek(*stack, info.peer_index, nargs).toInt(), me = pg->getRank();
-            name += ":p2p:" + std::to_string(std::min(peer, me)) + "-" + std::to_string(std::max(peer, me));
+            pg_name = group + ":p2p:" + std::to_string(std::min(peer, me)) + "-" + std::to_string(std::max(peer, me));
         } else if (info.any_source) {
-            name += ":p2p:any";
+            pg_name = group + ":p2p:any";
+        } else {
+            pg_name = group;  // short: in place (no allocation)
         }
         if (info.size_index >= 0)
             nbytes = ivalue_bytes(torch::jit::peek(*stack, info.size_index, nargs));
+        std::lock_guard<std::mutex> lock(mu);
+        uint64_t *count = p2p ? &g_coll_seq[pg_name] : group_seq(*pg, group);
+        seq = (*count)++;
+        step = g_step;
+        key = make_key(step, ++g_op_seq);
+        g_calls.store(g_calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // under mu
     } catch (const std::exception &) {  // let PyTorch raise its own error, or run it unseen
         op.redispatchBoxed(keys, stack);
         return;
     }
-    uint64_t seq, key;
-    int64_t step;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        uint64_t &count = g_coll_seq[name];
-        seq = count++;
-        step = g_step;
-        key = make_key(step, ++g_op_seq);
-    }
-    g_calls.fetch_add(1, std::memory_order_relaxed);
-    // the strings the probes point to live as long as the collective: the Flight or the callback owns copies
-    // (a later install() replaces g_ops while a collective may still be running)
     const uint64_t begin = monotonic_ns();
     if (ring_live(begin) || api->coll_traced()) {  // the ring, or one trap: at the end, with begin time and thread
-        // one allocation per collective (the Flight, its strings in place), shared by the callback
-        auto fly = std::make_shared<Flight>(
-            Flight{std::move(name), info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr,
-                   nullptr});
+        // one allocation per collective (the Flight, its group name in place), owned by the in-flight list
+        // until fly_end frees it; the callback carries its pointer (stored in the std::function: no allocation)
+        Flight *fly = new Flight{std::move(pg_name), info.probe, seq, nbytes, step, key, begin, my_tid(), false, nullptr, nullptr};
         fly_add(fly);
         t_in_coll = true;
         try {
@@ -506,7 +554,7 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
             throw;
         }
         t_in_coll = false;
-        c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
+        c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack, info.returns_work);
         if (!fut || fut->completed()) {
             fly_end(fly);
             return;
@@ -514,30 +562,33 @@ void kernel(const c10::OperatorHandle &op, c10::DispatchKeySet ks, torch::jit::S
         fut->addCallback([fly](c10::ivalue::Future &) { fly_end(fly); });
         return;
     }
-    auto token = std::make_shared<std::pair<std::string, std::string>>(std::move(name), info.probe);
-    const char *pg_name = token->first.c_str(), *probe = token->second.c_str();
+    // the strings the probes point to live as long as the collective: the callback owns a copy of the name
+    // (a later install() may replace g_ops, and the group may go, while a collective still runs)
+    auto token = std::make_shared<std::string>(std::move(pg_name));
+    const char *probe = info.probe;
+    const char *pg_str = token->c_str();
     const uint64_t prev_key = t_key;
     const int64_t prev_step = t_step;
-    api->coll_begin(pg_name, seq, probe, nbytes, step, key);
+    api->coll_begin(pg_str, seq, probe, nbytes, step, key);
     t_in_coll = true;
     try {
         op.redispatchBoxed(keys, stack);
     } catch (...) {
         t_in_coll = false;
         api->tracekey(prev_key, prev_step);
-        api->coll_end(pg_name, seq, probe, nbytes, step, key);  // a failed collective ends where it failed
+        api->coll_end(pg_str, seq, probe, nbytes, step, key);  // a failed collective ends where it failed
         throw;
     }
     t_in_coll = false;
     api->tracekey(prev_key, prev_step);  // the thread's key is its own again (coll_begin carried the op's)
-    c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack);
+    c10::intrusive_ptr<c10::ivalue::Future> fut = work_future(stack, info.returns_work);
     if (!fut || fut->completed()) {  // a synchronous op; NCCL completes its future at enqueue
-        api->coll_end(pg_name, seq, probe, nbytes, step, key);
+        api->coll_end(pg_str, seq, probe, nbytes, step, key);
         return;
     }
     // run by the thread that completes the work (gloo's), without the GIL
-    fut->addCallback([token, seq, nbytes, step, key](c10::ivalue::Future &) {
-        api->coll_end(token->first.c_str(), seq, token->second.c_str(), nbytes, step, key);
+    fut->addCallback([token, probe, seq, nbytes, step, key](c10::ivalue::Future &) {
+        api->coll_end(token->c_str(), seq, probe, nbytes, step, key);
     });
 }
 
@@ -573,7 +624,8 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         int pg, peer, any, size;
         if (!PyArg_ParseTuple(PyList_GET_ITEM(args[0], i), "ssiipi", &name, &probe, &pg, &peer, &any, &size))
             return NULL;
-        ops[name] = OpInfo{probe, pg, peer, size, any != 0};
+        static std::unordered_set<std::string> &interned = *new std::unordered_set<std::string>;
+        ops[name] = OpInfo{interned.insert(probe).first->c_str(), pg, peer, size, any != 0};
     }
     static std::once_flag atfork_once;
     std::call_once(atfork_once, [] { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); });
@@ -586,10 +638,18 @@ PyObject *py_install(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         for (const auto &entry : g_ops)
             lib->impl(entry.first.c_str(), torch::CppFunction::makeFromBoxedFunction<&kernel>());
         std::unordered_map<const c10::FunctionSchema *, const OpInfo *> by_schema;
-        for (const auto &entry : g_ops)
+        const c10::TypePtr work_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::Work>>();
+        const c10::TypePtr pg_type = c10::getCustomClassType<c10::intrusive_ptr<c10d::ProcessGroup>>();
+        for (auto &entry : g_ops)
             if (auto h = c10::Dispatcher::singleton().findOp(c10::OperatorName("c10d::" + entry.first, "")))
-                if (h->hasSchema())
+                if (h->hasSchema()) {
                     by_schema[&h->schema()] = &entry.second;
+                    const auto &rets = h->schema().returns();
+                    entry.second.returns_work = !rets.empty() && rets.back().type() == work_type;
+                    const auto &args = h->schema().arguments();
+                    const int pgi = entry.second.pg_index;
+                    entry.second.pg_typed = pgi >= 0 && (size_t)pgi < args.size() && args[pgi].type() == pg_type;
+                }
         g_by_schema = std::move(by_schema);
         g_lib = std::move(lib);
     } catch (const std::exception &e) {
@@ -632,7 +692,8 @@ PyObject *py_next_op(PyObject *, PyObject *const *, Py_ssize_t) {
 
 PyObject *py_reset_coll_seq(PyObject *, PyObject *const *, Py_ssize_t) {
     std::lock_guard<std::mutex> lock(mu);
-    g_coll_seq.clear();
+    for (auto &entry : g_coll_seq)  // zeroed, not erased: the groups' entries point at their counters
+        entry.second = 0;
     Py_RETURN_NONE;
 }
 

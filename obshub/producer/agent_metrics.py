@@ -26,6 +26,8 @@ obshub_agent_clock_uncertainty_seconds                  gauge    ± bound of tha
 obshub_agent_transport_state{state}                     gauge    1 for the current state (direct/draining/spooling)
 obshub_agent_job_processes                              gauge    live registered processes of the job ``training_job``
 obshub_agent_caught_errors_total{where}                 counter  failures caught and gone on from, by where
+obshub_agent_coll_ring_records_total                    counter  records read from the ranks' collective rings
+obshub_agent_coll_ring_drops_total                      counter  collectives a rank's ring had no room for (by trap)
 ======================================================  =======  ==================================================
 
 ``training_job`` is the agent's ``--job`` on every series but ``obshub_agent_job_processes``, which has
@@ -145,6 +147,12 @@ class AgentCollector(Collector):
         for where in sorted({"attach", "compile", "drain", "deep_dive", *totals}):
             caught.add_metric(base + [where], totals.get(where, 0))
         yield caught
+        rings = getattr(getattr(a, "source", None), "coll_ring_totals", None)
+        records, drops = rings() if rings is not None else (0, 0)
+        yield counter("obshub_agent_coll_ring_records", "records read from the ranks' collective rings", records)
+        yield counter(
+            "obshub_agent_coll_ring_drops", "collectives a rank's collective ring had no room for (sent by trap)", drops
+        )
 
 
 def make_registry(agent: MetricsSource) -> CollectorRegistry:

@@ -89,6 +89,8 @@ class CollRings:
         self._next_scan: dict[int, float] = {}  # pid with no ring yet -> when to look again
         self.errors = 0  # rings that could not be opened (logged once each)
         self.rejected = 0  # records of other kinds than the two collective ones (dropped)
+        self.read = 0  # records taken from every ring since start (obshub_agent_coll_ring_records_total)
+        self._closed_drops = 0  # the drops of rings closed since (their counter stays in the total)
         self._table_in: bytes = b""
         self._table: bytes = b""
 
@@ -162,6 +164,8 @@ class CollRings:
         if o is None:
             return
         with contextlib.suppress(Exception):
+            self._closed_drops += _HEAD.unpack_from(o.hdr, HDR)[4]
+        with contextlib.suppress(Exception):
             _READER_NS.pack_into(o.hdr, _READER_OFF, 0)  # the kernel takes the trap path at once
         o.ring.close()  # type: ignore[attr-defined]
         o.hdr.close()
@@ -182,7 +186,10 @@ class CollRings:
         fmt = bytes(table[k] if k in keep else 0 for k in range(256)) if table != self._table_in else self._table
         self._table_in, self._table = table, fmt
         for o in self._open.values():
-            for it in o.ring.drain(fmt, max_records, o.pid):  # type: ignore[attr-defined]
+            before = o.ring.consumed  # type: ignore[attr-defined]
+            items = o.ring.drain(fmt, max_records, o.pid)  # type: ignore[attr-defined]
+            self.read += o.ring.consumed - before  # type: ignore[attr-defined]
+            for it in items:
                 if type(it) is bytes:  # handed back raw: the Python decoder's, or another kind
                     kind = _KIND.unpack_from(it, _KIND_OFF)[0]
                     if kind not in keep:
@@ -202,6 +209,15 @@ class CollRings:
             d["drops"] += drops
             d["written"] += written
         return out
+
+    def drops_total(self) -> int:
+        """Collectives the kernels of the rings read could not write into them (the ring was full: each went
+        by the ``coll`` trap instead; counted since each ring was made), rings closed since included: the
+        ``obshub_agent_coll_ring_drops_total`` counter."""
+        total = self._closed_drops
+        for o in self._open.values():
+            total += _HEAD.unpack_from(o.hdr, HDR)[4]
+        return total
 
     def close(self) -> None:
         """Mark every ring unread (its kernel goes back to the trap) and unmap it. Idempotent."""

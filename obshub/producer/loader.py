@@ -817,6 +817,13 @@ class BpfEventSource:
         ``coll`` trap because the ring was full) and ``written`` (records). {} when none is read."""
         return self._coll.stats() if self._coll is not None else {}
 
+    def coll_ring_totals(self) -> tuple[int, int]:
+        """``(records, drops)``: records read from the ranks' collective rings since start, and collectives
+        their kernels sent by the ``coll`` trap because the ring was full (the agent metrics
+        ``obshub_agent_coll_ring_records_total`` / ``obshub_agent_coll_ring_drops_total``); (0, 0) when none
+        is read."""
+        return (self._coll.read, self._coll.drops_total()) if self._coll is not None else (0, 0)
+
     def close(self) -> None:
         """Detach every probe and free the BPF program. Idempotent."""
         if self._coll is not None:

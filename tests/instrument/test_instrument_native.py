@@ -216,7 +216,7 @@ def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, mon
     from obshub.instrument import _usdt
 
     dist, native, rings = _drained_ring(world, monkeypatch)
-    info0 = native.ring_info()
+    info0, read0 = native.ring_info(), rings.read
     n = info0["data_size"] // 184 // 2 + 20
     t = torch.ones(1)
     _usdt._record(True)
@@ -229,9 +229,42 @@ def test_a_full_ring_counts_the_drop_and_sends_the_collective_by_trap(world, mon
     info = native.ring_info()
     drops, written = info["drops"] - info0["drops"], info["written"] - info0["written"]
     events, _, _ = _ring_events(rings)
+    # the agent's counters (obshub_agent_coll_ring_records_total / _drops_total), kept past the ring's close
+    counted = (rings.read - read0, rings.drops_total())
     rings.close()
     assert drops >= 20 and traps == ["coll"] * drops, (drops, traps[:3])
     assert written == 2 * (n - drops) == len(events), (n, drops, written, len(events))
+    assert counted == (len(events), info["drops"]) and rings.drops_total() == info["drops"], (counted, info)
+
+
+def test_each_group_counts_its_own_sequence_across_groups_made_and_destroyed(world, monkeypatch):
+    """The kernel finds a group's sequence counter once per ProcessGroup (by its address, no reference held):
+    collectives interleaved on the world and a subgroup count 0, 1, 2... each under its own name; a subgroup
+    destroyed and another made (possibly at the same address) counts under the new group's name from 0,
+    the world's count goes on."""
+    dist, native, rings = _drained_ring(world, monkeypatch)
+    t = torch.ones(2)
+    sub = dist.new_group([0])
+    for _ in range(2):
+        dist.all_reduce(t)
+        dist.all_reduce(t, group=sub)
+    name0 = dist.distributed_c10d._get_process_group_name(sub)
+    dist.destroy_process_group(sub)
+    del sub
+    sub2 = dist.new_group([0])
+    name2 = dist.distributed_c10d._get_process_group_name(sub2)
+    dist.all_reduce(t, group=sub2)
+    dist.all_reduce(t)
+    events, _, _ = _ring_events(rings)
+    rings.close()
+    from obshub.core.schema import Kind
+
+    seen = [(e.payload["pg"], e.payload["coll_seq"]) for e in events if e.kind == Kind.COLLECTIVE_END]
+    world_name = dist.distributed_c10d._get_process_group_name(dist.group.WORLD)
+    assert name0 != name2 and world_name not in (name0, name2), (world_name, name0, name2)
+    w = [q for n, q in seen if n == world_name]
+    assert w == list(range(w[0], w[0] + 3)), seen
+    assert [q for n, q in seen if n == name0] == [0, 1] and [q for n, q in seen if n == name2] == [0], seen
 
 
 def _forge(native, kind: int, pid: int) -> None:

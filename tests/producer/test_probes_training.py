@@ -80,6 +80,7 @@ def test_two_rank_training_tracekeys(tmp_path):
                 events += got
                 rings.update(src.coll_rings())
             events += src.poll(0)
+            ring_totals = src.coll_ring_totals()  # obshub_agent_coll_ring_records_total / _drops_total
             out, err = wl.communicate(timeout=10)
         finally:
             if wl.poll() is None:
@@ -120,6 +121,11 @@ def test_two_rank_training_tracekeys(tmp_path):
     # the collectives came through each rank's collective ring (no trap), none sent by trap for lack of room
     assert all(rings.get(r["pid"], {}).get("written", 0) > 0 for r in regs), rings
     assert all(rings[r["pid"]]["drops"] == 0 for r in regs), rings
+    # the agent's counters of them: every record written was read (a collective before the ring was opened
+    # came by trap), none dropped
+    n_coll = sum(1 for e in events if e.kind in (Kind.COLLECTIVE_BEGIN, Kind.COLLECTIVE_END))
+    assert sum(rings[r["pid"]]["written"] for r in regs) <= ring_totals[0] <= n_coll, (ring_totals, n_coll, rings)
+    assert ring_totals[1] == 0, ring_totals
     # drained at every poll: a collective's END reaches the reader within a poll (50 ms here), far inside the
     # 2 s after which the kernel would take the trap path again
     delays.sort()
