@@ -64,3 +64,18 @@ def test_arrivals_beyond_int64_take_the_python_lists():
         accs[h] = acc
     named = R.host_ranks(accs)
     assert named["a"]["rank"] == 1 and named["a"]["rows"][1]["late_ns"] > 0
+
+
+def test_collective_order_statistics_equal_the_sorted_pairs():
+    """``straggler._order_stats`` (one sort of the arrivals) names the first, second-latest and last
+    host and the median as the sort of ``(arrival, host)`` pairs it replaced, ties at each place too."""
+    from obshub.streams.analysis.straggler import _order_stats
+
+    rnd = random.Random(7)
+    for _ in range(400):
+        hosts = rnd.sample([f"n{i:02d}" for i in range(40)], rnd.randint(2, 9))
+        arr = {h: (rnd.choice((0, 5, 5, 9, 9, rnd.randrange(100))), 0) for h in hosts}
+        order = sorted((v[0], h) for h, v in arr.items())
+        n = len(order)
+        med = order[n // 2][0] if n % 2 else (order[n // 2 - 1][0] + order[n // 2][0]) // 2
+        assert _order_stats(arr) == (order[0][1], order[-2][1], order[-1][1], med), arr

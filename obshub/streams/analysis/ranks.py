@@ -20,6 +20,8 @@ Everything here is pure and deterministic (ties break by rank number).
 
 from __future__ import annotations
 
+import bisect
+
 import msgspec
 import numpy as np
 
@@ -384,6 +386,16 @@ def _lateness_matrix(
     return late.tolist(), last_n, seen
 
 
+def _unit_unc(us: list[int], hus: list[int], spans: list[tuple[str, int, int, RankTable]]) -> list[int]:
+    """Per unit (rank), the clock uncertainty its arrivals carry (ns): the larger of its own (``us``) and
+    its host's (``hus``, per host of ``spans``)."""
+    try:
+        sizes = [end - start for _h, start, end, _t in spans]
+        return np.maximum(np.array(us, dtype=np.int64), np.repeat(np.array(hus, dtype=np.int64), sizes)).tolist()
+    except OverflowError:  # beyond int64 (bad input): exact ints
+        return [u if u > hu else hu for (_h, start, end, _t), hu in zip(spans, hus) for u in us[start:end]]
+
+
 def _latest_of_hosts(late: list[int], spans: list[tuple[str, int, int, RankTable]]) -> list[int]:
     """Per host of ``spans`` (``(host, first unit index, end index, table)``, consecutive), the unit index
     of its one latest rank by ``late`` (ns per unit), -1 where several share the largest lateness. With
@@ -428,41 +440,44 @@ def host_ranks(
     (``accumulate.pack_ranks``) and decodes no rank row, except the layers' (:func:`fill_layers`) and a
     step without any collective joined by two ranks."""
     accs = as_accs(accs)
-    host_of: list[str] = []
     rkeys: list[int] = []
-    unc: list[int] = []
+    us: list[int] = []  # the ranks' own clock uncertainty (ns)
+    hus: list[int] = []  # per host, its clock uncertainty (ns)
     spans: list[tuple[str, int, int, RankTable]] = []  # (host, first index, end index, rank table) of its ranks
     blocks: list[tuple[int, list[str], list]] = []  # (first index, collective keys, arrivals rank-major)
+    n_units = 0
     for h, a in accs.items():
-        ht = _host_table(a)
-        if ht is None:
-            continue
-        t, keys, flat_a = ht
-        hu = a.unc_ns or 0
-        start = len(host_of)
-        m = len(t.r)
-        us = t.u
-        if not us or min(us) >= hu:
-            unc.extend(us)
-        elif max(us) <= hu:
-            unc.extend([hu] * m)
+        t = a.rt if a.rb is not None else None  # the packed rank table (the usual case), else built
+        if t is not None:
+            keys, flat_a = t.k, t.a
         else:
-            unc.extend(u if u > hu else hu for u in us)
-        host_of.extend([h] * m)
-        rkeys.extend(t.r)
-        spans.append((h, start, start + m, t))
-        blocks.append((start, keys, flat_a))
+            ht = _host_table(a)
+            if ht is None:
+                continue
+            t, keys, flat_a = ht
+        m = len(t.r)
+        rkeys += t.r
+        us += t.u
+        hus.append(a.unc_ns or 0)
+        spans.append((h, n_units, n_units + m, t))
+        blocks.append((n_units, keys, flat_a))
+        n_units += m
     out: dict[str, dict] = {}
-    if host_of:
-        key_of = lambda i: unit_key(host_of[i], rkeys[i])  # noqa: E731
-        mat = _arrival_matrix(blocks, len(host_of))
+    if n_units:
+        unc = _unit_unc(us, hus, spans)
+        starts = [sp[1] for sp in spans]
+
+        def key_of(i: int) -> str:  # the unit key of unit i (ties break by it)
+            return unit_key(spans[bisect.bisect_right(starts, i) - 1][0], rkeys[i])
+
+        mat = _arrival_matrix(blocks, n_units)
         if mat is not None:
             late_i, last_i, seen = _lateness_matrix(mat, unc, key_of)
         else:  # an arrival beyond int64: the per-collective lists
-            late_i, last_i, seen = _lateness_flat(_flat_of(blocks), len(host_of), unc, key_of)
+            late_i, last_i, seen = _lateness_flat(_flat_of(blocks), n_units, unc, key_of)
         if not seen:  # no collective joined by two ranks: compute time over the others' (rank_lateness)
             late_u, last_u = rank_lateness(rank_units(accs))
-            keys = [unit_key(h, r) for h, r in zip(host_of, rkeys)]
+            keys = [key_of(i) for i in range(n_units)]
             late_i = [int(late_u.get(k, 0)) for k in keys]
             last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
         latest = _latest_of_hosts(late_i, spans)
@@ -478,8 +493,17 @@ def host_ranks(
                 order = sorted((ranks[j], start + j) for j in range(end - start))
                 rows_out = {r: _summary_row(t, i - start, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
                 out[h] = {"rank": rank, "rows": rows_out}
-            else:  # the named rank's row; fill_rows completes the others from "_late"
-                row = _summary_row(t, best - start, int(late_i[best]), last_i.get(best, 0))
+            else:  # the named rank's row (as _summary_row); fill_rows completes the others from "_late"
+                j = best - start
+                row = {
+                    "local_rank": t.l[j],
+                    "pid": t.p[j],
+                    "gpu": t.g[j],
+                    "step_ns": t.s[j],
+                    "late_ns": int(late_i[best]),
+                    "last_n": last_i.get(best, 0),
+                    "layers": {},
+                }
                 out[h] = {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start, t)}
         fill_layers(out, accs, set(out) if layers_for is None else layers_for)
     for h, a in accs.items():
