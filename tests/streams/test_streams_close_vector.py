@@ -79,3 +79,29 @@ def test_collective_order_statistics_equal_the_sorted_pairs():
         n = len(order)
         med = order[n // 2][0] if n % 2 else (order[n // 2 - 1][0] + order[n // 2][0]) // 2
         assert _order_stats(arr) == (order[0][1], order[-2][1], order[-1][1], med), arr
+
+
+def test_each_hosts_latest_rank_and_clock_uncertainty_per_rank():
+    """``_latest_of_hosts`` (a reshape when every host has as many ranks, else per host) gives each host's
+    one latest rank, -1 on a tie at the top; ``_unit_unc`` the larger of the rank's and its host's clock
+    uncertainty, exact beyond int64 too."""
+    rnd = random.Random(3)
+    for sizes in ([4] * 6, [1, 8, 2, 8, 3]):
+        spans, start = [], 0
+        for i, m in enumerate(sizes):
+            spans.append((f"h{i}", start, start + m, None))
+            start += m
+        for _ in range(50):
+            late = [rnd.choice((0, 0, 7, 9, 9)) for _ in range(start)]
+            want = []
+            for _h, s, e, _t in spans:
+                lt = late[s:e]
+                want.append(s + lt.index(max(lt)) if lt.count(max(lt)) == 1 else -1)
+            assert R._latest_of_hosts(late, spans) == want
+        hus = [rnd.choice((0, 10, 2**70)) for _ in sizes]
+        us = [rnd.choice((0, 5, 20)) for _ in range(start)]
+        want_u = [max(u, hus[i]) for i, (_h, s, e, _t) in enumerate(spans) for u in us[s:e]]
+        assert R._unit_unc(us, hus, spans) == want_u
+        hus = [rnd.choice((0, 10)) for _ in sizes]
+        want_u = [max(u, hus[i]) for i, (_h, s, e, _t) in enumerate(spans) for u in us[s:e]]
+        assert R._unit_unc(us, hus, spans) == want_u
