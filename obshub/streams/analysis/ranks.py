@@ -110,7 +110,7 @@ def _view_of_table(a: HostAcc, rt: RankTable, strict: bool) -> HostAcc:
     two or more ranks): the same view as from its full rank rows."""
     keys = rt.k
     if not strict:
-        return msgspec.structs.replace(a, colls={k: list(c) for k, c in zip(keys, rt.hv)})
+        return msgspec.structs.replace(a, colls=dict(zip(keys, map(list, rt.hv))))
     n = len(keys)
     arr, end, dur = rt.a, rt.e, rt.d
     colls: dict[str, list] = {}

@@ -248,6 +248,9 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
     }
 
 
+_NO_CELL: dict = {}  # a peer without the layer (read only)
+
+
 def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th: Thresholds) -> list[dict]:
     """Layer blame for ``straggler``: entries ``{host, layer, excess_ns, straggler_ns, peer_median_ns, count,
     max_ns}``, time-blamed layers by excess (largest first), then count-blamed layers by count excess.
@@ -266,8 +269,9 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     stats = {}
     for name in names:
         m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
-        pt = median_int([layers[h].get(name, {}).get("time_ns", 0) for h in peers])
-        pc = median_int([layers[h].get(name, {}).get("count", 0) for h in peers])
+        cells = [layers[h].get(name, _NO_CELL) for h in peers]
+        pt = median_int([c.get("time_ns", 0) for c in cells])
+        pc = median_int([c.get("count", 0) for c in cells])
         stats[name] = (m, pt, pc, m["time_ns"] - pt)
     lower = sum(max(0, ex) for name, (_m, _pt, _pc, ex) in stats.items() if name != Layer.PYTORCH.value)
     floor = max(th.blame_min_ns, th.blame_rel * excess_ns)
