@@ -979,6 +979,6 @@ def ranks_ended(acc: HostAcc) -> int:
     if acc.rb is not None:
         rt = acc.rt
         if rt is not None:
-            return sum(1 for s in rt.s if s is not None)
+            return len(rt.s) - rt.s.count(None)
         return sum(1 for r in rank_rows(acc).values() if r.step_ns is not None)
     return sum(1 for r in (acc.ranks or {}).values() if r.step_ns is not None)

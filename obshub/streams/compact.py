@@ -42,22 +42,26 @@ def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
     row for the layer. Quantiles are nearest-rank (the smallest value with at least q of the hosts at or
     below it); ``max_host`` is the host with the largest ``time_ns`` (the first by name on a tie). Times in
     ns, counts in events. O(hosts x layers x log hosts)."""
-    times: dict[str, list[tuple[int, str]]] = {}
-    counts: dict[str, list[int]] = {}
+    cols: dict[str, tuple[list[int], list[str], list[int]]] = {}  # layer -> (times, hosts, counts)
     for host, row in layers.items():
         for layer, cell in row.items():
-            times.setdefault(layer, []).append((int(cell["time_ns"]), host))
-            counts.setdefault(layer, []).append(int(cell["count"]))
+            v = cols.get(layer)
+            if v is None:
+                v = cols[layer] = ([], [], [])
+            v[0].append(int(cell["time_ns"]))
+            v[1].append(host)
+            v[2].append(int(cell["count"]))
     out: dict[str, dict] = {}
-    for layer in sorted(times):
-        t = sorted(x for x, _h in times[layer])
-        c = sorted(counts[layer])
-        top_t = max(x for x, _h in times[layer])
+    for layer in sorted(cols):
+        tl, hl, cl = cols[layer]
+        t = sorted(tl)
+        c = sorted(cl)
+        top_t = t[-1]
         st: dict = {"hosts": len(t)}
         for name, q in QUANTILES:
             st[f"time_{name}_ns"] = _rank(t, q)
         st["time_max_ns"] = top_t
-        st["max_host"] = min(h for x, h in times[layer] if x == top_t)
+        st["max_host"] = hl[tl.index(top_t)] if tl.count(top_t) == 1 else min(h for h, x in zip(hl, tl) if x == top_t)
         for name, q in QUANTILES:
             st[f"count_{name}"] = _rank(c, q)
         st["count_max"] = c[-1]
@@ -86,14 +90,19 @@ def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
     keep.update(h for _z, h in strongest)
     keep.update(c["last_host"] for c in summary.get("collectives") or () if c.get("last_host"))
     layers = summary.get("layers") or {}
-    by_layer: dict[str, list[tuple[int, int, str]]] = {}
+    by_layer: dict[str, tuple[list[int], list[int], list[str]]] = {}  # layer -> (-time, -count, host) columns
     for host, row in layers.items():
         for layer, cell in row.items():
-            by_layer.setdefault(layer, []).append((int(cell["time_ns"]), int(cell["count"]), host))
+            v = by_layer.get(layer)
+            if v is None:
+                v = by_layer[layer] = ([], [], [])
+            v[0].append(-int(cell["time_ns"]))
+            v[1].append(-int(cell["count"]))
+            v[2].append(host)
     # the top ones by value then name (a host once per layer): a partial selection, not a sort of thousands
-    for rows in by_layer.values():
-        keep.update(h for _t, h in heapq.nsmallest(top, [(-t, h) for t, _c, h in rows]))
-        keep.update(h for _c, h in heapq.nsmallest(top, [(-c, h) for _t, c, h in rows]))
+    for nt, nc, hs in by_layer.values():
+        keep.update(h for _t, h in heapq.nsmallest(top, zip(nt, hs)))
+        keep.update(h for _c, h in heapq.nsmallest(top, zip(nc, hs)))
     st = summary.get("step_time_ns") or {}
     keep.update(h for _ns, h in heapq.nsmallest(top, [(-ns, h) for h, ns in st.items()]))
     return keep & set(layers)

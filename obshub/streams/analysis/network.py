@@ -338,7 +338,10 @@ def _net_z(
     out: dict[str, NetEvidence] = {}
     rx, rtt, ref = stats.rx, stats.rtt, stats.ref
     loo_rx, loo_rtt = LeaveOneOut(rx[g] for g in accs), LeaveOneOut(rtt[g] for g in accs)
+    rx_floor, rtt_floor = max(th.net_count_min, count_min), th.net_rtt_min_ns
     for h in sorted(accs):
+        if rx[h] < rx_floor and rtt[h] < rtt_floor:
+            continue  # below both gates whatever the peers' medians (below): z is 0, as computed there
         # the retransmit reference: the other hosts' median, or, over a window, what one connection that
         # does not end at h carries when that is more: a neighbour of a lossy host shares one lossy
         # connection, and its other connection's count is one connection's noise, which the minimum over

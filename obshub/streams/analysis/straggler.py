@@ -26,11 +26,21 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
     """``{host: {layer: {time_ns, count, max_ns}}}``; the pytorch layer's time is ``compute_ns``."""
     accs = as_accs(accs)
     out: dict[str, dict[str, dict]] = {}
-    for host, acc in sorted(accs.items()):
-        row = {layer: {"time_ns": t, "count": c, "max_ns": m} for layer, (t, c, m) in sorted(acc.layers.items())}
+    pytorch = Layer.PYTORCH.value
+    for host in sorted(accs):  # host names are unique: the order of sorted(accs.items())
+        acc = accs[host]
+        ls = acc.layers
+        row = {
+            layer: {"time_ns": t, "count": c, "max_ns": m}
+            for layer, (t, c, m) in (sorted(ls.items()) if len(ls) > 1 else ls.items())
+        }
         comp = compute_ns(acc)
         if comp is not None:
-            row.setdefault(Layer.PYTORCH.value, {"time_ns": 0, "count": 0, "max_ns": 0})["time_ns"] = comp
+            cell = row.get(pytorch)
+            if cell is None:
+                row[pytorch] = {"time_ns": comp, "count": 0, "max_ns": 0}
+            else:
+                cell["time_ns"] = comp
         out[host] = row
     return out
 
@@ -65,6 +75,29 @@ def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds, last_h: str | N
     return f"{bad} waited {(last_t - t) / 1e6:.3f} ms for {last_h} but its collective lasted {lasted / 1e6:.3f} ms"
 
 
+def _order_stats(arr: dict[str, tuple]) -> tuple[str, str, str, int]:
+    """``(first, second-latest, last, median arrival)`` of the per-host records ``arr`` (``{host:
+    (arrive_rt, ...)}``, two or more) as the order by ``(arrival, host)`` gives them (ties break by host
+    name; the median as ``median_int``), from one sort of the arrivals (ints) instead of the pairs."""
+    hs = list(arr)
+    ts = [v[0] for v in arr.values()]
+    s = sorted(ts)
+    n = len(s)
+    t_lo, t_hi, t2 = s[0], s[-1], s[-2]
+    first = hs[ts.index(t_lo)] if s[1] > t_lo else min(h for h, t in zip(hs, ts) if t == t_lo)
+    if t2 < t_hi:
+        last = hs[ts.index(t_hi)]
+        if n == 2 or s[-3] < t2:
+            second = hs[ts.index(t2)]
+        else:
+            second = max(h for h, t in zip(hs, ts) if t == t2)
+    else:  # several at the latest arrival: the two largest names
+        tied = sorted(h for h, t in zip(hs, ts) if t == t_hi)
+        last, second = tied[-1], tied[-2]
+    med = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) // 2  # median_int
+    return first, second, last, med
+
+
 def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[dict]:
     """Per collective seen (COLLECTIVE_BEGIN) by at least two hosts: ``{pg, coll_seq, op, skew_ns,
     uncertainty_ns, last_host, lead_ns, lead_uncertainty_ns, late, consistent, why}`` sorted by (pg,
@@ -84,11 +117,8 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
         if len(arr) < 2:
             continue
         pg, _, seq = key.rpartition("#")
-        order = sorted([(v[0], h) for h, v in arr.items()])  # by (arrival, host): hosts are unique
-        first, second, last_h = arr[order[0][1]], arr[order[-2][1]], order[-1][1]
-        last = arr[last_h]
-        n = len(order)
-        med = order[n // 2][0] if n % 2 else (order[n // 2 - 1][0] + order[n // 2][0]) // 2  # median_int
+        first_h, second_h, last_h, med = _order_stats(arr)
+        first, second, last = arr[first_h], arr[second_h], arr[last_h]
         why = _pair_check(key, arr, th, last_h)
         out.append(
             {
@@ -218,6 +248,9 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
     }
 
 
+_NO_CELL: dict = {}  # a peer without the layer (read only)
+
+
 def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th: Thresholds) -> list[dict]:
     """Layer blame for ``straggler``: entries ``{host, layer, excess_ns, straggler_ns, peer_median_ns, count,
     max_ns}``, time-blamed layers by excess (largest first), then count-blamed layers by count excess.
@@ -236,8 +269,9 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     stats = {}
     for name in names:
         m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
-        pt = median_int([layers[h].get(name, {}).get("time_ns", 0) for h in peers])
-        pc = median_int([layers[h].get(name, {}).get("count", 0) for h in peers])
+        cells = [layers[h].get(name, _NO_CELL) for h in peers]
+        pt = median_int([c.get("time_ns", 0) for c in cells])
+        pc = median_int([c.get("count", 0) for c in cells])
         stats[name] = (m, pt, pc, m["time_ns"] - pt)
     lower = sum(max(0, ex) for name, (_m, _pt, _pc, ex) in stats.items() if name != Layer.PYTORCH.value)
     floor = max(th.blame_min_ns, th.blame_rel * excess_ns)
