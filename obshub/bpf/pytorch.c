@@ -304,7 +304,7 @@ static __always_inline void obs_step_end_at(u32 tgid, u32 tid, u64 now, s64 step
     }
 #ifdef OBS_LAYER_SCHED
     /* the run-queue waits of the process's threads without a TraceKey that no single carried (sched.c) */
-    if (acc && acc->others_runq_ns >= obs_threshold(OBS_THR_RUNQ_NS)) {
+    if (acc && acc->others_runq_ns && acc->others_runq_ns >= obs_threshold(OBS_THR_RUNQ_NS)) {
         struct obs_event *o = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, tid);
         if (o) {
             o->ts_ns = now;
