@@ -59,7 +59,19 @@ PARAMS = {
     "net-loss": ("percent",),
     "cpu": ("procs",),
     "mem": ("room_mb", "hog_anon_mb", "file_mb"),
-    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "full", "loss_pct", "delay_ms", "rate_kbit"),
+    "stall": (
+        "layer",
+        "stall_ms",
+        "period_s",
+        "procs",
+        "room_mb",
+        "full",
+        "loss_pct",
+        "delay_ms",
+        "rate_kbit",
+        "shape",
+        "quota_us",
+    ),
 }
 # a sporadic stall (kind ``stall``): its ``layer`` param (names as ``--param layer=...``) and the layer
 # obshub should name for it
