@@ -300,3 +300,9 @@ def test_cpu_stall_shapes_are_checked():
         Stall(None, None, {"layer": "cpu", "shape": "quota", "quota_us": 0})
     with pytest.raises(FaultError, match="shapes of a cpu stall"):
         Stall(None, None, {"layer": "net", "shape": "outside"})
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    DemoOptions(fault="stall", fault_params={"layer": "cpu", "shape": "outside"}).check()
+    with pytest.raises(DemoError, match="unknown cpu stall shape"):
+        DemoOptions(fault="stall", fault_params={"layer": "cpu", "shape": "storm"}).check()
