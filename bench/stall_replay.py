@@ -2,10 +2,11 @@
 and the builtin rule pack, and compare the single-step stall alerts (issue #30; docs/BENCHMARKS.md 8).
 
 Each kept run (``DIR/**/steps.jsonl`` beside its ``report.json``) is read in close order. Every closed step
-(``complete``, ``window``, ``restart``) whose kept culprit is not a hang's or a persistent charge gets its
-culprit recomputed with ``analysis.culprit.culprit`` of ``--base`` (a checkout of the commit to compare
-with, e.g. ``git worktree add /tmp/base main``) on one side and of this tree on the other; steps where the
-two differ are listed. Both sequences go through this tree's builtin pack
+(``complete``, ``window``, ``restart``) whose kept culprit is not a hang's gets its culprit recomputed with
+``analysis.culprit.culprit`` and then ``charge_persistent`` (the worker's charge of a persistent fault's
+victims, each side keeping its own recent culprits per job) of ``--base`` (a checkout of the commit to
+compare with, e.g. ``git worktree add /tmp/base main``) on one side and of this tree on the other; steps
+where the two differ are listed. Both sequences go through this tree's builtin pack
 (``rules.engine.Engine``, ticked at each step's close); each ``step_stall`` alert is right when it names
 the host and layer of a fault episode in effect (from its injection to 5 s after its last stall or its
 removal), else wrong; each stall of a ``stall:LAYER`` episode is named when a right alert starts within
@@ -19,6 +20,7 @@ replays a change of ``culprit.py``; a change of the fold or the agent needs new 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import importlib
 import importlib.util
@@ -92,13 +94,23 @@ def main(argv: list[str] | None = None) -> int:
             continue
         tot["runs"] += 1
         old, new = [], []
+        recent: dict[str, tuple[collections.deque, collections.deque]] = {}
         for s in steps:
             c = s.get("culprit")
             s_old = s_new = s
-            if s.get("closed_by") in CLOSED and not (c and c.get("source") in ("hang", "persistent")):
+            if s.get("closed_by") in CLOSED and not (c and c.get("source") == "hang"):
                 tot["closed"] += 1
-                old_c, new_c = base.culprit(s), this.culprit(s)
+                r_old, r_new = recent.setdefault(
+                    s.get("job", ""),
+                    (collections.deque(maxlen=base.PERSIST_STEPS), collections.deque(maxlen=this.PERSIST_STEPS)),
+                )
                 s_old, s_new = copy.deepcopy(s), copy.deepcopy(s)
+                s_old["culprit"], s_new["culprit"] = base.culprit(s), this.culprit(s)
+                # the worker's charge of a persistent fault's victims (fold.py), each side with its own
+                old_c, k_old = base.charge_persistent(s_old, r_old)
+                new_c, k_new = this.charge_persistent(s_new, r_new)
+                r_old.append(k_old)
+                r_new.append(k_new)
                 s_old["culprit"], s_new["culprit"] = old_c, new_c
                 if old_c != new_c:
                     tot["changed"] += 1

@@ -552,6 +552,11 @@ def stall_episodes(report: dict) -> list[dict]:
     return [{"kind": seq[0][0], "host": verdict.get("host"), "evidence": report.get("evidence"), "verdict": verdict}]
 
 
+def _fmt(v) -> str:
+    """A ``--param`` value as the demo's command line takes it: a number in its shortest form, a word as is."""
+    return f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+
 def run_stall(
     fault_hosts: tuple[int, ...] = (1, 3),
     layers: tuple[str, ...] = STALL_LAYERS,
@@ -575,7 +580,7 @@ def run_stall(
     common.console.rule(
         f"[bold]5b. sporadic stalls[/bold]: {len(layers)} layers x {len(fault_hosts)} host(s), "
         f"{stall_ms:g} ms every {period_s:g} s"
-        + "".join(f", {k}={v:g}" for k, v in params.items() if k not in ("stall_ms", "period_s"))
+        + "".join(f", {k}={_fmt(v)}" for k, v in params.items() if k not in ("stall_ms", "period_s"))
     )
     if os.geteuid() != 0:
         common.console.print("[yellow]skipped: the demo needs root (network namespaces, cgroups, BPF)[/yellow]")
@@ -600,7 +605,7 @@ def run_stall(
                 Path(tmp) / f"h{h}.json",
                 log,
                 fault_for_s=STALL_FOR_S,
-                params=tuple(f"{k}={v:g}" for k, v in params.items()),
+                params=tuple(f"{k}={_fmt(v)}" for k, v in params.items()),
                 extra=("--ranks-per-host", str(ranks_per_host))
                 + (("--fault-rank", str(fault_rank)) if fault_rank is not None else ()),
             )
@@ -730,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help=f"with --stall: a stall fault --param (stall_ms, default {STALL_MS}; period_s, default "
-        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms (netem) or rate_kbit (tbf): net RTT spikes; procs; room_mb)",
+        f"{STALL_PERIOD_S:g}; loss_pct: net loss bursts; delay_ms (netem) or rate_kbit (tbf): net RTT spikes; procs; room_mb; cpu shape=burst|outside|quota, quota_us)",
     )
     p.add_argument(
         "--ranks-per-host", type=int, default=1, help="with --stall: training ranks per host (obshub demo's)"
@@ -759,8 +764,11 @@ def main(argv: list[str] | None = None) -> int:
             sp = {}
             for kv in a.stall_param:
                 k, eq, v = kv.partition("=")
+                if k == "shape" and eq:  # a cpu stall's shape (burst, outside, quota): a word
+                    sp[k] = v
+                    continue
                 if not eq or float(v) <= 0:
-                    raise ValueError(f"--stall-param {kv!r}: KEY=VALUE with a positive number")
+                    raise ValueError(f"--stall-param {kv!r}: KEY=VALUE with a positive number (shape=WORD)")
                 sp[k] = float(v)
             if a.ranks_per_host < 1 or (a.fault_rank is not None and not 0 <= a.fault_rank < a.ranks_per_host):
                 raise ValueError(

@@ -54,6 +54,9 @@ struct obs_sched_acc {
     u64 singles;                       /* SCHED_RUNQ/SCHED_OFFCPU records sent in this step */
     u64 singles_max_ns;                /* the longest wait sent as a single in this step (sched.c) */
     u32 runq_hist[OBS_HIST_BUCKETS];   /* run-queue waits */
+    u64 others_runq_ns;                /* run-queue waits of the process's other threads (no TraceKey: gloo's
+                                        * I/O threads, intra-op workers) not sent as SCHED_RUNQ singles */
+    u64 others_waits;                  /* how many waits others_runq_ns sums */
 };
 
 /* Memory activity since the process's previous step_end (obshub/bpf/memory.c adds) -> MEM_STEP_SUM. Holds only

@@ -302,6 +302,21 @@ static __always_inline void obs_step_end_at(u32 tgid, u32 tid, u64 now, s64 step
             obs_submit(s);
         }
     }
+#ifdef OBS_LAYER_SCHED
+    /* the run-queue waits of the process's threads without a TraceKey that no single carried (sched.c) */
+    if (acc && acc->others_runq_ns && acc->others_runq_ns >= obs_threshold(OBS_THR_RUNQ_NS)) {
+        struct obs_event *o = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, tid);
+        if (o) {
+            o->ts_ns = now;
+            o->step = step;
+            o->trace_key = key;
+            o->duration_ns = acc->others_runq_ns;
+            o->value = -1;
+            o->arg0 = acc->others_waits;
+            obs_submit(o);
+        }
+    }
+#endif
     if (acc && !next)
         sched_acc.delete(&tgid);
     obs_emit_mem_acc(tgid, tid, step, key, now);

@@ -9,7 +9,9 @@
  * Events above the thresholds OBS_THR_RUNQ_NS / OBS_THR_OFFCPU_NS are emitted as SCHED_RUNQ /
  * SCHED_OFFCPU, at most OBS_THR_SCHED_SINGLES per process and step (beyond that a wait twice the step's
  * longest sent one, and every stopped or traced thread's off-CPU time, value = its state 0x4 / 0x8); the per-step sums, maxima and run-queue histogram of training threads (threads with a
- * TraceKey) go to sched_acc and are emitted as SCHED_STEP_SUM by the step_end USDT handler (obshub/bpf/pytorch.c).
+ * TraceKey) go to sched_acc and are emitted as SCHED_STEP_SUM by the step_end USDT handler (obshub/bpf/pytorch.c);
+ * the run-queue waits of the process's other threads that no single carries are summed there too and sent by
+ * step_end as one SCHED_RUNQ with value -1 when they reach OBS_THR_RUNQ_NS.
  */
 #include "common.h"
 
@@ -168,6 +170,7 @@ int obs_sched_switch(void *ctx)
     }
     if (ts->trained)
         obs_acc_in(tgid, ts, offcpu, runq, was_off, waited);
+    int sent = 0;
     if (waited && runq >= obs_threshold(OBS_THR_RUNQ_NS) && obs_sched_single_ok(tgid, runq)) {
         struct obs_event *e = obs_reserve(OBS_PROBE_SCHED, OBS_KIND_SCHED_RUNQ, tgid, next);
         if (e) {
@@ -175,6 +178,18 @@ int obs_sched_switch(void *ctx)
             e->duration_ns = runq;
             e->value = bpf_get_smp_processor_id();
             obs_submit(e);
+            sent = 1;
+        }
+    }
+    if (waited && !sent && !ts->trained) {
+        /* a wait of a thread without a TraceKey (gloo's I/O threads, intra-op workers) that no single
+         * carries: summed per process and step, sent by step_end as one SCHED_RUNQ (value -1). A CPU burst
+         * that lands while every rank waits in a collective starves these threads in many short waits
+         * past the cap on singles, and only their sum shows it (stall7) */
+        struct obs_sched_acc *acc = sched_acc.lookup(&tgid);
+        if (acc) {
+            __sync_fetch_and_add(&acc->others_runq_ns, runq);
+            __sync_fetch_and_add(&acc->others_waits, 1);
         }
     }
     if (was_off && offcpu >= obs_threshold(OBS_THR_OFFCPU_NS)

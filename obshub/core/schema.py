@@ -258,7 +258,11 @@ KIND_INFO: dict[Kind, KindInfo] = {
         Layer.SCHED, "time off CPU, ns", "previous state (0 = preempted)", {}, step=("preempted", "one", "preempted")
     ),
     Kind.SCHED_RUNQ: KindInfo(
-        Layer.SCHED, "run-queue latency (wakeup -> on CPU), ns", "cpu", {}, step=("duration", "one", "duration")
+        Layer.SCHED,
+        "run-queue latency (wakeup -> on CPU), ns",
+        "cpu (-1: the sum of the waits in the step of the process's threads without a TraceKey that no single carried)",
+        {},
+        step=("duration", "one", "duration"),
     ),
     Kind.SCHED_STEP_SUM: KindInfo(
         Layer.SCHED,

@@ -38,6 +38,7 @@ the faulty host and of the whole cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,11 +59,26 @@ PARAMS = {
     "net-loss": ("percent",),
     "cpu": ("procs",),
     "mem": ("room_mb", "hog_anon_mb", "file_mb"),
-    "stall": ("layer", "stall_ms", "period_s", "procs", "room_mb", "full", "loss_pct", "delay_ms", "rate_kbit"),
+    "stall": (
+        "layer",
+        "stall_ms",
+        "period_s",
+        "procs",
+        "room_mb",
+        "full",
+        "loss_pct",
+        "delay_ms",
+        "rate_kbit",
+        "shape",
+        "quota_us",
+    ),
 }
 # a sporadic stall (kind ``stall``): its ``layer`` param (names as ``--param layer=...``) and the layer
 # obshub should name for it
 STALL_LAYERS = {"net": "network", "cpu": "sched", "process": "process", "mem": "memory"}
+#: shapes of a ``cpu`` stall (``Stall``): busy loops in the rank's cpu cgroup, outside it pinned to its CPU,
+#: or its cgroup's CFS quota squeezed
+CPU_SHAPES = ("burst", "outside", "quota")
 LAYER_OF = {
     "net-slow": "network",
     "net-loss": "network",
@@ -655,7 +671,11 @@ class Stall(Fault):
       tbf: both directions limited to that rate, segments queued up to 2 s;
     - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
       cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
-      and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one;
+      and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one. Other shapes (``shape``):
+      ``outside``: the busy loops run outside the rank's cgroups (the demo's noise cgroups), pinned with
+      the host's rank(s) to one CPU (a neighbour's job, not the rank's own container); ``quota``: no busy
+      loop, the host's v1 cpu cgroup squeezed to ``quota_us`` (default 1000) of CPU per 100 ms
+      (``cpu.cfs_quota_us``) for the stall (a container's CPU limit hit), lifted after;
     - ``process``: the host's rank (every process of its v2 cgroup; with ``--fault-rank`` that rank's process
       alone, and a ``cpu`` burst then shares one CPU with that rank only) stopped with SIGSTOP for the stall,
       then continued (SIGCONT);
@@ -702,6 +722,16 @@ class Stall(Fault):
             raise FaultError(f"--param {' and '.join(shapes)}: one shape of a net stall at a time")
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
+            self.params.setdefault("shape", "burst")
+            if self.params["shape"] not in CPU_SHAPES:
+                raise FaultError(
+                    f"--param shape={self.params['shape']}: unknown cpu stall shape",
+                    f"use one of {', '.join(CPU_SHAPES)}",
+                )
+            if not 0 < int(self.params.get("quota_us", 1000)) <= 100_000:
+                raise FaultError(f"--param quota_us={self.params['quota_us']}: µs of CPU per 100 ms period, 1-100000")
+        elif "shape" in self.params or "quota_us" in self.params:
+            raise FaultError("--param shape / quota_us: shapes of a cpu stall", "use them with layer=cpu")
         if self.params["layer"] == "mem":
             self.params.setdefault("room_mb", 16 if self.params.get("full") else 64)
         self.starts_ns: list[int] = []
@@ -711,6 +741,7 @@ class Stall(Fault):
         self._noise: _Noise | None = None
         self._mem: MemPressure | None = None
         self._stopped: list[int] = []
+        self._pinned: list[int] = []  # cpu: the rank pids pinned to the bursts' CPU (unpinned at remove)
         self._error = ""
         self._under_oom = 0  # mem: stalls at whose end the cgroup was under OOM (its tasks waited)
 
@@ -755,6 +786,8 @@ class Stall(Fault):
             )
             if proc.returncode:
                 raise FaultError(f"Failed to load nftables table obshub_stall in {self.host.netns}: {proc.stderr}")
+        elif layer == "cpu" and self.params.get("shape") == "quota":
+            (self.host.cgroup("cpu") / "cpu.cfs_quota_us").write_text(str(int(self.params.get("quota_us", 1000))))
         elif layer == "cpu" and self._noise:
             self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
         elif layer == "process":  # one rank (--fault-rank: its process alone) or every process of the host
@@ -781,6 +814,9 @@ class Stall(Fault):
             sh(["tc", "qdisc", "del", "dev", self.host.veth, "root"], check=False)
         elif layer == "net":
             sh(["nft", "delete", "table", "inet", "obshub_stall"], netns=self.host.netns, check=False)
+        elif layer == "cpu" and self.params.get("shape") == "quota":
+            with contextlib.suppress(OSError):
+                (self.host.cgroup("cpu") / "cpu.cfs_quota_us").write_text("-1")
         elif layer == "cpu" and self._noise:
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
         elif layer == "process":
@@ -812,12 +848,20 @@ class Stall(Fault):
 
     def inject(self) -> None:
         layer = self.params["layer"]
-        if layer == "cpu":
-            self._noise = _Noise(self.cluster, self.host, {"cpu": self.host.cgroup("cpu")})
+        if layer == "cpu" and self.params["shape"] == "quota":
+            if not (self.host.cgroup("cpu") / "cpu.cfs_quota_us").exists():
+                raise FaultError(f"no cpu.cfs_quota_us in {self.host.cgroup('cpu')}", "a v1 cpu controller is needed")
+        elif layer == "cpu":
+            outside = self.params["shape"] == "outside"
+            # outside: the demo's noise cgroups (a neighbour's job), else the host's own v1 cpu cgroup
+            self._noise = _Noise(self.cluster, self.host, {} if outside else {"cpu": self.host.cgroup("cpu")})
             argv = [sys.executable, "-c", BUSY_LOOP]
-            if self.pid:  # one rank (--fault-rank): it and the bursts share one CPU, its host's peers the others
+            if self.pid or outside:  # the rank(s) and the bursts share one CPU (--fault-rank: its host's peers
+                # the others)
                 cpu = max(os.sched_getaffinity(0))
-                _pin(self.pid, {cpu})
+                self._pinned = [self.pid] if self.pid else sorted(cgroup_pids(self.host.cgroup("unified")))
+                for pid in self._pinned:
+                    _pin(pid, {cpu})
                 argv = ["taskset", "-c", str(cpu), *argv]
             self._noise.start(argv, int(self.params["procs"]))
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
@@ -873,8 +917,12 @@ class Stall(Fault):
             self._signal([p.pid for p in self._noise.procs], signal.SIGKILL)
             self._noise.stop()
             self._noise = None
-            if self.pid:
-                _pin(self.pid, os.sched_getaffinity(0))
+            for pid in self._pinned:
+                _pin(pid, os.sched_getaffinity(0))
+            self._pinned = []
+        if self.params["layer"] == "cpu" and self.params.get("shape") == "quota":
+            with contextlib.suppress(OSError):
+                (self.host.cgroup("cpu") / "cpu.cfs_quota_us").write_text("-1")
         if self._stopped:
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []

@@ -41,7 +41,7 @@ from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
-from obshub.demo.faults import KINDS, PARAMS, STALL_LAYERS, layer_of, make_fault
+from obshub.demo.faults import CPU_SHAPES, KINDS, PARAMS, STALL_LAYERS, layer_of, make_fault
 from obshub.demo.verdict import AlertSeen, check_resolved, judge, judge_stalls
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
@@ -111,6 +111,10 @@ class DemoOptions:
             if key == "layer":
                 if value not in STALL_LAYERS:
                     raise DemoError(f"--param layer={value}: unknown stall layer", f"use {', '.join(STALL_LAYERS)}")
+                continue
+            if key == "shape":  # a cpu stall's shape: a word, checked by the fault (faults.CPU_SHAPES)
+                if value not in CPU_SHAPES:
+                    raise DemoError(f"--param shape={value}: unknown cpu stall shape", f"use {', '.join(CPU_SHAPES)}")
                 continue
             if key not in known:
                 raise DemoError(

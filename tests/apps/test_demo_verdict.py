@@ -287,3 +287,22 @@ def test_a_sequence_names_stalls_by_layer():
     DemoOptions(fault="none", sequence=[("stall:net", 1), ("stall:process", 2), ("hang", 3)]).check()
     with pytest.raises(DemoError, match=re.escape("--sequence: unknown stall layer in 'stall:disk'")):
         DemoOptions(fault="none", sequence=[("stall:disk", 1)]).check()
+
+
+def test_cpu_stall_shapes_are_checked():
+    from obshub.demo.faults import CPU_SHAPES, FaultError, Stall
+
+    assert [Stall(None, None, {"layer": "cpu", "shape": s}).params["shape"] for s in CPU_SHAPES] == list(CPU_SHAPES)
+    assert Stall(None, None, {"layer": "cpu"}).params["shape"] == "burst"
+    with pytest.raises(FaultError, match="unknown cpu stall shape"):
+        Stall(None, None, {"layer": "cpu", "shape": "storm"})
+    with pytest.raises(FaultError, match="quota_us=0"):
+        Stall(None, None, {"layer": "cpu", "shape": "quota", "quota_us": 0})
+    with pytest.raises(FaultError, match="shapes of a cpu stall"):
+        Stall(None, None, {"layer": "net", "shape": "outside"})
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    DemoOptions(fault="stall", fault_params={"layer": "cpu", "shape": "outside"}).check()
+    with pytest.raises(DemoError, match="unknown cpu stall shape"):
+        DemoOptions(fault="stall", fault_params={"layer": "cpu", "shape": "storm"}).check()

@@ -162,11 +162,25 @@ def test_cgroup_v2_target_is_watched_in_the_kernel_at_once(tmp_path):
     assert set(offcpu) == {child.pid}, offcpu
 
 
+SPINNERS = (
+    "import os, threading, time\n"
+    "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+    "L.fake_tracekey(ctypes.c_uint64(1009), ctypes.c_int64(9))\n"
+    "L.fake_step_begin(ctypes.c_int64(9), ctypes.c_uint64(1009))\n"
+    "def spin():\n    end = time.monotonic() + 0.4\n    while time.monotonic() < end:\n        pass\n"
+    "ts = [threading.Thread(target=spin) for _ in range(2)]\n"
+    "[t.start() for t in ts]\n[t.join() for t in ts]\n"
+    "L.fake_step_end(ctypes.c_int64(9), ctypes.c_uint64(1009))\n"
+)
+
+
 def test_a_stopped_thread_and_a_steps_longest_wait_are_sent_past_the_singles_cap(tmp_path):
     """Inside a step, ``sched_singles`` (2 here) caps the single SCHED_OFFCPU records: six 2 ms sleeps send
     two. Past the cap a wait at least twice the longest one sent is still sent (a 200 ms sleep), shorter
     ones are not (three 20 ms sleeps), and a stopped thread's off-CPU time always is, with its state
-    (SIGSTOP for ~100 ms, below twice the 200 ms: sent only because it was a stop)."""
+    (SIGSTOP for ~100 ms, below twice the 200 ms: sent only because it was a stop). Then, in the same BPF
+    program (thresholds changed), the run-queue waits of threads without a TraceKey that no single carries
+    arrive as one SCHED_RUNQ per step (value -1, stall7)."""
     need_bpf()
     from tests.support.probes_util import build_so, ctypes_child
 
@@ -183,10 +197,11 @@ def test_a_stopped_thread_and_a_steps_longest_wait_are_sent_past_the_singles_cap
         "L.fake_step_end(ctypes.c_int64(7), ctypes.c_uint64(1007))\n"
     )
     child = ctypes_child(lib, body)
+    spinners = ctypes_child(lib, SPINNERS)  # the second part (one BPF program for both: one compilation)
     try:
         with event_source(
             tmp_path,
-            Target(pids={child.pid}),
+            Target(pids={child.pid, spinners.pid}),
             probes=("pytorch_step", "pytorch_tracekey", "sched"),
             usdt_library=lib,
             thresholds={"offcpu_ns": 1_000_000, "runq_ns": 10_000_000_000, "sched_singles": 2},
@@ -200,8 +215,16 @@ def test_a_stopped_thread_and_a_steps_longest_wait_are_sent_past_the_singles_cap
             child.wait()
             # until its STEP_END (sent after every record of the step: the ring buffer keeps their order)
             events = drain(src, 1.0, until=lambda evs: any(e.kind == Kind.STEP_END and e.pid == child.pid for e in evs))
+            for name, value in (("runq_ns", 1_000_000), ("offcpu_ns", 10_000_000_000), ("sched_singles", 1)):
+                src.set_threshold(name, value)
+            spinners.go()
+            spinners.wait()
+            spun = drain(
+                src, 1.0, until=lambda evs: any(e.kind == Kind.STEP_END and e.pid == spinners.pid for e in evs)
+            )
     finally:
         child.kill()
+        spinners.kill()
     mine = [e for e in events if e.pid == child.pid]
     begin = next(e.ts_ns for e in mine if e.kind == Kind.STEP_BEGIN)
     end = next(e.ts_ns for e in mine if e.kind == Kind.STEP_END)
@@ -214,3 +237,13 @@ def test_a_stopped_thread_and_a_steps_longest_wait_are_sent_past_the_singles_cap
     assert len(asleep) <= 3, (
         off
     )  # two under the cap, the 200 ms one; no 20 ms sleep, nor the 0.3 s one cut in two by the stop
+    # 2. two threads without a TraceKey (as gloo's I/O threads) spin on the one CPU their process may use for
+    # 0.4 s inside a step: each waits in the run queue about half of the time, in waits of a few ms. With
+    # sched_singles 1 the first wait is a single SCHED_RUNQ; the waits no single carries arrive as one
+    # SCHED_RUNQ of the step (value -1, the step's TraceKey) that sums them, sent by step_end
+    runq = [e for e in spun if e.pid == spinners.pid and e.kind == Kind.SCHED_RUNQ]
+    sums = [e for e in runq if e.value == -1]
+    assert len(sums) == 1, runq
+    assert (sums[0].step, sums[0].trace_key) == (9, 1009), sums
+    singles = sum(e.duration_ns for e in runq if e.value != -1)
+    assert sums[0].duration_ns >= 100_000_000 and sums[0].duration_ns > singles, (sums, singles)

@@ -795,3 +795,28 @@ def test_lateness_of_a_host_whose_link_was_just_named_is_its_links():
         steps = charge([*clean_steps(0, 20, rng), summary(20, 140, ev={"node-00": {"network": 2.0}}), s])
         c = steps[-1]["culprit"]
         assert (c["host"], c["layer"], c["source"]) == want, c
+
+
+def test_a_cpu_burst_across_a_step_boundary_names_the_starved_host_in_both_steps():
+    # stall7, live node-01 800 ms bursts: step 287 named node-01 / sched (its run-queue waits, nobody late),
+    # step 288 had node-01 late by 720 ms (its peers waited for it at the first collective) with 18 ms of
+    # run-queue time: lateness of the host starved in the step before is its run queue's, not its process's
+    rng = __import__("random").Random(7)
+    peers = {h: {"sched": 60} for h in HOSTS4 if h != "node-01"}
+    starved = summary(20, 890, layers={"node-01": {"sched": 786}, **peers})
+    late = summary(
+        21, 850, ev={"node-01": {"pytorch": 7.0}}, strag=("node-01", 720), layers={"node-01": {"sched": 18}, **peers}
+    )
+    steps = charge([*clean_steps(0, 20, rng), starved, late, summary(22, 140)])
+    assert (steps[20]["culprit"]["layer"], steps[20]["culprit"]["source"], steps[20]["culprit"]["starved"]) == (
+        "sched",
+        "layers",
+        True,
+    )
+    assert (steps[21]["culprit"]["host"], steps[21]["culprit"]["layer"]) == ("node-01", "sched")
+    assert "starved of CPU" in steps[21]["culprit"]["why"]
+    fired = [(a["labels"]["host"], a["labels"]["layer"]) for a in fire(steps) if a["rule"].startswith("step_stall")]
+    assert fired and set(fired) == {("node-01", "sched")}, fired
+    # the same late step after a clean one stays the process's (nothing starved it)
+    steps = charge([*clean_steps(0, 20, __import__("random").Random(7)), summary(20, 140), late])
+    assert (steps[21]["culprit"]["host"], steps[21]["culprit"]["layer"]) == ("node-01", "process")

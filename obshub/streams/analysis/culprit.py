@@ -43,6 +43,13 @@ allocations: the memory layer's ``count``) of a host in one step for the signatu
 cgroup's limit: the kernel retries memory-cgroup reclaim ``MAX_RECLAIM_RETRIES`` (16) times before a charge
 fails (mm/memcontrol.c ``try_charge``); a rank in steady state records none (on a recorded 4-host demo run
 5 of 1,632 host-steps had any, 4 of them the 4 memory stalls, with 18-27)."""
+STARVED_NEXT_STEPS = 2
+"""``charge_persistent``: lateness (``process``) of a host whose own ``sched`` was the culprit of one of the
+job's last this many closed steps is its run queue's. A CPU burst that spans a step boundary keeps the
+starved rank in its old step (whose summary names it ``sched``) while its peers, done with that step,
+wait for it at the next step's first collective: that step has the rank late by most of the stall and
+its run-queue waits in the step before (live, 800 ms bursts of node-01, 2026-12-05: step 287 named
+node-01 / sched with 786 ms of run-queue time, step 288 x4.9 node-01 late by 720 ms with 18 ms of it)."""
 LAYER_CULPRIT = ("sched", "memory")
 """Time layers a step with neither evidence nor a straggler may be charged to (``source`` "layers")."""
 STARVED_MIN_EVIDENCE = 3.0
@@ -328,9 +335,12 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
 def persistent_key(c: dict | None) -> tuple[str, str] | None:
     """What a closed step's own culprit ``c`` (``culprit``) counts for ``persistent_culprit``: ``(host,
     layer)`` when per-step evidence named a layer below the framework (not ``process``: lateness is what a
-    victim of another host's fault shows too), else None."""
+    victim of another host's fault shows too), or a ``starved`` sched culprit of ``source`` "layers" named
+    it (its run-queue time far above every peer's, see ``_starved``), else None."""
     if c and c.get("source") == "evidence" and c.get("layer") != "process":
         return (c["host"], c["layer"])
+    if c and c.get("source") == "layers" and c.get("layer") == "sched" and c.get("starved"):
+        return (c["host"], "sched")  # run-queue waits far above every peer's: the kernel's word, not lateness
     return None
 
 
@@ -360,7 +370,9 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     step makes its victims wait and arrive late. Per-step evidence of a layer below the framework, and a
     hang or a stopped rank (``source`` "stopped"), keep their own culprit. A step whose own culprit is
     lateness (``process``, from evidence or blame) of a host whose network was the own culprit of one of
-    the job's last ``PERSIST_STEPS`` steps is charged to that host's network at once. ``key``: the step's own ``persistent_key``; a step charged to the
+    the job's last ``PERSIST_STEPS`` steps is charged to that host's network at once; one of a host whose
+    own ``sched`` was the key of one of the last ``STARVED_NEXT_STEPS`` steps to its sched at once (a CPU
+    burst across a step boundary). ``key``: the step's own ``persistent_key``; a step charged to the
     persistent fault keeps it alive only while it is slowed (its longest host step time at least
     ``PERSIST_SLOW`` times the baseline median): once the fault is gone, steps are fast again and it
     fades within ``PERSIST_STEPS`` steps."""
@@ -379,6 +391,11 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
         own = sum(1 for k in list(recent)[-PERSIST_STEPS:] if k is not None and tuple(k) == (c["host"], "network"))
         if own:
             persistent = (c["host"], "network", own)
+        elif any(k is not None and tuple(k) == (c["host"], "sched") for k in list(recent)[-STARVED_NEXT_STEPS:]):
+            # lateness of a host starved in the step before: a CPU burst that spans a step boundary keeps
+            # the starved rank in its old step while its peers wait for it in the next one, where its
+            # run-queue waits (counted when its threads come back on a CPU) are not (stall7, node-01)
+            persistent = (c["host"], "sched", 1)
     if persistent is None or (c is not None and (c.get("source") in ("hang", "stopped") or key is not None)):
         return c, key
     h, layer, n = persistent
@@ -395,7 +412,11 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
         "rank": strag.get("rank") if layer != "network" and strag.get("host") == h else None,
         "evidence": 0.0,
         "source": "persistent",
-        "why": f"{h} / {layer} was the culprit of {n} of the job's last {PERSIST_STEPS} steps (a persistent fault); {own}",
+        "why": (
+            f"{h} / {layer} was the culprit of {n} of the job's last {PERSIST_STEPS} steps (a persistent fault); {own}"
+            if layer != "sched" or n >= PERSIST_MIN
+            else f"{h} was starved of CPU in one of the job's last {STARVED_NEXT_STEPS} steps and is late in this one; {own}"
+        ),
     }
     return charged, ((h, layer) if slowed else None)
 
