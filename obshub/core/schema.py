@@ -775,8 +775,9 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "else the straggler and its first blamed layer (source 'blame'); a sched culprit by evidence carries starved "
     "(true when its run-queue waits explain most of the step's loss and stand far above every peer's)",
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, rank, last_step, last_phase, silent_ns, state[, toward]}], "
-    "waiting, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; state: frozen, "
-    "stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in the step)",
+    "waiting, waiting_ranks, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; "
+    "state: frozen, stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in "
+    "the step); waiting: the hosts that wait, waiting_ranks: how many ranks wait (absent in older records)",
     "layers": "map host -> layer -> {time_ns, count, max_ns}: every host of a step of at most 64 hosts; in a "
     "wider step only the outlier hosts (straggler and late group, blame and evidence hosts, last arrivals, the 8 "
     "largest per layer time, per layer count and by step time; layers_omitted counts the others)",

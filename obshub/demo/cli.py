@@ -34,6 +34,8 @@ Examples:
                                                # every stall must be named (layer: net, cpu, process, mem)
   obshub demo --hosts 2 --ranks-per-host 2 --fault cpu --fault-host 1 --fault-rank 1
                                                # 2 ranks per host; a CPU hog on node-01's local rank 1
+  obshub demo --hosts 1 --ranks-per-host 4 --fault hang --fault-rank 2
+                                               # a one-node job of 4 ranks: its local rank 2 frozen
   obshub demo --cleanup                        # only remove what a crashed run left behind
 """
 
@@ -59,7 +61,13 @@ def _sigterm(*_):
 
 
 @click.command("demo", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--hosts", type=click.IntRange(2, 16), default=4, show_default=True, help="simulated hosts")
+@click.option(
+    "--hosts",
+    type=click.IntRange(1, 16),
+    default=4,
+    show_default=True,
+    help="simulated hosts (1: a one-node job, with --ranks-per-host 2..8 and a --fault-rank)",
+)
 @click.option(
     "--fault",
     type=click.Choice(KINDS),
@@ -67,7 +75,9 @@ def _sigterm(*_):
     show_default=True,
     help="what to inject (network: net-slow, net-loss; sched: cpu; memory: mem; process: hang (the host's ranks frozen), exit (the host's ranks killed); stall: sporadic stalls of one layer, see --param; none)",
 )
-@click.option("--fault-host", type=int, default=1, show_default=True, help="host index that gets the fault")
+@click.option(
+    "--fault-host", type=int, default=None, help="host index that gets the fault  [default: 1; 0 with --hosts 1]"
+)
 @click.option(
     "--ranks-per-host",
     type=click.IntRange(1, 8),
@@ -194,6 +204,8 @@ def demo_command(
             c.unlock()
         console.print("removed: " + ", ".join(removed) if removed else "nothing to clean up")
         return
+    if fault_host is None:
+        fault_host = 1 if hosts > 1 else 0
     opts = DemoOptions(
         hosts=hosts,
         fault=fault,

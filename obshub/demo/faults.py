@@ -658,6 +658,15 @@ def blackout_ruleset(loss_pct: float = 100.0) -> str:
     )
 
 
+def check_choice(key: str, value, allowed: tuple[str, ...], what: str) -> None:
+    """Refuse a word ``--param KEY=VALUE`` outside ``allowed``.
+
+    Raises FaultError (a DemoError: the demo's CLI makes it a usage error, exit 2) naming the parameter,
+    the value and ``what`` it should be, with the allowed words as the hint."""
+    if value not in allowed:
+        raise FaultError(f"--param {key}={value}: unknown {what}", f"use one of {', '.join(allowed)}")
+
+
 @dataclass
 class Stall(Fault):
     """A sporadic stall: every ``period_s`` (default 18) one stall of ``stall_ms`` (default 800) in one
@@ -706,11 +715,7 @@ class Stall(Fault):
 
     def __post_init__(self):
         self.params = {"layer": "net", "stall_ms": 800, "period_s": 18, **self.params}
-        if self.params["layer"] not in STALL_LAYERS:
-            raise FaultError(
-                f"--param layer={self.params['layer']}: unknown stall layer",
-                f"use one of {', '.join(STALL_LAYERS)}",
-            )
+        check_choice("layer", self.params["layer"], STALL_LAYERS, "stall layer")
         if not 0 < float(self.params.get("loss_pct", 50)) <= 100:
             raise FaultError(f"--param loss_pct={self.params['loss_pct']}: a percent, 1-100")
         shapes = [k for k in ("loss_pct", "delay_ms", "rate_kbit") if k in self.params]
@@ -723,11 +728,7 @@ class Stall(Fault):
         if self.params["layer"] == "cpu":
             self.params.setdefault("procs", 3 * (os.cpu_count() or 1))
             self.params.setdefault("shape", "burst")
-            if self.params["shape"] not in CPU_SHAPES:
-                raise FaultError(
-                    f"--param shape={self.params['shape']}: unknown cpu stall shape",
-                    f"use one of {', '.join(CPU_SHAPES)}",
-                )
+            check_choice("shape", self.params["shape"], CPU_SHAPES, "cpu stall shape")
             if not 0 < int(self.params.get("quota_us", 1000)) <= 100_000:
                 raise FaultError(f"--param quota_us={self.params['quota_us']}: µs of CPU per 100 ms period, 1-100000")
         elif "shape" in self.params or "quota_us" in self.params:

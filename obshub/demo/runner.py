@@ -41,7 +41,7 @@ from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
-from obshub.demo.faults import CPU_SHAPES, KINDS, PARAMS, STALL_LAYERS, layer_of, make_fault
+from obshub.demo.faults import CPU_SHAPES, KINDS, PARAMS, STALL_LAYERS, check_choice, layer_of, make_fault
 from obshub.demo.verdict import AlertSeen, check_resolved, judge, judge_stalls
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
@@ -108,13 +108,11 @@ class DemoOptions:
             raise DemoError(f"unknown fault {self.fault!r}", f"use one of {', '.join(KINDS)}")
         known = {k: kind for kind, keys in PARAMS.items() for k in keys}
         for key, value in self.fault_params.items():
-            if key == "layer":
-                if value not in STALL_LAYERS:
-                    raise DemoError(f"--param layer={value}: unknown stall layer", f"use {', '.join(STALL_LAYERS)}")
+            if key == "layer":  # words: a stall's layer, a cpu stall's shape
+                check_choice(key, value, STALL_LAYERS, "stall layer")
                 continue
-            if key == "shape":  # a cpu stall's shape: a word, checked by the fault (faults.CPU_SHAPES)
-                if value not in CPU_SHAPES:
-                    raise DemoError(f"--param shape={value}: unknown cpu stall shape", f"use {', '.join(CPU_SHAPES)}")
+            if key == "shape":
+                check_choice(key, value, CPU_SHAPES, "cpu stall shape")
                 continue
             if key not in known:
                 raise DemoError(
@@ -125,10 +123,24 @@ class DemoOptions:
                 raise DemoError(f"--param {key}={value}: expected a positive number")
         if self.fault_params.get("percent", 0) > 100:
             raise DemoError(f"--param percent={self.fault_params['percent']}: at most 100")
-        if self.hosts < 2:
-            raise DemoError(f"--hosts {self.hosts}: a straggler needs peers", "use --hosts 2 or more")
         if not 1 <= self.ranks_per_host <= 8:
             raise DemoError(f"--ranks-per-host {self.ranks_per_host}: expected 1..8")
+        if self.hosts < 1:
+            raise DemoError(f"--hosts {self.hosts}: expected 1..16")
+        if self.hosts == 1:
+            # a one-node job: its ranks are each other's peers, so only a fault on one of them can be named
+            if self.ranks_per_host < 2:
+                raise DemoError(
+                    "--hosts 1 with one rank: a straggler needs peers",
+                    "use --hosts 2 or more, or --ranks-per-host 2..8 with --fault-rank",
+                )
+            kinds = [k for k, _h in self.sequence] if self.sequence else [self.fault]
+            if any(k != "none" for k in kinds) and self.fault_rank is None:
+                raise DemoError(
+                    f"--hosts 1 with {', '.join(kinds)} and no --fault-rank: a fault of the whole node slows every "
+                    "rank alike, nothing to compare it with",
+                    "name the rank it hits: --fault cpu|hang (or stall with layer=cpu|process) --fault-rank N",
+                )
         if self.fault_rank is not None:
             if not 0 <= self.fault_rank < self.ranks_per_host:
                 raise DemoError(

@@ -69,7 +69,7 @@ NESTED_VARS: dict[str, set[str]] = {
     "straggler": {"host", "rank", "local_rank", "gpu", "score", "excess_ns", "reason", "group"},
     "baseline": {"median_ns", "p99_ns", "n", "spread_ns"},
     "evidence": {"spread_ns", "hosts", "max", "ranks"},
-    "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waited_ns", "after_ns"},
+    "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waiting_ranks", "waited_ns", "after_ns"},
     "culprit": {"host", "rank", "layer", "evidence", "source", "why", "starved"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }

@@ -216,6 +216,7 @@ STEP_TYPES: dict[str, T] = {
             )
         ),
         waiting=list_of(STRING),
+        waiting_ranks=INT,
         waited_ns=INT,
         after_ns=INT,
     ),

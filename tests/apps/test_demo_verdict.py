@@ -306,3 +306,28 @@ def test_cpu_stall_shapes_are_checked():
     DemoOptions(fault="stall", fault_params={"layer": "cpu", "shape": "outside"}).check()
     with pytest.raises(DemoError, match="unknown cpu stall shape"):
         DemoOptions(fault="stall", fault_params={"layer": "cpu", "shape": "storm"}).check()
+
+
+def test_a_one_node_demo_needs_ranks_to_compare_and_a_rank_fault():
+    """``--hosts 1``: a one-node job's ranks are each other's peers, so it needs 2+ ranks and a fault on one
+    of them (a fault of the whole node slows every rank alike); a clean one-node run is fine."""
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    DemoOptions(hosts=1, ranks_per_host=4, fault="hang", fault_host=0, fault_rank=2).check()
+    DemoOptions(hosts=1, ranks_per_host=2, fault="none", fault_host=0).check()
+    DemoOptions(
+        hosts=1, ranks_per_host=2, fault="stall", fault_host=0, fault_rank=1, fault_params={"layer": "process"}
+    ).check()
+    with pytest.raises(DemoError, match="a straggler needs peers"):
+        DemoOptions(hosts=1, ranks_per_host=1, fault="hang", fault_host=0).check()
+    with pytest.raises(DemoError, match="no --fault-rank: a fault of the whole node"):
+        DemoOptions(hosts=1, ranks_per_host=4, fault="cpu", fault_host=0).check()
+    with pytest.raises(DemoError, match="no --fault-rank"):
+        DemoOptions(hosts=1, ranks_per_host=4, fault="none", fault_host=0, sequence=[("hang", 0)]).check()
+    with pytest.raises(DemoError, match="only a cpu or hang fault hits one rank"):
+        DemoOptions(hosts=1, ranks_per_host=4, fault="net-loss", fault_host=0, fault_rank=1).check()
+    with pytest.raises(DemoError, match="outside 0..0"):
+        DemoOptions(hosts=1, ranks_per_host=4, fault="hang", fault_host=1, fault_rank=1).check()
+    with pytest.raises(DemoError, match="expected 1..16"):
+        DemoOptions(hosts=0).check()

@@ -125,6 +125,7 @@ def test_a_hang_of_one_rank_names_its_host_and_rank():
     ((_sk, summary, first),) = pipe.fold.hangs()
     assert first and summary["hang"]["coll_seq"] == 7
     assert [(h["host"], h["rank"], h["state"]) for h in summary["hang"]["hosts"]] == [("b", 3, "frozen")]
+    assert summary["hang"]["waiting"] == ["a"] and summary["hang"]["waiting_ranks"] == 2  # a's two ranks
 
     now = [1_000_000_000_000]
     pipe, batch = _hang_pipe(now, ("solo",), 3)
@@ -139,7 +140,7 @@ def test_a_hang_of_one_rank_names_its_host_and_rank():
     now[0] += 600_000_000
     ((_sk, summary, _first),) = pipe.fold.hangs()
     assert [(h["host"], h["rank"], h["state"]) for h in summary["hang"]["hosts"]] == [("solo", 1, "frozen")]
-    assert summary["hang"]["waiting"] == ["solo"]
+    assert summary["hang"]["waiting"] == ["solo"] and summary["hang"]["waiting_ranks"] == 2  # ranks 0 and 2
 
 
 def test_a_host_is_done_with_a_step_only_when_each_of_its_ranks_ended_it():

@@ -366,7 +366,10 @@ def hang_ranks(
     unknown; docs/ANALYSIS.md "Several ranks per host"): for a host named by its process state, the rank
     of its earliest frozen, stopped or exited process (``states``: ``host -> pid -> (state, received_ns,
     at_rt)``; ``pids``: ``host -> pid -> (global rank, local rank)``); by silence, its first rank row that
-    has not reached the collective; a host of one known rank, that rank."""
+    has not reached the collective; a host of one known rank, that rank. Adds ``waiting_ranks``: the ranks
+    registered on the waiting hosts (a host of unknown ranks counts one), the count a page can give as
+    "N of world_size ranks wait" (``waiting`` lists hosts; a hung host's own other ranks are not counted,
+    as it has not arrived)."""
     accs = as_accs(accs)
     if found is None:
         return None
@@ -390,7 +393,8 @@ def hang_ranks(
         if rank is None and len(known) == 1:
             rank = next(iter(known.values()))[0]
         out.append(dict(e, rank=rank))
-    return dict(found, hosts=out)
+    waiting = sum(max(len((pids or {}).get(h) or {}), 1) for h in found["waiting"])
+    return dict(found, hosts=out, waiting_ranks=waiting)
 
 
 def one_node_hang(
@@ -408,7 +412,8 @@ def one_node_hang(
     """``hang_check`` of a one-node job (one host, two or more ranks): its ranks are judged as hosts
     would be (``"<host>#<rank>"`` units of ``ranks.rank_units``, each silent while its host is, a rank's
     process state from ``states``), the result mapped back to the host with each entry's ``rank``;
-    ``waiting`` lists the host once. None when the job is not one such host or nothing hangs."""
+    ``waiting`` lists the host once and ``waiting_ranks`` counts its ranks that wait. None when the job is
+    not one such host or nothing hangs."""
     accs = as_accs(accs)
     names = set(expected_hosts) | set(accs)
     if len(names) != 1:
@@ -431,4 +436,9 @@ def one_node_hang(
     for e in found["hosts"]:
         h, r = split_unit(e["host"])
         hosts.append(dict(e, host=h, rank=r))
-    return dict(found, hosts=hosts, waiting=sorted({split_unit(u)[0] for u in found["waiting"]}))
+    return dict(
+        found,
+        hosts=hosts,
+        waiting=sorted({split_unit(u)[0] for u in found["waiting"]}),
+        waiting_ranks=len(found["waiting"]),
+    )
