@@ -622,11 +622,13 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
                 log.warning(
                     "step %s hangs: %s never arrived at %s pg=%s seq=%s (%d ranks wait)",
                     sk,
-                    ", ".join(x["host"] for x in h["hosts"]),
+                    ", ".join(
+                        x["host"] + (f" rank {x['rank']}" if x.get("rank") is not None else "") for x in h["hosts"]
+                    ),
                     h["op"],
                     h["pg"],
                     h["coll_seq"],
-                    len(h["waiting"]),
+                    h.get("waiting_ranks", len(h["waiting"])),
                 )
         # network evidence of steps still running (docs/ANALYSIS.md "Inside a running step"): every tick,
         # while every input partition was read to its end in the last seconds (a backlog makes steps look
