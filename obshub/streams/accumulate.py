@@ -266,8 +266,6 @@ holding that value keeps int lists). ``analysis.ranks`` uses the same value as i
 PACKED_COLUMNS = ("r", "p", "l", "g", "s", "u", "a", "e", "d")
 """The :class:`RankTable` columns written packed."""
 
-_INT64 = struct.Struct("<q")
-
 
 def pack_column(values: list[int | None]) -> bytes | None:
     """``values`` (ints or None) as little-endian int64 bytes, None as :data:`PACKED_NONE`; None (the
@@ -295,14 +293,6 @@ def column(v: list | bytes) -> list:
 def column_len(v: list | bytes) -> int:
     """Number of values of a :class:`RankTable` column, packed or not."""
     return len(v) // 8 if isinstance(v, (bytes, bytearray)) else len(v)
-
-
-def column_at(v: list | bytes, i: int) -> int | None:
-    """Value ``i`` of a :class:`RankTable` column, packed or not (None for the mark)."""
-    if isinstance(v, (bytes, bytearray)):
-        x = _INT64.unpack_from(v, 8 * i)[0]
-        return None if x == PACKED_NONE else x
-    return v[i]
 
 
 def is_packed(t: RankTable) -> bool:

@@ -280,8 +280,9 @@ def _host_table(a: HostAcc) -> tuple[RankTable, list[str], list] | None:
     return t, keys, [cols[k][j] for j in range(len(vals)) for k in keys]
 
 
-_NONE = np.iinfo(np.int64).min
-"""The arrival matrix's mark of "no arrival" (no CLOCK_REALTIME arrival is that far before 1970)."""
+_NONE = accumulate.PACKED_NONE
+"""The arrival matrix's mark of "no arrival" (int64's minimum: no CLOCK_REALTIME arrival is that far
+before 1970), the packed rank table's mark of None too, so packed arrivals are the matrix as they are."""
 _BOUND = 2**62
 """Arrivals (ns) the matrix takes: within +-2**62 (until the year 2116), so that the difference of two fits
 int64."""
