@@ -42,6 +42,7 @@ from __future__ import annotations
 import bisect
 import functools
 import ipaddress
+import struct
 from typing import Any, Callable
 
 import msgspec
@@ -236,19 +237,91 @@ class RankTable(_Record, array_like=True):
     collective keys (order of its ``colls``). ``a``/``e``/``d``: per rank then per key (index
     ``rank_index * len(k) + key_index``) arrival, end (CLOCK_REALTIME ns) and duration (ns), None when
     unknown. ``hv``: per key, the host view's record ``[op, arrive_rt, end_rt, duration_ns]`` of its
-    last-arriving rank (``analysis.ranks.host_view``)."""
+    last-arriving rank (``analysis.ranks.host_view``).
 
-    r: list[int] = []
-    p: list[int] = []
-    l: list[int] = []  # noqa: E741 (the table's documented one-letter field names)
-    g: list[int] = []
-    s: list[int | None] = []
-    u: list[int] = []
+    The integer columns ``r p l g s u a e d`` are **packed** (:func:`pack_column`): little-endian int64
+    bytes, 8 per value, ``None`` written as :data:`PACKED_NONE`, so that the part's decode, encode and
+    changelog handle one bytes object per column instead of thousands of ints, and the close builds its
+    int64 matrices with ``numpy.frombuffer``. A table with a value that int64 cannot hold (or that equals
+    the mark) keeps int lists, as every table written before the packed columns did; readers take both
+    (:func:`column`, :func:`column_len`, :func:`table_lists`)."""
+
+    r: list[int] | bytes = []
+    p: list[int] | bytes = []
+    l: list[int] | bytes = []  # noqa: E741 (the table's documented one-letter field names)
+    g: list[int] | bytes = []
+    s: list[int | None] | bytes = []
+    u: list[int] | bytes = []
     k: list[str] = []
-    a: list[int | None] = []
-    e: list[int | None] = []
-    d: list[int | None] = []
+    a: list[int | None] | bytes = []
+    e: list[int | None] | bytes = []
+    d: list[int | None] | bytes = []
     hv: list[list[Any]] = []
+
+
+PACKED_NONE = -(2**63)
+"""A packed column's mark of None (int64's minimum: no rank, pid, time or duration takes it; a table
+holding that value keeps int lists). ``analysis.ranks`` uses the same value as its matrices' "none"."""
+
+PACKED_COLUMNS = ("r", "p", "l", "g", "s", "u", "a", "e", "d")
+"""The :class:`RankTable` columns written packed."""
+
+
+def pack_column(values: list[int | None]) -> bytes | None:
+    """``values`` (ints or None) as little-endian int64 bytes, None as :data:`PACKED_NONE`; None (the
+    caller keeps the list) when a value is not an int64 or equals the mark."""
+    try:
+        if None in values:
+            if PACKED_NONE in values:
+                return None
+            return struct.pack(f"<{len(values)}q", *[PACKED_NONE if v is None else v for v in values])
+        if PACKED_NONE in values:
+            return None
+        return struct.pack(f"<{len(values)}q", *values)
+    except struct.error:  # beyond int64 (or not an int): the list form
+        return None
+
+
+def column(v: list | bytes) -> list:
+    """A :class:`RankTable` column as a list (ints, None for the mark): a packed column unpacked (new list
+    each call), a list column as it is."""
+    if isinstance(v, (bytes, bytearray)):
+        return [None if x == PACKED_NONE else x for x in struct.unpack(f"<{len(v) // 8}q", v)]
+    return v
+
+
+def column_len(v: list | bytes) -> int:
+    """Number of values of a :class:`RankTable` column, packed or not."""
+    return len(v) // 8 if isinstance(v, (bytes, bytearray)) else len(v)
+
+
+def is_packed(t: RankTable) -> bool:
+    """Whether ``t``'s integer columns are packed (:func:`pack_column`; :func:`packed_table` packs a table
+    whole, so its ranks and arrivals tell; a reader of the bytes still checks their lengths)."""
+    return type(t.r) is bytes and type(t.a) is bytes
+
+
+def table_lists(t: RankTable) -> RankTable:
+    """``t`` with every column as a list (:func:`column`): ``t`` itself when none is packed."""
+    if not any(isinstance(getattr(t, c), (bytes, bytearray)) for c in PACKED_COLUMNS):
+        return t
+    return msgspec.structs.replace(t, **{c: column(getattr(t, c)) for c in PACKED_COLUMNS})
+
+
+def packed_table(t: RankTable) -> RankTable:
+    """``t`` with its integer columns packed (:func:`pack_column`), or ``t`` unchanged (lists) when a column
+    cannot be packed: a table is packed whole or not at all."""
+    cols = {}
+    for c in PACKED_COLUMNS:
+        v = getattr(t, c)
+        if isinstance(v, (bytes, bytearray)):
+            cols[c] = v
+            continue
+        b = pack_column(v)
+        if b is None:
+            return table_lists(t)
+        cols[c] = b
+    return msgspec.structs.replace(t, **cols)
 
 
 class HostAcc(StepAcc):
@@ -364,7 +437,12 @@ def row_from_dict(d: dict) -> RankRow:
 
 def table_from_dict(d: dict) -> RankTable:
     """A rank table of the dict form (keys ``r p l g s u k a e d hv``) as a :class:`RankTable`."""
-    return RankTable(**{k: list(d.get(k) or ()) for k in RankTable.__struct_fields__})
+    return RankTable(
+        **{
+            k: v if isinstance(v := d.get(k) or (), (bytes, bytearray)) else list(v)
+            for k in RankTable.__struct_fields__
+        }
+    )
 
 
 #: the nested records a ``rec["field"] = {...}`` of the dict form converts
@@ -954,7 +1032,7 @@ def rank_table_of(host_colls: dict[str, list], rows: dict[str, RankRow]) -> Rank
             if c[1] is not None and (best[i] is None or c[1] > best[i][1]):
                 best[i] = c
     hv = [list(b) if b is not None else [host_colls[k][0], None, None, None] for k, b in zip(keys, best)]
-    return RankTable(r=rs, p=ps, l=ls, g=gs, s=ss, u=us, k=keys, a=a, e=e, d=d, hv=hv)
+    return packed_table(RankTable(r=rs, p=ps, l=ls, g=gs, s=ss, u=us, k=keys, a=a, e=e, d=d, hv=hv))
 
 
 def rank_table(acc: HostAcc) -> RankTable | None:
@@ -970,7 +1048,7 @@ def rank_count(acc: HostAcc) -> int:
     """How many rank rows host accumulator ``acc`` holds (packed or not)."""
     if acc.rb is not None:
         rt = acc.rt
-        return len(rt.r) if rt is not None else len(rank_rows(acc))
+        return column_len(rt.r) if rt is not None else len(rank_rows(acc))
     return len(acc.ranks or ())
 
 
@@ -979,6 +1057,9 @@ def ranks_ended(acc: HostAcc) -> int:
     if acc.rb is not None:
         rt = acc.rt
         if rt is not None:
-            return len(rt.s) - rt.s.count(None)
+            ss = rt.s
+            if isinstance(ss, (bytes, bytearray)):
+                return len(ss) // 8 - struct.unpack(f"<{len(ss) // 8}q", ss).count(PACKED_NONE)
+            return len(ss) - ss.count(None)
         return sum(1 for r in rank_rows(acc).values() if r.step_ns is not None)
     return sum(1 for r in (acc.ranks or {}).values() if r.step_ns is not None)

@@ -208,3 +208,68 @@ def test_a_wide_multi_rank_step_keeps_the_same_rank_rows(monkeypatch):
         6: ("node20", 41),
     }
     assert got[6]["ranks"] and len(got[6]["ranks"]) < 66
+
+
+def _listed(accs: dict[str, dict]) -> dict[str, dict]:
+    """``accs`` with every rank table's columns as int lists: the form tables had before the packed
+    columns (an older worker's parts and changelogs)."""
+    out = copy.deepcopy(accs)
+    for a in out.values():
+        if a.get("rt") is not None:
+            a["rt"] = accumulate.table_lists(a["rt"])
+    return out
+
+
+def test_rank_tables_of_int_lists_read_as_packed_ones():
+    """The rank table's integer columns travel packed (little-endian int64 bytes, None as the mark); a table
+    of int lists (written before) gives the same views, named ranks, rows and counts, and a table with a
+    value int64 cannot hold stays a table of lists (read exactly, as before)."""
+    for seed in range(8):
+        full = _accs(6, 4, seed)
+        packed = _packed(full)
+        assert all(accumulate.is_packed(a["rt"]) for a in packed.values())
+        assert all(type(a["rt"].a) is bytes and len(a["rt"].a) == 8 * 4 * 3 for a in packed.values())
+        listed = _listed(packed)
+        assert not any(isinstance(a["rt"].a, bytes) for a in listed.values())
+        assert R.host_ranks(listed) == R.host_ranks(packed) == R.host_ranks(full)
+        for strict in (False, True):
+            assert _plain(R.host_view(listed, strict)) == _plain(R.host_view(packed, strict))
+        for h in full:
+            assert accumulate.ranks_ended(listed[h]) == accumulate.ranks_ended(packed[h])
+            assert accumulate.rank_count(listed[h]) == accumulate.rank_count(packed[h]) == 4
+        mixed = dict(packed, **{h: listed[h] for h in list(listed)[::2]})  # some hosts of each form
+        assert R.host_ranks(mixed) == R.host_ranks(full)
+    full = _accs(4, 3, 1)
+    full["n001"]["ranks"]["3"]["pid"] = 2**63  # beyond int64: that table keeps lists
+    packed = _packed(full)
+    assert not accumulate.is_packed(packed["n001"]["rt"]) and accumulate.is_packed(packed["n000"]["rt"])
+    assert R.host_ranks(packed) == R.host_ranks(full)
+    assert accumulate.pack_column([1, None, -(2**63)]) is None  # the mark itself cannot be packed
+    assert accumulate.column(accumulate.pack_column([5, None, -7])) == [5, None, -7]
+
+
+def test_a_worker_restarted_on_a_changelog_of_int_list_tables_summarises_as_before(monkeypatch):
+    """An older worker whose ingest wrote rank tables of int lists folds the first half of a multi-rank
+    job's batches; a new one (packed columns) restarts on its changelogs and folds the rest: every summary
+    is the older worker's alone, field for field."""
+    scn = synthetic.Scenario(hosts=12, steps=12, straggler=6, guilty_steps=(7, 8), guilty_layer="sched")
+    msgs = _multi_rank_msgs(scn, 4)
+    half = len(msgs) // 2 + 1  # mid-step: some host-steps have parts of both forms
+    with monkeypatch.context() as m:
+        m.setattr(accumulate, "packed_table", lambda t: t)  # the older ingest: tables of int lists
+        old = InProcess(partitions=2)
+        for i in range(0, half, 3):
+            old.feed_round(msgs[i : min(i + 3, half)])
+        with monkeypatch.context():
+            alone = InProcess(partitions=2)
+            for i in range(0, len(msgs), 3):
+                alone.feed_round(msgs[i : i + 3])
+            alone.close_all()
+    entries = [e for rec in old.tables["parts"].values() for e in rec.values()]
+    assert entries and all(type(e["acc"]["rt"].a) is list for e in entries if e["acc"].get("rt") is not None)
+    new = old.restarted()
+    for i in range(half, len(msgs), 3):
+        new.feed_round(msgs[i : i + 3])
+    new.close_all()
+    _same(old.summaries + new.summaries, {s["step"]: s for s in alone.summaries}, ("closed_at_ns",))
+    assert {s["step"]: s["straggler"]["rank"] for s in new.summaries if s["straggler"]} == {7: 6, 8: 6}

@@ -78,7 +78,7 @@ def host_view(accs: dict[str, HostAcc], strict: bool = False) -> dict[str, HostA
             continue
         rt = a.rt if a.rb is not None else None
         if rt is not None:  # the packed rank table (accumulate.pack_ranks): no rank row decoded
-            if len(rt.r) < 2:
+            if accumulate.column_len(rt.r) < 2:
                 out[h] = a
             else:
                 out[h] = _view_of_table(a, rt, strict)
@@ -111,6 +111,7 @@ def _view_of_table(a: HostAcc, rt: RankTable, strict: bool) -> HostAcc:
     keys = rt.k
     if not strict:
         return msgspec.structs.replace(a, colls=dict(zip(keys, map(list, rt.hv))))
+    rt = accumulate.table_lists(rt)  # packed columns as lists (the hang check: an open step, now and then)
     n = len(keys)
     arr, end, dur = rt.a, rt.e, rt.d
     colls: dict[str, list] = {}
@@ -225,27 +226,39 @@ def _lateness_flat(
     return late, last_n, seen
 
 
-def _summary_row(t: RankTable, j: int, late: int, last: int) -> dict:
-    """The summary row of rank ``j`` of rank table ``t`` (:func:`_host_table`), its ``layers`` empty."""
+def _summary_row(cols: "_Columns", i: int, late: int, last: int) -> dict:
+    """The summary row of unit ``i`` of ``cols`` (:class:`_Columns`), its ``layers`` empty."""
     return {
-        "local_rank": t.l[j],
-        "pid": t.p[j],
-        "gpu": t.g[j],
-        "step_ns": t.s[j],
+        "local_rank": cols.l[i],
+        "pid": cols.p[i],
+        "gpu": cols.g[i],
+        "step_ns": cols.s[i],
         "late_ns": late,
         "last_n": last,
         "layers": {},
     }
 
 
+class _Columns:
+    """Per unit (rank) of a step, in unit order (host after host, each host's ranks in its table's order):
+    ``r`` global rank, ``p`` pid, ``l`` local rank, ``g`` GPU index, ``s`` step_ns (None before its
+    STEP_END), ``u`` clock uncertainty (ns), all lists of ints."""
+
+    __slots__ = ("r", "p", "l", "g", "s", "u")
+
+    def __init__(self, r: list, p: list, l: list, g: list, s: list, u: list):  # noqa: E741
+        self.r, self.p, self.l, self.g, self.s, self.u = r, p, l, g, s, u
+
+
 def _host_table(a: HostAcc) -> tuple[RankTable, list[str], list] | None:
     """``(table, keys, arrivals)`` of the rank rows of host accumulator ``a``, None without any: ``table``
-    has the per-rank lists ``r``, ``p``, ``l``, ``g``, ``s``, ``u`` of ``accumulate.rank_table_of`` (the
+    (its columns as lists, ``accumulate.table_lists``) has the per-rank lists ``r``, ``p``, ``l``, ``g``, ``s``, ``u`` of ``accumulate.rank_table_of`` (the
     packed table when there is one: nothing decoded), ``keys`` the host's collective keys and
     ``arrivals`` their arrival per rank then per key (index ``rank_index * len(keys) + key_index``,
     CLOCK_REALTIME ns, None when the rank has no arrival there), as ``RankTable.a``."""
     rt = accumulate.rank_table(a)
     if rt is not None:
+        rt = accumulate.table_lists(rt)
         return rt, rt.k, rt.a
     rows = accumulate.rank_rows(a)
     if not rows:
@@ -267,8 +280,9 @@ def _host_table(a: HostAcc) -> tuple[RankTable, list[str], list] | None:
     return t, keys, [cols[k][j] for j in range(len(vals)) for k in keys]
 
 
-_NONE = np.iinfo(np.int64).min
-"""The arrival matrix's mark of "no arrival" (no CLOCK_REALTIME arrival is that far before 1970)."""
+_NONE = accumulate.PACKED_NONE
+"""The arrival matrix's mark of "no arrival" (int64's minimum: no CLOCK_REALTIME arrival is that far
+before 1970), the packed rank table's mark of None too, so packed arrivals are the matrix as they are."""
 _BOUND = 2**62
 """Arrivals (ns) the matrix takes: within +-2**62 (until the year 2116), so that the difference of two fits
 int64."""
@@ -440,12 +454,7 @@ def host_ranks(
     (``accumulate.pack_ranks``) and decodes no rank row, except the layers' (:func:`fill_layers`) and a
     step without any collective joined by two ranks."""
     accs = as_accs(accs)
-    rkeys: list[int] = []
-    us: list[int] = []  # the ranks' own clock uncertainty (ns)
-    hus: list[int] = []  # per host, its clock uncertainty (ns)
-    spans: list[tuple[str, int, int, RankTable]] = []  # (host, first index, end index, rank table) of its ranks
-    blocks: list[tuple[int, list[str], list]] = []  # (first index, collective keys, arrivals rank-major)
-    n_units = 0
+    tables: list[tuple[str, HostAcc, RankTable, list[str], list | bytes]] = []  # (host, acc, table, keys, arrivals)
     for h, a in accs.items():
         t = a.rt if a.rb is not None else None  # the packed rank table (the usual case), else built
         if t is not None:
@@ -455,22 +464,39 @@ def host_ranks(
             if ht is None:
                 continue
             t, keys, flat_a = ht
-        m = len(t.r)
-        rkeys += t.r
-        us += t.u
-        hus.append(a.unc_ns or 0)
-        spans.append((h, n_units, n_units + m, t))
-        blocks.append((n_units, keys, flat_a))
-        n_units += m
+        tables.append((h, a, t, keys, flat_a))
     out: dict[str, dict] = {}
+    n_units = 0
+    if tables:
+        hus = [a.unc_ns or 0 for _h, a, _t, _k, _a in tables]  # per host, its clock uncertainty (ns)
+        got = _packed_columns(tables) if all(accumulate.is_packed(t) for _h, _a, t, _k, _a2 in tables) else None
+        if got is not None:  # every table packed (the usual case): one frombuffer per column
+            cols, sizes, mat = got
+        else:  # a table of int lists (an older worker's, a value beyond int64): the lists
+            tl = [accumulate.table_lists(t) for _h, _a, t, _k, _a2 in tables]
+            cols = _Columns(*([x for t in tl for x in getattr(t, c)] for c in ("r", "p", "l", "g", "s", "u")))
+            sizes = [len(t.r) for t in tl]
+            mat = None
+        spans: list[tuple[str, int, int, RankTable]] = []  # (host, first index, end index, table) of its ranks
+        blocks: list[tuple[int, list[str], list]] = []  # (first index, collective keys, arrivals rank-major)
+        for (h, _a, t, keys, flat_a), m in zip(tables, sizes):
+            spans.append((h, n_units, n_units + m, t))
+            if mat is None:
+                blocks.append((n_units, keys, accumulate.column(flat_a)))
+            n_units += m
     if n_units:
-        unc = _unit_unc(us, hus, spans)
+        rkeys = cols.r
+        unc = _unit_unc(cols.u, hus, spans)
         starts = [sp[1] for sp in spans]
 
         def key_of(i: int) -> str:  # the unit key of unit i (ties break by it)
             return unit_key(spans[bisect.bisect_right(starts, i) - 1][0], rkeys[i])
 
-        mat = _arrival_matrix(blocks, n_units)
+        if mat is None:
+            mat = _arrival_matrix(blocks, n_units)
+        elif mat is False:  # packed arrivals beyond _BOUND: the per-collective lists
+            blocks = [(sp[1], k, accumulate.column(fa)) for sp, (_h, _a, _t, k, fa) in zip(spans, tables)]
+            mat = None
         if mat is not None:
             late_i, last_i, seen = _lateness_matrix(mat, unc, key_of)
         else:  # an arrival beyond int64: the per-collective lists
@@ -481,30 +507,19 @@ def host_ranks(
             late_i = [int(late_u.get(k, 0)) for k in keys]
             last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
         latest = _latest_of_hosts(late_i, spans)
-        for (h, start, end, t), best in zip(spans, latest):
-            steps, ranks = t.s, t.r
+        steps, ranks = cols.s, cols.r
+        for (h, start, end, _t), best in zip(spans, latest):
             if best >= 0:  # one latest rank (the usual case): no tie to break
-                rank = ranks[best - start]
+                rank = ranks[best]
             else:
-                _l, _s, rank, best = min(
-                    [(-late_i[i], -(steps[i - start] or 0), ranks[i - start], i) for i in range(start, end)]
-                )
+                _l, _s, rank, best = min([(-late_i[i], -(steps[i] or 0), ranks[i], i) for i in range(start, end)])
             if rows_for is None or h in rows_for:
-                order = sorted((ranks[j], start + j) for j in range(end - start))
-                rows_out = {r: _summary_row(t, i - start, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
+                order = sorted((ranks[i], i) for i in range(start, end))
+                rows_out = {r: _summary_row(cols, i, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
                 out[h] = {"rank": rank, "rows": rows_out}
-            else:  # the named rank's row (as _summary_row); fill_rows completes the others from "_late"
-                j = best - start
-                row = {
-                    "local_rank": t.l[j],
-                    "pid": t.p[j],
-                    "gpu": t.g[j],
-                    "step_ns": t.s[j],
-                    "late_ns": int(late_i[best]),
-                    "last_n": last_i.get(best, 0),
-                    "layers": {},
-                }
-                out[h] = {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start, t)}
+            else:  # the named rank's row; fill_rows completes the others from "_late"
+                row = _summary_row(cols, best, int(late_i[best]), last_i.get(best, 0))
+                out[h] = {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start, end, cols)}
         fill_layers(out, accs, set(out) if layers_for is None else layers_for)
     for h, a in accs.items():
         one = a.rank
@@ -513,19 +528,78 @@ def host_ranks(
     return out
 
 
+def _packed_columns(
+    tables: list[tuple[str, HostAcc, RankTable, list[str], list | bytes]],
+) -> tuple[_Columns, list[int], tuple[list[str], np.ndarray] | bool] | None:
+    """``(columns, ranks per host, arrival matrix)`` of packed rank tables (``accumulate.pack_column``):
+    each column of every host joined and read with one ``numpy.frombuffer``; the matrix as
+    :func:`_arrival_matrix` makes it (the packed mark of None is its ``_NONE``), False when an arrival lies
+    beyond ``_BOUND``. None when the columns disagree on the ranks' count (a damaged record: the lists)."""
+    cols = {}
+    try:
+        for c in ("r", "p", "l", "g", "s", "u"):
+            cols[c] = np.frombuffer(b"".join([getattr(t, c) for _h, _a, t, _k, _fa in tables]), dtype="<i8")
+    except (TypeError, ValueError):  # a column not packed, or not of whole int64s: the lists
+        return None
+    n_units = len(cols["r"])
+    if any(len(v) != n_units for v in cols.values()):
+        return None
+    sizes = [len(t.r) // 8 for _h, _a, t, _k, _fa in tables]
+    col: dict[str, int] = {}
+    for _h, _a, _t, keys, _fa in tables:
+        for k in keys:
+            if k not in col:
+                col[k] = len(col)
+    mat = np.full((n_units, len(col)), _NONE, dtype=np.int64)
+    i = start = 0
+    while i < len(tables):
+        keys = tables[i][3]
+        j = i + 1
+        while j < len(tables) and tables[j][3] == keys:
+            j += 1
+        m = sum(sizes[i:j])
+        if keys:
+            try:
+                block = np.frombuffer(b"".join([fa for _h, _a, _t, _k, fa in tables[i:j]]), dtype="<i8")
+            except (TypeError, ValueError):
+                return None
+            if block.size != m * len(keys):
+                return None
+            block = block.reshape(m, len(keys))
+            cs = [col[k] for k in keys]
+            if cs == list(range(len(col))):
+                mat[start : start + m] = block
+            else:
+                mat[start : start + m, cs] = block
+        start += m
+        i = j
+    present = mat[mat != _NONE]
+    matrix: tuple[list[str], np.ndarray] | bool = (list(col), mat)
+    if present.size and (int(present.min()) <= -_BOUND or int(present.max()) >= _BOUND):
+        matrix = False
+    s = cols["s"]
+    steps = s.tolist()
+    if (s == _NONE).any():
+        steps = [None if x == _NONE else x for x in steps]
+    columns = _Columns(
+        cols["r"].tolist(), cols["p"].tolist(), cols["l"].tolist(), cols["g"].tolist(), steps, cols["u"].tolist()
+    )
+    return columns, sizes, matrix
+
+
 def fill_rows(named: dict[str, dict], accs: dict[str, HostAcc], hosts: set[str]) -> None:
     """Complete the rank rows of ``hosts`` in ``named`` (:func:`host_ranks` with ``rows_for``: a host
     outside it got its named rank's row only) with every rank's row, as ``host_ranks`` without
-    ``rows_for`` makes them; ``layers`` stay empty (:func:`fill_layers`). ``accs`` is unused (the rank
-    table kept by ``host_ranks`` has what the rows need)."""
+    ``rows_for`` makes them; ``layers`` stay empty (:func:`fill_layers`). ``accs`` is unused (the columns
+    kept by ``host_ranks`` have what the rows need)."""
     for h in hosts:
         v = named.get(h)
         pend = v.pop("_late", None) if v else None
         if pend is None:
             continue
-        late_i, last_i, start, t = pend  # the host's ranks are indices start.. in the order of its table
-        order = sorted((r, start + j) for j, r in enumerate(t.r))
-        v["rows"] = {r: _summary_row(t, i - start, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
+        late_i, last_i, start, end, cols = pend  # the host's ranks are units start..end-1
+        order = sorted((cols.r[i], i) for i in range(start, end))
+        v["rows"] = {r: _summary_row(cols, i, int(late_i[i]), last_i.get(i, 0)) for r, i in order}
 
 
 def fill_layers(named: dict[str, dict], accs: dict[str, HostAcc], hosts: set[str]) -> None:
