@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         tot["runs"] += 1
         old, new = [], []
         recent: dict[str, tuple[collections.deque, collections.deque]] = {}
+        sched_recent: dict[tuple[int, str], collections.deque] = {}
         for s in steps:
             c = s.get("culprit")
             s_old = s_new = s
@@ -106,6 +107,14 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 s_old, s_new = copy.deepcopy(s), copy.deepcopy(s)
                 s_old["culprit"], s_new["culprit"] = base.culprit(s), this.culprit(s)
+                # the worker's check of a sched culprit against its host's own recent steps (fold.py),
+                # where that side has one, each side with its own
+                for side, s_x in ((base, s_old), (this, s_new)):
+                    if hasattr(side, "charge_starved"):
+                        r_s = sched_recent.setdefault(
+                            (id(side), s.get("job", "")), collections.deque(maxlen=side.SELF_STEPS)
+                        )
+                        r_s.append(side.charge_starved(s_x, r_s))
                 # the worker's charge of a persistent fault's victims (fold.py), each side with its own
                 old_c, k_old = base.charge_persistent(s_old, r_old)
                 new_c, k_new = this.charge_persistent(s_new, r_new)
