@@ -532,9 +532,10 @@ def _starved_self(
         return None
     top = max(0, max(peers))
     med = int((summary.get("baseline") or {}).get("median_ns") or 0)
-    if mine - top < STARVED_EXPLAIN_REL * max(lost, med):
+    if mine - top < STARVED_EXPLAIN_REL * max(lost, med) or mine < STARVED_PEER_FACTOR * max(top, 1_000_000):
         return None
     return (
         f"run-queue {part[host] / 1e6:.0f} ms, +{mine / 1e6:.0f} ms over its own recent median,"
-        f" +{(mine - top) / 1e6:.0f} ms over the largest rise of a peer's ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
+        f" {mine / max(top, 1_000_000):.1f}x and +{(mine - top) / 1e6:.0f} ms over the largest rise of a peer's"
+        f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
     )
