@@ -988,7 +988,7 @@ class Fold:
         summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
         recent_c.append(key)
         named = self.running_named.pop(sk, None)
-        if summary["culprit"] is None and named is not None and summary.get("stall"):
+        if summary["culprit"] is None and named is not None and analysis.slowed(summary):
             # the step ran with every busy connection of one host slow or lossy (its running record named
             # it), and closed with nothing to compare: a slowed link slows every rank alike
             summary["culprit"] = analysis.charge_running(named)

@@ -54,6 +54,7 @@ from obshub.streams.analysis.culprit import (
     persistent_culprit,
     persistent_key,
     sched_times,
+    slowed,
 )
 from obshub.streams.analysis.evidence import (
     EVIDENCE_LAYERS,
@@ -114,6 +115,7 @@ __all__ = [
     "persistent_culprit",
     "persistent_key",
     "sched_times",
+    "slowed",
     "TIME_LAYERS",
     "Thresholds",
     "median_int",

@@ -427,6 +427,22 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     return charged, ((h, layer) if slowed else None)
 
 
+def slowed(summary: dict) -> bool:
+    """Whether a closed step lost time enough for a culprit charged from outside its own summary
+    (``charge_running``): its ``stall`` flag (longer than the baseline's p99), or its longest host step at
+    least ``PERSIST_SLOW`` times the baseline median (with a baseline). The flag alone misses the second
+    slowed step of a fault: the first one, in the baseline now, raised its p99 (a persistent 100 ms delay
+    of node-00's link, 2026-12-05: step 646 took 3,214 ms, step 647 3,173 ms, x14.5, was no ``stall``,
+    closed naming nobody though its running record named node-00 / network, and fired
+    ``step_stall_unexplained``)."""
+    if summary.get("stall"):
+        return True
+    bl = summary.get("baseline") or {}
+    return bool(bl.get("n")) and int(summary.get("step_time_max_ns") or 0) >= PERSIST_SLOW * int(
+        bl.get("median_ns") or 0
+    )
+
+
 def charge_running(named: dict) -> dict:
     """The culprit of a stalled step that closed naming none (nothing to compare: every rank late alike),
     charged to the network culprit ``named`` by the step's latest ``running`` record (``source``
