@@ -988,10 +988,11 @@ class Fold:
         summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
         recent_c.append(key)
         named = self.running_named.pop(sk, None)
-        if summary["culprit"] is None and named is not None and analysis.slowed(summary):
+        if named is not None and analysis.running_applies(summary, named):
             # the step ran with every busy connection of one host slow or lossy (its running record named
-            # it), and closed with nothing to compare: a slowed link slows every rank alike
-            summary["culprit"] = analysis.charge_running(named)
+            # it), and closed with nothing to compare (a slowed link slows every rank alike), or with that
+            # host's own lateness (a retransmission back-off its closed step kept no evidence of)
+            summary["culprit"] = analysis.charge_running(named, summary["culprit"])
         hung_hosts = self.hang_hosts.pop(sk, None)
         if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")
             summary["culprit"] = analysis.hang_culprit(hung_hosts)

@@ -355,6 +355,7 @@ def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_
     c = closed["culprit"]
     assert (c["host"], c["layer"], c["source"], c["evidence"]) == ("b", "network", "running", 7.0), c
     assert c["why"].startswith("named while the step ran: network evidence 7 spreads")
+    assert c["why"].endswith("the closed step names no culprit of its own"), c["why"]
     assert pipe.fold.running_named == {}  # dropped at the close
 
 

@@ -53,6 +53,7 @@ from obshub.streams.analysis.culprit import (
     hang_culprit,
     persistent_culprit,
     persistent_key,
+    running_applies,
     sched_times,
     slowed,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "charge_persistent",
     "charge_running",
     "charge_starved",
+    "running_applies",
     "persistent_culprit",
     "persistent_key",
     "sched_times",

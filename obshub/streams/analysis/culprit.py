@@ -443,19 +443,43 @@ def slowed(summary: dict) -> bool:
     )
 
 
-def charge_running(named: dict) -> dict:
-    """The culprit of a stalled step that closed naming none (nothing to compare: every rank late alike),
-    charged to the network culprit ``named`` by the step's latest ``running`` record (``source``
-    "running"): while the step ran, every busy connection of that host was slow or lossy against the other
-    hosts' (docs/ANALYSIS.md "Inside a running step"). Keeps ``named``'s host, rank and evidence
-    (spreads)."""
+def running_applies(summary: dict, named: dict) -> bool:
+    """Whether a closed step is charged to the network culprit ``named`` by its latest ``running`` record
+    (``charge_running``): the step is ``slowed`` and its own culprit (``summary["culprit"]``) is None, or
+    is lateness (``process``, ``source`` "evidence" or "blame") of the very host ``named`` names. While the
+    step ran, every busy connection of that host was slow or lossy; its lateness at the close is then its
+    link's, not its process's (persistent 8 % loss of node-03, 2026-12-05: the episode's first slowed step,
+    x7.8, had node-03 late by 877 ms with no retransmit of its own left in the closed step, was named
+    ``process`` and fired ``step_stall`` node-03 / process, while its running record 0.13 s earlier named
+    node-03 / network)."""
+    if not slowed(summary):
+        return False
+    c = summary.get("culprit")
+    if c is None:
+        return True
+    return (
+        c.get("layer") == "process" and c.get("source") in ("evidence", "blame") and c.get("host") == named.get("host")
+    )
+
+
+def charge_running(named: dict, own: dict | None = None) -> dict:
+    """The culprit of a stalled step charged to the network culprit ``named`` by the step's latest
+    ``running`` record (``source`` "running", ``running_applies``): while the step ran, every busy
+    connection of that host was slow or lossy against the other hosts' (docs/ANALYSIS.md "Inside a running
+    step"). ``own``: the step's own culprit it replaces (None: the closed step named none; else its host's
+    lateness), said in ``why``. Keeps ``named``'s host, rank and evidence (spreads)."""
+    tail = (
+        f"its own: {own['host']} / {own['layer']} ({own.get('why', '')})"
+        if own
+        else "the closed step names no culprit of its own"
+    )
     return {
         "host": named["host"],
         "layer": "network",
         "rank": named.get("rank"),
         "evidence": float(named.get("evidence") or 0.0),
         "source": "running",
-        "why": f"named while the step ran: {named.get('why', '')}; the closed step names no culprit of its own",
+        "why": f"named while the step ran: {named.get('why', '')}; {tail}",
     }
 
 
