@@ -3,8 +3,9 @@ and the builtin rule pack, and compare the single-step stall alerts (issue #30; 
 
 Each kept run (``DIR/**/steps.jsonl`` beside its ``report.json``) is read in close order. Every closed step
 (``complete``, ``window``, ``restart``) whose kept culprit is not a hang's gets its culprit recomputed with
-``analysis.culprit.culprit`` and then ``charge_persistent`` (the worker's charge of a persistent fault's
-victims, each side keeping its own recent culprits per job) of ``--base`` (a checkout of the commit to
+``analysis.culprit.culprit``, ``charge_starved``, ``charge_persistent`` (the worker's charge of a persistent
+fault's victims, each side keeping its own recent culprits per job) and the charge to a running record's
+network culprit (``running_applies``) of ``--base`` (a checkout of the commit to
 compare with, e.g. ``git worktree add /tmp/base main``) on one side and of this tree on the other; steps
 where the two differ are listed. Both sequences go through this tree's builtin pack
 (``rules.engine.Engine``, ticked at each step's close); each ``step_stall`` alert is right when it names
@@ -95,9 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         tot["runs"] += 1
         old, new = [], []
         recent: dict[str, tuple[collections.deque, collections.deque]] = {}
+        sched_recent: dict[tuple[int, str], collections.deque] = {}
+        running: dict[tuple[str, int], dict] = {}  # (job, step) -> network culprit of its latest running record
         for s in steps:
             c = s.get("culprit")
             s_old = s_new = s
+            if s.get("closed_by") == "running" and c and c.get("layer") == "network":
+                running[(s.get("job", ""), s.get("step"))] = c  # the latest running record of the open step
             if s.get("closed_by") in CLOSED and not (c and c.get("source") == "hang"):
                 tot["closed"] += 1
                 r_old, r_new = recent.setdefault(
@@ -106,11 +111,33 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 s_old, s_new = copy.deepcopy(s), copy.deepcopy(s)
                 s_old["culprit"], s_new["culprit"] = base.culprit(s), this.culprit(s)
+                # the worker's check of a sched culprit against its host's own recent steps (fold.py),
+                # where that side has one, each side with its own
+                for side, s_x in ((base, s_old), (this, s_new)):
+                    if hasattr(side, "charge_starved"):
+                        r_s = sched_recent.setdefault(
+                            (id(side), s.get("job", "")), collections.deque(maxlen=side.SELF_STEPS)
+                        )
+                        r_s.append(side.charge_starved(s_x, r_s))
                 # the worker's charge of a persistent fault's victims (fold.py), each side with its own
                 old_c, k_old = base.charge_persistent(s_old, r_old)
                 new_c, k_new = this.charge_persistent(s_new, r_new)
                 r_old.append(k_old)
                 r_new.append(k_new)
+                # the worker's charge of a close to the network culprit its running record named (fold.py),
+                # each side by its own rule: base ``stall`` and no culprit where it has no running_applies
+                n = running.pop((s.get("job", ""), s.get("step")), None)
+                if n is not None:
+                    if getattr(base, "running_applies", None):
+                        old_c = (
+                            base.charge_running(n, old_c)
+                            if base.running_applies({**s_old, "culprit": old_c}, n)
+                            else old_c
+                        )
+                    elif old_c is None and s.get("stall"):
+                        old_c = base.charge_running(n)
+                    if this.running_applies({**s_new, "culprit": new_c}, n):
+                        new_c = this.charge_running(n, new_c)
                 s_old["culprit"], s_new["culprit"] = old_c, new_c
                 if old_c != new_c:
                     tot["changed"] += 1

@@ -283,6 +283,9 @@ class Fold:
         self.net_recent: dict[str, collections.deque] = {}
         # job -> analysis.persistent_key of its last closed steps here (derived, in memory)
         self.culprit_recent: dict[str, collections.deque] = {}
+        # job -> analysis.sched_times (run-queue ns per host) of its last closed steps here (derived, in
+        # memory: a restarted worker compares hosts with their peers alone until SELF_MIN steps closed)
+        self.sched_recent: dict[str, collections.deque] = {}
         # open step key -> the network culprit its latest ``running`` record named (derived, in memory;
         # dropped at its close: a close that names no culprit of its own is charged to it, source "running")
         self.running_named: dict[str, dict] = {}
@@ -650,7 +653,7 @@ class Fold:
             self.rank_state,
             self.host_ranks,
         )
-        jobs |= set(self.culprit_recent)
+        jobs |= set(self.culprit_recent) | set(self.sched_recent)
         for j in jobs.difference(self.active_ns):  # state without a message here yet (a restart): from now
             self.active_ns[j] = now
         gone = [j for j in jobs if now - self.active_ns[j] >= self.retention_ns and j not in open_]
@@ -664,6 +667,7 @@ class Fold:
                 self.net_recent,
                 self.rank_state,
                 self.culprit_recent,
+                self.sched_recent,
                 self.host_ranks,
                 self.life_of,
             ):
@@ -978,14 +982,17 @@ class Fold:
             summary["evidence"]["hosts"] = {}
             summary["evidence"].pop("ranks", None)
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
+        recent_s = self.sched_recent.setdefault(job, collections.deque(maxlen=analysis.SELF_STEPS))
+        recent_s.append(analysis.charge_starved(summary, recent_s))  # a burst against the host's own steps
         recent_c = self.culprit_recent.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
         summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
         recent_c.append(key)
         named = self.running_named.pop(sk, None)
-        if summary["culprit"] is None and named is not None and summary.get("stall"):
+        if named is not None and analysis.running_applies(summary, named):
             # the step ran with every busy connection of one host slow or lossy (its running record named
-            # it), and closed with nothing to compare: a slowed link slows every rank alike
-            summary["culprit"] = analysis.charge_running(named)
+            # it), and closed with nothing to compare (a slowed link slows every rank alike), or with that
+            # host's own lateness (a retransmission back-off its closed step kept no evidence of)
+            summary["culprit"] = analysis.charge_running(named, summary["culprit"])
         hung_hosts = self.hang_hosts.pop(sk, None)
         if hung_hosts:  # a step that hung is charged to the rank that held it up (docs/ANALYSIS.md "Culprit")
             summary["culprit"] = analysis.hang_culprit(hung_hosts)

@@ -41,6 +41,7 @@ def summarize_batches(
     directed: dict[str, int] = {}  # job -> latest step that met the directed view's condition
     recent: dict[str, collections.deque] = {}  # job -> retransmits of its last net_window_steps steps
     culprits: dict[str, collections.deque] = {}  # job -> persistent_key of its last closed steps
+    scheds: dict[str, collections.deque] = {}  # job -> sched_times of its last closed steps
     for job, step in sorted(steps):
         last = directed.get(job)
         window = recent.setdefault(job, collections.deque(maxlen=max(1, th.net_window_steps)))
@@ -59,6 +60,8 @@ def summarize_batches(
         )
         if s["net_directed"]:
             directed[job] = step
+        mine = scheds.setdefault(job, collections.deque(maxlen=analysis.SELF_STEPS))
+        mine.append(analysis.charge_starved(s, mine))
         own = culprits.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
         s["culprit"], key = analysis.charge_persistent(s, own)
         own.append(key)

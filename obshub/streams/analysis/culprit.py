@@ -66,6 +66,12 @@ x1.5-x2.6 mostly had sched culprits of 0.7-1.9x their busiest peer's run-queue t
 of one host 2.8x and 2.9x; 300 ms bursts gave 2.6-6.7x, docs/BENCHMARKS.md section 8)."""
 
 
+SELF_STEPS = 16
+"""``charge_starved``: how many of the job's previous closed steps' run-queue times per host it reads."""
+SELF_MIN = 8
+"""``charge_starved``: the least of those steps a host needs a run-queue time in (its own reference)."""
+
+
 def culprit(summary: dict) -> dict | None:
     """The host and layer one step is charged to, for the single-step stall rules (docs/ANALYSIS.md
     "Culprit of a step"): ``{host, layer, evidence, source, why}`` or None when nothing names one.
@@ -421,19 +427,59 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     return charged, ((h, layer) if slowed else None)
 
 
-def charge_running(named: dict) -> dict:
-    """The culprit of a stalled step that closed naming none (nothing to compare: every rank late alike),
-    charged to the network culprit ``named`` by the step's latest ``running`` record (``source``
-    "running"): while the step ran, every busy connection of that host was slow or lossy against the other
-    hosts' (docs/ANALYSIS.md "Inside a running step"). Keeps ``named``'s host, rank and evidence
-    (spreads)."""
+def slowed(summary: dict) -> bool:
+    """Whether a closed step lost time enough for a culprit charged from outside its own summary
+    (``charge_running``): its ``stall`` flag (longer than the baseline's p99), or its longest host step at
+    least ``PERSIST_SLOW`` times the baseline median (with a baseline). The flag alone misses the second
+    slowed step of a fault: the first one, in the baseline now, raised its p99 (a persistent 100 ms delay
+    of node-00's link, 2026-12-05: step 646 took 3,214 ms, step 647 3,173 ms, x14.5, was no ``stall``,
+    closed naming nobody though its running record named node-00 / network, and fired
+    ``step_stall_unexplained``)."""
+    if summary.get("stall"):
+        return True
+    bl = summary.get("baseline") or {}
+    return bool(bl.get("n")) and int(summary.get("step_time_max_ns") or 0) >= PERSIST_SLOW * int(
+        bl.get("median_ns") or 0
+    )
+
+
+def running_applies(summary: dict, named: dict) -> bool:
+    """Whether a closed step is charged to the network culprit ``named`` by its latest ``running`` record
+    (``charge_running``): the step is ``slowed`` and its own culprit (``summary["culprit"]``) is None, or
+    is lateness (``process``, ``source`` "evidence" or "blame") of the very host ``named`` names. While the
+    step ran, every busy connection of that host was slow or lossy; its lateness at the close is then its
+    link's, not its process's (persistent 8 % loss of node-03, 2026-12-05: the episode's first slowed step,
+    x7.8, had node-03 late by 877 ms with no retransmit of its own left in the closed step, was named
+    ``process`` and fired ``step_stall`` node-03 / process, while its running record 0.13 s earlier named
+    node-03 / network)."""
+    if not slowed(summary):
+        return False
+    c = summary.get("culprit")
+    if c is None:
+        return True
+    return (
+        c.get("layer") == "process" and c.get("source") in ("evidence", "blame") and c.get("host") == named.get("host")
+    )
+
+
+def charge_running(named: dict, own: dict | None = None) -> dict:
+    """The culprit of a stalled step charged to the network culprit ``named`` by the step's latest
+    ``running`` record (``source`` "running", ``running_applies``): while the step ran, every busy
+    connection of that host was slow or lossy against the other hosts' (docs/ANALYSIS.md "Inside a running
+    step"). ``own``: the step's own culprit it replaces (None: the closed step named none; else its host's
+    lateness), said in ``why``. Keeps ``named``'s host, rank and evidence (spreads)."""
+    tail = (
+        f"its own: {own['host']} / {own['layer']} ({own.get('why', '')})"
+        if own
+        else "the closed step names no culprit of its own"
+    )
     return {
         "host": named["host"],
         "layer": "network",
         "rank": named.get("rank"),
         "evidence": float(named.get("evidence") or 0.0),
         "source": "running",
-        "why": f"named while the step ran: {named.get('why', '')}; the closed step names no culprit of its own",
+        "why": f"named while the step ran: {named.get('why', '')}; {tail}",
     }
 
 
@@ -454,3 +500,82 @@ def hang_culprit(hosts: list[dict]) -> dict | None:
         "why": f"the step hung on it ({state}; {h.get('last_phase', '?')})"
         + (f"; {len(hosts) - 1} more rank(s) named" if len(hosts) > 1 else ""),
     }
+
+
+def sched_times(summary: dict) -> dict[str, int]:
+    """``{host: run-queue time (ns)}`` of a step summary: ``layers[host].sched.time_ns`` of every host with
+    a layer row (a wide step's omitted hosts have none), 0 for a row without sched. What
+    ``charge_starved`` keeps per closed step."""
+    return {
+        h: int(((row or {}).get("sched") or {}).get("time_ns", 0)) for h, row in (summary.get("layers") or {}).items()
+    }
+
+
+def charge_starved(summary: dict, recent) -> dict[str, int]:
+    """Mark the step's ``sched`` culprit ``starved`` against its own recent steps; returns what the step
+    adds to ``recent`` (``sched_times``). ``recent``: the ``sched_times`` of the job's previous closed steps
+    (oldest first; the last ``SELF_STEPS`` are read), which the caller appends the return value to.
+
+    ``_starved`` compares the culprit host's run-queue time with its peers' in the same step. On a loaded
+    machine of few cores a burst on one host takes CPU from every host, so its peers' run-queue times rise
+    too and the burst host may stand at 1.7-2.4 times its busiest peer (300 ms bursts of node-02 at load 8,
+    2026-12-05, docs/BENCHMARKS.md 8), under ``STARVED_PEER_FACTOR``. What tells a burst on one host from
+    load is how much each host's run-queue time **rose over its own recent steps**: a sched culprit of
+    ``source`` "evidence" or "layers" that is not ``starved`` becomes ``starved`` (``why`` adds "starved
+    against its own recent steps") when (``_starved_self``) its evidence is at least
+    ``STARVED_MIN_EVIDENCE`` (``layers``: taken as that), every other host's sched evidence at most
+    ``STARVED_PEER_EVIDENCE_REL`` of it, and its rise over the median of its own last ``SELF_STEPS`` steps
+    (at least ``SELF_MIN`` of them) exceeds the largest rise of any peer (over its own median; 0 when none
+    rose) by at least ``STARVED_EXPLAIN_REL`` of what the step lost over the job's median step. Peers
+    without ``SELF_MIN`` steps of their own are not compared; without a baseline nothing changes. Changes
+    ``summary["culprit"]`` in place (a new dict); run it before ``charge_persistent`` (a ``starved`` culprit
+    of ``source`` "layers" is a persistent key)."""
+    part = sched_times(summary)
+    c = summary.get("culprit")
+    if not c or c.get("layer") != "sched" or c.get("source") not in ("evidence", "layers") or c.get("starved"):
+        return part
+    bl = summary.get("baseline") or {}
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    z = float(c.get("evidence") or 0.0) if c.get("source") == "evidence" else None
+    why = _starved_self(summary, c["host"], z, lost, list(recent)[-SELF_STEPS:], part)
+    if why is not None:
+        summary["culprit"] = dict(
+            c, starved=True, why=c.get("why", "") + "; starved against its own recent steps: " + why
+        )
+    return part
+
+
+def _starved_self(
+    summary: dict, host: str, z: float | None, lost: int, recent: list[dict], part: dict[str, int]
+) -> str | None:
+    """``charge_starved``'s criterion for ``host`` (its sched evidence ``z``, spreads; None: a ``layers``
+    culprit, taken as ``STARVED_MIN_EVIDENCE``), ``lost`` (ns over the job's median step), ``recent`` (the
+    job's last ``sched_times``) and ``part`` (this step's): a short description, or None."""
+    z = STARVED_MIN_EVIDENCE if z is None else z
+    if z < STARVED_MIN_EVIDENCE or lost <= 0 or host not in part:
+        return None
+    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
+    if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
+        return None
+
+    def rise(h: str) -> int | None:
+        own = sorted(r[h] for r in recent if h in r)
+        if len(own) < SELF_MIN:
+            return None
+        return part[h] - own[(len(own) - 1) // 2]
+
+    mine = rise(host)
+    if mine is None:
+        return None
+    peers = [r for r in (rise(h) for h in part if h != host) if r is not None]
+    if not peers:
+        return None
+    top = max(0, max(peers))
+    med = int((summary.get("baseline") or {}).get("median_ns") or 0)
+    if mine - top < STARVED_EXPLAIN_REL * max(lost, med) or mine < STARVED_PEER_FACTOR * max(top, 1_000_000):
+        return None
+    return (
+        f"run-queue {part[host] / 1e6:.0f} ms, +{mine / 1e6:.0f} ms over its own recent median,"
+        f" {mine / max(top, 1_000_000):.1f}x and +{(mine - top) / 1e6:.0f} ms over the largest rise of a peer's"
+        f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
+    )
