@@ -271,6 +271,15 @@ def fire(summaries, t0_s=0.0, every_s=0.5):
     return [c for c in changes if c["status"] == "firing"]
 
 
+def stall_alerts(steps: list[dict]) -> list[tuple[str, str, str]]:
+    """(rule, host, layer) of every step_stall* alert the builtin pack fires on ``steps``."""
+    return [
+        (a["rule"], a["labels"]["host"], a["labels"]["layer"])
+        for a in fire(steps)
+        if a["rule"].startswith("step_stall")
+    ]
+
+
 def clean_steps(first, count, rng):
     return [
         summary(
@@ -725,11 +734,7 @@ def test_a_host_starved_far_beyond_its_peers_fires_below_stall_k_and_loaded_clea
     host = max(ev, key=ev.get)
     assert (c["host"], c["layer"], c["source"], c["starved"]) == (host, "sched", "evidence", starved), c
     assert ("; starved: run-queue" in c["why"]) == starved, c["why"]
-    fired = [
-        (a["rule"], a["labels"]["host"], a["labels"]["layer"])
-        for a in fire(steps)
-        if a["rule"].startswith("step_stall")
-    ]
+    fired = stall_alerts(steps)
     assert fired == ([("step_stall", host, "sched")] if fires else []), fired
 
 
@@ -888,11 +893,7 @@ def test_a_burst_that_loaded_every_host_is_starved_against_its_own_recent_steps(
     c = steps[20]["culprit"]
     assert (c["host"], c["layer"], c["starved"]) == (host, "sched", burst), c["why"]
     assert ("against its own recent steps" in c["why"]) == burst, c["why"]
-    fired = [
-        (a["rule"], a["labels"]["host"], a["labels"]["layer"])
-        for a in fire(steps)
-        if a["rule"].startswith("step_stall")
-    ]
+    fired = stall_alerts(steps)
     assert fired == ([("step_stall", host, "sched")] if burst else []), fired
 
 
