@@ -251,9 +251,16 @@ def main() -> None:
     # default, on gloo's threads too), in firing order: the recording of obshub.instrument._usdt
     # (OBSHUB_COLLECTIVE_KERNEL from the test picks the kernel; unset: the default)
     usdt._usdt._record(True)
+    # the untraced path whatever else runs on this machine: an agent following every registered process
+    # would attach to this process's copy of the extension and turn on the merged probes (as the fixture
+    # `untraced` of conftest.py does for the in-process tests)
+    real_sites = {usdt.probe_site(n) for n in ("register", "phase_next", "step_next", "coll")} - {None}
+    site_traced = usdt.site_traced
+    usdt.site_traced = lambda address: address not in real_sites and site_traced(address)
     calls: list[list] = []
     torch.set_num_threads(1)
     hooks.enable(job="loops")
+    usdt._usdt._set_coll_site(0)  # the C++ kernel reads its site itself: no site, no merged collective probe
     truth = LOOPS[loop]()
     truth["backend_seq"] = _backend_seqs()
     truth["kernel"] = hooks.collective_kernel()

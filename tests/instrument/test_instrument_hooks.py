@@ -459,7 +459,7 @@ def test_several_optimizers_make_one_step_per_iteration(probes, monkeypatch):
     assert [c[1] for c in _events(probes, "step_end")] == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
-def test_optimizers_per_step_override(monkeypatch):
+def test_optimizers_per_step_override(monkeypatch, untraced):
     from obshub.core.errors import ConfigError
     from obshub.instrument import hooks as instrument
 
