@@ -709,26 +709,30 @@ STARVED_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape,starved,fires", STARVED_SHAPES)
-def test_a_host_starved_far_beyond_its_peers_fires_below_stall_k_and_loaded_clean_steps_do_not(shape, starved, fires):
-    median_ms, tmax_ms, spread_ms, ev, sched, strag = shape
-    rng = __import__("random").Random(int(tmax_ms))
+def at_median_of(median_ms):
+    """A function that sets a step summary's baseline median to ``median_ms`` and its stall ratio to match."""
 
-    def at_median(x):  # a clean step of this job's median
+    def at_median(x):
         x["baseline"] = dict(x["baseline"], median_ns=int(median_ms * 1e6))
         x["stall_ratio"] = round(x["step_time_max_ns"] / (median_ms * 1e6), 3)
         return x
 
-    s = at_median(
-        summary(
-            20,
-            tmax_ms,
-            ev={h: {"sched": z} for h, z in ev.items()},
-            strag=strag,
-            layers={h: {"sched": ms} for h, ms in zip(HOSTS4, sched)},
-            spread_ms=spread_ms,
-        )
-    )
+    return at_median
+
+
+def sched_step(median_ms, tmax_ms, ev, sched, strag, spread_ms):
+    """Step 20 of HOSTS4 lasting ``tmax_ms`` with per-host sched evidence ``ev`` and sched times ``sched`` (ms)."""
+    layers = {h: {"sched": ms} for h, ms in zip(HOSTS4, sched)}
+    ev = {h: {"sched": z} for h, z in ev.items()}
+    return at_median_of(median_ms)(summary(20, tmax_ms, ev=ev, strag=strag, layers=layers, spread_ms=spread_ms))
+
+
+@pytest.mark.parametrize("shape,starved,fires", STARVED_SHAPES)
+def test_a_host_starved_far_beyond_its_peers_fires_below_stall_k_and_loaded_clean_steps_do_not(shape, starved, fires):
+    median_ms, tmax_ms, spread_ms, ev, sched, strag = shape
+    rng = __import__("random").Random(int(tmax_ms))
+    at_median = at_median_of(median_ms)
+    s = sched_step(median_ms, tmax_ms, ev, sched, strag, spread_ms)
     steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, median_ms))])
     c = steps[20]["culprit"]
     host = max(ev, key=ev.get)
@@ -869,22 +873,9 @@ def test_a_burst_that_loaded_every_host_is_starved_against_its_own_recent_steps(
     step, median_ms, tmax_ms, ev, sched, burst
 ):
     rng = __import__("random").Random(step)
-
-    def at_median(x):
-        x["baseline"] = dict(x["baseline"], median_ns=int(median_ms * 1e6))
-        x["stall_ratio"] = round(x["step_time_max_ns"] / (median_ms * 1e6), 3)
-        return x
-
-    s = at_median(
-        summary(
-            20,
-            tmax_ms,
-            ev={h: {"sched": z} for h, z in ev.items()},
-            strag=(max(ev, key=ev.get), 0.5 * (tmax_ms - median_ms)) if ev else None,
-            layers={h: {"sched": ms} for h, ms in zip(HOSTS4, sched)},
-            spread_ms=40,
-        )
-    )
+    at_median = at_median_of(median_ms)
+    strag = (max(ev, key=ev.get), 0.5 * (tmax_ms - median_ms)) if ev else None
+    s = sched_step(median_ms, tmax_ms, ev, sched, strag, 40)
     host = HOSTS4[max(range(4), key=lambda i: sched[i])]
     # alone (no recent steps of its own) the burst is far above no peer: not starved, below stall_k
     alone = charge([copy.deepcopy(s)])[0]["culprit"]
