@@ -52,6 +52,68 @@ def _yaml() -> YAML:
     return y
 
 
+#: flow collections (``[`` / ``{``) nested deeper than this are refused before parsing: ruamel.yaml's scanner
+#: re-checks every open flow level at each token (``stale_possible_simple_keys``), so thousands of levels
+#: take seconds (5,000: 5.5 s) only to end in a RecursionError; a rule file needs a handful.
+MAX_FLOW_DEPTH = 64
+_FLOW_CHARS = re.compile(r"""[\[\]{}'"#\n]""")
+
+
+def flow_too_deep(text: str, limit: int = MAX_FLOW_DEPTH) -> tuple[int, int] | None:
+    """``(line, column)`` (1-based) of the first ``[`` or ``{`` opened deeper than ``limit`` flow levels in
+    YAML ``text``, or None. Brackets inside quoted scalars and comments do not count; a quote counts as one
+    only where a YAML quoted scalar can start (after a space, ``[{,:`` or at a line's start), so an
+    apostrophe inside a plain scalar (``it's``) is text. Linear in ``len(text)``; files with at most
+    ``limit`` brackets in all return at once."""
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    depth, line, line_start, quote, i = 0, 1, 0, "", 0
+    n = len(text)
+    while i < n:
+        m = _FLOW_CHARS.search(text, i)
+        if m is None:
+            return None
+        i = m.start()
+        ch = text[i]
+        before = text[i - 1] if i > line_start else "\n"
+        if ch == "\n":
+            line, line_start = line + 1, i + 1
+            if quote == "#":
+                quote = ""
+        elif quote == "#":
+            pass
+        elif quote:
+            if ch == quote:
+                if quote == "'" and text.startswith("''", i):
+                    i += 1  # '' inside a single-quoted scalar is one quote
+                elif quote == '"' and _escaped(text, i):
+                    pass
+                else:
+                    quote = ""
+        elif ch == "#":
+            if before in " \t\n":
+                quote = "#"
+        elif ch in "'\"":
+            if before in " \t\n[{,:":
+                quote = ch
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return line, i - line_start + 1
+        else:
+            depth = max(0, depth - 1)
+        i += 1
+    return None
+
+
+def _escaped(text: str, i: int) -> bool:
+    """True when the character at ``i`` follows an odd number of backslashes."""
+    k = i
+    while k > 0 and text[k - 1] == "\\":
+        k -= 1
+    return (i - k) % 2 == 1
+
+
 _TAB_TOKEN = "found character '\\t' that cannot start any token"
 
 
@@ -78,7 +140,12 @@ def _load_tolerating_tabs(text: str) -> Any:
 
 def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
     """Parse ``text`` (named ``file`` in messages). Returns ``(document, problems)``; the document is
-    None when the YAML itself is broken (syntax error, duplicate key), with one problem at the mark."""
+    None when the YAML itself is broken (syntax error, duplicate key, flow collections nested deeper than
+    ``MAX_FLOW_DEPTH``), with one problem at the mark."""
+    deep = flow_too_deep(text)
+    if deep is not None:
+        what = f"YAML: nested too deeply (more than {MAX_FLOW_DEPTH} levels of [ or {{; a rule file needs a few)"
+        return None, [Problem(file, deep[0], deep[1], what)]
     try:
         doc = _load_tolerating_tabs(text)
     except MarkedYAMLError as exc:

@@ -96,6 +96,25 @@ def test_duplicate_key_reported_at_second_occurrence(tmp_path):
     assert len(got) == 1 and got[0].startswith(f"{f}:9:5: ") and "duplicate key" in got[0], got
 
 
+def test_flow_nesting_beyond_the_limit_is_refused_at_its_bracket_and_quoted_brackets_do_not_count(tmp_path):
+    from obshub.rules.yamlfile import MAX_FLOW_DEPTH, flow_too_deep
+
+    deep = "[" * (MAX_FLOW_DEPTH + 1) + "]" * (MAX_FLOW_DEPTH + 1)
+    f = write(tmp_path, "n.yaml", GOOD + f"lists:\n  l: {deep}\n")
+    line = GOOD.count("\n") + 2
+    got = problems(f)
+    assert got == [
+        f"{f}:{line}:{6 + MAX_FLOW_DEPTH}: YAML: nested too deeply (more than 64 levels of [ or {{; a rule file needs a few)"
+    ]
+    ok = "[" * MAX_FLOW_DEPTH + "]" * MAX_FLOW_DEPTH
+    assert flow_too_deep(f"l: {ok}\n") is None
+    # brackets in quoted scalars, comments and after an apostrophe of a plain scalar are text
+    many = "[" * 3 * MAX_FLOW_DEPTH
+    text = f"a: '{many} it''s'\nb: \"{many} \\\" {many}\"\n# {many}\nc: it's [x]\nd: [{{e: '{many}'}}]\n"
+    assert flow_too_deep(text) is None
+    assert flow_too_deep(text + f"f: {deep}\n") == (6, 3 + MAX_FLOW_DEPTH + 1)
+
+
 def test_unknown_field_wrong_type_and_every_error_at_once(tmp_path):
     text = GOOD.replace("severity: warning", "severity: loud\n    colour: red\n    window: 5")
     f = write(tmp_path, "u.yaml", text)
