@@ -43,14 +43,19 @@ def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
     below it); ``max_host`` is the host with the largest ``time_ns`` (the first by name on a tie). Times in
     ns, counts in events. O(hosts x layers x log hosts)."""
     cols: dict[str, tuple[list[int], list[str], list[int]]] = {}  # layer -> (times, hosts, counts)
-    for host, row in layers.items():
-        for layer, cell in row.items():
-            v = cols.get(layer)
-            if v is None:
-                v = cols[layer] = ([], [], [])
-            v[0].append(int(cell["time_ns"]))
-            v[1].append(host)
-            v[2].append(int(cell["count"]))
+    cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
+    if cells is not None:
+        for layer, col in cells.items():
+            cols[layer] = ([int(v[0]) for v in col.values()], list(col), [int(v[1]) for v in col.values()])
+    else:
+        for host, row in layers.items():
+            for layer, cell in row.items():
+                v = cols.get(layer)
+                if v is None:
+                    v = cols[layer] = ([], [], [])
+                v[0].append(int(cell["time_ns"]))
+                v[1].append(host)
+                v[2].append(int(cell["count"]))
     out: dict[str, dict] = {}
     for layer in sorted(cols):
         tl, hl, cl = cols[layer]
@@ -91,14 +96,19 @@ def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
     keep.update(c["last_host"] for c in summary.get("collectives") or () if c.get("last_host"))
     layers = summary.get("layers") or {}
     by_layer: dict[str, tuple[list[int], list[int], list[str]]] = {}  # layer -> (-time, -count, host) columns
-    for host, row in layers.items():
-        for layer, cell in row.items():
-            v = by_layer.get(layer)
-            if v is None:
-                v = by_layer[layer] = ([], [], [])
-            v[0].append(-int(cell["time_ns"]))
-            v[1].append(-int(cell["count"]))
-            v[2].append(host)
+    cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
+    if cells is not None:
+        for layer, col in cells.items():
+            by_layer[layer] = ([-int(v[0]) for v in col.values()], [-int(v[1]) for v in col.values()], list(col))
+    else:
+        for host, row in layers.items():
+            for layer, cell in row.items():
+                v = by_layer.get(layer)
+                if v is None:
+                    v = by_layer[layer] = ([], [], [])
+                v[0].append(-int(cell["time_ns"]))
+                v[1].append(-int(cell["count"]))
+                v[2].append(host)
     # the top ones by value then name (a host once per layer): a partial selection, not a sort of thousands
     for nt, nc, hs in by_layer.values():
         keep.update(h for _t, h in heapq.nsmallest(top, zip(nt, hs)))
@@ -116,6 +126,8 @@ def compact(summary: dict, full_rows: int = FULL_ROWS, top: int = TOP) -> dict:
     layers = summary.get("layers") or {}
     summary["layer_stats"] = layer_stats(layers)
     if len(layers) <= full_rows:
+        if not isinstance(layers, dict):  # a column-wise table (analysis.LayerColumns): every row
+            summary["layers"] = dict(layers.items())
         summary["layers_omitted"] = 0
         return summary
     keep = outlier_hosts(summary, top)

@@ -3,17 +3,21 @@ lateness, the straggler itself and its layer blame (docs/ANALYSIS.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from obshub.core.schema import Layer
 from obshub.streams.accumulate import as_accs
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, union_ns
 from obshub.streams.analysis.thresholds import Thresholds
 
 
-def compute_ns(acc: dict) -> int | None:
+def compute_ns(acc: dict, colls: dict | None = None) -> int | None:
     """A host's compute time in the step, ns: ``step_ns - |union of its collective intervals|`` where a
     collective's interval is ``[end_rt - duration_ns, end_rt]`` from COLLECTIVE_END. Without a STEP_END,
-    the sum of the PHASE durations minus the same union (None when there is neither)."""
-    ivals = [(c[2] - c[3], c[2]) for c in acc.colls.values() if c[2] is not None and c[3] is not None]
+    the sum of the PHASE durations minus the same union (None when there is neither). ``colls``: the
+    collective records to read instead of ``acc.colls`` (the host view's, ``ranks.view_colls``)."""
+    recs = (acc.colls if colls is None else colls).values()
+    ivals = [(c[2] - c[3], c[2]) for c in recs if c[2] is not None and c[3] is not None]
     waited = union_ns(ivals)
     if acc.step_ns is not None:
         return max(0, acc.step_ns - waited)
@@ -22,8 +26,9 @@ def compute_ns(acc: dict) -> int | None:
     return None
 
 
-def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
-    """``{host: {layer: {time_ns, count, max_ns}}}``; the pytorch layer's time is ``compute_ns``."""
+def layer_table(accs: dict[str, dict], colls_of: dict[str, dict] | None = None) -> dict[str, dict[str, dict]]:
+    """``{host: {layer: {time_ns, count, max_ns}}}``; the pytorch layer's time is ``compute_ns`` (of the
+    host's records in ``colls_of`` when given: the host view's, ``ranks.view_colls``)."""
     accs = as_accs(accs)
     out: dict[str, dict[str, dict]] = {}
     pytorch = Layer.PYTORCH.value
@@ -34,7 +39,7 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
             layer: {"time_ns": t, "count": c, "max_ns": m}
             for layer, (t, c, m) in (sorted(ls.items()) if len(ls) > 1 else ls.items())
         }
-        comp = compute_ns(acc)
+        comp = compute_ns(acc, None if colls_of is None else colls_of[host])
         if comp is not None:
             cell = row.get(pytorch)
             if cell is None:
@@ -43,6 +48,114 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
                 cell["time_ns"] = comp
         out[host] = row
     return out
+
+
+class LayerColumns(Mapping):
+    """The layer table of a step (``layer_table``'s ``{host: {layer: {time_ns, count, max_ns}}}``) held
+    column-wise, for a wide step (thousands of hosts): ``cells[layer]`` maps each host that has the layer
+    (hosts in sorted order) to its ``(time_ns, count, max_ns)``, the pytorch layer's time being
+    ``compute_ns`` as in ``layer_table``. Built in one pass over the host accumulators ``accs``, without
+    one dict per host and layer: the job-wide statistics (peer medians, ``compact.layer_stats``, the
+    outlier hosts, the evidence's leave-one-out medians) read the columns, and a host's row (the same dict
+    ``layer_table`` gives, same key order) is built only when read (``layers[host]``), e.g. for the few
+    hosts a wide summary keeps. Iterating ``items()``/``values()`` builds every row (what a reader of the
+    whole table, such as a rarely taken branch of ``culprit``, gets: ``layer_table``'s result).
+
+    Read-only: the rows it returns are cached; a reader must not change them."""
+
+    __slots__ = ("_accs", "_colls", "_hosts", "_rows", "cells")
+
+    def __init__(self, accs: dict[str, dict], colls_of: dict[str, dict] | None = None) -> None:
+        accs = as_accs(accs)
+        self._accs = accs
+        self._colls = colls_of  # per host the collective records its compute time reads (None: acc.colls)
+        self._hosts = sorted(accs)
+        self._rows: dict[str, dict] = {}
+        cells: dict[str, dict[str, tuple]] = {}
+        pytorch = Layer.PYTORCH.value
+        for host in self._hosts:
+            acc = accs[host]
+            for layer, (t, c, m) in acc.layers.items():
+                col = cells.get(layer)
+                if col is None:
+                    col = cells[layer] = {}
+                col[host] = (t, c, m)
+            comp = compute_ns(acc, None if colls_of is None else colls_of[host])
+            if comp is not None:
+                col = cells.get(pytorch)
+                if col is None:
+                    col = cells[pytorch] = {}
+                have = col.get(host)
+                col[host] = (comp, 0, 0) if have is None else (comp, have[1], have[2])
+        self.cells = cells  # every column in host order: hosts are visited sorted
+
+    def __getitem__(self, host: str) -> dict:
+        row = self._rows.get(host)
+        if row is None:
+            if host not in self._accs:
+                raise KeyError(host)
+            row = self._rows[host] = self._table([host])[host]
+        return row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._hosts)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def __contains__(self, host: object) -> bool:
+        return host in self._accs
+
+    def table(self) -> dict[str, dict[str, dict]]:
+        """Every host's row: ``layer_table``'s result (built once, then cached)."""
+        if len(self._rows) < len(self._hosts):
+            self._rows.update(self._table([h for h in self._hosts if h not in self._rows]))
+        return {h: self._rows[h] for h in self._hosts}
+
+    def _table(self, hosts: list[str]) -> dict[str, dict[str, dict]]:
+        """``layer_table`` of ``hosts`` (their collective records as given)."""
+        colls = self._colls
+        return layer_table({h: self._accs[h] for h in hosts}, None if colls is None else {h: colls[h] for h in hosts})
+
+    def items(self):  # type: ignore[override]
+        return self.table().items()
+
+    def values(self):  # type: ignore[override]
+        return self.table().values()
+
+    def value(self, host: str, layer: str, field: int) -> int:
+        """``layers[host][layer][field]`` without building the row: ``field`` 0 time_ns, 1 count, 2
+        max_ns; 0 where the host has no such layer."""
+        cell = self.cells.get(layer, _NO_COLUMN).get(host)
+        return 0 if cell is None else cell[field]
+
+    def full(self, layer: str, field: int) -> list[int]:
+        """``field`` (0 time_ns, 1 count, 2 max_ns) of ``layer`` for every host in sorted order, 0 where
+        a host has no such layer (as ``layers[h].get(layer, {}).get(field_name, 0)``)."""
+        col = self.cells.get(layer, _NO_COLUMN)
+        if len(col) == len(self._hosts):
+            return [v[field] for v in col.values()]
+        return [col[h][field] if h in col else 0 for h in self._hosts]
+
+
+_NO_COLUMN: dict = {}  # a layer no host has (read only)
+
+
+def layers_of(
+    accs: dict[str, dict], wide: bool, colls_of: dict[str, dict] | None = None
+) -> "dict[str, dict[str, dict]] | LayerColumns":
+    """The step's layer table: ``layer_table(accs, colls_of)``, or for a ``wide`` step the same held
+    column-wise (:class:`LayerColumns`)."""
+    return LayerColumns(accs, colls_of) if wide else layer_table(accs, colls_of)
+
+
+def pytorch_times(layers: "dict | LayerColumns", hosts) -> dict[str, int | None]:
+    """``{host: layers[host]["pytorch"]["time_ns"]}`` for each of ``hosts`` (None where the host has no
+    pytorch cell): its compute time (ns). ``layers`` may be a :class:`LayerColumns`."""
+    if isinstance(layers, LayerColumns):
+        col = layers.cells.get(Layer.PYTORCH.value, _NO_COLUMN)
+        return {h: (col[h][0] if h in col else None) for h in hosts}
+    return {h: layers.get(h, {}).get("pytorch", {}).get("time_ns") for h in hosts}
 
 
 def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds, last_h: str | None = None) -> str | None:
@@ -98,18 +211,21 @@ def _order_stats(arr: dict[str, tuple]) -> tuple[str, str, str, int]:
     return first, second, last, med
 
 
-def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[dict]:
+def collectives(
+    accs: dict[str, dict], th: Thresholds = Thresholds(), colls_of: dict[str, dict] | None = None
+) -> list[dict]:
     """Per collective seen (COLLECTIVE_BEGIN) by at least two hosts: ``{pg, coll_seq, op, skew_ns,
     uncertainty_ns, last_host, lead_ns, lead_uncertainty_ns, late, consistent, why}`` sorted by (pg,
     coll_seq). ``lead_ns`` is the last arriver's lead over the second-latest arrival (how long it alone kept
     the others waiting) and ``lead_uncertainty_ns`` the summed uncertainty of those two clocks. ``late`` maps
     each host to its arrival minus the median arrival (ns, >= 0 only for the later half). ``consistent``
     is False (and ``why`` says why) when the pairing check (``_pair_check``) fails. Ties break by host
-    name."""
+    name. ``colls_of``: per host the collective records to read instead of ``acc.colls`` (the host
+    view's, ``ranks.view_colls``)."""
     accs = as_accs(accs)
     by_key: dict[str, dict[str, tuple]] = {}
     for host, acc in accs.items():
-        for key, (op, arrive, end, dur) in acc.colls.items():
+        for key, (op, arrive, end, dur) in (acc.colls if colls_of is None else colls_of[host]).items():
             if arrive is not None:
                 by_key.setdefault(key, {})[host] = (arrive, acc.unc_ns, op, end, dur)
     out = []
@@ -155,7 +271,7 @@ def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str
                 if late > c["uncertainty_ns"]:
                     out[h] = max(out[h], late)
         return out
-    comp = {h: layers.get(h, {}).get("pytorch", {}).get("time_ns") for h in accs}
+    comp = pytorch_times(layers, accs)
     known = {h: v for h, v in comp.items() if v is not None}
     if len(known) >= 2:
         peers = LeaveOneOut(known.values())
@@ -183,13 +299,17 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
     if len(accs) < 2:
         return None
     step_times = [a.step_ns for a in accs.values() if a.step_ns is not None]
-    ref = (
-        median_int(step_times)
-        if step_times
-        else median_int([layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
-    )
+    if isinstance(layers, LayerColumns):  # a wide step's columns: no row built
+        comp = pytorch_times(layers, accs)
+        ref = median_int(step_times) if step_times else median_int([v or 0 for v in comp.values()])
+    else:
+        ref = (
+            median_int(step_times)
+            if step_times
+            else median_int([layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
+        )
+        comp = {h: layers[h].get("pytorch", {}).get("time_ns") for h in accs}
     floor = max(th.straggler_min_ns, th.straggler_rel * ref)
-    comp = {h: layers[h].get("pytorch", {}).get("time_ns") for h in accs}
     good = [c for c in colls if c["consistent"]]
     lead: dict[str, int] = {}
     last_n: dict[str, int] = {}
@@ -262,17 +382,31 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     ``>= count_min`` and ``>= count_factor *`` the peers' median count.
     """
     mine = layers.get(straggler, {})
-    peers = [h for h in layers if h != straggler]
-    if not peers:
-        return []
-    names = sorted(set(mine) | {name for h in peers for name in layers[h]})
     stats = {}
-    for name in names:
-        m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
-        cells = [layers[h].get(name, _NO_CELL) for h in peers]
-        pt = median_int([c.get("time_ns", 0) for c in cells])
-        pc = median_int([c.get("count", 0) for c in cells])
-        stats[name] = (m, pt, pc, m["time_ns"] - pt)
+    if isinstance(layers, LayerColumns):  # a wide step: the peers' medians from the columns
+        n_peers = len(layers) - (straggler in layers)
+        if not n_peers:
+            return []
+        for name in sorted(layers.cells):  # every layer some host has
+            m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
+            col = layers.cells[name]
+            zeros = n_peers - (len(col) - (straggler in col))  # peers without the layer count 0
+            ts = [v[0] for h, v in col.items() if h != straggler]
+            cs = [v[1] for h, v in col.items() if h != straggler]
+            pt = median_int(ts + [0] * zeros)
+            pc = median_int(cs + [0] * zeros)
+            stats[name] = (m, pt, pc, m["time_ns"] - pt)
+    else:
+        peers = [h for h in layers if h != straggler]
+        if not peers:
+            return []
+        names = sorted(set(mine) | {name for h in peers for name in layers[h]})
+        for name in names:
+            m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
+            cells = [layers[h].get(name, _NO_CELL) for h in peers]
+            pt = median_int([c.get("time_ns", 0) for c in cells])
+            pc = median_int([c.get("count", 0) for c in cells])
+            stats[name] = (m, pt, pc, m["time_ns"] - pt)
     lower = sum(max(0, ex) for name, (_m, _pt, _pc, ex) in stats.items() if name != Layer.PYTORCH.value)
     floor = max(th.blame_min_ns, th.blame_rel * excess_ns)
     timed, counted = [], []
