@@ -78,17 +78,34 @@ def _random_accs(seed: int) -> dict:
             for layer in ("sched", "memory", "cuda", "network", "pytorch", "nic")
             if rnd.random() < 0.7
         }
-        acc.colls = {
-            f"0#{k}": ["all_reduce", 10**9 + rnd.randrange(10**6)]
-            + ([None, None] if rnd.random() < 0.1 else [10**9 + 2 * 10**6 + k, rnd.choice((5_000, 2 * 10**6))])
-            for k in range(rnd.randint(0, 4))
-        }
+        acc.colls = {}
+        for k in range(rnd.randint(0, 4)):
+            t = 10**9 + rnd.choice((0, 0, 7, 500_000, rnd.randrange(10**6)))
+            end = rnd.choice((None, t + 2_000, t + 3 * 10**6, t + 3 * 10**6))
+            acc.colls[f"0#{k}"] = ["all_reduce", t, end, rnd.choice((None, 5_000, 2 * 10**6))]
         kind = rnd.random()
         acc.step_ns = rnd.choice((9 * 10**6, 10**7, 12 * 10**6)) if kind < 0.8 else None
         if 0.8 <= kind < 0.9:
             acc.phases = {"forward": rnd.randrange(10**7)}
         accs[acc.host] = acc
     return dict(sorted(accs.items()))
+
+
+def test_a_wide_collective_read_with_numpy_equals_the_per_host_records(monkeypatch):
+    """``collectives`` of 60 random wide steps (ties at the first, second and last arrival, unknown ends
+    and durations, pairing checks that fail): the numpy path gives the per-host records' results."""
+    th = Thresholds()
+    failed = wide = 0
+    for seed in range(60):
+        accs = _random_accs(seed)
+        got = S.collectives(accs, th)
+        with monkeypatch.context() as m:
+            m.setattr(S, "WIDE_COLLECTIVE", 10**9)
+            want = S.collectives(accs, th)
+        assert json.dumps(got) == json.dumps(want), seed
+        failed += sum(not c["consistent"] for c in got)
+        wide += sum(len(c["late"]) >= S.WIDE_COLLECTIVE for c in got)
+    assert failed > 20 and wide > 60  # the pairing check fails often, the numpy path is taken
 
 
 def test_the_layer_columns_read_as_the_layer_table():

@@ -3,7 +3,9 @@ lateness, the straggler itself and its layer blame (docs/ANALYSIS.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
 
 from obshub.core.schema import Layer
 from obshub.streams.accumulate import as_accs
@@ -24,6 +26,61 @@ def compute_ns(acc: dict, colls: dict | None = None) -> int | None:
     if acc.phases:
         return max(0, sum(acc.phases.values()) - waited)
     return None
+
+
+_BOUND = 2**62
+"""Collective ends and durations (ns) the vectorised union takes: within +-2**62, so that no difference
+overflows int64 (beyond: ``compute_ns`` in Python ints)."""
+
+
+def compute_many(accs: dict[str, dict], hosts: list[str], colls_of: dict[str, dict] | None = None) -> list[int | None]:
+    """``[compute_ns(accs[h], colls_of[h]) for h in hosts]`` (ns, None where unknown), the union of each
+    host's collective intervals taken with numpy for the hosts of a step time and as many collective
+    records, all with an end and a duration (the usual step: one ``(hosts, collectives)`` matrix, sorted
+    per row by ``(start, end)`` as ``union_ns`` sorts, then merged column by column). The same ints as
+    ``compute_ns``; other hosts, and values beyond ``_BOUND``, take ``compute_ns``."""
+    out: list[int | None] = [None] * len(hosts)
+    groups: dict[int, list[int]] = {}
+    recs: dict[int, list] = {}
+    for i, h in enumerate(hosts):
+        a = accs[h]
+        cs = a.colls if colls_of is None else colls_of[h]
+        if a.step_ns is None or len(cs) < 2:
+            out[i] = compute_ns(a, cs)
+            continue
+        k = len(cs)
+        if k not in groups:
+            groups[k], recs[k] = [], []
+        groups[k].append(i)
+        recs[k].extend(cs.values())
+    for k, idx in groups.items():
+        rs = recs[k]
+        try:
+            e = np.array([r[2] for r in rs], dtype=np.int64).reshape(len(idx), k)
+            d = np.array([r[3] for r in rs], dtype=np.int64).reshape(len(idx), k)
+            if int(np.abs(e).max()) >= _BOUND or int(np.abs(d).max()) >= _BOUND:
+                raise OverflowError
+        except (TypeError, ValueError, OverflowError):  # an unknown end or duration, or beyond int64
+            for i in idx:
+                h = hosts[i]
+                out[i] = compute_ns(accs[h], None if colls_of is None else colls_of[h])
+            continue
+        st = e - d
+        order = np.lexsort((e, st), axis=1)
+        st = np.take_along_axis(st, order, 1)
+        e = np.take_along_axis(e, order, 1)
+        cur_s, cur_e = st[:, 0], e[:, 0]
+        total = np.zeros(len(idx), dtype=np.int64)
+        for j in range(1, k):
+            sj, ej = st[:, j], e[:, j]
+            gap = sj > cur_e
+            total += np.where(gap, cur_e - cur_s, 0)
+            cur_s = np.where(gap, sj, cur_s)
+            cur_e = np.where(gap, ej, np.maximum(cur_e, ej))
+        total += cur_e - cur_s
+        for i, w in zip(idx, total.tolist()):
+            out[i] = max(0, accs[hosts[i]].step_ns - w)
+    return out
 
 
 def layer_table(accs: dict[str, dict], colls_of: dict[str, dict] | None = None) -> dict[str, dict[str, dict]]:
@@ -71,16 +128,15 @@ class LayerColumns(Mapping):
         self._colls = colls_of  # per host the collective records its compute time reads (None: acc.colls)
         self._hosts = sorted(accs)
         self._rows: dict[str, dict] = {}
-        cells: dict[str, dict[str, tuple]] = {}
+        cells: dict[str, dict[str, Sequence]] = {}
         pytorch = Layer.PYTORCH.value
-        for host in self._hosts:
-            acc = accs[host]
-            for layer, (t, c, m) in acc.layers.items():
+        comps = compute_many(accs, self._hosts, colls_of)
+        for host, comp in zip(self._hosts, comps):
+            for layer, v in accs[host].layers.items():  # [time_ns, count, max_ns], read only
                 col = cells.get(layer)
                 if col is None:
                     col = cells[layer] = {}
-                col[host] = (t, c, m)
-            comp = compute_ns(acc, None if colls_of is None else colls_of[host])
+                col[host] = v
             if comp is not None:
                 col = cells.get(pytorch)
                 if col is None:
@@ -181,7 +237,13 @@ def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds, last_h: str | N
             bad = h
     if bad is None:
         return None
-    t, _u, _op, end, dur = arr[bad]
+    return _pair_why(bad, arr[bad], last_h, last_t)
+
+
+def _pair_why(bad: str, rec: tuple, last_h: str, last_t: int) -> str:
+    """``_pair_check``'s words for host ``bad`` (its record ``rec``: ``(arrive_rt, unc_ns, op, end_rt,
+    duration_ns)``) against the last arriver ``last_h`` (arrival ``last_t``)."""
+    t, _u, _op, end, dur = rec
     if end is not None:
         return f"{bad}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
     lasted = dur
@@ -192,8 +254,11 @@ def _order_stats(arr: dict[str, tuple]) -> tuple[str, str, str, int]:
     """``(first, second-latest, last, median arrival)`` of the per-host records ``arr`` (``{host:
     (arrive_rt, ...)}``, two or more) as the order by ``(arrival, host)`` gives them (ties break by host
     name; the median as ``median_int``), from one sort of the arrivals (ints) instead of the pairs."""
-    hs = list(arr)
-    ts = [v[0] for v in arr.values()]
+    return _order_stats_of(list(arr), [v[0] for v in arr.values()])
+
+
+def _order_stats_of(hs: list[str], ts: list[int]) -> tuple[str, str, str, int]:
+    """:func:`_order_stats` of hosts ``hs`` and their arrivals ``ts`` (same order, two or more)."""
     s = sorted(ts)
     n = len(s)
     t_lo, t_hi, t2 = s[0], s[-1], s[-2]
@@ -223,19 +288,31 @@ def collectives(
     name. ``colls_of``: per host the collective records to read instead of ``acc.colls`` (the host
     view's, ``ranks.view_colls``)."""
     accs = as_accs(accs)
-    by_key: dict[str, dict[str, tuple]] = {}
+    by_key: dict[str, tuple[list[str], list, list[int]]] = {}  # key -> (hosts, records, their unc_ns)
     for host, acc in accs.items():
-        for key, (op, arrive, end, dur) in (acc.colls if colls_of is None else colls_of[host]).items():
-            if arrive is not None:
-                by_key.setdefault(key, {})[host] = (arrive, acc.unc_ns, op, end, dur)
+        for key, rec in (acc.colls if colls_of is None else colls_of[host]).items():
+            if rec[1] is not None:
+                v = by_key.get(key)
+                if v is None:
+                    v = by_key[key] = ([], [], [])
+                v[0].append(host)
+                v[1].append(rec)
+                v[2].append(acc.unc_ns)
     out = []
-    for key, arr in by_key.items():
-        if len(arr) < 2:
+    for key, (hs, recs, uncs) in by_key.items():
+        if len(hs) < 2:
             continue
         pg, _, seq = key.rpartition("#")
-        first_h, second_h, last_h, med = _order_stats(arr)
-        first, second, last = arr[first_h], arr[second_h], arr[last_h]
-        why = _pair_check(key, arr, th, last_h)
+        got = _wide_collective(hs, recs, uncs, th) if len(hs) >= WIDE_COLLECTIVE else None
+        if got is not None:  # numpy over the hosts' columns
+            arr = None
+            first, second, last, last_h, late, why = got
+        else:
+            arr = {h: (r[1], u, r[0], r[2], r[3]) for h, r, u in zip(hs, recs, uncs)}
+            first_h, second_h, last_h, med = _order_stats(arr)
+            first, second, last = arr[first_h], arr[second_h], arr[last_h]
+            why = _pair_check(key, arr, th, last_h)
+            late = {h: v[0] - med for h, v in arr.items()}
         out.append(
             {
                 "pg": pg,
@@ -246,13 +323,69 @@ def collectives(
                 "last_host": last_h,
                 "lead_ns": last[0] - second[0],
                 "lead_uncertainty_ns": last[1] + second[1],
-                "late": {h: v[0] - med for h, v in arr.items()},
+                "late": late,
                 "consistent": why is None,
                 "why": why,
             }
         )
     out.sort(key=lambda c: (c["pg"], c["coll_seq"]))
     return out
+
+
+WIDE_COLLECTIVE = 64
+"""A collective joined by at least this many hosts is read with numpy (``_wide_collective``)."""
+_SMALL = 2**61  # arrivals, ends, durations and uncertainties the numpy pairing check takes (no overflow)
+
+
+def _wide_collective(
+    hs: list[str], recs: list, uncs: list[int], th: Thresholds
+) -> tuple[tuple, tuple, tuple, str, dict[str, int], str | None] | None:
+    """One collective of ``collectives`` from its hosts' columns with numpy: ``(first, second, last, last
+    host, late, why)`` (records as ``(arrive_rt, unc_ns, op, end_rt, duration_ns)``), exactly as the
+    per-host records give them (:func:`_order_stats_of`, :func:`_pair_check`). ``hs``: the hosts that
+    arrived, ``recs`` their records ``[op, arrive_rt, end_rt, duration_ns]``, ``uncs`` their clocks'
+    uncertainty (ns). None (the caller takes the per-host records) when a value lies beyond +-2**61 or
+    is not an int."""
+    ts = [r[1] for r in recs]
+    ends = [r[2] for r in recs]
+    durs = [r[3] for r in recs]
+    try:
+        t = np.array(ts, dtype=np.int64)
+        u = np.array(uncs, dtype=np.int64)
+        e_none = None in ends
+        e = np.array([0 if x is None else x for x in ends] if e_none else ends, dtype=np.int64)
+        d = np.array([0 if x is None else x for x in durs] if None in durs else durs, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    for a in (t, u, e, d):
+        if int(np.abs(a).max()) >= _SMALL:
+            return None
+    first_h, second_h, last_h, med = _order_stats_of(hs, ts)
+    at = {first_h: 0, second_h: 0, last_h: 0}
+    for i, h in enumerate(hs):  # the three hosts' indices
+        if h in at:
+            at[h] = i
+    i_last = at[last_h]
+
+    def rec(i: int) -> tuple:
+        r = recs[i]
+        return (r[1], uncs[i], r[0], r[2], r[3])
+
+    last_t = ts[i_last]
+    slack = uncs[i_last] + th.pair_slack_ns
+    # a host's collective lasted end - arrival (its duration when the end is unknown, an unknown one read
+    # as 0); 0 or less: unchecked
+    lasted = e - t
+    if e_none:
+        lasted = np.where(np.array([x is not None for x in ends]), lasted, d)
+    bad_mask = (lasted > 0) & (last_t - t > lasted + u + slack)
+    bad_mask[i_last] = False
+    why = None
+    if bad_mask.any():
+        bad_i = min(np.flatnonzero(bad_mask).tolist(), key=hs.__getitem__)
+        why = _pair_why(hs[bad_i], rec(bad_i), last_h, last_t)
+    late = dict(zip(hs, (t - med).tolist()))
+    return rec(at[first_h]), rec(at[second_h]), rec(i_last), last_h, late, why
 
 
 def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str, int]:
