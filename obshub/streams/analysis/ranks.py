@@ -21,6 +21,7 @@ Everything here is pure and deterministic (ties break by rank number).
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterator, Mapping
 
 import msgspec
@@ -608,17 +609,22 @@ def _packed_columns(
     :func:`_arrival_matrix` makes it (the packed mark of None is its ``_NONE``), False when an arrival lies
     beyond ``_BOUND``. None when the columns disagree on the ranks' count (a damaged record: the lists)."""
     cols = {}
+    tl = [t for _h, _a, t, _k, _fa in tables]
     try:
         for c in ("r", "p", "l", "g", "s", "u"):
-            cols[c] = np.frombuffer(b"".join([getattr(t, c) for _h, _a, t, _k, _fa in tables]), dtype="<i8")
+            cols[c] = np.frombuffer(b"".join(map(operator.attrgetter(c), tl)), dtype="<i8")
     except (TypeError, ValueError):  # a column not packed, or not of whole int64s: the lists
         return None
     n_units = len(cols["r"])
     if any(len(v) != n_units for v in cols.values()):
         return None
-    sizes = [len(t.r) // 8 for _h, _a, t, _k, _fa in tables]
+    sizes = [len(t.r) // 8 for t in tl]
     col: dict[str, int] = {}
+    prev: list[str] | None = None
     for _h, _a, _t, keys, _fa in tables:
+        if keys == prev:  # the usual case: every host joined the same collectives
+            continue
+        prev = keys
         for k in keys:
             if k not in col:
                 col[k] = len(col)
