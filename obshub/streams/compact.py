@@ -38,8 +38,8 @@ def _rank(values: list[int], q: float) -> int:
 
 def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
     """``{layer: {hosts, time_p50_ns, time_p90_ns, time_p99_ns, time_max_ns, max_host, count_p50,
-    count_p90, count_p99, count_max}}`` over every host of ``layers`` (``summary["layers"]``) that has a
-    row for the layer. Quantiles are nearest-rank (the smallest value with at least q of the hosts at or
+    count_p90, count_p99, count_max}}`` over every host of ``layers`` (``summary["layers"]``, a dict or a
+    wide step's column-wise ``analysis.LayerColumns``, read by its columns) that has a row for the layer. Quantiles are nearest-rank (the smallest value with at least q of the hosts at or
     below it); ``max_host`` is the host with the largest ``time_ns`` (the first by name on a tie). Times in
     ns, counts in events. O(hosts x layers x log hosts)."""
     cols: dict[str, tuple[list[int], list[str], list[int]]] = {}  # layer -> (times, hosts, counts)
@@ -119,7 +119,8 @@ def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
 
 
 def compact(summary: dict, full_rows: int = FULL_ROWS, top: int = TOP) -> dict:
-    """``summary`` (from ``streams.analysis.summarize``, with every host's ``layers`` row) made wide-safe,
+    """``summary`` (from ``streams.analysis.summarize``, with every host's ``layers`` row, as a dict or as
+    ``analysis.LayerColumns``, whose rows are built only for the hosts kept) made wide-safe,
     in place and returned: adds ``layer_stats`` (:func:`layer_stats`, over all hosts) and
     ``layers_omitted``, and when ``layers`` has more than ``full_rows`` hosts keeps only the rows of
     :func:`outlier_hosts`. Deterministic; O(hosts x layers x log hosts)."""
