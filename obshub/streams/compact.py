@@ -38,19 +38,24 @@ def _rank(values: list[int], q: float) -> int:
 
 def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
     """``{layer: {hosts, time_p50_ns, time_p90_ns, time_p99_ns, time_max_ns, max_host, count_p50,
-    count_p90, count_p99, count_max}}`` over every host of ``layers`` (``summary["layers"]``) that has a
-    row for the layer. Quantiles are nearest-rank (the smallest value with at least q of the hosts at or
+    count_p90, count_p99, count_max}}`` over every host of ``layers`` (``summary["layers"]``, a dict or a
+    wide step's column-wise ``analysis.LayerColumns``, read by its columns) that has a row for the layer. Quantiles are nearest-rank (the smallest value with at least q of the hosts at or
     below it); ``max_host`` is the host with the largest ``time_ns`` (the first by name on a tie). Times in
     ns, counts in events. O(hosts x layers x log hosts)."""
     cols: dict[str, tuple[list[int], list[str], list[int]]] = {}  # layer -> (times, hosts, counts)
-    for host, row in layers.items():
-        for layer, cell in row.items():
-            v = cols.get(layer)
-            if v is None:
-                v = cols[layer] = ([], [], [])
-            v[0].append(int(cell["time_ns"]))
-            v[1].append(host)
-            v[2].append(int(cell["count"]))
+    cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
+    if cells is not None:
+        for layer, col in cells.items():
+            cols[layer] = ([int(v[0]) for v in col.values()], list(col), [int(v[1]) for v in col.values()])
+    else:
+        for host, row in layers.items():
+            for layer, cell in row.items():
+                v = cols.get(layer)
+                if v is None:
+                    v = cols[layer] = ([], [], [])
+                v[0].append(int(cell["time_ns"]))
+                v[1].append(host)
+                v[2].append(int(cell["count"]))
     out: dict[str, dict] = {}
     for layer in sorted(cols):
         tl, hl, cl = cols[layer]
@@ -91,14 +96,19 @@ def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
     keep.update(c["last_host"] for c in summary.get("collectives") or () if c.get("last_host"))
     layers = summary.get("layers") or {}
     by_layer: dict[str, tuple[list[int], list[int], list[str]]] = {}  # layer -> (-time, -count, host) columns
-    for host, row in layers.items():
-        for layer, cell in row.items():
-            v = by_layer.get(layer)
-            if v is None:
-                v = by_layer[layer] = ([], [], [])
-            v[0].append(-int(cell["time_ns"]))
-            v[1].append(-int(cell["count"]))
-            v[2].append(host)
+    cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
+    if cells is not None:
+        for layer, col in cells.items():
+            by_layer[layer] = ([-int(v[0]) for v in col.values()], [-int(v[1]) for v in col.values()], list(col))
+    else:
+        for host, row in layers.items():
+            for layer, cell in row.items():
+                v = by_layer.get(layer)
+                if v is None:
+                    v = by_layer[layer] = ([], [], [])
+                v[0].append(-int(cell["time_ns"]))
+                v[1].append(-int(cell["count"]))
+                v[2].append(host)
     # the top ones by value then name (a host once per layer): a partial selection, not a sort of thousands
     for nt, nc, hs in by_layer.values():
         keep.update(h for _t, h in heapq.nsmallest(top, zip(nt, hs)))
@@ -109,13 +119,16 @@ def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
 
 
 def compact(summary: dict, full_rows: int = FULL_ROWS, top: int = TOP) -> dict:
-    """``summary`` (from ``streams.analysis.summarize``, with every host's ``layers`` row) made wide-safe,
+    """``summary`` (from ``streams.analysis.summarize``, with every host's ``layers`` row, as a dict or as
+    ``analysis.LayerColumns``, whose rows are built only for the hosts kept) made wide-safe,
     in place and returned: adds ``layer_stats`` (:func:`layer_stats`, over all hosts) and
     ``layers_omitted``, and when ``layers`` has more than ``full_rows`` hosts keeps only the rows of
     :func:`outlier_hosts`. Deterministic; O(hosts x layers x log hosts)."""
     layers = summary.get("layers") or {}
     summary["layer_stats"] = layer_stats(layers)
     if len(layers) <= full_rows:
+        if not isinstance(layers, dict):  # a column-wise table (analysis.LayerColumns): every row
+            summary["layers"] = dict(layers.items())
         summary["layers_omitted"] = 0
         return summary
     keep = outlier_hosts(summary, top)

@@ -7,6 +7,7 @@ import msgspec
 
 from obshub.streams.analysis.network import NetStats, net_evidence
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, p99_int, quantile_int
+from obshub.streams.analysis.straggler import LayerColumns
 from obshub.streams.analysis.thresholds import Thresholds
 
 
@@ -109,7 +110,11 @@ def evidence(
     s = max(1, int(bl.spread_ns or th.spread_min_ns))
     clip = th.evidence_clip
 
+    columns = layers if isinstance(layers, LayerColumns) else None  # a wide step: no row built
+
     def layer_value(g: str, layer: str, field: str) -> int:
+        if columns is not None:
+            return columns.value(g, layer, 0)  # field is "time_ns" (the only one read)
         return layers.get(g, {}).get(layer, {}).get(field, 0)
 
     out: dict[str, HostEvidence] = {}
@@ -123,7 +128,10 @@ def evidence(
             setattr(mine, layer, z)
 
     if bl.n >= th.baseline_min_n and len(accs) >= 2:
-        peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
+        if columns is not None and set(accs) == set(columns):
+            peer_time = {layer: LeaveOneOut(columns.full(layer, 0)) for layer in TIME_EVIDENCE}
+        else:
+            peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
         for h, lt in late.items():
             if lt <= 0:
                 continue

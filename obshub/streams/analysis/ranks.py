@@ -21,6 +21,8 @@ Everything here is pure and deterministic (ties break by rank number).
 from __future__ import annotations
 
 import bisect
+import operator
+from collections.abc import Iterator, Mapping
 
 import msgspec
 import numpy as np
@@ -102,6 +104,23 @@ def host_view(accs: dict[str, HostAcc], strict: bool = False) -> dict[str, HostA
         if strict and any(row.step_ns is None for row in rows.values()):
             v.step_ns = None
         out[h] = v
+    return out
+
+
+def view_colls(accs: dict[str, HostAcc]) -> dict[str, dict[str, list]]:
+    """``{host: collective records}``: the ``colls`` of each host's :func:`host_view` (not strict),
+    without copying the accumulators: a packed rank table's records (``RankTable.hv``) are used as they
+    are (read only), so a wide step does not copy 2,048 accumulators to change one field."""
+    accs = as_accs(accs)
+    out = {}
+    for h, a in accs.items():
+        rt = a.rt if a.rb is not None else None
+        if rt is not None and accumulate.column_len(rt.r) >= 2:
+            out[h] = dict(zip(rt.k, rt.hv))
+        elif a.rb is None and len(a.ranks or ()) < 2:
+            out[h] = a.colls
+        else:
+            out[h] = host_view({h: a})[h].colls
     return out
 
 
@@ -507,6 +526,14 @@ def host_ranks(
             late_i = [int(late_u.get(k, 0)) for k in keys]
             last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
         latest = _latest_of_hosts(late_i, spans)
+        if rows_for is not None and not rows_for and layers_for is not None and not layers_for:
+            # a wide step: each host's entry is built when read (the few hosts the summary names)
+            lazy = LazyNamed(spans, latest, late_i, last_i, cols)
+            for h, a in accs.items():
+                one = a.rank
+                if h not in lazy and one:
+                    lazy.put(h, {"rank": int(one[0]), "rows": {}})
+            return lazy  # type: ignore[return-value]
         steps, ranks = cols.s, cols.r
         for (h, start, end, _t), best in zip(spans, latest):
             if best >= 0:  # one latest rank (the usual case): no tie to break
@@ -528,6 +555,52 @@ def host_ranks(
     return out
 
 
+def _named_entry(late_i: list[int], last_i: dict[int, int], cols: _Columns, start: int, end: int, best: int) -> dict:
+    """:func:`host_ranks`' entry of a host whose ranks are units ``start..end-1`` (``best``: its one latest
+    rank's unit, -1 on a tie) when its rows are left to :func:`fill_rows`: ``{"rank", "rows": {rank:
+    named rank's row}, "_late"}``."""
+    if best < 0:
+        steps, ranks = cols.s, cols.r
+        _l, _s, _rank, best = min([(-late_i[i], -(steps[i] or 0), ranks[i], i) for i in range(start, end)])
+    rank = cols.r[best]
+    row = _summary_row(cols, best, int(late_i[best]), last_i.get(best, 0))
+    return {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start, end, cols)}
+
+
+class LazyNamed(Mapping):
+    """:func:`host_ranks`' result for a wide step (no host's rows nor layers asked for): the same
+    ``{host: {"rank", "rows", "_late"}}`` entries, each built when first read (and kept, so a change to it
+    stays), instead of 2,048 entries of which a summary reads a few dozen (the straggler, blame,
+    evidence and the hosts ``compact`` keeps). ``spans``/``latest``/``late_i``/``last_i``/``cols``: as in
+    :func:`host_ranks`."""
+
+    def __init__(self, spans: list, latest: list[int], late_i: list[int], last_i: dict[int, int], cols: _Columns):
+        self._at = {sp[0]: (sp[1], sp[2], best) for sp, best in zip(spans, latest)}  # host -> (start, end, best)
+        self._late, self._last, self._cols = late_i, last_i, cols
+        self._built: dict[str, dict] = {}
+
+    def put(self, host: str, entry: dict) -> None:
+        """Add ``host``'s entry as it is (a host without a rank table)."""
+        self._built[host] = entry
+
+    def __getitem__(self, host: str) -> dict:
+        v = self._built.get(host)
+        if v is None:
+            start, end, best = self._at[host]  # KeyError: no such host
+            v = self._built[host] = _named_entry(self._late, self._last, self._cols, start, end, best)
+        return v
+
+    def __contains__(self, host: object) -> bool:
+        return host in self._at or host in self._built
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._at
+        yield from (h for h in self._built if h not in self._at)
+
+    def __len__(self) -> int:
+        return len(self._at) + sum(1 for h in self._built if h not in self._at)
+
+
 def _packed_columns(
     tables: list[tuple[str, HostAcc, RankTable, list[str], list | bytes]],
 ) -> tuple[_Columns, list[int], tuple[list[str], np.ndarray] | bool] | None:
@@ -536,17 +609,22 @@ def _packed_columns(
     :func:`_arrival_matrix` makes it (the packed mark of None is its ``_NONE``), False when an arrival lies
     beyond ``_BOUND``. None when the columns disagree on the ranks' count (a damaged record: the lists)."""
     cols = {}
+    tl = [t for _h, _a, t, _k, _fa in tables]
     try:
         for c in ("r", "p", "l", "g", "s", "u"):
-            cols[c] = np.frombuffer(b"".join([getattr(t, c) for _h, _a, t, _k, _fa in tables]), dtype="<i8")
+            cols[c] = np.frombuffer(b"".join(map(operator.attrgetter(c), tl)), dtype="<i8")
     except (TypeError, ValueError):  # a column not packed, or not of whole int64s: the lists
         return None
     n_units = len(cols["r"])
     if any(len(v) != n_units for v in cols.values()):
         return None
-    sizes = [len(t.r) // 8 for _h, _a, t, _k, _fa in tables]
+    sizes = [len(t.r) // 8 for t in tl]
     col: dict[str, int] = {}
+    prev: list[str] | None = None
     for _h, _a, _t, keys, _fa in tables:
+        if keys == prev:  # the usual case: every host joined the same collectives
+            continue
+        prev = keys
         for k in keys:
             if k not in col:
                 col[k] = len(col)

@@ -3,17 +3,23 @@ lateness, the straggler itself and its layer blame (docs/ANALYSIS.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
 from obshub.core.schema import Layer
 from obshub.streams.accumulate import as_accs
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, union_ns
 from obshub.streams.analysis.thresholds import Thresholds
 
 
-def compute_ns(acc: dict) -> int | None:
+def compute_ns(acc: dict, colls: dict | None = None) -> int | None:
     """A host's compute time in the step, ns: ``step_ns - |union of its collective intervals|`` where a
     collective's interval is ``[end_rt - duration_ns, end_rt]`` from COLLECTIVE_END. Without a STEP_END,
-    the sum of the PHASE durations minus the same union (None when there is neither)."""
-    ivals = [(c[2] - c[3], c[2]) for c in acc.colls.values() if c[2] is not None and c[3] is not None]
+    the sum of the PHASE durations minus the same union (None when there is neither). ``colls``: the
+    collective records to read instead of ``acc.colls`` (the host view's, ``ranks.view_colls``)."""
+    recs = (acc.colls if colls is None else colls).values()
+    ivals = [(c[2] - c[3], c[2]) for c in recs if c[2] is not None and c[3] is not None]
     waited = union_ns(ivals)
     if acc.step_ns is not None:
         return max(0, acc.step_ns - waited)
@@ -22,8 +28,64 @@ def compute_ns(acc: dict) -> int | None:
     return None
 
 
-def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
-    """``{host: {layer: {time_ns, count, max_ns}}}``; the pytorch layer's time is ``compute_ns``."""
+_BOUND = 2**62
+"""Collective ends and durations (ns) the vectorised union takes: within +-2**62, so that no difference
+overflows int64 (beyond: ``compute_ns`` in Python ints)."""
+
+
+def compute_many(accs: dict[str, dict], hosts: list[str], colls_of: dict[str, dict] | None = None) -> list[int | None]:
+    """``[compute_ns(accs[h], colls_of[h]) for h in hosts]`` (ns, None where unknown), the union of each
+    host's collective intervals taken with numpy for the hosts of a step time and as many collective
+    records, all with an end and a duration (the usual step: one ``(hosts, collectives)`` matrix, sorted
+    per row by ``(start, end)`` as ``union_ns`` sorts, then merged column by column). The same ints as
+    ``compute_ns``; other hosts, and values beyond ``_BOUND``, take ``compute_ns``."""
+    out: list[int | None] = [None] * len(hosts)
+    groups: dict[int, list[int]] = {}
+    recs: dict[int, list] = {}
+    for i, h in enumerate(hosts):
+        a = accs[h]
+        cs = a.colls if colls_of is None else colls_of[h]
+        if a.step_ns is None or len(cs) < 2:
+            out[i] = compute_ns(a, cs)
+            continue
+        k = len(cs)
+        if k not in groups:
+            groups[k], recs[k] = [], []
+        groups[k].append(i)
+        recs[k].extend(cs.values())
+    for k, idx in groups.items():
+        rs = recs[k]
+        try:
+            e = np.array([r[2] for r in rs], dtype=np.int64).reshape(len(idx), k)
+            d = np.array([r[3] for r in rs], dtype=np.int64).reshape(len(idx), k)
+            if int(np.abs(e).max()) >= _BOUND or int(np.abs(d).max()) >= _BOUND:
+                raise OverflowError
+        except (TypeError, ValueError, OverflowError):  # an unknown end or duration, or beyond int64
+            for i in idx:
+                h = hosts[i]
+                out[i] = compute_ns(accs[h], None if colls_of is None else colls_of[h])
+            continue
+        st = e - d
+        order = np.lexsort((e, st), axis=1)
+        st = np.take_along_axis(st, order, 1)
+        e = np.take_along_axis(e, order, 1)
+        cur_s, cur_e = st[:, 0], e[:, 0]
+        total = np.zeros(len(idx), dtype=np.int64)
+        for j in range(1, k):
+            sj, ej = st[:, j], e[:, j]
+            gap = sj > cur_e
+            total += np.where(gap, cur_e - cur_s, 0)
+            cur_s = np.where(gap, sj, cur_s)
+            cur_e = np.where(gap, ej, np.maximum(cur_e, ej))
+        total += cur_e - cur_s
+        for i, w in zip(idx, total.tolist()):
+            out[i] = max(0, accs[hosts[i]].step_ns - w)
+    return out
+
+
+def layer_table(accs: dict[str, dict], colls_of: dict[str, dict] | None = None) -> dict[str, dict[str, dict]]:
+    """``{host: {layer: {time_ns, count, max_ns}}}``; the pytorch layer's time is ``compute_ns`` (of the
+    host's records in ``colls_of`` when given: the host view's, ``ranks.view_colls``)."""
     accs = as_accs(accs)
     out: dict[str, dict[str, dict]] = {}
     pytorch = Layer.PYTORCH.value
@@ -34,7 +96,7 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
             layer: {"time_ns": t, "count": c, "max_ns": m}
             for layer, (t, c, m) in (sorted(ls.items()) if len(ls) > 1 else ls.items())
         }
-        comp = compute_ns(acc)
+        comp = compute_ns(acc, None if colls_of is None else colls_of[host])
         if comp is not None:
             cell = row.get(pytorch)
             if cell is None:
@@ -43,6 +105,113 @@ def layer_table(accs: dict[str, dict]) -> dict[str, dict[str, dict]]:
                 cell["time_ns"] = comp
         out[host] = row
     return out
+
+
+class LayerColumns(Mapping):
+    """The layer table of a step (``layer_table``'s ``{host: {layer: {time_ns, count, max_ns}}}``) held
+    column-wise, for a wide step (thousands of hosts): ``cells[layer]`` maps each host that has the layer
+    (hosts in sorted order) to its ``(time_ns, count, max_ns)``, the pytorch layer's time being
+    ``compute_ns`` as in ``layer_table``. Built in one pass over the host accumulators ``accs``, without
+    one dict per host and layer: the job-wide statistics (peer medians, ``compact.layer_stats``, the
+    outlier hosts, the evidence's leave-one-out medians) read the columns, and a host's row (the same dict
+    ``layer_table`` gives, same key order) is built only when read (``layers[host]``), e.g. for the few
+    hosts a wide summary keeps. Iterating ``items()``/``values()`` builds every row (what a reader of the
+    whole table, such as a rarely taken branch of ``culprit``, gets: ``layer_table``'s result).
+
+    Read-only: the rows it returns are cached; a reader must not change them."""
+
+    __slots__ = ("_accs", "_colls", "_hosts", "_rows", "cells")
+
+    def __init__(self, accs: dict[str, dict], colls_of: dict[str, dict] | None = None) -> None:
+        accs = as_accs(accs)
+        self._accs = accs
+        self._colls = colls_of  # per host the collective records its compute time reads (None: acc.colls)
+        self._hosts = sorted(accs)
+        self._rows: dict[str, dict] = {}
+        cells: dict[str, dict[str, Sequence]] = {}
+        pytorch = Layer.PYTORCH.value
+        comps = compute_many(accs, self._hosts, colls_of)
+        for host, comp in zip(self._hosts, comps):
+            for layer, v in accs[host].layers.items():  # [time_ns, count, max_ns], read only
+                col = cells.get(layer)
+                if col is None:
+                    col = cells[layer] = {}
+                col[host] = v
+            if comp is not None:
+                col = cells.get(pytorch)
+                if col is None:
+                    col = cells[pytorch] = {}
+                have = col.get(host)
+                col[host] = (comp, 0, 0) if have is None else (comp, have[1], have[2])
+        self.cells = cells  # every column in host order: hosts are visited sorted
+
+    def __getitem__(self, host: str) -> dict:
+        row = self._rows.get(host)
+        if row is None:
+            if host not in self._accs:
+                raise KeyError(host)
+            row = self._rows[host] = self._table([host])[host]
+        return row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._hosts)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
+
+    def __contains__(self, host: object) -> bool:
+        return host in self._accs
+
+    def table(self) -> dict[str, dict[str, dict]]:
+        """Every host's row: ``layer_table``'s result (built once, then cached)."""
+        if len(self._rows) < len(self._hosts):
+            self._rows.update(self._table([h for h in self._hosts if h not in self._rows]))
+        return {h: self._rows[h] for h in self._hosts}
+
+    def _table(self, hosts: list[str]) -> dict[str, dict[str, dict]]:
+        """``layer_table`` of ``hosts`` (their collective records as given)."""
+        colls = self._colls
+        return layer_table({h: self._accs[h] for h in hosts}, None if colls is None else {h: colls[h] for h in hosts})
+
+    def items(self):  # type: ignore[override]
+        return self.table().items()
+
+    def values(self):  # type: ignore[override]
+        return self.table().values()
+
+    def value(self, host: str, layer: str, field: int) -> int:
+        """``layers[host][layer][field]`` without building the row: ``field`` 0 time_ns, 1 count, 2
+        max_ns; 0 where the host has no such layer."""
+        cell = self.cells.get(layer, _NO_COLUMN).get(host)
+        return 0 if cell is None else cell[field]
+
+    def full(self, layer: str, field: int) -> list[int]:
+        """``field`` (0 time_ns, 1 count, 2 max_ns) of ``layer`` for every host in sorted order, 0 where
+        a host has no such layer (as ``layers[h].get(layer, {}).get(field_name, 0)``)."""
+        col = self.cells.get(layer, _NO_COLUMN)
+        if len(col) == len(self._hosts):
+            return [v[field] for v in col.values()]
+        return [col[h][field] if h in col else 0 for h in self._hosts]
+
+
+_NO_COLUMN: dict = {}  # a layer no host has (read only)
+
+
+def layers_of(
+    accs: dict[str, dict], wide: bool, colls_of: dict[str, dict] | None = None
+) -> "dict[str, dict[str, dict]] | LayerColumns":
+    """The step's layer table: ``layer_table(accs, colls_of)``, or for a ``wide`` step the same held
+    column-wise (:class:`LayerColumns`)."""
+    return LayerColumns(accs, colls_of) if wide else layer_table(accs, colls_of)
+
+
+def pytorch_times(layers: "dict | LayerColumns", hosts) -> dict[str, int | None]:
+    """``{host: layers[host]["pytorch"]["time_ns"]}`` for each of ``hosts`` (None where the host has no
+    pytorch cell): its compute time (ns). ``layers`` may be a :class:`LayerColumns`."""
+    if isinstance(layers, LayerColumns):
+        col = layers.cells.get(Layer.PYTORCH.value, _NO_COLUMN)
+        return {h: (col[h][0] if h in col else None) for h in hosts}
+    return {h: layers.get(h, {}).get("pytorch", {}).get("time_ns") for h in hosts}
 
 
 def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds, last_h: str | None = None) -> str | None:
@@ -68,7 +237,13 @@ def _pair_check(key: str, arr: dict[str, tuple], th: Thresholds, last_h: str | N
             bad = h
     if bad is None:
         return None
-    t, _u, _op, end, dur = arr[bad]
+    return _pair_why(bad, arr[bad], last_h, last_t)
+
+
+def _pair_why(bad: str, rec: tuple, last_h: str, last_t: int) -> str:
+    """``_pair_check``'s words for host ``bad`` (its record ``rec``: ``(arrive_rt, unc_ns, op, end_rt,
+    duration_ns)``) against the last arriver ``last_h`` (arrival ``last_t``)."""
+    t, _u, _op, end, dur = rec
     if end is not None:
         return f"{bad}'s collective ended {(last_t - end) / 1e6:.3f} ms before {last_h}'s began"
     lasted = dur
@@ -79,8 +254,11 @@ def _order_stats(arr: dict[str, tuple]) -> tuple[str, str, str, int]:
     """``(first, second-latest, last, median arrival)`` of the per-host records ``arr`` (``{host:
     (arrive_rt, ...)}``, two or more) as the order by ``(arrival, host)`` gives them (ties break by host
     name; the median as ``median_int``), from one sort of the arrivals (ints) instead of the pairs."""
-    hs = list(arr)
-    ts = [v[0] for v in arr.values()]
+    return _order_stats_of(list(arr), [v[0] for v in arr.values()])
+
+
+def _order_stats_of(hs: list[str], ts: list[int]) -> tuple[str, str, str, int]:
+    """:func:`_order_stats` of hosts ``hs`` and their arrivals ``ts`` (same order, two or more)."""
     s = sorted(ts)
     n = len(s)
     t_lo, t_hi, t2 = s[0], s[-1], s[-2]
@@ -98,28 +276,43 @@ def _order_stats(arr: dict[str, tuple]) -> tuple[str, str, str, int]:
     return first, second, last, med
 
 
-def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[dict]:
+def collectives(
+    accs: dict[str, dict], th: Thresholds = Thresholds(), colls_of: dict[str, dict] | None = None
+) -> list[dict]:
     """Per collective seen (COLLECTIVE_BEGIN) by at least two hosts: ``{pg, coll_seq, op, skew_ns,
     uncertainty_ns, last_host, lead_ns, lead_uncertainty_ns, late, consistent, why}`` sorted by (pg,
     coll_seq). ``lead_ns`` is the last arriver's lead over the second-latest arrival (how long it alone kept
     the others waiting) and ``lead_uncertainty_ns`` the summed uncertainty of those two clocks. ``late`` maps
     each host to its arrival minus the median arrival (ns, >= 0 only for the later half). ``consistent``
     is False (and ``why`` says why) when the pairing check (``_pair_check``) fails. Ties break by host
-    name."""
+    name. ``colls_of``: per host the collective records to read instead of ``acc.colls`` (the host
+    view's, ``ranks.view_colls``)."""
     accs = as_accs(accs)
-    by_key: dict[str, dict[str, tuple]] = {}
+    by_key: dict[str, tuple[list[str], list, list[int]]] = {}  # key -> (hosts, records, their unc_ns)
     for host, acc in accs.items():
-        for key, (op, arrive, end, dur) in acc.colls.items():
-            if arrive is not None:
-                by_key.setdefault(key, {})[host] = (arrive, acc.unc_ns, op, end, dur)
+        for key, rec in (acc.colls if colls_of is None else colls_of[host]).items():
+            if rec[1] is not None:
+                v = by_key.get(key)
+                if v is None:
+                    v = by_key[key] = ([], [], [])
+                v[0].append(host)
+                v[1].append(rec)
+                v[2].append(acc.unc_ns)
     out = []
-    for key, arr in by_key.items():
-        if len(arr) < 2:
+    for key, (hs, recs, uncs) in by_key.items():
+        if len(hs) < 2:
             continue
         pg, _, seq = key.rpartition("#")
-        first_h, second_h, last_h, med = _order_stats(arr)
-        first, second, last = arr[first_h], arr[second_h], arr[last_h]
-        why = _pair_check(key, arr, th, last_h)
+        got = _wide_collective(hs, recs, uncs, th) if len(hs) >= WIDE_COLLECTIVE else None
+        if got is not None:  # numpy over the hosts' columns
+            arr = None
+            first, second, last, last_h, late, why = got
+        else:
+            arr = {h: (r[1], u, r[0], r[2], r[3]) for h, r, u in zip(hs, recs, uncs)}
+            first_h, second_h, last_h, med = _order_stats(arr)
+            first, second, last = arr[first_h], arr[second_h], arr[last_h]
+            why = _pair_check(key, arr, th, last_h)
+            late = {h: v[0] - med for h, v in arr.items()}
         out.append(
             {
                 "pg": pg,
@@ -130,13 +323,69 @@ def collectives(accs: dict[str, dict], th: Thresholds = Thresholds()) -> list[di
                 "last_host": last_h,
                 "lead_ns": last[0] - second[0],
                 "lead_uncertainty_ns": last[1] + second[1],
-                "late": {h: v[0] - med for h, v in arr.items()},
+                "late": late,
                 "consistent": why is None,
                 "why": why,
             }
         )
     out.sort(key=lambda c: (c["pg"], c["coll_seq"]))
     return out
+
+
+WIDE_COLLECTIVE = 64
+"""A collective joined by at least this many hosts is read with numpy (``_wide_collective``)."""
+_SMALL = 2**61  # arrivals, ends, durations and uncertainties the numpy pairing check takes (no overflow)
+
+
+def _wide_collective(
+    hs: list[str], recs: list, uncs: list[int], th: Thresholds
+) -> tuple[tuple, tuple, tuple, str, dict[str, int], str | None] | None:
+    """One collective of ``collectives`` from its hosts' columns with numpy: ``(first, second, last, last
+    host, late, why)`` (records as ``(arrive_rt, unc_ns, op, end_rt, duration_ns)``), exactly as the
+    per-host records give them (:func:`_order_stats_of`, :func:`_pair_check`). ``hs``: the hosts that
+    arrived, ``recs`` their records ``[op, arrive_rt, end_rt, duration_ns]``, ``uncs`` their clocks'
+    uncertainty (ns). None (the caller takes the per-host records) when a value lies beyond +-2**61 or
+    is not an int."""
+    ts = [r[1] for r in recs]
+    ends = [r[2] for r in recs]
+    durs = [r[3] for r in recs]
+    try:
+        t = np.array(ts, dtype=np.int64)
+        u = np.array(uncs, dtype=np.int64)
+        e_none = None in ends
+        e = np.array([0 if x is None else x for x in ends] if e_none else ends, dtype=np.int64)
+        d = np.array([0 if x is None else x for x in durs] if None in durs else durs, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    for a in (t, u, e, d):
+        if int(np.abs(a).max()) >= _SMALL:
+            return None
+    first_h, second_h, last_h, med = _order_stats_of(hs, ts)
+    at = {first_h: 0, second_h: 0, last_h: 0}
+    for i, h in enumerate(hs):  # the three hosts' indices
+        if h in at:
+            at[h] = i
+    i_last = at[last_h]
+
+    def rec(i: int) -> tuple:
+        r = recs[i]
+        return (r[1], uncs[i], r[0], r[2], r[3])
+
+    last_t = ts[i_last]
+    slack = uncs[i_last] + th.pair_slack_ns
+    # a host's collective lasted end - arrival (its duration when the end is unknown, an unknown one read
+    # as 0); 0 or less: unchecked
+    lasted = e - t
+    if e_none:
+        lasted = np.where(np.array([x is not None for x in ends]), lasted, d)
+    bad_mask = (lasted > 0) & (last_t - t > lasted + u + slack)
+    bad_mask[i_last] = False
+    why = None
+    if bad_mask.any():
+        bad_i = min(np.flatnonzero(bad_mask).tolist(), key=hs.__getitem__)
+        why = _pair_why(hs[bad_i], rec(bad_i), last_h, last_t)
+    late = dict(zip(hs, (t - med).tolist()))
+    return rec(at[first_h]), rec(at[second_h]), rec(i_last), last_h, late, why
 
 
 def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str, int]:
@@ -155,7 +404,7 @@ def lateness(accs: dict[str, dict], colls: list[dict], layers: dict) -> dict[str
                 if late > c["uncertainty_ns"]:
                     out[h] = max(out[h], late)
         return out
-    comp = {h: layers.get(h, {}).get("pytorch", {}).get("time_ns") for h in accs}
+    comp = pytorch_times(layers, accs)
     known = {h: v for h, v in comp.items() if v is not None}
     if len(known) >= 2:
         peers = LeaveOneOut(known.values())
@@ -183,13 +432,17 @@ def find_straggler(accs: dict[str, dict], colls: list[dict], layers: dict, th: T
     if len(accs) < 2:
         return None
     step_times = [a.step_ns for a in accs.values() if a.step_ns is not None]
-    ref = (
-        median_int(step_times)
-        if step_times
-        else median_int([layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
-    )
+    if isinstance(layers, LayerColumns):  # a wide step's columns: no row built
+        comp = pytorch_times(layers, accs)
+        ref = median_int(step_times) if step_times else median_int([v or 0 for v in comp.values()])
+    else:
+        ref = (
+            median_int(step_times)
+            if step_times
+            else median_int([layers[h].get("pytorch", {}).get("time_ns", 0) for h in accs])
+        )
+        comp = {h: layers[h].get("pytorch", {}).get("time_ns") for h in accs}
     floor = max(th.straggler_min_ns, th.straggler_rel * ref)
-    comp = {h: layers[h].get("pytorch", {}).get("time_ns") for h in accs}
     good = [c for c in colls if c["consistent"]]
     lead: dict[str, int] = {}
     last_n: dict[str, int] = {}
@@ -262,17 +515,31 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
     ``>= count_min`` and ``>= count_factor *`` the peers' median count.
     """
     mine = layers.get(straggler, {})
-    peers = [h for h in layers if h != straggler]
-    if not peers:
-        return []
-    names = sorted(set(mine) | {name for h in peers for name in layers[h]})
     stats = {}
-    for name in names:
-        m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
-        cells = [layers[h].get(name, _NO_CELL) for h in peers]
-        pt = median_int([c.get("time_ns", 0) for c in cells])
-        pc = median_int([c.get("count", 0) for c in cells])
-        stats[name] = (m, pt, pc, m["time_ns"] - pt)
+    if isinstance(layers, LayerColumns):  # a wide step: the peers' medians from the columns
+        n_peers = len(layers) - (straggler in layers)
+        if not n_peers:
+            return []
+        for name in sorted(layers.cells):  # every layer some host has
+            m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
+            col = layers.cells[name]
+            zeros = n_peers - (len(col) - (straggler in col))  # peers without the layer count 0
+            ts = [v[0] for h, v in col.items() if h != straggler]
+            cs = [v[1] for h, v in col.items() if h != straggler]
+            pt = median_int(ts + [0] * zeros)
+            pc = median_int(cs + [0] * zeros)
+            stats[name] = (m, pt, pc, m["time_ns"] - pt)
+    else:
+        peers = [h for h in layers if h != straggler]
+        if not peers:
+            return []
+        names = sorted(set(mine) | {name for h in peers for name in layers[h]})
+        for name in names:
+            m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
+            cells = [layers[h].get(name, _NO_CELL) for h in peers]
+            pt = median_int([c.get("time_ns", 0) for c in cells])
+            pc = median_int([c.get("count", 0) for c in cells])
+            stats[name] = (m, pt, pc, m["time_ns"] - pt)
     lower = sum(max(0, ex) for name, (_m, _pt, _pc, ex) in stats.items() if name != Layer.PYTORCH.value)
     floor = max(th.blame_min_ns, th.blame_rel * excess_ns)
     timed, counted = [], []

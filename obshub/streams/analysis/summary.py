@@ -19,9 +19,10 @@ from obshub.streams.analysis.ranks import (
     rank_fields,
     rank_units,
     split_unit,
+    view_colls,
 )
 from obshub.streams.analysis.running import past_data
-from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table
+from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table, layers_of
 from obshub.streams.analysis.thresholds import Thresholds
 
 _builtins = msgspec.to_builtins
@@ -196,9 +197,14 @@ def summarize(
     named = host_ranks(accs, th, layers_for=set() if wide else None, rows_for=set() if wide else None)
     one_node = len(accs) == 1 and accumulate.rank_count(next(iter(accs.values()))) >= 2
     raw = accs
-    accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
-    layers = layer_table(accs)
-    colls = collectives(accs, th)
+    if wide:  # the host view's collective records only (no accumulator copied), layers column-wise
+        vc = view_colls(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
+        layers = layers_of(accs, wide, vc)  # rows built only for the hosts the summary keeps
+        colls = collectives(accs, th, vc)
+    else:
+        accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
+        layers = layer_table(accs)
+        colls = collectives(accs, th)
     step_time = {h: a.step_ns for h, a in sorted(accs.items()) if a.step_ns is not None}
     tmax = max(step_time.values(), default=0)
     strag = find_straggler(accs, colls, layers, th)

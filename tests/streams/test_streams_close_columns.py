@@ -1,0 +1,146 @@
+"""The column-wise close of a wide step (issue #30 item 4, docs/ARCHITECTURE.md "Stream processing") gives
+every summary byte for byte as the per-host close it replaced: the layer table held per layer
+(``analysis.LayerColumns``: rows built only for the hosts a summary keeps, the job-wide statistics from the
+columns), the host view's collective records read without copying the accumulators (``view_colls``) and
+each host's named rank built when read (``ranks.LazyNamed``). The reference is the same worker with those
+three switched back to the per-host forms (a layer row per host, a host view copied per host, an entry per
+host), on wide steps of one and several ranks per host, of every guilty layer, and on random layer tables
+with missing layers, ties and hosts without a compute time."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from obshub.core import schema
+from obshub.streams import accumulate, compact, synthetic
+from obshub.streams.analysis import ranks as R
+from obshub.streams.analysis import straggler as S
+from obshub.streams.analysis.evidence import Baseline, evidence
+from obshub.streams.analysis.thresholds import Thresholds
+from obshub.streams.inproc import InProcess
+
+summary_mod = __import__("obshub.streams.analysis.summary", fromlist=["summarize"])
+
+
+def _per_host(m: pytest.MonkeyPatch) -> None:
+    """The close as it was before the columns: a dict row per host, a copied host view, every entry."""
+    m.setattr(summary_mod, "layers_of", lambda accs, wide, vc=None: S.layer_table(accs, vc))
+    m.setattr(summary_mod, "view_colls", lambda accs: {h: a.colls for h, a in R.host_view(accs).items()})
+    real = R.host_ranks
+
+    def every_entry(accs, th=Thresholds(), layers_for=None, rows_for=None):
+        if rows_for is not None and not rows_for:
+            rows_for = {"\0"}  # no such host: each host gets its named rank's entry at once
+        return real(accs, th, layers_for, rows_for)
+
+    m.setattr(summary_mod, "host_ranks", every_entry)
+
+
+def _run(msgs: list[bytes], every: int) -> list[str]:
+    pipe = InProcess(partitions=2, clock=lambda: 1)
+    for i in range(0, len(msgs), every):
+        pipe.feed_round(msgs[i : i + every])
+    pipe.close_all()
+    return [json.dumps(s) for s in pipe.summaries]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "per_host", "layer"),
+    [(80, 1, "sched"), (80, 1, "memory"), (72, 1, "network"), (72, 1, "cuda"), (68, 2, "sched"), (66, 3, "memory")],
+)
+def test_a_wide_step_summarises_byte_for_byte_as_the_per_host_close(monkeypatch, hosts, per_host, layer):
+    n = hosts * per_host  # the scenario's hosts are ranks when several share a host
+    scn = synthetic.Scenario(
+        job=f"cols-{layer}", hosts=n, steps=9, straggler=n // 3, guilty_steps=(6, 7, 8), guilty_layer=layer
+    )
+    gen = synthetic.generate(scn) if per_host == 1 else synthetic.generate_ranks(scn, per_host)
+    msgs = [schema.encode_batch(b) for _k, b in gen]
+    got = _run(msgs, 37)
+    with monkeypatch.context() as m:
+        _per_host(m)
+        want = _run(msgs, 37)
+    assert len(got) == scn.steps and got == want
+    assert any(json.loads(s)["layers_omitted"] > 0 for s in got)  # wide: compacted
+
+
+def _random_accs(seed: int) -> dict:
+    """Host accumulators of a wide step with random layers (some missing on some hosts, many ties), hosts
+    without a step time (phases instead, or nothing), collectives with and without ends."""
+    rnd = random.Random(seed)
+    accs = {}
+    for h in rnd.sample(range(400), rnd.randint(65, 140)):
+        acc = accumulate.new_acc(f"n{h:03d}", h)
+        acc.layers = {
+            layer: [rnd.choice((0, 5, 5, 1_000, rnd.randrange(10**7))), rnd.choice((0, 1, 3, 3, 40)), rnd.randrange(9)]
+            for layer in ("sched", "memory", "cuda", "network", "pytorch", "nic")
+            if rnd.random() < 0.7
+        }
+        acc.colls = {}
+        for k in range(rnd.randint(0, 4)):
+            t = 10**9 + rnd.choice((0, 0, 7, 500_000, rnd.randrange(10**6)))
+            end = rnd.choice((None, t + 2_000, t + 3 * 10**6, t + 3 * 10**6))
+            acc.colls[f"0#{k}"] = ["all_reduce", t, end, rnd.choice((None, 5_000, 2 * 10**6))]
+        kind = rnd.random()
+        acc.step_ns = rnd.choice((9 * 10**6, 10**7, 12 * 10**6)) if kind < 0.8 else None
+        if 0.8 <= kind < 0.9:
+            acc.phases = {"forward": rnd.randrange(10**7)}
+        accs[acc.host] = acc
+    return dict(sorted(accs.items()))
+
+
+def test_a_wide_collective_read_with_numpy_equals_the_per_host_records(monkeypatch):
+    """``collectives`` of 60 random wide steps (ties at the first, second and last arrival, unknown ends
+    and durations, pairing checks that fail): the numpy path gives the per-host records' results."""
+    th = Thresholds()
+    failed = wide = 0
+    for seed in range(60):
+        accs = _random_accs(seed)
+        got = S.collectives(accs, th)
+        with monkeypatch.context() as m:
+            m.setattr(S, "WIDE_COLLECTIVE", 10**9)
+            want = S.collectives(accs, th)
+        assert json.dumps(got) == json.dumps(want), seed
+        failed += sum(not c["consistent"] for c in got)
+        wide += sum(len(c["late"]) >= S.WIDE_COLLECTIVE for c in got)
+    assert failed > 20 and wide > 60  # the pairing check fails often, the numpy path is taken
+
+
+def test_the_layer_columns_read_as_the_layer_table():
+    """Rows, layer statistics, outlier hosts, blame, straggler, lateness and evidence from the columns
+    equal those from the dict table, on 60 random wide steps."""
+    th = Thresholds()
+    for seed in range(60):
+        accs = _random_accs(seed)
+        table = S.layer_table(accs)
+        cols = S.LayerColumns(accs)
+        assert dict(cols.items()) == table and list(cols) == list(table)
+        assert all(json.dumps(cols[h]) == json.dumps(table[h]) for h in list(table)[::7]), seed
+        assert compact.layer_stats(cols) == compact.layer_stats(table), seed
+        colls = S.collectives(accs, th)
+        summ = {"layers": table, "step_time_ns": {h: a.step_ns for h, a in accs.items() if a.step_ns is not None}}
+        assert compact.outlier_hosts(dict(summ, layers=S.LayerColumns(accs))) == compact.outlier_hosts(summ), seed
+        for host in list(accs)[:: max(1, len(accs) // 5)] + ["nobody"]:
+            assert S.blame(host, S.LayerColumns(accs), 10**6, th) == S.blame(host, table, 10**6, th), (seed, host)
+        assert S.find_straggler(accs, colls, S.LayerColumns(accs), th) == S.find_straggler(accs, colls, table, th)
+        assert S.lateness(accs, [], S.LayerColumns(accs)) == S.lateness(accs, [], table), seed
+        late = S.lateness(accs, colls, table)
+        bl = Baseline(10**7, 2 * 10**7, 20, 10**5)
+        assert evidence(accs, late, S.LayerColumns(accs), bl, th) == evidence(accs, late, table, bl, th), seed
+
+
+def test_each_hosts_named_rank_is_built_when_read_as_it_was_at_once():
+    """``host_ranks`` of a wide step (no rows nor layers asked for) gives, host by host, the entry the
+    per-host loop gave (named rank, its row, the pending rows), ties of lateness included."""
+    from test_streams_packed_ranks import _accs, _packed  # noqa: PLC0415 (the same generated ranks)
+
+    for seed in range(6):
+        accs = _packed(_accs(70, 4, seed))
+        lazy = R.host_ranks(accs, layers_for=set(), rows_for=set())
+        eager = R.host_ranks(accs, layers_for=set(), rows_for={"\0"})
+        assert isinstance(lazy, R.LazyNamed) and list(lazy) == list(eager)
+        for h in eager:
+            got, want = dict(lazy[h]), dict(eager[h])
+            assert got.pop("_late")[2:4] == want.pop("_late")[2:4] and got == want, (seed, h)
