@@ -924,3 +924,58 @@ def test_lateness_of_the_host_whose_link_its_running_record_named_is_its_links()
     assert not analysis.running_applies(close("node-01"), named)
     assert not analysis.running_applies(close("node-03", "sched"), named)
     assert not analysis.running_applies(close("node-03", tmax=170), named)  # x1.2: not slowed
+
+
+# node-00 net-slow, persistent campaign (ttd, 2026-12-05, kept in /tmp/stall8/p0, steps 1360-1362): the slowed
+# steps' culprit was node-00 / network (its running record, then its own evidence), while node-03, the
+# straggler, arrived late with 137-180 ms more run-queue time than its peers: 3.3, 7.0 and 1.9 spreads of
+# sched evidence, CUSUM 5.3, sched_contention_on_straggler node-03 fired (a wrong alert). The same shape
+# in /tmp/stall8/p3r1 (node-03 net-slow, steps 331-333): node-02 had 4.6 and 4.2.
+VICTIM_STEPS = [  # (tmax ms, spread ms, evidence, culprit as the worker charged it)
+    (
+        3156,
+        20.5,
+        {"node-00": {"sched": 1.446}, "node-01": {"pytorch": 0.97}, "node-03": {"pytorch": 7.0, "sched": 3.293}},
+        "running",
+    ),
+    (
+        3522,
+        20.8,
+        {"node-00": {"network": 7.0}, "node-01": {"pytorch": 0.312}, "node-03": {"pytorch": 7.0, "sched": 7.0}},
+        "evidence",
+    ),
+    (
+        2819,
+        25.1,
+        {"node-00": {"network": 7.0}, "node-02": {"pytorch": 0.095}, "node-03": {"pytorch": 7.0, "sched": 1.908}},
+        "evidence",
+    ),
+]
+
+
+def _victim_steps(culprit_host: str | None, rng) -> list[dict]:
+    """Clean steps, then ``VICTIM_STEPS`` with node-03 the straggler and the culprit ``culprit_host`` /
+    network (None: no culprit), then clean steps again."""
+    out = charge(clean_steps(0, 20, rng))
+    for i, (tmax, spread, ev, source) in enumerate(VICTIM_STEPS):
+        s = summary(20 + i, tmax, ev=ev, strag=("node-03", 180), spread_ms=spread)
+        s["culprit"] = (
+            {"host": culprit_host, "layer": "network", "evidence": 7.0, "source": source, "why": "network evidence 7"}
+            if culprit_host
+            else None
+        )
+        out.append(s)
+    return out + charge(clean_steps(23, 10, rng))
+
+
+def test_a_slow_links_victim_accumulates_no_sched_cusum_and_a_host_charged_its_own_steps_does():
+    rng = __import__("random").Random(1361)
+    sched = lambda steps: [  # noqa: E731
+        a["labels"]["host"] for a in fire(steps, every_s=3.0) if a["rule"] == "sched_contention_on_straggler"
+    ]
+    # the step is charged to node-00's link: node-03's run-queue time in it is no evidence against node-03
+    assert sched(_victim_steps("node-00", rng)) == []
+    # the same evidence in steps charged to node-03 itself (its own link slow and its CPU contended), or
+    # to nobody, still sums: real contention is not lost
+    assert sched(_victim_steps("node-03", rng)) == ["node-03"]
+    assert sched(_victim_steps(None, rng)) == ["node-03"]
