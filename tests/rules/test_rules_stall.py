@@ -979,3 +979,45 @@ def test_a_slow_links_victim_accumulates_no_sched_cusum_and_a_host_charged_its_o
     # to nobody, still sums: real contention is not lost
     assert sched(_victim_steps("node-03", rng)) == ["node-03"]
     assert sched(_victim_steps(None, rng)) == ["node-03"]
+
+
+# 300 ms CPU bursts at load 3-5 (live, 2026-12-06, kept in /tmp/stall9/c300): two bursts fell inside a
+# collective (nobody late: culprit source "layers") and stalled the step x2.46 and x3.24 with the burst
+# host's run-queue time 4.2x and 5.2x its busiest peer's, yet were not starved: a `layers` culprit counted as
+# 3 spreads, and a peer had 1.24 and 1.17 spreads (17-25 ms at a spread of 14-20 ms) of run-queue lateness.
+@pytest.mark.parametrize(
+    "median_ms,tmax_ms,spread_ms,peer,sched,starved",
+    [
+        (150, 368, 20, {"node-01": 1.24}, (70, 115, 81, 478), True),  # step 352 (burst host as node-03 here)
+        (131, 424, 14, {"node-01": 1.17}, (40, 73, 56, 380), True),  # step 457
+        # the same peer lateness when the job's spread is 110 ms (load 7-8): the excess is 2.9 spreads,
+        # counted as 3, and 1.17 spreads of a peer's are over a third of it (the peer may share the cause)
+        (131, 424, 110, {"node-01": 1.17}, (40, 73, 56, 380), False),
+        # the other parts still hold: 2.9x the busiest peer is no starvation
+        (131, 424, 14, {"node-01": 1.17}, (40, 131, 56, 380), False),
+    ],
+)
+def test_a_burst_inside_a_collective_is_starved_by_its_run_queue_excess_in_spreads(
+    median_ms, tmax_ms, spread_ms, peer, sched, starved
+):
+    rng = __import__("random").Random(tmax_ms)
+
+    def at_median(x):
+        x["baseline"] = dict(x["baseline"], median_ns=int(median_ms * 1e6))
+        x["stall_ratio"] = round(x["step_time_max_ns"] / (median_ms * 1e6), 3)
+        return x
+
+    s = at_median(
+        summary(
+            20,
+            tmax_ms,
+            ev={h: {"sched": z} for h, z in peer.items()},
+            layers={h: {"sched": ms} for h, ms in zip(HOSTS4, sched)},
+            spread_ms=spread_ms,
+        )
+    )
+    steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, median_ms))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"], c["source"], c["starved"]) == ("node-03", "sched", "layers", starved), c
+    fired = stall_alerts(steps)
+    assert fired == ([("step_stall", "node-03", "sched")] if starved else []), fired
