@@ -1021,3 +1021,31 @@ def test_a_burst_inside_a_collective_is_starved_by_its_run_queue_excess_in_sprea
     assert (c["host"], c["layer"], c["source"], c["starved"]) == ("node-03", "sched", "layers", starved), c
     fired = stall_alerts(steps)
     assert fired == ([("step_stall", "node-03", "sched")] if starved else []), fired
+
+
+@pytest.mark.parametrize("excess_ms,fires", [(214, True), (180, False)])
+def test_a_starved_host_whose_peers_waited_longer_than_the_step_lost_fires_from_that_wait(excess_ms, fires):
+    # 300 ms burst of node-02 at load 2-6 (live, 2026-12-06, kept in /tmp/stall9/c300new, step 400): x2.11 of
+    # a 170 ms median, 188 ms lost (under stall_starved_floor_ns, 200 ms) while its peers waited 214 ms for
+    # it; starved (7 spreads, 8.8x the busiest peer's run-queue time). The wait is what it cost the job.
+    rng = __import__("random").Random(400)
+
+    def at_median(x):
+        x["baseline"] = dict(x["baseline"], median_ns=169_500_000)
+        x["stall_ratio"] = round(x["step_time_max_ns"] / 169_500_000, 3)
+        return x
+
+    s = at_median(
+        summary(
+            20,
+            357,
+            ev={"node-02": {"sched": 7.0}},
+            strag=("node-02", excess_ms),
+            layers={h: {"sched": ms} for h, ms in zip(HOSTS4, (87, 51, 764, 78))},
+            spread_ms=26,
+        )
+    )
+    steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, 170))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"], c["starved"]) == ("node-02", "sched", True), c
+    assert stall_alerts(steps) == ([("step_stall", "node-02", "sched")] if fires else [])
