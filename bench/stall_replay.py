@@ -1,5 +1,6 @@
 """Replay kept step summaries (``python -m bench.ttd --keep DIR``) through two versions of the step culprit
-and the builtin rule pack, and compare the single-step stall alerts (issue #30; docs/BENCHMARKS.md 8).
+and the builtin rule pack, and compare the alerts of every rule the step summaries drive (issue #30;
+docs/BENCHMARKS.md 8).
 
 Each kept run (``DIR/**/steps.jsonl`` beside its ``report.json``) is read in close order. Every closed step
 (``complete``, ``window``, ``restart``) whose kept culprit is not a hang's gets its culprit recomputed with
@@ -7,13 +8,16 @@ Each kept run (``DIR/**/steps.jsonl`` beside its ``report.json``) is read in clo
 fault's victims, each side keeping its own recent culprits per job) and the charge to a running record's
 network culprit (``running_applies``) of ``--base`` (a checkout of the commit to
 compare with, e.g. ``git worktree add /tmp/base main``) on one side and of this tree on the other; steps
-where the two differ are listed. Both sequences go through this tree's builtin pack
-(``rules.engine.Engine``, ticked at each step's close); each ``step_stall`` alert is right when it names
-the host and layer of a fault episode in effect (from its injection to 5 s after its last stall or its
-removal), else wrong; each stall of a ``stall:LAYER`` episode is named when a right alert starts within
-5 s of it. Prints the changed culprits, the alerts only one side fired, per-stall naming that differs,
-and totals. Reads only the culprit's inputs in the summaries (``culprit`` reads no raw events), so it
-replays a change of ``culprit.py``; a change of the fold or the agent needs new runs.
+where the two differ are listed. Each sequence goes through its own side's builtin pack (``--base``'s
+``obshub/rules/builtin``, this tree's; ``rules.engine.Engine``, ticked at each step's close), so the
+sequential rules (the CUSUMs, ``network_loss_in_slow_steps``) replay too; event-driven rules (memory
+reclaim, health) get no events and fire on neither side. An alert is right when it names the host and
+layer of a fault episode in effect (from its injection to 5 s after its last stall or its removal), else
+wrong; each stall of a ``stall:LAYER`` episode is named when a right ``step_stall`` alert starts within
+5 s of it. Prints the changed culprits, the alerts (any rule) only one side fired, per-stall naming that
+differs, and totals (``right``/``wrong``: ``step_stall``; ``all_right``/``all_wrong``: every rule).
+Reads only the culprit's and the rules' inputs in the summaries (``culprit`` reads no raw events), so it
+replays a change of ``culprit.py`` or of the pack; a change of the fold or the agent needs new runs.
 
     python -m bench.stall_replay --base /tmp/base /tmp/s6runs/*/ /tmp/stall5-runs/*/
 """
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("dirs", nargs="+", type=Path, help="folders of kept runs (bench.ttd --keep DIR)")
     p.add_argument("--base", type=Path, required=True, help="a checkout of the commit to compare with")
+    p.add_argument("--wrong", action="store_true", help="also list every wrong alert of this tree's side")
     a = p.parse_args(argv)
     base_file = a.base / "obshub/streams/analysis/culprit.py"
     if not base_file.is_file():
@@ -75,17 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     this = importlib.import_module("obshub.streams.analysis.culprit")  # the package exports a function of that name
 
     pack = load_ruleset([Path(__file__).resolve().parent.parent / "obshub/rules/builtin"])
+    base_dir = a.base / "obshub/rules/builtin"
+    base_pack = load_ruleset([base_dir]) if base_dir.is_dir() else pack
 
-    def fire(steps: list[dict]) -> list[dict]:
+    def fire(steps: list[dict], pk=pack) -> list[dict]:
+        """Every firing change of pack ``pk`` over ``steps`` (every rule)."""
         got: list[dict] = []
-        eng = Engine(pack, got.append)
+        eng = Engine(pk, got.append)
         for s in steps:
             eng.process("steps", fields.step_record(s))
             eng.tick(s["closed_at_ns"])
         eng.tick(steps[-1]["closed_at_ns"] + 60_000_000_000)
-        return [c for c in got if c["status"] == "firing" and c["rule"] == "step_stall"]
+        return [c for c in got if c["status"] == "firing"]
 
     tot = dict.fromkeys(("runs", "closed", "changed", "base_right", "base_wrong", "right", "wrong"), 0)
+    tot.update(all_base_right=0, all_base_wrong=0, all_right=0, all_wrong=0)
     tot.update(stalls=0, named_base=0, named=0)
     paths = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
     for sp in paths:
@@ -153,16 +162,30 @@ def main(argv: list[str] | None = None) -> int:
             t, h, ly = c["starts_at_ns"], c["labels"].get("host"), c["labels"].get("layer")
             return any(eh == h and el == ly and lo <= t <= hi for _k, eh, el, lo, hi, _s in eps)
 
-        fired_base, fired = fire(old), fire(new)
+        all_base, all_new = fire(old, base_pack), fire(new)
+        fired_base = [c for c in all_base if c["rule"] == "step_stall"]
+        fired = [c for c in all_new if c["rule"] == "step_stall"]
         for tag, f in (("base_", fired_base), ("", fired)):
             for c in f:
                 tot[tag + ("right" if right(c) else "wrong")] += 1
-        key = lambda c: (c["annotations"].get("step"), c["labels"].get("host"), c["labels"].get("layer"))  # noqa: E731
-        ka, kb = {key(c): c for c in fired_base}, {key(c): c for c in fired}
-        for k in sorted(set(ka) ^ set(kb)):
+        for tag, f in (("all_base_", all_base), ("all_", all_new)):
+            for c in f:
+                tot[tag + ("right" if right(c) else "wrong")] += 1
+        key = lambda c: (  # noqa: E731
+            c["rule"],
+            c["annotations"].get("step"),
+            c["labels"].get("host"),
+            c["labels"].get("layer"),
+        )
+        if a.wrong:
+            for c in all_new:
+                if not right(c):
+                    print(f"wrong {sp.parent} {key(c)}: {c['annotations'].get('evidence', '')[:200]}")
+        ka, kb = {key(c): c for c in all_base}, {key(c): c for c in all_new}
+        for k in sorted(set(ka) ^ set(kb), key=str):
             c = ka.get(k) or kb.get(k)
             print(
-                f"{'gone' if k in ka else 'new '} {'right' if right(c) else 'WRONG'} {sp.parent} step {k[0]} {k[1]} / {k[2]}"
+                f"{'gone' if k in ka else 'new '} {'right' if right(c) else 'WRONG'} {sp.parent} {k[0]} step {k[1]} {k[2]} / {k[3]}"
             )
         for kind, h, ly, _lo, _hi, starts in eps:
             if not starts or not kind.startswith("stall:"):

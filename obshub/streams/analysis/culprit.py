@@ -212,20 +212,19 @@ def culprit(summary: dict) -> dict | None:
 def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None:
     """Whether ``host``, the step's sched culprit by evidence ``z`` (spreads; None for a culprit of ``source``
     "layers", which nobody's lateness named), was starved of CPU beyond a loaded machine's jitter: a short
-    description when ``z`` is at least ``STARVED_MIN_EVIDENCE`` (None: taken as that least value), every
-    other host's sched evidence at most ``STARVED_PEER_EVIDENCE_REL`` of ``z``, the host's run-queue time
-    (``layers[host].sched.time_ns``) over its peers' median at least ``STARVED_EXPLAIN_REL`` of ``lost``
-    (ns the step lost over the job's median step; 0: no baseline, never starved) and at least
-    ``STARVED_PEER_FACTOR`` times every other host's; None otherwise (also without a layer row of the
-    host or any peer, e.g. a wide step's omitted rows)."""
-    z = STARVED_MIN_EVIDENCE if z is None else z
-    if z < STARVED_MIN_EVIDENCE or lost <= 0:
-        return None
-    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
-    if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
-        return None
+    description when ``z`` is at least ``STARVED_MIN_EVIDENCE``, every other host's sched evidence at most
+    ``STARVED_PEER_EVIDENCE_REL`` of ``z``, the host's run-queue time (``layers[host].sched.time_ns``) over
+    its peers' median at least ``STARVED_EXPLAIN_REL`` of ``lost`` (ns the step lost over the job's median
+    step; 0: no baseline, never starved) and at least ``STARVED_PEER_FACTOR`` times every other host's;
+    None otherwise (also without a layer row of the host or any peer, e.g. a wide step's omitted rows).
+
+    A ``layers`` culprit (``z`` None) has no lateness, so its ``z`` is its run-queue time over its peers'
+    median in units of the step's spread (``evidence.spread_ns``), what its evidence would be had it been
+    late by all of it, and at least ``STARVED_MIN_EVIDENCE``: a burst inside a collective of 323 ms over
+    its peers' median, 23 spreads of 14 ms, is not made ambiguous by a peer's 1.2 spreads (17 ms) of
+    run-queue lateness (300 ms CPU bursts at load 3-5, 2026-12-06, docs/BENCHMARKS.md 8)."""
     layers = summary.get("layers") or {}
-    if host not in layers:
+    if host not in layers or lost <= 0:
         return None
     own = int(((layers[host] or {}).get("sched") or {}).get("time_ns", 0))
     peers = sorted(int(((row or {}).get("sched") or {}).get("time_ns", 0)) for h, row in layers.items() if h != host)
@@ -234,6 +233,14 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     med = peers[(len(peers) - 1) // 2]
     if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
         med = min(med, int(((summary.get("layer_stats") or {}).get("sched") or {}).get("time_p50_ns", med)))
+    if z is None:
+        spread = int((summary.get("evidence") or {}).get("spread_ns") or 0)
+        z = max(STARVED_MIN_EVIDENCE, (own - med) / spread) if spread > 0 else STARVED_MIN_EVIDENCE
+    if z < STARVED_MIN_EVIDENCE:
+        return None
+    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
+    if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
+        return None
     if own - med < STARVED_EXPLAIN_REL * lost or own < STARVED_PEER_FACTOR * max(peers[-1], 1_000_000):
         return None
     return (
