@@ -125,7 +125,8 @@ def test_a_hang_of_one_rank_names_its_host_and_rank():
     ((_sk, summary, first),) = pipe.fold.hangs()
     assert first and summary["hang"]["coll_seq"] == 7
     assert [(h["host"], h["rank"], h["state"]) for h in summary["hang"]["hosts"]] == [("b", 3, "frozen")]
-    assert summary["hang"]["waiting"] == ["a"] and summary["hang"]["waiting_ranks"] == 2  # a's two ranks
+    # a's two ranks and b's rank 2, which reached the collective: 3 of 4 wait (2 before: b's own left out)
+    assert summary["hang"]["waiting"] == ["a"] and summary["hang"]["waiting_ranks"] == 3
 
     now = [1_000_000_000_000]
     pipe, batch = _hang_pipe(now, ("solo",), 3)
