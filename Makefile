@@ -21,7 +21,7 @@ lint: setup
 # (Prometheus, Alertmanager, helm; tests/support/gobuild.py), which the demo never needs
 test: lint
 	@.venv/bin/python -m tests.support.gobuild
-	@.venv/bin/python -m pytest -q -ra --durations=15 tests
+	@.venv/bin/python -m pytest -q -ra --durations=25 tests
 
 # test-fast: the unit tests alone (no broker, no BPF, no torch), in under a minute
 test-fast: setup
