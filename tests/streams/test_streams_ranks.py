@@ -144,6 +144,26 @@ def test_a_hang_of_one_rank_names_its_host_and_rank():
     assert summary["hang"]["waiting"] == ["solo"] and summary["hang"]["waiting_ranks"] == 2  # ranks 0 and 2
 
 
+def test_a_stopped_rank_found_outside_a_collective_counts_its_hosts_other_rank_as_waiting():
+    """Live 2 x 2 demo (`--fault hang --fault-host 1 --fault-rank 1`, 2026-12-06): the hang was found by
+    rank 3's state with no collective its rows knew (pg "-"); the page said "2 of 4 ranks wait" while
+    node-01's rank 2 waited too."""
+    from obshub.streams import accumulate
+    from obshub.streams.analysis.running import hang_ranks
+
+    found = {"pg": "-", "coll_seq": -1, "op": "step", "hosts": [{"host": "b", "state": "stopped"}], "waiting": ["a"]}
+    pids = {"a": {10: (0, 0), 11: (1, 1)}, "b": {20: (2, 0), 21: (3, 1)}}
+    b = accumulate.new_acc("b", 1)  # b's rank rows: rank 2 in all-reduce 7 (open), rank 3 stopped before it
+    b.ranks = {"2": accumulate.new_rank_row(20, 0), "3": accumulate.new_rank_row(21, 1)}
+    b.ranks["2"].colls["0#7"] = ["all_reduce", 5_000, None, None]
+    for accs in ({}, {"b": b}):
+        got = hang_ranks(found, accs, pids, {"b": {21: ("stopped", 0, 5)}})
+        assert [(h["host"], h["rank"]) for h in got["hosts"]] == [("b", 3)] and got["waiting_ranks"] == 3
+        # the whole host stopped: none of its ranks waits
+        got = hang_ranks(found, accs, pids, {"b": {20: ("stopped", 0, 5), 21: ("stopped", 0, 6)}})
+        assert [(h["host"], h["rank"]) for h in got["hosts"]] == [("b", 2)] and got["waiting_ranks"] == 2
+
+
 def test_a_host_is_done_with_a_step_only_when_each_of_its_ranks_ended_it():
     """A host's first rank to end a step does not complete the step for its host: the step closes once
     the host's last rank's STEP_END arrives (in a later batch), so the slow rank's row is in the summary."""

@@ -368,8 +368,8 @@ def hang_ranks(
     at_rt)``; ``pids``: ``host -> pid -> (global rank, local rank)``); by silence, its first rank row that
     has not reached the collective; a host of one known rank, that rank. Adds ``waiting_ranks``: the ranks
     registered on the waiting hosts (a host of unknown ranks counts one) plus a hung host's own ranks that
-    wait too (its rank rows that reached the collective; without rows, its registered ranks other than
-    those in the hung state), the count a page can give as "N of world_size ranks wait" (``waiting`` lists
+    wait too (its rank rows that reached the collective; where no row knows the collective, e.g. a stopped
+    rank found outside one, its registered ranks other than those in the hung state), the count a page can give as "N of world_size ranks wait" (``waiting`` lists
     hosts: a host with one rank behind has not arrived; 4 hosts x 2 ranks with one rank stopped: 7)."""
     accs = as_accs(accs)
     if found is None:
@@ -398,13 +398,13 @@ def hang_ranks(
         if len(known) > 1 or rows:
             rows = rows or (accumulate.rank_rows(acc) if acc is not None else {})
             hung = {known[p][0] for p in held if p in known} | {rank}
-            if rows:  # its other ranks that reached the collective wait for the one behind
+            if any(key in row.colls for row in rows.values()):  # its ranks that reached the collective
                 also += sum(
                     1
                     for r, row in rows.items()
                     if int(r) not in hung and (row.colls.get(key) or [None, None])[1] is not None
                 )
-            elif held:
+            elif held:  # a hang found by state outside a collective its rows know: its other ranks wait
                 also += sum(1 for p in known if p not in held)
     waiting = also + sum(max(len((pids or {}).get(h) or {}), 1) for h in found["waiting"])
     return dict(found, hosts=out, waiting_ranks=waiting)
