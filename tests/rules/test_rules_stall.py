@@ -992,11 +992,7 @@ def test_a_burst_inside_a_collective_is_starved_by_its_run_queue_excess_in_sprea
     median_ms, tmax_ms, spread_ms, peer, sched, starved
 ):
     rng = __import__("random").Random(tmax_ms)
-
-    def at_median(x):
-        x["baseline"] = dict(x["baseline"], median_ns=int(median_ms * 1e6))
-        x["stall_ratio"] = round(x["step_time_max_ns"] / (median_ms * 1e6), 3)
-        return x
+    at_median = at_median_of(median_ms)
 
     s = at_median(
         summary(
@@ -1020,11 +1016,7 @@ def test_a_starved_host_whose_peers_waited_longer_than_the_step_lost_fires_from_
     # a 170 ms median, 188 ms lost (under stall_starved_floor_ns, 200 ms) while its peers waited 214 ms for
     # it; starved (7 spreads, 8.8x the busiest peer's run-queue time). The wait is what it cost the job.
     rng = __import__("random").Random(400)
-
-    def at_median(x):
-        x["baseline"] = dict(x["baseline"], median_ns=169_500_000)
-        x["stall_ratio"] = round(x["step_time_max_ns"] / 169_500_000, 3)
-        return x
+    at_median = at_median_of(169.5)
 
     s = at_median(
         summary(
