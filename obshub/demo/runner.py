@@ -345,7 +345,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         )
 
         def on_alert(a: AlertSeen) -> None:
-            v = judge(t0["kind"], *(expected or (None, None)), t0["ns"], [a])
+            v = judge(t0["kind"], *(expected or (None, None)), t0["ns"], [a], t0.get("rank"))
             view.alert(a, "correct" if v.correct_count else "wrong: " + (v.wrong[0]["why"] if v.wrong else "?"))
 
         t0: dict = {"ns": None, "kind": opts.fault}  # the current episode (for the live view)
@@ -445,7 +445,8 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         evidence: dict = {}
         for i, (kind, host_i, start_s, stop_s) in enumerate(episodes):
             base, _, sub = kind.partition(":")  # stall:LAYER in a --sequence: a stall of that layer
-            pid = ranks[host_i * per + opts.fault_rank].proc.pid if opts.fault_rank is not None else None
+            one = ranks[host_i * per + opts.fault_rank] if opts.fault_rank is not None else None  # a one-rank fault
+            pid = one.proc.pid if one else None
             fault = make_fault(base, cluster, host_i, {**opts.fault_params, **({"layer": sub} if sub else {})}, pid=pid)
             fault.prepare()
             es.callback(fault.remove)
@@ -454,6 +455,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 "kind": kind,
                 "host": expected[0] if expected else None,
                 "layer": fault.layer,
+                "rank": one.rank if one and kind != "none" else None,  # global rank: its alerts must name it
                 "t0_ns": None,
                 "removed_ns": None,
                 "evidence": {},
@@ -462,7 +464,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 _wait_quiet(reader, 30.0, check_ranks)
                 start_s = max(start_s, time.monotonic() - t_warm)
                 stop_s = start_s + opts.fault_for_s
-            t0.update(ns=None, kind=kind)
+            t0.update(ns=None, kind=kind, rank=ep["rank"])
             next_sample = 0.0
             while time.monotonic() < t_warm + stop_s and any(r.proc.poll() is None for r in ranks):
                 check_ranks()
@@ -507,9 +509,9 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         if ep is not done[0]:
             mine = [a for a in mine if a.received_ns >= (ep["t0_ns"] or 0)]
         if ep["kind"].partition(":")[0] == "stall":
-            v = judge_stalls(ep["host"], ep["layer"], ep.get("stall_starts_ns") or [], mine, until)
+            v = judge_stalls(ep["host"], ep["layer"], ep.get("stall_starts_ns") or [], mine, until, ep.get("rank"))
         else:
-            v = judge(ep["kind"], ep["host"], ep["layer"], ep["t0_ns"], mine)
+            v = judge(ep["kind"], ep["host"], ep["layer"], ep["t0_ns"], mine, ep.get("rank"))
         if ep["kind"] == "hang":
             # resolved by the engine's rules, not by its exit (--resolve-on-exit: those end after it was stopped)
             natural = [r for r in reader.records if (r.get("ends_at_ns") or 0) < engine_stop_ns]

@@ -12,6 +12,10 @@ Rules of the verdict:
   after t0; the first one gives t1 and the time to detection ``TTD = t1 - t0`` (seconds);
 - every other firing alert is **wrong**: another host, another layer, no host/layer label, or before t0;
   each distinct alert (fingerprint) is counted once, with the reason;
+- a fault on one rank (``--fault-rank``: ``rank`` is its global rank) also needs the rank: an alert of the
+  right host and layer whose ``rank`` label names **another** rank is wrong ("wrong rank"); one without a
+  rank label (a host-level rule, e.g. the sched CUSUM, or a layer that is the host's) is judged by host and
+  layer alone;
 - ``ok`` only when a correct alert fired and nothing wrong did; for ``none`` only when nothing fired;
 - ``hang`` (the rank is frozen, then thawed): the correct alert must also resolve after the rank was
   thawed (``check_resolved``): an alert that outlives the hang would page for a healthy job;
@@ -39,6 +43,7 @@ class AlertSeen:
     summary: str
     fingerprint: str
     severity: str = ""
+    rank: str = ""  # the ``rank`` label: a global rank as text, "" when the alert names none
 
     @classmethod
     def from_record(cls, rec: dict, received_ns: int) -> "AlertSeen":
@@ -54,6 +59,7 @@ class AlertSeen:
             summary=str(ann.get("summary", "")),
             fingerprint=str(rec.get("fingerprint", "")),
             severity=str(rec.get("severity", labels.get("severity", ""))),
+            rank=str(labels.get("rank") or ""),
         )
 
 
@@ -88,14 +94,21 @@ class Verdict:
         return d
 
 
-def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None, alerts: list[AlertSeen]) -> Verdict:
+def judge(
+    fault: str,
+    host: str | None,
+    layer: str | None,
+    t0_ns: int | None,
+    alerts: list[AlertSeen],
+    rank: int | None = None,
+) -> Verdict:
     """Score ``alerts`` against the fault (see the module docstring). ``fault == "none"`` expects no
     alert; otherwise ``host``, ``layer`` and ``t0_ns`` must be given (t0 None = the fault never got
-    injected: nothing can be correct)."""
+    injected: nothing can be correct). ``rank``: the global rank a one-rank fault hits (None: the host's)."""
     v = Verdict(fault=fault, host=host, layer=layer, t0_ns=t0_ns)
     seen_wrong: set[str] = set()
     for a in sorted(alerts, key=lambda a: a.received_ns):
-        why = _wrong_because(fault, host, layer, t0_ns, a)
+        why = _wrong_because(fault, host, layer, t0_ns, a, rank)
         if why is None:
             v.correct_count += 1
             if v.first_correct is None:
@@ -121,18 +134,27 @@ def judge(fault: str, host: str | None, layer: str | None, t0_ns: int | None, al
 
 
 def judge_stalls(
-    host: str, layer: str, starts_ns: list[int], alerts: list[AlertSeen], until_ns: int | None = None
+    host: str,
+    layer: str,
+    starts_ns: list[int],
+    alerts: list[AlertSeen],
+    until_ns: int | None = None,
+    rank: int | None = None,
 ) -> Verdict:
     """Score ``alerts`` against sporadic stalls of ``host``/``layer`` that started at ``starts_ns``
     (CLOCK_REALTIME ns, ascending; see the module docstring). ``until_ns``: the end of the last stall's
     window (default: no end). ``stalls`` lists per stall ``{t0_ns, ttd_s, rule}`` (``ttd_s`` None: not
-    named); ``named`` counts the named ones."""
+    named); ``named`` counts the named ones. ``rank``: the global rank the stalls hit (None: the host's)."""
     v = Verdict(fault="stall", host=host, layer=layer, t0_ns=starts_ns[0] if starts_ns else None)
     bounds = list(starts_ns[1:]) + [until_ns if until_ns is not None else 2**63]
     ordered = sorted(alerts, key=lambda a: a.received_ns)
     for t0, end in zip(starts_ns, bounds):
         hit = next(
-            (a for a in ordered if t0 <= a.received_ns < end and _wrong_because("stall", host, layer, t0, a) is None),
+            (
+                a
+                for a in ordered
+                if t0 <= a.received_ns < end and _wrong_because("stall", host, layer, t0, a, rank) is None
+            ),
             None,
         )
         v.stalls.append(
@@ -144,7 +166,7 @@ def judge_stalls(
         )
     seen_wrong: set[str] = set()
     for a in ordered:
-        why = _wrong_because("stall", host, layer, v.t0_ns, a)
+        why = _wrong_because("stall", host, layer, v.t0_ns, a, rank)
         if why is None:
             v.correct_count += 1
             if v.first_correct is None:
@@ -178,7 +200,9 @@ def judge_stalls(
     return v
 
 
-def _wrong_because(fault: str, host: str | None, layer: str | None, t0_ns: int | None, a: AlertSeen) -> str | None:
+def _wrong_because(
+    fault: str, host: str | None, layer: str | None, t0_ns: int | None, a: AlertSeen, rank: int | None = None
+) -> str | None:
     if fault == "none":
         return "an alert on a clean run"
     if t0_ns is None or a.received_ns < t0_ns:
@@ -189,6 +213,8 @@ def _wrong_because(fault: str, host: str | None, layer: str | None, t0_ns: int |
         return f"wrong host ({a.host or 'none'}, fault on {host})"
     if a.layer != layer:
         return f"wrong layer ({a.layer or 'none'}, fault in {layer})"
+    if rank is not None and a.rank and a.rank != str(rank):
+        return f"wrong rank ({a.rank}, fault on rank {rank})"
     return None
 
 

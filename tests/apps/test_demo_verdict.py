@@ -86,6 +86,29 @@ def test_from_record_reads_the_rule_engine_fields():
     )
 
 
+def test_a_one_rank_fault_needs_its_rank_and_takes_host_level_alerts():
+    """--fault-rank: an alert of the right host and layer naming another rank of that host is wrong; one with no
+    rank label (a host-level rule) is judged by host and layer; without a faulted rank the label is not read."""
+    from dataclasses import replace
+
+    from obshub.demo.verdict import judge_stalls
+
+    rec = {"rule": "step_stall", "labels": {"host": "node-01", "layer": "sched", "rank": "3"}, "annotations": {}}
+    assert AlertSeen.from_record(rec, 1).rank == "3"
+    assert AlertSeen.from_record({**rec, "labels": {"host": "node-01", "rank": ""}}, 1).rank == ""
+    right = replace(alert(layer="sched", at_s=1.0, rule="step_stall", fp="r3"), rank="3")
+    peer = replace(alert(layer="sched", at_s=2.0, rule="step_stall", fp="r2"), rank="2")
+    host_level = alert(layer="sched", at_s=0.5, rule="sched_contention_on_straggler", fp="cusum")
+    v = judge("cpu", "node-01", "sched", T0, [right, host_level], rank=3)
+    assert v.ok and v.correct_count == 2 and v.ttd_s == 0.5
+    v = judge("cpu", "node-01", "sched", T0, [right, peer], rank=3)
+    assert not v.ok and v.wrong_count == 1 and v.wrong[0]["why"] == "wrong rank (2, fault on rank 3)"
+    assert judge("cpu", "node-01", "sched", T0, [peer]).ok  # a host-level fault: any rank of the host
+    # sporadic stalls of one rank: the peer's alert names no stall
+    v = judge_stalls("node-01", "sched", [T0], [peer], T0 + 10**10, rank=3)
+    assert not v.ok and v.named == 0 and "wrong rank" in v.wrong[0]["why"]
+
+
 def test_payload_checks():
     assert check_slack({"text": "hi"}) == "" and check_slack({"blocks": [{}]}) == ""
     assert "text" in check_slack({"attachments": []})
