@@ -91,6 +91,22 @@ LAYER_OF = {
 }
 
 
+def qdisc_refused(netns: str, qdisc: list[str]) -> str:
+    """Whether the kernel takes qdisc ``qdisc`` (tc's words, e.g. ``["netem", "delay", "1ms"]``): tried as the
+    root qdisc of the loopback device of network namespace ``netns`` and removed again. Returns tc's error
+    ("" when it was taken). Raises ClusterError when tc cannot be run at all."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", "lo", "root", *qdisc],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    if out.returncode:
+        return out.stderr.strip() or f"tc exited {out.returncode}"
+    sh(["tc", "qdisc", "del", "dev", "lo", "root"], netns=netns, check=False)
+    return ""
+
+
 def layer_of(kind: str, params: dict | None = None) -> str | None:
     """The layer obshub should name for a fault of ``kind`` with ``params`` (a ``stall``'s follows its
     ``layer`` param, default net: network)."""
@@ -676,7 +692,7 @@ class Stall(Fault):
       every TCP packet from and to the subnet (loaded at the stall's start, deleted at its end); with
       ``loss_pct`` (1-99) a loss burst instead: that percent of them dropped at random; with ``delay_ms``
       an RTT spike instead: tc netem delays every packet of both directions of its link by that much (a
-      kernel without sch_netem records the error in the evidence); with ``rate_kbit`` an RTT spike with
+      kernel without sch_netem: FaultError at ``prepare``); with ``rate_kbit`` an RTT spike with
       tbf: both directions limited to that rate, segments queued up to 2 s;
     - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
       cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
@@ -752,6 +768,15 @@ class Stall(Fault):
         return self.params["layer"] == "mem" and bool(self.params.get("full"))
 
     def prepare(self) -> None:
+        """Checks the kernel can shape the stall (an RTT spike of ``delay_ms`` needs tc's netem qdisc) and
+        readies a ``mem`` stall's hog. Raises FaultError (exit 2, before t0) when netem is missing."""
+        if self.params["layer"] == "net" and self.params.get("delay_ms"):
+            refused = qdisc_refused(self.host.netns, ["netem", "delay", "1ms"])
+            if refused:
+                raise FaultError(
+                    f"--param delay_ms: this kernel has no netem qdisc (sch_netem); tc said: {refused}",
+                    "use --param rate_kbit=N instead: an RTT spike with tc tbf (segments queue at that rate)",
+                )
         if self._full:
             self._mem = MemPressure(self.cluster, self.host, {"file_mb": 0, "hog_anon_mb": 0})
         elif self.params["layer"] == "mem":

@@ -227,3 +227,32 @@ def test_sporadic_stall_stalls_single_steps_then_training_runs_normally(training
         assert ev["failcnt"] > 0, ev
     limit = (c.hosts[FAULTY].cgroup("memory") / "memory.limit_in_bytes").read_text()
     assert int(limit) > 1 << 60  # no limit left behind
+
+
+def test_an_rtt_spike_without_netem_is_refused_before_the_first_stall(training):
+    # `--param delay_ms` shapes the stall with tc netem, which some kernels lack (this one: "Specified qdisc
+    # kind is unknown"); prepare() says so, with the tbf shape as the way out, instead of failing every stall
+    from obshub.demo.errors import FaultError
+    from obshub.demo.faults import qdisc_refused
+
+    c, _t = training
+    ns = c.hosts[FAULTY].netns
+    tried = subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        capture_output=True,
+        text=True,
+    )
+    subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+    assert (qdisc_refused(ns, ["netem", "delay", "1ms"]) != "") == (tried.returncode != 0)
+    f = make_fault("stall", c, FAULTY, {"layer": "net", "delay_ms": 50})
+    if tried.returncode:
+        with pytest.raises(FaultError, match="no netem qdisc") as e:
+            f.prepare()
+        assert "rate_kbit" in e.value.hint
+    else:
+        f.prepare()
+    qdiscs = subprocess.run(
+        ["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True
+    )
+    assert "netem" not in qdiscs.stdout  # nothing left on the namespace's loopback
+    assert qdisc_refused(ns, ["tbf", "rate", "1000kbit", "burst", "16kb", "latency", "100ms"]) == ""
