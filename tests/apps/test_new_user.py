@@ -87,3 +87,68 @@ def test_up_while_the_registered_broker_does_not_listen_is_a_clear_error(tmp_pat
     register_component(load_settings(), "kafka", os.getpid(), port=port)  # a live pid, nothing on the port
     code, _out, err = obshub(["up"], capsys)
     assert code == 1 and f"runs but nothing listens on 127.0.0.1:{port}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (
+            ["--fault", "cpu", "--param", "rate_mbit=50"],
+            "--param rate_mbit: read by net-slow only, not by this run's cpu",
+        ),
+        (["--fault", "cpu", "--param", "layer=net"], "--param layer: read by stall only"),
+        (["--fault", "hang", "--param", "percent=5"], "--param percent: read by net-loss only"),
+        (["--sequence", "stall:net@1", "--param", "procs=4"], "read by cpu or stall (layer=cpu) only"),
+        (["--fault", "stall", "--param", "shape=quota"], "--param shape: read by stall (layer=cpu) only"),
+        (["--fault", "stall", "--param", "layer=cpu", "--param", "loss_pct=40"], "--param loss_pct: read by stall"),
+        (["--fault", "stall", "--param", "loss_pct=150"], "--param loss_pct=150: a percent, 1-100"),
+        (["--fault", "stall", "--param", "layer=cpu", "--param", "quota_us=200000"], "--param quota_us=200000"),
+        (["--fault", "stall", "--param", "stall_ms=20000", "--param", "period_s=1"], "not shorter than period_s=1"),
+        (["--fault", "stall", "--param", "layer=mem", "--param", "full=2"], "--param full=2: the only value is 1"),
+        (["--param", "percent=nan"], "--param percent=nan: expected a positive number"),
+        (["--param", "percent=0.5"], "--param percent=0.5: expected a whole number"),
+        (["--sequence", "stall:net@9"], "--sequence: host 9 of stall:net is outside 0..3"),
+        (["--sequence", ","], "',' holds no KIND@HOST"),
+        (["--matrix", "--sequence", "cpu@1"], "--matrix and --sequence are two kinds of run"),
+        (["--fault", "hang", "--sequence", "cpu@1"], "--fault with --sequence"),
+        (["--fault-host", "2", "--sequence", "cpu@1"], "--fault-host with --sequence"),
+        (["--matrix", "--fault", "cpu"], "--fault with --matrix"),
+        (["--fault-at", "-5"], "'--fault-at': -5.0 is not in the range x>=0"),
+        (["--duration", "nan"], "'--duration': 'nan' is not a finite number"),
+        (["--settle", "inf"], "'--settle': 'inf' is not a finite number"),
+        (["--steps", "0"], "'--steps': 0 is not in the range x>=1"),
+        (["--sequence", "cpu@1", "--fault-for", "0"], "'--fault-for': 0.0 is not in the range x>0"),
+        (["--sequence", "cpu@1,mem@2", "--gap", "-5"], "'--gap': -5.0 is not in the range x>=0"),
+        (["--lock-wait", "-1"], "'--lock-wait'"),
+        (["--step-sleep-ms", "-1"], "'--step-sleep-ms'"),
+        (["--hidden", "0"], "'--hidden': 0 is not in the range x>=1"),
+        (["--fault", "none", "--json", "/nonexistent-nu10/dir/r.json"], "its folder /nonexistent-nu10/dir does not"),
+    ],
+)
+def test_demo_refuses_bad_options_before_setting_anything_up(tmp_path, monkeypatch, capsys, args, named):
+    """Each of these was accepted (the cluster, Kafka and the agents were set up, then the run failed, ran
+    a fault the user did not ask for, ignored the option, or lost its report at the end); now a usage
+    error (exit 2) naming the option, and nothing is started."""
+    import obshub.demo.cli as demo_cli
+
+    def never(*_a, **_k):
+        raise AssertionError("the demo started setting up")
+
+    monkeypatch.setattr(demo_cli, "run_demo", never)
+    monkeypatch.setattr(demo_cli, "run_matrix", never)
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    code, _out, err = obshub(["demo", *args], capsys)
+    err = " ".join(err.split())
+    assert code == 2 and named in err and "Traceback" not in err, (code, err)
+    assert not (tmp_path / "home").exists()
+
+
+def test_demo_matrix_gives_each_fault_the_params_it_reads():
+    """``--matrix --param percent=5 --param procs=3``: percent to net-loss alone, procs to cpu alone (each
+    scenario's own check refuses a key its kind does not read)."""
+    from obshub.demo.runner import DemoOptions, matrix_scenarios
+
+    got = {o.fault: o.fault_params for o in matrix_scenarios(DemoOptions(fault_params={"percent": 5, "procs": 3}))}
+    assert got["net-loss"] == {"percent": 5} and got["cpu"] == {"procs": 3} and got["hang"] == {}
+    for o in matrix_scenarios(DemoOptions(fault_params={"percent": 5, "procs": 3, "stall_ms": 500})):
+        o.check()
