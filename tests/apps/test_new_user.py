@@ -152,3 +152,50 @@ def test_demo_matrix_gives_each_fault_the_params_it_reads():
     assert got["net-loss"] == {"percent": 5} and got["cpu"] == {"procs": 3} and got["hang"] == {}
     for o in matrix_scenarios(DemoOptions(fault_params={"percent": 5, "procs": 3, "stall_ms": 500})):
         o.check()
+
+
+RULE = """version: 1
+rules:
+  - id: long
+    description: a stall ratio over 5
+    severity: warning
+    signal: steps
+    condition: stall_ratio > 5
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, where",
+    [
+        (
+            "    window: 99999999999999999999d\n",
+            ':8:13: rule "long": window: 99999999999999999999d is longer than 3650d',
+        ),
+        ("    for: 99999999999999d\n", ':8:10: rule "long": for: 99999999999999d is longer than 3650d'),
+        ("    renotify: {limit: 2, after: 999999999999d}\n", ':8:33: rule "long": renotify/after: 999999999999d'),
+    ],
+)
+def test_rules_check_refuses_a_duration_the_engine_cannot_hold(tmp_path, capsys, extra, where):
+    """`window: 99999999999999999999d` passed `obshub rules check`, then the engine's state snapshot (msgpack,
+    int64) failed to encode: OverflowError in `rules serve`. Now a problem at file:line:col; 3650d is fine
+    and its snapshot encodes."""
+    import time
+
+    import msgpack
+
+    from obshub.rules.engine import Engine
+    from obshub.rules.loader import load_ruleset
+
+    bad = tmp_path / "long.yaml"
+    bad.write_text(RULE + extra)
+    code, _out, err = obshub(["rules", "check", str(bad)], capsys)
+    assert code == 1 and f"{bad}{where}" in err and "Traceback" not in err, err
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(RULE + "    window: 3650d\n    keep_firing_for: 3650d\n")
+    engine = Engine(load_ruleset([ok]), lambda *_a, **_k: None)
+    now = time.time_ns()
+    for i in range(3):
+        engine.process(
+            "steps", {"job": "j", "step": i, "stall_ratio": 9.0, "time_ns": now + i, "closed_at_ns": now + i}
+        )
+    assert msgpack.packb(engine.snapshot(), use_bin_type=True)
