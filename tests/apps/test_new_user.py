@@ -199,3 +199,17 @@ def test_rules_check_refuses_a_duration_the_engine_cannot_hold(tmp_path, capsys,
             "steps", {"job": "j", "step": i, "stall_ratio": 9.0, "time_ns": now + i, "closed_at_ns": now + i}
         )
     assert msgpack.packb(engine.snapshot(), use_bin_type=True)
+
+
+def test_a_control_character_in_a_rule_file_is_named_at_its_line_and_column(tmp_path, capsys):
+    """A NUL or other control character (a binary file, a paste gone wrong) was reported without a
+    position and with the YAML library's internals ('in "<unicode string>", position 0')."""
+    bad = tmp_path / "bell.yaml"
+    bad.write_text("version: 1\nrules:\n  - id: a\x07b\n")
+    code, _out, err = obshub(["rules", "check", str(bad)], capsys)
+    assert code == 1 and f"{bad}:3:10: YAML: character U+0007 is not allowed" in err, err
+    assert "<unicode string>" not in err
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x00\x01binary")
+    code, _out, err = obshub(["rules", "check", str(binary)], capsys)
+    assert code == 1 and f"{binary}:1:1: YAML: character U+0000" in err, err
