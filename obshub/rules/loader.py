@@ -32,7 +32,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 
 from obshub.rules import fields
-from obshub.rules.durations import parse_duration_ns
+from obshub.rules.durations import MAX_DURATION_NS, parse_duration_ns
 from obshub.rules.errors import Problem, RuleValidationError
 from obshub.rules.expr import (
     ARTICLE,
@@ -538,10 +538,7 @@ def window_steps_of(window: Any) -> int:
     return int(m.group(1)) if m else 0
 
 
-#: the longest duration a rule may give (``window``, ``for``, ``keep_firing_for``, ``renotify.after``,
-#: ``correlate.within``): 10 years. Past 292 years a time plus it overflows the engine's int64 ns clock
-#: (its state snapshot then fails to encode and the engine stops); nothing meaningful is that long.
-MAX_DURATION_NS = 3650 * 86_400 * 1_000_000_000
+#: the durations of a rule, each at most ``MAX_DURATION_NS``
 _DURATION_KEYS = (
     ("window", None),
     ("for", None),

@@ -213,3 +213,27 @@ def test_a_control_character_in_a_rule_file_is_named_at_its_line_and_column(tmp_
     binary.write_bytes(b"\x00\x01binary")
     code, _out, err = obshub(["rules", "check", str(binary)], capsys)
     assert code == 1 and f"{binary}:1:1: YAML: character U+0000" in err, err
+
+
+def test_an_alerting_config_duration_over_ten_years_is_refused_at_its_place(tmp_path):
+    """`delivery: {timeout: 99999999d}` was accepted by `rules serve -c` and failed at the first delivery
+    (socket timeout: OverflowError); `route: {group_wait: 99999999999999999999d}` as well. Now refused at
+    file:line:col before the engine starts; 3650d is accepted."""
+    import socket
+
+    from obshub.core.errors import ObshubError
+    from obshub.rules.sinks.config import load_config
+
+    cfg = tmp_path / "alerting.yaml"
+    cfg.write_text(
+        "version: 1\nroute:\n  group_wait: 99999999999999999999d\ndelivery:\n  timeout: 99999999d\n"
+        "sinks:\n  - {name: c, type: console}\n"
+    )
+    with pytest.raises(ObshubError) as exc:
+        load_config(cfg)
+    assert f"{cfg.name}:3:15: route/group_wait: 99999999999999999999d is longer than 3650d" in str(exc.value)
+    assert f"{cfg.name}:5:12: delivery/timeout: 99999999d is longer than 3650d" in str(exc.value)
+    cfg.write_text("version: 1\ndelivery:\n  timeout: 3650d\nsinks:\n  - {name: c, type: console}\n")
+    timeout_s = load_config(cfg).delivery.policy().timeout_s
+    with socket.socket() as s:
+        s.settimeout(timeout_s)  # the longest accepted fits a socket timeout
