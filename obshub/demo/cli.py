@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import signal
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from obshub.core.clitypes import Finite
 from obshub.core.settings import load_settings
 from obshub.demo import cluster as cluster_mod
 from obshub.demo.errors import DemoError
@@ -57,17 +57,6 @@ def _params(values: tuple[str, ...]) -> dict:
     return out
 
 
-class Seconds(click.FloatRange):
-    """A finite number of seconds (or ms) in a range: ``nan`` and ``inf`` are refused as well (click's
-    FloatRange lets ``nan`` through, and an infinite --settle would never end)."""
-
-    def convert(self, value, param, ctx):
-        rv = super().convert(value, param, ctx)
-        if not math.isfinite(rv):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return rv
-
-
 def _sigterm(*_):
     raise KeyboardInterrupt
 
@@ -106,14 +95,14 @@ def _sigterm(*_):
 )
 @click.option(
     "--fault-at",
-    type=Seconds(min=0),
+    type=Finite(min=0),
     default=15.0,
     show_default=True,
     help="seconds after the first training step on every host",
 )
 @click.option(
     "--duration",
-    type=Seconds(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     default=45.0,
     show_default=True,
     help="seconds of training after the first step",
@@ -121,7 +110,7 @@ def _sigterm(*_):
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="stop the ranks after this many steps instead")
 @click.option(
     "--settle",
-    type=Seconds(min=0),
+    type=Finite(min=0),
     default=8.0,
     show_default=True,
     help="seconds to wait for late alerts after training",
@@ -141,7 +130,7 @@ def _sigterm(*_):
 @click.option("--hidden", type=click.IntRange(min=1), default=None, help="ddp_train MLP width (default: its own)")
 @click.option(
     "--step-sleep-ms",
-    type=Seconds(min=0),
+    type=Finite(min=0),
     default=50.0,
     show_default=True,
     help="ddp_train's simulated data loading per step (leaves the 2-core box some idle time)",
@@ -163,14 +152,14 @@ def _sigterm(*_):
 )
 @click.option(
     "--fault-for",
-    type=Seconds(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     default=12.0,
     show_default=True,
     help="with --sequence: seconds each fault stays injected",
 )
 @click.option(
     "--gap",
-    type=Seconds(min=0),
+    type=Finite(min=0),
     default=12.0,
     show_default=True,
     help="with --sequence: seconds between a fault's removal and the next one",
@@ -178,7 +167,7 @@ def _sigterm(*_):
 @click.option("--keep-stack", is_flag=True, help="leave the Kafka broker running at the end")
 @click.option(
     "--lock-wait",
-    type=Seconds(min=0),
+    type=Finite(min=0),
     default=0.0,
     show_default=True,
     help="seconds to wait for another demo on this machine to finish (the namespaces are global)",

@@ -237,3 +237,24 @@ def test_an_alerting_config_duration_over_ten_years_is_refused_at_its_place(tmp_
     timeout_s = load_config(cfg).delivery.policy().timeout_s
     with socket.socket() as s:
         s.settimeout(timeout_s)  # the longest accepted fits a socket timeout
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["alerts", "--timeout-s", "nan"], "'--timeout-s': 'nan' is not a finite number"),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", "-", "--timeout-s", "nan"], "'--timeout-s': 'nan'"),
+        (["deep-dive", "--host", "node-01", "--max-s", "nan"], "'--max-s': 'nan' is not a finite number"),
+        (["demo", "--lock-wait", "inf"], "'--lock-wait': 'inf' is not a finite number"),
+    ],
+)
+@pytest.mark.timeout(60)
+def test_nan_and_inf_are_refused_where_a_number_of_seconds_is_asked(tmp_path, monkeypatch, capsys, args, option):
+    """click's FloatRange lets nan through every bound: `alerts --timeout-s nan` and `trace export
+    --timeout-s nan` never gave up on an unreachable broker (a nan deadline never passes: still waiting
+    after 30 s), `deep-dive --max-s nan` was refused only by the request's own check (exit 1). Now a
+    usage error naming the option, exit 2."""
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")  # nothing is reached: the option is refused first
+    code, _out, err = obshub(args, capsys)
+    assert code == 2 and option in " ".join(err.split()) and "Traceback" not in err, (code, err)
