@@ -258,3 +258,14 @@ def test_nan_and_inf_are_refused_where_a_number_of_seconds_is_asked(tmp_path, mo
     monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")  # nothing is reached: the option is refused first
     code, _out, err = obshub(args, capsys)
     assert code == 2 and option in " ".join(err.split()) and "Traceback" not in err, (code, err)
+
+
+@pytest.mark.parametrize("rounds, why", [("0", "0 is not 1 or more"), ("-1", "-1 is not 1 or more"), ("x", "'x'")])
+def test_bench_refuses_rounds_below_one(capsys, rounds, why):
+    """`python -m bench --rounds 0` ran every benchmark with its default rounds (``rounds or ROUNDS``),
+    `--rounds -1` with none (nan medians in the tables); now a usage error before any benchmark starts."""
+    from bench.__main__ import main as bench_main
+
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["--rounds", rounds, "summary_size"])
+    assert exc.value.code == 2 and why in capsys.readouterr().err
