@@ -269,3 +269,18 @@ def test_bench_refuses_rounds_below_one(capsys, rounds, why):
     with pytest.raises(SystemExit) as exc:
         bench_main(["--rounds", rounds, "summary_size"])
     assert exc.value.code == 2 and why in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("var, below", [("OBSHUB_HOME", ""), ("OBSHUB_CACHE", "sub")])
+def test_a_state_folder_that_is_a_file_is_a_settings_error(tmp_path, monkeypatch, capsys, var, below):
+    """`OBSHUB_HOME=/etc/passwd obshub up` ended in a NotADirectoryError traceback from the first mkdir
+    (and `obshub status` reported "state /etc/passwd"); now an invalid setting naming the variable."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(var, str(a_file / below) if below else str(a_file))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", str(stack.free_port_pair()))
+    code, _out, err = obshub(["up"], capsys)
+    err = " ".join(err.split())
+    assert code == 1 and "invalid setting" in err and f"{a_file} is a file" in err and var in err, err
+    assert "Traceback" not in err
