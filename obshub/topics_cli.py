@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from obshub.core import kafka
+from obshub.core.clitypes import KafkaName
 from obshub.core.errors import ObshubError
 from obshub.core.log import NullLogger
 from obshub.core.settings import RULES, STREAMS, load_settings
@@ -229,6 +230,7 @@ _OPTIONS = [
         "--rules-group-prefix",
         "--rules-scale-out",  # its name before every engine kept its state in a topic
         "rules_prefix",
+        type=KafkaName(),
         default=RULES.group_prefix,
         show_default=True,
         metavar="GROUP_PREFIX",

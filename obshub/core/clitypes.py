@@ -19,3 +19,30 @@ class Finite(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return rv
+
+
+class KafkaName(click.ParamType):
+    """A name that becomes part of a Kafka topic name (a rule engine's ``--group-prefix``: its state topic
+    is ``PREFIX-state``): 1 to ``max_len`` characters of ``[A-Za-z0-9._-]``, the only ones Kafka allows in
+    a topic name (at most 249 in all). Anything else is a usage error (exit 2) naming the option, before
+    the broker refuses the topic."""
+
+    name = "name"
+    ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+    def __init__(self, max_len: int = 200):
+        self.max_len = max_len
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        bad = sorted(set(text) - self.ALLOWED)
+        if not text or len(text) > self.max_len or bad:
+            why = (
+                "is empty"
+                if not text
+                else f"is longer than {self.max_len} characters"
+                if len(text) > self.max_len
+                else f"holds {', '.join(map(repr, bad))}"
+            )
+            self.fail(f"{text!r} {why}: a Kafka topic name takes letters, digits, '.', '_' and '-'", param, ctx)
+        return text

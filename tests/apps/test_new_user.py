@@ -284,3 +284,22 @@ def test_a_state_folder_that_is_a_file_is_a_settings_error(tmp_path, monkeypatch
     err = " ".join(err.split())
     assert code == 1 and "invalid setting" in err and f"{a_file} is a file" in err and var in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["topics", "check", "--rules-group-prefix", "team a"],
+        ["topics", "create", "--rules-group-prefix", "team/a"],
+        ["rules", "serve", "--group-prefix", "team a"],
+        ["rules", "serve", "--group-prefix", ""],
+    ],
+)
+def test_a_rule_engine_prefix_kafka_cannot_name_a_topic_with_is_refused(tmp_path, monkeypatch, capsys, args):
+    """The rule engines' state topic is PREFIX-state: a prefix with a space or a slash (or none) names no
+    Kafka topic, yet `rules serve` started (and waited for the broker) with it. Now a usage error."""
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")
+    code, _out, err = obshub(args, capsys)
+    assert code == 2 and "a Kafka topic name takes letters, digits" in " ".join(err.split()), (code, err)
