@@ -218,7 +218,9 @@ def _wait_listed(admin, names: list[str], bootstrap: str, timeout_s: float = 30.
 
 
 _OPTIONS = [
-    click.option("--app-id", default=STREAMS.app_id, show_default=True, help="the stream workers' --app-id"),
+    click.option(
+        "--app-id", type=KafkaName(), default=STREAMS.app_id, show_default=True, help="the stream workers' --app-id"
+    ),
     click.option(
         "--streams-partitions",
         type=click.IntRange(1, 1024),

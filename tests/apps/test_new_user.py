@@ -292,6 +292,7 @@ def test_a_state_folder_that_is_a_file_is_a_settings_error(tmp_path, monkeypatch
     [
         ["topics", "check", "--rules-group-prefix", "team a"],
         ["topics", "create", "--rules-group-prefix", "team/a"],
+        ["topics", "check", "--app-id", "my app"],
         ["rules", "serve", "--group-prefix", "team a"],
         ["rules", "serve", "--group-prefix", ""],
     ],
