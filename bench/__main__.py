@@ -36,6 +36,18 @@ BENCHMARKS: dict[str, str] = {
 }
 
 
+def _positive(text: str) -> int:
+    """``--rounds``: a whole number of 1 or more (0 was read as each benchmark's default, ``rounds or ROUNDS``;
+    a negative number ran the set-up and took no sample: nan medians)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not 1 or more")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the named benchmarks (all by default); returns 0 when every one completed."""
     p = argparse.ArgumentParser(
@@ -43,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)}")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, one round")
-    p.add_argument("--rounds", type=int, default=None, help="rounds per benchmark (default: each one's own)")
+    p.add_argument(
+        "--rounds",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="rounds per benchmark, 1 or more (default: each one's own)",
+    )
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     a = p.parse_args(argv)
     if a.list:

@@ -16,6 +16,7 @@ import time
 import click
 
 from obshub.core import schema
+from obshub.core.clitypes import Finite
 
 EPILOG = """\b
 Examples:
@@ -87,7 +88,7 @@ def latest_alerts(
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
 @click.option(
     "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     default=60.0,
     show_default=True,
     help="give up reading after this many seconds (> 0)",

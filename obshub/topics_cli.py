@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from obshub.core import kafka
+from obshub.core.clitypes import KafkaName
 from obshub.core.errors import ObshubError
 from obshub.core.log import NullLogger
 from obshub.core.settings import RULES, STREAMS, load_settings
@@ -217,7 +218,9 @@ def _wait_listed(admin, names: list[str], bootstrap: str, timeout_s: float = 30.
 
 
 _OPTIONS = [
-    click.option("--app-id", default=STREAMS.app_id, show_default=True, help="the stream workers' --app-id"),
+    click.option(
+        "--app-id", type=KafkaName(), default=STREAMS.app_id, show_default=True, help="the stream workers' --app-id"
+    ),
     click.option(
         "--streams-partitions",
         type=click.IntRange(1, 1024),
@@ -229,6 +232,7 @@ _OPTIONS = [
         "--rules-group-prefix",
         "--rules-scale-out",  # its name before every engine kept its state in a topic
         "rules_prefix",
+        type=KafkaName(),
         default=RULES.group_prefix,
         show_default=True,
         metavar="GROUP_PREFIX",

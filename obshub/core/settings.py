@@ -77,7 +77,15 @@ class Settings(BaseSettings):
     @field_validator("home", "cache")
     @classmethod
     def _absolute(cls, v: Path) -> Path:
-        return v.expanduser().resolve()
+        """The folder made absolute; a file at it (or at a folder above it) is refused here rather than
+        found by the first ``mkdir`` of a command (a NotADirectoryError traceback)."""
+        p = v.expanduser().resolve()
+        for above in (p, *p.parents):
+            if above.exists():
+                if not above.is_dir():
+                    raise ValueError(f"{p} cannot be a folder: {above} is a file")
+                break
+        return p
 
     @property
     def controller_port(self) -> int:

@@ -11,11 +11,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from obshub.core.clitypes import Finite
 from obshub.core.settings import load_settings
 from obshub.demo import cluster as cluster_mod
 from obshub.demo.errors import DemoError
 from obshub.demo.faults import KINDS
-from obshub.demo.runner import DemoOptions, matrix_row, run_demo, run_matrix
+from obshub.demo.runner import DemoOptions, matrix_row, matrix_scenarios, run_demo, run_matrix
 from obshub.demo.view import DemoView
 
 EPILOG = """\b
@@ -89,37 +90,47 @@ def _sigterm(*_):
     "--fault-rank",
     type=int,
     default=None,
-    help="local rank of the faulty host that the cpu or hang fault hits alone (its peers on the host run on)",
+    help="local rank of the faulty host that the cpu or hang fault (or a cpu / process stall) hits alone "
+    "(its peers on the host run on)",
 )
 @click.option(
     "--fault-at",
-    type=float,
+    type=Finite(min=0),
     default=15.0,
     show_default=True,
     help="seconds after the first training step on every host",
 )
 @click.option(
-    "--duration", type=float, default=45.0, show_default=True, help="seconds of training after the first step"
+    "--duration",
+    type=Finite(min=0, min_open=True),
+    default=45.0,
+    show_default=True,
+    help="seconds of training after the first step",
 )
-@click.option("--steps", type=int, default=None, help="stop the ranks after this many steps instead")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="stop the ranks after this many steps instead")
 @click.option(
-    "--settle", type=float, default=8.0, show_default=True, help="seconds to wait for late alerts after training"
+    "--settle",
+    type=Finite(min=0),
+    default=8.0,
+    show_default=True,
+    help="seconds to wait for late alerts after training",
 )
 @click.option(
     "--param",
     "params",
     multiple=True,
     metavar="KEY=VALUE",
-    help="fault size, a positive number: percent (net-loss, default 8); rate_mbit, burst_kb, latency_ms "
+    help="fault size, a positive number, only those the fault reads (others are refused): percent (net-loss, default 8); rate_mbit, burst_kb, latency_ms "
     "(net-slow: 24, 32, 100); procs (cpu); room_mb, hog_anon_mb, file_mb (mem: 48, 24, 256); stall: layer "
     "(net, cpu, process or mem; default net), stall_ms (800), period_s (18), procs (cpu), room_mb (mem: 64; 16 with full), full (mem: 1 = fill the cgroup, an anonymous burst), "
     "loss_pct (net: a loss burst of that percent instead of a blackout), delay_ms (net: an RTT spike instead, "
-    "tc netem) or rate_kbit (net: an RTT spike with tc tbf at that rate)",
+    "tc netem) or rate_kbit (net: an RTT spike with tc tbf at that rate); shape (cpu: burst, outside or "
+    "quota) and quota_us (cpu, shape=quota: 1000); stall_ms shorter than period_s",
 )
-@click.option("--hidden", type=int, default=None, help="ddp_train MLP width (default: its own)")
+@click.option("--hidden", type=click.IntRange(min=1), default=None, help="ddp_train MLP width (default: its own)")
 @click.option(
     "--step-sleep-ms",
-    type=float,
+    type=Finite(min=0),
     default=50.0,
     show_default=True,
     help="ddp_train's simulated data loading per step (leaves the 2-core box some idle time)",
@@ -141,14 +152,14 @@ def _sigterm(*_):
 )
 @click.option(
     "--fault-for",
-    type=float,
+    type=Finite(min=0, min_open=True),
     default=12.0,
     show_default=True,
     help="with --sequence: seconds each fault stays injected",
 )
 @click.option(
     "--gap",
-    type=float,
+    type=Finite(min=0),
     default=12.0,
     show_default=True,
     help="with --sequence: seconds between a fault's removal and the next one",
@@ -156,7 +167,7 @@ def _sigterm(*_):
 @click.option("--keep-stack", is_flag=True, help="leave the Kafka broker running at the end")
 @click.option(
     "--lock-wait",
-    type=float,
+    type=Finite(min=0),
     default=0.0,
     show_default=True,
     help="seconds to wait for another demo on this machine to finish (the namespaces are global)",
@@ -192,7 +203,9 @@ def demo_command(
     the stream worker and the rule engine with the builtin rules serve them all. Needs root.
 
     Exit code 0 only when the right host and layer were named and nothing wrong fired (with
-    --fault none: when nothing fired); with --matrix, when every scenario passed."""
+    --fault none: when nothing fired); with --matrix or --sequence, when every scenario passed. 1: the
+    verdict failed, or an error (an `error:` line says which; everything set up is removed); 2: bad
+    options, refused before anything is set up; 130: interrupted (everything set up is removed)."""
     settings = load_settings()
     console = Console(stderr=True, highlight=False)
     if cleanup:
@@ -204,6 +217,7 @@ def demo_command(
             c.unlock()
         console.print("removed: " + ", ".join(removed) if removed else "nothing to clean up")
         return
+    _check_run_options(matrix, sequence, json_path)
     if fault_host is None:
         fault_host = 1 if hosts > 1 else 0
     opts = DemoOptions(
@@ -226,7 +240,8 @@ def demo_command(
         gap_s=gap,
     )
     try:
-        opts.check()
+        for o in matrix_scenarios(opts) if matrix else [opts]:
+            o.check()
     except DemoError as exc:  # options that do not fit together or are out of range: a usage error (exit 2)
         raise click.UsageError(f"{exc}; {exc.hint}" if exc.hint else str(exc)) from None
     old = signal.signal(signal.SIGTERM, _sigterm)
@@ -263,6 +278,37 @@ def demo_command(
         sys.exit(0 if v.ok else 1)
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _check_run_options(matrix: bool, sequence: str, json_path: Path | None) -> None:
+    """Refuse, before anything is set up, options that one kind of run would ignore and a --json path
+    that could not be written at the end (minutes later). Raises click.UsageError / BadParameter (exit 2)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("fault", "fault_host")
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+    ]
+    if matrix and sequence:
+        raise click.UsageError("--matrix and --sequence are two kinds of run: choose one")
+    if sequence and given:
+        raise click.UsageError(
+            f"{' and '.join(given)} with --sequence: the sequence names each fault and host (KIND@HOST,...); "
+            f"drop {' and '.join(given)}"
+        )
+    if matrix and "--fault" in given:
+        raise click.UsageError("--fault with --matrix: the matrix runs every fault kind; drop --fault")
+    if sequence.strip() and not _sequence(sequence):
+        raise click.BadParameter(f"{sequence!r} holds no KIND@HOST, e.g. cpu@1,hang@2", param_hint="--sequence")
+    if json_path is not None and str(json_path) != "-":
+        folder = json_path.resolve().parent
+        if not folder.is_dir():
+            raise click.BadParameter(
+                f"{json_path}: its folder {folder} does not exist (the report is written at the end of the run)",
+                param_hint="'--json'",
+            )
 
 
 def _write(path: Path | None, obj) -> None:

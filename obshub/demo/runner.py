@@ -41,7 +41,16 @@ from obshub.core.settings import Settings
 from obshub.demo import parts
 from obshub.demo.cluster import Cluster
 from obshub.demo.errors import DemoError, PartMissingError
-from obshub.demo.faults import CPU_SHAPES, KINDS, PARAMS, STALL_LAYERS, check_choice, layer_of, make_fault
+from obshub.demo.faults import (
+    CPU_SHAPES,
+    KINDS,
+    PARAMS,
+    STALL_LAYERS,
+    Stall,
+    check_choice,
+    layer_of,
+    make_fault,
+)
 from obshub.demo.verdict import AlertSeen, check_resolved, judge, judge_stalls
 from obshub.demo.view import DemoView
 from obshub.demo.webhook import WebhookReceiver
@@ -94,9 +103,7 @@ class DemoOptions:
             base, _, sub = kind.partition(":")
             if base == "stall" and sub and sub not in STALL_LAYERS:
                 raise DemoError(f"--sequence: unknown stall layer in {kind!r}", f"use stall:{'|'.join(STALL_LAYERS)}")
-            if base == "stall":
-                continue
-            if kind not in KINDS or kind == "none":
+            if base != "stall" and (kind not in KINDS or kind == "none"):
                 raise DemoError(
                     f"--sequence: unknown fault {kind!r}", f"use {', '.join(k for k in KINDS if k != 'none')}"
                 )
@@ -106,23 +113,7 @@ class DemoOptions:
                 raise DemoError("--sequence: exit must be the last episode", "the killed rank does not come back")
         if self.fault not in KINDS:
             raise DemoError(f"unknown fault {self.fault!r}", f"use one of {', '.join(KINDS)}")
-        known = {k: kind for kind, keys in PARAMS.items() for k in keys}
-        for key, value in self.fault_params.items():
-            if key == "layer":  # words: a stall's layer, a cpu stall's shape
-                check_choice(key, value, STALL_LAYERS, "stall layer")
-                continue
-            if key == "shape":
-                check_choice(key, value, CPU_SHAPES, "cpu stall shape")
-                continue
-            if key not in known:
-                raise DemoError(
-                    f"--param {key}: no fault reads it",
-                    "known: " + ", ".join(f"{k} ({kind})" for k, kind in known.items()),
-                )
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise DemoError(f"--param {key}={value}: expected a positive number")
-        if self.fault_params.get("percent", 0) > 100:
-            raise DemoError(f"--param percent={self.fault_params['percent']}: at most 100")
+        check_params(self.fault_params, [k for k, _h in self.sequence] if self.sequence else [self.fault])
         if not 1 <= self.ranks_per_host <= 8:
             raise DemoError(f"--ranks-per-host {self.ranks_per_host}: expected 1..8")
         if self.hosts < 1:
@@ -166,6 +157,93 @@ class DemoOptions:
                 f"--fault-at {self.fault_at_s} s is not before the end ({self.duration_s} s)",
                 "raise --duration or lower --fault-at",
             )
+
+
+#: ``--param`` keys of a stall that only a stall of one layer reads (the others read no such key); a
+#: stall key not listed here is read by a stall of every layer
+STALL_KEY_LAYER = {
+    "loss_pct": "net",
+    "delay_ms": "net",
+    "rate_kbit": "net",
+    "procs": "cpu",
+    "shape": "cpu",
+    "quota_us": "cpu",
+    "room_mb": "mem",
+    "full": "mem",
+}
+#: ``--param`` keys that count things (processes, MiB, µs, percent as nftables reads it): whole numbers
+WHOLE_PARAMS = ("percent", "procs", "room_mb", "hog_anon_mb", "file_mb", "quota_us", "full")
+
+
+def _readers(key: str, kinds: list[str], params: dict) -> list[str]:
+    """The faults among ``kinds`` (``stall:LAYER``: a stall of that layer) that read ``--param key``."""
+    out = []
+    for kind in kinds:
+        base, _, sub = kind.partition(":")
+        if key not in PARAMS.get(base, ()):
+            continue
+        if base == "stall":
+            if key == "layer" and sub:  # stall:LAYER names its layer; --param layer is not read
+                continue
+            layer = sub or str(params.get("layer", "net"))
+            if STALL_KEY_LAYER.get(key, layer) != layer:
+                continue
+        out.append(kind)
+    return out
+
+
+def check_params(params: dict, kinds: list[str]) -> None:
+    """Check ``--param KEY=VALUE`` (``params``) against the faults of the run (``kinds``: the ``--fault``,
+    or every ``--sequence`` kind, ``stall:LAYER`` for a stall of that layer) before anything is set up.
+
+    Raises DemoError naming the parameter when no fault of the run reads it (a key of another fault kind
+    or stall layer would be ignored), when a number is not finite and positive, not whole where it counts
+    something (``WHOLE_PARAMS``), a percent above 100, ``full`` other than 1, a stall not shorter than
+    its period (``stall_ms`` < ``period_s`` x 1000), or when the stall of a layer would refuse it (its
+    shapes, ``Stall``)."""
+    import math
+
+    for key, value in params.items():
+        if not _readers(key, kinds, params):
+            readers = [k for k, keys in PARAMS.items() if key in keys]
+            if not readers:
+                raise DemoError(
+                    f"--param {key}: no fault reads it",
+                    "known: " + ", ".join(f"{k} ({kind})" for kind, keys in PARAMS.items() for k in keys),
+                )
+            where = " or ".join(
+                f"stall (layer={STALL_KEY_LAYER[key]})" if k == "stall" and key in STALL_KEY_LAYER else k
+                for k in readers
+            )
+            raise DemoError(
+                f"--param {key}: read by {where} only, not by this run's {', '.join(kinds)} (it would be ignored)",
+                "drop it, or choose the fault that reads it (obshub demo --help lists each fault's params)",
+            )
+        if key == "layer":  # words: a stall's layer, a cpu stall's shape
+            check_choice(key, value, STALL_LAYERS, "stall layer")
+            continue
+        if key == "shape":
+            check_choice(key, value, CPU_SHAPES, "cpu stall shape")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+            raise DemoError(f"--param {key}={value}: expected a positive number")
+        if key in WHOLE_PARAMS and value != int(value):
+            raise DemoError(f"--param {key}={value}: expected a whole number")
+    if params.get("percent", 0) > 100:
+        raise DemoError(f"--param percent={params['percent']}: at most 100")
+    if params.get("full", 1) != 1:
+        raise DemoError(f"--param full={params['full']}: the only value is 1 (fill the cgroup); leave it out otherwise")
+    stall_ms, period_s = params.get("stall_ms", 800), params.get("period_s", 18)
+    if any(k.partition(":")[0] == "stall" for k in kinds) and stall_ms >= period_s * 1000:
+        raise DemoError(
+            f"--param stall_ms={stall_ms:g} is not shorter than period_s={period_s:g} ({period_s * 1000:g} ms): "
+            "the stalls would run back to back, one persistent fault",
+            "a sporadic stall is shorter than its period, e.g. --param stall_ms=800 --param period_s=18",
+        )
+    for kind in kinds:
+        base, _, sub = kind.partition(":")
+        if base == "stall":  # what the stall itself refuses (its shapes), now rather than after set-up
+            Stall(None, None, {**params, **({"layer": sub} if sub else {})})  # type: ignore[arg-type]
 
 
 class AlertReader:
@@ -594,14 +672,32 @@ def matrix_row(report: dict) -> dict:
     }
 
 
+def matrix_scenarios(opts: DemoOptions, kinds=KINDS) -> list[DemoOptions]:
+    """The scenarios of ``--matrix``: ``opts`` once per fault kind of ``kinds``, each with the ``--param``
+    values its own kind reads (``percent`` goes to net-loss alone). Raises DemoError for a ``--param``
+    that no kind of the matrix reads."""
+    check_params(opts.fault_params, list(kinds))
+    return [
+        DemoOptions(
+            **{
+                **asdict(opts),
+                "fault": kind,
+                "keep_stack": True,
+                "fault_params": {k: v for k, v in opts.fault_params.items() if _readers(k, [kind], opts.fault_params)},
+            }
+        )
+        for kind in kinds
+    ]
+
+
 def run_matrix(opts: DemoOptions, settings: Settings, view: DemoView, kinds=KINDS) -> list[dict]:
     """Run ``opts`` once per fault kind (``none`` included) on ``opts.fault_host``. Returns the rows; a
     scenario that raises is recorded as a failed row with the error, and the matrix goes on."""
     rows = []
     was_up = stack.broker_pid(settings) is not None
     try:
-        for kind in kinds:
-            o = DemoOptions(**{**asdict(opts), "fault": kind, "keep_stack": True})
+        for o in matrix_scenarios(opts, kinds):
+            kind = o.fault
             try:
                 rows.append({**matrix_row(run_demo(o, settings, view)), "error": ""})
             except DemoError as exc:

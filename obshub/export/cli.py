@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from obshub.core import schema
+from obshub.core.clitypes import Finite
 from obshub.export.errors import ExportError
 
 EPILOG = """\b
@@ -52,7 +53,7 @@ def trace_group():
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
 @click.option(
     "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     default=60.0,
     show_default=True,
     help="give up reading a topic after this many seconds (> 0)",

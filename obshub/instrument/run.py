@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from obshub.core import workload
 from obshub.core.errors import ConfigError, ObshubError
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "bootstrap"
@@ -60,6 +61,14 @@ def exec_instrumented(
     127 when it is not found, 126 when it cannot be run, as a shell)."""
     if job is not None and not job.strip():
         raise ConfigError("--job is empty", hint="give the job a name, e.g. --job llama-7b")
+    if job is not None and workload.clean_job(job) != job.strip():
+        # the register probe carries at most JOB_MAX_BYTES of printable text: the job would be published
+        # under another name than the one given, and `obshub tail steps --job` would find nothing
+        raise ConfigError(
+            f"--job {job!r}: the job would be named {workload.clean_job(job)!r} "
+            f"(a job name is at most {workload.JOB_MAX_BYTES} bytes of UTF-8, without control characters)",
+            hint=f"give a name of at most {workload.JOB_MAX_BYTES} bytes of printable text, e.g. --job llama-7b",
+        )
     env = child_env(dict(os.environ), job, host_id, optimizers_per_step)
     sys.stdout.flush()
     sys.stderr.flush()

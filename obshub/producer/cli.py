@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from obshub.core.clitypes import Finite
 from obshub.core.kafka import SaslMechanism, SecurityProtocol
 from obshub.core.settings import (
     BATCH_MAX_AGE_MS,
@@ -455,7 +456,7 @@ Examples:
 @click.option("--host", required=True, help="the agent's --host (the host the straggler analysis or a rule names)")
 @click.option("--steps", type=click.IntRange(1, 100_000), default=20, show_default=True, help="steps per rank")
 @click.option(
-    "--max-s", type=click.FloatRange(0, 86400, min_open=True), default=120.0, show_default=True, help="at most, seconds"
+    "--max-s", type=Finite(0, 86400, min_open=True), default=120.0, show_default=True, help="at most, seconds"
 )
 @click.option("--bootstrap", envvar="OBSHUB_BOOTSTRAP", help="Kafka bootstrap servers (default: the local broker)")
 def deep_dive_command(host, steps, max_s, bootstrap):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from obshub.core.clitypes import KafkaName
 from obshub.core.settings import RULES, load_settings
 from obshub.rules.durations import parse_duration_ns
 from obshub.rules.errors import RuleTestError, RuleValidationError
@@ -124,7 +125,13 @@ def test_command(files):
     default=None,
     help="alerting config: sinks, route, delivery (default: console sink only)",
 )
-@click.option("--group-prefix", default=RULES.group_prefix, show_default=True, help="Kafka consumer group prefix")
+@click.option(
+    "--group-prefix",
+    type=KafkaName(),
+    default=RULES.group_prefix,
+    show_default=True,
+    help="Kafka consumer group prefix (and of the state topic PREFIX-state)",
+)
 @click.option("--from-beginning", is_flag=True, help="a new consumer group reads inputs from the earliest offset")
 @click.option(
     "--scale-out",

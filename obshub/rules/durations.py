@@ -9,6 +9,10 @@ _UNIT_NS = {"ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600
 _RE = re.compile(r"^(?:(\d+)(ms|s|m|h|d))+$")
 _PART = re.compile(r"(\d+)(ms|s|m|h|d)")
 DURATION_PATTERN = r"^([0-9]+(ms|s|m|h|d))+$"
+#: the longest duration a rule file or an alerting config may give: 10 years. Past 292 years a time plus
+#: it overflows int64 ns (the rule engine's state snapshot fails to encode), past 270 years a socket
+#: timeout (OverflowError at the first delivery); nothing meaningful is that long.
+MAX_DURATION_NS = 3650 * 86_400 * 1_000_000_000
 
 
 def parse_duration_ns(text: str) -> int:

@@ -32,7 +32,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 
 from obshub.rules import fields
-from obshub.rules.durations import parse_duration_ns
+from obshub.rules.durations import MAX_DURATION_NS, parse_duration_ns
 from obshub.rules.errors import Problem, RuleValidationError
 from obshub.rules.expr import (
     ARTICLE,
@@ -492,6 +492,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
     if len(ctx.problems) == n_before:
         _check_results(ctx, raw, cond, of if aggregate != "count" else None, record)
     window_steps = _check_step_options(ctx, raw)
+    _check_durations(ctx, raw)
     renotify = spec.get("renotify") or {}
     if len(ctx.problems) > n_before:
         return None
@@ -535,6 +536,39 @@ def window_steps_of(window: Any) -> int:
     """N for a ``window`` of ``N steps`` (or ``1 step``), 0 for a time window."""
     m = _STEPS.match(str(window)) if window is not None else None
     return int(m.group(1)) if m else 0
+
+
+#: the durations of a rule, each at most ``MAX_DURATION_NS``
+_DURATION_KEYS = (
+    ("window", None),
+    ("for", None),
+    ("keep_firing_for", None),
+    ("renotify", "after"),
+    ("correlate", "within"),
+)
+
+
+def _check_durations(ctx: _Ctx, raw: dict) -> None:
+    """A duration of the rule longer than ``MAX_DURATION_NS`` is a problem at its file:line:col."""
+    spec, rid = raw["spec"], raw["spec"]["id"]
+    for key, sub in _DURATION_KEYS:
+        text = spec.get(key) if sub is None else (spec.get(key) or {}).get(sub)
+        if not isinstance(text, str) or window_steps_of(text):
+            continue
+        try:
+            ns = parse_duration_ns(text)
+        except ValueError:
+            continue  # reported by the structure check
+        if ns > MAX_DURATION_NS:
+            file, doc, path = _at(raw, key)
+            name = f"{key}/{sub}" if sub else key
+            ctx.add(
+                file,
+                *position(doc, path + ([sub] if sub else [])),
+                f"{name}: {text} is longer than 3650d (10 years), the longest a rule may give "
+                "(the engine's clock counts ns in 64 bits)",
+                rid,
+            )
 
 
 def _check_step_options(ctx: _Ctx, raw: dict) -> int:

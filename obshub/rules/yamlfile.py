@@ -161,6 +161,13 @@ def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
             what += " (each key may appear once in a mapping)"
         return None, [Problem(file, line, col, f"YAML: {what}")]
     except YAMLError as exc:
+        pos, char = getattr(exc, "position", None), getattr(exc, "character", None)
+        if isinstance(pos, int) and isinstance(char, int) and 0 <= pos <= len(text):
+            # ReaderError: a character YAML does not allow (NUL, other control characters), at its place
+            line = text.count("\n", 0, pos) + 1
+            col = pos - text.rfind("\n", 0, pos)
+            what = f"YAML: character U+{char:04X} is not allowed in YAML (a binary file, or one not saved as text?)"
+            return None, [Problem(file, line, col, what)]
         return None, [Problem(file, 0, 0, f"YAML: {exc}")]
     except RecursionError:
         return None, [Problem(file, 1, 1, "YAML: nested too deeply (a rule file needs a few levels, not thousands)")]

@@ -117,3 +117,15 @@ def test_every_command_and_group_has_examples_in_its_help():
     assert len(paths) >= 20
     missing = [" ".join(p) for p in paths if "Examples:" not in CliRunner().invoke(cli, [*p, "--help"]).output]
     assert not missing, missing
+
+
+@pytest.mark.parametrize(
+    "job, named", [("x" * 70, "the job would be named 'xxx"), ("a\tb", "the job would be named 'ab'")]
+)
+def test_run_refuses_a_job_name_the_probe_would_change(tmp_path, job, named):
+    """`obshub run --job <70 characters> -- cmd` ran cmd, and the register probe carried the name cut to 63
+    bytes: the job was published under a name the user never gave (`obshub tail steps --job` found
+    nothing). Now refused before the command starts (it would have printed 'started')."""
+    r = run(["run", "--job", job, "--", sys.executable, "-c", "print('started')"], tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 1 and named in err and "at most 63 bytes" in err and "started" not in r.stdout, err

@@ -221,8 +221,9 @@ def test_hang_verdict_needs_the_alert_to_resolve_after_the_thaw():
     "params, why",
     [
         ({"percnt": 8}, "--param percnt: no fault reads it"),
+        ({"rate_mbit": 50}, "--param rate_mbit: read by net-slow only, not by this run's net-loss"),
         ({"percent": "abc"}, "--param percent=abc: expected a positive number"),
-        ({"rate_mbit": 0}, "--param rate_mbit=0: expected a positive number"),
+        ({"percent": 0}, "--param percent=0: expected a positive number"),
         ({"percent": 150}, "--param percent=150: at most 100"),
     ],
 )
@@ -230,7 +231,8 @@ def test_fault_params_are_checked_before_the_cluster_is_built(params, why):
     from obshub.demo.errors import DemoError
     from obshub.demo.runner import DemoOptions
 
-    DemoOptions(fault="net-loss", fault_params={"percent": 20, "rate_mbit": 50}).check()
+    DemoOptions(fault="net-loss", fault_params={"percent": 20}).check()
+    DemoOptions(fault="net-slow", fault_params={"rate_mbit": 50}).check()
     with pytest.raises(DemoError, match=re.escape(why)):
         DemoOptions(fault="net-loss", fault_params=params).check()
 

@@ -87,3 +87,220 @@ def test_up_while_the_registered_broker_does_not_listen_is_a_clear_error(tmp_pat
     register_component(load_settings(), "kafka", os.getpid(), port=port)  # a live pid, nothing on the port
     code, _out, err = obshub(["up"], capsys)
     assert code == 1 and f"runs but nothing listens on 127.0.0.1:{port}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (
+            ["--fault", "cpu", "--param", "rate_mbit=50"],
+            "--param rate_mbit: read by net-slow only, not by this run's cpu",
+        ),
+        (["--fault", "cpu", "--param", "layer=net"], "--param layer: read by stall only"),
+        (["--fault", "hang", "--param", "percent=5"], "--param percent: read by net-loss only"),
+        (["--sequence", "stall:net@1", "--param", "procs=4"], "read by cpu or stall (layer=cpu) only"),
+        (["--fault", "stall", "--param", "shape=quota"], "--param shape: read by stall (layer=cpu) only"),
+        (["--fault", "stall", "--param", "layer=cpu", "--param", "loss_pct=40"], "--param loss_pct: read by stall"),
+        (["--fault", "stall", "--param", "loss_pct=150"], "--param loss_pct=150: a percent, 1-100"),
+        (["--fault", "stall", "--param", "layer=cpu", "--param", "quota_us=200000"], "--param quota_us=200000"),
+        (["--fault", "stall", "--param", "stall_ms=20000", "--param", "period_s=1"], "not shorter than period_s=1"),
+        (["--fault", "stall", "--param", "layer=mem", "--param", "full=2"], "--param full=2: the only value is 1"),
+        (["--param", "percent=nan"], "--param percent=nan: expected a positive number"),
+        (["--param", "percent=0.5"], "--param percent=0.5: expected a whole number"),
+        (["--sequence", "stall:net@9"], "--sequence: host 9 of stall:net is outside 0..3"),
+        (["--sequence", ","], "',' holds no KIND@HOST"),
+        (["--matrix", "--sequence", "cpu@1"], "--matrix and --sequence are two kinds of run"),
+        (["--fault", "hang", "--sequence", "cpu@1"], "--fault with --sequence"),
+        (["--fault-host", "2", "--sequence", "cpu@1"], "--fault-host with --sequence"),
+        (["--matrix", "--fault", "cpu"], "--fault with --matrix"),
+        (["--fault-at", "-5"], "'--fault-at': -5.0 is not in the range x>=0"),
+        (["--duration", "nan"], "'--duration': 'nan' is not a finite number"),
+        (["--settle", "inf"], "'--settle': 'inf' is not a finite number"),
+        (["--steps", "0"], "'--steps': 0 is not in the range x>=1"),
+        (["--sequence", "cpu@1", "--fault-for", "0"], "'--fault-for': 0.0 is not in the range x>0"),
+        (["--sequence", "cpu@1,mem@2", "--gap", "-5"], "'--gap': -5.0 is not in the range x>=0"),
+        (["--lock-wait", "-1"], "'--lock-wait'"),
+        (["--step-sleep-ms", "-1"], "'--step-sleep-ms'"),
+        (["--hidden", "0"], "'--hidden': 0 is not in the range x>=1"),
+        (["--fault", "none", "--json", "/nonexistent-nu10/dir/r.json"], "its folder /nonexistent-nu10/dir does not"),
+    ],
+)
+def test_demo_refuses_bad_options_before_setting_anything_up(tmp_path, monkeypatch, capsys, args, named):
+    """Each of these was accepted (the cluster, Kafka and the agents were set up, then the run failed, ran
+    a fault the user did not ask for, ignored the option, or lost its report at the end); now a usage
+    error (exit 2) naming the option, and nothing is started."""
+    import obshub.demo.cli as demo_cli
+
+    def never(*_a, **_k):
+        raise AssertionError("the demo started setting up")
+
+    monkeypatch.setattr(demo_cli, "run_demo", never)
+    monkeypatch.setattr(demo_cli, "run_matrix", never)
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    code, _out, err = obshub(["demo", *args], capsys)
+    err = " ".join(err.split())
+    assert code == 2 and named in err and "Traceback" not in err, (code, err)
+    assert not (tmp_path / "home").exists()
+
+
+def test_demo_matrix_gives_each_fault_the_params_it_reads():
+    """``--matrix --param percent=5 --param procs=3``: percent to net-loss alone, procs to cpu alone (each
+    scenario's own check refuses a key its kind does not read)."""
+    from obshub.demo.runner import DemoOptions, matrix_scenarios
+
+    got = {o.fault: o.fault_params for o in matrix_scenarios(DemoOptions(fault_params={"percent": 5, "procs": 3}))}
+    assert got["net-loss"] == {"percent": 5} and got["cpu"] == {"procs": 3} and got["hang"] == {}
+    for o in matrix_scenarios(DemoOptions(fault_params={"percent": 5, "procs": 3, "stall_ms": 500})):
+        o.check()
+
+
+RULE = """version: 1
+rules:
+  - id: long
+    description: a stall ratio over 5
+    severity: warning
+    signal: steps
+    condition: stall_ratio > 5
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, where",
+    [
+        (
+            "    window: 99999999999999999999d\n",
+            ':8:13: rule "long": window: 99999999999999999999d is longer than 3650d',
+        ),
+        ("    for: 99999999999999d\n", ':8:10: rule "long": for: 99999999999999d is longer than 3650d'),
+        ("    renotify: {limit: 2, after: 999999999999d}\n", ':8:33: rule "long": renotify/after: 999999999999d'),
+    ],
+)
+def test_rules_check_refuses_a_duration_the_engine_cannot_hold(tmp_path, capsys, extra, where):
+    """`window: 99999999999999999999d` passed `obshub rules check`, then the engine's state snapshot (msgpack,
+    int64) failed to encode: OverflowError in `rules serve`. Now a problem at file:line:col; 3650d is fine
+    and its snapshot encodes."""
+    import time
+
+    import msgpack
+
+    from obshub.rules.engine import Engine
+    from obshub.rules.loader import load_ruleset
+
+    bad = tmp_path / "long.yaml"
+    bad.write_text(RULE + extra)
+    code, _out, err = obshub(["rules", "check", str(bad)], capsys)
+    assert code == 1 and f"{bad}{where}" in err and "Traceback" not in err, err
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(RULE + "    window: 3650d\n    keep_firing_for: 3650d\n")
+    engine = Engine(load_ruleset([ok]), lambda *_a, **_k: None)
+    now = time.time_ns()
+    for i in range(3):
+        engine.process(
+            "steps", {"job": "j", "step": i, "stall_ratio": 9.0, "time_ns": now + i, "closed_at_ns": now + i}
+        )
+    assert msgpack.packb(engine.snapshot(), use_bin_type=True)
+
+
+def test_a_control_character_in_a_rule_file_is_named_at_its_line_and_column(tmp_path, capsys):
+    """A NUL or other control character (a binary file, a paste gone wrong) was reported without a
+    position and with the YAML library's internals ('in "<unicode string>", position 0')."""
+    bad = tmp_path / "bell.yaml"
+    bad.write_text("version: 1\nrules:\n  - id: a\x07b\n")
+    code, _out, err = obshub(["rules", "check", str(bad)], capsys)
+    assert code == 1 and f"{bad}:3:10: YAML: character U+0007 is not allowed" in err, err
+    assert "<unicode string>" not in err
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\x00\x01binary")
+    code, _out, err = obshub(["rules", "check", str(binary)], capsys)
+    assert code == 1 and f"{binary}:1:1: YAML: character U+0000" in err, err
+
+
+def test_an_alerting_config_duration_over_ten_years_is_refused_at_its_place(tmp_path):
+    """`delivery: {timeout: 99999999d}` was accepted by `rules serve -c` and failed at the first delivery
+    (socket timeout: OverflowError); `route: {group_wait: 99999999999999999999d}` as well. Now refused at
+    file:line:col before the engine starts; 3650d is accepted."""
+    import socket
+
+    from obshub.core.errors import ObshubError
+    from obshub.rules.sinks.config import load_config
+
+    cfg = tmp_path / "alerting.yaml"
+    cfg.write_text(
+        "version: 1\nroute:\n  group_wait: 99999999999999999999d\ndelivery:\n  timeout: 99999999d\n"
+        "sinks:\n  - {name: c, type: console}\n"
+    )
+    with pytest.raises(ObshubError) as exc:
+        load_config(cfg)
+    assert f"{cfg.name}:3:15: route/group_wait: 99999999999999999999d is longer than 3650d" in str(exc.value)
+    assert f"{cfg.name}:5:12: delivery/timeout: 99999999d is longer than 3650d" in str(exc.value)
+    cfg.write_text("version: 1\ndelivery:\n  timeout: 3650d\nsinks:\n  - {name: c, type: console}\n")
+    timeout_s = load_config(cfg).delivery.policy().timeout_s
+    with socket.socket() as s:
+        s.settimeout(timeout_s)  # the longest accepted fits a socket timeout
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["alerts", "--timeout-s", "nan"], "'--timeout-s': 'nan' is not a finite number"),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", "-", "--timeout-s", "nan"], "'--timeout-s': 'nan'"),
+        (["deep-dive", "--host", "node-01", "--max-s", "nan"], "'--max-s': 'nan' is not a finite number"),
+        (["demo", "--lock-wait", "inf"], "'--lock-wait': 'inf' is not a finite number"),
+    ],
+)
+@pytest.mark.timeout(60)
+def test_nan_and_inf_are_refused_where_a_number_of_seconds_is_asked(tmp_path, monkeypatch, capsys, args, option):
+    """click's FloatRange lets nan through every bound: `alerts --timeout-s nan` and `trace export
+    --timeout-s nan` never gave up on an unreachable broker (a nan deadline never passes: still waiting
+    after 30 s), `deep-dive --max-s nan` was refused only by the request's own check (exit 1). Now a
+    usage error naming the option, exit 2."""
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")  # nothing is reached: the option is refused first
+    code, _out, err = obshub(args, capsys)
+    assert code == 2 and option in " ".join(err.split()) and "Traceback" not in err, (code, err)
+
+
+@pytest.mark.parametrize("rounds, why", [("0", "0 is not 1 or more"), ("-1", "-1 is not 1 or more"), ("x", "'x'")])
+def test_bench_refuses_rounds_below_one(capsys, rounds, why):
+    """`python -m bench --rounds 0` ran every benchmark with its default rounds (``rounds or ROUNDS``),
+    `--rounds -1` with none (nan medians in the tables); now a usage error before any benchmark starts."""
+    from bench.__main__ import main as bench_main
+
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["--rounds", rounds, "summary_size"])
+    assert exc.value.code == 2 and why in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("var, below", [("OBSHUB_HOME", ""), ("OBSHUB_CACHE", "sub")])
+def test_a_state_folder_that_is_a_file_is_a_settings_error(tmp_path, monkeypatch, capsys, var, below):
+    """`OBSHUB_HOME=/etc/passwd obshub up` ended in a NotADirectoryError traceback from the first mkdir
+    (and `obshub status` reported "state /etc/passwd"); now an invalid setting naming the variable."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(var, str(a_file / below) if below else str(a_file))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", str(stack.free_port_pair()))
+    code, _out, err = obshub(["up"], capsys)
+    err = " ".join(err.split())
+    assert code == 1 and "invalid setting" in err and f"{a_file} is a file" in err and var in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["topics", "check", "--rules-group-prefix", "team a"],
+        ["topics", "create", "--rules-group-prefix", "team/a"],
+        ["topics", "check", "--app-id", "my app"],
+        ["rules", "serve", "--group-prefix", "team a"],
+        ["rules", "serve", "--group-prefix", ""],
+    ],
+)
+def test_a_rule_engine_prefix_kafka_cannot_name_a_topic_with_is_refused(tmp_path, monkeypatch, capsys, args):
+    """The rule engines' state topic is PREFIX-state: a prefix with a space or a slash (or none) names no
+    Kafka topic, yet `rules serve` started (and waited for the broker) with it. Now a usage error."""
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")
+    code, _out, err = obshub(args, capsys)
+    assert code == 2 and "a Kafka topic name takes letters, digits" in " ".join(err.split()), (code, err)

@@ -42,7 +42,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from obshub.rules.durations import parse_duration_ns
+from obshub.rules.durations import MAX_DURATION_NS, parse_duration_ns
 from obshub.rules.errors import SinkConfigError
 from obshub.rules.sinks.alertmanager import AlertmanagerSink
 from obshub.rules.sinks.base import DeliveryPolicy, Sink
@@ -58,8 +58,10 @@ def _dur_s(v: str) -> float:
 
 
 def _duration(v: str) -> str:
-    """A duration setting (``500ms``, ``10s``, ``1h30m``); raises ValueError naming the text."""
-    parse_duration_ns(v)
+    """A duration setting (``500ms``, ``10s``, ``1h30m``) of at most ``MAX_DURATION_NS`` (10 years);
+    raises ValueError naming the text."""
+    if parse_duration_ns(v) > MAX_DURATION_NS:
+        raise ValueError(f"{v} is longer than 3650d (10 years), the longest a setting may give")
     return v
 
 
@@ -67,7 +69,7 @@ def _positive_duration(v: str) -> str:
     """A duration setting that must be longer than 0 (a period, a timeout); raises ValueError."""
     if parse_duration_ns(v) == 0:
         raise ValueError(f"{v} must be longer than 0")
-    return v
+    return _duration(v)
 
 
 class Route(BaseModel):

@@ -1,0 +1,48 @@
+"""Option types shared by the command lines of every stage (click is part of the ground floor's ``cli``
+extra)."""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+
+class Finite(click.FloatRange):
+    """A float option in a range that refuses ``nan`` and ``inf`` as well: click's FloatRange lets ``nan``
+    through every bound (each comparison with it is false), so ``--timeout-s nan`` was taken and read as
+    "no time at all" or "forever". Same arguments as ``click.FloatRange``; a bad value is a usage error
+    (exit 2) naming the option."""
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+class KafkaName(click.ParamType):
+    """A name that becomes part of a Kafka topic name (a rule engine's ``--group-prefix``: its state topic
+    is ``PREFIX-state``): 1 to ``max_len`` characters of ``[A-Za-z0-9._-]``, the only ones Kafka allows in
+    a topic name (at most 249 in all). Anything else is a usage error (exit 2) naming the option, before
+    the broker refuses the topic."""
+
+    name = "name"
+    ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+    def __init__(self, max_len: int = 200):
+        self.max_len = max_len
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        bad = sorted(set(text) - self.ALLOWED)
+        if not text or len(text) > self.max_len or bad:
+            why = (
+                "is empty"
+                if not text
+                else f"is longer than {self.max_len} characters"
+                if len(text) > self.max_len
+                else f"holds {', '.join(map(repr, bad))}"
+            )
+            self.fail(f"{text!r} {why}: a Kafka topic name takes letters, digits, '.', '_' and '-'", param, ctx)
+        return text
