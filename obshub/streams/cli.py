@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 
 from obshub.core import kafka, registry, schema
+from obshub.core.clitypes import Finite, KafkaName
 from obshub.core.log import NullLogger
 from obshub.core.settings import STREAMS, load_settings
 from obshub.streams.errors import StreamsError, TopicMissingError
@@ -114,6 +115,7 @@ def _free_index(settings) -> int:
     "--app-id",
     default=STREAMS.app_id,
     show_default=True,
+    type=KafkaName(),
     help="Faust app id = consumer group and prefix of internal/changelog topics",
 )
 @click.option("--input-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
@@ -131,14 +133,14 @@ def _free_index(settings) -> int:
     "--window-s",
     default=STREAMS.window_s,
     show_default=True,
-    type=click.FloatRange(0.2, 3600),
+    type=Finite(0.2, 3600),
     help="a step closes at most this many seconds after its first data arrived",
 )
 @click.option(
     "--job-retention-s",
     default=STREAMS.job_retention_s,
     show_default=True,
-    type=click.FloatRange(1, None),
+    type=Finite(1, None),
     help="drop a job's state (tables, changelogs, memory) this many seconds after its last data; keep it "
     "above the longest step and the hang hold (docs/STREAMS.md 'Retention')",
 )
@@ -306,10 +308,10 @@ def tail_command():
 @click.option("--from-beginning", is_flag=True, help="start at the oldest kept summary")
 @click.option("--count", type=click.IntRange(min=0), default=0, help="exit after this many summaries (0 = follow)")
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")
-@click.option("--timeout-s", type=click.FloatRange(min=0), default=0.0, help="exit after this many seconds (0 = never)")
+@click.option("--timeout-s", type=Finite(min=0), default=0.0, help="exit after this many seconds (0 = never)")
 @click.option(
     "--hold-s",
-    type=click.FloatRange(min=0, max=60),
+    type=Finite(min=0, max=60),
     default=0.5,
     show_default=True,
     help="hold each summary this long and print what arrived together in step order (0: as they arrive)",

@@ -246,6 +246,12 @@ def test_an_alerting_config_duration_over_ten_years_is_refused_at_its_place(tmp_
         (["trace", "export", "--job", "j", "--steps", "1", "-o", "-", "--timeout-s", "nan"], "'--timeout-s': 'nan'"),
         (["deep-dive", "--host", "node-01", "--max-s", "nan"], "'--max-s': 'nan' is not a finite number"),
         (["demo", "--lock-wait", "inf"], "'--lock-wait': 'inf' is not a finite number"),
+        # the stream worker ran with a nan window; tail steps waited forever
+        (["streams", "worker", "--window-s", "nan"], "'--window-s': 'nan' is not a finite number"),
+        (["streams", "worker", "--job-retention-s", "inf"], "'--job-retention-s': 'inf' is not a finite number"),
+        (["tail", "steps", "--timeout-s", "nan"], "'--timeout-s': 'nan' is not a finite number"),
+        (["tail", "steps", "--hold-s", "nan"], "'--hold-s': 'nan' is not a finite number"),
+        (["streams", "worker", "--app-id", "a b"], "'--app-id': 'a b' holds ' '"),
     ],
 )
 @pytest.mark.timeout(60)
