@@ -109,6 +109,17 @@ def _bpf_source(
     return BpfEventSource(settings, target, options)
 
 
+def _some_probes(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Click callback of ``--probes``: a given list must name at least one probe (``--probes ,`` or ``""``
+    selected every probe, as if the option were left out). Raises click.BadParameter (exit 2)."""
+    if value is not None and not any(p.strip() for p in value.split(",")):
+        raise click.BadParameter(
+            f"{value!r} names no probe: give comma-separated probe or layer names (`obshub probes` lists them), "
+            "or leave the option out for all of them"
+        )
+    return value
+
+
 # the settings ``agent_config`` checks, by the option that sets them (its errors name the option)
 _OPTION_OF = {
     "job": "--job",
@@ -219,7 +230,9 @@ def _finite(value: float, name: str) -> float:
     default=None,
     help="synthetic source: stop after this many events (the agent then delivers them and exits)",
 )
-@click.option("--probes", default=None, help="comma-separated subset of probes to attach [default: all]")
+@click.option(
+    "--probes", default=None, callback=_some_probes, help="comma-separated subset of probes to attach [default: all]"
+)
 @click.option(
     "--threshold",
     "thresholds",
@@ -491,7 +504,9 @@ Examples:
 
 @click.command("probes", epilog=_PROBES_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--load", is_flag=True, help="compile and attach the probes (root), then detach")
-@click.option("--probes", "names", default=None, help="comma-separated probe or layer names [default: all]")
+@click.option(
+    "--probes", "names", default=None, callback=_some_probes, help="comma-separated probe or layer names [default: all]"
+)
 @click.option(
     "--usdt-library",
     type=click.Path(dir_okay=False),

@@ -310,3 +310,13 @@ def test_a_rule_engine_prefix_kafka_cannot_name_a_topic_with_is_refused(tmp_path
     monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")
     code, _out, err = obshub(args, capsys)
     assert code == 2 and "a Kafka topic name takes letters, digits" in " ".join(err.split()), (code, err)
+
+
+@pytest.mark.parametrize("cmd", [["probes"], ["agent", "--source", "synthetic"]])
+@pytest.mark.parametrize("value", [",", " , ", ""])
+def test_a_probe_list_that_names_no_probe_is_refused(tmp_path, monkeypatch, capsys, cmd, value):
+    """`--probes ,` (or "") selected every probe, as if the option were left out; now a usage error."""
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")  # nothing is reached: the option is refused first
+    code, _out, err = obshub([*cmd, "--probes", value], capsys)
+    assert code == 2 and "names no probe" in " ".join(err.split()) and "Traceback" not in err, (code, err)
