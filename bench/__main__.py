@@ -36,18 +36,6 @@ BENCHMARKS: dict[str, str] = {
 }
 
 
-def _positive(text: str) -> int:
-    """``--rounds``: a whole number of 1 or more (0 was read as each benchmark's default, ``rounds or ROUNDS``;
-    a negative number ran the set-up and took no sample: nan medians)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not 1 or more")
-    return n
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the named benchmarks (all by default); returns 0 when every one completed."""
     p = argparse.ArgumentParser(
@@ -57,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, one round")
     p.add_argument(
         "--rounds",
-        type=_positive,
+        type=common.positive_int,
         default=None,
         metavar="N",
         help="rounds per benchmark, 1 or more (default: each one's own)",

@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="smoke run: two low rates, 1 s each")
-    p.add_argument("--rounds", type=int, default=None, help=f"confirmation rounds (default {ROUNDS})")
+    p.add_argument("--rounds", type=common.positive_int, default=None, help=f"confirmation rounds (default {ROUNDS})")
     a = p.parse_args(argv)
     run(a.quick, a.rounds)
     return 0

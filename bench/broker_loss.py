@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.broker_loss", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="16 steps per phase instead of 32")
-    p.add_argument("--rounds", type=int, default=None, help="repeat every phase N times (default 1)")
+    p.add_argument("--rounds", type=common.positive_int, default=None, help="repeat every phase N times (default 1)")
     a = p.parse_args(argv)
     run(quick=a.quick, rounds=a.rounds)
     return 0

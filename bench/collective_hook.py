@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; returns 0."""
     ap = argparse.ArgumentParser(prog="python -m bench.collective_hook", description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000, help="calls per sample")
-    ap.add_argument("--rounds", type=int, default=7, help="samples per configuration")
+    ap.add_argument("--rounds", type=common.positive_int, default=7, help="samples per configuration")
     ap.add_argument(
         "--kinds", default="all_reduce,functional,backward", help="comma-separated: all_reduce, functional, backward"
     )

@@ -9,6 +9,7 @@ ratio of each median to the baseline's median.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -160,3 +161,15 @@ def git_rev() -> str:
         ).stdout.strip()
     except OSError:
         return "?"
+
+
+def positive_int(text: str) -> int:
+    """argparse type of ``--rounds`` (every benchmark): a whole number of 1 or more (0 was read as each benchmark's default, ``rounds or ROUNDS``;
+    a negative number ran the set-up and took no sample: nan medians). Raises argparse.ArgumentTypeError."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not 1 or more")
+    return n

@@ -71,7 +71,7 @@ def symbols(libs: dict[str, Path]) -> list[tuple[str, Path]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=common.positive_int, default=5)
     ap.add_argument("--calls", type=int, default=200_000, help="calls per sample of a probed symbol")
     args = ap.parse_args(argv)
 

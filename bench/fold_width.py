@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.fold_width", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 8 .. 256 hosts, 1 round")
-    p.add_argument("--rounds", type=int, default=None, help=f"rounds per width (default {ROUNDS})")
+    p.add_argument("--rounds", type=common.positive_int, default=None, help=f"rounds per width (default {ROUNDS})")
     p.add_argument("--hosts", type=int, nargs="+", default=None, help="widths to measure")
     p.add_argument("--old-max", type=int, default=OLD_MAX, help="widest job for the previous layout")
     p.add_argument(

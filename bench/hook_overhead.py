@@ -97,7 +97,7 @@ def build(depth: int, d: int):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=common.positive_int, default=9)
     ap.add_argument("--steps", type=int, default=30, help="steps per sample")
     ap.add_argument("--depth", type=int, default=24)
     ap.add_argument("--dim", type=int, default=32)

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20_000, help="summaries of the throughput phase")
     ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3, help="crash rounds per mode (modes alternate)")
+    ap.add_argument("--rounds", type=common.positive_int, default=3, help="crash rounds per mode (modes alternate)")
     ap.add_argument("--quick", action="store_true", help="2,000 summaries, 1 round")
     ap.add_argument("--mode", action="append", default=None, help="NAME=ARGS (extra `rules serve` args), repeatable")
     args = ap.parse_args(argv)

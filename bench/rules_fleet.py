@@ -30,7 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench import fleet
+from bench import common, fleet
 from obshub.core import schema
 from obshub.rules import fields, intake
 from obshub.rules.engine import Engine, freeze_heap
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=2048)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--events", action="store_true", help="also time the events topic, side by side")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of --events (median)")
+    p.add_argument("--rounds", type=common.positive_int, default=3, help="interleaved rounds of --events (median)")
     a = p.parse_args(argv)
     run(a.hosts, a.steps, a.events, a.rounds)
     return 0

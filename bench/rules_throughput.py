@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 30 steps, 1 round")
-    p.add_argument("--rounds", type=int, default=None, help=f"interleaved passes (default {ROUNDS})")
+    p.add_argument("--rounds", type=common.positive_int, default=None, help=f"interleaved passes (default {ROUNDS})")
     a = p.parse_args(argv)
     run(a.quick, a.rounds)
     return 0

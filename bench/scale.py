@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help=f"short replay ({QUICK_REPLAY_STEPS} steps)")
-    p.add_argument("--rounds", type=int, default=None, help="unused (one replay)")
+    p.add_argument("--rounds", type=common.positive_int, default=None, help="unused (one replay)")
     a = p.parse_args(argv)
     run(a.quick, a.rounds)
     return 0

@@ -959,7 +959,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 20 steps")
-    p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
+    p.add_argument("--rounds", type=common.positive_int, default=None, help=f"interleaved rounds (default {ROUNDS})")
     p.add_argument("--steps", type=int, default=None, help=f"steps per run (default {STEPS})")
     p.add_argument("--compose", action="store_true", help="only the composed projection from the saved per-call prices")
     a = p.parse_args(argv)

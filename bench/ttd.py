@@ -694,7 +694,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.ttd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="one run: cpu and hang on node-01 after 30 s clean")
-    p.add_argument("--rounds", type=int, default=None, help=f"rounds over every host (default {ROUNDS})")
+    p.add_argument(
+        "--rounds", type=common.positive_int, default=None, help=f"rounds over every host (default {ROUNDS})"
+    )
     p.add_argument(
         "--fault-hosts",
         default=None,

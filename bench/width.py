@@ -1560,7 +1560,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="steps per size (default: per size, 20-30)")
     p.add_argument("--pause-s", type=float, default=None, help=f"worker pause under load (default {PAUSE_S}; 0 = none)")
     p.add_argument("--workers", type=int, default=WORKERS, help=f"stream workers (default {WORKERS})")
-    p.add_argument("--rounds", type=int, default=None, help="unused (one pass)")
+    p.add_argument("--rounds", type=common.positive_int, default=None, help="unused (one pass)")
     p.add_argument(
         "--inproc",
         action="store_true",

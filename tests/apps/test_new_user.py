@@ -277,6 +277,22 @@ def test_bench_refuses_rounds_below_one(capsys, rounds, why):
     assert exc.value.code == 2 and why in capsys.readouterr().err
 
 
+def test_every_benchmark_reads_rounds_as_one_or_more():
+    """Each benchmark's own `--rounds` took 0 (its default, `rounds or ROUNDS`) and negatives (no sample:
+    nan medians) like `python -m bench` did; every one reads it with ``common.positive_int`` now."""
+    import re
+    from pathlib import Path
+
+    bench_dir = Path(__file__).resolve().parents[2] / "bench"
+    options = {
+        f.name: re.findall(r'add_argument\(\s*"--rounds",\s*type=([\w.]+)', f.read_text())
+        for f in bench_dir.glob("*.py")
+    }
+    with_rounds = {name: types for name, types in options.items() if types}
+    assert len(with_rounds) >= 15, with_rounds  # the benchmarks with a --rounds option
+    assert all(types == ["common.positive_int"] for types in with_rounds.values()), with_rounds
+
+
 @pytest.mark.parametrize("var, below", [("OBSHUB_HOME", ""), ("OBSHUB_CACHE", "sub")])
 def test_a_state_folder_that_is_a_file_is_a_settings_error(tmp_path, monkeypatch, capsys, var, below):
     """`OBSHUB_HOME=/etc/passwd obshub up` ended in a NotADirectoryError traceback from the first mkdir
