@@ -1124,3 +1124,59 @@ def test_a_slowed_step_naming_nobody_right_after_a_host_link_was_named_is_that_l
     else:
         assert c is None, c
         assert ("step_stall_unexplained", None, None) in fired, fired
+
+
+def net_rows(rows):
+    """Layer rows of the network layer: ``{host: (retransmits sent, largest RTT sample ms)}``."""
+    return {h: {"network": {"time_ns": 0, "count": n, "max_ns": int(rtt_ms * 1e6)}} for h, (n, rtt_ms) in rows.items()}
+
+
+@pytest.mark.parametrize(
+    "tmax_ms,ev,rows,want",
+    [
+        # the live 300 ms tbf spikes of node-01 at 20 Mbit (2026-12-06): its own egress dropped, so node-01
+        # sent the retransmits toward node-00, whose link the retransmits toward a host named
+        (
+            1220,
+            {"node-00": 3.0, "node-01": 2.0},
+            {"node-00": (0, 1), "node-01": (254, 299), "node-02": (1, 12), "node-03": (0, 9)},
+            "node-01",
+        ),
+        (
+            431,
+            {"node-00": 3.0, "node-01": 3.0},
+            {"node-00": (2, 1), "node-01": (23, 210), "node-02": (0, 1), "node-03": (0, 1)},
+            "node-01",
+        ),
+        # 40 % loss bursts of node-02: its sender node-03 retransmits toward it with RTT samples of 23-26 ms,
+        # 2-3.3x the receiver's, far below what the step lost: the receiver keeps it
+        (
+            1207,
+            {"node-02": 3.0},
+            {"node-00": (1, 1), "node-01": (1, 1), "node-02": (1, 7), "node-03": (17, 23)},
+            "node-02",
+        ),
+        (
+            1211,
+            {"node-02": 4.0},
+            {"node-00": (0, 3), "node-01": (4, 4), "node-02": (2, 13), "node-03": (117, 26)},
+            "node-02",
+        ),
+        # a sender with a queue but no retransmit of its own names nothing new
+        (
+            431,
+            {"node-00": 3.0},
+            {"node-00": (2, 1), "node-01": (1, 210), "node-02": (0, 1), "node-03": (0, 1)},
+            "node-00",
+        ),
+    ],
+)
+def test_retransmits_a_sender_queued_in_its_own_link_name_the_sender_not_its_receiver(tmax_ms, ev, rows, want):
+    s = summary(20, tmax_ms, ev={h: {"network": z} for h, z in ev.items()}, layers={})
+    s["layers"] = net_rows(rows)
+    s["net_directed"] = True
+    c = analysis.culprit(s)
+    assert (c["host"], c["layer"]) == (want, "network"), c
+    assert ("its own link queued them" in c["why"]) == (want == "node-01"), c["why"]
+    fired = stall_alerts(charge([*clean_steps(0, 20, __import__("random").Random(3)), s]))
+    assert fired == [("step_stall", want, "network")], fired
