@@ -196,17 +196,6 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             if mem is not None:
                 mem["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
                 return mem
-    if best is not None and best[2] == "network" and best[3] <= NET_SPECIFIC_EVIDENCE and lost:
-        sender = _queued_sender(summary, best[1], lost)
-        if sender is not None:
-            return {
-                "host": sender,
-                "layer": "network",
-                "evidence": best[3],
-                "source": "evidence",
-                "why": f"network evidence {best[3]:g} spreads of {spread / 1e6:.1f} ms on its receiver {best[1]}; "
-                + _queued_why(summary, sender),
-            }
     if best is not None and best[2] == "memlimit":
         return _memory_limited(summary, best[1], best[3])
     if best is not None:
@@ -312,44 +301,6 @@ def _memory_limited(summary: dict, host: str, z: float) -> dict | None:
         "why": f"late with {own} memory records (reclaim at its memory cgroup's limit, {int(mem.get('time_ns', 0)) / 1e6:.1f} ms"
         f" of reclaim) and none like it on its peers: it waited at the limit",
     }
-
-
-def _net_row(summary: dict, host: str) -> dict:
-    return ((summary.get("layers") or {}).get(host) or {}).get("network") or {}
-
-
-def _queued_sender(summary: dict, receiver: str, lost: int) -> str | None:
-    """The host whose own link queued the step's retransmits that network evidence charged to ``receiver``
-    (at most ``NET_SPECIFIC_EVIDENCE``: the retransmits toward it, or a few on its connections), or None.
-    A segment lost at its sender's egress (a shaped or congested link of the sender: tbf at 20 Mbit on
-    node-01, 2026-12-06) is retransmitted by the sender toward its receiver, as one lost at a blacked-out
-    receiver is, and the retransmits toward a host read as the receiver's link. What tells them apart is the
-    sender's RTT: segments that waited in its own egress queue come back late on every sample it takes,
-    while a lossy receiver's retransmitted segments give no RTT sample (Karn's rule). So the sender is
-    named when it sent at least 2 retransmits (``net_count_min``), its largest RTT sample
-    (``layers[host].network.max_ns``) is at least 3 times (``net_rtt_factor``) every other host's, and
-    makes up ``EXPLAIN_REL`` of ``lost`` (ns the step lost over the median): in that run 210-299 ms
-    against 1-12 ms on every other host, in steps that lost 200-1,040 ms; 40 % loss bursts had the
-    retransmitting sender at 1-27 ms, 2-3.3 times the receiver's, in steps that lost 250-1,400 ms."""
-    layers = summary.get("layers") or {}
-    rtt = {h: int(_net_row(summary, h).get("max_ns", 0)) for h in layers}
-    if len(rtt) < 3:
-        return None
-    top = max(rtt, key=lambda h: rtt[h])
-    if top == receiver or int(_net_row(summary, top).get("count", 0)) < 2:
-        return None
-    if rtt[top] < EXPLAIN_REL * lost or any(v * 3 > rtt[top] for h, v in rtt.items() if h != top):
-        return None
-    return top
-
-
-def _queued_why(summary: dict, host: str) -> str:
-    others = max(int(_net_row(summary, h).get("max_ns", 0)) for h in (summary.get("layers") or {}) if h != host)
-    row = _net_row(summary, host)
-    return (
-        f"it sent {int(row.get('count', 0))} retransmits with RTT samples up to {int(row.get('max_ns', 0)) / 1e6:.0f} ms"
-        f" (every other host's at most {others / 1e6:.0f} ms): its own link queued them"
-    )
 
 
 def _memory_at_limit(summary: dict, lost: int) -> dict | None:
