@@ -193,7 +193,7 @@ STEP_TYPES: dict[str, T] = {
         rank=RANK,
         layer=STRING,
         evidence=DOUBLE,
-        source=enum("stopped", "evidence", "blame", "layers", "persistent", "hang", "running"),
+        source=enum("stopped", "evidence", "blame", "memlimit", "layers", "persistent", "hang", "running"),
         why=STRING,
         starved=BOOL,
     ),

@@ -12,6 +12,10 @@ CULPRIT_MIN_EVIDENCE = 2.0
 """The least per-step evidence (spreads) that names a culprit: on recorded demo stalls the true culprit had
 4-7, while a blackout step whose retransmits fell outside it left only run-queue noise of 1.4-1.6 spreads
 on two hosts, which must not name one of them."""
+NET_SPECIFIC_EVIDENCE = 3.0
+"""Network evidence (spreads) of a culprit that a memory cgroup at its limit (``_memory_at_limit``) does not
+outrank without ``net_directed``: the rules' ``stall_specific_net_evidence`` (docs/RULES.md), since at 2
+two stray retransmits toward a host in a step a neighbour's 300 ms SIGSTOP slowed named it."""
 _SPECIFIC_FIRST = {
     layer: i for i, layer in enumerate(("network", "sched", "memory", "memlimit", "cuda", "nic", "pcie", "pytorch"))
 }
@@ -94,6 +98,9 @@ def culprit(summary: dict) -> dict | None:
     3. else ``source`` "layers" (``_layer_culprit``): the host whose sched or memory time exceeds its
        peers' median by at least ``EXPLAIN_REL`` of what the step lost;
     4. else None (nothing names one: every host equally slow, or nothing to compare).
+    5. over 1.-4., unless they named ``memory``, or ``network`` with ``net_directed`` (a directed loss or
+       blackout) or at least ``NET_SPECIFIC_EVIDENCE``: ``source`` "memlimit" (``_memory_at_limit``) in a step that lost time, the host whose
+       memory cgroup hit its limit in the step (its reclaim retries, none like them on its peers).
 
     A rank's lateness (``pytorch``), its link's ``network`` best when it is the late one, and a straggler
     with no layer blamed name ``memory`` instead when its memory cgroup hit its limit in the step
@@ -113,11 +120,8 @@ def culprit(summary: dict) -> dict | None:
 
     Layer ``pytorch`` is named ``process`` (``CULPRIT_LAYER``); a straggler without any blamed layer too.
     Reads only ``stopped``, ``evidence``, ``straggler``, ``blame``, ``baseline``, ``step_time_max_ns``, ``layers``,
-    ``layer_stats`` and ``layers_omitted`` of ``summary``, so a caller that changes those (the worker drops
+    ``layer_stats``, ``layers_omitted`` and ``net_directed`` of ``summary``, so a caller that changes those (the worker drops
     the evidence of the steps after a hang) recomputes it."""
-    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
-    spread = (summary.get("evidence") or {}).get("spread_ns", 0)
-    strag = summary.get("straggler")
     bl = summary.get("baseline") or {}
     # what the step lost over the job's usual step (ns; 0 without a baseline): a straggler, a late host or
     # a layer that explains a small part of it is a bystander of the stall, not its cause
@@ -125,6 +129,25 @@ def culprit(summary: dict) -> dict | None:
     stopped = _stopped_culprit(summary, lost)
     if stopped is not None:
         return stopped
+    c = _culprit(summary, lost)
+    if c is not None and (
+        c["layer"] == "memory"
+        or (c["layer"] == "network" and (summary.get("net_directed") or c["evidence"] >= NET_SPECIFIC_EVIDENCE))
+    ):
+        return c
+    # a host whose memory cgroup hit its limit in a step that lost time outranks lateness, run-queue noise
+    # and a few stray retransmits: a page cache squeezed at the limit slows its rank by tens of ms a step
+    # over several steps, below every gate of those, while its reclaim retries are the kernel's word
+    mem = _memory_at_limit(summary, lost) if lost else None
+    return mem if mem is not None else c
+
+
+def _culprit(summary: dict, lost: int) -> dict | None:
+    """``culprit``'s steps 1. to 4. (after a stopped rank, before a memory cgroup at its limit); ``lost``: ns
+    the step lost over the job's median step (0 without a baseline)."""
+    hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
+    spread = (summary.get("evidence") or {}).get("spread_ns", 0)
+    strag = summary.get("straggler")
     group = {g["host"]: g.get("late_ns", 0) for g in (strag or {}).get("group") or []}
     if strag:
         group.setdefault(strag["host"], strag.get("excess_ns", 0))
@@ -280,6 +303,34 @@ def _memory_limited(summary: dict, host: str, z: float) -> dict | None:
     }
 
 
+def _memory_at_limit(summary: dict, lost: int) -> dict | None:
+    """``source`` "memlimit": the host with the most memory records in a step that lost ``lost`` ns (> 0)
+    over the job's median step, when ``_memory_limited`` holds for it (at least ``MEMLIMIT_MIN_RECORDS``
+    records, every other host's row at most ``AMBIGUOUS_REL`` of them), with ``evidence`` 0; None otherwise.
+    Read only when no per-step evidence named a culprit: a memory cgroup squeezed to its page cache
+    (``obshub demo --fault stall --param layer=mem``, node-02, 2026-12-06) slowed its rank by 15-90 ms a
+    step (x1.1-x1.7) for about 4 steps per 800 ms stall with 29-48 memory records a step and 2-18 ms of
+    reclaim, none on its peers, while lateness, run-queue noise or nobody named those steps; clean training
+    at its limit on one host alone does not happen in steady state (``MEMLIMIT_MIN_RECORDS``). The rule
+    ``memory_stall_over_steps`` sums what such steps lost (docs/RULES.md "Single-step stall rules")."""
+    layers = summary.get("layers") or {}
+    counts = sorted(
+        ((int(((row or {}).get("memory") or {}).get("count", 0)), h) for h, row in layers.items()), reverse=True
+    )
+    if not counts or lost <= 0:
+        return None
+    mem = _memory_limited(summary, counts[0][1], 0.0)
+    if mem is None:
+        return None
+    mem["source"] = "memlimit"
+    mem["why"] = (
+        f"{counts[0][0]} memory records (reclaim at its memory cgroup's limit,"
+        f" {int(((layers[counts[0][1]] or {}).get('memory') or {}).get('time_ns', 0)) / 1e6:.1f} ms of reclaim) and none"
+        f" like it on its peers, in a step that lost {lost / 1e6:.1f} ms"
+    )
+    return mem
+
+
 def _stopped_culprit(summary: dict, lost: int) -> dict | None:
     """``source`` "stopped": the rank whose threads were stopped or traced (state T/t: SIGSTOP, a debugger)
     for the longest part of the step (``summary.stopped``, ns), layer ``process``, when that stop is at
@@ -381,7 +432,7 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
     (``summary["culprit"]``) is None, the straggler's blame, a layer table without evidence, or lateness
     no layer explains (``process``) is charged to it (``source`` "persistent"): a fault that slows every
     step makes its victims wait and arrive late. Per-step evidence of a layer below the framework, and a
-    hang or a stopped rank (``source`` "stopped"), keep their own culprit. A step whose own culprit is
+    hang, a stopped rank (``source`` "stopped") or a memory cgroup at its limit ("memlimit") keep their own culprit. A step whose own culprit is
     lateness (``process``, from evidence or blame) of a host whose network was the own culprit of one of
     the job's last ``PERSIST_STEPS`` steps is charged to that host's network at once; one of a host whose
     own ``sched`` was the key of one of the last ``STARVED_NEXT_STEPS`` steps to its sched at once (a CPU
@@ -409,11 +460,21 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
             # the starved rank in its old step while its peers wait for it in the next one, where its
             # run-queue waits (counted when its threads come back on a CPU) are not (stall7, node-01)
             persistent = (c["host"], "sched", 1)
-    if persistent is None or (c is not None and (c.get("source") in ("hang", "stopped") or key is not None)):
+    if persistent is None and c is None and slowed(summary):
+        # a slowed step naming nobody right after a step that named a host's link: a loss's retransmission
+        # back-off spans the step boundary, and its retransmits stayed in the step before (persistent 8 %
+        # loss of node-03, stall9: the episode's second step, x6.2, had no straggler and no directed view,
+        # and fired step_stall_unexplained one step after node-03 / network was named)
+        nets = [k for k in list(recent)[-STARVED_NEXT_STEPS:] if k is not None and k[1] == "network"]
+        if nets:
+            persistent = (nets[-1][0], "network", 1)
+    if persistent is None or (
+        c is not None and (c.get("source") in ("hang", "stopped", "memlimit") or key is not None)
+    ):
         return c, key
     h, layer, n = persistent
     bl = summary.get("baseline") or {}
-    slowed = bl.get("n", 0) > 0 and int(summary.get("step_time_max_ns") or 0) >= PERSIST_SLOW * int(
+    keeps = bl.get("n", 0) > 0 and int(summary.get("step_time_max_ns") or 0) >= PERSIST_SLOW * int(
         bl.get("median_ns") or 0
     )
     own = f"its own: {c['host']} / {c['layer']} ({c['why']})" if c else "no culprit of its own"
@@ -427,11 +488,13 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
         "source": "persistent",
         "why": (
             f"{h} / {layer} was the culprit of {n} of the job's last {PERSIST_STEPS} steps (a persistent fault); {own}"
-            if layer != "sched" or n >= PERSIST_MIN
+            if n >= PERSIST_MIN or (layer == "network" and c is not None)
+            else f"{h} / network was the culprit of one of the job's last {STARVED_NEXT_STEPS} steps, and this slowed step names nobody; {own}"
+            if layer == "network"
             else f"{h} was starved of CPU in one of the job's last {STARVED_NEXT_STEPS} steps and is late in this one; {own}"
         ),
     }
-    return charged, ((h, layer) if slowed else None)
+    return charged, ((h, layer) if keeps else None)
 
 
 def slowed(summary: dict) -> bool:
