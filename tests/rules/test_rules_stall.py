@@ -1094,6 +1094,27 @@ def test_a_directed_or_specific_network_culprit_keeps_its_place_beside_a_memory_
     assert (analysis.culprit(s) or {}).get("layer") != "memory"
 
 
+@pytest.mark.parametrize(
+    "peer_ev,peer_sched_ms,named",
+    [
+        (7.0, 600, "node-03"),  # a CPU burst's run-queue evidence
+        (3.0, 600, "node-03"),  # SPECIFIC_EVIDENCE
+        (None, 600, "node-03"),  # no evidence, starved by its run-queue time alone (`layers`)
+        (2.5, 90, "node-02"),  # run-queue noise of a peer: the memory limit's retries are the better word
+    ],
+)
+def test_a_host_routinely_at_its_memory_limit_does_not_take_over_another_hosts_cpu_burst(peer_ev, peer_sched_ms, named):
+    # node-02 reads through its page cache at its memory cgroup's limit every step (a data loader: 30
+    # reclaim records a step, none on its peers) while node-03's CPU burst stalls the step x3.5: the
+    # burst's host is the culprit, not node-02 (a memory-limit culprit outranks lateness and noise only)
+    s = squeezed_steps(20, (3.5,), records=(30,))[0]
+    s["evidence"]["hosts"] = {"node-03": {"sched": peer_ev}} if peer_ev else {}
+    s["straggler"] = None
+    s["layers"]["node-03"]["sched"]["time_ns"] = peer_sched_ms * 1_000_000
+    c = analysis.culprit(s)
+    assert (c["host"], c["layer"]) == (named, "memory" if named == "node-02" else "sched"), c
+
+
 @pytest.mark.parametrize("gap,charged", [(0, True), (1, True), (2, False)])
 def test_a_slowed_step_naming_nobody_right_after_a_host_link_was_named_is_that_link(gap, charged):
     # persistent 8 % loss of node-03 (stall9, `--fault-hosts 3`): the first slowed step named node-03 /

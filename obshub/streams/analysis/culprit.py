@@ -12,10 +12,12 @@ CULPRIT_MIN_EVIDENCE = 2.0
 """The least per-step evidence (spreads) that names a culprit: on recorded demo stalls the true culprit had
 4-7, while a blackout step whose retransmits fell outside it left only run-queue noise of 1.4-1.6 spreads
 on two hosts, which must not name one of them."""
-NET_SPECIFIC_EVIDENCE = 3.0
-"""Network evidence (spreads) of a culprit that a memory cgroup at its limit (``_memory_at_limit``) does not
-outrank without ``net_directed``: the rules' ``stall_specific_net_evidence`` (docs/RULES.md), since at 2
-two stray retransmits toward a host in a step a neighbour's 300 ms SIGSTOP slowed named it."""
+SPECIFIC_EVIDENCE = 3.0
+"""Per-step evidence (spreads) of a culprit, of any layer, that a memory cgroup at its limit
+(``_memory_at_limit``) does not outrank: the rules' ``stall_specific_net_evidence`` (docs/RULES.md), since
+at 2 two stray retransmits toward a host in a step a neighbour's 300 ms SIGSTOP slowed named it. A host
+routinely at its limit (a data loader reading through the page cache) must not take over a CPU burst or a
+loss of another host, whose evidence is 4-12 spreads."""
 _SPECIFIC_FIRST = {
     layer: i for i, layer in enumerate(("network", "sched", "memory", "memlimit", "cuda", "nic", "pcie", "pytorch"))
 }
@@ -98,9 +100,10 @@ def culprit(summary: dict) -> dict | None:
     3. else ``source`` "layers" (``_layer_culprit``): the host whose sched or memory time exceeds its
        peers' median by at least ``EXPLAIN_REL`` of what the step lost;
     4. else None (nothing names one: every host equally slow, or nothing to compare).
-    5. over 1.-4., unless they named ``memory``, or ``network`` with ``net_directed`` (a directed loss or
-       blackout) or at least ``NET_SPECIFIC_EVIDENCE``: ``source`` "memlimit" (``_memory_at_limit``) in a step that lost time, the host whose
-       memory cgroup hit its limit in the step (its reclaim retries, none like them on its peers).
+    5. over 1.-4., unless they named ``memory``, ``network`` with ``net_directed`` (a directed loss or
+       blackout), a starved host, or a culprit with at least ``SPECIFIC_EVIDENCE`` spreads: ``source``
+       "memlimit" (``_memory_at_limit``) in a step that lost time, the host whose memory cgroup hit its limit
+       in the step (its reclaim retries, none like them on its peers).
 
     A rank's lateness (``pytorch``), its link's ``network`` best when it is the late one, and a straggler
     with no layer blamed name ``memory`` instead when its memory cgroup hit its limit in the step
@@ -132,7 +135,9 @@ def culprit(summary: dict) -> dict | None:
     c = _culprit(summary, lost)
     if c is not None and (
         c["layer"] == "memory"
-        or (c["layer"] == "network" and (summary.get("net_directed") or c["evidence"] >= NET_SPECIFIC_EVIDENCE))
+        or (c["layer"] == "network" and summary.get("net_directed"))
+        or c.get("starved")
+        or float(c.get("evidence") or 0) >= SPECIFIC_EVIDENCE
     ):
         return c
     # a host whose memory cgroup hit its limit in a step that lost time outranks lateness, run-queue noise
