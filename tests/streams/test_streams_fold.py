@@ -679,17 +679,6 @@ def _parts_of_scenario(pipe: InProcess, msgs: list[bytes]) -> tuple[list[bytes],
     ]
 
 
-def _apply_unit(pipe: InProcess, values: list, p: int) -> None:
-    """``values`` (decoded internal messages) applied as one unit of partition ``p``, each part on its own
-    (``Fold.part``), what they emit handled as ``InProcess`` does."""
-    for what, _job, v in pipe.fold.apply_round(values, p):
-        if what == "summary":
-            pipe.summaries.append(v)
-        else:
-            for q in range(pipe.partitions):
-                pipe._apply(v, q)
-
-
 def test_a_run_of_parts_folds_exactly_as_one_part_at_a_time():
     """``Fold.parts_run`` (a batch's parts with their step's lookups made once) against the same parts
     applied one by one in the same unit: replays inside the run, parts of a step after it closed in the
@@ -726,7 +715,7 @@ def test_a_run_of_parts_folds_exactly_as_one_part_at_a_time():
         for i in range(0, len(raws), 37):  # units of 37 messages: runs cross steps and closes
             chunk = raws[i : i + 37]
             pipes["run"]._apply({"t": "batch", "msgs": chunk}, p)
-            _apply_unit(pipes["one"], [acc_mod.decode_internal(r) for r in chunk], p)
+            pipes["one"].apply_unit([acc_mod.decode_internal(r) for r in chunk], p)  # part by part
     run, one = pipes["run"], pipes["one"]
     assert len(run.summaries) == len(one.summaries) >= scn.steps // 2
     assert [wire.packb(s) for s in run.summaries] == [wire.packb(s) for s in one.summaries]
