@@ -495,21 +495,35 @@ class Fold:
 
     def apply_batch(self, msgs: list[bytes], p: int) -> list[Emit]:
         """Apply the internal messages ``msgs`` (each msgpack bytes of one message, in order) of partition
-        ``p`` as one unit (:meth:`apply_round`), or as part of the unit being applied. A message that
-        fails (a bug) is logged and skipped, like a single message would be; the others still apply."""
+        ``p`` as one unit (:meth:`apply_round`), or as part of the unit being applied. Consecutive parts
+        are applied together (:meth:`parts_run`). A message that fails (a bug) is logged and skipped, like
+        a single message would be; the others still apply."""
         if not self._unit:
             return self.apply_round([{"t": "batch", "msgs": msgs}], p)
         out: list[Emit] = []
+        run: list[tuple[Any, PartMsg]] = []
         for raw in msgs:
             try:
-                out.extend(self.apply(decode_internal(raw), p))
+                v = decode_internal(raw)
+                if type(v) is PartMsg:
+                    run.append((raw, v))
+                    continue
+                if run:
+                    self.parts_run(run, p, out, self.on_error)
+                    run = []
+                out.extend(self.apply(v, p))
             # Broad on purpose: a message that is not msgpack (msgspec.DecodeError), a part in a form
             # as_part cannot read (ValidationError, KeyError, TypeError) or a bug in the analysis must not
             # stop the partition. Each is counted (obshub_streams_processing_errors_total{stage="fold"})
             # and its bytes dead-lettered by the worker through on_error (streams.app); the others apply.
             except Exception as exc:
-                log.exception("fold failed on one message of a batch of partition %d", p)
+                if run:  # the parts before it first, in order
+                    self.parts_run(run, p, out, self.on_error)
+                    run = []
+                log.error("fold failed on one message of a batch of partition %d", p, exc_info=exc)
                 self.on_error(raw, exc)
+        if run:
+            self.parts_run(run, p, out, self.on_error)
         return out
 
     def apply_round(self, values: list[dict], p: int) -> list[Emit]:
@@ -855,56 +869,121 @@ class Fold:
 
     def part(self, v: PartMsg, p: int) -> list[Emit]:
         """One host's accumulator for one step (``accumulate.PartMsg``): one write to ``parts``, a write to
-        ``steps`` when the step opens or this host ends it; closes the step when complete."""
-        job, step, host, bid = v.job, v.step, v.host, v.bid
-        sk = f"{job}|{step}"
-        now = self.active_ns[job] = self.clock()
-        self.last_seen.setdefault(job, {})[host] = now
-        if step > self.top_step.get(job, -1):
-            self.top_step[job] = step
-        done = self.closed.get(sk)
-        if done is not None:
-            if not self._is_replay(sk, done, bid):
-                self._late(v, p, sk, done)
-            return []
-        st = self.steps.get(sk)
-        entry = self._entry(sk, host) if st is not None else None
-        if entry is not None and bid in entry.bids:
-            return []  # replay of a batch already folded in
-        js = None
-        st_dirty = False
-        if st is None:
-            js = self._job(f"{job}@{p}")
-            if step <= js["floor"]:
-                self._late(v, p, sk, None)  # older than every closed record kept here
-                return []
-            st = {"job": job, "step": step, "p": p, "opened_ns": self.clock(), "extra": []}
-            self._drop_parts(sk)  # nothing of an earlier life of this step counts
-            self.ended[sk] = 0
-            st_dirty = True
-        ended = self._ended(sk, st, p)  # before this part changes anything: a recount must not see it
-        q = {k: x for k, x in v.q.items() if x}
-        if entry is None:
-            entry = PartEntry(acc=v.acc, bids=[bid], q=q)
-            was_ended = False
-            if not self.registered(job, p, host):
-                st["extra"].append(host)
-                st_dirty = True
-        else:
-            was_ended = self.host_done(job, host, entry.acc)
-            accumulate.merge(entry.acc, v.acc)
-            entry.bids.append(bid)
-            for k, x in q.items():
-                entry.q[k] = entry.q.get(k, 0) + x
-        self._pending.setdefault(sk, {})[host] = entry
-        if st_dirty:
-            self.steps[sk] = st
-        if not was_ended and self.host_done(job, host, entry.acc):
-            ended += 1
-            self.ended[sk] = ended
-            if self._complete(st, ended, js or self._job(f"{job}@{p}"), p):
-                return self.close(sk, st, p, "complete")
-        return []
+        ``steps`` when the step opens or this host ends it; closes the step when complete. Raises what the
+        fold raises on it (a bug); :meth:`parts_run` applies several."""
+        out: list[Emit] = []
+        self.parts_run([(v, v)], p, out, None)
+        return out
+
+    def parts_run(
+        self,
+        items: list[tuple[Any, PartMsg]],
+        p: int,
+        out: list[Emit],
+        on_error: Callable[[Any, BaseException], None] | None,
+    ) -> None:
+        """Apply the parts ``items`` (``(what on_error gets, part)``, in partition order) of partition ``p``
+        one after the other, exactly as :meth:`part` one at a time would, appending what they emit to
+        ``out``; what a run of parts of one step shares is looked up once (issue #30 item 4: at 2,048 x 8 a
+        round holds ~512 parts of one step): the step's ``closed`` and ``steps`` records, its job's record,
+        registrations and ranks, its entries and the count of hosts that ended it. A close, a late part
+        or a failure starts the lookups again. ``on_error``: called with a failing item's first element
+        and the exception, the others still apply; None: the exception propagates."""
+        key: tuple[str, int] | None = None  # (job, step) the cached lookups below belong to
+        last_seen, top_step, active_ns = self.last_seen, self.top_step, self.active_ns
+        for what, v in items:
+            try:
+                job, step, host, bid = v.job, v.step, v.host, v.bid
+                now = active_ns[job] = self.clock()
+                seen = last_seen.get(job)
+                if seen is None:
+                    seen = last_seen[job] = {}
+                seen[host] = now
+                if step > top_step.get(job, -1):
+                    top_step[job] = step
+                if key is None or key[0] != job or key[1] != step:
+                    key = None  # set again once this step's lookups are made
+                    sk = f"{job}|{step}"
+                    done = self.closed.get(sk)
+                    st = self.steps.get(sk) if done is None else None
+                    js = ranks = buckets = pend = where = None
+                    ended = need = 0
+                if done is not None:
+                    if not self._is_replay(sk, done, bid):
+                        key = None
+                        self._late(v, p, sk, done)
+                    continue
+                if st is not None and key is None:  # the open step's lookups, once per run of its parts
+                    js = self._job(f"{job}@{p}")
+                    ranks = self.host_ranks.get(job, {})
+                    buckets = {}
+                    pend = self._pending.get(sk)
+                    where = self._index().get(sk) or {}
+                    ended = self._ended(sk, st, p)  # before this run changes anything: a recount must not see it
+                    need = js["n_hosts"] + sum(1 for h in st["extra"] if not self.registered(job, p, h))
+                    key = (job, step)
+                entry = None
+                if st is not None and ((pend is not None and host in pend) or host in where):
+                    entry = self._entry(sk, host)
+                    if entry is not None and bid in entry.bids:
+                        continue  # replay of a batch already folded in
+                st_dirty = False
+                if st is None:
+                    js = self._job(f"{job}@{p}")
+                    if step <= js["floor"]:
+                        self._late(v, p, sk, None)  # older than every closed record kept here
+                        continue
+                    st = {"job": job, "step": step, "p": p, "opened_ns": self.clock(), "extra": []}
+                    self._drop_parts(sk)  # nothing of an earlier life of this step counts
+                    self.ended[sk] = ended = 0
+                    ranks, buckets, pend, where = self.host_ranks.get(job, {}), {}, None, {}
+                    need = js["n_hosts"]
+                    st_dirty = True
+                    key = (job, step)
+                q = {k: x for k, x in v.q.items() if x} if v.q else {}
+                acc = v.acc
+                if entry is None:
+                    entry = PartEntry(acc=acc, bids=[bid], q=q)
+                    was_ended = False
+                    b = bucket_of(host)
+                    members = buckets.get(b, _UNSET)
+                    if members is _UNSET:
+                        members = buckets[b] = self.members.get(f"{job}@{p}#{b}")
+                    if members is None or host not in members:  # not registered
+                        st["extra"].append(host)
+                        need += 1
+                        st_dirty = True
+                else:
+                    was_ended = self.host_done(job, host, entry.acc)
+                    accumulate.merge(entry.acc, acc)
+                    entry.bids.append(bid)
+                    for k, x in q.items():
+                        entry.q[k] = entry.q.get(k, 0) + x
+                    acc = entry.acc
+                if pend is None:
+                    pend = self._pending[sk] = {}
+                pend[host] = entry
+                if st_dirty:
+                    self.steps[sk] = st
+                # host_done (inline): a STEP_END of each of its ranks registered here, or its first one
+                if was_ended or acc.step_ns is None:
+                    continue
+                n = len(ranks.get(host, ()))
+                if n >= 2 and accumulate.ranks_ended(acc) < n:
+                    continue
+                ended += 1
+                self.ended[sk] = ended
+                if js["n_ranks"] < js["world_size"]:
+                    continue
+                if ended >= need or (job in self.rank_state and self._complete(st, ended, js, p)):
+                    key = None
+                    out.extend(self.close(sk, st, p, "complete"))
+            except Exception as exc:
+                key = None
+                if on_error is None:
+                    raise
+                log.error("fold failed on one message of a batch of partition %d", p, exc_info=exc)
+                on_error(what, exc)
 
     def host_done(self, job: str, host: str, acc: HostAcc) -> bool:
         """Whether ``host`` is done with the step of accumulator ``acc``: a STEP_END of each of its ranks

@@ -101,7 +101,12 @@ class InProcess:
 
     def _apply(self, value: dict, p: int) -> None:
         self.internal += 1
-        for what, _job, v in self.fold.apply(value, p):
+        self.apply_unit([value], p)
+
+    def apply_unit(self, values: list, p: int) -> None:
+        """Apply the internal messages ``values`` (decoded) of partition ``p`` as one unit of the fold
+        (``Fold.apply_round``); summaries are kept, broadcasts applied to every partition."""
+        for what, _job, v in self.fold.apply_round(values, p):
             if what == "summary":
                 self.summaries.append(v)
             else:

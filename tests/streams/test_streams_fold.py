@@ -5,10 +5,11 @@ counted, and one part is one small write whatever the job's width."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from obshub.core import schema
-from obshub.streams import accumulate, analysis, offline, synthetic
+from obshub.streams import accumulate, analysis, offline, synthetic, wire
 from obshub.streams import fold as fold_mod
 from obshub.streams.inproc import InProcess
 
@@ -656,3 +657,89 @@ def test_parts_records_are_cut_by_hosts_and_by_bytes():
     assert all(
         sum(fold_mod._entry_bytes(big[h]) for h in c) <= fold_mod.PART_RECORD_BYTES for c in fold_mod._chunks(big)
     )
+
+
+def _counting_clock():
+    t = [1_000_000_000_000]
+
+    def clock() -> int:
+        t[0] += 1_000_000  # 1 ms a call: both paths call it alike, so the tables' bytes must match
+        return t[0]
+
+    return clock
+
+
+def _parts_of_scenario(pipe: InProcess, msgs: list[bytes]) -> tuple[list[bytes], list[tuple[bytes, int]]]:
+    """Registrations fed to ``pipe``; the other inputs' internal messages as ``(msgpack bytes, partition)``."""
+    regs = [v for v in msgs if all(e.step < 0 for e in schema.decode_batch(v).events)]
+    for v in regs:
+        pipe.feed(v)
+    return regs, [
+        (wire.packb(m), p) for v in msgs if v not in regs for m, p in pipe.parts_of(v) if m.get("t") == "part"
+    ]
+
+
+def test_a_run_of_parts_folds_exactly_as_one_part_at_a_time():
+    """``Fold.parts_run`` (a batch's parts with their step's lookups made once) against the same parts
+    applied one by one in the same unit: replays inside the run, parts of a step after it closed in the
+    run (replays and a new agent's late data), an unregistered host, a host split over two parts: the same
+    summaries, tables and changelog bytes."""
+    from obshub.streams import accumulate as acc_mod
+
+    scn, msgs = _scenario(hosts=5, steps=12)
+    extra, _ = _scenario(hosts=6, steps=12, job="j")  # node5 sends data without registering below
+    pipes = {k: InProcess(partitions=2, clock=_counting_clock(), window_ns=10**15) for k in ("run", "one")}
+    regs, parts = _parts_of_scenario(pipes["one"], msgs)
+    for v in regs:
+        pipes["run"].feed(v)
+    late = []
+    for raw, p in parts:  # the same parts from another agent instance: new batch ids, late once closed
+        m = acc_mod.decode_internal(raw)
+        late.append((wire.packb(msgspec.structs.replace(m, bid="other:" + m.bid)), p))
+    unreg = [
+        (wire.packb(m), p)
+        for _k, b in synthetic.generate(extra)
+        if b.host == "node5"
+        for m, p in pipes["one"].parts_of(schema.encode_batch(b))
+        if m.get("t") == "part"
+    ]
+    stream = []
+    for i in range(0, len(parts), 4):
+        stream += (
+            parts[i : i + 4] + parts[i : i + 2] + (late[i - 8 : i - 4] if i >= 8 else []) + unreg[i // 4 : i // 4 + 1]
+        )
+    per: dict[int, list[bytes]] = {}
+    for raw, p in stream:
+        per.setdefault(p, []).append(raw)
+    for p, raws in sorted(per.items()):
+        for i in range(0, len(raws), 37):  # units of 37 messages: runs cross steps and closes
+            chunk = raws[i : i + 37]
+            pipes["run"]._apply({"t": "batch", "msgs": chunk}, p)
+            pipes["one"].apply_unit([acc_mod.decode_internal(r) for r in chunk], p)  # part by part
+    run, one = pipes["run"], pipes["one"]
+    assert len(run.summaries) == len(one.summaries) >= scn.steps // 2
+    assert [wire.packb(s) for s in run.summaries] == [wire.packb(s) for s in one.summaries]
+    for name in ("parts", "steps", "members", "jobs", "closed"):
+        assert run.tables[name].log == one.tables[name].log, name
+        assert run.tables[name].records == one.tables[name].records, name
+    assert run.fold.ended == one.fold.ended and run.fold.last_seen == one.fold.last_seen
+
+
+def test_a_batch_of_one_steps_parts_looks_its_step_and_job_up_once(monkeypatch):
+    """The ~512 parts of one step a worker's round brings at 2,048 x 8 (issue #30 item 4) read the step's
+    ``closed`` and ``steps`` records and the job's record once per run, not once per part."""
+    _scn, msgs = _scenario(hosts=24, steps=3, guilty_steps=(), straggler=None)
+    pipe = InProcess(partitions=1)
+    _regs, parts = _parts_of_scenario(pipe, msgs)
+    step1 = [raw for raw, _p in parts if accumulate.decode_internal(raw).step == 1]
+    assert len(step1) == 24
+    reads: dict[str, int] = {}
+    get = fold_mod.WriteBack.get
+
+    def counting(self, key, default=None):
+        reads[key] = reads.get(key, 0) + 1
+        return get(self, key, default)
+
+    monkeypatch.setattr(fold_mod.WriteBack, "get", counting)
+    pipe._apply({"t": "batch", "msgs": step1[:20]}, 0)  # open, not complete: no close reads
+    assert reads["j|1"] <= 3 and reads["j@0"] <= 1, reads  # closed, steps; steps again at the write-back
