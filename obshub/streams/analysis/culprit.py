@@ -101,7 +101,7 @@ def culprit(summary: dict) -> dict | None:
        peers' median by at least ``EXPLAIN_REL`` of what the step lost;
     4. else None (nothing names one: every host equally slow, or nothing to compare).
     5. over 1.-4., unless they named ``memory``, ``network`` with ``net_directed`` (a directed loss or
-       blackout), a starved host, or a culprit with at least ``SPECIFIC_EVIDENCE`` spreads: ``source``
+       blackout), or another host that is starved or has at least ``SPECIFIC_EVIDENCE`` spreads: ``source``
        "memlimit" (``_memory_at_limit``) in a step that lost time, the host whose memory cgroup hit its limit
        in the step (its reclaim retries, none like them on its peers).
 
@@ -133,18 +133,21 @@ def culprit(summary: dict) -> dict | None:
     if stopped is not None:
         return stopped
     c = _culprit(summary, lost)
-    if c is not None and (
-        c["layer"] == "memory"
-        or (c["layer"] == "network" and summary.get("net_directed"))
-        or c.get("starved")
-        or float(c.get("evidence") or 0) >= SPECIFIC_EVIDENCE
-    ):
+    if c is not None and (c["layer"] == "memory" or (c["layer"] == "network" and summary.get("net_directed"))):
         return c
     # a host whose memory cgroup hit its limit in a step that lost time outranks lateness, run-queue noise
     # and a few stray retransmits: a page cache squeezed at the limit slows its rank by tens of ms a step
     # over several steps, below every gate of those, while its reclaim retries are the kernel's word
     mem = _memory_at_limit(summary, lost) if lost else None
-    return mem if mem is not None else c
+    if mem is None:
+        return c
+    if (
+        c is not None
+        and c["host"] != mem["host"]
+        and (c.get("starved") or float(c.get("evidence") or 0) >= SPECIFIC_EVIDENCE)
+    ):
+        return c  # another host's burst or loss, with its own evidence: the limit's host is a bystander
+    return mem
 
 
 def _culprit(summary: dict, lost: int) -> dict | None:
