@@ -131,6 +131,29 @@ def test_the_layer_columns_read_as_the_layer_table():
         assert evidence(accs, late, S.LayerColumns(accs), bl, th) == evidence(accs, late, table, bl, th), seed
 
 
+def test_a_memory_limit_culprit_reads_the_memory_column_as_the_layer_table():
+    """``culprit._memory_at_limit`` on a wide step's columns (its memory column alone, no row built but the
+    culprit's own) gives the dict table's result, on 60 random wide steps with one host at its limit or none."""
+    import importlib
+
+    culprit = importlib.import_module("obshub.streams.analysis.culprit")
+    named = 0
+    for seed in range(60):
+        accs = _random_accs(seed)
+        host = list(accs)[seed % len(accs)]
+        if seed % 3:  # at the limit: 30 records, none like it elsewhere (a peer with 40 in every 6th)
+            for h, acc in accs.items():
+                if "memory" in acc.layers and (seed % 6 != 1 or h != list(accs)[-1]):
+                    acc.layers["memory"][1] = min(acc.layers["memory"][1], 3)
+            accs[host].layers["memory"] = [2_000_000, 30 + seed % 3, 100_000]
+        cols = S.LayerColumns(accs)
+        got = culprit._memory_at_limit({"layers": cols}, 10**8)
+        assert got == culprit._memory_at_limit({"layers": S.layer_table(accs)}, 10**8), seed
+        assert len(cols._rows) <= 1, seed  # the culprit's row alone was built
+        named += got is not None
+    assert named >= 20  # the limit is found on the columns too
+
+
 def test_each_hosts_named_rank_is_built_when_read_as_it_was_at_once():
     """``host_ranks`` of a wide step (no rows nor layers asked for) gives, host by host, the entry the
     per-host loop gave (named rank, its row, the pending rows), ties of lateness included."""

@@ -294,11 +294,13 @@ def _memory_limited(summary: dict, host: str, z: float) -> dict | None:
     own = int(((layers.get(host) or {}).get("memory") or {}).get("count", 0))
     if own < MEMLIMIT_MIN_RECORDS:
         return None
-    if any(
-        int(((row or {}).get("memory") or {}).get("count", 0)) > AMBIGUOUS_REL * own
-        for h, row in layers.items()
-        if h != host
-    ):
+    cells = getattr(layers, "cells", None)  # a wide step's LayerColumns: its memory column, no row built
+    peers = (
+        ((h, int(v[1])) for h, v in (cells.get("memory") or {}).items())
+        if cells is not None
+        else ((h, int(((row or {}).get("memory") or {}).get("count", 0))) for h, row in layers.items())
+    )
+    if any(n > AMBIGUOUS_REL * own for h, n in peers if h != host):
         return None
     mem = (layers[host] or {}).get("memory") or {}
     return {
@@ -322,9 +324,13 @@ def _memory_at_limit(summary: dict, lost: int) -> dict | None:
     at its limit on one host alone does not happen in steady state (``MEMLIMIT_MIN_RECORDS``). The rule
     ``memory_stall_over_steps`` sums what such steps lost (docs/RULES.md "Single-step stall rules")."""
     layers = summary.get("layers") or {}
-    counts = sorted(
-        ((int(((row or {}).get("memory") or {}).get("count", 0)), h) for h, row in layers.items()), reverse=True
-    )
+    cells = getattr(layers, "cells", None)  # a wide step's LayerColumns: read its memory column alone, as
+    if cells is not None:  # iterating it would build every host's row (6.4 ms at 2,048 hosts a step)
+        counts = sorted(((int(v[1]), h) for h, v in (cells.get("memory") or {}).items()), reverse=True)
+    else:
+        counts = sorted(
+            ((int(((row or {}).get("memory") or {}).get("count", 0)), h) for h, row in layers.items()), reverse=True
+        )
     if not counts or lost <= 0:
         return None
     mem = _memory_limited(summary, counts[0][1], 0.0)
