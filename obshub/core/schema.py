@@ -770,10 +770,18 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "evidence": "{spread_ns, hosts: {host: {layer: z}}, ranks: {host: rank}}: per-step evidence for the sequential "
     "rules; ranks names the rank of each host the evidence comes from (where known)",
     "culprit": "null, or {host, rank, layer, evidence, source, why[, starved]}: the host (and its rank, null when "
-    "unknown or for the network layer) and layer the step is charged to (the "
-    "single-step stall rules'): the largest per-step evidence (source 'evidence'; layer pytorch named 'process'), "
-    "else the straggler and its first blamed layer (source 'blame'); a sched culprit by evidence carries starved "
-    "(true when its run-queue waits explain most of the step's loss and stand far above every peer's)",
+    "unknown or for the network layer) and layer the step is charged to (the single-step stall rules'). Sources: "
+    "'stopped' (a rank stopped for a large part of the step, layer process), 'hang' (the rank a "
+    "hang record named: network when unreachable, else process), 'evidence' (the largest per-step evidence; layer "
+    "pytorch named 'process'; on a tie a named layer wins over lateness), 'memlimit' (in a step that lost time, the "
+    "host whose memory cgroup hit its limit, over lateness and noise, never over memory, a directed network or "
+    "another host that is starved or has 3 spreads or more), 'persistent' and 'running' (a victim of a persistent "
+    "fault or of a running record charged to its cause), 'blame' (the straggler and its first blamed layer, "
+    "evidence 0), 'layers' (no straggler: the host whose own sched or memory time over its peers' median explains "
+    "a quarter of the loss); null when none applies. A sched culprit of source evidence or layers carries "
+    "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's); "
+    "interim records carry null "
+    '(docs/SCHEMA.md, docs/ANALYSIS.md "Culprit of a step")',
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, rank, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waiting_ranks, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; "
     "state: frozen, stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in "

@@ -172,7 +172,9 @@ def _sigterm(*_):
     show_default=True,
     help="seconds to wait for another demo on this machine to finish (the namespaces are global)",
 )
-@click.option("--cleanup", is_flag=True, help="only remove leftovers of a previous run, then exit")
+@click.option(
+    "--cleanup", is_flag=True, help="only remove leftovers of a previous run, then exit (with --lock-wait alone)"
+)
 def demo_command(
     hosts,
     fault,
@@ -209,6 +211,7 @@ def demo_command(
     settings = load_settings()
     console = Console(stderr=True, highlight=False)
     if cleanup:
+        _check_cleanup_options()
         c = cluster_mod.Cluster(2, progress=lambda m: console.print(f"demo: {m}"), lock_wait_s=lock_wait)
         c.lock()
         try:
@@ -278,6 +281,25 @@ def demo_command(
         sys.exit(0 if v.ok else 1)
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def _check_cleanup_options() -> None:
+    """Refuse options beside --cleanup other than --lock-wait: a cleanup removes what any earlier run left
+    (every demo namespace, cgroup, nftables table and broker) and runs nothing, so a --hosts or --fault given
+    with it would be silently ignored. Raises click.UsageError (exit 2)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = [
+        f"--{p.name.replace('_', '-')}"
+        for p in ctx.command.params
+        if p.name not in ("cleanup", "lock_wait") and ctx.get_parameter_source(p.name) is not ParameterSource.DEFAULT
+    ]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)} with --cleanup: a cleanup only removes what earlier runs left behind and runs "
+            "nothing; drop them (only --lock-wait applies), or run the demo without --cleanup"
+        )
 
 
 def _check_run_options(matrix: bool, sequence: str, json_path: Path | None) -> None:

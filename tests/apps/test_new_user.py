@@ -143,6 +143,33 @@ def test_demo_refuses_bad_options_before_setting_anything_up(tmp_path, monkeypat
     assert not (tmp_path / "home").exists()
 
 
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--hosts", "8"], "--hosts with --cleanup"),
+        (["--fault", "cpu", "--keep-stack"], "--fault, --keep-stack with --cleanup"),
+        (["--matrix"], "--matrix with --cleanup"),
+    ],
+)
+def test_demo_cleanup_refuses_options_it_would_ignore(tmp_path, monkeypatch, capsys, args, named):
+    """`demo --cleanup --hosts 8` removed the leftovers and ignored --hosts (a user who meant a run got a
+    cleanup); now a usage error (exit 2) naming them, and nothing is swept. --lock-wait still applies."""
+    import obshub.demo.cli as demo_cli
+
+    swept = []
+    monkeypatch.setattr(demo_cli.cluster_mod, "sweep", lambda **_k: swept.append(1) or [])
+    monkeypatch.setattr(demo_cli.cluster_mod.Cluster, "lock", lambda self: None)
+    monkeypatch.setattr(demo_cli.cluster_mod.Cluster, "unlock", lambda self: None)
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    code, _out, err = obshub(["demo", "--cleanup", *args], capsys)
+    err = " ".join(err.split())
+    assert code == 2 and named in err and "Traceback" not in err, (code, err)
+    assert not swept
+    code, _out, err = obshub(["demo", "--cleanup", "--lock-wait", "5"], capsys)
+    assert code == 0 and swept == [1], (code, err)
+    assert "nothing to clean up" in err
+
+
 def test_demo_matrix_gives_each_fault_the_params_it_reads():
     """``--matrix --param percent=5 --param procs=3``: percent to net-loss alone, procs to cpu alone (each
     scenario's own check refuses a key its kind does not read)."""
