@@ -443,6 +443,56 @@ def test_alerting_config_problems_are_listed_at_file_line_col(tmp_path):
     assert [s.name for s in load_config(f).sinks] == ["c"]
 
 
+def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_its_source(monkeypatch, tmp_path):
+    """An endpoint URL that no HTTP client can post to (no scheme, another scheme, no host, a port out of
+    range, white space) is refused when the config is read, at the value's line:column, not at the first
+    alert; a secret webhook URL (from the environment or a file) by the variable or file, never quoting it."""
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
+
+    f = tmp_path / "alerting.yaml"
+    f.write_text(
+        "version: 1\n"
+        "sinks:\n"
+        "  - {name: a, type: alertmanager, url: 'alertmanager:9093'}\n"
+        "  - {name: b, type: alertmanager, url: 'ftp://am:9093'}\n"
+        "  - {name: c, type: alertmanager, url: 'http://:9093'}\n"
+        "  - {name: d, type: alertmanager, url: 'http://u:PASSWORD@am:99999'}\n"
+        "  - {name: e, type: alertmanager, url: 'http://am :9093'}\n"
+        "  - {name: p, type: pagerduty, routing_key_env: K, url: 'events.pagerduty.com/v2/enqueue'}\n"
+    )
+    with pytest.raises(SinkConfigError) as exc:
+        load_config(f)
+    assert str(exc.value).splitlines()[1:] == [
+        f"{f}:3:40: sinks/0/url: the URL is not an http:// or https:// URL (scheme alertmanager://); "
+        "e.g. http://alertmanager:9093",
+        f"{f}:4:40: sinks/1/url: the URL is not an http:// or https:// URL (scheme ftp://); "
+        "e.g. http://alertmanager:9093",
+        f"{f}:5:40: sinks/2/url: the URL names no host (write http://HOST:PORT); e.g. http://alertmanager:9093",
+        f"{f}:6:40: sinks/3/url: the URL has a port that is not a number from 1 to 65535; "
+        "e.g. http://alertmanager:9093",
+        f"{f}:7:40: sinks/4/url: the URL holds white space (a URL has none: percent-encode it, or remove a stray "
+        "space or newline); e.g. http://alertmanager:9093",
+        f"{f}:8:57: sinks/5/url: the URL is not an http:// or https:// URL (scheme missing); "
+        "e.g. https://events.pagerduty.com/v2/enqueue",
+    ], str(exc.value)
+    assert "PASSWORD" not in str(exc.value)  # a URL may carry credentials: the reason never quotes it
+    f.write_text("version: 1\nsinks:\n  - {name: a, type: alertmanager, url: 'https://am.example:9093/'}\n")
+    assert load_config(f).sinks[0].url == "https://am.example:9093/"
+    monkeypatch.setenv("HOOK_URL", "hooks.slack.com/services/T0SECRET")
+    secret_file = tmp_path / "url"
+    secret_file.write_text("https://hooks.example/ SECRET\n")
+    for source, want in (
+        ({"url_env": "HOOK_URL"}, "the webhook URL in environment variable HOOK_URL is not an http:// or https:// URL"),
+        ({"url_file": str(secret_file)}, f"the webhook URL in file {secret_file} holds white space"),
+    ):
+        for kind in ("slack", "webhook"):
+            cfg = AlertingConfig.model_validate({"sinks": [{"name": "s", "type": kind, **source}]})
+            with pytest.raises(SinkConfigError, match=want) as exc:
+                build_sinks(cfg)
+            assert "SECRET" not in str(exc.value) + str(exc.value.hint)
+
+
 # ---------------------------------------------------------------------- dispatcher: isolation, muting
 def test_one_sink_outage_does_not_block_another_and_is_not_acked(recorder):
     down = recorder(default=(503, {}, 0.0))
