@@ -195,6 +195,9 @@ class RuleService:
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        # incomplete OBSHUB_KAFKA_* security settings fail here, in this thread, before a record is written or
+        # the notify thread starts (whose own connection would fail beside it with a second traceback)
+        admin = kafka.admin_config(kafka.connection(self.settings))
         # "rules" for the first engine of this $OBSHUB_HOME, "rules-2", ... beside it (its own record, so
         # `obshub down` stops every one and a stopping engine removes only its own)
         self.component = registry.free_name(self.settings, "rules")
@@ -204,7 +207,7 @@ class RuleService:
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
         # one line per broker lost / back (a cluster of several brokers keeps serving without one)
-        self.watch.watch_members(kafka.admin_config(kafka.connection(self.settings)), self.stop)
+        self.watch.watch_members(admin, self.stop)
         self.running.set()
         try:
             self.run_engine()

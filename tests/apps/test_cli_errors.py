@@ -129,3 +129,25 @@ def test_run_refuses_a_job_name_the_probe_would_change(tmp_path, job, named):
     r = run(["run", "--job", job, "--", sys.executable, "-c", "print('started')"], tmp_path)
     err = " ".join(r.stderr.split())
     assert r.returncode == 1 and named in err and "at most 63 bytes" in err and "started" not in r.stdout, err
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [["alerts"], ["topics", "check"], ["trace", "export", "--job", "j", "--steps", "1", "-o", "-"], ["rules", "serve"]],
+)
+def test_incomplete_kafka_security_settings_are_one_error_naming_the_variables(tmp_path, cmd):
+    """SASL_SSL without a mechanism and user, or a CA file that does not exist: every Kafka client command
+    stops with one error naming the variables to set (not a pydantic traceback), never the password; the
+    rule engine fails before it registers itself (no stale record for `obshub status`) or starts a thread."""
+    r = run(cmd, tmp_path, OBSHUB_KAFKA_SECURITY_PROTOCOL="SASL_SSL", OBSHUB_KAFKA_SASL_PASSWORD="hunter2SECRET")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
+    assert (
+        "error: Kafka connection: security protocol SASL_SSL needs OBSHUB_KAFKA_SASL_MECHANISM (or "
+        "--sasl-mechanism), OBSHUB_KAFKA_SASL_USERNAME (or --sasl-username)" in " ".join(r.stderr.split())
+    ), r.stderr
+    assert "hunter2SECRET" not in r.stdout + r.stderr
+    assert not (tmp_path / "home" / "run" / "rules.json").exists()
+    r = run(cmd, tmp_path, OBSHUB_KAFKA_SECURITY_PROTOCOL="SSL", OBSHUB_KAFKA_SSL_CA_LOCATION=str(tmp_path / "ca.pem"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "error: Kafka connection: OBSHUB_KAFKA_SSL_CA_LOCATION (--ssl-ca-location)" in r.stderr, r.stderr
+    assert "does not exist" in r.stderr, r.stderr
