@@ -1,0 +1,53 @@
+"""The systemd units and the Slurm prolog in deploy/ agree with the Helm chart and with the layout
+deploy/README.md installs (a checkout at /opt/obshub with its .venv, `pip install /opt/obshub`): what the
+agent may do, and that every path a unit names exists there. Read from the files, no systemd needed."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+
+
+def unit_settings(name: str) -> dict[str, str]:
+    """``key -> value`` of the [Service] lines of ``deploy/systemd/NAME``."""
+    out = {}
+    for line in (DEPLOY / "systemd" / name).read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def test_the_agent_unit_has_the_charts_capabilities_and_no_other():
+    """Slurm jobs run as their users: without CAP_SYS_PTRACE the agent cannot read their /proc/<pid>/maps
+    (docs/AGENT.md, "Running the agent: privileges"), so it never finds their instrumentation."""
+    chart = yaml.safe_load((DEPLOY / "helm" / "obshub" / "values.yaml").read_text())
+    want = {f"CAP_{c}" for c in chart["agent"]["capabilities"]}
+    unit = unit_settings("obshub-agent.service")
+    assert set(unit["CapabilityBoundingSet"].split()) == want
+    assert set(unit["AmbientCapabilities"].split()) == want
+    assert "CAP_SYS_PTRACE" in want
+
+
+def test_the_rule_units_rule_paths_exist_where_obshub_is_installed(tmp_path):
+    """The rule engine's unit loads the builtin pack wherever obshub is installed: in a checkout at
+    /opt/obshub (what the Slurm prolog's /opt/obshub/obshub/instrument/bootstrap needs) there is no
+    /opt/obshub/rules/builtin, which only the image has."""
+    argv = shlex.split(unit_settings("obshub-rules.service")["ExecStart"])
+    paths = [argv[i + 1] for i, a in enumerate(argv) if a in ("-r", "--rules")]
+    rules_d = tmp_path / "rules.d"
+    rules_d.mkdir()
+    here = [str(rules_d) if p == "/etc/obshub/rules.d" else p.replace("/opt/obshub", str(REPO)) for p in paths]
+    r = subprocess.run(
+        [sys.executable, "-m", "obshub.cli", "rules", "check", *here], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    prolog = (DEPLOY / "slurm" / "task_prolog.sh").read_text()
+    assert "${OBSHUB}/obshub/instrument/bootstrap" in prolog and (REPO / "obshub/instrument/bootstrap").is_dir()
