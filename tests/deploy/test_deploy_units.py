@@ -51,3 +51,20 @@ def test_the_rule_units_rule_paths_exist_where_obshub_is_installed(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     prolog = (DEPLOY / "slurm" / "task_prolog.sh").read_text()
     assert "${OBSHUB}/obshub/instrument/bootstrap" in prolog and (REPO / "obshub/instrument/bootstrap").is_dir()
+
+
+def test_every_stream_worker_instance_gets_its_own_valid_metrics_port():
+    """`obshub-streams@N` for N up to the events topic's partitions (64 in deploy/README.md's example):
+    `946%i` gave worker 5 the agent's 9465 and workers 10 and up 94610..., no port at all. The unit's
+    command line is run through the shell as systemd hands it over, with the program replaced by echo."""
+    exec_start = unit_settings("obshub-streams@.service")["ExecStart"]
+    agent_port = shlex.split(unit_settings("obshub-agent.service")["ExecStart"])[-1]
+    ports = {}
+    for n in range(1, 65):
+        argv = shlex.split(exec_start.replace("$$", "$").replace("%i", str(n)))
+        argv = [a.replace("/opt/obshub/.venv/bin/obshub", "echo") for a in argv]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+        assert out[:4] == ["streams", "worker", "--index", str(n)], out
+        ports[n] = int(out[out.index("--metrics-port") + 1])
+    assert len(set(ports.values())) == 64 and all(1024 <= p <= 65535 for p in ports.values()), ports
+    assert int(agent_port) not in ports.values() and ports[1] == 9471
