@@ -4,11 +4,13 @@ agent may do, and that every path a unit names exists there. Read from the files
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,3 +70,27 @@ def test_every_stream_worker_instance_gets_its_own_valid_metrics_port():
         ports[n] = int(out[out.index("--metrics-port") + 1])
     assert len(set(ports.values())) == 64 and all(1024 <= p <= 65535 for p in ports.values()), ports
     assert int(agent_port) not in ports.values() and ports[1] == 9471
+
+
+@pytest.mark.slow  # the agent waits ~15 s for the unreachable broker before it exits
+def test_the_agent_unit_starts_with_an_env_file_that_sets_only_the_bootstrap(tmp_path):
+    """agent.env needs only OBSHUB_BOOTSTRAP (deploy/README.md: OBSHUB_JOB is optional, `defaultJob`).
+    `--job ${OBSHUB_JOB}` made systemd pass an empty --job, which the agent refuses. The unit's command line
+    as systemd would expand it with that file (every ${VAR} one word, empty when unset), run with the
+    synthetic source for a moment instead of the probes: it must get past its settings."""
+    argv = shlex.split(unit_settings("obshub-agent.service")["ExecStart"])
+    env = {"OBSHUB_BOOTSTRAP": "127.0.0.1:9"}
+    argv = [env.get(a[2:-1], "") if a.startswith("${") and a.endswith("}") else a for a in argv]
+    assert argv[:2] == ["/opt/obshub/.venv/bin/obshub", "agent"]
+    args = [a for a in argv[2:] if a != "--registered"]  # --registered is for the BPF source
+    args[args.index("--metrics-port") + 1] = "0"  # any free port: another agent may hold 9465 here
+    fast = ["--source", "synthetic", "--duration", "0.5", "--delivery-timeout-ms", "1000"]
+    r = subprocess.run(
+        [sys.executable, "-m", "obshub.cli", "agent", *args, *fast],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "OBSHUB_HOME": str(tmp_path)},
+        timeout=60,
+    )
+    assert "invalid agent settings" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "127.0.0.1:9" in r.stderr, r.stderr  # the bootstrap it was given, from the environment
