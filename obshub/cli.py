@@ -222,8 +222,12 @@ def main(argv: list[str] | None = None) -> None:
             raise
         # the security settings of every Kafka client (OBSHUB_KAFKA_*) are incomplete or name a missing file:
         # the messages name the variables; the values (a password) are never printed
+        from obshub.core.kafka import ENV
+
         for e in exc.errors():
-            err_console.print(f"[red]error:[/red] Kafka connection: {escape(e['msg'].removeprefix('Value error, '))}")
+            field = str(e["loc"][0]) if e["loc"] else ""
+            what = (f"{ENV[field]}: " if field in ENV else "") + e["msg"].removeprefix("Value error, ")
+            err_console.print(f"[red]error:[/red] Kafka connection: {escape(what)}")
         err_console.print(
             "[yellow]hint:[/yellow] set the variables named above (deploy/README.md, 'Secured Kafka'), "
             "or unset OBSHUB_KAFKA_SECURITY_PROTOCOL for a PLAINTEXT broker"

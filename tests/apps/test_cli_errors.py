@@ -151,3 +151,7 @@ def test_incomplete_kafka_security_settings_are_one_error_naming_the_variables(t
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "error: Kafka connection: OBSHUB_KAFKA_SSL_CA_LOCATION (--ssl-ca-location)" in r.stderr, r.stderr
     assert "does not exist" in r.stderr, r.stderr
+    sasl = {"OBSHUB_KAFKA_SASL_USERNAME": "u", "OBSHUB_KAFKA_SASL_PASSWORD": "hunter2SECRET"}
+    r = run(cmd, tmp_path, OBSHUB_KAFKA_SECURITY_PROTOCOL="SASL_SSL", OBSHUB_KAFKA_SASL_MECHANISM="scram", **sasl)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "hunter2SECRET" not in r.stderr, r.stderr
+    assert "error: Kafka connection: OBSHUB_KAFKA_SASL_MECHANISM: Input should be 'PLAIN'" in r.stderr, r.stderr
