@@ -155,3 +155,23 @@ def test_incomplete_kafka_security_settings_are_one_error_naming_the_variables(t
     r = run(cmd, tmp_path, OBSHUB_KAFKA_SECURITY_PROTOCOL="SASL_SSL", OBSHUB_KAFKA_SASL_MECHANISM="scram", **sasl)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "hunter2SECRET" not in r.stderr, r.stderr
     assert "error: Kafka connection: OBSHUB_KAFKA_SASL_MECHANISM: Input should be 'PLAIN'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["replay", "{trace}", "--topic", "bad topic"], "'--topic'"),
+        (["replay", "{trace}", "--topic", ""], "'--topic'"),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", "-", "--events-topic", "a/b"], "'--events-topic'"),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", "-", "--steps-topic", ""], "'--steps-topic'"),
+    ],
+)
+def test_a_topic_name_kafka_would_refuse_is_a_usage_error_before_the_broker_is_asked(tmp_path, args, option):
+    """`replay --topic` and `trace export --events-topic/--steps-topic` took any text: a name Kafka refuses
+    (a space, '/', empty) waited for the broker, then failed there. Now a usage error naming the option,
+    with the broker unreachable (nothing is asked)."""
+    trace = tmp_path / "rank0.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "ts": 1, "dur": 5, "pid": 1, "tid": 1}]}')
+    r = run([a.replace("{trace}", str(trace)) for a in args], tmp_path, OBSHUB_BOOTSTRAP="127.0.0.1:9")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"Invalid value for {option}" in r.stderr and "a Kafka topic name takes letters" in r.stderr, r.stderr
