@@ -493,6 +493,34 @@ def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_it
             assert "SECRET" not in str(exc.value) + str(exc.value.hint)
 
 
+def test_a_field_its_sink_type_does_not_read_is_refused_at_the_sink(tmp_path):
+    """`resend_every` on a slack sink or `url` on a console sink was accepted and ignored: the user believes
+    a setting that does nothing. Each is named at the sink's line, with the fields the type does read."""
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
+
+    f = tmp_path / "alerting.yaml"
+    f.write_text(
+        "version: 1\n"
+        "sinks:\n"
+        "  - {name: c, type: console, url: 'http://x:1'}\n"
+        "  - name: s\n"
+        "    type: slack\n"
+        "    url_env: X\n"
+        "    routing_key_env: Y\n"
+        "    resend_every: 1m\n"
+        "  - {name: a, type: alertmanager, url: 'http://am:9093', resend_every: 1m, min_severity: error}\n"
+    )
+    with pytest.raises(SinkConfigError) as exc:
+        load_config(f)
+    assert str(exc.value).splitlines()[1:] == [
+        f"{f}:3:5: sinks/0: url does not apply to a console sink, which would ignore it (its fields: "
+        "min_severity, name, type)",
+        f"{f}:4:5: sinks/1: resend_every, routing_key_env do not apply to a slack sink, which would ignore them "
+        "(its fields: min_severity, name, type, url, url_env, url_file)",
+    ], str(exc.value)
+
+
 # ---------------------------------------------------------------------- dispatcher: isolation, muting
 def test_one_sink_outage_does_not_block_another_and_is_not_acked(recorder):
     down = recorder(default=(503, {}, 0.0))

@@ -142,6 +142,19 @@ def http_url_problem(url: str) -> str | None:
     return None
 
 
+#: the fields each sink type reads (``url`` of slack and webhook: refused by build_sink with the reason)
+SINK_FIELDS: dict[str, frozenset[str]] = {
+    t: frozenset({"name", "type", "min_severity", *more})
+    for t, more in {
+        "slack": ("url", "url_env", "url_file"),
+        "webhook": ("url", "url_env", "url_file"),
+        "pagerduty": ("url", "routing_key_env", "routing_key_file", "dedup_prefix"),
+        "alertmanager": ("url", "resend_every"),
+        "console": (),
+        "deep_dive": ("steps", "max_time", "host_every", "max_per_hour", "host_label", "bootstrap"),
+    }.items()
+}
+
 SINK_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"  # rule files' `routes` accept the same (obshub/rules/schema.json sink_name)
 
 
@@ -169,6 +182,16 @@ class SinkSpec(BaseModel):
 
     _check_resend = field_validator("resend_every", "max_time")(_positive_duration)
     _check_every = field_validator("host_every")(_duration)
+
+    @model_validator(mode="after")
+    def _fields_of_its_type(self) -> "SinkSpec":
+        extra = sorted(self.model_fields_set - SINK_FIELDS[self.type])
+        if extra:
+            raise ValueError(
+                f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not apply to a {self.type} sink, which "
+                f"would ignore {'it' if len(extra) == 1 else 'them'} (its fields: {', '.join(sorted(SINK_FIELDS[self.type]))})"
+            )
+        return self
 
     @field_validator("url")
     @classmethod
