@@ -443,6 +443,17 @@ def test_alerting_config_problems_are_listed_at_file_line_col(tmp_path):
     assert [s.name for s in load_config(f).sinks] == ["c"]
 
 
+def config_problems(f, text: str) -> tuple[list[str], str]:
+    """Write alerting config ``text`` to ``f``; the problem lines load_config raises for it, and its message."""
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
+
+    f.write_text(text)
+    with pytest.raises(SinkConfigError) as exc:
+        load_config(f)
+    return str(exc.value).splitlines()[1:], str(exc.value)
+
+
 def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_its_source(monkeypatch, tmp_path):
     """An endpoint URL that no HTTP client can post to (no scheme, another scheme, no host, a port out of
     range, white space) is refused when the config is read, at the value's line:column, not at the first
@@ -451,7 +462,8 @@ def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_it
     from obshub.rules.sinks.config import load_config
 
     f = tmp_path / "alerting.yaml"
-    f.write_text(
+    got, text = config_problems(
+        f,
         "version: 1\n"
         "sinks:\n"
         "  - {name: a, type: alertmanager, url: 'alertmanager:9093'}\n"
@@ -459,11 +471,9 @@ def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_it
         "  - {name: c, type: alertmanager, url: 'http://:9093'}\n"
         "  - {name: d, type: alertmanager, url: 'http://u:PASSWORD@am:99999'}\n"
         "  - {name: e, type: alertmanager, url: 'http://am :9093'}\n"
-        "  - {name: p, type: pagerduty, routing_key_env: K, url: 'events.pagerduty.com/v2/enqueue'}\n"
+        "  - {name: p, type: pagerduty, routing_key_env: K, url: 'events.pagerduty.com/v2/enqueue'}\n",
     )
-    with pytest.raises(SinkConfigError) as exc:
-        load_config(f)
-    assert str(exc.value).splitlines()[1:] == [
+    assert got == [
         f"{f}:3:40: sinks/0/url: the URL is not an http:// or https:// URL (scheme alertmanager://); "
         "e.g. http://alertmanager:9093",
         f"{f}:4:40: sinks/1/url: the URL is not an http:// or https:// URL (scheme ftp://); "
@@ -475,8 +485,8 @@ def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_it
         "space or newline); e.g. http://alertmanager:9093",
         f"{f}:8:57: sinks/5/url: the URL is not an http:// or https:// URL (scheme missing); "
         "e.g. https://events.pagerduty.com/v2/enqueue",
-    ], str(exc.value)
-    assert "PASSWORD" not in str(exc.value)  # a URL may carry credentials: the reason never quotes it
+    ], text
+    assert "PASSWORD" not in text  # a URL may carry credentials: the reason never quotes it
     f.write_text("version: 1\nsinks:\n  - {name: a, type: alertmanager, url: 'https://am.example:9093/'}\n")
     assert load_config(f).sinks[0].url == "https://am.example:9093/"
     monkeypatch.setenv("HOOK_URL", "hooks.slack.com/services/T0SECRET")
@@ -496,11 +506,9 @@ def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_it
 def test_a_field_its_sink_type_does_not_read_is_refused_at_the_sink(tmp_path):
     """`resend_every` on a slack sink or `url` on a console sink was accepted and ignored: the user believes
     a setting that does nothing. Each is named at the sink's line, with the fields the type does read."""
-    from obshub.rules.errors import SinkConfigError
-    from obshub.rules.sinks.config import load_config
 
-    f = tmp_path / "alerting.yaml"
-    f.write_text(
+    got, text = config_problems(
+        tmp_path / "alerting.yaml",
         "version: 1\n"
         "sinks:\n"
         "  - {name: c, type: console, url: 'http://x:1'}\n"
@@ -509,16 +517,15 @@ def test_a_field_its_sink_type_does_not_read_is_refused_at_the_sink(tmp_path):
         "    url_env: X\n"
         "    routing_key_env: Y\n"
         "    resend_every: 1m\n"
-        "  - {name: a, type: alertmanager, url: 'http://am:9093', resend_every: 1m, min_severity: error}\n"
+        "  - {name: a, type: alertmanager, url: 'http://am:9093', resend_every: 1m, min_severity: error}\n",
     )
-    with pytest.raises(SinkConfigError) as exc:
-        load_config(f)
-    assert str(exc.value).splitlines()[1:] == [
+    f = tmp_path / "alerting.yaml"
+    assert got == [
         f"{f}:3:5: sinks/0: url does not apply to a console sink, which would ignore it (its fields: "
         "min_severity, name, type)",
         f"{f}:4:5: sinks/1: resend_every, routing_key_env do not apply to a slack sink, which would ignore them "
         "(its fields: min_severity, name, type, url, url_env, url_file)",
-    ], str(exc.value)
+    ], text
 
 
 # ---------------------------------------------------------------------- dispatcher: isolation, muting
