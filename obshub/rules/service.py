@@ -31,7 +31,7 @@ from obshub.core.reach import BrokerWatch
 from obshub.core.settings import RULES, Settings
 from obshub.rules.dispatch import Dispatcher
 from obshub.rules.engine import freeze_heap
-from obshub.rules.errors import RuleValidationError
+from obshub.rules.errors import RulesError, RuleValidationError
 from obshub.rules.loader import BUILTIN_DIR, expand_paths, load_ruleset
 from obshub.rules.service_common import RELOADS, log, state_dir
 from obshub.rules.service_engine import EngineLoop
@@ -182,7 +182,13 @@ class RuleService:
         if metrics_port is not None:
             from obshub.rules import web
 
-            server = web.serve(web.RulesWeb(self, ready=lambda: self.running.is_set()), metrics_port, metrics_addr)
+            try:
+                server = web.serve(web.RulesWeb(self, ready=lambda: self.running.is_set()), metrics_port, metrics_addr)
+            except OSError as exc:  # a port in use, an address that is not this host's (socket.gaierror too)
+                raise RulesError(
+                    f"Failed to serve metrics on {metrics_addr}:{metrics_port}: {exc}",
+                    "choose a free port with --metrics-port (0: any free port) or another --metrics-addr",
+                ) from None
             self.http_port = server.server_port
             if not self.config.external_url:
                 self.engine.external_url = f"http://{socket.getfqdn()}:{self.http_port}/rules"

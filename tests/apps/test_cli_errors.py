@@ -175,3 +175,33 @@ def test_a_topic_name_kafka_would_refuse_is_a_usage_error_before_the_broker_is_a
     r = run([a.replace("{trace}", str(trace)) for a in args], tmp_path, OBSHUB_BOOTSTRAP="127.0.0.1:9")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"Invalid value for {option}" in r.stderr and "a Kafka topic name takes letters" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["rules", "serve", "--metrics-port", "{port}"],
+        ["agent", "--source", "synthetic", "--delivery-timeout-ms", "1000", "--metrics-port", "{port}"],
+    ],
+)
+def test_a_metrics_port_in_use_is_one_error_naming_the_option(tmp_path, cmd):
+    """The rule engine and the agent gave an OSError / socket.gaierror traceback for a metrics port another
+    process holds (the stream worker already said "Failed to serve metrics"); now one error that names
+    the address, the fix, and no component record left behind."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        r = run([a.replace("{port}", port) for a in cmd], tmp_path, OBSHUB_BOOTSTRAP="127.0.0.1:9")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: Failed to serve metrics on 0.0.0.0:{port}: [Errno 98] Address already in use" in r.stderr
+    assert "--metrics-port" in r.stderr
+    assert not list((tmp_path / "home" / "run").glob("*.json"))
+
+
+def test_a_metrics_address_that_is_not_this_hosts_is_one_error_naming_it(tmp_path):
+    r = run(["rules", "serve", "--metrics-port", "0", "--metrics-addr", "no-such-host.invalid"], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "error: Failed to serve metrics on no-such-host.invalid:0" in r.stderr, r.stderr
