@@ -686,3 +686,21 @@ def test_firing_alerts_survive_a_dispatcher_restart(recorder):
         assert srv.requests[-1]["json"][0]["labels"]["alertname"] == "host_stopped_reporting"
     finally:
         d2.close()
+
+
+def test_a_count_written_as_a_string_float_or_boolean_is_refused_at_its_value(tmp_path):
+    """`max_attempts: "6"`, `steps: 2.0` and `max_per_hour: true` were read as 6, 2 and 1 (pydantic's lax
+    mode); a rule file refuses `at_least: "5"`, and so does the alerting config now."""
+    f = tmp_path / "alerting.yaml"
+    got, text = config_problems(
+        f,
+        "version: 1\n"
+        "delivery: {max_attempts: '6'}\n"
+        "sinks:\n"
+        "  - {name: d, type: deep_dive, steps: 2.0, max_per_hour: true}\n",
+    )
+    assert got == [
+        f"{f}:2:26: delivery/max_attempts: Input should be a valid integer",
+        f"{f}:4:39: sinks/0/steps: Input should be a valid integer",
+        f"{f}:4:58: sinks/0/max_per_hour: Input should be a valid integer",
+    ], text

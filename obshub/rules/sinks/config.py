@@ -101,7 +101,7 @@ class Delivery(BaseModel):
     """Retry settings shared by all sinks (see rules.sinks.base)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_attempts: int = Field(6, ge=1, le=100_000)
+    max_attempts: int = Field(6, ge=1, le=100_000, strict=True)  # "6" (a string) is refused, as in rule files
     max_elapsed: str = "5m"
     timeout: str = "10s"
     backoff_initial: str = "1s"
@@ -173,10 +173,10 @@ class SinkSpec(BaseModel):
     resend_every: str = "1m"
     dedup_prefix: str = "obshub"
     # deep_dive only (obshub/rules/sinks/deep_dive.py)
-    steps: int = Field(20, ge=1, le=100_000)
+    steps: int = Field(20, ge=1, le=100_000, strict=True)
     max_time: str = "2m"
     host_every: str = "10m"
-    max_per_hour: int = Field(12, ge=1, le=100_000)
+    max_per_hour: int = Field(12, ge=1, le=100_000, strict=True)
     host_label: str = "host"
     bootstrap: str | None = None
 
