@@ -21,7 +21,7 @@ RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/obshub
 COPY --from=build /opt/obshub/.venv .venv
-# the builtin pack at a fixed path the chart and the systemd unit name (-r /opt/obshub/rules/builtin)
+# the builtin pack at a fixed path the chart names (-r /opt/obshub/rules/builtin; the systemd unit: -r builtin)
 COPY obshub/rules/builtin rules/builtin
 # expose only Debian's bcc package to the venv (as scripts/setup.sh does)
 RUN mkdir -p .venv/obshub-system \

@@ -15,6 +15,7 @@ if "COLUMNS" not in os.environ and not sys.stdout.isatty():
 
 try:
     import click
+    from pydantic import ValidationError
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -216,6 +217,22 @@ def main(argv: list[str] | None = None) -> None:
         if exc.hint:
             err_console.print(f"[yellow]hint:[/yellow] {escape(exc.hint)}")
         sys.exit(getattr(exc, "exit_code", 1))
+    except ValidationError as exc:
+        if exc.title != "KafkaConnection":
+            raise
+        # the security settings of every Kafka client (OBSHUB_KAFKA_*) are incomplete or name a missing file:
+        # the messages name the variables; the values (a password) are never printed
+        from obshub.core.kafka import ENV
+
+        for e in exc.errors():
+            field = str(e["loc"][0]) if e["loc"] else ""
+            what = (f"{ENV[field]}: " if field in ENV else "") + e["msg"].removeprefix("Value error, ")
+            err_console.print(f"[red]error:[/red] Kafka connection: {escape(what)}")
+        err_console.print(
+            "[yellow]hint:[/yellow] set the variables named above (deploy/README.md, 'Secured Kafka'), "
+            "or unset OBSHUB_KAFKA_SECURITY_PROTOCOL for a PLAINTEXT broker"
+        )
+        sys.exit(1)
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from obshub.core import schema
-from obshub.core.clitypes import Finite
+from obshub.core.clitypes import Finite, KafkaName
 from obshub.export.errors import ExportError
 
 EPILOG = """\b
@@ -58,8 +58,12 @@ def trace_group():
     show_default=True,
     help="give up reading a topic after this many seconds (> 0)",
 )
-@click.option("--events-topic", default=schema.TOPIC_EVENTS, show_default=True, help="agent batches")
-@click.option("--steps-topic", default=schema.TOPIC_STEPS, show_default=True, help="step summaries")
+@click.option(
+    "--events-topic", type=KafkaName(max_len=249), default=schema.TOPIC_EVENTS, show_default=True, help="agent batches"
+)
+@click.option(
+    "--steps-topic", type=KafkaName(max_len=249), default=schema.TOPIC_STEPS, show_default=True, help="step summaries"
+)
 @click.option("--since", default=None, help="read only messages from this time on: 2h (ago) or 2026-12-01T02:00:00Z")
 @click.option("--until", default=None, help="read only messages up to this time (same forms as --since)")
 @click.option(

@@ -45,6 +45,7 @@ from obshub.core.schema import KIND_INFO, Event, Kind, Layer
 from obshub.core.settings import AgentConfig, Settings
 from obshub.producer.batcher import JobBatchers
 from obshub.producer.clock import ClockTracker
+from obshub.producer.errors import ProducerError
 from obshub.producer.rankstate import RankWatch
 from obshub.producer.reader import PackedRun
 from obshub.producer.source import EventSource
@@ -283,7 +284,13 @@ class Agent:
             return
         from obshub.producer.agent_metrics import make_registry, serve_metrics
 
-        server = serve_metrics(self.config.metrics_addr, self.config.metrics_port, make_registry(self))
+        try:
+            server = serve_metrics(self.config.metrics_addr, self.config.metrics_port, make_registry(self))
+        except OSError as exc:  # a port in use, an address that is not this host's (socket.gaierror too)
+            raise ProducerError(
+                f"Failed to serve metrics on {self.config.metrics_addr}:{self.config.metrics_port}: {exc}",
+                "choose a free port with --metrics-port (0: any free port) or another --metrics-addr",
+            ) from None
         self._metrics_server = server
         self.metrics_port = server.server_port
         self.say(f"metrics on http://{self.config.metrics_addr}:{self.metrics_port}/metrics")

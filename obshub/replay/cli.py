@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from obshub.core import schema
+from obshub.core.clitypes import KafkaName
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
 from obshub.replay.report import ReplayReport, StepDiagnosis
@@ -168,6 +169,7 @@ def _print(console: Console, d: dict) -> None:
 @click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
 @click.option(
     "--topic",
+    type=KafkaName(max_len=249),
     default=schema.TOPIC_EVENTS,
     show_default=True,
     help="events topic to publish to (another one for an isolated stream app)",

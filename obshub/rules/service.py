@@ -31,7 +31,7 @@ from obshub.core.reach import BrokerWatch
 from obshub.core.settings import RULES, Settings
 from obshub.rules.dispatch import Dispatcher
 from obshub.rules.engine import freeze_heap
-from obshub.rules.errors import RuleValidationError
+from obshub.rules.errors import RulesError, RuleValidationError
 from obshub.rules.loader import BUILTIN_DIR, expand_paths, load_ruleset
 from obshub.rules.service_common import RELOADS, log, state_dir
 from obshub.rules.service_engine import EngineLoop
@@ -182,7 +182,13 @@ class RuleService:
         if metrics_port is not None:
             from obshub.rules import web
 
-            server = web.serve(web.RulesWeb(self, ready=lambda: self.running.is_set()), metrics_port, metrics_addr)
+            try:
+                server = web.serve(web.RulesWeb(self, ready=lambda: self.running.is_set()), metrics_port, metrics_addr)
+            except OSError as exc:  # a port in use, an address that is not this host's (socket.gaierror too)
+                raise RulesError(
+                    f"Failed to serve metrics on {metrics_addr}:{metrics_port}: {exc}",
+                    "choose a free port with --metrics-port (0: any free port) or another --metrics-addr",
+                ) from None
             self.http_port = server.server_port
             if not self.config.external_url:
                 self.engine.external_url = f"http://{socket.getfqdn()}:{self.http_port}/rules"
@@ -195,6 +201,9 @@ class RuleService:
         signal.signal(signal.SIGHUP, lambda *_: self.reload_requested.set())
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        # incomplete OBSHUB_KAFKA_* security settings fail here, in this thread, before a record is written or
+        # the notify thread starts (whose own connection would fail beside it with a second traceback)
+        admin = kafka.admin_config(kafka.connection(self.settings))
         # "rules" for the first engine of this $OBSHUB_HOME, "rules-2", ... beside it (its own record, so
         # `obshub down` stops every one and a stopping engine removes only its own)
         self.component = registry.free_name(self.settings, "rules")
@@ -204,7 +213,7 @@ class RuleService:
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()
         # one line per broker lost / back (a cluster of several brokers keeps serving without one)
-        self.watch.watch_members(kafka.admin_config(kafka.connection(self.settings)), self.stop)
+        self.watch.watch_members(admin, self.stop)
         self.running.set()
         try:
             self.run_engine()

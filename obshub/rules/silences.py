@@ -100,7 +100,30 @@ class SilenceStore:
             return []
         except (OSError, ValueError) as exc:
             raise SilenceError(f"cannot read silences from {self.path}: {exc}", "fix or remove the file") from None
-        return [Silence(**d) for d in data.get("silences", [])]
+        items = data.get("silences", []) if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise SilenceError(
+                f"cannot read silences from {self.path}: not a silences file (a JSON object with a 'silences' list)",
+                "fix or remove the file",
+            )
+        return [self._silence(i, d) for i, d in enumerate(items)]
+
+    def _silence(self, i: int, d: object) -> Silence:
+        """Silence number ``i`` of the file from its JSON ``d``. Raises SilenceError naming it and the field."""
+        where = f"cannot read silences from {self.path}: silence {i}"
+        try:
+            s = Silence(**d)  # type: ignore[arg-type]  # checked just below; a non-mapping is a TypeError
+        except TypeError as exc:
+            raise SilenceError(f"{where}: {exc}", "fix or remove the file") from None
+        for name, want in (("id", str), ("matchers", list), ("author", str), ("comment", str)):
+            if not isinstance(getattr(s, name), want):
+                raise SilenceError(f"{where}: '{name}' is not a {want.__name__}", "fix or remove the file")
+        for name in ("starts_at_ns", "ends_at_ns", "created_at_ns"):
+            if type(getattr(s, name)) is not int:
+                raise SilenceError(f"{where}: '{name}' is not an integer (ns)", "fix or remove the file")
+        if not all(isinstance(m, str) for m in s.matchers):
+            raise SilenceError(f"{where}: 'matchers' holds something that is not a string", "fix or remove the file")
+        return s
 
     def _write(self, items: list[Silence]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

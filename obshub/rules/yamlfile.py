@@ -138,10 +138,53 @@ def _load_tolerating_tabs(text: str) -> Any:
     return _yaml().load(text)
 
 
+#: nodes a document may hold once its aliases are expanded. An alias (``*name``) repeats its anchor's value
+#: wherever it stands, so aliases of aliases multiply (nine lists of nine aliases, nine levels deep: 387
+#: million strings from 400 bytes, YAML's "billion laughs"), and every reader of the document (the YAML 1.1
+#: walk, the schema, a message quoting a value) walks each copy: minutes of CPU and gigabytes. A rule file
+#: holds a few hundred nodes (the builtin pack's largest file: 465).
+MAX_EXPANDED_NODES = 200_000
+
+
+def expanded_too_big(doc: Any, limit: int = MAX_EXPANDED_NODES) -> tuple[list, int] | None:
+    """``(path, nodes)`` when ``doc`` holds more than ``limit`` nodes (mapping keys, values and list items,
+    counted once per place they appear) with its aliases expanded: ``path`` leads from the root to the
+    smallest value that still holds more than ``limit``, ``nodes`` is the whole document's count. None
+    otherwise. Linear in the nodes written: each mapping or list is measured once, however many aliases
+    repeat it (a value that contains itself counts once)."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        sizes[id(node)] = 1  # an anchor inside its own value: counted once, not forever
+        items = [x for kv in node.items() for x in kv] if isinstance(node, dict) else list(node)
+        n = 1 + sum(size(x) for x in items)
+        sizes[id(node)] = n
+        return n
+
+    total = size(doc)
+    if total <= limit:
+        return None
+    path: list = []
+    node = doc
+    while True:
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        step = next(((k, v) for k, v in children if size(v) > limit), None)
+        if step is None:
+            return path, total
+        path.append(step[0])
+        node = step[1]
+
+
 def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
     """Parse ``text`` (named ``file`` in messages). Returns ``(document, problems)``; the document is
     None when the YAML itself is broken (syntax error, duplicate key, flow collections nested deeper than
-    ``MAX_FLOW_DEPTH``), with one problem at the mark."""
+    ``MAX_FLOW_DEPTH``, more than ``MAX_EXPANDED_NODES`` nodes once aliases are expanded), with one problem
+    at the mark."""
     deep = flow_too_deep(text)
     if deep is not None:
         what = f"YAML: nested too deeply (more than {MAX_FLOW_DEPTH} levels of [ or {{; a rule file needs a few)"
@@ -171,6 +214,20 @@ def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
         return None, [Problem(file, 0, 0, f"YAML: {exc}")]
     except RecursionError:
         return None, [Problem(file, 1, 1, "YAML: nested too deeply (a rule file needs a few levels, not thousands)")]
+    try:
+        big = expanded_too_big(doc)
+    except RecursionError:
+        return None, [Problem(file, 1, 1, "YAML: nested too deeply (a rule file needs a few levels, not thousands)")]
+    if big is not None:
+        path, nodes = big
+        line, col = position(doc, path) if path else (1, 1)
+        where = "/".join(map(str, path)) or "the document"
+        what = (
+            f"YAML: {where} holds more than {MAX_EXPANDED_NODES:,} values (the file: {nodes:,}, each alias *name "
+            "counted as the copy of its anchor's value it makes; aliases of aliases multiply): a rule file needs "
+            "a few hundred; alias fewer levels or split the file"
+        )
+        return None, [Problem(file, line, col, what)]
     return doc, []
 
 
@@ -367,11 +424,25 @@ def plain_value(node: Any) -> Any:
     return str(node)
 
 
+#: bytes a YAML file (rules, rule tests, alerting config) may have: the parser reads about 200 kB a second
+#: into 100 bytes of memory per byte (a 3 MB list: 16 s, 340 MB), and the rule engine re-reads a changed
+#: file on every hot reload. The builtin pack's largest file is 17 kB.
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
 def read_text(path: Path) -> tuple[str | None, list[Problem]]:
     """The text of a YAML file (rules, tests) as UTF-8. Returns (text, []) or (None, [the Problem]): the
-    file cannot be read (line 0), or its first byte that is not UTF-8 at line:col."""
+    file cannot be read (line 0), is larger than ``MAX_FILE_BYTES`` (line 1, before it is read), or its
+    first byte that is not UTF-8 at line:col."""
     file = str(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            what = (
+                f"the file is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a YAML file of obshub may have "
+                "(a rule file needs a few kB): split it into several files, or check that this is the file meant"
+            )
+            return None, [Problem(file, 1, 1, what)]
         raw = path.read_bytes()
     except OSError as exc:
         return None, [Problem(file, 0, 0, f"cannot read: {exc.strerror or exc}")]

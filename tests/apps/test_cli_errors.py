@@ -129,3 +129,79 @@ def test_run_refuses_a_job_name_the_probe_would_change(tmp_path, job, named):
     r = run(["run", "--job", job, "--", sys.executable, "-c", "print('started')"], tmp_path)
     err = " ".join(r.stderr.split())
     assert r.returncode == 1 and named in err and "at most 63 bytes" in err and "started" not in r.stdout, err
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [["alerts"], ["topics", "check"], ["trace", "export", "--job", "j", "--steps", "1", "-o", "-"], ["rules", "serve"]],
+)
+def test_incomplete_kafka_security_settings_are_one_error_naming_the_variables(tmp_path, cmd):
+    """SASL_SSL without a mechanism and user, or a CA file that does not exist: every Kafka client command
+    stops with one error naming the variables to set (not a pydantic traceback), never the password; the
+    rule engine fails before it registers itself (no stale record for `obshub status`) or starts a thread."""
+    r = run(cmd, tmp_path, OBSHUB_KAFKA_SECURITY_PROTOCOL="SASL_SSL", OBSHUB_KAFKA_SASL_PASSWORD="hunter2SECRET")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "Exception in thread" not in r.stderr, r.stderr
+    assert (
+        "error: Kafka connection: security protocol SASL_SSL needs OBSHUB_KAFKA_SASL_MECHANISM (or "
+        "--sasl-mechanism), OBSHUB_KAFKA_SASL_USERNAME (or --sasl-username)" in " ".join(r.stderr.split())
+    ), r.stderr
+    assert "hunter2SECRET" not in r.stdout + r.stderr
+    assert not (tmp_path / "home" / "run" / "rules.json").exists()
+    r = run(cmd, tmp_path, OBSHUB_KAFKA_SECURITY_PROTOCOL="SSL", OBSHUB_KAFKA_SSL_CA_LOCATION=str(tmp_path / "ca.pem"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "error: Kafka connection: OBSHUB_KAFKA_SSL_CA_LOCATION (--ssl-ca-location)" in r.stderr, r.stderr
+    assert "does not exist" in r.stderr, r.stderr
+    sasl = {"OBSHUB_KAFKA_SASL_USERNAME": "u", "OBSHUB_KAFKA_SASL_PASSWORD": "hunter2SECRET"}
+    r = run(cmd, tmp_path, OBSHUB_KAFKA_SECURITY_PROTOCOL="SASL_SSL", OBSHUB_KAFKA_SASL_MECHANISM="scram", **sasl)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "hunter2SECRET" not in r.stderr, r.stderr
+    assert "error: Kafka connection: OBSHUB_KAFKA_SASL_MECHANISM: Input should be 'PLAIN'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["replay", "{trace}", "--topic", "bad topic"], "'--topic'"),
+        (["replay", "{trace}", "--topic", ""], "'--topic'"),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", "-", "--events-topic", "a/b"], "'--events-topic'"),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", "-", "--steps-topic", ""], "'--steps-topic'"),
+    ],
+)
+def test_a_topic_name_kafka_would_refuse_is_a_usage_error_before_the_broker_is_asked(tmp_path, args, option):
+    """`replay --topic` and `trace export --events-topic/--steps-topic` took any text: a name Kafka refuses
+    (a space, '/', empty) waited for the broker, then failed there. Now a usage error naming the option,
+    with the broker unreachable (nothing is asked)."""
+    trace = tmp_path / "rank0.json"
+    trace.write_text('{"traceEvents": [{"ph": "X", "name": "ProfilerStep#1", "ts": 1, "dur": 5, "pid": 1, "tid": 1}]}')
+    r = run([a.replace("{trace}", str(trace)) for a in args], tmp_path, OBSHUB_BOOTSTRAP="127.0.0.1:9")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"Invalid value for {option}" in r.stderr and "a Kafka topic name takes letters" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["rules", "serve", "--metrics-port", "{port}"],
+        ["agent", "--source", "synthetic", "--delivery-timeout-ms", "1000", "--metrics-port", "{port}"],
+    ],
+)
+def test_a_metrics_port_in_use_is_one_error_naming_the_option(tmp_path, cmd):
+    """The rule engine and the agent gave an OSError / socket.gaierror traceback for a metrics port another
+    process holds (the stream worker already said "Failed to serve metrics"); now one error that names
+    the address, the fix, and no component record left behind."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        r = run([a.replace("{port}", port) for a in cmd], tmp_path, OBSHUB_BOOTSTRAP="127.0.0.1:9")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"error: Failed to serve metrics on 0.0.0.0:{port}: [Errno 98] Address already in use" in r.stderr
+    assert "--metrics-port" in r.stderr
+    assert not list((tmp_path / "home" / "run").glob("*.json"))
+
+
+def test_a_metrics_address_that_is_not_this_hosts_is_one_error_naming_it(tmp_path):
+    r = run(["rules", "serve", "--metrics-port", "0", "--metrics-addr", "no-such-host.invalid"], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "error: Failed to serve metrics on no-such-host.invalid:0" in r.stderr, r.stderr

@@ -158,6 +158,21 @@ def test_validation_catches_a_wrong_object_and_helm_names_a_missing_setting(tmp_
     assert r.returncode != 0 and "kafka.sasl.username is required" in r.stderr
 
 
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"kafka.securityProtocol": "TLS"}, 'kafka.securityProtocol "TLS" is not one of PLAINTEXT, SSL,'),
+        ({**SECURED, "kafka.sasl.mechanism": "scram-sha-512"}, 'kafka.sasl.mechanism "scram-sha-512" is not one of'),
+        ({"logFormat": "yaml"}, 'logFormat "yaml" is not json or text'),
+    ],
+)
+def test_a_value_every_pod_would_refuse_fails_the_install_naming_the_key(tmp_path, values, named):
+    """Rendered as given, each of these starts every pod only for it to stop at once (a crash loop the SRE
+    meets in `kubectl logs`); the chart refuses it at `helm install` instead."""
+    r = render(tmp_path, values)
+    assert r.returncode != 0 and named in r.stderr, r.stderr
+
+
 def test_pod_monitors_when_the_prometheus_operator_is_used(tmp_path):
     objs = objects(tmp_path, {"metrics.serviceMonitor.enabled": True, "metrics.serviceMonitor.labels.release": "kps"})
     mons = [o for o in objs if o["kind"] == "PodMonitor"]

@@ -316,3 +316,30 @@ def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
     (tmp_path / "builtin").mkdir()  # a folder of that name is the user's, not the pack
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0 and "OK: 1 rule(s) in 1 file(s)" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ('[{"id": "a"}]', "not a silences file (a JSON object with a 'silences' list)"),
+        ('{"silences": {"a": 1}}', "not a silences file"),
+        ('{"silences": [5]}', "silence 0: "),
+        ('{"silences": [{"id": "a"}]}', "silence 0: "),
+        (
+            '{"silences": [{"id": "a", "matchers": ["host=x"], "starts_at_ns": "soon", "ends_at_ns": 1,'
+            ' "author": "a", "comment": "c"}]}',
+            "silence 0: 'starts_at_ns' is not an integer (ns)",
+        ),
+    ],
+)
+def test_a_hand_edited_silences_file_of_another_shape_is_one_error_naming_what(tmp_path, content, named):
+    """The silences file is JSON a person may edit: a list at the top, a silence that is no object or has
+    a field of another type gave an AttributeError or TypeError traceback in `obshub silence list`."""
+    home = tmp_path / "home"
+    (home / "state" / "rules").mkdir(parents=True)
+    (home / "state" / "rules" / "silences.json").write_text(content)
+    r = subprocess.run(
+        OBSHUB + ["silence", "list"], capture_output=True, text=True, env={**os.environ, "OBSHUB_HOME": str(home)}
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot read silences from" in r.stderr and named in " ".join(r.stderr.split()), r.stderr

@@ -443,6 +443,91 @@ def test_alerting_config_problems_are_listed_at_file_line_col(tmp_path):
     assert [s.name for s in load_config(f).sinks] == ["c"]
 
 
+def config_problems(f, text: str) -> tuple[list[str], str]:
+    """Write alerting config ``text`` to ``f``; the problem lines load_config raises for it, and its message."""
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
+
+    f.write_text(text)
+    with pytest.raises(SinkConfigError) as exc:
+        load_config(f)
+    return str(exc.value).splitlines()[1:], str(exc.value)
+
+
+def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_its_source(monkeypatch, tmp_path):
+    """An endpoint URL that no HTTP client can post to (no scheme, another scheme, no host, a port out of
+    range, white space) is refused when the config is read, at the value's line:column, not at the first
+    alert; a secret webhook URL (from the environment or a file) by the variable or file, never quoting it."""
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
+
+    f = tmp_path / "alerting.yaml"
+    got, text = config_problems(
+        f,
+        "version: 1\n"
+        "sinks:\n"
+        "  - {name: a, type: alertmanager, url: 'alertmanager:9093'}\n"
+        "  - {name: b, type: alertmanager, url: 'ftp://am:9093'}\n"
+        "  - {name: c, type: alertmanager, url: 'http://:9093'}\n"
+        "  - {name: d, type: alertmanager, url: 'http://u:PASSWORD@am:99999'}\n"
+        "  - {name: e, type: alertmanager, url: 'http://am :9093'}\n"
+        "  - {name: p, type: pagerduty, routing_key_env: K, url: 'events.pagerduty.com/v2/enqueue'}\n",
+    )
+    assert got == [
+        f"{f}:3:40: sinks/0/url: the URL is not an http:// or https:// URL (scheme alertmanager://); "
+        "e.g. http://alertmanager:9093",
+        f"{f}:4:40: sinks/1/url: the URL is not an http:// or https:// URL (scheme ftp://); "
+        "e.g. http://alertmanager:9093",
+        f"{f}:5:40: sinks/2/url: the URL names no host (write http://HOST:PORT); e.g. http://alertmanager:9093",
+        f"{f}:6:40: sinks/3/url: the URL has a port that is not a number from 1 to 65535; "
+        "e.g. http://alertmanager:9093",
+        f"{f}:7:40: sinks/4/url: the URL holds white space (a URL has none: percent-encode it, or remove a stray "
+        "space or newline); e.g. http://alertmanager:9093",
+        f"{f}:8:57: sinks/5/url: the URL is not an http:// or https:// URL (scheme missing); "
+        "e.g. https://events.pagerduty.com/v2/enqueue",
+    ], text
+    assert "PASSWORD" not in text  # a URL may carry credentials: the reason never quotes it
+    f.write_text("version: 1\nsinks:\n  - {name: a, type: alertmanager, url: 'https://am.example:9093/'}\n")
+    assert load_config(f).sinks[0].url == "https://am.example:9093/"
+    monkeypatch.setenv("HOOK_URL", "hooks.slack.com/services/T0SECRET")
+    secret_file = tmp_path / "url"
+    secret_file.write_text("https://hooks.example/ SECRET\n")
+    for source, want in (
+        ({"url_env": "HOOK_URL"}, "the webhook URL in environment variable HOOK_URL is not an http:// or https:// URL"),
+        ({"url_file": str(secret_file)}, f"the webhook URL in file {secret_file} holds white space"),
+    ):
+        for kind in ("slack", "webhook"):
+            cfg = AlertingConfig.model_validate({"sinks": [{"name": "s", "type": kind, **source}]})
+            with pytest.raises(SinkConfigError, match=want) as exc:
+                build_sinks(cfg)
+            assert "SECRET" not in str(exc.value) + str(exc.value.hint)
+
+
+def test_a_field_its_sink_type_does_not_read_is_refused_at_the_sink(tmp_path):
+    """`resend_every` on a slack sink or `url` on a console sink was accepted and ignored: the user believes
+    a setting that does nothing. Each is named at the sink's line, with the fields the type does read."""
+
+    got, text = config_problems(
+        tmp_path / "alerting.yaml",
+        "version: 1\n"
+        "sinks:\n"
+        "  - {name: c, type: console, url: 'http://x:1'}\n"
+        "  - name: s\n"
+        "    type: slack\n"
+        "    url_env: X\n"
+        "    routing_key_env: Y\n"
+        "    resend_every: 1m\n"
+        "  - {name: a, type: alertmanager, url: 'http://am:9093', resend_every: 1m, min_severity: error}\n",
+    )
+    f = tmp_path / "alerting.yaml"
+    assert got == [
+        f"{f}:3:5: sinks/0: url does not apply to a console sink, which would ignore it (its fields: "
+        "min_severity, name, type)",
+        f"{f}:4:5: sinks/1: resend_every, routing_key_env do not apply to a slack sink, which would ignore them "
+        "(its fields: min_severity, name, type, url, url_env, url_file)",
+    ], text
+
+
 # ---------------------------------------------------------------------- dispatcher: isolation, muting
 def test_one_sink_outage_does_not_block_another_and_is_not_acked(recorder):
     down = recorder(default=(503, {}, 0.0))
@@ -601,3 +686,21 @@ def test_firing_alerts_survive_a_dispatcher_restart(recorder):
         assert srv.requests[-1]["json"][0]["labels"]["alertname"] == "host_stopped_reporting"
     finally:
         d2.close()
+
+
+def test_a_count_written_as_a_string_float_or_boolean_is_refused_at_its_value(tmp_path):
+    """`max_attempts: "6"`, `steps: 2.0` and `max_per_hour: true` were read as 6, 2 and 1 (pydantic's lax
+    mode); a rule file refuses `at_least: "5"`, and so does the alerting config now."""
+    f = tmp_path / "alerting.yaml"
+    got, text = config_problems(
+        f,
+        "version: 1\n"
+        "delivery: {max_attempts: '6'}\n"
+        "sinks:\n"
+        "  - {name: d, type: deep_dive, steps: 2.0, max_per_hour: true}\n",
+    )
+    assert got == [
+        f"{f}:2:26: delivery/max_attempts: Input should be a valid integer",
+        f"{f}:4:39: sinks/0/steps: Input should be a valid integer",
+        f"{f}:4:58: sinks/0/max_per_hour: Input should be a valid integer",
+    ], text

@@ -115,6 +115,44 @@ def test_flow_nesting_beyond_the_limit_is_refused_at_its_bracket_and_quoted_brac
     assert flow_too_deep(text + f"f: {deep}\n") == (6, 3 + MAX_FLOW_DEPTH + 1)
 
 
+def alias_bomb(levels: int) -> str:
+    """Lists of nine aliases of the list before, ``levels`` deep: 9**levels strings from a few hundred bytes."""
+    out = ['  l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    out += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "lists:\n" + "\n".join(out) + "\n"
+
+
+def test_aliases_that_multiply_and_an_oversized_file_are_refused_before_they_are_walked(tmp_path):
+    """YAML's "billion laughs": aliases of aliases expand a file of a few hundred bytes into millions of
+    values that every reader walks (nine levels: 387 million, minutes of CPU and gigabytes before). It is
+    refused at the first value that holds more than MAX_EXPANDED_NODES, the file's whole count named; a
+    file larger than MAX_FILE_BYTES is refused before it is parsed. The same holds for the alerting config."""
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
+    from obshub.rules.yamlfile import MAX_EXPANDED_NODES, MAX_FILE_BYTES
+
+    # l4 holds 1 + 9 * (1 + 9 * (1 + 9 * (1 + 9 * 10))) = 66,430 values, l5 597,871: the first over the limit
+    assert 66_430 <= MAX_EXPANDED_NODES < 597_871
+    f = write(tmp_path, "bomb.yaml", "version: 1\n" + alias_bomb(7) + "rules: []\n")
+    assert problems(f) == [
+        f"{f}:8:7: YAML: lists/l5 holds more than {MAX_EXPANDED_NODES:,} values (the file: 6,053,457, each alias "
+        "*name counted as the copy of its anchor's value it makes; aliases of aliases multiply): a rule file "
+        "needs a few hundred; alias fewer levels or split the file"
+    ]
+    cfg = write(tmp_path, "alerting.yaml", "version: 1\nroute:\n  group_by: [alertname]\n" + alias_bomb(7))
+    with pytest.raises(SinkConfigError, match=f"{cfg}:10:7: YAML: lists/l5 holds more than"):
+        load_config(cfg)
+    # aliases that repeat a little are fine, and a value that holds its own anchor counts once
+    small = write(tmp_path, "small.yaml", "version: 1\n" + alias_bomb(3) + "  me: &me [*me]\nrules: []\n")
+    assert "holds more than" not in "\n".join(problems(small))
+    big = write(tmp_path, "big.yaml", "version: 1\nrules: []\n" + "#" * MAX_FILE_BYTES)
+    assert problems(big) == [
+        f"{big}:1:1: the file is {MAX_FILE_BYTES + 21:,} bytes, more than the {MAX_FILE_BYTES:,} a YAML file of "
+        "obshub may have (a rule file needs a few kB): split it into several files, or check that this is the file "
+        "meant"
+    ]
+
+
 def test_unknown_field_wrong_type_and_every_error_at_once(tmp_path):
     text = GOOD.replace("severity: warning", "severity: loud\n    colour: red\n    window: 5")
     f = write(tmp_path, "u.yaml", text)

@@ -39,8 +39,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from obshub.rules.durations import MAX_DURATION_NS, parse_duration_ns
 from obshub.rules.errors import SinkConfigError
@@ -91,7 +101,7 @@ class Delivery(BaseModel):
     """Retry settings shared by all sinks (see rules.sinks.base)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_attempts: int = Field(6, ge=1, le=100_000)
+    max_attempts: int = Field(6, ge=1, le=100_000, strict=True)  # "6" (a string) is refused, as in rule files
     max_elapsed: str = "5m"
     timeout: str = "10s"
     backoff_initial: str = "1s"
@@ -112,6 +122,39 @@ class Delivery(BaseModel):
         )
 
 
+def http_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the endpoint a sink posts to, or None: it must start ``http://`` or
+    ``https://``, name a host, hold no white space, and a port must be 1..65535. The reason never quotes
+    the URL: a URL may carry a secret (a token in its path, ``user:password@``)."""
+    if any(c.isspace() for c in url):
+        return "holds white space (a URL has none: percent-encode it, or remove a stray space or newline)"
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https"):
+        return f"is not an http:// or https:// URL (scheme {parts.scheme + '://' if parts.scheme else 'missing'})"
+    try:
+        port = parts.port
+    except ValueError:
+        return "has a port that is not a number from 1 to 65535"
+    if not parts.hostname:
+        return "names no host (write http://HOST:PORT)"
+    if port == 0:
+        return "has port 0 (a port is 1 to 65535)"
+    return None
+
+
+#: the fields each sink type reads (``url`` of slack and webhook: refused by build_sink with the reason)
+SINK_FIELDS: dict[str, frozenset[str]] = {
+    t: frozenset({"name", "type", "min_severity", *more})
+    for t, more in {
+        "slack": ("url", "url_env", "url_file"),
+        "webhook": ("url", "url_env", "url_file"),
+        "pagerduty": ("url", "routing_key_env", "routing_key_file", "dedup_prefix"),
+        "alertmanager": ("url", "resend_every"),
+        "console": (),
+        "deep_dive": ("steps", "max_time", "host_every", "max_per_hour", "host_label", "bootstrap"),
+    }.items()
+}
+
 SINK_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"  # rule files' `routes` accept the same (obshub/rules/schema.json sink_name)
 
 
@@ -130,15 +173,34 @@ class SinkSpec(BaseModel):
     resend_every: str = "1m"
     dedup_prefix: str = "obshub"
     # deep_dive only (obshub/rules/sinks/deep_dive.py)
-    steps: int = Field(20, ge=1, le=100_000)
+    steps: int = Field(20, ge=1, le=100_000, strict=True)
     max_time: str = "2m"
     host_every: str = "10m"
-    max_per_hour: int = Field(12, ge=1, le=100_000)
+    max_per_hour: int = Field(12, ge=1, le=100_000, strict=True)
     host_label: str = "host"
     bootstrap: str | None = None
 
     _check_resend = field_validator("resend_every", "max_time")(_positive_duration)
     _check_every = field_validator("host_every")(_duration)
+
+    @model_validator(mode="after")
+    def _fields_of_its_type(self) -> "SinkSpec":
+        extra = sorted(self.model_fields_set - SINK_FIELDS[self.type])
+        if extra:
+            raise ValueError(
+                f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not apply to a {self.type} sink, which "
+                f"would ignore {'it' if len(extra) == 1 else 'them'} (its fields: {', '.join(sorted(SINK_FIELDS[self.type]))})"
+            )
+        return self
+
+    @field_validator("url")
+    @classmethod
+    def _endpoint(cls, v: str | None, info: ValidationInfo) -> str | None:
+        why = None if v is None else http_url_problem(v)
+        if why:
+            example = DEFAULT_URL if info.data.get("type") == "pagerduty" else "http://alertmanager:9093"
+            raise ValueError(f"the URL {why}; e.g. {example}")
+        return v
 
 
 class AlertingConfig(BaseModel):
@@ -217,6 +279,20 @@ def read_secret(name: str, env: str | None, file: Path | None, what: str) -> Sec
     )
 
 
+def _secret_url(spec: SinkSpec) -> SecretStr:
+    """The webhook URL of slack/webhook sink ``spec`` from its ``url_env`` or ``url_file``. Raises
+    SinkConfigError naming the variable or file (never the URL) when it is missing or not an http(s) URL."""
+    url = read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL")
+    why = http_url_problem(url.get_secret_value())
+    if why:
+        source = f"environment variable {spec.url_env}" if spec.url_env else f"file {spec.url_file}"
+        raise SinkConfigError(
+            f"sink '{spec.name}': the webhook URL in {source} {why}",
+            f"put the whole URL the {spec.type} service gave you (https://...) into {source}",
+        )
+    return url
+
+
 def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
     """Construct the sink of ``spec``, reading its secrets. Raises SinkConfigError."""
     if spec.type in ("slack", "webhook") and spec.url:
@@ -225,13 +301,11 @@ def build_sink(spec: SinkSpec, external_url: str = "") -> Sink:
             "put it in an environment variable (`url_env:`) or a file (`url_file:`), never in the config file",
         )
     if spec.type == "slack":
-        return SlackSink(
-            spec.name, read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"), spec.min_severity
-        )
+        return SlackSink(spec.name, _secret_url(spec), spec.min_severity)
     if spec.type == "webhook":
         return WebhookSink(
             spec.name,
-            read_secret(spec.name, spec.url_env, spec.url_file, "webhook URL"),
+            _secret_url(spec),
             spec.min_severity,
             external_url,
         )

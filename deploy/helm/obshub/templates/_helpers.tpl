@@ -44,6 +44,16 @@ prometheus.io/path: /metrics
 
 {{/* Environment of every component: the Kafka connection (secrets only by reference), logging. */}}
 {{- define "obshub.env" -}}
+{{- /* a value the components would refuse at start (a crash loop) fails the install instead, naming the key */ -}}
+{{- if not (has .Values.kafka.securityProtocol (list "PLAINTEXT" "SSL" "SASL_PLAINTEXT" "SASL_SSL")) }}
+{{- fail (printf "kafka.securityProtocol %q is not one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL" (toString .Values.kafka.securityProtocol)) }}
+{{- end }}
+{{- if and (hasPrefix "SASL" .Values.kafka.securityProtocol) (not (has .Values.kafka.sasl.mechanism (list "PLAIN" "SCRAM-SHA-256" "SCRAM-SHA-512"))) }}
+{{- fail (printf "kafka.sasl.mechanism %q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512" (toString .Values.kafka.sasl.mechanism)) }}
+{{- end }}
+{{- if not (has .Values.logFormat (list "json" "text")) }}
+{{- fail (printf "logFormat %q is not json or text" (toString .Values.logFormat)) }}
+{{- end }}
 - name: OBSHUB_BOOTSTRAP
   value: {{ .Values.kafka.bootstrap | quote }}
 - name: OBSHUB_KAFKA_SECURITY_PROTOCOL
