@@ -1198,3 +1198,25 @@ def test_a_step_with_two_hosts_late_alike_that_no_later_step_explains_is_still_r
     assert len(fired) == 1, fired
     assert fired[0]["annotations"]["step"] == "20", fired[0]["annotations"]
     assert "node-02 and node-03 late alike" in fired[0]["annotations"]["summary"], fired[0]["annotations"]
+
+
+@pytest.mark.parametrize(
+    "late_ms,sched_ms,want",
+    [
+        # node-02's link queued at 20 Mbit for 300 ms (tbf, stall11): x3, 4 retransmits toward it on each
+        # busy connection, and 12 ms of a loaded machine's run-queue noise over its peers, late by as much:
+        # the noise explains 4 % of the 260 ms the step lost, not its link
+        (12, 17, ("node-02", "network")),
+        # a CPU burst that starved node-02 and made it late by most of the stall: its peers' retransmits
+        # toward it are its slow answers, and its run queue is the culprit, as before
+        (240, 250, ("node-02", "sched")),
+    ],
+)
+def test_run_queue_noise_does_not_hide_a_links_retransmits_in_a_step_that_lost_far_more(late_ms, sched_ms, want):
+    accs = ring_accs({"node-01": {"node-02": 4}, "node-03": {"node-02": 4}}, 390, {"node-02": sched_ms})
+    for key, c in accs["node-02"]["colls"].items():
+        if key == "0#1":
+            c[1] += late_ms * MS  # node-02 last at one all-reduce by late_ms
+    s = ring_summary(400, accs)
+    c = s["culprit"]
+    assert c is not None and (c["host"], c["layer"]) == want, (c, s["evidence"]["hosts"])
