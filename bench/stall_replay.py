@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         recent: dict[str, tuple[collections.deque, collections.deque]] = {}
         sched_recent: dict[tuple[int, str], collections.deque] = {}
         running: dict[tuple[str, int], dict] = {}  # (job, step) -> network culprit of its latest running record
+        held: dict[tuple[int, str], dict | None] = {}  # (side, job) -> its step held for hosts alike
         for s in steps:
             c = s.get("culprit")
             s_old = s_new = s
@@ -148,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                     if this.running_applies({**s_new, "culprit": new_c}, n):
                         new_c = this.charge_running(n, new_c)
                 s_old["culprit"], s_new["culprit"] = old_c, new_c
+                # the worker's hold of a step whose hosts stood out alike (fold.py), where that side has one,
+                # each side with its own held step per job (a kept summary's own hold is dropped first)
+                for side, s_x in ((base, s_old), (this, s_new)):
+                    s_x.pop("ambiguous", None)
+                    s_x.pop("unexplained_before", None)
+                    if hasattr(side, "hold_ambiguous"):
+                        hk = (id(side), s.get("job", ""))
+                        held[hk] = side.hold_ambiguous(s_x, held.get(hk))
                 if old_c != new_c:
                     tot["changed"] += 1
                     o, n = old_c or {}, new_c or {}

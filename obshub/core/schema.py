@@ -782,6 +782,12 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's); "
     "interim records carry null "
     '(docs/SCHEMA.md, docs/ANALYSIS.md "Culprit of a step")',
+    "ambiguous": "hosts that stood out alike in a slowed step that names no culprit (each with lateness-based "
+    "evidence above half the best one's), the best first; absent otherwise (rules see []). The step is held until a later step "
+    'names one of them (docs/ANALYSIS.md "Culprit of a step")',
+    "unexplained_before": "null, or {step, hosts, stall_ratio, step_time_max_ns, median_ns, baseline_n, after}: a "
+    "held step with ambiguous hosts that this step (not slowed, or the second after it) left unexplained "
+    "(ns; after: the later steps that named none of its hosts before this one); absent otherwise (rules see null)",
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, rank, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waiting_ranks, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; "
     "state: frozen, stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in "
@@ -803,6 +809,11 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     'unknown); only hosts with a stop (docs/ANALYSIS.md "Culprit of a step")',
     "quality": "{lost_batches, duplicate_batches, late_events, ringbuf_lost}: data-quality counters",
 }
+
+STEP_HELD_FIELDS = frozenset({"ambiguous", "unexplained_before"})
+"""Step-summary fields the worker adds after the close only when they say something (a step held for hosts
+that stood out alike, ``analysis.hold_ambiguous``): absent from every other summary, whose bytes stay as
+they were; the rules see their defaults ([] and null) there."""
 
 DLQ_HEADERS = (
     "obshub.reason",
@@ -865,6 +876,8 @@ _STEP_SHAPE: dict[str, str] = {
     "evidence": "map",
     "hang": "map?",
     "culprit": "map?",
+    "ambiguous": "list[str]",
+    "unexplained_before": "map?",
 }
 _NONNEG = {"closed_at_ns", "step_time_max_ns"}
 STEP_REQUIRED = ("job", "step")  # a summary without them belongs to no step

@@ -105,6 +105,8 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "evidence": {"spread_ns": 0, "hosts": {}, "max": {}},
     "hang": None,
     "culprit": None,
+    "ambiguous": [],
+    "unexplained_before": None,
     "layers": {},
     "layer_stats": {},
     "ranks": {},

@@ -286,6 +286,9 @@ class Fold:
         # job -> analysis.sched_times (run-queue ns per host) of its last closed steps here (derived, in
         # memory: a restarted worker compares hosts with their peers alone until SELF_MIN steps closed)
         self.sched_recent: dict[str, collections.deque] = {}
+        # job -> a slowed step of it that named nobody because several hosts stood out alike, held until a
+        # later step names one of them (analysis.hold_ambiguous; derived, in memory)
+        self.ambiguous_held: dict[str, dict] = {}
         # open step key -> the network culprit its latest ``running`` record named (derived, in memory;
         # dropped at its close: a close that names no culprit of its own is charged to it, source "running")
         self.running_named: dict[str, dict] = {}
@@ -667,7 +670,7 @@ class Fold:
             self.rank_state,
             self.host_ranks,
         )
-        jobs |= set(self.culprit_recent) | set(self.sched_recent)
+        jobs |= set(self.culprit_recent) | set(self.sched_recent) | set(self.ambiguous_held)
         for j in jobs.difference(self.active_ns):  # state without a message here yet (a restart): from now
             self.active_ns[j] = now
         gone = [j for j in jobs if now - self.active_ns[j] >= self.retention_ns and j not in open_]
@@ -682,6 +685,7 @@ class Fold:
                 self.rank_state,
                 self.culprit_recent,
                 self.sched_recent,
+                self.ambiguous_held,
                 self.host_ranks,
                 self.life_of,
             ):
@@ -1077,6 +1081,9 @@ class Fold:
             summary["culprit"] = analysis.hang_culprit(hung_hosts)
             if summary["culprit"] is not None:
                 summary["culprit"]["rank"] = hung_hosts[0].get("rank")
+        held = analysis.hold_ambiguous(summary, self.ambiguous_held.pop(job, None))  # hosts alike: a later step says
+        if held is not None:
+            self.ambiguous_held[job] = held
         self.hung.pop(sk, None)
         self.was_hung.discard(sk)
         self._held.discard(sk)

@@ -42,6 +42,7 @@ def summarize_batches(
     recent: dict[str, collections.deque] = {}  # job -> retransmits of its last net_window_steps steps
     culprits: dict[str, collections.deque] = {}  # job -> persistent_key of its last closed steps
     scheds: dict[str, collections.deque] = {}  # job -> sched_times of its last closed steps
+    held: dict[str, dict | None] = {}  # job -> its step held for naming several hosts alike
     for job, step in sorted(steps):
         last = directed.get(job)
         window = recent.setdefault(job, collections.deque(maxlen=max(1, th.net_window_steps)))
@@ -65,6 +66,7 @@ def summarize_batches(
         own = culprits.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
         s["culprit"], key = analysis.charge_persistent(s, own)
         own.append(key)
+        held[job] = analysis.hold_ambiguous(s, held.get(job))
         window.append(analysis.net_window_part(steps[(job, step)]))
         history.setdefault(job, []).append(analysis.history_entry(s))
         out[(job, step)] = s

@@ -326,9 +326,10 @@ def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_
         ("b", "network", 30_000_000, 2_000_000)
     ]
     assert len(pipe.summaries) == 12  # an interim record: the step stays open
-    # the step closes x15 the median with b late and some run-queue time of b's (a loaded machine): its
-    # connections' evidence gives way to its time layers and the close names nobody of its own (the first
-    # step of a tbf-slowed link, 2026-12-05 campaign); it is charged to the link its running record named
+    # the step closes x15 the median with b late and 30 ms of run-queue time of b's (a loaded machine):
+    # until stall11 its connections' evidence gave way to those 30 ms and the close, naming nobody of its
+    # own, was charged to the link its running record named (the first step of a tbf-slowed link,
+    # 2026-12-05 campaign); 30 ms of a 2 s loss explain nothing, so the closed step names the link itself
     end = now[0] + 1_500_000_000
     coll = {"pg": "0", "coll_seq": 3, "op": "all_reduce"}
     for i in range(4):
@@ -352,11 +353,9 @@ def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_
         batch(i, [schema.Event(schema.Kind.STEP_BEGIN, end + 10_000_000, step=13, pid=100 + i, value=13)])
     closed = pipe.summaries[12] if isinstance(pipe.summaries[12], dict) else pipe.summaries[12][1]
     assert closed["step"] == 12 and closed["closed_by"] == "complete" and closed["stall"] is not after_slow
-    assert closed["evidence"]["hosts"]["b"]["network"] == 0.0 and closed["straggler"]["host"] == "b"
+    assert closed["evidence"]["hosts"]["b"]["network"] == 7.0 and closed["straggler"]["host"] == "b"
     c = closed["culprit"]
-    assert (c["host"], c["layer"], c["source"], c["evidence"]) == ("b", "network", "running", 7.0), c
-    assert c["why"].startswith("named while the step ran: network evidence 7 spreads")
-    assert c["why"].endswith("the closed step names no culprit of its own"), c["why"]
+    assert (c["host"], c["layer"], c["source"], c["evidence"]) == ("b", "network", "evidence", 7.0), c
     assert pipe.fold.running_named == {}  # dropped at the close
 
 

@@ -150,15 +150,10 @@ def culprit(summary: dict) -> dict | None:
     return mem
 
 
-def _culprit(summary: dict, lost: int) -> dict | None:
-    """``culprit``'s steps 1. to 4. (after a stopped rank, before a memory cgroup at its limit); ``lost``: ns
-    the step lost over the job's median step (0 without a baseline)."""
+def _candidates(summary: dict) -> tuple[list[tuple], tuple | None]:
+    """``culprit``'s step 1. up to the ambiguity test: the evidence candidates ``((sort key), host, layer,
+    z)``, best first, and the best one (a ``pytorch`` best given way to a lower layer of its host), or None."""
     hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
-    spread = (summary.get("evidence") or {}).get("spread_ns", 0)
-    strag = summary.get("straggler")
-    group = {g["host"]: g.get("late_ns", 0) for g in (strag or {}).get("group") or []}
-    if strag:
-        group.setdefault(strag["host"], strag.get("excess_ns", 0))
     # loss or delay on a host's link makes its peers late too: a rank that waited for a retransmission
     # toward or from the lossy host arrives late at the next collective, with no layer of its own to show
     # for it. With network evidence in the step, lateness no lower layer explains names nobody.
@@ -180,11 +175,35 @@ def _culprit(summary: dict, lost: int) -> dict | None:
         # evidence of its own (a starved rank's run-queue accounting may catch part of its starvation)
         named = [c for c in cands if c[1] == best[1] and c[2] != "pytorch"]
         best = named[0] if named else best
-    if (
-        best is not None
-        and best[2] != "network"
-        and any(c[1] != best[1] and c[2] != "network" and c[3] > AMBIGUOUS_REL * best[3] for c in cands)
-    ):
+    return cands, best
+
+
+def _alike(cands: list[tuple], best: tuple | None) -> list[str]:
+    """The hosts that stand out about alike (``AMBIGUOUS_REL``) with a lateness-based best candidate, the
+    best's host first; empty when the best stands out alone or is ``network`` (connection-based)."""
+    if best is None or best[2] == "network":
+        return []
+    others = [c[1] for c in cands if c[1] != best[1] and c[2] != "network" and c[3] > AMBIGUOUS_REL * best[3]]
+    return [best[1], *sorted(set(others))] if others else []
+
+
+def ambiguous(summary: dict) -> list[str]:
+    """The hosts a step names nobody for because they stood out alike (``culprit``'s 1.: each with
+    lateness-based evidence above ``AMBIGUOUS_REL`` of the best one's), the best one first; empty when one
+    host stands out or none does. Reads ``evidence`` and ``straggler`` of ``summary``."""
+    return _alike(*_candidates(summary))
+
+
+def _culprit(summary: dict, lost: int) -> dict | None:
+    """``culprit``'s steps 1. to 4. (after a stopped rank, before a memory cgroup at its limit); ``lost``: ns
+    the step lost over the job's median step (0 without a baseline)."""
+    spread = (summary.get("evidence") or {}).get("spread_ns", 0)
+    strag = summary.get("straggler")
+    group = {g["host"]: g.get("late_ns", 0) for g in (strag or {}).get("group") or []}
+    if strag:
+        group.setdefault(strag["host"], strag.get("excess_ns", 0))
+    cands, best = _candidates(summary)
+    if _alike(cands, best):
         return None  # two hosts about as late: no single host's fault (a shared cause, or load)
     # a lateness-based value (every layer but the connection-based network) names its host only when its
     # lateness (at least z spreads; exact for the late group) makes up EXPLAIN_REL of what the step lost
@@ -544,6 +563,63 @@ def running_applies(summary: dict, named: dict) -> bool:
     return (
         c.get("layer") == "process" and c.get("source") in ("evidence", "blame") and c.get("host") == named.get("host")
     )
+
+
+AMBIGUOUS_HOLD_STEPS = 2
+"""``hold_ambiguous``: how many of the job's later closed steps may explain a slowed step that named nobody
+because two or more hosts stood out alike, before it is reported unexplained."""
+
+
+def hold_ambiguous(summary: dict, held: dict | None) -> dict | None:
+    """Hold a slowed step that names nobody because several hosts stood out alike until a later step says
+    whose it was (docs/ANALYSIS.md "Culprit of a step"); returns the job's new held record (None: nothing
+    held). ``summary``: a closed step, its culprit final (after every charge); ``held``: what the job held
+    after its previous closed step (None, or ``{step, hosts, stall_ratio, step_time_max_ns, median_ns,
+    baseline_n, after}``: ns, ``after`` the later steps seen). Changes ``summary`` in place:
+
+    - a held step is **explained**, and dropped, when this step's culprit names one of its hosts by a
+      layer of its own (not ``process`` lateness, unless the kernel saw the rank stopped or a hang named
+      it): the first slowed step of a slowed link had the link's host and its neighbour late alike (7.0
+      and 6.5 spreads, node-03's net-slow of stall10), and its next steps named the link;
+    - it is **unexplained** when this step is not slowed (the stall is over and named nobody) or is the
+      ``AMBIGUOUS_HOLD_STEPS``-th after it: this summary then carries ``unexplained_before`` (the held
+      record; the rule ``step_stall_ambiguous`` fires on it, so a true stall of two hosts at once is
+      reported one or two steps late, not hidden);
+    - this step, when slowed with no culprit and ``ambiguous`` hosts (at least two), gets ``ambiguous``
+      (those hosts; ``step_stall_unexplained`` does not fire on it) and is held; a step held before it
+      and not yet resolved is reported unexplained on this summary, unless they share a host (one episode:
+      the held step waits on)."""
+    c = summary.get("culprit")
+    if held is not None:
+        hosts = set(held["hosts"])
+        own = c is not None and (c.get("layer") != "process" or c.get("source") in ("stopped", "hang"))
+        if own and c is not None and c.get("host") in hosts:
+            held = None
+        elif not slowed(summary) or held["after"] + 1 >= AMBIGUOUS_HOLD_STEPS:
+            summary["unexplained_before"] = held
+            held = None
+        else:
+            held = {**held, "after": held["after"] + 1}
+    if c is not None or not slowed(summary):
+        return held
+    alike = ambiguous(summary)
+    if len(alike) < 2:
+        return held
+    summary["ambiguous"] = alike
+    if held is not None:
+        if set(alike) & set(held["hosts"]):
+            return held  # the same hosts alike again: one episode, still waiting for a step to name one
+        summary["unexplained_before"] = held
+    bl = summary.get("baseline") or {}
+    return {
+        "step": summary.get("step"),
+        "hosts": alike,
+        "stall_ratio": summary.get("stall_ratio") or 0.0,
+        "step_time_max_ns": int(summary.get("step_time_max_ns") or 0),
+        "median_ns": int(bl.get("median_ns") or 0),
+        "baseline_n": int(bl.get("n") or 0),
+        "after": 0,
+    }
 
 
 def charge_running(named: dict, own: dict | None = None) -> dict:

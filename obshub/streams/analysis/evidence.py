@@ -24,6 +24,13 @@ class Baseline(msgspec.Struct):
     spread_ns: int = 0
 
 
+OWN_TIME_EXPLAIN_REL = 0.25
+"""``evidence``: a host's own time-layer lateness takes the place of its connection-based network evidence
+only when it makes up at least this part of what the step lost over the job's median step (the culprit's
+``EXPLAIN_REL``): a node-02 whose link queued at 20 Mbit for 300 ms (x3.96, 291 ms lost, 4 retransmits on
+each busy connection) had 11.7 ms of run-queue excess over its peers on a loaded 2-core host, 1.13
+spreads, which hid its network evidence and named nobody (stall11)."""
+
 EVIDENCE_LAYERS = ("sched", "memory", "cuda", "nic", "network", "pytorch")
 """Layers the sequential evidence covers (``evidence``); each host entry carries all of them."""
 
@@ -84,6 +91,7 @@ def evidence(
     recent_directed: bool = False,
     stats: NetStats | None = None,
     window_stats: NetStats | None = None,
+    lost_ns: int = 0,
 ) -> Evidence:
     """Per-step evidence for the rules' sequential test (docs/ANALYSIS.md "Sequential detection"):
     ``Evidence(spread_ns=s, hosts={host: HostEvidence})`` with each layer's ``z`` in units of the job's
@@ -102,9 +110,11 @@ def evidence(
 
     One cause per host and step: a host with connection-based network evidence keeps only that, unless
     its time-layer evidence reaches ``min(1, network evidence)`` (its own lost time made it at least one
-    spread late): then it keeps only the time layers. A slow link makes its host late without any
-    run-queue or memory excess, while a host starved of CPU or stalled in reclaim answers its peers late,
-    which raises the RTT of all of its connections. Lateness-based values need a
+    spread late) and that lateness (spreads x ``s``) makes up ``OWN_TIME_EXPLAIN_REL`` of ``lost_ns`` (ns
+    the step lost over the job's median step, 0 when not known): then it keeps only the time layers. A
+    slow link makes its host late without any run-queue or memory excess, while a host starved of CPU or
+    stalled in reclaim answers its peers late, which raises the RTT of all of its connections; a few ms
+    of a loaded machine's run-queue noise in a step that lost hundreds does not explain its link. Lateness-based values need a
     baseline (``bl.n >= baseline_min_n``): the start of a job is noisy. ``recent_directed``, ``stats``:
     see ``net_evidence``."""
     s = max(1, int(bl.spread_ns or th.spread_min_ns))
@@ -146,7 +156,7 @@ def evidence(
     for h, net in net_evidence(accs, th, recent_directed, stats, window_stats).items():
         have = out.get(h)
         z_time = max(have.sched, have.memory, have.cuda, have.nic) if have is not None else 0.0
-        if z_time >= min(1.0, net.z):
+        if z_time >= min(1.0, net.z) and z_time * s >= OWN_TIME_EXPLAIN_REL * lost_ns:
             continue  # its own CPU or memory made it late, and slow to answer on every connection
         # its connections explain its lateness (a slow link delays its own collectives): no other
         # layer of it is the culprit in this step

@@ -235,7 +235,8 @@ def summarize(
             else []
         )
     else:
-        ev = evidence(accs, late, layers, bl, th, recent_directed, stats, wstats)
+        lost = max(0, tmax - bl.median_ns) if bl.n >= th.baseline_min_n else 0
+        ev = evidence(accs, late, layers, bl, th, recent_directed, stats, wstats, lost)
         bl_entries = blame(strag["host"], layers, strag["excess_ns"], th) if strag else []
     if strag is not None and not step_time and not colls and not any(past_data(a) for a in raw.values()):
         # the step after a training loop's last: its data phases only (opened at the last optimizer step,
@@ -300,5 +301,5 @@ def summarize(
         fill_rows(named, raw, kept)
         fill_layers(named, raw, kept)
         out["ranks"] = {h: {str(r): row for r, row in named[h]["rows"].items()} for h in sorted(kept)}
-    assert set(out) == set(schema.STEP_SUMMARY_FIELDS), "summary drifted from schema.STEP_SUMMARY_FIELDS"
+    assert set(out) == set(schema.STEP_SUMMARY_FIELDS) - schema.STEP_HELD_FIELDS, "summary drifted from the schema"
     return out
