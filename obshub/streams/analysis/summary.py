@@ -181,8 +181,8 @@ def summarize(
     window: dict[str, list[int]] | None = None,
     life: int = 0,
 ) -> dict:
-    """The step summary (exactly the keys of ``schema.STEP_SUMMARY_FIELDS``) of ``job``/``step`` from its
-    host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
+    """The step summary (the keys of ``schema.STEP_SUMMARY_FIELDS`` but ``STEP_HELD_FIELDS``, which the worker
+    adds to a held step) of ``job``/``step`` from its host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
     late_max_ns], ...]`` (``history_entry``); ``quality`` holds ``lost_batches``, ``duplicate_batches``,
     ``late_events`` (``ringbuf_lost`` is summed here from the accumulators); ``world_size`` the job's
     registered world size (0 unknown: then the number of expected hosts); ``recent_directed``: a recent
