@@ -160,6 +160,30 @@ def _record(signal: str, spec: dict, t_ns: int) -> dict:
     }
 
 
+def _check_case(file: str, doc: Any, i: int, t: dict, seen: dict[str, int]) -> None:
+    """A test case has a name of its own (a non-empty string no other case of the file uses: results are
+    reported by name) and at least one expectation (a case that expects nothing passes whatever the rules
+    do). ``seen`` maps the names met so far to their lines and gains this one. Raises RuleTestError at the
+    case's file:line:col."""
+    name = t.get("name")
+    if not isinstance(name, str) or not name.strip():
+        where = ["tests", i] + (["name"] if "name" in t else [])
+        got = f"not {_what(name)}" if "name" in t else "it has none"
+        raise _err(file, doc, where, f"a test needs a `name:` (a non-empty string); {got}")
+    if name in seen:
+        raise _err(file, doc, ["tests", i, "name"], f"duplicate test name {name!r} (first used at line {seen[name]})")
+    seen[name] = position(doc, ["tests", i, "name"])[0]
+    if not t.get("expect"):
+        where = ["tests", i] + (["expect"] if "expect" in t else [])
+        raise _err(
+            file,
+            doc,
+            where,
+            f"test {name!r} expects nothing: it needs `expect:` with at least one `- at: ...` and its `alerts:`"
+            " (`alerts: []` = none)",
+        )
+
+
 def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     """Read and check a test file; returns (rule files, test cases as plain dicts, file name). Raises
     RuleTestError at file:line:col on a malformed file."""
@@ -194,8 +218,10 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     if tests is not None and not isinstance(tests, list):
         raise _err(file, doc, ["tests"], f"`tests:` is a list of tests, not {_what(tests)}")
     tests = tests or []
+    seen: dict[str, int] = {}  # test name -> line of its first use
     for i, t in enumerate(tests):
         _check_keys(file, doc, ["tests", i], t, _TEST_KEYS, "a test")
+        _check_case(file, doc, i, t, seen)
         for j, inp in enumerate(t.get("input") or []):
             _check_keys(file, doc, ["tests", i, "input", j], inp, _INPUT_KEYS, "an input")
             sigs = [s for s in ("steps", "events", "health") if s in inp]
@@ -225,6 +251,10 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
                 raise _err(file, doc, ["tests", i, "input", j, "repeat"], f"`repeat:` must be 1..{MAX_REPEAT}")
         for j, exp in enumerate(t.get("expect") or []):
             _check_keys(file, doc, ["tests", i, "expect", j], exp, _EXPECT_KEYS, "an expectation")
+            if "alerts" not in exp:  # a missing list would pass as "no alerts": say so instead
+                raise _err(
+                    file, doc, ["tests", i, "expect", j], "an expectation needs `alerts:` (a list; `alerts: []` = none)"
+                )
             for k, a in enumerate(exp.get("alerts") or []):
                 _check_keys(file, doc, ["tests", i, "expect", j, "alerts", k], a, _ALERT_KEYS, "an expected alert")
                 if a.get("state", "firing") not in _STATES:

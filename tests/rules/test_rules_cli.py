@@ -157,6 +157,22 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
             "13:20",
             "`state:` is pending or firing",
         ),
+        # a repeated name, a test that expects nothing, an expectation without `alerts:` (newuser12)
+        (
+            "        alerts: []\n",
+            "        alerts: []\n  - name: loss fires\n    expect: []\n",
+            "16:11",
+            "duplicate test",
+        ),
+        ("        alerts: []\n", "        alerts: []\n  - name: nothing\n", "16:5", "test 'nothing' expects nothing"),
+        ("        alerts: []\n", "        alerts: []\n  - name: none\n    input: []\n", "16:5", "expects nothing"),
+        (
+            "        alerts: []\n",
+            "        alerts: []\n  - name: ' '\n    expect: [{at: 1s}]\n",
+            "16:11",
+            "a test needs a `name:`",
+        ),
+        ("        alerts: []\n", "", "14:9", "an expectation needs `alerts:`"),
     ],
 )
 def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new, where, why):
