@@ -44,6 +44,19 @@ def parse_speed(value: str) -> float | None:
     return f
 
 
+def check_job(value: str | None) -> str | None:
+    """``--job``: None (left out: the trace folder's name) or a name of 1 to ``schema.MAX_STR_LEN``
+    characters that is not only blanks. Raises click.BadParameter (exit 2): ``--job ""`` published under
+    the folder's name without a word."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.BadParameter(f"{value!r} is empty: give a job name, or leave --job out for the trace folder's name")
+    if len(value) > schema.MAX_STR_LEN:
+        raise click.BadParameter(f"{len(value)} characters is longer than the {schema.MAX_STR_LEN} a job name may have")
+    return value
+
+
 def _default_job(paths: tuple[Path, ...]) -> str:
     p = paths[0].resolve()
     return (p if p.is_dir() else p.parent).name or "replay"
@@ -157,7 +170,12 @@ def _print(console: Console, d: dict) -> None:
     type=click.Path(exists=True, path_type=Path),
     help="execution trace file or folder (repeatable); ETs among PATHS are found by content too",
 )
-@click.option("--job", default=None, help="job name to publish under (default: the trace folder's name)")
+@click.option(
+    "--job",
+    default=None,
+    callback=lambda _ctx, _param, value: check_job(value),  # "" is a usage error naming --job
+    help="job name to publish under (default: the trace folder's name)",
+)
 @click.option(
     "--speed",
     default="fast",
@@ -193,7 +211,7 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_b
     from obshub.core.settings import load_settings
 
     speed_f = speed  # parse_speed, by the option's callback
-    job = job or _default_job(paths)
+    job = _default_job(paths) if job is None else job
     sink = None if dry_run else KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers, topic)
     inputs = discover(list(paths), list(et_paths) or None)
     report = ReplayReport()

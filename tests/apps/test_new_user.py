@@ -48,6 +48,8 @@ def test_up_on_another_port_while_the_stack_runs_names_the_running_port(tmp_path
         (["silence", "add", "-m", "host=x", "-d", "0s", "-a", "a", "-c", "c"], "'-d' / '--duration'"),
         (["demo", "--fault-host", "9"], "--fault-host 9 is outside 0..3"),
         (["replay", ".", "--speed", "slow"], "'--speed'"),
+        (["replay", ".", "--dry-run", "--job", ""], "Invalid value for '--job': '' is empty"),  # used the folder's name
+        (["replay", ".", "--dry-run", "--job", "  "], "Invalid value for '--job': '  ' is empty"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(tmp_path, monkeypatch, capsys, args, named):
