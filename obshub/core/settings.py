@@ -234,7 +234,8 @@ class AgentConfig(BaseModel):
     """Everything ``obshub agent`` needs besides the event source.
 
     ``loss_interval_s``: how often ring-buffer loss counters are turned into AGENT_LOSS events.
-    ``flush_timeout_s``: on SIGTERM, how long to try to deliver what is left before exiting.
+    ``flush_timeout_s``: on SIGTERM, how long to try to deliver what is left before exiting (at most; the
+    wait ends sooner once Kafka takes nothing, ``producer.transport.SHUTDOWN_STALL_S``).
     ``clock_refresh_s``: how often the monotonic -> realtime offset is measured again.
     ``only_jobs``: serve only the processes registered for these jobs (empty: every job on the node);
     the events of processes registered for another job are dropped by the agent.

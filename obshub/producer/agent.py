@@ -8,8 +8,8 @@ most until the open batch is due) -> batcher -> transport; seal the batches that
 serve delivery reports and spool replay; every ``loss_interval_s`` turn the source's in-kernel loss
 counters into AGENT_LOSS events; every 0.25 s the state of each registered process
 (:class:`producer.rankstate.RankWatch`: frozen, stopped, exited) -> a RANK_STATE event when it changed } -> on SIGTERM/SIGINT or ``--duration``: drain the source once more,
-stop it, flush the last batches, deliver what is left for up to ``flush_timeout_s`` (a second signal cuts
-this short: the rest stays in the spool) -> exit code 0 when
+stop it, flush the last batches, deliver what is left for up to ``flush_timeout_s`` (a second signal, or
+Kafka taking nothing for ``SHUTDOWN_STALL_S``, cuts this short: the rest stays in the spool) -> exit code 0 when
 everything was delivered, :data:`EXIT_UNDELIVERED` (3) when batches stay in the spool (the message says
 how many and where; the next start with the same ``--host`` replays them).
 
@@ -198,9 +198,11 @@ class Agent:
                 f"({spool.dropped_bytes} B) were dropped, oldest first (raise --spool-max-bytes)"
             )
         if batches:
+            gave_up = self.transport.gave_up_after_s
+            why = "" if gave_up is None else f": it took none for {gave_up:.1f} s, so the agent stopped waiting"
             self.say(
                 f"{batches} batches ({nbytes} B) were not delivered to Kafka "
-                f"({self.config.kafka.bootstrap}); they are kept in the spool {self.config.spool.dir} and "
+                f"({self.config.kafka.bootstrap}){why}; they are kept in the spool {self.config.spool.dir} and "
                 f"are replayed when an agent with --host {self.config.host} starts again"
             )
             return EXIT_UNDELIVERED

@@ -333,7 +333,7 @@ def _finite(value: float, name: str) -> float:
     type=float,
     default=15.0,
     show_default=True,
-    help="on stop, seconds to try delivering what is left",
+    help="on stop, seconds to try delivering what is left (less when Kafka takes nothing for 2 s)",
 )
 @click.option(
     "--log-format",

@@ -46,6 +46,10 @@ from obshub.producer.spool import Spool, SpoolPos
 DIRECT, DRAINING, SPOOLING = "direct", "draining", "spooling"
 _BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.5, 5.0
 _REPURGE_EVERY_S = 0.5
+#: at :meth:`Transport.close`, once Kafka is known not to take batches (a delivery failed or every broker is
+#: down: the transport is not ``direct``), the seconds without one delivery after which it stops waiting: an
+#: agent started with no reachable broker took the whole ``--flush-timeout`` (15 s) to exit on Ctrl-C.
+SHUTDOWN_STALL_S = 2.0
 
 
 class _Replay:
@@ -83,6 +87,7 @@ class Transport:
         self.replayed = 0
         self.replayed_bytes = 0
         self.fatal_resets = 0
+        self.gave_up_after_s: float | None = None  # set by close() when it stopped waiting on a stalled Kafka
 
     def _mark_down(self) -> None:
         self._broker_down = True
@@ -217,13 +222,26 @@ class Transport:
             and self.spool.pending_batches == 0
         )
 
-    def close(self, timeout_s: float, abort: Callable[[], bool] = lambda: False) -> tuple[int, int]:
+    def close(
+        self, timeout_s: float, abort: Callable[[], bool] = lambda: False, stall_s: float = SHUTDOWN_STALL_S
+    ) -> tuple[int, int]:
         """Try for up to ``timeout_s`` (or until ``abort()`` is true) to deliver everything, spool
-        included; then move whatever is left to the spool and close it. Returns ``(undelivered_batches,
-        undelivered_bytes)``: what stays in the spool for the next start (0, 0 when all was delivered)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.idle and time.monotonic() < deadline and not abort():
+        included; then move whatever is left to the spool and close it. Once Kafka is known not to take
+        batches (the state is not ``direct``), ``stall_s`` seconds without one delivery also end the wait
+        (``gave_up_after_s`` then holds the seconds waited); a spool replay waiting out its backoff is
+        tried at once. Returns ``(undelivered_batches, undelivered_bytes)``: what stays in the spool for
+        the next start (0, 0 when all was delivered)."""
+        now = time.monotonic()
+        deadline, delivered, since = now + timeout_s, self.publisher.delivered, now
+        self._next_try = min(self._next_try, now)
+        while not self.idle and now < deadline and not abort():
             self.service(0.05)
+            now = time.monotonic()
+            if self.publisher.delivered != delivered:
+                delivered, since = self.publisher.delivered, now
+            elif self.state != DIRECT and now - since >= stall_s:
+                self.gave_up_after_s = now - since
+                break
         if not self.idle:
             self.publisher.purge_all()
             if self.state == DIRECT:
