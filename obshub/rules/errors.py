@@ -6,9 +6,21 @@ A rule file that does not validate raises :class:`RuleValidationError` carrying 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from obshub.core.errors import ObshubError
+
+#: a run of this many characters without a blank in a problem's message is a value quoted whole (a 50 kB
+#: name or expression where a short one was expected): it is shown cut (``_shorten``); paths and lists of
+#: allowed names stay whole
+_LONG_WORD = re.compile(r"\S{201,}")
+
+
+def _shorten(text: str) -> str:
+    """``text`` with each run of more than 200 characters without a blank cut to its first 100 and its
+    length (``xxxx... (50,000 characters)``)."""
+    return _LONG_WORD.sub(lambda m: f"{m.group()[:100]}... ({len(m.group()):,} characters)", text)
 
 
 @dataclass(frozen=True)
@@ -24,8 +36,9 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:{self.col}" if self.line else self.file  # 0: a whole-file problem
-        what = f'rule "{self.rule}": ' if self.rule else ""
-        return f"{where}: {what}{self.message}"
+        rule = self.rule if self.rule is None or len(self.rule) <= 80 else f"{self.rule[:80]}..."  # a 50 kB id
+        what = f'rule "{rule}": ' if rule else ""
+        return f"{where}: {what}{_shorten(self.message)}"
 
 
 class RulesError(ObshubError):

@@ -39,7 +39,7 @@ from obshub.rules.durations import parse_duration_ns
 from obshub.rules.engine import Engine
 from obshub.rules.errors import Problem, RuleTestError
 from obshub.rules.loader import _plain, load_ruleset, resolve_builtin
-from obshub.rules.yamlfile import load_yaml, position, read_text, yaml11_surprises, yaml_type
+from obshub.rules.yamlfile import brief, load_yaml, position, read_text, yaml11_surprises, yaml_type
 
 BASE_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z
 MAX_REPEAT = 100_000  # records one input may expand to (a larger `repeat:` is a typo, not a test)
@@ -88,8 +88,9 @@ def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], w
 
 
 def _what(v: Any) -> str:
-    """``v`` as an error names it: its YAML type and value (``str 'one'``, ``mapping {'a': 1}``)."""
-    return f"{yaml_type(v)} {_plain(v)!r}"
+    """``v`` as an error names it: its YAML type and value (``str 'one'``, ``mapping {'a': 1}``), a long
+    value cut to its start and size (yamlfile.brief)."""
+    return f"{yaml_type(v)} {brief(v)}"
 
 
 def _is_int(v: Any) -> bool:

@@ -329,34 +329,37 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
     if err.validator == "additionalProperties":
         allowed = sorted(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(allowed)) if isinstance(err.instance, dict) else []
-        return f"unknown field '{extra[0] if extra else '?'}' in {where} (allowed: {', '.join(allowed)})", True
+        return (
+            f"unknown field '{_cut(str(extra[0])) if extra else '?'}' in {where} (allowed: {', '.join(allowed)})",
+            True,
+        )
     if err.validator == "required":
         return f"{where}: {err.message}", False
     if err.validator == "type":
         got = yaml_type(err.instance)
-        return f"{where}: expected {err.validator_value}, got {got} {plain_value(err.instance)!r}", False
+        return f"{where}: expected {err.validator_value}, got {got} {brief(err.instance)}", False
     if err.validator == "enum":
-        return f"{where}: {err.instance!r} is not one of {', '.join(map(str, err.validator_value))}", False
+        return f"{where}: {brief(err.instance)} is not one of {', '.join(map(str, err.validator_value))}", False
     if err.validator == "pattern" and err.validator_value == DURATION_PATTERN:
         return (
-            f"{where}: {err.instance!r} is not a duration: write a whole number and a unit (ms, s, m, h, d) "
+            f"{where}: {brief(err.instance)} is not a duration: write a whole number and a unit (ms, s, m, h, d) "
             "without spaces, e.g. 10s, 5m, 1h30m",
             False,
         )
     if err.validator == "anyOf" and "last steps" in str(err.schema.get("description", "")):
         if not isinstance(err.instance, str):
-            got = f"{yaml_type(err.instance)} {plain_value(err.instance)!r}"
+            got = f"{yaml_type(err.instance)} {brief(err.instance)}"
             return f"{where}: expected string, got {got}: write a duration (e.g. 30s, 5m) or steps (10 steps)", False
         return (
-            f"{where}: {plain_value(err.instance)!r} is neither a duration (e.g. 30s, 5m) nor a number of the "
+            f"{where}: {brief(err.instance)} is neither a duration (e.g. 30s, 5m) nor a number of the "
             "job's last steps (e.g. 10 steps)",
             False,
         )
     if err.validator == "pattern":
-        return f"{where}: {err.instance!r} does not match {err.validator_value}", False
+        return f"{where}: {brief(err.instance)} does not match {err.validator_value}", False
     if err.validator == "const":
-        return f"{where}: must be {err.validator_value!r}, got {plain_value(err.instance)!r}", False
-    return f"{where}: {err.message}", False
+        return f"{where}: must be {err.validator_value!r}, got {brief(err.instance)}", False
+    return f"{where}: {_cut(err.message)}", False  # jsonschema's own words quote the value whole
 
 
 def schema_problems(doc: Any, file: str) -> list[Problem]:
@@ -373,7 +376,8 @@ def schema_problems(doc: Any, file: str) -> list[Problem]:
                 near = difflib.get_close_matches(str(extra), allowed, n=1, cutoff=0.6)
                 hint = f": did you mean '{near[0]}'?" if near else f" (allowed: {', '.join(allowed)})"
                 line, col = position(doc, path + [extra], key=True)
-                out.append(Problem(file, line, col, f"unknown field '{extra}' in {where}{hint}", _rule_name(doc, path)))
+                what = f"unknown field '{_cut(str(extra))}' in {where}{hint}"
+                out.append(Problem(file, line, col, what, _rule_name(doc, path)))
             continue
         msg, at_key = _schema_message(err)
         line, col = position(doc, path, key=at_key)
@@ -407,6 +411,31 @@ def yaml_type(v: Any) -> str:
     if v is None:
         return "null"
     return next((name for t, name in _YAML_TYPES if isinstance(v, t)), type(v).__name__)
+
+
+#: characters of a value an error message quotes: a 50 kB string or a list of 300 items where a duration
+#: was expected was printed whole (81 kB of message for two problems); the field and file:line:col say where
+MAX_SHOWN_CHARS = 80
+
+
+def _cut(text: str, limit: int = MAX_SHOWN_CHARS * 3) -> str:
+    """``text`` itself, or its first ``limit`` characters and how long it is."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def brief(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
+    """``value`` (parsed YAML) as an error message quotes it: its Python repr (``'5 m'``, ``[1, 2]``), cut
+    to ``limit`` characters with its size (``'xxxx...' (50,000 characters)``, ``[...] (300 items)``)."""
+    text = repr(plain_value(value))
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        size = f"{len(value):,} characters"
+    elif isinstance(value, (list, dict)):
+        size = f"{len(value):,} item{'s' if len(value) != 1 else ''}"
+    else:
+        size = f"{len(text):,} characters"
+    return f"{text[:limit]}... ({size})"
 
 
 def plain_value(node: Any) -> Any:

@@ -72,6 +72,24 @@ def test_a_mistyped_value_is_named_by_its_yaml_type(tmp_path):
     assert any("at_least: expected number, got string 'five'" in p for p in got), got
 
 
+def test_a_huge_wrong_value_is_quoted_cut_with_its_size_at_its_field_and_position(tmp_path):
+    """A 50,000-character duration, a list of 300 long strings for a severity, a 50,000-character field
+    name in group_by: each problem keeps its file:line:col and field and quotes the start of the value
+    and its size (the whole value was printed before: 81 kB for two problems)."""
+    big, items = "x" * 50_000, "[" + ", ".join(["a" * 100] * 300) + "]"
+    f = write(tmp_path, "big.yaml", GOOD.replace("severity: warning", f"severity: {items}\n    for: {big}"))
+    got = problems(f)
+    assert len("\n".join(got)) < 1_000, [p[:300] for p in got]
+    assert got[0].startswith(f"{f}:7:15: ") and "severity: ['aaaa" in got[0], got
+    assert "... (300 items) is not one of critical" in got[0], got
+    assert got[1].startswith(f"{f}:8:10: ") and "for: 'xxxx" in got[1], got
+    assert "... (50,000 characters) is not a duration" in got[1], got
+    f = write(tmp_path, "field.yaml", GOOD.replace("host: straggler.host}", f"host: {big}}}"))
+    (got,) = problems(f)
+    assert len(got) < 500 and got.startswith(f"{f}:10:") and "unknown field 'xxxx" in got, got[:500]
+    assert got.endswith("... (50,002 characters)"), got[:500]  # the quotes counted
+
+
 def test_yaml11_surprises_rejected_with_position(tmp_path):
     text = GOOD.replace("severity: warning", "severity: warning\n    labels: {team: no, mode: 0755, at: 1:30}")
     f = write(tmp_path, "s.yaml", text)

@@ -232,7 +232,8 @@ class AlertingConfig(BaseModel):
     @classmethod
     def _url(cls, v: str) -> str:
         if v and not v.startswith(("http://", "https://")):
-            raise ValueError(f"{v!r} is not an http:// or https:// URL")
+            shown = repr(v) if len(v) <= 80 else f"{v[:80]!r}... ({len(v):,} characters)"
+            raise ValueError(f"{shown} is not an http:// or https:// URL")
         return v
 
     @model_validator(mode="after")
