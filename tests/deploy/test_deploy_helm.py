@@ -164,6 +164,12 @@ def test_validation_catches_a_wrong_object_and_helm_names_a_missing_setting(tmp_
         ({"kafka.securityProtocol": "TLS"}, 'kafka.securityProtocol "TLS" is not one of PLAINTEXT, SSL,'),
         ({**SECURED, "kafka.sasl.mechanism": "scram-sha-512"}, 'kafka.sasl.mechanism "scram-sha-512" is not one of'),
         ({"logFormat": "yaml"}, 'logFormat "yaml" is not json or text'),
+        # workers beyond a topic's partitions idle for that stage (rendered before: a 12-replica Deployment)
+        ({"streams.replicas": 12}, "streams.replicas 12 is more than the 8 partitions of the workers' fold"),
+        (
+            {"streams.replicas": 6, "streams.partitions": 16, "kafka.partitions.events": 4},
+            "streams.replicas 6 is more than the 4 partitions of obshub.events.v1 (kafka.partitions.events)",
+        ),
     ],
 )
 def test_a_value_every_pod_would_refuse_fails_the_install_naming_the_key(tmp_path, values, named):
