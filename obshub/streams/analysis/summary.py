@@ -181,16 +181,16 @@ def summarize(
     window: dict[str, list[int]] | None = None,
     life: int = 0,
 ) -> dict:
-    """The step summary (the keys of ``schema.STEP_SUMMARY_FIELDS`` but ``STEP_HELD_FIELDS``, which the worker
-    adds to a held step) of ``job``/``step`` from its host accumulators ``{host: acc}``. ``history`` is the job's ``[[step, step_time_max_ns,
-    late_max_ns], ...]`` (``history_entry``); ``quality`` holds ``lost_batches``, ``duplicate_batches``,
-    ``late_events`` (``ringbuf_lost`` is summed here from the accumulators); ``world_size`` the job's
-    registered world size (0 unknown: then the number of expected hosts); ``recent_directed``: a recent
-    step of the job had ``net_directed`` (``net_stats``); ``window``: the retransmits of the job's
-    previous closed steps (``net_window``), read with this step's when it is slowed (its longest host
-    step time at least ``net_window_stall`` times the baseline median); ``life``: the job's life (0 for
-    its first run; docs/STREAMS.md "Restarts, resumes and world-size changes"). Deterministic: the same
-    inputs give the same output."""
+    """The step summary (the keys of ``schema.STEP_SUMMARY_FIELDS`` but ``STEP_HELD_FIELDS``, which the worker adds
+    to a held step) of ``job``/``step`` from its host accumulators ``{host: acc}``. ``history`` is the job's
+    ``[[step, step_time_max_ns, late_max_ns], ...]`` (``history_entry``); ``quality`` holds ``lost_batches``,
+    ``duplicate_batches``, ``late_events`` (``ringbuf_lost`` is summed here from the accumulators);
+    ``world_size`` the job's registered world size (0 unknown: then the number of expected hosts);
+    ``recent_directed``: a recent step of the job had ``net_directed`` (``net_stats``); ``window``: the
+    retransmits of the job's previous closed steps (``net_window``), read with this step's when it is slowed
+    (its longest host step time at least ``net_window_stall`` times the baseline median); ``life``: the job's
+    life (0 for its first run; docs/STREAMS.md "Restarts, resumes and world-size changes"). Deterministic: the
+    same inputs give the same output."""
     accs = as_accs(accs)
     wide = len(accs) > compact.FULL_ROWS  # rank rows' layers only for the hosts compact keeps (below)
     # a wide step: each host's named rank's row now, every row of the hosts compact keeps later
