@@ -81,6 +81,25 @@ class LazyGroup(click.Group):
                 ) from None
         return super().get_command(ctx, name)
 
+    def format_commands(self, ctx, formatter):
+        """The Commands section of ``obshub --help``: as click's, but a subcommand whose module cannot be
+        imported here (a missing extra, the USDT extension not built) is listed with why, instead of
+        ``--help`` failing as a whole (exit 1) on it; running that subcommand still gives the full error."""
+        rows = []
+        for name in self.list_commands(ctx):
+            try:
+                cmd = self.get_command(ctx, name)
+            except (ObshubError, click.UsageError):
+                rows.append((name, f"(not usable in this install: `obshub {name}` says why)"))
+                continue
+            if cmd is not None and not cmd.hidden:
+                rows.append(
+                    (name, cmd.get_short_help_str(formatter.width - 6 - max(map(len, self.list_commands(ctx)))))
+                )
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 EPILOG = """\b
 Examples:

@@ -205,3 +205,19 @@ def test_a_metrics_address_that_is_not_this_hosts_is_one_error_naming_it(tmp_pat
     r = run(["rules", "serve", "--metrics-port", "0", "--metrics-addr", "no-such-host.invalid"], tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "error: Failed to serve metrics on no-such-host.invalid:0" in r.stderr, r.stderr
+
+
+def test_help_lists_a_command_this_install_cannot_run_instead_of_failing(tmp_path):
+    """Without the USDT extension (an install where `make setup` did not build it), `obshub --help` failed as
+    a whole (exit 1, the extension's error) because listing `run` imports it; now it lists every command, says
+    that `run` is not usable here, and `obshub run` itself still gives the error and its hint."""
+    code = "import sys; sys.modules['obshub.instrument._usdt'] = None; from obshub.cli import main; main(sys.argv[1:])"
+    e = {**os.environ, "OBSHUB_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "run        (not usable in this install: `obshub run` says why)" in r.stdout, r.stdout
+    assert "rules      Validate, test and run alerting rules" in r.stdout, r.stdout
+    r = subprocess.run(
+        [sys.executable, "-c", code, "run", "--", "true"], capture_output=True, text=True, env=e, timeout=120
+    )
+    assert r.returncode == 1 and "the USDT extension obshub.instrument._usdt is not built" in r.stderr, r.stderr
