@@ -16,7 +16,7 @@ import time
 import click
 
 from obshub.core import schema
-from obshub.core.clitypes import Finite
+from obshub.core.clitypes import Finite, NonEmpty
 
 EPILOG = """\b
 Examples:
@@ -80,12 +80,16 @@ def latest_alerts(
 @click.command("alerts", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--since", default="24h", show_default=True, help="from this time: 2h (ago) or 2026-12-01T02:00:00Z")
 @click.option("--until", default=None, help="up to this time (same forms as --since) [default: now]")
-@click.option("--job", default=None, help="only alerts of this training job (label job)")
-@click.option("--host", default=None, help="only alerts of this host (label host)")
-@click.option("--rule", default=None, help="only alerts of this rule id (label alertname)")
+@click.option("--job", type=NonEmpty("a job name"), help="only alerts of this training job (label job)")
+@click.option("--host", type=NonEmpty("a host name"), help="only alerts of this host (label host)")
+@click.option("--rule", type=NonEmpty("a rule id"), help="only alerts of this rule id (label alertname)")
 @click.option("--firing", "firing_only", is_flag=True, help="only alerts still firing")
 @click.option("--json", "as_json", is_flag=True, help="one JSON array of the latest change records")
-@click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
+@click.option(
+    "--bootstrap",
+    type=NonEmpty("host:port[,host:port...]"),
+    help="Kafka bootstrap servers (default: the obshub broker)",
+)
 @click.option(
     "--timeout-s",
     type=Finite(min=0, min_open=True),

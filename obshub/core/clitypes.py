@@ -46,3 +46,25 @@ class KafkaName(click.ParamType):
             )
             self.fail(f"{text!r} {why}: a Kafka topic name takes letters, digits, '.', '_' and '-'", param, ctx)
         return text
+
+
+class NonEmpty(click.ParamType):
+    """A text option that must say something when given: 1 to ``max_len`` characters, not only blanks.
+    ``--job ""`` (or ``--bootstrap ""``, ``--host " "``) was read as the option left out (``replay``
+    published under the folder's name, ``alerts`` listed every job's alerts, ``trace export`` and
+    ``--bootstrap`` used the default broker) without a word; now a usage error (exit 2) naming the option.
+    ``what`` names the value in the message ("a job name")."""
+
+    name = "text"
+
+    def __init__(self, what: str = "a value", max_len: int = 4096):
+        self.what, self.max_len = what, max_len
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            default = "" if param is not None and param.required else ", or leave the option out for its default"
+            self.fail(f"{text!r} is empty: give {self.what}{default}", param, ctx)
+        if len(text) > self.max_len:
+            self.fail(f"{len(text):,} characters is more than the {self.max_len:,} of {self.what}", param, ctx)
+        return text

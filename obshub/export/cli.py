@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from obshub.core import schema
-from obshub.core.clitypes import Finite, KafkaName
+from obshub.core.clitypes import Finite, KafkaName, NonEmpty
 from obshub.export.errors import ExportError
 
 EPILOG = """\b
@@ -41,7 +41,9 @@ def trace_group():
 
 
 @trace_group.command("export", epilog=EPILOG)
-@click.option("--job", required=True, help="job name (as the agents or `obshub replay` published it)")
+@click.option(
+    "--job", required=True, type=NonEmpty("a job name"), help="job name (as the agents or `obshub replay` published it)"
+)
 @click.option(
     "--steps",
     "steps",
@@ -50,7 +52,11 @@ def trace_group():
     help="step or inclusive range A-B",
 )
 @click.option("-o", "--output", required=True, help="output JSON file, or - for stdout")
-@click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
+@click.option(
+    "--bootstrap",
+    type=NonEmpty("host:port[,host:port...]"),
+    help="Kafka bootstrap servers (default: the obshub broker)",
+)
 @click.option(
     "--timeout-s",
     type=Finite(min=0, min_open=True),
@@ -91,6 +97,10 @@ def export_command(job, steps, output, bootstrap, timeout_s, events_topic, steps
                 raise click.BadParameter(str(exc), param_hint=f"'--{name}'") from None
     if len(bounds) == 2 and bounds["until_ns"] < bounds["since_ns"]:
         raise click.BadParameter(f"{until!r} is before --since {since!r}", param_hint="'--until'")
+    if output != "-" and (not output.strip() or Path(output).is_dir()):  # "" and "." would fail at the end
+        raise click.BadParameter(
+            f"{output!r} is not a file name: give a JSON file, or - for stdout", param_hint="'-o' / '--output'"
+        )
     if output != "-" and not Path(output).resolve().parent.is_dir():  # before minutes of reading topics
         raise ExportError(
             f"cannot write {output}: its folder {Path(output).resolve().parent} does not exist",

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from obshub.core import schema
-from obshub.core.clitypes import KafkaName
+from obshub.core.clitypes import KafkaName, NonEmpty
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
 from obshub.replay.report import ReplayReport, StepDiagnosis
@@ -42,19 +42,6 @@ def parse_speed(value: str) -> float | None:
     if not f > 0:
         raise click.BadParameter(f"{value!r} must be greater than 0")
     return f
-
-
-def check_job(value: str | None) -> str | None:
-    """``--job``: None (left out: the trace folder's name) or a name of 1 to ``schema.MAX_STR_LEN``
-    characters that is not only blanks. Raises click.BadParameter (exit 2): ``--job ""`` published under
-    the folder's name without a word."""
-    if value is None:
-        return None
-    if not value.strip():
-        raise click.BadParameter(f"{value!r} is empty: give a job name, or leave --job out for the trace folder's name")
-    if len(value) > schema.MAX_STR_LEN:
-        raise click.BadParameter(f"{len(value)} characters is longer than the {schema.MAX_STR_LEN} a job name may have")
-    return value
 
 
 def _default_job(paths: tuple[Path, ...]) -> str:
@@ -173,7 +160,7 @@ def _print(console: Console, d: dict) -> None:
 @click.option(
     "--job",
     default=None,
-    callback=lambda _ctx, _param, value: check_job(value),  # "" is a usage error naming --job
+    type=NonEmpty("a job name", schema.MAX_STR_LEN),  # "" is a usage error, not "the folder's name"
     help="job name to publish under (default: the trace folder's name)",
 )
 @click.option(
@@ -184,7 +171,11 @@ def _print(console: Console, d: dict) -> None:
     help="'fast', 'recorded' (the job's own pace) or a speed-up factor such as 10",
 )
 @click.option("--dry-run", is_flag=True, help="map and diagnose, publish nothing")
-@click.option("--bootstrap", default=None, help="Kafka bootstrap servers (default: the obshub broker)")
+@click.option(
+    "--bootstrap",
+    type=NonEmpty("host:port[,host:port...]"),
+    help="Kafka bootstrap servers (default: the obshub broker)",
+)
 @click.option(
     "--topic",
     type=KafkaName(max_len=249),

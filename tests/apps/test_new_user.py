@@ -50,6 +50,20 @@ def test_up_on_another_port_while_the_stack_runs_names_the_running_port(tmp_path
         (["replay", ".", "--speed", "slow"], "'--speed'"),
         (["replay", ".", "--dry-run", "--job", ""], "Invalid value for '--job': '' is empty"),  # used the folder's name
         (["replay", ".", "--dry-run", "--job", "  "], "Invalid value for '--job': '  ' is empty"),
+        # an empty value was read as the option left out (every job's alerts, the default broker), and an
+        # output that is no file name failed only after the topics were read (newuser12)
+        (["alerts", "--job", ""], "Invalid value for '--job': '' is empty: give a job name, or leave the option out"),
+        (["alerts", "--host", " "], "Invalid value for '--host': ' ' is empty: give a host name"),
+        (["alerts", "--rule", ""], "Invalid value for '--rule': '' is empty: give a rule id"),
+        (["alerts", "--bootstrap", ""], "Invalid value for '--bootstrap': '' is empty"),
+        (["trace", "export", "--job", "", "--steps", "1", "-o", "t.json"], "'--job': '' is empty: give a job name\n"),
+        (
+            ["trace", "export", "--job", "j", "--steps", "1", "-o", "t.json", "--bootstrap", ""],
+            "'--bootstrap': '' is empty",
+        ),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", ""], "'-o' / '--output': '' is not a file name"),
+        (["trace", "export", "--job", "j", "--steps", "1", "-o", "."], "'-o' / '--output': '.' is not a file name"),
+        (["replay", ".", "--dry-run", "--bootstrap", ""], "'--bootstrap': '' is empty"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(tmp_path, monkeypatch, capsys, args, named):
