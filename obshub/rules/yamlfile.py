@@ -202,6 +202,10 @@ def load_yaml(text: str, file: str) -> tuple[Any, list[Problem]]:
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
         if "duplicate key" in what:
             what += " (each key may appear once in a mapping)"
+        elif "'\\t' that cannot start any token" in what:  # ruamel's words for a tab it refuses
+            what = "a tab character: YAML indents with spaces only, and a value holding a tab must be quoted"
+        elif what == "but found another document":
+            what = "a second YAML document starts here (`---`): the file holds one; put the other in a file of its own"
         return None, [Problem(file, line, col, f"YAML: {what}")]
     except YAMLError as exc:
         pos, char = getattr(exc, "position", None), getattr(exc, "character", None)
@@ -323,6 +327,10 @@ def yaml11_surprises(doc: Any, file: str) -> list[Problem]:
     return out
 
 
+#: JSON Schema's type names as a YAML file calls them (``yaml_type``)
+_SCHEMA_TYPES = {"object": "mapping", "array": "list"}
+
+
 def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
     """A readable message for one schema error; the flag says 'point at the key, not the value'."""
     where = "/".join(str(p) for p in err.absolute_path) or "top level"
@@ -336,8 +344,10 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
     if err.validator == "required":
         return f"{where}: {err.message}", False
     if err.validator == "type":
-        got = yaml_type(err.instance)
-        return f"{where}: expected {err.validator_value}, got {got} {brief(err.instance)}", False
+        want = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+        want_text = " or ".join(_SCHEMA_TYPES.get(str(w), str(w)) for w in want)  # the YAML words, not JSON's
+        got = "null (an empty value)" if err.instance is None else f"{yaml_type(err.instance)} {brief(err.instance)}"
+        return f"{where}: expected {want_text}, got {got}", err.instance is None  # an empty value: at its key
     if err.validator == "enum":
         return f"{where}: {brief(err.instance)} is not one of {', '.join(map(str, err.validator_value))}", False
     if err.validator == "pattern" and err.validator_value == DURATION_PATTERN:

@@ -318,7 +318,7 @@ def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
     n_builtin = len(list((REPO / "obshub" / "rules" / "builtin").glob("*.yaml")))
     assert res.returncode == 0 and f"in {n_builtin + 1} file(s)" in res.stdout, res.stdout + res.stderr
     (tmp_path / "t_test.yaml").write_text(
-        "version: 1\nrule_files: [builtin]\ntests:\n  - name: nothing\n    input: []\n    expect: []\n"
+        "version: 1\nrule_files: [builtin]\ntests:\n  - name: nothing\n    input: []\n    expect: [{at: 1s, alerts: []}]\n"
     )
     res = subprocess.run(
         [sys.executable, "-m", "obshub", "rules", "test", "t_test.yaml"],

@@ -90,6 +90,37 @@ def test_a_huge_wrong_value_is_quoted_cut_with_its_size_at_its_field_and_positio
     assert got.endswith("... (50,002 characters)"), got[:500]  # the quotes counted
 
 
+@pytest.mark.parametrize(
+    "old, new, why",
+    [
+        ("    severity", "\tseverity", "7:1: YAML: a tab character: YAML indents with spaces only"),
+        ("a stalled step", "a\tstalled step", "6:19: YAML: a tab character: YAML indents with spaces only"),
+        (
+            'annotations: {step: "{{ step }}"}\n',
+            "annotations: {}\n---\nversion: 1\n",
+            "12:1: YAML: a second YAML document",
+        ),
+        (
+            "group_by: {job: job, host: straggler.host}",
+            "group_by: [job]",
+            "10:15: rule \"slow_step\": rules/0/group_by: expected mapping, got list ['job']",
+        ),
+        (
+            "group_by: {job: job, host: straggler.host}",
+            "group_by:",
+            '10:5: rule "slow_step": rules/0/group_by: expected mapping, got null (an empty value)',
+        ),
+    ],
+)
+def test_tabs_a_second_document_and_wrong_types_are_named_in_yaml_words(tmp_path, old, new, why):
+    """ruamel's own words were printed ("found character '\\t' that cannot start any token", "but found
+    another document") and JSON Schema's type names ("expected object, got null None") for a YAML file."""
+    assert old in GOOD
+    f = write(tmp_path, "odd.yaml", GOOD.replace(old, new, 1))
+    got = problems(f)
+    assert any(p.startswith(f"{f}:{why}") for p in got), got
+
+
 def test_yaml11_surprises_rejected_with_position(tmp_path):
     text = GOOD.replace("severity: warning", "severity: warning\n    labels: {team: no, mode: 0755, at: 1:30}")
     f = write(tmp_path, "s.yaml", text)
