@@ -166,6 +166,11 @@ def _check_case(file: str, doc: Any, i: int, t: dict, seen: dict[str, int]) -> N
     reported by name) and at least one expectation (a case that expects nothing passes whatever the rules
     do). ``seen`` maps the names met so far to their lines and gains this one. Raises RuleTestError at the
     case's file:line:col."""
+    for part, what in (("input", "records"), ("expect", "expectations")):
+        if part in t and t[part] is not None and not isinstance(t[part], list):  # a mapping read as its keys
+            raise _err(
+                file, doc, ["tests", i, part], f"`{part}:` is a list of {what} (`- at: ...`), not {_what(t[part])}"
+            )
     name = t.get("name")
     if not isinstance(name, str) or not name.strip():
         where = ["tests", i] + (["name"] if "name" in t else [])
@@ -255,6 +260,11 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
             if "alerts" not in exp:  # a missing list would pass as "no alerts": say so instead
                 raise _err(
                     file, doc, ["tests", i, "expect", j], "an expectation needs `alerts:` (a list; `alerts: []` = none)"
+                )
+            if not isinstance(exp["alerts"], list) and exp["alerts"] is not None:
+                where = ["tests", i, "expect", j, "alerts"]
+                raise _err(
+                    file, doc, where, f"`alerts:` is a list of alerts (`- rule: ...`), not {_what(exp['alerts'])}"
                 )
             for k, a in enumerate(exp.get("alerts") or []):
                 _check_keys(file, doc, ["tests", i, "expect", j, "alerts", k], a, _ALERT_KEYS, "an expected alert")

@@ -173,6 +173,25 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
             "a test needs a `name:`",
         ),
         ("        alerts: []\n", "", "14:9", "an expectation needs `alerts:`"),
+        # a mapping or a string where a list is expected was walked as its keys or characters
+        (
+            "    input:\n      - at: 0s\n        steps: {job: llm, step: 1, quality: {lost_batches: 2}}\n",
+            "    input: nope\n",
+            "5:12",
+            "`input:` is a list of records (`- at: ...`), not string 'nope'",
+        ),
+        (
+            "    input:\n      - at: 0s\n        steps: {job: llm, step: 1, quality: {lost_batches: 2}}\n",
+            "    input: {at: 0s}\n",
+            "5:12",
+            "`input:` is a list of records (`- at: ...`), not mapping",
+        ),
+        (
+            "        alerts: []\n",
+            "        alerts: {rule: x}\n",
+            "15:17",
+            "`alerts:` is a list of alerts (`- rule: ...`), not mapping",
+        ),
     ],
 )
 def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new, where, why):
