@@ -50,6 +50,9 @@ tests:
         alerts: []
 """
 
+LAST = "        alerts: []\n"  # the last line of TEST_OK
+INPUT = "    input:\n      - at: 0s\n        steps: {job: llm, step: 1, quality: {lost_batches: 2}}\n"
+
 
 def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -158,40 +161,15 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
             "`state:` is pending or firing",
         ),
         # a repeated name, a test that expects nothing, an expectation without `alerts:` (newuser12)
-        (
-            "        alerts: []\n",
-            "        alerts: []\n  - name: loss fires\n    expect: []\n",
-            "16:11",
-            "duplicate test",
-        ),
-        ("        alerts: []\n", "        alerts: []\n  - name: nothing\n", "16:5", "test 'nothing' expects nothing"),
-        ("        alerts: []\n", "        alerts: []\n  - name: none\n    input: []\n", "16:5", "expects nothing"),
-        (
-            "        alerts: []\n",
-            "        alerts: []\n  - name: ' '\n    expect: [{at: 1s}]\n",
-            "16:11",
-            "a test needs a `name:`",
-        ),
-        ("        alerts: []\n", "", "14:9", "an expectation needs `alerts:`"),
+        (LAST, LAST + "  - name: loss fires\n    expect: []\n", "16:11", "duplicate test name 'loss fires'"),
+        (LAST, LAST + "  - name: nothing\n", "16:5", "test 'nothing' expects nothing"),
+        (LAST, LAST + "  - name: none\n    input: []\n", "16:5", "test 'none' expects nothing"),
+        (LAST, LAST + "  - name: ' '\n    expect: [{at: 1s}]\n", "16:11", "a test needs a `name:`"),
+        (LAST, "", "14:9", "an expectation needs `alerts:`"),
         # a mapping or a string where a list is expected was walked as its keys or characters
-        (
-            "    input:\n      - at: 0s\n        steps: {job: llm, step: 1, quality: {lost_batches: 2}}\n",
-            "    input: nope\n",
-            "5:12",
-            "`input:` is a list of records (`- at: ...`), not string 'nope'",
-        ),
-        (
-            "    input:\n      - at: 0s\n        steps: {job: llm, step: 1, quality: {lost_batches: 2}}\n",
-            "    input: {at: 0s}\n",
-            "5:12",
-            "`input:` is a list of records (`- at: ...`), not mapping",
-        ),
-        (
-            "        alerts: []\n",
-            "        alerts: {rule: x}\n",
-            "15:17",
-            "`alerts:` is a list of alerts (`- rule: ...`), not mapping",
-        ),
+        (INPUT, "    input: nope\n", "5:12", "`input:` is a list of records (`- at: ...`), not string 'nope'"),
+        (INPUT, "    input: {at: 0s}\n", "5:12", "`input:` is a list of records (`- at: ...`), not mapping"),
+        (LAST, "        alerts: {rule: x}\n", "15:17", "`alerts:` is a list of alerts (`- rule: ...`), not mapping"),
     ],
 )
 def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new, where, why):
