@@ -24,7 +24,8 @@ Examples:
 
 
 def parse_steps(value: str) -> tuple[int, int]:
-    """``"10"`` -> (10, 10), ``"10-20"`` -> (10, 20). Raises click.BadParameter otherwise."""
+    """``"10"`` -> (10, 10), ``"10-20"`` -> (10, 20), steps 0 to ``schema.I64_MAX``. Raises click.BadParameter
+    otherwise."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", value)
     if not m:
         raise click.BadParameter(f"{value!r} is not a step or a range A-B (e.g. 10 or 10-20)")
@@ -32,6 +33,8 @@ def parse_steps(value: str) -> tuple[int, int]:
     b = int(m.group(2)) if m.group(2) else a
     if b < a:
         raise click.BadParameter(f"step range {value!r} ends before it starts")
+    if b > schema.I64_MAX:  # no summary holds such a step: the topics were read for nothing
+        raise click.BadParameter(f"step {b} is beyond the largest step a summary holds ({schema.I64_MAX})")
     return a, b
 
 

@@ -64,6 +64,10 @@ def test_up_on_another_port_while_the_stack_runs_names_the_running_port(tmp_path
         (["trace", "export", "--job", "j", "--steps", "1", "-o", ""], "'-o' / '--output': '' is not a file name"),
         (["trace", "export", "--job", "j", "--steps", "1", "-o", "."], "'-o' / '--output': '.' is not a file name"),
         (["replay", ".", "--dry-run", "--bootstrap", ""], "'--bootstrap': '' is empty"),
+        (
+            ["trace", "export", "--job", "j", "--steps", "1-99999999999999999999", "-o", "t.json"],
+            "is beyond the largest",
+        ),
     ],
 )
 def test_usage_errors_exit_2_naming_the_option(tmp_path, monkeypatch, capsys, args, named):
