@@ -367,6 +367,8 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
         )
     if err.validator == "pattern":
         return f"{where}: {brief(err.instance)} does not match {err.validator_value}", False
+    if err.validator == "maxLength" and isinstance(err.instance, str):
+        return f"{where}: {brief(err.instance)} is longer than the {err.validator_value} characters it may have", False
     if err.validator == "const":
         return f"{where}: must be {err.validator_value!r}, got {brief(err.instance)}", False
     return f"{where}: {_cut(err.message)}", False  # jsonschema's own words quote the value whole

@@ -84,6 +84,10 @@ def test_a_huge_wrong_value_is_quoted_cut_with_its_size_at_its_field_and_positio
     assert "... (300 items) is not one of critical" in got[0], got
     assert got[1].startswith(f"{f}:8:10: ") and "for: 'xxxx" in got[1], got
     assert "... (50,000 characters) is not a duration" in got[1], got
+    f = write(tmp_path, "id.yaml", GOOD.replace("id: slow_step", f"id: {big}"))  # an id was taken at any length
+    (got,) = problems(f)
+    assert got.startswith(f'{f}:5:9: rule "xxxx') and "rules/0/id: 'xxxx" in got, got[:500]
+    assert got.endswith("... (50,000 characters) is longer than the 128 characters it may have"), got[:500]
     f = write(tmp_path, "field.yaml", GOOD.replace("host: straggler.host}", f"host: {big}}}"))
     (got,) = problems(f)
     assert len(got) < 500 and got.startswith(f"{f}:10:") and "unknown field 'xxxx" in got, got[:500]
