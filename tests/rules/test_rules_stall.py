@@ -1146,6 +1146,30 @@ def test_an_untuned_hosts_memory_squeeze_is_named_by_its_episode(which):
     assert memory_alerts(steps) == [("memory_stall_episode", "node-03", "memory", str(40 + at))]
 
 
+def with_ratio(s, ratio, median_ms=LIVE_MEDIAN_MS):
+    """``s`` lasting ``ratio`` times ``median_ms``."""
+    tmax = int(ratio * median_ms * 1e6)
+    s["step_time_max_ns"], s["step_time_ns"] = tmax, dict.fromkeys(HOSTS4, tmax)
+    return at_median_of(median_ms)(s)
+
+
+@pytest.mark.parametrize("gap,fires", [(2, True), (3, False)])
+def test_a_squeeze_whose_steps_faster_ones_interrupt_is_one_episode(gap, fires):
+    # live on 1ce17ac, 2026-12-06 10:00, load 3.9 (kept in /tmp/memstall12/live-base, node-03's 3rd stall):
+    # its charged steps 404 (x1.09), 405 (memory by blame), 407 (x1.07), 408 (x1.33), with 406 between,
+    # x0.98: node-03's 27 reclaim records, but a step that lost nothing is charged to nobody's memory.
+    # Up to MEMORY_GAP_STEPS (2) such steps in a row do not end the episode; a third does
+    rng = __import__("random").Random(3)
+    first = squeeze_at(40, (1.09,))
+    between = [with_ratio(s, r) for s, r in zip(clean_at(41, gap, rng, limit_host="node-03"), (0.98, 0.95, 0.97))]
+    rest = squeeze_at(41 + gap, (1.07, 1.33, 1.12))  # 59 ms with the first step's 9
+    steps = charge([*clean_at(0, 40, rng), *first, *between, *rest, *clean_at(44 + gap, 30, rng)])
+    assert not any((s["culprit"] or {}).get("layer") == "memory" for s in between)
+    assert all("memory_episode" in s for s in rest) == fires
+    want = [("memory_stall_episode", "node-03", "memory", str(43 + gap))] if fires else []
+    assert memory_alerts(steps) == want
+
+
 def test_a_host_at_its_memory_limit_on_every_step_has_no_episode():
     # node-01 at its limit all the time: charged to its memory on each step slower than the median
     # (x1.0-x1.19), 300 steps; its jitter summed over any run of them exceeds 50 ms, but it has no onset

@@ -44,6 +44,7 @@ from __future__ import annotations
 from obshub.streams.analysis.culprit import (
     CULPRIT_LAYER,
     CULPRIT_MIN_EVIDENCE,
+    MEMORY_GAP_STEPS,
     MEMORY_QUIET_STEPS,
     PERSIST_STEPS,
     SELF_STEPS,
@@ -118,6 +119,7 @@ __all__ = [
     "hold_ambiguous",
     "memory_episode",
     "MEMORY_QUIET_STEPS",
+    "MEMORY_GAP_STEPS",
     "charge_starved",
     "running_applies",
     "persistent_culprit",
