@@ -1089,7 +1089,7 @@ class Fold:
         held = analysis.hold_ambiguous(summary, self.ambiguous_held.pop(job, None))  # hosts alike: a later step says
         if held is not None:
             self.ambiguous_held[job] = held
-        # a memory stall over consecutive steps that started after a quiet run (an onset)
+        # a memory stall over several steps that started after 16 steps without (an onset; docs/ANALYSIS.md)
         self.memory_state[job] = analysis.memory_episode(summary, self.memory_state.get(job))
         self.hung.pop(sk, None)
         self.was_hung.discard(sk)
