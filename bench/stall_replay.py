@@ -14,8 +14,10 @@ sequential rules (the CUSUMs, ``network_loss_in_slow_steps``) replay too; event-
 reclaim, health) get no events and fire on neither side. An alert is right when it names the host and
 layer of a fault episode in effect (from its injection to 5 s after its last stall or its removal), else
 wrong; each stall of a ``stall:LAYER`` episode is named when a right ``step_stall`` alert starts within
-5 s of it. Prints the changed culprits, the alerts (any rule) only one side fired, per-stall naming that
-differs, and totals (``right``/``wrong``: ``step_stall``; ``all_right``/``all_wrong``: every rule).
+5 s of it (``named``), or a right alert of any rule (``named_all``, as ``bench.ttd`` judges a stall; the
+worker's memory episodes, ``memory_episode``, are replayed on each side that has them). Prints the changed
+culprits, the alerts (any rule) only one side fired, per-stall naming that differs, and totals
+(``right``/``wrong``: ``step_stall``; ``all_right``/``all_wrong``: every rule).
 Reads only the culprit's and the rules' inputs in the summaries (``culprit`` reads no raw events), so it
 replays a change of ``culprit.py`` or of the pack; a change of the fold or the agent needs new runs.
 
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tot = dict.fromkeys(("runs", "closed", "changed", "base_right", "base_wrong", "right", "wrong"), 0)
     tot.update(all_base_right=0, all_base_wrong=0, all_right=0, all_wrong=0)
-    tot.update(stalls=0, named_base=0, named=0)
+    tot.update(stalls=0, named_base=0, named=0, named_all_base=0, named_all=0)
     paths = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
     for sp in paths:
         rep = json.loads((sp.parent / "report.json").read_text())
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         sched_recent: dict[tuple[int, str], collections.deque] = {}
         running: dict[tuple[str, int], dict] = {}  # (job, step) -> network culprit of its latest running record
         held: dict[tuple[int, str], dict | None] = {}  # (side, job) -> its step held for hosts alike
+        mem_state: dict[tuple[int, str], dict] = {}  # (side, job) -> its memory episodes' state
         for s in steps:
             c = s.get("culprit")
             s_old = s_new = s
@@ -157,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
                     if hasattr(side, "hold_ambiguous"):
                         hk = (id(side), s.get("job", ""))
                         held[hk] = side.hold_ambiguous(s_x, held.get(hk))
+                # the worker's memory episodes (fold.py), where that side has them, each side with its own state
+                for side, s_x in ((base, s_old), (this, s_new)):
+                    s_x.pop("memory_episode", None)
+                    if hasattr(side, "memory_episode"):
+                        mk = (id(side), s.get("job", ""))
+                        mem_state[mk] = side.memory_episode(s_x, mem_state.get(mk))
                 if old_c != new_c:
                     tot["changed"] += 1
                     o, n = old_c or {}, new_c or {}
@@ -211,11 +220,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
 
             nb, nn = named(fired_base), named(fired)
+            ab, an = named(all_base), named(all_new)  # by any rule's right alert (bench.ttd's judge_stalls)
             tot["stalls"] += len(starts)
             tot["named_base"] += nb
             tot["named"] += nn
-            if nb != nn:
-                print(f"stalls {sp.parent} {kind}@{h}: named {nb} -> {nn} of {len(starts)}")
+            tot["named_all_base"] += ab
+            tot["named_all"] += an
+            if nb != nn or ab != an:
+                print(
+                    f"stalls {sp.parent} {kind}@{h}: named {nb} -> {nn} of {len(starts)} by step_stall,"
+                    f" {ab} -> {an} by any rule"
+                )
     print(" ".join(f"{k}={v}" for k, v in tot.items()))
     return 0 if tot["runs"] else 2
 

@@ -788,6 +788,11 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "unexplained_before": "null, or {step, hosts, stall_ratio, step_time_max_ns, median_ns, baseline_n, after}: a "
     "held step with ambiguous hosts that this step (not slowed, or the second after it) left unexplained "
     "(ns; after: the later steps that named none of its hosts before this one); absent otherwise (rules see null)",
+    "memory_episode": "null, or {host, rank, first_step, steps, lost_ns}: a memory stall that this step, charged "
+    "to the host's memory, continues: its first step was charged so after MEMORY_QUIET_STEPS (16) closed steps "
+    "without such a charge (an onset), with at most MEMORY_GAP_STEPS (2) uncharged steps in a row since; steps: "
+    "its charged steps so far, this one included; lost_ns: what they lost over the baseline median (ns); absent "
+    'otherwise (rules see null; docs/ANALYSIS.md "A memory episode")',
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, rank, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waiting_ranks, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; "
     "state: frozen, stopped, exited, silent, or unreachable (silent while its peers sent it toward retransmits in "
@@ -810,9 +815,10 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "quality": "{lost_batches, duplicate_batches, late_events, ringbuf_lost}: data-quality counters",
 }
 
-STEP_HELD_FIELDS = frozenset({"ambiguous", "unexplained_before"})
+STEP_HELD_FIELDS = frozenset({"ambiguous", "unexplained_before", "memory_episode"})
 """Step-summary fields the worker adds after the close only when they say something (a step held for hosts
-that stood out alike, ``analysis.hold_ambiguous``): absent from every other summary, whose bytes stay as
+that stood out alike, ``analysis.hold_ambiguous``; a step of a memory episode, ``analysis.memory_episode``):
+absent from every other summary, whose bytes stay as
 they were; the rules see their defaults ([] and null) there."""
 
 DLQ_HEADERS = (
@@ -878,6 +884,7 @@ _STEP_SHAPE: dict[str, str] = {
     "culprit": "map?",
     "ambiguous": "list[str]",
     "unexplained_before": "map?",
+    "memory_episode": "map?",
 }
 _NONNEG = {"closed_at_ns", "step_time_max_ns"}
 STEP_REQUIRED = ("job", "step")  # a summary without them belongs to no step

@@ -107,6 +107,7 @@ _STEP_DEFAULTS: dict[str, Any] = {
     "culprit": None,
     "ambiguous": [],
     "unexplained_before": None,
+    "memory_episode": None,
     "layers": {},
     "layer_stats": {},
     "ranks": {},

@@ -289,6 +289,10 @@ class Fold:
         # job -> a slowed step of it that named nobody because several hosts stood out alike, held until a
         # later step names one of them (analysis.hold_ambiguous; derived, in memory)
         self.ambiguous_held: dict[str, dict] = {}
+        # job -> its memory episodes' state: closed steps seen, each host's latest memory charge, the episode
+        # in progress (analysis.memory_episode; derived, in memory: a restarted worker sees no onset until
+        # MEMORY_QUIET_STEPS steps closed here)
+        self.memory_state: dict[str, dict] = {}
         # open step key -> the network culprit its latest ``running`` record named (derived, in memory;
         # dropped at its close: a close that names no culprit of its own is charged to it, source "running")
         self.running_named: dict[str, dict] = {}
@@ -670,7 +674,7 @@ class Fold:
             self.rank_state,
             self.host_ranks,
         )
-        jobs |= set(self.culprit_recent) | set(self.sched_recent) | set(self.ambiguous_held)
+        jobs |= set(self.culprit_recent) | set(self.sched_recent) | set(self.ambiguous_held) | set(self.memory_state)
         for j in jobs.difference(self.active_ns):  # state without a message here yet (a restart): from now
             self.active_ns[j] = now
         gone = [j for j in jobs if now - self.active_ns[j] >= self.retention_ns and j not in open_]
@@ -686,6 +690,7 @@ class Fold:
                 self.culprit_recent,
                 self.sched_recent,
                 self.ambiguous_held,
+                self.memory_state,
                 self.host_ranks,
                 self.life_of,
             ):
@@ -1084,6 +1089,8 @@ class Fold:
         held = analysis.hold_ambiguous(summary, self.ambiguous_held.pop(job, None))  # hosts alike: a later step says
         if held is not None:
             self.ambiguous_held[job] = held
+        # a memory stall over several steps that started after 16 steps without (an onset; docs/ANALYSIS.md)
+        self.memory_state[job] = analysis.memory_episode(summary, self.memory_state.get(job))
         self.hung.pop(sk, None)
         self.was_hung.discard(sk)
         self._held.discard(sk)

@@ -43,6 +43,7 @@ def summarize_batches(
     culprits: dict[str, collections.deque] = {}  # job -> persistent_key of its last closed steps
     scheds: dict[str, collections.deque] = {}  # job -> sched_times of its last closed steps
     held: dict[str, dict | None] = {}  # job -> its step held for naming several hosts alike
+    memory: dict[str, dict] = {}  # job -> its memory episodes' state (analysis.memory_episode)
     for job, step in sorted(steps):
         last = directed.get(job)
         window = recent.setdefault(job, collections.deque(maxlen=max(1, th.net_window_steps)))
@@ -67,6 +68,7 @@ def summarize_batches(
         s["culprit"], key = analysis.charge_persistent(s, own)
         own.append(key)
         held[job] = analysis.hold_ambiguous(s, held.get(job))
+        memory[job] = analysis.memory_episode(s, memory.get(job))
         window.append(analysis.net_window_part(steps[(job, step)]))
         history.setdefault(job, []).append(analysis.history_entry(s))
         out[(job, step)] = s

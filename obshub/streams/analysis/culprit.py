@@ -636,6 +636,58 @@ def hold_ambiguous(summary: dict, held: dict | None) -> dict | None:
     }
 
 
+MEMORY_QUIET_STEPS = 16
+"""``memory_episode``: how many of the job's closed steps just before a host's memory charge must hold none of
+it for that charge to start an episode (an onset); the job's state must have seen that many closed steps."""
+
+MEMORY_GAP_STEPS = 2
+"""``memory_episode``: how many consecutive closed steps not charged to its host's memory an episode goes on
+through (a step of the squeeze that lost no time over the median, or that a peer's lateness took)."""
+
+
+def memory_episode(summary: dict, state: dict | None) -> dict:
+    """Follow a memory stall that slows several steps a little each, as an **episode** with an onset
+    (docs/ANALYSIS.md "A memory episode"); returns the job's new state. ``summary``: a closed step, its
+    culprit final (after every charge); ``state``: what this returned after the job's previous closed step
+    (None at first: ``{seen, last, open}``, ``seen`` the closed steps seen, ``last`` host -> index of its
+    latest memory charge, ``open`` the episode in progress or None).
+
+    A step whose culprit's layer is ``memory`` (``memlimit``: its memory cgroup at its limit; or reclaim
+    evidence) **starts** an episode of its host when none of the ``MEMORY_QUIET_STEPS`` closed steps just
+    before it charged that host's memory (and the state saw that many): an onset. Each later step charged
+    to the same host's memory **continues** it, with at most ``MEMORY_GAP_STEPS`` closed steps in a row
+    between that are not (they add nothing); a longer gap, or another host's memory charge, ends it. A
+    host charged on (nearly) every step, a job at its memory limit all the time, never has an onset.
+    Each charged step of an episode gets ``memory_episode`` (``{host, rank, first_step, steps, lost_ns}``:
+    the charged steps so far, this one included, and what they lost over the baseline median, ns, each
+    step's loss taken as at least 0), which the rule ``memory_stall_episode`` compares with its floor;
+    absent on every other step. Changes ``summary`` in place."""
+    st = state or {"seen": 0, "last": {}, "open": None}
+    seen, last, ep = int(st["seen"]), dict(st["last"]), st["open"]
+    c = summary.get("culprit")
+    host = c.get("host") if c is not None and c.get("layer") == "memory" else None
+    bl = summary.get("baseline") or {}
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0))
+    if ep is not None and host == ep["host"]:
+        ep = {**ep, "steps": ep["steps"] + 1, "lost_ns": ep["lost_ns"] + lost, "gap": 0}
+    elif ep is not None and host is None and ep["gap"] < MEMORY_GAP_STEPS:
+        ep = {**ep, "gap": ep["gap"] + 1}
+    elif (
+        host is not None
+        and seen >= MEMORY_QUIET_STEPS
+        and seen - last.get(host, -1 - MEMORY_QUIET_STEPS) > MEMORY_QUIET_STEPS
+    ):
+        rank = c.get("rank") if c is not None else None
+        ep = {"host": host, "rank": rank, "first_step": summary.get("step"), "steps": 1, "lost_ns": lost, "gap": 0}
+    else:
+        ep = None
+    if host is not None:
+        last[host] = seen
+    if ep is not None and ep["gap"] == 0:
+        summary["memory_episode"] = {k: v for k, v in ep.items() if k != "gap"}
+    return {"seen": seen + 1, "last": last, "open": ep}
+
+
 def charge_running(named: dict, own: dict | None = None) -> dict:
     """The culprit of a stalled step charged to the network culprit ``named`` by the step's latest
     ``running`` record (``source`` "running", ``running_applies``): while the step ran, every busy
