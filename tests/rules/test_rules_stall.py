@@ -563,6 +563,43 @@ def test_a_starved_host_whose_sockets_look_lossy_is_named_by_its_run_queue_time(
     assert (analysis.culprit(other)["host"], analysis.culprit(other)["layer"]) == ("node-02", "network")
 
 
+@pytest.mark.parametrize(
+    "own_net,peer_net,sched,want",
+    [
+        (2.0, 2.0, (124, 135, 63, 691), ("node-03", "sched")),  # the live step: a tie node-02 won by its name
+        (2.0, 3.2, (124, 135, 63, 691), ("node-02", "network")),  # a peer's loss of its own (3 spreads)
+        (0.0, 2.0, (124, 135, 63, 691), ("node-02", "network")),  # no lossy socket on the starved host
+        (2.0, 2.0, (124, 235, 63, 691), ("node-02", "network")),  # 2.9x its busiest peer: not starved
+    ],
+)
+def test_a_starved_host_tied_with_a_peer_in_network_evidence_is_named_by_its_run_queue(own_net, peer_net, sched, want):
+    # 300 ms CPU bursts of node-03 every 3 s (live, 2026-12-06, /tmp/burst12/split300-n3, step 221): the
+    # burst hit node-03 while every rank waited in a collective, x2.94 of a 133 ms median; node-02 and
+    # node-03 each had network evidence 2.0 (retransmits toward the starved host and its late ACKs) and the
+    # host name gave node-02 / network, which fired nothing (under stall_specific_net_evidence): missed.
+    # node-03's run-queue time, 5x its busiest peer's, explains the stall.
+    rng = __import__("random").Random(221)
+    at_median = at_median_of(133.0)
+    ev = {"node-00": {"pytorch": 0.603}, "node-02": {"network": peer_net}, "node-03": {"network": own_net}}
+    s = at_median(
+        summary(
+            20,
+            392,
+            ev=ev,
+            strag=("node-03", 34),
+            layers={h: {"sched": ms} for h, ms in zip(HOSTS4, sched)},
+            spread_ms=13,
+        )
+    )
+    s["net_directed"] = True
+    steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, 133))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"]) == want, c
+    fired = stall_alerts(steps)
+    # a directed network culprit fires from 3 spreads (stall_specific_net_evidence), under it nothing does
+    assert fired == ([("step_stall", *want)] if want[1] == "sched" or peer_net >= 3 else []), fired
+
+
 def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
     """A rank stopped (SIGSTOP) for 800 ms arrives late at its collective and its two neighbours each sent
     it two retransmits (the recorded node-02 process stall, 2026-12-05): that is its process, not its

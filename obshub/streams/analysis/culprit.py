@@ -93,7 +93,9 @@ def culprit(summary: dict) -> dict | None:
        host's lateness-based candidate exceeds ``AMBIGUOUS_REL`` of the best one, None: no single host
        stands out. A ``pytorch`` best gives way to a lower layer of the same host with evidence; a
        ``network`` best gives way to the host's own sched or memory time when that explains the stall
-       (``_layer_culprit`` names the same host: a starved host's sockets look lossy);
+       (``_layer_culprit`` names the same host: a starved host's sockets look lossy), also when another
+       host's network evidence under ``SPECIFIC_EVIDENCE`` came first and the host, ``starved``, has
+       network evidence of its own (its peers retransmit toward it);
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
        ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
        any straggler without a baseline): a step without per-step evidence (the job's first steps, the
@@ -217,6 +219,18 @@ def _culprit(summary: dict, lost: int) -> dict | None:
         own = _layer_culprit(summary, lost)
         if own is not None and own["host"] == best[1]:
             own["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
+            return own
+        # so does a tie the host name broke: a starved host's peers retransmit toward it too, so another
+        # host's network evidence under SPECIFIC_EVIDENCE beside the starved host's own gives way to its
+        # starved run queue (a 300 ms burst of node-03 inside a collective, x2.94: node-02 and node-03 at
+        # 2.0 spreads each, node-03's run queue 5x its busiest peer's; 2026-12-06, docs/BENCHMARKS.md 8)
+        if (
+            own is not None
+            and own.get("starved")
+            and best[3] < SPECIFIC_EVIDENCE
+            and any(c[1] == own["host"] and c[2] == "network" for c in cands)
+        ):
+            own["why"] += f"; its connections and {best[1]}'s looked lossy too (network evidence {best[3]:g})"
             return own
         # so does a rank that waited at its memory cgroup's limit, late by most of the stall
         if group.get(best[1], 0) >= EXPLAIN_REL * lost:
