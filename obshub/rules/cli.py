@@ -159,6 +159,15 @@ def test_command(files):
     "by default alerts survive a restart in the engine's state)",
 )
 @click.option(
+    "--stop-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="seconds from SIGTERM/SIGINT to a forced exit (exit 1, each thread's stack on stderr) when the stop "
+    "does not finish, e.g. a Kafka client call that does not return while the cluster is gone; a second "
+    "signal forces it at once",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -187,14 +196,22 @@ def serve_command(
     metrics_port,
     metrics_addr,
     resolve_on_exit,
+    stop_timeout,
     log_level,
     log_file,
     log_format,
 ):
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
-    deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT."""
+    deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT (exit 0),
+    or is forced to after --stop-timeout seconds or a second signal (exit 1)."""
+    from obshub.core import registry
+    from obshub.rules import stopping
     from obshub.rules.service import RuleService
     from obshub.rules.sinks.config import load_config
+
+    # before any thread starts (librdkafka's, the dispatcher's): every thread inherits the blocked mask and
+    # the stop-watch thread sees the signal even while the main thread is blocked in a Kafka client call
+    stopping.block_stop_signals()
 
     if log_file:
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -227,6 +244,12 @@ def serve_command(
         logging.getLogger("obshub.rules.service").info(started)
     else:
         click.echo(started, err=True)
+
+    def forget() -> None:  # the component's record (`obshub status`), when a forced exit skips serve's own
+        if getattr(svc, "component", None):
+            registry.unregister_component(settings, svc.component)
+
+    stopping.StopWatch(svc.stop.set, forget, stop_timeout).start()
     svc.serve(metrics_port, metrics_addr)
 
 
