@@ -4,7 +4,7 @@ A Python signal handler runs only in the main thread, between two bytecodes: a m
 C call never runs it. On 2026-12-06 a ``rules serve`` whose three brokers were gone (a test's cluster torn
 down after a broker kill and a controller loss, the machine at load 9-10) ignored SIGTERM and then SIGINT for
 12 minutes, its 39 threads all waiting on futexes (librdkafka's consumer close and transactional calls can
-block while the cluster is gone: confluentinc/confluent-kafka-python issue 1667). This module takes both
+block while the cluster is gone; which one held it was not pinned). This module takes both
 signals away from the main thread:
 
 - :func:`block_stop_signals` blocks SIGTERM and SIGINT in the calling (main) thread before any other thread
