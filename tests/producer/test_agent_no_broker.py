@@ -32,4 +32,6 @@ def test_an_agent_without_a_broker_stops_within_seconds_and_says_what_stays_in_t
     assert rc == EXIT_UNDELIVERED
     assert agent.transport.gave_up_after_s is not None and agent.transport.gave_up_after_s >= SHUTDOWN_STALL_S
     (last,) = [m for m in said if "were not delivered" in m]
-    assert f"it took none for {SHUTDOWN_STALL_S:.1f} s" in last and "kept in the spool" in last, last
+    # the seconds actually waited (2.0 s, or a little more on a loaded machine: 2.1 s was seen in CI)
+    waited = agent.transport.gave_up_after_s
+    assert f"it took none for {waited:.1f} s" in last and "kept in the spool" in last, last
