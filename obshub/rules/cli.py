@@ -68,7 +68,8 @@ def check_command(files):
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def test_command(files):
     """Run rule unit-test FILES (a directory: the *_test.yaml / *_test.yml files in it and its
-    subdirectories, in path order). Prints PASS/FAIL per test, expected vs got for failures; exit code 0
+    subdirectories, in path order). Prints PASS/FAIL per test, expected vs got for failures, every problem
+    of a malformed test file as file:line:col; exit code 0
     only when every test passes, 1 also when a directory holds no test file or the files hold no test (a
     test run that ran nothing must not pass in CI)."""
     from obshub.rules.testing import run_test_file

@@ -68,23 +68,33 @@ class TestResult:
         return not self.failures
 
 
-def _err(file: str, doc: Any, path: list, msg: str, *, key: bool = False) -> RuleTestError:
-    line, col = position(doc, path, key=key)
-    return RuleTestError(f"{Problem(file, line, col, msg)}", "see docs/RULES.md, section 'Testing a rule'")
+class _Problems:
+    """The problems of one test file, each at its file:line:col, collected so that one run names them all
+    (a fix-one-rerun loop per typo is what ``promtool`` users complain of)."""
 
+    def __init__(self, file: str, doc: Any):
+        self.file, self.doc = file, doc
+        self.found: list[Problem] = []
 
-def _check_keys(file: str, doc: Any, path: list, node: Any, allowed: set[str], what: str) -> None:
-    if not isinstance(node, dict):
-        raise _err(file, doc, path, f"{what} must be a mapping")
-    for k in node:
-        if k not in allowed:
-            raise _err(
-                file,
-                doc,
-                path + [k],
-                f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})",
-                key=True,
-            )
+    def add(self, path: list, msg: str, *, key: bool = False) -> None:
+        line, col = position(self.doc, path, key=key)
+        self.found.append(Problem(self.file, line, col, msg))
+
+    def keys(self, path: list, node: Any, allowed: set[str], what: str) -> bool:
+        """Whether ``node`` is a mapping; each key not in ``allowed`` is a problem of its own."""
+        if not isinstance(node, dict):
+            self.add(path, f"{what} must be a mapping")
+            return False
+        for k in node:
+            if k not in allowed:
+                self.add(path + [k], f"unknown field '{k}' in {what} (allowed: {', '.join(sorted(allowed))})", key=True)
+        return True
+
+    def raise_any(self) -> None:
+        """Raise RuleTestError listing every problem found, in file order (line, column)."""
+        if self.found:
+            ordered = sorted(self.found, key=lambda p: (p.line, p.col))
+            raise RuleTestError("\n".join(map(str, ordered)), "see docs/RULES.md, section 'Testing a rule'")
 
 
 def _what(v: Any) -> str:
@@ -161,38 +171,93 @@ def _record(signal: str, spec: dict, t_ns: int) -> dict:
     }
 
 
-def _check_case(file: str, doc: Any, i: int, t: dict, seen: dict[str, int]) -> None:
+def _check_case(pr: _Problems, i: int, t: dict, seen: dict[str, int]) -> None:
     """A test case has a name of its own (a non-empty string no other case of the file uses: results are
     reported by name) and at least one expectation (a case that expects nothing passes whatever the rules
-    do). ``seen`` maps the names met so far to their lines and gains this one. Raises RuleTestError at the
-    case's file:line:col."""
+    do). ``seen`` maps the names met so far to their lines and gains this one. Problems go to ``pr``."""
     for part, what in (("input", "records"), ("expect", "expectations")):
         if part in t and t[part] is not None and not isinstance(t[part], list):  # a mapping read as its keys
-            raise _err(
-                file, doc, ["tests", i, part], f"`{part}:` is a list of {what} (`- at: ...`), not {_what(t[part])}"
-            )
+            pr.add(["tests", i, part], f"`{part}:` is a list of {what} (`- at: ...`), not {_what(t[part])}")
     name = t.get("name")
     if not isinstance(name, str) or not name.strip():
         where = ["tests", i] + (["name"] if "name" in t else [])
         got = f"not {_what(name)}" if "name" in t else "it has none"
-        raise _err(file, doc, where, f"a test needs a `name:` (a non-empty string); {got}")
-    if name in seen:
-        raise _err(file, doc, ["tests", i, "name"], f"duplicate test name {name!r} (first used at line {seen[name]})")
-    seen[name] = position(doc, ["tests", i, "name"])[0]
+        pr.add(where, f"a test needs a `name:` (a non-empty string); {got}")
+    elif name in seen:
+        pr.add(["tests", i, "name"], f"duplicate test name {name!r} (first used at line {seen[name]})")
+    else:
+        seen[name] = position(pr.doc, ["tests", i, "name"])[0]
     if not t.get("expect"):
         where = ["tests", i] + (["expect"] if "expect" in t else [])
-        raise _err(
-            file,
-            doc,
+        pr.add(
             where,
             f"test {name!r} expects nothing: it needs `expect:` with at least one `- at: ...` and its `alerts:`"
             " (`alerts: []` = none)",
         )
 
 
+def _items(t: dict, part: str) -> list:
+    """The records or expectations of a test case as a list (a malformed one, already reported: none)."""
+    got = t.get(part)
+    return got if isinstance(got, list) else []
+
+
+def _check_input(pr: _Problems, i: int, j: int, inp: Any) -> None:
+    """One input record of test ``i``: `at:`, exactly one signal whose record production would take, a
+    sane `repeat:`. Problems go to ``pr``."""
+    where = ["tests", i, "input", j]
+    if not pr.keys(where, inp, _INPUT_KEYS, "an input"):
+        return
+    sigs = [s for s in ("steps", "events", "health") if s in inp]
+    if len(sigs) != 1 or "at" not in inp:
+        pr.add(where, "an input needs `at:` and exactly one of steps, events, health")
+    if len(sigs) == 1:
+        sig = sigs[0]
+        why = _input_problem(sig, inp[sig])
+        if why is not None:
+            pr.add(where + [sig], why)
+        elif sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
+            at = where + ["events"] + (["kind"] if "kind" in inp["events"] else [])
+            got = f"`kind: {inp['events']['kind']}` is not one" if "kind" in inp["events"] else "it has no `kind:`"
+            known = sorted(fields.KIND_NAMES)
+            near = difflib.get_close_matches(str(inp["events"].get("kind", "")), known, n=1)
+            pr.add(
+                at,
+                f"an event needs a known `kind:`; {got}"
+                + (f" (did you mean '{near[0]}'?)" if near else "")
+                + f"; known kinds: {', '.join(known)}",
+            )
+    rep = inp.get("repeat", 1)
+    if not (_is_int(rep) and 1 <= rep <= MAX_REPEAT):
+        pr.add(where + ["repeat"], f"`repeat:` must be 1..{MAX_REPEAT}")
+
+
+def _check_expect(pr: _Problems, i: int, j: int, exp: Any) -> None:
+    """One expectation of test ``i``: `at:` and a list of `alerts:` of known states. Problems go to ``pr``."""
+    where = ["tests", i, "expect", j]
+    if not pr.keys(where, exp, _EXPECT_KEYS, "an expectation"):
+        return
+    if "alerts" not in exp:  # a missing list would pass as "no alerts": say so instead
+        pr.add(where, "an expectation needs `alerts:` (a list; `alerts: []` = none)")
+        return
+    if not isinstance(exp["alerts"], list) and exp["alerts"] is not None:
+        pr.add(where + ["alerts"], f"`alerts:` is a list of alerts (`- rule: ...`), not {_what(exp['alerts'])}")
+        return
+    for k, a in enumerate(exp.get("alerts") or []):
+        if (
+            pr.keys(where + ["alerts", k], a, _ALERT_KEYS, "an expected alert")
+            and a.get("state", "firing") not in _STATES
+        ):
+            pr.add(
+                where + ["alerts", k, "state"],
+                f"`state:` is pending or firing, not {a.get('state')!r} (a resolved alert is no longer listed)",
+            )
+
+
 def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     """Read and check a test file; returns (rule files, test cases as plain dicts, file name). Raises
-    RuleTestError at file:line:col on a malformed file."""
+    RuleTestError naming every problem of a malformed file, each at its file:line:col, in file order
+    (a file that is not UTF-8 or not YAML: its first such problem, nothing after it can be read)."""
     file = str(path)
     text, problems = read_text(path)
     if text is None:
@@ -202,89 +267,57 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     problems = problems or (yaml11_surprises(doc, file) if doc is not None else [])
     if problems:
         raise RuleTestError("\n".join(map(str, problems)), "fix the test file")
-    _check_keys(file, doc, [], doc, {"version", "rule_files", "tests"}, "a test file")
+    pr = _Problems(file, doc)
+    if not pr.keys([], doc, {"version", "rule_files", "tests"}, "a test file"):
+        pr.raise_any()
     if doc.get("version") != 1:
-        raise _err(file, doc, ["version"], "test files need `version: 1`")
+        pr.add(["version"], "test files need `version: 1`")
     named = doc.get("rule_files")
     if named is not None and not isinstance(named, list):
-        raise _err(file, doc, ["rule_files"], f"`rule_files:` is a list of rule files, not {_what(named)}")
+        pr.add(["rule_files"], f"`rule_files:` is a list of rule files, not {_what(named)}")
+        named = None
+    elif not named:
+        pr.add([], "`rule_files:` must name at least one rule file")
+    paths = []
     for j, p in enumerate(named or []):
         if not isinstance(p, str) or not p:
-            raise _err(file, doc, ["rule_files", j], f"a rule file is a path, not {_what(p)}")
+            pr.add(["rule_files", j], f"a rule file is a path, not {_what(p)}")
+        else:
+            paths.append(p)
     # relative to the test file; the name `builtin` is the installed builtin pack (loader.resolve_builtin)
     rule_files = [
         resolve_builtin(p)
         if not (path.parent / p).exists() and resolve_builtin(p) != Path(p)
         else (path.parent / p).resolve()
-        for p in named or []
+        for p in paths
     ]
-    if not rule_files:
-        raise _err(file, doc, [], "`rule_files:` must name at least one rule file")
     tests = doc.get("tests")
     if tests is not None and not isinstance(tests, list):
-        raise _err(file, doc, ["tests"], f"`tests:` is a list of tests, not {_what(tests)}")
+        pr.add(["tests"], f"`tests:` is a list of tests, not {_what(tests)}")
+        tests = None
     tests = tests or []
     seen: dict[str, int] = {}  # test name -> line of its first use
     for i, t in enumerate(tests):
-        _check_keys(file, doc, ["tests", i], t, _TEST_KEYS, "a test")
-        _check_case(file, doc, i, t, seen)
-        for j, inp in enumerate(t.get("input") or []):
-            _check_keys(file, doc, ["tests", i, "input", j], inp, _INPUT_KEYS, "an input")
-            sigs = [s for s in ("steps", "events", "health") if s in inp]
-            if len(sigs) != 1 or "at" not in inp:
-                raise _err(
-                    file, doc, ["tests", i, "input", j], "an input needs `at:` and exactly one of steps, events, health"
-                )
-            sig = sigs[0]
-            why = _input_problem(sig, inp[sig])
-            if why is not None:
-                raise _err(file, doc, ["tests", i, "input", j, sig], why)
-            if sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
-                where = ["tests", i, "input", j, "events"] + (["kind"] if "kind" in inp["events"] else [])
-                got = f"`kind: {inp['events']['kind']}` is not one" if "kind" in inp["events"] else "it has no `kind:`"
-                known = sorted(fields.KIND_NAMES)
-                near = difflib.get_close_matches(str(inp["events"].get("kind", "")), known, n=1)
-                raise _err(
-                    file,
-                    doc,
-                    where,
-                    f"an event needs a known `kind:`; {got}"
-                    + (f" (did you mean '{near[0]}'?)" if near else "")
-                    + f"; known kinds: {', '.join(known)}",
-                )
-            rep = inp.get("repeat", 1)
-            if not (_is_int(rep) and 1 <= rep <= MAX_REPEAT):
-                raise _err(file, doc, ["tests", i, "input", j, "repeat"], f"`repeat:` must be 1..{MAX_REPEAT}")
-        for j, exp in enumerate(t.get("expect") or []):
-            _check_keys(file, doc, ["tests", i, "expect", j], exp, _EXPECT_KEYS, "an expectation")
-            if "alerts" not in exp:  # a missing list would pass as "no alerts": say so instead
-                raise _err(
-                    file, doc, ["tests", i, "expect", j], "an expectation needs `alerts:` (a list; `alerts: []` = none)"
-                )
-            if not isinstance(exp["alerts"], list) and exp["alerts"] is not None:
-                where = ["tests", i, "expect", j, "alerts"]
-                raise _err(
-                    file, doc, where, f"`alerts:` is a list of alerts (`- rule: ...`), not {_what(exp['alerts'])}"
-                )
-            for k, a in enumerate(exp.get("alerts") or []):
-                _check_keys(file, doc, ["tests", i, "expect", j, "alerts", k], a, _ALERT_KEYS, "an expected alert")
-                if a.get("state", "firing") not in _STATES:
-                    raise _err(
-                        file,
-                        doc,
-                        ["tests", i, "expect", j, "alerts", k, "state"],
-                        f"`state:` is pending or firing, not {a.get('state')!r} (a resolved alert is no longer listed)",
-                    )
+        if not pr.keys(["tests", i], t, _TEST_KEYS, "a test"):
+            continue
+        _check_case(pr, i, t, seen)
+        for j, inp in enumerate(_items(t, "input")):
+            _check_input(pr, i, j, inp)
+        for j, exp in enumerate(_items(t, "expect")):
+            _check_expect(pr, i, j, exp)
         for part in ("input", "expect"):
-            for j, node in enumerate(t.get(part) or []):
+            for j, node in enumerate(_items(t, part)):
+                if not isinstance(node, dict):
+                    continue
                 for key in ("at", "every"):
-                    if key not in node and key == "every":
+                    if key not in node and (key == "every" or part == "input"):  # a missing input `at:`: above
                         continue
                     try:
                         parse_duration_ns(str(node.get(key)))
                     except ValueError as exc:  # reported at the bad value's own line
                         where = ["tests", i, part, j] + ([key] if key in node else [])
-                        raise _err(file, doc, where, f"`{key}:` {exc}") from None
+                        pr.add(where, f"`{key}:` {exc}")
+    pr.raise_any()
     return rule_files, _plain(tests), file
 
 

@@ -187,6 +187,31 @@ def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new,
     assert f"{t}:{where}: " in str(exc.value) and why in str(exc.value), str(exc.value)
 
 
+def test_rules_test_names_every_problem_of_a_test_file_not_only_the_first(tmp_path):
+    """Three mistakes in three places of one test file (a misspelt field in one case, a bad record and an
+    unknown state in another, a test without expectations): one run names them all at their
+    file:line:col, in file order, and exits 1 (it stopped at the first before)."""
+    (tmp_path / "rules.yaml").write_text(RULE)
+    t = tmp_path / "t_test.yaml"
+    t.write_text(
+        TEST_OK.replace("step: 1,", 'step: "one",').replace(
+            "labels: {job: llm}", "labels: {job: llm}\n            state: fring"
+        )
+        + "  - name: nothing\n"
+        + "  - name: other\n    inputs: []\n    expect: [{at: 1s, alerts: []}]\n"
+    )
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    want = [
+        f"{t}:7:16: steps.step: expected an integer",
+        f"{t}:13:20: `state:` is pending or firing",
+        f"{t}:17:5: test 'nothing' expects nothing",
+        f"{t}:19:5: unknown field 'inputs' in a test",
+    ]
+    at = [res.stderr.find(w) for w in want]
+    assert all(a >= 0 for a in at) and at == sorted(at), res.stderr
+
+
 def test_rules_test_shows_a_condition_that_fails_to_evaluate_and_runs_a_directory(tmp_path):
     """A failing test whose rule's condition raised on the records says so (the likeliest reason for
     "(no alerts)"); a directory runs its test files in name order."""
