@@ -96,19 +96,30 @@ def keep_life(hosts: dict[str, HostEvents], closed_ns: list[int]) -> None:
         h.events = [e for e in h.events if ((h.host, e.pid) in members if e.pid > 0 else lo <= e.ts_ns <= hi)]
 
 
+#: the latest time they take: the last whole second of int64 ns since 1970 (2262-04-11T23:47:16Z); Kafka's
+#: timestamps start at 1970-01-01T00:00:00Z, the earliest
+MAX_WHEN_NS = schema.I64_MAX // 1_000_000_000 * 1_000_000_000
+
+
 def parse_when(text: str, now_ns: int | None = None) -> int:
     """A point in time for ``--since``/``--until``: a duration ago (``30m``, ``2h``, ``1d``, as in rule
-    files) or an ISO 8601 / RFC 3339 time (``2026-12-01T02:00:00Z``; no zone = UTC). Returns
-    CLOCK_REALTIME ns. Raises ValueError naming the text."""
+    files; at most ``3650d``, as there: ``99999999999h`` ago was 11 million years before 1970, a negative
+    time that ``offsets_for_times`` silently read as "from the oldest message") or an ISO 8601 / RFC 3339 time (``2026-12-01T02:00:00Z``;
+    no zone = UTC) from 1970-01-01T00:00:00Z to 2262-04-11T23:47:16Z. Returns CLOCK_REALTIME ns (>= 0).
+    Raises ValueError naming the text and, for one out of range, the largest (earliest) value accepted."""
     from datetime import datetime, timezone
 
-    from obshub.rules.durations import parse_duration_ns
+    from obshub.rules.durations import MAX_DURATION_NS, parse_duration_ns
 
     now_ns = time.time_ns() if now_ns is None else now_ns
     try:
-        return now_ns - parse_duration_ns(text)
+        ago = parse_duration_ns(text)
     except ValueError:
-        pass
+        ago = None
+    if ago is not None:
+        if ago > MAX_DURATION_NS:
+            raise ValueError(f"{text!r} ago is too far back: the largest duration accepted is 3650d (10 years)")
+        return max(now_ns - ago, 0)
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -117,7 +128,13 @@ def parse_when(text: str, now_ns: int | None = None) -> int:
         ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
-    return int(dt.timestamp() * 1e9)
+    ns = int(dt.timestamp()) * 1_000_000_000 + dt.microsecond * 1_000  # exact: no float rounding of the ns
+    if not 0 <= ns <= MAX_WHEN_NS:
+        raise ValueError(
+            f"{text!r} is outside the times accepted: from 1970-01-01T00:00:00Z (Kafka's first timestamp) to "
+            "2262-04-11T23:47:16Z (the largest, the last second of int64 ns)"
+        )
+    return ns
 
 
 EVENTS_BEFORE_S = 600.0

@@ -99,6 +99,27 @@ def test_reading_commands_refuse_a_timeout_that_is_not_positive(tmp_path, cmd):
     assert r.returncode == 2 and "--timeout-s" in r.stderr and "x>0" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("cmd", [["alerts"], ["trace", "export", "-o", "out.json", "--job", "j", "--steps", "1"]])
+@pytest.mark.parametrize(
+    "option, value, largest",
+    [
+        ("--since", "99999999999h", "the largest duration accepted is 3650d"),
+        ("--until", "3651d", "the largest duration accepted is 3650d"),
+        ("--since", "9999-12-31T23:59:59Z", "2262-04-11T23:47:16Z (the largest"),
+        ("--since", "1969-07-20T20:17:00Z", "from 1970-01-01T00:00:00Z"),
+    ],
+)
+def test_a_time_range_out_of_bounds_is_a_usage_error_naming_the_option_and_the_largest_value(
+    tmp_path, cmd, option, value, largest
+):
+    """`99999999999h` ago was a time 11 million years before 1970 that the reader silently took as "from
+    the oldest message"; a time past int64 ns overflowed the summaries' clock. Both are refused (exit 2)
+    before a broker is asked, naming the option and the bound."""
+    r = run([*cmd, option, value], tmp_path)
+    assert r.returncode == 2 and f"Invalid value for '{option}'" in r.stderr, r.stderr
+    assert largest in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_every_command_and_group_has_examples_in_its_help():
     """`--help` teaches: every command and group of the obshub command line ends with examples."""
     import click
