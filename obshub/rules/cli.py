@@ -49,7 +49,9 @@ def rules_group():
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def check_command(files):
     """Validate rule FILES (or directories) together, in the order given. Prints every problem as
-    file:line:col; exit code 0 only when all are valid."""
+    file:line:col; exit code 0 only when all are valid. A file without rules, macros, lists, overrides
+    or inhibit rules (empty, only comments, only `version:`) is a problem ("no rules"), unless it says
+    `rules: []`."""
     from obshub.rules.loader import load_ruleset
 
     try:
@@ -59,8 +61,8 @@ def check_command(files):
             click.echo(str(p), err=True)
         click.echo(f"FAILED: {len(exc.problems)} problem(s)", err=True)
         sys.exit(1)
-    for f in rs.empty:  # valid, but most likely not what was meant
-        click.echo(f"warning: {f}: the file is empty (no rules, macros or lists)", err=True)
+    for f in rs.empty:  # valid: it says so
+        click.echo(f"note: {f}: no rules (`rules: []`, as written)", err=True)
     click.echo(f"OK: {len(rs.rules)} rule(s) in {len(rs.files)} file(s)")
 
 

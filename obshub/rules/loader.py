@@ -139,7 +139,7 @@ class _Ctx:
         self.macro_doc: dict[str, Any] = {}
         self.raw_rules: dict[str, dict] = {}  # id -> {"spec", "file", "doc", "path", "line"}
         self.inhibit: list[InhibitRule] = []
-        self.empty: list[str] = []  # files without rules, macros or lists
+        self.empty: list[str] = []  # files that say they hold no rules (`rules: []` and nothing else)
 
     def add(self, file: str, line: int, col: int, msg: str, rule: str | None = None) -> None:
         self.problems.append(Problem(file, line, col, msg, rule))
@@ -208,15 +208,30 @@ def _offset(text: str, line: int, col: int) -> int:
     return sum(len(x) + 1 for x in lines[: max(line, 1) - 1]) + max(col, 1) - 1
 
 
+#: the top-level keys that give a rule file content (a file of macros or lists only is a library)
+_CONTENT_KEYS = ("rules", "macros", "lists", "overrides", "inhibit")
+#: what a file without any says: an SRE who loads a pack of no rules has almost always named the wrong file
+#: or a truncated copy, and an engine that serves it watches nothing while it looks healthy
+_NO_RULES_HINT = (
+    "a rule file without rules is almost always a mistake (a wrong or truncated file); if it is meant, "
+    "say so with `rules: []` under `version: 1`"
+)
+
+
 def _read_files(ctx: _Ctx, files: list[Path]) -> None:
     for path in files:
         doc, problems = read_rule_file(path)
         ctx.problems.extend(problems)
+        file = str(path)
         if doc is None and not problems:
-            ctx.empty.append(str(path))
+            ctx.add(file, 0, 0, f"no rules: the file is empty (only blanks or comments); {_NO_RULES_HINT}")
         if doc is None or problems:
             continue
-        file = str(path)
+        if not any(k in doc for k in _CONTENT_KEYS):
+            ctx.add(file, 0, 0, f"no rules: the file holds only `version:`; {_NO_RULES_HINT}")
+            continue
+        if not doc.get("rules") and "rules" in doc and not any(doc.get(k) for k in _CONTENT_KEYS):
+            ctx.empty.append(file)  # `rules: []`: no rules, as written
         for name, items in (doc.get("lists") or {}).items():
             ctx.lists[str(name)] = [i if isinstance(i, (int, float)) else str(i) for i in items]
         for name, cond in (doc.get("macros") or {}).items():

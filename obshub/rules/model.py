@@ -89,7 +89,7 @@ class InhibitRule:
 @dataclass
 class RuleSet:
     """Every enabled rule of a set of files, by id, plus inhibition rules; ``files`` in load order;
-    ``empty``: the files that hold nothing (valid, but most likely not what was meant: warned)."""
+    ``empty``: the files that say they hold no rules (`rules: []` and nothing else: noted)."""
 
     rules: dict[str, Rule]
     inhibit: list[InhibitRule]

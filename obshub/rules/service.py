@@ -43,9 +43,10 @@ __all__ = ["BUILTIN_DIR", "OffsetTracker", "RuleService", "state_dir"]
 
 
 def _warn_empty(ruleset) -> None:
-    """Log a warning for each rule file of ``ruleset`` that holds nothing (as ``rules check`` does)."""
+    """Log each rule file of ``ruleset`` that holds no rules on purpose (``rules: []``; as ``rules check``
+    does; a file empty by mistake is refused by the loader)."""
     for f in ruleset.empty:
-        log.warning("%s: the file is empty (no rules, macros or lists)", f)
+        log.info("%s: no rules (`rules: []`, as written)", f)
 
 
 class RuleService:

@@ -335,14 +335,23 @@ def test_rules_check_cli_refuses_and_hot_reload_keeps_old_rules(tmp_path, caplog
         assert "orders a double and a string" in caplog.text and f"{f}:11:27:" in caplog.text, caplog.text
         assert list(svc.engine.ruleset.rules) == ["r"]
         assert svc.engine.ruleset.rules["r"].condition.source == "(stall == true && straggler != null)"
-        empty = tmp_path / "empty.yaml"  # a served rule file that holds nothing is warned, as `check` does
+        empty = tmp_path / "empty.yaml"  # a served rule file that holds nothing is refused, as `check` does
         empty.write_text("# later\n")
         f.write_text(RULE.format(signal="steps", cond="stalled"))
         svc.rule_paths.append(empty)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="obshub.rules.service"):
+        with caplog.at_level(logging.ERROR, logger="obshub.rules.service"):
+            assert svc.maybe_reload() is False
+        assert f"{empty}: no rules: the file is empty" in caplog.text, caplog.text
+        assert list(svc.engine.ruleset.rules) == ["r"]
+        with pytest.raises(RuleValidationError, match="no rules: the file is empty"):  # serve refuses to start
+            RuleService(load_settings(home=tmp_path / "home"), [empty], AlertingConfig())
+        empty.write_text("version: 1\nrules: []  # later\n")  # empty on purpose: served, noted
+        os.utime(empty, (2, 2))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="obshub.rules.service"):
             assert svc.maybe_reload() is True
-        assert f"{empty}: the file is empty" in caplog.text, caplog.text
+        assert f"{empty}: no rules (`rules: []`, as written)" in caplog.text, caplog.text
     finally:
         svc.dispatcher.close()
 

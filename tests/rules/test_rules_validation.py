@@ -349,9 +349,16 @@ def test_rules_check_cli_exit_codes(tmp_path):
     res = run_cli("rules", "check", "obshub/rules/builtin", str(bad))
     assert res.returncode == 1
     assert f"{bad}:8:14: " in res.stderr and "FAILED: 1 problem(s)" in res.stderr
-    empty = write(tmp_path, "empty.yaml", "# nothing here yet\n")
-    res = run_cli("rules", "check", "obshub/rules/builtin", str(empty))
-    assert res.returncode == 0 and f"warning: {empty}: the file is empty" in res.stderr, res.stderr
+    # a file without rules is refused ("no rules", exit 1: a wrong or truncated file served would watch
+    # nothing while it looks healthy), unless it says `rules: []` (it passed with a warning before)
+    for name, text in (("empty.yaml", "# nothing here yet\n"), ("blank.yaml", "\n\n"), ("v.yaml", "version: 1\n")):
+        empty = write(tmp_path, name, text)
+        res = run_cli("rules", "check", "obshub/rules/builtin", str(empty))
+        assert res.returncode == 1 and f"{empty}: no rules: the file " in res.stderr, res.stderr
+        assert "`rules: []`" in res.stderr and "FAILED: 1 problem(s)" in res.stderr, res.stderr
+    meant = write(tmp_path, "meant.yaml", "version: 1\n# the team's rules go here\nrules: []\n")
+    res = run_cli("rules", "check", "obshub/rules/builtin", str(meant))
+    assert res.returncode == 0 and f"note: {meant}: no rules (`rules: []`, as written)" in res.stderr, res.stderr
     gone = run_cli("rules", "check", str(tmp_path / "missing.yaml"))
     assert gone.returncode == 1
     assert f"{tmp_path / 'missing.yaml'}: cannot read: No such file" in gone.stderr, gone.stderr  # no :0:0
