@@ -589,11 +589,12 @@ class Engine:
             if template is None:
                 template = self._fp_templates[rule.id] = _fingerprint_template(rule)
             static, parts = template
-            values = [
-                v if v.__class__ is str else "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-                for v in key
-            ]
+            values = [v if v.__class__ is str else str(v).lower() if isinstance(v, bool) else str(v) for v in key]
             labels = dict(static)
+            if None in key:  # a null value is no label (a rank not known): the alert carries none, not ""
+                labels.update((n, v) for n, v, k in zip(rule.group_by, values, key) if k is not None)
+                got = fps[key] = (lifecycle.fingerprint(labels), labels)
+                return got
             labels.update(zip(rule.group_by, values))
             encoded = b"".join([p if p.__class__ is bytes else _netstring(values[p]) for p in parts])
             got = fps[key] = (hashlib.sha256(encoded).hexdigest()[:16], labels)

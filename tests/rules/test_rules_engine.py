@@ -179,3 +179,33 @@ def test_hot_reload_keeps_old_rules_when_new_files_are_broken(tmp_path, caplog):
         assert svc.maybe_reload() is None
     finally:
         svc.dispatcher.close()
+
+
+def test_a_null_group_by_value_is_no_label_and_its_fingerprint_is_of_the_labels_carried(tmp_path):
+    """A group-by value that evaluates to null gives the alert no such label (a rank the summary did not
+    know), not an empty one (it gave `rank=""` before); a value of "" stays a label. The fingerprint is
+    that of the labels the alert carries, so a restart or a reload finds it again."""
+    engine, changes = make(
+        tmp_path,
+        """\
+version: 1
+rules:
+  - id: slow
+    description: a slow step
+    severity: warning
+    signal: steps
+    condition: step_time_max_ns > 0
+    group_by:
+      job: job
+      rank: "straggler != null && has(straggler.rank) ? straggler.rank : null"
+      empty: "''"
+""",
+    )
+    engine.process("steps", step(0, job="a", step=1, step_time_max_ns=5, straggler={"host": "h", "rank": 7}))
+    engine.process("steps", step(0, job="b", step=1, step_time_max_ns=5))
+    engine.tick(BASE_NS + S)
+    got = {c["labels"]["job"]: c for c in changes if c["status"] == "firing"}
+    assert got["a"]["labels"]["rank"] == "7" and got["a"]["labels"]["empty"] == ""
+    assert "rank" not in got["b"]["labels"] and got["b"]["labels"]["empty"] == "", got["b"]["labels"]
+    for c in got.values():
+        assert c["fingerprint"] == fingerprint(c["labels"])

@@ -1375,3 +1375,32 @@ def test_run_queue_noise_does_not_hide_a_links_retransmits_in_a_step_that_lost_f
     s = ring_summary(400, accs)
     c = s["culprit"]
     assert c is not None and (c["host"], c["layer"]) == want, (c, s["evidence"]["hosts"])
+
+
+@pytest.mark.parametrize("rank, label", [(3, "3"), (None, None)])
+def test_a_memory_episode_alert_carries_its_rank_and_no_rank_label_when_none_is_known(rank, label):
+    """memory_stall_episode names the rank of the episode's first charged step as its `rank` label, as
+    step_stall does its culprit's; when the summary knew none (the straggler was another host's) the alert
+    carries no `rank` label at all, not an empty one (a null group-by value is no label). It had no
+    rank label either way before."""
+    changes: list[dict] = []
+    engine = Engine(builtin_pack(), changes.append)
+    t0 = 1_767_225_600_000_000_000
+    for i, (lost_ms, ratio) in enumerate(((13.0, 1.13), (55.1, 1.43), (61.6, 1.07))):
+        t = t0 + i * 100_000_000
+        episode = {"host": "node-03", "rank": rank, "first_step": 315, "steps": i + 1, "lost_ns": int(lost_ms * 1e6)}
+        rec = {
+            "job": "llm",
+            "step": 315 + i,
+            "step_time_max_ns": int(97.9e6 * ratio),
+            "stall_ratio": ratio,
+            "baseline": {"median_ns": 97_900_000, "p99_ns": 120_000_000, "n": 50, "spread_ns": 4_000_000},
+            "culprit": {"host": "node-03", "layer": "memory", "evidence": 0.0, "source": "memlimit", "why": "x"},
+            "memory_episode": episode,
+            "closed_at_ns": t,
+        }
+        engine.process("steps", fields.step_record(rec))
+        engine.tick(t + 50_000_000)
+    (fired,) = [c for c in changes if c["status"] == "firing" and c["rule"] == "memory_stall_episode"]
+    assert fired["labels"]["host"] == "node-03" and fired["labels"].get("rank") == label, fired["labels"]
+    assert ("rank" in fired["labels"]) == (label is not None), fired["labels"]
