@@ -4,6 +4,7 @@ extra)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import click
 
@@ -68,3 +69,20 @@ class NonEmpty(click.ParamType):
         if len(text) > self.max_len:
             self.fail(f"{len(text):,} characters is more than the {self.max_len:,} of {self.what}", param, ctx)
         return text
+
+
+def stop_timeout_option(default: float | None, what_stops: str, default_text: str | None = None) -> Callable:
+    """The ``--stop-timeout SECONDS`` option of a long-running command guarded by
+    :class:`obshub.core.stopping.StopWatch` (``rules serve``, ``streams worker``, ``agent``): finite, > 0,
+    at most a day (``MAX_STOP_GRACE_S``). ``what_stops`` ends the help's first sentence, e.g. "a second
+    signal forces it at once"; ``default_text`` shows a default computed later (``default`` None)."""
+    from obshub.core.stopping import MAX_STOP_GRACE_S
+
+    return click.option(
+        "--stop-timeout",
+        type=Finite(min=0, min_open=True, max=MAX_STOP_GRACE_S),
+        default=default,
+        show_default=default_text or True,
+        help="seconds from SIGTERM/SIGINT to a forced exit (exit 1, each thread's stack on stderr) when the stop "
+        f"does not finish, e.g. a Kafka client call that does not return while the cluster is gone; {what_stops}",
+    )

@@ -128,6 +128,10 @@ class Agent:
         self.metrics_port: int | None = None
         self._stop = threading.Event()
         self._signals = 0
+        #: SIGTERM/SIGINT come from a StopWatch thread (obshub/core/stopping.py, set by ``obshub agent``),
+        #: not from Python signal handlers of the main thread: run() installs none
+        self.signals_watched = False
+        self.component = f"agent-{config.host}"  # its record (`obshub status`)
         self._metrics_server = None
         # the deep dive (obshub/producer/control.py): a request from any thread, served by the loop
         self._dd_request: tuple[int, float, float] | None = None  # (steps, max_s, monotonic time asked)
@@ -149,7 +153,9 @@ class Agent:
         """Ask the loop to finish (thread- and signal-safe)."""
         self._stop.set()
 
-    def _on_signal(self, signum, _frame) -> None:
+    def _on_signal(self, signum, _frame=None) -> None:
+        """SIGTERM/SIGINT: the first stops the loop; the second also stops waiting for Kafka (what is left
+        goes to the spool). A handler of the main thread, or a StopWatch's (``signals_watched``)."""
         self._signals += 1
         if self._signals == 2:
             self.say(f"second {signal.Signals(signum).name}: stop waiting for Kafka, keep the rest in the spool")
@@ -159,10 +165,10 @@ class Agent:
     def run(self) -> int:
         """Run until :meth:`stop`, SIGTERM/SIGINT (when called from the main thread) or ``duration_s``.
         Returns the exit code: 0 when everything was delivered, 3 when batches are left in the spool."""
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and not self.signals_watched:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-        name = f"agent-{self.config.host}"
+        name = self.component
         started = False
         try:
             self.probe_status = list(self.source.start())

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from obshub.core.clitypes import Finite
+from obshub.core.clitypes import Finite, stop_timeout_option
 from obshub.core.kafka import SaslMechanism, SecurityProtocol
 from obshub.core.settings import (
     BATCH_MAX_AGE_MS,
@@ -335,6 +335,11 @@ def _finite(value: float, name: str) -> float:
     show_default=True,
     help="on stop, seconds to try delivering what is left (less when Kafka takes nothing for 2 s)",
 )
+@stop_timeout_option(
+    None,
+    "a second signal stops waiting for Kafka (the rest goes to the spool), a third forces the exit at once",
+    "--flush-timeout + 45",
+)
 @click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
@@ -384,6 +389,7 @@ def agent_command(
     metrics_addr,
     duration,
     flush_timeout,
+    stop_timeout,
     log_format,
     attach_deep_dive,
     debug_ebpf,
@@ -391,12 +397,20 @@ def agent_command(
     """Run the node agent: probes -> msgpack batches -> Kafka (spooled on disk while Kafka is away).
 
     Prints the probe table (attached, or skipped with the reason), then runs until SIGTERM/SIGINT or
-    --duration. Several agents may run on one machine, each with its own --host and cgroup."""
+    --duration. Several agents may run on one machine, each with its own --host and cgroup. A stop that
+    does not end within --stop-timeout seconds, or a third signal, forces the exit (exit 1, every thread's
+    stack on stderr): the signals have a thread of their own (obshub/core/stopping.py)."""
     import socket
     import zlib
 
     from obshub.core import log as jsonlog
+    from obshub.core import registry, stopping
     from obshub.core.settings import agent_config, load_settings
+
+    # before any thread starts (librdkafka's, the BPF source's, the metrics server's): every thread
+    # inherits the blocked mask and the stop-watch thread sees the signal whatever the main thread does
+    stopping.block_stop_signals()
+    relay = stopping.SignalRelay()
 
     jsonlog.setup(logging.WARNING, log_format, "agent", "obshub agent: %(name)s: %(message)s")
     say = None
@@ -441,6 +455,22 @@ def agent_command(
         flush_timeout_s=flush_timeout,
         only_jobs=tuple(only_jobs),
     )
+    made: list = []  # the agent, once built
+
+    def forget() -> None:  # its component record (`obshub status`), when a forced exit skips run()'s own
+        for a in made:
+            registry.unregister_component(settings, a.component)
+
+    grace = stop_timeout or min(cfg.flush_timeout_s + 45, stopping.MAX_STOP_GRACE_S)
+    stopping.StopWatch(
+        relay,
+        forget,
+        grace,
+        on_second=relay,
+        name="agent",
+        logger=logging.getLogger("obshub.agent"),
+        unfinished="batches neither delivered nor in the spool are lost (the spool keeps its own)",
+    ).start()
     if source == "synthetic":
         from obshub.producer.synthetic import SyntheticSource
 
@@ -451,6 +481,9 @@ def agent_command(
     else:  # thresholds go in at build time, so a layer that did not load cannot fail the start
         src = _bpf_source(settings, cgroup, pids, registered, probes, thr, debug_ebpf, attach_deep_dive)
         agent = Agent(cfg, src, settings=settings, say=say)
+    agent.signals_watched = True
+    made.append(agent)
+    relay.attach(agent._on_signal)
     sys.exit(agent.run())
 
 

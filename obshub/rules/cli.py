@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from obshub.core.clitypes import KafkaName
+from obshub.core.clitypes import KafkaName, stop_timeout_option
 from obshub.core.settings import RULES, load_settings
 from obshub.rules.durations import parse_duration_ns
 from obshub.rules.errors import RuleTestError, RuleValidationError
@@ -161,15 +161,7 @@ def test_command(files):
     help="resolve every firing alert when stopping (an engine that stops for good: a demo, a CI stack; "
     "by default alerts survive a restart in the engine's state)",
 )
-@click.option(
-    "--stop-timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="seconds from SIGTERM/SIGINT to a forced exit (exit 1, each thread's stack on stderr) when the stop "
-    "does not finish, e.g. a Kafka client call that does not return while the cluster is gone; a second "
-    "signal forces it at once",
-)
+@stop_timeout_option(60.0, "a second signal forces it at once")
 @click.option(
     "--log-level",
     default="INFO",
@@ -207,8 +199,7 @@ def serve_command(
     """Consume step summaries and events, run the rules, publish alert changes to obshub.alerts.v1 and
     deliver them to the sinks. Reloads rule files on change or SIGHUP. Stops on SIGTERM/SIGINT (exit 0),
     or is forced to after --stop-timeout seconds or a second signal (exit 1)."""
-    from obshub.core import registry
-    from obshub.rules import stopping
+    from obshub.core import registry, stopping
     from obshub.rules.service import RuleService
     from obshub.rules.sinks.config import load_config
 
@@ -252,7 +243,14 @@ def serve_command(
         if getattr(svc, "component", None):
             registry.unregister_component(settings, svc.component)
 
-    stopping.StopWatch(svc.stop.set, forget, stop_timeout).start()
+    stopping.StopWatch(
+        lambda _signum: svc.stop.set(),
+        forget,
+        stop_timeout,
+        name="rules serve",
+        logger=logging.getLogger("obshub.rules.service"),
+        unfinished="what was not committed is evaluated again by the next start",
+    ).start()
     svc.serve(metrics_port, metrics_addr)
 
 

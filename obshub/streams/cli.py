@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from obshub.core import kafka, registry, schema
-from obshub.core.clitypes import Finite, KafkaName
+from obshub.core.clitypes import Finite, KafkaName, stop_timeout_option
 from obshub.core.log import NullLogger
 from obshub.core.settings import STREAMS, load_settings
 from obshub.streams.errors import StreamsError, TopicMissingError
@@ -39,39 +39,44 @@ def streams_group():
     """The Faust stream application: per-step join across nodes, straggler and layer blame."""
 
 
-def _wait_for_broker(bootstrap: str) -> None:
+def _wait_for_broker(bootstrap: str, stop) -> None:
     """A service waits for its broker: one message once it could not be reached for 10 s, then quiet
-    retries until it answers. SIGINT/SIGTERM end the wait: exit 0, no traceback."""
-    import signal
-    import threading
-
+    retries until it answers. ``stop`` (a threading.Event, set by the worker's StopWatch at SIGINT/SIGTERM)
+    ends the wait: exit 0, no traceback."""
     from obshub.core.reach import CONNECT_TIMEOUT_S, HINT, BrokerUnreachable, require_broker
 
-    stop = threading.Event()
-    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     said, since = False, time.monotonic()
-    try:
-        while not stop.is_set():
-            try:
-                if not require_broker(bootstrap, timeout_s=1.0, stop=stop):
-                    continue  # stopped
-            except BrokerUnreachable as exc:
-                if not said and time.monotonic() - since >= CONNECT_TIMEOUT_S:
-                    msg = str(exc).replace(" within 1 s", f" for {CONNECT_TIMEOUT_S:.0f} s")
-                    click.echo(
-                        f"obshub streams worker: {msg}; retrying quietly until it answers (Ctrl-C to "
-                        f"stop). hint: {HINT}",
-                        err=True,
-                    )
-                    said = True
-                continue
-            if said:
-                click.echo(f"obshub streams worker: reached the Kafka broker at {bootstrap}", err=True)
-            return
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    while not stop.is_set():
+        try:
+            if not require_broker(bootstrap, timeout_s=1.0, stop=stop):
+                continue  # stopped
+        except BrokerUnreachable as exc:
+            if not said and time.monotonic() - since >= CONNECT_TIMEOUT_S:
+                msg = str(exc).replace(" within 1 s", f" for {CONNECT_TIMEOUT_S:.0f} s")
+                click.echo(
+                    f"obshub streams worker: {msg}; retrying quietly until it answers (Ctrl-C to stop). hint: {HINT}",
+                    err=True,
+                )
+                said = True
+            continue
+        if said:
+            click.echo(f"obshub streams worker: reached the Kafka broker at {bootstrap}", err=True)
+        return
     raise click.exceptions.Exit(0)
+
+
+def _faust_stop(worker):
+    """``to(signum)`` for a :class:`obshub.core.stopping.SignalRelay`: hand the signal to the Faust
+    worker's event loop as if the loop had caught it (mode's ``_on_sigterm`` / ``_on_sigint``, the graceful
+    stop Faust does on its own signal handlers, which never run now that both signals are blocked in every
+    thread; a second call is ignored there, one shutdown)."""
+    import signal
+
+    def to(signum: int) -> None:
+        handler = worker._on_sigint if signum == signal.SIGINT else worker._on_sigterm
+        worker.loop.call_soon_threadsafe(handler)
+
+    return to
 
 
 def _topic_partitions(bootstrap: str, topic: str, app_id: str) -> tuple[int, int | None]:
@@ -164,6 +169,7 @@ def _free_index(settings) -> int:
     default=None,
     help="worker number n (component streams-<n>); default: the first free one",
 )
+@stop_timeout_option(60.0, "a second signal forces it at once")
 @click.option(
     "--log-level", default="warning", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
@@ -186,22 +192,48 @@ def worker_command(
     metrics_port,
     metrics_addr,
     index,
+    stop_timeout,
     log_level,
     log_format,
 ):
-    """Run one stream worker until SIGTERM/SIGINT. Start several (any host) to share the partitions.
+    """Run one stream worker until SIGTERM/SIGINT (exit 0). Start several (any host) to share the partitions.
 
     State (Faust table data dir) lives under $OBSHUB_HOME/state/<app-id>; tables are recovered from
-    their changelog topics at start, so a restarted worker resumes where the group stopped.
+    their changelog topics at start, so a restarted worker resumes where the group stopped. A stop that
+    does not finish within --stop-timeout seconds, or a second signal, forces the exit (exit 1, every
+    thread's stack on stderr): the signals have a thread of their own (obshub/core/stopping.py), so a
+    main thread blocked in a Kafka client call cannot make the worker deaf to them.
     """
+    import logging
+
+    from obshub.core import stopping
+
+    # before any thread starts (librdkafka's, asyncio's executor, the metrics server's): every thread
+    # inherits the blocked mask and the stop-watch thread sees the signal whatever the main thread does
+    stopping.block_stop_signals()
+    relay, names = stopping.SignalRelay(), []
+    settings = load_settings()
+
+    def forget() -> None:  # the component's record (`obshub status`), when a forced exit skips the finally
+        for n in names:
+            registry.unregister_component(settings, n)
+
+    stopping.StopWatch(
+        relay,
+        forget,
+        stop_timeout,
+        name="streams worker",
+        logger=logging.getLogger("obshub.streams"),
+        unfinished="what was not committed is read and joined again by the next start",
+    ).start()
+
     import faust
 
     from obshub.streams.app import WorkerConfig, build_app, tune_gc
     from obshub.streams.metrics import WorkerMetrics
     from obshub.streams.topics import ensure_internal_topics
 
-    settings = load_settings()
-    _wait_for_broker(settings.bootstrap_servers)
+    _wait_for_broker(settings.bootstrap_servers, relay.stop)
     n_in, existing = _topic_partitions(settings.bootstrap_servers, input_topic, app_id)
     # an existing app keeps the count it was created with unless --partitions says otherwise (then the
     # mismatch is an error below); a new app takes OBSHUB_STREAMS_PARTITIONS
@@ -229,10 +261,13 @@ def worker_command(
         ) from exc
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(cfg, n_in, metrics)
+    if relay.stop.is_set():  # a signal during the start-up steps: nothing runs yet
+        raise click.exceptions.Exit(0)
     name = f"streams-{index or _free_index(settings)}"
     registry.register_component(
         settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic, metrics_port=metrics_port
     )
+    names.append(name)
     try:
         logging_config = None
         if log_format == "json":
@@ -244,6 +279,7 @@ def worker_command(
         # on every record: every debug call of aiokafka and Faust then builds a record (a third of the
         # worker's CPU on the stream benchmark). No spinner: the root logger keeps the chosen level.
         worker.spinner = None
+        relay.attach(_faust_stop(worker))
         tune_gc()
         worker.execute_from_commandline()
     finally:

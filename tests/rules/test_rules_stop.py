@@ -1,7 +1,7 @@
 """`obshub rules serve` stops on SIGTERM/SIGINT even while its main thread is blocked (in a Kafka client call
 that does not return while the cluster is gone, 2026-12-06: 12 minutes deaf to SIGTERM and SIGINT): after
 --stop-timeout seconds, or at a second signal, it exits 1 with every thread's stack on stderr and its
-component record removed (obshub.rules.stopping). The blocked call is stood in for by an engine loop that
+component record removed (obshub.core.stopping). The blocked call is stood in for by an engine loop that
 sleeps for an hour; no broker listens on the port (the normal stop without one, exit 0:
 tests/apps/test_no_broker.py)."""
 

@@ -1,0 +1,166 @@
+"""A bounded stop of a long-running obshub process (``rules serve``, ``streams worker``, ``agent``):
+SIGTERM/SIGINT are seen whatever the main thread is doing.
+
+A Python signal handler runs only in the main thread, between two bytecodes: a main thread blocked inside a
+C call never runs it. On 2026-12-06 a ``rules serve`` whose three brokers were gone (a test's cluster torn
+down after a broker kill and a controller loss, the machine at load 9-10) ignored SIGTERM and then SIGINT for
+12 minutes, its 39 threads all waiting on futexes (librdkafka's consumer close and transactional calls can
+block while the cluster is gone; which one held it was not pinned). The stream worker (its output producer
+and admin calls) and the agent (its producer's flush and purge) make the same kind of calls. This module
+takes both signals away from the main thread:
+
+- :func:`block_stop_signals` blocks SIGTERM and SIGINT in the calling (main) thread before any other thread
+  exists, so every thread started after it (librdkafka's, the notify loop's, the HTTP server's, asyncio's
+  executor) inherits the mask and the kernel keeps the signals pending for :class:`StopWatch`;
+- :class:`StopWatch` is a daemon thread in ``signal.sigwait``: the first signal calls ``on_stop`` (the
+  process's own way to stop: set a stop event, or hand the signal to an event loop); if the process has
+  not ended ``grace_s`` seconds later, or a second signal arrives (a third where ``on_second`` takes the
+  second), it logs why, writes every thread's Python stack to stderr (``faulthandler``), runs ``cleanup``
+  (the component's record) and ends the process with :data:`EXIT_STOP_FORCED`.
+
+Linux/POSIX only (``pthread_sigmask``, ``sigtimedwait``).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("obshub.stopping")
+
+#: exit code of a stop that did not finish within the grace period, or was cut short by a second signal
+EXIT_STOP_FORCED = 1
+#: default seconds from SIGTERM/SIGINT to a forced exit: a normal stop takes a few seconds (the rule
+#: engine's final commit per partition waits at most 2 s, its notify loop's join 30 s at worst; the agent's
+#: flush 15 s, its BPF teardown 4-11 s); Kubernetes' default grace is 30 s and systemd's TimeoutStopSec 90 s,
+#: so a supervisor may still cut it shorter
+STOP_GRACE_S = 60.0
+#: the longest grace accepted: a day. ``sigtimedwait`` raises OverflowError past time_t (``--stop-timeout
+#: 1e12``): the stop-watch thread died at the first signal and left the process deaf to both
+MAX_STOP_GRACE_S = 86_400.0
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def block_stop_signals() -> None:
+    """Block SIGTERM and SIGINT in the calling thread (call it in the main thread before any other thread
+    starts: threads inherit the mask). Until a :class:`StopWatch` runs, the signals stay pending."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+class StopWatch:
+    """Waits for SIGTERM/SIGINT in a daemon thread (see the module docstring).
+
+    ``on_stop(signum)`` is called once, at the first signal (it runs in this thread: it must only set flags
+    or hand the stop to another thread, e.g. ``loop.call_soon_threadsafe``); :attr:`signum` is that signal.
+    ``on_second(signum)``, when given, takes the second signal (the agent's "stop waiting for Kafka") and
+    a third forces the exit; without it the second forces it. ``cleanup()`` runs before a forced exit
+    (errors are logged, never raised); ``grace_s`` (> 0) is the seconds from the first signal to the forced
+    exit; ``name`` names the process in the log (``rules serve``), ``logger`` is the one to log to,
+    ``unfinished`` says in the forced exit's message what becomes of unfinished work. The signals must be blocked in every
+    thread (:func:`block_stop_signals`), else one may be delivered to a thread that is not waiting for it.
+    Raises ValueError for a ``grace_s`` not in (0, :data:`MAX_STOP_GRACE_S`]."""
+
+    def __init__(
+        self,
+        on_stop: Callable[[int], None],
+        cleanup: Callable[[], None],
+        grace_s: float = STOP_GRACE_S,
+        *,
+        on_second: Callable[[int], None] | None = None,
+        name: str = "obshub",
+        logger: logging.Logger | None = None,
+        unfinished: str = "what was not committed is read again by the next start",
+    ):
+        if not 0 < grace_s <= MAX_STOP_GRACE_S:
+            raise ValueError(f"grace_s must be > 0 and at most {MAX_STOP_GRACE_S:g} s, got {grace_s!r}")
+        self.on_stop, self.cleanup, self.grace_s = on_stop, cleanup, grace_s
+        self.on_second, self.name, self.unfinished = on_second, name, unfinished
+        self.log = logger or log
+        self.signum: int | None = None  # the first signal, once it arrived
+        self.thread = threading.Thread(target=self._run, name="stop-watch", daemon=True)
+
+    def start(self) -> StopWatch:
+        """Start the thread; returns ``self``."""
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        first = signal.sigwait(_STOP_SIGNALS)
+        self.signum = first
+        deadline = time.monotonic() + self.grace_s
+        ends = "a third signal ends it at once" if self.on_second else "a second signal ends it at once"
+        self.log.info(
+            "%s: %s: stopping (at most %.0f s; %s)", self.name, signal.Signals(first).name, self.grace_s, ends
+        )
+        self.on_stop(first)
+        seen = 1
+        while True:
+            left = deadline - time.monotonic()
+            info = signal.sigtimedwait(_STOP_SIGNALS, max(left, 0.0)) if left > 0 else None
+            if info is not None:
+                seen += 1
+                if seen == 2 and self.on_second is not None:
+                    self.on_second(info.si_signo)
+                    continue
+                nth = "second" if seen == 2 else "third"
+                self._force(f"a {nth} signal ({signal.Signals(info.si_signo).name}) arrived while stopping")
+            elif time.monotonic() >= deadline:
+                self._force(f"the stop did not finish within {self.grace_s:g} s of {signal.Signals(first).name}")
+
+    def _force(self, why: str) -> None:
+        self.log.error(
+            "%s: %s: exiting now (exit %d); %s. Each thread's stack follows on stderr.",
+            self.name,
+            why,
+            EXIT_STOP_FORCED,
+            self.unfinished,
+        )
+        try:
+            sys.stderr.flush()
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        except (OSError, ValueError, RuntimeError) as exc:  # stderr closed or not a file
+            self.log.debug("no thread stacks: %s", exc)
+        try:
+            self.cleanup()
+        except Exception as exc:  # noqa: BLE001 - the process ends next whatever went wrong here
+            self.log.warning("cleanup before the forced exit failed: %s", exc)
+        for h in logging.getLogger().handlers:
+            try:
+                h.flush()
+            except Exception:  # noqa: BLE001, S112 - a handler that cannot flush loses its last lines only
+                continue
+        os._exit(EXIT_STOP_FORCED)
+
+
+class SignalRelay:
+    """A StopWatch's ``on_stop``/``on_second`` for a process whose stop target exists only later (a Faust
+    worker, an agent, built after the signals had to be blocked): the signals seen so far are kept and
+    handed to the target when it is attached (:meth:`attach`), later ones at once, each exactly once.
+    :attr:`stop` is set at the first (for the start-up steps before the target exists)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.signals: list[int] = []
+        self._lock = threading.Lock()
+        self._to: Callable[[int], None] | None = None
+
+    def __call__(self, signum: int) -> None:
+        with self._lock:
+            self.signals.append(signum)
+            self.stop.set()
+            if self._to is not None:
+                self._to(signum)
+
+    def attach(self, to: Callable[[int], None]) -> None:
+        """Hand every signal seen so far, and each later one, to ``to(signum)`` (it must only set flags or
+        hand the stop to another thread: it runs in the stop-watch thread, or here for those seen before)."""
+        with self._lock:
+            self._to = to
+            for signum in self.signals:
+                to(signum)
