@@ -75,7 +75,7 @@ class StopWatch:
         on_second: Callable[[int], None] | None = None,
         name: str = "obshub",
         logger: logging.Logger | None = None,
-        unfinished: str = "what was not committed is read again by the next start",
+        unfinished: str = "what was not committed is evaluated again by the next start",
     ):
         if not 0 < grace_s <= MAX_STOP_GRACE_S:
             raise ValueError(f"grace_s must be > 0 and at most {MAX_STOP_GRACE_S:g} s, got {grace_s!r}")

@@ -243,14 +243,8 @@ def serve_command(
         if getattr(svc, "component", None):
             registry.unregister_component(settings, svc.component)
 
-    stopping.StopWatch(
-        lambda _signum: svc.stop.set(),
-        forget,
-        stop_timeout,
-        name="rules serve",
-        logger=logging.getLogger("obshub.rules.service"),
-        unfinished="what was not committed is evaluated again by the next start",
-    ).start()
+    svc_log = logging.getLogger("obshub.rules.service")
+    stopping.StopWatch(lambda _signum: svc.stop.set(), forget, stop_timeout, name="rules serve", logger=svc_log).start()
     svc.serve(metrics_port, metrics_addr)
 
 

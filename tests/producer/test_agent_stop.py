@@ -11,66 +11,31 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.apps.test_no_broker import closed_port
-from tests.rules.test_rules_stop import _ended
+from tests.support.stopping import assert_forced, check_forced_after_the_stop_timeout, start_blocked
 
 pytestmark = pytest.mark.slow  # an agent in a subprocess, a few seconds each
 
-REPO = Path(__file__).resolve().parents[2]
-BLOCKED = (
-    "import sys, time\n"
-    "from obshub.producer import agent\n"
-    "agent.Agent._loop = lambda self: time.sleep(3600)\n"
-    "from obshub.producer.cli import agent_command\n"
-    "agent_command(sys.argv[1:], prog_name='obshub agent')\n"
-)
-
-
-def _agent(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path, Path]:
-    home = tmp_path / "home"
-    env = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(closed_port()), "PYTHONUNBUFFERED": "1"}
-    env.pop("OBSHUB_BOOTSTRAP", None)
-    out = tmp_path / "out.txt"
-    with open(out, "wb") as f:
-        p = subprocess.Popen(
-            [sys.executable, "-c", BLOCKED, "--source", "synthetic", "--rate", "200", "--host", "stopme", *args],
-            cwd=REPO,
-            env=env,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 60
-    while not list(home.glob("**/agent-stopme.json")):  # registered: next is the (blocked) loop
-        assert p.poll() is None, out.read_text()[-3000:]
-        assert time.monotonic() < deadline, "the agent did not register within 60 s"
-        time.sleep(0.1)
-    time.sleep(0.5)  # into the blocked loop
-    return p, home, out
+BLOCKED = """\
+import sys, time
+from obshub.producer import agent
+agent.Agent._loop = lambda self: time.sleep(3600)
+from obshub.producer.cli import agent_command
+agent_command(sys.argv[1:], prog_name='obshub agent')
+"""
+ARGS = ["--source", "synthetic", "--rate", "200", "--host", "stopme"]
+RECORD = "agent-stopme.json"  # registered: next is the (blocked) loop
 
 
 def test_a_blocked_agent_is_forced_out_after_the_stop_timeout_with_the_threads_stacks(tmp_path):
-    p, home, out = _agent(tmp_path, "--stop-timeout", "2")
-    os.killpg(p.pid, signal.SIGTERM)
-    took = _ended(p, 30, out)
-    text = out.read_text()
-    assert p.returncode == 1, text[-3000:]  # it ran on for the hour, deaf to SIGTERM, before
-    assert took >= 1.5, f"forced after {took:.1f} s, before its 2 s"
-    assert "agent: the stop did not finish within 2 s of SIGTERM: exiting now (exit 1)" in text, text[-3000:]
-    assert "Current thread" in text or "Thread 0x" in text, text[-3000:]  # faulthandler's stacks
-    assert "<lambda>" in text, text[-3000:]  # the blocked main thread is shown
-    assert not list(home.glob("**/agent-stopme.json")), "the component record outlived the forced exit"
+    check_forced_after_the_stop_timeout(tmp_path, BLOCKED, ARGS, RECORD, "agent")  # deaf for the hour before
 
 
 def test_the_second_signal_stops_waiting_for_kafka_and_a_third_ends_a_blocked_agent_at_once(tmp_path):
-    p, home, out = _agent(tmp_path)  # the default grace: --flush-timeout + 45 s
+    p, home, out = start_blocked(tmp_path, BLOCKED, ARGS, RECORD)  # the default grace: --flush-timeout + 45 s
     os.killpg(p.pid, signal.SIGTERM)
     time.sleep(0.5)
     os.killpg(p.pid, signal.SIGTERM)
@@ -80,8 +45,4 @@ def test_the_second_signal_stops_waiting_for_kafka_and_a_third_ends_a_blocked_ag
         time.sleep(0.1)
     assert p.poll() is None, out.read_text()[-3000:]  # the second signal forces nothing
     os.killpg(p.pid, signal.SIGINT)
-    took = _ended(p, 20, out)
-    text = out.read_text()
-    assert p.returncode == 1 and took < 20, text[-3000:]
-    assert "a third signal (SIGINT) arrived while stopping: exiting now (exit 1)" in text, text[-3000:]
-    assert not list(home.glob("**/agent-stopme.json"))
+    assert_forced(p, home, out, RECORD, "a third signal (SIGINT) arrived while stopping", within_s=20)
