@@ -204,10 +204,13 @@ def status(as_json):
         for g in st["groups"]:
             t.add_row(g["group"], g["state"], str(g["lag"]))
         console.print(t)
-    t = Table("component", "pid", "running", "log", title="components")
-    for c in st["components"]:
-        t.add_row(c["name"], str(c["pid"]), component_state(c, b["up"]), c.get("log", ""))
-    console.print(t)
+    if st["components"]:
+        t = Table("component", "pid", "running", "log", title="components")
+        for c in st["components"]:
+            t.add_row(c["name"], str(c["pid"]), component_state(c, b["up"]), c.get("log", ""))
+        console.print(t)
+    else:  # an empty table's frame said nothing a new user could read
+        console.print("components: none registered in this state folder (`obshub up` starts the broker)")
     sys.exit(0 if b["up"] else 1)
 
 

@@ -79,6 +79,8 @@ def test_commands_exit_nonzero_with_one_message(env):
         clean(out + err)
         if name == "status":
             assert f"broker down at 127.0.0.1:{port}" in out
+            # nothing registered: one line, not an empty table's frame (a new user's README walk)
+            assert "components: none registered" in out and "┏" not in out, out
             continue
         assert err.count(f"cannot reach the Kafka broker at 127.0.0.1:{port}") == 1, (name, err)
         assert "connection refused" in err and "obshub up" in err, (name, err)
