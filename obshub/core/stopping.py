@@ -18,6 +18,10 @@ takes both signals away from the main thread:
   second), it logs why, writes every thread's Python stack to stderr (``faulthandler``), runs ``cleanup``
   (the component's record) and ends the process with :data:`EXIT_STOP_FORCED`.
 
+A child process inherits the blocked mask (``execve`` keeps it, ``subprocess``' ``restore_signals`` does not
+touch it): the children these commands start are short-lived (the agent's ``cp`` and ``mount``); a
+long-lived one would need the signals unblocked in its ``preexec_fn``.
+
 Linux/POSIX only (``pthread_sigmask``, ``sigtimedwait``).
 """
 
