@@ -53,6 +53,8 @@ from obshub.streams import synthetic
 TEMPLATES = 2
 TICK_S = 0.01  # publication groups: the hosts whose step ends in the same 10 ms go out together
 RUNQ_NS = 20_000  # filler run-queue waits: accumulated by the worker, far below any blame threshold
+RECLAIM_PER_RANK = 2  # a memory host's rank-step: this many of its filler events are reclaim stalls
+RECLAIM_NS = 1_000_000  # of 1 ms each (2 ms a rank-step: pressure the step does not wait for)
 STEP16 = 0xFFFF << 32
 _MARKERS = (int(Kind.STEP_BEGIN), int(Kind.STEP_END))
 _COLLS = (int(Kind.COLLECTIVE_BEGIN), int(Kind.COLLECTIVE_END))
@@ -70,6 +72,16 @@ class Shape:
     guilty_from: int = 10
     extra_ms: float = 200.0
     ranks_per_host: int = 1  # ranks per host: every host's batch holds each rank's events (per rank-step)
+    guilty_layer: str = "sched"  # where the straggler's extra time goes (streams.synthetic.GUILTY_KINDS)
+    mem_hosts: int = 0  # hosts (not the straggler) whose ranks stall in reclaim every step (MEM_RECLAIM filler)
+
+    @property
+    def mem_set(self) -> frozenset[int]:
+        """Indexes of the ``mem_hosts`` hosts spread evenly over the job, the straggler left out."""
+        if not 0 <= self.mem_hosts < self.hosts:
+            raise ValueError(f"mem_hosts={self.mem_hosts}: expected 0 to {self.hosts - 1} (hosts={self.hosts})")
+        others = [i for i in range(self.hosts) if i != self.straggler]
+        return frozenset(others[k * len(others) // self.mem_hosts] for k in range(self.mem_hosts))
 
     @property
     def straggler(self) -> int:
@@ -99,7 +111,7 @@ def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
         steps=2 * TEMPLATES,
         straggler=shape.straggler_rank,
         guilty_steps=tuple(range(TEMPLATES, 2 * TEMPLATES)),
-        guilty_layer="sched",
+        guilty_layer=shape.guilty_layer,
         forward_ms=560.0,
         bucket_ms=40.0,
         coll_ms=10.0,
@@ -109,12 +121,13 @@ def scenario(shape: Shape, start_ns: int) -> synthetic.Scenario:
     )
 
 
-def _pad(batch: Batch, events_per_step: int, ranks: int = 1) -> list[list]:
+def _pad(batch: Batch, events_per_step: int, ranks: int = 1, mem: bool = False) -> list[list]:
     """The events of a one-step batch (as lists) plus SCHED_RUNQ filler up to ``events_per_step``, spread
     evenly over the step (before its STEP_END: what a rank's threads do after it belongs to the next
     step), sorted by time (bench/loadgen.py's shape, without its per-event checks). With ``ranks`` ranks
     per host (process ids 1000 + local rank, ``synthetic.generate_ranks``) the filler goes round-robin to
-    them and ``events_per_step`` counts per rank."""
+    them and ``events_per_step`` counts per rank. ``mem``: the first ``RECLAIM_PER_RANK`` filler events of
+    each rank are MEM_RECLAIM stalls of ``RECLAIM_NS`` instead (a host under memory pressure)."""
     evs = [list(e) for e in batch.events]
     n = events_per_step * ranks - len(evs)
     if n > 0:
@@ -124,9 +137,9 @@ def _pad(batch: Batch, events_per_step: int, ranks: int = 1) -> list[list]:
         tk = (batch.host_id << 48) | ((e0[4] & 0xFFFF) << 32)
         evs += [
             [
-                int(Kind.SCHED_RUNQ),
+                int(Kind.MEM_RECLAIM) if mem and j < RECLAIM_PER_RANK * ranks else int(Kind.SCHED_RUNQ),
                 begin + span * (j + 1) // (n + 1),
-                RUNQ_NS,
+                RECLAIM_NS if mem and j < RECLAIM_PER_RANK * ranks else RUNQ_NS,
                 tk | (1 + j % 8),
                 e0[4],
                 e0[5] if ranks == 1 else 1000 + j % ranks,
@@ -167,8 +180,9 @@ class Fleet:
             t = b.events[0].step
             rt = min(e.ts_ns for e in b.events) + b.clock.offset_ns
             begin_rt[t] = min(begin_rt.get(t, rt), rt)
+        mem = shape.mem_set
         for _k, b in pairs[shape.hosts :]:
-            evs = _pad(b, shape.events_per_step, shape.ranks_per_host)
+            evs = _pad(b, shape.events_per_step, shape.ranks_per_host, b.host_id in mem)
             t = b.events[0].step
             rt0 = b.clock.offset_ns
             self.tmpl[t][b.host_id] = [

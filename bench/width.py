@@ -1315,7 +1315,30 @@ def _rss_now(field: str = "VmRSS:") -> float:
     return float("nan")
 
 
-def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: int = 5, say=None) -> dict:
+CASES = {
+    # name: (guilty layer, steps, guilty_from, share of the other hosts under memory pressure); every judged
+    # step (after guilty_from) has the job's baseline (Thresholds.baseline_min_n = 10 closed steps), so the
+    # evidence is computed as in a running job (steps 6-7 of the 8-step run before had none: 20 ms less close)
+    "straggler": ("sched", 15, 11, 0.0),
+    # a memory straggler after the memory episode's quiet steps (analysis.MEMORY_QUIET_STEPS + 1 closed
+    # steps without): its steps are an episode from the first slow one (memory_stall_episode at the 3rd)
+    "mem": ("memory", 21, 17, 0.0),
+    # the same, with 10 % of the other hosts' ranks in reclaim every step (2 ms a rank-step, not late)
+    "mem10": ("memory", 21, 17, 0.1),
+}
+"""``inproc_cost``'s cases (``bench.width --inproc --case``); the straggler is node2's rank ``ranks // 2``."""
+
+
+def inproc_cost(
+    hosts: int,
+    ranks_per_host: int,
+    steps: int = 15,
+    guilty_from: int = 11,
+    say=None,
+    *,
+    guilty_layer: str = "sched",
+    mem_share: float = 0.0,
+) -> dict:
     """The worker's and the engine's work per step at ``hosts`` x ``ranks_per_host`` without a broker: the
     fleet's batches of every step (encoded as the agents send them) through the worker's own ingest and
     fold (``streams.inproc``, each step's batches in 4 rounds, as ``bench.fold_width``) and every step
@@ -1327,7 +1350,11 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
     and whether the straggler's host and rank were named; ``gc_ms`` the collector's CPU in a step (median,
     included in the figures above), ``fold_max_ms`` the slowest fold and ``full_gcs`` the full collections of
     every step but the first (which pays for the registrations). For the sizes a 2-core machine cannot carry
-    through the real broker at 1 s steps (2,048 hosts x 8 ranks = 1 M events per step)."""
+    through the real broker at 1 s steps (2,048 hosts x 8 ranks = 1 M events per step). ``guilty_layer``:
+    where the straggler's extra time goes ("sched", "memory", ...: ``streams.synthetic.GUILTY_KINDS``);
+    ``mem_share``: the share (0-1) of the other hosts whose ranks stall in reclaim every step
+    (``fleet.Shape.mem_hosts``). Also returned: ``episodes``, the judged steps whose ``memory_episode``
+    names the straggler's host, and ``fired``, the rules that fired for it (its ``host`` label)."""
     from obshub.rules.engine import Engine
     from obshub.rules.loader import load_ruleset
     from obshub.streams import wire
@@ -1336,8 +1363,16 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
 
     tune_gc()
     say = say or common.console.print
+    if not 0.0 <= mem_share < 1.0:
+        raise ValueError(f"mem_share={mem_share}: expected a share from 0 to below 1")
     shape = fleet.Shape(
-        hosts, steps, job=f"inproc-{hosts}x{ranks_per_host}", guilty_from=guilty_from, ranks_per_host=ranks_per_host
+        hosts,
+        steps,
+        job=f"inproc-{hosts}x{ranks_per_host}",
+        guilty_from=guilty_from,
+        ranks_per_host=ranks_per_host,
+        guilty_layer=guilty_layer,
+        mem_hosts=round(mem_share * (hosts - 1)),
     )
     t0 = time.monotonic()
     f = fleet.Fleet(shape, time.time_ns())
@@ -1345,7 +1380,13 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
     pipe = InProcess(partitions=PARTITIONS)
     for _k, v in f.register_messages():
         pipe.feed(v)
-    engine = Engine(load_ruleset([REPO / "obshub" / "rules" / "builtin"]), lambda c: None)
+    fired: set[str] = set()
+
+    def on_change(c: dict) -> None:
+        if c.get("status") == "firing" and c.get("labels", {}).get("host") == shape.straggler_host:
+            fired.add(c["rule"])
+
+    engine = Engine(load_ruleset([REPO / "obshub" / "rules" / "builtin"]), on_change)
     seqs = [1] * hosts
     rows = []
     close_s = [0.0]  # CPU s of the step's close (summarize included), out of the fold's
@@ -1413,6 +1454,7 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
                 "rules_ms": rules * 1e3,
                 "summary_bytes": len(json.dumps(s, separators=(",", ":")).encode()) if s else 0,
                 "named": (strag.get("host"), strag.get("rank")),
+                "episode": (s.get("memory_episode") or {}).get("host") == shape.straggler_host,
                 "gc_ms": gcs["s"] * 1e3,
                 "full_gcs": gcs["full"],
                 "full_gc_ms": gcs["full_s"] * 1e3,
@@ -1444,6 +1486,9 @@ def inproc_cost(hosts: int, ranks_per_host: int, steps: int = 8, guilty_from: in
         "rss_peak_mb": peak,
         "rss_fleet_mb": rss_fleet,  # after building the fleet's templates: the rest is the worker's and engine's
         "named": sum(1 for r in late if tuple(r["named"]) == want),
+        "episodes": sum(1 for r in late if r["episode"]),
+        "fired": sorted(fired),
+        "case": {"guilty_layer": guilty_layer, "mem_hosts": shape.mem_hosts, "steps": steps, "from": guilty_from},
         "steps_judged": len(late),
         "wall_s": time.monotonic() - t0,
     }
@@ -1578,6 +1623,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no broker: the fold's decode of one step's parts, typed accumulators vs the dict form, side by side",
     )
+    p.add_argument(
+        "--case",
+        choices=sorted(CASES),
+        default="straggler",
+        help="with --inproc: straggler (sched, 15 steps, from 11: a baseline on the judged steps), mem (node2 stalls in reclaim from step 17 of 21: "
+        "a memory episode), mem10 (mem, and 10%% of the other hosts in reclaim every step); default straggler",
+    )
     a = p.parse_args(argv)
     sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
     if a.ranks_per_host < 1:
@@ -1600,9 +1652,14 @@ def main(argv: list[str] | None = None) -> int:
         common.console.print(common.rows_table(title, cols, cells))
         return 0
     if a.inproc:
-        out = [inproc_cost(h, a.ranks_per_host) for h in sizes or (8, 128)]
+        layer, n_steps, g_from, share = CASES[a.case]
+        out = [
+            inproc_cost(h, a.ranks_per_host, n_steps, g_from, guilty_layer=layer, mem_share=share)
+            for h in sizes or (8, 128)
+        ]
         t = Table(
-            title=f"in process, per step after the straggler's first slow step ({a.ranks_per_host} ranks per host)"
+            title=f"in process, per step after the straggler's first slow step ({a.ranks_per_host} ranks per host, "
+            f"case {a.case})"
         )
         for col in (
             "hosts x ranks",
@@ -1616,6 +1673,7 @@ def main(argv: list[str] | None = None) -> int:
             "summary bytes",
             "RSS peak MB",
             "straggler host+rank named",
+            "memory episode; fired for it",
         ):
             t.add_column(col, justify="right")
         for r in out:
@@ -1631,9 +1689,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['summary_bytes']:,}",
                 f"{r['rss_peak_mb']:,.0f} ({r['rss_fleet_mb']:,.0f})",
                 f"{r['named']}/{r['steps_judged']}",
+                f"{r['episodes']}/{r['steps_judged']}; {', '.join(r['fired']) or '-'}",
             )
         common.console.print(t)
-        common.console.print(f"raw results: {common.save('width_inproc', {'rows': out, 'rev': common.git_rev()})}")
+        saved = common.save("width_inproc", {"rows": out, "case": a.case, "rev": common.git_rev()})
+        common.console.print(f"raw results: {saved}")
         return 0
     run(
         a.quick,

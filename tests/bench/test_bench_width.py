@@ -69,6 +69,38 @@ def test_fleet_batches_are_agent_shaped_and_name_the_straggler():
             assert s["straggler"] is None
 
 
+def test_memory_case_charges_the_straggler_over_an_episode():
+    """``bench.width --inproc --case mem10``'s load: node2's rank stalls in reclaim from the case's first slow
+    step (after the memory episode's quiet steps), 10 % of the other hosts' ranks stall in reclaim every
+    step (2 of their 64 events per rank-step), and the worker's fold names node2 / memory on every slow step
+    as one episode, which memory_stall_episode reports."""
+    from bench import fleet, width
+    from obshub.core import schema
+
+    layer, steps, g_from, share = width.CASES["mem10"]
+    shape = fleet.Shape(21, 3, job="m", guilty_from=1, ranks_per_host=2, guilty_layer=layer, mem_hosts=2)
+    assert shape.mem_set == {0, 11} and shape.straggler == 2
+    f = fleet.Fleet(shape, start_ns=1_790_000_000_000_000_000)
+    reclaim: Counter = Counter()
+    for st in f.encode_all():
+        for _due, msgs, _n in st:
+            for _k, v in msgs:
+                b = schema.decode_batch(v)
+                assert len(b.events) == 2 * 64
+                for e in b.events:
+                    if e.kind == schema.Kind.MEM_RECLAIM:
+                        reclaim[(b.host, e.step, e.pid)] += 1
+    filler = {k: n for k, n in reclaim.items() if k[0] != "node2"}
+    assert filler == {(h, s, pid): 2 for h in ("node0", "node11") for s in range(3) for pid in (1000, 1001)}
+    assert {k[1] for k in reclaim if k[0] == "node2"} == {1, 2}  # the straggler's own stalls, slow steps only
+    with pytest.raises(ValueError, match="mem_hosts=21"):
+        fleet.Fleet(fleet.Shape(21, 3, mem_hosts=21), start_ns=1_790_000_000_000_000_000)
+    r = width.inproc_cost(21, 2, steps, g_from, say=lambda *_a: None, guilty_layer=layer, mem_share=share)
+    assert r["case"] == {"guilty_layer": "memory", "mem_hosts": 2, "steps": steps, "from": g_from}
+    assert r["named"] == r["episodes"] == r["steps_judged"] == steps - g_from - 1
+    assert "memory_stall_episode" in r["fired"]
+
+
 def test_growth_exponent():
     from bench.width import exponent
 
