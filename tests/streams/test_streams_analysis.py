@@ -259,12 +259,9 @@ def _dir_acc(host, addr, sent):
     return a
 
 
-def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_host():
-    """A recorded demo step with 8 % loss on node-02's link (ring 0-1-2-3-0, each host reporting the
-    retransmits it sent): node-01 and node-03 retransmit towards node-02 (2 and 12), and node-00 sent 6
-    towards node-03. Both directions together, node-03's fewest over its connections (6) beat node-02's
-    (2), so it was blamed; in the directed view node-02 is the only host whose every connection lost
-    segments in one direction (towards it), and node-03 (one lossy connection each way) has none."""
+def _loss8_step():
+    """The recorded demo step with 8 % loss on node-02's link (ring 0-1-2-3-0): node-01 and node-03 sent
+    2 and 12 retransmits toward node-02, node-00 6 toward node-03. Returns ``(addresses, accumulators)``."""
     ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
     accs = {
         "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 6)}),
@@ -272,6 +269,16 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 0)}),
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 12)}),
     }
+    return ip, accs
+
+
+def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_host():
+    """A recorded demo step with 8 % loss on node-02's link (ring 0-1-2-3-0, each host reporting the
+    retransmits it sent): node-01 and node-03 retransmit towards node-02 (2 and 12), and node-00 sent 6
+    towards node-03. Both directions together, node-03's fewest over its connections (6) beat node-02's
+    (2), so it was blamed; in the directed view node-02 is the only host whose every connection lost
+    segments in one direction (towards it), and node-03 (one lossy connection each way) has none."""
+    ip, accs = _loss8_step()
     th = analysis.Thresholds()
     rx = analysis.net_stats(accs, th).rx
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 0}
@@ -347,13 +354,7 @@ def test_the_recorded_8_percent_loss_step_keeps_its_receiver_when_the_sender_que
     node-00 6 toward node-03): a chain node-00 -> node-03 -> node-02 by counts, like the tbf's wrong step.
     A loss fault queues nothing at the sender (no TCP_QUEUE, or one below ``net_queue_min_ns``): the toward
     view keeps the receiver node-02."""
-    ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
-    accs = {
-        "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 6)}),
-        "node-01": _dir_acc("node-01", ip["node-01"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 2)}),
-        "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 0)}),
-        "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 12)}),
-    }
+    ip, accs = _loss8_step()
     th = analysis.Thresholds()
     want = {"node-02": analysis.NetEvidence(3.0, 14, 6, 0, 0)}
     assert analysis.net_toward_evidence(accs, th) == want
