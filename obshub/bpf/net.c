@@ -15,6 +15,11 @@
  *                             (duration = smoothed RTT ns; str0/str1 = sockaddr of both ends)
  *   skb:kfree_skb          -> SKB_DROP in a watched process's context or for a watched receiving
  *                             socket (value = drop reason code, named by the loader from tracefs)
+ *   qdisc:qdisc_dequeue    -> TCP_QUEUE when a watched socket's segment (skb->sk in `socks`) waited at
+ *                             least OBS_THR_QUEUE_NS in its host's egress qdisc (now - skb->tstamp, TCP's
+ *                             departure time, CLOCK_MONOTONIC), at most every OBS_THR_RTT_INTERVAL_NS per
+ *                             socket (duration = the longest wait since the socket's previous TCP_QUEUE,
+ *                             value = ifindex); compiled only where the tracepoint exists
  */
 #include "common.h"
 
@@ -31,6 +36,8 @@ struct obs_sock {
     u32 tgid;
     u32 pad;
     u64 rtt_ns;
+    u64 queue_ns;      /* the longest egress-queue wait >= OBS_THR_QUEUE_NS not sent yet (ns) */
+    u64 queue_sent_ns; /* when its last TCP_QUEUE was sent (0: none yet) */
 };
 
 BPF_TABLE("lru_hash", u64, struct obs_sock, socks, 65536);  /* struct sock address -> owner, last RTT sample */
@@ -194,3 +201,52 @@ int obs_kfree_skb(void *ctx)
     obs_submit(e);
     return 0;
 }
+
+#ifdef OBS_ATTACHED_NET_QUEUE
+/* struct sk_buff's `sk` and `tstamp`: the same offsets in the 6.1 headers bcc compiles with and in 6.18
+ * (tstamp is TCP's departure time, CLOCK_MONOTONIC, copied to the segments when a qdisc splits a GSO skb;
+ * `sk` is cleared on the far side of a veth, so only the sending host's own egress queue counts). */
+#ifndef OBS_SKB_SK_OFF
+#define OBS_SKB_SK_OFF 24
+#endif
+#ifndef OBS_SKB_TSTAMP_OFF
+#define OBS_SKB_TSTAMP_OFF 32
+#endif
+
+int obs_qdisc_dequeue(void *ctx)
+{
+    u64 skb = 0, sk = 0, tstamp = 0;
+    OBS_TP_READ(skb, ctx, TPOFF_QDISC_DEQUEUE_SKBADDR);
+    if (!skb)
+        return 0; /* a dequeue that found nothing */
+    bpf_probe_read_kernel(&sk, sizeof(sk), (void *)(skb + OBS_SKB_SK_OFF));
+    if (!sk)
+        return 0;
+    struct obs_sock *so = socks.lookup(&sk);
+    if (!so)
+        return 0;
+    bpf_probe_read_kernel(&tstamp, sizeof(tstamp), (void *)(skb + OBS_SKB_TSTAMP_OFF));
+    u64 now = bpf_ktime_get_ns();
+    if (!tstamp || tstamp >= now)
+        return 0; /* no departure time, or a paced socket's future one (fq, SO_TXTIME): no sample */
+    u64 wait_ns = now - tstamp;
+    if (wait_ns < obs_threshold(OBS_THR_QUEUE_NS))
+        return 0;
+    if (wait_ns > so->queue_ns)
+        so->queue_ns = wait_ns;
+    if (so->queue_sent_ns && now - so->queue_sent_ns < obs_threshold(OBS_THR_RTT_INTERVAL_NS))
+        return 0; /* kept in the entry: the socket's next TCP_QUEUE carries it */
+    struct obs_event *e = obs_reserve(OBS_PROBE_NET_QUEUE, OBS_KIND_TCP_QUEUE, so->tgid, 0);
+    if (!e)
+        return 0;
+    s32 ifindex = 0;
+    OBS_TP_READ(ifindex, ctx, TPOFF_QDISC_DEQUEUE_IFINDEX);
+    e->ts_ns = now;
+    e->duration_ns = so->queue_ns;
+    e->value = ifindex;
+    so->queue_sent_ns = now;
+    so->queue_ns = 0;
+    obs_submit(e);
+    return 0;
+}
+#endif

@@ -144,6 +144,7 @@ class Kind(enum.IntEnum):
     TCP_RETRANSMIT = 40
     TCP_RTT = 41
     SKB_DROP = 42
+    TCP_QUEUE = 43
     # PCIe
     PCIE_AER = 50
     PCIE_LINK = 51
@@ -318,6 +319,14 @@ KIND_INFO: dict[Kind, KindInfo] = {
     ),
     Kind.SKB_DROP: KindInfo(
         Layer.NETWORK, "0", "drop reason code", {"reason": str}, step=("zero", "one", "zero"), record="skb_drop"
+    ),
+    Kind.TCP_QUEUE: KindInfo(
+        Layer.NETWORK,
+        "longest wait of a watched socket's segment in its own host's egress qdisc since the socket's "
+        "previous TCP_QUEUE, ns",
+        "ifindex of the device",
+        {},
+        step=("zero", "zero", "zero"),
     ),
     Kind.PCIE_AER: KindInfo(
         Layer.PCIE,

@@ -167,6 +167,12 @@ THRESHOLDS: dict[str, tuple[int, int, str]] = {
         "(gfp_flags has __GFP_DIRECT_RECLAIM: the ones that can stall the thread); 0 = every allocation "
         "of the orders above",
     ),
+    "queue_ns": (
+        12,
+        100_000_000,
+        "ns: TCP_QUEUE sent when a watched socket's segment waited this long in its host's egress qdisc "
+        "(at most one per socket per rtt_interval_ns, carrying the longest wait since the previous)",
+    ),
 }
 
 #: ``__GFP_DIRECT_RECLAIM`` where the kernel's print fmt of kmem:mm_page_alloc does not name it (bit 10
@@ -446,6 +452,19 @@ def _build() -> tuple[Probe, ...]:
         "tracepoint skb:kfree_skb (reason field 5.17+, rx_sk 6.11+)",
         "one lookup per dropped skb",
         "NET",
+    )
+    add(
+        "net_queue",
+        Layer.NETWORK,
+        "net.c",
+        "tracepoint",
+        [Kind.TCP_QUEUE],
+        [Tracepoint("qdisc", "qdisc_dequeue", "obs_qdisc_dequeue", ("skbaddr", "ifindex"))],
+        "tracepoint qdisc:qdisc_dequeue (4.20+); reads sk_buff's sk and tstamp (offsets 24 and 32)",
+        "per skb dequeued from a qdisc system-wide (per GSO skb where the NIC segments; nothing on a "
+        "noqueue device such as a veth): two field reads and one socks look-up",
+        "NET",
+        "a watched socket's segment held in its own host's egress queue (sojourn = now - skb->tstamp)",
     )
     add(
         "pcie_aer",

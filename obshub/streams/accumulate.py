@@ -190,10 +190,13 @@ class HostNet(_Record):
     ``addrs``: this host's own IPv4 addresses (the ``saddr`` of its TCP events) -> 1. ``pairs``: per
     connection ``"<a>|<b>"`` (a < b) ``[rtt_samples, retransmits, rtt_sum_ns, retransmits_a_to_b,
     retransmits_b_to_a]`` (counts, ns); a pair of three values (an older worker's) merges into the first
-    three."""
+    three. ``queue_max_ns``: the longest a watched socket's segment waited in this host's own egress qdisc
+    in the step (TCP_QUEUE, ns; parts merge by max; None: no TCP_QUEUE, i.e. none at or above the agent's
+    ``queue_ns``, or an agent or worker without the probe or the field)."""
 
     addrs: dict[str, int] = {}
     pairs: dict[str, list[int]] = {}
+    queue_max_ns: int | None = None
 
 
 class StepAcc(_Record):
@@ -445,9 +448,16 @@ def table_from_dict(d: dict) -> RankTable:
     )
 
 
+def _net_from_dict(d: dict) -> HostNet:
+    """:class:`HostNet` from its dict form (``queue_max_ns`` None when absent: an older worker's)."""
+    return HostNet(
+        addrs=dict(d.get("addrs") or {}), pairs=dict(d.get("pairs") or {}), queue_max_ns=d.get("queue_max_ns")
+    )
+
+
 #: the nested records a ``rec["field"] = {...}`` of the dict form converts
 _NESTED: dict[str, Callable[[dict], Any]] = {
-    "net": lambda d: HostNet(addrs=dict(d.get("addrs") or {}), pairs=dict(d.get("pairs") or {})),
+    "net": lambda d: _net_from_dict(d),
     "ranks": lambda d: {str(r): row if isinstance(row, RankRow) else row_from_dict(row) for r, row in d.items()},
     "rt": lambda d: table_from_dict(d),
 }
@@ -467,7 +477,7 @@ def as_acc(acc: Any) -> HostAcc:
     out = HostAcc(**_step_kw(acc), host=str(acc.get("host") or ""), host_id=int(acc.get("host_id") or 0))
     net = acc.get("net")
     if isinstance(net, dict):
-        out.net = HostNet(addrs=dict(net.get("addrs") or {}), pairs=dict(net.get("pairs") or {}))
+        out.net = _net_from_dict(net)
     elif net is not None:
         out.net = msgspec.convert(net, HostNet)
     else:
@@ -542,6 +552,7 @@ _COLL_END = int(Kind.COLLECTIVE_END)
 _AGENT_LOSS = int(Kind.AGENT_LOSS)
 _TCP_RTT = int(Kind.TCP_RTT)
 _TCP_RETRANSMIT = int(Kind.TCP_RETRANSMIT)
+_TCP_QUEUE = int(Kind.TCP_QUEUE)
 _PHASE = int(Kind.PHASE)
 _REGISTER = int(Kind.REGISTER)
 _RANK_STATE = int(Kind.RANK_STATE)
@@ -581,6 +592,12 @@ def add_event(acc: StepAcc, e: Event, offset_ns: int) -> None:
     elif kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
         if isinstance(acc, HostAcc):  # links are per host: a rank row has no net
             _add_net(acc, kind, e)
+    elif kind == _TCP_QUEUE:  # the host's own egress queue: no layer slot, no connection
+        if isinstance(acc, HostAcc):
+            if acc.net is None:
+                acc.net = HostNet(addrs={}, pairs={})
+            acc.net.queue_max_ns = max(acc.net.queue_max_ns or 0, e.duration_ns)
+        return
     if kind == _PHASE:
         ph = str((e.payload or {}).get("phase", "?"))
         acc.phases[ph] = acc.phases.get(ph, 0) + e.duration_ns
@@ -601,7 +618,7 @@ def add_event(acc: StepAcc, e: Event, offset_ns: int) -> None:
 # duration); 1 = (0, 1, duration); 2 = (0, 1, 0). Must agree with ``KIND_RULES`` (tests check it).
 _FAST: dict[int, tuple[str, int]] = {}
 for _kind, (_layer, _t, _c, _m) in KIND_RULES.items():
-    if _kind in STRUCTURAL or _kind in (Kind.PHASE, Kind.TCP_RTT, Kind.TCP_RETRANSMIT):
+    if _kind in STRUCTURAL or _kind in (Kind.PHASE, Kind.TCP_RTT, Kind.TCP_RETRANSMIT, Kind.TCP_QUEUE):
         continue
     _pattern = {(_dur, _one, _dur): 0, (_zero, _one, _dur): 1, (_zero, _one, _zero): 2}.get((_t, _c, _m))
     if _pattern is not None:
@@ -685,7 +702,13 @@ def reduce_batch(
         step = e.step
         if step < 0:
             kind = e.kind
-            if kind == _TCP_RTT or kind == _TCP_RETRANSMIT or kind == _SCHED_RUNQ or kind == _SCHED_OFFCPU:
+            if (
+                kind == _TCP_RTT
+                or kind == _TCP_RETRANSMIT
+                or kind == _TCP_QUEUE
+                or kind == _SCHED_RUNQ
+                or kind == _SCHED_OFFCPU
+            ):
                 if stepped is None:
                     stepped = sorted((x.ts_ns, x.step) for x in batch.events if x.step >= 0)
                 if stepped:
@@ -695,7 +718,7 @@ def reduce_batch(
                 else:
                     continue
                 e = e._replace(step=step)
-                if ranks and kind != _TCP_RTT and kind != _TCP_RETRANSMIT and e.pid in ranks:
+                if ranks and kind != _TCP_RTT and kind != _TCP_RETRANSMIT and kind != _TCP_QUEUE and e.pid in ranks:
                     _add_rank_event(out, batch, e, ranks[e.pid], offset_ns)
             else:
                 if kind == _AGENT_LOSS:
@@ -743,7 +766,7 @@ def reduce_batch(
 def _add_rank_event(out: dict[int, HostAcc], batch: Batch, e: Event, r: tuple[int, int], offset_ns: int) -> None:
     """Fold stepped event ``e`` of rank ``r = (global rank, local rank)`` into its rank row of ``out``."""
     kind = int(e.kind)
-    if kind == _TCP_RTT or kind == _TCP_RETRANSMIT:
+    if kind == _TCP_RTT or kind == _TCP_RETRANSMIT or kind == _TCP_QUEUE:
         return
     acc = out.get(e.step)
     if acc is None:
@@ -920,10 +943,12 @@ def merge(into: StepAcc, part: StepAcc) -> StepAcc:
     if not isinstance(into, HostAcc) or not isinstance(part, HostAcc):
         return into
     pnet = part.net
-    if pnet is not None and (pnet.addrs or pnet.pairs):
+    if pnet is not None and (pnet.addrs or pnet.pairs or pnet.queue_max_ns):
         net = into.net
         if net is None:
             net = into.net = HostNet(addrs={}, pairs={})
+        if pnet.queue_max_ns is not None and pnet.queue_max_ns > (net.queue_max_ns or 0):
+            net.queue_max_ns = pnet.queue_max_ns
         net.addrs.update(pnet.addrs)
         for key, vals in pnet.pairs.items():
             slot = net.pairs.setdefault(key, [0, 0, 0, 0, 0])

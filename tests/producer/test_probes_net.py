@@ -13,6 +13,7 @@ import subprocess
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,86 @@ def test_retransmits_appear_for_the_lossy_namespace_only(tmp_path, lossy_netns):
     # (documented limitation); the bound leaves room for a late retransmission of the lossy connections.
     nf = Counter(e.pid for e in events if e.kind == Kind.SKB_DROP and e.payload["reason"] == "NETFILTER_DROP")
     assert nf[lossy.pid] >= 3 and nf[clean.pid] <= 0.2 * nf[lossy.pid], nf
+
+
+# One bulk transfer over loopback (1 MB, client -> server): behind a tbf of 4 Mbit/s on lo the sender's
+# segments wait in the egress queue for hundreds of ms; on lo's default noqueue nothing is queued.
+BULK = """
+import socket, sys, threading
+sys.stdin.readline()
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+got = [0]
+
+def sink():
+    c = srv.accept()[0]
+    while True:
+        chunk = c.recv(65536)
+        if not chunk:
+            break
+        got[0] += len(chunk)
+
+t = threading.Thread(target=sink)
+t.start()
+cli = socket.create_connection(("127.0.0.1", srv.getsockname()[1]), timeout=30)
+cli.sendall(b"x" * (1 << 20))
+cli.close()
+t.join(30)
+print(srv.getsockname()[1], got[0], flush=True)
+"""
+
+
+@pytest.fixture
+def tbf_netns():
+    """A network namespace whose lo (MTU 1500, as a NIC's: a 64 KB segment would not pass a 32 KB bucket)
+    is shaped by a tbf (4 Mbit/s, queue up to 2 s); deleted after."""
+    ip, tc = _tool("ip"), _tool("tc")
+    name = f"obshub-t-{uuid.uuid4().hex[:8]}"
+    subprocess.run([ip, "netns", "add", name], check=True, capture_output=True)
+    try:
+        subprocess.run([ip, "-n", name, "link", "set", "lo", "up", "mtu", "1500"], check=True, capture_output=True)
+        subprocess.run(
+            [ip, "netns", "exec", name, tc, "qdisc", "add", "dev", "lo", "root", "tbf"]
+            + ["rate", "4mbit", "burst", "32kb", "latency", "2s"],
+            check=True,
+            capture_output=True,
+        )
+        yield [ip, "netns", "exec", name]
+    finally:
+        subprocess.run([ip, "netns", "del", name], capture_output=True)
+
+
+def test_queue_sojourn_of_a_watched_socket_behind_a_tbf_only(tmp_path, tbf_netns):
+    need_bpf()
+    if not Path("/sys/kernel/tracing/events/qdisc/qdisc_dequeue").exists():
+        pytest.skip("this kernel has no qdisc:qdisc_dequeue tracepoint")
+    noqueue = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+    if not noqueue.startswith("qdisc noqueue"):
+        pytest.skip(f"the root namespace's lo has a qdisc: {noqueue.strip()}")
+    shaped = Child(BULK, prefix=tbf_netns)
+    clean = Child(BULK)
+    try:
+        with event_source(tmp_path, Target(pids={shaped.pid, clean.pid}), probes=("network",)) as (src, table):
+            by_name = {s.name: s for s in table}
+            assert by_name["net_queue"].attached, by_name["net_queue"]
+            clean.go()
+            out_clean = clean.wait(30)
+            shaped.go()
+            out_shaped = shaped.wait(30)
+            events = drain(src, 0.5)
+    finally:
+        shaped.kill()
+        clean.kill()
+    assert int(out_shaped.split()[1]) == int(out_clean.split()[1]) == 1 << 20, (out_shaped, out_clean)
+    queue = [e for e in events if e.kind == Kind.TCP_QUEUE]
+    print("TCP_QUEUE", [(e.pid, e.duration_ns // 1_000_000, e.value) for e in queue])
+    # behind the tbf: 1 MB at 4 Mbit/s is 2 s of sending; segments wait >= 100 ms (the threshold) in lo's queue
+    mine = [e for e in queue if e.pid == shaped.pid]
+    assert mine and all(e.duration_ns >= 100_000_000 for e in mine), queue
+    assert max(e.duration_ns for e in mine) < 3_000_000_000, mine  # a wait, not a clock mix-up
+    assert all(e.value == 1 for e in mine), mine  # lo's ifindex in its namespace
+    # at most one per socket per rtt_interval_ns (100 ms): the 2 s transfer sends about 20, not thousands
+    assert len(mine) <= 40, len(mine)
+    # on noqueue nothing is queued: no record
+    assert [e for e in queue if e.pid == clean.pid] == []

@@ -3,6 +3,7 @@ and the synthetic generator's ground truth (no Kafka, no Faust)."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -258,12 +259,9 @@ def _dir_acc(host, addr, sent):
     return a
 
 
-def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_host():
-    """A recorded demo step with 8 % loss on node-02's link (ring 0-1-2-3-0, each host reporting the
-    retransmits it sent): node-01 and node-03 retransmit towards node-02 (2 and 12), and node-00 sent 6
-    towards node-03. Both directions together, node-03's fewest over its connections (6) beat node-02's
-    (2), so it was blamed; in the directed view node-02 is the only host whose every connection lost
-    segments in one direction (towards it), and node-03 (one lossy connection each way) has none."""
+def _loss8_step():
+    """The recorded demo step with 8 % loss on node-02's link (ring 0-1-2-3-0): node-01 and node-03 sent
+    2 and 12 retransmits toward node-02, node-00 6 toward node-03. Returns ``(addresses, accumulators)``."""
     ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
     accs = {
         "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 6)}),
@@ -271,6 +269,16 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
         "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (2, 0), ip["node-03"]: (2, 0)}),
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (2, 0), ip["node-02"]: (2, 12)}),
     }
+    return ip, accs
+
+
+def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_host():
+    """A recorded demo step with 8 % loss on node-02's link (ring 0-1-2-3-0, each host reporting the
+    retransmits it sent): node-01 and node-03 retransmit towards node-02 (2 and 12), and node-00 sent 6
+    towards node-03. Both directions together, node-03's fewest over its connections (6) beat node-02's
+    (2), so it was blamed; in the directed view node-02 is the only host whose every connection lost
+    segments in one direction (towards it), and node-03 (one lossy connection each way) has none."""
+    ip, accs = _loss8_step()
     th = analysis.Thresholds()
     rx = analysis.net_stats(accs, th).rx
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 2, "node-03": 0}
@@ -289,6 +297,74 @@ def test_network_evidence_in_the_directed_view_spares_the_neighbour_of_a_lossy_h
     }
     rx = analysis.net_stats(one_way, th).rx
     assert rx == {"node-00": 0, "node-01": 0, "node-02": 4, "node-03": 0}
+
+
+def _queued(acc, host, wait_ns, step=20):
+    """``acc`` merged with the part of one batch of ``host`` holding a TCP_QUEUE of ``wait_ns`` (no TraceKey:
+    charged to the step the host was in, as the agent's record from qdisc:qdisc_dequeue is)."""
+    evs = [Event(Kind.STEP_BEGIN, 100, step=step), Event(Kind.TCP_QUEUE, 150, duration_ns=wait_ns, value=2)]
+    return accumulate.merge(copy.deepcopy(acc), accumulate.reduce_batch(_batch(evs, host=host))[step])
+
+
+def _slowed_toward(accs, th):
+    """The network evidence of a slowed step (``window_stats`` given: the toward view is read)."""
+    return analysis.net_evidence(accs, th, window_stats=analysis.net_stats(accs, th, window={}))
+
+
+def test_the_toward_view_names_the_sender_whose_own_egress_queue_held_its_segments():
+    """A wrong step of the tbf rate spike (stall13 shape, tbfq12's traces, 2026-12-06): node-02's link is
+    shaped (20 Mbit for 300 ms, both directions) and node-02 itself sent 38 retransmits toward its
+    healthy neighbour node-01 (node-03 2 toward node-02). By counts node-01 is the receiver (3.0). Its
+    sender's own egress queue held a watched socket's segment 284 ms (TCP_QUEUE): the evidence goes to
+    node-02; without that record (an agent without the probe, or a queue under 100 ms) to node-01."""
+    ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
+    accs = {
+        "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (4, 0), ip["node-03"]: (4, 0)}),
+        "node-01": _dir_acc("node-01", ip["node-01"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 0)}),
+        "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (4, 38), ip["node-03"]: (4, 0)}),
+        "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 2)}),
+    }
+    th = analysis.Thresholds()
+    assert analysis.net_toward_evidence(accs, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    queued = {**accs, "node-02": _queued(accs["node-02"], "node-02", 284 * MS)}
+    assert queued["node-02"].net.queue_max_ns == 284 * MS
+    assert analysis.net_toward_evidence(queued, th) == {"node-02": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    assert {h: e.z for h, e in _slowed_toward(queued, th).items()} == {"node-02": 3.0}
+    # parts merge by max (a later batch's shorter wait keeps the longest); under net_queue_min_ns: the receiver
+    twice = _queued(queued["node-02"], "node-02", 12 * MS)
+    assert twice.net.queue_max_ns == 284 * MS
+    short = {**accs, "node-02": _queued(accs["node-02"], "node-02", 99 * MS)}
+    assert analysis.net_toward_evidence(short, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    # the receiver's own queue says nothing about the sender's
+    rx_queued = {**accs, "node-01": _queued(accs["node-01"], "node-01", 284 * MS)}
+    assert analysis.net_toward_evidence(rx_queued, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    # a summary of the slowed step names node-02 (the field survives the dict form and the changelog's arrays)
+    hist = [[s, 100 * MS, 10 * MS] for s in range(20)]
+    kw = dict(expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete", closed_at_ns=1)
+    for a in queued.values():
+        a["step_ns"] = 2_700 * MS
+    got = analysis.summarize("j", 20, queued, window={}, **kw)
+    assert {h: e["network"] for h, e in got["evidence"]["hosts"].items() if e.get("network")} == {"node-02": 3.0}
+    assert accumulate.to_dict(queued["node-02"])["net"]["queue_max_ns"] == 284 * MS
+    assert accumulate.as_acc(accumulate.to_dict(queued["node-02"])).net.queue_max_ns == 284 * MS
+
+
+def test_the_recorded_8_percent_loss_step_keeps_its_receiver_when_the_sender_queued_nothing():
+    """The recorded demo step with 8 % loss on node-02's link (node-03 sent 12 toward node-02, node-01 2,
+    node-00 6 toward node-03): a chain node-00 -> node-03 -> node-02 by counts, like the tbf's wrong step.
+    A loss fault queues nothing at the sender (no TCP_QUEUE, or one below ``net_queue_min_ns``): the toward
+    view keeps the receiver node-02."""
+    ip, accs = _loss8_step()
+    th = analysis.Thresholds()
+    want = {"node-02": analysis.NetEvidence(3.0, 14, 6, 0, 0)}
+    assert analysis.net_toward_evidence(accs, th) == want
+    # node-03's sockets waited 99 ms in its egress queue (a loaded machine's worst), under the 100 ms
+    near = {**accs, "node-03": _queued(accs["node-03"], "node-03", 99 * MS)}
+    assert analysis.net_toward_evidence(near, th) == want
+    assert {h: e.z for h, e in _slowed_toward(near, th).items()}["node-02"] == 3.0
+    # at net_queue_min_ns it is the sender's own queue that held the exchange
+    at = {**accs, "node-03": _queued(accs["node-03"], "node-03", 100 * MS)}
+    assert analysis.net_toward_evidence(at, th) == {"node-03": analysis.NetEvidence(3.0, 14, 6, 0, 0)}
 
 
 def test_a_step_that_misses_the_directed_condition_reads_it_from_the_jobs_recent_steps():

@@ -192,6 +192,10 @@ def _random_batch(rng: random.Random) -> Batch:
     return Batch("j", "h", 1, "a", 0, events, Clock(rng.randrange(10**6), 5, 0), 1)
 
 
+#: the kinds without a TraceKey that ``reduce_batch`` charges to the step the host was in at their time
+_CHARGED_BY_TIME = (Kind.TCP_RTT, Kind.TCP_RETRANSMIT, Kind.TCP_QUEUE, Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU)
+
+
 def _reference_reduce(batch) -> dict[int, dict]:
     """The definition: ``add_event`` on every event (with the step rules of ``reduce_batch``)."""
     import bisect
@@ -200,7 +204,7 @@ def _reference_reduce(batch) -> dict[int, dict]:
     loose = 0
     stepped = sorted((e.ts_ns, e.step) for e in batch.events if e.step >= 0)
     for e in batch.events:
-        if e.step < 0 and e.kind in (Kind.TCP_RTT, Kind.TCP_RETRANSMIT, Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU) and stepped:
+        if e.step < 0 and e.kind in _CHARGED_BY_TIME and stepped:
             i = bisect.bisect_right(stepped, (e.ts_ns, 1 << 62))
             e = e._replace(step=stepped[i - 1][1] if i else stepped[0][1])
         if e.step < 0:

@@ -288,7 +288,11 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetE
     host did not keep the others waiting at a collective for ``net_toward_late_rel`` of its step time or
     more (a blackout's host waits in the collective with the others; a rank stopped with SIGSTOP arrives
     late, and its peers' retransmits toward it, one or two tail-loss probes per connection, are not its
-    link's fault). ``net_evidence``
+    link's fault). The evidence goes to the **sender** instead, the host that sent the most of the
+    retransmits toward the one host, when that sender's own egress queue held a watched socket's segment
+    for at least ``net_queue_min_ns`` in the step (``HostNet.queue_max_ns``, the agent's TCP_QUEUE): a link
+    that queues (tbf) delays its own host's sends, which then retransmit toward a healthy peer; a
+    receiver's loss or blackout queues nothing at the sender. ``net_evidence``
     reads it for a slowed step only (``window_stats`` given); a host whose own CPU or memory time made it
     late keeps its time layers (``evidence``)."""
     accs = as_accs(accs)
@@ -306,14 +310,17 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetE
             slot[1] += vals[4]
     toward: dict[str, int] = {}
     most: dict[str, int] = {}
+    senders: dict[str, dict[str, int]] = {}  # receiver -> sender -> retransmits sent toward it
     for key, (a_to_b, b_to_a) in pairs.items():
         a, _, b = key.partition("|")
         ha, hb = owner.get(a), owner.get(b)
         if ha is None or hb is None or ha == hb:
             continue
-        for h, n in ((hb, a_to_b), (ha, b_to_a)):
+        for h, sender, n in ((hb, ha, a_to_b), (ha, hb, b_to_a)):
             toward[h] = toward.get(h, 0) + n
             most[h] = max(most.get(h, 0), n)
+            by = senders.setdefault(h, {})
+            by[sender] = by.get(sender, 0) + n
     if not toward:
         return {}
     ranked = sorted(toward, key=lambda h: (-toward[h], h))
@@ -326,7 +333,13 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetE
     if lead > 0 and lead >= th.net_toward_late_rel * int(accs[best].step_ns or 0):
         return {}  # it kept the others waiting itself (stopped, frozen): a blackout's host is waited on by nobody
     z = round(min(th.evidence_clip, th.net_toward_clip, (n - second) / math.sqrt(second + 1)), 3)
-    return {best: NetEvidence(z, n, second, 0, 0)} if z > 0 else {}
+    if z <= 0:
+        return {}
+    by = senders[best]
+    sender = min(by, key=lambda h: (-by[h], h))
+    if (_net(accs[sender]).queue_max_ns or 0) >= th.net_queue_min_ns:
+        return {sender: NetEvidence(z, n, second, 0, 0)}  # its own egress queued: its link, not the receiver
+    return {best: NetEvidence(z, n, second, 0, 0)}
 
 
 def _net_z(

@@ -70,6 +70,10 @@ class Thresholds:
       culprit needs 2), while the rules' CUSUM (drift 1.5, threshold 5) needs 4 such steps in a row;
       ``net_toward_late_rel``: a host that kept the others waiting at a collective for this part of its
       step time or more gets none (a stopped rank's peers retransmit toward it too).
+    - ``net_queue_min_ns``: the toward view's evidence goes to the host that sent the most of those
+      retransmits when its own egress queue held a watched socket's segment this long in the step
+      (``HostNet.queue_max_ns``; half TCP's minimum RTO: a link that queues, not the receiver's loss). The
+      agent sends TCP_QUEUE from its ``queue_ns`` (100 ms): a lower value here sees no more.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -107,3 +111,4 @@ class Thresholds:
     net_window_factor: float = 3.0
     net_toward_clip: float = 3.0
     net_toward_late_rel: float = 0.25
+    net_queue_min_ns: int = 100_000_000
