@@ -127,8 +127,11 @@ def test_the_layer_columns_read_as_the_layer_table():
         assert S.find_straggler(accs, colls, S.LayerColumns(accs), th) == S.find_straggler(accs, colls, table, th)
         assert S.lateness(accs, [], S.LayerColumns(accs)) == S.lateness(accs, [], table), seed
         late = S.lateness(accs, colls, table)
-        bl = Baseline(10**7, 2 * 10**7, 20, 10**5)
-        assert evidence(accs, late, S.LayerColumns(accs), bl, th) == evidence(accs, late, table, bl, th), seed
+        for spread in (10**5, 7, 3 * 10**6):  # clipped values, values rounded to 0, values in between
+            bl = Baseline(10**7, 2 * 10**7, 20, spread)
+            got = evidence(accs, late, S.LayerColumns(accs), bl, th)
+            assert got == evidence(accs, late, table, bl, th), (seed, spread)
+            assert got.hosts or not any(v > 0 for v in late.values()), (seed, spread)
 
 
 def test_a_memory_limit_culprit_reads_the_memory_column_as_the_layer_table():

@@ -4,6 +4,7 @@ layer) that the rules' CUSUM sums (docs/ANALYSIS.md "Sequential detection")."""
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from obshub.streams.analysis.network import NetStats, net_evidence
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, p99_int, quantile_int
@@ -139,20 +140,20 @@ def evidence(
 
     if bl.n >= th.baseline_min_n and len(accs) >= 2:
         if columns is not None and set(accs) == set(columns):
-            peer_time = {layer: LeaveOneOut(columns.full(layer, 0)) for layer in TIME_EVIDENCE}
+            _time_evidence_columns(columns, late, s, clip, out)
         else:
             peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
-        for h, lt in late.items():
-            if lt <= 0:
-                continue
-            explained = 0
-            for layer in TIME_EVIDENCE:
-                mine = layer_value(h, layer, "time_ns")
-                peer = peer_time[layer].median_without(mine)
-                ex = max(0, mine - peer)
-                explained += ex
-                put(h, layer, min(lt, ex) / s)
-            put(h, "pytorch", (lt - explained) / s)
+            for h, lt in late.items():
+                if lt <= 0:
+                    continue
+                explained = 0
+                for layer in TIME_EVIDENCE:
+                    mine = layer_value(h, layer, "time_ns")
+                    peer = peer_time[layer].median_without(mine)
+                    ex = max(0, mine - peer)
+                    explained += ex
+                    put(h, layer, min(lt, ex) / s)
+                put(h, "pytorch", (lt - explained) / s)
     for h, net in net_evidence(accs, th, recent_directed, stats, window_stats).items():
         have = out.get(h)
         z_time = max(have.sched, have.memory, have.cuda, have.nic) if have is not None else 0.0
@@ -162,6 +163,58 @@ def evidence(
         # layer of it is the culprit in this step
         out[h] = HostEvidence(network=net.z)
     return Evidence(s, {h: out[h] for h in sorted(out)})
+
+
+def _peer_excess(values: np.ndarray) -> np.ndarray:
+    """Per host, its value above the median of the other hosts' values (ns, ``>= 0``), for ``values``
+    (int64, one per host, n >= 2): ``max(0, v - LeaveOneOut(values).median_without(v))`` for all hosts at
+    once, from one sort (the median of the rest as ``median_int``: the mean of the two middle values,
+    floored)."""
+    srt = np.sort(values, kind="stable")
+    n = len(srt) - 1  # the values left once the host's own is left out
+    i = np.searchsorted(srt, values, side="left")  # where the host's own value sits in the sort
+
+    def at(k: int) -> np.ndarray:  # the k-th smallest once each host's own value is left out
+        return np.where(k < i, srt[k], srt[min(k + 1, n)])
+
+    peer = at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) // 2
+    return np.maximum(values - peer, 0)
+
+
+def _time_evidence_columns(
+    columns: LayerColumns, late: dict[str, int], s: int, clip: float, out: dict[str, HostEvidence]
+) -> None:
+    """``evidence``'s time layers and pytorch value of every late host of a wide step, column-wise: the
+    same values as the per-host loop (each a Python float ``round(min(clip, max(0, x / s)), 3)`` of the
+    same ints), written into ``out`` (``{host: HostEvidence}``) for the values above 0. ``columns``: the
+    step's layer table (its hosts are the step's); ``late``: ns per host; ``s``: the spread (ns, >= 1)."""
+    hosts = list(columns)
+    pos = {h: k for k, h in enumerate(hosts)}
+    late_hs = [h for h, lt in late.items() if lt > 0]
+    if not late_hs:
+        return
+    idx = np.fromiter((pos[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
+    lt = np.fromiter((late[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
+    explained = np.zeros(len(late_hs), dtype=np.int64)
+    for layer in TIME_EVIDENCE:
+        ex = _peer_excess(np.asarray(columns.full(layer, 0), dtype=np.int64))[idx]
+        explained += ex
+        _put_column(late_hs, layer, np.minimum(lt, ex), s, clip, out)
+    _put_column(late_hs, "pytorch", lt - explained, s, clip, out)
+
+
+def _put_column(hosts: list[str], layer: str, num: np.ndarray, s: int, clip: float, out: dict) -> None:
+    """For each of ``hosts`` with ``num`` above 0 (ns, int64, same order): its ``layer`` value
+    ``round(min(clip, num / s), 3)`` in ``out`` when that is above 0 (the host's ``HostEvidence`` made
+    on its first value)."""
+    for k in np.flatnonzero(num > 0).tolist():
+        z = round(min(clip, int(num[k]) / s), 3)
+        if z > 0:
+            h = hosts[k]
+            mine = out.get(h)
+            if mine is None:
+                mine = out[h] = HostEvidence()
+            setattr(mine, layer, z)
 
 
 def history_entry(summary: dict) -> list[int]:
