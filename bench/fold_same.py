@@ -25,18 +25,16 @@ the real time, so a much older start gives no summary)."""
 WALL = ("closed_at_ns",)
 """Summary fields read from the worker's running clock: left out of ``compare``."""
 
-CASES = {"straggler": ("sched", 0.0), "mem": ("memory", 0.0), "mem10": ("memory", 0.1)}
-"""``--case``: the guilty layer and the share of hosts that stall in reclaim (as ``bench.width``'s)."""
 
-
-def dump(out: Path, hosts: int, ranks_per_host: int, case: str, steps: int = 15) -> int:
-    """Run ``inproc_cost(hosts, ranks_per_host, steps)`` of ``case`` pinned and write its summaries
+def dump(out: Path, hosts: int, ranks_per_host: int, case: str) -> int:
+    """Run ``inproc_cost(hosts, ranks_per_host, ...)`` of ``case`` (``bench.width.CASES``: its steps, guilty
+    layer and share of hosts in reclaim) pinned and write its summaries
     (a msgpack list, in close order) to ``out``; prints the run's medians (``inproc_cost``'s fold_ms,
     close_ms, ...); returns how many summaries. Raises ``KeyError`` for an unknown case."""
     from bench import width
     from obshub.streams import inproc
 
-    layer, share = CASES[case]
+    layer, steps, guilty_from, share = width.CASES[case]
     seen: list[dict] = []
     real_pipe, real_ns = inproc.InProcess, time.time_ns
     start = time.monotonic_ns()
@@ -51,7 +49,7 @@ def dump(out: Path, hosts: int, ranks_per_host: int, case: str, steps: int = 15)
 
     inproc.InProcess, time.time_ns = recorded_pipe, pinned_ns  # type: ignore[assignment,misc]
     try:
-        cost = width.inproc_cost(hosts, ranks_per_host, steps, 11, guilty_layer=layer, mem_share=share)
+        cost = width.inproc_cost(hosts, ranks_per_host, steps, guilty_from, guilty_layer=layer, mem_share=share)
     finally:
         inproc.InProcess, time.time_ns = real_pipe, real_ns  # type: ignore[misc]
     summaries = [s for pipe in seen for s in pipe.summaries]  # type: ignore[attr-defined]
@@ -82,14 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("out", type=Path)
     d.add_argument("--hosts", type=int, default=2048)
     d.add_argument("--ranks-per-host", type=int, default=8)
-    d.add_argument("--case", choices=sorted(CASES), default="straggler")
-    d.add_argument("--steps", type=int, default=15)
+    d.add_argument("--case", choices=["mem", "mem10", "straggler"], default="straggler")
     c = sub.add_parser("compare")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "dump":
-        n = dump(args.out, args.hosts, args.ranks_per_host, args.case, args.steps)
+        n = dump(args.out, args.hosts, args.ranks_per_host, args.case)
         print(f"{n} summaries -> {args.out}")
         return 0
     diff = compare(args.old, args.new)
