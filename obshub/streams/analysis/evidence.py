@@ -185,36 +185,26 @@ def _time_evidence_columns(
     columns: LayerColumns, late: dict[str, int], s: int, clip: float, out: dict[str, HostEvidence]
 ) -> None:
     """``evidence``'s time layers and pytorch value of every late host of a wide step, column-wise: the
-    same values as the per-host loop (each a Python float ``round(min(clip, max(0, x / s)), 3)`` of the
-    same ints), written into ``out`` (``{host: HostEvidence}``) for the values above 0. ``columns``: the
-    step's layer table (its hosts are the step's); ``late``: ns per host; ``s``: the spread (ns, >= 1)."""
-    hosts = list(columns)
-    pos = {h: k for k, h in enumerate(hosts)}
+    same values as the per-host loop (each a Python float ``round(min(clip, x / s), 3)`` of the same ints
+    ``x``, 0.0 where ``x <= 0``), a ``HostEvidence`` in ``out`` (``{host: HostEvidence}``, empty before)
+    for each host with a value above 0. ``columns``: the step's layer table (its hosts are the step's);
+    ``late``: ns per host; ``s``: the spread (ns, >= 1)."""
+    pos = {h: k for k, h in enumerate(columns)}
     late_hs = [h for h, lt in late.items() if lt > 0]
     if not late_hs:
         return
     idx = np.fromiter((pos[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
     lt = np.fromiter((late[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
-    explained = np.zeros(len(late_hs), dtype=np.int64)
-    for layer in TIME_EVIDENCE:
-        ex = _peer_excess(np.asarray(columns.full(layer, 0), dtype=np.int64))[idx]
-        explained += ex
-        _put_column(late_hs, layer, np.minimum(lt, ex), s, clip, out)
-    _put_column(late_hs, "pytorch", lt - explained, s, clip, out)
-
-
-def _put_column(hosts: list[str], layer: str, num: np.ndarray, s: int, clip: float, out: dict) -> None:
-    """For each of ``hosts`` with ``num`` above 0 (ns, int64, same order): its ``layer`` value
-    ``round(min(clip, num / s), 3)`` in ``out`` when that is above 0 (the host's ``HostEvidence`` made
-    on its first value)."""
-    for k in np.flatnonzero(num > 0).tolist():
-        z = round(min(clip, int(num[k]) / s), 3)
-        if z > 0:
-            h = hosts[k]
-            mine = out.get(h)
-            if mine is None:
-                mine = out[h] = HostEvidence()
-            setattr(mine, layer, z)
+    num = np.empty((len(TIME_EVIDENCE) + 1, len(late_hs)), dtype=np.int64)  # ns: the time layers, pytorch
+    for r, layer in enumerate(TIME_EVIDENCE):
+        num[r] = _peer_excess(np.asarray(columns.full(layer, 0), dtype=np.int64))[idx]
+    num[-1] = lt - num[:-1].sum(axis=0)  # lateness no time layer explains
+    np.minimum(num[:-1], lt, out=num[:-1])  # a time layer counts only as far as it made the host late
+    some = np.flatnonzero((num > 0).any(axis=0))
+    for k, row in zip(some.tolist(), num[:, some].T.tolist()):
+        z = [round(min(clip, x / s), 3) if x > 0 else 0.0 for x in row]
+        if any(z):
+            out[late_hs[k]] = HostEvidence(z[0], z[1], z[2], z[3], 0.0, z[4])
 
 
 def history_entry(summary: dict) -> list[int]:
