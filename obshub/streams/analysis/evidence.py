@@ -139,9 +139,9 @@ def evidence(
             setattr(mine, layer, z)
 
     if bl.n >= th.baseline_min_n and len(accs) >= 2:
-        if columns is not None and set(accs) == set(columns):
-            _time_evidence_columns(columns, late, s, clip, out)
-        else:
+        if not (
+            columns is not None and set(accs) == set(columns) and _time_evidence_columns(columns, late, s, clip, out)
+        ):
             peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
             for h, lt in late.items():
                 if lt <= 0:
@@ -181,23 +181,32 @@ def _peer_excess(values: np.ndarray) -> np.ndarray:
     return np.maximum(values - peer, 0)
 
 
+_COLUMN_BOUND = 2**59
+"""``_time_evidence_columns`` takes layer times and lateness within ``+-_COLUMN_BOUND`` ns (the sum of four
+excesses and a lateness stays within int64); a step with a value beyond it takes the per-host loop."""
+
+
 def _time_evidence_columns(
     columns: LayerColumns, late: dict[str, int], s: int, clip: float, out: dict[str, HostEvidence]
-) -> None:
+) -> bool:
     """``evidence``'s time layers and pytorch value of every late host of a wide step, column-wise: the
     same values as the per-host loop (each a Python float ``round(min(clip, x / s), 3)`` of the same ints
     ``x``, 0.0 where ``x <= 0``), a ``HostEvidence`` in ``out`` (``{host: HostEvidence}``, empty before)
     for each host with a value above 0. ``columns``: the step's layer table (its hosts are the step's);
-    ``late``: ns per host; ``s``: the spread (ns, >= 1)."""
+    ``late``: ns per host; ``s``: the spread (ns, >= 1). False (``out`` untouched) when a value lies beyond
+    ``_COLUMN_BOUND``: the caller takes the per-host loop."""
     pos = {h: k for k, h in enumerate(columns)}
     late_hs = [h for h, lt in late.items() if lt > 0]
     if not late_hs:
-        return
+        return True
+    times = [columns.full(layer, 0) for layer in TIME_EVIDENCE]
+    if any(min(c) <= -_COLUMN_BOUND or max(c) >= _COLUMN_BOUND for c in times) or max(late.values()) >= _COLUMN_BOUND:
+        return False
     idx = np.fromiter((pos[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
     lt = np.fromiter((late[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
     num = np.empty((len(TIME_EVIDENCE) + 1, len(late_hs)), dtype=np.int64)  # ns: the time layers, pytorch
-    for r, layer in enumerate(TIME_EVIDENCE):
-        num[r] = _peer_excess(np.asarray(columns.full(layer, 0), dtype=np.int64))[idx]
+    for r, col in enumerate(times):
+        num[r] = _peer_excess(np.asarray(col, dtype=np.int64))[idx]
     num[-1] = lt - num[:-1].sum(axis=0)  # lateness no time layer explains
     np.minimum(num[:-1], lt, out=num[:-1])  # a time layer counts only as far as it made the host late
     some = np.flatnonzero((num > 0).any(axis=0))
@@ -205,6 +214,7 @@ def _time_evidence_columns(
         z = [round(min(clip, x / s), 3) if x > 0 else 0.0 for x in row]
         if any(z):
             out[late_hs[k]] = HostEvidence(z[0], z[1], z[2], z[3], 0.0, z[4])
+    return True
 
 
 def history_entry(summary: dict) -> list[int]:
