@@ -127,8 +127,26 @@ def test_the_layer_columns_read_as_the_layer_table():
         assert S.find_straggler(accs, colls, S.LayerColumns(accs), th) == S.find_straggler(accs, colls, table, th)
         assert S.lateness(accs, [], S.LayerColumns(accs)) == S.lateness(accs, [], table), seed
         late = S.lateness(accs, colls, table)
-        bl = Baseline(10**7, 2 * 10**7, 20, 10**5)
-        assert evidence(accs, late, S.LayerColumns(accs), bl, th) == evidence(accs, late, table, bl, th), seed
+        for spread in (10**5, 7, 3 * 10**6):  # clipped values, values rounded to 0, values in between
+            bl = Baseline(10**7, 2 * 10**7, 20, spread)
+            got = evidence(accs, late, S.LayerColumns(accs), bl, th)
+            assert got == evidence(accs, late, table, bl, th), (seed, spread)
+            assert got.hosts or not any(v > 0 for v in late.values()), (seed, spread)
+
+
+def test_evidence_beyond_the_column_bound_takes_the_per_host_loop():
+    """A wide step with a layer time or a lateness beyond ``2**59`` ns (a damaged clock) gives the same
+    evidence from the columns as from the dict table: no int64 overflow in the column-wise sums."""
+    th = Thresholds()
+    bl = Baseline(10**7, 2 * 10**7, 20, 10**5)
+    for seed, (time_ns, late_ns) in enumerate([(2**63, 10**6), (2**62, 2**62), (5, 2**62)]):
+        accs = _random_accs(seed)
+        h = next(iter(accs))
+        for layer in ("sched", "memory", "cuda", "nic"):  # four excesses of 2**62: their sum beyond int64
+            accs[h].layers[layer] = [time_ns, 1, 1]
+        late = {g: (late_ns if g == h else 10**5 * (k % 3)) for k, g in enumerate(accs)}
+        want = evidence(accs, late, S.layer_table(accs), bl, th)
+        assert evidence(accs, late, S.LayerColumns(accs), bl, th) == want and h in want.hosts, seed
 
 
 def test_a_memory_limit_culprit_reads_the_memory_column_as_the_layer_table():

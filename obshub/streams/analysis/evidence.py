@@ -4,6 +4,7 @@ layer) that the rules' CUSUM sums (docs/ANALYSIS.md "Sequential detection")."""
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from obshub.streams.analysis.network import NetStats, net_evidence
 from obshub.streams.analysis.stats import LeaveOneOut, median_int, p99_int, quantile_int
@@ -138,21 +139,21 @@ def evidence(
             setattr(mine, layer, z)
 
     if bl.n >= th.baseline_min_n and len(accs) >= 2:
-        if columns is not None and set(accs) == set(columns):
-            peer_time = {layer: LeaveOneOut(columns.full(layer, 0)) for layer in TIME_EVIDENCE}
-        else:
+        if not (
+            columns is not None and set(accs) == set(columns) and _time_evidence_columns(columns, late, s, clip, out)
+        ):
             peer_time = {layer: LeaveOneOut(layer_value(g, layer, "time_ns") for g in accs) for layer in TIME_EVIDENCE}
-        for h, lt in late.items():
-            if lt <= 0:
-                continue
-            explained = 0
-            for layer in TIME_EVIDENCE:
-                mine = layer_value(h, layer, "time_ns")
-                peer = peer_time[layer].median_without(mine)
-                ex = max(0, mine - peer)
-                explained += ex
-                put(h, layer, min(lt, ex) / s)
-            put(h, "pytorch", (lt - explained) / s)
+            for h, lt in late.items():
+                if lt <= 0:
+                    continue
+                explained = 0
+                for layer in TIME_EVIDENCE:
+                    mine = layer_value(h, layer, "time_ns")
+                    peer = peer_time[layer].median_without(mine)
+                    ex = max(0, mine - peer)
+                    explained += ex
+                    put(h, layer, min(lt, ex) / s)
+                put(h, "pytorch", (lt - explained) / s)
     for h, net in net_evidence(accs, th, recent_directed, stats, window_stats).items():
         have = out.get(h)
         z_time = max(have.sched, have.memory, have.cuda, have.nic) if have is not None else 0.0
@@ -162,6 +163,58 @@ def evidence(
         # layer of it is the culprit in this step
         out[h] = HostEvidence(network=net.z)
     return Evidence(s, {h: out[h] for h in sorted(out)})
+
+
+def _peer_excess(values: np.ndarray) -> np.ndarray:
+    """Per host, its value above the median of the other hosts' values (ns, ``>= 0``), for ``values``
+    (int64, one per host, n >= 2): ``max(0, v - LeaveOneOut(values).median_without(v))`` for all hosts at
+    once, from one sort (the median of the rest as ``median_int``: the mean of the two middle values,
+    floored)."""
+    srt = np.sort(values, kind="stable")
+    n = len(srt) - 1  # the values left once the host's own is left out
+    i = np.searchsorted(srt, values, side="left")  # where the host's own value sits in the sort
+
+    def at(k: int) -> np.ndarray:  # the k-th smallest once each host's own value is left out
+        return np.where(k < i, srt[k], srt[min(k + 1, n)])
+
+    peer = at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) // 2
+    return np.maximum(values - peer, 0)
+
+
+_COLUMN_BOUND = 2**59
+"""``_time_evidence_columns`` takes layer times and lateness within ``+-_COLUMN_BOUND`` ns (the sum of four
+excesses and a lateness stays within int64); a step with a value beyond it takes the per-host loop."""
+
+
+def _time_evidence_columns(
+    columns: LayerColumns, late: dict[str, int], s: int, clip: float, out: dict[str, HostEvidence]
+) -> bool:
+    """``evidence``'s time layers and pytorch value of every late host of a wide step, column-wise: the
+    same values as the per-host loop (each a Python float ``round(min(clip, x / s), 3)`` of the same ints
+    ``x``, 0.0 where ``x <= 0``), a ``HostEvidence`` in ``out`` (``{host: HostEvidence}``, empty before)
+    for each host with a value above 0. ``columns``: the step's layer table (its hosts are the step's);
+    ``late``: ns per host; ``s``: the spread (ns, >= 1). False (``out`` untouched) when a value lies beyond
+    ``_COLUMN_BOUND``: the caller takes the per-host loop."""
+    pos = {h: k for k, h in enumerate(columns)}
+    late_hs = [h for h, lt in late.items() if lt > 0]
+    if not late_hs:
+        return True
+    times = [columns.full(layer, 0) for layer in TIME_EVIDENCE]
+    if any(min(c) <= -_COLUMN_BOUND or max(c) >= _COLUMN_BOUND for c in times) or max(late.values()) >= _COLUMN_BOUND:
+        return False
+    idx = np.fromiter((pos[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
+    lt = np.fromiter((late[h] for h in late_hs), dtype=np.int64, count=len(late_hs))
+    num = np.empty((len(TIME_EVIDENCE) + 1, len(late_hs)), dtype=np.int64)  # ns: the time layers, pytorch
+    for r, col in enumerate(times):
+        num[r] = _peer_excess(np.asarray(col, dtype=np.int64))[idx]
+    num[-1] = lt - num[:-1].sum(axis=0)  # lateness no time layer explains
+    np.minimum(num[:-1], lt, out=num[:-1])  # a time layer counts only as far as it made the host late
+    some = np.flatnonzero((num > 0).any(axis=0))
+    for k, row in zip(some.tolist(), num[:, some].T.tolist()):
+        z = [round(min(clip, x / s), 3) if x > 0 else 0.0 for x in row]
+        if any(z):
+            out[late_hs[k]] = HostEvidence(z[0], z[1], z[2], z[3], 0.0, z[4])
+    return True
 
 
 def history_entry(summary: dict) -> list[int]:
