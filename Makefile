@@ -23,7 +23,7 @@ test: lint
 	@.venv/bin/python -m tests.support.gobuild
 	@.venv/bin/python -m pytest -q -ra --durations=25 tests
 
-# test-fast: the unit tests alone (no broker, no BPF, no torch), in under a minute
+# test-fast: the unit tests alone (no broker, no BPF, no torch), in about a minute on 2 cores
 test-fast: setup
 	@.venv/bin/python -m pytest -q -m "not kafka and not bpf and not torch and not e2e and not slow" tests
 
