@@ -232,6 +232,12 @@ def test_scaling_workers_mid_job_processes_every_batch_once(kafka, tmp_path, uni
     reread = re.findall(
         rf"read (\d+) records of {re.escape(topics.events)}\[{p}\] again \(offsets (\d+)\.\.(\d+)\)", log
     )
-    assert (str(skipped), str(before[p]), str(before[p] + skipped - 1)) in reread, log[-3000:]
+    # the committed-past records are read again from the first unprocessed one; the range may run on past
+    # the commit when Faust's consumer also passes over the record at the committed offset (seen once in
+    # CI: 50..59 for a commit at 59), which the guard reads again too (each batch counted once: above)
+    first_skipped, last_skipped = before[p], before[p] + skipped - 1
+    assert any(
+        int(a) == first_skipped and int(b) >= last_skipped and int(n) == int(b) - int(a) + 1 for n, a, b in reread
+    ), (first_skipped, last_skipped, reread, log[-3000:])
     again = re.findall(rf"read (\d+) records of {re.escape(internal)}\[0\] again \(offsets (\d+)\.\.(\d+)\)", log)
     assert any(int(n) >= 6 and int(a) <= folded_end and int(b) == copied_end - 1 for n, a, b in again), log[-3000:]
