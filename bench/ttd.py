@@ -688,6 +688,34 @@ def run_make_demo(keep: Path | None = None, fault_host: int = 1) -> dict:
     return out
 
 
+def check_stall_options(fault_hosts: tuple[int, ...], layers: tuple[str, ...], params: dict, a) -> None:
+    """Check a ``--stall`` campaign's options as ``obshub demo`` would (``DemoOptions.check``: the stall
+    params each layer reads, ``--fault-rank`` only with cpu / process stalls, the fault hosts) before the
+    broker starts and a demo is waited for; ``params``: the stall ``--param`` values (``stall_ms``,
+    ``period_s``, ...), ``a``: the parsed ``ranks_per_host`` and ``fault_rank``. Raises ValueError with the
+    demo's message and hint (it was a traceback after minutes: the demo refused the run and wrote no report)."""
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    for h in fault_hosts:
+        opts = DemoOptions(
+            hosts=HOSTS,
+            sequence=[(f"stall:{layer}", h) for layer in layers],
+            fault_params=dict(params),
+            ranks_per_host=a.ranks_per_host,
+            fault_rank=a.fault_rank,
+            duration_s=STALL_CLEAN_S + len(layers) * (STALL_FOR_S + GAP_S + 10) + 5,
+            fault_at_s=STALL_CLEAN_S,
+        )
+        try:
+            opts.check()
+        except DemoError as exc:
+            msg = f"{exc}" + (f" ({exc.hint})" if exc.hint else "")
+            raise ValueError(
+                f"obshub demo would refuse this campaign: {msg.replace('--param ', '--stall-param ')}"
+            ) from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.ttd [--rounds N] [--fault-hosts I,J] [--clean-s S] [--quick]``."""
     p = argparse.ArgumentParser(
@@ -754,6 +782,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run `make demo` (persistent net-loss on node-01) and the same clean, the builtin pack as shipped",
     )
     a = p.parse_args(argv)
+    if a.keep is not None:
+        try:  # before minutes of runs, not after the first one (every campaign: stall, make demo too)
+            a.keep.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            p.error(f"--keep {a.keep}: cannot create the folder ({exc.strerror})")
     if a.make_demo:
         run_make_demo(a.keep)
         return 0
@@ -777,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"--ranks-per-host {a.ranks_per_host} --fault-rank {a.fault_rank}: at least 1 rank per host,"
                     " and a fault rank among them (0..R-1)"
                 )
+            check_stall_options(fh, layers, {"stall_ms": STALL_MS, "period_s": STALL_PERIOD_S, **sp}, a)
             run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep, sp, a.ranks_per_host, a.fault_rank)
         except ValueError as exc:
             p.error(str(exc))
@@ -791,11 +825,6 @@ def main(argv: list[str] | None = None) -> int:
         hosts = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else None
     except ValueError:
         p.error(f"--fault-hosts {a.fault_hosts!r}: comma-separated host indices, e.g. 1,3")
-    if a.keep is not None:
-        try:  # before minutes of runs, not after the first one
-            a.keep.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            p.error(f"--keep {a.keep}: cannot create the folder ({exc.strerror})")
     try:
         run(a.quick, a.rounds, hosts, a.clean_s, a.json_path, a.keep)
     except ValueError as exc:

@@ -164,3 +164,45 @@ def test_a_stall_run_of_one_layer_is_one_episode():
     several = {"episodes": [{"kind": "stall:cpu", "host": "node-01", "verdict": verdict}], "verdict": verdict}
     assert ttd.stall_episodes(several) == several["episodes"]
     assert ttd.stall_episodes({"scenario": {"sequence": [["stall:net", 0], ["stall:cpu", 0]]}}) == []
+
+
+def test_a_stall_campaign_the_demo_would_refuse_is_refused_before_it_starts(tmp_path):
+    """``--stall`` options that ``obshub demo`` refuses (a ``--fault-rank`` with a net or mem stall, a
+    ``--stall-param`` that no layer of the run reads, a stall not shorter than its period) are refused
+    before the broker starts and a demo is waited for (it was a RuntimeError traceback after the wait:
+    the demo exited 2 and wrote no report); so is a ``--keep`` folder that cannot be made (it was made
+    by the first kept run, after minutes of it)."""
+    import argparse
+
+    from bench import ttd
+
+    def opts(rph=1, rank=None):
+        return argparse.Namespace(ranks_per_host=rph, fault_rank=rank)
+
+    base = {"stall_ms": 300.0, "period_s": 12.0}
+    for layers, params, a, what in (
+        (("net",), base, opts(2, 1), "--fault-rank with stall:net"),
+        (("cpu", "mem"), base, opts(4, 3), "--fault-rank with stall:cpu, stall:mem"),
+        (("net",), {**base, "procs": 4.0}, opts(), "--stall-param procs: read by cpu or stall (layer=cpu) only"),
+        (("cpu",), {**base, "stall_ms": 12000.0}, opts(), "--stall-param stall_ms=12000 is not shorter"),
+        (("cpu",), {**base, "shape": "sideways"}, opts(), "shape"),
+    ):
+        try:
+            ttd.check_stall_options((2,), layers, params, a)
+        except ValueError as exc:
+            assert str(exc).startswith("obshub demo would refuse this campaign: ") and what in str(exc), str(exc)
+        else:
+            raise AssertionError(f"{layers} {params} {a} was accepted")
+    # what the demo runs is accepted: a cpu and a process stall on local rank 3 of 4, a net stall's loss burst
+    ttd.check_stall_options((1, 3), ("cpu", "process"), {**base, "procs": 4.0}, opts(4, 3))
+    ttd.check_stall_options((0,), ("net",), {**base, "loss_pct": 40.0}, opts())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    bad = subprocess.run(  # --fault-hosts 9: nothing can start, whichever check comes first
+        [sys.executable, "-m", "bench.ttd", "--stall", "cpu", "--fault-hosts", "9", "--keep", str(blocker / "kept")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and f"--keep {blocker / 'kept'}: cannot create the folder" in bad.stderr, bad.stderr
