@@ -64,6 +64,28 @@ def test_a_one_node_job_names_its_slow_rank():
     assert all(s["straggler"] is None for k, s in sums.items() if k not in GUILTY and k >= 2)
 
 
+def test_a_one_node_job_names_its_cpu_starved_rank_starved():
+    """One host, 4 ranks, rank 2 waiting 40 ms a step in the run queue (a CPU burst pinned to it): the ranks
+    are each other's peers for ``starved`` too (the host has no peer host, so a one-node job's burst was
+    never starved and its single step was left to ``stall_sched_k``: 400 ms bursts on rank 2 of 4 at
+    x4.2-x4.3 missed 4 of 6, untuned14). A node whose ranks all wait alike (a loaded node) is not starved."""
+    import copy
+
+    from obshub.streams import analysis
+
+    scn = synthetic.Scenario(hosts=4, steps=24, straggler=2, guilty_steps=GUILTY, guilty_layer="sched")
+    sums = _run(scn, 4)
+    for step in GUILTY[:2]:  # the third is the persistent fault's (source "persistent")
+        c = sums[step]["culprit"]
+        assert (c["host"], c["layer"], c["rank"], c["source"]) == ("node0", "sched", 2, "evidence"), c
+        assert c["starved"] and "starved: rank 2: run-queue 40 ms" in c["why"], c["why"]
+    loaded = copy.deepcopy(sums[GUILTY[0]])
+    for row in loaded["ranks"]["node0"].values():
+        row["layers"]["sched"]["time_ns"] = 40_000_000
+    assert analysis.culprit(loaded)["starved"] is False
+    assert all(sums[k]["culprit"] is None for k in range(2, GUILTY[0]))  # the clean steps before it
+
+
 def test_one_rank_per_host_summaries_keep_their_meaning_and_name_the_rank():
     """The usual one-rank-per-host job: no rank rows (the host row is its rank's), the same straggler,
     blame and culprit hosts as the host-level analysis, each with the host's registered rank."""

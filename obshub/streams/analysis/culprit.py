@@ -282,6 +282,8 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     its peers' median at least ``STARVED_EXPLAIN_REL`` of ``lost`` (ns the step lost over the job's median
     step; 0: no baseline, never starved) and at least ``STARVED_PEER_FACTOR`` times every other host's;
     None otherwise (also without a layer row of the host or any peer, e.g. a wide step's omitted rows).
+    In a one-node job (one host, several rank rows) the ranks are the peers: the rank with the most
+    run-queue time against the others' (``ranks[host][rank].layers.sched.time_ns``), as its straggler is.
 
     A ``layers`` culprit (``z`` None) has no lateness, so its ``z`` is its run-queue time over its peers'
     median in units of the step's spread (``evidence.spread_ns``), what its evidence would be had it been
@@ -292,8 +294,18 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     if host not in layers or lost <= 0:
         return None
     times = _layer_times(layers, "sched")
-    own = int(times[host])
-    peers = sorted(int(t) for h, t in times.items() if h != host)
+    unit, who = host, ""
+    if len(times) == 1 and len(summary.get("hosts") or ()) == 1:
+        # a one-node job: its ranks are each other's peers (the host has none, so a CPU burst on one of its
+        # ranks was never starved; untuned14, 400 ms bursts on rank 2 of 4: x4.2-x4.3 at 8-20x its busiest
+        # peer's run queue, left to stall_sched_k): its rank rows, the rank with the most run-queue time
+        rows = (summary.get("ranks") or {}).get(host) or {}
+        times = {r: int(((row.get("layers") or {}).get("sched") or {}).get("time_ns", 0)) for r, row in rows.items()}
+        if len(times) >= 2:
+            unit = max(times, key=lambda r: (times[r], -int(r)))
+            who = f"rank {unit}: "
+    own = int(times[unit]) if unit in times else 0
+    peers = sorted(int(t) for h, t in times.items() if h != unit)
     if not peers:
         return None
     med = peers[(len(peers) - 1) // 2]
@@ -309,7 +321,7 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
         return None
     if own - med < STARVED_EXPLAIN_REL * lost or own < STARVED_PEER_FACTOR * max(peers[-1], 1_000_000):
         return None
-    return (
+    return who + (
         f"run-queue {own / 1e6:.0f} ms, +{(own - med) / 1e6:.0f} ms over its peers' median"
         f" ({(own - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {own / max(peers[-1], 1_000_000):.1f}x the busiest peer's"
     )
