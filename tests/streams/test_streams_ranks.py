@@ -83,6 +83,13 @@ def test_a_one_node_job_names_its_cpu_starved_rank_starved():
     for row in loaded["ranks"]["node0"].values():
         row["layers"]["sched"]["time_ns"] = 40_000_000
     assert analysis.culprit(loaded)["starved"] is False
+    # the same burst inside a collective: nobody late, no straggler, no evidence; rank 2's run queue names it
+    inside = copy.deepcopy(sums[GUILTY[0]])
+    inside.update(straggler=None, blame=[])
+    inside["evidence"]["hosts"] = {"node0": {k: 0.0 for k in inside["evidence"]["hosts"]["node0"]}}
+    c = analysis.culprit_rank(analysis.culprit(inside), inside)
+    assert (c["host"], c["layer"], c["rank"], c["source"], c["starved"]) == ("node0", "sched", 2, "layers", True), c
+    assert "rank 2's sched time" in c["why"], c["why"]
     assert all(sums[k]["culprit"] is None for k in range(2, GUILTY[0]))  # the clean steps before it
 
 

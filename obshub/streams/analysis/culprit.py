@@ -295,15 +295,14 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
         return None
     times = _layer_times(layers, "sched")
     unit, who = host, ""
-    if len(times) == 1 and len(summary.get("hosts") or ()) == 1:
+    node = _one_node_ranks(summary, "sched") if len(times) == 1 else None
+    if node is not None and node[0] == host:
         # a one-node job: its ranks are each other's peers (the host has none, so a CPU burst on one of its
         # ranks was never starved; untuned14, 400 ms bursts on rank 2 of 4: x4.2-x4.3 at 8-20x its busiest
-        # peer's run queue, left to stall_sched_k): its rank rows, the rank with the most run-queue time
-        rows = (summary.get("ranks") or {}).get(host) or {}
-        times = {r: int(((row.get("layers") or {}).get("sched") or {}).get("time_ns", 0)) for r, row in rows.items()}
-        if len(times) >= 2:
-            unit = max(times, key=lambda r: (times[r], -int(r)))
-            who = f"rank {unit}: "
+        # peer's run queue, left to stall_sched_k): the rank with the most run-queue time against the others
+        times = node[1]
+        unit = max(times, key=lambda r: (times[r], -int(r)))
+        who = f"rank {unit}: "
     own = int(times[unit]) if unit in times else 0
     peers = sorted(int(t) for h, t in times.items() if h != unit)
     if not peers:
@@ -427,6 +426,20 @@ def _layer_times(layers: Mapping, layer: str) -> dict[str, int]:
     return {h: ((row or {}).get(layer) or {}).get("time_ns", 0) for h, row in layers.items()}
 
 
+def _one_node_ranks(summary: dict, layer: str) -> tuple[str, dict[str, int]] | None:
+    """A one-node job's ranks as each other's peers: ``(host, {rank: ranks[host][rank].layers[layer].time_ns})``
+    when the job has one host with at least two rank rows (``hosts``, ``ranks``); None otherwise."""
+    hosts = summary.get("hosts") or ()
+    if len(hosts) != 1:
+        return None
+    rows = (summary.get("ranks") or {}).get(hosts[0]) or {}
+    if len(rows) < 2:
+        return None
+    return hosts[0], {
+        str(r): int((((row or {}).get("layers") or {}).get(layer) or {}).get("time_ns", 0)) for r, row in rows.items()
+    }
+
+
 def _layer_culprit(summary: dict, lost: int) -> dict | None:
     """``source`` "layers": the host whose own time in one of ``LAYER_CULPRIT`` (sched, memory) exceeds
     the median of its peers by the most, at least ``EXPLAIN_REL`` of what the step lost over the job's
@@ -436,8 +449,14 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
     layers = summary.get("layers") or {}
     stats = summary.get("layer_stats") or {}
     found: list[tuple] = []
+    node = None
     for layer in LAYER_CULPRIT:
         times = _layer_times(layers, layer)
+        if len(times) == 1 and layer == "sched":
+            # a one-node job: its ranks are the peers (a burst on one rank inside a collective, nobody late:
+            # x4.54, untuned14); sched only, its memory is the node's cgroup
+            node = _one_node_ranks(summary, layer)
+            times = node[1] if node is not None else times
         if len(times) < 2:
             continue
         ordered = sorted(times.values())  # one sort: each host's peers are these less one of its value
@@ -453,16 +472,17 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
     if not found or any(f[1] != found[0][1] and f[0] >= AMBIGUOUS_REL * found[0][0] for f in found[1:]):
         return None
     ex, h, layer, ref = found[0]
+    host, who = (node[0], f"rank {h}'s") if node is not None else (h, "its")
     c = {
-        "host": h,
+        "host": host,
         "layer": layer,
         "evidence": 0.0,
         "source": "layers",
-        "why": f"no straggler; its {layer} time {(ex + ref) / 1e6:.1f} ms, +{ex / 1e6:.1f} ms over its peers' median"
+        "why": f"no straggler; {who} {layer} time {(ex + ref) / 1e6:.1f} ms, +{ex / 1e6:.1f} ms over its peers' median"
         f" ({ex / lost:.0%} of the {lost / 1e6:.1f} ms the step lost)",
     }
     if layer == "sched":
-        starved = _starved(summary, h, None, lost)
+        starved = _starved(summary, host, None, lost)
         c["starved"] = starved is not None
         if starved is not None:
             c["why"] += "; starved: far above every peer's"
