@@ -90,6 +90,8 @@ def test_a_one_node_job_names_its_cpu_starved_rank_starved():
     c = analysis.culprit_rank(analysis.culprit(inside), inside)
     assert (c["host"], c["layer"], c["rank"], c["source"], c["starved"]) == ("node0", "sched", 2, "layers", True), c
     assert "rank 2's sched time" in c["why"], c["why"]
+    # a step of a 2-host job that only this host reached is no one-node job: its ranks are not the peers
+    assert analysis.culprit(dict(inside, expected_hosts=["node0", "node1"])) is None
     assert all(sums[k]["culprit"] is None for k in range(2, GUILTY[0]))  # the clean steps before it
 
 

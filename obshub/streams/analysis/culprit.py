@@ -428,8 +428,9 @@ def _layer_times(layers: Mapping, layer: str) -> dict[str, int]:
 
 def _one_node_ranks(summary: dict, layer: str) -> tuple[str, dict[str, int]] | None:
     """A one-node job's ranks as each other's peers: ``(host, {rank: ranks[host][rank].layers[layer].time_ns})``
-    when the job has one host with at least two rank rows (``hosts``, ``ranks``); None otherwise."""
-    hosts = summary.get("hosts") or ()
+    when the job has one host (``hosts`` and ``expected_hosts``: not a step of a larger job that only one host
+    reached) with at least two rank rows (``ranks``); None otherwise."""
+    hosts = sorted(set(summary.get("hosts") or ()) | set(summary.get("expected_hosts") or ()))
     if len(hosts) != 1:
         return None
     rows = (summary.get("ranks") or {}).get(hosts[0]) or {}
