@@ -1069,6 +1069,7 @@ class Fold:
         if step <= self.quiet_until.get(job, -1):
             summary["evidence"]["hosts"] = {}
             summary["evidence"].pop("ranks", None)
+            summary["evidence"].pop("net_view", None)
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
         recent_s = self.sched_recent.setdefault(job, collections.deque(maxlen=analysis.SELF_STEPS))
         recent_s.append(analysis.charge_starved(summary, recent_s))  # a burst against the host's own steps
