@@ -1307,6 +1307,9 @@ class Fold:
                 evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
                 quality=dict.fromkeys(summary["quality"], 0),
             )
+            views = {h: v["view"] for h, v in found["hosts"].items() if v.get("view")}
+            if views:  # which view of its connections gave each named host's evidence
+                summary["evidence"]["net_view"] = views
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
             c = summary["culprit"]
             if c is not None and c.get("layer") == "network":
