@@ -746,6 +746,19 @@ def event_layer(kind: int) -> Layer:
 # ---------------------------------------------------------------------------------------------------------
 # Step summaries (topic obshub.steps.v1) and DLQ records: JSON, so operators can read them with any tool.
 # ---------------------------------------------------------------------------------------------------------
+NET_VIEWS = {
+    "rx": "its fewest retransmits over its busy connections in the step (net_stats)",
+    "rtt": "its lowest mean RTT over its busy connections in the step",
+    "window": "its fewest retransmits over its busy connections with the recent steps' (a slowed step)",
+    "toward": "the retransmits the other hosts sent toward it (a slowed step)",
+    "sender_queue": "the toward view's retransmits, charged to the host that sent most of them, whose own egress "
+    "queue held a watched socket's segment for at least net_queue_min_ns (queue_max_ns)",
+}
+"""The views of a host's connections that give its network evidence (``analysis.NetEvidence.view``; the step
+summary's ``evidence.net_view`` and a network culprit's ``net_view``; docs/ANALYSIS.md "Evidence per (host,
+layer)")."""
+
+
 STEP_SUMMARY_FIELDS: dict[str, str] = {
     "v": "schema version (int, 1)",
     "job": "job name",
@@ -776,9 +789,13 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "net_directed": "whether the step's retransmits meet the directed view's condition (some host has at least "
     "net_count_min of them on every busy connection in one direction); the worker then reads the job's network "
     'evidence in the directed view for its next steps too (docs/ANALYSIS.md "Network blame by connection")',
-    "evidence": "{spread_ns, hosts: {host: {layer: z}}, ranks: {host: rank}}: per-step evidence for the sequential "
-    "rules; ranks names the rank of each host the evidence comes from (where known)",
-    "culprit": "null, or {host, rank, layer, evidence, source, why[, starved]}: the host (and its rank, null when "
+    "evidence": "{spread_ns, hosts: {host: {layer: z}}, ranks: {host: rank}[, net_view: {host: view}]}: per-step "
+    "evidence for the sequential rules; ranks names the rank of each host the evidence comes from (where known); "
+    "net_view, per host whose evidence is network, the view of its connections that gave it: rx or rtt (its busy "
+    "connections' fewest retransmits or lowest mean RTT in the step), window (their retransmits with the recent "
+    "steps'), toward (the retransmits the other hosts sent toward it), sender_queue (those charged to the host that "
+    "sent most of them, its own egress queue having held a segment for net_queue_min_ns); absent without any",
+    "culprit": "null, or {host, rank, layer, evidence, source, why[, starved][, net_view]}: the host (and its rank, null when "
     "unknown or for the network layer) and layer the step is charged to (the single-step stall rules'). Sources: "
     "'stopped' (a rank stopped for a large part of the step, layer process), 'hang' (the rank a "
     "hang record named: network when unreachable, else process), 'evidence' (the largest per-step evidence; layer "
@@ -788,7 +805,8 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "fault or of a running record charged to its cause), 'blame' (the straggler and its first blamed layer, "
     "evidence 0), 'layers' (no straggler: the host whose own sched or memory time over its peers' median explains "
     "a quarter of the loss); null when none applies. A sched culprit of source evidence or layers carries "
-    "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's); "
+    "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's); a "
+    "network culprit of source evidence carries net_view (evidence.net_view's, where the summary has it); "
     "interim records carry null "
     '(docs/SCHEMA.md, docs/ANALYSIS.md "Culprit of a step")',
     "ambiguous": "hosts that stood out alike in a slowed step that names no culprit (each with lateness-based "

@@ -68,9 +68,9 @@ SIGNAL_VARS: dict[str, dict[str, str]] = {"steps": STEP_VARS, "events": EVENT_VA
 NESTED_VARS: dict[str, set[str]] = {
     "straggler": {"host", "rank", "local_rank", "gpu", "score", "excess_ns", "reason", "group"},
     "baseline": {"median_ns", "p99_ns", "n", "spread_ns"},
-    "evidence": {"spread_ns", "hosts", "max", "ranks"},
+    "evidence": {"spread_ns", "hosts", "max", "ranks", "net_view"},
     "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waiting_ranks", "waited_ns", "after_ns"},
-    "culprit": {"host", "rank", "layer", "evidence", "source", "why", "starved"},
+    "culprit": {"host", "rank", "layer", "evidence", "source", "why", "starved", "net_view"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }
 

@@ -109,6 +109,7 @@ def by_layer(t: T, what: str) -> T:
 
 
 LAYER = enum(*LAYERS)
+NET_VIEW = enum(*schema.NET_VIEWS)
 KIND = enum(*(k.name for k in schema.Kind))
 
 # the step summary's fields (schema.STEP_SUMMARY_FIELDS, as rules.fields.step_record gives them)
@@ -185,6 +186,7 @@ STEP_TYPES: dict[str, T] = {
         hosts=map_of(STRING, by_layer(DOUBLE, "a host's evidence (by layer)")),
         max=by_layer(DOUBLE, "the largest evidence of each layer over the hosts"),
         ranks=map_of(STRING, INT),
+        net_view=map_of(STRING, NET_VIEW),
     ),
     "culprit": record(
         "culprit",
@@ -196,6 +198,7 @@ STEP_TYPES: dict[str, T] = {
         source=enum("stopped", "evidence", "blame", "memlimit", "layers", "persistent", "hang", "running"),
         why=STRING,
         starved=BOOL,
+        net_view=NET_VIEW,
     ),
     "hang": record(
         "hang",

@@ -1069,6 +1069,7 @@ class Fold:
         if step <= self.quiet_until.get(job, -1):
             summary["evidence"]["hosts"] = {}
             summary["evidence"].pop("ranks", None)
+            summary["evidence"].pop("net_view", None)
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
         recent_s = self.sched_recent.setdefault(job, collections.deque(maxlen=analysis.SELF_STEPS))
         recent_s.append(analysis.charge_starved(summary, recent_s))  # a burst against the host's own steps
@@ -1306,6 +1307,9 @@ class Fold:
                 evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
                 quality=dict.fromkeys(summary["quality"], 0),
             )
+            views = {h: v["view"] for h, v in found["hosts"].items() if v.get("view")}
+            if views:  # which view of its connections gave each named host's evidence
+                summary["evidence"]["net_view"] = views
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
             c = summary["culprit"]
             if c is not None and c.get("layer") == "network":

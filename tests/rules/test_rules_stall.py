@@ -525,7 +525,7 @@ def test_retransmits_toward_a_host_count_only_as_a_back_off_that_stands_out():
     )
     # two on one connection (a back-off: the recorded blackout of node-01 that caught only node-00 sending)
     got = analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 2}}, 900), th)
-    assert got == {"node-02": analysis.NetEvidence(2.0, 2, 0, 0, 0)}
+    assert got == {"node-02": analysis.NetEvidence(2.0, 2, 0, 0, 0, "toward")}
     # one retransmit toward it and one toward another host: nothing
     assert (
         analysis.net_toward_evidence(ring_accs({"node-01": {"node-02": 1}, "node-03": {"node-00": 1}}, 900), th) == {}
@@ -536,9 +536,9 @@ def test_retransmits_toward_a_host_count_only_as_a_back_off_that_stands_out():
     # 14 toward node-02, 6 toward node-03 (the recorded 8 % loss step): node-02, (14 - 6) / sqrt(7)
     loss = {"node-01": {"node-02": 2}, "node-03": {"node-02": 12}, "node-00": {"node-03": 6}}
     got = analysis.net_toward_evidence(ring_accs(loss, 900), th)
-    assert got == {"node-02": analysis.NetEvidence(3.0, 14, 6, 0, 0)}  # 3.024, clipped to net_toward_clip
+    assert got == {"node-02": analysis.NetEvidence(3.0, 14, 6, 0, 0, "toward")}  # 3.024, clipped to net_toward_clip
     assert analysis.net_toward_evidence(ring_accs(loss, 900), analysis.Thresholds(net_toward_clip=7.0)) == {
-        "node-02": analysis.NetEvidence(3.024, 14, 6, 0, 0)
+        "node-02": analysis.NetEvidence(3.024, 14, 6, 0, 0, "toward")
     }
 
 
@@ -612,7 +612,7 @@ def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
     th = analysis.Thresholds()
     sent = {"node-01": {"node-02": 2}, "node-03": {"node-02": 2}}
     waited = ring_accs(sent, 900)
-    assert analysis.net_toward_evidence(waited, th) == {"node-02": analysis.NetEvidence(3.0, 4, 0, 0, 0)}
+    assert analysis.net_toward_evidence(waited, th) == {"node-02": analysis.NetEvidence(3.0, 4, 0, 0, 0, "toward")}
     stopped = ring_accs(sent, 900)
     stopped["node-02"]["colls"]["0#0"][1] += 740 * MS  # it reached the first all-reduce 740 ms after the others
     assert analysis.net_toward_evidence(stopped, th) == {}

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from obshub.core import schema
 from obshub.core.schema import Batch, Clock, Event, Kind
+from obshub.rules import fields
 from obshub.streams import accumulate, analysis, offline, synthetic
 
 
@@ -311,12 +312,9 @@ def _slowed_toward(accs, th):
     return analysis.net_evidence(accs, th, window_stats=analysis.net_stats(accs, th, window={}))
 
 
-def test_the_toward_view_names_the_sender_whose_own_egress_queue_held_its_segments():
-    """A wrong step of the tbf rate spike (stall13 shape, tbfq12's traces, 2026-12-06): node-02's link is
-    shaped (20 Mbit for 300 ms, both directions) and node-02 itself sent 38 retransmits toward its
-    healthy neighbour node-01 (node-03 2 toward node-02). By counts node-01 is the receiver (3.0). Its
-    sender's own egress queue held a watched socket's segment 284 ms (TCP_QUEUE): the evidence goes to
-    node-02; without that record (an agent without the probe, or a queue under 100 ms) to node-01."""
+def _tbf_step():
+    """The wrong step of the tbf rate spike (below): node-02 sent 38 retransmits toward node-01, node-03 2
+    toward node-02, 4 RTT samples per connection of the ring. Returns ``(addresses, accumulators)``."""
     ip = {f"node-0{i}": f"10.77.0.{11 + i}" for i in range(4)}
     accs = {
         "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (4, 0), ip["node-03"]: (4, 0)}),
@@ -324,29 +322,76 @@ def test_the_toward_view_names_the_sender_whose_own_egress_queue_held_its_segmen
         "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (4, 38), ip["node-03"]: (4, 0)}),
         "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 2)}),
     }
+    return ip, accs
+
+
+def _slowed_summary(accs):
+    """The summary of step 20 of ``accs`` after 20 steps of 100 ms, every host's step 2.7 s (a slowed step:
+    the window and the toward view are read)."""
+    hist = [[s, 100 * MS, 10 * MS] for s in range(20)]
+    for a in accs.values():
+        a["step_ns"] = 2_700 * MS
+    kw = dict(expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete", closed_at_ns=1)
+    return analysis.summarize("j", 20, accs, window={}, **kw)
+
+
+def test_the_toward_view_names_the_sender_whose_own_egress_queue_held_its_segments():
+    """A wrong step of the tbf rate spike (stall13 shape, tbfq12's traces, 2026-12-06): node-02's link is
+    shaped (20 Mbit for 300 ms, both directions) and node-02 itself sent 38 retransmits toward its
+    healthy neighbour node-01 (node-03 2 toward node-02). By counts node-01 is the receiver (3.0). Its
+    sender's own egress queue held a watched socket's segment 284 ms (TCP_QUEUE): the evidence goes to
+    node-02; without that record (an agent without the probe, or a queue under 100 ms) to node-01."""
+    ip, accs = _tbf_step()
     th = analysis.Thresholds()
-    assert analysis.net_toward_evidence(accs, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    assert analysis.net_toward_evidence(accs, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0, "toward")}
     queued = {**accs, "node-02": _queued(accs["node-02"], "node-02", 284 * MS)}
     assert queued["node-02"].net.queue_max_ns == 284 * MS
-    assert analysis.net_toward_evidence(queued, th) == {"node-02": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    assert analysis.net_toward_evidence(queued, th) == {
+        "node-02": analysis.NetEvidence(3.0, 38, 2, 0, 0, "sender_queue")
+    }
     assert {h: e.z for h, e in _slowed_toward(queued, th).items()} == {"node-02": 3.0}
     # parts merge by max (a later batch's shorter wait keeps the longest); under net_queue_min_ns: the receiver
     twice = _queued(queued["node-02"], "node-02", 12 * MS)
     assert twice.net.queue_max_ns == 284 * MS
     short = {**accs, "node-02": _queued(accs["node-02"], "node-02", 99 * MS)}
-    assert analysis.net_toward_evidence(short, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    assert analysis.net_toward_evidence(short, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0, "toward")}
     # the receiver's own queue says nothing about the sender's
     rx_queued = {**accs, "node-01": _queued(accs["node-01"], "node-01", 284 * MS)}
-    assert analysis.net_toward_evidence(rx_queued, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0)}
+    assert analysis.net_toward_evidence(rx_queued, th) == {"node-01": analysis.NetEvidence(3.0, 38, 2, 0, 0, "toward")}
     # a summary of the slowed step names node-02 (the field survives the dict form and the changelog's arrays)
-    hist = [[s, 100 * MS, 10 * MS] for s in range(20)]
-    kw = dict(expected_hosts=sorted(accs), history=hist, quality={}, closed_by="complete", closed_at_ns=1)
-    for a in queued.values():
-        a["step_ns"] = 2_700 * MS
-    got = analysis.summarize("j", 20, queued, window={}, **kw)
+    got = _slowed_summary(queued)
     assert {h: e["network"] for h, e in got["evidence"]["hosts"].items() if e.get("network")} == {"node-02": 3.0}
     assert accumulate.to_dict(queued["node-02"])["net"]["queue_max_ns"] == 284 * MS
     assert accumulate.as_acc(accumulate.to_dict(queued["node-02"])).net.queue_max_ns == 284 * MS
+
+
+def test_a_network_culprit_says_which_view_of_the_connections_gave_its_evidence():
+    """The tbf step above (node-02 sent 38 retransmits toward node-01, node-03 2 toward node-02), summarised
+    as a slowed step: with node-02's egress queue at 284 ms the culprit is node-02 by the toward view moved to
+    the sender (``net_view`` "sender_queue"), without it node-01 by the toward view ("toward"); the recorded
+    8 % loss step names node-02 by its own connections' retransmits ("rx"). A summary of an older worker
+    (no ``evidence.net_view``) gives a culprit without it, and the rules read it as before."""
+    ip, accs = _tbf_step()
+    queued = _slowed_summary({**accs, "node-02": _queued(accs["node-02"], "node-02", 284 * MS)})
+    assert queued["evidence"]["net_view"] == {"node-02": "sender_queue"}
+    c = queued["culprit"]
+    assert (c["host"], c["layer"], c["source"], c["net_view"]) == ("node-02", "network", "evidence", "sender_queue")
+    plain = _slowed_summary(copy.deepcopy(accs))
+    assert plain["evidence"]["net_view"] == {"node-01": "toward", "node-02": "rx"}
+    assert (plain["culprit"]["host"], plain["culprit"]["net_view"]) == ("node-01", "toward")
+    _ip, loss = _loss8_step()
+    assert {h: e.view for h, e in analysis.net_evidence(loss, analysis.Thresholds()).items()} == {"node-02": "rx"}
+    # an older worker's summary: no net_view anywhere, the culprit the same otherwise, loadable by the rules
+    old = copy.deepcopy(queued)
+    del old["evidence"]["net_view"]
+    got = analysis.culprit(old)
+    assert got is not None and "net_view" not in got and (got["host"], got["layer"]) == ("node-02", "network")
+    rec = fields.step_record(dict(old, culprit=got))
+    assert "net_view" not in rec["culprit"] and "net_view" not in rec["evidence"]
+    # a step without network evidence carries no net_view (its summary as before)
+    calm = {h: _dir_acc(h, ip[h], {p: (4, 0) for p in ip.values() if p != ip[h]}) for h in accs}
+    quiet = _slowed_summary(calm)
+    assert quiet["evidence"]["hosts"] == {} and "net_view" not in quiet["evidence"]
 
 
 def test_the_recorded_8_percent_loss_step_keeps_its_receiver_when_the_sender_queued_nothing():
@@ -356,7 +401,7 @@ def test_the_recorded_8_percent_loss_step_keeps_its_receiver_when_the_sender_que
     view keeps the receiver node-02."""
     ip, accs = _loss8_step()
     th = analysis.Thresholds()
-    want = {"node-02": analysis.NetEvidence(3.0, 14, 6, 0, 0)}
+    want = {"node-02": analysis.NetEvidence(3.0, 14, 6, 0, 0, "toward")}
     assert analysis.net_toward_evidence(accs, th) == want
     # node-03's sockets waited 99 ms in its egress queue (a loaded machine's worst), under the 100 ms
     near = {**accs, "node-03": _queued(accs["node-03"], "node-03", 99 * MS)}
@@ -364,7 +409,7 @@ def test_the_recorded_8_percent_loss_step_keeps_its_receiver_when_the_sender_que
     assert {h: e.z for h, e in _slowed_toward(near, th).items()}["node-02"] == 3.0
     # at net_queue_min_ns it is the sender's own queue that held the exchange
     at = {**accs, "node-03": _queued(accs["node-03"], "node-03", 100 * MS)}
-    assert analysis.net_toward_evidence(at, th) == {"node-03": analysis.NetEvidence(3.0, 14, 6, 0, 0)}
+    assert analysis.net_toward_evidence(at, th) == {"node-03": analysis.NetEvidence(3.0, 14, 6, 0, 0, "sender_queue")}
 
 
 def test_a_step_that_misses_the_directed_condition_reads_it_from_the_jobs_recent_steps():
@@ -1110,7 +1155,7 @@ def test_a_slowed_step_reads_the_jobs_recent_retransmits_against_connections_awa
     # (what is left is the slowed step's retransmits toward node-01, net_toward_evidence: 14 vs 1 toward
     # node-00, the same host, clipped to net_toward_clip)
     gated = analysis.net_evidence(accs, analysis.Thresholds(net_window_min=11), window_stats=stats)
-    assert gated == {"node-01": analysis.NetEvidence(3.0, 14, 1, 0, 0)}
+    assert gated == {"node-01": analysis.NetEvidence(3.0, 14, 1, 0, 0, "toward")}
     # with the per-step gates and without the reference the neighbour would count: (5 - 2) / sqrt(2 + 1)
     no_ref = analysis._net_z(accs, th, analysis.NetStats(stats.rx, stats.rtt, stats.directed, {}))
     assert round(no_ref["node-00"].z, 3) == 1.732

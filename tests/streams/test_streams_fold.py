@@ -325,6 +325,8 @@ def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_
     assert [(x["host"], x["layer"], x["straggler_ns"], x["peer_median_ns"]) for x in s["blame"]] == [
         ("b", "network", 30_000_000, 2_000_000)
     ]
+    # which view named it: b's lowest mean RTT over its busy connections (a running record of 44484b4 had none)
+    assert s["evidence"]["net_view"] == {"b": "rtt"} and s["culprit"]["net_view"] == "rtt"
     assert len(pipe.summaries) == 12  # an interim record: the step stays open
     # the step closes x15 the median with b late and 30 ms of run-queue time of b's (a loaded machine):
     # until stall11 its connections' evidence gave way to those 30 ms and the close, naming nobody of its

@@ -246,6 +246,9 @@ def _culprit(summary: dict, lost: int) -> dict | None:
         if strag and strag.get("host") == h:
             why += f"; straggler: {strag.get('reason', '')}"
         c = {"host": h, "layer": CULPRIT_LAYER.get(layer, layer), "evidence": z, "source": "evidence", "why": why}
+        view = ((summary.get("evidence") or {}).get("net_view") or {}).get(h) if layer == "network" else None
+        if view:  # which view of its connections gave the evidence (absent in an older worker's summary)
+            c["net_view"] = view
         if layer == "sched":
             starved = _starved(summary, h, z, lost)
             c["starved"] = starved is not None

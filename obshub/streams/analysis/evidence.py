@@ -57,11 +57,14 @@ class Evidence(msgspec.Struct):
     """A step's sequential evidence (``evidence``), the summary's ``evidence`` map: ``spread_ns`` the
     unit of its values (ns, the baseline's spread or ``Thresholds.spread_min_ns``), ``hosts`` per host
     (sorted) with a value above 0 its ``HostEvidence``, ``ranks`` per such host the rank its evidence
-    names (filled by ``summarize``; a host whose rank is unknown is left out)."""
+    names (filled by ``summarize``; a host whose rank is unknown is left out), ``net_view`` per host whose
+    evidence is ``network`` the view of its connections that gave it (``NetEvidence.view``, a key of
+    ``schema.NET_VIEWS``; ``summarize`` writes it to the summary only when it names a host)."""
 
     spread_ns: int
     hosts: dict[str, HostEvidence]
     ranks: dict[str, int] = {}
+    net_view: dict[str, str] = {}
 
 
 def baseline(history: list[list[int]], step: int, th: Thresholds) -> Baseline:
@@ -95,9 +98,10 @@ def evidence(
     lost_ns: int = 0,
 ) -> Evidence:
     """Per-step evidence for the rules' sequential test (docs/ANALYSIS.md "Sequential detection"):
-    ``Evidence(spread_ns=s, hosts={host: HostEvidence})`` with each layer's ``z`` in units of the job's
-    recent spread ``s`` (``bl.spread_ns``), clipped to ``[0, evidence_clip]``, rounded to 3 places; a host appears
-    only when one of its values is above 0.
+    ``Evidence(spread_ns=s, hosts={host: HostEvidence}, net_view={host: view})`` with each layer's ``z`` in units
+    of the job's recent spread ``s`` (``bl.spread_ns``), clipped to ``[0, evidence_clip]``, rounded to 3 places; a
+    host appears only when one of its values is above 0; ``net_view`` names, per host whose evidence is
+    ``network``, the view of its connections that gave it (``NetEvidence.view``).
 
     - time layers L (sched, memory, cuda, nic): ``min(late(h), excess(h, L)) / s``: the host's own layer
       time above the median of its peers, counted only as far as it made the host late (a victim is not
@@ -154,6 +158,7 @@ def evidence(
                     explained += ex
                     put(h, layer, min(lt, ex) / s)
                 put(h, "pytorch", (lt - explained) / s)
+    net_view: dict[str, str] = {}
     for h, net in net_evidence(accs, th, recent_directed, stats, window_stats).items():
         have = out.get(h)
         z_time = max(have.sched, have.memory, have.cuda, have.nic) if have is not None else 0.0
@@ -162,7 +167,9 @@ def evidence(
         # its connections explain its lateness (a slow link delays its own collectives): no other
         # layer of it is the culprit in this step
         out[h] = HostEvidence(network=net.z)
-    return Evidence(s, {h: out[h] for h in sorted(out)})
+        if net.view:
+            net_view[h] = net.view
+    return Evidence(s, {h: out[h] for h in sorted(out)}, net_view=net_view)
 
 
 def _peer_excess(values: np.ndarray) -> np.ndarray:

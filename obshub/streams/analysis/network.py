@@ -39,13 +39,15 @@ class NetEvidence(msgspec.Struct):
     """One host's connection-based network evidence (``net_evidence``): ``z`` the evidence (spreads,
     ``> 0``, clipped, 3 places); ``rx``/``m_rx`` its fewest retransmits over its busy connections and the
     reference it is compared with (counts); ``rtt_ns``/``m_rtt_ns`` its lowest mean RTT and the other
-    hosts' median (ns)."""
+    hosts' median (ns); ``view``: which view of the connections gave ``z`` (a key of ``schema.NET_VIEWS``; ""
+    where not known)."""
 
     z: float
     rx: int
     m_rx: int
     rtt_ns: int
     m_rtt_ns: int
+    view: str = ""
 
 
 class NetBlame(msgspec.Struct):
@@ -260,7 +262,7 @@ def net_evidence(
         return {}
     out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
     if window_stats is not None:
-        slowed = list(_net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor).items())
+        slowed = list(_net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor, "window").items())
         slowed += list(net_toward_evidence(accs, th).items())
         for h, entry in slowed:
             have = out.get(h)
@@ -338,15 +340,21 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetE
     by = senders[best]
     sender = min(by, key=lambda h: (-by[h], h))
     if (_net(accs[sender]).queue_max_ns or 0) >= th.net_queue_min_ns:
-        return {sender: NetEvidence(z, n, second, 0, 0)}  # its own egress queued: its link, not the receiver
-    return {best: NetEvidence(z, n, second, 0, 0)}
+        return {sender: NetEvidence(z, n, second, 0, 0, "sender_queue")}  # its own egress queued: its link
+    return {best: NetEvidence(z, n, second, 0, 0, "toward")}
 
 
 def _net_z(
-    accs: dict[str, dict], th: Thresholds, stats: NetStats, count_min: int = 0, factor: float | None = None
+    accs: dict[str, dict],
+    th: Thresholds,
+    stats: NetStats,
+    count_min: int = 0,
+    factor: float | None = None,
+    rx_view: str = "rx",
 ) -> dict[str, NetEvidence]:
     """``net_evidence`` from one ``net_stats`` result; ``count_min`` and ``factor`` (instead of
-    ``count_factor``) gate the retransmit value over a window."""
+    ``count_factor``) gate the retransmit value over a window; ``rx_view``: the ``view`` of a ``z`` the
+    retransmits gave ("window" over a window; "rtt" where the RTT gave it)."""
     factor = th.count_factor if factor is None else factor
     out: dict[str, NetEvidence] = {}
     rx, rtt, ref = stats.rx, stats.rtt, stats.ref
@@ -371,7 +379,7 @@ def _net_z(
         )
         z = round(min(th.evidence_clip, max(z_rx, z_rtt)), 3)
         if z > 0:
-            out[h] = NetEvidence(z, rx[h], m_rx, rtt[h], m_rtt)
+            out[h] = NetEvidence(z, rx[h], m_rx, rtt[h], m_rtt, rx_view if z_rx >= z_rtt else "rtt")
     return out
 
 

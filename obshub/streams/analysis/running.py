@@ -42,7 +42,8 @@ def running_check(
     in reclaim answers late on every connection; its step is judged when it closes).
 
     Returns None, or ``{"elapsed_ns", "after_ns", "spread_ns", "hosts": {host: {"z", "rx", "peer_rx",
-    "rtt_ns", "peer_rtt_ns", "time_excess_ns"}}}`` with at least one host."""
+    "rtt_ns", "peer_rtt_ns", "time_excess_ns", "view"}}}`` with at least one host (``view``: the view of its
+    connections that gave ``z``, ``NetEvidence.view``)."""
     accs = as_accs(accs)
     if len(accs) < 3 or any(h in accs for h in (stopped or {})):
         return None
@@ -80,6 +81,7 @@ def running_check(
             "rtt_ns": e.rtt_ns,
             "peer_rtt_ns": e.m_rtt_ns,
             "time_excess_ns": own,
+            "view": e.view,
         }
     if not hosts:
         return None

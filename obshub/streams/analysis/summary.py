@@ -271,6 +271,7 @@ def summarize(
                 ev.spread_ns,
                 ev.hosts,
                 {h: named[h]["rank"] for h in ev.hosts if named.get(h, {}).get("rank") is not None},
+                ev.net_view,
             )
         ),
         "net_directed": bool(stats and stats.directed),
@@ -293,6 +294,8 @@ def summarize(
             )
         ),
     }
+    if not ev.net_view:  # which view of the connections gave each network evidence: absent without any
+        del out["evidence"]["net_view"]
     out["life"] = int(life)
     out["culprit"] = culprit_rank(culprit(out), out)
     compact.compact(out)  # wide steps keep layer rows of their outlier hosts only, plus layer_stats
