@@ -1211,7 +1211,9 @@ def memory_alerts(steps, every_s=0.1):
 @pytest.mark.parametrize("which", list(LIVE_SQUEEZES))
 def test_an_untuned_hosts_memory_squeeze_is_named_by_its_episode(which):
     # the episode (memory charge of node-03 after 40 steps without, 7-8 consecutive steps) fires once its
-    # loss reaches stall_episode_floor_ns (50 ms) in 3 steps or more, on the step that reaches it
+    # loss reaches stall_episode_floor_ns (50 ms) in 3 steps or more, or its host's reclaim reaches
+    # stall_episode_reclaim_ns (5 ms; squeezed_steps: 6 ms a step, none on its peers) in 3 steps or more,
+    # on the step that reaches either
     ratios = LIVE_SQUEEZES[which]
     rng = __import__("random").Random(30)
     squeezed = squeeze_at(40, ratios)
@@ -1221,7 +1223,9 @@ def test_an_untuned_hosts_memory_squeeze_is_named_by_its_episode(which):
     assert all(s["memory_episode"]["first_step"] == 40 for s in squeezed)
     assert not any("memory_episode" in s for s in steps if s not in squeezed)
     lost = [sum(r - 1 for r in ratios[: i + 1]) * LIVE_MEDIAN_MS for i in range(len(ratios))]
-    at = next(i for i, ms in enumerate(lost) if (i >= 2 and ms >= 50) or ms >= 100)
+    reclaim = [6 * (i + 1) for i in range(len(ratios))]
+    assert [s["memory_episode"]["reclaim_ns"] // 1_000_000 for s in squeezed] == reclaim
+    at = next(i for i, ms in enumerate(lost) if (i >= 2 and (ms >= 50 or reclaim[i] >= 5)) or ms >= 100)
     assert memory_alerts(steps) == [("memory_stall_episode", "node-03", "memory", str(40 + at))]
 
 
@@ -1245,7 +1249,69 @@ def test_a_squeeze_whose_steps_faster_ones_interrupt_is_one_episode(gap, fires):
     steps = charge([*clean_at(0, 40, rng), *first, *between, *rest, *clean_at(44 + gap, 30, rng)])
     assert not any((s["culprit"] or {}).get("layer") == "memory" for s in between)
     assert all("memory_episode" in s for s in rest) == fires
-    want = [("memory_stall_episode", "node-03", "memory", str(43 + gap))] if fires else []
+    # fired on the episode's 3rd charged step (rest's 2nd: 18 ms of node-03's reclaim, stall_episode_reclaim_ns;
+    # its loss reaches 50 ms one step later)
+    want = [("memory_stall_episode", "node-03", "memory", str(42 + gap))] if fires else []
+    assert memory_alerts(steps) == want
+
+
+def squeeze_reclaiming(first, ratios, reclaim_ms, median_ms, peer_ms=None):
+    """``squeeze_at`` of node-03 with its memory time ``reclaim_ms`` per step (ms) and, with ``peer_ms``,
+    node-01's memory row holding that much in 10 records (under half the host's: the charge stays)."""
+    out = squeeze_at(first, ratios, median_ms=median_ms)
+    for i, s in enumerate(out):
+        s["layers"]["node-03"]["memory"]["time_ns"] = int(reclaim_ms[i] * 1e6)
+        if peer_ms is not None:
+            s["layers"]["node-01"]["memory"] = {"time_ns": int(peer_ms[i] * 1e6), "count": 10, "max_ns": 900_000}
+    return out
+
+
+# The two live squeezes under stall_episode_floor_ns (memstall12, node-03, 2026-12-06, kept in
+# /tmp/memstall12/live-new and live-base): each step a little slower than the median, node-03 at its
+# memory cgroup's limit (25-39 reclaim records a step) and no memory record on any peer
+SUB_FLOOR_SQUEEZES = {
+    # live-new steps 308-312: 27 ms lost in 5 charged steps, 9.4 ms of reclaim on node-03
+    "27ms": ((1.099, 1.018, 1.058, 1.025, 1.071), (3.05, 3.37, 0.97, 0.75, 1.24), 99.5, 2),
+    # live-base steps 495-497: 48.5 ms lost in 3 charged steps, 12.2 ms of reclaim on node-03
+    "48.5ms": ((1.019, 1.094, 1.246), (5.63, 5.87, 0.65), 135.5, 2),
+}
+
+
+@pytest.mark.parametrize("which", list(SUB_FLOOR_SQUEEZES))
+def test_a_squeeze_under_the_loss_floor_is_named_by_its_hosts_own_reclaim(which):
+    # what these squeezes cost the job (27 and 48.5 ms) is within its clean jitter over as many steps; what
+    # names them is the host's own reclaim, 5 ms (stall_episode_reclaim_ns) by their 3rd charged step with
+    # none on a peer. Neither fired on 44484b4 (the loss alone, under 50 ms)
+    ratios, reclaim, median_ms, at = SUB_FLOOR_SQUEEZES[which]
+    rng = __import__("random").Random(14)
+    squeezed = squeeze_reclaiming(40, ratios, reclaim, median_ms)
+    steps = charge([*clean_at(0, 40, rng, median_ms), *squeezed, *clean_at(40 + len(ratios), 30, rng, median_ms)])
+    assert all((s["culprit"]["host"], s["culprit"]["layer"]) == ("node-03", "memory") for s in squeezed)
+    ep = squeezed[-1]["memory_episode"]
+    assert (ep["steps"], ep["peer_reclaim_ns"]) == (len(ratios), 0)
+    assert ep["reclaim_ns"] == sum(int(ms * 1e6) for ms in reclaim)
+    assert ep["lost_ns"] < 50_000_000
+    assert memory_alerts(steps) == [("memory_stall_episode", "node-03", "memory", str(40 + at))]
+
+
+@pytest.mark.parametrize(
+    "ratios,reclaim,peer,fires",
+    [
+        ((1.05, 1.05, 1.05), (2.0, 2.0, 1.0), None, True),  # 5.0 ms in 3 steps: at stall_episode_reclaim_ns
+        ((1.05, 1.05, 1.05), (2.0, 2.0, 0.9), None, False),  # 4.9 ms
+        ((1.05, 1.05), (10.0, 10.0), None, False),  # 20 ms in 2 steps: under stall_episode_min_steps
+        ((1.05, 1.05, 1.05), (2.0, 2.0, 2.0), (1.0, 1.0, 1.0), True),  # the busiest peer's 3 ms: half of 6
+        ((1.05, 1.05, 1.05), (2.0, 2.0, 2.0), (1.0, 1.0, 1.1), False),  # 3.1 ms: more than half
+    ],
+)
+def test_the_episodes_reclaim_floor_and_its_peers(ratios, reclaim, peer, fires):
+    # 3 steps of x1.05 (15 ms lost in all, far under the loss floors): only the reclaim key can fire
+    rng = __import__("random").Random(15)
+    squeezed = squeeze_reclaiming(40, ratios, reclaim, LIVE_MEDIAN_MS, peer)
+    steps = charge([*clean_at(0, 40, rng), *squeezed, *clean_at(40 + len(ratios), 30, rng)])
+    assert all((s["culprit"]["host"], s["culprit"]["layer"]) == ("node-03", "memory") for s in squeezed)
+    assert squeezed[-1]["memory_episode"]["steps"] == len(ratios)
+    want = [("memory_stall_episode", "node-03", "memory", str(40 + len(ratios) - 1))] if fires else []
     assert memory_alerts(steps) == want
 
 
@@ -1272,8 +1338,10 @@ def test_an_episode_after_a_long_clean_run_fires_once_and_the_next_one_again():
     steps = charge([*clean_at(0, 400, rng), *first, *clean_at(408, 60, rng), *second, *clean_at(476, 20, rng)])
     assert [s["memory_episode"]["lost_ns"] // 1_000_000 for s in (first[-1], second[-1])] == [66, 66]
     assert memory_alerts(steps, every_s=0.5) == [
-        ("memory_stall_episode", "node-03", "memory", "405"),  # 32, 46, 48, 52 ms at its 3rd-6th step
-        ("memory_stall_episode", "node-03", "memory", "473"),
+        # its 3rd step: 18 ms of the host's reclaim (stall_episode_reclaim_ns); its loss (32, 46, 48, 52 ms
+        # at its 3rd-6th step) reaches stall_episode_floor_ns at the 6th
+        ("memory_stall_episode", "node-03", "memory", "402"),
+        ("memory_stall_episode", "node-03", "memory", "470"),
     ]
 
 

@@ -695,6 +695,14 @@ MEMORY_GAP_STEPS = 2
 through (a step of the squeeze that lost no time over the median, or that a peer's lateness took)."""
 
 
+def _memory_times(summary: dict, host: str) -> tuple[int, int]:
+    """``(host's, busiest other host's)`` memory time in the step (``layers[h]["memory"]["time_ns"]``:
+    reclaim and compaction stalls, ns; 0 for a host without a memory row)."""
+    rows = (summary.get("layers") or {}).items()
+    times = {h: int(((row or {}).get("memory") or {}).get("time_ns") or 0) for h, row in rows}
+    return times.get(host, 0), max((t for h, t in times.items() if h != host), default=0)
+
+
 def memory_episode(summary: dict, state: dict | None) -> dict:
     """Follow a memory stall that slows several steps a little each, as an **episode** with an onset
     (docs/ANALYSIS.md "A memory episode"); returns the job's new state. ``summary``: a closed step, its
@@ -708,9 +716,11 @@ def memory_episode(summary: dict, state: dict | None) -> dict:
     to the same host's memory **continues** it, with at most ``MEMORY_GAP_STEPS`` closed steps in a row
     between that are not (they add nothing); a longer gap, or another host's memory charge, ends it. A
     host charged on (nearly) every step, a job at its memory limit all the time, never has an onset.
-    Each charged step of an episode gets ``memory_episode`` (``{host, rank, first_step, steps, lost_ns}``:
-    the charged steps so far, this one included, and what they lost over the baseline median, ns, each
-    step's loss taken as at least 0), which the rule ``memory_stall_episode`` compares with its floor;
+    Each charged step of an episode gets ``memory_episode`` (``{host, rank, first_step, steps, lost_ns,
+    reclaim_ns, peer_reclaim_ns}``: the charged steps so far, this one included; what they lost over the
+    baseline median, ns, each step's loss taken as at least 0; the host's own memory time in them (its
+    rows' ``layers[host]["memory"]["time_ns"]``: reclaim at its cgroup's limit, ns) and the busiest other
+    host's in each of them, summed, ns), which the rule ``memory_stall_episode`` compares with its floors;
     absent on every other step. Changes ``summary`` in place."""
     st = state or {"seen": 0, "last": {}, "open": None}
     seen, last, ep = int(st["seen"]), dict(st["last"]), st["open"]
@@ -718,8 +728,16 @@ def memory_episode(summary: dict, state: dict | None) -> dict:
     host = c.get("host") if c is not None and c.get("layer") == "memory" else None
     bl = summary.get("baseline") or {}
     lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0))
+    own, peer = _memory_times(summary, host) if host is not None else (0, 0)
     if ep is not None and host == ep["host"]:
-        ep = {**ep, "steps": ep["steps"] + 1, "lost_ns": ep["lost_ns"] + lost, "gap": 0}
+        ep = {
+            **ep,
+            "steps": ep["steps"] + 1,
+            "lost_ns": ep["lost_ns"] + lost,
+            "reclaim_ns": ep["reclaim_ns"] + own,
+            "peer_reclaim_ns": ep["peer_reclaim_ns"] + peer,
+            "gap": 0,
+        }
     elif ep is not None and host is None and ep["gap"] < MEMORY_GAP_STEPS:
         ep = {**ep, "gap": ep["gap"] + 1}
     elif (
@@ -728,7 +746,16 @@ def memory_episode(summary: dict, state: dict | None) -> dict:
         and seen - last.get(host, -1 - MEMORY_QUIET_STEPS) > MEMORY_QUIET_STEPS
     ):
         rank = c.get("rank") if c is not None else None
-        ep = {"host": host, "rank": rank, "first_step": summary.get("step"), "steps": 1, "lost_ns": lost, "gap": 0}
+        ep = {
+            "host": host,
+            "rank": rank,
+            "first_step": summary.get("step"),
+            "steps": 1,
+            "lost_ns": lost,
+            "reclaim_ns": own,
+            "peer_reclaim_ns": peer,
+            "gap": 0,
+        }
     else:
         ep = None
     if host is not None:
