@@ -778,7 +778,7 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     'evidence in the directed view for its next steps too (docs/ANALYSIS.md "Network blame by connection")',
     "evidence": "{spread_ns, hosts: {host: {layer: z}}, ranks: {host: rank}}: per-step evidence for the sequential "
     "rules; ranks names the rank of each host the evidence comes from (where known)",
-    "culprit": "null, or {host, rank, layer, evidence, source, why[, starved]}: the host (and its rank, null when "
+    "culprit": "null, or {host, rank, layer, evidence, source, why[, starved][, runq_veto]}: the host (and its rank, null when "
     "unknown or for the network layer) and layer the step is charged to (the single-step stall rules'). Sources: "
     "'stopped' (a rank stopped for a large part of the step, layer process), 'hang' (the rank a "
     "hang record named: network when unreachable, else process), 'evidence' (the largest per-step evidence; layer "
@@ -789,6 +789,8 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "evidence 0), 'layers' (no straggler: the host whose own sched or memory time over its peers' median explains "
     "a quarter of the loss); null when none applies. A sched culprit of source evidence or layers carries "
     "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's); "
+    "a network culprit of source evidence under 3 spreads carries runq_veto (true when another host's run-queue "
+    "time is at least 1.5 times every other host's and over its peers' median by a quarter of the loss); "
     "interim records carry null "
     '(docs/SCHEMA.md, docs/ANALYSIS.md "Culprit of a step")',
     "ambiguous": "hosts that stood out alike in a slowed step that names no culprit (each with lateness-based "

@@ -196,6 +196,7 @@ STEP_TYPES: dict[str, T] = {
         source=enum("stopped", "evidence", "blame", "memlimit", "layers", "persistent", "hang", "running"),
         why=STRING,
         starved=BOOL,
+        runq_veto=BOOL,
     ),
     "hang": record(
         "hang",
