@@ -795,7 +795,7 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "connections' fewest retransmits or lowest mean RTT in the step), window (their retransmits with the recent "
     "steps'), toward (the retransmits the other hosts sent toward it), sender_queue (those charged to the host that "
     "sent most of them, its own egress queue having held a segment for net_queue_min_ns); absent without any",
-    "culprit": "null, or {host, rank, layer, evidence, source, why[, starved][, net_view]}: the host (and its rank, null when "
+    "culprit": "null, or {host, rank, layer, evidence, source, why[, starved][, net_view][, runq_veto]}: the host (and its rank, null when "
     "unknown or for the network layer) and layer the step is charged to (the single-step stall rules'). Sources: "
     "'stopped' (a rank stopped for a large part of the step, layer process), 'hang' (the rank a "
     "hang record named: network when unreachable, else process), 'evidence' (the largest per-step evidence; layer "
@@ -807,6 +807,8 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "a quarter of the loss); null when none applies. A sched culprit of source evidence or layers carries "
     "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's); a "
     "network culprit of source evidence carries net_view (evidence.net_view's, where the summary has it); "
+    "a network culprit of source evidence under 3 spreads carries runq_veto (true when another host's run-queue "
+    "time is at least 1.5 times every other host's and over its peers' median by a quarter of the loss); "
     "interim records carry null "
     '(docs/SCHEMA.md, docs/ANALYSIS.md "Culprit of a step")',
     "ambiguous": "hosts that stood out alike in a slowed step that names no culprit (each with lateness-based "

@@ -70,7 +70,7 @@ NESTED_VARS: dict[str, set[str]] = {
     "baseline": {"median_ns", "p99_ns", "n", "spread_ns"},
     "evidence": {"spread_ns", "hosts", "max", "ranks", "net_view"},
     "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waiting_ranks", "waited_ns", "after_ns"},
-    "culprit": {"host", "rank", "layer", "evidence", "source", "why", "starved", "net_view"},
+    "culprit": {"host", "rank", "layer", "evidence", "source", "why", "starved", "net_view", "runq_veto"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }
 

@@ -199,6 +199,7 @@ STEP_TYPES: dict[str, T] = {
         why=STRING,
         starved=BOOL,
         net_view=NET_VIEW,
+        runq_veto=BOOL,
     ),
     "hang": record(
         "hang",

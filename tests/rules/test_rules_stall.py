@@ -605,6 +605,62 @@ def test_a_starved_host_tied_with_a_peer_in_network_evidence_is_named_by_its_run
     assert fired == ([("step_stall", *want)] if want[1] == "sched" or peer_net >= 3 else []), fired
 
 
+@pytest.mark.parametrize(
+    "median_ms,tmax_ms,directed,sched,fires",
+    [
+        # 200 ms blackouts of node-00 every 3 s (live, 2026-12-06, /tmp/burst12/split200-n0-base): 2.1 spreads
+        # of directed network evidence, under stall_specific_net_evidence, and under stall_k or its floor
+        (112.0, 320.6, True, (49, 51, 66, 28), True),  # step 1423: x2.86, 209 ms lost
+        (118.7, 331.4, True, (70, 93, 84, 76), True),  # step 1552: x2.79, 213 ms, every run queue up alike
+        (140.0, 350.0, True, (40, 40, 40, 40), True),  # at stall_weak_net_k: x2.50
+        (140.0, 348.6, True, (40, 40, 40, 40), False),  # x2.49
+        (62.0, 161.0, True, (20, 20, 20, 20), False),  # x2.60, but 99 ms lost: under stall_specific_floor_ns
+        (112.0, 320.6, False, (49, 51, 66, 28), False),  # no directed charge: the same evidence is no blackout
+        (112.0, 320.6, True, (49, 51, 66, 300), False),  # node-03's run queue 4.5x the busiest other's: vetoed
+    ],
+)
+def test_a_directed_network_culprit_under_3_spreads_fires_from_x2_5_unless_a_run_queue_vetoes_it(
+    median_ms, tmax_ms, directed, sched, fires
+):
+    rng = __import__("random").Random(int(tmax_ms))
+    at_median = at_median_of(median_ms)
+    clean = [at_median(summary(i, median_ms * rng.uniform(0.9, 1.15))) for i in range(20)]
+    layers = {h: {"sched": ms} for h, ms in zip(HOSTS4, sched)}
+    s = at_median(summary(20, tmax_ms, ev={"node-00": {"network": 2.121}}, layers=layers, spread_ms=10))
+    s["net_directed"] = directed
+    steps = charge([*clean, s, at_median(summary(21, median_ms))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"], c["source"], c["runq_veto"]) == ("node-00", "network", "evidence", sched[3] == 300)
+    assert stall_alerts(steps) == ([("step_stall", "node-00", "network")] if fires else []), c
+
+
+@pytest.mark.parametrize(
+    "sched,vetoed",
+    [
+        ((124, 135, 63, 691), True),  # the live step: node-03's run queue 5.1x the busiest other's, +567 ms
+        ((124, 235, 63, 691), True),  # 2.9x
+        ((124, 135, 63, 210), True),  # 1.56x, +86 ms over its peers' median (33 % of the 259 ms lost)
+        ((124, 135, 63, 190), False),  # 1.41x: load, not a burst of one host
+        ((20, 20, 20, 60), False),  # 3x, but +40 ms over its peers' median explains 15 % of the loss
+    ],
+)
+def test_a_peers_weak_network_culprit_beside_a_burst_is_vetoed_by_the_burst_hosts_run_queue(sched, vetoed):
+    # burst12 step 221 (x2.94 of a 133 ms median) without node-03's own lossy sockets: the tie rule cannot
+    # name node-03, so the culprit stays node-02 / network at 2.0 spreads (its retransmits toward the
+    # starved host); the burst host's run queue keeps stall_weak_net from firing on it
+    rng = __import__("random").Random(221)
+    at_median = at_median_of(133.0)
+    ev = {"node-00": {"pytorch": 0.603}, "node-02": {"network": 2.0}}
+    layers = {h: {"sched": ms} for h, ms in zip(HOSTS4, sched)}
+    s = at_median(summary(20, 392, ev=ev, strag=("node-03", 34), layers=layers, spread_ms=13))
+    s["net_directed"] = True
+    steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, 133))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"], c["runq_veto"]) == ("node-02", "network", vetoed), c
+    assert ("node-03's run queue vetoes it" in c["why"]) == vetoed, c["why"]
+    assert stall_alerts(steps) == ([] if vetoed else [("step_stall", "node-02", "network")])
+
+
 def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
     """A rank stopped (SIGSTOP) for 800 ms arrives late at its collective and its two neighbours each sent
     it two retransmits (the recorded node-02 process stall, 2026-12-05): that is its process, not its

@@ -71,6 +71,12 @@ STARVED_PEER_FACTOR = 3.0
 burst on one host, not load spread over the machine: on the loaded 2-core demo host, clean steps of
 x1.5-x2.6 mostly had sched culprits of 0.7-1.9x their busiest peer's run-queue time, outside starvations
 of one host 2.8x and 2.9x; 300 ms bursts gave 2.6-6.7x, docs/BENCHMARKS.md section 8)."""
+RUNQ_VETO_FACTOR = 1.5
+"""``runq_veto`` (``_runq_veto``): another host's run-queue time is at least this many times the busiest
+host's but its own (and over its peers' median by ``EXPLAIN_REL`` of what the step lost). CPU bursts mostly
+stood at 1.5-12x their busiest peer's, 1.5-1.9x at load 8-11 (where every host waited for a CPU); in the steps of
+recorded blackouts the top other host stood at 1.0-1.7x with 1-15 % of the loss over its peers' median
+(41 kept runs, 36,390 closed steps, 2026-12-06)."""
 
 
 SELF_STEPS = 16
@@ -114,7 +120,10 @@ def culprit(summary: dict) -> dict | None:
 
     A ``sched`` culprit of ``source`` "evidence" or "layers" carries ``starved`` (bool, ``_starved``): its
     host's own run-queue waits explain most of the step's loss and stand far above every peer's, the
-    specific evidence the rules' ``stall_starved`` fires on below ``stall_k``.
+    specific evidence the rules' ``stall_starved`` fires on below ``stall_k``. A ``network`` culprit of
+    ``source`` "evidence" under ``SPECIFIC_EVIDENCE`` carries ``runq_veto`` (bool, ``_runq_veto``): another
+    host's run queue stood far above every other host's and explains a quarter of the loss (a CPU burst
+    inside a collective, whose peers' sockets look lossy too); the rules' ``stall_weak_net`` reads it.
 
     The worker then charges a persistent fault's victims to it (``charge_persistent``).
     The worker charges a step that hung to the rank its hang record named instead (``hang_culprit``,
@@ -254,6 +263,11 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             c["starved"] = starved is not None
             if starved is not None:
                 c["why"] += f"; starved: {starved}"
+        elif layer == "network" and z < SPECIFIC_EVIDENCE:
+            veto = _runq_veto(summary, h, lost)
+            c["runq_veto"] = veto is not None
+            if veto is not None:
+                c["why"] += f"; {veto}"
         return c
     if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
@@ -326,6 +340,33 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     return who + (
         f"run-queue {own / 1e6:.0f} ms, +{(own - med) / 1e6:.0f} ms over its peers' median"
         f" ({(own - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {own / max(peers[-1], 1_000_000):.1f}x the busiest peer's"
+    )
+
+
+def _runq_veto(summary: dict, host: str, lost: int) -> str | None:
+    """Whether a host other than ``host`` (a ``network`` culprit under ``SPECIFIC_EVIDENCE``) waited in
+    its run queue far beyond its peers in a step that lost ``lost`` ns over the job's median step: a short
+    description naming it when its run-queue time (``layers[h].sched.time_ns``) is at least
+    ``RUNQ_VETO_FACTOR`` times every other host's (``host``'s included; 1 ms at least) and over its peers'
+    median by at least ``EXPLAIN_REL`` of ``lost``; None otherwise (also with ``lost`` 0 or fewer than two
+    layer rows). A CPU burst that hits a rank inside a collective delays its ACKs, and its peers' sockets
+    look lossy toward each other too: 2 spreads of directed network evidence on a peer (node-02 beside
+    node-03's burst, x2.94, burst12 step 221) are the burst's, not that peer's link. The rules' weak
+    network clause (``stall_weak_net``, docs/RULES.md) does not fire on a culprit so vetoed."""
+    times = _layer_times(summary.get("layers") or {}, "sched")
+    if lost <= 0 or len(times) < 2:
+        return None
+    top, top_host = max((int(t), h) for h, t in times.items() if h != host)
+    rest = sorted(int(t) for h, t in times.items() if h != top_host)
+    med = rest[(len(rest) - 1) // 2]
+    if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
+        med = min(med, int(((summary.get("layer_stats") or {}).get("sched") or {}).get("time_p50_ns", med)))
+    if top - med < EXPLAIN_REL * lost or top < RUNQ_VETO_FACTOR * max(rest[-1], 1_000_000):
+        return None
+    return (
+        f"{top_host}'s run queue vetoes it: {top / 1e6:.0f} ms, +{(top - med) / 1e6:.0f} ms over its peers' median"
+        f" ({(top - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {top / max(rest[-1], 1_000_000):.1f}x the"
+        " busiest other host's"
     )
 
 
