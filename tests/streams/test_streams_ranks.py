@@ -95,6 +95,43 @@ def test_a_one_node_job_names_its_cpu_starved_rank_starved():
     assert all(sums[k]["culprit"] is None for k in range(2, GUILTY[0]))  # the clean steps before it
 
 
+def test_a_cpu_starved_rank_among_four_per_host_is_starved_against_the_jobs_ranks():
+    """3 hosts x 4 ranks, rank 6 (node1) waiting 40 ms a step in the run queue and every other rank 5 ms (a
+    loaded machine): node1's run queue is its 4 ranks' sum (55 ms), 2.75x each other host's (20 ms), so the
+    host comparison alone never called it starved (untuned14, 4 ranks per host: every host >= 1.8 s a step);
+    its rank against the job's other ranks is 8x: starved, rank 6, with or without a straggler. Ranks of a
+    host all waiting alike (15 ms each against 8 ms elsewhere) are not starved."""
+    import copy
+
+    from obshub.streams import analysis
+
+    scn = synthetic.Scenario(hosts=12, steps=24, straggler=6, guilty_steps=GUILTY, guilty_layer="sched")
+    sums = _run(scn, 4)
+
+    def loaded(each: int, node1: int | None = None) -> dict:
+        s = copy.deepcopy(sums[GUILTY[0]])
+        for h, rows in s["ranks"].items():
+            for r, row in rows.items():
+                if r != "6" or node1 is not None:
+                    row["layers"]["sched"]["time_ns"] = node1 if h == "node1" and node1 is not None else each
+            s["layers"][h]["sched"]["time_ns"] = sum(row["layers"]["sched"]["time_ns"] for row in rows.values())
+        return s
+
+    burst = loaded(5_000_000)
+    assert burst["layers"]["node1"]["sched"]["time_ns"] < 3 * burst["layers"]["node0"]["sched"]["time_ns"]
+    c = analysis.culprit_rank(analysis.culprit(burst), burst)
+    assert (c["host"], c["layer"], c["rank"], c["source"], c["starved"]) == ("node1", "sched", 6, "evidence", True), c
+    assert "starved: rank 6: run-queue 40 ms" in c["why"], c["why"]
+    # the same burst inside a collective: nobody late, no straggler; node1's run queue names it, rank 6's starves it
+    inside = dict(burst, straggler=None, blame=[])
+    inside["evidence"] = dict(burst["evidence"], hosts={}, ranks={})
+    c = analysis.culprit_rank(analysis.culprit(inside), inside)
+    assert (c["host"], c["layer"], c["rank"], c["source"], c["starved"]) == ("node1", "sched", 6, "layers", True), c
+    even = loaded(8_000_000, node1=15_000_000)
+    c = analysis.culprit(even)
+    assert c is not None and c["host"] == "node1" and c["layer"] == "sched" and c["starved"] is False, c
+
+
 def test_one_rank_per_host_summaries_keep_their_meaning_and_name_the_rank():
     """The usual one-rank-per-host job: no rank rows (the host row is its rank's), the same straggler,
     blame and culprit hosts as the host-level analysis, each with the host's registered rank."""

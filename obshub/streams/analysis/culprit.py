@@ -301,6 +301,8 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     None otherwise (also without a layer row of the host or any peer, e.g. a wide step's omitted rows).
     In a one-node job (one host, several rank rows) the ranks are the peers: the rank with the most
     run-queue time against the others' (``ranks[host][rank].layers.sched.time_ns``), as its straggler is.
+    A host of several rank rows in a larger job that fails the host comparison gets a second one by the same
+    ratios: its rank with the most run-queue time against every other rank of the job (not a wide step's).
 
     A ``layers`` culprit (``z`` None) has no lateness, so its ``z`` is its run-queue time over its peers'
     median in units of the step's spread (``evidence.spread_ns``), what its evidence would be had it been
@@ -336,7 +338,22 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
         return None
     if own - med < STARVED_EXPLAIN_REL * lost or own < STARVED_PEER_FACTOR * max(peers[-1], 1_000_000):
-        return None
+        if node is not None or summary.get("layers_omitted"):
+            return None
+        # a host of several ranks: its run queue is the sum of its ranks', so one rank's burst is never 3x
+        # another host's 4-rank sum (untuned14, 4 ranks per host: every host waited >= 1.8 s a step); its
+        # busiest rank against every other rank of the job, by the same ratios
+        ranks = _job_ranks(summary, "sched")
+        mine = {r: t for (h, r), t in ranks.items() if h == host}
+        if not mine or len(ranks) <= len(_layer_times(layers, "sched")):
+            return None
+        unit = max(mine, key=lambda r: (mine[r], -int(r)))
+        own = mine[unit]
+        peers = sorted(t for hr, t in ranks.items() if hr != (host, unit))
+        med = peers[(len(peers) - 1) // 2]
+        who = f"rank {unit}: "
+        if own - med < STARVED_EXPLAIN_REL * lost or own < STARVED_PEER_FACTOR * max(peers[-1], 1_000_000):
+            return None
     return who + (
         f"run-queue {own / 1e6:.0f} ms, +{(own - med) / 1e6:.0f} ms over its peers' median"
         f" ({(own - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {own / max(peers[-1], 1_000_000):.1f}x the busiest peer's"
@@ -482,6 +499,16 @@ def _one_node_ranks(summary: dict, layer: str) -> tuple[str, dict[str, int]] | N
         return None
     return hosts[0], {
         str(r): int((((row or {}).get("layers") or {}).get(layer) or {}).get("time_ns", 0)) for r, row in rows.items()
+    }
+
+
+def _job_ranks(summary: dict, layer: str) -> dict[tuple[str, str], int]:
+    """Every rank row's time in ``layer`` (ns): ``{(host, rank): ranks[host][rank].layers[layer].time_ns}``
+    (0 without the layer; empty without rank rows, e.g. a job of one rank per host)."""
+    return {
+        (h, str(r)): int((((row or {}).get("layers") or {}).get(layer) or {}).get("time_ns", 0))
+        for h, rows in (summary.get("ranks") or {}).items()
+        for r, row in (rows or {}).items()
     }
 
 
