@@ -26,6 +26,8 @@ from __future__ import annotations
 import heapq
 import math
 
+import numpy as np
+
 FULL_ROWS = 64  # a step of at most this many hosts keeps every host's layer row
 TOP = 8  # per layer (by time and by count) and by step time: the outlier hosts kept in a wider step
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
@@ -36,26 +38,59 @@ def _rank(values: list[int], q: float) -> int:
     return values[max(0, math.ceil(q * len(values)) - 1)]
 
 
-def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
+def _columns(layers) -> dict[str, tuple[list[int], list[str], list[int]]]:
+    """``{layer: (time_ns per host, hosts, count per host)}`` of every host of ``layers`` (a dict or a wide
+    step's column-wise ``analysis.LayerColumns``, read by its columns) that has a row for the layer, hosts
+    in the table's order; times in ns (ints), counts in events."""
+    cols: dict[str, tuple[list[int], list[str], list[int]]] = {}
+    cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
+    if cells is not None:
+        for layer, col in cells.items():
+            vs = col.values()
+            cols[layer] = ([int(v[0]) for v in vs], list(col), [int(v[1]) for v in vs])
+        return cols
+    for host, row in layers.items():
+        for layer, cell in row.items():
+            v = cols.get(layer)
+            if v is None:
+                v = cols[layer] = ([], [], [])
+            v[0].append(int(cell["time_ns"]))
+            v[1].append(host)
+            v[2].append(int(cell["count"]))
+    return cols
+
+
+def _top_hosts(values: list[int], hosts: list[str], top: int) -> list[str]:
+    """The hosts of the ``top`` largest ``values`` (ints, one per host of ``hosts``), the smaller name
+    first on a tie: ``[h for _v, h in heapq.nsmallest(top, zip(-values, hosts))]``, with one
+    ``numpy.argpartition`` to find the ``top``-th largest value, a sort of the fewer hosts above it and the
+    smallest names of those at it, instead of a heap of every host. Values beyond int64: the heap."""
+    n = len(values)
+    if n > top > 0:
+        try:
+            arr = np.array(values, dtype=np.int64)
+        except (OverflowError, TypeError, ValueError):  # beyond int64, or not numbers: the heap
+            arr = None
+        if arr is not None:
+            kth = arr[np.argpartition(arr, n - top)[n - top]]
+            above = sorted([(-values[i], hosts[i]) for i in np.flatnonzero(arr > kth).tolist()])  # < top
+            tied = [hosts[i] for i in np.flatnonzero(arr == kth).tolist()]  # at the top-th value: by name
+            return [h for _v, h in above] + (sorted(tied) if len(tied) <= 4 * top else heapq.nsmallest(top, tied))[
+                : top - len(above)
+            ]
+    return [h for _v, h in heapq.nsmallest(top, zip([-v for v in values], hosts))]
+
+
+def layer_stats(
+    layers: dict[str, dict[str, dict]], cols: dict[str, tuple[list[int], list[str], list[int]]] | None = None
+) -> dict[str, dict]:
     """``{layer: {hosts, time_p50_ns, time_p90_ns, time_p99_ns, time_max_ns, max_host, count_p50,
     count_p90, count_p99, count_max}}`` over every host of ``layers`` (``summary["layers"]``, a dict or a
     wide step's column-wise ``analysis.LayerColumns``, read by its columns) that has a row for the layer. Quantiles are nearest-rank (the smallest value with at least q of the hosts at or
     below it); ``max_host`` is the host with the largest ``time_ns`` (the first by name on a tie). Times in
-    ns, counts in events. O(hosts x layers x log hosts)."""
-    cols: dict[str, tuple[list[int], list[str], list[int]]] = {}  # layer -> (times, hosts, counts)
-    cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
-    if cells is not None:
-        for layer, col in cells.items():
-            cols[layer] = ([int(v[0]) for v in col.values()], list(col), [int(v[1]) for v in col.values()])
-    else:
-        for host, row in layers.items():
-            for layer, cell in row.items():
-                v = cols.get(layer)
-                if v is None:
-                    v = cols[layer] = ([], [], [])
-                v[0].append(int(cell["time_ns"]))
-                v[1].append(host)
-                v[2].append(int(cell["count"]))
+    ns, counts in events. O(hosts x layers x log hosts). ``cols``: ``_columns(layers)``, when the caller
+    has it."""
+    cols = _columns(layers) if cols is None else cols
     out: dict[str, dict] = {}
     for layer in sorted(cols):
         tl, hl, cl = cols[layer]
@@ -74,10 +109,13 @@ def layer_stats(layers: dict[str, dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
-def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
+def outlier_hosts(
+    summary: dict, top: int = TOP, cols: dict[str, tuple[list[int], list[str], list[int]]] | None = None
+) -> set[str]:
     """The hosts whose layer rows a wide ``summary`` keeps (module docstring): named by the analysis
     (straggler, late group, blame, last arrivals), the ``top`` hosts with the largest evidence, plus the
-    ``top`` largest per layer time, per layer count and by step time."""
+    ``top`` largest per layer time, per layer count and by step time (the smaller name first on a tie).
+    ``cols``: ``_columns(summary["layers"])``, when the caller has it."""
     keep: set[str] = set()
     strag = summary.get("straggler")
     if strag:
@@ -95,26 +133,12 @@ def outlier_hosts(summary: dict, top: int = TOP) -> set[str]:
     keep.update(h for _z, h in strongest)
     keep.update(c["last_host"] for c in summary.get("collectives") or () if c.get("last_host"))
     layers = summary.get("layers") or {}
-    by_layer: dict[str, tuple[list[int], list[int], list[str]]] = {}  # layer -> (-time, -count, host) columns
-    cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
-    if cells is not None:
-        for layer, col in cells.items():
-            by_layer[layer] = ([-int(v[0]) for v in col.values()], [-int(v[1]) for v in col.values()], list(col))
-    else:
-        for host, row in layers.items():
-            for layer, cell in row.items():
-                v = by_layer.get(layer)
-                if v is None:
-                    v = by_layer[layer] = ([], [], [])
-                v[0].append(-int(cell["time_ns"]))
-                v[1].append(-int(cell["count"]))
-                v[2].append(host)
     # the top ones by value then name (a host once per layer): a partial selection, not a sort of thousands
-    for nt, nc, hs in by_layer.values():
-        keep.update(h for _t, h in heapq.nsmallest(top, zip(nt, hs)))
-        keep.update(h for _c, h in heapq.nsmallest(top, zip(nc, hs)))
+    for times, hosts, counts in (_columns(layers) if cols is None else cols).values():
+        keep.update(_top_hosts(times, hosts, top))
+        keep.update(_top_hosts(counts, hosts, top))
     st = summary.get("step_time_ns") or {}
-    keep.update(h for _ns, h in heapq.nsmallest(top, [(-ns, h) for h, ns in st.items()]))
+    keep.update(_top_hosts(list(st.values()), list(st), top))
     return keep & set(layers)
 
 
@@ -125,13 +149,14 @@ def compact(summary: dict, full_rows: int = FULL_ROWS, top: int = TOP) -> dict:
     ``layers_omitted``, and when ``layers`` has more than ``full_rows`` hosts keeps only the rows of
     :func:`outlier_hosts`. Deterministic; O(hosts x layers x log hosts)."""
     layers = summary.get("layers") or {}
-    summary["layer_stats"] = layer_stats(layers)
+    cols = _columns(layers)  # read once for the statistics and the outliers
+    summary["layer_stats"] = layer_stats(layers, cols)
     if len(layers) <= full_rows:
         if not isinstance(layers, dict):  # a column-wise table (analysis.LayerColumns): every row
             summary["layers"] = dict(layers.items())
         summary["layers_omitted"] = 0
         return summary
-    keep = outlier_hosts(summary, top)
+    keep = outlier_hosts(summary, top, cols)
     summary["layers"] = {h: layers[h] for h in sorted(keep)}
     summary["layers_omitted"] = len(layers) - len(keep)
     return summary

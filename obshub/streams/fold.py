@@ -1037,9 +1037,10 @@ class Fold:
             if entry is None:
                 continue
             accs[h] = entry.acc
-            digests.extend(bid_digest(b) for b in entry.bids)
-            for k, x in entry.q.items():
-                quality[k] = quality.get(k, 0) + x
+            digests.extend(map(bid_digest, entry.bids))
+            if entry.q:
+                for k, x in entry.q.items():
+                    quality[k] = quality.get(k, 0) + x
         self._drop_parts(sk)
         summary = analysis.summarize(
             job,

@@ -87,3 +87,26 @@ def test_wide_step_keeps_the_rows_of_the_strongest_evidence_only():
     assert "h0006" in kept and {f"h{i:04d}" for i in range(283, 290)} <= kept  # the 8 largest
     assert not {f"h{i:04d}" for i in range(100, 283)} & kept and len(kept) < 50  # not the other listed hosts
     assert len(s["evidence"]["hosts"]) == 281  # the evidence itself stays complete
+
+
+def test_top_hosts_are_the_heaps_on_ties_and_beyond_int64():
+    """``_top_hosts`` (a partition instead of a heap over every host) keeps exactly the hosts the heap of
+    ``(-value, host)`` kept: the largest values, the smaller name first on a tie, however many hosts tie
+    at the cut (a count column is often one value on every host), and values beyond int64 take the heap."""
+    import heapq
+    import random
+
+    rng = random.Random(30)
+
+    def heap(values: list[int], hosts: list[str], top: int) -> list[str]:
+        return [h for _v, h in heapq.nsmallest(top, zip([-v for v in values], hosts))]
+
+    for _ in range(2000):
+        n, top = rng.randrange(0, 80), rng.randrange(0, 10)
+        hosts = rng.sample([f"h{i:04d}" for i in range(300)], n)
+        values = [rng.randrange(rng.choice((1, 3, 10**9))) for _ in range(n)]
+        assert compact._top_hosts(values, hosts, top) == heap(values, hosts, top)
+    hosts = [f"h{i:04d}" for i in range(2048)][::-1]
+    assert compact._top_hosts([64] * 2048, hosts, 8) == [f"h{i:04d}" for i in range(8)]  # all tied: by name
+    big = [2**70, -(2**70)] + list(range(30))
+    assert compact._top_hosts(big, hosts[:32], 3) == heap(big, hosts[:32], 3) == [hosts[0], hosts[31], hosts[30]]

@@ -261,12 +261,13 @@ def _summary_row(cols: "_Columns", i: int, late: int, last: int) -> dict:
 class _Columns:
     """Per unit (rank) of a step, in unit order (host after host, each host's ranks in its table's order):
     ``r`` global rank, ``p`` pid, ``l`` local rank, ``g`` GPU index, ``s`` step_ns (None before its
-    STEP_END), ``u`` clock uncertainty (ns), all lists of ints."""
+    STEP_END), ``u`` clock uncertainty (ns), all lists of ints; ``ua``: ``u`` as an int64 array when the
+    columns were read packed (:func:`_packed_columns`), else None."""
 
-    __slots__ = ("r", "p", "l", "g", "s", "u")
+    __slots__ = ("r", "p", "l", "g", "s", "u", "ua")
 
-    def __init__(self, r: list, p: list, l: list, g: list, s: list, u: list):  # noqa: E741
-        self.r, self.p, self.l, self.g, self.s, self.u = r, p, l, g, s, u
+    def __init__(self, r: list, p: list, l: list, g: list, s: list, u: list, ua: np.ndarray | None = None):  # noqa: E741
+        self.r, self.p, self.l, self.g, self.s, self.u, self.ua = r, p, l, g, s, u, ua
 
 
 def _host_table(a: HostAcc) -> tuple[RankTable, list[str], list] | None:
@@ -419,9 +420,9 @@ def _lateness_matrix(
     return late.tolist(), last_n, seen
 
 
-def _unit_unc(us: list[int], hus: list[int], spans: list[tuple[str, int, int, RankTable]]) -> list[int]:
-    """Per unit (rank), the clock uncertainty its arrivals carry (ns): the larger of its own (``us``) and
-    its host's (``hus``, per host of ``spans``)."""
+def _unit_unc(us: list[int] | np.ndarray, hus: list[int], spans: list[tuple[str, int, int, RankTable]]) -> list[int]:
+    """Per unit (rank), the clock uncertainty its arrivals carry (ns): the larger of its own (``us``: ints,
+    or an int64 array) and its host's (``hus``, per host of ``spans``)."""
     try:
         sizes = [end - start for _h, start, end, _t in spans]
         return np.maximum(np.array(us, dtype=np.int64), np.repeat(np.array(hus, dtype=np.int64), sizes)).tolist()
@@ -505,7 +506,7 @@ def host_ranks(
             n_units += m
     if n_units:
         rkeys = cols.r
-        unc = _unit_unc(cols.u, hus, spans)
+        unc = _unit_unc(cols.u if cols.ua is None else cols.ua, hus, spans)  # the array: no list to convert
         starts = [sp[1] for sp in spans]
 
         def key_of(i: int) -> str:  # the unit key of unit i (ties break by it)
@@ -530,8 +531,8 @@ def host_ranks(
             # a wide step: each host's entry is built when read (the few hosts the summary names)
             lazy = LazyNamed(spans, latest, late_i, last_i, cols)
             for h, a in accs.items():
-                one = a.rank
-                if h not in lazy and one:
+                one = a.rank  # None for a host of several ranks (all of them in lazy): no lookup
+                if one and h not in lazy:
                     lazy.put(h, {"rank": int(one[0]), "rows": {}})
             return lazy  # type: ignore[return-value]
         steps, ranks = cols.s, cols.r
@@ -660,7 +661,13 @@ def _packed_columns(
     if (s == _NONE).any():
         steps = [None if x == _NONE else x for x in steps]
     columns = _Columns(
-        cols["r"].tolist(), cols["p"].tolist(), cols["l"].tolist(), cols["g"].tolist(), steps, cols["u"].tolist()
+        cols["r"].tolist(),
+        cols["p"].tolist(),
+        cols["l"].tolist(),
+        cols["g"].tolist(),
+        steps,
+        cols["u"].tolist(),
+        cols["u"],
     )
     return columns, sizes, matrix
 

@@ -362,10 +362,7 @@ def _wide_collective(
         if int(np.abs(a).max()) >= _SMALL:
             return None
     first_h, second_h, last_h, med = _order_stats_of(hs, ts)
-    at = {first_h: 0, second_h: 0, last_h: 0}
-    for i, h in enumerate(hs):  # the three hosts' indices
-        if h in at:
-            at[h] = i
+    at = {h: hs.index(h) for h in (first_h, second_h, last_h)}  # the three hosts' indices (hosts are unique)
     i_last = at[last_h]
 
     def rec(i: int) -> tuple:
