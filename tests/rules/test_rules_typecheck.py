@@ -113,16 +113,11 @@ REFUSED = [
     # the members of a memory episode (memory_episode: was map(string, dyn), so neither was found)
     (
         "steps",
-        "memory_episode != null && memory_episode.reclaim_nss > 0",
-        "memory_episode.reclaim_nss",
-        ["unknown field 'memory_episode.reclaim_nss'", "did you mean 'reclaim_ns'?"],
+        "memory_episode.reclaim_nss > 0",
+        "memory",
+        ["unknown field 'memory_episode.reclaim_nss'", "'reclaim_ns'?"],
     ),
-    (
-        "steps",
-        "memory_episode != null && memory_episode.reclaim_ns > '5ms'",
-        "memory_episode.reclaim_ns",
-        ["orders an int and a string"],
-    ),
+    ("steps", "memory_episode.reclaim_ns > '5ms'", "memory", ["orders an int and a string"]),
     ("steps", "culprit != null && culprit.runq_veto > 3", "culprit.runq_veto", ["orders a bool and an int"]),
     ("steps", "culprit != null && culprit.net_view == 'towards'", "'towards'", ["did you mean 'toward'?"]),
     # comprehension results and predicates
