@@ -144,7 +144,30 @@ def transfer(mb: int) -> tuple[float, float]:
     return wall, cpu
 
 
-def main(argv: list[str] | None = None) -> int:
+QDISCS = ("pfifo_fast", "fq_codel", "tbf")
+"""The root qdiscs the bench can give the sender's veth end, in the order it measures them."""
+
+_TC_RATE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(?:[kmgt]i?)?(?:bit|bps)?", re.I)
+
+
+def tc_rate(text: str) -> str:
+    """argparse type of ``--tbf-rate``: a rate in tc's words (a number above 0 with an optional unit:
+    ``bit``, ``kbit``, ``mbit``, ``gbit``, ``tbit``, the ``...bps`` bytes forms, ``Ki``/``Mi``... prefixes),
+    returned as written. Checked before the set-up and the BPF compilation: tc would refuse it only when
+    the tbf is set, which the bench reports as a qdisc the kernel lacks. Raises argparse.ArgumentTypeError."""
+    m = _TC_RATE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate in tc's words (e.g. 1gbit, 500mbit, 10mbps)")
+    if float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a tbf's rate must be above 0")
+    return text.strip()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked: ``--rounds``, ``--mb``, ``--tbf-mb`` whole numbers of 1 or more,
+    ``--tbf-rate`` a tc rate above 0 (``tc_rate``), ``--qdiscs`` one or more of ``QDISCS``, each once (as
+    ``names``, a list in the order given). Exits 2 with a message naming the option on anything else
+    (argparse), before anything is set up."""
     p = argparse.ArgumentParser(
         prog="python -m bench.net_queue_cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -155,24 +178,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--tbf-mb", type=common.positive_int, default=64, help="MiB per transfer through the tbf (default 64)"
     )
-    p.add_argument("--tbf-rate", default="1gbit", help="the tbf's rate, tc's words (default 1gbit)")
+    p.add_argument(
+        "--tbf-rate", type=tc_rate, default="1gbit", help="the tbf's rate in tc's words, e.g. 500mbit (default 1gbit)"
+    )
     p.add_argument(
         "--qdiscs",
-        default="pfifo_fast,fq_codel,tbf",
-        help="comma-separated (default all three; one the kernel lacks is skipped)",
+        default=",".join(QDISCS),
+        help="comma-separated, of pfifo_fast, fq_codel, tbf (default all three; one the kernel lacks is skipped)",
     )
     a = p.parse_args(argv)
+    a.names = [q.strip() for q in a.qdiscs.split(",") if q.strip()]
+    bad = [q for q in a.names if q not in QDISCS]
+    if bad:
+        p.error(f"--qdiscs: unknown {', '.join(bad)} (known: {', '.join(QDISCS)})")
+    if not a.names:
+        p.error(f"--qdiscs: no qdisc given (one or more of {', '.join(QDISCS)})")
+    twice = sorted({q for q in a.names if a.names.count(q) > 1})
+    if twice:
+        p.error(f"--qdiscs: {', '.join(twice)} given twice (each qdisc is measured once per round)")
+    if os.geteuid() != 0:
+        p.error("needs root (network namespaces, BPF)")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     specs = {
         "pfifo_fast": ["pfifo_fast"],
         "fq_codel": ["fq_codel"],
         "tbf": ["tbf", "rate", a.tbf_rate, "burst", "256kb", "latency", "200ms"],
     }
-    names = [q for q in a.qdiscs.split(",") if q]
-    bad = [q for q in names if q not in specs]
-    if bad:
-        p.error(f"--qdiscs: unknown {', '.join(bad)} (known: {', '.join(specs)})")
-    if os.geteuid() != 0:
-        p.error("needs root (network namespaces, BPF)")
+    names = a.names
 
     from obshub.core.settings import load_settings
     from obshub.producer.loader import BpfEventSource

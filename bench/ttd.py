@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -716,8 +717,24 @@ def check_stall_options(fault_hosts: tuple[int, ...], layers: tuple[str, ...], p
             ) from exc
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m bench.ttd [--rounds N] [--fault-hosts I,J] [--clean-s S] [--quick]``."""
+def positive_seconds(text: str) -> float:
+    """argparse type of ``--clean-s``: a finite number of seconds above 0 (0 was read as the default, a
+    negative or nan one reached the demo). Raises argparse.ArgumentTypeError."""
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(s) or s <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds above 0")
+    return s
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before any run (exit 2 naming the option, argparse): options of one
+    campaign only (``--stall-param``, ``--ranks-per-host``, ``--fault-rank`` with ``--stall``; ``--stall``,
+    ``--quick``, ``--combine``, ``--make-demo`` one at a time), ``--keep`` created, and for ``--stall`` its
+    layers, fault hosts and params parsed (``layers``, ``fault_host_list``, ``params``) and checked as
+    ``obshub demo`` would (``check_stall_options``)."""
     p = argparse.ArgumentParser(
         prog="python -m bench.ttd", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -731,7 +748,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="I,J",
         help=f"only these host indices get faults, one run each (default all {HOSTS})",
     )
-    p.add_argument("--clean-s", type=float, default=None, help=f"clean training per run (default {CLEAN_S:.0f} s)")
+    p.add_argument(
+        "--clean-s", type=positive_seconds, default=None, help=f"clean training per run (default {CLEAN_S:.0f} s)"
+    )
     p.add_argument(
         "--json", dest="json_path", type=Path, default=None, metavar="PATH", help="also write the results here"
     )
@@ -782,53 +801,88 @@ def main(argv: list[str] | None = None) -> int:
         help="run `make demo` (persistent net-loss on node-01) and the same clean, the builtin pack as shipped",
     )
     a = p.parse_args(argv)
+    modes = [f"--{m.replace('_', '-')}" for m in ("stall", "quick", "combine", "make_demo") if getattr(a, m)]
+    if len(modes) > 1:
+        p.error(f"{' and '.join(modes)}: one campaign at a time")
+    if not a.stall:
+        alone = [
+            o
+            for o, on in (
+                ("--stall-param", a.stall_param),
+                ("--fault-rank", a.fault_rank is not None),
+                ("--ranks-per-host", a.ranks_per_host != 1),
+            )
+            if on
+        ]
+        if alone:
+            p.error(f"{', '.join(alone)}: only with --stall (the fault campaign would ignore it)")
     if a.keep is not None:
         try:  # before minutes of runs, not after the first one (every campaign: stall, make demo too)
             a.keep.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             p.error(f"--keep {a.keep}: cannot create the folder ({exc.strerror})")
+    hosts_err = f"--fault-hosts {a.fault_hosts!r}: comma-separated host indices, e.g. 1,3"
+    try:
+        a.fault_host_list = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else None
+    except ValueError:
+        p.error(hosts_err)
+    if a.stall:
+        a.layers = tuple(x for x in a.stall.split(",") if x)
+        if not a.layers or any(x not in STALL_LAYERS for x in a.layers):
+            p.error(f"--stall {a.stall}: layers are {', '.join(STALL_LAYERS)}")
+        a.params = {}
+        for kv in a.stall_param:
+            k, eq, v = kv.partition("=")
+            if k == "shape" and eq:  # a cpu stall's shape (burst, outside, quota): a word
+                a.params[k] = v
+                continue
+            try:
+                value = float(v) if eq else 0.0
+            except ValueError:
+                value = 0.0
+            if value <= 0:
+                p.error(f"--stall-param {kv!r}: KEY=VALUE with a positive number (shape=WORD)")
+            a.params[k] = value
+        if a.ranks_per_host < 1 or (a.fault_rank is not None and not 0 <= a.fault_rank < a.ranks_per_host):
+            p.error(
+                f"--ranks-per-host {a.ranks_per_host} --fault-rank {a.fault_rank}: at least 1 rank per host,"
+                " and a fault rank among them (0..R-1)"
+            )
+        a.fault_host_list = a.fault_host_list or (1, 3)
+        try:
+            params = {"stall_ms": STALL_MS, "period_s": STALL_PERIOD_S, **a.params}
+            check_stall_options(a.fault_host_list, a.layers, params, a)
+        except ValueError as exc:
+            p.error(str(exc))
+    a.error = p.error
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m bench.ttd [--rounds N] [--fault-hosts I,J] [--clean-s S] [--quick]``
+    (``parse_args``); runs the campaign it names. Exits 2 on bad input (argparse)."""
+    a = parse_args(argv)
     if a.make_demo:
         run_make_demo(a.keep)
         return 0
-    if a.stall:
-        layers = tuple(x for x in a.stall.split(",") if x)
-        if any(x not in STALL_LAYERS for x in layers):
-            p.error(f"--stall {a.stall}: layers are {', '.join(STALL_LAYERS)}")
-        try:
-            fh = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else (1, 3)
-            sp = {}
-            for kv in a.stall_param:
-                k, eq, v = kv.partition("=")
-                if k == "shape" and eq:  # a cpu stall's shape (burst, outside, quota): a word
-                    sp[k] = v
-                    continue
-                if not eq or float(v) <= 0:
-                    raise ValueError(f"--stall-param {kv!r}: KEY=VALUE with a positive number (shape=WORD)")
-                sp[k] = float(v)
-            if a.ranks_per_host < 1 or (a.fault_rank is not None and not 0 <= a.fault_rank < a.ranks_per_host):
-                raise ValueError(
-                    f"--ranks-per-host {a.ranks_per_host} --fault-rank {a.fault_rank}: at least 1 rank per host,"
-                    " and a fault rank among them (0..R-1)"
-                )
-            check_stall_options(fh, layers, {"stall_ms": STALL_MS, "period_s": STALL_PERIOD_S, **sp}, a)
-            run_stall(fh, layers, a.clean_s or STALL_CLEAN_S, a.json_path, a.keep, sp, a.ranks_per_host, a.fault_rank)
-        except ValueError as exc:
-            p.error(str(exc))
-        return 0
-    if a.combine:
-        try:
+    try:
+        if a.stall:
+            run_stall(
+                a.fault_host_list,
+                a.layers,
+                a.clean_s or STALL_CLEAN_S,
+                a.json_path,
+                a.keep,
+                a.params,
+                a.ranks_per_host,
+                a.fault_rank,
+            )
+        elif a.combine:
             combine(a.combine)
-        except ValueError as exc:
-            p.error(str(exc))
-        return 0
-    try:
-        hosts = tuple(int(x) for x in a.fault_hosts.split(",")) if a.fault_hosts else None
-    except ValueError:
-        p.error(f"--fault-hosts {a.fault_hosts!r}: comma-separated host indices, e.g. 1,3")
-    try:
-        run(a.quick, a.rounds, hosts, a.clean_s, a.json_path, a.keep)
+        else:
+            run(a.quick, a.rounds, a.fault_host_list, a.clean_s, a.json_path, a.keep)
     except ValueError as exc:
-        p.error(str(exc))
+        a.error(str(exc))
     return 0
 
 

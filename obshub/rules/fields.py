@@ -71,6 +71,7 @@ NESTED_VARS: dict[str, set[str]] = {
     "evidence": {"spread_ns", "hosts", "max", "ranks", "net_view"},
     "hang": {"pg", "coll_seq", "op", "hosts", "waiting", "waiting_ranks", "waited_ns", "after_ns"},
     "culprit": {"host", "rank", "layer", "evidence", "source", "why", "starved", "net_view", "runq_veto"},
+    "memory_episode": {"host", "rank", "first_step", "steps", "lost_ns", "reclaim_ns", "peer_reclaim_ns"},
     "quality": {"lost_batches", "duplicate_batches", "late_events", "ringbuf_lost"},
 }
 

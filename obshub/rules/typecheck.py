@@ -201,6 +201,17 @@ STEP_TYPES: dict[str, T] = {
         net_view=NET_VIEW,
         runq_veto=BOOL,
     ),
+    "memory_episode": record(
+        "memory_episode",
+        nullable=True,
+        host=STRING,
+        rank=RANK,
+        first_step=INT,
+        steps=INT,
+        lost_ns=INT,
+        reclaim_ns=INT,
+        peer_reclaim_ns=INT,
+    ),
     "hang": record(
         "hang",
         nullable=True,

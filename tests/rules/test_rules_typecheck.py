@@ -110,6 +110,16 @@ REFUSED = [
     ("steps", "collectives.exists(c, c.skew > 1000)", "skew", ["did you mean 'skew_ns'?"]),
     ("steps", "layer_stats.exists(l, layer_stats[l].time_p99 > 0)", "time_p99", ["did you mean 'time_p99_ns'?"]),
     ("steps", "evidence.spread > 0", "evidence", ["did you mean 'spread_ns'?"]),
+    # the members of a memory episode (memory_episode: was map(string, dyn), so neither was found)
+    (
+        "steps",
+        "memory_episode.reclaim_nss > 0",
+        "memory",
+        ["unknown field 'memory_episode.reclaim_nss'", "'reclaim_ns'?"],
+    ),
+    ("steps", "memory_episode.reclaim_ns > '5ms'", "memory", ["orders an int and a string"]),
+    ("steps", "culprit != null && culprit.runq_veto > 3", "culprit.runq_veto", ["orders a bool and an int"]),
+    ("steps", "culprit != null && culprit.net_view == 'towards'", "'towards'", ["did you mean 'toward'?"]),
     # comprehension results and predicates
     ("steps", "blame.exists(b, b.excess_ns)", "b.excess_ns", ["the predicate of exists() must be a bool"]),
     ("steps", "blame.map(b, b.host).exists(h, h > 5)", "h > 5", ["orders a string and an int"]),
