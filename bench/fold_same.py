@@ -71,12 +71,26 @@ def dump(out: Path, hosts: int, ranks_per_host: int, case: str, t0_ns: int | Non
     return len(summaries)
 
 
+def read_dump(path: Path) -> list[dict]:
+    """The step summaries of a ``dump`` file (a msgpack list of maps). Raises ValueError naming the file
+    when it cannot be read or is not such a list."""
+    try:
+        got = msgspec.msgpack.decode(path.read_bytes())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"{path}: not a fold_same dump (msgpack: {exc})") from None
+    if not isinstance(got, list) or not all(isinstance(s, dict) for s in got):
+        raise ValueError(f"{path}: not a fold_same dump (a msgpack list of step summaries)")
+    return got
+
+
 def compare(old: Path, new: Path) -> list[str]:
     """The differences of two ``dump`` files (decoded, ``WALL`` left out): one line per step summary that
     differs, one if their counts differ, one if they hold none (nothing compared: e.g. a pinned clock far
-    from the real time, whose data the worker drops); empty when equal."""
-    a = msgspec.msgpack.decode(old.read_bytes())
-    b = msgspec.msgpack.decode(new.read_bytes())
+    from the real time, whose data the worker drops); empty when equal. Raises ValueError for a file that
+    is not a dump (``read_dump``)."""
+    a, b = read_dump(old), read_dump(new)
     out = [f"{len(a)} summaries in {old}, {len(b)} in {new}"] if len(a) != len(b) else []
     if not a and not b:
         out.append(f"no summaries in {old} nor {new}: nothing compared")
@@ -89,27 +103,48 @@ def compare(old: Path, new: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fold_same", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("dump")
-    d.add_argument("out", type=Path)
-    d.add_argument("--hosts", type=int, default=2048)
-    d.add_argument("--ranks-per-host", type=int, default=8)
-    d.add_argument("--case", choices=["mem", "mem10", "straggler"], default="straggler")
-    d.add_argument(
-        "--t0-ns", type=int, default=None, help="the pinned wall clock's start, ns (default: now, to the hour)"
+    """``dump`` (exit 0, or 1 when the run closed no step) or ``compare`` (exit 0 when equal, 1 when they
+    differ); bad input (a size under 1, a ``--t0-ns`` that is no positive ns count, an output folder that
+    does not exist, a file that is not a dump) exits 2 naming it, before any run (argparse)."""
+    from bench import common
+
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.fold_same", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    c = sub.add_parser("compare")
-    c.add_argument("old", type=Path)
-    c.add_argument("new", type=Path)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("dump", help="run the pinned in-process case, write its summaries to OUT (msgpack)")
+    d.add_argument("out", type=Path, help="the msgpack file to write")
+    d.add_argument("--hosts", type=common.positive_int, default=2048, help="hosts of the fleet (default 2048)")
+    d.add_argument("--ranks-per-host", type=common.positive_int, default=8, help="training ranks per host (default 8)")
+    d.add_argument(
+        "--case",
+        choices=["mem", "mem10", "straggler"],
+        default="straggler",
+        help="bench.width's case (default straggler)",
+    )
+    d.add_argument(
+        "--t0-ns",
+        type=common.positive_int,
+        default=None,
+        help="the pinned wall clock's start, ns since the epoch (default: now, to the hour)",
+    )
+    c = sub.add_parser("compare", help="compare two dumps (exit 0 equal, 1 different)")
+    c.add_argument("old", type=Path, help="a dump of the base tree")
+    c.add_argument("new", type=Path, help="a dump of the changed tree")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
+        if not args.out.parent.is_dir():
+            d.error(f"{args.out}: no folder {args.out.parent} to write it in")
         n = dump(args.out, args.hosts, args.ranks_per_host, args.case, args.t0_ns)
         print(f"{n} summaries -> {args.out}")
-        return 0
-    diff = compare(args.old, args.new)
-    a = msgspec.msgpack.decode(args.old.read_bytes())
-    print("\n".join(diff) if diff else f"equal: {len(a)} summaries")
+        if not n:
+            print("no step closed: a --t0-ns far from the real time (the worker drops such data)?", file=sys.stderr)
+        return 0 if n else 1
+    try:
+        diff = compare(args.old, args.new)
+    except ValueError as exc:
+        c.error(str(exc))
+    print("\n".join(diff) if diff else f"equal: {len(read_dump(args.old))} summaries")
     return 1 if diff else 0
 
 

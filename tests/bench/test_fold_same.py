@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 HOUR_NS = 3_600 * 10**9
 
@@ -34,3 +35,25 @@ def test_dumps_summaries_at_the_default_clock_and_compares_them(tmp_path: Path):
     # a clock far from the real time: the worker drops the data, and an empty comparison is no pass
     assert fold_same.dump(c, 16, 2, "straggler", t0 - 10 * 365 * 24 * HOUR_NS) == 0
     assert "nothing compared" in fold_same.compare(c, c)[0]
+
+
+def test_bad_input_exits_2_naming_it_and_a_run_that_closed_nothing_exits_1(tmp_path: Path, capsys):
+    from bench import fold_same
+
+    (tmp_path / "text").write_text("hello")
+    small = ["--hosts", "4", "--ranks-per-host", "1"]
+    for argv, frag in (
+        (["dump", str(tmp_path / "a.mp"), "--hosts", "0"], "argument --hosts: 0 is not 1 or more"),
+        (["dump", str(tmp_path / "a.mp"), "--ranks-per-host", "-1"], "--ranks-per-host: -1 is not 1 or more"),
+        (["dump", str(tmp_path / "a.mp"), "--t0-ns", "soon"], "argument --t0-ns: 'soon' is not a whole number"),
+        (["dump", str(tmp_path / "no" / "a.mp"), *small], f"no folder {tmp_path / 'no'} to write it in"),
+        (["compare", str(tmp_path / "none"), str(tmp_path / "none")], "none: cannot read it (No such file"),
+        (["compare", str(tmp_path / "text"), str(tmp_path / "text")], "text: not a fold_same dump"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            fold_same.main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and frag in err and "Traceback" not in err, (argv, err)
+    far = fold_same.t0_now() - 10 * 365 * 24 * HOUR_NS
+    assert fold_same.main(["dump", str(tmp_path / "a.mp"), *small, "--t0-ns", str(far)]) == 1
+    assert "no step closed" in capsys.readouterr().err
