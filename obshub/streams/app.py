@@ -648,17 +648,23 @@ def _add_watch(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep) -> Non
                 )
 
 
-GC_THRESHOLD = (50_000, 20, 100)  # allocations before a young collection; young / middle collections per older
+GC_THRESHOLD = (500_000, 20, 100)  # net allocations before a young collection; young / middle collections per older
 
 
 def tune_gc() -> None:
     """Garbage collection for a worker process: what was allocated so far (modules, the app) is frozen
-    out of the collector's scans (``gc.freeze``), and a young collection runs after 50,000 net
-    allocations instead of 700. A worker allocates a few dicts per event and part (most freed by
-    reference counting, not by the collector); with the default thresholds its full collections, each a
-    walk over every tracked object of its tables, cost about a quarter of the join's CPU at 2,048 hosts
-    (``bench/fold_width.py`` in-process: 285 ms of collections in 9 steps; 64 ms with these thresholds).
-    Reference cycles are still collected, later."""
+    out of the collector's scans (``gc.freeze``), and a young collection runs after 500,000 net
+    allocations (allocations less deallocations of tracked objects) instead of 700. A worker allocates a
+    few dicts per event and part, nearly all freed by reference counting within the step; with the default
+    thresholds its full collections, each a walk over every tracked object of its tables, cost about a
+    quarter of the join's CPU at 2,048 hosts (``bench/fold_width.py`` in-process: 285 ms of collections in 9
+    steps; 64 ms at 50,000). At 50,000 the young and middle collections still walked a step's live parts
+    about 10 ms a step at 2,048 hosts x 8 ranks and slowed the close beside them (``bench.width --inproc``:
+    fold 106-118 ms a step at 50,000, 90-92 at 500,000, side by side, 2026-12-06); at 500,000 a running job's
+    net allocations stay under the threshold and no collection runs in its steps. Reference cycles are
+    still collected, later: at most 500,000 tracked objects of cyclic garbage wait for a young collection
+    (at some 200 bytes each, up to about 100 MB in the worst case of every new object being
+    cyclic garbage), and the retention sweep collects in full after forgetting jobs."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
