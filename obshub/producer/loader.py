@@ -546,13 +546,21 @@ class BpfEventSource:
         symbol; ~10-50 ms). Idempotent: a call while attached only renews the budget. ``steps``: the
         window's step budget, kept in the kernel (``deep_gate``/``deep_left`` of obshub/bpf/common.h):
         each process's deep-dive calls count for ``steps`` steps from its first call in the window (the
-        step open then included) and no more, however late the agent detaches; None: no budget. A probe
+        step open then included) and no more, however late the agent detaches; the window opens when every
+        probe is attached (a window of 0 steps while they attach); None: no budget. A probe
         whose attach fails is logged with bcc's message and left out; raises :class:`ProbeError` only
         when nothing is loaded."""
         if self._bpf is None:
             raise ProbeError("Failed to start the deep dive: no BPF program is loaded")
         t0 = time.monotonic()
-        self._deep_budget(steps)
+        if not self._deep_on and steps is not None:
+            # the window opens once every probe is attached: while they attach one by one (bcc resolves each
+            # symbol; a large library's under load takes longer than a short step), a window of 0 steps
+            # counts nothing, so a probe attached first cannot spend the budget before the last one fires
+            # (a 3-step window of 0.1 s steps once shipped launch aggregates and no NCCL call)
+            self._deep_budget(0)
+        else:
+            self._deep_budget(steps)
         if not self._deep_on:
             for name, points in self._deep.items():
                 for lib, sym, fn, ret in points:
@@ -563,6 +571,8 @@ class BpfEventSource:
                         self._caught["attach"] += 1
                         log.warning("deep dive: Failed to attach %s to %s:%s: %s", name, lib, sym, exc)
             self._deep_on = True
+            if steps is not None:
+                self._deep_budget(steps)  # a new window: every process starts from ``steps``
         return time.monotonic() - t0
 
     def deep_dive_off(self) -> None:
