@@ -50,13 +50,21 @@ def unique() -> str:
 
 
 def consume_all(
-    settings: Settings, topic: str, *, expect: int | None = None, timeout_s: float = 30.0, group: str | None = None
+    settings: Settings,
+    topic: str,
+    *,
+    expect: int | None = None,
+    timeout_s: float = 30.0,
+    group: str | None = None,
+    to_end: bool = False,
 ) -> list:
-    """Read ``topic`` from the beginning until ``expect`` messages arrived (or it is quiet for 3 s when
-    ``expect`` is None, or ``timeout_s`` passed). Returns confluent_kafka Message objects."""
+    """Read ``topic`` from the beginning until ``expect`` messages arrived (or, when ``expect`` is None, it
+    is quiet for 3 s, or with ``to_end`` every partition was read to its end: everything written before the
+    call, for topics whose writers are done or flushed), or ``timeout_s`` passed. Returns confluent_kafka
+    Message objects."""
     import time
 
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaError
 
     c = Consumer(
         {
@@ -64,18 +72,24 @@ def consume_all(
             "group.id": group or f"t-{uuid.uuid4().hex}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
+            "enable.partition.eof": to_end,
         }
     )
+    parts = set(c.list_topics(topic, timeout=10).topics[topic].partitions) if to_end else set()
     c.subscribe([topic])
     out, deadline, quiet_since = [], time.monotonic() + timeout_s, time.monotonic()
     try:
         while time.monotonic() < deadline:
             m = c.poll(0.5)
             if m is None:
-                if expect is None and out and time.monotonic() - quiet_since > 3:
+                if expect is None and not to_end and out and time.monotonic() - quiet_since > 3:
                     break
                 continue
             if m.error():
+                if to_end and m.error().code() == KafkaError._PARTITION_EOF:
+                    parts.discard(m.partition())
+                    if not parts:
+                        break
                 continue
             out.append(m)
             quiet_since = time.monotonic()

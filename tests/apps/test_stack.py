@@ -32,7 +32,7 @@ def test_batch_through_real_broker(kafka, unique):
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True})
     p.produce(schema.TOPIC_EVENTS, key=b.host, value=schema.encode_batch(b))
     assert p.flush(30) == 0
-    msgs = [m for m in consume_all(kafka, schema.TOPIC_EVENTS, timeout_s=30) if m.key() == b"node-002"]
+    msgs = [m for m in consume_all(kafka, schema.TOPIC_EVENTS, timeout_s=30, to_end=True) if m.key() == b"node-002"]
     got = [schema.decode_batch(m.value()) for m in msgs]
     assert b in got
 

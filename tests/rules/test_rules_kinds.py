@@ -293,12 +293,12 @@ rules:
             assert proc.poll() is None, log.read_text()[-3000:]
             fired = [
                 json.loads(m.value())
-                for m in consume_all(kafka, schema.TOPIC_ALERTS, timeout_s=3)
+                for m in consume_all(kafka, schema.TOPIC_ALERTS, timeout_s=3, to_end=True)
                 if json.loads(m.value()).get("labels", {}).get("job") == job
             ]
             dead = {
                 m.key().decode()[: -len(job) - 1]: {k: v.decode() for k, v in m.headers()}
-                for m in consume_all(kafka, schema.TOPIC_DLQ, timeout_s=3)
+                for m in consume_all(kafka, schema.TOPIC_DLQ, timeout_s=3, to_end=True)
                 if m.key() and m.key().decode().endswith(job)
             }
         hosts = sorted({c["labels"]["host"] for c in fired if c["status"] == "firing"})
