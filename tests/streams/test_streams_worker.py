@@ -104,8 +104,7 @@ def workers(kafka, tmp_path_factory):
             w.wait_ready()
         yield out
     finally:
-        for w in started:
-            w.stop()
+        testkit.stop_together(started)
 
 
 @pytest.fixture(scope="module")
@@ -319,8 +318,7 @@ def test_two_workers_give_identical_summaries(kafka, tmp_path, unique):
         assert {s["step"]: _view(s) for s in got} == _reference(scn)
         assert _wait_group_members(kafka, f"{tag}-app", 2) == 2, "both workers stayed in the group"
     finally:
-        for w in ws:
-            w.stop()
+        testkit.stop_together(ws)
 
 
 def _wait_settled(*ws: testkit.Worker, timeout_s: float = 90.0) -> None:
