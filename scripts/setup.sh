@@ -49,4 +49,11 @@ echo "$(pwd)/.venv/obshub-system" > "$site/obshub-system-bcc.pth"
 .venv/bin/python -c 'import bcc' 2>/dev/null && say "bcc importable in .venv (Debian python3-bpfcc)" \
   || { echo "setup: bcc is not importable in .venv" >&2; exit 1; }
 
+# obshub is installed editable, so pip compiled none of its modules; where PYTHONDONTWRITEBYTECODE is set (CI
+# runners, containers) no process writes them either, and every obshub process (CLI call, agent, worker,
+# engine, benchmark part) compiled what it imports again: 0.25-0.4 s of CPU each. Compiled once here
+# (unchanged files are skipped on later runs; Python ignores a .pyc whose source changed since).
+.venv/bin/python -m compileall -q -j 0 obshub bench tests/support >/dev/null \
+  || { echo "setup: Failed to byte-compile obshub, bench, tests/support (python -m compileall)" >&2; exit 1; }
+
 .venv/bin/obshub setup
