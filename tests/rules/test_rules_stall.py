@@ -612,14 +612,16 @@ def test_a_starved_host_tied_with_a_peer_in_network_evidence_is_named_by_its_run
         # of directed network evidence, under stall_specific_net_evidence, and under stall_k or its floor
         (112.0, 320.6, True, (49, 51, 66, 28), True),  # step 1423: x2.86, 209 ms lost
         (118.7, 331.4, True, (70, 93, 84, 76), True),  # step 1552: x2.79, 213 ms, every run queue up alike
-        (140.0, 350.0, True, (40, 40, 40, 40), True),  # at stall_weak_net_k: x2.50
-        (140.0, 348.6, True, (40, 40, 40, 40), False),  # x2.49
+        # at load 2-3 (a 158 ms median) a 200 ms blackout of node-03 lost 219 ms at x2.38 (rqveto14 step 254)
+        (158.3, 377.3, True, (40, 40, 40, 40), True),
+        (140.0, 308.0, True, (40, 40, 40, 40), True),  # at stall_weak_net_k: x2.20
+        (140.0, 306.6, True, (40, 40, 40, 40), False),  # x2.19
         (62.0, 161.0, True, (20, 20, 20, 20), False),  # x2.60, but 99 ms lost: under stall_specific_floor_ns
         (112.0, 320.6, False, (49, 51, 66, 28), False),  # no directed charge: the same evidence is no blackout
         (112.0, 320.6, True, (49, 51, 66, 300), False),  # node-03's run queue 4.5x the busiest other's: vetoed
     ],
 )
-def test_a_directed_network_culprit_under_3_spreads_fires_from_x2_5_unless_a_run_queue_vetoes_it(
+def test_a_directed_network_culprit_under_3_spreads_fires_from_x2_2_unless_a_run_queue_vetoes_it(
     median_ms, tmax_ms, directed, sched, fires
 ):
     rng = __import__("random").Random(int(tmax_ms))
@@ -632,6 +634,62 @@ def test_a_directed_network_culprit_under_3_spreads_fires_from_x2_5_unless_a_run
     c = steps[20]["culprit"]
     assert (c["host"], c["layer"], c["source"], c["runq_veto"]) == ("node-00", "network", "evidence", sched[3] == 300)
     assert stall_alerts(steps) == ([("step_stall", "node-00", "network")] if fires else []), c
+
+
+@pytest.mark.parametrize(
+    "view,directed,fires",
+    [
+        ("toward", False, True),  # the live step: node-00 sent 2 retransmits toward node-03, nobody else any
+        ("toward", True, True),
+        ("rx", False, False),  # undirected loss of its own connections: no blackout's charge
+        ("rtt", False, False),  # an RTT outlier
+        (None, False, False),  # an older worker's summary: no view
+    ],
+)
+def test_the_peers_back_off_toward_a_host_names_a_blackout_below_x2_5_when_the_step_is_not_directed(
+    view, directed, fires
+):
+    # a 200 ms blackout of node-03 every 3 s at load 2-3 (live, 2026-12-06, /tmp/rqveto14/runs/new-n3, step
+    # 329): x2.27 of a 172 ms median, 219 ms lost, node-03 at 2.0 spreads from node-00's two retransmits
+    # toward it on one connection (the toward view); the directed view wants every busy connection: missed
+    rng = __import__("random").Random(329)
+    at_median = at_median_of(172.4)
+    clean = [at_median(summary(i, 172.4 * rng.uniform(0.9, 1.15))) for i in range(20)]
+    layers = {h: {"sched": ms} for h, ms in zip(HOSTS4, (158, 188, 165, 172))}
+    s = at_median(summary(20, 391.4, ev={"node-03": {"network": 2.0}}, layers=layers, spread_ms=20))
+    s["net_directed"] = directed
+    if view is not None:
+        s["evidence"]["net_view"] = {"node-03": view}
+    steps = charge([*clean, s, at_median(summary(21, 172.4))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"], c.get("net_view"), c["runq_veto"]) == ("node-03", "network", view, False), c
+    assert stall_alerts(steps) == ([("step_stall", "node-03", "network")] if fires else []), c
+
+
+@pytest.mark.parametrize(
+    "sched,want",
+    [
+        # rqveto14 step 254 (live, a 200 ms blackout of node-03, x2.38, 219 ms lost): node-03's run queue
+        # +61.6 ms over its peers' median, 28 % of the loss, 1.3x the busiest peer's: its link
+        ((78.7, 89.3, 118.7, 150.8), ("node-03", "network", "evidence")),
+        ((78.7, 89.3, 118.7, 198.0), ("node-03", "network", "evidence")),  # +108.7 ms: 49.6 % of the loss
+        ((78.7, 89.3, 118.7, 199.5), ("node-03", "sched", "layers")),  # +110.2 ms: 50.3 %
+        ((30, 30, 30, 330), ("node-03", "sched", "layers")),  # a burst: 137 %, starved
+    ],
+)
+def test_a_network_best_gives_way_to_its_own_hosts_run_queue_only_when_it_explains_half_the_loss(sched, want):
+    s = at_median_of(158.3)(
+        summary(
+            20,
+            377.3,
+            ev={"node-02": {"sched": 0.226}, "node-03": {"network": 2.0}},
+            layers={h: {"sched": ms} for h, ms in zip(HOSTS4, sched)},
+            spread_ms=36.5,
+        )
+    )
+    s["net_directed"] = True
+    c = analysis.culprit(s)
+    assert (c["host"], c["layer"], c["source"]) == want, c
 
 
 @pytest.mark.parametrize(

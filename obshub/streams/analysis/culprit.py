@@ -71,6 +71,14 @@ STARVED_PEER_FACTOR = 3.0
 burst on one host, not load spread over the machine: on the loaded 2-core demo host, clean steps of
 x1.5-x2.6 mostly had sched culprits of 0.7-1.9x their busiest peer's run-queue time, outside starvations
 of one host 2.8x and 2.9x; 300 ms bursts gave 2.6-6.7x, docs/BENCHMARKS.md section 8)."""
+NET_OWN_LAYER_REL = 0.5
+"""A ``network`` best of ``culprit``'s 1. gives way to its own host's sched or memory time (``_layer_culprit``)
+only when that time over its peers' median makes up at least this part of what the step lost (its own
+waits explain most of the stall, as a CPU fault's do: 133-547 % of the loss in the kept CPU faults' steps
+that took that turn, 2026-12-06). A blackout's host waited in its run queue on a loaded 2-core machine
+too: a 200 ms blackout of node-03 (x2.38, 219 ms lost, 2.0 spreads of directed network evidence) was named
+node-03 / sched for 61 ms over its peers' median (28 % of the loss, 1.3 times the busiest peer's,
+rqveto14 step 254), which no rule fires on below ``stall_sched_k``."""
 RUNQ_VETO_FACTOR = 1.5
 """``runq_veto`` (``_runq_veto``): another host's run-queue time is at least this many times the busiest
 host's but its own (and over its peers' median by ``EXPLAIN_REL`` of what the step lost). CPU bursts mostly
@@ -99,7 +107,8 @@ def culprit(summary: dict) -> dict | None:
        host's lateness-based candidate exceeds ``AMBIGUOUS_REL`` of the best one, None: no single host
        stands out. A ``pytorch`` best gives way to a lower layer of the same host with evidence; a
        ``network`` best gives way to the host's own sched or memory time when that explains the stall
-       (``_layer_culprit`` names the same host: a starved host's sockets look lossy), also when another
+       (``_layer_culprit`` names the same host, its time over its peers' median at least
+       ``NET_OWN_LAYER_REL`` of the loss: a starved host's sockets look lossy), also when another
        host's network evidence under ``SPECIFIC_EVIDENCE`` came first and the host, ``starved``, has
        network evidence of its own (its peers retransmit toward it);
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
@@ -224,8 +233,9 @@ def _culprit(summary: dict, lost: int) -> dict | None:
     if best is not None and best[2] == "network" and lost:
         # a host starved of CPU or stalled in reclaim answers late on every connection, so its peers'
         # retransmits toward it look like a lossy link: when its own run-queue or reclaim time over its
-        # peers' explains the stall (``_layer_culprit``), that layer is the culprit, not its link
-        own = _layer_culprit(summary, lost)
+        # peers' explains most of the stall (``_layer_culprit``, NET_OWN_LAYER_REL), that layer is the
+        # culprit, not its link; a loaded blackout host's own run-queue noise is not
+        own = _layer_culprit(summary, lost, NET_OWN_LAYER_REL)
         if own is not None and own["host"] == best[1]:
             own["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
             return own
@@ -512,10 +522,11 @@ def _job_ranks(summary: dict, layer: str) -> dict[tuple[str, str], int]:
     }
 
 
-def _layer_culprit(summary: dict, lost: int) -> dict | None:
+def _layer_culprit(summary: dict, lost: int, min_rel: float = EXPLAIN_REL) -> dict | None:
     """``source`` "layers": the host whose own time in one of ``LAYER_CULPRIT`` (sched, memory) exceeds
     the median of its peers by the most, at least ``EXPLAIN_REL`` of what the step lost over the job's
-    median step (``lost``, ns); None otherwise. A burst that hit a host while its rank waited inside a
+    median step (``lost``, ns), and at least ``min_rel`` of it (``NET_OWN_LAYER_REL`` where it would take a
+    ``network`` best's place); None otherwise. A burst that hit a host while its rank waited inside a
     collective (its sends starved) slows every rank alike: nobody arrives late, so neither lateness
     evidence nor a straggler names it, but the host's run-queue or reclaim time does."""
     layers = summary.get("layers") or {}
@@ -544,6 +555,8 @@ def _layer_culprit(summary: dict, lost: int) -> dict | None:
     if not found or any(f[1] != found[0][1] and f[0] >= AMBIGUOUS_REL * found[0][0] for f in found[1:]):
         return None
     ex, h, layer, ref = found[0]
+    if ex < min_rel * lost:
+        return None
     host, who = (node[0], f"rank {h}'s") if node is not None else (h, "its")
     c = {
         "host": host,
