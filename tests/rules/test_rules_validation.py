@@ -228,6 +228,24 @@ def test_every_unknown_field_of_a_rule_is_reported_with_the_nearest_name(tmp_pat
     assert any(p.startswith(f"{f}:9:5: ") and "unknown field 'bbb'" in p for p in got), got
 
 
+def test_a_misspelt_required_setting_is_one_problem_at_its_key(tmp_path):
+    """`severty:` for `severity:` was reported twice: "'severity' is a required property" at the rule's first
+    line and "unknown field 'severty'" at its own; once now, at the key, saying the field is required. A
+    required field that is simply absent (no near key) is still reported at the mapping."""
+    text = GOOD.replace("severity: warning", "severty: warning").replace("condition: stalled", "conditon: stalled")
+    text = text.replace("    group_by:", "    renotify: {limt: 2}\n    group_by:")
+    f = write(tmp_path, "s.yaml", text)
+    got = problems(f)
+    assert got == [
+        f"{f}:7:5: rule \"slow_step\": unknown field 'severty' in rules/0: did you mean 'severity'? (a required field)",
+        f"{f}:9:5: rule \"slow_step\": unknown field 'conditon' in rules/0: did you mean 'condition'? (a required field)",
+        f"{f}:10:16: rule \"slow_step\": unknown field 'limt' in rules/0/renotify: did you mean 'limit'? (a required field)",
+    ], got
+    absent = problems(write(tmp_path, "a.yaml", GOOD.replace("    severity: warning\n", "")))
+    required = f"{tmp_path / 'a.yaml'}:5:5: rule \"slow_step\": rules/0: 'severity' is a required property"
+    assert absent == [required], absent
+
+
 def test_missing_version_and_wrong_version(tmp_path):
     assert any("version" in p for p in problems(write(tmp_path, "v.yaml", GOOD.replace("version: 1\n", ""))))
     assert any("must be 1" in p for p in problems(write(tmp_path, "w.yaml", GOOD.replace("version: 1", "version: 2"))))
