@@ -146,6 +146,41 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
             "7:17",
             "health.lag_messages: expected an integer",
         ),
+        # below the top level: the type the rules read each member as (rules.typecheck.STEP_TYPES), at the
+        # wrong value's own position; these reached the rules and failed their conditions silently
+        (
+            "lost_batches: 2",
+            'lost_batches: "2"',
+            "7:60",
+            "steps.quality.lost_batches: expected an integer, got string '2'",
+        ),
+        (
+            "step: 1,",
+            "step: 1, culprit: {host: node1, layer: network, evidence: high},",
+            "7:85",
+            "steps.culprit.evidence: expected a number, got string 'high'",
+        ),
+        (
+            "step: 1,",
+            "step: 1, evidence: {hosts: {node1: [4.0]}},",
+            "7:62",
+            "steps.evidence.hosts.node1: expected a map, got list [4.0]",
+        ),
+        (
+            "step: 1,",
+            "step: 1, evidence: {hosts: {node1: {netwrk: 4.0}}},",
+            "7:63",
+            "steps.evidence.hosts.node1: unknown field 'netwrk'; did you mean 'network'?",
+        ),
+        ("step: 1,", "step: 1, straggler: {hots: node1},", "7:48", "steps.straggler: unknown field 'hots'; did you"),
+        (
+            "step: 1,",
+            "step: 1, blame: [{host: node1, layer: network, excess_ns: 5.5}],",
+            "7:85",
+            "steps.blame[0].excess_ns: expected an integer, got number 5.5",
+        ),
+        ("step: 1,", "step: 1, closed_by: done,", "7:47", "steps.closed_by: 'done' is not one of complete, hang,"),
+        ("step: 1,", "step: 1, step_time_ns: {0: 5},", "7:51", "steps.step_time_ns: key 0 is integer: a map's keys"),
         ("- at: 0s\n", "- at: 0s\n        repeat: 100000000\n", "7:17", "`repeat:` must be 1..100000"),
         ("- at: 5m", "- at: 16 s", "14:13", "`at:` "),  # its own line, not the test case's
         (
