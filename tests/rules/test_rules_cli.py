@@ -386,6 +386,20 @@ def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
         timeout=120,
     )
     assert res.returncode == 0 and "1 passed, 0 failed" in res.stdout, res.stdout + res.stderr
+    # `rules test builtin` runs the pack's own tests, as `rules check builtin` checks its rules (it was
+    # "builtin: cannot read: No such file or directory", exit 1, newuser15)
+    res = subprocess.run(
+        [sys.executable, "-m", "obshub", "rules", "test", "builtin"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    n_tests = sum(
+        len(f.read_text().split("\n  - name: ")) - 1 for f in (REPO / "obshub/rules/builtin/tests").glob("*.yaml")
+    )
+    assert res.returncode == 0 and f"{n_tests} passed, 0 failed" in res.stdout, res.stdout + res.stderr
     (tmp_path / "builtin").mkdir()  # a folder of that name is the user's, not the pack
     res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0 and "OK: 1 rule(s) in 1 file(s)" in res.stdout, res.stdout + res.stderr
