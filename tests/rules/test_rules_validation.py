@@ -258,6 +258,24 @@ def test_cel_syntax_error_points_into_the_expression(tmp_path):
     assert got[0].startswith(f"{f}:9:"), got
 
 
+@pytest.mark.parametrize(
+    "cond, hint",
+    [
+        ("stall_ratio > 5 and stalled", "; CEL writes `&&` for and"),
+        ("stalled or stall_ratio > 5", "; CEL writes `||` for or"),
+        ('"not stalled"', "; CEL writes `!` for not"),
+        ('"stalled and not stalled"', "; CEL writes `&&` for and, `!` for not"),
+    ],
+)
+def test_python_and_or_not_in_a_condition_get_the_cel_operator_in_the_syntax_error(tmp_path, cond, hint):
+    """A new user's first condition is Python's `and`: the syntax error ("mismatched input 'and' expecting
+    {<EOF>, '==', ...}") now ends with CEL's spelling. A word only inside a string gives no hint."""
+    got = problems(write(tmp_path, "p.yaml", GOOD.replace("condition: stalled", f"condition: {cond}")))
+    assert len(got) == 1 and "CEL syntax error" in got[0] and got[0].endswith(hint), got
+    quoted = problems(write(tmp_path, "q.yaml", GOOD.replace("condition: stalled", "condition: \"job == 'and' &&\"")))
+    assert len(quoted) == 1 and "CEL syntax error" in quoted[0] and "CEL writes" not in quoted[0], quoted
+
+
 def test_unknown_fields_in_conditions_are_rejected_with_suggestions(tmp_path):
     text = GOOD.replace("condition: stalled", "condition: stalled && straggler.hots == 'x' && stall_ration > 1.0")
     got = problems(write(tmp_path, "f.yaml", text))
