@@ -370,38 +370,28 @@ def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
     beside their own rules, and in a test file's rule_files; a real folder of that name wins."""
     (tmp_path / "mine.yaml").write_text(RULE)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "obshub", "rules", "check", "builtin", "mine.yaml"]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+
+    def obshub_rules(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "obshub", "rules", *args]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+
+    res = obshub_rules("check", "builtin", "mine.yaml")
     n_builtin = len(list((REPO / "obshub" / "rules" / "builtin").glob("*.yaml")))
     assert res.returncode == 0 and f"in {n_builtin + 1} file(s)" in res.stdout, res.stdout + res.stderr
     (tmp_path / "t_test.yaml").write_text(
         "version: 1\nrule_files: [builtin]\ntests:\n  - name: nothing\n    input: []\n    expect: [{at: 1s, alerts: []}]\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "obshub", "rules", "test", "t_test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    res = obshub_rules("test", "t_test.yaml")
     assert res.returncode == 0 and "1 passed, 0 failed" in res.stdout, res.stdout + res.stderr
     # `rules test builtin` runs the pack's own tests, as `rules check builtin` checks its rules (it was
     # "builtin: cannot read: No such file or directory", exit 1, newuser15)
-    res = subprocess.run(
-        [sys.executable, "-m", "obshub", "rules", "test", "builtin"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    res = obshub_rules("test", "builtin")
     n_tests = sum(
         len(f.read_text().split("\n  - name: ")) - 1 for f in (REPO / "obshub/rules/builtin/tests").glob("*.yaml")
     )
     assert res.returncode == 0 and f"{n_tests} passed, 0 failed" in res.stdout, res.stdout + res.stderr
     (tmp_path / "builtin").mkdir()  # a folder of that name is the user's, not the pack
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    res = obshub_rules("check", "builtin", "mine.yaml")
     assert res.returncode == 0 and "OK: 1 rule(s) in 1 file(s)" in res.stdout, res.stdout + res.stderr
 
 

@@ -710,16 +710,13 @@ def test_a_misspelt_config_field_is_one_problem_with_the_nearest_name(tmp_path):
     """`typ:` for a sink's required `type:` was two problems ("sinks/0/type: Field required" at the sink and
     "sinks/0/typ: Extra inputs are not permitted" at the key) and no misspelt key named the field meant
     (newuser15): one problem now, at the key, with the nearest field of its mapping."""
-    from obshub.rules.errors import SinkConfigError
-    from obshub.rules.sinks.config import load_config
+    from obshub.rules.sinks import config
 
     f = tmp_path / "alerting.yaml"
-    f.write_text(
-        "version: 1\nroute:\n  group_wiat: 10s\nsinks:\n  - {name: c, typ: console}\n"
-        "  - {name: h, type: webhook, url_evn: X}\n"
-    )
-    with pytest.raises(SinkConfigError) as exc:
-        load_config(f)
+    lines = ["version: 1", "route:", "  group_wiat: 10s", "sinks:", "  - {name: c, typ: console}"]
+    f.write_text("\n".join([*lines, "  - {name: h, type: webhook, url_evn: X}", ""]))
+    with pytest.raises(config.SinkConfigError) as exc:
+        config.load_config(f)
     assert str(exc.value).splitlines()[1:4] == [
         f"{f}:3:3: route/group_wiat: unknown field: did you mean 'group_wait'?",
         f"{f}:5:15: sinks/0/typ: unknown field: did you mean 'type'? (a required field)",
