@@ -21,7 +21,9 @@ receive run in their contexts), and with the probe on its own run time and runs 
 statistics (``kernel.bpf_stats_enabled`` set to 1 for the run and put back after; ``run_time_ns`` /
 ``run_cnt`` of the program's fd in ``/proc/self/fdinfo``; the statistics' own two clock reads are in
 it). Prints per qdisc: ns per probe run, runs per MiB, CPU ms per MiB off and on (medians over the rounds),
-and the probe's share of the transfer's CPU time. Needs root (namespaces, BPF).
+and the probe's share of the transfer's CPU time. A qdisc the kernel refuses is skipped with tc's reason;
+when every one given is (``--qdiscs fq_codel`` on a kernel without it), the run exits 1 saying why, before
+the BPF compilation. Needs root (namespaces, BPF).
 
     python -m bench.net_queue_cost                        # 3 rounds, 512 MiB (tbf: 64 MiB at 1 Gbit/s)
     python -m bench.net_queue_cost --rounds 5 --mb 1024 --qdiscs fq_codel,tbf
@@ -201,7 +203,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def usable_qdiscs(names: list[str], specs: dict[str, list[str]]) -> dict[str, str]:
+    """Set each of ``names`` in turn as the sender's root qdisc (the namespaces are set up): the ones this
+    kernel refuses, each with tc's reason (``fq_codel: ... Error: Specified qdisc kind is unknown.`` on a
+    kernel built without sch_fq_codel), as ``{name: reason}``; empty when every one can be set."""
+    skipped = {}
+    for q in names:
+        try:
+            set_qdisc(specs[q])
+        except RuntimeError as exc:
+            skipped[q] = str(exc)
+    return skipped
+
+
+def nothing_measured(skipped: dict[str, str]) -> str:
+    """Why a run measured no qdisc, for its exit 1: each skipped qdisc and tc's reason, and what to try."""
+    whys = "; ".join(f"{q} skipped ({why})" for q, why in skipped.items())
+    known = ",".join(q for q in QDISCS if q not in skipped)
+    return f"every qdisc given was skipped: {whys}" + (f"; try --qdiscs {known}" if known else "")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the bench; 0 when at least one qdisc was measured, 1 when every qdisc given was skipped (each
+    named with tc's reason on stderr, before the BPF compilation), 2 on bad arguments (``parse_args``)."""
     a = parse_args(argv)
     specs = {
         "pfifo_fast": ["pfifo_fast"],
@@ -217,6 +241,14 @@ def main(argv: list[str] | None = None) -> int:
     stats_was = Path("/proc/sys/kernel/bpf_stats_enabled").read_text().strip()
     rows: dict[str, dict[str, list[float]]] = {}
     setup()
+    skipped = usable_qdiscs(names, specs)
+    names = [q for q in names if q not in skipped]
+    if not names:  # nothing to measure: say why, before the BPF program is compiled and loaded, and fail
+        teardown()
+        for q, why in skipped.items():
+            common.console.print(f"[yellow]{q}: skipped: {why}[/yellow]")
+        print(f"nothing measured: {nothing_measured(skipped)}", file=sys.stderr)
+        return 1
     src = BpfEventSource(load_settings(), Target(), ProbeOptions(probes=PROBES, sysfs=False))
     try:
         table = src.start()
@@ -230,8 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         for q in names:
             try:
                 set_qdisc(specs[q])
-            except RuntimeError as exc:  # a kernel without that qdisc (sch_fq_codel is a module)
-                common.console.print(f"[yellow]{q}: skipped: {exc}[/yellow]")
+            except RuntimeError as exc:  # it could be set a moment ago (usable_qdiscs): name it all the same
+                skipped[q] = str(exc)
                 continue
             mb = a.tbf_mb if q == "tbf" else a.mb
             r = rows[q] = {k: [] for k in ("off_cpu", "on_cpu", "off_wall", "on_wall", "ns", "runs", "pkts")}
@@ -260,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         Path("/proc/sys/kernel/bpf_stats_enabled").write_text(stats_was)
         src.close()
         teardown()
+
+    for q, why in skipped.items():
+        common.console.print(f"[yellow]{q}: skipped: {why}[/yellow]")
+    if not rows:
+        print(f"nothing measured: {nothing_measured(skipped)}", file=sys.stderr)
+        return 1
 
     from rich.table import Table
 

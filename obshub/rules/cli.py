@@ -21,6 +21,7 @@ Examples:
   obshub rules check builtin                        # validate the builtin pack (exit 0 = valid)
   obshub rules check builtin my_rules.yaml          # yours with it: every problem as file:line:col
   obshub rules test my_rules_test.yaml              # run rule unit tests (rule_files: may name builtin)
+  obshub rules test builtin                         # the builtin pack's own unit tests
   obshub rules serve                                # builtin pack, console sink, local Kafka
   obshub rules serve -r builtin -r team.yaml -c alerting.yaml   # the builtin pack, your rules and sinks
   obshub rules serve --metrics-port 9108            # also Prometheus metrics on :9108 (every interface)
@@ -70,16 +71,18 @@ def check_command(files):
 @click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
 def test_command(files):
     """Run rule unit-test FILES (a directory: the *_test.yaml / *_test.yml files in it and its
-    subdirectories, in path order). Prints PASS/FAIL per test, expected vs got for failures, every problem
-    of a malformed test file as file:line:col; exit code 0
+    subdirectories, in path order; the name `builtin`: the builtin pack's own tests). Prints PASS/FAIL per
+    test, expected vs got for failures, every problem of a malformed test file as file:line:col; exit code 0
     only when every test passes, 1 also when a directory holds no test file or the files hold no test (a
     test run that ran nothing must not pass in CI)."""
+    from obshub.rules.loader import BUILTIN_NAME, resolve_builtin
     from obshub.rules.testing import run_test_file
 
     failed = passed = 0
     broken = False
     paths = []
     for f in files:
+        f = resolve_builtin(f) if str(f) == BUILTIN_NAME else f  # as `rules check builtin`: a path of that name wins
         if not f.is_dir():
             paths.append(f)
             continue

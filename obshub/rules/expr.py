@@ -65,6 +65,7 @@ _RESERVED = {
     "null_type",
 }
 _CEL_POS = re.compile(r"<input>:(\d+):(\d+):\s*(.*)")
+_CEL_OPERATOR = {"and": "`&&`", "or": "`||`", "not": "`!`"}  # Python's words, in a CEL syntax error's hint
 # The functions and macros the CEL implementation (``cel``, cel-interpreter) evaluates, called as
 # ``f(x)`` or ``x.f()``: the CEL specification's standard definitions (github.com/google/cel-spec,
 # doc/langdef.md "Standard Definitions") that it implements, each checked against it. A call to any other
@@ -140,7 +141,11 @@ def compile_expr(expr: str) -> cel.Program:
         text = str(exc)
         m = _CEL_POS.search(text)
         if m:
-            raise ExprError(f"CEL syntax error: {m.group(3).strip()}", int(m.group(1)), int(m.group(2))) from None
+            why = m.group(3).strip()
+            words = [w for w in dict.fromkeys(identifiers(expr)) if w in _CEL_OPERATOR]
+            if words:  # Python's and/or/not: CEL has && || ! (a new user's first condition, newuser15)
+                why += "; CEL writes " + ", ".join(f"{_CEL_OPERATOR[w]} for {w}" for w in words)
+            raise ExprError(f"CEL syntax error: {why}", int(m.group(1)), int(m.group(2))) from None
         raise ExprError(f"CEL syntax error: {text.splitlines()[0]}") from None
 
 

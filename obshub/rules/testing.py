@@ -28,13 +28,14 @@ gets defaults and its derived fields (layer, duration_us, time_ns). Time starts 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from obshub.core import schema
-from obshub.rules import fields
+from obshub.rules import fields, typecheck
 from obshub.rules.durations import parse_duration_ns
 from obshub.rules.engine import Engine
 from obshub.rules.errors import Problem, RuleTestError
@@ -151,6 +152,90 @@ def _input_problem(signal: str, spec: Any) -> str | None:
     return None
 
 
+_VALUE_WORDS = {"int": "an integer", "double": "a number", "string": "a string", "bool": "true or false"}
+
+
+def _want(t: typecheck.T) -> str:
+    """What a value of ``t`` is, as a problem says it (``an integer``, ``a number``, ``one of a, b``)."""
+    if t.values:
+        return f"one of {', '.join(sorted(t.values))}"
+    return _VALUE_WORDS.get(t.kind, typecheck.article(t))
+
+
+def _field_name(path: list) -> str:
+    """``["steps", "evidence", "hosts", "node1"]`` as ``steps.evidence.hosts.node1``, list items ``[i]``."""
+    return "".join(f"[{k}]" if isinstance(k, int) else (f".{k}" if i else str(k)) for i, k in enumerate(path))
+
+
+def value_problem(path: list, t: typecheck.T, v: Any) -> tuple[list, str, bool] | None:
+    """The first place where the plain value ``v`` (a field of a test's input record, as YAML gave it) has
+    not the type ``t`` the rules read it as, as ``(path, reason, at_key)``: ``path`` is ``path`` extended by
+    the keys and indexes down to the wrong value (for its file position; ``at_key``: the key's own, for an
+    unknown member), ``reason`` reads ``steps.culprit.evidence: expected a number, got str 'high'``. None
+    when it conforms. An int is accepted where a double is documented (CEL compares them); a map key must be
+    a string; a member a record does not have (``straggler.hots``, a layer ``netwrk`` of
+    ``evidence.hosts.<host>``) is a problem; ``dyn`` takes anything; null only where ``t`` is nullable."""
+    where, k = _field_name(path), t.kind
+    if k == "dyn" or (v is None and (t.nullable or k == "null")):
+        return None
+    if k in _VALUE_WORDS:
+        ok = {
+            "int": isinstance(v, int) and not isinstance(v, bool),
+            "double": isinstance(v, (int, float)) and not isinstance(v, bool),
+            "string": isinstance(v, str),
+            "bool": isinstance(v, bool),
+        }[k]
+        if not ok:
+            return path, f"{where}: expected {_want(t)}, got {_what(v)}", False
+        if t.values and v not in t.values:
+            return path, f"{where}: {brief(v)} is not one of {', '.join(sorted(t.values))}", False
+        return None
+    if k == "list":
+        if not isinstance(v, list):
+            return path, f"{where}: expected a list, got {_what(v)}", False
+        return next((bad for i, x in enumerate(v) if (bad := value_problem(path + [i], t.elem or _DYN, x))), None)
+    if k not in ("map", "record"):
+        return None  # durations, timestamps: no record field holds one
+    if not isinstance(v, dict):
+        return path, f"{where}: expected a map, got {_what(v)}", False
+    for key, x in v.items():
+        if not isinstance(key, str):
+            return (
+                path + [key],
+                f"{where}: key {brief(key)} is {yaml_type(key)}: a map's keys are strings (quote it)",
+                True,
+            )
+        member = t.member(key) if k == "record" else (t.elem or _DYN)
+        if member is None:
+            near = difflib.get_close_matches(key, t.names, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else f" (it has {', '.join(t.names)})"
+            return path + [key], f"{where}: unknown field '{key}'{hint}", True
+        if (bad := value_problem(path + [key], member, x)) is not None:
+            return bad
+    return None
+
+
+_DYN = typecheck.DYN
+
+
+@functools.cache
+def _step_types() -> dict[str, typecheck.T]:
+    return typecheck.step_types()
+
+
+def _step_problem(spec: dict) -> tuple[list, str, bool] | None:
+    """The first field of a step summary input, at any depth, whose value has not the type the rules read
+    it as (``typecheck.STEP_TYPES``: ``culprit.evidence: "high"``, ``evidence.hosts.node1`` a list, a member
+    ``straggler.hots``), as ``value_problem`` gives it; None when every field has its type. The wire
+    decoder checks the top level only, so such a record reached the rules and failed their conditions
+    silently (counted as false: a test expecting no alert passed)."""
+    types = _step_types()
+    for k, v in spec.items():
+        if k in types and (bad := value_problem(["steps", k], types[k], v)) is not None:
+            return bad
+    return None
+
+
 def _record(signal: str, spec: dict, t_ns: int) -> dict:
     if signal == "steps":
         return fields.step_record({**spec, "closed_at_ns": spec.get("closed_at_ns", t_ns)})
@@ -214,8 +299,11 @@ def _check_input(pr: _Problems, i: int, j: int, inp: Any) -> None:
     if len(sigs) == 1:
         sig = sigs[0]
         why = _input_problem(sig, inp[sig])
+        nested = _step_problem(inp[sig]) if why is None and sig == "steps" else None
         if why is not None:
             pr.add(where + [sig], why)
+        elif nested is not None:  # at the wrong value's own line (a key: the key's)
+            pr.add(where + nested[0], nested[1], key=nested[2])
         elif sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
             at = where + ["events"] + (["kind"] if "kind" in inp["events"] else [])
             got = f"`kind: {inp['events']['kind']}` is not one" if "kind" in inp["events"] else "it has no `kind:`"

@@ -374,11 +374,37 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
     return f"{where}: {_cut(err.message)}", False  # jsonschema's own words quote the value whole
 
 
+def _misspelt_required(errors: list[jsonschema.ValidationError]) -> set[tuple[tuple, str]]:
+    """``(path, name)`` of each required field that is missing from its mapping because it was misspelt: an
+    unknown key of the same mapping has it as its nearest allowed name (``severty:`` for ``severity``). Its
+    unknown-field problem names the fix at the key's own line, so the "required" one is not reported too."""
+    out = set()
+    for err in errors:
+        if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+            allowed = sorted(err.schema.get("properties", {}))
+            for extra in set(err.instance) - set(allowed):
+                near = difflib.get_close_matches(str(extra), allowed, n=1, cutoff=0.6)
+                if near and near[0] not in err.instance:
+                    out.add((tuple(err.absolute_path), near[0]))
+    return out
+
+
+def _required_name(err: jsonschema.ValidationError) -> str | None:
+    """The field a ``required`` error says is missing (jsonschema reports one error per field)."""
+    names = err.validator_value if isinstance(err.validator_value, list) else []
+    inst = err.instance if isinstance(err.instance, dict) else {}
+    return next((n for n in names if n not in inst and repr(n) in err.message), None)
+
+
 def schema_problems(doc: Any, file: str) -> list[Problem]:
-    """Every JSON Schema violation of ``doc`` with its position, sorted by position."""
+    """Every JSON Schema violation of ``doc`` with its position, sorted by position. A misspelt required
+    field is one problem, at the misspelt key (``unknown field 'severty' ...: did you mean 'severity'?
+    (required)``), not that and a second "'severity' is a required property" at the mapping."""
     validator = jsonschema.Draft202012Validator(file_schema())
+    errors = list(validator.iter_errors(doc))
+    misspelt = _misspelt_required(errors)
     out = []
-    for err in validator.iter_errors(doc):
+    for err in errors:
         path = list(err.absolute_path)
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
             # every unknown key of the mapping, each at its own line, with the nearest allowed name
@@ -387,10 +413,14 @@ def schema_problems(doc: Any, file: str) -> list[Problem]:
             for extra in sorted(set(err.instance) - set(allowed), key=str):
                 near = difflib.get_close_matches(str(extra), allowed, n=1, cutoff=0.6)
                 hint = f": did you mean '{near[0]}'?" if near else f" (allowed: {', '.join(allowed)})"
+                if near and (tuple(path), near[0]) in misspelt and near[0] in err.schema.get("required", []):
+                    hint += " (a required field)"
                 line, col = position(doc, path + [extra], key=True)
                 what = f"unknown field '{_cut(str(extra))}' in {where}{hint}"
                 out.append(Problem(file, line, col, what, _rule_name(doc, path)))
             continue
+        if err.validator == "required" and (tuple(path), _required_name(err)) in misspelt:
+            continue  # said once, at the misspelt key (above)
         msg, at_key = _schema_message(err)
         line, col = position(doc, path, key=at_key)
         rule = _rule_name(doc, path)

@@ -48,3 +48,32 @@ def test_an_unknown_qdisc_is_refused_with_the_known_ones(tmp_path):
     assert r.returncode == 2
     assert "--qdiscs: unknown netem (known: pfifo_fast, fq_codel, tbf)" in r.stderr
     assert not (tmp_path / "net_queue_cost.json").exists()
+
+
+def _kernel_lacks_fq_codel() -> bool:
+    """Whether this kernel was built without sch_fq_codel (neither built in nor a module), from its config."""
+    import gzip
+
+    try:
+        config = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode()
+    except OSError:
+        return False
+    return "# CONFIG_NET_SCH_FQ_CODEL is not set" in config
+
+
+@pytest.mark.slow
+def test_every_qdisc_skipped_exits_1_naming_why_before_the_bpf_compilation(tmp_path):
+    """A run whose every qdisc the kernel refuses measured nothing: it printed an empty table and exited 0
+    after minutes of BPF compilation. Now it exits 1 before the compilation, with tc's reason per qdisc."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    if not _kernel_lacks_fq_codel():
+        pytest.skip("this kernel has fq_codel (or no /proc/config.gz): no qdisc is refused here")
+    r = _run(tmp_path, "--rounds", "1", "--mb", "1", "--qdiscs", "fq_codel")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "nothing measured: every qdisc given was skipped: fq_codel skipped (" in r.stderr, r.stderr
+    assert "try --qdiscs pfifo_fast,tbf" in r.stderr, r.stderr
+    assert "fq_codel: skipped:" in r.stdout and "net_queue probe cost" not in r.stdout, r.stdout
+    assert "compiling" not in (r.stdout + r.stderr).lower()
+    assert not (tmp_path / "net_queue_cost.json").exists()
+    assert not subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count("obnq-")

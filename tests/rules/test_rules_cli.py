@@ -146,6 +146,41 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
             "7:17",
             "health.lag_messages: expected an integer",
         ),
+        # below the top level: the type the rules read each member as (rules.typecheck.STEP_TYPES), at the
+        # wrong value's own position; these reached the rules and failed their conditions silently
+        (
+            "lost_batches: 2",
+            'lost_batches: "2"',
+            "7:60",
+            "steps.quality.lost_batches: expected an integer, got string '2'",
+        ),
+        (
+            "step: 1,",
+            "step: 1, culprit: {host: node1, layer: network, evidence: high},",
+            "7:85",
+            "steps.culprit.evidence: expected a number, got string 'high'",
+        ),
+        (
+            "step: 1,",
+            "step: 1, evidence: {hosts: {node1: [4.0]}},",
+            "7:62",
+            "steps.evidence.hosts.node1: expected a map, got list [4.0]",
+        ),
+        (
+            "step: 1,",
+            "step: 1, evidence: {hosts: {node1: {netwrk: 4.0}}},",
+            "7:63",
+            "steps.evidence.hosts.node1: unknown field 'netwrk'; did you mean 'network'?",
+        ),
+        ("step: 1,", "step: 1, straggler: {hots: node1},", "7:48", "steps.straggler: unknown field 'hots'; did you"),
+        (
+            "step: 1,",
+            "step: 1, blame: [{host: node1, layer: network, excess_ns: 5.5}],",
+            "7:85",
+            "steps.blame[0].excess_ns: expected an integer, got number 5.5",
+        ),
+        ("step: 1,", "step: 1, closed_by: done,", "7:47", "steps.closed_by: 'done' is not one of complete, hang,"),
+        ("step: 1,", "step: 1, step_time_ns: {0: 5},", "7:51", "steps.step_time_ns: key 0 is integer: a map's keys"),
         ("- at: 0s\n", "- at: 0s\n        repeat: 100000000\n", "7:17", "`repeat:` must be 1..100000"),
         ("- at: 5m", "- at: 16 s", "14:13", "`at:` "),  # its own line, not the test case's
         (
@@ -335,24 +370,28 @@ def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
     beside their own rules, and in a test file's rule_files; a real folder of that name wins."""
     (tmp_path / "mine.yaml").write_text(RULE)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "obshub", "rules", "check", "builtin", "mine.yaml"]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+
+    def obshub_rules(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "obshub", "rules", *args]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+
+    res = obshub_rules("check", "builtin", "mine.yaml")
     n_builtin = len(list((REPO / "obshub" / "rules" / "builtin").glob("*.yaml")))
     assert res.returncode == 0 and f"in {n_builtin + 1} file(s)" in res.stdout, res.stdout + res.stderr
     (tmp_path / "t_test.yaml").write_text(
         "version: 1\nrule_files: [builtin]\ntests:\n  - name: nothing\n    input: []\n    expect: [{at: 1s, alerts: []}]\n"
     )
-    res = subprocess.run(
-        [sys.executable, "-m", "obshub", "rules", "test", "t_test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    res = obshub_rules("test", "t_test.yaml")
     assert res.returncode == 0 and "1 passed, 0 failed" in res.stdout, res.stdout + res.stderr
+    # `rules test builtin` runs the pack's own tests, as `rules check builtin` checks its rules (it was
+    # "builtin: cannot read: No such file or directory", exit 1, newuser15)
+    res = obshub_rules("test", "builtin")
+    n_tests = sum(
+        len(f.read_text().split("\n  - name: ")) - 1 for f in (REPO / "obshub/rules/builtin/tests").glob("*.yaml")
+    )
+    assert res.returncode == 0 and f"{n_tests} passed, 0 failed" in res.stdout, res.stdout + res.stderr
     (tmp_path / "builtin").mkdir()  # a folder of that name is the user's, not the pack
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    res = obshub_rules("check", "builtin", "mine.yaml")
     assert res.returncode == 0 and "OK: 1 rule(s) in 1 file(s)" in res.stdout, res.stdout + res.stderr
 
 

@@ -411,7 +411,7 @@ def test_alerting_config_problems_are_listed_at_file_line_col(tmp_path):
     with pytest.raises(SinkConfigError) as exc:
         load_config(f)
     text = str(exc.value)
-    assert f"{f}:5:5: sinks/0/webhook: Extra inputs are not permitted" in text, text
+    assert f"{f}:5:5: sinks/0/webhook: unknown field (fields: name, type, min_severity, url, url_env," in text, text
     assert f"{f}:6:19: sinks/0/min_severity:" in text, text
     assert f"{f}:8:15: route/group_wait:" in text, text
     f.write_text("version: 1\nsinks: [\n")
@@ -704,3 +704,21 @@ def test_a_count_written_as_a_string_float_or_boolean_is_refused_at_its_value(tm
         f"{f}:4:39: sinks/0/steps: Input should be a valid integer",
         f"{f}:4:58: sinks/0/max_per_hour: Input should be a valid integer",
     ], text
+
+
+def test_a_misspelt_config_field_is_one_problem_with_the_nearest_name(tmp_path):
+    """`typ:` for a sink's required `type:` was two problems ("sinks/0/type: Field required" at the sink and
+    "sinks/0/typ: Extra inputs are not permitted" at the key) and no misspelt key named the field meant
+    (newuser15): one problem now, at the key, with the nearest field of its mapping."""
+    from obshub.rules.sinks import config
+
+    f = tmp_path / "alerting.yaml"
+    lines = ["version: 1", "route:", "  group_wiat: 10s", "sinks:", "  - {name: c, typ: console}"]
+    f.write_text("\n".join([*lines, "  - {name: h, type: webhook, url_evn: X}", ""]))
+    with pytest.raises(config.SinkConfigError) as exc:
+        config.load_config(f)
+    assert str(exc.value).splitlines()[1:4] == [
+        f"{f}:3:3: route/group_wiat: unknown field: did you mean 'group_wait'?",
+        f"{f}:5:15: sinks/0/typ: unknown field: did you mean 'type'? (a required field)",
+        f"{f}:6:30: sinks/1/url_evn: unknown field: did you mean 'url_env'?",
+    ], str(exc.value)

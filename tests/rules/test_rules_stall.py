@@ -1652,3 +1652,16 @@ def test_a_memory_episode_alert_carries_its_rank_and_no_rank_label_when_none_is_
     (fired,) = [c for c in changes if c["status"] == "firing" and c["rule"] == "memory_stall_episode"]
     assert fired["labels"]["host"] == "node-03" and fired["labels"].get("rank") == label, fired["labels"]
     assert ("rank" in fired["labels"]) == (label is not None), fired["labels"]
+
+
+def test_step_stall_description_names_every_floor_its_condition_fires_from():
+    """The description every step_stall alert carries said "at least stall_k = 3 times the baseline median",
+    while a specific culprit fires from stall_specific_k (1.5): the demo's first alert read "x2.0 the median
+    step" beside it (newuser15). It names the lowest ratio and floor the condition fires from."""
+    import re
+
+    text = (REPO / "obshub" / "rules" / "builtin" / "15_stall.yaml").read_text()
+    k = re.search(r'^  stall_specific_k: "([\d.]+)"', text, re.M).group(1)
+    floor_ms = int(re.search(r'^  stall_specific_floor_ns: "(\d+)"', text, re.M).group(1)) // 1_000_000
+    desc = " ".join(builtin_pack().rules["step_stall"].description.split())
+    assert f"from {k} times and {floor_ms} ms more" in desc, desc

@@ -228,6 +228,24 @@ def test_every_unknown_field_of_a_rule_is_reported_with_the_nearest_name(tmp_pat
     assert any(p.startswith(f"{f}:9:5: ") and "unknown field 'bbb'" in p for p in got), got
 
 
+def test_a_misspelt_required_setting_is_one_problem_at_its_key(tmp_path):
+    """`severty:` for `severity:` was reported twice: "'severity' is a required property" at the rule's first
+    line and "unknown field 'severty'" at its own; once now, at the key, saying the field is required. A
+    required field that is simply absent (no near key) is still reported at the mapping."""
+    text = GOOD.replace("severity: warning", "severty: warning").replace("condition: stalled", "conditon: stalled")
+    text = text.replace("    group_by:", "    renotify: {limt: 2}\n    group_by:")
+    f = write(tmp_path, "s.yaml", text)
+    got = problems(f)
+    assert got == [
+        f"{f}:7:5: rule \"slow_step\": unknown field 'severty' in rules/0: did you mean 'severity'? (a required field)",
+        f"{f}:9:5: rule \"slow_step\": unknown field 'conditon' in rules/0: did you mean 'condition'? (a required field)",
+        f"{f}:10:16: rule \"slow_step\": unknown field 'limt' in rules/0/renotify: did you mean 'limit'? (a required field)",
+    ], got
+    absent = problems(write(tmp_path, "a.yaml", GOOD.replace("    severity: warning\n", "")))
+    required = f"{tmp_path / 'a.yaml'}:5:5: rule \"slow_step\": rules/0: 'severity' is a required property"
+    assert absent == [required], absent
+
+
 def test_missing_version_and_wrong_version(tmp_path):
     assert any("version" in p for p in problems(write(tmp_path, "v.yaml", GOOD.replace("version: 1\n", ""))))
     assert any("must be 1" in p for p in problems(write(tmp_path, "w.yaml", GOOD.replace("version: 1", "version: 2"))))
@@ -238,6 +256,24 @@ def test_cel_syntax_error_points_into_the_expression(tmp_path):
     got = problems(f)
     assert len(got) == 1 and "CEL syntax error" in got[0], got
     assert got[0].startswith(f"{f}:9:"), got
+
+
+@pytest.mark.parametrize(
+    "cond, hint",
+    [
+        ("stall_ratio > 5 and stalled", "; CEL writes `&&` for and"),
+        ("stalled or stall_ratio > 5", "; CEL writes `||` for or"),
+        ('"not stalled"', "; CEL writes `!` for not"),
+        ('"stalled and not stalled"', "; CEL writes `&&` for and, `!` for not"),
+    ],
+)
+def test_python_and_or_not_in_a_condition_get_the_cel_operator_in_the_syntax_error(tmp_path, cond, hint):
+    """A new user's first condition is Python's `and`: the syntax error ("mismatched input 'and' expecting
+    {<EOF>, '==', ...}") now ends with CEL's spelling. A word only inside a string gives no hint."""
+    got = problems(write(tmp_path, "p.yaml", GOOD.replace("condition: stalled", f"condition: {cond}")))
+    assert len(got) == 1 and "CEL syntax error" in got[0] and got[0].endswith(hint), got
+    quoted = problems(write(tmp_path, "q.yaml", GOOD.replace("condition: stalled", "condition: \"job == 'and' &&\"")))
+    assert len(quoted) == 1 and "CEL syntax error" in quoted[0] and "CEL writes" not in quoted[0], quoted
 
 
 def test_unknown_fields_in_conditions_are_rejected_with_suggestions(tmp_path):

@@ -36,9 +36,10 @@ receivers. Only ``alertmanager`` and ``console`` sinks are allowed in this mode;
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -362,16 +363,65 @@ def load_config(path: Path | None) -> AlertingConfig:
         return AlertingConfig.model_validate(plain_value(doc) if doc is not None else {})
     except ValidationError as exc:
         lines = []
-        for e in exc.errors():
+        errors = exc.errors()
+        misspelt = _misspelt_required(errors)
+        for e in errors:
             loc = [int(p) if isinstance(p, int) else p for p in e["loc"]]
+            if e["type"] == "missing" and tuple(loc) in misspelt.values():
+                continue  # said once, at the misspelt key
             unknown = e["type"] == "extra_forbidden"  # point at the key itself
             line, col = position(doc, loc, key=unknown) if doc is not None else (1, 1)
             msg = e["msg"].removeprefix("Value error, ")
+            if unknown:
+                msg = _unknown_field(loc, misspelt)
             lines.append((line, col, f"{file}:{line}:{col}: {'/'.join(map(str, loc)) or 'config'}: {msg}"))
         lines = [text for *_, text in sorted(lines)]
         raise SinkConfigError(
             "invalid alerting config:\n" + "\n".join(lines), "see docs/RULES.md, section 'Alerting config'"
         ) from None
+
+
+def _fields_at(loc: list) -> list[str]:
+    """The field names of the config mapping at ``loc`` (keys and list indexes from the top: ``["sinks",
+    0]`` is a sink), [] when ``loc`` names no mapping of the config."""
+    model: type[BaseModel] = AlertingConfig
+    for p in loc:
+        if isinstance(p, int):
+            continue  # an item of the list the previous key's field holds: its model was taken there
+        field = model.model_fields.get(p)
+        ann = field.annotation if field is not None else None
+        if get_origin(ann) is list:
+            ann = get_args(ann)[0]
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return list(model.model_fields)
+
+
+def _misspelt_required(errors: list) -> dict[tuple, tuple]:
+    """``{loc of an unknown key: loc of the required field it misspells}``: pydantic reports a misspelt
+    required field twice, as "Field required" at its mapping and "Extra inputs are not permitted" at the
+    key (``typ:`` for ``type:``); the pair is one problem, said at the key."""
+    missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
+    out = {}
+    for e in errors:
+        if e["type"] == "extra_forbidden" and e["loc"]:
+            *parent, key = e["loc"]
+            near = difflib.get_close_matches(str(key), [str(m[-1]) for m in missing if list(m[:-1]) == parent], n=1)
+            if near:
+                out[tuple(e["loc"])] = (*parent, near[0])
+    return out
+
+
+def _unknown_field(loc: list, misspelt: dict[tuple, tuple]) -> str:
+    """The message of an unknown key at ``loc``: the nearest field of its mapping, or the fields it has."""
+    if tuple(loc) in misspelt:
+        return f"unknown field: did you mean '{misspelt[tuple(loc)][-1]}'? (a required field)"
+    allowed = _fields_at(loc[:-1])
+    near = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+    if near:
+        return f"unknown field: did you mean '{near[0]}'?"
+    return "unknown field" + (f" (fields: {', '.join(allowed)})" if allowed else "")
 
 
 def build_sinks(cfg: AlertingConfig) -> list[Sink]:
