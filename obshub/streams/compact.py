@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 
 import numpy as np
 
@@ -45,9 +46,10 @@ def _columns(layers) -> dict[str, tuple[list[int], list[str], list[int]]]:
     cols: dict[str, tuple[list[int], list[str], list[int]]] = {}
     cells = getattr(layers, "cells", None)  # a wide step's column-wise table (analysis.LayerColumns)
     if cells is not None:
+        time_of, count_of = operator.itemgetter(0), operator.itemgetter(1)
         for layer, col in cells.items():
             vs = col.values()
-            cols[layer] = ([int(v[0]) for v in vs], list(col), [int(v[1]) for v in vs])
+            cols[layer] = (list(map(int, map(time_of, vs))), list(col), list(map(int, map(count_of, vs))))
         return cols
     for host, row in layers.items():
         for layer, cell in row.items():

@@ -82,6 +82,33 @@ def test_packed_rank_rows_give_the_same_views_named_ranks_and_rows_as_full_rows(
         assert {h: v["rank"] for h, v in lean.items()} == {h: v["rank"] for h, v in rows.items()}
 
 
+def test_a_wide_steps_named_ranks_are_read_without_building_their_entries():
+    """``LazyNamed.rank_of`` (the summary's evidence names the rank of hundreds of hosts): the rank each
+    built entry names, ties included, None for a host without an entry, and no entry built by the read;
+    the rows built later are Python ints read from the packed columns, as the full rows give them."""
+    for seed in range(8):
+        full = _accs(9, 4, seed)
+        packed = _packed(full)
+        solo = accumulate.new_acc("solo", 99)
+        solo.update(rank=[77, 0, 4242])  # one known rank, no table
+        packed["solo"] = solo
+        lazy = R.host_ranks(packed, layers_for=set(), rows_for=set())
+        assert isinstance(lazy, R.LazyNamed)
+        got = {h: lazy.rank_of(h) for h in [*packed, "nobody"]}
+        assert len(lazy._built) == 1  # the host without a table only: nothing built by rank_of
+        assert got == {**{h: v["rank"] for h, v in R.host_ranks(full).items()}, "solo": 77, "nobody": None}
+        eager = R.host_ranks(packed, layers_for=set(), rows_for=set())
+        assert {h: eager[h]["rank"] for h in packed} == {h: got[h] for h in packed}
+        R.fill_rows(eager, packed, set(full))
+        rows = {h: eager[h]["rows"] for h in full}
+        assert rows == {
+            h: {r: dict(row, layers={}) for r, row in v["rows"].items()} for h, v in R.host_ranks(full).items()
+        }
+        assert {type(row[f]) for v in rows.values() for row in v.values() for f in ("pid", "local_rank", "gpu")} == {
+            int
+        }
+
+
 def test_a_rank_row_the_table_cannot_stand_for_is_read_from_its_rows():
     """A rank's record of a collective with another op than its host's: no table (``rt`` None), and every
     reader falls back to the decoded rows, with the same results."""

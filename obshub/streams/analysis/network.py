@@ -98,7 +98,9 @@ def net_stats(
     owner: dict[str, str] = {}
     pairs: dict[str, list[int]] = {}
     for host, acc in accs.items():
-        net = _net(acc)
+        net = getattr(acc, "net", None)  # _net: a rank row or a host without TCP data has none
+        if net is None:
+            continue
         for addr in net.addrs:
             owner.setdefault(addr, host)
         for key, vals in net.pairs.items():
@@ -128,8 +130,12 @@ def net_stats(
     rtt: dict[str, int] = {}
     busy_of: dict[str, list[str]] = {}
     for host in accs:
-        cs = conns.get(host, [])
-        top = max((c[0][0] for c in cs), default=0)
+        cs = conns.get(host)
+        if not cs:  # no connection to another host (most hosts of a wide step without TCP data)
+            busy_of[host] = []
+            rx[host] = directed[host] = rtt[host] = 0
+            continue
+        top = max([c[0][0] for c in cs])
         busy = [c for c in cs if top > 0 and c[0][0] >= th.net_busy_rel * top]
         busy_of[host] = [c[3] for c in busy]
         if len(busy) >= 2:

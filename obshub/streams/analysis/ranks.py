@@ -248,9 +248,9 @@ def _lateness_flat(
 def _summary_row(cols: "_Columns", i: int, late: int, last: int) -> dict:
     """The summary row of unit ``i`` of ``cols`` (:class:`_Columns`), its ``layers`` empty."""
     return {
-        "local_rank": cols.l[i],
-        "pid": cols.p[i],
-        "gpu": cols.g[i],
+        "local_rank": _item(cols.l, i),
+        "pid": _item(cols.p, i),
+        "gpu": _item(cols.g, i),
         "step_ns": cols.s[i],
         "late_ns": late,
         "last_n": last,
@@ -258,15 +258,32 @@ def _summary_row(cols: "_Columns", i: int, late: int, last: int) -> dict:
     }
 
 
+def _item(col: list | np.ndarray, i: int):
+    """``col[i]`` of a :class:`_Columns` column, an int64 array's element as a Python int (``tolist``'s)."""
+    v = col[i]
+    return v.item() if type(v) is np.int64 else v
+
+
 class _Columns:
     """Per unit (rank) of a step, in unit order (host after host, each host's ranks in its table's order):
     ``r`` global rank, ``p`` pid, ``l`` local rank, ``g`` GPU index, ``s`` step_ns (None before its
     STEP_END), ``u`` clock uncertainty (ns), all lists of ints; ``ua``: ``u`` as an int64 array when the
-    columns were read packed (:func:`_packed_columns`), else None."""
+    columns were read packed (:func:`_packed_columns`), else None. Read packed, ``p``, ``l`` and ``g`` are
+    int64 arrays (a wide step reads them for the few rows it keeps: :func:`_item`) and ``u`` is None (``ua``
+    has it)."""
 
     __slots__ = ("r", "p", "l", "g", "s", "u", "ua")
 
-    def __init__(self, r: list, p: list, l: list, g: list, s: list, u: list, ua: np.ndarray | None = None):  # noqa: E741
+    def __init__(
+        self,
+        r: list,
+        p: list | np.ndarray,
+        l: list | np.ndarray,  # noqa: E741
+        g: list | np.ndarray,
+        s: list,
+        u: list | None,
+        ua: np.ndarray | None = None,
+    ):
         self.r, self.p, self.l, self.g, self.s, self.u, self.ua = r, p, l, g, s, u, ua
 
 
@@ -560,12 +577,20 @@ def _named_entry(late_i: list[int], last_i: dict[int, int], cols: _Columns, star
     """:func:`host_ranks`' entry of a host whose ranks are units ``start..end-1`` (``best``: its one latest
     rank's unit, -1 on a tie) when its rows are left to :func:`fill_rows`: ``{"rank", "rows": {rank:
     named rank's row}, "_late"}``."""
-    if best < 0:
-        steps, ranks = cols.s, cols.r
-        _l, _s, _rank, best = min([(-late_i[i], -(steps[i] or 0), ranks[i], i) for i in range(start, end)])
+    best = _named_unit(late_i, cols, start, end, best)
     rank = cols.r[best]
     row = _summary_row(cols, best, int(late_i[best]), last_i.get(best, 0))
     return {"rank": rank, "rows": {rank: row}, "_late": (late_i, last_i, start, end, cols)}
+
+
+def _named_unit(late_i: list[int], cols: _Columns, start: int, end: int, best: int) -> int:
+    """The unit of the rank :func:`host_ranks` names on a host whose ranks are units ``start..end-1``:
+    ``best`` (its one latest rank's unit) when it is not -1 (a tie), else the latest, then the one of the
+    longest step, then the lowest rank."""
+    if best < 0:
+        steps, ranks = cols.s, cols.r
+        _l, _s, _rank, best = min([(-late_i[i], -(steps[i] or 0), ranks[i], i) for i in range(start, end)])
+    return best
 
 
 class LazyNamed(Mapping):
@@ -583,6 +608,18 @@ class LazyNamed(Mapping):
     def put(self, host: str, entry: dict) -> None:
         """Add ``host``'s entry as it is (a host without a rank table)."""
         self._built[host] = entry
+
+    def rank_of(self, host: str) -> int | None:
+        """``self[host]["rank"]`` (None where ``host`` has no entry) without building the entry: the
+        summary's evidence names the rank of each of hundreds of hosts whose rows it does not keep."""
+        v = self._built.get(host)
+        if v is not None:
+            return v["rank"]
+        at = self._at.get(host)
+        if at is None:
+            return None
+        start, end, best = at
+        return self._cols.r[_named_unit(self._late, self._cols, start, end, best)]
 
     def __getitem__(self, host: str) -> dict:
         v = self._built.get(host)
@@ -620,22 +657,23 @@ def _packed_columns(
     if any(len(v) != n_units for v in cols.values()):
         return None
     sizes = [len(t.r) // 8 for t in tl]
+    runs: list[tuple[int, int, list[str]]] = []  # (first table, end, keys) of consecutive tables of the same keys
+    i = 0
+    while i < len(tables):
+        keys = tables[i][3]
+        j = i + 1
+        while j < len(tables) and tables[j][3] == keys:  # the usual case: every host joined the same collectives
+            j += 1
+        runs.append((i, j, keys))
+        i = j
     col: dict[str, int] = {}
-    prev: list[str] | None = None
-    for _h, _a, _t, keys, _fa in tables:
-        if keys == prev:  # the usual case: every host joined the same collectives
-            continue
-        prev = keys
+    for _i, _j, keys in runs:
         for k in keys:
             if k not in col:
                 col[k] = len(col)
     mat = np.full((n_units, len(col)), _NONE, dtype=np.int64)
-    i = start = 0
-    while i < len(tables):
-        keys = tables[i][3]
-        j = i + 1
-        while j < len(tables) and tables[j][3] == keys:
-            j += 1
+    start = 0
+    for i, j, keys in runs:
         m = sum(sizes[i:j])
         if keys:
             try:
@@ -651,7 +689,6 @@ def _packed_columns(
             else:
                 mat[start : start + m, cs] = block
         start += m
-        i = j
     present = mat[mat != _NONE]
     matrix: tuple[list[str], np.ndarray] | bool = (list(col), mat)
     if present.size and (int(present.min()) <= -_BOUND or int(present.max()) >= _BOUND):
@@ -660,15 +697,7 @@ def _packed_columns(
     steps = s.tolist()
     if (s == _NONE).any():
         steps = [None if x == _NONE else x for x in steps]
-    columns = _Columns(
-        cols["r"].tolist(),
-        cols["p"].tolist(),
-        cols["l"].tolist(),
-        cols["g"].tolist(),
-        steps,
-        cols["u"].tolist(),
-        cols["u"],
-    )
+    columns = _Columns(cols["r"].tolist(), cols["p"], cols["l"], cols["g"], steps, None, cols["u"])
     return columns, sizes, matrix
 
 

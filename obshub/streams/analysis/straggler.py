@@ -3,6 +3,7 @@ lateness, the straggler itself and its layer blame (docs/ANALYSIS.md)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -27,6 +28,11 @@ def compute_ns(acc: dict, colls: dict | None = None) -> int | None:
         return max(0, sum(acc.phases.values()) - waited)
     return None
 
+
+_ARRIVE, _END, _DURATION = operator.itemgetter(1), operator.itemgetter(2), operator.itemgetter(3)
+"""A collective record's (``[op, arrive_rt, end_rt, duration_ns]``) arrival, end and duration."""
+_CELL_TIME, _CELL_COUNT = operator.itemgetter(0), operator.itemgetter(1)
+"""A :class:`LayerColumns` cell's (``(time_ns, count, max_ns)``) time and count."""
 
 _BOUND = 2**62
 """Collective ends and durations (ns) the vectorised union takes: within +-2**62, so that no difference
@@ -56,8 +62,8 @@ def compute_many(accs: dict[str, dict], hosts: list[str], colls_of: dict[str, di
     for k, idx in groups.items():
         rs = recs[k]
         try:
-            e = np.array([r[2] for r in rs], dtype=np.int64).reshape(len(idx), k)
-            d = np.array([r[3] for r in rs], dtype=np.int64).reshape(len(idx), k)
+            e = np.array(list(map(_END, rs)), dtype=np.int64).reshape(len(idx), k)
+            d = np.array(list(map(_DURATION, rs)), dtype=np.int64).reshape(len(idx), k)
             if int(np.abs(e).max()) >= _BOUND or int(np.abs(d).max()) >= _BOUND:
                 raise OverflowError
         except (TypeError, ValueError, OverflowError):  # an unknown end or duration, or beyond int64
@@ -347,9 +353,9 @@ def _wide_collective(
     arrived, ``recs`` their records ``[op, arrive_rt, end_rt, duration_ns]``, ``uncs`` their clocks'
     uncertainty (ns). None (the caller takes the per-host records) when a value lies beyond +-2**61 or
     is not an int."""
-    ts = [r[1] for r in recs]
-    ends = [r[2] for r in recs]
-    durs = [r[3] for r in recs]
+    ts = list(map(_ARRIVE, recs))
+    ends = list(map(_END, recs))
+    durs = list(map(_DURATION, recs))
     try:
         t = np.array(ts, dtype=np.int64)
         u = np.array(uncs, dtype=np.int64)
@@ -522,8 +528,9 @@ def blame(straggler: str, layers: dict[str, dict[str, dict]], excess_ns: int, th
             m = mine.get(name, {"time_ns": 0, "count": 0, "max_ns": 0})
             col = layers.cells[name]
             zeros = n_peers - (len(col) - (straggler in col))  # peers without the layer count 0
-            ts = [v[0] for h, v in col.items() if h != straggler]
-            cs = [v[1] for h, v in col.items() if h != straggler]
+            vs = [v for h, v in col.items() if h != straggler] if straggler in col else col.values()
+            ts = list(map(_CELL_TIME, vs))
+            cs = list(map(_CELL_COUNT, vs))
             pt = median_int(ts + [0] * zeros)
             pc = median_int(cs + [0] * zeros)
             stats[name] = (m, pt, pc, m["time_ns"] - pt)

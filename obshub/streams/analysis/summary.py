@@ -3,6 +3,8 @@ network blame, baseline, evidence), composed from the other modules of this pack
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
 from obshub.core import schema
@@ -12,6 +14,7 @@ from obshub.streams.analysis.culprit import culprit
 from obshub.streams.analysis.evidence import Evidence, HostEvidence, baseline, evidence
 from obshub.streams.analysis.network import NetStats, net_blame, net_stats
 from obshub.streams.analysis.ranks import (
+    LazyNamed,
     fill_layers,
     fill_rows,
     host_ranks,
@@ -62,6 +65,16 @@ class Quality(msgspec.Struct):
     duplicate_batches: int = 0
     late_events: int = 0
     ringbuf_lost: int = 0
+
+
+def _ranks_of(named: dict[str, dict], hosts: Iterable[str]) -> dict[str, int]:
+    """``{host: rank}`` of each of ``hosts`` whose entry in ``named`` (``host_ranks``) names a rank, in the
+    order of ``hosts``; a wide step's lazy entries (``LazyNamed``) are read without being built."""
+    if isinstance(named, LazyNamed):
+        ranks = {h: named.rank_of(h) for h in hosts}
+    else:
+        ranks = {h: named.get(h, {}).get("rank") for h in hosts}
+    return {h: r for h, r in ranks.items() if r is not None}
 
 
 def _with_net(entries: list[dict], accs: dict[str, dict], th: Thresholds, stats: NetStats | None) -> list[dict]:
@@ -270,7 +283,7 @@ def summarize(
             Evidence(
                 ev.spread_ns,
                 ev.hosts,
-                {h: named[h]["rank"] for h in ev.hosts if named.get(h, {}).get("rank") is not None},
+                _ranks_of(named, ev.hosts),
                 ev.net_view,
             )
         ),
