@@ -88,7 +88,7 @@ SELF_RANK_FACTOR = 1.5
 median is at least this many times every other rank's rise in the job. On 2 cores shared by 16 ranks every
 rank waits 100-800 ms a step, so a 300 ms burst on one rank is never 3x its busiest peer's run queue
 (1.2-2.2x), but it rises against its own steps 1.8-3.5x more than any other rank (untuned14 r1, node-01
-rank 7: x1.70-x1.93); on the 65 kept runs (78,791 closed steps) no rank of a host nobody stalled met this
+rank 7: x1.70-x1.93); on the 64 kept runs (50,467 closed steps) no rank of a host nobody stalled met this
 with ``STARVED_EXPLAIN_REL`` (the nearest, 1.9x, rose 166 ms where 236 were needed)."""
 
 
