@@ -198,6 +198,7 @@ STEP_TYPES: dict[str, T] = {
         source=enum("stopped", "evidence", "blame", "memlimit", "layers", "persistent", "hang", "running"),
         why=STRING,
         starved=BOOL,
+        starved_rank=BOOL,
         net_view=NET_VIEW,
         runq_veto=BOOL,
     ),

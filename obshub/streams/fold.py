@@ -283,8 +283,9 @@ class Fold:
         self.net_recent: dict[str, collections.deque] = {}
         # job -> analysis.persistent_key of its last closed steps here (derived, in memory)
         self.culprit_recent: dict[str, collections.deque] = {}
-        # job -> analysis.sched_times (run-queue ns per host) of its last closed steps here (derived, in
-        # memory: a restarted worker compares hosts with their peers alone until SELF_MIN steps closed)
+        # job -> analysis.charge_starved's parts (run-queue ns per host and, in steps of at most 64 hosts,
+        # per (host, rank)) of its last closed steps here (derived, in memory: a restarted worker compares
+        # hosts with their peers alone until SELF_MIN steps closed)
         self.sched_recent: dict[str, collections.deque] = {}
         # job -> a slowed step of it that named nobody because several hosts stood out alike, held until a
         # later step names one of them (analysis.hold_ambiguous; derived, in memory)

@@ -1665,3 +1665,50 @@ def test_step_stall_description_names_every_floor_its_condition_fires_from():
     floor_ms = int(re.search(r'^  stall_specific_floor_ns: "(\d+)"', text, re.M).group(1)) // 1_000_000
     desc = " ".join(builtin_pack().rules["step_stall"].description.split())
     assert f"from {k} times and {floor_ms} ms more" in desc, desc
+
+
+# 4 hosts x 4 ranks of torch on 2 cores (untuned14 r1, 2026-12-06): every rank waits 150-400 ms a step in
+# its run queue; a 300 ms CPU burst on node-01's local rank 3 (global 7) slowed the step x1.70-x1.93 while
+# every rank's run-queue time rose with the load (150-430 ms), so rank 7 stood 1.2-2.2x the busiest other
+# rank and node-01's sum under 3x its peers' rise. What tells the burst: rank 7 rose 550-760 ms over its
+# own recent steps, 1.8-3.5x any other rank's rise. (rank 7's usual ms, each rank's rise ms, rank 7's
+# extra rise ms, named)
+RANK_SELF_SHAPES = [
+    (330, 150, 0, 550, True),  # the burst: rank 7 +700 ms, every other rank +150 (step 108's shape)
+    (330, 150, 80, 0, False),  # node-01's ranks rose alike, 80 ms more than the rest: nobody's burst
+    (330, 300, 0, 120, False),  # rank 7 rose a little more than the rest (+420 against +300): jitter
+    (800, 150, 0, 0, False),  # rank 7 always busy: far above its peers in every step, never above its own
+]
+
+
+def _rank_step(step, tmax_ms, median_ms, per_rank_ms):
+    """A step of 4 hosts x 4 ranks (global ranks 4h..4h+3 on node-0h) whose ranks waited ``per_rank_ms``
+    (16 values, ms) in their run queue, nobody late; hosts' ``layers`` hold their ranks' sums."""
+    cell = lambda ms: {"sched": {"time_ns": int(ms * 1e6), "count": 7, "max_ns": 0}}  # noqa: E731
+    s = at_median_of(median_ms)(
+        summary(step, tmax_ms, layers={h: {"sched": sum(per_rank_ms[4 * i : 4 * i + 4])} for i, h in enumerate(HOSTS4)})
+    )
+    s["ranks"] = {
+        h: {str(4 * i + j): {"layers": cell(per_rank_ms[4 * i + j])} for j in range(4)} for i, h in enumerate(HOSTS4)
+    }
+    return s
+
+
+@pytest.mark.parametrize("usual7,rise,host_extra,extra7,named", RANK_SELF_SHAPES)
+def test_a_burst_on_one_rank_of_a_loaded_host_is_starved_against_that_ranks_own_recent_steps(
+    usual7, rise, host_extra, extra7, named
+):
+    rng = __import__("random").Random(usual7 + rise + extra7)
+    usual = [150 + 60 * (r % 4) for r in range(16)]  # 150-330 ms, every host alike
+    usual[7] = usual7
+    history = [_rank_step(i, rng.uniform(330, 390), 360, [u + rng.uniform(-30, 30) for u in usual]) for i in range(20)]
+    burst = [u + rise + (host_extra if 4 <= r < 8 else 0) for r, u in enumerate(usual)]
+    burst[7] += extra7
+    s = _rank_step(20, 630, 360, burst)  # x1.75: 270 ms over the median
+    steps = charge([*history, s, _rank_step(21, 360, 360, usual)])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"]) == ("node-01", "sched"), c
+    assert (c["starved"], c.get("starved_rank", False)) == (named, named), c["why"]
+    if named:
+        assert c["rank"] == 7 and "rank 7: run-queue" in c["why"], c
+    assert stall_alerts(steps) == ([("step_stall", "node-01", "sched")] if named else []), c["why"]

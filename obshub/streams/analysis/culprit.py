@@ -91,6 +91,13 @@ SELF_STEPS = 16
 """``charge_starved``: how many of the job's previous closed steps' run-queue times per host it reads."""
 SELF_MIN = 8
 """``charge_starved``: the least of those steps a host needs a run-queue time in (its own reference)."""
+SELF_RANK_FACTOR = 1.5
+"""``charge_starved``'s rank path (a host of several ranks): the burst rank's rise over its own recent
+median is at least this many times every other rank's rise in the job. On 2 cores shared by 16 ranks every
+rank waits 100-800 ms a step, so a 300 ms burst on one rank is never 3x its busiest peer's run queue
+(1.2-2.2x), but it rises against its own steps 1.8-3.5x more than any other rank (untuned14 r1, node-01
+rank 7: x1.70-x1.93); on the 64 kept runs (50,467 closed steps) no rank of a host nobody stalled met this
+with ``STARVED_EXPLAIN_REL`` (the nearest, 1.9x, rose 166 ms where 236 were needed)."""
 
 
 def culprit(summary: dict) -> dict | None:
@@ -578,10 +585,17 @@ def persistent_key(c: dict | None) -> tuple[str, str] | None:
     """What a closed step's own culprit ``c`` (``culprit``) counts for ``persistent_culprit``: ``(host,
     layer)`` when per-step evidence named a layer below the framework (not ``process``: lateness is what a
     victim of another host's fault shows too), or a ``starved`` sched culprit of ``source`` "layers" named
-    it (its run-queue time far above every peer's, see ``_starved``), else None."""
+    it (its run-queue time far above every peer's, see ``_starved``; not ``starved_rank``: one rank's burst
+    against its own steps on a loaded host, whose host stands out from its peers' by no far margin), else None."""
     if c and c.get("source") == "evidence" and c.get("layer") != "process":
         return (c["host"], c["layer"])
-    if c and c.get("source") == "layers" and c.get("layer") == "sched" and c.get("starved"):
+    if (
+        c
+        and c.get("source") == "layers"
+        and c.get("layer") == "sched"
+        and c.get("starved")
+        and not c.get("starved_rank")
+    ):
         return (c["host"], "sched")  # run-queue waits far above every peer's: the kernel's word, not lateness
     return None
 
@@ -895,10 +909,11 @@ def sched_times(summary: dict) -> dict[str, int]:
     }
 
 
-def charge_starved(summary: dict, recent) -> dict[str, int]:
+def charge_starved(summary: dict, recent) -> dict:
     """Mark the step's ``sched`` culprit ``starved`` against its own recent steps; returns what the step
-    adds to ``recent`` (``sched_times``). ``recent``: the ``sched_times`` of the job's previous closed steps
-    (oldest first; the last ``SELF_STEPS`` are read), which the caller appends the return value to.
+    adds to ``recent``: ``sched_times`` and, unless the step is wide, every rank row's run-queue time
+    (``{(host, rank): ns}``). ``recent``: those of the job's previous closed steps (oldest first; the last
+    ``SELF_STEPS`` are read), which the caller appends the return value to.
 
     ``_starved`` compares the culprit host's run-queue time with its peers' in the same step. On a loaded
     machine of few cores a burst on one host takes CPU from every host, so its peers' run-queue times rise
@@ -910,56 +925,83 @@ def charge_starved(summary: dict, recent) -> dict[str, int]:
     ``STARVED_MIN_EVIDENCE`` (``layers``: taken as that), every other host's sched evidence at most
     ``STARVED_PEER_EVIDENCE_REL`` of it, and its rise over the median of its own last ``SELF_STEPS`` steps
     (at least ``SELF_MIN`` of them) exceeds the largest rise of any peer (over its own median; 0 when none
-    rose) by at least ``STARVED_EXPLAIN_REL`` of what the step lost over the job's median step. Peers
+    rose) by at least ``STARVED_EXPLAIN_REL`` of what the step lost over the job's median step. A host of
+    several ranks (a job with more rank rows than hosts, not a wide step) that fails this gets its most-risen
+    rank compared with every other rank of the job the same way, at ``SELF_RANK_FACTOR``: the culprit then
+    also carries ``rank`` (that rank) and ``starved_rank`` True (the rules' ``stall_starved_rank``). Peers
     without ``SELF_MIN`` steps of their own are not compared; without a baseline nothing changes. Changes
     ``summary["culprit"]`` in place (a new dict); run it before ``charge_persistent`` (a ``starved`` culprit
     of ``source`` "layers" is a persistent key)."""
-    part = sched_times(summary)
+    part: dict = sched_times(summary)
+    if not summary.get("layers_omitted"):  # a wide step keeps outlier hosts' rank rows only
+        part.update(_job_ranks(summary, "sched"))
     c = summary.get("culprit")
     if not c or c.get("layer") != "sched" or c.get("source") not in ("evidence", "layers") or c.get("starved"):
         return part
     bl = summary.get("baseline") or {}
     lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
     z = float(c.get("evidence") or 0.0) if c.get("source") == "evidence" else None
-    why = _starved_self(summary, c["host"], z, lost, list(recent)[-SELF_STEPS:], part)
-    if why is not None:
+    found = _starved_self(summary, c["host"], z, lost, list(recent)[-SELF_STEPS:], part)
+    if found is not None:
+        why, rank = found
+        extra = {} if rank is None else {"rank": int(rank), "starved_rank": True}
         summary["culprit"] = dict(
-            c, starved=True, why=c.get("why", "") + "; starved against its own recent steps: " + why
+            c, starved=True, why=c.get("why", "") + "; starved against its own recent steps: " + why, **extra
         )
     return part
 
 
 def _starved_self(
-    summary: dict, host: str, z: float | None, lost: int, recent: list[dict], part: dict[str, int]
-) -> str | None:
+    summary: dict, host: str, z: float | None, lost: int, recent: list[dict], part: dict
+) -> tuple[str, str | None] | None:
     """``charge_starved``'s criterion for ``host`` (its sched evidence ``z``, spreads; None: a ``layers``
     culprit, taken as ``STARVED_MIN_EVIDENCE``), ``lost`` (ns over the job's median step), ``recent`` (the
-    job's last ``sched_times``) and ``part`` (this step's): a short description, or None."""
+    job's last ``charge_starved`` parts) and ``part`` (this step's: ``{host: ns}`` and ``{(host, rank):
+    ns}``): ``(description, None)`` when the host rose over its own steps far above every other host,
+    ``(description, rank)`` when, on a host of several ranks that failed that, its most-risen rank rose by
+    ``STARVED_EXPLAIN_REL`` of the loss over every other rank's rise in the job and ``SELF_RANK_FACTOR``
+    times it; None otherwise."""
     z = STARVED_MIN_EVIDENCE if z is None else z
     if z < STARVED_MIN_EVIDENCE or lost <= 0 or host not in part:
         return None
     hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
     if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
         return None
+    med = int((summary.get("baseline") or {}).get("median_ns") or 0)
 
-    def rise(h: str) -> int | None:
-        own = sorted(r[h] for r in recent if h in r)
+    def rise(key) -> int | None:
+        own = sorted(r[key] for r in recent if key in r)
         if len(own) < SELF_MIN:
             return None
-        return part[h] - own[(len(own) - 1) // 2]
+        return part[key] - own[(len(own) - 1) // 2]
 
-    mine = rise(host)
-    if mine is None:
+    def rose(key, others: list, factor: float) -> str | None:
+        mine = rise(key)
+        peers = [r for r in (rise(k) for k in others) if r is not None]
+        if mine is None or not peers:
+            return None
+        top = max(0, max(peers))
+        if mine - top < STARVED_EXPLAIN_REL * max(lost, med) or mine < factor * max(top, 1_000_000):
+            return None
+        return (
+            f"run-queue {part[key] / 1e6:.0f} ms, +{mine / 1e6:.0f} ms over its own recent median,"
+            f" {mine / max(top, 1_000_000):.1f}x and +{(mine - top) / 1e6:.0f} ms over the largest rise of a peer's"
+            f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
+        )
+
+    hosts = [h for h in part if isinstance(h, str)]
+    why = rose(host, [h for h in hosts if h != host], STARVED_PEER_FACTOR)
+    if why is not None:
+        return why, None
+    # a host of several ranks: its run queue is the sum of its ranks', and on a machine of few cores every
+    # rank's rises with the load, so a burst on one rank rises against its own steps, not its host's peers
+    ranks = [k for k in part if isinstance(k, tuple)]
+    mine = [k for k in ranks if k[0] == host]
+    if not mine or len(ranks) <= len(hosts):
         return None
-    peers = [r for r in (rise(h) for h in part if h != host) if r is not None]
-    if not peers:
+    risen = [(r, k) for k in mine if (r := rise(k)) is not None]
+    if not risen:
         return None
-    top = max(0, max(peers))
-    med = int((summary.get("baseline") or {}).get("median_ns") or 0)
-    if mine - top < STARVED_EXPLAIN_REL * max(lost, med) or mine < STARVED_PEER_FACTOR * max(top, 1_000_000):
-        return None
-    return (
-        f"run-queue {part[host] / 1e6:.0f} ms, +{mine / 1e6:.0f} ms over its own recent median,"
-        f" {mine / max(top, 1_000_000):.1f}x and +{(mine - top) / 1e6:.0f} ms over the largest rise of a peer's"
-        f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
-    )
+    unit = max(risen, key=lambda rk: rk[0])[1]
+    why = rose(unit, [k for k in ranks if k != unit], SELF_RANK_FACTOR)
+    return None if why is None else (f"rank {unit[1]}: " + why, unit[1])
