@@ -400,7 +400,8 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     out_dir = out_dir or settings.home / "demo" / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
     view.say(
-        f"run {run_id}: {opts.hosts} hosts x {opts.ranks_per_host} ranks, fault {opts.fault}"
+        f"run {run_id}: {opts.hosts} hosts x {opts.ranks_per_host} rank{'' if opts.ranks_per_host == 1 else 's'} per host, "
+        f"fault {opts.fault}"
         + (f" on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s" if opts.fault != "none" else "")
         + (f" (local rank {opts.fault_rank})" if opts.fault_rank is not None else "")
         + f"; logs in {out_dir}"
