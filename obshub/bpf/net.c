@@ -13,8 +13,11 @@
  *                             addresses, arg2 = family | state << 16, arg3 = sport << 16 | dport)
  *   tcp:tcp_probe          -> TCP_RTT at most every OBS_THR_RTT_INTERVAL_NS per socket
  *                             (duration = smoothed RTT ns; str0/str1 = sockaddr of both ends)
- *   skb:kfree_skb          -> SKB_DROP in a watched process's context or for a watched receiving
- *                             socket (value = drop reason code, named by the loader from tracefs)
+ *   skb:kfree_skb          -> SKB_DROP in a watched process's context, else of a watched socket: the
+ *                             receiving socket (rx_sk, 6.11+) or, without one, the skb's owner (skb->sk:
+ *                             a segment of its own dropped in softirq or timer context, e.g. by netfilter
+ *                             on output, or on input after early demux) (value = drop reason code, named
+ *                             by the loader from tracefs)
  *   qdisc:qdisc_dequeue    -> TCP_QUEUE when a watched socket's segment (skb->sk in `socks`) waited at
  *                             least OBS_THR_QUEUE_NS in its host's egress qdisc (now - skb->tstamp, TCP's
  *                             departure time, CLOCK_MONOTONIC), at most every OBS_THR_RTT_INTERVAL_NS per
@@ -165,6 +168,12 @@ int obs_tcp_probe(void *ctx)
     return 0;
 }
 
+/* struct sk_buff's `sk` (its owning socket, NULL for most received skbs before the socket look-up): the
+ * same offset in the 6.1 headers bcc compiles with and in 6.18. */
+#ifndef OBS_SKB_SK_OFF
+#define OBS_SKB_SK_OFF 24
+#endif
+
 int obs_kfree_skb(void *ctx)
 {
     u32 tgid = 0, tid = 0;
@@ -173,16 +182,22 @@ int obs_kfree_skb(void *ctx)
         tgid = id >> 32;
         tid = (u32)id;
     } else {
+        /* not in a watched process's context (softirq, the retransmit timer, another process): the
+         * receiving socket where the kernel names one, else the skb's owner; one socks look-up */
+        u64 sk = 0;
 #if TPOFF_KFREE_SKB_RX_SK >= 0
-        u64 rx_sk = 0;
-        OBS_TP_READ(rx_sk, ctx, TPOFF_KFREE_SKB_RX_SK);
-        struct obs_sock *so = rx_sk ? socks.lookup(&rx_sk) : NULL;
+        OBS_TP_READ(sk, ctx, TPOFF_KFREE_SKB_RX_SK);
+#endif
+        if (!sk) {
+            u64 skb = 0;
+            OBS_TP_READ(skb, ctx, TPOFF_KFREE_SKB_SKBADDR);
+            if (skb)
+                bpf_probe_read_kernel(&sk, sizeof(sk), (void *)(skb + OBS_SKB_SK_OFF));
+        }
+        struct obs_sock *so = sk ? socks.lookup(&sk) : NULL;
         if (!so)
             return 0;
         tgid = so->tgid;
-#else
-        return 0;
-#endif
     }
     struct obs_event *e = obs_reserve(OBS_PROBE_NET_DROP, OBS_KIND_SKB_DROP, tgid, tid);
     if (!e)
@@ -203,12 +218,9 @@ int obs_kfree_skb(void *ctx)
 }
 
 #ifdef OBS_ATTACHED_NET_QUEUE
-/* struct sk_buff's `sk` and `tstamp`: the same offsets in the 6.1 headers bcc compiles with and in 6.18
- * (tstamp is TCP's departure time, CLOCK_MONOTONIC, copied to the segments when a qdisc splits a GSO skb;
+/* struct sk_buff's `tstamp` (OBS_SKB_SK_OFF: above): the same offset in the 6.1 headers bcc compiles with and
+ * in 6.18 (TCP's departure time, CLOCK_MONOTONIC, copied to the segments when a qdisc splits a GSO skb;
  * `sk` is cleared on the far side of a veth, so only the sending host's own egress queue counts). */
-#ifndef OBS_SKB_SK_OFF
-#define OBS_SKB_SK_OFF 24
-#endif
 #ifndef OBS_SKB_TSTAMP_OFF
 #define OBS_SKB_TSTAMP_OFF 32
 #endif

@@ -446,11 +446,16 @@ def _build() -> tuple[Probe, ...]:
         [Kind.SKB_DROP],
         [
             Tracepoint(
-                "skb", "kfree_skb", "obs_kfree_skb", ("location", "protocol"), ("reason", "rx_sk"), macro="kfree_skb"
+                "skb",
+                "kfree_skb",
+                "obs_kfree_skb",
+                ("skbaddr", "location", "protocol"),
+                ("reason", "rx_sk"),
+                macro="kfree_skb",
             )
         ],
-        "tracepoint skb:kfree_skb (reason field 5.17+, rx_sk 6.11+)",
-        "one lookup per dropped skb",
+        "tracepoint skb:kfree_skb (reason field 5.17+, rx_sk 6.11+); reads sk_buff's sk (offset 24)",
+        "per dropped skb system-wide: one socks look-up (rx_sk, else skb->sk) outside a watched process",
         "NET",
     )
     add(

@@ -553,6 +553,7 @@ _AGENT_LOSS = int(Kind.AGENT_LOSS)
 _TCP_RTT = int(Kind.TCP_RTT)
 _TCP_RETRANSMIT = int(Kind.TCP_RETRANSMIT)
 _TCP_QUEUE = int(Kind.TCP_QUEUE)
+_SKB_DROP = int(Kind.SKB_DROP)
 _PHASE = int(Kind.PHASE)
 _REGISTER = int(Kind.REGISTER)
 _RANK_STATE = int(Kind.RANK_STATE)
@@ -674,9 +675,11 @@ def reduce_batch(
 
     Events with ``step == -1`` (outside any step, e.g. REGISTER) are not part of any step; an AGENT_LOSS
     outside a step is charged to the batch's lowest step so ring-buffer loss is never dropped. TCP_RTT and
-    TCP_RETRANSMIT events come from softirq and timer context (no TraceKey, step -1): they are charged to
-    the step of the batch's latest stepped event at or before them (else the first after them), i.e. the
-    step the host was in when the packet went out; so are the SCHED_RUNQ / SCHED_OFFCPU of a rank's threads
+    TCP_RETRANSMIT events and the SKB_DROPs of a watched socket outside its process (its own segments
+    dropped by netfilter on output or after early demux, in softirq and timer context) come without a
+    TraceKey (step -1): they are charged to the step of the batch's latest stepped event at or before
+    them (else the first after them), i.e. the step the host was in when the packet went out (the host
+    row only); so are the SCHED_RUNQ / SCHED_OFFCPU of a rank's threads
     without a TraceKey (step -1: gloo's I/O threads, intra-op workers), which starve inside a collective
     when a CPU burst hits a rank waiting in it (also into the rank's row); in a batch without any stepped event (sealed by age
     while a rank blocks in a long collective) to ``running_step``, the step the host's previous batches
@@ -706,6 +709,7 @@ def reduce_batch(
                 kind == _TCP_RTT
                 or kind == _TCP_RETRANSMIT
                 or kind == _TCP_QUEUE
+                or kind == _SKB_DROP
                 or kind == _SCHED_RUNQ
                 or kind == _SCHED_OFFCPU
             ):
@@ -718,7 +722,7 @@ def reduce_batch(
                 else:
                     continue
                 e = e._replace(step=step)
-                if ranks and kind != _TCP_RTT and kind != _TCP_RETRANSMIT and kind != _TCP_QUEUE and e.pid in ranks:
+                if ranks and (kind == _SCHED_RUNQ or kind == _SCHED_OFFCPU) and e.pid in ranks:
                     _add_rank_event(out, batch, e, ranks[e.pid], offset_ns)
             else:
                 if kind == _AGENT_LOSS:

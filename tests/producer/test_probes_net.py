@@ -238,3 +238,70 @@ def test_queue_sojourn_of_a_watched_socket_behind_a_tbf_only(tmp_path, tbf_netns
     assert len(mine) <= 40, len(mine)
     # on noqueue nothing is queued: no record
     assert [e for e in queue if e.pid == clean.pid] == []
+
+
+# A connection over the namespace's loopback, set up before the blackout; then 4 KB sent into it while
+# every TCP segment is dropped on output, and the process sleeps: the retransmit timer's tries are
+# dropped by netfilter in softirq context, never in the process's own.
+BLACKOUT = """
+import socket, struct, sys, time
+sys.stdin.readline()
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+cli = socket.create_connection(("127.0.0.1", srv.getsockname()[1]), timeout=10)
+peer = srv.accept()[0]
+print("ready", flush=True)
+sys.stdin.readline()
+cli.setblocking(False)
+try:
+    cli.send(b"x" * 4096)
+except OSError:
+    pass  # EPERM: netfilter dropped the first try; the data stays queued for the retransmit timer
+time.sleep(float(sys.stdin.readline()))
+cli.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+cli.close()
+print("done", flush=True)
+"""
+
+BLACKOUT_RULES = """
+table inet obshub_test {
+  chain out {
+    type filter hook output priority 0; policy accept;
+    meta l4proto tcp drop
+  }
+}
+"""
+
+
+def test_drops_of_a_watched_socket_outside_its_process_context(tmp_path):
+    """A host's own segments dropped by netfilter while its process sleeps (the retransmit timer's tries,
+    softirq context): SKB_DROP events owned by the socket's process (``skb->sk`` in ``socks``), ``tid`` 0."""
+    need_bpf()
+    ip, nft = _tool("ip"), _tool("nft")
+    name = f"obshub-t-{uuid.uuid4().hex[:8]}"
+    subprocess.run([ip, "netns", "add", name], check=True, capture_output=True)
+    child = None
+    try:
+        subprocess.run([ip, "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
+        child = Child(BLACKOUT, prefix=[ip, "netns", "exec", name])
+        with event_source(tmp_path, Target(pids={child.pid}), probes=("network",)) as (src, table):
+            assert {s.name: s for s in table}["net_drop"].attached, table
+            child.go()
+            assert child.proc.stdout.readline().strip() == "ready"
+            subprocess.run([ip, "netns", "exec", name, nft, "-f", "-"], input=BLACKOUT_RULES, text=True, check=True)
+            child.go()
+            child.go("2.5")
+            out = child.wait(30)
+            events = drain(src, 0.5)
+    finally:
+        if child is not None:
+            child.kill()
+        subprocess.run([ip, "netns", "del", name], capture_output=True)
+    assert out.strip() == "done", out
+    drops = [e for e in events if e.kind == Kind.SKB_DROP and e.payload["reason"] == "NETFILTER_DROP"]
+    print("SKB_DROP", [(e.pid, e.tid) for e in drops])
+    assert {e.pid for e in drops} == {child.pid}, drops
+    # the retransmit timer's tries in 2.5 s (RTO 200 ms and up, or 500 ms probes after a local drop)
+    outside = [e for e in drops if e.tid == 0]
+    assert len(outside) >= 2, drops

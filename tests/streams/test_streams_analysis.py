@@ -220,6 +220,26 @@ def test_stepless_tcp_events_are_charged_to_the_step_the_host_was_in():
     assert accumulate.merge(parts[2], peer[2])["net"]["pairs"]["10.0.0.1|10.0.0.2"] == [0, 4, 0, 1, 3]
 
 
+def test_a_hosts_own_drops_outside_its_process_count_in_the_step_it_was_in():
+    """A blacked-out host's own segments dropped by netfilter in softirq or timer context (the agent's
+    SKB_DROP of a watched socket, no TraceKey: step -1, tid 0) count in the network layer of the step the
+    host was in, like its retransmits; a drop in the process's context keeps its step."""
+    drop = {"reason": "NETFILTER_DROP"}
+    evs = [
+        Event(Kind.REGISTER, 5, pid=7, value=0, payload={"world_size": 2, "job": "job", "host_id": 0, "local_rank": 0}),
+        Event(Kind.STEP_BEGIN, 100, step=1, pid=7),
+        Event(Kind.SKB_DROP, 110, step=1, pid=7, tid=7, value=12, payload=drop),  # in the process's context
+        Event(Kind.SKB_DROP, 150, pid=7, value=12, payload=drop),  # retransmit timer, softirq: step -1
+        Event(Kind.SKB_DROP, 160, pid=7, value=12, payload=drop),
+        Event(Kind.STEP_END, 300, duration_ns=200, step=1, pid=7),
+        Event(Kind.STEP_BEGIN, 400, step=2, pid=7),
+        Event(Kind.SKB_DROP, 450, pid=7, value=12, payload=drop),
+    ]
+    parts = accumulate.reduce_batch(_batch(evs))
+    assert parts[1]["layers"]["network"] == [0, 3, 0]
+    assert parts[2]["layers"]["network"] == [0, 1, 0]
+
+
 def _net_acc(host, addr, pairs):
     a = accumulate.new_acc(host, 0)
     a["net"] = {"addrs": {addr: 1}, "pairs": {k: list(v) for k, v in pairs.items()}}

@@ -193,7 +193,14 @@ def _random_batch(rng: random.Random) -> Batch:
 
 
 #: the kinds without a TraceKey that ``reduce_batch`` charges to the step the host was in at their time
-_CHARGED_BY_TIME = (Kind.TCP_RTT, Kind.TCP_RETRANSMIT, Kind.TCP_QUEUE, Kind.SCHED_RUNQ, Kind.SCHED_OFFCPU)
+_CHARGED_BY_TIME = (
+    Kind.TCP_RTT,
+    Kind.TCP_RETRANSMIT,
+    Kind.TCP_QUEUE,
+    Kind.SKB_DROP,
+    Kind.SCHED_RUNQ,
+    Kind.SCHED_OFFCPU,
+)
 
 
 def _reference_reduce(batch) -> dict[int, dict]:
