@@ -7,6 +7,7 @@ import importlib
 import json
 import os
 import sys
+import time
 
 # Output that goes to a pipe or a file (logs, CI, `| less`) is not cut at rich's default 80 columns: probe
 # names, paths and timestamps stay whole. A terminal keeps its own width; COLUMNS set by the user wins.
@@ -216,16 +217,27 @@ def status(as_json):
 
 def component_state(c: dict, broker_up: bool) -> str:
     """The ``running`` cell of ``obshub status`` for registry record ``c``: for the broker (``kafka``) what
-    is true of both the process and the port, e.g. a process that runs but does not answer."""
+    is true of both the process and the port, e.g. a process that runs but does not answer. A record whose
+    process is gone (it was killed before it could remove it) says so and when that process started
+    (local time): a component that stops by itself removes its record."""
+    exited = f"[red]no: exited{_since(c)}, its record left behind (`obshub down` clears it)[/red]"
     if c["name"] != "kafka":
-        return "yes" if c["running"] else "[red]no (stale)[/red]"
+        return "yes" if c["running"] else exited
     if c["running"] and broker_up:
         return "yes"
     if c["running"]:
         return "[red]process yes, but it does not answer (starting, stuck or failing: read its log)[/red]"
     if broker_up:
         return "[red]no (stale record); another process answers on its port[/red]"
-    return "[red]no (stale)[/red]"
+    return exited
+
+
+def _since(c: dict) -> str:
+    """`` (started 2026-12-06 21:24:22)`` from record ``c``'s ``started`` (Unix seconds), "" without one."""
+    started = c.get("started")
+    if not isinstance(started, (int, float)) or isinstance(started, bool):
+        return ""
+    return time.strftime(" (started %Y-%m-%d %H:%M:%S)", time.localtime(started))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,18 @@ def free_name(settings: Settings, base: str) -> str:
 def unregister_component(settings: Settings, name: str) -> None:
     """Remove ``name``'s record (a component that stops by itself calls this)."""
     (settings.run_dir / f"{name}.json").unlink(missing_ok=True)
+
+
+def forget_exited(settings: Settings, pids: Iterable[int]) -> list[str]:
+    """Remove the record of every component that ran as one of ``pids`` and has exited: one stopped by
+    force before it could remove its own (``obshub demo`` stops its agents and parts after a few seconds'
+    grace, then SIGKILLs them), so ``obshub status`` does not list a finished run's components as stale.
+    Records of live processes and of other pids stay. Returns the names removed."""
+    wanted = set(pids)
+    gone = [c["name"] for c in components(settings) if int(c.get("pid", 0)) in wanted and not c["running"]]
+    for name in gone:
+        unregister_component(settings, name)
+    return gone
 
 
 def components(settings: Settings) -> list[dict]:

@@ -18,11 +18,13 @@ takes both signals away from the main thread:
   second), it logs why, writes every thread's Python stack to stderr (``faulthandler``), runs ``cleanup``
   (the component's record) and ends the process with :data:`EXIT_STOP_FORCED`.
 
-A child process inherits the blocked mask (``execve`` keeps it, ``subprocess``' ``restore_signals`` does not
-touch it): the children these commands start are short-lived (the agent's ``cp`` and ``mount``); a
-long-lived one would need the signals unblocked in its ``preexec_fn``.
+A child process inherits the blocked mask (``execve`` keeps it; ``subprocess``' ``restore_signals`` resets
+the dispositions of SIGPIPE and SIGXFSZ only, not the mask), so a child started with ``subprocess`` would
+ignore ``kill <child>`` and a terminal's Ctrl-C. :func:`run_child` starts a command with an empty mask
+(``posix_spawn``'s ``setsigmask``, set in the child before it runs: no window in which this process has the
+signals unblocked, no ``preexec_fn`` in a threaded process); the agent's ``cp`` and ``mount`` use it.
 
-Linux/POSIX only (``pthread_sigmask``, ``sigtimedwait``).
+Linux/POSIX only (``pthread_sigmask``, ``sigtimedwait``, ``posix_spawn``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import faulthandler
 import logging
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +59,36 @@ def block_stop_signals() -> None:
     """Block SIGTERM and SIGINT in the calling thread (call it in the main thread before any other thread
     starts: threads inherit the mask). Until a :class:`StopWatch` runs, the signals stay pending."""
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def run_child(argv: list[str], *, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (looked up on PATH) to its end with no signal blocked and SIGPIPE/SIGXFSZ at their
+    defaults, whatever this thread blocks (:func:`block_stop_signals`), so SIGTERM/SIGINT reach it; stdin
+    is /dev/null. Returns its exit code (negative: the signal that ended it) and its stdout and stderr as
+    text (undecodable bytes replaced). Raises FileNotFoundError when ``argv[0]`` is not found,
+    CalledProcessError with ``check`` when the exit code is not 0."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.posix_spawnp(
+            argv[0],
+            argv,
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out.fileno(), 1),
+                (os.POSIX_SPAWN_DUP2, err.fileno(), 2),
+            ],
+            setsigmask=(),
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        )
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode(errors="replace"))
+    done = subprocess.CompletedProcess(argv, code, texts[0], texts[1])
+    if check:
+        done.check_returncode()
+    return done
 
 
 class StopWatch:

@@ -431,6 +431,10 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         reader = AlertReader(settings, job, on_alert).start()
         es.callback(reader.stop)
         watched: list[tuple[subprocess.Popen, str, Path]] = []  # must live until the end
+        # the agents' and parts' records (`obshub status`) go once they are stopped (runs after each one's
+        # own stop, registered below): one SIGKILLed after its grace never removed its own
+        spawned: list[subprocess.Popen] = []
+        es.callback(lambda: registry.forget_exited(settings, [p.pid for p in spawned]))
         aux = cluster.aux_cgroups("pipeline")
         penv = {**os.environ, **parts.alerting_config(receiver, out_dir / "alerting.yaml")}
         # sporadic stalls are named by the builtin pack's stall rules (on by default since issue #30).
@@ -441,6 +445,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for part in parts.pipeline(job, run_id, out_dir / "alerting.yaml"):
             log = out_dir / f"{part.name}.log"
             proc = _start_logged(es, cluster, 0, part.argv, log, netns=False, cgroups=aux, env=penv)
+            spawned.append(proc)
             started_parts.append((part, proc, log))
 
         agents = {}
@@ -453,6 +458,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 ),
                 log,
             )
+            spawned.append(agents[h.name][0])
             view.say(f"agent {h.name} starting (pid {agents[h.name][0].pid}), compiling probes")
 
         def agents_alive() -> None:

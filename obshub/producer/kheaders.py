@@ -24,11 +24,11 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from obshub.core.settings import Settings
+from obshub.core.stopping import run_child
 
 
 @dataclass
@@ -81,7 +81,7 @@ def merge_tree(arch_dir: Path, common_dir: Path, dest: Path) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     for src in [common_dir, arch_dir] if common_dir != arch_dir else [arch_dir]:
-        subprocess.run(["cp", "-rs", "--remove-destination", f"{src}/.", str(tmp)], check=True, capture_output=True)
+        run_child(["cp", "-rs", "--remove-destination", f"{src}/.", str(tmp)], check=True)
     (tmp / ".obshub-merged").write_text(f"arch={arch_dir}\ncommon={common_dir}\n")
     if dest.exists():
         shutil.rmtree(dest)
@@ -138,7 +138,7 @@ def ensure_tracefs() -> tuple[Path | None, str]:
     if found:
         return found, f"tracefs at {found}"
     target = Path("/sys/kernel/tracing")
-    proc = subprocess.run(["mount", "-t", "tracefs", "nodev", str(target)], capture_output=True, text=True)
+    proc = run_child(["mount", "-t", "tracefs", "nodev", str(target)])
     if proc.returncode == 0 and tracefs_mount():
         return target, f"mounted tracefs at {target} (it was not mounted)"
     return None, f"tracefs is not mounted and mounting it failed: {proc.stderr.strip()}"

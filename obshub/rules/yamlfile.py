@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Collection, Iterable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -374,18 +375,28 @@ def _schema_message(err: jsonschema.ValidationError) -> tuple[str, bool]:
     return f"{where}: {_cut(err.message)}", False  # jsonschema's own words quote the value whole
 
 
+def nearest_missing_required(key: object, allowed: Iterable[str], missing: Collection[str]) -> str | None:
+    """The required field that the unknown key ``key`` misspells, or None: its nearest allowed name
+    (``difflib``, cutoff 0.6) when that field is in ``missing`` (required and absent from the same
+    mapping), as ``severty:`` for ``severity``. ``allowed``: every field name of the mapping. Such a pair is
+    one problem, said at the key's own line with the fix, not also as "required" at the mapping. Shared by
+    the rule files (jsonschema errors) and the alerting config (pydantic errors)."""
+    near = difflib.get_close_matches(str(key), sorted(allowed), n=1, cutoff=0.6)
+    return near[0] if near and near[0] in missing else None
+
+
 def _misspelt_required(errors: list[jsonschema.ValidationError]) -> set[tuple[tuple, str]]:
-    """``(path, name)`` of each required field that is missing from its mapping because it was misspelt: an
-    unknown key of the same mapping has it as its nearest allowed name (``severty:`` for ``severity``). Its
-    unknown-field problem names the fix at the key's own line, so the "required" one is not reported too."""
+    """``(path, name)`` of each required field that is missing from its mapping because an unknown key of
+    the same mapping misspells it (:func:`nearest_missing_required`)."""
     out = set()
     for err in errors:
         if err.validator == "additionalProperties" and isinstance(err.instance, dict):
-            allowed = sorted(err.schema.get("properties", {}))
+            allowed = err.schema.get("properties", {})
+            missing = set(err.schema.get("required", [])) - set(err.instance)
             for extra in set(err.instance) - set(allowed):
-                near = difflib.get_close_matches(str(extra), allowed, n=1, cutoff=0.6)
-                if near and near[0] not in err.instance:
-                    out.add((tuple(err.absolute_path), near[0]))
+                name = nearest_missing_required(extra, allowed, missing)
+                if name is not None:
+                    out.add((tuple(err.absolute_path), name))
     return out
 
 
@@ -413,7 +424,7 @@ def schema_problems(doc: Any, file: str) -> list[Problem]:
             for extra in sorted(set(err.instance) - set(allowed), key=str):
                 near = difflib.get_close_matches(str(extra), allowed, n=1, cutoff=0.6)
                 hint = f": did you mean '{near[0]}'?" if near else f" (allowed: {', '.join(allowed)})"
-                if near and (tuple(path), near[0]) in misspelt and near[0] in err.schema.get("required", []):
+                if near and (tuple(path), near[0]) in misspelt:
                     hint += " (a required field)"
                 line, col = position(doc, path + [extra], key=True)
                 what = f"unknown field '{_cut(str(extra))}' in {where}{hint}"

@@ -383,3 +383,14 @@ def test_a_probe_list_that_names_no_probe_is_refused(tmp_path, monkeypatch, caps
     monkeypatch.setenv("OBSHUB_KAFKA_PORT", "1")  # nothing is reached: the option is refused first
     code, _out, err = obshub([*cmd, "--probes", value], capsys)
     assert code == 2 and "names no probe" in " ".join(err.split()) and "Traceback" not in err, (code, err)
+
+
+def test_status_says_a_component_whose_process_is_gone_exited_and_when_it_started():
+    """`obshub status` marked such a record "no (stale)": it says the process exited and when it started."""
+    from obshub.cli import component_state
+
+    started = time.mktime((2026, 12, 6, 21, 24, 22, 0, 0, -1))
+    for name in ("agent-node-01", "kafka"):
+        cell = component_state({"name": name, "pid": 7, "running": False, "started": started}, False)
+        assert "no: exited (started 2026-12-06 21:24:22)" in cell and "`obshub down` clears it" in cell, cell
+    assert "no: exited, its record" in component_state({"name": "rules", "pid": 7, "running": False}, False)

@@ -53,3 +53,43 @@ def test_a_process_whose_main_thread_ended_is_alive_while_its_threads_run():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_records_of_killed_components_go_and_those_of_live_ones_stay(tmp_path):
+    """A finished `obshub demo` left its agents listed by `obshub status` as stale: it SIGKILLs a part still
+    stopping after its grace, which never removes its own record. forget_exited removes the records of the
+    pids it stopped that are gone, and only those."""
+    import signal
+    import sys
+
+    settings = load_settings(home=tmp_path)
+    code = (
+        "import os, sys, time\n"
+        "from obshub.core import registry\n"
+        "from obshub.core.settings import load_settings\n"
+        "registry.register_component(load_settings(home=sys.argv[1]), sys.argv[2], os.getpid())\n"
+        "print('registered', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    procs = {}
+    try:
+        for name in ("agent-node-00", "agent-node-01"):
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", code, str(tmp_path), name], stdout=subprocess.PIPE, text=True
+            )
+            assert procs[name].stdout.readline().strip() == "registered"
+        other = subprocess.Popen(["true"])
+        other.wait()
+        registry.register_component(settings, "rules", other.pid)  # gone, but not one of the demo's
+        procs["agent-node-00"].send_signal(signal.SIGKILL)
+        procs["agent-node-00"].wait()
+        pids = [p.pid for p in procs.values()]
+        assert registry.forget_exited(settings, pids) == ["agent-node-00"]
+        assert {c["name"]: c["running"] for c in registry.components(settings)} == {
+            "agent-node-01": True,
+            "rules": False,
+        }
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

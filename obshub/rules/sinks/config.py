@@ -401,15 +401,19 @@ def _fields_at(loc: list) -> list[str]:
 def _misspelt_required(errors: list) -> dict[tuple, tuple]:
     """``{loc of an unknown key: loc of the required field it misspells}``: pydantic reports a misspelt
     required field twice, as "Field required" at its mapping and "Extra inputs are not permitted" at the
-    key (``typ:`` for ``type:``); the pair is one problem, said at the key."""
+    key (``typ:`` for ``type:``); the pair is one problem, said at the key
+    (:func:`~obshub.rules.yamlfile.nearest_missing_required`)."""
+    from obshub.rules.yamlfile import nearest_missing_required
+
     missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
     out = {}
     for e in errors:
         if e["type"] == "extra_forbidden" and e["loc"]:
             *parent, key = e["loc"]
-            near = difflib.get_close_matches(str(key), [str(m[-1]) for m in missing if list(m[:-1]) == parent], n=1)
-            if near:
-                out[tuple(e["loc"])] = (*parent, near[0])
+            absent = {str(m[-1]) for m in missing if list(m[:-1]) == parent}
+            name = nearest_missing_required(key, _fields_at(parent), absent)
+            if name is not None:
+                out[tuple(e["loc"])] = (*parent, name)
     return out
 
 

@@ -337,13 +337,12 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
         # ranks was never starved; untuned14, 400 ms bursts on rank 2 of 4: x4.2-x4.3 at 8-20x its busiest
         # peer's run queue, left to stall_sched_k): the rank with the most run-queue time against the others
         times = node[1]
-        unit = max(times, key=lambda r: (times[r], -int(r)))
+        unit = _busiest_rank(times)
         who = f"rank {unit}: "
-    own = int(times[unit]) if unit in times else 0
-    peers = sorted(int(t) for h, t in times.items() if h != unit)
-    if not peers:
+    seen = _against_peers(times, unit)
+    if seen is None:
         return None
-    med = peers[(len(peers) - 1) // 2]
+    own, peers, med = seen
     if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
         med = min(med, int(((summary.get("layer_stats") or {}).get("sched") or {}).get("time_p50_ns", med)))
     if z is None:
@@ -354,7 +353,7 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
     if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
         return None
-    if own - med < STARVED_EXPLAIN_REL * lost or own < STARVED_PEER_FACTOR * max(peers[-1], 1_000_000):
+    if not _starves(own, peers, med, lost):
         if node is not None or summary.get("layers_omitted"):
             return None
         # a host of several ranks: its run queue is the sum of its ranks', so one rank's burst is never 3x
@@ -362,15 +361,14 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
         # busiest rank against every other rank of the job, by the same ratios
         ranks = _job_ranks(summary, "sched")
         mine = {r: t for (h, r), t in ranks.items() if h == host}
-        if not mine or len(ranks) <= len(_layer_times(layers, "sched")):
+        if not mine or len(ranks) <= len(times):
             return None
-        unit = max(mine, key=lambda r: (mine[r], -int(r)))
-        own = mine[unit]
-        peers = sorted(t for hr, t in ranks.items() if hr != (host, unit))
-        med = peers[(len(peers) - 1) // 2]
+        unit = _busiest_rank(mine)
         who = f"rank {unit}: "
-        if own - med < STARVED_EXPLAIN_REL * lost or own < STARVED_PEER_FACTOR * max(peers[-1], 1_000_000):
+        seen = _against_peers(ranks, (host, unit))
+        if seen is None or not _starves(*seen, lost):
             return None
+        own, peers, med = seen
     return who + (
         f"run-queue {own / 1e6:.0f} ms, +{(own - med) / 1e6:.0f} ms over its peers' median"
         f" ({(own - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {own / max(peers[-1], 1_000_000):.1f}x the busiest peer's"
@@ -527,6 +525,30 @@ def _job_ranks(summary: dict, layer: str) -> dict[tuple[str, str], int]:
         for h, rows in (summary.get("ranks") or {}).items()
         for r, row in (rows or {}).items()
     }
+
+
+def _busiest_rank(times: dict[str, int]) -> str:
+    """The rank of ``times`` (``{rank: ns}``, ranks as text) with the most time; the lowest rank of a tie."""
+    return max(times, key=lambda r: (times[r], -int(r)))
+
+
+def _against_peers(times: dict, unit) -> tuple[int, list[int], int] | None:
+    """One unit (a host, a rank of a one-node job, a ``(host, rank)`` of the job) against its peers, the
+    other keys of ``times`` (ns each): ``(its own ns, the peers' ns sorted, their lower median)``; 0 for a
+    unit without a row; None without peers."""
+    own = int(times.get(unit, 0))
+    peers = sorted(int(t) for u, t in times.items() if u != unit)
+    if not peers:
+        return None
+    return own, peers, peers[(len(peers) - 1) // 2]
+
+
+def _starves(own: int, peers: list[int], med: int, lost: int) -> bool:
+    """Whether run-queue time ``own`` (ns) explains a starved step against its peers' (``peers`` sorted,
+    ``med`` their median): over ``med`` by at least ``STARVED_EXPLAIN_REL`` of ``lost`` (ns the step lost
+    over the job's median step) and at least ``STARVED_PEER_FACTOR`` times the busiest peer's (1 ms at
+    least)."""
+    return own - med >= STARVED_EXPLAIN_REL * lost and own >= STARVED_PEER_FACTOR * max(peers[-1], 1_000_000)
 
 
 def _layer_culprit(summary: dict, lost: int, min_rel: float = EXPLAIN_REL) -> dict | None:
