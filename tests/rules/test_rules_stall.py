@@ -1712,3 +1712,12 @@ def test_a_burst_on_one_rank_of_a_loaded_host_is_starved_against_that_ranks_own_
     if named:
         assert c["rank"] == 7 and "rank 7: run-queue" in c["why"], c
     assert stall_alerts(steps) == ([("step_stall", "node-01", "sched")] if named else []), c["why"]
+
+
+def test_a_job_of_one_rank_per_host_keeps_its_hosts_run_queue_times_alone_and_one_of_several_keeps_its_ranks():
+    one = at_median_of(360)(summary(0, 630, layers={h: {"sched": 100 + i} for i, h in enumerate(HOSTS4)}))
+    one["ranks"] = {h: {str(i): {"layers": {"sched": {"time_ns": int((100 + i) * 1e6)}}}} for i, h in enumerate(HOSTS4)}
+    assert analysis.charge_starved(one, []) == {h: int((100 + i) * 1e6) for i, h in enumerate(HOSTS4)}
+    many = _rank_step(0, 630, 360, [10 * r for r in range(16)])
+    part = analysis.charge_starved(many, [])
+    assert part[("node-01", "7")] == 70_000_000 and part["node-01"] == 220_000_000 and len(part) == 20, part
