@@ -1712,3 +1712,35 @@ def test_a_burst_on_one_rank_of_a_loaded_host_is_starved_against_that_ranks_own_
     if named:
         assert c["rank"] == 7 and "rank 7: run-queue" in c["why"], c
     assert stall_alerts(steps) == ([("step_stall", "node-01", "sched")] if named else []), c["why"]
+
+
+def test_a_job_of_one_rank_per_host_keeps_its_hosts_run_queue_times_alone_and_one_of_several_keeps_its_ranks():
+    one = at_median_of(360)(summary(0, 630, layers={h: {"sched": 100 + i} for i, h in enumerate(HOSTS4)}))
+    one["ranks"] = {h: {str(i): {"layers": {"sched": {"time_ns": int((100 + i) * 1e6)}}}} for i, h in enumerate(HOSTS4)}
+    assert analysis.charge_starved(one, []) == {h: int((100 + i) * 1e6) for i, h in enumerate(HOSTS4)}
+    many = _rank_step(0, 630, 360, [10 * r for r in range(16)])
+    part = analysis.charge_starved(many, [])
+    assert part[("node-01", "7")] == 70_000_000 and part["node-01"] == 220_000_000 and len(part) == 20, part
+
+
+# 4 hosts x 2 ranks on 2 cores (rank17, 2026-12-06, median step 146 ms): in a stretch of x1.3-x1.8 steps
+# nobody stalled, node-02 rank 5 rose 274 ms over its own median, 1.74x the next rank's rise (158 ms), an
+# excess of 116 ms that passed 60 % of the 146 ms median (88 ms): starved_rank at x1.73, 106 ms lost, a
+# wrong alert. The rank test's bursts lost 275-400 ms (untuned14 r1). (step ms, rank 7's extra rise ms, fires)
+RANK_FLOOR_SHAPES = [
+    (252, 116, False),  # the slow stretch's step: 106 ms lost, under stall_starved_rank_floor_ns (200 ms)
+    (420, 220, True),  # a burst that cost the job 274 ms (x2.88)
+]
+
+
+@pytest.mark.parametrize("tmax_ms,extra7,fires", RANK_FLOOR_SHAPES)
+def test_a_rank_starved_against_its_own_steps_fires_only_when_the_step_lost_200_ms(tmax_ms, extra7, fires):
+    rng = __import__("random").Random(tmax_ms)
+    usual = [100.0] * 16
+    history = [_rank_step(i, rng.uniform(135, 155), 146, [u + rng.uniform(-20, 20) for u in usual]) for i in range(20)]
+    risen = [u + 158 for u in usual]
+    risen[7] += extra7
+    steps = charge([*history, _rank_step(20, tmax_ms, 146, risen), _rank_step(21, 146, 146, usual)])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"], c.get("rank"), c.get("starved_rank")) == ("node-01", "sched", 7, True), c
+    assert stall_alerts(steps) == ([("step_stall", "node-01", "sched")] if fires else []), c["why"]

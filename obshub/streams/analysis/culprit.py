@@ -933,9 +933,10 @@ def sched_times(summary: dict) -> dict[str, int]:
 
 def charge_starved(summary: dict, recent) -> dict:
     """Mark the step's ``sched`` culprit ``starved`` against its own recent steps; returns what the step
-    adds to ``recent``: ``sched_times`` and, unless the step is wide, every rank row's run-queue time
-    (``{(host, rank): ns}``). ``recent``: those of the job's previous closed steps (oldest first; the last
-    ``SELF_STEPS`` are read), which the caller appends the return value to.
+    adds to ``recent``: ``sched_times`` and, for a job of more rank rows than hosts (not a wide step), every
+    rank row's run-queue time (``{(host, rank): ns}``; a job of one rank per host keeps its hosts' alone).
+    ``recent``: those of the job's previous closed steps (oldest first; the last ``SELF_STEPS`` are read),
+    which the caller appends the return value to.
 
     ``_starved`` compares the culprit host's run-queue time with its peers' in the same step. On a loaded
     machine of few cores a burst on one host takes CPU from every host, so its peers' run-queue times rise
@@ -955,8 +956,9 @@ def charge_starved(summary: dict, recent) -> dict:
     ``summary["culprit"]`` in place (a new dict); run it before ``charge_persistent`` (a ``starved`` culprit
     of ``source`` "layers" is a persistent key)."""
     part: dict = sched_times(summary)
-    if not summary.get("layers_omitted"):  # a wide step keeps outlier hosts' rank rows only
-        part.update(_job_ranks(summary, "sched"))
+    ranks = {} if summary.get("layers_omitted") else _job_ranks(summary, "sched")  # a wide step: outliers' only
+    if len(ranks) > len(part):  # a job of one rank per host: its rank rows repeat its hosts'
+        part.update(ranks)
     c = summary.get("culprit")
     if not c or c.get("layer") != "sched" or c.get("source") not in ("evidence", "layers") or c.get("starved"):
         return part
@@ -997,9 +999,9 @@ def _starved_self(
             return None
         return part[key] - own[(len(own) - 1) // 2]
 
-    def rose(key, others: list, factor: float) -> str | None:
-        mine = rise(key)
-        peers = [r for r in (rise(k) for k in others) if r is not None]
+    def rose(key, rises: dict, factor: float) -> str | None:
+        mine = rises.get(key)
+        peers = [r for k, r in rises.items() if k != key and r is not None]
         if mine is None or not peers:
             return None
         top = max(0, max(peers))
@@ -1011,19 +1013,16 @@ def _starved_self(
             f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
         )
 
-    hosts = [h for h in part if isinstance(h, str)]
-    why = rose(host, [h for h in hosts if h != host], STARVED_PEER_FACTOR)
+    why = rose(host, {h: rise(h) for h in part if isinstance(h, str)}, STARVED_PEER_FACTOR)
     if why is not None:
         return why, None
     # a host of several ranks: its run queue is the sum of its ranks', and on a machine of few cores every
     # rank's rises with the load, so a burst on one rank rises against its own steps, not its host's peers
-    ranks = [k for k in part if isinstance(k, tuple)]
-    mine = [k for k in ranks if k[0] == host]
-    if not mine or len(ranks) <= len(hosts):
-        return None
-    risen = [(r, k) for k in mine if (r := rise(k)) is not None]
+    # (``charge_starved`` keeps rank rows only for a job of more rank rows than hosts)
+    rises = {k: rise(k) for k in part if isinstance(k, tuple)}
+    risen = [(r, k) for k, r in rises.items() if k[0] == host and r is not None]
     if not risen:
         return None
     unit = max(risen, key=lambda rk: rk[0])[1]
-    why = rose(unit, [k for k in ranks if k != unit], SELF_RANK_FACTOR)
+    why = rose(unit, rises, SELF_RANK_FACTOR)
     return None if why is None else (f"rank {unit[1]}: " + why, unit[1])
