@@ -454,13 +454,11 @@ def _blackout_404():
     """The missed stall of netdrop16 (a 200 ms blackout of node-01, step 404, x3.06): ring 0-1-2-3-0,
     node-00 and node-02 each sent one retransmit toward node-01 (node-01's network count 3, theirs 2), 4 RTT
     samples per connection. Returns ``(addresses, accumulators)`` without any drop."""
-    ip = {f"node-0{i}": f"10.77.0.{10 + i}" for i in range(4)}
-    accs = {
-        "node-00": _dir_acc("node-00", ip["node-00"], {ip["node-01"]: (4, 1), ip["node-03"]: (4, 0)}),
-        "node-01": _dir_acc("node-01", ip["node-01"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 0)}),
-        "node-02": _dir_acc("node-02", ip["node-02"], {ip["node-01"]: (4, 1), ip["node-03"]: (4, 0)}),
-        "node-03": _dir_acc("node-03", ip["node-03"], {ip["node-00"]: (4, 0), ip["node-02"]: (4, 0)}),
-    }
+    hosts = [f"node-0{i}" for i in range(4)]
+    ip = {h: f"10.77.0.{10 + i}" for i, h in enumerate(hosts)}
+    sent = {("node-00", "node-01"): 1, ("node-02", "node-01"): 1}  # (sender, receiver): retransmits
+    ring = {h: (hosts[i - 1], hosts[(i + 1) % 4]) for i, h in enumerate(hosts)}
+    accs = {h: _dir_acc(h, ip[h], {ip[p]: (4, sent.get((h, p), 0)) for p in ring[h]}) for h in hosts}
     return ip, accs
 
 
