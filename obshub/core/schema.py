@@ -753,6 +753,8 @@ NET_VIEWS = {
     "toward": "the retransmits the other hosts sent toward it (a slowed step)",
     "sender_queue": "the toward view's retransmits, charged to the host that sent most of them, whose own egress "
     "queue held a watched socket's segment for at least net_queue_min_ns (queue_max_ns)",
+    "drops": "its own watched sockets' segments dropped on their way (netfilter, a qdisc, the device; not a receiving "
+    "socket's discards) in the step, against the other hosts' and its own recent steps' (a slowed step)",
 }
 """The views of a host's connections that give its network evidence (``analysis.NetEvidence.view``; the step
 summary's ``evidence.net_view`` and a network culprit's ``net_view``; docs/ANALYSIS.md "Evidence per (host,
@@ -794,7 +796,8 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "net_view, per host whose evidence is network, the view of its connections that gave it: rx or rtt (its busy "
     "connections' fewest retransmits or lowest mean RTT in the step), window (their retransmits with the recent "
     "steps'), toward (the retransmits the other hosts sent toward it), sender_queue (those charged to the host that "
-    "sent most of them, its own egress queue having held a segment for net_queue_min_ns); absent without any",
+    "sent most of them, its own egress queue having held a segment for net_queue_min_ns), drops (its own "
+    "segments dropped on their way, against the other hosts' and its recent steps'); absent without any",
     "culprit": "null, or {host, rank, layer, evidence, source, why[, starved][, starved_rank][, net_view][, runq_veto]}: the host (and its rank, null when "
     "unknown or for the network layer) and layer the step is charged to (the single-step stall rules'). Sources: "
     "'stopped' (a rank stopped for a large part of the step, layer process), 'hang' (the rank a "
@@ -808,7 +811,7 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's), and "
     "starved_rank (true when one rank of a host of several rose over its own recent steps far above every other "
     "rank's rise: that rank is its rank); a network culprit of source evidence carries net_view (evidence.net_view's, where the summary has it); "
-    "a network culprit of source evidence under 3 spreads carries runq_veto (true when another host's run-queue "
+    "a network culprit of source evidence under 3 spreads, or of net_view toward or drops, carries runq_veto (true when another host's run-queue "
     "time is at least 1.5 times every other host's and over its peers' median by a quarter of the loss); "
     "interim records carry null "
     '(docs/SCHEMA.md, docs/ANALYSIS.md "Culprit of a step")',

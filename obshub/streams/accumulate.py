@@ -192,11 +192,15 @@ class HostNet(_Record):
     retransmits_b_to_a]`` (counts, ns); a pair of three values (an older worker's) merges into the first
     three. ``queue_max_ns``: the longest a watched socket's segment waited in this host's own egress qdisc
     in the step (TCP_QUEUE, ns; parts merge by max; None: no TCP_QUEUE, i.e. none at or above the agent's
-    ``queue_ns``, or an agent or worker without the probe or the field)."""
+    ``queue_ns``, or an agent or worker without the probe or the field). ``drops``: this host's own
+    watched sockets' segments dropped on their way in the step (SKB_DROP whose reason is not a decision of
+    the receiving TCP socket, ``link_drop``: netfilter, a qdisc, the device; a count; parts merge by sum;
+    None: none, or an older worker's)."""
 
     addrs: dict[str, int] = {}
     pairs: dict[str, list[int]] = {}
     queue_max_ns: int | None = None
+    drops: int | None = None
 
 
 class StepAcc(_Record):
@@ -449,9 +453,12 @@ def table_from_dict(d: dict) -> RankTable:
 
 
 def _net_from_dict(d: dict) -> HostNet:
-    """:class:`HostNet` from its dict form (``queue_max_ns`` None when absent: an older worker's)."""
+    """:class:`HostNet` from its dict form (``queue_max_ns``, ``drops`` None when absent: an older worker's)."""
     return HostNet(
-        addrs=dict(d.get("addrs") or {}), pairs=dict(d.get("pairs") or {}), queue_max_ns=d.get("queue_max_ns")
+        addrs=dict(d.get("addrs") or {}),
+        pairs=dict(d.get("pairs") or {}),
+        queue_max_ns=d.get("queue_max_ns"),
+        drops=d.get("drops"),
     )
 
 
@@ -562,6 +569,22 @@ _SCHED_RUNQ = int(Kind.SCHED_RUNQ)
 _STOPPED_STATES = 0x0C  # SCHED_OFFCPU value (task state at switch-out): __TASK_STOPPED 0x4, TASK_TRACED 0x8
 
 
+RECEIVER_DROP_PREFIXES = ("TCP_", "SOCKET_", "PROTO_MEM")
+"""Drop reasons (``skb_drop_reason`` names, the agent's SKB_DROP ``reason``) that are a decision of the
+receiving socket about a segment that arrived (a duplicate of a spurious retransmit, ``TCP_OLD_DATA``; out of
+window, a full receive buffer, ``SOCKET_RCVBUFF``), not its link's loss: ``link_drop`` leaves them out."""
+
+
+def link_drop(e: Event) -> bool:
+    """Whether an SKB_DROP counts as one of its host's segments dropped on their way (``HostNet.drops``):
+    its reason (``payload["reason"]``, a name; a number where the agent knew none) is not one of
+    ``RECEIVER_DROP_PREFIXES``. A blackout's netfilter drops (``NETFILTER_DROP``), a qdisc's (``QDISC_DROP``,
+    ``NOT_SPECIFIED`` when one is reset) and the device's count; a receiver's discard of a sender's excess
+    does not."""
+    reason = str((e.payload or {}).get("reason", ""))
+    return not reason.startswith(RECEIVER_DROP_PREFIXES)
+
+
 def coll_key(pg: str, coll_seq: int) -> str:
     """The join key of one collective within a job: ``"<pg>#<coll_seq>"`` (docs/SCHEMA.md "TraceKey")."""
     return f"{pg}#{coll_seq}"
@@ -599,6 +622,11 @@ def add_event(acc: StepAcc, e: Event, offset_ns: int) -> None:
                 acc.net = HostNet(addrs={}, pairs={})
             acc.net.queue_max_ns = max(acc.net.queue_max_ns or 0, e.duration_ns)
         return
+    elif kind == _SKB_DROP:  # counts in the network layer (below); the host's own segments also in its net
+        if isinstance(acc, HostAcc) and link_drop(e):
+            if acc.net is None:
+                acc.net = HostNet(addrs={}, pairs={})
+            acc.net.drops = (acc.net.drops or 0) + 1
     if kind == _PHASE:
         ph = str((e.payload or {}).get("phase", "?"))
         acc.phases[ph] = acc.phases.get(ph, 0) + e.duration_ns
@@ -619,7 +647,7 @@ def add_event(acc: StepAcc, e: Event, offset_ns: int) -> None:
 # duration); 1 = (0, 1, duration); 2 = (0, 1, 0). Must agree with ``KIND_RULES`` (tests check it).
 _FAST: dict[int, tuple[str, int]] = {}
 for _kind, (_layer, _t, _c, _m) in KIND_RULES.items():
-    if _kind in STRUCTURAL or _kind in (Kind.PHASE, Kind.TCP_RTT, Kind.TCP_RETRANSMIT, Kind.TCP_QUEUE):
+    if _kind in STRUCTURAL or _kind in (Kind.PHASE, Kind.TCP_RTT, Kind.TCP_RETRANSMIT, Kind.TCP_QUEUE, Kind.SKB_DROP):
         continue
     _pattern = {(_dur, _one, _dur): 0, (_zero, _one, _dur): 1, (_zero, _one, _zero): 2}.get((_t, _c, _m))
     if _pattern is not None:
@@ -947,12 +975,14 @@ def merge(into: StepAcc, part: StepAcc) -> StepAcc:
     if not isinstance(into, HostAcc) or not isinstance(part, HostAcc):
         return into
     pnet = part.net
-    if pnet is not None and (pnet.addrs or pnet.pairs or pnet.queue_max_ns):
+    if pnet is not None and (pnet.addrs or pnet.pairs or pnet.queue_max_ns or pnet.drops):
         net = into.net
         if net is None:
             net = into.net = HostNet(addrs={}, pairs={})
         if pnet.queue_max_ns is not None and pnet.queue_max_ns > (net.queue_max_ns or 0):
             net.queue_max_ns = pnet.queue_max_ns
+        if pnet.drops:
+            net.drops = (net.drops or 0) + pnet.drops
         net.addrs.update(pnet.addrs)
         for key, vals in pnet.pairs.items():
             slot = net.pairs.setdefault(key, [0, 0, 0, 0, 0])

@@ -641,6 +641,7 @@ def test_a_directed_network_culprit_under_3_spreads_fires_from_x2_2_unless_a_run
     [
         ("toward", False, True),  # the live step: node-00 sent 2 retransmits toward node-03, nobody else any
         ("toward", True, True),
+        ("drops", False, True),  # the host's own dropped segments (netdrop16 step 404: no toward back-off)
         ("rx", False, False),  # undirected loss of its own connections: no blackout's charge
         ("rtt", False, False),  # an RTT outlier
         (None, False, False),  # an older worker's summary: no view

@@ -238,6 +238,16 @@ def test_a_hosts_own_drops_outside_its_process_count_in_the_step_it_was_in():
     parts = accumulate.reduce_batch(_batch(evs))
     assert parts[1]["layers"]["network"] == [0, 3, 0]
     assert parts[2]["layers"]["network"] == [0, 1, 0]
+    # and in the host's own drops (the drops view); a receiving socket's discard (a duplicate of a peer's
+    # spurious retransmit) counts in the layer only
+    assert (parts[1].net.drops, parts[2].net.drops) == (3, 1)
+    old_data = Event(Kind.SKB_DROP, 460, pid=7, value=5, payload={"reason": "TCP_OLD_DATA"})
+    more = accumulate.reduce_batch(_batch([*evs, old_data]))[2]
+    assert more["layers"]["network"] == [0, 2, 0] and more.net.drops == 1
+    # parts merge by sum, and the field survives the dict form (absent where none: an older worker's)
+    assert accumulate.merge(copy.deepcopy(parts[1]), parts[2]).net.drops == 4
+    assert accumulate.as_acc(accumulate.to_dict(parts[1])).net.drops == 3
+    assert "drops" not in accumulate.to_dict(accumulate.reduce_batch(_batch([old_data, *evs[:2]]))[1]).get("net", {})
 
 
 def _net_acc(host, addr, pairs):
@@ -430,6 +440,110 @@ def test_the_recorded_8_percent_loss_step_keeps_its_receiver_when_the_sender_que
     # at net_queue_min_ns it is the sender's own queue that held the exchange
     at = {**accs, "node-03": _queued(accs["node-03"], "node-03", 100 * MS)}
     assert analysis.net_toward_evidence(at, th) == {"node-03": analysis.NetEvidence(3.0, 14, 6, 0, 0, "sender_queue")}
+
+
+def _dropped(acc, host, n, step=20, reason="NETFILTER_DROP"):
+    """``acc`` merged with one batch of ``host`` holding ``n`` SKB_DROPs of its watched sockets outside its
+    process (no TraceKey: charged to the step the host was in, as the agent's records of a blackout)."""
+    evs = [Event(Kind.STEP_BEGIN, 100, step=step)]
+    evs += [Event(Kind.SKB_DROP, 150 + i, pid=7, value=12, payload={"reason": reason}) for i in range(n)]
+    return accumulate.merge(copy.deepcopy(acc), accumulate.reduce_batch(_batch(evs, host=host))[step])
+
+
+def _blackout_404():
+    """The missed stall of netdrop16 (a 200 ms blackout of node-01, step 404, x3.06): ring 0-1-2-3-0,
+    node-00 and node-02 each sent one retransmit toward node-01 (node-01's network count 3, theirs 2), 4 RTT
+    samples per connection. Returns ``(addresses, accumulators)`` without any drop."""
+    hosts = [f"node-0{i}" for i in range(4)]
+    ip = {h: f"10.77.0.{10 + i}" for i, h in enumerate(hosts)}
+    sent = {("node-00", "node-01"): 1, ("node-02", "node-01"): 1}  # (sender, receiver): retransmits
+    ring = {h: (hosts[i - 1], hosts[(i + 1) % 4]) for i, h in enumerate(hosts)}
+    accs = {h: _dir_acc(h, ip[h], {ip[p]: (4, sent.get((h, p), 0)) for p in ring[h]}) for h in hosts}
+    return ip, accs
+
+
+def test_a_blacked_out_hosts_own_drops_name_it_when_its_peers_barely_retransmitted():
+    """netdrop16's missed stall: its peers sent node-01 one retransmit per connection (no back-off: the
+    toward view names nobody, nor do its connections), but node-01's agent saw its own segments dropped by
+    the blackout's netfilter. A slowed step names node-01 / network by the drops view (3.0, the toward
+    view's clip); the same step without the drops, or a step of usual length, names nobody."""
+    _ip, accs = _blackout_404()
+    th = analysis.Thresholds()
+    assert _slowed_toward(accs, th) == {}
+    assert _slowed_summary(copy.deepcopy(accs))["culprit"] is None
+    dark = {**accs, "node-01": _dropped(accs["node-01"], "node-01", 3)}
+    assert analysis.net_drops_evidence(dark, th, {}) == {"node-01": analysis.NetEvidence(3.0, 3, 0, 0, 0, "drops")}
+    got = _slowed_summary(dark)
+    assert got["evidence"]["net_view"] == {"node-01": "drops"}
+    c = got["culprit"]
+    assert (c["host"], c["layer"], c["evidence"], c["net_view"]) == ("node-01", "network", 3.0, "drops")
+    assert c["runq_veto"] is False
+    # a step of usual length reads no drops view (nor the window's, nor the toward view)
+    assert analysis.net_evidence(dark, th) == {}
+    # the stalled steps of the same run: 12-20 drops against none elsewhere, still the clip
+    many = {**accs, "node-01": _dropped(accs["node-01"], "node-01", 15)}
+    assert analysis.net_drops_evidence(many, th, {})["node-01"].z == 3.0
+
+
+@pytest.mark.parametrize(
+    "drops,window,reason,want",
+    [
+        ({"node-01": 3}, {}, "NETFILTER_DROP", {"node-01": 3.0}),
+        ({"node-01": 2}, {}, "NETFILTER_DROP", {}),  # under net_drops_min: a loaded machine's chance
+        ({"node-02": 2, "node-01": 1}, {}, "NETFILTER_DROP", {}),  # a peer at noise level
+        ({"node-01": 6, "node-02": 4}, {}, "NETFILTER_DROP", {}),  # two hosts alike: no single host's link
+        ({"node-01": 8, "node-02": 2}, {}, "NETFILTER_DROP", {"node-01": 3.0}),  # (8 - 2) / sqrt(3)
+        ({"node-01": 5}, {"node-01": 3}, "NETFILTER_DROP", {}),  # its usual drops over the recent steps
+        ({"node-01": 5}, {"node-02": 9}, "NETFILTER_DROP", {"node-01": 3.0}),  # another host's usual drops
+        ({"node-01": 9}, {}, "TCP_OLD_DATA", {}),  # a receiver's discards of a sender's excess
+        ({"node-01": 9}, {}, "SOCKET_RCVBUFF", {}),
+        ({"node-01": 9}, {}, "NOT_SPECIFIED", {"node-01": 3.0}),  # a qdisc reset dropping its own segments
+    ],
+)
+def test_drops_name_a_host_only_when_they_stand_out_from_the_others_and_its_own_recent_steps(
+    drops, window, reason, want
+):
+    """The drops view counts a host's own dropped segments (not a receiving socket's discards) when they are
+    at least ``net_drops_min`` and ``count_factor`` times both the most any other host dropped and the
+    host's own drops over the job's recent steps (the window)."""
+    _ip, accs = _blackout_404()
+    th = analysis.Thresholds()
+    for h, n in drops.items():
+        accs[h] = _dropped(accs[h], h, n, reason=reason)
+    got = analysis.net_drops_evidence(accs, th, window)
+    assert {h: e.z for h, e in got.items()} == want
+    # the worker's window carries each host's drops beside the connections' retransmits
+    part = analysis.net_window_part(accs)
+    counted = {h: n for h, n in drops.items() if reason == "NETFILTER_DROP" or reason == "NOT_SPECIFIED"}
+    assert {k[1:]: v for k, v in part.items() if k.startswith("@")} == {h: [n, 0, 0] for h, n in counted.items()}
+    win = {f"@{h}": [n, 0, 0] for h, n in window.items()}
+    st = analysis.net_stats(accs, th, window=win)
+    assert st.drops == window
+    assert {h: e.z for h, e in analysis.net_evidence(accs, th, window_stats=st).items() if e.view == "drops"} == want
+
+
+def test_drops_of_a_neighbour_do_not_move_a_loss_bursts_culprit():
+    """The recorded 8 % loss step of node-02 (its own connections' retransmits name it, 2.0 by ``rx``; the
+    toward view 3.0): a loss burst inside node-02's namespace drops its own segments (the drops view agrees),
+    and a neighbour with a few drops of its own at noise level takes nothing from it."""
+    _ip, accs = _loss8_step()
+    accs["node-02"] = _dropped(accs["node-02"], "node-02", 7)
+    accs["node-03"] = _dropped(accs["node-03"], "node-03", 2)
+    got = _slowed_summary(accs)
+    assert {h: e["network"] for h, e in got["evidence"]["hosts"].items() if e.get("network")} == {"node-02": 3.0}
+    assert (got["culprit"]["host"], got["culprit"]["layer"]) == ("node-02", "network")
+    # a neighbour dropping as much as the lossy host gets no drops view; the toward view keeps node-02
+    accs["node-03"] = _dropped(accs["node-03"], "node-03", 5)
+    got = _slowed_summary(accs)
+    assert got["evidence"]["net_view"] == {"node-02": "toward"} and got["culprit"]["host"] == "node-02"
+    # a sender whose segments were dropped in its own context on their way into the receiver (one machine's
+    # namespaces: a veth hands them over inline), the receiver dropping none of its own: the peers' back-off
+    # toward node-02 names it, and the sender's drops take nothing from it
+    _ip, accs = _loss8_step()
+    accs["node-03"] = _dropped(accs["node-03"], "node-03", 9)
+    assert set(analysis.net_drops_evidence(accs, analysis.Thresholds(), {})) == {"node-03"}
+    got = _slowed_summary(accs)
+    assert got["evidence"]["net_view"] == {"node-02": "toward"} and got["culprit"]["host"] == "node-02"
 
 
 def test_a_step_that_misses_the_directed_condition_reads_it_from_the_jobs_recent_steps():

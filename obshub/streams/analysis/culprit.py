@@ -86,6 +86,12 @@ stood at 1.5-12x their busiest peer's, 1.5-1.9x at load 8-11 (where every host w
 recorded blackouts the top other host stood at 1.0-1.7x with 1-15 % of the loss over its peers' median
 (41 kept runs, 36,390 closed steps, 2026-12-06)."""
 
+CLIPPED_NET_VIEWS = ("toward", "drops")
+"""Views of a host's connections (``evidence.net_view``) whose evidence is clipped at
+``Thresholds.net_toward_clip`` (3 spreads, ``SPECIFIC_EVIDENCE``): a stall's charge, never more, so their
+culprit carries ``runq_veto`` at the clip too (the rules' ``stall_weak_net`` reads it; without it a clipped
+view of an undirected step fired only from ``stall_k``)."""
+
 
 SELF_STEPS = 16
 """``charge_starved``: how many of the job's previous closed steps' run-queue times per host it reads."""
@@ -137,7 +143,8 @@ def culprit(summary: dict) -> dict | None:
     A ``sched`` culprit of ``source`` "evidence" or "layers" carries ``starved`` (bool, ``_starved``): its
     host's own run-queue waits explain most of the step's loss and stand far above every peer's, the
     specific evidence the rules' ``stall_starved`` fires on below ``stall_k``. A ``network`` culprit of
-    ``source`` "evidence" under ``SPECIFIC_EVIDENCE`` carries ``runq_veto`` (bool, ``_runq_veto``): another
+    ``source`` "evidence" under ``SPECIFIC_EVIDENCE`` (or of a view of ``CLIPPED_NET_VIEWS``) carries
+    ``runq_veto`` (bool, ``_runq_veto``): another
     host's run queue stood far above every other host's and explains a quarter of the loss (a CPU burst
     inside a collective, whose peers' sockets look lossy too); the rules' ``stall_weak_net`` reads it.
 
@@ -280,7 +287,7 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             c["starved"] = starved is not None
             if starved is not None:
                 c["why"] += f"; starved: {starved}"
-        elif layer == "network" and z < SPECIFIC_EVIDENCE:
+        elif layer == "network" and (z < SPECIFIC_EVIDENCE or view in CLIPPED_NET_VIEWS):
             veto = _runq_veto(summary, h, lost)
             c["runq_veto"] = veto is not None
             if veto is not None:

@@ -27,12 +27,15 @@ class NetStats(msgspec.Struct):
     part of the summary). ``rx``: per host the fewest retransmits (a count); ``rtt``: per host the
     lowest mean RTT (ns); ``directed``: the step's counts meet the directed view's condition (the
     summary's ``net_directed``); ``ref``: per host, over a window only (else empty), the reference count
-    of its ``rx`` (retransmits of one connection, None where there is none)."""
+    of its ``rx`` (retransmits of one connection, None where there is none); ``drops``: per host with any,
+    over a window only, its own dropped segments in the window's steps (``HostNet.drops``, a count: the
+    reference of ``net_drops_evidence``)."""
 
     rx: dict[str, int]
     rtt: dict[str, int]
     directed: bool
     ref: dict[str, int | None]
+    drops: dict[str, int] = {}
 
 
 class NetEvidence(msgspec.Struct):
@@ -108,9 +111,13 @@ def net_stats(
             for i, v in enumerate(vals[:5]):
                 slot[i] += v
     base: dict[str, int] | None = None  # this step's own retransmits per connection, when a window adds
+    window_drops: dict[str, int] = {}
     if window:
         base = {key: vals[1] for key, vals in pairs.items()}
         for key, w in window.items():
+            if key.startswith(_DROPS_KEY):  # a host's own dropped segments (net_window_part), no connection
+                window_drops[key[len(_DROPS_KEY) :]] = w[0]
+                continue
             have = pairs.get(key)
             if have is not None:
                 have[1] += w[0]
@@ -173,17 +180,26 @@ def net_stats(
         for host in accs:
             mine = ends.get(host, [])
             ref[host] = loo.median_without_all(mine) if len(counts) > len(mine) else None
-    return NetStats(rx, rtt, own, ref)
+    return NetStats(rx, rtt, own, ref, window_drops)
+
+
+_DROPS_KEY = "@"
+"""``net_window_part``: the key prefix of a host's own dropped segments (``"@<host>"``; a connection's key
+is two addresses joined by ``|``)."""
 
 
 def net_window_part(accs: dict[str, dict]) -> dict[str, list[int]]:
     """One step's share of a job's retransmit window: ``{"<a>|<b>": [retransmits, a_to_b, b_to_a]}``
-    summed over the hosts' accumulators, only connections with a retransmit (a clean step adds nothing).
+    summed over the hosts' accumulators, only connections with a retransmit (a clean step adds nothing),
+    and ``{"@<host>": [drops, 0, 0]}`` for each host with dropped segments of its own (``HostNet.drops``).
     The worker keeps the parts of a job's last ``Thresholds.net_window_steps`` closed steps and passes
     their sum (``net_window``) to ``summarize``."""
     accs = as_accs(accs)
     out: dict[str, list[int]] = {}
-    for acc in accs.values():
+    for host, acc in accs.items():
+        drops = _net(acc).drops
+        if drops:
+            out[_DROPS_KEY + host] = [drops, 0, 0]
         for key, vals in _net(acc).pairs.items():
             if len(vals) > 1 and vals[1] > 0:
                 slot = out.setdefault(key, [0, 0, 0])
@@ -261,15 +277,23 @@ def net_evidence(
     ``recent_directed``: see ``net_stats``; ``stats``: its result when the caller has it;
     ``window_stats``: ``net_stats`` with a ``window`` (a slowed step), whose retransmit value counts only
     from ``net_window_min`` and ``net_window_factor * m_rx``: each host gets the larger of the two values
-    (docs/ANALYSIS.md "Loss over a window of steps"), and of ``net_toward_evidence`` (a slowed step: a
-    blackout's retransmits toward its host)."""
+    (docs/ANALYSIS.md "Loss over a window of steps"), of ``net_toward_evidence`` (a slowed step: a
+    blackout's retransmits toward its host) and of ``net_drops_evidence`` (a slowed step: the host's own
+    dropped segments; not when the toward view names another host); on a tie the view named first keeps
+    it."""
     accs = as_accs(accs)
     if len(accs) < 3:
         return {}
     out = _net_z(accs, th, stats or net_stats(accs, th, recent_directed))
     if window_stats is not None:
         slowed = list(_net_z(accs, th, window_stats, th.net_window_min, th.net_window_factor, "window").items())
-        slowed += list(net_toward_evidence(accs, th).items())
+        toward = net_toward_evidence(accs, th)
+        slowed += list(toward.items())
+        drops = net_drops_evidence(accs, th, window_stats.drops)
+        if not toward or toward.keys() == drops.keys():
+            # the peers' back-off toward another host names that host's link: a sender's drops (its own
+            # segments, dropped in its context on their way into the receiver) are no evidence against it
+            slowed += list(drops.items())
         for h, entry in slowed:
             have = out.get(h)
             if have is None or entry.z > have.z:
@@ -348,6 +372,41 @@ def net_toward_evidence(accs: dict[str, dict], th: Thresholds) -> dict[str, NetE
     if (_net(accs[sender]).queue_max_ns or 0) >= th.net_queue_min_ns:
         return {sender: NetEvidence(z, n, second, 0, 0, "sender_queue")}  # its own egress queued: its link
     return {best: NetEvidence(z, n, second, 0, 0, "toward")}
+
+
+def net_drops_evidence(accs: dict[str, dict], th: Thresholds, window_drops: dict[str, int]) -> dict[str, NetEvidence]:
+    """Network evidence of a slowed step from each host's *own* dropped segments (docs/ANALYSIS.md "A
+    blacked-out host's own drops"): ``{host: NetEvidence(z, drops, ref, 0, 0, "drops")}`` for at most one
+    host, the one with the most (``HostNet.drops``: its watched sockets' segments dropped on their way,
+    netfilter, a qdisc, the device, in the step; ties: host name), with ``ref = max(second, window)`` (the
+    most any other host dropped in the step; its own drops in the job's recent steps, ``window_drops``: host
+    -> count, ``NetStats.drops``) and ``z = (drops - ref) / sqrt(ref + 1)`` clipped to ``net_toward_clip``
+    (and ``evidence_clip``), rounded to 3 places. Counted only from ``net_drops_min`` drops and
+    ``count_factor`` times ``max(ref, 1)``, and only when the host did not keep the others waiting at a
+    collective for ``net_toward_late_rel`` of its step time or more (as ``net_toward_evidence``).
+
+    A blackout of a host's link (netfilter dropping every segment to and from it inside its namespace) drops
+    the host's own sends and the segments that reach it, and its agent sees both (its sockets own them),
+    while the peers' retransmits toward it can be one per connection or none (a ring neighbour that was not
+    sending): the toward view then names nobody. A host whose drops are its usual noise (``window_drops``)
+    or that drops about as much as another host (a fault beyond one host) gets none; a receiver's discards
+    of a sender's excess (a spurious retransmit's duplicate, ``TCP_OLD_DATA``) are no drops of its own
+    (``accumulate.link_drop``). ``net_evidence`` reads it for a slowed step only."""
+    accs = as_accs(accs)
+    drops = {h: _net(a).drops or 0 for h, a in accs.items()}
+    if len(drops) < 3 or not any(drops.values()):
+        return {}
+    ranked = sorted(drops, key=lambda h: (-drops[h], h))
+    best = ranked[0]
+    n = drops[best]
+    ref = max(drops[ranked[1]], int(window_drops.get(best, 0)))
+    if n < th.net_drops_min or n < th.count_factor * max(ref, 1):
+        return {}
+    lead = _lead_ns(accs, best)
+    if lead > 0 and lead >= th.net_toward_late_rel * int(accs[best].step_ns or 0):
+        return {}  # it kept the others waiting itself (stopped, frozen): not its link
+    z = round(min(th.evidence_clip, th.net_toward_clip, (n - ref) / math.sqrt(ref + 1)), 3)
+    return {best: NetEvidence(z, n, ref, 0, 0, "drops")} if z > 0 else {}
 
 
 def _net_z(

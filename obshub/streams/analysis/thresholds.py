@@ -74,6 +74,9 @@ class Thresholds:
       retransmits when its own egress queue held a watched socket's segment this long in the step
       (``HostNet.queue_max_ns``; half TCP's minimum RTO: a link that queues, not the receiver's loss). The
       agent sends TCP_QUEUE from its ``queue_ns`` (100 ms): a lower value here sees no more.
+    - ``net_drops_min``: the fewest of a host's own dropped segments in a slowed step that give it network
+      evidence (``net_drops_evidence``, a blackout's drops; also ``count_factor`` times the most any other
+      host dropped and its own drops over the window): one or two drops are a loaded machine's chance.
     """
 
     straggler_min_ns: int = 2_000_000
@@ -112,3 +115,4 @@ class Thresholds:
     net_toward_clip: float = 3.0
     net_toward_late_rel: float = 0.25
     net_queue_min_ns: int = 100_000_000
+    net_drops_min: int = 3
