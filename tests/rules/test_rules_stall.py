@@ -720,6 +720,41 @@ def test_a_peers_weak_network_culprit_beside_a_burst_is_vetoed_by_the_burst_host
     assert stall_alerts(steps) == ([] if vetoed else [("step_stall", "node-02", "network")])
 
 
+@pytest.mark.parametrize(
+    "directed,view,want",
+    [
+        (False, "rx", ("node-02", "sched")),  # the live step: node-01's own lossy sockets, undirected
+        (False, "rtt", ("node-02", "sched")),
+        (False, None, ("node-02", "sched")),  # an older worker's summary: no view
+        (True, "rx", ("node-01", "network")),  # directed toward node-01: a blackout's shape stays its link's
+        (False, "toward", ("node-01", "network")),  # its peers' back-off toward it: a blackout's view
+        (False, "drops", ("node-01", "network")),  # its own dropped segments: a blackout's view
+    ],
+)
+def test_a_starved_hosts_run_queue_vetoing_anothers_undirected_network_evidence_names_the_starved_host(
+    directed, view, want
+):
+    # rank17's base node-02 run (2 ranks per host, 2026-12-06, step 279): an 800 ms burst on node-02 rank 4
+    # across a step boundary, x5.8 of a 180 ms median, nobody late; node-01 at 2 spreads of rx evidence,
+    # node-02's run queue 2717 ms, 4.8x the busiest other host's and 280 % of the loss: was node-01 /
+    # network (runq_veto) and a wrong step_stall by stall_k
+    rng = __import__("random").Random(279)
+    at_median = at_median_of(179.8)
+    layers = {h: {"sched": ms} for h, ms in zip(HOSTS4, (567.5, 317.2, 2717.2, 152.7))}
+    s = at_median(summary(20, 1037.4, ev={"node-01": {"network": 2.0}}, layers=layers, spread_ms=31))
+    s["net_directed"] = directed
+    if view is not None:
+        s["evidence"]["net_view"] = {"node-01": view}
+    steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, 179.8))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"]) == want, c
+    if want[1] == "sched":
+        assert c["starved"] and "node-01's connections looked lossy (network evidence 2)" in c["why"], c
+        assert stall_alerts(steps) == [("step_stall", "node-02", "sched")]
+    else:
+        assert c["runq_veto"] and "node-02's run queue vetoes it" in c["why"], c
+
+
 def test_a_stopped_ranks_peers_retransmitting_toward_it_are_no_blackout():
     """A rank stopped (SIGSTOP) for 800 ms arrives late at its collective and its two neighbours each sent
     it two retransmits (the recorded node-02 process stall, 2026-12-05): that is its process, not its

@@ -123,7 +123,9 @@ def culprit(summary: dict) -> dict | None:
        (``_layer_culprit`` names the same host, its time over its peers' median at least
        ``NET_OWN_LAYER_REL`` of the loss: a starved host's sockets look lossy), also when another
        host's network evidence under ``SPECIFIC_EVIDENCE`` came first and the host, ``starved``, has
-       network evidence of its own (its peers retransmit toward it);
+       network evidence of its own (its peers retransmit toward it), or that evidence is undirected
+       (not ``net_directed``, no ``CLIPPED_NET_VIEWS`` view) and the starved host's run queue vetoes it
+       (``_runq_veto``);
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
        ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
        any straggler without a baseline): a step without per-step evidence (the job's first steps, the
@@ -265,6 +267,26 @@ def _culprit(summary: dict, lost: int) -> dict | None:
         ):
             own["why"] += f"; its connections and {best[1]}'s looked lossy too (network evidence {best[3]:g})"
             return own
+        # and so does another host's weak, undirected network evidence of its own connections (``rx``,
+        # ``rtt``: no blackout's view) when the starved host's run queue vetoes it (``_runq_veto``): an
+        # 800 ms burst on node-02 rank 4 across a step boundary, nobody late, x5.8, node-02's run queue 4.8x
+        # the busiest other host's and 280 % of the loss, was node-01 / network at 2 spreads of ``rx`` (a
+        # wrong ``step_stall`` by ``stall_k``; rank17, 2 ranks per host, 2026-12-06)
+        view = ((summary.get("evidence") or {}).get("net_view") or {}).get(best[1])
+        if (
+            own is not None
+            and own.get("starved")
+            and best[3] < SPECIFIC_EVIDENCE
+            and own["host"] != best[1]
+            and not summary.get("net_directed")
+            and view not in CLIPPED_NET_VIEWS
+            and _runq_veto(summary, best[1], lost) is not None
+            and _runq_veto_host(summary, best[1]) == own["host"]
+        ):
+            own["why"] += (
+                f"; {best[1]}'s connections looked lossy (network evidence {best[3]:g}), vetoed by this run queue"
+            )
+            return own
         # so does a rank that waited at its memory cgroup's limit, late by most of the stall
         if group.get(best[1], 0) >= EXPLAIN_REL * lost:
             mem = _memory_limited(summary, best[1], best[3])
@@ -380,6 +402,14 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
         f"run-queue {own / 1e6:.0f} ms, +{(own - med) / 1e6:.0f} ms over its peers' median"
         f" ({(own - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {own / max(peers[-1], 1_000_000):.1f}x the busiest peer's"
     )
+
+
+def _runq_veto_host(summary: dict, host: str) -> str | None:
+    """The host other than ``host`` with the most run-queue time (``layers[h].sched.time_ns``; ties: the
+    greatest name, as ``_runq_veto`` picks it), None with no other host's row."""
+    times = _layer_times(summary.get("layers") or {}, "sched")
+    others = [(int(t), h) for h, t in times.items() if h != host]
+    return max(others)[1] if others else None
 
 
 def _runq_veto(summary: dict, host: str, lost: int) -> str | None:
