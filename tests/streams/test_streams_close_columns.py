@@ -27,8 +27,8 @@ summary_mod = __import__("obshub.streams.analysis.summary", fromlist=["summarize
 
 def _per_host(m: pytest.MonkeyPatch) -> None:
     """The close as it was before the columns: a dict row per host, a copied host view, every entry."""
-    m.setattr(summary_mod, "layers_of", lambda accs, wide, vc=None: S.layer_table(accs, vc))
-    m.setattr(summary_mod, "view_colls", lambda accs: {h: a.colls for h, a in R.host_view(accs).items()})
+    m.setattr(summary_mod, "layers_of", lambda accs, wide, vc=None, cols=None: S.layer_table(accs, vc))
+    m.setattr(summary_mod, "view_columns", lambda accs: ({h: a.colls for h, a in R.host_view(accs).items()}, None))
     real = R.host_ranks
 
     def every_entry(accs, th=Thresholds(), layers_for=None, rows_for=None):
@@ -215,3 +215,57 @@ def test_each_hosts_named_rank_is_built_when_read_as_it_was_at_once():
         for h in eager:
             got, want = dict(lazy[h]), dict(eager[h])
             assert got.pop("_late")[2:4] == want.pop("_late")[2:4] and got == want, (seed, h)
+
+
+def test_order_stats_from_an_array_equal_the_lists():
+    """``_order_stats_arr`` (numpy sort) gives ``_order_stats_of``'s first, second-latest and last hosts and
+    median on 400 random arrivals: ties at any of them (coarse grids), odd and even counts, 3 to 300 hosts."""
+    import numpy as np  # noqa: PLC0415
+
+    rnd = random.Random(7)
+    ties = 0
+    for _ in range(400):
+        n = rnd.choice((3, 4, 5, 64, 65, 300))
+        grid = rnd.choice((1, 3, 10**6))
+        hs = [f"h{i:03d}" for i in rnd.sample(range(1000), n)]
+        ts = [10**18 + rnd.randrange(grid) * 1_000 for _ in range(n)]
+        got = S._order_stats_arr(hs, ts, np.array(ts, dtype=np.int64))
+        assert got == S._order_stats_of(hs, ts), (hs, ts)
+        ties += len(set(ts)) < n
+    assert ties > 100  # the tie paths are taken
+
+
+def test_the_collective_columns_read_as_the_per_host_records():
+    """``view_columns``: the host view's records as ``view_colls`` gives them, and column-wise when every
+    host has the same keys; ``collectives`` and ``compute_many`` read from the columns give the per-host
+    records' results (unknown arrivals and durations, ties, three or more ranks); hosts of other keys, or
+    a host of one rank, give no columns."""
+    from test_streams_packed_ranks import _accs, _packed  # noqa: PLC0415 (the same generated ranks)
+
+    th = Thresholds()
+    seen = 0
+    for seed in range(12):
+        accs = _packed(_accs(70, 3 + seed % 3, seed))
+        vc, cols = R.view_columns(accs)
+        assert vc == R.view_colls(accs)
+        if len({tuple(v) for v in vc.values()}) > 1:
+            assert cols is None, seed
+            continue
+        seen += 1
+        assert cols is not None and cols.hosts == list(accs)
+        assert {k: list(v) for k, v in cols.recs.items()} == {k: [vc[h][k] for h in accs] for k in vc[cols.hosts[0]]}
+        want = S.collectives(accs, th, vc)
+        assert json.dumps(S.collectives(accs, th, vc, cols)) == json.dumps(want), seed
+        hosts = sorted(accs)
+        assert S.compute_many(accs, hosts, vc, cols) == S.compute_many(accs, hosts, vc), seed
+        assert S.compute_many(accs, hosts[::-1], vc, cols) == S.compute_many(accs, hosts[::-1], vc), seed
+        layered = S.LayerColumns(accs, vc, cols)
+        assert layered.cells == S.LayerColumns(accs, vc).cells, seed
+    assert seen >= 6
+    accs = _packed(_accs(70, 3, 1))
+    odd = next(iter(accs))
+    one = _packed(_accs(1, 1, 1))["n000"]  # a host of one rank: its own records, not a rank table's
+    assert R.view_columns({**accs, "zz": one})[1] is None
+    accs[odd].rt.k = accs[odd].rt.k[::-1]
+    accs[odd].rt.hv = accs[odd].rt.hv[::-1]
+    assert R.view_columns(accs)[1] is None

@@ -29,7 +29,7 @@ import numpy as np
 
 from obshub.streams import accumulate
 from obshub.streams.accumulate import HostAcc, RankTable, StepAcc, as_accs
-from obshub.streams.analysis.straggler import lateness, layer_table
+from obshub.streams.analysis.straggler import CollColumns, lateness, layer_table
 from obshub.streams.analysis.thresholds import Thresholds
 
 SEP = "#"
@@ -111,17 +111,39 @@ def view_colls(accs: dict[str, HostAcc]) -> dict[str, dict[str, list]]:
     """``{host: collective records}``: the ``colls`` of each host's :func:`host_view` (not strict),
     without copying the accumulators: a packed rank table's records (``RankTable.hv``) are used as they
     are (read only), so a wide step does not copy 2,048 accumulators to change one field."""
+    return view_columns(accs)[0]
+
+
+def view_columns(accs: dict[str, HostAcc]) -> tuple[dict[str, dict[str, list]], CollColumns | None]:
+    """``(view_colls(accs), columns)``: the same records also held column-wise (``straggler.CollColumns``,
+    hosts in the order of ``accs``, for ``collectives``, ``compute_many`` and ``LayerColumns``) when every
+    host's records are its packed rank table's (two or more ranks) with the same collective keys in the
+    same order (a wide step of several ranks per host: one transposition of the n hosts' k records);
+    else ``columns`` is None."""
     accs = as_accs(accs)
     out = {}
+    keys: list[str] | None = None
+    hvs: list[list] | None = []
     for h, a in accs.items():
         rt = a.rt if a.rb is not None else None
         if rt is not None and accumulate.column_len(rt.r) >= 2:
             out[h] = dict(zip(rt.k, rt.hv))
-        elif a.rb is None and len(a.ranks or ()) < 2:
+            if hvs is not None:
+                if keys is None:
+                    keys = rt.k
+                if rt.k == keys:
+                    hvs.append(rt.hv)
+                else:
+                    hvs = None
+            continue
+        hvs = None
+        if a.rb is None and len(a.ranks or ()) < 2:
             out[h] = a.colls
         else:
             out[h] = host_view({h: a})[h].colls
-    return out
+    if not hvs or keys is None or len(set(keys)) != len(keys):
+        return out, None
+    return out, CollColumns(list(accs), [a.unc_ns for a in accs.values()], dict(zip(keys, zip(*hvs))))
 
 
 def _view_of_table(a: HostAcc, rt: RankTable, strict: bool) -> HostAcc:

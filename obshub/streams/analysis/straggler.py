@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,18 +35,49 @@ _ARRIVE, _END, _DURATION = operator.itemgetter(1), operator.itemgetter(2), opera
 _CELL_TIME, _CELL_COUNT = operator.itemgetter(0), operator.itemgetter(1)
 """A :class:`LayerColumns` cell's (``(time_ns, count, max_ns)``) time and count."""
 
+
+class CollColumns(NamedTuple):
+    """The host view's collective records of a wide step held column-wise (``ranks.view_columns``), built in
+    one pass when every host has the same collective keys in the same order: ``hosts`` every host of the
+    step in the accumulators' order (n), ``uncs`` their clocks' uncertainty (n, ns), ``recs`` per
+    collective key (k keys, in the hosts' key order) the n hosts' records ``[op, arrive_rt, end_rt,
+    duration_ns]`` in ``hosts`` order (ns; arrive, end or duration may be None). Read by ``collectives``,
+    ``compute_many`` and ``LayerColumns`` instead of transposing the per-host records each. Read only."""
+
+    hosts: list[str]
+    uncs: list[int]
+    recs: dict[str, Sequence[list]]
+
+
 _BOUND = 2**62
 """Collective ends and durations (ns) the vectorised union takes: within +-2**62, so that no difference
 overflows int64 (beyond: ``compute_ns`` in Python ints)."""
 
 
-def compute_many(accs: dict[str, dict], hosts: list[str], colls_of: dict[str, dict] | None = None) -> list[int | None]:
+def compute_many(
+    accs: dict[str, dict],
+    hosts: list[str],
+    colls_of: dict[str, dict] | None = None,
+    columns: CollColumns | None = None,
+) -> list[int | None]:
     """``[compute_ns(accs[h], colls_of[h]) for h in hosts]`` (ns, None where unknown), the union of each
     host's collective intervals taken with numpy for the hosts of a step time and as many collective
     records, all with an end and a duration (the usual step: one ``(hosts, collectives)`` matrix, sorted
     per row by ``(start, end)`` as ``union_ns`` sorts, then merged column by column). The same ints as
-    ``compute_ns``; other hosts, and values beyond ``_BOUND``, take ``compute_ns``."""
-    out: list[int | None] = [None] * len(hosts)
+    ``compute_ns``; other hosts, and values beyond ``_BOUND``, take ``compute_ns``. ``columns``: the same
+    records as ``colls_of`` held column-wise (:class:`CollColumns`); when its hosts are ``hosts`` in that
+    order, every one with a step time and two or more records, the matrix is read from its columns."""
+    n = len(hosts)
+    if columns is not None and len(columns.recs) >= 2 and columns.hosts == hosts:
+        steps = [accs[h].step_ns for h in hosts]
+        if None not in steps:
+            cols = list(columns.recs.values())
+            got = _union_of(
+                [list(map(_END, c)) for c in cols], [list(map(_DURATION, c)) for c in cols], n, len(cols), True
+            )
+            if got is not None:
+                return [max(0, s - w) for s, w in zip(steps, got)]
+    out: list[int | None] = [None] * n
     groups: dict[int, list[int]] = {}
     recs: dict[int, list] = {}
     for i, h in enumerate(hosts):
@@ -61,32 +93,47 @@ def compute_many(accs: dict[str, dict], hosts: list[str], colls_of: dict[str, di
         recs[k].extend(cs.values())
     for k, idx in groups.items():
         rs = recs[k]
-        try:
-            e = np.array(list(map(_END, rs)), dtype=np.int64).reshape(len(idx), k)
-            d = np.array(list(map(_DURATION, rs)), dtype=np.int64).reshape(len(idx), k)
-            if int(np.abs(e).max()) >= _BOUND or int(np.abs(d).max()) >= _BOUND:
-                raise OverflowError
-        except (TypeError, ValueError, OverflowError):  # an unknown end or duration, or beyond int64
+        ws = _union_of(list(map(_END, rs)), list(map(_DURATION, rs)), len(idx), k, False)
+        if ws is None:  # an unknown end or duration, or beyond int64
             for i in idx:
                 h = hosts[i]
                 out[i] = compute_ns(accs[h], None if colls_of is None else colls_of[h])
             continue
-        st = e - d
-        order = np.lexsort((e, st), axis=1)
-        st = np.take_along_axis(st, order, 1)
-        e = np.take_along_axis(e, order, 1)
-        cur_s, cur_e = st[:, 0], e[:, 0]
-        total = np.zeros(len(idx), dtype=np.int64)
-        for j in range(1, k):
-            sj, ej = st[:, j], e[:, j]
-            gap = sj > cur_e
-            total += np.where(gap, cur_e - cur_s, 0)
-            cur_s = np.where(gap, sj, cur_s)
-            cur_e = np.where(gap, ej, np.maximum(cur_e, ej))
-        total += cur_e - cur_s
-        for i, w in zip(idx, total.tolist()):
+        for i, w in zip(idx, ws):
             out[i] = max(0, accs[hosts[i]].step_ns - w)
     return out
+
+
+def _union_of(ends: list, durs: list, n: int, k: int, by_column: bool) -> list[int] | None:
+    """Per host the length of the union of its ``k`` collective intervals ``[end - duration, end]`` (ns),
+    for ``n`` hosts: ``ends`` and ``durs`` hold ``n * k`` values row by row (host by host), or with
+    ``by_column`` ``k`` lists of ``n`` (one per collective, hosts in order). None when a value is unknown
+    (None), no int, or beyond ``_BOUND`` (the caller takes ``compute_ns``)."""
+    try:
+        e = np.array(ends, dtype=np.int64)
+        d = np.array(durs, dtype=np.int64)
+        if int(np.abs(e).max()) >= _BOUND or int(np.abs(d).max()) >= _BOUND:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if by_column:
+        e, d = e.T, d.T
+    else:
+        e, d = e.reshape(n, k), d.reshape(n, k)
+    st = e - d
+    order = np.lexsort((e, st), axis=1)
+    st = np.take_along_axis(st, order, 1)
+    e = np.take_along_axis(e, order, 1)
+    cur_s, cur_e = st[:, 0], e[:, 0]
+    total = np.zeros(n, dtype=np.int64)
+    for j in range(1, k):
+        sj, ej = st[:, j], e[:, j]
+        gap = sj > cur_e
+        total += np.where(gap, cur_e - cur_s, 0)
+        cur_s = np.where(gap, sj, cur_s)
+        cur_e = np.where(gap, ej, np.maximum(cur_e, ej))
+    total += cur_e - cur_s
+    return total.tolist()
 
 
 def layer_table(accs: dict[str, dict], colls_of: dict[str, dict] | None = None) -> dict[str, dict[str, dict]]:
@@ -129,7 +176,9 @@ class LayerColumns(Mapping):
 
     __slots__ = ("_accs", "_colls", "_hosts", "_rows", "cells")
 
-    def __init__(self, accs: dict[str, dict], colls_of: dict[str, dict] | None = None) -> None:
+    def __init__(
+        self, accs: dict[str, dict], colls_of: dict[str, dict] | None = None, columns: CollColumns | None = None
+    ) -> None:
         accs = as_accs(accs)
         self._accs = accs
         self._colls = colls_of  # per host the collective records its compute time reads (None: acc.colls)
@@ -137,7 +186,7 @@ class LayerColumns(Mapping):
         self._rows: dict[str, dict] = {}
         cells: dict[str, dict[str, Sequence]] = {}
         pytorch = Layer.PYTORCH.value
-        comps = compute_many(accs, self._hosts, colls_of)
+        comps = compute_many(accs, self._hosts, colls_of, columns)
         for host, comp in zip(self._hosts, comps):
             for layer, v in accs[host].layers.items():  # [time_ns, count, max_ns], read only
                 col = cells.get(layer)
@@ -205,11 +254,11 @@ _NO_COLUMN: dict = {}  # a layer no host has (read only)
 
 
 def layers_of(
-    accs: dict[str, dict], wide: bool, colls_of: dict[str, dict] | None = None
+    accs: dict[str, dict], wide: bool, colls_of: dict[str, dict] | None = None, columns: CollColumns | None = None
 ) -> "dict[str, dict[str, dict]] | LayerColumns":
     """The step's layer table: ``layer_table(accs, colls_of)``, or for a ``wide`` step the same held
-    column-wise (:class:`LayerColumns`)."""
-    return LayerColumns(accs, colls_of) if wide else layer_table(accs, colls_of)
+    column-wise (:class:`LayerColumns`; ``columns``: ``colls_of`` column-wise, :class:`CollColumns`)."""
+    return LayerColumns(accs, colls_of, columns) if wide else layer_table(accs, colls_of)
 
 
 def pytorch_times(layers: "dict | LayerColumns", hosts) -> dict[str, int | None]:
@@ -283,8 +332,27 @@ def _order_stats_of(hs: list[str], ts: list[int]) -> tuple[str, str, str, int]:
     return first, second, last, med
 
 
+def _order_stats_arr(hs: list[str], ts: list[int], t: np.ndarray) -> tuple[str, str, str, int]:
+    """:func:`_order_stats_of` of hosts ``hs`` and their arrivals ``ts`` (ns, three or more) with ``t`` the
+    same arrivals as an int64 array (each within +-2**61): one numpy sort instead of Python's, the first
+    index of a value by ``argmin``/``argmax``; ties at the first, second-latest or last arrival take
+    :func:`_order_stats_of`. The same result."""
+    s = np.sort(t)
+    n = len(s)
+    t_lo, t1, t3, t2, t_hi = (int(x) for x in s[[0, 1, -3, -2, -1]])
+    if not (t1 > t_lo and t_hi > t2 > t3):
+        return _order_stats_of(hs, ts)
+    i2 = int(np.argmax(t == t2))
+    lo, hi = int(s[n // 2 - 1]), int(s[n // 2])
+    med = hi if n % 2 else (lo + hi) // 2  # median_int
+    return hs[int(np.argmin(t))], hs[i2], hs[int(np.argmax(t))], med
+
+
 def collectives(
-    accs: dict[str, dict], th: Thresholds = Thresholds(), colls_of: dict[str, dict] | None = None
+    accs: dict[str, dict],
+    th: Thresholds = Thresholds(),
+    colls_of: dict[str, dict] | None = None,
+    columns: CollColumns | None = None,
 ) -> list[dict]:
     """Per collective seen (COLLECTIVE_BEGIN) by at least two hosts: ``{pg, coll_seq, op, skew_ns,
     uncertainty_ns, last_host, lead_ns, lead_uncertainty_ns, late, consistent, why}`` sorted by (pg,
@@ -293,10 +361,11 @@ def collectives(
     each host to its arrival minus the median arrival (ns, >= 0 only for the later half). ``consistent``
     is False (and ``why`` says why) when the pairing check (``_pair_check``) fails. Ties break by host
     name. ``colls_of``: per host the collective records to read instead of ``acc.colls`` (the host
-    view's, ``ranks.view_colls``)."""
+    view's, ``ranks.view_colls``); ``columns``: the same records column-wise (:class:`CollColumns`, hosts in
+    the order of ``accs``), read instead."""
     accs = as_accs(accs)
-    by_key: dict[str, tuple[list[str], list, list[int]]] = {}  # key -> (hosts, records, their unc_ns)
-    for host, acc in accs.items():
+    by_key = _by_key(columns) if columns is not None else {}  # key -> (hosts, records, their unc_ns)
+    for host, acc in accs.items() if columns is None else ():
         for key, rec in (acc.colls if colls_of is None else colls_of[host]).items():
             if rec[1] is not None:
                 v = by_key.get(key)
@@ -339,6 +408,21 @@ def collectives(
     return out
 
 
+def _by_key(columns: CollColumns) -> dict[str, tuple[Sequence[str], Sequence, Sequence[int]]]:
+    """``collectives``' ``{key: (hosts, records, their unc_ns)}`` from ``columns``: per key the hosts whose
+    record has an arrival, in ``columns.hosts`` order (the columns' lists as they are when all have one)."""
+    out: dict[str, tuple[Sequence[str], Sequence, Sequence[int]]] = {}
+    hosts, uncs = columns.hosts, columns.uncs
+    for key, recs in columns.recs.items():
+        if None not in map(_ARRIVE, recs):
+            out[key] = (hosts, recs, uncs)
+            continue
+        keep = [i for i, r in enumerate(recs) if r[1] is not None]
+        if keep:
+            out[key] = ([hosts[i] for i in keep], [recs[i] for i in keep], [uncs[i] for i in keep])
+    return out
+
+
 WIDE_COLLECTIVE = 64
 """A collective joined by at least this many hosts is read with numpy (``_wide_collective``)."""
 _SMALL = 2**61  # arrivals, ends, durations and uncertainties the numpy pairing check takes (no overflow)
@@ -367,7 +451,7 @@ def _wide_collective(
     for a in (t, u, e, d):
         if int(np.abs(a).max()) >= _SMALL:
             return None
-    first_h, second_h, last_h, med = _order_stats_of(hs, ts)
+    first_h, second_h, last_h, med = _order_stats_arr(hs, ts, t) if len(hs) >= 3 else _order_stats_of(hs, ts)
     at = {h: hs.index(h) for h in (first_h, second_h, last_h)}  # the three hosts' indices (hosts are unique)
     i_last = at[last_h]
 

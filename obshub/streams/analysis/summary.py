@@ -22,7 +22,7 @@ from obshub.streams.analysis.ranks import (
     rank_fields,
     rank_units,
     split_unit,
-    view_colls,
+    view_columns,
 )
 from obshub.streams.analysis.running import past_data
 from obshub.streams.analysis.straggler import blame, collectives, find_straggler, lateness, layer_table, layers_of
@@ -211,9 +211,11 @@ def summarize(
     one_node = len(accs) == 1 and accumulate.rank_count(next(iter(accs.values()))) >= 2
     raw = accs
     if wide:  # the host view's collective records only (no accumulator copied), layers column-wise
-        vc = view_colls(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
-        layers = layers_of(accs, wide, vc)  # rows built only for the hosts the summary keeps
-        colls = collectives(accs, th, vc)
+        # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host"); its records also
+        # column-wise (one transposition of the hosts' records, read by the collectives and compute times)
+        vc, cols = view_columns(accs)
+        layers = layers_of(accs, wide, vc, cols)  # rows built only for the hosts the summary keeps
+        colls = collectives(accs, th, vc, cols)
     else:
         accs = host_view(accs)  # a host arrives with its last rank (docs/ANALYSIS.md "Several ranks per host")
         layers = layer_table(accs)
