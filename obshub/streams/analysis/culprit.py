@@ -280,8 +280,8 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             and own["host"] != best[1]
             and not summary.get("net_directed")
             and view not in CLIPPED_NET_VIEWS
-            and _runq_veto(summary, best[1], lost) is not None
-            and _runq_veto_host(summary, best[1]) == own["host"]
+            and (vetoed := _runq_veto(summary, best[1], lost)) is not None
+            and vetoed[0] == own["host"]
         ):
             own["why"] += (
                 f"; {best[1]}'s connections looked lossy (network evidence {best[3]:g}), vetoed by this run queue"
@@ -313,7 +313,7 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             veto = _runq_veto(summary, h, lost)
             c["runq_veto"] = veto is not None
             if veto is not None:
-                c["why"] += f"; {veto}"
+                c["why"] += f"; {veto[1]}"
         return c
     if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
@@ -404,18 +404,11 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     )
 
 
-def _runq_veto_host(summary: dict, host: str) -> str | None:
-    """The host other than ``host`` with the most run-queue time (``layers[h].sched.time_ns``; ties: the
-    greatest name, as ``_runq_veto`` picks it), None with no other host's row."""
-    times = _layer_times(summary.get("layers") or {}, "sched")
-    others = [(int(t), h) for h, t in times.items() if h != host]
-    return max(others)[1] if others else None
-
-
-def _runq_veto(summary: dict, host: str, lost: int) -> str | None:
+def _runq_veto(summary: dict, host: str, lost: int) -> tuple[str, str] | None:
     """Whether a host other than ``host`` (a ``network`` culprit under ``SPECIFIC_EVIDENCE``) waited in
-    its run queue far beyond its peers in a step that lost ``lost`` ns over the job's median step: a short
-    description naming it when its run-queue time (``layers[h].sched.time_ns``) is at least
+    its run queue far beyond its peers in a step that lost ``lost`` ns over the job's median step: the
+    vetoing host (the other host with the most run-queue time; ties: the greatest name) and a short
+    description naming it, when its run-queue time (``layers[h].sched.time_ns``) is at least
     ``RUNQ_VETO_FACTOR`` times every other host's (``host``'s included; 1 ms at least) and over its peers'
     median by at least ``EXPLAIN_REL`` of ``lost``; None otherwise (also with ``lost`` 0 or fewer than two
     layer rows). A CPU burst that hits a rank inside a collective delays its ACKs, and its peers' sockets
@@ -432,7 +425,7 @@ def _runq_veto(summary: dict, host: str, lost: int) -> str | None:
         med = min(med, int(((summary.get("layer_stats") or {}).get("sched") or {}).get("time_p50_ns", med)))
     if top - med < EXPLAIN_REL * lost or top < RUNQ_VETO_FACTOR * max(rest[-1], 1_000_000):
         return None
-    return (
+    return top_host, (
         f"{top_host}'s run queue vetoes it: {top / 1e6:.0f} ms, +{(top - med) / 1e6:.0f} ms over its peers' median"
         f" ({(top - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {top / max(rest[-1], 1_000_000):.1f}x the"
         " busiest other host's"
