@@ -60,8 +60,37 @@ def _episodes(rep: dict) -> list[tuple]:
     return out
 
 
+def read_run(steps_file: Path) -> tuple[dict, list[dict]]:
+    """A kept run: its ``report.json`` (beside ``steps_file``) and its step summaries (``steps_file``, one
+    JSON object a line, blank lines skipped) sorted by ``closed_at_ns``. Raises ValueError naming the file
+    (and the line) that is no JSON object, or a summary without an integer ``closed_at_ns`` (a run cut off
+    while it was written)."""
+    report = steps_file.parent / "report.json"
+    try:
+        rep = json.loads(report.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{report}: not JSON ({exc})") from None
+    if not isinstance(rep, dict):
+        raise ValueError(f"{report}: not a JSON object (a bench.ttd --keep report)")
+    steps = []
+    with steps_file.open() as f:
+        for no, ln in enumerate(f, 1):
+            if not ln.strip():
+                continue
+            try:
+                s = json.loads(ln)
+            except ValueError as exc:
+                raise ValueError(f"{steps_file}:{no}: not JSON ({exc})") from None
+            if not isinstance(s, dict) or not isinstance(s.get("closed_at_ns"), int):
+                raise ValueError(f"{steps_file}:{no}: not a step summary (no integer closed_at_ns)")
+            steps.append(s)
+    return rep, sorted(steps, key=lambda s: s["closed_at_ns"])
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Replay the kept runs under the folders given; 0 when at least one run was read, 2 otherwise."""
+    """Replay the kept runs under the folders given; 0 when at least one run was read, 2 otherwise (no kept
+    run there, said on stderr). Bad input exits 2 naming it (argparse): a folder that does not exist, a
+    ``--base`` that is no checkout, a kept run's file that is not JSON (``read_run``)."""
     p = argparse.ArgumentParser(
         prog="python -m bench.stall_replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -69,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=Path, required=True, help="a checkout of the commit to compare with")
     p.add_argument("--wrong", action="store_true", help="also list every wrong alert of this tree's side")
     a = p.parse_args(argv)
+    for d in a.dirs:
+        if not d.is_dir():
+            p.error(f"{d}: no such folder (kept runs: bench.ttd --keep DIR)")
     base_file = a.base / "obshub/streams/analysis/culprit.py"
     if not base_file.is_file():
         p.error(f"--base {a.base}: no obshub/streams/analysis/culprit.py there (a checkout of obshub?)")
@@ -100,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     tot.update(stalls=0, named_base=0, named=0, named_all_base=0, named_all=0)
     paths = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
     for sp in paths:
-        rep = json.loads((sp.parent / "report.json").read_text())
-        steps = sorted((json.loads(ln) for ln in sp.open() if ln.strip()), key=lambda s: s["closed_at_ns"])
+        try:
+            rep, steps = read_run(sp)
+        except (OSError, ValueError) as exc:
+            p.error(str(exc))
         if not steps:
             continue
         tot["runs"] += 1
@@ -232,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                     f" {ab} -> {an} by any rule"
                 )
     print(" ".join(f"{k}={v}" for k, v in tot.items()))
+    if not tot["runs"]:
+        print(f"no kept run (steps.jsonl beside report.json) under {' '.join(map(str, a.dirs))}", file=sys.stderr)
     return 0 if tot["runs"] else 2
 
 

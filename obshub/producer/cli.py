@@ -510,7 +510,10 @@ def deep_dive_command(host, steps, max_s, bootstrap):
     call times, slow launches per step) for STEPS steps of each rank, at most MAX_S seconds, and detach
     them after. The request goes through the control topic (obshub.control.v1); the agent logs the
     window it served."""
+    from confluent_kafka import KafkaException
+
     from obshub.core.kafka import KafkaConnection
+    from obshub.core.reach import HINT, BrokerUnreachable, tcp_reason, unreachable_message
     from obshub.core.settings import load_settings
     from obshub.producer.control import CONTROL_TOPIC, request_deep_dive
 
@@ -519,6 +522,11 @@ def deep_dive_command(host, steps, max_s, bootstrap):
         request_deep_dive(conn, host, steps, max_s, by="obshub deep-dive")
     except (ValueError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
+    except KafkaException as exc:  # the control topic's metadata or creation (10 s): said once, as every command
+        reason = tcp_reason(conn.bootstrap, 1.0)
+        if reason is not None:
+            raise BrokerUnreachable(unreachable_message(conn.bootstrap, reason, 10.0), HINT) from None
+        raise click.ClickException(f"the Kafka cluster at {conn.bootstrap} did not take the request: {exc}") from None
     click.echo(f"deep dive asked of {host}: {steps} steps, at most {max_s:g} s (via {CONTROL_TOPIC})")
 
 

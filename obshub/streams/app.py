@@ -492,13 +492,20 @@ def trim_heap() -> bool:
     walk of the heap, about a millisecond per 100 MB, once per sweep (at most every ``retention / 10``)."""
     if not _LIBC:
         import ctypes
-        import ctypes.util
 
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.append(libc if hasattr(libc, "malloc_trim") else None)
-        except OSError:
-            _LIBC.append(None)
+        # the process's own symbols (the C library Python runs on) first: ``ctypes.util.find_library``
+        # spawns ``ldconfig -p`` (and gcc/ld when that fails), child processes that inherit the worker's
+        # blocked SIGTERM/SIGINT (obshub/core/stopping.py); "libc.so.6" where the process has no malloc_trim
+        libc = None
+        for name in (None, "libc.so.6"):
+            try:
+                lib = ctypes.CDLL(name)
+            except OSError:
+                continue
+            if hasattr(lib, "malloc_trim"):
+                libc = lib
+                break
+        _LIBC.append(libc)
     if _LIBC[0] is None:
         return False
     _LIBC[0].malloc_trim(0)

@@ -62,6 +62,7 @@ COMMANDS = {
     "replay": ["replay", str(TRACES)],
     "status": ["status"],
     "topics check": ["topics", "check"],  # once 15 s and a raw KafkaError{code=_TRANSPORT}
+    "deep-dive": ["deep-dive", "--host", "node-01"],  # once a traceback of KafkaError{code=_TRANSPORT}
 }
 
 

@@ -6,6 +6,9 @@ being summarised."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 from obshub.core import schema
@@ -164,3 +167,26 @@ def test_an_agent_instances_sequence_record_is_dropped_after_the_retention():
         del agents[aid]
     assert sorted(agents) == ["b/node0/a1", "b/node1/a1"]
     assert sorted(agents.recovered()) == ["b/node0/a1", "b/node1/a1"], "tombstones: a restart holds only b"
+
+
+_NO_CHILD = """
+import sys
+from obshub.streams.app import trim_heap  # (importing faust runs ``file -b python``: croniter's is_32bit)
+spawned = []
+sys.addaudithook(
+    lambda event, args: spawned.append(event)
+    if event.startswith(("subprocess.", "os.posix_spawn", "os.fork", "os.exec", "os.spawn", "os.system"))
+    else None
+)
+print(trim_heap(), trim_heap(), spawned)
+"""
+
+
+def test_the_heap_trim_finds_the_c_library_without_starting_a_process():
+    # the worker blocks SIGTERM/SIGINT before its first sweep (obshub/core/stopping.py), and a child inherits
+    # the mask: ctypes.util.find_library("c") ran ``ldconfig -p`` (and gcc when that failed) at the first trim
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_CHILD], capture_output=True, text=True, cwd=root, timeout=60, check=True
+    )
+    assert done.stdout.split("\n")[0] == "True True []", done.stdout + done.stderr

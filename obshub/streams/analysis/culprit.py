@@ -280,8 +280,8 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             and own["host"] != best[1]
             and not summary.get("net_directed")
             and view not in CLIPPED_NET_VIEWS
-            and _runq_veto(summary, best[1], lost) is not None
-            and _runq_veto_host(summary, best[1]) == own["host"]
+            and (vetoed := _runq_veto(summary, best[1], lost)) is not None
+            and vetoed[0] == own["host"]
         ):
             own["why"] += (
                 f"; {best[1]}'s connections looked lossy (network evidence {best[3]:g}), vetoed by this run queue"
@@ -313,7 +313,7 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             veto = _runq_veto(summary, h, lost)
             c["runq_veto"] = veto is not None
             if veto is not None:
-                c["why"] += f"; {veto}"
+                c["why"] += f"; {veto[1]}"
         return c
     if strag and strag.get("excess_ns", 0) >= EXPLAIN_REL * lost:
         mine = [b for b in summary.get("blame") or [] if b.get("host") == strag["host"]]
@@ -372,8 +372,7 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     if seen is None:
         return None
     own, peers, med = seen
-    if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
-        med = min(med, int(((summary.get("layer_stats") or {}).get("sched") or {}).get("time_p50_ns", med)))
+    med = _wide_median(summary, "sched", med)
     if z is None:
         spread = int((summary.get("evidence") or {}).get("spread_ns") or 0)
         z = max(STARVED_MIN_EVIDENCE, (own - med) / spread) if spread > 0 else STARVED_MIN_EVIDENCE
@@ -404,18 +403,11 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     )
 
 
-def _runq_veto_host(summary: dict, host: str) -> str | None:
-    """The host other than ``host`` with the most run-queue time (``layers[h].sched.time_ns``; ties: the
-    greatest name, as ``_runq_veto`` picks it), None with no other host's row."""
-    times = _layer_times(summary.get("layers") or {}, "sched")
-    others = [(int(t), h) for h, t in times.items() if h != host]
-    return max(others)[1] if others else None
-
-
-def _runq_veto(summary: dict, host: str, lost: int) -> str | None:
-    """Whether a host other than ``host`` (a ``network`` culprit under ``SPECIFIC_EVIDENCE``) waited in
-    its run queue far beyond its peers in a step that lost ``lost`` ns over the job's median step: a short
-    description naming it when its run-queue time (``layers[h].sched.time_ns``) is at least
+def _runq_veto(summary: dict, host: str, lost: int) -> tuple[str, str] | None:
+    """Whether a host other than ``host`` (a ``network`` culprit under ``SPECIFIC_EVIDENCE``, or of a
+    ``CLIPPED_NET_VIEWS`` view) waited in its run queue far beyond its peers in a step that lost ``lost``
+    ns over the job's median step: the vetoing host (the other host with the most run-queue time; ties:
+    the greatest name) and a short description naming it, when its run-queue time (``layers[h].sched.time_ns``) is at least
     ``RUNQ_VETO_FACTOR`` times every other host's (``host``'s included; 1 ms at least) and over its peers'
     median by at least ``EXPLAIN_REL`` of ``lost``; None otherwise (also with ``lost`` 0 or fewer than two
     layer rows). A CPU burst that hits a rank inside a collective delays its ACKs, and its peers' sockets
@@ -428,11 +420,10 @@ def _runq_veto(summary: dict, host: str, lost: int) -> str | None:
     top, top_host = max((int(t), h) for h, t in times.items() if h != host)
     rest = sorted(int(t) for h, t in times.items() if h != top_host)
     med = rest[(len(rest) - 1) // 2]
-    if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
-        med = min(med, int(((summary.get("layer_stats") or {}).get("sched") or {}).get("time_p50_ns", med)))
+    med = _wide_median(summary, "sched", med)
     if top - med < EXPLAIN_REL * lost or top < RUNQ_VETO_FACTOR * max(rest[-1], 1_000_000):
         return None
-    return (
+    return top_host, (
         f"{top_host}'s run queue vetoes it: {top / 1e6:.0f} ms, +{(top - med) / 1e6:.0f} ms over its peers' median"
         f" ({(top - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {top / max(rest[-1], 1_000_000):.1f}x the"
         " busiest other host's"
@@ -564,6 +555,15 @@ def _job_ranks(summary: dict, layer: str) -> dict[tuple[str, str], int]:
     }
 
 
+def _wide_median(summary: dict, layer: str, med: int) -> int:
+    """``med``, the peers' median time in ``layer`` (ns) read from the step's layer rows; a wide step
+    (``layers_omitted``) keeps its outlier rows only, so its median is at most the job-wide one of its
+    ``layer_stats`` (``layer_stats[layer].time_p50_ns``, ns; ``med`` where absent)."""
+    if not summary.get("layers_omitted"):
+        return med
+    return min(med, int(((summary.get("layer_stats") or {}).get(layer) or {}).get("time_p50_ns", med)))
+
+
 def _busiest_rank(times: dict[str, int]) -> str:
     """The rank of ``times`` (``{rank: ns}``, ranks as text) with the most time; the lowest rank of a tie."""
     return max(times, key=lambda r: (times[r], -int(r)))
@@ -596,7 +596,6 @@ def _layer_culprit(summary: dict, lost: int, min_rel: float = EXPLAIN_REL) -> di
     collective (its sends starved) slows every rank alike: nobody arrives late, so neither lateness
     evidence nor a straggler names it, but the host's run-queue or reclaim time does."""
     layers = summary.get("layers") or {}
-    stats = summary.get("layer_stats") or {}
     found: list[tuple] = []
     node = None
     for layer in LAYER_CULPRIT:
@@ -612,8 +611,7 @@ def _layer_culprit(summary: dict, lost: int, min_rel: float = EXPLAIN_REL) -> di
         k = (len(ordered) - 2) // 2  # the peers' lower median: index (peers - 1) // 2 among n - 1 peers
         for h, t in times.items():
             ref = ordered[k] if k < bisect.bisect_left(ordered, t) else ordered[k + 1]
-            if summary.get("layers_omitted"):  # a wide step keeps outlier rows only: its median is the stats'
-                ref = min(ref, int((stats.get(layer) or {}).get("time_p50_ns", ref)))
+            ref = _wide_median(summary, layer, ref)
             ex = t - ref
             if ex >= EXPLAIN_REL * lost and ex > 0:
                 found.append((ex, h, layer, ref))
