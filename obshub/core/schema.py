@@ -822,11 +822,12 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "held step with ambiguous hosts that this step (not slowed, or the second after it) left unexplained "
     "(ns; after: the later steps that named none of its hosts before this one); absent otherwise (rules see null)",
     "memory_episode": "null, or {host, rank, first_step, steps, lost_ns, reclaim_ns, peer_reclaim_ns}: a memory "
-    "stall that this step, charged to the host's memory, continues: its first step was charged so after "
-    "MEMORY_QUIET_STEPS (16) closed steps without such a charge (an onset), with at most MEMORY_GAP_STEPS (2) "
-    "uncharged steps in a row since; steps: its charged steps so far, this one included; lost_ns: what they "
-    "lost over the baseline median (ns); reclaim_ns: the host's memory time in them, peer_reclaim_ns: the "
-    "busiest other host's in each of them, summed (ns; absent in older records); absent "
+    "stall that this step, charged to the host's memory or with the host still at its memory cgroup's limit, "
+    "continues: its first step was charged so after MEMORY_QUIET_STEPS (16) closed steps without such a "
+    "charge (an onset), with at most MEMORY_GAP_STEPS (2) steps in a row neither charged nor at the limit "
+    "since; steps: its steps so far, this one included; lost_ns: what its charged steps lost over the "
+    "baseline median (ns); reclaim_ns: the host's memory time in its steps, peer_reclaim_ns: the busiest "
+    "other host's in each of them, summed (ns; absent in older records); absent "
     'otherwise (rules see null; docs/ANALYSIS.md "A memory episode")',
     "hang": "null, or {pg, coll_seq, op, hosts: [{host, rank, last_step, last_phase, silent_ns, state[, toward]}], "
     "waiting, waiting_ranks, waited_ns, after_ns}: ranks that never arrived at a collective the others wait at; "

@@ -1386,23 +1386,90 @@ def with_ratio(s, ratio, median_ms=LIVE_MEDIAN_MS):
     return at_median_of(median_ms)(s)
 
 
-@pytest.mark.parametrize("gap,fires", [(2, True), (3, False)])
-def test_a_squeeze_whose_steps_faster_ones_interrupt_is_one_episode(gap, fires):
+def off_the_limit(steps, rng, host="node-03"):
+    """``steps`` with ``host``'s memory row under ``MEMLIMIT_MIN_RECORDS`` (10-15 records, 0.3 ms): reclaim
+    on it still, but not its cgroup's limit (the live squeezes' edges, node-01's 10 and 15 of stall 1,
+    memstall12 live-base)."""
+    for s in steps:
+        s["layers"][host]["memory"] = {"time_ns": 300_000, "count": rng.randint(10, 15), "max_ns": 100_000}
+    return steps
+
+
+@pytest.mark.parametrize(
+    "gap,at_limit,at",
+    [(2, False, 44), (3, False, None), (2, True, 42), (3, True, 42)],
+)
+def test_a_squeeze_whose_steps_faster_ones_interrupt_is_one_episode(gap, at_limit, at):
     # live on 1ce17ac, 2026-12-06 10:00, load 3.9 (kept in /tmp/memstall12/live-base, node-03's 3rd stall):
     # its charged steps 404 (x1.09), 405 (memory by blame), 407 (x1.07), 408 (x1.33), with 406 between,
     # x0.98: node-03's 27 reclaim records, but a step that lost nothing is charged to nobody's memory.
-    # Up to MEMORY_GAP_STEPS (2) such steps in a row do not end the episode; a third does
+    # Off its limit (under MEMLIMIT_MIN_RECORDS), up to MEMORY_GAP_STEPS (2) such steps in a row do not end
+    # the episode and add nothing; a third ends it. At its limit each is one of the episode's steps (its 3 ms
+    # of reclaim counted, not its loss) and no gap at all
     rng = __import__("random").Random(3)
     first = squeeze_at(40, (1.09,))
     between = [with_ratio(s, r) for s, r in zip(clean_at(41, gap, rng, limit_host="node-03"), (0.98, 0.95, 0.97))]
+    if not at_limit:
+        off_the_limit(between, rng)
     rest = squeeze_at(41 + gap, (1.07, 1.33, 1.12))  # 59 ms with the first step's 9
     steps = charge([*clean_at(0, 40, rng), *first, *between, *rest, *clean_at(44 + gap, 30, rng)])
     assert not any((s["culprit"] or {}).get("layer") == "memory" for s in between)
-    assert all("memory_episode" in s for s in rest) == fires
-    # fired on the episode's 3rd charged step (rest's 2nd: 18 ms of node-03's reclaim, stall_episode_reclaim_ns;
-    # its loss reaches 50 ms one step later)
-    want = [("memory_stall_episode", "node-03", "memory", str(42 + gap))] if fires else []
+    assert all("memory_episode" in s for s in between) == at_limit
+    assert all("memory_episode" in s for s in rest) == (at is not None)
+    if at is not None:
+        ep = rest[-1]["memory_episode"]
+        assert (ep["first_step"], ep["steps"]) == (40, 4 + (gap if at_limit else 0))
+        assert ep["reclaim_ns"] == 4 * 6_000_000 + (gap * 3_000_000 if at_limit else 0)
+        assert ep["lost_ns"] == sum(
+            int(r * LIVE_MEDIAN_MS * 1e6) - int(LIVE_MEDIAN_MS * 1e6) for r in (1.09, 1.07, 1.33, 1.12)
+        )
+    # off the limit: fired on the episode's 3rd charged step (rest's 2nd: 18 ms of node-03's reclaim,
+    # stall_episode_reclaim_ns; its loss reaches 50 ms one step later); at it, on its 3rd step (12 ms)
+    want = [("memory_stall_episode", "node-03", "memory", str(at))] if at is not None else []
     assert memory_alerts(steps) == want
+
+
+# shapes17's missed squeeze (d6f324f, 2026-12-06 22:29, node-01 mem 600 ms every 9 s, kept in
+# /tmp/shapes17-runs/e-mem600p9, steps 438-443 in close order): node-01 at its memory cgroup's limit on 6
+# steps in a row (20-48 reclaim records, 9.5 ms of reclaim, none on a peer) that lost little or nothing
+# (x0.81-x1.06 of a 133.3 ms median): charged to its memory on the 2 slower ones, a peer's blame or nobody
+# on the 3 between and the last
+MISSED_600MS = {
+    "ratios": (1.063, 0.92, 0.81, 0.96, 1.06, 0.94),
+    "records": (20, 35, 26, 30, 48, 38),
+    "reclaim_ms": (0.51, 1.90, 0.75, 2.34, 2.44, 1.57),
+    "median_ms": 133.3,
+}
+
+
+@pytest.mark.parametrize("at_limit", [True, False])
+def test_a_squeeze_at_its_limit_through_steps_that_lost_nothing_is_one_episode(at_limit):
+    # at its limit on the 3 steps between its 2 charged ones, the squeeze is one episode of 6 steps and
+    # memory_stall_episode fires on its 4th (5.5 ms of node-01's reclaim in 4 steps, none on a peer); on
+    # d6f324f and 3ad97cf the 3 steps were a gap over MEMORY_GAP_STEPS: two 1-step pieces, no alert. The
+    # same steps with node-01 off its limit in between (under MEMLIMIT_MIN_RECORDS) stay two pieces
+    m = MISSED_600MS
+    rng = __import__("random").Random(17)
+    squeezed = squeeze_reclaiming(40, m["ratios"], m["reclaim_ms"], m["median_ms"])
+    for s, n in zip(squeezed, m["records"]):
+        s["layers"]["node-03"]["memory"]["count"] = n
+    for s in (squeezed[1], squeezed[5]):  # the steps with a straggler: a peer's lateness (live: its blame)
+        s["straggler"]["host"] = "node-01"
+    if not at_limit:
+        off_the_limit(squeezed[1:4], rng)
+    steps = charge([*clean_at(0, 40, rng, m["median_ms"]), *squeezed, *clean_at(46, 30, rng, m["median_ms"])])
+    charged = [s["step"] for s in squeezed if (s["culprit"] or {}).get("layer") == "memory"]
+    assert charged == [40, 44]
+    assert all((s["culprit"] or {}).get("host") == "node-03" for s in squeezed if s["step"] in charged)
+    if at_limit:
+        eps = [s["memory_episode"] for s in squeezed]
+        assert [(e["first_step"], e["steps"], e["peer_reclaim_ns"]) for e in eps] == [(40, i, 0) for i in range(1, 7)]
+        assert eps[-1]["reclaim_ns"] == sum(int(ms * 1e6) for ms in m["reclaim_ms"])
+        assert eps[-1]["lost_ns"] < 20_000_000  # what the 2 charged steps lost: the loss names nothing
+        assert memory_alerts(steps) == [("memory_stall_episode", "node-03", "memory", "43")]
+    else:
+        assert [s["step"] for s in squeezed if "memory_episode" in s] == [40]
+        assert memory_alerts(steps) == []
 
 
 def squeeze_reclaiming(first, ratios, reclaim_ms, median_ms, peer_ms=None):

@@ -843,8 +843,9 @@ MEMORY_QUIET_STEPS = 16
 it for that charge to start an episode (an onset); the job's state must have seen that many closed steps."""
 
 MEMORY_GAP_STEPS = 2
-"""``memory_episode``: how many consecutive closed steps not charged to its host's memory an episode goes on
-through (a step of the squeeze that lost no time over the median, or that a peer's lateness took)."""
+"""``memory_episode``: how many consecutive closed steps neither charged to its host's memory nor with that
+host at its memory cgroup's limit an episode goes on through (a step of the squeeze whose reclaim records
+fell under ``MEMLIMIT_MIN_RECORDS``, or that a peer's lateness took)."""
 
 
 def _memory_times(summary: dict, host: str) -> tuple[int, int]:
@@ -865,23 +866,33 @@ def memory_episode(summary: dict, state: dict | None) -> dict:
     A step whose culprit's layer is ``memory`` (``memlimit``: its memory cgroup at its limit; or reclaim
     evidence) **starts** an episode of its host when none of the ``MEMORY_QUIET_STEPS`` closed steps just
     before it charged that host's memory (and the state saw that many): an onset. Each later step charged
-    to the same host's memory **continues** it, with at most ``MEMORY_GAP_STEPS`` closed steps in a row
-    between that are not (they add nothing); a longer gap, or another host's memory charge, ends it. A
-    host charged on (nearly) every step, a job at its memory limit all the time, never has an onset.
-    Each charged step of an episode gets ``memory_episode`` (``{host, rank, first_step, steps, lost_ns,
-    reclaim_ns, peer_reclaim_ns}``: the charged steps so far, this one included; what they lost over the
-    baseline median, ns, each step's loss taken as at least 0; the host's own memory time in them (its
-    rows' ``layers[host]["memory"]["time_ns"]``: reclaim at its cgroup's limit, ns) and the busiest other
-    host's in each of them, summed, ns), which the rule ``memory_stall_episode`` compares with its floors;
-    absent on every other step. Changes ``summary`` in place."""
+    to the same host's memory **continues** it, and so does a step charged to no host's memory in which
+    the episode's host is still at its memory cgroup's limit (``_memory_limited``: at least
+    ``MEMLIMIT_MIN_RECORDS`` memory records, every peer's row at most ``AMBIGUOUS_REL`` of them): the
+    squeeze is still on, but the step lost nothing over the median or a peer's lateness took it (it adds
+    its host's and peers' memory time, not its loss). At most ``MEMORY_GAP_STEPS`` closed steps in a row
+    that are neither may come between (they add nothing); a longer gap, or another host's memory charge,
+    ends it. A host charged on (nearly) every step, a job at its memory limit all the time, never has an
+    onset. Each step of an episode gets ``memory_episode`` (``{host, rank, first_step, steps, lost_ns,
+    reclaim_ns, peer_reclaim_ns}``: its steps so far, charged or at the limit, this one included; what its
+    charged steps lost over the baseline median, ns, each step's loss taken as at least 0; the host's own
+    memory time in its steps (its rows' ``layers[host]["memory"]["time_ns"]``: reclaim at its cgroup's
+    limit, ns) and the busiest other host's in each of them, summed, ns), which the rule
+    ``memory_stall_episode`` compares with its floors; absent on every other step. Changes ``summary`` in
+    place."""
     st = state or {"seen": 0, "last": {}, "open": None}
     seen, last, ep = int(st["seen"]), dict(st["last"]), st["open"]
     c = summary.get("culprit")
     host = c.get("host") if c is not None and c.get("layer") == "memory" else None
     bl = summary.get("baseline") or {}
     lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0))
-    own, peer = _memory_times(summary, host) if host is not None else (0, 0)
-    if ep is not None and host == ep["host"]:
+    # a step charged to no host's memory with the episode's host still at its limit: the squeeze goes on
+    limited = ep is not None and host is None and _memory_limited(summary, ep["host"], 0.0) is not None
+    if limited:
+        lost = 0  # the step lost nothing, or a peer's lateness took it: not the memory's
+    whose = ep["host"] if limited else host
+    own, peer = _memory_times(summary, whose) if whose is not None else (0, 0)
+    if ep is not None and (host == ep["host"] or limited):
         ep = {
             **ep,
             "steps": ep["steps"] + 1,
