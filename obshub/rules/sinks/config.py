@@ -125,11 +125,18 @@ class Delivery(BaseModel):
 
 def http_url_problem(url: str) -> str | None:
     """Why ``url`` cannot be the endpoint a sink posts to, or None: it must start ``http://`` or
-    ``https://``, name a host, hold no white space, and a port must be 1..65535. The reason never quotes
-    the URL: a URL may carry a secret (a token in its path, ``user:password@``)."""
+    ``https://``, name a host, hold no white space, and a port must be 1..65535; a bracketed host must be
+    an IPv6 address (``http://[::1]:9093``). The reason never quotes the URL: a URL may carry a secret (a
+    token in its path, ``user:password@``)."""
     if any(c.isspace() for c in url):
         return "holds white space (a URL has none: percent-encode it, or remove a stray space or newline)"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL", "'zz' does not appear to be an IPv4 or IPv6 address"
+        return (
+            "has a malformed [bracketed] host (an IPv6 address in brackets, e.g. http://[::1]:9093, "
+            "or a host name without them)"
+        )
     if parts.scheme.lower() not in ("http", "https"):
         return f"is not an http:// or https:// URL (scheme {parts.scheme + '://' if parts.scheme else 'missing'})"
     try:
