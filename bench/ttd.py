@@ -694,16 +694,22 @@ def check_stall_options(fault_hosts: tuple[int, ...], layers: tuple[str, ...], p
     params each layer reads, ``--fault-rank`` only with cpu / process stalls, the fault hosts) before the
     broker starts and a demo is waited for; ``params``: the stall ``--param`` values (``stall_ms``,
     ``period_s``, ...), ``a``: the parsed ``ranks_per_host`` and ``fault_rank``. Raises ValueError with the
-    demo's message and hint (it was a traceback after minutes: the demo refused the run and wrote no report)."""
+    demo's message and hint (it was a traceback after minutes: the demo refused the run and wrote no report);
+    a fault host outside the cluster and a ``--fault-rank`` with a net or mem stall in this bench's options
+    (the demo's name ``--sequence`` and ``--fault stall --param layer=``, which this bench has not)."""
     from obshub.demo.errors import DemoError
     from obshub.demo.runner import DemoOptions
 
     outside = [h for h in fault_hosts if not 0 <= h < HOSTS]
     if outside:  # obshub demo names the --sequence it was given, which the user of this bench never wrote
-        raise ValueError(f"--fault-hosts {','.join(map(str, fault_hosts))}: host indices are 0..{HOSTS - 1}")
+        raise ValueError(
+            f"obshub demo would refuse this campaign: --fault-hosts {','.join(map(str, fault_hosts))}: "
+            f"host indices are 0..{HOSTS - 1}"
+        )
     if a.fault_rank is not None and set(layers) - {"cpu", "process"}:  # the demo's hint names its own options
         raise ValueError(
-            f"--fault-rank with --stall {','.join(layers)}: only a cpu or process stall hits one rank alone; "
+            f"obshub demo would refuse this campaign: --fault-rank with --stall {','.join(layers)}: only a cpu or "
+            "process stall hits one rank alone; "
             "use --stall cpu,process (or a part of it), or drop --fault-rank"
         )
     for h in fault_hosts:
