@@ -227,12 +227,7 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
         ("rule: lost_batches", "rule: [lost_batches]", "11:19", "`rule:` is the id of a rule, not list"),
         ("labels: {job: llm}", "labels: [job]", "12:21", "`labels:` is a mapping of name: value, not list ['job']"),
         ('annotations: {summary: "2 lost in llm"}', "annotations: two", "13:26", "`annotations:` is a mapping"),
-        (
-            "labels: {job: llm}",
-            "labels: {job: [llm]}",
-            "12:27",
-            "`labels.job:` is a value (text or a number), not list",
-        ),
+        ("labels: {job: llm}", "labels: {job: [llm]}", "12:27", "`labels.job:` is a value (text or a number)"),
     ],
 )
 def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new, where, why):
