@@ -24,7 +24,7 @@ from obshub.rules.model import InhibitRule
 from obshub.rules.silences import SilenceStore
 from obshub.rules.sinks.alertmanager import AlertmanagerSink
 from obshub.rules.sinks.base import DeliveryPolicy, Notification
-from obshub.rules.sinks.config import AlertingConfig, Route, build_sinks
+from obshub.rules.sinks.config import AlertingConfig, Route, SinkSpec, build_sinks
 from obshub.rules.sinks.console import ConsoleSink
 from obshub.rules.sinks.pagerduty import PagerDutySink, dedup_key
 from obshub.rules.sinks.slack import SECTION_MAX, SlackSink, escape_truncated
@@ -524,6 +524,19 @@ def test_a_sink_url_with_a_malformed_bracketed_host_is_a_problem_not_a_traceback
     why = "the URL has a malformed [bracketed] host"
     assert [g.split(": ", 2)[:2] for g in got] == [[f"{f}:3:40", "sinks/0/url"], [f"{f}:4:40", "sinks/1/url"]], text
     assert all(why in g for g in got) and "SECRET" not in text, text
+
+
+def test_a_sink_name_that_is_no_name_is_said_in_words_not_as_a_regular_expression(tmp_path):
+    """`name: Bad Name` read "String should match pattern '^[a-z][a-z0-9_-]*$'" (newuser18): the rule is said
+    in words at the value, with an example; a good name still loads."""
+    f = tmp_path / "alerting.yaml"
+    got, text = config_problems(f, "version: 1\nsinks:\n  - {name: Bad Name, type: console}\n")
+    assert got == [
+        f"{f}:3:12: sinks/0/name: 'Bad Name' is no sink name: lower-case letters, digits, '-' and '_', starting "
+        "with a letter (e.g. oncall-slack); rule files' `routes:` name sinks so"
+    ], text
+    assert "pattern" not in text
+    assert SinkSpec(name="oncall-slack_2", type="console").name == "oncall-slack_2"
 
 
 def test_a_field_its_sink_type_does_not_read_is_refused_at_the_sink(tmp_path):

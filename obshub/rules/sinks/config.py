@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 from urllib.parse import urlsplit
@@ -170,7 +171,7 @@ class SinkSpec(BaseModel):
     """One sink. ``type`` selects the fields that apply; secrets come from ``*_env`` or ``*_file``."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=SINK_NAME_PATTERN)
+    name: str
     type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console", "deep_dive"]
     min_severity: Literal["critical", "error", "warning", "info"] = "info"
     url: str | None = None  # non-secret URL (alertmanager, pagerduty endpoint)
@@ -189,6 +190,19 @@ class SinkSpec(BaseModel):
     bootstrap: str | None = None
 
     _check_resend = field_validator("resend_every", "max_time")(_positive_duration)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        """``SINK_NAME_PATTERN``, said in words (pydantic's own message quoted the regular expression)."""
+        if not re.match(SINK_NAME_PATTERN, v):
+            shown = repr(v) if len(v) <= 80 else f"{v[:80]!r}... ({len(v):,} characters)"
+            raise ValueError(
+                f"{shown} is no sink name: lower-case letters, digits, '-' and '_', starting with a letter "
+                "(e.g. oncall-slack); rule files' `routes:` name sinks so"
+            )
+        return v
+
     _check_every = field_validator("host_every")(_duration)
 
     @model_validator(mode="after")
