@@ -694,10 +694,24 @@ def check_stall_options(fault_hosts: tuple[int, ...], layers: tuple[str, ...], p
     params each layer reads, ``--fault-rank`` only with cpu / process stalls, the fault hosts) before the
     broker starts and a demo is waited for; ``params``: the stall ``--param`` values (``stall_ms``,
     ``period_s``, ...), ``a``: the parsed ``ranks_per_host`` and ``fault_rank``. Raises ValueError with the
-    demo's message and hint (it was a traceback after minutes: the demo refused the run and wrote no report)."""
+    demo's message and hint (it was a traceback after minutes: the demo refused the run and wrote no report);
+    a fault host outside the cluster and a ``--fault-rank`` with a net or mem stall in this bench's options
+    (the demo's name ``--sequence`` and ``--fault stall --param layer=``, which this bench has not)."""
     from obshub.demo.errors import DemoError
     from obshub.demo.runner import DemoOptions
 
+    outside = [h for h in fault_hosts if not 0 <= h < HOSTS]
+    if outside:  # obshub demo names the --sequence it was given, which the user of this bench never wrote
+        raise ValueError(
+            f"obshub demo would refuse this campaign: --fault-hosts {','.join(map(str, fault_hosts))}: "
+            f"host indices are 0..{HOSTS - 1}"
+        )
+    if a.fault_rank is not None and set(layers) - {"cpu", "process"}:  # the demo's hint names its own options
+        raise ValueError(
+            f"obshub demo would refuse this campaign: --fault-rank with --stall {','.join(layers)}: only a cpu or "
+            "process stall hits one rank alone; "
+            "use --stall cpu,process (or a part of it), or drop --fault-rank"
+        )
     for h in fault_hosts:
         opts = DemoOptions(
             hosts=HOSTS,
@@ -801,6 +815,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run `make demo` (persistent net-loss on node-01) and the same clean, the builtin pack as shipped",
     )
     a = p.parse_args(argv)
+    if a.stall is not None and not a.stall.strip():  # `--stall "$LAYERS"` with none: it ran the fault campaign
+        p.error(
+            f"--stall {a.stall!r}: no layer named; name some (e.g. --stall cpu,process) or give --stall alone (all)"
+        )
     modes = [f"--{m.replace('_', '-')}" for m in ("stall", "quick", "combine", "make_demo") if getattr(a, m)]
     if len(modes) > 1:
         p.error(f"{' and '.join(modes)}: one campaign at a time")
@@ -836,6 +854,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             if k == "shape" and eq:  # a cpu stall's shape (burst, outside, quota): a word
                 a.params[k] = v
                 continue
+            if k == "layer":  # obshub demo's stall --param layer: here the campaign's layers are --stall's
+                p.error(f"--stall-param {kv!r}: the layers are --stall's here (e.g. --stall {v or 'cpu'}), not a param")
             try:
                 value = float(v) if eq else 0.0
             except ValueError:
@@ -843,10 +863,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             if value <= 0:
                 p.error(f"--stall-param {kv!r}: KEY=VALUE with a positive number (shape=WORD)")
             a.params[k] = value
-        if a.ranks_per_host < 1 or (a.fault_rank is not None and not 0 <= a.fault_rank < a.ranks_per_host):
+        if a.ranks_per_host < 1:
+            p.error(f"--ranks-per-host {a.ranks_per_host}: at least 1 rank per host")
+        if a.fault_rank is not None and not 0 <= a.fault_rank < a.ranks_per_host:
             p.error(
-                f"--ranks-per-host {a.ranks_per_host} --fault-rank {a.fault_rank}: at least 1 rank per host,"
-                " and a fault rank among them (0..R-1)"
+                f"--fault-rank {a.fault_rank} is outside 0..{a.ranks_per_host - 1}: the local rank of the fault host"
+                + ("; give --ranks-per-host 2..8 for a rank-level fault" if a.ranks_per_host == 1 else "")
             )
         a.fault_host_list = a.fault_host_list or (1, 3)
         try:

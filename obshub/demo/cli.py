@@ -201,8 +201,9 @@ def demo_command(
     check that obshub names the host and the layer.
 
     Each host is a network namespace (10.77.0.0/24 on bridge obshub-br0) with its own cgroups, running
-    one rank of a gloo DDP training under `obshub run` and its own `obshub agent`; one Kafka broker,
-    the stream worker and the rule engine with the builtin rules serve them all. Needs root.
+    --ranks-per-host ranks (default 1) of a gloo DDP training under `obshub run` and its own `obshub
+    agent`; one Kafka broker, the stream worker and the rule engine with the builtin rules serve them all.
+    Needs root.
 
     Exit code 0 only when the right host and layer were named and nothing wrong fired (with
     --fault none: when nothing fired); with --matrix or --sequence, when every scenario passed. 1: the

@@ -136,7 +136,12 @@ class DemoOptions:
             if not 0 <= self.fault_rank < self.ranks_per_host:
                 raise DemoError(
                     f"--fault-rank {self.fault_rank} is outside 0..{self.ranks_per_host - 1}",
-                    "it is the local rank on the faulty host",
+                    "it is the local rank on the faulty host"
+                    + (
+                        "; a host runs 1 rank unless --ranks-per-host 2..8 says more"
+                        if self.ranks_per_host == 1
+                        else ""
+                    ),
                 )
             kinds = [k for k, _h in self.sequence] if self.sequence else [self.fault]
             one_rank = ("cpu", "hang", "stall:cpu", "stall:process")

@@ -72,7 +72,7 @@ class DemoView:
             self.alerts.append((a, mark))
         colour = "green" if mark == "correct" else "red"
         self._plain(
-            f"[bold {colour}]alert[/bold {colour}] {a.host} / {a.layer} step {a.step} "
+            f"[bold {colour}]alert[/bold {colour}] {_who(a.host, a.rank)} / {a.layer} step {a.step} "
             f"rule {a.rule}: {a.evidence or a.summary} [{colour}]({mark})[/{colour}]"
         )
 
@@ -128,7 +128,7 @@ class DemoView:
             if v.first_correct:
                 fc = v.first_correct
                 c.print(
-                    f"  first correct alert at t1 = t0 + {v.ttd_s:.2f} s: {fc['host']} / {fc['layer']} "
+                    f"  first correct alert at t1 = t0 + {v.ttd_s:.2f} s: {_who(fc['host'], fc.get('rank'))} / {fc['layer']} "
                     f"step {fc['step']} (rule {fc['rule']})"
                 )
                 c.print(f"  [bold]time to detection: {v.ttd_s:.2f} s[/bold]")
@@ -137,5 +137,13 @@ class DemoView:
         c.print(f"  wrong alerts: {v.wrong_count}")
         for w in v.wrong:
             a = w["alert"]
-            c.print(f"    [red]{a['host'] or '?'} / {a['layer'] or '?'}[/red] rule {a['rule']}: {w['why']}")
+            c.print(
+                f"    [red]{_who(a['host'] or '?', a.get('rank'))} / {a['layer'] or '?'}[/red] rule {a['rule']}: {w['why']}"
+            )
         c.print(("[bold green]PASS[/bold green] " if v.ok else "[bold red]FAIL[/bold red] ") + v.reason)
+
+
+def _who(host: str, rank: str | None) -> str:
+    """``host``, and the global rank an alert names (its ``rank`` label) when it names one: ``node-01 rank 3``.
+    Without it a run with ``--fault-rank`` showed only the host, though the verdict judges the rank."""
+    return f"{host} rank {rank}" if rank else host

@@ -332,14 +332,28 @@ def _check_expect(pr: _Problems, i: int, j: int, exp: Any) -> None:
         pr.add(where + ["alerts"], f"`alerts:` is a list of alerts (`- rule: ...`), not {_what(exp['alerts'])}")
         return
     for k, a in enumerate(exp.get("alerts") or []):
-        if (
-            pr.keys(where + ["alerts", k], a, _ALERT_KEYS, "an expected alert")
-            and a.get("state", "firing") not in _STATES
-        ):
+        at = where + ["alerts", k]
+        if not pr.keys(at, a, _ALERT_KEYS, "an expected alert"):
+            continue
+        if a.get("state", "firing") not in _STATES:
             pr.add(
-                where + ["alerts", k, "state"],
+                at + ["state"],
                 f"`state:` is pending or firing, not {a.get('state')!r} (a resolved alert is no longer listed)",
             )
+        # a missing `rule:` or a `labels:` / `annotations:` that is no mapping was a KeyError / AttributeError
+        # traceback when the expectation was compared; a `rule:` that is no id matched nothing, silently
+        if "rule" not in a:
+            pr.add(at, "an expected alert needs `rule:` (the id of the rule that fires it)")
+        elif not isinstance(a["rule"], str) or not a["rule"].strip():
+            pr.add(at + ["rule"], f"`rule:` is the id of a rule, not {_what(a['rule'])}")
+        for part in ("labels", "annotations"):
+            m = a.get(part)
+            if m is not None and not isinstance(m, dict):
+                pr.add(at + [part], f"`{part}:` is a mapping of name: value, not {_what(m)}")
+                continue
+            for name, v in (m or {}).items():
+                if isinstance(v, (dict, list)) or v is None:  # compared as text: a list or map never matches
+                    pr.add(at + [part, name], f"`{part}.{name}:` is a value (text or a number), not {_what(v)}")
 
 
 def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
@@ -468,6 +482,14 @@ def run_case(ruleset, case: dict, file: str) -> TestResult:
             lines.append("  got:")
             lines += [f"    {_fmt_alert(g)}" for g in got] or ["    (no alerts)"]
             res.failures.append("\n".join(lines))
+    if res.failures:  # an expected rule id that no rule file defines (a typo) can never match: say so
+        for rid in sorted({e["rule"] for exp in case.get("expect") or [] for e in exp.get("alerts") or []}):
+            if rid not in ruleset.rules:
+                near = difflib.get_close_matches(rid, list(ruleset.rules), n=1)
+                res.failures.append(
+                    f"rule {rid}: no rule of this id in the test's rule_files"
+                    + (f" (did you mean '{near[0]}'?)" if near else f" ({len(ruleset.rules)} rule(s) loaded)")
+                )
     if res.failures:  # a condition that cannot be evaluated is the likeliest reason for "(no alerts)"
         for rid, rule in sorted(ruleset.rules.items()):
             if rule.condition.errors:

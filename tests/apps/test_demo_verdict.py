@@ -356,3 +356,27 @@ def test_a_one_node_demo_needs_ranks_to_compare_and_a_rank_fault():
         DemoOptions(hosts=1, ranks_per_host=4, fault="hang", fault_host=1, fault_rank=1).check()
     with pytest.raises(DemoError, match="expected 1..16"):
         DemoOptions(hosts=0).check()
+
+
+def test_the_demo_output_names_the_rank_an_alert_names():
+    """With --fault-rank the verdict judges the alert's rank, but each alert line and the verdict block showed
+    only its host ("alert node-01 / sched step 92", newuser18): the rank a user asked about is printed too."""
+    import io
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from obshub.demo.verdict import judge
+    from obshub.demo.view import DemoView
+
+    out = io.StringIO()
+    view = DemoView(Console(file=out, width=300, force_terminal=False), ["node-00/r0", "node-01/r3"])
+    ranked, host_level = replace(alert(layer="sched"), rank="3"), alert(host="node-02", layer="sched", at_s=4.0)
+    view.alert(ranked, "correct")
+    view.alert(host_level, "wrong: another host")
+    v = judge("cpu", "node-01", "sched", T0, [ranked, replace(host_level, rank="5")], rank=3)
+    view.verdict(v, "node-01")
+    text = out.getvalue()
+    assert "alert node-01 rank 3 / sched step 42" in text and "alert node-02 / sched step 42" in text, text
+    assert "t0 + 3.00 s: node-01 rank 3 / sched step 42" in text, text
+    assert "    node-02 rank 5 / sched rule" in text, text  # the wrong alert, its rank too

@@ -31,6 +31,18 @@ REFUSED = [
     (ttd, ["--stall-param", "stall_ms=300"], "--stall-param: only with --stall"),
     (ttd, ["--quick", "--stall", "cpu"], "--stall and --quick: one campaign at a time"),
     (ttd, ["--stall", "cpu", "--combine", "a.json"], "--stall and --combine: one campaign at a time"),
+    # `--stall ""` (an empty $LAYERS) ran the 40-minute fault campaign instead
+    (ttd, ["--stall", ""], "--stall '': no layer named"),
+    # the errors of obshub demo named its own options (--sequence, --fault stall --param layer=...)
+    (ttd, ["--stall", "--fault-hosts", "7"], "--fault-hosts 7: host indices are 0..3"),
+    (ttd, ["--stall", "net", "--ranks-per-host", "2", "--fault-rank", "0"], "use --stall cpu,process"),
+    (ttd, ["--stall", "--stall-param", "layer=cpu"], "the layers are --stall's here (e.g. --stall cpu)"),
+    (ttd, ["--stall", "cpu", "--ranks-per-host", "0"], "--ranks-per-host 0: at least 1 rank per host"),
+    (
+        ttd,
+        ["--stall", "cpu", "--fault-rank", "1"],
+        "--fault-rank 1 is outside 0..0: the local rank of the fault host; give --ranks-per-host 2..8",
+    ),
 ]
 
 

@@ -181,8 +181,8 @@ def test_a_stall_campaign_the_demo_would_refuse_is_refused_before_it_starts(tmp_
 
     base = {"stall_ms": 300.0, "period_s": 12.0}
     for layers, params, a, what in (
-        (("net",), base, opts(2, 1), "--fault-rank with stall:net"),
-        (("cpu", "mem"), base, opts(4, 3), "--fault-rank with stall:cpu, stall:mem"),
+        (("net",), base, opts(2, 1), "--fault-rank with --stall net: only a cpu or process stall"),
+        (("cpu", "mem"), base, opts(4, 3), "--fault-rank with --stall cpu,mem: only a cpu or process stall"),
         (("net",), {**base, "procs": 4.0}, opts(), "--stall-param procs: read by cpu or stall (layer=cpu) only"),
         (("cpu",), {**base, "stall_ms": 12000.0}, opts(), "--stall-param stall_ms=12000 is not shorter"),
         (("cpu",), {**base, "shape": "sideways"}, opts(), "shape"),

@@ -87,6 +87,22 @@ def test_rules_test_pass_and_fail_with_expected_vs_got(tmp_path):
     assert "at 10s:" in out and "(no alerts)" in out
 
 
+def test_rules_test_names_an_expected_rule_id_no_rule_file_defines(tmp_path):
+    """A misspelt rule id under `expect:` can never match: the failure says that no rule has it, and the
+    nearest id, beside the expected and got alerts (newuser18: only 'expected ... got ...' was shown)."""
+    from obshub.rules.testing import run_test_file
+
+    (tmp_path / "rules.yaml").write_text(RULE)
+    t = tmp_path / "t_test.yaml"
+    t.write_text(TEST_OK.replace("rule: lost_batches", "rule: lost_batch"))
+    [res] = run_test_file(t)
+    assert not res.ok and res.failures[-1] == (
+        "rule lost_batch: no rule of this id in the test's rule_files (did you mean 'lost_batches'?)"
+    ), res.failures
+    t.write_text(TEST_OK)
+    assert [r.failures for r in run_test_file(t)] == [[]]
+
+
 def test_rules_test_reports_malformed_test_file_and_broken_rules(tmp_path):
     (tmp_path / "rules.yaml").write_text(RULE.replace("severity: error", "severity: error\n    foo: 1"))
     t = tmp_path / "t_test.yaml"
@@ -205,6 +221,13 @@ def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
         (INPUT, "    input: nope\n", "5:12", "`input:` is a list of records (`- at: ...`), not string 'nope'"),
         (INPUT, "    input: {at: 0s}\n", "5:12", "`input:` is a list of records (`- at: ...`), not mapping"),
         (LAST, "        alerts: {rule: x}\n", "15:17", "`alerts:` is a list of alerts (`- rule: ...`), not mapping"),
+        # an expected alert without `rule:`, or labels / annotations that are no mapping, were a traceback
+        # (KeyError, AttributeError) once compared; a `rule:` or label that is a list matched nothing (newuser18)
+        ("- rule: lost_batches", "- state: firing", "11:13", "an expected alert needs `rule:`"),
+        ("rule: lost_batches", "rule: [lost_batches]", "11:19", "`rule:` is the id of a rule, not list"),
+        ("labels: {job: llm}", "labels: [job]", "12:21", "`labels:` is a mapping of name: value, not list ['job']"),
+        ('annotations: {summary: "2 lost in llm"}', "annotations: two", "13:26", "`annotations:` is a mapping"),
+        ("labels: {job: llm}", "labels: {job: [llm]}", "12:27", "`labels.job:` is a value (text or a number)"),
     ],
 )
 def test_rules_test_names_a_bad_input_record_at_its_position(tmp_path, old, new, where, why):

@@ -24,7 +24,7 @@ from obshub.rules.model import InhibitRule
 from obshub.rules.silences import SilenceStore
 from obshub.rules.sinks.alertmanager import AlertmanagerSink
 from obshub.rules.sinks.base import DeliveryPolicy, Notification
-from obshub.rules.sinks.config import AlertingConfig, Route, build_sinks
+from obshub.rules.sinks.config import AlertingConfig, Route, SinkSpec, build_sinks
 from obshub.rules.sinks.console import ConsoleSink
 from obshub.rules.sinks.pagerduty import PagerDutySink, dedup_key
 from obshub.rules.sinks.slack import SECTION_MAX, SlackSink, escape_truncated
@@ -490,17 +490,53 @@ def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_it
     f.write_text("version: 1\nsinks:\n  - {name: a, type: alertmanager, url: 'https://am.example:9093/'}\n")
     assert load_config(f).sinks[0].url == "https://am.example:9093/"
     monkeypatch.setenv("HOOK_URL", "hooks.slack.com/services/T0SECRET")
+    monkeypatch.setenv("HOOK_URL6", "https://[SECRET]/services/T0")  # urlsplit's ValueError was a traceback
     secret_file = tmp_path / "url"
     secret_file.write_text("https://hooks.example/ SECRET\n")
+    bracket_file = tmp_path / "url6"
+    bracket_file.write_text("https://[::SECRET/hook\n")
     for source, want in (
         ({"url_env": "HOOK_URL"}, "the webhook URL in environment variable HOOK_URL is not an http:// or https:// URL"),
         ({"url_file": str(secret_file)}, f"the webhook URL in file {secret_file} holds white space"),
+        ({"url_env": "HOOK_URL6"}, "the webhook URL in environment variable HOOK_URL6 has a malformed \\[bracketed"),
+        ({"url_file": str(bracket_file)}, f"the webhook URL in file {bracket_file} has a malformed \\[bracketed"),
     ):
         for kind in ("slack", "webhook"):
             cfg = AlertingConfig.model_validate({"sinks": [{"name": "s", "type": kind, **source}]})
             with pytest.raises(SinkConfigError, match=want) as exc:
                 build_sinks(cfg)
             assert "SECRET" not in str(exc.value) + str(exc.value.hint)
+
+
+def test_a_sink_url_with_a_malformed_bracketed_host_is_a_problem_not_a_traceback(tmp_path):
+    """`http://[::1/` or `http://[SECRET]:80/` made urlsplit raise ValueError: in the config file the problem
+    read "Invalid IPv6 URL", and from `url_env` / `url_file` `rules serve` died with a traceback whose last
+    line quoted the bracketed host (a part of a secret URL; the test above has those). Both are the URL's
+    problem, never quoting it."""
+    f = tmp_path / "alerting.yaml"
+    got, text = config_problems(
+        f,
+        "version: 1\n"
+        "sinks:\n"
+        "  - {name: a, type: alertmanager, url: 'http://[::1/'}\n"
+        "  - {name: b, type: alertmanager, url: 'http://[SECRET]:9093/'}\n",
+    )
+    why = "the URL has a malformed [bracketed] host"
+    assert [g.split(": ", 2)[:2] for g in got] == [[f"{f}:3:40", "sinks/0/url"], [f"{f}:4:40", "sinks/1/url"]], text
+    assert all(why in g for g in got) and "SECRET" not in text, text
+
+
+def test_a_sink_name_that_is_no_name_is_said_in_words_not_as_a_regular_expression(tmp_path):
+    """`name: Bad Name` read "String should match pattern '^[a-z][a-z0-9_-]*$'" (newuser18): the rule is said
+    in words at the value, with an example; a good name still loads."""
+    f = tmp_path / "alerting.yaml"
+    got, text = config_problems(f, "version: 1\nsinks:\n  - {name: Bad Name, type: console}\n")
+    assert got == [
+        f"{f}:3:12: sinks/0/name: 'Bad Name' is no sink name: lower-case letters, digits, '-' and '_', starting "
+        "with a letter (e.g. oncall-slack); rule files' `routes:` name sinks so"
+    ], text
+    assert "pattern" not in text
+    assert SinkSpec(name="oncall-slack_2", type="console").name == "oncall-slack_2"
 
 
 def test_a_field_its_sink_type_does_not_read_is_refused_at_the_sink(tmp_path):

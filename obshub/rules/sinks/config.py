@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 from urllib.parse import urlsplit
@@ -125,11 +126,18 @@ class Delivery(BaseModel):
 
 def http_url_problem(url: str) -> str | None:
     """Why ``url`` cannot be the endpoint a sink posts to, or None: it must start ``http://`` or
-    ``https://``, name a host, hold no white space, and a port must be 1..65535. The reason never quotes
-    the URL: a URL may carry a secret (a token in its path, ``user:password@``)."""
+    ``https://``, name a host, hold no white space, and a port must be 1..65535; a bracketed host must be
+    an IPv6 address (``http://[::1]:9093``). The reason never quotes the URL: a URL may carry a secret (a
+    token in its path, ``user:password@``)."""
     if any(c.isspace() for c in url):
         return "holds white space (a URL has none: percent-encode it, or remove a stray space or newline)"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL", "'zz' does not appear to be an IPv4 or IPv6 address"
+        return (
+            "has a malformed [bracketed] host (an IPv6 address in brackets, e.g. http://[::1]:9093, "
+            "or a host name without them)"
+        )
     if parts.scheme.lower() not in ("http", "https"):
         return f"is not an http:// or https:// URL (scheme {parts.scheme + '://' if parts.scheme else 'missing'})"
     try:
@@ -163,7 +171,7 @@ class SinkSpec(BaseModel):
     """One sink. ``type`` selects the fields that apply; secrets come from ``*_env`` or ``*_file``."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=SINK_NAME_PATTERN)
+    name: str
     type: Literal["slack", "pagerduty", "alertmanager", "webhook", "console", "deep_dive"]
     min_severity: Literal["critical", "error", "warning", "info"] = "info"
     url: str | None = None  # non-secret URL (alertmanager, pagerduty endpoint)
@@ -182,6 +190,19 @@ class SinkSpec(BaseModel):
     bootstrap: str | None = None
 
     _check_resend = field_validator("resend_every", "max_time")(_positive_duration)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        """``SINK_NAME_PATTERN``, said in words (pydantic's own message quoted the regular expression)."""
+        if not re.match(SINK_NAME_PATTERN, v):
+            shown = repr(v) if len(v) <= 80 else f"{v[:80]!r}... ({len(v):,} characters)"
+            raise ValueError(
+                f"{shown} is no sink name: lower-case letters, digits, '-' and '_', starting with a letter "
+                "(e.g. oncall-slack); rule files' `routes:` name sinks so"
+            )
+        return v
+
     _check_every = field_validator("host_every")(_duration)
 
     @model_validator(mode="after")
