@@ -793,10 +793,13 @@ def hold_ambiguous(summary: dict, held: dict | None) -> dict | None:
     after its previous closed step (None, or ``{step, hosts, stall_ratio, step_time_max_ns, median_ns,
     baseline_n, after}``: ns, ``after`` the later steps seen). Changes ``summary`` in place:
 
-    - a held step is **explained**, and dropped, when this step's culprit names one of its hosts by a
-      layer of its own (not ``process`` lateness, unless the kernel saw the rank stopped or a hang named
-      it): the first slowed step of a slowed link had the link's host and its neighbour late alike (7.0
-      and 6.5 spreads, node-03's net-slow of stall10), and its next steps named the link;
+    - a held step is **explained**, and dropped, when this step is slowed too (``slowed``) and its
+      culprit names one of its hosts by a layer of its own (not ``process`` lateness, unless the kernel
+      saw the rank stopped or a hang named it): the first slowed step of a slowed link had the link's host
+      and its neighbour late alike (7.0 and 6.5 spreads, node-03's net-slow of stall10), and its next
+      steps named the link. A step that is not slowed explains nothing, whatever its culprit: a fast
+      step's own noise (run-queue time of a loaded host, x1.11) named one of the alike hosts two steps
+      after a x7.03 cpu burst of 2 ranks per host (newuser18) and hid the stall;
     - it is **unexplained** when this step is not slowed (the stall is over and named nobody) or is the
       ``AMBIGUOUS_HOLD_STEPS``-th after it: this summary then carries ``unexplained_before`` (the held
       record; the rule ``step_stall_ambiguous`` fires on it, so a true stall of two hosts at once is
@@ -809,7 +812,7 @@ def hold_ambiguous(summary: dict, held: dict | None) -> dict | None:
     if held is not None:
         hosts = set(held["hosts"])
         own = c is not None and (c.get("layer") != "process" or c.get("source") in ("stopped", "hang"))
-        if own and c is not None and c.get("host") in hosts:
+        if own and c is not None and c.get("host") in hosts and slowed(summary):
             held = None
         elif not slowed(summary) or held["after"] + 1 >= AMBIGUOUS_HOLD_STEPS:
             summary["unexplained_before"] = held
