@@ -13,11 +13,16 @@
  *                             addresses, arg2 = family | state << 16, arg3 = sport << 16 | dport)
  *   tcp:tcp_probe          -> TCP_RTT at most every OBS_THR_RTT_INTERVAL_NS per socket
  *                             (duration = smoothed RTT ns; str0/str1 = sockaddr of both ends)
- *   skb:kfree_skb          -> SKB_DROP in a watched process's context, else of a watched socket: the
- *                             receiving socket (rx_sk, 6.11+) or, without one, the skb's owner (skb->sk:
- *                             a segment of its own dropped in softirq or timer context, e.g. by netfilter
- *                             on output, or on input after early demux) (value = drop reason code, named
- *                             by the loader from tracefs)
+ *   skb:kfree_skb          -> SKB_DROP of a watched socket, in any context: the receiving socket (rx_sk,
+ *                             6.11+) or, without one, the skb's owner (skb->sk: a segment of its own
+ *                             dropped by its host's netfilter or qdisc, in its process's context or in
+ *                             softirq/timer context); a drop of any other socket is nobody's, even in a
+ *                             watched process's context (a peer namespace's drop that a veth ran inline in
+ *                             the sender's context). A drop without a socket is the watched process's in
+ *                             whose context it runs only when the skb's device is in the process's own
+ *                             network namespace (skb->dev->nd_net == current->nsproxy->net_ns, offsets
+ *                             from the kernel's BTF; without BTF such drops are not counted) (value = drop
+ *                             reason code, named by the loader from tracefs)
  *   qdisc:qdisc_dequeue    -> TCP_QUEUE when a watched socket's segment (skb->sk in `socks`) waited at
  *                             least OBS_THR_QUEUE_NS in its host's egress qdisc (now - skb->tstamp, TCP's
  *                             departure time, CLOCK_MONOTONIC), at most every OBS_THR_RTT_INTERVAL_NS per
@@ -168,36 +173,77 @@ int obs_tcp_probe(void *ctx)
     return 0;
 }
 
-/* struct sk_buff's `sk` (its owning socket, NULL for most received skbs before the socket look-up): the
- * same offset in the 6.1 headers bcc compiles with and in 6.18. */
+/* struct sk_buff's `dev` and `sk` (its owning socket, NULL for most received skbs before the socket look-up):
+ * the same offsets in the 6.1 headers bcc compiles with and in 6.18. */
+#ifndef OBS_SKB_DEV_OFF
+#define OBS_SKB_DEV_OFF 16
+#endif
 #ifndef OBS_SKB_SK_OFF
 #define OBS_SKB_SK_OFF 24
 #endif
+/* Offsets the loader reads from the running kernel's BTF (obshub/producer/btf.py), -1 where it has none:
+ * task_struct.nsproxy, nsproxy.net_ns, net_device.nd_net.net. */
+#ifndef OBS_TASK_NSPROXY_OFF
+#define OBS_TASK_NSPROXY_OFF -1
+#endif
+#ifndef OBS_NSPROXY_NET_OFF
+#define OBS_NSPROXY_NET_OFF -1
+#endif
+#ifndef OBS_NETDEV_NET_OFF
+#define OBS_NETDEV_NET_OFF -1
+#endif
+
+/* Was `skb` freed in the current task's network namespace (its device's, skb->dev->nd_net, is the task's,
+ * current->nsproxy->net_ns)? 0 when either is unknown: no device, no BTF offsets. */
+static __always_inline int obs_skb_in_current_netns(u64 skb)
+{
+#if OBS_TASK_NSPROXY_OFF >= 0 && OBS_NSPROXY_NET_OFF >= 0 && OBS_NETDEV_NET_OFF >= 0
+    u64 dev = 0, skb_net = 0, nsproxy = 0, task_net = 0;
+    bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(skb + OBS_SKB_DEV_OFF));
+    if (!dev)
+        return 0;
+    bpf_probe_read_kernel(&skb_net, sizeof(skb_net), (void *)(dev + OBS_NETDEV_NET_OFF));
+    u64 task = bpf_get_current_task();
+    bpf_probe_read_kernel(&nsproxy, sizeof(nsproxy), (void *)(task + OBS_TASK_NSPROXY_OFF));
+    if (!nsproxy)
+        return 0; /* an exiting task */
+    bpf_probe_read_kernel(&task_net, sizeof(task_net), (void *)(nsproxy + OBS_NSPROXY_NET_OFF));
+    return skb_net && skb_net == task_net;
+#else
+    return 0;
+#endif
+}
 
 int obs_kfree_skb(void *ctx)
 {
-    u32 tgid = 0, tid = 0;
+    /* The drop's socket: the receiving one where the kernel names it, else the skb's owner. A socket's drop
+     * is its owner's when the socket is watched, in any context (its process's own: tid set; softirq, the
+     * retransmit timer, another process: tid 0); a drop of another socket is nobody's, even in a watched
+     * process's context (a peer namespace's drop that a veth ran inline in the sender's context, a
+     * sidecar's socket). A drop without a socket is the current process's when it is watched and the skb
+     * was freed in its own network namespace (a received segment dropped by its host's netfilter before
+     * the socket look-up). */
+    u64 sk = 0, skb = 0;
     u64 id = bpf_get_current_pid_tgid();
-    if (obs_tgid_watched(id >> 32)) {
-        tgid = id >> 32;
-        tid = (u32)id;
-    } else {
-        /* not in a watched process's context (softirq, the retransmit timer, another process): the
-         * receiving socket where the kernel names one, else the skb's owner; one socks look-up */
-        u64 sk = 0;
+    u32 tgid = 0, tid = 0;
 #if TPOFF_KFREE_SKB_RX_SK >= 0
-        OBS_TP_READ(sk, ctx, TPOFF_KFREE_SKB_RX_SK);
+    OBS_TP_READ(sk, ctx, TPOFF_KFREE_SKB_RX_SK);
 #endif
-        if (!sk) {
-            u64 skb = 0;
-            OBS_TP_READ(skb, ctx, TPOFF_KFREE_SKB_SKBADDR);
-            if (skb)
-                bpf_probe_read_kernel(&sk, sizeof(sk), (void *)(skb + OBS_SKB_SK_OFF));
-        }
-        struct obs_sock *so = sk ? socks.lookup(&sk) : NULL;
+    OBS_TP_READ(skb, ctx, TPOFF_KFREE_SKB_SKBADDR);
+    if (!sk && skb)
+        bpf_probe_read_kernel(&sk, sizeof(sk), (void *)(skb + OBS_SKB_SK_OFF));
+    if (sk) {
+        struct obs_sock *so = socks.lookup(&sk);
         if (!so)
             return 0;
         tgid = so->tgid;
+        if (tgid == (u32)(id >> 32))
+            tid = (u32)id;
+    } else {
+        if (!skb || !obs_tgid_watched(id >> 32) || !obs_skb_in_current_netns(skb))
+            return 0;
+        tgid = id >> 32;
+        tid = (u32)id;
     }
     struct obs_event *e = obs_reserve(OBS_PROBE_NET_DROP, OBS_KIND_SKB_DROP, tgid, tid);
     if (!e)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from obshub.core.schema import Event, Kind, Layer
 from obshub.core.settings import Settings
-from obshub.producer import discovery, kheaders
+from obshub.producer import btf, discovery, kheaders
 from obshub.producer import probes as cat
 from obshub.producer.errors import ProbeError
 from obshub.producer.probes import ProbeOptions, ProbeStatus, Target, Tracepoint, Uprobe, Usdt
@@ -163,6 +163,14 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
                 for fld in ap.fields + ap.optional:
                     off = fmt.fields[fld][0] if fmt and fld in fmt.fields else -1
                     flags.append(f"-D{ap.offset_macro(fld)}={off}")
+    if "net_drop" in {p.name for p in pl.probes}:
+        offs = btf.kernel_offsets()
+        for key, macro in (
+            ("task_nsproxy", "TASK_NSPROXY"),
+            ("nsproxy_net", "NSPROXY_NET"),
+            ("netdev_net", "NETDEV_NET"),
+        ):
+            flags.append(f"-DOBS_{macro}_OFF={offs.get(key, -1)}")
     alloc = pl.tp_formats.get("kmem:mm_page_alloc")
     gfp = (alloc.flags if alloc else {}).get("__GFP_DIRECT_RECLAIM", cat.GFP_DIRECT_RECLAIM_DEFAULT)
     flags.append(f"-DOBS_GFP_DIRECT_RECLAIM={gfp:#x}")

@@ -454,8 +454,10 @@ def _build() -> tuple[Probe, ...]:
                 macro="kfree_skb",
             )
         ],
-        "tracepoint skb:kfree_skb (reason field 5.17+, rx_sk 6.11+); reads sk_buff's sk (offset 24)",
-        "per dropped skb system-wide: one socks look-up (rx_sk, else skb->sk) outside a watched process",
+        "tracepoint skb:kfree_skb (reason field 5.17+, rx_sk 6.11+); reads sk_buff's sk and dev (offsets 24, 16), "
+        "the device's and the task's network namespace (offsets from /sys/kernel/btf/vmlinux)",
+        "per dropped skb system-wide: one socks look-up (rx_sk, else skb->sk); without a socket in a watched "
+        "process, four pointer reads",
         "NET",
     )
     add(

@@ -8,6 +8,7 @@ simply sent again later, which the kernel does not count as a retransmission."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -305,3 +306,107 @@ def test_drops_of_a_watched_socket_outside_its_process_context(tmp_path):
     # the retransmit timer's tries in 2.5 s (RTO 200 ms and up, or 500 ms probes after a local drop)
     outside = [e for e in drops if e.tid == 0]
     assert len(outside) >= 2, drops
+
+
+# Two namespaces joined by a veth pair: a sink listens in one (its process not watched), a watched sender in
+# the other connects to it, then, after netfilter starts dropping TCP in one of the namespaces, sends 8
+# segments of its own (TCP_NODELAY: each leaves at once, in the sender's context; the veth hands each
+# over inline, so the far namespace's input hook runs in the sender's context too) and sleeps.
+VETH_SINK = """
+import socket, sys
+srv = socket.socket()
+srv.bind(("10.77.0.2", 0))
+srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+c = srv.accept()[0]
+while c.recv(65536):
+    pass
+"""
+
+VETH_SENDER = """
+import socket, struct, sys, time
+port = int(sys.stdin.readline())
+cli = socket.create_connection(("10.77.0.2", port), timeout=10)
+cli.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+cli.setblocking(False)
+print("ready", flush=True)
+sys.stdin.readline()
+for _ in range(8):
+    try:
+        cli.send(b"x" * 1000)
+    except OSError:
+        pass  # EPERM: dropped on output in its own namespace; the data stays queued
+    time.sleep(0.01)
+time.sleep(1.0)
+cli.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+cli.close()
+print("done", flush=True)
+"""
+
+
+def _veth_drops(tmp_path, drop_in: str) -> tuple[list, list, int]:
+    """Run VETH_SENDER (namespace 'a') against VETH_SINK (namespace 'b'), both watched, with every TCP packet
+    dropped (and counted) by netfilter in namespace ``drop_in`` ('a': on output, 'b': on input). Returns
+    the SKB_DROP events with reason NETFILTER_DROP of the sender, those of the sink, and the packets the
+    rule dropped."""
+    need_bpf()
+    ip, nft = _tool("ip"), _tool("nft")
+    tag = uuid.uuid4().hex[:8]
+    ns = {"a": f"obshub-ta-{tag}", "b": f"obshub-tb-{tag}"}
+    hook = {"a": "output", "b": "input"}[drop_in]
+    rules = (
+        f"table inet obshub_test {{\n chain c {{\n  type filter hook {hook} priority 0; policy accept;\n"
+        "  meta l4proto tcp counter drop\n }\n}\n"
+    )
+    sink = sender = None
+    try:
+        for name in ns.values():
+            subprocess.run([ip, "netns", "add", name], check=True, capture_output=True)
+        run = dict(check=True, capture_output=True)
+        subprocess.run([ip, "-n", ns["a"], "link", "add", "va", "type", "veth", "peer", "vb", "netns", ns["b"]], **run)
+        for side, dev, addr in (("a", "va", "10.77.0.1/24"), ("b", "vb", "10.77.0.2/24")):
+            subprocess.run([ip, "-n", ns[side], "addr", "add", addr, "dev", dev], **run)
+            subprocess.run([ip, "-n", ns[side], "link", "set", dev, "up"], **run)
+        sink = Child(VETH_SINK, prefix=[ip, "netns", "exec", ns["b"]])
+        port = sink.proc.stdout.readline().strip()
+        sender = Child(VETH_SENDER, prefix=[ip, "netns", "exec", ns["a"]])
+        with event_source(tmp_path, Target(pids={sender.pid, sink.pid}), probes=("network",)) as (src, table):
+            assert {s.name: s for s in table}["net_drop"].attached, table
+            sender.go(port)
+            assert sender.proc.stdout.readline().strip() == "ready"
+            subprocess.run([ip, "netns", "exec", ns[drop_in], nft, "-f", "-"], input=rules, text=True, **run)
+            sender.go()
+            out = sender.wait(30)
+            events = drain(src, 0.5)
+        listed = subprocess.run([ip, "netns", "exec", ns[drop_in], nft, "list", "ruleset"], text=True, **run).stdout
+    finally:
+        for child in (sender, sink):
+            if child is not None:
+                child.kill()
+        for name in ns.values():
+            subprocess.run([ip, "netns", "del", name], capture_output=True)
+    assert out.strip() == "done", out
+    dropped = int(re.search(r"counter packets (\d+)", listed).group(1))
+    drops = [e for e in events if e.kind == Kind.SKB_DROP and e.payload["reason"] == "NETFILTER_DROP"]
+    print(f"nft dropped {dropped}; SKB_DROP", [(e.pid, e.tid) for e in drops])
+    return [e for e in drops if e.pid == sender.pid], [e for e in drops if e.pid == sink.pid], dropped
+
+
+def test_drops_of_its_own_segments_in_its_namespace_count_for_the_sender(tmp_path):
+    """Netfilter in the sender's own namespace drops its segments on output: SKB_DROP events of the
+    sender (its socket is ``skb->sk``), the ones of its send() calls in its own context (``tid`` set)."""
+    mine, sinks, dropped = _veth_drops(tmp_path, "a")
+    assert dropped >= 3, dropped
+    assert len(mine) >= 3, mine
+    assert any(e.tid != 0 for e in mine), mine
+    assert sinks == [], sinks
+
+
+def test_drops_in_a_peer_namespace_do_not_count_for_the_sender(tmp_path):
+    """Netfilter in the peer's namespace drops the sender's segments on input, in the sender's context
+    (the veth runs the peer's receive inline): their socket there is the sink's (early demux, before the
+    input hook), so they are the sink's drops (``tid`` 0: not its context), none the sender's."""
+    mine, sinks, dropped = _veth_drops(tmp_path, "b")
+    assert dropped >= 3, dropped
+    assert mine == [], mine
+    assert len(sinks) >= 3 and all(e.tid == 0 for e in sinks), sinks
