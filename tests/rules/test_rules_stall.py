@@ -1676,7 +1676,10 @@ def test_a_step_with_two_hosts_late_alike_that_no_later_step_explains_is_still_r
         ],
         "other": [summary(21, 6.0 * MEDIAN_NS / 1e6, ev={"node-00": {"pytorch": 7.0}, "node-01": {"pytorch": 6.8}})]
         + clean_steps(22, 1, rng),
-        "noise": [summary(21, 155, ev={"node-03": {"sched": 3.0}}, layers={"node-03": {"sched": 30}}), summary(22, 150)],
+        "noise": [
+            summary(21, 155, ev={"node-03": {"sched": 3.0}}, layers={"node-03": {"sched": 30}}),
+            summary(22, 150),
+        ],
     }[after]
     steps = charge([*clean_steps(0, 20, rng), alike_step(20), *nxt, *clean_steps(23, 5, rng)])
     reports = [(s["step"], s["unexplained_before"]["step"]) for s in steps if s.get("unexplained_before")]
