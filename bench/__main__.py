@@ -8,8 +8,10 @@ ratio), the machine it ran on and its verdicts against the targets; raw results 
     python -m bench --list                           # names and what each measures
 
 Each benchmark starts what it needs (a private Kafka broker on free ports in a temporary home, workers,
-agents) and stops it again. A benchmark that fails is reported and the others still run; the exit code
-is then 1. ``scale`` reads the other benchmarks' latest results, so it runs last.
+agents) and stops it again. A benchmark that fails is reported and the others still run. Exit codes: 0
+every benchmark completed and met its targets; 1 a benchmark failed or missed a target (``--quick``: smoke
+runs, whose misses are printed but not counted); 2 bad arguments. ``scale`` reads the other benchmarks'
+latest results, so it runs last.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ BENCHMARKS: dict[str, str] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the named benchmarks (all by default); returns 0 when every one completed."""
+    """Run the named benchmarks (all by default); returns 0 when every one completed and met its targets,
+    1 when one failed or (without ``--quick``) missed a target; exits 2 on bad arguments (argparse)."""
     p = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -91,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         common.console.print(f"[red]failed: {', '.join(failed)}[/red]")
         return 1
-    return 0
+    if common.exit_code(a.quick):
+        common.console.print(f"[red]targets missed: {'; '.join(common.MISSED)}[/red]")
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

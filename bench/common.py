@@ -131,10 +131,27 @@ def rows_table(
     return t
 
 
+# the labels of the targets missed in this process (``verdict``), read by ``exit_code``
+MISSED: list[str] = []
+
+EXIT_TARGET_MISSED = 1
+"""Exit code of a benchmark (``python -m bench``, ``python -m bench.NAME``) whose run missed a target; 0 when
+every target printed was met, 2 for bad arguments (argparse)."""
+
+
 def verdict(label: str, ok: bool, detail: str) -> None:
-    """Print whether a stated target was met, and how far off."""
+    """Print whether a stated target was met, and how far off; a miss is kept in ``MISSED`` (the exit code)."""
     mark = "[green]target met[/green]" if ok else "[red]target missed[/red]"
+    if not ok:
+        MISSED.append(label)
     console.print(f"{label}: {mark} — {detail}")
+
+
+def exit_code(quick: bool = False) -> int:
+    """A benchmark's exit code after its run: ``EXIT_TARGET_MISSED`` (1) when a verdict of this process
+    missed its target, else 0. ``quick``: a smoke run (tiny sizes, one round), whose verdicts are printed
+    but are no measurement of the target: 0."""
+    return EXIT_TARGET_MISSED if MISSED and not quick else 0
 
 
 def results_dir() -> Path:

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     common.console.print(f"[dim]raw results: {path}[/dim]")
-    return 0
+    return common.exit_code()
 
 
 if __name__ == "__main__":

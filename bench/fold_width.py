@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = p.parse_args(argv)
     run(a.quick, a.rounds, tuple(a.hosts) if a.hosts else None, a.old_max, a.round_messages)
-    return 0
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     dist.destroy_process_group()
-    return 0
+    return common.exit_code()
 
 
 def _reader(pid: int, conn) -> None:

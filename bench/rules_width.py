@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         run_per_rule(tuple(sorted(a.hosts)) if a.hosts else PER_RULE_WIDTHS)
         return 0
     run(a.quick, widths=tuple(sorted(a.hosts)) if a.hosts else None)
-    return 0
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

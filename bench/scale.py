@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=common.positive_int, default=None, help="unused (one replay)")
     a = p.parse_args(argv)
     run(a.quick, a.rounds)
-    return 0
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

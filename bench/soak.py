@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=a.rate,
         retention_s=a.retention_s,
     )
-    return 0
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, nargs="+", metavar="N", help="widths (default: 128 512 2048 4096)")
     a = p.parse_args(argv)
     run(quick=a.quick, widths=tuple(a.hosts) if a.hosts else None)
-    return 0
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

@@ -968,7 +968,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run(a.quick, a.rounds, a.steps)
     composed()
-    return 0
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

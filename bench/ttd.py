@@ -882,7 +882,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bench.ttd [--rounds N] [--fault-hosts I,J] [--clean-s S] [--quick]``
-    (``parse_args``); runs the campaign it names. Exits 2 on bad input (argparse)."""
+    (``parse_args``); runs the campaign it names. Returns 0 when every target was met (or ``--quick``, a
+    smoke run), 1 when one was missed (``common.exit_code``); exits 2 on bad input (argparse). ``--make-demo``
+    returns 0: its pass or FAIL lines are the demo's verdicts, not targets."""
     a = parse_args(argv)
     if a.make_demo:
         run_make_demo(a.keep)
@@ -905,7 +907,7 @@ def main(argv: list[str] | None = None) -> int:
             run(a.quick, a.rounds, a.fault_host_list, a.clean_s, a.json_path, a.keep)
     except ValueError as exc:
         a.error(str(exc))
-    return 0
+    return common.exit_code(a.quick)
 
 
 if __name__ == "__main__":

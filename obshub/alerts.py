@@ -104,6 +104,7 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
     from rich.text import Text
 
     from obshub.core.settings import load_settings
+    from obshub.core.tables import print_table
     from obshub.export.source import parse_when, snapshot
 
     bounds = {}
@@ -173,4 +174,4 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
             )
         ]
         t.add_row("[red]firing[/red]" if r["status"] == "firing" else "[green]resolved[/green]", ago, *text)
-    Console(highlight=False, width=200).print(t)
+    print_table(Console(highlight=False), t)

@@ -11,6 +11,7 @@ import time
 
 # Output that goes to a pipe or a file (logs, CI, `| less`) is not cut at rich's default 80 columns: probe
 # names, paths and timestamps stay whole. A terminal keeps its own width; COLUMNS set by the user wins.
+# Tables go through obshub.core.tables.print_table: off a terminal, as wide as their cells (past 200 too).
 if "COLUMNS" not in os.environ and not sys.stdout.isatty():
     os.environ["COLUMNS"] = "200"
 
@@ -29,6 +30,7 @@ except ModuleNotFoundError as _exc:  # an install with only the instrumentation 
 from obshub import __version__, stack
 from obshub.core.errors import ObshubError
 from obshub.core.settings import DEFAULT_KAFKA_PORT, load_settings
+from obshub.core.tables import print_table
 
 # name -> "module:attribute" of a click command or group, imported only when used.
 LAZY_COMMANDS: dict[str, str] = {
@@ -199,17 +201,17 @@ def status(as_json):
         t = Table("topic", "partitions", "messages", title="topics")
         for row in st["topics"]:
             t.add_row(row["name"], str(row["partitions"]), str(row["messages"]))
-        console.print(t)
+        print_table(console, t)
     if st["groups"]:
         t = Table("consumer group", "state", "lag (messages)", title="consumer groups")
         for g in st["groups"]:
             t.add_row(g["group"], g["state"], str(g["lag"]))
-        console.print(t)
+        print_table(console, t)
     if st["components"]:
         t = Table("component", "pid", "running", "log", title="components")
         for c in st["components"]:
             t.add_row(c["name"], str(c["pid"]), component_state(c, b["up"]), c.get("log", ""))
-        console.print(t)
+        print_table(console, t)
     else:  # an empty table's frame said nothing a new user could read
         console.print("components: none registered in this state folder (`obshub up` starts the broker)")
     sys.exit(0 if b["up"] else 1)

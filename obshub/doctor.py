@@ -373,6 +373,8 @@ def doctor_command(as_json, no_bpf, roles):
     from rich.console import Console
     from rich.table import Table
 
+    from obshub.core.tables import print_table
+
     settings = load_settings()
     kheaders.apply_env(settings)
     checks = run_checks(settings, bpf=not no_bpf)
@@ -385,7 +387,7 @@ def doctor_command(as_json, no_bpf, roles):
         mark = {True: "[green]ok[/green]", False: "[red]no[/red]", None: "[dim]--[/dim]"}[c.ok]
         extra = "" if c.ok in (True, None) else f"loses: {c.costs}\nfix: {c.fix}"
         t.add_row(c.name, mark, c.found, extra)
-    Console(highlight=False).print(t)
+    print_table(Console(highlight=False), t)
     if failed:
         n = len(failed)
         click.echo(

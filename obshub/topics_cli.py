@@ -252,20 +252,22 @@ def _report(rows: tuple[TopicLayout, ...], diffs: list[Difference]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from obshub.core.tables import print_table
+
     console = Console(highlight=False)
     bad = failing(diffs)
     if bad:
         t = Table("topic", "setting", "want", "have", title=f"{len(bad)} difference(s)")
         for d in bad:
             t.add_row(d.topic, d.setting, d.want, d.have)
-        console.print(t)
+        print_table(console, t)
     pending = [d for d in diffs if d.pending]
     if pending:
         owner = {r.name: r.owner for r in rows}
         t = Table("topic", "made by", title=f"{len(pending)} topic(s) not created yet (not a failure)")
         for d in pending:
             t.add_row(d.topic, f"{OWN_TOPICS[owner[d.topic]]} at its first start")
-        console.print(t)
+        print_table(console, t)
         console.print(
             "`obshub topics create` makes them now (a cluster's deployment does: their settings are then the "
             "table's from the start)"

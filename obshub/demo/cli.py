@@ -13,6 +13,7 @@ from rich.table import Table
 
 from obshub.core.clitypes import Finite
 from obshub.core.settings import load_settings
+from obshub.core.tables import print_table
 from obshub.demo import cluster as cluster_mod
 from obshub.demo.errors import DemoError
 from obshub.demo.faults import KINDS
@@ -379,7 +380,7 @@ def _print_episodes(console: Console, eps: list[dict]) -> None:
             str(v["wrong_count"]),
             "[green]pass[/green]" if v["ok"] else "[red]fail[/red]",
         )
-    console.print(t)
+    print_table(console, t)
     for ep in eps:
         console.print(f"  {ep['kind']} on {ep['host']}: {ep['verdict']['reason']}")
 
@@ -406,7 +407,7 @@ def _print_matrix(console: Console, rows: list[dict]) -> None:
             str(r["wrong_alerts"]),
             "[green]pass[/green]" if r["ok"] else "[red]fail[/red]",
         )
-    console.print(t)
+    print_table(console, t)
     for r in rows:
         console.print(f"  {r['fault']}: {r['reason']}")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from obshub.instrument.run import exec_instrumented
+from obshub.core.errors import ConfigError
+from obshub.instrument.run import check_job, exec_instrumented
 
 EPILOG = """\b
 Examples:
@@ -14,6 +15,18 @@ Examples:
   obshub run --optimizers-per-step 2 -- python gan.py              # a GAN: 2 optimizer steps per iteration
   OBSHUB_INSTRUMENT=0 obshub run -- python train.py               # same environment, instrumentation off
 """
+
+
+def _job(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``--job`` checked as the command line reads it (``run.check_job``): a bad value is a usage error
+    (exit 2) naming the option, as every command's bad option values are (it was exit 1)."""
+    if value is not None:
+        try:
+            check_job(value)
+        except ConfigError as exc:
+            why = str(exc).removeprefix("--job ")  # click names the option: "Invalid value for '--job': ..."
+            raise click.BadParameter(f"{why}; {exc.hint}" if exc.hint else why) from None
+    return value
 
 
 @click.command(
@@ -28,6 +41,7 @@ Examples:
 @click.option(
     "--job",
     default=None,
+    callback=_job,
     help="job name carried by the register probe (default: $OBSHUB_JOB, the Slurm job, the torchrun run, a pod label, else 'default')",
 )
 @click.option(

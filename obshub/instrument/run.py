@@ -53,22 +53,29 @@ def child_env(
     return env
 
 
+def check_job(job: str) -> None:
+    """Refuse a ``--job`` the register probe would not carry as given: empty (or blanks), or changed by
+    ``workload.clean_job`` (more than ``JOB_MAX_BYTES`` bytes of UTF-8, control characters): the job would
+    be published under another name than the one given, and ``obshub tail steps --job`` would find nothing.
+    Raises ConfigError (its hint says what to give); ``obshub run`` reports it as a usage error (exit 2)."""
+    if not job.strip():
+        raise ConfigError(f"--job {job!r} is empty", hint="give the job a name, e.g. --job llama-7b")
+    if workload.clean_job(job) != job.strip():
+        raise ConfigError(
+            f"--job {job!r}: the job would be named {workload.clean_job(job)!r} "
+            f"(a job name is at most {workload.JOB_MAX_BYTES} bytes of UTF-8, without control characters)",
+            hint=f"give a name of at most {workload.JOB_MAX_BYTES} bytes of printable text, e.g. --job llama-7b",
+        )
+
+
 def exec_instrumented(
     command: tuple[str, ...] | list[str], job: str | None, host_id: int | None, optimizers_per_step: int | None = None
 ) -> None:
     """Replace this process with ``command`` under the instrumentation (never returns on success).
     Raises ConfigError for an empty ``job`` and ObshubError when the command cannot be started (exit code
     127 when it is not found, 126 when it cannot be run, as a shell)."""
-    if job is not None and not job.strip():
-        raise ConfigError("--job is empty", hint="give the job a name, e.g. --job llama-7b")
-    if job is not None and workload.clean_job(job) != job.strip():
-        # the register probe carries at most JOB_MAX_BYTES of printable text: the job would be published
-        # under another name than the one given, and `obshub tail steps --job` would find nothing
-        raise ConfigError(
-            f"--job {job!r}: the job would be named {workload.clean_job(job)!r} "
-            f"(a job name is at most {workload.JOB_MAX_BYTES} bytes of UTF-8, without control characters)",
-            hint=f"give a name of at most {workload.JOB_MAX_BYTES} bytes of printable text, e.g. --job llama-7b",
-        )
+    if job is not None:
+        check_job(job)
     env = child_env(dict(os.environ), job, host_id, optimizers_per_step)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -23,6 +23,7 @@ from obshub.core.settings import (
     SPOOL_SEGMENT_BYTES,
     Settings,
 )
+from obshub.core.tables import print_table
 from obshub.producer import kheaders
 from obshub.producer import probes as cat
 from obshub.producer.agent import Agent
@@ -625,4 +626,4 @@ def probes_command(load, names, usdt_library, as_json, show_thresholds, log_form
             else "[yellow]skipped[/yellow]"
         )
         table.add_row(s.name, s.layer, p.mechanism, state, "" if s.attached else s.reason)
-    console.print(table)
+    print_table(console, table)

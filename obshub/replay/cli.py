@@ -13,6 +13,7 @@ from rich.table import Table
 
 from obshub.core import schema
 from obshub.core.clitypes import KafkaName, NonEmpty
+from obshub.core.tables import print_table
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
 from obshub.replay.report import ReplayReport, StepDiagnosis
@@ -108,7 +109,7 @@ def _print(console: Console, d: dict) -> None:
         t.add_row(
             str(r["rank"]), Path(r["file"]).name, str(sum(r["emitted"].values())), str(skipped), r["seq_source"] or "-"
         )
-    console.print(t)
+    print_table(console, t)
     for r in d["ranks"]:
         for n in r["notes"]:
             console.print(f"  rank {r['rank']}: {n}")
@@ -134,7 +135,7 @@ def _print(console: Console, d: dict) -> None:
                 _ms(r["first_coll_kernel_ns"]),
                 "[red]straggler[/red]" if r["straggler"] else "",
             )
-        console.print(t)
+        print_table(console, t)
         if s["straggler"]:
             console.print(
                 f"step {s['step']}: straggler [bold]{s['straggler']}[/bold] arrived last at the first "

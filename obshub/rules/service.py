@@ -19,6 +19,7 @@ State: the engine's on the topic ``<prefix>-state``; the notify loop's in ``<sta
 
 from __future__ import annotations
 
+import difflib
 import os
 import signal
 import socket
@@ -31,7 +32,7 @@ from obshub.core.reach import BrokerWatch
 from obshub.core.settings import RULES, Settings
 from obshub.rules.dispatch import Dispatcher
 from obshub.rules.engine import freeze_heap
-from obshub.rules.errors import RulesError, RuleValidationError
+from obshub.rules.errors import Problem, RulesError, RuleValidationError, SinkConfigError
 from obshub.rules.loader import BUILTIN_DIR, expand_paths, load_ruleset
 from obshub.rules.service_common import RELOADS, log, state_dir
 from obshub.rules.service_engine import EngineLoop
@@ -47,6 +48,31 @@ def _warn_empty(ruleset) -> None:
     does; a file empty by mistake is refused by the loader)."""
     for f in ruleset.empty:
         log.info("%s: no rules (`rules: []`, as written)", f)
+
+
+def route_problems(ruleset, sink_names: set[str]) -> list[Problem]:
+    """One Problem per rule of ``ruleset`` whose ``routes:`` names a sink that ``sink_names`` (the alerting
+    config's) lacks: that rule's alerts would reach no sink (only the named sinks get them). Each names the
+    rule's file:line, the unknown sink, the nearest configured name ("did you mean") and the configured
+    ones; [] when every route names a sink."""
+    out = []
+    for r in ruleset.rules.values():
+        for name in dict.fromkeys(r.routes):
+            if name in sink_names:
+                continue
+            near = difflib.get_close_matches(name, sorted(sink_names), n=1)
+            guess = f"did you mean '{near[0]}'? " if near else ""
+            out.append(
+                Problem(
+                    r.file,
+                    r.line,
+                    1,
+                    f"routes to sink '{name}', which the alerting config does not have: its alerts would "
+                    f"reach no sink ({guess}configured: {', '.join(sorted(sink_names)) or 'none'})",
+                    r.id,
+                )
+            )
+    return out
 
 
 class RuleService:
@@ -91,6 +117,7 @@ class RuleService:
         self.http_port: int | None = None
         self.reload_requested = threading.Event()
         self.ruleset = load_ruleset(self.rule_paths)  # raises RuleValidationError: refuse to start broken
+        self._check_routes(self.ruleset)  # raises SinkConfigError, before any client or thread starts
         _warn_empty(self.ruleset)
         self._mtimes = self._rule_mtimes()
         external_url = (config.external_url or f"http://{socket.getfqdn()}").rstrip("/") + "/rules"
@@ -115,23 +142,17 @@ class RuleService:
                 len(self.ruleset.inhibit),
             )
         self.started = time.monotonic()
-        self._check_routes()
         freeze_heap()  # modules, rules and restored state: out of the full collections' way
 
-    def _check_routes(self) -> None:
-        """Warn about rules routed to sinks that do not exist (their alerts would reach no sink)."""
-        sinks = {s.name for s in self.dispatcher.sinks}
-        for r in self.ruleset.rules.values():
-            missing = sorted(set(r.routes) - sinks)
-            if missing:
-                log.warning(
-                    "%s:%d: rule %s routes to unknown sink(s) %s (configured: %s)",
-                    r.file,
-                    r.line,
-                    r.id,
-                    ", ".join(missing),
-                    ", ".join(sorted(sinks)),
-                )
+    def _check_routes(self, ruleset) -> None:
+        """Refuse rules routed to a sink the alerting config lacks (``route_problems``: their alerts would
+        reach no sink). Raises SinkConfigError listing each as file:line:col: rule "id": why."""
+        problems = route_problems(ruleset, {s.name for s in self.config.sinks})
+        if problems:
+            raise SinkConfigError(
+                f"{len(problems)} rule route(s) name no sink of the alerting config:\n" + "\n".join(map(str, problems)),
+                "name a sink of the alerting config (--config) in `routes:`, or add that sink to the config",
+            )
 
     # -- reload ----------------------------------------------------------------------------------------------
     def _rule_mtimes(self) -> dict[str, float]:
@@ -158,12 +179,17 @@ class RuleService:
                 log.error("reload rejected, keeping the previous %d rules: %s", len(self.ruleset.rules), p)
             RELOADS.labels("rejected").inc()
             return False
+        problems = route_problems(new, {s.name for s in self.config.sinks})
+        if problems:  # as a broken file: the old rules keep running, their alerts reach their sinks
+            for p in problems:
+                log.error("reload rejected, keeping the previous %d rules: %s", len(self.ruleset.rules), p)
+            RELOADS.labels("rejected").inc()
+            return False
         RELOADS.labels("ok").inc()
         self.ruleset = new
         _warn_empty(new)
         self.engine.replace_rules(new)
         self.dispatcher.inhibit = list(new.inhibit)
-        self._check_routes()
         log.info("reloaded %d rules from %s", len(new.rules), ", ".join(new.files))
         return True
 

@@ -146,10 +146,22 @@ def test_every_command_and_group_has_examples_in_its_help():
 def test_run_refuses_a_job_name_the_probe_would_change(tmp_path, job, named):
     """`obshub run --job <70 characters> -- cmd` ran cmd, and the register probe carried the name cut to 63
     bytes: the job was published under a name the user never gave (`obshub tail steps --job` found
-    nothing). Now refused before the command starts (it would have printed 'started')."""
+    nothing). Now refused before the command starts (it would have printed 'started'), as a usage error
+    (exit 2, as every command's bad option values; it was exit 1)."""
     r = run(["run", "--job", job, "--", sys.executable, "-c", "print('started')"], tmp_path)
     err = " ".join(r.stderr.split())
-    assert r.returncode == 1 and named in err and "at most 63 bytes" in err and "started" not in r.stdout, err
+    assert r.returncode == 2 and "Invalid value for '--job'" in err, err
+    assert named in err and "at most 63 bytes" in err and "started" not in r.stdout, err
+
+
+@pytest.mark.parametrize("job", ["", "  "])
+def test_run_refuses_an_empty_job_as_a_usage_error(tmp_path, job):
+    """`obshub run --job ''` exited 1 (an ObshubError) where `alerts --job ''` and every other bad option value
+    exit 2 (click's usage error naming the option)."""
+    r = run(["run", "--job", job, "--", sys.executable, "-c", "print('started')"], tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and f"Invalid value for '--job': '{job}' is empty; give the job a name" in r.stderr, err
+    assert "started" not in r.stdout and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,43 @@ def test_hot_reload_keeps_old_rules_when_new_files_are_broken(tmp_path, caplog):
         svc.dispatcher.close()
 
 
+def test_a_route_to_a_sink_the_config_lacks_refuses_to_start_and_a_reload_keeps_the_old_rules(tmp_path, caplog):
+    """`routes: [oncal-slack]` (a typo) was a warning: the rule's alerts went to no sink. Now serve refuses to
+    start, naming the rule's file:line, the sink and the nearest configured one; a reload keeps the old rules."""
+    import os
+
+    import pytest
+
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import SinkSpec
+
+    settings = load_settings(home=tmp_path / "home")
+    config = AlertingConfig(
+        sinks=[SinkSpec(name="oncall-slack", type="console"), SinkSpec(name="pager", type="console")]
+    )
+    rules = tmp_path / "r.yaml"
+    rules.write_text(RULES.replace("    severity: warning\n", "    severity: warning\n    routes: [oncal-slack]\n"))
+    with pytest.raises(SinkConfigError) as exc:
+        RuleService(settings, [rules], config)
+    assert (
+        f"{rules}:3:1: rule \"slow_sync\": routes to sink 'oncal-slack', which the alerting config does not have"
+        in str(exc.value)
+    )
+    assert "did you mean 'oncall-slack'? configured: oncall-slack, pager" in str(exc.value)
+    rules.write_text(RULES.replace("    severity: warning\n", "    severity: warning\n    routes: [oncall-slack]\n"))
+    svc = RuleService(settings, [rules], config)
+    try:
+        assert svc.ruleset.rules["slow_sync"].routes == ["oncall-slack"]
+        rules.write_text(RULES.replace("    severity: critical\n", "    severity: critical\n    routes: [nowhere]\n"))
+        os.utime(rules, (1, 1))
+        with caplog.at_level(logging.ERROR, logger="obshub.rules.service"):
+            assert svc.maybe_reload() is False
+        assert "routes to sink 'nowhere'" in caplog.text and 'rule "rdma_on_straggler"' in caplog.text, caplog.text
+        assert svc.engine.ruleset.rules["rdma_on_straggler"].routes == []  # the old rules keep running
+    finally:
+        svc.dispatcher.close()
+
+
 def test_a_null_group_by_value_is_no_label_and_its_fingerprint_is_of_the_labels_carried(tmp_path):
     """A group-by value that evaluates to null gives the alert no such label (a rank the summary did not
     know), not an empty one (it gave `rank=""` before); a value of "" stays a label. The fingerprint is

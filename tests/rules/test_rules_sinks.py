@@ -454,6 +454,38 @@ def config_problems(f, text: str) -> tuple[list[str], str]:
     return str(exc.value).splitlines()[1:], str(exc.value)
 
 
+def test_external_url_and_runbook_base_url_are_checked_as_urls_not_by_their_prefix(tmp_path):
+    """Only the ``http://`` prefix of ``external_url`` was checked: ``http://`` alone, a port out of range or
+    a stray space passed, and every alert's generatorURL led nowhere. Now each is refused at its line:column
+    as a sink URL is, with an example; ``external_url`` also without ``?query``/``#fragment``."""
+    from obshub.rules.sinks.config import load_config
+
+    f = tmp_path / "alerting.yaml"
+    example = "e.g. http://obshub-rules.monitoring:9108"
+    for value, why in (
+        ("http://", "names no host (write http://HOST:PORT)"),
+        ("http://rules:99999", "has a port that is not a number from 1 to 65535"),
+        ("http://rules :9108", "holds white space"),
+        ("https://rules:9108/?x=1", "has a ?query or #fragment (/rules#<rule id> is appended to it)"),
+        ("rules:9108", "is not an http:// or https:// URL (scheme rules://)"),
+    ):
+        got, text = config_problems(f, f"version: 1\nexternal_url: '{value}'\n")
+        assert len(got) == 1 and got[0].startswith(f"{f}:2:15: external_url: '{value}' {why}"), text
+        assert example in got[0], text
+    got, text = config_problems(f, "version: 1\nrunbook_base_url: 'https://git.example:0/'\n")
+    assert got == [
+        f"{f}:2:19: runbook_base_url: 'https://git.example:0/' has port 0 (a port is 1 to 65535); "
+        "e.g. https://git.example.com/obshub/blob/main/"
+    ], text
+    f.write_text(
+        "version: 1\nexternal_url: 'https://rules.example:9108/obshub/'\n"
+        "runbook_base_url: 'https://git.example/obshub/blob/main/'\n"
+    )
+    cfg = load_config(f)
+    assert cfg.external_url == "https://rules.example:9108/obshub/"
+    assert cfg.runbook_base_url == "https://git.example/obshub/blob/main/"
+
+
 def test_a_sink_url_that_is_wrong_is_refused_at_its_value_and_a_secret_one_by_its_source(monkeypatch, tmp_path):
     """An endpoint URL that no HTTP client can post to (no scheme, another scheme, no host, a port out of
     range, white space) is refused when the config is read, at the value's line:column, not at the first

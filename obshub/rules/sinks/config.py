@@ -252,10 +252,26 @@ class AlertingConfig(BaseModel):
 
     @field_validator("external_url", "runbook_base_url")
     @classmethod
-    def _url(cls, v: str) -> str:
-        if v and not v.startswith(("http://", "https://")):
+    def _url(cls, v: str, info: ValidationInfo) -> str:
+        """An http(s) URL as a sink's (``http_url_problem``: a host, a port 1..65535, no white space; only
+        the ``http://`` prefix was checked, so ``http://`` alone or ``http://host:port x`` passed), or empty;
+        ``external_url`` also without ``?query`` or ``#fragment`` (``/rules#<rule>`` is appended to it).
+        Raises ValueError with the value and an example."""
+        if not v:
+            return v
+        why = http_url_problem(v)
+        if why is None and info.field_name == "external_url":
+            parts = urlsplit(v)
+            if parts.query or parts.fragment:
+                why = "has a ?query or #fragment (/rules#<rule id> is appended to it)"
+        if why:
             shown = repr(v) if len(v) <= 80 else f"{v[:80]!r}... ({len(v):,} characters)"
-            raise ValueError(f"{shown} is not an http:// or https:// URL")
+            example = (
+                "http://obshub-rules.monitoring:9108"
+                if info.field_name == "external_url"
+                else "https://git.example.com/obshub/blob/main/"
+            )
+            raise ValueError(f"{shown} {why}; e.g. {example}")
         return v
 
     @model_validator(mode="after")
