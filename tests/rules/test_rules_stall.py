@@ -1690,6 +1690,72 @@ def test_a_step_with_two_hosts_late_alike_that_no_later_step_explains_is_still_r
     assert "node-02 and node-03 late alike" in fired[0]["annotations"]["summary"], fired[0]["annotations"]
 
 
+def two_per_host_burst_step(step, rank_sched_ms):
+    """newuser18's kept run, step 341 (x7.03, 931 ms, 2 ranks per host on 2 cores, cpu burst of global rank
+    5 on node-02): node-02 at 7.0 spreads of sched, node-03 at 7.0 of lateness and 6.08 of sched, both late
+    by 397 ms (rank 4 and rank 6, rank 5's ring neighbours), spread 10.5 ms; ``rank_sched_ms`` ``{(host,
+    rank): run-queue ms}`` (the live step's: rank 5 1,349 ms, every other rank 45-102 ms)."""
+    layers: dict[str, dict] = {}
+    for (h, _r), ms in rank_sched_ms.items():
+        layers.setdefault(h, {"sched": 0.0})["sched"] += ms
+    s = summary(
+        step,
+        931,
+        ev={"node-00": {"pytorch": 0.587}, "node-02": {"sched": 7.0}, "node-03": {"pytorch": 7.0, "sched": 6.077}},
+        layers=layers,
+        spread_ms=10.514,
+    )
+    s["baseline"]["median_ns"] = 132_539_847
+    s["straggler"] = {
+        "host": "node-02",
+        "rank": 4,
+        "excess_ns": 397_350_108,
+        "reason": "last at all_reduce pg=0 seq=1029, 397.350 ms after the median arrival",
+        "group": [
+            {"host": "node-02", "late_ns": 397_350_108, "rank": 4},
+            {"host": "node-03", "late_ns": 397_026_903, "rank": 6},
+        ],
+    }
+    s["ranks"] = {}
+    for (h, r), ms in rank_sched_ms.items():
+        s["ranks"].setdefault(h, {})[str(r)] = {
+            "layers": {"sched": {"time_ns": int(ms * 1e6), "count": 1, "max_ns": 0}}
+        }
+    return s
+
+
+NEWUSER18_341 = {
+    ("node-00", 0): 45, ("node-00", 1): 57, ("node-01", 2): 70, ("node-01", 3): 57,
+    ("node-02", 4): 51, ("node-02", 5): 1349, ("node-03", 6): 102, ("node-03", 7): 89,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "other_ms,want",
+    [
+        # the live step: rank 5's run queue is 13 times any other rank's; node-03 waited for it in the ring
+        # (its 6.08 spreads of sched are 64 ms over its peers'): node-02 / sched, starved, rank 5 (it
+        # named nobody and fired step_stall_ambiguous on f10ef77)
+        (102, ("node-02", "sched", 5)),
+        # two hosts starved at once: node-03's rank 6 waited 900 ms in its run queue too, nobody stands out
+        (900, None),
+    ],
+)
+def test_hosts_late_alike_name_the_one_whose_rank_starved_beyond_every_rank_of_the_job(other_ms, want):
+    s = two_per_host_burst_step(341, {**NEWUSER18_341, ("node-03", 6): other_ms})
+    c = analysis.culprit_rank(analysis.culprit(s), s)
+    rng = __import__("random").Random(9)
+    steps = charge([*clean_steps(0, 20, rng), s, *clean_steps(21, 3, rng)])
+    if want is None:
+        assert c is None and steps[20]["ambiguous"] == ["node-02", "node-03"], (c, steps[20].get("ambiguous"))
+        fired = [a["rule"] for a in fire(steps) if a["rule"].startswith("step_stall")]
+        assert fired == ["step_stall_ambiguous"], fired
+        return
+    assert c is not None and (c["host"], c["layer"], c["rank"]) == want and c["starved"], c
+    assert "node-03 late alike" in c["why"] and "7.3x the busiest peer's" in c["why"], c["why"]
+    assert stall_alerts(steps) == [("step_stall", "node-02", "sched")]
+
+
 @pytest.mark.parametrize(
     "late_ms,sched_ms,want",
     [

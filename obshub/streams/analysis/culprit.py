@@ -118,7 +118,8 @@ def culprit(summary: dict) -> dict | None:
        (any layer but network) only when the host's lateness (its late-group entry, at least ``z``
        spreads) makes up ``EXPLAIN_REL`` of what the step lost over the baseline median. When another
        host's lateness-based candidate exceeds ``AMBIGUOUS_REL`` of the best one, None: no single host
-       stands out. A ``pytorch`` best gives way to a lower layer of the same host with evidence; a
+       stands out, unless one of those hosts is starved by its run-queue times alone (``_alike_starved``:
+       its peers waited for it; a ``sched`` culprit, ``starved``, with its busiest ``rank``). A ``pytorch`` best gives way to a lower layer of the same host with evidence; a
        ``network`` best gives way to the host's own sched or memory time when that explains the stall
        (``_layer_culprit`` names the same host, its time over its peers' median at least
        ``NET_OWN_LAYER_REL`` of the loss: a starved host's sockets look lossy), also when another
@@ -240,8 +241,11 @@ def _culprit(summary: dict, lost: int) -> dict | None:
     if strag:
         group.setdefault(strag["host"], strag.get("excess_ns", 0))
     cands, best = _candidates(summary)
-    if _alike(cands, best):
-        return None  # two hosts about as late: no single host's fault (a shared cause, or load)
+    alike = _alike(cands, best)
+    if alike:
+        # two hosts about as late: no single host's fault (a shared cause, or load), unless one of them was
+        # starved beyond every other host and rank of the job and the others waited for it
+        return _alike_starved(summary, cands, alike, group, lost)
     # a lateness-based value (every layer but the connection-based network) names its host only when its
     # lateness (at least z spreads; exact for the late group) makes up EXPLAIN_REL of what the step lost
     if best is not None and best[2] != "network" and max(best[3] * spread, group.get(best[1], 0)) < EXPLAIN_REL * lost:
@@ -337,7 +341,57 @@ def _culprit(summary: dict, lost: int) -> dict | None:
     return _layer_culprit(summary, lost) if lost else None
 
 
-def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None:
+def _alike_starved(
+    summary: dict, cands: list[tuple], alike: list[str], group: dict[str, int], lost: int
+) -> dict | None:
+    """``culprit``'s 1. for a step whose lateness-based candidates ``cands`` (``_candidates``) name the hosts
+    ``alike`` (``_alike``, at least two) about alike: the one of them with sched evidence of at least
+    ``STARVED_MIN_EVIDENCE`` whose lateness (its late-group entry in ``group``, ns, else ``z`` spreads)
+    makes up ``EXPLAIN_REL`` of ``lost`` (ns over the job's median step) and that is ``_starved`` without
+    the peer-evidence test (its run queue, or its busiest rank's against every other rank of the job, over
+    its peers' median by ``STARVED_EXPLAIN_REL`` of ``lost`` and ``STARVED_PEER_FACTOR`` times the busiest
+    peer's): a ``sched`` culprit, ``starved`` True, with ``rank`` its busiest rank (a host of several rank
+    rows; else None). None when no alike host, or more than one, is so starved, or ``lost`` is 0.
+
+    A burst rank's ring neighbours on other hosts wait for it inside the collective and arrive as late as
+    its host's other rank, and on a loaded machine their run queues rise a little with it: newuser18's
+    2-ranks-per-host cpu burst of rank 5 (x7.03, 799 ms lost) had node-02 at 7.0 spreads of sched and
+    node-03 at 7.0 of lateness and 6.08 of sched (64 ms of run queue over its peers' median, both late by
+    397 ms), while rank 5 waited 1,349 ms in its run queue, 13 times any other rank's. Two hosts starved at
+    once each stand above the other ranks, so neither is ``STARVED_PEER_FACTOR`` times the other's: still
+    nobody."""
+    if lost <= 0:
+        return None
+    spread = (summary.get("evidence") or {}).get("spread_ns", 0)
+    found = []
+    for _key, h, layer, z in cands:
+        if h not in alike or layer != "sched" or z < STARVED_MIN_EVIDENCE:
+            continue
+        if max(z * spread, group.get(h, 0)) < EXPLAIN_REL * lost:
+            continue
+        why = _starved(summary, h, z, lost, peer_evidence=False)
+        if why is not None:
+            found.append((h, z, why))
+    if len(found) != 1:
+        return None
+    h, z, why = found[0]
+    rows = (summary.get("ranks") or {}).get(h) or {}
+    times = {
+        str(r): int((((row or {}).get("layers") or {}).get("sched") or {}).get("time_ns", 0)) for r, row in rows.items()
+    }
+    others = ", ".join(a for a in alike if a != h)
+    return {
+        "host": h,
+        "layer": "sched",
+        "evidence": z,
+        "source": "evidence",
+        "starved": True,
+        "rank": int(_busiest_rank(times)) if len(times) >= 2 else None,
+        "why": f"sched evidence {z:g} spreads of {spread / 1e6:.1f} ms, {others} late alike; starved: {why}",
+    }
+
+
+def _starved(summary: dict, host: str, z: float | None, lost: int, peer_evidence: bool = True) -> str | None:
     """Whether ``host``, the step's sched culprit by evidence ``z`` (spreads; None for a culprit of ``source``
     "layers", which nobody's lateness named), was starved of CPU beyond a loaded machine's jitter: a short
     description when ``z`` is at least ``STARVED_MIN_EVIDENCE``, every other host's sched evidence at most
@@ -349,6 +403,8 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     run-queue time against the others' (``ranks[host][rank].layers.sched.time_ns``), as its straggler is.
     A host of several rank rows in a larger job that fails the host comparison gets a second one by the same
     ratios: its rank with the most run-queue time against every other rank of the job (not a wide step's).
+    ``peer_evidence`` False (``_alike_starved``: hosts late alike) skips the test of the other hosts' sched
+    evidence, leaving the run-queue times alone to tell.
 
     A ``layers`` culprit (``z`` None) has no lateness, so its ``z`` is its run-queue time over its peers'
     median in units of the step's spread (``evidence.spread_ns``), what its evidence would be had it been
@@ -379,7 +435,9 @@ def _starved(summary: dict, host: str, z: float | None, lost: int) -> str | None
     if z < STARVED_MIN_EVIDENCE:
         return None
     hosts_ev = (summary.get("evidence") or {}).get("hosts") or {}
-    if any((zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host):
+    if peer_evidence and any(
+        (zs or {}).get("sched", 0.0) > STARVED_PEER_EVIDENCE_REL * z for h, zs in hosts_ev.items() if h != host
+    ):
         return None
     if not _starves(own, peers, med, lost):
         if node is not None or summary.get("layers_omitted"):

@@ -159,8 +159,8 @@ def culprit_rank(c: dict | None, summary: dict) -> dict | None:
     rank = None
     strag = summary.get("straggler") or {}
     rows = (summary.get("ranks") or {}).get(c["host"]) or {}
-    if c.get("source") == "stopped":
-        rank = c.get("rank")
+    if c.get("source") == "stopped" or c.get("rank") is not None:
+        rank = c.get("rank")  # a stopped rank, or the starved rank of hosts late alike (``_alike_starved``)
     elif c.get("source") == "layers" and len(rows) >= 2:
         # a host's layer time over its peers' (a burst inside a collective): the rank whose own time in
         # that layer is the largest (a burst pinned to one rank's CPU starves that rank)
