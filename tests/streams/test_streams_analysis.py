@@ -4,6 +4,7 @@ and the synthetic generator's ground truth (no Kafka, no Faust)."""
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import pytest
@@ -520,6 +521,43 @@ def test_drops_name_a_host_only_when_they_stand_out_from_the_others_and_its_own_
     st = analysis.net_stats(accs, th, window=win)
     assert st.drops == window
     assert {h: e.z for h, e in analysis.net_evidence(accs, th, window_stats=st).items() if e.view == "drops"} == want
+
+
+def _drops_over_every_host(accs, th, window_drops):
+    """``net_drops_evidence`` as drops17 wrote it: a count for every host (0 without TCP data), all sorted."""
+    drops = {h: (a.net.drops if a.net else 0) or 0 for h, a in accs.items()}
+    if len(drops) < 3 or not any(drops.values()):
+        return {}
+    ranked = sorted(drops, key=lambda h: (-drops[h], h))
+    best, n = ranked[0], drops[ranked[0]]
+    ref = max(drops[ranked[1]], int(window_drops.get(best, 0)))
+    if n < th.net_drops_min or n < th.count_factor * max(ref, 1):
+        return {}
+    z = round(min(th.evidence_clip, th.net_toward_clip, (n - ref) / math.sqrt(ref + 1)), 3)
+    return {best: analysis.NetEvidence(z, n, ref, 0, 0, "drops")} if z > 0 else {}
+
+
+def test_drops_of_a_wide_step_read_only_the_hosts_with_tcp_data_and_give_the_same_evidence():
+    """A wide step's drops view reads the few hosts with TCP data (the others dropped nothing): the same
+    evidence as counting every host, with ties (the smaller name), a second host's drops, the host's own
+    window and hosts with a TCP view but no drop."""
+    th = analysis.Thresholds()
+    rnd = random.Random(17)
+    named = 0
+    for _case in range(300):
+        hosts = [f"node-{i:03d}" for i in range(rnd.choice((3, 4, 40)))]
+        accs = {}
+        for h in hosts:
+            r = rnd.random()
+            net = accumulate.HostNet(drops=rnd.choice((1, 2, 3, 5, 9, 9, 20))) if r < 0.15 else None
+            if 0.15 <= r < 0.3:
+                net = accumulate.HostNet()  # TCP data, no drop
+            accs[h] = accumulate.HostAcc(step_ns=10**9, net=net)
+        window = {h: rnd.choice((0, 1, 4)) for h in rnd.sample(hosts, 2)}
+        got = analysis.net_drops_evidence(accs, th, window)
+        assert got == _drops_over_every_host(accs, th, window), (_case, accs, window)
+        named += bool(got)
+    assert named >= 20
 
 
 def test_drops_of_a_neighbour_do_not_move_a_loss_bursts_culprit():

@@ -269,3 +269,25 @@ def test_the_collective_columns_read_as_the_per_host_records():
     accs[odd].rt.k = accs[odd].rt.k[::-1]
     accs[odd].rt.hv = accs[odd].rt.hv[::-1]
     assert R.view_columns(accs)[1] is None
+
+
+def test_a_wide_steps_host_records_are_built_when_read():
+    """``view_columns`` of hosts of the same collective keys: each host's records (``ranks.ViewColls``) are
+    ``view_colls``' dict, built when first read and kept (the same object on the next read), in the
+    accumulators' order; an unknown host raises KeyError. Hosts of other keys get the plain dicts."""
+    from test_streams_packed_ranks import _accs, _packed  # noqa: PLC0415 (the same generated ranks)
+
+    for seed in range(12):
+        accs = _packed(_accs(70, 3 + seed % 3, seed))
+        vc, cols = R.view_columns(accs)
+        want = R.view_colls(accs)
+        if cols is None:
+            assert type(vc) is dict and vc == want, seed
+            continue
+        assert isinstance(vc, R.ViewColls) and list(vc) == list(accs) and len(vc) == len(accs), seed
+        h = list(accs)[seed]
+        assert vc[h] == want[h] and vc[h] is vc[h] and h in vc, seed
+        assert dict(vc.items()) == want, seed
+        assert "zz" not in vc
+        with pytest.raises(KeyError):
+            vc["zz"]

@@ -197,10 +197,13 @@ def net_window_part(accs: dict[str, dict]) -> dict[str, list[int]]:
     accs = as_accs(accs)
     out: dict[str, list[int]] = {}
     for host, acc in accs.items():
-        drops = _net(acc).drops
+        net = getattr(acc, "net", None)  # as _net: none for a rank row or a host without TCP data (most)
+        if not net:
+            continue
+        drops = net.drops
         if drops:
             out[_DROPS_KEY + host] = [drops, 0, 0]
-        for key, vals in _net(acc).pairs.items():
+        for key, vals in net.pairs.items():
             if len(vals) > 1 and vals[1] > 0:
                 slot = out.setdefault(key, [0, 0, 0])
                 slot[0] += vals[1]
@@ -393,13 +396,18 @@ def net_drops_evidence(accs: dict[str, dict], th: Thresholds, window_drops: dict
     of a sender's excess (a spurious retransmit's duplicate, ``TCP_OLD_DATA``) are no drops of its own
     (``accumulate.link_drop``). ``net_evidence`` reads it for a slowed step only."""
     accs = as_accs(accs)
-    drops = {h: _net(a).drops or 0 for h, a in accs.items()}
-    if len(drops) < 3 or not any(drops.values()):
+    drops = {}  # the hosts with drops (a few of a wide step's): the others' count is 0
+    for h, a in accs.items():
+        net = getattr(a, "net", None)  # as _net
+        if net and net.drops:
+            drops[h] = net.drops
+    if len(accs) < 3 or not drops:
         return {}
-    ranked = sorted(drops, key=lambda h: (-drops[h], h))
-    best = ranked[0]
+    best = min(drops, key=lambda h: (-drops[h], h))
     n = drops[best]
-    ref = max(drops[ranked[1]], int(window_drops.get(best, 0)))
+    others = [d for h, d in drops.items() if h != best] + ([0] if len(drops) < len(accs) else [])
+    second = max(others)  # the most any other host dropped (>= 2 others: 3 hosts or more)
+    ref = max(second, int(window_drops.get(best, 0)))
     if n < th.net_drops_min or n < th.count_factor * max(ref, 1):
         return {}
     lead = _lead_ns(accs, best)

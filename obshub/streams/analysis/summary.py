@@ -133,7 +133,8 @@ def stopped_ranks(accs: dict[str, dict]) -> dict[str, dict]:
     Only hosts with a stop; the rank rows are decoded only for them (a stop is rare)."""
     accs = as_accs(accs)
     out: dict[str, dict] = {}
-    for h, acc in sorted(accs.items()):
+    for h in sorted([h for h, acc in accs.items() if acc.stopped_ns]):  # the few with a stop, sorted
+        acc = accs[h]
         ns = int(acc.stopped_ns or 0)
         if ns <= 0:
             continue
