@@ -19,7 +19,9 @@ worker's memory episodes, ``memory_episode``, are replayed on each side that has
 culprits, the alerts (any rule) only one side fired, per-stall naming that differs, and totals
 (``right``/``wrong``: ``step_stall``; ``all_right``/``all_wrong``: every rule).
 Reads only the culprit's and the rules' inputs in the summaries (``culprit`` reads no raw events), so it
-replays a change of ``culprit.py`` or of the pack; a change of the fold or the agent needs new runs.
+replays a change of ``culprit.py`` or of the pack; a change of the fold or the agent needs new runs. The
+running records (``closed_by`` "running") go through both packs as kept; one kept before they carried
+their step's age gets the least age the worker's check allows (``running_age``).
 
     python -m bench.stall_replay --base /tmp/base /tmp/s6runs/*/ /tmp/stall5-runs/*/
 """
@@ -87,6 +89,16 @@ def read_run(steps_file: Path) -> tuple[dict, list[dict]]:
     return rep, sorted(steps, key=lambda s: s["closed_at_ns"])
 
 
+def running_age(s: dict, th) -> dict:
+    """A running record kept before running records carried their step's age (f10ef77 and older:
+    ``step_time_max_ns`` 0) with the least age the worker's check allows for it: ``max(th.running_min_ns,
+    th.running_factor * baseline median)`` ns (``analysis.running_check`` sends none younger), and
+    ``stall_ratio`` that over the median (0.0 without a baseline). A copy; ``s`` is left as it is."""
+    med = int((s.get("baseline") or {}).get("median_ns") or 0)
+    age = max(th.running_min_ns, int(th.running_factor * med))
+    return {**s, "step_time_max_ns": age, "stall_ratio": round(age / med, 3) if med > 0 else 0.0}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Replay the kept runs under the folders given; 0 when at least one run was read, 2 otherwise (no kept
     run there, said on stderr). Bad input exits 2 naming it (argparse): a folder that does not exist, a
@@ -112,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from obshub.rules.loader import load_ruleset
 
     this = importlib.import_module("obshub.streams.analysis.culprit")  # the package exports a function of that name
+    th = importlib.import_module("obshub.streams.analysis.thresholds").Thresholds()
 
     pack = load_ruleset([Path(__file__).resolve().parent.parent / "obshub/rules/builtin"])
     base_dir = a.base / "obshub/rules/builtin"
@@ -150,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             s_old = s_new = s
             if s.get("closed_by") == "running" and c and c.get("layer") == "network":
                 running[(s.get("job", ""), s.get("step"))] = c  # the latest running record of the open step
+            if s.get("closed_by") == "running" and not s.get("step_time_max_ns"):
+                s_old = s_new = s = running_age(s, th)
             if s.get("closed_by") in CLOSED and not (c and c.get("source") == "hang"):
                 tot["closed"] += 1
                 r_old, r_new = recent.setdefault(

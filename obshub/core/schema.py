@@ -779,7 +779,7 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "missing_hosts": "expected hosts that reported nothing for this step",
     "world_size": "ranks of the job (registered world size; the expected hosts when none registered)",
     "step_time_ns": "map host -> step wall time ns (STEP_END duration)",
-    "step_time_max_ns": "largest step time over hosts, ns",
+    "step_time_max_ns": "largest step time over hosts, ns; in a running record, how long the open step has run so far",
     "straggler": "null, or {host, rank, local_rank, gpu, score, excess_ns, reason, group}: the host that kept the "
     "others waiting and its rank that did (null when unknown; gpu -1); group = [{host, rank, late_ns}] every rank "
     "as late at its collective (the late group)",

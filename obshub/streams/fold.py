@@ -1259,7 +1259,9 @@ class Fold:
         running step"). Returns ``(step key, interim summary)`` per step with evidence: ``closed_by =
         "running"``, ``evidence.hosts`` = the named hosts' network evidence only, ``blame`` = one network
         entry per named host (``straggler_ns`` its RTT, ``peer_median_ns`` the other hosts' median,
-        ``count`` its retransmits), no straggler, quality counters 0. Reads only (no table write)."""
+        ``count`` its retransmits), ``step_time_max_ns`` = how long the step has run so far (ns, the check's
+        ``elapsed_ns``), ``stall_ratio`` = that over the baseline median, no straggler, quality counters 0.
+        Reads only (no table write)."""
         now = self.clock()
         out = []
         for sk, st in self.open_steps():
@@ -1303,11 +1305,16 @@ class Fold:
                         "max_ns": 0,
                     }
                 )
+            median = summary["baseline"]["median_ns"]
             summary.update(
                 straggler=None,
                 blame=blame,
                 evidence={"spread_ns": found["spread_ns"], "hosts": hosts},
                 quality=dict.fromkeys(summary["quality"], 0),
+                # how long the open step has run so far, and that over the job's median step: a running
+                # record's step time (the rule step_stall reads it, docs/ANALYSIS.md "Inside a running step")
+                step_time_max_ns=found["elapsed_ns"],
+                stall_ratio=round(found["elapsed_ns"] / median, 3) if median > 0 else 0.0,
             )
             views = {h: v["view"] for h, v in found["hosts"].items() if v.get("view")}
             if views:  # which view of its connections gave each named host's evidence

@@ -1921,3 +1921,146 @@ def test_a_rank_starved_against_its_own_steps_fires_only_when_the_step_lost_200_
     c = steps[20]["culprit"]
     assert (c["host"], c["layer"], c.get("rank"), c.get("starved_rank")) == ("node-01", "sched", 7, True), c
     assert stall_alerts(steps) == ([("step_stall", "node-01", "sched")] if fires else []), c["why"]
+
+
+# A 1,000 ms blackout of node-03's link (shapes18 e-blackout1000p8, 2026-12-07, median step 83.8 ms): TCP's
+# back-off held step 370 open 1.6 s; its running record 0.93 s after the blackout's start named node-03 /
+# network by its own drops (3 spreads), its close 0.72 s later by the peers' retransmits (4 spreads).
+BLACKOUT_BASELINE = {"median_ns": 83_770_803, "n": 50, "p99_ns": 94_151_616, "spread_ns": 6_154_985}
+
+
+def _blackout_running(step: int, at_ns: int, ran_ns: int, median_ns: int = BLACKOUT_BASELINE["median_ns"]) -> dict:
+    """The running record of ``step`` (as fold.running sends it) at ``at_ns``, ``ran_ns`` after the step's
+    start, naming node-03 / network by its own drops."""
+    return {
+        "job": "j",
+        "step": step,
+        "closed_by": "running",
+        "closed_at_ns": at_ns,
+        "step_time_max_ns": ran_ns,
+        "stall_ratio": round(ran_ns / median_ns, 3),
+        "baseline": {**BLACKOUT_BASELINE, "median_ns": median_ns},
+        "hosts": ["node-00", "node-01", "node-02", "node-03"],
+        "culprit": {
+            "host": "node-03",
+            "layer": "network",
+            "evidence": 3.0,
+            "net_view": "drops",
+            "rank": None,
+            "runq_veto": False,
+            "source": "evidence",
+            "why": "network evidence 3 spreads of 6.2 ms",
+        },
+        "blame": [
+            {
+                "host": "node-03",
+                "layer": "network",
+                "count": 18,
+                "excess_ns": 0,
+                "straggler_ns": 0,
+                "peer_median_ns": 0,
+                "max_ns": 0,
+                "rank": None,
+            }
+        ],
+        "evidence": {"hosts": {"node-03": {"network": 3.0}}, "net_view": {"node-03": "drops"}, "spread_ns": 6_154_985},
+    }
+
+
+def _blackout_close(step: int, at_ns: int) -> dict:
+    """The close of ``step`` at ``at_ns``: 1,605 ms, x19.2, node-03 / network by the peers' retransmits."""
+    return {
+        **_blackout_running(step, at_ns, 1_605_477_463),
+        "closed_by": "complete",
+        "stall": True,
+        "net_directed": True,
+        "culprit": {
+            "host": "node-03",
+            "layer": "network",
+            "evidence": 4.0,
+            "net_view": "rx",
+            "rank": None,
+            "source": "evidence",
+            "why": "network evidence 4 spreads of 6.2 ms",
+        },
+        "evidence": {"hosts": {"node-03": {"network": 4.0}}, "net_view": {"node-03": "rx"}, "spread_ns": 6_154_985},
+    }
+
+
+def _firings(records: list[dict]) -> list[tuple[str, str, int]]:
+    """``(rule, step, time s)`` of every firing change of a stall rule of the builtin pack over ``records``
+    (in order; the CUSUM rules need the clean steps between, which these records leave out)."""
+    changes: list[dict] = []
+    engine = Engine(builtin_pack(), changes.append)
+    for r in records:
+        engine.tick(r["closed_at_ns"])  # the rules service's timer: an alert past its window resolves first
+        engine.process("steps", fields.step_record(r))
+        engine.tick(r["closed_at_ns"])
+    engine.tick(engine.now_ns + 60_000_000_000)
+    return [
+        (c["rule"], c["annotations"].get("step"), round(c["starts_at_ns"] / 1e9, 2))
+        for c in changes
+        if c["status"] == "firing" and c["rule"] in STALL_RULES
+    ]
+
+
+def test_a_blackout_is_named_from_its_running_record_once_and_its_close_does_not_fire_again():
+    """step_stall fires from the running record (0.93 s after the blackout's start) instead of the close
+    (1.65 s); the next running record and the close of the same step stay that one alert; 8 s later the
+    next blackout is a new alert, and two stalls (each a running record and a close) do not escalate."""
+    s = 1_000_000_000
+    records = [
+        _blackout_running(370, 100 * s + 930_000_000, 930_000_000),
+        _blackout_running(370, 100 * s + 1_430_000_000, 1_430_000_000),
+        _blackout_close(370, 100 * s + 1_650_000_000),
+        _blackout_running(448, 108 * s + 950_000_000, 950_000_000),
+        _blackout_close(448, 108 * s + 1_670_000_000),
+    ]
+    assert _firings(records) == [("step_stall", "370", 100.93), ("step_stall", "448", 108.95)]
+    changes: list[dict] = []
+    engine = Engine(builtin_pack(), changes.append)
+    engine.process("steps", fields.step_record(records[0]))
+    (c,) = [c for c in changes if c["status"] == "firing"]
+    assert c["labels"]["host"] == "node-03" and c["labels"]["layer"] == "network" and "rank" not in c["labels"]
+    assert c["annotations"]["summary"] == (
+        "node-03 stalled step 370 of j (network): 930.0 ms so far, x11.1 the median step of 83.8 ms"
+    )
+    assert c["annotations"]["evidence"] == "network evidence 3 spreads of 6.2 ms; network 18 events; step still runs"
+
+
+def test_a_third_blackout_escalates_on_its_close_counting_each_stall_once():
+    """step_stall_recurring counts the closes only: 3 stalls, each with 2 running records, escalate at the
+    third close (count 3), not at the second stall's records."""
+    s = 1_000_000_000
+    records = []
+    for i, step in enumerate((370, 448, 528)):
+        t = (100 + 8 * i) * s
+        records += [
+            _blackout_running(step, t + 930_000_000, 930_000_000),
+            _blackout_running(step, t + 1_430_000_000, 1_430_000_000),
+            _blackout_close(step, t + 1_650_000_000),
+        ]
+    got = _firings(records)
+    assert [x for x in got if x[0] == "step_stall_recurring"] == [("step_stall_recurring", "528", 117.65)]
+
+
+@pytest.mark.parametrize(
+    "ran_ms,median_ms,why",
+    [
+        (500, 200, "x2.5: under stall_k (3)"),
+        (330, 100, "x3.3 but 230 ms over the median: under stall_floor_ns (250 ms)"),
+    ],
+)
+def test_a_running_record_of_a_step_not_yet_far_beyond_the_median_fires_nothing(ran_ms, median_ms, why):
+    rec = _blackout_running(370, 100_000_000_000, ran_ms * 1_000_000, median_ms * 1_000_000)
+    assert _firings([rec]) == [], why
+
+
+def test_a_running_record_naming_a_host_by_undirected_evidence_or_vetoed_fires_nothing():
+    """Only a blackout's charge counts: an undirected rx/rtt view of 3 spreads, or a culprit another host's
+    run queue vetoes, waits for the close."""
+    rec = _blackout_running(370, 100_000_000_000, 930_000_000)
+    rec["culprit"] = {**rec["culprit"], "net_view": "rtt"}
+    vetoed = _blackout_running(370, 100_000_000_000, 930_000_000)
+    vetoed["culprit"] = {**vetoed["culprit"], "runq_veto": True}
+    assert _firings([rec]) == [] and _firings([vetoed]) == []

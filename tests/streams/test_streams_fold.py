@@ -319,6 +319,9 @@ def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_
     now[0] += 200_000_000
     ((sk, s),) = pipe.fold.running()
     assert sk == "j|12" and s["closed_by"] == "running" and s["straggler"] is None
+    # its step time: how long the open step has run so far (since its earliest STEP_BEGIN), and that over
+    # the median step (the rule step_stall reads both; a running record of f10ef77 carried 0 and 0.0)
+    assert (s["step_time_max_ns"], s["stall_ratio"], s["baseline"]["median_ns"]) == (600_000_000, 6.0, 100_000_000)
     assert s["evidence"]["hosts"] == {
         "b": {**dict.fromkeys(("sched", "memory", "cuda", "nic", "pytorch"), 0.0), "network": 7.0}
     }
