@@ -278,7 +278,8 @@ def group_stable(settings, group: str) -> bool:
 
 def group_lag(settings, group: str) -> int | None:
     """The messages consumer group ``group`` has not committed yet: per partition it committed, the high
-    watermark minus the committed offset, summed. None when the broker does not answer."""
+    watermark minus the committed offset, summed (0 for a group that committed nothing). None when the
+    broker does not answer."""
     from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient
 
