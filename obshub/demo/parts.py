@@ -276,6 +276,33 @@ def group_stable(settings, group: str) -> bool:
     return getattr(desc.state, "name", str(desc.state)).upper() == "STABLE" and bool(desc.members)
 
 
+def group_lag(settings, group: str) -> int | None:
+    """The messages consumer group ``group`` has not committed yet: per partition it committed, the high
+    watermark minus the committed offset, summed (0 for a group that committed nothing). None when the
+    broker does not answer."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from obshub.core import kafka
+
+    conn = kafka.connection(settings)
+    admin = AdminClient(kafka.admin_config(conn, {"log_level": 0}))
+    c = Consumer(kafka.consumer_config(conn, "obshub-demo-lag", {"enable.auto.commit": False}, quiet=True))
+    try:
+        req = [ConsumerGroupTopicPartitions(group)]
+        tps = admin.list_consumer_group_offsets(req, request_timeout=5)[group].result().topic_partitions or []
+        lag = 0
+        for tp in tps:
+            if tp.offset >= 0:
+                hi = c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2, cached=False)[1]
+                lag += max(0, hi - tp.offset)
+        return lag
+    except KafkaException:  # the broker did not answer, or no such group
+        return None
+    finally:
+        c.close()
+
+
 def ready(settings, part: PipelinePart, pid: int) -> bool:
     """Whether ``part`` (started with ``pid``) registered itself and its consumer groups are Stable."""
     from obshub.core import registry

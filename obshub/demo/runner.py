@@ -590,8 +590,14 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         for proc, name, _log in watched:
             if name == "rules":
                 Cluster.stop(proc)
-        # then the ranks, then every other part at once (each alone waited up to its grace in turn)
+        # then the ranks, then the agents (a SIGTERM flushes what each holds, its ranks' exit reports
+        # included), then the worker once it has read and committed its input (at most 15 s), then the
+        # rest at once (each alone waited up to its grace in turn). A worker stopped before it read the
+        # exits left them to the next demo's worker (its group is shared), which found the job's last
+        # step open in its changelog and paged rank_hang for the ended job (newuser18).
         _stop_together([r.proc for r in ranks])
+        _stop_together([proc for proc, name, _log in watched if name.startswith("agent ")])
+        _wait_drained(settings, parts.STREAMS_APP_ID, 15.0)
         _stop_together([proc for proc, _name, _log in watched])
     bounds = [ep["t0_ns"] or end_ns for ep in done[1:]] + [end_ns]
     for ep, until in zip(done, bounds):
@@ -632,6 +638,17 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         report["episodes"] = done
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     return report
+
+
+def _wait_drained(settings: Settings, group: str, timeout_s: float) -> None:
+    """Wait until consumer group ``group`` committed everything in its topics (``parts.group_lag`` 0),
+    at most ``timeout_s``; a broker that does not answer ends the wait (the stop goes on)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lag = parts.group_lag(settings, group)
+        if lag is None or lag == 0:
+            return
+        time.sleep(0.25)
 
 
 def _wait_quiet(reader: "AlertReader", timeout_s: float, check) -> None:

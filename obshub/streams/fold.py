@@ -131,6 +131,25 @@ def _all_exited(
     return True
 
 
+def _exited_before(
+    hosts: set[str], pids: dict[str, dict[int, tuple[int, int]]], states: dict[str, dict[int, tuple]], ns: int
+) -> bool:
+    """Had every rank of every one of ``hosts`` exited before ``ns`` (CLOCK_REALTIME)? Per host, each of
+    its registered processes (``pids``: ``host -> pid -> (rank, local rank)``), or when none is known at
+    least one, was reported exited (``states``: ``host -> pid -> (state, received_ns, at_rt)`` from
+    RANK_STATE) with an exit time ``at_rt`` before ``ns``. False for no hosts."""
+    if not hosts:
+        return False
+    for h in hosts:
+        st = states.get(h) or {}
+        known = pids.get(h) or {pid for pid, v in st.items() if v[0] == "exited"}
+        for pid in known or (None,):
+            v = st.get(pid) if pid is not None else None
+            if v is None or v[0] != "exited" or len(v) < 3 or not 0 < v[2] < ns:
+                return False
+    return True
+
+
 def _entry_bytes(entry: Any) -> int:
     """A cheap upper estimate of the msgpack bytes of one ``parts`` host entry: its collectives (~60 bytes
     each, a rank row's too), its packed rank rows and batch ids, plus 2 KB for the rest."""
@@ -1006,6 +1025,21 @@ class Fold:
             return True
         return accumulate.ranks_ended(acc) >= n
 
+    def _registered_pids(self, job: str, p: int, js: dict, hosts: set[str]) -> dict[str, dict[int, tuple[int, int]]]:
+        """``host -> pid -> (global rank, local rank)`` of ``job``'s processes registered in this life:
+        :meth:`rank_of` (in memory), completed for the ``hosts`` it does not know from the rank buckets
+        of ``members`` (``job@p#r<b>``: rank -> ``[host, pid]``, kept in the changelog; local rank 0 there),
+        so a restarted worker still tells a job whose every rank exited."""
+        pids = self.rank_of(job)
+        if all(pids.get(h) for h in hosts):
+            return pids
+        out = {h: dict(v) for h, v in pids.items()}
+        for b in js.get("rbuckets") or ():
+            for rank, who in (self.members.get(f"{job}@{p}#r{b}") or {}).items():
+                if isinstance(who, list) and who[0] in hosts and not pids.get(who[0]):
+                    out.setdefault(who[0], {})[int(who[1])] = (int(rank), 0)
+        return out
+
     def rank_of(self, job: str) -> dict[str, dict[int, tuple[int, int]]]:
         """``host -> pid -> (global rank, local rank)`` of the processes of ``job`` registered here."""
         return self.host_ranks.get(job, {})
@@ -1194,7 +1228,9 @@ class Fold:
             # every rank of this life has exited (a crash and torchrun's stop of the others, a job killed):
             # the exit is named once (below: the earliest exit, state "exited"), then no more, as nothing
             # is left running to hang; the alert resolves instead of firing until a new life registers
-            gone = _all_exited(set(expected) | set(accs), pids, states)
+            hosts = set(expected) | set(accs)
+            registered = self._registered_pids(job, p, js, hosts)  # a restarted worker's too (changelog)
+            gone = _all_exited(hosts, registered, states)
             if gone and sk in self.exit_named:
                 self.hung.pop(sk, None)
                 continue
@@ -1227,6 +1263,14 @@ class Fold:
                     pids,
                     states,
                 )
+            # a hang whose named ranks and waiting ranks all exited before this worker started is an ended
+            # job read afterwards: a worker that resumes its open step (changelog) and reads the exits the
+            # one before it had not read (committed offsets) names nothing (a demo paged rank_hang for the
+            # previous demo's job, stopped mid-step). A rank still waiting, or an exit seen live, is named.
+            if found is not None and all(e["state"] == "exited" for e in found["hosts"]):
+                who = {e["host"] for e in found["hosts"]} | set(found["waiting"])
+                if _exited_before(who, registered, states, self.started_ns):
+                    found = None
             if found is None:
                 self.hung.pop(sk, None)
                 continue

@@ -49,3 +49,26 @@ def test_a_demo_run_removes_its_groups_and_state_topic_and_nothing_else(kafka, u
         time.sleep(0.1)
     assert topics[0] not in admin.list_topics(timeout=10).topics
     assert parts.remove_run_state(kafka, run_id, job, said.append) == [] and said == []  # twice: nothing left
+
+
+def test_group_lag_counts_what_a_group_has_not_committed(kafka, unique):
+    """The demo stops its stream worker once the worker's group committed its input (``group_lag`` 0): a
+    worker stopped before it read the agents' exit reports left them to the next run's worker, which
+    paged ``rank_hang`` for the ended job."""
+    from confluent_kafka import Producer
+
+    topic, group = f"lag-{unique}", f"obshub-lag-{unique}"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for i in range(5):  # 3 in partition 0, 2 in partition 1
+        p.produce(topic, b"x", partition=i % 2)
+    assert p.flush(10) == 0
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, 1), TopicPartition(topic, 1, 0)], asynchronous=False)
+        assert parts.group_lag(kafka, group) == 2 + 2
+        c.commit(offsets=[TopicPartition(topic, 0, 3), TopicPartition(topic, 1, 2)], asynchronous=False)
+        assert parts.group_lag(kafka, group) == 0
+    finally:
+        c.close()

@@ -928,6 +928,25 @@ def test_a_step_read_long_after_it_ran_never_hangs():
     assert [h["host"] for h in got["hosts"]] == ["c"]
 
 
+def test_exits_read_long_after_they_happened_in_a_step_without_collectives_never_hang():
+    """The history check counts a step's exits when it saw no collective: ranks killed in forward, whose
+    exits a worker reads 8 min later (a demo resumed the previous demo's job), name nobody; read at once,
+    the rank that exited first is named."""
+    hist = [[s, 60 * MS, 2 * MS] for s in range(30)]
+    t = 10_000_000 * MS
+    stopped = {"a": ("exited", t, t), "b": ("exited", t, t + 300 * MS), "c": ("exited", t, t + 310 * MS)}
+    accs = {}
+    for h in "abc":
+        accs[h] = _coll_acc(h, None, {}, seen_phase=(t - 10 * MS, "forward"))
+        accs[h]["phases"] = {"forward": 50 * MS}
+    seen = {h: t for h in "abc"}
+    now = t + 2_000 * MS
+    got = analysis.hang_check(accs, list("abc"), seen, t - 200 * MS, hist, 30, now, stopped=stopped)
+    assert [(h["host"], h["state"]) for h in got["hosts"]] == [("a", "exited")]
+    late = t + 480_000 * MS
+    assert analysis.hang_check(accs, list("abc"), seen, t - 200 * MS, hist, 30, late, stopped=stopped) is None
+
+
 def test_hang_check_names_a_rank_its_agent_found_stopped_without_waiting_for_silence():
     """A rank frozen inside a collective every rank reached: nobody is missing and nobody is silent for
     long, but its agent reported it frozen; it is named once the others waited ``hang_state_wait_ns`` in

@@ -232,8 +232,9 @@ def hang_check(
     those are listed as ``waiting``. An exited host is never named at a collective that every arrived host
     ended after its exit (it finished before its peers, which went on without it).
 
-    A step whose latest collective arrival or end is older than ``hang_hold_ns`` is history (read long
-    after it ran: a worker started on retained input, or catching up a backlog) and never hangs: the
+    A step whose latest collective arrival or end (with no collective, its latest exit) is older than
+    ``hang_hold_ns`` is history (read long after it ran: a worker started on retained input, or catching
+    up a backlog) and never hangs: the
     step's own window closes it, as a live hang's does ``hang_hold_ns`` after it opened.
 
     Returns None, or ``{pg, coll_seq, op, hosts: [{host, last_step, last_phase, silent_ns, state[, toward]}],
@@ -269,6 +270,8 @@ def hang_check(
                 newest = max(newest, c[1])
             if c[2] is not None:
                 newest = max(newest, c[2])
+    if not newest:  # no collective in the step: its latest event is its ranks' latest exit, if any
+        newest = max((v[2] for v in stopped.values() if v[0] == "exited" and len(v) > 2 and v[2]), default=0)
     if newest and now_ns - newest > th.hang_hold_ns:
         return None  # history: a step read long after it ran (a new worker on retained input, a backlog)
     # stopped hosts that may be named: with exits, only once they settled and only the earliest ones
