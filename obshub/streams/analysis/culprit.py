@@ -119,7 +119,8 @@ def culprit(summary: dict) -> dict | None:
        spreads) makes up ``EXPLAIN_REL`` of what the step lost over the baseline median. When another
        host's lateness-based candidate exceeds ``AMBIGUOUS_REL`` of the best one, None: no single host
        stands out, unless one of those hosts is starved by its run-queue times alone (``_alike_starved``:
-       its peers waited for it; a ``sched`` culprit, ``starved``, with its busiest ``rank``). A ``pytorch`` best gives way to a lower layer of the same host with evidence; a
+       its peers waited for it; a ``sched`` culprit, ``starved``, with its busiest ``rank``). A ``pytorch``
+       best gives way to a lower layer of the same host with evidence; a
        ``network`` best gives way to the host's own sched or memory time when that explains the stall
        (``_layer_culprit`` names the same host, its time over its peers' median at least
        ``NET_OWN_LAYER_REL`` of the loss: a starved host's sockets look lossy), also when another
