@@ -20,6 +20,7 @@ module proxy (module ``golang.org/toolchain``, the same archive ``GOTOOLCHAIN`` 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import platform
 import shutil
@@ -157,10 +158,26 @@ def go_command(cache: Path, progress: Callable[[str], None] = lambda _m: None) -
 def ensure(cache: Path, name: str, progress: Callable[[str], None] = lambda _m: None) -> Path:
     """The binary of tool ``name``: the cached one, or built now with ``go install`` (minutes on first use;
     the build log goes to ``$OBSHUB_CACHE/go/logs/<name>.log``). Raises GoToolError when ``go`` is missing
-    or the build fails (with the log's tail)."""
+    or the build fails (with the log's tail).
+
+    Several processes may ask at once (two ``make test`` on one machine, a deployment test beside
+    ``python -m tests.support.gobuild``): each build holds ``$OBSHUB_CACHE/go/<name>.lock`` (``flock``), and
+    a process that waited for it finds the binary the other one built. Without the lock the second build
+    removed the first's half-written output folder and reported a build of exit 0 as failed."""
     have = cached(cache, name)
     if have:
         return have
+    go_dir(cache).mkdir(parents=True, exist_ok=True)
+    with open(go_dir(cache) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        have = cached(cache, name)
+        if have:
+            return have
+        return _build(cache, name, progress)
+
+
+def _build(cache: Path, name: str, progress: Callable[[str], None]) -> Path:
+    """``go install`` tool ``name`` into its cache folder (the caller holds its lock)."""
     t = TOOLS[name]
     go = go_command(cache, progress)
     target = binary_path(cache, name)
