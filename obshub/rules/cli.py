@@ -279,15 +279,14 @@ def silence_group():
 @click.option("--json", "as_json", is_flag=True)
 def silence_add(matchers, duration, start_in, author, comment, as_json):
     """Create a silence; prints its id."""
-    from obshub.rules.silences import Matcher, SilenceError
+    from obshub.rules.silences import Matcher, SilenceError, check_not_everything
 
-    for text in matchers:  # a malformed matcher is a usage error (exit 2), like any bad option value
-        try:
-            Matcher.parse(text)
-        except SilenceError as exc:
-            raise click.BadParameter(
-                f"{exc}; {exc.hint}" if exc.hint else str(exc), param_hint="'-m' / '--matcher'"
-            ) from None
+    try:  # a malformed matcher, or matchers that mute every alert, is a usage error (exit 2)
+        check_not_everything([Matcher.parse(text) for text in matchers])
+    except SilenceError as exc:
+        raise click.BadParameter(
+            f"{exc}; {exc.hint}" if exc.hint else str(exc), param_hint="'-m' / '--matcher'"
+        ) from None
     values = {}
     for name, hint, text in (("start_in", "'--start-in'", start_in), ("duration", "'-d' / '--duration'", duration)):
         try:
