@@ -64,6 +64,8 @@ def check_command(files):
         sys.exit(1)
     for f in rs.empty:  # valid: it says so
         click.echo(f"note: {f}: no rules (`rules: []`, as written)", err=True)
+    for u in rs.unread:  # valid, but rules the user may think are checked (and served) are not
+        click.echo(f"note: {u}", err=True)
     click.echo(f"OK: {len(rs.rules)} rule(s) in {len(rs.files)} file(s)")
 
 

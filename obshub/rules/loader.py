@@ -128,6 +128,42 @@ def expand_paths(paths: list[Path | str]) -> list[Path]:
     return out
 
 
+def _is_test_file(p: Path) -> bool:
+    return p.name.endswith(("_test.yaml", "_test.yml"))
+
+
+def unread_paths(paths: list[Path | str]) -> list[str]:
+    """What the folders among ``paths`` hold that looks like rules but :func:`expand_paths` does not read,
+    each as ``"<path>: <why and what to do>"``: a file named ``.YAML``/``.Yml`` (the suffix is matched in
+    lower case only), and a subfolder holding ``*.yaml``/``*.yml`` files other than rule tests
+    (``*_test.yaml``, which ``rules test`` reads: the builtin pack's ``tests/``). Their rules would never
+    run and ``rules check`` said OK; the CLI notes them and ``rules serve`` logs them."""
+    out: list[str] = []
+    for p in map(resolve_builtin, paths):
+        if not p.is_dir():
+            continue
+        try:
+            entries = sorted(p.iterdir())
+        except OSError:
+            continue  # the folder's own problem is the loader's to report
+        for q in entries:
+            if q.name.startswith("."):
+                continue
+            if q.is_file() and q.suffix.lower() in (".yaml", ".yml") and q.suffix not in (".yaml", ".yml"):
+                out.append(f"{q}: not read: a folder's rule files end in .yaml or .yml (lower case); rename it")
+            elif q.is_dir():
+                try:
+                    found = [f for f in q.rglob("*") if f.suffix.lower() in (".yaml", ".yml") and not _is_test_file(f)]
+                except OSError:
+                    continue
+                if found:
+                    out.append(
+                        f"{q}: not read: a subfolder ({len(found)} YAML file(s)); a folder contributes only its own "
+                        f"*.yaml / *.yml files: give {q} as a rule path too"
+                    )
+    return out
+
+
 class _Ctx:
     """Accumulates definitions across files and the problems found."""
 
@@ -804,7 +840,17 @@ def load_ruleset(paths: list[Path | str]) -> RuleSet:
     files = expand_paths(paths)
     ctx = _Ctx()
     if not files:
-        raise RuleValidationError([Problem(",".join(map(str, paths)) or "(none)", 0, 0, "no rule files found")])
+        unread = unread_paths(paths)
+        raise RuleValidationError(
+            [
+                Problem(
+                    ",".join(map(str, paths)) or "(none)",
+                    0,
+                    0,
+                    "no rule files found" + "".join(f"; {u}" for u in unread),
+                )
+            ]
+        )
     _read_files(ctx, files)
     _check_macros(ctx)
     rules: dict[str, Rule] = {}
@@ -816,7 +862,7 @@ def load_ruleset(paths: list[Path | str]) -> RuleSet:
         raise RuleValidationError(
             sorted(dict.fromkeys(ctx.problems), key=lambda p: (files_index(files, p.file), p.line, p.col))
         )
-    return RuleSet(rules, ctx.inhibit, [str(f) for f in files], ctx.empty)
+    return RuleSet(rules, ctx.inhibit, [str(f) for f in files], ctx.empty, unread_paths(paths))
 
 
 def files_index(files: list[Path], file: str) -> int:
