@@ -10,8 +10,8 @@ Checks beyond the JSON Schema: CEL syntax (at the position inside the expression
 that are not documented fields of the signal (``rules.fields``), unknown event kinds, kinds on a
 non-event signal, ``threshold.of`` missing for a non-count aggregate, correlation key names that differ,
 annotation templates that do not compile or use unknown names, and settings that mean something else
-than they say: a ``window`` or correlation ``within`` of 0 (no match is kept or paired), a
-``threshold.at_least`` that is not finite or that any match reaches (below 1 for ``count``, 0 or below
+than they say: a rule's own ``routes: []`` (every sink, not none), a ``window`` or correlation ``within``
+of 0 (no match is kept or paired), a ``threshold.at_least`` that is not finite or that any match reaches (below 1 for ``count``, 0 or below
 for ``cusum``), a ``condition`` that gives something other than true/false and a ``threshold.of`` that
 gives a string, boolean, list or map on a record of the signal (:func:`sample_record`: every documented
 field present, of the type the engine gives it), and a comparison of a field with a literal of another
@@ -487,6 +487,15 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload, types=types)
         types = {**types, "item": item_type(types, ctx.macros, ctx.lists, spec["foreach"])}
     cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra, record, types, "bool")
+    if spec.get("routes") == [] and "routes" not in raw["at"]:  # the rule's own `routes: []` (an override's
+        # `replace: {routes: []}` resets the routes an earlier file gave, on purpose)
+        ctx.add(
+            file,
+            *position(doc, path + ["routes"]),
+            "routes: [] sends this rule's alerts to every sink, as no `routes:` does (it does not mean none); "
+            "name the sinks, leave it out, or `enabled: false` for no alerts",
+            rid,
+        )
     group_by = {}
     for label, text in (spec.get("group_by") or {}).items():
         group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra, types=types)
