@@ -162,6 +162,24 @@ class DemoOptions:
                 f"--fault-at {self.fault_at_s} s is not before the end ({self.duration_s} s)",
                 "raise --duration or lower --fault-at",
             )
+        kinds = [k for k, _h in self.sequence] if self.sequence else [self.fault]
+        if any(k.partition(":")[0] == "stall" for k in kinds):
+            # a stall is never cut short and its thread waits period_s between stalls: one longer than the
+            # fault's time held the demo's end until it was over (stall_ms=600000: 10 minutes), and a period
+            # past time_t (period_s=1e308) killed the stall thread with an OverflowError after the first
+            window_s = self.fault_for_s if self.sequence else self.duration_s - self.fault_at_s
+            stall_ms = float(self.fault_params.get("stall_ms", 800))
+            if stall_ms / 1e3 >= window_s:
+                raise DemoError(
+                    f"--param stall_ms={stall_ms:g}: one stall would outlast the {window_s:g} s the fault is injected "
+                    f"({'--fault-for' if self.sequence else '--duration minus --fault-at'}), and a stall is never cut short",
+                    "shorten the stall or give the run more time (--duration, or --fault-for with --sequence)",
+                )
+            if float(self.fault_params.get("period_s", 18)) > 86_400:
+                raise DemoError(
+                    f"--param period_s={self.fault_params['period_s']:g}: at most 86400 (a day)",
+                    "a period longer than the run gives one stall, at the start",
+                )
 
 
 #: ``--param`` keys of a stall that only a stall of one layer reads (the others read no such key); a

@@ -260,6 +260,28 @@ def test_the_first_line_of_a_sequence_run_names_its_faults_not_the_default_one()
     assert describe(DemoOptions(hosts=4, fault="none")) == "4 hosts x 1 rank per host, fault none"
 
 
+@pytest.mark.parametrize(
+    "kw, why",
+    [
+        ({"fault": "stall", "fault_params": {"stall_ms": 600_000, "period_s": 1000}}, "stall_ms=600000: one stall"),
+        ({"sequence": [("stall:cpu", 1)], "fault_params": {"stall_ms": 20_000, "period_s": 30}}, "the 12 s"),
+        ({"fault": "stall", "fault_params": {"period_s": 1e308}}, "period_s=1e+308: at most 86400"),
+    ],
+)
+def test_a_stall_that_would_outlast_the_run_or_a_period_past_a_day_is_refused(kw, why):
+    """A stall is never cut short and the demo's end waits for it: `--param stall_ms=600000` held the run
+    10 minutes past its end; `--param period_s=1e308` killed the stall thread (OverflowError) after the
+    first stall. Both were accepted (newuser19); the campaign's and the README's stalls still are."""
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    with pytest.raises(DemoError, match=re.escape(why)):
+        DemoOptions(hosts=4, **kw).check()
+    DemoOptions(hosts=4, fault="stall", fault_params={"layer": "cpu"}, duration_s=80).check()
+    DemoOptions(hosts=4, sequence=[("stall:process", 1)], fault_for_s=38, fault_params={"stall_ms": 300}).check()
+    DemoOptions(hosts=4, fault="stall", fault_params={"stall_ms": 1000, "period_s": 8}).check()
+
+
 def test_stall_verdict_needs_every_stall_named_each_from_its_own_start():
     from obshub.demo.verdict import judge_stalls
 
