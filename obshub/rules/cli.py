@@ -236,7 +236,8 @@ def serve_command(
         resolve_on_exit=resolve_on_exit,
     )
     started = (
-        f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "
+        f"rules: {len(svc.ruleset.rules)} rule(s), sinks: "
+        f"{', '.join(s.name for s in svc.dispatcher.sinks) or 'none (alerts only on the alerts topic: `obshub alerts`)'}; "
         f"Kafka {settings.bootstrap_servers}"
     )
     if log_format == "json":

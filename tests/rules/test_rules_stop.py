@@ -59,3 +59,15 @@ def test_a_signal_sent_to_the_process_and_then_to_its_group_is_one_stop(tmp_path
     assert p.returncode == 0, text[-3000:]
     assert "SIGINT: stopping" in text and "SIGINT again" in text and "the same stop request" in text, text[-3000:]
     assert "arrived while stopping" not in text and "Thread 0x" not in text, text[-3000:]
+
+
+def test_an_alerting_config_without_sinks_says_none(tmp_path):
+    """`sinks: []` started with "rules: 24 rule(s), sinks: ; Kafka ...": an empty list where the sinks go,
+    easy to read past (newuser19). It says none, and where the alerts still are."""
+    cfg = tmp_path / "alerting.yaml"
+    cfg.write_text("version: 1\nsinks: []\n")
+    p, _home, out = start_blocked(tmp_path, SERVE, ["-c", str(cfg)], RECORD)
+    os.killpg(p.pid, signal.SIGTERM)
+    ended(p, 30, out)
+    text = out.read_text()
+    assert "sinks: none (alerts only on the alerts topic: `obshub alerts`); Kafka" in text, text[-3000:]
