@@ -242,6 +242,23 @@ def _since(c: dict) -> str:
     return time.strftime(" (started %Y-%m-%d %H:%M:%S)", time.localtime(started))
 
 
+def _os_error_hint(path: str) -> str:
+    """What to check for a file obshub could not create, read or write: the variable that chose its
+    folder when it is under ``$OBSHUB_HOME`` or ``$OBSHUB_CACHE``."""
+    from pathlib import Path
+
+    from obshub.core.settings import load_settings
+
+    try:
+        settings = load_settings()
+    except ObshubError:
+        return "check the path and its permissions"
+    for var, root in (("OBSHUB_HOME", settings.home), ("OBSHUB_CACHE", settings.cache)):
+        if Path(path) == root or root in Path(path).parents or Path(path) in root.parents:  # in it, or above it
+            return f"{var} is {root}: make it a folder this user can write, or point {var} at one"
+    return "check that the path exists and that this user may read or write it"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``obshub`` console script: runs the CLI, turns ObshubError into
     ``error:``/``hint:`` lines and its exit code (1 unless it says otherwise)."""
@@ -268,6 +285,14 @@ def main(argv: list[str] | None = None) -> None:
             "[yellow]hint:[/yellow] set the variables named above (deploy/README.md, 'Secured Kafka'), "
             "or unset OBSHUB_KAFKA_SECURITY_PROTOCOL for a PLAINTEXT broker"
         )
+        sys.exit(1)
+    except OSError as exc:
+        if exc.filename is None:  # not about a file the user can fix: a bug, shown as one
+            raise
+        # a folder or file this user cannot create or write (OBSHUB_HOME=/var/lib/obshub as a user, a
+        # read-only or full disk): one error naming the file, not a traceback from the first mkdir or open
+        err_console.print(f"[red]error:[/red] {escape(f'{exc.filename}: {exc.strerror or exc}')}")
+        err_console.print(f"[yellow]hint:[/yellow] {escape(_os_error_hint(str(exc.filename)))}")
         sys.exit(1)
     except click.exceptions.Abort:
         err_console.print("aborted")

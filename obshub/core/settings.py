@@ -74,11 +74,30 @@ class Settings(BaseSettings):
     # s after a job's last record that the rule engine drops its groups, alerts resolved first (docs/RULES.md)
     rules_job_retention_s: float = Field(3600.0, gt=0)
 
+    @field_validator("home", "cache", mode="before")
+    @classmethod
+    def _empty_is_default(cls, v: Any, info: Any) -> Any:
+        """An empty ``OBSHUB_HOME`` / ``OBSHUB_CACHE`` (``OBSHUB_HOME=$UNSET_VARIABLE``) is the default folder,
+        as an empty XDG variable is (it was the working directory: state written wherever the command ran,
+        and a second command elsewhere found no broker)."""
+        if isinstance(v, str) and not v.strip():
+            return Path(
+                (platformdirs.user_data_dir if info.field_name == "home" else platformdirs.user_cache_dir)("obshub")
+            )
+        return v
+
     @field_validator("home", "cache")
     @classmethod
     def _absolute(cls, v: Path) -> Path:
-        """The folder made absolute; a file at it (or at a folder above it) is refused here rather than
-        found by the first ``mkdir`` of a command (a NotADirectoryError traceback)."""
+        """The folder made absolute; a relative one is refused (the state would follow the working
+        directory: `obshub up` in one folder and `obshub down` in another would not find the same broker),
+        and so is a file at it (or at a folder above it), here rather than by the first ``mkdir`` of a
+        command (a NotADirectoryError traceback)."""
+        if not v.expanduser().is_absolute():
+            raise ValueError(
+                f"{str(v)!r} is a relative path: every obshub command would find another folder from another "
+                f"working directory; give an absolute one, e.g. {Path.cwd() / v}"
+            )
         p = v.expanduser().resolve()
         for above in (p, *p.parents):
             if above.exists():
@@ -126,7 +145,9 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+        )
         names = ", ".join(f"OBSHUB_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
         raise ConfigError(
             f"invalid setting: {problems}",

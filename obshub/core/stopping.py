@@ -15,7 +15,8 @@ takes both signals away from the main thread:
 - :class:`StopWatch` is a daemon thread in ``signal.sigwait``: the first signal calls ``on_stop`` (the
   process's own way to stop: set a stop event, or hand the signal to an event loop); if the process has
   not ended ``grace_s`` seconds later, or a second signal arrives (a third where ``on_second`` takes the
-  second), it logs why, writes every thread's Python stack to stderr (``faulthandler``), runs ``cleanup``
+  second; a signal within :data:`SAME_STOP_S` of the one before is the same request, as `timeout` sends
+  it to the process and to its group), it logs why, writes every thread's Python stack to stderr (``faulthandler``), runs ``cleanup``
   (the component's record) and ends the process with :data:`EXIT_STOP_FORCED`.
 
 A child process inherits the blocked mask (``execve`` keeps it; ``subprocess``' ``restore_signals`` resets
@@ -53,6 +54,12 @@ STOP_GRACE_S = 60.0
 #: 1e12``): the stop-watch thread died at the first signal and left the process deaf to both
 MAX_STOP_GRACE_S = 86_400.0
 _STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+#: a signal within this many seconds of the one before is the same stop request, not a second one: `timeout`
+#: sends its signal to the command and then to its whole process group (the command gets it twice, µs
+#: apart), and so does a wrapper script that forwards the Ctrl-C its process group also got; either one
+#: forced `timeout -s INT 1h obshub rules serve` out at once (exit 1, every thread's stack) instead of a stop.
+#: A person's second Ctrl-C comes later than this.
+SAME_STOP_S = 0.25
 
 
 def block_stop_signals() -> None:
@@ -137,11 +144,21 @@ class StopWatch:
             "%s: %s: stopping (at most %.0f s; %s)", self.name, signal.Signals(first).name, self.grace_s, ends
         )
         self.on_stop(first)
-        seen = 1
+        seen, last = 1, time.monotonic()
         while True:
             left = deadline - time.monotonic()
             info = signal.sigtimedwait(_STOP_SIGNALS, max(left, 0.0)) if left > 0 else None
             if info is not None:
+                now, previous = time.monotonic(), last
+                last = now
+                if now - previous < SAME_STOP_S:  # delivered twice (to the process and to its group)
+                    self.log.info(
+                        "%s: %s again %.0f ms later: the same stop request (sent to the process and its group)",
+                        self.name,
+                        signal.Signals(info.si_signo).name,
+                        (now - previous) * 1e3,
+                    )
+                    continue
                 seen += 1
                 if seen == 2 and self.on_second is not None:
                     self.on_second(info.si_signo)

@@ -162,6 +162,24 @@ class DemoOptions:
                 f"--fault-at {self.fault_at_s} s is not before the end ({self.duration_s} s)",
                 "raise --duration or lower --fault-at",
             )
+        kinds = [k for k, _h in self.sequence] if self.sequence else [self.fault]
+        if any(k.partition(":")[0] == "stall" for k in kinds):
+            # a stall is never cut short and its thread waits period_s between stalls: one longer than the
+            # fault's time held the demo's end until it was over (stall_ms=600000: 10 minutes), and a period
+            # past time_t (period_s=1e308) killed the stall thread with an OverflowError after the first
+            window_s = self.fault_for_s if self.sequence else self.duration_s - self.fault_at_s
+            stall_ms = float(self.fault_params.get("stall_ms", 800))
+            if stall_ms / 1e3 >= window_s:
+                raise DemoError(
+                    f"--param stall_ms={stall_ms:g}: one stall would outlast the {window_s:g} s the fault is injected "
+                    f"({'--fault-for' if self.sequence else '--duration minus --fault-at'}), and a stall is never cut short",
+                    "shorten the stall or give the run more time (--duration, or --fault-for with --sequence)",
+                )
+            if float(self.fault_params.get("period_s", 18)) > 86_400:
+                raise DemoError(
+                    f"--param period_s={self.fault_params['period_s']:g}: at most 86400 (a day)",
+                    "a period longer than the run gives one stall, at the start",
+                )
 
 
 #: ``--param`` keys of a stall that only a stall of one layer reads (the others read no such key); a
@@ -395,6 +413,26 @@ def _remove_run_state(settings: Settings, run_id: str, job: str, say) -> None:
         say("removed this run's consumer groups and topics from the broker: " + ", ".join(removed))
 
 
+def describe(opts: DemoOptions) -> str:
+    """The scenario in words, for the run's first line: hosts and ranks, then the fault, or with
+    ``sequence`` each episode's fault and host in order (``--fault``/``--fault-host`` do not apply then)."""
+    rank = f" (local rank {opts.fault_rank})" if opts.fault_rank is not None else ""
+    out = f"{opts.hosts} hosts x {opts.ranks_per_host} rank{'' if opts.ranks_per_host == 1 else 's'} per host, "
+    if opts.sequence:
+        eps = ", then ".join(f"{kind} on node-{host:02d}" for kind, host in opts.sequence)
+        return out + (
+            f"sequence {eps}{rank}, from +{opts.fault_at_s:.0f} s"
+            + (
+                f", each {opts.fault_for_s:g} s, {opts.gap_s:g} s apart"
+                if len(opts.sequence) > 1
+                else f" for {opts.fault_for_s:g} s"
+            )
+        )
+    if opts.fault == "none":
+        return out + "fault none"
+    return out + f"fault {opts.fault} on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s{rank}"
+
+
 def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Path | None = None) -> dict:
     """Run one scenario (see the module docstring); returns the report. Raises PartMissingError before
     starting anything when a part is missing, DemoError/ClusterError/FaultError when a step fails."""
@@ -404,13 +442,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     job = f"demo-{run_id}"
     out_dir = out_dir or settings.home / "demo" / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
-    view.say(
-        f"run {run_id}: {opts.hosts} hosts x {opts.ranks_per_host} rank{'' if opts.ranks_per_host == 1 else 's'} per host, "
-        f"fault {opts.fault}"
-        + (f" on node-{opts.fault_host:02d} at +{opts.fault_at_s:.0f} s" if opts.fault != "none" else "")
-        + (f" (local rank {opts.fault_rank})" if opts.fault_rank is not None else "")
-        + f"; logs in {out_dir}"
-    )
+    view.say(f"run {run_id}: {describe(opts)}; logs in {out_dir}")
     with contextlib.ExitStack() as es:
         cluster = es.enter_context(Cluster(opts.hosts, progress=view.say, lock_wait_s=opts.lock_wait_s))
         was_up = stack.broker_pid(settings) is not None
@@ -621,9 +653,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
             "job": job,
             "run_id": run_id,
             "fault_host_name": expected[0] if expected else None,
-            "fault_rank_global": (
-                opts.fault_host * opts.ranks_per_host + opts.fault_rank if opts.fault_rank is not None else None
-            ),
+            "fault_rank_global": done[0]["rank"],  # the first episode's (with --sequence, --fault-host is unused)
         },
         "verdict": verdict,
         "evidence": done[0]["evidence"],

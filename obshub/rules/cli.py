@@ -64,6 +64,8 @@ def check_command(files):
         sys.exit(1)
     for f in rs.empty:  # valid: it says so
         click.echo(f"note: {f}: no rules (`rules: []`, as written)", err=True)
+    for u in rs.unread:  # valid, but rules the user may think are checked (and served) are not
+        click.echo(f"note: {u}", err=True)
     click.echo(f"OK: {len(rs.rules)} rule(s) in {len(rs.files)} file(s)")
 
 
@@ -234,7 +236,8 @@ def serve_command(
         resolve_on_exit=resolve_on_exit,
     )
     started = (
-        f"rules: {len(svc.ruleset.rules)} rule(s), sinks: {', '.join(s.name for s in svc.dispatcher.sinks)}; "
+        f"rules: {len(svc.ruleset.rules)} rule(s), sinks: "
+        f"{', '.join(s.name for s in svc.dispatcher.sinks) or 'none (alerts only on the alerts topic: `obshub alerts`)'}; "
         f"Kafka {settings.bootstrap_servers}"
     )
     if log_format == "json":
@@ -279,15 +282,14 @@ def silence_group():
 @click.option("--json", "as_json", is_flag=True)
 def silence_add(matchers, duration, start_in, author, comment, as_json):
     """Create a silence; prints its id."""
-    from obshub.rules.silences import Matcher, SilenceError
+    from obshub.rules.silences import Matcher, SilenceError, check_not_everything
 
-    for text in matchers:  # a malformed matcher is a usage error (exit 2), like any bad option value
-        try:
-            Matcher.parse(text)
-        except SilenceError as exc:
-            raise click.BadParameter(
-                f"{exc}; {exc.hint}" if exc.hint else str(exc), param_hint="'-m' / '--matcher'"
-            ) from None
+    try:  # a malformed matcher, or matchers that mute every alert, is a usage error (exit 2)
+        check_not_everything([Matcher.parse(text) for text in matchers])
+    except SilenceError as exc:
+        raise click.BadParameter(
+            f"{exc}; {exc.hint}" if exc.hint else str(exc), param_hint="'-m' / '--matcher'"
+        ) from None
     values = {}
     for name, hint, text in (("start_in", "'--start-in'", start_in), ("duration", "'-d' / '--duration'", duration)):
         try:

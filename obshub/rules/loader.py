@@ -10,8 +10,8 @@ Checks beyond the JSON Schema: CEL syntax (at the position inside the expression
 that are not documented fields of the signal (``rules.fields``), unknown event kinds, kinds on a
 non-event signal, ``threshold.of`` missing for a non-count aggregate, correlation key names that differ,
 annotation templates that do not compile or use unknown names, and settings that mean something else
-than they say: a ``window`` or correlation ``within`` of 0 (no match is kept or paired), a
-``threshold.at_least`` that is not finite or that any match reaches (below 1 for ``count``, 0 or below
+than they say: a rule's own ``routes: []`` (every sink, not none), a ``window`` or correlation ``within``
+of 0 (no match is kept or paired), a ``threshold.at_least`` that is not finite or that any match reaches (below 1 for ``count``, 0 or below
 for ``cusum``), a ``condition`` that gives something other than true/false and a ``threshold.of`` that
 gives a string, boolean, list or map on a record of the signal (:func:`sample_record`: every documented
 field present, of the type the engine gives it), and a comparison of a field with a literal of another
@@ -125,6 +125,42 @@ def expand_paths(paths: list[Path | str]) -> list[Path]:
             out.extend(sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml") and q.is_file()))
         else:
             out.append(p)
+    return out
+
+
+def _is_test_file(p: Path) -> bool:
+    return p.name.endswith(("_test.yaml", "_test.yml"))
+
+
+def unread_paths(paths: list[Path | str]) -> list[str]:
+    """What the folders among ``paths`` hold that looks like rules but :func:`expand_paths` does not read,
+    each as ``"<path>: <why and what to do>"``: a file named ``.YAML``/``.Yml`` (the suffix is matched in
+    lower case only), and a subfolder holding ``*.yaml``/``*.yml`` files other than rule tests
+    (``*_test.yaml``, which ``rules test`` reads: the builtin pack's ``tests/``). Their rules would never
+    run and ``rules check`` said OK; the CLI notes them and ``rules serve`` logs them."""
+    out: list[str] = []
+    for p in map(resolve_builtin, paths):
+        if not p.is_dir():
+            continue
+        try:
+            entries = sorted(p.iterdir())
+        except OSError:
+            continue  # the folder's own problem is the loader's to report
+        for q in entries:
+            if q.name.startswith("."):
+                continue
+            if q.is_file() and q.suffix.lower() in (".yaml", ".yml") and q.suffix not in (".yaml", ".yml"):
+                out.append(f"{q}: not read: a folder's rule files end in .yaml or .yml (lower case); rename it")
+            elif q.is_dir():
+                try:
+                    found = [f for f in q.rglob("*") if f.suffix.lower() in (".yaml", ".yml") and not _is_test_file(f)]
+                except OSError:
+                    continue
+                if found:
+                    out.append(
+                        f"{q}: not read: a subfolder ({len(found)} YAML file(s)); a folder contributes only its own "
+                        f"*.yaml / *.yml files: give {q} as a rule path too"
+                    )
     return out
 
 
@@ -451,6 +487,15 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         foreach = _compile(ctx, raw, "foreach", spec["foreach"], allowed, nested, payload, types=types)
         types = {**types, "item": item_type(types, ctx.macros, ctx.lists, spec["foreach"])}
     cond = _compile(ctx, raw, "condition", spec["condition"], allowed, nested, payload, extra, record, types, "bool")
+    if spec.get("routes") == [] and "routes" not in raw["at"]:  # the rule's own `routes: []` (an override's
+        # `replace: {routes: []}` resets the routes an earlier file gave, on purpose)
+        ctx.add(
+            file,
+            *position(doc, path + ["routes"]),
+            "routes: [] sends this rule's alerts to every sink, as no `routes:` does (it does not mean none); "
+            "name the sinks, leave it out, or `enabled: false` for no alerts",
+            rid,
+        )
     group_by = {}
     for label, text in (spec.get("group_by") or {}).items():
         group_by[label] = _compile(ctx, raw, f"group_by/{label}", text, allowed, nested, payload, extra, types=types)
@@ -804,7 +849,17 @@ def load_ruleset(paths: list[Path | str]) -> RuleSet:
     files = expand_paths(paths)
     ctx = _Ctx()
     if not files:
-        raise RuleValidationError([Problem(",".join(map(str, paths)) or "(none)", 0, 0, "no rule files found")])
+        unread = unread_paths(paths)
+        raise RuleValidationError(
+            [
+                Problem(
+                    ",".join(map(str, paths)) or "(none)",
+                    0,
+                    0,
+                    "no rule files found" + "".join(f"; {u}" for u in unread),
+                )
+            ]
+        )
     _read_files(ctx, files)
     _check_macros(ctx)
     rules: dict[str, Rule] = {}
@@ -816,7 +871,7 @@ def load_ruleset(paths: list[Path | str]) -> RuleSet:
         raise RuleValidationError(
             sorted(dict.fromkeys(ctx.problems), key=lambda p: (files_index(files, p.file), p.line, p.col))
         )
-    return RuleSet(rules, ctx.inhibit, [str(f) for f in files], ctx.empty)
+    return RuleSet(rules, ctx.inhibit, [str(f) for f in files], ctx.empty, unread_paths(paths))
 
 
 def files_index(files: list[Path], file: str) -> int:

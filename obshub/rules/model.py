@@ -89,9 +89,12 @@ class InhibitRule:
 @dataclass
 class RuleSet:
     """Every enabled rule of a set of files, by id, plus inhibition rules; ``files`` in load order;
-    ``empty``: the files that say they hold no rules (`rules: []` and nothing else: noted)."""
+    ``empty``: the files that say they hold no rules (`rules: []` and nothing else: noted); ``unread``:
+    what a folder given as a rule path holds that looks like rules but is not read (``loader.unread_paths``:
+    noted, as its rules would never fire)."""
 
     rules: dict[str, Rule]
     inhibit: list[InhibitRule]
     files: list[str]
     empty: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)

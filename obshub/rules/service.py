@@ -48,6 +48,8 @@ def _warn_empty(ruleset) -> None:
     does; a file empty by mistake is refused by the loader)."""
     for f in ruleset.empty:
         log.info("%s: no rules (`rules: []`, as written)", f)
+    for u in ruleset.unread:  # rules the user may think run
+        log.warning("%s", u)
 
 
 def route_problems(ruleset, sink_names: set[str]) -> list[Problem]:

@@ -5,6 +5,9 @@ and a comment (Alertmanager's silences). Stored in ``<state>/rules/silences.json
 Matchers: ``name=value``, ``name!=value``, ``name=~regex``, ``name!~regex`` (regexes anchored, as in
 Alertmanager). A silence mutes an alert when every matcher matches and start <= now < end. Silenced
 alerts still change state and are published to ``obshub.alerts.v1``; only notifications are muted.
+An alert without a label reads it as ``''``, so a silence whose every matcher matches ``''``
+(``host=~.*``, ``host!=node2``, ``rank=``) would mute every alert without that label, which is every
+alert of any other kind: refused when it is made (:func:`check_not_everything`), as Alertmanager refuses it.
 """
 
 from __future__ import annotations
@@ -60,6 +63,23 @@ class Matcher:
 
     def __str__(self) -> str:
         return f"{self.name}{self.op}{self.value}"
+
+
+def check_not_everything(matchers: list[Matcher]) -> None:
+    """Raise SilenceError when every matcher of a silence matches the empty string: an alert without the
+    label reads it as ``''``, so such a silence mutes every alert that lacks those labels (``host=~.*`` mutes
+    the job-wide alerts too, ``host!=node2`` every alert without a host), and with a name no alert has
+    (``hostname!=x``) every alert there is. Alertmanager refuses the same silences."""
+    if matchers and all(m.matches({}) for m in matchers):
+        one = len(matchers) == 1
+        shown = " ".join(str(m) for m in matchers)
+        raise SilenceError(
+            f"matcher{'' if one else 's'} {shown!r} also match{'es' if one else ''} an alert without "
+            f"{'that label' if one else 'these labels'} (an absent label reads as ''): the silence would mute "
+            "every alert of another kind too",
+            "add a matcher that needs a value, e.g. -m host=node2 or -m job=llama-7b "
+            "(-m host=~.+ mutes every alert that has a host)",
+        )
 
 
 @dataclass
@@ -138,12 +158,11 @@ class SilenceStore:
         return f
 
     def add(self, matchers: list[str], starts_at_ns: int, ends_at_ns: int, author: str, comment: str) -> Silence:
-        """Create a silence; returns it. Raises SilenceError (no matcher, bad matcher, end <= start,
-        empty author or comment)."""
+        """Create a silence; returns it. Raises SilenceError (no matcher, bad matcher, matchers that all
+        match an absent label (:func:`check_not_everything`), end <= start, empty author or comment)."""
         if not matchers:
             raise SilenceError("a silence needs at least one matcher", "example: --matcher host=node2")
-        for m in matchers:
-            Matcher.parse(m)
+        check_not_everything([Matcher.parse(m) for m in matchers])
         if ends_at_ns <= starts_at_ns:
             raise SilenceError("the silence ends before it starts", "give a positive --duration")
         if not author.strip() or not comment.strip():

@@ -254,3 +254,26 @@ def test_help_lists_a_command_this_install_cannot_run_instead_of_failing(tmp_pat
         [sys.executable, "-c", code, "run", "--", "true"], capture_output=True, text=True, env=e, timeout=120
     )
     assert r.returncode == 1 and "the USDT extension obshub.instrument._usdt is not built" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "matchers",
+    [["host=~.*"], ["host!=node2"], ["rank="], ["hostname!=x", "job=~.*"]],
+)
+def test_a_silence_that_would_mute_every_alert_is_refused(tmp_path, matchers):
+    """An absent label reads as '', so a silence whose every matcher matches '' muted every alert of
+    another kind too (`-m host=~.*` meant for "every host" also muted the job-wide alerts; a misspelt
+    label name with != muted everything). It was saved and applied (newuser19); Alertmanager refuses it."""
+    from obshub.rules.silences import SilenceError, SilenceStore
+
+    args = [a for m in matchers for a in ("-m", m)]
+    r = run(["silence", "add", *args, "-a", "a", "-c", "c"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "without th" in r.stderr and "mute every alert of another kind" in r.stderr, r.stderr
+    assert "-m host=node2" in r.stderr  # the fix
+    assert run(["silence", "list", "--all"], tmp_path).stdout.strip() == "no silences"  # nothing was saved
+    with pytest.raises(SilenceError, match="absent label"):  # the store refuses it too
+        SilenceStore(tmp_path / "s.json").add(matchers, 1, 2, "a", "c")
+    # a matcher that needs a value keeps every other one allowed
+    ok = run(["silence", "add", *args, "-m", "host=~.+", "-a", "a", "-c", "c"], tmp_path)
+    assert ok.returncode == 0 and ok.stdout.startswith("silence "), ok.stdout + ok.stderr

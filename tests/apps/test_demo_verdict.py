@@ -237,6 +237,51 @@ def test_fault_params_are_checked_before_the_cluster_is_built(params, why):
         DemoOptions(fault="net-loss", fault_params=params).check()
 
 
+def test_the_first_line_of_a_sequence_run_names_its_faults_not_the_default_one():
+    """`obshub demo --sequence cpu@1,hang@2` began with "fault net-loss on node-01 at +15 s": the default
+    --fault and --fault-host, which a sequence does not use (newuser19)."""
+    from obshub.demo.runner import DemoOptions, describe
+
+    line = describe(DemoOptions(hosts=4, sequence=[("cpu", 1), ("hang", 2)]))
+    assert "net-loss" not in line and "fault " not in line, line
+    assert (
+        line
+        == "4 hosts x 1 rank per host, sequence cpu on node-01, then hang on node-02, from +15 s, each 12 s, 12 s apart"
+    )
+    one = describe(
+        DemoOptions(hosts=4, ranks_per_host=4, fault_rank=2, sequence=[("stall:process", 3)], fault_for_s=38)
+    )
+    assert one == "4 hosts x 4 ranks per host, sequence stall:process on node-03 (local rank 2), from +15 s for 38 s"
+    # a plain run says what it always said
+    assert (
+        describe(DemoOptions(hosts=4, fault="cpu", fault_host=2))
+        == "4 hosts x 1 rank per host, fault cpu on node-02 at +15 s"
+    )
+    assert describe(DemoOptions(hosts=4, fault="none")) == "4 hosts x 1 rank per host, fault none"
+
+
+@pytest.mark.parametrize(
+    "kw, why",
+    [
+        ({"fault": "stall", "fault_params": {"stall_ms": 600_000, "period_s": 1000}}, "stall_ms=600000: one stall"),
+        ({"sequence": [("stall:cpu", 1)], "fault_params": {"stall_ms": 20_000, "period_s": 30}}, "the 12 s"),
+        ({"fault": "stall", "fault_params": {"period_s": 1e308}}, "period_s=1e+308: at most 86400"),
+    ],
+)
+def test_a_stall_that_would_outlast_the_run_or_a_period_past_a_day_is_refused(kw, why):
+    """A stall is never cut short and the demo's end waits for it: `--param stall_ms=600000` held the run
+    10 minutes past its end; `--param period_s=1e308` killed the stall thread (OverflowError) after the
+    first stall. Both were accepted (newuser19); the campaign's and the README's stalls still are."""
+    from obshub.demo.errors import DemoError
+    from obshub.demo.runner import DemoOptions
+
+    with pytest.raises(DemoError, match=re.escape(why)):
+        DemoOptions(hosts=4, **kw).check()
+    DemoOptions(hosts=4, fault="stall", fault_params={"layer": "cpu"}, duration_s=80).check()
+    DemoOptions(hosts=4, sequence=[("stall:process", 1)], fault_for_s=38, fault_params={"stall_ms": 300}).check()
+    DemoOptions(hosts=4, fault="stall", fault_params={"stall_ms": 1000, "period_s": 8}).check()
+
+
 def test_stall_verdict_needs_every_stall_named_each_from_its_own_start():
     from obshub.demo.verdict import judge_stalls
 

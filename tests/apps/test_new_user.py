@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -353,6 +354,43 @@ def test_a_state_folder_that_is_a_file_is_a_settings_error(tmp_path, monkeypatch
     err = " ".join(err.split())
     assert code == 1 and "invalid setting" in err and f"{a_file} is a file" in err and var in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("var", ["OBSHUB_HOME", "OBSHUB_CACHE"])
+def test_an_empty_state_folder_variable_is_the_default_and_a_relative_one_is_refused(
+    tmp_path, monkeypatch, capsys, var
+):
+    """`OBSHUB_HOME=$UNSET obshub up` put the state into the working directory (`silence add` wrote
+    ./state/rules/silences.json), and a relative OBSHUB_HOME meant another folder from every other
+    directory: `obshub down` elsewhere said "nothing was running" beside a running broker (newuser19)."""
+    import platformdirs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(var, "")
+    s = load_settings()
+    default = platformdirs.user_data_dir("obshub") if var == "OBSHUB_HOME" else platformdirs.user_cache_dir("obshub")
+    assert (s.home if var == "OBSHUB_HOME" else s.cache) == Path(default).resolve()
+    monkeypatch.setenv(var, "rel/state")
+    code, _out, err = obshub(["silence", "list"], capsys)
+    err = " ".join(err.split())
+    assert code == 1 and "invalid setting" in err and var in err and "'rel/state' is a relative path" in err, err
+    assert f"e.g. {tmp_path / 'rel' / 'state'}" in err and "Value error" not in err and "Traceback" not in err
+    assert not (tmp_path / "rel").exists() and not (tmp_path / "state").exists()  # nothing written here
+
+
+def test_a_state_folder_that_cannot_be_made_is_one_error_naming_it(tmp_path, monkeypatch, capsys):
+    """A folder this user cannot create (`OBSHUB_HOME=/var/lib/obshub` as a user; here under /proc, where
+    nobody can) ended `obshub silence add` and `obshub up` in a FileNotFoundError / PermissionError
+    traceback from the first mkdir (newuser19)."""
+    home = Path("/proc/obshub-newuser19/home")
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", str(stack.free_port_pair()))
+    for args in (["silence", "add", "-m", "host=a", "-a", "a", "-c", "c"], ["up"]):
+        code, _out, err = obshub(args, capsys)
+        err = " ".join(err.split())
+        assert code == 1 and "error: /proc/obshub-newuser19" in err and "Traceback" not in err, err
+        assert f"OBSHUB_HOME is {home}: make it a folder this user can write" in err, err
 
 
 @pytest.mark.timeout(60)

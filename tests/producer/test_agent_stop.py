@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from obshub.core import stopping
 from tests.support.stopping import assert_forced, check_forced_after_the_stop_timeout, start_blocked
 
 pytestmark = pytest.mark.slow  # an agent in a subprocess, a few seconds each
@@ -44,5 +45,6 @@ def test_the_second_signal_stops_waiting_for_kafka_and_a_third_ends_a_blocked_ag
         assert time.monotonic() < deadline, out.read_text()[-3000:]
         time.sleep(0.1)
     assert p.poll() is None, out.read_text()[-3000:]  # the second signal forces nothing
+    time.sleep(stopping.SAME_STOP_S)  # a signal sooner than this after the second is that one again
     os.killpg(p.pid, signal.SIGINT)
     assert_forced(p, home, out, RECORD, "a third signal (SIGINT) arrived while stopping", within_s=20)

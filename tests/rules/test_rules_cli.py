@@ -443,3 +443,39 @@ def test_a_hand_edited_silences_file_of_another_shape_is_one_error_naming_what(t
     )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "cannot read silences from" in r.stderr and named in " ".join(r.stderr.split()), r.stderr
+
+
+def test_rules_a_folder_holds_but_does_not_read_are_named(tmp_path):
+    """A rule folder contributes only its own *.yaml / *.yml files: `rules check team/` said "OK: 1 rule(s)"
+    and `rules serve -r team/` ran without a word while team/net/slow.yaml and team/Gpu.YAML were never read,
+    so their alerts never fired (newuser19). Each is now a note naming it and what to do; a folder with
+    nothing else says why it found no rule file; rule tests in a subfolder (the builtin pack's tests/) are
+    not rules and stay quiet."""
+    from obshub.rules.loader import load_ruleset
+
+    team = tmp_path / "team"
+    (team / "net").mkdir(parents=True)
+    (team / "tests").mkdir()
+    (team / "rules.yaml").write_text(RULE)
+    (team / "net" / "slow.yaml").write_text(RULE.replace("lost_batches\n", "net_slow\n", 1))
+    (team / "Gpu.YAML").write_text(RULE.replace("lost_batches\n", "gpu_slow\n", 1))
+    (team / "tests" / "rules_test.yaml").write_text(TEST_OK)
+    res = run("rules", "check", str(team))
+    assert res.returncode == 0 and "OK: 1 rule(s) in 1 file(s)" in res.stdout, res.stdout + res.stderr
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 2, res.stderr
+    assert notes[0].startswith(f"note: {team / 'Gpu.YAML'}: not read") and "lower case" in notes[0], notes
+    assert notes[1].startswith(f"note: {team / 'net'}: not read: a subfolder (1 YAML file(s))") and (
+        f"give {team / 'net'} as a rule path too" in notes[1]
+    ), notes
+    assert "tests" not in " ".join(notes)
+    # named as well, both are read, and nothing is noted
+    both = run("rules", "check", str(team), str(team / "net"))
+    assert both.returncode == 0 and "OK: 2 rule(s) in 2 file(s)" in both.stdout, both.stdout + both.stderr
+    assert load_ruleset([team]).unread == [n.removeprefix("note: ") for n in notes]
+    assert load_ruleset([REPO / "obshub" / "rules" / "builtin"]).unread == []
+    # a folder with only a subfolder of rules: the error says where they are
+    (team / "rules.yaml").unlink()
+    (team / "Gpu.YAML").unlink()
+    res = run("rules", "check", str(team))
+    assert res.returncode == 1 and "no rule files found" in res.stderr and f"{team / 'net'}: not read" in res.stderr

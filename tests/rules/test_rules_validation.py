@@ -695,3 +695,19 @@ def test_an_unclosed_quote_is_named_where_it_opens_and_a_count_no_window_holds_i
     assert any(":9:27: " in p and "above 10,000, the most matches a group keeps" in p for p in got), got
     ok = big.replace("1e300", "10000")
     assert list(load_ruleset([write(tmp_path, "ok.yaml", ok)]).rules) == ["slow_step"]
+
+
+def test_a_rules_own_empty_routes_is_refused_because_it_means_every_sink(tmp_path):
+    """`routes: []` reads as "no sink", but an empty list is what no `routes:` is: every sink. It passed the
+    check, so a rule meant to notify nobody paged every sink (newuser19). An override's `replace: {routes:
+    []}` resets routes an earlier file gave: that one stays allowed."""
+    p = write(tmp_path, "a.yaml", GOOD.replace("    annotations:", "    routes: []\n    annotations:"))
+    (problem,) = problems(p)
+    assert problem.startswith(f"{p}:11:13: ") and "routes: [] sends this rule's alerts to every sink" in problem, (
+        problem
+    )
+    assert "enabled: false" in problem
+    routed = write(tmp_path, "b.yaml", GOOD.replace("    annotations:", "    routes: [pager]\n    annotations:"))
+    assert load_ruleset([routed]).rules["slow_step"].routes == ["pager"]
+    reset = write(tmp_path, "c.yaml", "version: 1\noverrides:\n  - rule: slow_step\n    replace: {routes: []}\n")
+    assert load_ruleset([routed, reset]).rules["slow_step"].routes == []
