@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -829,6 +831,90 @@ def test_a_short_stop_fires_from_the_specific_ratio_and_clean_steps_of_the_same_
     fired = [a for a in fire(clean) if a["rule"].startswith("step_stall")]
     if stop_ms / median_ms < 2.0:  # below x3 and no stop: nothing (x3 and more is the general rule's)
         assert not fired, fired
+
+
+def kept_stops() -> dict:
+    """The kept run of 4 SIGSTOPs of 300 ms of node-01's local rank 2 (global 6) in a 4-host x 4-rank job on 2
+    cores (tests/rules/data/stop19_stops.json.gz: its closed step summaries as the worker sent them, without
+    their ``ranks``/``collectives``, and the stalls' start times)."""
+    return json.loads(gzip.decompress((Path(__file__).parent / "data" / "stop19_stops.json.gz").read_bytes()))
+
+
+def fire_at_close(summaries):
+    """Every firing change of the builtin pack over ``summaries``, each at its own ``closed_at_ns``."""
+    changes: list[dict] = []
+    engine = Engine(builtin_pack(), changes.append)
+    for s in summaries:
+        engine.process("steps", fields.step_record(s))
+        engine.tick(s["closed_at_ns"])
+    engine.tick(engine.now_ns + 60_000_000_000)
+    return [c for c in changes if c["status"] == "firing"]
+
+
+def test_a_short_stop_of_one_rank_among_16_is_named_when_it_cost_the_job_and_not_when_it_cost_nothing():
+    # 16 ranks on 2 cores at load 8-26: the median step is 600-700 ms, so a 300 ms stop of rank 6 costs at
+    # most x1.36 (under stall_specific_k 1.5): steps 52 (208 ms lost, x1.33, the hang record of the
+    # all_reduce it held up names it) and 71 (213 ms, x1.36, its stop) fire step_stall with rank 6; steps 31
+    # and 89 (x0.94, x1.02: its CPU went to its 15 peers) carry the same culprit but cost the job nothing
+    doc = kept_stops()
+    steps = sorted(doc["steps"], key=lambda s: s["closed_at_ns"])
+    stops = {s["step"]: s for s in steps if s["stopped"]}
+    assert sorted(stops) == [31, 52, 71, 89]
+    for no, s in stops.items():  # the culprit the worker sent is still what culprit() names from the summary
+        c = s["culprit"]
+        assert (c["host"], c["layer"], c["rank"]) == ("node-01", "process", 6), (no, c)
+        if c["source"] != "hang":
+            assert analysis.culprit(s) == c, (no, c)
+    firing = fire_at_close([s for s in steps if s["closed_by"] == "complete"])
+    got = [(a["rule"], a["labels"].get("host"), a["labels"].get("layer"), a["labels"].get("rank")) for a in firing]
+    stall = [(a["rule"], a["annotations"]["step"], a["labels"]["rank"]) for a in firing if a["rule"] == "step_stall"]
+    assert stall == [("step_stall", "52", "6"), ("step_stall", "71", "6")], got
+    assert all(g[1:3] == ("node-01", "process") for g in got), got  # nothing else, on no other host
+    # the stall each alert names started at most 2 s before its step closed
+    for a in firing:
+        step = stops[int(a["annotations"]["step"])]
+        assert any(0 < step["closed_at_ns"] - t < 2_000_000_000 for t in doc["stall_starts_ns"]), a
+
+
+@pytest.mark.parametrize(
+    "source,stop_ms,stop_rank,tmax_ms,fires",
+    [
+        ("stopped", 271, 6, 809, True),  # step 71: 213 ms over a 596 ms median, x1.36
+        ("hang", 298, 6, 839, True),  # step 52: the hang record of the collective it held up names it
+        ("stopped", 280, 6, 640, False),  # step 89: x1.02, 16 ms lost: the stop cost the job nothing
+        ("stopped", 271, 6, 690, False),  # 94 ms lost (under stall_specific_floor_ns)
+        ("stopped", 271, 6, 710, False),  # 114 ms lost but x1.19 (under stall_stopped_k 1.2)
+        ("stopped", 90, 6, 809, False),  # a stop under stall_stopped_min_ns (100 ms)
+        ("hang", 298, 5, 839, False),  # the hang names another rank than the stopped one
+        ("evidence", 271, 6, 809, False),  # lateness of the host without the stop as culprit: general rules
+    ],
+)
+def test_stall_stopped_needs_the_stopped_rank_as_culprit_and_a_measurable_cost(
+    source, stop_ms, stop_rank, tmax_ms, fires
+):
+    median_ms = 596
+    base = [
+        dict(
+            s,
+            step_time_max_ns=int(s["step_time_max_ns"] * median_ms / 140),
+            baseline=dict(s["baseline"], median_ns=median_ms * 1_000_000),
+        )
+        for s in clean_steps(0, 20, __import__("random").Random(7))
+    ]
+    for s in base:
+        s["stall_ratio"] = round(s["step_time_max_ns"] / (median_ms * 1e6), 3)
+        s["culprit"] = None
+    s = summary(20, tmax_ms, stopped={"node-01": (stop_ms, stop_rank)})
+    s["baseline"] = dict(s["baseline"], median_ns=median_ms * 1_000_000)
+    s["stall_ratio"] = round(tmax_ms / median_ms, 3)
+    why = "the step hung on it (stopped)" if source == "hang" else "rank 6 stopped"
+    s["culprit"] = {"host": "node-01", "layer": "process", "rank": 6, "evidence": 0.0, "source": source, "why": why}
+    fired = [
+        (a["rule"], a["labels"]["host"], a["labels"]["rank"])
+        for a in fire([*base, s])
+        if a["rule"].startswith("step_stall")
+    ]
+    assert fired == ([("step_stall", "node-01", "6")] if fires else []), fired
 
 
 def test_a_burst_on_one_rank_of_a_host_names_that_rank_by_its_run_queue_time():
