@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,22 +112,64 @@ SERVICES = {
 }
 
 
+class Output:
+    """Everything a running process writes to its stdout and stderr, read by two threads as it comes
+    (so a test can wait for a line and still read the rest once the process ended)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.parts = proc, {"out": [], "err": []}
+        self.threads = [
+            threading.Thread(target=self._read, args=(stream, self.parts[k]), daemon=True)
+            for k, stream in (("out", proc.stdout), ("err", proc.stderr))
+        ]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream, into: list) -> None:
+        for line in stream:
+            into.append(line)
+
+    def text(self) -> str:
+        return "".join(self.parts["out"]) + "".join(self.parts["err"])
+
+    def wait(self, timeout_s: float) -> tuple[str, str]:
+        """Wait for the process to end and its pipes to close; ``(stdout, stderr)``."""
+        self.proc.wait(timeout_s)
+        for t in self.threads:
+            t.join(timeout_s)
+        return "".join(self.parts["out"]), "".join(self.parts["err"])
+
+
+# Each service says it once it has not reached the broker for 10 s (start-up included, on a busy machine
+# later); the services are stopped once every one said it and kept retrying for QUIET_S more, at most
+# SPEAK_LIMIT_S after their start (was a fixed 18 s sleep).
+SPEAK_LIMIT_S = 45
+QUIET_S = 2.0
+
+
 def test_services_say_it_once_keep_retrying_and_stop_on_ctrl_c(env):
     port = env["OBSHUB_KAFKA_PORT"]
     procs = {name: start(env, *args) for name, (args, _) in SERVICES.items()}
-    time.sleep(18)  # past the 10 s after which the streams worker speaks, with start-up on a busy machine
+    outs = {name: Output(p) for name, p in procs.items()}
+    said = {name: SERVICES[name][1].format(port=port) for name in procs}
+    deadline = time.monotonic() + SPEAK_LIMIT_S
+    while not all(said[n] in outs[n].text() for n in procs) and time.monotonic() < deadline:
+        for name, p in procs.items():
+            assert p.poll() is None, f"{name} exited without a broker: {outs[name].wait(10)[1][-2000:]}"
+        time.sleep(0.2)
+    time.sleep(QUIET_S)  # room for a (wrong) second message while each keeps retrying
     for name, p in procs.items():
-        assert p.poll() is None, f"{name} exited without a broker: {p.communicate()[1][-2000:]}"
+        assert p.poll() is None, f"{name} exited without a broker: {outs[name].wait(10)[1][-2000:]}"
         os.killpg(p.pid, signal.SIGINT)
     for name, p in procs.items():
         t = time.monotonic()
-        out, err = p.communicate(timeout=30)
+        out, err = outs[name].wait(30)
         assert time.monotonic() - t < 15, f"{name} took too long to stop on Ctrl-C"
         # the agent's documented exit code 3: batches stayed in its spool (replayed by the next agent)
         assert p.returncode == (3 if name == "agent" else 0), (name, p.returncode, err[-2000:])
         clean(out + err)
-        said = SERVICES[name][1].format(port=port)
-        assert (out + err).count(said) == 1, (name, out + err)
+        assert (out + err).count(said[name]) == 1, (name, out + err)
 
 
 def test_tail_stops_on_ctrl_c_while_waiting(env):
