@@ -206,6 +206,12 @@ def worker_command(
     """
     import logging
 
+    # croniter (Faust's crontab timers) asks ``platform.architecture()`` when imported, which runs
+    # ``file -b <python>``: a child started after the signals are blocked inherits the blocked mask and
+    # ignores SIGTERM and SIGINT (``execve`` keeps it). Imported here, before they are blocked; it starts
+    # no thread (numpy's, imported with the app below, does, so that import stays after the block).
+    import faust.utils.cron  # noqa: F401
+
     from obshub.core import stopping
 
     # before any thread starts (librdkafka's, asyncio's executor, the metrics server's): every thread
