@@ -11,14 +11,14 @@ import time
 
 # Output that goes to a pipe or a file (logs, CI, `| less`) is not cut at rich's default 80 columns: probe
 # names, paths and timestamps stay whole. A terminal keeps its own width; COLUMNS set by the user wins.
-# Tables go through obshub.core.tables.print_table: off a terminal, as wide as their cells (past 200 too).
+# Tables go through obshub.core.tables.print_table: off a terminal, as wide as their cells (past 200 too);
+# plain lines through its WholeLineConsole: off a terminal, never wrapped (past 200 too).
 if "COLUMNS" not in os.environ and not sys.stdout.isatty():
     os.environ["COLUMNS"] = "200"
 
 try:
     import click
     from pydantic import ValidationError
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 except ModuleNotFoundError as _exc:  # an install with only the instrumentation (no extra)
@@ -30,7 +30,7 @@ except ModuleNotFoundError as _exc:  # an install with only the instrumentation 
 from obshub import __version__, stack
 from obshub.core.errors import ObshubError
 from obshub.core.settings import DEFAULT_KAFKA_PORT, load_settings
-from obshub.core.tables import print_table
+from obshub.core.tables import WholeLineConsole, print_table
 
 # name -> "module:attribute" of a click command or group, imported only when used.
 LAZY_COMMANDS: dict[str, str] = {
@@ -51,8 +51,8 @@ LAZY_COMMANDS: dict[str, str] = {
     "topics": "obshub.topics_cli:topics_group",
 }
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False, emoji=False)
+console = WholeLineConsole(highlight=False)
+err_console = WholeLineConsole(stderr=True, highlight=False, emoji=False)
 
 
 class LazyGroup(click.Group):

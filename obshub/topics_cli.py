@@ -249,12 +249,11 @@ def _opts(f):
 
 
 def _report(rows: tuple[TopicLayout, ...], diffs: list[Difference]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    from obshub.core.tables import print_table
+    from obshub.core.tables import WholeLineConsole, print_table
 
-    console = Console(highlight=False)
+    console = WholeLineConsole(highlight=False)
     bad = failing(diffs)
     if bad:
         t = Table("topic", "setting", "want", "have", title=f"{len(bad)} difference(s)")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from obshub.core.clitypes import Finite
 from obshub.core.settings import load_settings
-from obshub.core.tables import print_table
+from obshub.core.tables import WholeLineConsole, print_table
 from obshub.demo import cluster as cluster_mod
 from obshub.demo.errors import DemoError
 from obshub.demo.faults import KINDS
@@ -211,7 +211,7 @@ def demo_command(
     verdict failed, or an error (an `error:` line says which; everything set up is removed); 2: bad
     options, refused before anything is set up; 130: interrupted (everything set up is removed)."""
     settings = load_settings()
-    console = Console(stderr=True, highlight=False)
+    console = WholeLineConsole(stderr=True, highlight=False)
     if cleanup:
         _check_cleanup_options()
         c = cluster_mod.Cluster(2, progress=lambda m: console.print(f"demo: {m}"), lock_wait_s=lock_wait)

@@ -276,31 +276,65 @@ def group_stable(settings, group: str) -> bool:
     return getattr(desc.state, "name", str(desc.state)).upper() == "STABLE" and bool(desc.members)
 
 
+class GroupLag:
+    """Reads consumer groups' lag (:meth:`lag`) through one AdminClient (the groups' committed offsets) and
+    one Consumer (the topics' high watermarks), both built here and kept for every read: a wait that reads
+    a lag every 0.25 s (the demo's stop, ``_wait_drained``) no longer builds two clients, with their
+    threads and broker connections, per read. :meth:`close` (or the end of a ``with`` block) closes the
+    consumer and drops the admin client (librdkafka destroys it with its last reference; it has no close).
+    Building it needs no broker: the clients connect at their first request."""
+
+    def __init__(self, settings) -> None:
+        from confluent_kafka import Consumer
+        from confluent_kafka.admin import AdminClient
+
+        from obshub.core import kafka
+
+        conn = kafka.connection(settings)
+        self.admin: AdminClient | None = AdminClient(kafka.admin_config(conn, {"log_level": 0}))
+        self.consumer: Consumer | None = Consumer(
+            kafka.consumer_config(conn, "obshub-demo-lag", {"enable.auto.commit": False}, quiet=True)
+        )
+
+    def lag(self, group: str) -> int | None:
+        """The messages consumer group ``group`` has not committed yet: per partition it committed, the high
+        watermark minus the committed offset, summed (0 for a group that committed nothing). None when the
+        broker does not answer (5 s for the offsets, 2 s per watermark). Raises RuntimeError once closed."""
+        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+
+        if self.admin is None or self.consumer is None:
+            raise RuntimeError("GroupLag is closed")
+        try:
+            req = [ConsumerGroupTopicPartitions(group)]
+            tps = self.admin.list_consumer_group_offsets(req, request_timeout=5)[group].result().topic_partitions or []
+            lag = 0
+            for tp in tps:
+                if tp.offset >= 0:
+                    part = TopicPartition(tp.topic, tp.partition)
+                    hi = self.consumer.get_watermark_offsets(part, timeout=2, cached=False)[1]
+                    lag += max(0, hi - tp.offset)
+            return lag
+        except KafkaException:  # the broker did not answer, or no such group
+            return None
+
+    def close(self) -> None:
+        """Close the consumer and drop the admin client; a second call does nothing."""
+        consumer, self.consumer, self.admin = self.consumer, None, None
+        if consumer is not None:
+            consumer.close()
+
+    def __enter__(self) -> "GroupLag":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def group_lag(settings, group: str) -> int | None:
-    """The messages consumer group ``group`` has not committed yet: per partition it committed, the high
-    watermark minus the committed offset, summed (0 for a group that committed nothing). None when the
-    broker does not answer."""
-    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    from obshub.core import kafka
-
-    conn = kafka.connection(settings)
-    admin = AdminClient(kafka.admin_config(conn, {"log_level": 0}))
-    c = Consumer(kafka.consumer_config(conn, "obshub-demo-lag", {"enable.auto.commit": False}, quiet=True))
-    try:
-        req = [ConsumerGroupTopicPartitions(group)]
-        tps = admin.list_consumer_group_offsets(req, request_timeout=5)[group].result().topic_partitions or []
-        lag = 0
-        for tp in tps:
-            if tp.offset >= 0:
-                hi = c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2, cached=False)[1]
-                lag += max(0, hi - tp.offset)
-        return lag
-    except KafkaException:  # the broker did not answer, or no such group
-        return None
-    finally:
-        c.close()
+    """The messages consumer group ``group`` has not committed yet (:meth:`GroupLag.lag`), read once with
+    clients built and closed for this call; None when the broker does not answer."""
+    with GroupLag(settings) as reader:
+        return reader.lag(group)
 
 
 def ready(settings, part: PipelinePart, pid: int) -> bool:

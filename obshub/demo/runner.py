@@ -671,14 +671,16 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
 
 
 def _wait_drained(settings: Settings, group: str, timeout_s: float) -> None:
-    """Wait until consumer group ``group`` committed everything in its topics (``parts.group_lag`` 0),
-    at most ``timeout_s``; a broker that does not answer ends the wait (the stop goes on)."""
+    """Wait until consumer group ``group`` committed everything in its topics (``parts.GroupLag`` 0),
+    read every 0.25 s through one pair of clients built for the wait and closed at its end, at most
+    ``timeout_s``; a broker that does not answer ends the wait (the stop goes on)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        lag = parts.group_lag(settings, group)
-        if lag is None or lag == 0:
-            return
-        time.sleep(0.25)
+    with parts.GroupLag(settings) as reader:
+        while time.monotonic() < deadline:
+            lag = reader.lag(group)
+            if lag is None or lag == 0:
+                return
+            time.sleep(0.25)
 
 
 def _wait_quiet(reader: "AlertReader", timeout_s: float, check) -> None:

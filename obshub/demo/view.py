@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from obshub.core.tables import WholeLineConsole
 from obshub.demo.verdict import AlertSeen, Verdict
 
 
@@ -22,7 +23,7 @@ class DemoView:
     """Thread-safe sink of demo events. Use as a context manager around the run."""
 
     def __init__(self, console: Console | None = None, hosts: list[str] | None = None):
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or WholeLineConsole(stderr=True, highlight=False)
         self.live_mode = self.console.is_terminal
         self.hosts = list(hosts or [])
         self.steps: dict[str, tuple[int, float]] = {}

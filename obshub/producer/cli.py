@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from obshub.core.clitypes import Finite, stop_timeout_option
@@ -23,7 +22,7 @@ from obshub.core.settings import (
     SPOOL_SEGMENT_BYTES,
     Settings,
 )
-from obshub.core.tables import print_table
+from obshub.core.tables import WholeLineConsole, print_table
 from obshub.producer import kheaders
 from obshub.producer import probes as cat
 from obshub.producer.agent import Agent
@@ -577,7 +576,7 @@ def probes_command(load, names, usdt_library, as_json, show_thresholds, log_form
     jsonlog.setup(logging.WARNING, log_format, "probes", "obshub probes: %(name)s: %(message)s")
     from obshub.producer.loader import BpfEventSource, plan, selected_probes
 
-    console = Console(highlight=False)
+    console = WholeLineConsole(highlight=False)
     if show_thresholds:
         rows = [{"name": n, "default": d, "unit": u} for n, (_i, d, u) in cat.THRESHOLDS.items()]
         if as_json:

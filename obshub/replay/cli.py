@@ -13,7 +13,7 @@ from rich.table import Table
 
 from obshub.core import schema
 from obshub.core.clitypes import KafkaName, NonEmpty
-from obshub.core.tables import print_table
+from obshub.core.tables import WholeLineConsole, print_table
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
 from obshub.replay.report import ReplayReport, StepDiagnosis
@@ -217,4 +217,4 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_b
     if as_json:
         click.echo(json.dumps(d, indent=1))
     else:
-        _print(Console(highlight=False), d)
+        _print(WholeLineConsole(highlight=False), d)

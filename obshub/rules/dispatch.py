@@ -17,7 +17,11 @@ of the sink, and Alertmanager does the grouping, inhibition and silencing.
 
 The service commits Kafka offsets only below the oldest token not yet acked, so a crash or restart
 re-delivers every change that had not reached all its sinks (duplicates are possible; sinks dedup by
-fingerprint / dedup_key)."""
+fingerprint / dedup_key). A change record read again by the same dispatcher (its consumer lost the
+group while its commit failed, e.g. the group coordinator's broker died, and resumed from the last
+committed offset) is not sent again: ``submit`` knows the records it already handed to the sinks
+(``HANDED_PER_ALERT`` per fingerprint, ``HANDED_MAX`` fingerprints) and acks such a copy once that
+delivery is done."""
 
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -46,6 +50,18 @@ MUTED = Counter("obshub_rules_muted", "alert notifications muted", ["reason"])
 SILENCE_ERRORS = Counter(
     "obshub_rules_silence_errors", "alert notifications checked against a silences file that failed (sent unsilenced)"
 )
+#: change records remembered per alert (fingerprint) as handed to the sinks: a copy read again is not re-sent
+HANDED_PER_ALERT = 8
+#: alerts (fingerprints) whose handed records are remembered; the least recently handed is forgotten first
+HANDED_MAX = 10_000
+
+
+def change_key(change: dict) -> str:
+    """The identity of one change record: SHA-256 of its canonical JSON (every field: status, times,
+    labels, annotations, value, ``renotified``). A record read twice, or the same transition evaluated
+    again from the same input (the engine's time is its records' time), has the same key; a new
+    transition, a renotification or a resolve does not."""
+    return hashlib.sha256(json.dumps(change, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @dataclass
@@ -66,15 +82,24 @@ class _Job:
     def __init__(self, tokens: list[Any], n_sinks: int, on_done: Callable[["_Job"], None]):
         self.tokens, self.left, self.results = tokens, n_sinks, []
         self._lock, self._on_done = threading.Lock(), on_done
+        self.finished = False
 
     def done(self, res: DeliveryResult | None) -> None:
         with self._lock:
             if res is not None:
                 self.results.append(res)
             self.left -= 1
-            finished = self.left <= 0
+            finished = self.finished = self.left <= 0
         if finished:
             self._on_done(self)
+
+    def join(self, token: Any) -> bool:
+        """Add ``token`` to the tokens acked when this job is done; False (not added) when it is done."""
+        with self._lock:
+            if self.finished:
+                return False
+            self.tokens.append(token)
+            return True
 
 
 class _SinkWorker(threading.Thread):
@@ -125,6 +150,8 @@ class Dispatcher:
             self.silences = None
         self.groups: dict[str, _Group] = {}
         self.firing: dict[str, dict] = {}  # fingerprint -> latest change record of every firing alert
+        # fingerprint -> {change_key: the job that carried it, None when no sink wanted it}: what was handed
+        self.handed: OrderedDict[str, dict[str, _Job | None]] = OrderedDict()
         self.workers = {s.name: _SinkWorker(s, policy) for s in sinks}
         for w in self.workers.values():
             w.start()
@@ -133,24 +160,54 @@ class Dispatcher:
 
     # -- input ---------------------------------------------------------------------------------------------
     def submit(self, change: dict, token: Any, now_ns: int | None = None) -> None:
-        """Take one change record. Pending/inactive changes need no delivery and are acked at once."""
+        """Take one change record. Pending/inactive changes need no delivery and are acked at once; a
+        firing or resolved record this dispatcher already handed to its sinks (the same ``change_key``:
+        read again after its consumer resumed from an older committed offset) is not sent again, its
+        ``token`` acked once that delivery is done."""
         now_ns = now_ns or time.time_ns()
         status, fp = change.get("status"), change.get("fingerprint", "")
         with self._lock:
-            if status == "firing":
-                self.firing[fp] = change
-            elif status in ("resolved", "inactive"):
-                self.firing.pop(fp, None)
-            if status not in ("firing", "resolved"):
+            handed, job = self._handed(fp, change) if status in ("firing", "resolved") else (False, None)
+            if handed:
+                if job is not None and job.join(token):
+                    return  # acked with that delivery, still in flight
                 ack = [token]
             else:
-                ack = []
-                g = self._group_for(change, now_ns)
-                g.alerts[fp] = change  # the latest change of an alert wins (dedup within a group)
-                g.tokens.append(token)
-                g.changed = True
+                if status == "firing":
+                    self.firing[fp] = change
+                elif status in ("resolved", "inactive"):
+                    self.firing.pop(fp, None)
+                if status not in ("firing", "resolved"):
+                    ack = [token]
+                else:
+                    ack = []
+                    g = self._group_for(change, now_ns)
+                    g.alerts[fp] = change  # the latest change of an alert wins (dedup within a group)
+                    g.tokens.append(token)
+                    g.changed = True
         if ack:
             self.on_ack(ack)
+
+    def _handed(self, fp: str, change: dict) -> tuple[bool, "_Job | None"]:
+        """Whether this dispatcher handed that very record ``change`` to its sinks already, and the job
+        that carried it (None where no sink wanted it, or it was muted); ``(False, None)`` otherwise."""
+        seen = self.handed.get(fp)
+        if not seen:
+            return False, None
+        key = change_key(change)
+        return (True, seen[key]) if key in seen else (False, None)
+
+    def _hand(self, alerts: list[dict], job: "_Job | None") -> None:
+        """Remember ``alerts``' records as handed to the sinks by ``job`` (lock held)."""
+        for a in alerts:
+            fp = a.get("fingerprint", "")
+            seen = self.handed.pop(fp, None) or {}
+            seen[change_key(a)] = job
+            while len(seen) > HANDED_PER_ALERT:
+                del seen[next(iter(seen))]
+            self.handed[fp] = seen
+        while len(self.handed) > HANDED_MAX:
+            self.handed.popitem(last=False)
 
     def _group_for(self, change: dict, now_ns: int) -> _Group:
         labels = change.get("labels", {})
@@ -238,13 +295,18 @@ class Dispatcher:
             if wanted:
                 plan.append((s, Notification(g.key, dict(g.labels), wanted, s.name)))
                 g.last_sent_ns[s.name] = now_ns
+        handed = list(g.alerts.values())
         for fp in [fp for fp, a in g.alerts.items() if a["status"] == "resolved"]:
             del g.alerts[fp]
         if not plan:
+            if not repeat_only:
+                self._hand(handed, None)
             if tokens:
                 self.on_ack(tokens)
             return
         job = _Job(tokens, len(plan), self._job_done)
+        if not repeat_only:  # a repeat re-sends records handed before; their first delivery stays theirs
+            self._hand(handed, job)
         for s, n in plan:
             self.workers[s.name].q.put((n, job))
 

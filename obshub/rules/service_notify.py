@@ -2,8 +2,10 @@
 
 Consume ``obshub.alerts.v1`` -> ``Dispatcher`` -> sinks; offsets are committed only below the oldest
 change not yet delivered to all its sinks (or given up on), so a restart re-delivers what was in
-flight: at-least-once. The dispatcher's state (firing alerts per group, for repeats) is saved to
-``dispatch.json`` with each commit. Unusable change records go to the DLQ (``rules.intake``).
+flight: at-least-once. A rebalance (``on_revoke``: the tracker forgets its offsets) resumes from the
+committed offsets too, and the records read again that this process already delivered are acked, not
+sent again (``Dispatcher.submit``). The dispatcher's state (firing alerts per group, for repeats) is
+saved to ``dispatch.json`` with each commit. Unusable change records go to the DLQ (``rules.intake``).
 """
 
 from __future__ import annotations

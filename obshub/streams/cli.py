@@ -8,12 +8,12 @@ import sys
 import time
 
 import click
-from rich.console import Console
 
 from obshub.core import kafka, registry, schema
 from obshub.core.clitypes import Finite, KafkaName, stop_timeout_option
 from obshub.core.log import NullLogger
 from obshub.core.settings import STREAMS, load_settings
+from obshub.core.tables import WholeLineConsole
 from obshub.streams.errors import StreamsError, TopicMissingError
 
 WORKER_EPILOG = """\b
@@ -206,6 +206,12 @@ def worker_command(
     """
     import logging
 
+    # croniter (Faust's crontab timers) asks ``platform.architecture()`` when imported, which runs
+    # ``file -b <python>``: a child started after the signals are blocked inherits the blocked mask and
+    # ignores SIGTERM and SIGINT (``execve`` keeps it). Imported here, before they are blocked; it starts
+    # no thread (numpy's, imported with the app below, does, so that import stays after the block).
+    import faust.utils.cron  # noqa: F401
+
     from obshub.core import stopping
 
     # before any thread starts (librdkafka's, asyncio's executor, the metrics server's): every thread
@@ -374,8 +380,8 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s, hold_s):
 
     started = time.monotonic()
     settings = load_settings()
-    console = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    console = WholeLineConsole(highlight=False)
+    err = WholeLineConsole(stderr=True, highlight=False)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -54,3 +54,25 @@ def test_obshub_status_piped_prints_a_long_log_path_whole(tmp_path):
     r = subprocess.run([*OBSHUB, "status"], capture_output=True, text=True, env=env, timeout=120)
     assert "components" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert any(log in ln and "rules" in ln for ln in r.stdout.splitlines()), r.stdout
+
+
+def test_plain_lines_piped_stay_whole_on_stdout_and_stderr(tmp_path):
+    """A plain line (not a table) of a command whose stdout and stderr are pipes: ``obshub`` sets 200
+    columns off a terminal and rich wrapped every longer line there, so ``obshub status | grep`` and a log
+    of an error lost the end of a long path (tables were mended by print_table; obshub.core.tables)."""
+    from tests.apps.test_no_broker import closed_port
+
+    home = tmp_path / ("state-" + "h" * 220)
+    env = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(closed_port())}
+    env.pop("COLUMNS", None)
+    env.pop("OBSHUB_BOOTSTRAP", None)
+    r = subprocess.run([*OBSHUB, "status"], capture_output=True, text=True, env=env, timeout=120)
+    lines = r.stdout.splitlines()
+    assert any(ln.startswith(f"state {home}; logs in {home}") and "(broker log " in ln for ln in lines), r.stdout
+    (tmp_path / "a-file").write_text("")
+    bad = tmp_path / "a-file" / ("d" * 220)  # a home below a file: an error naming the whole path
+    r = subprocess.run(
+        [*OBSHUB, "up"], capture_output=True, text=True, env={**env, "OBSHUB_HOME": str(bad)}, timeout=120
+    )
+    assert r.returncode != 0
+    assert any(ln.startswith("error: ") and str(bad) in ln for ln in r.stderr.splitlines()), r.stderr

@@ -72,3 +72,65 @@ def test_group_lag_counts_what_a_group_has_not_committed(kafka, unique):
         assert parts.group_lag(kafka, group) == 0
     finally:
         c.close()
+
+
+def _client_threads() -> set[int]:
+    """The librdkafka clients alive in this process: the id of each one's main thread (``rdk:main``)."""
+    import os
+
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "rdk:main":
+                    out.add(int(tid))
+        except OSError:  # the thread ended between the listing and the read
+            continue
+    return out
+
+
+def test_the_demos_drain_wait_builds_its_clients_once_and_closes_them(kafka, unique):
+    """The demo's stop waits for the stream worker's group to commit its input (``_wait_drained``): it
+    read the lag every 0.25 s with an AdminClient and a Consumer built for each read (two librdkafka
+    clients, their threads and broker connections, eight times a second). Now one pair serves the whole
+    wait and is gone when it returns. Seen from outside: the librdkafka clients (their ``rdk:main``
+    threads) that came and went during a 2 s wait on a group that never drains."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from obshub.demo.runner import _wait_drained
+
+    topic, group = f"drain-{unique}", f"obshub-drain-{unique}"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    for _ in range(3):
+        p.produce(topic, b"x", partition=0)
+    assert p.flush(10) == 0
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)  # 2 never committed
+    finally:
+        c.close()
+    assert parts.group_lag(kafka, group) == 2
+    before = _client_threads()
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen.update(_client_threads() - before)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.monotonic()
+    try:
+        _wait_drained(kafka, group, 2.0)
+    finally:
+        stop.set()
+        sampler.join(5)
+    assert time.monotonic() - t0 >= 2.0  # it waited: the lag stayed 2
+    assert len(seen) == 2, f"{len(seen)} librdkafka clients built during the wait"  # one admin, one consumer
+    assert not seen & _client_threads()  # both gone once it returned

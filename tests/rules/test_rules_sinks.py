@@ -733,6 +733,58 @@ def test_group_interval_repeat_interval_and_dedup():
         d.close()
 
 
+def test_a_change_read_again_after_its_delivery_is_not_sent_again(recorder):
+    """The notify loop commits an alert change's offset after its delivery; when that commit failed and the
+    consumer then lost its group (a broker kill took the group coordinator away for longer than the session
+    timeout: tests/core/test_kafka_cluster.py's hook got node2's one alert twice), it resumed from the older
+    committed offset and the same records came again. The dispatcher knows what it handed to its sinks:
+    a copy is acked without a second request, once the first delivery is done (never before: a crash meanwhile
+    must re-deliver it), and an older record read again after a newer one (a firing after its resolve) does
+    not turn the alert back. A new transition of the same alert is sent as before."""
+    slow = recorder(default=(200, {}, 0.6))  # each request answered after 0.6 s: a delivery in flight
+    acked: list = []
+    d = Dispatcher(
+        [WebhookSink("hook", SecretStr(slow.url + "/h"))],
+        Route(group_wait="0s", group_interval="0s", repeat_interval="1h"),
+        [],
+        None,
+        FAST,
+        acked.extend,
+    )
+    copy = lambda rec: json.loads(json.dumps(rec))  # noqa: E731 - decoded again from the same bytes
+    try:
+        firing = alert()
+        d.submit(firing, ("alerts", 0, 5))
+        d.tick()
+        d.submit(copy(firing), ("alerts", 0, 5, "again"))  # read again while its delivery is in flight
+        d.tick()
+        assert acked == []  # not before the delivery is done
+        _wait_for(lambda: len(acked) == 2)
+        assert acked == [("alerts", 0, 5), ("alerts", 0, 5, "again")]
+        d.submit(copy(firing), "later")  # read again after the delivery: acked at once
+        d.tick()
+        assert acked[-1] == "later"
+        resolved = alert("resolved")
+        d.submit(resolved, "resolved")
+        d.tick()
+        _wait_for(lambda: "resolved" in acked)
+        for tok, rec in (("firing again", firing), ("resolved again", resolved)):  # both re-read, in order
+            d.submit(copy(rec), tok)
+            d.tick()
+        assert acked[-2:] == ["firing again", "resolved again"]
+        time.sleep(0.8)
+        d.tick()
+        assert [r["json"]["status"] for r in slow.requests] == ["firing", "resolved"]
+        refired = {**alert(), "starts_at_ns": firing["starts_at_ns"] + 10**10}  # a new episode: sent
+        refired["updated_at_ns"] = refired["starts_at_ns"]
+        d.submit(refired, "refired")
+        d.tick()
+        _wait_for(lambda: "refired" in acked)
+        assert [r["json"]["status"] for r in slow.requests] == ["firing", "resolved", "firing"]
+    finally:
+        d.close()
+
+
 def test_firing_alerts_survive_a_dispatcher_restart(recorder):
     srv = recorder()
     sink = AlertmanagerSink("am", srv.url, resend_every_s=0.2)

@@ -365,21 +365,21 @@ def _alike_starved(
         return None
     spread = (summary.get("evidence") or {}).get("spread_ns", 0)
     found = []
+    ranks: dict[tuple[str, str], int] | None = None  # every rank's run-queue time, read once for all hosts
     for _key, h, layer, z in cands:
         if h not in alike or layer != "sched" or z < STARVED_MIN_EVIDENCE:
             continue
         if max(z * spread, group.get(h, 0)) < EXPLAIN_REL * lost:
             continue
-        why = _starved(summary, h, z, lost, peer_evidence=False)
+        if ranks is None:
+            ranks = _job_ranks(summary, "sched")
+        why = _starved(summary, h, z, lost, peer_evidence=False, ranks=ranks)
         if why is not None:
             found.append((h, z, why))
-    if len(found) != 1:
+    if len(found) != 1 or ranks is None:
         return None
     h, z, why = found[0]
-    rows = (summary.get("ranks") or {}).get(h) or {}
-    times = {
-        str(r): int((((row or {}).get("layers") or {}).get("sched") or {}).get("time_ns", 0)) for r, row in rows.items()
-    }
+    times = {r: t for (g, r), t in ranks.items() if g == h}
     others = ", ".join(a for a in alike if a != h)
     return {
         "host": h,
@@ -392,7 +392,14 @@ def _alike_starved(
     }
 
 
-def _starved(summary: dict, host: str, z: float | None, lost: int, peer_evidence: bool = True) -> str | None:
+def _starved(
+    summary: dict,
+    host: str,
+    z: float | None,
+    lost: int,
+    peer_evidence: bool = True,
+    ranks: dict[tuple[str, str], int] | None = None,
+) -> str | None:
     """Whether ``host``, the step's sched culprit by evidence ``z`` (spreads; None for a culprit of ``source``
     "layers", which nobody's lateness named), was starved of CPU beyond a loaded machine's jitter: a short
     description when ``z`` is at least ``STARVED_MIN_EVIDENCE``, every other host's sched evidence at most
@@ -405,7 +412,8 @@ def _starved(summary: dict, host: str, z: float | None, lost: int, peer_evidence
     A host of several rank rows in a larger job that fails the host comparison gets a second one by the same
     ratios: its rank with the most run-queue time against every other rank of the job (not a wide step's).
     ``peer_evidence`` False (``_alike_starved``: hosts late alike) skips the test of the other hosts' sched
-    evidence, leaving the run-queue times alone to tell.
+    evidence, leaving the run-queue times alone to tell. ``ranks``: the step's ``_job_ranks(summary, "sched")``
+    when the caller read them already (``_alike_starved``, for each host late alike); None reads them here.
 
     A ``layers`` culprit (``z`` None) has no lateness, so its ``z`` is its run-queue time over its peers'
     median in units of the step's spread (``evidence.spread_ns``), what its evidence would be had it been
@@ -446,7 +454,8 @@ def _starved(summary: dict, host: str, z: float | None, lost: int, peer_evidence
         # a host of several ranks: its run queue is the sum of its ranks', so one rank's burst is never 3x
         # another host's 4-rank sum (untuned14, 4 ranks per host: every host waited >= 1.8 s a step); its
         # busiest rank against every other rank of the job, by the same ratios
-        ranks = _job_ranks(summary, "sched")
+        if ranks is None:
+            ranks = _job_ranks(summary, "sched")
         mine = {r: t for (h, r), t in ranks.items() if h == host}
         if not mine or len(ranks) <= len(times):
             return None
