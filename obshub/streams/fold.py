@@ -75,6 +75,12 @@ BUCKETS = 256
 PART_RECORD_MAX = 256  # host entries per ``parts`` record (about 300 bytes each at 64 events per host-step)
 PART_RECORD_BYTES = 4 * 1024 * 1024  # about this many bytes per ``parts`` record at most (estimated, _entry_bytes)
 RUNNING_NAMED_MAX = 4096  # open steps whose running record's network culprit is kept for their close
+# how far behind its job's latest step (a later step has data or closed here) an open step is still checked
+# while it runs (Fold.running): the step just before the latest is where a blackout leaves the host it
+# hit when the other hosts got their last segments of the step before it started (they end the step and
+# block in the next one's all-reduce, which holds nothing of that host; docs/ANALYSIS.md "Inside a running
+# step"); steps further behind (a host whose data lags) are judged at their close
+RUNNING_BEHIND_STEPS = 1
 CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
 JOB_RETENTION_NS = 3_600_000_000_000  # a job's state is dropped this long after its last data (1 h, ns)
 
@@ -1298,9 +1304,9 @@ class Fold:
         return out
 
     def running(self, partitions: set[int] | None = None) -> list[tuple[str, dict]]:
-        """Check the open steps (of ``partitions``; all when None) that are their job's latest and not
-        hung for network evidence while they run (``analysis.running_check``, docs/ANALYSIS.md "Inside a
-        running step"). Returns ``(step key, interim summary)`` per step with evidence: ``closed_by =
+        """Check the open steps (of ``partitions``; all when None) that are their job's latest or at most
+        ``RUNNING_BEHIND_STEPS`` (1) before it, and not hung, for network evidence while they run
+        (``analysis.running_check``, docs/ANALYSIS.md "Inside a running step"). Returns ``(step key, interim summary)`` per step with evidence: ``closed_by =
         "running"``, ``evidence.hosts`` = the named hosts' network evidence only, ``blame`` = one network
         entry per named host (``straggler_ns`` its RTT, ``peer_median_ns`` the other hosts' median,
         ``count`` its retransmits), ``step_time_max_ns`` = how long the step has run so far (ns, the check's
@@ -1315,7 +1321,7 @@ class Fold:
             job = st["job"]
             js = self._job(f"{job}@{p}")
             later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
-            if later > st["step"] or st["step"] <= self.quiet_until.get(job, -1):
+            if later - st["step"] > RUNNING_BEHIND_STEPS or st["step"] <= self.quiet_until.get(job, -1):
                 continue
             expected, accs = self._open_accs(sk, st, js)
             found = analysis.running_check(
