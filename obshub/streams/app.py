@@ -463,11 +463,16 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
                     try:
                         if what == "summary":
                             await send_closed(job, v)
+                        elif what == "running":  # a long step's running check on new parts (Fold.running_arrived)
+                            await out.send(
+                                key=job.encode(), value=json.dumps(v, sort_keys=True, separators=(",", ":")).encode()
+                            )
+                            m.summaries.labels("running").inc()
                         else:
                             box.broadcast(v)
                     except Exception as exc:  # logged, counted, the summary or entry dead-lettered
                         log.exception("fold failed to send a %s of job %s (partition %d)", what, job, p)
-                        await dead_letter("summary" if what == "summary" else "fold", v, p, at, exc)
+                        await dead_letter("fold" if what == "broadcast" else "summary", v, p, at, exc)
             await box.send(rep)
             for event in last.values():
                 _as_current(event)

@@ -449,6 +449,64 @@ def test_a_step_two_or_more_behind_its_jobs_latest_gets_no_running_record(behind
     assert [sk for sk, _s in pipe.fold.running()] == []
 
 
+def test_a_long_step_is_checked_when_its_blocked_hosts_batches_arrive_not_only_on_the_timer():
+    """Step 12 runs long (every rank blocks in the all-reduce while host b's link is down): the worker's
+    0.5 s timer found nothing at 0.6 s (no TCP event of the step had arrived: the agents seal a blocked
+    rank's batch by age, at most 1 s). The hosts' age-sealed batches then arrive between two ticks, b's last;
+    the fold checks the step on those new parts and emits the running record at once (``("running", job,
+    summary)``, ``InProcess.running``). On 91d0221 only the timer checked: a step that closed before the
+    next tick had no running record (live 1 s blackouts of node-03, early18: 3 of 10, named at the close)."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    now[0] += 600_000_000
+    assert pipe.fold.running() == []  # the timer: 0.6 s, nothing to name yet
+    for i in (0, 2, 3):
+        now[0] += 20_000_000
+        batch(i, _ring_rtt(now, i, 1))
+    assert pipe.fold.running_named == {}  # b's own connections are not in yet: nobody named
+    now[0] += 110_000_000
+    batch(1, _ring_rtt(now, 1, 1))  # b's batch, 0.77 s into the step, before the next tick
+    assert pipe.fold.running_named["j|12"]["host"] == "b"
+    (s,) = pipe.running
+    assert (s["step"], s["closed_by"], s["culprit"]["host"], s["culprit"]["layer"]) == (12, "running", "b", "network")
+    assert list(s["evidence"]["hosts"]) == ["b"] and s["step_time_max_ns"] == 770_000_000
+    # more parts within RUNNING_ARRIVAL_EVERY_NS (100 ms) of that check wait: no second record yet
+    now[0] += 50_000_000
+    batch(0, _ring_rtt(now, 0, 1))
+    assert len(pipe.running) == 1
+    now[0] += 60_000_000  # past it: the step, still due, is checked on the next round
+    batch(2, _ring_rtt(now, 2, 1))
+    assert [x["step"] for x in pipe.running] == [12, 12] and pipe.running[1]["step_time_max_ns"] == 880_000_000
+    # the step closes: nothing is due or remembered for it any more
+    end = now[0] + 100_000_000
+    for i in range(4):
+        batch(i, [schema.Event(schema.Kind.STEP_END, end, step=12, pid=100 + i, duration_ns=1_000_000_000)])
+    assert "j|12" not in pipe.fold.running_at and "j|12" not in pipe.fold.running_due
+    assert len(pipe.running) == 2
+
+
+def test_parts_of_a_young_step_or_of_a_worker_behind_on_its_input_emit_no_running_record():
+    """Parts of a step younger than ``running_min_ns`` (0.5 s) are not checked on arrival (the timer checks
+    it once it is old enough), and none is checked while an input partition was not read to its end in the
+    last 3 s (a backlog makes steps look long), as the timer's records."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    now[0] += 300_000_000
+    for i in range(4):
+        batch(i, _ring_rtt(now, i, 1))
+    assert pipe.running == [] and pipe.fold.running_due == set()
+    pipe.fold.input_partitions = 1
+    pipe.fold.read_ns[0] = now[0]
+    now[0] += 3_500_000_000
+    for i in range(4):
+        batch(i, _ring_rtt(now, i, 1))
+    assert pipe.running == [] and pipe.fold.running_due == set()
+    pipe.fold.read_ns[0] = now[0]
+    now[0] += 10_000_000
+    batch(1, _ring_rtt(now, 1, 1))
+    assert [(s["step"], s["culprit"]["host"]) for s in pipe.running] == [(12, "b")]
+
+
 def test_the_steps_after_a_hang_carry_no_sequential_evidence():
     """A rank frozen in step 12 then thawed: the hung step and the next ``hang_quiet_steps`` steps close
     with no evidence (the ranks resynchronise), and a hung step is never judged as running."""
