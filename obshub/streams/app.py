@@ -21,7 +21,8 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
    input or internal topic (a host's data waiting in Kafka is no silence). Steps that run far longer than
    usual (``Fold.running``, docs/ANALYSIS.md "Inside a running step") get an interim summary
    (``closed_by = "running"``) naming the hosts whose every busy connection is slow or lossy, every tick
-   while it lasts and the worker is not behind.
+   while it lasts and the worker is not behind; the fold agent also sends one as soon as new parts of such
+   a step arrive (``Fold.running_arrived``, at most once per step per 100 ms).
 5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
    ``read`` message to every partition of the internal topic. A step closes by its window only when every
    input partition was read past the window's end, so a worker failover (unread partitions) lists no live
@@ -463,11 +464,16 @@ def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded)
                     try:
                         if what == "summary":
                             await send_closed(job, v)
+                        elif what == "running":  # a long step's running check on new parts (Fold.running_arrived)
+                            await out.send(
+                                key=job.encode(), value=json.dumps(v, sort_keys=True, separators=(",", ":")).encode()
+                            )
+                            m.summaries.labels("running").inc()
                         else:
                             box.broadcast(v)
                     except Exception as exc:  # logged, counted, the summary or entry dead-lettered
                         log.exception("fold failed to send a %s of job %s (partition %d)", what, job, p)
-                        await dead_letter("summary" if what == "summary" else "fold", v, p, at, exc)
+                        await dead_letter("fold" if what == "broadcast" else "summary", v, p, at, exc)
             await box.send(rep)
             for event in last.values():
                 _as_current(event)

@@ -63,7 +63,7 @@ import hashlib
 import logging
 import time
 import zlib
-from typing import Any, Callable, Iterator, MutableMapping
+from typing import Any, Callable, Iterable, Iterator, MutableMapping
 
 from obshub.streams import accumulate, analysis
 from obshub.streams.accumulate import HostAcc, PartEntry, PartMsg, as_entry, as_part, decode_internal
@@ -75,10 +75,24 @@ BUCKETS = 256
 PART_RECORD_MAX = 256  # host entries per ``parts`` record (about 300 bytes each at 64 events per host-step)
 PART_RECORD_BYTES = 4 * 1024 * 1024  # about this many bytes per ``parts`` record at most (estimated, _entry_bytes)
 RUNNING_NAMED_MAX = 4096  # open steps whose running record's network culprit is kept for their close
+# how far behind its job's latest step (a later step has data or closed here) an open step is still checked
+# while it runs (Fold.running): the step just before the latest is where a blackout leaves the host it
+# hit when the other hosts got their last segments of the step before it started (they end the step and
+# block in the next one's all-reduce, which holds nothing of that host; docs/ANALYSIS.md "Inside a running
+# step"); steps further behind (a host whose data lags) are judged at their close
+RUNNING_BEHIND_STEPS = 1
+# a step that has run long gets its running check when new parts of it arrive (apply_round), not only from
+# the worker's 0.5 s timer: a blocked rank's TCP events reach the worker only in its agent's age-sealed
+# batch (at most 1 s), and a 1 s blackout's step closes ~0.6 s later; the timer alone left 3 of 10 such
+# steps without a record (early18) and others with one just before the close. At most one such check per
+# step per RUNNING_ARRIVAL_EVERY_NS (a later arrival waits for the next round past it, or the timer)
+RUNNING_ARRIVAL_EVERY_NS = 100_000_000
+RUNNING_READ_WITHIN_NS = 3_000_000_000  # as the timer's: every input partition read to its end this recently
 CLOSED_KEEP = 256  # closed-step records kept per (job, partition) to recognise replays and late data
 JOB_RETENTION_NS = 3_600_000_000_000  # a job's state is dropped this long after its last data (1 h, ns)
 
-Emit = tuple[str, str, Any]  # ("summary", job, summary dict) | ("broadcast", job, internal message)
+# ("summary", job, summary dict) | ("running", job, interim summary dict) | ("broadcast", job, internal message)
+Emit = tuple[str, str, Any]
 
 
 def bucket_of(host: str) -> int:
@@ -316,6 +330,8 @@ class Fold:
         # open step key -> the network culprit its latest ``running`` record named (derived, in memory;
         # dropped at its close: a close that names no culprit of its own is charged to it, source "running")
         self.running_named: dict[str, dict] = {}
+        self.running_due: set[str] = set()  # open steps that got parts since their last arrival check
+        self.running_at: dict[str, int] = {}  # open step -> clock() ns of its last arrival check
         # job -> host -> pid -> (state, clock() when received, at_rt): registered processes their agent found
         # frozen, stopped or exited (RANK_STATE; derived, in memory: a restarted worker falls back to silence)
         self.rank_state: dict[str, dict[str, dict[int, tuple[str, int]]]] = {}
@@ -589,7 +605,39 @@ class Fold:
                 self.parts, self.steps, self.members, self.jobs, self.closed = real
                 for c in caches:
                     c.flush()
+        if self.running_due:
+            out.extend(("running", s["job"], s) for _sk, s in self.running_arrived())
         return out
+
+    def running_arrived(self) -> list[tuple[str, dict]]:
+        """The running check (:meth:`running`) of the open steps that got parts since their last such
+        check (``running_due``) and have run at least ``running_min_ns``, at most once per step per
+        ``RUNNING_ARRIVAL_EVERY_NS`` (a step checked more recently stays due), while every input partition
+        was read to its end within ``RUNNING_READ_WITHIN_NS`` (as the worker's timer). Returns what
+        :meth:`running` returns for them; :meth:`apply_round` emits each as ``("running", job, summary)``
+        (docs/ANALYSIS.md "Inside a running step")."""
+        now = self.clock()
+        if not self.input_read_since(now - RUNNING_READ_WITHIN_NS):
+            self.running_due.clear()
+            return []
+        only = set()
+        for sk in list(self.running_due):
+            st = self.steps.get(sk)
+            if st is None:
+                self.running_due.discard(sk)
+            elif now - st["opened_ns"] >= self.th.running_min_ns:
+                if now - self.running_at.get(sk, -RUNNING_ARRIVAL_EVERY_NS) >= RUNNING_ARRIVAL_EVERY_NS:
+                    only.add(sk)
+            else:
+                self.running_due.discard(sk)  # young: the timer checks it once it has run long enough
+        if not only:
+            return []
+        self.running_due -= only
+        for sk in only:
+            if len(self.running_at) >= RUNNING_NAMED_MAX and sk not in self.running_at:
+                self.running_at.pop(next(iter(self.running_at)))  # bounded: oldest step first
+            self.running_at[sk] = now
+        return self.running(only=only)
 
     def open_steps(self) -> Iterator[tuple[str, dict]]:
         """``(job|step, step record)`` of every open step held by this process (all its partitions)."""
@@ -943,6 +991,7 @@ class Fold:
                         self._late(v, p, sk, done)
                     continue
                 if st is not None and key is None:  # the open step's lookups, once per run of its parts
+                    self.running_due.add(sk)
                     js = self._job(f"{job}@{p}")
                     ranks = self.host_ranks.get(job, {})
                     buckets = {}
@@ -1113,6 +1162,8 @@ class Fold:
         summary["culprit"], key = analysis.charge_persistent(summary, recent_c)  # a persistent fault's victims
         recent_c.append(key)
         named = self.running_named.pop(sk, None)
+        self.running_at.pop(sk, None)
+        self.running_due.discard(sk)
         if named is not None and analysis.running_applies(summary, named):
             # the step ran with every busy connection of one host slow or lossy (its running record named
             # it), and closed with nothing to compare (a slowed link slows every rank alike), or with that
@@ -1297,10 +1348,11 @@ class Fold:
             del self.hang_hosts[sk]
         return out
 
-    def running(self, partitions: set[int] | None = None) -> list[tuple[str, dict]]:
-        """Check the open steps (of ``partitions``; all when None) that are their job's latest and not
-        hung for network evidence while they run (``analysis.running_check``, docs/ANALYSIS.md "Inside a
-        running step"). Returns ``(step key, interim summary)`` per step with evidence: ``closed_by =
+    def running(self, partitions: set[int] | None = None, only: set[str] | None = None) -> list[tuple[str, dict]]:
+        """Check the open steps (of ``partitions``; all when None) that are their job's latest or at most
+        ``RUNNING_BEHIND_STEPS`` (1) before it, and not hung, for network evidence while they run
+        (``analysis.running_check``, docs/ANALYSIS.md "Inside a running step"); ``only``: those of these
+        step keys alone (:meth:`running_arrived`). Returns ``(step key, interim summary)`` per step with evidence: ``closed_by =
         "running"``, ``evidence.hosts`` = the named hosts' network evidence only, ``blame`` = one network
         entry per named host (``straggler_ns`` its RTT, ``peer_median_ns`` the other hosts' median,
         ``count`` its retransmits), ``step_time_max_ns`` = how long the step has run so far (ns, the check's
@@ -1308,14 +1360,19 @@ class Fold:
         Reads only (no table write)."""
         now = self.clock()
         out = []
-        for sk, st in self.open_steps():
+        steps: Iterable[tuple[str, dict | None]] = (
+            self.open_steps() if only is None else [(sk, self.steps.get(sk)) for sk in sorted(only)]
+        )
+        for sk, st in steps:
+            if st is None:
+                continue
             p = st["p"]
             if (partitions is not None and p not in partitions) or sk in self.hung:
                 continue
             job = st["job"]
             js = self._job(f"{job}@{p}")
             later = max(self.top_step.get(job, -1), max((h[0] for h in js["history"]), default=-1))
-            if later > st["step"] or st["step"] <= self.quiet_until.get(job, -1):
+            if later - st["step"] > RUNNING_BEHIND_STEPS or st["step"] <= self.quiet_until.get(job, -1):
                 continue
             expected, accs = self._open_accs(sk, st, js)
             found = analysis.running_check(

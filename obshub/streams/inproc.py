@@ -10,6 +10,7 @@ changelog, late data). What it leaves out: the transport (consumer, producer, co
         pipe.feed(value)
     pipe.feed_round(values)                  # several at once, as one round of the worker's agents
     pipe.summaries                           # [summary dict], in close order
+    pipe.running                             # [running record], as the fold emitted them on new parts
     pipe.changelog_bytes                     # bytes of every table write so far (keys + values)
 """
 
@@ -81,6 +82,7 @@ class InProcess:
         self.fold = Fold(self.tables, window_ns=window_ns, th=th, **kw)
         self.ingest = Ingest(self.tables["agents"])
         self.summaries: list[dict] = []
+        self.running: list[dict] = []  # running records the fold emitted on new parts (Fold.running_arrived)
         self.offset = 0
         self.internal = 0  # messages on the internal topic
 
@@ -109,6 +111,8 @@ class InProcess:
         for what, _job, v in self.fold.apply_round(values, p):
             if what == "summary":
                 self.summaries.append(v)
+            elif what == "running":
+                self.running.append(v)
             else:
                 for q in range(self.partitions):
                     self._apply(v, q)

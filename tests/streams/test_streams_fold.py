@@ -364,6 +364,149 @@ def test_a_slow_link_is_named_while_its_step_still_runs_from_tcp_events_without_
     assert pipe.fold.running_named == {}  # dropped at the close
 
 
+def _ring_rtt(now, i, slow, stepped=()):
+    """Host ``i``'s RTT samples on its two ring connections (5 each, 20 ms apart from ``now[0]``): 30 ms on
+    a connection that touches host ``slow``, 2 ms elsewhere; ``stepped``: events to send with them."""
+    ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    evs = list(stepped)
+    for a, b in [(0, 1), (1, 2), (2, 3), (3, 0)]:
+        if i not in (a, b):
+            continue
+        peer = b if i == a else a
+        for k in range(5):
+            evs.append(
+                schema.Event(
+                    schema.Kind.TCP_RTT,
+                    now[0] + k * 20_000_000,
+                    duration_ns=30_000_000 if slow in (a, b) else 2_000_000,
+                    payload={"saddr": ip[i], "daddr": ip[peer], "sport": 1, "dport": 2},
+                )
+            )
+    return evs
+
+
+def test_a_step_left_open_by_one_host_while_the_others_run_the_next_is_named_while_it_runs():
+    """A 1 s blackout of host c that starts as step 12's last all-reduce segments reach it: a, b and d
+    have all they need, end step 12 and block in step 13's all-reduce; c waits in step 12 for segments
+    that TCP retransmits after the blackout (live, 1,000 ms blackouts of node-03, early18: 3 of 10 stalled
+    steps had no running record and were named only at their close, 1.78-1.96 s). c's age-sealed batch
+    holds only its connections' TCP events (charged to step 12, the step it left running). Step 12 is no
+    longer its job's latest (a part of step 13 arrived), and step 13 has nothing of c: on 91d0221 neither
+    step got a running record. Now step 12, one step behind the latest and not done by c, is checked."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    t_end = now[0] + 100_000_000
+    for i in (0, 1, 3):
+        end = schema.Event(schema.Kind.STEP_END, t_end, step=12, pid=100 + i, duration_ns=100_000_000)
+        begin = schema.Event(schema.Kind.STEP_BEGIN, t_end + 1_000_000, step=13, pid=100 + i, value=13)
+        batch(i, _ring_rtt(now, i, 2, [end, begin]))
+    batch(2, _ring_rtt(now, 2, 2))  # c: TCP events only (its rank blocks in step 12's all-reduce)
+    now[0] += 400_000_000
+    assert pipe.fold.running() == []  # 0.4 s: within max(0.5 s, 3 x 100 ms)
+    now[0] += 200_000_000
+    ((sk, s),) = pipe.fold.running()
+    assert sk == "j|12" and s["closed_by"] == "running" and s["step"] == 12
+    assert list(s["evidence"]["hosts"]) == ["c"] and s["evidence"]["hosts"]["c"]["network"] == 7.0
+    assert (s["culprit"]["host"], s["culprit"]["layer"]) == ("c", "network")
+    assert (s["step_time_max_ns"], s["stall_ratio"]) == (600_000_000, 6.0)
+    assert pipe.fold.running_named["j|12"]["host"] == "c"
+    # c's step ends: step 12 closes charged to c's link, and nothing is checked behind it any more
+    end = schema.Event(schema.Kind.STEP_END, now[0] + 900_000_000, step=12, pid=102, duration_ns=1_000_000_000)
+    batch(2, [end, schema.Event(schema.Kind.STEP_BEGIN, now[0] + 901_000_000, step=13, pid=102, value=13)])
+    closed = pipe.summaries[12] if isinstance(pipe.summaries[12], dict) else pipe.summaries[12][1]
+    assert closed["step"] == 12 and closed["closed_by"] == "complete"
+    assert (closed["culprit"]["host"], closed["culprit"]["layer"]) == ("c", "network")
+    assert pipe.fold.running_named == {} and pipe.fold.running() == []
+
+
+@pytest.mark.parametrize("behind", [2, 3])
+def test_a_step_two_or_more_behind_its_jobs_latest_gets_no_running_record(behind):
+    """Only the job's latest step and the one just before it are checked while they run: a step further
+    behind (a host whose data lags, or the job ran on) is judged at its close, so a lagging host cannot
+    make every open step of its job send records."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    t_end = now[0] + 100_000_000
+    for i in (0, 1, 3):
+        evs = [schema.Event(schema.Kind.STEP_END, t_end, step=12, pid=100 + i, duration_ns=100_000_000)]
+        for k in range(1, behind + 1):
+            evs.append(
+                schema.Event(schema.Kind.STEP_BEGIN, t_end + k * 1_000_000, step=12 + k, pid=100 + i, value=12 + k)
+            )
+            if k < behind:
+                evs.append(
+                    schema.Event(
+                        schema.Kind.STEP_END,
+                        t_end + k * 1_000_000 + 500_000,
+                        step=12 + k,
+                        pid=100 + i,
+                        duration_ns=500_000,
+                    )
+                )
+        batch(i, _ring_rtt(now, i, 2, evs))
+    batch(2, _ring_rtt(now, 2, 2))
+    now[0] += 600_000_000
+    assert [sk for sk, _s in pipe.fold.running()] == []
+
+
+def test_a_long_step_is_checked_when_its_blocked_hosts_batches_arrive_not_only_on_the_timer():
+    """Step 12 runs long (every rank blocks in the all-reduce while host b's link is down): the worker's
+    0.5 s timer found nothing at 0.6 s (no TCP event of the step had arrived: the agents seal a blocked
+    rank's batch by age, at most 1 s). The hosts' age-sealed batches then arrive between two ticks, b's last;
+    the fold checks the step on those new parts and emits the running record at once (``("running", job,
+    summary)``, ``InProcess.running``). On 91d0221 only the timer checked: a step that closed before the
+    next tick had no running record (live 1 s blackouts of node-03, early18: 3 of 10, named at the close)."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    now[0] += 600_000_000
+    assert pipe.fold.running() == []  # the timer: 0.6 s, nothing to name yet
+    for i in (0, 2, 3):
+        now[0] += 20_000_000
+        batch(i, _ring_rtt(now, i, 1))
+    assert pipe.fold.running_named == {}  # b's own connections are not in yet: nobody named
+    now[0] += 110_000_000
+    batch(1, _ring_rtt(now, 1, 1))  # b's batch, 0.77 s into the step, before the next tick
+    assert pipe.fold.running_named["j|12"]["host"] == "b"
+    (s,) = pipe.running
+    assert (s["step"], s["closed_by"], s["culprit"]["host"], s["culprit"]["layer"]) == (12, "running", "b", "network")
+    assert list(s["evidence"]["hosts"]) == ["b"] and s["step_time_max_ns"] == 770_000_000
+    # more parts within RUNNING_ARRIVAL_EVERY_NS (100 ms) of that check wait: no second record yet
+    now[0] += 50_000_000
+    batch(0, _ring_rtt(now, 0, 1))
+    assert len(pipe.running) == 1
+    now[0] += 60_000_000  # past it: the step, still due, is checked on the next round
+    batch(2, _ring_rtt(now, 2, 1))
+    assert [x["step"] for x in pipe.running] == [12, 12] and pipe.running[1]["step_time_max_ns"] == 880_000_000
+    # the step closes: nothing is due or remembered for it any more
+    end = now[0] + 100_000_000
+    for i in range(4):
+        batch(i, [schema.Event(schema.Kind.STEP_END, end, step=12, pid=100 + i, duration_ns=1_000_000_000)])
+    assert "j|12" not in pipe.fold.running_at and "j|12" not in pipe.fold.running_due
+    assert len(pipe.running) == 2
+
+
+def test_parts_of_a_young_step_or_of_a_worker_behind_on_its_input_emit_no_running_record():
+    """Parts of a step younger than ``running_min_ns`` (0.5 s) are not checked on arrival (the timer checks
+    it once it is old enough), and none is checked while an input partition was not read to its end in the
+    last 3 s (a backlog makes steps look long), as the timer's records."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    now[0] += 300_000_000
+    for i in range(4):
+        batch(i, _ring_rtt(now, i, 1))
+    assert pipe.running == [] and pipe.fold.running_due == set()
+    pipe.fold.input_partitions = 1
+    pipe.fold.read_ns[0] = now[0]
+    now[0] += 3_500_000_000
+    for i in range(4):
+        batch(i, _ring_rtt(now, i, 1))
+    assert pipe.running == [] and pipe.fold.running_due == set()
+    pipe.fold.read_ns[0] = now[0]
+    now[0] += 10_000_000
+    batch(1, _ring_rtt(now, 1, 1))
+    assert [(s["step"], s["culprit"]["host"]) for s in pipe.running] == [(12, "b")]
+
+
 def test_the_steps_after_a_hang_carry_no_sequential_evidence():
     """A rank frozen in step 12 then thawed: the hung step and the next ``hang_quiet_steps`` steps close
     with no evidence (the ranks resynchronise), and a hung step is never judged as running."""
