@@ -247,7 +247,7 @@ KIND_INFO: dict[Kind, KindInfo] = {
         Layer.PYTORCH,
         "0",
         "state of the registered process: 0 running, 1 frozen (cgroup freezer), 2 stopped (SIGSTOP, ptrace), 3 exited",
-        {"state": str},
+        {"state": str, "signal": int, "exit_code": int},
     ),
     Kind.COLLECTIVE_BEGIN: KindInfo(
         Layer.PYTORCH, "0", "bytes", {"pg": str, "coll_seq": int, "op": str}, record="collective"

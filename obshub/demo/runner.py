@@ -546,6 +546,31 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 )
                 ranks.append(Rank(h, proc, view, rank, per))
         view.say(f"training: {world} ranks of ddp_train (gloo, {per} per host) over 10.77.0.0/24, job {job}")
+        stopped_parts: list[bool] = []
+
+        def stop_parts() -> None:
+            """Stop the parts in order, once: the rule engine first (the ranks are stopped one by one
+            otherwise, and a rank gone while its peers wait in a collective is what the hang check names,
+            an exit, so it would page the sinks), then the ranks together, then the agents (a SIGTERM
+            flushes what each holds, its ranks' exit reports included), then the worker once it has read
+            and committed its input (at most 15 s), then the rest at once (each alone waited up to its
+            grace in turn). A worker stopped before it read the exits left them to the next demo's worker
+            (its group is shared), which found the job's last step open in its changelog and paged
+            rank_hang for the ended job (newuser18). Also on Ctrl-C (an exit stack callback): the stack
+            stopped the ranks one by one, last started first, with the engine still running, and
+            rank_hang fired for node-03 to every sink (cancel19)."""
+            if stopped_parts:
+                return
+            stopped_parts.append(True)
+            for proc, name, _log in watched:
+                if name == "rules":
+                    Cluster.stop(proc)
+            _stop_together([r.proc for r in ranks])
+            _stop_together([proc for proc, name, _log in watched if name.startswith("agent ")])
+            _wait_drained(settings, parts.STREAMS_APP_ID, 15.0)
+            _stop_together([proc for proc, _name, _log in watched])
+
+        es.callback(stop_parts)
 
         killed = False  # an exit fault killed a rank: the others may fail with it
 
@@ -616,21 +641,8 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         time.sleep(opts.settle_s)
         end_ns = time.time_ns()  # alerts after this are listed in the report, not judged
         view.say("stopping every part and removing the cluster")
-        # The rule engine stops first: the ranks are stopped one by one, and a rank gone while its peers
-        # wait in a collective is what the hang check names (an exit), so it would page the sinks.
         engine_stop_ns = time.time_ns()  # the engine resolves what still fires as it stops (--resolve-on-exit)
-        for proc, name, _log in watched:
-            if name == "rules":
-                Cluster.stop(proc)
-        # then the ranks, then the agents (a SIGTERM flushes what each holds, its ranks' exit reports
-        # included), then the worker once it has read and committed its input (at most 15 s), then the
-        # rest at once (each alone waited up to its grace in turn). A worker stopped before it read the
-        # exits left them to the next demo's worker (its group is shared), which found the job's last
-        # step open in its changelog and paged rank_hang for the ended job (newuser18).
-        _stop_together([r.proc for r in ranks])
-        _stop_together([proc for proc, name, _log in watched if name.startswith("agent ")])
-        _wait_drained(settings, parts.STREAMS_APP_ID, 15.0)
-        _stop_together([proc for proc, _name, _log in watched])
+        stop_parts()  # the rule engine first, then the ranks together (see stop_parts)
     bounds = [ep["t0_ns"] or end_ns for ep in done[1:]] + [end_ns]
     for ep, until in zip(done, bounds):
         mine = [a for a in reader.alerts if a.received_ns < until]

@@ -63,6 +63,28 @@ def cgroup_mounts(mountinfo: str | None = None) -> tuple[str | None, str | None]
     return v2, v1
 
 
+def wait_status(stat: str | None) -> int | None:
+    """The exit status of a zombie from the text of its ``/proc/<pid>/stat`` (field 52, ``exit_code``:
+    the ``waitpid(2)`` form, a signal in its low 7 bits, an exit code in bits 8-15), or None: no text,
+    not a zombie (state ``Z``), or a kernel without the field."""
+    fields = (stat or "").rpartition(")")[2].split()
+    if len(fields) < 50 or fields[0] != "Z":
+        return None
+    try:
+        return int(fields[49])
+    except ValueError:
+        return None
+
+
+def exit_payload(status: int | None) -> dict:
+    """The payload keys an *exited* RANK_STATE adds for wait status ``status``: ``{"signal": n}`` when a
+    signal ended the process, ``{"exit_code": n}`` when it exited, ``{}`` when unknown."""
+    if status is None:
+        return {}
+    sig = status & 0x7F
+    return {"signal": sig} if sig else {"exit_code": (status >> 8) & 0xFF}
+
+
 class ExitWatch:
     """Notes when watched processes end: one pidfd per pid, polled by a daemon thread (woken through a
     pipe when a pid is added). :meth:`exited` returns the CLOCK_MONOTONIC ns of a pid's end, or None.
@@ -73,6 +95,7 @@ class ExitWatch:
         self._fds: dict[int, int] = {}  # fd -> pid
         self._pids: dict[int, int] = {}  # pid -> fd
         self._ended: dict[int, int] = {}  # pid -> monotonic ns it ended
+        self._status: dict[int, int] = {}  # pid -> its wait status (waitpid(2) form), when it could be read
         self.available = hasattr(os, "pidfd_open")
         self._thread: threading.Thread | None = None
         self._poller = select.poll()
@@ -107,10 +130,17 @@ class ExitWatch:
         with self._lock:
             return self._ended.get(pid)
 
+    def status(self, pid: int) -> int | None:
+        """The wait status (the ``waitpid(2)`` form) ``pid`` ended with, or None: not ended, or reaped by
+        its parent before it could be read (see :func:`wait_status`)."""
+        with self._lock:
+            return self._status.get(pid)
+
     def forget(self, pid: int) -> None:
         """Stop watching ``pid`` and drop what is known of it."""
         with self._lock:
             self._ended.pop(pid, None)
+            self._status.pop(pid, None)
             fd = self._pids.pop(pid, None)
             if fd is not None:
                 self._fds.pop(fd, None)
@@ -133,6 +163,11 @@ class ExitWatch:
                         continue
                     self._pids.pop(pid, None)
                     self._ended[pid] = now
+                    # a pidfd is readable once the process is a zombie: its exit status is still in its
+                    # stat until the parent reaps it (torchrun polls its workers every 0.1-5 s)
+                    status = wait_status(_read(f"/proc/{pid}/stat"))
+                    if status is not None:
+                        self._status[pid] = status
                     self._poller.unregister(fd)
                     os.close(fd)
 
@@ -158,6 +193,7 @@ class RankWatch:
         self._paths: dict[int, list[str]] = {}  # pid -> the paths of _fds read for it
         self._round: dict[str, str | None] | None = None  # cgroup file -> its text, within one poll
         self.exits = ExitWatch()
+        self._zombie: dict[int, int] = {}  # pid -> wait status read from its stat as a zombie (no pidfd)
 
     def _pread(self, pid: int, path: str) -> str | None:
         """The text of ``path`` now (None when it does not exist or cannot be read). The file is opened
@@ -226,6 +262,9 @@ class RankWatch:
             return EXITED
         letter = (stat.rpartition(")")[2].split() or ["?"])[0]
         if letter in ("Z", "X"):
+            status = wait_status(stat)
+            if status is not None:
+                self._zombie[pid] = status
             return EXITED
         if letter in ("T", "t"):
             return STOPPED
@@ -246,7 +285,9 @@ class RankWatch:
     def poll(self, pids, now_ns: int | None = None) -> list[Event]:
         """Read the state of every pid in ``pids`` (an iterable of ints) when ``interval_ns`` has passed
         since the previous read; returns a ``RANK_STATE`` Event (``ts_ns`` CLOCK_MONOTONIC ns, ``pid``,
-        ``value`` = state code, payload ``{"state": name}``) per pid whose state changed ([] otherwise).
+        ``value`` = state code, payload ``{"state": name}``, for an exit also ``signal`` (the signal that
+        ended it) or ``exit_code`` when its status could be read, :func:`exit_payload`) per pid whose state
+        changed ([] otherwise).
         Pids no longer listed are forgotten."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         if self._last_ns and now - self._last_ns < self.interval_ns:
@@ -263,10 +304,15 @@ class RankWatch:
             self._state[pid] = s
             if s != prev:
                 ts = (self.exits.exited(pid) or now) if s == EXITED else now
-                out.append(Event(Kind.RANK_STATE, ts, pid=pid, tid=pid, value=s, payload={"state": STATE_NAMES[s]}))
+                payload: dict = {"state": STATE_NAMES[s]}
+                if s == EXITED:
+                    st = self.exits.status(pid)
+                    payload.update(exit_payload(st if st is not None else self._zombie.get(pid)))
+                out.append(Event(Kind.RANK_STATE, ts, pid=pid, tid=pid, value=s, payload=payload))
         self._round = None
         for pid in set(self._state) - live:
             del self._state[pid]
+            self._zombie.pop(pid, None)
             self._cg.pop(pid, None)
             self._close(pid)
             self.exits.forget(pid)

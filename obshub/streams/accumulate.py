@@ -900,9 +900,16 @@ def registrations(batch: Batch) -> list[dict]:
     return regs
 
 
+def _int_or_zero(v) -> int:
+    """``v`` as an int, 0 for None or anything that is not an int (a bad payload value names nothing)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 128 else 0
+
+
 def rank_states(batch: Batch) -> list[dict]:
-    """The RANK_STATE events of a batch as ``{"job", "host", "pid", "state", "at_rt"}`` (``state``: running,
-    frozen, stopped or exited; ``at_rt``: CLOCK_REALTIME ns of the agent's read)."""
+    """The RANK_STATE events of a batch as ``{"job", "host", "pid", "state", "at_rt", "signal"}``
+    (``state``: running, frozen, stopped or exited; ``at_rt``: CLOCK_REALTIME ns of the agent's read, of
+    the exit for an exit; ``signal``: the signal number that ended an exited process, 0 when none or not
+    known)."""
     out = []
     for e in batch.events:
         if e.kind == _RANK_STATE:
@@ -916,6 +923,8 @@ def rank_states(batch: Batch) -> list[dict]:
                     "pid": e.pid,
                     "state": state,
                     "at_rt": e.ts_ns + batch.clock.offset_ns,
+                    # the signal that ended an exited process (0: none or unknown; rankstate.exit_payload)
+                    "signal": _int_or_zero((e.payload or {}).get("signal")),
                 }
             )
     return out

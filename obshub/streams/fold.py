@@ -145,6 +145,41 @@ def _all_exited(
     return True
 
 
+#: the signals a job is stopped with on purpose (scancel and kubectl delete: SIGTERM; Ctrl-C: SIGINT; a
+#: closed terminal: SIGHUP); SIGKILL is not one of them (an OOM kill, a killed rank, a scheduler's last resort)
+STOP_SIGNALS = (1, 2, 15)
+
+
+def _stop_exits(hosts: set[str], states: dict[str, dict[int, tuple]]) -> list[int]:
+    """The ``received_ns`` (worker clock) of each process of ``hosts`` reported exited by a stop signal
+    (``states``: ``host -> pid -> (state, received_ns, at_rt, signal)``)."""
+    return [
+        v[1]
+        for h in hosts
+        for v in (states.get(h) or {}).values()
+        if v[0] == "exited" and len(v) > 3 and v[3] in STOP_SIGNALS
+    ]
+
+
+def _cancelled(
+    hosts: set[str], pids: dict[str, dict[int, tuple[int, int]]], states: dict[str, dict[int, tuple]]
+) -> bool:
+    """Was every registered rank of every one of ``hosts`` ended by a stop signal (:data:`STOP_SIGNALS`)?
+    A job cancelled by its scheduler or by Ctrl-C, not a hang. False for no hosts, or a host with no
+    registered rank (``pids``: ``host -> pid -> (rank, local rank)``; ``states`` as :func:`_stop_exits`)."""
+    if not hosts:
+        return False
+    for h in hosts:
+        known, st = pids.get(h), states.get(h) or {}
+        if not known:
+            return False
+        for pid in known:
+            v = st.get(pid)
+            if v is None or v[0] != "exited" or len(v) < 4 or v[3] not in STOP_SIGNALS:
+                return False
+    return True
+
+
 def _exited_before(
     hosts: set[str], pids: dict[str, dict[int, tuple[int, int]]], states: dict[str, dict[int, tuple]], ns: int
 ) -> bool:
@@ -778,14 +813,17 @@ class Fold:
         return sorted(out)
 
     def state(self, v: dict) -> None:
-        """A RANK_STATE message ``{job, host, pid, state, at_rt}``: remember a stopped process, forget one
-        that runs again."""
+        """A RANK_STATE message ``{job, host, pid, state, at_rt, signal}``: remember a stopped process as
+        ``(state, clock() ns received, at_rt, signal)`` (``signal``: what ended an exited one, 0 when none
+        or unknown), forget one that runs again."""
         self.active_ns[v["job"]] = self.clock()
         pids = self.rank_state.setdefault(v["job"], {}).setdefault(v["host"], {})
         if v["state"] == "running":
             pids.pop(int(v["pid"]), None)
         else:
-            pids[int(v["pid"])] = (str(v["state"]), self.clock(), int(v.get("at_rt") or 0))
+            sig = v.get("signal")
+            sig = sig if isinstance(sig, int) and not isinstance(sig, bool) else 0
+            pids[int(v["pid"])] = (str(v["state"]), self.clock(), int(v.get("at_rt") or 0), sig)
         if not pids:
             self.rank_state[v["job"]].pop(v["host"], None)
 
@@ -1321,6 +1359,15 @@ class Fold:
             if found is not None and all(e["state"] == "exited" for e in found["hosts"]):
                 who = {e["host"] for e in found["hosts"]} | set(found["waiting"])
                 if _exited_before(who, registered, states, self.started_ns):
+                    found = None
+            # a job cancelled (scancel, kubectl delete: SIGTERM to every rank; Ctrl-C: SIGINT) is no hang: its
+            # ranks end within a second of each other, the ones inside a collective last. A hang on exits
+            # with a rank ended by a stop signal waits hang_cancel_wait_ns from that exit; every rank of the
+            # step's hosts then ended by a stop signal names nothing. A rank killed otherwise (SIGKILL, a
+            # crash) or peers still running then: named as before.
+            if found is not None and all(e["state"] == "exited" for e in found["hosts"]):
+                stops = _stop_exits(hosts, states)
+                if stops and (now - min(stops) < self.th.hang_cancel_wait_ns or _cancelled(hosts, registered, states)):
                     found = None
             if found is None:
                 self.hung.pop(sk, None)

@@ -63,9 +63,42 @@ def test_an_exit_carries_when_the_process_ended_not_when_it_was_read():
     child.wait()
     time.sleep(0.3)
     (ev,) = watch.poll([child.pid])
-    assert ev.value == EXITED and ev.payload == {"state": "exited"}
+    # the signal is there when the watch read the zombie before this test reaped it (a race here)
+    assert ev.value == EXITED and ev.payload in ({"state": "exited"}, {"state": "exited", "signal": 9})
     assert abs(ev.ts_ns - killed) < 100_000_000, (ev.ts_ns - killed) / 1e6
     assert watch.poll([]) == [] and watch.exits.exited(child.pid) is None  # forgotten
+
+
+@pytest.mark.parametrize(
+    ("how", "want"),
+    [
+        (signal.SIGINT, {"signal": 2}),
+        (signal.SIGTERM, {"signal": 15}),
+        (signal.SIGKILL, {"signal": 9}),
+        (None, {"exit_code": 3}),
+    ],
+    ids=["sigint", "sigterm", "sigkill", "exit3"],
+)
+def test_an_exit_carries_the_signal_or_exit_code_that_ended_the_process(how, want):
+    """A cancelled job's ranks end by SIGINT or SIGTERM, a killed one by SIGKILL: the exit says which,
+    read from the zombie's stat before its parent reaps it (torchrun polls its workers; here the test
+    reaps only after the read)."""
+    code = "import time; time.sleep(60)" if how is not None else "import sys, time; time.sleep(0.3); sys.exit(3)"
+    child = subprocess.Popen(["python3", "-c", code])
+    watch = RankWatch(interval_ns=0)
+    try:
+        assert watch.poll([child.pid]) == []
+        if how is not None:
+            time.sleep(0.2)
+            os.kill(child.pid, how)
+        assert _wait_for(watch, child.pid, EXITED) == EXITED
+        (ev,) = watch.poll([child.pid])
+        assert ev.value == EXITED and ev.payload == {"state": "exited", **want}
+        validate_event(ev)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
 
 
 def test_the_interval_bounds_how_often_it_reads():

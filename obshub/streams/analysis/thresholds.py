@@ -49,6 +49,10 @@ class Thresholds:
     - ``hang_exit_settle_ns``: a hang with exited ranks is judged only this long after the earliest exit
       known, so that every agent's report of an earlier exit has arrived; of several exits only those
       within ``hang_exit_gap_ns`` of the earliest are named.
+    - ``hang_cancel_wait_ns``: a hang with a rank ended by a stop signal (SIGHUP, SIGINT, SIGTERM: a job
+      cancelled by its scheduler, Ctrl-C) is judged only this long after that exit was received; when every
+      registered rank of the step's hosts was then ended by a stop signal, the job was cancelled and
+      nothing is named.
     - ``hang_quiet_steps``: a step that hung and this many of the job's steps after it carry no
       sequential evidence (the ranks resynchronise after the thaw: lateness that is no layer's fault).
     - ``running_min_ns`` / ``running_factor``: a step still open (no summary yet) is checked for network
@@ -103,6 +107,7 @@ class Thresholds:
     hang_state_wait_ns: int = 500_000_000
     hang_exit_gap_ns: int = 20_000_000
     hang_exit_settle_ns: int = 750_000_000
+    hang_cancel_wait_ns: int = 2_000_000_000
     hang_quiet_steps: int = 3
     running_min_ns: int = 500_000_000
     running_factor: float = 3.0
