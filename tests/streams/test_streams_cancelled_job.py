@@ -24,8 +24,8 @@ from obshub.core import schema
 from obshub.core.schema import Batch, Event, Kind
 from obshub.streams import synthetic
 from obshub.streams.analysis import Thresholds
-from tests.streams.test_streams_ended_job import _feed, _killed_in_step_6
-from tests.streams.test_streams_lifecycle import _end, _life, _rt
+from tests.streams.test_streams_ended_job import _cut_in_step_6, _feed, _killed_in_step_6
+from tests.streams.test_streams_lifecycle import _end
 
 S = 1_000_000_000
 
@@ -41,16 +41,7 @@ def _exit(job: str, i: int, pid: int, at_ns: int, **why) -> Batch:
 def _waiting(job: str, t0: int) -> list[Batch]:
     """Steps 0-5 and step 6; node2's rank stops before its first collective of step 6, the others reach
     that collective and wait in it."""
-    out = []
-    for b in _life(job, 4, 7, 0, 1000, t0):
-        step = max((e.step for e in b.events), default=-1)
-        if step < 6:
-            out.append(b)
-        elif b.events[0].kind == Kind.STEP_BEGIN:
-            k = next(k for k, e in enumerate(b.events) if e.kind == Kind.COLLECTIVE_BEGIN)
-            keep = b.events[: k if b.host == "node2" else k + 1]
-            out.append(dataclasses.replace(b, events=keep, sent_ns=_rt(b, keep[-1])))
-    return out
+    return _cut_in_step_6(job, t0, waiting=frozenset({"node0", "node1", "node3"}))
 
 
 def _run(job: str, first: dict, others: dict | None, until_s: float = 6) -> list[dict]:

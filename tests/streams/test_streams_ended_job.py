@@ -25,10 +25,9 @@ from tests.streams.test_streams_lifecycle import TICK, _end, _exit, _life, _rt
 S = 1_000_000_000
 
 
-def _killed_in_step_6(job: str, t0: int) -> tuple[list[Batch], list[Batch]]:
-    """Steps 0-5 of 4 ranks (pids 1000-1003), then step 6 up to its first collective (each rank ended
-    its forward); node2's rank exits 200 ms after the last batch, the others 100 ms after it. Returns
-    (the batches up to the stop, the four exits)."""
+def _cut_in_step_6(job: str, t0: int, waiting: frozenset[str] = frozenset()) -> list[Batch]:
+    """The batches of steps 0-5 of 4 ranks (pids 1000-1003) and of step 6 up to its first collective: each
+    rank ended its forward; the ranks of hosts in ``waiting`` also entered that collective (they wait in it)."""
     out = []
     for b in _life(job, 4, 7, 0, 1000, t0):
         step = max((e.step for e in b.events), default=-1)
@@ -36,8 +35,16 @@ def _killed_in_step_6(job: str, t0: int) -> tuple[list[Batch], list[Batch]]:
             out.append(b)
         elif b.events[0].kind == Kind.STEP_BEGIN:
             k = next(k for k, e in enumerate(b.events) if e.kind == Kind.COLLECTIVE_BEGIN)
-            keep = b.events[:k]
+            keep = b.events[: k + 1 if b.host in waiting else k]
             out.append(dataclasses.replace(b, events=keep, sent_ns=_rt(b, keep[-1])))
+    return out
+
+
+def _killed_in_step_6(job: str, t0: int) -> tuple[list[Batch], list[Batch]]:
+    """Steps 0-5 of 4 ranks (pids 1000-1003), then step 6 up to its first collective (each rank ended
+    its forward); node2's rank exits 200 ms after the last batch, the others 100 ms after it. Returns
+    (the batches up to the stop, the four exits)."""
+    out = _cut_in_step_6(job, t0)
     killed = _end(out) + S // 5
     exits = [_exit(job, 2, 1002, killed)] + [_exit(job, i, 1000 + i, killed + S // 10) for i in (0, 1, 3)]
     seq: dict[str, int] = defaultdict(int)  # each agent numbers its batches in send order
