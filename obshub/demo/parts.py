@@ -276,10 +276,12 @@ def group_stable(settings, group: str) -> bool:
     return getattr(desc.state, "name", str(desc.state)).upper() == "STABLE" and bool(desc.members)
 
 
-def group_lag(settings, group: str) -> int | None:
+def group_lag(settings, group: str, marks: dict[tuple[str, int], int] | None = None) -> int | None:
     """The messages consumer group ``group`` has not committed yet: per partition it committed, the high
-    watermark minus the committed offset, summed (0 for a group that committed nothing). None when the
-    broker does not answer."""
+    watermark minus the committed offset, summed (0 for a group that committed nothing). With ``marks``
+    ({(topic, partition): offset}, from :func:`group_marks`), the lag is counted up to those fixed offsets
+    instead of the moving high watermarks (a partition not in ``marks`` counts 0). None when the broker
+    does not answer."""
     from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient
 
@@ -294,9 +296,44 @@ def group_lag(settings, group: str) -> int | None:
         lag = 0
         for tp in tps:
             if tp.offset >= 0:
-                hi = c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2, cached=False)[1]
+                if marks is not None:
+                    hi = marks.get((tp.topic, tp.partition), 0)
+                else:
+                    hi = c.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=2, cached=False)[1]
                 lag += max(0, hi - tp.offset)
         return lag
+    except KafkaException:  # the broker did not answer, or no such group
+        return None
+    finally:
+        c.close()
+
+
+def group_marks(settings, group: str) -> dict[tuple[str, int], int] | None:
+    """The high watermarks now of every partition consumer group ``group`` committed: {(topic, partition):
+    offset}, for :func:`group_lag`'s ``marks``. None when the broker does not answer.
+
+    A fixed mark is what "the group read what was there" needs: the demo's stream worker writes to a
+    topic it reads itself (``<app id>-steps``: its ``progress`` timer broadcasts a ``read`` record to every
+    partition twice a second, obshub/streams/app.py), so the lag against the moving high watermarks is
+    rarely 0 at the moment it is read (a clean demo waited out its whole 15 s, speed19)."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from obshub.core import kafka
+
+    conn = kafka.connection(settings)
+    admin = AdminClient(kafka.admin_config(conn, {"log_level": 0}))
+    c = Consumer(kafka.consumer_config(conn, "obshub-demo-lag", {"enable.auto.commit": False}, quiet=True))
+    try:
+        req = [ConsumerGroupTopicPartitions(group)]
+        tps = admin.list_consumer_group_offsets(req, request_timeout=5)[group].result().topic_partitions or []
+        marks = {}
+        for tp in tps:
+            if tp.offset >= 0:
+                marks[(tp.topic, tp.partition)] = c.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=2, cached=False
+                )[1]
+        return marks
     except KafkaException:  # the broker did not answer, or no such group
         return None
     finally:
