@@ -277,12 +277,12 @@ def group_stable(settings, group: str) -> bool:
 
 
 class GroupLag:
-    """Reads consumer groups' lag (:meth:`lag`) through one AdminClient (the groups' committed offsets) and
-    one Consumer (the topics' high watermarks), both built here and kept for every read: a wait that reads
-    a lag every 0.25 s (the demo's stop, ``_wait_drained``) no longer builds two clients, with their
-    threads and broker connections, per read. :meth:`close` (or the end of a ``with`` block) closes the
-    consumer and drops the admin client (librdkafka destroys it with its last reference; it has no close).
-    Building it needs no broker: the clients connect at their first request."""
+    """Reads consumer groups' lag (:meth:`lag`) and partition ends (:meth:`marks`) through one AdminClient
+    (the groups' committed offsets) and one Consumer (the topics' high watermarks), both built here and kept
+    for every read: a wait that reads a lag every 0.25 s (the demo's stop, ``_wait_drained``) no longer
+    builds two clients, with their threads and broker connections, per read. :meth:`close` (or the end of a
+    ``with`` block) closes the consumer and drops the admin client (librdkafka destroys it with its last
+    reference; it has no close). Building it needs no broker: the clients connect at their first request."""
 
     def __init__(self, settings) -> None:
         from confluent_kafka import Consumer
@@ -296,24 +296,60 @@ class GroupLag:
             kafka.consumer_config(conn, "obshub-demo-lag", {"enable.auto.commit": False}, quiet=True)
         )
 
-    def lag(self, group: str) -> int | None:
-        """The messages consumer group ``group`` has not committed yet: per partition it committed, the high
-        watermark minus the committed offset, summed (0 for a group that committed nothing). None when the
-        broker does not answer (5 s for the offsets, 2 s per watermark). Raises RuntimeError once closed."""
-        from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+    def _committed(self, group: str) -> list:
+        """The TopicPartitions (with committed offsets) of ``group``. Raises KafkaException when the broker
+        does not answer (5 s), RuntimeError once closed."""
+        from confluent_kafka import ConsumerGroupTopicPartitions
 
         if self.admin is None or self.consumer is None:
             raise RuntimeError("GroupLag is closed")
+        req = [ConsumerGroupTopicPartitions(group)]
+        return self.admin.list_consumer_group_offsets(req, request_timeout=5)[group].result().topic_partitions or []
+
+    def _high(self, topic: str, partition: int) -> int:
+        """The high watermark of one partition now (2 s for the broker to answer)."""
+        from confluent_kafka import TopicPartition
+
+        assert self.consumer is not None
+        return self.consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=2, cached=False)[1]
+
+    def lag(self, group: str, marks: dict[tuple[str, int], int] | None = None) -> int | None:
+        """The messages consumer group ``group`` has not committed yet: per partition it committed, the high
+        watermark minus the committed offset, summed (0 for a group that committed nothing). With ``marks``
+        ({(topic, partition): offset}, from :meth:`marks`), the lag is counted up to those fixed offsets
+        instead of the moving high watermarks (a partition not in ``marks`` counts 0). None when the broker
+        does not answer (5 s for the offsets, 2 s per watermark). Raises RuntimeError once closed."""
+        from confluent_kafka import KafkaException
+
         try:
-            req = [ConsumerGroupTopicPartitions(group)]
-            tps = self.admin.list_consumer_group_offsets(req, request_timeout=5)[group].result().topic_partitions or []
             lag = 0
-            for tp in tps:
+            for tp in self._committed(group):
                 if tp.offset >= 0:
-                    part = TopicPartition(tp.topic, tp.partition)
-                    hi = self.consumer.get_watermark_offsets(part, timeout=2, cached=False)[1]
+                    if marks is not None:
+                        hi = marks.get((tp.topic, tp.partition), 0)
+                    else:
+                        hi = self._high(tp.topic, tp.partition)
                     lag += max(0, hi - tp.offset)
             return lag
+        except KafkaException:  # the broker did not answer, or no such group
+            return None
+
+    def marks(self, group: str) -> dict[tuple[str, int], int] | None:
+        """The high watermarks now of every partition consumer group ``group`` committed: {(topic,
+        partition): offset}, for :meth:`lag`'s ``marks``. None when the broker does not answer.
+
+        A fixed mark is what "the group read what was there" needs: the demo's stream worker writes to a
+        topic it reads itself (``<app id>-steps``: its ``progress`` timer broadcasts a ``read`` record to
+        every partition twice a second, obshub/streams/app.py), so the lag against the moving high
+        watermarks is rarely 0 at the moment it is read (a clean demo waited out its whole 15 s, speed19)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            return {
+                (tp.topic, tp.partition): self._high(tp.topic, tp.partition)
+                for tp in self._committed(group)
+                if tp.offset >= 0
+            }
         except KafkaException:  # the broker did not answer, or no such group
             return None
 
@@ -330,11 +366,19 @@ class GroupLag:
         self.close()
 
 
-def group_lag(settings, group: str) -> int | None:
-    """The messages consumer group ``group`` has not committed yet (:meth:`GroupLag.lag`), read once with
-    clients built and closed for this call; None when the broker does not answer."""
+def group_lag(settings, group: str, marks: dict[tuple[str, int], int] | None = None) -> int | None:
+    """The messages consumer group ``group`` has not committed yet (:meth:`GroupLag.lag`, up to ``marks``
+    when given), read once with clients built and closed for this call; None when the broker does not
+    answer."""
     with GroupLag(settings) as reader:
-        return reader.lag(group)
+        return reader.lag(group, marks)
+
+
+def group_marks(settings, group: str) -> dict[tuple[str, int], int] | None:
+    """The partition ends of group ``group`` now (:meth:`GroupLag.marks`), read once; None when the broker
+    does not answer."""
+    with GroupLag(settings) as reader:
+        return reader.marks(group)
 
 
 def ready(settings, part: PipelinePart, pid: int) -> bool:

@@ -682,17 +682,30 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     return report
 
 
-def _wait_drained(settings: Settings, group: str, timeout_s: float) -> None:
-    """Wait until consumer group ``group`` committed everything in its topics (``parts.GroupLag`` 0),
-    read every 0.25 s through one pair of clients built for the wait and closed at its end, at most
-    ``timeout_s``; a broker that does not answer ends the wait (the stop goes on)."""
+def _wait_drained(settings: Settings, group: str, timeout_s: float) -> bool:
+    """Wait until consumer group ``group`` committed what its topics held when the wait began, at most
+    ``timeout_s``: twice, against the high watermarks taken at the start and again once those were reached
+    (what the group wrote to its own topics while it read the first ones: the worker's step records of the
+    agents' last batches). The marks are fixed: the worker's own broadcasts after them do not count
+    (``parts.GroupLag.marks``). Reads every 0.25 s through one pair of clients built for the wait and
+    closed at its end (``parts.GroupLag``). Returns True when drained, False when the time ran out or the
+    broker did not answer (the stop goes on)."""
     deadline = time.monotonic() + timeout_s
     with parts.GroupLag(settings) as reader:
-        while time.monotonic() < deadline:
-            lag = reader.lag(group)
-            if lag is None or lag == 0:
-                return
-            time.sleep(0.25)
+        for _phase in range(2):
+            marks = reader.marks(group)
+            if marks is None:
+                return False
+            while True:
+                lag = reader.lag(group, marks)
+                if lag is None:
+                    return False
+                if lag == 0:
+                    break
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.25)
+    return True
 
 
 def _wait_quiet(reader: "AlertReader", timeout_s: float, check) -> None:

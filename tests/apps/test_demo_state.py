@@ -23,6 +23,13 @@ def _commit(bootstrap: str, group: str) -> None:
         c.close()
 
 
+def _committed(admin: AdminClient, group: str) -> bool:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    res = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], request_timeout=10)
+    return any(tp.offset >= 0 for tp in res[group].result().topic_partitions or [])
+
+
 def _groups(admin: AdminClient) -> set[str]:
     return {g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid}
 
@@ -134,3 +141,68 @@ def test_the_demos_drain_wait_builds_its_clients_once_and_closes_them(kafka, uni
     assert time.monotonic() - t0 >= 2.0  # it waited: the lag stayed 2
     assert len(seen) == 2, f"{len(seen)} librdkafka clients built during the wait"  # one admin, one consumer
     assert not seen & _client_threads()  # both gone once it returned
+
+
+def test_the_drain_wait_ends_when_a_group_that_writes_to_its_own_topic_committed_what_was_there(kafka, unique):
+    """The demo's stream worker writes to a topic it reads itself (its ``progress`` timer broadcasts a
+    ``read`` record to every partition of ``<app id>-steps`` twice a second): the lag against the moving
+    high watermarks was rarely 0 when read, and a clean demo waited out the whole 15 s drain wait (speed19:
+    14.86 s). The wait counts up to the offsets there were when it began (and once more after), so a group
+    that keeps committing what it reads is drained though its topic still grows. Here a producer writes a
+    record every 0.05 s while a consumer of the group reads and commits (real broker, no worker)."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from obshub.demo.runner import _wait_drained
+
+    topic, group = f"drain-{unique}", f"obshub-drain-{unique}"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    stop = threading.Event()
+
+    def produce() -> None:
+        p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 0})
+        i = 0
+        while not stop.is_set():
+            p.produce(topic, b"read", partition=i % 2)
+            p.flush(5)
+            i += 1
+            time.sleep(0.05)
+
+    def consume() -> None:
+        c = Consumer(
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        c.subscribe([topic])
+        try:
+            last = time.monotonic()
+            while not stop.is_set():
+                c.poll(0.05)
+                if time.monotonic() - last >= 0.3:  # a commit interval, as the worker's
+                    try:
+                        c.commit(asynchronous=False)
+                    except Exception:  # noqa: BLE001 - nothing read since the last commit
+                        pass
+                    last = time.monotonic()
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30  # the consumer joined and committed once
+        while not _committed(admin, group) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _committed(admin, group), "the consumer never committed"
+        assert _wait_drained(kafka, group, 10.0) is True
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
