@@ -3,6 +3,9 @@ topic), and only that: the real broker of the test session, no demo cluster (no 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -32,6 +35,41 @@ def _committed(admin: AdminClient, group: str) -> bool:
 
 def _groups(admin: AdminClient) -> set[str]:
     return {g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid}
+
+
+# The drain wait in a fresh process that holds no other librdkafka client: prints the seconds it waited,
+# the clients (``rdk:main`` threads) that came and went during it, and those still alive after it.
+_DRAIN_CHILD = """
+import os, sys, threading, time
+from obshub.core.settings import load_settings
+from obshub.demo.runner import _wait_drained
+
+def clients():
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "rdk:main":
+                    out.add(int(tid))
+        except OSError:
+            continue
+    return out
+
+before, seen, stop = clients(), set(), threading.Event()
+def sample():
+    while not stop.is_set():
+        seen.update(clients() - before)
+        time.sleep(0.005)
+t = threading.Thread(target=sample, daemon=True)
+t.start()
+t0 = time.monotonic()
+try:
+    _wait_drained(load_settings(), sys.argv[1], 2.0)
+finally:
+    stop.set()
+    t.join(5)
+print(time.monotonic() - t0, len(seen), len(seen & clients()))
+"""
 
 
 def test_a_demo_run_removes_its_groups_and_state_topic_and_nothing_else(kafka, unique):
@@ -81,32 +119,15 @@ def test_group_lag_counts_what_a_group_has_not_committed(kafka, unique):
         c.close()
 
 
-def _client_threads() -> set[int]:
-    """The librdkafka clients alive in this process: the id of each one's main thread (``rdk:main``)."""
-    import os
-
-    out = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() == "rdk:main":
-                    out.add(int(tid))
-        except OSError:  # the thread ended between the listing and the read
-            continue
-    return out
-
-
 def test_the_demos_drain_wait_builds_its_clients_once_and_closes_them(kafka, unique):
     """The demo's stop waits for the stream worker's group to commit its input (``_wait_drained``): it
     read the lag every 0.25 s with an AdminClient and a Consumer built for each read (two librdkafka
     clients, their threads and broker connections, eight times a second). Now one pair serves the whole
     wait and is gone when it returns. Seen from outside: the librdkafka clients (their ``rdk:main``
     threads) that came and went during a 2 s wait on a group that never drains."""
-    import threading
 
     from confluent_kafka import Producer
 
-    from obshub.demo.runner import _wait_drained
 
     topic, group = f"drain-{unique}", f"obshub-drain-{unique}"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
@@ -121,26 +142,20 @@ def test_the_demos_drain_wait_builds_its_clients_once_and_closes_them(kafka, uni
     finally:
         c.close()
     assert parts.group_lag(kafka, group) == 2
-    before = _client_threads()
-    seen: set[int] = set()
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            seen.update(_client_threads() - before)
-            time.sleep(0.005)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.monotonic()
-    try:
-        _wait_drained(kafka, group, 2.0)
-    finally:
-        stop.set()
-        sampler.join(5)
-    assert time.monotonic() - t0 >= 2.0  # it waited: the lag stayed 2
-    assert len(seen) == 2, f"{len(seen)} librdkafka clients built during the wait"  # one admin, one consumer
-    assert not seen & _client_threads()  # both gone once it returned
+    # In a process of its own: this one holds the suite's other clients (a fixture's, a test's daemon
+    # thread's), whose coming and going must not count (a shared process once saw 3).
+    out = subprocess.run(
+        [sys.executable, "-c", _DRAIN_CHILD, group],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "OBSHUB_BOOTSTRAP": kafka.bootstrap_servers},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    waited, built, alive = (float(x) for x in out.stdout.split())
+    assert waited >= 2.0  # it waited: the lag stayed 2
+    assert built == 2, f"{built:.0f} librdkafka clients built during the wait"  # one admin, one consumer
+    assert alive == 0  # both gone once it returned
 
 
 def test_the_drain_wait_ends_when_a_group_that_writes_to_its_own_topic_committed_what_was_there(kafka, unique):
