@@ -16,7 +16,7 @@ import time
 import click
 
 from obshub.core import schema
-from obshub.core.clitypes import Finite, NonEmpty
+from obshub.core.clitypes import Bootstrap, Finite, NonEmpty
 
 EPILOG = """\b
 Examples:
@@ -87,7 +87,7 @@ def latest_alerts(
 @click.option("--json", "as_json", is_flag=True, help="one JSON array of the latest change records")
 @click.option(
     "--bootstrap",
-    type=NonEmpty("host:port[,host:port...]"),
+    type=Bootstrap(),
     help="Kafka bootstrap servers (default: the obshub broker)",
 )
 @click.option(

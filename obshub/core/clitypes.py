@@ -71,6 +71,27 @@ class NonEmpty(click.ParamType):
         return text
 
 
+class Bootstrap(NonEmpty):
+    """Kafka bootstrap servers (``--bootstrap``): ``host:port``, several separated by commas, each port
+    1-65535 (:func:`obshub.core.kafka.bootstrap_problem`). A malformed one (``127.0.0.1:99999``) is a
+    usage error (exit 2) naming the option at once, and the variable when it came from one (``envvar``), not
+    a connect timeout ending in "connection refused"."""
+
+    def __init__(self) -> None:
+        super().__init__("host:port[,host:port...]")
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from obshub.core.kafka import BOOTSTRAP_FORM, bootstrap_problem
+
+        text = super().convert(value, param, ctx)
+        why = bootstrap_problem(text)
+        if why is not None:
+            src = ctx.get_parameter_source(param.name) if ctx is not None and param is not None and param.name else None
+            env = f" (from {param.envvar})" if src is click.core.ParameterSource.ENVIRONMENT and param else ""
+            self.fail(f"{why}{env}; give {BOOTSTRAP_FORM}", param, ctx)
+        return text.strip()
+
+
 def stop_timeout_option(default: float | None, what_stops: str, default_text: str | None = None) -> Callable:
     """The ``--stop-timeout SECONDS`` option of a long-running command guarded by
     :class:`obshub.core.stopping.StopWatch` (``rules serve``, ``streams worker``, ``agent``): finite, > 0,

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from obshub.core.errors import ConfigError
-from obshub.core.kafka import KafkaConnection
+from obshub.core.kafka import KafkaConnection, check_bootstrap
 from obshub.core.schema import DLQ_MAX_BYTES
 from obshub.core.topics import EVENTS_PARTITIONS, STEPS_PARTITIONS
 
@@ -85,6 +85,16 @@ class Settings(BaseSettings):
                 (platformdirs.user_data_dir if info.field_name == "home" else platformdirs.user_cache_dir)("obshub")
             )
         return v
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap_form(cls, v: str | None) -> str | None:
+        """``OBSHUB_BOOTSTRAP`` well formed (:func:`obshub.core.kafka.check_bootstrap`), refused at once:
+        ``127.0.0.1:99999`` waited for a connect timeout and then said "connection refused". Empty or
+        blank is the local broker, as before."""
+        if v is None or not v.strip():
+            return None
+        return check_bootstrap(v, "OBSHUB_BOOTSTRAP")
 
     @field_validator("home", "cache")
     @classmethod

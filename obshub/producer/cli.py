@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from obshub.core.clitypes import Finite, stop_timeout_option
+from obshub.core.clitypes import Bootstrap, Finite, stop_timeout_option
 from obshub.core.kafka import SaslMechanism, SecurityProtocol
 from obshub.core.settings import (
     BATCH_MAX_AGE_MS,
@@ -243,6 +243,7 @@ def _finite(value: float, name: str) -> float:
 @click.option(
     "--bootstrap",
     envvar="OBSHUB_BOOTSTRAP",
+    type=Bootstrap(),
     default=None,
     help="Kafka bootstrap servers [default: the local broker of `obshub up`]",
 )
@@ -504,7 +505,12 @@ Examples:
 @click.option(
     "--max-s", type=Finite(0, 86400, min_open=True), default=120.0, show_default=True, help="at most, seconds"
 )
-@click.option("--bootstrap", envvar="OBSHUB_BOOTSTRAP", help="Kafka bootstrap servers (default: the local broker)")
+@click.option(
+    "--bootstrap",
+    envvar="OBSHUB_BOOTSTRAP",
+    type=Bootstrap(),
+    help="Kafka bootstrap servers (default: the local broker)",
+)
 def deep_dive_command(host, steps, max_s, bootstrap):
     """Ask the agent of HOST to attach its deep-dive probes (per-launch CUDA uprobes: launch counts,
     call times, slow launches per step) for STEPS steps of each rank, at most MAX_S seconds, and detach

@@ -164,6 +164,33 @@ def test_run_refuses_an_empty_job_as_a_usage_error(tmp_path, job):
     assert "started" not in r.stdout and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("cmd", [["status"], ["topics", "check"], ["tail", "steps"], ["rules", "serve"]])
+def test_a_malformed_bootstrap_variable_is_refused_at_once_naming_it(tmp_path, cmd):
+    """`OBSHUB_BOOTSTRAP=127.0.0.1:99999 obshub status` (a port out of range) waited 10 s, then said
+    "connection refused": now one error naming the variable and the form, before any client connects."""
+    r = run(cmd, tmp_path, OBSHUB_BOOTSTRAP="127.0.0.1:99999")
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 1 and "Traceback" not in err, err
+    assert "OBSHUB_BOOTSTRAP: '127.0.0.1:99999': port 99999 is out of range (1-65535)" in err, err
+    assert "give host:port" in err and "refused" not in err and "answered" not in r.stdout + err, err
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["alerts"],
+        ["trace", "export", "--job", "j", "--steps", "1", "-o", "-"],
+        ["agent", "--job", "j", "--host", "h"],
+        ["deep-dive", "--host", "h"],
+    ],
+)
+def test_a_malformed_bootstrap_option_is_a_usage_error_naming_it(tmp_path, cmd):
+    r = run([*cmd, "--bootstrap", "k1:9092,,k2:9092"], tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "Invalid value for '--bootstrap'" in err, err
+    assert "has an empty address between commas" in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize(
     "cmd",
     [["alerts"], ["topics", "check"], ["trace", "export", "--job", "j", "--steps", "1", "-o", "-"], ["rules", "serve"]],
