@@ -71,6 +71,26 @@ class NonEmpty(click.ParamType):
         return text
 
 
+class HostName(NonEmpty):
+    """An agent's host name (``--host``): letters, digits, '.', '_' or '-', starting with a letter or
+    digit, as :class:`obshub.core.settings.AgentConfig` takes it (it names the Kafka key and the spool
+    folder). Anything else is a usage error (exit 2) naming the option: ``deep-dive --host ''`` exited 1
+    and ``--host 'a b'`` waited for the broker to ask for a host no agent can have."""
+
+    def __init__(self) -> None:
+        super().__init__("a host name")
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from obshub.core.settings import HOST_RE
+
+        text = super().convert(value, param, ctx)
+        if not HOST_RE.match(text):
+            self.fail(
+                f"{text!r} is not a host name: letters, digits, '.', '_' or '-' (as the agent's --host)", param, ctx
+            )
+        return text
+
+
 class Bootstrap(NonEmpty):
     """Kafka bootstrap servers (``--bootstrap``): ``host:port``, several separated by commas, each port
     1-65535 (:func:`obshub.core.kafka.bootstrap_problem`). A malformed one (``127.0.0.1:99999``) is a
