@@ -329,3 +329,24 @@ def test_a_silence_that_would_mute_every_alert_is_refused(tmp_path, matchers):
     # a matcher that needs a value keeps every other one allowed
     ok = run(["silence", "add", *args, "-m", "host=~.+", "-a", "a", "-c", "c"], tmp_path)
     assert ok.returncode == 0 and ok.stdout.startswith("silence "), ok.stdout + ok.stderr
+
+
+def test_a_silence_on_a_label_no_alert_carries_is_refused_naming_the_labels(tmp_path):
+    """`silence add -m hostname=node2` (the label is `host`) was saved and muted nothing, without a word:
+    now a usage error naming the labels the alerts carry; a label of the user's own rules (-r) counts, and
+    --any-label keeps it on purpose."""
+    r = run(["silence", "add", "-m", "hostname=node2", "-a", "a", "-c", "c"], tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "no alert carries the label 'hostname': the silence would mute nothing" in err, err
+    assert "alerts carry alertname, category," in err and " host, job, layer," in err and "rank" in err, err
+    assert run(["silence", "list", "--all"], tmp_path).stdout.strip() == "no silences"  # nothing was saved
+    own = tmp_path / "team.yaml"
+    own.write_text(
+        "version: 1\nrules:\n  - id: team_rule\n    description: d\n    severity: warning\n    signal: steps\n"
+        '    condition: "true"\n    group_by: {job: job}\n    labels: {team: ml}\n'
+    )
+    assert run(["silence", "add", "-m", "team=ml", "-a", "a", "-c", "c"], tmp_path).returncode == 2
+    ok = run(["silence", "add", "-m", "team=ml", "-m", "host=n1", "-r", str(own), "-a", "a", "-c", "c"], tmp_path)
+    assert ok.returncode == 0 and ok.stdout.startswith("silence "), ok.stdout + ok.stderr
+    forced = run(["silence", "add", "-m", "hostname=node2", "--any-label", "-a", "a", "-c", "c"], tmp_path)
+    assert forced.returncode == 0 and forced.stdout.startswith("silence "), forced.stdout + forced.stderr
