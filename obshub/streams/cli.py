@@ -271,7 +271,14 @@ def worker_command(
         raise click.exceptions.Exit(0)
     name = f"streams-{index or _free_index(settings)}"
     registry.register_component(
-        settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic, metrics_port=metrics_port
+        settings,
+        name,
+        os.getpid(),
+        app_id=app_id,
+        partitions=partitions,
+        input=input_topic,
+        output=output_topic,
+        metrics_port=metrics_port,
     )
     names.append(name)
     try:
