@@ -16,7 +16,7 @@ import time
 import click
 
 from obshub.core import schema
-from obshub.core.clitypes import Finite, NonEmpty
+from obshub.core.clitypes import Bootstrap, Finite, NonEmpty
 
 EPILOG = """\b
 Examples:
@@ -87,7 +87,7 @@ def latest_alerts(
 @click.option("--json", "as_json", is_flag=True, help="one JSON array of the latest change records")
 @click.option(
     "--bootstrap",
-    type=NonEmpty("host:port[,host:port...]"),
+    type=Bootstrap(),
     help="Kafka bootstrap servers (default: the obshub broker)",
 )
 @click.option(
@@ -146,32 +146,60 @@ def alerts_command(since, until, job, host, rule, firing_only, as_json, bootstra
             + (f" on host {host}" if host else "")
         )
         return
-    now = time.time_ns()
-    t = Table(
-        "status",
-        "since",
-        "rule",
-        "job",
-        "host",
-        "layer",
-        "severity",
-        "summary",
-        title=f"alerts since {since} ({sum(r['status'] == 'firing' for r in rows)} firing)",
-    )
-    for r in rows:
-        lab = r.get("labels") or {}
-        at = r.get("ends_at_ns") if r["status"] == "resolved" else r.get("starts_at_ns")
-        ago = f"{(now - int(at)) / 60e9:.0f} min ago" if at else ""
-        text = [
-            Text(str(x))
+    console = Console(highlight=False)
+    title = f"alerts since {since} ({sum(r['status'] == 'firing' for r in rows)} firing)"
+    cells = [_cells(r, time.time_ns()) for r in rows]
+    if not console.is_terminal:  # piped or to a file: a short line per alert, its summary whole below it
+        click.echo("\n".join(piped_lines(title, cells)))
+        return
+    t = Table(*COLUMNS, "summary", title=title)
+    for c in cells:
+        status = "[red]firing[/red]" if c[0] == "firing" else "[green]resolved[/green]"
+        t.add_row(status, *(Text(x) for x in c[1:]))  # user text: never markup
+    print_table(console, t)
+
+
+#: the columns of `obshub alerts` before the summary
+COLUMNS = ("status", "since", "rule", "job", "host", "layer", "severity")
+
+
+def _cells(r: dict, now_ns: int) -> list[str]:
+    """One alert's cells: :data:`COLUMNS`, then the summary (texts; ``since`` in minutes before ``now_ns``)."""
+    lab = r.get("labels") or {}
+    at = r.get("ends_at_ns") if r["status"] == "resolved" else r.get("starts_at_ns")
+    ago = f"{(now_ns - int(at)) / 60e9:.0f} min ago" if at else ""
+    return [
+        str(r["status"]),
+        ago,
+        *(
+            str(x)
             for x in (
                 r.get("rule", ""),
                 lab.get("job", ""),
-                lab.get("host", ""),  # never markup
+                lab.get("host", ""),
                 lab.get("layer", ""),
                 r.get("severity", ""),
                 (r.get("annotations") or {}).get("summary", ""),
             )
-        ]
-        t.add_row("[red]firing[/red]" if r["status"] == "firing" else "[green]resolved[/green]", ago, *text)
-    print_table(Console(highlight=False), t)
+        ),
+    ]
+
+
+def piped_lines(title: str, cells: list[list[str]]) -> list[str]:
+    """The alerts off a terminal (``obshub alerts | less``, ``> alerts.txt``): the title, a header and one
+    line per alert of the short :data:`COLUMNS`, aligned, then its summary whole on the next line, indented
+    by 4. The table laid every row out as wide as the longest summary plus its frame (over 300 columns
+    for one stall alert), unreadable in a pager; cutting or wrapping the summary would lose words for
+    ``grep``. A value's own line breaks become blanks: one line each."""
+    cells = [[" ".join(x.split()) for x in c] for c in cells]  # a value's own line breaks become blanks
+    widths = [max(len(h), *(len(c[k]) for c in cells)) for k, h in enumerate(COLUMNS)]
+
+    def line(values) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()
+
+    out = [title, line(COLUMNS)]
+    for c in cells:
+        out.append(line(c[: len(COLUMNS)]))
+        if c[len(COLUMNS)]:
+            out.append("    " + c[len(COLUMNS)])
+    return out

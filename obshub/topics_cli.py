@@ -11,6 +11,11 @@ topic of the stream worker or the rule engine, which they create at their first 
 created yet and is not a failure. ``create`` makes the missing topics (idempotent: a second run creates
 nothing) and then checks. A replication factor larger than the cluster's broker count
 is an error naming both numbers, before anything is created.
+
+Which stream worker and rule engine: ``--app-id``, ``--streams-partitions`` and ``--rules-group-prefix``
+when given; else those of the worker and engine running from this ``$OBSHUB_HOME`` (their component
+records, the ones ``obshub status`` lists: a demo stack's worker is ``obshub-demo-streams`` and its
+engine ``obshub-rules-demo-<run>``); else the defaults. The first line says which, and from where.
 """
 
 from __future__ import annotations
@@ -219,7 +224,11 @@ def _wait_listed(admin, names: list[str], bootstrap: str, timeout_s: float = 30.
 
 _OPTIONS = [
     click.option(
-        "--app-id", type=KafkaName(), default=STREAMS.app_id, show_default=True, help="the stream workers' --app-id"
+        "--app-id",
+        type=KafkaName(),
+        default=STREAMS.app_id,
+        show_default=True,
+        help="the stream workers' --app-id [default: the running worker's, else obshub-streams]",
     ),
     click.option(
         "--streams-partitions",
@@ -237,9 +246,75 @@ _OPTIONS = [
         show_default=True,
         metavar="GROUP_PREFIX",
         help="the rule engines' `rules serve --group-prefix`: their state topic GROUP_PREFIX-state is one of the "
-        "topics",
+        "topics [default: the running engine's, else this]",
     ),
 ]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The stream worker and rule engine whose own topics ``check`` / ``create`` cover: ``app_id``,
+    ``partitions`` (None: ``$OBSHUB_STREAMS_PARTITIONS``), ``rules_prefix``, and ``said``: one line on
+    which these are and where they come from."""
+
+    app_id: str
+    partitions: int | None
+    rules_prefix: str
+    said: str
+
+
+def deployment(
+    settings: Any, app_id: str | None, streams_partitions: int | None, rules_prefix: str | None
+) -> Deployment:
+    """The deployment to check: each value given (not None) as given; else the one of the stream worker /
+    rule engine running from ``settings.home`` (their component records: ``app_id`` and ``partitions``,
+    ``group_prefix``), the first by record name when several differ (``said`` names the others); else
+    the default (``STREAMS.app_id``, ``RULES.group_prefix``). ``obshub topics check`` on a running demo
+    stack checked the default app id's topics, not the demo worker's (``obshub-demo-streams``)."""
+    from obshub.core import registry
+
+    running = [c for c in registry.components(settings) if c.get("running")]
+    workers = [c for c in running if str(c.get("name", "")).startswith("streams") and isinstance(c.get("app_id"), str)]
+    engines = [
+        c for c in running if str(c.get("name", "")).startswith("rules") and isinstance(c.get("group_prefix"), str)
+    ]
+    parts, others = [], []
+    if app_id is None:
+        ids = list(dict.fromkeys(c["app_id"] for c in workers))
+        if ids:
+            app_id = ids[0]
+            w = next(c for c in workers if c["app_id"] == app_id)
+            if streams_partitions is None and isinstance(w.get("partitions"), int):
+                streams_partitions = w["partitions"]
+            parts.append(f"--app-id {app_id} (the running stream worker {w['name']}'s)")
+            others += [f"--app-id {i}" for i in ids[1:]]
+        else:
+            app_id = STREAMS.app_id
+            parts.append(f"--app-id {app_id} (the default: no stream worker runs from {settings.home})")
+    else:
+        parts.append(f"--app-id {app_id}")
+    if rules_prefix is None:
+        prefixes = list(dict.fromkeys(c["group_prefix"] for c in engines))
+        if prefixes:
+            rules_prefix = prefixes[0]
+            parts.append(f"--rules-group-prefix {rules_prefix} (the running rule engine's)")
+            others += [f"--rules-group-prefix {p}" for p in prefixes[1:]]
+        else:
+            rules_prefix = RULES.group_prefix
+            parts.append(f"--rules-group-prefix {rules_prefix} (the default)")
+    else:
+        parts.append(f"--rules-group-prefix {rules_prefix}")
+    said = "topics of " + ", ".join(parts)
+    if others:
+        said += "; also running here: " + ", ".join(others) + " (give the option to check those)"
+    return Deployment(app_id, streams_partitions, rules_prefix, said)
+
+
+def _given(name: str, value: Any) -> Any:
+    """``value`` when the option ``name`` was given (command line or environment), else None."""
+    ctx = click.get_current_context()
+    src = ctx.get_parameter_source(name)
+    return value if src not in (None, click.core.ParameterSource.DEFAULT) else None
 
 
 def _opts(f):
@@ -304,8 +379,10 @@ def check_command(app_id, streams_partitions, rules_prefix, as_json):
     A missing topic of the stream worker or the rule engine (repartition, changelogs, leader, state: they
     create it at their first start) is listed as not created yet and does not fail the check."""
     s = load_settings()
+    d = deployment(s, _given("app_id", app_id), streams_partitions, _given("rules_prefix", rules_prefix))
+    click.echo(f"checking the {d.said}", err=True)
     _reach(s)
-    rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
+    rows = wanted(s, d.app_id, d.partitions or s.streams_partitions, d.rules_prefix)
     diffs = differences(s, rows)
     _print(rows, diffs, as_json)
     sys.exit(1 if failing(diffs) else 0)
@@ -325,8 +402,10 @@ def create_command(app_id, streams_partitions, rules_prefix, as_json):
     """Create the missing topics (idempotent), then check; exit 1 when differences remain (partition counts
     and replication factors of existing topics are never changed)."""
     s = load_settings()
+    d = deployment(s, _given("app_id", app_id), streams_partitions, _given("rules_prefix", rules_prefix))
+    click.echo(f"creating the {d.said}", err=True)
     _reach(s)
-    rows = wanted(s, app_id, streams_partitions or s.streams_partitions, rules_prefix)
+    rows = wanted(s, d.app_id, d.partitions or s.streams_partitions, d.rules_prefix)
     admin = _admin(s)
     made = create(s, rows, admin)
     click.echo(f"created {len(made)} topic(s){': ' + ', '.join(made) if made else ''}", err=True)

@@ -71,6 +71,47 @@ class NonEmpty(click.ParamType):
         return text
 
 
+class HostName(NonEmpty):
+    """An agent's host name (``--host``): letters, digits, '.', '_' or '-', starting with a letter or
+    digit, as :class:`obshub.core.settings.AgentConfig` takes it (it names the Kafka key and the spool
+    folder). Anything else is a usage error (exit 2) naming the option: ``deep-dive --host ''`` exited 1
+    and ``--host 'a b'`` waited for the broker to ask for a host no agent can have."""
+
+    def __init__(self) -> None:
+        super().__init__("a host name")
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from obshub.core.settings import HOST_RE
+
+        text = super().convert(value, param, ctx)
+        if not HOST_RE.match(text):
+            self.fail(
+                f"{text!r} is not a host name: letters, digits, '.', '_' or '-' (as the agent's --host)", param, ctx
+            )
+        return text
+
+
+class Bootstrap(NonEmpty):
+    """Kafka bootstrap servers (``--bootstrap``): ``host:port``, several separated by commas, each port
+    1-65535 (:func:`obshub.core.kafka.bootstrap_problem`). A malformed one (``127.0.0.1:99999``) is a
+    usage error (exit 2) naming the option at once, and the variable when it came from one (``envvar``), not
+    a connect timeout ending in "connection refused"."""
+
+    def __init__(self) -> None:
+        super().__init__("host:port[,host:port...]")
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from obshub.core.kafka import BOOTSTRAP_FORM, bootstrap_problem
+
+        text = super().convert(value, param, ctx)
+        why = bootstrap_problem(text)
+        if why is not None:
+            src = ctx.get_parameter_source(param.name) if ctx is not None and param is not None and param.name else None
+            env = f" (from {param.envvar})" if src is click.core.ParameterSource.ENVIRONMENT and param else ""
+            self.fail(f"{why}{env}; give {BOOTSTRAP_FORM}", param, ctx)
+        return text.strip()
+
+
 def stop_timeout_option(default: float | None, what_stops: str, default_text: str | None = None) -> Callable:
     """The ``--stop-timeout SECONDS`` option of a long-running command guarded by
     :class:`obshub.core.stopping.StopWatch` (``rules serve``, ``streams worker``, ``agent``): finite, > 0,

@@ -33,7 +33,7 @@ import ssl
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from obshub.core.log import NullLogger
 
@@ -92,10 +92,54 @@ def _env_protocol() -> "SecurityProtocol":
         ) from None
 
 
+#: how bootstrap servers are written, for messages
+BOOTSTRAP_FORM = "host:port (port 1-65535), several separated by commas, e.g. kafka-0:9092,kafka-1:9092"
+
+
+def bootstrap_problem(bootstrap: str) -> str | None:
+    """Why ``bootstrap`` (bootstrap servers: comma-separated ``host:port``, an IPv6 host in brackets,
+    ``[::1]:9092``, an optional ``scheme://`` prefix as librdkafka takes it) is malformed, or None when it
+    is well formed. Refused: an empty entry (``a:9092,``), a missing or non-numeric port, a port outside
+    1-65535, an empty host, a blank inside an entry. Nothing is resolved or connected here: a client given
+    ``127.0.0.1:99999`` waited its whole connect timeout to report "connection refused"."""
+    if not bootstrap.strip():
+        return "it is empty"
+    for raw in bootstrap.split(","):
+        entry = raw.strip()
+        if not entry:
+            return f"{bootstrap!r} has an empty address between commas"
+        addr = entry.split("://", 1)[1] if "://" in entry else entry
+        if any(c.isspace() for c in addr):
+            return f"{entry!r} holds a blank"
+        host, sep, port = addr.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            return f"{entry!r}: an IPv6 host is written in brackets, [::1]:9092"
+        if not sep:
+            return f"{entry!r} has no port"
+        if not host:
+            return f"{entry!r} has no host"
+        if not port.isdigit():
+            return f"{entry!r}: port {port!r} is not a number"
+        if not 1 <= int(port) <= 65535:
+            return f"{entry!r}: port {int(port)} is out of range (1-65535)"
+    return None
+
+
+def check_bootstrap(bootstrap: str, what: str = "bootstrap servers") -> str:
+    """``bootstrap`` stripped when well formed (:func:`bootstrap_problem`); else ValueError naming ``what``
+    gave it (``OBSHUB_BOOTSTRAP``, ``--bootstrap``), what is wrong and the form (:data:`BOOTSTRAP_FORM`)."""
+    why = bootstrap_problem(bootstrap)
+    if why is not None:
+        raise ValueError(f"{what}: {why}; give {BOOTSTRAP_FORM}")
+    return bootstrap.strip()
+
+
 class KafkaConnection(BaseModel):
     """How a client reaches the cluster. ``bootstrap``: comma-separated ``host:port`` list.
-    Validation (``pydantic.ValidationError``): a SASL protocol needs mechanism, user name and password;
-    a TLS file that is given must exist."""
+    Validation (``pydantic.ValidationError``): bootstrap servers well formed (:func:`check_bootstrap`); a
+    SASL protocol needs mechanism, user name and password; a TLS file that is given must exist."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -109,6 +153,11 @@ class KafkaConnection(BaseModel):
     ssl_certificate_location: Path | None = Field(default_factory=_env("ssl_certificate_location"))
     ssl_key_location: Path | None = Field(default_factory=_env("ssl_key_location"))
     ssl_key_password: SecretStr | None = Field(default_factory=_env("ssl_key_password"))
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap_form(cls, v: str) -> str:
+        return check_bootstrap(v)
 
     @model_validator(mode="after")
     def _security_complete(self) -> "KafkaConnection":

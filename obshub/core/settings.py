@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from obshub.core.errors import ConfigError
-from obshub.core.kafka import KafkaConnection
+from obshub.core.kafka import KafkaConnection, check_bootstrap
 from obshub.core.schema import DLQ_MAX_BYTES
 from obshub.core.topics import EVENTS_PARTITIONS, STEPS_PARTITIONS
 
@@ -85,6 +85,16 @@ class Settings(BaseSettings):
                 (platformdirs.user_data_dir if info.field_name == "home" else platformdirs.user_cache_dir)("obshub")
             )
         return v
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap_form(cls, v: str | None) -> str | None:
+        """``OBSHUB_BOOTSTRAP`` well formed (:func:`obshub.core.kafka.check_bootstrap`), refused at once:
+        ``127.0.0.1:99999`` waited for a connect timeout and then said "connection refused". Empty or
+        blank is the local broker, as before."""
+        if v is None or not v.strip():
+            return None
+        return check_bootstrap(v, "OBSHUB_BOOTSTRAP")
 
     @field_validator("home", "cache")
     @classmethod
@@ -248,7 +258,8 @@ class SpoolConfig(BaseModel):
         return self
 
 
-_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+#: an agent host name (``--host``): the Kafka key and the spool folder
+HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 class AgentConfig(BaseModel):
@@ -281,27 +292,63 @@ class AgentConfig(BaseModel):
     @field_validator("host")
     @classmethod
     def _host_name(cls, host: str) -> str:
-        if not _HOST_RE.match(host):
+        if not HOST_RE.match(host):
             raise ValueError(
                 f"host name {host!r} must be letters, digits, '.', '_' or '-' (it names the Kafka key and the spool folder)"
             )
         return host
 
 
+class AgentSettingsError(ConfigError):
+    """Invalid agent settings (:func:`agent_config`). ``by_option``: every wrong setting is one a
+    command-line option gives (named in the message), so ``obshub agent`` reports it as a usage error
+    (exit 2, as every command's bad option values); False when one comes from elsewhere (the
+    ``OBSHUB_KAFKA_*`` security variables), an error of the configuration (exit 1)."""
+
+    def __init__(self, message: str, hint: str | None = None, by_option: bool = False):
+        super().__init__(message, hint)
+        self.by_option = by_option
+
+
+#: pydantic's range and length errors in words a command line uses (``{input}``: the value given)
+_PLAIN = {
+    "greater_than_equal": "{input!r} is less than the least allowed, {ge}",
+    "greater_than": "{input!r} must be more than {gt}",
+    "less_than_equal": "{input!r} is more than the most allowed, {le}",
+    "less_than": "{input!r} must be less than {lt}",
+    "string_too_short": "{input!r} is empty",
+    "string_too_long": "{input!r} is longer than {max_length} characters",
+}
+
+
+def _plain(e: Any) -> str:
+    """One pydantic error ``e`` in plain words (:data:`_PLAIN`), else its own message."""
+    form = _PLAIN.get(e["type"])
+    if form is not None:
+        try:
+            return form.format(input=e.get("input"), **(e.get("ctx") or {}))
+        except (KeyError, IndexError, ValueError):
+            pass
+    return str(e["msg"]).removeprefix("Value error, ")
+
+
 def agent_config(option_names: dict[str, str] | None = None, **values: Any) -> AgentConfig:
-    """Build an :class:`AgentConfig`, turning validation errors into one ConfigError that lists each
-    wrong setting and why. ``option_names`` maps a setting's dotted field name (``batch.max_bytes``) to
-    what the user wrote (``--batch-max-bytes``), so that a command line's error names its option."""
+    """Build an :class:`AgentConfig`, turning validation errors into one :class:`AgentSettingsError` that
+    lists each wrong setting and why. ``option_names`` maps a setting's dotted field name
+    (``batch.max_bytes``) to what the user wrote (``--batch-max-bytes``), so that a command line's error
+    names its option (and ``by_option`` says whether every one was an option)."""
     try:
         return AgentConfig(**values)
     except ValidationError as exc:
-        lines = []
+        lines, by_option = [], bool(option_names)
         for e in exc.errors():
             loc = ".".join(str(p) for p in e["loc"]) or "agent"
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{(option_names or {}).get(loc, loc)}: {msg}")
-        raise ConfigError(
-            "invalid agent settings: " + "; ".join(lines), "see `obshub agent --help` for the options and their ranges"
+            by_option = by_option and loc in (option_names or {})
+            lines.append(f"{(option_names or {}).get(loc, loc)}: {_plain(e)}")
+        raise AgentSettingsError(
+            "invalid agent settings: " + "; ".join(lines),
+            "see `obshub agent --help` for the options and their ranges",
+            by_option=by_option,
         ) from None
 
 

@@ -108,7 +108,13 @@ def _sigterm(*_):
     show_default=True,
     help="seconds of training after the first step",
 )
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="stop the ranks after this many steps instead")
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=None,
+    help="stop the ranks after this many steps instead (with a fault at least 11: the worker names nothing "
+    "before the job's baseline holds 10 steps; and enough steps to train past --fault-at)",
+)
 @click.option(
     "--settle",
     type=Finite(min=0),

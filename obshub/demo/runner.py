@@ -163,6 +163,19 @@ class DemoOptions:
                 "raise --duration or lower --fault-at",
             )
         kinds = [k for k, _h in self.sequence] if self.sequence else [self.fault]
+        need = min_fault_steps()
+        if self.steps is not None and self.steps < need and any(k != "none" for k in kinds):
+            # --steps 3 --fault cpu ran the whole set-up and could only fail: the worker judges a step
+            # against the job's own baseline once that holds baseline_min_n closed steps, so the fault's
+            # first step that can be named is the one after them
+            raise DemoError(
+                f"--steps {self.steps} with {', '.join(kinds)}: the fault could never be named: the worker compares a "
+                f"step with the job's baseline only once that holds {need - 1} steps (Thresholds.baseline_min_n, "
+                f"docs/ANALYSIS.md), so a fault is seen from step {need} on, and it starts only --fault-at "
+                f"{self.fault_at_s:g} s after the first step",
+                f"give --steps {need} or more, enough to train past --fault-at (a step lasts at least --step-sleep-ms, "
+                f"{self.step_sleep_ms:g} ms), or leave --steps out (the run lasts --duration)",
+            )
         if any(k.partition(":")[0] == "stall" for k in kinds):
             # a stall is never cut short and its thread waits period_s between stalls: one longer than the
             # fault's time held the demo's end until it was over (stall_ms=600000: 10 minutes), and a period
@@ -213,6 +226,16 @@ def _readers(key: str, kinds: list[str], params: dict) -> list[str]:
                 continue
         out.append(kind)
     return out
+
+
+def min_fault_steps() -> int:
+    """The fewest ``--steps`` with which a fault can be named: the worker's lateness evidence, the running
+    check and the stall flag need a baseline of ``Thresholds.baseline_min_n`` closed steps of the job
+    (obshub/streams/analysis), and the rules' warm-ups (``warmup_steps``, ``stall_min_n``) ask the same
+    10; the first step that can show the fault is the one after them."""
+    from obshub.streams.analysis.thresholds import Thresholds
+
+    return Thresholds().baseline_min_n + 1
 
 
 def check_params(params: dict, kinds: list[str]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from obshub.core import schema
-from obshub.core.clitypes import Finite, KafkaName, NonEmpty
+from obshub.core.clitypes import Bootstrap, Finite, KafkaName, NonEmpty
 from obshub.export.errors import ExportError
 
 EPILOG = """\b
@@ -57,7 +57,7 @@ def trace_group():
 @click.option("-o", "--output", required=True, help="output JSON file, or - for stdout")
 @click.option(
     "--bootstrap",
-    type=NonEmpty("host:port[,host:port...]"),
+    type=Bootstrap(),
     help="Kafka bootstrap servers (default: the obshub broker)",
 )
 @click.option(

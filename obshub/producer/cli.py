@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from obshub.core.clitypes import Finite, stop_timeout_option
+from obshub.core.clitypes import Bootstrap, Finite, HostName, NonEmpty, stop_timeout_option
 from obshub.core.kafka import SaslMechanism, SecurityProtocol
 from obshub.core.settings import (
     BATCH_MAX_AGE_MS,
@@ -180,6 +180,7 @@ def _finite(value: float, name: str) -> float:
 @click.option(
     "--job",
     envvar="OBSHUB_JOB",
+    type=NonEmpty("a job name"),
     default="default",
     show_default=True,
     help="job of the events of processes that never registered (a registered process names its own job)",
@@ -187,6 +188,7 @@ def _finite(value: float, name: str) -> float:
 @click.option(
     "--host",
     envvar="OBSHUB_HOST",
+    type=HostName(),
     default=None,
     help="host name: Kafka key and spool folder [default: this machine's host name]",
 )
@@ -205,6 +207,7 @@ def _finite(value: float, name: str) -> float:
 @click.option(
     "--only-job",
     "only_jobs",
+    type=NonEmpty("a job name"),
     multiple=True,
     help="serve only the processes registered for this job (repeatable) [default: every job on the node]; "
     "the events of other jobs' processes are dropped by the agent",
@@ -243,6 +246,7 @@ def _finite(value: float, name: str) -> float:
 @click.option(
     "--bootstrap",
     envvar="OBSHUB_BOOTSTRAP",
+    type=Bootstrap(),
     default=None,
     help="Kafka bootstrap servers [default: the local broker of `obshub up`]",
 )
@@ -405,7 +409,7 @@ def agent_command(
 
     from obshub.core import log as jsonlog
     from obshub.core import registry, stopping
-    from obshub.core.settings import agent_config, load_settings
+    from obshub.core.settings import AgentSettingsError, agent_config, load_settings
 
     # before any thread starts (librdkafka's, the BPF source's, the metrics server's): every thread
     # inherits the blocked mask and the stop-watch thread sees the signal whatever the main thread does
@@ -441,20 +445,27 @@ def agent_command(
         extra=_key_values("--kafka-option", kafka_options, as_int=False),
         **{k: v for k, v in security.items() if v is not None},
     )  # the rest from OBSHUB_KAFKA_*
-    cfg = agent_config(
-        _OPTION_OF,
-        job=job,
-        host=host,
-        host_id=host_id,
-        kafka=kafka,
-        batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms, step_min_age_ms=batch_step_min_age_ms),
-        spool=dict(dir=settings.home / "spool" / host, max_bytes=spool_max_bytes, segment_bytes=spool_segment_bytes),
-        metrics_port=metrics_port,
-        metrics_addr=metrics_addr,
-        duration_s=duration,
-        flush_timeout_s=flush_timeout,
-        only_jobs=tuple(only_jobs),
-    )
+    try:
+        cfg = agent_config(
+            _OPTION_OF,
+            job=job,
+            host=host,
+            host_id=host_id,
+            kafka=kafka,
+            batch=dict(max_bytes=batch_max_bytes, max_age_ms=batch_max_age_ms, step_min_age_ms=batch_step_min_age_ms),
+            spool=dict(
+                dir=settings.home / "spool" / host, max_bytes=spool_max_bytes, segment_bytes=spool_segment_bytes
+            ),
+            metrics_port=metrics_port,
+            metrics_addr=metrics_addr,
+            duration_s=duration,
+            flush_timeout_s=flush_timeout,
+            only_jobs=tuple(only_jobs),
+        )
+    except AgentSettingsError as exc:
+        if exc.by_option:  # a bad option value: a usage error (exit 2) as every command's, naming the option
+            raise click.UsageError(str(exc)) from None
+        raise
     made: list = []  # the agent, once built
 
     def forget() -> None:  # its component record (`obshub status`), when a forced exit skips run()'s own
@@ -499,12 +510,22 @@ Examples:
 
 
 @click.command("deep-dive", epilog=_DEEP_DIVE_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--host", required=True, help="the agent's --host (the host the straggler analysis or a rule names)")
+@click.option(
+    "--host",
+    required=True,
+    type=HostName(),
+    help="the agent's --host (the host the straggler analysis or a rule names)",
+)
 @click.option("--steps", type=click.IntRange(1, 100_000), default=20, show_default=True, help="steps per rank")
 @click.option(
     "--max-s", type=Finite(0, 86400, min_open=True), default=120.0, show_default=True, help="at most, seconds"
 )
-@click.option("--bootstrap", envvar="OBSHUB_BOOTSTRAP", help="Kafka bootstrap servers (default: the local broker)")
+@click.option(
+    "--bootstrap",
+    envvar="OBSHUB_BOOTSTRAP",
+    type=Bootstrap(),
+    help="Kafka bootstrap servers (default: the local broker)",
+)
 def deep_dive_command(host, steps, max_s, bootstrap):
     """Ask the agent of HOST to attach its deep-dive probes (per-launch CUDA uprobes: launch counts,
     call times, slow launches per step) for STEPS steps of each rank, at most MAX_S seconds, and detach

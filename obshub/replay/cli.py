@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from obshub.core import schema
-from obshub.core.clitypes import KafkaName, NonEmpty
+from obshub.core.clitypes import Bootstrap, KafkaName, NonEmpty
 from obshub.core.tables import WholeLineConsole, print_table
 from obshub.replay.inputs import ReplayInputs, discover
 from obshub.replay.publish import KafkaSink, PublishResult, publish
@@ -174,7 +174,7 @@ def _print(console: Console, d: dict) -> None:
 @click.option("--dry-run", is_flag=True, help="map and diagnose, publish nothing")
 @click.option(
     "--bootstrap",
-    type=NonEmpty("host:port[,host:port...]"),
+    type=Bootstrap(),
     help="Kafka bootstrap servers (default: the obshub broker)",
 )
 @click.option(

@@ -35,6 +35,7 @@ SILENCE_EPILOG = """\b
 Examples:
   obshub silence add -m host=node2 -d 2h -a alice -c "node2 in maintenance, OPS-123"   # mute node2
   obshub silence add -m alertname=~'.*straggler' -m job=llm -d 30m -a bob -c "known"   # regex matcher
+  obshub silence add -m team=ml -r team.yaml -d 1h -a carol -c "ours"   # a label of your own rules
   obshub silence list                                # active and pending silences
   obshub silence list --all                          # including expired ones
   obshub silence expire 3f2a9c1d0b7e                 # end a silence now
@@ -279,13 +280,31 @@ def silence_group():
 @click.option("--start-in", default="0s", show_default=True, help="start later, e.g. 10m")
 @click.option("-a", "--author", required=True, help="who silences")
 @click.option("-c", "--comment", required=True, help="why (ticket, maintenance)")
+@click.option(
+    "-r",
+    "--rules",
+    "rule_paths",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="your rule files or directories: their alerts' labels a matcher may name too, besides those of the "
+    "builtin pack and the opt-in packs (repeatable)",
+)
+@click.option(
+    "--any-label", is_flag=True, help="keep a matcher on a label no alert of the rules carries (it mutes nothing)"
+)
 @click.option("--json", "as_json", is_flag=True)
-def silence_add(matchers, duration, start_in, author, comment, as_json):
-    """Create a silence; prints its id."""
-    from obshub.rules.silences import Matcher, SilenceError, check_not_everything
+def silence_add(matchers, duration, start_in, author, comment, rule_paths, any_label, as_json):
+    """Create a silence; prints its id. A matcher on a label no alert carries (`hostname=node2`: the
+    label is `host`) is refused, naming the labels alerts carry (--any-label keeps it)."""
+    from obshub.rules.loader import BUILTIN_NAME, PACKS_DIR, load_ruleset
+    from obshub.rules.silences import Matcher, SilenceError, alert_labels, check_labels, check_not_everything
 
-    try:  # a malformed matcher, or matchers that mute every alert, is a usage error (exit 2)
-        check_not_everything([Matcher.parse(text) for text in matchers])
+    try:  # a malformed matcher, matchers that mute every alert or nothing, is a usage error (exit 2)
+        parsed = [Matcher.parse(text) for text in matchers]
+        check_not_everything(parsed)
+        if not any_label:
+            paths = [BUILTIN_NAME, *sorted(p.stem for p in PACKS_DIR.glob("*.yaml")), *rule_paths]
+            check_labels(parsed, alert_labels(load_ruleset(paths)))
     except SilenceError as exc:
         raise click.BadParameter(
             f"{exc}; {exc.hint}" if exc.hint else str(exc), param_hint="'-m' / '--matcher'"

@@ -237,7 +237,12 @@ class RuleService:
         # `obshub down` stops every one and a stopping engine removes only its own)
         self.component = registry.free_name(self.settings, "rules")
         registry.register_component(
-            self.settings, self.component, os.getpid(), log=self.log_path, rules=len(self.ruleset.rules)
+            self.settings,
+            self.component,
+            os.getpid(),
+            log=self.log_path,
+            rules=len(self.ruleset.rules),
+            group_prefix=self.group_prefix,  # its state topic PREFIX-state (`obshub topics check`)
         )
         notify = threading.Thread(target=self.run_notify, name="notify", daemon=True)
         notify.start()

@@ -8,6 +8,8 @@ alerts still change state and are published to ``obshub.alerts.v1``; only notifi
 An alert without a label reads it as ``''``, so a silence whose every matcher matches ``''``
 (``host=~.*``, ``host!=node2``, ``rank=``) would mute every alert without that label, which is every
 alert of any other kind: refused when it is made (:func:`check_not_everything`), as Alertmanager refuses it.
+A matcher on a label no alert carries (``hostname=x``: the label is ``host``) mutes nothing: refused too
+(:func:`check_labels`, with the labels the rules give their alerts), unless forced.
 """
 
 from __future__ import annotations
@@ -79,6 +81,31 @@ def check_not_everything(matchers: list[Matcher]) -> None:
             "every alert of another kind too",
             "add a matcher that needs a value, e.g. -m host=node2 or -m job=llama-7b "
             "(-m host=~.+ mutes every alert that has a host)",
+        )
+
+
+def alert_labels(ruleset) -> set[str]:
+    """The label names the alerts of ``ruleset`` (a ``model.RuleSet``) can carry: ``alertname`` and
+    ``severity`` of every alert, each rule's ``group_by`` names and its fixed ``labels``."""
+    names = {"alertname", "severity"}
+    for rule in ruleset.rules.values():
+        names |= set(rule.group_by) | set(rule.labels)
+    return names
+
+
+def check_labels(matchers: list[Matcher], known: set[str]) -> None:
+    """Raise SilenceError when a matcher that needs a value names a label outside ``known``
+    (:func:`alert_labels`): ``hostname=node2`` matches no alert (they carry ``host``), so the silence would
+    mute nothing, silently. A matcher that matches the absent label (``hostname!=x``) is
+    :func:`check_not_everything`'s."""
+    unknown = sorted({m.name for m in matchers if m.name not in known and not m.matches({})})
+    if unknown:
+        raise SilenceError(
+            f"no alert carries the label{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
+            f"the silence would mute nothing (alerts carry {', '.join(sorted(known))}; docs/RULES.md "
+            "'Builtin pack and runbooks')",
+            "use one of those labels, or give your own rule files with -r (their labels count too), or "
+            "--any-label to keep it",
         )
 
 

@@ -10,7 +10,7 @@ import time
 import click
 
 from obshub.core import kafka, registry, schema
-from obshub.core.clitypes import Finite, KafkaName, stop_timeout_option
+from obshub.core.clitypes import Finite, KafkaName, NonEmpty, stop_timeout_option
 from obshub.core.log import NullLogger
 from obshub.core.settings import STREAMS, load_settings
 from obshub.core.tables import WholeLineConsole
@@ -271,7 +271,14 @@ def worker_command(
         raise click.exceptions.Exit(0)
     name = f"streams-{index or _free_index(settings)}"
     registry.register_component(
-        settings, name, os.getpid(), app_id=app_id, input=input_topic, output=output_topic, metrics_port=metrics_port
+        settings,
+        name,
+        os.getpid(),
+        app_id=app_id,
+        partitions=partitions,
+        input=input_topic,
+        output=output_topic,
+        metrics_port=metrics_port,
     )
     names.append(name)
     try:
@@ -346,7 +353,7 @@ def tail_command():
 
 @tail_command.command("steps", epilog=TAIL_EPILOG)
 @click.option("--topic", default=schema.TOPIC_STEPS, show_default=True)
-@click.option("--job", default=None, help="only this job")
+@click.option("--job", type=NonEmpty("a job name"), default=None, help="only this job")
 @click.option("--from-beginning", is_flag=True, help="start at the oldest kept summary")
 @click.option("--count", type=click.IntRange(min=0), default=0, help="exit after this many summaries (0 = follow)")
 @click.option("--json", "as_json", is_flag=True, help="raw JSON, one summary per line")

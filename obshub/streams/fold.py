@@ -150,15 +150,19 @@ def _all_exited(
 STOP_SIGNALS = (1, 2, 15)
 
 
+def _stop_exit_ns(v: tuple) -> int | None:
+    """The ``received_ns`` (worker clock) of one process state ``v`` (``(state, received_ns, at_rt,
+    signal)``, as :meth:`Fold.state` keeps it) when it is an exit by a stop signal (:data:`STOP_SIGNALS`),
+    else None (still stopped or frozen, killed by another signal, or an older state without a signal)."""
+    if v[0] == "exited" and len(v) > 3 and v[3] in STOP_SIGNALS:
+        return int(v[1])
+    return None
+
+
 def _stop_exits(hosts: set[str], states: dict[str, dict[int, tuple]]) -> list[int]:
     """The ``received_ns`` (worker clock) of each process of ``hosts`` reported exited by a stop signal
-    (``states``: ``host -> pid -> (state, received_ns, at_rt, signal)``)."""
-    return [
-        v[1]
-        for h in hosts
-        for v in (states.get(h) or {}).values()
-        if v[0] == "exited" and len(v) > 3 and v[3] in STOP_SIGNALS
-    ]
+    (``states``: ``host -> pid -> (state, received_ns, at_rt, signal)``; see :func:`_stop_exit_ns`)."""
+    return [ns for h in hosts for v in (states.get(h) or {}).values() if (ns := _stop_exit_ns(v)) is not None]
 
 
 def _cancelled(
@@ -175,7 +179,7 @@ def _cancelled(
             return False
         for pid in known:
             v = st.get(pid)
-            if v is None or v[0] != "exited" or len(v) < 4 or v[3] not in STOP_SIGNALS:
+            if v is None or _stop_exit_ns(v) is None:
                 return False
     return True
 

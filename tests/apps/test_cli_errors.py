@@ -72,20 +72,45 @@ def test_agent_rate_validated(tmp_path, rate):
         (["--threshold", "bogus=5"], 2, "unknown threshold 'bogus' (known: runq_ns,"),
         (["--probes", "sched"], 2, "--probes applies to --source bpf only"),
         (["--pid", "1"], 2, "--pid applies to --source bpf only"),
-        (["--batch-max-bytes", "0"], 1, "--batch-max-bytes: Input should be greater than or equal to 1024"),
-        (["--spool-segment-bytes", "1"], 1, "--spool-segment-bytes: Input should be greater than or equal to"),
-        (["--host", "a/b"], 1, "--host: host name 'a/b' must be letters"),
+        (["--batch-max-bytes", "0"], 2, "--batch-max-bytes: 0 is less than the least allowed, 1024"),
+        (["--spool-segment-bytes", "1"], 2, "--spool-segment-bytes: 1 is less than the least allowed, 16384"),
+        (["--duration", "-1"], 2, "--duration: -1.0 must be more than 0"),
+        (["--host", "a/b"], 2, "Invalid value for '--host': 'a/b' is not a host name"),
+        (["--job", ""], 2, "Invalid value for '--job': '' is empty: give a job name"),
+        (["--job", " "], 2, "Invalid value for '--job': ' ' is empty: give a job name"),
         (["--threshold", "rdma_latency_ns=-5"], 2, "'rdma_latency_ns=-5': a threshold is 0 or more"),
-        (["--spool-segment-bytes", str(2**40)], 1, "--spool-segment-bytes / --spool-max-bytes: spool segment size"),
+        (["--spool-segment-bytes", str(2**40)], 2, "--spool-segment-bytes / --spool-max-bytes: spool segment size"),
     ],
 )
 def test_agent_options_out_of_range_or_of_the_other_source_are_named(tmp_path, args, code, wanted):
     """An agent option out of its range names the option (not the setting's field), and an option the
-    chosen --source does not use is refused instead of ignored; nothing is spooled or sent."""
+    chosen --source does not use is refused instead of ignored; nothing is spooled or sent. Every bad
+    option value is a usage error (exit 2) in plain words, as `obshub run`'s: the values the agent's
+    settings check (`--job ''`, `--batch-max-bytes 0`) exited 1 with pydantic's "Input should be ...",
+    and `--job ' '` ran an agent publishing under a blank job."""
     r = run(["agent", "--source", "synthetic", "--bootstrap", "127.0.0.1:1", "--duration", "1", *args], tmp_path)
     err = " ".join(r.stderr.split())
     assert r.returncode == code and wanted in err and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "home" / "spool").exists() or not any((tmp_path / "home" / "spool").rglob("*.seg"))
+
+
+@pytest.mark.parametrize(
+    "cmd, option, wanted",
+    [
+        (["agent", "--registered", "--only-job", ""], "--only-job", "'' is empty: give a job name"),
+        (["deep-dive", "--host", ""], "--host", "'' is empty: give a host name"),
+        (["deep-dive", "--host", "a b"], "--host", "'a b' is not a host name"),
+        (["tail", "steps", "--job", ""], "--job", "'' is empty: give a job name"),
+    ],
+)
+def test_an_empty_job_or_host_is_a_usage_error_in_every_command(tmp_path, cmd, option, wanted):
+    """`agent --only-job ''` served no job at all without a word (every registered process dropped),
+    `deep-dive --host ''` exited 1 after building a request, `deep-dive --host 'a b'` waited for the broker
+    to ask for a host no agent can have, and `tail steps --job ''` followed every job: each is a usage
+    error (exit 2) naming the option, as `obshub run --job ''`."""
+    r = run([*cmd, "--bootstrap", "127.0.0.1:1"] if cmd[0] != "tail" else cmd, tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and f"Invalid value for '{option}': {wanted}" in err and "Traceback" not in err, err
 
 
 def test_agent_refuses_the_synthetic_rate_for_the_bpf_source(tmp_path):
@@ -162,6 +187,33 @@ def test_run_refuses_an_empty_job_as_a_usage_error(tmp_path, job):
     err = " ".join(r.stderr.split())
     assert r.returncode == 2 and f"Invalid value for '--job': '{job}' is empty; give the job a name" in r.stderr, err
     assert "started" not in r.stdout and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("cmd", [["status"], ["topics", "check"], ["tail", "steps"], ["rules", "serve"]])
+def test_a_malformed_bootstrap_variable_is_refused_at_once_naming_it(tmp_path, cmd):
+    """`OBSHUB_BOOTSTRAP=127.0.0.1:99999 obshub status` (a port out of range) waited 10 s, then said
+    "connection refused": now one error naming the variable and the form, before any client connects."""
+    r = run(cmd, tmp_path, OBSHUB_BOOTSTRAP="127.0.0.1:99999")
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 1 and "Traceback" not in err, err
+    assert "OBSHUB_BOOTSTRAP: '127.0.0.1:99999': port 99999 is out of range (1-65535)" in err, err
+    assert "give host:port" in err and "refused" not in err and "answered" not in r.stdout + err, err
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["alerts"],
+        ["trace", "export", "--job", "j", "--steps", "1", "-o", "-"],
+        ["agent", "--job", "j", "--host", "h"],
+        ["deep-dive", "--host", "h"],
+    ],
+)
+def test_a_malformed_bootstrap_option_is_a_usage_error_naming_it(tmp_path, cmd):
+    r = run([*cmd, "--bootstrap", "k1:9092,,k2:9092"], tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "Invalid value for '--bootstrap'" in err, err
+    assert "has an empty address between commas" in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize(
@@ -277,3 +329,24 @@ def test_a_silence_that_would_mute_every_alert_is_refused(tmp_path, matchers):
     # a matcher that needs a value keeps every other one allowed
     ok = run(["silence", "add", *args, "-m", "host=~.+", "-a", "a", "-c", "c"], tmp_path)
     assert ok.returncode == 0 and ok.stdout.startswith("silence "), ok.stdout + ok.stderr
+
+
+def test_a_silence_on_a_label_no_alert_carries_is_refused_naming_the_labels(tmp_path):
+    """`silence add -m hostname=node2` (the label is `host`) was saved and muted nothing, without a word:
+    now a usage error naming the labels the alerts carry; a label of the user's own rules (-r) counts, and
+    --any-label keeps it on purpose."""
+    r = run(["silence", "add", "-m", "hostname=node2", "-a", "a", "-c", "c"], tmp_path)
+    err = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "no alert carries the label 'hostname': the silence would mute nothing" in err, err
+    assert "alerts carry alertname, category," in err and " host, job, layer," in err and "rank" in err, err
+    assert run(["silence", "list", "--all"], tmp_path).stdout.strip() == "no silences"  # nothing was saved
+    own = tmp_path / "team.yaml"
+    own.write_text(
+        "version: 1\nrules:\n  - id: team_rule\n    description: d\n    severity: warning\n    signal: steps\n"
+        '    condition: "true"\n    group_by: {job: job}\n    labels: {team: ml}\n'
+    )
+    assert run(["silence", "add", "-m", "team=ml", "-a", "a", "-c", "c"], tmp_path).returncode == 2
+    ok = run(["silence", "add", "-m", "team=ml", "-m", "host=n1", "-r", str(own), "-a", "a", "-c", "c"], tmp_path)
+    assert ok.returncode == 0 and ok.stdout.startswith("silence "), ok.stdout + ok.stderr
+    forced = run(["silence", "add", "-m", "hostname=node2", "--any-label", "-a", "a", "-c", "c"], tmp_path)
+    assert forced.returncode == 0 and forced.stdout.startswith("silence "), forced.stdout + forced.stderr

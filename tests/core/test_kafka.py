@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from obshub.core import kafka
+from obshub.core.errors import ConfigError
 from obshub.core.settings import KafkaConfig, load_settings
 
 
@@ -58,3 +59,40 @@ def test_agent_producer_config_is_built_on_the_connection():
     conf = KafkaConfig(bootstrap="k:1", extra={"linger.ms": "7"}).librdkafka_config()
     assert conf["bootstrap.servers"] == "k:1" and conf["enable.idempotence"] is True
     assert conf["linger.ms"] == "7"  # extra entries override
+
+
+@pytest.mark.parametrize(
+    "good", ["k:9092", "k1:9093, k2:9093", "10.0.0.1:1,10.0.0.2:65535", "[::1]:9092", "PLAINTEXT://k:9092"]
+)
+def test_well_formed_bootstrap_servers_are_taken(good):
+    assert kafka.bootstrap_problem(good) is None
+    assert kafka.KafkaConnection(bootstrap=good).bootstrap == good.strip()
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
+        ("k:0", "port 0 is out of range"),
+        ("k:x", "port 'x' is not a number"),
+        ("k", "'k' has no port"),
+        (":9092", "':9092' has no host"),
+        ("k:1,,k:2", "has an empty address between commas"),
+        ("k:1,", "has an empty address between commas"),
+        ("::1:9092", "an IPv6 host is written in brackets"),
+        ("k :1", "holds a blank"),
+    ],
+)
+def test_a_malformed_bootstrap_is_refused_saying_what_is_wrong(bad, why):
+    """`OBSHUB_BOOTSTRAP=127.0.0.1:99999 obshub status` waited 10 s and said "connection refused"; a
+    malformed address is refused before any client is made, by the settings and by every connection."""
+    assert why in (kafka.bootstrap_problem(bad) or "")
+    with pytest.raises(ValidationError, match="host:port"):
+        kafka.KafkaConnection(bootstrap=bad)
+    with pytest.raises(ConfigError, match="OBSHUB_BOOTSTRAP") as e:
+        load_settings(bootstrap=bad)
+    assert why in str(e.value)
+
+
+def test_an_empty_bootstrap_setting_is_still_the_local_broker():
+    assert load_settings(bootstrap=" ").bootstrap_servers == f"127.0.0.1:{load_settings().kafka_port}"

@@ -102,3 +102,50 @@ def test_a_replication_factor_above_the_broker_count_is_a_clear_error(kafka, uni
     assert "OBSHUB_KAFKA_REPLICATION_FACTOR" in r.stderr
     md = AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10)
     assert not any(t.startswith(app) for t in md.topics)  # nothing was created
+
+
+def test_the_deployment_checked_is_the_running_worker_and_engine_else_the_default(tmp_path):
+    """`obshub topics check` on a running demo stack checked the default app id's topics
+    (obshub-streams-*), not the demo worker's (obshub-demo-streams-*): the running worker's and engine's
+    component records (`obshub status`) now say which, and the first line of the output says it."""
+    from obshub.core import registry
+    from obshub.core.settings import load_settings
+    from obshub.topics_cli import deployment
+
+    s = load_settings(home=tmp_path)
+    d = deployment(s, None, None, None)
+    assert (d.app_id, d.partitions, d.rules_prefix) == ("obshub-streams", None, "obshub-rules")
+    assert "(the default: no stream worker runs from" in d.said
+    # records as the worker and the engine write them (this process stands for both: it is running)
+    registry.register_component(s, "streams-1", os.getpid(), app_id="obshub-demo-streams", partitions=8)
+    registry.register_component(s, "rules", os.getpid(), group_prefix="obshub-rules-demo-r1")
+    registry.register_component(s, "streams-9", 2**22 + 7, app_id="gone-app")  # not running: not counted
+    d = deployment(s, None, None, None)
+    assert (d.app_id, d.partitions, d.rules_prefix) == ("obshub-demo-streams", 8, "obshub-rules-demo-r1")
+    assert "--app-id obshub-demo-streams (the running stream worker streams-1's)" in d.said and "gone" not in d.said
+    # an option given wins; a second worker of another app is named as also running
+    registry.register_component(s, "streams-2", os.getpid(), app_id="other-app", partitions=2)
+    d = deployment(s, "mine", 3, None)
+    assert (d.app_id, d.partitions) == ("mine", 3) and "also running here: --app-id" not in d.said
+    d = deployment(s, None, None, "p")
+    assert d.app_id == "obshub-demo-streams" and "also running here: --app-id other-app" in d.said
+
+
+@pytest.mark.kafka
+def test_check_without_app_id_covers_the_running_worker(kafka, unique, tmp_path):
+    """A real stream worker running from the session's OBSHUB_HOME: `topics check` with no --app-id checks
+    its topics (at its --partitions) and says so."""
+    from tests.support import testkit
+
+    tag = f"tc-{unique}"
+    topics = testkit.make_topics(kafka, tag, partitions=kafka.events_partitions)  # as obshub.events.v1
+    w = testkit.Worker(topics, f"{tag}-app", 161, tmp_path / "w.log", partitions=3)
+    try:
+        w.wait_ready(120)
+        r = _invoke("check", "--json")
+        assert f"checking the topics of --app-id {tag}-app (the running stream worker streams-161's)" in r.output
+        got = [json.loads(line) for line in r.output.splitlines() if line.startswith("{")]
+        assert not any(d["topic"].startswith("obshub-streams-") for d in got), got
+        assert r.exit_code == 0, r.output  # the worker made its own topics, at its own partitions
+    finally:
+        w.stop()

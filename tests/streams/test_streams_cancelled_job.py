@@ -98,3 +98,17 @@ def test_a_bad_signal_value_in_an_exit_report_counts_as_unknown():
     for bad in (300, -2, 0):
         named = _run("bad", {"signal": bad}, {"signal": bad})
         assert named, bad
+
+
+def test_one_reading_of_a_process_state_for_the_cancel_wait_and_the_cancel():
+    """``_stop_exits`` and ``_cancelled`` read a process state through one helper: an exit by a stop signal
+    gives its receive time, anything else (a SIGKILL, a stopped process, a state without a signal) none."""
+    from obshub.streams.fold import _cancelled, _stop_exit_ns, _stop_exits
+
+    assert _stop_exit_ns(("exited", 7, 5, 15)) == 7
+    for v in [("exited", 7, 5, 9), ("stopped", 7, 5, 15), ("exited", 7, 5), ("exited", 7, 5, 0)]:
+        assert _stop_exit_ns(v) is None
+    states = {"a": {1: ("exited", 7, 5, 2)}, "b": {2: ("exited", 9, 5, 9)}}
+    assert _stop_exits({"a", "b"}, states) == [7]
+    assert _cancelled({"a"}, {"a": {1: (0, 0)}}, states)
+    assert not _cancelled({"a", "b"}, {"a": {1: (0, 0)}, "b": {2: (1, 0)}}, states)
