@@ -2,9 +2,9 @@
 
 bcc's ``BPF.cleanup()`` closes the perf event of every probe one after the other, and each close waits for
 the kernel: a uprobe or a tracepoint perf event runs its unregistration under the kernel's ``event_mutex``
-with RCU grace periods (``tracepoint_synchronize_unregister``, the uprobe's own), ~0.1 s each however
-many threads close them (kernel 6.18: 21 uprobes 2.66 s, 16 tracepoints 1.46 s, no training running;
-closed from 37 threads at once, still serial). An agent stopped by the demo spent 5.7-5.9 s in it
+with RCU grace periods (``tracepoint_synchronize_unregister``, the uprobe's own), ~0.1 s each (kernel
+6.18: 21 uprobes 2.66 s, 16 tracepoints 1.46 s, no training running; closed from threads at once, a
+quarter less: 2.73 vs 3.79 s, measured by stopfast19). An agent stopped by the demo spent 5.7-5.9 s in it
 against its 5 s grace, was SIGKILLed and lost its last line and its component record.
 
 :func:`release` hands the slow part to a child process: the child (forked, so it holds its own references
