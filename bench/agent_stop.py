@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import common
+
 CHILD = r"""
 import json, os, sys, time
 from obshub.core.settings import load_settings
@@ -80,7 +82,7 @@ def one(tree: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.agent_stop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", type=Path, help="another worktree to time beside this one")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=common.positive_int, default=3)
     a = ap.parse_args(argv)
     here = Path(__file__).resolve().parent.parent
     trees = {"branch": here, **({"base": a.base.resolve()} if a.base else {})}
