@@ -400,11 +400,15 @@ def _wait(cond, timeout_s: float, what: str, check=None) -> None:
         time.sleep(0.2)
 
 
-def _stop_together(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+def _stop_together(procs: list[subprocess.Popen], grace_s: float = 5.0) -> list[subprocess.Popen]:
     """SIGTERM the process groups of ``procs`` at once, then SIGKILL whatever is left after ``grace_s``
-    (one deadline for all): the exit stack's own per-process stop then finds them gone."""
+    (one deadline for all): the exit stack's own per-process stop then finds them gone. Returns those
+    SIGKILLed (their last lines and their own clean-up lost)."""
+    killed: list[subprocess.Popen] = []
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         alive = [p for p in procs if p.poll() is None]
+        if sig == signal.SIGKILL:
+            killed = alive
         for p in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, sig)
@@ -412,6 +416,7 @@ def _stop_together(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
         for p in alive:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(max(0.0, deadline - time.monotonic()))
+    return killed
 
 
 def _alive(proc: subprocess.Popen, name: str, log: Path) -> None:
@@ -589,7 +594,13 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 if name == "rules":
                     Cluster.stop(proc)
             _stop_together([r.proc for r in ranks])
-            _stop_together([proc for proc, name, _log in watched if name.startswith("agent ")])
+            agents = [(proc, name) for proc, name, _log in watched if name.startswith("agent ")]
+            killed = _stop_together([proc for proc, _name in agents])
+            if killed:
+                view.say(
+                    "killed after the 5 s grace (their last lines lost): "
+                    + ", ".join(name for proc, name in agents if proc in killed)
+                )
             _wait_drained(settings, parts.STREAMS_APP_ID, 15.0)
             _stop_together([proc for proc, _name, _log in watched])
 

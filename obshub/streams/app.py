@@ -26,7 +26,10 @@ tables (docs/STREAMS.md has the diagram, the state layout and the guarantees):
 5. ``progress`` (timer, every 0.5 s): the input partitions this worker has read to their end, as a
    ``read`` message to every partition of the internal topic. A step closes by its window only when every
    input partition was read past the window's end, so a worker failover (unread partitions) lists no live
-   host as missing (``Fold.input_read_past``).
+   host as missing (``Fold.input_read_past``). Sent every tick only while something needs fresh reports
+   (:class:`ReadReports`: new input read by this worker or, by the ``new`` flag of their reports, by
+   another within the window and a few seconds, or an open step in this worker's fold); an idle worker
+   sends one every ``READ_IDLE_EVERY_S`` (the retention sweep's read check).
 6. Both agents check every record's offset against the next one expected (``streams.reread``): a range
    the Faust consumer skipped is read again and processed before the record that revealed it.
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,6 +65,7 @@ from obshub.streams.topics import TABLES, partition_of
 log = logging.getLogger("obshub.streams")
 
 READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
+READ_IDLE_EVERY_S = 5.0  # an idle worker's ``read`` report: at most this often (ReadReports)
 TAKE_MAX = 2048  # messages an agent takes from its stream per round (when that many are waiting)
 TAKE_WITHIN_S = 0.1  # ... or what arrived within this long (s)
 BATCH_MAX_BYTES = 512 * 1024  # one internal batch message at most (the topic's default limit is 1 MB)
@@ -249,7 +254,38 @@ def _dlq_value(cfg: WorkerConfig, value: bytes, own, topic: str, partition: int,
     return value, headers
 
 
-def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rate: dict) -> None:
+class ReadReports:
+    """When the ``progress`` timer sends its ``read`` report (module docstring, 5.): :meth:`due` answers
+    per tick. Due when the input positions this worker has read to (``positions``: input partition ->
+    next offset, only those read to their end) changed since the last report (new input, or another
+    assignment), while new input was read by this worker or another (``others_new_s``: seconds since
+    the fold last saw a report flagged ``new``) within ``active_s`` (the step window plus
+    ``2 * READ_MARGIN_NS``: every step that input opened can close by its window, and the hang and
+    running checks have reports a few seconds old), while ``open_steps`` (this worker's fold holds an
+    open step: a hang, a step waiting for its window), or at most every ``idle_every_s`` otherwise (the
+    retention sweep's read check: ``Fold.expired_jobs``). An idle worker then writes one report per
+    ``idle_every_s`` instead of two a second. Times are time.monotonic() seconds."""
+
+    def __init__(self, active_s: float, idle_every_s: float = READ_IDLE_EVERY_S):
+        self.active_s, self.idle_every_s = active_s, idle_every_s
+        self.positions: dict[int, int] | None = None
+        self.new_at = -math.inf  # when this worker last read new input (monotonic s)
+        self.sent_at = -math.inf
+
+    def due(self, now: float, positions: dict[int, int], others_new_s: float, open_steps: bool) -> tuple[bool, bool]:
+        """``(send, new)``: whether to send the report now, and whether it carries new input (its ``new``
+        flag). Records the send when ``send``."""
+        new = positions != self.positions
+        if new:
+            self.positions, self.new_at = dict(positions), now
+        active = now - self.new_at < self.active_s or others_new_s < self.active_s or open_steps
+        send = active or now - self.sent_at >= self.idle_every_s
+        if send:
+            self.sent_at = now
+        return send, new
+
+
+def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rate: dict, fold: Fold) -> None:
     """The ``ingest`` agent: input topic -> ``Ingest`` -> internal topic (and the DLQ)."""
     src = app.topic(cfg.input_topic, key_serializer="raw", value_serializer="raw")
     dlq = app.topic(cfg.dlq_topic, key_serializer="raw", value_serializer="raw")
@@ -364,13 +400,15 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             for event in events:
                 done[event.message.tp] = event.message.offset + 1
 
+    reports = ReadReports(cfg.window_s + 2 * READ_MARGIN_NS / 1e9)
+
     @app.timer(0.5)
     async def progress():
         # Which input partitions this worker has read to their end, and when (docs/STREAMS.md, "What a
         # worker failover does"): broadcast to every fold partition, so a step is closed by its window
         # with hosts missing only once every input partition was read past the window's end.
         now = time.time_ns() - READ_MARGIN_NS  # the high-water mark is as old as the last fetch response
-        read = []
+        read, positions = [], {}
         try:
             for tp in app.assignor.assigned_actives():
                 if tp.topic != cfg.input_topic:
@@ -379,13 +417,18 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
                 pos = max(done.get(tp, 0), app.consumer._committed_offset.get(tp) or 0)
                 if hw is not None and pos >= hw:
                     read.append([tp.partition, now])
+                    positions[tp.partition] = pos
         except Exception:  # best effort (counted): without a report the fold holds window closes a little longer
             m.housekeeping_errors.labels("progress").inc()
             log.debug("input progress unavailable", exc_info=True)
             return
-        if read:
+        if not read:
+            return
+        mono = time.monotonic()
+        send, new = reports.due(mono, positions, mono - fold.read_new_at, bool(len(fold.steps)))
+        if send:
             for p in range(cfg.partitions):
-                await rep.send(key=b"read", value={"t": "read", "read": read}, partition=p)
+                await rep.send(key=b"read", value={"t": "read", "read": read, "new": new}, partition=p)
 
 
 def _add_fold(app, cfg: WorkerConfig, m: WorkerMetrics, fold: Fold, rep, folded) -> None:
@@ -711,7 +754,7 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
 
     tables["parts"].on_recover(forget)
     rate = {"events": 0}  # events ingested by this process, for the events/s gauge
-    _add_ingest(app, cfg, m, tables, rep, rate)
+    _add_ingest(app, cfg, m, tables, rep, rate, fold)
     _add_fold(app, cfg, m, fold, rep, tables["folded"])
     _add_expiry(app, cfg, m, fold, rep, rate, tables)
     _add_watch(app, cfg, m, fold, rep)

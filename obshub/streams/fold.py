@@ -61,6 +61,7 @@ import ast
 import collections
 import hashlib
 import logging
+import math
 import time
 import zlib
 from typing import Any, Callable, Iterable, Iterator, MutableMapping
@@ -381,6 +382,7 @@ class Fold:
         self.input_partitions = input_partitions
         self.hold_max_ns = hold_max_ns if hold_max_ns is not None else max(10 * window_ns, 60_000_000_000)
         self.read_ns: dict[int, int] = {}  # input partition -> clock() up to which it was read (derived)
+        self.read_new_at = -math.inf  # time.monotonic() of the last ``read`` report flagged ``new`` (derived)
         self._held: set[str] = set()  # open steps whose window close waits for input (logged once)
         # parts records (derived from the keys; None = rebuild from the table): open step -> host -> the key
         # of the record with its latest entry; open step -> its keys, oldest first; -> its next record number
@@ -550,6 +552,8 @@ class Fold:
             for ip, ns in v["read"]:
                 if ns > self.read_ns.get(ip, 0):
                     self.read_ns[ip] = ns
+            if v.get("new"):  # a worker read new input (streams.app.ReadReports): reports stay frequent
+                self.read_new_at = time.monotonic()
         elif t == "close":
             st = self.steps.get(v["key"])
             if st is not None and v["key"] in self.hung and self.clock() - st["opened_ns"] < self.th.hang_hold_ns:

@@ -259,6 +259,38 @@ def test_single_event_window_closes_without_more_input(kafka, short, unique):
     assert s["layers"] == {"solo": {}} and s["step_time_ns"] == {}
 
 
+def _read_reports(settings, topic: str, partitions: int, seconds: float) -> int:
+    """``read`` reports written to ``topic`` (every partition, from its end) in the next ``seconds``."""
+    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"count-{uuid.uuid4().hex}"})
+    try:
+        c.assign([TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
+        n, deadline = 0, time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            msg = c.poll(min(left, 0.5))
+            if msg is not None and msg.error() is None and msg.key() == b"read":
+                n += 1
+        return n
+    finally:
+        c.close()
+
+
+def test_an_idle_worker_writes_its_read_report_rarely(kafka, short, unique):
+    """With no new input and no open step the ``progress`` timer writes one ``read`` report per
+    READ_IDLE_EVERY_S to each partition of its internal topic, not two a second (streams.app.ReadReports);
+    after new input, every tick again (the window closes of test_single_event_window_closes_without_more_input)."""
+    scn = synthetic.Scenario(job=f"idle-{unique}", hosts=2, steps=2)
+    testkit.publish(kafka, short["topics"].events, synthetic.generate(scn))
+    assert len(_by_job(kafka, short["topics"].steps, scn.job, 2)) == 2
+    time.sleep(WINDOW_S + 3.0)  # the window and two read margins after the last input
+    internal = f"{short['app_id']}-steps"
+    idle = _read_reports(kafka, internal, 4, 10.0)
+    assert 1 <= idle <= 3 * 4, idle  # 5 s apart: at most 3 rounds of 4 partitions in 10 s (80 before)
+    testkit.publish(kafka, short["topics"].events, synthetic.generate(synthetic.Scenario(job=f"{scn.job}-b", hosts=2)))
+    assert _read_reports(kafka, internal, 4, 3.0) >= 2 * 4  # new input: every 0.5 s tick again
+
+
 def test_sequence_gaps_and_duplicates_counted_exactly(kafka, shared, unique):
     scn = synthetic.Scenario(job=f"seq-{unique}", hosts=1, steps=14)
     all_b = synthetic.generate(scn)  # seq 0 = registration, seq n = step n-1
