@@ -128,7 +128,6 @@ def test_the_demos_drain_wait_builds_its_clients_once_and_closes_them(kafka, uni
 
     from confluent_kafka import Producer
 
-
     topic, group = f"drain-{unique}", f"obshub-drain-{unique}"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
