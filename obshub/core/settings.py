@@ -106,6 +106,26 @@ class Settings(BaseSettings):
                 break
         return p
 
+    @model_validator(mode="after")
+    def _ports_fit(self) -> "Settings":
+        """The KRaft controller's port (``OBSHUB_KAFKA_CONTROLLER_PORT``, default the broker's + 1) must be
+        a port and not the broker's: ``OBSHUB_KAFKA_PORT=65535`` made it 65536 (an OverflowError traceback
+        from ``obshub up``'s port check), and one port for both made the broker's storage format fail with a
+        Java stack trace."""
+        if self.kafka_controller_port is None and self.kafka_port == 65535:
+            raise ValueError(
+                "OBSHUB_KAFKA_PORT=65535 leaves no port for the Kafka controller listener (the broker's port + 1 "
+                "unless OBSHUB_KAFKA_CONTROLLER_PORT says otherwise); choose a lower port or set "
+                "OBSHUB_KAFKA_CONTROLLER_PORT"
+            )
+        if self.kafka_controller_port == self.kafka_port:
+            raise ValueError(
+                f"OBSHUB_KAFKA_CONTROLLER_PORT and OBSHUB_KAFKA_PORT are both {self.kafka_port}: the broker and its "
+                "KRaft controller need two ports; unset OBSHUB_KAFKA_CONTROLLER_PORT (the broker's port + 1) or "
+                "choose another"
+            )
+        return self
+
     @property
     def controller_port(self) -> int:
         """The KRaft controller listener port (default: broker port + 1)."""
@@ -146,12 +166,13 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+            (f"{'.'.join(str(x) for x in e['loc'])}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
         )
         names = ", ".join(f"OBSHUB_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
         raise ConfigError(
             f"invalid setting: {problems}",
-            f"fix the value of {names or 'the setting'} (environment or command-line flag)",
+            f"fix the value of {names or 'the variables named above'} (environment or command-line flag)",
         ) from None
 
 

@@ -432,3 +432,58 @@ def test_status_says_a_component_whose_process_is_gone_exited_and_when_it_starte
         cell = component_state({"name": name, "pid": 7, "running": False, "started": started}, False)
         assert "no: exited (started 2026-12-06 21:24:22)" in cell and "`obshub down` clears it" in cell, cell
     assert "no: exited, its record" in component_state({"name": "rules", "pid": 7, "running": False}, False)
+
+
+@pytest.mark.parametrize(
+    "env, why",
+    [
+        ({"OBSHUB_KAFKA_PORT": "65535"}, "OBSHUB_KAFKA_PORT=65535 leaves no port for the Kafka controller listener"),
+        ({"OBSHUB_KAFKA_PORT": "PORT", "OBSHUB_KAFKA_CONTROLLER_PORT": "PORT"}, "need two ports"),
+    ],
+)
+def test_a_broker_port_that_leaves_the_controller_none_is_a_settings_error(tmp_path, monkeypatch, capsys, env, why):
+    """`OBSHUB_KAFKA_PORT=65535 obshub up` ended in an OverflowError traceback (the controller listener is
+    the broker's port + 1: 65536); one port for both listeners ran the broker's storage format, which failed
+    with the last 600 characters of a Java stack trace and the hint to remove the data folder (newuser20).
+    Now an invalid setting naming the variables, before anything is written."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    port = str(stack.free_port_pair())
+    for var, value in env.items():
+        monkeypatch.setenv(var, port if value == "PORT" else value)
+    for args in (["up"], ["status"]):
+        code, _out, err = obshub(args, capsys)
+        err = " ".join(err.split())
+        assert code == 1 and "invalid setting" in err and why in err, err
+        assert "Traceback" not in err and "OBSHUB_KAFKA_CONTROLLER_PORT" in err, err
+    assert not (home / "kafka").exists()
+    monkeypatch.setenv("OBSHUB_KAFKA_CONTROLLER_PORT", "19093")  # a controller port of its own: fine
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "65535")
+    assert load_settings().controller_port == 19093
+
+
+def test_a_failed_storage_format_names_the_java_exception_not_the_tail_of_its_stack(tmp_path):
+    """The broker's storage format failing (here: a configuration the real StorageTool refuses) was reported
+    as the last 600 characters of its output: stack frames cut mid-line (`ala:1115)`). The reason is the
+    exception's own line (newuser20)."""
+    import subprocess
+
+    settings = load_settings(home=tmp_path / "home")
+    libs = stack.install_kafka(settings)
+    props = tmp_path / "server.properties"
+    props.write_text(
+        "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@127.0.0.1:19500\n"
+        "listeners=PLAINTEXT://127.0.0.1:19500,CONTROLLER://127.0.0.1:19500\ncontroller.listener.names=CONTROLLER\n"
+        f"log.dirs={tmp_path / 'data'}\n"
+    )
+    proc = subprocess.run(
+        [stack.java_binary(), "-cp", stack._classpath(libs), "kafka.tools.StorageTool", "format"]
+        + ["-t", stack._cluster_id(), "-c", str(props)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    why = stack.java_failure(proc.stdout + proc.stderr)
+    assert why.startswith('Exception in thread "main"') and "two listeners on the same port" in why, why
+    assert "\tat " not in why and " at scala." not in why, why
