@@ -106,6 +106,21 @@ class Settings(BaseSettings):
                 break
         return p
 
+    @field_validator("kafka_version", mode="before")
+    @classmethod
+    def _empty_version_is_default(cls, v: Any) -> Any:
+        """An empty ``OBSHUB_KAFKA_VERSION`` is the default version, as an empty ``OBSHUB_HOME`` is the default."""
+        return cls.model_fields["kafka_version"].default if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("kafka_version")
+    @classmethod
+    def _a_version(cls, v: str) -> str:
+        """A Kafka release number (``4.1.1``, ``4.2.0-rc1``): it names the cache folder of the broker's jars
+        and goes into a Maven POM, so ``../../x`` wrote that POM outside the cache (newuser20)."""
+        if not re.fullmatch(r"\d+\.\d+\.\d+([.-][A-Za-z0-9]+)*", v):
+            raise ValueError(f"{v!r} is not a Kafka release number such as 4.1.1")
+        return v
+
     @model_validator(mode="after")
     def _ports_fit(self) -> "Settings":
         """The KRaft controller's port (``OBSHUB_KAFKA_CONTROLLER_PORT``, default the broker's + 1) must be

@@ -487,3 +487,22 @@ def test_a_failed_storage_format_names_the_java_exception_not_the_tail_of_its_st
     why = stack.java_failure(proc.stdout + proc.stderr)
     assert why.startswith('Exception in thread "main"') and "two listeners on the same port" in why, why
     assert "\tat " not in why and " at scala." not in why, why
+
+
+@pytest.mark.parametrize("version", ["../../evil", "4.1", "4.1.1; rm", "latest"])
+def test_a_kafka_version_that_is_no_release_number_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capsys, version
+):
+    """OBSHUB_KAFKA_VERSION names the jars' cache folder and goes into a Maven POM: `../../evil` made
+    `obshub up` write evil/pom.xml two folders above the cache (newuser20). An empty one is the default."""
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OBSHUB_CACHE", str(tmp_path / "a" / "b" / "cache"))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", str(stack.free_port_pair()))
+    monkeypatch.setenv("OBSHUB_KAFKA_VERSION", version)
+    code, _out, err = obshub(["up"], capsys)
+    err = " ".join(err.split())
+    assert code == 1 and f"kafka_version: {version!r} is not a Kafka release number" in err, err
+    assert "OBSHUB_KAFKA_VERSION" in err and not (tmp_path / "a" / "evil").exists()
+    assert not (tmp_path / "a" / "b" / "cache").exists() and not (tmp_path / "home").exists()
+    monkeypatch.setenv("OBSHUB_KAFKA_VERSION", "")
+    assert load_settings().kafka_version == "4.1.1"
