@@ -506,3 +506,24 @@ def test_a_kafka_version_that_is_no_release_number_is_refused_before_anything_is
     assert not (tmp_path / "a" / "b" / "cache").exists() and not (tmp_path / "home").exists()
     monkeypatch.setenv("OBSHUB_KAFKA_VERSION", "")
     assert load_settings().kafka_version == "4.1.1"
+
+
+def test_a_full_disk_under_the_state_folder_is_one_error_naming_the_silences_file(tmp_path, monkeypatch, capsys):
+    """`obshub silence add` on a full disk ended in an OSError traceback (ENOSPC from the write names no file,
+    so it was taken for a bug). Here the temporary file is /dev/full: every write fails with ENOSPC, as on a
+    full disk. Now one error naming the file; the silences already there are kept (newuser20)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    code, out, _err = obshub(["silence", "add", "-m", "host=a", "-a", "me", "-c", "first"], capsys)
+    assert code == 0, out
+    tmp = home / "state" / "rules" / "silences.tmp"
+    tmp.symlink_to("/dev/full")
+    code, _out, err = obshub(["silence", "add", "-m", "host=b", "-a", "me", "-c", "second"], capsys)
+    err = " ".join(err.split())
+    assert code == 1 and "Traceback" not in err, err
+    assert (
+        f"error: cannot write silences to {home / 'state' / 'rules' / 'silences.json'}: No space left on device" in err
+    )
+    tmp.unlink()
+    code, out, _err = obshub(["silence", "list"], capsys)
+    assert code == 0 and "host=a" in out and "host=b" not in out, out
