@@ -144,6 +144,9 @@ def test_up_while_the_registered_broker_does_not_listen_is_a_clear_error(tmp_pat
         (["--step-sleep-ms", "-1"], "'--step-sleep-ms'"),
         (["--hidden", "0"], "'--hidden': 0 is not in the range x>=1"),
         (["--fault", "none", "--json", "/nonexistent-nu10/dir/r.json"], "its folder /nonexistent-nu10/dir does not"),
+        # newuser20: the last value won silently (a cpu stall ran); a clean run's fault host was ignored
+        (["--fault", "stall", "--param", "layer=net", "--param", "layer=cpu"], "layer is given twice"),
+        (["--fault", "none", "--fault-host", "2"], "--fault-host with --fault none: a clean run injects no fault"),
     ],
 )
 def test_demo_refuses_bad_options_before_setting_anything_up(tmp_path, monkeypatch, capsys, args, named):
