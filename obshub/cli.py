@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
             err_console.print(f"[red]error:[/red] {escape(exc.strerror or str(exc))}")
             err_console.print(
                 "[yellow]hint:[/yellow] a disk this command writes to is full or read-only: the state folder "
-                "($OBSHUB_HOME) or the output file it was given"
+                "($OBSHUB_HOME), the output file it was given, or where its output is redirected"
             )
             sys.exit(1)
         if exc.filename is None:  # not about a file the user can fix: a bug, shown as one

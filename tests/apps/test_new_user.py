@@ -530,3 +530,22 @@ def test_a_full_disk_under_the_state_folder_is_one_error_naming_the_silences_fil
     tmp.unlink()
     code, out, _err = obshub(["silence", "list"], capsys)
     assert code == 0 and "host=a" in out and "host=b" not in out, out
+
+
+def test_output_to_a_full_disk_is_one_error_not_a_traceback(tmp_path):
+    """`obshub probes --json > file` on a full disk ended in an OSError traceback: the write's ENOSPC names no
+    file, so the CLI took it for a bug. Here stdout is /dev/full (every write: ENOSPC) (newuser20)."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-m", "obshub.cli", "probes", "--json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OBSHUB_HOME": str(tmp_path / "home")},
+        )
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "error: No space left on device" in res.stderr and "where its output is redirected" in res.stderr
