@@ -121,8 +121,8 @@ class NotifyLoop:
             why = f"{exc.strerror or exc} ({exc.filename or self.state_path})"
             if why != self.state_error:
                 log.error(
-                    "notify: cannot write the delivery state %s: %s; alerts are still delivered, the state is "
-                    "written again at the next commit (free space in or fix $OBSHUB_HOME)",
+                    "notify: cannot write the delivery state %s: %s; alerts are still delivered and the write is "
+                    "retried at each commit (free space in or fix $OBSHUB_HOME)",
                     self.state_path,
                     why,
                 )

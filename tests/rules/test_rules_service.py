@@ -309,8 +309,9 @@ def test_a_delivery_state_that_cannot_be_written_never_stops_delivery(kafka, uni
         assert "Traceback" not in text and "No space left on device" in text, text[-3000:]
         tmp.unlink()  # the disk has room again
         produce_step(kafka, f"{job}-c", 1, lost=3)
-        wait_for(lambda: "is written again" in log.read_text(), 60, "the state written again", proc, log)
-        assert (home / "state" / "rules" / f"dispatch-{prefix}.json").is_file()
+        state = home / "state" / "rules" / f"dispatch-{prefix}.json"
+        wait_for(lambda: f"the delivery state {state} is written again" in log.read_text(), 60, "the state", proc, log)
+        assert state.is_file() and "retried at each commit" in log.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
