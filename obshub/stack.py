@@ -363,19 +363,33 @@ def up(settings: Settings, progress: Progress = _quiet, timeout_s: float = 90.0)
         settings, "kafka", proc.pid, log=str(log), port=settings.kafka_port, version=settings.kafka_version
     )
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            unregister_component(settings, "kafka")
-            raise StackError(
-                f"the Kafka broker exited with code {proc.returncode} during start-up:\n"
-                f"{_tail(settings.logs_dir / 'kafka.stdout.log')}\n{_tail(log)}",
-                f"read {log}",
-            )
-        if port_in_use(settings.kafka_port) and _metadata_ok(settings):
-            break
-        time.sleep(0.3)
-    else:
-        raise StackError(f"the Kafka broker did not answer within {timeout_s:.0f} s", f"read {log}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                unregister_component(settings, "kafka")
+                raise StackError(
+                    f"the Kafka broker exited with code {proc.returncode} during start-up:\n"
+                    f"{_tail(settings.logs_dir / 'kafka.stdout.log')}\n{_tail(log)}",
+                    f"read {log}",
+                )
+            if port_in_use(settings.kafka_port) and _metadata_ok(settings):
+                break
+            time.sleep(0.3)
+        else:
+            raise StackError(f"the Kafka broker did not answer within {timeout_s:.0f} s (stopped again)", f"read {log}")
+    except BaseException:
+        # a broker that never answered, or a Ctrl-C while it started: stop it rather than leave a process
+        # running and registered that the caller does not know it started (a demo's Ctrl-C during "starting
+        # Apache Kafka" left one on the port, newuser20)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        unregister_component(settings, "kafka")
+        raise
     ensure_topics(settings, progress)
     return {"already": False, "pid": proc.pid, "bootstrap": settings.bootstrap_servers, "log": str(log)}
 
