@@ -3,6 +3,7 @@ packages (see ``LAZY_COMMANDS``) so ``obshub --help`` stays fast and each stage 
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -287,6 +288,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(1)
     except OSError as exc:
+        if exc.filename is None and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            # a write to a full or read-only disk names no file (the open did, and worked)
+            err_console.print(f"[red]error:[/red] {escape(exc.strerror or str(exc))}")
+            err_console.print(
+                "[yellow]hint:[/yellow] a disk this command writes to is full or read-only: the state folder "
+                "($OBSHUB_HOME), the output file it was given, or where its output is redirected"
+            )
+            sys.exit(1)
         if exc.filename is None:  # not about a file the user can fix: a bug, shown as one
             raise
         # a folder or file this user cannot create or write (OBSHUB_HOME=/var/lib/obshub as a user, a

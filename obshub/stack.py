@@ -179,6 +179,18 @@ logger.state.level = WARN
 """
 
 
+def java_failure(output: str, limit: int = 600) -> str:
+    """The reason in a failed Java tool's ``output``: its exception lines (``Exception in thread "main"
+    java.lang.IllegalArgumentException: requirement failed: ...``, ``Caused by: ...``), without the stack
+    frames (``at ...``) and logger noise; the last ``limit`` characters when it has none."""
+    lines = [ln.strip() for ln in output.splitlines()]
+    why = [
+        ln for ln in lines if ("Exception" in ln or ln.startswith(("Error", "Caused by"))) and not ln.startswith("at ")
+    ]
+    text = " / ".join(dict.fromkeys(why)) if why else output.strip()
+    return text[:limit] if why else text[-limit:]
+
+
 def _cluster_id() -> str:
     """A Kafka cluster id (URL-safe base64 of 16 random bytes). One that starts with '-' would be read as
     an option by kafka-storage's argument parser, so those are drawn again."""
@@ -319,8 +331,9 @@ def up(settings: Settings, progress: Progress = _quiet, timeout_s: float = 90.0)
         )
         if proc.returncode != 0:
             raise StackError(
-                f"Failed to format Kafka storage in {data}: {(proc.stdout + proc.stderr).strip()[-600:]}",
-                f"remove {data} to start from an empty broker",
+                f"Failed to format Kafka storage in {data}: {java_failure(proc.stdout + proc.stderr)}",
+                f"read the reason above ({props} is the broker's configuration); if the folder holds a broker's "
+                f"old data, remove {data} to start from an empty broker",
             )
     progress(f"starting Apache Kafka {settings.kafka_version} (KRaft) on 127.0.0.1:{settings.kafka_port}")
     stdout = open(settings.logs_dir / "kafka.stdout.log", "ab")
@@ -350,19 +363,33 @@ def up(settings: Settings, progress: Progress = _quiet, timeout_s: float = 90.0)
         settings, "kafka", proc.pid, log=str(log), port=settings.kafka_port, version=settings.kafka_version
     )
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            unregister_component(settings, "kafka")
-            raise StackError(
-                f"the Kafka broker exited with code {proc.returncode} during start-up:\n"
-                f"{_tail(settings.logs_dir / 'kafka.stdout.log')}\n{_tail(log)}",
-                f"read {log}",
-            )
-        if port_in_use(settings.kafka_port) and _metadata_ok(settings):
-            break
-        time.sleep(0.3)
-    else:
-        raise StackError(f"the Kafka broker did not answer within {timeout_s:.0f} s", f"read {log}")
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                unregister_component(settings, "kafka")
+                raise StackError(
+                    f"the Kafka broker exited with code {proc.returncode} during start-up:\n"
+                    f"{_tail(settings.logs_dir / 'kafka.stdout.log')}\n{_tail(log)}",
+                    f"read {log}",
+                )
+            if port_in_use(settings.kafka_port) and _metadata_ok(settings):
+                break
+            time.sleep(0.3)
+        else:
+            raise StackError(f"the Kafka broker did not answer within {timeout_s:.0f} s (stopped again)", f"read {log}")
+    except BaseException:
+        # a broker that never answered, or a Ctrl-C while it started: stop it rather than leave a process
+        # running and registered that the caller does not know it started (a demo's Ctrl-C during "starting
+        # Apache Kafka" left one on the port, newuser20)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        unregister_component(settings, "kafka")
+        raise
     ensure_topics(settings, progress)
     return {"already": False, "pid": proc.pid, "bootstrap": settings.bootstrap_servers, "log": str(log)}
 

@@ -116,6 +116,41 @@ class Settings(BaseSettings):
                 break
         return p
 
+    @field_validator("kafka_version", mode="before")
+    @classmethod
+    def _empty_version_is_default(cls, v: Any) -> Any:
+        """An empty ``OBSHUB_KAFKA_VERSION`` is the default version, as an empty ``OBSHUB_HOME`` is the default."""
+        return cls.model_fields["kafka_version"].default if isinstance(v, str) and not v.strip() else v
+
+    @field_validator("kafka_version")
+    @classmethod
+    def _a_version(cls, v: str) -> str:
+        """A Kafka release number (``4.1.1``, ``4.2.0-rc1``): it names the cache folder of the broker's jars
+        and goes into a Maven POM, so ``../../x`` wrote that POM outside the cache (newuser20)."""
+        if not re.fullmatch(r"\d+\.\d+\.\d+([.-][A-Za-z0-9]+)*", v):
+            raise ValueError(f"{v!r} is not a Kafka release number such as 4.1.1")
+        return v
+
+    @model_validator(mode="after")
+    def _ports_fit(self) -> "Settings":
+        """The KRaft controller's port (``OBSHUB_KAFKA_CONTROLLER_PORT``, default the broker's + 1) must be
+        a port and not the broker's: ``OBSHUB_KAFKA_PORT=65535`` made it 65536 (an OverflowError traceback
+        from ``obshub up``'s port check), and one port for both made the broker's storage format fail with a
+        Java stack trace."""
+        if self.kafka_controller_port is None and self.kafka_port == 65535:
+            raise ValueError(
+                "OBSHUB_KAFKA_PORT=65535 leaves no port for the Kafka controller listener (the broker's port + 1 "
+                "unless OBSHUB_KAFKA_CONTROLLER_PORT says otherwise); choose a lower port or set "
+                "OBSHUB_KAFKA_CONTROLLER_PORT"
+            )
+        if self.kafka_controller_port == self.kafka_port:
+            raise ValueError(
+                f"OBSHUB_KAFKA_CONTROLLER_PORT and OBSHUB_KAFKA_PORT are both {self.kafka_port}: the broker and its "
+                "KRaft controller need two ports; unset OBSHUB_KAFKA_CONTROLLER_PORT (the broker's port + 1) or "
+                "choose another"
+            )
+        return self
+
     @property
     def controller_port(self) -> int:
         """The KRaft controller listener port (default: broker port + 1)."""
@@ -156,12 +191,13 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(x) for x in e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+            (f"{'.'.join(str(x) for x in e['loc'])}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
         )
         names = ", ".join(f"OBSHUB_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
         raise ConfigError(
             f"invalid setting: {problems}",
-            f"fix the value of {names or 'the setting'} (environment or command-line flag)",
+            f"fix the value of {names or 'the variables named above'} (environment or command-line flag)",
         ) from None
 
 

@@ -48,6 +48,10 @@ def _params(values: tuple[str, ...]) -> dict:
         key, sep, val = kv.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{kv!r} is not KEY=VALUE", param_hint="--param")
+        if key in out:  # the last one won, silently: `--param layer=net --param layer=cpu` ran a cpu stall
+            raise click.BadParameter(
+                f"{key} is given twice ({key}={out[key]} and {kv}); give it once", param_hint="--param"
+            )
         try:
             out[key] = int(val)
         except ValueError:
@@ -229,6 +233,12 @@ def demo_command(
         console.print("removed: " + ", ".join(removed) if removed else "nothing to clean up")
         return
     _check_run_options(matrix, sequence, json_path)
+    if fault == "none" and not matrix and not sequence.strip() and fault_host is not None:
+        # a clean run injects nothing: a host given for its fault was silently ignored (newuser20)
+        raise click.UsageError(
+            "--fault-host with --fault none: a clean run injects no fault, so there is no host to fault; drop "
+            "--fault-host, or choose a fault (--fault cpu ...)"
+        )
     if fault_host is None:
         fault_host = 1 if hosts > 1 else 0
     opts = DemoOptions(

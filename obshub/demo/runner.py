@@ -474,9 +474,9 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     with contextlib.ExitStack() as es:
         cluster = es.enter_context(Cluster(opts.hosts, progress=view.say, lock_wait_s=opts.lock_wait_s))
         was_up = stack.broker_pid(settings) is not None
-        stack.up(settings, progress=view.say)
-        if not was_up and not opts.keep_stack:
+        if not was_up and not opts.keep_stack:  # before `up`: a Ctrl-C while it creates the topics stops it too
             es.callback(stack.down, settings, view.say)
+        stack.up(settings, progress=view.say)
         # runs after the parts stopped (callbacks run last-in first-out) and before the broker stops
         es.callback(_remove_run_state, settings, run_id, job, view.say)
         receiver = WebhookReceiver(out_dir / "webhook.jsonl").start()

@@ -37,6 +37,8 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}:{self.col}" if self.line else self.file  # 0: a whole-file problem
         rule = self.rule if self.rule is None or len(self.rule) <= 80 else f"{self.rule[:80]}..."  # a 50 kB id
+        if rule:  # an invalid id holding a newline or a tab ("a\nb") stays on the problem's one line
+            rule = "".join(c if c.isprintable() else repr(c)[1:-1] for c in rule)
         what = f'rule "{rule}": ' if rule else ""
         return f"{where}: {what}{_shorten(self.message)}"
 

@@ -149,6 +149,27 @@ def compile_expr(expr: str) -> cel.Program:
         raise ExprError(f"CEL syntax error: {text.splitlines()[0]}") from None
 
 
+def regex_problem(literal: str) -> str | None:
+    """Why the CEL string ``literal`` (as written, quotes and escapes included: ``"a.*b"``) is no regex
+    the engine's ``matches()`` accepts, or None when it is one. The CEL implementation compiles the
+    pattern (Rust ``regex``: RE2 syntax, no look-around or backreferences) only when it evaluates the
+    call, and then fails on every record; this compiles it once by evaluating ``"".matches(literal)``,
+    so what is refused is exactly what the engine refuses. The reason is the regex parser's own line
+    (``unclosed group``, ``look-around ... is not supported``); a literal CEL cannot parse gives None
+    (the syntax check reports it)."""
+    try:
+        cel.evaluate(f'"".matches({literal})', {})
+    except (ValueError, RuntimeError, TypeError) as exc:
+        text = str(exc)
+        if "not a valid regex" not in text:
+            return None
+        why = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("error:")]
+        reason = why[0].removeprefix("error:").strip() if why else text.splitlines()[0]
+        reason = reason.split(". Check function arguments")[0]
+        return reason
+    return None
+
+
 def unknown_references(
     expr: str, allowed: set[str], names: set[str], nested: dict[str, set[str]], payload: set[str] | None
 ) -> list[tuple[str, int]]:

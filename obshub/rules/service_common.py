@@ -55,14 +55,23 @@ def state_dir(settings: Settings) -> Path:
 
 def atomic_write(path: Path, data: Any) -> None:
     """Write ``data`` to ``path`` atomically (a temporary file renamed over it): JSON, or msgpack when
-    the name ends in ``.msgpack`` (the engine's state: a wide job's windows encode ~5x faster)."""
+    the name ends in ``.msgpack`` (the engine's state: a wide job's windows encode ~5x faster).
+    Raises OSError naming the file (a full or read-only disk: the error of a ``write`` has no file name
+    of its own); the partly written temporary file is removed, so a full disk does not fill further."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    if path.suffix == ".msgpack":
-        tmp.write_bytes(msgpack.packb(data, use_bin_type=True))
-    else:
-        tmp.write_text(json.dumps(data, separators=(",", ":")))
-    os.replace(tmp, path)
+    try:
+        if path.suffix == ".msgpack":
+            tmp.write_bytes(msgpack.packb(data, use_bin_type=True))
+        else:
+            tmp.write_text(json.dumps(data, separators=(",", ":")))
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(tmp)) from exc
+        raise
 
 
 def read_state(path: Path) -> Any | None:

@@ -105,9 +105,33 @@ class NotifyLoop:
         self.dispatcher: Dispatcher = dispatcher_factory(self.tracker.ack)
         self.decode_errors = 0
         self.state_path = svc.state / dispatch_file(svc.group_prefix)
+        self.state_error = ""  # the last failure to write the state (logged once), "" once written
         dsnap = read_state(self.state_path)
         if dsnap:
             self.dispatcher.restore(dsnap)
+
+    def save_state(self) -> bool:
+        """Write the dispatcher's state (what was delivered, for a restart) to ``state_path``; True when
+        written. A disk that is full or read-only (an OSError) is logged, once until the write works again,
+        and the loop goes on delivering: the state is written again at the next commit. It ended the notify
+        thread, so the engine kept evaluating and publishing alerts that no sink received (newuser20)."""
+        try:
+            atomic_write(self.state_path, self.dispatcher.snapshot())
+        except OSError as exc:
+            why = f"{exc.strerror or exc} ({exc.filename or self.state_path})"
+            if why != self.state_error:
+                log.error(
+                    "notify: cannot write the delivery state %s: %s; alerts are still delivered and the write is "
+                    "retried at each commit (free space in or fix $OBSHUB_HOME)",
+                    self.state_path,
+                    why,
+                )
+            self.state_error = why
+            return False
+        if self.state_error:
+            log.warning("notify: the delivery state %s is written again", self.state_path)
+        self.state_error = ""
+        return True
 
     def _dead_letter(self, msg, exc: Exception, dlq: Producer) -> None:
         self.decode_errors += 1
@@ -158,7 +182,7 @@ class NotifyLoop:
                     if offsets:
                         try:
                             cons.commit(offsets=offsets, asynchronous=False)
-                            atomic_write(self.state_path, self.dispatcher.snapshot())
+                            self.save_state()
                         except KafkaException as exc:  # broker away: offer the same offsets again next time
                             self.tracker.retry(offsets)
                             log.debug("commit failed, retried: %s", exc)
@@ -170,5 +194,5 @@ class NotifyLoop:
                     cons.commit(offsets=offsets, asynchronous=False)
                 except KafkaException as exc:
                     log.warning("final commit failed (changes will be re-delivered): %s", exc)
-            atomic_write(self.state_path, self.dispatcher.snapshot())
+            self.save_state()
             cons.close()

@@ -173,10 +173,22 @@ class SilenceStore:
         return s
 
     def _write(self, items: list[Silence]) -> None:
+        """Replace the file by ``items`` (a temporary file renamed over it). Raises SilenceError naming the
+        file when it cannot be written (a full or read-only disk: the write's OSError names no file, and
+        `silence add` ended in a traceback); the file keeps its previous silences and the partly written
+        temporary file is removed."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"v": 1, "silences": [asdict(s) for s in items]}, indent=1))
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(json.dumps({"v": 1, "silences": [asdict(s) for s in items]}, indent=1))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if tmp.is_file():
+                tmp.unlink(missing_ok=True)
+            raise SilenceError(
+                f"cannot write silences to {self.path}: {exc.strerror or exc}",
+                "free space on its disk or make it writable (its folder is under $OBSHUB_HOME); nothing was changed",
+            ) from None
 
     def _locked(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 from obshub.core import schema
 from obshub.rules import fields
-from obshub.rules.expr import tokens
+from obshub.rules.expr import regex_problem, tokens
 
 
 # -- types --------------------------------------------------------------------------------------------
@@ -923,6 +923,14 @@ class Checker:
             for x, xt in zip(args[-len(rest) :] if rest else [], rest):
                 if xt.kind not in ("string", "dyn"):
                     self._add(f"{name}() needs a string argument, but '{self._src(x)}' is {article(xt)}", x.start)
+                elif name == "matches" and x.op == "lit" and x.args[0] == "str":
+                    why = regex_problem(x.args[1])
+                    if why is not None:  # the engine compiles it on each call: it would fail on every record
+                        self._add(
+                            f"matches(): {x.args[1]} is no regex the engine accepts ({why}; its syntax is RE2's), so "
+                            "the call fails on every record",
+                            x.start,
+                        )
             return BOOL
         conv = {"int": INT, "uint": UINT, "double": DOUBLE, "string": STRING, "bytes": BYTES, "bool": BOOL}
         if name in conv and target is None:

@@ -147,6 +147,9 @@ def test_up_while_the_registered_broker_does_not_listen_is_a_clear_error(tmp_pat
         (["--step-sleep-ms", "-1"], "'--step-sleep-ms'"),
         (["--hidden", "0"], "'--hidden': 0 is not in the range x>=1"),
         (["--fault", "none", "--json", "/nonexistent-nu10/dir/r.json"], "its folder /nonexistent-nu10/dir does not"),
+        # newuser20: the last value won silently (a cpu stall ran); a clean run's fault host was ignored
+        (["--fault", "stall", "--param", "layer=net", "--param", "layer=cpu"], "layer is given twice"),
+        (["--fault", "none", "--fault-host", "2"], "--fault-host with --fault none: a clean run injects no fault"),
     ],
 )
 def test_demo_refuses_bad_options_before_setting_anything_up(tmp_path, monkeypatch, capsys, args, named):
@@ -435,3 +438,117 @@ def test_status_says_a_component_whose_process_is_gone_exited_and_when_it_starte
         cell = component_state({"name": name, "pid": 7, "running": False, "started": started}, False)
         assert "no: exited (started 2026-12-06 21:24:22)" in cell and "`obshub down` clears it" in cell, cell
     assert "no: exited, its record" in component_state({"name": "rules", "pid": 7, "running": False}, False)
+
+
+@pytest.mark.parametrize(
+    "env, why",
+    [
+        ({"OBSHUB_KAFKA_PORT": "65535"}, "OBSHUB_KAFKA_PORT=65535 leaves no port for the Kafka controller listener"),
+        ({"OBSHUB_KAFKA_PORT": "PORT", "OBSHUB_KAFKA_CONTROLLER_PORT": "PORT"}, "need two ports"),
+    ],
+)
+def test_a_broker_port_that_leaves_the_controller_none_is_a_settings_error(tmp_path, monkeypatch, capsys, env, why):
+    """`OBSHUB_KAFKA_PORT=65535 obshub up` ended in an OverflowError traceback (the controller listener is
+    the broker's port + 1: 65536); one port for both listeners ran the broker's storage format, which failed
+    with the last 600 characters of a Java stack trace and the hint to remove the data folder (newuser20).
+    Now an invalid setting naming the variables, before anything is written."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    port = str(stack.free_port_pair())
+    for var, value in env.items():
+        monkeypatch.setenv(var, port if value == "PORT" else value)
+    for args in (["up"], ["status"]):
+        code, _out, err = obshub(args, capsys)
+        err = " ".join(err.split())
+        assert code == 1 and "invalid setting" in err and why in err, err
+        assert "Traceback" not in err and "OBSHUB_KAFKA_CONTROLLER_PORT" in err, err
+    assert not (home / "kafka").exists()
+    monkeypatch.setenv("OBSHUB_KAFKA_CONTROLLER_PORT", "19093")  # a controller port of its own: fine
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", "65535")
+    assert load_settings().controller_port == 19093
+
+
+def test_a_failed_storage_format_names_the_java_exception_not_the_tail_of_its_stack(tmp_path):
+    """The broker's storage format failing (here: a configuration the real StorageTool refuses) was reported
+    as the last 600 characters of its output: stack frames cut mid-line (`ala:1115)`). The reason is the
+    exception's own line (newuser20)."""
+    import subprocess
+
+    settings = load_settings(home=tmp_path / "home")
+    libs = stack.install_kafka(settings)
+    props = tmp_path / "server.properties"
+    props.write_text(
+        "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@127.0.0.1:19500\n"
+        "listeners=PLAINTEXT://127.0.0.1:19500,CONTROLLER://127.0.0.1:19500\ncontroller.listener.names=CONTROLLER\n"
+        f"log.dirs={tmp_path / 'data'}\n"
+    )
+    proc = subprocess.run(
+        [stack.java_binary(), "-cp", stack._classpath(libs), "kafka.tools.StorageTool", "format"]
+        + ["-t", stack._cluster_id(), "-c", str(props)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    why = stack.java_failure(proc.stdout + proc.stderr)
+    assert why.startswith('Exception in thread "main"') and "two listeners on the same port" in why, why
+    assert "\tat " not in why and " at scala." not in why, why
+
+
+@pytest.mark.parametrize("version", ["../../evil", "4.1", "4.1.1; rm", "latest"])
+def test_a_kafka_version_that_is_no_release_number_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capsys, version
+):
+    """OBSHUB_KAFKA_VERSION names the jars' cache folder and goes into a Maven POM: `../../evil` made
+    `obshub up` write evil/pom.xml two folders above the cache (newuser20). An empty one is the default."""
+    monkeypatch.setenv("OBSHUB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("OBSHUB_CACHE", str(tmp_path / "a" / "b" / "cache"))
+    monkeypatch.setenv("OBSHUB_KAFKA_PORT", str(stack.free_port_pair()))
+    monkeypatch.setenv("OBSHUB_KAFKA_VERSION", version)
+    code, _out, err = obshub(["up"], capsys)
+    err = " ".join(err.split())
+    assert code == 1 and f"kafka_version: {version!r} is not a Kafka release number" in err, err
+    assert "OBSHUB_KAFKA_VERSION" in err and not (tmp_path / "a" / "evil").exists()
+    assert not (tmp_path / "a" / "b" / "cache").exists() and not (tmp_path / "home").exists()
+    monkeypatch.setenv("OBSHUB_KAFKA_VERSION", "")
+    assert load_settings().kafka_version == "4.1.1"
+
+
+def test_a_full_disk_under_the_state_folder_is_one_error_naming_the_silences_file(tmp_path, monkeypatch, capsys):
+    """`obshub silence add` on a full disk ended in an OSError traceback (ENOSPC from the write names no file,
+    so it was taken for a bug). Here the temporary file is /dev/full: every write fails with ENOSPC, as on a
+    full disk. Now one error naming the file; the silences already there are kept (newuser20)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("OBSHUB_HOME", str(home))
+    code, out, _err = obshub(["silence", "add", "-m", "host=a", "-a", "me", "-c", "first"], capsys)
+    assert code == 0, out
+    tmp = home / "state" / "rules" / "silences.tmp"
+    tmp.symlink_to("/dev/full")
+    code, _out, err = obshub(["silence", "add", "-m", "host=b", "-a", "me", "-c", "second"], capsys)
+    err = " ".join(err.split())
+    assert code == 1 and "Traceback" not in err, err
+    assert (
+        f"error: cannot write silences to {home / 'state' / 'rules' / 'silences.json'}: No space left on device" in err
+    )
+    tmp.unlink()
+    code, out, _err = obshub(["silence", "list"], capsys)
+    assert code == 0 and "host=a" in out and "host=b" not in out, out
+
+
+def test_output_to_a_full_disk_is_one_error_not_a_traceback(tmp_path):
+    """`obshub probes --json > file` on a full disk ended in an OSError traceback: the write's ENOSPC names no
+    file, so the CLI took it for a bug. Here stdout is /dev/full (every write: ENOSPC) (newuser20)."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-m", "obshub.cli", "probes", "--json"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env={**os.environ, "OBSHUB_HOME": str(tmp_path / "home")},
+        )
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "error: No space left on device" in res.stderr and "where its output is redirected" in res.stderr

@@ -161,3 +161,40 @@ def test_doctor_tells_the_truth_about_this_kernel():
     for name, c in checks.items():
         if c["ok"] is False:
             assert c["costs"] and c["fix"], name
+
+
+def test_ctrl_c_while_the_broker_starts_leaves_no_broker_behind(tmp_path):
+    """A Ctrl-C of `obshub up` (or of a demo) while the broker it had just started was not yet answering left
+    that broker running, registered, on the port: the demo then said it had removed everything (newuser20).
+    The broker is stopped again and its record removed."""
+    import signal
+
+    port = free_port_pair()
+    home = tmp_path / "home"
+    env = {**os.environ, "OBSHUB_HOME": str(home), "OBSHUB_KAFKA_PORT": str(port)}
+    out = tmp_path / "up.log"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "obshub.cli", "up"],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "starting Apache Kafka" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "starting Apache Kafka" in out.read_text(), out.read_text()
+        time.sleep(0.3)  # the broker process runs, it does not answer yet (it takes seconds)
+        assert (home / "run" / "kafka.json").exists()
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
+        assert proc.wait(60) == 130, out.read_text()
+        time.sleep(2)  # room for a broker left behind to start listening
+        assert not stack.port_in_use(port), "a broker was left running on the port"
+        assert not (home / "run" / "kafka.json").exists()
+        assert stack.broker_pid(load_settings(home=home, kafka_port=port)) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        run(["down"], env)

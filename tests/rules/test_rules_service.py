@@ -274,3 +274,51 @@ rules:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         hook.close()
+
+
+def test_a_delivery_state_that_cannot_be_written_never_stops_delivery(kafka, unique, tmp_path):
+    """The notify loop writes what it delivered to $OBSHUB_HOME/state/rules after each commit. A full or
+    read-only disk (here: the state's temporary file is /dev/full, so every write fails with ENOSPC)
+    ended the notify thread at the first commit: the engine went on evaluating and publishing alerts, and no
+    sink received one again (newuser20). Now the failure is logged once and every alert is delivered."""
+    job = f"job-{unique}"
+    home = tmp_path / "home"
+    rules, cfg = rules_file(tmp_path, job), config_file(tmp_path)
+    prefix = f"t-{unique}"
+    tmp = home / "state" / "rules" / f"dispatch-{prefix}.tmp"
+    tmp.parent.mkdir(parents=True)
+    tmp.symlink_to("/dev/full")  # every state write fails as on a full disk: ENOSPC
+    hook = HttpRecorder(default=(200, {}, 0.0))
+    log = tmp_path / "serve.log"
+    rules.write_text(rules.read_text().replace(f"job == '{job}'", f"job.startsWith('{job}-')"))  # one alert a job
+    proc = start(kafka, tmp_path, home, rules, cfg, prefix, hook.url + "/hook")
+    try:
+        wait_for(lambda: (home / "run" / "rules.json").exists(), 60, "the service to register", proc, log)
+
+        def delivered():
+            return {r["json"]["commonLabels"].get("job") for r in hook.requests}
+
+        produce_step(kafka, f"{job}-a", 1, lost=3)
+        wait_for(lambda: f"{job}-a" in delivered(), 90, "the first alert's delivery", proc, log)
+        time.sleep(2)  # > the 0.5 s commit period: the delivery's offset committed, its state write failed
+        produce_step(kafka, f"{job}-b", 1, lost=3)
+        wait_for(lambda: f"{job}-b" in delivered(), 60, "the second alert's delivery after a failed write", proc, log)
+        assert proc.poll() is None
+        text = log.read_text()
+        assert text.count("cannot write the delivery state") == 1, text[-3000:]  # once until it works again
+        assert "Traceback" not in text and "No space left on device" in text, text[-3000:]
+        tmp.unlink()  # the disk has room again
+        produce_step(kafka, f"{job}-c", 1, lost=3)
+        state = home / "state" / "rules" / f"dispatch-{prefix}.json"
+        wait_for(lambda: f"the delivery state {state} is written again" in log.read_text(), 60, "the state", proc, log)
+        assert state.is_file() and "retried at each commit" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        hook.close()

@@ -162,6 +162,10 @@ REFUSED = [
     ("events\n    kinds: [PCIE_AER]", "payload.replay_timeout > 0", "payload", ["orders a bool and an int"]),
     ("health", "idle_s > 30 * uptime_s", "30", ["mixes an int and a double", "write `30.0 * uptime_s`"]),
     ("health", "topic.size() > 'x'", "topic", ["orders an int and a string"]),
+    # a literal pattern the engine's regex crate cannot compile: matches() fails on every record (newuser20)
+    ("steps", "job.matches('([a-')", "'([a-'", ["matches(): '([a-' is no regex the engine accepts", "unclosed"]),
+    ("steps", "stall && matches(job, '^(?!eval-)')", "'^(?!", ["no regex the engine accepts (look-around"]),
+    ("steps", "job.startsWith('x') || job.matches(r'(a')", "r'(a'", ["r'(a' is no regex", "unclosed group"]),
 ]
 
 
@@ -240,6 +244,7 @@ GOOD_SHAPES = [
     ("steps", "double(late_max_ns) / double(baseline.spread_ns) > 3.0"),
     ("steps", "late_max_ns > baseline.spread_ns * 3"),
     ("steps", "job.startsWith('train-') && job.matches('^train-[a-z]+$')"),
+    ("steps", "job.matches(r'^(?i)llama-\\d{1,3}b$') && matches(job, '[[:alpha:]]+')"),
     ("steps", "int(stall_ratio) >= 5"),
     ("steps", "stall_ratio >= 1.5 && !net_directed"),
     ("steps", "stalled && -step > -100"),

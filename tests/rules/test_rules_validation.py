@@ -711,3 +711,15 @@ def test_a_rules_own_empty_routes_is_refused_because_it_means_every_sink(tmp_pat
     assert load_ruleset([routed]).rules["slow_step"].routes == ["pager"]
     reset = write(tmp_path, "c.yaml", "version: 1\noverrides:\n  - rule: slow_step\n    replace: {routes: []}\n")
     assert load_ruleset([routed, reset]).rules["slow_step"].routes == []
+
+
+def test_an_id_with_a_newline_or_tab_stays_on_its_problem_line(tmp_path):
+    """`id: "a\\nb"` (an id no rule may have) printed its problem over two lines: the `rule "..."` prefix held
+    the raw newline, so a CI step reading one problem per line saw a line without file:line:col (newuser20)."""
+    f = write(tmp_path, "r.yaml", GOOD.replace("id: slow_step", 'id: "slow\\nstep\\there"'))
+    got = problems(f)
+    assert len(got) == 1 and "\n" not in got[0] and "\t" not in got[0], got
+    assert got[0].startswith(f'{f}:5:9: rule "slow\\nstep\\there": rules/0/id: '), got
+    res = subprocess.run([*OBSHUB, "rules", "check", str(f)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 2 and lines[0].startswith(f"{f}:5:9: "), lines
