@@ -129,16 +129,50 @@ def cost(src, pids: set[int], n: int) -> dict:
     return {k: round(statistics.median(v), 1) for k, v in out.items()} | {"rounds": out}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tries", type=int, default=20, help="tries per parent kind (default 20)")
+def _count(floor: int):
+    def conv(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < floor:
+            raise argparse.ArgumentTypeError(f"{n} is below {floor}")
+        return n
+
+    return conv
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < s <= 10:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds above 0, at most 10")
+    return s
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; bad input exits 2 naming the option (argparse), before any BPF is compiled."""
+    ap = argparse.ArgumentParser(prog="python -m bench.exit_race", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tries", type=_count(1), default=20, help="tries per parent kind (default 20)")
     ap.add_argument("--parents", default="poll,block", help="parent kinds, comma-separated: poll, block")
-    ap.add_argument("--poll-s", type=float, default=0.1, help="the polling parent's interval (default 0.1 s)")
+    ap.add_argument("--poll-s", type=_seconds, default=0.1, help="the polling parent's interval (default 0.1 s)")
     ap.add_argument("--no-kernel", action="store_true", help="read /proc only (the kernel's record unused)")
     ap.add_argument("--cost", action="store_true", help="also measure obs_sched_exit's run time per run")
-    ap.add_argument("--cost-n", type=int, default=1000, help="exits per cost round (default 1000)")
+    ap.add_argument("--cost-n", type=_count(1), default=1000, help="exits per cost round (default 1000)")
     ap.add_argument("--json", type=Path, help="write the results here")
     a = ap.parse_args(argv)
+    kinds = [k for k in a.parents.split(",") if k]
+    bad = [k for k in kinds if k not in ("poll", "block")]
+    if not kinds or bad:
+        ap.error(f"--parents {a.parents!r}: comma-separated kinds of poll, block")
+    a.parents = kinds
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     if os.geteuid() != 0:
         print("needs root (BPF)", file=sys.stderr)
         return 2
@@ -163,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         table = src.start()
         if not all(s.attached for s in table):
             raise SystemExit(f"sched did not attach: {[s.reason for s in table]}")
-        for mode in a.parents.split(","):
+        for mode in a.parents:
             tries = [one_try(src, pids, mode, a.poll_s, kernel) for _ in range(a.tries)]
             known = sum(1 for t in tries if t["payload"] and t["payload"].get("signal") == 15)
             wrong = sum(1 for t in tries if t["payload"] and set(t["payload"]) - {"state", "signal"})
