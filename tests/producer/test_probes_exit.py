@@ -3,8 +3,11 @@ agent's rank watch however soon the parent reaps it.
 
 Each rank here is the child of a real parent process blocked in ``waitpid`` (``Popen.wait()``, as a shell's
 ``wait`` or a launcher that blocks): the zombie is reaped at once, so its ``/proc/<pid>/stat`` (the only
-source before the BPF record) is mostly gone when the watch reads it (2 of 20 reads, docs/AGENT.md). The
-watch is wired as the agent wires it (``kernel_status`` = the source's ``exit_status`` where it has one)."""
+source before the BPF record) is often gone when the watch reads it (read 2-12 of 20 times, docs/BENCHMARKS.md
+12; on c40f77a this test got 2 of its 7 ends). The watch is wired as the agent wires it (``kernel_status`` =
+the source's ``exit_status`` where it has one). The cases: SIGTERM, SIGINT, SIGHUP, SIGKILL, SIGTERM to a
+process with threads (taken down by the kernel's group kill), ``exit(3)``, SIGTERM trapped then exit code 7;
+each payload must be what the parent saw."""
 
 from __future__ import annotations
 
