@@ -205,12 +205,80 @@ int obs_sched_switch(void *ctx)
     return 0;
 }
 
-/* sched:sched_process_exit: forget the exiting thread (keeps the per-thread maps small), and the process
- * when its main thread exits (a later process with the same pid is not watched by mistake). */
+/* How each watched process ended: the wait status (the waitpid(2) form: a signal in bits 0-6, 0x80 a core
+ * dump, an exit code in bits 8-15) its parent will read, recorded in the kernel when the process exits, so
+ * the agent (obshub/producer/rankstate.py) knows it however soon the parent reaps the zombie. The members
+ * are read at the running kernel's offsets, from its BTF (obshub/producer/btf.py, -D OBS_*_OFF; -1 when
+ * unknown: nothing is recorded and the agent falls back to the zombie's /proc/<pid>/stat), never at bcc's
+ * 6.1 headers'. The status wait_task_zombie() reports: signal->group_exit_code when SIGNAL_GROUP_EXIT is
+ * set (exit_group(2), every fatal signal: the signal that killed the group even when its threads were
+ * taken down by SIGKILL), else the main thread's own exit_code (it ended by exit(2) of itself alone). */
+#ifndef OBS_TASK_EXIT_CODE_OFF
+#define OBS_TASK_EXIT_CODE_OFF -1
+#endif
+#ifndef OBS_TASK_SIGNAL_OFF
+#define OBS_TASK_SIGNAL_OFF -1
+#endif
+#ifndef OBS_SIGNAL_FLAGS_OFF
+#define OBS_SIGNAL_FLAGS_OFF -1
+#endif
+#ifndef OBS_SIGNAL_GROUP_EXIT_CODE_OFF
+#define OBS_SIGNAL_GROUP_EXIT_CODE_OFF -1
+#endif
+#define OBS_SIGNAL_GROUP_EXIT 0x00000004 /* include/linux/sched/signal.h, unchanged since 2.6 */
+
+struct obs_exit {
+    u64 ts_ns;  /* CLOCK_MONOTONIC ns of the exit that wrote it */
+    u32 status; /* the wait status */
+    u32 pad;
+};
+BPF_TABLE("lru_hash", u32, struct obs_exit, exit_status, 4096); /* tgid -> how it ended (read by the agent) */
+
+/* Note the status of process tgid, whose thread tid exits now: at its main thread's exit when the process is
+ * watched, and again at a later thread's exit when a group exit began after the main thread had gone (its
+ * entry exists then). An unwatched process's end costs an array load (its bit in wbits), a thread's end
+ * (not the main thread's) one hash look-up. */
+static __always_inline void obs_note_exit(u32 tid, u32 tgid)
+{
+#if OBS_TASK_EXIT_CODE_OFF >= 0 && OBS_TASK_SIGNAL_OFF >= 0 && OBS_SIGNAL_FLAGS_OFF >= 0                        \
+    && OBS_SIGNAL_GROUP_EXIT_CODE_OFF >= 0
+    if (tid != tgid) {
+        if (exit_status.lookup(&tgid) == NULL)
+            return;
+    } else {
+#ifndef OBS_WATCH_ALL
+        if (!obs_bit_test(obs_tgid_word(tgid), tgid))
+            return; /* the common case: an unwatched process ends, one array load */
+#endif
+        if (!obs_tgid_watched(tgid))
+            return;
+    }
+    char *task = (char *)bpf_get_current_task();
+    char *sig = NULL;
+    u32 flags = 0;
+    int code = 0;
+    bpf_probe_read_kernel(&sig, sizeof(sig), task + OBS_TASK_SIGNAL_OFF);
+    if (sig)
+        bpf_probe_read_kernel(&flags, sizeof(flags), sig + OBS_SIGNAL_FLAGS_OFF);
+    if (flags & OBS_SIGNAL_GROUP_EXIT)
+        bpf_probe_read_kernel(&code, sizeof(code), sig + OBS_SIGNAL_GROUP_EXIT_CODE_OFF);
+    else if (tid == tgid)
+        bpf_probe_read_kernel(&code, sizeof(code), task + OBS_TASK_EXIT_CODE_OFF);
+    else
+        return; /* a thread of its own ends: not the process's status */
+    struct obs_exit v = {.ts_ns = bpf_ktime_get_ns(), .status = (u32)code};
+    exit_status.update(&tgid, &v);
+#endif
+}
+
+/* sched:sched_process_exit: note how a watched process ended (obs_note_exit); forget the exiting thread
+ * (keeps the per-thread maps small), and the process when its main thread exits (a later process with the
+ * same pid is not watched by mistake). */
 int obs_sched_exit(void *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id, tgid = id >> 32;
+    obs_note_exit(tid, tgid);
     if (!obs_tid_maybe(tid) || wtids.lookup(&tid) == NULL)
         return 0;
     obs_bit_clear(obs_tid_word(tid), tid);

@@ -173,6 +173,9 @@ class Agent:
         try:
             self.probe_status = list(self.source.start())
             started = True
+            # how a rank ended, recorded by the kernel at its exit (the BPF source's scheduler probe): wins
+            # over the zombie's /proc stat, which the parent's reap can take first
+            self.rank_watch.kernel_status = getattr(self.source, "exit_status", None)
             print(probe_table(self.probe_status), flush=True)
             for pname, value in self.thresholds.items():
                 self.source.set_threshold(pname, value)

@@ -103,9 +103,12 @@ class Btf:
 
 @functools.cache
 def kernel_offsets(path: Path = VMLINUX) -> dict[str, int]:
-    """The member offsets net.c needs (bytes): ``task_nsproxy`` (task_struct.nsproxy), ``nsproxy_net``
-    (nsproxy.net_ns), ``netdev_net`` (net_device.nd_net.net); a name is absent when the kernel has no BTF at
-    ``path``, the BTF cannot be read, or the member is missing (e.g. a kernel without CONFIG_NET_NS)."""
+    """The member offsets the probes need (bytes): for net.c ``task_nsproxy`` (task_struct.nsproxy),
+    ``nsproxy_net`` (nsproxy.net_ns), ``netdev_net`` (net_device.nd_net.net); for sched.c's exit status
+    ``task_exit_code`` (task_struct.exit_code), ``task_signal`` (task_struct.signal), ``signal_flags``
+    (signal_struct.flags), ``signal_group_exit_code`` (signal_struct.group_exit_code). A name is absent when
+    the kernel has no BTF at ``path``, the BTF cannot be read, or the member is missing (e.g. a kernel
+    without CONFIG_NET_NS)."""
     try:
         btf = Btf(path.read_bytes())
     except (OSError, BtfError):
@@ -114,6 +117,10 @@ def kernel_offsets(path: Path = VMLINUX) -> dict[str, int]:
         "task_nsproxy": ("task_struct", "nsproxy"),
         "nsproxy_net": ("nsproxy", "net_ns"),
         "netdev_net": ("net_device", "nd_net.net"),
+        "task_exit_code": ("task_struct", "exit_code"),
+        "task_signal": ("task_struct", "signal"),
+        "signal_flags": ("signal_struct", "flags"),
+        "signal_group_exit_code": ("signal_struct", "group_exit_code"),
     }
     out = {}
     for key, (name, member) in want.items():

@@ -171,6 +171,10 @@ def cflags(pl: _Plan, options: ProbeOptions, target: Target, layers: set[str]) -
             ("netdev_net", "NETDEV_NET"),
         ):
             flags.append(f"-DOBS_{macro}_OFF={offs.get(key, -1)}")
+    if "sched" in {p.name for p in pl.probes}:  # sched.c's exit status (obs_note_exit)
+        offs = btf.kernel_offsets()
+        for key in ("task_exit_code", "task_signal", "signal_flags", "signal_group_exit_code"):
+            flags.append(f"-DOBS_{key.upper()}_OFF={offs.get(key, -1)}")
     alloc = pl.tp_formats.get("kmem:mm_page_alloc")
     gfp = (alloc.flags if alloc else {}).get("__GFP_DIRECT_RECLAIM", cat.GFP_DIRECT_RECLAIM_DEFAULT)
     flags.append(f"-DOBS_GFP_DIRECT_RECLAIM={gfp:#x}")
@@ -826,6 +830,21 @@ class BpfEventSource:
     def registrations(self) -> list[dict]:
         """REGISTER events seen so far: dicts with job, rank, world_size, host_id, local_rank, pid."""
         return list(self._registrations)
+
+    def exit_status(self, pid: int) -> tuple[int, int] | None:
+        """How process ``pid`` ended, as the kernel recorded it at its exit (obshub/bpf/sched.c
+        ``obs_note_exit``, the scheduler layer's ``sched_process_exit`` handler): ``(ts_ns, status)``, the
+        CLOCK_MONOTONIC ns of the exit and the wait status its parent reads (the ``waitpid(2)`` form), kept
+        after the parent reaps it (an LRU map of 4,096 processes). None when nothing was recorded: the
+        process was not watched, has not ended, the ``sched`` probe is not attached, or this kernel's BTF
+        lacks a member it reads. A pid number reused later holds the newest exit: compare ``ts_ns``."""
+        if self._bpf is None or "sched" not in self._attached:
+            return None
+        try:
+            v = self._bpf[b"exit_status"][ctypes.c_uint32(pid)]
+        except KeyError:
+            return None
+        return int(v.ts_ns), int(v.status)
 
     def statuses(self) -> list[ProbeStatus]:
         """The probe table of the last start()."""

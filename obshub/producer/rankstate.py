@@ -6,7 +6,10 @@ silence. The agent runs outside the rank's cgroup and still runs when the rank d
 
 - its exit: a pidfd (``pidfd_open``) per pid, watched by a thread that notes the CLOCK_MONOTONIC time it
   became readable (the process ended), so an *exited* event carries when it ended, not when it was read;
-  without pidfds (Linux < 5.3), a pid missing from /proc or in state ``Z``/``X``;
+  without pidfds (Linux < 5.3), a pid missing from /proc or in state ``Z``/``X``; and how it ended (the
+  signal or exit code), recorded by the kernel at the exit when the agent's scheduler probe runs
+  (:attr:`RankWatch.kernel_status`), else read from the zombie's ``/proc/<pid>/stat`` (a race with the
+  parent's reap);
 - ``/proc/<pid>/stat`` (its state letter): ``T`` or ``t`` -> *stopped* (SIGSTOP, a ptrace stop);
 - *frozen*: ``frozen 1`` in the ``cgroup.events`` of its cgroup v2, or ``FROZEN`` in the ``freezer.state``
   of its v1 freezer cgroup, when those are mounted where the agent runs; else (an agent started with
@@ -28,6 +31,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 
 from obshub.core.schema import Event, Kind
 
@@ -175,7 +179,13 @@ class ExitWatch:
 class RankWatch:
     """Reads the state of registered pids at most every ``interval_ns``; :meth:`poll` returns Events.
     ``proc`` is the procfs root (tests may point it elsewhere); ``mounts`` the cgroup v2 and v1 freezer
-    mount points (None: looked up in ``/proc/self/mountinfo``; ``(None, None)``: none, wchan only)."""
+    mount points (None: looked up in ``/proc/self/mountinfo``; ``(None, None)``: none, wchan only).
+
+    ``kernel_status``: how a process ended as the kernel recorded it at its exit, ``pid -> (ts_ns, status)``
+    or None (the agent sets the BPF source's :meth:`~obshub.producer.loader.BpfEventSource.exit_status`):
+    ``ts_ns`` CLOCK_MONOTONIC ns of the exit, ``status`` the ``waitpid(2)`` form. It wins over the zombie's
+    ``/proc/<pid>/stat``, which the parent's reap can take away first; a record older than the pid's first
+    read (a former process with the same pid number) is ignored."""
 
     def __init__(
         self,
@@ -194,6 +204,8 @@ class RankWatch:
         self._round: dict[str, str | None] | None = None  # cgroup file -> its text, within one poll
         self.exits = ExitWatch()
         self._zombie: dict[int, int] = {}  # pid -> wait status read from its stat as a zombie (no pidfd)
+        self._since: dict[int, int] = {}  # pid -> monotonic ns of its first read (older kernel records: not it)
+        self.kernel_status: Callable[[int], tuple[int, int] | None] | None = None
 
     def _pread(self, pid: int, path: str) -> str | None:
         """The text of ``path`` now (None when it does not exist or cannot be read). The file is opened
@@ -282,12 +294,22 @@ class RankWatch:
             return FROZEN
         return RUNNING
 
+    def _kernel(self, pid: int) -> tuple[int, int] | None:
+        """The kernel's record of how ``pid`` ended (see ``kernel_status``), or None: none asked, none
+        recorded, or one older than this pid's first read."""
+        if self.kernel_status is None:
+            return None
+        rec = self.kernel_status(pid)
+        if rec is None or rec[0] < self._since.get(pid, 0):
+            return None
+        return rec
+
     def poll(self, pids, now_ns: int | None = None) -> list[Event]:
         """Read the state of every pid in ``pids`` (an iterable of ints) when ``interval_ns`` has passed
         since the previous read; returns a ``RANK_STATE`` Event (``ts_ns`` CLOCK_MONOTONIC ns, ``pid``,
         ``value`` = state code, payload ``{"state": name}``, for an exit also ``signal`` (the signal that
-        ended it) or ``exit_code`` when its status could be read, :func:`exit_payload`) per pid whose state
-        changed ([] otherwise).
+        ended it) or ``exit_code`` when its status is known: the kernel's record, else the zombie's stat,
+        :func:`exit_payload`) per pid whose state changed ([] otherwise).
         Pids no longer listed are forgotten."""
         now = time.monotonic_ns() if now_ns is None else now_ns
         if self._last_ns and now - self._last_ns < self.interval_ns:
@@ -298,21 +320,25 @@ class RankWatch:
         self._round = {}
         for pid in sorted(live):
             if pid not in self._state:
+                self._since.setdefault(pid, time.monotonic_ns())
                 self.exits.add(pid)
             s = self.state(pid)
             prev = self._state.get(pid, RUNNING)
             self._state[pid] = s
             if s != prev:
-                ts = (self.exits.exited(pid) or now) if s == EXITED else now
+                ts = now
                 payload: dict = {"state": STATE_NAMES[s]}
                 if s == EXITED:
-                    st = self.exits.status(pid)
+                    kernel = self._kernel(pid)
+                    ts = self.exits.exited(pid) or (kernel[0] if kernel else now)
+                    st = kernel[1] if kernel else self.exits.status(pid)
                     payload.update(exit_payload(st if st is not None else self._zombie.get(pid)))
                 out.append(Event(Kind.RANK_STATE, ts, pid=pid, tid=pid, value=s, payload=payload))
         self._round = None
         for pid in set(self._state) - live:
             del self._state[pid]
             self._zombie.pop(pid, None)
+            self._since.pop(pid, None)
             self._cg.pop(pid, None)
             self._close(pid)
             self.exits.forget(pid)

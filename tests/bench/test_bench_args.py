@@ -1,4 +1,4 @@
-"""The command lines of ``bench.net_queue_cost`` and ``bench.ttd``: bad input, and options of another
+"""The command lines of ``bench.net_queue_cost``, ``bench.ttd`` and ``bench.exit_race``: bad input, and options of another
 campaign, are refused by argparse (exit 2, the option named, no traceback) before the namespaces, a broker or
 a demo are set up or the agent's BPF is compiled. Only the parsing runs here (each module's
 ``parse_args``): the benches themselves need root and take minutes."""
@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench import net_queue_cost, ttd
+from bench import exit_race, net_queue_cost, ttd
 
 REFUSED = [
+    (exit_race, ["--parents", "poll,wait"], "--parents 'poll,wait': comma-separated kinds of poll, block"),
+    (exit_race, ["--parents", ","], "--parents ',': comma-separated kinds of poll, block"),
+    (exit_race, ["--tries", "0"], "argument --tries: 0 is below 1"),
+    (exit_race, ["--cost-n", "many"], "argument --cost-n: 'many' is not a whole number"),
+    (exit_race, ["--poll-s", "0"], "argument --poll-s: '0': seconds above 0, at most 10"),
     (net_queue_cost, ["--tbf-rate", "fast"], "'fast' is not a rate in tc's words"),
     (net_queue_cost, ["--tbf-rate", "0mbit"], "a tbf's rate must be above 0"),
     (net_queue_cost, ["--tbf-rate=-5mbit"], "'-5mbit' is not a rate"),

@@ -70,5 +70,13 @@ def test_running_kernel_offsets():
     # net.c hard-codes these (OBS_SKB_DEV_OFF, OBS_SKB_SK_OFF, OBS_SKB_TSTAMP_OFF)
     assert (btf.offset("sk_buff", "dev"), btf.offset("sk_buff", "sk"), btf.offset("sk_buff", "tstamp")) == (16, 24, 32)
     offs = kernel_offsets()
-    assert set(offs) == {"task_nsproxy", "nsproxy_net", "netdev_net"}, offs
+    assert set(offs) == {
+        "task_nsproxy",
+        "nsproxy_net",
+        "netdev_net",
+        "task_exit_code",
+        "task_signal",
+        "signal_flags",
+        "signal_group_exit_code",
+    }, offs
     assert all(v > 0 for v in offs.values()), offs

@@ -166,3 +166,22 @@ def test_a_process_frozen_by_the_cgroup_v2_freezer_reads_frozen_then_running_aft
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+def test_the_kernels_record_of_the_end_wins_unless_it_is_older_than_the_pid():
+    """``kernel_status`` (the BPF source's ``exit_status`` in the agent) wins over the zombie's stat; a
+    record written before the pid was first read is a former process with the same pid number: ignored."""
+    for age_ns, want in ((-(10**9), ({"state": "exited"}, {"state": "exited", "signal": 9})), (10**6, None)):
+        child = subprocess.Popen(["sleep", "60"])
+        watch = RankWatch(interval_ns=0)
+        assert watch.poll([child.pid]) == []
+        first = time.monotonic_ns()
+        watch.kernel_status = {child.pid: (first + age_ns, 15)}.get  # as if the kernel saw SIGTERM
+        child.kill()  # SIGKILL really ends it: /proc says 9
+        time.sleep(0.2)
+        (ev,) = watch.poll([child.pid])
+        child.wait()
+        if want is None:  # the kernel's record (after the first read) wins over the zombie's stat
+            assert ev.payload == {"state": "exited", "signal": 15}
+        else:  # the old record is not this process's: the stat (or nothing, when reaped first)
+            assert ev.payload in want
