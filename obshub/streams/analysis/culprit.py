@@ -1173,13 +1173,14 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
     the median, the larger) more than it: the kernel's own record of a CPU burst on that rank, in ms, which a loaded
     machine's jitter does not give one rank alone. None without a baseline, a step that lost nothing, or
     when the step's own culprit is specific evidence of another kind (a stopped rank, a hang, memory, a
-    memory cgroup at its limit, a network culprit of ``net_directed`` or ``SPECIFIC_EVIDENCE``) or a
-    ``starved`` sched culprit of another host.
+    memory cgroup at its limit, a network culprit of ``net_directed`` or ``SPECIFIC_EVIDENCE`` that the
+    burst unit's host does not veto, ``runq_veto``) or a ``starved`` sched culprit of another host.
 
     The culprit is ``{host, layer "sched", rank, starved True, burst True, burst_ns, evidence, source,
     why}``: the step's own sched culprit of that host with these added (its ``source`` kept), else
     ``source`` "burst" (evidence 0; ``why`` says what the step's own culprit was). ``rank``: the unit's
-    rank, or in a job of one rank per host the host's one rank row's (else the culprit's own, else None).
+    rank, or in a job of one rank per host the host's one rank row's (else the culprit's own, else the
+    straggler's when it is the host's, else None).
     ``burst_ns``: the unit's rise over its own median (ns). The rules' ``stall_burst`` fires on it from
     ``stall_burst_k`` (1.2) times the median and 100 ms lost (docs/RULES.md)."""
     bl = summary.get("baseline") or {}
@@ -1212,6 +1213,7 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
         or (
             c.get("layer") == "network"
             and (summary.get("net_directed") or float(c.get("evidence") or 0) >= SPECIFIC_EVIDENCE)
+            and not (c.get("runq_veto") and (_runq_veto(summary, c["host"], lost) or ("",))[0] == host)
         )
         or (c.get("layer") == "sched" and c.get("starved") and c.get("host") != host)
     ):
@@ -1223,6 +1225,9 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
         rank = int(next(iter(rows))) if len(rows) == 1 else None
         if rank is None and c is not None and c.get("host") == host and c.get("rank") is not None:
             rank = int(c["rank"])
+        strag = summary.get("straggler") or {}
+        if rank is None and strag.get("host") == host and strag.get("rank") is not None:
+            rank = int(strag["rank"])
     why = (
         f"burst: {'rank ' + str(rank) + ' of ' if by_rank else ''}{host}: run-queue {part[unit] / 1e6:.0f} ms,"
         f" +{mine / 1e6:.0f} ms over its own recent median, {mine / max(top, 1_000_000):.1f}x and"
