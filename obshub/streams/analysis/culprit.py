@@ -1086,7 +1086,12 @@ def charge_starved(summary: dict, recent) -> dict:
     also carries ``rank`` (that rank) and ``starved_rank`` True (the rules' ``stall_starved_rank``). Peers
     without ``SELF_MIN`` steps of their own are not compared; without a baseline nothing changes. Changes
     ``summary["culprit"]`` in place (a new dict); run it before ``charge_persistent`` (a ``starved`` culprit
-    of ``source`` "layers" is a persistent key)."""
+    of ``source`` "layers" is a persistent key).
+
+    Before all of that, the burst test (``_burst``): a unit (a rank in a job of more rank rows than hosts,
+    else a host) whose run-queue time rose over its own recent steps far beyond every other unit's rise
+    becomes the culprit, ``burst`` True, whatever the step's own culprit was (unless that is specific
+    evidence of another kind); the other tests are then skipped."""
     part: dict = sched_times(summary)
     ranks = {} if summary.get("layers_omitted") else _job_ranks(summary, "sched")  # a wide step: outliers' only
     if len(ranks) > len(part):  # a job of one rank per host: its rank rows repeat its hosts'
