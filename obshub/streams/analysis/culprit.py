@@ -1088,21 +1088,27 @@ def charge_starved(summary: dict, recent) -> dict:
     ``summary["culprit"]`` in place (a new dict); run it before ``charge_persistent`` (a ``starved`` culprit
     of ``source`` "layers" is a persistent key).
 
-    Before all of that, the burst test (``_burst``): a unit (a rank in a job of more rank rows than hosts,
-    else a host) whose run-queue time rose over its own recent steps far beyond every other unit's rise
-    becomes the culprit, ``burst`` True, whatever the step's own culprit was (unless that is specific
-    evidence of another kind); the other tests are then skipped."""
+    After that, the burst test (``_burst``): a unit (a rank in a job of more rank rows than hosts, else a
+    host) whose run-queue time rose over its own recent steps far beyond every other unit's rise becomes
+    the culprit, ``burst`` True, whatever the step's own culprit was (unless that is specific evidence of
+    another kind); a sched culprit of its host keeps what the tests above gave it."""
     part: dict = sched_times(summary)
     ranks = {} if summary.get("layers_omitted") else _job_ranks(summary, "sched")  # a wide step: outliers' only
     if len(ranks) > len(part):  # a job of one rank per host: its rank rows repeat its hosts'
         part.update(ranks)
+    _self_starved(summary, recent, part)
     burst = _burst(summary, list(recent)[-SELF_STEPS:], part)
     if burst is not None:
         summary["culprit"] = burst
-        return part
+    return part
+
+
+def _self_starved(summary: dict, recent, part: dict) -> None:
+    """``charge_starved``'s test of a sched culprit against its own recent steps (``_starved_self``), which
+    marks ``summary["culprit"]`` ``starved`` (a new dict) where it holds."""
     c = summary.get("culprit")
     if not c or c.get("layer") != "sched" or c.get("source") not in ("evidence", "layers") or c.get("starved"):
-        return part
+        return
     bl = summary.get("baseline") or {}
     lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
     z = float(c.get("evidence") or 0.0) if c.get("source") == "evidence" else None
@@ -1113,7 +1119,6 @@ def charge_starved(summary: dict, recent) -> dict:
         summary["culprit"] = dict(
             c, starved=True, why=c.get("why", "") + "; starved against its own recent steps: " + why, **extra
         )
-    return part
 
 
 def _starved_self(
