@@ -24,6 +24,13 @@ running records (``closed_by`` "running") go through both packs as kept; one kep
 their step's age gets the least age the worker's check allows (``running_age``).
 
     python -m bench.stall_replay --base /tmp/base /tmp/s6runs/*/ /tmp/stall5-runs/*/
+    python -m bench.stall_replay --base /tmp/base      # the committed corpus, bench/corpus/*.jsonl.gz
+    python -m bench.stall_replay --pack bench/corpus /work/runs19/stop19-*/   # add kept runs to it
+
+A packed run (``--pack``) is one ``NAME.jsonl.gz``: its first line ``{"report": ...}`` (the kept report's
+``verdict`` and ``episodes``), then its step summaries as kept, without what neither the culprit nor the
+rules read (``collectives``, ``layer_stats`` of a step with every row, a rank row's fields but its
+``layers``' ``time_ns`` and ``count``).
 """
 
 from __future__ import annotations
@@ -31,12 +38,15 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import gzip
 import importlib
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
+CORPUS = Path(__file__).resolve().parent / "corpus"
+"""The committed replay corpus: packed kept runs (``--pack``), replayed when no folder is given."""
 LAYER = {"stall:net": "network", "stall:cpu": "sched", "stall:process": "process", "stall:mem": "memory"}
 LAYER.update({"cpu": "sched", "net-slow": "network", "net-loss": "network", "mem": "memory"})
 LAYER.update({"hang": "process", "exit": "process"})
@@ -89,6 +99,65 @@ def read_run(steps_file: Path) -> tuple[dict, list[dict]]:
     return rep, sorted(steps, key=lambda s: s["closed_at_ns"])
 
 
+def _trim(s: dict) -> dict:
+    """A step summary without what neither ``culprit`` nor the rules read (``--pack``): no ``collectives``,
+    no ``layer_stats`` unless ``layers_omitted`` (a wide step's medians), rank rows reduced to their
+    ``layers``' ``time_ns`` and ``count``."""
+    s = {k: v for k, v in s.items() if k != "collectives" and (k != "layer_stats" or s.get("layers_omitted"))}
+    if s.get("ranks"):
+        s["ranks"] = {
+            h: {
+                r: {
+                    "layers": {
+                        ly: {"time_ns": int(c.get("time_ns", 0)), "count": int(c.get("count", 0))}
+                        for ly, c in ((row or {}).get("layers") or {}).items()
+                    }
+                }
+                for r, row in (rows or {}).items()
+            }
+            for h, rows in s["ranks"].items()
+        }
+    return s
+
+
+def pack_run(steps_file: Path, out: Path) -> int:
+    """Write the kept run of ``steps_file`` (``read_run``) packed to ``out`` (``NAME.jsonl.gz``, see the
+    module's doc); returns its size in bytes. Raises ValueError naming a file that is no kept run."""
+    rep, steps = read_run(steps_file)
+    head = {"report": {k: rep[k] for k in ("verdict", "episodes") if k in rep}}
+    lines = [json.dumps(head, separators=(",", ":"))] + [json.dumps(_trim(s), separators=(",", ":")) for s in steps]
+    out.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), 9))
+    return out.stat().st_size
+
+
+def read_packed(path: Path) -> tuple[dict, list[dict]]:
+    """A packed run (``pack_run``): its report and its step summaries sorted by ``closed_at_ns``. Raises
+    ValueError naming the file (and the line) that is no packed run."""
+    try:
+        text = gzip.decompress(path.read_bytes()).decode()
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a gzip of JSON lines ({exc})") from None
+    rep, steps = None, []
+    for no, ln in enumerate(text.splitlines(), 1):
+        if not ln.strip():
+            continue
+        try:
+            obj = json.loads(ln)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{no}: not JSON ({exc})") from None
+        if rep is None:
+            if not isinstance(obj, dict) or not isinstance(obj.get("report"), dict):
+                raise ValueError(f"{path}:{no}: no report line first (a packed run, bench.stall_replay --pack)")
+            rep = obj["report"]
+        elif not isinstance(obj, dict) or not isinstance(obj.get("closed_at_ns"), int):
+            raise ValueError(f"{path}:{no}: not a step summary (no integer closed_at_ns)")
+        else:
+            steps.append(obj)
+    if rep is None:
+        raise ValueError(f"{path}: empty (a packed run, bench.stall_replay --pack)")
+    return rep, sorted(steps, key=lambda s: s["closed_at_ns"])
+
+
 def running_age(s: dict, th) -> dict:
     """A running record kept before running records carried their step's age (f10ef77 and older:
     ``step_time_max_ns`` 0) with the least age the worker's check allows for it: ``max(th.running_min_ns,
@@ -106,13 +175,36 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.stall_replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("dirs", nargs="+", type=Path, help="folders of kept runs (bench.ttd --keep DIR)")
-    p.add_argument("--base", type=Path, required=True, help="a checkout of the commit to compare with")
+    p.add_argument(
+        "dirs",
+        nargs="*",
+        type=Path,
+        help=f"folders of kept runs (bench.ttd --keep DIR) or packed ones (*.jsonl.gz); default {CORPUS}",
+    )
+    p.add_argument("--base", type=Path, help="a checkout of the commit to compare with")
     p.add_argument("--wrong", action="store_true", help="also list every wrong alert of this tree's side")
+    p.add_argument(
+        "--pack", type=Path, metavar="OUT", help="replay nothing: pack the kept runs under DIRS into OUT/*.jsonl.gz"
+    )
     a = p.parse_args(argv)
+    a.dirs = a.dirs or [CORPUS]
     for d in a.dirs:
         if not d.is_dir():
             p.error(f"{d}: no such folder (kept runs: bench.ttd --keep DIR)")
+    if a.pack is not None:
+        if not a.pack.is_dir():
+            p.error(f"--pack {a.pack}: no such folder")
+        kept = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
+        kept = [q for q in kept if q.parent.name != "run"]  # bench.ttd keeps the run's own copy in run/ too
+        for q in kept:
+            name = "-".join(q.parent.relative_to(q.parents[2]).parts)
+            try:
+                print(f"{a.pack / (name + '.jsonl.gz')}: {pack_run(q, a.pack / (name + '.jsonl.gz'))} bytes")
+            except (OSError, ValueError) as exc:
+                p.error(str(exc))
+        return 0 if kept else 2
+    if a.base is None:
+        p.error("--base is required to replay (a checkout of the commit to compare with)")
     base_file = a.base / "obshub/streams/analysis/culprit.py"
     if not base_file.is_file():
         p.error(f"--base {a.base}: no obshub/streams/analysis/culprit.py there (a checkout of obshub?)")
@@ -144,11 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     tot.update(all_base_right=0, all_base_wrong=0, all_right=0, all_wrong=0)
     tot.update(stalls=0, named_base=0, named=0, named_all_base=0, named_all=0)
     paths = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
+    paths = [q for q in paths if not (q.parent.name == "run" and (q.parents[1] / "steps.jsonl").exists())]
+    paths += sorted({q for d in a.dirs for q in d.glob("**/*.jsonl.gz")})
     for sp in paths:
         try:
-            rep, steps = read_run(sp)
+            rep, steps = read_packed(sp) if sp.name.endswith(".jsonl.gz") else read_run(sp)
         except (OSError, ValueError) as exc:
             p.error(str(exc))
+        where = sp if sp.name.endswith(".jsonl.gz") else sp.parent
         if not steps:
             continue
         tot["runs"] += 1
@@ -219,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                     tot["changed"] += 1
                     o, n = old_c or {}, new_c or {}
                     print(
-                        f"changed {sp.parent} step {s['step']}: {o.get('host')} / {o.get('layer')} -> {n.get('host')} / {n.get('layer')}"
+                        f"changed {where} step {s['step']}: {o.get('host')} / {o.get('layer')} -> {n.get('host')} / {n.get('layer')}"
                     )
             old.append(s_old)
             new.append(s_new)
@@ -247,12 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.wrong:
             for c in all_new:
                 if not right(c):
-                    print(f"wrong {sp.parent} {key(c)}: {c['annotations'].get('evidence', '')[:200]}")
+                    print(f"wrong {where} {key(c)}: {c['annotations'].get('evidence', '')[:200]}")
         ka, kb = {key(c): c for c in all_base}, {key(c): c for c in all_new}
         for k in sorted(set(ka) ^ set(kb), key=str):
             c = ka.get(k) or kb.get(k)
             print(
-                f"{'gone' if k in ka else 'new '} {'right' if right(c) else 'WRONG'} {sp.parent} {k[0]} step {k[1]} {k[2]} / {k[3]}"
+                f"{'gone' if k in ka else 'new '} {'right' if right(c) else 'WRONG'} {where} {k[0]} step {k[1]} {k[2]} / {k[3]}"
             )
         for kind, h, ly, _lo, _hi, starts in eps:
             if not starts or not kind.startswith("stall:"):
@@ -277,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             tot["named_all"] += an
             if nb != nn or ab != an:
                 print(
-                    f"stalls {sp.parent} {kind}@{h}: named {nb} -> {nn} of {len(starts)} by step_stall,"
+                    f"stalls {where} {kind}@{h}: named {nb} -> {nn} of {len(starts)} by step_stall,"
                     f" {ab} -> {an} by any rule"
                 )
     print(" ".join(f"{k}={v}" for k, v in tot.items()))

@@ -79,6 +79,8 @@ NESTED_VARS: dict[str, set[str]] = {
         "why",
         "starved",
         "starved_rank",
+        "burst",
+        "burst_ns",
         "net_view",
         "runq_veto",
     },

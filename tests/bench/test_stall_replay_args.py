@@ -3,6 +3,8 @@ was written, or folders without a kept run exit 2 naming what and where, never a
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -47,3 +49,53 @@ def test_a_kept_run_cut_off_while_written_is_named_with_its_line(capsys, tmp_pat
 def test_folders_without_a_kept_run_say_so(capsys, tmp_path):
     code, err = _replay(capsys, tmp_path)
     assert code == 2 and f"no kept run (steps.jsonl beside report.json) under {tmp_path}" in err
+
+
+SMALL = REPO / "bench" / "corpus" / "stop19-base-1-stall-node-01.jsonl.gz"  # the smallest packed run (58 KB)
+
+
+def _totals(out: str) -> str:
+    return next(ln for ln in out.splitlines() if ln.startswith("runs="))
+
+
+def test_the_committed_corpus_is_replayed_by_default_and_a_packed_run_replays_as_its_kept_folder(
+    capsys, tmp_path, monkeypatch
+):
+    # the default folder: the committed corpus (here one of its runs, so the test stays short)
+    one = tmp_path / "corpus"
+    one.mkdir()
+    (one / SMALL.name).write_bytes(SMALL.read_bytes())
+    monkeypatch.setattr(stall_replay, "CORPUS", one)
+    assert stall_replay.main(["--base", str(REPO)]) == 0
+    packed = _totals(capsys.readouterr().out)
+    assert packed.startswith("runs=1 closed=") and "stalls=4" in packed, packed
+    # unpacked into a kept folder (report.json beside steps.jsonl) it replays the same
+    rep, steps = stall_replay.read_packed(SMALL)
+    kept = tmp_path / "runs" / "stall-node-01"
+    kept.mkdir(parents=True)
+    (kept / "report.json").write_text(json.dumps(rep))
+    (kept / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    assert stall_replay.main(["--base", str(REPO), str(tmp_path / "runs")]) == 0
+    assert _totals(capsys.readouterr().out) == packed
+    # and packed again it is the same packed run
+    out = tmp_path / "again"
+    out.mkdir()
+    assert stall_replay.main(["--pack", str(out), str(tmp_path / "runs")]) == 0
+    again = next(out.glob("*.jsonl.gz"))
+    assert stall_replay.read_packed(again) == (rep, steps)
+
+
+@pytest.mark.parametrize(
+    "data,where",
+    [
+        (b"not gzip", "not a gzip of JSON lines"),
+        (gzip.compress(b'{"closed_at_ns": 1}\n'), ":1: no report line first"),
+        (gzip.compress(b'{"report": {}}\n{"step": 1}\n'), ":2: not a step summary"),
+        (gzip.compress(b'{"report": {}}\n{"step": 1, "clo'), ":2: not JSON"),
+    ],
+    ids=["not-gzip", "no-report", "no-summary", "cut-off"],
+)
+def test_a_packed_run_that_is_not_one_is_named_with_its_line(capsys, tmp_path, data, where):
+    (tmp_path / "bad.jsonl.gz").write_bytes(data)
+    code, err = _replay(capsys, tmp_path)
+    assert code == 2 and f"{tmp_path / 'bad.jsonl.gz'}" in err and where in err and "Traceback" not in err, err

@@ -1126,8 +1126,9 @@ SELF_SHAPES = [
     (152, 249, 527, {}, (324, 342, 792, 338), True),  # node-02, nobody late (source layers): x2.1
     (262, 226, 615, {}, (199, 317, 242, 799), True),  # node-03, x2.7: +609 ms, peers +9-127
     # a burst whose peers rose half as much as it (node-02 +542 ms, node-00 +270 ms at x2.2): not 3 times,
-    # missed (docs/BENCHMARKS.md 8)
-    (305, 229, 507, {}, (460, 201, 732, 366), False),
+    # not starved against its own steps; the burst test (2 times, 271 ms and 97 % of the loss more) names it
+    # (starve20; missed before, docs/BENCHMARKS.md 8)
+    (305, 229, 507, {}, (460, 201, 732, 366), "burst"),
     # clean steps at load 8: the whole machine's run queues rose (node-02 +770 ms, its peers +347-516 ms at
     # x2.8; node-00 +372 ms, its peers +190-270 ms at x1.96)
     (205, 205, 572, {"node-02": 4.0}, (555, 706, 960, 537), False),
@@ -1150,7 +1151,7 @@ def _self_history(rng, steps):
     return out
 
 
-@pytest.mark.parametrize("step,median_ms,tmax_ms,ev,sched,burst", SELF_SHAPES)
+@pytest.mark.parametrize("step,median_ms,tmax_ms,ev,sched,burst", SELF_SHAPES)  # burst: True, False, "burst"
 def test_a_burst_that_loaded_every_host_is_starved_against_its_own_recent_steps(
     step, median_ms, tmax_ms, ev, sched, burst
 ):
@@ -1164,8 +1165,9 @@ def test_a_burst_that_loaded_every_host_is_starved_against_its_own_recent_steps(
     assert (alone["host"], alone["layer"], alone["starved"]) == (host, "sched", False), alone
     steps = charge([*(at_median(x) for x in _self_history(rng, 20)), s, at_median(summary(21, median_ms))])
     c = steps[20]["culprit"]
-    assert (c["host"], c["layer"], c["starved"]) == (host, "sched", burst), c["why"]
-    assert ("against its own recent steps" in c["why"]) == burst, c["why"]
+    assert (c["host"], c["layer"], c["starved"]) == (host, "sched", bool(burst)), c["why"]
+    assert ("against its own recent steps" in c["why"]) == (burst is True), c["why"]
+    assert bool(c.get("burst")) == (burst == "burst") or burst is True, c["why"]
     fired = stall_alerts(steps)
     assert fired == ([("step_stall", host, "sched")] if burst else []), fired
 

@@ -104,6 +104,21 @@ rank waits 100-800 ms a step, so a 300 ms burst on one rank is never 3x its busi
 (1.2-2.2x), but it rises against its own steps 1.8-3.5x more than any other rank (untuned14 r1, node-01
 rank 7: x1.70-x1.93); on the 64 kept runs (50,467 closed steps) no rank of a host nobody stalled met this
 with ``STARVED_EXPLAIN_REL`` (the nearest, 1.9x, rose 166 ms where 236 were needed)."""
+BURST_FACTOR = 2.0
+"""``charge_starved``'s burst test (``_burst``): the unit whose run-queue time rose most over its own recent
+median (a rank in a job of more rank rows than hosts, else a host) rose at least this many times every
+other unit's rise. A CPU burst on one rank puts that rank's threads in the run queue for most of the
+burst, whatever the step's ratio: 300 ms bursts of one rank of 16 on 2 cores rose 546-1,051 ms, 2.3-11x
+every other rank's rise (stop19-new-cpu44, x1.73-x2.08), a 150 ms burst of one host of 4 rose 509 ms
+with no other host risen (early19-new-cpu2 step 530, x1.91); in 11 kept runs (starve20) no unit of a
+step nobody stalled reached 2x with ``STARVED_EXPLAIN_REL`` of the loss (the nearest: 2.9x with 46 %, a
+step that lost 89 ms; 2.1x with 57 % at x1.16)."""
+BURST_MIN_NS = 250_000_000
+"""``_burst``: the least the burst unit's rise exceeds every other unit's rise by (ns), whatever the step
+lost. On 2 cores shared by 4 one-rank hosts a host's run-queue time rises over its own median by 100-300 ms
+in steps nobody stalled (the largest excess over every other host's rise in 11 kept runs: 197 ms, at x1.29
+with 61 ms lost), while one 150 ms burst put 509 ms on its host's (x1.91) and 300 ms bursts of one rank
+of 16 330-957 ms on that rank's."""
 
 
 def culprit(summary: dict) -> dict | None:
@@ -786,7 +801,7 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
         if nets:
             persistent = (nets[-1][0], "network", 1)
     if persistent is None or (
-        c is not None and (c.get("source") in ("hang", "stopped", "memlimit") or key is not None)
+        c is not None and (c.get("source") in ("hang", "stopped", "memlimit", "burst") or key is not None)
     ):
         return c, key
     h, layer, n = persistent
@@ -1071,14 +1086,29 @@ def charge_starved(summary: dict, recent) -> dict:
     also carries ``rank`` (that rank) and ``starved_rank`` True (the rules' ``stall_starved_rank``). Peers
     without ``SELF_MIN`` steps of their own are not compared; without a baseline nothing changes. Changes
     ``summary["culprit"]`` in place (a new dict); run it before ``charge_persistent`` (a ``starved`` culprit
-    of ``source`` "layers" is a persistent key)."""
+    of ``source`` "layers" is a persistent key).
+
+    After that, the burst test (``_burst``): a unit (a rank in a job of more rank rows than hosts, else a
+    host) whose run-queue time rose over its own recent steps far beyond every other unit's rise becomes
+    the culprit, ``burst`` True, whatever the step's own culprit was (unless that is specific evidence of
+    another kind); a sched culprit of its host keeps what the tests above gave it."""
     part: dict = sched_times(summary)
     ranks = {} if summary.get("layers_omitted") else _job_ranks(summary, "sched")  # a wide step: outliers' only
     if len(ranks) > len(part):  # a job of one rank per host: its rank rows repeat its hosts'
         part.update(ranks)
+    _self_starved(summary, recent, part)
+    burst = _burst(summary, list(recent)[-SELF_STEPS:], part)
+    if burst is not None:
+        summary["culprit"] = burst
+    return part
+
+
+def _self_starved(summary: dict, recent, part: dict) -> None:
+    """``charge_starved``'s test of a sched culprit against its own recent steps (``_starved_self``), which
+    marks ``summary["culprit"]`` ``starved`` (a new dict) where it holds."""
     c = summary.get("culprit")
     if not c or c.get("layer") != "sched" or c.get("source") not in ("evidence", "layers") or c.get("starved"):
-        return part
+        return
     bl = summary.get("baseline") or {}
     lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
     z = float(c.get("evidence") or 0.0) if c.get("source") == "evidence" else None
@@ -1089,7 +1119,6 @@ def charge_starved(summary: dict, recent) -> dict:
         summary["culprit"] = dict(
             c, starved=True, why=c.get("why", "") + "; starved against its own recent steps: " + why, **extra
         )
-    return part
 
 
 def _starved_self(
@@ -1143,3 +1172,87 @@ def _starved_self(
     unit = max(risen, key=lambda rk: rk[0])[1]
     why = rose(unit, rises, SELF_RANK_FACTOR)
     return None if why is None else (f"rank {unit[1]}: " + why, unit[1])
+
+
+def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
+    """``charge_starved``'s burst test: the step's culprit when one unit's run-queue time (a rank's in a job
+    of more rank rows than hosts, ``{(host, rank): ns}`` of ``part``; else a host's, ``{host: ns}``) rose
+    over the median of its own last ``SELF_STEPS`` steps (``recent``, at least ``SELF_MIN`` of them) at
+    least ``BURST_FACTOR`` times every other unit's rise (0 when none rose; 1 ms at least) and by
+    ``BURST_MIN_NS`` and ``STARVED_EXPLAIN_REL`` of what the step lost over the job's median step (or of
+    the median, the larger) more than it: the kernel's own record of a CPU burst on that rank, in ms, which a loaded
+    machine's jitter does not give one rank alone. None without a baseline, a step that lost nothing, or
+    when the step's own culprit is specific evidence of another kind (a stopped rank, a hang, memory, a
+    memory cgroup at its limit, a network culprit of ``net_directed`` or ``SPECIFIC_EVIDENCE`` that the
+    burst unit's host does not veto, ``runq_veto``) or a ``starved`` sched culprit of another host.
+
+    The culprit is ``{host, layer "sched", rank, starved True, burst True, burst_ns, evidence, source,
+    why}``: the step's own sched culprit of that host with these added (its ``source`` kept), else
+    ``source`` "burst" (evidence 0; ``why`` says what the step's own culprit was). ``rank``: the unit's
+    rank, or in a job of one rank per host the host's one rank row's (else the culprit's own, else the
+    straggler's when it is the host's, else None).
+    ``burst_ns``: the unit's rise over its own median (ns). The rules' ``stall_burst`` fires on it from
+    ``stall_burst_k`` (1.2) times the median and 100 ms lost (docs/RULES.md)."""
+    bl = summary.get("baseline") or {}
+    med = int(bl.get("median_ns") or 0)
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - med) if bl.get("n") else 0
+    if lost <= 0 or len(recent) < SELF_MIN:
+        return None
+    c = summary.get("culprit")
+    by_rank = any(isinstance(k, tuple) for k in part)
+    rises: dict = {}
+    for key, now in part.items():
+        if isinstance(key, tuple) != by_rank:
+            continue
+        own = sorted(r[key] for r in recent if key in r)
+        if len(own) >= SELF_MIN:
+            rises[key] = now - own[(len(own) - 1) // 2]
+    if len(rises) < 2:
+        return None
+    unit = max(rises, key=lambda k: (rises[k], str(k)))
+    mine = rises[unit]
+    top = max(0, max(r for k, r in rises.items() if k != unit))
+    if mine - top < max(BURST_MIN_NS, STARVED_EXPLAIN_REL * max(lost, med)) or mine < BURST_FACTOR * max(
+        top, 1_000_000
+    ):
+        return None
+    host = unit[0] if by_rank else unit
+    if c is not None and (
+        c.get("source") in ("stopped", "hang", "memlimit")
+        or c.get("layer") == "memory"
+        or (
+            c.get("layer") == "network"
+            and (summary.get("net_directed") or float(c.get("evidence") or 0) >= SPECIFIC_EVIDENCE)
+            and not (c.get("runq_veto") and (_runq_veto(summary, c["host"], lost) or ("",))[0] == host)
+        )
+        or (c.get("layer") == "sched" and c.get("starved") and c.get("host") != host)
+    ):
+        return None
+    if by_rank:
+        rank: int | None = int(unit[1])
+    else:
+        rows = (summary.get("ranks") or {}).get(host) or {}
+        rank = int(next(iter(rows))) if len(rows) == 1 else None
+        if rank is None and c is not None and c.get("host") == host and c.get("rank") is not None:
+            rank = int(c["rank"])
+        strag = summary.get("straggler") or {}
+        if rank is None and strag.get("host") == host and strag.get("rank") is not None:
+            rank = int(strag["rank"])
+    why = (
+        f"burst: {'rank ' + str(rank) + ' of ' if by_rank else ''}{host}: run-queue {part[unit] / 1e6:.0f} ms,"
+        f" +{mine / 1e6:.0f} ms over its own recent median, {mine / max(top, 1_000_000):.1f}x and"
+        f" +{(mine - top) / 1e6:.0f} ms over the largest rise of any other {'rank' if by_rank else 'host'}"
+        f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
+    )
+    extra = {"starved": True, "burst": True, "burst_ns": int(mine), "rank": rank}
+    if c is not None and c.get("host") == host and c.get("layer") == "sched":
+        return dict(c, **extra, why=f"{c.get('why', '')}; {why}")
+    own = f"{c['host']} / {c['layer']} ({c.get('why', '')})" if c else "none"
+    return {
+        "host": host,
+        "layer": "sched",
+        "evidence": 0.0,
+        "source": "burst",
+        **extra,
+        "why": f"{why}; the step's own culprit: {own}",
+    }
