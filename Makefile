@@ -18,10 +18,14 @@ lint: setup
 	@.venv/bin/mypy
 
 # test: also builds (first time: minutes) and caches the Go programs the deployment tests run for real
-# (Prometheus, Alertmanager, helm; tests/support/gobuild.py), which the demo never needs
+# (Prometheus, Alertmanager, helm; tests/support/gobuild.py), which the demo never needs.
+# Two passes: the tests that use no broker, BPF, torch or end-to-end run share nothing machine-wide and run
+# in two processes (pytest-xdist, whole files per process); then the rest in one, as they share the
+# machine's namespaces, cgroups and timing. Every test of `pytest tests` runs, in one pass or the other.
 test: lint
 	@.venv/bin/python -m tests.support.gobuild
-	@.venv/bin/python -m pytest -q -ra --durations=25 tests
+	@.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile -m "not kafka and not bpf and not torch and not e2e" tests
+	@.venv/bin/python -m pytest -q -ra --durations=25 -m "kafka or bpf or torch or e2e" tests
 
 # test-fast: the unit tests alone (no broker, no BPF, no torch), in about a minute on 2 cores
 test-fast: setup
