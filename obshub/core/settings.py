@@ -218,9 +218,12 @@ class KafkaConfig(KafkaConnection):
     """How the agent talks to Kafka: the connection (:class:`obshub.core.kafka.KafkaConnection`) plus the
     agent producer's tuning.
 
-    ``delivery_timeout_ms`` is librdkafka's ``message.timeout.ms``: a batch not acknowledged within it is
-    reported failed and goes to the spool (so it is short compared with librdkafka's 300 s default: the
-    spool, not librdkafka's memory queue, is where batches wait out an outage). ``queue_max_messages`` /
+    ``delivery_timeout_ms``: a batch not acknowledged within it (ms after it was handed to librdkafka) makes
+    the transport purge librdkafka's queue and spool it with every newer batch (so it is short compared
+    with librdkafka's 300 s default: the spool, not librdkafka's memory queue, is where batches wait out an
+    outage). The transport times it, not librdkafka: librdkafka's own ``message.timeout.ms`` is off (0,
+    never), because librdkafka times out an old message while newer ones of the same partition stay queued
+    and are delivered first once a leader serves (a broker loss reordered an agent's batches that way). ``queue_max_messages`` /
     ``queue_max_kbytes`` bound librdkafka's in-memory queue; when it is full the publisher waits
     (back-pressure) up to ``max_block_ms`` and then spools. ``linger_ms`` (librdkafka's ``linger.ms``)
     is 0: the agent sends one batch per loop turn (about five a second), so waiting for more messages
@@ -250,7 +253,7 @@ class KafkaConfig(KafkaConnection):
                 "acks": "all",
                 "compression.type": self.compression,
                 "linger.ms": self.linger_ms,
-                "message.timeout.ms": self.delivery_timeout_ms,
+                "message.timeout.ms": 0,  # never: the transport times deliveries (class docstring)
                 "request.timeout.ms": min(30_000, self.delivery_timeout_ms),  # in-flight fails within it too
                 "queue.buffering.max.messages": self.queue_max_messages,
                 "queue.buffering.max.kbytes": self.queue_max_kbytes,

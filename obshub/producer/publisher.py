@@ -3,7 +3,9 @@ back-pressure. It knows nothing about spools or ordering policy: :mod:`producer.
 
 Producer settings (see :meth:`obshub.core.settings.KafkaConfig.librdkafka_config`): ``enable.idempotence``
 (librdkafka: no duplicates from its own retries, ordering kept per partition, ``acks=all``), compression
-(lz4 by default), ``linger.ms``, ``message.timeout.ms`` = the delivery timeout, bounded in-memory queue.
+(lz4 by default), ``linger.ms``, no ``message.timeout.ms`` (librdkafka never fails a message by age: the
+transport times deliveries with :meth:`Publisher.oldest_outstanding_s` and purges the whole queue at once,
+so no newer batch is delivered after an older one failed), bounded in-memory queue.
 
 Delivery reports are served by :meth:`Publisher.poll`, which the agent calls every loop turn. When
 librdkafka's queue is full, :meth:`Publisher.produce` polls (serving reports, which frees the queue) and
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -80,6 +83,8 @@ class Publisher:
         self.fatal: KafkaError | None = None
         self.last_error: str = ""
         self._alerted: dict[int, float] = {}
+        # [monotonic enqueue time, report served] per message, in produce order (oldest_outstanding_s)
+        self._times: deque[list] = deque()
 
     def _error(self, err: KafkaError) -> None:
         self.last_error = err.str()
@@ -100,9 +105,11 @@ class Publisher:
         returns False when it is still full, or when librdkafka refuses the message (a fatal producer
         error): nothing was enqueued and ``on_done`` will not be called."""
         size = len(value)
+        entry = [0.0, False]
 
         def report(err, _msg):
             self.outstanding -= 1
+            entry[1] = True
             if err is None:
                 self.delivered += 1
                 self.delivered_bytes += size
@@ -134,7 +141,19 @@ class Publisher:
                 continue
             self.produced += 1
             self.outstanding += 1
+            entry[0] = time.monotonic()
+            self._times.append(entry)
             return True
+
+    def oldest_outstanding_s(self, now: float | None = None) -> float:
+        """Seconds since the oldest message whose report is not served yet was enqueued (``now``: a
+        ``time.monotonic()`` value; default the current one); 0.0 when nothing is outstanding."""
+        times = self._times
+        while times and times[0][1]:
+            times.popleft()
+        if not times:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - times[0][0])
 
     def poll(self, timeout_s: float = 0.0) -> int:
         """Serve delivery reports and error callbacks, waiting up to ``timeout_s``; returns the number of

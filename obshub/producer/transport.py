@@ -3,7 +3,7 @@ does not, and replay of the spool (in order, before any newer batch) when Kafka 
 
 States::
 
-    direct ──(delivery failed / queue full too long / all brokers down)──> draining
+    direct ──(delivery failed or timed out / queue full too long / all brokers down)──> draining
     draining ──(every outstanding report served: failed + held batches written to the spool in seq
                 order)──> spooling
     spooling ──(spool replayed and acknowledged to the last record)──> direct
@@ -17,16 +17,21 @@ States::
   doubles with each success up to ``max_window``; a failed replay rewinds the spool to its oldest
   unacknowledged record and retries after a backoff (0.5 s doubling to 5 s).
 
-Because one agent's batches share one key (its host) and so one partition, this keeps them in seq order
-in Kafka, except that a replay interrupted by a new outage may send a few batches twice (at-least-once;
-consumers drop repeats of ``(agent_id, seq)``). Known race: the purge runs in the agent's loop after the
-first failed report is served; when a new partition leader serves before that (the delivery timeout
-close to the cluster's failover time, and the agent's loop starved of CPU for seconds), batches newer
-than the failed ones can be delivered first: seen once, in tests/core/test_kafka_cluster.py under a
-machine load of about 6 on 2 cores. The stream worker then counts the gap as lost and still folds the
-late batches when they come: its ingest remembers recent gaps and takes a batch that fills one
-(``obshub.streams.ingest``, ``obshub_streams_late_batches_total``). Not fixed here: librdkafka gives no way
-to stop a partition's queue at the moment one of its messages times out.
+A delivery "fails" when librdkafka reports an error or when the oldest batch handed to it is not
+acknowledged within ``delivery_timeout_ms``, as timed here (:meth:`Publisher.oldest_outstanding_s`).
+librdkafka's own ``message.timeout.ms`` is off: it would fail an old message of a partition while newer
+ones stay queued, and those newer ones were delivered first once a new leader served (a broker loss, the
+agent's loop a little late to purge: seq 0-6, 13-48, 7-12 in one CI run). Now nothing leaves librdkafka's
+queue except by delivery or by the transport's purge, which takes every queued batch at once (a batch in
+flight comes back to the queue when its request fails, after at most ``request.timeout.ms``, and is purged
+then; after another delivery timeout in draining, in-flight batches are abandoned too). The idempotent
+producer's sequence numbers make the broker keep only a gap-free prefix of what was sent. One agent's
+batches share one key (its host) and so one partition; so the first copy of each batch
+in Kafka is in seq order, across broker losses and leader moves; a batch whose fate was unknown (in
+flight when it was purged, or a replay interrupted by a new outage) may be written twice (at-least-once;
+consumers drop repeats of ``(agent_id, seq)``). The stream worker still takes a batch that arrives after a
+gap it had counted as lost (``obshub.streams.ingest``, ``obshub_streams_late_batches_total``): a spool
+dropped whole segments, or another producer wrote the host's key.
 """
 
 from __future__ import annotations
@@ -82,6 +87,9 @@ class Transport:
         self._backoff = _BACKOFF_MIN_S
         self._next_try = 0.0
         self._last_purge = 0.0
+        self._drain_since = 0.0
+        self._timeout_s = kafka.delivery_timeout_ms / 1000
+        self.timeouts = 0
         self.sent = 0
         self.spooled = 0
         self.replayed = 0
@@ -121,12 +129,20 @@ class Transport:
     def _enter_draining(self) -> None:
         self.state = DRAINING
         self._last_purge = 0.0  # purge at the next service(), outside librdkafka's callback
+        self._drain_since = time.monotonic()
 
     # -- the loop ------------------------------------------------------------------------------------
     def service(self, timeout_s: float = 0.0) -> None:
         """Serve delivery reports (waiting up to ``timeout_s``), then advance the state machine."""
         self.publisher.poll(timeout_s)
         now = time.monotonic()
+        if self.state != DRAINING and self.publisher.oldest_outstanding_s(now) >= self._timeout_s:
+            self.timeouts += 1  # the delivery timeout: as a failed report (module docstring)
+            if self.state == DIRECT:
+                self._enter_draining()
+            elif not self._replay_failed:
+                self._replay_failed = True
+                self._last_purge = 0.0
         if self._broker_down:
             self._broker_down = False
             if self.state == DIRECT:
@@ -136,7 +152,10 @@ class Transport:
                 self._last_purge = 0.0
         if self.state == DRAINING:
             if self.publisher.outstanding and now - self._last_purge >= _REPURGE_EVERY_S:
-                self.publisher.purge_queued()
+                if now - self._drain_since >= self._timeout_s:  # in flight to a broker that never answers
+                    self.publisher.purge_all()
+                else:
+                    self.publisher.purge_queued()
                 self._last_purge = now
                 self.publisher.poll(0)
             if self.publisher.outstanding == 0:

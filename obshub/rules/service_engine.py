@@ -25,8 +25,10 @@ a killed or stalled previous owner and aborts its open transaction, then reads t
 of ``p`` and resumes from the committed offsets: what the previous owner had evaluated but not committed
 is evaluated again, and the changes it had produced but not committed were never visible to
 ``read_committed`` readers (the notify loops). A commit that times out while a broker is away is retried
-(the loop keeps consuming into the open transaction); one that needs an abort reloads ``p``'s last
-committed state. Delivery stays at-least-once: a change whose delivery was in flight when its notify loop
+(the loop keeps consuming into the open transaction, for at most ``COMMIT_GIVE_UP_S``); one that needs
+an abort is aborted, and one whose producer is unusable (a fatal error: fenced, ``INVALID_TXN_STATE``)
+gets a new producer; either way ``p``'s last committed state is reloaded and its input read again from the
+committed offset, or from where the partition started when nothing was committed yet. Delivery stays at-least-once: a change whose delivery was in flight when its notify loop
 died is delivered again (sinks deduplicate by key).
 
 Unusable input (``rules.intake``) and records whose evaluation raised go to ``obshub.dlq.v1`` with the
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import msgpack
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from obshub.core import kafka, schema
@@ -80,6 +82,10 @@ MAX_FUTURE_S = 300  # a record time further ahead of this host's clock counts as
 STATE_MAX_BYTES = 64 * 1024 * 1024  # a 2,048-host job's windows are ~3 MB of msgpack before compression
 TRANSACTION_TIMEOUT_MS = 10_000  # how long a dead owner's open transaction can hold readers back
 COMMIT_WAIT_S = 2.0  # one wait for a transaction commit; a commit not done by then is retried (SIGTERM stays prompt)
+# a transaction still not committed this long after it began was aborted by its coordinator (its timeout is
+# TRANSACTION_TIMEOUT_MS) unless the commit had reached it: the partition is reloaded with a new producer,
+# whose init_transactions waits for that commit or abort to complete
+COMMIT_GIVE_UP_S = 3 * TRANSACTION_TIMEOUT_MS / 1000
 
 
 def murmur2(data: bytes) -> int:
@@ -125,6 +131,7 @@ class _Part:
     in_txn: bool = False
     committing: bool = False  # commit_transaction was called and must be retried before anything else
     retries: int = 0  # commit attempts that timed out in a row (one warning per streak)
+    txn_since: float = 0.0  # monotonic time the open transaction began
     dead: list = field(default_factory=list)  # (message, error) for the DLQ, produced in the next transaction
     last_commit: float = 0.0
 
@@ -196,6 +203,7 @@ class EngineLoop:
         self._cons: Consumer | None = None
         self._events: Consumer | None = None
         self._reopen: set[int] = set()  # owned partitions whose engine could not be opened yet (broker away)
+        self._start: dict[int, int] = {}  # steps partition -> offset it started at when assigned (pin_start)
         self._kinds_of: object = None
         self._kinds: frozenset[int] | None = None
 
@@ -376,7 +384,9 @@ class EngineLoop:
 
     def _on_assign(self, cons: Consumer, partitions) -> None:
         if partitions:
-            pin_start(cons, partitions, self.svc.settings, self.svc.from_beginning)
+            for tp in pin_start(cons, partitions, self.svc.settings, self.svc.from_beginning):
+                if tp.topic == schema.TOPIC_STEPS and tp.offset >= 0:
+                    self._start[tp.partition] = tp.offset  # where _reload goes back to before a first commit
         for tp in partitions:
             if tp.topic == schema.TOPIC_STEPS and tp.partition not in self.parts:
                 try:
@@ -436,6 +446,7 @@ class EngineLoop:
         if not part.in_txn:
             part.producer.begin_transaction()
             part.in_txn = True
+            part.txn_since = time.monotonic()
 
     def _commit(self, part: _Part, cons: Consumer, force: bool = False, reopen: bool = True) -> None:
         """Commit ``part``'s alert changes, dead letters, snapshot and steps offset in one transaction.
@@ -480,26 +491,33 @@ class EngineLoop:
             prod.commit_transaction(COMMIT_WAIT_S)
         except KafkaException as exc:
             err = exc.args[0]
-            if err.retriable():  # a timeout while a broker is away: the same commit is retried
-                part.last_commit = time.monotonic()
-                COMMIT_RETRIES.inc()
-                part.retries += 1
-                (log.warning if part.retries == 1 else log.debug)(
-                    "engine: commit of partition %d not done yet, retried every second: %s", part.p, err
-                )
-                return
-            # abortable (a produce failed, the coordinator timed the transaction out), fatal (fenced) or a
-            # producer in an erroneous state: this transaction cannot complete
-            try:
-                prod.abort_transaction(COMMIT_WAIT_S)
-            except KafkaException as abort_exc:  # fatal or a broker still away: init_transactions aborts it
-                log.debug("engine: abort of partition %d failed: %s", part.p, abort_exc)
+            # librdkafka's classes: retriable (call the same API again), abortable (abort, then a new
+            # transaction), fatal (PRODUCER_FENCED, INVALID_TXN_STATE, ...: the producer is unusable). An
+            # error with no class (a local state error) is treated as fatal: a new producer is always safe.
+            abortable = err.txn_requires_abort() and not err.fatal()
+            fatal = not abortable and not err.retriable() or err.fatal()
+            if err.retriable() and not fatal and not abortable:
+                if time.monotonic() - part.txn_since < COMMIT_GIVE_UP_S:  # a broker away: the same commit again
+                    part.last_commit = time.monotonic()
+                    COMMIT_RETRIES.inc()
+                    part.retries += 1
+                    (log.warning if part.retries == 1 else log.debug)(
+                        "engine: commit of partition %d not done yet, retried every second: %s", part.p, err
+                    )
+                    return
+                fatal = True  # the coordinator has aborted it by now: a new producer finds out what is committed
+            if not fatal:  # abortable (a produce failed, the coordinator timed the transaction out)
+                try:
+                    prod.abort_transaction(COMMIT_WAIT_S)
+                except KafkaException as abort_exc:  # a broker still away: the next init_transactions aborts it
+                    log.debug("engine: abort of partition %d failed: %s", part.p, abort_exc)
             part.in_txn = part.committing = False
             ABORTS.inc()
             log.warning(
-                "engine: transaction of partition %d aborted (%s); %s",
+                "engine: transaction of partition %d aborted (%s)%s; %s",
                 part.p,
                 err,
+                ": the producer is unusable, a new one fences it" if fatal else "",
                 "reloading its last committed state" if reopen else "its next owner resumes from the last commit",
             )
             if reopen:
@@ -516,7 +534,9 @@ class EngineLoop:
 
     def _reload(self, p: int, cons: Consumer) -> None:
         """After an aborted transaction: back to the last committed state and offsets of partition ``p``
-        (a new transactional producer, which fences the old one). When the broker does not answer, ``p``
+        (a new transactional producer, which fences the old one); with no committed offset yet, back to the
+        offset ``p`` started at when it was assigned (``OFFSET_BEGINNING`` with ``from_beginning`` when that
+        is unknown), so no record evaluated in the lost transaction is skipped. When the broker does not answer, ``p``
         has no engine meanwhile (its records are read past and read again) and is retried every second."""
         self.parts.pop(p, None)
         try:
@@ -524,6 +544,16 @@ class EngineLoop:
             committed = cons.committed([TopicPartition(schema.TOPIC_STEPS, p)], timeout=10)[0]
             if committed.offset >= 0:
                 cons.seek(committed)
+            elif p in self._start:  # nothing committed yet: back to where the partition started
+                cons.seek(TopicPartition(schema.TOPIC_STEPS, p, self._start[p]))
+            elif self.svc.from_beginning:
+                cons.seek(TopicPartition(schema.TOPIC_STEPS, p, OFFSET_BEGINNING))
+            else:
+                log.warning(
+                    "engine: partition %d has no committed offset and its start is unknown: the records read "
+                    "in the lost transaction are not evaluated again",
+                    p,
+                )
         except KafkaException as exc:
             self.parts.pop(p, None)
             self._reopen_later(p, exc)

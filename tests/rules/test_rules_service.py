@@ -57,7 +57,15 @@ sinks:
 
 
 def start(
-    kafka, tmp_path: Path, home: Path, rules: Path, cfg: Path, prefix: str, url: str, *extra: str
+    kafka,
+    tmp_path: Path,
+    home: Path,
+    rules: Path,
+    cfg: Path,
+    prefix: str,
+    url: str,
+    *extra: str,
+    from_beginning: bool = True,
 ) -> subprocess.Popen:
     env = {
         **os.environ,
@@ -79,7 +87,7 @@ def start(
             str(cfg),
             "--group-prefix",
             prefix,
-            "--from-beginning",
+            *(["--from-beginning"] if from_beginning else []),
             *extra,
         ],
         cwd=REPO,
@@ -206,6 +214,60 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
         assert set(schema.DLQ_HEADERS) <= set(headers) and headers["obshub.source.topic"] == schema.TOPIC_STEPS
         assert "Expecting property name" in headers["obshub.reason"]
     finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        hook.close()
+
+
+def test_a_producer_lost_before_the_first_commit_reevaluates_from_the_start(kafka, unique, tmp_path):
+    """The transactional producer of a job's partition becomes unusable (fenced: a fatal error, as
+    INVALID_TXN_STATE after a broker loss is) in the partition's first transaction, before any steps offset
+    was ever committed. The engine builds a new producer and must read the partition again from where it
+    started; it used to seek only to a committed offset, so the three steps read in the lost transaction
+    were never evaluated again and the alert they make was lost (the broker-kill test's missing alert)."""
+    from confluent_kafka import Consumer
+
+    from obshub.rules.service_engine import partition_for
+
+    job, prefix = f"first-{unique}", f"first-{unique}"
+    home = tmp_path / "home"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"""\
+version: 1
+rules:
+  - id: lost_three_times
+    description: batches lost in 3 steps (test rule, only for job {job})
+    severity: error
+    signal: steps
+    condition: job == '{job}' && quality.lost_batches > 0
+    group_by: {{job: job}}
+    window: 10m
+    threshold: {{aggregate: count, at_least: 3}}
+""")
+    hook = HttpRecorder()
+    log = tmp_path / "serve.log"
+    cfg = config_file(tmp_path)
+    proc = start(kafka, tmp_path, home, rules, cfg, prefix, hook.url + "/hook", from_beginning=False)
+    group = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{prefix}-engine"})
+    n = len(group.list_topics(schema.TOPIC_STEPS, timeout=10).topics[schema.TOPIC_STEPS].partitions)
+    p = partition_for(job, n)
+    try:
+        wait_for(lambda: log.exists() and log.read_text().count("engine: took over") == n, 60, "the engine", proc, log)
+        fencer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": f"{prefix}-engine-{p}"})
+        fencer.init_transactions(30)  # before the engine's first transaction of p: nothing committed yet
+        for step in (1, 2, 3):
+            produce_step(kafka, job, step, lost=1)
+        wait_for(lambda: f"transaction of partition {p} aborted" in log.read_text(), 30, "the abort", proc, log)
+        wait_for(lambda: any(my_changes(kafka, job, to_end=True)), 30, "the alert change", proc, log)
+        changes = my_changes(kafka, job)  # read_committed, as the notify loops read them
+        assert [(c["rule"], c["status"]) for c in changes] == [("lost_three_times", "firing")], changes
+        assert proc.poll() is None and "Traceback" not in log.read_text()
+    finally:
+        group.close()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
