@@ -21,6 +21,7 @@ from obshub.core import registry, schema
 from obshub.core.settings import load_settings
 from tests.conftest import consume_all
 from tests.rules.test_rules_sinks import HttpRecorder
+from tests.support.stopping import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.kafka
@@ -141,6 +142,24 @@ def my_changes(kafka, job: str, to_end: bool = False) -> list[dict]:
     return out
 
 
+def lost_three_times_rules(tmp_path: Path, job: str) -> Path:
+    """A rules file with one rule, ``lost_three_times``: batches lost in 3 steps of ``job`` (10 min window)."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f"""\
+version: 1
+rules:
+  - id: lost_three_times
+    description: batches lost in 3 steps (test rule, only for job {job})
+    severity: error
+    signal: steps
+    condition: job == '{job}' && quality.lost_batches > 0
+    group_by: {{job: job}}
+    window: 10m
+    threshold: {{aggregate: count, at_least: 3}}
+""")
+    return rules
+
+
 def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path):
     job = f"job-{unique}"
     home = tmp_path / "home"
@@ -214,12 +233,7 @@ def test_at_least_once_across_a_crash_and_state_recovery(kafka, unique, tmp_path
         assert set(schema.DLQ_HEADERS) <= set(headers) and headers["obshub.source.topic"] == schema.TOPIC_STEPS
         assert "Expecting property name" in headers["obshub.reason"]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         hook.close()
 
 
@@ -235,19 +249,7 @@ def test_a_producer_lost_before_the_first_commit_reevaluates_from_the_start(kafk
 
     job, prefix = f"first-{unique}", f"first-{unique}"
     home = tmp_path / "home"
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(f"""\
-version: 1
-rules:
-  - id: lost_three_times
-    description: batches lost in 3 steps (test rule, only for job {job})
-    severity: error
-    signal: steps
-    condition: job == '{job}' && quality.lost_batches > 0
-    group_by: {{job: job}}
-    window: 10m
-    threshold: {{aggregate: count, at_least: 3}}
-""")
+    rules = lost_three_times_rules(tmp_path, job)
     hook = HttpRecorder()
     log = tmp_path / "serve.log"
     cfg = config_file(tmp_path)
@@ -268,12 +270,7 @@ rules:
         assert proc.poll() is None and "Traceback" not in log.read_text()
     finally:
         group.close()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         hook.close()
 
 
@@ -288,19 +285,7 @@ def test_a_fenced_transaction_is_aborted_and_its_partition_reopened(kafka, uniqu
 
     job, prefix = f"fence-{unique}", f"fence-{unique}"
     home = tmp_path / "home"
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(f"""\
-version: 1
-rules:
-  - id: lost_three_times
-    description: batches lost in 3 steps (test rule, only for job {job})
-    severity: error
-    signal: steps
-    condition: job == '{job}' && quality.lost_batches > 0
-    group_by: {{job: job}}
-    window: 10m
-    threshold: {{aggregate: count, at_least: 3}}
-""")
+    rules = lost_three_times_rules(tmp_path, job)
     hook = HttpRecorder()
     log = tmp_path / "serve.log"
     proc = start(kafka, tmp_path, home, rules, config_file(tmp_path), prefix, hook.url + "/hook")
@@ -329,12 +314,7 @@ rules:
         assert proc.poll() is None and "Traceback" not in log.read_text()
     finally:
         group.close()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         hook.close()
 
 
@@ -377,10 +357,5 @@ def test_a_delivery_state_that_cannot_be_written_never_stops_delivery(kafka, uni
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc)
         hook.close()

@@ -4,8 +4,6 @@ restarted worker recovers its table from the changelog."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support import testkit
+from tests.support.stopping import stop_group
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
@@ -54,16 +53,6 @@ def _wait_count(out: Path, n: int, proc: subprocess.Popen, log: Path, timeout_s:
     raise AssertionError(f"count {out.read_text().strip() if out.exists() else None} != {n}\n{log.read_text()[-3000:]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 def test_faust_creates_topics_joins_group_and_recovers_changelog(kafka, tmp_path, unique):
     app_id, topic = f"compat-{unique}", f"compat-{unique}-in"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
@@ -75,7 +64,7 @@ def test_faust_creates_topics_joins_group_and_recovers_changelog(kafka, tmp_path
         _wait_count(out, 5, proc, log)
         time.sleep(1.5)  # let a commit happen
     finally:
-        _stop(proc)
+        stop_group(proc)
     md = admin.list_topics(timeout=10)
     assert f"{app_id}-counts-changelog" in md.topics, "Faust created its changelog topic"
     groups = {g.group_id for g in admin.list_consumer_groups().result().valid}
@@ -93,5 +82,5 @@ def test_faust_creates_topics_joins_group_and_recovers_changelog(kafka, tmp_path
         testkit.publish(kafka, topic, [(b"k", b"y")] * 3)
         _wait_count(out, 8, proc, log)  # 5 recovered from the changelog + 3 new, none re-read
     finally:
-        _stop(proc)
+        stop_group(proc)
     assert "Recovery complete" in log.read_text() or "Restore complete" in log.read_text()

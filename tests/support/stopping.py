@@ -1,7 +1,8 @@
 """A long-running obshub command whose main thread is blocked (a stand-in for a Kafka client call that
 does not return while the cluster is gone), started in a subprocess of its own session, and the checks of
 its forced stop (obshub/core/stopping.py): shared by tests/rules/test_rules_stop.py,
-tests/streams/test_streams_stop.py and tests/producer/test_agent_stop.py."""
+tests/streams/test_streams_stop.py and tests/producer/test_agent_stop.py; and ``stop_group``, the end of
+a service a test started in a session of its own."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ import pytest
 from tests.apps.test_no_broker import closed_port
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """End a test's service started with ``start_new_session=True`` if it still runs: SIGTERM to its
+    process group, SIGKILL after 30 s (then reaped)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
 
 def start_blocked(tmp_path: Path, script: str, args: list[str], record: str) -> tuple[subprocess.Popen, Path, Path]:
