@@ -668,8 +668,10 @@ def run_make_demo(keep: Path | None = None, fault_host: int = 1) -> dict:
         for fault in ("net-loss", "none"):
             wait_for_demo_lock()
             rep_path, log = Path(tmp) / f"{fault}.json", Path(tmp) / f"{fault}.log"
+            # a clean run names no fault host (the demo refuses --fault-host with --fault none)
+            where = ("--fault-host", str(fault_host)) if fault != "none" else ()
             cmd = obshub_cmd(
-                "demo", "--hosts", str(HOSTS), "--fault", fault, "--fault-host", str(fault_host),
+                "demo", "--hosts", str(HOSTS), "--fault", fault, *where,
                 "--json", str(rep_path), "--lock-wait", "600",
             )  # fmt: skip
             with log.open("w") as f:

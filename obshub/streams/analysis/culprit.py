@@ -142,7 +142,9 @@ def culprit(summary: dict) -> dict | None:
        host's network evidence under ``SPECIFIC_EVIDENCE`` came first and the host, ``starved``, has
        network evidence of its own (its peers retransmit toward it), or that evidence is undirected
        (not ``net_directed``, no ``CLIPPED_NET_VIEWS`` view) and the starved host's run queue vetoes it
-       (``_runq_veto``);
+       (``_runq_veto``). A ``network`` best that another host's network evidence ties (the same value:
+       only the host name would break it) names nobody (a loss on one host's link shows on its peers'
+       connections to it too; ``charge_persistent`` then names the persistent fault's host);
     2. else ``source`` "blame": the straggler and its first blamed layer (``evidence`` 0), when its
        ``excess_ns`` is at least ``EXPLAIN_REL`` of what the step lost over the baseline median (ns;
        any straggler without a baseline): a step without per-step evidence (the job's first steps, the
@@ -313,6 +315,16 @@ def _culprit(summary: dict, lost: int) -> dict | None:
             if mem is not None:
                 mem["why"] += f"; its connections looked lossy too (network evidence {best[3]:g})"
                 return mem
+    if (
+        best is not None
+        and best[2] == "network"
+        and any(c[1] != best[1] and c[2] == "network" and c[3] == best[3] for c in cands)
+    ):
+        # two hosts' links tie (the host name would break it): a loss on one host's link shows on its
+        # peers' connections to it too, so a tie names neither (make demo, 8 % loss on node-01, x2.5:
+        # node-00 and node-01 both 3.0 by rx, node-00 by its name; demo20). A persistent fault's charge
+        # (``charge_persistent``) then names the host of the job's recent steps.
+        return None
     if best is not None and best[2] == "memlimit":
         return _memory_limited(summary, best[1], best[3])
     if best is not None:
