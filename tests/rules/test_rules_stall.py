@@ -576,7 +576,9 @@ def test_a_starved_host_whose_sockets_look_lossy_is_named_by_its_run_queue_time(
         (2.0, 2.0, (124, 135, 63, 691), ("node-03", "sched")),  # the live step: a tie node-02 won by its name
         (2.0, 3.2, (124, 135, 63, 691), ("node-02", "network")),  # a peer's loss of its own (3 spreads)
         (0.0, 2.0, (124, 135, 63, 691), ("node-02", "network")),  # no lossy socket on the starved host
-        (2.0, 2.0, (124, 235, 63, 691), ("node-02", "network")),  # 2.9x its busiest peer: not starved
+        # 2.9x its busiest peer: not starved; the tie of node-02 and node-03 names nobody (demo20: it was
+        # node-02 / network by its name, which fired nothing either)
+        (2.0, 2.0, (124, 235, 63, 691), None),
     ],
 )
 def test_a_starved_host_tied_with_a_peer_in_network_evidence_is_named_by_its_run_queue(own_net, peer_net, sched, want):
@@ -601,10 +603,10 @@ def test_a_starved_host_tied_with_a_peer_in_network_evidence_is_named_by_its_run
     s["net_directed"] = True
     steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, 133))])
     c = steps[20]["culprit"]
-    assert (c["host"], c["layer"]) == want, c
+    assert (c and (c["host"], c["layer"])) == want, c
     fired = stall_alerts(steps)
     # a directed network culprit fires from 3 spreads (stall_specific_net_evidence), under it nothing does
-    assert fired == ([("step_stall", *want)] if want[1] == "sched" or peer_net >= 3 else []), fired
+    assert fired == ([("step_stall", *want)] if want and (want[1] == "sched" or peer_net >= 3) else []), fired
 
 
 @pytest.mark.parametrize(
