@@ -43,8 +43,7 @@ def run_demo(tmp_path, *args: str) -> tuple[int, dict, str]:
             "demo",
             "--hosts",
             "2",
-            "--fault-host",
-            "1",
+            *(() if "none" in args else ("--fault-host", "1")),  # a clean run takes none (refused since newuser20)
             "--duration",
             "22",
             "--fault-at",
