@@ -30,9 +30,13 @@ UTF-8 (the register probe's string argument holds 64 bytes with the terminating 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 JOB_MAX_BYTES = 63
+#: a job name given on the command line (``obshub run --job``): letters, digits, '.', '_' or '-', starting with
+#: a letter or digit, at most ``JOB_MAX_BYTES`` characters, as a host name (``settings.HOST_RE``)
+JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,%d}$" % (JOB_MAX_BYTES - 1))
 DEFAULT_JOB = "default"
 PODINFO_LABELS = "/etc/podinfo/labels"
 #: pod labels that name a job, in the order they are tried

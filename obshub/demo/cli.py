@@ -66,6 +66,32 @@ def _sigterm(*_):
     raise KeyboardInterrupt
 
 
+MAX_DURATION_S = 86_400.0
+"""``--duration``'s bound (s): a day. ``--duration 1e9`` (32 years) was taken and the demo set itself up."""
+RANKS_PER_CPU = 8
+"""The most training ranks a demo runs per CPU this process may use: every rank is a real torch process
+that trains in step with the others (and each host adds an agent), and 16 ranks on 2 cores (4 hosts x 4
+ranks) is the most this project has run (docs/BENCHMARKS.md 8: each rank there waits 100-800 ms a step in
+the run queue); ``--hosts 16 --ranks-per-host 8`` (128 ranks on 2 cores) was taken."""
+
+
+def _check_world(hosts: int, ranks_per_host: int, cpus: int | None = None) -> None:
+    """Refuse a world (``hosts`` x ``ranks_per_host`` ranks) over ``RANKS_PER_CPU`` per CPU of this
+    process's (``cpus``: default ``os.sched_getaffinity``). Raises click.UsageError (exit 2) saying the
+    limit and why."""
+    import os
+
+    cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    world, limit = hosts * ranks_per_host, RANKS_PER_CPU * max(1, cpus)
+    if world > limit:
+        raise click.UsageError(
+            f"--hosts {hosts} x --ranks-per-host {ranks_per_host} = {world} ranks: this machine runs at most "
+            f"{limit} ({RANKS_PER_CPU} per CPU, {cpus} CPU(s)): every rank is a real torch process training in "
+            f"step with the others, and {RANKS_PER_CPU} per CPU is the most run here; lower --hosts or "
+            "--ranks-per-host"
+        )
+
+
 @click.command("demo", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--hosts",
@@ -107,10 +133,10 @@ def _sigterm(*_):
 )
 @click.option(
     "--duration",
-    type=Finite(min=0, min_open=True),
+    type=Finite(min=0, min_open=True, max=MAX_DURATION_S),
     default=45.0,
     show_default=True,
-    help="seconds of training after the first step",
+    help=f"seconds of training after the first step, at most {MAX_DURATION_S:.0f} (24 h)",
 )
 @click.option(
     "--steps",
@@ -233,6 +259,7 @@ def demo_command(
         console.print("removed: " + ", ".join(removed) if removed else "nothing to clean up")
         return
     _check_run_options(matrix, sequence, json_path)
+    _check_world(hosts, ranks_per_host)
     if fault == "none" and not matrix and not sequence.strip() and fault_host is not None:
         # a clean run injects nothing: a host given for its fault was silently ignored (newuser20)
         raise click.UsageError(

@@ -57,6 +57,9 @@ def check_job(job: str) -> None:
     """Refuse a ``--job`` the register probe would not carry as given: empty (or blanks), or changed by
     ``workload.clean_job`` (more than ``JOB_MAX_BYTES`` bytes of UTF-8, control characters): the job would
     be published under another name than the one given, and ``obshub tail steps --job`` would find nothing.
+    A given name must also be an identifier as a host's is (``workload.JOB_RE``: ``--job 'a b'`` was
+    accepted; the job is the key of every step, alert label and ``--job`` filter, and the schema takes any
+    printable text, so the command line that names it is where a name that needs quoting is refused).
     Raises ConfigError (its hint says what to give); ``obshub run`` reports it as a usage error (exit 2)."""
     if not job.strip():
         raise ConfigError(f"--job {job!r} is empty", hint="give the job a name, e.g. --job llama-7b")
@@ -65,6 +68,12 @@ def check_job(job: str) -> None:
             f"--job {job!r}: the job would be named {workload.clean_job(job)!r} "
             f"(a job name is at most {workload.JOB_MAX_BYTES} bytes of UTF-8, without control characters)",
             hint=f"give a name of at most {workload.JOB_MAX_BYTES} bytes of printable text, e.g. --job llama-7b",
+        )
+    if not workload.JOB_RE.match(job):
+        raise ConfigError(
+            f"--job {job!r} is not a job name: letters, digits, '.', '_' or '-', starting with a letter or digit"
+            " (as a host name)",
+            hint="e.g. --job llama-7b",
         )
 
 

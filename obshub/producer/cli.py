@@ -14,6 +14,7 @@ from rich.table import Table
 
 from obshub.core.clitypes import Bootstrap, Finite, HostName, NonEmpty, stop_timeout_option
 from obshub.core.kafka import SaslMechanism, SecurityProtocol
+from obshub.core.schema import Layer
 from obshub.core.settings import (
     BATCH_MAX_AGE_MS,
     BATCH_MAX_BYTES,
@@ -111,11 +112,23 @@ def _bpf_source(
 
 def _some_probes(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """Click callback of ``--probes``: a given list must name at least one probe (``--probes ,`` or ``""``
-    selected every probe, as if the option were left out). Raises click.BadParameter (exit 2)."""
-    if value is not None and not any(p.strip() for p in value.split(",")):
+    selected every probe, as if the option were left out), and only probe or layer names the loader knows
+    (``loader.selected_probes``: ``--probes nope`` exited 1 after reading the libraries, an ObshubError,
+    where a bad option value is a usage error). Raises click.BadParameter (exit 2) naming the valid names."""
+    if value is None:
+        return value
+    names = [p.strip() for p in value.split(",") if p.strip()]
+    if not names:
         raise click.BadParameter(
             f"{value!r} names no probe: give comma-separated probe or layer names (`obshub probes` lists them), "
             "or leave the option out for all of them"
+        )
+    layers = sorted({p.layer.value for p in cat.PROBES})
+    unknown = [n for n in names if n not in cat.PROBES_BY_NAME and n not in {layer.value for layer in Layer}]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown probe or layer name(s) {', '.join(map(repr, unknown))}: give layer names ({', '.join(layers)}) "
+            f"or probe names ({', '.join(cat.PROBES_BY_NAME)}), comma-separated"
         )
     return value
 

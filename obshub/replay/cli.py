@@ -199,13 +199,16 @@ def replay_command(paths, et_paths, job, speed, dry_run, bootstrap, topic, max_b
     worker` and the rule engine diagnose the job as if it were live. The replay prints its own
     per-rank table: step start and duration, arrival and wait at the first collective, the straggler.
     A rank set smaller than the job's world size is reported ("2 of 128 ranks present").
+
+    Exit codes: 0 published (or --dry-run); 69 no broker answered (at once when nothing listens at the
+    address, else within 2 s), nothing published; 1 any other error (the message says which).
     """
     from obshub.core.settings import load_settings
 
     speed_f = speed  # parse_speed, by the option's callback
     job = _default_job(paths) if job is None else job
+    inputs = discover(list(paths), list(et_paths) or None)  # bad inputs are said before the broker is asked
     sink = None if dry_run else KafkaSink(load_settings(bootstrap=bootstrap).bootstrap_servers, topic)
-    inputs = discover(list(paths), list(et_paths) or None)
     report = ReplayReport()
     res = None
     if sink is None:

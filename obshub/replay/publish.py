@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -128,20 +129,36 @@ def publish(
     )
 
 
+EXIT_NO_BROKER = os.EX_UNAVAILABLE
+"""``obshub replay``'s exit code when no broker answered, so nothing was published: 69, sysexits.h's
+``EX_UNAVAILABLE`` (1: any other error)."""
+CONNECT_TIMEOUT_S = 2.0
+"""How long ``KafkaSink`` waits for a broker that accepts connections to answer (s). An address where
+nothing listens (connection refused, a name not resolved, no answer within 1 s) fails at once."""
+
+
 class KafkaSink:
     """Send batches to ``schema.TOPIC_EVENTS`` (key = host) with confluent-kafka. Raises ReplayError at
-    construction when the broker does not answer within ``connect_timeout_s``. Call :meth:`close` to
-    flush; it raises ReplayError when any message was not delivered."""
+    construction (``exit_code`` ``EXIT_NO_BROKER``) when no broker listens at ``bootstrap`` (at once: it
+    waited 10 s before) or none answers within ``connect_timeout_s``. Call :meth:`close` to flush; it raises
+    ReplayError when any message was not delivered."""
 
-    def __init__(self, bootstrap: str, topic: str = schema.TOPIC_EVENTS, *, connect_timeout_s: float = 10.0):
+    def __init__(
+        self, bootstrap: str, topic: str = schema.TOPIC_EVENTS, *, connect_timeout_s: float = CONNECT_TIMEOUT_S
+    ):
         from confluent_kafka import Producer
 
-        from obshub.core.reach import BrokerUnreachable, require_broker
+        from obshub.core.reach import HINT, BrokerUnreachable, require_broker, tcp_reason, unreachable_message
 
-        try:  # fail fast, before any trace is read, when the broker is not there
+        # fail fast, before any trace is read: nothing listening is said at once, a broker that listens gets
+        # connect_timeout_s to answer
+        why = tcp_reason(bootstrap, min(1.0, connect_timeout_s))
+        if why is not None:
+            raise ReplayError(unreachable_message(bootstrap, why), hint=HINT, exit_code=EXIT_NO_BROKER)
+        try:
             require_broker(bootstrap, connect_timeout_s)
         except BrokerUnreachable as exc:
-            raise ReplayError(str(exc), hint=exc.hint) from None
+            raise ReplayError(str(exc), hint=exc.hint, exit_code=EXIT_NO_BROKER) from None
         self.topic = topic
         self.bootstrap = bootstrap
         self.producer = Producer(

@@ -23,6 +23,7 @@ from obshub.core import schema
 from obshub.rules.service_engine import murmur2, partition_for
 from tests.conftest import consume_all
 from tests.rules.test_rules_sinks import HttpRecorder
+from tests.support.stopping import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.kafka
@@ -244,10 +245,5 @@ sinks:
         assert set(_owned(logs[1])) == set(range(n)), "the survivor owns every partition"
     finally:
         for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            stop_group(proc)
         hook.close()

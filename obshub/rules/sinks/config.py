@@ -467,5 +467,22 @@ def _unknown_field(loc: list, misspelt: dict[tuple, tuple]) -> str:
 
 def build_sinks(cfg: AlertingConfig) -> list[Sink]:
     """Every sink of ``cfg`` (its names are unique: :class:`AlertingConfig` checks). Raises
-    SinkConfigError."""
-    return [build_sink(s, cfg.external_url) for s in cfg.sinks]
+    SinkConfigError naming every sink that cannot be built (a missing secret, an unreadable file...), one
+    line each in config order with its hint, so one start of ``obshub rules serve -c`` says all that is
+    missing (it named the first sink's alone)."""
+    sinks: list[Sink] = []
+    problems: list[SinkConfigError] = []
+    for spec in cfg.sinks:
+        try:
+            sinks.append(build_sink(spec, cfg.external_url))
+        except SinkConfigError as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        lines = [f"{exc}" + (f" ({exc.hint})" if exc.hint else "") for exc in problems]
+        raise SinkConfigError(
+            f"{len(problems)} of {len(cfg.sinks)} sinks cannot be built:\n" + "\n".join(lines),
+            "fix each sink named above, then start `obshub rules serve` again",
+        )
+    return sinks

@@ -1152,10 +1152,7 @@ def _starved_self(
     med = int((summary.get("baseline") or {}).get("median_ns") or 0)
 
     def rise(key) -> int | None:
-        own = sorted(r[key] for r in recent if key in r)
-        if len(own) < SELF_MIN:
-            return None
-        return part[key] - own[(len(own) - 1) // 2]
+        return _own_rise(key, part[key], recent)
 
     def rose(key, rises: dict, factor: float) -> str | None:
         mine = rises.get(key)
@@ -1171,19 +1168,44 @@ def _starved_self(
             f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
         )
 
-    why = rose(host, {h: rise(h) for h in part if isinstance(h, str)}, STARVED_PEER_FACTOR)
-    if why is not None:
-        return why, None
+    # ``rose`` needs the unit's rise at least ``need`` over every other's (0 at least): the peers' rises (a
+    # median of their own steps each, every host of a wide step) are read only when the host's own reaches it
+    need = STARVED_EXPLAIN_REL * max(lost, med)
+    mine = rise(host)
+    if mine is not None and _may_pass(mine, need):
+        why = rose(host, {h: rise(h) for h in part if isinstance(h, str)}, STARVED_PEER_FACTOR)
+        if why is not None:
+            return why, None
     # a host of several ranks: its run queue is the sum of its ranks', and on a machine of few cores every
     # rank's rises with the load, so a burst on one rank rises against its own steps, not its host's peers
     # (``charge_starved`` keeps rank rows only for a job of more rank rows than hosts)
-    rises = {k: rise(k) for k in part if isinstance(k, tuple)}
-    risen = [(r, k) for k, r in rises.items() if k[0] == host and r is not None]
+    own_ranks = {k: rise(k) for k in part if isinstance(k, tuple) and k[0] == host}
+    risen = [(r, k) for k, r in own_ranks.items() if r is not None]
     if not risen:
         return None
-    unit = max(risen, key=lambda rk: rk[0])[1]
+    mine, unit = max(risen, key=lambda rk: rk[0])
+    if not _may_pass(mine, need):  # as above: every other rank's rise only when this one can pass
+        return None
+    rises = {k: own_ranks[k] if k in own_ranks else rise(k) for k in part if isinstance(k, tuple)}
     why = rose(unit, rises, SELF_RANK_FACTOR)
     return None if why is None else (f"rank {unit[1]}: " + why, unit[1])
+
+
+def _own_rise(key, now: int, recent: list[dict]) -> int | None:
+    """A unit's (``key``: a host, or ``(host, rank)``) rise over its own recent steps: ``now`` (its run-queue
+    time in this step, ns) less the median of its times in ``recent`` (the job's last ``charge_starved``
+    parts); None with fewer than ``SELF_MIN`` of them."""
+    own = sorted(r[key] for r in recent if key in r)
+    if len(own) < SELF_MIN:
+        return None
+    return now - own[(len(own) - 1) // 2]
+
+
+def _may_pass(value: float, need: float) -> bool:
+    """``value >= need``: the bound ``_starved_self`` and ``_burst`` test before they read every other
+    unit's rise (a median of its own recent steps each). Its own function so the tests can turn the bound
+    off (always True) and compare: the culprit is the same either way."""
+    return value >= need
 
 
 def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
@@ -1212,21 +1234,36 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
         return None
     c = summary.get("culprit")
     by_rank = any(isinstance(k, tuple) for k in part)
+    need = max(BURST_MIN_NS, STARVED_EXPLAIN_REL * max(lost, med))
+    # The burst unit's rise is at least ``need`` over every other unit's rise (0 at least), so at least
+    # ``need``; a rise over a median of run-queue times (ns, never negative) is at most the time itself. Only
+    # the units whose time reaches ``need`` can be it: their rises are read first, and every unit's (one median
+    # of 16 steps each: 2,048 of a wide step) only when one of them passes against the others. Same result.
+    cands = {}
+    for key, now in part.items():
+        if isinstance(key, tuple) == by_rank and _may_pass(now, need):
+            r = _own_rise(key, now, recent)
+            if r is not None:
+                cands[key] = r
+    if not cands:
+        return None
+    first = max(cands, key=lambda k: (cands[k], str(k)))
+    top = max(0, max((r for k, r in cands.items() if k != first), default=0))
+    if not _may_pass(cands[first] - top, need) or not _may_pass(cands[first], BURST_FACTOR * max(top, 1_000_000)):
+        return None
     rises: dict = {}
     for key, now in part.items():
         if isinstance(key, tuple) != by_rank:
             continue
-        own = sorted(r[key] for r in recent if key in r)
-        if len(own) >= SELF_MIN:
-            rises[key] = now - own[(len(own) - 1) // 2]
+        r = cands[key] if key in cands else _own_rise(key, now, recent)
+        if r is not None:
+            rises[key] = r
     if len(rises) < 2:
         return None
     unit = max(rises, key=lambda k: (rises[k], str(k)))
     mine = rises[unit]
     top = max(0, max(r for k, r in rises.items() if k != unit))
-    if mine - top < max(BURST_MIN_NS, STARVED_EXPLAIN_REL * max(lost, med)) or mine < BURST_FACTOR * max(
-        top, 1_000_000
-    ):
+    if mine - top < need or mine < BURST_FACTOR * max(top, 1_000_000):
         return None
     host = unit[0] if by_rank else unit
     if c is not None and (
