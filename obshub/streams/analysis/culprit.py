@@ -136,7 +136,8 @@ largest rise of any rank of another host (ns). 4 hosts x 4 ranks on 2 cores: in 
 stalled (7 kept runs) the host whose least-risen rank rose most stood at most 130 ms over every other
 host's ranks where it was 2x them (192 ms where it was not), while a 300 ms burst in which every rank of
 node-01 rose alike (stop19-new-cpu44 step 201, x1.31) had each of them 400-603 ms up, 354 ms over any
-other rank's rise."""
+other rank's rise. Live whole-host bursts (burst21-b-new-1/-2, -b-base-2): named where every
+rank stood 217-577 ms over; two at 75-104 ms (inside the noise) stay unnamed."""
 BURST_ALIKE_MIN_RANKS = 3
 """``_burst_alike``: the least number of ranks (each with its own baseline) the burst host has. Two ranks of
 a host share its CPUs and are delayed together by whatever else runs there: 4 hosts x 2 ranks (a clean
@@ -1216,8 +1217,10 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
     over the median of its own last ``SELF_STEPS`` steps (``recent``, at least ``SELF_MIN`` of them) at
     least ``BURST_FACTOR`` times every other unit's rise (0 when none rose; 1 ms at least) and by
     ``BURST_MIN_NS`` and ``STARVED_EXPLAIN_REL`` of what the step lost over the job's median step (or of
-    the median, the larger) more than it: the kernel's own record of a CPU burst on that rank, in ms, which a loaded
-    machine's jitter does not give one rank alone. None without a baseline, a step that lost nothing, or
+    the median, the larger) more than it (``BURST_HOST_MIN_NS`` for a host of one rank): the kernel's own record of
+    a CPU burst on that rank, in ms, which a loaded machine's jitter does not give one rank alone. Where no rank
+    passes in a job of several ranks per host, the host whose ranks all rose alike (``_burst_alike``) is the
+    unit: ``rank`` None, ``burst_ns`` its least-risen rank's rise. None without a baseline, a step that lost nothing, or
     when the step's own culprit is specific evidence of another kind (a stopped rank, a hang, memory, a
     memory cgroup at its limit, a network culprit of ``net_directed`` or ``SPECIFIC_EVIDENCE`` that the
     burst unit's host does not veto, ``runq_veto``) or a ``starved`` sched culprit of another host.
