@@ -120,6 +120,31 @@ in steps nobody stalled (the largest excess over every other host's rise in 11 k
 with 61 ms lost), while one 150 ms burst put 509 ms on its host's (x1.91) and 300 ms bursts of one rank
 of 16 330-957 ms on that rank's."""
 
+BURST_HOST_MIN_NS = 200_000_000
+"""``_burst``'s ``BURST_MIN_NS`` for a host of one rank (a job of one rank per host), set from the noise
+measured there (burst21). On 2 cores shared by 4 one-rank hosts, in 6,647 closed steps nobody stalled (29 kept
+runs, loads 1-11: outside every persistent fault and from 1 s before to 3 s after every stall's start) the
+most-risen host's excess over every other host's rise was 13 ms at the median, 99 ms at p99, 146 ms at
+p99.9 and 197 ms at most (a step that lost 61 ms); in the 191 of them that lost the rules' 100 ms
+(``stall_burst_floor_ns``) at most 112 ms. 150 ms bursts of one host rose 211-407 ms over every other host's
+in the steps they stalled by 100 ms or more (starve20-a-base-1, -a-new-1). A rank's run-queue time on a
+host of several ranks is noisier (p99.9 405 ms over 892 steps of 4 x 4): ``BURST_MIN_NS`` stays for ranks."""
+
+BURST_ALIKE_MIN_NS = 200_000_000
+"""``_burst_alike``: the least every rank of the burst host rose over its own recent median beyond the
+largest rise of any rank of another host (ns). 4 hosts x 4 ranks on 2 cores: in 892 closed steps nobody
+stalled (7 kept runs) the host whose least-risen rank rose most stood at most 130 ms over every other
+host's ranks where it was 2x them (192 ms where it was not), while a 300 ms burst in which every rank of
+node-01 rose alike (stop19-new-cpu44 step 201, x1.31) had each of them 400-603 ms up, 354 ms over any
+other rank's rise. Live whole-host bursts (burst21-b-new-1/-2, -b-base-2): named where every
+rank stood 217-577 ms over; two at 75-104 ms (inside the noise) stay unnamed."""
+BURST_ALIKE_MIN_RANKS = 3
+"""``_burst_alike``: the least number of ranks (each with its own baseline) the burst host has. Two ranks of
+a host share its CPUs and are delayed together by whatever else runs there: 4 hosts x 2 ranks (a clean
+stretch of starve20-untuned-new-1, step 144, x1.97) had both ranks of node-03 up 435-462 ms while no
+other rank rose 82 ms, beyond what 200 ms bursts of that job's faulted host gave (167-201 ms); in the
+4-rank hosts no such step."""
+
 
 def culprit(summary: dict) -> dict | None:
     """The host and layer one step is charged to, for the single-step stall rules (docs/ANALYSIS.md
@@ -1214,8 +1239,10 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
     over the median of its own last ``SELF_STEPS`` steps (``recent``, at least ``SELF_MIN`` of them) at
     least ``BURST_FACTOR`` times every other unit's rise (0 when none rose; 1 ms at least) and by
     ``BURST_MIN_NS`` and ``STARVED_EXPLAIN_REL`` of what the step lost over the job's median step (or of
-    the median, the larger) more than it: the kernel's own record of a CPU burst on that rank, in ms, which a loaded
-    machine's jitter does not give one rank alone. None without a baseline, a step that lost nothing, or
+    the median, the larger) more than it (``BURST_HOST_MIN_NS`` for a host of one rank): the kernel's own record of
+    a CPU burst on that rank, in ms, which a loaded machine's jitter does not give one rank alone. Where no rank
+    passes in a job of several ranks per host, the host whose ranks all rose alike (``_burst_alike``) is the
+    unit: ``rank`` None, ``burst_ns`` its least-risen rank's rise. None without a baseline, a step that lost nothing, or
     when the step's own culprit is specific evidence of another kind (a stopped rank, a hang, memory, a
     memory cgroup at its limit, a network culprit of ``net_directed`` or ``SPECIFIC_EVIDENCE`` that the
     burst unit's host does not veto, ``runq_veto``) or a ``starved`` sched culprit of another host.
@@ -1234,14 +1261,19 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
         return None
     c = summary.get("culprit")
     by_rank = any(isinstance(k, tuple) for k in part)
-    need = max(BURST_MIN_NS, STARVED_EXPLAIN_REL * max(lost, med))
+    rel = STARVED_EXPLAIN_REL * max(lost, med)
+    need = max(BURST_MIN_NS if by_rank else BURST_HOST_MIN_NS, rel)
     # The burst unit's rise is at least ``need`` over every other unit's rise (0 at least), so at least
     # ``need``; a rise over a median of run-queue times (ns, never negative) is at most the time itself. Only
     # the units whose time reaches ``need`` can be it: their rises are read first, and every unit's (one median
     # of 16 steps each: 2,048 of a wide step) only when one of them passes against the others. Same result.
+    # A host whose ranks rose alike (``_burst_alike``) has every rank's rise, so its time, at least
+    # ``BURST_ALIKE_MIN_NS``: ranks are read from that bound, and every rank's rise only when one rank passes
+    # or one host has ``BURST_ALIKE_MIN_RANKS`` ranks over it.
+    bound = min(need, BURST_ALIKE_MIN_NS) if by_rank else need
     cands = {}
     for key, now in part.items():
-        if isinstance(key, tuple) == by_rank and _may_pass(now, need):
+        if isinstance(key, tuple) == by_rank and _may_pass(now, bound):
             r = _own_rise(key, now, recent)
             if r is not None:
                 cands[key] = r
@@ -1250,7 +1282,12 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
     first = max(cands, key=lambda k: (cands[k], str(k)))
     top = max(0, max((r for k, r in cands.items() if k != first), default=0))
     if not _may_pass(cands[first] - top, need) or not _may_pass(cands[first], BURST_FACTOR * max(top, 1_000_000)):
-        return None
+        per_host: dict = {}
+        for k in cands:
+            if by_rank:
+                per_host[k[0]] = per_host.get(k[0], 0) + 1
+        if not per_host or not _may_pass(max(per_host.values()), BURST_ALIKE_MIN_RANKS):
+            return None
     rises: dict = {}
     for key, now in part.items():
         if isinstance(key, tuple) != by_rank:
@@ -1263,8 +1300,13 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
     unit = max(rises, key=lambda k: (rises[k], str(k)))
     mine = rises[unit]
     top = max(0, max(r for k, r in rises.items() if k != unit))
+    alike = None
     if mine - top < need or mine < BURST_FACTOR * max(top, 1_000_000):
-        return None
+        alike = _burst_alike(rises, rel) if by_rank else None
+        if alike is None:
+            return None
+        unit, mine, top = alike
+        by_rank = False
     host = unit[0] if by_rank else unit
     if c is not None and (
         c.get("source") in ("stopped", "hang", "memlimit")
@@ -1279,6 +1321,8 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
         return None
     if by_rank:
         rank: int | None = int(unit[1])
+    elif alike is not None:
+        rank = None  # every rank of the host rose alike: the host is the unit
     else:
         rows = (summary.get("ranks") or {}).get(host) or {}
         rank = int(next(iter(rows))) if len(rows) == 1 else None
@@ -1287,12 +1331,19 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
         strag = summary.get("straggler") or {}
         if rank is None and strag.get("host") == host and strag.get("rank") is not None:
             rank = int(strag["rank"])
-    why = (
-        f"burst: {'rank ' + str(rank) + ' of ' if by_rank else ''}{host}: run-queue {part[unit] / 1e6:.0f} ms,"
-        f" +{mine / 1e6:.0f} ms over its own recent median, {mine / max(top, 1_000_000):.1f}x and"
-        f" +{(mine - top) / 1e6:.0f} ms over the largest rise of any other {'rank' if by_rank else 'host'}"
-        f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
-    )
+    if alike is not None:
+        why = (
+            f"burst: every rank of {host}: its ranks' run-queue times rose over their own recent medians by"
+            f" +{mine / 1e6:.0f} ms at least, {mine / max(top, 1_000_000):.1f}x and +{(mine - top) / 1e6:.0f} ms"
+            f" over the largest rise of any rank of another host ({lost / 1e6:.0f} ms lost)"
+        )
+    else:
+        why = (
+            f"burst: {'rank ' + str(rank) + ' of ' if by_rank else ''}{host}: run-queue {part[unit] / 1e6:.0f} ms,"
+            f" +{mine / 1e6:.0f} ms over its own recent median, {mine / max(top, 1_000_000):.1f}x and"
+            f" +{(mine - top) / 1e6:.0f} ms over the largest rise of any other {'rank' if by_rank else 'host'}"
+            f" ({(mine - top) / lost:.0%} of the {lost / 1e6:.0f} ms lost)"
+        )
     extra = {"starved": True, "burst": True, "burst_ns": int(mine), "rank": rank}
     if c is not None and c.get("host") == host and c.get("layer") == "sched":
         return dict(c, **extra, why=f"{c.get('why', '')}; {why}")
@@ -1305,3 +1356,34 @@ def _burst(summary: dict, recent: list[dict], part: dict) -> dict | None:
         **extra,
         "why": f"{why}; the step's own culprit: {own}",
     }
+
+
+def _burst_alike(rises: dict, need: float) -> tuple[str, int, int] | None:
+    """``_burst``'s test of a host whose ranks all rose together (a job of several ranks per host where no
+    one rank stood out): ``rises`` is ``{(host, rank): ns}`` of every rank with its own baseline, ``need``
+    the least excess ``STARVED_EXPLAIN_REL`` of the step's loss (or median) asks of the host (ns). A CPU
+    burst in a host's cgroup (busy loops beside its ranks, a squeezed CFS quota) delays every rank of it
+    alike, so ``_burst``'s comparison of ranks sees several equal ones; the host is the unit then. Returns
+    ``(host, least, top)``: ``least`` the smallest rise of its ranks (ns), ``top`` the largest rise of any
+    rank of another host (0 when none rose), when every rank of that host (at least ``BURST_ALIKE_MIN_RANKS``)
+    rose at least
+    ``BURST_FACTOR`` times ``top`` and ``BURST_ALIKE_MIN_NS`` over it, and the host's ranks together rose
+    ``need`` over the most another host's ranks rose together; else None. O(ranks)."""
+    least: dict[str, int] = {}
+    total: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for (h, _r), v in rises.items():
+        least[h] = min(least.get(h, v), v)
+        total[h] = total.get(h, 0) + v
+        count[h] = count.get(h, 0) + 1
+    if len(least) < 2:
+        return None
+    host = max(least, key=lambda h: (least[h], h))
+    if count[host] < BURST_ALIKE_MIN_RANKS:
+        return None
+    low = least[host]
+    top = max(0, max(v for (h, _r), v in rises.items() if h != host))
+    excess = total[host] - max(0, max(t for h, t in total.items() if h != host))
+    if low - top < BURST_ALIKE_MIN_NS or low < BURST_FACTOR * max(top, 1_000_000) or excess < need:
+        return None
+    return host, low, top
