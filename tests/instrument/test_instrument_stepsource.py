@@ -55,7 +55,7 @@ def _adam_state(n: int) -> dict:
     return opt.state_dict()
 
 
-def test_optimizer_count_after_load_state_dict_continues_the_steps(monkeypatch):
+def test_optimizer_count_after_load_state_dict_continues_the_steps(monkeypatch, untraced):
     saved, rollback = _adam_state(4), _adam_state(2)
     from obshub.instrument import hooks
 
@@ -126,7 +126,7 @@ def test_start_step_from_the_environment():
             stepsource.start_step_from_env({"OBSHUB_START_STEP": bad})
 
 
-def test_enable_applies_start_step_and_rejects_a_bad_one(monkeypatch):
+def test_enable_applies_start_step_and_rejects_a_bad_one(monkeypatch, untraced):
     from obshub.instrument import hooks
 
     monkeypatch.setenv("OBSHUB_START_STEP", "x")
