@@ -36,6 +36,8 @@ median time to detection <= 3 s and worst <= 5 s for every kind. Needs root, lik
     python -m bench.ttd --stall cpu,process --fault-hosts 1 --ranks-per-host 2 --fault-rank 1
                                         # 2 ranks per host, the stalls on node-01's local rank 1 alone
     python -m bench.ttd --make-demo     # make demo (persistent net-loss) and a clean run, rules as shipped
+    python -m bench.ttd --make-demo --workload lightning   # the same under a PyTorch Lightning Trainer
+    python -m bench.ttd --stall net --fault-hosts 1 --workload accum   # gradient accumulation (4 micro-batches)
 """
 
 from __future__ import annotations
@@ -374,6 +376,7 @@ def run(
     clean_s: float | None = None,
     json_path: Path | None = None,
     keep: Path | None = None,
+    workload: str = "ddp",
 ) -> dict:
     """Run the campaign, print per kind accuracy and time to detection and the clean-run alert rate,
     save the JSON. Returns the results dict. ``fault_hosts``: the host indices that get the faults (one
@@ -406,7 +409,9 @@ def run(
             for h in hosts:
                 wait_for_demo_lock()
                 t0 = time.monotonic()
-                rep = run_sequence(seq, h, clean_s, Path(tmp) / f"h{h}.json", Path(tmp) / f"h{h}.log")
+                rep = run_sequence(
+                    seq, h, clean_s, Path(tmp) / f"h{h}.json", Path(tmp) / f"h{h}.log", extra=workload_args(workload)
+                )
                 if keep is not None:
                     kept = keep_run(rep, Path(tmp) / f"h{h}.log", keep / f"node-{h:02d}")
                     common.console.print(f"[dim]  node-{h:02d}: evidence kept in {kept}[/dim]")
@@ -567,6 +572,7 @@ def run_stall(
     params: dict | None = None,
     ranks_per_host: int = 1,
     fault_rank: int | None = None,
+    workload: str = "ddp",
 ) -> dict:
     """The sporadic-stall campaign: per fault host one ``obshub demo --sequence stall:net@H,stall:cpu@H,
     ...`` run (``STALL_FOR_S`` per layer, one ``STALL_MS`` stall every ``STALL_PERIOD_S``) after
@@ -575,7 +581,7 @@ def run_stall(
     fault's ``--param`` values over those defaults (``stall_ms``, ``period_s``; ``loss_pct`` or
     ``delay_ms`` for a net loss burst or RTT spike instead of a blackout); ``ranks_per_host`` /
     ``fault_rank``: the demo's ``--ranks-per-host`` and ``--fault-rank`` (the stall hits that local rank
-    of the host alone). Returns the results."""
+    of the host alone); ``workload``: the demo's ``--workload``. Returns the results."""
     params = {"stall_ms": STALL_MS, "period_s": STALL_PERIOD_S, **(params or {})}
     stall_ms, period_s = params["stall_ms"], float(params["period_s"])
     common.console.rule(
@@ -608,7 +614,8 @@ def run_stall(
                 fault_for_s=STALL_FOR_S,
                 params=tuple(f"{k}={_fmt(v)}" for k, v in params.items()),
                 extra=("--ranks-per-host", str(ranks_per_host))
-                + (("--fault-rank", str(fault_rank)) if fault_rank is not None else ()),
+                + (("--fault-rank", str(fault_rank)) if fault_rank is not None else ())
+                + workload_args(workload),
             )
             if keep is not None:
                 common.console.print(
@@ -639,6 +646,7 @@ def run_stall(
         "params": params,
         "ranks_per_host": ranks_per_host,
         "fault_rank": fault_rank,
+        "workload": workload,
         "per_layer_s": STALL_FOR_S,
         "episodes": episodes,
         "per_layer": per,
@@ -653,11 +661,11 @@ def run_stall(
     return result
 
 
-def run_make_demo(keep: Path | None = None, fault_host: int = 1) -> dict:
+def run_make_demo(keep: Path | None = None, fault_host: int = 1, workload: str = "ddp") -> dict:
     """``make demo`` (``obshub demo --hosts 4 --fault net-loss --fault-host 1``, a persistent fault) and the
     same run clean (``--fault none``), with the builtin pack as it ships (the stall rules on): prints each
     run's verdict and every alert; both must pass (the right host and layer, nothing wrong; nothing on the
-    clean run). ``keep``: copy each run's evidence to ``DIR/make-demo-{net-loss,none}``. Returns
+    clean run). ``workload``: the demo's ``--workload``. ``keep``: copy each run's evidence to ``DIR/make-demo-{net-loss,none}``. Returns
     ``{fault: {"ok", "ttd_s", "alerts"}}``."""
     common.console.rule("[bold]make demo[/bold] (persistent net-loss) and a clean run, the builtin pack as shipped")
     if os.geteuid() != 0:
@@ -672,7 +680,7 @@ def run_make_demo(keep: Path | None = None, fault_host: int = 1) -> dict:
             where = ("--fault-host", str(fault_host)) if fault != "none" else ()
             cmd = obshub_cmd(
                 "demo", "--hosts", str(HOSTS), "--fault", fault, *where,
-                "--json", str(rep_path), "--lock-wait", "600",
+                "--json", str(rep_path), "--lock-wait", "600", *workload_args(workload),
             )  # fmt: skip
             with log.open("w") as f:
                 subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
@@ -689,6 +697,11 @@ def run_make_demo(keep: Path | None = None, fault_host: int = 1) -> dict:
                 f"alerts: {', '.join(alerts) or 'none'}"
             )
     return out
+
+
+def workload_args(workload: str) -> tuple[str, ...]:
+    """``obshub demo``'s options for ``workload`` (none for the default, ``ddp``)."""
+    return () if workload == "ddp" else ("--workload", workload)
 
 
 def check_stall_options(fault_hosts: tuple[int, ...], layers: tuple[str, ...], params: dict, a) -> None:
@@ -721,6 +734,7 @@ def check_stall_options(fault_hosts: tuple[int, ...], layers: tuple[str, ...], p
             fault_params=dict(params),
             ranks_per_host=a.ranks_per_host,
             fault_rank=a.fault_rank,
+            workload=getattr(a, "workload", "ddp"),
             duration_s=STALL_CLEAN_S + len(layers) * (STALL_FOR_S + GAP_S + 10) + 5,
             fault_at_s=STALL_CLEAN_S,
         )
@@ -812,6 +826,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --stall: the local rank of the fault host the stall hits alone (obshub demo's --fault-rank)",
     )
     p.add_argument(
+        "--workload",
+        choices=("ddp", "lightning", "accum"),
+        default="ddp",
+        help="the training every rank runs (obshub demo's --workload): ddp, lightning (PyTorch Lightning) or accum "
+        "(gradient accumulation); every campaign",
+    )
+    p.add_argument(
         "--make-demo",
         action="store_true",
         help="run `make demo` (persistent net-loss on node-01) and the same clean, the builtin pack as shipped",
@@ -889,7 +910,7 @@ def main(argv: list[str] | None = None) -> int:
     returns 0: its pass or FAIL lines are the demo's verdicts, not targets."""
     a = parse_args(argv)
     if a.make_demo:
-        run_make_demo(a.keep)
+        run_make_demo(a.keep, workload=a.workload)
         return 0
     try:
         if a.stall:
@@ -902,11 +923,12 @@ def main(argv: list[str] | None = None) -> int:
                 a.params,
                 a.ranks_per_host,
                 a.fault_rank,
+                a.workload,
             )
         elif a.combine:
             combine(a.combine)
         else:
-            run(a.quick, a.rounds, a.fault_host_list, a.clean_s, a.json_path, a.keep)
+            run(a.quick, a.rounds, a.fault_host_list, a.clean_s, a.json_path, a.keep, a.workload)
     except ValueError as exc:
         a.error(str(exc))
     return common.exit_code(a.quick)

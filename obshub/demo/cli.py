@@ -38,6 +38,10 @@ Examples:
                                                # 2 ranks per host; a CPU hog on node-01's local rank 1
   obshub demo --hosts 1 --ranks-per-host 4 --fault hang --fault-rank 2
                                                # a one-node job of 4 ranks: its local rank 2 frozen
+  obshub demo --workload lightning --hosts 4 --fault net-loss
+                                               # the same fault under a PyTorch Lightning Trainer
+  obshub demo --workload accum --fault stall --param layer=net --duration 80
+                                               # gradient accumulation (4 micro-batches per step)
   obshub demo --cleanup                        # only remove what a crashed run left behind
 """
 
@@ -164,13 +168,22 @@ def _check_world(hosts: int, ranks_per_host: int, cpus: int | None = None) -> No
     "tc netem) or rate_kbit (net: an RTT spike with tc tbf at that rate); shape (cpu: burst, outside or "
     "quota) and quota_us (cpu, shape=quota: 1000); stall_ms shorter than period_s",
 )
-@click.option("--hidden", type=click.IntRange(min=1), default=None, help="ddp_train MLP width (default: its own)")
+@click.option(
+    "--workload",
+    type=click.Choice(["ddp", "lightning", "accum"]),
+    default="ddp",
+    show_default=True,
+    help="the training every rank runs: ddp (obshub.workloads.ddp_train, a plain DDP loop), lightning "
+    "(lightning_train: PyTorch Lightning's Trainer, DDP strategy, sync_dist logging) or accum (accum_train: "
+    "4 micro-batches per optimizer step, DDP no_sync on the first 3); a step is an optimizer step",
+)
+@click.option("--hidden", type=click.IntRange(min=1), default=None, help="the workload's MLP width (default: its own)")
 @click.option(
     "--step-sleep-ms",
     type=Finite(min=0),
     default=50.0,
     show_default=True,
-    help="ddp_train's simulated data loading per step (leaves the 2-core box some idle time)",
+    help="the workload's simulated data loading per optimizer step (leaves the 2-core box some idle time)",
 )
 @click.option(
     "--json",
@@ -223,6 +236,7 @@ def demo_command(
     steps,
     settle,
     params,
+    workload,
     hidden,
     step_sleep_ms,
     json_path,
@@ -278,6 +292,7 @@ def demo_command(
         duration_s=duration,
         steps=steps,
         settle_s=settle,
+        workload=workload,
         hidden=hidden,
         step_sleep_ms=step_sleep_ms,
         fault_params=_params(params),

@@ -9,6 +9,7 @@ part           command line
 =============  ==========================================================================================
 agent          ``obshub agent --job J --host node-0N --host-id N --cgroup /sys/fs/cgroup/unified/obshub-demo/hN``
 training rank  ``obshub run --job J --host-id N -- python -m obshub.workloads.ddp_train --steps S``
+               (``--workload lightning|accum``: ``lightning_train`` / ``accum_train`` instead)
                inside netns ``obshub-hN`` with RANK=N WORLD_SIZE=H MASTER_ADDR=10.77.0.10
 stream worker  ``obshub streams worker --app-id obshub-demo-streams --window-s 5``
 rule engine    ``obshub rules serve -c alerting.yaml`` (builtin rules; every sink type -> the local receiver)
@@ -28,6 +29,16 @@ from obshub.demo.errors import PartMissingError
 
 OBSHUB = [sys.executable, "-m", "obshub.cli"]
 TRAIN_MODULE = "obshub.workloads.ddp_train"
+#: ``obshub demo --workload NAME``: the training module each rank runs (same command line and step lines:
+#: ``--steps``, ``--hidden``, ``--step-sleep-ms``; ``step N rank R time_ms T`` per optimizer step) and the
+#: modules it needs besides torch. ``ddp``: a plain DDP loop; ``lightning``: PyTorch Lightning's Trainer
+#: (DDP strategy, automatic optimisation, ``sync_dist`` logging); ``accum``: 4 micro-batches per optimizer
+#: step, ``no_sync`` on the first 3.
+WORKLOADS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ddp": (TRAIN_MODULE, ()),
+    "lightning": ("obshub.workloads.lightning_train", ("lightning",)),
+    "accum": ("obshub.workloads.accum_train", ()),
+}
 MASTER_PORT = 29500
 # one stable Faust app id for every demo run: its consumer group resumes where the last run stopped,
 # instead of a new group replaying the whole events topic; runs are told apart by their job name
@@ -66,20 +77,23 @@ def _importable(module: str) -> str:
     return ""
 
 
-def missing() -> list[str]:
+def missing(workload: str = "ddp") -> list[str]:
     """One line per missing part (empty when everything is there), e.g.
-    ``"agent not available: module producer.loader not found"``."""
+    ``"agent not available: module producer.loader not found"``; ``workload`` (a key of
+    :data:`WORKLOADS`) is the training the ranks run. Raises KeyError for an unknown workload."""
+    module, needs = WORKLOADS[workload]
     out = []
-    for p in PARTS:
+    for p in (Part("training workload", None, (module, *needs)), *PARTS[1:]):
         why = [w for w in (_importable(m) for m in p.modules) if w]
         if why:
             out.append(f"{p.name} not available: {'; '.join(why)}")
     return out
 
 
-def require() -> None:
-    """Raise PartMissingError listing every missing part; return when all are present."""
-    gone = missing()
+def require(workload: str = "ddp") -> None:
+    """Raise PartMissingError listing every missing part (the training of ``workload`` among them);
+    return when all are present."""
+    gone = missing(workload)
     if gone:
         raise PartMissingError(
             "; ".join(gone),
@@ -93,8 +107,11 @@ def agent_argv(job: str, host: Host, cgroup: Path) -> list[str]:
     return [*OBSHUB, "agent", "--job", job, "--host", host.name, "--host-id", str(host.index), "--cgroup", str(cgroup)]
 
 
-def training_argv(job: str, host: Host, steps: int, hidden: int | None = None, step_sleep_ms: float = 0.0) -> list[str]:
-    """One rank of the DDP training under ``obshub run`` (``step_sleep_ms``: simulated data loading)."""
+def training_argv(
+    job: str, host: Host, steps: int, hidden: int | None = None, step_sleep_ms: float = 0.0, workload: str = "ddp"
+) -> list[str]:
+    """One rank of the DDP training ``workload`` (a key of :data:`WORKLOADS`) under ``obshub run``
+    (``step_sleep_ms``: simulated data loading per optimizer step). Raises KeyError for an unknown one."""
     argv = [
         *OBSHUB,
         "run",
@@ -105,7 +122,7 @@ def training_argv(job: str, host: Host, steps: int, hidden: int | None = None, s
         "--",
         sys.executable,
         "-m",
-        TRAIN_MODULE,
+        WORKLOADS[workload][0],
         "--steps",
         str(steps),
     ]

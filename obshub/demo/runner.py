@@ -85,6 +85,7 @@ class DemoOptions:
     lock_wait_s: float = 0.0
     ranks_per_host: int = 1
     fault_rank: int | None = None  # local rank of the faulty host the cpu / hang fault hits alone
+    workload: str = "ddp"  # the training every rank runs: a key of parts.WORKLOADS (ddp, lightning, accum)
 
     def plan(self) -> list[tuple[str, int, float, float]]:
         """The episodes as ``(kind, host index, inject at s, remove at s)`` after warm-up (later episodes
@@ -114,6 +115,8 @@ class DemoOptions:
         if self.fault not in KINDS:
             raise DemoError(f"unknown fault {self.fault!r}", f"use one of {', '.join(KINDS)}")
         check_params(self.fault_params, [k for k, _h in self.sequence] if self.sequence else [self.fault])
+        if self.workload not in parts.WORKLOADS:
+            raise DemoError(f"--workload {self.workload!r}: unknown", f"use one of {', '.join(parts.WORKLOADS)}")
         if not 1 <= self.ranks_per_host <= 8:
             raise DemoError(f"--ranks-per-host {self.ranks_per_host}: expected 1..8")
         if self.hosts < 1:
@@ -446,6 +449,8 @@ def describe(opts: DemoOptions) -> str:
     ``sequence`` each episode's fault and host in order (``--fault``/``--fault-host`` do not apply then)."""
     rank = f" (local rank {opts.fault_rank})" if opts.fault_rank is not None else ""
     out = f"{opts.hosts} hosts x {opts.ranks_per_host} rank{'' if opts.ranks_per_host == 1 else 's'} per host, "
+    if opts.workload != "ddp":
+        out += f"workload {opts.workload}, "
     if opts.sequence:
         eps = ", then ".join(f"{kind} on node-{host:02d}" for kind, host in opts.sequence)
         return out + (
@@ -465,7 +470,7 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
     """Run one scenario (see the module docstring); returns the report. Raises PartMissingError before
     starting anything when a part is missing, DemoError/ClusterError/FaultError when a step fails."""
     opts.check()
-    parts.require()
+    parts.require(opts.workload)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
     job = f"demo-{run_id}"
     out_dir = out_dir or settings.home / "demo" / run_id
@@ -567,13 +572,15 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                     es,
                     cluster,
                     h,
-                    parts.training_argv(job, h, steps, opts.hidden, opts.step_sleep_ms),
+                    parts.training_argv(job, h, steps, opts.hidden, opts.step_sleep_ms, opts.workload),
                     log,
                     env=env,
                     stdout=subprocess.PIPE,
                 )
                 ranks.append(Rank(h, proc, view, rank, per))
-        view.say(f"training: {world} ranks of ddp_train (gloo, {per} per host) over 10.77.0.0/24, job {job}")
+        view.say(
+            f"training: {world} ranks of {parts.WORKLOADS[opts.workload][0].rsplit('.', 1)[-1]} (gloo, {per} per host) over 10.77.0.0/24, job {job}"
+        )
         stopped_parts: list[bool] = []
 
         def stop_parts() -> None:
