@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import os
 import sys
 import time
 
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from obshub.workloads.ddp_train import BATCH, CLASSES, FEATURES, HIDDEN, STEPS, _free_port, build_model
+from obshub.workloads.ddp_train import BATCH, CLASSES, FEATURES, HIDDEN, STEPS, build_model, rendezvous_env
 
 ACCUM = 4
 
@@ -61,14 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Train; returns the process exit code (0; 2 when MASTER_PORT is missing with WORLD_SIZE > 1)."""
     args = parse_args(argv)
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        if os.environ["WORLD_SIZE"] != "1":
-            print("accum_train: MASTER_PORT must be set when WORLD_SIZE > 1", file=sys.stderr)
-            return 2
-        os.environ["MASTER_PORT"] = str(_free_port())
+    if not rendezvous_env("accum_train"):
+        return 2
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()

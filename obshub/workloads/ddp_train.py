@@ -41,6 +41,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def rendezvous_env(prog: str) -> bool:
+    """Fill in torch.distributed's env:// rendezvous for a run outside torchrun: ``RANK`` 0, ``WORLD_SIZE`` 1,
+    ``MASTER_ADDR`` 127.0.0.1 and a free ``MASTER_PORT`` where unset. Returns False (after a line on stderr
+    naming ``prog``) when ``MASTER_PORT`` is missing with ``WORLD_SIZE`` > 1: the ranks could not meet."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        if os.environ["WORLD_SIZE"] != "1":
+            print(f"{prog}: MASTER_PORT must be set when WORLD_SIZE > 1", file=sys.stderr)
+            return False
+        os.environ["MASTER_PORT"] = str(_free_port())
+    return True
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (see the module docstring)."""
     p = argparse.ArgumentParser(
@@ -67,14 +82,8 @@ def build_model(hidden: int) -> nn.Module:
 def main(argv: list[str] | None = None) -> int:
     """Train; returns the process exit code (0)."""
     args = parse_args(argv)
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        if os.environ["WORLD_SIZE"] != "1":
-            print("ddp_train: MASTER_PORT must be set when WORLD_SIZE > 1", file=sys.stderr)
-            return 2
-        os.environ["MASTER_PORT"] = str(_free_port())
+    if not rendezvous_env("ddp_train"):
+        return 2
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()

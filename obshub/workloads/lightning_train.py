@@ -30,7 +30,7 @@ import time
 import torch
 from torch import nn
 
-from obshub.workloads.ddp_train import BATCH, CLASSES, FEATURES, HIDDEN, STEPS, _free_port, build_model
+from obshub.workloads.ddp_train import BATCH, CLASSES, FEATURES, HIDDEN, STEPS, build_model, rendezvous_env
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,15 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     import lightning as L
     from lightning.pytorch.strategies import DDPStrategy
 
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        if os.environ["WORLD_SIZE"] != "1":
-            print("lightning_train: MASTER_PORT must be set when WORLD_SIZE > 1", file=sys.stderr)
-            return 2
-        os.environ["MASTER_PORT"] = str(_free_port())
+    if not rendezvous_env("lightning_train"):
+        return 2
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if per_node < 1 or world % per_node:
