@@ -883,7 +883,9 @@ def carried_stall(summary: dict, recent) -> dict | None:
     x6.0, had node-01 +419 ms and node-00 +418 ms late at its broadcast and named the broadcast's root
     node-00 rank 0 / process by 7 spreads of lateness). When the step's late group (``straggler.group``,
     the straggler alone without one) holds the host of the key of one of the job's last
-    ``STARVED_NEXT_STEPS`` steps, and the step's own culprit's host is in that group too, the step is
+    ``STARVED_NEXT_STEPS`` steps, late by at least ``EXPLAIN_REL`` of what the step lost over the
+    baseline median (a bystander 23 ms late in a step that lost 240 ms carries nothing: accum, frame22,
+    step 544), and the step's own culprit's host is in that group too, the step is
     charged to that key's host and layer (the latest such key): the late ranks carry that stall. The
     charge keeps no persistent fault alive (``charge_persistent`` returns the step's own key)."""
     c = summary.get("culprit")
@@ -892,14 +894,20 @@ def carried_stall(summary: dict, recent) -> dict | None:
     if not slowed(summary):
         return None
     strag = summary.get("straggler") or {}
-    group = {g.get("host") for g in strag.get("group") or []} or {strag.get("host")}
-    if c.get("host") not in group:
+    late = {g.get("host"): int(g.get("late_ns") or 0) for g in strag.get("group") or []}
+    if not late and strag.get("host") is not None:
+        late = {strag["host"]: int(strag.get("excess_ns") or 0)}
+    if c.get("host") not in late:
         return None
+    bl = summary.get("baseline") or {}
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0))
+    # the carrier is late by a part of the loss too: a bystander a few ms late in the group carries nothing
+    group = {h for h, ns in late.items() if ns >= EXPLAIN_REL * lost}
     keys = [tuple(k) for k in list(recent)[-STARVED_NEXT_STEPS:] if k is not None and tuple(k)[0] in group]
     if not keys:
         return None
     h, layer = keys[-1]
-    late = ", ".join(sorted(str(g) for g in group))
+    carriers = ", ".join(sorted(str(g) for g in group))
     return {
         "host": h,
         "layer": layer,
@@ -909,7 +917,7 @@ def carried_stall(summary: dict, recent) -> dict | None:
         "source": "persistent",  # a victim charged to its cause, as a persistent fault's (core.schema)
         "why": (
             f"{h} / {layer} was the culprit of one of the job's last {STARVED_NEXT_STEPS} steps and this step's late "
-            f"ranks ({late}) carry that stall into it; its own: {c['host']} / {c['layer']} ({c['why']})"
+            f"ranks ({carriers}) carry that stall into it; its own: {c['host']} / {c['layer']} ({c['why']})"
         ),
     }
 
