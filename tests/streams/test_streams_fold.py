@@ -419,6 +419,27 @@ def test_a_step_left_open_by_one_host_while_the_others_run_the_next_is_named_whi
     assert pipe.fold.running_named == {} and pipe.fold.running() == []
 
 
+def test_a_running_record_names_no_host_done_with_the_step():
+    """A stall split across two steps by rank (a framework that opens each step with a collective: PyTorch
+    Lightning broadcasts from rank 0 at every batch's start): hosts a and b end step 12 and wait at step
+    13's first collective, while c and d are still held in step 12, whose connections toward a are slow
+    (their retransmits and RTT toward a done host: live, frame21 step 483, an 800 ms blackout of node-01
+    held node-00 and node-01 while node-03, done in 148 ms, was named by 2 retransmits toward it). A host
+    done with the step holds nobody up in it: no running record names a (on 0d7639e one did)."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    t_end = now[0] + 100_000_000
+    for i in (0, 1):
+        end = schema.Event(schema.Kind.STEP_END, t_end, step=12, pid=100 + i, duration_ns=100_000_000)
+        begin = schema.Event(schema.Kind.STEP_BEGIN, t_end + 1_000_000, step=13, pid=100 + i, value=13)
+        batch(i, _ring_rtt(now, i, 0, [end, begin]))
+    for i in (2, 3):
+        batch(i, _ring_rtt(now, i, 0))  # still in step 12
+    now[0] += 600_000_000
+    assert [(sk, s["culprit"]) for sk, s in pipe.fold.running()] == []
+    assert pipe.fold.running_named == {}
+
+
 @pytest.mark.parametrize("behind", [2, 3])
 def test_a_step_two_or_more_behind_its_jobs_latest_gets_no_running_record(behind):
     """Only the job's latest step and the one just before it are checked while they run: a step further

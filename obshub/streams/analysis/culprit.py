@@ -829,6 +829,8 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
             # the starved rank in its old step while its peers wait for it in the next one, where its
             # run-queue waits (counted when its threads come back on a CPU) are not (stall7, node-01)
             persistent = (c["host"], "sched", 1)
+        elif (carried := carried_stall(summary, recent)) is not None:
+            return carried, key
     if persistent is None and c is None and slowed(summary):
         # a slowed step naming nobody right after a step that named a host's link: a loss's retransmission
         # back-off spans the step boundary, and its retransmits stayed in the step before (persistent 8 %
@@ -864,6 +866,60 @@ def charge_persistent(summary: dict, recent) -> tuple[dict | None, tuple[str, st
         ),
     }
     return charged, ((h, layer) if keeps else None)
+
+
+def carried_stall(summary: dict, recent) -> dict | None:
+    """The culprit of a slowed step whose own culprit is lateness (``process``, ``source`` "evidence" or
+    "blame") of ranks that carried a stall of the step before: ``{host, layer, rank, evidence, source
+    "persistent", why}`` naming that step's culprit (evidence 0), or None.
+
+    ``recent``: as ``charge_persistent``'s (the ``persistent_key`` of the job's previous closed steps,
+    oldest first). A framework whose loop opens each step with a collective (PyTorch Lightning broadcasts
+    a SIGTERM check from rank 0 at every batch's start; a barrier, a metric sync) splits one stall across
+    two steps by rank: the ranks the stall held stay in the old step, while their peers, done with it,
+    wait for them at the new step's first collective, where the held ranks arrive late together with
+    nothing of their own to show for it (live, a 800 ms blackout of node-01 under Lightning, frame21:
+    step 483 held node-00 and node-01 976 ms and was named node-01 / network by its drops; step 484,
+    x6.0, had node-01 +419 ms and node-00 +418 ms late at its broadcast and named the broadcast's root
+    node-00 rank 0 / process by 7 spreads of lateness). When the step's late group (``straggler.group``,
+    the straggler alone without one) holds the host of the key of one of the job's last
+    ``STARVED_NEXT_STEPS`` steps, late by at least ``EXPLAIN_REL`` of what the step lost over the
+    baseline median (a bystander 23 ms late in a step that lost 240 ms carries nothing: accum, frame22,
+    step 544), and the step's own culprit's host is in that group too, the step is
+    charged to that key's host and layer (the latest such key): the late ranks carry that stall. The
+    charge keeps no persistent fault alive (``charge_persistent`` returns the step's own key)."""
+    c = summary.get("culprit")
+    if c is None or c.get("layer") != "process" or c.get("source") not in ("evidence", "blame"):
+        return None
+    if not slowed(summary):
+        return None
+    strag = summary.get("straggler") or {}
+    late = {g.get("host"): int(g.get("late_ns") or 0) for g in strag.get("group") or []}
+    if not late and strag.get("host") is not None:
+        late = {strag["host"]: int(strag.get("excess_ns") or 0)}
+    if c.get("host") not in late:
+        return None
+    bl = summary.get("baseline") or {}
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0))
+    # the carrier is late by a part of the loss too: a bystander a few ms late in the group carries nothing
+    group = {h for h, ns in late.items() if ns >= EXPLAIN_REL * lost}
+    keys = [tuple(k) for k in list(recent)[-STARVED_NEXT_STEPS:] if k is not None and tuple(k)[0] in group]
+    if not keys:
+        return None
+    h, layer = keys[-1]
+    carriers = ", ".join(sorted(str(g) for g in group))
+    return {
+        "host": h,
+        "layer": layer,
+        # the rank as the step's own culprit names it (summary.culprit_rank): the straggler's, on its host
+        "rank": strag.get("rank") if layer != "network" and strag.get("host") == h else None,
+        "evidence": 0.0,
+        "source": "persistent",  # a victim charged to its cause, as a persistent fault's (core.schema)
+        "why": (
+            f"{h} / {layer} was the culprit of one of the job's last {STARVED_NEXT_STEPS} steps and this step's late "
+            f"ranks ({carriers}) carry that stall into it; its own: {c['host']} / {c['layer']} ({c['why']})"
+        ),
+    }
 
 
 def slowed(summary: dict) -> bool:
