@@ -1527,7 +1527,11 @@ def run(
         for hosts in sizes:
             n = steps or (QUICK_STEPS if quick else STEPS.get(hosts, 20))
             p = pause_s if hosts in ((sizes[0],) if quick else PAUSE_SIZES) else 0
-            say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
+            say(
+                f"[dim]{hosts:,} hosts: {n} steps at {step_s:g} s"
+                + (f", then a {p:.0f} s pause" if p > 0 else "")
+                + "[/dim]"
+            )
             try:
                 r = SizeRun(
                     settings,
