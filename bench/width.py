@@ -42,6 +42,7 @@ emission), fold + close and the fold agent's transport are printed beside it.
     python -m bench.width                  # 8, 128, 512, 2,048 hosts (about 15 minutes)
     python -m bench.width --quick          # 4 and 16 hosts, 12 steps, a 3 s pause at 4 (about 1 minute)
     python -m bench.width --sizes 8,128 --steps 20 --pause-s 0
+    python -m bench.width --sizes 2048 --ranks-per-host 8 --steps 15 --pause-s 0 --step-s 5   # RSS at 2,048 x 8
 """
 
 from __future__ import annotations
