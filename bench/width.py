@@ -42,6 +42,7 @@ emission), fold + close and the fold agent's transport are printed beside it.
     python -m bench.width                  # 8, 128, 512, 2,048 hosts (about 15 minutes)
     python -m bench.width --quick          # 4 and 16 hosts, 12 steps, a 3 s pause at 4 (about 1 minute)
     python -m bench.width --sizes 8,128 --steps 20 --pause-s 0
+    python -m bench.width --sizes 2048 --ranks-per-host 8 --steps 15 --pause-s 0 --step-s 5   # RSS at 2,048 x 8
 """
 
 from __future__ import annotations
@@ -594,6 +595,7 @@ class SizeRun:
         guilty_from: int = GUILTY_FROM,
         grace_s: float = GRACE_S,
         ranks_per_host: int = 1,
+        step_s: float = 1.0,
     ):
         self.settings, self.say, self.steps, self.pause_s = settings, say, steps, pause_s
         self.grace_s = grace_s
@@ -604,6 +606,7 @@ class SizeRun:
             job=f"wide-{hosts}",
             guilty_from=guilty_from,
             ranks_per_host=ranks_per_host,
+            step_s=step_s,
         )
         self.eps = self.shape.events_per_step_total
         self.app_id = f"{APP_ID}-{hosts}"
@@ -1502,9 +1505,12 @@ def run(
     pause_s: float | None = None,
     workers: int = WORKERS,
     ranks_per_host: int = 1,
+    step_s: float = 1.0,
 ) -> dict:
     """Run every size, print the blocks, tables and verdicts, save the JSON. ``rounds`` is unused (one
-    pass: each size takes minutes). Returns the results dict."""
+    pass: each size takes minutes). ``step_s``: the job's step in seconds (1 s by default; longer for a
+    width whose 1 s steps this machine cannot carry, to measure the processes' RSS at it). Returns the
+    results dict."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     pause_s = (QUICK_PAUSE_S if quick else PAUSE_S) if pause_s is None else pause_s
     say = common.console.print
@@ -1522,7 +1528,11 @@ def run(
         for hosts in sizes:
             n = steps or (QUICK_STEPS if quick else STEPS.get(hosts, 20))
             p = pause_s if hosts in ((sizes[0],) if quick else PAUSE_SIZES) else 0
-            say(f"[dim]{hosts:,} hosts: {n} steps at 1 s" + (f", then a {p:.0f} s pause" if p > 0 else "") + "[/dim]")
+            say(
+                f"[dim]{hosts:,} hosts: {n} steps at {step_s:g} s"
+                + (f", then a {p:.0f} s pause" if p > 0 else "")
+                + "[/dim]"
+            )
             try:
                 r = SizeRun(
                     settings,
@@ -1535,6 +1545,7 @@ def run(
                     guilty_from=GUILTY_FROM,
                     grace_s=QUICK_GRACE_S if quick else WIDE_GRACE_S if hosts >= 2048 else GRACE_S,
                     ranks_per_host=ranks_per_host,
+                    step_s=step_s,
                 ).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
@@ -1552,6 +1563,7 @@ def run(
         "partitions": PARTITIONS,
         "window_s": WINDOW_S,
         "ranks_per_host": ranks_per_host,
+        "step_s": step_s,
     }
     say(f"raw results: {common.save('width', data)}")
     return data
@@ -1630,7 +1642,15 @@ def main(argv: list[str] | None = None) -> int:
         help="with --inproc: straggler (sched, 15 steps, from 11: a baseline on the judged steps), mem (node2 stalls in reclaim from step 17 of 21: "
         "a memory episode), mem10 (mem, and 10%% of the other hosts in reclaim every step); default straggler",
     )
+    p.add_argument(
+        "--step-s",
+        type=float,
+        default=1.0,
+        help="the job's step in seconds (default 1; e.g. 5 to measure RSS at 2,048 x 8, which 1 s steps overrun here)",
+    )
     a = p.parse_args(argv)
+    if not a.step_s > 0:
+        p.error(f"--step-s {a.step_s}: expected a positive number of seconds")
     sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
     if a.ranks_per_host < 1:
         p.error(f"--ranks-per-host {a.ranks_per_host}: expected 1 or more")
@@ -1703,6 +1723,7 @@ def main(argv: list[str] | None = None) -> int:
         pause_s=a.pause_s,
         workers=a.workers,
         ranks_per_host=a.ranks_per_host,
+        step_s=a.step_s,
     )
     return 0
 

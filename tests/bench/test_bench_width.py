@@ -258,3 +258,27 @@ def test_stage_split_follows_classes_and_modules():
         ]
     )
     assert stages.parse(raw, "worker") == {"ingest": 4, "fold": 3, "close": 2}
+
+
+def test_the_step_length_reaches_the_jobs_shape_and_a_bad_one_is_refused(monkeypatch, capsys, tmp_path):
+    """``--step-s`` (to measure RSS at 2,048 x 8, whose 1 s steps this machine cannot carry) reaches
+    ``run`` and the size's fleet shape (the agents' ``--step-s``); 0 or less is refused by argparse
+    naming it. Nothing is started: ``run`` and the processes are replaced."""
+    from types import SimpleNamespace
+
+    from bench import width
+
+    got: dict = {}
+    monkeypatch.setattr(width, "run", lambda *a, **kw: got.update(kw) or {})
+    assert width.main(["--sizes", "2048", "--ranks-per-host", "8", "--step-s", "5", "--pause-s", "0"]) == 0
+    assert got["step_s"] == 5.0 and got["ranks_per_host"] == 8 and got["sizes"] == (2048,)
+    for bad in ("0", "-1"):
+        with pytest.raises(SystemExit) as exc:
+            width.main(["--step-s", bad])
+        assert exc.value.code == 2
+        assert f"--step-s {float(bad)}: expected a positive number of seconds" in capsys.readouterr().err
+    monkeypatch.setattr(width.SizeRun, "start", lambda self, workers, tmp: None)
+    size = width.SizeRun(
+        SimpleNamespace(kafka_dir=tmp_path), 2048, 15, pause_s=0, workers=1, tmp=tmp_path, say=print, step_s=5.0
+    )
+    assert size.shape.step_s == 5.0 and size.shape.hosts == 2048

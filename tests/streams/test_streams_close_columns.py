@@ -291,3 +291,34 @@ def test_a_wide_steps_host_records_are_built_when_read():
         assert "zz" not in vc
         with pytest.raises(KeyError):
             vc["zz"]
+
+
+def test_the_layer_cells_keep_the_host_by_host_order_of_columns_and_hosts(monkeypatch):
+    """``LayerColumns.cells`` is built column by column: the same columns, in the order a host-by-host pass
+    meets them (each host's layers, then ``pytorch`` for a host with a compute time), each holding the
+    same values in host order, whether a host lacks a layer, brings a layer no host before it had,
+    carries a ``pytorch`` layer, has a compute time or none (a summary's JSON keeps this order)."""
+    rnd = random.Random(11)
+    names = ["sched", "network", "memory", "cuda", "pytorch"]
+    for trial in range(40):
+        accs, comps = {}, []
+        for i in range(rnd.randrange(1, 30)):
+            acc = accumulate.new_acc(f"h{i:02d}", i)
+            picked = rnd.sample(names, rnd.randrange(0, len(names) + 1))
+            acc.layers = {n: [rnd.randrange(10**6), rnd.randrange(5), rnd.randrange(10**5)] for n in picked}
+            accs[acc.host] = acc
+            comps.append(rnd.choice((None, rnd.randrange(10**6))) if trial % 4 else None)
+        hosts = sorted(accs)
+        monkeypatch.setattr(S, "compute_many", lambda a, h, c=None, k=None, comps=comps: comps)
+        want: dict[str, dict] = {}  # the host-by-host pass
+        for host, comp in zip(hosts, comps):
+            for layer, v in accs[host].layers.items():
+                want.setdefault(layer, {})[host] = v
+            if comp is not None:
+                col = want.setdefault("pytorch", {})
+                have = col.get(host)
+                col[host] = (comp, 0, 0) if have is None else (comp, have[1], have[2])
+        got = S.LayerColumns(accs).cells
+        assert list(got) == list(want), trial
+        for layer in want:
+            assert list(got[layer].items()) == list(want[layer].items()), (trial, layer)

@@ -300,3 +300,55 @@ def test_a_worker_restarted_on_a_changelog_of_int_list_tables_summarises_as_befo
     new.close_all()
     _same(old.summaries + new.summaries, {s["step"]: s for s in alone.summaries}, ("closed_at_ns",))
     assert {s["step"]: s["straggler"]["rank"] for s in new.summaries if s["straggler"]} == {7: 6, 8: 6}
+
+
+def test_ranks_ended_counts_the_mark_only_where_a_value_is_it():
+    """``ranks_ended`` reads a packed step column without unpacking it when the mark's 8 bytes occur
+    nowhere (the fold asks it for each of a wide step's parts): a column whose bytes hold the mark's bytes
+    across two values (no value None) still counts every rank, and one with a None counts the others."""
+    mark = accumulate.PACKED_NONE.to_bytes(8, "little", signed=True)
+    straddle = [5, int.from_bytes(mark[4:] + b"\x01\x00\x00\x00", "little", signed=True), 7]  # mark at byte 4
+    col = accumulate.pack_column(straddle)
+    assert col is not None and mark in col and col.index(mark) % 8 != 0
+    cases = [(straddle, 3), ([5, None, 7], 2), ([None, None], 0), ([900, 950], 2), ([], 0)]
+    for values, ended in cases:
+        packed = accumulate.pack_column(values)
+        assert packed is not None
+        for s in (packed, values):  # packed, and the int list form of an older worker's table
+            acc = accumulate.new_acc("h", 0)
+            acc.rb = b"\x90"
+            acc.rt = accumulate.RankTable(s=s)
+            assert accumulate.ranks_ended(acc) == ended, (values, type(s).__name__)
+
+
+def test_parts_records_are_cut_as_their_entries_estimate_says():
+    """``parts`` records are cut at ``PART_RECORD_MAX`` hosts or about ``PART_RECORD_BYTES`` by
+    ``_entry_bytes`` (the fold's ``_chunks`` computes it inline for a packed entry): the same records
+    as the estimate gives, for packed entries, entries with full rank rows and the dict form."""
+    from obshub.streams import fold as F
+
+    accs = _accs(40, 4, seed=3)
+    packed = _packed(accs)
+    entries: dict = {}
+    for i, (h, a) in enumerate(sorted(packed.items())):
+        if i % 5 == 1:
+            a = accs[h]  # full rank rows
+        e = accumulate.PartEntry(acc=a, bids=[f"a:{j}" for j in range(1 + i % 3)], q={})
+        entries[h] = accumulate.to_dict(e) if i % 7 == 3 else e
+    for max_hosts, max_bytes in ((256, 4 * 1024 * 1024), (6, 10**9), (256, 20_000), (256, 1)):
+        want, chunk, size = [], {}, 0
+        for h, e in entries.items():
+            b = F._entry_bytes(e)
+            if chunk and (len(chunk) >= max_hosts or size + b > max_bytes):
+                want.append(chunk)
+                chunk, size = {}, 0
+            chunk[h] = e
+            size += b
+        want.append(chunk)
+        old = (F.PART_RECORD_MAX, F.PART_RECORD_BYTES)
+        F.PART_RECORD_MAX, F.PART_RECORD_BYTES = max_hosts, max_bytes
+        try:
+            got = list(F._chunks(entries))
+        finally:
+            F.PART_RECORD_MAX, F.PART_RECORD_BYTES = old
+        assert [list(c) for c in got] == [list(c) for c in want], (max_hosts, max_bytes)

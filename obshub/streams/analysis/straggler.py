@@ -184,21 +184,31 @@ class LayerColumns(Mapping):
         self._colls = colls_of  # per host the collective records its compute time reads (None: acc.colls)
         self._hosts = sorted(accs)
         self._rows: dict[str, dict] = {}
-        cells: dict[str, dict[str, Sequence]] = {}
         pytorch = Layer.PYTORCH.value
-        comps = compute_many(accs, self._hosts, colls_of, columns)
-        for host, comp in zip(self._hosts, comps):
-            for layer, v in accs[host].layers.items():  # [time_ns, count, max_ns], read only
-                col = cells.get(layer)
-                if col is None:
-                    col = cells[layer] = {}
-                col[host] = v
-            if comp is not None:
-                col = cells.get(pytorch)
-                if col is None:
-                    col = cells[pytorch] = {}
-                have = col.get(host)
-                col[host] = (comp, 0, 0) if have is None else (comp, have[1], have[2])
+        hosts = self._hosts
+        comps = compute_many(accs, hosts, colls_of, columns)
+        rows = [accs[h].layers for h in hosts]  # layer -> [time_ns, count, max_ns], read only
+        # the columns in the order a host-by-host pass meets them: each host's layers, then pytorch when
+        # it has a compute time (every host has the same layers but a few: one pass of C calls per host)
+        order: dict[str, None] = {}
+        for layers, comp in zip(rows, comps):
+            if len(order) < len(layers) or not order.keys() >= layers.keys():
+                order.update(dict.fromkeys(layers))
+            if comp is not None and pytorch not in order:
+                order[pytorch] = None
+        cells: dict[str, dict[str, Sequence]] = {}
+        for layer in order:  # each column in host order (hosts are sorted)
+            if layer != pytorch:
+                cells[layer] = {h: lay[layer] for h, lay in zip(hosts, rows) if layer in lay}
+                continue
+            col: dict[str, Sequence] = {}
+            for h, lay, comp in zip(hosts, rows, comps):
+                have = lay.get(pytorch)
+                if comp is not None:
+                    col[h] = (comp, 0, 0) if have is None else (comp, have[1], have[2])
+                elif have is not None:
+                    col[h] = have
+            cells[layer] = col
         self.cells = cells  # every column in host order: hosts are visited sorted
 
     def __getitem__(self, host: str) -> dict:
