@@ -153,9 +153,10 @@ STARVED_KEY = -2
 """``charge_starved``'s part key of the host its step's culprit named ``starved`` (None when none): a burst
 that spans a step boundary starves its host in the next steps too, which ``_crowded`` leaves starved."""
 RECENT_STALL_K = 1.5
-"""``_crowded``: a ``starved`` sched culprit (by the same-step test or its own recent steps) stays starved only
-when its step took at least this many times the median step of the job's last ``SELF_STEPS`` closed steps
-(at least ``SELF_MIN`` of them), its own measured noise, besides the baseline's ``stall_starved_k``. In a
+"""``_crowded``: in a job of two hosts, a ``starved`` sched culprit (by the same-step test against its one
+peer, or its own recent steps) stays starved only when its step took at least this many times the median
+step of the job's last ``SELF_STEPS`` closed steps (at least ``SELF_MIN`` of them), its own measured noise,
+besides the baseline's ``stall_starved_k``. In a
 stretch where the whole machine is slowed (the 2-host e2e clean run of a fresh-clone CI pass, ci-flake22: 23
 steps of x1.3-x3.7 with both hosts' run-queue times swinging 40-260 ms) one host's run queue stands 3.6x its
 one peer's by chance: step 256, x2.39 of the 50-step baseline but x1.41 of its last 16 steps, fired a wrong
@@ -1174,9 +1175,11 @@ def _crowded(summary: dict, recent: list[dict], part: dict) -> None:
     """``charge_starved``'s test of a host's ``sched`` culprit (not a burst, not ``starved_rank``) against
     the machine's own noise, with ``recent`` (the job's last ``SELF_STEPS`` parts) and ``part`` (this step's):
 
-    - another host's run queue rose alike (``ALIKE_RISE_REL`` of the culprit host's rise over its own recent
-      median, and ``EXPLAIN_REL`` of what the step lost): ``summary["culprit"]`` becomes None (nobody's);
-    - else a ``starved`` culprit whose step is under ``RECENT_STALL_K`` times the median of the job's recent
+    - in a job of one rank per host, another host's run queue rose alike (``ALIKE_RISE_REL`` of the culprit
+      host's rise over its own recent median, and ``EXPLAIN_REL`` of what the step lost):
+      ``summary["culprit"]`` becomes None (nobody's);
+    - else, in a job of two hosts (its one peer is one sample of the machine's run queues), a ``starved``
+      culprit whose step is under ``RECENT_STALL_K`` times the median of the job's recent
       steps' times (``STEP_KEY``): it stays the culprit, ``starved`` False (``why`` says why), unless its
       host was the starved culprit of one of the job's last ``STARVED_NEXT_STEPS`` steps (``STARVED_KEY``: a
       burst that spans a step boundary; an 800 ms burst of node-01, frame22-accum-2, x7.29 at step 457, was
@@ -1197,17 +1200,22 @@ def _crowded(summary: dict, recent: list[dict], part: dict) -> None:
     host = c.get("host")
     if lost <= 0 or host not in part:
         return
-    mine = _own_rise(host, part[host], recent)
+    # a job of one rank per host (no rank rows in ``part``): a host of several ranks sums its ranks' run
+    # queues, which the burst and rank tests compare rank by rank
+    mine = None if any(isinstance(k, tuple) for k in part) else _own_rise(host, part[host], recent)
     if mine is not None and mine > 0:
+        need = max(ALIKE_RISE_REL * mine, EXPLAIN_REL * lost)
         for h, now in part.items():
-            if not isinstance(h, str) or h == host:
+            # a rise over a median of run-queue times (never negative) is at most the time itself: only a
+            # host whose time reaches ``need`` can have risen alike, so only those read their own steps
+            if not isinstance(h, str) or h == host or not _may_pass(now, need):
                 continue
             r = _own_rise(h, now, recent)
-            if r is not None and r >= ALIKE_RISE_REL * mine and r >= EXPLAIN_REL * lost:
+            if r is not None and r >= need:
                 summary["culprit"] = None
                 return
-    if c.get("layer") != "sched" or not c.get("starved"):
-        return
+    if c.get("layer") != "sched" or not c.get("starved") or sum(isinstance(k, str) for k in part) != 2:
+        return  # with two hosts or more besides it, "far above every peer" compares more than one run queue
     times = sorted(r[STEP_KEY] for r in recent if STEP_KEY in r)
     if len(times) < SELF_MIN:
         return
