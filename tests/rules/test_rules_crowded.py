@@ -43,6 +43,25 @@ def test_cpu_run_fires_nothing_before_the_fault_from_run_queues_up_alike():
     assert sum((s["culprit"] or {}).get("host") == "node-01" for s in onset) >= 6, [s["culprit"] for s in onset]
 
 
+def test_cpu_fault_after_a_slowed_stretch_is_named_by_the_stragglers_starved_run_queue():
+    # the same CI run named nothing right: the slowed stretch before the fault widened the job's spread (22 ms),
+    # so the hog's steps gave node-01 1.4-1.9 spreads of sched evidence (under CULPRIT_MIN_EVIDENCE) and their
+    # culprit was the straggler's blame, never judged starved. A straggler blamed for sched whose run queue
+    # is starved (step 60, x2.27: 157 ms against node-00's 21, 142 ms over it) is starved as an evidence
+    # culprit is: step_stall node-01 / sched at the fault's first slowed step, nothing else.
+    run = kept("ciflake22_cpu")
+    t0 = run["episodes"][0]["from_ns"]
+    steps = recharge(run["steps"])
+    c = {s["step"]: s for s in steps}[60]["culprit"]
+    assert (c["host"], c["layer"], c["source"], c.get("starved")) == ("node-01", "sched", "blame", True), c
+    firing = fire_at_close(steps)
+    assert [(a["rule"], a["labels"]["host"], a["labels"]["layer"]) for a in firing] == [
+        ("step_stall", "node-01", "sched"),
+        ("step_stall_recurring", "node-01", "sched"),
+    ]
+    assert stalls(firing)[0][:3] == (60, "node-01", "sched") and firing[0]["starts_at_ns"] - t0 < 1_000_000_000
+
+
 def test_cpu_fault_of_a_quiet_2_host_run_is_still_named_at_once():
     # the same test on this tree before the change (quiet22-e1-cpu, load 3): the hog's first slowed step,
     # x2.38, node-01 starved at 7.4x its peer's run queue, fired step_stall node-01 / sched 0.6 s after the
