@@ -811,7 +811,7 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "alike, twice any rank of another host: layer sched, evidence 0, when the step's own "
     "culprit was no specific evidence of another kind), 'layers' (no straggler: the host whose own sched or memory time over its peers' median explains "
     "a quarter of the loss); null when none applies. A sched culprit of source evidence or layers carries "
-    "starved (true when its run-queue waits explain most of the step's loss and stand far above every peer's), and "
+    "starved (of source blame only when true; true when its run-queue waits explain most of the step's loss and stand far above every peer's), and "
     "starved_rank (true when one rank of a host of several rose over its own recent steps far above every other "
     "rank's rise: that rank is its rank); a sched culprit so named by its run-queue rise (source burst, or its own "
     "sched culprit of that host) carries burst (true) and burst_ns (the rise over its own recent median, ns; of a host whose ranks "
