@@ -20,16 +20,20 @@ lint: setup
 # test: also builds (first time: minutes) and caches the Go programs the deployment tests run for real
 # (Prometheus, Alertmanager, helm; tests/support/gobuild.py), which the demo never needs.
 # Two passes: the tests that use no broker, BPF, torch or end-to-end run share nothing machine-wide and run
-# in two processes (pytest-xdist, whole files per process); then the rest in one, as they share the
-# machine's namespaces, cgroups and timing. Every test of `pytest tests` runs, in one pass or the other.
+# in two processes (pytest-xdist, whole files per process); then the heavy pass: first the tests that need
+# only a broker (marker kafka alone) in two processes, each with its own broker, whole files per process;
+# then the rest in one, alone on the machine, as they share its namespaces, cgroups, BPF and timing (markers
+# bpf, torch, e2e, or alone: a kafka test with a timing race). Every test of `pytest tests` runs in exactly
+# one of these (tests/apps/test_make_test_passes.py; docs/ARCHITECTURE.md "Two passes").
 test: lint
 	@.venv/bin/python -m tests.support.gobuild
-	@.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile -m "not kafka and not bpf and not torch and not e2e" tests
-	@.venv/bin/python -m pytest -q -ra --durations=25 -m "kafka or bpf or torch or e2e" tests
+	@.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile -m "not kafka and not bpf and not torch and not e2e and not alone" tests
+	@.venv/bin/python -m pytest -q -ra -n 2 --dist loadfile --durations=15 -m "kafka and not bpf and not torch and not e2e and not alone" tests
+	@.venv/bin/python -m pytest -q -ra --durations=25 -m "bpf or torch or e2e or alone" tests
 
 # test-fast: the unit tests alone (no broker, no BPF, no torch), in about a minute on 2 cores
 test-fast: setup
-	@.venv/bin/python -m pytest -q -m "not kafka and not bpf and not torch and not e2e and not slow" tests
+	@.venv/bin/python -m pytest -q -m "not kafka and not bpf and not torch and not e2e and not alone and not slow" tests
 
 bench: setup
 	@.venv/bin/python -m bench

@@ -401,7 +401,8 @@ class StreamsSettings(BaseModel):
     parallelism of the join). ``window_s``: a step closes at most this long after its first data arrived
     (processing time), seconds. ``dlq_max_bytes``: a DLQ record keeps the original value up to this size.
     ``job_retention_s``: a job's state is dropped this many seconds after its last data (docs/STREAMS.md
-    "Retention").
+    "Retention"). ``read_idle_every_s``: an idle worker writes its ``read`` report at most this often, seconds
+    (``streams.app.ReadReports``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -413,6 +414,7 @@ class StreamsSettings(BaseModel):
     metrics_port: int = Field(0, ge=0, le=65535)
     dlq_max_bytes: int = Field(DLQ_MAX_BYTES, ge=1)
     job_retention_s: float = Field(3600.0, gt=0)
+    read_idle_every_s: float = Field(5.0, gt=0)
 
 
 STREAMS = StreamsSettings()

@@ -65,7 +65,7 @@ from obshub.streams.topics import TABLES, partition_of
 log = logging.getLogger("obshub.streams")
 
 READ_MARGIN_NS = 1_000_000_000  # an input partition reported read to its end counts as read this long before
-READ_IDLE_EVERY_S = 5.0  # an idle worker's ``read`` report: at most this often (ReadReports)
+READ_IDLE_EVERY_S = STREAMS.read_idle_every_s  # 5 s: an idle worker's ``read`` report at most this often
 TAKE_MAX = 2048  # messages an agent takes from its stream per round (when that many are waiting)
 TAKE_WITHIN_S = 0.1  # ... or what arrived within this long (s)
 BATCH_MAX_BYTES = 512 * 1024  # one internal batch message at most (the topic's default limit is 1 MB)
@@ -125,7 +125,7 @@ class WorkerConfig:
     values are cut, with header ``obshub.truncated`` = original length) so a huge message cannot block it.
     ``job_retention_s``: a job's state (tables, changelogs, memory) is dropped this long after its last
     data, and an agent instance's sequence record this long after its last batch (docs/STREAMS.md
-    "Retention").
+    "Retention"). ``read_idle_every_s``: an idle worker's ``read`` report at most this often (:class:`ReadReports`).
     """
 
     app_id: str = STREAMS.app_id
@@ -139,6 +139,7 @@ class WorkerConfig:
     metrics_port: int = STREAMS.metrics_port
     dlq_max_bytes: int = STREAMS.dlq_max_bytes
     job_retention_s: float = STREAMS.job_retention_s
+    read_idle_every_s: float = STREAMS.read_idle_every_s
     thresholds: analysis.Thresholds = field(default_factory=analysis.Thresholds)
 
 
@@ -400,7 +401,7 @@ def _add_ingest(app, cfg: WorkerConfig, m: WorkerMetrics, tables: dict, rep, rat
             for event in events:
                 done[event.message.tp] = event.message.offset + 1
 
-    reports = ReadReports(cfg.window_s + 2 * READ_MARGIN_NS / 1e9)
+    reports = ReadReports(cfg.window_s + 2 * READ_MARGIN_NS / 1e9, cfg.read_idle_every_s)
 
     @app.timer(0.5)
     async def progress():

@@ -150,6 +150,14 @@ def _free_index(settings) -> int:
     "above the longest step and the hang hold (docs/STREAMS.md 'Retention')",
 )
 @click.option(
+    "--read-idle-every-s",
+    default=STREAMS.read_idle_every_s,
+    show_default=True,
+    type=Finite(0.5, 3600),
+    help="an idle worker (no new input, no open step) writes its 'read' report this often; the retention "
+    "sweep's read check waits for it (docs/STREAMS.md)",
+)
+@click.option(
     "--metrics-port",
     default=STREAMS.metrics_port,
     show_default=True,
@@ -189,6 +197,7 @@ def worker_command(
     partitions,
     window_s,
     job_retention_s,
+    read_idle_every_s,
     metrics_port,
     metrics_addr,
     index,
@@ -253,6 +262,7 @@ def worker_command(
         partitions=partitions,
         window_s=window_s,
         job_retention_s=job_retention_s,
+        read_idle_every_s=read_idle_every_s,
         state_dir=settings.state_dir,
         metrics_port=metrics_port,
     )

@@ -303,6 +303,8 @@ def test_an_alerting_config_duration_over_ten_years_is_refused_at_its_place(tmp_
         # the stream worker ran with a nan window; tail steps waited forever
         (["streams", "worker", "--window-s", "nan"], "'--window-s': 'nan' is not a finite number"),
         (["streams", "worker", "--job-retention-s", "inf"], "'--job-retention-s': 'inf' is not a finite number"),
+        (["streams", "worker", "--read-idle-every-s", "nan"], "'--read-idle-every-s': 'nan' is not a finite number"),
+        (["streams", "worker", "--read-idle-every-s", "0.1"], "'--read-idle-every-s': 0.1 is not in the range"),
         (["tail", "steps", "--timeout-s", "nan"], "'--timeout-s': 'nan' is not a finite number"),
         (["tail", "steps", "--hold-s", "nan"], "'--hold-s': 'nan' is not a finite number"),
         (["streams", "worker", "--app-id", "a b"], "'--app-id': 'a b' holds ' '"),

@@ -24,9 +24,15 @@ H = 3_600_000_000_000  # one hour, ns
 
 
 def _change(job: str, host: str, rule: str, status: str, t_ns: int) -> dict:
+    """An alert change as a rule engine writes it, of an engine no test runs (``engine``): every notify loop
+    on the session's broker skips it as another engine's. Without it, a rule engine started later in the
+    session (a new notify group reads the topic from its beginning) took the recent ones for its own and
+    delivered them first; with its webhook down, its sink's queue retried them and never reached its own
+    alert (test_rules_service's at-least-once test, when no test truncated the topic in between)."""
     fp = f"{job}-{host}-{rule}"[-16:]
     return {
         "v": 1,
+        "engine": "ops-commands-test",
         "fingerprint": fp,
         "rule": rule,
         "status": status,

@@ -25,6 +25,7 @@ from tests.support import testkit
 pytestmark = pytest.mark.kafka
 
 WINDOW_S = 3.0
+IDLE_S = 2.0  # the short worker's --read-idle-every-s (default 5 s): the idle test counts for a few seconds only
 # what must be identical between the workers' output and the offline reference (closed_at_ns is wall
 # time; baseline/stall depend on the order steps closed in; quality.late_events is 0 in the reference)
 ANALYSIS_FIELDS = (
@@ -97,6 +98,7 @@ def workers(kafka, tmp_path_factory):
                 tmp_path_factory.mktemp("streams") / "w.log",
                 window_s=window,
                 metrics_port=port,
+                args=["--read-idle-every-s", str(IDLE_S)] if name == "short" else None,
             )
             started.append(w)
             out[name] = {"topics": topics, "port": port, "worker": w, "app_id": f"{tag}-app"}
@@ -278,15 +280,16 @@ def _read_reports(settings, topic: str, partitions: int, seconds: float) -> int:
 
 def test_an_idle_worker_writes_its_read_report_rarely(kafka, short, unique):
     """With no new input and no open step the ``progress`` timer writes one ``read`` report per
-    READ_IDLE_EVERY_S to each partition of its internal topic, not two a second (streams.app.ReadReports);
-    after new input, every tick again (the window closes of test_single_event_window_closes_without_more_input)."""
+    --read-idle-every-s (IDLE_S here) to each partition of its internal topic, not two a second
+    (streams.app.ReadReports); after new input, every tick again (the window closes of
+    test_single_event_window_closes_without_more_input)."""
     scn = synthetic.Scenario(job=f"idle-{unique}", hosts=2, steps=2)
     testkit.publish(kafka, short["topics"].events, synthetic.generate(scn))
     assert len(_by_job(kafka, short["topics"].steps, scn.job, 2)) == 2
     time.sleep(WINDOW_S + 3.0)  # the window and two read margins after the last input
     internal = f"{short['app_id']}-steps"
-    idle = _read_reports(kafka, internal, 4, 10.0)
-    assert 1 <= idle <= 3 * 4, idle  # 5 s apart: at most 3 rounds of 4 partitions in 10 s (80 before)
+    idle = _read_reports(kafka, internal, 4, 2.5 * IDLE_S)
+    assert 1 <= idle <= 3 * 4, idle  # IDLE_S apart: at most 3 rounds of 4 partitions in 2.5 x IDLE_S (40 before)
     testkit.publish(kafka, short["topics"].events, synthetic.generate(synthetic.Scenario(job=f"{scn.job}-b", hosts=2)))
     assert _read_reports(kafka, internal, 4, 3.0) >= 2 * 4  # new input: every 0.5 s tick again
 
