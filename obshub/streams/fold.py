@@ -65,7 +65,6 @@ import logging
 import math
 import time
 import zlib
-from hashlib import blake2b
 from typing import Any, Callable, Iterable, Iterator, MutableMapping
 
 from obshub.streams import accumulate, analysis
@@ -232,12 +231,7 @@ def _chunks(hosts: dict[str, Any]) -> Iterator[dict[str, Any]]:
     chunk: dict[str, Any] = {}
     size = 0
     for h, entry in hosts.items():
-        if type(entry) is PartEntry and not entry.acc.ranks:  # _entry_bytes inline (the usual entry)
-            acc = entry.acc
-            rb = acc.rb
-            b = 2048 + 60 * len(acc.colls) + 40 * len(entry.bids) + (0 if rb is None else 2 * len(rb))
-        else:
-            b = _entry_bytes(entry)
+        b = _entry_bytes(entry)
         if chunk and (len(chunk) >= PART_RECORD_MAX or size + b > PART_RECORD_BYTES):
             yield chunk
             chunk, size = {}, 0
@@ -1177,7 +1171,7 @@ class Fold:
             if entry is None:
                 continue
             accs[h] = entry.acc
-            digests.extend([blake2b(b.encode(), digest_size=8).digest() for b in entry.bids])  # bid_digest
+            digests.extend(map(bid_digest, entry.bids))
             if entry.q:
                 for k, x in entry.q.items():
                     quality[k] = quality.get(k, 0) + x

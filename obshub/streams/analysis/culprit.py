@@ -1240,7 +1240,7 @@ def charge_starved(summary: dict, recent) -> dict:
 
 
 def _crowded(summary: dict, recent: list[dict], part: dict) -> None:
-    """``charge_starved``'s test of a host's ``sched`` culprit (not a burst, not ``starved_rank``) against
+    """``charge_starved``'s test of a host's ``sched`` or ``process`` culprit (not a burst, not ``starved_rank``) against
     the machine's own noise, with ``recent`` (the job's last ``SELF_STEPS`` parts) and ``part`` (this step's):
 
     - in a job of one rank per host, another host's run queue rose alike (``ALIKE_RISE_REL`` of the culprit
