@@ -7,8 +7,8 @@ automatically (:class:`DeepDiveTrigger`, used by the rule engine's ``deep_dive``
 ``obshub/rules/sinks/deep_dive.py``, when a rule or the straggler analysis names a host). The agent's side
 (a listener per agent) is ``obshub.producer.control.ControlListener``.
 
-Message (JSON, key = host): ``{"action": "deep_dive", "host": str, "steps": int >= 1, "max_s": float > 0,
-"ts_ns": int (CLOCK_REALTIME ns of the request), "by": str}``. A malformed message is refused naming the
+Message (JSON, key = host): ``{"action": "deep_dive", "host": str, "steps": int in 1..100000, "max_s":
+float in (0, 86400], "ts_ns": int in 1..2**63-1 (CLOCK_REALTIME ns of the request), "by": str}``. A malformed message is refused naming the
 field (:func:`parse_request`); the agent logs it and skips it.
 """
 
@@ -43,24 +43,44 @@ class DeepDive:
     by: str = ""
 
 
-def parse_request(raw: bytes) -> DeepDive:
-    """A control message -> :class:`DeepDive`. Raises ValueError naming the field that is wrong."""
+MAX_STEPS = 100_000  # as `obshub deep-dive --steps` and the deep_dive sink's `steps`
+
+
+def parse_request(raw: bytes | None) -> DeepDive:
+    """A control message (its Kafka value; None for a tombstone) -> :class:`DeepDive`. Raises ValueError
+    naming the field that is wrong, for any input: no value, bytes that are not UTF-8 JSON, JSON nested too
+    deep for the decoder, numbers out of their range (``steps`` 1..100000, ``max_s`` (0, 86400], ``ts_ns``
+    1..2**63-1: an agent compares it with its clock as a float)."""
+    if raw is None:
+        raise ValueError("control message has no value (a tombstone)")
     try:
         d = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"control message is not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError, TypeError) as exc:
+        why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise ValueError(f"control message is not JSON: {why}") from None
     if not isinstance(d, dict) or d.get("action") != "deep_dive":
-        raise ValueError(f"control message action {d.get('action') if isinstance(d, dict) else d!r} is not 'deep_dive'")
+        what = d.get("action") if isinstance(d, dict) else d
+        raise ValueError(f"control message action {_short(what)} is not 'deep_dive'")
     host, steps, max_s, ts = d.get("host"), d.get("steps"), d.get("max_s"), d.get("ts_ns")
     if not isinstance(host, str) or not host:
-        raise ValueError(f"deep_dive: host {host!r} is not a host name")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"deep_dive: steps {steps!r} is not an integer >= 1")
+        raise ValueError(f"deep_dive: host {_short(host)} is not a host name")
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"deep_dive: steps {_short(steps)} is not an integer in 1..{MAX_STEPS}")
     if not isinstance(max_s, (int, float)) or isinstance(max_s, bool) or not 0 < max_s <= 86400:
-        raise ValueError(f"deep_dive: max_s {max_s!r} is not a number of seconds in (0, 86400]")
-    if not isinstance(ts, int) or isinstance(ts, bool) or ts <= 0:
-        raise ValueError(f"deep_dive: ts_ns {ts!r} is not a positive integer")
+        raise ValueError(f"deep_dive: max_s {_short(max_s)} is not a number of seconds in (0, 86400]")
+    if not isinstance(ts, int) or isinstance(ts, bool) or not 0 < ts < 2**63:
+        raise ValueError(f"deep_dive: ts_ns {_short(ts)} is not an integer in 1..2**63-1 (ns)")
     return DeepDive(host, steps, float(max_s), ts, str(d.get("by", "")))
+
+
+def _short(v: Any) -> str:
+    """``repr(v)`` cut to 80 characters (a log line must not carry a megabyte of someone's message);
+    an int too long to print in decimal is named by its bit length."""
+    try:
+        text = repr(v)
+    except ValueError:  # int beyond sys.get_int_max_str_digits()
+        return f"<an integer of {v.bit_length()} bits>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def encode_request(req: DeepDive) -> bytes:

@@ -651,16 +651,18 @@ def validate_batch(raw: Any) -> Batch:
     return Batch(job, host, host_id, agent_id, seq, events, clock, sent_ns, v)
 
 
-def decode_batch(data: bytes) -> Batch:
-    """Decode and validate one Kafka message value. Raises only :class:`SchemaError`, for any input.
+def decode_batch(data: bytes | None) -> Batch:
+    """Decode and validate one Kafka message value (None: a tombstone). Raises only :class:`SchemaError`,
+    for any input; no value or an empty one is ``message: empty message (a tombstone or a message without a
+    value)``, the reason every consumer's dead-letter record gives for it.
 
     Length limits are applied while unpacking (``MAX_BATCH_BYTES``, ``MAX_EVENTS_PER_BATCH``,
     ``MAX_STR_LEN``) so a hostile length prefix cannot allocate gigabytes.
     """
+    if data is None or (isinstance(data, (bytes, bytearray, memoryview)) and len(data) == 0):
+        raise SchemaError("message", "empty message (a tombstone or a message without a value)")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise SchemaError("message", f"expected bytes, got {type(data).__name__}")
-    if len(data) == 0:
-        raise SchemaError("message", "empty message")
     if len(data) > MAX_BATCH_BYTES:
         raise SchemaError("message", f"{len(data)} bytes exceed {MAX_BATCH_BYTES}")
     try:

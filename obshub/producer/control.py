@@ -95,7 +95,10 @@ class ControlListener:
         finally:
             consumer.close()
 
-    def _handle(self, raw: bytes) -> None:
+    def _handle(self, raw: bytes | None) -> None:
+        """Act on one message value of the topic (None: a tombstone). Never raises: a malformed message is
+        logged and skipped, a failing handler logged and counted (``failed``); the thread, and with it every
+        later request, lives on (a deeply nested JSON message or a tombstone used to end it)."""
         try:
             req = parse_request(raw)
         except ValueError as exc:

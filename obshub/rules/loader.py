@@ -221,6 +221,32 @@ def _expr_pos(doc: Any, path: list, err: ExprError, file: str = "") -> tuple[int
     return line + max(err.line - 1, 0), col + quote + max(err.col - 1, 0)
 
 
+_ENGINE_LABELS = {"alertname": "the rule id", "severity": "the rule's `severity:`"}
+
+
+def _check_label_names(ctx: "_Ctx", raw: dict, spec: dict, rid: str) -> None:
+    """Refuse the label names the engine sets, ``alertname`` and ``severity``, in ``labels`` or
+    ``group_by``: they replaced the rule id and severity (`obshub alerts --rule`, silences, routes and
+    inhibitions by alertname no longer found the alert, two rules with one alertname shared one alert's
+    fingerprint, a severity label said otherwise than the alert's severity). A name in both ``labels``
+    and ``group_by`` stays allowed: the group-by value is the label's."""
+    for key in ("group_by", "labels"):
+        names = spec.get(key) or {}
+        if not isinstance(names, dict):
+            continue
+        file, doc, path = _at(raw, key)
+        for name in names:
+            if name in _ENGINE_LABELS:
+                ctx.add(
+                    file,
+                    *position(doc, path + [name]),
+                    f"{key}/{name}: the engine sets label '{name}' to {_ENGINE_LABELS[name]}; a rule cannot "
+                    "set it (alerts, silences, routes and inhibitions find a rule's alerts by it)"
+                    + ("; set `severity:` instead" if name == "severity" else "; name the label otherwise"),
+                    rid,
+                )
+
+
 def _at(raw: dict, key: str) -> tuple[str, Any, list]:
     """``(file, doc, path)`` where the rule's top-level ``key`` was last written: an override's
     ``replace`` or the rule itself."""
@@ -508,6 +534,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
                 "make a new alert for every value; group by host/job/device and show it in annotations",
                 rid,
             )
+    _check_label_names(ctx, raw, spec, rid)
     thr = spec.get("threshold") or {}
     aggregate, at_least = thr.get("aggregate", "count"), float(thr.get("at_least", 1))
     _check_threshold(ctx, raw, aggregate, at_least)

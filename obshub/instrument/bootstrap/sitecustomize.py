@@ -74,7 +74,28 @@ def _chain_shadowed_sitecustomize():
         _caught("sitecustomize")
 
 
-if os.environ.get("OBSHUB_INSTRUMENT", "1") != "0":
+_OFF = ("0", "false", "no", "off")
+_ON = ("", "1", "true", "yes", "on")
+
+
+def _wanted():
+    """False when ``OBSHUB_INSTRUMENT`` is 0, false, no or off (any case, spaces around ignored); True
+    when unset, empty, 1, true, yes or on; any other value keeps the instrumentation on with one
+    ``obshub:`` line on stderr naming it (``false`` used to mean on: only ``0`` was off)."""
+    raw = os.environ.get("OBSHUB_INSTRUMENT", "1")
+    value = raw.strip().lower()
+    if value in _OFF:
+        return False
+    if value not in _ON:
+        print(
+            f"obshub: OBSHUB_INSTRUMENT={raw!r} is neither 0/false/no/off nor 1/true/yes/on; instrumentation "
+            "stays on (set OBSHUB_INSTRUMENT=0 to turn it off)",
+            file=sys.stderr,
+        )
+    return True
+
+
+if _wanted():
     if "torch" in sys.modules:
         _enable_instrumentation()
     else:
