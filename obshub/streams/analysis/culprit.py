@@ -1244,6 +1244,7 @@ def charge_starved(summary: dict, recent) -> dict:
     else:
         _crowded(summary, list(recent)[-SELF_STEPS:], part)
     _crowded_ranks(summary, list(recent)[-SELF_STEPS:], part)
+    _crowded_turn(summary, list(recent)[-SELF_STEPS:], part)
     part[STEP_KEY] = int(summary.get("step_time_max_ns") or 0)
     c = summary.get("culprit")
     part[STARVED_KEY] = c["host"] if c and c.get("layer") == "sched" and c.get("starved") else None
@@ -1384,6 +1385,54 @@ def _crowded_ranks(summary: dict, recent: list[dict], part: dict) -> None:
                 summary["culprit"] = None
                 return
         age += int(prev.get(STEP_KEY) or 0)
+
+
+def _crowded_turn(summary: dict, recent: list[dict], part: dict) -> None:
+    """``charge_starved``'s test, in a job of one rank per host (no rank rows in ``part``), of a host's
+    ``sched`` or ``process`` culprit (a burst's too) against the step before it: ``summary["culprit"]``
+    becomes None (nobody's) when in the job's last closed step (``recent[-1]``) another host's run queue
+    rose over its median in ``recent`` by ``ALIKE_RISE_REL`` of the culprit host's rise now (and by
+    ``EXPLAIN_REL`` of what this step lost) and more than the culprit host's rose in that step: the
+    straggler turned from host to host from one step to the next, as a machine slowed as a whole does (a
+    clean Lightning stretch under other helpers' unit suites, frame22-lightning-net-new-1: node-01 up 351
+    ms at step 379, node-02 220 ms at 380; node-01 265 ms at 391, node-03 295 ms at 392, both wrong
+    ``step_stall`` sched alerts). A burst that spans a step boundary leads both steps on its own host. A job
+    of two hosts (one peer) is ``_crowded``'s alone; without ``SELF_MIN`` recent steps nothing changes."""
+    c = summary.get("culprit")
+    if (
+        not c
+        or c.get("layer") not in ("sched", "process")
+        or c.get("source") not in ("evidence", "blame", "layers", "burst")
+        or any(isinstance(k, tuple) for k in part)
+        or sum(isinstance(k, str) for k in part) < 3
+        or not recent
+    ):
+        return
+    bl = summary.get("baseline") or {}
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    host = c.get("host")
+    prev = recent[-1]
+    # a rise over a median of run-queue times is at most the time itself: only a host whose time in the step
+    # before reaches a quarter of this step's loss can have risen enough; own steps are read only then
+    near = [(h, t) for h, t in prev.items() if isinstance(h, str) and h != host and _may_pass(t, EXPLAIN_REL * lost)]
+    if lost <= 0 or not near or host not in part:
+        return
+    mine = _own_rise(host, part[host], recent)
+    if mine is None or mine <= 0:
+        return
+    need = max(ALIKE_RISE_REL * mine, EXPLAIN_REL * lost)
+
+    def then(h) -> int | None:
+        own = sorted(r[h] for r in recent if h in r)
+        return prev[h] - own[(len(own) - 1) // 2] if h in prev and len(own) >= SELF_MIN else None
+
+    for h, t in near:
+        if _may_pass(t, need):
+            r = then(h)
+            if r is not None and r >= need and ((before := then(host)) is None or r > before):
+                summary["culprit"] = None
+                return
+
 
 def _self_starved(summary: dict, recent, part: dict) -> None:
     """``charge_starved``'s test of a sched culprit against its own recent steps (``_starved_self``), which
