@@ -1974,6 +1974,9 @@ def test_a_burst_on_one_rank_of_a_loaded_host_is_starved_against_that_ranks_own_
     s = _rank_step(20, 630, 360, burst)  # x1.75: 270 ms over the median
     steps = charge([*history, s, _rank_step(21, 360, 360, usual)])
     c = steps[20]["culprit"]
+    if c is None:  # every rank of every host rose alike (+150 ms): the machine's, nobody's (_crowded_ranks)
+        assert (usual7, host_extra, extra7, named) == (800, 0, 0, False) and stall_alerts(steps) == []
+        return
     assert (c["host"], c["layer"]) == ("node-01", "sched"), c
     assert (c["starved"], c.get("starved_rank", False)) == (named, named), c["why"]
     if named:

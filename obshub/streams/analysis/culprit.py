@@ -171,6 +171,16 @@ up 336 ms and node-01 287 ms over their own medians, the straggler blamed sched 
 its clean run's step 267, x4.74, 228 and 211 ms). A CPU burst of one host leaves its peers' run queues
 near their own steps' (the e2e cpu fault's first step: node-01 up 142 ms, node-00 5)."""
 
+CROWD_WINDOW_NS = 2_000_000_000
+"""``_crowded_ranks``: how far back (ns, the sum of the job's recent steps' own times, ``STEP_KEY``) another
+host whose every rank rose alike counts as the machine's own noise. A machine slowed as a whole (another job's
+load, CPU steal) delays every rank of a host alike and moves from host to host within a second or two: a clean
+4 x 2 Lightning stretch (frame22-lightning-cpuproc-new-1, steps 48-59) had every rank of node-02 up 377-422 ms
+0.9 s before rank 7 of node-03 rose 396 ms alone (step 53, a wrong ``stall_burst``), then both ranks of node-01
+227-294 ms in the next step. In the kept runs of several ranks per host no right sched alert had another host
+whose every rank rose more than 0.30x its culprit's rise within 2 s; the nearest, 0.81x, was 2.4 s before
+(stop19-new-cpu44 step 259, a 300 ms burst of rank 6 at load 5-10)."""
+
 
 def culprit(summary: dict) -> dict | None:
     """The host and layer one step is charged to, for the single-step stall rules (docs/ANALYSIS.md
@@ -1233,6 +1243,8 @@ def charge_starved(summary: dict, recent) -> dict:
         summary["culprit"] = burst
     else:
         _crowded(summary, list(recent)[-SELF_STEPS:], part)
+    _crowded_ranks(summary, list(recent)[-SELF_STEPS:], part)
+    _crowded_turn(summary, list(recent)[-SELF_STEPS:], part)
     part[STEP_KEY] = int(summary.get("step_time_max_ns") or 0)
     c = summary.get("culprit")
     part[STARVED_KEY] = c["host"] if c and c.get("layer") == "sched" and c.get("starved") else None
@@ -1299,6 +1311,127 @@ def _crowded(summary: dict, recent: list[dict], part: dict) -> None:
             + f"; not starved beyond the job's own noise: x{step / max(ref, 1):.2f} the median of its last"
             f" {len(times)} steps ({ref / 1e6:.1f} ms)",
         )
+
+
+def _crowded_ranks(summary: dict, recent: list[dict], part: dict) -> None:
+    """``charge_starved``'s test, in a job of several ranks per host (rank rows ``(host, rank)`` in ``part``),
+    of a host's ``sched`` or ``process`` culprit (a burst's and a ``starved_rank`` one's too; not a stopped
+    rank, a hang, memory or network) against the machine's own noise, with ``recent`` (the job's last
+    ``SELF_STEPS`` parts) and ``part`` (this step's). The culprit's rise (``_own_rise``, ns) is its rank's
+    (``rank``), else its host's most-risen rank's; ``need`` is ``ALIKE_RISE_REL`` of it and at least
+    ``EXPLAIN_REL`` of what the step lost. ``summary["culprit"]`` becomes None (nobody's) when
+
+    - in this step, a rank of another host rose over its own recent median by ``need`` (the run queues of
+      the machine grew alike: a clean 4 x 4 step at load 23, burst21-clean44-new-1 step 191, x1.94, had
+      node-03's ranks up 433-827 ms and one rank of node-00 926 ms), or
+    - in one of the job's recent steps that closed within ``CROWD_WINDOW_NS`` of this one (by the steps' own
+      times), every rank of another host of at least two ranks rose by ``need`` over its median in
+      ``recent`` (the machine slowed a whole other host as much, a moment before: a slowdown moves from
+      host to host, a burst of one rank or host leaves the others' ranks near their own steps).
+
+    The rises of the recent steps are read only for hosts whose every rank's time there reaches ``need`` (a
+    rise over a median of run-queue times is at most the time itself). A job of one rank per host is
+    ``_crowded``'s; without a baseline, a step that lost nothing or a culprit rise of 0 nothing changes."""
+    c = summary.get("culprit")
+    if (
+        not c
+        or c.get("layer") not in ("sched", "process")
+        or c.get("source") not in ("evidence", "blame", "layers", "burst")
+        or not any(isinstance(k, tuple) for k in part)
+    ):
+        return
+    bl = summary.get("baseline") or {}
+    step = int(summary.get("step_time_max_ns") or 0)
+    lost = max(0, step - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    host = c.get("host")
+    if lost <= 0 or len(recent) < SELF_MIN:
+        return
+    own = [k for k in part if isinstance(k, tuple) and k[0] == host]
+    rank = c.get("rank")
+    if rank is not None and (host, str(rank)) in part:
+        own = [(host, str(rank))]
+    rises = [r for k in own if (r := _own_rise(k, part[k], recent)) is not None]
+    if not rises or max(rises) <= 0:
+        return
+    mine = max(rises)
+    need = max(ALIKE_RISE_REL * mine, EXPLAIN_REL * lost)
+    for k, now in part.items():
+        if isinstance(k, tuple) and k[0] != host and _may_pass(now, need):
+            r = _own_rise(k, now, recent)
+            if r is not None and r >= need:
+                summary["culprit"] = None
+                return
+    medians: dict = {}
+    age = step
+    for prev in reversed(recent):
+        if age > CROWD_WINDOW_NS:
+            return
+        ranks: dict[str, list] = {}
+        for k, now in prev.items():
+            if isinstance(k, tuple) and k[0] != host:
+                ranks.setdefault(k[0], []).append((k, now))
+        for rows in ranks.values():
+            if len(rows) < 2 or not all(_may_pass(now, need) for _k, now in rows):
+                continue
+            risen = True
+            for k, now in rows:
+                if k not in medians:
+                    own_times = sorted(r[k] for r in recent if k in r)
+                    medians[k] = own_times[(len(own_times) - 1) // 2] if len(own_times) >= SELF_MIN else None
+                if medians[k] is None or now - medians[k] < need:
+                    risen = False
+                    break
+            if risen:
+                summary["culprit"] = None
+                return
+        age += int(prev.get(STEP_KEY) or 0)
+
+
+def _crowded_turn(summary: dict, recent: list[dict], part: dict) -> None:
+    """``charge_starved``'s test, in a job of one rank per host (no rank rows in ``part``), of a host's
+    ``sched`` or ``process`` culprit (a burst's too) against the step before it: ``summary["culprit"]``
+    becomes None (nobody's) when in the job's last closed step (``recent[-1]``) another host's run queue
+    rose over its median in ``recent`` by ``ALIKE_RISE_REL`` of the culprit host's rise now (and by
+    ``EXPLAIN_REL`` of what this step lost) and more than the culprit host's rose in that step: the
+    straggler turned from host to host from one step to the next, as a machine slowed as a whole does (a
+    clean Lightning stretch under other helpers' unit suites, frame22-lightning-net-new-1: node-01 up 351
+    ms at step 379, node-02 220 ms at 380; node-01 265 ms at 391, node-03 295 ms at 392, both wrong
+    ``step_stall`` sched alerts). A burst that spans a step boundary leads both steps on its own host. A job
+    of two hosts (one peer) is ``_crowded``'s alone; without ``SELF_MIN`` recent steps nothing changes."""
+    c = summary.get("culprit")
+    if (
+        not c
+        or c.get("layer") not in ("sched", "process")
+        or c.get("source") not in ("evidence", "blame", "layers", "burst")
+        or any(isinstance(k, tuple) for k in part)
+        or sum(isinstance(k, str) for k in part) < 3
+        or not recent
+    ):
+        return
+    bl = summary.get("baseline") or {}
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    host = c.get("host")
+    prev = recent[-1]
+    # a rise over a median of run-queue times is at most the time itself: only a host whose time in the step
+    # before reaches a quarter of this step's loss can have risen enough; own steps are read only then
+    near = [(h, t) for h, t in prev.items() if isinstance(h, str) and h != host and _may_pass(t, EXPLAIN_REL * lost)]
+    if lost <= 0 or not near or host not in part:
+        return
+    mine = _own_rise(host, part[host], recent)
+    if mine is None or mine <= 0:
+        return
+    need = max(ALIKE_RISE_REL * mine, EXPLAIN_REL * lost)
+
+    def then(h) -> int | None:
+        own = sorted(r[h] for r in recent if h in r)
+        return prev[h] - own[(len(own) - 1) // 2] if h in prev and len(own) >= SELF_MIN else None
+
+    for h, t in near:
+        if _may_pass(t, need):
+            r = then(h)
+            if r is not None and r >= need and ((before := then(host)) is None or r > before):
+                summary["culprit"] = None
+                return
 
 
 def _self_starved(summary: dict, recent, part: dict) -> None:
