@@ -20,8 +20,9 @@ culprits, the alerts (any rule) only one side fired, per-stall naming that diffe
 (``right``/``wrong``: ``step_stall``; ``all_right``/``all_wrong``: every rule).
 Reads only the culprit's and the rules' inputs in the summaries (``culprit`` reads no raw events), so it
 replays a change of ``culprit.py`` or of the pack; a change of the fold or the agent needs new runs. The
-running records (``closed_by`` "running") go through both packs as kept; one kept before they carried
-their step's age gets the least age the worker's check allows (``running_age``).
+running records (``closed_by`` "running") go through each side's ``running_rejudge`` where it has one
+(the hosts a running record no longer names: ``culprit.running_own_work``), else as kept; one kept before
+they carried their step's age gets the least age the worker's check allows (``running_age``).
 
     python -m bench.stall_replay --base /tmp/base /tmp/s6runs/*/ /tmp/stall5-runs/*/
     python -m bench.stall_replay --base /tmp/base      # the committed corpus, bench/corpus/*.jsonl.gz
@@ -55,7 +56,8 @@ CLOSED = ("complete", "window", "restart")
 
 def _episodes(rep: dict) -> list[tuple]:
     """``(kind, host, layer, t_from_ns, t_to_ns, stall_starts_ns)`` of a kept report (a ``--sequence`` run
-    has ``episodes``; a single-fault one only its ``verdict``)."""
+    has ``episodes``; a single-fault one only its ``verdict``, and its persistent fault lasts until the
+    demo's end when its ``scenario`` says when that was, else 5 s after its start)."""
     eps = rep.get("episodes")
     if not eps:
         v = rep.get("verdict") or {}
@@ -64,6 +66,13 @@ def _episodes(rep: dict) -> list[tuple]:
             kind = "stall:" + {"network": "net", "sched": "cpu", "memory": "mem"}.get(v.get("layer"), "process")
         eps = [{"kind": kind, "host": v.get("host"), "t0_ns": v.get("t0_ns") or 0, "stall_starts_ns": []}]
         eps[0]["stall_starts_ns"] = [x["t0_ns"] for x in v.get("stalls") or []]
+        sc = rep.get("scenario") or {}
+        if kind not in ("none", "stall") and not kind.startswith("stall:") and eps[0]["t0_ns"]:
+            # a persistent fault of a single-fault demo (make demo) stays until the demo's end: duration_s
+            # from the start, the fault at fault_at_s (a kept report has its scenario; a packed one not)
+            dur, at = sc.get("duration_s"), sc.get("fault_at_s")
+            if isinstance(dur, (int, float)) and isinstance(at, (int, float)) and dur > at:
+                eps[0]["removed_ns"] = eps[0]["t0_ns"] + int((dur - at) * 1e9)
     out = []
     for ep in eps:
         lo = ep.get("t0_ns") or 0
@@ -250,16 +259,25 @@ def main(argv: list[str] | None = None) -> int:
         old, new = [], []
         recent: dict[str, tuple[collections.deque, collections.deque]] = {}
         sched_recent: dict[tuple[int, str], collections.deque] = {}
-        running: dict[tuple[str, int], dict] = {}  # (job, step) -> network culprit of its latest running record
+        # (side, job, step) -> network culprit of its latest running record, as that side's worker sent it
+        running: dict[tuple[int, str, int], dict] = {}
         held: dict[tuple[int, str], dict | None] = {}  # (side, job) -> its step held for hosts alike
         mem_state: dict[tuple[int, str], dict] = {}  # (side, job) -> its memory episodes' state
         for s in steps:
             c = s.get("culprit")
-            s_old = s_new = s
-            if s.get("closed_by") == "running" and c and c.get("layer") == "network":
-                running[(s.get("job", ""), s.get("step"))] = c  # the latest running record of the open step
-            if s.get("closed_by") == "running" and not s.get("step_time_max_ns"):
-                s_old = s_new = s = running_age(s, th)
+            s_old: dict | None = s
+            s_new: dict | None = s
+            if s.get("closed_by") == "running":
+                if not s.get("step_time_max_ns"):
+                    s_old = s_new = s = running_age(s, th)
+                # the running record each side's worker sends (running_rejudge, where that side has one: a
+                # host behind its peers at its own work is not named by its network; None: no record)
+                s_old = base.running_rejudge(s) if hasattr(base, "running_rejudge") else s
+                s_new = this.running_rejudge(s)
+                for side, s_x in ((base, s_old), (this, s_new)):
+                    c_x = (s_x or {}).get("culprit")
+                    if c_x and c_x.get("layer") == "network":  # the latest running record of the open step
+                        running[(id(side), s.get("job", ""), s.get("step"))] = c_x
             if s.get("closed_by") in CLOSED and not (c and c.get("source") == "hang"):
                 tot["closed"] += 1
                 r_old, r_new = recent.setdefault(
@@ -283,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                 r_new.append(k_new)
                 # the worker's charge of a close to the network culprit its running record named (fold.py),
                 # each side by its own rule: base ``stall`` and no culprit where it has no running_applies
-                n = running.pop((s.get("job", ""), s.get("step")), None)
+                n = running.pop((id(base), s.get("job", ""), s.get("step")), None)
                 if n is not None:
                     if getattr(base, "running_applies", None):
                         old_c = (
@@ -293,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     elif old_c is None and s.get("stall"):
                         old_c = base.charge_running(n)
-                    if this.running_applies({**s_new, "culprit": new_c}, n):
-                        new_c = this.charge_running(n, new_c)
+                n = running.pop((id(this), s.get("job", ""), s.get("step")), None)
+                if n is not None and this.running_applies({**s_new, "culprit": new_c}, n):
+                    new_c = this.charge_running(n, new_c)
                 s_old["culprit"], s_new["culprit"] = old_c, new_c
                 # the worker's hold of a step whose hosts stood out alike (fold.py), where that side has one,
                 # each side with its own held step per job (a kept summary's own hold is dropped first)
@@ -316,8 +335,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"changed {where} step {s['step']}: {o.get('host')} / {o.get('layer')} -> {n.get('host')} / {n.get('layer')}"
                     )
-            old.append(s_old)
-            new.append(s_new)
+            if s_old is not None:
+                old.append(s_old)
+            if s_new is not None:
+                new.append(s_new)
         eps = _episodes(rep)
 
         def right(c: dict, eps: list[tuple] = eps) -> bool:

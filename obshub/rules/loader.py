@@ -732,7 +732,7 @@ def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> N
     if not math.isfinite(at_least):
         effect = "any match reaches it" if at_least < 0 else "no aggregate reaches it: the rule never fires"
         ctx.add(file, *where, f"threshold/at_least: {at_least} is not a finite number ({effect})", rid)
-    elif aggregate == "count" and at_least < 1:
+    elif aggregate in ("count", "incidents") and at_least < 1:
         ctx.add(
             file,
             *where,
@@ -741,7 +741,7 @@ def _check_threshold(ctx: _Ctx, raw: dict, aggregate: str, at_least: float) -> N
             "silence, use a `health` rule on idle_s or lag_messages)",
             rid,
         )
-    elif aggregate == "count" and at_least > MAX_HITS_PER_GROUP:
+    elif aggregate in ("count", "incidents") and at_least > MAX_HITS_PER_GROUP:
         ctx.add(
             file,
             *where,

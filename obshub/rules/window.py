@@ -7,7 +7,11 @@ of Lemire, "Streaming maximum-minimum filter using no more than three comparison
 Adding a hit and pruning cost O(1) amortised instead of a pass over every hit of the window.
 
 Aggregates: ``count`` (number of hits), ``sum``, ``avg``, ``max``, ``min`` of the values, ``cusum`` (Page's
-one-sided CUSUM of the values in time order, ``rules.engine.cusum``); 0.0 for an empty window. The
+one-sided CUSUM of the values in time order, ``rules.engine.cusum``), ``incidents`` (the number of runs of
+consecutive integers among the values: hits whose values are a job's step numbers N, N+1, ... count once,
+so one stall that spans or is carried into the next step is one incident; a value repeated counts once);
+0.0 for an empty window. ``incidents`` keeps a count per distinct value and the number of runs, updated
+as a value appears (``+1``, ``-1`` per neighbour ``v - 1``, ``v + 1`` present) or its last hit ages out. The
 CUSUM of the hits ``a..n`` equals ``P_n - min(P_{a-1}, ..., P_n)`` with ``P`` the running sum of the
 values (Lindley's recursion unrolled), so the window keeps the prefix sums of its hits, the prefix sum
 before its first hit, and a monotonic queue of the smallest prefix sums: O(1) amortised per hit. A running float sum can differ from a fresh sum in the last bits; ``value`` and
@@ -30,7 +34,20 @@ class Window:
     """Hits of one group; ``kind`` is the rule's aggregate. ``maxlen`` bounds the hits kept (oldest
     dropped first, like a bounded deque)."""
 
-    __slots__ = ("kind", "maxlen", "times", "values", "total", "extreme", "prefixes", "prefix", "base", "pmins")
+    __slots__ = (
+        "kind",
+        "maxlen",
+        "times",
+        "values",
+        "total",
+        "extreme",
+        "prefixes",
+        "prefix",
+        "base",
+        "pmins",
+        "seen",
+        "runs",
+    )
 
     def __init__(self, kind: str, maxlen: int) -> None:
         self.kind, self.maxlen = kind, maxlen
@@ -42,6 +59,26 @@ class Window:
         self.prefixes: deque[float] | None = deque() if kind == "cusum" else None
         self.prefix = self.base = 0.0
         self.pmins: deque[float] = deque()
+        # incidents: hits per distinct integer value, and the runs of consecutive values among them
+        self.seen: dict[int, int] | None = {} if kind == "incidents" else None
+        self.runs = 0
+
+    def _seen_add(self, v: float) -> None:
+        seen, k = self.seen, _int(v)
+        if k in seen:
+            seen[k] += 1
+            return
+        seen[k] = 1
+        self.runs += 1 - (k - 1 in seen) - (k + 1 in seen)
+
+    def _seen_drop(self, v: float) -> None:
+        seen, k = self.seen, _int(v)
+        n = seen.get(k, 0)
+        if n > 1:
+            seen[k] = n - 1
+            return
+        seen.pop(k, None)
+        self.runs -= 1 - (k - 1 in seen) - (k + 1 in seen)
 
     def __len__(self) -> int:
         return len(self.times)
@@ -66,6 +103,8 @@ class Window:
                 ext.append((t, v))
             if self.prefixes is not None:
                 self._push_prefix(v)
+            if self.seen is not None:
+                self._seen_add(v)
         if len(times) > self.maxlen:
             self._pop_oldest()
 
@@ -78,6 +117,8 @@ class Window:
             self._rebuild_extreme()
         if self.prefixes is not None:
             self._rebuild_prefixes()
+        if self.seen is not None:
+            self._seen_add(v)
 
     def _push_prefix(self, v: float) -> None:
         p = self.prefix = self.prefix + v
@@ -124,6 +165,8 @@ class Window:
         ext = self.extreme
         if ext is not None and ext and ext[0][0] == t and ext[0][1] == v:
             ext.popleft()
+        if self.seen is not None:
+            self._seen_drop(v)
         if not self.times:
             self.total = 0.0
 
@@ -136,7 +179,7 @@ class Window:
     def push(self, t: int, v: float, horizon: int, at_least: float) -> float:
         """``add(t, v)``, ``prune(horizon)`` and ``value(at_least)`` in one call (the engine's per-hit path)."""
         times, values, prefixes = self.times, self.values, self.prefixes
-        if self.extreme is None and (not times or t >= times[-1]):
+        if self.extreme is None and self.seen is None and (not times or t >= times[-1]):
             times.append(t)
             values.append(v)
             self.total += v
@@ -162,6 +205,8 @@ class Window:
         kind = self.kind
         if kind == "count":
             return float(n)
+        if kind == "incidents":
+            return float(self.runs)
         if kind == "cusum":  # _cusum_value inlined
             low, mins = self.base, self.pmins
             if mins and mins[0] < low:
@@ -192,6 +237,8 @@ class Window:
         k = self.kind
         if k == "count":
             return float(n)
+        if k == "incidents":
+            return float(self.runs)
         if k in ("max", "min"):
             return float(self.extreme[0][1])
         if k == "cusum":
@@ -213,6 +260,20 @@ class Window:
         if k == "count":
             need = max(1, math.ceil(at_least))
             return times[-need] + window_ns if n >= need else 0
+        if k == "incidents":  # the runs among the hits from the newest back: the first time they reach it
+            seen: set[int] = set()
+            runs, i = 0, n - 1
+            while i >= 0:
+                t = times[i]
+                while i >= 0 and times[i] == t:
+                    v = _int(values[i])
+                    if v not in seen:
+                        seen.add(v)
+                        runs += 1 - (v - 1 in seen) - (v + 1 in seen)
+                    i -= 1
+                if runs >= at_least:
+                    return t + window_ns
+            return 0
         if k == "cusum":
             vals = list(values)
             i = n - 1
@@ -260,10 +321,18 @@ class Window:
             w.total = float(sum(w.values))
             if w.prefixes is not None:
                 w._rebuild_prefixes()
+            if w.seen is not None:
+                for v in w.values:
+                    w._seen_add(v)
             return w
         for t, v in sorted(pairs, key=lambda h: h[0]):
             w.add(t, v)
         return w
+
+
+def _int(v: float) -> int:
+    """An ``incidents`` value as the integer it stands for (a step number; a non-finite value is -1)."""
+    return int(round(v)) if math.isfinite(v) else -1
 
 
 def _cusum(values) -> float:

@@ -99,3 +99,23 @@ def test_a_packed_run_that_is_not_one_is_named_with_its_line(capsys, tmp_path, d
     (tmp_path / "bad.jsonl.gz").write_bytes(data)
     code, err = _replay(capsys, tmp_path)
     assert code == 2 and f"{tmp_path / 'bad.jsonl.gz'}" in err and where in err and "Traceback" not in err, err
+
+
+def test_a_make_demo_persistent_fault_lasts_until_the_demos_end():
+    # make demo (demo20-makedemo-hog, kept report): net-loss on node-01 from fault_at_s 15 to the end of a
+    # 45 s demo. Judged until 5 s after its start (f174a23), every alert of the fault's last 25 s was
+    # wrong, step_stall_recurring at steps 98-133 among them; it lasts the demo's 30 s now (+5 s)
+    t0 = 1_796_629_585_455_132_130
+    rep = {
+        "verdict": {"fault": "net-loss", "host": "node-01", "layer": "network", "t0_ns": t0, "stalls": []},
+        "scenario": {"fault": "net-loss", "fault_at_s": 15.0, "duration_s": 45.0},
+    }
+    [(kind, host, layer, lo, hi, starts)] = stall_replay._episodes(rep)
+    assert (kind, host, layer, lo, starts) == ("net-loss", "node-01", "network", t0, [])
+    assert hi == t0 + 30_000_000_000 + 5_000_000_000
+    # a packed run keeps no scenario: 5 s after the start, as before
+    rep.pop("scenario")
+    assert stall_replay._episodes(rep)[0][4] == t0 + 5_000_000_000
+    # a clean run has no fault to stretch
+    clean = {"verdict": {"fault": "none", "t0_ns": 0}, "scenario": {"fault_at_s": 15.0, "duration_s": 45.0}}
+    assert stall_replay._episodes(clean)[0][:3] == ("none", None, "?")

@@ -64,3 +64,25 @@ def test_lateness_of_ranks_that_carry_no_stall_of_the_step_before_stays_their_ow
     c, key = analysis.charge_persistent(step, recent)
     assert (c["host"], c["layer"], c["source"]) == ("node-00", "process", "evidence")
     assert key is None
+
+
+def test_a_stall_carried_into_the_next_step_counts_once_toward_the_escalation():
+    # the same run: 4 blackouts of node-01 (12 s apart) named by step_stall on steps 417, 483, 574 and 660;
+    # the second one is charged to 483 and to 484 (484 carries it), both x5.9-x6.0. Counted per step
+    # (f174a23), step_stall_recurring (3 in 10 minutes) paged critical at step 484, 13.2 s after the first
+    # blackout: two stalls counted as three. Consecutive stalled steps of one host and layer are one
+    # stall now: it pages at the third blackout (step 574) and says 3 stalls in 4 stalled steps.
+    run = kept("frame21_lightning_net")
+    steps = recharge(run["steps"])
+    starts = sorted(run["stall_starts_ns"])
+    firing = fire_at_close(steps)
+    stalled = [int(a["annotations"]["step"]) for a in firing if a["rule"] == "step_stall"]
+    assert stalled == [417, 483, 574, 660]
+    by_step = {s["step"]: s for s in steps}
+    assert (by_step[484]["culprit"]["host"], by_step[484]["culprit"]["layer"]) == ("node-01", "network")
+    rec = [a for a in firing if a["rule"] == "step_stall_recurring"]
+    assert len(rec) == 1, rec
+    assert rec[0]["annotations"]["step"] == "574"
+    assert rec[0]["starts_at_ns"] >= starts[2]
+    assert " 3 times in 10 min " in rec[0]["annotations"]["summary"]
+    assert rec[0]["annotations"]["evidence"].startswith("3 stalls (4 stalled steps, consecutive steps counted once)")

@@ -1310,6 +1310,42 @@ def test_running_check_leaves_cpu_starved_stopped_finished_and_young_jobs_to_the
     assert analysis.running_check(two, hist, 40, 0, now, th) is None
 
 
+@pytest.mark.parametrize("n2_phases, named", [(10, True), (8, False), (12, True)])
+def test_running_check_names_no_link_of_a_host_behind_its_peers_at_its_own_work(n2_phases, named):
+    """The shape of a live running record (frame22-accum-2 step 505, an 800 ms CPU burst of node-01): the
+    starved host answered late on its connections, so a view a late host gives too (here its connections'
+    RTT) named its network, while it had ended 8 phases of the step against its peers' 10 and its
+    run-queue time was not there yet (a waiting thread's is recorded once it runs). A host behind its peers
+    at its own work is left to the close; one as far as its peers (inside the collective they wait in, as
+    a blackout's host is) or further is named as before."""
+    th = analysis.Thresholds()
+    hist = [[s, 100 * MS, 5 * MS] for s in range(20, 40)]
+    accs = _running_accs()
+    for h, a in accs.items():
+        a["layers"]["pytorch"] = [0, n2_phases if h == "n2" else 10, 0]
+    got = analysis.running_check(accs, hist, 40, 0, 1_000 * MS, th)
+    assert (got is not None and list(got["hosts"]) == ["n2"]) is named, got
+    # a host of 2 ranks counts its ranks' phases: 16 for 2 ranks is 8 a rank, behind 10
+    rows = {"0": accumulate.new_rank_row(1, 0), "1": accumulate.new_rank_row(2, 1)}
+    accs["n2"]["ranks"] = rows
+    accs["n2"]["layers"]["pytorch"] = [0, 2 * n2_phases, 0]
+    got = analysis.running_check(accs, hist, 40, 0, 1_000 * MS, th)
+    assert (got is not None and list(got["hosts"]) == ["n2"]) is named, got
+
+
+def test_a_running_record_behind_its_peers_by_a_view_of_its_own_link_is_still_named():
+    """Its own dropped segments (``drops``), a window of lossy steps or its own egress queue are the link's
+    own evidence: a host named by them stays named however far it is at its own work."""
+    counts = {"a": (8, 1), "b": (10, 1), "c": (10, 1)}
+    for view in ("drops", "window", "sender_queue"):
+        assert not analysis.running_own_work("a", view, counts)
+    for view in ("toward", "rx", "rtt", ""):
+        assert analysis.running_own_work("a", view, counts)
+        assert not analysis.running_own_work("b", view, counts)  # as far as its busiest peer
+    assert not analysis.running_own_work("z", "toward", counts)  # no count: not judged
+    assert not analysis.running_own_work("a", "toward", {"a": (8, 1), "b": (16, 2)})  # 8 a rank each
+
+
 def test_a_slowed_step_reads_the_jobs_recent_retransmits_against_connections_away_from_the_host():
     """The shape of a recorded demo step with 8 % loss on node-01's link (ring 0-1-2-3-0, 1.7 s into a
     retransmission-timeout stall): node-02 sent 14 retransmits towards node-01 and node-01 one towards

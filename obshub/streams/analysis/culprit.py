@@ -1176,6 +1176,74 @@ def charge_running(named: dict, own: dict | None = None) -> dict:
     }
 
 
+RUNNING_PEER_VIEWS = frozenset({"toward", "rx", "rtt", ""})
+"""The views of a host's connections (``schema.NET_VIEWS``) that a host late at its own work gives as a
+blackout does, read while its step runs (``running_own_work``): its peers' retransmits toward it, its
+connections' retransmits or RTT. A host starved of CPU answers late on every connection (its ACKs come
+late, so its peers back off toward it), and its run-queue time is recorded only once its threads get back
+on a CPU, after the running record. Its own dropped segments (``drops``), a window of lossy steps
+(``window``) and its own egress queue (``sender_queue``) are the link's own evidence."""
+
+
+def running_own_work(host: str, view: str, counts: Mapping[str, tuple[int, int]]) -> bool:
+    """Whether the network evidence a ``running`` record has for ``host`` may be the host's own lateness
+    (docs/ANALYSIS.md "Inside a running step"): its evidence came from a view a late host gives too
+    (``RUNNING_PEER_VIEWS``), and the host is behind its peers at its own work: it ended fewer phases and
+    ops of the step per rank than a peer did (``counts``: host -> ``(its pytorch layer's event count in the
+    step so far, its ranks)``). A host held up by its link is inside the collective its peers wait in,
+    done with the work before it (each of the 68 running records of 2026-12-07's kept runs that named a
+    network fault's host had as many phases per rank as its busiest peer); a host held up by its CPU is
+    still at that work (an 800 ms CPU burst of node-01, frame22-accum-2 step 505: 8 phases against its
+    peers' 10, named node-01 / network by its peers' retransmits toward it 0.1 s before its close named
+    node-01 / sched). False when ``host`` has no count."""
+    if view not in RUNNING_PEER_VIEWS or host not in counts:
+        return False
+    mine, n = counts[host]
+    return any(c * n > mine * k for h, (c, k) in counts.items() if h != host)
+
+
+def running_counts(summary: dict) -> dict[str, tuple[int, int]]:
+    """``running_own_work``'s counts from a step summary: per host its pytorch layer event ``count``
+    (``summary["layers"]``) and its ranks (its rows in ``summary["ranks"]``, 1 without); ``{}`` (nothing
+    judged) when the layer table was trimmed (``layers_omitted``: a wide step)."""
+    if summary.get("layers_omitted"):
+        return {}
+    ranks = summary.get("ranks") or {}
+    out = {}
+    for h, row in (summary.get("layers") or {}).items():
+        out[h] = (int(((row or {}).get("pytorch") or {}).get("count") or 0), max(1, len(ranks.get(h) or ())))
+    return out
+
+
+def running_rejudge(summary: dict) -> dict | None:
+    """A ``running`` record as the worker sends it since ``running_own_work`` (``bench.stall_replay`` reads
+    kept ones through it): the record without the hosts whose network evidence may be their own lateness,
+    its culprit recomputed by ``culprit`` over the hosts left (the rank left as it was: a host's link), or
+    None when no host is left (the worker sends no record then). Any other record is returned as it is."""
+    if summary.get("closed_by") != "running":
+        return summary
+    ev = summary.get("evidence") or {}
+    hosts = ev.get("hosts") or {}
+    views = ev.get("net_view") or {}
+    counts = running_counts(summary)
+    drop = {h for h in hosts if running_own_work(h, views.get(h, ""), counts)}
+    if not drop:
+        return summary
+    left = {h: v for h, v in hosts.items() if h not in drop}
+    if not left:
+        return None
+    out = dict(summary)
+    out["evidence"] = {**ev, "hosts": left}
+    if "net_view" in ev:
+        out["evidence"]["net_view"] = {h: v for h, v in views.items() if h not in drop}
+    out["blame"] = [b for b in summary.get("blame") or [] if b.get("host") not in drop]
+    c = culprit(out)
+    if c is not None:
+        c["rank"] = None
+    out["culprit"] = c
+    return out
+
+
 def hang_culprit(hosts: list[dict]) -> dict | None:
     """The culprit of a closed step that hung (``source`` "hang"), from the ``hosts`` of its latest hang
     record (``hang.hosts``: ``{host, state, last_phase, ...}``): the first named host, layer ``network``

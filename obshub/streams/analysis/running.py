@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from obshub.streams import accumulate
 from obshub.streams.accumulate import StepAcc, as_accs
+from obshub.streams.analysis.culprit import running_own_work
 from obshub.streams.analysis.evidence import TIME_EVIDENCE, Baseline, baseline
 from obshub.streams.analysis.network import net_evidence, net_stats, retransmits_toward
 from obshub.streams.analysis.ranks import rank_units, split_unit, unit_key
@@ -39,7 +40,9 @@ def running_check(
     with connection evidence ``z`` (``net_evidence`` over the partial accumulators) is named unless its
     own time-layer excess in the step so far, ``Σ_L max(0, time(h, L) - median(time(peers, L)))`` over
     sched, memory, cuda and nic, reaches ``running_time_rel * elapsed`` (a host starved of CPU or stalled
-    in reclaim answers late on every connection; its step is judged when it closes).
+    in reclaim answers late on every connection; its step is judged when it closes), or it is behind its
+    peers at its own work with evidence of a view a late host gives too (``culprit.running_own_work``, in
+    jobs of one rank per host: a starved host's run-queue time is recorded only once it runs again).
 
     Returns None, or ``{"elapsed_ns", "after_ns", "spread_ns", "hosts": {host: {"z", "rx", "peer_rx",
     "rtt_ns", "peer_rtt_ns", "time_excess_ns", "view"}}}`` with at least one host (``view``: the view of its
@@ -67,7 +70,12 @@ def running_check(
         layer: LeaveOneOut(layers.get(g, {}).get(layer, {}).get("time_ns", 0) for g in accs) for layer in TIME_EVIDENCE
     }
     hosts = {}
+    # a host behind its peers at its own work, named by a view a late host gives too, may be late by its
+    # own CPU (its run-queue time arrives once it runs again): judged at the close (running_own_work)
+    counts = _work_counts(accs)
     for h, e in net.items():
+        if running_own_work(h, e.view, counts):
+            continue
         own = 0
         for layer in TIME_EVIDENCE:
             mine = layers.get(h, {}).get(layer, {}).get("time_ns", 0)
@@ -86,6 +94,22 @@ def running_check(
     if not hosts:
         return None
     return {"elapsed_ns": elapsed, "after_ns": after, "spread_ns": bl.spread_ns, "hosts": hosts}
+
+
+def _work_counts(accs: dict[str, StepAcc]) -> dict[str, tuple[int, int]]:
+    """``culprit.running_own_work``'s counts of the open step's host accumulators: per host its pytorch
+    layer's event count (phases and ops ended so far, every rank's) and its ranks (its rank rows, 1 for a
+    host of one rank); ``{}`` (nothing judged) when a host's rows are packed without a rank table."""
+    out = {}
+    for h, a in accs.items():
+        if a.rb is not None:
+            if a.rt is None:
+                return {}
+            n = accumulate.column_len(a.rt.r)
+        else:
+            n = len(a.ranks or ())
+        out[h] = ((a.layers.get("pytorch") or (0, 0, 0))[1], max(1, n))
+    return out
 
 
 def _last_phase(acc: dict | None) -> str:
