@@ -7,11 +7,12 @@ of Lemire, "Streaming maximum-minimum filter using no more than three comparison
 Adding a hit and pruning cost O(1) amortised instead of a pass over every hit of the window.
 
 Aggregates: ``count`` (number of hits), ``sum``, ``avg``, ``max``, ``min`` of the values, ``cusum`` (Page's
-one-sided CUSUM of the values in time order, ``rules.engine.cusum``), ``incidents`` (the number of runs of
-consecutive integers among the values: hits whose values are a job's step numbers N, N+1, ... count once,
-so one stall that spans or is carried into the next step is one incident; a value repeated counts once);
-0.0 for an empty window. ``incidents`` keeps a count per distinct value and the number of runs, updated
-as a value appears (``+1``, ``-1`` per neighbour ``v - 1``, ``v + 1`` present) or its last hit ages out. The
+one-sided CUSUM of the values in time order, ``rules.engine.cusum``), ``incidents`` (the runs of consecutive
+integers among the distinct values, a run of L values counting ceil(L / 2): hits whose values are a job's
+step numbers N, N+1 count once, so one stall that spans or is carried into the next step is one incident,
+and a fault stalling step after step counts one per two steps; a value repeated counts once); 0.0 for an
+empty window. ``incidents`` keeps a count per distinct value and its runs (``_Runs``), updated in O(1) as a
+value appears or its last hit ages out. The
 CUSUM of the hits ``a..n`` equals ``P_n - min(P_{a-1}, ..., P_n)`` with ``P`` the running sum of the
 values (Lindley's recursion unrolled), so the window keeps the prefix sums of its hits, the prefix sum
 before its first hit, and a monotonic queue of the smallest prefix sums: O(1) amortised per hit. A running float sum can differ from a fresh sum in the last bits; ``value`` and
@@ -46,7 +47,6 @@ class Window:
         "base",
         "pmins",
         "seen",
-        "runs",
     )
 
     def __init__(self, kind: str, maxlen: int) -> None:
@@ -59,26 +59,14 @@ class Window:
         self.prefixes: deque[float] | None = deque() if kind == "cusum" else None
         self.prefix = self.base = 0.0
         self.pmins: deque[float] = deque()
-        # incidents: hits per distinct integer value, and the runs of consecutive values among them
-        self.seen: dict[int, int] | None = {} if kind == "incidents" else None
-        self.runs = 0
+        # incidents: hits per distinct integer value, the runs of consecutive values, their incidents
+        self.seen: _Runs | None = _Runs() if kind == "incidents" else None
 
     def _seen_add(self, v: float) -> None:
-        seen, k = self.seen, _int(v)
-        if k in seen:
-            seen[k] += 1
-            return
-        seen[k] = 1
-        self.runs += 1 - (k - 1 in seen) - (k + 1 in seen)
+        self.seen.add(_int(v))
 
     def _seen_drop(self, v: float) -> None:
-        seen, k = self.seen, _int(v)
-        n = seen.get(k, 0)
-        if n > 1:
-            seen[k] = n - 1
-            return
-        seen.pop(k, None)
-        self.runs -= 1 - (k - 1 in seen) - (k + 1 in seen)
+        self.seen.drop(_int(v))
 
     def __len__(self) -> int:
         return len(self.times)
@@ -206,7 +194,7 @@ class Window:
         if kind == "count":
             return float(n)
         if kind == "incidents":
-            return float(self.runs)
+            return float(self.seen.incidents)
         if kind == "cusum":  # _cusum_value inlined
             low, mins = self.base, self.pmins
             if mins and mins[0] < low:
@@ -238,7 +226,7 @@ class Window:
         if k == "count":
             return float(n)
         if k == "incidents":
-            return float(self.runs)
+            return float(self.seen.incidents)
         if k in ("max", "min"):
             return float(self.extreme[0][1])
         if k == "cusum":
@@ -260,18 +248,14 @@ class Window:
         if k == "count":
             need = max(1, math.ceil(at_least))
             return times[-need] + window_ns if n >= need else 0
-        if k == "incidents":  # the runs among the hits from the newest back: the first time they reach it
-            seen: set[int] = set()
-            runs, i = 0, n - 1
+        if k == "incidents":  # the incidents among the hits from the newest back: the first time they reach it
+            back, i = _Runs(), n - 1
             while i >= 0:
                 t = times[i]
                 while i >= 0 and times[i] == t:
-                    v = _int(values[i])
-                    if v not in seen:
-                        seen.add(v)
-                        runs += 1 - (v - 1 in seen) - (v + 1 in seen)
+                    back.add(_int(values[i]))
                     i -= 1
-                if runs >= at_least:
+                if back.incidents >= at_least:
                     return t + window_ns
             return 0
         if k == "cusum":
@@ -333,6 +317,83 @@ class Window:
 def _int(v: float) -> int:
     """An ``incidents`` value as the integer it stands for (a step number; a non-finite value is -1)."""
     return int(round(v)) if math.isfinite(v) else -1
+
+
+class _Runs:
+    """The ``incidents`` of a multiset of integers (a group's step numbers): the runs of consecutive values
+    among the distinct ones, each run of ``L`` values counting ``ceil(L / 2)``. One stall lengthens the step
+    it starts in and at most the next one (a stall that spans a step boundary, or that a framework's
+    collective at the step's start carries into the next step: frame22's 483 and 484), so two consecutive
+    stalled steps are one incident, while a fault that stalls step after step still counts one incident per
+    two steps (a persistent fault escalates after 5 stalled steps in a row instead of 3). ``add`` and
+    ``drop`` cost O(1) (the runs kept as start -> end and end -> start maps), except a drop inside a run
+    (a hit aged out of order: not in time-ordered windows), which rebuilds the runs from the values."""
+
+    __slots__ = ("counts", "end_of", "start_of", "incidents")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.end_of: dict[int, int] = {}  # run start -> run end
+        self.start_of: dict[int, int] = {}  # run end -> run start
+        self.incidents = 0
+
+    @staticmethod
+    def _worth(start: int, end: int) -> int:
+        return (end - start + 2) // 2  # ceil((end - start + 1) / 2)
+
+    def _open(self, start: int, end: int) -> None:
+        self.end_of[start], self.start_of[end] = end, start
+        self.incidents += self._worth(start, end)
+
+    def _close(self, start: int, end: int) -> None:
+        del self.end_of[start], self.start_of[end]
+        self.incidents -= self._worth(start, end)
+
+    def add(self, k: int) -> None:
+        """One more hit of value ``k``."""
+        counts = self.counts
+        if k in counts:
+            counts[k] += 1
+            return
+        counts[k] = 1
+        start = end = k
+        if k - 1 in counts:
+            start = self.start_of[k - 1]
+            self._close(start, k - 1)
+        if k + 1 in counts:
+            end = self.end_of[k + 1]
+            self._close(k + 1, end)
+        self._open(start, end)
+
+    def drop(self, k: int) -> None:
+        """One hit of value ``k`` fewer (``k`` must have been added)."""
+        counts = self.counts
+        n = counts.get(k, 0)
+        if n > 1:
+            counts[k] = n - 1
+            return
+        counts.pop(k, None)
+        if k in self.end_of:  # the run's first value (time-ordered windows drop these)
+            end = self.end_of[k]
+            self._close(k, end)
+            if end > k:
+                self._open(k + 1, end)
+        elif k in self.start_of:  # its last value
+            start = self.start_of[k]
+            self._close(start, k)
+            self._open(start, k - 1)
+        else:  # inside a run: rebuild
+            values = sorted(counts)
+            self.end_of.clear()
+            self.start_of.clear()
+            self.incidents = 0
+            i = 0
+            while i < len(values):
+                j = i
+                while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+                    j += 1
+                self._open(values[i], values[j])
+                i = j + 1
 
 
 def _cusum(values) -> float:

@@ -70,7 +70,7 @@ def test_a_stall_carried_into_the_next_step_counts_once_toward_the_escalation():
     # the same run: 4 blackouts of node-01 (12 s apart) named by step_stall on steps 417, 483, 574 and 660;
     # the second one is charged to 483 and to 484 (484 carries it), both x5.9-x6.0. Counted per step
     # (f174a23), step_stall_recurring (3 in 10 minutes) paged critical at step 484, 13.2 s after the first
-    # blackout: two stalls counted as three. Consecutive stalled steps of one host and layer are one
+    # blackout: two stalls counted as three. Two consecutive stalled steps of one host and layer are one
     # stall now: it pages at the third blackout (step 574) and says 3 stalls in 4 stalled steps.
     run = kept("frame21_lightning_net")
     steps = recharge(run["steps"])
@@ -85,4 +85,4 @@ def test_a_stall_carried_into_the_next_step_counts_once_toward_the_escalation():
     assert rec[0]["annotations"]["step"] == "574"
     assert rec[0]["starts_at_ns"] >= starts[2]
     assert " 3 times in 10 min " in rec[0]["annotations"]["summary"]
-    assert rec[0]["annotations"]["evidence"].startswith("3 stalls (4 stalled steps, consecutive steps counted once)")
+    assert rec[0]["annotations"]["evidence"].startswith("3 stalls (4 stalled steps, two consecutive steps counted as one)")

@@ -1,6 +1,6 @@
 """The ``incidents`` window aggregate (obshub/rules/window.py): the runs of consecutive integers among the
-values of a group's hits, so that a rule counting stalled steps (``of: step``) counts the steps N, N+1 of
-one stall once (step_stall_recurring, docs/RULES.md): values that follow each other, out of order, repeated,
+values of a group's hits, each run of L values counting ceil(L / 2), so that a rule counting stalled steps
+(``of: step``) counts the steps N, N+1 of one stall once and a fault stalling step after step once per two (step_stall_recurring, docs/RULES.md): values that follow each other, out of order, repeated,
 aging out (a run split in two when its middle ages out is impossible in time order, but a hit inserted out
 of order may join two runs), the time the threshold stops holding, and the state file's round trip."""
 
@@ -12,9 +12,16 @@ from obshub.rules.window import Window
 
 
 def runs(values) -> int:
-    """The reference: distinct integers v whose v - 1 is not among them."""
-    vs = {int(v) for v in values}
-    return sum(1 for v in vs if v - 1 not in vs)
+    """The reference: the runs of consecutive distinct integers, each of L values counting ceil(L / 2)."""
+    vs = sorted({int(v) for v in values})
+    total, i = 0, 0
+    while i < len(vs):
+        j = i
+        while j + 1 < len(vs) and vs[j + 1] == vs[j] + 1:
+            j += 1
+        total += (j - i + 2) // 2
+        i = j + 1
+    return total
 
 
 def window(steps, dt=1):
@@ -40,8 +47,28 @@ def test_an_out_of_order_hit_joins_two_runs():
     w.add(10, 1.0)
     w.add(20, 3.0)
     assert w.value(3) == 2.0
-    w.add(15, 2.0)  # step 2 closed late: 1, 2, 3 is one run
-    assert w.value(3) == 1.0
+    w.add(15, 2.0)  # step 2 closed late: 1, 2, 3 is one run of three steps: two incidents
+    assert w.value(3) == 2.0
+    w.add(16, 0.0)  # 0..3: two
+    assert w.value(3) == 2.0
+
+
+def test_a_fault_stalling_step_after_step_counts_one_incident_per_two_steps():
+    assert [window(range(100, 100 + n)).value(3) for n in range(1, 7)] == [1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+    w = window(range(100, 106), dt=10)  # times 0..50
+    w.prune(0)  # 101..105: three
+    assert w.value(3) == 3.0
+    w.prune(10)  # 102..105: two
+    assert w.value(3) == 2.0
+
+
+def test_a_hit_dropped_inside_a_run_splits_it():
+    w = Window("incidents", 10_000)
+    for t, v in ((0, 1.0), (5, 3.0), (10, 2.0), (20, 4.0), (30, 5.0)):
+        w.add(t, v)  # 1..5: three
+    assert w.value(3) == 3.0
+    w.prune(5)  # 1 and 3 age out (3 closed early): {2}, {4, 5}: two
+    assert w.value(3) == 2.0
 
 
 def test_hits_that_age_out_leave_their_runs():
