@@ -66,7 +66,8 @@ def dump(out: Path, hosts: int, ranks_per_host: int, case: str, t0_ns: int | Non
         inproc.InProcess, time.time_ns = real_pipe, real_ns  # type: ignore[misc]
     summaries = [s for pipe in seen for s in pipe.summaries]  # type: ignore[attr-defined]
     out.write_bytes(msgspec.msgpack.encode(summaries))
-    keep = ("fold_ms", "close_ms", "encode_ms", "fold_max_ms", "gc_ms", "summary_bytes", "named", "steps_judged")
+    keep = ("fold_ms", "fold_enc_ms", "close_ms", "encode_ms", "fold_max_ms", "gc_ms", "summary_bytes", "named")
+    keep += ("steps_judged",)
     print({"t0_ns": t0, **{k: cost[k] for k in keep}})
     return len(summaries)
 

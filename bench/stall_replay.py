@@ -12,8 +12,10 @@ where the two differ are listed. Each sequence goes through its own side's built
 ``obshub/rules/builtin``, this tree's; ``rules.engine.Engine``, ticked at each step's close), so the
 sequential rules (the CUSUMs, ``network_loss_in_slow_steps``) replay too; event-driven rules (memory
 reclaim, health) get no events and fire on neither side. An alert is right when it names the host and
-layer of a fault episode in effect (from its injection to 5 s after its last stall or its removal), else
-wrong; each stall of a ``stall:LAYER`` episode is named when a right ``step_stall`` alert starts within
+layer of a fault episode in effect, else wrong: from its injection to 5 s after its removal where the kept
+report says when (a ``--sequence`` run's ``removed_ns``; a single fault's ``scenario``: ``duration_s`` minus
+``fault_at_s`` after the injection), else to 5 s after its last stall (a sporadic fault) or after the run's
+last step summary (a persistent one: bench.ttd removes it when the training window ends); each stall of a ``stall:LAYER`` episode is named when a right ``step_stall`` alert starts within
 5 s of it (``named``), or a right alert of any rule (``named_all``, as ``bench.ttd`` judges a stall; the
 worker's memory episodes, ``memory_episode``, are replayed on each side that has them). Prints the changed
 culprits, the alerts (any rule) only one side fired, per-stall naming that differs, and totals
@@ -29,7 +31,7 @@ they carried their step's age gets the least age the worker's check allows (``ru
     python -m bench.stall_replay --pack bench/corpus /work/runs19/stop19-*/   # add kept runs to it
 
 A packed run (``--pack``) is one ``NAME.jsonl.gz``: its first line ``{"report": ...}`` (the kept report's
-``verdict`` and ``episodes``), then its step summaries as kept, without what neither the culprit nor the
+``verdict`` and ``episodes``, and the ``scenario``'s times), then its step summaries as kept, without what neither the culprit nor the
 rules read (``collectives``, ``layer_stats`` of a step with every row, a rank row's fields but its
 ``layers``' ``time_ns`` and ``count``).
 """
@@ -54,30 +56,55 @@ LAYER.update({"hang": "process", "exit": "process"})
 CLOSED = ("complete", "window", "restart")
 
 
-def _episodes(rep: dict) -> list[tuple]:
+def removed_at(rep: dict, t0_ns: int) -> int | None:
+    """When a single-fault run's fault was removed (CLOCK_REALTIME ns), from its kept report's ``scenario``
+    (``obshub demo``: injected ``fault_at_s`` after warm-up at ``t0_ns``, removed at ``duration_s``, i.e.
+    ``duration_s - fault_at_s`` s after ``t0_ns``; the demo polls every 0.2 s). None when it is not known:
+    no scenario (a packed run of before ``pack_run`` kept it), a ``--sequence`` run (its ``episodes`` carry
+    ``removed_ns``), a run of ``steps`` (its ranks may have stopped earlier) or a fault never injected."""
+    sc = rep.get("scenario")
+    if not isinstance(sc, dict) or sc.get("sequence") or sc.get("steps") is not None or not t0_ns:
+        return None
+    try:
+        span = float(sc["duration_s"]) - float(sc["fault_at_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return t0_ns + int(span * 1e9) if span > 0 else None
+
+
+def _episodes(rep: dict, last_ns: int = 0) -> list[tuple]:
     """``(kind, host, layer, t_from_ns, t_to_ns, stall_starts_ns)`` of a kept report (a ``--sequence`` run
-    has ``episodes``; a single-fault one only its ``verdict``, and its persistent fault lasts until the
-    demo's end when its ``scenario`` says when that was, else 5 s after its start)."""
+    has ``episodes``; a single-fault one only its ``verdict`` and ``scenario``). An episode is in effect
+    from its injection to 5 s after its end: its removal (``removed_ns``, or ``removed_at`` the report's
+    scenario) where that is known; else a sporadic fault's last stall, and a persistent fault's end is
+    taken to be the run's last step summary (``last_ns``, CLOCK_REALTIME ns: bench.ttd removes a single
+    fault when the training window ends, and the run's steps stop a few seconds later)."""
     eps = rep.get("episodes")
     if not eps:
         v = rep.get("verdict") or {}
         kind = v.get("fault") or "none"
         if kind == "stall":
             kind = "stall:" + {"network": "net", "sched": "cpu", "memory": "mem"}.get(v.get("layer"), "process")
-        eps = [{"kind": kind, "host": v.get("host"), "t0_ns": v.get("t0_ns") or 0, "stall_starts_ns": []}]
+        t0 = v.get("t0_ns") or 0
+        eps = [{"kind": kind, "host": v.get("host"), "t0_ns": t0, "removed_ns": removed_at(rep, t0)}]
         eps[0]["stall_starts_ns"] = [x["t0_ns"] for x in v.get("stalls") or []]
-        sc = rep.get("scenario") or {}
-        if kind not in ("none", "stall") and not kind.startswith("stall:") and eps[0]["t0_ns"]:
-            # a persistent fault of a single-fault demo (make demo) stays until the demo's end: duration_s
-            # from the start, the fault at fault_at_s (a kept report has its scenario; a packed one not)
-            dur, at = sc.get("duration_s"), sc.get("fault_at_s")
-            if isinstance(dur, (int, float)) and isinstance(at, (int, float)) and dur > at:
-                eps[0]["removed_ns"] = eps[0]["t0_ns"] + int((dur - at) * 1e9)
     out = []
     for ep in eps:
         lo = ep.get("t0_ns") or 0
-        hi = (ep.get("removed_ns") or max(ep.get("stall_starts_ns") or [lo])) + 5_000_000_000
-        out.append((ep["kind"], ep.get("host"), LAYER.get(ep["kind"], "?"), lo, hi, ep.get("stall_starts_ns") or []))
+        end = ep.get("removed_ns")
+        if not end:
+            starts = ep.get("stall_starts_ns") or []
+            end = max(starts) if starts or ep["kind"].startswith("stall:") else max(lo, last_ns)
+        out.append(
+            (
+                ep["kind"],
+                ep.get("host"),
+                LAYER.get(ep["kind"], "?"),
+                lo,
+                end + 5_000_000_000,
+                ep.get("stall_starts_ns") or [],
+            )
+        )
     return out
 
 
@@ -134,6 +161,9 @@ def pack_run(steps_file: Path, out: Path) -> int:
     module's doc); returns its size in bytes. Raises ValueError naming a file that is no kept run."""
     rep, steps = read_run(steps_file)
     head = {"report": {k: rep[k] for k in ("verdict", "episodes") if k in rep}}
+    sc = rep.get("scenario")
+    if isinstance(sc, dict):  # what removed_at reads: when a single fault was removed
+        head["report"]["scenario"] = {k: sc[k] for k in ("fault_at_s", "duration_s", "steps", "sequence") if k in sc}
     lines = [json.dumps(head, separators=(",", ":"))] + [json.dumps(_trim(s), separators=(",", ":")) for s in steps]
     out.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), 9))
     return out.stat().st_size
@@ -339,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 old.append(s_old)
             if s_new is not None:
                 new.append(s_new)
-        eps = _episodes(rep)
+        eps = _episodes(rep, steps[-1]["closed_at_ns"])
 
         def right(c: dict, eps: list[tuple] = eps) -> bool:
             t, h, ly = c["starts_at_ns"], c["labels"].get("host"), c["labels"].get("layer")

@@ -520,6 +520,7 @@ class SizeResult:
     profile: dict = field(default_factory=dict)
     ended: str = ""
     wall_s: float = 0.0
+    step_s: float = 1.0  # the job's step in seconds (--step-s): the run's rates are events_per_step / step_s
 
 
 def _behind(smp: dict) -> float:
@@ -613,7 +614,7 @@ class SizeRun:
         self.rules_prefix = f"{APP_ID}-rules-{hosts}"
         self.engine_group = f"{self.rules_prefix}-engine"
         self.data_dir = settings.kafka_dir / "data"
-        self.res = SizeResult(hosts, steps, self.eps, guilty_from)
+        self.res = SizeResult(hosts, steps, self.eps, guilty_from, step_s=step_s)
         self.procs: list[Proc] = []
         self.lags: Lags | None = None
         self.reader: Reader | None = None
@@ -976,7 +977,8 @@ def print_size(r: SizeResult, say) -> None:
     internal = max((x["internal_lag"] for x in steady), default=-1)
     late = max((d["late_s"] for d in r.publish[: r.steps]), default=0.0)
     say(
-        f"[bold]{r.hosts:,} hosts[/bold] ({r.events_per_step:,} events/s in {r.hosts:,} batches/s; "
+        f"[bold]{r.hosts:,} hosts[/bold] ({r.events_per_step / r.step_s:,.0f} events/s in "
+        f"{r.hosts / r.step_s:,.0f} batches/s: {r.events_per_step:,} events a step of {r.step_s:g} s; "
         f"{r.steps} steps; batches encoded up front in {r.encode_s:.1f} s; agents at most {late:.2f} s late)"
     )
     say(f"  summaries behind at each step's end (steps): {behind or '-'}")
@@ -1255,14 +1257,18 @@ BUSY = 0.7  # a process is planned at 70 % of a core, the rest is headroom for b
 
 def projection(results: list[SizeResult], say=common.console.print) -> list[dict]:
     """Cores and Kafka bandwidth one job needs at 1 s steps, from the CPU and bytes per step measured at
-    each size (a stage that finished no step gives a lower bound, marked ">"). Returns the rows."""
+    each size (a stage that finished no step gives a lower bound, marked ">"), whatever the run's own step
+    (``SizeResult.step_s``, ``--step-s``): per row ``events_per_s`` the job's events per second at 1 s steps
+    (events per step), ``events_per_s_run`` those of the run measured (events per step / its step in s),
+    ``step_s`` its step. Returns the rows."""
+    runs = sorted({r.step_s for r in results})
     t = Table(
-        title=f"what one job needs at 1 s steps, from this run (cores of this machine; processes = "
-        f"ceil(cores / {BUSY}))"
+        title=f"what one job needs at 1 s steps, from this run at {', '.join(f'{x:g}' for x in runs)} s steps "
+        f"(cores of this machine; processes = ceil(cores / {BUSY}))"
     )
     for col in (
         "GPUs (hosts x 8)",
-        "events/s",
+        "events/s at 1 s steps (this run's)",
         "stream worker cores",
         "rule engine cores",
         "broker cores",
@@ -1273,7 +1279,7 @@ def projection(results: list[SizeResult], say=common.console.print) -> list[dict
         t.add_column(col, justify="right")
     rows = []
     for r in results:
-        step_s = 1.0
+        step_s = 1.0  # the projection's step: CPU and bytes per step of work are per second at 1 s steps
         wk = [k for k in r.cpu_ms_per_step if k.startswith("worker")]
         if not wk:
             continue
@@ -1287,6 +1293,8 @@ def projection(results: list[SizeResult], say=common.console.print) -> list[dict
             "hosts": r.hosts,
             "gpus": r.hosts * 8,
             "events_per_s": r.events_per_step / step_s,
+            "events_per_s_run": r.events_per_step / r.step_s,
+            "step_s": r.step_s,
             "worker_cores": w,
             "engine_cores": e,
             "broker_cores": b,
@@ -1298,7 +1306,8 @@ def projection(results: list[SizeResult], say=common.console.print) -> list[dict
         gt = lambda ok: "" if ok else "> "  # noqa: E731
         t.add_row(
             f"{r.hosts * 8:,} ({r.hosts:,})",
-            f"{row['events_per_s']:,.0f}",
+            f"{row['events_per_s']:,.0f}"
+            + ("" if r.step_s == 1.0 else f" ({row['events_per_s_run']:,.0f} at {r.step_s:g} s)"),
             f"{gt(wdone)}{w:.2f}",
             f"{gt(r.cpu_complete.get('engine', False))}{e:.2f}",
             f"{b:.2f}",
@@ -1346,9 +1355,13 @@ def inproc_cost(
     fleet's batches of every step (encoded as the agents send them) through the worker's own ingest and
     fold (``streams.inproc``, each step's batches in 4 rounds, as ``bench.fold_width``) and every step
     summary through the builtin rule pack (``rules.engine.Engine``), in this process. Per step after the
-    guilty one (the straggler rank slowed from ``guilty_from``): CPU ms of ingest, fold (table operations,
-    codec, close and ``summarize``; of it, ``encode_ms`` the parts' msgpack encoding, which the ingest
-    agent does when it sends them, and ``close_ms`` the step's close with ``summarize``) and the rule pack, the summary's JSON bytes; the process's RSS peak
+    guilty one (the straggler rank slowed from ``guilty_from``): CPU ms of ingest (``ingest_ms``: the input
+    batches' decode into parts; ``encode_ms``: the parts' msgpack encoding, which the real worker's ingest
+    agent does when it sends them to the internal topic, ``Round.add``: measured apart, in no fold figure),
+    fold (``fold_ms``: the fold agent's own work on the internal messages it reads, i.e. their decode,
+    table operations, changelog writes, the step's close and ``summarize``; ``close_ms`` the step's close
+    with ``summarize``; ``fold_enc_ms`` the fold with the parts' encoding, the figure this bench called
+    the fold before ``fold23``) and the rule pack, the summary's JSON bytes; the process's RSS peak
     (VmHWM, MB: the fleet's batches of one step, the tables and the engine together; a worker holds less)
     and whether the straggler's host and rank were named; ``gc_ms`` the collector's CPU in a step (median,
     included in the figures above), ``fold_max_ms`` the slowest fold and ``full_gcs`` the full collections of
@@ -1436,7 +1449,8 @@ def inproc_cost(
             for p, msgs in sorted(per.items()):
                 pipe._apply({"t": "batch", "msgs": msgs}, p)
             ing += c1 - c0
-            fo += time.process_time() - c1
+            fo += time.process_time() - c1  # the parts' encoding included here: taken out below
+        fo -= enc  # the fold's own work: what the fold agent does with the messages it reads
         del values
         rules = 0.0
         for sm in pipe.summaries[n0:]:
@@ -1452,6 +1466,7 @@ def inproc_cost(
                 "step": step,
                 "ingest_ms": ing * 1e3,
                 "fold_ms": fo * 1e3,
+                "fold_enc_ms": (fo + enc) * 1e3,
                 "encode_ms": enc * 1e3,
                 "close_ms": close_s[0] * 1e3,
                 "rules_ms": rules * 1e3,
@@ -1464,8 +1479,8 @@ def inproc_cost(
             }
         )
         say(
-            f"[dim]  {hosts:,} x {ranks_per_host}: step {step} ingest {ing * 1e3:,.0f} ms, fold {fo * 1e3:,.0f} ms "
-            f"(parts' encoding {enc * 1e3:,.0f}, close {close_s[0] * 1e3:,.0f}), "
+            f"[dim]  {hosts:,} x {ranks_per_host}: step {step} ingest {ing * 1e3:,.0f} ms + parts' encoding "
+            f"{enc * 1e3:,.0f} ms, fold {fo * 1e3:,.0f} ms (close {close_s[0] * 1e3:,.0f}), "
             f"collector {gcs['s'] * 1e3:,.0f} ms ({gcs['full']} full, {gcs['full_s'] * 1e3:,.0f} ms), "
             f"rules {rules * 1e3:,.1f} ms, summary {rows[-1]['summary_bytes']:,} B, straggler {rows[-1]['named']}[/dim]"
         )
@@ -1479,6 +1494,7 @@ def inproc_cost(
         "events_per_step": shape.events_per_step_total,
         "ingest_ms": statistics.median(r["ingest_ms"] for r in late),
         "fold_ms": statistics.median(r["fold_ms"] for r in late),
+        "fold_enc_ms": statistics.median(r["fold_enc_ms"] for r in late),
         "encode_ms": statistics.median(r["encode_ms"] for r in late),
         "close_ms": statistics.median(r["close_ms"] for r in late),
         "rules_ms": statistics.median(r["rules_ms"] for r in late),
@@ -1549,7 +1565,9 @@ def run(
                 ).run()
             except Exception as exc:  # one size that cannot run must not hide the others
                 say(f"[red]{hosts:,} hosts: could not run: {type(exc).__name__}: {exc}[/red]")
-                r = SizeResult(hosts, n, hosts * 64 * ranks_per_host, ended=f"could not run: {str(exc)[:300]}")
+                r = SizeResult(
+                    hosts, n, hosts * 64 * ranks_per_host, ended=f"could not run: {str(exc)[:300]}", step_s=step_s
+                )
                 r.why_not = [r.ended]
             results.append(r)
             print_size(r, say)
@@ -1685,8 +1703,8 @@ def main(argv: list[str] | None = None) -> int:
             "hosts x ranks",
             "events/step",
             "ingest ms",
-            "fold ms",
-            "of which: parts' encoding, close",
+            "fold ms (+ parts' encoding)",
+            "parts' encoding (ingest's), close (fold's)",
             "fold max ms (steps 1-)",
             "collector ms; full (steps 1-)",
             "rule pack ms",
@@ -1701,7 +1719,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['hosts']:,} x {r['ranks_per_host']}",
                 f"{r['events_per_step']:,}",
                 f"{r['ingest_ms']:,.0f}",
-                f"{r['fold_ms']:,.0f}",
+                f"{r['fold_ms']:,.0f} ({r['fold_enc_ms']:,.0f})",
                 f"{r['encode_ms']:,.0f}, {r['close_ms']:,.0f}",
                 f"{r['fold_max_ms']:,.0f}",
                 f"{r['gc_ms']:,.0f}; {r['full_gcs']}",

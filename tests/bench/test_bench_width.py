@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -282,3 +283,52 @@ def test_the_step_length_reaches_the_jobs_shape_and_a_bad_one_is_refused(monkeyp
         SimpleNamespace(kafka_dir=tmp_path), 2048, 15, pause_s=0, workers=1, tmp=tmp_path, say=print, step_s=5.0
     )
     assert size.shape.step_s == 5.0 and size.shape.hosts == 2048
+
+
+def test_the_rates_printed_for_a_run_of_longer_steps_are_per_second():
+    """A run at ``--step-s 5`` (2,048 x 8: 1,048,576 events a step) publishes 209,715 events and 410 batches a
+    second: the per-size block says so (it said 1,048,576 events/s, the events of one step), and the
+    projection keeps its 1 s steps (events per step per second) beside the run's own rate."""
+    from rich.console import Console
+
+    from bench.width import SizeResult, print_size, projection
+
+    r = SizeResult(2048, 15, 2048 * 8 * 64, step_s=5.0)
+    r.cpu_ms_per_step = {"worker": 2986.0, "engine": 260.0, "broker": 590.0}
+    r.cpu_complete = {"worker": True, "engine": True, "broker": True}
+    r.bytes_per_step = {"events (agents)": 23e6}
+    r.bytes_complete = {"events (agents)": True}
+    con = Console(width=300, record=True)
+    print_size(r, con.print)
+    head = con.export_text().splitlines()[0]
+    assert "209,715 events/s in 410 batches/s: 1,048,576 events a step of 5 s" in head, head
+    con = Console(width=300, record=True)
+    (row,) = projection([r], con.print)
+    assert row["events_per_s"] == 1_048_576 and row["events_per_s_run"] == pytest.approx(209_715.2)
+    assert row["step_s"] == 5.0 and row["worker_cores"] == pytest.approx(2.986)  # CPU per step at 1 s steps
+    text = con.export_text()
+    assert "at 5 s steps" in text and "(209,715 at 5 s)" in text, text
+
+
+def test_the_inproc_fold_figure_leaves_out_the_parts_encoding(monkeypatch):
+    """``inproc_cost``'s ``fold_ms`` is the fold agent's own work: the parts' msgpack encoding (the real
+    worker's ingest does it, ``Round.add``) is shown apart (``encode_ms``) and only in ``fold_enc_ms``. Made
+    visible by an encoding that burns 3 ms of CPU per part message: the fold stays below it (it included
+    it before ``fold23``)."""
+    from bench import width
+    from obshub.streams import wire
+
+    real = wire.packb
+
+    def slow(v):
+        if sys._getframe(1).f_code.co_name == "inproc_cost":  # the bench's encoding of the parts only
+            c = time.process_time()
+            while time.process_time() - c < 0.003:
+                pass
+        return real(v)
+
+    monkeypatch.setattr(wire, "packb", slow)
+    r = width.inproc_cost(4, 2, 4, 1, say=lambda *_a: None)
+    assert r["encode_ms"] >= 3 * 4  # at least one part per host and step
+    assert r["fold_ms"] < r["encode_ms"] and r["fold_max_ms"] < r["encode_ms"], r
+    assert r["encode_ms"] <= r["fold_enc_ms"], r

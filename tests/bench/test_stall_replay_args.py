@@ -101,21 +101,33 @@ def test_a_packed_run_that_is_not_one_is_named_with_its_line(capsys, tmp_path, d
     assert code == 2 and f"{tmp_path / 'bad.jsonl.gz'}" in err and where in err and "Traceback" not in err, err
 
 
-def test_a_make_demo_persistent_fault_lasts_until_the_demos_end():
-    # make demo (demo20-makedemo-hog, kept report): net-loss on node-01 from fault_at_s 15 to the end of a
-    # 45 s demo. Judged until 5 s after its start (f174a23), every alert of the fault's last 25 s was
-    # wrong, step_stall_recurring at steps 98-133 among them; it lasts the demo's 30 s now (+5 s)
-    t0 = 1_796_629_585_455_132_130
+def test_a_persistent_fault_is_in_effect_until_its_removal_where_the_kept_report_says_when(tmp_path):
+    """A single-fault run's report has no ``removed_ns``: its ``scenario`` says when the fault went (the
+    numbers of the kept run /work/runs19/frame21-lightning-netloss: injected at +15 s, removed at +45 s,
+    30 s after ``t0_ns``; its step_stall alerts on node-01 / network went on for 30 s). Its episode lasts to
+    5 s after that removal (it lasted 5 s after the injection, and the later right alerts counted wrong); a
+    report that does not say (a packed run of before) is taken to last until its last step summary, a
+    sporadic fault until its last stall; ``--pack`` keeps the scenario's times."""
+    t0 = 1_796_639_507_641_768_686
     rep = {
+        "scenario": {"fault": "net-loss", "fault_at_s": 15.0, "duration_s": 45.0, "steps": None, "sequence": []},
         "verdict": {"fault": "net-loss", "host": "node-01", "layer": "network", "t0_ns": t0, "stalls": []},
-        "scenario": {"fault": "net-loss", "fault_at_s": 15.0, "duration_s": 45.0},
     }
-    [(kind, host, layer, lo, hi, starts)] = stall_replay._episodes(rep)
+    ((kind, host, layer, lo, hi, starts),) = stall_replay._episodes(rep)
     assert (kind, host, layer, lo, starts) == ("net-loss", "node-01", "network", t0, [])
-    assert hi == t0 + 30_000_000_000 + 5_000_000_000
-    # a packed run keeps no scenario: 5 s after the start, as before
-    rep.pop("scenario")
-    assert stall_replay._episodes(rep)[0][4] == t0 + 5_000_000_000
-    # a clean run has no fault to stretch
-    clean = {"verdict": {"fault": "none", "t0_ns": 0}, "scenario": {"fault_at_s": 15.0, "duration_s": 45.0}}
-    assert stall_replay._episodes(clean)[0][:3] == ("none", None, "?")
+    assert hi == t0 + 35_000_000_000  # removed 30 s after the injection, + 5 s
+    last = t0 + 38_000_000_000  # without the scenario: the run's last step summary, + 5 s
+    assert stall_replay._episodes({"verdict": rep["verdict"]}, last)[0][4] == last + 5_000_000_000
+    for sc in ({**rep["scenario"], "steps": 500}, {**rep["scenario"], "fault_at_s": "x"}, "not a dict"):
+        assert stall_replay.removed_at({**rep, "scenario": sc}, t0) is None  # not known: the fallback
+    stall = {"fault": "stall", "host": "node-01", "layer": "network", "t0_ns": t0, "stalls": [{"t0_ns": t0 + 9}]}
+    assert stall_replay._episodes({"verdict": stall}, last)[0][4] == t0 + 9 + 5_000_000_000
+    assert stall_replay._episodes({**rep, "verdict": stall}, last)[0][4] == t0 + 35_000_000_000
+    run = tmp_path / "runs" / "net-loss"
+    run.mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps({**rep, "alerts": []}))
+    (run / "steps.jsonl").write_text(json.dumps({"closed_at_ns": t0 + 1, "step": 1}) + "\n")
+    stall_replay.pack_run(run / "steps.jsonl", tmp_path / "p.jsonl.gz")
+    packed, _steps = stall_replay.read_packed(tmp_path / "p.jsonl.gz")
+    assert packed["scenario"] == {"fault_at_s": 15.0, "duration_s": 45.0, "steps": None, "sequence": []}
+    assert stall_replay._episodes(packed) == stall_replay._episodes(rep)

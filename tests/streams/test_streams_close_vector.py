@@ -105,3 +105,44 @@ def test_each_hosts_latest_rank_and_clock_uncertainty_per_rank():
         hus = [rnd.choice((0, 10)) for _ in sizes]
         want_u = [max(u, hus[i]) for i, (_h, s, e, _t) in enumerate(spans) for u in us[s:e]]
         assert R._unit_unc(us, hus, spans) == want_u
+
+
+def test_latest_of_hosts_reads_the_lateness_array_as_the_list():
+    """``host_ranks`` hands ``_latest_of_hosts`` the lateness as ``_lateness_matrix_arr``'s int64 array (no
+    list round trip): the same named unit per host as from the list, every rank count alike or not."""
+    import numpy as np
+
+    rnd = random.Random(23)
+    for case in range(200):
+        sizes = [8] * rnd.randint(1, 20) if case % 2 else [rnd.choice((1, 2, 4, 8)) for _ in range(rnd.randint(1, 20))]
+        spans, start = [], 0
+        for h, m in enumerate(sizes):
+            spans.append((f"n{h:02d}", start, start + m, None))
+            start += m
+        late = [rnd.choice((0, 0, 7, 100, rnd.randrange(10**9))) for _ in range(start)]
+        assert R._latest_of_hosts(np.array(late, dtype=np.int64), spans) == R._latest_of_hosts(late, spans)
+
+
+def test_median_int_with_numpy_equals_the_sort():
+    """``median_int`` of a long list takes ``numpy.partition`` when every value is an int within int64: the
+    same int as the sort (floor of the mean of the middle two), and the sort's answer for anything else
+    (a value beyond int64, a float, bools)."""
+    from obshub.streams.analysis import stats
+
+    def ref(v):
+        s = sorted(v)
+        n = len(s)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) // 2
+
+    rnd = random.Random(7)
+    for i in range(600):
+        n = rnd.choice((255, 256, 257, 2047, 2048))
+        hi = rnd.choice((10, 10**6, 2**62, 2**63 - 1))
+        v = [rnd.randint(-hi, hi) for _ in range(n)]
+        if i % 5 == 0:
+            v[rnd.randrange(n)] = 2**63 + 5
+        if i % 7 == 0:
+            v[rnd.randrange(n)] = 1.5
+        got, want = stats.median_int(v), ref(v)
+        assert got == want and type(got) is type(want), (i, got, want)
+    assert stats.median_int([True] * 301) is True  # bools sort as Python sorts them
