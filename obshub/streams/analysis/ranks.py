@@ -439,16 +439,7 @@ def _flat_of(blocks: list[tuple[int, list[str], list]]) -> dict[str, tuple[list[
 def _lateness_matrix(
     km: tuple[list[str], np.ndarray], unc: list[int], key_of
 ) -> tuple[list[int], dict[int, int], bool]:
-    """:func:`_lateness_flat` over the arrival matrix ``km`` (:func:`_lateness_matrix_arr`, the lateness as a
-    list)."""
-    late, last_n, seen = _lateness_matrix_arr(km, unc, key_of)
-    return late.tolist(), last_n, seen
-
-
-def _lateness_matrix_arr(
-    km: tuple[list[str], np.ndarray], unc: list[int], key_of
-) -> tuple[np.ndarray, dict[int, int], bool]:
-    """:func:`_lateness_flat` (the lateness per unit as an int64 array) over the arrival matrix ``km`` (:func:`_arrival_matrix`) with numpy: per
+    """:func:`_lateness_flat` over the arrival matrix ``km`` (:func:`_arrival_matrix`) with numpy: per
     collective a partial sort (``np.partition`` at the ranks the rule reads: first, second, median, the
     last three) and vectorised comparisons instead of Python loops over 16,384 ranks. The same results
     (ints, ns): the median of an even count is the floor of the mean of the two middle arrivals, ties at
@@ -497,7 +488,7 @@ def _lateness_matrix_arr(
                 second = max((int(i) for i in ids[ts == t2]), key=key_of)
             if t_hi - t2 > unc[last] + unc[second]:
                 last_n[last] = last_n.get(last, 0) + 1
-    return late, last_n, seen
+    return late.tolist(), last_n, seen
 
 
 def _unit_unc(us: list[int] | np.ndarray, hus: list[int], spans: list[tuple[str, int, int, RankTable]]) -> list[int]:
@@ -510,16 +501,15 @@ def _unit_unc(us: list[int] | np.ndarray, hus: list[int], spans: list[tuple[str,
         return [u if u > hu else hu for (_h, start, end, _t), hu in zip(spans, hus) for u in us[start:end]]
 
 
-def _latest_of_hosts(late: list[int] | np.ndarray, spans: list[tuple[str, int, int, RankTable]]) -> list[int]:
+def _latest_of_hosts(late: list[int], spans: list[tuple[str, int, int, RankTable]]) -> list[int]:
     """Per host of ``spans`` (``(host, first unit index, end index, table)``, consecutive), the unit index
-    of its one latest rank by ``late`` (ns per unit: ints, or an int64 array, read as it is), -1 where
-    several share the largest lateness. With numpy when every host has as many ranks (one reshape), else
-    per host."""
+    of its one latest rank by ``late`` (ns per unit), -1 where several share the largest lateness. With
+    numpy when every host has as many ranks (one reshape), else per host."""
     sizes = {end - start for _h, start, end, _t in spans}
     if len(sizes) == 1 and spans[0][1] == 0:
         m = sizes.pop()
         try:
-            mat = (late if isinstance(late, np.ndarray) else np.array(late, dtype=np.int64)).reshape(len(spans), m)
+            mat = np.array(late, dtype=np.int64).reshape(len(spans), m)
         except OverflowError:  # lateness of arrivals beyond int64 (the Python lists' exact ints)
             mat = None
         if mat is not None:
@@ -527,8 +517,6 @@ def _latest_of_hosts(late: list[int] | np.ndarray, spans: list[tuple[str, int, i
             ties = np.count_nonzero(mat == top[:, None], axis=1)
             best = mat.argmax(axis=1) + np.arange(0, len(spans) * m, m)
             return np.where(ties == 1, best, -1).tolist()
-    if isinstance(late, np.ndarray):
-        late = late.tolist()
     out = []
     for _h, start, end, _t in spans:
         lt = late[start:end]
@@ -601,10 +589,8 @@ def host_ranks(
         elif mat is False:  # packed arrivals beyond _BOUND: the per-collective lists
             blocks = [(sp[1], k, accumulate.column(fa)) for sp, (_h, _a, _t, k, fa) in zip(spans, tables)]
             mat = None
-        late_a = None
         if mat is not None:
-            late_a, last_i, seen = _lateness_matrix_arr(mat, unc, key_of)
-            late_i = late_a.tolist()
+            late_i, last_i, seen = _lateness_matrix(mat, unc, key_of)
         else:  # an arrival beyond int64: the per-collective lists
             late_i, last_i, seen = _lateness_flat(_flat_of(blocks), n_units, unc, key_of)
         if not seen:  # no collective joined by two ranks: compute time over the others' (rank_lateness)
@@ -612,8 +598,7 @@ def host_ranks(
             keys = [key_of(i) for i in range(n_units)]
             late_i = [int(late_u.get(k, 0)) for k in keys]
             last_i = {i: last_u[k] for i, k in enumerate(keys) if k in last_u}
-            late_a = None
-        latest = _latest_of_hosts(late_i if late_a is None else late_a, spans)
+        latest = _latest_of_hosts(late_i, spans)
         if rows_for is not None and not rows_for and layers_for is not None and not layers_for:
             # a wide step: each host's entry is built when read (the few hosts the summary names)
             lazy = LazyNamed(spans, latest, late_i, last_i, cols)

@@ -7,32 +7,13 @@ import bisect
 import math
 from typing import Iterable
 
-import numpy as np
-
-_NUMPY_MEDIAN = 256
-"""``median_int`` of at least this many values takes one ``numpy.partition`` (the peer medians of a wide
-step: ~2,048 values, ten times a close) instead of a sort, when every value is an int within int64."""
-
 
 def median_int(values: list[int]) -> int:
-    """Median of integers, as an integer (mean of the two middle values, rounded down). 0 for none. The
-    same int with numpy for a long list of ints within int64 (a partial sort at the middle values), by a
-    sort otherwise (other values, e.g. floats, as Python orders them)."""
+    """Median of integers, as an integer (mean of the two middle values, rounded down). 0 for none."""
     if not values:
         return 0
-    n = len(values)
-    if n >= _NUMPY_MEDIAN:
-        try:
-            a = np.array(values)
-        except (OverflowError, ValueError, TypeError):
-            a = None
-        if a is not None and a.dtype == np.int64 and a.ndim == 1:  # ints only: floats, bools, objects sort below
-            mid = n // 2
-            if n % 2:
-                return int(np.partition(a, mid)[mid])
-            part = np.partition(a, (mid - 1, mid))
-            return (int(part[mid - 1]) + int(part[mid])) // 2
     s = sorted(values)
+    n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) // 2
 
 
