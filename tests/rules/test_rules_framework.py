@@ -85,4 +85,6 @@ def test_a_stall_carried_into_the_next_step_counts_once_toward_the_escalation():
     assert rec[0]["annotations"]["step"] == "574"
     assert rec[0]["starts_at_ns"] >= starts[2]
     assert " 3 times in 10 min " in rec[0]["annotations"]["summary"]
-    assert rec[0]["annotations"]["evidence"].startswith("3 stalls (4 stalled steps, two consecutive steps counted as one)")
+    assert rec[0]["annotations"]["evidence"].startswith(
+        "3 stalls (4 stalled steps, two consecutive steps counted as one)"
+    )
