@@ -819,7 +819,9 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "sched culprit of that host) carries burst (true) and burst_ns (the rise over its own recent median, ns; of a host whose ranks "
     "rose alike, its least-risen rank's) and its rank (null then); a network culprit of source evidence carries net_view (evidence.net_view's, where the summary has it); "
     "a network culprit of source evidence under 3 spreads, or of net_view toward or drops, carries runq_veto (true when another host's run-queue "
-    "time is at least 1.5 times every other host's and over its peers' median by a quarter of the loss); "
+    "time is at least 1.5 times every other host's and over its peers' median by a quarter of the loss); any network culprit "
+    "of source evidence carries runq_veto true when every host's run-queue time rose over its own recent median by at least "
+    "the loss (the machine starved of CPU as a whole); "
     "interim records carry null "
     '(docs/SCHEMA.md, docs/ANALYSIS.md "Culprit of a step")',
     "ambiguous": "hosts that stood out alike in a slowed step that names no culprit (each with lateness-based "

@@ -182,6 +182,20 @@ whose every rank rose more than 0.30x its culprit's rise within 2 s; the nearest
 (stop19-new-cpu44 step 259, a 300 ms burst of rank 6 at load 5-10)."""
 
 
+LOADED_RISE_REL = 1.0
+"""``_loaded_net``: a ``network`` culprit of the step's own evidence is vetoed (``runq_veto`` True) when every
+host's run-queue time rose over the median of its own recent steps (``_own_rise``) by at least this part of
+what the step lost over the job's median step: the machine was starved of CPU as a whole, and timing of
+the receive side measured while every host's threads wait for a CPU is not evidence of a link. A blackout
+or a loss burst leaves the ranks sleeping on their sockets, not runnable: in the kept runs' network
+culprits of the network faults' steps (loss, blackouts, lossy links beside outside CPU hogs; 2026-12-07) the
+least-risen host rose at most 34 % of the loss in every step that lost 100 ms or more (mostly under 10 %),
+while make demo's wrong node-03 / network at load 4+ (lead23 step 43, x2.58, 370 ms lost) had every host up
+672-851 ms over its own steps (1.8x the loss or more), and a clean 4 x 4 run at load 7-23 (burst21-clean44
+step 55, x2.56, 810 ms lost) 1,420-3,079 ms; the real loss's steps of that make demo (54-59) had run queues
+at or under their own medians."""
+
+
 def culprit(summary: dict) -> dict | None:
     """The host and layer one step is charged to, for the single-step stall rules (docs/ANALYSIS.md
     "Culprit of a step"): ``{host, layer, evidence, source, why}`` or None when nothing names one.
@@ -1313,10 +1327,57 @@ def charge_starved(summary: dict, recent) -> dict:
         _crowded(summary, list(recent)[-SELF_STEPS:], part)
     _crowded_ranks(summary, list(recent)[-SELF_STEPS:], part)
     _crowded_turn(summary, list(recent)[-SELF_STEPS:], part)
+    _loaded_net(summary, list(recent)[-SELF_STEPS:], part)  # a whole machine starved: no link's evidence
     part[STEP_KEY] = int(summary.get("step_time_max_ns") or 0)
     c = summary.get("culprit")
     part[STARVED_KEY] = c["host"] if c and c.get("layer") == "sched" and c.get("starved") else None
     return part
+
+
+def _loaded_net(summary: dict, recent: list[dict], part: dict) -> None:
+    """``charge_starved``'s test of a ``network`` culprit of the step's own evidence (``source`` "evidence")
+    against the machine's run queues, with ``recent`` (the job's last ``SELF_STEPS`` parts) and ``part``
+    (this step's: ``{host: run-queue ns}``, rank rows besides): when every host of the step (at least two,
+    each with ``SELF_MIN`` recent steps of its own; not a wide step's, whose omitted hosts have no row) rose
+    over its own recent median by at least ``LOADED_RISE_REL`` of what the step lost over the job's median
+    step (ns, > 0), ``summary["culprit"]`` becomes a copy with ``runq_veto`` True and ``why`` saying so: the
+    rules' ``stall_net_vetoed`` then pages it through no path below ``stall_sched_k`` (docs/RULES.md).
+
+    A CPU-starved machine delays every rank's receive path alike, so one host's connections look slow or
+    lossy by chance (make demo at load 4+, lead23 step 43: node-03 / network at 2 spreads of ``rx``,
+    directed, x2.58, while node-00..03 waited 811-956 ms in their run queues, 672-851 ms over their own
+    recent steps, and the step lost 370); a blackout or a loss burst leaves the ranks sleeping on their sockets,
+    whose run queues stay near their own steps (the real fault's steps of that run: 50-270 ms). Unlike
+    ``_runq_veto`` (one host's run queue far above the others') no host is named by this: the step's own
+    culprit stays, vetoed. Without a baseline, a step that lost nothing, or ``SELF_MIN`` steps of every host,
+    nothing changes."""
+    c = summary.get("culprit")
+    if not c or c.get("layer") != "network" or c.get("source") != "evidence" or c.get("runq_veto"):
+        return
+    if summary.get("layers_omitted"):
+        return  # a wide step: its omitted hosts have no run-queue row, so "every host" cannot be read
+    bl = summary.get("baseline") or {}
+    lost = max(0, int(summary.get("step_time_max_ns") or 0) - int(bl.get("median_ns") or 0)) if bl.get("n") else 0
+    hosts = [h for h in part if isinstance(h, str)]
+    if lost <= 0 or len(hosts) < 2:
+        return
+    need = LOADED_RISE_REL * lost
+    least = None
+    for h in hosts:
+        # a rise over a median of run-queue times (never negative) is at most the time itself
+        if not _may_pass(part[h], need):
+            return
+        r = _own_rise(h, part[h], recent)
+        if r is None or r < need:
+            return
+        least = r if least is None else min(least, r)
+    summary["culprit"] = dict(
+        c,
+        runq_veto=True,
+        why=c.get("why", "")
+        + f"; every host's run queue vetoes it: each of the {len(hosts)} rose +{(least or 0) / 1e6:.0f} ms or more"
+        f" over its own recent median, at least the {lost / 1e6:.0f} ms lost (the machine starved of CPU)",
+    )
 
 
 def _crowded(summary: dict, recent: list[dict], part: dict) -> None:
