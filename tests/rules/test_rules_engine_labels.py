@@ -10,19 +10,7 @@ import pytest
 
 from obshub.rules.errors import RuleValidationError
 from obshub.rules.loader import load_ruleset
-
-RULE = """\
-version: 1
-rules:
-  - id: a
-    description: d
-    severity: warning
-    signal: steps
-    condition: step > 1
-    group_by: {group_by}
-    labels: {labels}
-    annotations: {{summary: x}}
-"""
+from tests.support.rulefile import one_rule
 
 
 @pytest.mark.parametrize(
@@ -36,7 +24,7 @@ rules:
 )
 def test_alertname_and_severity_are_refused_at_their_key(tmp_path, group_by, labels, where, what):
     f = tmp_path / "r.yaml"
-    f.write_text(RULE.format(group_by=group_by, labels=labels))
+    f.write_text(one_rule(group_by, labels))
     with pytest.raises(RuleValidationError) as exc:
         load_ruleset([f])
     text = str(exc.value)
@@ -46,5 +34,5 @@ def test_alertname_and_severity_are_refused_at_their_key(tmp_path, group_by, lab
 
 def test_other_labels_and_a_label_also_grouped_by_stay_valid(tmp_path):
     f = tmp_path / "r.yaml"
-    f.write_text(RULE.format(group_by="{host: straggler.host, layer: \"'x'\"}", labels="{team: ml, layer: static}"))
+    f.write_text(one_rule("{host: straggler.host, layer: \"'x'\"}", "{team: ml, layer: static}"))
     assert "a" in load_ruleset([f]).rules

@@ -13,18 +13,7 @@ import pytest
 
 from obshub.rules.errors import RuleValidationError
 from obshub.rules.loader import MAX_TEMPLATE_TEXT, load_ruleset, template_env
-
-RULE = """\
-version: 1
-rules:
-  - id: a
-    description: d
-    severity: warning
-    signal: steps
-    condition: step > 1
-    group_by: {{host: straggler.host}}
-    annotations: {{summary: {summary!r}}}
-"""
+from tests.support.rulefile import one_rule
 
 
 @pytest.mark.parametrize(
@@ -57,10 +46,10 @@ def test_what_templates_need_still_renders():
 def test_nested_loops_are_refused_at_the_annotations_line(tmp_path):
     f = tmp_path / "r.yaml"
     nested = "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}"
-    f.write_text(RULE.format(summary=nested))
+    f.write_text(one_rule(summary=nested))
     with pytest.raises(RuleValidationError) as exc:
         load_ruleset([f])
     text = str(exc.value)
-    assert f"{f}:9:" in text and "annotations/summary: {% for %} loops nested 2 deep" in text, text
-    f.write_text(RULE.format(summary="{% for i in range(3) %}{{ i }}{% endfor %}"))
+    assert f"{f}:10:" in text and "annotations/summary: {% for %} loops nested 2 deep" in text, text
+    f.write_text(one_rule(summary="{% for i in range(3) %}{{ i }}{% endfor %}"))
     assert load_ruleset([f]).rules["a"].annotations["summary"].render() == "012"
