@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import time
@@ -28,6 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from obshub.rules.errors import SilenceError
+
+log = logging.getLogger(__name__)
 
 _MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
 
@@ -47,8 +50,21 @@ def regex_fullmatch(pattern: str, value: str) -> bool:
     (``^(?:pattern)$``). Raises SilenceError naming the pattern and the regex parser's reason (``unclosed
     group``, ``look-around ... is not supported``) when it is no regex this engine runs. One call compiles
     the pattern (~0.1 ms); answers are cached by (pattern, value), since alerts repeat their label values."""
+    check_regex(pattern)
     try:
         return bool(_regex_program().execute({"v": value, "p": f"^(?:{pattern})$"}))
+    except (ValueError, RuntimeError, TypeError) as exc:
+        raise SilenceError(f"bad regex {pattern!r}: {_reason(exc)}", _REGEX_HINT) from None
+
+
+@lru_cache(maxsize=1024)
+def check_regex(pattern: str) -> None:
+    """Raise SilenceError naming ``pattern`` and the parser's reason when it is no RE2 regex on its own: it
+    is checked alone before it is anchored (``^(?:...)$``), so that ``node-0)|(x``, which the anchors
+    would balance into ``^(?:node-0)|(x)$`` (matching any value starting with ``node-0``), is refused as
+    Alertmanager and Python refuse it (walk23)."""
+    try:
+        _regex_program().execute({"v": "", "p": pattern})
     except (ValueError, RuntimeError, TypeError) as exc:
         raise SilenceError(f"bad regex {pattern!r}: {_reason(exc)}", _REGEX_HINT) from None
 
@@ -85,7 +101,10 @@ class Matcher:
         value = value.strip("\"'")
         if op in ("=~", "!~"):
             try:
+                check_regex(value)
                 _regex_program().execute({"v": "", "p": f"^(?:{value})$"})
+            except SilenceError as exc:
+                raise SilenceError(f"matcher {text!r}: {exc.args[0]}", _REGEX_HINT) from None
             except (ValueError, RuntimeError, TypeError) as exc:
                 raise SilenceError(f"matcher {text!r}: bad regex: {_reason(exc)}", _REGEX_HINT) from None
         return cls(name, op, value)
@@ -145,6 +164,12 @@ def check_labels(matchers: list[Matcher], known: set[str]) -> None:
         )
 
 
+@lru_cache(maxsize=4096)
+def _parse_matcher(text: str) -> Matcher:
+    """``Matcher.parse(text)``, cached (a Matcher is immutable)."""
+    return Matcher.parse(text)
+
+
 @dataclass
 class Silence:
     """A silence. Times are CLOCK_REALTIME ns."""
@@ -158,7 +183,9 @@ class Silence:
     created_at_ns: int = field(default_factory=time.time_ns)
 
     def parsed(self) -> list[Matcher]:
-        return [Matcher.parse(m) for m in self.matchers]
+        """The matchers, parsed (cached per text: a silence is checked against every alert). Raises
+        SilenceError on a malformed one."""
+        return [_parse_matcher(m) for m in self.matchers]
 
     def active(self, now_ns: int) -> bool:
         return self.starts_at_ns <= now_ns < self.ends_at_ns
@@ -175,6 +202,7 @@ class SilenceStore:
         self.path = Path(path)
         self._mtime = -1.0
         self._cache: list[Silence] = []
+        self._bad: set[str] = set()  # ids of silences already logged as not applied
 
     def _read(self) -> list[Silence]:
         try:
@@ -277,8 +305,21 @@ class SilenceStore:
             return []
         if mtime != self._mtime:
             self._cache, self._mtime = self._read(), mtime
+            self._bad.clear()
         return self._cache
 
     def muted_by(self, labels: dict[str, str], now_ns: int) -> list[str]:
-        """Ids of the silences muting ``labels`` now."""
-        return [s.id for s in self.current() if s.mutes(labels, now_ns)]
+        """Ids of the silences muting ``labels`` now. A silence whose matchers this version refuses (a
+        regex with look-around, which f174a23's Python ``re`` accepted) mutes nothing and is logged once per
+        file read, naming its id and why; the others apply (it used to raise, and the notifier then applied
+        no silence at all: walk23)."""
+        out = []
+        for s in self.current():
+            try:
+                if s.mutes(labels, now_ns):
+                    out.append(s.id)
+            except SilenceError as exc:
+                if s.id not in self._bad:
+                    self._bad.add(s.id)
+                    log.error("silence %s is not applied: %s (expire it: obshub silence expire %s)", s.id, exc, s.id)
+        return out

@@ -66,6 +66,29 @@ def test_anchored_as_alertmanager_and_a_hand_edited_bad_regex_mutes_nothing_with
     s = store.add(["host=~node2"], now - 1, now + 10**12, "a", "c")
     text = store.path.read_text().replace('"host=~node2"', '"host=~(?=node2)"')  # edited by hand
     store.path.write_text(text)
-    with pytest.raises(SilenceError, match="look-around"):
-        store.muted_by({"host": "node2"}, now)  # the dispatcher logs, counts and applies no silence
+    assert store.muted_by({"host": "node2"}, now) == []  # it mutes nothing (logged), and raises nothing
     assert s.id
+
+
+def test_a_silence_this_version_refuses_leaves_the_others_muting(tmp_path, caplog):
+    """walk23: a look-around silence kept from f174a23 (Python's re took it) made ``muted_by`` raise for
+    every alert, and the notifier then applied no silence at all: a valid maintenance silence stopped
+    muting. Now the bad one mutes nothing, logged once naming its id; the others apply."""
+    store = SilenceStore(tmp_path / "s.json")
+    now = time.time_ns()
+    maint = store.add(["host=node-01"], now - 1, now + 10**12, "a", "maintenance")
+    legacy = store.add(["host=~legacyx"], now - 1, now + 10**12, "a", "old")
+    store.path.write_text(store.path.read_text().replace('"host=~legacyx"', '"host=~(?!node-03).*x"'))
+    with caplog.at_level("ERROR"):
+        assert store.muted_by({"host": "node-01"}, now) == [maint.id]
+        assert store.muted_by({"host": "node-02"}, now) == []
+    bad = [r for r in caplog.records if legacy.id in r.getMessage()]
+    assert len(bad) == 1 and "look-around" in bad[0].getMessage()
+
+
+@pytest.mark.parametrize("pattern", ["node-0)|(x", "a)(b", "(a))"])
+def test_a_regex_cannot_balance_itself_with_the_anchors(pattern):
+    """walk23: ``node-0)|(x`` was accepted, anchored as ``^(?:node-0)|(x)$``, and muted every host starting
+    with node-0: a pattern is checked on its own before it is anchored (Alertmanager and Python refuse it)."""
+    with pytest.raises(SilenceError, match="bad regex"):
+        Matcher.parse(f"host=~{pattern}")
