@@ -192,8 +192,17 @@ def test_a_stopped_thread_and_a_steps_longest_wait_are_sent_past_the_singles_cap
         "for _ in range(6):\n    time.sleep(0.002)\n"
         "time.sleep(0.2)\n"
         "for _ in range(3):\n    time.sleep(0.02)\n"
+        "import signal\n"
+        "cont = []\n"
+        "signal.signal(signal.SIGCONT, lambda *_: cont.append(1))\n"
         "print('stop-me', flush=True)\n"
-        "time.sleep(0.3)\n"
+        # sleeps of 0.3 s (under twice the 200 ms sent: none is sent) until the stop has come and gone, so a
+        # test process descheduled for a while before its SIGSTOP (CI, 4af8694: the child had ended its one
+        # 0.3 s sleep and its step before the stop came) still stops it inside the step
+        "for _ in range(100):\n"
+        "    time.sleep(0.3)\n"
+        "    if cont:\n"
+        "        break\n"
         "L.fake_step_end(ctypes.c_int64(7), ctypes.c_uint64(1007))\n"
     )
     child = ctypes_child(lib, body)
