@@ -207,6 +207,19 @@ def _exited_before(
     return True
 
 
+def _weaker_than_named(culprit: dict | None, named: dict | None) -> bool:
+    """Whether a running record's ``culprit`` names another host than the one an earlier record of the same
+    open step named (``named``, ``Fold.running_named``) on less evidence (spreads): such a record is not
+    sent (docs/ANALYSIS.md "Inside a running step", point 4). A step's traffic shifts while it runs: the
+    lossy host's one retransmitting connection grows to carry most of its RTT samples, its other
+    connection stops counting as busy, its evidence ends, and a peer's two or three retransmits per
+    connection are left to name (live, lead23-makedemo-final step 149: node-01 named at 7.0 spreads,
+    then node-00 at 2.0, 3.4 s into a step held by node-01's lossy link: a wrong ``step_stall``)."""
+    if culprit is None or named is None or culprit.get("host") == named.get("host"):
+        return False
+    return float(culprit.get("evidence") or 0.0) < float(named.get("evidence") or 0.0)
+
+
 def _entry_bytes(entry: Any) -> int:
     """A cheap upper estimate of the msgpack bytes of one ``parts`` host entry: its collectives (~60 bytes
     each, a rank row's too), its packed rank rows and batch ids, plus 2 KB for the rest."""
@@ -1494,6 +1507,8 @@ class Fold:
                 summary["evidence"]["net_view"] = views
             summary["culprit"] = analysis.culprit_rank(analysis.culprit(summary), summary)
             c = summary["culprit"]
+            if _weaker_than_named(c, self.running_named.get(sk)):
+                continue  # the step's earlier record named a host on stronger evidence: no new name (below)
             if c is not None and c.get("layer") == "network":
                 if len(self.running_named) >= RUNNING_NAMED_MAX and sk not in self.running_named:
                     self.running_named.pop(next(iter(self.running_named)))  # bounded: oldest step first

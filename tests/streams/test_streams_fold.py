@@ -440,6 +440,43 @@ def test_a_running_record_names_no_host_done_with_the_step():
     assert pipe.fold.running_named == {}
 
 
+def _rtt(now, i, peer, n, ms):
+    """``n`` RTT samples of ``ms`` ms from host ``i`` toward host ``peer`` (ring addresses of ``_ring_rtt``)."""
+    ip = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+    return [
+        schema.Event(
+            schema.Kind.TCP_RTT,
+            now[0] + k * 1_000_000,
+            duration_ns=ms * 1_000_000,
+            payload={"saddr": ip[i], "daddr": ip[peer], "sport": 1, "dport": 2},
+        )
+        for k in range(n)
+    ]
+
+
+def test_a_running_step_named_on_strong_evidence_names_no_weaker_host_later():
+    """While step 12 runs, b's every ring connection is slow: a running record names b (7 spreads). The
+    step's traffic then shifts: b's connection to c carries most of its samples, its connection to a stops
+    counting as busy, b's evidence ends, and d's two slowish connections (10-13 ms) are left to name at
+    5 spreads. A later record of the same open step names no host on less evidence than the one it named
+    (live, lead23-makedemo-final step 149: node-01's lossy link named at 7.0, then node-00 at 2.0 by two
+    retransmits per connection, 3.4 s into the step: a wrong step_stall; on 7bd97fe the record names d)."""
+    now = [1_000_000_000_000]
+    pipe, batch = _ring_job(now)
+    for i in range(4):
+        batch(i, _ring_rtt(now, i, 1))
+    now[0] += 600_000_000
+    ((sk, s),) = pipe.fold.running()
+    assert (s["culprit"]["host"], s["culprit"]["evidence"]) == ("b", 7.0)
+    now[0] += 100_000_000
+    batch(1, _rtt(now, 1, 2, 50, 30))  # b-c: 60 samples, a-b: 10 (under 1/4 of b's busiest)
+    batch(3, _rtt(now, 3, 0, 40, 12) + _rtt(now, 3, 2, 3, 50))  # d-a: 50 at 10 ms, c-d: 13 at 13 ms
+    now[0] += 500_000_000
+    later = pipe.fold.running() + [(sk, x) for x in pipe.running]
+    assert [x["culprit"]["host"] for _sk, x in later] == []
+    assert pipe.fold.running_named[sk]["host"] == "b"  # what the close is charged with when it names nobody
+
+
 @pytest.mark.parametrize("behind", [2, 3])
 def test_a_step_two_or_more_behind_its_jobs_latest_gets_no_running_record(behind):
     """Only the job's latest step and the one just before it are checked while they run: a step further
