@@ -725,6 +725,33 @@ def test_a_peers_weak_network_culprit_beside_a_burst_is_vetoed_by_the_burst_host
 
 
 @pytest.mark.parametrize(
+    "sched,vetoed",
+    [
+        ((463, 462, 1450, 1443), True),  # the live step: node-02 and node-03 starved alike, 3.1x the others
+        ((463, 462, 560, 600), False),  # no gap of 1.5x between any two hosts: load, no starved group
+        ((1450, 462, 1443, 463), False),  # two starved hosts, the culprit not among them
+        ((1300, 462, 1450, 1443), False),  # 3 of 4 hosts high: the machine, not two hosts (at most half)
+    ],
+)
+def test_a_network_culprit_starved_alike_with_another_host_is_vetoed_by_their_run_queues(sched, vetoed):
+    # frame21-lightning-cpuproc step 316 (Lightning, 4 x 2 ranks on 2 cores, a process hog on node-02):
+    # x2.55 of a 246 ms median, node-02 and node-03 1,450 and 1,443 ms of run-queue time against 462-463;
+    # node-03 / network at 2.8 spreads of toward (its peers' retransmits toward a host that answered late)
+    # fired a wrong step_stall through stall_weak_net: the single-host veto saw node-02 only 1.0x node-03
+    rng = __import__("random").Random(316)
+    at_median = at_median_of(246.0)
+    layers = {h: {"sched": ms} for h, ms in zip(HOSTS4, sched)}
+    s = at_median(summary(20, 628.0, ev={"node-03": {"network": 2.828}}, layers=layers, spread_ms=29))
+    s["net_directed"] = True
+    s["evidence"]["net_view"] = {"node-03": "toward"}
+    steps = charge([*(at_median(x) for x in clean_steps(0, 20, rng)), s, at_median(summary(21, 246.0))])
+    c = steps[20]["culprit"]
+    assert (c["host"], c["layer"], c.get("runq_veto")) == ("node-03", "network", vetoed), c
+    assert ("the run queues of node-02 and node-03 veto it" in c["why"]) == vetoed, c["why"]
+    assert stall_alerts(steps) == ([] if vetoed else [("step_stall", "node-03", "network")])
+
+
+@pytest.mark.parametrize(
     "directed,view,want",
     [
         (False, "rx", ("node-02", "sched")),  # the live step: node-01's own lossy sockets, undirected

@@ -604,11 +604,50 @@ def _runq_veto(summary: dict, host: str, lost: int) -> tuple[str, str] | None:
     med = rest[(len(rest) - 1) // 2]
     med = _wide_median(summary, "sched", med)
     if top - med < EXPLAIN_REL * lost or top < RUNQ_VETO_FACTOR * max(rest[-1], 1_000_000):
-        return None
+        return _runq_group_veto(summary, host, lost, times)
     return top_host, (
         f"{top_host}'s run queue vetoes it: {top / 1e6:.0f} ms, +{(top - med) / 1e6:.0f} ms over its peers' median"
         f" ({(top - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), {top / max(rest[-1], 1_000_000):.1f}x the"
         " busiest other host's"
+    )
+
+
+def _runq_group_veto(summary: dict, host: str, lost: int, times: dict[str, int]) -> tuple[str, str] | None:
+    """``_runq_veto``'s test for a few hosts at once, ``host`` among them: the hosts of the step's run-queue
+    times (``times``, ns) sorted from the most, cut at the first gap where one host's time is at least
+    ``RUNQ_VETO_FACTOR`` times the next one's (1 ms at least), form the top group when it holds ``host``, at
+    most half of the hosts, and its least time is over the median of the others by at least ``EXPLAIN_REL``
+    of ``lost`` ns. Then ``(the group's busiest host other than host, description)``, else None. A CPU
+    fault on the machine that starves two hosts' ranks alike (one host's process hog, 2 ranks per host on 2
+    cores: frame21-lightning-cpuproc step 316, node-02 and node-03 1,450 and 1,443 ms of run-queue time
+    against 462-463 ms, x2.55) leaves the starved hosts answering late on every connection, and their
+    peers' retransmits toward one of them named it (node-03 / network, 2.8 spreads of ``toward``: a wrong
+    ``step_stall``); the single-host test saw the other starved host only 1.0x the culprit's."""
+    order = sorted(times.items(), key=lambda kv: (-int(kv[1]), kv[0]))
+    cut = next(
+        (
+            i + 1
+            for i in range(len(order) - 1)
+            if int(order[i][1]) >= RUNQ_VETO_FACTOR * max(int(order[i + 1][1]), 1_000_000)
+        ),
+        None,
+    )
+    if cut is None or cut > len(order) // 2:
+        return None
+    group = order[:cut]
+    if host not in {h for h, _t in group} or len(group) < 2:
+        return None
+    rest = sorted(int(t) for _h, t in order[cut:])
+    med = _wide_median(summary, "sched", rest[(len(rest) - 1) // 2])
+    least = int(group[-1][1])
+    if least - med < EXPLAIN_REL * lost:
+        return None
+    other = next(h for h, _t in group if h != host)
+    names = " and ".join(h for h, _t in group)
+    return other, (
+        f"the run queues of {names} veto it: {least / 1e6:.0f} ms or more, +{(least - med) / 1e6:.0f} ms over the"
+        f" others' median ({(least - med) / lost:.0%} of the {lost / 1e6:.0f} ms lost), a host starved of CPU"
+        " answers late on every connection"
     )
 
 
