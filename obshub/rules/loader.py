@@ -290,12 +290,10 @@ def _check_label_names(ctx: "_Ctx", raw: dict, spec: dict, rid: str) -> None:
         names = spec.get(key) or {}
         if not isinstance(names, dict):
             continue
-        file, doc, path = _at(raw, key)
         for name in names:
             if name in _ENGINE_LABELS:
                 ctx.add(
-                    file,
-                    *position(doc, path + [name]),
+                    *_name_at(raw, key, name),
                     f"{key}/{name}: the engine sets label '{name}' to {_ENGINE_LABELS[name]}; a rule cannot "
                     "set it (alerts, silences, routes and inhibitions find a rule's alerts by it)"
                     + ("; set `severity:` instead" if name == "severity" else "; name the label otherwise"),
@@ -307,6 +305,18 @@ def _at(raw: dict, key: str) -> tuple[str, Any, list]:
     """``(file, doc, path)`` where the rule's top-level ``key`` was last written: an override's
     ``replace`` or the rule itself."""
     return raw["at"].get(key) or (raw["file"], raw["doc"], raw["path"] + [key])
+
+
+def _name_at(raw: dict, key: str, name: str) -> tuple[str, int, int]:
+    """``(file, line, col)`` of entry ``name`` of the rule's mapping ``key`` (``labels``,
+    ``annotations``): in the override whose ``append`` added it last, else where ``key`` was written (an
+    appended label was reported at the builtin rule's ``labels:``, in a file the user never wrote)."""
+    hit = raw["names_at"].get((key, name))
+    if hit is not None:
+        file, doc, path = hit
+        return file, *position(doc, path)
+    file, doc, path = _at(raw, key)
+    return file, *position(doc, path + [name])
 
 
 def _cond_where(raw: dict, text: str, off: int) -> tuple[str, int, int]:
@@ -381,6 +391,7 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
                 # path, offset in the node's text); an override's `append` adds a part
                 "cond_parts": [(0, file, doc, ["rules", i, "condition"], 0)],
                 "at": {},  # key -> (file, doc, path) for keys an override replaced
+                "names_at": {},  # (key, name) -> (file, doc, path) for labels/annotations an override appended
             }
         for i, ov in enumerate(doc.get("overrides") or []):
             _apply_override(ctx, file, doc, i, _plain(ov))
@@ -419,6 +430,10 @@ def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
     for key in ("labels", "annotations"):
         if key in app:
             spec[key] = {**spec.get(key, {}), **app[key]}
+            target["names_at"] = {
+                **target["names_at"],
+                **{(key, name): (file, doc, ["overrides", i, "append", key, name]) for name in app[key]},
+            }
     for key in ("routes", "tags"):
         if key in app:
             spec[key] = list(spec.get(key, [])) + list(app[key])
