@@ -634,8 +634,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             depth = loop_depth(ast)
             if depth > MAX_LOOP_DEPTH:
                 ctx.add(
-                    file,
-                    *position(doc, path + ["annotations", name]),
+                    *_name_at(raw, "annotations", name),
                     f"annotations/{name}: {{% for %}} loops nested {depth} deep (at most {MAX_LOOP_DEPTH}: nested "
                     "loops multiply into minutes of rendering per alert change); use one loop with a filter "
                     "(`selectattr`, `join`)",
@@ -644,16 +643,14 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - names)
             if unknown:
                 ctx.add(
-                    file,
-                    *position(doc, path + ["annotations", name]),
+                    *_name_at(raw, "annotations", name),
                     f"annotations/{name}: unknown name(s) {', '.join(unknown)} in template",
                     rid,
                 )
             annotations[name], sources[name] = _ENV.from_string(text), text
         except jinja2.TemplateSyntaxError as exc:
             ctx.add(
-                file,
-                *position(doc, path + ["annotations", name]),
+                *_name_at(raw, "annotations", name),
                 f"annotations/{name}: template syntax error on its line {exc.lineno}: {exc.message}",
                 rid,
             )

@@ -44,3 +44,15 @@ def test_a_label_the_builtin_rule_has_stays_at_the_builtin_rule(tmp_path):
     f = tmp_path / "team.yaml"
     f.write_text("version: 1\noverrides:\n  - rule: step_stall\n    append:\n      labels: {team: ml}\n")
     assert "step_stall" in load_ruleset([BUILTIN_DIR, f]).rules
+
+
+def test_an_appended_annotation_template_problem_is_at_the_override(tmp_path):
+    f = tmp_path / "team.yaml"
+    problems = _problems(
+        tmp_path,
+        "version: 1\noverrides:\n  - rule: step_stall\n    append:\n      annotations:\n"
+        '        extra: "{{ nosuchname }}"\n        broken: "{{ oops"\n',
+    )
+    assert len(problems) == 2, problems
+    assert any(p.startswith(f"{f}:6:16: annotations/extra: unknown name(s) nosuchname") for p in problems), problems
+    assert any(p.startswith(f"{f}:7:17: annotations/broken: template syntax error") for p in problems), problems
