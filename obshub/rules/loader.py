@@ -319,6 +319,23 @@ def _name_at(raw: dict, key: str, name: str) -> tuple[str, int, int]:
     return file, *position(doc, path + [name])
 
 
+def _route_at(raw: dict, name: str) -> tuple[str, int, int]:
+    """``(file, line, col)`` where route ``name`` of the rule was written by an override: its item in the
+    ``append`` that added it first, or in the ``replace`` that gave the routes; a route of the rule's own
+    ``routes:`` is at the rule (its ``id``'s line, column 1, as ``rules serve`` has always said)."""
+    hit = raw["names_at"].get(("routes", name))
+    if hit is not None:
+        file, doc, path = hit
+        return file, *position(doc, path)
+    if "routes" not in raw["at"]:
+        return raw["file"], raw["line"], 1
+    file, doc, path = raw["at"]["routes"]
+    try:
+        return file, *position(doc, path + [list(raw["spec"]["routes"]).index(name)])
+    except (KeyError, TypeError, ValueError):
+        return file, *position(doc, path)
+
+
 def _cond_where(raw: dict, text: str, off: int) -> tuple[str, int, int]:
     """``(file, line, col)`` of offset ``off`` of the rule's (possibly appended-to) condition ``text``:
     in the part of the file (the rule, or an override's ``append``) that holds it."""
@@ -437,9 +454,17 @@ def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
     for key in ("routes", "tags"):
         if key in app:
             spec[key] = list(spec.get(key, [])) + list(app[key])
+    for j, name in enumerate(app.get("routes") or []):
+        if ("routes", name) not in target["names_at"]:
+            target["names_at"] = {
+                **target["names_at"],
+                ("routes", name): (file, doc, ["overrides", i, "append", "routes", j]),
+            }
     for key, val in (ov.get("replace") or {}).items():
         spec[key] = val
         target["at"] = {**target["at"], key: (file, doc, ["overrides", i, "replace", key])}
+        if key == "routes":  # the routes appended before are gone; the replacement's are at its own key
+            target["names_at"] = {k: v for k, v in target["names_at"].items() if k[0] != "routes"}
         if key == "condition":
             target["cond_at"] = (file, doc, ["overrides", i, "replace", "condition"])
             target["cond_parts"] = [(0, file, doc, ["overrides", i, "replace", "condition"], 0)]
@@ -686,6 +711,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         enabled=spec.get("enabled", True),
         file=file,
         line=raw["line"],
+        routes_at={name: _route_at(raw, name) for name in spec.get("routes", [])},
         window_steps=window_steps,
         interim=bool(spec.get("interim", False)),
         warmup_steps=int(spec.get("warmup_steps", 0)),

@@ -56,3 +56,27 @@ def test_an_appended_annotation_template_problem_is_at_the_override(tmp_path):
     assert len(problems) == 2, problems
     assert any(p.startswith(f"{f}:6:16: annotations/extra: unknown name(s) nosuchname") for p in problems), problems
     assert any(p.startswith(f"{f}:7:17: annotations/broken: template syntax error") for p in problems), problems
+
+
+def test_a_route_an_override_gave_to_no_sink_is_refused_at_the_override(tmp_path):
+    """`rules serve` refuses a route to a sink the alerting config lacks; one an override appended (or
+    replaced) was reported at the builtin rule's id line on cfd471b. A rule's own route stays at its rule."""
+    from obshub.core.settings import load_settings
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.service import RuleService
+    from obshub.rules.sinks.config import AlertingConfig, SinkSpec
+
+    f = tmp_path / "team.yaml"
+    f.write_text(
+        "version: 1\noverrides:\n  - rule: step_stall\n    append:\n      routes: [oncall-slak]\n"
+        "  - rule: straggler_slow_compute\n    replace:\n      routes:\n        - pager\n        - oncall-slak\n"
+    )
+    config = AlertingConfig(
+        sinks=[SinkSpec(name="oncall-slack", type="console"), SinkSpec(name="pager", type="console")]
+    )
+    with pytest.raises(SinkConfigError) as exc:
+        RuleService(load_settings(home=tmp_path / "home"), [BUILTIN_DIR, f], config)
+    text = str(exc.value)
+    assert f"{f}:5:16: rule \"step_stall\": routes to sink 'oncall-slak'" in text, text
+    assert f"{f}:10:11: rule \"straggler_slow_compute\": routes to sink 'oncall-slak'" in text, text
+    assert "did you mean 'oncall-slack'?" in text and str(BUILTIN_DIR) not in text, text
