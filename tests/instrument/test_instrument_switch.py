@@ -110,3 +110,30 @@ def test_an_unknown_value_is_said_once_under_torchrun(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("True") == 4 and "False" not in res.stdout, res.stdout  # the ranks' lines interleave
     assert res.stderr.count("OBSHUB_INSTRUMENT='maybe'") == 1, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "said"),
+    [
+        ("OBSHUB_HOST_ID", "abc", "OBSHUB_HOST_ID='abc' (the default of --host-id) is not an integer in 0..65535"),
+        ("OBSHUB_HOST_ID", "70000", "OBSHUB_HOST_ID='70000' (the default of --host-id) is not an integer"),
+        ("OBSHUB_OPTIMIZERS_PER_STEP", "0", "OBSHUB_OPTIMIZERS_PER_STEP='0' (the default of --optimizers-per-step)"),
+    ],
+)
+def test_a_bad_default_in_the_environment_is_refused_as_its_option_is(var, value, said):
+    """mends24: on cfd471b `obshub run` started the command, and every process that imported torch ran
+    uninstrumented with its own `obshub: instrumentation not enabled` line (9 under torchrun of 8 ranks),
+    while `--host-id abc` was refused at once. Now the same usage error (exit 2), naming the variable; the
+    option given wins over the variable, and an empty one is unset."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OBSHUB_")}
+    env.update(PYTHONPATH=str(REPO), **{var: value})
+    cmd = [sys.executable, "-m", "obshub", "run", "--", sys.executable, "-c", "print('ran')"]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 2 and said in res.stderr and "ran" not in res.stdout, (res.stdout, res.stderr)
+    option = "--host-id" if var == "OBSHUB_HOST_ID" else "--optimizers-per-step"
+    res = subprocess.run(
+        [*cmd[:4], option, "2", *cmd[4:]], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ran", res.stderr
+    res = subprocess.run(cmd, cwd=REPO, env={**env, var: ""}, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ran", res.stderr
