@@ -1,9 +1,10 @@
-"""``python -m bench.width``'s and ``python -m bench.scale``'s command lines (mends24): bad input exits 2 naming
-the option and the value (argparse), before a broker or a process is started. On cfd471b ``--sizes 0``,
-``--sizes -5`` and ``--sizes abc`` ended in tracebacks (``abc`` at parsing, 0 and -5 in the run or the
-fleet), ``--workers 0`` ran and exited 0, ``--rounds`` was accepted and unused, and options of the broker
-run were silently ignored by ``--inproc`` / ``--decode``. Nothing runs here: ``run``, ``inproc_cost`` and
-``decode_cost`` are replaced by functions that fail the test if called."""
+"""The command lines of ``python -m bench.width`` and ``bench.scale``, and the counts of ``bench.summary_size``
+and ``bench.training_overhead`` (mends24): bad input exits 2 naming the option and the value (argparse),
+before a broker or a process is started. On cfd471b ``--sizes 0``, ``--sizes -5`` and ``--sizes abc`` ended
+in tracebacks (``abc`` at parsing, 0 and -5 in the run or the fleet), ``--workers 0`` ran and exited 0,
+``--rounds`` was accepted and unused, and options of the broker run were silently ignored by ``--inproc`` /
+``--decode``. Nothing runs here: ``run``, ``inproc_cost`` and ``decode_cost`` are replaced by functions that
+fail the test if called."""
 
 from __future__ import annotations
 
@@ -84,3 +85,28 @@ def test_scale_has_no_unused_rounds(capsys):
     with pytest.raises(SystemExit) as exc:
         scale.main(["--rounds", "3"])
     assert exc.value.code == 2 and "unrecognized arguments: --rounds 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "frag"),
+    [
+        ("summary_size", ["--hosts", "0"], "argument --hosts: 0 is not 1 or more"),
+        ("summary_size", ["--hosts", "128", "-3"], "argument --hosts: -3 is not 1 or more"),
+        ("summary_size", ["--hosts", "wide"], "argument --hosts: 'wide' is not a whole number"),
+        ("training_overhead", ["--steps", "0"], "--steps 0: expected 12 or more (the first 10 are warm-up"),
+        ("training_overhead", ["--steps", "-5"], "--steps -5: expected 12 or more"),
+        ("training_overhead", ["--quick", "--steps", "6"], "--steps 6: expected 7 or more (the first 5"),
+    ],
+)
+def test_the_other_benchmarks_counts_are_refused_below_one_run(capsys, monkeypatch, module, argv, frag):
+    """mends24: on cfd471b ``bench.summary_size --hosts 0`` ended in loadgen's ValueError traceback and
+    ``bench.training_overhead --steps 0`` ran the default 80 steps (``steps or STEPS``), a negative count
+    timed no step after the warm-up."""
+    import importlib
+
+    mod = importlib.import_module(f"bench.{module}")
+    monkeypatch.setattr(mod, "run", lambda *a, **kw: pytest.fail(f"ran with {a} {kw}"))
+    with pytest.raises(SystemExit) as exc:
+        mod.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and frag in err and "Traceback" not in err, err
