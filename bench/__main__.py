@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         type=common.positive_int,
         default=None,
         metavar="N",
-        help="rounds per benchmark, 1 or more (default: each one's own)",
+        help="rounds per benchmark, 1 or more (default: each one's own; summary_size, width and scale run one pass)",
     )
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     a = p.parse_args(argv)

@@ -181,7 +181,8 @@ def git_rev() -> str:
 
 
 def positive_int(text: str) -> int:
-    """argparse type of ``--rounds`` (every benchmark): a whole number of 1 or more (0 was read as each benchmark's default, ``rounds or ROUNDS``;
+    """argparse type of ``--rounds`` (every benchmark) and of counts such as ``bench.summary_size --hosts``: a
+    whole number of 1 or more (0 was read as each benchmark's default, ``rounds or ROUNDS``;
     a negative number ran the set-up and took no sample: nan medians). Raises argparse.ArgumentTypeError."""
     try:
         n = int(text)

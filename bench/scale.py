@@ -289,7 +289,8 @@ def _lag_gauge(port: int) -> float:
 
 
 def run(quick: bool = False, rounds: int | None = None) -> dict:
-    """Print the projection, run the replay check, save the JSON. Returns the results dict."""
+    """Print the projection, run the replay check, save the JSON. Returns the results dict. ``rounds``
+    (``python -m bench --rounds``, every benchmark's) is not read: one replay."""
     common.console.rule("[bold]6. scale projection[/bold]: 1,024 and 16,384 GPUs, checked by a 128-host replay")
     inputs = measured_inputs()
     b_raw, b_lz4 = wire_bytes()
@@ -343,9 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help=f"short replay ({QUICK_REPLAY_STEPS} steps)")
-    p.add_argument("--rounds", type=common.positive_int, default=None, help="unused (one replay)")
-    a = p.parse_args(argv)
-    run(a.quick, a.rounds)
+    a = p.parse_args(argv)  # no --rounds: one replay (it was accepted and unused)
+    run(a.quick)
     return common.exit_code(a.quick)
 
 

@@ -28,6 +28,8 @@ they carried their step's age gets the least age the worker's check allows (``ru
 
     python -m bench.stall_replay --base /tmp/base /tmp/s6runs/*/ /tmp/stall5-runs/*/
     python -m bench.stall_replay --base /tmp/base      # the committed corpus, bench/corpus/*.jsonl.gz
+    python -m bench.stall_replay --base /tmp/base bench/corpus/early19-new-1-stall-node-03.jsonl.gz   # one run
+    python -m bench.stall_replay --base /tmp/base /work/runs19/early19-new-1/stall-node-03/steps.jsonl
     python -m bench.stall_replay --pack bench/corpus /work/runs19/stop19-*/   # add kept runs to it
 
 A packed run (``--pack``) is one ``NAME.jsonl.gz``: its first line ``{"report": ...}`` (the kept report's
@@ -197,6 +199,33 @@ def read_packed(path: Path) -> tuple[dict, list[dict]]:
     return rep, sorted(steps, key=lambda s: s["closed_at_ns"])
 
 
+def run_files(paths: list[Path]) -> tuple[list[Path], list[Path]]:
+    """The kept runs' step files and the packed runs that ``paths`` name, each list sorted: under a folder
+    every ``steps.jsonl`` beside a ``report.json`` (not bench.ttd's own copy in ``run/`` beside the run's)
+    and every ``*.jsonl.gz``; a file named directly is a packed run when its name ends in ``.jsonl.gz``,
+    else a kept run's step file, which needs its ``report.json`` beside it. Raises ValueError naming a path
+    that does not exist, or a file that is neither."""
+    kept: set[Path] = set()
+    packed: set[Path] = set()
+    for d in paths:
+        if d.is_dir():
+            found = {q for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()}
+            kept |= {q for q in found if not (q.parent.name == "run" and (q.parents[1] / "steps.jsonl").exists())}
+            packed |= set(d.glob("**/*.jsonl.gz"))
+        elif not d.exists():
+            raise ValueError(f"{d}: no such folder or file (kept runs: bench.ttd --keep DIR)")
+        elif d.name.endswith(".jsonl.gz"):
+            packed.add(d)
+        elif (d.parent / "report.json").is_file():
+            kept.add(d)
+        else:
+            raise ValueError(
+                f"{d}: not a kept run's steps.jsonl (no report.json beside it: bench.ttd --keep DIR) nor a "
+                "packed run (NAME.jsonl.gz, bench.stall_replay --pack)"
+            )
+    return sorted(kept), sorted(packed)
+
+
 def running_age(s: dict, th) -> dict:
     """A running record kept before running records carried their step's age (f10ef77 and older:
     ``step_time_max_ns`` 0) with the least age the worker's check allows for it: ``max(th.running_min_ns,
@@ -208,9 +237,10 @@ def running_age(s: dict, th) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Replay the kept runs under the folders given; 0 when at least one run was read, 2 otherwise (no kept
-    run there, said on stderr). Bad input exits 2 naming it (argparse): a folder that does not exist, a
-    ``--base`` that is no checkout, a kept run's file that is not JSON (``read_run``)."""
+    """Replay the kept runs under the folders given, or named (``run_files``); 0 when at least one run was
+    read, 2 otherwise (no kept run there, said on stderr). Bad input exits 2 naming it (argparse): a path
+    that does not exist, a file that is no run, a ``--base`` that is no checkout, ``--base`` or ``--wrong``
+    with ``--pack``, a kept run's file that is not JSON (``read_run``)."""
     p = argparse.ArgumentParser(
         prog="python -m bench.stall_replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -218,25 +248,37 @@ def main(argv: list[str] | None = None) -> int:
         "dirs",
         nargs="*",
         type=Path,
-        help=f"folders of kept runs (bench.ttd --keep DIR) or packed ones (*.jsonl.gz); default {CORPUS}",
+        metavar="PATH",
+        help="folders of kept runs (bench.ttd --keep DIR) or packed ones (*.jsonl.gz), or such a run's file named "
+        f"directly: its steps.jsonl (report.json beside it) or its NAME.jsonl.gz; default {CORPUS}",
     )
     p.add_argument("--base", type=Path, help="a checkout of the commit to compare with")
     p.add_argument("--wrong", action="store_true", help="also list every wrong alert of this tree's side")
     p.add_argument(
-        "--pack", type=Path, metavar="OUT", help="replay nothing: pack the kept runs under DIRS into OUT/*.jsonl.gz"
+        "--pack",
+        type=Path,
+        metavar="OUT",
+        help="replay nothing: pack the kept runs under (or named by) PATH into OUT/*.jsonl.gz",
     )
     a = p.parse_args(argv)
     a.dirs = a.dirs or [CORPUS]
-    for d in a.dirs:
-        if not d.is_dir():
-            p.error(f"{d}: no such folder (kept runs: bench.ttd --keep DIR)")
+    if a.pack is not None and (a.base is not None or a.wrong):
+        p.error(
+            f"{'--base' if a.base is not None else '--wrong'}: only when replaying, not with --pack (which replays nothing)"
+        )
+    try:
+        kept, packed = run_files(a.dirs)
+    except ValueError as exc:
+        p.error(str(exc))
     if a.pack is not None:
         if not a.pack.is_dir():
             p.error(f"--pack {a.pack}: no such folder")
-        kept = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
-        kept = [q for q in kept if q.parent.name != "run"]  # bench.ttd keeps the run's own copy in run/ too
+        for d in a.dirs:
+            if d.is_file() and d.name.endswith(".jsonl.gz"):
+                p.error(f"{d}: packed already (--pack packs kept runs: their folders or steps.jsonl)")
         for q in kept:
-            name = "-".join(q.parent.relative_to(q.parents[2]).parts)
+            q = q.resolve()
+            name = "-".join(q.parent.relative_to(q.parents[min(2, len(q.parents) - 1)]).parts)
             try:
                 print(f"{a.pack / (name + '.jsonl.gz')}: {pack_run(q, a.pack / (name + '.jsonl.gz'))} bytes")
             except (OSError, ValueError) as exc:
@@ -274,9 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     tot = dict.fromkeys(("runs", "closed", "changed", "base_right", "base_wrong", "right", "wrong"), 0)
     tot.update(all_base_right=0, all_base_wrong=0, all_right=0, all_wrong=0)
     tot.update(stalls=0, named_base=0, named=0, named_all_base=0, named_all=0)
-    paths = sorted({q for d in a.dirs for q in d.glob("**/steps.jsonl") if (q.parent / "report.json").exists()})
-    paths = [q for q in paths if not (q.parent.name == "run" and (q.parents[1] / "steps.jsonl").exists())]
-    paths += sorted({q for d in a.dirs for q in d.glob("**/*.jsonl.gz")})
+    paths = kept + packed
     for sp in paths:
         try:
             rep, steps = read_packed(sp) if sp.name.endswith(".jsonl.gz") else read_run(sp)

@@ -78,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.summary_size", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="128 and 512 hosts only")
-    p.add_argument("--hosts", type=int, nargs="+", metavar="N", help="widths (default: 128 512 2048 4096)")
+    p.add_argument(
+        "--hosts",
+        type=common.positive_int,
+        nargs="+",
+        metavar="N",
+        help="widths, each 1 or more (default: 128 512 2048 4096)",
+    )
     a = p.parse_args(argv)
     run(quick=a.quick, widths=tuple(a.hosts) if a.hosts else None)
     return common.exit_code(a.quick)

@@ -960,9 +960,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 20 steps")
     p.add_argument("--rounds", type=common.positive_int, default=None, help=f"interleaved rounds (default {ROUNDS})")
-    p.add_argument("--steps", type=int, default=None, help=f"steps per run (default {STEPS})")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps per run, at least {WARMUP + 2} ({QUICK_WARMUP + 2} with --quick): the first {WARMUP} "
+        f"({QUICK_WARMUP}) are warm-up (default {STEPS}; --quick {QUICK_STEPS})",
+    )
     p.add_argument("--compose", action="store_true", help="only the composed projection from the saved per-call prices")
     a = p.parse_args(argv)
+    least = (QUICK_WARMUP if a.quick else WARMUP) + 2
+    if a.steps is not None and a.steps < least:  # 0 ran the default, fewer timed no step after the warm-up
+        p.error(f"--steps {a.steps}: expected {least} or more (the first {least - 2} are warm-up, left out)")
     if a.compose:
         composed()
         return 0

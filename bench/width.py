@@ -1523,10 +1523,11 @@ def run(
     ranks_per_host: int = 1,
     step_s: float = 1.0,
 ) -> dict:
-    """Run every size, print the blocks, tables and verdicts, save the JSON. ``rounds`` is unused (one
-    pass: each size takes minutes). ``step_s``: the job's step in seconds (1 s by default; longer for a
-    width whose 1 s steps this machine cannot carry, to measure the processes' RSS at it). Returns the
-    results dict."""
+    """Run every size, print the blocks, tables and verdicts, save the JSON. ``rounds`` (``python -m bench
+    --rounds``, every benchmark's) is not read: one pass, each size takes minutes and its figures are
+    medians over its steps already; ``python -m bench.width`` has no ``--rounds``. ``step_s``: the job's
+    step in seconds (1 s by default; longer for a width whose 1 s steps this machine cannot carry, to
+    measure the processes' RSS at it). Returns the results dict."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     pause_s = (QUICK_PAUSE_S if quick else PAUSE_S) if pause_s is None else pause_s
     say = common.console.print
@@ -1625,17 +1626,73 @@ def decode_cost(hosts: int, ranks_per_host: int, repeats: int = 5) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m bench.width [--quick] [--sizes 8,128] [--steps N] [--pause-s S]``."""
+def host_counts(text: str) -> tuple[int, ...]:
+    """argparse type of ``--sizes``: comma-separated host counts, each a whole number of 1 or more
+    (``0``, ``-5`` and ``abc`` ended in a traceback, or in a size that "could not run"). Raises
+    argparse.ArgumentTypeError naming the bad item."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"{text!r}: no host count given (e.g. 8,128)")
+    out = []
+    for x in items:
+        try:
+            n = int(x)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {x!r} is not a whole number of hosts (e.g. 8,128)") from None
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: {n} hosts; each size is 1 host or more")
+        out.append(n)
+    return tuple(out)
+
+
+MIN_STEPS = GUILTY_FROM + 2
+"""Fewest ``--steps``: the straggler slows from step ``GUILTY_FROM`` (its baseline needs the 10 clean steps
+before), and its alert needs a slow step summarised after it; fewer steps judge no straggler at all."""
+MAX_STEP_S = 60.0
+"""Longest ``--step-s``: a size of 30 steps then takes half an hour."""
+
+#: the options of the broker run (``run``), which ``--inproc`` and ``--decode`` do not read
+_RUN_OPTIONS = ("quick", "steps", "pause_s", "workers", "step_s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of ``python -m bench.width``; bad input exits 2 naming the option and the value
+    (argparse): a host count, step count, worker count or rank count below 1, a pause or step length
+    that is negative, not finite or too long, ``--case`` without ``--inproc``, and an option of the broker
+    run given with ``--inproc`` or ``--decode`` (which read none of them). Defaults are filled in after the
+    checks (``steps``: None, each size its own)."""
     p = argparse.ArgumentParser(
         prog="python -m bench.width", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="smoke run: 4 and 16 hosts, 12 steps, a 3 s pause at 4 hosts")
-    p.add_argument("--sizes", default=None, help="comma-separated host counts (default 8,128,512,2048)")
-    p.add_argument("--steps", type=int, default=None, help="steps per size (default: per size, 20-30)")
-    p.add_argument("--pause-s", type=float, default=None, help=f"worker pause under load (default {PAUSE_S}; 0 = none)")
-    p.add_argument("--workers", type=int, default=WORKERS, help=f"stream workers (default {WORKERS})")
-    p.add_argument("--rounds", type=common.positive_int, default=None, help="unused (one pass)")
+    p.add_argument(
+        "--sizes",
+        type=host_counts,
+        default=None,
+        metavar="N,N,...",
+        help="comma-separated host counts, each 1 or more (default 8,128,512,2048; --quick 4,16; --inproc 8,128; "
+        "--decode 512)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps per size, at least {MIN_STEPS}: the straggler slows from step {GUILTY_FROM} (default: per size, "
+        "20-30; --quick 12)",
+    )
+    p.add_argument(
+        "--pause-s",
+        type=float,
+        default=None,
+        help=f"seconds the worker is stopped under load at {', '.join(map(str, PAUSE_SIZES))} hosts (the first "
+        f"size with --quick), 0 for none (default {PAUSE_S:g}; --quick {QUICK_PAUSE_S:g})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help=f"stream worker processes, 1 to {PARTITIONS} (the topics' partitions; default {WORKERS})",
+    )
     p.add_argument(
         "--inproc",
         action="store_true",
@@ -1646,7 +1703,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ranks-per-host",
         type=int,
         default=1,
-        help="ranks per host: each host's batches hold every rank's events, 64 per rank-step (default 1)",
+        help="ranks per host, 1 or more: each host's batches hold every rank's events, 64 per rank-step (default 1)",
     )
     p.add_argument(
         "--decode",
@@ -1656,22 +1713,52 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--case",
         choices=sorted(CASES),
-        default="straggler",
+        default=None,
         help="with --inproc: straggler (sched, 15 steps, from 11: a baseline on the judged steps), mem (node2 stalls in reclaim from step 17 of 21: "
         "a memory episode), mem10 (mem, and 10%% of the other hosts in reclaim every step); default straggler",
     )
     p.add_argument(
         "--step-s",
         type=float,
-        default=1.0,
-        help="the job's step in seconds (default 1; e.g. 5 to measure RSS at 2,048 x 8, which 1 s steps overrun here)",
+        default=None,
+        help=f"the job's step in seconds, above 0, at most {MAX_STEP_S:g} (default 1; e.g. 5 to measure RSS at "
+        "2,048 x 8, which 1 s steps overrun here)",
     )
     a = p.parse_args(argv)
-    if not a.step_s > 0:
-        p.error(f"--step-s {a.step_s}: expected a positive number of seconds")
-    sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
+    if a.step_s is not None and not 0 < a.step_s <= MAX_STEP_S:
+        p.error(f"--step-s {a.step_s}: expected a positive number of seconds, at most {MAX_STEP_S:g}")
+    if a.pause_s is not None and not 0 <= a.pause_s < math.inf:
+        p.error(f"--pause-s {a.pause_s}: expected 0 (no pause) or a finite positive number of seconds")
+    if a.steps is not None and a.steps < MIN_STEPS:
+        p.error(
+            f"--steps {a.steps}: expected {MIN_STEPS} or more (the straggler slows from step {GUILTY_FROM}, once "
+            "its baseline has 10 clean steps)"
+        )
+    if a.workers is not None and not 1 <= a.workers <= PARTITIONS:
+        p.error(f"--workers {a.workers}: expected 1 to {PARTITIONS} (the topics have {PARTITIONS} partitions)")
     if a.ranks_per_host < 1:
         p.error(f"--ranks-per-host {a.ranks_per_host}: expected 1 or more")
+    if a.inproc and a.decode:
+        p.error("--inproc and --decode: one at a time")
+    if a.case is not None and not a.inproc:
+        p.error(f"--case {a.case}: only with --inproc (the broker run's case is the sched straggler)")
+    if a.inproc or a.decode:
+        given = [
+            f"--{k.replace('_', '-')}" for k in _RUN_OPTIONS if getattr(a, k) is not None and getattr(a, k) is not False
+        ]
+        if given:
+            p.error(f"{', '.join(given)}: only without {'--inproc' if a.inproc else '--decode'} (the broker run's)")
+    a.case = a.case or "straggler"
+    a.workers = WORKERS if a.workers is None else a.workers
+    a.step_s = 1.0 if a.step_s is None else a.step_s
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (``parse_args``): ``python -m bench.width [--quick] [--sizes 8,128] [--steps N]
+    [--pause-s S]``, or ``--inproc`` / ``--decode``; 0 when it ran, 2 on bad arguments."""
+    a = parse_args(argv)
+    sizes = a.sizes
     if a.decode:
         rows = [decode_cost(h, a.ranks_per_host) for h in sizes or (512,)]
         cells = [
@@ -1735,7 +1822,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     run(
         a.quick,
-        a.rounds,
         sizes=sizes,
         steps=a.steps,
         pause_s=a.pause_s,

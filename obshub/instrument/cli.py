@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from obshub.core.errors import ConfigError
-from obshub.instrument.run import check_job, exec_instrumented
+from obshub.instrument.run import check_env_defaults, check_job, exec_instrumented
 
 EPILOG = """\b
 Examples:
@@ -71,4 +73,8 @@ def run_command(
         raise click.UsageError(
             f"No such option: {command[0]} (the options are --job, --host-id and --optimizers-per-step; put `--` before COMMAND)"
         )
+    try:
+        check_env_defaults(dict(os.environ), host_id, optimizers_per_step)
+    except ConfigError as exc:
+        raise click.UsageError(f"{exc}; {exc.hint}" if exc.hint else str(exc)) from None
     exec_instrumented(command, job, host_id, optimizers_per_step)

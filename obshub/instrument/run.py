@@ -77,6 +77,39 @@ def check_job(job: str) -> None:
         )
 
 
+def check_env_defaults(env: dict[str, str], host_id: int | None, optimizers_per_step: int | None) -> None:
+    """Refuse an ``OBSHUB_HOST_ID`` (0..65535) or ``OBSHUB_OPTIMIZERS_PER_STEP`` (1 or more) in ``env`` that
+    every instrumented process would refuse, where the option it is the default of was not given (empty:
+    unset, as the processes read it). Each process then ran uninstrumented with its own ``obshub:`` line,
+    9 lines under ``torchrun --nproc-per-node 8``, while ``--host-id abc`` was refused at once. Raises
+    ConfigError naming the variable and the option; ``obshub run`` reports it as a usage error (exit 2)."""
+    checks = (
+        ("OBSHUB_HOST_ID", "--host-id", host_id, 0, 0xFFFF, "an integer in 0..65535", "this node's number"),
+        (
+            "OBSHUB_OPTIMIZERS_PER_STEP",
+            "--optimizers-per-step",
+            optimizers_per_step,
+            1,
+            None,
+            "an integer >= 1",
+            "the optimizer.step() calls of one training iteration",
+        ),
+    )
+    for var, option, given, lo, hi, what, meaning in checks:
+        raw = env.get(var, "")
+        if given is not None or raw == "":
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = lo - 1
+        if value < lo or (hi is not None and value > hi):
+            raise ConfigError(
+                f"{var}={raw!r} (the default of {option}) is not {what}",
+                hint=f"set {var} to {meaning}, unset it, or give {option}",
+            )
+
+
 def exec_instrumented(
     command: tuple[str, ...] | list[str], job: str | None, host_id: int | None, optimizers_per_step: int | None = None
 ) -> None:

@@ -290,12 +290,10 @@ def _check_label_names(ctx: "_Ctx", raw: dict, spec: dict, rid: str) -> None:
         names = spec.get(key) or {}
         if not isinstance(names, dict):
             continue
-        file, doc, path = _at(raw, key)
         for name in names:
             if name in _ENGINE_LABELS:
                 ctx.add(
-                    file,
-                    *position(doc, path + [name]),
+                    *_name_at(raw, key, name),
                     f"{key}/{name}: the engine sets label '{name}' to {_ENGINE_LABELS[name]}; a rule cannot "
                     "set it (alerts, silences, routes and inhibitions find a rule's alerts by it)"
                     + ("; set `severity:` instead" if name == "severity" else "; name the label otherwise"),
@@ -307,6 +305,35 @@ def _at(raw: dict, key: str) -> tuple[str, Any, list]:
     """``(file, doc, path)`` where the rule's top-level ``key`` was last written: an override's
     ``replace`` or the rule itself."""
     return raw["at"].get(key) or (raw["file"], raw["doc"], raw["path"] + [key])
+
+
+def _name_at(raw: dict, key: str, name: str) -> tuple[str, int, int]:
+    """``(file, line, col)`` of entry ``name`` of the rule's mapping ``key`` (``labels``,
+    ``annotations``): in the override whose ``append`` added it last, else where ``key`` was written (an
+    appended label was reported at the builtin rule's ``labels:``, in a file the user never wrote)."""
+    hit = raw["names_at"].get((key, name))
+    if hit is not None:
+        file, doc, path = hit
+        return file, *position(doc, path)
+    file, doc, path = _at(raw, key)
+    return file, *position(doc, path + [name])
+
+
+def _route_at(raw: dict, name: str) -> tuple[str, int, int]:
+    """``(file, line, col)`` where route ``name`` of the rule was written by an override: its item in the
+    ``append`` that added it first, or in the ``replace`` that gave the routes; a route of the rule's own
+    ``routes:`` is at the rule (its ``id``'s line, column 1, as ``rules serve`` has always said)."""
+    hit = raw["names_at"].get(("routes", name))
+    if hit is not None:
+        file, doc, path = hit
+        return file, *position(doc, path)
+    if "routes" not in raw["at"]:
+        return raw["file"], raw["line"], 1
+    file, doc, path = raw["at"]["routes"]
+    try:
+        return file, *position(doc, path + [list(raw["spec"]["routes"]).index(name)])
+    except (KeyError, TypeError, ValueError):
+        return file, *position(doc, path)
 
 
 def _cond_where(raw: dict, text: str, off: int) -> tuple[str, int, int]:
@@ -381,6 +408,7 @@ def _read_files(ctx: _Ctx, files: list[Path]) -> None:
                 # path, offset in the node's text); an override's `append` adds a part
                 "cond_parts": [(0, file, doc, ["rules", i, "condition"], 0)],
                 "at": {},  # key -> (file, doc, path) for keys an override replaced
+                "names_at": {},  # (key, name) -> (file, doc, path) for labels/annotations an override appended
             }
         for i, ov in enumerate(doc.get("overrides") or []):
             _apply_override(ctx, file, doc, i, _plain(ov))
@@ -419,12 +447,24 @@ def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
     for key in ("labels", "annotations"):
         if key in app:
             spec[key] = {**spec.get(key, {}), **app[key]}
+            target["names_at"] = {
+                **target["names_at"],
+                **{(key, name): (file, doc, ["overrides", i, "append", key, name]) for name in app[key]},
+            }
     for key in ("routes", "tags"):
         if key in app:
             spec[key] = list(spec.get(key, [])) + list(app[key])
+    for j, name in enumerate(app.get("routes") or []):
+        if ("routes", name) not in target["names_at"]:
+            target["names_at"] = {
+                **target["names_at"],
+                ("routes", name): (file, doc, ["overrides", i, "append", "routes", j]),
+            }
     for key, val in (ov.get("replace") or {}).items():
         spec[key] = val
         target["at"] = {**target["at"], key: (file, doc, ["overrides", i, "replace", key])}
+        if key == "routes":  # the routes appended before are gone; the replacement's are at its own key
+            target["names_at"] = {k: v for k, v in target["names_at"].items() if k[0] != "routes"}
         if key == "condition":
             target["cond_at"] = (file, doc, ["overrides", i, "replace", "condition"])
             target["cond_parts"] = [(0, file, doc, ["overrides", i, "replace", "condition"], 0)]
@@ -619,8 +659,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             depth = loop_depth(ast)
             if depth > MAX_LOOP_DEPTH:
                 ctx.add(
-                    file,
-                    *position(doc, path + ["annotations", name]),
+                    *_name_at(raw, "annotations", name),
                     f"annotations/{name}: {{% for %}} loops nested {depth} deep (at most {MAX_LOOP_DEPTH}: nested "
                     "loops multiply into minutes of rendering per alert change); use one loop with a filter "
                     "(`selectattr`, `join`)",
@@ -629,16 +668,14 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
             unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - names)
             if unknown:
                 ctx.add(
-                    file,
-                    *position(doc, path + ["annotations", name]),
+                    *_name_at(raw, "annotations", name),
                     f"annotations/{name}: unknown name(s) {', '.join(unknown)} in template",
                     rid,
                 )
             annotations[name], sources[name] = _ENV.from_string(text), text
         except jinja2.TemplateSyntaxError as exc:
             ctx.add(
-                file,
-                *position(doc, path + ["annotations", name]),
+                *_name_at(raw, "annotations", name),
                 f"annotations/{name}: template syntax error on its line {exc.lineno}: {exc.message}",
                 rid,
             )
@@ -674,6 +711,7 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
         enabled=spec.get("enabled", True),
         file=file,
         line=raw["line"],
+        routes_at={name: _route_at(raw, name) for name in spec.get("routes", [])},
         window_steps=window_steps,
         interim=bool(spec.get("interim", False)),
         warmup_steps=int(spec.get("warmup_steps", 0)),

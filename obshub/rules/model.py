@@ -56,6 +56,9 @@ class Rule:
     enabled: bool = True
     file: str = ""
     line: int = 0
+    # where each name of `routes` was written, (file, line, col): the rule's own `routes:` or an override's
+    # `append`/`replace` in another file (a route to no sink is reported there)
+    routes_at: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     # a window of the job's last `window_steps` steps instead of `window_ns` (0: a time window); a hit is
     # placed at its record's step, and `count` counts steps with a match (several in one step count once)
     window_steps: int = 0

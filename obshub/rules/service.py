@@ -55,8 +55,9 @@ def _warn_empty(ruleset) -> None:
 def route_problems(ruleset, sink_names: set[str]) -> list[Problem]:
     """One Problem per rule of ``ruleset`` whose ``routes:`` names a sink that ``sink_names`` (the alerting
     config's) lacks: that rule's alerts would reach no sink (only the named sinks get them). Each names the
-    rule's file:line, the unknown sink, the nearest configured name ("did you mean") and the configured
-    ones; [] when every route names a sink."""
+    file:line:col where the route was written (``Rule.routes_at``: the rule's ``routes:`` or an override's,
+    else the rule's file:line), the unknown sink, the nearest configured name ("did you mean") and the
+    configured ones; [] when every route names a sink."""
     out = []
     for r in ruleset.rules.values():
         for name in dict.fromkeys(r.routes):
@@ -66,9 +67,7 @@ def route_problems(ruleset, sink_names: set[str]) -> list[Problem]:
             guess = f"did you mean '{near[0]}'? " if near else ""
             out.append(
                 Problem(
-                    r.file,
-                    r.line,
-                    1,
+                    *r.routes_at.get(name, (r.file, r.line, 1)),
                     f"routes to sink '{name}', which the alerting config does not have: its alerts would "
                     f"reach no sink ({guess}configured: {', '.join(sorted(sink_names)) or 'none'})",
                     r.id,

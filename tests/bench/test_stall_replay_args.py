@@ -131,3 +131,43 @@ def test_a_persistent_fault_is_in_effect_until_its_removal_where_the_kept_report
     packed, _steps = stall_replay.read_packed(tmp_path / "p.jsonl.gz")
     assert packed["scenario"] == {"fault_at_s": 15.0, "duration_s": 45.0, "steps": None, "sequence": []}
     assert stall_replay._episodes(packed) == stall_replay._episodes(rep)
+
+
+def test_a_run_named_by_its_file_replays_as_its_folder(capsys, tmp_path):
+    """mends24: on cfd471b a packed ``NAME.jsonl.gz`` or a kept ``steps.jsonl`` named directly exited 2 with
+    ``no such folder``; only their folders were read."""
+    assert stall_replay.main(["--base", str(REPO), str(SMALL)]) == 0
+    packed = _totals(capsys.readouterr().out)
+    assert packed.startswith("runs=1 closed=") and "stalls=4" in packed, packed
+    rep, steps = stall_replay.read_packed(SMALL)
+    kept = tmp_path / "runs" / "stall-node-01"
+    kept.mkdir(parents=True)
+    (kept / "report.json").write_text(json.dumps(rep))
+    (kept / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    assert stall_replay.main(["--base", str(REPO), str(kept / "steps.jsonl")]) == 0
+    assert _totals(capsys.readouterr().out) == packed
+    # --pack takes a kept run's steps.jsonl named directly too
+    out = tmp_path / "out"
+    out.mkdir()
+    assert stall_replay.main(["--pack", str(out), str(kept / "steps.jsonl")]) == 0
+    assert stall_replay.read_packed(out / "runs-stall-node-01.jsonl.gz") == (rep, steps)
+
+
+@pytest.mark.parametrize(
+    "argv,frag",
+    [
+        (["{tmp}/notes.txt"], "notes.txt: not a kept run's steps.jsonl (no report.json beside it"),
+        (["{tmp}/nope.jsonl.gz"], "nope.jsonl.gz: no such folder or file"),
+        (["--pack", "{tmp}", "{small}"], f"{SMALL}: packed already"),
+        (["--pack", "{tmp}", "--base", "{tmp}", "{tmp}"], "--base: only when replaying, not with --pack"),
+        (["--pack", "{tmp}", "--wrong", "{tmp}"], "--wrong: only when replaying, not with --pack"),
+    ],
+    ids=["not-a-run", "missing-file", "pack-packed", "pack-base", "pack-wrong"],
+)
+def test_a_named_file_that_is_no_run_and_options_pack_does_not_read_are_refused(capsys, tmp_path, argv, frag):
+    (tmp_path / "notes.txt").write_text("x\n")
+    argv = [x.format(tmp=tmp_path, small=SMALL) for x in argv]
+    with pytest.raises(SystemExit) as exc:
+        stall_replay.main(argv if "--pack" in argv else ["--base", str(REPO), *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and frag in err and "Traceback" not in err, err

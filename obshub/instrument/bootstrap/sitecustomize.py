@@ -76,17 +76,39 @@ def _chain_shadowed_sitecustomize():
 
 _OFF = ("0", "false", "no", "off")
 _ON = ("", "1", "true", "yes", "on")
+_WARNED = "OBSHUB_INSTRUMENT_WARNED"
+"""Set by the first process that judged an unknown ``OBSHUB_INSTRUMENT`` (to its value): the processes it
+starts inherit it and stay silent."""
+
+
+def _says_unknown(raw):
+    """Whether this process writes the line on an unknown ``OBSHUB_INSTRUMENT`` value ``raw``: once per
+    process tree and host, not once per process (``obshub run -- torchrun --nproc-per-node 8`` wrote it 9
+    times, the launcher's and each rank's). Not when a parent process already did (``OBSHUB_INSTRUMENT_WARNED``
+    is ``raw``: torchrun's launcher judges it before it starts the ranks), nor in a rank other than a
+    host's first when nothing of obshub's ran before it (``LOCAL_RANK``, else ``RANK``, set and not 0:
+    ranks started each on its own, by a script or another launcher). Each host that has the value says it
+    once: hosts may differ in it."""
+    if os.environ.get(_WARNED) == raw:
+        return False
+    os.environ[_WARNED] = raw
+    for var in ("LOCAL_RANK", "RANK"):
+        rank = os.environ.get(var)
+        if rank is not None:
+            return rank.strip() == "0"
+    return True
 
 
 def _wanted():
     """False when ``OBSHUB_INSTRUMENT`` is 0, false, no or off (any case, spaces around ignored); True
     when unset, empty, 1, true, yes or on; any other value keeps the instrumentation on with one
-    ``obshub:`` line on stderr naming it (``false`` used to mean on: only ``0`` was off)."""
+    ``obshub:`` line on stderr naming it (``false`` used to mean on: only ``0`` was off), written once
+    per process tree and host (``_says_unknown``)."""
     raw = os.environ.get("OBSHUB_INSTRUMENT", "1")
     value = raw.strip().lower()
     if value in _OFF:
         return False
-    if value not in _ON:
+    if value not in _ON and _says_unknown(raw):
         print(
             f"obshub: OBSHUB_INSTRUMENT={raw!r} is neither 0/false/no/off nor 1/true/yes/on; instrumentation "
             "stays on (set OBSHUB_INSTRUMENT=0 to turn it off)",
