@@ -46,7 +46,9 @@ def record() -> list[tuple]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=common.positive_int, default=30, help="passes over the recorded renders (default 30)")
+    ap.add_argument(
+        "--rounds", type=common.positive_int, default=30, help="passes over the recorded renders (default 30)"
+    )
     args = ap.parse_args(argv)
     calls = record()
     engine = object.__new__(eng.Engine)  # _render reads and counts template_errors only

@@ -177,16 +177,16 @@ def text_size(value: Any, budget: RenderBudget | None = None, limit: int = MAX_T
             total += len(v) * 4 + 6
         elif isinstance(v, Namespace):
             stack.append(dict(v._Namespace__attrs))  # type: ignore[attr-defined]  # its repr is its attributes'
-        elif isinstance(v, dict):
-            total += 2 + 2 * len(v)
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            total += 2 + len(v)
+        elif isinstance(v, (dict, list, tuple, set, frozenset)):
             got = memo.get(id(v))
-            if got is not None and got[0] is v:
+            if got is not None and got[0] is v:  # a container met before in this render: its size is known
                 total += got[1]
+            elif isinstance(v, dict):
+                total += 2 + 2 * len(v)
+                stack.extend(v.keys())
+                stack.extend(v.values())
             else:
+                total += 2 + len(v)
                 stack.extend(v)
         elif isinstance(v, int) and not isinstance(v, bool):
             total += v.bit_length() // 3 + 2
@@ -528,13 +528,9 @@ _TREES = (list, tuple, dict, set, frozenset)
 
 def _check_tree(value: Any, what: str, budget: RenderBudget) -> int:
     """Refuse a container made by the template whose text (nested items as often as they appear) would pass
-    :data:`MAX_TEMPLATE_TREE`: comparing two of them (``==``, ``in``), which no hook sees, or printing one
-    costs that much. Returns its text size (the work of checking it)."""
-    for item in value.values() if isinstance(value, dict) else value:
-        if isinstance(item, (_TREES, Namespace)):
-            break
-    else:  # flat: its text is its items' (the common case, no walk)
-        return len(value)
+    :data:`MAX_TEMPLATE_TREE`: comparing two of them (``==``, ``in``, ``sort``), which no hook sees, or
+    printing one costs that much. Returns its text size (the work of checking it: the walk stops past the
+    bound)."""
     n = text_size(value, budget)
     if n > MAX_TEMPLATE_TREE:
         raise SecurityError(f"{what} made a value of more than {MAX_TEMPLATE_TREE:,} characters as text")
@@ -716,6 +712,8 @@ class BoundedSandbox(SandboxedEnvironment):
         check_binop(operator, left, right, budget)
         out = super().call_binop(context, operator, left, right)
         check_result(f"'{operator}'", out, (left, right))
+        if isinstance(out, (list, tuple)) and out is not left and out is not right:
+            budget.made(f"'{operator}'", _check_tree(out, f"'{operator}'", budget))
         return out
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: ANN001, N805 - Jinja's signature

@@ -167,6 +167,15 @@ ATTACKS = {
     "== of two shared-item trees": "{% set ns = namespace(a=[1, 2], b=[1, 2]) %}{% for i in range(9) %}"
     "{% set ns.a = [ns.a, ns.a, ns.a, ns.a, ns.a, ns.a, ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b, ns.b, ns.b, ns.b, "
     "ns.b, ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}",
+    "== of two lists of long strings": "{% set a = 'x' * 65536 %}{% set b = 'x' * 65535 ~ 'x' %}"
+    "{% set l1 = [a, b] * 32768 %}{% set l2 = [b, a] * 32768 %}{% for i in range(10000) %}{% if l1 == l2 %}{% endif %}"
+    "{% endfor %}",
+    "a macro calling itself twice": "{% macro m(n) %}{% if n %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}"
+    "{{ m(40) }}",
+    "map of center": "{{ ['x']|map('center', 10**9)|list }}",
+    "a method got by attr": "{{ ('x'|attr('center'))(10**9) }}",
+    "a filter block": "{% filter center(10**9) %}x{% endfilter %}",
+    "dict.fromkeys": "{{ dict.fromkeys(range(10000), 'x' * 60000)|length }}",
     "a list nested in a loop": "{% set ns = namespace(a=1) %}{% for i in range(10000) %}{% set ns.a = [ns.a] %}"
     "{% endfor %}{{ ns.a }}",
 }
