@@ -404,12 +404,12 @@ def _check_indent(what: str, value: Any, args: tuple, kwargs: dict, budget: Rend
 
 
 def _check_replace(what: str, value: Any, args: tuple, kwargs: dict, budget: RenderBudget) -> Any:
-    if isinstance(value, str):
-        old, new = str(_arg(args, kwargs, 0, "old", "")), str(_arg(args, kwargs, 1, "new", ""))
-        count = _arg(args, kwargs, 2, "count")
-        n = _replace_size(value, old, new, -1 if count is None else count)
-        if n > MAX_TEMPLATE_TEXT:
-            raise _too_big(what, n)
+    text = value if isinstance(value, str) else str(value)  # Jinja's replace works on str() of a list too
+    old, new = str(_arg(args, kwargs, 0, "old", "")), str(_arg(args, kwargs, 1, "new", ""))
+    count = _arg(args, kwargs, 2, "count")
+    n = _replace_size(text, old, new, -1 if count is None else count)
+    if n > MAX_TEMPLATE_TEXT:
+        raise _too_big(what, n)
     return value
 
 
@@ -423,8 +423,8 @@ def _check_wordwrap(what: str, value: Any, args: tuple, kwargs: dict, budget: Re
 
 
 def _check_format(what: str, value: Any, args: tuple, kwargs: dict, budget: RenderBudget) -> Any:
-    if isinstance(value, str):
-        printf_size(value, dict(kwargs) if kwargs else tuple(args), budget)
+    fmt = value if isinstance(value, str) else str(value)  # Jinja's format: str() of the value % the arguments
+    printf_size(fmt, dict(kwargs) if kwargs else tuple(args), budget)
     return value
 
 

@@ -128,6 +128,7 @@ def _render(text: str) -> dict:
 
 ATTACKS = {
     "replace": '{{ ("x"*60000)|replace("x", "x"*60000) }}',
+    "replace on a list's text": "{{ ([{'a': 1, 'b': 2}] * 4000)|replace(',', 'x' * 65536) }}",
     "center": '{{ "x"|center(10**9) }}',
     "center of a literal": "{{ x|center(1000000000) }}",
     "format filter": '{{ "%999999999s"|format(1) }}',
