@@ -31,6 +31,7 @@ is visible in the template's text (a constant ``center(10**9)``, ``range(10**6)`
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import types
@@ -241,8 +242,27 @@ def _field_size(v: Any, conv: str, budget: RenderBudget | None) -> int:
     return 340  # a float in %f: at most 309 digits and a point
 
 
+@functools.lru_cache(maxsize=512)
+def _printf_fields(fmt: str) -> tuple[tuple[str | None, str | None, str | None, str], ...]:
+    """The conversions of a printf format: (key, width, precision, type) each, ``%%`` left out (cached: a
+    template's formats are few and constant)."""
+    return tuple(m.groups() for m in _PRINTF.finditer(fmt) if m.group(4) != "%")
+
+
 def printf_size(fmt: str, args: Any, budget: RenderBudget | None = None) -> int:
     """An upper bound of ``len(fmt % args)``; raises ``SecurityError`` past :data:`MAX_TEMPLATE_TEXT`."""
+    fields = (
+        _printf_fields(fmt)
+        if len(fmt) <= 256
+        else tuple(m.groups() for m in _PRINTF.finditer(fmt) if m.group(4) != "%")
+    )
+    if len(fields) == 1 and not isinstance(args, (tuple, dict)):  # '%.1f' % value: the common case
+        key, width, prec, conv = fields[0]
+        if width != "*" and prec != "*" and key is None:
+            total = len(fmt) + max(_num(width), _num(prec) + _field_size(args, conv, budget))
+            if total > MAX_TEMPLATE_TEXT:
+                raise _too_big("'%' formatting", total)
+            return total
     seq = list(args) if isinstance(args, tuple) else [args]
     total, i = len(fmt), 0
 
@@ -251,10 +271,7 @@ def printf_size(fmt: str, args: Any, budget: RenderBudget | None = None) -> int:
         i += 1
         return seq[i - 1] if i - 1 < len(seq) else None
 
-    for m in _PRINTF.finditer(fmt):
-        key, width, prec, conv = m.groups()
-        if conv == "%":
-            continue
+    for key, width, prec, conv in fields:
         w = (abs(v) if isinstance(v := take(), int) else 0) if width == "*" else _num(width)
         p = (abs(v) if isinstance(v := take(), int) else 0) if prec == "*" else _num(prec)
         if key is not None:
@@ -511,8 +528,13 @@ def _guard_filter(name: str, func: Any) -> Any:
 def _after(what: str, out: Any, inputs: tuple, budget: RenderBudget) -> Any:
     """What a filter or call returned, checked (:func:`check_result`) and counted; a lazy one counted item by
     item."""
+    if type(out) is str:  # the common case
+        if len(out) > MAX_TEMPLATE_TEXT:
+            check_result(what, out, inputs)
+        budget.made(what, len(out))
+        return out
     if isinstance(out, _SCALARS):
-        if type(out) is str or isinstance(out, str):
+        if isinstance(out, str):
             check_result(what, out, inputs)
             budget.made(what, len(out))
         return out
@@ -666,8 +688,8 @@ class BoundedTemplate(jinja2.Template):
 
 
 def cut_output(pieces: Any) -> str:
-    """Join the pieces of a render, stopping once they pass :data:`MAX_ANNOTATION_BYTES`: the text cut to that
-    many UTF-8 bytes, ending with :data:`CUT_MARK`."""
+    """Join the pieces of a render (a generator), stopping once they pass :data:`MAX_ANNOTATION_BYTES`: the
+    text cut to that many UTF-8 bytes, ending with :data:`CUT_MARK`."""
     parts: list[str] = []
     add, n, cut = parts.append, 0, False
     for piece in pieces:
@@ -675,9 +697,8 @@ def cut_output(pieces: Any) -> str:
         n += len(piece)
         if n > MAX_ANNOTATION_BYTES:
             cut = True
+            pieces.close()
             break
-    if cut:
-        pieces.close()
     out = "".join(parts)
     if n * 4 <= MAX_ANNOTATION_BYTES and not cut:
         return out
