@@ -1,8 +1,9 @@
 """An annotation template cannot stall the rule engine (newuser23): on f174a23 `rules check` accepted
 `{{ "x" * 10**9 }}` (a gigabyte per render; `rules test` did not finish in 30 s) and nested
 `{% for %}` loops over `range(99999)` (10**10 iterations per alert change). Renders are bounded now
-(loader.BoundedSandbox): past a bound the annotation shows a template error, the engine goes on; nested
-loops are refused at the file's line."""
+(rules.templates.BoundedSandbox): past a bound the annotation shows a template error, the engine goes on; nested
+loops are refused at the file's line. tmpl24: a render budget (output, made values, steps, work, CPU) in
+place of a list of refused operations; docs/RULES.md "Template bounds"."""
 
 from __future__ import annotations
 
