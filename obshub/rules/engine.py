@@ -52,6 +52,7 @@ MAX_FINGERPRINTS = 200_000  # cached group -> fingerprint entries per rule befor
 STEP_HOLD_NS = 300 * 1_000_000_000
 INTERIM = frozenset({"hang", "running"})  # closed_by of the interim records of an open step
 JOB_RETENTION_NS = 3_600_000_000_000  # a job's groups are dropped this long after its last record (ns)
+MAX_ERROR_TEXT = 300  # characters of a template's error shown in its annotation (a message may quote a value)
 _SKIP, _ERROR = "skip", "error"  # per-item outcomes: condition not true / an expression failed (counted)
 _EMIT, _MARK = "obshub_emit__", "obshub_mark__"  # CEL functions of the one-pass foreach (see _ForeachPlan)
 _ABSENT = object()  # no entry for the item in a map
@@ -753,7 +754,9 @@ class Engine:
             except Exception as exc:  # noqa: BLE001 - a sandboxed template's filters may raise anything on
                 # the record's values; evaluation goes on, the alert shows the error, template_errors counts it
                 self.template_errors += 1
-                out[name] = f"(template error: {type(exc).__name__}: {exc})"
+                why = str(exc)
+                why = why if len(why) <= MAX_ERROR_TEXT else why[: MAX_ERROR_TEXT - 1] + "…"
+                out[name] = f"(template error: {type(exc).__name__}: {why}; rule {rule.id}, annotations/{name})"
         return out
 
     def _advance(self, inst: AlertInstance, rule: Rule, now: int) -> None:

@@ -30,7 +30,6 @@ import jinja2
 import jinja2.exceptions
 import jinja2.meta
 import jinja2.nodes
-from jinja2.sandbox import SandboxedEnvironment
 from ruamel.yaml.scalarstring import FoldedScalarString, LiteralScalarString
 
 from obshub.rules import fields
@@ -50,75 +49,18 @@ from obshub.rules.expr import (
     value_type,
 )
 from obshub.rules.model import Correlation, InhibitRule, Rule, RuleSet
+from obshub.rules.templates import (  # noqa: F401 - MAX_TEMPLATE_TEXT, template_env: where tests read them
+    MAX_LOOP_DEPTH,
+    MAX_TEMPLATE_TEXT,
+    loop_depth,
+    static_problems,
+    template_env,
+)
 from obshub.rules.typecheck import Checker, T, signal_types
 from obshub.rules.window import MAX_HITS_PER_GROUP
 from obshub.rules.yamlfile import plain_value, position, read_rule_file
 
 TEMPLATE_NAMES = {"labels", "value", "count", "other", "rule", "severity", "hits"}
-
-
-MAX_TEMPLATE_TEXT = 65_536
-"""Characters (or items) a template's ``*`` may make of a string, list or tuple: an annotation is a line of
-text, and ``"x" * 10**9`` in one took a gigabyte and stalled ``rules serve`` (newuser23)."""
-MAX_TEMPLATE_POW_BITS = 4_096
-"""Bits an integer ``**`` of a template may make (``10**400000`` takes seconds to print)."""
-MAX_TEMPLATE_RANGE = 10_000
-"""Items of a template's ``range()`` (Jinja's sandbox allows 100,000)."""
-MAX_LOOP_DEPTH = 1
-"""``{% for %}`` loops nested in one annotation: one loop over a record's list (``blame``, ``hang.hosts``)
-is what the builtin pack needs; two nested ones over ranges or a wide job's lists multiply into minutes of
-rendering per alert change, with the engine's evaluation waiting."""
-
-
-class BoundedSandbox(SandboxedEnvironment):
-    """Jinja2's sandbox with the cost of one render bounded: ``*`` of a string, list or tuple by an integer
-    at most :data:`MAX_TEMPLATE_TEXT` long, an integer ``**`` at most :data:`MAX_TEMPLATE_POW_BITS` bits,
-    ``range()`` at most :data:`MAX_TEMPLATE_RANGE` items (loops nested at most :data:`MAX_LOOP_DEPTH` deep
-    are the loader's check). Past a bound a render raises ``jinja2.exceptions.SecurityError``, which the
-    engine shows as the annotation's template error and counts (``template_errors``)."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context, operator: str, left, right):  # noqa: ANN001 - Jinja's signature
-        seqs = (str, list, tuple)
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, seqs) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_TEMPLATE_TEXT:
-                    raise jinja2.exceptions.SecurityError(
-                        f"'*' would make {len(seq) * n:,} characters or items (at most {MAX_TEMPLATE_TEXT:,})"
-                    )
-        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
-            bits = max(left.bit_length(), 1) * right
-            if abs(left) > 1 and bits > MAX_TEMPLATE_POW_BITS:
-                raise jinja2.exceptions.SecurityError(
-                    f"'**' would make an integer of ~{bits:,} bits (at most {MAX_TEMPLATE_POW_BITS:,})"
-                )
-        return super().call_binop(context, operator, left, right)
-
-
-def _bounded_range(*args: int) -> range:
-    """``range()`` of templates, at most :data:`MAX_TEMPLATE_RANGE` items."""
-    rng = range(*args)
-    if len(rng) > MAX_TEMPLATE_RANGE:
-        raise jinja2.exceptions.SecurityError(f"range of {len(rng):,} items (at most {MAX_TEMPLATE_RANGE:,})")
-    return rng
-
-
-def loop_depth(node) -> int:  # noqa: ANN001 - a jinja2.nodes.Node
-    """How deep ``{% for %}`` loops nest in the parsed template ``node`` (0: no loop)."""
-    inner = max((loop_depth(child) for child in node.iter_child_nodes()), default=0)
-    return inner + 1 if isinstance(node, jinja2.nodes.For) else inner
-
-
-def template_env() -> SandboxedEnvironment:
-    """The sandboxed Jinja2 environment of annotation templates (:class:`BoundedSandbox`), with unit
-    filters: ``us`` (ns -> µs text), ``ms`` (ns -> ms text), ``s`` (ns -> s text)."""
-    env = BoundedSandbox(undefined=jinja2.ChainableUndefined, autoescape=False)
-    env.globals["range"] = _bounded_range
-    env.filters["us"] = lambda ns: f"{(ns or 0) / 1e3:.1f}"
-    env.filters["ms"] = lambda ns: f"{(ns or 0) / 1e6:.1f}"
-    env.filters["s"] = lambda ns: f"{(ns or 0) / 1e9:.2f}"
-    return env
 
 
 _ENV = template_env()
@@ -665,6 +607,8 @@ def _build_rule(ctx: _Ctx, raw: dict) -> Rule | None:
                     "(`selectattr`, `join`)",
                     rid,
                 )
+            for why in static_problems(ast):
+                ctx.add(file, *position(doc, path + ["annotations", name]), f"annotations/{name}: {why}", rid)
             unknown = sorted(jinja2.meta.find_undeclared_variables(ast) - names)
             if unknown:
                 ctx.add(

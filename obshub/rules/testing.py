@@ -423,10 +423,20 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     return rule_files, _plain(tests), file
 
 
+SHOWN_ANNOTATION = 300
+"""Characters of an annotation a failing test shows (an annotation may be 64 KiB: rules.templates)."""
+
+
+def _shown(v: Any) -> str:
+    if not isinstance(v, str) or len(v) <= SHOWN_ANNOTATION:
+        return repr(v)
+    return f"{v[:SHOWN_ANNOTATION]!r}... ({len(v):,} characters)"
+
+
 def _fmt_alert(a: dict) -> str:
     labels = ", ".join(f"{k}={v}" for k, v in sorted(a.get("labels", {}).items()))
     ann = a.get("annotations") or {}
-    extra = ("; " + ", ".join(f"{k}={v!r}" for k, v in sorted(ann.items()))) if ann else ""
+    extra = ("; " + ", ".join(f"{k}={_shown(v)}" for k, v in sorted(ann.items()))) if ann else ""
     return f"{a.get('rule')} [{a.get('state', 'firing')}] {{{labels}}}{extra}"
 
 
