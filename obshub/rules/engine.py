@@ -739,6 +739,7 @@ class Engine:
     def _render(self, rule: Rule, act: dict, labels: dict, value: float, count: int, other: dict | None) -> dict:
         ctx = {
             **act,
+            "record": act,  # the matched record whole: its own `value` (`value` below is the aggregate's)
             "labels": labels,
             "value": value,
             "count": count,

@@ -60,7 +60,7 @@ from obshub.rules.typecheck import Checker, T, signal_types
 from obshub.rules.window import MAX_HITS_PER_GROUP
 from obshub.rules.yamlfile import plain_value, position, read_rule_file
 
-TEMPLATE_NAMES = {"labels", "value", "count", "other", "rule", "severity", "hits"}
+TEMPLATE_NAMES = {"record", "labels", "value", "count", "other", "rule", "severity", "hits"}
 
 
 _ENV = template_env()
