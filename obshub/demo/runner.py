@@ -231,6 +231,11 @@ def _readers(key: str, kinds: list[str], params: dict) -> list[str]:
     return out
 
 
+BASELINE_WAIT_S = 60.0
+"""How long past ``--fault-at`` the demo waits for the stream worker's baseline of the job
+(``BaselineWatch``) before it injects the fault anyway, saying so."""
+
+
 def min_fault_steps() -> int:
     """The fewest ``--steps`` with which a fault can be named: the worker's lateness evidence, the running
     check and the stall flag need a baseline of ``Thresholds.baseline_min_n`` closed steps of the job
@@ -295,17 +300,17 @@ def check_params(params: dict, kinds: list[str]) -> None:
             Stall(None, None, {**params, **({"layer": sub} if sub else {})})  # type: ignore[arg-type]
 
 
-class AlertReader:
-    """Reads ``obshub.alerts.v1`` from its end (positions taken at construction) in a thread and keeps
-    the firing records of ``job`` as :class:`AlertSeen` (``received_ns`` = the Kafka message timestamp,
-    i.e. when the rule engine published the change)."""
+class _TopicReader:
+    """Reads ``topic`` from its end (positions taken at construction) in a thread, handing each JSON
+    object record to :meth:`_record` with its Kafka message timestamp (ns; the time of reading when the
+    record has none). Raises DemoError when the topic's end offsets cannot be read within 30 s."""
 
-    def __init__(self, settings: Settings, job: str, on_alert=None):
+    topic = ""
+
+    def __init__(self, settings: Settings, job: str):
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        self.job, self.on_alert = job, on_alert
-        self.alerts: list[AlertSeen] = []
-        self.records: list[dict] = []
+        self.job = job
         self._stop = threading.Event()
         self._c = Consumer(
             kafka.consumer_config(
@@ -317,28 +322,28 @@ class AlertReader:
         deadline = time.monotonic() + 30
         while True:  # right after `up` created the topic its partitions may have no leader yet
             try:
-                md = self._c.list_topics(schema.TOPIC_ALERTS, timeout=10)
+                md = self._c.list_topics(self.topic, timeout=10)
                 tps = [
                     TopicPartition(
-                        schema.TOPIC_ALERTS,
+                        self.topic,
                         p,
-                        self._c.get_watermark_offsets(TopicPartition(schema.TOPIC_ALERTS, p), timeout=10)[1],
+                        self._c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1],
                     )
-                    for p in md.topics[schema.TOPIC_ALERTS].partitions
+                    for p in md.topics[self.topic].partitions
                 ]
                 break
             except KafkaException as exc:
                 if time.monotonic() > deadline:
                     self._c.close()
                     raise DemoError(
-                        f"Failed to read the end offsets of {schema.TOPIC_ALERTS}: {exc}",
+                        f"Failed to read the end offsets of {self.topic}: {exc}",
                         f"check the broker at {settings.bootstrap_servers} (obshub status)",
                     ) from exc
                 time.sleep(0.5)
         self._c.assign(tps)
-        self._thread = threading.Thread(target=self._run, name="alerts", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.topic, daemon=True)
 
-    def start(self) -> "AlertReader":
+    def start(self):
         self._thread.start()
         return self
 
@@ -351,23 +356,66 @@ class AlertReader:
                 rec = json.loads(m.value())
             except ValueError:
                 continue
-            labels = rec.get("labels") or {}
-            if labels.get("job", self.job) != self.job:
-                continue
-            ts_type, ts_ms = m.timestamp()
-            received = ts_ms * 1_000_000 if ts_ms > 0 else time.time_ns()
-            rec["received_ns"] = received
-            self.records.append(rec)
-            if rec.get("status") == "firing":
-                a = AlertSeen.from_record(rec, received)
-                self.alerts.append(a)
-                if self.on_alert:
-                    self.on_alert(a)
+            if isinstance(rec, dict):
+                _ts_type, ts_ms = m.timestamp()
+                self._record(rec, ts_ms * 1_000_000 if ts_ms > 0 else time.time_ns())
+
+    def _record(self, rec: dict, received_ns: int) -> None:
+        raise NotImplementedError
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
         self._c.close()
+
+
+class BaselineWatch(_TopicReader):
+    """Reads ``obshub.steps.v1`` from its end and notes when the stream worker first closed a step of
+    ``job`` with a baseline of at least ``need`` steps (``baseline.n``; ``ready``, set once). The worker
+    names a fault only against the job's baseline; at the start of a run it may still be behind the
+    training (2 hosts x 2 ranks, lead24: steps 0-80, the first 10 s, were all closed at once 10-17 s into
+    training, each with an empty baseline, so a fault injected at +15 s became part of the baseline and
+    was named late or never), so the demo injects no fault before this is set."""
+
+    topic = schema.TOPIC_STEPS
+
+    def __init__(self, settings: Settings, job: str, need: int):
+        super().__init__(settings, job)
+        self.need = need
+        self.ready = threading.Event()
+
+    def _record(self, rec: dict, received_ns: int) -> None:
+        if self.ready.is_set() or rec.get("job") != self.job or rec.get("closed_by") in ("running", "hang"):
+            return
+        bl = rec.get("baseline")
+        if isinstance(bl, dict) and isinstance(bl.get("n"), int) and bl["n"] >= self.need:
+            self.ready.set()
+
+
+class AlertReader(_TopicReader):
+    """Reads ``obshub.alerts.v1`` from its end (positions taken at construction) in a thread and keeps
+    the firing records of ``job`` as :class:`AlertSeen` (``received_ns`` = the Kafka message timestamp,
+    i.e. when the rule engine published the change)."""
+
+    topic = schema.TOPIC_ALERTS
+
+    def __init__(self, settings: Settings, job: str, on_alert=None):
+        super().__init__(settings, job)
+        self.on_alert = on_alert
+        self.alerts: list[AlertSeen] = []
+        self.records: list[dict] = []
+
+    def _record(self, rec: dict, received_ns: int) -> None:
+        labels = rec.get("labels") or {}
+        if labels.get("job", self.job) != self.job:
+            return
+        rec["received_ns"] = received_ns
+        self.records.append(rec)
+        if rec.get("status") == "firing":
+            a = AlertSeen.from_record(rec, received_ns)
+            self.alerts.append(a)
+            if self.on_alert:
+                self.on_alert(a)
 
 
 class Rank:
@@ -500,6 +548,8 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
         t0: dict = {"ns": None, "kind": opts.fault}  # the current episode (for the live view)
         reader = AlertReader(settings, job, on_alert).start()
         es.callback(reader.stop)
+        baseline = BaselineWatch(settings, job, min_fault_steps() - 1).start()  # from the end: before training
+        es.callback(baseline.stop)
         watched: list[tuple[subprocess.Popen, str, Path]] = []  # must live until the end
         # the agents' and parts' records (`obshub status`) go once they are stopped (runs after each one's
         # own stop, registered below): one SIGKILLed after its grace never removed its own
@@ -654,10 +704,29 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 stop_s = start_s + opts.fault_for_s
             t0.update(ns=None, kind=kind, rank=ep["rank"])
             next_sample = 0.0
+            waited, planned = False, stop_s - start_s  # the fault's planned time (s)
             while time.monotonic() < t_warm + stop_s and any(r.proc.poll() is None for r in ranks):
                 check_ranks()
                 now = time.monotonic()
-                if ep["t0_ns"] is None and kind != "none" and now >= t_warm + start_s:
+                due = ep["t0_ns"] is None and kind != "none" and now >= t_warm + start_s
+                if due and not baseline.ready.is_set() and now < t_warm + start_s + BASELINE_WAIT_S:
+                    # the worker has no baseline of the job yet: a fault now would be part of it (BaselineWatch)
+                    if not waited:
+                        view.say(
+                            f"waiting for the stream worker's baseline of the job ({baseline.need} closed steps) "
+                            "before the fault"
+                        )
+                        waited = True
+                    stop_s = now - t_warm + planned + 1.0  # the fault keeps its planned time
+                    time.sleep(0.2)
+                    continue
+                if due and not baseline.ready.is_set():
+                    view.say(
+                        f"no baseline of the job from the stream worker after {BASELINE_WAIT_S:.0f} s more: the fault now"
+                    )
+                if due:
+                    if waited:
+                        stop_s = now - t_warm + planned
                     fault.inject()
                     t0["ns"] = ep["t0_ns"] = time.time_ns()
                     killed = killed or kind == "exit"

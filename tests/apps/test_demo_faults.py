@@ -162,6 +162,37 @@ def test_cpu_hog_takes_cpu_and_delays_training(training):
     t.wait_steps(3)
 
 
+def test_a_one_rank_cpu_hog_starves_that_rank_in_a_cgroup_of_its_own_and_gives_it_back(training):
+    """``--fault cpu --fault-rank``: the rank and the busy loops share a v1 cpu cgroup of their own (loops at
+    ``RANK_HOG_NICE``), not the host's: loops in the host's cgroup starved its other ranks too (CFS splits
+    a group's shares over the CPUs by its runnable load; walk24, 2 x 2 ranks: rank 2 named for rank 3's
+    fault). On removal the rank is back in its host's cgroup and trains on (on 7bd97fe the loops ran in
+    the host's cgroup beside the rank)."""
+    from obshub.demo.cluster import cgroup_pids
+    from obshub.demo.faults import RANK_HOG_NICE
+
+    c, t = training
+    rank = t.procs[FAULTY]
+    host_cg = c.hosts[FAULTY].cgroup("cpu")
+    f = make_fault("cpu", c, FAULTY, pid=rank.pid)
+    f.prepare()
+    f.inject()
+    try:
+        time.sleep(2.0)
+        loops = [p.pid for p in f._noise.procs]
+        mine = cgroup_pids(host_cg)
+        assert rank.pid not in mine and not set(loops) & mine, (rank.pid, loops, mine)
+        own = (c.aux_cgroups("rank-fault")["cpu"] / "cgroup.procs").read_text().split()
+        assert str(rank.pid) in own and all(str(p) in own for p in loops), own
+        assert {os.getpriority(os.PRIO_PROCESS, p) for p in loops} == {RANK_HOG_NICE}
+        ev = f.evidence()
+    finally:
+        f.remove()
+    assert ev["hog_cpu_s"] > 0.5 and ev["training_runq_wait_s"] > 0.1, ev
+    assert rank.pid in cgroup_pids(host_cg)
+    t.wait_steps(3)
+
+
 def test_hang_freezes_the_rank_and_training_resumes(training):
     c, t = training
     f = make_fault("hang", c, FAULTY)
