@@ -290,8 +290,10 @@ def silence_group():
     "builtin pack and the opt-in packs (repeatable)",
 )
 @click.option(
-    "--any-label", is_flag=True, help="keep a matcher on a label no alert of the rules carries, or alertname= an id none of them has "
-    "(it mutes nothing until such a rule runs)"
+    "--any-label",
+    is_flag=True,
+    help="keep a matcher on a label no alert of the rules carries, or alertname= an id none of them has "
+    "(it mutes nothing until such a rule runs)",
 )
 @click.option("--json", "as_json", is_flag=True)
 def silence_add(matchers, duration, start_in, author, comment, rule_paths, any_label, as_json):

@@ -63,11 +63,12 @@ def test_an_empty_author_or_comment_is_a_usage_error(tmp_path, who):
 
 
 def test_silence_list_cuts_a_long_stored_value(tmp_path):
-    from obshub.rules.service import state_dir
-    from obshub.rules.silences import SilenceStore
-    from obshub.core.settings import load_settings
     import os
     import time
+
+    from obshub.core.settings import load_settings
+    from obshub.rules.service import state_dir
+    from obshub.rules.silences import SilenceStore
 
     os.environ["OBSHUB_HOME"] = str(tmp_path / "home")
     try:
