@@ -9,6 +9,9 @@ Exit status: 0 when every check that the chosen roles need passed (``--role``, d
 when one of them failed (the report names it), so ``obshub doctor`` can gate a deployment (an init
 container, a CI step). Checks no role needs (BTF, kprobe, fentry, ...) only inform.
 
+The ``qdisc`` rows (tc netem, tbf: what the demo's network faults shape traffic with, tried in a
+throwaway network namespace) only inform too.
+
 Roles and the checks they need: ``agent``: capabilities, tracefs, kernel headers, bcc import, bpf:
 compile, bpf: tracepoint; ``broker`` (the local broker of ``obshub up``): java, and maven while the
 Kafka jars are not cached; ``kafka``: the Kafka broker answers.
@@ -328,6 +331,7 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
             needed_by="" if jars else "broker",
         )
     )
+    out.extend(qdisc_checks())
     local = settings.bootstrap is None
     up = (not local or stack.port_in_use(settings.kafka_port)) and stack._metadata_ok(settings)
     out.append(
@@ -342,6 +346,27 @@ def run_checks(settings: Settings, bpf: bool = True) -> list[Check]:
     for c in out:
         if not c.needed_by:
             c.needed_by = _NEEDED.get(c.name, "")
+    return out
+
+
+def qdisc_checks() -> list[Check]:
+    """One informational row per tc qdisc the demo's faults use (``obshub.core.qdisc.DEMO_QDISCS``), tried
+    for real in a throwaway network namespace: present, or missing and what is lost (walk24: a demo with
+    ``--param delay_ms`` learnt of a missing netem only after building the cluster)."""
+    from obshub.core.qdisc import DEMO_QDISCS, qdisc_missing
+
+    out = []
+    for name, (_words, needs) in DEMO_QDISCS.items():
+        missing = qdisc_missing(name)
+        if missing is None:
+            out.append(Check(f"qdisc {name}", None, "not tried (needs root, unshare and tc)"))
+        elif missing:
+            fix = f"modprobe sch_{name} (kernel CONFIG_NET_SCH_{name.upper()})"
+            if name == "netem":
+                fix += "; or shape the RTT spike with --param rate_kbit=N (tbf)"
+            out.append(Check(f"qdisc {name}", False, f"missing: {missing}", needs, fix))
+        else:
+            out.append(Check(f"qdisc {name}", True, "present (tried in a throwaway network namespace)"))
     return out
 
 

@@ -107,10 +107,11 @@ def _metadata(admin, bootstrap: str):
 
 def _reach(settings: Any) -> None:
     """The one reachability path of every command (:func:`obshub.core.reach.require_broker`): return once
-    the cluster answers, else raise BrokerUnreachable after its 10 s naming the address and the reason."""
+    the cluster answers, else raise BrokerUnreachable after its 10 s naming the address and the reason (at
+    once when the bootstrap is this machine's loopback and its port refuses connections)."""
     from obshub.core.reach import require_broker
 
-    require_broker(settings.bootstrap_servers)
+    require_broker(settings.bootstrap_servers, refused_fails=True)
 
 
 def _require_brokers(rows: tuple[TopicLayout, ...], md, bootstrap: str) -> None:

@@ -3,7 +3,10 @@
 Commands (``tail``, ``trace export``, ``replay``, ``streams worker`` start-up checks) call
 ``require_broker``: it returns as soon as the broker answers a metadata request, or raises
 :class:`BrokerUnreachable` after ``timeout_s`` (``CONNECT_TIMEOUT_S`` by default) with one message naming
-the address, the reason (connection refused, name not resolved, timed out) and what to check.
+the address, the reason (connection refused, name not resolved, timed out) and what to check. One-shot
+commands (``alerts``, ``tail``, ``trace export``, ``topics``) raise it at once when the bootstrap is this
+machine's loopback and its port refuses connections (``refused_fails``: no local broker runs, waiting
+cannot help; walk24: they waited 10 s silently).
 
 Services (``rules serve``, ``streams worker``) keep running and retrying: a :class:`BrokerWatch` passed to
 their confluent-kafka clients (``watch.client_conf()``) drops librdkafka's own log lines and reports the
@@ -69,6 +72,38 @@ def tcp_reason(bootstrap: str, timeout_s: float = 2.0) -> str | None:
     return "; ".join(reasons) or "no address given"
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    import ipaddress
+
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: not known to be local without resolving it
+        return False
+
+
+def local_refused(bootstrap: str) -> str | None:
+    """Why no broker can answer now, when every address of ``bootstrap`` is a loopback one and each
+    refuses a TCP connection (ECONNREFUSED: nothing listens on that port of this machine, so waiting cannot
+    help a one-shot command): ``"127.0.0.1:19999: connection refused"``. None otherwise: a remote address
+    (a broker may be restarting behind it), a port that accepts, or any other answer (a timeout)."""
+    ends = _endpoints(bootstrap)
+    if not ends or not all(_loopback(h) for h, _p in ends):
+        return None
+    reasons = []
+    for host, port in ends:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return None
+        except ConnectionRefusedError:
+            reasons.append(f"{host}:{port}: connection refused")
+        except OSError:
+            return None
+    return "; ".join(reasons)
+
+
 def unreachable_message(bootstrap: str, reason: str, waited_s: float | None = None) -> str:
     """The one sentence every component uses."""
     within = f" within {waited_s:.0f} s" if waited_s else ""
@@ -81,10 +116,15 @@ def require_broker(
     *,
     extra_conf: dict | None = None,
     stop: threading.Event | None = None,
+    refused_fails: bool = False,
 ) -> bool:
     """Return True once the broker answers a metadata request; raise BrokerUnreachable after
     ``timeout_s`` seconds (the whole wait, connection attempts included). ``extra_conf``: more client
-    settings (security). Returns False as soon as ``stop`` is set (checked every 0.5 s at most). Raises
+    settings (security). Returns False as soon as ``stop`` is set (checked every 0.5 s at most).
+    ``refused_fails`` (one-shot commands: ``alerts``, ``tail``, ``trace export``, ``topics``): raise
+    BrokerUnreachable at once, without the wait, when every bootstrap address is a loopback one whose port
+    refuses connections (:func:`local_refused`: the local broker is not running); a remote broker still gets
+    ``timeout_s``. Services that retry in a loop leave it False (each try then waits its time). Raises
     :class:`obshub.core.kafkacheck.KafkaConnectError` at once, naming the setting, when the broker answers
     but rejects the SASL credentials or the client certificate, or its certificate is not trusted."""
     from confluent_kafka import KafkaException
@@ -92,6 +132,10 @@ def require_broker(
 
     from obshub.core.kafkacheck import explain
 
+    if refused_fails:
+        refused = local_refused(bootstrap)
+        if refused is not None:
+            raise BrokerUnreachable(unreachable_message(bootstrap, refused), HINT)
     deadline = time.monotonic() + timeout_s
     errors: list[tuple[str, str]] = []
     conf = kafka.admin_config(

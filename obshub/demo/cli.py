@@ -429,6 +429,10 @@ def _print_episodes(console: Console, eps: list[dict]) -> None:
         v = ep["verdict"]
         fc = v.get("first_correct") or {}
         ttd = f"{v['ttd_s']:.2f} s" if v.get("ttd_s") is not None else "-"
+        if v.get("stalls") and v.get("ttd_s") is not None:  # sporadic stalls: ttd_s is their median
+            ttd = f"median {v['ttd_s']:.2f} s" + (
+                f", worst {v['worst_s']:.2f} s" if v.get("worst_s") is not None else ""
+            )
         t.add_row(
             ep["kind"],
             ep["host"] or "-",

@@ -196,6 +196,47 @@ class DemoOptions:
                     f"--param period_s={self.fault_params['period_s']:g}: at most 86400 (a day)",
                     "a period longer than the run gives one stall, at the start",
                 )
+        check_qdiscs(kinds, self.fault_params)
+
+
+def needed_qdiscs(kinds: list[str], params: dict) -> list[tuple[str, str]]:
+    """The tc qdiscs the faults of a run need (``kinds``: the ``--fault`` or every ``--sequence`` kind,
+    ``stall:LAYER`` for a stall of that layer), as ``(qdisc, what needs it)``: ``tbf`` for ``net-slow`` and
+    a net stall's ``rate_kbit``, ``netem`` for a net stall's ``delay_ms`` (``obshub.demo.faults``)."""
+    out: list[tuple[str, str]] = []
+    for kind in kinds:
+        base, _, sub = kind.partition(":")
+        if base == "net-slow":
+            out.append(("tbf", "--fault net-slow (a tc tbf rate limit)"))
+        elif base == "stall" and (sub or str(params.get("layer", "net"))) == "net":
+            if params.get("delay_ms"):
+                out.append(("netem", "--param delay_ms (an RTT spike with tc netem delay)"))
+            elif params.get("rate_kbit"):
+                out.append(("tbf", "--param rate_kbit (an RTT spike with tc tbf)"))
+    return list(dict.fromkeys(out))
+
+
+def check_qdiscs(kinds: list[str], params: dict) -> None:
+    """Raise DemoError (a usage error: exit 2, before anything is set up) when a fault of the run needs a
+    qdisc this kernel lacks, tried in a throwaway network namespace (:func:`obshub.core.qdisc.qdisc_missing`;
+    walk24: ``--param delay_ms`` built the cluster and trained ~53 s before the fault said "no netem qdisc").
+    A kernel that cannot be asked (not root) is let through: the fault's ``prepare`` still checks."""
+    from obshub.core.qdisc import qdisc_missing
+
+    for qdisc, what in needed_qdiscs(kinds, params):
+        missing = qdisc_missing(qdisc)
+        if not missing:
+            continue
+        if qdisc == "netem":
+            raise DemoError(
+                f"{what}: this kernel has no netem qdisc (sch_netem; tc said: {missing.rstrip('.')})",
+                "use --param rate_kbit=N instead: an RTT spike with tc tbf (segments queue at that rate); "
+                "`obshub doctor` lists the qdiscs this kernel takes",
+            )
+        raise DemoError(
+            f"{what}: this kernel has no {qdisc} qdisc (sch_{qdisc}; tc said: {missing.rstrip('.')})",
+            f"load it (modprobe sch_{qdisc}) or use another fault; `obshub doctor` lists the qdiscs this kernel takes",
+        )
 
 
 #: ``--param`` keys of a stall that only a stall of one layer reads (the others read no such key); a

@@ -159,7 +159,7 @@ def snapshot(
     from obshub.core.reach import BrokerUnreachable, require_broker
 
     try:
-        require_broker(bootstrap, min(timeout_s, CONNECT_TIMEOUT_S))
+        require_broker(bootstrap, min(timeout_s, CONNECT_TIMEOUT_S), refused_fails=True)
     except BrokerUnreachable as exc:
         raise ExportError(str(exc), hint=exc.hint) from None
     c = Consumer(

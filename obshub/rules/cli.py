@@ -290,25 +290,46 @@ def silence_group():
     "builtin pack and the opt-in packs (repeatable)",
 )
 @click.option(
-    "--any-label", is_flag=True, help="keep a matcher on a label no alert of the rules carries (it mutes nothing)"
+    "--any-label",
+    is_flag=True,
+    help="keep a matcher on a label no alert of the rules carries, or alertname= an id none of them has "
+    "(it mutes nothing until such a rule runs)",
 )
 @click.option("--json", "as_json", is_flag=True)
 def silence_add(matchers, duration, start_in, author, comment, rule_paths, any_label, as_json):
     """Create a silence; prints its id. A matcher on a label no alert carries (`hostname=node2`: the
-    label is `host`) is refused, naming the labels alerts carry (--any-label keeps it)."""
+    label is `host`) is refused, naming the labels alerts carry (--any-label keeps it); so are a value that
+    starts with `=` or `~` (`host==node2`), `severity=` no severity, `alertname=` no rule id (both mute
+    nothing) and a value over 1,024 characters."""
     from obshub.rules.loader import BUILTIN_NAME, PACKS_DIR, load_ruleset
-    from obshub.rules.silences import Matcher, SilenceError, alert_labels, check_labels, check_not_everything
+    from obshub.rules.silences import (
+        Matcher,
+        SilenceError,
+        alert_labels,
+        check_labels,
+        check_not_everything,
+        check_values,
+    )
 
     try:  # a malformed matcher, matchers that mute every alert or nothing, is a usage error (exit 2)
         parsed = [Matcher.parse(text) for text in matchers]
         check_not_everything(parsed)
+        ruleset = None
         if not any_label:
             paths = [BUILTIN_NAME, *sorted(p.stem for p in PACKS_DIR.glob("*.yaml")), *rule_paths]
-            check_labels(parsed, alert_labels(load_ruleset(paths)))
+            ruleset = load_ruleset(paths)
+            check_labels(parsed, alert_labels(ruleset))
+        check_values(parsed, set(ruleset.rules) if ruleset is not None else None)
     except SilenceError as exc:
         raise click.BadParameter(
             f"{exc}; {exc.hint}" if exc.hint else str(exc), param_hint="'-m' / '--matcher'"
         ) from None
+    for name, text in (("'-a' / '--author'", author), ("'-c' / '--comment'", comment)):
+        if not text.strip():  # a usage error (exit 2) like the others, not the store's failure (exit 1)
+            raise click.BadParameter(
+                "a silence needs an author and a comment (why it is muted), not an empty one",
+                param_hint=name,
+            )
     values = {}
     for name, hint, text in (("start_in", "'--start-in'", start_in), ("duration", "'-d' / '--duration'", duration)):
         try:
@@ -337,6 +358,8 @@ def silence_add(matchers, duration, start_in, author, comment, rule_paths, any_l
 @click.option("--json", "as_json", is_flag=True)
 def silence_list(show_all, as_json):
     """List silences (active and pending; --all for expired too)."""
+    from obshub.rules.silences import shown_matcher
+
     now = time.time_ns()
     items = [s for s in _store().list() if show_all or s.ends_at_ns > now]
     if as_json:
@@ -346,7 +369,7 @@ def silence_list(show_all, as_json):
         state = "active" if s.active(now) else ("pending" if s.starts_at_ns > now else "expired")
         click.echo(
             f"{s.id}  {state:8} {rfc3339(s.starts_at_ns)} .. {rfc3339(s.ends_at_ns)}  "
-            f"{' '.join(s.matchers)}  by {s.author}: {s.comment}"
+            f"{' '.join(shown_matcher(m) for m in s.matchers)}  by {s.author}: {s.comment}"
         )
     if not items:
         click.echo("no silences")

@@ -53,6 +53,8 @@ STEP_HOLD_NS = 300 * 1_000_000_000
 INTERIM = frozenset({"hang", "running"})  # closed_by of the interim records of an open step
 JOB_RETENTION_NS = 3_600_000_000_000  # a job's groups are dropped this long after its last record (ns)
 MAX_ERROR_TEXT = 300  # characters of a template's error shown in its annotation (a message may quote a value)
+#: aggregates whose value is whole by definition (hits, incidents): annotation templates see it as an int
+INTEGRAL_AGGREGATES = frozenset({"count", "incidents"})
 _SKIP, _ERROR = "skip", "error"  # per-item outcomes: condition not true / an expression failed (counted)
 _EMIT, _MARK = "obshub_emit__", "obshub_mark__"  # CEL functions of the one-pass foreach (see _ForeachPlan)
 _ABSENT = object()  # no entry for the item in a map
@@ -737,6 +739,10 @@ class Engine:
         self._advance(inst, rule, max(t, self.now_ns))
 
     def _render(self, rule: Rule, act: dict, labels: dict, value: float, count: int, other: dict | None) -> dict:
+        if rule.aggregate in INTEGRAL_AGGREGATES and float(value).is_integer():
+            # a count of hits or incidents is whole by definition: `{{ value }}` says 2, not 2.0 (walk24);
+            # the alert's own value (JSON, Alertmanager) stays the aggregate as computed
+            value = int(value)
         ctx = {
             **act,
             "record": act,  # the matched record whole: its own `value` (`value` below is the aggregate's)

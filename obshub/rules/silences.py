@@ -164,6 +164,59 @@ def check_labels(matchers: list[Matcher], known: set[str]) -> None:
         )
 
 
+#: the longest matcher value a silence takes (characters): label values are host names, rule ids, job
+#: names; a 100,000-character one matched nothing and ``silence list`` printed it whole
+MAX_VALUE_CHARS = 1024
+
+
+def check_values(matchers: list[Matcher], rule_ids: set[str] | None = None) -> None:
+    """Raise SilenceError naming the matcher and the fix when an equality matcher (``=``, ``!=``) can mute
+    nothing: a value that starts with ``=`` or ``~`` (``host==node2`` is ``host`` equal to ``=node2``:
+    did you mean ``host=node2``?), ``severity=`` a word that is none of the engine's severities
+    (``model.SEVERITIES``), ``alertname=`` a rule id outside ``rule_ids`` (the rules' ids, None: not
+    checked; the message names the closest ids, difflib), or any value longer than ``MAX_VALUE_CHARS``.
+    Regex matchers keep their own checks (``Matcher.parse``)."""
+    import difflib
+
+    from obshub.rules.model import SEVERITIES
+
+    for m in matchers:
+        shown = str(m) if len(str(m)) <= 80 else f"{str(m)[:60]}... ({len(m.value)} characters)"
+        if len(m.value) > MAX_VALUE_CHARS:
+            raise SilenceError(
+                f"matcher {shown!r}: the value is {len(m.value)} characters, at most {MAX_VALUE_CHARS}",
+                "label values are host names, rule ids, job names: give the value itself (or a regex, =~)",
+            )
+        if m.op not in ("=", "!="):
+            continue
+        if m.value[:1] in ("=", "~"):
+            fix = f"{m.name}{m.op}{m.value[1:]}" if m.value[0] == "=" else f"{m.name}{m.op[:-1]}~{m.value[1:]}"
+            raise SilenceError(
+                f"matcher {shown!r} compares {m.name} with {m.value!r}, a value starting with {m.value[0]!r} "
+                "that no label has",
+                f"did you mean {fix}?",
+            )
+        if m.name == "severity" and m.op == "=" and m.value not in SEVERITIES:
+            raise SilenceError(
+                f"matcher {shown!r}: {m.value!r} is not a severity, so it mutes nothing",
+                f"alerts' severities are {', '.join(SEVERITIES)}",
+            )
+        if m.name == "alertname" and m.op == "=" and rule_ids is not None and m.value not in rule_ids:
+            close = difflib.get_close_matches(m.value, sorted(rule_ids), n=3, cutoff=0.6)
+            raise SilenceError(
+                f"matcher {shown!r}: no rule has the id {m.value!r} (alertname is the rule id), so it mutes nothing",
+                (f"did you mean {' or '.join(f'alertname={c}' for c in close)}? " if close else "")
+                + "`obshub rules check builtin` lists the builtin ids; give your own rule files with -r "
+                "(--any-label keeps it)",
+            )
+
+
+def shown_matcher(text: str, limit: int = 120) -> str:
+    """``text`` (a stored matcher) for a listing: cut to ``limit`` characters, saying how long it is (a
+    hand-edited or older silence may hold a value of any length)."""
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
+
 @lru_cache(maxsize=4096)
 def _parse_matcher(text: str) -> Matcher:
     """``Matcher.parse(text)``, cached (a Matcher is immutable)."""

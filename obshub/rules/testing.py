@@ -369,6 +369,22 @@ def load_test_file(path: Path) -> tuple[list[Path], list[dict], str]:
     problems = problems or (yaml11_surprises(doc, file) if doc is not None else [])
     if problems:
         raise RuleTestError("\n".join(map(str, problems)), "fix the test file")
+    rule_keys = [k for k in ("rules", "overrides", "inhibit") if isinstance(doc, dict) and k in doc]
+    if rule_keys and "rule_files" not in doc and "tests" not in doc:
+        # a rule file given to `rules test` (walk24): say so, as `rules check` does for a test file
+        line, col = position(doc, [rule_keys[0]], key=True)
+        raise RuleTestError(
+            str(
+                Problem(
+                    file,
+                    line,
+                    col,
+                    f"this is a rule file (it has `{rule_keys[0]}:`), not a test file: check it with "
+                    f"`obshub rules check {file}`, or give its tests",
+                )
+            ),
+            f"a test file has `rule_files: [{path.name}]` and `tests:` (docs/RULES.md 'Testing a rule')",
+        )
     pr = _Problems(file, doc)
     if not pr.keys([], doc, {"version", "rule_files", "tests"}, "a test file"):
         pr.raise_any()

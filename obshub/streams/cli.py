@@ -382,7 +382,8 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s, hold_s):
     --hold-s of each other is printed in (job, life, step) order (a backlog read with --from-beginning comes
     out in order).
 
-    Exits 1 with one message when the broker cannot be reached within 10 s (or --timeout-s, if shorter)
+    Exits 1 with one message when the broker cannot be reached within 10 s (or --timeout-s, if shorter),
+    at once when it is this machine's loopback and its port refuses connections (no local broker runs),
     at start; a broker that goes away later is reported once and waited for. --timeout-s counts from the
     start, the wait for the broker included; when it ends the wait before --count summaries arrived, the
     exit code is 1 (a script can tell). Ctrl-C ends it (exit 0)."""
@@ -403,7 +404,8 @@ def tail_steps(topic, job, from_beginning, count, as_json, timeout_s, hold_s):
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     wait_s = min(CONNECT_TIMEOUT_S, timeout_s) if timeout_s else CONNECT_TIMEOUT_S
-    if not require_broker(settings.bootstrap_servers, wait_s, stop=stop):
+    # a refused local port (no local broker runs) fails at once; a remote broker gets wait_s (walk24)
+    if not require_broker(settings.bootstrap_servers, wait_s, stop=stop, refused_fails=True):
         return
     say = logging.getLogger("obshub.tail")
     if not say.handlers:

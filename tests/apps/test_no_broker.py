@@ -89,11 +89,55 @@ def test_commands_exit_nonzero_with_one_message(env):
         assert "connection refused" in err and "obshub up" in err, (name, err)
 
 
+#: an address no broker answers at that is not this machine's (RFC 5737 TEST-NET-1): a command waits for it,
+#: as for a remote broker that may be restarting (a refused local port fails at once)
+REMOTE = "192.0.2.1:9092"
+
+
+def test_one_shot_commands_fail_at_once_when_the_local_port_refuses(env):
+    """walk24: `alerts`, `tail steps`, `trace export`, `topics check` with no local broker waited 10 s
+    silently before the same message `obshub status` gives at once: a refused loopback port now fails at
+    once (under 8 s with start-up on a loaded 2-core machine; the wait alone was 10 s), one message, exit 1."""
+    port = env["OBSHUB_KAFKA_PORT"]
+    cmds = {
+        "alerts": ["alerts", "--since", "1h"],
+        "tail steps": ["tail", "steps"],
+        "trace export": ["trace", "export", "--job", "j", "--steps", "1", "-o", "/dev/null"],
+        "topics check": ["topics", "check"],
+    }
+    for name, args in cmds.items():
+        t0 = time.monotonic()
+        p = start(env, *args)
+        out, err = p.communicate(timeout=COMMAND_LIMIT_S + 30)
+        took = time.monotonic() - t0
+        assert p.returncode == 1, (name, p.returncode, err[-2000:])
+        assert took < 8, f"{name} took {took:.1f} s"
+        assert err.count(f"cannot reach the Kafka broker at 127.0.0.1:{port} (") == 1, (name, err)
+        assert "connection refused" in err and "obshub up" in err, (name, err)
+        clean(out + err)
+
+
+def test_a_remote_broker_still_gets_its_wait():
+    from obshub.core.reach import BrokerUnreachable, local_refused, require_broker
+
+    assert local_refused(REMOTE) is None and local_refused("kafka.example:9092") is None
+    with socket.socket() as s:  # a loopback port that listens is no refusal
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert local_refused(f"127.0.0.1:{s.getsockname()[1]}") is None
+    assert local_refused(f"localhost:{closed_port()}").endswith("connection refused")
+    t0 = time.monotonic()
+    with pytest.raises(BrokerUnreachable, match="within 2 s"):
+        require_broker(REMOTE, 2.0, refused_fails=True)
+    assert time.monotonic() - t0 >= 1.9
+
+
 def test_tail_timeout_bounds_the_wait_for_the_broker(env):
     """`tail steps --timeout-s 2` ends within its 2 s (plus start-up) when no broker answers, not after
-    the 10 s a command waits by default, with the one message and exit 1."""
+    the 10 s a command waits by default, with the one message and exit 1 (a remote address: a refused
+    local port fails at once)."""
     t0 = time.monotonic()
-    p = start(env, "tail", "steps", "--timeout-s", "2")
+    p = start({**env, "OBSHUB_BOOTSTRAP": REMOTE}, "tail", "steps", "--timeout-s", "2")
     out, err = p.communicate(timeout=COMMAND_LIMIT_S + 30)
     took = time.monotonic() - t0
     assert p.returncode == 1, err[-2000:]
@@ -174,7 +218,7 @@ def test_services_say_it_once_keep_retrying_and_stop_on_ctrl_c(env):
 
 
 def test_tail_stops_on_ctrl_c_while_waiting(env):
-    p = start(env, "tail", "steps")
+    p = start({**env, "OBSHUB_BOOTSTRAP": REMOTE}, "tail", "steps")  # a remote broker: tail waits for it
     time.sleep(4)
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=15)
