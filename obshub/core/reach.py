@@ -132,16 +132,17 @@ def require_broker(
 
     from obshub.core.kafkacheck import explain
 
-    if refused_fails:
-        refused = local_refused(bootstrap)
-        if refused is not None:
-            raise BrokerUnreachable(unreachable_message(bootstrap, refused), HINT)
     deadline = time.monotonic() + timeout_s
     errors: list[tuple[str, str]] = []
+    # the settings first (an incomplete security configuration is named whether or not a broker runs)
     conf = kafka.admin_config(
         kafka.KafkaConnection(bootstrap=bootstrap),
         {"logger": NullLogger(), "socket.timeout.ms": 2000, **(extra_conf or {})},
     )
+    if refused_fails:
+        refused = local_refused(bootstrap)
+        if refused is not None:
+            raise BrokerUnreachable(unreachable_message(bootstrap, refused), HINT)
     client_conf: dict[str, Any] = {**conf, "error_cb": lambda e: errors.append((e.name(), e.str()))}
     admin = AdminClient(client_conf)
     reason = "no answer"
