@@ -28,6 +28,17 @@ def _kept(tmp_path: Path, report: str, steps: str) -> Path:
     return tmp_path / "runs"
 
 
+def _unpacked(tmp_path):
+    """``SMALL`` unpacked as a kept run (report.json beside steps.jsonl) in ``tmp_path/runs/stall-node-01``:
+    ``(folder, report, steps)``."""
+    rep, steps = stall_replay.read_packed(SMALL)
+    kept = tmp_path / "runs" / "stall-node-01"
+    kept.mkdir(parents=True)
+    (kept / "report.json").write_text(json.dumps(rep))
+    (kept / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    return kept, rep, steps
+
+
 def test_a_folder_that_does_not_exist_is_named(capsys, tmp_path):
     code, err = _replay(capsys, tmp_path / "nope")
     assert code == 2 and f"{tmp_path / 'nope'}: no such folder" in err and "Traceback" not in err
@@ -70,11 +81,7 @@ def test_the_committed_corpus_is_replayed_by_default_and_a_packed_run_replays_as
     packed = _totals(capsys.readouterr().out)
     assert packed.startswith("runs=1 closed=") and "stalls=4" in packed, packed
     # unpacked into a kept folder (report.json beside steps.jsonl) it replays the same
-    rep, steps = stall_replay.read_packed(SMALL)
-    kept = tmp_path / "runs" / "stall-node-01"
-    kept.mkdir(parents=True)
-    (kept / "report.json").write_text(json.dumps(rep))
-    (kept / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    kept, rep, steps = _unpacked(tmp_path)
     assert stall_replay.main(["--base", str(REPO), str(tmp_path / "runs")]) == 0
     assert _totals(capsys.readouterr().out) == packed
     # and packed again it is the same packed run
@@ -139,11 +146,7 @@ def test_a_run_named_by_its_file_replays_as_its_folder(capsys, tmp_path):
     assert stall_replay.main(["--base", str(REPO), str(SMALL)]) == 0
     packed = _totals(capsys.readouterr().out)
     assert packed.startswith("runs=1 closed=") and "stalls=4" in packed, packed
-    rep, steps = stall_replay.read_packed(SMALL)
-    kept = tmp_path / "runs" / "stall-node-01"
-    kept.mkdir(parents=True)
-    (kept / "report.json").write_text(json.dumps(rep))
-    (kept / "steps.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    kept, rep, steps = _unpacked(tmp_path)
     assert stall_replay.main(["--base", str(REPO), str(kept / "steps.jsonl")]) == 0
     assert _totals(capsys.readouterr().out) == packed
     # --pack takes a kept run's steps.jsonl named directly too
