@@ -225,6 +225,8 @@ def component_state(c: dict, broker_up: bool) -> str:
     (local time): a component that stops by itself removes its record."""
     exited = f"[red]no: exited{_since(c)}, its record left behind (`obshub down` clears it)[/red]"
     if c["name"] != "kafka":
+        if c["running"] and c.get("ready") is False:  # a stream worker recovering its tables reads no input yet
+            return "[yellow]yes, recovering its tables (reads no input yet)[/yellow]"
         return "yes" if c["running"] else exited
     if c["running"] and broker_up:
         return "yes"

@@ -55,6 +55,21 @@ def register_component(settings: Settings, name: str, pid: int, **info: Any) -> 
     return path
 
 
+def update_component(settings: Settings, name: str, **info: Any) -> bool:
+    """Merge ``info`` into the record of ``name`` (e.g. ``ready=True`` once a worker recovered its tables),
+    keeping its ``pid`` and ``started``; the file is replaced whole (a reader never sees half of it).
+    Returns False when there is no readable record (it was removed: nothing is written)."""
+    path = settings.run_dir / f"{name}.json"
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    tmp = path.with_name(f".{name}.json.{os.getpid()}")
+    tmp.write_text(json.dumps({**rec, **info}))
+    os.replace(tmp, path)
+    return True
+
+
 def free_name(settings: Settings, base: str) -> str:
     """The first of ``base``, ``base-2``, ``base-3``, ... that no running component holds, so a second
     instance of a component beside the first gets its own record (``obshub down`` stops both). A stale

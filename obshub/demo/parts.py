@@ -11,7 +11,7 @@ agent          ``obshub agent --job J --host node-0N --host-id N --cgroup /sys/f
 training rank  ``obshub run --job J --host-id N -- python -m obshub.workloads.ddp_train --steps S``
                (``--workload lightning|accum``: ``lightning_train`` / ``accum_train`` instead)
                inside netns ``obshub-hN`` with RANK=N WORLD_SIZE=H MASTER_ADDR=10.77.0.10
-stream worker  ``obshub streams worker --app-id obshub-demo-streams --window-s 5``
+stream worker  ``obshub streams worker --app-id obshub-demo-streams --window-s 5 --job-retention-s 360``
 rule engine    ``obshub rules serve -c alerting.yaml`` (builtin rules; every sink type -> the local receiver)
 =============  ==========================================================================================
 """
@@ -43,6 +43,12 @@ MASTER_PORT = 29500
 # one stable Faust app id for every demo run: its consumer group resumes where the last run stopped,
 # instead of a new group replaying the whole events topic; runs are told apart by their job name
 STREAMS_APP_ID = "obshub-demo-streams"
+#: the demo worker's ``--job-retention-s`` (s): every run is a new job that ends with the run, and a worker
+#: reads back at its start every changelog write of about the last retention (Kafka never compacts the
+#: active segment). With the default hour, 20 runs in an hour made the next worker read 46,000 records for
+#: 8-27 s; 6 minutes hold a few runs' writes. It stays above the hang hold (``Thresholds.hang_hold_ns``,
+#: 300 s), as docs/STREAMS.md "Retention" requires: a long hang keeps its job's state.
+STREAMS_JOB_RETENTION_S = 360
 
 
 @dataclass(frozen=True)
@@ -202,7 +208,17 @@ def pipeline(job: str, run_id: str, config: Path, packs: tuple[str, ...] = ()) -
     return [
         PipelinePart(
             "streams",
-            [*OBSHUB, "streams", "worker", "--app-id", STREAMS_APP_ID, "--window-s", "5"],
+            [
+                *OBSHUB,
+                "streams",
+                "worker",
+                "--app-id",
+                STREAMS_APP_ID,
+                "--window-s",
+                "5",
+                "--job-retention-s",
+                str(STREAMS_JOB_RETENTION_S),
+            ],
             "streams",
             (STREAMS_APP_ID,),
         ),
@@ -399,13 +415,21 @@ def group_marks(settings, group: str) -> dict[tuple[str, int], int] | None:
 
 
 def ready(settings, part: PipelinePart, pid: int) -> bool:
-    """Whether ``part`` (started with ``pid``) registered itself and its consumer groups are Stable."""
-    from obshub.core import registry
-
-    if not any(
-        c.get("pid") == pid and (c["name"] == part.component or c["name"].startswith(part.component + "-"))
-        for c in registry.components(settings)
-        if c.get("running")
-    ):
+    """Whether ``part`` (started with ``pid``) registered itself, says it is ready (a stream worker's record
+    has ``ready`` false while it recovers its tables: its group is Stable well before it reads any input)
+    and its consumer groups are Stable."""
+    if registered(settings, part, pid).get("ready", True) is not True:
         return False
     return all(group_stable(settings, g) for g in part.groups)
+
+
+def registered(settings, part: PipelinePart, pid: int) -> dict:
+    """``part``'s registry record (started with ``pid``; ``obshub status``'s), ``{"ready": False}`` while it
+    has none."""
+    from obshub.core import registry
+
+    for c in registry.components(settings):
+        if c.get("running") and c.get("pid") == pid:
+            if c["name"] == part.component or c["name"].startswith(part.component + "-"):
+                return c
+    return {"ready": False}

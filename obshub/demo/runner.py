@@ -633,7 +633,11 @@ def run_demo(opts: DemoOptions, settings: Settings, view: DemoView, out_dir: Pat
                 f"the {part.name} part",
                 check=lambda part=part, proc=proc, log=log: (_alive(proc, part.name, log), agents_alive()),
             )
-            view.say(f"{part.name} ready (pid {proc.pid})")
+            took = parts.registered(settings, part, proc.pid).get("ready_s")
+            recovered = (
+                f", its tables recovered in {took:.1f} s" if isinstance(took, (int, float)) and took >= 1 else ""
+            )
+            view.say(f"{part.name} ready (pid {proc.pid}){recovered}")
             watched.append((proc, part.name, log))
 
         def agents_ready() -> bool:

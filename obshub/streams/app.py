@@ -46,7 +46,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -727,9 +727,16 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
-def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics | None = None) -> faust.App:
+def build_app(
+    cfg: WorkerConfig,
+    input_partitions: int,
+    metrics: WorkerMetrics | None = None,
+    on_ready: Callable[[float], None] | None = None,
+) -> faust.App:
     """Create the Faust app with its topics, tables, agents and timer. ``input_partitions`` must be the
-    input topic's partition count (the ``agents`` table is co-partitioned with it)."""
+    input topic's partition count (the ``agents`` table is co-partitioned with it). ``on_ready(seconds)``
+    is called once, when the worker first reads its inputs: its tables recovered (:func:`_add_readiness`)."""
+    started = time.monotonic()
     m = metrics or WorkerMetrics(job_idle_s=cfg.job_retention_s)
     app = _faust_app(cfg, m)
     tables = _tables(app, cfg, input_partitions, m)
@@ -760,8 +767,32 @@ def build_app(cfg: WorkerConfig, input_partitions: int, metrics: WorkerMetrics |
     _add_expiry(app, cfg, m, fold, rep, rate, tables)
     _add_watch(app, cfg, m, fold, rep)
     _add_broker_watch(app, cfg)
+    _add_readiness(app, m, started, on_ready)
     app.obshub_tables = tables
     return app
+
+
+def _add_readiness(app: faust.App, m: WorkerMetrics, started: float, on_ready: Callable[[float], None] | None) -> None:
+    """Say when the worker is ready: when it reads its inputs, not when its consumer group is Stable.
+
+    Why: a starting worker first recovers every table from its changelog (Faust reads the whole active
+    segment: every write of up to one ``--job-retention-s``, docs/STREAMS.md "Retention"), and reads no
+    input meanwhile. A demo worker that recovered 20 earlier runs took 10-20 s, while its group was already
+    Stable: a job started then had its first 10-20 s of steps closed at once, out of step order, each with a
+    baseline of the steps that happened to close before it (often none). Faust starts an app's tasks only
+    once the first recovery completed (``App.on_started``), so this task's start is the moment: gauge
+    ``obshub_streams_ready`` goes 0 -> 1, ``obshub_streams_start_to_ready_seconds`` gets the time since
+    :func:`build_app` (s), an info line says it, and ``on_ready(seconds)`` runs (the CLI marks its
+    ``obshub status`` record ready). A later rebalance's recovery does not reset it."""
+
+    @app.task
+    async def ready() -> None:
+        took = time.monotonic() - started
+        m.ready.set(1)
+        m.start_to_ready.set(took)
+        log.info("reading inputs: tables recovered, %.1f s after start", took)
+        if on_ready is not None:
+            on_ready(took)
 
 
 class _BrokerRetryFilter(logging.Filter):

@@ -276,20 +276,23 @@ def worker_command(
             "choose a free port with --metrics-port (0 turns metrics off) or another --metrics-addr",
         ) from exc
     cfg.state_dir.mkdir(parents=True, exist_ok=True)
-    app = build_app(cfg, n_in, metrics)
-    if relay.stop.is_set():  # a signal during the start-up steps: nothing runs yet
-        raise click.exceptions.Exit(0)
     name = f"streams-{index or _free_index(settings)}"
-    registry.register_component(
-        settings,
-        name,
-        os.getpid(),
+    record = dict(
         app_id=app_id,
         partitions=partitions,
         input=input_topic,
         output=output_topic,
         metrics_port=metrics_port,
+        ready=False,  # recovering its tables: `obshub status` says so, `obshub demo` waits
     )
+
+    def mark_ready(took_s: float) -> None:
+        registry.update_component(settings, name, ready=True, ready_s=round(took_s, 3))
+
+    app = build_app(cfg, n_in, metrics, on_ready=mark_ready)
+    if relay.stop.is_set():  # a signal during the start-up steps: nothing runs yet
+        raise click.exceptions.Exit(0)
+    registry.register_component(settings, name, os.getpid(), **record)
     names.append(name)
     try:
         logging_config = None

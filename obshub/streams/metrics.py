@@ -24,6 +24,9 @@ Names and units (Prometheus conventions: counters end in ``_total``, units in th
   DLQ send, ``lag``: reading consumer positions)
 - ``obshub_streams_table_keys{table}``        keys of each table this worker holds (flat under retention)
 - ``obshub_streams_jobs_tracked``             jobs with in-memory state in this worker (flat under retention)
+- ``obshub_streams_ready``                    0 while the worker recovers its tables at start, 1 once it reads
+  its inputs (``obshub status`` says "recovering" meanwhile)
+- ``obshub_streams_start_to_ready_seconds``   seconds from start to reading inputs (mostly the recovery)
 
 Results of the analysis (``StepResultMetrics``, one observation per step summary this worker emits; the
 label ``training_job`` names the training job, because ``job`` is Prometheus's own target label):
@@ -252,6 +255,12 @@ class WorkerMetrics:
         )
         self.jobs_tracked = Gauge(
             "obshub_streams_jobs_tracked", "jobs with in-memory state in this worker (retention)", registry=r
+        )
+        self.ready = Gauge(
+            "obshub_streams_ready", "1 once the tables are recovered and inputs are read, else 0", registry=r
+        )
+        self.start_to_ready = Gauge(
+            "obshub_streams_start_to_ready_seconds", "seconds from start to reading inputs (recovery)", registry=r
         )
         self.results = StepResultMetrics(r, idle_s=job_idle_s)
 
