@@ -208,7 +208,9 @@ def worker_command(
     """Run one stream worker until SIGTERM/SIGINT (exit 0). Start several (any host) to share the partitions.
 
     State (Faust table data dir) lives under $OBSHUB_HOME/state/<app-id>; tables are recovered from
-    their changelog topics at start, so a restarted worker resumes where the group stopped. A stop that
+    their changelog topics at start, so a restarted worker resumes where the group stopped; it reads no
+    input until then, and says on stderr when it starts reading (`obshub status`: "recovering its tables"
+    before). A stop that
     does not finish within --stop-timeout seconds, or a second signal, forces the exit (exit 1, every
     thread's stack on stderr): the signals have a thread of their own (obshub/core/stopping.py), so a
     main thread blocked in a Kafka client call cannot make the worker deaf to them.
@@ -288,6 +290,8 @@ def worker_command(
 
     def mark_ready(took_s: float) -> None:
         registry.update_component(settings, name, ready=True, ready_s=round(took_s, 3))
+        if log_format != "json":  # whatever --log-level: a long recovery says nothing else until it reads
+            click.echo(f"{name}: reading {input_topic} (tables recovered, {took_s:.1f} s after start)", err=True)
 
     app = build_app(cfg, n_in, metrics, on_ready=mark_ready)
     if relay.stop.is_set():  # a signal during the start-up steps: nothing runs yet

@@ -86,6 +86,7 @@ def test_a_recovering_worker_is_not_ready_until_it_reads_its_inputs(kafka, tmp_p
         assert seen_recovering > 0  # the record said "recovering" first
         log = w.log_path.read_text(errors="replace")
         assert log.index("Worker ready") < log.index("reading inputs: tables recovered")
+        assert f"streams-{index}: reading {topics.events} (tables recovered, " in log  # said at any log level
         assert rec["ready_s"] > 0 and rec["pid"] == w.proc.pid
         assert parts.ready(kafka, part, w.proc.pid)
         assert _gauge(port, "obshub_streams_ready") == 1.0
@@ -113,3 +114,27 @@ def test_an_existing_changelog_gets_the_cleaner_settings_of_the_retention_and_ke
     # a worker without a retention changes nothing
     ensure_internal_topics(kafka.bootstrap_servers, app, 2, 2)
     assert _configs(kafka, topic)["segment.ms"] == "120000"
+
+
+def test_a_json_logging_worker_says_it_is_ready_in_json_only(kafka, tmp_path):
+    import json
+
+    tag = f"rj-{uuid.uuid4().hex[:8]}"
+    topics = testkit.make_topics(kafka, tag, partitions=2)
+    index = 342
+    w = testkit.Worker(topics, f"{tag}-app", index, tmp_path / "w.log", partitions=2, args=["--log-format", "json"])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            rec = next((c for c in registry.components(kafka) if c["name"] == f"streams-{index}"), {})
+            if rec.get("ready") is True:
+                break
+            assert w.proc.poll() is None, w.log_path.read_text(errors="replace")[-3000:]
+            time.sleep(0.1)
+        assert rec.get("ready") is True, rec
+        time.sleep(0.5)
+        lines = [ln for ln in w.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        msgs = [json.loads(ln)["message"] for ln in lines]  # every line one JSON object
+        assert any(m.startswith("reading inputs: tables recovered") for m in msgs), msgs[-5:]
+    finally:
+        w.stop()
