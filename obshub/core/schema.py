@@ -801,7 +801,7 @@ STEP_SUMMARY_FIELDS: dict[str, str] = {
     "sent most of them, its own egress queue having held a segment for net_queue_min_ns), drops (its own "
     "segments dropped on their way, against the other hosts' and its recent steps'); absent without any",
     "culprit": "null, or {host, rank, layer, evidence, source, why[, starved][, starved_rank][, burst, burst_ns][, net_view][, runq_veto]}: the host (and its rank, null when "
-    "unknown or for the network layer) and layer the step is charged to (the single-step stall rules'). Sources: "
+    "unknown or for the network layer; a host that runs one rank names it whatever the source) and layer the step is charged to (the single-step stall rules'). Sources: "
     "'stopped' (a rank stopped for a large part of the step, layer process), 'hang' (the rank a "
     "hang record named: network when unreachable, else process), 'evidence' (the largest per-step evidence; layer "
     "pytorch named 'process'; on a tie a named layer wins over lateness), 'memlimit' (in a step that lost time, the "

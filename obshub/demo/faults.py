@@ -738,11 +738,16 @@ class Stall(Fault):
       tbf: both directions limited to that rate, segments queued up to 2 s;
     - ``cpu``: a CPU burst: ``procs`` busy loops (default 3 per CPU) at nice -20 in the host's v1 cpu
       cgroup (the training's CFS group: the training gets about 1 % of it while they run), started once
-      and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one. Other shapes (``shape``):
+      and stopped (SIGSTOP) between stalls, continued (SIGCONT) during one. With a rank (``pid``,
+      ``--fault-rank``) the loops live in the v1 cpu cgroup ``obshub-demo/rank-fault`` instead, and for
+      each burst that rank alone is moved into it and pinned with them to one CPU; after the burst it is
+      moved back into its host's cgroup and unpinned (``_rank_in`` / ``_rank_out``): loops in the host's
+      cgroup starved the host's other ranks too (see ``CpuHog.inject``). Other shapes (``shape``):
       ``outside``: the busy loops run outside the rank's cgroups (the demo's noise cgroups), pinned with
       the host's rank(s) to one CPU (a neighbour's job, not the rank's own container); ``quota``: no busy
       loop, the host's v1 cpu cgroup squeezed to ``quota_us`` (default 1000) of CPU per 100 ms
-      (``cpu.cfs_quota_us``) for the stall (a container's CPU limit hit), lifted after;
+      (``cpu.cfs_quota_us``) for the stall (a container's CPU limit hit), lifted after; with a rank, that
+      rank alone is moved into ``obshub-demo/rank-fault`` squeezed so for each stall, and back after;
     - ``process``: the host's rank (every process of its v2 cgroup; with ``--fault-rank`` that rank's process
       alone, and a ``cpu`` burst then shares one CPU with that rank only) stopped with SIGSTOP for the stall,
       then continued (SIGCONT);
@@ -801,6 +806,9 @@ class Stall(Fault):
         self._mem: MemPressure | None = None
         self._stopped: list[int] = []
         self._pinned: list[int] = []  # cpu: the rank pids pinned to the bursts' CPU (unpinned at remove)
+        self._rank_cg: Path | None = None  # cpu with a rank: the v1 cpu cgroup it is moved into for a stall
+        self._burst_cpu = -1  # cpu burst with a rank: the CPU it and the loops share during a stall
+        self._rank_out_of: Path | None = None  # the host cgroup the rank was moved out of (None: it is home)
         self._error = ""
         self._under_oom = 0  # mem: stalls at whose end the cgroup was under OOM (its tasks waited)
 
@@ -855,8 +863,11 @@ class Stall(Fault):
             if proc.returncode:
                 raise FaultError(f"Failed to load nftables table obshub_stall in {self.host.netns}: {proc.stderr}")
         elif layer == "cpu" and self.params.get("shape") == "quota":
-            (self.host.cgroup("cpu") / "cpu.cfs_quota_us").write_text(str(int(self.params.get("quota_us", 1000))))
+            cg = self._rank_cg or self.host.cgroup("cpu")
+            (cg / "cpu.cfs_quota_us").write_text(str(int(self.params.get("quota_us", 1000))))
+            self._rank_in()
         elif layer == "cpu" and self._noise:
+            self._rank_in()
             self._signal([p.pid for p in self._noise.procs], signal.SIGCONT)
         elif layer == "process":  # one rank (--fault-rank: its process alone) or every process of the host
             pids = [self.pid] if self.pid else sorted(cgroup_pids(self.host.cgroup("unified")))
@@ -875,6 +886,30 @@ class Stall(Fault):
         rather than being dropped)."""
         return ["tbf", "rate", f"{float(self.params['rate_kbit']):g}kbit", "burst", "16kb", "latency", "2000ms"]
 
+    def _rank_in(self) -> None:
+        """A cpu stall of one rank: move the rank (``pid``) into its own v1 cpu cgroup (``_rank_cg``) and,
+        for a burst, pin it to the loops' CPU. Nothing without a rank. Raises FaultError when the rank is
+        gone (the stall thread records it as the evidence's ``error``)."""
+        if not (self.pid and self._rank_cg):
+            return
+        self._rank_out_of = self.host.cgroup("cpu")
+        _move_to(self.pid, self._rank_cg)
+        if self._burst_cpu >= 0:
+            self._pinned = [self.pid]
+            _pin(self.pid, {self._burst_cpu})
+
+    def _rank_out(self) -> None:
+        """Undo ``_rank_in``: the rank back in its host's v1 cpu cgroup and on every CPU. Never raises (a
+        rank that has exited has nothing to move back)."""
+        if self._pinned and self.pid:
+            for pid in self._pinned:
+                _pin(pid, os.sched_getaffinity(0))
+            self._pinned = []
+        if self._rank_out_of is not None and self.pid:
+            with contextlib.suppress(FaultError):
+                _move_to(self.pid, self._rank_out_of)
+            self._rank_out_of = None
+
     def _off(self) -> None:
         layer = self.params["layer"]
         if layer == "net" and (self.params.get("delay_ms") or self.params.get("rate_kbit")):
@@ -883,10 +918,12 @@ class Stall(Fault):
         elif layer == "net":
             sh(["nft", "delete", "table", "inet", "obshub_stall"], netns=self.host.netns, check=False)
         elif layer == "cpu" and self.params.get("shape") == "quota":
+            self._rank_out()
             with contextlib.suppress(OSError):
-                (self.host.cgroup("cpu") / "cpu.cfs_quota_us").write_text("-1")
+                (self._rank_cg or self.host.cgroup("cpu")).joinpath("cpu.cfs_quota_us").write_text("-1")
         elif layer == "cpu" and self._noise:
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
+            self._rank_out()
         elif layer == "process":
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []
@@ -916,20 +953,38 @@ class Stall(Fault):
 
     def inject(self) -> None:
         layer = self.params["layer"]
+        outside = layer == "cpu" and self.params["shape"] == "outside"
+        if layer == "cpu" and self.pid and not outside:
+            # one rank (--fault-rank): each stall moves that rank alone into a v1 cpu cgroup of its own (with
+            # the burst's loops, or squeezed by the quota) and back after it. Loops in the host's cgroup
+            # starved its other ranks too (CFS splits a group's shares over the CPUs by its runnable load:
+            # the loops' nice -20 load on the burst's CPU left the group almost no weight on the others,
+            # where its other ranks ran; CpuHog.inject), and a squeezed host cgroup stalled all of its ranks
+            cg = self.cluster.aux_cgroups("rank-fault").get("cpu")
+            if cg is None:
+                raise FaultError("no v1 cpu cgroup hierarchy for the faulted rank", "a v1 cpu controller is needed")
+            self._rank_cg = cg
+            with contextlib.suppress(OSError):  # a quota left by an earlier fault of this cluster
+                (cg / "cpu.cfs_quota_us").write_text("-1")
         if layer == "cpu" and self.params["shape"] == "quota":
-            if not (self.host.cgroup("cpu") / "cpu.cfs_quota_us").exists():
-                raise FaultError(f"no cpu.cfs_quota_us in {self.host.cgroup('cpu')}", "a v1 cpu controller is needed")
+            cg = self._rank_cg or self.host.cgroup("cpu")
+            if not (cg / "cpu.cfs_quota_us").exists():
+                raise FaultError(f"no cpu.cfs_quota_us in {cg}", "a v1 cpu controller is needed")
         elif layer == "cpu":
-            outside = self.params["shape"] == "outside"
-            # outside: the demo's noise cgroups (a neighbour's job), else the host's own v1 cpu cgroup
-            self._noise = _Noise(self.cluster, self.host, {} if outside else {"cpu": self.host.cgroup("cpu")})
+            # outside: the demo's noise cgroups (a neighbour's job); one rank: the rank's own cgroup, which
+            # it joins for each burst; else the host's own v1 cpu cgroup
+            home = self._rank_cg or self.host.cgroup("cpu")
+            self._noise = _Noise(self.cluster, self.host, {} if outside else {"cpu": home})
             argv = [sys.executable, "-c", BUSY_LOOP]
             if self.pid or outside:  # the rank(s) and the bursts share one CPU (--fault-rank: its host's peers
-                # the others)
+                # the others; the rank is pinned for each burst, by _rank_in)
                 cpu = max(os.sched_getaffinity(0))
-                self._pinned = [self.pid] if self.pid else sorted(cgroup_pids(self.host.cgroup("unified")))
-                for pid in self._pinned:
-                    _pin(pid, {cpu})
+                if self._rank_cg is not None:
+                    self._burst_cpu = cpu
+                else:
+                    self._pinned = [self.pid] if self.pid else sorted(cgroup_pids(self.host.cgroup("unified")))
+                    for pid in self._pinned:
+                        _pin(pid, {cpu})
                 argv = ["taskset", "-c", str(cpu), *argv]
             self._noise.start(argv, int(self.params["procs"]))
             self._signal([p.pid for p in self._noise.procs], signal.SIGSTOP)
@@ -988,9 +1043,10 @@ class Stall(Fault):
             for pid in self._pinned:
                 _pin(pid, os.sched_getaffinity(0))
             self._pinned = []
+        self._rank_out()  # the stall thread did, unless it died or is still stuck: the rank home in any case
         if self.params["layer"] == "cpu" and self.params.get("shape") == "quota":
             with contextlib.suppress(OSError):
-                (self.host.cgroup("cpu") / "cpu.cfs_quota_us").write_text("-1")
+                (self._rank_cg or self.host.cgroup("cpu")).joinpath("cpu.cfs_quota_us").write_text("-1")
         if self._stopped:
             self._signal(self._stopped, signal.SIGCONT)
             self._stopped = []

@@ -1237,6 +1237,8 @@ class Fold:
             summary["culprit"] = analysis.hang_culprit(hung_hosts)
             if summary["culprit"] is not None:
                 summary["culprit"]["rank"] = hung_hosts[0].get("rank")
+        # a one-rank host's culprit names its rank, whichever path named the host (docs/RULES.md, rank label)
+        summary["culprit"] = analysis.one_rank_culprit(summary["culprit"], accs)
         held = analysis.hold_ambiguous(summary, self.ambiguous_held.pop(job, None))  # hosts alike: a later step says
         if held is not None:
             self.ambiguous_held[job] = held

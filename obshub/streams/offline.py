@@ -67,6 +67,7 @@ def summarize_batches(
         own = culprits.setdefault(job, collections.deque(maxlen=analysis.PERSIST_STEPS))
         s["culprit"], key = analysis.charge_persistent(s, own)
         own.append(key)
+        s["culprit"] = analysis.one_rank_culprit(s["culprit"], steps[(job, step)])
         held[job] = analysis.hold_ambiguous(s, held.get(job))
         memory[job] = analysis.memory_episode(s, memory.get(job))
         window.append(analysis.net_window_part(steps[(job, step)]))

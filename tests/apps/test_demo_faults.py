@@ -193,6 +193,134 @@ def test_a_one_rank_cpu_hog_starves_that_rank_in_a_cgroup_of_its_own_and_gives_i
     t.wait_steps(3)
 
 
+def _wait_for(cond, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.01)
+
+
+def _sleep_until_ns(t_ns: int) -> None:
+    time.sleep(max(0.0, (t_ns - time.time_ns()) / 1e9))
+
+
+def test_a_one_rank_cpu_burst_runs_in_a_cgroup_of_its_own_and_its_host_peers_keep_their_cpu(training):
+    """``--fault stall --param layer=cpu --fault-rank``: for each burst the rank alone joins the busy loops
+    (nice -20) in the v1 cpu cgroup ``obshub-demo/rank-fault`` and is pinned to their CPU; after it the rank
+    is back in its host's cgroup on every CPU, and at removal too. A peer of the rank in the host's cgroup,
+    on the other CPU against an equal-weight neighbour there, keeps about half that CPU during the bursts:
+    on f6666cb the loops ran in the host's cgroup, whose weight CFS then put almost all on the burst's CPU
+    (by its runnable load), so the peer got ~0.2 % of its CPU (the 2 x 2 cpu fault's rank 2 starvation,
+    lead24). The burst still stalls the rank's step."""
+    from obshub.demo.cluster import cgroup_pids
+    from obshub.demo.faults import BUSY_LOOP, proc_cpu_ns
+
+    c, t = training
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, "needs two CPUs"
+    rank, host = t.procs[FAULTY], c.hosts[FAULTY]
+    host_cg, own_cg = host.cgroup("cpu"), c.aux_cgroups("rank-fault")["cpu"]
+    noise = c.aux_cgroups("noise")
+    loop = ["taskset", "-c", str(cpus[0]), sys.executable, "-c", BUSY_LOOP]
+    # the host's other rank (its v1 cpu cgroup; v2 outside, no rank of the job) and a neighbour's job, both
+    # on the CPU the burst leaves alone
+    peer = c.spawn(host, loop, cgroups={"unified": noise["unified"]} if "unified" in noise else None)
+    neighbour = c.spawn(host, loop, cgroups=noise)
+    f = None
+    try:
+        t.wait_steps(10)
+        t_base = time.monotonic()
+        t.wait_steps(10)
+        median = t.median_ms_since(t_base)
+        f = make_fault("stall", c, FAULTY, {"layer": "cpu", "stall_ms": 800, "period_s": 2.5}, pid=rank.pid)
+        f.prepare()
+        t0 = time.monotonic()
+        f.inject()
+        loops = [p.pid for p in f._noise.procs]
+        shares, during, between = [], [], []
+        for k in (1, 2):
+            _wait_for(lambda k=k: len(f.starts_ns) >= k, 10, f"no stall {k}")
+            start = f.starts_ns[k - 1]
+            _sleep_until_ns(start + 250_000_000)
+            a = proc_cpu_ns(peer.pid)[0], proc_cpu_ns(neighbour.pid)[0]
+            _sleep_until_ns(start + 700_000_000)
+            b = proc_cpu_ns(peer.pid)[0], proc_cpu_ns(neighbour.pid)[0]
+            assert len(f.ends_ns) < k, "the stall ended before it was sampled"
+            mine, own = cgroup_pids(host_cg), cgroup_pids(own_cg)
+            during.append(
+                (rank.pid in own, set(loops) <= own, rank.pid not in mine, os.sched_getaffinity(rank.pid) == {cpus[-1]})
+            )
+            peer_ns, neighbour_ns = b[0] - a[0], b[1] - a[1]
+            assert peer_ns + neighbour_ns > 50_000_000, (k, peer_ns, neighbour_ns)  # the CPU ran them at all
+            shares.append(peer_ns / (peer_ns + neighbour_ns))
+            _wait_for(lambda k=k: len(f.ends_ns) >= k, 5, f"stall {k} did not end")
+            time.sleep(0.05)
+            # between bursts: the rank home, on every CPU, the loops stopped
+            between.append(
+                (
+                    rank.pid in cgroup_pids(host_cg),
+                    rank.pid not in cgroup_pids(own_cg),
+                    os.sched_getaffinity(rank.pid) == set(cpus),
+                )
+            )
+            for p in loops:
+                with open(f"/proc/{p}/stat") as fh:
+                    assert fh.read().rsplit(")", 1)[1].split()[0] == "T", p
+    finally:
+        if f is not None:
+            f.remove()
+        for p in (peer, neighbour):
+            Cluster.stop(p, grace_s=1.0)
+    ev = f.evidence()
+    assert not ev.get("error"), ev
+    # equal weights on that CPU: about half each; f6666cb: 0.001-0.01 (the host group's weight there ~2)
+    print(f"the peer's share of its CPU against an equal-weight neighbour during bursts 1, 2: {shares}")
+    assert min(shares) > 0.25, shares
+    # in each burst: the rank and the loops in the rank's own cgroup, the rank out of its host's, pinned
+    assert during == [(True, True, True, True)] * 2, during
+    assert between == [(True, True, True)] * 2, between
+    assert rank.pid in cgroup_pids(host_cg) and not cgroup_pids(own_cg)
+    assert os.sched_getaffinity(rank.pid) == set(cpus)
+    t.wait_steps(5)
+    slow = max(ms for ts, ms in t.steps[FAULTY] if ts >= t0)
+    assert slow >= max(3 * median, median + 250), (median, slow)
+
+
+def test_a_one_rank_cpu_quota_stall_squeezes_that_rank_alone_and_gives_it_back(training):
+    """``--param layer=cpu --param shape=quota --fault-rank``: for each stall the rank alone is moved into
+    ``obshub-demo/rank-fault`` squeezed to ``quota_us`` per 100 ms; its host's cgroup (its peers) is never
+    squeezed (on f6666cb the host's ``cpu.cfs_quota_us`` was: every rank of the host stalled), and after
+    each stall and at removal the rank is home and no quota is left."""
+    from obshub.demo.cluster import cgroup_pids
+
+    c, t = training
+    rank, host = t.procs[FAULTY], c.hosts[FAULTY]
+    host_cg, own_cg = host.cgroup("cpu"), c.aux_cgroups("rank-fault")["cpu"]
+
+    def quota(cg):
+        return int((cg / "cpu.cfs_quota_us").read_text())
+
+    params = {"layer": "cpu", "shape": "quota", "quota_us": 2000, "stall_ms": 800, "period_s": 2.5}
+    f = make_fault("stall", c, FAULTY, params, pid=rank.pid)
+    f.prepare()
+    f.inject()
+    try:
+        for k in (1, 2):
+            _wait_for(lambda k=k: len(f.starts_ns) >= k, 10, f"no stall {k}")
+            _sleep_until_ns(f.starts_ns[k - 1] + 400_000_000)
+            assert len(f.ends_ns) < k
+            assert quota(host_cg) == -1 and quota(own_cg) == 2000
+            assert rank.pid in cgroup_pids(own_cg) and rank.pid not in cgroup_pids(host_cg)
+            _wait_for(lambda k=k: len(f.ends_ns) >= k, 5, f"stall {k} did not end")
+            time.sleep(0.05)
+            assert rank.pid in cgroup_pids(host_cg) and quota(own_cg) == -1
+    finally:
+        f.remove()
+    assert not f.evidence().get("error")
+    assert rank.pid in cgroup_pids(host_cg) and quota(host_cg) == -1 and quota(own_cg) == -1
+    t.wait_steps(3)
+
+
 def test_hang_freezes_the_rank_and_training_resumes(training):
     c, t = training
     f = make_fault("hang", c, FAULTY)

@@ -948,3 +948,33 @@ def test_a_batch_of_one_steps_parts_looks_its_step_and_job_up_once(monkeypatch):
     monkeypatch.setattr(fold_mod.WriteBack, "get", counting)
     pipe._apply({"t": "batch", "msgs": step1[:20]}, 0)  # open, not complete: no close reads
     assert reads["j|1"] <= 3 and reads["j@0"] <= 1, reads  # closed, steps; steps again at the write-back
+
+
+def test_a_one_rank_hosts_culprit_names_its_rank_on_every_path_it_is_named_by():
+    # a job of one rank per host: node2's CPU slowed every other step. Its own steps name node2 / sched by its
+    # evidence (the straggler's rank, 2); the steps between are charged to it as a persistent fault's victims
+    # (charge_persistent), whose straggler is another host or nobody: on f6666cb those culprits named no
+    # rank, so a host's alerts carried a `rank` label on some steps or episodes and not on others
+    # (docs/RULES.md "Builtin pack and runbooks"). Through the worker's ingest and fold and the offline
+    # reference alike.
+    scn, msgs = _scenario(steps=60, guilty_steps=tuple(range(30, 50, 2)), extra_ms=8.0, jitter_ms=2.0, seed=1)
+    pipe = InProcess(partitions=3)
+    for v in msgs:
+        pipe.feed(v)
+    ref = offline.summarize_batches(b for _k, b in synthetic.generate(scn))
+    for name, culprits in (
+        ("worker", [s["culprit"] for s in pipe.summaries]),
+        ("offline", [s["culprit"] for s in ref.values()]),
+    ):
+        mine = [c for c in culprits if c and c["host"] == "node2"]
+        assert {c["source"] for c in mine} >= {"evidence", "persistent"}, (name, mine)
+        assert [c for c in mine if c.get("rank") != 2] == [], name
+    # a host's link names no rank, and a culprit of a host of several ranks keeps an unknown rank
+    acc = accumulate.HostAcc(rank=[5, 0, 1000])
+    assert analysis.one_rank_culprit({"host": "h", "layer": "network", "rank": None}, {"h": acc})["rank"] is None
+    assert analysis.one_rank_culprit({"host": "h", "layer": "memory", "rank": None}, {"h": acc})["rank"] == 5
+    assert (
+        analysis.one_rank_culprit({"host": "h", "layer": "sched", "rank": None}, {"h": accumulate.HostAcc()})["rank"]
+        is None
+    )
+    assert analysis.one_rank_culprit(None, {"h": acc}) is None

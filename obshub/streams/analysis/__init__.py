@@ -111,7 +111,15 @@ from obshub.streams.analysis.straggler import (
     lateness,
     layer_table,
 )
-from obshub.streams.analysis.summary import Collective, Inconsistent, Quality, _with_net, culprit_rank, summarize
+from obshub.streams.analysis.summary import (
+    Collective,
+    Inconsistent,
+    Quality,
+    _with_net,
+    culprit_rank,
+    one_rank_culprit,
+    summarize,
+)
 from obshub.streams.analysis.thresholds import TIME_LAYERS, Thresholds
 
 __all__ = [
@@ -184,6 +192,7 @@ __all__ = [
     "Quality",
     "summarize",
     "culprit_rank",
+    "one_rank_culprit",
     "host_ranks",
     "host_view",
     "multi_rank",

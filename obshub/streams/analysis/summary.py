@@ -179,6 +179,26 @@ def culprit_rank(c: dict | None, summary: dict) -> dict | None:
     return dict(c, rank=rank)
 
 
+def one_rank_culprit(c: dict | None, accs: dict) -> dict | None:
+    """Culprit ``c`` (the step's final one, after every charge) with ``rank`` set to its host's one rank when
+    it names none: its layer is not ``network`` (a host's link, which its ranks share, names no rank) and its
+    host ran one registered training process in the step (its accumulator names that rank, ``acc.rank =
+    [rank, local_rank, pid]``: ``accumulate.reduce_batch``). ``accs``: the step's ``{host: accumulator}``.
+    ``culprit_rank`` and the fold's charges take a culprit's rank from the straggler (on its host) or the
+    evidence's ranks, which a one-rank host is not always part of (a memory cgroup at its limit, a
+    persistent fault's charge, a host late at its layer while another host was the straggler), so the
+    alerts of a job of one rank per host carried a ``rank`` label on some steps and episodes and not on
+    others (docs/RULES.md "Builtin pack and runbooks"). Returns ``c`` itself when nothing changes (None
+    stays None); a host of several ranks keeps an unknown rank (its fault may be the host's)."""
+    if c is None or c.get("rank") is not None or c.get("layer") == "network":
+        return c
+    acc = accs.get(c.get("host"))
+    one = None if acc is None else (acc.get("rank") if isinstance(acc, dict) else getattr(acc, "rank", None))
+    if not one:
+        return c
+    return dict(c, rank=int(one[0]))
+
+
 def summarize(
     job: str,
     step: int,
