@@ -366,7 +366,24 @@ class _Noise:
 
 BUSY_LOOP = "import os\nwhile True:\n    pass\n"
 RANK_HOG_NICE = -5
-"""The nice value of a one-rank ``cpu`` fault's busy loops (``CpuHog`` with ``--fault-rank``)."""
+"""The nice value of a one-rank ``cpu`` fault's busy loops (``CpuHog`` with ``--fault-rank``); the environment
+variable ``RANK_HOG_NICE`` (an integer -20..19, read at injection) overrides it: at 0 the fault is mild (x1.3-x1.7
+steps, docs/BENCHMARKS.md 8, mildrank25)."""
+
+
+def rank_hog_nice() -> int:
+    """The nice value of a one-rank ``cpu`` fault's busy loops: ``RANK_HOG_NICE`` from the environment, else the
+    module's. Raises FaultError naming the variable and its value when it is no integer in -20..19."""
+    raw = os.environ.get("RANK_HOG_NICE", "").strip()
+    if not raw:
+        return RANK_HOG_NICE
+    try:
+        nice = int(raw)
+    except ValueError:
+        nice = None
+    if nice is None or not -20 <= nice <= 19:
+        raise FaultError(f"RANK_HOG_NICE={raw!r} is no nice value", "give an integer from -20 to 19, or unset it")
+    return nice
 
 
 @dataclass
@@ -412,6 +429,7 @@ class CpuHog(Fault):
             _move_to(self.pid, cg)
             self._moved = self.host.cgroup("cpu")
             cgroups = {"cpu": cg}
+        nice = rank_hog_nice() if self.pid else 0
         self._noise = _Noise(self.cluster, self.host, cgroups)
         self._t0 = time.monotonic()
         self._train_base = self._training()
@@ -427,7 +445,7 @@ class CpuHog(Fault):
             # it keeps about 1/(3 procs+1), as a core's noisy neighbour of higher priority leaves it
             for p in self._noise.procs:
                 with contextlib.suppress(OSError):
-                    os.setpriority(os.PRIO_PROCESS, p.pid, RANK_HOG_NICE)
+                    os.setpriority(os.PRIO_PROCESS, p.pid, nice)
 
     def evidence(self) -> dict:
         if not self._noise:
