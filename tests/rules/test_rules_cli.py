@@ -388,6 +388,43 @@ def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
         assert f"`{name}`" in doc, f"docs/RULES.md does not document field {name}"
 
 
+
+def test_the_ten_minutes_commands_of_rules_md_run_outside_the_repository(tmp_path):
+    """Steps 2 and 4 of docs/RULES.md's "ten minutes" named the pack `obshub/rules/builtin`, a path that
+    exists only in a checkout: a user of the installed package, in their own directory, got "cannot read:
+    No such file or directory" (walk25). Step 2's command, run as written there, and step 4's rule paths
+    (given to `rules check`: `serve` needs a broker) pass in a directory that holds only team/."""
+    import re
+    import shlex
+
+    doc = (REPO / "docs" / "RULES.md").read_text()
+    section = doc[doc.index("## Write, test and ship a rule in ten minutes") :]
+    section = section[: section.index("\n## ", 10)]
+    team = tmp_path / "team"
+    team.mkdir()
+    (team / "slow_sync.yaml").write_text(re.findall(r"```yaml\n(.*?)```", section, re.S)[0])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    commands = [
+        shlex.split(line, comments=True)
+        for block in re.findall(r"```sh\n(.*?)```", section, re.S)
+        for line in block.splitlines()
+        if line.startswith("obshub rules ")
+    ]
+    check = next(c for c in commands if c[2] == "check")
+    serve = next(c for c in commands if c[2] == "serve")
+    paths = [serve[i + 1] for i, a in enumerate(serve) if a in ("-r", "--rules")]
+    assert paths, serve
+    for args in (check[2:], ["check", *paths]):
+        res = subprocess.run(
+            [sys.executable, "-m", "obshub", "rules", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert res.returncode == 0 and res.stdout.startswith("OK: "), (args, res.stdout + res.stderr)
+
 def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
     """A user outside the repository (pip install) names the builtin pack `builtin`: on the command line,
     beside their own rules, and in a test file's rule_files; a real folder of that name wins."""
