@@ -244,6 +244,21 @@ def test_a_device_or_fifo_given_as_a_yaml_file_is_refused_at_once_naming_it(tmp_
     with pytest.raises(SinkConfigError, match="not a regular file"):
         load_config(fifo)
 
+
+def test_an_override_of_a_misspelt_rule_names_the_rule_meant(tmp_path):
+    """`rule: step_stal` said only that no earlier file defines it (walk25): the nearest rule id of the
+    earlier files is suggested (difflib, as `silence add` suggests an alertname); an id like none is not."""
+    mine = write(
+        tmp_path, "mine.yaml", "version: 1\noverrides:\n  - rule: step_stal\n    replace: {severity: critical}\n"
+    )
+    got = problems("builtin", mine)
+    assert got == [
+        f"{mine}:3:11: rule \"step_stal\": override of a rule that no earlier file defines (check the file order "
+        "and the id); did you mean 'step_stall'?"
+    ], got
+    far = write(tmp_path, "far.yaml", "version: 1\noverrides:\n  - rule: zzzz_qqq\n    replace: {severity: info}\n")
+    assert not any("did you mean" in p for p in problems("builtin", far))
+
 def test_unknown_field_wrong_type_and_every_error_at_once(tmp_path):
     text = GOOD.replace("severity: warning", "severity: loud\n    colour: red\n    window: 5")
     f = write(tmp_path, "u.yaml", text)
@@ -388,6 +403,7 @@ overrides:
     # in the other order the override has nothing to override: reported at the override
     got = problems(b, a)
     assert any(p.startswith(f"{b}:3:11: ") and "no earlier file defines" in p for p in got), got
+    assert not any("did you mean" in p for p in got), got  # nothing earlier to suggest
     # redefining a rule instead of overriding it is an error
     got = problems(a, write(tmp_path, "c.yaml", GOOD))
     assert any("already defined" in p for p in got), got
