@@ -512,7 +512,11 @@ def _check_str(name: str, v: Any, *, empty_ok: bool = False) -> str:
 _I64 = (-(2**63), 2**63 - 1)
 
 #: the inclusive range of each integer field of a batch's envelope (validate_batch)
-BATCH_INT_RANGES: dict[str, tuple[int, int]] = {"host_id": (0, HOST_ID_MAX), "seq": (0, _I64[1]), "sent_ns": (0, _I64[1])}
+BATCH_INT_RANGES: dict[str, tuple[int, int]] = {
+    "host_id": (0, HOST_ID_MAX),
+    "seq": (0, _I64[1]),
+    "sent_ns": (0, _I64[1]),
+}
 
 
 def check_event_int(name: str, v: Any, where: str = "") -> int:

@@ -115,7 +115,6 @@ def test_rules_test_reports_malformed_test_file_and_broken_rules(tmp_path):
     assert res.returncode == 1 and "unknown field 'inputs'" in res.stderr and "t_test.yaml:5:5" in res.stderr
 
 
-
 def test_rules_test_refuses_event_inputs_outside_the_event_schemas_ranges(tmp_path):
     """`duration_ns: -5`, `gpu: -3` and `step: -7` passed silently into the rules, though production's
     decoder (obshub/core/schema.py, EVENT_INT_RANGES) refuses such an event (walk25): each is refused at
@@ -144,6 +143,7 @@ def test_rules_test_refuses_event_inputs_outside_the_event_schemas_ranges(tmp_pa
     t.write_text(body.replace("D", "0").replace("G", "-1").replace("S", "-1").replace("H", "0"))
     res = run("rules", "test", str(t))
     assert "outside" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+
 
 def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
     (tmp_path / "rules.yaml").write_text(RULE)
@@ -418,7 +418,6 @@ def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
         assert f"`{name}`" in doc, f"docs/RULES.md does not document field {name}"
 
 
-
 def test_the_ten_minutes_commands_of_rules_md_run_outside_the_repository(tmp_path):
     """Steps 2 and 4 of docs/RULES.md's "ten minutes" named the pack `obshub/rules/builtin`, a path that
     exists only in a checkout: a user of the installed package, in their own directory, got "cannot read:
@@ -454,6 +453,7 @@ def test_the_ten_minutes_commands_of_rules_md_run_outside_the_repository(tmp_pat
             timeout=120,
         )
         assert res.returncode == 0 and res.stdout.startswith("OK: "), (args, res.stdout + res.stderr)
+
 
 def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):
     """A user outside the repository (pip install) names the builtin pack `builtin`: on the command line,

@@ -206,7 +206,6 @@ def test_aliases_that_multiply_and_an_oversized_file_are_refused_before_they_are
     ]
 
 
-
 def _limited_cli(*args: str, mem_bytes: int = 1 << 30, timeout: float = 30) -> subprocess.CompletedProcess:
     """`obshub ...` with its address space capped (a reader without limit ends in MemoryError, not in
     gigabytes of this machine's memory) and a timeout (a reader that blocks fails the test)."""
@@ -215,9 +214,7 @@ def _limited_cli(*args: str, mem_bytes: int = 1 << 30, timeout: float = 30) -> s
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
 
-    return subprocess.run(
-        [*OBSHUB, *args], capture_output=True, text=True, cwd=REPO, timeout=timeout, preexec_fn=cap
-    )
+    return subprocess.run([*OBSHUB, *args], capture_output=True, text=True, cwd=REPO, timeout=timeout, preexec_fn=cap)
 
 
 def test_a_device_or_fifo_given_as_a_yaml_file_is_refused_at_once_naming_it(tmp_path):
@@ -253,11 +250,12 @@ def test_an_override_of_a_misspelt_rule_names_the_rule_meant(tmp_path):
     )
     got = problems("builtin", mine)
     assert got == [
-        f"{mine}:3:11: rule \"step_stal\": override of a rule that no earlier file defines (check the file order "
+        f'{mine}:3:11: rule "step_stal": override of a rule that no earlier file defines (check the file order '
         "and the id); did you mean 'step_stall'?"
     ], got
     far = write(tmp_path, "far.yaml", "version: 1\noverrides:\n  - rule: zzzz_qqq\n    replace: {severity: info}\n")
     assert not any("did you mean" in p for p in problems("builtin", far))
+
 
 def test_unknown_field_wrong_type_and_every_error_at_once(tmp_path):
     text = GOOD.replace("severity: warning", "severity: loud\n    colour: red\n    window: 5")
