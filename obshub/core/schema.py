@@ -511,6 +511,23 @@ def _check_str(name: str, v: Any, *, empty_ok: bool = False) -> str:
 
 _I64 = (-(2**63), 2**63 - 1)
 
+#: the inclusive range of each integer field of a batch's envelope (validate_batch)
+BATCH_INT_RANGES: dict[str, tuple[int, int]] = {
+    "host_id": (0, HOST_ID_MAX),
+    "seq": (0, _I64[1]),
+    "sent_ns": (0, _I64[1]),
+}
+
+
+def check_event_int(name: str, v: Any, where: str = "") -> int:
+    """``v`` if it is a valid value of integer field ``name`` of an event (a field of ``EVENT_INT_RANGES``)
+    or of the envelope of the batch it comes in (``BATCH_INT_RANGES``: ``host_id``, ``seq``, ``sent_ns``),
+    the same check ``validate_event`` and ``validate_batch`` apply. Raises SchemaError naming
+    ``where`` (default ``name``) with the field's inclusive range (``-5 outside 0..9223372036854775807``);
+    KeyError for a name that is no integer field of either."""
+    lo, hi = EVENT_INT_RANGES[name] if name in EVENT_INT_RANGES else BATCH_INT_RANGES[name]
+    return _check_int(where or name, v, lo, hi)
+
 
 def validate_event(raw: Any, where: str = "event") -> Event:
     """Validate one decoded event array and return it as an :class:`Event`. Raises SchemaError naming
@@ -522,7 +539,7 @@ def validate_event(raw: Any, where: str = "event") -> Event:
         raise SchemaError(where, f"expected {_N_FIELDS} fields {EVENT_FIELDS}, got {len(raw)}")
     for name, v in zip(EVENT_FIELDS, raw):
         if name != "payload":
-            _check_int(f"{where}.{name}", v, *EVENT_INT_RANGES[name])
+            check_event_int(name, v, f"{where}.{name}")
         if name == "kind":
             try:
                 Kind(v)
@@ -624,10 +641,10 @@ def validate_batch(raw: Any) -> Batch:
         raise SchemaError(extra[0], "unknown field")
     job = _check_str("job", raw["job"])
     host = _check_str("host", raw["host"])
-    host_id = _check_int("host_id", raw["host_id"], 0, HOST_ID_MAX)
+    host_id = check_event_int("host_id", raw["host_id"])
     agent_id = _check_str("agent_id", raw["agent_id"])
-    seq = _check_int("seq", raw["seq"], 0, _I64[1])
-    sent_ns = _check_int("sent_ns", raw["sent_ns"], 0, _I64[1])
+    seq = check_event_int("seq", raw["seq"])
+    sent_ns = check_event_int("sent_ns", raw["sent_ns"])
     c = raw["clock"]
     if not isinstance(c, dict):
         raise SchemaError("clock", f"expected a map, got {type(c).__name__}")

@@ -21,6 +21,7 @@ type (``rules.expr.mismatched_comparisons``).
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import re
 from pathlib import Path
@@ -372,8 +373,14 @@ def _apply_override(ctx: _Ctx, file: str, doc: Any, i: int, ov: dict) -> None:
     line, col = position(doc, ["overrides", i, "rule"])
     target = ctx.raw_rules.get(rid)
     if target is None:
+        near = difflib.get_close_matches(str(rid), sorted(ctx.raw_rules), n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else ""
         ctx.add(
-            file, line, col, "override of a rule that no earlier file defines (check the file order and the id)", rid
+            file,
+            line,
+            col,
+            f"override of a rule that no earlier file defines (check the file order and the id){hint}",
+            rid,
         )
         return
     spec = copy.deepcopy(target["spec"])

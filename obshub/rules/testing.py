@@ -287,6 +287,23 @@ def _items(t: dict, part: str) -> list:
     return got if isinstance(got, list) else []
 
 
+#: a test event's integer field -> the schema field whose range it has (the batch's sequence is `seq`)
+_EVENT_INT_SCHEMA = {k: ("seq" if k == "batch_seq" else k) for k in _EVENT_INTS}
+
+
+def _event_range_problems(pr: _Problems, where: list, spec: dict) -> None:
+    """Each integer field of a test event outside the range the event schema gives it (``duration_ns: -5``,
+    ``gpu: -3``, ``step: -7``: production's decoder refuses such an event, so a test must not feed it to the
+    rules) is a problem at the field's value, naming the field and its range (the schema's own check,
+    ``schema.check_event_int``)."""
+    for k, name in _EVENT_INT_SCHEMA.items():
+        if k in spec:
+            try:
+                schema.check_event_int(name, spec[k], f"events.{k}")
+            except schema.SchemaError as exc:
+                pr.add(where + [k], f"{exc}: the event schema (obshub/core/schema.py) refuses such an event")
+
+
 def _check_input(pr: _Problems, i: int, j: int, inp: Any) -> None:
     """One input record of test ``i``: `at:`, exactly one signal whose record production would take, a
     sane `repeat:`. Problems go to ``pr``."""
@@ -304,7 +321,9 @@ def _check_input(pr: _Problems, i: int, j: int, inp: Any) -> None:
             pr.add(where + [sig], why)
         elif nested is not None:  # at the wrong value's own line (a key: the key's)
             pr.add(where + nested[0], nested[1], key=nested[2])
-        elif sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
+        elif sig == "events":
+            _event_range_problems(pr, where + ["events"], inp["events"])
+        if why is None and sig == "events" and str(inp["events"].get("kind", "")) not in fields.KIND_NAMES:
             at = where + ["events"] + (["kind"] if "kind" in inp["events"] else [])
             got = f"`kind: {inp['events']['kind']}` is not one" if "kind" in inp["events"] else "it has no `kind:`"
             known = sorted(fields.KIND_NAMES)

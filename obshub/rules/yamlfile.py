@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
+import stat
 from collections.abc import Collection, Iterable
 from functools import lru_cache
 from pathlib import Path
@@ -514,18 +516,36 @@ MAX_FILE_BYTES = 4 * 1024 * 1024
 
 def read_text(path: Path) -> tuple[str | None, list[Problem]]:
     """The text of a YAML file (rules, tests) as UTF-8. Returns (text, []) or (None, [the Problem]): the
-    file cannot be read (line 0), is larger than ``MAX_FILE_BYTES`` (line 1, before it is read), or its
-    first byte that is not UTF-8 at line:col."""
+    file cannot be read (line 0), is not a regular file (a FIFO, a character device such as ``/dev/zero``,
+    a socket: line 0, refused at once, before a byte is read, since such a file can block forever or
+    never end), is larger than ``MAX_FILE_BYTES`` (line 1: by its size before it is read, and by what was
+    read, at most ``MAX_FILE_BYTES`` + 1 bytes, for a file that grows or whose size ``stat`` does not
+    give, such as one in /proc), or its first byte that is not UTF-8 at line:col."""
     file = str(path)
+
+    def too_big(size: str) -> tuple[None, list[Problem]]:
+        what = (
+            f"the file is {size} bytes, more than the {MAX_FILE_BYTES:,} a YAML file of obshub may have "
+            "(a rule file needs a few kB): split it into several files, or check that this is the file meant"
+        )
+        return None, [Problem(file, 1, 1, what)]
+
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            what = (
-                f"the file is {size:,} bytes, more than the {MAX_FILE_BYTES:,} a YAML file of obshub may have "
-                "(a rule file needs a few kB): split it into several files, or check that this is the file meant"
-            )
-            return None, [Problem(file, 1, 1, what)]
-        raw = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer (no effect
+        # on a regular file); the file's kind is then checked on what was opened, not on a second lookup
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                what = _file_kind(st.st_mode)
+                return None, [
+                    Problem(file, 0, 0, f"cannot read: not a regular file ({what}); give the path of a YAML file")
+                ]
+            if st.st_size > MAX_FILE_BYTES:
+                return too_big(f"{st.st_size:,}")
+            raw = fh.read(MAX_FILE_BYTES + 1)
+            if len(raw) > MAX_FILE_BYTES:
+                return too_big(f"more than {MAX_FILE_BYTES:,}")
     except OSError as exc:
         return None, [Problem(file, 0, 0, f"cannot read: {exc.strerror or exc}")]
     try:
@@ -534,6 +554,20 @@ def read_text(path: Path) -> tuple[str | None, list[Problem]]:
         line = raw.count(b"\n", 0, exc.start) + 1
         col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         return None, [Problem(file, line, col, f"not UTF-8: byte 0x{raw[exc.start]:02x} (save the file as UTF-8)")]
+
+
+def _file_kind(mode: int) -> str:
+    """What a ``stat`` mode that is not a regular file's names, for an error."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO, a named pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return f"file mode {stat.S_IFMT(mode):o}"
 
 
 def read_rule_file(path: Path) -> tuple[Any, list[Problem]]:

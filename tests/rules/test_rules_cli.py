@@ -115,6 +115,36 @@ def test_rules_test_reports_malformed_test_file_and_broken_rules(tmp_path):
     assert res.returncode == 1 and "unknown field 'inputs'" in res.stderr and "t_test.yaml:5:5" in res.stderr
 
 
+def test_rules_test_refuses_event_inputs_outside_the_event_schemas_ranges(tmp_path):
+    """`duration_ns: -5`, `gpu: -3` and `step: -7` passed silently into the rules, though production's
+    decoder (obshub/core/schema.py, EVENT_INT_RANGES) refuses such an event (walk25): each is refused at
+    its own file:line:col, naming the field and its range; the edge values the schema allows (`step: -1`,
+    not within a step; `gpu: -1`, no GPU) pass."""
+    (tmp_path / "rules.yaml").write_text(RULE)
+    t = tmp_path / "t_test.yaml"
+    event = (
+        "        events:\n          kind: CUDA_SYNC\n          duration_ns: D\n          gpu: G\n"
+        "          step: S\n          host_id: H\n"
+    )
+    body = TEST_OK.replace(INPUT, "    input:\n      - at: 0s\n" + event)
+    t.write_text(body.replace("D", "-5").replace("G", "-3").replace("S", "-7").replace("H", "70000"))
+    res = run("rules", "test", str(t))
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    for where, why in (
+        ("9:24", "events.duration_ns: -5 outside 0..9223372036854775807"),
+        ("10:16", "events.gpu: -3 outside -1..65535"),
+        ("11:17", "events.step: -7 outside -1..9223372036854775807"),
+        ("12:20", "events.host_id: 70000 outside 0..65535"),
+    ):
+        assert f"{t}:{where}: {why}: the event schema (obshub/core/schema.py) refuses such an event" in res.stderr, (
+            why,
+            res.stderr,
+        )
+    t.write_text(body.replace("D", "0").replace("G", "-1").replace("S", "-1").replace("H", "0"))
+    res = run("rules", "test", str(t))
+    assert "outside" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
 def test_rules_test_refuses_a_test_file_of_the_wrong_shape(tmp_path):
     (tmp_path / "rules.yaml").write_text(RULE)
     t = tmp_path / "t_test.yaml"
@@ -386,6 +416,43 @@ def test_docs_quick_start_runs_and_every_builtin_rule_has_a_runbook(tmp_path):
         assert rule.runbook == f"docs/RULES.md#{rid}"
     for name in list(EVENT_VARS) + list(HEALTH_VARS):
         assert f"`{name}`" in doc, f"docs/RULES.md does not document field {name}"
+
+
+def test_the_ten_minutes_commands_of_rules_md_run_outside_the_repository(tmp_path):
+    """Steps 2 and 4 of docs/RULES.md's "ten minutes" named the pack `obshub/rules/builtin`, a path that
+    exists only in a checkout: a user of the installed package, in their own directory, got "cannot read:
+    No such file or directory" (walk25). Step 2's command, run as written there, and step 4's rule paths
+    (given to `rules check`: `serve` needs a broker) pass in a directory that holds only team/."""
+    import re
+    import shlex
+
+    doc = (REPO / "docs" / "RULES.md").read_text()
+    section = doc[doc.index("## Write, test and ship a rule in ten minutes") :]
+    section = section[: section.index("\n## ", 10)]
+    team = tmp_path / "team"
+    team.mkdir()
+    (team / "slow_sync.yaml").write_text(re.findall(r"```yaml\n(.*?)```", section, re.S)[0])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    commands = [
+        shlex.split(line, comments=True)
+        for block in re.findall(r"```sh\n(.*?)```", section, re.S)
+        for line in block.splitlines()
+        if line.startswith("obshub rules ")
+    ]
+    check = next(c for c in commands if c[2] == "check")
+    serve = next(c for c in commands if c[2] == "serve")
+    paths = [serve[i + 1] for i, a in enumerate(serve) if a in ("-r", "--rules")]
+    assert paths, serve
+    for args in (check[2:], ["check", *paths]):
+        res = subprocess.run(
+            [sys.executable, "-m", "obshub", "rules", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert res.returncode == 0 and res.stdout.startswith("OK: "), (args, res.stdout + res.stderr)
 
 
 def test_the_name_builtin_is_the_installed_pack_from_any_directory(tmp_path):

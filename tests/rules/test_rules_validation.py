@@ -206,6 +206,57 @@ def test_aliases_that_multiply_and_an_oversized_file_are_refused_before_they_are
     ]
 
 
+def _limited_cli(*args: str, mem_bytes: int = 1 << 30, timeout: float = 30) -> subprocess.CompletedProcess:
+    """`obshub ...` with its address space capped (a reader without limit ends in MemoryError, not in
+    gigabytes of this machine's memory) and a timeout (a reader that blocks fails the test)."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+
+    return subprocess.run([*OBSHUB, *args], capture_output=True, text=True, cwd=REPO, timeout=timeout, preexec_fn=cap)
+
+
+def test_a_device_or_fifo_given_as_a_yaml_file_is_refused_at_once_naming_it(tmp_path):
+    """`rules check /dev/zero` read without end (2.9 GB in 20 s; the size limit was checked on `stat`'s size,
+    0 for a device), `rules test /dev/zero` ended in MemoryError and a FIFO blocked forever waiting for a
+    writer (walk25). Every one is refused before a byte is read, the file and its kind named, exit 1 as
+    for any bad file; the alerting config's reader is the same."""
+    import os
+
+    from obshub.rules.errors import SinkConfigError
+    from obshub.rules.sinks.config import load_config
+
+    fifo = tmp_path / "rules.yaml"
+    os.mkfifo(fifo)
+    for path, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO, a named pipe")):
+        for cmd in ("check", "test"):
+            res = _limited_cli("rules", cmd, path)
+            assert res.returncode == 1, (cmd, path, res.stderr[-2000:])
+            assert f"{path}: cannot read: not a regular file ({kind}); give the path of a YAML file" in res.stderr, (
+                cmd,
+                res.stderr[-2000:],
+            )
+            assert "Traceback" not in res.stderr and "MemoryError" not in res.stderr
+    with pytest.raises(SinkConfigError, match="not a regular file"):
+        load_config(fifo)
+
+
+def test_an_override_of_a_misspelt_rule_names_the_rule_meant(tmp_path):
+    """`rule: step_stal` said only that no earlier file defines it (walk25): the nearest rule id of the
+    earlier files is suggested (difflib, as `silence add` suggests an alertname); an id like none is not."""
+    mine = write(
+        tmp_path, "mine.yaml", "version: 1\noverrides:\n  - rule: step_stal\n    replace: {severity: critical}\n"
+    )
+    got = problems("builtin", mine)
+    assert got == [
+        f'{mine}:3:11: rule "step_stal": override of a rule that no earlier file defines (check the file order '
+        "and the id); did you mean 'step_stall'?"
+    ], got
+    far = write(tmp_path, "far.yaml", "version: 1\noverrides:\n  - rule: zzzz_qqq\n    replace: {severity: info}\n")
+    assert not any("did you mean" in p for p in problems("builtin", far))
+
+
 def test_unknown_field_wrong_type_and_every_error_at_once(tmp_path):
     text = GOOD.replace("severity: warning", "severity: loud\n    colour: red\n    window: 5")
     f = write(tmp_path, "u.yaml", text)
@@ -350,6 +401,7 @@ overrides:
     # in the other order the override has nothing to override: reported at the override
     got = problems(b, a)
     assert any(p.startswith(f"{b}:3:11: ") and "no earlier file defines" in p for p in got), got
+    assert not any("did you mean" in p for p in got), got  # nothing earlier to suggest
     # redefining a rule instead of overriding it is an error
     got = problems(a, write(tmp_path, "c.yaml", GOOD))
     assert any("already defined" in p for p in got), got
