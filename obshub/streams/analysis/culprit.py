@@ -86,6 +86,18 @@ stood at 1.5-12x their busiest peer's, 1.5-1.9x at load 8-11 (where every host w
 recorded blackouts the top other host stood at 1.0-1.7x with 1-15 % of the loss over its peers' median
 (41 kept runs, 36,390 closed steps, 2026-12-06)."""
 
+LOWER_LAYER_REL = 0.1
+"""A ``pytorch`` best of ``culprit``'s 1. gives way to a lower layer of its host (sched, memory, cuda, nic; at
+least ``CULPRIT_MIN_EVIDENCE``) only when that layer's time over its peers' median (its evidence times the
+step's spread, ns) makes up at least this part of the host's lateness (``_host_lateness``). In the kept
+runs' CPU faults (47 runs, 315 steps that lost 100 ms or more with the faulted host late by ``EXPLAIN_REL``
+of the loss; 2026-12-07) the host's run-queue excess, counted as far as it made the host late, made up
+23.5-100 % of its lateness wherever it had any (4 steps had none); the rule's own case, a starved rank
+late 626 ms with 2.46 spreads of 64 ms (157 ms), 25 %. A rank slow in its own code is late with its run
+queue near its peers': a 3-rank one-node torchrun whose rank 2 slept 600 ms in a micro-batch
+(walk25-realpath, steps 450 and 760) was late 600-605 ms with 8.0 and 12.5 ms of run-queue excess (2.2
+and 2.7 spreads of 3.6-4.7 ms: 1.3 and 2.1 %) and was named ``sched``, not ``process``."""
+
 CLIPPED_NET_VIEWS = ("toward", "drops")
 """Views of a host's connections (``evidence.net_view``) whose evidence is clipped at
 ``Thresholds.net_toward_clip`` (3 spreads, ``SPECIFIC_EVIDENCE``): a stall's charge, never more, so their
@@ -210,7 +222,8 @@ def culprit(summary: dict) -> dict | None:
        host's lateness-based candidate exceeds ``AMBIGUOUS_REL`` of the best one, None: no single host
        stands out, unless one of those hosts is starved by its run-queue times alone (``_alike_starved``:
        its peers waited for it; a ``sched`` culprit, ``starved``, with its busiest ``rank``). A ``pytorch``
-       best gives way to a lower layer of the same host with evidence; a
+       best gives way to a lower layer of the same host with evidence that makes up
+       ``LOWER_LAYER_REL`` of the host's lateness (``_host_lateness``); a
        ``network`` best gives way to the host's own sched or memory time when that explains the stall
        (``_layer_culprit`` names the same host, its time over its peers' median at least
        ``NET_OWN_LAYER_REL`` of the loss: a starved host's sockets look lossy), also when another
@@ -304,10 +317,29 @@ def _candidates(summary: dict) -> tuple[list[tuple], tuple | None]:
     best = cands[0] if cands else None
     if best is not None and best[2] == "pytorch":
         # lateness no lower layer explains is the process's only while no lower layer of the same host has
-        # evidence of its own (a starved rank's run-queue accounting may catch part of its starvation)
-        named = [c for c in cands if c[1] == best[1] and c[2] != "pytorch"]
+        # evidence of its own (a starved rank's run-queue accounting may catch part of its starvation), and
+        # that evidence makes up a real share of the host's lateness (LOWER_LAYER_REL): a rank slow in its
+        # own code for 600 ms with 8 ms of run-queue noise over its peers is its process's
+        late = _host_lateness(summary, best[1])
+        spread = (summary.get("evidence") or {}).get("spread_ns", 0)
+        named = [c for c in cands if c[1] == best[1] and c[2] != "pytorch" and c[3] * spread >= LOWER_LAYER_REL * late]
         best = named[0] if named else best
     return cands, best
+
+
+def _host_lateness(summary: dict, host: str) -> int:
+    """How late ``host`` was in the step (ns): its entry in the straggler's late group (the straggler's
+    ``excess_ns`` for the straggler's host without one), and at least the sum of its lateness-based
+    evidence (every layer but network, in spreads) times the step's spread (``evidence.spread_ns``), what
+    the evidence split it into (a lower bound where ``pytorch`` sits at the clip); 0 when neither says."""
+    strag = summary.get("straggler") or {}
+    late = {g.get("host"): int(g.get("late_ns") or 0) for g in strag.get("group") or []}
+    if strag.get("host") is not None:
+        late.setdefault(strag["host"], int(strag.get("excess_ns") or 0))
+    ev = summary.get("evidence") or {}
+    zs = (ev.get("hosts") or {}).get(host) or {}
+    split = sum(float(z) for layer, z in zs.items() if layer != "network") * int(ev.get("spread_ns") or 0)
+    return max(late.get(host, 0), int(split))
 
 
 def _alike(cands: list[tuple], best: tuple | None) -> list[str]:
