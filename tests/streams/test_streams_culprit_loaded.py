@@ -4,22 +4,15 @@ the charge's own test (``culprit._loaded_net``, through ``charge_starved``) on s
 
 from __future__ import annotations
 
-import collections
-import copy
-import functools
 import gzip
 import json
 from pathlib import Path
 
-from obshub.rules import fields
-from obshub.rules.engine import Engine
-from obshub.rules.loader import load_ruleset
 from obshub.streams import analysis
 from obshub.streams.analysis.culprit import SELF_MIN
+from tests.support import replaykit
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = Path(__file__).with_name("data") / "lead23_makedemo_steps.jsonl.gz"
-CLOSED = ("complete", "window", "restart")
 
 
 def _run() -> tuple[dict, list[dict]]:
@@ -31,33 +24,11 @@ def _run() -> tuple[dict, list[dict]]:
     return json.loads(lines[0])["report"]["verdict"], [json.loads(ln) for ln in lines[1:] if ln.strip()]
 
 
-@functools.cache
-def _pack():
-    return load_ruleset([REPO / "obshub" / "rules" / "builtin"])
-
-
 def _replay() -> tuple[dict[int, dict], list[dict]]:
-    """Each closed step's culprit recomputed as the worker does (``culprit``, ``charge_starved`` with the
-    job's recent run-queue parts, ``charge_persistent``), the running records as kept, all through the
-    builtin pack in close order: ``({step: closed summary}, firing changes)``."""
+    """Each closed step's culprit recomputed as the worker does, the running records as kept, all through the
+    builtin pack in close order (``replaykit.replay_steps``): ``({step: closed summary}, firing changes)``."""
     _verdict, steps = _run()
-    recent_s: collections.deque = collections.deque(maxlen=analysis.SELF_STEPS)
-    recent_c: collections.deque = collections.deque(maxlen=analysis.PERSIST_STEPS)
-    got: list[dict] = []
-    eng = Engine(_pack(), got.append)
-    closed = {}
-    for s in sorted(steps, key=lambda s: s["closed_at_ns"]):
-        s = copy.deepcopy(s)
-        if s.get("closed_by") in CLOSED:
-            s["culprit"] = analysis.culprit_rank(analysis.culprit(s), s)
-            recent_s.append(analysis.charge_starved(s, recent_s))
-            s["culprit"], key = analysis.charge_persistent(s, recent_c)
-            recent_c.append(key)
-            closed[s["step"]] = s
-        eng.process("steps", fields.step_record(s))
-        eng.tick(s["closed_at_ns"])
-    eng.tick(steps[-1]["closed_at_ns"] + 60_000_000_000)
-    return closed, [c for c in got if c["status"] == "firing"]
+    return replaykit.replay_steps(steps)
 
 
 def test_make_demos_starved_machine_names_no_link_before_the_fault():

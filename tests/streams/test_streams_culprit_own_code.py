@@ -5,8 +5,6 @@ accumulation, rank 2 sleeping 600 ms inside a micro-batch at chosen steps) whose
 
 from __future__ import annotations
 
-import collections
-import copy
 import functools
 import gzip
 import importlib
@@ -15,14 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from obshub.rules import fields
-from obshub.rules.engine import Engine
-from obshub.rules.loader import load_ruleset
 from obshub.streams import analysis
+from tests.support import replaykit
 
-REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).with_name("data") / "walk25_realpath_stalls.json.gz"
-CLOSED = ("complete", "window", "restart")
 
 
 @functools.cache
@@ -33,33 +27,10 @@ def _runs() -> dict[str, dict]:
     return {r["name"]: r for r in json.loads(gzip.decompress(DATA.read_bytes()))["runs"]}
 
 
-@functools.cache
-def _pack():
-    return load_ruleset([REPO / "obshub" / "rules" / "builtin"])
-
-
 def _replay(run: dict) -> tuple[dict[int, dict], list[dict]]:
-    """Each closed step's culprit recomputed as the worker does (``culprit``, ``culprit_rank``,
-    ``charge_starved``, ``charge_persistent``), all through the builtin pack in close order: ``({step:
-    closed summary}, firing changes)``."""
-    recent_s: collections.deque = collections.deque(maxlen=analysis.SELF_STEPS)
-    recent_c: collections.deque = collections.deque(maxlen=analysis.PERSIST_STEPS)
-    got: list[dict] = []
-    eng = Engine(_pack(), got.append)
-    closed = {}
-    steps = sorted(run["steps"], key=lambda s: s["closed_at_ns"])
-    for s in steps:
-        s = copy.deepcopy(s)
-        if s.get("closed_by") in CLOSED:
-            s["culprit"] = analysis.culprit_rank(analysis.culprit(s), s)
-            recent_s.append(analysis.charge_starved(s, recent_s))
-            s["culprit"], key = analysis.charge_persistent(s, recent_c)
-            recent_c.append(key)
-            closed[s["step"]] = s
-        eng.process("steps", fields.step_record(s))
-        eng.tick(s["closed_at_ns"])
-    eng.tick(steps[-1]["closed_at_ns"] + 60_000_000_000)
-    return closed, [c for c in got if c["status"] == "firing"]
+    """Each closed step's culprit recomputed as the worker does, all through the builtin pack in close order
+    (``replaykit.replay_steps``): ``({step: closed summary}, firing changes)``."""
+    return replaykit.replay_steps(run["steps"])
 
 
 @pytest.mark.parametrize("name", ["walk25-realpath/accum25", "walk25-realpath/accum25b"])
